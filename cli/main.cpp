@@ -1,0 +1,44 @@
+// primus: the command-line entry point. Thin by design: each subcommand lives in its own
+// cli/cmd_*.cpp and registers itself (cli/command.h); this file parses and maps errors to
+// exit codes (0 ok, 2 usage/config, 3 runtime) without stack traces.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "cli/command.h"
+#include "core/util/error.h"
+
+namespace primus::cli {
+std::vector<CommandSpec>& command_specs() {
+  static std::vector<CommandSpec> specs;
+  return specs;
+}
+}  // namespace primus::cli
+
+int main(int argc, char** argv) {
+  using namespace primus;
+  CLI::App app{"Primus: pretraining large language models, from one GPU to a cluster"};
+  app.set_version_flag("--version", std::string("primus ") + PRIMUS_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  for (auto& spec : cli::command_specs()) {
+    CLI::App* sub = app.add_subcommand(spec.name, spec.help);
+    spec.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "primus: error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "primus: error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

@@ -1,0 +1,36 @@
+# Every dependency comes from Debian's packages (see scripts/setup.sh).
+# fmt and spdlog are used header-only and yaml-cpp / OpenBLAS statically, so build/bin/primus
+# runs on machines that have none of Debian's -dev libraries (the GPU machine is Ubuntu).
+find_package(yaml-cpp REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+set(PRIMUS_YAML_LIB /usr/lib/x86_64-linux-gnu/libyaml-cpp.a)
+if(NOT EXISTS ${PRIMUS_YAML_LIB})
+  set(PRIMUS_YAML_LIB yaml-cpp)
+endif()
+
+find_library(PRIMUS_OPENBLAS_STATIC NAMES libopenblas.a
+  PATHS /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/x86_64-linux-gnu NO_DEFAULT_PATH)
+add_library(primus_blas INTERFACE)
+if(PRIMUS_OPENBLAS_STATIC)
+  target_link_libraries(primus_blas INTERFACE ${PRIMUS_OPENBLAS_STATIC} Threads::Threads m)
+else()
+  find_package(BLAS REQUIRED)
+  target_link_libraries(primus_blas INTERFACE ${BLAS_LIBRARIES})
+endif()
+find_path(PRIMUS_CBLAS_INCLUDE cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas /usr/include)
+target_include_directories(primus_blas INTERFACE ${PRIMUS_CBLAS_INCLUDE})
+
+# The common link set for every Primus library.
+add_library(primus_deps INTERFACE)
+target_link_libraries(primus_deps INTERFACE spdlog::spdlog_header_only fmt::fmt-header-only
+  nlohmann_json::nlohmann_json Threads::Threads)
+target_include_directories(primus_deps INTERFACE ${CMAKE_SOURCE_DIR})
+# libgomp and libstdc++ are on every Linux machine; link them statically anyway so the binary
+# depends on nothing but glibc, the CUDA runtime libraries and the driver.
+add_link_options($<$<LINK_LANGUAGE:CXX>:-static-libstdc++> $<$<LINK_LANGUAGE:CXX>:-static-libgcc>)
