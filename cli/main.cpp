@@ -18,6 +18,7 @@ std::vector<CommandSpec>& command_specs() {
 
 int main(int argc, char** argv) {
   using namespace primus;
+  spdlog::set_pattern("[%H:%M:%S] %v");
   CLI::App app{"Primus: pretraining large language models, from one GPU to a cluster"};
   app.set_version_flag("--version", std::string("primus ") + PRIMUS_VERSION);
   app.require_subcommand(1);

@@ -1,0 +1,57 @@
+// The schema of every key a backend accepts: type, default, range or choices, and a one-line
+// doc. Validation turns typos and wrong types into errors that name the file and line and
+// suggest the nearest known key; defaults fill what no layer set (origin "<schema default>").
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config/value.h"
+
+namespace primus::config {
+
+enum class KeyType { Bool, Int, Float, String, StringList, List, Map, Any };
+const char* key_type_name(KeyType t);
+
+struct KeySpec {
+  std::string key;  // dotted, e.g. "optimizer.lr" (a Map key admits any sub-keys)
+  KeyType type = KeyType::Any;
+  Value default_value;  // Null = no default (the key is optional)
+  std::optional<double> min, max;  // for Int and Float
+  std::vector<std::string> choices;  // for String
+  std::string doc;
+  bool required = false;
+};
+
+class Schema {
+ public:
+  Schema& add(KeySpec spec);  // duplicate key -> logic_error (a programming mistake)
+  // Short forms used by backends.
+  Schema& flag(const std::string& key, bool def, const std::string& doc);
+  Schema& integer(const std::string& key, std::optional<int64_t> def, const std::string& doc,
+                  std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
+  Schema& number(const std::string& key, std::optional<double> def, const std::string& doc,
+                 std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
+  Schema& text(const std::string& key, std::optional<std::string> def, const std::string& doc,
+               std::vector<std::string> choices = {});
+  Schema& any(const std::string& key, KeyType type, const std::string& doc);
+
+  const KeySpec* find(const std::string& key) const;
+  const std::vector<KeySpec>& keys() const { return keys_; }
+
+  // Checks every leaf key of `config` (unknown key, type, range, choice) and throws a
+  // ConfigError naming the key's origin. Integers are accepted where numbers are expected.
+  void validate(const Value& config) const;
+  // Adds schema defaults for keys that no layer set.
+  void apply_defaults(Value& config) const;
+  // The known key nearest to `key` by edit distance (empty when nothing is close).
+  std::string nearest(const std::string& key) const;
+
+ private:
+  std::vector<KeySpec> keys_;
+};
+
+// Levenshtein distance, used for "did you mean" suggestions.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace primus::config

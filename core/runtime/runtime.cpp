@@ -1,0 +1,95 @@
+#include "core/runtime/runtime.h"
+
+#include <spdlog/spdlog.h>
+
+#include "core/util/error.h"
+
+namespace primus {
+
+using patches::Phase;
+
+PrimusRuntime::PrimusRuntime(const BackendRegistry& backends, const patches::PatchRegistry& p)
+    : backends_(backends), patches_(p) {}
+
+void PrimusRuntime::phase(patches::PatchContext& ctx, Phase ph, const patches::PatchFilter& f) {
+  events_.push_back(std::string("patches:") + patches::phase_name(ph));
+  reports_.push_back(patches::run_patches(patches::PhaseKey{}, patches_, ctx, ph, f));
+}
+
+void PrimusRuntime::run(const config::Experiment& exp, const RunOptions& opts, std::ostream& out) {
+  events_.clear();
+  reports_.clear();
+  const config::ModuleSpec& spec = exp.module(opts.module.empty() ? exp.modules.front().name : opts.module);
+  auto adapter = backends_.create(spec.framework);
+  config::ModuleConfig cfg = config::resolve_module(exp, spec.name, adapter->schema());
+  for (auto& n : cfg.notes) {
+    spdlog::info("[config] {} = {} ({}) overrides {} ({})", n.key, n.later_value, n.later.str(),
+                 n.earlier_value, n.earlier.str());
+  }
+  auto filter = patches::PatchFilter::from_env(patches_);
+  patches::HookTable hooks;
+  adapter->define_hooks(hooks);
+  patches::PatchContext ctx(cfg.params, adapter->name(), adapter->version(), &hooks);
+
+  if (opts.dry_run) {
+    out << "Plan for module '" << spec.name << "' (stage " << opts.stage << ")\n"
+        << "  backend:   " << adapter->name() << " " << adapter->version() << "\n"
+        << "  output:    " << exp.output_dir().string() << "\n"
+        << "  layers:\n";
+    for (auto& l : cfg.layers) out << "    - " << l << "\n";
+    if (!cfg.notes.empty()) {
+      out << "  keys set in two layers (last wins):\n";
+      for (auto& n : cfg.notes) {
+        out << "    - " << n.key << ": " << n.earlier_value << " (" << n.earlier.str() << ") -> "
+            << n.later_value << " (" << n.later.str() << ")\n";
+      }
+    }
+    out << "  patches:\n";
+    for (Phase ph : patches::all_phases()) {
+      for (const patches::Patch* p : patches::ordered(patches_, adapter->name(), ph)) {
+        auto d = patches::decide(*p, ctx, filter);
+        out << "    [" << patches::phase_name(ph) << "] " << (d.applies ? "apply " : "skip  ") << p->id
+            << ": " << d.reason << "\n";
+      }
+    }
+    auto args = adapter->convert_config(cfg, exp);
+    out << "  backend args (before build_args patches):\n";
+    for (auto& [k, v] : args->describe()) out << "    " << k << ": " << v << "\n";
+    out << "Dry run: nothing was run.\n";
+    events_.push_back("dry_run");
+    return;
+  }
+
+  phase(ctx, Phase::Setup, filter);
+  events_.push_back("prepare");
+  adapter->prepare(cfg);
+  events_.push_back("convert_config");
+  std::shared_ptr<BackendArgs> args = adapter->convert_config(cfg, exp);
+  ctx.set_args(args);
+  phase(ctx, Phase::BuildArgs, filter);
+  events_.push_back("create_trainer");
+  std::unique_ptr<Trainer> trainer = adapter->create_trainer(opts.stage, args, hooks);
+  if (!trainer) throw RuntimeError(fmt::format("backend {} has no stage '{}'", adapter->name(), opts.stage));
+  try {
+    events_.push_back("trainer.setup");
+    trainer->setup();
+    events_.push_back("trainer.init");
+    trainer->init();
+    phase(ctx, Phase::BeforeTrain, filter);
+    events_.push_back("trainer.train");
+    trainer->train();
+    phase(ctx, Phase::AfterTrain, filter);
+  } catch (...) {
+    events_.push_back("trainer.cleanup(on_error)");
+    try {
+      trainer->cleanup(true);
+    } catch (const std::exception& e) {
+      spdlog::error("cleanup after a failure also failed: {}", e.what());
+    }
+    throw;
+  }
+  events_.push_back("trainer.cleanup");
+  trainer->cleanup(false);
+}
+
+}  // namespace primus

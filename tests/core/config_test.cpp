@@ -1,0 +1,247 @@
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "core/config/experiment.h"
+#include "core/config/yaml_loader.h"
+#include "test_util.h"
+
+using namespace primus;
+using namespace primus::config;
+using primus::testing::expect_error;
+using primus::testing::TempDir;
+
+namespace {
+LoadOptions env_of(std::map<std::string, std::string> vars) {
+  LoadOptions o;
+  o.env = [vars](const std::string& k) -> std::optional<std::string> {
+    auto it = vars.find(k);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+  return o;
+}
+}  // namespace
+
+TEST(ConfigLoader, TypesPlainScalarsAndKeepsQuotedStrings) {
+  Value v = parse_yaml_text("a: 12\nb: 3.5e-4\nc: true\nd: ~\ne: '12'\nf: hello\ng: -7\nh: 1e3\n", "t.yaml");
+  EXPECT_EQ(v.find("a")->as_int(), 12);
+  EXPECT_DOUBLE_EQ(v.find("b")->as_double(), 3.5e-4);
+  EXPECT_TRUE(v.find("c")->as_bool());
+  EXPECT_TRUE(v.find("d")->is_null());
+  EXPECT_EQ(v.find("e")->kind(), Value::Kind::String);
+  EXPECT_EQ(v.find("e")->as_string(), "12");
+  EXPECT_EQ(v.find("f")->as_string(), "hello");
+  EXPECT_EQ(v.find("g")->as_int(), -7);
+  EXPECT_EQ(v.find("h")->kind(), Value::Kind::Float);
+}
+
+TEST(ConfigLoader, OriginsAreFileLineColumn) {
+  Value v = parse_yaml_text("a: 1\nnested:\n  b: 2\n", "x.yaml");
+  EXPECT_EQ(v.find("a")->origin().str(), "x.yaml:1:4");
+  EXPECT_EQ(v.find_path("nested.b")->origin().str(), "x.yaml:3:6");
+}
+
+TEST(ConfigLoader, InterpolatesWithDefaultsAndTypesTheResult) {
+  auto opts = env_of({{"STEPS", "250"}, {"NAME", "run"}});
+  Value v = parse_yaml_text("a: ${STEPS}\nb: ${MISSING:0.5}\nc: pre-${NAME}-post\nd: ${MISSING:}\n", "t", opts);
+  EXPECT_EQ(v.find("a")->as_int(), 250);
+  EXPECT_DOUBLE_EQ(v.find("b")->as_double(), 0.5);
+  EXPECT_EQ(v.find("c")->as_string(), "pre-run-post");
+  EXPECT_TRUE(v.find("d")->is_null());
+}
+
+TEST(ConfigLoader, UnsetVariableIsAnErrorNamingPlaceAndVariable) {
+  expect_error<ConfigError>([] { parse_yaml_text("x: 1\ny: ${NOPE_NOT_SET}\n", "f.yaml", env_of({})); },
+                            {"f.yaml:2:4", "NOPE_NOT_SET", "not set"});
+}
+
+TEST(ConfigLoader, YamlSyntaxErrorHasLineAndColumn) {
+  TempDir d;
+  auto p = d.write("bad.yaml", "a: 1\nb: [1, 2\nc: 3\n");
+  std::string msg = expect_error<ConfigError>([&] { load_yaml_file(p); }, {"bad.yaml:", "YAML syntax error"});
+  EXPECT_NE(msg.find(":3:"), std::string::npos) << msg;
+}
+
+TEST(ConfigLoader, MissingFileIsNamed) {
+  expect_error<ConfigError>([] { load_yaml_file("/no/such/dir/exp.yaml"); }, {"/no/such/dir/exp.yaml", "not found"});
+}
+
+TEST(ConfigLoader, DuplicateKeyInOneMappingIsAnError) {
+  expect_error<ConfigError>([] { parse_yaml_text("lr: 1\nsteps: 2\nlr: 3\n", "d.yaml"); },
+                            {"d.yaml:3", "'lr'", "twice", "line 1"});
+}
+
+TEST(ConfigLoader, ExtendsScalarAndListMergeInOrderAndReportOverrides) {
+  TempDir d;
+  d.write("base/a.yaml", "lr: 1.0\nsteps: 10\nopt:\n  beta1: 0.9\n  beta2: 0.95\n");
+  d.write("base/b.yaml", "extends: a.yaml\nsteps: 20\n");
+  d.write("c.yaml", "warmup: 5\nsteps: 30\n");
+  auto top = d.write("top.yaml", "extends: [base/b.yaml, c.yaml]\nopt:\n  beta2: 0.99\n");
+  std::vector<OverrideNote> notes;
+  LoadOptions o;
+  o.notes = &notes;
+  Value v = load_yaml_file(top, o);
+  EXPECT_EQ(v.find("steps")->as_int(), 30);
+  EXPECT_EQ(v.find("warmup")->as_int(), 5);
+  EXPECT_DOUBLE_EQ(v.find_path("opt.beta1")->as_double(), 0.9);
+  EXPECT_DOUBLE_EQ(v.find_path("opt.beta2")->as_double(), 0.99);
+  EXPECT_FALSE(v.find("extends"));
+  // steps: a.yaml -> b.yaml -> c.yaml; both overrides are reported with both places.
+  int steps_notes = 0;
+  for (auto& n : notes) {
+    if (n.key == "steps") {
+      ++steps_notes;
+      EXPECT_NE(n.earlier.file, n.later.file);
+    }
+  }
+  EXPECT_EQ(steps_notes, 2);
+  ASSERT_EQ(v.find("steps")->overridden().size(), 2u);
+  EXPECT_NE(v.find("steps")->overridden()[0].file.find("a.yaml"), std::string::npos);
+  EXPECT_NE(v.find("steps")->origin().file.find("c.yaml"), std::string::npos);
+}
+
+TEST(ConfigLoader, ExtendsCycleIsDetected) {
+  TempDir d;
+  d.write("a.yaml", "extends: b.yaml\nx: 1\n");
+  d.write("b.yaml", "extends: [c.yaml]\n");
+  d.write("c.yaml", "extends: a.yaml\n");
+  expect_error<ConfigError>([&] { load_yaml_file(d.path() / "a.yaml"); }, {"extends cycle", "a.yaml", "b.yaml", "c.yaml"});
+}
+
+TEST(ConfigLoader, MissingExtendedFileNamesTheExtender) {
+  TempDir d;
+  auto p = d.write("a.yaml", "extends: gone.yaml\n");
+  expect_error<ConfigError>([&] { load_yaml_file(p); }, {"gone.yaml", "extended from", "a.yaml"});
+}
+
+TEST(CliOverrides, ParsesAllForms) {
+  auto o = parse_cli_overrides({"train_iters=5", "--lr", "3e-4", "--optimizer.beta2=0.99", "name='007'",
+                                "data_path=[0.3, a, 0.7, b]", "--use-flash", "true"});
+  ASSERT_EQ(o.size(), 6u);
+  EXPECT_EQ(o[0].key, "train_iters");
+  EXPECT_EQ(o[0].value.as_int(), 5);
+  EXPECT_EQ(o[1].key, "lr");
+  EXPECT_DOUBLE_EQ(o[1].value.as_double(), 3e-4);
+  EXPECT_EQ(o[2].key, "optimizer.beta2");
+  EXPECT_EQ(o[3].value.as_string(), "007");
+  ASSERT_TRUE(o[4].value.is_list());
+  EXPECT_EQ(o[4].value.items().size(), 4u);
+  EXPECT_EQ(o[5].key, "use_flash");
+  EXPECT_TRUE(o[5].value.as_bool());
+  EXPECT_NE(o[0].value.origin().str().find("command line"), std::string::npos);
+}
+
+TEST(CliOverrides, RejectsMalformed) {
+  EXPECT_THROW(parse_cli_overrides({"novalue"}), UsageError);
+  EXPECT_THROW(parse_cli_overrides({"--dangling"}), UsageError);
+  EXPECT_THROW(parse_cli_overrides({"a..b=1"}), UsageError);
+}
+
+class ExperimentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    d_.write("configs/models/tiny.yaml", "num_layers: 2\nhidden_size: 64\nlr: 0.1\n");
+    d_.write("configs/modules/dummy/base.yaml", "train_iters: 100\n");
+    d_.write("configs/modules/dummy/pretrain.yaml", "extends: base.yaml\nlr: 0.01\nglobal_batch_size: 16\n");
+    schema_.integer("train_iters", 10, "steps", 0)
+        .number("lr", 1e-3, "learning rate", 0.0)
+        .integer("global_batch_size", 8, "batch", 1)
+        .integer("micro_batch_size", 2, "micro batch", 1)
+        .integer("num_layers", 1, "layers", 1)
+        .integer("hidden_size", 8, "width", 1)
+        .text("optimizer", "adamw", "optimizer", {"adamw", "sgd"})
+        .flag("use_flash", false, "flash attention")
+        .any("extra", KeyType::Map, "free-form");
+    paths_.roots = {d_.path() / "configs"};
+  }
+  std::filesystem::path exp(const std::string& overrides) {
+    return d_.write("exp.yaml",
+                    "work_group: team\nuser_name: ${PRIMUS_TEST_USER:alice}\nexp_name: e1\nworkspace: /tmp/ws\n"
+                    "modules:\n  pre_trainer:\n    framework: dummy\n    config: pretrain.yaml\n"
+                    "    model: tiny.yaml\n    overrides:\n" + overrides);
+  }
+  ModuleConfig resolve(const std::string& overrides, std::vector<std::string> cli = {}) {
+    auto e = load_experiment(exp(overrides), parse_cli_overrides(cli), {}, paths_);
+    return resolve_module(e, "pre_trainer", schema_, {}, paths_);
+  }
+  TempDir d_;
+  Schema schema_;
+  ConfigPaths paths_;
+};
+
+TEST_F(ExperimentTest, LayersMergeModelThenModuleThenOverridesThenCli) {
+  auto m = resolve("      micro_batch_size: 4\n      train_iters: 200\n", {"train_iters=300"});
+  EXPECT_EQ(m.params.find("num_layers")->as_int(), 2);          // model preset
+  EXPECT_DOUBLE_EQ(m.params.find("lr")->as_double(), 0.01);     // module preset beats model
+  EXPECT_EQ(m.params.find("micro_batch_size")->as_int(), 4);    // experiment override
+  EXPECT_EQ(m.params.find("train_iters")->as_int(), 300);       // command line wins
+  EXPECT_EQ(m.params.find("optimizer")->as_string(), "adamw");  // schema default
+  EXPECT_EQ(m.params.find("optimizer")->origin().str(), "<schema default>");
+  // train_iters was set by base.yaml, the experiment and the command line: all places kept.
+  const Value* ti = m.params.find("train_iters");
+  ASSERT_EQ(ti->overridden().size(), 2u);
+  EXPECT_NE(ti->overridden()[0].file.find("base.yaml"), std::string::npos);
+  EXPECT_NE(ti->overridden()[1].file.find("exp.yaml"), std::string::npos);
+  EXPECT_NE(ti->origin().str().find("command line"), std::string::npos);
+  int lr_notes = 0;
+  for (auto& n : m.notes) lr_notes += n.key == "lr";
+  EXPECT_EQ(lr_notes, 1);
+  EXPECT_EQ(m.layers.size(), 4u);
+}
+
+TEST_F(ExperimentTest, ExperimentFieldsInterpolateAndOutputDirIsBuilt) {
+  auto e = load_experiment(exp("      lr: 0.2\n"), parse_cli_overrides({"exp_name=e2"}), {}, paths_);
+  EXPECT_EQ(e.user_name, "alice");
+  EXPECT_EQ(e.exp_name, "e2");
+  EXPECT_EQ(e.output_dir(), std::filesystem::path("/tmp/ws/team/alice/e2"));
+}
+
+TEST_F(ExperimentTest, UnknownKeyNamesFileLineAndSuggestion) {
+  std::string msg = expect_error<ConfigError>([&] { resolve("      lr: 0.2\n      trian_iters: 5\n"); },
+                                              {"exp.yaml:12:", "unknown key 'trian_iters'", "did you mean 'train_iters'"});
+}
+
+TEST_F(ExperimentTest, UnknownKeyFromCommandLine) {
+  expect_error<ConfigError>([&] { resolve("      lr: 0.2\n", {"--micro_bach_size", "3"}); },
+                            {"command line", "micro_bach_size", "did you mean 'micro_batch_size'"});
+}
+
+TEST_F(ExperimentTest, WrongTypeAndRangeAndChoice) {
+  expect_error<ConfigError>([&] { resolve("      train_iters: many\n"); }, {"exp.yaml:11:", "train_iters", "expects an integer"});
+  expect_error<ConfigError>([&] { resolve("      lr: -1\n"); }, {"lr", "out of range"});
+  expect_error<ConfigError>([&] { resolve("      optimizer: lion\n"); }, {"optimizer", "not one of", "adamw"});
+  expect_error<ConfigError>([&] { resolve("      use_flash: 1\n"); }, {"use_flash", "boolean"});
+}
+
+TEST_F(ExperimentTest, FreeFormMapSectionsAcceptSubKeys) {
+  auto m = resolve("      extra:\n        anything: 1\n        deeper: {x: 2}\n");
+  EXPECT_EQ(m.params.find_path("extra.anything")->as_int(), 1);
+}
+
+TEST_F(ExperimentTest, MissingPresetAndUnknownExperimentKeys) {
+  auto p = d_.write("exp2.yaml", "modules:\n  pre_trainer:\n    framework: dummy\n    config: nope.yaml\n");
+  auto e = load_experiment(p, {}, {}, paths_);
+  expect_error<ConfigError>([&] { resolve_module(e, "pre_trainer", schema_, {}, paths_); }, {"module preset 'nope.yaml' not found"});
+  auto q = d_.write("exp3.yaml", "exp_nmae: x\nmodules:\n  pre_trainer:\n    framework: dummy\n");
+  expect_error<ConfigError>([&] { load_experiment(q, {}, {}, paths_); }, {"exp3.yaml:1:1", "exp_nmae", "did you mean 'exp_name'"});
+  expect_error<ConfigError>([&] { load_experiment(d_.write("e4.yaml", "exp_name: x\n"), {}, {}, paths_); }, {"modules"});
+}
+
+TEST_F(ExperimentTest, ExplainShowsWhereEachKeyWasSet) {
+  auto m = resolve("      micro_batch_size: 4\n");
+  std::string s = render_yaml(m.params, true);
+  EXPECT_NE(s.find("micro_batch_size: 4"), std::string::npos);
+  EXPECT_NE(s.find("exp.yaml:11:"), std::string::npos) << s;
+  EXPECT_NE(s.find("overrides"), std::string::npos) << s;
+  EXPECT_NE(s.find("tiny.yaml:3"), std::string::npos) << s;  // lr from the model preset, overridden
+}
+
+TEST(Schema, NearestKey) {
+  Schema s;
+  s.integer("train_iters", 1, "").integer("seq_length", 1, "").integer("optimizer.warmup", 1, "");
+  EXPECT_EQ(s.nearest("train_iter"), "train_iters");
+  EXPECT_EQ(s.nearest("seq_lenght"), "seq_length");
+  EXPECT_EQ(s.nearest("optimizer.wramup"), "optimizer.warmup");
+  EXPECT_EQ(s.nearest("completely_different"), "");
+}
