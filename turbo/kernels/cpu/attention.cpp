@@ -1,0 +1,302 @@
+// Attention forward/backward on the CPU, flash-attention style.
+//
+// Work is split into independent items that own their outputs, so nothing races and nothing
+// depends on the thread count:
+//   forward:  one item per (document, query head); it writes that head's out rows and lse.
+//   backward: one item per (document, key/value head); it runs the group's query heads in order,
+//             accumulating dk/dv for its kv head in a private buffer, and writes dq of those heads.
+// Inside an item, queries are processed in blocks of kQueryBlock rows and every step is a small
+// GEMM with a contiguous, vectorisable inner loop (the key matrix is transposed once per item so
+// the score GEMM needs no dot-product reductions). Masked scores get probability exactly 0, so the
+// few masked entries computed inside a causal diagonal block change no result.
+#include "turbo/kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/util/error.h"
+
+namespace primus::turbo::cpu {
+namespace {
+
+constexpr int64_t kQueryBlock = 32;
+
+// One document: tokens [t0, t0 + len) of batch row b.
+struct Segment {
+  int64_t b, t0, len;
+};
+
+void check_params(const AttentionParams& p) {
+  PRIMUS_CHECK(p.B > 0 && p.T > 0 && p.H > 0 && p.KVH > 0 && p.D > 0,
+               "attention: shape B={} T={} H={} KVH={} D={} must be positive", p.B, p.T, p.H,
+               p.KVH, p.D);
+  PRIMUS_CHECK(p.H % p.KVH == 0, "attention: H={} is not a multiple of KVH={}", p.H, p.KVH);
+}
+
+std::vector<Segment> segments_of(const AttentionParams& p) {
+  std::vector<Segment> segs;
+  if (!p.cu_seqlens) {
+    for (int64_t b = 0; b < p.B; ++b) segs.push_back({b, 0, p.T});
+    return segs;
+  }
+  const int32_t* cu = p.cu_seqlens;
+  PRIMUS_CHECK(p.num_docs > 0, "attention: cu_seqlens given with num_docs={}", p.num_docs);
+  PRIMUS_CHECK(cu[0] == 0 && cu[p.num_docs] == p.B * p.T,
+               "attention: cu_seqlens must run from 0 to B*T={}, got {}..{}", p.B * p.T, cu[0],
+               cu[p.num_docs]);
+  for (int64_t d = 0; d < p.num_docs; ++d) {
+    const int64_t s = cu[d], e = cu[d + 1];
+    PRIMUS_CHECK(e >= s, "attention: cu_seqlens decreases at document {} ({} -> {})", d, s, e);
+    if (e == s) continue;
+    PRIMUS_CHECK(s / p.T == (e - 1) / p.T,
+                 "attention: document {} spans tokens [{}, {}), crossing a batch row of T={}", d,
+                 s, e, p.T);
+    segs.push_back({s / p.T, s % p.T, e - s});
+  }
+  return segs;
+}
+
+// C[M,N] += A[M,K] @ B[K,N]   (all row-major with leading dimensions).
+template <typename Real>
+void gemm_nn_acc(int64_t M, int64_t N, int64_t K, const Real* A, int64_t lda, const Real* B,
+                 int64_t ldb, Real* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    Real* c = C + i * ldc;
+    for (int64_t kk = 0; kk < K; ++kk) {
+      const Real a = A[i * lda + kk];
+      if (a == Real(0)) continue;  // masked (causal) probabilities: exact zeros add nothing
+      const Real* b = B + kk * ldb;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
+    }
+  }
+}
+
+// C[M,N] += A^T @ B with A stored [K,M] and B [K,N].
+template <typename Real>
+void gemm_tn_acc(int64_t M, int64_t N, int64_t K, const Real* A, int64_t lda, const Real* B,
+                 int64_t ldb, Real* C, int64_t ldc) {
+  for (int64_t kk = 0; kk < K; ++kk) {
+    const Real* b = B + kk * ldb;
+    for (int64_t i = 0; i < M; ++i) {
+      const Real a = A[kk * lda + i];
+      if (a == Real(0)) continue;
+      Real* c = C + i * ldc;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
+    }
+  }
+}
+
+// dst[D, L] = src[L, D] (rows of src `ld` apart): the transposed key/value matrix of one head.
+template <typename Real>
+void transpose_into(Real* dst, const Real* src, int64_t L, int64_t D, int64_t ld) {
+  for (int64_t j = 0; j < L; ++j)
+    for (int64_t d = 0; d < D; ++d) dst[d * L + j] = src[j * ld + d];
+}
+
+// Scores of one query block: S[nq, nk] = scale * Q K^T, masked entries set to -inf.
+// Returns nk, the number of key columns the block needs.
+template <typename Real>
+int64_t block_scores(Real* S, const Real* q, int64_t ldq, const Real* kt, int64_t L, int64_t D,
+                     int64_t i0, int64_t nq, bool causal, Real scale) {
+  const int64_t nk = causal ? i0 + nq : L;
+  std::fill(S, S + nq * L, Real(0));
+  gemm_nn_acc<Real>(nq, nk, D, q, ldq, kt, L, S, L);
+  for (int64_t i = 0; i < nq; ++i) {
+    Real* s = S + i * L;
+    const int64_t visible = causal ? i0 + i + 1 : nk;
+    for (int64_t j = 0; j < visible; ++j) s[j] *= scale;
+    for (int64_t j = visible; j < nk; ++j) s[j] = -std::numeric_limits<Real>::infinity();
+  }
+  return nk;
+}
+
+template <typename Real>
+struct ForwardScratch {
+  std::vector<Real> kt, s, inv_sum;
+  explicit ForwardScratch(int64_t L, int64_t D)
+      : kt(static_cast<size_t>(L * D)), s(static_cast<size_t>(kQueryBlock * L)),
+        inv_sum(static_cast<size_t>(kQueryBlock)) {}
+};
+
+template <typename Real>
+void forward_item(Real* out, Real* lse, const Real* q, const Real* k, const Real* v,
+                  const AttentionParams& p, const Segment& seg, int64_t h,
+                  ForwardScratch<Real>& scratch) {
+  const int64_t D = p.D, L = seg.len, g = h / (p.H / p.KVH);
+  const int64_t ldq = p.H * D, ldk = p.KVH * D;
+  const int64_t row0 = seg.b * p.T + seg.t0;
+  const Real* qh = q + (row0 * p.H + h) * D;
+  const Real* kh = k + (row0 * p.KVH + g) * D;
+  const Real* vh = v + (row0 * p.KVH + g) * D;
+  Real* oh = out + (row0 * p.H + h) * D;
+  Real* lh = lse + (seg.b * p.H + h) * p.T + seg.t0;
+  const Real scale = static_cast<Real>(p.scale());
+  Real* kt = scratch.kt.data();
+  Real* S = scratch.s.data();
+  Real* inv_sum = scratch.inv_sum.data();
+  transpose_into(kt, kh, L, D, ldk);
+
+  for (int64_t i0 = 0; i0 < L; i0 += kQueryBlock) {
+    const int64_t nq = std::min(kQueryBlock, L - i0);
+    const int64_t nk = block_scores(S, qh + i0 * ldq, ldq, kt, L, D, i0, nq, p.causal, scale);
+    for (int64_t i = 0; i < nq; ++i) {
+      Real* s = S + i * L;
+      Real m = s[0];
+      for (int64_t j = 1; j < nk; ++j) m = std::max(m, s[j]);
+      double sum = 0.0;
+      for (int64_t j = 0; j < nk; ++j) {
+        s[j] = std::exp(s[j] - m);  // exp(-inf) = 0 for masked entries
+        sum += s[j];
+      }
+      lh[i0 + i] = static_cast<Real>(m + std::log(sum));
+      inv_sum[i] = static_cast<Real>(1.0 / sum);
+      Real* o = oh + (i0 + i) * ldq;
+      std::fill(o, o + D, Real(0));
+    }
+    gemm_nn_acc<Real>(nq, D, nk, S, L, vh, ldk, oh + i0 * ldq, ldq);
+    for (int64_t i = 0; i < nq; ++i) {
+      Real* o = oh + (i0 + i) * ldq;
+      for (int64_t d = 0; d < D; ++d) o[d] *= inv_sum[i];
+    }
+  }
+}
+
+template <typename Real>
+struct BackwardScratch {
+  std::vector<Real> kt, vt, s, dp, dk, dv, delta;
+  explicit BackwardScratch(int64_t L, int64_t D)
+      : kt(static_cast<size_t>(L * D)), vt(static_cast<size_t>(L * D)),
+        s(static_cast<size_t>(kQueryBlock * L)), dp(static_cast<size_t>(kQueryBlock * L)),
+        dk(static_cast<size_t>(L * D)), dv(static_cast<size_t>(L * D)),
+        delta(static_cast<size_t>(kQueryBlock)) {}
+};
+
+template <typename Real>
+void backward_item(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k,
+                   const Real* v, const Real* out, const Real* lse, const AttentionParams& p,
+                   const Segment& seg, int64_t g, BackwardScratch<Real>& scratch) {
+  const int64_t D = p.D, L = seg.len, group = p.H / p.KVH;
+  const int64_t ldq = p.H * D, ldk = p.KVH * D;
+  const int64_t row0 = seg.b * p.T + seg.t0;
+  const Real* kh = k + (row0 * p.KVH + g) * D;
+  const Real* vh = v + (row0 * p.KVH + g) * D;
+  const Real scale = static_cast<Real>(p.scale());
+  Real* kt = scratch.kt.data();
+  Real* vt = scratch.vt.data();
+  Real* S = scratch.s.data();
+  Real* dP = scratch.dp.data();
+  Real* dk_acc = scratch.dk.data();
+  Real* dv_acc = scratch.dv.data();
+  Real* delta = scratch.delta.data();
+  transpose_into(kt, kh, L, D, ldk);
+  transpose_into(vt, vh, L, D, ldk);
+  std::fill(dk_acc, dk_acc + L * D, Real(0));
+  std::fill(dv_acc, dv_acc + L * D, Real(0));
+
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    const Real* qh = q + (row0 * p.H + h) * D;
+    const Real* oh = out + (row0 * p.H + h) * D;
+    const Real* doh = dout + (row0 * p.H + h) * D;
+    Real* dqh = dq + (row0 * p.H + h) * D;
+    const Real* lh = lse + (seg.b * p.H + h) * p.T + seg.t0;
+    for (int64_t i0 = 0; i0 < L; i0 += kQueryBlock) {
+      const int64_t nq = std::min(kQueryBlock, L - i0);
+      const int64_t nk = block_scores(S, qh + i0 * ldq, ldq, kt, L, D, i0, nq, p.causal, scale);
+      // P = exp(S - lse); delta_i = dout_i · out_i (= sum_j P_ij dP_ij).
+      for (int64_t i = 0; i < nq; ++i) {
+        Real* s = S + i * L;
+        const Real l = lh[i0 + i];
+        for (int64_t j = 0; j < nk; ++j) s[j] = std::exp(s[j] - l);
+        const Real* o = oh + (i0 + i) * ldq;
+        const Real* dy = doh + (i0 + i) * ldq;
+        double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(dy[d]) * o[d];
+        delta[i] = static_cast<Real>(dot);
+      }
+      // dP = dout @ V^T, then dS = P * (dP - delta) * scale (stored over dP).
+      std::fill(dP, dP + nq * L, Real(0));
+      gemm_nn_acc<Real>(nq, nk, D, doh + i0 * ldq, ldq, vt, L, dP, L);
+      for (int64_t i = 0; i < nq; ++i) {
+        const Real* s = S + i * L;
+        Real* ds = dP + i * L;
+        for (int64_t j = 0; j < nk; ++j) ds[j] = s[j] * (ds[j] - delta[i]) * scale;
+      }
+      gemm_nn_acc<Real>(nq, D, nk, dP, L, kh, ldk, dqh + i0 * ldq, ldq);       // dq += dS K
+      gemm_tn_acc<Real>(nk, D, nq, dP, L, qh + i0 * ldq, ldq, dk_acc, D);      // dk += dS^T Q
+      gemm_tn_acc<Real>(nk, D, nq, S, L, doh + i0 * ldq, ldq, dv_acc, D);      // dv += P^T dout
+    }
+  }
+  Real* dkh = dk + (row0 * p.KVH + g) * D;
+  Real* dvh = dv + (row0 * p.KVH + g) * D;
+  for (int64_t j = 0; j < L; ++j) {
+    for (int64_t d = 0; d < D; ++d) {
+      dkh[j * ldk + d] += dk_acc[j * D + d];
+      dvh[j * ldk + d] += dv_acc[j * D + d];
+    }
+  }
+}
+
+int64_t longest(const std::vector<Segment>& segs) {
+  int64_t L = 0;
+  for (const Segment& s : segs) L = std::max(L, s.len);
+  return L;
+}
+
+}  // namespace
+
+double AttentionParams::scale() const {
+  return softmax_scale ? *softmax_scale : 1.0 / std::sqrt(static_cast<double>(D));
+}
+
+template <typename Real>
+void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v,
+                       const AttentionParams& p) {
+  check_params(p);
+  const std::vector<Segment> segs = segments_of(p);
+  const int64_t items = static_cast<int64_t>(segs.size()) * p.H;
+  const int64_t max_len = longest(segs);
+#pragma omp parallel
+  {
+    ForwardScratch<Real> scratch(max_len, p.D);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      forward_item(out, lse, q, k, v, p, segs[it / p.H], it % p.H, scratch);
+    }
+  }
+}
+
+template <typename Real>
+void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q,
+                        const Real* k, const Real* v, const Real* out, const Real* lse,
+                        const AttentionParams& p) {
+  check_params(p);
+  const std::vector<Segment> segs = segments_of(p);
+  const int64_t items = static_cast<int64_t>(segs.size()) * p.KVH;
+  const int64_t max_len = longest(segs);
+#pragma omp parallel
+  {
+    BackwardScratch<Real> scratch(max_len, p.D);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      backward_item(dq, dk, dv, dout, q, k, v, out, lse, p, segs[it / p.KVH], it % p.KVH,
+                    scratch);
+    }
+  }
+}
+
+#define PRIMUS_INSTANTIATE(Real)                                                              \
+  template void attention_forward<Real>(Real*, Real*, const Real*, const Real*, const Real*,  \
+                                        const AttentionParams&);                              \
+  template void attention_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,       \
+                                         const Real*, const Real*, const Real*, const Real*,  \
+                                         const AttentionParams&);
+PRIMUS_INSTANTIATE(float)
+PRIMUS_INSTANTIATE(double)
+#undef PRIMUS_INSTANTIATE
+
+}  // namespace primus::turbo::cpu

@@ -1,0 +1,131 @@
+// Cross-entropy: parallel over rows, each row reduced in double. Per-row losses are kept in a
+// double buffer and summed in row order, so the total does not depend on the thread count.
+#include "turbo/kernels/cpu/loss.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/util/error.h"
+
+namespace primus::turbo::cpu {
+namespace {
+
+void check_targets(const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t t = targets[n];
+    PRIMUS_CHECK(t == ignore_index || (t >= 0 && t < V),
+                 "cross_entropy: target {} of row {} is outside the vocabulary [0, {}) and is not "
+                 "ignore_index {}", t, n, V, ignore_index);
+  }
+}
+
+template <typename Real>
+double row_max(const Real* x, int64_t V) {
+  Real m = x[0];
+  for (int64_t v = 1; v < V; ++v) m = std::max(m, x[v]);
+  return static_cast<double>(m);
+}
+
+// Runs row(n) -> loss of row n over all rows and returns the ordered total.
+template <class Row>
+CrossEntropyResult over_rows(const int32_t* targets, int64_t N, int32_t ignore_index, Row&& row) {
+  std::vector<double> row_loss(static_cast<size_t>(N), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) row_loss[n] = row(n);
+  CrossEntropyResult r;
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] == ignore_index) continue;
+    r.loss_sum += row_loss[n];
+    ++r.count;
+  }
+  return r;
+}
+
+}  // namespace
+
+int64_t cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_index) {
+  return std::count_if(targets, targets + N, [&](int32_t t) { return t != ignore_index; });
+}
+
+template <typename Real>
+CrossEntropyResult cross_entropy_forward(Real* losses, Real* lse, const Real* logits,
+                                         const int32_t* targets, int64_t N, int64_t V,
+                                         int32_t ignore_index) {
+  check_targets(targets, N, V, ignore_index);
+  return over_rows(targets, N, ignore_index, [&](int64_t n) {
+    const Real* x = logits + n * V;
+    const double m = row_max(x, V);
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(x[v]) - m);
+    const double l = m + std::log(sum);
+    lse[n] = static_cast<Real>(l);
+    const double loss = targets[n] == ignore_index ? 0.0 : l - static_cast<double>(x[targets[n]]);
+    if (losses) losses[n] = static_cast<Real>(loss);
+    return loss;
+  });
+}
+
+template <typename Real>
+void cross_entropy_backward(Real* dlogits, const Real* logits, const Real* lse,
+                            const int32_t* targets, int64_t N, int64_t V, double dloss,
+                            int32_t ignore_index) {
+  check_targets(targets, N, V, ignore_index);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const Real* x = logits + n * V;
+    Real* dx = dlogits + n * V;
+    if (targets[n] == ignore_index) {
+      std::fill(dx, dx + V, Real(0));
+      continue;
+    }
+    const double l = lse[n];
+    for (int64_t v = 0; v < V; ++v)
+      dx[v] = static_cast<Real>(dloss * std::exp(static_cast<double>(x[v]) - l));
+    dx[targets[n]] -= static_cast<Real>(dloss);
+  }
+}
+
+template <typename Real>
+CrossEntropyResult cross_entropy_forward_backward(Real* dlogits, Real* losses, const Real* logits,
+                                                  const int32_t* targets, int64_t N, int64_t V,
+                                                  double dloss, int32_t ignore_index) {
+  check_targets(targets, N, V, ignore_index);
+  return over_rows(targets, N, ignore_index, [&](int64_t n) {
+    const Real* x = logits + n * V;
+    Real* dx = dlogits + n * V;  // may be x itself: x[v] is read before dx[v] is written
+    if (targets[n] == ignore_index) {
+      std::fill(dx, dx + V, Real(0));
+      if (losses) losses[n] = Real(0);
+      return 0.0;
+    }
+    const double x_target = static_cast<double>(x[targets[n]]);
+    const double m = row_max(x, V);
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) {
+      const double e = std::exp(static_cast<double>(x[v]) - m);
+      sum += e;
+      dx[v] = static_cast<Real>(e);
+    }
+    const double loss = m + std::log(sum) - x_target;
+    if (losses) losses[n] = static_cast<Real>(loss);
+    const double scale = dloss / sum;
+    for (int64_t v = 0; v < V; ++v) dx[v] = static_cast<Real>(scale * dx[v]);
+    dx[targets[n]] -= static_cast<Real>(dloss);
+    return loss;
+  });
+}
+
+#define PRIMUS_INSTANTIATE(Real)                                                               \
+  template CrossEntropyResult cross_entropy_forward<Real>(Real*, Real*, const Real*,           \
+                                                          const int32_t*, int64_t, int64_t,    \
+                                                          int32_t);                            \
+  template void cross_entropy_backward<Real>(Real*, const Real*, const Real*, const int32_t*,  \
+                                             int64_t, int64_t, double, int32_t);               \
+  template CrossEntropyResult cross_entropy_forward_backward<Real>(                            \
+      Real*, Real*, const Real*, const int32_t*, int64_t, int64_t, double, int32_t);
+PRIMUS_INSTANTIATE(float)
+PRIMUS_INSTANTIATE(double)
+#undef PRIMUS_INSTANTIATE
+
+}  // namespace primus::turbo::cpu

@@ -1,0 +1,23 @@
+// Linear layer in the nn.Linear convention, on OpenBLAS (cblas_sgemm / cblas_dgemm).
+// Shapes: inp [N,C], weight [OC,C] (each output channel is a row), bias [OC], out [N,OC].
+// The tied GPT-2 head is the same call with weight = wte [V,C] and no bias.
+#pragma once
+#include <cstdint>
+
+namespace primus::turbo::cpu {
+
+// out = inp @ weight^T + bias   (overwrites out; bias may be nullptr).
+// Needs nothing saved beyond inp and weight for the backward.
+template <typename Real>
+void matmul_forward(Real* out, const Real* inp, const Real* weight, const Real* bias, int64_t N,
+                    int64_t C, int64_t OC);
+
+// Backward of matmul_forward, from dout [N,OC]:
+//   dinp    [N,C]  += dout @ weight        (skipped when dinp is nullptr)
+//   dweight [OC,C] += dout^T @ inp         (skipped when dweight is nullptr)
+//   dbias   [OC]   += sum over rows of dout (skipped when dbias is nullptr)
+template <typename Real>
+void matmul_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
+                     const Real* weight, int64_t N, int64_t C, int64_t OC);
+
+}  // namespace primus::turbo::cpu
