@@ -1,0 +1,56 @@
+// Byte-level BPE: the engine behind the "gpt2" tokenizer and tokenizer.json files. Loaders
+// (gpt2_tokenizer.cpp, hf_tokenizer.cpp) read their files into a BpeSpec; this file turns it
+// into a tokenizer. Encoding: split out added/special tokens (leftmost-longest match), split
+// the rest with the pre-tokenizer, then BPE-merge each piece's bytes by merge rank. Pieces
+// repeat (" the", ","), so merged pieces are cached: the cache is what makes encoding fast.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/tokenizer/pretokenize.h"
+#include "data/tokenizer/tokenizer.h"
+
+namespace primus::data {
+
+// A token matched verbatim before pre-tokenization (e.g. "<|endoftext|>").
+struct AddedToken {
+  std::string content;
+  int32_t id = -1;
+  bool lstrip = false;  // also swallows whitespace on its left
+  bool rstrip = false;  // also swallows whitespace on its right
+};
+
+// Where a ByteLevel pre-tokenizer's add_prefix_space puts its space.
+enum class PrefixSpace {
+  None,
+  PerSegment,  // before each text segment between added tokens (ByteLevel with use_regex)
+  PerPiece,    // before each piece of a Split (Split then ByteLevel without use_regex)
+};
+
+// Everything a byte-level BPE tokenizer is made of, in vocabulary-file form.
+struct BpeSpec {
+  std::string name;    // for name() and error messages
+  std::string source;  // the file(s) it came from, named in errors
+  // Vocabulary in byte-level form ("Ġthe") -> id.
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  // Merges in rank order (rank = index), each a pair of vocabulary tokens in byte-level form.
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::vector<AddedToken> added;
+  PreTokenizerKind pre = PreTokenizerKind::Gpt2;
+  PrefixSpace prefix_space = PrefixSpace::None;
+  // Llama-3's "ignore_merges": a piece that is itself in the vocabulary is one token.
+  bool ignore_merges = false;
+  std::optional<std::string> unk_token;  // byte-level form; used for bytes with no token
+  int32_t eod_id = -1;
+};
+
+// Builds the tokenizer; throws FormatError naming spec.source for an inconsistent spec
+// (duplicate ids, a vocabulary entry outside the byte-level alphabet, a merge whose parts or
+// result are not in the vocabulary).
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeSpec spec);
+
+}  // namespace primus::data

@@ -1,0 +1,196 @@
+// Hugging Face tokenizer.json files with a byte-level BPE model: GPT-2 style (ByteLevel
+// pre-tokenizer with its regex) and Llama-3 / Qwen2 style (Split with their regex, then
+// ByteLevel). Anything else is refused with an error naming the file and the unsupported part,
+// rather than tokenizing differently from the library that wrote the file.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/util/error.h"
+#include "core/util/fs.h"
+#include "data/tokenizer/bpe.h"
+#include "data/tokenizer/byte_level.h"
+
+namespace primus::data {
+namespace {
+
+namespace stdfs = std::filesystem;
+using nlohmann::json;
+
+std::string type_of(const json& j) {
+  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
+                                                                     : std::string("?");
+}
+
+[[noreturn]] void unsupported(const stdfs::path& file, const std::string& what) {
+  throw FormatError(fmt::format("{}: {} is not supported (Primus reads byte-level BPE "
+                                "tokenizer.json files: GPT-2, Llama-3, Qwen2 style)",
+                                file.string(), what));
+}
+
+bool null_or_empty(const json& m, const char* key) {
+  return !m.contains(key) || m[key].is_null() || (m[key].is_string() && m[key].get<std::string>().empty());
+}
+
+void read_model(const stdfs::path& file, const json& m, BpeSpec& spec) {
+  if (!m.is_object()) unsupported(file, "a model that is not an object");
+  std::string type = m.value("type", m.contains("merges") ? "BPE" : "?");
+  if (type != "BPE") unsupported(file, fmt::format("model type '{}'", type));
+  if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0.0) {
+    unsupported(file, "BPE dropout");
+  }
+  if (!null_or_empty(m, "continuing_subword_prefix") || !null_or_empty(m, "end_of_word_suffix")) {
+    unsupported(file, "a BPE continuing_subword_prefix / end_of_word_suffix");
+  }
+  if (m.value("byte_fallback", false)) unsupported(file, "BPE byte_fallback (SentencePiece style)");
+  spec.ignore_merges = m.value("ignore_merges", false);
+  if (m.contains("unk_token") && m["unk_token"].is_string()) {
+    spec.unk_token = m["unk_token"].get<std::string>();
+  }
+  const json& vocab = m.at("vocab");
+  if (!vocab.is_object()) throw FormatError(fmt::format("{}: model.vocab is not an object", file.string()));
+  spec.vocab.reserve(vocab.size());
+  for (auto& [tok, id] : vocab.items()) spec.vocab.emplace_back(tok, id.get<int32_t>());
+  const json& merges = m.at("merges");
+  spec.merges.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const json& mg = merges[r];
+    if (mg.is_string()) {  // "a b" (tokenizers < 0.20)
+      auto s = mg.get<std::string>();
+      size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
+        throw FormatError(fmt::format("{}: model.merges[{}] = '{}' is not 'a b'", file.string(), r, s));
+      }
+      spec.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+    } else if (mg.is_array() && mg.size() == 2) {  // ["a", "b"]
+      spec.merges.emplace_back(mg[0].get<std::string>(), mg[1].get<std::string>());
+    } else {
+      throw FormatError(fmt::format("{}: model.merges[{}] is neither 'a b' nor [a, b]", file.string(), r));
+    }
+  }
+}
+
+PreTokenizerKind split_kind(const stdfs::path& file, const json& split) {
+  if (split.value("behavior", "") != "Isolated" || split.value("invert", false)) {
+    unsupported(file, "a Split pre-tokenizer whose behavior is not Isolated (or inverted)");
+  }
+  const json& pat = split.at("pattern");
+  if (!pat.contains("Regex")) unsupported(file, "a Split pre-tokenizer with a String pattern");
+  auto regex = pat["Regex"].get<std::string>();
+  for (auto kind : {PreTokenizerKind::Gpt2, PreTokenizerKind::Llama3, PreTokenizerKind::Qwen2}) {
+    if (regex == pretokenizer_regex(kind)) return kind;
+  }
+  unsupported(file, fmt::format("the Split regex '{}' (known: the GPT-2, Llama-3 and Qwen2 "
+                                "patterns)", regex));
+}
+
+void read_pre_tokenizer(const stdfs::path& file, const json& p, BpeSpec& spec) {
+  std::string type = type_of(p);
+  if (type == "ByteLevel") {
+    if (!p.value("use_regex", true)) unsupported(file, "a ByteLevel pre-tokenizer without its regex alone");
+    spec.pre = PreTokenizerKind::Gpt2;
+    spec.prefix_space = p.value("add_prefix_space", false) ? PrefixSpace::PerSegment : PrefixSpace::None;
+    return;
+  }
+  if (type == "Sequence") {
+    const json& list = p.at("pretokenizers");
+    if (list.size() == 2 && type_of(list[0]) == "Split" && type_of(list[1]) == "ByteLevel") {
+      if (list[1].value("use_regex", true)) {
+        unsupported(file, "Split followed by a ByteLevel pre-tokenizer that also applies its regex");
+      }
+      spec.pre = split_kind(file, list[0]);
+      spec.prefix_space = list[1].value("add_prefix_space", false) ? PrefixSpace::PerPiece : PrefixSpace::None;
+      return;
+    }
+    std::string types;
+    for (auto& x : list) types += (types.empty() ? "" : ", ") + type_of(x);
+    unsupported(file, fmt::format("pre_tokenizer Sequence[{}] (supported: ByteLevel, or "
+                                  "Sequence[Split, ByteLevel])", types));
+  }
+  unsupported(file, fmt::format("pre_tokenizer '{}'", p.is_null() ? "null" : type));
+}
+
+void read_decoder(const stdfs::path& file, const json& d) {
+  if (d.is_null() || type_of(d) == "ByteLevel") return;
+  unsupported(file, fmt::format("decoder '{}'", type_of(d)));
+}
+
+// The end-of-document token: tokenizer_config.json's eos_token when the file is there (as
+// transformers does), else the first of the usual names that the tokenizer has.
+int32_t find_eod(const stdfs::path& file, const BpeSpec& spec) {
+  auto id_of = [&](const std::string& content) -> int32_t {
+    for (auto& a : spec.added) {
+      if (a.content == content) return a.id;
+    }
+    std::string form = byte_level::encode_token(content);
+    for (auto& [tok, id] : spec.vocab) {
+      if (tok == form) return id;
+    }
+    return -1;
+  };
+  auto config = file.parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (stdfs::is_regular_file(config, ec)) {
+    json c;
+    try {
+      c = json::parse(fs::read_file(config));
+    } catch (const json::exception& e) {
+      throw FormatError(fmt::format("{}: not valid JSON: {}", config.string(), e.what()));
+    }
+    if (c.contains("eos_token")) {
+      const json& e = c["eos_token"];
+      std::string content = e.is_string()                            ? e.get<std::string>()
+                            : e.is_object() && e.contains("content") ? e["content"].get<std::string>()
+                                                                     : std::string();
+      if (!content.empty()) {
+        int32_t id = id_of(content);
+        if (id < 0) {
+          throw FormatError(fmt::format("{}: eos_token '{}' is not a token of {}", config.string(),
+                                        content, file.string()));
+        }
+        return id;
+      }
+    }
+  }
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>"}) {
+    if (int32_t id = id_of(name); id >= 0) return id;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const stdfs::path& file) {
+  json j;
+  try {
+    j = json::parse(fs::read_file(file));
+  } catch (const json::exception& e) {
+    throw FormatError(fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
+  }
+  BpeSpec spec;
+  spec.source = file.string();
+  try {
+    if (!j.is_object() || !j.contains("model")) {
+      throw FormatError(fmt::format("{}: not a tokenizer.json (no \"model\")", file.string()));
+    }
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      unsupported(file, fmt::format("normalizer '{}'", type_of(j["normalizer"])));
+    }
+    read_model(file, j["model"], spec);
+    read_pre_tokenizer(file, j.value("pre_tokenizer", json()), spec);
+    read_decoder(file, j.value("decoder", json()));
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+      for (const json& a : j["added_tokens"]) {
+        spec.added.push_back({a.at("content").get<std::string>(), a.at("id").get<int32_t>(),
+                              a.value("lstrip", false), a.value("rstrip", false)});
+      }
+    }
+  } catch (const json::exception& e) {
+    throw FormatError(fmt::format("{}: unexpected structure: {}", file.string(), e.what()));
+  }
+  spec.eod_id = find_eod(file, spec);
+  spec.name = fmt::format("tokenizer.json:{} (BPE, {})", file.string(), pretokenizer_name(spec.pre));
+  return make_bpe_tokenizer(std::move(spec));
+}
+
+}  // namespace primus::data

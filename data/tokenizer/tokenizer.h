@@ -1,0 +1,65 @@
+// The tokenizer interface of Primus: text <-> token ids, for data preparation and inspection.
+//
+// Implementations: "gpt2" (OpenAI GPT-2 byte-level BPE, vocab 50257, <|endoftext|> = 50256),
+// "bytes" (one token per byte, vocab 256, end-of-document = 0, the NUL byte), and a path to a
+// Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama-3, Qwen2 families).
+// See docs/data.md for what each accepts.
+//
+// Text is a byte string, normally UTF-8. Every tokenizer round-trips any byte string exactly:
+// decode(encode(s)) == s, also for malformed UTF-8. All methods are const and thread-safe.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace primus::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Appends the ids of `text` to `out`. Special tokens written literally in the text (e.g.
+  // "<|endoftext|>" for GPT-2) become their single id, as Hugging Face tokenizers do; no
+  // BOS/EOS is added (callers append eod_id() where a document ends).
+  virtual void encode_into(std::string_view text, std::vector<int32_t>& out) const = 0;
+
+  std::vector<int32_t> encode(std::string_view text) const {
+    std::vector<int32_t> ids;
+    encode_into(text, ids);
+    return ids;
+  }
+
+  // The bytes the ids stand for, concatenated. Throws RuntimeError for an id outside the
+  // vocabulary. A special token decodes to its text (e.g. "<|endoftext|>").
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+
+  // Number of ids: every id is in [0, vocab_size()).
+  virtual int vocab_size() const = 0;
+
+  // The id that ends a document in prepared data; -1 when the tokenizer has none.
+  virtual int32_t eod_id() const = 0;
+
+  // A short description, e.g. "gpt2" or "tokenizer.json:/path (BPE, llama3)".
+  virtual std::string name() const = 0;
+};
+
+// Builds a tokenizer from a spec: "gpt2", "bytes", or a path to a tokenizer.json (or to a
+// folder holding one). Throws ConfigError for an unknown spec, IoError/FormatError naming the
+// file for unreadable or unsupported tokenizer files.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
+
+// The constructors make_tokenizer dispatches to.
+std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::filesystem::path& vocab_dir);
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::filesystem::path& tokenizer_json);
+std::unique_ptr<Tokenizer> make_byte_tokenizer();
+
+// Folder holding GPT-2's encoder.json and vocab.bpe: $PRIMUS_GPT2_VOCAB_DIR when set, else
+// third_party/gpt2 of the source tree this was built from, else <exe>/../../third_party/gpt2.
+// Throws IoError listing the places tried.
+std::filesystem::path gpt2_vocab_dir();
+
+}  // namespace primus::data
