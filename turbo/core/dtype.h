@@ -1,0 +1,51 @@
+// Element types of Turbo tensors, their sizes and names, and host-side conversions for the
+// 16-bit and 8-bit float formats (used by tests, the CPU path and checkpoint I/O; device code
+// uses CUDA's own intrinsics). Conversions round to nearest even, like the hardware.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace primus::turbo {
+
+enum class DType : uint8_t { F32, BF16, F16, F8E4M3, F8E5M2, I32, I64 };
+
+// Bytes per element.
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::F16: return 2;
+    case DType::F8E4M3: return 1;
+    case DType::F8E5M2: return 1;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+constexpr bool dtype_is_float(DType t) { return t != DType::I32 && t != DType::I64; }
+constexpr bool dtype_is_fp8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
+
+// "f32", "bf16", "f16", "f8e4m3", "f8e5m2", "i32", "i64".
+std::string_view dtype_name(DType t);
+// Inverse of dtype_name (also accepts "fp32", "float32", "bfloat16", "fp16", "float16",
+// "fp8_e4m3", "fp8_e5m2"); throws primus::ConfigError naming the unknown string.
+DType parse_dtype(std::string_view name);
+
+// Host conversions between float and the narrow float formats (bit patterns as integers).
+uint16_t float_to_bf16_bits(float f);
+float bf16_bits_to_float(uint16_t b);
+uint16_t float_to_f16_bits(float f);
+float f16_bits_to_float(uint16_t h);
+// FP8 conversions saturate to the largest finite value (OCP "satfinite"), as training recipes do.
+uint8_t float_to_f8e4m3_bits(float f);
+float f8e4m3_bits_to_float(uint8_t b);
+uint8_t float_to_f8e5m2_bits(float f);
+float f8e5m2_bits_to_float(uint8_t b);
+
+// Generic element access for host memory of any float dtype (slow; for tests and tools).
+float load_as_float(const void* base, DType t, size_t index);
+void store_from_float(void* base, DType t, size_t index, float value);
+
+}  // namespace primus::turbo
