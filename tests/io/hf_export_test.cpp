@@ -110,3 +110,51 @@ TEST_F(HfExport, RefusesUnsupportedDtype) {
 }
 
 }  // namespace
+
+namespace {
+
+// Leaves a tiny, complete Llama export (and a Primus checkpoint of the same weights) in the
+// build folder, for tests/io/hf_check.py to load with safetensors and transformers on a machine
+// that has them.
+TEST_F(HfExport, WritesSampleForTransformersCheck) {
+  const int64_t vocab = 64, hidden = 16, inter = 32;
+  std::map<std::string, TensorBlob> t;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    size_t n = 1;
+    for (auto d : shape) n *= static_cast<size_t>(d);
+    auto v = random_floats(n);
+    for (auto& x : v) x *= 0.05f;
+    t[name] = TensorBlob::from_vector<float>(std::move(shape), std::move(v));
+  };
+  add("model.embed_tokens.weight", {vocab, hidden});
+  add("model.layers.0.input_layernorm.weight", {hidden});
+  add("model.layers.0.post_attention_layernorm.weight", {hidden});
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    add(std::string("model.layers.0.self_attn.") + p + ".weight", {hidden, hidden});
+  }
+  add("model.layers.0.mlp.gate_proj.weight", {inter, hidden});
+  add("model.layers.0.mlp.up_proj.weight", {inter, hidden});
+  add("model.layers.0.mlp.down_proj.weight", {hidden, inter});
+  add("model.norm.weight", {hidden});
+  add("lm_head.weight", {vocab, hidden});
+  json cfg = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+              {"vocab_size", vocab}, {"hidden_size", hidden}, {"intermediate_size", inter},
+              {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"num_key_value_heads", 2},
+              {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-5},
+              {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2}};
+
+  auto out = std::filesystem::path(PRIMUS_BINARY_DIR) / "tests" / "io" / "hf_sample";
+  std::filesystem::remove_all(out);
+  HfExportOptions f32;
+  f32.dtype = DType::F32;
+  export_hf(out / "f32", cfg, t, f32);
+  export_hf(out / "bf16", cfg, t);
+  HfExportOptions sharded;
+  sharded.max_shard_bytes = 4096;
+  export_hf(out / "bf16_sharded", cfg, t, sharded);
+  auto back = SafetensorsFile::open(out / "f32" / "model.safetensors");
+  EXPECT_EQ(back.names().size(), t.size());
+  EXPECT_EQ(back.read_as<float>("lm_head.weight"), t.at("lm_head.weight").to_vector<float>());
+}
+
+}  // namespace
