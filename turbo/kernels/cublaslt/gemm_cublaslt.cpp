@@ -1,0 +1,357 @@
+// cuBLASLt works in column-major. A row-major matrix S[r,c] with leading dimension ld is the
+// column-major matrix S^T[c,r] with the same ld, so the row-major product D = A @ B is computed
+// as the column-major product D^T = B^T @ A^T: cuBLASLt's "A" is our B, its "B" is our A, and
+// its m and n are our n and m. Epilogue vectors follow: cuBLASLt's per-row bias (length of its
+// m) is our per-column bias (length n); its BGRADA reduces our B, its BGRADB our A.
+#include "turbo/kernels/cublaslt/gemm_cublaslt.h"
+
+#include <cublasLt.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/util/error.h"
+#include "turbo/core/cuda_arena.h"
+#include "turbo/core/cuda_check.h"
+
+namespace primus::turbo::cublaslt {
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    case DType::F8E4M3: return CUDA_R_8F_E4M3;
+    case DType::F8E5M2: return CUDA_R_8F_E5M2;
+    default: return CUDA_R_32F;
+  }
+}
+
+cublasLtEpilogue_t lt_epilogue(Epilogue e) {
+  switch (e) {
+    case Epilogue::None: return CUBLASLT_EPILOGUE_DEFAULT;
+    case Epilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::Gelu: return CUBLASLT_EPILOGUE_GELU;
+    case Epilogue::GeluBias: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case Epilogue::GeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case Epilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::DGeluBGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case Epilogue::BGradA: return CUBLASLT_EPILOGUE_BGRADB;  // our A is cuBLASLt's B
+    case Epilogue::BGradB: return CUBLASLT_EPILOGUE_BGRADA;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// Largest power of two (<= 256) dividing the address: cuBLASLt's heuristic needs to know it.
+uint32_t alignment_of(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && (v % a) != 0) a >>= 1;
+  return a;
+}
+
+// Descriptors and the chosen algorithm for one problem key.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;  // cuBLASLt's A, B, C=D
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+  }
+};
+
+struct Context {
+  std::mutex mu;
+  cublasLtHandle_t handle = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  std::unique_ptr<Arena> own_ws;
+  int algo_search = 0;  // 0: not yet read from the environment
+  std::unordered_map<std::string, std::unique_ptr<Plan>> plans;
+};
+
+Context& ctx() {
+  static Context* c = new Context();  // never destroyed: cuBLASLt may be gone at exit
+  return *c;
+}
+
+cublasLtMatrixLayout_t make_layout(DType t, uint64_t rows, uint64_t cols, int64_t ld,
+                                   int64_t batch, int64_t batch_stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), rows, cols, ld));
+  if (batch > 1) {
+    const int32_t count = static_cast<int32_t>(batch);
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                  &batch_stride, sizeof(batch_stride)));
+  }
+  return l;
+}
+
+template <class T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+
+// cuBLASLt's operands for our problem (see the comment at the top of the file).
+struct LtOperands {
+  cublasOperation_t op_a, op_b;  // cuBLASLt's A (= our B) and B (= our A)
+  uint64_t a_rows, a_cols, b_rows, b_cols;
+};
+LtOperands lt_operands(const GemmProblem& p) {
+  LtOperands o{};
+  // Our B stored row-major: not transposed -> stored [k,n] = column-major [n,k] = B^T (no op).
+  o.op_a = p.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  o.a_rows = p.b.transposed ? p.k : p.n;
+  o.a_cols = p.b.transposed ? p.n : p.k;
+  o.op_b = p.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  o.b_rows = p.a.transposed ? p.m : p.k;
+  o.b_cols = p.a.transposed ? p.k : p.m;
+  return o;
+}
+
+std::string plan_key(const GemmProblem& p, const Context& c) {
+  return fmt::format("{}|al{},{},{},{},{},{}|ws{}", describe(p), alignment_of(p.a.ptr),
+                     alignment_of(p.b.ptr), alignment_of(p.d.ptr), alignment_of(p.bias),
+                     alignment_of(p.aux), p.beta != 0.0f ? 1 : 0, c.ws_bytes);
+}
+
+std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
+  auto plan = std::make_unique<Plan>();
+  const bool f32 = p.a.dtype == DType::F32;
+  const cublasComputeType_t compute =
+      f32 && p.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+  const LtOperands o = lt_operands(p);
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, o.op_a);
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, o.op_b);
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(p.epilogue));
+  if (epilogue_uses_bias(p.epilogue)) {
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(p.bias_dtype));
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+  }
+  if (epilogue_reads_aux(p.epilogue) || epilogue_writes_aux(p.epilogue)) {
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.aux_ld);
+  }
+  plan->la = make_layout(p.b.dtype, o.a_rows, o.a_cols, p.b.ld, p.batch, p.b.batch_stride);
+  plan->lb = make_layout(p.a.dtype, o.b_rows, o.b_cols, p.a.ld, p.batch, p.a.batch_stride);
+  plan->ld = make_layout(p.d.dtype, p.n, p.m, p.d.ld, p.batch, p.d.batch_stride);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                  decltype(&cublasLtMatmulPreferenceDestroy)>
+      pref_guard(pref, &cublasLtMatmulPreferenceDestroy);
+  const uint64_t ws = c.ws_bytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t al_a = alignment_of(p.b.ptr), al_b = alignment_of(p.a.ptr), al_d = alignment_of(p.d.ptr);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+
+  constexpr int kMaxCandidates = 8;
+  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
+  int returned = 0;
+  const int want = std::max(1, std::min(c.algo_search, kMaxCandidates));
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c.handle, plan->desc, plan->la, plan->lb, plan->ld,
+                                              plan->ld, pref, want, results, &returned));
+  if (returned <= 0)
+    throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {}", describe(p)));
+  plan->algo = results[0].algo;
+  return plan;
+}
+
+void run_plan(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmProblem& p,
+              const Context& c, cudaStream_t stream) {
+  CUBLAS_CHECK(cublasLtMatmul(c.handle, plan.desc, &p.alpha, p.b.ptr, plan.la, p.a.ptr, plan.lb,
+                              &p.beta, p.d.ptr, plan.ld, const_cast<void*>(p.d.ptr), plan.ld,
+                              &algo, c.ws, c.ws_bytes, stream));
+}
+
+// Times cuBLASLt's top candidates on the real problem and keeps the fastest in plan->algo.
+void search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stream) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                  decltype(&cublasLtMatmulPreferenceDestroy)>
+      pref_guard(pref, &cublasLtMatmulPreferenceDestroy);
+  const uint64_t ws = c.ws_bytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  constexpr int kMax = 8;
+  cublasLtMatmulHeuristicResult_t results[kMax] = {};
+  int returned = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c.handle, plan.desc, plan.la, plan.lb, plan.ld,
+                                              plan.ld, pref, std::min(c.algo_search, kMax),
+                                              results, &returned));
+  if (returned <= 1) return;
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = 1e30f;
+  for (int i = 0; i < returned; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    // The heuristic's answers assumed the alignments in the key; a candidate that fails to run
+    // here is skipped, not fatal.
+    if (cublasLtMatmul(c.handle, plan.desc, &p.alpha, p.b.ptr, plan.la, p.a.ptr, plan.lb, &p.beta,
+                       p.d.ptr, plan.ld, const_cast<void*>(p.d.ptr), plan.ld, &results[i].algo,
+                       c.ws, c.ws_bytes, stream) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < 3; ++r) run_plan(plan, results[i].algo, p, c, stream);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ms < best_ms) { best_ms = ms; plan.algo = results[i].algo; }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+}  // namespace
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::None: return "none";
+    case Epilogue::Bias: return "bias";
+    case Epilogue::Gelu: return "gelu";
+    case Epilogue::GeluBias: return "gelu_bias";
+    case Epilogue::GeluAux: return "gelu_aux";
+    case Epilogue::GeluAuxBias: return "gelu_aux_bias";
+    case Epilogue::DGelu: return "dgelu";
+    case Epilogue::DGeluBGrad: return "dgelu_bgrad";
+    case Epilogue::BGradA: return "bgrad_a";
+    case Epilogue::BGradB: return "bgrad_b";
+  }
+  return "?";
+}
+bool epilogue_reads_aux(Epilogue e) { return e == Epilogue::DGelu || e == Epilogue::DGeluBGrad; }
+bool epilogue_writes_aux(Epilogue e) { return e == Epilogue::GeluAux || e == Epilogue::GeluAuxBias; }
+bool epilogue_uses_bias(Epilogue e) {
+  return e == Epilogue::Bias || e == Epilogue::GeluBias || e == Epilogue::GeluAuxBias ||
+         e == Epilogue::DGeluBGrad || e == Epilogue::BGradA || e == Epilogue::BGradB;
+}
+
+std::string describe(const GemmProblem& p) {
+  return fmt::format("gemm m={} n={} k={} batch={} a={}{} ld{} bs{} b={}{} ld{} bs{} d={} ld{} bs{} "
+                     "epi={} bias={} aux_ld={} beta0={} tf32={}",
+                     p.m, p.n, p.k, p.batch, dtype_name(p.a.dtype), p.a.transposed ? "^T" : "",
+                     p.a.ld, p.a.batch_stride, dtype_name(p.b.dtype), p.b.transposed ? "^T" : "",
+                     p.b.ld, p.b.batch_stride, dtype_name(p.d.dtype), p.d.ld, p.d.batch_stride,
+                     epilogue_name(p.epilogue), dtype_name(p.bias_dtype), p.aux_ld,
+                     p.beta == 0.0f ? 1 : 0, p.allow_tf32 ? 1 : 0);
+}
+
+std::string unsupported_reason(const GemmProblem& p) noexcept {
+  try {
+    if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0)
+      return fmt::format("empty problem m={} n={} k={} batch={}", p.m, p.n, p.k, p.batch);
+    if (!p.a.ptr || !p.b.ptr || !p.d.ptr) return "null operand";
+    if (p.a.dtype != p.b.dtype)
+      return fmt::format("A is {} but B is {}", dtype_name(p.a.dtype), dtype_name(p.b.dtype));
+    const DType in = p.a.dtype;
+    if (dtype_is_fp8(in)) return "fp8 operands are served by gemm_fp8, not this op";
+    if (in != DType::BF16 && in != DType::F16 && in != DType::F32)
+      return fmt::format("operand dtype {} is not a float type cuBLASLt serves here", dtype_name(in));
+    if (!(p.d.dtype == in || p.d.dtype == DType::F32))
+      return fmt::format("output {} with {} inputs (allowed: same type or f32)",
+                         dtype_name(p.d.dtype), dtype_name(in));
+    if (p.d.transposed) return "a transposed output is not supported (transpose the product instead)";
+    const int64_t a_cols = p.a.transposed ? p.m : p.k, b_cols = p.b.transposed ? p.k : p.n;
+    if (p.a.ld < a_cols) return fmt::format("A leading dimension {} < stored columns {}", p.a.ld, a_cols);
+    if (p.b.ld < b_cols) return fmt::format("B leading dimension {} < stored columns {}", p.b.ld, b_cols);
+    if (p.d.ld < p.n) return fmt::format("D leading dimension {} < n={}", p.d.ld, p.n);
+    if (p.batch > 1 && p.epilogue != Epilogue::None && p.epilogue != Epilogue::Bias)
+      return fmt::format("epilogue {} with batch {} (only none/bias are batched)",
+                         epilogue_name(p.epilogue), p.batch);
+    if (epilogue_uses_bias(p.epilogue)) {
+      if (!p.bias) return fmt::format("epilogue {} needs a bias vector", epilogue_name(p.epilogue));
+      if (p.bias_dtype != p.d.dtype)
+        return fmt::format("bias is {} but cuBLASLt wants the output type {}",
+                           dtype_name(p.bias_dtype), dtype_name(p.d.dtype));
+    }
+    if (epilogue_reads_aux(p.epilogue) || epilogue_writes_aux(p.epilogue)) {
+      if (!p.aux) return fmt::format("epilogue {} needs an aux buffer", epilogue_name(p.epilogue));
+      if (p.aux_ld < p.n || p.aux_ld % 8 != 0)
+        return fmt::format("aux leading dimension {} must be >= n={} and a multiple of 8", p.aux_ld, p.n);
+      if (reinterpret_cast<uintptr_t>(p.aux) % 16 != 0) return "aux buffer not 16-byte aligned";
+    }
+    return "";
+  } catch (...) {
+    return "problem could not be described";
+  }
+}
+
+void set_workspace(void* ptr, size_t bytes) {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  c.ws = ptr;
+  c.ws_bytes = ptr ? bytes : 0;
+  c.own_ws.reset();
+  c.plans.clear();
+}
+
+void set_algo_search(int top_k) {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  c.algo_search = std::max(1, top_k);
+  c.plans.clear();
+}
+
+size_t algo_cache_size() {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  return c.plans.size();
+}
+
+void clear_algo_cache() {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  c.plans.clear();
+}
+
+void gemm(const GemmProblem& p, cudaStream_t stream) {
+  if (std::string why = unsupported_reason(p); !why.empty())
+    throw RuntimeError(fmt::format("cuBLASLt gemm: {} ({})", why, describe(p)));
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  if (!c.handle) CUBLAS_CHECK(cublasLtCreate(&c.handle));
+  if (c.algo_search == 0) {
+    const char* env = std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH");
+    c.algo_search = env && *env ? std::max(1, std::atoi(env)) : 1;
+  }
+  if (!c.ws) {
+    c.own_ws = make_device_arena(kDefaultWorkspaceBytes);
+    c.ws = c.own_ws->allocate(kDefaultWorkspaceBytes, 256, "cuBLASLt workspace");
+    c.ws_bytes = kDefaultWorkspaceBytes;
+  }
+  const std::string key = plan_key(p, c);
+  auto it = c.plans.find(key);
+  if (it == c.plans.end()) {
+    if (c.plans.size() >= 4096) c.plans.clear();  // shapes in training are few; this is a guard
+    auto plan = build_plan(p, c);
+    if (c.algo_search > 1 && p.beta == 0.0f && !cuda_stream_is_capturing(stream))
+      search_algo(*plan, p, c, stream);
+    it = c.plans.emplace(key, std::move(plan)).first;
+  }
+  Plan& plan = *it->second;
+  // Pointers change between calls of one shape; alignment is part of the key, so the algorithm
+  // stays valid.
+  if (epilogue_uses_bias(p.epilogue)) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+  if (epilogue_reads_aux(p.epilogue) || epilogue_writes_aux(p.epilogue))
+    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+  run_plan(plan, plan.algo, p, c, stream);
+}
+
+}  // namespace primus::turbo::cublaslt

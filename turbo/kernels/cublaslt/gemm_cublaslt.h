@@ -1,0 +1,90 @@
+// Dense GEMM on NVIDIA's cuBLASLt, in row-major terms (the ops layer speaks row-major; the
+// column-major translation lives in gemm_cublaslt.cpp only).
+//
+//   D[m,n] = epilogue(alpha * A[m,k] @ B[k,n] + beta * D)      (per batch entry)
+//
+// Each operand is stored row-major with a leading dimension `ld` (elements between stored
+// rows); `transposed` says the logical operand is the transpose of what is stored (so W[OC,C]
+// used as B = W^T is {W, ld=C, transposed=true}). D is never transposed.
+//
+// Types: A/B bf16 or f16 with D the same type or f32; A/B/D f32 (exact fp32 unless allow_tf32).
+// Accumulation is fp32 always. FP8 is not served here (gemm_fp8 is a separate op).
+//
+// The algorithm for each problem shape is chosen once by cuBLASLt's heuristic (optionally by
+// timing its top candidates, see set_algo_search) and cached with its descriptors, keyed by
+// shapes, layouts, dtypes, epilogue and pointer alignment. The workspace is one device buffer
+// set once (set_workspace) so that calls allocate nothing.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "turbo/core/dtype.h"
+
+namespace primus::turbo::cublaslt {
+
+enum class Epilogue : uint8_t {
+  None,
+  Bias,         // D += bias[n] (broadcast over rows)
+  Gelu,         // D = gelu_tanh(D)
+  GeluBias,     // D = gelu_tanh(D + bias[n])
+  GeluAux,      // aux = D (pre-activation, kept for backward); D = gelu_tanh(D)
+  GeluAuxBias,  // aux = D + bias[n]; D = gelu_tanh(aux)
+  DGelu,        // D = D * gelu_tanh'(aux)          (backward through a GeluAux forward)
+  DGeluBGrad,   // as DGelu, and bias[n] = column sums of D (the bias gradient; overwritten)
+  BGradA,       // bias[m] = row sums of A over k   (overwritten; e.g. db from dout^T @ inp)
+  BGradB,       // bias[n] = sums of B over k       (overwritten)
+};
+const char* epilogue_name(Epilogue e);
+bool epilogue_reads_aux(Epilogue e);
+bool epilogue_writes_aux(Epilogue e);
+bool epilogue_uses_bias(Epilogue e);
+
+struct Matrix {
+  const void* ptr = nullptr;
+  DType dtype = DType::BF16;
+  int64_t ld = 0;            // elements between consecutive stored rows
+  bool transposed = false;   // logical = stored^T
+  int64_t batch_stride = 0;  // elements between batch entries (0 broadcasts one matrix)
+};
+
+struct GemmProblem {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  Matrix a, b;
+  Matrix d;  // ptr written (const only to share the struct); never transposed
+  float alpha = 1.0f, beta = 0.0f;
+  Epilogue epilogue = Epilogue::None;
+  void* bias = nullptr;  // input for Bias/GeluBias/GeluAuxBias, output for the BGrad kinds
+  DType bias_dtype = DType::BF16;
+  void* aux = nullptr;   // [m, aux_ld] row-major, dtype of D
+  int64_t aux_ld = 0;
+  bool allow_tf32 = false;
+};
+
+// Empty when cuBLASLt can run the problem, else the reason (dtype combination, alignment of
+// the aux buffer, an epilogue with batch > 1, ...). Never throws.
+std::string unsupported_reason(const GemmProblem& p) noexcept;
+
+// Enqueues the GEMM on `stream`. Throws primus::RuntimeError (with the cuBLAS status and the
+// problem) when cuBLASLt refuses or finds no algorithm.
+void gemm(const GemmProblem& p, cudaStream_t stream);
+
+// The workspace every call uses (device memory the caller owns, e.g. from an Arena; it must
+// outlive all GEMMs in flight). Without one, 32 MiB are cudaMalloc'ed at the first call.
+// Changing it clears the algorithm cache.
+void set_workspace(void* ptr, size_t bytes);
+inline constexpr size_t kDefaultWorkspaceBytes = 32u << 20;
+
+// 1 (default): take cuBLASLt's first heuristic answer. k > 1: time the top k candidates once
+// per shape (only for beta == 0, where reruns are harmless, and never while capturing a graph).
+// Also read from PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH at first use.
+void set_algo_search(int top_k);
+size_t algo_cache_size();
+void clear_algo_cache();
+
+// A one-line description of the problem for error messages and autotune keys.
+std::string describe(const GemmProblem& p);
+
+}  // namespace primus::turbo::cublaslt

@@ -1,0 +1,26 @@
+// Launchers of the fused softmax cross-entropy over the vocabulary (cross_entropy.cu), matching
+// turbo/kernels/cpu/loss.h. logits [N, Vp] rows (Vp >= V: the padded row stride, columns >= V
+// are ignored), dtype f32 or bf16, Vp a multiple of 8; targets int32 [N]; losses/lse f32 [N].
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "turbo/core/dtype.h"
+
+namespace primus::turbo::cuda {
+
+// losses[n] = lse[n] - logits[n, target[n]] (0 for target == ignore_index; NaN for a target
+// outside [0, V)); lse[n] = log sum_v exp(logits[n, v]) (lse may be nullptr).
+// When dlogits is not nullptr it is OVERWRITTEN with dloss * (softmax - onehot) for v < V, 0 for
+// the padding columns and for ignored rows; dlogits may be logits itself (in place: the fp32
+// probabilities never exist in memory).
+void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, float* lse,
+                                    const void* logits, const int32_t* targets, int64_t N,
+                                    int64_t V, int64_t Vp, float dloss, int32_t ignore_index,
+                                    cudaStream_t stream);
+
+// out[0] = sum of x[0..n) in a fixed order (one block): the loss sum from per-row losses.
+void sum_f32(float* out, const float* x, int64_t n, cudaStream_t stream);
+
+}  // namespace primus::turbo::cuda

@@ -1,0 +1,41 @@
+// Launchers of the fused residual-add + LayerNorm / RMSNorm kernels (normalization.cu).
+// Layout: rows of C contiguous elements (N = B*T rows), T = f32 or bf16 storage selected by
+// `dtype`; weight/bias [C] in the same dtype; statistics mean/rstd [N] and parameter gradients
+// dweight/dbias [C] always f32. C must be a multiple of 16 / sizeof(T) (128-bit vectors) and
+// at most 16384 (bf16) / 8192 (f32); every pointer 16-byte aligned.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "turbo/core/dtype.h"
+
+namespace primus::turbo::cuda {
+
+enum class NormKind : uint8_t { LayerNorm, RMSNorm };
+
+// Without residual (residual == nullptr): out = norm(inp).
+// With residual: residual_out = inp + residual (rounded to T), out = norm(residual_out).
+// Writes mean [N] (LayerNorm only; may be nullptr for RMSNorm) and rstd [N] for the backward.
+// bias may be nullptr (RMSNorm never has one).
+void norm_forward(NormKind kind, DType dtype, void* out, float* mean, float* rstd,
+                  void* residual_out, const void* inp, const void* residual, const void* weight,
+                  const void* bias, int64_t N, int64_t C, float eps, cudaStream_t stream);
+
+// Backward from dout [N,C]: dinp [N,C] += (or = when !accumulate_dinp) the input gradient,
+// dweight [C] += and dbias [C] += (dbias may be nullptr). `inp` is the tensor that was
+// normalised (residual_out when the forward was fused). Adding into dinp is the fused residual
+// backward: pass the residual stream's gradient buffer. `scratch` holds
+// norm_backward_scratch_bytes(N, C) bytes of device memory; the parameter gradients are summed
+// in a fixed order through it, so results are bitwise reproducible.
+void norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float* dbias,
+                   const void* dout, const void* inp, const void* weight, const float* mean,
+                   const float* rstd, int64_t N, int64_t C, bool accumulate_dinp, void* scratch,
+                   cudaStream_t stream);
+size_t norm_backward_scratch_bytes(int64_t N, int64_t C);
+
+// Empty when the launchers above can serve (dtype, C); otherwise the reason.
+const char* norm_unsupported_reason(DType dtype, int64_t C);
+
+}  // namespace primus::turbo::cuda

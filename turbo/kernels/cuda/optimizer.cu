@@ -1,0 +1,223 @@
+// Multi-tensor AdamW and global gradient norm.
+//
+// What it fuses and why: a model has ~150 parameter tensors; one launch per tensor (or several
+// elementwise kernels per tensor: decay, moments, update, bf16 copy) costs launch gaps that
+// exceed the memory time of the small tensors. Here every tensor is cut into chunks of
+// kMultiTensorChunk elements, a prefix table of chunk counts lives in device memory, and block b
+// finds its tensor by binary search: one launch updates everything, reading each of master, grad,
+// m, v once and writing master, m, v and the bf16 model copy once (128-bit accesses where the
+// tensor's pointers allow, scalar otherwise).
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "turbo/kernels/cuda/common.cuh"
+#include "turbo/kernels/cuda/optimizer.h"
+
+namespace primus::turbo::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPerThread = 4;  // one float4 per step
+static_assert(kMultiTensorChunk % (kThreads * kPerThread) == 0, "chunk must be whole vector steps");
+
+struct TableView {
+  const MultiTensorEntry* entries;
+  const int64_t* chunk_start;  // [n + 1]
+};
+__device__ __forceinline__ TableView table_view(const void* table, int n) {
+  const auto* e = static_cast<const MultiTensorEntry*>(table);
+  return {e, reinterpret_cast<const int64_t*>(e + n)};
+}
+
+// The tensor that chunk b belongs to: largest t with chunk_start[t] <= b.
+__device__ __forceinline__ int find_tensor(const int64_t* starts, int n, int64_t b) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= b) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+template <class G>
+__device__ __forceinline__ void load4(const G* g, int64_t i, float out[4]);
+template <>
+__device__ __forceinline__ void load4<float>(const float* g, int64_t i, float out[4]) {
+  const float4 v = __ldcs(reinterpret_cast<const float4*>(g + i));
+  out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+}
+template <>
+__device__ __forceinline__ void load4<bf16>(const bf16* g, int64_t i, float out[4]) {
+  const uint2 raw = __ldcs(reinterpret_cast<const uint2*>(g + i));
+  const bf16* b = reinterpret_cast<const bf16*>(&raw);
+  for (int k = 0; k < 4; ++k) out[k] = __bfloat162float(b[k]);
+}
+
+struct AdamWScalars {
+  float lr, bc1, bc2;
+};
+
+__device__ __forceinline__ float adamw_one(float p, float g, float& m, float& v, float lr,
+                                           float b1, float b2, float eps, float wd, float bc1,
+                                           float bc2) {
+  p -= lr * wd * p;  // decoupled decay on the old value (torch order)
+  m = b1 * m + (1.0f - b1) * g;
+  v = b2 * v + (1.0f - b2) * g * g;
+  const float denom = sqrtf(v / bc2) + eps;
+  return p - lr * (m / bc1) / denom;
+}
+
+template <class G>
+__global__ void __launch_bounds__(kThreads)
+adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const float* grad_scale,
+             const float* device_scalars) {
+  const TableView tv = table_view(table, n);
+  const int64_t b = blockIdx.x;
+  const int t = find_tensor(tv.chunk_start, n, b);
+  const MultiTensorEntry e = tv.entries[t];
+  const int64_t begin = (b - tv.chunk_start[t]) * kMultiTensorChunk;
+  const int64_t end = min(e.numel, begin + kMultiTensorChunk);
+  const AdamWScalars s = device_scalars ? AdamWScalars{device_scalars[0], device_scalars[1], device_scalars[2]} : host;
+  const float scale = grad_scale ? *grad_scale : 1.0f;
+  const float wd = e.decay ? hp.weight_decay : 0.0f;
+  const G* grad = static_cast<const G*>(e.grad);
+  bf16* model = static_cast<bf16*>(e.model);
+  // Uniform per tensor, so no divergence: the vector path needs 16-byte master/m/v, 8- or
+  // 16-byte grad, and 8-byte model pointers (offsets are multiples of 4 elements).
+  const bool vec = ((reinterpret_cast<uintptr_t>(e.master) | reinterpret_cast<uintptr_t>(e.m) |
+                     reinterpret_cast<uintptr_t>(e.v)) % 16 == 0) &&
+                   (reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0) &&
+                   (reinterpret_cast<uintptr_t>(model) % 8 == 0);
+  const int64_t vec_end = vec ? begin + ((end - begin) / 4) * 4 : begin;
+  for (int64_t i = begin + threadIdx.x * 4; i < vec_end; i += kThreads * 4) {
+    float g[4];
+    load4<G>(grad, i, g);
+    float4 p = *reinterpret_cast<const float4*>(e.master + i);
+    float4 m = *reinterpret_cast<const float4*>(e.m + i);
+    float4 v = *reinterpret_cast<const float4*>(e.v + i);
+    p.x = adamw_one(p.x, g[0] * scale, m.x, v.x, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
+    p.y = adamw_one(p.y, g[1] * scale, m.y, v.y, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
+    p.z = adamw_one(p.z, g[2] * scale, m.z, v.z, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
+    p.w = adamw_one(p.w, g[3] * scale, m.w, v.w, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
+    __stcs(reinterpret_cast<float4*>(e.master + i), p);
+    __stcs(reinterpret_cast<float4*>(e.m + i), m);
+    __stcs(reinterpret_cast<float4*>(e.v + i), v);
+    if (model) {
+      __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+      uint2 raw;
+      raw.x = *reinterpret_cast<uint32_t*>(&lo);
+      raw.y = *reinterpret_cast<uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(model + i) = raw;
+    }
+  }
+  for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
+    float m = e.m[i], v = e.v[i];
+    const float g = to_f32(grad[i]) * scale;
+    const float p = adamw_one(e.master[i], g, m, v, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
+    e.master[i] = p;
+    e.m[i] = m;
+    e.v[i] = v;
+    if (model) model[i] = __float2bfloat16_rn(p);
+  }
+}
+
+template <class G>
+__global__ void __launch_bounds__(kThreads)
+sum_squares_kernel(float* partial, const void* table, int n) {
+  __shared__ float smem[32];
+  const TableView tv = table_view(table, n);
+  const int64_t b = blockIdx.x;
+  const int t = find_tensor(tv.chunk_start, n, b);
+  const MultiTensorEntry e = tv.entries[t];
+  const int64_t begin = (b - tv.chunk_start[t]) * kMultiTensorChunk;
+  const int64_t end = min(e.numel, begin + kMultiTensorChunk);
+  const G* grad = static_cast<const G*>(e.grad);
+  const bool vec = reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0;
+  const int64_t vec_end = vec ? begin + ((end - begin) / 4) * 4 : begin;
+  float s = 0.0f;
+  for (int64_t i = begin + threadIdx.x * 4; i < vec_end; i += kThreads * 4) {
+    float g[4];
+    load4<G>(grad, i, g);
+    s += g[0] * g[0] + g[1] * g[1] + g[2] * g[2] + g[3] * g[3];
+  }
+  for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
+    const float g = to_f32(grad[i]);
+    s += g * g;
+  }
+  s = block_sum(s, smem);
+  if (threadIdx.x == 0) partial[b] = s;
+}
+
+__global__ void finish_norm_kernel(float* out, const float* partial, int64_t num, float max_norm) {
+  __shared__ double smem[32];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < num; i += blockDim.x) s += partial[i];
+  // Fixed-shape tree in double: the same bits every run.
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    s = threadIdx.x < blockDim.x / 32 ? smem[threadIdx.x] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) {
+      const double norm = sqrt(s);
+      out[0] = static_cast<float>(norm);
+      out[1] = max_norm > 0.0f ? static_cast<float>(fmin(1.0, max_norm / (norm + 1e-6))) : 1.0f;
+    }
+  }
+}
+
+}  // namespace
+
+size_t multi_tensor_table_bytes(int n) {
+  return static_cast<size_t>(n) * sizeof(MultiTensorEntry) + static_cast<size_t>(n + 1) * sizeof(int64_t);
+}
+
+int64_t multi_tensor_table_build(void* device_table, const MultiTensorEntry* entries, int n) {
+  if (n <= 0) throw RuntimeError("multi_tensor_table_build: no tensors");
+  std::vector<char> host(multi_tensor_table_bytes(n));
+  auto* starts = reinterpret_cast<int64_t*>(host.data() + n * sizeof(MultiTensorEntry));
+  int64_t chunks = 0;
+  for (int i = 0; i < n; ++i) {
+    const MultiTensorEntry& e = entries[i];
+    if (e.numel <= 0 || !e.master || !e.grad || !e.m || !e.v)
+      throw RuntimeError(fmt::format("multi_tensor_table_build: tensor {} has numel {} or a null "
+                                     "pointer (master, grad, m, v are required)", i, e.numel));
+    starts[i] = chunks;
+    chunks += (e.numel + kMultiTensorChunk - 1) / kMultiTensorChunk;
+  }
+  starts[n] = chunks;
+  std::memcpy(host.data(), entries, n * sizeof(MultiTensorEntry));
+  CUDA_CHECK(cudaMemcpy(device_table, host.data(), host.size(), cudaMemcpyHostToDevice));
+  return chunks;
+}
+
+void adamw_multi_tensor(const void* table, int n, int64_t chunks, DType grad_dtype,
+                        const AdamWStep& hp, const float* grad_scale, const float* device_scalars,
+                        cudaStream_t stream) {
+  if (chunks <= 0) return;
+  const AdamWScalars host{hp.lr, static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
+                          static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
+  PRIMUS_DISPATCH_FLOAT_BF16(grad_dtype, "adamw_multi_tensor", [&] {
+    adamw_kernel<scalar_t><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+        table, n, hp, host, grad_scale, device_scalars);
+    CUDA_CHECK_LAST();
+  });
+}
+
+size_t grad_norm_scratch_bytes(int64_t chunks) { return static_cast<size_t>(chunks) * sizeof(float); }
+
+void grad_norm_multi_tensor(float* out, const void* table, int n, int64_t chunks, DType grad_dtype,
+                            float max_norm, void* scratch, cudaStream_t stream) {
+  if (chunks <= 0) throw RuntimeError("grad_norm_multi_tensor: empty table");
+  float* partial = static_cast<float*>(scratch);
+  PRIMUS_DISPATCH_FLOAT_BF16(grad_dtype, "grad_norm_multi_tensor", [&] {
+    sum_squares_kernel<scalar_t><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(partial, table, n);
+    CUDA_CHECK_LAST();
+  });
+  finish_norm_kernel<<<1, 1024, 0, stream>>>(out, partial, chunks, max_norm);
+  CUDA_CHECK_LAST();
+}
+
+}  // namespace primus::turbo::cuda

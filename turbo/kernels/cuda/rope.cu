@@ -1,0 +1,100 @@
+// Rotary position embedding, interleaved pairs, forward and backward.
+//
+// The rotation needs cos/sin of pos * base^(-2i/D). Computing them per element in fp32 loses
+// accuracy at large positions (the angle's rounding error grows with pos) and costs special-
+// function throughput; instead a [max_pos, D/2] table of {cos, sin} is built once in double and
+// read per token, shared by all heads (it stays in L2). The backward is the inverse rotation
+// (the rotation is orthogonal), so nothing from the forward is saved. Each thread rotates one
+// 128-bit vector (4 bf16 pairs / 2 f32 pairs).
+#include <fmt/format.h>
+
+#include "turbo/kernels/cuda/common.cuh"
+#include "turbo/kernels/cuda/rope.h"
+
+namespace primus::turbo::cuda {
+namespace {
+
+__global__ void rope_table_kernel(float2* table, int64_t max_pos, int64_t half, double base) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= max_pos * half) return;
+  const int64_t pos = i / half, pair = i % half;
+  const double inv_freq = pow(base, -2.0 * static_cast<double>(pair) / static_cast<double>(2 * half));
+  double s, c;
+  sincos(static_cast<double>(pos) * inv_freq, &s, &c);
+  table[i] = make_float2(static_cast<float>(c), static_cast<float>(s));
+}
+
+// kInverse: rotate by -angle (the backward).
+template <class T, bool kInverse>
+__global__ void rope_kernel(T* out, const T* inp, const int32_t* positions, const float2* table,
+                            int64_t nvec, int T_, int HD, int D, int max_pos, bool acc) {
+  constexpr int W = Vec<T>::kSize;
+  const int half = D / 2;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nvec;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t idx = i * W;
+    const int64_t token = idx / HD;
+    const int d = static_cast<int>(idx % D);
+    const int pos = positions ? positions[token] : static_cast<int>(token % T_);
+    const Vec<T> x = load_vec_cs(inp + idx);
+    Vec<T> y;
+    if (acc) y = load_vec(out + idx);
+    const bool ok = pos >= 0 && pos < max_pos;
+    const float2* row = table + static_cast<int64_t>(ok ? pos : 0) * half + d / 2;
+#pragma unroll
+    for (int p = 0; p < W / 2; ++p) {
+      const float2 cs = row[p];
+      const float sn = kInverse ? -cs.y : cs.y;
+      const float a = x.get(2 * p), b = x.get(2 * p + 1);
+      float r0 = a * cs.x - b * sn, r1 = a * sn + b * cs.x;
+      if (!ok) r0 = r1 = __int_as_float(0x7fc00000);  // NaN: the position was out of range
+      y.set(2 * p, acc ? y.get(2 * p) + r0 : r0);
+      y.set(2 * p + 1, acc ? y.get(2 * p + 1) + r1 : r1);
+    }
+    store_vec(out + idx, y);
+  }
+}
+
+template <bool kInverse>
+void launch(const char* op, DType dtype, void* out, const void* inp, const int32_t* positions,
+            const void* table, int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos,
+            bool acc, cudaStream_t stream) {
+  if (D % 8 != 0) throw RuntimeError(fmt::format("{}: head dim D={} must be a multiple of 8", op, D));
+  const int64_t n = B * T * H * D;
+  if (n == 0) return;
+  PRIMUS_DISPATCH_FLOAT_BF16(dtype, op, [&] {
+    const int64_t nvec = n / Vec<scalar_t>::kSize;
+    const int threads = 256;
+    const int64_t cap = static_cast<int64_t>(sm_count()) * 32;
+    const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((nvec + threads - 1) / threads, cap)));
+    rope_kernel<scalar_t, kInverse><<<grid, threads, 0, stream>>>(
+        static_cast<scalar_t*>(out), static_cast<const scalar_t*>(inp), positions,
+        static_cast<const float2*>(table), nvec, static_cast<int>(T), static_cast<int>(H * D),
+        static_cast<int>(D), static_cast<int>(max_pos), acc);
+    CUDA_CHECK_LAST();
+  });
+}
+
+}  // namespace
+
+void rope_build_table(void* table, int64_t max_pos, int64_t D, double base, cudaStream_t stream) {
+  if (D % 2 != 0 || max_pos <= 0)
+    throw RuntimeError(fmt::format("rope_build_table: D={} must be even and max_pos={} positive", D, max_pos));
+  const int64_t n = max_pos * (D / 2);
+  rope_table_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(static_cast<float2*>(table), max_pos, D / 2, base);
+  CUDA_CHECK_LAST();
+}
+
+void rope_forward(DType dtype, void* out, const void* inp, const int32_t* positions, const void* table,
+                  int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos, cudaStream_t stream) {
+  launch<false>("rope_forward", dtype, out, inp, positions, table, B, T, H, D, max_pos, false, stream);
+}
+
+void rope_backward(DType dtype, void* dinp, const void* dout, const int32_t* positions,
+                   const void* table, int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos,
+                   bool accumulate, cudaStream_t stream) {
+  launch<true>("rope_backward", dtype, dinp, dout, positions, table, B, T, H, D, max_pos, accumulate,
+               stream);
+}
+
+}  // namespace primus::turbo::cuda

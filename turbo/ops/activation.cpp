@@ -1,0 +1,146 @@
+#include "turbo/ops/activation.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "turbo/kernels/cpu/activation.h"
+#include "turbo/ops/op_support.h"
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#include "turbo/kernels/cuda/activation.h"
+#endif
+
+namespace primus::turbo {
+namespace {
+
+const char* act_name(Activation a) { return a == Activation::Gelu ? "gelu" : "swiglu"; }
+
+// For swiglu: rows N and half-width F of gate_up [N,2F]; checks the partner tensor [N,F].
+void swiglu_dims(const TensorView& gate_up, const TensorView& half, const char* op, int64_t* N, int64_t* F) {
+  *N = gate_up.rows();
+  if (gate_up.cols() % 2 != 0)
+    throw RuntimeError(fmt::format("{}: gate_up {} has an odd last dimension", op, gate_up.describe()));
+  *F = gate_up.cols() / 2;
+  if (half.rows() != *N || half.cols() != *F)
+    throw RuntimeError(fmt::format("{}: {} is not [{}, {}] for gate_up {}", op, half.describe(), *N, *F,
+                                   gate_up.describe()));
+}
+
+void validate(const ActivationForwardArgs& a) {
+  const char* op = "activation_forward";
+  check_defined(a.inp, op, "inp");
+  check_defined(a.out, op, "out");
+  check_contiguous(a.inp, op, "inp");
+  check_contiguous(a.out, op, "out");
+  check_dtype(a.out, a.inp.dtype, op, "out");
+  if (a.act == Activation::Gelu) {
+    if (a.out.numel() != a.inp.numel())
+      throw RuntimeError(fmt::format("{}: out {} and inp {} differ in size", op, a.out.describe(), a.inp.describe()));
+  } else {
+    int64_t N, F;
+    swiglu_dims(a.inp, a.out, op, &N, &F);
+  }
+}
+
+void validate(const ActivationBackwardArgs& a) {
+  const char* op = "activation_backward";
+  for (auto [n, t] : {std::pair{"dinp", &a.dinp}, {"inp", &a.inp}, {"dout", &a.dout}}) {
+    check_defined(*t, op, n);
+    check_contiguous(*t, op, n);
+    check_dtype(*t, a.inp.dtype, op, n);
+  }
+  if (a.act == Activation::Gelu) {
+    if (a.dinp.numel() != a.inp.numel() || a.dout.numel() != a.inp.numel())
+      throw RuntimeError(fmt::format("{}: dinp {}, inp {}, dout {} differ in size", op, a.dinp.describe(),
+                                     a.inp.describe(), a.dout.describe()));
+  } else {
+    int64_t N, F;
+    swiglu_dims(a.inp, a.dout, op, &N, &F);
+    if (a.dinp.numel() != a.inp.numel()) throw RuntimeError("activation_backward: dgate_up must match gate_up");
+  }
+}
+
+std::string cpu_check_fwd(const ActivationForwardArgs& a) {
+  if (auto w = detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}}); !w.empty()) return w;
+  return detail::all_dtype(DType::F32, {{"inp", &a.inp}});
+}
+void cpu_fwd(const ActivationForwardArgs& a) {
+  if (a.act == Activation::Gelu) {
+    cpu::gelu_forward(a.out.ptr<float>(), a.inp.ptr<const float>(), a.inp.numel());
+  } else {
+    const int64_t F = a.inp.cols() / 2;
+    cpu::swiglu_forward(a.out.ptr<float>(), a.inp.ptr<const float>(), a.inp.rows(), F);
+  }
+}
+std::string cpu_check_bwd(const ActivationBackwardArgs& a) {
+  if (auto w = detail::all_on(Device::CPU, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}}); !w.empty()) return w;
+  return detail::all_dtype(DType::F32, {{"inp", &a.inp}});
+}
+void cpu_bwd(const ActivationBackwardArgs& a) {
+  if (!a.accumulate) std::memset(a.dinp.data, 0, a.dinp.nbytes());  // the reference adds
+  if (a.act == Activation::Gelu) {
+    cpu::gelu_backward(a.dinp.ptr<float>(), a.inp.ptr<const float>(), a.dout.ptr<const float>(), a.inp.numel());
+  } else {
+    cpu::swiglu_backward(a.dinp.ptr<float>(), a.inp.ptr<const float>(), a.dout.ptr<const float>(),
+                         a.inp.rows(), a.inp.cols() / 2);
+  }
+}
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+std::string turbo_check(Activation act, const TensorView& inp, std::initializer_list<std::pair<const char*, const TensorView*>> all) {
+  if (auto w = detail::all_on(Device::CUDA, all); !w.empty()) return w;
+  if (inp.dtype != DType::F32 && inp.dtype != DType::BF16) return "dtype must be f32 or bf16";
+  const int64_t width = 16 / static_cast<int64_t>(dtype_size(inp.dtype));
+  const int64_t n = act == Activation::Gelu ? inp.numel() : inp.cols() / 2;
+  if (n % width != 0)
+    return fmt::format("{} must be a multiple of {} (128-bit vectors)", act == Activation::Gelu ? "numel" : "F", width);
+  return "";
+}
+std::string turbo_check_fwd(const ActivationForwardArgs& a) {
+  return turbo_check(a.act, a.inp, {{"inp", &a.inp}, {"out", &a.out}});
+}
+void turbo_fwd(const ActivationForwardArgs& a) {
+  auto s = static_cast<cudaStream_t>(a.ctx.stream);
+  if (a.act == Activation::Gelu)
+    cuda::gelu_forward(a.inp.dtype, a.out.data, a.inp.data, a.inp.numel(), s);
+  else
+    cuda::swiglu_forward(a.inp.dtype, a.out.data, a.inp.data, a.inp.rows(), a.inp.cols() / 2, s);
+}
+std::string turbo_check_bwd(const ActivationBackwardArgs& a) {
+  return turbo_check(a.act, a.inp, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}});
+}
+void turbo_bwd(const ActivationBackwardArgs& a) {
+  auto s = static_cast<cudaStream_t>(a.ctx.stream);
+  if (a.act == Activation::Gelu)
+    cuda::gelu_backward(a.inp.dtype, a.dinp.data, a.inp.data, a.dout.data, a.inp.numel(), a.accumulate, s);
+  else
+    cuda::swiglu_backward(a.inp.dtype, a.dinp.data, a.inp.data, a.dout.data, a.inp.rows(), a.inp.cols() / 2,
+                          a.accumulate, s);
+}
+#endif
+
+}  // namespace
+
+std::string ActivationForwardArgs::key() const {
+  return fmt::format("{}_forward inp={}", act_name(act), inp.describe());
+}
+std::string ActivationBackwardArgs::key() const {
+  return fmt::format("{}_backward inp={} acc={}", act_name(act), inp.describe(), accumulate ? 1 : 0);
+}
+
+BackendType activation_forward(const ActivationForwardArgs& args) {
+  validate(args);
+  static auto* d = detail::make_turbo_cpu_dispatcher<ActivationForwardArgs>(
+      "activation", PRIMUS_TURBO_FN(turbo_check_fwd), PRIMUS_TURBO_FN(turbo_fwd), cpu_check_fwd, cpu_fwd);
+  return d->dispatch(args);
+}
+
+BackendType activation_backward(const ActivationBackwardArgs& args) {
+  validate(args);
+  static auto* d = detail::make_turbo_cpu_dispatcher<ActivationBackwardArgs>(
+      "activation", PRIMUS_TURBO_FN(turbo_check_bwd), PRIMUS_TURBO_FN(turbo_bwd), cpu_check_bwd, cpu_bwd);
+  return d->dispatch(args);
+}
+
+}  // namespace primus::turbo

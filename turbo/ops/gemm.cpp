@@ -1,0 +1,207 @@
+// gemm's dispatcher: CUBLASLT for device tensors (default), CPU for host f32 tensors.
+#include "turbo/ops/gemm.h"
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <vector>
+
+#include "turbo/ops/gemm_cpu.h"
+#include "turbo/ops/gemm_problem.h"
+#include "turbo/ops/op_support.h"
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#include "turbo/kernels/cublaslt/gemm_cublaslt.h"
+#include "turbo/kernels/cuda/elementwise.h"
+#endif
+
+namespace primus::turbo {
+namespace {
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+cublaslt::Epilogue to_lt(GemmEpilogue e) { return static_cast<cublaslt::Epilogue>(static_cast<uint8_t>(e)); }
+static_assert(static_cast<int>(cublaslt::Epilogue::BGradB) == static_cast<int>(GemmEpilogue::BGradB),
+              "GemmEpilogue and cublaslt::Epilogue list the same epilogues in the same order");
+
+cublaslt::Matrix to_lt(const detail::MatrixLayout& l) {
+  return {l.ptr, l.dtype, l.ld, l.transposed, l.batch > 1 ? l.batch_stride : 0};
+}
+
+cublaslt::GemmProblem lt_problem(const GemmArgs& g, const detail::GemmShape& s) {
+  cublaslt::GemmProblem p;
+  p.m = s.m; p.n = s.n; p.k = s.k; p.batch = s.batch;
+  p.a = to_lt(s.a); p.b = to_lt(s.b); p.d = to_lt(s.d);
+  p.alpha = g.alpha; p.beta = g.beta;
+  p.epilogue = to_lt(g.epilogue);
+  p.bias = g.bias.data;
+  p.bias_dtype = g.bias.defined() ? g.bias.dtype : g.d.dtype;
+  p.aux = g.aux.data;
+  p.aux_ld = g.aux.defined() ? g.aux.stride(0) : 0;
+  p.allow_tf32 = g.allow_tf32;
+  return p;
+}
+#endif
+
+std::string views_on(Device dev, const GemmArgs& g) {
+  return detail::all_on(dev, {{"A", &g.a}, {"B", &g.b}, {"D", &g.d}, {"bias", &g.bias}, {"aux", &g.aux}});
+}
+
+OpDispatcher<GemmArgs>& dispatcher() {
+  static OpDispatcher<GemmArgs>* d = [] {
+    auto* disp = new OpDispatcher<GemmArgs>("gemm", turbo_has_cuda() ? BackendType::CUBLASLT : BackendType::CPU);
+#ifdef PRIMUS_TURBO_WITH_CUDA
+    disp->register_backend(make_backend<GemmArgs>(
+        BackendType::CUBLASLT,
+        [](const GemmArgs& g) -> std::string {
+          if (auto w = views_on(Device::CUDA, g); !w.empty()) return w;
+          detail::GemmShape s;
+          if (auto w = detail::gemm_shape(g, &s); !w.empty()) return w;
+          return cublaslt::unsupported_reason(lt_problem(g, s));
+        },
+        [](const GemmArgs& g) {
+          detail::GemmShape s;
+          detail::gemm_shape(g, &s);
+          cublaslt::gemm(lt_problem(g, s), static_cast<cudaStream_t>(g.ctx.stream));
+        }));
+    detail::install_cuda_hooks(*disp);
+#endif
+    disp->register_backend(make_backend<GemmArgs>(
+        BackendType::CPU,
+        [](const GemmArgs& g) -> std::string {
+          if (auto w = views_on(Device::CPU, g); !w.empty()) return w;
+          if (auto w = detail::all_dtype(DType::F32, {{"A", &g.a}, {"B", &g.b}, {"D", &g.d}, {"bias", &g.bias}, {"aux", &g.aux}}); !w.empty())
+            return w + " (the CPU backend computes in f32)";
+          detail::GemmShape s;
+          return detail::gemm_shape(g, &s);
+        },
+        [](const GemmArgs& g) {
+          detail::GemmShape s;
+          detail::gemm_shape(g, &s);
+          detail::gemm_cpu(g, s);
+        }));
+    return disp;
+  }();
+  return *d;
+}
+
+}  // namespace
+
+const char* gemm_epilogue_name(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::None: return "none";
+    case GemmEpilogue::Bias: return "bias";
+    case GemmEpilogue::Gelu: return "gelu";
+    case GemmEpilogue::GeluBias: return "gelu_bias";
+    case GemmEpilogue::GeluAux: return "gelu_aux";
+    case GemmEpilogue::GeluAuxBias: return "gelu_aux_bias";
+    case GemmEpilogue::DGelu: return "dgelu";
+    case GemmEpilogue::DGeluBGrad: return "dgelu_bgrad";
+    case GemmEpilogue::BGradA: return "bgrad_a";
+    case GemmEpilogue::BGradB: return "bgrad_b";
+  }
+  return "?";
+}
+
+std::string GemmArgs::key() const {
+  auto lay = [](const TensorView& t) {
+    if (!t.defined()) return std::string("-");
+    std::string s = t.describe();
+    return s;
+  };
+  return fmt::format("gemm A={} B={} D={} epi={} beta0={} tf32={}", lay(a), lay(b), lay(d),
+                     gemm_epilogue_name(epilogue), beta == 0.0f ? 1 : 0, allow_tf32 ? 1 : 0);
+}
+
+BackendType gemm(const GemmArgs& args) {
+  detail::GemmShape s;
+  if (auto w = detail::gemm_shape(args, &s); !w.empty())
+    throw RuntimeError(fmt::format("gemm: {}", w));
+  return dispatcher().dispatch(args);
+}
+
+BackendType linear_forward(const TensorView& out, const TensorView& inp, const TensorView& weight,
+                           const TensorView& bias, const TensorView& aux, const ExecContext& ctx) {
+  GemmArgs g;
+  g.a = inp;
+  g.b = weight.transposed();
+  g.d = out;
+  g.bias = bias;
+  g.aux = aux;
+  if (aux.defined())
+    g.epilogue = bias.defined() ? GemmEpilogue::GeluAuxBias : GemmEpilogue::GeluAux;
+  else
+    g.epilogue = bias.defined() ? GemmEpilogue::Bias : GemmEpilogue::None;
+  g.ctx = ctx;
+  return gemm(g);
+}
+
+void linear_backward(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
+                     const TensorView& dout, const TensorView& inp, const TensorView& weight,
+                     bool accumulate_dinp, const ExecContext& ctx) {
+  if (dinp.defined()) {
+    GemmArgs g;
+    g.a = dout;
+    g.b = weight;
+    g.d = dinp;
+    g.beta = accumulate_dinp ? 1.0f : 0.0f;
+    g.ctx = ctx;
+    gemm(g);
+  }
+  if (!dweight.defined()) {
+    if (dbias.defined()) throw RuntimeError("linear_backward: dbias without dweight is not supported");
+    return;
+  }
+  GemmArgs g;
+  g.a = dout.transposed();
+  g.b = inp;
+  g.d = dweight;
+  g.beta = 1.0f;  // parameter gradients accumulate over micro-batches
+  g.ctx = ctx;
+  if (!dbias.defined()) {
+    gemm(g);
+    return;
+  }
+  // The bias-gradient epilogue overwrites its vector; it goes to scratch and is then added.
+  if (dbias.dtype != dweight.dtype)
+    throw RuntimeError(fmt::format("linear_backward: dbias ({}) must have the dtype of dweight ({})",
+                                   dtype_name(dbias.dtype), dtype_name(dweight.dtype)));
+  const int64_t oc = dweight.size(0);
+  std::vector<float> host_tmp;
+  TensorView tmp;
+  Arena* arena = dbias.device == Device::CUDA ? &detail::scratch_of(ctx, "linear_backward") : nullptr;
+  std::optional<ArenaScope> scope;
+  if (arena) {
+    scope.emplace(*arena);
+    tmp = arena->tensor(dbias.dtype, {oc}, "linear_backward dbias");
+  } else {
+    host_tmp.resize(static_cast<size_t>(oc));
+    tmp = TensorView(host_tmp.data(), DType::F32, Device::CPU, {oc});
+  }
+  g.epilogue = GemmEpilogue::BGradA;
+  g.bias = tmp;
+  gemm(g);
+  if (dbias.device == Device::CPU) {
+    for (int64_t i = 0; i < oc; ++i) dbias.ptr<float>()[i] += host_tmp[i];
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  if (dbias.dtype != DType::F32) throw RuntimeError("linear_backward: a device dbias must be f32");
+  cuda::add_inplace_f32(dbias.ptr<float>(), tmp.ptr<float>(), oc, static_cast<cudaStream_t>(ctx.stream));
+#endif
+}
+
+void linear_backward_input_dgelu(const TensorView& dpre, const TensorView& dbias,
+                                 const TensorView& dout, const TensorView& weight,
+                                 const TensorView& pre_aux, const ExecContext& ctx) {
+  GemmArgs g;
+  g.a = dout;
+  g.b = weight;
+  g.d = dpre;
+  g.aux = pre_aux;
+  g.bias = dbias;
+  g.epilogue = dbias.defined() ? GemmEpilogue::DGeluBGrad : GemmEpilogue::DGelu;
+  g.ctx = ctx;
+  gemm(g);
+}
+
+}  // namespace primus::turbo

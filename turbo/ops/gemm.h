@@ -1,0 +1,74 @@
+// GEMM: D = epilogue(alpha * A @ B + beta * D), the op behind every linear layer.
+//
+// Operands are TensorViews; a layout is shape + strides, so transposition is a view, not a
+// flag: pass W.transposed() to multiply by W^T. A [M,K] and B [K,N] may each be row-major
+// (stride(-1) == 1) or column-major (stride(-2) == 1, e.g. a transposed view); D [M,N] must be
+// row-major. 3-D views [batch, ., .] run a strided batched GEMM (a batch stride of 0 broadcasts).
+// dtypes: A, B bf16/f16 with D the same or f32, or all f32 (fp32 accumulation throughout).
+//
+// Backends: CUBLASLT (device tensors; default), CPU (host f32 tensors, OpenBLAS). Chosen per call
+// by the dispatcher: PRIMUS_TURBO_GEMM_BACKEND, PRIMUS_TURBO_AUTO_TUNE, set_backend("gemm", ...).
+#pragma once
+#include <string>
+
+#include "turbo/core/tensor_view.h"
+#include "turbo/dispatch/backend_type.h"
+#include "turbo/ops/exec_context.h"
+
+namespace primus::turbo {
+
+enum class GemmEpilogue : uint8_t {
+  None,
+  Bias,         // D += bias[N]
+  Gelu,         // D = gelu_tanh(D)
+  GeluBias,     // D = gelu_tanh(D + bias[N])
+  GeluAux,      // aux[M,N] = D; D = gelu_tanh(aux)         (aux: pre-activation for backward)
+  GeluAuxBias,  // aux[M,N] = D + bias[N]; D = gelu_tanh(aux)
+  DGelu,        // D = D * gelu_tanh'(aux)                   (backward through the activation)
+  DGeluBGrad,   // as DGelu and bias[N] = column sums of D   (bias gradient, OVERWRITTEN)
+  BGradA,       // bias[M] = sums of A over K                (e.g. db of dW = dout^T @ x; OVERWRITTEN)
+  BGradB,       // bias[N] = sums of B over K                (OVERWRITTEN)
+};
+const char* gemm_epilogue_name(GemmEpilogue e);
+
+struct GemmArgs {
+  TensorView a, b, d;
+  float alpha = 1.0f, beta = 0.0f;
+  GemmEpilogue epilogue = GemmEpilogue::None;
+  TensorView bias;          // see GemmEpilogue; dtype of D
+  TensorView aux;           // [M,N] row-major, dtype of D, row stride a multiple of 8
+  bool allow_tf32 = false;  // f32 only: TF32 tensor cores (about 1e-3 relative error)
+  ExecContext ctx;
+
+  // Shapes, dtypes, layouts, epilogue: the autotune key (no pointers).
+  std::string key() const;
+  Precision precision() const { return precision_of(a.dtype); }
+};
+
+// Runs the GEMM on the dispatched backend and returns which one ran. Throws
+// primus::RuntimeError naming the shapes when the operands do not fit together.
+BackendType gemm(const GemmArgs& args);
+
+// Linear layers in the nn.Linear convention: inp [N,C], weight [OC,C], bias [OC], out [N,OC].
+// out = inp @ weight^T (+ bias); with `aux` defined the output is gelu_tanh of that and aux
+// [N,OC] keeps the pre-activation (GPT-2's MLP up-projection).
+BackendType linear_forward(const TensorView& out, const TensorView& inp, const TensorView& weight,
+                           const TensorView& bias, const TensorView& aux, const ExecContext& ctx);
+
+// Backward of linear_forward from dout [N,OC]:
+//   dinp [N,C] = dout @ weight (+= when accumulate_dinp)          (skipped if dinp undefined)
+//   dweight [OC,C] += dout^T @ inp                                (skipped if undefined)
+//   dbias [OC] += column sums of dout, fused into the dweight GEMM (skipped if undefined)
+// dweight/dbias may be f32 with bf16 activations (fp32 gradient accumulation).
+void linear_backward(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
+                     const TensorView& dout, const TensorView& inp, const TensorView& weight,
+                     bool accumulate_dinp, const ExecContext& ctx);
+
+// dpre [N,C] = (dout [N,OC] @ weight [OC,C]) * gelu_tanh'(pre_aux [N,C]), and, when dbias is
+// defined, dbias [C] = column sums of dpre (overwritten): the input gradient of a linear layer
+// whose input was gelu(pre_aux), fused into one GEMM epilogue.
+void linear_backward_input_dgelu(const TensorView& dpre, const TensorView& dbias,
+                                 const TensorView& dout, const TensorView& weight,
+                                 const TensorView& pre_aux, const ExecContext& ctx);
+
+}  // namespace primus::turbo

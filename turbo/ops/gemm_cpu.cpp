@@ -1,0 +1,77 @@
+// The CPU backend of gemm: host f32 tensors, OpenBLAS for the product and plain loops for the
+// epilogues (the GELU math is the reference kernels' own, turbo/kernels/cpu/activation.h).
+#include <cblas.h>
+
+#include <vector>
+
+#include "turbo/kernels/cpu/activation.h"
+#include "turbo/ops/gemm_cpu.h"
+
+namespace primus::turbo::detail {
+
+void gemm_cpu(const GemmArgs& g, const GemmShape& s) {
+  const auto* A = static_cast<const float*>(s.a.ptr);
+  const auto* B = static_cast<const float*>(s.b.ptr);
+  auto* D = static_cast<float*>(s.d.ptr);
+  auto* bias = static_cast<float*>(g.bias.data);
+  auto* aux = static_cast<float*>(g.aux.data);
+  const int64_t aux_ld = g.aux.defined() ? g.aux.stride(0) : 0;
+  const GemmEpilogue e = g.epilogue;
+  std::vector<float> row(static_cast<size_t>(s.n)), zero(static_cast<size_t>(s.n));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const float* a = A + (s.a.batch > 1 ? b * s.a.batch_stride : 0);
+    const float* bb = B + (s.b.batch > 1 ? b * s.b.batch_stride : 0);
+    float* d = D + b * s.d.batch_stride;
+    cblas_sgemm(CblasRowMajor, s.a.transposed ? CblasTrans : CblasNoTrans,
+                s.b.transposed ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
+                static_cast<int>(s.n), static_cast<int>(s.k), g.alpha, a, static_cast<int>(s.a.ld), bb,
+                static_cast<int>(s.b.ld), g.beta, d, static_cast<int>(s.d.ld));
+    for (int64_t i = 0; i < s.m; ++i) {
+      float* di = d + i * s.d.ld;
+      switch (e) {
+        case GemmEpilogue::Bias:
+          for (int64_t j = 0; j < s.n; ++j) di[j] += bias[j];
+          break;
+        case GemmEpilogue::Gelu:
+        case GemmEpilogue::GeluBias:
+        case GemmEpilogue::GeluAux:
+        case GemmEpilogue::GeluAuxBias: {
+          const bool with_bias = e == GemmEpilogue::GeluBias || e == GemmEpilogue::GeluAuxBias;
+          for (int64_t j = 0; j < s.n; ++j) row[j] = di[j] + (with_bias ? bias[j] : 0.0f);
+          if (e == GemmEpilogue::GeluAux || e == GemmEpilogue::GeluAuxBias)
+            std::copy(row.begin(), row.end(), aux + i * aux_ld);
+          cpu::gelu_forward(di, row.data(), s.n);
+          break;
+        }
+        case GemmEpilogue::DGelu:
+        case GemmEpilogue::DGeluBGrad:
+          // gelu_backward accumulates into its first argument: start from zero.
+          std::fill(row.begin(), row.end(), 0.0f);
+          cpu::gelu_backward(row.data(), aux + i * aux_ld, di, s.n);
+          std::copy(row.begin(), row.end(), di);
+          break;
+        default:
+          break;
+      }
+    }
+    if (e == GemmEpilogue::DGeluBGrad || e == GemmEpilogue::BGradB || e == GemmEpilogue::BGradA) {
+      // Bias gradients: column sums of D (DGeluBGrad), of logical B over K, of logical A over K.
+      const int64_t len = e == GemmEpilogue::BGradA ? s.m : s.n;
+      for (int64_t j = 0; j < len; ++j) {
+        double acc = 0.0;
+        if (e == GemmEpilogue::DGeluBGrad) {
+          for (int64_t i = 0; i < s.m; ++i) acc += d[i * s.d.ld + j];
+        } else if (e == GemmEpilogue::BGradB) {
+          for (int64_t kk = 0; kk < s.k; ++kk)
+            acc += s.b.transposed ? bb[j * s.b.ld + kk] : bb[kk * s.b.ld + j];
+        } else {
+          for (int64_t kk = 0; kk < s.k; ++kk)
+            acc += s.a.transposed ? a[kk * s.a.ld + j] : a[j * s.a.ld + kk];
+        }
+        bias[j] = static_cast<float>(acc);
+      }
+    }
+  }
+}
+
+}  // namespace primus::turbo::detail

@@ -1,0 +1,73 @@
+#include "turbo/ops/gemm_problem.h"
+
+#include <fmt/format.h>
+
+namespace primus::turbo::detail {
+
+std::string matrix_layout(const TensorView& t, MatrixLayout* out) {
+  if (!t.defined()) return "tensor not set";
+  if (t.ndim != 2 && t.ndim != 3) return fmt::format("expected 2 or 3 dims, got {}", t.describe());
+  MatrixLayout l;
+  l.ptr = t.data;
+  l.dtype = t.dtype;
+  l.rows = t.size(-2);
+  l.cols = t.size(-1);
+  if (t.ndim == 3) {
+    l.batch = t.size(0);
+    l.batch_stride = t.stride(0);
+  }
+  const int64_t s_row = t.stride(-2), s_col = t.stride(-1);
+  if (s_col == 1 || l.cols == 1) {
+    l.transposed = false;
+    l.ld = std::max<int64_t>(l.rows == 1 ? l.cols : s_row, l.cols);
+  } else if (s_row == 1 || l.rows == 1) {
+    l.transposed = true;
+    l.ld = std::max<int64_t>(s_col, l.rows);
+  } else {
+    return fmt::format("neither row- nor column-major (strides {}, {}): {}", s_row, s_col, t.describe());
+  }
+  *out = l;
+  return "";
+}
+
+std::string gemm_shape(const GemmArgs& g, GemmShape* out) {
+  GemmShape s;
+  if (auto w = matrix_layout(g.a, &s.a); !w.empty()) return "A: " + w;
+  if (auto w = matrix_layout(g.b, &s.b); !w.empty()) return "B: " + w;
+  if (auto w = matrix_layout(g.d, &s.d); !w.empty()) return "D: " + w;
+  if (s.d.transposed && s.d.rows > 1 && s.d.cols > 1) return "D must be row-major: " + g.d.describe();
+  s.d.transposed = false;
+  s.m = s.a.rows;
+  s.k = s.a.cols;
+  s.n = s.b.cols;
+  if (s.b.rows != s.k || s.d.rows != s.m || s.d.cols != s.n)
+    return fmt::format("shapes do not chain: A {} @ B {} -> D {}", g.a.describe(), g.b.describe(),
+                       g.d.describe());
+  s.batch = std::max({s.a.batch, s.b.batch, s.d.batch});
+  for (const MatrixLayout* l : {&s.a, &s.b, &s.d})
+    if (l->batch != 1 && l->batch != s.batch)
+      return fmt::format("batch sizes differ: A {}, B {}, D {}", g.a.describe(), g.b.describe(), g.d.describe());
+  if (s.batch > 1 && s.d.batch != s.batch) return "D must carry the batch dimension";
+  const GemmEpilogue e = g.epilogue;
+  const bool bias_in = e == GemmEpilogue::Bias || e == GemmEpilogue::GeluBias || e == GemmEpilogue::GeluAuxBias;
+  const bool bias_out = e == GemmEpilogue::DGeluBGrad || e == GemmEpilogue::BGradA || e == GemmEpilogue::BGradB;
+  if (bias_in || bias_out) {
+    const int64_t want = e == GemmEpilogue::BGradA ? s.m : s.n;
+    if (!g.bias.defined() || g.bias.numel() != want || !g.bias.is_contiguous())
+      return fmt::format("epilogue {} needs a contiguous bias of {} elements, got {}",
+                         gemm_epilogue_name(e), want, g.bias.defined() ? g.bias.describe() : "none");
+  }
+  const bool aux = e == GemmEpilogue::GeluAux || e == GemmEpilogue::GeluAuxBias ||
+                   e == GemmEpilogue::DGelu || e == GemmEpilogue::DGeluBGrad;
+  if (aux) {
+    if (!g.aux.defined() || g.aux.ndim != 2 || g.aux.size(0) != s.m || g.aux.size(1) != s.n ||
+        g.aux.stride(1) != 1)
+      return fmt::format("epilogue {} needs a row-major aux [{}, {}], got {}", gemm_epilogue_name(e),
+                         s.m, s.n, g.aux.defined() ? g.aux.describe() : "none");
+    if (g.aux.dtype != g.d.dtype) return "aux must have the dtype of D";
+  }
+  *out = s;
+  return "";
+}
+
+}  // namespace primus::turbo::detail

@@ -1,0 +1,109 @@
+#include "turbo/ops/loss.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "turbo/kernels/cpu/loss.h"
+#include "turbo/ops/op_support.h"
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#include "turbo/kernels/cuda/cross_entropy.h"
+#endif
+
+namespace primus::turbo {
+namespace {
+
+int64_t vocab_of(const CrossEntropyArgs& a) { return a.vocab > 0 ? a.vocab : a.logits.cols(); }
+
+void validate(const CrossEntropyArgs& a) {
+  const char* op = "cross_entropy";
+  check_shape(a.logits, {-1, -1}, op, "logits");
+  check_contiguous(a.logits, op, "logits");
+  const int64_t N = a.logits.shape[0];
+  check_shape(a.targets, {N}, op, "targets");
+  check_dtype(a.targets, DType::I32, op, "targets");
+  if (vocab_of(a) > a.logits.shape[1])
+    throw RuntimeError(fmt::format("{}: vocab {} exceeds the logits row {}", op, vocab_of(a), a.logits.describe()));
+  if (a.dlogits.defined()) {
+    check_shape(a.dlogits, {N, a.logits.shape[1]}, op, "dlogits");
+    check_dtype(a.dlogits, a.logits.dtype, op, "dlogits");
+  }
+  for (auto [n, t] : {std::pair{"losses", &a.losses}, {"lse", &a.lse}}) {
+    if (!t->defined()) continue;
+    check_shape(*t, {N}, op, n);
+    check_dtype(*t, DType::F32, op, n);
+  }
+}
+
+std::string cpu_check(const CrossEntropyArgs& a) {
+  if (auto w = detail::all_on(Device::CPU, {{"logits", &a.logits}, {"dlogits", &a.dlogits}, {"targets", &a.targets}, {"losses", &a.losses}, {"lse", &a.lse}}); !w.empty()) return w;
+  if (auto w = detail::all_dtype(DType::F32, {{"logits", &a.logits}}); !w.empty()) return w;
+  if (vocab_of(a) != a.logits.cols()) return "the reference has no padded vocabulary (V must equal the row length)";
+  return "";
+}
+void cpu_run(const CrossEntropyArgs& a) {
+  const int64_t N = a.logits.rows(), V = vocab_of(a);
+  std::vector<float> lse_tmp;
+  float* lse = a.lse.ptr<float>();
+  if (!lse) {
+    lse_tmp.resize(static_cast<size_t>(N));
+    lse = lse_tmp.data();
+  }
+  // Forward first: it only reads the logits, which the backward may then overwrite in place.
+  cpu::cross_entropy_forward(a.losses.ptr<float>(), lse, a.logits.ptr<const float>(), a.targets.ptr<const int32_t>(),
+                             N, V, a.ignore_index);
+  if (a.dlogits.defined())
+    cpu::cross_entropy_backward(a.dlogits.ptr<float>(), a.logits.ptr<const float>(), lse,
+                                a.targets.ptr<const int32_t>(), N, V, a.dloss, a.ignore_index);
+}
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+std::string turbo_check(const CrossEntropyArgs& a) {
+  if (auto w = detail::all_on(Device::CUDA, {{"logits", &a.logits}, {"dlogits", &a.dlogits}, {"targets", &a.targets}, {"losses", &a.losses}, {"lse", &a.lse}}); !w.empty()) return w;
+  if (a.logits.dtype != DType::F32 && a.logits.dtype != DType::BF16) return "dtype must be f32 or bf16";
+  if (a.logits.cols() % (16 / static_cast<int64_t>(dtype_size(a.logits.dtype))) != 0)
+    return "the logits row must be a multiple of 128 bits (pad the vocabulary)";
+  return "";
+}
+void turbo_run(const CrossEntropyArgs& a) {
+  cuda::cross_entropy_forward_backward(a.logits.dtype, a.dlogits.data, a.losses.ptr<float>(), a.lse.ptr<float>(),
+                                       a.logits.data, a.targets.ptr<const int32_t>(), a.logits.rows(), vocab_of(a),
+                                       a.logits.cols(), a.dloss, a.ignore_index,
+                                       static_cast<cudaStream_t>(a.ctx.stream));
+}
+#endif
+
+}  // namespace
+
+std::string CrossEntropyArgs::key() const {
+  return fmt::format("cross_entropy logits={} V={} grad={} inplace={}", logits.describe(), vocab_of(*this),
+                     dlogits.defined() ? 1 : 0, dlogits.data == logits.data ? 1 : 0);
+}
+
+BackendType cross_entropy(const CrossEntropyArgs& args) {
+  validate(args);
+  static auto* d = detail::make_turbo_cpu_dispatcher<CrossEntropyArgs>("cross_entropy", PRIMUS_TURBO_FN(turbo_check),
+                                                                       PRIMUS_TURBO_FN(turbo_run), cpu_check, cpu_run);
+  return d->dispatch(args);
+}
+
+void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx) {
+  check_dtype(out, DType::F32, "sum_f32", "out");
+  check_dtype(x, DType::F32, "sum_f32", "x");
+  check_same_device(out, x, "sum_f32");
+  if (x.device == Device::CPU) {
+    double s = 0.0;
+    for (int64_t i = 0; i < x.numel(); ++i) s += x.ptr<const float>()[i];
+    out.ptr<float>()[0] = static_cast<float>(s);
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  cuda::sum_f32(out.ptr<float>(), x.ptr<const float>(), x.numel(), static_cast<cudaStream_t>(ctx.stream));
+#else
+  (void)ctx;
+  throw RuntimeError("sum_f32: this build has no CUDA");
+#endif
+}
+
+}  // namespace primus::turbo

@@ -1,0 +1,33 @@
+// Softmax cross-entropy over the vocabulary, forward and backward fused
+// (turbo/kernels/cpu/loss.h is the reference).
+//   logits [N, Vp] f32 or bf16 (Vp >= V: padded row; columns >= V are ignored and get 0 grad)
+//   targets [N] int32 (ignore_index rows: loss 0, gradient 0)
+//   losses [N] f32 (optional), lse [N] f32 (optional)
+//   dlogits [N, Vp] (optional; may BE logits: the gradient is written in place, so neither a
+//   second [N,V] buffer nor fp32 probabilities exist) = dloss * (softmax - onehot).
+// Backends: TURBO (device), CPU (host f32, needs V == Vp).
+#pragma once
+#include <string>
+
+#include "turbo/core/tensor_view.h"
+#include "turbo/dispatch/backend_type.h"
+#include "turbo/ops/exec_context.h"
+
+namespace primus::turbo {
+
+struct CrossEntropyArgs {
+  TensorView logits, dlogits, losses, lse, targets;
+  int64_t vocab = 0;          // V, the real vocabulary; 0 means logits.size(-1)
+  float dloss = 1.0f;         // e.g. 1 / (number of counted rows * grad-accumulation steps)
+  int32_t ignore_index = -100;
+  ExecContext ctx;
+  std::string key() const;
+  Precision precision() const { return precision_of(logits.dtype); }
+};
+
+BackendType cross_entropy(const CrossEntropyArgs& args);
+
+// out [1] f32 = sum of x [n] f32 in a fixed order (device or host; the loss sum of a step).
+void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx);
+
+}  // namespace primus::turbo

@@ -1,0 +1,52 @@
+// LayerNorm (GPT-2) and RMSNorm (Llama) over the last dimension, with the residual add fused.
+//
+// Forward, with x the activation [N,C] and an optional residual r [N,C]:
+//   r defined:  residual_out = x + r;  out = norm(residual_out)
+//   otherwise:  out = norm(x)
+// norm(y) = (y - mean) * rstd * weight + bias  (LayerNorm; bias optional)
+//         = y * rstd * weight                  (RMSNorm)
+// saving mean [N] (LayerNorm) and rstd [N] (both f32) for the backward.
+//
+// Backward from dout [N,C]: dinp [N,C] += the input gradient (the residual stream's gradient
+// buffer: the residual add's backward is the identity, so adding is the fused backward; pass
+// accumulate_dinp = false to overwrite instead), dweight [C] += and dbias [C] += (f32).
+// `inp` is what was normalised: residual_out for the fused forward.
+//
+// dtypes: activations/weight/bias f32 or bf16 (same for all), statistics and parameter
+// gradients f32. Backends: TURBO (device; needs ctx.scratch for the backward), CPU (host f32).
+// The CPU backend computes with the reference kernels (turbo/kernels/cpu/normalization.h).
+#pragma once
+#include <string>
+
+#include "turbo/core/tensor_view.h"
+#include "turbo/dispatch/backend_type.h"
+#include "turbo/ops/exec_context.h"
+
+namespace primus::turbo {
+
+enum class NormType : uint8_t { LayerNorm, RMSNorm };
+
+struct NormForwardArgs {
+  NormType type = NormType::LayerNorm;
+  TensorView out, mean, rstd, residual_out;  // mean unused for RMSNorm
+  TensorView inp, residual, weight, bias;
+  float eps = 1e-5f;
+  ExecContext ctx;
+  std::string key() const;
+  Precision precision() const { return precision_of(inp.dtype); }
+};
+
+struct NormBackwardArgs {
+  NormType type = NormType::LayerNorm;
+  TensorView dinp, dweight, dbias;
+  TensorView dout, inp, weight, mean, rstd;
+  bool accumulate_dinp = true;
+  ExecContext ctx;
+  std::string key() const;
+  Precision precision() const { return precision_of(inp.dtype); }
+};
+
+BackendType norm_forward(const NormForwardArgs& args);
+BackendType norm_backward(const NormBackwardArgs& args);
+
+}  // namespace primus::turbo

@@ -1,0 +1,64 @@
+// Internal to turbo/ops: what every op's dispatcher setup shares.
+#pragma once
+#include <functional>
+#include <string>
+
+#include "turbo/dispatch/dispatcher.h"
+#include "turbo/ops/exec_context.h"
+
+// A TURBO backend function in CUDA builds, nullptr otherwise.
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#define PRIMUS_TURBO_FN(f) (f)
+#else
+#define PRIMUS_TURBO_FN(f) nullptr
+#endif
+
+namespace primus::turbo::detail {
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+inline constexpr BackendType kDeviceDefault = BackendType::TURBO;
+#else
+inline constexpr BackendType kDeviceDefault = BackendType::CPU;  // CPU-only build
+#endif
+
+// Device-side helpers (defined only in CUDA builds; see cuda_support.cpp).
+double cuda_time_ms(void* stream, const std::function<void()>& run);  // median of event-timed runs
+bool cuda_capturing(void* stream);
+
+// Autotune on the GPU times with CUDA events on the call's stream and never while it is
+// being captured into a graph.
+template <class Args>
+void install_cuda_hooks(OpDispatcher<Args>& d) {
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  d.set_timer([](const Args& a, const std::function<void()>& run) { return cuda_time_ms(a.ctx.stream, run); });
+  d.set_capture_probe([](const Args& a) { return cuda_capturing(a.ctx.stream); });
+#else
+  (void)d;
+#endif
+}
+
+// An op served by Turbo's CUDA kernels on the device and the reference kernels on the host.
+// turbo_check / turbo_run are null in a CPU-only build (write them with PRIMUS_TURBO_FN).
+// Ops that write in place or accumulate are not autotuned (timing would run them repeatedly).
+template <class Args>
+OpDispatcher<Args>* make_turbo_cpu_dispatcher(const char* op,
+                                              typename FunctionBackend<Args>::Check turbo_check,
+                                              typename FunctionBackend<Args>::Run turbo_run,
+                                              typename FunctionBackend<Args>::Check cpu_check,
+                                              typename FunctionBackend<Args>::Run cpu_run) {
+  auto* d = new OpDispatcher<Args>(op, kDeviceDefault, DispatcherOptions{false, 16});
+  if (turbo_check && turbo_run)
+    d->register_backend(make_backend<Args>(BackendType::TURBO, std::move(turbo_check), std::move(turbo_run)));
+  d->register_backend(make_backend<Args>(BackendType::CPU, std::move(cpu_check), std::move(cpu_run)));
+  install_cuda_hooks(*d);
+  return d;
+}
+
+// "" when every defined view is on `dev`, else which one is not.
+std::string all_on(Device dev, std::initializer_list<std::pair<const char*, const TensorView*>> views);
+// "" when every defined view has dtype `t`.
+std::string all_dtype(DType t, std::initializer_list<std::pair<const char*, const TensorView*>> views);
+// Throws RuntimeError "<op>: needs a scratch arena" when ctx.scratch is null.
+Arena& scratch_of(const ExecContext& ctx, const char* op);
+
+}  // namespace primus::turbo::detail

@@ -1,0 +1,166 @@
+#include "turbo/ops/optimizer.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "turbo/kernels/cpu/optimizer.h"
+#include "turbo/kernels/cpu/reduce.h"
+#include "turbo/ops/op_support.h"
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#include "turbo/kernels/cuda/optimizer.h"
+#endif
+
+namespace primus::turbo {
+namespace {
+
+std::string cpu_check(const OptimizerArgs& a) {
+  if (a.opt->device() != Device::CPU) return "parameters are on the device";
+  if (a.opt->grad_dtype() != DType::F32) return "the reference takes f32 gradients";
+  if (a.kind == OptimizerArgs::Kind::AdamW && a.device_scalars.defined()) return "device_scalars are a device feature";
+  return "";
+}
+
+void cpu_run(const OptimizerArgs& a) {
+  if (a.kind == OptimizerArgs::Kind::GradNorm) {
+    double ss = 0.0;
+    for (const auto& t : a.opt->tensors()) ss += cpu::sum_squares(t.grad.ptr<const float>(), t.grad.numel());
+    const double norm = std::sqrt(ss);
+    a.out.ptr<float>()[0] = static_cast<float>(norm);
+    a.out.ptr<float>()[1] = a.max_norm > 0.0f ? static_cast<float>(cpu::clip_scale(norm, a.max_norm)) : 1.0f;
+    return;
+  }
+  cpu::AdamWParams p;
+  p.lr = a.hp.lr;
+  p.beta1 = a.hp.beta1;
+  p.beta2 = a.hp.beta2;
+  p.eps = a.hp.eps;
+  p.step = a.hp.step;
+  p.grad_scale = a.grad_scale.defined() ? a.grad_scale.ptr<const float>()[0] : 1.0;
+  for (const auto& t : a.opt->tensors()) {
+    p.weight_decay = t.decay ? a.hp.weight_decay : 0.0;
+    cpu::adamw_update(t.master.ptr<float>(), t.grad.ptr<const float>(), t.m.ptr<float>(), t.v.ptr<float>(),
+                      t.master.numel(), p);
+    if (t.model.defined())
+      for (int64_t i = 0; i < t.master.numel(); ++i)
+        store_from_float(t.model.data, DType::BF16, static_cast<size_t>(i), t.master.ptr<const float>()[i]);
+  }
+}
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+std::string turbo_check(const OptimizerArgs& a) {
+  if (a.opt->device() != Device::CUDA) return "parameters are on the host";
+  if (!a.opt->device_table()) return "no device table";
+  if (a.kind == OptimizerArgs::Kind::GradNorm && !a.ctx.scratch) return "needs ExecContext::scratch for partial sums";
+  return "";
+}
+
+void turbo_run(const OptimizerArgs& a) {
+  auto s = static_cast<cudaStream_t>(a.ctx.stream);
+  const int n = static_cast<int>(a.opt->tensors().size());
+  if (a.kind == OptimizerArgs::Kind::GradNorm) {
+    Arena& arena = detail::scratch_of(a.ctx, "grad_norm");
+    ArenaScope scope(arena);
+    void* partial = arena.allocate(cuda::grad_norm_scratch_bytes(a.opt->num_chunks()), 256, "grad_norm partials");
+    cuda::grad_norm_multi_tensor(a.out.ptr<float>(), a.opt->device_table(), n, a.opt->num_chunks(),
+                                 a.opt->grad_dtype(), a.max_norm, partial, s);
+    return;
+  }
+  cuda::AdamWStep hp{a.hp.lr, a.hp.beta1, a.hp.beta2, a.hp.eps, a.hp.weight_decay, a.hp.step};
+  cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), a.opt->grad_dtype(), hp,
+                           a.grad_scale.ptr<const float>(), a.device_scalars.ptr<const float>(), s);
+}
+#endif
+
+OpDispatcher<OptimizerArgs>& dispatcher() {
+  static auto* d = detail::make_turbo_cpu_dispatcher<OptimizerArgs>("optimizer", PRIMUS_TURBO_FN(turbo_check),
+                                                                    PRIMUS_TURBO_FN(turbo_run), cpu_check, cpu_run);
+  return *d;
+}
+
+}  // namespace
+
+std::string OptimizerArgs::key() const {
+  return fmt::format("{} tensors={} numel={} grad={} {}", kind == Kind::AdamW ? "adamw" : "grad_norm",
+                     opt->tensors().size(), opt->total_numel(), dtype_name(opt->grad_dtype()),
+                     device_name(opt->device()));
+}
+
+MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* arena) : tensors_(std::move(tensors)) {
+  if (tensors_.empty()) throw RuntimeError("MultiTensorAdamW: no tensors");
+  device_ = tensors_[0].master.device;
+  grad_dtype_ = tensors_[0].grad.dtype;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const AdamWTensor& t = tensors_[i];
+    const std::string op = fmt::format("MultiTensorAdamW tensor {}", i);
+    for (auto [name, v] : {std::pair{"master", &t.master}, {"grad", &t.grad}, {"m", &t.m}, {"v", &t.v}}) {
+      check_defined(*v, op.c_str(), name);
+      check_contiguous(*v, op.c_str(), name);
+      check_device(*v, device_, op.c_str(), name);
+      if (v->numel() != t.master.numel())
+        throw RuntimeError(fmt::format("{}: {} {} differs in size from master {}", op, name, v->describe(), t.master.describe()));
+    }
+    check_dtype(t.master, DType::F32, op.c_str(), "master");
+    check_dtype(t.m, DType::F32, op.c_str(), "m");
+    check_dtype(t.v, DType::F32, op.c_str(), "v");
+    check_dtype(t.grad, grad_dtype_, op.c_str(), "grad");
+    if (t.model.defined()) {
+      check_dtype(t.model, DType::BF16, op.c_str(), "model");
+      check_device(t.model, device_, op.c_str(), "model");
+      if (t.model.numel() != t.master.numel()) throw RuntimeError(fmt::format("{}: model size differs from master", op));
+    }
+    total_numel_ += t.master.numel();
+  }
+  if (device_ == Device::CUDA) {
+#ifdef PRIMUS_TURBO_WITH_CUDA
+    if (!arena) throw RuntimeError("MultiTensorAdamW: device tensors need an arena for the descriptor table");
+    std::vector<cuda::MultiTensorEntry> entries(tensors_.size());
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const AdamWTensor& t = tensors_[i];
+      entries[i] = {t.master.ptr<float>(), t.model.data, t.grad.data, t.m.ptr<float>(), t.v.ptr<float>(),
+                    t.master.numel(), t.decay ? 1 : 0, 0};
+    }
+    const int n = static_cast<int>(entries.size());
+    table_ = arena->allocate(cuda::multi_tensor_table_bytes(n), 256, "AdamW descriptor table");
+    chunks_ = cuda::multi_tensor_table_build(table_, entries.data(), n);
+#else
+    throw RuntimeError("MultiTensorAdamW: this build has no CUDA");
+#endif
+  }
+}
+
+BackendType MultiTensorAdamW::step(const AdamWHyper& hp, const TensorView& grad_scale,
+                                   const TensorView& device_scalars, const ExecContext& ctx) {
+  if (grad_scale.defined()) {
+    check_dtype(grad_scale, DType::F32, "adamw", "grad_scale");
+    check_device(grad_scale, device_, "adamw", "grad_scale");
+  }
+  if (device_scalars.defined()) {
+    check_shape(device_scalars, {3}, "adamw", "device_scalars");
+    check_dtype(device_scalars, DType::F32, "adamw", "device_scalars");
+  }
+  OptimizerArgs a;
+  a.kind = OptimizerArgs::Kind::AdamW;
+  a.opt = this;
+  a.hp = hp;
+  a.grad_scale = grad_scale;
+  a.device_scalars = device_scalars;
+  a.ctx = ctx;
+  return dispatcher().dispatch(a);
+}
+
+BackendType MultiTensorAdamW::grad_norm(const TensorView& out, float max_norm, const ExecContext& ctx) {
+  check_shape(out, {2}, "grad_norm", "out");
+  check_dtype(out, DType::F32, "grad_norm", "out");
+  check_device(out, device_, "grad_norm", "out");
+  OptimizerArgs a;
+  a.kind = OptimizerArgs::Kind::GradNorm;
+  a.opt = this;
+  a.out = out;
+  a.max_norm = max_norm;
+  a.ctx = ctx;
+  return dispatcher().dispatch(a);
+}
+
+}  // namespace primus::turbo

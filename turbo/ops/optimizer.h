@@ -1,0 +1,77 @@
+// Multi-tensor AdamW and the global gradient norm, over every parameter tensor in one launch
+// each (turbo/kernels/cpu/optimizer.h and reduce.h are the reference: torch.optim.AdamW with
+// decoupled weight decay; torch.nn.utils.clip_grad_norm_'s factor).
+//
+// Each tensor: fp32 master weights, fp32 moments m and v, a gradient (f32 or bf16, one dtype
+// for all), an optional bf16 model copy rewritten after the update, and a decay flag (norm
+// weights and biases are usually not decayed). All tensors live on one device.
+//
+// A MultiTensorAdamW is built once after the buffers exist: on the GPU it uploads a descriptor
+// table (from `arena`), so a step launches with no host-to-device copy and can be captured in
+// a CUDA graph. It holds views, not memory: the buffers must outlive it.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "turbo/core/arena.h"
+#include "turbo/core/tensor_view.h"
+#include "turbo/dispatch/backend_type.h"
+#include "turbo/ops/exec_context.h"
+
+namespace primus::turbo {
+
+struct AdamWTensor {
+  TensorView master, model, grad, m, v;  // model optional (bf16)
+  bool decay = true;
+};
+
+struct AdamWHyper {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based count including this update
+};
+
+class MultiTensorAdamW {
+ public:
+  // Throws primus::RuntimeError naming the tensor index for mismatched shapes/dtypes/devices.
+  MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* device_arena);
+
+  // One update. grad_scale: f32 [1] on the tensors' device multiplying every gradient (the clip
+  // factor, out[1] of grad_norm), or undefined for 1. device_scalars: f32 [3] on the device =
+  // {lr, 1 - beta1^step, 1 - beta2^step}, overriding hp's (for graph replays), or undefined.
+  BackendType step(const AdamWHyper& hp, const TensorView& grad_scale, const TensorView& device_scalars,
+                   const ExecContext& ctx);
+
+  // out f32 [2] = {L2 norm of all gradients, min(1, max_norm / (norm + 1e-6))} (1 if
+  // max_norm <= 0), on the tensors' device. Deterministic. The GPU path takes scratch from
+  // ctx.scratch.
+  BackendType grad_norm(const TensorView& out, float max_norm, const ExecContext& ctx);
+
+  const std::vector<AdamWTensor>& tensors() const { return tensors_; }
+  Device device() const { return device_; }
+  DType grad_dtype() const { return grad_dtype_; }
+  int64_t total_numel() const { return total_numel_; }
+  const void* device_table() const { return table_; }
+  int64_t num_chunks() const { return chunks_; }
+
+ private:
+  std::vector<AdamWTensor> tensors_;
+  Device device_ = Device::CPU;
+  DType grad_dtype_ = DType::F32;
+  int64_t total_numel_ = 0;
+  void* table_ = nullptr;  // device descriptor table (CUDA only)
+  int64_t chunks_ = 0;
+};
+
+// The dispatcher's argument for both calls (public so the dispatcher tests can name it).
+struct OptimizerArgs {
+  enum class Kind : uint8_t { AdamW, GradNorm } kind = Kind::AdamW;
+  MultiTensorAdamW* opt = nullptr;
+  AdamWHyper hp;
+  TensorView grad_scale, device_scalars, out;
+  float max_norm = 0.0f;
+  ExecContext ctx;
+  std::string key() const;
+  Precision precision() const { return precision_of(opt->grad_dtype()); }
+};
+
+}  // namespace primus::turbo
