@@ -16,9 +16,7 @@ template <typename Real>
 struct GeluOp {
   RowsCfg c;
   explicit GeluOp(const RowsCfg& cfg) : c(cfg) {}
-  std::vector<InputSpec> inputs() const {
-    return {{"inp", static_cast<size_t>(c.N * c.F), -4, 4}};
-  }
+  std::vector<InputSpec> inputs() const { return {{"inp", static_cast<size_t>(c.N * c.F), -4, 4}}; }
   size_t out_size() const { return c.N * c.F; }
   void forward(const Inputs<Real>& x, std::vector<Real>& out) {
     gelu_forward(out.data(), x[0].data(), c.N * c.F);

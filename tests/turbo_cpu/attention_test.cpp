@@ -17,8 +17,9 @@ struct AttnCfg {
 
 // Direct O(T^2) attention in double: which keys a query sees is decided per (query, key) pair
 // from document ids, independently of how the kernel walks segments.
-void naive_attention(std::vector<double>& out, std::vector<double>& lse, const std::vector<double>& q,
-                     const std::vector<double>& k, const std::vector<double>& v, const AttnCfg& c) {
+void naive_attention(std::vector<double>& out, std::vector<double>& lse,
+                     const std::vector<double>& q, const std::vector<double>& k,
+                     const std::vector<double>& v, const AttnCfg& c) {
   const AttentionParams& p = c.p;
   std::vector<int> doc(p.B * p.T, 0);
   for (size_t d = 0; d + 1 < c.cu.size(); ++d)
@@ -37,7 +38,8 @@ void naive_attention(std::vector<double>& out, std::vector<double>& lse, const s
           if (doc[b * p.T + j] != doc[b * p.T + i] || (p.causal && j > i)) continue;
           double dot = 0;
           for (int64_t d = 0; d < p.D; ++d)
-            dot += q[((b * p.T + i) * p.H + h) * p.D + d] * k[((b * p.T + j) * p.KVH + g) * p.D + d];
+            dot +=
+                q[((b * p.T + i) * p.H + h) * p.D + d] * k[((b * p.T + j) * p.KVH + g) * p.D + d];
           s[j] = dot * p.scale();
           m = std::max(m, s[j]);
         }
@@ -47,7 +49,8 @@ void naive_attention(std::vector<double>& out, std::vector<double>& lse, const s
         for (int64_t j = 0; j < p.T; ++j) {
           const double w = std::exp(s[j] - m) / sum;
           for (int64_t d = 0; d < p.D; ++d)
-            out[((b * p.T + i) * p.H + h) * p.D + d] += w * v[((b * p.T + j) * p.KVH + g) * p.D + d];
+            out[((b * p.T + i) * p.H + h) * p.D + d] +=
+                w * v[((b * p.T + j) * p.KVH + g) * p.D + d];
         }
       }
     }
@@ -99,9 +102,13 @@ class AttentionTest : public OpTest {
   }
 };
 
-TEST_F(AttentionTest, MatchesNaiveMultiHeadCausal) { expect_matches_naive(cfg(2, 37, 3, 3, 8, true)); }
+TEST_F(AttentionTest, MatchesNaiveMultiHeadCausal) {
+  expect_matches_naive(cfg(2, 37, 3, 3, 8, true));
+}
 TEST_F(AttentionTest, MatchesNaiveGqaCausal) { expect_matches_naive(cfg(2, 70, 4, 2, 8, true)); }
-TEST_F(AttentionTest, MatchesNaiveGqaNonCausal) { expect_matches_naive(cfg(2, 70, 4, 2, 8, false)); }
+TEST_F(AttentionTest, MatchesNaiveGqaNonCausal) {
+  expect_matches_naive(cfg(2, 70, 4, 2, 8, false));
+}
 TEST_F(AttentionTest, MatchesNaiveMultiQuery) { expect_matches_naive(cfg(1, 40, 4, 1, 8, true)); }
 TEST_F(AttentionTest, MatchesNaiveCustomScale) {
   AttnCfg c = cfg(1, 9, 2, 1, 4, true);
@@ -116,11 +123,15 @@ TEST_F(AttentionTest, MatchesNaiveVarlen) {
   expect_matches_naive(cfg(2, 50, 4, 2, 8, false, cu));
 }
 
-TEST_F(AttentionTest, GradientsGqaCausal) { check_gradients<AttentionOp>(cfg(2, 5, 4, 2, 3, true), rng); }
+TEST_F(AttentionTest, GradientsGqaCausal) {
+  check_gradients<AttentionOp>(cfg(2, 5, 4, 2, 3, true), rng);
+}
 TEST_F(AttentionTest, GradientsGqaNonCausal) {
   check_gradients<AttentionOp>(cfg(2, 5, 4, 2, 3, false), rng);
 }
-TEST_F(AttentionTest, GradientsMultiQuery) { check_gradients<AttentionOp>(cfg(1, 6, 4, 1, 3, true), rng); }
+TEST_F(AttentionTest, GradientsMultiQuery) {
+  check_gradients<AttentionOp>(cfg(1, 6, 4, 1, 3, true), rng);
+}
 TEST_F(AttentionTest, GradientsMultiHeadAcrossQueryBlocks) {
   check_gradients<AttentionOp>(cfg(1, 40, 2, 2, 2, true), rng);
 }
@@ -155,9 +166,11 @@ TEST_F(AttentionTest, VarlenDocumentsAreIndependent) {
   std::vector<float> dout2 = dout;
   for (int t = 0; t < 3; ++t) {
     const size_t row = x2[t].size() / T;
-    for (size_t e = split * row; e < x2[t].size(); ++e) x2[t][e] = static_cast<float>(rng.uniform());
+    for (size_t e = split * row; e < x2[t].size(); ++e)
+      x2[t][e] = static_cast<float>(rng.uniform());
   }
-  for (size_t e = split * H * D; e < dout2.size(); ++e) dout2[e] = static_cast<float>(rng.uniform());
+  for (size_t e = split * H * D; e < dout2.size(); ++e)
+    dout2[e] = static_cast<float>(rng.uniform());
   AttentionOp<float> packed2(cfg(1, T, H, KVH, D, true, {0, split, T}));
   const auto [out2, dx2] = run(packed2, x2, dout2);
 

@@ -25,9 +25,9 @@ struct CrossEntropyOp {
   }
   size_t out_size() const { return 1; }
   void forward(const Inputs<Real>& x, std::vector<Real>& out) {
-    out[0] = static_cast<Real>(cross_entropy_forward(losses.data(), lse.data(), x[0].data(),
-                                                     c.targets.data(), c.N, c.V)
-                                   .mean());
+    out[0] = static_cast<Real>(
+        cross_entropy_forward(losses.data(), lse.data(), x[0].data(), c.targets.data(), c.N, c.V)
+            .mean());
   }
   void backward(const Inputs<Real>& x, const std::vector<Real>& dout, Inputs<Real>& dx) {
     const double dloss = dout[0] / static_cast<double>(cross_entropy_count(c.targets.data(), c.N));
@@ -84,7 +84,8 @@ TEST_F(CrossEntropyTest, MatchesLogSoftmaxAndIgnoresRows) {
   EXPECT_NEAR(r.mean(), total / (c.N - 2), 1e-12);
 
   std::vector<double> dlogits(c.N * c.V, 7.0);  // overwritten, ignored rows included
-  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), c.targets.data(), c.N, c.V, 0.5);
+  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), c.targets.data(), c.N, c.V,
+                         0.5);
   for (int64_t v = 0; v < c.V; ++v) EXPECT_EQ(dlogits[1 * c.V + v], 0.0);
 }
 
@@ -117,7 +118,8 @@ TEST_F(CrossEntropyTest, FusedAndInPlace) {
   EXPECT_LT(rel_error(fused, dl), 1e-5);
 
   std::vector<float> inplace = logits;
-  cross_entropy_backward(inplace.data(), inplace.data(), lse.data(), c.targets.data(), c.N, c.V, 0.25);
+  cross_entropy_backward(inplace.data(), inplace.data(), lse.data(), c.targets.data(), c.N, c.V,
+                         0.25);
   EXPECT_EQ(inplace, dl);
   inplace = logits;
   cross_entropy_forward_backward(inplace.data(), static_cast<float*>(nullptr), inplace.data(),

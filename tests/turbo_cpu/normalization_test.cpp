@@ -46,8 +46,8 @@ struct RmsNormOp {
     rmsnorm_forward(out.data(), rstd.data(), x[0].data(), x[1].data(), c.N, c.C, c.eps);
   }
   void backward(const Inputs<Real>& x, const std::vector<Real>& dout, Inputs<Real>& dx) {
-    rmsnorm_backward(dx[0].data(), dx[1].data(), dout.data(), x[0].data(), x[1].data(),
-                     rstd.data(), c.N, c.C);
+    rmsnorm_backward(dx[0].data(), dx[1].data(), dout.data(), x[0].data(), x[1].data(), rstd.data(),
+                     c.N, c.C);
   }
 };
 

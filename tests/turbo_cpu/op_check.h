@@ -76,8 +76,8 @@ class Rng {
 class OpTest : public ::testing::Test {
  protected:
   Rng rng;
-  ::testing::ScopedTrace seed_trace{__FILE__, __LINE__,
-                                    "random seed (PRIMUS_TEST_SEED) = " + std::to_string(rng.seed())};
+  ::testing::ScopedTrace seed_trace{
+      __FILE__, __LINE__, "random seed (PRIMUS_TEST_SEED) = " + std::to_string(rng.seed())};
 };
 
 template <typename A, typename B>
@@ -179,8 +179,8 @@ void check_float_vs_double(const Cfg& cfg, Rng& rng, double tol = 1e-4) {
   od.backward(xd, doutd, dxd);
   of.backward(xf, doutf, dxf);
   for (size_t i = 0; i < specs.size(); ++i)
-    EXPECT_LT(rel_error(dxf[i], dxd[i]), tol) << "gradient of " << specs[i].name
-                                              << ", float vs double";
+    EXPECT_LT(rel_error(dxf[i], dxd[i]), tol)
+        << "gradient of " << specs[i].name << ", float vs double";
 }
 
 }  // namespace primus::turbo::cpu::testing

@@ -40,8 +40,7 @@ TEST_F(ReduceTest, ClipScalesOnlyAboveMaxNorm) {
   EXPECT_EQ(clip_grad_norm(clipped.data(), n, max_norm), norm);
   const double scale = max_norm / (norm + 1e-6);
   EXPECT_EQ(clip_scale(norm, max_norm), scale);
-  for (int64_t i = 0; i < n; i += 997)
-    EXPECT_EQ(clipped[i], g[i] * static_cast<float>(scale));
+  for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(clipped[i], g[i] * static_cast<float>(scale));
   EXPECT_NEAR(std::sqrt(sum_squares(clipped.data(), n)), max_norm, 1e-6 * max_norm);
   EXPECT_EQ(clip_scale(1.0, 5.0), 1.0);
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/util/error.h"
+#include "turbo/kernels/cpu/vec_math.h"
 
 namespace primus::turbo::cpu {
 namespace {
@@ -30,8 +31,8 @@ struct Segment {
 
 void check_params(const AttentionParams& p) {
   PRIMUS_CHECK(p.B > 0 && p.T > 0 && p.H > 0 && p.KVH > 0 && p.D > 0,
-               "attention: shape B={} T={} H={} KVH={} D={} must be positive", p.B, p.T, p.H,
-               p.KVH, p.D);
+               "attention: shape B={} T={} H={} KVH={} D={} must be positive", p.B, p.T, p.H, p.KVH,
+               p.D);
   PRIMUS_CHECK(p.H % p.KVH == 0, "attention: H={} is not a multiple of KVH={}", p.H, p.KVH);
 }
 
@@ -51,8 +52,8 @@ std::vector<Segment> segments_of(const AttentionParams& p) {
     PRIMUS_CHECK(e >= s, "attention: cu_seqlens decreases at document {} ({} -> {})", d, s, e);
     if (e == s) continue;
     PRIMUS_CHECK(s / p.T == (e - 1) / p.T,
-                 "attention: document {} spans tokens [{}, {}), crossing a batch row of T={}", d,
-                 s, e, p.T);
+                 "attention: document {} spans tokens [{}, {}), crossing a batch row of T={}", d, s,
+                 e, p.T);
     segs.push_back({s / p.T, s % p.T, e - s});
   }
   return segs;
@@ -60,8 +61,8 @@ std::vector<Segment> segments_of(const AttentionParams& p) {
 
 // C[M,N] += A[M,K] @ B[K,N]   (all row-major with leading dimensions).
 template <typename Real>
-void gemm_nn_acc(int64_t M, int64_t N, int64_t K, const Real* A, int64_t lda, const Real* B,
-                 int64_t ldb, Real* C, int64_t ldc) {
+PRIMUS_INLINE void gemm_nn_acc(int64_t M, int64_t N, int64_t K, const Real* A, int64_t lda,
+                               const Real* B, int64_t ldb, Real* C, int64_t ldc) {
   for (int64_t i = 0; i < M; ++i) {
     Real* c = C + i * ldc;
     for (int64_t kk = 0; kk < K; ++kk) {
@@ -76,8 +77,8 @@ void gemm_nn_acc(int64_t M, int64_t N, int64_t K, const Real* A, int64_t lda, co
 
 // C[M,N] += A^T @ B with A stored [K,M] and B [K,N].
 template <typename Real>
-void gemm_tn_acc(int64_t M, int64_t N, int64_t K, const Real* A, int64_t lda, const Real* B,
-                 int64_t ldb, Real* C, int64_t ldc) {
+PRIMUS_INLINE void gemm_tn_acc(int64_t M, int64_t N, int64_t K, const Real* A, int64_t lda,
+                               const Real* B, int64_t ldb, Real* C, int64_t ldc) {
   for (int64_t kk = 0; kk < K; ++kk) {
     const Real* b = B + kk * ldb;
     for (int64_t i = 0; i < M; ++i) {
@@ -92,7 +93,7 @@ void gemm_tn_acc(int64_t M, int64_t N, int64_t K, const Real* A, int64_t lda, co
 
 // dst[D, L] = src[L, D] (rows of src `ld` apart): the transposed key/value matrix of one head.
 template <typename Real>
-void transpose_into(Real* dst, const Real* src, int64_t L, int64_t D, int64_t ld) {
+PRIMUS_INLINE void transpose_into(Real* dst, const Real* src, int64_t L, int64_t D, int64_t ld) {
   for (int64_t j = 0; j < L; ++j)
     for (int64_t d = 0; d < D; ++d) dst[d * L + j] = src[j * ld + d];
 }
@@ -100,8 +101,8 @@ void transpose_into(Real* dst, const Real* src, int64_t L, int64_t D, int64_t ld
 // Scores of one query block: S[nq, nk] = scale * Q K^T, masked entries set to -inf.
 // Returns nk, the number of key columns the block needs.
 template <typename Real>
-int64_t block_scores(Real* S, const Real* q, int64_t ldq, const Real* kt, int64_t L, int64_t D,
-                     int64_t i0, int64_t nq, bool causal, Real scale) {
+PRIMUS_INLINE int64_t block_scores(Real* S, const Real* q, int64_t ldq, const Real* kt, int64_t L,
+                                   int64_t D, int64_t i0, int64_t nq, bool causal, Real scale) {
   const int64_t nk = causal ? i0 + nq : L;
   std::fill(S, S + nq * L, Real(0));
   gemm_nn_acc<Real>(nq, nk, D, q, ldq, kt, L, S, L);
@@ -118,14 +119,15 @@ template <typename Real>
 struct ForwardScratch {
   std::vector<Real> kt, s, inv_sum;
   explicit ForwardScratch(int64_t L, int64_t D)
-      : kt(static_cast<size_t>(L * D)), s(static_cast<size_t>(kQueryBlock * L)),
+      : kt(static_cast<size_t>(L * D)),
+        s(static_cast<size_t>(kQueryBlock * L)),
         inv_sum(static_cast<size_t>(kQueryBlock)) {}
 };
 
 template <typename Real>
-void forward_item(Real* out, Real* lse, const Real* q, const Real* k, const Real* v,
-                  const AttentionParams& p, const Segment& seg, int64_t h,
-                  ForwardScratch<Real>& scratch) {
+PRIMUS_CPU_CLONES void forward_item(Real* out, Real* lse, const Real* q, const Real* k,
+                                    const Real* v, const AttentionParams& p, const Segment& seg,
+                                    int64_t h, ForwardScratch<Real>& scratch) {
   const int64_t D = p.D, L = seg.len, g = h / (p.H / p.KVH);
   const int64_t ldq = p.H * D, ldk = p.KVH * D;
   const int64_t row0 = seg.b * p.T + seg.t0;
@@ -146,11 +148,14 @@ void forward_item(Real* out, Real* lse, const Real* q, const Real* k, const Real
     for (int64_t i = 0; i < nq; ++i) {
       Real* s = S + i * L;
       Real m = s[0];
+#pragma omp simd reduction(max : m)
       for (int64_t j = 1; j < nk; ++j) m = std::max(m, s[j]);
       double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < nk; ++j) {
-        s[j] = std::exp(s[j] - m);  // exp(-inf) = 0 for masked entries
-        sum += s[j];
+        const Real e = detail::exp_v(s[j] - m);  // exp(-inf) = 0 for masked entries
+        s[j] = e;
+        sum += e;
       }
       lh[i0 + i] = static_cast<Real>(m + std::log(sum));
       inv_sum[i] = static_cast<Real>(1.0 / sum);
@@ -169,16 +174,20 @@ template <typename Real>
 struct BackwardScratch {
   std::vector<Real> kt, vt, s, dp, dk, dv, delta;
   explicit BackwardScratch(int64_t L, int64_t D)
-      : kt(static_cast<size_t>(L * D)), vt(static_cast<size_t>(L * D)),
-        s(static_cast<size_t>(kQueryBlock * L)), dp(static_cast<size_t>(kQueryBlock * L)),
-        dk(static_cast<size_t>(L * D)), dv(static_cast<size_t>(L * D)),
+      : kt(static_cast<size_t>(L * D)),
+        vt(static_cast<size_t>(L * D)),
+        s(static_cast<size_t>(kQueryBlock * L)),
+        dp(static_cast<size_t>(kQueryBlock * L)),
+        dk(static_cast<size_t>(L * D)),
+        dv(static_cast<size_t>(L * D)),
         delta(static_cast<size_t>(kQueryBlock)) {}
 };
 
 template <typename Real>
-void backward_item(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k,
-                   const Real* v, const Real* out, const Real* lse, const AttentionParams& p,
-                   const Segment& seg, int64_t g, BackwardScratch<Real>& scratch) {
+PRIMUS_CPU_CLONES void backward_item(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q,
+                                     const Real* k, const Real* v, const Real* out, const Real* lse,
+                                     const AttentionParams& p, const Segment& seg, int64_t g,
+                                     BackwardScratch<Real>& scratch) {
   const int64_t D = p.D, L = seg.len, group = p.H / p.KVH;
   const int64_t ldq = p.H * D, ldk = p.KVH * D;
   const int64_t row0 = seg.b * p.T + seg.t0;
@@ -210,7 +219,7 @@ void backward_item(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q
       for (int64_t i = 0; i < nq; ++i) {
         Real* s = S + i * L;
         const Real l = lh[i0 + i];
-        for (int64_t j = 0; j < nk; ++j) s[j] = std::exp(s[j] - l);
+        for (int64_t j = 0; j < nk; ++j) s[j] = detail::exp_v(s[j] - l);
         const Real* o = oh + (i0 + i) * ldq;
         const Real* dy = doh + (i0 + i) * ldq;
         double dot = 0.0;
@@ -226,9 +235,9 @@ void backward_item(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q
         Real* ds = dP + i * L;
         for (int64_t j = 0; j < nk; ++j) ds[j] = s[j] * (ds[j] - delta[i]) * scale;
       }
-      gemm_nn_acc<Real>(nq, D, nk, dP, L, kh, ldk, dqh + i0 * ldq, ldq);       // dq += dS K
-      gemm_tn_acc<Real>(nk, D, nq, dP, L, qh + i0 * ldq, ldq, dk_acc, D);      // dk += dS^T Q
-      gemm_tn_acc<Real>(nk, D, nq, S, L, doh + i0 * ldq, ldq, dv_acc, D);      // dv += P^T dout
+      gemm_nn_acc<Real>(nq, D, nk, dP, L, kh, ldk, dqh + i0 * ldq, ldq);   // dq += dS K
+      gemm_tn_acc<Real>(nk, D, nq, dP, L, qh + i0 * ldq, ldq, dk_acc, D);  // dk += dS^T Q
+      gemm_tn_acc<Real>(nk, D, nq, S, L, doh + i0 * ldq, ldq, dv_acc, D);  // dv += P^T dout
     }
   }
   Real* dkh = dk + (row0 * p.KVH + g) * D;
@@ -283,17 +292,16 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
     BackwardScratch<Real> scratch(max_len, p.D);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      backward_item(dq, dk, dv, dout, q, k, v, out, lse, p, segs[it / p.KVH], it % p.KVH,
-                    scratch);
+      backward_item(dq, dk, dv, dout, q, k, v, out, lse, p, segs[it / p.KVH], it % p.KVH, scratch);
     }
   }
 }
 
-#define PRIMUS_INSTANTIATE(Real)                                                              \
-  template void attention_forward<Real>(Real*, Real*, const Real*, const Real*, const Real*,  \
-                                        const AttentionParams&);                              \
-  template void attention_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,       \
-                                         const Real*, const Real*, const Real*, const Real*,  \
+#define PRIMUS_INSTANTIATE(Real)                                                             \
+  template void attention_forward<Real>(Real*, Real*, const Real*, const Real*, const Real*, \
+                                        const AttentionParams&);                             \
+  template void attention_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,      \
+                                         const Real*, const Real*, const Real*, const Real*, \
                                          const AttentionParams&);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)

@@ -16,12 +16,14 @@ int64_t position_of(const int32_t* positions, int64_t bt, int64_t T) {
 void check_ids(const int32_t* tokens, const int32_t* positions, int64_t N, int64_t T, int64_t V,
                int64_t max_pos, bool has_wpe) {
   for (int64_t i = 0; i < N; ++i) {
-    PRIMUS_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding: token {} at flat index {} is outside "
-                 "the vocabulary [0, {})", tokens[i], i, V);
+    PRIMUS_CHECK(tokens[i] >= 0 && tokens[i] < V,
+                 "embedding: token {} at flat index {} is outside the vocabulary [0, {})",
+                 tokens[i], i, V);
     if (has_wpe) {
       const int64_t pos = position_of(positions, i, T);
-      PRIMUS_CHECK(pos >= 0 && pos < max_pos, "embedding: position {} at flat index {} is outside "
-                   "the position table [0, {})", pos, i, max_pos);
+      PRIMUS_CHECK(pos >= 0 && pos < max_pos,
+                   "embedding: position {} at flat index {} is outside the position table [0, {})",
+                   pos, i, max_pos);
     }
   }
 }
@@ -66,12 +68,11 @@ void embedding_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t*
   });
 }
 
-#define PRIMUS_INSTANTIATE(Real)                                                              \
-  template void embedding_forward<Real>(Real*, const int32_t*, const int32_t*, const Real*,    \
-                                        const Real*, int64_t, int64_t, int64_t, int64_t,        \
-                                        int64_t);                                               \
-  template void embedding_backward<Real>(Real*, Real*, const Real*, const int32_t*,             \
-                                         const int32_t*, int64_t, int64_t, int64_t, int64_t,    \
+#define PRIMUS_INSTANTIATE(Real)                                                                   \
+  template void embedding_forward<Real>(Real*, const int32_t*, const int32_t*, const Real*,        \
+                                        const Real*, int64_t, int64_t, int64_t, int64_t, int64_t); \
+  template void embedding_backward<Real>(Real*, Real*, const Real*, const int32_t*,                \
+                                         const int32_t*, int64_t, int64_t, int64_t, int64_t,       \
                                          int64_t);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)

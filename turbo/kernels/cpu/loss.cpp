@@ -1,5 +1,6 @@
-// Cross-entropy: parallel over rows, each row reduced in double. Per-row losses are kept in a
-// double buffer and summed in row order, so the total does not depend on the thread count.
+// Cross-entropy: parallel over rows, each row's sum of exponentials in double. Per-row losses are
+// kept in a double buffer and summed in row order, so the total does not depend on the thread
+// count.
 #include "turbo/kernels/cpu/loss.h"
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "core/util/error.h"
+#include "turbo/kernels/cpu/vec_math.h"
 
 namespace primus::turbo::cpu {
 namespace {
@@ -16,15 +18,60 @@ void check_targets(const int32_t* targets, int64_t N, int64_t V, int32_t ignore_
     const int32_t t = targets[n];
     PRIMUS_CHECK(t == ignore_index || (t >= 0 && t < V),
                  "cross_entropy: target {} of row {} is outside the vocabulary [0, {}) and is not "
-                 "ignore_index {}", t, n, V, ignore_index);
+                 "ignore_index {}",
+                 t, n, V, ignore_index);
   }
 }
 
+// The per-row loops, CPU-cloned and vectorised: exp_v is the vectorisable exp for float (glibc's
+// for double); sums of exponentials accumulate in double.
 template <typename Real>
-double row_max(const Real* x, int64_t V) {
+PRIMUS_INLINE Real row_max(const Real* x, int64_t V) {
   Real m = x[0];
+#pragma omp simd reduction(max : m)
   for (int64_t v = 1; v < V; ++v) m = std::max(m, x[v]);
-  return static_cast<double>(m);
+  return m;
+}
+
+// log(sum_v exp(x[v])), max-subtracted.
+template <typename Real>
+PRIMUS_CPU_CLONES double row_logsumexp(const Real* x, int64_t V) {
+  const Real m = row_max(x, V);
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t v = 0; v < V; ++v) sum += detail::exp_v(x[v] - m);
+  return static_cast<double>(m) + std::log(sum);
+}
+
+// dx[v] = dloss * exp(x[v] - lse)   (dx may be x).
+template <typename Real>
+PRIMUS_CPU_CLONES void row_softmax_scaled(Real* dx, const Real* x, int64_t V, double lse,
+                                          double dloss) {
+  const Real l = static_cast<Real>(lse), d = static_cast<Real>(dloss);
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) dx[v] = d * detail::exp_v(x[v] - l);
+}
+
+// dx[v] = exp(x[v] - max), returning (max, sum of those) for the fused pass (dx may be x).
+template <typename Real>
+PRIMUS_CPU_CLONES double row_exp_shifted(Real* dx, const Real* x, int64_t V, Real* max_out) {
+  const Real m = row_max(x, V);
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t v = 0; v < V; ++v) {
+    const Real e = detail::exp_v(x[v] - m);
+    dx[v] = e;
+    sum += e;
+  }
+  *max_out = m;
+  return sum;
+}
+
+template <typename Real>
+PRIMUS_CPU_CLONES void row_scale(Real* dx, int64_t V, double scale) {
+  const Real s = static_cast<Real>(scale);
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) dx[v] *= s;
 }
 
 // Runs row(n) -> loss of row n over all rows and returns the ordered total.
@@ -55,10 +102,7 @@ CrossEntropyResult cross_entropy_forward(Real* losses, Real* lse, const Real* lo
   check_targets(targets, N, V, ignore_index);
   return over_rows(targets, N, ignore_index, [&](int64_t n) {
     const Real* x = logits + n * V;
-    const double m = row_max(x, V);
-    double sum = 0.0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(x[v]) - m);
-    const double l = m + std::log(sum);
+    const double l = row_logsumexp(x, V);
     lse[n] = static_cast<Real>(l);
     const double loss = targets[n] == ignore_index ? 0.0 : l - static_cast<double>(x[targets[n]]);
     if (losses) losses[n] = static_cast<Real>(loss);
@@ -79,9 +123,7 @@ void cross_entropy_backward(Real* dlogits, const Real* logits, const Real* lse,
       std::fill(dx, dx + V, Real(0));
       continue;
     }
-    const double l = lse[n];
-    for (int64_t v = 0; v < V; ++v)
-      dx[v] = static_cast<Real>(dloss * std::exp(static_cast<double>(x[v]) - l));
+    row_softmax_scaled(dx, x, V, static_cast<double>(lse[n]), dloss);
     dx[targets[n]] -= static_cast<Real>(dloss);
   }
 }
@@ -100,29 +142,22 @@ CrossEntropyResult cross_entropy_forward_backward(Real* dlogits, Real* losses, c
       return 0.0;
     }
     const double x_target = static_cast<double>(x[targets[n]]);
-    const double m = row_max(x, V);
-    double sum = 0.0;
-    for (int64_t v = 0; v < V; ++v) {
-      const double e = std::exp(static_cast<double>(x[v]) - m);
-      sum += e;
-      dx[v] = static_cast<Real>(e);
-    }
-    const double loss = m + std::log(sum) - x_target;
+    Real m;
+    const double sum = row_exp_shifted(dx, x, V, &m);
+    const double loss = static_cast<double>(m) + std::log(sum) - x_target;
     if (losses) losses[n] = static_cast<Real>(loss);
-    const double scale = dloss / sum;
-    for (int64_t v = 0; v < V; ++v) dx[v] = static_cast<Real>(scale * dx[v]);
+    row_scale(dx, V, dloss / sum);
     dx[targets[n]] -= static_cast<Real>(dloss);
     return loss;
   });
 }
 
-#define PRIMUS_INSTANTIATE(Real)                                                               \
-  template CrossEntropyResult cross_entropy_forward<Real>(Real*, Real*, const Real*,           \
-                                                          const int32_t*, int64_t, int64_t,    \
-                                                          int32_t);                            \
-  template void cross_entropy_backward<Real>(Real*, const Real*, const Real*, const int32_t*,  \
-                                             int64_t, int64_t, double, int32_t);               \
-  template CrossEntropyResult cross_entropy_forward_backward<Real>(                            \
+#define PRIMUS_INSTANTIATE(Real)                                                              \
+  template CrossEntropyResult cross_entropy_forward<Real>(                                    \
+      Real*, Real*, const Real*, const int32_t*, int64_t, int64_t, int32_t);                  \
+  template void cross_entropy_backward<Real>(Real*, const Real*, const Real*, const int32_t*, \
+                                             int64_t, int64_t, double, int32_t);              \
+  template CrossEntropyResult cross_entropy_forward_backward<Real>(                           \
       Real*, Real*, const Real*, const int32_t*, int64_t, int64_t, double, int32_t);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)

@@ -1,6 +1,8 @@
 // Linear layer in the nn.Linear convention, on OpenBLAS (cblas_sgemm / cblas_dgemm).
 // Shapes: inp [N,C], weight [OC,C] (each output channel is a row), bias [OC], out [N,OC].
 // The tied GPT-2 head is the same call with weight = wte [V,C] and no bias.
+// Threads: the GEMMs run on OpenMP's threads (OMP_NUM_THREADS), split by output rows; the first
+// call sets OpenBLAS's own thread count to 1 for the whole process (see matmul.cpp for why).
 #pragma once
 #include <cstdint>
 

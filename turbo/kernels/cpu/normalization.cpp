@@ -115,15 +115,14 @@ void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* i
   });
 }
 
-#define PRIMUS_INSTANTIATE(Real)                                                                \
-  template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*,          \
-                                        const Real*, int64_t, int64_t, double);                 \
-  template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,         \
-                                         const Real*, const Real*, const Real*, int64_t,        \
-                                         int64_t);                                              \
-  template void rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, int64_t, int64_t, \
-                                      double);                                                  \
-  template void rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*,     \
+#define PRIMUS_INSTANTIATE(Real)                                                                   \
+  template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*,             \
+                                        const Real*, int64_t, int64_t, double);                    \
+  template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,            \
+                                         const Real*, const Real*, const Real*, int64_t, int64_t); \
+  template void rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, int64_t, int64_t,    \
+                                      double);                                                     \
+  template void rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*,        \
                                        const Real*, int64_t, int64_t);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)

@@ -47,4 +47,20 @@ void for_column_blocks(int64_t cols, Body&& body) {
   }
 }
 
+// Runs body(begin, end) over items [0, n) split into one contiguous range per thread (for
+// elementwise loops whose body is a vectorised, CPU-cloned range function). item_size is the
+// number of elements per item (1 for a flat array, the row length for rows): work below a few
+// thousand elements stays on the calling thread.
+template <class Body>
+void parallel_ranges(int64_t n, int64_t item_size, Body&& body) {
+  constexpr int64_t kMinParallelElements = 1 << 13;
+#pragma omp parallel if (n > 1 && n * item_size > kMinParallelElements)
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t per = (n + threads - 1) / threads;
+    const int64_t begin = std::min(n, t * per);
+    body(begin, std::min(n, begin + per));
+  }
+}
+
 }  // namespace primus::turbo::cpu::detail

@@ -86,11 +86,11 @@ void rope_permute_rows(Real* out, const Real* w, int64_t n_heads, int64_t D, int
   }
 }
 
-#define PRIMUS_INSTANTIATE(Real)                                                              \
-  template void rope_forward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t,      \
-                                   int64_t, int64_t, double);                                 \
-  template void rope_backward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t,     \
-                                    int64_t, int64_t, double);                                \
+#define PRIMUS_INSTANTIATE(Real)                                                                   \
+  template void rope_forward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t,  \
+                                   int64_t, double);                                               \
+  template void rope_backward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t, \
+                                    int64_t, double);                                              \
   template void rope_permute_rows<Real>(Real*, const Real*, int64_t, int64_t, int64_t, bool);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)
