@@ -1,0 +1,268 @@
+// tokenizer.json files: one rebuilt from GPT-2's vocabulary must tokenize exactly like the
+// gpt2 tokenizer (both merge spellings, both ways of writing the pre-tokenizer); small
+// generated files check the Llama-3 / Qwen2 patterns, ignore_merges, added tokens and the
+// end-of-document lookup; unsupported files are refused naming the file.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/util/error.h"
+#include "data/tokenizer/byte_level.h"
+#include "data/tokenizer/pretokenize.h"
+#include "data/tokenizer/tokenizer.h"
+#include "data_test_util.h"
+
+namespace primus::data {
+namespace {
+
+using nlohmann::json;
+using Ids = std::vector<int32_t>;
+
+json byte_level_pre(bool add_prefix_space = false, bool use_regex = true) {
+  return {{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"trim_offsets", true},
+          {"use_regex", use_regex}};
+}
+
+json split_pre(PreTokenizerKind kind) {
+  return {{"type", "Sequence"},
+          {"pretokenizers",
+           {{{"type", "Split"},
+             {"pattern", {{"Regex", std::string(pretokenizer_regex(kind))}}},
+             {"behavior", "Isolated"},
+             {"invert", false}},
+            byte_level_pre(false, false)}}};
+}
+
+json tokenizer_json(json vocab, json merges, json pre, json added = json::array()) {
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", pre},
+          {"post_processor", nullptr},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", ""},
+            {"end_of_word_suffix", ""},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"vocab", vocab},
+            {"merges", merges}}}};
+}
+
+json added_token(int id, const std::string& content, bool lstrip = false) {
+  return {{"id", id},         {"content", content}, {"single_word", false}, {"lstrip", lstrip},
+          {"rstrip", false},  {"normalized", false}, {"special", true}};
+}
+
+std::string write_json(const testing::TempDir& dir, const std::string& name, const json& j) {
+  std::string path = dir / name;
+  testing::write_bytes(path, j.dump());
+  return path;
+}
+
+// GPT-2's vocabulary and merges as tokenizer.json fields.
+struct Gpt2Files {
+  json vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+};
+const Gpt2Files& gpt2_files() {
+  static const Gpt2Files f = [] {
+    Gpt2Files g;
+    auto dir = gpt2_vocab_dir();
+    g.vocab = json::parse(testing::read_bytes((dir / "encoder.json").string()));
+    std::istringstream in(testing::read_bytes((dir / "vocab.bpe").string()));
+    std::string line;
+    std::getline(in, line);  // #version
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      auto sp = line.find(' ');
+      g.merges.emplace_back(line.substr(0, sp), line.substr(sp + 1));
+    }
+    return g;
+  }();
+  return f;
+}
+
+std::vector<std::string> probe_texts() {
+  std::vector<std::string> texts = {"Hello world", " Hello<|endoftext|>again", "I'm can't we'll",
+                                    "  leading\n\n\ntrailing   ", "naïve café Ωmega 中文 😀", "1234567 3.14"};
+  std::mt19937_64 rng(testing::fresh_seed());
+  const char* atoms[] = {"a", "Qu", " ", "\n", "'s", "9", ".", "é", "中", "😀", "\xFF", "\t"};
+  for (int i = 0; i < 200; ++i) {
+    std::string s;
+    for (int n = static_cast<int>(rng() % 30); n > 0; --n) s += atoms[rng() % 12];
+    texts.push_back(s);
+  }
+  if (auto p = testing::shakespeare_path(); !p.empty()) texts.push_back(testing::read_bytes(p).substr(0, 200000));
+  return texts;
+}
+
+class Gpt2AsTokenizerJson : public ::testing::TestWithParam<int> {};
+
+TEST_P(Gpt2AsTokenizerJson, GivesTheSameIdsAsGpt2) {
+  const auto& g = gpt2_files();
+  json merges = json::array();
+  for (auto& [a, b] : g.merges) {
+    if (GetParam() == 0) merges.push_back(a + " " + b);  // tokenizers < 0.20
+    else merges.push_back({a, b});                       // tokenizers >= 0.20
+  }
+  json pre = GetParam() == 0 ? byte_level_pre() : split_pre(PreTokenizerKind::Gpt2);
+  testing::TempDir dir;
+  write_json(dir, "tokenizer.json",
+             tokenizer_json(g.vocab, merges, pre, json::array({added_token(50256, "<|endoftext|>")})));
+  auto hf = make_tokenizer(dir.path().string());  // a folder holding tokenizer.json
+  auto ref = make_tokenizer("gpt2");
+  EXPECT_EQ(hf->vocab_size(), 50257);
+  EXPECT_EQ(hf->eod_id(), 50256);
+  for (const auto& t : probe_texts()) {
+    Ids ids = hf->encode(t);
+    ASSERT_EQ(ids, ref->encode(t)) << t.substr(0, 80);
+    ASSERT_EQ(hf->decode(ids), t);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(MergeSpellings, Gpt2AsTokenizerJson, ::testing::Values(0, 1));
+
+// A tiny byte-level BPE: ids 0..255 are the bytes, then merged tokens in the order given.
+struct Tiny {
+  json vocab = json::object();
+  json merges = json::array();
+  std::map<std::string, int> id;  // raw bytes -> id
+
+  Tiny() {
+    for (int b = 0; b < 256; ++b) add(std::string(1, static_cast<char>(b)));
+  }
+  int add(const std::string& bytes) {
+    int i = static_cast<int>(id.size());
+    id[bytes] = i;
+    vocab[byte_level::encode_token(bytes)] = i;
+    return i;
+  }
+  void merge(const std::string& a, const std::string& b) {
+    if (!id.count(a + b)) add(a + b);
+    merges.push_back(byte_level::encode_token(a) + " " + byte_level::encode_token(b));
+  }
+};
+
+TEST(HfTokenizer, Llama3AndQwen2PatternsSplitDigitsAndContractions) {
+  Tiny t;
+  t.merge("3", "4");  // rank 0: applies only when 3 and 4 share a piece
+  t.merge("1", "2");
+  t.merge("12", "3");
+  t.merge("'", "L");
+  t.merge("'L", "L");
+  testing::TempDir dir;
+  auto gpt2_style = make_tokenizer(write_json(dir, "g.json", tokenizer_json(t.vocab, t.merges, byte_level_pre())));
+  auto llama3 = make_tokenizer(write_json(dir, "l.json", tokenizer_json(t.vocab, t.merges, split_pre(PreTokenizerKind::Llama3))));
+  auto qwen2 = make_tokenizer(write_json(dir, "q.json", tokenizer_json(t.vocab, t.merges, split_pre(PreTokenizerKind::Qwen2))));
+  const int i12 = t.id["12"], i34 = t.id["34"], i123 = t.id["123"];
+  // GPT-2 regex: "12345" is one piece, so "3 4" (rank 0) wins; Llama-3: pieces "123" "45".
+  EXPECT_EQ(gpt2_style->encode("12345"), (Ids{i12, i34, '5'}));
+  EXPECT_EQ(llama3->encode("12345"), (Ids{i123, '4', '5'}));
+  EXPECT_EQ(qwen2->encode("12345"), (Ids{'1', '2', '3', '4', '5'}));
+  // Case-insensitive contractions in Llama-3 only: "'LL" is a piece there.
+  EXPECT_EQ(llama3->encode("'LL"), (Ids{t.id["'LL"]}));
+  EXPECT_EQ(gpt2_style->encode("'LL"), (Ids{'\'', 'L', 'L'}));
+  EXPECT_NE(llama3->name().find("llama3"), std::string::npos);
+  EXPECT_NE(llama3->name().find("l.json"), std::string::npos);
+}
+
+TEST(HfTokenizer, IgnoreMergesTakesWholePiecesFromTheVocabulary) {
+  Tiny t;
+  t.add("hello");  // in the vocabulary, but no merges build it
+  json j = tokenizer_json(t.vocab, t.merges, split_pre(PreTokenizerKind::Llama3));
+  testing::TempDir dir;
+  auto plain = make_tokenizer(write_json(dir, "a.json", j));
+  j["model"]["ignore_merges"] = true;
+  auto whole = make_tokenizer(write_json(dir, "b.json", j));
+  EXPECT_EQ(plain->encode("hello"), (Ids{'h', 'e', 'l', 'l', 'o'}));
+  EXPECT_EQ(whole->encode("hello"), (Ids{t.id["hello"]}));
+  EXPECT_EQ(whole->decode(whole->encode("hello hello")), "hello hello");
+}
+
+TEST(HfTokenizer, AddedTokensAndEndOfDocument) {
+  Tiny t;
+  json added = json::array({added_token(300, "<|begin_of_text|>"), added_token(301, "<|end_of_text|>"),
+                            added_token(302, "<|eot_id|>"), added_token(303, "<mask>", /*lstrip=*/true)});
+  testing::TempDir dir;
+  std::string path = write_json(dir, "tokenizer.json", tokenizer_json(t.vocab, t.merges, split_pre(PreTokenizerKind::Llama3), added));
+  {
+    auto tok = make_tokenizer(path);
+    EXPECT_EQ(tok->vocab_size(), 304);
+    EXPECT_EQ(tok->eod_id(), 301);  // the usual name, with no tokenizer_config.json
+    EXPECT_EQ(tok->encode("<|begin_of_text|>a<|end_of_text|>"), (Ids{300, 'a', 301}));
+    // Longest match wins, and the text between specials is pre-tokenized on its own.
+    EXPECT_EQ(tok->encode("x <mask>y"), (Ids{'x', 303, 'y'}));  // lstrip swallows the space
+    EXPECT_EQ(tok->decode(Ids{300, 'a'}), "<|begin_of_text|>a");
+  }
+  // transformers' rule: tokenizer_config.json's eos_token decides.
+  testing::write_bytes(dir / "tokenizer_config.json", json({{"eos_token", "<|eot_id|>"}}).dump());
+  EXPECT_EQ(make_tokenizer(path)->eod_id(), 302);
+  testing::write_bytes(dir / "tokenizer_config.json", json({{"eos_token", {{"content", "<|nope|>"}}}}).dump());
+  EXPECT_THROW(make_tokenizer(path), FormatError);
+}
+
+TEST(HfTokenizer, AddPrefixSpace) {
+  const auto& g = gpt2_files();
+  json merges = json::array();
+  for (auto& [a, b] : g.merges) merges.push_back(a + " " + b);
+  testing::TempDir dir;
+  auto tok = make_tokenizer(write_json(dir, "t.json", tokenizer_json(g.vocab, merges, byte_level_pre(true))));
+  EXPECT_EQ(tok->encode("Hello"), (Ids{18435}));  // as " Hello"
+  EXPECT_EQ(tok->encode(" Hello"), (Ids{18435}));
+  EXPECT_EQ(tok->eod_id(), 50256);  // <|endoftext|> found in the vocabulary
+}
+
+// Each unsupported or broken file is refused with a FormatError naming the file and the part.
+TEST(HfTokenizer, RefusesWhatItCannotReproduce) {
+  Tiny t;
+  t.merge("a", "b");
+  json good = tokenizer_json(t.vocab, t.merges, byte_level_pre());
+  struct Case {
+    std::string what;
+    std::function<void(json&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"WordPiece", [](json& j) { j["model"]["type"] = "WordPiece"; }},
+      {"normalizer 'NFC'", [](json& j) { j["normalizer"] = {{"type", "NFC"}}; }},
+      {"pre_tokenizer 'Metaspace'", [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }},
+      {"pre_tokenizer 'null'", [](json& j) { j["pre_tokenizer"] = nullptr; }},
+      {"Split regex '\\s+'", [](json& j) {
+         j["pre_tokenizer"] = split_pre(PreTokenizerKind::Gpt2);
+         j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+";
+       }},
+      {"byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }},
+      {"decoder 'WordPiece'", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }},
+      {"merge #1", [](json& j) { j["model"]["merges"].push_back("x Ġzz"); }},
+      {"byte-level alphabet", [](json& j) { j["model"]["vocab"]["\xE2\x96\x81the"] = 999; }},
+  };
+  testing::TempDir dir;
+  for (const auto& c : cases) {
+    json j = good;
+    c.edit(j);
+    std::string path = write_json(dir, "bad.json", j);
+    try {
+      make_tokenizer(path);
+      ADD_FAILURE() << "accepted: " << c.what;
+    } catch (const FormatError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find(c.what), std::string::npos) << msg;
+    }
+  }
+  testing::write_bytes(dir / "broken.json", "{\"model\": ");
+  try {
+    make_tokenizer(dir / "broken.json");
+    ADD_FAILURE();
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.json"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace primus::data
