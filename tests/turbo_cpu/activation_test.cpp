@@ -70,6 +70,9 @@ TEST_F(ActivationTest, SwigluFloatMatchesDouble) {
   check_float_vs_double<SwigluOp>(RowsCfg{64, 1024}, rng);
 }
 TEST_F(ActivationTest, ResidualGradients) { check_gradients<ResidualOp>(RowsCfg{3, 7}, rng); }
+TEST_F(ActivationTest, ResidualFloatMatchesDouble) {
+  check_float_vs_double<ResidualOp>(RowsCfg{64, 384}, rng);
+}
 
 // GELU's tanh form against its definition, and SwiGLU against silu(gate) * up on the halves.
 TEST_F(ActivationTest, ForwardMatchesDefinitions) {

@@ -37,7 +37,9 @@ PRIMUS_INLINE float exp_fast(float x) {
   constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   constexpr float kMin = -87.33654f, kMax = 88.72283f;
-  const float xc = x < kMin ? kMin : (x > kMax ? kMax : x);
+  // NaN fails both comparisons and becomes kMin here (so the float->int cast below stays
+  // defined); the last line returns it as NaN.
+  const float xc = x >= kMin ? (x <= kMax ? x : kMax) : kMin;
   const float n = (xc * kLog2e + kRound) - kRound;
   const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
   float p = 1.9875691500e-4f;
