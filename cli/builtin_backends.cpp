@@ -2,11 +2,12 @@
 // folder under backends/ and a line here; nothing under core/ changes.
 #include "cli/builtin_backends.h"
 
-#if __has_include("backends/reference/register.h")
+// PRIMUS_BACKEND_<NAME> is defined by cli/CMakeLists.txt for each backend library built.
+#ifdef PRIMUS_BACKEND_REFERENCE
 #include "backends/reference/register.h"
 #define PRIMUS_HAS_REFERENCE 1
 #endif
-#if __has_include("backends/cuda/register.h") && defined(PRIMUS_WITH_CUDA_BACKEND)
+#ifdef PRIMUS_BACKEND_CUDA
 #include "backends/cuda/register.h"
 #define PRIMUS_HAS_CUDA 1
 #endif

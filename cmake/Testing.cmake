@@ -12,6 +12,8 @@ function(primus_add_test name)
   if(NOT T_LABELS)
     set(T_LABELS unit)
   endif()
-  gtest_discover_tests(${name} PROPERTIES LABELS "${T_LABELS}" DISCOVERY_TIMEOUT 60
+  # One OpenMP thread per test: ctest runs tests side by side on few cores, and spinning OpenMP
+  # teams on an oversubscribed machine are 100x slower. Tests that need threads set them.
+  gtest_discover_tests(${name} PROPERTIES LABELS "${T_LABELS}" ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1" DISCOVERY_TIMEOUT 60
                        WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 endfunction()

@@ -1,0 +1,60 @@
+// The reference backend's adapter: schema, hooks, config -> args, trainer.
+#include <fmt/format.h>
+
+#include "backends/reference/args.h"
+#include "backends/reference/register.h"
+#include "backends/reference/trainer.h"
+
+namespace primus::backends::reference {
+
+std::vector<std::pair<std::string, std::string>> ReferenceArgs::describe() const {
+  auto d = train.describe();
+  d.insert(d.begin(), {"model", fmt::format("{} {} layers, hidden {}, heads {}/{}, {} parameters", model.model_type,
+                                            model.num_layers, model.hidden_size, model.num_attention_heads,
+                                            model.num_query_groups, model.num_parameters())});
+  d.push_back({"num_threads", num_threads == 0 ? "all cores" : std::to_string(num_threads)});
+  return d;
+}
+
+namespace {
+
+class ReferenceAdapter : public BackendAdapter {
+ public:
+  ReferenceAdapter() {
+    train::add_model_schema(schema_);
+    train::add_training_schema(schema_);
+    schema_.integer("num_threads", 0, "CPU threads for OpenMP and OpenBLAS (0: all cores)", 0, 1024);
+  }
+  std::string name() const override { return kName; }
+  std::string version() const override { return kVersion; }
+  std::string description() const override { return "CPU, fp32, OpenMP + OpenBLAS: the oracle for every other backend"; }
+  const config::Schema& schema() const override { return schema_; }
+  void define_hooks(patches::HookTable&) const override {}
+  void prepare(const config::ModuleConfig&) override {}
+  std::shared_ptr<BackendArgs> convert_config(const config::ModuleConfig& cfg, const config::Experiment& exp) override {
+    auto a = std::make_shared<ReferenceArgs>();
+    a->model = train::ModelSpec::from_config(cfg.params);
+    a->train = train::TrainingArgs::from_config(cfg.params, exp);
+    a->num_threads = cfg.params.find_path("num_threads")->as_int();
+    a->params = cfg.params;
+    a->experiment_file = exp.file.string();
+    return a;
+  }
+  std::unique_ptr<Trainer> create_trainer(const std::string& stage, std::shared_ptr<BackendArgs> args,
+                                          const patches::HookTable&) override {
+    if (stage != "pretrain") return nullptr;
+    return std::make_unique<ReferenceTrainer>(std::static_pointer_cast<ReferenceArgs>(args));
+  }
+
+ private:
+  config::Schema schema_;
+};
+
+}  // namespace
+
+void register_backend(BackendRegistry& backends, patches::PatchRegistry& patches) {
+  backends.add(kName, [] { return std::make_unique<ReferenceAdapter>(); });
+  register_patches(patches);
+}
+
+}  // namespace primus::backends::reference

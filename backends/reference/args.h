@@ -1,0 +1,22 @@
+// The reference backend's typed args, built from the validated module config.
+#pragma once
+#include "core/backend/backend.h"
+#include "core/config/value.h"
+#include "train/common_patches.h"
+#include "train/model_spec.h"
+#include "train/training_args.h"
+
+namespace primus::backends::reference {
+
+struct ReferenceArgs : BackendArgs, train::HasTrainingArgs {
+  train::ModelSpec model;
+  train::TrainingArgs train;
+  int64_t num_threads = 0;  // applied by the setup patch; 0: all cores
+  config::Value params;     // the resolved config, saved with checkpoints
+  std::string experiment_file;
+
+  train::TrainingArgs& training() override { return train; }
+  std::vector<std::pair<std::string, std::string>> describe() const override;
+};
+
+}  // namespace primus::backends::reference

@@ -1,0 +1,69 @@
+#include "backends/reference/export.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/util/error.h"
+#include "data/tokenizer/tokenizer.h"
+#include "io/checkpoint.h"
+#include "io/hf_export.h"
+#include "train/checkpointing.h"
+
+namespace primus::backends::reference {
+
+void export_hf_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
+                          const std::string& dtype) {
+  std::filesystem::path dir = checkpoint;
+  if (!std::filesystem::exists(dir / io::kManifestFile)) {
+    auto latest = io::find_latest(dir);
+    if (!latest) throw IoError(fmt::format("no checkpoint in '{}'", checkpoint.string()));
+    dir = latest->dir;
+  }
+  io::CheckpointData data = io::load_checkpoint(dir);
+  if (!data.state.contains("model_spec")) {
+    throw FormatError(fmt::format("checkpoint {}: trainer_state.json has no model_spec", dir.string()));
+  }
+  train::ModelSpec spec = train::spec_from_json(data.state["model_spec"]);
+  bool gpt2 = spec.layernorm && !spec.swiglu && !spec.rope && spec.bias;
+  bool llama = !spec.layernorm && spec.swiglu && spec.rope;
+  if (!gpt2 && !llama) {
+    throw FormatError(fmt::format("checkpoint {}: this architecture mixes GPT-2 and Llama features and has no "
+                                  "Hugging Face class (GPT2LMHeadModel needs LayerNorm+GELU+learned positions+biases; "
+                                  "LlamaForCausalLM needs RMSNorm+SwiGLU+RoPE)",
+                                  dir.string()));
+  }
+  train::ParamLayout layout = train::make_param_layout(spec);
+  std::vector<float> params(layout.total);
+  train::unpack_checkpoint(data, dir, spec, layout, params.data(), nullptr, nullptr);
+  std::map<std::string, io::TensorBlob> tensors;
+  for (auto& t : layout.tensors) {
+    bool vocab = t.name == "embedding.weight" || t.name == "output_layer.weight";
+    for (auto& part : t.hf) {
+      std::vector<float> buf;
+      auto shape = train::to_hf(t, part, params.data(), buf, vocab ? spec.vocab_size : 0);
+      tensors.emplace(part.name, io::TensorBlob::from_vector(shape, std::move(buf)));
+    }
+  }
+  int eos = 0;
+  if (data.state.contains("tokenizer")) {
+    try {
+      eos = data::make_tokenizer(data.state["tokenizer"].get<std::string>())->eod_id();
+    } catch (const Error& e) {
+      spdlog::warn("export: tokenizer '{}' not available ({}); eos_token_id = 0", data.state["tokenizer"].dump(), e.what());
+    }
+  }
+  io::HfExportOptions opts;
+  if (dtype == "fp32") {
+    opts.dtype = io::DType::F32;
+  } else if (dtype == "bf16") {
+    opts.dtype = io::DType::BF16;
+  } else {
+    throw UsageError(fmt::format("export dtype must be bf16 or fp32, got '{}'", dtype));
+  }
+  auto config = nlohmann::json::parse(train::hf_config_json(spec, eos));
+  config["torch_dtype"] = dtype == "fp32" ? "float32" : "bfloat16";
+  io::export_hf(out, config, tensors, opts);
+  spdlog::info("exported {} ({} tensors, {}) to {}", dir.string(), tensors.size(), dtype, out.string());
+}
+
+}  // namespace primus::backends::reference

@@ -1,0 +1,270 @@
+#include "backends/reference/model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "core/util/error.h"
+#include "turbo/kernels/cpu/activation.h"
+#include "turbo/kernels/cpu/attention.h"
+#include "turbo/kernels/cpu/embedding.h"
+#include "turbo/kernels/cpu/loss.h"
+#include "turbo/kernels/cpu/matmul.h"
+#include "turbo/kernels/cpu/normalization.h"
+#include "turbo/kernels/cpu/residual.h"
+#include "turbo/kernels/cpu/rope.h"
+
+namespace primus::backends::reference {
+
+namespace k = primus::turbo::cpu;
+
+template <typename Real>
+GptModel<Real>::GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_t max_seq)
+    : spec_(spec), layout_(train::make_param_layout(spec)), max_tokens_(max_batch * max_seq) {
+  if (max_seq > spec.seq_length) {
+    throw ConfigError(fmt::format("sequence length {} exceeds the model's seq_length {}", max_seq, spec.seq_length));
+  }
+  params.assign(layout_.total, Real(0));
+  grads.assign(layout_.total, Real(0));
+  const int64_t N = max_tokens_, C = spec.hidden_size, H = spec.num_attention_heads;
+  const int64_t KVD = spec.kv_dim(), F = spec.ffn_hidden_size, FC = spec.fc_dim();
+  acts_.resize(spec.num_layers);
+  for (auto& a : acts_) {
+    a.x_in.resize(N * C);
+    a.ln1.resize(N * C);
+    a.mean1.resize(N);
+    a.rstd1.resize(N);
+    a.q.resize(N * C);
+    a.k.resize(N * KVD);
+    a.v.resize(N * KVD);
+    if (spec.rope) {
+      a.q_rot.resize(N * C);
+      a.k_rot.resize(N * KVD);
+    }
+    a.att.resize(N * C);
+    a.lse.resize(N * H);
+    a.x2.resize(N * C);
+    a.ln2.resize(N * C);
+    a.mean2.resize(N);
+    a.rstd2.resize(N);
+    a.fc.resize(N * FC);
+    a.act.resize(N * F);
+  }
+  x_final_.resize(N * C);
+  lnf_.resize(N * C);
+  meanf_.resize(N);
+  rstdf_.resize(N);
+  logits_.resize(N * spec.padded_vocab_size);
+  losses_.resize(N);
+  dx_.resize(N * C);
+  dln_.resize(N * C);
+  datt_.resize(N * C);
+  dq_.resize(N * C);
+  dk_.resize(N * KVD);
+  dv_.resize(N * KVD);
+  if (spec.rope) {
+    dq_rot_.resize(N * C);
+    dk_rot_.resize(N * KVD);
+  }
+  dfc_.resize(N * FC);
+  dact_.resize(N * F);
+}
+
+template <typename Real>
+void GptModel<Real>::init_weights(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const double resid_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(spec_.num_layers));
+  for (auto& t : layout_.tensors) {
+    Real* p = params.data() + t.offset;
+    bool is_norm = t.name.find("norm") != std::string::npos;
+    bool is_bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+    if (is_bias) {
+      std::fill(p, p + t.numel, Real(0));
+    } else if (is_norm) {
+      std::fill(p, p + t.numel, Real(1));
+    } else {
+      bool resid = t.name.find("attn.proj.weight") != std::string::npos ||
+                   t.name.find("mlp.proj.weight") != std::string::npos;
+      std::normal_distribution<double> dist(0.0, spec_.init_method_std * (resid ? resid_scale : 1.0));
+      for (int64_t i = 0; i < t.numel; ++i) p[i] = static_cast<Real>(dist(rng));
+    }
+  }
+  // Padded vocabulary rows never receive gradient from real tokens; zero keeps them inert.
+  for (const char* name : {"embedding.weight", "output_layer.weight"}) {
+    if (const train::ParamTensor* t = layout_.find(name)) {
+      Real* p = params.data() + t->offset;
+      std::fill(p + spec_.vocab_size * spec_.hidden_size, p + t->numel, Real(0));
+    }
+  }
+}
+
+template <typename Real>
+void GptModel<Real>::zero_grad() {
+  std::fill(grads.begin(), grads.end(), Real(0));
+}
+
+template <typename Real>
+void GptModel<Real>::norm_forward(Real* out, Real* mean, Real* rstd, const Real* inp,
+                                  const std::string& name, int64_t N) {
+  const Real* w = param(name + ".weight");
+  if (spec_.layernorm) {
+    k::layernorm_forward(out, mean, rstd, inp, w, weight_or_null(name + ".bias"), N, spec_.hidden_size, spec_.norm_epsilon);
+  } else {
+    k::rmsnorm_forward(out, rstd, inp, w, N, spec_.hidden_size, spec_.norm_epsilon);
+  }
+}
+
+template <typename Real>
+void GptModel<Real>::norm_backward(Real* dinp, const Real* dout, const Real* inp, const Real* mean,
+                                   const Real* rstd, const std::string& name, int64_t N) {
+  const Real* w = param(name + ".weight");
+  if (spec_.layernorm) {
+    k::layernorm_backward(dinp, grad(name + ".weight"), grad_or_null(name + ".bias"), dout, inp, w, mean, rstd, N,
+                          spec_.hidden_size);
+  } else {
+    k::rmsnorm_backward(dinp, grad(name + ".weight"), dout, inp, w, rstd, N, spec_.hidden_size);
+  }
+}
+
+template <typename Real>
+double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double dloss) {
+  const int64_t N = B * T;
+  if (N > max_tokens_ || T > spec_.seq_length) {
+    throw RuntimeError(fmt::format("batch {}x{} exceeds the model's buffers ({} tokens, seq {})", B, T, max_tokens_,
+                                   spec_.seq_length));
+  }
+  B_ = B;
+  T_ = T;
+  tokens_.assign(tokens, tokens + N);
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), F = spec_.ffn_hidden_size, FC = spec_.fc_dim();
+  const int64_t V = spec_.padded_vocab_size;
+  Real* x = acts_.empty() ? x_final_.data() : acts_[0].x_in.data();
+  k::embedding_forward(x, tokens, nullptr, param("embedding.weight"), weight_or_null("position_embedding.weight"), B, T,
+                       C, V, spec_.seq_length);
+  k::AttentionParams ap;
+  ap.B = B, ap.T = T, ap.H = H, ap.KVH = KV, ap.D = D, ap.causal = true;
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    LayerActs& a = acts_[l];
+    const std::string p = fmt::format("layers.{}.", l);
+    norm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x_in.data(), p + "norm1", N);
+    const Real* wqkv = param(p + "attn.qkv.weight");
+    const Real* bqkv = weight_or_null(p + "attn.qkv.bias");
+    k::matmul_forward(a.q.data(), a.ln1.data(), wqkv, bqkv, N, C, C);
+    k::matmul_forward(a.k.data(), a.ln1.data(), wqkv + C * C, bqkv ? bqkv + C : nullptr, N, C, KVD);
+    k::matmul_forward(a.v.data(), a.ln1.data(), wqkv + (C + KVD) * C, bqkv ? bqkv + C + KVD : nullptr, N, C, KVD);
+    const Real* q = a.q.data();
+    const Real* kk = a.k.data();
+    if (spec_.rope) {
+      k::rope_forward(a.q_rot.data(), a.q.data(), nullptr, B, T, H, D, spec_.rotary_base);
+      k::rope_forward(a.k_rot.data(), a.k.data(), nullptr, B, T, KV, D, spec_.rotary_base);
+      q = a.q_rot.data();
+      kk = a.k_rot.data();
+    }
+    k::attention_forward(a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
+    // x2 = x_in + att @ Wo^T + bo
+    k::matmul_forward(a.x2.data(), a.att.data(), param(p + "attn.proj.weight"), weight_or_null(p + "attn.proj.bias"), N,
+                      C, C);
+    k::residual_forward(a.x2.data(), a.x2.data(), a.x_in.data(), N * C);
+    norm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x2.data(), p + "norm2", N);
+    k::matmul_forward(a.fc.data(), a.ln2.data(), param(p + "mlp.fc.weight"), weight_or_null(p + "mlp.fc.bias"), N, C, FC);
+    if (spec_.swiglu) {
+      k::swiglu_forward(a.act.data(), a.fc.data(), N, F);
+    } else {
+      k::gelu_forward(a.act.data(), a.fc.data(), N * F);
+    }
+    Real* next = l + 1 < spec_.num_layers ? acts_[l + 1].x_in.data() : x_final_.data();
+    k::matmul_forward(next, a.act.data(), param(p + "mlp.proj.weight"), weight_or_null(p + "mlp.proj.bias"), N, F, C);
+    k::residual_forward(next, next, a.x2.data(), N * C);
+  }
+  norm_forward(lnf_.data(), meanf_.data(), rstdf_.data(), x_final_.data(), "final_norm", N);
+  const Real* head = spec_.untied ? param("output_layer.weight") : param("embedding.weight");
+  k::matmul_forward(logits_.data(), lnf_.data(), head, static_cast<const Real*>(nullptr), N, C, V);
+  count_ = 0;
+  if (!targets) return 0.0;
+  k::CrossEntropyResult r;
+  if (dloss != 0) {
+    r = k::cross_entropy_forward_backward(logits_.data(), losses_.data(), logits_.data(), targets, N, V, dloss);
+  } else {
+    std::vector<Real> lse(N);
+    r = k::cross_entropy_forward(losses_.data(), lse.data(), logits_.data(), targets, N, V);
+  }
+  count_ = r.count;
+  return r.mean();
+}
+
+template <typename Real>
+void GptModel<Real>::backward() {
+  const int64_t B = B_, T = T_, N = B * T;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), F = spec_.ffn_hidden_size, FC = spec_.fc_dim();
+  const int64_t V = spec_.padded_vocab_size;
+  auto zero = [](std::vector<Real>& v, int64_t n) { std::fill(v.begin(), v.begin() + n, Real(0)); };
+
+  // Head: logits_ holds dlogits (written by the fused loss in forward).
+  const bool tied = !spec_.untied;
+  const Real* head = tied ? param("embedding.weight") : param("output_layer.weight");
+  Real* dhead = tied ? grad("embedding.weight") : grad("output_layer.weight");
+  zero(dln_, N * C);
+  k::matmul_backward(dln_.data(), dhead, static_cast<Real*>(nullptr), logits_.data(), lnf_.data(), head, N, C, V);
+  zero(dx_, N * C);
+  norm_backward(dx_.data(), dln_.data(), x_final_.data(), meanf_.data(), rstdf_.data(), "final_norm", N);
+
+  k::AttentionParams ap;
+  ap.B = B, ap.T = T, ap.H = H, ap.KVH = KV, ap.D = D, ap.causal = true;
+  for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
+    LayerActs& a = acts_[l];
+    const std::string p = fmt::format("layers.{}.", l);
+    // MLP branch: dx is the gradient of the layer output = x2 + mlp(x2).
+    zero(dact_, N * F);
+    k::matmul_backward(dact_.data(), grad(p + "mlp.proj.weight"), grad_or_null(p + "mlp.proj.bias"), dx_.data(),
+                       a.act.data(), param(p + "mlp.proj.weight"), N, F, C);
+    zero(dfc_, N * FC);
+    if (spec_.swiglu) {
+      k::swiglu_backward(dfc_.data(), a.fc.data(), dact_.data(), N, F);
+    } else {
+      k::gelu_backward(dfc_.data(), a.fc.data(), dact_.data(), N * F);
+    }
+    zero(dln_, N * C);
+    k::matmul_backward(dln_.data(), grad(p + "mlp.fc.weight"), grad_or_null(p + "mlp.fc.bias"), dfc_.data(),
+                       a.ln2.data(), param(p + "mlp.fc.weight"), N, C, FC);
+    norm_backward(dx_.data(), dln_.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), p + "norm2", N);
+    // Attention branch: dx is now the gradient of x2 = x_in + proj(att).
+    zero(datt_, N * C);
+    k::matmul_backward(datt_.data(), grad(p + "attn.proj.weight"), grad_or_null(p + "attn.proj.bias"), dx_.data(),
+                       a.att.data(), param(p + "attn.proj.weight"), N, C, C);
+    Real* dq = spec_.rope ? dq_rot_.data() : dq_.data();
+    Real* dk = spec_.rope ? dk_rot_.data() : dk_.data();
+    std::fill(dq, dq + N * C, Real(0));
+    std::fill(dk, dk + N * KVD, Real(0));
+    zero(dv_, N * KVD);
+    const Real* q = spec_.rope ? a.q_rot.data() : a.q.data();
+    const Real* kk = spec_.rope ? a.k_rot.data() : a.k.data();
+    k::attention_backward(dq, dk, dv_.data(), datt_.data(), q, kk, a.v.data(), a.att.data(), a.lse.data(), ap);
+    if (spec_.rope) {
+      zero(dq_, N * C);
+      zero(dk_, N * KVD);
+      k::rope_backward(dq_.data(), dq_rot_.data(), nullptr, B, T, H, D, spec_.rotary_base);
+      k::rope_backward(dk_.data(), dk_rot_.data(), nullptr, B, T, KV, D, spec_.rotary_base);
+    }
+    const Real* wqkv = param(p + "attn.qkv.weight");
+    Real* dwqkv = grad(p + "attn.qkv.weight");
+    Real* dbqkv = grad_or_null(p + "attn.qkv.bias");
+    zero(dln_, N * C);
+    k::matmul_backward(dln_.data(), dwqkv, dbqkv, dq_.data(), a.ln1.data(), wqkv, N, C, C);
+    k::matmul_backward(dln_.data(), dwqkv + C * C, dbqkv ? dbqkv + C : nullptr, dk_.data(), a.ln1.data(), wqkv + C * C,
+                       N, C, KVD);
+    k::matmul_backward(dln_.data(), dwqkv + (C + KVD) * C, dbqkv ? dbqkv + C + KVD : nullptr, dv_.data(), a.ln1.data(),
+                       wqkv + (C + KVD) * C, N, C, KVD);
+    norm_backward(dx_.data(), dln_.data(), a.x_in.data(), a.mean1.data(), a.rstd1.data(), p + "norm1", N);
+  }
+  k::embedding_backward(grad("embedding.weight"), grad_or_null("position_embedding.weight"), dx_.data(),
+                        tokens_.data(), nullptr, B, T, C, V, spec_.seq_length);
+}
+
+template class GptModel<float>;
+template class GptModel<double>;
+
+}  // namespace primus::backends::reference

@@ -1,0 +1,70 @@
+// The reference decoder (GPT-2 and Llama from one ModelSpec) on the CPU kernels of
+// turbo/kernels/cpu, llm.c style: parameters and gradients in one flat buffer each (layout from
+// train/param_layout.h), activations preallocated for the largest batch, an explicit forward
+// that saves what backward needs, and a backward that accumulates into the gradients.
+// Real is float for training and double for the finite-difference gradient checks.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "train/model_spec.h"
+#include "train/param_layout.h"
+
+namespace primus::backends::reference {
+
+template <typename Real>
+class GptModel {
+ public:
+  GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_t max_seq);
+
+  const train::ModelSpec& spec() const { return spec_; }
+  const train::ParamLayout& layout() const { return layout_; }
+  Real* param(const std::string& name) { return params.data() + layout_.get(name).offset; }
+
+  // GPT-2 init: N(0, std) for weights and embeddings, residual output projections scaled by
+  // 1/sqrt(2 * num_layers), norm weights 1, biases 0. Deterministic in `seed`.
+  void init_weights(uint64_t seed);
+
+  // tokens [B,T]; targets [B,T] or nullptr. Returns the mean loss over targets (0 without).
+  // With dloss != 0 the logits buffer is overwritten by dlogits * dloss, ready for backward();
+  // otherwise logits() holds the logits [B*T, padded_vocab].
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double dloss = 0);
+  // Accumulates into `grads` (call zero_grad() first in each step). Needs forward(..., dloss).
+  void backward();
+  void zero_grad();
+  const Real* logits() const { return logits_.data(); }
+  int64_t loss_count() const { return count_; }  // targets counted by the last forward
+
+  std::vector<Real> params, grads;
+
+ private:
+  struct LayerActs {
+    std::vector<Real> x_in, ln1, mean1, rstd1, q, k, v, q_rot, k_rot, att, lse, x2, ln2, mean2, rstd2, fc, act;
+  };
+  void norm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const std::string& name, int64_t N);
+  void norm_backward(Real* dinp, const Real* dout, const Real* inp, const Real* mean, const Real* rstd,
+                     const std::string& name, int64_t N);
+  Real* grad(const std::string& name) { return grads.data() + layout_.get(name).offset; }
+  const Real* weight_or_null(const std::string& name) {
+    const train::ParamTensor* t = layout_.find(name);
+    return t ? params.data() + t->offset : nullptr;
+  }
+  Real* grad_or_null(const std::string& name) {
+    const train::ParamTensor* t = layout_.find(name);
+    return t ? grads.data() + t->offset : nullptr;
+  }
+
+  train::ModelSpec spec_;
+  train::ParamLayout layout_;
+  int64_t max_tokens_;
+  std::vector<LayerActs> acts_;
+  std::vector<Real> x_final_, lnf_, meanf_, rstdf_, logits_, losses_;
+  std::vector<Real> dx_, dln_, datt_, dq_, dk_, dv_, dq_rot_, dk_rot_, dfc_, dact_;
+  std::vector<int32_t> tokens_;
+  int64_t B_ = 0, T_ = 0, count_ = 0;
+};
+
+extern template class GptModel<float>;
+extern template class GptModel<double>;
+
+}  // namespace primus::backends::reference

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian packages only; quick when everything is there) and builds
+# build/bin/primus. Idempotent. Usage: scripts/setup.sh [--build-dir DIR] [--no-build]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=build
+DO_BUILD=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) BUILD_DIR=$2; shift 2 ;;
+    --no-build) DO_BUILD=0; shift ;;
+    *) echo "setup.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+PACKAGES=(build-essential cmake libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+          libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+          clang-14 libclang-rt-14-dev)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y --no-install-recommends "${missing[@]}" ||
+    { $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends "${missing[@]}"; }
+fi
+
+if [ "$DO_BUILD" = 1 ]; then
+  JOBS=$(nproc)
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+fi

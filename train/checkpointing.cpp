@@ -1,0 +1,96 @@
+#include "train/checkpointing.h"
+
+#include <fmt/format.h>
+
+#include "core/util/error.h"
+
+namespace primus::train {
+
+nlohmann::json spec_json(const ModelSpec& m) {
+  return {{"model_type", m.model_type}, {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab_size},
+          {"seq_length", m.seq_length}, {"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
+          {"num_attention_heads", m.num_attention_heads}, {"num_query_groups", m.num_query_groups},
+          {"ffn_hidden_size", m.ffn_hidden_size}, {"layernorm", m.layernorm}, {"norm_epsilon", m.norm_epsilon},
+          {"swiglu", m.swiglu}, {"rope", m.rope}, {"rotary_base", m.rotary_base}, {"untied", m.untied},
+          {"bias", m.bias}, {"init_method_std", m.init_method_std}};
+}
+
+ModelSpec spec_from_json(const nlohmann::json& j) {
+  ModelSpec m;
+  m.model_type = j.at("model_type");
+  m.vocab_size = j.at("vocab_size");
+  m.padded_vocab_size = j.at("padded_vocab_size");
+  m.seq_length = j.at("seq_length");
+  m.num_layers = j.at("num_layers");
+  m.hidden_size = j.at("hidden_size");
+  m.num_attention_heads = j.at("num_attention_heads");
+  m.num_query_groups = j.at("num_query_groups");
+  m.ffn_hidden_size = j.at("ffn_hidden_size");
+  m.layernorm = j.at("layernorm");
+  m.norm_epsilon = j.at("norm_epsilon");
+  m.swiglu = j.at("swiglu");
+  m.rope = j.at("rope");
+  m.rotary_base = j.at("rotary_base");
+  m.untied = j.at("untied");
+  m.bias = j.at("bias");
+  m.init_method_std = j.at("init_method_std");
+  return m;
+}
+
+io::CheckpointData pack_checkpoint(const ModelSpec& spec, const ParamLayout& layout, const float* params,
+                                   const float* m, const float* v, nlohmann::json state) {
+  io::CheckpointData d;
+  for (auto& t : layout.tensors) {
+    for (auto& part : t.hf) {
+      std::vector<float> buf;
+      auto shape = to_hf(t, part, params, buf);
+      d.model.emplace(part.name, io::TensorBlob::from_vector(shape, std::move(buf)));
+    }
+  }
+  if (m && v) {
+    size_t bytes = sizeof(float) * static_cast<size_t>(layout.total);
+    d.optimizer.emplace("exp_avg", io::TensorBlob::borrow(io::DType::F32, {layout.total}, m, bytes));
+    d.optimizer.emplace("exp_avg_sq", io::TensorBlob::borrow(io::DType::F32, {layout.total}, v, bytes));
+  }
+  state["model_spec"] = spec_json(spec);
+  d.state = std::move(state);
+  return d;
+}
+
+void unpack_checkpoint(const io::CheckpointData& d, const std::filesystem::path& dir, const ModelSpec& spec,
+                       const ParamLayout& layout, float* params, float* m, float* v) {
+  if (d.state.contains("model_spec") && d.state["model_spec"] != spec_json(spec)) {
+    throw FormatError(fmt::format("checkpoint {} was saved for another model: saved {}, configured {}", dir.string(),
+                                  d.state["model_spec"].dump(), spec_json(spec).dump()));
+  }
+  for (auto& t : layout.tensors) {
+    for (auto& part : t.hf) {
+      auto it = d.model.find(part.name);
+      if (it == d.model.end()) {
+        throw FormatError(fmt::format("checkpoint {}: tensor '{}' is missing from {}", dir.string(), part.name,
+                                      io::kModelFile));
+      }
+      if (it->second.dtype() != io::DType::F32) {
+        throw FormatError(fmt::format("checkpoint {}: tensor '{}' is {}, expected F32", dir.string(), part.name,
+                                      io::dtype_name(it->second.dtype())));
+      }
+      try {
+        from_hf(t, part, it->second.as<float>().data(), it->second.shape(), params);
+      } catch (const FormatError& e) {
+        throw FormatError(fmt::format("checkpoint {}: {}", dir.string(), e.what()));
+      }
+    }
+  }
+  if (!m || !v) return;
+  for (auto [name, dst] : {std::pair{"exp_avg", m}, std::pair{"exp_avg_sq", v}}) {
+    auto it = d.optimizer.find(name);
+    if (it == d.optimizer.end() || it->second.numel() != static_cast<uint64_t>(layout.total) ||
+        it->second.dtype() != io::DType::F32) {
+      throw FormatError(fmt::format("checkpoint {}: optimizer tensor '{}' is missing or has the wrong size",
+                                    dir.string(), name));
+    }
+    std::memcpy(dst, it->second.data(), it->second.nbytes());
+  }
+}
+
+}  // namespace primus::train

@@ -1,0 +1,183 @@
+#include "train/param_layout.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+
+#include "core/util/error.h"
+
+namespace primus::train {
+
+const ParamTensor* ParamLayout::find(const std::string& name) const {
+  for (auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const ParamTensor& ParamLayout::get(const std::string& name) const {
+  if (const ParamTensor* t = find(name)) return *t;
+  throw RuntimeError(fmt::format("no parameter '{}' in this model", name));
+}
+
+ParamLayout make_param_layout(const ModelSpec& m) {
+  ParamLayout L;
+  const int64_t C = m.hidden_size, V = m.padded_vocab_size, F = m.ffn_hidden_size;
+  const bool gpt2 = !m.swiglu && !m.rope;  // HF naming follows the family
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, std::vector<HfPart> hf) {
+    ParamTensor t;
+    t.name = std::move(name);
+    t.shape = std::move(shape);
+    t.numel = 1;
+    for (auto d : t.shape) t.numel *= d;
+    t.offset = L.total;
+    t.decay = decay;
+    t.hf = std::move(hf);
+    L.total += t.numel;
+    L.tensors.push_back(std::move(t));
+  };
+  auto whole = [](std::string n, int64_t rows, HfTransform tr = HfTransform::None) {
+    return std::vector<HfPart>{{std::move(n), 0, rows, tr, 0}};
+  };
+  const std::string pre = gpt2 ? "transformer." : "model.";
+  add("embedding.weight", {V, C}, true, whole(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", V));
+  if (!m.rope) add("position_embedding.weight", {m.seq_length, C}, true, whole("transformer.wpe.weight", m.seq_length));
+  const int64_t H = m.num_attention_heads, KV = m.num_query_groups, D = m.head_dim();
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    std::string p = fmt::format("layers.{}.", l);
+    std::string hp = gpt2 ? fmt::format("transformer.h.{}.", l) : fmt::format("model.layers.{}.", l);
+    auto norm = [&](const std::string& ours, const std::string& hf_gpt2, const std::string& hf_llama) {
+      add(p + ours + ".weight", {C}, false, whole(hp + (gpt2 ? hf_gpt2 : hf_llama) + ".weight", C));
+      if (m.layernorm) add(p + ours + ".bias", {C}, false, whole(hp + (gpt2 ? hf_gpt2 : hf_llama) + ".bias", C));
+    };
+    norm("norm1", "ln_1", "input_layernorm");
+    if (gpt2) {
+      add(p + "attn.qkv.weight", {m.qkv_dim(), C}, true, whole(hp + "attn.c_attn.weight", m.qkv_dim(), HfTransform::Transpose));
+      if (m.bias) add(p + "attn.qkv.bias", {m.qkv_dim()}, false, whole(hp + "attn.c_attn.bias", m.qkv_dim()));
+      add(p + "attn.proj.weight", {C, C}, true, whole(hp + "attn.c_proj.weight", C, HfTransform::Transpose));
+      if (m.bias) add(p + "attn.proj.bias", {C}, false, whole(hp + "attn.c_proj.bias", C));
+    } else {
+      HfTransform qk = m.rope ? HfTransform::RopeRows : HfTransform::None;
+      std::vector<HfPart> qkv = {{hp + "self_attn.q_proj.weight", 0, H * D, qk, H},
+                                 {hp + "self_attn.k_proj.weight", H * D, KV * D, qk, KV},
+                                 {hp + "self_attn.v_proj.weight", H * D + KV * D, KV * D, HfTransform::None, 0}};
+      add(p + "attn.qkv.weight", {m.qkv_dim(), C}, true, qkv);
+      if (m.bias) {
+        std::vector<HfPart> qkvb = {{hp + "self_attn.q_proj.bias", 0, H * D, qk, H},
+                                    {hp + "self_attn.k_proj.bias", H * D, KV * D, qk, KV},
+                                    {hp + "self_attn.v_proj.bias", H * D + KV * D, KV * D, HfTransform::None, 0}};
+        add(p + "attn.qkv.bias", {m.qkv_dim()}, false, qkvb);
+      }
+      add(p + "attn.proj.weight", {C, C}, true, whole(hp + "self_attn.o_proj.weight", C));
+      if (m.bias) add(p + "attn.proj.bias", {C}, false, whole(hp + "self_attn.o_proj.bias", C));
+    }
+    norm("norm2", "ln_2", "post_attention_layernorm");
+    if (gpt2) {
+      add(p + "mlp.fc.weight", {m.fc_dim(), C}, true, whole(hp + "mlp.c_fc.weight", m.fc_dim(), HfTransform::Transpose));
+      if (m.bias) add(p + "mlp.fc.bias", {m.fc_dim()}, false, whole(hp + "mlp.c_fc.bias", m.fc_dim()));
+      add(p + "mlp.proj.weight", {C, F}, true, whole(hp + "mlp.c_proj.weight", C, HfTransform::Transpose));
+      if (m.bias) add(p + "mlp.proj.bias", {C}, false, whole(hp + "mlp.c_proj.bias", C));
+    } else {
+      std::vector<HfPart> fc;
+      if (m.swiglu) {
+        fc = {{hp + "mlp.gate_proj.weight", 0, F, HfTransform::None, 0}, {hp + "mlp.up_proj.weight", F, F, HfTransform::None, 0}};
+      } else {
+        fc = whole(hp + "mlp.up_proj.weight", F);
+      }
+      add(p + "mlp.fc.weight", {m.fc_dim(), C}, true, fc);
+      if (m.bias) {
+        std::vector<HfPart> fcb;
+        if (m.swiglu) {
+          fcb = {{hp + "mlp.gate_proj.bias", 0, F, HfTransform::None, 0}, {hp + "mlp.up_proj.bias", F, F, HfTransform::None, 0}};
+        } else {
+          fcb = whole(hp + "mlp.up_proj.bias", F);
+        }
+        add(p + "mlp.fc.bias", {m.fc_dim()}, false, fcb);
+      }
+      add(p + "mlp.proj.weight", {C, F}, true, whole(hp + "mlp.down_proj.weight", C));
+      if (m.bias) add(p + "mlp.proj.bias", {C}, false, whole(hp + "mlp.down_proj.bias", C));
+    }
+  }
+  add("final_norm.weight", {C}, false, whole(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight", C));
+  if (m.layernorm) add("final_norm.bias", {C}, false, whole(gpt2 ? "transformer.ln_f.bias" : "model.norm.bias", C));
+  if (m.untied) add("output_layer.weight", {V, C}, true, whole("lm_head.weight", V));
+  (void)pre;
+  return L;
+}
+
+namespace {
+int64_t cols_of(const ParamTensor& t) { return t.shape.size() == 2 ? t.shape[1] : 1; }
+
+// Row r of the part in HF order comes from row src_row(r) of ours (RopeRows permutes per head).
+int64_t our_row(const HfPart& p, int64_t hf_row) {
+  if (p.transform != HfTransform::RopeRows) return p.row_begin + hf_row;
+  int64_t D = p.rows / p.heads;
+  int64_t h = hf_row / D, j = hf_row % D;
+  // HF half-split feature j of a head is our interleaved feature: j < D/2 -> 2j, else 2(j-D/2)+1.
+  int64_t ours = j < D / 2 ? 2 * j : 2 * (j - D / 2) + 1;
+  return p.row_begin + h * D + ours;
+}
+}  // namespace
+
+std::vector<int64_t> to_hf(const ParamTensor& t, const HfPart& part, const float* ours,
+                           std::vector<float>& out, int64_t vocab_rows) {
+  const int64_t cols = cols_of(t);
+  int64_t rows = part.rows;
+  if (vocab_rows > 0 && vocab_rows < rows && part.transform == HfTransform::None) rows = vocab_rows;
+  out.resize(static_cast<size_t>(rows * cols));
+  const float* base = ours + t.offset;
+  if (part.transform == HfTransform::Transpose) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = base[(part.row_begin + r) * cols + c];
+    return {cols, rows};
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(&out[r * cols], base + our_row(part, r) * cols, sizeof(float) * cols);
+  if (t.shape.size() == 1) return {rows};
+  return {rows, cols};
+}
+
+void from_hf(const ParamTensor& t, const HfPart& part, const float* hf,
+             const std::vector<int64_t>& hf_shape, float* ours) {
+  const int64_t cols = cols_of(t);
+  float* base = ours + t.offset;
+  std::vector<int64_t> want = part.transform == HfTransform::Transpose ? std::vector<int64_t>{cols, part.rows}
+                              : t.shape.size() == 1                    ? std::vector<int64_t>{part.rows}
+                                                                       : std::vector<int64_t>{part.rows, cols};
+  if (hf_shape != want) {
+    throw FormatError(fmt::format("tensor '{}' has shape [{}], the model expects [{}]", part.name,
+                                  fmt::join(hf_shape, ", "), fmt::join(want, ", ")));
+  }
+  if (part.transform == HfTransform::Transpose) {
+    for (int64_t r = 0; r < part.rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) base[(part.row_begin + r) * cols + c] = hf[c * part.rows + r];
+    return;
+  }
+  for (int64_t r = 0; r < part.rows; ++r)
+    std::memcpy(base + our_row(part, r) * cols, hf + r * cols, sizeof(float) * cols);
+}
+
+std::string hf_config_json(const ModelSpec& m, int eos) {
+  nlohmann::json j;
+  if (!m.swiglu && !m.rope) {
+    j = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab_size},
+         {"n_positions", m.seq_length}, {"n_ctx", m.seq_length}, {"n_embd", m.hidden_size},
+         {"n_layer", m.num_layers}, {"n_head", m.num_attention_heads}, {"n_inner", m.ffn_hidden_size},
+         {"activation_function", "gelu_new"}, {"layer_norm_epsilon", m.norm_epsilon},
+         {"initializer_range", m.init_method_std}, {"tie_word_embeddings", !m.untied},
+         {"bos_token_id", eos}, {"eos_token_id", eos}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
+         {"attn_pdrop", 0.0}, {"torch_dtype", "float32"}};
+  } else {
+    j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab_size},
+         {"max_position_embeddings", m.seq_length}, {"hidden_size", m.hidden_size},
+         {"intermediate_size", m.ffn_hidden_size}, {"num_hidden_layers", m.num_layers},
+         {"num_attention_heads", m.num_attention_heads}, {"num_key_value_heads", m.num_query_groups},
+         {"head_dim", m.head_dim()}, {"hidden_act", "silu"}, {"rms_norm_eps", m.norm_epsilon},
+         {"rope_theta", m.rotary_base}, {"tie_word_embeddings", !m.untied},
+         {"attention_bias", m.bias}, {"mlp_bias", m.bias}, {"initializer_range", m.init_method_std},
+         {"bos_token_id", eos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
+  }
+  return j.dump(2);
+}
+
+}  // namespace primus::train

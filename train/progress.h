@@ -1,0 +1,47 @@
+// What a training run reports, per step and per log interval: a progress line on the console
+// (step/total, loss, lr, grad norm, tokens/s, elapsed, ETA, plus backend extras such as MFU),
+// a JSONL line per step in <output>/metrics.jsonl, and TensorBoard scalars.
+#pragma once
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "io/metrics.h"
+#include "io/tensorboard.h"
+
+namespace primus::train {
+
+struct StepStats {
+  int64_t step = 0;  // 1-based: the number of optimizer steps done
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens = 0;    // tokens processed in this step (all ranks)
+  double seconds = 0;   // wall time of this step
+  bool skipped = false; // a non-finite step that skip_nan_steps skipped
+  std::vector<std::pair<std::string, double>> extras;  // e.g. {"mfu", 0.41}
+};
+
+class ProgressReporter {
+ public:
+  // metrics.jsonl goes in `output_dir`; TensorBoard only when `tb_dir` is non-empty.
+  ProgressReporter(const std::filesystem::path& output_dir, const std::filesystem::path& tb_dir,
+                   int64_t total_steps, int64_t log_interval, int64_t start_step);
+  void step(const StepStats& s);
+  void eval(int64_t step, double val_loss);
+  void flush();
+  const std::filesystem::path& metrics_path() const { return metrics_.path(); }
+
+ private:
+  io::MetricsWriter metrics_;
+  std::unique_ptr<io::TensorBoardWriter> tb_;
+  int64_t total_, interval_, start_;
+  std::chrono::steady_clock::time_point t0_;
+  double window_tokens_ = 0, window_seconds_ = 0, window_loss_ = 0;
+  int64_t window_steps_ = 0;
+};
+
+std::string format_duration(double seconds);  // "1h02m", "3m05s", "12.3s"
+
+}  // namespace primus::train

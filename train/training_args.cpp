@@ -1,0 +1,158 @@
+#include "train/training_args.h"
+
+#include <fmt/format.h>
+
+#include "core/util/error.h"
+
+namespace primus::train {
+
+using config::KeyType;
+
+void add_training_schema(config::Schema& s) {
+  s.integer("train_iters", 1000, "optimizer steps to run", 0)
+      .integer("micro_batch_size", 8, "samples per forward/backward pass (per data-parallel rank)", 1)
+      .integer("global_batch_size", 8, "samples per optimizer step across all ranks", 1)
+      .number("lr", 3e-4, "peak learning rate", 0.0)
+      .number("min_lr", 0.0, "learning rate at the end of decay", 0.0)
+      .integer("lr_warmup_iters", 0, "linear warmup steps", 0)
+      .integer("lr_decay_iters", std::nullopt, "step where decay ends (default: train_iters)", 1)
+      .text("lr_decay_style", "cosine", "cosine, linear or constant", {"cosine", "linear", "constant"})
+      .number("weight_decay", 0.1, "decoupled weight decay (not on norms and biases)", 0.0)
+      .number("adam_beta1", 0.9, "Adam beta1", 0.0, 1.0)
+      .number("adam_beta2", 0.95, "Adam beta2", 0.0, 1.0)
+      .number("adam_eps", 1e-8, "Adam epsilon", 0.0)
+      .number("clip_grad", 1.0, "global gradient-norm clip (0: off)", 0.0)
+      .integer("seed", 1234, "seed of init, data order and sampling", 0)
+      .integer("log_interval", 10, "steps between progress lines", 1)
+      .integer("eval_interval", 100, "steps between validation runs (0: never)", 0)
+      .integer("eval_iters", 10, "batches per validation run", 0)
+      .integer("save_interval", 0, "steps between checkpoints (0: only at the end)", 0)
+      .integer("keep_last_k", 2, "checkpoints to keep", 1)
+      .text("save", std::nullopt, "checkpoint folder (default: <output>/checkpoints)")
+      .text("load", std::nullopt, "checkpoint folder to resume from")
+      .flag("auto_continue_train", false, "resume from the latest checkpoint in `save` when there is one")
+      .text("tokenizer_type", "gpt2", "gpt2, bytes, or a path to a Hugging Face tokenizer.json")
+      .any("data_path", KeyType::List, "Megatron-style [weight, prefix, ...] or [prefix] (.bin/.idx); a .txt file is prepared on first use")
+      .any("valid_data_path", KeyType::List, "validation datasets (default: split off data_path)")
+      .number("split", 0.9, "fraction of documents used for training when valid_data_path is unset", 0.0, 1.0)
+      .flag("mock_data", false, "synthetic tokens instead of a dataset")
+      .flag("skip_nan_steps", false, "skip a step whose loss or gradients are not finite instead of stopping")
+      .flag("exit_signal_handler", true, "on SIGTERM/SIGUSR1 finish the step, checkpoint and exit 0")
+      .text("tensorboard_dir", std::nullopt, "TensorBoard event folder (default: derived from the workspace)")
+      .text("sample_prompt", std::nullopt, "after training, generate from this prompt")
+      .integer("sample_tokens", 200, "tokens to generate for the sample", 0)
+      .number("sample_temperature", 0.8, "sampling temperature", 0.0)
+      .integer("sample_top_k", 0, "top-k sampling (0: off)", 0)
+      .integer("data_parallel_size", 1, "data-parallel ranks (set by the launcher)", 1);
+}
+
+namespace {
+std::vector<std::string> strings_of(const config::Value* v) {
+  std::vector<std::string> out;
+  if (!v || v->is_null()) return out;
+  if (!v->is_list()) return {v->scalar_text()};
+  for (auto& it : v->items()) out.push_back(it.scalar_text());
+  return out;
+}
+// Relative data paths are looked up in the working folder first, then beside the experiment
+// file (so an example runs from any folder). Weights in a blend list stay as they are.
+std::vector<std::string> resolve_data_paths(std::vector<std::string> paths, const std::filesystem::path& exp_file) {
+  for (auto& p : paths) {
+    std::filesystem::path path(p);
+    if (path.is_absolute() || p.empty() || std::isdigit(static_cast<unsigned char>(p[0])) || p[0] == '.' && p.size() > 1 && std::isdigit(static_cast<unsigned char>(p[1]))) continue;
+    auto exists = [](const std::filesystem::path& x) {
+      return std::filesystem::exists(x) || std::filesystem::exists(x.string() + ".idx");
+    };
+    if (exists(path)) continue;
+    auto beside = exp_file.parent_path() / path;
+    if (exists(beside)) p = beside.lexically_normal().string();
+  }
+  return paths;
+}
+
+std::string text_or(const config::Value& p, const char* k, const std::string& def) {
+  const config::Value* v = p.find_path(k);
+  return v && !v->is_null() ? v->scalar_text() : def;
+}
+}  // namespace
+
+TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Experiment& exp) {
+  auto i = [&](const char* k) { return p.find_path(k)->as_int(); };
+  auto d = [&](const char* k) { return p.find_path(k)->as_double(); };
+  auto b = [&](const char* k) { return p.find_path(k)->as_bool(); };
+  TrainingArgs a;
+  a.train_iters = i("train_iters");
+  a.micro_batch_size = i("micro_batch_size");
+  a.global_batch_size = i("global_batch_size");
+  a.data_parallel_size = i("data_parallel_size");
+  a.seed = static_cast<uint64_t>(i("seed"));
+  a.log_interval = i("log_interval");
+  a.eval_interval = i("eval_interval");
+  a.eval_iters = i("eval_iters");
+  a.skip_nan_steps = b("skip_nan_steps");
+  a.exit_on_signal = b("exit_signal_handler");
+  a.optim.lr = d("lr");
+  a.optim.min_lr = d("min_lr");
+  a.optim.warmup_iters = i("lr_warmup_iters");
+  const config::Value* di = p.find_path("lr_decay_iters");
+  a.optim.decay_iters = di && !di->is_null() ? di->as_int() : a.train_iters;
+  a.optim.decay_style = p.find_path("lr_decay_style")->as_string();
+  a.optim.weight_decay = d("weight_decay");
+  a.optim.beta1 = d("adam_beta1");
+  a.optim.beta2 = d("adam_beta2");
+  a.optim.eps = d("adam_eps");
+  a.optim.clip_grad = d("clip_grad");
+  a.data.tokenizer = text_or(p, "tokenizer_type", "gpt2");
+  a.data.data_path = resolve_data_paths(strings_of(p.find_path("data_path")), exp.file);
+  a.data.valid_data_path = resolve_data_paths(strings_of(p.find_path("valid_data_path")), exp.file);
+  a.data.split = d("split");
+  // mock_data is switched on by the backend's args patch (train/common_patches.cpp).
+  a.output_dir = exp.output_dir();
+  a.ckpt.save = text_or(p, "save", (a.output_dir / "checkpoints").string());
+  a.ckpt.load = text_or(p, "load", "");
+  a.ckpt.auto_continue_train = b("auto_continue_train");
+  a.ckpt.save_interval = i("save_interval");
+  a.ckpt.keep_last_k = i("keep_last_k");
+  a.tensorboard_dir = text_or(p, "tensorboard_dir", "");
+  a.sample_prompt = text_or(p, "sample_prompt", "");
+  a.sample_tokens = i("sample_tokens");
+  a.sample_temperature = d("sample_temperature");
+  a.sample_top_k = i("sample_top_k");
+  if (a.optim.min_lr > a.optim.lr) {
+    throw ConfigError(fmt::format("{}: min_lr {} is larger than lr {}", p.find_path("min_lr")->origin().str(),
+                                  a.optim.min_lr, a.optim.lr));
+  }
+  return a;
+}
+
+void TrainingArgs::check_data() const {
+  if (!data.mock_data && data.data_path.empty()) {
+    throw ConfigError("no training data: set `data_path` (a Megatron .bin/.idx prefix or a .txt file) "
+                      "or `mock_data: true`");
+  }
+}
+
+void TrainingArgs::check_batch() const {
+  if (micro_batch_size * grad_accum_steps * data_parallel_size != global_batch_size) {
+    throw ConfigError(fmt::format(
+        "global_batch_size {} != micro_batch_size {} x gradient accumulation {} x data-parallel size {} "
+        "(global_batch_size must be a multiple of micro_batch_size x data_parallel_size; the args patch "
+        "derives the accumulation)",
+        global_batch_size, micro_batch_size, grad_accum_steps, data_parallel_size));
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> TrainingArgs::describe() const {
+  return {{"train_iters", std::to_string(train_iters)},
+          {"micro_batch_size", std::to_string(micro_batch_size)},
+          {"global_batch_size", std::to_string(global_batch_size)},
+          {"grad_accum_steps", std::to_string(grad_accum_steps)},
+          {"data_parallel_size", std::to_string(data_parallel_size)},
+          {"lr", fmt::format("{} -> {} ({}, warmup {})", optim.lr, optim.min_lr, optim.decay_style, optim.warmup_iters)},
+          {"data", data.mock_data ? std::string("mock") : fmt::format("{}", fmt::join(data.data_path, " "))},
+          {"tokenizer", data.tokenizer},
+          {"save", ckpt.save.string()},
+          {"tensorboard_dir", tensorboard_dir.empty() ? "(none)" : tensorboard_dir.string()}};
+}
+
+}  // namespace primus::train

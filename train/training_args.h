@@ -1,0 +1,68 @@
+// The training keys every backend shares (TorchTitan-style: one struct per component, built
+// from the validated config), and their schema.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config/experiment.h"
+#include "core/config/schema.h"
+
+namespace primus::train {
+
+struct OptimizerArgs {
+  double lr = 3e-4, min_lr = 0;
+  int64_t warmup_iters = 0, decay_iters = 0;  // decay_iters: end of decay (default train_iters)
+  std::string decay_style = "cosine";          // cosine | linear | constant
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip_grad = 1.0;                      // global norm; 0 turns clipping off
+};
+
+struct DataArgs {
+  std::string tokenizer;  // gpt2 | bytes | path to tokenizer.json
+  std::vector<std::string> data_path;  // Megatron style: [w1, prefix1, w2, prefix2] or [prefix]
+  std::vector<std::string> valid_data_path;
+  double split = 0.9;
+  bool mock_data = false;
+};
+
+struct CheckpointArgs {
+  std::filesystem::path save;   // where checkpoints go
+  std::filesystem::path load;   // where to resume from (empty: nowhere)
+  bool auto_continue_train = false;
+  int64_t save_interval = 0;    // 0: only at the end
+  int64_t keep_last_k = 2;
+};
+
+struct TrainingArgs {
+  int64_t train_iters = 0;
+  int64_t micro_batch_size = 1, global_batch_size = 1;
+  int64_t data_parallel_size = 1;
+  int64_t grad_accum_steps = 1;  // derived by the backend's args patch
+  uint64_t seed = 1234;
+  int64_t log_interval = 10, eval_interval = 0, eval_iters = 0;
+  bool skip_nan_steps = false;
+  bool exit_on_signal = true;    // SIGTERM / SIGUSR1: checkpoint, then exit 0
+  OptimizerArgs optim;
+  DataArgs data;
+  CheckpointArgs ckpt;
+  std::filesystem::path output_dir;       // workspace/work_group/user_name/exp_name
+  std::filesystem::path tensorboard_dir;  // empty: no TensorBoard events
+  std::string sample_prompt;              // generated from at the end (empty: none)
+  int64_t sample_tokens = 0;
+  double sample_temperature = 1.0;
+  int64_t sample_top_k = 0;
+
+  static TrainingArgs from_config(const config::Value& params, const config::Experiment& exp);
+  std::vector<std::pair<std::string, std::string>> describe() const;
+  // Throws ConfigError when batch sizes, accumulation and data parallelism disagree.
+  void check_batch() const;
+  // Throws ConfigError when there is neither a dataset nor mock data.
+  void check_data() const;
+};
+
+void add_training_schema(config::Schema& s);
+
+}  // namespace primus::train
