@@ -264,11 +264,10 @@ ModuleConfig resolve_module(const Experiment& exp, const std::string& module, co
       if (key.rfind(prefix, 0) != 0) continue;  // another module's override
       key = key.substr(prefix.size());
     }
-    if (const Value* prev = cli.find_path(key)) {
-      throw UsageError(fmt::format("'{}' is given twice on the command line ({} and {})", key,
-                                   prev->scalar_text(), c.value.scalar_text()));
-    }
-    cli.set_path(key, c.value);
+    // The same key twice on the command line: the last wins, reported like any other layer.
+    Value one = Value::map(c.value.origin());
+    one.set_path(key, c.value);
+    merge_into(cli, one, &out.notes);
   }
   if (!cli.entries().empty()) {
     merge_into(out.params, cli, &out.notes);

@@ -1,0 +1,129 @@
+// Bad input through the real binary: each case is one clear message, exit code 2, no trace.
+#include <gtest/gtest.h>
+
+#include "cli_runner.h"
+
+using primus::testing::run_primus;
+using primus::testing::Workdir;
+
+namespace {
+
+void expect_clean_error(const primus::testing::CliResult& r, int code, std::initializer_list<std::string> parts) {
+  EXPECT_EQ(r.code, code) << r.out;
+  for (auto& p : parts) EXPECT_NE(r.out.find(p), std::string::npos) << "missing '" << p << "' in:\n" << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Aborted"), std::string::npos) << r.out;
+}
+
+std::string exp_yaml(const std::string& overrides, const std::string& framework = "reference") {
+  return "modules:\n  pre_trainer:\n    framework: " + framework +
+         "\n    config: pretrain.yaml\n    model: gpt2/tiny.yaml\n    overrides:\n      mock_data: true\n" + overrides;
+}
+
+}  // namespace
+
+TEST(CliErrors, MissingConfigFile) {
+  expect_clean_error(run_primus("train pretrain --config /nonexistent/exp.yaml"), 2,
+                     {"primus: error:", "/nonexistent/exp.yaml", "not found"});
+}
+
+TEST(CliErrors, YamlSyntaxErrorHasFileLineColumn) {
+  Workdir w;
+  auto p = w.write("bad.yaml", "modules:\n  pre_trainer: {framework: reference\n");
+  expect_clean_error(run_primus("train pretrain --config " + p.string()), 2, {"bad.yaml:", "YAML syntax error"});
+}
+
+TEST(CliErrors, UnknownKeyWithSuggestion) {
+  Workdir w;
+  auto p = w.write("e.yaml", exp_yaml("      trian_iters: 5\n"));
+  expect_clean_error(run_primus("train pretrain --config " + p.string()), 2,
+                     {"e.yaml:8:", "unknown key 'trian_iters'", "did you mean 'train_iters'"});
+  expect_clean_error(run_primus("train pretrain --config " + p.string() + " --dry-run"), 2, {"trian_iters"});
+}
+
+TEST(CliErrors, UnsetVariable) {
+  Workdir w;
+  auto p = w.write("e.yaml", "exp_name: ${PRIMUS_SURELY_UNSET_VAR}\n" + exp_yaml(""));
+  expect_clean_error(run_primus("train pretrain --config " + p.string()), 2,
+                     {"e.yaml:1:", "PRIMUS_SURELY_UNSET_VAR", "not set"});
+}
+
+TEST(CliErrors, ExtendsCycle) {
+  Workdir w;
+  w.write("a.yaml", "extends: b.yaml\n");
+  w.write("b.yaml", "extends: a.yaml\n");
+  expect_clean_error(run_primus("train pretrain --config " + (w.path() / "a.yaml").string()), 2, {"extends cycle"});
+}
+
+TEST(CliErrors, UnknownBackendListsKnownOnes) {
+  Workdir w;
+  auto p = w.write("e.yaml", exp_yaml("", "megatron"));
+  expect_clean_error(run_primus("train pretrain --config " + p.string()), 2, {"unknown backend 'megatron'", "reference"});
+}
+
+TEST(CliErrors, UnknownPatchIdInPrimusPatches) {
+  Workdir w;
+  auto p = w.write("e.yaml", exp_yaml(""));
+  expect_clean_error(run_primus("train pretrain --config " + p.string(), "PRIMUS_PATCHES=reference.args.grad_acum"), 2,
+                     {"PRIMUS_PATCHES", "reference.args.grad_acum", "did you mean 'reference.args.grad_accum'"});
+}
+
+TEST(CliErrors, WrongTypeForAKey) {
+  Workdir w;
+  auto p = w.write("e.yaml", exp_yaml("      train_iters: lots\n"));
+  expect_clean_error(run_primus("train pretrain --config " + p.string()), 2,
+                     {"e.yaml:8:", "train_iters", "expects an integer", "lots"});
+  expect_clean_error(run_primus("train pretrain --config " + p.string() + " train_iters=12 micro_batch_size=0"), 2,
+                     {"command line", "micro_batch_size", "out of range"});
+}
+
+TEST(CliErrors, BadOverrideSyntaxIsAUsageError) {
+  Workdir w;
+  auto p = w.write("e.yaml", exp_yaml(""));
+  expect_clean_error(run_primus("train pretrain --config " + p.string() + " just_a_word"), 2, {"key=value"});
+}
+
+TEST(Cli, DryRunPrintsThePlanAndRunsNothing) {
+  Workdir w;
+  auto p = w.write("e.yaml", "workspace: " + w.str() + "/ws\n" + exp_yaml("      global_batch_size: 16\n"));
+  auto r = run_primus("train pretrain --config " + p.string() + " --dry-run micro_batch_size=4");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[build_args] apply reference.args.mock_data: condition true (mock_data=true)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[setup] skip  reference.runtime.num_threads"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Dry run: nothing was run."), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(w.path() / "ws"));
+}
+
+TEST(Cli, ConfigShowExplainNamesEveryLayer) {
+  Workdir w;
+  auto p = w.write("e.yaml", exp_yaml("      lr: 0.01\n"));
+  auto r = run_primus("config show --config " + p.string() + " --explain seed=7");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("lr: 0.01"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("e.yaml:8:11  (overrides"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("trainer_base.yaml:5:5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("seed: 7"), std::string::npos);
+  EXPECT_NE(r.out.find("<command line: seed=7>"), std::string::npos);
+  EXPECT_NE(r.out.find("hidden_size: 64"), std::string::npos);  // from the model preset
+  auto j = run_primus("config show --config " + p.string() + " --format json");
+  EXPECT_EQ(j.code, 0);
+  EXPECT_NE(j.out.find("\"framework\": \"reference\""), std::string::npos) << j.out;
+}
+
+TEST(Cli, PatchesListAndShow) {
+  Workdir w;
+  auto p = w.write("e.yaml", exp_yaml("      num_threads: 2\n"));
+  auto r = run_primus("patches list --backend reference --config " + p.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("| Patch | What it does | Patch logic | Code location | How to enable | Applies with this config |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("`reference.runtime.num_threads`"), std::string::npos);
+  EXPECT_NE(r.out.find("yes: condition true (num_threads=2)"), std::string::npos) << r.out;
+  auto j = run_primus("patches list --format json");
+  EXPECT_EQ(j.code, 0);
+  EXPECT_NE(j.out.find("\"id\": \"reference.args.grad_accum\""), std::string::npos) << j.out;
+  auto s = run_primus("patches show reference.args.mock_data");
+  EXPECT_EQ(s.code, 0) << s.out;
+  EXPECT_NE(s.out.find("## Porting to another framework"), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("train/common_patches.cpp:"), std::string::npos);
+  expect_clean_error(run_primus("patches show reference.nope"), 2, {"unknown patch id"});
+}

@@ -1,0 +1,118 @@
+// Training end to end through the binary: resume is bit-identical, a damaged checkpoint is
+// refused, a non-finite loss stops (or is skipped), export and generation work.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "cli_runner.h"
+#include "core/util/fs.h"
+#include "io/metrics.h"
+#include "io/safetensors.h"
+
+using primus::testing::run_primus;
+using primus::testing::tiny_run_args;
+using primus::testing::Workdir;
+namespace fsys = std::filesystem;
+
+namespace {
+fsys::path out_dir(const Workdir& w) { return w.path() / "local/local/shakespeare"; }
+
+std::vector<std::pair<int64_t, double>> losses(const fsys::path& metrics) {
+  std::vector<std::pair<int64_t, double>> out;
+  for (auto& j : primus::io::read_jsonl(metrics))
+    if (j.contains("loss")) out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+  return out;
+}
+}  // namespace
+
+TEST(TrainE2E, ResumeGivesBitIdenticalLossesAndWeights) {
+  Workdir straight, resumed;
+  auto a = run_primus(tiny_run_args(straight.str()));
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto b1 = run_primus(tiny_run_args(resumed.str()) + " train_iters=10");
+  ASSERT_EQ(b1.code, 0) << b1.out;
+  auto b2 = run_primus(tiny_run_args(resumed.str()) + " auto_continue_train=true");
+  ASSERT_EQ(b2.code, 0) << b2.out;
+  EXPECT_NE(b2.out.find("resumed from"), std::string::npos) << b2.out;
+  auto la = losses(out_dir(straight) / "metrics.jsonl");
+  auto lb = losses(out_dir(resumed) / "metrics.jsonl");
+  ASSERT_EQ(la.size(), 20u);
+  ASSERT_EQ(lb.size(), 20u);
+  for (size_t i = 0; i < la.size(); ++i) {
+    EXPECT_EQ(la[i].first, lb[i].first);
+    EXPECT_EQ(la[i].second, lb[i].second) << "step " << la[i].first;  // bitwise
+  }
+  EXPECT_LT(la.back().second, la.front().second);  // it learns
+  auto wa = primus::fs::read_file(out_dir(straight) / "checkpoints/iter_0000020/model.safetensors");
+  auto wb = primus::fs::read_file(out_dir(resumed) / "checkpoints/iter_0000020/model.safetensors");
+  EXPECT_TRUE(wa == wb) << "final weights differ";
+  auto oa = primus::fs::read_file(out_dir(straight) / "checkpoints/iter_0000020/optimizer.safetensors");
+  auto ob = primus::fs::read_file(out_dir(resumed) / "checkpoints/iter_0000020/optimizer.safetensors");
+  EXPECT_TRUE(oa == ob) << "optimizer state differs";
+  // metrics.jsonl and TensorBoard events exist with the required fields.
+  auto rows = primus::io::read_jsonl(out_dir(straight) / "metrics.jsonl");
+  for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s"}) EXPECT_TRUE(rows[0].contains(k)) << k;
+  bool tb = false;
+  for (auto& e : fsys::directory_iterator(out_dir(straight) / "tensorboard"))
+    tb |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_TRUE(tb);
+}
+
+TEST(TrainE2E, DamagedCheckpointIsRefusedNamingTheFile) {
+  Workdir w;
+  ASSERT_EQ(run_primus(tiny_run_args(w.str()) + " train_iters=10").code, 0);
+  fsys::path ck = out_dir(w) / "checkpoints/iter_0000010";
+  const std::string good_model = primus::fs::read_file(ck / "model.safetensors");
+  {
+    std::fstream f(ck / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-20, std::ios::end);
+    f.put('\x7f');
+  }
+  auto r = run_primus(tiny_run_args(w.str()) + " load=" + ck.string());
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("iter_0000010"), std::string::npos) << r.out;
+  std::ofstream(ck / "model.safetensors", std::ios::binary) << good_model;
+  fsys::resize_file(ck / "optimizer.safetensors", 100);
+  auto t = run_primus(tiny_run_args(w.str()) + " load=" + ck.string());
+  EXPECT_EQ(t.code, 3) << t.out;
+  EXPECT_NE(t.out.find("optimizer.safetensors"), std::string::npos) << t.out;
+}
+
+TEST(TrainE2E, CheckpointForAnotherModelIsRefused) {
+  Workdir w;
+  ASSERT_EQ(run_primus(tiny_run_args(w.str()) + " train_iters=10").code, 0);
+  auto r = run_primus(tiny_run_args(w.str()) + " hidden_size=48 load=" + (out_dir(w) / "checkpoints").string());
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("another model"), std::string::npos) << r.out;
+}
+
+TEST(TrainE2E, NonFiniteLossStopsNamingStepAndLastCheckpoint) {
+  Workdir w;
+  auto r = run_primus(tiny_run_args(w.str()) + " lr=1e38 lr_warmup_iters=0 save_interval=1");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("non-finite loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("at step 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("iter_0000001"), std::string::npos) << r.out;
+  auto s = run_primus(tiny_run_args(w.str()) + " lr=1e38 lr_warmup_iters=0 skip_nan_steps=true train_iters=4 exp_name=skip");
+  EXPECT_EQ(s.code, 0) << s.out;
+  EXPECT_NE(s.out.find("step skipped"), std::string::npos) << s.out;
+}
+
+TEST(TrainE2E, ExportHfAndGenerate) {
+  Workdir w;
+  ASSERT_EQ(run_primus(tiny_run_args(w.str()) + " train_iters=10").code, 0);
+  auto ck = out_dir(w) / "checkpoints";
+  auto e = run_primus("export hf " + ck.string() + " " + (w.path() / "hf").string() + " --dtype fp32");
+  ASSERT_EQ(e.code, 0) << e.out;
+  auto cfg = nlohmann::json::parse(primus::fs::read_file(w.path() / "hf/config.json"));
+  EXPECT_EQ(cfg["model_type"], "gpt2");
+  EXPECT_EQ(cfg["n_embd"], 32);
+  auto st = primus::io::SafetensorsFile::open(w.path() / "hf/model.safetensors");
+  EXPECT_EQ(st.info("transformer.h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{32, 96}));  // Conv1D [in,out]
+  EXPECT_EQ(st.info("transformer.wte.weight").shape, (std::vector<int64_t>{256, 32}));
+  auto g = run_primus("generate --checkpoint " + ck.string() + " --prompt 'ROMEO:' -n 20 --top-k 5");
+  EXPECT_EQ(g.code, 0) << g.out;
+  EXPECT_EQ(g.out.rfind("ROMEO:", 0), 0u) << g.out;
+  EXPECT_GE(g.out.size(), 6u + 20u);
+}
