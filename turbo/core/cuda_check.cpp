@@ -25,6 +25,10 @@ const char* cublas_status_name(cublasStatus_t st) {
 
 namespace detail {
 void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  // A failed runtime call also records itself as the thread's "last error"; clear it so a
+  // later CUDA_CHECK_LAST() does not report this failure again at an unrelated launch (sticky
+  // errors, which poison the context, stay whatever we do).
+  (void)cudaGetLastError();
   throw RuntimeError(fmt::format("CUDA error {} ({}) in `{}` at {}:{}", cudaGetErrorName(err),
                                  cudaGetErrorString(err), expr, file, line));
 }

@@ -59,6 +59,12 @@ OpDispatcher<GemmArgs>& dispatcher() {
           return cublaslt::unsupported_reason(lt_problem(g, s));
         },
         [](const GemmArgs& g) {
+          // Autotune also means timing cuBLASLt's own top candidates per shape (once each).
+          static const bool tune = [] {
+            if (GlobalBackendManager::instance().auto_tune_enabled()) cublaslt::set_algo_search(8);
+            return true;
+          }();
+          (void)tune;
           detail::GemmShape s;
           detail::gemm_shape(g, &s);
           cublaslt::gemm(lt_problem(g, s), static_cast<cudaStream_t>(g.ctx.stream));

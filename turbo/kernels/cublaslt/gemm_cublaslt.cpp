@@ -207,8 +207,9 @@ void search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stre
                        p.d.ptr, plan.ld, const_cast<void*>(p.d.ptr), plan.ld, &results[i].algo,
                        c.ws, c.ws_bytes, stream) != CUBLAS_STATUS_SUCCESS)
       continue;
+    run_plan(plan, results[i].algo, p, c, stream);  // second warm-up: clocks and caches settle
     CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int r = 0; r < 3; ++r) run_plan(plan, results[i].algo, p, c, stream);
+    for (int r = 0; r < 5; ++r) run_plan(plan, results[i].algo, p, c, stream);
     CUDA_CHECK(cudaEventRecord(stop, stream));
     CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;

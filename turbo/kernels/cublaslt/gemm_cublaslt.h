@@ -79,7 +79,8 @@ inline constexpr size_t kDefaultWorkspaceBytes = 32u << 20;
 
 // 1 (default): take cuBLASLt's first heuristic answer. k > 1: time the top k candidates once
 // per shape (only for beta == 0, where reruns are harmless, and never while capturing a graph).
-// Also read from PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH at first use.
+// Also read from PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH at first use; the gemm op sets 8 when
+// PRIMUS_TURBO_AUTO_TUNE is on.
 void set_algo_search(int top_k);
 size_t algo_cache_size();
 void clear_algo_cache();

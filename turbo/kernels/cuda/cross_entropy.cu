@@ -15,6 +15,7 @@ namespace primus::turbo::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
+constexpr int kUnroll = 4;  // vectors in flight per thread
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
@@ -25,22 +26,33 @@ cross_entropy_kernel(T* dlogits, float* losses, float* lse_out, const T* logits,
   const int nvec = Vp / W;
   for (int row = blockIdx.x; row < N; row += gridDim.x) {
     const T* x = logits + static_cast<int64_t>(row) * Vp;
-    // Pass 1: per-thread running max m and sum s of exp(x - m).
+    // Pass 1: per-thread running max m and sum s of exp(x - m). kUnroll vectors are loaded
+    // before any is used, so each thread keeps several loads in flight.
     float m = -INFINITY, s = 0.0f;
-    for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
-      const Vec<T> v = load_vec(x + j * W);
-      float vmax = -INFINITY;
+    for (int j0 = threadIdx.x; j0 < nvec; j0 += kUnroll * blockDim.x) {
+      Vec<T> v[kUnroll];
 #pragma unroll
-      for (int e = 0; e < W; ++e)
-        if (j * W + e < V) vmax = fmaxf(vmax, v.get(e));
-      if (vmax == -INFINITY) continue;  // all padding
-      const float nm = fmaxf(m, vmax);
-      float add = 0.0f;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + u * blockDim.x;
+        if (j < nvec) v[u] = load_vec(x + j * W);
+      }
 #pragma unroll
-      for (int e = 0; e < W; ++e)
-        if (j * W + e < V) add += __expf(v.get(e) - nm);
-      s = s * __expf(m - nm) + add;
-      m = nm;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + u * blockDim.x;
+        if (j >= nvec) continue;
+        float vmax = -INFINITY;
+#pragma unroll
+        for (int e = 0; e < W; ++e)
+          if (j * W + e < V) vmax = fmaxf(vmax, v[u].get(e));
+        if (vmax == -INFINITY) continue;  // all padding
+        const float nm = fmaxf(m, vmax);
+        float add = 0.0f;
+#pragma unroll
+        for (int e = 0; e < W; ++e)
+          if (j * W + e < V) add += __expf(v[u].get(e) - nm);
+        s = s * __expf(m - nm) + add;
+        m = nm;
+      }
     }
     const float row_max = block_max(m, smem);
     const float scaled = m == -INFINITY ? 0.0f : s * __expf(m - row_max);
@@ -60,16 +72,28 @@ cross_entropy_kernel(T* dlogits, float* losses, float* lse_out, const T* logits,
     // Pass 2: gradient, written over the row (each element by the thread that read it).
     T* g = dlogits + static_cast<int64_t>(row) * Vp;
     const float scale = ignored ? 0.0f : dloss;
-    for (int j = threadIdx.x; j < nvec; j += blockDim.x) {
-      const Vec<T> v = load_vec_cs(x + j * W);
-      Vec<T> out;
+    // The row is both read and written here (in place): the loads of a batch are issued before
+    // its stores, which the compiler could not reorder on its own (it must assume aliasing).
+    for (int j0 = threadIdx.x; j0 < nvec; j0 += kUnroll * blockDim.x) {
+      Vec<T> v[kUnroll];
 #pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const int col = j * W + e;
-        const float p = col < V ? __expf(v.get(e) - lse) : 0.0f;
-        out.set(e, col < V ? scale * (p - (col == target ? 1.0f : 0.0f)) : 0.0f);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + u * blockDim.x;
+        if (j < nvec) v[u] = load_vec_cs(x + j * W);
       }
-      store_vec_cs(g + j * W, out);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + u * blockDim.x;
+        if (j >= nvec) continue;
+        Vec<T> out;
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const int col = j * W + e;
+          const float p = col < V ? __expf(v[u].get(e) - lse) : 0.0f;
+          out.set(e, col < V ? scale * (p - (col == target ? 1.0f : 0.0f)) : 0.0f);
+        }
+        store_vec_cs(g + j * W, out);
+      }
     }
   }
 }

@@ -21,10 +21,27 @@
 namespace primus::turbo::cuda {
 namespace {
 
-constexpr int kMaxThreads = 512;
+// Block shape: threadIdx.x walks one row's vectors (tx threads, a multiple of 32), threadIdx.y
+// picks one of ty rows handled side by side. Short rows (GPT-2's 768) get one warp per row, so
+// their statistics need shuffles only, and many rows per block keep enough loads in flight.
+constexpr int kFwdThreads = 256, kBwdThreads = 512;
+
+// Sum over the tx threads of this thread's row group; every thread of the group gets it.
+// All threads of the block must call it (it may synchronise the block).
+__device__ __forceinline__ float row_sum(float x, float* smem) {
+  x = warp_sum(x);
+  const int wpr = blockDim.x / 32;
+  if (wpr == 1) return x;  // uniform across the block
+  __syncthreads();         // smem may still be read by the previous call
+  if (threadIdx.x % 32 == 0) smem[threadIdx.y * wpr + threadIdx.x / 32] = x;
+  __syncthreads();
+  float s = 0.0f;
+  for (int i = 0; i < wpr; ++i) s += smem[threadIdx.y * wpr + i];
+  return s;
+}
 
 template <class T, int kVec, bool kRms>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(1024)
 norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                     T* __restrict__ residual_out, const T* __restrict__ inp,
                     const T* __restrict__ residual, const T* __restrict__ weight,
@@ -33,20 +50,23 @@ norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __
   __shared__ float smem[32];
   const int nvec = C / W;
   const float inv_c = 1.0f / static_cast<float>(C);
-  for (int row = blockIdx.x; row < N; row += gridDim.x) {
-    const int64_t base = static_cast<int64_t>(row) * C;
+  // The loop bound is uniform over the block (row_sum synchronises it); `valid` masks rows past N.
+  for (int base = blockIdx.x * blockDim.y; base < N; base += gridDim.x * blockDim.y) {
+    const int row = base + threadIdx.y;
+    const bool valid = row < N;
+    const int64_t off = static_cast<int64_t>(valid ? row : 0) * C;
     float vals[kVec][W];
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const int j = threadIdx.x + i * blockDim.x;
-      if (j < nvec) {
-        Vec<T> a = load_vec(inp + base + j * W);
+      if (valid && j < nvec) {
+        Vec<T> a = load_vec(inp + off + j * W);
         if (residual) {
-          const Vec<T> r = load_vec(residual + base + j * W);
+          const Vec<T> r = load_vec(residual + off + j * W);
 #pragma unroll
           for (int e = 0; e < W; ++e) a.set(e, a.get(e) + r.get(e));  // rounded to T, as stored
-          store_vec(residual_out + base + j * W, a);
+          store_vec(residual_out + off + j * W, a);
         }
 #pragma unroll
         for (int e = 0; e < W; ++e) { vals[i][e] = a.get(e); sum += vals[i][e]; }
@@ -55,17 +75,18 @@ norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __
         for (int e = 0; e < W; ++e) vals[i][e] = 0.0f;
       }
     }
-    const float mean = kRms ? 0.0f : block_sum(sum, smem) * inv_c;
+    const float mean = kRms ? 0.0f : row_sum(sum, smem) * inv_c;
     float sq = 0.0f;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const int j = threadIdx.x + i * blockDim.x;
-      if (j < nvec) {
+      if (valid && j < nvec) {
 #pragma unroll
         for (int e = 0; e < W; ++e) { const float d = vals[i][e] - mean; sq += d * d; }
       }
     }
-    const float rstd = rsqrtf(block_sum(sq, smem) * inv_c + eps);
+    const float rstd = rsqrtf(row_sum(sq, smem) * inv_c + eps);
+    if (!valid) continue;
     if (threadIdx.x == 0) {
       if (!kRms && mean_out) mean_out[row] = mean;
       rstd_out[row] = rstd;
@@ -84,21 +105,24 @@ norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __
           if (!kRms && bias) y += b.get(e);
           o.set(e, y);
         }
-        store_vec(out + base + j * W, o);
+        store_vec(out + off + j * W, o);
       }
     }
   }
 }
 
+// Parameter-gradient partials: each block sums its rows' contributions in registers, the row
+// groups of the block are combined through shared memory in group order, and one [C] row per
+// block goes to part_w / part_b ([grid, C]).
 template <class T, int kVec, bool kRms>
-__global__ void __launch_bounds__(kMaxThreads)
-norm_backward_kernel(T* __restrict__ dinp, float* __restrict__ dweight_part,
-                     float* __restrict__ dbias_part, const T* __restrict__ dout,
-                     const T* __restrict__ inp, const T* __restrict__ weight,
-                     const float* __restrict__ mean, const float* __restrict__ rstd, int N, int C,
-                     bool accumulate) {
+__global__ void __launch_bounds__(kBwdThreads, 2)
+norm_backward_kernel(T* __restrict__ dinp, float* __restrict__ part_w, float* __restrict__ part_b,
+                     const T* __restrict__ dout, const T* __restrict__ inp,
+                     const T* __restrict__ weight, const float* __restrict__ mean,
+                     const float* __restrict__ rstd, int N, int C, bool accumulate) {
   constexpr int W = Vec<T>::kSize;
   __shared__ float smem[32];
+  extern __shared__ float acc[];  // [2, C] when blockDim.y > 1
   const int nvec = C / W;
   const float inv_c = 1.0f / static_cast<float>(C);
   float w[kVec][W], dw[kVec][W], db[kVec][W];
@@ -110,108 +134,156 @@ norm_backward_kernel(T* __restrict__ dinp, float* __restrict__ dweight_part,
 #pragma unroll
     for (int e = 0; e < W; ++e) {
       w[i][e] = j < nvec ? wv.get(e) : 0.0f;
-      dw[i][e] = 0.0f;
-      db[i][e] = 0.0f;
+      dw[i][e] = db[i][e] = 0.0f;
     }
   }
-  for (int row = blockIdx.x; row < N; row += gridDim.x) {
-    const int64_t base = static_cast<int64_t>(row) * C;
-    const float mu = kRms ? 0.0f : mean[row];
-    const float rs = rstd[row];
-    float g[kVec][W], xh[kVec][W];
+  for (int base = blockIdx.x * blockDim.y; base < N; base += gridDim.x * blockDim.y) {
+    const int row = base + threadIdx.y;
+    const bool valid = row < N;
+    const int64_t off = static_cast<int64_t>(valid ? row : 0) * C;
+    const float mu = (kRms || !valid) ? 0.0f : mean[row];
+    const float rs = valid ? rstd[row] : 0.0f;
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const int j = threadIdx.x + i * blockDim.x;
-      if (j < nvec) {
-        const Vec<T> gv = load_vec(dout + base + j * W);
-        const Vec<T> xv = load_vec(inp + base + j * W);
+      if (valid && j < nvec) {
+        const Vec<T> gv = load_vec(dout + off + j * W);
+        const Vec<T> xv = load_vec(inp + off + j * W);
 #pragma unroll
         for (int e = 0; e < W; ++e) {
-          g[i][e] = gv.get(e);
-          xh[i][e] = (xv.get(e) - mu) * rs;
-          const float dn = g[i][e] * w[i][e];
+          const float g = gv.get(e), xh = (xv.get(e) - mu) * rs, dn = g * w[i][e];
           s1 += dn;
-          s2 += dn * xh[i][e];
-          dw[i][e] += g[i][e] * xh[i][e];
-          db[i][e] += g[i][e];
+          s2 += dn * xh;
+          dw[i][e] += g * xh;
+          db[i][e] += g;
         }
-      } else {
-#pragma unroll
-        for (int e = 0; e < W; ++e) g[i][e] = xh[i][e] = 0.0f;
       }
     }
-    const float mean_dn = kRms ? 0.0f : block_sum(s1, smem) * inv_c;
-    const float mean_dn_xh = block_sum(s2, smem) * inv_c;
+    const float mean_dn = kRms ? 0.0f : row_sum(s1, smem) * inv_c;
+    const float mean_dn_xh = row_sum(s2, smem) * inv_c;
+    if (!valid) continue;
+    // Second pass: dout and inp again, from L1 (this thread read them a moment ago); keeping
+    // them in registers would halve the blocks an SM can hold.
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const int j = threadIdx.x + i * blockDim.x;
       if (j < nvec) {
+        const Vec<T> gv = load_vec(dout + off + j * W);
+        const Vec<T> xv = load_vec(inp + off + j * W);
         Vec<T> d;
-        if (accumulate) d = load_vec(dinp + base + j * W);
+        if (accumulate) d = load_vec(dinp + off + j * W);
 #pragma unroll
         for (int e = 0; e < W; ++e) {
-          const float v = (g[i][e] * w[i][e] - mean_dn - xh[i][e] * mean_dn_xh) * rs;
+          const float xh = (xv.get(e) - mu) * rs;
+          const float v = (gv.get(e) * w[i][e] - mean_dn - xh * mean_dn_xh) * rs;
           d.set(e, accumulate ? d.get(e) + v : v);
         }
-        store_vec(dinp + base + j * W, d);
+        store_vec(dinp + off + j * W, d);
       }
     }
   }
+  float* pw = part_w + static_cast<int64_t>(blockIdx.x) * C;
+  float* pb = part_b ? part_b + static_cast<int64_t>(blockIdx.x) * C : nullptr;
+  if (blockDim.y == 1) {
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    const int j = threadIdx.x + i * blockDim.x;
-    if (j < nvec) {
-      float* pw = dweight_part + static_cast<int64_t>(blockIdx.x) * C + j * W;
+    for (int i = 0; i < kVec; ++i) {
+      const int j = threadIdx.x + i * blockDim.x;
+      if (j < nvec) {
 #pragma unroll
-      for (int e = 0; e < W; ++e) pw[e] = dw[i][e];
-      if (dbias_part) {
-        float* pb = dbias_part + static_cast<int64_t>(blockIdx.x) * C + j * W;
-#pragma unroll
-        for (int e = 0; e < W; ++e) pb[e] = db[i][e];
+        for (int e = 0; e < W; ++e) {
+          pw[j * W + e] = dw[i][e];
+          if (pb) pb[j * W + e] = db[i][e];
+        }
       }
     }
+    return;
+  }
+  // Row groups add into shared memory one after another (a fixed order: deterministic).
+  for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
+    if (threadIdx.y == y) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        if (j < nvec) {
+#pragma unroll
+          for (int e = 0; e < W; ++e) {
+            acc[j * W + e] = (y == 0 ? 0.0f : acc[j * W + e]) + dw[i][e];
+            acc[C + j * W + e] = (y == 0 ? 0.0f : acc[C + j * W + e]) + db[i][e];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
+  for (int c = tid; c < C; c += nthreads) {
+    pw[c] = acc[c];
+    if (pb) pb[c] = acc[C + c];
   }
 }
 
-// dst[c] += sum over g of part[g, c], in g order (deterministic).
-__global__ void column_sum_add_kernel(float* __restrict__ dst, const float* __restrict__ part,
-                                      int G, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.0f;
-  for (int g = 0; g < G; ++g) s += part[static_cast<int64_t>(g) * C + c];
-  dst[c] += s;
+// dst[c] += sum over g of part[g, c]. A block owns 32 columns; its 32 thread rows each sum a
+// strided subset of g in order, then row 0 adds the 32 results in order: deterministic.
+__global__ void column_sum_add_kernel(float* __restrict__ dst, const float* __restrict__ part, int G, int C) {
+  __shared__ float s[32][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  float v = 0.0f;
+  if (c < C)
+    for (int g = threadIdx.y; g < G; g += 32) v += part[static_cast<int64_t>(g) * C + c];
+  s[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float t = 0.0f;
+    for (int i = 0; i < 32; ++i) t += s[i][threadIdx.x];
+    dst[c] += t;
+  }
 }
 
 struct Shape {
-  int kvec, threads, grid;
+  int kvec, tx, ty, grid;
+  size_t smem;
 };
+
+// Threads per row: the fewest (a multiple of 32, at most `max_tx`) such that each holds at most
+// `target` vectors (more only when max_tx forces it, up to 4).
 template <class T>
-Shape shape_for(int64_t N, int64_t C) {
+Shape shape_for(int64_t N, int64_t C, bool backward) {
   const int nvec = static_cast<int>(C / Vec<T>::kSize);
-  int kvec = 1;
-  while (kvec < 4 && ceil_div(nvec, kvec) > kMaxThreads) kvec *= 2;
-  const int threads = ceil_div(ceil_div(nvec, kvec), 32) * 32;
-  const int per_sm = std::max(1, 2048 / threads);
-  const int grid = static_cast<int>(std::min<int64_t>(N, static_cast<int64_t>(sm_count()) * per_sm));
-  return {kvec, threads, std::max(grid, 1)};
+  const int target = backward ? 2 : 4, max_tx = backward ? kBwdThreads : 1024;
+  int tx = std::min(max_tx, ceil_div(ceil_div(nvec, target), 32) * 32);
+  const int kvec = ceil_div(nvec, tx);
+  const int block = backward ? kBwdThreads : kFwdThreads;
+  int ty = std::max(1, block / tx);
+  size_t smem = 0;
+  if (backward && ty > 1) {
+    smem = 2 * static_cast<size_t>(C) * sizeof(float);
+    if (smem > 48 * 1024) { ty = 1; smem = 0; }
+  }
+  const int64_t rows_blocks = (N + ty - 1) / ty;
+  int64_t grid = rows_blocks;
+  if (backward) {
+    // Few blocks: each writes one [C] partial row; two resident per SM keep the loads flowing.
+    grid = std::min<int64_t>(rows_blocks, static_cast<int64_t>(sm_count()) * 2);
+  }
+  return {kvec, tx, ty, static_cast<int>(std::max<int64_t>(grid, 1)), smem};
 }
 
 template <class T, bool kRms>
 void launch_forward(void* out, float* mean, float* rstd, void* res_out, const void* inp,
                     const void* res, const void* w, const void* b, int64_t N, int64_t C, float eps,
                     cudaStream_t s) {
-  const Shape sh = shape_for<T>(N, C);
+  const Shape sh = shape_for<T>(N, C, false);
   auto go = [&](auto kernel) {
-    kernel<<<sh.grid, sh.threads, 0, s>>>(static_cast<T*>(out), mean, rstd, static_cast<T*>(res_out),
-                                          static_cast<const T*>(inp), static_cast<const T*>(res),
-                                          static_cast<const T*>(w), static_cast<const T*>(b),
-                                          static_cast<int>(N), static_cast<int>(C), eps);
+    kernel<<<sh.grid, dim3(sh.tx, sh.ty), 0, s>>>(static_cast<T*>(out), mean, rstd, static_cast<T*>(res_out),
+                                                  static_cast<const T*>(inp), static_cast<const T*>(res),
+                                                  static_cast<const T*>(w), static_cast<const T*>(b),
+                                                  static_cast<int>(N), static_cast<int>(C), eps);
   };
   switch (sh.kvec) {
     case 1: go(norm_forward_kernel<T, 1, kRms>); break;
     case 2: go(norm_forward_kernel<T, 2, kRms>); break;
+    case 3: go(norm_forward_kernel<T, 3, kRms>); break;
     default: go(norm_forward_kernel<T, 4, kRms>); break;
   }
   CUDA_CHECK_LAST();
@@ -221,25 +293,26 @@ template <class T, bool kRms>
 void launch_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp,
                      const void* w, const float* mean, const float* rstd, int64_t N, int64_t C,
                      bool acc, void* scratch, cudaStream_t s) {
-  const Shape sh = shape_for<T>(N, C);
+  const Shape sh = shape_for<T>(N, C, true);
   float* pw = static_cast<float*>(scratch);
   float* pb = db ? pw + static_cast<int64_t>(sh.grid) * C : nullptr;
   auto go = [&](auto kernel) {
-    kernel<<<sh.grid, sh.threads, 0, s>>>(static_cast<T*>(dinp), pw, pb, static_cast<const T*>(dout),
-                                          static_cast<const T*>(inp), static_cast<const T*>(w), mean,
-                                          rstd, static_cast<int>(N), static_cast<int>(C), acc);
+    kernel<<<sh.grid, dim3(sh.tx, sh.ty), sh.smem, s>>>(static_cast<T*>(dinp), pw, pb, static_cast<const T*>(dout),
+                                                        static_cast<const T*>(inp), static_cast<const T*>(w), mean,
+                                                        rstd, static_cast<int>(N), static_cast<int>(C), acc);
   };
   switch (sh.kvec) {
     case 1: go(norm_backward_kernel<T, 1, kRms>); break;
     case 2: go(norm_backward_kernel<T, 2, kRms>); break;
+    case 3: go(norm_backward_kernel<T, 3, kRms>); break;
     default: go(norm_backward_kernel<T, 4, kRms>); break;
   }
   CUDA_CHECK_LAST();
-  const int cgrid = ceil_div(C, 256);
-  column_sum_add_kernel<<<cgrid, 256, 0, s>>>(dw, pw, sh.grid, static_cast<int>(C));
+  const dim3 cblock(32, 32);
+  column_sum_add_kernel<<<ceil_div(C, 32), cblock, 0, s>>>(dw, pw, sh.grid, static_cast<int>(C));
   CUDA_CHECK_LAST();
   if (db) {
-    column_sum_add_kernel<<<cgrid, 256, 0, s>>>(db, pb, sh.grid, static_cast<int>(C));
+    column_sum_add_kernel<<<ceil_div(C, 32), cblock, 0, s>>>(db, pb, sh.grid, static_cast<int>(C));
     CUDA_CHECK_LAST();
   }
 }
@@ -250,7 +323,7 @@ const char* norm_unsupported_reason(DType dtype, int64_t C) {
   if (dtype != DType::F32 && dtype != DType::BF16) return "dtype must be f32 or bf16";
   const int64_t w = 16 / static_cast<int64_t>(dtype_size(dtype));
   if (C <= 0 || C % w != 0) return "C must be a positive multiple of the 128-bit vector width (8 bf16 / 4 f32)";
-  if (C / w > 4 * kMaxThreads) return "C too large (at most 16384 bf16 / 8192 f32 columns)";
+  if (C / w > 4 * kBwdThreads) return "C too large (at most 16384 bf16 / 8192 f32 columns)";
   return "";
 }
 
@@ -271,7 +344,7 @@ void norm_forward(NormKind kind, DType dtype, void* out, float* mean, float* rst
 size_t norm_backward_scratch_bytes(int64_t N, int64_t C) {
   // The grid depends on the dtype's vector width only through the thread count; size for the
   // larger of the two (f32: more vectors per row, so fewer blocks per SM is never larger).
-  const int64_t g = std::max(shape_for<float>(N, C).grid, shape_for<bf16>(N, C).grid);
+  const int64_t g = std::max(shape_for<float>(N, C, true).grid, shape_for<bf16>(N, C, true).grid);
   return static_cast<size_t>(2 * g * C) * sizeof(float);
 }
 

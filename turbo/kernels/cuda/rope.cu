@@ -24,34 +24,54 @@ __global__ void rope_table_kernel(float2* table, int64_t max_pos, int64_t half, 
   table[i] = make_float2(static_cast<float>(c), static_cast<float>(s));
 }
 
-// kInverse: rotate by -angle (the backward).
+// kInverse: rotate by -angle (the backward). A work item is one 128-bit slice of the head dim
+// for one token and kHeads heads: their cos/sin are the same, so each table entry loaded serves
+// kHeads vectors (without that the table reads would outnumber the data reads two to one).
+constexpr int kHeads = 4;
+
 template <class T, bool kInverse>
 __global__ void rope_kernel(T* out, const T* inp, const int32_t* positions, const float2* table,
-                            int64_t nvec, int T_, int HD, int D, int max_pos, bool acc) {
+                            int64_t items, int T_, int H, int D, int max_pos, bool acc) {
   constexpr int W = Vec<T>::kSize;
-  const int half = D / 2;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nvec;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t idx = i * W;
-    const int64_t token = idx / HD;
-    const int d = static_cast<int>(idx % D);
+  const int half = D / 2, dvecs = D / W, groups = (H + kHeads - 1) / kHeads;
+  for (int64_t it = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; it < items;
+       it += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int dv = static_cast<int>(it % dvecs);
+    const int hg = static_cast<int>((it / dvecs) % groups);
+    const int64_t token = it / (static_cast<int64_t>(dvecs) * groups);
     const int pos = positions ? positions[token] : static_cast<int>(token % T_);
-    const Vec<T> x = load_vec_cs(inp + idx);
-    Vec<T> y;
-    if (acc) y = load_vec(out + idx);
     const bool ok = pos >= 0 && pos < max_pos;
-    const float2* row = table + static_cast<int64_t>(ok ? pos : 0) * half + d / 2;
+    const float2* row = table + static_cast<int64_t>(ok ? pos : 0) * half + dv * (W / 2);
+    float c[W / 2], sn[W / 2];
 #pragma unroll
     for (int p = 0; p < W / 2; ++p) {
       const float2 cs = row[p];
-      const float sn = kInverse ? -cs.y : cs.y;
-      const float a = x.get(2 * p), b = x.get(2 * p + 1);
-      float r0 = a * cs.x - b * sn, r1 = a * sn + b * cs.x;
-      if (!ok) r0 = r1 = __int_as_float(0x7fc00000);  // NaN: the position was out of range
-      y.set(2 * p, acc ? y.get(2 * p) + r0 : r0);
-      y.set(2 * p + 1, acc ? y.get(2 * p + 1) + r1 : r1);
+      c[p] = cs.x;
+      sn[p] = kInverse ? -cs.y : cs.y;
     }
-    store_vec(out + idx, y);
+    Vec<T> x[kHeads];
+#pragma unroll
+    for (int k = 0; k < kHeads; ++k) {
+      const int h = hg * kHeads + k;
+      if (h < H) x[k] = load_vec_cs(inp + (token * H + h) * D + dv * W);
+    }
+#pragma unroll
+    for (int k = 0; k < kHeads; ++k) {
+      const int h = hg * kHeads + k;
+      if (h >= H) continue;
+      T* dst = out + (token * H + h) * D + dv * W;
+      Vec<T> y;
+      if (acc) y = load_vec(dst);
+#pragma unroll
+      for (int p = 0; p < W / 2; ++p) {
+        const float a = x[k].get(2 * p), b = x[k].get(2 * p + 1);
+        float r0 = a * c[p] - b * sn[p], r1 = a * sn[p] + b * c[p];
+        if (!ok) r0 = r1 = __int_as_float(0x7fc00000);  // NaN: the position was out of range
+        y.set(2 * p, acc ? y.get(2 * p) + r0 : r0);
+        y.set(2 * p + 1, acc ? y.get(2 * p + 1) + r1 : r1);
+      }
+      store_vec(dst, y);
+    }
   }
 }
 
@@ -63,13 +83,13 @@ void launch(const char* op, DType dtype, void* out, const void* inp, const int32
   const int64_t n = B * T * H * D;
   if (n == 0) return;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, op, [&] {
-    const int64_t nvec = n / Vec<scalar_t>::kSize;
+    const int64_t items = B * T * ((H + kHeads - 1) / kHeads) * (D / Vec<scalar_t>::kSize);
     const int threads = 256;
     const int64_t cap = static_cast<int64_t>(sm_count()) * 32;
-    const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((nvec + threads - 1) / threads, cap)));
+    const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((items + threads - 1) / threads, cap)));
     rope_kernel<scalar_t, kInverse><<<grid, threads, 0, stream>>>(
         static_cast<scalar_t*>(out), static_cast<const scalar_t*>(inp), positions,
-        static_cast<const float2*>(table), nvec, static_cast<int>(T), static_cast<int>(H * D),
+        static_cast<const float2*>(table), items, static_cast<int>(T), static_cast<int>(H),
         static_cast<int>(D), static_cast<int>(max_pos), acc);
     CUDA_CHECK_LAST();
   });

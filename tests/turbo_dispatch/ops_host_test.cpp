@@ -1,0 +1,175 @@
+// The public ops on host tensors: the CPU backend of gemm (every layout and epilogue against a
+// plain double product) and the dispatch of a device-default op to CPU for host tensors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/util/error.h"
+#include "turbo/dispatch/backend_manager.h"
+#include "turbo/kernels/cpu/activation.h"
+#include "turbo/kernels/cpu/normalization.h"
+#include "turbo/ops/gemm.h"
+#include "turbo/ops/normalization.h"
+
+namespace primus::turbo {
+namespace {
+
+struct HostMat {
+  std::vector<float> stored;
+  TensorView view;  // logical [r, c]
+  std::vector<float> logical;
+};
+
+class OpsHost : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    rng.seed(std::random_device{}());
+    GlobalBackendManager::instance().reset();
+    GlobalBackendManager::instance().set_warning_sink([this](const std::string& w) { warnings.push_back(w); });
+  }
+  void TearDown() override {
+    GlobalBackendManager::instance().set_warning_sink(nullptr);
+    GlobalBackendManager::instance().reset();
+  }
+  std::vector<float> randn(int64_t n) {
+    std::normal_distribution<float> d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = d(rng);
+    return v;
+  }
+  HostMat mat(int64_t r, int64_t c, bool col_major) {
+    HostMat m;
+    m.logical = randn(r * c);
+    m.stored.resize(m.logical.size());
+    if (!col_major) {
+      m.stored = m.logical;
+      m.view = TensorView(m.stored.data(), DType::F32, Device::CPU, {r, c});
+    } else {
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = 0; j < c; ++j) m.stored[j * r + i] = m.logical[i * c + j];
+      m.view = TensorView(m.stored.data(), DType::F32, Device::CPU, {c, r}).transposed();
+    }
+    return m;
+  }
+  std::mt19937 rng;
+  std::vector<std::string> warnings;
+};
+
+double rel(const std::vector<float>& got, const std::vector<double>& ref) {
+  double n = 0, d = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    n += (got[i] - ref[i]) * (got[i] - ref[i]);
+    d += ref[i] * ref[i];
+  }
+  return std::sqrt(n / d);
+}
+
+TEST_F(OpsHost, GemmCpuBackendAllLayoutsBiasAndBiasGrads) {
+  const int64_t M = 23, N = 17, K = 31;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      HostMat a = mat(M, K, ta), b = mat(K, N, tb);
+      std::vector<float> d(static_cast<size_t>(M * N), NAN), bias = randn(N);
+      std::vector<double> ref(static_cast<size_t>(M * N), 0.0);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          for (int64_t k = 0; k < K; ++k) ref[i * N + j] += double(a.logical[i * K + k]) * b.logical[k * N + j];
+          ref[i * N + j] += bias[j];
+        }
+      GemmArgs g;
+      g.a = a.view;
+      g.b = b.view;
+      g.d = TensorView(d.data(), DType::F32, Device::CPU, {M, N});
+      g.epilogue = GemmEpilogue::Bias;
+      g.bias = TensorView(bias.data(), DType::F32, Device::CPU, {N});
+      EXPECT_EQ(gemm(g), BackendType::CPU);
+      EXPECT_LT(rel(d, ref), 1e-5) << "ta=" << ta << " tb=" << tb;
+
+      std::vector<float> ga(static_cast<size_t>(M)), gb(static_cast<size_t>(N));
+      g.epilogue = GemmEpilogue::BGradA;
+      g.bias = TensorView(ga.data(), DType::F32, Device::CPU, {M});
+      gemm(g);
+      g.epilogue = GemmEpilogue::BGradB;
+      g.bias = TensorView(gb.data(), DType::F32, Device::CPU, {N});
+      gemm(g);
+      std::vector<double> ra(static_cast<size_t>(M), 0.0), rb(static_cast<size_t>(N), 0.0);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t k = 0; k < K; ++k) ra[i] += a.logical[i * K + k];
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N; ++j) rb[j] += b.logical[k * N + j];
+      EXPECT_LT(rel(ga, ra), 1e-5);
+      EXPECT_LT(rel(gb, rb), 1e-5);
+    }
+}
+
+TEST_F(OpsHost, LinearBackwardAccumulatesParameterGradients) {
+  const int64_t N = 9, C = 12, OC = 7;
+  auto x = randn(N * C), w = randn(OC * C), dout = randn(N * OC);
+  auto dw = randn(OC * C), db = randn(OC);
+  std::vector<float> dx(static_cast<size_t>(N * C), NAN);
+  auto dw0 = dw, db0 = db;
+  auto T = [](std::vector<float>& v, std::initializer_list<int64_t> s) {
+    return TensorView(v.data(), DType::F32, Device::CPU, s);
+  };
+  linear_backward(T(dx, {N, C}), T(dw, {OC, C}), T(db, {OC}), T(dout, {N, OC}), T(x, {N, C}), T(w, {OC, C}), false, {});
+  std::vector<double> rdx(dx.size(), 0.0), rdw(dw0.begin(), dw0.end()), rdb(db0.begin(), db0.end());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      rdb[o] += dout[n * OC + o];
+      for (int64_t c = 0; c < C; ++c) {
+        rdx[n * C + c] += double(dout[n * OC + o]) * w[o * C + c];
+        rdw[o * C + c] += double(dout[n * OC + o]) * x[n * C + c];
+      }
+    }
+  EXPECT_LT(rel(dx, rdx), 1e-5);
+  EXPECT_LT(rel(dw, rdw), 1e-5);
+  EXPECT_LT(rel(db, rdb), 1e-5);
+}
+
+TEST_F(OpsHost, HostTensorsFallBackToCpuWithOneWarning) {
+  const int64_t N = 5, C = 16;
+  auto x = randn(N * C), w = randn(C), b = randn(C);
+  std::vector<float> out(x.size()), mean(N), rstd(N), rout(x.size()), rmean(N), rrstd(N);
+  NormForwardArgs f;
+  f.out = TensorView(out.data(), DType::F32, Device::CPU, {N, C});
+  f.mean = TensorView(mean.data(), DType::F32, Device::CPU, {N});
+  f.rstd = TensorView(rstd.data(), DType::F32, Device::CPU, {N});
+  f.inp = TensorView(x.data(), DType::F32, Device::CPU, {N, C});
+  f.weight = TensorView(w.data(), DType::F32, Device::CPU, {C});
+  f.bias = TensorView(b.data(), DType::F32, Device::CPU, {C});
+  EXPECT_EQ(norm_forward(f), BackendType::CPU);
+  EXPECT_EQ(norm_forward(f), BackendType::CPU);
+  cpu::layernorm_forward(rout.data(), rmean.data(), rrstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5);
+  EXPECT_EQ(out, rout);
+  if (turbo_has_cuda()) {
+    ASSERT_EQ(warnings.size(), 1u) << "the fallback from TURBO to CPU warns once";
+    EXPECT_NE(warnings[0].find("falling back to CPU"), std::string::npos) << warnings[0];
+  } else {
+    EXPECT_TRUE(warnings.empty()) << "a CPU-only build has CPU as the default";
+  }
+  // Forcing the device backend on host tensors is an error, not a fallback.
+  if (turbo_has_cuda()) {
+    GlobalBackendManager::instance().set_backend("norm", BackendType::TURBO);
+    EXPECT_THROW(norm_forward(f), RuntimeError);
+  }
+}
+
+TEST_F(OpsHost, ShapeErrorsNameOpAndTensor) {
+  std::vector<float> x(16), w(3), out(16), rstd(4);
+  NormForwardArgs f;
+  f.type = NormType::RMSNorm;
+  f.out = TensorView(out.data(), DType::F32, Device::CPU, {4, 4});
+  f.rstd = TensorView(rstd.data(), DType::F32, Device::CPU, {4});
+  f.inp = TensorView(x.data(), DType::F32, Device::CPU, {4, 4});
+  f.weight = TensorView(w.data(), DType::F32, Device::CPU, {3});
+  try {
+    norm_forward(f);
+    FAIL();
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("norm_forward: weight: expected shape [4]"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace primus::turbo
