@@ -1,0 +1,173 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/util/error.h"
+#include "train/checkpointing.h"
+#include "train/lr_schedule.h"
+#include "train/model_spec.h"
+#include "train/param_layout.h"
+#include "turbo/kernels/cpu/rope.h"
+
+using namespace primus;
+using namespace primus::train;
+
+TEST(LrSchedule, WarmupThenCosineToMin) {
+  OptimizerArgs o;
+  o.lr = 1.0;
+  o.min_lr = 0.1;
+  o.warmup_iters = 10;
+  o.decay_iters = 110;
+  o.decay_style = "cosine";
+  EXPECT_DOUBLE_EQ(lr_at(o, 0), 0.1);   // (0+1)/10
+  EXPECT_DOUBLE_EQ(lr_at(o, 9), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(o, 10), 1.0);  // decay starts at the peak
+  EXPECT_NEAR(lr_at(o, 60), 0.55, 1e-12);  // halfway: min + 0.5 (max - min)
+  EXPECT_DOUBLE_EQ(lr_at(o, 110), 0.1);
+  EXPECT_DOUBLE_EQ(lr_at(o, 500), 0.1);
+  for (int s = 11; s < 110; ++s) EXPECT_LE(lr_at(o, s), lr_at(o, s - 1));
+}
+
+TEST(LrSchedule, LinearAndConstant) {
+  OptimizerArgs o;
+  o.lr = 2.0;
+  o.min_lr = 0.0;
+  o.warmup_iters = 0;
+  o.decay_iters = 100;
+  o.decay_style = "linear";
+  EXPECT_DOUBLE_EQ(lr_at(o, 0), 2.0);
+  EXPECT_DOUBLE_EQ(lr_at(o, 25), 1.5);
+  EXPECT_DOUBLE_EQ(lr_at(o, 100), 0.0);
+  o.decay_style = "constant";
+  EXPECT_DOUBLE_EQ(lr_at(o, 77), 2.0);
+}
+
+namespace {
+ModelSpec llama_spec() {
+  ModelSpec m;
+  m.model_type = "llama";
+  m.vocab_size = 50;
+  m.padded_vocab_size = 64;
+  m.seq_length = 16;
+  m.num_layers = 2;
+  m.hidden_size = 32;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.ffn_hidden_size = 48;
+  m.layernorm = false;
+  m.swiglu = m.rope = m.untied = true;
+  m.bias = false;
+  return m;
+}
+ModelSpec gpt2_spec() {
+  ModelSpec m;
+  m.vocab_size = 50;
+  m.padded_vocab_size = 50;
+  m.seq_length = 16;
+  m.num_layers = 2;
+  m.hidden_size = 32;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 4;
+  m.ffn_hidden_size = 128;
+  return m;
+}
+}  // namespace
+
+TEST(ParamLayout, CountsMatchTheSpecAndNamesFollowHuggingFace) {
+  for (auto spec : {gpt2_spec(), llama_spec()}) {
+    ParamLayout L = make_param_layout(spec);
+    EXPECT_EQ(L.total, spec.num_parameters());
+    int64_t sum = 0;
+    for (auto& t : L.tensors) sum += t.numel;
+    EXPECT_EQ(sum, L.total);
+  }
+  ParamLayout g = make_param_layout(gpt2_spec());
+  EXPECT_EQ(g.get("layers.1.attn.qkv.weight").hf[0].name, "transformer.h.1.attn.c_attn.weight");
+  EXPECT_EQ(g.get("layers.0.mlp.proj.weight").hf[0].transform, HfTransform::Transpose);
+  EXPECT_FALSE(g.get("layers.0.norm1.bias").decay);
+  ParamLayout l = make_param_layout(llama_spec());
+  auto& qkv = l.get("layers.0.attn.qkv.weight").hf;
+  ASSERT_EQ(qkv.size(), 3u);
+  EXPECT_EQ(qkv[1].name, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(qkv[1].rows, 2 * 8);
+  EXPECT_EQ(l.get("layers.0.mlp.fc.weight").hf[1].name, "model.layers.0.mlp.up_proj.weight");
+  EXPECT_NE(l.find("output_layer.weight"), nullptr);
+  EXPECT_EQ(g.find("output_layer.weight"), nullptr);  // tied
+}
+
+TEST(ParamLayout, HfRoundTripIsExactAndRopeRowsMatchTheKernelPermutation) {
+  auto spec = llama_spec();
+  ParamLayout L = make_param_layout(spec);
+  std::vector<float> ours(L.total), back(L.total, -1.f);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d;
+  for (auto& x : ours) x = d(rng);
+  for (auto& t : L.tensors) {
+    for (auto& part : t.hf) {
+      std::vector<float> hf;
+      auto shape = to_hf(t, part, ours.data(), hf);
+      from_hf(t, part, hf.data(), shape, back.data());
+      if (part.transform == HfTransform::RopeRows) {
+        // The turbo CPU kernel's own permutation must agree with ours.
+        int64_t D = part.rows / part.heads, cols = t.shape[1];
+        std::vector<float> expect(hf.size());
+        turbo::cpu::rope_permute_rows(expect.data(), ours.data() + t.offset + part.row_begin * cols, part.heads, D,
+                                      cols, false);
+        EXPECT_EQ(hf, expect) << part.name;
+      }
+    }
+  }
+  EXPECT_EQ(ours, back);
+  // A tensor of the wrong shape is refused, naming it.
+  auto& t = L.get("layers.0.attn.proj.weight");
+  std::vector<float> junk(10);
+  try {
+    from_hf(t, t.hf[0], junk.data(), {2, 5}, back.data());
+    FAIL();
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("o_proj"), std::string::npos);
+  }
+}
+
+TEST(Checkpointing, PackUnpackRoundTripAndModelMismatch) {
+  auto spec = gpt2_spec();
+  ParamLayout L = make_param_layout(spec);
+  std::vector<float> p(L.total), m(L.total), v(L.total);
+  for (int64_t i = 0; i < L.total; ++i) p[i] = std::sin(i * 0.1f), m[i] = i * 1e-3f, v[i] = 1.0f + i;
+  auto data = pack_checkpoint(spec, L, p.data(), m.data(), v.data(), {{"step", 3}});
+  EXPECT_EQ(data.state["step"], 3);
+  std::vector<float> p2(L.total), m2(L.total), v2(L.total);
+  unpack_checkpoint(data, "ck", spec, L, p2.data(), m2.data(), v2.data());
+  EXPECT_EQ(p, p2);
+  EXPECT_EQ(m, m2);
+  EXPECT_EQ(v, v2);
+  auto other = spec;
+  other.num_layers = 3;
+  EXPECT_THROW(unpack_checkpoint(data, "ck", other, make_param_layout(other), p2.data(), nullptr, nullptr), FormatError);
+}
+
+TEST(ModelSpec, ConsistencyErrorsNameTheKey) {
+  config::Schema s;
+  add_model_schema(s);
+  config::Value v = config::Value::map();
+  v.set("vocab_size", config::Value::integer(100));
+  v.set("num_layers", config::Value::integer(2));
+  v.set("hidden_size", config::Value::integer(30, {"m.yaml", 4, 14}));
+  v.set("num_attention_heads", config::Value::integer(4));
+  s.apply_defaults(v);
+  try {
+    ModelSpec::from_config(v);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("m.yaml:4:14: hidden_size 30 is not divisible by num_attention_heads 4"),
+              std::string::npos)
+        << e.what();
+  }
+  v.set("hidden_size", config::Value::integer(32));
+  v.set("make_vocab_size_divisible_by", config::Value::integer(64));
+  ModelSpec m = ModelSpec::from_config(v);
+  EXPECT_EQ(m.padded_vocab_size, 128);
+  EXPECT_EQ(m.ffn_hidden_size, 128);
+  EXPECT_EQ(m.num_query_groups, 4);
+}
