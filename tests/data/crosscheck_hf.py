@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Cross-checks `primus data prepare` against the libraries it claims to match.
+
+Needs Python with `tokenizers` (Hugging Face), `tiktoken` and `numpy` (the GPU machine's image
+has them; the build machine does not, so this is not part of ctest). For each tokenizer below
+it writes the same documents to a JSON-lines file, runs `primus data prepare` on it, reads the
+.bin/.idx back the way Megatron-LM's IndexedDataset does (numpy views at the header's
+offsets), and compares every document's ids with the library's, end-of-document included.
+
+  gpt2           vs tiktoken (encode_ordinary) and HF tokenizers (ByteLevel BPE), plus the
+                 whole corpus as one document
+  hf-gpt2        a tokenizer.json saved by HF tokenizers itself (ByteLevel pre-tokenizer)
+  hf-llama3      tokenizer.json with HF's Split(Llama-3 regex) + ByteLevel, GPT-2 vocabulary
+  hf-qwen2       the same with the Qwen2 regex
+
+Usage: crosscheck_hf.py --primus BIN --vocab-dir third_party/gpt2 [--corpus FILE] [--work DIR]
+Prints one JSON line per check and exits 1 when any document differs.
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import tiktoken
+import tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+          r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+EOT = "<|endoftext|>"
+
+
+def fuzz_documents(rng, n, with_special):
+    atoms = ["a", "Z", "the", " ", "  ", "\n", "\r\n", "\r", "\t", "'s", "'S", "'ll", "'LL", "'", "7",
+             "1234567", ".", ",", "!?", "(", "é", "ß", "Ω", "ж", "中文", "한", "ع", "٣", "½", "²", "Ⅷ",
+             "😀", "𝔘", "\u00a0", "\u3000", "\u2003", "\u2028", "\u0085", "\u200b", "\u0301",
+             "\x1c", "\x1f", "\x0b", "\x0c", "\ufeff", "\u180e", "\u1680", "—", "…", "€"]
+    if with_special:
+        atoms.append(EOT)
+    docs = []
+    while len(docs) < n:
+        d = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 40)))
+        if d:
+            docs.append(d)
+    return docs
+
+
+def read_megatron(prefix):
+    """Documents of a .bin/.idx pair, read as Megatron-LM's _IndexReader reads them."""
+    idx = open(prefix + ".idx", "rb").read()
+    assert idx[:9] == b"MMIDIDX\x00\x00", "magic"
+    assert int.from_bytes(idx[9:17], "little") == 1, "version"
+    dtype = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}[idx[17]]
+    seq_count = int.from_bytes(idx[18:26], "little")
+    doc_count = int.from_bytes(idx[26:34], "little")
+    sizes = np.frombuffer(idx, np.int32, seq_count, 34)
+    pointers = np.frombuffer(idx, np.int64, seq_count, 34 + sizes.nbytes)
+    doc_idx = np.frombuffer(idx, np.int64, doc_count, 34 + sizes.nbytes + pointers.nbytes)
+    assert len(idx) == 34 + sizes.nbytes + pointers.nbytes + doc_idx.nbytes, "idx size"
+    assert doc_idx[0] == 0 and doc_idx[-1] == seq_count, "document indices"
+    data = np.memmap(prefix + ".bin", dtype, mode="r")
+    item = np.dtype(dtype).itemsize
+    docs = []
+    for d in range(doc_count - 1):
+        ids = []
+        for s in range(doc_idx[d], doc_idx[d + 1]):
+            start = pointers[s] // item
+            ids.extend(int(x) for x in data[start:start + sizes[s]])
+        docs.append(ids)
+    return docs
+
+
+def prepare(args, tokenizer, docs, name):
+    path = os.path.join(args.work, name + ".jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n")
+    prefix = os.path.join(args.work, name)
+    subprocess.run([args.primus, "data", "prepare", "--input", path, "--tokenizer", tokenizer,
+                    "--output-prefix", prefix, "--quiet"], check=True, stdout=subprocess.DEVNULL)
+    return read_megatron(prefix)
+
+
+def compare(name, ours, expected_docs, eod):
+    bad = []
+    if len(ours) != len(expected_docs):
+        bad.append(f"{len(ours)} documents, expected {len(expected_docs)}")
+    for i, (o, e) in enumerate(zip(ours, expected_docs)):
+        if o != list(e) + [eod]:
+            bad.append(i)
+    print(json.dumps({"check": name, "documents": len(expected_docs), "mismatches": len(bad),
+                      "first": bad[:5]}))
+    return not bad
+
+
+def hf_gpt2(vocab_dir, pre):
+    tok = Tokenizer(models.BPE.from_file(f"{vocab_dir}/encoder.json", f"{vocab_dir}/vocab.bpe"))
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOT])
+    return tok
+
+
+def gpt2_ranks(vocab_dir):
+    """tiktoken's mergeable ranks for GPT-2: token bytes -> id (GPT-2's ids are its BPE ranks)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    to_byte, extra = {chr(b): b for b in printable}, 0
+    for b in range(256):
+        if b not in printable:
+            to_byte[chr(256 + extra)] = b
+            extra += 1
+    encoder = json.load(open(f"{vocab_dir}/encoder.json", encoding="utf-8"))
+    return {bytes(to_byte[ch] for ch in tok): i for tok, i in encoder.items() if tok != EOT}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--primus", required=True)
+    ap.add_argument("--vocab-dir", required=True)
+    ap.add_argument("--corpus")
+    ap.add_argument("--work")
+    ap.add_argument("--seed", type=int, default=random.randrange(1 << 30))
+    args = ap.parse_args()
+    args.work = args.work or tempfile.mkdtemp()
+    os.makedirs(args.work, exist_ok=True)
+    os.environ["PRIMUS_GPT2_VOCAB_DIR"] = args.vocab_dir
+    print(json.dumps({"seed": args.seed, "tokenizers": tokenizers.__version__,
+                      "tiktoken": getattr(tiktoken, "__version__", "?")}))
+    rng = random.Random(args.seed)
+    ok = True
+
+    ranks = gpt2_ranks(args.vocab_dir)
+    tik = tiktoken.Encoding("gpt2-local", pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+                            mergeable_ranks=ranks, special_tokens={EOT: 50256})
+    plain = fuzz_documents(rng, 3000, with_special=False)
+    ours = prepare(args, "gpt2", plain, "gpt2")
+    ok &= compare("gpt2 vs tiktoken", ours, [tik.encode_ordinary(d) for d in plain], 50256)
+    hf = hf_gpt2(args.vocab_dir, pre_tokenizers.ByteLevel(add_prefix_space=False))
+    special = fuzz_documents(rng, 3000, with_special=True)
+    ours = prepare(args, "gpt2", special, "gpt2_special")
+    ok &= compare("gpt2 vs HF tokenizers (with <|endoftext|> in text)", ours,
+                  [e.ids for e in hf.encode_batch(special, add_special_tokens=False)], 50256)
+    if args.corpus:
+        text = open(args.corpus, encoding="utf-8").read()
+        ours = prepare(args, "gpt2", [text], "corpus")
+        ok &= compare("gpt2 vs tiktoken, corpus as one document", ours, [tik.encode_ordinary(text)], 50256)
+
+    checks = [
+        ("hf-gpt2", pre_tokenizers.ByteLevel(add_prefix_space=False)),
+        ("hf-llama3", pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])),
+        ("hf-qwen2", pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])),
+    ]
+    for name, pre in checks:
+        tok = hf_gpt2(args.vocab_dir, pre)
+        path = os.path.join(args.work, name + ".tokenizer.json")
+        tok.save(path)
+        docs = fuzz_documents(rng, 3000, with_special=True)
+        ours = prepare(args, path, docs, name)
+        ok &= compare(f"{name} tokenizer.json vs HF tokenizers", ours,
+                      [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)], 50256)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
