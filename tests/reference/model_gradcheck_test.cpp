@@ -6,6 +6,7 @@
 #include <random>
 
 #include "backends/reference/model.h"
+#include "tests/common/tiny_models.h"
 
 using namespace primus;
 using primus::backends::reference::GptModel;
@@ -13,21 +14,7 @@ using primus::backends::reference::GptModel;
 namespace {
 
 train::ModelSpec tiny(bool llama) {
-  train::ModelSpec m;
-  m.model_type = llama ? "llama" : "gpt2";
-  m.vocab_size = 29;
-  m.padded_vocab_size = 32;
-  m.seq_length = 8;
-  m.num_layers = 2;
-  m.hidden_size = 16;
-  m.num_attention_heads = 4;
-  m.num_query_groups = llama ? 2 : 4;
-  m.ffn_hidden_size = llama ? 24 : 64;
-  m.layernorm = !llama;
-  m.swiglu = llama;
-  m.rope = llama;
-  m.untied = llama;
-  m.bias = !llama;
+  train::ModelSpec m = llama ? primus::testing::tiny_llama() : primus::testing::tiny_gpt2();
   m.init_method_std = 0.3;  // large enough that every path carries signal
   return m;
 }

@@ -8,6 +8,7 @@
 #include "train/lr_schedule.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
+#include "tests/common/tiny_models.h"
 #include "turbo/kernels/cpu/rope.h"
 
 using namespace primus;
@@ -44,31 +45,10 @@ TEST(LrSchedule, LinearAndConstant) {
 }
 
 namespace {
-ModelSpec llama_spec() {
-  ModelSpec m;
-  m.model_type = "llama";
-  m.vocab_size = 50;
-  m.padded_vocab_size = 64;
-  m.seq_length = 16;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.layernorm = false;
-  m.swiglu = m.rope = m.untied = true;
-  m.bias = false;
-  return m;
-}
+ModelSpec llama_spec() { return primus::testing::tiny_llama(50, 64, 16); }
 ModelSpec gpt2_spec() {
-  ModelSpec m;
-  m.vocab_size = 50;
-  m.padded_vocab_size = 50;
-  m.seq_length = 16;
-  m.num_layers = 2;
+  ModelSpec m = primus::testing::tiny_gpt2(50, 50, 16);
   m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 4;
   m.ffn_hidden_size = 128;
   return m;
 }
@@ -90,7 +70,7 @@ TEST(ParamLayout, CountsMatchTheSpecAndNamesFollowHuggingFace) {
   auto& qkv = l.get("layers.0.attn.qkv.weight").hf;
   ASSERT_EQ(qkv.size(), 3u);
   EXPECT_EQ(qkv[1].name, "model.layers.0.self_attn.k_proj.weight");
-  EXPECT_EQ(qkv[1].rows, 2 * 8);
+  EXPECT_EQ(qkv[1].rows, 2 * 4);  // 2 kv heads x head_dim 4
   EXPECT_EQ(l.get("layers.0.mlp.fc.weight").hf[1].name, "model.layers.0.mlp.up_proj.weight");
   EXPECT_NE(l.find("output_layer.weight"), nullptr);
   EXPECT_EQ(g.find("output_layer.weight"), nullptr);  // tied
