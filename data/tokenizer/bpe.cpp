@@ -4,13 +4,14 @@
 
 #include <algorithm>
 #include <array>
-#include <mutex>
+#include <atomic>
 #include <queue>
 #include <span>
 #include <unordered_map>
 
 #include "core/util/error.h"
 #include "data/tokenizer/byte_level.h"
+#include "data/tokenizer/piece_cache.h"
 #include "data/tokenizer/unicode.h"
 
 namespace primus::data {
@@ -26,48 +27,6 @@ struct SvEq {
 };
 template <class V>
 using StringMap = std::unordered_map<std::string, V, SvHash, SvEq>;
-
-// piece -> ids, shared by every thread that encodes with one tokenizer. Sharded so that
-// parallel workers rarely meet on a lock; each shard is cleared when full, which bounds memory
-// (~64 * 8192 pieces) without the bookkeeping of an LRU.
-class PieceCache {
- public:
-  static constexpr size_t kMaxPieceBytes = 128;  // longer pieces are rare and not worth keeping
-
-  bool get(std::string_view piece, std::vector<int32_t>& out) const {
-    const Shard& s = shard(piece);
-    std::lock_guard lock(s.mu);
-    auto it = s.map.find(piece);
-    if (it == s.map.end()) return false;
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return true;
-  }
-
-  void put(std::string_view piece, std::span<const int32_t> ids) {
-    if (piece.size() > kMaxPieceBytes) return;
-    Shard& s = shard(piece);
-    std::lock_guard lock(s.mu);
-    if (s.map.size() >= kMaxPerShard) s.map.clear();
-    s.map.emplace(std::string(piece), std::vector<int32_t>(ids.begin(), ids.end()));
-  }
-
- private:
-  static constexpr size_t kShards = 64;
-  static constexpr size_t kMaxPerShard = 8192;
-  struct Shard {
-    mutable std::mutex mu;
-    StringMap<std::vector<int32_t>> map;
-  };
-  // Spreads pieces over shards from their length and end bytes: cheap, and the map hashes
-  // the piece anyway, so a full hash here would be paid twice.
-  Shard& shard(std::string_view piece) const {
-    uint64_t k = piece.size() * 0x9E3779B97F4A7C15ull ^
-                 static_cast<unsigned char>(piece.front()) * 0xC2B2AE3D27D4EB4Full ^
-                 static_cast<unsigned char>(piece.back()) * 0x165667B19E3779F9ull;
-    return shards_[(k * 0x9E3779B97F4A7C15ull) >> 58];
-  }
-  mutable std::array<Shard, kShards> shards_;
-};
 
 struct Merge {
   int32_t rank;
@@ -89,8 +48,8 @@ class BpeTokenizer final : public Tokenizer {
   std::string name() const override { return name_; }
 
  private:
-  void encode_segment(std::string_view text, std::vector<int32_t>& out) const;
-  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_segment(std::string_view text, std::vector<int32_t>& out, PieceCache& cache) const;
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out, PieceCache& cache) const;
   void merge_piece(std::string_view piece, std::vector<int32_t>& out) const;
   int32_t byte_token(unsigned char b) const;
   // Longest added token starting at text[pos], or nullptr.
@@ -109,15 +68,18 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;
   std::vector<AddedToken> added_;  // longest first
   std::array<bool, 256> added_first_byte_{};
-  mutable PieceCache cache_;
+  const uint64_t uid_;  // names this tokenizer's per-thread caches (PieceCache::local)
 };
+
+std::atomic<uint64_t> next_tokenizer_uid{1};
 
 BpeTokenizer::BpeTokenizer(BpeSpec spec)
     : name_(std::move(spec.name)),
       pre_(spec.pre),
       prefix_space_(spec.prefix_space),
       ignore_merges_(spec.ignore_merges),
-      eod_id_(spec.eod_id) {
+      eod_id_(spec.eod_id),
+      uid_(next_tokenizer_uid.fetch_add(1)) {
   const std::string& src = spec.source;
   int32_t max_id = -1;
   for (auto& [tok, id] : spec.vocab) max_id = std::max(max_id, id);
@@ -205,6 +167,7 @@ bool is_space_char(std::string_view text, size_t pos, size_t* len) {
 }
 
 void BpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) const {
+  PieceCache& cache = PieceCache::local(uid_);
   size_t start = 0;  // start of the text not yet encoded
   if (!added_.empty()) {
     for (size_t pos = 0; pos < text.size();) {
@@ -226,12 +189,12 @@ void BpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out)
       if (a->rstrip) {
         while (next < text.size() && is_space_char(text, next, &len)) next += len;
       }
-      encode_segment(text.substr(start, seg_end - start), out);
+      encode_segment(text.substr(start, seg_end - start), out, cache);
       out.push_back(a->id);
       start = pos = next;
     }
   }
-  encode_segment(text.substr(start), out);
+  encode_segment(text.substr(start), out, cache);
 }
 
 std::string with_space(std::string_view s) {
@@ -242,7 +205,8 @@ std::string with_space(std::string_view s) {
   return r;
 }
 
-void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& out) const {
+void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& out,
+                                  PieceCache& cache) const {
   if (text.empty()) return;
   std::string prefixed;
   if (prefix_space_ == PrefixSpace::PerSegment && text[0] != ' ') {
@@ -253,9 +217,9 @@ void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& o
     size_t end = next_piece(pre_, text, pos);
     std::string_view piece = text.substr(pos, end - pos);
     if (prefix_space_ == PrefixSpace::PerPiece && piece[0] != ' ') {
-      encode_piece(with_space(piece), out);
+      encode_piece(with_space(piece), out, cache);
     } else {
-      encode_piece(piece, out);
+      encode_piece(piece, out, cache);
     }
     pos = end;
   }
@@ -270,7 +234,8 @@ int32_t BpeTokenizer::byte_token(unsigned char b) const {
   return id;
 }
 
-void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out,
+                                PieceCache& cache) const {
   if (piece.size() == 1) {
     out.push_back(byte_token(static_cast<unsigned char>(piece[0])));
     return;
@@ -282,10 +247,10 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
       return;
     }
   }
-  if (cache_.get(piece, out)) return;
+  if (cache.get(piece, out)) return;
   size_t before = out.size();
   merge_piece(piece, out);
-  cache_.put(piece, std::span<const int32_t>(out.data() + before, out.size() - before));
+  cache.put(piece, std::span<const int32_t>(out.data() + before, out.size() - before));
 }
 
 // BPE over one piece: start from one symbol per byte and repeatedly apply the lowest-ranked

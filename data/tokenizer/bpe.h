@@ -2,7 +2,8 @@
 // (gpt2_tokenizer.cpp, hf_tokenizer.cpp) read their files into a BpeSpec; this file turns it
 // into a tokenizer. Encoding: split out added/special tokens (leftmost-longest match), split
 // the rest with the pre-tokenizer, then BPE-merge each piece's bytes by merge rank. Pieces
-// repeat (" the", ","), so merged pieces are cached: the cache is what makes encoding fast.
+// repeat (" the", ","), so merged pieces are cached per thread (piece_cache.h): the cache is
+// what makes encoding fast.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -10,6 +10,7 @@
 #include "core/util/error.h"
 #include "core/util/fs.h"
 #include "data/tokenizer/bpe.h"
+#include "data/tokenizer/token_id.h"
 
 namespace primus::data {
 namespace {
@@ -96,17 +97,14 @@ std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const stdfs::path& dir) {
   }
   spec.vocab.reserve(encoder.size());
   for (auto& [tok, id] : encoder.items()) {
-    if (!id.is_number_integer()) {
-      throw FormatError(fmt::format("{}: id of '{}' is not an integer", encoder_file.string(), tok));
-    }
-    spec.vocab.emplace_back(tok, id.get<int32_t>());
+    spec.vocab.emplace_back(tok, read_token_id(id, fmt::format("{}: token '{}'", encoder_file.string(), tok)));
   }
   spec.merges = read_merges(merges_file);
   auto eot = encoder.find("<|endoftext|>");
   if (eot == encoder.end()) {
     throw FormatError(fmt::format("{}: has no <|endoftext|> token", encoder_file.string()));
   }
-  spec.eod_id = eot->get<int32_t>();
+  spec.eod_id = read_token_id(*eot, fmt::format("{}: token '<|endoftext|>'", encoder_file.string()));
   spec.added.push_back({"<|endoftext|>", spec.eod_id, false, false});
   spec.pre = PreTokenizerKind::Gpt2;
   return make_bpe_tokenizer(std::move(spec));

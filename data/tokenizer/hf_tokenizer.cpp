@@ -10,6 +10,7 @@
 #include "core/util/fs.h"
 #include "data/tokenizer/bpe.h"
 #include "data/tokenizer/byte_level.h"
+#include "data/tokenizer/token_id.h"
 
 namespace primus::data {
 namespace {
@@ -50,7 +51,9 @@ void read_model(const stdfs::path& file, const json& m, BpeSpec& spec) {
   const json& vocab = m.at("vocab");
   if (!vocab.is_object()) throw FormatError(fmt::format("{}: model.vocab is not an object", file.string()));
   spec.vocab.reserve(vocab.size());
-  for (auto& [tok, id] : vocab.items()) spec.vocab.emplace_back(tok, id.get<int32_t>());
+  for (auto& [tok, id] : vocab.items()) {
+    spec.vocab.emplace_back(tok, read_token_id(id, fmt::format("{}: model.vocab['{}']", file.string(), tok)));
+  }
   const json& merges = m.at("merges");
   spec.merges.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
@@ -180,9 +183,11 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const stdfs::path& file) {
     read_pre_tokenizer(file, j.value("pre_tokenizer", json()), spec);
     read_decoder(file, j.value("decoder", json()));
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const json& a : j["added_tokens"]) {
-        spec.added.push_back({a.at("content").get<std::string>(), a.at("id").get<int32_t>(),
-                              a.value("lstrip", false), a.value("rstrip", false)});
+      for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+        const json& a = j["added_tokens"][i];
+        int32_t id = read_token_id(a.at("id"), fmt::format("{}: added_tokens[{}]", file.string(), i));
+        spec.added.push_back({a.at("content").get<std::string>(), id, a.value("lstrip", false),
+                              a.value("rstrip", false)});
       }
     }
   } catch (const json::exception& e) {
