@@ -1,0 +1,296 @@
+// turbo::attention on the GPU (CUDNN and TURBO backends) against the fp64 CPU reference:
+// out, lse, dq, dk, dv over causal / non-causal, MHA / GQA / MQA, head_dim 64 / 128, bf16 / f16,
+// ragged sequence lengths, packed documents; plus the independence of packed documents and the
+// dispatcher's choice. Skips itself without a CUDA device.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+
+#include "core/util/error.h"
+#include "tests/attention_gpu/attention_reference.h"
+#include "turbo/core/cuda_arena.h"
+#include "turbo/core/cuda_check.h"
+#include "turbo/dispatch/backend_manager.h"
+#include "turbo/ops/attention.h"
+
+namespace primus::turbo::testing {
+namespace {
+
+constexpr double kGateRelL2 = 1e-2;   // DESIGN.md's bf16 gate, on norms
+constexpr double kGateMaxRel = 2e-2;  // worst element against the reference's scale
+
+struct Param {
+  BackendType backend;
+  DType dtype;
+  bool causal;
+  int64_t KVH;  // with H = 4
+  int64_t D;
+  int64_t T;
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  const Param& p = info.param;
+  return fmt::format("{}_{}_{}_kvh{}_d{}_t{}", backend_name(p.backend), dtype_name(p.dtype),
+                     p.causal ? "causal" : "full", p.KVH, p.D, p.T);
+}
+
+class AttnGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count_or_zero() == 0) GTEST_SKIP() << "no CUDA device";
+    arena_ = make_device_arena(size_t{512} << 20);
+    scratch_ = make_device_arena(size_t{256} << 20);
+    ctx_.scratch = scratch_.get();
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+    trace_ = std::make_unique<::testing::ScopedTrace>(__FILE__, __LINE__, fmt::format("seed {}", seed_));
+  }
+  void TearDown() override {
+    GlobalBackendManager::instance().reset();
+    trace_.reset();
+  }
+
+  TensorView make(DType dt, std::initializer_list<int64_t> shape) { return arena_->tensor(dt, shape); }
+  void put(const TensorView& t, const std::vector<double>& v) {
+    std::vector<char> host(t.nbytes());
+    for (size_t i = 0; i < v.size(); ++i) store_from_float(host.data(), t.dtype, i, static_cast<float>(v[i]));
+    CUDA_CHECK(cudaMemcpy(t.data, host.data(), host.size(), cudaMemcpyHostToDevice));
+  }
+  std::vector<float> get(const TensorView& t) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<char> host(t.nbytes());
+    CUDA_CHECK(cudaMemcpy(host.data(), t.data, host.size(), cudaMemcpyDeviceToHost));
+    std::vector<float> out(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_float(host.data(), t.dtype, i);
+    return out;
+  }
+  void poison(const TensorView& t) { CUDA_CHECK(cudaMemset(t.data, 0xFF, t.nbytes())); }
+
+  // Device tensors of one case.
+  struct Dev {
+    TensorView q, k, v, out, lse, dout, dq, dk, dv, cu;
+  };
+  Dev upload(const AttnCase& c, DType dt, const AttnTensors& t) {
+    Dev d;
+    d.q = make(dt, {c.B, c.T, c.H, c.D});
+    d.k = make(dt, {c.B, c.T, c.KVH, c.D});
+    d.v = make(dt, {c.B, c.T, c.KVH, c.D});
+    d.out = make(dt, {c.B, c.T, c.H, c.D});
+    d.lse = make(DType::F32, {c.B, c.H, c.T});
+    d.dout = make(dt, {c.B, c.T, c.H, c.D});
+    d.dq = make(dt, {c.B, c.T, c.H, c.D});
+    d.dk = make(dt, {c.B, c.T, c.KVH, c.D});
+    d.dv = make(dt, {c.B, c.T, c.KVH, c.D});
+    put(d.q, t.q), put(d.k, t.k), put(d.v, t.v), put(d.dout, t.dout);
+    if (!c.cu_seqlens.empty()) {
+      d.cu = make(DType::I32, {static_cast<int64_t>(c.cu_seqlens.size())});
+      CUDA_CHECK(cudaMemcpy(d.cu.data, c.cu_seqlens.data(), c.cu_seqlens.size() * 4, cudaMemcpyHostToDevice));
+    }
+    return d;
+  }
+  AttnTensors random_inputs(const AttnCase& c, DType dt) {
+    AttnTensors t;
+    const size_t nq = static_cast<size_t>(c.B * c.T * c.H * c.D), nk = static_cast<size_t>(c.B * c.T * c.KVH * c.D);
+    t.q = random_values(rng_, nq, dt);
+    t.k = random_values(rng_, nk, dt);
+    t.v = random_values(rng_, nk, dt);
+    t.dout = random_values(rng_, nq, dt);
+    return t;
+  }
+  AttentionOptions options(const AttnCase& c, const Dev& d) {
+    AttentionOptions o;
+    o.causal = c.causal;
+    if (c.scale) o.softmax_scale = static_cast<float>(*c.scale);
+    o.cu_seqlens = d.cu;
+    return o;
+  }
+  // Runs forward then backward (outputs poisoned first); returns the backends that ran.
+  std::pair<BackendType, BackendType> run(const AttnCase& c, Dev& d) {
+    for (const TensorView* t : {&d.out, &d.lse, &d.dq, &d.dk, &d.dv}) poison(*t);
+    AttentionForwardArgs f;
+    f.out = d.out, f.lse = d.lse, f.q = d.q, f.k = d.k, f.v = d.v;
+    f.opt = options(c, d);
+    f.ctx = ctx_;
+    const BackendType fb = attention_forward(f);
+    AttentionBackwardArgs b;
+    b.dq = d.dq, b.dk = d.dk, b.dv = d.dv, b.dout = d.dout, b.q = d.q, b.k = d.k, b.v = d.v, b.out = d.out, b.lse = d.lse;
+    b.opt = f.opt;
+    b.ctx = ctx_;
+    const BackendType bb = attention_backward(b);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return {fb, bb};
+  }
+  void expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& ref) {
+    const ErrorStats e = compare(got, ref);
+    EXPECT_LE(e.rel_l2, kGateRelL2) << what << ": rel_l2 " << e.rel_l2 << " max_rel " << e.max_rel;
+    EXPECT_LE(e.max_rel, kGateMaxRel) << what << ": rel_l2 " << e.rel_l2 << " max_rel " << e.max_rel;
+  }
+  void check_all(const AttnTensors& ref, Dev& d) {
+    expect_close("out", get(d.out), ref.out);
+    expect_close("lse", get(d.lse), ref.lse);
+    expect_close("dq", get(d.dq), ref.dq);
+    expect_close("dk", get(d.dk), ref.dk);
+    expect_close("dv", get(d.dv), ref.dv);
+  }
+
+  std::mt19937 rng_;
+  ExecContext ctx_;
+
+ private:
+  std::unique_ptr<Arena> arena_, scratch_;
+  unsigned seed_ = 0;
+  std::unique_ptr<::testing::ScopedTrace> trace_;
+};
+
+class AttnGpuCases : public AttnGpu, public ::testing::WithParamInterface<Param> {};
+
+TEST_P(AttnGpuCases, MatchesFp64Reference) {
+  const Param& p = GetParam();
+  AttnCase c;
+  c.B = 2, c.T = p.T, c.H = 4, c.KVH = p.KVH, c.D = p.D, c.causal = p.causal;
+  AttnTensors t = random_inputs(c, p.dtype);
+  run_reference(c, t);
+  Dev d = upload(c, p.dtype, t);
+  GlobalBackendManager::instance().set_backend("attention", p.backend);
+  const auto [fb, bb] = run(c, d);
+  EXPECT_EQ(fb, p.backend);
+  EXPECT_EQ(bb, p.backend);
+  check_all(t, d);
+}
+
+std::vector<Param> dense_params() {
+  std::vector<Param> ps;
+  for (BackendType be : {BackendType::CUDNN, BackendType::TURBO})
+    for (DType dt : {DType::BF16, DType::F16})
+      for (bool causal : {true, false})
+        for (int64_t kvh : {int64_t{4}, int64_t{2}, int64_t{1}})
+          for (int64_t D : {int64_t{64}, int64_t{128}}) {
+            if (dt == DType::F16 && kvh == 2) continue;  // f16 needs no full cross product
+            ps.push_back({be, dt, causal, kvh, D, 256});
+          }
+  // Lengths that are no multiple of any tile: partial tiles on both axes.
+  for (BackendType be : {BackendType::CUDNN, BackendType::TURBO})
+    for (bool causal : {true, false}) {
+      ps.push_back({be, DType::BF16, causal, 2, 128, 200});
+      ps.push_back({be, DType::BF16, causal, 1, 64, 77});
+    }
+  return ps;
+}
+INSTANTIATE_TEST_SUITE_P(Dense, AttnGpuCases, ::testing::ValuesIn(dense_params()), param_name);
+
+// A softmax scale other than 1/sqrt(D) reaches every backend.
+TEST_F(AttnGpu, CustomScale) {
+  for (BackendType be : {BackendType::CUDNN, BackendType::TURBO}) {
+    SCOPED_TRACE(std::string(backend_name(be)));
+    AttnCase c;
+    c.T = 128, c.D = 64, c.KVH = 2, c.scale = 0.37;
+    AttnTensors t = random_inputs(c, DType::BF16);
+    run_reference(c, t);
+    Dev d = upload(c, DType::BF16, t);
+    GlobalBackendManager::instance().set_backend("attention", be);
+    run(c, d);
+    check_all(t, d);
+  }
+}
+
+// Packed documents (TURBO): random document lengths per row, causal and not, GQA.
+TEST_F(AttnGpu, VarlenMatchesReference) {
+  for (int64_t D : {int64_t{64}, int64_t{128}})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(fmt::format("D={} causal={}", D, causal));
+      AttnCase c;
+      c.B = 2, c.T = 384, c.H = 4, c.KVH = 2, c.D = D, c.causal = causal;
+      c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 5);
+      AttnTensors t = random_inputs(c, DType::BF16);
+      run_reference(c, t);
+      Dev d = upload(c, DType::BF16, t);
+      const auto [fb, bb] = run(c, d);  // no backend forced: cuDNN declines varlen
+      EXPECT_EQ(fb, BackendType::TURBO);
+      EXPECT_EQ(bb, BackendType::TURBO);
+      check_all(t, d);
+    }
+}
+
+// Changing one document changes nothing in the others: out, lse, dk, dv of every other document
+// stay bitwise equal (their kernels' sums do not depend on the other documents' values), dq equal
+// up to the order of its f32 atomic additions; the changed document's results do change.
+TEST_F(AttnGpu, VarlenDocumentsAreIndependent) {
+  AttnCase c;
+  c.B = 2, c.T = 256, c.H = 4, c.KVH = 2, c.D = 64, c.causal = true;
+  c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 4);
+  AttnTensors t = random_inputs(c, DType::BF16);
+  Dev d = upload(c, DType::BF16, t);
+  GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+  run(c, d);
+  const auto out0 = get(d.out), lse0 = get(d.lse), dq0 = get(d.dq), dk0 = get(d.dk), dv0 = get(d.dv);
+
+  const size_t victim = std::uniform_int_distribution<size_t>(0, c.cu_seqlens.size() - 2)(rng_);
+  const int64_t s = c.cu_seqlens[victim], e = c.cu_seqlens[victim + 1];
+  auto fresh = random_inputs(c, DType::BF16);
+  for (int64_t tok = s; tok < e; ++tok) {
+    for (int64_t i = 0; i < c.H * c.D; ++i) t.q[tok * c.H * c.D + i] = fresh.q[tok * c.H * c.D + i];
+    for (int64_t i = 0; i < c.KVH * c.D; ++i) {
+      t.k[tok * c.KVH * c.D + i] = fresh.k[tok * c.KVH * c.D + i];
+      t.v[tok * c.KVH * c.D + i] = fresh.v[tok * c.KVH * c.D + i];
+    }
+  }
+  put(d.q, t.q), put(d.k, t.k), put(d.v, t.v);
+  run(c, d);
+  const auto out1 = get(d.out), lse1 = get(d.lse), dq1 = get(d.dq), dk1 = get(d.dk), dv1 = get(d.dv);
+
+  auto in_victim = [&](int64_t token) { return token >= s && token < e; };
+  int64_t changed = 0;
+  for (int64_t tok = 0; tok < c.B * c.T; ++tok) {
+    const int64_t b = tok / c.T, tt = tok % c.T;
+    for (int64_t i = 0; i < c.H * c.D; ++i) {
+      const size_t at = static_cast<size_t>(tok * c.H * c.D + i);
+      if (in_victim(tok)) {
+        changed += out0[at] != out1[at];
+        continue;
+      }
+      ASSERT_EQ(out0[at], out1[at]) << "out of token " << tok << " changed";
+      ASSERT_NEAR(dq0[at], dq1[at], 1e-5 * (std::abs(dq0[at]) + 1e-3)) << "dq of token " << tok << " changed";
+    }
+    for (int64_t i = 0; i < c.KVH * c.D; ++i) {
+      const size_t at = static_cast<size_t>(tok * c.KVH * c.D + i);
+      if (in_victim(tok)) continue;
+      ASSERT_EQ(dk0[at], dk1[at]) << "dk of token " << tok << " changed";
+      ASSERT_EQ(dv0[at], dv1[at]) << "dv of token " << tok << " changed";
+    }
+    for (int64_t h = 0; h < c.H; ++h) {
+      const size_t at = static_cast<size_t>((b * c.H + h) * c.T + tt);
+      if (!in_victim(tok)) ASSERT_EQ(lse0[at], lse1[at]) << "lse of token " << tok << " changed";
+    }
+  }
+  EXPECT_GT(changed, 0) << "the changed document's output did not change";
+}
+
+// Without a forced backend, dense calls go to cuDNN (the default) and every output is right.
+TEST_F(AttnGpu, DefaultDispatchIsCudnnForDense) {
+  AttnCase c;
+  c.T = 128, c.D = 128, c.KVH = 1;
+  AttnTensors t = random_inputs(c, DType::BF16);
+  run_reference(c, t);
+  Dev d = upload(c, DType::BF16, t);
+  const auto [fb, bb] = run(c, d);
+  EXPECT_EQ(fb, BackendType::CUDNN);
+  EXPECT_EQ(bb, BackendType::CUDNN);
+  check_all(t, d);
+}
+
+// A backend forced by the user that cannot serve the call is an error, not a silent fallback.
+TEST_F(AttnGpu, ForcedCudnnRefusesVarlen) {
+  AttnCase c;
+  c.T = 64, c.cu_seqlens = {0, 30, 64, 100, 128};
+  AttnTensors t = random_inputs(c, DType::BF16);
+  Dev d = upload(c, DType::BF16, t);
+  GlobalBackendManager::instance().set_backend("attention", BackendType::CUDNN);
+  EXPECT_THROW(run(c, d), RuntimeError);
+}
+
+}  // namespace
+}  // namespace primus::turbo::testing

@@ -1,0 +1,50 @@
+// Scaled dot-product attention through cuDNN 9's fused flash-attention engines (the CUDNN
+// backend of turbo::attention). The forward and backward are each one operation graph of
+// matmul / pointwise / reduction nodes in the pattern those engines recognise; the engine
+// fuses the whole graph into one flash-attention kernel.
+//
+// Layout (row-major, contiguous, on the current CUDA device):
+//   q, out, dq, dout  [B,T,H,D]    k, v, dk, dv  [B,T,KVH,D]    lse  [B,H,T] f32 (natural log)
+// dtype bf16 or f16 (all of q/k/v/out/grads alike). H must be a multiple of KVH.
+// Plans are built once per shape key (B,T,H,KVH,D,causal,dtype,device) and cached for the life
+// of the process; the softmax scale is a by-value scalar, so it does not split the cache.
+// Packed variable-length documents are not handled here (the op's TURBO backend serves them).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "turbo/core/dtype.h"
+
+namespace primus::turbo::cudnn {
+
+struct SdpaShape {
+  int64_t B = 0, T = 0, H = 0, KVH = 0, D = 0;
+  bool causal = true;
+  DType dtype = DType::BF16;
+  std::string key() const;
+};
+
+// "" when cuDNN can run the shape (the plan is then built and cached), else why not. Never
+// throws: a plan that fails to build is a "no" with cuDNN's message.
+std::string sdpa_forward_unsupported(const SdpaShape& s) noexcept;
+std::string sdpa_backward_unsupported(const SdpaShape& s) noexcept;
+
+// Device scratch the call needs, in bytes (the caller allocates; 256-byte aligned).
+size_t sdpa_forward_workspace(const SdpaShape& s);
+size_t sdpa_backward_workspace(const SdpaShape& s);
+
+// Overwrites out and lse.
+void sdpa_forward(const SdpaShape& s, void* out, float* lse, const void* q, const void* k,
+                  const void* v, float scale, void* workspace, cudaStream_t stream);
+// Overwrites dq, dk, dv (dk/dv summed over each kv head's query heads).
+void sdpa_backward(const SdpaShape& s, void* dq, void* dk, void* dv, const void* dout,
+                   const void* q, const void* k, const void* v, const void* out, const float* lse,
+                   float scale, void* workspace, cudaStream_t stream);
+
+// cuDNN's version at run time, e.g. 91900 (for logs and benchmark records).
+size_t cudnn_runtime_version();
+
+}  // namespace primus::turbo::cudnn

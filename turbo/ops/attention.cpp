@@ -1,0 +1,262 @@
+#include "turbo/ops/attention.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "turbo/kernels/cpu/attention.h"
+#include "turbo/ops/op_support.h"
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#include "turbo/kernels/cuda/attention_flash.h"
+#endif
+#ifdef PRIMUS_TURBO_WITH_CUDNN
+#include "turbo/kernels/cudnn/sdpa_cudnn.h"
+#endif
+
+namespace primus::turbo {
+namespace {
+
+struct Dims {
+  int64_t B, T, H, KVH, D;
+};
+
+int64_t num_docs(const AttentionOptions& o) { return o.cu_seqlens.defined() ? o.cu_seqlens.numel() - 1 : 0; }
+
+Dims validate_common(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const TensorView& lse, const AttentionOptions& opt) {
+  check_defined(q, op, "q");
+  if (q.ndim != 4) throw RuntimeError(fmt::format("{}: q must be [B,T,H,D], got {}", op, q.describe()));
+  const Dims d{q.size(0), q.size(1), q.size(2), k.defined() && k.ndim == 4 ? k.size(2) : 0, q.size(3)};
+  check_shape(k, {d.B, d.T, d.KVH, d.D}, op, "k");
+  check_shape(v, {d.B, d.T, d.KVH, d.D}, op, "v");
+  check_shape(out, {d.B, d.T, d.H, d.D}, op, "out");
+  check_shape(lse, {d.B, d.H, d.T}, op, "lse");
+  if (d.KVH <= 0 || d.H % d.KVH != 0)
+    throw RuntimeError(fmt::format("{}: H={} is not a multiple of KVH={}", op, d.H, d.KVH));
+  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}}) {
+    check_contiguous(*t, op, name);
+    check_same_device(q, *t, op);
+  }
+  for (auto [name, t] : {std::pair{"k", &k}, {"v", &v}, {"out", &out}}) check_dtype(*t, q.dtype, op, name);
+  check_dtype(lse, DType::F32, op, "lse");
+  if (opt.cu_seqlens.defined()) {
+    check_dtype(opt.cu_seqlens, DType::I32, op, "cu_seqlens");
+    check_same_device(q, opt.cu_seqlens, op);
+    if (opt.cu_seqlens.ndim != 1 || opt.cu_seqlens.numel() < 2)
+      throw RuntimeError(fmt::format("{}: cu_seqlens must be i32 [num_docs+1] with num_docs >= 1, got {}", op,
+                                     opt.cu_seqlens.describe()));
+  }
+  return d;
+}
+
+Dims dims_of(const TensorView& q, const TensorView& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
+
+void validate(const AttentionForwardArgs& a) { validate_common("attention_forward", a.q, a.k, a.v, a.out, a.lse, a.opt); }
+
+void validate(const AttentionBackwardArgs& a) {
+  const char* op = "attention_backward";
+  const Dims d = validate_common(op, a.q, a.k, a.v, a.out, a.lse, a.opt);
+  check_shape(a.dout, {d.B, d.T, d.H, d.D}, op, "dout");
+  check_shape(a.dq, {d.B, d.T, d.H, d.D}, op, "dq");
+  check_shape(a.dk, {d.B, d.T, d.KVH, d.D}, op, "dk");
+  check_shape(a.dv, {d.B, d.T, d.KVH, d.D}, op, "dv");
+  for (auto [name, t] : {std::pair{"dout", &a.dout}, {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}}) {
+    check_contiguous(*t, op, name);
+    check_same_device(a.q, *t, op);
+    check_dtype(*t, a.q.dtype, op, name);
+  }
+}
+
+// ---- CPU (reference) -----------------------------------------------------------------------
+
+cpu::AttentionParams cpu_params(const Dims& d, const AttentionOptions& o) {
+  cpu::AttentionParams p;
+  p.B = d.B, p.T = d.T, p.H = d.H, p.KVH = d.KVH, p.D = d.D;
+  p.causal = o.causal;
+  p.softmax_scale = o.scale(d.D);
+  if (o.cu_seqlens.defined()) {
+    p.cu_seqlens = o.cu_seqlens.ptr<const int32_t>();
+    p.num_docs = num_docs(o);
+  }
+  return p;
+}
+
+std::string cpu_check_fwd(const AttentionForwardArgs& a) {
+  if (auto w = detail::all_on(Device::CPU, {{"q", &a.q}, {"cu_seqlens", &a.opt.cu_seqlens}}); !w.empty()) return w;
+  return detail::all_dtype(DType::F32, {{"q", &a.q}});
+}
+void cpu_fwd(const AttentionForwardArgs& a) {
+  cpu::attention_forward<float>(a.out.ptr<float>(), a.lse.ptr<float>(), a.q.ptr<const float>(), a.k.ptr<const float>(),
+                                a.v.ptr<const float>(), cpu_params(dims_of(a.q, a.k), a.opt));
+}
+std::string cpu_check_bwd(const AttentionBackwardArgs& a) {
+  if (auto w = detail::all_on(Device::CPU, {{"q", &a.q}, {"cu_seqlens", &a.opt.cu_seqlens}}); !w.empty()) return w;
+  return detail::all_dtype(DType::F32, {{"q", &a.q}});
+}
+void cpu_bwd(const AttentionBackwardArgs& a) {
+  // The reference accumulates; this op overwrites.
+  for (const TensorView* t : {&a.dq, &a.dk, &a.dv}) std::memset(t->data, 0, t->nbytes());
+  cpu::attention_backward<float>(a.dq.ptr<float>(), a.dk.ptr<float>(), a.dv.ptr<float>(), a.dout.ptr<const float>(),
+                                 a.q.ptr<const float>(), a.k.ptr<const float>(), a.v.ptr<const float>(),
+                                 a.out.ptr<const float>(), a.lse.ptr<const float>(), cpu_params(dims_of(a.q, a.k), a.opt));
+}
+
+// ---- TURBO (in-house CUDA kernels) -----------------------------------------------------------
+#ifdef PRIMUS_TURBO_WITH_CUDA
+cuda::FlashAttnParams flash_params(const Dims& d, DType dt, const AttentionOptions& o) {
+  cuda::FlashAttnParams p;
+  p.B = d.B, p.T = d.T, p.H = d.H, p.KVH = d.KVH, p.D = d.D;
+  p.causal = o.causal;
+  p.scale = o.scale(d.D);
+  p.dtype = dt;
+  if (o.cu_seqlens.defined()) {
+    p.cu_seqlens = o.cu_seqlens.ptr<const int32_t>();
+    p.num_docs = num_docs(o);
+  }
+  return p;
+}
+
+std::string turbo_check_fwd(const AttentionForwardArgs& a) {
+  if (auto w = detail::all_on(Device::CUDA, {{"q", &a.q}}); !w.empty()) return w;
+  return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
+}
+void turbo_fwd(const AttentionForwardArgs& a) {
+  cuda::flash_attention_forward(flash_params(dims_of(a.q, a.k), a.q.dtype, a.opt), a.out.data, a.lse.ptr<float>(),
+                                a.q.data, a.k.data, a.v.data, static_cast<cudaStream_t>(a.ctx.stream));
+}
+std::string turbo_check_bwd(const AttentionBackwardArgs& a) {
+  if (auto w = detail::all_on(Device::CUDA, {{"q", &a.q}}); !w.empty()) return w;
+  if (!a.ctx.scratch) return "needs ExecContext::scratch (device arena) for the f32 dq accumulator";
+  return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
+}
+void turbo_bwd(const AttentionBackwardArgs& a) {
+  const cuda::FlashAttnParams p = flash_params(dims_of(a.q, a.k), a.q.dtype, a.opt);
+  Arena& arena = detail::scratch_of(a.ctx, "attention_backward");
+  ArenaScope scope(arena);
+  void* scratch = arena.allocate(cuda::flash_attention_backward_scratch_bytes(p), 256, "attention_backward dq accumulator");
+  cuda::flash_attention_backward(p, a.dq.data, a.dk.data, a.dv.data, a.dout.data, a.q.data, a.k.data, a.v.data,
+                                 a.out.data, a.lse.ptr<const float>(), scratch, static_cast<cudaStream_t>(a.ctx.stream));
+}
+#endif
+
+// ---- CUDNN -----------------------------------------------------------------------------------
+#ifdef PRIMUS_TURBO_WITH_CUDNN
+cudnn::SdpaShape sdpa_shape(const Dims& d, DType dt, bool causal) {
+  cudnn::SdpaShape s;
+  s.B = d.B, s.T = d.T, s.H = d.H, s.KVH = d.KVH, s.D = d.D;
+  s.causal = causal;
+  s.dtype = dt;
+  return s;
+}
+
+std::string cudnn_common_check(const TensorView& q, const AttentionOptions& o) {
+  if (auto w = detail::all_on(Device::CUDA, {{"q", &q}}); !w.empty()) return w;
+  if (o.cu_seqlens.defined()) return "packed documents (cu_seqlens) are not served by the cuDNN backend";
+  return "";
+}
+
+std::string cudnn_check_fwd(const AttentionForwardArgs& a) {
+  if (auto w = cudnn_common_check(a.q, a.opt); !w.empty()) return w;
+  const auto s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  if (auto w = cudnn::sdpa_forward_unsupported(s); !w.empty()) return w;
+  if (cudnn::sdpa_forward_workspace(s) > 0 && !a.ctx.scratch) return "needs ExecContext::scratch for the cuDNN workspace";
+  return "";
+}
+void cudnn_fwd(const AttentionForwardArgs& a) {
+  const auto s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  const size_t ws_bytes = cudnn::sdpa_forward_workspace(s);
+  void* ws = nullptr;
+  std::optional<ArenaScope> scope;
+  if (ws_bytes > 0) {
+    Arena& arena = detail::scratch_of(a.ctx, "attention_forward");
+    scope.emplace(arena);
+    ws = arena.allocate(ws_bytes, 256, "cuDNN SDPA forward workspace");
+  }
+  cudnn::sdpa_forward(s, a.out.data, a.lse.ptr<float>(), a.q.data, a.k.data, a.v.data, a.opt.scale(s.D), ws,
+                      static_cast<cudaStream_t>(a.ctx.stream));
+}
+std::string cudnn_check_bwd(const AttentionBackwardArgs& a) {
+  if (auto w = cudnn_common_check(a.q, a.opt); !w.empty()) return w;
+  if (!a.ctx.scratch) return "needs ExecContext::scratch for the cuDNN workspace";
+  return cudnn::sdpa_backward_unsupported(sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal));
+}
+void cudnn_bwd(const AttentionBackwardArgs& a) {
+  const auto s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  Arena& arena = detail::scratch_of(a.ctx, "attention_backward");
+  ArenaScope scope(arena);
+  void* ws = arena.allocate(cudnn::sdpa_backward_workspace(s), 256, "cuDNN SDPA backward workspace");
+  cudnn::sdpa_backward(s, a.dq.data, a.dk.data, a.dv.data, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data,
+                       a.lse.ptr<const float>(), a.opt.scale(s.D), ws, static_cast<cudaStream_t>(a.ctx.stream));
+}
+#endif
+
+#if defined(PRIMUS_TURBO_WITH_CUDNN)
+constexpr BackendType kAttentionDefault = BackendType::CUDNN;
+#elif defined(PRIMUS_TURBO_WITH_CUDA)
+constexpr BackendType kAttentionDefault = BackendType::TURBO;
+#else
+constexpr BackendType kAttentionDefault = BackendType::CPU;
+#endif
+
+// Registration order is the fallback order: cuDNN, Turbo's kernels, the reference.
+template <class Args>
+OpDispatcher<Args>* make_dispatcher(typename FunctionBackend<Args>::Check cudnn_check,
+                                    typename FunctionBackend<Args>::Run cudnn_run,
+                                    typename FunctionBackend<Args>::Check turbo_check,
+                                    typename FunctionBackend<Args>::Run turbo_run,
+                                    typename FunctionBackend<Args>::Check cpu_check,
+                                    typename FunctionBackend<Args>::Run cpu_run) {
+  // Both directions overwrite their outputs, so timing candidates (autotune) is harmless.
+  auto* d = new OpDispatcher<Args>("attention", kAttentionDefault, DispatcherOptions{true, 256});
+  if (cudnn_check && cudnn_run)
+    d->register_backend(make_backend<Args>(BackendType::CUDNN, std::move(cudnn_check), std::move(cudnn_run)));
+  if (turbo_check && turbo_run)
+    d->register_backend(make_backend<Args>(BackendType::TURBO, std::move(turbo_check), std::move(turbo_run)));
+  d->register_backend(make_backend<Args>(BackendType::CPU, std::move(cpu_check), std::move(cpu_run)));
+  detail::install_cuda_hooks(*d);
+  return d;
+}
+
+#ifdef PRIMUS_TURBO_WITH_CUDNN
+#define PRIMUS_CUDNN_FN(f) (f)
+#else
+#define PRIMUS_CUDNN_FN(f) nullptr
+#endif
+
+std::string options_key(const AttentionOptions& o) {
+  return fmt::format("causal={} scale={} docs={}", o.causal ? 1 : 0, o.softmax_scale ? fmt::format("{}", *o.softmax_scale) : "default",
+                     num_docs(o));
+}
+
+}  // namespace
+
+float AttentionOptions::scale(int64_t D) const {
+  return softmax_scale ? *softmax_scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+}
+
+std::string AttentionForwardArgs::key() const {
+  return fmt::format("attention_forward q={} k={} {}", q.describe(), k.describe(), options_key(opt));
+}
+std::string AttentionBackwardArgs::key() const {
+  return fmt::format("attention_backward q={} k={} {}", q.describe(), k.describe(), options_key(opt));
+}
+
+BackendType attention_forward(const AttentionForwardArgs& args) {
+  validate(args);
+  static auto* d = make_dispatcher<AttentionForwardArgs>(PRIMUS_CUDNN_FN(cudnn_check_fwd), PRIMUS_CUDNN_FN(cudnn_fwd),
+                                                         PRIMUS_TURBO_FN(turbo_check_fwd), PRIMUS_TURBO_FN(turbo_fwd),
+                                                         cpu_check_fwd, cpu_fwd);
+  return d->dispatch(args);
+}
+
+BackendType attention_backward(const AttentionBackwardArgs& args) {
+  validate(args);
+  static auto* d = make_dispatcher<AttentionBackwardArgs>(PRIMUS_CUDNN_FN(cudnn_check_bwd), PRIMUS_CUDNN_FN(cudnn_bwd),
+                                                          PRIMUS_TURBO_FN(turbo_check_bwd), PRIMUS_TURBO_FN(turbo_bwd),
+                                                          cpu_check_bwd, cpu_bwd);
+  return d->dispatch(args);
+}
+
+}  // namespace primus::turbo
