@@ -3,7 +3,8 @@
 //   GEMMs in TFLOP/s (forward, input-gradient and weight-gradient products);
 //   memory-bound ops in GB/s of their minimal traffic (each input read once, each output
 //   written once), next to a measured device-to-device copy (bytes read + written).
-// Each case: warm-up, then the median of per-launch event timings. Inputs are random.
+// Each case: warm-up, then the median of per-call event timings of calls enqueued back to back
+// (one synchronisation at the end). Inputs are random.
 // Output: a table on stdout and one JSON object per case in --out (see bench/ops/README.md);
 // bench/ops/torch_ops.py measures the PyTorch equivalents under the same case names and
 // bench/ops/merge_ops.py joins both into bench/results/ops.jsonl.
@@ -51,22 +52,23 @@ struct Bench {
     return t;
   }
 
+  // Median per-call GPU time: the calls are enqueued back to back (each between its own pair
+  // of events) and synchronised once at the end, so host-side launch cost overlaps the GPU
+  // work of the previous call, as in a training step, instead of adding idle gaps.
   double time_ms(const std::function<void()>& f) {
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
     for (int i = 0; i < 5; ++i) f();
     CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> ms(static_cast<size_t>(reps));
-    for (float& t : ms) {
-      CUDA_CHECK(cudaEventRecord(a));
+    std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * reps));
+    for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+    for (int r = 0; r < reps; ++r) {
+      CUDA_CHECK(cudaEventRecord(ev[2 * r]));
       f();
-      CUDA_CHECK(cudaEventRecord(b));
-      CUDA_CHECK(cudaEventSynchronize(b));
-      CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+      CUDA_CHECK(cudaEventRecord(ev[2 * r + 1]));
     }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ms(static_cast<size_t>(reps));
+    for (int r = 0; r < reps; ++r) CUDA_CHECK(cudaEventElapsedTime(&ms[r], ev[2 * r], ev[2 * r + 1]));
+    for (auto& e : ev) cudaEventDestroy(e);
     std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
     return ms[ms.size() / 2];
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch eager equivalents of primus_ops_bench's cases, timed the same way (5 warm-ups, then
-the median of 50 per-call CUDA-event timings, no cache flush), under the same case names.
+the median of 50 per-call CUDA-event timings of calls enqueued back to back, no cache flush),
+under the same case names.
 
 Writes one JSON object per case to --out: {"case": ..., "ms": ...}; merge_ops.py pairs them
 with primus_ops_bench's results. Usage: python3 torch_ops.py --out torch.jsonl [--only gemm|mem]
@@ -13,15 +14,16 @@ TOKENS = 16384
 
 
 def time_ms(fn, reps=50):
+    """Median per-call time of calls enqueued back to back, one synchronisation at the end
+    (the same method as primus_ops_bench: host overhead overlaps the previous call's GPU work)."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record(); fn(); b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev)
 
 
 class Rec:

@@ -8,6 +8,8 @@
 // logits. HBM traffic is one read and one write of the logits, in their own dtype.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/cross_entropy.h"
 
@@ -15,10 +17,12 @@ namespace primus::turbo::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kUnroll = 4;  // vectors in flight per thread
 
-template <class T>
-__global__ void __launch_bounds__(kThreads)
+// kUnroll: vectors each thread loads before using any. kMinBlocks: resident blocks per SM the
+// register budget must allow (2 when two rows per SM fit in L2 next to each other, else 1 with
+// deeper unrolling instead: more bytes in flight per block).
+template <class T, int kUnroll, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
 cross_entropy_kernel(T* dlogits, float* losses, float* lse_out, const T* logits,
                      const int32_t* targets, int N, int V, int Vp, float dloss, int ignore_index) {
   constexpr int W = Vec<T>::kSize;
@@ -117,16 +121,23 @@ void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, f
     throw RuntimeError(fmt::format("cross_entropy: need 0 < V={} <= Vp={} and Vp a multiple of {}", V, Vp, w));
   if (N == 0) return;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "cross_entropy", [&] {
-    // Rows in flight (grid) are capped so that their second read hits L2 (~half of it).
+    // Rows in flight (grid) are capped so that their second read hits L2 (~60% of it).
     int dev = 0, l2 = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
     const int64_t row_bytes = Vp * static_cast<int64_t>(sizeof(scalar_t));
-    const int64_t fit = std::max<int64_t>(1, (static_cast<int64_t>(l2) / 2) / row_bytes);
-    const int64_t grid = std::min<int64_t>({N, static_cast<int64_t>(sm_count()) * 2, std::max<int64_t>(fit, sm_count())});
-    cross_entropy_kernel<scalar_t><<<static_cast<int>(grid), kThreads, 0, stream>>>(
-        static_cast<scalar_t*>(dlogits), losses, lse, static_cast<const scalar_t*>(logits), targets,
-        static_cast<int>(N), static_cast<int>(V), static_cast<int>(Vp), dloss, ignore_index);
+    const int64_t fit = std::max<int64_t>(1, (static_cast<int64_t>(l2) * 3 / 5) / row_bytes);
+    const bool two_per_sm = fit >= 2 * static_cast<int64_t>(sm_count());
+    const int64_t grid = std::min<int64_t>(N, static_cast<int64_t>(sm_count()) * (two_per_sm ? 2 : 1));
+    auto go = [&](auto kernel) {
+      kernel<<<static_cast<int>(grid), kThreads, 0, stream>>>(
+          static_cast<scalar_t*>(dlogits), losses, lse, static_cast<const scalar_t*>(logits), targets,
+          static_cast<int>(N), static_cast<int>(V), static_cast<int>(Vp), dloss, ignore_index);
+    };
+    if (two_per_sm)
+      go(cross_entropy_kernel<scalar_t, 1, 2>);
+    else
+      go(cross_entropy_kernel<scalar_t, 2, 1>);
     CUDA_CHECK_LAST();
   });
 }

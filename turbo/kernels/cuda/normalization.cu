@@ -15,6 +15,9 @@
 // reduced in block order by a second kernel: no atomics, so the result is bitwise reproducible.
 #include <fmt/format.h>
 
+#include <map>
+#include <mutex>
+
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/normalization.h"
 
@@ -24,7 +27,7 @@ namespace {
 // Block shape: threadIdx.x walks one row's vectors (tx threads, a multiple of 32), threadIdx.y
 // picks one of ty rows handled side by side. Short rows (GPT-2's 768) get one warp per row, so
 // their statistics need shuffles only, and many rows per block keep enough loads in flight.
-constexpr int kFwdThreads = 256, kBwdThreads = 512;
+constexpr int kFwdThreads = 256, kBwdThreads = 256;
 
 // Sum over the tx threads of this thread's row group; every thread of the group gets it.
 // All threads of the block must call it (it may synchronise the block).
@@ -115,7 +118,7 @@ norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __
 // groups of the block are combined through shared memory in group order, and one [C] row per
 // block goes to part_w / part_b ([grid, C]).
 template <class T, int kVec, bool kRms>
-__global__ void __launch_bounds__(kBwdThreads, 2)
+__global__ void __launch_bounds__(kBwdThreads)
 norm_backward_kernel(T* __restrict__ dinp, float* __restrict__ part_w, float* __restrict__ part_b,
                      const T* __restrict__ dout, const T* __restrict__ inp,
                      const T* __restrict__ weight, const float* __restrict__ mean,
@@ -125,22 +128,36 @@ norm_backward_kernel(T* __restrict__ dinp, float* __restrict__ part_w, float* __
   extern __shared__ float acc[];  // [2, C] when blockDim.y > 1
   const int nvec = C / W;
   const float inv_c = 1.0f / static_cast<float>(C);
-  float w[kVec][W], dw[kVec][W], db[kVec][W];
+  float dw[kVec][W], db[kVec][W];
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    const int j = threadIdx.x + i * blockDim.x;
-    Vec<T> wv;
-    if (j < nvec) wv = load_vec(weight + j * W);
+  for (int i = 0; i < kVec; ++i)
 #pragma unroll
-    for (int e = 0; e < W; ++e) {
-      w[i][e] = j < nvec ? wv.get(e) : 0.0f;
-      dw[i][e] = db[i][e] = 0.0f;
+    for (int e = 0; e < W; ++e) dw[i][e] = db[i][e] = 0.0f;
+  // Rows are software-pipelined: the next row's dout and inp are in flight while this row's
+  // reductions wait at their barriers (the weight is re-read from L1 instead of held, to leave
+  // registers for that).
+  const int stride = gridDim.x * blockDim.y;
+  Vec<T> g_cur[kVec], x_cur[kVec];
+  auto load_row = [&](int base, Vec<T>* g, Vec<T>* x) {
+    const int row = base + threadIdx.y;
+    if (row >= N) return;
+    const int64_t off = static_cast<int64_t>(row) * C;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int j = threadIdx.x + i * blockDim.x;
+      if (j < nvec) {
+        g[i] = load_vec(dout + off + j * W);
+        x[i] = load_vec(inp + off + j * W);
+      }
     }
-  }
-  for (int base = blockIdx.x * blockDim.y; base < N; base += gridDim.x * blockDim.y) {
+  };
+  load_row(blockIdx.x * blockDim.y, g_cur, x_cur);
+  for (int base = blockIdx.x * blockDim.y; base < N; base += stride) {
     const int row = base + threadIdx.y;
     const bool valid = row < N;
     const int64_t off = static_cast<int64_t>(valid ? row : 0) * C;
+    Vec<T> g_next[kVec], x_next[kVec];
+    if (base + stride < N) load_row(base + stride, g_next, x_next);
     const float mu = (kRms || !valid) ? 0.0f : mean[row];
     const float rs = valid ? rstd[row] : 0.0f;
     float s1 = 0.0f, s2 = 0.0f;
@@ -148,11 +165,10 @@ norm_backward_kernel(T* __restrict__ dinp, float* __restrict__ part_w, float* __
     for (int i = 0; i < kVec; ++i) {
       const int j = threadIdx.x + i * blockDim.x;
       if (valid && j < nvec) {
-        const Vec<T> gv = load_vec(dout + off + j * W);
-        const Vec<T> xv = load_vec(inp + off + j * W);
+        const Vec<T> wv = load_vec(weight + j * W);
 #pragma unroll
         for (int e = 0; e < W; ++e) {
-          const float g = gv.get(e), xh = (xv.get(e) - mu) * rs, dn = g * w[i][e];
+          const float g = g_cur[i].get(e), xh = (x_cur[i].get(e) - mu) * rs, dn = g * wv.get(e);
           s1 += dn;
           s2 += dn * xh;
           dw[i][e] += g * xh;
@@ -162,25 +178,28 @@ norm_backward_kernel(T* __restrict__ dinp, float* __restrict__ part_w, float* __
     }
     const float mean_dn = kRms ? 0.0f : row_sum(s1, smem) * inv_c;
     const float mean_dn_xh = row_sum(s2, smem) * inv_c;
-    if (!valid) continue;
-    // Second pass: dout and inp again, from L1 (this thread read them a moment ago); keeping
-    // them in registers would halve the blocks an SM can hold.
+    if (valid) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        if (j < nvec) {
+          const Vec<T> wv = load_vec(weight + j * W);
+          Vec<T> d;
+          if (accumulate) d = load_vec(dinp + off + j * W);
+#pragma unroll
+          for (int e = 0; e < W; ++e) {
+            const float xh = (x_cur[i].get(e) - mu) * rs;
+            const float v = (g_cur[i].get(e) * wv.get(e) - mean_dn - xh * mean_dn_xh) * rs;
+            d.set(e, accumulate ? d.get(e) + v : v);
+          }
+          store_vec(dinp + off + j * W, d);
+        }
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      const int j = threadIdx.x + i * blockDim.x;
-      if (j < nvec) {
-        const Vec<T> gv = load_vec(dout + off + j * W);
-        const Vec<T> xv = load_vec(inp + off + j * W);
-        Vec<T> d;
-        if (accumulate) d = load_vec(dinp + off + j * W);
-#pragma unroll
-        for (int e = 0; e < W; ++e) {
-          const float xh = (xv.get(e) - mu) * rs;
-          const float v = (gv.get(e) * w[i][e] - mean_dn - xh * mean_dn_xh) * rs;
-          d.set(e, accumulate ? d.get(e) + v : v);
-        }
-        store_vec(dinp + off + j * W, d);
-      }
+      g_cur[i] = g_next[i];
+      x_cur[i] = x_next[i];
     }
   }
   float* pw = part_w + static_cast<int64_t>(blockIdx.x) * C;
@@ -241,7 +260,8 @@ __global__ void column_sum_add_kernel(float* __restrict__ dst, const float* __re
 }
 
 struct Shape {
-  int kvec, tx, ty, grid;
+  int kvec, tx, ty;
+  int64_t row_blocks;  // blocks needed to give every row group one row
   size_t smem;
 };
 
@@ -251,7 +271,7 @@ template <class T>
 Shape shape_for(int64_t N, int64_t C, bool backward) {
   const int nvec = static_cast<int>(C / Vec<T>::kSize);
   const int target = backward ? 2 : 4, max_tx = backward ? kBwdThreads : 1024;
-  int tx = std::min(max_tx, ceil_div(ceil_div(nvec, target), 32) * 32);
+  const int tx = std::min(max_tx, ceil_div(ceil_div(nvec, target), 32) * 32);
   const int kvec = ceil_div(nvec, tx);
   const int block = backward ? kBwdThreads : kFwdThreads;
   int ty = std::max(1, block / tx);
@@ -260,13 +280,33 @@ Shape shape_for(int64_t N, int64_t C, bool backward) {
     smem = 2 * static_cast<size_t>(C) * sizeof(float);
     if (smem > 48 * 1024) { ty = 1; smem = 0; }
   }
-  const int64_t rows_blocks = (N + ty - 1) / ty;
-  int64_t grid = rows_blocks;
-  if (backward) {
-    // Few blocks: each writes one [C] partial row; two resident per SM keep the loads flowing.
-    grid = std::min<int64_t>(rows_blocks, static_cast<int64_t>(sm_count()) * 2);
+  return {kvec, tx, ty, (N + ty - 1) / ty, smem};
+}
+
+// A persistent grid for the backward: as many blocks as fit on the device at once (one wave),
+// each walking rows with a stride; that is also the number of partial rows. The occupancy query
+// is cached per kernel: it costs host time on every call otherwise.
+template <class Kernel>
+int resident_grid(Kernel kernel, const Shape& sh) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> cache;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), sh.tx * sh.ty * 65536 + static_cast<int>(sh.smem / 16));
+  int per_sm = 0;
+  {
+    std::lock_guard lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      per_sm = it->second;
+    } else {
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, sh.tx * sh.ty, sh.smem));
+      cache.emplace(key, per_sm);
+    }
   }
-  return {kvec, tx, ty, static_cast<int>(std::max<int64_t>(grid, 1)), smem};
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sh.row_blocks, static_cast<int64_t>(sm_count()) * std::max(per_sm, 1))));
+}
+// Upper bound of resident_grid (2048 threads per SM), for sizing the partials' scratch.
+int max_resident_grid(const Shape& sh) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sh.row_blocks, static_cast<int64_t>(sm_count()) * std::max(1, 2048 / (sh.tx * sh.ty)))));
 }
 
 template <class T, bool kRms>
@@ -275,7 +315,8 @@ void launch_forward(void* out, float* mean, float* rstd, void* res_out, const vo
                     cudaStream_t s) {
   const Shape sh = shape_for<T>(N, C, false);
   auto go = [&](auto kernel) {
-    kernel<<<sh.grid, dim3(sh.tx, sh.ty), 0, s>>>(static_cast<T*>(out), mean, rstd, static_cast<T*>(res_out),
+    // The forward writes no partials: one block per row group, as many as there are.
+    kernel<<<static_cast<unsigned>(sh.row_blocks), dim3(sh.tx, sh.ty), 0, s>>>(static_cast<T*>(out), mean, rstd, static_cast<T*>(res_out),
                                                   static_cast<const T*>(inp), static_cast<const T*>(res),
                                                   static_cast<const T*>(w), static_cast<const T*>(b),
                                                   static_cast<int>(N), static_cast<int>(C), eps);
@@ -295,11 +336,13 @@ void launch_backward(void* dinp, float* dw, float* db, const void* dout, const v
                      bool acc, void* scratch, cudaStream_t s) {
   const Shape sh = shape_for<T>(N, C, true);
   float* pw = static_cast<float*>(scratch);
-  float* pb = db ? pw + static_cast<int64_t>(sh.grid) * C : nullptr;
+  float* pb = db ? pw + static_cast<int64_t>(max_resident_grid(sh)) * C : nullptr;
+  int grid = 1;
   auto go = [&](auto kernel) {
-    kernel<<<sh.grid, dim3(sh.tx, sh.ty), sh.smem, s>>>(static_cast<T*>(dinp), pw, pb, static_cast<const T*>(dout),
-                                                        static_cast<const T*>(inp), static_cast<const T*>(w), mean,
-                                                        rstd, static_cast<int>(N), static_cast<int>(C), acc);
+    grid = resident_grid(kernel, sh);
+    kernel<<<grid, dim3(sh.tx, sh.ty), sh.smem, s>>>(static_cast<T*>(dinp), pw, pb, static_cast<const T*>(dout),
+                                                     static_cast<const T*>(inp), static_cast<const T*>(w), mean,
+                                                     rstd, static_cast<int>(N), static_cast<int>(C), acc);
   };
   switch (sh.kvec) {
     case 1: go(norm_backward_kernel<T, 1, kRms>); break;
@@ -309,10 +352,10 @@ void launch_backward(void* dinp, float* dw, float* db, const void* dout, const v
   }
   CUDA_CHECK_LAST();
   const dim3 cblock(32, 32);
-  column_sum_add_kernel<<<ceil_div(C, 32), cblock, 0, s>>>(dw, pw, sh.grid, static_cast<int>(C));
+  column_sum_add_kernel<<<ceil_div(C, 32), cblock, 0, s>>>(dw, pw, grid, static_cast<int>(C));
   CUDA_CHECK_LAST();
   if (db) {
-    column_sum_add_kernel<<<ceil_div(C, 32), cblock, 0, s>>>(db, pb, sh.grid, static_cast<int>(C));
+    column_sum_add_kernel<<<ceil_div(C, 32), cblock, 0, s>>>(db, pb, grid, static_cast<int>(C));
     CUDA_CHECK_LAST();
   }
 }
@@ -344,7 +387,7 @@ void norm_forward(NormKind kind, DType dtype, void* out, float* mean, float* rst
 size_t norm_backward_scratch_bytes(int64_t N, int64_t C) {
   // The grid depends on the dtype's vector width only through the thread count; size for the
   // larger of the two (f32: more vectors per row, so fewer blocks per SM is never larger).
-  const int64_t g = std::max(shape_for<float>(N, C, true).grid, shape_for<bf16>(N, C, true).grid);
+  const int64_t g = std::max(max_resident_grid(shape_for<float>(N, C, true)), max_resident_grid(shape_for<bf16>(N, C, true)));
   return static_cast<size_t>(2 * g * C) * sizeof(float);
 }
 
