@@ -1,5 +1,5 @@
 // primus_attention_bench: times turbo::attention forward and backward on each device backend
-// (CUDNN, TURBO) at the shapes of issue [attention], and cross-checks the two backends' results
+// (CUDNN, TURBO with its default forward, TURBO_SM80 with the mma.sync forward) at the shapes of issue [attention], and cross-checks the two backends' results
 // on the same inputs. One JSON object per (case, backend) goes to --out; torch_sdpa.py times
 // PyTorch's SDPA on the same cases in the same device call, and merge_attention.py joins both
 // into bench/results/attention.jsonl.
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -131,7 +132,16 @@ int main(int argc, char** argv) {
     bench::fill_random(v.data, dt, v.numel(), 3, 1.0f);
     bench::fill_random(dout.data, dt, dout.numel(), 4, 1.0f);
     std::vector<std::vector<float>> first;  // out, dq, dk, dv of the first backend, for the cross-check
-    for (BackendType be : {BackendType::CUDNN, BackendType::TURBO}) {
+    // TURBO runs its default forward (wgmma on sm_90) and, as "TURBO_SM80", the mma.sync one.
+    struct Variant {
+      const char* name;
+      BackendType be;
+      const char* kernel;
+    };
+    for (const Variant& var : {Variant{"CUDNN", BackendType::CUDNN, ""}, Variant{"TURBO", BackendType::TURBO, ""},
+                               Variant{"TURBO_SM80", BackendType::TURBO, "sm80"}}) {
+      const BackendType be = var.be;
+      if (*var.kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", var.kernel, 1); else unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
       auto o = arena->tensor(dt, {c.B, c.T, c.H, c.D}), lse = arena->tensor(DType::F32, {c.B, c.H, c.T});
       auto dq = arena->tensor(dt, {c.B, c.T, c.H, c.D}), dk = arena->tensor(dt, {c.B, c.T, c.KVH, c.D});
       auto dv = arena->tensor(dt, {c.B, c.T, c.KVH, c.D});
@@ -159,13 +169,13 @@ int main(int argc, char** argv) {
         const double ff = flops_fwd(c);
         line = fmt::format(
             R"({{"case":"{}","backend":"{}","B":{},"T":{},"H":{},"KVH":{},"D":{},"causal":{},"fwd_ms":{:.4f},"bwd_ms":{:.4f},"fwd_tflops":{:.2f},"bwd_tflops":{:.2f},"xcheck_vs_first":{}}})",
-            c.name, backend_name(be), c.B, c.T, c.H, c.KVH, c.D, c.causal, fwd, bwd, ff / fwd / 1e9,
+            c.name, var.name, c.B, c.T, c.H, c.KVH, c.D, c.causal, fwd, bwd, ff / fwd / 1e9,
             2.5 * ff / bwd / 1e9, xcheck);
       } catch (const std::exception& e) {
         std::string msg = e.what();
         std::replace(msg.begin(), msg.end(), '"', '\'');
         std::replace(msg.begin(), msg.end(), '\n', ' ');
-        line = fmt::format(R"({{"case":"{}","backend":"{}","error":"{}"}})", c.name, backend_name(be), msg.substr(0, 2000));
+        line = fmt::format(R"({{"case":"{}","backend":"{}","error":"{}"}})", c.name, var.name, msg.substr(0, 2000));
         cudaGetLastError();
       }
       out << line << "\n";

@@ -28,6 +28,7 @@ export LD_LIBRARY_PATH=$BIN:$cudnn_dir:${LD_LIBRARY_PATH:-}
   ls /usr/local/cuda*/lib64 2>/dev/null | grep -E "cudart|cublas" | head
   python3 -c "import torch; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), 'cuda', torch.version.cuda)"
   ldd "$BIN/test_attention_gpu" | grep -E "not found|cudnn|gomp"
+  echo "HGMMA instructions in test_attention_gpu: $(cuobjdump -sass "$BIN/test_attention_gpu" 2>/dev/null | grep -c HGMMA)"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -25,6 +27,7 @@ constexpr double kGateMaxRel = 2e-2;  // worst element against the reference's s
 
 struct Param {
   BackendType backend;
+  const char* kernel;  // TURBO forward kernel: "" (default: wgmma on sm_90) or "sm80" (mma.sync)
   DType dtype;
   bool causal;
   int64_t KVH;  // with H = 4
@@ -34,7 +37,7 @@ struct Param {
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   const Param& p = info.param;
-  return fmt::format("{}_{}_{}_kvh{}_d{}_t{}", backend_name(p.backend), dtype_name(p.dtype),
+  return fmt::format("{}{}_{}_{}_kvh{}_d{}_t{}", backend_name(p.backend), *p.kernel ? std::string("_") + p.kernel : "", dtype_name(p.dtype),
                      p.causal ? "causal" : "full", p.KVH, p.D, p.T);
 }
 
@@ -51,6 +54,8 @@ class AttnGpu : public ::testing::Test {
   }
   void TearDown() override {
     GlobalBackendManager::instance().reset();
+    unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
+    unsetenv("PRIMUS_TURBO_ATTN_SM90_VDESC");
     trace_.reset();
   }
 
@@ -156,6 +161,7 @@ TEST_P(AttnGpuCases, MatchesFp64Reference) {
   run_reference(c, t);
   Dev d = upload(c, p.dtype, t);
   GlobalBackendManager::instance().set_backend("attention", p.backend);
+  if (*p.kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", p.kernel, 1);
   const auto [fb, bb] = run(c, d);
   EXPECT_EQ(fb, p.backend);
   EXPECT_EQ(bb, p.backend);
@@ -163,20 +169,25 @@ TEST_P(AttnGpuCases, MatchesFp64Reference) {
 }
 
 std::vector<Param> dense_params() {
+  struct Be {
+    BackendType type;
+    const char* kernel;
+  };
+  const Be backends[] = {{BackendType::CUDNN, ""}, {BackendType::TURBO, ""}, {BackendType::TURBO, "sm80"}};
   std::vector<Param> ps;
-  for (BackendType be : {BackendType::CUDNN, BackendType::TURBO})
+  for (const Be& be : backends)
     for (DType dt : {DType::BF16, DType::F16})
       for (bool causal : {true, false})
         for (int64_t kvh : {int64_t{4}, int64_t{2}, int64_t{1}})
           for (int64_t D : {int64_t{64}, int64_t{128}}) {
             if (dt == DType::F16 && kvh == 2) continue;  // f16 needs no full cross product
-            ps.push_back({be, dt, causal, kvh, D, 256});
+            ps.push_back({be.type, be.kernel, dt, causal, kvh, D, 256});
           }
   // Lengths that are no multiple of any tile: partial tiles on both axes.
-  for (BackendType be : {BackendType::CUDNN, BackendType::TURBO})
+  for (const Be& be : backends)
     for (bool causal : {true, false}) {
-      ps.push_back({be, DType::BF16, causal, 2, 128, 200});
-      ps.push_back({be, DType::BF16, causal, 1, 64, 77});
+      ps.push_back({be.type, be.kernel, DType::BF16, causal, 2, 128, 200});
+      ps.push_back({be.type, be.kernel, DType::BF16, causal, 1, 64, 77});
     }
   return ps;
 }
@@ -199,9 +210,11 @@ TEST_F(AttnGpu, CustomScale) {
 
 // Packed documents (TURBO): random document lengths per row, causal and not, GQA.
 TEST_F(AttnGpu, VarlenMatchesReference) {
+  for (const char* kernel : {"", "sm80"})
   for (int64_t D : {int64_t{64}, int64_t{128}})
     for (bool causal : {true, false}) {
-      SCOPED_TRACE(fmt::format("D={} causal={}", D, causal));
+      SCOPED_TRACE(fmt::format("kernel='{}' D={} causal={}", kernel, D, causal));
+      if (*kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", kernel, 1); else unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
       AttnCase c;
       c.B = 2, c.T = 384, c.H = 4, c.KVH = 2, c.D = D, c.causal = causal;
       c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 5);
@@ -280,6 +293,27 @@ TEST_F(AttnGpu, DefaultDispatchIsCudnnForDense) {
   EXPECT_EQ(fb, BackendType::CUDNN);
   EXPECT_EQ(bb, BackendType::CUDNN);
   check_all(t, d);
+}
+
+// The Hopper forward reads V through an MN-major wgmma descriptor. This reports the error of the
+// default descriptor and of the swapped one (PRIMUS_TURBO_ATTN_SM90_VDESC=swap), so one device run
+// says which convention holds; the test requires the default to be right.
+TEST_F(AttnGpu, Sm90ForwardDescriptorDiagnostic) {
+  AttnCase c;
+  c.T = 256, c.D = 128, c.KVH = 4, c.causal = false;
+  AttnTensors t = random_inputs(c, DType::BF16);
+  run_reference(c, t);
+  Dev d = upload(c, DType::BF16, t);
+  GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+  ErrorStats e[2];
+  for (int swap = 0; swap < 2; ++swap) {
+    if (swap) setenv("PRIMUS_TURBO_ATTN_SM90_VDESC", "swap", 1);
+    run(c, d);
+    e[swap] = compare(get(d.out), t.out);
+    std::printf("sm90 forward, V descriptor %s: out rel_l2 %.3g max_rel %.3g\n", swap ? "swapped" : "default",
+                e[swap].rel_l2, e[swap].max_rel);
+  }
+  EXPECT_LE(e[0].rel_l2, kGateRelL2);
 }
 
 // A backend forced by the user that cannot serve the call is an error, not a silent fallback.

@@ -10,11 +10,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/util/error.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/attention_flash.h"
 #include "turbo/kernels/cuda/attention_mma.cuh"
+#include "turbo/kernels/cuda/attention_sm90.h"
 
 namespace primus::turbo::cuda {
 namespace {
@@ -265,6 +268,12 @@ std::string flash_attention_unsupported_reason(DType dtype, int64_t head_dim) {
   return "";
 }
 
+bool flash_forward_use_sm90() {
+  const char* env = std::getenv("PRIMUS_TURBO_ATTN_KERNEL");
+  if (env && std::strcmp(env, "sm80") == 0) return false;
+  return flash_forward_sm90_available();
+}
+
 void flash_attention_forward(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k,
                              const void* v, cudaStream_t stream) {
   if (auto why = flash_attention_unsupported_reason(prm.dtype, prm.D); !why.empty())
@@ -272,6 +281,10 @@ void flash_attention_forward(const FlashAttnParams& prm, void* out, float* lse, 
   PRIMUS_CHECK(prm.B > 0 && prm.T > 0 && prm.H > 0 && prm.KVH > 0 && prm.H % prm.KVH == 0,
                "flash_attention_forward: bad shape B={} T={} H={} KVH={}", prm.B, prm.T, prm.H, prm.KVH);
   PRIMUS_CHECK(prm.B * prm.T < (int64_t{1} << 31), "flash_attention_forward: B*T={} exceeds int32 indexing", prm.B * prm.T);
+  if (flash_forward_use_sm90()) {
+    flash_forward_sm90(prm, out, lse, q, k, v, stream);
+    return;
+  }
   FwdArgs a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),
             static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal};
   if (prm.dtype == DType::BF16) dispatch_fwd<__nv_bfloat16>(prm, a, stream);
