@@ -132,16 +132,22 @@ int main(int argc, char** argv) {
     bench::fill_random(v.data, dt, v.numel(), 3, 1.0f);
     bench::fill_random(dout.data, dt, dout.numel(), 4, 1.0f);
     std::vector<std::vector<float>> first;  // out, dq, dk, dv of the first backend, for the cross-check
-    // TURBO runs its default forward (wgmma on sm_90) and, as "TURBO_SM80", the mma.sync one.
+    // TURBO runs its default kernels (on sm_90: pipelined wgmma forward, wgmma backward); as
+    // "TURBO_SM90_SIMPLE" the wgmma forward without the softmax/GEMM overlap; as "TURBO_SM80" the
+    // mma.sync kernels both ways.
     struct Variant {
       const char* name;
       BackendType be;
       const char* kernel;
     };
     for (const Variant& var : {Variant{"CUDNN", BackendType::CUDNN, ""}, Variant{"TURBO", BackendType::TURBO, ""},
+                               Variant{"TURBO_SM90_SIMPLE", BackendType::TURBO, "sm90"},
                                Variant{"TURBO_SM80", BackendType::TURBO, "sm80"}}) {
       const BackendType be = var.be;
-      if (*var.kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", var.kernel, 1); else unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
+      unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
+      unsetenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
+      if (*var.kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", var.kernel, 1);
+      if (std::strcmp(var.kernel, "sm80") == 0) setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm80", 1);
       auto o = arena->tensor(dt, {c.B, c.T, c.H, c.D}), lse = arena->tensor(DType::F32, {c.B, c.H, c.T});
       auto dq = arena->tensor(dt, {c.B, c.T, c.H, c.D}), dk = arena->tensor(dt, {c.B, c.T, c.KVH, c.D});
       auto dv = arena->tensor(dt, {c.B, c.T, c.KVH, c.D});

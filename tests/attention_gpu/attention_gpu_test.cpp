@@ -27,7 +27,8 @@ constexpr double kGateMaxRel = 2e-2;  // worst element against the reference's s
 
 struct Param {
   BackendType backend;
-  const char* kernel;  // TURBO forward kernel: "" (default: wgmma on sm_90) or "sm80" (mma.sync)
+  const char* kernel;  // TURBO kernels: "" (default: pipelined wgmma forward, wgmma backward on
+                       // sm_90), "sm90" (unpipelined wgmma forward) or "sm80" (mma.sync both ways)
   DType dtype;
   bool causal;
   int64_t KVH;  // with H = 4
@@ -54,12 +55,19 @@ class AttnGpu : public ::testing::Test {
   }
   void TearDown() override {
     GlobalBackendManager::instance().reset();
-    unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
+    set_kernel("");
     unsetenv("PRIMUS_TURBO_ATTN_SM90_VDESC");
     trace_.reset();
   }
 
   TensorView make(DType dt, std::initializer_list<int64_t> shape) { return arena_->tensor(dt, shape); }
+  // Selects the TURBO kernels (see Param::kernel) through their environment switches.
+  static void set_kernel(const char* kernel) {
+    unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
+    unsetenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
+    if (*kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", kernel, 1);
+    if (std::strcmp(kernel, "sm80") == 0) setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm80", 1);
+  }
   void put(const TensorView& t, const std::vector<double>& v) {
     std::vector<char> host(t.nbytes());
     for (size_t i = 0; i < v.size(); ++i) store_from_float(host.data(), t.dtype, i, static_cast<float>(v[i]));
@@ -161,7 +169,7 @@ TEST_P(AttnGpuCases, MatchesFp64Reference) {
   run_reference(c, t);
   Dev d = upload(c, p.dtype, t);
   GlobalBackendManager::instance().set_backend("attention", p.backend);
-  if (*p.kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", p.kernel, 1);
+  set_kernel(p.kernel);
   const auto [fb, bb] = run(c, d);
   EXPECT_EQ(fb, p.backend);
   EXPECT_EQ(bb, p.backend);
@@ -173,7 +181,10 @@ std::vector<Param> dense_params() {
     BackendType type;
     const char* kernel;
   };
-  const Be backends[] = {{BackendType::CUDNN, ""}, {BackendType::TURBO, ""}, {BackendType::TURBO, "sm80"}};
+  const Be backends[] = {{BackendType::CUDNN, ""},
+                         {BackendType::TURBO, ""},
+                         {BackendType::TURBO, "sm90"},
+                         {BackendType::TURBO, "sm80"}};
   std::vector<Param> ps;
   for (const Be& be : backends)
     for (DType dt : {DType::BF16, DType::F16})
@@ -214,7 +225,7 @@ TEST_F(AttnGpu, VarlenMatchesReference) {
   for (int64_t D : {int64_t{64}, int64_t{128}})
     for (bool causal : {true, false}) {
       SCOPED_TRACE(fmt::format("kernel='{}' D={} causal={}", kernel, D, causal));
-      if (*kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", kernel, 1); else unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
+      set_kernel(kernel);
       AttnCase c;
       c.B = 2, c.T = 384, c.H = 4, c.KVH = 2, c.D = D, c.causal = causal;
       c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 5);

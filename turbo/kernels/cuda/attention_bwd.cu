@@ -2,7 +2,8 @@
 //
 // Three launches:
 //   1. delta[b,h,t] = dout · out (one warp per row); the f32 dq accumulator is zeroed.
-//   2. The main kernel: one block per (key tile of BN keys, kv head, batch row). Its warps own
+//   2. The main kernel (this file's mma.sync one, or on sm_90 attention_bwd_sm90.cu's wgmma one):
+//      one block per (key tile of BN keys, kv head, batch row). Its warps own
 //      16 keys each and keep their dK and dV (16 x D, f32) in registers while the block walks
 //      the query tiles (BM rows) of every query head in the kv head's group. Per query tile:
 //        S^T = K Q^T -> P^T = exp(scale S^T - lse)     (recomputed, never stored)
@@ -15,11 +16,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/util/error.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/attention_flash.h"
 #include "turbo/kernels/cuda/attention_mma.cuh"
+#include "turbo/kernels/cuda/attention_sm90.h"
 
 namespace primus::turbo::cuda {
 namespace {
@@ -369,17 +373,27 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
       delta, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(prm.T),
       static_cast<int>(prm.H), static_cast<int>(prm.D));
   CUDA_CHECK_LAST();
-  BwdArgs a{q, k, v, dout, lse, delta, dq_acc, dk, dv, prm.cu_seqlens, static_cast<int>(prm.num_docs),
-            static_cast<int>(prm.T), static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale,
-            prm.scale * kLog2e, prm.causal};
-  if (prm.D == 128) launch_bwd<T, BwdConfig<128, 128, 64>>(prm, a, stream);
-  else launch_bwd<T, BwdConfig<64, 128, 64>>(prm, a, stream);
+  if (flash_backward_use_sm90()) {
+    flash_backward_sm90_main(prm, FlashBwdPointers{q, k, v, dout, lse, delta, dq_acc, dk, dv}, stream);
+  } else {
+    BwdArgs a{q, k, v, dout, lse, delta, dq_acc, dk, dv, prm.cu_seqlens, static_cast<int>(prm.num_docs),
+              static_cast<int>(prm.T), static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale,
+              prm.scale * kLog2e, prm.causal};
+    if (prm.D == 128) launch_bwd<T, BwdConfig<128, 128, 64>>(prm, a, stream);
+    else launch_bwd<T, BwdConfig<64, 128, 64>>(prm, a, stream);
+  }
   const int64_t n4 = n / 4;
   flash_bwd_cast_kernel<T><<<static_cast<unsigned>((n4 + 255) / 256), 256, 0, stream>>>(static_cast<T*>(dq), dq_acc, n4);
   CUDA_CHECK_LAST();
 }
 
 }  // namespace
+
+bool flash_backward_use_sm90() {
+  const char* env = std::getenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
+  if (env && std::strcmp(env, "sm80") == 0) return false;
+  return flash_forward_sm90_available();
+}
 
 size_t flash_attention_backward_scratch_bytes(const FlashAttnParams& p) {
   return align_up(static_cast<size_t>(p.B * p.T * p.H * p.D) * sizeof(float)) +

@@ -268,10 +268,11 @@ std::string flash_attention_unsupported_reason(DType dtype, int64_t head_dim) {
   return "";
 }
 
-bool flash_forward_use_sm90() {
+FwdKernel flash_forward_kernel() {
   const char* env = std::getenv("PRIMUS_TURBO_ATTN_KERNEL");
-  if (env && std::strcmp(env, "sm80") == 0) return false;
-  return flash_forward_sm90_available();
+  if ((env && std::strcmp(env, "sm80") == 0) || !flash_forward_sm90_available()) return FwdKernel::Sm80;
+  if (env && std::strcmp(env, "sm90") == 0) return FwdKernel::Sm90;
+  return FwdKernel::Sm90Pipe;
 }
 
 void flash_attention_forward(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k,
@@ -281,8 +282,8 @@ void flash_attention_forward(const FlashAttnParams& prm, void* out, float* lse, 
   PRIMUS_CHECK(prm.B > 0 && prm.T > 0 && prm.H > 0 && prm.KVH > 0 && prm.H % prm.KVH == 0,
                "flash_attention_forward: bad shape B={} T={} H={} KVH={}", prm.B, prm.T, prm.H, prm.KVH);
   PRIMUS_CHECK(prm.B * prm.T < (int64_t{1} << 31), "flash_attention_forward: B*T={} exceeds int32 indexing", prm.B * prm.T);
-  if (flash_forward_use_sm90()) {
-    flash_forward_sm90(prm, out, lse, q, k, v, stream);
+  if (const FwdKernel kern = flash_forward_kernel(); kern != FwdKernel::Sm80) {
+    flash_forward_sm90(prm, out, lse, q, k, v, kern == FwdKernel::Sm90Pipe, stream);
     return;
   }
   FwdArgs a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),

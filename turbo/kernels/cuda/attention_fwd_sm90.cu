@@ -22,6 +22,7 @@
 #include "turbo/kernels/cuda/attention_flash.h"
 #include "turbo/kernels/cuda/attention_mma.cuh"
 #include "turbo/kernels/cuda/attention_sm90.h"
+#include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/attention_wgmma_ops.cuh"
 
 namespace primus::turbo::cuda {
@@ -29,56 +30,18 @@ namespace {
 
 using namespace attn;
 
-// ---- 128B-swizzled tiles and wgmma descriptors --------------------------------------------------
-template <int ROWS>
-struct Sw128 {
-  static constexpr uint32_t kSlab = ROWS * 128;  // bytes of one [ROWS][64] column slab
-  static __device__ __forceinline__ uint32_t offset(int row, int col) {
-    return static_cast<uint32_t>((col >> 6) * kSlab + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4) + (col & 7) * 2);
-  }
-};
-
-template <int ROWS, int D, int NT, class T>
-__device__ __forceinline__ void load_tile_sw128(uint32_t dst, const T* head_base, int64_t row_stride, int r0, int T_len) {
-  constexpr int kChunks = D / 8;
-  constexpr int kTotal = ROWS * kChunks;
-  static_assert(kTotal % NT == 0, "tile chunks must divide among the threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / NT; ++i) {
-    const int idx = i * NT + static_cast<int>(threadIdx.x);
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int row = r0 + r;
-    const bool ok = row >= 0 && row < T_len;
-    const T* src = head_base + (ok ? static_cast<int64_t>(row) * row_stride : 0) + c * 8;
-    cp_async16(dst + Sw128<ROWS>::offset(r, c * 8), src, ok);
-  }
-}
-
-// Matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63); addresses and offsets in bytes.
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Pins accumulator registers around asynchronous wgmma (no moves across the issue/wait pair).
-template <int N>
-__device__ __forceinline__ void fence_regs(float* r) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-// Shared memory written by the generic proxy (cp.async) and next read by wgmma (async proxy).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-template <int D_>
+// kPipe: FlashAttention-3's intra-warpgroup overlap. Each iteration issues S_j = Q K_j^T and
+// O += P_{j-1} V_{j-1} back to back, waits for S_j only, and runs softmax_j while the P V
+// product of the previous tile is still on the tensor cores; O is rescaled once that product has
+// landed. K/V then need three stages (tile j+1 loads while V_{j-1} and K_j are being read).
+// Without kPipe each tile's S GEMM, softmax and P V GEMM run one after the other (two stages).
+template <int D_, bool kPipe>
 struct Sm90Config {
   static constexpr int D = D_, BM = 128, BN = 128;
   static constexpr int kThreads = 256;  // two warpgroups of 64 query rows
+  static constexpr int kStages = kPipe ? 3 : 2;
   static constexpr int kSmemQ = BM * D * 2, kSmemKV = BN * D * 2;
-  static constexpr int kSmem = kSmemQ + 4 * kSmemKV + 1024;  // + alignment slack
+  static constexpr int kSmem = kSmemQ + 2 * kStages * kSmemKV + 1024;  // + alignment slack
 };
 
 struct Sm90Args {
@@ -93,10 +56,10 @@ struct Sm90Args {
   uint32_t v_lbo, v_sbo;  // descriptor offsets of the MN-major V operand
 };
 
-template <class T, class C>
+template <class T, class C, bool kPipe>
 __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm90Args p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = C::D, BM = C::BM, BN = C::BN;
+  constexpr int D = C::D, BM = C::BM, BN = C::BN, kStages = C::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   const uint32_t sQ = base;
@@ -123,37 +86,26 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
   const DocSpan d0 = doc_of(p.cu, p.num_docs, b, min(row0, T_len - 1), T_len);
   const DocSpan d1 = doc_of(p.cu, p.num_docs, b, min(row1, T_len - 1), T_len);
   const bool varlen = p.cu != nullptr;
-
-  load_tile_sw128<BM, D, C::kThreads>(sQ, qh, q_stride, q0, T_len);
-  cp_async_commit();
-  auto load_kv = [&](int k0, int stage) {
-    const uint32_t sk = sKV + stage * 2 * C::kSmemKV;
-    load_tile_sw128<BN, D, C::kThreads>(sk, kh, kv_stride, k0, T_len);
-    load_tile_sw128<BN, D, C::kThreads>(sk + C::kSmemKV, vh, kv_stride, k0, T_len);
-  };
   const int n_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
-  if (n_tiles > 0) load_kv(k_begin, 0);
-  cp_async_commit();
+
+  auto stage_k = [&](int j) { return sKV + (j % kStages) * 2 * C::kSmemKV; };
+  auto load_kv = [&](int j) {
+    const uint32_t sk = stage_k(j);
+    load_tile_sw128<BN, D, C::kThreads>(sk, kh, kv_stride, k_begin + j * BN, T_len);
+    load_tile_sw128<BN, D, C::kThreads>(sk + C::kSmemKV, vh, kv_stride, k_begin + j * BN, T_len);
+  };
 
   float o[D / 2];  // 64 x D accumulator of this warpgroup: D/8 column groups x 4
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float s[BN / 2];
+  uint32_t pa[BN / 16][4];
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
   const uint32_t q_wg = sQ + wg * 64 * 128;  // this warpgroup's rows inside each Q slab
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int k0 = k_begin + j * BN;
-    if (j + 1 < n_tiles) load_kv(k0 + BN, (j + 1) & 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    fence_proxy_async();
-    __syncthreads();
-    const uint32_t sK = sKV + (j & 1) * 2 * C::kSmemKV, sV = sK + C::kSmemKV;
-
-    // S = Q K^T (64 x BN per warpgroup).
-    float s[BN / 2];
-    fence_regs<BN / 2>(s);
-    wgmma_fence();
+  // S = Q K_j^T (64 x BN per warpgroup), issued asynchronously.
+  auto issue_s = [&](int j) {
+    const uint32_t sK = stage_k(j);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (kk % 4) * 32;  // 16 columns = 32 bytes into the slab's rows
@@ -162,9 +114,18 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
       Wgmma<T>::template ss<BN>(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs<BN / 2>(s);
-
+  };
+  // O += P V_j, P from registers, issued asynchronously.
+  auto issue_pv = [&](int j) {
+    const uint32_t sV = stage_k(j) + C::kSmemKV;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T>::template rs_tb<D>(o, pa[kk], make_desc(sV + kk * 2048, p.v_lbo, p.v_sbo));
+    wgmma_commit();
+  };
+  // Softmax of tile j in place: s becomes exp2(scaled score - new max); returns the factors that
+  // rescale the old O and sums (applied by the caller once O is no longer being written).
+  auto softmax = [&](int j, float& alpha0, float& alpha1) {
+    const int k0 = k_begin + j * BN;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) s[i] *= p.scale_log2;
     const bool need_mask = k0 + BN > k_end || (p.causal && k0 + BN - 1 > q0) || varlen;
@@ -192,41 +153,105 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o_));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o_));
     }
+    // A row that has seen only masked keys keeps max -inf; subtract 0 then (exp2(-inf) = 0).
     const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
-    const float alpha0 = fast_exp2(m0 - base0), alpha1 = fast_exp2(m1 - base1);
+    alpha0 = fast_exp2(m0 - base0), alpha1 = fast_exp2(m1 - base1);
     m0 = mx0, m1 = mx1;
     float rs0 = 0.0f, rs1 = 0.0f;
-    uint32_t pa[BN / 16][4];
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) {
-      const float e0 = fast_exp2(s[i * 4 + 0] - base0), e1 = fast_exp2(s[i * 4 + 1] - base0);
-      const float e2 = fast_exp2(s[i * 4 + 2] - base1), e3 = fast_exp2(s[i * 4 + 3] - base1);
-      rs0 += e0 + e1;
-      rs1 += e2 + e3;
-      // Column group i is half of the A fragment of k-step i/2: (i even) -> a0,a1, (odd) -> a2,a3.
-      pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(e0, e1);
-      pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(e2, e3);
+      s[i * 4 + 0] = fast_exp2(s[i * 4 + 0] - base0), s[i * 4 + 1] = fast_exp2(s[i * 4 + 1] - base0);
+      s[i * 4 + 2] = fast_exp2(s[i * 4 + 2] - base1), s[i * 4 + 3] = fast_exp2(s[i * 4 + 3] - base1);
+      rs0 += s[i * 4 + 0] + s[i * 4 + 1];
+      rs1 += s[i * 4 + 2] + s[i * 4 + 3];
     }
     l0 = l0 * alpha0 + rs0;
     l1 = l1 * alpha1 + rs1;
+  };
+  auto rescale_o = [&](float alpha0, float alpha1) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       o[i * 4 + 0] *= alpha0, o[i * 4 + 1] *= alpha0;
       o[i * 4 + 2] *= alpha1, o[i * 4 + 3] *= alpha1;
     }
-
-    // O += P V.
-    fence_regs<D / 2>(o);
-    wgmma_fence();
+  };
+  // Column group i of P is half of the A fragment of k-step i/2: (i even) a0,a1, (odd) a2,a3.
+  auto pack_p = [&] {
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t dv = make_desc(sV + kk * 2048, p.v_lbo, p.v_sbo);
-      Wgmma<T>::template rs_tb<D>(o, pa[kk], dv);
+    for (int i = 0; i < BN / 8; ++i) {
+      pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(s[i * 4 + 0], s[i * 4 + 1]);
+      pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(s[i * 4 + 2], s[i * 4 + 3]);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs<D / 2>(o);
-    __syncthreads();  // the next iteration's loads overwrite the stage read here
+  };
+
+  load_tile_sw128<BM, D, C::kThreads>(sQ, qh, q_stride, q0, T_len);
+  cp_async_commit();
+  if (n_tiles > 0) load_kv(0);
+  cp_async_commit();
+
+  if constexpr (kPipe) {
+    if (n_tiles > 0) {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();
+      if (n_tiles > 1) load_kv(1);
+      cp_async_commit();
+      float a0, a1;
+      fence_regs<BN / 2>(s);
+      wgmma_fence();
+      issue_s(0);
+      wgmma_wait<0>();
+      fence_regs<BN / 2>(s);
+      softmax(0, a0, a1);  // o is still zero: nothing to rescale
+      pack_p();
+      for (int j = 1; j < n_tiles; ++j) {
+        cp_async_wait<0>();  // tile j has landed
+        fence_proxy_async();
+        __syncthreads();     // ... for every thread; and all are past iteration j-1 (stage of j+1 free)
+        if (j + 1 < n_tiles) load_kv(j + 1);
+        cp_async_commit();
+        fence_regs<BN / 2>(s);
+        fence_regs<D / 2>(o);
+        wgmma_fence();
+        issue_s(j);
+        issue_pv(j - 1);
+        wgmma_wait<1>();  // S_j is ready; P_{j-1} V_{j-1} may still run
+        fence_regs<BN / 2>(s);
+        softmax(j, a0, a1);
+        wgmma_wait<0>();
+        fence_regs<D / 2>(o);
+        rescale_o(a0, a1);
+        pack_p();
+      }
+      fence_regs<D / 2>(o);
+      wgmma_fence();
+      issue_pv(n_tiles - 1);
+      wgmma_wait<0>();
+      fence_regs<D / 2>(o);
+    }
+  } else {
+    for (int j = 0; j < n_tiles; ++j) {
+      if (j + 1 < n_tiles) load_kv(j + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+      fence_proxy_async();
+      __syncthreads();
+      float a0, a1;
+      fence_regs<BN / 2>(s);
+      wgmma_fence();
+      issue_s(j);
+      wgmma_wait<0>();
+      fence_regs<BN / 2>(s);
+      softmax(j, a0, a1);
+      rescale_o(a0, a1);
+      pack_p();
+      fence_regs<D / 2>(o);
+      wgmma_fence();
+      issue_pv(j);
+      wgmma_wait<0>();
+      fence_regs<D / 2>(o);
+      __syncthreads();  // the next iteration's loads overwrite the stage read here
+    }
   }
   cp_async_wait<0>();
 
@@ -272,9 +297,10 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
 #endif
 }
 
-template <class T, class C>
+template <class T, int D, bool kPipe>
 void launch(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t stream) {
-  auto kernel = flash_fwd_sm90_kernel<T, C>;
+  using C = Sm90Config<D, kPipe>;
+  auto kernel = flash_fwd_sm90_kernel<T, C, kPipe>;
   static bool configured = false;
   if (!configured) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
@@ -300,22 +326,26 @@ bool flash_forward_sm90_available() {
 }
 
 void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k, const void* v,
-                        cudaStream_t stream) {
+                        bool pipelined, cudaStream_t stream) {
   Sm90Args a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),
              static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal, 0, 1024};
-  // V is the MN-major B operand: LBO steps between 64-column slabs of head_dim, SBO between
-  // groups of 8 keys (1024 bytes). PRIMUS_TURBO_ATTN_SM90_VDESC=swap exchanges them (a
-  // diagnostic for the descriptor convention; see tests/attention_gpu).
-  a.v_lbo = static_cast<uint32_t>(Sm90Config<128>::BN * 128);
+  // V is the MN-major B operand: LBO steps between 64-column slabs of head_dim (one slab is
+  // BN rows of 128 bytes), SBO between groups of 8 keys (1024 bytes).
+  // PRIMUS_TURBO_ATTN_SM90_VDESC=swap exchanges them: a diagnostic of the descriptor convention
+  // (tests/attention_gpu shows the swapped form fails).
+  a.v_lbo = static_cast<uint32_t>(Sm90Config<128, true>::BN * 128);
   const char* env = std::getenv("PRIMUS_TURBO_ATTN_SM90_VDESC");
   if (env && std::strcmp(env, "swap") == 0) std::swap(a.v_lbo, a.v_sbo);
-  if (prm.dtype == DType::BF16) {
-    if (prm.D == 128) launch<__nv_bfloat16, Sm90Config<128>>(prm, a, stream);
-    else launch<__nv_bfloat16, Sm90Config<64>>(prm, a, stream);
-  } else {
-    if (prm.D == 128) launch<__half, Sm90Config<128>>(prm, a, stream);
-    else launch<__half, Sm90Config<64>>(prm, a, stream);
-  }
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    if (prm.D == 128) {
+      if (pipelined) launch<T, 128, true>(prm, a, stream); else launch<T, 128, false>(prm, a, stream);
+    } else {
+      if (pipelined) launch<T, 64, true>(prm, a, stream); else launch<T, 64, false>(prm, a, stream);
+    }
+  };
+  if (prm.dtype == DType::BF16) go(__nv_bfloat16{});
+  else go(__half{});
 }
 
 }  // namespace primus::turbo::cuda

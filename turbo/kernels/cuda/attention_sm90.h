@@ -1,5 +1,5 @@
-// Internal to the TURBO attention kernels: the Hopper (wgmma) forward of attention_fwd_sm90.cu
-// and how flash_attention_forward chooses between it and the mma.sync kernel.
+// Internal to the TURBO attention kernels: the Hopper (wgmma) kernels of attention_fwd_sm90.cu and
+// attention_bwd_sm90.cu, and how the launchers choose between them and the mma.sync kernels.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -11,11 +11,28 @@ namespace primus::turbo::cuda {
 bool flash_forward_sm90_available();
 
 // The wgmma forward; same contract as flash_attention_forward (head_dim 64 or 128, bf16/f16).
+// pipelined: overlap each tile's softmax with the previous tile's P V product (FA3 style).
 void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k,
-                        const void* v, cudaStream_t stream);
+                        const void* v, bool pipelined, cudaStream_t stream);
 
-// Which forward flash_attention_forward runs: the wgmma kernel where available, unless
-// PRIMUS_TURBO_ATTN_KERNEL=sm80 asks for the mma.sync kernel (benchmarks compare the two).
-bool flash_forward_use_sm90();
+// Which forward flash_attention_forward runs. Default: the pipelined wgmma kernel where the
+// device is sm_90, else the mma.sync kernel. PRIMUS_TURBO_ATTN_KERNEL=sm80 | sm90 | sm90pipe
+// asks for one (sm90* fall back to sm80 on other devices); tests and benchmarks use it to
+// cover and compare all three.
+enum class FwdKernel { Sm80, Sm90, Sm90Pipe };
+FwdKernel flash_forward_kernel();
+
+// The backward's main kernel (between the delta pass and the dQ cast of attention_bwd.cu).
+struct FlashBwdPointers {
+  const void *q, *k, *v, *dout;
+  const float *lse, *delta;
+  float* dq_acc;  // [B,T,H,D] f32, zeroed
+  void *dk, *dv;
+};
+void flash_backward_sm90_main(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream);
+
+// Which backward main kernel runs: the wgmma one where the device is sm_90, unless
+// PRIMUS_TURBO_ATTN_BWD_KERNEL=sm80 asks for the mma.sync one.
+bool flash_backward_use_sm90();
 
 }  // namespace primus::turbo::cuda

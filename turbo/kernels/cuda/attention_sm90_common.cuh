@@ -1,0 +1,64 @@
+// Hopper building blocks of the wgmma attention kernels (attention_fwd_sm90.cu,
+// attention_bwd_sm90.cu): 128-byte-swizzled shared-memory tiles in the layout wgmma reads,
+// matrix descriptors, the wgmma fence / commit / wait instructions and the proxy fence.
+//
+// Layout: a ROWS x COLS tile of 16-bit elements is stored as COLS/64 slabs of [ROWS][64]; each
+// slab row is 128 bytes and 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the hardware's
+// 128-byte swizzle, which XORs address bits 4-6 with bits 7-9, so slabs start 1024-byte aligned).
+// Descriptors (PTX ISA, "matrix descriptor"): K-major operands use SBO = 1024 (8 rows of 128 B)
+// and step along K by 32 bytes per 16 elements inside a slab; MN-major operands use LBO = the
+// slab size (next 64 elements along M/N) and SBO = 1024 (next 8 rows along K), stepping along K
+// by 2048 bytes per 16 rows.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "turbo/kernels/cuda/attention_mma.cuh"
+
+namespace primus::turbo::cuda::attn {
+
+template <int ROWS>
+struct Sw128 {
+  static constexpr uint32_t kSlab = ROWS * 128;  // bytes of one [ROWS][64] column slab
+  static __device__ __forceinline__ uint32_t offset(int row, int col) {
+    return static_cast<uint32_t>((col >> 6) * kSlab + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4) + (col & 7) * 2);
+  }
+};
+
+template <int ROWS, int D, int NT, class T>
+__device__ __forceinline__ void load_tile_sw128(uint32_t dst, const T* head_base, int64_t row_stride, int r0, int T_len) {
+  constexpr int kChunks = D / 8;
+  constexpr int kTotal = ROWS * kChunks;
+  static_assert(kTotal % NT == 0, "tile chunks must divide among the threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / NT; ++i) {
+    const int idx = i * NT + static_cast<int>(threadIdx.x);
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int row = r0 + r;
+    const bool ok = row >= 0 && row < T_len;
+    const T* src = head_base + (ok ? static_cast<int64_t>(row) * row_stride : 0) + c * 8;
+    cp_async16(dst + Sw128<ROWS>::offset(r, c * 8), src, ok);
+  }
+}
+
+// Matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63); addresses and offsets in bytes.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Pins accumulator registers around asynchronous wgmma (no moves across the issue/wait pair).
+template <int N>
+__device__ __forceinline__ void fence_regs(float* r) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+// Shared memory written by the generic proxy (cp.async) and next read by wgmma (async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+}  // namespace primus::turbo::cuda::attn
