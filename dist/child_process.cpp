@@ -38,12 +38,16 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull < 0 || ::dup2(devnull, 0) < 0) fail(errno);
   if (::dup2(out_w, 1) < 0 || ::dup2(err_w, 2) < 0) fail(errno);
+  // Signals are blocked since before fork: a signal caught now would run the launcher's handler
+  // in this process. Back to defaults (an ignored signal would even survive exec), then unblock.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  ::sigaction(SIGPIPE, &dfl, nullptr);  // the launcher ignores it; an ignored signal survives exec
   ::execve(spec.path.c_str(), argv, envp);
   fail(errno);
   ::_exit(127);
@@ -66,12 +70,17 @@ Child spawn_child(const ChildSpec& spec) {
   if (::pipe2(status, O_CLOEXEC) != 0) throw RuntimeError(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
   Fd status_r(status[0]), status_w(status[1]);
   pid_t parent = ::getpid();
+  sigset_t all, old;
+  sigfillset(&all);
+  ::sigprocmask(SIG_BLOCK, &all, &old);
   pid_t pid = ::fork();
-  if (pid < 0) throw RuntimeError(fmt::format("fork failed: {}", std::strerror(errno)));
   if (pid == 0) {
     int o = log ? log.get() : out_w.get(), e = log ? log.get() : err_w.get();
     exec_child(spec, argv.data(), envp.data(), o, e, status_w.get(), parent);
   }
+  int fork_errno = errno;
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) throw RuntimeError(fmt::format("fork failed: {}", std::strerror(fork_errno)));
   ::setpgid(pid, pid);  // also here, so the group exists before the launcher signals it
   status_w.reset();
   out_w.reset();

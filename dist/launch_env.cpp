@@ -272,6 +272,14 @@ DistEnv read_dist_env(const EnvLookup& env) {
   } else {
     read_master(env, d);
   }
+  // torchrun's agent (torch >= 2.4) hosts its own store on MASTER_PORT and says so; ours, which
+  // speaks another protocol, then takes the next port unless told otherwise.
+  if (env("PRIMUS_STORE_PORT")) {
+    d.master_port = get_int(env, "PRIMUS_STORE_PORT", 1, 65535);
+  } else if (d.source == "torchrun" && env("TORCHELASTIC_USE_AGENT_STORE") == std::optional<std::string>("True")) {
+    if (d.master_port == 65535) throw ConfigError("MASTER_PORT=65535 leaves no port for the Primus store: set PRIMUS_STORE_PORT");
+    d.master_port += 1;
+  }
   if (auto t = env("PRIMUS_DIST_TIMEOUT")) {
     char* end = nullptr;
     d.timeout_s = std::strtod(t->c_str(), &end);

@@ -17,7 +17,7 @@ struct DistEnv {
   int local_world_size = 1;  // processes on this node
   int node_rank = 0;         // index of this node
   std::string master_addr = "127.0.0.1";  // host of rank 0's TCP store
-  int master_port = 29500;                // its port, 1..65535
+  int master_port = 29500;                // the store's port, 1..65535
   double timeout_s = 300;    // rendezvous / collective timeout (PRIMUS_DIST_TIMEOUT), seconds
   std::string source = "single";  // "torchrun" | "slurm" | "single"
 
@@ -39,6 +39,9 @@ DistEnv read_dist_env();
 //             SLURM_STEP_NODELIST / SLURM_JOB_NODELIST / SLURM_NODELIST; MASTER_PORT, else
 //             20000 + SLURM_JOB_ID % 10000 (two jobs sharing a node do not collide), else 29500.
 //   single:   rank 0 of 1 on 127.0.0.1:29500 (MASTER_ADDR / MASTER_PORT still apply).
+// PRIMUS_STORE_PORT, when set, is the store's port in every mode. Under torchrun with its agent
+// store (TORCHELASTIC_USE_AGENT_STORE=True) MASTER_PORT is taken by torch's store, so ours uses
+// MASTER_PORT + 1. PRIMUS_DIST_TIMEOUT (seconds) sets timeout_s.
 DistEnv read_dist_env(const EnvLookup& env);
 
 // Slurm's compressed host lists: "gpu[01-04,07],cpu3" -> gpu01 gpu02 gpu03 gpu04 gpu07 cpu3.

@@ -334,11 +334,12 @@ class Supervisor {
     for (auto& r : ranks_) {
       if (&r == &f) continue;
       std::string fate = describe_wait_status(r.status);
-      if (r.sent_kill) {
+      bool by_signal = WIFSIGNALED(r.status);
+      if (by_signal && WTERMSIG(r.status) == SIGKILL && r.sent_kill) {
         fate += ", killed after the grace period";
-      } else if (r.sent_term) {
+      } else if (by_signal && WTERMSIG(r.status) == SIGTERM && r.sent_term) {
         fate += ", stopped by the launcher";
-      }
+      }  // an exit code is the rank's own doing, whether or not it saw our SIGTERM
       others += fmt::format("; rank {}: {}", r.rank, fate);
     }
     if (!f.log_file.empty()) print_log_tail(f, 20);

@@ -62,6 +62,7 @@ class Writer {
 class Reader {
  public:
   explicit Reader(std::string_view body) : b_(body) {}
+  explicit Reader(std::string&&) = delete;  // it would view a temporary that dies at once
   uint8_t u8() { return get<uint8_t>(); }
   uint32_t u32() { return get<uint32_t>(); }
   uint64_t u64() { return get<uint64_t>(); }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <exception>
 
 #include "dist/store_protocol.h"
 #include "dist/tcp_store_server.h"
@@ -47,7 +48,14 @@ TcpStore::TcpStore(const std::string& host, int port, bool host_server, Ms timeo
   }
 }
 
-TcpStore::~TcpStore() = default;
+TcpStore::~TcpStore() {
+  fd_.reset();
+  // The host stays up until the other ranks have hung up (bounded by the timeout): a rank that
+  // leaves the last barrier first must not pull the store away from one still inside it. Not
+  // while unwinding from an error, so that a failing rank 0 exits at once and the launcher can
+  // stop the others.
+  if (server_ && std::uncaught_exceptions() == 0) server_->wait_idle(Clock::now() + timeout_);
+}
 
 std::unique_ptr<TcpStore> TcpStore::from_env(const DistEnv& env) {
   auto timeout = Ms(static_cast<int64_t>(std::ceil(env.timeout_s * 1000)));
@@ -98,7 +106,8 @@ std::vector<std::string> TcpStore::wait_missing(const std::vector<std::string>& 
   w.u8(uint8_t(Op::Wait)).u32(static_cast<uint32_t>(keys.size()));
   for (auto& k : keys) w.str(k);
   w.u64(static_cast<uint64_t>(timeout.count()));
-  wire::Reader r(request(w.frame(), timeout));
+  std::string body = request(w.frame(), timeout);
+  wire::Reader r(body);  // views `body`
   std::vector<std::string> missing;
   if (static_cast<Status>(r.u8()) == Status::Timeout) {
     uint32_t n = r.u32();
@@ -120,14 +129,16 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   wire::Writer w;
   w.u8(uint8_t(Op::Check)).u32(static_cast<uint32_t>(keys.size()));
   for (auto& k : keys) w.str(k);
-  wire::Reader r(request(w.frame(), Ms(0)));
+  std::string body = request(w.frame(), Ms(0));
+  wire::Reader r(body);
   r.u8();
   return r.u8() != 0;
 }
 
 bool TcpStore::remove(const std::string& key) {
   std::lock_guard lock(mu_);
-  wire::Reader r(request(wire::Writer().u8(uint8_t(Op::Delete)).str(key).frame(), Ms(0)));
+  std::string body = request(wire::Writer().u8(uint8_t(Op::Delete)).str(key).frame(), Ms(0));
+  wire::Reader r(body);
   r.u8();
   return r.u8() != 0;
 }
@@ -145,7 +156,12 @@ void TcpStore::barrier(const std::string& name, int rank, int world_size, Ms tim
   // last to arrive opens the barrier for everyone.
   std::string base = fmt::format("barrier/{}/{}", name, gen);
   set(fmt::format("{}/rank/{}", base, rank), "");
-  if (add(base + "/count", 1) == world_size) set(base + "/open", "");
+  if (add(base + "/count", 1) == world_size) {
+    // The last rank opens the barrier and has nothing to wait for: the others may leave (and
+    // rank 0 take the server down) as soon as the key is set.
+    set(base + "/open", "");
+    return;
+  }
   if (wait_missing({base + "/open"}, timeout).empty()) return;
 
   std::vector<std::string> rank_keys;

@@ -5,8 +5,9 @@
 //
 // Every blocking call has a timeout and fails with a RuntimeError that says what it waited for:
 // the key, or for a barrier the ranks that have not arrived. A lost connection (rank 0 exited)
-// is an error too, never a hang. Keep rank 0's store alive until the others are done with it
-// (end with a barrier). One TcpStore may be shared by threads; calls are serialised.
+// is an error too, never a hang. Rank 0's store, when destroyed normally, stays up until the
+// other ranks have disconnected (at most the timeout), so ranks may leave in any order. One
+// TcpStore may be shared by threads; calls are serialised.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -32,7 +33,7 @@ class TcpStore {
   // With `host_server`, first starts the server in this process on `port` (0: a free port; see
   // port()). `timeout` is also the default for every blocking call.
   TcpStore(const std::string& host, int port, bool host_server, Ms timeout = Ms(300000));
-  ~TcpStore();
+  ~TcpStore();  // the host waits for the other clients to hang up first (see above)
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
 

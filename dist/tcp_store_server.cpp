@@ -39,7 +39,8 @@ struct Parked {
 // All state of the serving loop; lives on the server thread only, so it needs no locks.
 class Loop {
  public:
-  Loop(int listener, int wake) : listener_(listener), wake_(wake) {}
+  Loop(int listener, int wake, std::atomic<int>* connections)
+      : listener_(listener), wake_(wake), connections_(connections) {}
 
   void run() {
     while (true) {
@@ -70,6 +71,7 @@ class Loop {
           ++it;
         }
       }
+      connections_->store(static_cast<int>(conns_.size()));
     }
   }
 
@@ -144,6 +146,7 @@ class Loop {
         std::string key = r.str();
         kv_[key] = r.str();
         reply(c, wire::Writer().u8(uint8_t(Status::Ok)));
+        flush(c);  // before waking the waiters: one of them may be rank 0, about to stop the server
         resolve();
         return;
       }
@@ -162,6 +165,7 @@ class Loop {
         cur += delta;
         kv_[key] = std::to_string(cur);
         reply(c, wire::Writer().u8(uint8_t(Status::Ok)).i64(cur));
+        flush(c);
         resolve();
         return;
       }
@@ -277,6 +281,7 @@ class Loop {
   }
 
   int listener_, wake_;
+  std::atomic<int>* connections_;
   std::map<uint64_t, Conn> conns_;
   uint64_t next_id_ = 1;
   std::unordered_map<std::string, std::string> kv_;
@@ -300,6 +305,14 @@ TcpStoreServer::~TcpStoreServer() {
   if (thread_.joinable()) thread_.join();
 }
 
-void TcpStoreServer::run() { Loop(listener_.get(), wake_read_.get()).run(); }
+void TcpStoreServer::run() { Loop(listener_.get(), wake_read_.get(), &connections_).run(); }
+
+bool TcpStoreServer::wait_idle(Clock::time_point deadline) const {
+  while (connections_.load() > 0) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 }  // namespace primus::dist

@@ -20,9 +20,14 @@ class TcpStoreServer {
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   int port() const { return port_; }
+  // Client connections open now.
+  int connections() const { return connections_.load(); }
+  // Waits until no client is connected or `deadline` passes; true when idle.
+  bool wait_idle(Clock::time_point deadline) const;
 
  private:
   void run();
+  std::atomic<int> connections_{0};
   Fd listener_;
   Fd wake_read_, wake_write_;  // a byte here stops the loop
   int port_ = 0;

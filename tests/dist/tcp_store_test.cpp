@@ -1,0 +1,302 @@
+// The rendezvous store across threads and processes: values arrive intact, counters are atomic,
+// barriers hold everyone back, and every wait ends: in an error that names the missing key or
+// ranks when the timeout passes, or in a lost-connection error when the server goes away.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "dist/store_protocol.h"
+#include "dist/tcp_store.h"
+#include "tests/core/test_util.h"
+
+namespace primus::dist {
+namespace {
+
+using primus::testing::expect_error;
+using Ms = std::chrono::milliseconds;
+
+std::string random_bytes(std::mt19937& rng, size_t n) {
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng());  // includes '\0' and bytes >= 0x80
+  return s;
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A server store on a free port plus a way to open more clients to it.
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { server_ = std::make_unique<TcpStore>("127.0.0.1", 0, true, Ms(5000)); }
+  std::unique_ptr<TcpStore> client(Ms timeout = Ms(5000)) {
+    return std::make_unique<TcpStore>("127.0.0.1", server_->port(), false, timeout);
+  }
+  std::unique_ptr<TcpStore> server_;
+  std::mt19937 rng_{std::random_device{}()};
+};
+
+TEST_F(StoreTest, SetGetAcrossThreads) {
+  constexpr int kRanks = 4;
+  std::vector<std::string> values;
+  for (int r = 0; r < kRanks; ++r) values.push_back(random_bytes(rng_, 1 + rng_() % 300));
+  std::vector<std::vector<std::string>> seen(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto s = client();
+      s->set("value/" + std::to_string(r), values[r]);
+      for (int q = 0; q < kRanks; ++q) seen[r].push_back(s->get("value/" + std::to_string(q)));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(seen[r], values) << "rank " << r;
+  EXPECT_EQ(server_->get("value/2"), values[2]);
+  server_->set("value/2", "replaced");
+  EXPECT_EQ(client()->get("value/2"), "replaced");
+}
+
+TEST_F(StoreTest, GetWaitsForTheKey) {
+  std::string id = random_bytes(rng_, 128);  // the size of an NCCL unique id
+  auto t0 = Clock::now();
+  std::thread late([&] {
+    std::this_thread::sleep_for(Ms(150));
+    client()->set("nccl_id", id);
+  });
+  EXPECT_EQ(server_->get("nccl_id"), id);
+  EXPECT_GE(seconds_since(t0), 0.1);
+  late.join();
+}
+
+TEST_F(StoreTest, GetTimeoutNamesTheKey) {
+  auto c = client();
+  auto t0 = Clock::now();
+  expect_error<RuntimeError>([&] { c->get("no_such_key", Ms(200)); }, {"no_such_key", "timed out after 0.2 s"});
+  EXPECT_LT(seconds_since(t0), 2.0);
+  c->set("after", "x");  // the connection is still in step after a timeout
+  EXPECT_EQ(c->get("after"), "x");
+}
+
+TEST_F(StoreTest, AddIsAtomic) {
+  constexpr int kThreads = 4, kAdds = 100;
+  std::vector<std::vector<int64_t>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto s = client();
+      for (int i = 0; i < kAdds; ++i) got[t].push_back(s->add("counter", 1));
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<int64_t> all;
+  for (auto& g : got) all.insert(all.end(), g.begin(), g.end());
+  std::sort(all.begin(), all.end());
+  for (int i = 0; i < kThreads * kAdds; ++i) ASSERT_EQ(all[i], i + 1) << "every add saw a distinct value";
+  int64_t delta = static_cast<int64_t>(rng_() % 1000000) - 500000;
+  EXPECT_EQ(server_->add("counter", delta), kThreads * kAdds + delta);
+  EXPECT_EQ(server_->get("counter"), std::to_string(kThreads * kAdds + delta));
+  server_->set("text", "abc");
+  expect_error<RuntimeError>([&] { server_->add("text", 1); }, {"'text'", "not hold an integer"});
+}
+
+TEST_F(StoreTest, WaitCheckRemove) {
+  auto c = client();
+  c->set("a", "1");
+  EXPECT_TRUE(c->check({"a"}));
+  EXPECT_FALSE(c->check({"a", "b"}));
+  std::string msg = expect_error<RuntimeError>([&] { c->wait({"a", "b", "c"}, Ms(150)); }, {"'b'", "'c'"});
+  EXPECT_EQ(msg.find("'a'"), std::string::npos) << msg;
+  std::thread late([&] { client()->set("b", "2"); });
+  c->wait({"a", "b"}, Ms(3000));
+  late.join();
+  EXPECT_TRUE(c->remove("a"));
+  EXPECT_FALSE(c->remove("a"));
+  EXPECT_FALSE(c->check({"a"}));
+}
+
+TEST_F(StoreTest, BarrierHoldsEveryoneBackAndRepeats) {
+  constexpr int kRanks = 4, kRounds = 5;
+  std::atomic<int> arrived{0};
+  std::atomic<bool> early{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto s = client();
+      for (int round = 0; round < kRounds; ++round) {
+        std::this_thread::sleep_for(Ms(rng_() % 20));
+        arrived++;
+        s->barrier("step", r, kRanks);
+        if (arrived.load() < (round + 1) * kRanks) early = true;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(early.load()) << "a rank left a barrier before all had arrived";
+  EXPECT_EQ(arrived.load(), kRanks * kRounds);
+}
+
+TEST_F(StoreTest, BarrierTimeoutNamesMissingRanks) {
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  int present[] = {0, 2};
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto s = client();
+      try {
+        s->barrier("init", present[i], 4, Ms(300));
+      } catch (const RuntimeError& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    EXPECT_NE(e.find("barrier 'init' timed out"), std::string::npos) << e;
+    EXPECT_NE(e.find("2 of 4 ranks arrived"), std::string::npos) << e;
+    EXPECT_NE(e.find("missing ranks 1, 3"), std::string::npos) << e;
+  }
+}
+
+// Rank 0 crashing (a process that dies without cleaning up) ends every wait on it at once.
+TEST(TcpStore, HostCrashIsAnErrorNotAHang) {
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    TcpStore host("127.0.0.1", 0, true, Ms(5000));
+    int port = host.port();
+    [[maybe_unused]] ssize_t n = ::write(pipefd[1], &port, sizeof port);
+    std::this_thread::sleep_for(Ms(200));
+    ::_exit(1);  // no destructors: the server vanishes as in a crash
+  }
+  int port = 0;
+  ASSERT_EQ(::read(pipefd[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  TcpStore c("127.0.0.1", port, false, Ms(10000));
+  auto t0 = Clock::now();
+  expect_error<RuntimeError>([&] { c.get("never", Ms(10000)); }, {"closed the connection", "rank 0"});
+  EXPECT_LT(seconds_since(t0), 3.0);
+  ::waitpid(pid, nullptr, 0);
+  ::close(pipefd[0]);
+  ::close(pipefd[1]);
+}
+
+// A host destroyed normally stays up while a client still uses it: the last rank out of a
+// barrier may still be talking to the store when rank 0 leaves.
+TEST_F(StoreTest, HostOutlivesItsClients) {
+  auto c = client();
+  auto t0 = Clock::now();
+  std::thread leave([&] { server_.reset(); });
+  std::this_thread::sleep_for(Ms(150));
+  std::string v = random_bytes(rng_, 40);
+  c->set("late", v);
+  EXPECT_EQ(c->get("late"), v);
+  c.reset();
+  leave.join();
+  EXPECT_GE(seconds_since(t0), 0.14);
+  EXPECT_LT(seconds_since(t0), 3.0) << "the host should leave as soon as its last client hung up";
+}
+
+// ...but not while unwinding from an error: a failing rank 0 must exit promptly.
+TEST_F(StoreTest, FailingHostDoesNotLinger) {
+  auto c = client();
+  auto t0 = Clock::now();
+  try {
+    auto host = std::move(server_);
+    throw std::runtime_error("rank 0 failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_LT(seconds_since(t0), 1.0);
+  expect_error<RuntimeError>([&] { c->get("x", Ms(2000)); }, {"closed the connection"});
+}
+
+TEST(TcpStore, ConnectGivesUpAtTheTimeout) {
+  int port = 0;
+  listen_tcp(0, &port);  // a port that was free a moment ago and has no listener now
+  auto t0 = Clock::now();
+  expect_error<RuntimeError>([&] { TcpStore("127.0.0.1", port, false, Ms(300)); },
+                             {"cannot reach", "127.0.0.1:" + std::to_string(port), "MASTER_ADDR"});
+  EXPECT_LT(seconds_since(t0), 2.0);
+}
+
+TEST(TcpStore, BusyPortIsNamed) {
+  TcpStore a("127.0.0.1", 0, true, Ms(1000));
+  expect_error<RuntimeError>([&] { TcpStore("127.0.0.1", a.port(), true, Ms(1000)); },
+                             {std::to_string(a.port()), "MASTER_PORT", "in use"});
+}
+
+// A client that speaks garbage loses its own connection; the store keeps serving the others.
+TEST_F(StoreTest, GarbageFromOneClientHarmsNoOther) {
+  auto good = client();
+  good->set("k", "v");
+  Fd raw = connect_tcp("127.0.0.1", server_->port(), Clock::now() + Ms(2000), "raw");
+  std::string junk = random_bytes(rng_, 64);
+  junk[0] = junk[1] = junk[2] = junk[3] = '\xff';  // an absurd frame length
+  send_all(raw.get(), junk.data(), junk.size(), Clock::now() + Ms(1000), "raw");
+  char b;
+  EXPECT_EQ(::recv(raw.get(), &b, 1, 0), 0) << "the server should close a connection that sends garbage";
+  EXPECT_EQ(good->get("k"), "v");
+  EXPECT_EQ(client()->add("n", 2), 2);
+}
+
+// Real processes: the parent hosts the store, forked children rendezvous through it the way
+// ranks exchange the NCCL id, then report through a counter.
+TEST_F(StoreTest, AcrossProcesses) {
+  constexpr int kChildren = 3;
+  std::string id = random_bytes(rng_, 128);
+  std::vector<pid_t> pids;
+  for (int r = 1; r <= kChildren; ++r) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int rc = 0;
+      try {
+        TcpStore s("127.0.0.1", server_->port(), false, Ms(5000));
+        s.barrier("start", r, kChildren + 1);
+        if (s.get("nccl_id") != id) rc = 1;
+        s.add("matched", rc == 0 ? 1 : 0);
+        s.barrier("end", r, kChildren + 1);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", r, e.what());
+        rc = 2;
+      }
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  server_->set("nccl_id", id);
+  server_->barrier("start", 0, kChildren + 1);
+  server_->barrier("end", 0, kChildren + 1);
+  EXPECT_EQ(server_->get("matched"), std::to_string(kChildren));
+  for (pid_t pid : pids) {
+    int st = 0;
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  }
+}
+
+TEST(StoreWire, ReaderRejectsTruncatedMessages) {
+  std::string body = wire::Writer().u8(3).str("key").i64(-7).frame().substr(4);
+  wire::Reader ok(body);
+  EXPECT_EQ(ok.u8(), 3);
+  EXPECT_EQ(ok.str(), "key");
+  EXPECT_EQ(ok.i64(), -7);
+  EXPECT_TRUE(ok.done());
+  for (size_t cut = 0; cut < body.size(); ++cut) {
+    wire::Reader r(std::string_view(body).substr(0, cut));
+    EXPECT_THROW(
+        {
+          r.u8();
+          r.str();
+          r.i64();
+        },
+        FormatError)
+        << "cut at " << cut;
+  }
+}
+
+}  // namespace
+}  // namespace primus::dist
