@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
     bench::fill_random(dout.data, dt, dout.numel(), 4, 1.0f);
     std::vector<std::vector<float>> first;  // out, dq, dk, dv of the first backend, for the cross-check
     // TURBO runs its default kernels (on sm_90: pipelined wgmma forward, wgmma backward); as
-    // "TURBO_SM90_SIMPLE" the wgmma forward without the softmax/GEMM overlap; as "TURBO_SM80" the
-    // mma.sync kernels both ways.
+    // "TURBO_SM90_SIMPLE" the wgmma forward without the softmax/GEMM overlap; as "TURBO_SM90_WS"
+    // the warp-specialised TMA forward; as "TURBO_SM80" the mma.sync kernels both ways.
     struct Variant {
       const char* name;
       BackendType be;
@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
     };
     for (const Variant& var : {Variant{"CUDNN", BackendType::CUDNN, ""}, Variant{"TURBO", BackendType::TURBO, ""},
                                Variant{"TURBO_SM90_SIMPLE", BackendType::TURBO, "sm90"},
+                               Variant{"TURBO_SM90_WS", BackendType::TURBO, "sm90ws"},
                                Variant{"TURBO_SM80", BackendType::TURBO, "sm80"}}) {
       const BackendType be = var.be;
       unsetenv("PRIMUS_TURBO_ATTN_KERNEL");

@@ -28,7 +28,8 @@ constexpr double kGateMaxRel = 2e-2;  // worst element against the reference's s
 struct Param {
   BackendType backend;
   const char* kernel;  // TURBO kernels: "" (default: pipelined wgmma forward, wgmma backward on
-                       // sm_90), "sm90" (unpipelined wgmma forward) or "sm80" (mma.sync both ways)
+                       // sm_90), "sm90" (unpipelined wgmma forward), "sm90ws" (TMA + producer warp
+                       // forward) or "sm80" (mma.sync both ways)
   DType dtype;
   bool causal;
   int64_t KVH;  // with H = 4
@@ -184,6 +185,7 @@ std::vector<Param> dense_params() {
   const Be backends[] = {{BackendType::CUDNN, ""},
                          {BackendType::TURBO, ""},
                          {BackendType::TURBO, "sm90"},
+                         {BackendType::TURBO, "sm90ws"},
                          {BackendType::TURBO, "sm80"}};
   std::vector<Param> ps;
   for (const Be& be : backends)
@@ -221,7 +223,7 @@ TEST_F(AttnGpu, CustomScale) {
 
 // Packed documents (TURBO): random document lengths per row, causal and not, GQA.
 TEST_F(AttnGpu, VarlenMatchesReference) {
-  for (const char* kernel : {"", "sm80"})
+  for (const char* kernel : {"", "sm90ws", "sm80"})
   for (int64_t D : {int64_t{64}, int64_t{128}})
     for (bool causal : {true, false}) {
       SCOPED_TRACE(fmt::format("kernel='{}' D={} causal={}", kernel, D, causal));

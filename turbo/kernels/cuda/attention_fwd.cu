@@ -272,6 +272,7 @@ FwdKernel flash_forward_kernel() {
   const char* env = std::getenv("PRIMUS_TURBO_ATTN_KERNEL");
   if ((env && std::strcmp(env, "sm80") == 0) || !flash_forward_sm90_available()) return FwdKernel::Sm80;
   if (env && std::strcmp(env, "sm90") == 0) return FwdKernel::Sm90;
+  if (env && std::strcmp(env, "sm90ws") == 0) return FwdKernel::Sm90Ws;
   return FwdKernel::Sm90Pipe;
 }
 
@@ -283,7 +284,7 @@ void flash_attention_forward(const FlashAttnParams& prm, void* out, float* lse, 
                "flash_attention_forward: bad shape B={} T={} H={} KVH={}", prm.B, prm.T, prm.H, prm.KVH);
   PRIMUS_CHECK(prm.B * prm.T < (int64_t{1} << 31), "flash_attention_forward: B*T={} exceeds int32 indexing", prm.B * prm.T);
   if (const FwdKernel kern = flash_forward_kernel(); kern != FwdKernel::Sm80) {
-    flash_forward_sm90(prm, out, lse, q, k, v, kern == FwdKernel::Sm90Pipe, stream);
+    flash_forward_sm90(prm, out, lse, q, k, v, kern, stream);
     return;
   }
   FwdArgs a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),

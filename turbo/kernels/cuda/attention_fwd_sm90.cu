@@ -10,12 +10,15 @@
 // Compared with the mma.sync kernel (attention_fwd.cu) this removes the ldmatrix traffic and uses
 // the wider tensor-core path; it does not (yet) specialise a producer warp, use TMA, or overlap
 // one tile's softmax with the next tile's GEMM as FlashAttention-3 does.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "core/util/error.h"
 #include "turbo/core/cuda_check.h"
@@ -30,20 +33,6 @@ namespace {
 
 using namespace attn;
 
-// kPipe: FlashAttention-3's intra-warpgroup overlap. Each iteration issues S_j = Q K_j^T and
-// O += P_{j-1} V_{j-1} back to back, waits for S_j only, and runs softmax_j while the P V
-// product of the previous tile is still on the tensor cores; O is rescaled once that product has
-// landed. K/V then need three stages (tile j+1 loads while V_{j-1} and K_j are being read).
-// Without kPipe each tile's S GEMM, softmax and P V GEMM run one after the other (two stages).
-template <int D_, bool kPipe>
-struct Sm90Config {
-  static constexpr int D = D_, BM = 128, BN = 128;
-  static constexpr int kThreads = 256;  // two warpgroups of 64 query rows
-  static constexpr int kStages = kPipe ? 3 : 2;
-  static constexpr int kSmemQ = BM * D * 2, kSmemKV = BN * D * 2;
-  static constexpr int kSmem = kSmemQ + 2 * kStages * kSmemKV + 1024;  // + alignment slack
-};
-
 struct Sm90Args {
   const void *q, *k, *v;
   void* out;
@@ -56,56 +45,56 @@ struct Sm90Args {
   uint32_t v_lbo, v_sbo;  // descriptor offsets of the MN-major V operand
 };
 
-template <class T, class C, bool kPipe>
-__global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm90Args p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = C::D, BM = C::BM, BN = C::BN, kStages = C::kStages;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
-  const uint32_t sQ = base;
-  const uint32_t sKV = sQ + C::kSmemQ;  // stage s: K at sKV + 2*s*kSmemKV, V after it
+constexpr int kBM = 128, kBN = 128;  // query rows per block (two warpgroups), keys per tile
 
-  const int tiles_m = gridDim.x;
-  const int m_tile = p.causal ? tiles_m - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, g = h / (p.H / p.KVH);
-  const int q0 = m_tile * BM, T_len = p.T;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wg = warp / 4, wl = warp % 4;
-  const int lg = lane / 4, lt = lane % 4;
-  const int64_t q_stride = static_cast<int64_t>(p.H) * D, kv_stride = static_cast<int64_t>(p.KVH) * D;
-  const T* qh = static_cast<const T*>(p.q) + (static_cast<int64_t>(b) * T_len * p.H + h) * D;
-  const T* kh = static_cast<const T*>(p.k) + (static_cast<int64_t>(b) * T_len * p.KVH + g) * D;
-  const T* vh = static_cast<const T*>(p.v) + (static_cast<int64_t>(b) * T_len * p.KVH + g) * D;
+// Where a block works: its query tile, its head, and the key range its rows can see (from the
+// document start of its first row to its last row (causal) or its last row's document end).
+struct BlockGeometry {
+  int q0, h, b, g, k_begin, k_end, n_tiles;
+  __device__ __forceinline__ BlockGeometry(const Sm90Args& p) {
+    const int tiles_m = gridDim.x;
+    const int m_tile = p.causal ? tiles_m - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+    h = blockIdx.y, b = blockIdx.z, g = h / (p.H / p.KVH);
+    q0 = m_tile * kBM;
+    const int q_last = min(q0 + kBM, p.T) - 1;
+    k_begin = doc_of(p.cu, p.num_docs, b, q0, p.T).start;
+    k_end = p.causal ? q_last + 1 : doc_of(p.cu, p.num_docs, b, q_last, p.T).end;
+    n_tiles = k_end > k_begin ? (k_end - k_begin + kBN - 1) / kBN : 0;
+  }
+};
 
-  const int q_last = min(q0 + BM, T_len) - 1;
-  const DocSpan first_doc = doc_of(p.cu, p.num_docs, b, q0, T_len);
-  const DocSpan last_doc = doc_of(p.cu, p.num_docs, b, q_last, T_len);
-  const int k_begin = first_doc.start;
-  const int k_end = p.causal ? q_last + 1 : last_doc.end;
-  const int row0 = q0 + wg * 64 + wl * 16 + lg, row1 = row0 + 8;
-  const DocSpan d0 = doc_of(p.cu, p.num_docs, b, min(row0, T_len - 1), T_len);
-  const DocSpan d1 = doc_of(p.cu, p.num_docs, b, min(row1, T_len - 1), T_len);
-  const bool varlen = p.cu != nullptr;
-  const int n_tiles = k_end > k_begin ? (k_end - k_begin + BN - 1) / BN : 0;
-
-  auto stage_k = [&](int j) { return sKV + (j % kStages) * 2 * C::kSmemKV; };
-  auto load_kv = [&](int j) {
-    const uint32_t sk = stage_k(j);
-    load_tile_sw128<BN, D, C::kThreads>(sk, kh, kv_stride, k_begin + j * BN, T_len);
-    load_tile_sw128<BN, D, C::kThreads>(sk + C::kSmemKV, vh, kv_stride, k_begin + j * BN, T_len);
-  };
-
-  float o[D / 2];  // 64 x D accumulator of this warpgroup: D/8 column groups x 4
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float s[BN / 2];
-  uint32_t pa[BN / 16][4];
+// One warpgroup's share of a block: 64 query rows, their O accumulator (64 x D, f32) and
+// online-softmax state in registers, and the steps of the flash-attention loop over key tiles.
+template <class T, int D>
+struct FwdWarpgroup {
+  static constexpr int BM = kBM, BN = kBN;
+  float o[D / 2];          // D/8 column groups x 4 (the accumulator layout of wgmma)
+  float s[BN / 2];         // scores, then probabilities, of the current key tile
+  uint32_t pa[BN / 16][4]; // probabilities as A fragments of the P V product
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  const uint32_t q_wg = sQ + wg * 64 * 128;  // this warpgroup's rows inside each Q slab
+  int row0, row1, lt, lg, k_begin, k_end, q0;
+  DocSpan d0, d1;
+  bool causal, varlen;
+  float scale_log2;
+  uint32_t q_wg, v_lbo, v_sbo;
 
-  // S = Q K_j^T (64 x BN per warpgroup), issued asynchronously.
-  auto issue_s = [&](int j) {
-    const uint32_t sK = stage_k(j);
+  // wg: 0 or 1 (which 64 rows of the block); sQ: the block's Q tile.
+  __device__ __forceinline__ FwdWarpgroup(const Sm90Args& p, const BlockGeometry& geo, int wg, uint32_t sQ) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    lg = lane / 4, lt = lane % 4;
+    q0 = geo.q0, k_begin = geo.k_begin, k_end = geo.k_end;
+    row0 = geo.q0 + wg * 64 + warp * 16 + lg, row1 = row0 + 8;
+    d0 = doc_of(p.cu, p.num_docs, geo.b, min(row0, p.T - 1), p.T);
+    d1 = doc_of(p.cu, p.num_docs, geo.b, min(row1, p.T - 1), p.T);
+    causal = p.causal, varlen = p.cu != nullptr, scale_log2 = p.scale_log2;
+    q_wg = sQ + wg * 64 * 128;  // this warpgroup's rows inside each Q slab
+    v_lbo = p.v_lbo, v_sbo = p.v_sbo;
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  }
+
+  // S = Q K^T (64 x BN), issued asynchronously as one wgmma group.
+  __device__ __forceinline__ void issue_s(uint32_t sK) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (kk % 4) * 32;  // 16 columns = 32 bytes into the slab's rows
@@ -114,21 +103,20 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
       Wgmma<T>::template ss<BN>(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-  };
-  // O += P V_j, P from registers, issued asynchronously.
-  auto issue_pv = [&](int j) {
-    const uint32_t sV = stage_k(j) + C::kSmemKV;
+  }
+  // O += P V, P from registers, issued asynchronously as one wgmma group.
+  __device__ __forceinline__ void issue_pv(uint32_t sV) {
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T>::template rs_tb<D>(o, pa[kk], make_desc(sV + kk * 2048, p.v_lbo, p.v_sbo));
+    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T>::template rs_tb<D>(o, pa[kk], make_desc(sV + kk * 2048, v_lbo, v_sbo));
     wgmma_commit();
-  };
-  // Softmax of tile j in place: s becomes exp2(scaled score - new max); returns the factors that
-  // rescale the old O and sums (applied by the caller once O is no longer being written).
-  auto softmax = [&](int j, float& alpha0, float& alpha1) {
+  }
+  // Softmax of key tile j in place: s becomes exp2(scaled score - new max); returns the factors
+  // that rescale the old O (applied by rescale_o once O is no longer being written).
+  __device__ __forceinline__ void softmax(int j, float& alpha0, float& alpha1) {
     const int k0 = k_begin + j * BN;
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] *= p.scale_log2;
-    const bool need_mask = k0 + BN > k_end || (p.causal && k0 + BN - 1 > q0) || varlen;
+    for (int i = 0; i < BN / 2; ++i) s[i] *= scale_log2;
+    const bool need_mask = k0 + BN > k_end || (causal && k0 + BN - 1 > q0) || varlen;
     if (need_mask) {
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) {
@@ -137,7 +125,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
           const int col = k0 + i * 8 + 2 * lt + (e & 1);
           const int row = e < 2 ? row0 : row1;
           const DocSpan& d = e < 2 ? d0 : d1;
-          const bool ok = col < k_end && col >= d.start && col < d.end && (!p.causal || col <= row);
+          const bool ok = col < k_end && col >= d.start && col < d.end && (!causal || col <= row);
           if (!ok) s[i * 4 + e] = -INFINITY;
         }
       }
@@ -167,24 +155,159 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
     }
     l0 = l0 * alpha0 + rs0;
     l1 = l1 * alpha1 + rs1;
-  };
-  auto rescale_o = [&](float alpha0, float alpha1) {
+  }
+  __device__ __forceinline__ void rescale_o(float alpha0, float alpha1) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       o[i * 4 + 0] *= alpha0, o[i * 4 + 1] *= alpha0;
       o[i * 4 + 2] *= alpha1, o[i * 4 + 3] *= alpha1;
     }
-  };
+  }
   // Column group i of P is half of the A fragment of k-step i/2: (i even) a0,a1, (odd) a2,a3.
-  auto pack_p = [&] {
+  __device__ __forceinline__ void pack_p() {
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) {
       pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(s[i * 4 + 0], s[i * 4 + 1]);
       pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(s[i * 4 + 2], s[i * 4 + 3]);
     }
-  };
+  }
+  // S_j, then softmax, then P_j V_j, one after the other.
+  __device__ __forceinline__ void step_serial(int j, uint32_t sK, uint32_t sV) {
+    float a0, a1;
+    fence_regs<BN / 2>(s);
+    wgmma_fence();
+    issue_s(sK);
+    wgmma_wait<0>();
+    fence_regs<BN / 2>(s);
+    softmax(j, a0, a1);
+    rescale_o(a0, a1);
+    pack_p();
+    fence_regs<D / 2>(o);
+    wgmma_fence();
+    issue_pv(sV);
+    wgmma_wait<0>();
+    fence_regs<D / 2>(o);
+  }
+  // Pipelined (FlashAttention-3's intra-warpgroup overlap): first tile: S_0 and softmax_0 only.
+  __device__ __forceinline__ void step_first(uint32_t sK) {
+    float a0, a1;
+    fence_regs<BN / 2>(s);
+    wgmma_fence();
+    issue_s(sK);
+    wgmma_wait<0>();
+    fence_regs<BN / 2>(s);
+    softmax(0, a0, a1);  // O is still zero: nothing to rescale
+    pack_p();
+  }
+  // Tile j >= 1: issue S_j and P_{j-1} V_{j-1} together, run softmax_j while the P V product is
+  // on the tensor cores, then rescale O. `on_pv_done` runs once V_{j-1} is no longer read.
+  template <class F>
+  __device__ __forceinline__ void step_overlapped(int j, uint32_t sK, uint32_t sV_prev, F&& on_pv_done) {
+    float a0, a1;
+    fence_regs<BN / 2>(s);
+    fence_regs<D / 2>(o);
+    wgmma_fence();
+    issue_s(sK);
+    issue_pv(sV_prev);
+    wgmma_wait<1>();  // S_j is ready; P_{j-1} V_{j-1} may still run
+    fence_regs<BN / 2>(s);
+    softmax(j, a0, a1);
+    wgmma_wait<0>();
+    fence_regs<D / 2>(o);
+    on_pv_done();
+    rescale_o(a0, a1);
+    pack_p();
+  }
+  // Last P V product of the pipelined loop.
+  __device__ __forceinline__ void step_last(uint32_t sV) {
+    fence_regs<D / 2>(o);
+    wgmma_fence();
+    issue_pv(sV);
+    wgmma_wait<0>();
+    fence_regs<D / 2>(o);
+  }
 
-  load_tile_sw128<BM, D, C::kThreads>(sQ, qh, q_stride, q0, T_len);
+  // Normalise, write lse, and store O: staged in this warp's own 16 rows of the Q tile (which
+  // nobody reads any more) so the global stores are whole 16-byte row chunks.
+  __device__ __forceinline__ void store(const Sm90Args& p, const BlockGeometry& geo, int wg, uint32_t sQ) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int o_ = 1; o_ <= 2; o_ <<= 1) {
+      l0 += __shfl_xor_sync(0xffffffffu, l0, o_);
+      l1 += __shfl_xor_sync(0xffffffffu, l1, o_);
+    }
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const int T_len = p.T;
+    if (lt == 0) {
+      float* lse = p.lse + (static_cast<int64_t>(geo.b) * p.H + geo.h) * T_len;
+      if (row0 < T_len) lse[row0] = l0 > 0.0f ? (m0 + log2f(l0)) * kLn2 : -INFINITY;
+      if (row1 < T_len) lse[row1] = l1 > 0.0f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
+    }
+    const int r_loc = wg * 64 + warp * 16;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int col = i * 8 + 2 * lt;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + Sw128<BM>::offset(r_loc + lg, col)),
+                   "r"(Mma<T>::pack(o[i * 4 + 0] * inv0, o[i * 4 + 1] * inv0)));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + Sw128<BM>::offset(r_loc + lg + 8, col)),
+                   "r"(Mma<T>::pack(o[i * 4 + 2] * inv1, o[i * 4 + 3] * inv1)));
+    }
+    __syncwarp();
+    const int64_t q_stride = static_cast<int64_t>(p.H) * D;
+    T* oh = static_cast<T*>(p.out) + (static_cast<int64_t>(geo.b) * T_len * p.H + geo.h) * D;
+    constexpr int kChunks = D / 8;
+#pragma unroll
+    for (int i = 0; i < 16 * kChunks / 32; ++i) {
+      const int idx = i * 32 + lane;
+      const int r = idx / kChunks, c = idx % kChunks;
+      const int row = geo.q0 + r_loc + r;
+      if (row < T_len) {
+        int4 v;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(sQ + Sw128<BM>::offset(r_loc + r, c * 8)));
+        *reinterpret_cast<int4*>(oh + static_cast<int64_t>(row) * q_stride + c * 8) = v;
+      }
+    }
+  }
+};
+
+// ---- variant 1: all threads load with cp.async ---------------------------------------------
+// kPipe: the overlapped loop (K/V in three stages: tile j+1 loads while V_{j-1} and K_j are being
+// read); otherwise the serial loop (two stages).
+template <int D_, bool kPipe>
+struct Sm90Config {
+  static constexpr int D = D_, BM = kBM, BN = kBN;
+  static constexpr int kThreads = 256;  // two warpgroups of 64 query rows
+  static constexpr int kStages = kPipe ? 3 : 2;
+  static constexpr int kSmemQ = BM * D * 2, kSmemKV = BN * D * 2;
+  static constexpr int kSmem = kSmemQ + 2 * kStages * kSmemKV + 1024;  // + alignment slack
+};
+
+template <class T, class C, bool kPipe>
+__global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm90Args p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = C::D, BM = C::BM, BN = C::BN, kStages = C::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const uint32_t sQ = base;
+  const uint32_t sKV = sQ + C::kSmemQ;  // stage s: K at sKV + 2*s*kSmemKV, V after it
+  const BlockGeometry geo(p);
+  const int wg = threadIdx.x / 128;
+  const int64_t q_stride = static_cast<int64_t>(p.H) * D, kv_stride = static_cast<int64_t>(p.KVH) * D;
+  const T* qh = static_cast<const T*>(p.q) + (static_cast<int64_t>(geo.b) * p.T * p.H + geo.h) * D;
+  const T* kh = static_cast<const T*>(p.k) + (static_cast<int64_t>(geo.b) * p.T * p.KVH + geo.g) * D;
+  const T* vh = static_cast<const T*>(p.v) + (static_cast<int64_t>(geo.b) * p.T * p.KVH + geo.g) * D;
+  const int n_tiles = geo.n_tiles;
+  auto stage_k = [&](int j) { return sKV + (j % kStages) * 2 * C::kSmemKV; };
+  auto load_kv = [&](int j) {
+    const uint32_t sk = stage_k(j);
+    load_tile_sw128<BN, D, C::kThreads>(sk, kh, kv_stride, geo.k_begin + j * BN, p.T);
+    load_tile_sw128<BN, D, C::kThreads>(sk + C::kSmemKV, vh, kv_stride, geo.k_begin + j * BN, p.T);
+  };
+  FwdWarpgroup<T, D> w(p, geo, wg, sQ);
+
+  load_tile_sw128<BM, D, C::kThreads>(sQ, qh, q_stride, geo.q0, p.T);
   cp_async_commit();
   if (n_tiles > 0) load_kv(0);
   cp_async_commit();
@@ -196,38 +319,16 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
       __syncthreads();
       if (n_tiles > 1) load_kv(1);
       cp_async_commit();
-      float a0, a1;
-      fence_regs<BN / 2>(s);
-      wgmma_fence();
-      issue_s(0);
-      wgmma_wait<0>();
-      fence_regs<BN / 2>(s);
-      softmax(0, a0, a1);  // o is still zero: nothing to rescale
-      pack_p();
+      w.step_first(stage_k(0));
       for (int j = 1; j < n_tiles; ++j) {
         cp_async_wait<0>();  // tile j has landed
         fence_proxy_async();
         __syncthreads();     // ... for every thread; and all are past iteration j-1 (stage of j+1 free)
         if (j + 1 < n_tiles) load_kv(j + 1);
         cp_async_commit();
-        fence_regs<BN / 2>(s);
-        fence_regs<D / 2>(o);
-        wgmma_fence();
-        issue_s(j);
-        issue_pv(j - 1);
-        wgmma_wait<1>();  // S_j is ready; P_{j-1} V_{j-1} may still run
-        fence_regs<BN / 2>(s);
-        softmax(j, a0, a1);
-        wgmma_wait<0>();
-        fence_regs<D / 2>(o);
-        rescale_o(a0, a1);
-        pack_p();
+        w.step_overlapped(j, stage_k(j), stage_k(j - 1) + C::kSmemKV, [] {});
       }
-      fence_regs<D / 2>(o);
-      wgmma_fence();
-      issue_pv(n_tiles - 1);
-      wgmma_wait<0>();
-      fence_regs<D / 2>(o);
+      w.step_last(stage_k(n_tiles - 1) + C::kSmemKV);
     }
   } else {
     for (int j = 0; j < n_tiles; ++j) {
@@ -236,62 +337,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_sm90_kernel(const Sm
       cp_async_wait<1>();
       fence_proxy_async();
       __syncthreads();
-      float a0, a1;
-      fence_regs<BN / 2>(s);
-      wgmma_fence();
-      issue_s(j);
-      wgmma_wait<0>();
-      fence_regs<BN / 2>(s);
-      softmax(j, a0, a1);
-      rescale_o(a0, a1);
-      pack_p();
-      fence_regs<D / 2>(o);
-      wgmma_fence();
-      issue_pv(j);
-      wgmma_wait<0>();
-      fence_regs<D / 2>(o);
+      w.step_serial(j, stage_k(j), stage_k(j) + C::kSmemKV);
       __syncthreads();  // the next iteration's loads overwrite the stage read here
     }
   }
   cp_async_wait<0>();
-
-#pragma unroll
-  for (int o_ = 1; o_ <= 2; o_ <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, o_);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, o_);
-  }
-  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-  if (lt == 0) {
-    float* lse = p.lse + (static_cast<int64_t>(b) * p.H + h) * T_len;
-    if (row0 < T_len) lse[row0] = l0 > 0.0f ? (m0 + log2f(l0)) * kLn2 : -INFINITY;
-    if (row1 < T_len) lse[row1] = l1 > 0.0f ? (m1 + log2f(l1)) * kLn2 : -INFINITY;
-  }
-  // Stage O in this warp's own 16 rows of the Q tile (read by nobody else now), then store rows.
-  const int r_loc = wg * 64 + wl * 16;
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    const int col = i * 8 + 2 * lt;
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + Sw128<BM>::offset(r_loc + lg, col)),
-                 "r"(Mma<T>::pack(o[i * 4 + 0] * inv0, o[i * 4 + 1] * inv0)));
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + Sw128<BM>::offset(r_loc + lg + 8, col)),
-                 "r"(Mma<T>::pack(o[i * 4 + 2] * inv1, o[i * 4 + 3] * inv1)));
-  }
-  __syncwarp();
-  T* oh = static_cast<T*>(p.out) + (static_cast<int64_t>(b) * T_len * p.H + h) * D;
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int i = 0; i < 16 * kChunks / 32; ++i) {
-    const int idx = i * 32 + lane;
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int row = q0 + r_loc + r;
-    if (row < T_len) {
-      int4 v;
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(sQ + Sw128<BM>::offset(r_loc + r, c * 8)));
-      *reinterpret_cast<int4*>(oh + static_cast<int64_t>(row) * q_stride + c * 8) = v;
-    }
-  }
+  w.store(p, geo, wg, sQ);
 #else
   __trap();  // built for an architecture without wgmma: the launcher never selects this kernel there
 #endif
@@ -312,6 +363,142 @@ void launch(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t stream) 
   CUDA_CHECK_LAST();
 }
 
+// ---- variant 2: warp specialisation (FlashAttention-3): a producer warp loads with TMA --------
+// Warpgroup 0 gives up most of its registers (setmaxnreg) and one of its threads issues the TMA
+// copies of Q and of the K/V tiles (three stages) against mbarriers; the two consumer warpgroups
+// take the registers and run the overlapped loop, waiting on "full" barriers and releasing each
+// stage on its "empty" barrier once the P V product that read it has completed. No block-wide
+// barrier is needed inside the loop.
+template <int D_>
+struct WsConfig {
+  static constexpr int D = D_, BM = kBM, BN = kBN;
+  static constexpr int kThreads = 384;
+  static constexpr int kStages = 3;
+  static constexpr int kSmemQ = BM * D * 2, kSmemKV = BN * D * 2;
+  static constexpr int kSmem = kSmemQ + 2 * kStages * kSmemKV + 1024 + 8 * (1 + 2 * kStages);
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 65536
+};
+
+template <class T, class C>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    flash_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                             const __grid_constant__ CUtensorMap tv, const Sm90Args p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = C::D, BM = C::BM, BN = C::BN, S = C::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sKV = sQ + C::kSmemQ;
+  const uint32_t bars = sKV + 2 * S * C::kSmemKV;
+  const uint32_t bar_q = bars;
+  auto full = [&](int st) { return bars + 8u * (1 + st); };
+  auto empty = [&](int st) { return bars + 8u * (1 + S + st); };
+  auto stage = [&](int j) { return sKV + (j % S) * 2 * C::kSmemKV; };
+  const BlockGeometry geo(p);
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int st = 0; st < S; ++st) {
+      mbar_init(full(st), 1);
+      mbar_init(empty(st), 8);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // producer warpgroup
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const int row_base = geo.b * p.T;
+      mbar_expect_tx(bar_q, C::kSmemQ);
+      for (int slab = 0; slab < D / 64; ++slab)
+        tma_load_3d(sQ + slab * Sw128<BM>::kSlab, &tq, bar_q, slab * 64, geo.h, row_base + geo.q0);
+      for (int j = 0; j < geo.n_tiles; ++j) {
+        const int st = j % S;
+        if (j >= S) mbar_wait(empty(st), ((j / S) - 1) & 1);
+        mbar_expect_tx(full(st), 2 * C::kSmemKV);
+        const int row = row_base + geo.k_begin + j * BN;
+        for (int slab = 0; slab < D / 64; ++slab) {
+          tma_load_3d(stage(j) + slab * Sw128<BN>::kSlab, &tk, full(st), slab * 64, geo.g, row);
+          tma_load_3d(stage(j) + C::kSmemKV + slab * Sw128<BN>::kSlab, &tv, full(st), slab * 64, geo.g, row);
+        }
+      }
+    }
+  } else {  // two consumer warpgroups
+    setmaxnreg_inc<C::kConsumerRegs>();
+    const int cwg = threadIdx.x / 128 - 1;
+    FwdWarpgroup<T, D> w(p, geo, cwg, sQ);
+    const int n = geo.n_tiles;
+    mbar_wait(bar_q, 0);
+    if (n > 0) {
+      mbar_wait(full(0), 0);
+      w.step_first(stage(0));
+      for (int j = 1; j < n; ++j) {
+        mbar_wait(full(j % S), (j / S) & 1);
+        w.step_overlapped(j, stage(j), stage(j - 1) + C::kSmemKV, [&] {
+          if (threadIdx.x % 32 == 0) mbar_arrive(empty((j - 1) % S));
+        });
+      }
+      w.step_last(stage(n - 1) + C::kSmemKV);
+    }
+    w.store(p, geo, cwg, sQ);
+  }
+#else
+  __trap();
+#endif
+}
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiledFn>(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// A [rows = B*T][heads][D] tensor as TMA sees it: boxes of 64 head_dim elements x 1 head x
+// `box_rows` tokens, 128-byte swizzled (exactly one Sw128 slab); rows past B*T read as zeros.
+CUtensorMap tensor_map(const void* base, DType dt, int64_t rows, int64_t heads, int64_t D, uint32_t box_rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D * 2), static_cast<cuuint64_t>(heads * D * 2)};
+  const cuuint32_t box[3] = {64, 1, box_rows};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(&m, dt == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                                    const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  PRIMUS_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed ({}) for rows={} heads={} D={}", static_cast<int>(r), rows,
+               heads, D);
+  return m;
+}
+
+template <class T, int D>
+void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t stream) {
+  using C = WsConfig<D>;
+  auto kernel = flash_fwd_sm90_ws_kernel<T, C>;
+  static bool configured = false;
+  if (!configured) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    configured = true;
+  }
+  const int64_t rows = prm.B * prm.T;
+  const CUtensorMap tq = tensor_map(a.q, prm.dtype, rows, prm.H, D, C::BM);
+  const CUtensorMap tk = tensor_map(a.k, prm.dtype, rows, prm.KVH, D, C::BN);
+  const CUtensorMap tv = tensor_map(a.v, prm.dtype, rows, prm.KVH, D, C::BN);
+  const dim3 grid(static_cast<unsigned>((prm.T + C::BM - 1) / C::BM), static_cast<unsigned>(prm.H),
+                  static_cast<unsigned>(prm.B));
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(tq, tk, tv, a);
+  CUDA_CHECK_LAST();
+}
+
 }  // namespace
 
 bool flash_forward_sm90_available() {
@@ -326,23 +513,29 @@ bool flash_forward_sm90_available() {
 }
 
 void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k, const void* v,
-                        bool pipelined, cudaStream_t stream) {
+                        FwdKernel kind, cudaStream_t stream) {
   Sm90Args a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),
              static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal, 0, 1024};
   // V is the MN-major B operand: LBO steps between 64-column slabs of head_dim (one slab is
-  // BN rows of 128 bytes), SBO between groups of 8 keys (1024 bytes).
+  // kBN rows of 128 bytes), SBO between groups of 8 keys (1024 bytes).
   // PRIMUS_TURBO_ATTN_SM90_VDESC=swap exchanges them: a diagnostic of the descriptor convention
   // (tests/attention_gpu shows the swapped form fails).
-  a.v_lbo = static_cast<uint32_t>(Sm90Config<128, true>::BN * 128);
+  a.v_lbo = static_cast<uint32_t>(kBN * 128);
   const char* env = std::getenv("PRIMUS_TURBO_ATTN_SM90_VDESC");
   if (env && std::strcmp(env, "swap") == 0) std::swap(a.v_lbo, a.v_sbo);
+  // TMA needs 16-byte aligned bases; without the driver entry point use the cp.async kernel.
+  const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v)) & 15) == 0;
+  if (kind == FwdKernel::Sm90Ws && (!encode_tiled() || !aligned)) kind = FwdKernel::Sm90Pipe;
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    if (prm.D == 128) {
-      if (pipelined) launch<T, 128, true>(prm, a, stream); else launch<T, 128, false>(prm, a, stream);
-    } else {
-      if (pipelined) launch<T, 64, true>(prm, a, stream); else launch<T, 64, false>(prm, a, stream);
-    }
+    auto by_d = [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      if (kind == FwdKernel::Sm90Ws) launch_ws<T, D>(prm, a, stream);
+      else if (kind == FwdKernel::Sm90Pipe) launch<T, D, true>(prm, a, stream);
+      else launch<T, D, false>(prm, a, stream);
+    };
+    if (prm.D == 128) by_d(std::integral_constant<int, 128>{});
+    else by_d(std::integral_constant<int, 64>{});
   };
   if (prm.dtype == DType::BF16) go(__nv_bfloat16{});
   else go(__half{});

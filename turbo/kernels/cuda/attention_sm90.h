@@ -10,17 +10,20 @@ namespace primus::turbo::cuda {
 // True on a compute capability 9.0 device (what the sm_90a wgmma code runs on).
 bool flash_forward_sm90_available();
 
-// The wgmma forward; same contract as flash_attention_forward (head_dim 64 or 128, bf16/f16).
-// pipelined: overlap each tile's softmax with the previous tile's P V product (FA3 style).
-void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k,
-                        const void* v, bool pipelined, cudaStream_t stream);
-
-// Which forward flash_attention_forward runs. Default: the pipelined wgmma kernel where the
-// device is sm_90, else the mma.sync kernel. PRIMUS_TURBO_ATTN_KERNEL=sm80 | sm90 | sm90pipe
-// asks for one (sm90* fall back to sm80 on other devices); tests and benchmarks use it to
-// cover and compare all three.
-enum class FwdKernel { Sm80, Sm90, Sm90Pipe };
+// Which forward flash_attention_forward runs:
+//   Sm80      the mma.sync kernel (attention_fwd.cu)
+//   Sm90      wgmma, cp.async loads, each tile's GEMMs and softmax one after the other
+//   Sm90Pipe  wgmma, cp.async loads, softmax of tile j overlapping the P V product of tile j-1
+//   Sm90Ws    Sm90Pipe's loop on two consumer warpgroups fed by a TMA producer warp
+// Default: Sm90Pipe where the device is sm_90, else Sm80. PRIMUS_TURBO_ATTN_KERNEL=sm80 | sm90 |
+// sm90pipe | sm90ws asks for one (sm90* fall back to sm80 on other devices); tests and
+// benchmarks use it to cover and compare all of them.
+enum class FwdKernel { Sm80, Sm90, Sm90Pipe, Sm90Ws };
 FwdKernel flash_forward_kernel();
+
+// The wgmma forwards; same contract as flash_attention_forward (head_dim 64 or 128, bf16/f16).
+void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k,
+                        const void* v, FwdKernel kind, cudaStream_t stream);
 
 // The backward's main kernel (between the delta pass and the dQ cast of attention_bwd.cu).
 struct FlashBwdPointers {
