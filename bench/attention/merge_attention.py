@@ -24,7 +24,7 @@ def main():
     ap.add_argument("--append", action="store_true")
     a = ap.parse_args()
     ours, torch_rows = load(a.ours), load(a.torch)
-    meta_o = next(r for r in ours if r.get("meta"))
+    meta_o = next(r for r in ours if r.get("meta"))  # (a file may hold several invocations' meta lines)
     meta_t = next(r for r in torch_rows if r.get("meta"))
     anchor = {r["case"]: r for r in torch_rows if not r.get("meta")}
     lines = []
