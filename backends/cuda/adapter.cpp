@@ -1,0 +1,108 @@
+// The CUDA backend's adapter: schema, hook slots, device selection, config -> args, trainer.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "backends/cuda/args.h"
+#include "backends/cuda/device.h"
+#include "backends/cuda/hooks.h"
+#include "backends/cuda/register.h"
+#include "backends/cuda/trainer.h"
+#include "core/util/error.h"
+
+namespace primus::backends::cuda {
+
+void add_cuda_schema(config::Schema& s) {
+  s.integer("device", 0, "CUDA device index this process trains on", 0, 1023)
+      .text("recompute_granularity", "none",
+            "activation recomputation: none (keep every activation); selective and full are not implemented yet",
+            {"none", "selective", "full"})
+      .flag("cuda_graph", false, "capture the training step in a CUDA graph (not implemented yet)")
+      .text("attention_backend", "auto",
+            "auto: Turbo's attention op (cuDNN / flash kernels) where built, else the fallback; turbo; fallback "
+            "(GEMMs + softmax kernel, materialises [T,T] scores)",
+            {"auto", "turbo", "fallback"})
+      .number("peak_flops", 0.0, "dense bf16 peak FLOP/s per GPU for MFU (0: looked up from the GPU name)", 0.0);
+}
+
+std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
+  auto d = train.describe();
+  d.insert(d.begin(), {"model", fmt::format("{} {} layers, hidden {}, heads {}/{}, {} parameters", model.model_type,
+                                            model.num_layers, model.hidden_size, model.num_attention_heads,
+                                            model.num_query_groups, model.num_parameters())});
+  d.push_back({"device", device_name.empty() ? std::to_string(device) : fmt::format("{} ({})", device, device_name)});
+  d.push_back({"attention_backend", attention_backend});
+  d.push_back({"peak_flops", peak_flops > 0 ? fmt::format("{:.3g}", peak_flops) : "unknown (no MFU)"});
+  return d;
+}
+
+namespace {
+
+class CudaAdapter : public BackendAdapter {
+ public:
+  CudaAdapter() {
+    train::add_model_schema(schema_);
+    train::add_training_schema(schema_);
+    add_cuda_schema(schema_);
+  }
+  std::string name() const override { return kName; }
+  std::string version() const override { return kVersion; }
+  std::string description() const override {
+    return "NVIDIA GPUs: bf16 compute with fp32 master weights, Turbo ops (cuBLASLt, cuDNN, fused kernels)";
+  }
+  const config::Schema& schema() const override { return schema_; }
+  void define_hooks(patches::HookTable& hooks) const override { define_cuda_hooks(hooks); }
+
+  void prepare(const config::ModuleConfig& cfg) override {
+    device_ = select_device(static_cast<int>(cfg.params.find_path("device")->as_int()));
+    spdlog::info("[cuda] device {}: {} (sm_{}{}, {} SMs, {:.1f} GiB)", device_.index, device_.name, device_.cc_major,
+                 device_.cc_minor, device_.sm_count, static_cast<double>(device_.total_bytes) / (1 << 30));
+  }
+
+  std::shared_ptr<BackendArgs> convert_config(const config::ModuleConfig& cfg, const config::Experiment& exp) override {
+    const config::Value& p = cfg.params;
+    auto where = [&](const char* k) { return p.find_path(k)->origin().str(); };
+    auto a = std::make_shared<CudaArgs>();
+    a->model = train::ModelSpec::from_config(p);
+    a->train = train::TrainingArgs::from_config(p, exp);
+    a->device = static_cast<int>(p.find_path("device")->as_int());
+    a->device_name = device_.name;
+    a->attention_backend = p.find_path("attention_backend")->as_string();
+    a->peak_flops = p.find_path("peak_flops")->as_double();
+    a->params = p;
+    a->experiment_file = exp.file.string();
+    const std::string recompute = p.find_path("recompute_granularity")->as_string();
+    if (recompute != "none") {
+      throw ConfigError(fmt::format("{}: recompute_granularity '{}' is not implemented yet in the cuda backend (use none)",
+                                    where("recompute_granularity"), recompute));
+    }
+    if (p.find_path("cuda_graph")->as_bool()) {
+      throw ConfigError(fmt::format("{}: cuda_graph is not implemented yet in the cuda backend (use false)",
+                                    where("cuda_graph")));
+    }
+    if (a->attention_backend == "turbo" && std::string(default_attention_name()) != "turbo") {
+      throw ConfigError(fmt::format("{}: attention_backend turbo: this build has no Turbo attention op (use auto or "
+                                    "fallback)",
+                                    where("attention_backend")));
+    }
+    return a;
+  }
+
+  std::unique_ptr<Trainer> create_trainer(const std::string& stage, std::shared_ptr<BackendArgs> args,
+                                          const patches::HookTable& hooks) override {
+    if (stage != "pretrain") return nullptr;
+    return std::make_unique<CudaTrainer>(std::static_pointer_cast<CudaArgs>(args), CudaOps::from(hooks));
+  }
+
+ private:
+  config::Schema schema_;
+  DeviceInfo device_;
+};
+
+}  // namespace
+
+void register_backend(BackendRegistry& backends, patches::PatchRegistry& patches) {
+  backends.add(kName, [] { return std::make_unique<CudaAdapter>(); });
+  register_patches(patches);
+}
+
+}  // namespace primus::backends::cuda

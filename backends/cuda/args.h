@@ -1,0 +1,32 @@
+// The CUDA backend's typed args, built from the validated module config; build_args patches
+// (backends/cuda/patches/) rewrite them before the trainer is created.
+#pragma once
+#include <string>
+
+#include "core/backend/backend.h"
+#include "core/config/schema.h"
+#include "core/config/value.h"
+#include "train/common_patches.h"
+#include "train/model_spec.h"
+#include "train/training_args.h"
+
+namespace primus::backends::cuda {
+
+struct CudaArgs : BackendArgs, train::HasTrainingArgs {
+  train::ModelSpec model;
+  train::TrainingArgs train;
+  int device = 0;                          // CUDA device index
+  std::string attention_backend = "auto";  // auto | turbo | fallback (which slot default; see hooks.h)
+  double peak_flops = 0;                   // dense bf16 FLOP/s per GPU for MFU; 0: unknown (no MFU)
+  std::string device_name;                 // filled by prepare()
+  config::Value params;                    // the resolved config, saved with checkpoints
+  std::string experiment_file;
+
+  train::TrainingArgs& training() override { return train; }
+  std::vector<std::pair<std::string, std::string>> describe() const override;
+};
+
+// The keys this backend adds to the shared model and training keys.
+void add_cuda_schema(config::Schema& s);
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,122 @@
+#include "backends/cuda/hooks.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+
+#include "backends/cuda/attention_fallback.h"
+#include "turbo/ops/gemm.h"
+#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
+#include "turbo/ops/attention.h"
+#endif
+
+namespace primus::backends::cuda {
+
+namespace {
+
+// Which Turbo backend served a call, logged the first time (the dispatcher decides per shape).
+void log_once(std::atomic<bool>& done, const char* what, turbo::BackendType b) {
+  if (!done.exchange(true)) spdlog::info("[cuda] {} served by Turbo backend {}", what, turbo::backend_name(b));
+}
+
+#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
+void turbo_attention_forward(const AttentionCall& c) {
+  static std::atomic<bool> logged{false};
+  turbo::AttentionForwardArgs a;
+  a.out = c.out;
+  a.lse = c.lse;
+  a.q = c.q;
+  a.k = c.k;
+  a.v = c.v;
+  a.opt.causal = true;
+  a.opt.softmax_scale = c.scale;
+  a.ctx = c.ctx;
+  log_once(logged, "attention forward", turbo::attention_forward(a));
+}
+
+void turbo_attention_backward(const AttentionGradCall& c) {
+  static std::atomic<bool> logged{false};
+  turbo::AttentionBackwardArgs a;
+  a.dq = c.dq;
+  a.dk = c.dk;
+  a.dv = c.dv;
+  a.dout = c.dout;
+  a.q = c.q;
+  a.k = c.k;
+  a.v = c.v;
+  a.out = c.out;
+  a.lse = c.lse;
+  a.opt.causal = true;
+  a.opt.softmax_scale = c.scale;
+  a.ctx = c.ctx;
+  log_once(logged, "attention backward", turbo::attention_backward(a));
+}
+#endif
+
+}  // namespace
+
+const char* default_attention_name() {
+#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
+  return "turbo";
+#else
+  return "fallback";
+#endif
+}
+
+CudaOps CudaOps::defaults() {
+  CudaOps o;
+#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
+  o.attention_forward = turbo_attention_forward;
+  o.attention_backward = turbo_attention_backward;
+#else
+  o.attention_forward = fallback_attention_forward;
+  o.attention_backward = fallback_attention_backward;
+#endif
+  o.linear_forward = [](const TensorView& out, const TensorView& inp, const TensorView& w, const TensorView& b,
+                        const TensorView& aux, const ExecContext& ctx) { turbo::linear_forward(out, inp, w, b, aux, ctx); };
+  o.linear_backward = turbo::linear_backward;
+  o.linear_backward_dgelu = turbo::linear_backward_input_dgelu;
+  o.norm_forward = [](const turbo::NormForwardArgs& a) { turbo::norm_forward(a); };
+  o.norm_backward = [](const turbo::NormBackwardArgs& a) { turbo::norm_backward(a); };
+  o.cross_entropy = [](const turbo::CrossEntropyArgs& a) { turbo::cross_entropy(a); };
+  o.grad_norm = [](turbo::MultiTensorAdamW& opt, const TensorView& out, float max_norm, const ExecContext& ctx) {
+    opt.grad_norm(out, max_norm, ctx);
+  };
+  o.adamw = [](turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& hp, const TensorView& scale,
+               const ExecContext& ctx) { opt.step(hp, scale, {}, ctx); };
+  return o;
+}
+
+void define_cuda_hooks(patches::HookTable& h) {
+  const CudaOps d = CudaOps::defaults();
+  h.define<AttentionForwardFn>(kAttentionForward, d.attention_forward,
+                               std::string("causal self-attention forward (default: ") + default_attention_name() + ")");
+  h.define<AttentionBackwardFn>(kAttentionBackward, d.attention_backward,
+                                std::string("causal self-attention backward (default: ") + default_attention_name() + ")");
+  h.define<LinearForwardFn>(kLinearForward, d.linear_forward, "linear layers: cuBLASLt GEMM with bias/GELU epilogues");
+  h.define<LinearBackwardFn>(kLinearBackward, d.linear_backward, "linear layers' input, weight and bias gradients");
+  h.define<LinearBackwardDGeluFn>(kLinearBackwardDGelu, d.linear_backward_dgelu,
+                                  "GPT-2 MLP: input gradient through GELU fused into the GEMM epilogue");
+  h.define<NormForwardFn>(kNormForward, d.norm_forward, "residual add fused with LayerNorm / RMSNorm");
+  h.define<NormBackwardFn>(kNormBackward, d.norm_backward, "norm backward accumulating into the residual gradient");
+  h.define<CrossEntropyFn>(kCrossEntropy, d.cross_entropy, "fused softmax cross-entropy, gradient in place of the bf16 logits");
+  h.define<GradNormFn>(kGradNorm, d.grad_norm, "global gradient norm and clip factor");
+  h.define<AdamWStepFn>(kAdamWStep, d.adamw, "multi-tensor AdamW over fp32 master weights (+ bf16 copy)");
+}
+
+CudaOps CudaOps::from(const patches::HookTable& h) {
+  CudaOps o;
+  o.attention_forward = h.get<AttentionForwardFn>(kAttentionForward);
+  o.attention_backward = h.get<AttentionBackwardFn>(kAttentionBackward);
+  o.linear_forward = h.get<LinearForwardFn>(kLinearForward);
+  o.linear_backward = h.get<LinearBackwardFn>(kLinearBackward);
+  o.linear_backward_dgelu = h.get<LinearBackwardDGeluFn>(kLinearBackwardDGelu);
+  o.norm_forward = h.get<NormForwardFn>(kNormForward);
+  o.norm_backward = h.get<NormBackwardFn>(kNormBackward);
+  o.cross_entropy = h.get<CrossEntropyFn>(kCrossEntropy);
+  o.grad_norm = h.get<GradNormFn>(kGradNorm);
+  o.adamw = h.get<AdamWStepFn>(kAdamWStep);
+  return o;
+}
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,94 @@
+// The CUDA backend's replaceable parts: one HookTable slot per op family the model calls, with
+// Turbo's ops as defaults. Patches (backends/cuda/patches/) replace or wrap a slot; the model
+// reads the slots once, when the trainer is created, into a CudaOps (plain std::functions).
+//
+// Every tensor is a device TensorView (turbo/core/tensor_view.h); activations and weights are
+// bf16, statistics, losses and parameter gradients f32. Shapes are those of the Turbo op each
+// default forwards to (turbo/ops/*.h), restated where the slot has its own argument struct.
+#pragma once
+#include <functional>
+#include <string>
+
+#include "core/patches/hook_table.h"
+#include "turbo/core/tensor_view.h"
+#include "turbo/ops/exec_context.h"
+#include "turbo/ops/loss.h"
+#include "turbo/ops/normalization.h"
+#include "turbo/ops/optimizer.h"
+
+namespace primus::backends::cuda {
+
+using turbo::ExecContext;
+using turbo::TensorView;
+
+// Causal self-attention. q/out [B,T,H,D], k/v [B,T,KVH,D] (H a multiple of KVH), lse [B,H,T]
+// f32 = log-sum-exp of each query's scaled scores (natural log), saved for the backward.
+struct AttentionCall {
+  TensorView out, lse, q, k, v;
+  float scale = 0.0f;  // multiplies q.k (1/sqrt(D))
+  ExecContext ctx;
+};
+// The backward overwrites dq, dk, dv (dk/dv sum over each kv head's query heads).
+struct AttentionGradCall {
+  TensorView dq, dk, dv, dout, q, k, v, out, lse;
+  float scale = 0.0f;
+  ExecContext ctx;
+};
+
+using AttentionForwardFn = void(const AttentionCall&);
+using AttentionBackwardFn = void(const AttentionGradCall&);
+// turbo::linear_forward: out [N,OC] = inp [N,C] @ weight [OC,C]^T (+ bias), GELU with aux.
+using LinearForwardFn = void(const TensorView& out, const TensorView& inp, const TensorView& weight,
+                             const TensorView& bias, const TensorView& aux, const ExecContext& ctx);
+// turbo::linear_backward: dinp (=, or += with accumulate), dweight +=, dbias += (f32).
+using LinearBackwardFn = void(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
+                              const TensorView& dout, const TensorView& inp, const TensorView& weight,
+                              bool accumulate_dinp, const ExecContext& ctx);
+// turbo::linear_backward_input_dgelu: dpre = (dout @ weight) * gelu'(pre_aux) (dbias optional).
+using LinearBackwardDGeluFn = void(const TensorView& dpre, const TensorView& dbias, const TensorView& dout,
+                                   const TensorView& weight, const TensorView& pre_aux, const ExecContext& ctx);
+using NormForwardFn = void(const turbo::NormForwardArgs&);
+using NormBackwardFn = void(const turbo::NormBackwardArgs&);
+using CrossEntropyFn = void(const turbo::CrossEntropyArgs&);
+// out f32 [2] = {global L2 norm of the gradients, clip factor}; see turbo/ops/optimizer.h.
+using GradNormFn = void(turbo::MultiTensorAdamW& opt, const TensorView& out, float max_norm, const ExecContext& ctx);
+// One AdamW update of every tensor; grad_scale f32 [1] on the device (the clip factor).
+using AdamWStepFn = void(turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& hp, const TensorView& grad_scale,
+                         const ExecContext& ctx);
+
+inline constexpr const char* kAttentionForward = "cuda.attention.forward";
+inline constexpr const char* kAttentionBackward = "cuda.attention.backward";
+inline constexpr const char* kLinearForward = "cuda.linear.forward";
+inline constexpr const char* kLinearBackward = "cuda.linear.backward";
+inline constexpr const char* kLinearBackwardDGelu = "cuda.linear.backward_dgelu";
+inline constexpr const char* kNormForward = "cuda.norm.forward";
+inline constexpr const char* kNormBackward = "cuda.norm.backward";
+inline constexpr const char* kCrossEntropy = "cuda.loss.cross_entropy";
+inline constexpr const char* kGradNorm = "cuda.optimizer.grad_norm";
+inline constexpr const char* kAdamWStep = "cuda.optimizer.adamw";
+
+// What the model calls, read from the slots.
+struct CudaOps {
+  std::function<AttentionForwardFn> attention_forward;
+  std::function<AttentionBackwardFn> attention_backward;
+  std::function<LinearForwardFn> linear_forward;
+  std::function<LinearBackwardFn> linear_backward;
+  std::function<LinearBackwardDGeluFn> linear_backward_dgelu;
+  std::function<NormForwardFn> norm_forward;
+  std::function<NormBackwardFn> norm_backward;
+  std::function<CrossEntropyFn> cross_entropy;
+  std::function<GradNormFn> grad_norm;
+  std::function<AdamWStepFn> adamw;
+
+  static CudaOps defaults();                               // the slots' defaults
+  static CudaOps from(const patches::HookTable& hooks);    // after the patches ran
+};
+
+// Declares every slot above with its default (BackendAdapter::define_hooks).
+void define_cuda_hooks(patches::HookTable& hooks);
+
+// The default attention: "turbo" (turbo::attention_forward / _backward, which dispatch to
+// cuDNN or Turbo's flash kernels) when this build has the Turbo attention op, else "fallback".
+const char* default_attention_name();
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,11 @@
+// dst bf16 [n] = src f32 [n], rounding to nearest even: refreshes the bf16 compute copy of the
+// fp32 master weights after they are set from the host (init, checkpoint load). The optimizer
+// keeps the copy current during training.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace primus::backends::cuda::kernels {
+void cast_f32_to_bf16(void* dst, const float* src, int64_t n, cudaStream_t stream);
+}  // namespace primus::backends::cuda::kernels

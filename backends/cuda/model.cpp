@@ -1,0 +1,525 @@
+#include "backends/cuda/model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/kernels/cast.h"
+#include "backends/cuda/nvtx.h"
+#include "core/util/error.h"
+#include "turbo/core/cuda_arena.h"
+#include "turbo/core/cuda_check.h"
+#include "turbo/kernels/cuda/embedding.h"
+#include "turbo/kernels/cuda/normalization.h"
+#include "turbo/kernels/cuda/optimizer.h"
+#include "turbo/ops/activation.h"
+#include "turbo/ops/embedding.h"
+#include "turbo/ops/gemm.h"
+#include "turbo/ops/rope.h"
+
+namespace primus::backends::cuda {
+
+using turbo::Arena;
+using turbo::DType;
+using turbo::Device;
+
+namespace {
+
+enum class Pool { State, Acts };
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// The first pass of CudaModel::plan only adds up sizes; the second takes the buffers from the
+// arenas sized by the first, so the two can never disagree.
+class BufferPlan {
+ public:
+  BufferPlan(Arena* state, Arena* acts) : state_(state), acts_(acts) {}
+  TensorView operator()(Pool pool, DType t, std::initializer_list<int64_t> shape, const char* what) {
+    Arena* a = pool == Pool::State ? state_ : acts_;
+    if (a) return a->tensor(t, shape, what);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    (pool == Pool::State ? state_bytes : acts_bytes) += round_up(size_t(n) * turbo::dtype_size(t), Arena::kDefaultAlign);
+    return TensorView();
+  }
+  size_t state_bytes = 0, acts_bytes = 0;
+
+ private:
+  Arena *state_, *acts_;
+};
+
+// A view of the first n rows of a [max, ...] buffer with a new shape.
+TensorView view(const TensorView& buf, std::initializer_list<int64_t> shape) {
+  return TensorView(buf.data, buf.dtype, Device::CUDA, shape);
+}
+
+void check_shapes(const train::ModelSpec& s) {
+  auto need8 = [](int64_t v, const char* what) {
+    if (v % 8 != 0) {
+      throw ConfigError(fmt::format("the cuda backend needs {} to be a multiple of 8 (16-byte bf16 vectors), got {}",
+                                    what, v));
+    }
+  };
+  need8(s.hidden_size, "hidden_size");
+  need8(s.head_dim(), "the head dimension (hidden_size / num_attention_heads)");
+  need8(s.ffn_hidden_size, "ffn_hidden_size");
+  if (s.padded_vocab_size % 8 != 0) {
+    throw ConfigError(fmt::format("the cuda backend needs the padded vocabulary ({}) to be a multiple of 8: set "
+                                  "make_vocab_size_divisible_by (128 is usual)",
+                                  s.padded_vocab_size));
+  }
+}
+
+}  // namespace
+
+CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, CudaOps ops)
+    : spec_(spec), layout_(train::make_param_layout(spec)), opt_(opt), ops_(std::move(ops)) {
+  if (opt_.max_seq == 0) opt_.max_seq = spec_.seq_length;
+  if (opt_.max_seq > spec_.seq_length) {
+    throw ConfigError(fmt::format("sequence length {} exceeds the model's seq_length {}", opt_.max_seq, spec_.seq_length));
+  }
+  check_shapes(spec_);
+  opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+
+  BufferPlan count(nullptr, nullptr);
+  plan(count);
+  const size_t table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
+                                Arena::kDefaultAlign);
+  const int64_t N = opt_.max_batch * opt_.max_seq, C = spec_.hidden_size;
+  // Scratch: the largest single borrow of any op (they borrow one at a time, in stream order).
+  // (the optimizer's chunks hold at least 256 elements each)
+  const size_t chunks_bound = size_t(layout_.total / 256) + layout_.tensors.size() + 1;
+  scratch_bytes_ = std::max({turbo::cuda::norm_backward_scratch_bytes(N, C), turbo::cuda::embedding_backward_scratch_bytes(N),
+                             turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
+                             size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4});
+  const int64_t H = spec_.num_attention_heads;
+  scratch_bytes_ += opt_.attention_scratch_bytes > 0
+                        ? opt_.attention_scratch_bytes
+                        : size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);  // flash dq (f32) / cuDNN workspace
+  scratch_bytes_ = round_up(scratch_bytes_, size_t{1} << 20);
+  state_ = turbo::make_device_arena(count.state_bytes + table + Arena::kDefaultAlign);
+  acts_ = turbo::make_device_arena(count.acts_bytes + Arena::kDefaultAlign);
+  scratch_ = turbo::make_device_arena(scratch_bytes_);
+  BufferPlan take(state_.get(), acts_.get());
+  plan(take);
+
+  // Parameter views into the flat buffers.
+  wte_ = param("embedding.weight", true);
+  wpe_ = param("position_embedding.weight", !spec_.rope);
+  head_ = spec_.untied ? param("output_layer.weight", true) : wte_;
+  final_norm_ = {param("final_norm.weight", true), param("final_norm.bias", false)};
+  params_.resize(spec_.num_layers);
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    const std::string p = fmt::format("layers.{}.", l);
+    LayerParams& lp = params_[l];
+    lp.norm1 = {param(p + "norm1.weight", true), param(p + "norm1.bias", false)};
+    lp.norm2 = {param(p + "norm2.weight", true), param(p + "norm2.bias", false)};
+    lp.qkv_w = param(p + "attn.qkv.weight", true);
+    lp.qkv_b = param(p + "attn.qkv.bias", false);
+    lp.proj_w = param(p + "attn.proj.weight", true);
+    lp.proj_b = param(p + "attn.proj.bias", false);
+    lp.fc_w = param(p + "mlp.fc.weight", true);
+    lp.fc_b = param(p + "mlp.fc.bias", false);
+    lp.out_w = param(p + "mlp.proj.weight", true);
+    lp.out_b = param(p + "mlp.proj.bias", false);
+  }
+
+  // Optimizer over every tensor: fp32 master and moments, f32 gradients, the bf16 copy it refreshes.
+  std::vector<turbo::AdamWTensor> ts;
+  for (const auto& t : layout_.tensors) {
+    turbo::AdamWTensor a;
+    a.master = master_.slice0(t.offset, t.offset + t.numel);
+    a.model = weights_.slice0(t.offset, t.offset + t.numel);
+    a.grad = grads_.slice0(t.offset, t.offset + t.numel);
+    a.m = m_.slice0(t.offset, t.offset + t.numel);
+    a.v = v_.slice0(t.offset, t.offset + t.numel);
+    a.decay = t.decay;
+    ts.push_back(a);
+  }
+  adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
+  if (spec_.rope) turbo::rope_build_table(rope_table_, spec_.rotary_base, ctx());
+  set_moments(nullptr, nullptr);
+  zero_grad();
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+CudaModel::~CudaModel() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);  // no throwing from a destructor; errors surface elsewhere
+    cudaStreamDestroy(stream_);
+  }
+}
+
+template <class Take>
+void CudaModel::plan(Take&& take) {
+  const int64_t P = layout_.total, N = opt_.max_batch * opt_.max_seq;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KVD = spec_.kv_dim();
+  const int64_t F = spec_.ffn_hidden_size, FC = spec_.fc_dim(), V = spec_.padded_vocab_size;
+  master_ = take(Pool::State, DType::F32, {P}, "fp32 master weights");
+  grads_ = take(Pool::State, DType::F32, {P}, "fp32 gradients");
+  m_ = take(Pool::State, DType::F32, {P}, "AdamW first moments");
+  v_ = take(Pool::State, DType::F32, {P}, "AdamW second moments");
+  weights_ = take(Pool::State, DType::BF16, {P}, "bf16 weights");
+  if (spec_.rope) rope_table_ = take(Pool::State, DType::F32, {spec_.seq_length, spec_.head_dim() / 2, 2}, "RoPE table");
+  loss_slots_ = take(Pool::State, DType::F32, {opt_.loss_slots}, "loss sums");
+  norm_ = take(Pool::State, DType::F32, {2}, "grad norm and clip factor");
+
+  layers_.resize(spec_.num_layers);
+  for (auto& a : layers_) {
+    a.x_in = take(Pool::Acts, DType::BF16, {N, C}, "layer input (residual stream)");
+    a.ln1 = take(Pool::Acts, DType::BF16, {N, C}, "norm1 output");
+    a.mean1 = take(Pool::Acts, DType::F32, {N}, "norm1 mean");
+    a.rstd1 = take(Pool::Acts, DType::F32, {N}, "norm1 rstd");
+    a.q = take(Pool::Acts, DType::BF16, {N, C}, "q");
+    a.k = take(Pool::Acts, DType::BF16, {N, KVD}, "k");
+    a.v = take(Pool::Acts, DType::BF16, {N, KVD}, "v");
+    a.att = take(Pool::Acts, DType::BF16, {N, C}, "attention output");
+    a.lse = take(Pool::Acts, DType::F32, {N * H}, "attention log-sum-exp");
+    a.x2 = take(Pool::Acts, DType::BF16, {N, C}, "residual after attention");
+    a.ln2 = take(Pool::Acts, DType::BF16, {N, C}, "norm2 output");
+    a.mean2 = take(Pool::Acts, DType::F32, {N}, "norm2 mean");
+    a.rstd2 = take(Pool::Acts, DType::F32, {N}, "norm2 rstd");
+    a.fc = take(Pool::Acts, DType::BF16, {N, FC}, "MLP pre-activation");
+    a.act = take(Pool::Acts, DType::BF16, {N, F}, "MLP activation");
+  }
+  tmp_ = take(Pool::Acts, DType::BF16, {N, C}, "projection output");
+  x_final_ = take(Pool::Acts, DType::BF16, {N, C}, "final residual");
+  lnf_ = take(Pool::Acts, DType::BF16, {N, C}, "final norm output");
+  meanf_ = take(Pool::Acts, DType::F32, {N}, "final norm mean");
+  rstdf_ = take(Pool::Acts, DType::F32, {N}, "final norm rstd");
+  logits_ = take(Pool::Acts, DType::BF16, {N, V}, "logits / dlogits");
+  losses_ = take(Pool::Acts, DType::F32, {N}, "per-token losses");
+  tokens_ = take(Pool::Acts, DType::I32, {N}, "tokens");
+  targets_ = take(Pool::Acts, DType::I32, {N}, "targets");
+  dres_ = take(Pool::Acts, DType::BF16, {N, C}, "residual gradient");
+  dln_ = take(Pool::Acts, DType::BF16, {N, C}, "norm output gradient");
+  datt_ = take(Pool::Acts, DType::BF16, {N, C}, "attention output gradient");
+  dq_ = take(Pool::Acts, DType::BF16, {N, C}, "dq");
+  dk_ = take(Pool::Acts, DType::BF16, {N, KVD}, "dk");
+  dv_ = take(Pool::Acts, DType::BF16, {N, KVD}, "dv");
+  dfc_ = take(Pool::Acts, DType::BF16, {N, FC}, "MLP pre-activation gradient");
+  dact_ = take(Pool::Acts, DType::BF16, {N, F}, "MLP activation gradient");
+}
+
+CudaModel::Param CudaModel::param(const std::string& name, bool required) const {
+  const train::ParamTensor* t = layout_.find(name);
+  if (!t) {
+    if (required) throw RuntimeError(fmt::format("cuda model: no parameter '{}'", name));
+    return {};
+  }
+  auto shaped = [&](const TensorView& flat, DType dt, size_t elem) {
+    void* p = static_cast<char*>(flat.data) + size_t(t->offset) * elem;
+    return t->shape.size() == 2 ? TensorView(p, dt, Device::CUDA, {t->shape[0], t->shape[1]})
+                                : TensorView(p, dt, Device::CUDA, {t->shape[0]});
+  };
+  return {shaped(weights_, DType::BF16, 2), shaped(grads_, DType::F32, 4)};
+}
+
+ExecContext CudaModel::ctx() const {
+  ExecContext c;
+  c.stream = stream_;
+  c.scratch = scratch_.get();
+  return c;
+}
+
+// ---- host copies --------------------------------------------------------------------------
+
+void CudaModel::set_params(const float* host) {
+  const size_t bytes = size_t(layout_.total) * 4;
+  CUDA_CHECK(cudaMemcpyAsync(master_.data, host, bytes, cudaMemcpyHostToDevice, stream_));
+  kernels::cast_f32_to_bf16(weights_.data, master_.ptr<float>(), layout_.total, stream_);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::get_params(float* host) const {
+  CUDA_CHECK(cudaMemcpyAsync(host, master_.data, size_t(layout_.total) * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::set_moments(const float* m, const float* v) {
+  const size_t bytes = size_t(layout_.total) * 4;
+  for (auto [dst, src] : {std::pair{&m_, m}, std::pair{&v_, v}}) {
+    if (src)
+      CUDA_CHECK(cudaMemcpyAsync(dst->data, src, bytes, cudaMemcpyHostToDevice, stream_));
+    else
+      CUDA_CHECK(cudaMemsetAsync(dst->data, 0, bytes, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::get_moments(float* m, float* v) const {
+  const size_t bytes = size_t(layout_.total) * 4;
+  CUDA_CHECK(cudaMemcpyAsync(m, m_.data, bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(v, v_.data, bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::get_grads(float* host) const {
+  CUDA_CHECK(cudaMemcpyAsync(host, grads_.data, size_t(layout_.total) * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::zero_grad() {
+  CUDA_CHECK(cudaMemsetAsync(grads_.data, 0, grads_.nbytes(), stream_));
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+void CudaModel::norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                             const TensorView& res_out, const TensorView& inp, const TensorView& residual,
+                             const NormParams& p, int64_t N) {
+  turbo::NormForwardArgs a;
+  a.type = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
+  a.out = out.slice0(0, N);
+  if (spec_.layernorm) a.mean = mean.slice0(0, N);
+  a.rstd = rstd.slice0(0, N);
+  a.inp = inp.slice0(0, N);
+  if (residual.defined()) {
+    a.residual = residual.slice0(0, N);
+    a.residual_out = res_out.slice0(0, N);
+  }
+  a.weight = p.weight.w;
+  a.bias = p.bias.w;
+  a.eps = static_cast<float>(spec_.norm_epsilon);
+  a.ctx = ctx();
+  ops_.norm_forward(a);
+}
+
+void CudaModel::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss,
+                        int64_t slot) {
+  const int64_t N = B * T;
+  if (B > opt_.max_batch || T > opt_.max_seq || B < 1 || T < 1) {
+    throw RuntimeError(fmt::format("cuda model: batch {}x{} exceeds the buffers ({}x{})", B, T, opt_.max_batch,
+                                   opt_.max_seq));
+  }
+  if (slot < 0 || slot >= opt_.loss_slots) {
+    throw RuntimeError(fmt::format("cuda model: loss slot {} out of range (0..{})", slot, opt_.loss_slots - 1));
+  }
+  if (!targets) throw RuntimeError("cuda model: forward needs targets (the loss is fused with the head)");
+  NvtxRange range("forward");
+  B_ = B;
+  T_ = T;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
+  const ExecContext c = ctx();
+  CUDA_CHECK(cudaMemcpyAsync(tokens_.data, tokens, size_t(N) * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(targets_.data, targets, size_t(N) * 4, cudaMemcpyHostToDevice, stream_));
+
+  {
+    turbo::EmbeddingArgs e;
+    e.out = view(layers_[0].x_in, {B, T, C});
+    e.tokens = view(tokens_, {B, T});
+    e.wte = wte_.w;
+    e.wpe = wpe_.w;
+    e.ctx = c;
+    turbo::embedding_forward(e);
+  }
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    NvtxRange lr(fmt::format("layer {} fwd", l).c_str());
+    LayerActs& a = layers_[l];
+    const LayerParams& p = params_[l];
+    if (l == 0) {
+      norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
+    } else {  // x_in = x2 of the layer below + its MLP output (in tmp_), fused with norm1
+      norm_forward(a.ln1, a.mean1, a.rstd1, a.x_in, tmp_, layers_[l - 1].x2, p.norm1, N);
+    }
+    const TensorView ln1 = a.ln1.slice0(0, N);
+    const TensorView& wqkv = p.qkv_w.w;
+    const TensorView& bqkv = p.qkv_b.w;
+    auto part = [](const TensorView& t, int64_t b, int64_t e) { return t.defined() ? t.slice0(b, e) : TensorView(); };
+    ops_.linear_forward(a.q.slice0(0, N), ln1, wqkv.slice0(0, C), part(bqkv, 0, C), {}, c);
+    ops_.linear_forward(a.k.slice0(0, N), ln1, wqkv.slice0(C, C + KVD), part(bqkv, C, C + KVD), {}, c);
+    ops_.linear_forward(a.v.slice0(0, N), ln1, wqkv.slice0(C + KVD, C + 2 * KVD), part(bqkv, C + KVD, C + 2 * KVD), {},
+                        c);
+    const TensorView q4 = view(a.q, {B, T, H, D}), k4 = view(a.k, {B, T, KV, D}), v4 = view(a.v, {B, T, KV, D});
+    if (spec_.rope) {  // in place: only the rotated q and k are needed later
+      for (const TensorView* x : {&q4, &k4}) {
+        turbo::RopeArgs r;
+        r.out = *x;
+        r.inp = *x;
+        r.table = rope_table_;
+        r.base = spec_.rotary_base;
+        r.ctx = c;
+        turbo::rope(r);
+      }
+    }
+    AttentionCall at;
+    at.out = view(a.att, {B, T, H, D});
+    at.lse = view(a.lse, {B, H, T});
+    at.q = q4;
+    at.k = k4;
+    at.v = v4;
+    at.scale = scale;
+    at.ctx = c;
+    ops_.attention_forward(at);
+    ops_.linear_forward(tmp_.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, p.proj_b.w, {}, c);
+    norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, tmp_, a.x_in, p.norm2, N);
+    if (spec_.swiglu) {
+      ops_.linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
+      turbo::activation_forward({turbo::Activation::SwiGLU, a.act.slice0(0, N), a.fc.slice0(0, N), c});
+    } else {  // GELU fused into the GEMM epilogue; fc keeps the pre-activation for the backward
+      ops_.linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
+    }
+    ops_.linear_forward(tmp_.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
+  }
+  {
+    NvtxRange hr("head + loss");
+    norm_forward(lnf_, meanf_, rstdf_, x_final_, tmp_, layers_.back().x2, final_norm_, N);
+    const TensorView logits = logits_.slice0(0, N);
+    ops_.linear_forward(logits, lnf_.slice0(0, N), head_.w, {}, {}, c);
+    turbo::CrossEntropyArgs ce;
+    ce.logits = logits;
+    if (dloss != 0.0f) ce.dlogits = logits;  // in place: no second [N,V] buffer
+    ce.losses = losses_.slice0(0, N);
+    ce.targets = targets_.slice0(0, N);
+    ce.vocab = spec_.vocab_size;
+    ce.dloss = dloss;
+    ce.ctx = c;
+    ops_.cross_entropy(ce);
+    turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), losses_.slice0(0, N), c);
+  }
+  have_grad_logits_ = dloss != 0.0f;
+}
+
+// ---- backward -----------------------------------------------------------------------------
+
+void CudaModel::norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp,
+                              const TensorView& mean, const TensorView& rstd, const NormParams& p, int64_t N,
+                              bool accumulate) {
+  turbo::NormBackwardArgs a;
+  a.type = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
+  a.dinp = dres.slice0(0, N);
+  a.dweight = p.weight.g;
+  a.dbias = p.bias.g;
+  a.dout = dout.slice0(0, N);
+  a.inp = inp.slice0(0, N);
+  a.weight = p.weight.w;
+  if (spec_.layernorm) a.mean = mean.slice0(0, N);
+  a.rstd = rstd.slice0(0, N);
+  a.accumulate_dinp = accumulate;
+  a.ctx = ctx();
+  ops_.norm_backward(a);
+}
+
+void CudaModel::backward() {
+  if (!have_grad_logits_) throw RuntimeError("cuda model: backward() needs a forward with dloss != 0 first");
+  have_grad_logits_ = false;
+  NvtxRange range("backward");
+  const int64_t B = B_, T = T_, N = B * T;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
+  const ExecContext c = ctx();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  {
+    NvtxRange hr("head bwd");
+    ops_.linear_backward(dln_.slice0(0, N), head_.g, {}, logits_.slice0(0, N), lnf_.slice0(0, N), head_.w, false, c);
+    // dres = d(final residual): the start of the residual stream's gradient.
+    norm_backward(dres_, dln_, x_final_, meanf_, rstdf_, final_norm_, N, false);
+  }
+  const TensorView dres = dres_.slice0(0, N);
+  auto part = [](const TensorView& t, int64_t b, int64_t e) { return t.defined() ? t.slice0(b, e) : TensorView(); };
+  for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
+    NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
+    LayerActs& a = layers_[l];
+    const LayerParams& p = params_[l];
+    // MLP: dres is the gradient of the layer output x2 + mlp(ln2(x2)).
+    const TensorView dfc = dfc_.slice0(0, N), act = a.act.slice0(0, N), fc = a.fc.slice0(0, N);
+    if (spec_.swiglu) {
+      const TensorView dact = dact_.slice0(0, N);
+      ops_.linear_backward(dact, p.out_w.g, p.out_b.g, dres, act, p.out_w.w, false, c);
+      turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
+    } else {
+      ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
+      ops_.linear_backward({}, p.out_w.g, p.out_b.g, dres, act, p.out_w.w, false, c);
+    }
+    ops_.linear_backward(dln_.slice0(0, N), p.fc_w.g, p.fc_b.g, dfc, a.ln2.slice0(0, N), p.fc_w.w, false, c);
+    norm_backward(dres_, dln_, a.x2, a.mean2, a.rstd2, p.norm2, N, true);
+    // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
+    ops_.linear_backward(datt_.slice0(0, N), p.proj_w.g, p.proj_b.g, dres, a.att.slice0(0, N), p.proj_w.w, false, c);
+    const TensorView dq4 = view(dq_, {B, T, H, D}), dk4 = view(dk_, {B, T, KV, D}), dv4 = view(dv_, {B, T, KV, D});
+    AttentionGradCall g;
+    g.dq = dq4;
+    g.dk = dk4;
+    g.dv = dv4;
+    g.dout = view(datt_, {B, T, H, D});
+    g.q = view(a.q, {B, T, H, D});
+    g.k = view(a.k, {B, T, KV, D});
+    g.v = view(a.v, {B, T, KV, D});
+    g.out = view(a.att, {B, T, H, D});
+    g.lse = view(a.lse, {B, H, T});
+    g.scale = scale;
+    g.ctx = c;
+    ops_.attention_backward(g);
+    if (spec_.rope) {
+      for (const TensorView* x : {&dq4, &dk4}) {
+        turbo::RopeArgs r;
+        r.backward = true;
+        r.out = *x;
+        r.inp = *x;
+        r.table = rope_table_;
+        r.base = spec_.rotary_base;
+        r.ctx = c;
+        turbo::rope(r);
+      }
+    }
+    const TensorView ln1 = a.ln1.slice0(0, N), dln = dln_.slice0(0, N);
+    const TensorView &wqkv = p.qkv_w.w, &gw = p.qkv_w.g, &gb = p.qkv_b.g;
+    ops_.linear_backward(dln, gw.slice0(0, C), part(gb, 0, C), dq_.slice0(0, N), ln1, wqkv.slice0(0, C), false, c);
+    ops_.linear_backward(dln, gw.slice0(C, C + KVD), part(gb, C, C + KVD), dk_.slice0(0, N), ln1,
+                         wqkv.slice0(C, C + KVD), true, c);
+    ops_.linear_backward(dln, gw.slice0(C + KVD, C + 2 * KVD), part(gb, C + KVD, C + 2 * KVD), dv_.slice0(0, N), ln1,
+                         wqkv.slice0(C + KVD, C + 2 * KVD), true, c);
+    norm_backward(dres_, dln_, a.x_in, a.mean1, a.rstd1, p.norm1, N, true);
+  }
+  {
+    NvtxRange er("embedding bwd");
+    turbo::EmbeddingArgs e;
+    e.backward = true;
+    e.dwte = wte_.g;
+    e.dwpe = wpe_.g;
+    e.dout = view(dres_, {B, T, C});
+    e.tokens = view(tokens_, {B, T});
+    e.wte = wte_.w;
+    e.wpe = wpe_.w;
+    e.ctx = c;
+    turbo::embedding_backward(e);
+  }
+}
+
+// ---- optimizer ----------------------------------------------------------------------------
+
+void CudaModel::grad_norm(float max_norm) {
+  NvtxRange r("grad norm");
+  ops_.grad_norm(*adamw_, norm_, max_norm, ctx());
+}
+
+void CudaModel::update(const turbo::AdamWHyper& hp) {
+  NvtxRange r("adamw");
+  ops_.adamw(*adamw_, hp, norm_.slice0(1, 2), ctx());
+}
+
+double CudaModel::read_loss_sum(int64_t n) const {
+  n = std::min(n, opt_.loss_slots);
+  std::vector<float> sums(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpyAsync(sums.data(), loss_slots_.data, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const double tokens = static_cast<double>(B_ * T_);
+  double total = 0;
+  for (float s : sums) total += static_cast<double>(s) / tokens;
+  return total;
+}
+
+double CudaModel::read_grad_norm() const {
+  float v[2];
+  CUDA_CHECK(cudaMemcpyAsync(v, norm_.data, sizeof(v), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return v[0];
+}
+
+size_t CudaModel::reserved_bytes() const { return state_->capacity() + acts_->capacity() + scratch_->capacity(); }
+size_t CudaModel::scratch_high_water() const { return scratch_->high_water(); }
+
+}  // namespace primus::backends::cuda

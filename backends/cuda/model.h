@@ -1,0 +1,136 @@
+// The CUDA decoder: GPT-2 and Llama from one ModelSpec, llm.c style, on the device.
+//
+// Memory: everything is allocated once, in the constructor, from three device arenas, so a
+// training step never calls cudaMalloc:
+//   state        fp32 master weights, fp32 gradients, fp32 AdamW moments (each one flat buffer in
+//                train/param_layout.h order, the reference backend's layout, so checkpoints,
+//                export and generate are shared), the bf16 compute copy of the weights (same
+//                layout), the RoPE table and the optimizer's descriptor table;
+//   activations  what the backward needs, per layer, for batches up to max_batch x max_seq
+//                (bf16; norm statistics and attention log-sum-exp f32), the bf16 logits (the
+//                fused loss writes their gradient in place: no fp32 [N,V] buffer exists), and
+//                the backward's working buffers, shared by all layers;
+//   scratch      what the ops borrow inside a call (ExecContext::scratch).
+// Precision: bf16 activations and weights for compute, fp32 accumulation in every GEMM, norm
+// and loss, fp32 parameter gradients (accumulated across micro-batches), fp32 optimizer.
+//
+// One step: zero_grad(); per micro-batch forward(tokens, targets, dloss) + backward();
+// grad_norm(max_norm); read the loss and norm on the host; update(hp). All work is enqueued on
+// the model's stream; only the read_* calls synchronise.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/hooks.h"
+#include "train/model_spec.h"
+#include "train/param_layout.h"
+#include "turbo/core/arena.h"
+#include "turbo/ops/optimizer.h"
+
+namespace primus::backends::cuda {
+
+struct CudaModelOptions {
+  int64_t max_batch = 1;
+  int64_t max_seq = 0;     // 0: spec.seq_length
+  int64_t loss_slots = 1;  // forward() calls whose losses can be pending before read_loss (>= grad accumulation)
+  // Scratch reserved for the attention slot (0: enough for Turbo's flash kernels and cuDNN;
+  // the fallback needs fallback_attention_scratch_bytes).
+  size_t attention_scratch_bytes = 0;
+};
+
+class CudaModel {
+ public:
+  // Needs a current CUDA device (select_device). Throws ConfigError for shapes the kernels do
+  // not serve (hidden, head and FFN sizes must be multiples of 8, so are padded vocab rows).
+  CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, CudaOps ops);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const train::ModelSpec& spec() const { return spec_; }
+  const train::ParamLayout& layout() const { return layout_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Host <-> device copies of the flat fp32 buffers (layout().total floats each). They
+  // synchronise. set_params also refreshes the bf16 compute copy.
+  void set_params(const float* host);
+  void get_params(float* host) const;
+  void set_moments(const float* m, const float* v);  // nullptr: zeros
+  void get_moments(float* m, float* v) const;
+  void get_grads(float* host) const;
+
+  void zero_grad();
+  // tokens, targets: host int32 [B*T] (copied to the device, stream-ordered). The mean loss of
+  // this batch goes to loss slot `slot`. dloss != 0 prepares backward(): the logits are
+  // overwritten by dloss * dloss/dlogits (pass 1 / (B*T*accumulation steps)).
+  void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss, int64_t slot = 0);
+  // Accumulates parameter gradients of the last forward (which must have had dloss != 0).
+  void backward();
+  // Global gradient norm and clip factor min(1, max_norm / norm) (1 when max_norm <= 0), on the
+  // device; update() scales the gradients by the factor.
+  void grad_norm(float max_norm);
+  void update(const turbo::AdamWHyper& hp);
+
+  // Synchronising reads: the sum of the mean losses in slots [0, n), and the last grad norm.
+  double read_loss_sum(int64_t n) const;
+  double read_grad_norm() const;
+
+  // Device bytes held by the three arenas.
+  size_t reserved_bytes() const;
+  size_t scratch_high_water() const;
+
+ private:
+  // One parameter tensor: its bf16 compute weight and its f32 gradient (undefined when the
+  // model has no such tensor, e.g. biases in Llama).
+  struct Param {
+    TensorView w, g;
+  };
+  struct NormParams {
+    Param weight, bias;
+  };
+  struct LayerParams {
+    NormParams norm1, norm2;
+    Param qkv_w, qkv_b, proj_w, proj_b, fc_w, fc_b, out_w, out_b;
+  };
+  struct LayerActs {
+    TensorView x_in, ln1, mean1, rstd1, q, k, v, att, lse, x2, ln2, mean2, rstd2, fc, act;
+  };
+  template <class Take>
+  void plan(Take&& take);  // assigns every buffer; run once to count bytes, once to allocate
+  Param param(const std::string& name, bool required) const;
+  // out = norm(inp (+ residual, stored to res_out)); residual undefined: out = norm(inp).
+  void norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd, const TensorView& res_out,
+                    const TensorView& inp, const TensorView& residual, const NormParams& p, int64_t N);
+  // dres (+)= d inp, p's gradients +=.
+  void norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp, const TensorView& mean,
+                     const TensorView& rstd, const NormParams& p, int64_t N, bool accumulate);
+  ExecContext ctx() const;
+
+  train::ModelSpec spec_;
+  train::ParamLayout layout_;
+  CudaModelOptions opt_;
+  CudaOps ops_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<turbo::Arena> state_, acts_, scratch_;
+
+  // parameters (views into the state arena)
+  Param wte_, wpe_, head_;
+  NormParams final_norm_;
+  std::vector<LayerParams> params_;
+  // state
+  TensorView master_, weights_, grads_, m_, v_, rope_table_, loss_slots_, norm_;
+  // activations
+  std::vector<LayerActs> layers_;
+  TensorView tmp_, x_final_, lnf_, meanf_, rstdf_, logits_, losses_, tokens_, targets_;
+  TensorView dres_, dln_, datt_, dq_, dk_, dv_, dfc_, dact_;
+  size_t scratch_bytes_ = 0;
+
+  std::unique_ptr<turbo::MultiTensorAdamW> adamw_;
+  int64_t B_ = 0, T_ = 0;
+  bool have_grad_logits_ = false;
+};
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,259 @@
+#include "backends/cuda/trainer.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "backends/cuda/attention_fallback.h"
+#include "backends/cuda/data_setup.h"
+#include "backends/cuda/device.h"
+#include "backends/cuda/nvtx.h"
+#include "backends/cuda/param_init.h"
+#include "core/util/error.h"
+#include "io/checkpoint.h"
+#include "train/checkpointing.h"
+#include "train/lr_schedule.h"
+#include "train/signals.h"
+
+namespace primus::backends::cuda {
+
+namespace fsys = std::filesystem;
+
+namespace {
+double gib(size_t bytes) { return static_cast<double>(bytes) / double(size_t{1} << 30); }
+}  // namespace
+
+CudaTrainer::CudaTrainer(std::shared_ptr<CudaArgs> args, CudaOps ops) : args_(std::move(args)), ops_(std::move(ops)) {}
+
+void CudaTrainer::setup() {
+  auto& t = args_->train;
+  t.check_batch();
+  t.check_data();
+  select_device(args_->device);  // this thread's current device (prepare() ran on the same thread)
+  fsys::create_directories(t.output_dir);
+  if (t.exit_on_signal) train::install_exit_signal_handlers();
+  spdlog::info("[cuda] output folder {}", t.output_dir.string());
+}
+
+void CudaTrainer::init() {
+  auto& t = args_->train;
+  auto& spec = args_->model;
+  tokenizer_ = data::make_tokenizer(t.data.tokenizer);
+  if (tokenizer_->vocab_size() > spec.vocab_size) {
+    throw ConfigError(fmt::format("tokenizer '{}' has {} tokens but the model's vocab_size is {}", t.data.tokenizer,
+                                  tokenizer_->vocab_size(), spec.vocab_size));
+  }
+  data_ = build_data(t, spec);
+  if (data_.valid) valid_start_ = data_.valid->state();
+
+  CudaModelOptions mo;
+  mo.max_batch = t.micro_batch_size;
+  mo.max_seq = spec.seq_length;
+  mo.loss_slots = t.grad_accum_steps;
+  const bool fallback = args_->attention_backend == "fallback" || std::string(default_attention_name()) == "fallback";
+  if (fallback) {
+    mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
+                                                                  spec.num_attention_heads, spec.num_query_groups,
+                                                                  spec.head_dim());
+  }
+  model_ = std::make_unique<CudaModel>(spec, mo, ops_);
+  std::vector<float> params(static_cast<size_t>(model_->layout().total));
+  init_params(spec, model_->layout(), t.seed, params.data());
+  model_->set_params(params.data());
+  batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
+  inputs_.resize(t.micro_batch_size * spec.seq_length);
+  targets_.resize(inputs_.size());
+  sample_rng_.seed(t.seed + 17);
+  spdlog::info("[cuda] {} model: {} layers, hidden {}, heads {} (kv {}), vocab {}: {:.2f}M parameters; device memory "
+               "reserved {:.2f} GiB (weights, grads, optimizer, activations for micro-batch {} x {}, scratch)",
+               spec.model_type, spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.num_query_groups,
+               spec.vocab_size, spec.num_parameters() / 1e6, gib(model_->reserved_bytes()), t.micro_batch_size,
+               spec.seq_length);
+  spdlog::info("[cuda] attention: {}", fallback ? "fallback (GEMMs + softmax kernel)" : "Turbo attention op");
+
+  const fsys::path load_dir = resume_dir(t.ckpt);
+  if (!load_dir.empty()) load(load_dir);
+  progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
+                                                        t.log_interval, step_);
+}
+
+void CudaTrainer::next_batch(data::BatchIterator& it) {
+  const int64_t B = args_->train.micro_batch_size, T = args_->model.seq_length;
+  it.next_batch(static_cast<int>(B), batch_.data());
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
+    std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
+  }
+}
+
+double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
+  auto& t = args_->train;
+  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  model_->zero_grad();
+  const float dloss = static_cast<float>(1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps)));
+  for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
+    next_batch(*data_.train);
+    model_->forward(inputs_.data(), targets_.data(), B, T, dloss, micro);
+    model_->backward();
+  }
+  model_->grad_norm(static_cast<float>(t.optim.clip_grad));
+  const double loss = model_->read_loss_sum(t.grad_accum_steps) / static_cast<double>(t.grad_accum_steps);
+  const double norm = model_->read_grad_norm();
+  *grad_norm = norm;
+  *finite = std::isfinite(loss) && std::isfinite(norm);
+  if (!*finite) return loss;
+  turbo::AdamWHyper hp;
+  hp.lr = static_cast<float>(train::lr_at(t.optim, step));
+  hp.beta1 = static_cast<float>(t.optim.beta1);
+  hp.beta2 = static_cast<float>(t.optim.beta2);
+  hp.eps = static_cast<float>(t.optim.eps);
+  hp.weight_decay = static_cast<float>(t.optim.weight_decay);  // applied to tensors with decay (ParamLayout)
+  hp.step = step + 1;
+  model_->update(hp);
+  return loss;
+}
+
+double CudaTrainer::evaluate() {
+  auto& t = args_->train;
+  if (!data_.valid || t.eval_iters == 0) return NAN;
+  NvtxRange r("eval");
+  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  // Every evaluation reads the same first batches of the validation data, so values compare.
+  nlohmann::json saved = data_.valid->state();
+  data_.valid->load_state(valid_start_);
+  double sum = 0;
+  for (int64_t i = 0; i < t.eval_iters; ++i) {
+    next_batch(*data_.valid);
+    model_->forward(inputs_.data(), targets_.data(), B, T, 0.0f, 0);
+    sum += model_->read_loss_sum(1);
+  }
+  data_.valid->load_state(saved);
+  return sum / static_cast<double>(t.eval_iters);
+}
+
+nlohmann::json CudaTrainer::state_json(int64_t step) const {
+  std::ostringstream rng;
+  rng << sample_rng_;
+  nlohmann::json s = {{"step", step},
+                      {"backend", "cuda"},
+                      {"tokenizer", args_->train.data.tokenizer},
+                      {"data_train", data_.train->state()},
+                      {"rng", rng.str()},
+                      {"config", args_->params.to_json()},
+                      {"experiment", args_->experiment_file}};
+  if (data_.valid) s["data_valid"] = data_.valid->state();
+  return s;
+}
+
+void CudaTrainer::save(int64_t step) {
+  auto& t = args_->train;
+  NvtxRange r("checkpoint");
+  auto t0 = std::chrono::steady_clock::now();
+  const size_t n = static_cast<size_t>(model_->layout().total);
+  std::vector<float> params(n), m(n), v(n);
+  model_->get_params(params.data());
+  model_->get_moments(m.data(), v.data());
+  auto data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(),
+                                     state_json(step));
+  io::SaveOptions so;
+  so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
+  auto dir = io::save_checkpoint(t.ckpt.save, step, data, so);
+  last_saved_ = step;
+  spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void CudaTrainer::load(const fsys::path& dir) {
+  io::CheckpointData data = io::load_checkpoint(dir);
+  const size_t n = static_cast<size_t>(model_->layout().total);
+  std::vector<float> params(n), m(n), v(n);
+  train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), m.data(), v.data());
+  model_->set_params(params.data());
+  model_->set_moments(m.data(), v.data());
+  const auto& s = data.state;
+  try {
+    step_ = s.at("step").get<int64_t>();
+    data_.train->load_state(s.at("data_train"));
+    if (data_.valid && s.contains("data_valid")) data_.valid->load_state(s.at("data_valid"));
+    std::istringstream rng(s.at("rng").get<std::string>());
+    rng >> sample_rng_;
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(fmt::format("checkpoint {}: trainer_state.json is incomplete: {}", dir.string(), e.what()));
+  }
+  last_saved_ = step_;
+  spdlog::info("[checkpoint] resumed from {} at step {}", dir.string(), step_);
+}
+
+void CudaTrainer::train() {
+  auto& t = args_->train;
+  const double tokens_per_step = static_cast<double>(t.global_batch_size * args_->model.seq_length);
+  const double flops_per_token = args_->model.flops_per_token();
+  spdlog::info("[cuda] training {} steps from step {}: global batch {} x {} tokens (micro {} x {} accumulation); "
+               "{:.3g} model FLOPs per token, peak {:.3g} FLOP/s",
+               t.train_iters, step_, t.global_batch_size, args_->model.seq_length, t.micro_batch_size,
+               t.grad_accum_steps, flops_per_token, args_->peak_flops);
+  while (step_ < t.train_iters) {
+    NvtxRange r("step");
+    auto t0 = std::chrono::steady_clock::now();
+    double norm = 0;
+    bool finite = true;
+    double loss = train_step(step_, &norm, &finite);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!finite) {
+      std::string last = last_saved_ >= 0 ? io::checkpoint_dir(t.ckpt.save, last_saved_).string() : "none";
+      if (!t.skip_nan_steps) {
+        throw RuntimeError(fmt::format("non-finite loss {} or gradient norm {} at step {}; the last good checkpoint is "
+                                       "{} (set skip_nan_steps: true to skip such steps)",
+                                       loss, norm, step_ + 1, last));
+      }
+      spdlog::warn("step {}: non-finite loss {} / grad norm {}: step skipped (skip_nan_steps)", step_ + 1, loss, norm);
+    }
+    ++step_;
+    const size_t used = device_memory().used;
+    peak_used_bytes_ = std::max(peak_used_bytes_, used);
+    train::StepStats st;
+    st.step = step_;
+    st.loss = loss;
+    st.lr = train::lr_at(t.optim, step_ - 1);
+    st.grad_norm = norm;
+    st.tokens = tokens_per_step;
+    st.seconds = secs;
+    st.skipped = !finite;
+    const double flops = secs > 0 ? flops_per_token * tokens_per_step / secs : 0.0;
+    st.extras.push_back({"tflops", flops / 1e12});
+    if (args_->peak_flops > 0) st.extras.push_back({"mfu", flops / args_->peak_flops});
+    st.extras.push_back({"mem_gib", gib(used)});
+    progress_->step(st);
+    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || step_ == t.train_iters)) {
+      double vl = evaluate();
+      if (std::isfinite(vl)) progress_->eval(step_, vl);
+    }
+    bool stop = train::exit_requested();
+    if ((t.ckpt.save_interval > 0 && step_ % t.ckpt.save_interval == 0) || step_ == t.train_iters || stop) {
+      save(step_);
+    }
+    if (stop) {
+      spdlog::info("[signal] received signal {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true "
+                   "(or load={})",
+                   train::exit_signal(), step_, t.ckpt.save.string(), t.ckpt.save.string());
+      return;
+    }
+  }
+  spdlog::info("[cuda] peak device memory in use {:.2f} GiB (of which {:.2f} GiB reserved by the model's arenas)",
+               gib(peak_used_bytes_), gib(model_->reserved_bytes()));
+  if (!t.sample_prompt.empty() && t.sample_tokens > 0) {
+    spdlog::info("[sample] the cuda backend does not sample yet; the checkpoint is shared with the reference "
+                 "backend: primus generate --checkpoint {} --prompt '{}'",
+                 t.ckpt.save.string(), t.sample_prompt);
+  }
+}
+
+void CudaTrainer::cleanup(bool on_error) {
+  if (progress_) progress_->flush();
+  if (on_error) spdlog::error("[cuda] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
+}
+
+}  // namespace primus::backends::cuda

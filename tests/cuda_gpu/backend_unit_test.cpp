@@ -1,0 +1,130 @@
+// What the CUDA backend does without a GPU (label unit, runs everywhere): it registers with its
+// schema, hook slots and patches; its init draws the reference backend's weights bit for bit;
+// the MFU peak table; and through the real binary, a train run with no device fails with
+// "no CUDA device" (exit 3) while config errors stay exit 2.
+#include <gtest/gtest.h>
+
+#include "backends/cuda/device.h"
+#include "backends/cuda/hooks.h"
+#include "backends/cuda/param_init.h"
+#include "backends/cuda/register.h"
+#include "backends/reference/model.h"
+#include "core/backend/backend.h"
+#include "core/patches/registry.h"
+#include "tests/e2e/cli_runner.h"
+#include "turbo/core/cuda_check.h"
+
+namespace primus::backends::cuda {
+namespace {
+
+train::ModelSpec small_spec(bool llama) {
+  train::ModelSpec m;
+  m.model_type = llama ? "llama" : "gpt2";
+  m.vocab_size = 250;
+  m.padded_vocab_size = 256;  // padded rows must come out zero on both sides
+  m.seq_length = 16;
+  m.num_layers = 3;
+  m.hidden_size = 32;
+  m.num_attention_heads = 4;
+  m.num_query_groups = llama ? 2 : 4;
+  m.ffn_hidden_size = 64;
+  m.layernorm = !llama;
+  m.swiglu = llama;
+  m.rope = llama;
+  m.untied = llama;
+  m.bias = !llama;
+  return m;
+}
+
+TEST(CudaBackendUnit, InitDrawsTheReferenceWeightsBitForBit) {
+  for (bool llama : {false, true}) {
+    const train::ModelSpec spec = small_spec(llama);
+    reference::GptModel<float> ref(spec, 1, spec.seq_length);
+    ref.init_weights(77);
+    std::vector<float> ours(ref.params.size(), -1.0f);
+    init_params(spec, ref.layout(), 77, ours.data());
+    EXPECT_EQ(ours, ref.params) << spec.model_type;
+    std::vector<float> other(ours.size());
+    init_params(spec, ref.layout(), 78, other.data());
+    EXPECT_NE(other, ours) << "the seed must matter";
+  }
+}
+
+TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
+  BackendRegistry backends;
+  patches::PatchRegistry reg;
+  register_backend(backends, reg);
+  ASSERT_TRUE(backends.has("cuda"));
+  auto adapter = backends.create("cuda");
+  EXPECT_EQ(adapter->version(), kVersion);
+  for (const char* key : {"device", "recompute_granularity", "cuda_graph", "attention_backend", "peak_flops",
+                          "hidden_size", "micro_batch_size", "lr", "mock_data"}) {
+    EXPECT_NE(adapter->schema().find(key), nullptr) << key;
+  }
+  patches::HookTable hooks;
+  adapter->define_hooks(hooks);
+  for (const char* slot : {kAttentionForward, kAttentionBackward, kLinearForward, kLinearBackward,
+                           kLinearBackwardDGelu, kNormForward, kNormBackward, kCrossEntropy, kGradNorm, kAdamWStep}) {
+    EXPECT_TRUE(hooks.has(slot)) << slot;
+    EXPECT_FALSE(hooks.doc(slot).empty()) << slot;
+  }
+  EXPECT_EQ(hooks.names().size(), 10u);
+  for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
+                         "cuda.runtime.peak_flops", "cuda.attention.fallback"}) {
+    const patches::Patch* p = reg.find(id);
+    ASSERT_NE(p, nullptr) << id;
+    EXPECT_EQ(p->backend, "cuda") << id;
+    EXPECT_FALSE(p->description.empty()) << id;
+    EXPECT_TRUE(!p->slots.empty() || !p->logic.empty()) << id << ": the inventory must say what it changes";
+  }
+  EXPECT_EQ(reg.find("cuda.attention.fallback")->slots,
+            (std::vector<std::string>{kAttentionForward, kAttentionBackward}));
+  // Every slot default can be read back with the signature the model uses.
+  CudaOps ops = CudaOps::from(hooks);
+  EXPECT_TRUE(ops.attention_forward && ops.attention_backward && ops.linear_forward && ops.adamw);
+}
+
+TEST(CudaBackendUnit, PeakTableCoversTheDataCentreGpus) {
+  EXPECT_EQ(peak_bf16_flops("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(peak_bf16_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(peak_bf16_flops("NVIDIA H200"), 989e12);
+  EXPECT_EQ(peak_bf16_flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(peak_bf16_flops("NVIDIA GeForce RTX 4090"), 0.0);
+}
+
+std::string example_args(const std::string& extra) {
+  return "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
+         "/examples/cuda/gpt2-124M-shakespeare.yaml " + extra;
+}
+
+TEST(CudaBackendUnit, TrainWithoutDeviceFailsClearlyWithExit3) {
+  if (turbo::cuda_device_count_or_zero() > 0) GTEST_SKIP() << "this machine has a CUDA device";
+  primus::testing::Workdir w;
+  auto r = primus::testing::run_primus(example_args("train_iters=2 workspace=" + w.str()));
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("no CUDA device"), std::string::npos) << r.out;
+}
+
+TEST(CudaBackendUnit, NotYetImplementedOptionsAreConfigErrors) {
+  primus::testing::Workdir w;
+  for (const char* opt : {"recompute_granularity=full", "cuda_graph=true"}) {
+    auto r = primus::testing::run_primus(example_args(std::string("--dry-run ") + opt + " workspace=" + w.str()));
+    EXPECT_EQ(r.code, 2) << opt << "\n" << r.out;
+    EXPECT_NE(r.out.find("not implemented yet"), std::string::npos) << opt << "\n" << r.out;
+  }
+  auto ok = primus::testing::run_primus(example_args("--dry-run workspace=" + w.str()));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("cuda.runtime.peak_flops"), std::string::npos) << ok.out;
+}
+
+TEST(CudaBackendUnit, PatchInventoryListsTheCudaPatches) {
+  auto r = primus::testing::run_primus("patches list --backend cuda");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* id : {"cuda.args.grad_accum", "cuda.runtime.peak_flops", "cuda.attention.fallback"})
+    EXPECT_NE(r.out.find(id), std::string::npos) << id << "\n" << r.out;
+  auto b = primus::testing::run_primus("backends");
+  EXPECT_NE(b.out.find("cuda"), std::string::npos) << b.out;
+}
+
+}  // namespace
+}  // namespace primus::backends::cuda
