@@ -3,7 +3,7 @@
 # checks (Hugging Face parity of `primus export hf`) and, once backends/cuda exists, the
 # side-by-side training benchmark against ../shared/bench/torch_anchor.py; a short table last.
 # Build here first (scripts/gpu_prepare.sh fills the carried folders), then on the device:
-#   run(command="scripts/gpu_run.sh", carry=[".carry", ".carry-turbo", ".carry-attn"])
+#   run(command="scripts/gpu_run.sh", carry=[".carry", ".carry-turbo", ".carry-attn", ".carry-cuda"])
 # Writes everything under $OUT (device tool) or /tmp/primus-gpu-out.
 set -u
 cd "$(dirname "$0")/.."
@@ -34,6 +34,14 @@ fi
 if [ -d .carry-attn ] && [ -x bench/attention/run_on_gpu.sh ]; then
   OUT="$OUT/attention" CARRY=.carry-attn bench/attention/run_on_gpu.sh > "$OUT/attention.log" 2>&1
   summary+=("attention: $(grep -E 'PASSED|FAILED' "$OUT/attention/tests.log" 2>/dev/null | tail -2 | tr '\n' ' ')")
+fi
+
+# 4. The CUDA backend: correctness vs the reference backend, then training side by side with
+#    ../shared/bench/torch_anchor.py (copied into .carry-cuda).
+if [ -d .carry-cuda ] && [ -f bench/train/run_on_gpu.sh ]; then
+  OUT="$OUT/train" CARRY=.carry-cuda bash bench/train/run_on_gpu.sh > "$OUT/train.log" 2>&1
+  summary+=("cuda backend: $(grep -E 'PASSED|FAILED|rc=' "$OUT/train/tests.log" 2>/dev/null | tail -2 | tr '\n' ' ')")
+  tail -12 "$OUT/train.log"
 fi
 
 echo
