@@ -8,6 +8,7 @@ anchor (higher is better).
 
 Usage: merge_attention.py --ours ours.jsonl --torch torch.jsonl --date 2026-11-22
                           --commit abc1234 --out bench/results/attention.jsonl [--append]
+                          [--rename OLD=NEW ...]
 """
 import argparse, json
 
@@ -22,6 +23,8 @@ def main():
     for k in ("ours", "torch", "date", "commit", "out"):
         ap.add_argument("--" + k, required=True)
     ap.add_argument("--append", action="store_true")
+    ap.add_argument("--rename", action="append", default=[],
+                    help="OLD=NEW: record backend OLD of this run as NEW (e.g. when a default kernel changed after the run)")
     a = ap.parse_args()
     ours, torch_rows = load(a.ours), load(a.torch)
     meta_o = next(r for r in ours if r.get("meta"))  # (a file may hold several invocations' meta lines)
@@ -29,9 +32,11 @@ def main():
     anchor = {r["case"]: r for r in torch_rows if not r.get("meta")}
     lines = []
     by_case = {}
+    renames = dict(x.split("=", 1) for x in a.rename)
     for r in ours:
         if r.get("meta") or "error" in r:
             continue
+        r["backend"] = renames.get(r["backend"], r["backend"])
         by_case.setdefault(r["case"], []).append(r)
     for case, rows in by_case.items():
         t = anchor.get(case)
