@@ -136,14 +136,15 @@ void read_torchrun(const EnvLookup& env, DistEnv& d) {
   read_master(env, d);
 }
 
-void read_slurm(const EnvLookup& env, DistEnv& d) {
+// Returns the variable the node's task count came from, for error messages.
+std::string read_slurm(const EnvLookup& env, DistEnv& d) {
   d.source = "slurm";
   d.world_size = get_int(env, "SLURM_NTASKS", 1);
   d.rank = get_int(env, "SLURM_PROCID", 0);
   d.node_rank = env("SLURM_NODEID") ? get_int(env, "SLURM_NODEID", 0) : 0;
   d.local_rank = env("SLURM_LOCALID") ? get_int(env, "SLURM_LOCALID", 0) : 0;
   const char* per_node_vars[] = {"SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
-  bool found = false;
+  std::string per_node_var;
   for (const char* var : per_node_vars) {
     auto v = env(var);
     if (!v) continue;
@@ -156,10 +157,13 @@ void read_slurm(const EnvLookup& env, DistEnv& d) {
       throw ConfigError(fmt::format("SLURM_NODEID={} but {}='{}' lists {} nodes", d.node_rank, var, *v,
                                     counts.size()));
     }
-    found = true;
+    per_node_var = var;
     break;
   }
-  if (!found) d.local_world_size = d.world_size;
+  if (per_node_var.empty()) {  // no per-node count: one node
+    d.local_world_size = d.world_size;
+    per_node_var = "SLURM_NTASKS";
+  }
   for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
     if (auto v = env(var)) {
       d.master_addr = first_host(*v, var);
@@ -172,6 +176,7 @@ void read_slurm(const EnvLookup& env, DistEnv& d) {
                                              10000);
   }
   read_master(env, d);  // explicit MASTER_ADDR / MASTER_PORT win over what Slurm implies
+  return per_node_var;
 }
 
 void check_consistent(const DistEnv& d, const std::string& rank_var, const std::string& world_var,
@@ -267,8 +272,8 @@ DistEnv read_dist_env(const EnvLookup& env) {
     read_torchrun(env, d);
     check_consistent(d, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
-    read_slurm(env, d);
-    check_consistent(d, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "tasks per node");
+    std::string per_node_var = read_slurm(env, d);
+    check_consistent(d, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", per_node_var);
   } else {
     read_master(env, d);
   }

@@ -221,9 +221,9 @@ class Supervisor {
       spec.path = o_.exec;
       spec.argv.push_back(o_.exec);
       spec.argv.insert(spec.argv.end(), o_.args.begin(), o_.args.end());
-      // GROUP_RANK would win over NODE_RANK in the ranks (launch_env.h); an outer launcher's
-      // value is not ours.
-      spec.env = environment_with(rank_environment(o_, local), {"GROUP_RANK"});
+      // An outer launcher's GROUP_RANK would win over our NODE_RANK (launch_env.h), and its
+      // agent-store flag would move our store's port: neither describes these ranks.
+      spec.env = environment_with(rank_environment(o_, local), {"GROUP_RANK", "TORCHELASTIC_USE_AGENT_STORE"});
       if (!o_.log_dir.empty()) {
         r.log_file = (std::filesystem::path(o_.log_dir) / fmt::format("rank_{}.log", r.rank)).string();
         spec.log_file = r.log_file;
@@ -232,9 +232,12 @@ class Supervisor {
       try {
         c = spawn_child(spec);
       } catch (...) {
-        failed_ = -2;  // not a rank's failure: stop the ranks already started, then rethrow
+        // Not a rank's failure but the launcher's (a log file it cannot open, fork failing):
+        // take down the ranks already started, then report.
         for (auto& started : ranks_) {
-          if (started.running) ::kill(-started.pid, SIGKILL), ::waitpid(started.pid, nullptr, 0);
+          if (!started.running) continue;
+          ::kill(-started.pid, SIGKILL);
+          ::waitpid(started.pid, nullptr, 0);
         }
         throw;
       }

@@ -154,7 +154,7 @@ TEST(LaunchEnv, ErrorsNameTheVariable) {
       {"SLURM_JOB_NODELIST", "unbalanced"});
   expect_error<ConfigError>(
       [] { read({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "3"}, {"SLURM_NTASKS_PER_NODE", "2"}}); },
-      {"SLURM_LOCALID=3"});
+      {"SLURM_LOCALID=3", "SLURM_NTASKS_PER_NODE=2"});
 }
 
 TEST(Hostlist, Expansion) {

@@ -1,4 +1,4 @@
-// The rendezvous store across threads and processes: values arrive intact, counters are atomic,
+// The rendezvous store across threads (processes: tcp_store_process_test.cpp): values arrive intact, counters are atomic,
 // barriers hold everyone back, and every wait ends: in an error that names the missing key or
 // ranks when the timeout passes, or in a lost-connection error when the server goes away.
 #include <gtest/gtest.h>
@@ -11,33 +11,13 @@
 #include <thread>
 
 #include "dist/store_protocol.h"
-#include "dist/tcp_store.h"
 #include "tests/core/test_util.h"
+#include "tests/dist/store_test_util.h"
 
 namespace primus::dist {
 namespace {
 
 using primus::testing::expect_error;
-using Ms = std::chrono::milliseconds;
-
-std::string random_bytes(std::mt19937& rng, size_t n) {
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(rng());  // includes '\0' and bytes >= 0x80
-  return s;
-}
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// A server store on a free port plus a way to open more clients to it.
-class StoreTest : public ::testing::Test {
- protected:
-  void SetUp() override { server_ = std::make_unique<TcpStore>("127.0.0.1", 0, true, Ms(5000)); }
-  std::unique_ptr<TcpStore> client(Ms timeout = Ms(5000)) {
-    return std::make_unique<TcpStore>("127.0.0.1", server_->port(), false, timeout);
-  }
-  std::unique_ptr<TcpStore> server_;
-  std::mt19937 rng_{std::random_device{}()};
-};
 
 TEST_F(StoreTest, SetGetAcrossThreads) {
   constexpr int kRanks = 4;
@@ -160,30 +140,6 @@ TEST_F(StoreTest, BarrierTimeoutNamesMissingRanks) {
   }
 }
 
-// Rank 0 crashing (a process that dies without cleaning up) ends every wait on it at once.
-TEST(TcpStore, HostCrashIsAnErrorNotAHang) {
-  int pipefd[2];
-  ASSERT_EQ(::pipe(pipefd), 0);
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    TcpStore host("127.0.0.1", 0, true, Ms(5000));
-    int port = host.port();
-    [[maybe_unused]] ssize_t n = ::write(pipefd[1], &port, sizeof port);
-    std::this_thread::sleep_for(Ms(200));
-    ::_exit(1);  // no destructors: the server vanishes as in a crash
-  }
-  int port = 0;
-  ASSERT_EQ(::read(pipefd[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
-  TcpStore c("127.0.0.1", port, false, Ms(10000));
-  auto t0 = Clock::now();
-  expect_error<RuntimeError>([&] { c.get("never", Ms(10000)); }, {"closed the connection", "rank 0"});
-  EXPECT_LT(seconds_since(t0), 3.0);
-  ::waitpid(pid, nullptr, 0);
-  ::close(pipefd[0]);
-  ::close(pipefd[1]);
-}
-
 // A host destroyed normally stays up while a client still uses it: the last rank out of a
 // barrier may still be talking to the store when rank 0 leaves.
 TEST_F(StoreTest, HostOutlivesItsClients) {
@@ -240,42 +196,6 @@ TEST_F(StoreTest, GarbageFromOneClientHarmsNoOther) {
   EXPECT_EQ(::recv(raw.get(), &b, 1, 0), 0) << "the server should close a connection that sends garbage";
   EXPECT_EQ(good->get("k"), "v");
   EXPECT_EQ(client()->add("n", 2), 2);
-}
-
-// Real processes: the parent hosts the store, forked children rendezvous through it the way
-// ranks exchange the NCCL id, then report through a counter.
-TEST_F(StoreTest, AcrossProcesses) {
-  constexpr int kChildren = 3;
-  std::string id = random_bytes(rng_, 128);
-  std::vector<pid_t> pids;
-  for (int r = 1; r <= kChildren; ++r) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int rc = 0;
-      try {
-        TcpStore s("127.0.0.1", server_->port(), false, Ms(5000));
-        s.barrier("start", r, kChildren + 1);
-        if (s.get("nccl_id") != id) rc = 1;
-        s.add("matched", rc == 0 ? 1 : 0);
-        s.barrier("end", r, kChildren + 1);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "child %d: %s\n", r, e.what());
-        rc = 2;
-      }
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  server_->set("nccl_id", id);
-  server_->barrier("start", 0, kChildren + 1);
-  server_->barrier("end", 0, kChildren + 1);
-  EXPECT_EQ(server_->get("matched"), std::to_string(kChildren));
-  for (pid_t pid : pids) {
-    int st = 0;
-    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
-  }
 }
 
 TEST(StoreWire, ReaderRejectsTruncatedMessages) {
