@@ -134,17 +134,18 @@ int main(int argc, char** argv) {
     bench::fill_random(v.data, dt, v.numel(), 3, 1.0f);
     bench::fill_random(dout.data, dt, dout.numel(), 4, 1.0f);
     std::vector<std::vector<float>> first;  // out, dq, dk, dv of the first backend, for the cross-check
-    // TURBO runs its default kernels (on sm_90: pipelined wgmma forward, wgmma backward); as
-    // "TURBO_SM90_SIMPLE" the wgmma forward without the softmax/GEMM overlap; as "TURBO_SM90_WS"
-    // the warp-specialised TMA forward; as "TURBO_SM80" the mma.sync kernels both ways.
+    // TURBO runs its default kernels (on sm_90: the TMA warp-specialised wgmma forward, the wgmma
+    // backward); as "TURBO_SM90_PIPE" the cp.async-fed pipelined wgmma forward; as
+    // "TURBO_SM90_SIMPLE" the wgmma forward without the softmax/GEMM overlap; as "TURBO_SM80" the
+    // mma.sync kernels both ways.
     struct Variant {
       const char* name;
       BackendType be;
       const char* kernel;
     };
     for (const Variant& var : {Variant{"CUDNN", BackendType::CUDNN, ""}, Variant{"TURBO", BackendType::TURBO, ""},
+                               Variant{"TURBO_SM90_PIPE", BackendType::TURBO, "sm90pipe"},
                                Variant{"TURBO_SM90_SIMPLE", BackendType::TURBO, "sm90"},
-                               Variant{"TURBO_SM90_WS", BackendType::TURBO, "sm90ws"},
                                Variant{"TURBO_SM80", BackendType::TURBO, "sm80"}}) {
       // A variant left out is skipped, except CUDNN, which still runs once (untimed, unreported)
       // as the cross-check reference of the others.

@@ -2,8 +2,9 @@
 """Joins primus_attention_bench's and torch_sdpa.py's results of ONE device run into
 bench/results/attention.jsonl lines in DESIGN.md's Measurements format: for every case and
 metric (fwd_tflops, bwd_tflops), one line per backend (CUDNN; TURBO with its default kernels;
-TURBO_SM90_SIMPLE = wgmma forward without the softmax/GEMM overlap; TURBO_SM90_WS = the TMA
-warp-specialised forward; TURBO_SM80 = the mma.sync kernels) and one for the best dispatchable one (what autotune would pick), each against torch SDPA of the same case; ratio = ours /
+TURBO_SM90_WS = the TMA warp-specialised forward; TURBO_SM90_PIPE = the cp.async-fed pipelined
+wgmma forward; TURBO_SM90_SIMPLE = the wgmma forward without the softmax/GEMM overlap;
+TURBO_SM80 = the mma.sync kernels) and one for the best dispatchable one (what autotune would pick), each against torch SDPA of the same case; ratio = ours /
 anchor (higher is better).
 
 Usage: merge_attention.py --ours ours.jsonl --torch torch.jsonl --date 2026-11-22

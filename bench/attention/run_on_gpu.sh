@@ -4,8 +4,9 @@
 # Run from the repository root with the carried folder (default .carry-attn) holding
 # test_attention_gpu.gz, test_attention_host.gz, primus_attention_bench.gz and libgomp.so.1.
 # Results go to $OUT: env.txt, tests.log, ours.jsonl, torch.jsonl, bench.log.
-# STAGE=tests|bench|all (default all); ONLY=<case substring> limits the benchmark;
-# GTEST_FILTER is passed through to the GPU tests.
+# STAGE=tests|bench|all (default all); ONLY=<case substring> and VARIANTS=<A,B,...> limit the
+# benchmark; GTEST_FILTER is passed through to the GPU tests. (Run 4 ran a new kernel's tests and
+# bench in separate processes with GTEST_FILTER / VARIANTS, so a hang could not cost the rest.)
 set -u
 CARRY=${CARRY:-.carry-attn}
 OUT=${OUT:-/tmp/attn-out}
@@ -35,23 +36,16 @@ cat "$OUT/env.txt"
 STAGE=${STAGE:-all}
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
   timeout 60 "$BIN/test_attention_host" --gtest_brief=1 > "$OUT/tests.log" 2>&1
-  # The warp-specialised forward (sm90ws) runs in its own process, so a fault or hang there
-  # cannot take the other results with it.
   CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG=stderr timeout ${TEST_TIMEOUT:-300} "$BIN/test_attention_gpu" \
-    --gtest_brief=1 --gtest_filter="${GTEST_FILTER:-*}:-*sm90ws*" >> "$OUT/tests.log" 2>&1
+    --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >> "$OUT/tests.log" 2>&1
   echo "test rc=$?" >> "$OUT/tests.log"
-  timeout ${WS_TIMEOUT:-90} "$BIN/test_attention_gpu" --gtest_brief=1 --gtest_filter="*sm90ws*" >> "$OUT/tests.log" 2>&1
-  echo "test (sm90ws) rc=$?" >> "$OUT/tests.log"
   grep -v "^\[cudnn\|^ *i!" "$OUT/tests.log" | tail -60
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   rm -f "$OUT/ours.jsonl"
   timeout ${BENCH_TIMEOUT:-200} "$BIN/primus_attention_bench" --out "$OUT/ours.jsonl" ${ONLY:+--only $ONLY} \
-    --variants CUDNN,TURBO,TURBO_SM90_SIMPLE,TURBO_SM80 > "$OUT/bench.log" 2>&1
+    ${VARIANTS:+--variants $VARIANTS} > "$OUT/bench.log" 2>&1
   echo "bench rc=$?" >> "$OUT/bench.log"
-  timeout ${WS_TIMEOUT:-90} "$BIN/primus_attention_bench" --out "$OUT/ours.jsonl" ${ONLY:+--only $ONLY} \
-    --variants TURBO_SM90_WS >> "$OUT/bench.log" 2>&1
-  echo "bench (sm90ws) rc=$?" >> "$OUT/bench.log"
   PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-200} python3 bench/attention/torch_sdpa.py --out "$OUT/torch.jsonl" \
     ${ONLY:+--only $ONLY} >> "$OUT/bench.log" 2>&1
   echo "torch rc=$?" >> "$OUT/bench.log"

@@ -27,9 +27,9 @@ constexpr double kGateMaxRel = 2e-2;  // worst element against the reference's s
 
 struct Param {
   BackendType backend;
-  const char* kernel;  // TURBO kernels: "" (default: pipelined wgmma forward, wgmma backward on
-                       // sm_90), "sm90" (unpipelined wgmma forward), "sm90ws" (TMA + producer warp
-                       // forward) or "sm80" (mma.sync both ways)
+  const char* kernel;  // TURBO kernels: "" (default on sm_90: TMA warp-specialised wgmma forward,
+                       // wgmma backward), "sm90pipe" (cp.async-fed pipelined wgmma forward), "sm90"
+                       // (unpipelined wgmma forward) or "sm80" (mma.sync both ways)
   DType dtype;
   bool causal;
   int64_t KVH;  // with H = 4
@@ -184,8 +184,8 @@ std::vector<Param> dense_params() {
   };
   const Be backends[] = {{BackendType::CUDNN, ""},
                          {BackendType::TURBO, ""},
+                         {BackendType::TURBO, "sm90pipe"},
                          {BackendType::TURBO, "sm90"},
-                         {BackendType::TURBO, "sm90ws"},
                          {BackendType::TURBO, "sm80"}};
   std::vector<Param> ps;
   for (const Be& be : backends)
@@ -244,7 +244,7 @@ class AttnGpuVarlen : public AttnGpu, public ::testing::WithParamInterface<const
   }
 };
 TEST_P(AttnGpuVarlen, MatchesReference) { check(); }
-INSTANTIATE_TEST_SUITE_P(Kernels, AttnGpuVarlen, ::testing::Values("", "sm90ws", "sm80"),
+INSTANTIATE_TEST_SUITE_P(Kernels, AttnGpuVarlen, ::testing::Values("", "sm90pipe", "sm80"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            return std::string(*i.param ? i.param : "default");
                          });

@@ -272,8 +272,8 @@ FwdKernel flash_forward_kernel() {
   const char* env = std::getenv("PRIMUS_TURBO_ATTN_KERNEL");
   if ((env && std::strcmp(env, "sm80") == 0) || !flash_forward_sm90_available()) return FwdKernel::Sm80;
   if (env && std::strcmp(env, "sm90") == 0) return FwdKernel::Sm90;
-  if (env && std::strcmp(env, "sm90ws") == 0) return FwdKernel::Sm90Ws;
-  return FwdKernel::Sm90Pipe;
+  if (env && std::strcmp(env, "sm90pipe") == 0) return FwdKernel::Sm90Pipe;
+  return FwdKernel::Sm90Ws;
 }
 
 void flash_attention_forward(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k,

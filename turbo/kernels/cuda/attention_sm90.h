@@ -15,9 +15,9 @@ bool flash_forward_sm90_available();
 //   Sm90      wgmma, cp.async loads, each tile's GEMMs and softmax one after the other
 //   Sm90Pipe  wgmma, cp.async loads, softmax of tile j overlapping the P V product of tile j-1
 //   Sm90Ws    Sm90Pipe's loop on two consumer warpgroups fed by a TMA producer warp
-// Default: Sm90Pipe where the device is sm_90, else Sm80. PRIMUS_TURBO_ATTN_KERNEL=sm80 | sm90 |
-// sm90pipe | sm90ws asks for one (sm90* fall back to sm80 on other devices); tests and
-// benchmarks use it to cover and compare all of them.
+// Default: Sm90Ws where the device is sm_90 (Sm90Pipe where TMA cannot be set up), else Sm80.
+// PRIMUS_TURBO_ATTN_KERNEL=sm80 | sm90 | sm90pipe | sm90ws asks for one (sm90* fall back to sm80
+// on other devices); tests and benchmarks use it to cover and compare all of them.
 enum class FwdKernel { Sm80, Sm90, Sm90Pipe, Sm90Ws };
 FwdKernel flash_forward_kernel();
 
