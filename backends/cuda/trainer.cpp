@@ -32,6 +32,11 @@ void CudaTrainer::setup() {
   auto& t = args_->train;
   t.check_batch();
   t.check_data();
+  if (t.data_parallel_size != 1) {
+    throw ConfigError(fmt::format("data_parallel_size {}: data parallelism (NCCL) is not implemented yet in the cuda "
+                                  "backend (use 1)",
+                                  t.data_parallel_size));
+  }
   select_device(args_->device);  // this thread's current device (prepare() ran on the same thread)
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
@@ -225,7 +230,8 @@ void CudaTrainer::train() {
     const double flops = secs > 0 ? flops_per_token * tokens_per_step / secs : 0.0;
     st.extras.push_back({"tflops", flops / 1e12});
     if (args_->peak_flops > 0) st.extras.push_back({"mfu", flops / args_->peak_flops});
-    st.extras.push_back({"mem_gib", gib(used)});
+    st.extras.push_back({"mem_gib", gib(used)});                       // device-wide, CUDA context included
+    st.extras.push_back({"arena_gib", gib(model_->reserved_bytes())});  // the model's own tensors
     progress_->step(st);
     if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || step_ == t.train_iters)) {
       double vl = evaluate();

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# One device call for the CUDA backend: its GPU correctness tests, then GPT-2 124M training with
+# primus (mock data, T=1024, micro-batch 16) and the PyTorch anchor (torch.compile, same shape)
+# back to back on the same GPU. Writes $OUT/train.jsonl (DESIGN.md "Measurements") and prints a
+# short table last. Every stage runs under `timeout`; the whole call stays under 6 minutes.
+#
+# Run from the repository root with the carried folder (default .carry-cuda, filled by
+# bench/train/prepare_carry.sh) holding primus.gz, test_cuda_gpu.gz, libgomp.so.1,
+# torch_anchor.py and commit.txt:
+#   run(command="bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
+# Results in $OUT: env.txt, tests.log, train.log, metrics.jsonl, anchor.json, train.jsonl.
+# STEPS (default 30) and MEASURE (default 20: the last steps averaged) change the training run.
+set -u
+CARRY=${CARRY:-.carry-cuda}
+OUT=${OUT:-/tmp/cuda-out}
+BIN=/tmp/cuda-bin
+STEPS=${STEPS:-30}
+MEASURE=${MEASURE:-20}
+PEAK=989e12
+mkdir -p "$OUT" "$BIN"
+for f in "$CARRY"/*.gz; do
+  gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"
+done
+cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
+
+# cuBLASLt 13: the toolkit's, else the one in PyTorch's nvidia wheel (as bench/ops/run_on_gpu.sh).
+lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13 /usr/lib/x86_64-linux-gnu/libcublasLt.so.13 2>/dev/null | head -1)
+if [ -z "$lt" ]; then
+  lt=$(python3 -c "import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], 'lib', 'libcublasLt.so.13'))" 2>/dev/null)
+fi
+# cuDNN 9: the one PyTorch loads (its wheel), else any on the system (as bench/attention/run_on_gpu.sh).
+cudnn_dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
+if [ -z "$cudnn_dir" ] || [ ! -e "$cudnn_dir/libcudnn.so.9" ]; then
+  cudnn_dir=$(dirname "$(find /usr /opt -name 'libcudnn.so.9' 2>/dev/null | head -1)")
+fi
+export LD_LIBRARY_PATH=$BIN:$(dirname "${lt:-/nonexistent/x}"):${cudnn_dir:-/nonexistent}:${LD_LIBRARY_PATH:-}
+export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2  # the binary runs from $BIN, not from a build tree
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
+{
+  date -u +%Y-%m-%dT%H:%MZ
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv,noheader
+  echo "commit $COMMIT"
+  echo "cublasLt=$lt cudnn_dir=$cudnn_dir"
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1
+  ldd "$BIN/primus" | grep -E "not found|cublas|cudnn|gomp"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+# 1. Correctness: attention slots, step-0 loss and gradients, 50-step curves vs the reference.
+# The fallback and the default attention run in separate processes, so a device fault in one
+# (which poisons its CUDA context) cannot fail the other's tests.
+: > "$OUT/tests.log"
+timeout 50 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
+rc_fallback=$?
+timeout 50 "$BIN/test_cuda_gpu" --gtest_filter='*Default*' >> "$OUT/tests.log" 2>&1
+rc_default=$?
+echo "test rc: fallback $rc_fallback, default $rc_default" >> "$OUT/tests.log"
+grep -E "^\[(gpt2|llama)|FAILED|PASSED|rc:" "$OUT/tests.log" | tail -30
+# Train with the default attention unless only the fallback passed its tests.
+ATTN=auto
+if [ "$rc_default" != 0 ] && [ "$rc_fallback" = 0 ]; then
+  ATTN=fallback
+  echo "the default attention failed its tests: training with attention_backend=fallback"
+fi
+
+# 2. Ours: GPT-2 124M, mock data, micro-batch 16 x 1024, no accumulation, no eval.
+WS=/tmp/primus-train-ws
+rm -rf "$WS"
+timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
+  mock_data=true train_iters="$STEPS" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
+  lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 \
+  attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train.log" 2>&1
+echo "train rc=$?" >> "$OUT/train.log"
+tail -12 "$OUT/train.log"
+cp "$WS"/*/*/bench/metrics.jsonl "$OUT/metrics.jsonl" 2>/dev/null
+rm -rf "$WS"  # the 124M checkpoint (1.5 GB) stays on the machine
+
+# 3. The anchor: PyTorch, torch.compile, same model and batch.
+timeout 150 python3 "$CARRY/torch_anchor.py" --model gpt2-124M --batch 16 --mode compile \
+  > "$OUT/anchor.json" 2> "$OUT/anchor.err"
+echo "anchor rc=$?" >> "$OUT/anchor.err"
+tail -3 "$OUT/anchor.err"
+
+# 4. train.jsonl and the table.
+python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" <<'EOF'
+import json, os, sys, datetime
+out, device, commit, measure, peak, attn = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+ours, anchor = {}, {}
+try:
+    steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"tokens_per_s"' in l]
+    last = steps[-measure:]
+    secs = sum(s["step_s"] for s in last)
+    tokens = sum(s["tokens_per_s"] * s["step_s"] for s in last)
+    flops = sum(s["tflops"] * 1e12 * s["step_s"] for s in last)
+    ours = {"tokens_per_s": tokens / secs, "step_ms": 1e3 * secs / len(last), "mfu": flops / secs / peak,
+            "tensor_mem_gib": max(s["arena_gib"] for s in steps), "device_mem_gib": max(s["mem_gib"] for s in steps),
+            "loss": steps[-1]["loss"], "steps": len(last)}
+except Exception as e:
+    print("ours: no measurement:", e)
+try:
+    a = json.loads(open(os.path.join(out, "anchor.json")).read().strip().splitlines()[-1])
+    anchor = {"tokens_per_s": a["tok_s"], "step_ms": a["step_ms"], "mfu": a["mfu"], "tensor_mem_gib": a["mem_gib"],
+              "loss": a.get("loss"), "name": a["anchor"] + " torch.compile"}
+except Exception as e:
+    print("anchor: no measurement:", e)
+date = datetime.date.today().isoformat()
+case = "gpt2-124M/b16/t1024/mock" + ("" if attn == "auto" else "/attention-" + attn)
+rows = []
+# ratio = ours / anchor, higher is better: times and memory are inverted.
+for metric, higher_better in [("tokens_per_s", True), ("mfu", True), ("step_ms", False), ("tensor_mem_gib", False)]:
+    o, n = ours.get(metric), anchor.get(metric)
+    r = None
+    if o and n:
+        r = o / n if higher_better else n / o
+    rows.append({"bench": "train", "case": case, "device": device, "date": date, "commit": commit, "metric": metric,
+                 "ours": o, "anchor": n, "anchor_name": anchor.get("name", "pytorch torch.compile"),
+                 "ratio": round(r, 4) if r else None})
+with open(os.path.join(out, "train.jsonl"), "w") as f:
+    for r in rows:
+        f.write(json.dumps(r) + "\n")
+print(f"\n==== train: GPT-2 124M, B=16, T=1024, mock data, mean of the last {ours.get('steps', '?')} steps, {device}")
+print("  tensor_mem_gib: ours = the model's device arenas (sized for the batch, scratch included), "
+      "anchor = torch.cuda.max_memory_allocated; ours with CUDA context and libraries:", ours.get("device_mem_gib"))
+print(f"  {'metric':<14}{'ours':>14}{'anchor':>14}{'ratio':>10}")
+for r in rows:
+    fmt = lambda v: "-" if v is None else (f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}")
+    print(f"  {r['metric']:<14}{fmt(r['ours']):>14}{fmt(r['anchor']):>14}{fmt(r['ratio']):>10}")
+print(f"  final loss: ours {ours.get('loss')}, anchor {anchor.get('loss')} (random tokens: ~ln(50257) = 10.8)")
+EOF
