@@ -13,10 +13,20 @@ summary=()
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 
 # 1. Hugging Face parity of exported checkpoints (CPU; transformers is on the GPU machine).
-if [ -x .carry/bin/primus ]; then
+#    The primus binary: .carry/bin/primus, else the CUDA build carried in .carry-cuda.
+source scripts/gpu_env.sh
+PRIMUS_BIN=.carry/bin/primus
+if [ ! -x "$PRIMUS_BIN" ] && [ -f .carry-cuda/primus.gz ]; then
+  mkdir -p /tmp/primus-bin && gunzip -c .carry-cuda/primus.gz > /tmp/primus-bin/primus && chmod +x /tmp/primus-bin/primus
+  cp .carry-cuda/lib*.so* /tmp/primus-bin/ 2>/dev/null
+  export LD_LIBRARY_PATH=/tmp/primus-bin:$LD_LIBRARY_PATH
+  PRIMUS_BIN=/tmp/primus-bin/primus
+fi
+export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2
+if [ -x "$PRIMUS_BIN" ] && [ -d .carry/ckpt ]; then
   for ck in .carry/ckpt/*/; do
     name=$(basename "$ck")
-    if python3 tests/reference/hf_parity.py .carry/bin/primus "$ck" "/tmp/hfp-$name" > "$OUT/hf_parity_$name.json" 2> "$OUT/hf_parity_$name.err"; then
+    if python3 tests/reference/hf_parity.py "$PRIMUS_BIN" "$ck" "/tmp/hfp-$name" > "$OUT/hf_parity_$name.json" 2> "$OUT/hf_parity_$name.err"; then
       summary+=("hf parity $name: PASS $(cat "$OUT/hf_parity_$name.json" | head -c 300)")
     else
       summary+=("hf parity $name: FAIL (see hf_parity_$name.json/.err)"); tail -5 "$OUT/hf_parity_$name.err"
@@ -25,13 +35,15 @@ if [ -x .carry/bin/primus ]; then
 fi
 
 # 2. Turbo op tests and benchmarks (ours and torch in this same call).
-if [ -d .carry-turbo ] && [ -x bench/ops/run_on_gpu.sh ]; then
+# RUN_OPS=0 skips stages 2 and 3 (when their results in bench/results are from this commit).
+RUN_OPS=${RUN_OPS:-1}
+if [ "$RUN_OPS" = 1 ] && [ -d .carry-turbo ] && [ -x bench/ops/run_on_gpu.sh ]; then
   OUT="$OUT/turbo" CARRY=.carry-turbo bench/ops/run_on_gpu.sh > "$OUT/turbo.log" 2>&1
   summary+=("turbo: $(grep -E 'PASSED|FAILED' "$OUT/turbo/tests.log" 2>/dev/null | tail -2 | tr '\n' ' ')")
 fi
 
 # 3. Attention tests and benchmark.
-if [ -d .carry-attn ] && [ -x bench/attention/run_on_gpu.sh ]; then
+if [ "$RUN_OPS" = 1 ] && [ -d .carry-attn ] && [ -x bench/attention/run_on_gpu.sh ]; then
   OUT="$OUT/attention" CARRY=.carry-attn bench/attention/run_on_gpu.sh > "$OUT/attention.log" 2>&1
   summary+=("attention: $(grep -E 'PASSED|FAILED' "$OUT/attention/tests.log" 2>/dev/null | tail -2 | tr '\n' ' ')")
 fi
