@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backends/cuda/kernels/cast.h"
 #include "backends/cuda/nvtx.h"
@@ -49,11 +50,6 @@ class BufferPlan {
   Arena *state_, *acts_;
 };
 
-// A view of the first n rows of a [max, ...] buffer with a new shape.
-TensorView view(const TensorView& buf, std::initializer_list<int64_t> shape) {
-  return TensorView(buf.data, buf.dtype, Device::CUDA, shape);
-}
-
 void check_shapes(const train::ModelSpec& s) {
   auto need8 = [](int64_t v, const char* what) {
     if (v % 8 != 0) {
@@ -81,29 +77,39 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   check_shapes(spec_);
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  host_ = opt_.device == Device::CPU;
+  act_ = host_ ? DType::F32 : DType::BF16;
+  if (!host_) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 
   BufferPlan count(nullptr, nullptr);
   plan(count);
   const size_t table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
                                 Arena::kDefaultAlign);
   const int64_t N = opt_.max_batch * opt_.max_seq, C = spec_.hidden_size;
-  // Scratch: the largest single borrow of any op (they borrow one at a time, in stream order).
+  // Scratch: the largest single borrow of any op (they borrow one at a time, in stream order),
+  // plus the attention's. On the host only the fallback attention borrows.
   // (the optimizer's chunks hold at least 256 elements each)
-  const size_t chunks_bound = size_t(layout_.total / 256) + layout_.tensors.size() + 1;
-  scratch_bytes_ = std::max({turbo::cuda::norm_backward_scratch_bytes(N, C), turbo::cuda::embedding_backward_scratch_bytes(N),
-                             turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
-                             size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4});
+  if (!host_) {
+    const size_t chunks_bound = size_t(layout_.total / 256) + layout_.tensors.size() + 1;
+    scratch_bytes_ = std::max({turbo::cuda::norm_backward_scratch_bytes(N, C),
+                               turbo::cuda::embedding_backward_scratch_bytes(N),
+                               turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
+                               size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4});
+  }
   const int64_t H = spec_.num_attention_heads;
   scratch_bytes_ += opt_.attention_scratch_bytes > 0
                         ? opt_.attention_scratch_bytes
                         : size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);  // flash dq (f32) / cuDNN workspace
   scratch_bytes_ = round_up(scratch_bytes_, size_t{1} << 20);
-  state_ = turbo::make_device_arena(count.state_bytes + table + Arena::kDefaultAlign);
-  acts_ = turbo::make_device_arena(count.acts_bytes + Arena::kDefaultAlign);
-  scratch_ = turbo::make_device_arena(scratch_bytes_);
+  auto make_arena = [this](size_t bytes) {
+    return host_ ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
+  };
+  state_ = make_arena(count.state_bytes + table + Arena::kDefaultAlign);
+  acts_ = make_arena(count.acts_bytes + Arena::kDefaultAlign);
+  scratch_ = make_arena(scratch_bytes_);
   BufferPlan take(state_.get(), acts_.get());
   plan(take);
+  if (host_) weights_ = master_;  // fp32 compute on the master weights themselves
 
   // Parameter views into the flat buffers.
   wte_ = param("embedding.weight", true);
@@ -131,7 +137,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   for (const auto& t : layout_.tensors) {
     turbo::AdamWTensor a;
     a.master = master_.slice0(t.offset, t.offset + t.numel);
-    a.model = weights_.slice0(t.offset, t.offset + t.numel);
+    if (!host_) a.model = weights_.slice0(t.offset, t.offset + t.numel);
     a.grad = grads_.slice0(t.offset, t.offset + t.numel);
     a.m = m_.slice0(t.offset, t.offset + t.numel);
     a.v = v_.slice0(t.offset, t.offset + t.numel);
@@ -139,10 +145,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     ts.push_back(a);
   }
   adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
-  if (spec_.rope) turbo::rope_build_table(rope_table_, spec_.rotary_base, ctx());
+  if (spec_.rope && !host_) turbo::rope_build_table(rope_table_, spec_.rotary_base, ctx());
   set_moments(nullptr, nullptr);
   zero_grad();
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync();
 }
 
 CudaModel::~CudaModel() {
@@ -161,46 +167,50 @@ void CudaModel::plan(Take&& take) {
   grads_ = take(Pool::State, DType::F32, {P}, "fp32 gradients");
   m_ = take(Pool::State, DType::F32, {P}, "AdamW first moments");
   v_ = take(Pool::State, DType::F32, {P}, "AdamW second moments");
-  weights_ = take(Pool::State, DType::BF16, {P}, "bf16 weights");
-  if (spec_.rope) rope_table_ = take(Pool::State, DType::F32, {spec_.seq_length, spec_.head_dim() / 2, 2}, "RoPE table");
+  if (!host_) weights_ = take(Pool::State, DType::BF16, {P}, "bf16 weights");
+  if (spec_.rope && !host_) rope_table_ = take(Pool::State, DType::F32, {spec_.seq_length, spec_.head_dim() / 2, 2}, "RoPE table");
   loss_slots_ = take(Pool::State, DType::F32, {opt_.loss_slots}, "loss sums");
   norm_ = take(Pool::State, DType::F32, {2}, "grad norm and clip factor");
 
   layers_.resize(spec_.num_layers);
   for (auto& a : layers_) {
-    a.x_in = take(Pool::Acts, DType::BF16, {N, C}, "layer input (residual stream)");
-    a.ln1 = take(Pool::Acts, DType::BF16, {N, C}, "norm1 output");
+    a.x_in = take(Pool::Acts, act_, {N, C}, "layer input (residual stream)");
+    a.ln1 = take(Pool::Acts, act_, {N, C}, "norm1 output");
     a.mean1 = take(Pool::Acts, DType::F32, {N}, "norm1 mean");
     a.rstd1 = take(Pool::Acts, DType::F32, {N}, "norm1 rstd");
-    a.q = take(Pool::Acts, DType::BF16, {N, C}, "q");
-    a.k = take(Pool::Acts, DType::BF16, {N, KVD}, "k");
-    a.v = take(Pool::Acts, DType::BF16, {N, KVD}, "v");
-    a.att = take(Pool::Acts, DType::BF16, {N, C}, "attention output");
+    a.q = take(Pool::Acts, act_, {N, C}, "q");
+    a.k = take(Pool::Acts, act_, {N, KVD}, "k");
+    a.v = take(Pool::Acts, act_, {N, KVD}, "v");
+    a.att = take(Pool::Acts, act_, {N, C}, "attention output");
     a.lse = take(Pool::Acts, DType::F32, {N * H}, "attention log-sum-exp");
-    a.x2 = take(Pool::Acts, DType::BF16, {N, C}, "residual after attention");
-    a.ln2 = take(Pool::Acts, DType::BF16, {N, C}, "norm2 output");
+    a.x2 = take(Pool::Acts, act_, {N, C}, "residual after attention");
+    a.ln2 = take(Pool::Acts, act_, {N, C}, "norm2 output");
     a.mean2 = take(Pool::Acts, DType::F32, {N}, "norm2 mean");
     a.rstd2 = take(Pool::Acts, DType::F32, {N}, "norm2 rstd");
-    a.fc = take(Pool::Acts, DType::BF16, {N, FC}, "MLP pre-activation");
-    a.act = take(Pool::Acts, DType::BF16, {N, F}, "MLP activation");
+    a.fc = take(Pool::Acts, act_, {N, FC}, "MLP pre-activation");
+    a.act = take(Pool::Acts, act_, {N, F}, "MLP activation");
   }
-  tmp_ = take(Pool::Acts, DType::BF16, {N, C}, "projection output");
-  x_final_ = take(Pool::Acts, DType::BF16, {N, C}, "final residual");
-  lnf_ = take(Pool::Acts, DType::BF16, {N, C}, "final norm output");
+  tmp_ = take(Pool::Acts, act_, {N, C}, "projection output");
+  x_final_ = take(Pool::Acts, act_, {N, C}, "final residual");
+  lnf_ = take(Pool::Acts, act_, {N, C}, "final norm output");
   meanf_ = take(Pool::Acts, DType::F32, {N}, "final norm mean");
   rstdf_ = take(Pool::Acts, DType::F32, {N}, "final norm rstd");
-  logits_ = take(Pool::Acts, DType::BF16, {N, V}, "logits / dlogits");
+  logits_ = take(Pool::Acts, act_, {N, V}, "logits / dlogits");
   losses_ = take(Pool::Acts, DType::F32, {N}, "per-token losses");
   tokens_ = take(Pool::Acts, DType::I32, {N}, "tokens");
   targets_ = take(Pool::Acts, DType::I32, {N}, "targets");
-  dres_ = take(Pool::Acts, DType::BF16, {N, C}, "residual gradient");
-  dln_ = take(Pool::Acts, DType::BF16, {N, C}, "norm output gradient");
-  datt_ = take(Pool::Acts, DType::BF16, {N, C}, "attention output gradient");
-  dq_ = take(Pool::Acts, DType::BF16, {N, C}, "dq");
-  dk_ = take(Pool::Acts, DType::BF16, {N, KVD}, "dk");
-  dv_ = take(Pool::Acts, DType::BF16, {N, KVD}, "dv");
-  dfc_ = take(Pool::Acts, DType::BF16, {N, FC}, "MLP pre-activation gradient");
-  dact_ = take(Pool::Acts, DType::BF16, {N, F}, "MLP activation gradient");
+  dres_ = take(Pool::Acts, act_, {N, C}, "residual gradient");
+  dln_ = take(Pool::Acts, act_, {N, C}, "norm output gradient");
+  datt_ = take(Pool::Acts, act_, {N, C}, "attention output gradient");
+  dq_ = take(Pool::Acts, act_, {N, C}, "dq");
+  dk_ = take(Pool::Acts, act_, {N, KVD}, "dk");
+  dv_ = take(Pool::Acts, act_, {N, KVD}, "dv");
+  if (spec_.rope) {  // RoPE's backward reads the attention's dq/dk and writes dq_/dk_
+    dq_rot_ = take(Pool::Acts, act_, {N, C}, "dq (rotated)");
+    dk_rot_ = take(Pool::Acts, act_, {N, KVD}, "dk (rotated)");
+  }
+  dfc_ = take(Pool::Acts, act_, {N, FC}, "MLP pre-activation gradient");
+  dact_ = take(Pool::Acts, act_, {N, F}, "MLP activation gradient");
 }
 
 CudaModel::Param CudaModel::param(const std::string& name, bool required) const {
@@ -209,12 +219,43 @@ CudaModel::Param CudaModel::param(const std::string& name, bool required) const 
     if (required) throw RuntimeError(fmt::format("cuda model: no parameter '{}'", name));
     return {};
   }
-  auto shaped = [&](const TensorView& flat, DType dt, size_t elem) {
-    void* p = static_cast<char*>(flat.data) + size_t(t->offset) * elem;
-    return t->shape.size() == 2 ? TensorView(p, dt, Device::CUDA, {t->shape[0], t->shape[1]})
-                                : TensorView(p, dt, Device::CUDA, {t->shape[0]});
+  auto shaped = [&](const TensorView& flat) {
+    void* p = static_cast<char*>(flat.data) + size_t(t->offset) * turbo::dtype_size(flat.dtype);
+    return t->shape.size() == 2 ? TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1]})
+                                : TensorView(p, flat.dtype, flat.device, {t->shape[0]});
   };
-  return {shaped(weights_, DType::BF16, 2), shaped(grads_, DType::F32, 4)};
+  return {shaped(weights_), shaped(grads_)};
+}
+
+TensorView CudaModel::view(const TensorView& buf, std::initializer_list<int64_t> shape) const {
+  return TensorView(buf.data, buf.dtype, buf.device, shape);
+}
+
+void CudaModel::to_model(void* dst, const void* src, size_t bytes) const {
+  if (host_)
+    std::memcpy(dst, src, bytes);
+  else
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaModel::from_model(void* dst, const void* src, size_t bytes) const {
+  if (host_) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaModel::zero(const TensorView& t) const {
+  if (host_)
+    std::memset(t.data, 0, t.nbytes());
+  else
+    CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
+}
+
+void CudaModel::sync() const {
+  if (!host_) CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 ExecContext CudaModel::ctx() const {
@@ -227,43 +268,31 @@ ExecContext CudaModel::ctx() const {
 // ---- host copies --------------------------------------------------------------------------
 
 void CudaModel::set_params(const float* host) {
-  const size_t bytes = size_t(layout_.total) * 4;
-  CUDA_CHECK(cudaMemcpyAsync(master_.data, host, bytes, cudaMemcpyHostToDevice, stream_));
-  kernels::cast_f32_to_bf16(weights_.data, master_.ptr<float>(), layout_.total, stream_);
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  to_model(master_.data, host, master_.nbytes());
+  if (!host_) kernels::cast_f32_to_bf16(weights_.data, master_.ptr<float>(), layout_.total, stream_);
+  sync();
 }
 
-void CudaModel::get_params(float* host) const {
-  CUDA_CHECK(cudaMemcpyAsync(host, master_.data, size_t(layout_.total) * 4, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
+void CudaModel::get_params(float* host) const { from_model(host, master_.data, master_.nbytes()); }
 
 void CudaModel::set_moments(const float* m, const float* v) {
-  const size_t bytes = size_t(layout_.total) * 4;
   for (auto [dst, src] : {std::pair{&m_, m}, std::pair{&v_, v}}) {
     if (src)
-      CUDA_CHECK(cudaMemcpyAsync(dst->data, src, bytes, cudaMemcpyHostToDevice, stream_));
+      to_model(dst->data, src, dst->nbytes());
     else
-      CUDA_CHECK(cudaMemsetAsync(dst->data, 0, bytes, stream_));
+      zero(*dst);
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync();
 }
 
 void CudaModel::get_moments(float* m, float* v) const {
-  const size_t bytes = size_t(layout_.total) * 4;
-  CUDA_CHECK(cudaMemcpyAsync(m, m_.data, bytes, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(v, v_.data, bytes, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  from_model(m, m_.data, m_.nbytes());
+  from_model(v, v_.data, v_.nbytes());
 }
 
-void CudaModel::get_grads(float* host) const {
-  CUDA_CHECK(cudaMemcpyAsync(host, grads_.data, size_t(layout_.total) * 4, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
+void CudaModel::get_grads(float* host) const { from_model(host, grads_.data, grads_.nbytes()); }
 
-void CudaModel::zero_grad() {
-  CUDA_CHECK(cudaMemsetAsync(grads_.data, 0, grads_.nbytes(), stream_));
-}
+void CudaModel::zero_grad() { zero(grads_); }
 
 // ---- forward ------------------------------------------------------------------------------
 
@@ -304,8 +333,8 @@ void CudaModel::forward(const int32_t* tokens, const int32_t* targets, int64_t B
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
   const ExecContext c = ctx();
-  CUDA_CHECK(cudaMemcpyAsync(tokens_.data, tokens, size_t(N) * 4, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(targets_.data, targets, size_t(N) * 4, cudaMemcpyHostToDevice, stream_));
+  to_model(tokens_.data, tokens, size_t(N) * 4);
+  to_model(targets_.data, targets, size_t(N) * 4);
 
   {
     turbo::EmbeddingArgs e;
@@ -440,9 +469,11 @@ void CudaModel::backward() {
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
     ops_.linear_backward(datt_.slice0(0, N), p.proj_w.g, p.proj_b.g, dres, a.att.slice0(0, N), p.proj_w.w, false, c);
     const TensorView dq4 = view(dq_, {B, T, H, D}), dk4 = view(dk_, {B, T, KV, D}), dv4 = view(dv_, {B, T, KV, D});
+    // With RoPE the attention's gradients are those of the rotated q/k; the rotation's backward
+    // then writes dq_/dk_ (out of place: the reference backend's RoPE cannot run in place).
     AttentionGradCall g;
-    g.dq = dq4;
-    g.dk = dk4;
+    g.dq = spec_.rope ? view(dq_rot_, {B, T, H, D}) : dq4;
+    g.dk = spec_.rope ? view(dk_rot_, {B, T, KV, D}) : dk4;
     g.dv = dv4;
     g.dout = view(datt_, {B, T, H, D});
     g.q = view(a.q, {B, T, H, D});
@@ -454,11 +485,11 @@ void CudaModel::backward() {
     g.ctx = c;
     ops_.attention_backward(g);
     if (spec_.rope) {
-      for (const TensorView* x : {&dq4, &dk4}) {
+      for (auto [dx, dx_rot] : {std::pair{dq4, g.dq}, std::pair{dk4, g.dk}}) {
         turbo::RopeArgs r;
         r.backward = true;
-        r.out = *x;
-        r.inp = *x;
+        r.out = dx;
+        r.inp = dx_rot;
         r.table = rope_table_;
         r.base = spec_.rotary_base;
         r.ctx = c;
@@ -504,8 +535,7 @@ void CudaModel::update(const turbo::AdamWHyper& hp) {
 double CudaModel::read_loss_sum(int64_t n) const {
   n = std::min(n, opt_.loss_slots);
   std::vector<float> sums(static_cast<size_t>(n));
-  CUDA_CHECK(cudaMemcpyAsync(sums.data(), loss_slots_.data, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  from_model(sums.data(), loss_slots_.data, size_t(n) * 4);
   const double tokens = static_cast<double>(B_ * T_);
   double total = 0;
   for (float s : sums) total += static_cast<double>(s) / tokens;
@@ -514,8 +544,7 @@ double CudaModel::read_loss_sum(int64_t n) const {
 
 double CudaModel::read_grad_norm() const {
   float v[2];
-  CUDA_CHECK(cudaMemcpyAsync(v, norm_.data, sizeof(v), cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  from_model(v, norm_.data, sizeof(v));
   return v[0];
 }
 

@@ -17,6 +17,10 @@
 // One step: zero_grad(); per micro-batch forward(tokens, targets, dloss) + backward();
 // grad_norm(max_norm); read the loss and norm on the host; update(hp). All work is enqueued on
 // the model's stream; only the read_* calls synchronise.
+//
+// Host mode (options.device = CPU): the same code on host memory in fp32, every op served by
+// Turbo's CPU backends (the reference kernels) and the weights being the master copy. It checks
+// the model's wiring against the reference backend on machines without a GPU.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -39,11 +43,12 @@ struct CudaModelOptions {
   // Scratch reserved for the attention slot (0: enough for Turbo's flash kernels and cuDNN;
   // the fallback needs fallback_attention_scratch_bytes).
   size_t attention_scratch_bytes = 0;
+  turbo::Device device = turbo::Device::CUDA;  // CPU: host mode (fp32, no GPU needed)
 };
 
 class CudaModel {
  public:
-  // Needs a current CUDA device (select_device). Throws ConfigError for shapes the kernels do
+  // Needs a current CUDA device (select_device) unless in host mode. Throws ConfigError for shapes the kernels do
   // not serve (hidden, head and FFN sizes must be multiples of 8, so are padded vocab rows).
   CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, CudaOps ops);
   ~CudaModel();
@@ -108,11 +113,18 @@ class CudaModel {
   void norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp, const TensorView& mean,
                      const TensorView& rstd, const NormParams& p, int64_t N, bool accumulate);
   ExecContext ctx() const;
+  TensorView view(const TensorView& buf, std::initializer_list<int64_t> shape) const;  // same memory, new shape
+  void to_model(void* dst, const void* src, size_t bytes) const;    // host -> model memory, stream-ordered
+  void from_model(void* dst, const void* src, size_t bytes) const;  // model memory -> host
+  void zero(const TensorView& t) const;
+  void sync() const;
 
   train::ModelSpec spec_;
   train::ParamLayout layout_;
   CudaModelOptions opt_;
   CudaOps ops_;
+  bool host_ = false;                        // host mode
+  turbo::DType act_ = turbo::DType::BF16;    // activations and compute weights (f32 in host mode)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<turbo::Arena> state_, acts_, scratch_;
 
@@ -125,7 +137,7 @@ class CudaModel {
   // activations
   std::vector<LayerActs> layers_;
   TensorView tmp_, x_final_, lnf_, meanf_, rstdf_, logits_, losses_, tokens_, targets_;
-  TensorView dres_, dln_, datt_, dq_, dk_, dv_, dfc_, dact_;
+  TensorView dres_, dln_, datt_, dq_, dk_, dv_, dq_rot_, dk_rot_, dfc_, dact_;
   size_t scratch_bytes_ = 0;
 
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_;

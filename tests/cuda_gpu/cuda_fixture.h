@@ -1,11 +1,14 @@
-// Shared pieces of the CUDA backend's GPU tests: the tiny GPT-2 and Llama both backends train,
-// a fixture that skips without a device, bf16 rounding, and the relative L2 error.
+// Shared pieces of the CUDA backend's tests: the tiny GPT-2 and Llama both backends train, the
+// two comparisons with the reference backend (step 0: loss and every gradient; N training
+// steps: the loss curve), run on the device (bf16) or in the model's host mode (fp32 on Turbo's
+// CPU backends, no GPU needed), and a fixture that skips without a device.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/device.h"
@@ -13,50 +16,41 @@
 #include "train/model_spec.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/core/dtype.h"
+#include "turbo/core/tensor_view.h"
 
 namespace primus::backends::cuda::testing {
 
 // Tiny but not degenerate: head_dim 64 (what every attention kernel serves), two layers, the
 // Llama one with grouped-query attention (2 query heads per kv head), RoPE, SwiGLU, untied head.
-inline train::ModelSpec tiny_spec(bool llama) {
-  train::ModelSpec m;
-  m.model_type = llama ? "llama" : "gpt2";
-  m.vocab_size = 256;
-  m.padded_vocab_size = 256;
-  m.seq_length = 64;
-  m.num_layers = 2;
-  m.hidden_size = 128;
-  m.num_attention_heads = 2;
-  m.num_query_groups = llama ? 1 : 2;
-  m.ffn_hidden_size = llama ? 256 : 512;
-  m.layernorm = !llama;
-  m.swiglu = llama;
-  m.rope = llama;
-  m.rotary_base = 10000;
-  m.untied = llama;
-  m.bias = !llama;
-  m.init_method_std = 0.02;
-  return m;
-}
+train::ModelSpec tiny_spec(bool llama);
 
 inline float round_bf16(float x) { return turbo::bf16_bits_to_float(turbo::float_to_bf16_bits(x)); }
 
 // ||got - ref|| / ||ref||; infinite when got holds a NaN or inf.
-inline double rel_l2(const float* got, const float* ref, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    const double d = double(got[i]) - double(ref[i]);
-    num += d * d;
-    den += double(ref[i]) * double(ref[i]);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+double rel_l2(const float* got, const float* ref, int64_t n);
 
 // The attention implementations a model can run with: the slot's default and the fallback.
 enum class Attn { Default, Fallback };
 inline std::string attn_name(Attn a) { return a == Attn::Default ? default_attention_name() : "fallback"; }
 CudaOps ops_for(Attn a);
+
+// Step 0 of CudaModel against reference::GptModel<float> on the same weights (the reference's
+// init with init_method_std 0.1, norm weights and biases jittered so their gradients are
+// generic, all rounded to bf16 so both sides compute with identical weights) and the same
+// random batch (B = 4, T = 64). errors: ||g_cuda - g_ref|| / ||g_ref|| per parameter tensor.
+struct Step0 {
+  double loss = 0, ref_loss = 0, eval_loss = 0;
+  bool eval_kept_grads = false;  // a forward without gradient left the gradients untouched
+  std::vector<std::pair<std::string, double>> errors;
+};
+Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed);
+
+// `steps` training steps of both backends from the same bf16-representable init (seed 1234) on
+// the same tinyshakespeare batches (B = 8, T = 64, bytes) with the trainers' recipe: global-norm
+// clip 1.0, AdamW (lr 2e-3, betas 0.9/0.99, decay 0.1 on decayed tensors). Returns
+// {cuda losses, reference losses}; the reference curve is computed once per (model, steps).
+std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
+                                                                    int steps);
 
 class CudaGpuTest : public ::testing::Test {
  protected:
