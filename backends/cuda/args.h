@@ -19,6 +19,8 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   std::string attention_backend = "auto";  // auto | turbo | fallback (which slot default; see hooks.h)
   double peak_flops = 0;                   // dense bf16 FLOP/s per GPU for MFU; 0: unknown (no MFU)
   std::string device_name;                 // filled by prepare()
+  bool host_mode = false;                  // not a config key: tests run the trainer on Turbo's CPU
+                                           // backends (fp32, no GPU; see CudaModelOptions::device)
   config::Value params;                    // the resolved config, saved with checkpoints
   std::string experiment_file;
 

@@ -37,7 +37,7 @@ void CudaTrainer::setup() {
                                   "backend (use 1)",
                                   t.data_parallel_size));
   }
-  select_device(args_->device);  // this thread's current device (prepare() ran on the same thread)
+  if (!args_->host_mode) select_device(args_->device);  // this thread's device (prepare() ran on it too)
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
   spdlog::info("[cuda] output folder {}", t.output_dir.string());
@@ -58,11 +58,12 @@ void CudaTrainer::init() {
   mo.max_batch = t.micro_batch_size;
   mo.max_seq = spec.seq_length;
   mo.loss_slots = t.grad_accum_steps;
+  mo.device = args_->host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
   const bool fallback = args_->attention_backend == "fallback" || std::string(default_attention_name()) == "fallback";
   if (fallback) {
     mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
                                                                   spec.num_attention_heads, spec.num_query_groups,
-                                                                  spec.head_dim());
+                                                                  spec.head_dim(), args_->host_mode ? 4 : 2);
   }
   model_ = std::make_unique<CudaModel>(spec, mo, ops_);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
@@ -217,7 +218,7 @@ void CudaTrainer::train() {
       spdlog::warn("step {}: non-finite loss {} / grad norm {}: step skipped (skip_nan_steps)", step_ + 1, loss, norm);
     }
     ++step_;
-    const size_t used = device_memory().used;
+    const size_t used = args_->host_mode ? 0 : device_memory().used;
     peak_used_bytes_ = std::max(peak_used_bytes_, used);
     train::StepStats st;
     st.step = step_;
