@@ -51,9 +51,9 @@ cat "$OUT/env.txt"
 # The fallback and the default attention run in separate processes, so a device fault in one
 # (which poisons its CUDA context) cannot fail the other's tests.
 : > "$OUT/tests.log"
-timeout 50 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
+timeout 45 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
 rc_fallback=$?
-timeout 50 "$BIN/test_cuda_gpu" --gtest_filter='*Default*' >> "$OUT/tests.log" 2>&1
+timeout 45 "$BIN/test_cuda_gpu" --gtest_filter='*Default*' >> "$OUT/tests.log" 2>&1
 rc_default=$?
 echo "test rc: fallback $rc_fallback, default $rc_default" >> "$OUT/tests.log"
 grep -E "^\[(gpt2|llama)|FAILED|PASSED|rc:" "$OUT/tests.log" | tail -30
