@@ -96,10 +96,11 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                                turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
                                size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4});
   }
+  // Attention: what the caller says its implementation needs, and on the device at least room
+  // for Turbo's flash backward (f32 dq and row sums) and a cuDNN workspace.
   const int64_t H = spec_.num_attention_heads;
-  scratch_bytes_ += opt_.attention_scratch_bytes > 0
-                        ? opt_.attention_scratch_bytes
-                        : size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);  // flash dq (f32) / cuDNN workspace
+  const size_t turbo_attention = size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);
+  scratch_bytes_ += host_ ? opt_.attention_scratch_bytes : std::max(opt_.attention_scratch_bytes, turbo_attention);
   scratch_bytes_ = round_up(scratch_bytes_, size_t{1} << 20);
   auto make_arena = [this](size_t bytes) {
     return host_ ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);

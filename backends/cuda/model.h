@@ -40,8 +40,8 @@ struct CudaModelOptions {
   int64_t max_batch = 1;
   int64_t max_seq = 0;     // 0: spec.seq_length
   int64_t loss_slots = 1;  // forward() calls whose losses can be pending before read_loss (>= grad accumulation)
-  // Scratch reserved for the attention slot (0: enough for Turbo's flash kernels and cuDNN;
-  // the fallback needs fallback_attention_scratch_bytes).
+  // Scratch the attention slot needs (the fallback: fallback_attention_scratch_bytes). On the
+  // device the model reserves at least enough for Turbo's flash kernels and cuDNN.
   size_t attention_scratch_bytes = 0;
   turbo::Device device = turbo::Device::CUDA;  // CPU: host mode (fp32, no GPU needed)
 };
