@@ -34,7 +34,8 @@ if [ -z "$cudnn_dir" ] || [ ! -e "$cudnn_dir/libcudnn.so.9" ]; then
   cudnn_dir=$(dirname "$(find /usr /opt -name 'libcudnn.so.9' 2>/dev/null | head -1)")
 fi
 export LD_LIBRARY_PATH=$BIN:$(dirname "${lt:-/nonexistent/x}"):${cudnn_dir:-/nonexistent}:${LD_LIBRARY_PATH:-}
-export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2  # the binary runs from $BIN, not from a build tree
+# The binaries run from $BIN, away from the tree they were built in: point them at this one.
+export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2 PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
 {
