@@ -3,7 +3,8 @@
 //
 // data_path follows Megatron-LM's --data-path: one prefix ("out/shakespeare_text"), several
 // prefixes (equal weights) or weight/prefix pairs ("0.7", "a", "0.3", "b"). With split < 1
-// each dataset's first round(split * documents) documents train and the rest validate.
+// each dataset's first round(split * documents) documents train and the rest validate; when
+// valid_data_path is set, split is not used and data_path trains on all its documents.
 // train_data_path / valid_data_path instead name separate data, each a prefix or a
 // "0.7 a 0.3 b" string (e.g. the P_train / P_valid of `primus data prepare --split`).
 #pragma once
@@ -22,6 +23,7 @@ struct DataConfig {
   std::string train_data_path;  // optional; excludes data_path
   std::string valid_data_path;  // optional
   double split = 1.0;           // fraction of data_path documents used for training, (0, 1]
+                                // (ignored when valid_data_path is set)
   int seq_length = 1024;        // tokens per sample; each sample holds seq_length + 1 ids
   uint64_t seed = 1234;         // data order; valid data uses seed + 1
   bool mock_data = false;       // pseudo-random tokens instead of files

@@ -13,7 +13,9 @@ namespace primus::data {
 namespace {
 constexpr uint64_t kMaxBlock = uint64_t{1} << 24;
 constexpr uint64_t kTagDocs = 1, kTagSamples = 2;
-constexpr size_t kCacheEntries = 4;
+// A block of samples spans at most two epochs, so two of each keep a forward reader from
+// rebuilding; each epoch costs 12 bytes per document.
+constexpr size_t kCacheEntries = 2;
 
 template <class V, class Make>
 std::shared_ptr<const V> cached(std::vector<std::pair<uint64_t, std::shared_ptr<const V>>>& cache,
@@ -51,11 +53,7 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, uint64_t doc_
     throw ConfigError(fmt::format("{}: {} documents in one dataset; at most 2^32-1 are supported",
                                   prefix, doc_end_ - doc_begin_));
   }
-  doc_tokens_.resize(doc_end_ - doc_begin_);
-  for (uint64_t d = doc_begin_; d < doc_end_; ++d) {
-    doc_tokens_[d - doc_begin_] = data_->document_length(d);
-    tokens_per_epoch_ += doc_tokens_[d - doc_begin_];
-  }
+  for (uint64_t d = doc_begin_; d < doc_end_; ++d) tokens_per_epoch_ += data_->document_length(d);
   if (tokens_per_epoch_ == 0) {
     throw ConfigError(fmt::format("{}: documents [{}, {}) hold no tokens", prefix, doc_begin_, doc_end_));
   }
@@ -66,9 +64,11 @@ std::shared_ptr<const GptDataset::Epoch> GptDataset::epoch(uint64_t e) const {
   std::lock_guard lock(mu_);
   return cached(epochs_, e, [&] {
     auto ep = std::make_shared<Epoch>();
-    ep->order = random_permutation<uint32_t>(doc_tokens_.size(), derive_seed(seed_, {kTagDocs, e}));
-    ep->cum.resize(doc_tokens_.size() + 1);
-    for (size_t j = 0; j < ep->order.size(); ++j) ep->cum[j + 1] = ep->cum[j] + doc_tokens_[ep->order[j]];
+    ep->order = random_permutation<uint32_t>(doc_end_ - doc_begin_, derive_seed(seed_, {kTagDocs, e}));
+    ep->cum.resize(ep->order.size() + 1);
+    for (size_t j = 0; j < ep->order.size(); ++j) {
+      ep->cum[j + 1] = ep->cum[j] + data_->document_length(doc_begin_ + ep->order[j]);
+    }
     return std::shared_ptr<const Epoch>(std::move(ep));
   });
 }
@@ -118,7 +118,7 @@ void GptDataset::sample(uint64_t index, int32_t* out) const {
       j = 0;
     }
     uint64_t rel = ep->order[j];
-    uint64_t take = std::min(need, doc_tokens_[rel] - within);
+    uint64_t take = std::min(need, ep->cum[j + 1] - ep->cum[j] - within);
     read_document(doc_begin_ + rel, within, take, out);
     out += take;
     need -= take;

@@ -49,7 +49,6 @@ class GptDataset final : public SampleSource {
   int seq_length_;
   uint64_t seed_;
   int64_t vocab_size_;
-  std::vector<uint64_t> doc_tokens_;  // tokens of each document of the range
   uint64_t tokens_per_epoch_ = 0;
   uint64_t block_ = 1;
 

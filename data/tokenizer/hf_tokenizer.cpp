@@ -1,5 +1,5 @@
 // Hugging Face tokenizer.json files with a byte-level BPE model: GPT-2 style (ByteLevel
-// pre-tokenizer with its regex) and Llama-3 / Qwen2 style (Split with their regex, then
+// pre-tokenizer with its regex) and Llama-3 style (Split with its regex or Qwen2's, then
 // ByteLevel). Anything else is refused with an error naming the file and the unsupported part,
 // rather than tokenizing differently from the library that wrote the file.
 #include <fmt/format.h>
@@ -25,7 +25,7 @@ std::string type_of(const json& j) {
 
 [[noreturn]] void unsupported(const stdfs::path& file, const std::string& what) {
   throw FormatError(fmt::format("{}: {} is not supported (Primus reads byte-level BPE "
-                                "tokenizer.json files: GPT-2, Llama-3, Qwen2 style)",
+                                "tokenizer.json files: GPT-2 and Llama-3 style)",
                                 file.string(), what));
 }
 

@@ -2,7 +2,7 @@
 //
 // Implementations: "gpt2" (OpenAI GPT-2 byte-level BPE, vocab 50257, <|endoftext|> = 50256),
 // "bytes" (one token per byte, vocab 256, end-of-document = 0, the NUL byte), and a path to a
-// Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama-3, Qwen2 families).
+// Hugging Face tokenizer.json with a byte-level BPE model (GPT-2 and Llama-3 families).
 // See docs/data.md for what each accepts.
 //
 // Text is a byte string, normally UTF-8. Every tokenizer round-trips any byte string exactly:

@@ -290,6 +290,15 @@ TEST_F(Loader, ConfigSplitsDocumentsBetweenTrainAndValid) {
   auto its2 = build_data_iterators(sep);
   ASSERT_TRUE(its2.train && its2.valid);
   EXPECT_EQ(its2.valid->source().describe()["type"], "blend");
+  // data_path with valid_data_path: split is not used, training takes every document.
+  DataConfig both;
+  both.data_path = {corpus_.prefix};
+  both.valid_data_path = corpus_.prefix;
+  both.split = 0.5;
+  both.seq_length = 16;
+  auto its3 = build_data_iterators(both);
+  EXPECT_EQ(its3.train->source().describe()["documents"], nlohmann::json({0, 100}));
+  EXPECT_EQ(its.train->source().describe()["documents"], nlohmann::json({0, 80}));
 }
 
 TEST_F(Loader, ConfigErrors) {
