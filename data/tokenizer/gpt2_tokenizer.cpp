@@ -97,14 +97,15 @@ std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const stdfs::path& dir) {
   }
   spec.vocab.reserve(encoder.size());
   for (auto& [tok, id] : encoder.items()) {
-    spec.vocab.emplace_back(tok, read_token_id(id, fmt::format("{}: token '{}'", encoder_file.string(), tok)));
+    const std::string& name = tok;  // clang < 16 cannot capture a structured binding
+    spec.vocab.emplace_back(name, read_token_id(id, [&] { return fmt::format("{}: token '{}'", encoder_file.string(), name); }));
   }
   spec.merges = read_merges(merges_file);
   auto eot = encoder.find("<|endoftext|>");
   if (eot == encoder.end()) {
     throw FormatError(fmt::format("{}: has no <|endoftext|> token", encoder_file.string()));
   }
-  spec.eod_id = read_token_id(*eot, fmt::format("{}: token '<|endoftext|>'", encoder_file.string()));
+  spec.eod_id = read_token_id(*eot, [&] { return fmt::format("{}: token '<|endoftext|>'", encoder_file.string()); });
   spec.added.push_back({"<|endoftext|>", spec.eod_id, false, false});
   spec.pre = PreTokenizerKind::Gpt2;
   return make_bpe_tokenizer(std::move(spec));

@@ -52,7 +52,8 @@ void read_model(const stdfs::path& file, const json& m, BpeSpec& spec) {
   if (!vocab.is_object()) throw FormatError(fmt::format("{}: model.vocab is not an object", file.string()));
   spec.vocab.reserve(vocab.size());
   for (auto& [tok, id] : vocab.items()) {
-    spec.vocab.emplace_back(tok, read_token_id(id, fmt::format("{}: model.vocab['{}']", file.string(), tok)));
+    const std::string& name = tok;  // clang < 16 cannot capture a structured binding
+    spec.vocab.emplace_back(name, read_token_id(id, [&] { return fmt::format("{}: model.vocab['{}']", file.string(), name); }));
   }
   const json& merges = m.at("merges");
   spec.merges.reserve(merges.size());
@@ -185,7 +186,7 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const stdfs::path& file) {
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
       for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
         const json& a = j["added_tokens"][i];
-        int32_t id = read_token_id(a.at("id"), fmt::format("{}: added_tokens[{}]", file.string(), i));
+        int32_t id = read_token_id(a.at("id"), [&] { return fmt::format("{}: added_tokens[{}]", file.string(), i); });
         spec.added.push_back({a.at("content").get<std::string>(), id, a.value("lstrip", false),
                               a.value("rstrip", false)});
       }
