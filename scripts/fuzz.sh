@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang) and runs each for a fixed time, starting from its seed
+# corpus in fuzz/corpus/<target>/. Exits non-zero when a target finds a crash; the input is
+# saved in build-fuzz/artifacts/<target>/ (turn it into a regression: docs/hardening.md).
+#
+# Usage: scripts/fuzz.sh [--seconds N] [--targets a,b] [--build-dir DIR] [--no-build]
+#                        [--keep-going] [--record FILE] [--update-corpus]
+#   --seconds N       per target (default 25: the CI smoke run); e.g. --seconds 3600 for an hour
+#   --targets a,b     a subset (default: every fuzz/*_fuzz.cpp)
+#   --keep-going      libFuzzer fork mode that goes on after a crash (long unattended runs)
+#   --record FILE     append one JSON line per target (execs, seconds, crashes) to FILE
+#   --update-corpus   merge inputs that add coverage back into fuzz/corpus/<target>/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SECONDS_PER_TARGET=25
+TARGETS=""
+BUILD_DIR=build-fuzz
+BUILD=1
+KEEP_GOING=0
+RECORD=""
+UPDATE=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seconds) SECONDS_PER_TARGET=$2; shift 2 ;;
+    --targets) TARGETS=${2//,/ }; shift 2 ;;
+    --build-dir) BUILD_DIR=$2; shift 2 ;;
+    --no-build) BUILD=0; shift ;;
+    --keep-going) KEEP_GOING=1; shift ;;
+    --record) RECORD=$2; shift 2 ;;
+    --update-corpus) UPDATE=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "fuzz.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+CXX=${PRIMUS_FUZZ_CXX:-clang++-14}
+CC=${PRIMUS_FUZZ_CC:-clang-14}
+command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 2; }
+if [ -z "$TARGETS" ]; then
+  TARGETS=$(ls fuzz/*_fuzz.cpp | sed 's|fuzz/||; s|_fuzz.cpp||' | tr '\n' ' ')
+fi
+if [ "$BUILD" = 1 ]; then
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_C_COMPILER="$CC" -DPRIMUS_FUZZ=ON \
+    -DPRIMUS_CUDA=OFF -DPRIMUS_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target $(for t in $TARGETS; do echo "fuzz_$t"; done)
+fi
+
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+failed=()
+for t in $TARGETS; do
+  bin=$BUILD_DIR/bin/fuzz_$t
+  [ -x "$bin" ] || { echo "fuzz.sh: $bin is missing" >&2; exit 2; }
+  work=$BUILD_DIR/corpus/$t           # grows as the fuzzer finds new coverage
+  art=$BUILD_DIR/artifacts/$t
+  log=$BUILD_DIR/logs/$t.log
+  mkdir -p "$work" "$art" "$(dirname "$log")"
+  opts=(-max_total_time="$SECONDS_PER_TARGET" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1
+        -artifact_prefix="$art/")
+  [ -f "fuzz/dict/$t.dict" ] && opts+=(-dict="fuzz/dict/$t.dict")
+  [ "$KEEP_GOING" = 1 ] && opts+=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
+  before=$(ls "$art" | wc -l)
+  echo "== fuzz_$t: ${SECONDS_PER_TARGET}s (log: $log)"
+  start=$(date +%s)
+  rc=0
+  PRIMUS_FUZZ_KNOWN=${PRIMUS_FUZZ_KNOWN:-$ROOT/fuzz/known_findings.txt} ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$bin" "${opts[@]}" "$work" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+  secs=$(( $(date +%s) - start ))
+  # Executions: the final stats line, or (fork mode) the last progress line's #N.
+  execs=$( (grep -o 'stat::number_of_executed_units: [0-9]*' "$log" || true) | awk '{s+=$2} END {print s+0}')
+  if [ "$execs" = 0 ]; then execs=$( (grep -o '^#[0-9]*' "$log" || true) | tail -1 | tr -d '#'); fi
+  crashes=$(( $(ls "$art" | wc -l) - before ))
+  echo "   $execs executions in ${secs}s, $crashes new crash input(s), exit $rc"
+  if [ "$rc" != 0 ] || [ "$crashes" != 0 ]; then
+    failed+=("$t")
+    (grep -E 'ERROR: |primus fuzz finding|SUMMARY|runtime error' "$log" || true) | head -5 | sed 's/^/   /'
+  fi
+  if [ -n "$RECORD" ]; then
+    printf '{"bench":"fuzz","case":"%s","device":"cpu (%s cores)","date":"%s","commit":"%s","metric":"execs","ours":%s,"seconds":%s,"crashes_found":%s,"crashes_fixed":0}\n' \
+      "$t" "$(nproc)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$commit" "${execs:-0}" "$secs" "$crashes" >>"$RECORD"
+  fi
+  if [ "$UPDATE" = 1 ]; then
+    "$bin" -merge=1 "fuzz/corpus/$t" "$work" >>"$log" 2>&1 || true
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "fuzz.sh: findings in: ${failed[*]} (inputs in $BUILD_DIR/artifacts/)" >&2
+  exit 1
+fi
+echo "fuzz.sh: no findings"
