@@ -196,22 +196,38 @@ void CudaModel::plan(Take&& take) {
   lnf_ = take(Pool::Acts, act_, {N, C}, "final norm output");
   meanf_ = take(Pool::Acts, DType::F32, {N}, "final norm mean");
   rstdf_ = take(Pool::Acts, DType::F32, {N}, "final norm rstd");
-  logits_ = take(Pool::Acts, act_, {N, V}, "logits / dlogits");
+  // The head runs in kHeadChunks row blocks (forward() does its backward right after the loss),
+  // so the logits buffer holds one block: half of B*T x V instead of all of it.
+  head_rows_ = (N + kHeadChunks - 1) / kHeadChunks;
+  logits_ = take(Pool::Acts, act_, {head_rows_, V}, "logits / dlogits (one head block)");
   losses_ = take(Pool::Acts, DType::F32, {N}, "per-token losses");
   tokens_ = take(Pool::Acts, DType::I32, {N}, "tokens");
   targets_ = take(Pool::Acts, DType::I32, {N}, "targets");
   dres_ = take(Pool::Acts, act_, {N, C}, "residual gradient");
   dln_ = take(Pool::Acts, act_, {N, C}, "norm output gradient");
-  datt_ = take(Pool::Acts, act_, {N, C}, "attention output gradient");
-  dq_ = take(Pool::Acts, act_, {N, C}, "dq");
-  dk_ = take(Pool::Acts, act_, {N, KVD}, "dk");
-  dv_ = take(Pool::Acts, act_, {N, KVD}, "dv");
-  if (spec_.rope) {  // RoPE's backward reads the attention's dq/dk and writes dq_/dk_
-    dq_rot_ = take(Pool::Acts, act_, {N, C}, "dq (rotated)");
-    dk_rot_ = take(Pool::Acts, act_, {N, KVD}, "dk (rotated)");
+  // One region for the backward's per-layer working gradients: the MLP's (dfc, dact) are dead
+  // before the attention's (datt, dq, dk, dv and the rotated dq/dk) are written, and those are
+  // dead before the next layer's MLP, so the two sets overlap.
+  const bool rope = spec_.rope;
+  const int64_t mlp_cols = FC + (spec_.swiglu ? F : 0);
+  const int64_t att_cols = 2 * C + 2 * KVD + (rope ? C + KVD : 0);
+  const TensorView bwd = take(Pool::Acts, act_, {N * std::max(mlp_cols, att_cols)}, "backward working gradients");
+  // [N, cols] block starting `col0` columns-worth of N rows into the region.
+  auto carve = [&](int64_t col0, int64_t cols) {
+    if (!bwd.defined()) return TensorView();
+    void* p = static_cast<char*>(bwd.data) + size_t(N * col0) * turbo::dtype_size(act_);
+    return TensorView(p, act_, bwd.device, {N, cols});
+  };
+  dfc_ = carve(0, FC);
+  dact_ = spec_.swiglu ? carve(FC, F) : TensorView();
+  datt_ = carve(0, C);
+  dq_ = carve(C, C);
+  dk_ = carve(2 * C, KVD);
+  dv_ = carve(2 * C + KVD, KVD);
+  if (rope) {  // RoPE's backward reads the attention's dq/dk and writes dq_/dk_
+    dq_rot_ = carve(2 * C + 2 * KVD, C);
+    dk_rot_ = carve(3 * C + 2 * KVD, KVD);
   }
-  dfc_ = take(Pool::Acts, act_, {N, FC}, "MLP pre-activation gradient");
-  dact_ = take(Pool::Acts, act_, {N, F}, "MLP activation gradient");
 }
 
 CudaModel::Param CudaModel::param(const std::string& name, bool required) const {
@@ -398,17 +414,25 @@ void CudaModel::forward(const int32_t* tokens, const int32_t* targets, int64_t B
   {
     NvtxRange hr("head + loss");
     norm_forward(lnf_, meanf_, rstdf_, x_final_, tmp_, layers_.back().x2, final_norm_, N);
-    const TensorView logits = logits_.slice0(0, N);
-    ops_.linear_forward(logits, lnf_.slice0(0, N), head_.w, {}, {}, c);
-    turbo::CrossEntropyArgs ce;
-    ce.logits = logits;
-    if (dloss != 0.0f) ce.dlogits = logits;  // in place: no second [N,V] buffer
-    ce.losses = losses_.slice0(0, N);
-    ce.targets = targets_.slice0(0, N);
-    ce.vocab = spec_.vocab_size;
-    ce.dloss = dloss;
-    ce.ctx = c;
-    ops_.cross_entropy(ce);
+    for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
+      const int64_t r1 = std::min(N, r0 + head_rows_);
+      const TensorView logits = logits_.slice0(0, r1 - r0), lnf = lnf_.slice0(r0, r1);
+      ops_.linear_forward(logits, lnf, head_.w, {}, {}, c);
+      turbo::CrossEntropyArgs ce;
+      ce.logits = logits;
+      if (dloss != 0.0f) ce.dlogits = logits;  // in place: no second [rows,V] buffer
+      ce.losses = losses_.slice0(r0, r1);
+      ce.targets = targets_.slice0(r0, r1);
+      ce.vocab = spec_.vocab_size;
+      ce.dloss = dloss;
+      ce.ctx = c;
+      ops_.cross_entropy(ce);
+      // The head's backward now, while this block's dlogits exist: d(final norm output) into
+      // dln_ (untouched until backward() reads it) and the head weight's gradient (+=).
+      if (dloss != 0.0f) {
+        ops_.linear_backward(dln_.slice0(r0, r1), head_.g, {}, logits, lnf, head_.w, false, c);
+      }
+    }
     turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), losses_.slice0(0, N), c);
   }
   have_grad_logits_ = dloss != 0.0f;
@@ -444,8 +468,8 @@ void CudaModel::backward() {
   const ExecContext c = ctx();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   {
-    NvtxRange hr("head bwd");
-    ops_.linear_backward(dln_.slice0(0, N), head_.g, {}, logits_.slice0(0, N), lnf_.slice0(0, N), head_.w, false, c);
+    NvtxRange hr("final norm bwd");
+    // forward() already ran the head's backward into dln_ and head_.g.
     // dres = d(final residual): the start of the residual stream's gradient.
     norm_backward(dres_, dln_, x_final_, meanf_, rstdf_, final_norm_, N, false);
   }

@@ -7,9 +7,10 @@
 //                export and generate are shared), the bf16 compute copy of the weights (same
 //                layout), the RoPE table and the optimizer's descriptor table;
 //   activations  what the backward needs, per layer, for batches up to max_batch x max_seq
-//                (bf16; norm statistics and attention log-sum-exp f32), the bf16 logits (the
-//                fused loss writes their gradient in place: no fp32 [N,V] buffer exists), and
-//                the backward's working buffers, shared by all layers;
+//                (bf16; norm statistics and attention log-sum-exp f32), the bf16 logits of one
+//                head block of B*T/kHeadChunks rows (the fused loss writes their gradient in
+//                place: no fp32 [N,V] buffer exists), and the backward's working buffers,
+//                shared by all layers (the MLP's and the attention's overlap);
 //   scratch      what the ops borrow inside a call (ExecContext::scratch).
 // Precision: bf16 activations and weights for compute, fp32 accumulation in every GEMM, norm
 // and loss, fp32 parameter gradients (accumulated across micro-batches), fp32 optimizer.
@@ -69,8 +70,10 @@ class CudaModel {
 
   void zero_grad();
   // tokens, targets: host int32 [B*T] (copied to the device, stream-ordered). The mean loss of
-  // this batch goes to loss slot `slot`. dloss != 0 prepares backward(): the logits are
-  // overwritten by dloss * dloss/dlogits (pass 1 / (B*T*accumulation steps)).
+  // this batch goes to loss slot `slot`. dloss != 0 (pass 1 / (B*T*accumulation steps)) also
+  // runs the head's backward, block by block while each block's dlogits exist: the head weight's
+  // gradient is accumulated here, and backward() continues from the final norm. dloss == 0
+  // (evaluation) leaves the gradients alone.
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss, int64_t slot = 0);
   // Accumulates parameter gradients of the last forward (which must have had dloss != 0).
   void backward();
@@ -141,6 +144,11 @@ class CudaModel {
   size_t scratch_bytes_ = 0;
 
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_;
+  // The LM head and loss run in this many row blocks: the [rows, V] logits buffer is the largest
+  // activation (1.6 GB bf16 for GPT-2 at B*T = 16k); two blocks halve it for one extra f32
+  // read+write of the head's weight gradient.
+  static constexpr int64_t kHeadChunks = 2;
+  int64_t head_rows_ = 0;
   int64_t B_ = 0, T_ = 0;
   bool have_grad_logits_ = false;
 };
