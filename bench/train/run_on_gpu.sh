@@ -77,6 +77,23 @@ tail -12 "$OUT/train.log"
 cp "$WS"/*/*/bench/metrics.jsonl "$OUT/metrics.jsonl" 2>/dev/null
 rm -rf "$WS"  # the 124M checkpoint (1.5 GB) stays on the machine
 
+# 2b. The same run with cuBLASLt's top ALGO_SEARCH candidates timed per GEMM shape on the first
+# call (PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH; the timing falls in the unmeasured first steps).
+# ALGO_SEARCH=0 skips it.
+ALGO_SEARCH=${ALGO_SEARCH:-8}
+if [ "$ALGO_SEARCH" != 0 ]; then
+  rm -rf "$WS"
+  PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH=$ALGO_SEARCH timeout 100 "$BIN/primus" train pretrain \
+    --config examples/cuda/gpt2-124M-shakespeare.yaml \
+    mock_data=true train_iters="$STEPS" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
+    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 \
+    attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_search.log" 2>&1
+  echo "train (algo search $ALGO_SEARCH) rc=$?" >> "$OUT/train_search.log"
+  tail -4 "$OUT/train_search.log"
+  cp "$WS"/*/*/bench/metrics.jsonl "$OUT/metrics_search.jsonl" 2>/dev/null
+  rm -rf "$WS"
+fi
+
 # 3. The anchor: PyTorch, torch.compile, same model and batch.
 timeout 150 python3 "$CARRY/torch_anchor.py" --model gpt2-124M --batch 16 --mode compile \
   > "$OUT/anchor.json" 2> "$OUT/anchor.err"
@@ -87,18 +104,22 @@ tail -3 "$OUT/anchor.err"
 python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" <<'EOF'
 import json, os, sys, datetime
 out, device, commit, measure, peak, attn = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
-ours, anchor = {}, {}
-try:
-    steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"tokens_per_s"' in l]
+def measure_ours(name):
+    steps = [json.loads(l) for l in open(os.path.join(out, name)) if '"tokens_per_s"' in l]
     last = steps[-measure:]
     secs = sum(s["step_s"] for s in last)
     tokens = sum(s["tokens_per_s"] * s["step_s"] for s in last)
     flops = sum(s["tflops"] * 1e12 * s["step_s"] for s in last)
-    ours = {"tokens_per_s": tokens / secs, "step_ms": 1e3 * secs / len(last), "mfu": flops / secs / peak,
+    return {"tokens_per_s": tokens / secs, "step_ms": 1e3 * secs / len(last), "mfu": flops / secs / peak,
             "tensor_mem_gib": max(s["arena_gib"] for s in steps), "device_mem_gib": max(s["mem_gib"] for s in steps),
             "loss": steps[-1]["loss"], "steps": len(last)}
-except Exception as e:
-    print("ours: no measurement:", e)
+runs, anchor = [], {}
+for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/algo-search")]:
+    try:
+        runs.append((suffix, measure_ours(name)))
+    except Exception as e:
+        print(f"ours ({name}): no measurement:", e)
+ours = runs[0][1] if runs else {}
 try:
     a = json.loads(open(os.path.join(out, "anchor.json")).read().strip().splitlines()[-1])
     anchor = {"tokens_per_s": a["tok_s"], "step_ms": a["step_ms"], "mfu": a["mfu"], "tensor_mem_gib": a["mem_gib"],
@@ -109,23 +130,25 @@ date = datetime.date.today().isoformat()
 case = "gpt2-124M/b16/t1024/mock" + ("" if attn == "auto" else "/attention-" + attn)
 rows = []
 # ratio = ours / anchor, higher is better: times and memory are inverted.
-for metric, higher_better in [("tokens_per_s", True), ("mfu", True), ("step_ms", False), ("tensor_mem_gib", False)]:
-    o, n = ours.get(metric), anchor.get(metric)
-    r = None
-    if o and n:
-        r = o / n if higher_better else n / o
-    rows.append({"bench": "train", "case": case, "device": device, "date": date, "commit": commit, "metric": metric,
-                 "ours": o, "anchor": n, "anchor_name": anchor.get("name", "pytorch torch.compile"),
-                 "ratio": round(r, 4) if r else None})
+for suffix, o_run in runs:
+    for metric, higher_better in [("tokens_per_s", True), ("mfu", True), ("step_ms", False), ("tensor_mem_gib", False)]:
+        o, n = o_run.get(metric), anchor.get(metric)
+        r = None
+        if o and n:
+            r = o / n if higher_better else n / o
+        rows.append({"bench": "train", "case": case + suffix, "device": device, "date": date, "commit": commit,
+                     "metric": metric, "ours": o, "anchor": n,
+                     "anchor_name": anchor.get("name", "pytorch torch.compile"), "ratio": round(r, 4) if r else None})
 with open(os.path.join(out, "train.jsonl"), "w") as f:
     for r in rows:
         f.write(json.dumps(r) + "\n")
 print(f"\n==== train: GPT-2 124M, B=16, T=1024, mock data, mean of the last {ours.get('steps', '?')} steps, {device}")
 print("  tensor_mem_gib: ours = the model's device arenas (sized for the batch, scratch included), "
       "anchor = torch.cuda.max_memory_allocated; ours with CUDA context and libraries:", ours.get("device_mem_gib"))
-print(f"  {'metric':<14}{'ours':>14}{'anchor':>14}{'ratio':>10}")
+print(f"  {'case':<14}{'metric':<16}{'ours':>14}{'anchor':>14}{'ratio':>10}")
 for r in rows:
     fmt = lambda v: "-" if v is None else (f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}")
-    print(f"  {r['metric']:<14}{fmt(r['ours']):>14}{fmt(r['anchor']):>14}{fmt(r['ratio']):>10}")
+    print(f"  {r['case'][len(case):] or 'default':<14}{r['metric']:<16}{fmt(r['ours']):>14}{fmt(r['anchor']):>14}"
+          f"{fmt(r['ratio']):>10}")
 print(f"  final loss: ours {ours.get('loss')}, anchor {anchor.get('loss')} (random tokens: ~ln(50257) = 10.8)")
 EOF
