@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, builds, runs ctest (GPU tests skip themselves when
-# no GPU is present). Exits non-zero when any test fails.
+# no GPU is present), then runs the unit and e2e tests again in an AddressSanitizer +
+# UndefinedBehaviorSanitizer build (scripts/sanitize.sh, build-asan). Exits non-zero when any
+# test fails or a sanitizer reports.
 # Usage: scripts/test.sh [--build-dir DIR] [extra ctest args]
+#   PRIMUS_SANITIZE=0       skip the sanitizer pass (a quick local run; CI keeps it)
+#   PRIMUS_FUZZ_SECONDS=N   also run every fuzz target for N seconds (needs clang-14; see
+#                           docs/hardening.md for why CI does not by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=build
 if [ "${1:-}" = "--build-dir" ]; then BUILD_DIR=$2; shift 2; fi
 scripts/setup.sh --build-dir "$BUILD_DIR"
-cd "$BUILD_DIR"
-ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
+rc=0
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@") || rc=1
+if [ "${PRIMUS_SANITIZE:-1}" != 0 ]; then
+  echo "== sanitizer pass (ASan + UBSan, build-asan)"
+  scripts/sanitize.sh || rc=1
+fi
+if [ -n "${PRIMUS_FUZZ_SECONDS:-}" ]; then
+  if command -v clang++-14 >/dev/null; then
+    echo "== fuzz smoke run (${PRIMUS_FUZZ_SECONDS}s per target)"
+    scripts/fuzz.sh --seconds "$PRIMUS_FUZZ_SECONDS" || rc=1
+  else
+    echo "PRIMUS_FUZZ_SECONDS is set but clang++-14 is missing: fuzzing skipped" >&2
+  fi
+fi
+exit $rc
