@@ -9,9 +9,9 @@
 
 #include "backends/reference/generate.h"
 #include "core/util/error.h"
-#include "data/prepare/prepare.h"
 #include "io/checkpoint.h"
 #include "train/checkpointing.h"
+#include "train/data_setup.h"
 #include "train/lr_schedule.h"
 #include "train/signals.h"
 #include "turbo/kernels/cpu/optimizer.h"
@@ -33,36 +33,6 @@ void ReferenceTrainer::setup() {
   spdlog::info("[reference] output folder {}", t.output_dir.string());
 }
 
-namespace {
-bool is_text_input(const std::string& p) {
-  auto ext = fsys::path(p).extension().string();
-  return (ext == ".txt" || ext == ".jsonl" || ext == ".json") && fsys::is_regular_file(p);
-}
-
-// A .txt/.jsonl in data_path is prepared once into <output>/data (train/valid split), then reused.
-std::pair<std::string, std::string> prepare_text(const std::string& input, const train::TrainingArgs& t) {
-  std::string tok_tag = t.data.tokenizer;
-  for (char& c : tok_tag)
-    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-  fsys::path prefix = t.output_dir / "data" / (fsys::path(input).stem().string() + "-" + tok_tag);
-  std::string train = prefix.string() + "_train", valid = prefix.string() + "_valid";
-  bool fresh = fsys::exists(train + ".idx") && fsys::exists(valid + ".idx") &&
-               fsys::last_write_time(train + ".idx") >= fsys::last_write_time(input);
-  if (!fresh) {
-    fsys::create_directories(prefix.parent_path());
-    data::PrepareOptions po;
-    po.inputs = {input};
-    po.tokenizer = t.data.tokenizer;
-    po.output_prefix = prefix.string();
-    po.split = t.data.split < 1.0 ? t.data.split : 0.95;
-    po.progress = false;
-    auto r = data::prepare_dataset(po);
-    spdlog::info("[data] prepared {} into {}_{{train,valid}} ({} tokens, {:.1f}s)", input, prefix.string(),
-                 r.outputs.empty() ? 0 : r.outputs[0].tokens, r.seconds);
-  }
-  return {train, valid};
-}
-}  // namespace
 
 void ReferenceTrainer::init() {
   auto& t = args_->train;
@@ -72,27 +42,7 @@ void ReferenceTrainer::init() {
     throw ConfigError(fmt::format("tokenizer '{}' has {} tokens but the model's vocab_size is {}", t.data.tokenizer,
                                   tokenizer_->vocab_size(), spec.vocab_size));
   }
-  data::DataConfig dc;
-  dc.seq_length = static_cast<int>(spec.seq_length);
-  dc.seed = t.seed;
-  dc.mock_data = t.data.mock_data;
-  dc.vocab_size = static_cast<int>(spec.vocab_size);
-  dc.split = t.data.split;
-  if (!t.data.mock_data) {
-    if (t.data.data_path.size() == 1 && is_text_input(t.data.data_path[0])) {
-      auto [tr, va] = prepare_text(t.data.data_path[0], t);
-      dc.train_data_path = tr;
-      dc.valid_data_path = va;
-    } else {
-      dc.data_path = t.data.data_path;
-      if (!t.data.valid_data_path.empty()) {
-        dc.train_data_path = fmt::format("{}", fmt::join(t.data.data_path, " "));
-        dc.data_path.clear();
-        dc.valid_data_path = fmt::format("{}", fmt::join(t.data.valid_data_path, " "));
-      }
-    }
-  }
-  data_ = data::build_data_iterators(dc, 0, 1);
+  data_ = train::build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
 
   model_ = std::make_unique<GptModel<float>>(spec, t.micro_batch_size, spec.seq_length);
@@ -107,18 +57,7 @@ void ReferenceTrainer::init() {
                spec.model_type, spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.num_query_groups,
                spec.vocab_size, spec.num_parameters() / 1e6);
 
-  fsys::path load_dir;
-  if (t.ckpt.auto_continue_train) {
-    if (auto latest = io::find_latest(t.ckpt.save)) load_dir = latest->dir;
-  }
-  if (load_dir.empty() && !t.ckpt.load.empty()) {
-    load_dir = t.ckpt.load;
-    if (!fsys::exists(load_dir / io::kManifestFile)) {
-      auto latest = io::find_latest(load_dir);
-      if (!latest) throw IoError(fmt::format("load: no checkpoint in '{}'", t.ckpt.load.string()));
-      load_dir = latest->dir;
-    }
-  }
+  fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
   progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
                                                         t.log_interval, step_);

@@ -1,0 +1,83 @@
+#include "train/data_setup.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cctype>
+
+#include "core/util/error.h"
+#include "data/prepare/prepare.h"
+#include "io/checkpoint.h"
+
+namespace primus::train {
+
+namespace fsys = std::filesystem;
+
+namespace {
+
+bool is_text_input(const std::string& p) {
+  const auto ext = fsys::path(p).extension().string();
+  return (ext == ".txt" || ext == ".jsonl" || ext == ".json") && fsys::is_regular_file(p);
+}
+
+// A text input is prepared once into <output>/data/<stem>-<tokenizer>_{train,valid}, then reused
+// while it is newer than the input.
+std::pair<std::string, std::string> prepare_text(const std::string& input, const TrainingArgs& t) {
+  std::string tok_tag = t.data.tokenizer;
+  for (char& c : tok_tag)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  const fsys::path prefix = t.output_dir / "data" / (fsys::path(input).stem().string() + "-" + tok_tag);
+  const std::string train = prefix.string() + "_train", valid = prefix.string() + "_valid";
+  const bool fresh = fsys::exists(train + ".idx") && fsys::exists(valid + ".idx") &&
+                     fsys::last_write_time(train + ".idx") >= fsys::last_write_time(input);
+  if (!fresh) {
+    fsys::create_directories(prefix.parent_path());
+    data::PrepareOptions po;
+    po.inputs = {input};
+    po.tokenizer = t.data.tokenizer;
+    po.output_prefix = prefix.string();
+    po.split = t.data.split < 1.0 ? t.data.split : 0.95;
+    po.progress = false;
+    auto r = data::prepare_dataset(po);
+    spdlog::info("[data] prepared {} into {}_{{train,valid}} ({} tokens, {:.1f}s)", input, prefix.string(),
+                 r.outputs.empty() ? 0 : r.outputs[0].tokens, r.seconds);
+  }
+  return {train, valid};
+}
+
+}  // namespace
+
+data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec) {
+  data::DataConfig dc;
+  dc.seq_length = static_cast<int>(spec.seq_length);
+  dc.seed = t.seed;
+  dc.mock_data = t.data.mock_data;
+  dc.vocab_size = static_cast<int>(spec.vocab_size);
+  dc.split = t.data.split;
+  if (!t.data.mock_data) {
+    if (t.data.data_path.size() == 1 && is_text_input(t.data.data_path[0])) {
+      auto [tr, va] = prepare_text(t.data.data_path[0], t);
+      dc.train_data_path = tr;
+      dc.valid_data_path = va;
+    } else if (!t.data.valid_data_path.empty()) {
+      dc.train_data_path = fmt::format("{}", fmt::join(t.data.data_path, " "));
+      dc.valid_data_path = fmt::format("{}", fmt::join(t.data.valid_data_path, " "));
+    } else {
+      dc.data_path = t.data.data_path;
+    }
+  }
+  return data::build_data_iterators(dc, 0, 1);
+}
+
+fsys::path resume_dir(const CheckpointArgs& c) {
+  if (c.auto_continue_train) {
+    if (auto latest = io::find_latest(c.save)) return latest->dir;
+  }
+  if (c.load.empty()) return {};
+  if (fsys::exists(c.load / io::kManifestFile)) return c.load;
+  auto latest = io::find_latest(c.load);
+  if (!latest) throw IoError(fmt::format("load: no checkpoint in '{}'", c.load.string()));
+  return latest->dir;
+}
+
+}  // namespace primus::train

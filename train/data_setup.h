@@ -1,0 +1,20 @@
+// What every trainer needs before its first step that does not depend on the device: the data
+// iterators (preparing a .txt/.jsonl input once into <output>/data) and the checkpoint to resume
+// from. Shared by all backends, so they read the same batches from the same config.
+#pragma once
+#include <filesystem>
+
+#include "data/dataset/data_config.h"
+#include "train/model_spec.h"
+#include "train/training_args.h"
+
+namespace primus::train {
+
+data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec);
+
+// auto_continue_train: the latest checkpoint in `save`; else `load` (a checkpoint folder or a
+// save folder's latest). Empty when there is nothing to resume. Throws IoError when `load` is
+// set but holds no checkpoint.
+std::filesystem::path resume_dir(const CheckpointArgs& c);
+
+}  // namespace primus::train
