@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "io/checkpoint.h"
@@ -17,6 +18,27 @@ namespace primus::hardening {
 namespace {
 
 using namespace std::chrono_literals;
+
+// Polls `save_dir` until the child's temporary checkpoint folder (.iter_*.tmp-<pid>) appears,
+// that is, until a checkpoint write is under way; returns its name, or "" when the child
+// printed `missed` (the write already finished) or exited first.
+std::string wait_for_checkpoint_write(PrimusProcess& p, const fsys::path& save_dir, const std::string& missed) {
+  const std::string suffix = ".tmp-" + std::to_string(p.pid());
+  auto t0 = std::chrono::steady_clock::now();
+  while (p.running() && std::chrono::steady_clock::now() - t0 < 300s) {
+    std::error_code ec;
+    for (auto& e : fsys::directory_iterator(save_dir, ec)) {
+      std::string name = e.path().filename().string();
+      if (name.rfind(".iter_", 0) == 0 && name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        return name;
+      }
+    }
+    p.drain();
+    if (p.output().find(missed) != std::string::npos) return "";
+  }
+  return "";
+}
 
 class Preemption : public HardeningTest, public ::testing::WithParamInterface<int> {};
 
@@ -98,6 +120,50 @@ TEST_F(HardeningTest, SecondSigtermExitsAtOnceLeavingTheLastCheckpointUntouched)
   EXPECT_NO_THROW(io::verify_checkpoint(latest->dir));
 }
 
+// The second SIGTERM lands while the checkpoint the first one asked for is being written: the
+// process still leaves at once (143), the write is abandoned (nothing installed under its final
+// name, the tracker unchanged) and the previous checkpoint is byte for byte what it was.
+TEST_F(HardeningTest, SecondSigtermDuringTheCheckpointWriteLeavesThePreviousOne) {
+  TrainOptions o;
+  o.model = ModelSize::medium();
+  o.iters = o.decay_iters = 40;
+  o.save_interval = 5;
+  bool landed = false;
+  for (int attempt = 0; attempt < 5 && !landed; ++attempt) {
+    const auto ws = dir() / ("run" + std::to_string(attempt));
+    PrimusProcess p(train_args(ws, o));
+    ASSERT_TRUE(p.wait_for_output("saved step 5 ")) << p.output();
+    ASSERT_TRUE(p.wait_for_output("step  7/40")) << p.output();
+    const auto before = snapshot(save_dir(ws));
+    p.send(SIGTERM);
+    std::string tmp = wait_for_checkpoint_write(p, save_dir(ws), "[signal] received");
+    if (tmp.empty()) continue;
+    p.send(SIGTERM);
+    ExitStatus st = p.wait();
+    size_t saves = 0;
+    for (size_t at = 0; (at = p.output().find("[checkpoint] saved step", at)) != std::string::npos; ++at) ++saves;
+    if (saves > 1 || (st.exited && st.code == 0)) continue;  // the write finished first: try again
+    ASSERT_TRUE(st.exited && st.code == 143) << st.describe() << "\n" << p.output();
+    landed = true;
+    std::printf("second SIGTERM landed inside the write of %s on attempt %d\n", tmp.c_str(), attempt + 1);
+    auto after = snapshot(save_dir(ws));
+    for (auto& [name, bytes] : before) {
+      ASSERT_TRUE(after.count(name)) << name << " disappeared";
+      EXPECT_TRUE(after.at(name) == bytes) << name << " changed";
+    }
+    for (auto& [name, bytes] : after) {
+      if (!before.count(name)) {
+        EXPECT_EQ(name.rfind(".iter_", 0), 0u) << "new file under a final name: " << name;
+      }
+    }
+    auto latest = io::find_latest(save_dir(ws));
+    ASSERT_TRUE(latest.has_value());
+    EXPECT_EQ(latest->iteration, 5);
+    EXPECT_NO_THROW(io::verify_checkpoint(latest->dir));
+  }
+  ASSERT_TRUE(landed) << "could not land the second SIGTERM inside the checkpoint write in 5 attempts";
+}
+
 // A crash at each point of a checkpoint write (the io crash hook _exits there, as a power cut
 // or OOM kill would stop the process) leaves the previous checkpoint as it was, and the run
 // resumes from it to the same losses as a run that never crashed.
@@ -164,26 +230,15 @@ TEST_F(HardeningTest, SigkillDuringCheckpointWriteResumesFromThePreviousOne) {
   for (int attempt = 0; attempt < 5 && !landed; ++attempt) {
     ws = dir() / ("run" + std::to_string(attempt));
     PrimusProcess p(train_args(ws, o));
-    const std::string tmp_prefix = ".iter_0000010.tmp-" + std::to_string(p.pid());
-    auto sd = save_dir(ws);
-    bool seen = false;
-    auto t0 = std::chrono::steady_clock::now();
-    while (!seen && p.running() && std::chrono::steady_clock::now() - t0 < 300s) {
-      std::error_code ec;
-      for (auto& e : fsys::directory_iterator(sd, ec)) {
-        if (e.path().filename().string() == tmp_prefix) seen = true;
-      }
-      if (!seen) {
-        p.drain();
-        if (p.output().find("saved step 10 ") != std::string::npos) break;  // missed it
-      }
-    }
-    if (!seen) continue;
+    if (!p.wait_for_output("saved step 5 ")) continue;
+    std::string tmp = wait_for_checkpoint_write(p, save_dir(ws), "saved step 10 ");
+    if (tmp != ".iter_0000010.tmp-" + std::to_string(p.pid())) continue;  // missed, or the save of step 5
     p.send(SIGKILL);
     ExitStatus st = p.wait();
     ASSERT_EQ(st.signal, SIGKILL) << st.describe() << "\n" << p.output();
     // Landed inside the write when the temporary folder is still there and step 10 is not installed.
-    landed = fsys::exists(sd / tmp_prefix) && !fsys::exists(io::checkpoint_dir(sd, 10));
+    landed = fsys::exists(save_dir(ws) / tmp) && !fsys::exists(io::checkpoint_dir(save_dir(ws), 10));
+    if (landed) std::printf("SIGKILL landed inside the write of %s on attempt %d\n", tmp.c_str(), attempt + 1);
   }
   ASSERT_TRUE(landed) << "could not land a SIGKILL inside a checkpoint write in 5 attempts";
 
