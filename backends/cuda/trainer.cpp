@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <sstream>
 
 #include "backends/cuda/attention_fallback.h"
@@ -18,7 +17,6 @@
 #include "train/checkpointing.h"
 #include "train/lr_schedule.h"
 #include "train/signals.h"
-#include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 
 namespace primus::backends::cuda {
 
@@ -56,12 +54,6 @@ void CudaTrainer::init() {
   data_ = build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
 
-  // cuBLASLt: time the top 8 candidate algorithms of each GEMM shape once (inside the first
-  // step, which the throughput figures leave out) instead of taking the heuristic's first
-  // answer: about +1% tokens/s for GPT-2 124M on an H100 (bench/results/NOTES.md). Only GEMMs
-  // with beta = 0 are timed (reruns overwrite their output; none of the model's read it).
-  // PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH=1 in the environment keeps the heuristic's choice.
-  if (!args_->host_mode && !std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH")) turbo::cublaslt::set_algo_search(8);
   CudaModelOptions mo;
   mo.max_batch = t.micro_batch_size;
   mo.max_seq = spec.seq_length;
