@@ -120,6 +120,23 @@ TEST_F(HardeningTest, InvalidUtf8StringInConfigShow) {
   expect_handled_bytes(r, "sample_prompt");
 }
 
+// Found by fuzz_config_yaml: a file name with a component longer than the system allows, in
+// `extends:` or as a preset, escapes as std::filesystem::filesystem_error (exit 3) from
+// core/config (yaml_loader.cpp load_with_chain, experiment.cpp find_preset) instead of a config
+// error naming the file that refers to it.
+TEST_F(HardeningTest, OverlongExtendsNameIsAConfigErrorNamingTheFile) {
+  auto exp = dir() / "exp.yaml";
+  std::ofstream(exp) << "extends: " << std::string(300, 'x') << ".yaml\n";
+  expect_refused(run_primus({"config", "show", "--config", exp.string()}), 2, {exp.string(), "extends"});
+}
+
+TEST_F(HardeningTest, OverlongPresetNameIsAConfigErrorNamingTheFile) {
+  auto exp = dir() / "exp.yaml";
+  std::ofstream(exp) << "modules:\n  pre_trainer:\n    framework: reference\n    config: pretrain.yaml\n"
+                     << "    model: " << std::string(300, 'x') << ".yaml\n";
+  expect_refused(run_primus({"config", "show", "--config", exp.string()}), 2, {exp.string(), "model"});
+}
+
 // Shapes whose memory overflows or cannot exist: refused as config errors naming the keys,
 // before anything is allocated (today: std::bad_alloc or a hang, exit 3, no key named).
 class AbsurdShape : public HardeningTest, public ::testing::WithParamInterface<BadValue> {};
