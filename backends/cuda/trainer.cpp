@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "backends/cuda/attention_fallback.h"
-#include "backends/cuda/data_setup.h"
+#include "train/data_setup.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/nvtx.h"
 #include "backends/cuda/param_init.h"
@@ -51,7 +51,7 @@ void CudaTrainer::init() {
     throw ConfigError(fmt::format("tokenizer '{}' has {} tokens but the model's vocab_size is {}", t.data.tokenizer,
                                   tokenizer_->vocab_size(), spec.vocab_size));
   }
-  data_ = build_data(t, spec);
+  data_ = train::build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
 
   CudaModelOptions mo;
@@ -80,7 +80,7 @@ void CudaTrainer::init() {
                spec.seq_length);
   spdlog::info("[cuda] attention: {}", fallback ? "fallback (GEMMs + softmax kernel)" : "Turbo attention op");
 
-  const fsys::path load_dir = resume_dir(t.ckpt);
+  const fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
   progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
                                                         t.log_interval, step_);
