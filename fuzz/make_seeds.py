@@ -222,3 +222,33 @@ for sel, t in enumerate(["Hello, world! It's 2024 and we'll see.\n\n  Indented  
     put("tokenizer_encode", f"text{sel}", bytes([sel]) + t.encode())
 put("tokenizer_encode", "malformed_utf8", bytes([0]) + b"ok \xff\xfe \xc3 \xe2\x82 \xed\xa0\x80 \xf4\x90\x80\x80 end")
 put("tokenizer_encode", "malformed_utf8_llama", bytes([2]) + b"\xc3\xa9\xc3 \xe4\xb8 99999 \xf0\x9f\x98")
+
+# --- checkpoint: a real checkpoint of the tiny GPT-2 that fuzz/checkpoint_fuzz.cpp expects,
+# written by the CLI (skipped when build/bin/primus is missing).
+def checkpoint_seeds():
+    import subprocess
+    import tempfile
+    primus = os.path.join(ROOT, "..", "build", "bin", "primus")
+    if not os.path.exists(primus):
+        print("make_seeds: build/bin/primus missing, checkpoint seeds not written")
+        return
+    with tempfile.TemporaryDirectory() as ws:
+        subprocess.run([primus, "train", "pretrain", "--config",
+                        os.path.join(ROOT, "..", "examples", "reference", "shakespeare.yaml"),
+                        "num_layers=1", "hidden_size=4", "num_attention_heads=1", "ffn_hidden_size=8",
+                        "seq_length=4", "micro_batch_size=2", "global_batch_size=2", "train_iters=2",
+                        "eval_interval=0", "sample_tokens=0", "mock_data=true", "workspace=" + ws],
+                       check=True, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        d = os.path.join(ws, "local", "local", "shakespeare", "checkpoints", "iter_0000002")
+        model = open(os.path.join(d, "model.safetensors"), "rb").read()
+        opt = open(os.path.join(d, "optimizer.safetensors"), "rb").read()
+        state = json.load(open(os.path.join(d, "trainer_state.json")))
+        manifest = open(os.path.join(d, "manifest.json"), "rb").read()
+    small = {"step": state["step"], "model_spec": state["model_spec"], "backend": "reference"}
+    sep = SEP.encode()
+    put("checkpoint", "tiny_gpt2", model + sep + opt + sep + json.dumps(small, indent=1).encode())
+    put("checkpoint", "no_model_spec", model + sep + opt + sep + json.dumps({"step": 2}).encode())
+    put("checkpoint", "stale_manifest", model + sep + opt + sep + json.dumps(small).encode() + sep + manifest)
+
+
+checkpoint_seeds()
