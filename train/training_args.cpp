@@ -61,7 +61,8 @@ std::vector<std::string> resolve_data_paths(std::vector<std::string> paths, cons
     std::filesystem::path path(p);
     if (path.is_absolute() || p.empty() || std::isdigit(static_cast<unsigned char>(p[0])) || p[0] == '.' && p.size() > 1 && std::isdigit(static_cast<unsigned char>(p[1]))) continue;
     auto exists = [](const std::filesystem::path& x) {
-      return std::filesystem::exists(x) || std::filesystem::exists(x.string() + ".idx");
+      std::error_code ec;  // non-throwing: an unusable name is simply not there
+      return std::filesystem::exists(x, ec) || std::filesystem::exists(x.string() + ".idx", ec);
     };
     if (exists(path)) continue;
     auto beside = exp_file.parent_path() / path;

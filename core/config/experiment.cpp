@@ -67,7 +67,9 @@ std::vector<CliOverride> parse_cli_overrides(const std::vector<std::string>& arg
       throw UsageError(fmt::format("'{}' is not a valid config key", key));
     }
     Origin o{fmt::format("<command line: {}={}>", key, value), 0, 0};
-    out.push_back({key, parse_override_value(value, o)});
+    Value v = parse_override_value(value, o);
+    check_utf8(v, key);
+    out.push_back({key, std::move(v)});
   }
   return out;
 }
@@ -160,8 +162,10 @@ fsys::path find_preset(const Experiment& exp, const std::string& kind, const std
     tried.push_back(exp.file.parent_path() / name);
     for (auto& root : paths.roots) tried.push_back(root / kind / sub / name);
   }
-  for (auto& p : tried)
-    if (fsys::is_regular_file(p)) return p;
+  for (auto& p : tried) {
+    std::error_code ec;  // e.g. a name too long for the OS: not found, not an exception
+    if (fsys::is_regular_file(p, ec)) return p;
+  }
   std::vector<std::string> s;
   for (auto& p : tried) s.push_back(p.string());
   throw ConfigError(fmt::format("{}: {} preset '{}' not found (looked in: {})", where.str(),

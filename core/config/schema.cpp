@@ -135,7 +135,7 @@ void check_leaf(const Schema& schema, const std::string& key, const Value& v) {
   }
   if ((spec->type == KeyType::Int || spec->type == KeyType::Float) && !v.is_null()) {
     double x = v.as_double();
-    if (std::isnan(x) || (spec->min && x < *spec->min) || (spec->max && x > *spec->max)) {
+    if (!std::isfinite(x) || (spec->min && x < *spec->min) || (spec->max && x > *spec->max)) {
       throw ConfigError(fmt::format("{}: key '{}' = {} is out of range [{}, {}]", v.origin().str(),
                                     key, v.scalar_text(),
                                     spec->min ? fmt::format("{}", *spec->min) : "-inf",

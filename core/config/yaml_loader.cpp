@@ -90,6 +90,32 @@ Value typed_scalar(const std::string& t, const Origin& origin) {
 
 namespace {
 
+// YAML is Unicode text; a byte string that is not UTF-8 would surface later as a JSON or
+// terminal error far from its source, so it is refused here, naming the key.
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    if (n < 0 || (n > 0 && c < 0xC2 && n == 1) || i + n >= s.size() + (n == 0 ? 1 : 0)) {
+      if (n != 0) return false;
+    }
+    for (int k = 1; k <= n; ++k) {
+      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+void check_utf8_impl(const Value& v, const std::string& key) {
+  if (v.kind() == Value::Kind::String && !valid_utf8(v.as_string())) {
+    throw ConfigError(fmt::format("{}: the value of '{}' is not valid UTF-8", v.origin().str(), key));
+  }
+  if (v.is_list())
+    for (auto& it : v.items()) check_utf8_impl(it, key);
+}
+
 Origin origin_of(const YAML::Node& n, const std::string& file) {
   auto m = n.Mark();
   if (m.line < 0) return {file, 0, 0};
@@ -120,12 +146,14 @@ Value convert(const YAML::Node& n, const std::string& file, const EnvLookup& env
           throw ConfigError(fmt::format("{}: mapping keys must be plain words", ko.str()));
         }
         std::string key = kv.first.Scalar();
+        if (!valid_utf8(key)) throw ConfigError(fmt::format("{}: a key is not valid UTF-8", ko.str()));
         if (const Value* prev = m.find(key)) {
           throw ConfigError(fmt::format("{}: key '{}' is set twice in the same mapping "
                                         "(first at line {})",
                                         ko.str(), key, prev->origin().line));
         }
         Value v = convert(kv.second, file, env);
+        check_utf8_impl(v, key);
         // A key with no value (`key:`) takes the key's position so errors point at it.
         if (v.is_null() && v.origin().line == 0) v.set_origin(ko);
         m.set(key, std::move(v));
@@ -166,9 +194,11 @@ Value load_with_chain(const std::filesystem::path& path, const LoadOptions& opts
       throw ConfigError(fmt::format("extends cycle: {}{}", cycle, canonical.string()));
     }
   }
-  if (!std::filesystem::is_regular_file(path)) {
+  std::error_code file_ec;  // the non-throwing form: a name too long for the OS is "not found" too
+  if (!std::filesystem::is_regular_file(path, file_ec)) {
+    std::string why = file_ec ? fmt::format(" ({})", file_ec.message()) : "";
     std::string via = chain.empty() ? "" : fmt::format(" (extended from {})", chain.back().string());
-    throw ConfigError(fmt::format("config file not found: {}{}", path.string(), via));
+    throw ConfigError(fmt::format("config file not found: {}{}{}", path.string(), why, via));
   }
   std::string text = fs::read_file(path);
   Value self = parse_node_text(text, path.string(), opts.env);
@@ -190,7 +220,14 @@ Value load_with_chain(const std::filesystem::path& path, const LoadOptions& opts
     }
     std::filesystem::path base = b.as_string();
     if (base.is_relative()) base = path.parent_path() / base;
-    Value loaded = load_with_chain(base, opts, chain);
+    Value loaded;
+    try {
+      loaded = load_with_chain(base, opts, chain);
+    } catch (const ConfigError& e) {
+      std::string msg = e.what();
+      if (msg.rfind("config file not found: " + base.string(), 0) != 0) throw;
+      throw ConfigError(fmt::format("{}: `extends` names a file that cannot be read: {}", b.origin().str(), msg));
+    }
     merge_into(merged, loaded, opts.notes);
   }
   chain.pop_back();
@@ -200,6 +237,8 @@ Value load_with_chain(const std::filesystem::path& path, const LoadOptions& opts
 }
 
 }  // namespace
+
+void check_utf8(const Value& v, const std::string& key) { check_utf8_impl(v, key); }
 
 Value parse_yaml_text(const std::string& text, const std::string& origin_name,
                       const LoadOptions& opts) {

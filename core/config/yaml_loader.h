@@ -31,6 +31,9 @@ Value parse_yaml_text(const std::string& text, const std::string& origin_name,
 // Replaces ${VAR} and ${VAR:default} in `text`; `where` names the place for errors.
 std::string interpolate(const std::string& text, const EnvLookup& env, const Origin& where);
 
+// Refuses (ConfigError naming `key` and the value's origin) a string that is not UTF-8.
+void check_utf8(const Value& v, const std::string& key);
+
 // Types a plain scalar as YAML 1.2's core schema does (int, float, bool, null, else string).
 Value typed_scalar(const std::string& text, const Origin& origin);
 
