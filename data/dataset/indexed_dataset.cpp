@@ -270,9 +270,11 @@ IndexedDataset::IndexedDataset(std::string prefix) : prefix_(std::move(prefix)) 
           ip, i, ptr, isz, i == 0 ? 0 : i - 1, prev_end));
     }
     if (ptr > bin_size || len * isz > bin_size - ptr) {
+      // Unsigned: a pointer near 2^63 must not overflow the message (ptr >= 0 and len >= 0 here).
       throw FormatError(fmt::format("{}: sequence {} spans bytes [{}, {}) but the file has {} bytes "
                                     "(truncated .bin?)",
-                                    bp, i, ptr, ptr + len * isz, bin_size));
+                                    bp, i, ptr, static_cast<uint64_t>(ptr) + static_cast<uint64_t>(len * isz),
+                                    bin_size));
     }
     prev_end = ptr + len * isz;
     total_tokens_ += static_cast<uint64_t>(len);

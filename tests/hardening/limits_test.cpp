@@ -229,6 +229,15 @@ TEST_F(IndexedLimits, PointerOutsideTheBin) {
   expect_refused(inspect(prefix), 3, {prefix + ".bin", "sequence 2"});
 }
 
+// Found by fuzz_indexed_dataset: a pointer just below 2^63 overflowed int64 while formatting
+// the error (undefined behaviour, reported by UBSan in the sanitizer build).
+TEST_F(IndexedLimits, PointerNearInt64MaxIsRefusedWithoutOverflow) {
+  auto prefix = make_dataset();
+  int64_t ptr = INT64_MAX - 3;
+  patch_idx(prefix, 34 + 3 * 4, &ptr, 8);
+  expect_refused(inspect(prefix), 3, {prefix + ".bin", "sequence 0", std::to_string(ptr)});
+}
+
 TEST_F(IndexedLimits, TokenOutsideTheVocabularyNamesDocumentAndPosition) {
   std::string prefix = (dir() / "ds").string();
   {
