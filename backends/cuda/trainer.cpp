@@ -9,6 +9,7 @@
 
 #include "backends/cuda/attention_fallback.h"
 #include "train/data_setup.h"
+#include "train/trainer_state.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/nvtx.h"
 #include "backends/cuda/param_init.h"
@@ -141,17 +142,8 @@ double CudaTrainer::evaluate() {
 }
 
 nlohmann::json CudaTrainer::state_json(int64_t step) const {
-  std::ostringstream rng;
-  rng << sample_rng_;
-  nlohmann::json s = {{"step", step},
-                      {"backend", "cuda"},
-                      {"tokenizer", args_->train.data.tokenizer},
-                      {"data_train", data_.train->state()},
-                      {"rng", rng.str()},
-                      {"config", args_->params.to_json()},
-                      {"experiment", args_->experiment_file}};
-  if (data_.valid) s["data_valid"] = data_.valid->state();
-  return s;
+  return train::make_trainer_state(
+      step, {"cuda", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_);
 }
 
 void CudaTrainer::save(int64_t step) {
@@ -179,16 +171,7 @@ void CudaTrainer::load(const fsys::path& dir) {
   train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), m.data(), v.data());
   model_->set_params(params.data());
   model_->set_moments(m.data(), v.data());
-  const auto& s = data.state;
-  try {
-    step_ = s.at("step").get<int64_t>();
-    data_.train->load_state(s.at("data_train"));
-    if (data_.valid && s.contains("data_valid")) data_.valid->load_state(s.at("data_valid"));
-    std::istringstream rng(s.at("rng").get<std::string>());
-    rng >> sample_rng_;
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(fmt::format("checkpoint {}: trainer_state.json is incomplete: {}", dir.string(), e.what()));
-  }
+  step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
   spdlog::info("[checkpoint] resumed from {} at step {}", dir.string(), step_);
 }

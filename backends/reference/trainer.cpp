@@ -12,6 +12,7 @@
 #include "io/checkpoint.h"
 #include "train/checkpointing.h"
 #include "train/data_setup.h"
+#include "train/trainer_state.h"
 #include "train/lr_schedule.h"
 #include "train/signals.h"
 #include "turbo/kernels/cpu/optimizer.h"
@@ -120,17 +121,8 @@ double ReferenceTrainer::evaluate() {
 }
 
 nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
-  std::ostringstream rng;
-  rng << sample_rng_;
-  nlohmann::json s = {{"step", step},
-                      {"backend", "reference"},
-                      {"tokenizer", args_->train.data.tokenizer},
-                      {"data_train", data_.train->state()},
-                      {"rng", rng.str()},
-                      {"config", args_->params.to_json()},
-                      {"experiment", args_->experiment_file}};
-  if (data_.valid) s["data_valid"] = data_.valid->state();
-  return s;
+  return train::make_trainer_state(
+      step, {"reference", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_);
 }
 
 void ReferenceTrainer::save(int64_t step) {
@@ -149,16 +141,7 @@ void ReferenceTrainer::save(int64_t step) {
 void ReferenceTrainer::load(const fsys::path& dir) {
   io::CheckpointData data = io::load_checkpoint(dir);
   train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), m_.data(), v_.data());
-  const auto& s = data.state;
-  try {
-    step_ = s.at("step").get<int64_t>();
-    data_.train->load_state(s.at("data_train"));
-    if (data_.valid && s.contains("data_valid")) data_.valid->load_state(s.at("data_valid"));
-    std::istringstream rng(s.at("rng").get<std::string>());
-    rng >> sample_rng_;
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(fmt::format("checkpoint {}: trainer_state.json is incomplete: {}", dir.string(), e.what()));
-  }
+  step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
   spdlog::info("[checkpoint] resumed from {} at step {}", dir.string(), step_);
 }

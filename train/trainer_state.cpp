@@ -1,0 +1,40 @@
+#include "train/trainer_state.h"
+
+#include <fmt/format.h>
+
+#include <sstream>
+
+#include "core/util/error.h"
+
+namespace primus::train {
+
+nlohmann::json make_trainer_state(int64_t step, const TrainerStateInfo& info, const data::DataIterators& data,
+                                  const std::mt19937_64& rng) {
+  std::ostringstream r;
+  r << rng;
+  nlohmann::json s = {{"step", step},
+                      {"backend", info.backend},
+                      {"tokenizer", info.tokenizer},
+                      {"data_train", data.train->state()},
+                      {"rng", r.str()},
+                      {"config", info.params ? info.params->to_json() : nlohmann::json()},
+                      {"experiment", info.experiment_file}};
+  if (data.valid) s["data_valid"] = data.valid->state();
+  return s;
+}
+
+int64_t restore_trainer_state(const nlohmann::json& s, const std::filesystem::path& dir, data::DataIterators& data,
+                              std::mt19937_64& rng) {
+  try {
+    int64_t step = s.at("step").get<int64_t>();
+    data.train->load_state(s.at("data_train"));
+    if (data.valid && s.contains("data_valid")) data.valid->load_state(s.at("data_valid"));
+    std::istringstream r(s.at("rng").get<std::string>());
+    r >> rng;
+    return step;
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(fmt::format("checkpoint {}: trainer_state.json is incomplete: {}", dir.string(), e.what()));
+  }
+}
+
+}  // namespace primus::train
