@@ -75,8 +75,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{{"hidden_size=30", "num_attention_heads=4"}, {"hidden_size", "num_attention_heads"}},
                       BadValue{{"global_batch_size=6"}, {"global_batch_size", "micro_batch_size"}},
                       BadValue{{"vocab_size=100"}, {"vocab_size", "256"}},
-                      // Non-finite numbers pass a [min, inf] range check; training then fails at
-                      // step 1 with NaN losses (exit 3) instead of a config error naming the key.
+                      // Non-finite numbers once passed a [min, inf] range check and training failed
+                      // at step 1 with NaN losses (exit 3); fixed in 640d5ad (core/config/schema.cpp).
                       BadValue{{"lr=.inf"}, {"lr", "<command line"}},
                       BadValue{{"weight_decay=.inf"}, {"weight_decay", "<command line"}}),
     [](const auto& info) {
@@ -93,9 +93,9 @@ TEST_F(HardeningTest, ConfigValueOutOfRangeInAFileNamesFileLineAndKey) {
 }
 
 // Found by fuzz_config_yaml and fuzz_cli_overrides: config text that is not valid UTF-8 in a
-// list set in two layers, or in a string that `config show` quotes, escapes as a bare
+// list set in two layers, or in a string that `config show` quotes, escaped as a bare
 // nlohmann::json exception (exit 3, no file or key) from core/config/value.cpp (scalar_text and
-// yaml_scalar dump through nlohmann::json, which refuses invalid UTF-8). Accepted (paths are
+// yaml_scalar dump through nlohmann::json, which refuses invalid UTF-8); fixed in 640d5ad. Accepted (paths are
 // bytes) or refused as a config error naming the key: either is fine, a JSON exception is not.
 void expect_handled_bytes(const RunResult& r, const std::string& key) {
   EXPECT_EQ(r.output.find("json.exception"), std::string::npos) << r.output;
@@ -121,9 +121,9 @@ TEST_F(HardeningTest, InvalidUtf8StringInConfigShow) {
 }
 
 // Found by fuzz_config_yaml: a file name with a component longer than the system allows, in
-// `extends:` or as a preset, escapes as std::filesystem::filesystem_error (exit 3) from
+// `extends:` or as a preset, escaped as std::filesystem::filesystem_error (exit 3) from
 // core/config (yaml_loader.cpp load_with_chain, experiment.cpp find_preset) instead of a config
-// error naming the file that refers to it.
+// error naming the file that refers to it; fixed in 640d5ad.
 TEST_F(HardeningTest, OverlongExtendsNameIsAConfigErrorNamingTheFile) {
   auto exp = dir() / "exp.yaml";
   std::ofstream(exp) << "extends: " << std::string(300, 'x') << ".yaml\n";
@@ -138,7 +138,8 @@ TEST_F(HardeningTest, OverlongPresetNameIsAConfigErrorNamingTheFile) {
 }
 
 // Shapes whose memory overflows or cannot exist: refused as config errors naming the keys,
-// before anything is allocated (today: std::bad_alloc or a hang, exit 3, no key named).
+// before anything is allocated (before 640d5ad: std::bad_alloc, an ASan out-of-memory, a
+// signed overflow in train/param_layout.cpp, or a hang; exit 3 with no key named).
 class AbsurdShape : public HardeningTest, public ::testing::WithParamInterface<BadValue> {};
 
 TEST_P(AbsurdShape, RefusedWithExit2NamingTheKey) {
