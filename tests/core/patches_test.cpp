@@ -43,7 +43,8 @@ TEST(PatchRegistry, VersionRanges) {
 
 TEST(PatchFilter, ParsesAllNoneAndListsAndRejectsUnknownIds) {
   PatchRegistry r;
-  dummy::register_backend(*new BackendRegistry, r);
+  BackendRegistry backends;
+  dummy::register_backend(backends, r);
   EXPECT_TRUE(PatchFilter::parse("all", r).allows("dummy.env.marker"));
   EXPECT_FALSE(PatchFilter::parse("none", r).allows("dummy.env.marker"));
   auto f = PatchFilter::parse("dummy.env.marker, dummy.greet.fancy", r);
