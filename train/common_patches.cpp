@@ -4,6 +4,7 @@
 
 #include "core/patches/context.h"
 #include "core/util/error.h"
+#include "dist/launch_env.h"
 
 namespace primus::train {
 
@@ -19,6 +20,27 @@ void register_common_args_patches(patches::PatchRegistry& reg, const std::string
   using patches::Patch;
   using patches::PatchContext;
   using patches::Phase;
+
+  Patch dp;
+  dp.id = backend + ".args.data_parallel_size";
+  dp.backend = backend;
+  dp.phase = Phase::BuildArgs;
+  dp.priority = 5;  // before grad_accum, which divides by it
+  dp.description = "sets the data-parallel size to the job's world size (WORLD_SIZE from `primus launch`, "
+                   "torchrun or Slurm)";
+  dp.logic = "rewrites args: data_parallel_size = WORLD_SIZE (a config value other than 1 must agree)";
+  dp.tags = {"args", "distributed"};
+  dp.apply = [](PatchContext& c) {
+    TrainingArgs& t = training_of(c);
+    dist::DistEnv env = dist::read_dist_env();
+    if (env.world_size == 1) return;
+    if (t.data_parallel_size != 1 && t.data_parallel_size != env.world_size) {
+      throw ConfigError(fmt::format("data_parallel_size {} disagrees with the job's {} processes ({}); leave it unset",
+                                    t.data_parallel_size, env.world_size, dist::describe(env)));
+    }
+    t.data_parallel_size = env.world_size;
+  };
+  reg.add(dp);
 
   Patch accum;
   accum.id = backend + ".args.grad_accum";

@@ -17,22 +17,29 @@ std::string format_duration(double s) {
 
 ProgressReporter::ProgressReporter(const std::filesystem::path& output_dir,
                                    const std::filesystem::path& tb_dir, int64_t total_steps,
-                                   int64_t log_interval, int64_t start_step)
-    : metrics_(output_dir / "metrics.jsonl"),
-      total_(total_steps),
+                                   int64_t log_interval, int64_t start_step, bool enabled)
+    : total_(total_steps),
       interval_(std::max<int64_t>(1, log_interval)),
       start_(start_step),
       t0_(std::chrono::steady_clock::now()) {
+  if (!enabled) return;
+  metrics_ = std::make_unique<io::MetricsWriter>(output_dir / "metrics.jsonl");
   if (!tb_dir.empty()) tb_ = std::make_unique<io::TensorBoardWriter>(tb_dir);
 }
 
+const std::filesystem::path& ProgressReporter::metrics_path() const {
+  static const std::filesystem::path none;
+  return metrics_ ? metrics_->path() : none;
+}
+
 void ProgressReporter::step(const StepStats& s) {
+  if (!metrics_) return;
   double tok_s = s.seconds > 0 ? s.tokens / s.seconds : 0;
   nlohmann::json j = {{"step", s.step},       {"loss", s.loss},     {"lr", s.lr},
                       {"grad_norm", s.grad_norm}, {"tokens_per_s", tok_s}, {"step_s", s.seconds}};
   if (s.skipped) j["skipped"] = true;
   for (auto& [k, v] : s.extras) j[k] = v;
-  metrics_.write(j);
+  metrics_->write(j);
   if (tb_) {
     std::vector<std::pair<std::string, float>> vals = {
         {"train/loss", static_cast<float>(s.loss)}, {"train/lr", static_cast<float>(s.lr)},
@@ -60,7 +67,8 @@ void ProgressReporter::step(const StepStats& s) {
 }
 
 void ProgressReporter::eval(int64_t step, double val_loss) {
-  metrics_.write({{"step", step}, {"val_loss", val_loss}});
+  if (!metrics_) return;
+  metrics_->write({{"step", step}, {"val_loss", val_loss}});
   if (tb_) tb_->add_scalar("valid/loss", static_cast<float>(val_loss), step);
   spdlog::info("step {} | validation loss {:.4f} (ppl {:.2f})", step, val_loss, std::exp(val_loss));
 }

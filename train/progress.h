@@ -25,16 +25,17 @@ struct StepStats {
 
 class ProgressReporter {
  public:
-  // metrics.jsonl goes in `output_dir`; TensorBoard only when `tb_dir` is non-empty.
+  // metrics.jsonl goes in `output_dir`; TensorBoard only when `tb_dir` is non-empty. With
+  // `enabled` false (data-parallel ranks other than 0) nothing is written or printed.
   ProgressReporter(const std::filesystem::path& output_dir, const std::filesystem::path& tb_dir,
-                   int64_t total_steps, int64_t log_interval, int64_t start_step);
+                   int64_t total_steps, int64_t log_interval, int64_t start_step, bool enabled = true);
   void step(const StepStats& s);
   void eval(int64_t step, double val_loss);
   void flush();
-  const std::filesystem::path& metrics_path() const { return metrics_.path(); }
+  const std::filesystem::path& metrics_path() const;  // empty when disabled
 
  private:
-  io::MetricsWriter metrics_;
+  std::unique_ptr<io::MetricsWriter> metrics_;  // null when disabled
   std::unique_ptr<io::TensorBoardWriter> tb_;
   int64_t total_, interval_, start_;
   std::chrono::steady_clock::time_point t0_;

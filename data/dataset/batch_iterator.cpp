@@ -23,6 +23,12 @@ void BatchIterator::next_batch(int batch, int32_t* out) {
   position_ += b * static_cast<uint64_t>(dp_size_);
 }
 
+void BatchIterator::read_at(uint64_t offset, int count, int32_t* out) const {
+  if (count < 1) throw ConfigError(fmt::format("batch size must be >= 1, got {}", count));
+  const size_t row = static_cast<size_t>(source_->seq_length()) + 1;
+  for (int i = 0; i < count; ++i) source_->sample(position_ + offset + static_cast<uint64_t>(i), out + i * row);
+}
+
 nlohmann::json BatchIterator::state() const {
   return {{"version", 1}, {"position", position_}, {"source", source_->describe()}};
 }
