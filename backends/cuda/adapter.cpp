@@ -3,11 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include "backends/cuda/args.h"
+#include "backends/cuda/data_parallel.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/register.h"
 #include "backends/cuda/trainer.h"
 #include "core/util/error.h"
+#include "train/data_parallel.h"
 
 namespace primus::backends::cuda {
 
@@ -21,7 +23,11 @@ void add_cuda_schema(config::Schema& s) {
             "auto: Turbo's attention op (cuDNN / flash kernels) where built, else the fallback; turbo; fallback "
             "(GEMMs + softmax kernel, materialises [T,T] scores)",
             {"auto", "turbo", "fallback"})
-      .number("peak_flops", 0.0, "dense bf16 peak FLOP/s per GPU for MFU (0: looked up from the GPU name)", 0.0);
+      .number("peak_flops", 0.0, "dense bf16 peak FLOP/s per GPU for MFU (0: looked up from the GPU name)", 0.0)
+      .flag("overlap_grad_reduce", true,
+            "data parallelism: reduce each gradient bucket as soon as its layers' backward is done (false: all "
+            "after the backward)");
+  train::add_data_parallel_schema(s);  // use_distributed_optimizer, ddp_bucket_size_mb
 }
 
 std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
@@ -53,7 +59,7 @@ class CudaAdapter : public BackendAdapter {
   void define_hooks(patches::HookTable& hooks) const override { define_cuda_hooks(hooks); }
 
   void prepare(const config::ModuleConfig& cfg) override {
-    device_ = select_device(static_cast<int>(cfg.params.find_path("device")->as_int()));
+    device_ = select_device(rank_device(static_cast<int>(cfg.params.find_path("device")->as_int())));
     spdlog::info("[cuda] device {}: {} (sm_{}{}, {} SMs, {:.1f} GiB)", device_.index, device_.name, device_.cc_major,
                  device_.cc_minor, device_.sm_count, static_cast<double>(device_.total_bytes) / (1 << 30));
   }
@@ -64,7 +70,11 @@ class CudaAdapter : public BackendAdapter {
     auto a = std::make_shared<CudaArgs>();
     a->model = train::ModelSpec::from_config(p);
     a->train = train::TrainingArgs::from_config(p, exp);
-    a->device = static_cast<int>(p.find_path("device")->as_int());
+    a->device = rank_device(static_cast<int>(p.find_path("device")->as_int()));
+    const train::DataParallelArgs dpa = train::DataParallelArgs::from_config(p);
+    a->use_distributed_optimizer = dpa.distributed_optimizer;
+    a->ddp_bucket_size = dpa.bucket_elems(4);  // fp32 gradients
+    a->overlap_grad_reduce = p.find_path("overlap_grad_reduce")->as_bool();
     a->device_name = device_.name;
     a->attention_backend = p.find_path("attention_backend")->as_string();
     a->peak_flops = p.find_path("peak_flops")->as_double();

@@ -19,6 +19,10 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   std::string attention_backend = "auto";  // auto | turbo | fallback (which slot default; see hooks.h)
   double peak_flops = 0;                   // dense bf16 FLOP/s per GPU for MFU; 0: unknown (no MFU)
   std::string device_name;                 // filled by prepare()
+  // Data parallelism (data_parallel.h), across the ranks of a launched job.
+  bool use_distributed_optimizer = false;  // ZeRO-1
+  int64_t ddp_bucket_size = 6'553'600;     // gradient elements per reduction bucket (ddp_bucket_size_mb)
+  bool overlap_grad_reduce = true;         // launch buckets during the backward
   bool host_mode = false;                  // not a config key: tests run the trainer on Turbo's CPU
                                            // backends (fp32, no GPU; see CudaModelOptions::device)
   config::Value params;                    // the resolved config, saved with checkpoints

@@ -78,6 +78,13 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   check_shapes(spec_);
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   host_ = opt_.device == Device::CPU;
+  if (host_ && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
+    throw RuntimeError("cuda model: host mode keeps its own optimizer state and unpadded buffers");
+  }
+  if (opt_.flat_elems != 0 && opt_.flat_elems < layout_.total) {
+    throw RuntimeError(fmt::format("cuda model: flat_elems {} is below the parameter count {}", opt_.flat_elems,
+                                   layout_.total));
+  }
   act_ = host_ ? DType::F32 : DType::BF16;
   if (!host_) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 
@@ -135,7 +142,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
 
   // Optimizer over every tensor: fp32 master and moments, f32 gradients, the bf16 copy it refreshes.
   std::vector<turbo::AdamWTensor> ts;
-  for (const auto& t : layout_.tensors) {
+  for (const auto& t : opt_.optimizer_state ? layout_.tensors : std::vector<train::ParamTensor>{}) {
     turbo::AdamWTensor a;
     a.master = master_.slice0(t.offset, t.offset + t.numel);
     if (!host_) a.model = weights_.slice0(t.offset, t.offset + t.numel);
@@ -145,9 +152,9 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     a.decay = t.decay;
     ts.push_back(a);
   }
-  adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
+  if (opt_.optimizer_state) adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
   if (spec_.rope && !host_) turbo::rope_build_table(rope_table_, spec_.rotary_base, ctx());
-  set_moments(nullptr, nullptr);
+  if (opt_.optimizer_state) set_moments(nullptr, nullptr);
   zero_grad();
   sync();
 }
@@ -164,11 +171,14 @@ void CudaModel::plan(Take&& take) {
   const int64_t P = layout_.total, N = opt_.max_batch * opt_.max_seq;
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KVD = spec_.kv_dim();
   const int64_t F = spec_.ffn_hidden_size, FC = spec_.fc_dim(), V = spec_.padded_vocab_size;
-  master_ = take(Pool::State, DType::F32, {P}, "fp32 master weights");
-  grads_ = take(Pool::State, DType::F32, {P}, "fp32 gradients");
-  m_ = take(Pool::State, DType::F32, {P}, "AdamW first moments");
-  v_ = take(Pool::State, DType::F32, {P}, "AdamW second moments");
-  if (!host_) weights_ = take(Pool::State, DType::BF16, {P}, "bf16 weights");
+  const int64_t PF = std::max(P, opt_.flat_elems);  // padded for ZeRO-1 (CudaModelOptions)
+  if (opt_.optimizer_state) master_ = take(Pool::State, DType::F32, {P}, "fp32 master weights");
+  grads_ = take(Pool::State, DType::F32, {PF}, "fp32 gradients");
+  if (opt_.optimizer_state) {
+    m_ = take(Pool::State, DType::F32, {P}, "AdamW first moments");
+    v_ = take(Pool::State, DType::F32, {P}, "AdamW second moments");
+  }
+  if (!host_) weights_ = take(Pool::State, DType::BF16, {PF}, "bf16 weights");
   if (spec_.rope && !host_) rope_table_ = take(Pool::State, DType::F32, {spec_.seq_length, spec_.head_dim() / 2, 2}, "RoPE table");
   loss_slots_ = take(Pool::State, DType::F32, {opt_.loss_slots}, "loss sums");
   norm_ = take(Pool::State, DType::F32, {2}, "grad norm and clip factor");
@@ -285,14 +295,32 @@ ExecContext CudaModel::ctx() const {
 // ---- host copies --------------------------------------------------------------------------
 
 void CudaModel::set_params(const float* host) {
+  if (!opt_.optimizer_state) {  // no master copy: stage the fp32 weights in the gradient buffer
+    to_model(grads_.data, host, size_t(layout_.total) * 4);
+    kernels::cast_f32_to_bf16(weights_.data, grads_.ptr<float>(), layout_.total, stream_);
+    zero_grad();
+    sync();
+    return;
+  }
   to_model(master_.data, host, master_.nbytes());
   if (!host_) kernels::cast_f32_to_bf16(weights_.data, master_.ptr<float>(), layout_.total, stream_);
   sync();
 }
 
-void CudaModel::get_params(float* host) const { from_model(host, master_.data, master_.nbytes()); }
+void CudaModel::get_params(float* host) const {
+  need_optimizer_state("get_params");
+  from_model(host, master_.data, master_.nbytes());
+}
+
+void CudaModel::need_optimizer_state(const char* what) const {
+  if (!opt_.optimizer_state) {
+    throw RuntimeError(fmt::format("cuda model: {} needs the optimizer state, which this model (ZeRO-1) does not keep",
+                                   what));
+  }
+}
 
 void CudaModel::set_moments(const float* m, const float* v) {
+  need_optimizer_state("set_moments");
   for (auto [dst, src] : {std::pair{&m_, m}, std::pair{&v_, v}}) {
     if (src)
       to_model(dst->data, src, dst->nbytes());
@@ -303,6 +331,7 @@ void CudaModel::set_moments(const float* m, const float* v) {
 }
 
 void CudaModel::get_moments(float* m, float* v) const {
+  need_optimizer_state("get_moments");
   from_model(m, m_.data, m_.nbytes());
   from_model(v, v_.data, v_.nbytes());
 }
@@ -549,11 +578,13 @@ void CudaModel::backward() {
 
 void CudaModel::grad_norm(float max_norm) {
   NvtxRange r("grad norm");
+  need_optimizer_state("grad_norm");
   ops_.grad_norm(*adamw_, norm_, max_norm, ctx());
 }
 
 void CudaModel::update(const turbo::AdamWHyper& hp) {
   NvtxRange r("adamw");
+  need_optimizer_state("update");
   ops_.adamw(*adamw_, hp, norm_.slice0(1, 2), ctx());
 }
 

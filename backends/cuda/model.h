@@ -45,6 +45,13 @@ struct CudaModelOptions {
   // device the model reserves at least enough for Turbo's flash kernels and cuDNN.
   size_t attention_scratch_bytes = 0;
   turbo::Device device = turbo::Device::CUDA;  // CPU: host mode (fp32, no GPU needed)
+  // Data parallelism (data_parallel.h). flat_elems: the flat gradient and bf16 weight buffers
+  // hold this many elements (>= layout().total; ZeRO-1 pads them to equal per-rank chunks, the
+  // tail stays zero); 0: layout().total. optimizer_state = false: no fp32 master weights and
+  // moments here (the ZeRO-1 shard holds them); set_params() then only refreshes the bf16
+  // weights, and get_params(), the moment calls, grad_norm() and update() throw. Device only.
+  int64_t flat_elems = 0;
+  bool optimizer_state = true;
 };
 
 class CudaModel {
@@ -59,6 +66,11 @@ class CudaModel {
   const train::ModelSpec& spec() const { return spec_; }
   const train::ParamLayout& layout() const { return layout_; }
   cudaStream_t stream() const { return stream_; }
+  // For data parallelism: the flat fp32 gradients and bf16 weights (flat_elems each), reduced
+  // and gathered in place, and the device {grad norm, clip factor} that update() applies.
+  const TensorView& grads() const { return grads_; }
+  const TensorView& weights() const { return weights_; }
+  const TensorView& grad_norm_buffer() const { return norm_; }
 
   // Host <-> device copies of the flat fp32 buffers (layout().total floats each). They
   // synchronise. set_params also refreshes the bf16 compute copy.
@@ -109,6 +121,7 @@ class CudaModel {
   template <class Take>
   void plan(Take&& take);  // assigns every buffer; run once to count bytes, once to allocate
   Param param(const std::string& name, bool required) const;
+  void need_optimizer_state(const char* what) const;  // throws without it (ZeRO-1)
   // out = norm(inp (+ residual, stored to res_out)); residual undefined: out = norm(inp).
   void norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd, const TensorView& res_out,
                     const TensorView& inp, const TensorView& residual, const NormParams& p, int64_t N);

@@ -9,6 +9,7 @@
 
 #include "backends/cuda/attention_fallback.h"
 #include "train/data_setup.h"
+#include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/nvtx.h"
@@ -31,14 +32,34 @@ CudaTrainer::CudaTrainer(std::shared_ptr<CudaArgs> args, CudaOps ops) : args_(st
 
 void CudaTrainer::setup() {
   auto& t = args_->train;
+  dist_ = dist::read_dist_env();
+  if (dist_.world_size > 1 && args_->host_mode) {
+    throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode is one process)");
+  }
   t.check_batch();
   t.check_data();
-  if (t.data_parallel_size != 1) {
-    throw ConfigError(fmt::format("data_parallel_size {}: data parallelism (NCCL) is not implemented yet in the cuda "
-                                  "backend (use 1)",
-                                  t.data_parallel_size));
+  if (t.data_parallel_size != dist_.world_size) {
+    throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}); launch one rank per GPU with "
+                                  "primus launch / torchrun / srun",
+                                  t.data_parallel_size, dist_.world_size, dist::describe(dist_)));
   }
+  // This rank's contiguous slice of every global batch (train/data_parallel.h): the same
+  // samples, in rank order, that one process reads, and resumable at any world size.
+  reader_ = std::make_unique<train::RankBatchReader>(t.global_batch_size, t.micro_batch_size, dist_.rank,
+                                                     dist_.world_size);
   if (!args_->host_mode) select_device(args_->device);  // this thread's device (prepare() ran on it too)
+  if (dist_.world_size > 1) {
+    train::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
+    store_ = dist::TcpStore::from_env(dist_);
+    NcclGroupOptions go;
+    go.device = args_->device;
+    go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
+    pg_ = std::make_unique<NcclProcessGroup>(*store_, dist_, go);
+    spdlog::info("[cuda] data parallel: {} ranks ({}), {}", dist_.world_size, dist::describe(dist_),
+                 args_->use_distributed_optimizer ? "ZeRO-1 (sharded optimizer)" : "replicated optimizer");
+  } else if (args_->use_distributed_optimizer) {
+    spdlog::info("[cuda] use_distributed_optimizer: a job of one rank has nothing to shard");
+  }
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
   spdlog::info("[cuda] output folder {}", t.output_dir.string());
@@ -66,10 +87,31 @@ void CudaTrainer::init() {
                                                                   spec.num_attention_heads, spec.num_query_groups,
                                                                   spec.head_dim(), args_->host_mode ? 4 : 2);
   }
-  model_ = std::make_unique<CudaModel>(spec, mo, ops_);
+  const bool zero = pg_ && args_->use_distributed_optimizer;
+  if (zero) {
+    mo.flat_elems = zero1_padded_total(train::make_param_layout(spec), dist_.world_size);
+    mo.optimizer_state = false;
+  }
+  model_ = std::make_unique<CudaModel>(spec, mo, pg_ ? relay_.wrap(ops_) : ops_);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
-  init_params(spec, model_->layout(), t.seed, params.data());
+  init_params(spec, model_->layout(), t.seed, params.data());  // the same seed: every rank the same weights
   model_->set_params(params.data());
+  if (pg_) {
+    DataParallelOptions dpo;
+    dpo.zero1 = zero;
+    dpo.bucket_elems = args_->ddp_bucket_size;
+    dpo.overlap = args_->overlap_grad_reduce;
+    dp_ = std::make_unique<DataParallel>(*model_, *pg_, relay_, dpo);
+    if (zero) dp_->set_state(params.data(), nullptr, nullptr);
+    const double full_opt = 12.0 * static_cast<double>(model_->layout().total);
+    spdlog::info("[cuda] gradient reduction: {} buckets of <= {} elements, {}; optimizer state per GPU {:.3f} GiB{}",
+                 dp_->buckets().size(), args_->ddp_bucket_size,
+                 args_->overlap_grad_reduce ? "overlapped with the backward" : "after the backward",
+                 zero ? gib(dp_->optimizer_bytes()) : full_opt / double(size_t{1} << 30),
+                 zero ? fmt::format(" (ZeRO-1 shard of {} elements; unsharded {:.3f} GiB)", dp_->shard_elems(),
+                                    full_opt / double(size_t{1} << 30))
+                      : "");
+  }
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
@@ -83,13 +125,24 @@ void CudaTrainer::init() {
 
   const fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
-  progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
-                                                        t.log_interval, step_);
+  if (rank0()) {
+    progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
+                                                          t.log_interval, step_);
+  }
 }
 
 void CudaTrainer::next_batch(data::BatchIterator& it) {
+  it.next_batch(static_cast<int>(args_->train.micro_batch_size), batch_.data());
+  split_batch();
+}
+
+void CudaTrainer::read_micro(int64_t micro) {
+  reader_->read(*data_.train, micro, batch_.data());
+  split_batch();
+}
+
+void CudaTrainer::split_batch() {
   const int64_t B = args_->train.micro_batch_size, T = args_->model.seq_length;
-  it.next_batch(static_cast<int>(B), batch_.data());
   for (int64_t b = 0; b < B; ++b) {
     std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
     std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
@@ -102,12 +155,20 @@ double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   model_->zero_grad();
   const float dloss = static_cast<float>(1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps)));
   for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
-    next_batch(*data_.train);
+    read_micro(micro);
     model_->forward(inputs_.data(), targets_.data(), B, T, dloss, micro);
+    if (dp_) dp_->begin_backward(micro + 1 == t.grad_accum_steps);
     model_->backward();
   }
-  model_->grad_norm(static_cast<float>(t.optim.clip_grad));
-  const double loss = model_->read_loss_sum(t.grad_accum_steps) / static_cast<double>(t.grad_accum_steps);
+  reader_->finish_step(*data_.train);
+  if (dp_) dp_->end_backward();  // the gradients are now averaged over the ranks (ZeRO-1: this rank's shard)
+  if (zero1()) {
+    dp_->grad_norm(static_cast<float>(t.optim.clip_grad));
+  } else {
+    model_->grad_norm(static_cast<float>(t.optim.clip_grad));
+  }
+  double loss = model_->read_loss_sum(t.grad_accum_steps) / static_cast<double>(t.grad_accum_steps);
+  if (dp_) loss = dp_->average({loss})[0];  // the global batch's loss
   const double norm = model_->read_grad_norm();
   *grad_norm = norm;
   *finite = std::isfinite(loss) && std::isfinite(norm);
@@ -119,7 +180,11 @@ double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   hp.eps = static_cast<float>(t.optim.eps);
   hp.weight_decay = static_cast<float>(t.optim.weight_decay);  // applied to tensors with decay (ParamLayout)
   hp.step = step + 1;
-  model_->update(hp);
+  if (zero1()) {
+    dp_->update(hp);
+  } else {
+    model_->update(hp);
+  }
   return loss;
 }
 
@@ -133,7 +198,7 @@ double CudaTrainer::evaluate() {
   data_.valid->load_state(valid_start_);
   double sum = 0;
   for (int64_t i = 0; i < t.eval_iters; ++i) {
-    next_batch(*data_.valid);
+    next_batch(*data_.valid);  // every rank the same batches: a 1-rank run's values
     model_->forward(inputs_.data(), targets_.data(), B, T, 0.0f, 0);
     sum += model_->read_loss_sum(1);
   }
@@ -147,19 +212,33 @@ nlohmann::json CudaTrainer::state_json(int64_t step) const {
 }
 
 void CudaTrainer::save(int64_t step) {
-  auto& t = args_->train;
   NvtxRange r("checkpoint");
   auto t0 = std::chrono::steady_clock::now();
   const size_t n = static_cast<size_t>(model_->layout().total);
-  std::vector<float> params(n), m(n), v(n);
-  model_->get_params(params.data());
-  model_->get_moments(m.data(), v.data());
+  if (zero1()) {
+    // Every rank takes part in gathering the shards; rank 0 writes one checkpoint that loads at
+    // any world size (and in the reference backend).
+    std::vector<float> params(rank0() ? n : 0), m(rank0() ? n : 0), v(rank0() ? n : 0);
+    dp_->gather_state(rank0() ? params.data() : nullptr, rank0() ? m.data() : nullptr, rank0() ? v.data() : nullptr);
+    if (rank0()) write_checkpoint(step, params, m, v, t0);
+  } else if (rank0()) {
+    std::vector<float> params(n), m(n), v(n);
+    model_->get_params(params.data());
+    model_->get_moments(m.data(), v.data());
+    write_checkpoint(step, params, m, v, t0);
+  }
+  last_saved_ = step;
+  if (pg_) pg_->barrier();  // nobody resumes from (or deletes) a checkpoint still being written
+}
+
+void CudaTrainer::write_checkpoint(int64_t step, const std::vector<float>& params, const std::vector<float>& m,
+                                   const std::vector<float>& v, std::chrono::steady_clock::time_point t0) {
+  auto& t = args_->train;
   auto data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(),
                                      state_json(step));
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
   auto dir = io::save_checkpoint(t.ckpt.save, step, data, so);
-  last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
@@ -170,7 +249,11 @@ void CudaTrainer::load(const fsys::path& dir) {
   std::vector<float> params(n), m(n), v(n);
   train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), m.data(), v.data());
   model_->set_params(params.data());
-  model_->set_moments(m.data(), v.data());
+  if (zero1()) {
+    dp_->set_state(params.data(), m.data(), v.data());
+  } else {
+    model_->set_moments(m.data(), v.data());
+  }
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
   spdlog::info("[checkpoint] resumed from {} at step {}", dir.string(), step_);
@@ -216,12 +299,13 @@ void CudaTrainer::train() {
     if (args_->peak_flops > 0) st.extras.push_back({"mfu", flops / args_->peak_flops});
     st.extras.push_back({"mem_gib", gib(used)});                       // device-wide, CUDA context included
     st.extras.push_back({"arena_gib", gib(model_->reserved_bytes())});  // the model's own tensors
-    progress_->step(st);
+    if (progress_) progress_->step(st);
     if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || step_ == t.train_iters)) {
       double vl = evaluate();
-      if (std::isfinite(vl)) progress_->eval(step_, vl);
+      if (std::isfinite(vl) && progress_) progress_->eval(step_, vl);
     }
     bool stop = train::exit_requested();
+    if (dp_) stop = dp_->average({stop ? 1.0 : 0.0})[0] > 0;  // a signal to any rank stops every rank at this step
     if ((t.ckpt.save_interval > 0 && step_ % t.ckpt.save_interval == 0) || step_ == t.train_iters || stop) {
       save(step_);
     }
@@ -243,6 +327,7 @@ void CudaTrainer::train() {
 
 void CudaTrainer::cleanup(bool on_error) {
   if (progress_) progress_->flush();
+  if (on_error && pg_) pg_->abort();  // frees this rank's GPU work; the peers' watchdogs name this rank
   if (on_error) spdlog::error("[cuda] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }
 

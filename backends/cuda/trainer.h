@@ -3,11 +3,14 @@
 // checkpoints, NaN stop/skip, preemption signals) as the reference trainer does, with the
 // model on the GPU. Per step it also reports model TFLOP/s, MFU and device memory.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "backends/cuda/args.h"
+#include "backends/cuda/data_parallel.h"
+#include "train/data_parallel.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model.h"
 #include "core/trainer/trainer.h"
@@ -28,14 +31,28 @@ class CudaTrainer : public Trainer {
  private:
   double train_step(int64_t step, double* grad_norm, bool* finite);
   double evaluate();
-  void next_batch(data::BatchIterator& it);  // fills inputs_ and targets_
+  void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_
+  void read_micro(int64_t micro);  // this rank's micro-batch `micro` of the step's global batch (reader_)
+  void split_batch();              // batch_ -> inputs_, targets_
   void save(int64_t step);
+  void write_checkpoint(int64_t step, const std::vector<float>& params, const std::vector<float>& m,
+                        const std::vector<float>& v, std::chrono::steady_clock::time_point t0);
   void load(const std::filesystem::path& dir);
   nlohmann::json state_json(int64_t step) const;
 
   std::shared_ptr<CudaArgs> args_;
   CudaOps ops_;
+  // Data parallelism (data_parallel.h); null in a job of one. Declared so that dp_ goes first
+  // and the group after the model.
+  dist::DistEnv dist_;
+  std::unique_ptr<dist::TcpStore> store_;
+  std::unique_ptr<NcclProcessGroup> pg_;
   std::unique_ptr<CudaModel> model_;
+  GradReadyRelay relay_;
+  std::unique_ptr<DataParallel> dp_;
+  bool zero1() const { return dp_ && args_->use_distributed_optimizer; }
+  bool rank0() const { return dist_.rank == 0; }
+  std::unique_ptr<train::RankBatchReader> reader_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::DataIterators data_;
   std::unique_ptr<train::ProgressReporter> progress_;

@@ -1,0 +1,139 @@
+// Data parallelism for the CUDA trainer: one rank per GPU, each with the whole model, each
+// reading its own slice of every global batch; gradients averaged over the ranks by NCCL
+// (NcclProcessGroup) in buckets that are launched while the backward pass is still running.
+//
+// Buckets. The model's gradients are one flat fp32 buffer in train/param_layout.h order:
+// embeddings, layers 0..L-1, final norm (and an untied head). The backward finishes them from
+// the top down: the head and final norm first, then layer L-1 ... layer 0, the embeddings last.
+// A "ready point" is an offset from which every gradient above is final for this step; the
+// model reports one after the final norm and after each layer (through a wrapped
+// cuda.norm.backward slot: a layer's backward ends with its norm1), the trainer one after the
+// backward (offset 0). plan_buckets() cuts the buffer at ready points into buckets of about
+// `bucket_elems`; on the step's last micro-batch each bucket is launched on the group's stream
+// (event-ordered after the model's work so far) as soon as its ready point is reported, so the
+// reduction of layer l overlaps the backward of layers below it. The model's stream waits for
+// the group's before the gradients are read again (clip, update, next zero_grad).
+//
+// Plain data parallelism: each bucket is all-reduced (average) in place; every rank then runs
+// the model's own clip and AdamW on identical gradients.
+//
+// ZeRO-1 (use_distributed_optimizer): each bucket [b, e) is split into world_size equal chunks
+// (bucket bounds are multiples of world_size * 64 elements; the flat buffers are padded to
+// padded_total()); rank r reduce-scatters (average) the bucket into its chunk and alone keeps
+// the fp32 master weights and AdamW moments of its chunks (a shard of 1/world_size of the
+// model). The global grad norm is the square root of the ranks' summed squared shard norms;
+// AdamW updates the shard and writes its bf16 weights into the model's flat bf16 buffer, and
+// each bucket's bf16 chunks are all-gathered so every rank has every weight again. The model
+// is then built without its own master weights and moments (CudaModelOptions).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/hooks.h"
+#include "backends/cuda/nccl_process_group.h"
+#include "train/param_layout.h"
+#include "turbo/core/arena.h"
+#include "turbo/ops/optimizer.h"
+
+namespace primus::backends::cuda {
+
+class CudaModel;
+
+// The GPU this process trains on. Under a multi-rank launch (WORLD_SIZE > 1): GPU LOCAL_RANK,
+// or 0 when the process sees a single GPU (per-rank CUDA_VISIBLE_DEVICES); the config's
+// `device` must then be 0 (ConfigError otherwise). A single process: `configured`.
+int rank_device(int configured);
+
+struct GradBucket {
+  int64_t begin = 0, end = 0;  // flat element range [begin, end)
+  int64_t ready_at = 0;        // launched once the ready point <= begin has been reported
+};
+
+// Offsets from which the gradients above are final, top down, ending with 0 (see above):
+// final_norm.weight's offset, then layers.{L-1..0}.norm1.weight's, then 0.
+std::vector<int64_t> grad_ready_points(const train::ParamLayout& layout);
+
+// Cuts [0, total) at ready points (each rounded up to a multiple of `granule`) into buckets of
+// at least `bucket_elems` elements (the last, at offset 0, may be smaller), top down. `total`
+// must be a multiple of `granule`. Throws RuntimeError for inconsistent arguments.
+std::vector<GradBucket> plan_buckets(const std::vector<int64_t>& ready_points, int64_t total, int64_t granule,
+                                     int64_t bucket_elems);
+
+// The flat element count the model's gradient and bf16 weight buffers need under ZeRO-1 with
+// `world` ranks (a multiple of world * 64); plain DP needs layout.total.
+int64_t zero1_padded_total(const train::ParamLayout& layout, int world);
+inline int64_t zero1_granule(int world) { return int64_t{64} * world; }
+
+// Connects the model's cuda.norm.backward slot to the data-parallel reducer, which exists only
+// after the model (built with the wrapped ops) does.
+struct GradReadyRelay {
+  std::function<void(const void* dweight)> on_norm_backward;  // set by DataParallel
+  CudaOps wrap(CudaOps ops);  // returns ops whose norm_backward reports to this relay
+};
+
+struct DataParallelOptions {
+  bool zero1 = false;
+  int64_t bucket_elems = 10'000'000;  // ddp_bucket_size
+  bool overlap = true;                // false: every bucket after the backward (for comparison)
+};
+
+class DataParallel {
+ public:
+  // For ZeRO-1 the model must have been built with padded flat buffers (zero1_padded_total) and
+  // no optimizer state, and set_state() must give the shard its weights before the first step.
+  DataParallel(CudaModel& model, NcclProcessGroup& pg, GradReadyRelay& relay, const DataParallelOptions& opt);
+  ~DataParallel();
+
+  // Before each micro-batch's backward: `last` arms the bucket launches (earlier micro-batches
+  // only accumulate).
+  void begin_backward(bool last) { armed_ = last; }
+  // After the last micro-batch's backward: launches what is left, and orders the model's stream
+  // after the reductions.
+  void end_backward();
+
+  // The means over the ranks of a few host values (the loss, a stop flag); synchronising.
+  std::vector<double> average(const std::vector<double>& local);
+
+  // ZeRO-1 only: the global grad norm and clip factor into the model's grad_norm_buffer() (so
+  // model.read_grad_norm() reads it), then AdamW on the shard and the all-gather of the bf16
+  // weights (the model's stream waits for it).
+  void grad_norm(float max_norm);
+  void update(const turbo::AdamWHyper& hp);
+
+  // ZeRO-1 only: shard <-> full host arrays (layout().total floats each). Every rank must call
+  // them together; gather_state fills the arrays on every rank (nullptr: skip that array).
+  void set_state(const float* master, const float* m, const float* v);
+  void gather_state(float* master, float* m, float* v);
+
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  int64_t shard_elems() const { return shard_; }
+  size_t optimizer_bytes() const;  // device bytes of this rank's master weights and moments
+
+ private:
+  void on_ready(int64_t offset);
+  void launch(const GradBucket& b);
+  int64_t chunk(const GradBucket& b) const { return (b.end - b.begin) / world_; }
+
+  CudaModel& model_;
+  NcclProcessGroup& pg_;
+  GradReadyRelay& relay_;
+  DataParallelOptions opt_;
+  int rank_ = 0, world_ = 1;
+  std::vector<GradBucket> buckets_;
+  std::vector<std::pair<const void*, int64_t>> ready_ptrs_;  // norm weight gradient -> ready point
+  size_t next_ = 0;  // buckets_[0, next_) launched this step
+  bool armed_ = false;
+  // ZeRO-1
+  int64_t shard_ = 0;                    // elements of this rank's shard (sum of its chunks)
+  std::vector<int64_t> shard_offset_;    // per bucket: where its chunk starts in the shard
+  std::unique_ptr<turbo::Arena> state_;  // shard master / m / v, norm, descriptor table
+  std::unique_ptr<turbo::Arena> scratch_;
+  TensorView master_, m_, v_, norm_;
+  std::unique_ptr<turbo::MultiTensorAdamW> adamw_;
+  float* scalar_ = nullptr;  // average()'s device floats (kMaxAverage)
+  static constexpr size_t kMaxAverage = 16;
+};
+
+}  // namespace primus::backends::cuda

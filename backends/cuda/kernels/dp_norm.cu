@@ -1,0 +1,30 @@
+// Two one-thread kernels around the all-reduce of the squared shard norms (dp_norm.h): the
+// values stay on the device, so the step needs no host round trip for the clip factor.
+#include "backends/cuda/kernels/dp_norm.h"
+#include "turbo/core/cuda_check.h"
+
+namespace primus::backends::cuda::kernels {
+namespace {
+
+__global__ void square_norm_kernel(float* out) { out[0] = out[0] * out[0]; }
+
+__global__ void finish_norm_kernel(float* out, float max_norm) {
+  // The sum of squares in f64 as turbo's grad_norm takes its square root.
+  const double norm = sqrt(static_cast<double>(out[0]));
+  out[0] = static_cast<float>(norm);
+  out[1] = max_norm > 0.0f ? static_cast<float>(fmin(1.0, max_norm / (norm + 1e-6))) : 1.0f;
+}
+
+}  // namespace
+
+void square_norm(float* out, cudaStream_t stream) {
+  square_norm_kernel<<<1, 1, 0, stream>>>(out);
+  CUDA_CHECK_LAST();
+}
+
+void finish_norm(float* out, float max_norm, cudaStream_t stream) {
+  finish_norm_kernel<<<1, 1, 0, stream>>>(out, max_norm);
+  CUDA_CHECK_LAST();
+}
+
+}  // namespace primus::backends::cuda::kernels
