@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "turbo/core/cuda_check.h"
@@ -20,7 +21,9 @@ struct RankRun {
 // Starts `world` workers on local GPUs 0..world-1 (a free port, timeout `timeout_s`), waits for
 // all, and returns their interleaved output. A stopped rank is killed once the others are done.
 RankRun run_ranks(int world, const std::string& mode, int timeout_s) {
-  const std::string worker = std::string(PRIMUS_BINARY_DIR) + "/bin/nccl_test_worker";
+  // PRIMUS_NCCL_TEST_WORKER: where the worker is when the tests run away from their build tree.
+  const char* env_worker = std::getenv("PRIMUS_NCCL_TEST_WORKER");
+  const std::string worker = env_worker && *env_worker ? env_worker : std::string(PRIMUS_BINARY_DIR) + "/bin/nccl_test_worker";
   const int port = 20000 + (static_cast<int>(::getpid()) % 20000);
   std::string script = "pids=''; ";
   for (int r = 0; r < world; ++r) {
