@@ -146,8 +146,12 @@ void NcclProcessGroup::wait_ready(const std::string& op) {
   const auto deadline = Clock::now() + opt_.timeout;
   nccl::Result state = nccl::InProgress;
   while (true) {
-    nccl::Result r = lib_->api.CommGetAsyncError(comm_, &state);
-    if (r != nccl::Success) state = r;
+    {
+      std::lock_guard lock(comm_mu_);
+      if (aborted_) break;  // the watchdog gave up on the communicator: check() below throws its error
+      nccl::Result r = lib_->api.CommGetAsyncError(comm_, &state);
+      if (r != nccl::Success) state = r;
+    }
     if (state != nccl::InProgress) break;
     if (Clock::now() > deadline) {
       fail(fmt::format("NCCL {} on rank {}: enqueueing did not finish within {} s; {}", op, rank_, secs(opt_.timeout),
@@ -156,6 +160,7 @@ void NcclProcessGroup::wait_ready(const std::string& op) {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+  check();
   if (state != nccl::Success) {
     fail(fmt::format("NCCL {} on rank {} failed: {}; {}", op, rank_, nccl::describe(*lib_, state), diagnose()));
     check();
@@ -166,7 +171,12 @@ template <class F>
 void NcclProcessGroup::enqueue(const std::string& op, F&& call) {
   check();
   if (aborted_) throw dist::CollectiveError(fmt::format("NCCL {} on rank {}: the group was aborted", op, rank_));
-  nccl::Result r = call();
+  nccl::Result r;
+  {
+    std::lock_guard lock(comm_mu_);
+    if (aborted_) throw dist::CollectiveError(fmt::format("NCCL {} on rank {}: the group was aborted", op, rank_));
+    r = call();
+  }
   if (r == nccl::InProgress) {
     wait_ready(op);
   } else if (r != nccl::Success) {
@@ -260,6 +270,7 @@ void NcclProcessGroup::fail(const std::string& message) {
     if (error_.empty()) error_ = message;
   }
   error_seen_ = true;
+  std::lock_guard lock(comm_mu_);
   if (!aborted_.exchange(true) && comm_) lib_->api.CommAbort(comm_);  // in-flight kernels return
   cv_.notify_all();
 }
@@ -345,8 +356,13 @@ void NcclProcessGroup::watchdog_loop() {
       continue;
     }
     nccl::Result state = nccl::Success;
-    if (!aborted_ && lib_->api.CommGetAsyncError(comm_, &state) == nccl::Success && state != nccl::Success &&
-        state != nccl::InProgress) {
+    bool bad = false;
+    {
+      std::lock_guard lock(comm_mu_);
+      bad = !aborted_ && lib_->api.CommGetAsyncError(comm_, &state) == nccl::Success && state != nccl::Success &&
+            state != nccl::InProgress;
+    }
+    if (bad) {
       std::string op;
       {
         std::lock_guard lock(mu_);

@@ -99,7 +99,8 @@ class NcclProcessGroup : public dist::ProcessGroup {
 
   std::unique_ptr<dist::TcpStore> hb_store_;  // heartbeats and diagnosis (own connection)
   std::mutex hb_mu_;
-  std::mutex mu_;  // pending_, free_events_, error_
+  std::mutex mu_;       // pending_, free_events_, error_
+  std::mutex comm_mu_;  // every NCCL call on comm_ after setup: the watchdog's abort never races one
   std::condition_variable cv_;
   std::deque<Pending> pending_;
   std::vector<cudaEvent_t> free_events_;
