@@ -138,7 +138,6 @@ DataParallel::DataParallel(CudaModel& model, NcclProcessGroup& pg, GradReadyRela
   CUDA_CHECK(cudaMemset(v_.data, 0, v_.nbytes()));
   const TensorView& weights = model_.weights();
   std::vector<turbo::AdamWTensor> ts;
-  int64_t chunks = 1;
   for (const auto& p : pieces) {
     turbo::AdamWTensor a;
     a.master = master_.slice0(p.shard, p.shard + p.n);
@@ -148,11 +147,10 @@ DataParallel::DataParallel(CudaModel& model, NcclProcessGroup& pg, GradReadyRela
     a.model = weights.slice0(p.global, p.global + p.n);
     a.decay = p.decay;
     ts.push_back(a);
-    chunks += p.n / 256 + 1;
   }
   if (ts.empty()) throw RuntimeError(fmt::format("ZeRO-1: rank {} of {} owns no parameters (model too small)", rank_, world_));
   adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
-  scratch_ = turbo::make_device_arena(turbo::cuda::grad_norm_scratch_bytes(chunks + 16) + 4 * align);
+  scratch_ = turbo::make_device_arena(turbo::cuda::grad_norm_scratch_bytes(adamw_->num_chunks()) + 4 * align);
 }
 
 DataParallel::~DataParallel() {

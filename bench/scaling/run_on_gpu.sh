@@ -46,7 +46,8 @@ rm -rf "$WS"
 
 # 0. NCCL process-group tests.
 if ! skip tests; then
-  PRIMUS_NCCL_TEST_WORKER=$BIN/nccl_test_worker timeout 120 "$BIN/test_nccl_gpu" > "$OUT/tests.log" 2>&1
+  PRIMUS_NCCL_TEST_WORKER=$BIN/nccl_test_worker PRIMUS_BIN=$P timeout 120 "$BIN/test_nccl_gpu" \
+    --gtest_filter=-*TwoGpuTraining* > "$OUT/tests.log" 2>&1  # stage 2 below measures the same over 50 steps
   echo "test_nccl_gpu rc=$?" >> "$OUT/tests.log"
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|rc=" "$OUT/tests.log"
 fi
