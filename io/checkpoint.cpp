@@ -279,12 +279,29 @@ fsys::path save_checkpoint(const fsys::path& save_dir, int64_t iteration,
     }
     files[kStateFile] = write_text(tmp / kStateFile, state);
     crash_point("after_state");
+    for (const auto& a : opts.adopt) {
+      if (a.name.empty() || a.name.find('/') != std::string::npos || a.name.starts_with('.') || files.count(a.name) ||
+          a.name == kManifestFile) {
+        throw RuntimeError(fmt::format("checkpoint '{}': cannot adopt a file named '{}'", final.string(), a.name));
+      }
+      std::error_code rec;
+      fsys::rename(a.path, tmp / a.name, rec);
+      if (rec) {
+        throw IoError(fmt::format("checkpoint '{}': cannot move '{}' into it: {}", final.string(), a.path.string(),
+                                  rec.message()));
+      }
+      files[a.name] = a.digest;
+    }
+    if (!opts.adopt.empty()) fsync_dir(tmp);
 
     json manifest = {{"format", kManifestFormat},
                      {"version", kManifestVersion},
                      {"iteration", iteration},
                      {"checksum", "crc32c"},
                      {"files", json::object()}};
+    for (const auto& [k, v] : opts.manifest_extra.items()) {
+      if (!manifest.contains(k)) manifest[k] = v;
+    }
     for (const auto& [name, d] : files) {
       manifest["files"][name] = {{"size", d.size}, {"crc32c", hex32(d.crc32c)}};
     }
@@ -380,9 +397,10 @@ std::optional<CheckpointRef> find_latest(const fsys::path& save_dir) {
   return std::nullopt;
 }
 
-CheckpointData load_checkpoint(const fsys::path& dir) {
+CheckpointData load_checkpoint(const fsys::path& dir, bool verify_other_files) {
   Manifest m = read_manifest(dir);
   CheckpointData out;
+  out.manifest = json::parse(fs::read_file(dir / kManifestFile));  // read_manifest checked it
   out.model = load_tensors(dir, m, kModelFile);
   out.optimizer = load_tensors(dir, m, kOptimizerFile);
   {
@@ -398,9 +416,25 @@ CheckpointData load_checkpoint(const fsys::path& dir) {
   }
   // Files the manifest lists beyond the three above are verified too.
   for (const auto& [name, want] : m.files) {
+    if (!verify_other_files) break;
     if (name != kModelFile && name != kOptimizerFile && name != kStateFile) map_verified(dir, m, name);
   }
   return out;
+}
+
+std::map<std::string, TensorBlob> load_checkpoint_file(const fsys::path& dir, const std::string& name,
+                                                       const std::string& what) {
+  Manifest m = read_manifest(dir);
+  std::string label = what.empty() ? name : fmt::format("{} ({})", name, what);
+  if (!m.files.count(name)) bad_checkpoint(dir, fmt::format("{} does not list {}", kManifestFile, label));
+  std::error_code ec;
+  if (!fsys::is_regular_file(dir / name, ec)) bad_checkpoint(dir, fmt::format("file {} is missing", label));
+  try {
+    return load_tensors(dir, m, name);
+  } catch (const FormatError& e) {
+    if (what.empty()) throw;
+    throw FormatError(fmt::format("{} [{}]", e.what(), what));
+  }
 }
 
 }  // namespace primus::io

@@ -39,6 +39,17 @@ struct CheckpointData {
   std::map<std::string, TensorBlob> model;
   std::map<std::string, TensorBlob> optimizer;
   nlohmann::json state = nlohmann::json::object();
+  // On load: manifest.json as written (files, and the keys SaveOptions::manifest_extra added).
+  nlohmann::json manifest;
+};
+
+// A file another process (a data-parallel rank) already wrote, fsync()ed, into the save folder,
+// to become part of the checkpoint: save_checkpoint renames it into the checkpoint before the
+// manifest is written, so it is covered by the same atomic install and checksum.
+struct AdoptedFile {
+  std::string name;             // its name inside the checkpoint (no '/', not one of the files above)
+  std::filesystem::path path;   // where it is now; must be on the save folder's file system
+  FileDigest digest;            // size and CRC-32C, from its writer
 };
 
 struct SaveOptions {
@@ -47,6 +58,10 @@ struct SaveOptions {
   int keep_last = 0;
   // Written into both safetensors files' __metadata__ (e.g. {"format": "pt"}).
   std::map<std::string, std::string> metadata;
+  // Files written by other ranks (e.g. ZeRO-1 optimizer shards), listed in the manifest.
+  std::vector<AdoptedFile> adopt;
+  // Extra top-level keys of manifest.json (e.g. "sharding": world size and shard ranges).
+  nlohmann::json manifest_extra = nlohmann::json::object();
 };
 
 struct CheckpointRef {
@@ -72,8 +87,16 @@ std::optional<CheckpointRef> find_latest(const std::filesystem::path& save_dir);
 // truncated, altered), or the manifest itself when it is missing or malformed.
 void verify_checkpoint(const std::filesystem::path& dir, bool sizes_only = false);
 
-// Verifies (sizes and checksums) and loads the checkpoint in `dir`.
-CheckpointData load_checkpoint(const std::filesystem::path& dir);
+// Verifies (sizes and checksums) and loads the checkpoint in `dir`. With `verify_other_files`
+// false, files beyond the three standard ones (other ranks' shards) are left to
+// load_checkpoint_file, so each rank reads only what it needs.
+CheckpointData load_checkpoint(const std::filesystem::path& dir, bool verify_other_files = true);
+
+// Verifies one more file the manifest lists (size and checksum) and returns its tensors. Throws
+// FormatError naming `dir` and the file when the manifest does not list it, or it is missing,
+// truncated or altered; `what` (e.g. "optimizer shard of rank 3") is added to the message.
+std::map<std::string, TensorBlob> load_checkpoint_file(const std::filesystem::path& dir, const std::string& name,
+                                                       const std::string& what = "");
 
 // The iterations of the iter_ directories in `save_dir` that have a manifest, ascending.
 std::vector<int64_t> list_checkpoints(const std::filesystem::path& save_dir);
