@@ -9,9 +9,11 @@
 
 #include "backends/reference/generate.h"
 #include "core/util/error.h"
+#include "dist/socket_process_group.h"
 #include "io/checkpoint.h"
 #include "train/checkpointing.h"
 #include "train/data_setup.h"
+#include "train/dist_checkpoint.h"
 #include "train/trainer_state.h"
 #include "train/lr_schedule.h"
 #include "train/signals.h"
@@ -27,10 +29,29 @@ ReferenceTrainer::ReferenceTrainer(std::shared_ptr<ReferenceArgs> args) : args_(
 
 void ReferenceTrainer::setup() {
   auto& t = args_->train;
+  env_ = dist::read_dist_env();
+  train::configure_rank_logging(env_.rank, env_.world_size);
+  if (t.data_parallel_size != env_.world_size) {
+    throw ConfigError(fmt::format("data_parallel_size is {} but the job has {} processes ({}); leave "
+                                  "data_parallel_size unset (the reference.args.data_parallel_size patch sets it)",
+                                  t.data_parallel_size, env_.world_size, dist::describe(env_)));
+  }
   t.check_batch();
   t.check_data();
+  dp_ = args_->dp;
+  reader_ = std::make_unique<train::RankBatchReader>(t.global_batch_size, t.micro_batch_size, env_.rank,
+                                                     env_.world_size);
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
+  if (env_.distributed()) {
+    store_ = dist::TcpStore::from_env(env_);
+    pg_ = dist::make_process_group(env_, *store_);
+    spdlog::info("[reference] data parallel over {} ranks ({} group, timeout {} s): {}", env_.world_size,
+                 pg_->backend(), env_.timeout_s,
+                 dp_.distributed_optimizer ? "ZeRO-1 (optimizer state sharded)" : "optimizer state replicated");
+  } else {
+    pg_ = std::make_unique<dist::SingleProcessGroup>();
+  }
   spdlog::info("[reference] output folder {}", t.output_dir.string());
 }
 
@@ -43,13 +64,23 @@ void ReferenceTrainer::init() {
     throw ConfigError(fmt::format("tokenizer '{}' has {} tokens but the model's vocab_size is {}", t.data.tokenizer,
                                   tokenizer_->vocab_size(), spec.vocab_size));
   }
-  data_ = train::build_data(t, spec);
+  // Rank 0 first: a text input is tokenized once into the output folder, then read by all.
+  if (env_.rank == 0) data_ = train::build_data(t, spec);
+  pg_->barrier();
+  if (env_.rank != 0) data_ = train::build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
 
   model_ = std::make_unique<GptModel<float>>(spec, t.micro_batch_size, spec.seq_length);
   model_->init_weights(t.seed);
-  m_.assign(model_->params.size(), 0.f);
-  v_.assign(model_->params.size(), 0.f);
+  const auto total = static_cast<int64_t>(model_->params.size());
+  int64_t owned = total;
+  if (dp_.distributed_optimizer) {
+    shards_ = train::shard_layout(total, env_.world_size);
+    owned = shards_.shard;
+    grad_shard_.assign(static_cast<size_t>(owned), 0.f);
+  }
+  m_.assign(static_cast<size_t>(owned), 0.f);
+  v_.assign(static_cast<size_t>(owned), 0.f);
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
@@ -60,8 +91,72 @@ void ReferenceTrainer::init() {
 
   fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
+  // Every rank starts from rank 0's weights (equal seeds give equal weights; this makes sure).
+  pg_->broadcast(model_->params.data(), model_->params.size(), dist::DType::F32, 0);
   progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
-                                                        t.log_interval, step_);
+                                                        t.log_interval, step_, train::writes_logs(env_.rank));
+}
+
+void ReferenceTrainer::load_micro_batch(int64_t micro) {
+  const int64_t B = args_->train.micro_batch_size, T = args_->model.seq_length;
+  reader_->read(*data_.train, micro, batch_.data());
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
+    std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
+  }
+}
+
+void ReferenceTrainer::all_reduce_grads() {
+  if (env_.world_size == 1) return;
+  const int64_t total = static_cast<int64_t>(model_->grads.size()), be = dp_.bucket_elems(sizeof(float));
+  for (int64_t off = 0; off < total; off += be) {
+    pg_->all_reduce(model_->grads.data() + off, static_cast<size_t>(std::min(be, total - off)), dist::DType::F32,
+                    dist::ReduceOp::Avg);
+  }
+}
+
+// The shards are contiguous ([r*S, (r+1)*S) of the padded buffer), so one bucket is the k-th
+// piece of every rank's shard, gathered into staging_ in rank order (reduce_scatter's layout).
+void ReferenceTrainer::reduce_scatter_grads() {
+  const int W = env_.world_size;
+  const int64_t S = shards_.shard, total = shards_.total, be = std::min(dp_.bucket_elems(sizeof(float)), S);
+  staging_.resize(static_cast<size_t>(W * be));
+  const float* g = model_->grads.data();
+  for (int64_t k = 0; k < S; k += be) {
+    const int64_t len = std::min(be, S - k);
+    for (int q = 0; q < W; ++q) {
+      float* dst = staging_.data() + q * len;
+      const int64_t lo = q * S + k, hi = std::min(lo + len, total);
+      const int64_t n = std::max<int64_t>(0, hi - lo);
+      if (n > 0) std::copy_n(g + lo, n, dst);
+      std::fill(dst + n, dst + len, 0.f);  // padding past the last parameter
+    }
+    pg_->reduce_scatter(staging_.data(), grad_shard_.data() + k, static_cast<size_t>(len), dist::DType::F32,
+                        dist::ReduceOp::Avg);
+  }
+}
+
+void ReferenceTrainer::all_gather_params() {
+  const int W = env_.world_size, r = env_.rank;
+  const int64_t S = shards_.shard, total = shards_.total, be = std::min(dp_.bucket_elems(sizeof(float)), S);
+  staging_.resize(static_cast<size_t>(W * be));
+  float* p = model_->params.data();
+  for (int64_t k = 0; k < S; k += be) {
+    const int64_t len = std::min(be, S - k);
+    auto span_of = [&](int q) {
+      const int64_t lo = q * S + k;
+      return std::pair{lo, std::max<int64_t>(0, std::min(lo + len, total) - lo)};
+    };
+    auto [mlo, mn] = span_of(r);
+    float* mine = staging_.data() + r * len;
+    if (mn > 0) std::copy_n(p + mlo, mn, mine);
+    std::fill(mine + mn, mine + len, 0.f);
+    pg_->all_gather(mine, staging_.data(), static_cast<size_t>(len), dist::DType::F32);
+    for (int q = 0; q < W; ++q) {
+      auto [lo, n] = span_of(q);
+      if (n > 0) std::copy_n(staging_.data() + q * len, n, p + lo);
+    }
+  }
 }
 
 double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
@@ -69,18 +164,25 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
   model_->zero_grad();
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
-    data_.train->next_batch(static_cast<int>(B), batch_.data());
-    for (int64_t b = 0; b < B; ++b) {
-      std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
-      std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
-    }
-    double dloss = 1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps));
+  const int64_t accum = reader_->micro_batches();
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    load_micro_batch(micro);
+    double dloss = 1.0 / (static_cast<double>(B * T) * static_cast<double>(accum));
     loss_sum += model_->forward(inputs_.data(), targets_.data(), B, T, dloss);
     model_->backward();
   }
-  double loss = loss_sum / static_cast<double>(t.grad_accum_steps);
-  double norm = std::sqrt(k::sum_squares(model_->grads.data(), static_cast<int64_t>(model_->grads.size())));
+  reader_->finish_step(*data_.train);
+  // Equal slices on every rank: the mean of the ranks' means is the global batch's mean.
+  double loss = train::global_mean(*pg_, loss_sum / static_cast<double>(accum));
+  const bool zero1 = dp_.distributed_optimizer;
+  double norm;
+  if (zero1) {
+    reduce_scatter_grads();
+    norm = train::global_norm(*pg_, k::sum_squares(grad_shard_.data(), shards_.valid_count(env_.rank)));
+  } else {
+    all_reduce_grads();
+    norm = std::sqrt(k::sum_squares(model_->grads.data(), static_cast<int64_t>(model_->grads.size())));
+  }
   *grad_norm = norm;
   *finite = std::isfinite(loss) && std::isfinite(norm);
   if (!*finite) return loss;
@@ -92,11 +194,25 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   hp.eps = t.optim.eps;
   hp.step = step + 1;
   hp.grad_scale = scale;
-  for (auto& pt : model_->layout().tensors) {
-    hp.weight_decay = pt.decay ? t.optim.weight_decay : 0.0;
-    k::adamw_update(model_->params.data() + pt.offset, model_->grads.data() + pt.offset, m_.data() + pt.offset,
-                    v_.data() + pt.offset, pt.numel, hp);
+  if (!zero1) {
+    for (auto& pt : model_->layout().tensors) {
+      hp.weight_decay = pt.decay ? t.optim.weight_decay : 0.0;
+      k::adamw_update(model_->params.data() + pt.offset, model_->grads.data() + pt.offset, m_.data() + pt.offset,
+                      v_.data() + pt.offset, pt.numel, hp);
+    }
+    return loss;
   }
+  // ZeRO-1: this rank updates the parts of each tensor that fall in its shard, then every rank
+  // gets every shard's new weights.
+  const int64_t b = shards_.begin(env_.rank), e = shards_.valid_end(env_.rank);
+  for (auto& pt : model_->layout().tensors) {
+    const int64_t lo = std::max<int64_t>(b, pt.offset), hi = std::min<int64_t>(e, pt.offset + pt.numel);
+    if (lo >= hi) continue;
+    hp.weight_decay = pt.decay ? t.optim.weight_decay : 0.0;
+    k::adamw_update(model_->params.data() + lo, grad_shard_.data() + (lo - b), m_.data() + (lo - b),
+                    v_.data() + (lo - b), hi - lo, hp);
+  }
+  all_gather_params();
   return loss;
 }
 
@@ -104,12 +220,13 @@ double ReferenceTrainer::evaluate() {
   auto& t = args_->train;
   if (!data_.valid || t.eval_iters == 0) return NAN;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
-  // Every evaluation reads the same first batches of the validation data, so values compare.
+  // Every evaluation reads the same first batches of the validation data, so values compare;
+  // with several ranks, rank r evaluates batches r, r + W, ... and the sums are added.
   nlohmann::json saved = data_.valid->state();
   data_.valid->load_state(valid_start_);
   double sum = 0;
-  for (int64_t i = 0; i < t.eval_iters; ++i) {
-    data_.valid->next_batch(static_cast<int>(B), batch_.data());
+  for (int64_t i = env_.rank; i < t.eval_iters; i += env_.world_size) {
+    data_.valid->read_at(static_cast<uint64_t>(i * B), static_cast<int>(B), batch_.data());
     for (int64_t b = 0; b < B; ++b) {
       std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
       std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
@@ -117,7 +234,7 @@ double ReferenceTrainer::evaluate() {
     sum += model_->forward(inputs_.data(), targets_.data(), B, T);
   }
   data_.valid->load_state(saved);
-  return sum / static_cast<double>(t.eval_iters);
+  return train::global_sum(*pg_, sum) / static_cast<double>(t.eval_iters);
 }
 
 nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
@@ -128,22 +245,42 @@ nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
 void ReferenceTrainer::save(int64_t step) {
   auto& t = args_->train;
   auto t0 = std::chrono::steady_clock::now();
-  auto data = train::pack_checkpoint(args_->model, model_->layout(), model_->params.data(), m_.data(), v_.data(),
-                                     state_json(step));
+  const bool zero1 = dp_.distributed_optimizer;
+  // Rank 0 writes the weights (the same on every rank) and the state; with ZeRO-1 every rank
+  // writes its shard of the moments, else rank 0 writes them whole.
+  io::CheckpointData data;
+  if (env_.rank == 0) {
+    data = train::pack_checkpoint(args_->model, model_->layout(), model_->params.data(), zero1 ? nullptr : m_.data(),
+                                  zero1 ? nullptr : v_.data(), state_json(step));
+  }
+  std::vector<train::FlatShard> shards;
+  if (zero1) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
-  auto dir = io::save_checkpoint(t.ckpt.save, step, data, so);
+  auto dir = train::save_data_parallel(*pg_, t.ckpt.save, step, data, zero1 ? &shards_ : nullptr, shards, so);
   last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void ReferenceTrainer::load(const fsys::path& dir) {
-  io::CheckpointData data = io::load_checkpoint(dir);
-  train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), m_.data(), v_.data());
+  // Each rank verifies the standard files and the optimizer shards it reads, not all of them.
+  io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
+  train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), nullptr, nullptr);
+  const auto total = static_cast<int64_t>(model_->params.size());
+  int64_t b = 0, e = total;
+  if (dp_.distributed_optimizer) {
+    b = shards_.begin(env_.rank);
+    e = shards_.valid_end(env_.rank);
+  }
+  train::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, b, e, {m_.data(), v_.data()});
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
-  spdlog::info("[checkpoint] resumed from {} at step {}", dir.string(), step_);
+  int saved_world = train::saved_world_size(data);
+  spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,
+               saved_world != env_.world_size
+                   ? fmt::format(" (saved by {} ranks, resharded for {})", saved_world, env_.world_size)
+                   : "");
 }
 
 void ReferenceTrainer::train() {
@@ -181,7 +318,8 @@ void ReferenceTrainer::train() {
       double vl = evaluate();
       if (std::isfinite(vl)) progress_->eval(step_, vl);
     }
-    bool stop = train::exit_requested();
+    // Ranks may see a signal at different steps; they stop (and checkpoint) together.
+    bool stop = train::global_sum(*pg_, train::exit_requested() ? 1.0 : 0.0) > 0;
     if ((t.ckpt.save_interval > 0 && step_ % t.ckpt.save_interval == 0) || step_ == t.train_iters || stop) {
       save(step_);
     }
@@ -192,7 +330,7 @@ void ReferenceTrainer::train() {
       return;
     }
   }
-  if (!t.sample_prompt.empty() && t.sample_tokens > 0) {
+  if (!t.sample_prompt.empty() && t.sample_tokens > 0 && env_.rank == 0) {
     std::vector<int32_t> ids = tokenizer_->encode(t.sample_prompt);
     if (ids.empty()) ids.push_back(0);
     size_t n = ids.size();
@@ -210,6 +348,7 @@ void ReferenceTrainer::train() {
 
 void ReferenceTrainer::cleanup(bool on_error) {
   if (progress_) progress_->flush();
+  if (on_error && pg_) pg_->abort();  // the other ranks see this one leave at once
   if (on_error) spdlog::error("[reference] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }
 

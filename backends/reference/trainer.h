@@ -1,5 +1,9 @@
 // The reference backend's trainer: assembles model, optimizer, data, checkpointing and
-// progress from train/ and runs the step loop on the CPU.
+// progress from train/ and runs the step loop on the CPU. With WORLD_SIZE > 1 (`primus launch`,
+// torchrun, Slurm) it is data parallel over a dist::ProcessGroup: each rank reads its slice of
+// every global batch, gradients are averaged across ranks in buckets, and with
+// use_distributed_optimizer (ZeRO-1) each rank keeps AdamW moments only for its shard of the
+// flat parameter buffer, updates that shard, and the weights are all-gathered.
 #pragma once
 #include <memory>
 #include <random>
@@ -9,6 +13,10 @@
 #include "core/trainer/trainer.h"
 #include "data/dataset/data_config.h"
 #include "data/tokenizer/tokenizer.h"
+#include "dist/launch_env.h"
+#include "dist/process_group.h"
+#include "dist/tcp_store.h"
+#include "train/data_parallel.h"
 #include "train/progress.h"
 
 namespace primus::backends::reference {
@@ -23,6 +31,11 @@ class ReferenceTrainer : public Trainer {
 
  private:
   double train_step(int64_t step, double* grad_norm, bool* finite);
+  void load_micro_batch(int64_t micro);
+  // Data parallel pieces: gradients averaged in buckets; ZeRO-1 reduce-scatter / all-gather.
+  void all_reduce_grads();
+  void reduce_scatter_grads();
+  void all_gather_params();
   double evaluate();
   void save(int64_t step);
   void load(const std::filesystem::path& dir);
@@ -33,7 +46,15 @@ class ReferenceTrainer : public Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::DataIterators data_;
   std::unique_ptr<train::ProgressReporter> progress_;
-  std::vector<float> m_, v_;
+  dist::DistEnv env_;
+  std::unique_ptr<dist::TcpStore> store_;
+  std::unique_ptr<dist::ProcessGroup> pg_;
+  train::DataParallelArgs dp_;
+  std::unique_ptr<train::RankBatchReader> reader_;
+  train::ShardLayout shards_;      // ZeRO-1: this rank owns [begin(rank), valid_end(rank))
+  std::vector<float> grad_shard_;  // ZeRO-1: the averaged gradient of this rank's shard
+  std::vector<float> staging_;     // ZeRO-1: one bucket from every rank
+  std::vector<float> m_, v_;       // AdamW moments: whole buffer, or this rank's shard (ZeRO-1)
   std::vector<int32_t> batch_, inputs_, targets_;
   std::mt19937_64 sample_rng_;
   int64_t step_ = 0;  // optimizer steps done
