@@ -66,6 +66,7 @@ std::vector<CliOverride> parse_cli_overrides(const std::vector<std::string>& arg
     if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos) {
       throw UsageError(fmt::format("'{}' is not a valid config key", key));
     }
+    if (!valid_utf8(key)) throw UsageError("a command-line override's key is not valid UTF-8");
     Origin o{fmt::format("<command line: {}={}>", key, value), 0, 0};
     Value v = parse_override_value(value, o);
     check_utf8(v, key);

@@ -90,23 +90,6 @@ Value typed_scalar(const std::string& t, const Origin& origin) {
 
 namespace {
 
-// YAML is Unicode text; a byte string that is not UTF-8 would surface later as a JSON or
-// terminal error far from its source, so it is refused here, naming the key.
-bool valid_utf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
-    if (n < 0 || (n > 0 && c < 0xC2 && n == 1) || i + n >= s.size() + (n == 0 ? 1 : 0)) {
-      if (n != 0) return false;
-    }
-    for (int k = 1; k <= n; ++k) {
-      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
-    }
-    i += n + 1;
-  }
-  return true;
-}
 
 void check_utf8_impl(const Value& v, const std::string& key) {
   if (v.kind() == Value::Kind::String && !valid_utf8(v.as_string())) {
@@ -237,6 +220,44 @@ Value load_with_chain(const std::filesystem::path& path, const LoadOptions& opts
 }
 
 }  // namespace
+
+// YAML is Unicode text; a byte string that is not UTF-8 would surface later as a JSON or
+// terminal error far from its source, so it is refused here, naming the key.
+bool valid_utf8(const std::string& s) {
+  // RFC 3629 (what nlohmann::json accepts): no overlong forms, no surrogates, <= U+10FFFF.
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    unsigned char lo = 0x80, hi = 0xBF;  // bounds of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (n - i < static_cast<size_t>(len)) return false;
+    if (p[i + 1] < lo || p[i + 1] > hi) return false;
+    for (int k = 2; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+    }
+    i += static_cast<size_t>(len);
+  }
+  return true;
+}
 
 void check_utf8(const Value& v, const std::string& key) { check_utf8_impl(v, key); }
 

@@ -33,6 +33,8 @@ std::string interpolate(const std::string& text, const EnvLookup& env, const Ori
 
 // Refuses (ConfigError naming `key` and the value's origin) a string that is not UTF-8.
 void check_utf8(const Value& v, const std::string& key);
+// True when s is well-formed UTF-8 (YAML text and every config key and string must be).
+bool valid_utf8(const std::string& s);
 
 // Types a plain scalar as YAML 1.2's core schema does (int, float, bool, null, else string).
 Value typed_scalar(const std::string& text, const Origin& origin);

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "core/config/experiment.h"
 #include "core/config/yaml_loader.h"
@@ -244,4 +245,24 @@ TEST(Schema, NearestKey) {
   EXPECT_EQ(s.nearest("seq_lenght"), "seq_length");
   EXPECT_EQ(s.nearest("optimizer.wramup"), "optimizer.warmup");
   EXPECT_EQ(s.nearest("completely_different"), "");
+}
+
+// The UTF-8 check must refuse everything nlohmann::json refuses when it dumps a string (a key
+// or value that passed it used to escape later as json type_error.316: a fuzz finding).
+TEST(ConfigUtf8, AcceptsWellFormedAndRefusesOverlongSurrogateTruncatedAndOutOfRange) {
+  for (std::string ok : {"", "plain", "caf\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xF4\x8F\xBF\xBF",
+                         "\xED\x9F\xBF", "\xEE\x80\x80"}) {
+    EXPECT_TRUE(valid_utf8(ok)) << ok;
+    EXPECT_NO_THROW((void)nlohmann::json(ok).dump());
+  }
+  for (std::string bad : {"\x80", "\xC0\xAF", "\xC1\xBF", "\xE0\x80\xAF", "\xED\xA0\x80", "\xF0\x80\x80\xAF",
+                          "\xF4\x90\x80\x80", "\xF5\x80\x80\x80", "\xFF", "\xC5", "ab\xE3\x81", "x\x9Cy",
+                          "\xE2\x28\xA1"}) {
+    EXPECT_FALSE(valid_utf8(bad)) << ::testing::PrintToString(bad);
+    EXPECT_THROW((void)nlohmann::json(bad).dump(), nlohmann::json::type_error) << ::testing::PrintToString(bad);
+  }
+}
+
+TEST(ConfigUtf8, NonUtf8OverrideKeyIsAUsageError) {
+  expect_error<UsageError>([] { parse_cli_overrides({std::string("extra\x9Cx=1")}); }, {"key", "UTF-8"});
 }
