@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "cli/command.h"
 #include "core/util/error.h"
@@ -30,6 +31,16 @@ int main(int argc, char** argv) {
     ::execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
   }
   spdlog::set_pattern("[%H:%M:%S] %v");
+  // PRIMUS_LOG_LEVEL: trace|debug|info|warn|error|critical|off (spdlog's names).
+  if (const char* lvl = std::getenv("PRIMUS_LOG_LEVEL"); lvl && *lvl) {
+    auto level = spdlog::level::from_str(lvl);
+    if (level == spdlog::level::off && std::string(lvl) != "off") {
+      std::fprintf(stderr, "primus: error: PRIMUS_LOG_LEVEL=%s is not one of trace, debug, info, warn, error, "
+                   "critical, off\n", lvl);
+      return 2;
+    }
+    spdlog::set_level(level);
+  }
   CLI::App app{"Primus: pretraining large language models, from one GPU to a cluster"};
   app.set_version_flag("--version", std::string("primus ") + PRIMUS_VERSION);
   app.require_subcommand(1);

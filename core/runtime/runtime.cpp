@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <set>
+#include <string>
+
 #include "core/util/error.h"
 
 namespace primus {
@@ -22,9 +25,22 @@ void PrimusRuntime::run(const config::Experiment& exp, const RunOptions& opts, s
   const config::ModuleSpec& spec = exp.module(opts.module.empty() ? exp.modules.front().name : opts.module);
   auto adapter = backends_.create(spec.framework);
   config::ModuleConfig cfg = config::resolve_module(exp, spec.name, adapter->schema());
-  for (auto& n : cfg.notes) {
-    spdlog::info("[config] {} = {} ({}) overrides {} ({})", n.key, n.later_value, n.later.str(),
-                 n.earlier_value, n.earlier.str());
+  // Keys set in two layers: each at debug level with both places, and one info line naming
+  // them (a dry run prints the full table below instead), so nothing is overwritten silently
+  // and a normal run's log is not a page of expected preset overrides.
+  if (!cfg.notes.empty()) {
+    std::string keys;
+    std::set<std::string> seen;
+    for (auto& n : cfg.notes) {
+      spdlog::debug("[config] {} = {} ({}) overrides {} ({})", n.key, n.later_value, n.later.str(), n.earlier_value,
+                    n.earlier.str());
+      if (seen.insert(n.key).second) keys += (keys.empty() ? " " : ", ") + n.key;
+    }
+    if (!opts.dry_run) {
+      spdlog::info("[config] {} key(s) set in more than one layer, the last wins (where: `primus config show "
+                   "--explain` or PRIMUS_LOG_LEVEL=debug):{}",
+                   seen.size(), keys);
+    }
   }
   auto filter = patches::PatchFilter::from_env(patches_);
   patches::HookTable hooks;

@@ -127,3 +127,24 @@ TEST(Cli, PatchesListAndShow) {
   EXPECT_NE(s.out.find("train/common_patches.cpp:"), std::string::npos);
   expect_clean_error(run_primus("patches show reference.nope"), 2, {"unknown patch id"});
 }
+
+TEST(CliErrors, UnknownLogLevelIsAUsageError) {
+  auto r = run_primus("backends", "PRIMUS_LOG_LEVEL=loud");
+  expect_clean_error(r, 2, {"PRIMUS_LOG_LEVEL=loud", "debug"});
+}
+
+// A key set in two layers is never overwritten silently: one info line names every such key,
+// and PRIMUS_LOG_LEVEL=debug gives both places of each.
+TEST(CliErrors, KeysSetInTwoLayersAreNamedAndDebugGivesBothPlaces) {
+  Workdir w;
+  auto p = w.write("e.yaml", "workspace: " + w.str() + "/ws\n" + exp_yaml("      train_iters: 1\n      eval_interval: 0\n      tokenizer_type: bytes\n"));
+  auto r = run_primus("train pretrain --config " + p.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("key(s) set in more than one layer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" train_iters"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("overrides"), std::string::npos) << r.out;
+  auto d = run_primus("train pretrain --config " + p.string(), "PRIMUS_LOG_LEVEL=debug");
+  ASSERT_EQ(d.code, 0) << d.out;
+  EXPECT_NE(d.out.find("train_iters = 1 (" + p.string()), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("overrides 1000"), std::string::npos) << d.out;
+}
