@@ -38,6 +38,7 @@ void cpu_run(const OptimizerArgs& a) {
   p.eps = a.hp.eps;
   p.step = a.hp.step;
   p.grad_scale = a.grad_scale.defined() ? a.grad_scale.ptr<const float>()[0] : 1.0;
+  if (!std::isfinite(p.grad_scale)) return;  // a vetoed (non-finite) step: nothing changes
   for (const auto& t : a.opt->tensors()) {
     p.weight_decay = t.decay ? a.hp.weight_decay : 0.0;
     cpu::adamw_update(t.master.ptr<float>(), t.grad.ptr<const float>(), t.m.ptr<float>(), t.v.ptr<float>(),

@@ -36,7 +36,9 @@ class MultiTensorAdamW {
   MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* device_arena);
 
   // One update. grad_scale: f32 [1] on the tensors' device multiplying every gradient (the clip
-  // factor, out[1] of grad_norm), or undefined for 1. device_scalars: f32 [3] on the device =
+  // factor, out[1] of grad_norm), or undefined for 1; a non-finite grad_scale (NaN, inf) skips
+  // the update, leaving master, moments and model copy untouched, so a caller can veto a
+  // non-finite step on the device (no host round trip, graph-capturable). device_scalars: f32 [3] on the device =
   // {lr, 1 - beta1^step, 1 - beta2^step}, overriding hp's (for graph replays), or undefined.
   BackendType step(const AdamWHyper& hp, const TensorView& grad_scale, const TensorView& device_scalars,
                    const ExecContext& ctx);

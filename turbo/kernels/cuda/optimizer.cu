@@ -72,6 +72,10 @@ template <class G>
 __global__ void __launch_bounds__(kThreads)
 adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const float* grad_scale,
              const float* device_scalars) {
+  const float scale = grad_scale ? *grad_scale : 1.0f;
+  // A non-finite scale marks a non-finite step (the caller's on-device check): leave everything
+  // as it is, so no host decision is needed between the gradients and the update.
+  if (!isfinite(scale)) return;
   const TableView tv = table_view(table, n);
   const int64_t b = blockIdx.x;
   const int t = find_tensor(tv.chunk_start, n, b);
@@ -79,7 +83,6 @@ adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const fl
   const int64_t begin = (b - tv.chunk_start[t]) * kMultiTensorChunk;
   const int64_t end = min(e.numel, begin + kMultiTensorChunk);
   const AdamWScalars s = device_scalars ? AdamWScalars{device_scalars[0], device_scalars[1], device_scalars[2]} : host;
-  const float scale = grad_scale ? *grad_scale : 1.0f;
   const float wd = e.decay ? hp.weight_decay : 0.0f;
   const G* grad = static_cast<const G*>(e.grad);
   bf16* model = static_cast<bf16*>(e.model);

@@ -37,7 +37,8 @@ struct AdamWStep {
 };
 
 // Updates master, m, v (and model) of every tensor in the table. grad_scale: device pointer to
-// one float multiplying every gradient (the clip factor from grad_norm), or nullptr for 1.
+// one float multiplying every gradient (the clip factor from grad_norm), or nullptr for 1; a
+// non-finite *grad_scale skips the update (nothing is written: the on-device NaN-step skip).
 // device_scalars: device pointer to {lr, 1 - beta1^step, 1 - beta2^step}, overriding the host
 // values (for CUDA graphs, where host arguments are frozen at capture), or nullptr.
 void adamw_multi_tensor(const void* table, int num_tensors, int64_t num_chunks, DType grad_dtype,
