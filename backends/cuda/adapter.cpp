@@ -16,9 +16,15 @@ namespace primus::backends::cuda {
 void add_cuda_schema(config::Schema& s) {
   s.integer("device", 0, "CUDA device index this process trains on", 0, 1023)
       .text("recompute_granularity", "none",
-            "activation recomputation: none (keep every activation); selective and full are not implemented yet",
+            "activation recomputation: none (keep every activation); selective (recompute norms and the MLP "
+            "activation in the backward); full (keep only each layer's input, rerun its forward in the backward)",
             {"none", "selective", "full"})
-      .flag("cuda_graph", false, "capture the training step in a CUDA graph (not implemented yet)")
+      .flag("cuda_graph", false,
+            "capture the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a warm-up step")
+      .integer("profile_steps", 0,
+               "per-phase GPU time over this many steps after the first (table at the end, profile.json in the output "
+               "folder); 0: off unless PRIMUS_CUDA_PROFILE=1 (then every step)",
+               0)
       .text("attention_backend", "auto",
             "auto: Turbo's attention op (cuDNN / flash kernels) where built, else the fallback; turbo; fallback "
             "(GEMMs + softmax kernel, materialises [T,T] scores)",
@@ -80,15 +86,10 @@ class CudaAdapter : public BackendAdapter {
     a->peak_flops = p.find_path("peak_flops")->as_double();
     a->params = p;
     a->experiment_file = exp.file.string();
-    const std::string recompute = p.find_path("recompute_granularity")->as_string();
-    if (recompute != "none") {
-      throw ConfigError(fmt::format("{}: recompute_granularity '{}' is not implemented yet in the cuda backend (use none)",
-                                    where("recompute_granularity"), recompute));
-    }
-    if (p.find_path("cuda_graph")->as_bool()) {
-      throw ConfigError(fmt::format("{}: cuda_graph is not implemented yet in the cuda backend (use false)",
-                                    where("cuda_graph")));
-    }
+    // recompute_granularity, cuda_graph and profile_steps take effect through their patches
+    // (patches/step_patches.cpp); checked here so a bad value fails even with PRIMUS_PATCHES=none.
+    (void)parse_recompute(p.find_path("recompute_granularity")->as_string(), where("recompute_granularity"));
+    (void)profile_env_steps();
     if (a->attention_backend == "turbo" && std::string(default_attention_name()) != "turbo") {
       throw ConfigError(fmt::format("{}: attention_backend turbo: this build has no Turbo attention op (use auto or "
                                     "fallback)",

@@ -1,10 +1,12 @@
 #include "backends/cuda/hooks.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
 
 #include "backends/cuda/attention_fallback.h"
+#include "core/util/error.h"
 #include "turbo/ops/gemm.h"
 #ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
 #include "turbo/ops/attention.h"
@@ -55,6 +57,21 @@ void turbo_attention_backward(const AttentionGradCall& c) {
 
 }  // namespace
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& text, const std::string& where) {
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+    if (text == recompute_name(r)) return r;
+  throw ConfigError(fmt::format("{}: recompute_granularity '{}' is not one of none, selective, full", where, text));
+}
+
 const char* default_attention_name() {
 #ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
   return "turbo";
@@ -83,7 +100,8 @@ CudaOps CudaOps::defaults() {
     opt.grad_norm(out, max_norm, ctx);
   };
   o.adamw = [](turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& hp, const TensorView& scale,
-               const ExecContext& ctx) { opt.step(hp, scale, {}, ctx); };
+               const TensorView& scalars, const ExecContext& ctx) { opt.step(hp, scale, scalars, ctx); };
+  o.recompute_policy = [](int64_t, int64_t) { return Recompute::None; };
   return o;
 }
 
@@ -102,6 +120,8 @@ void define_cuda_hooks(patches::HookTable& h) {
   h.define<CrossEntropyFn>(kCrossEntropy, d.cross_entropy, "fused softmax cross-entropy, gradient in place of the bf16 logits");
   h.define<GradNormFn>(kGradNorm, d.grad_norm, "global gradient norm and clip factor");
   h.define<AdamWStepFn>(kAdamWStep, d.adamw, "multi-tensor AdamW over fp32 master weights (+ bf16 copy)");
+  h.define<RecomputePolicyFn>(kRecomputePolicy, d.recompute_policy,
+                              "activation recomputation per layer (default: none, every activation kept)");
 }
 
 CudaOps CudaOps::from(const patches::HookTable& h) {
@@ -116,6 +136,7 @@ CudaOps CudaOps::from(const patches::HookTable& h) {
   o.cross_entropy = h.get<CrossEntropyFn>(kCrossEntropy);
   o.grad_norm = h.get<GradNormFn>(kGradNorm);
   o.adamw = h.get<AdamWStepFn>(kAdamWStep);
+  o.recompute_policy = h.get<RecomputePolicyFn>(kRecomputePolicy);
   return o;
 }
 

@@ -52,9 +52,27 @@ using NormBackwardFn = void(const turbo::NormBackwardArgs&);
 using CrossEntropyFn = void(const turbo::CrossEntropyArgs&);
 // out f32 [2] = {global L2 norm of the gradients, clip factor}; see turbo/ops/optimizer.h.
 using GradNormFn = void(turbo::MultiTensorAdamW& opt, const TensorView& out, float max_norm, const ExecContext& ctx);
-// One AdamW update of every tensor; grad_scale f32 [1] on the device (the clip factor).
+// One AdamW update of every tensor; grad_scale f32 [1] on the device (the clip factor; NaN: skip
+// the step), device_scalars f32 [3] = {lr, 1 - beta1^t, 1 - beta2^t} on the device overriding
+// hp's (undefined in host mode); see turbo::MultiTensorAdamW::step.
 using AdamWStepFn = void(turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& hp, const TensorView& grad_scale,
-                         const ExecContext& ctx);
+                         const TensorView& device_scalars, const ExecContext& ctx);
+
+// Activation recomputation, per layer: what the forward keeps for the backward.
+//   None       every activation (the fastest backward, the most memory);
+//   Selective  the layer input, q/k/v, the attention output and log-sum-exp, the residual after
+//              attention and the MLP pre-activation; the backward recomputes both norms' outputs
+//              and the MLP activation (GELU / SwiGLU): cheap elementwise work for ~40% less;
+//   Full       only the layer input; the backward reruns the layer's forward (all but its last
+//              GEMM) before the layer's backward.
+// The model asks once per layer, when it plans its memory; recomputed tensors share one buffer
+// set across layers. Gradients are those of None (bit for bit where the recomputation reruns
+// the same kernels; see docs/cuda.md).
+enum class Recompute : uint8_t { None, Selective, Full };
+using RecomputePolicyFn = Recompute(int64_t layer, int64_t num_layers);
+const char* recompute_name(Recompute r);
+// "none" | "selective" | "full"; anything else throws ConfigError naming `where`.
+Recompute parse_recompute(const std::string& text, const std::string& where);
 
 inline constexpr const char* kAttentionForward = "cuda.attention.forward";
 inline constexpr const char* kAttentionBackward = "cuda.attention.backward";
@@ -66,6 +84,7 @@ inline constexpr const char* kNormBackward = "cuda.norm.backward";
 inline constexpr const char* kCrossEntropy = "cuda.loss.cross_entropy";
 inline constexpr const char* kGradNorm = "cuda.optimizer.grad_norm";
 inline constexpr const char* kAdamWStep = "cuda.optimizer.adamw";
+inline constexpr const char* kRecomputePolicy = "cuda.recompute.policy";
 
 // What the model calls, read from the slots.
 struct CudaOps {
@@ -79,6 +98,7 @@ struct CudaOps {
   std::function<CrossEntropyFn> cross_entropy;
   std::function<GradNormFn> grad_norm;
   std::function<AdamWStepFn> adamw;
+  std::function<RecomputePolicyFn> recompute_policy;
 
   static CudaOps defaults();                               // the slots' defaults
   static CudaOps from(const patches::HookTable& hooks);    // after the patches ran

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "backends/cuda/kernels/cast.h"
+#include "backends/cuda/kernels/step_check.h"
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
@@ -87,6 +89,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   act_ = host_ ? DType::F32 : DType::BF16;
   if (!host_) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  policy_.resize(static_cast<size_t>(spec_.num_layers));
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    policy_[l] = ops_.recompute_policy ? ops_.recompute_policy(l, spec_.num_layers) : Recompute::None;
+  }
 
   BufferPlan count(nullptr, nullptr);
   plan(count);
@@ -154,6 +160,14 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   if (opt_.optimizer_state) adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
   if (spec_.rope && !host_) turbo::rope_build_table(rope_table_, spec_.rotary_base, ctx());
+  const size_t status_bytes = status_.nbytes();
+  if (host_) {
+    status_host_mem_.resize(status_bytes / 4);
+    status_host_ = status_host_mem_.data();
+  } else {
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&status_host_), status_bytes));
+  }
+  zero(status_);
   if (opt_.optimizer_state) set_moments(nullptr, nullptr);
   zero_grad();
   sync();
@@ -164,6 +178,7 @@ CudaModel::~CudaModel() {
     cudaStreamSynchronize(stream_);  // no throwing from a destructor; errors surface elsewhere
     cudaStreamDestroy(stream_);
   }
+  if (!host_ && status_host_) cudaFreeHost(status_host_);
 }
 
 template <class Take>
@@ -180,26 +195,61 @@ void CudaModel::plan(Take&& take) {
   }
   if (!host_) weights_ = take(Pool::State, DType::BF16, {PF}, "bf16 weights");
   if (spec_.rope && !host_) rope_table_ = take(Pool::State, DType::F32, {spec_.seq_length, spec_.head_dim() / 2, 2}, "RoPE table");
-  loss_slots_ = take(Pool::State, DType::F32, {opt_.loss_slots}, "loss sums");
-  norm_ = take(Pool::State, DType::F32, {2}, "grad norm and clip factor");
+  const int64_t S = opt_.loss_slots;
+  status_ = take(Pool::State, DType::F32, {S + 3}, "step status: loss sums, grad norm, clip factor, finite flag");
+  if (status_.defined()) {
+    loss_slots_ = status_.slice0(0, S);
+    norm_ = status_.slice0(S, S + 2);
+  }
+  hyper_ = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
 
-  layers_.resize(spec_.num_layers);
-  for (auto& a : layers_) {
-    a.x_in = take(Pool::Acts, act_, {N, C}, "layer input (residual stream)");
-    a.ln1 = take(Pool::Acts, act_, {N, C}, "norm1 output");
-    a.mean1 = take(Pool::Acts, DType::F32, {N}, "norm1 mean");
-    a.rstd1 = take(Pool::Acts, DType::F32, {N}, "norm1 rstd");
-    a.q = take(Pool::Acts, act_, {N, C}, "q");
-    a.k = take(Pool::Acts, act_, {N, KVD}, "k");
-    a.v = take(Pool::Acts, act_, {N, KVD}, "v");
-    a.att = take(Pool::Acts, act_, {N, C}, "attention output");
-    a.lse = take(Pool::Acts, DType::F32, {N * H}, "attention log-sum-exp");
-    a.x2 = take(Pool::Acts, act_, {N, C}, "residual after attention");
-    a.ln2 = take(Pool::Acts, act_, {N, C}, "norm2 output");
-    a.mean2 = take(Pool::Acts, DType::F32, {N}, "norm2 mean");
-    a.rstd2 = take(Pool::Acts, DType::F32, {N}, "norm2 rstd");
-    a.fc = take(Pool::Acts, act_, {N, FC}, "MLP pre-activation");
-    a.act = take(Pool::Acts, act_, {N, F}, "MLP activation");
+  // Per layer, the tensors its recompute policy keeps get memory of their own; the others alias
+  // one shared set (work_), which the forward and backward()'s recomputation refill layer by
+  // layer. `keep` is the coarsest policy that still keeps the tensor.
+  struct Field {
+    TensorView LayerActs::*member;
+    DType dtype;
+    int64_t cols;
+    bool flat;  // [N * cols] instead of [N, cols]
+    Recompute keep;
+    const char* what;
+  };
+  const DType f32 = DType::F32;
+  const Field fields[] = {
+      {&LayerActs::x_in, act_, C, false, Recompute::Full, "layer input (residual stream)"},
+      {&LayerActs::ln1, act_, C, false, Recompute::None, "norm1 output"},
+      {&LayerActs::mean1, f32, 1, true, Recompute::None, "norm1 mean"},
+      {&LayerActs::rstd1, f32, 1, true, Recompute::None, "norm1 rstd"},
+      {&LayerActs::q, act_, C, false, Recompute::Selective, "q"},
+      {&LayerActs::k, act_, KVD, false, Recompute::Selective, "k"},
+      {&LayerActs::v, act_, KVD, false, Recompute::Selective, "v"},
+      {&LayerActs::att, act_, C, false, Recompute::Selective, "attention output"},
+      {&LayerActs::lse, f32, H, true, Recompute::Selective, "attention log-sum-exp"},
+      {&LayerActs::x2, act_, C, false, Recompute::Selective, "residual after attention"},
+      {&LayerActs::ln2, act_, C, false, Recompute::None, "norm2 output"},
+      {&LayerActs::mean2, f32, 1, true, Recompute::None, "norm2 mean"},
+      {&LayerActs::rstd2, f32, 1, true, Recompute::None, "norm2 rstd"},
+      {&LayerActs::fc, act_, FC, false, Recompute::Selective, "MLP pre-activation"},
+      {&LayerActs::act, act_, F, false, Recompute::None, "MLP activation"},
+  };
+  const int64_t L = spec_.num_layers;
+  layers_.assign(static_cast<size_t>(L), LayerActs{});
+  work_ = LayerActs{};
+  for (const Field& f : fields) {
+    auto take_field = [&] {
+      return f.flat ? take(Pool::Acts, f.dtype, {N * f.cols}, f.what) : take(Pool::Acts, f.dtype, {N, f.cols}, f.what);
+    };
+    bool shared = false;
+    for (int64_t l = 0; l < L; ++l) {
+      if (policy_[l] <= f.keep)
+        layers_[l].*f.member = take_field();
+      else
+        shared = true;
+    }
+    if (!shared) continue;
+    work_.*f.member = take_field();
+    for (int64_t l = 0; l < L; ++l)
+      if (policy_[l] > f.keep) layers_[l].*f.member = work_.*f.member;
   }
   tmp_ = take(Pool::Acts, act_, {N, C}, "projection output");
   x_final_ = take(Pool::Acts, act_, {N, C}, "final residual");
@@ -211,8 +261,9 @@ void CudaModel::plan(Take&& take) {
   head_rows_ = (N + kHeadChunks - 1) / kHeadChunks;
   logits_ = take(Pool::Acts, act_, {head_rows_, V}, "logits / dlogits (one head block)");
   losses_ = take(Pool::Acts, DType::F32, {N}, "per-token losses");
-  tokens_ = take(Pool::Acts, DType::I32, {N}, "tokens");
-  targets_ = take(Pool::Acts, DType::I32, {N}, "targets");
+  // One token and target buffer per micro-batch: a step's batches are all staged before it runs.
+  tokens_ = take(Pool::Acts, DType::I32, {S * N}, "tokens (one slot per micro-batch)");
+  targets_ = take(Pool::Acts, DType::I32, {S * N}, "targets (one slot per micro-batch)");
   dres_ = take(Pool::Acts, act_, {N, C}, "residual gradient");
   dln_ = take(Pool::Acts, act_, {N, C}, "norm output gradient");
   // One region for the backward's per-layer working gradients: the MLP's (dfc, dact) are dead
@@ -338,7 +389,10 @@ void CudaModel::get_moments(float* m, float* v) const {
 
 void CudaModel::get_grads(float* host) const { from_model(host, grads_.data, grads_.nbytes()); }
 
-void CudaModel::zero_grad() { zero(grads_); }
+void CudaModel::zero_grad() {
+  mark(Phase::ZeroGrad);
+  zero(grads_);
+}
 
 // ---- forward ------------------------------------------------------------------------------
 
@@ -362,8 +416,89 @@ void CudaModel::norm_forward(const TensorView& out, const TensorView& mean, cons
   ops_.norm_forward(a);
 }
 
-void CudaModel::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss,
-                        int64_t slot) {
+void CudaModel::stage_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t slot) {
+  const int64_t N = B * T;
+  if (B > opt_.max_batch || T > opt_.max_seq || B < 1 || T < 1) {
+    throw RuntimeError(fmt::format("cuda model: batch {}x{} exceeds the buffers ({}x{})", B, T, opt_.max_batch,
+                                   opt_.max_seq));
+  }
+  if (slot < 0 || slot >= opt_.loss_slots) {
+    throw RuntimeError(fmt::format("cuda model: batch slot {} out of range (0..{})", slot, opt_.loss_slots - 1));
+  }
+  if (!tokens || !targets) throw RuntimeError("cuda model: stage_batch needs tokens and targets (the loss is fused with the head)");
+  const size_t at = size_t(slot * opt_.max_batch * opt_.max_seq) * 4;
+  // Pageable host memory: the copy takes the bytes before returning, so the caller may reuse them.
+  to_model(static_cast<char*>(tokens_.data) + at, tokens, size_t(N) * 4);
+  to_model(static_cast<char*>(targets_.data) + at, targets, size_t(N) * 4);
+}
+
+void CudaModel::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
+  const int64_t N = B * T;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
+  const ExecContext c = ctx();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  auto phase = [&](Phase p) {
+    if (!recompute) mark(p);  // a recomputation is one Phase::Recompute span
+  };
+  LayerActs& a = layers_[l];
+  const LayerParams& p = params_[l];
+  phase(Phase::Norm);
+  if (l == 0 || recompute) {
+    norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
+  } else {  // x_in = x2 of the layer below + its MLP output (in tmp_), fused with norm1
+    norm_forward(a.ln1, a.mean1, a.rstd1, a.x_in, tmp_, layers_[l - 1].x2, p.norm1, N);
+  }
+  const TensorView ln1 = a.ln1.slice0(0, N);
+  const TensorView& wqkv = p.qkv_w.w;
+  const TensorView& bqkv = p.qkv_b.w;
+  auto part = [](const TensorView& t, int64_t b, int64_t e) { return t.defined() ? t.slice0(b, e) : TensorView(); };
+  phase(Phase::QkvGemm);
+  ops_.linear_forward(a.q.slice0(0, N), ln1, wqkv.slice0(0, C), part(bqkv, 0, C), {}, c);
+  ops_.linear_forward(a.k.slice0(0, N), ln1, wqkv.slice0(C, C + KVD), part(bqkv, C, C + KVD), {}, c);
+  ops_.linear_forward(a.v.slice0(0, N), ln1, wqkv.slice0(C + KVD, C + 2 * KVD), part(bqkv, C + KVD, C + 2 * KVD), {},
+                      c);
+  const TensorView q4 = view(a.q, {B, T, H, D}), k4 = view(a.k, {B, T, KV, D}), v4 = view(a.v, {B, T, KV, D});
+  if (spec_.rope) {  // in place: only the rotated q and k are needed later
+    phase(Phase::Rope);
+    for (const TensorView* x : {&q4, &k4}) {
+      turbo::RopeArgs r;
+      r.out = *x;
+      r.inp = *x;
+      r.table = rope_table_;
+      r.base = spec_.rotary_base;
+      r.ctx = c;
+      turbo::rope(r);
+    }
+  }
+  AttentionCall at;
+  at.out = view(a.att, {B, T, H, D});
+  at.lse = view(a.lse, {B, H, T});
+  at.q = q4;
+  at.k = k4;
+  at.v = v4;
+  at.scale = scale;
+  at.ctx = c;
+  phase(Phase::Attention);
+  ops_.attention_forward(at);
+  phase(Phase::ProjGemm);
+  ops_.linear_forward(tmp_.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, p.proj_b.w, {}, c);
+  phase(Phase::Norm);
+  norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, tmp_, a.x_in, p.norm2, N);
+  phase(Phase::MlpUpGemm);
+  if (spec_.swiglu) {
+    ops_.linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
+    phase(Phase::Activation);
+    turbo::activation_forward({turbo::Activation::SwiGLU, a.act.slice0(0, N), a.fc.slice0(0, N), c});
+  } else {  // GELU fused into the GEMM epilogue; fc keeps the pre-activation for the backward
+    ops_.linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
+  }
+  if (recompute) return;  // the MLP output only feeds the next layer's forward
+  phase(Phase::MlpDownGemm);
+  ops_.linear_forward(tmp_.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
+}
+
+void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) {
   const int64_t N = B * T;
   if (B > opt_.max_batch || T > opt_.max_seq || B < 1 || T < 1) {
     throw RuntimeError(fmt::format("cuda model: batch {}x{} exceeds the buffers ({}x{})", B, T, opt_.max_batch,
@@ -372,96 +507,56 @@ void CudaModel::forward(const int32_t* tokens, const int32_t* targets, int64_t B
   if (slot < 0 || slot >= opt_.loss_slots) {
     throw RuntimeError(fmt::format("cuda model: loss slot {} out of range (0..{})", slot, opt_.loss_slots - 1));
   }
-  if (!targets) throw RuntimeError("cuda model: forward needs targets (the loss is fused with the head)");
   NvtxRange range("forward");
   B_ = B;
   T_ = T;
-  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
-  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
+  slot_ = slot;
+  const int64_t C = spec_.hidden_size;
   const ExecContext c = ctx();
-  to_model(tokens_.data, tokens, size_t(N) * 4);
-  to_model(targets_.data, targets, size_t(N) * 4);
+  const int64_t at = slot * opt_.max_batch * opt_.max_seq;
+  const TensorView targets = targets_.slice0(at, at + N);
 
   {
+    mark(Phase::Embedding);
     turbo::EmbeddingArgs e;
     e.out = view(layers_[0].x_in, {B, T, C});
-    e.tokens = view(tokens_, {B, T});
+    e.tokens = view(tokens_.slice0(at, at + N), {B, T});
     e.wte = wte_.w;
     e.wpe = wpe_.w;
     e.ctx = c;
     turbo::embedding_forward(e);
   }
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     NvtxRange lr(fmt::format("layer {} fwd", l).c_str());
-    LayerActs& a = layers_[l];
-    const LayerParams& p = params_[l];
-    if (l == 0) {
-      norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
-    } else {  // x_in = x2 of the layer below + its MLP output (in tmp_), fused with norm1
-      norm_forward(a.ln1, a.mean1, a.rstd1, a.x_in, tmp_, layers_[l - 1].x2, p.norm1, N);
-    }
-    const TensorView ln1 = a.ln1.slice0(0, N);
-    const TensorView& wqkv = p.qkv_w.w;
-    const TensorView& bqkv = p.qkv_b.w;
-    auto part = [](const TensorView& t, int64_t b, int64_t e) { return t.defined() ? t.slice0(b, e) : TensorView(); };
-    ops_.linear_forward(a.q.slice0(0, N), ln1, wqkv.slice0(0, C), part(bqkv, 0, C), {}, c);
-    ops_.linear_forward(a.k.slice0(0, N), ln1, wqkv.slice0(C, C + KVD), part(bqkv, C, C + KVD), {}, c);
-    ops_.linear_forward(a.v.slice0(0, N), ln1, wqkv.slice0(C + KVD, C + 2 * KVD), part(bqkv, C + KVD, C + 2 * KVD), {},
-                        c);
-    const TensorView q4 = view(a.q, {B, T, H, D}), k4 = view(a.k, {B, T, KV, D}), v4 = view(a.v, {B, T, KV, D});
-    if (spec_.rope) {  // in place: only the rotated q and k are needed later
-      for (const TensorView* x : {&q4, &k4}) {
-        turbo::RopeArgs r;
-        r.out = *x;
-        r.inp = *x;
-        r.table = rope_table_;
-        r.base = spec_.rotary_base;
-        r.ctx = c;
-        turbo::rope(r);
-      }
-    }
-    AttentionCall at;
-    at.out = view(a.att, {B, T, H, D});
-    at.lse = view(a.lse, {B, H, T});
-    at.q = q4;
-    at.k = k4;
-    at.v = v4;
-    at.scale = scale;
-    at.ctx = c;
-    ops_.attention_forward(at);
-    ops_.linear_forward(tmp_.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, p.proj_b.w, {}, c);
-    norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, tmp_, a.x_in, p.norm2, N);
-    if (spec_.swiglu) {
-      ops_.linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
-      turbo::activation_forward({turbo::Activation::SwiGLU, a.act.slice0(0, N), a.fc.slice0(0, N), c});
-    } else {  // GELU fused into the GEMM epilogue; fc keeps the pre-activation for the backward
-      ops_.linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
-    }
-    ops_.linear_forward(tmp_.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
+    layer_forward(l, B, T, false);
   }
   {
     NvtxRange hr("head + loss");
+    mark(Phase::Norm);
     norm_forward(lnf_, meanf_, rstdf_, x_final_, tmp_, layers_.back().x2, final_norm_, N);
     for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
       const int64_t r1 = std::min(N, r0 + head_rows_);
       const TensorView logits = logits_.slice0(0, r1 - r0), lnf = lnf_.slice0(r0, r1);
+      mark(Phase::HeadGemm);
       ops_.linear_forward(logits, lnf, head_.w, {}, {}, c);
       turbo::CrossEntropyArgs ce;
       ce.logits = logits;
       if (dloss != 0.0f) ce.dlogits = logits;  // in place: no second [rows,V] buffer
       ce.losses = losses_.slice0(r0, r1);
-      ce.targets = targets_.slice0(r0, r1);
+      ce.targets = targets.slice0(r0, r1);
       ce.vocab = spec_.vocab_size;
       ce.dloss = dloss;
       ce.ctx = c;
+      mark(Phase::Loss);
       ops_.cross_entropy(ce);
       // The head's backward now, while this block's dlogits exist: d(final norm output) into
       // dln_ (untouched until backward() reads it) and the head weight's gradient (+=).
       if (dloss != 0.0f) {
+        mark(Phase::HeadGemmBwd);
         ops_.linear_backward(dln_.slice0(r0, r1), head_.g, {}, logits, lnf, head_.w, false, c);
       }
     }
+    mark(Phase::Loss);
     turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), losses_.slice0(0, N), c);
   }
   have_grad_logits_ = dloss != 0.0f;
@@ -487,6 +582,26 @@ void CudaModel::norm_backward(const TensorView& dres, const TensorView& dout, co
   ops_.norm_backward(a);
 }
 
+void CudaModel::recompute_layer(int64_t l, int64_t B, int64_t T) {
+  const Recompute r = policy_[l];
+  if (r == Recompute::None) return;
+  NvtxRange range(fmt::format("layer {} recompute ({})", l, recompute_name(r)).c_str());
+  mark(Phase::Recompute);
+  if (r == Recompute::Full) {
+    layer_forward(l, B, T, true);
+    return;
+  }
+  // Selective: both norms from their stored inputs (the fused forward normalised the same
+  // rounded residual it stored), the MLP activation from the stored pre-activation.
+  const int64_t N = B * T;
+  LayerActs& a = layers_[l];
+  const LayerParams& p = params_[l];
+  norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
+  norm_forward(a.ln2, a.mean2, a.rstd2, {}, a.x2, {}, p.norm2, N);
+  turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
+                             a.fc.slice0(0, N), ctx()});
+}
+
 void CudaModel::backward() {
   if (!have_grad_logits_) throw RuntimeError("cuda model: backward() needs a forward with dloss != 0 first");
   have_grad_logits_ = false;
@@ -500,27 +615,34 @@ void CudaModel::backward() {
     NvtxRange hr("final norm bwd");
     // forward() already ran the head's backward into dln_ and head_.g.
     // dres = d(final residual): the start of the residual stream's gradient.
+    mark(Phase::NormBwd);
     norm_backward(dres_, dln_, x_final_, meanf_, rstdf_, final_norm_, N, false);
   }
   const TensorView dres = dres_.slice0(0, N);
   auto part = [](const TensorView& t, int64_t b, int64_t e) { return t.defined() ? t.slice0(b, e) : TensorView(); };
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
+    recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
     LayerActs& a = layers_[l];
     const LayerParams& p = params_[l];
     // MLP: dres is the gradient of the layer output x2 + mlp(ln2(x2)).
     const TensorView dfc = dfc_.slice0(0, N), act = a.act.slice0(0, N), fc = a.fc.slice0(0, N);
+    mark(Phase::MlpDownGemmBwd);
     if (spec_.swiglu) {
       const TensorView dact = dact_.slice0(0, N);
       ops_.linear_backward(dact, p.out_w.g, p.out_b.g, dres, act, p.out_w.w, false, c);
+      mark(Phase::ActivationBwd);
       turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
     } else {
       ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
       ops_.linear_backward({}, p.out_w.g, p.out_b.g, dres, act, p.out_w.w, false, c);
     }
+    mark(Phase::MlpUpGemmBwd);
     ops_.linear_backward(dln_.slice0(0, N), p.fc_w.g, p.fc_b.g, dfc, a.ln2.slice0(0, N), p.fc_w.w, false, c);
+    mark(Phase::NormBwd);
     norm_backward(dres_, dln_, a.x2, a.mean2, a.rstd2, p.norm2, N, true);
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
+    mark(Phase::ProjGemmBwd);
     ops_.linear_backward(datt_.slice0(0, N), p.proj_w.g, p.proj_b.g, dres, a.att.slice0(0, N), p.proj_w.w, false, c);
     const TensorView dq4 = view(dq_, {B, T, H, D}), dk4 = view(dk_, {B, T, KV, D}), dv4 = view(dv_, {B, T, KV, D});
     // With RoPE the attention's gradients are those of the rotated q/k; the rotation's backward
@@ -537,8 +659,10 @@ void CudaModel::backward() {
     g.lse = view(a.lse, {B, H, T});
     g.scale = scale;
     g.ctx = c;
+    mark(Phase::AttentionBwd);
     ops_.attention_backward(g);
     if (spec_.rope) {
+      mark(Phase::RopeBwd);
       for (auto [dx, dx_rot] : {std::pair{dq4, g.dq}, std::pair{dk4, g.dk}}) {
         turbo::RopeArgs r;
         r.backward = true;
@@ -552,21 +676,25 @@ void CudaModel::backward() {
     }
     const TensorView ln1 = a.ln1.slice0(0, N), dln = dln_.slice0(0, N);
     const TensorView &wqkv = p.qkv_w.w, &gw = p.qkv_w.g, &gb = p.qkv_b.g;
+    mark(Phase::QkvGemmBwd);
     ops_.linear_backward(dln, gw.slice0(0, C), part(gb, 0, C), dq_.slice0(0, N), ln1, wqkv.slice0(0, C), false, c);
     ops_.linear_backward(dln, gw.slice0(C, C + KVD), part(gb, C, C + KVD), dk_.slice0(0, N), ln1,
                          wqkv.slice0(C, C + KVD), true, c);
     ops_.linear_backward(dln, gw.slice0(C + KVD, C + 2 * KVD), part(gb, C + KVD, C + 2 * KVD), dv_.slice0(0, N), ln1,
                          wqkv.slice0(C + KVD, C + 2 * KVD), true, c);
+    mark(Phase::NormBwd);
     norm_backward(dres_, dln_, a.x_in, a.mean1, a.rstd1, p.norm1, N, true);
   }
   {
     NvtxRange er("embedding bwd");
+    mark(Phase::EmbeddingBwd);
+    const int64_t at = slot_ * opt_.max_batch * opt_.max_seq;
     turbo::EmbeddingArgs e;
     e.backward = true;
     e.dwte = wte_.g;
     e.dwpe = wpe_.g;
     e.dout = view(dres_, {B, T, C});
-    e.tokens = view(tokens_, {B, T});
+    e.tokens = view(tokens_.slice0(at, at + N), {B, T});
     e.wte = wte_.w;
     e.wpe = wpe_.w;
     e.ctx = c;
@@ -578,14 +706,53 @@ void CudaModel::backward() {
 
 void CudaModel::grad_norm(float max_norm) {
   NvtxRange r("grad norm");
+  mark(Phase::GradNorm);
   need_optimizer_state("grad_norm");
   ops_.grad_norm(*adamw_, norm_, max_norm, ctx());
 }
 
-void CudaModel::update(const turbo::AdamWHyper& hp) {
+void CudaModel::check_step(int64_t n) {
+  const int64_t S = opt_.loss_slots;
+  if (n < 1 || n > S) throw RuntimeError(fmt::format("cuda model: check_step over {} loss slots (1..{})", n, S));
+  mark(Phase::StepCheck);
+  if (!host_) {
+    kernels::step_check(status_.ptr<float>(), n, S, stream_);
+    return;
+  }
+  float* st = status_.ptr<float>();  // host mode: the ops ran synchronously
+  bool ok = std::isfinite(st[S]);
+  for (int64_t i = 0; i < n; ++i) ok = ok && std::isfinite(st[i]);
+  st[S + 2] = ok ? 1.0f : 0.0f;
+  if (!ok) st[S + 1] = std::numeric_limits<float>::quiet_NaN();
+}
+
+void CudaModel::set_hyper(const turbo::AdamWHyper& hp) {
+  hp_ = hp;
+  if (host_) return;  // the CPU optimizer takes hp itself
+  // The kernel's own host-side formula, so eager and graph steps compute the same bits.
+  const float s[3] = {hp.lr,
+                      static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
+                      static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
+  to_model(hyper_.data, s, sizeof(s));
+}
+
+void CudaModel::update() {
   NvtxRange r("adamw");
+  mark(Phase::Optimizer);
   need_optimizer_state("update");
-  ops_.adamw(*adamw_, hp, norm_.slice0(1, 2), ctx());
+  ops_.adamw(*adamw_, hp_, norm_.slice0(1, 2), host_ ? TensorView() : hyper_, ctx());
+}
+
+CudaModel::StepStatus CudaModel::read_step_status(int64_t n) const {
+  const int64_t S = opt_.loss_slots;
+  n = std::min(n, S);
+  from_model(status_host_, status_.data, status_.nbytes());  // one D2H copy, then the stream syncs
+  StepStatus st;
+  const double tokens = static_cast<double>(B_ * T_);
+  for (int64_t i = 0; i < n; ++i) st.loss_sum += static_cast<double>(status_host_[i]) / tokens;
+  st.grad_norm = status_host_[S];
+  st.finite = status_host_[S + 2] != 0.0f;
+  return st;
 }
 
 double CudaModel::read_loss_sum(int64_t n) const {
@@ -605,6 +772,7 @@ double CudaModel::read_grad_norm() const {
 }
 
 size_t CudaModel::reserved_bytes() const { return state_->capacity() + acts_->capacity() + scratch_->capacity(); }
+size_t CudaModel::activation_bytes() const { return acts_->capacity(); }
 size_t CudaModel::scratch_high_water() const { return scratch_->high_water(); }
 
 }  // namespace primus::backends::cuda

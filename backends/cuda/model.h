@@ -15,9 +15,17 @@
 // Precision: bf16 activations and weights for compute, fp32 accumulation in every GEMM, norm
 // and loss, fp32 parameter gradients (accumulated across micro-batches), fp32 optimizer.
 //
-// One step: zero_grad(); per micro-batch forward(tokens, targets, dloss) + backward();
-// grad_norm(max_norm); read the loss and norm on the host; update(hp). All work is enqueued on
-// the model's stream; only the read_* calls synchronise.
+// One step: stage_batch() for each micro-batch and set_hyper(hp) (the only host -> device
+// copies), then zero_grad(); per micro-batch forward_staged(slot) + backward(); grad_norm();
+// check_step() (the non-finite check, on the device); update(); and after it one
+// read_step_status() (one D2H copy into pinned memory). Everything between set_hyper and
+// read_step_status is enqueued on the model's stream with no host decision and no allocation,
+// so the trainer can capture it as one CUDA graph and replay it (backends/cuda/step_graph.h).
+// forward(tokens, ...) and update(hp) are the one-call forms (stage + forward, set_hyper +
+// update) for evaluation and tests.
+//
+// Activation recomputation (the cuda.recompute.policy slot, hooks.h) decides per layer which
+// activations plan() gives their own memory; the rest share one set, refilled by backward().
 //
 // Host mode (options.device = CPU): the same code on host memory in fp32, every op served by
 // Turbo's CPU backends (the reference kernels) and the weights being the master copy. It checks
@@ -30,6 +38,7 @@
 #include <vector>
 
 #include "backends/cuda/hooks.h"
+#include "backends/cuda/profile.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
 #include "turbo/core/arena.h"
@@ -81,22 +90,55 @@ class CudaModel {
   void get_grads(float* host) const;
 
   void zero_grad();
-  // tokens, targets: host int32 [B*T] (copied to the device, stream-ordered). The mean loss of
-  // this batch goes to loss slot `slot`. dloss != 0 (pass 1 / (B*T*accumulation steps)) also
-  // runs the head's backward, block by block while each block's dlogits exist: the head weight's
-  // gradient is accumulated here, and backward() continues from the final norm. dloss == 0
-  // (evaluation) leaves the gradients alone.
-  void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss, int64_t slot = 0);
-  // Accumulates parameter gradients of the last forward (which must have had dloss != 0).
+  // tokens, targets: host int32 [B*T], copied (stream-ordered; the host buffers may be reused at
+  // once) into the device token buffers of `slot` (0 .. loss_slots-1, one per micro-batch).
+  void stage_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t slot);
+  // Forward of the batch staged in `slot`; its mean loss goes to loss slot `slot`. dloss != 0
+  // (pass 1 / (B*T*accumulation steps)) also runs the head's backward, block by block while each
+  // block's dlogits exist: the head weight's gradient is accumulated here, and backward()
+  // continues from the final norm. dloss == 0 (evaluation) leaves the gradients alone.
+  void forward_staged(int64_t B, int64_t T, float dloss, int64_t slot);
+  void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, float dloss, int64_t slot = 0) {
+    stage_batch(tokens, targets, B, T, slot);
+    forward_staged(B, T, dloss, slot);
+  }
+  // Accumulates parameter gradients of the last forward (which must have had dloss != 0),
+  // recomputing the activations the layers did not keep.
   void backward();
   // Global gradient norm and clip factor min(1, max_norm / norm) (1 when max_norm <= 0), on the
   // device; update() scales the gradients by the factor.
   void grad_norm(float max_norm);
-  void update(const turbo::AdamWHyper& hp);
+  // The step's non-finite check over loss slots [0, n) and the grad norm, on the device: a
+  // non-finite step sets the clip factor to NaN, which makes update() leave every weight and
+  // moment untouched (turbo/ops/optimizer.h). Runs after grad_norm().
+  void check_step(int64_t n);
+  // The learning rate and the bias corrections of step hp.step, copied to a device scalar that
+  // update() reads (so a captured update follows the schedule); the other fields (betas, eps,
+  // weight decay) are fixed per run.
+  void set_hyper(const turbo::AdamWHyper& hp);
+  void update();
+  void update(const turbo::AdamWHyper& hp) {
+    set_hyper(hp);
+    update();
+  }
 
   // Synchronising reads: the sum of the mean losses in slots [0, n), and the last grad norm.
   double read_loss_sum(int64_t n) const;
   double read_grad_norm() const;
+  // One D2H copy (pinned memory) after a step: the mean loss summed over slots [0, n), the grad
+  // norm, and whether check_step() found the step finite (false: update() skipped it).
+  struct StepStatus {
+    double loss_sum = 0, grad_norm = 0;
+    bool finite = true;
+  };
+  StepStatus read_step_status(int64_t n) const;
+
+  // Phase marks for the step profiler (nullptr: none; the profiler must outlive the model's use).
+  void set_profiler(StepProfiler* p) { prof_ = p; }
+  StepProfiler* profiler() const { return prof_; }
+  Recompute recompute(int64_t layer) const { return policy_.at(static_cast<size_t>(layer)); }
+  // Bytes of the activations arena (what recomputation shrinks).
+  size_t activation_bytes() const;
 
   // Device bytes held by the three arenas.
   size_t reserved_bytes() const;
@@ -120,6 +162,14 @@ class CudaModel {
   };
   template <class Take>
   void plan(Take&& take);  // assigns every buffer; run once to count bytes, once to allocate
+  // Layer l's forward from its residual input. recompute = false: the step's forward (norm1
+  // fused with the residual add of the layer below, unless l == 0); true: the backward's
+  // recomputation (norm1 from the stored x_in; the last GEMM, whose output nothing needs, skipped).
+  void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute);
+  void recompute_layer(int64_t l, int64_t B, int64_t T);  // refills what policy_[l] did not keep
+  void mark(Phase p) const {
+    if (prof_) prof_->mark(p);
+  }
   Param param(const std::string& name, bool required) const;
   void need_optimizer_state(const char* what) const;  // throws without it (ZeRO-1)
   // out = norm(inp (+ residual, stored to res_out)); residual undefined: out = norm(inp).
@@ -149,8 +199,15 @@ class CudaModel {
   NormParams final_norm_;
   std::vector<LayerParams> params_;
   // state
-  TensorView master_, weights_, grads_, m_, v_, rope_table_, loss_slots_, norm_;
-  // activations
+  // status_ = {loss sums [loss_slots], grad norm, clip factor, finite flag}: loss_slots_ and norm_
+  // are views into it, so a step's status is one D2H copy. hyper_ = {lr, 1-beta1^t, 1-beta2^t}.
+  TensorView master_, weights_, grads_, m_, v_, rope_table_, status_, loss_slots_, norm_, hyper_;
+  turbo::AdamWHyper hp_;
+  float* status_host_ = nullptr;  // pinned (device mode) copy of status_
+  std::vector<float> status_host_mem_;
+  // activations; policy_[l] says which of layers_[l]'s tensors are its own (the rest alias work_)
+  std::vector<Recompute> policy_;
+  LayerActs work_;
   std::vector<LayerActs> layers_;
   TensorView tmp_, x_final_, lnf_, meanf_, rstdf_, logits_, losses_, tokens_, targets_;
   TensorView dres_, dln_, datt_, dq_, dk_, dv_, dq_rot_, dk_rot_, dfc_, dact_;
@@ -163,7 +220,9 @@ class CudaModel {
   static constexpr int64_t kHeadChunks = 2;
   int64_t head_rows_ = 0;
   int64_t B_ = 0, T_ = 0;
+  int64_t slot_ = 0;  // the token slot of the last forward (backward's embedding gradient reads it)
   bool have_grad_logits_ = false;
+  StepProfiler* prof_ = nullptr;
 };
 
 }  // namespace primus::backends::cuda

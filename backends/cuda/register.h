@@ -11,5 +11,6 @@ inline constexpr const char* kVersion = "0.1.0";
 
 void register_backend(BackendRegistry& backends, patches::PatchRegistry& patches);
 void register_patches(patches::PatchRegistry& patches);  // backends/cuda/patches/
+void register_step_patches(patches::PatchRegistry& patches);  // patches/step_patches.cpp (graph, recompute, profile)
 
 }  // namespace primus::backends::cuda

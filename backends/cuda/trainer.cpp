@@ -38,6 +38,7 @@ void CudaTrainer::setup() {
   }
   t.check_batch();
   t.check_data();
+  check_graph_config(*args_);
   if (t.data_parallel_size != dist_.world_size) {
     throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}); launch one rank per GPU with "
                                   "primus launch / torchrun / srun",
@@ -112,6 +113,12 @@ void CudaTrainer::init() {
                                     full_opt / double(size_t{1} << 30))
                       : "");
   }
+  if (args_->profile_steps > 0) {
+    profiler_ = std::make_unique<StepProfiler>(model_->stream(), args_->profile_steps);
+    model_->set_profiler(profiler_.get());
+  }
+  step_graph_ = std::make_unique<StepGraph>(model_->stream(), args_->cuda_graph, profiler_.get());
+  log_step_setup(*model_, *args_);
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
@@ -149,30 +156,8 @@ void CudaTrainer::split_batch() {
   }
 }
 
-double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
+turbo::AdamWHyper CudaTrainer::adamw_hyper(int64_t step) const {
   auto& t = args_->train;
-  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
-  model_->zero_grad();
-  const float dloss = static_cast<float>(1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps)));
-  for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
-    read_micro(micro);
-    model_->forward(inputs_.data(), targets_.data(), B, T, dloss, micro);
-    if (dp_) dp_->begin_backward(micro + 1 == t.grad_accum_steps);
-    model_->backward();
-  }
-  reader_->finish_step(*data_.train);
-  if (dp_) dp_->end_backward();  // the gradients are now averaged over the ranks (ZeRO-1: this rank's shard)
-  if (zero1()) {
-    dp_->grad_norm(static_cast<float>(t.optim.clip_grad));
-  } else {
-    model_->grad_norm(static_cast<float>(t.optim.clip_grad));
-  }
-  double loss = model_->read_loss_sum(t.grad_accum_steps) / static_cast<double>(t.grad_accum_steps);
-  if (dp_) loss = dp_->average({loss})[0];  // the global batch's loss
-  const double norm = model_->read_grad_norm();
-  *grad_norm = norm;
-  *finite = std::isfinite(loss) && std::isfinite(norm);
-  if (!*finite) return loss;
   turbo::AdamWHyper hp;
   hp.lr = static_cast<float>(train::lr_at(t.optim, step));
   hp.beta1 = static_cast<float>(t.optim.beta1);
@@ -180,11 +165,54 @@ double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   hp.eps = static_cast<float>(t.optim.eps);
   hp.weight_decay = static_cast<float>(t.optim.weight_decay);  // applied to tensors with decay (ParamLayout)
   hp.step = step + 1;
-  if (zero1()) {
-    dp_->update(hp);
-  } else {
-    model_->update(hp);
+  return hp;
+}
+
+// Everything the GPU does in one step, with no host decision and no host copy: StepGraph runs
+// it eagerly or captures it. A non-finite loss or grad norm is caught by check_step on the
+// device, which makes AdamW skip; the host learns of it from the status read after the step.
+void CudaTrainer::step_body(int64_t step) {
+  auto& t = args_->train;
+  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  const float dloss = static_cast<float>(1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps)));
+  model_->zero_grad();
+  for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
+    model_->forward_staged(B, T, dloss, micro);
+    if (dp_) dp_->begin_backward(micro + 1 == t.grad_accum_steps);
+    model_->backward();
   }
+  if (dp_) dp_->end_backward();  // the gradients are now averaged over the ranks (ZeRO-1: this rank's shard)
+  if (zero1()) {
+    dp_->grad_norm(static_cast<float>(t.optim.clip_grad));
+  } else {
+    model_->grad_norm(static_cast<float>(t.optim.clip_grad));
+  }
+  model_->check_step(t.grad_accum_steps);
+  if (zero1()) {
+    dp_->update(adamw_hyper(step));
+  } else {
+    model_->update();  // the scalars set_hyper staged (a captured update reads them from the device)
+  }
+}
+
+double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
+  auto& t = args_->train;
+  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  // Host work first: every micro-batch staged in its device slot and the step's AdamW scalars
+  // set, so the step itself is device work only.
+  for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
+    read_micro(micro);
+    model_->stage_batch(inputs_.data(), targets_.data(), B, T, micro);
+  }
+  reader_->finish_step(*data_.train);
+  model_->set_hyper(adamw_hyper(step));
+  step_graph_->run([&] { step_body(step); });
+  const CudaModel::StepStatus st = model_->read_step_status(t.grad_accum_steps);  // the step's one sync
+  if (profiler_) profiler_->collect();
+  double loss = st.loss_sum / static_cast<double>(t.grad_accum_steps);
+  if (dp_) loss = dp_->average({loss})[0];  // the global batch's loss
+  *grad_norm = st.grad_norm;
+  *finite = st.finite && std::isfinite(loss);
   return loss;
 }
 
@@ -316,6 +344,7 @@ void CudaTrainer::train() {
       return;
     }
   }
+  if (rank0()) report_profile(profiler_.get(), t.output_dir);
   spdlog::info("[cuda] peak device memory in use {:.2f} GiB (of which {:.2f} GiB reserved by the model's arenas)",
                gib(peak_used_bytes_), gib(model_->reserved_bytes()));
   if (!t.sample_prompt.empty() && t.sample_tokens > 0) {

@@ -13,6 +13,8 @@
 #include "train/data_parallel.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model.h"
+#include "backends/cuda/profile.h"
+#include "backends/cuda/step_graph.h"
 #include "core/trainer/trainer.h"
 #include "data/dataset/data_config.h"
 #include "data/tokenizer/tokenizer.h"
@@ -30,6 +32,8 @@ class CudaTrainer : public Trainer {
 
  private:
   double train_step(int64_t step, double* grad_norm, bool* finite);
+  void step_body(int64_t step);  // the step's device work (captured under cuda_graph)
+  turbo::AdamWHyper adamw_hyper(int64_t step) const;
   double evaluate();
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_
   void read_micro(int64_t micro);  // this rank's micro-batch `micro` of the step's global batch (reader_)
@@ -62,6 +66,10 @@ class CudaTrainer : public Trainer {
   int64_t last_saved_ = -1;
   nlohmann::json valid_start_;  // the validation iterator at its start: every eval begins there
   size_t peak_used_bytes_ = 0;
+  // The step runner (eager or CUDA graph) and the optional per-phase profiler; both after the
+  // model (the graph holds its buffers' addresses).
+  std::unique_ptr<StepProfiler> profiler_;
+  std::unique_ptr<StepGraph> step_graph_;
 };
 
 }  // namespace primus::backends::cuda

@@ -50,6 +50,7 @@ void register_patches(patches::PatchRegistry& reg) {
     c.replace<AttentionBackwardFn>(kAttentionBackward, fallback_attention_backward);
   };
   reg.add(attn);
+  register_step_patches(reg);
 }
 
 }  // namespace primus::backends::cuda

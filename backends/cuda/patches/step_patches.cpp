@@ -1,0 +1,71 @@
+// The training step's optional machinery, each switched on by its config key: CUDA-graph
+// capture, activation recomputation and the per-phase GPU profile. With PRIMUS_PATCHES=none the
+// keys are still validated (adapter.cpp) but the step runs eagerly, keeps every activation and
+// is not profiled.
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "backends/cuda/args.h"
+#include "backends/cuda/hooks.h"
+#include "backends/cuda/profile.h"
+#include "backends/cuda/register.h"
+#include "core/patches/context.h"
+
+namespace primus::backends::cuda {
+
+void register_step_patches(patches::PatchRegistry& reg) {
+  patches::Patch graph;
+  graph.id = "cuda.step.cuda_graph";
+  graph.backend = kName;
+  graph.phase = patches::Phase::BuildArgs;
+  graph.description = "captures the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a "
+                      "warm-up step and replays it: one launch per step instead of ~400";
+  graph.logic = "rewrites args: cuda_graph = true (the trainer's StepGraph captures step 2 and replays it)";
+  graph.impl = "backends/cuda/step_graph.cpp, backends/cuda/trainer.cpp (train_step / step_body)";
+  graph.porting = "torch.cuda.graphs / CUDAGraph: every per-step input in static device buffers (token batches, the "
+                  "learning rate and bias corrections), no host sync inside the step (the non-finite check runs on "
+                  "the device and vetoes AdamW through a NaN clip factor), workspaces and plans created in a warm-up";
+  graph.tags = {"performance", "step"};
+  graph.condition = [](patches::PatchContext& c) { return c.flag("cuda_graph"); };
+  graph.apply = [](patches::PatchContext& c) { c.args_as<CudaArgs>().cuda_graph = true; };
+  reg.add(graph);
+
+  patches::Patch rc;
+  rc.id = "cuda.memory.recompute";
+  rc.backend = kName;
+  rc.phase = patches::Phase::BuildArgs;
+  rc.description = "activation recomputation: selective (norms and MLP activation recomputed in the backward) or "
+                   "full (only each layer's input kept, the layer's forward rerun in the backward)";
+  rc.slots = {kRecomputePolicy};
+  rc.impl = "backends/cuda/model.cpp (plan: per-layer buffers vs the shared set; recompute_layer)";
+  rc.porting = "Megatron-LM --recompute-granularity / TorchTitan activation checkpointing; here per layer, decided "
+               "when the memory plan is made, so the arenas shrink (no allocation at run time)";
+  rc.tags = {"memory"};
+  rc.condition = [](patches::PatchContext& c) { return c.text("recompute_granularity", "none") != "none"; };
+  rc.apply = [](patches::PatchContext& c) {
+    const Recompute r = parse_recompute(c.text("recompute_granularity"), "recompute_granularity");
+    c.replace<RecomputePolicyFn>(kRecomputePolicy, [r](int64_t, int64_t) { return r; });
+  };
+  reg.add(rc);
+
+  patches::Patch prof;
+  prof.id = "cuda.profile.phase_times";
+  prof.backend = kName;
+  prof.phase = patches::Phase::BuildArgs;
+  prof.description = "times each phase of the step (embedding, norms, GEMMs, attention, loss, their backward, grad "
+                     "norm, AdamW) with CUDA events; table at the end of training and profile.json in the output folder";
+  prof.logic = "rewrites args: profile_steps = profile_steps, or every step when PRIMUS_CUDA_PROFILE=1";
+  prof.impl = "backends/cuda/profile.cpp (StepProfiler), marks in backends/cuda/model.cpp";
+  prof.porting = "torch.cuda.Event(enable_timing=True) pairs around each region, read after the step's sync; under a "
+                 "CUDA graph the events are captured as external event nodes";
+  prof.tags = {"profiling", "debug"};
+  prof.condition = [](patches::PatchContext& c) { return c.integer("profile_steps") > 0 || profile_env_steps() > 0; };
+  prof.apply = [](patches::PatchContext& c) {
+    const int64_t n = c.integer("profile_steps");
+    c.args_as<CudaArgs>().profile_steps = n > 0 ? n : profile_env_steps();
+  };
+  reg.add(prof);
+}
+
+}  // namespace primus::backends::cuda
