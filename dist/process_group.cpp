@@ -15,11 +15,11 @@ size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 const char* dtype_name(DType t) { return t == DType::F32 ? "f32" : "bf16"; }
 
 void SingleProcessGroup::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp) {
-  if (send != recv) std::memmove(recv, send, count * dtype_size(dtype));
+  if (count > 0 && send != recv) std::memmove(recv, send, count * dtype_size(dtype));
 }
 
 void SingleProcessGroup::all_gather(const void* send, void* recv, size_t count, DType dtype) {
-  if (send != recv) std::memmove(recv, send, count * dtype_size(dtype));
+  if (count > 0 && send != recv) std::memmove(recv, send, count * dtype_size(dtype));
 }
 
 void SingleProcessGroup::broadcast(void*, size_t, DType, int root) {

@@ -266,6 +266,7 @@ void SocketProcessGroup::all_reduce(void* buf, size_t count, DType dtype, Reduce
 void SocketProcessGroup::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp rop) {
   Op op{"reduce_scatter", count, dtype};
   check_usable("reduce_scatter");
+  if (count == 0) return;
   const size_t total = count * static_cast<size_t>(world_);
   scratch_.resize(total);
   if (dtype == DType::F32) {
@@ -289,6 +290,7 @@ void SocketProcessGroup::reduce_scatter(const void* send, void* recv, size_t cou
 void SocketProcessGroup::all_gather(const void* send, void* recv, size_t count, DType dtype) {
   Op op{"all_gather", count, dtype};
   check_usable("all_gather");
+  if (count == 0) return;
   const size_t es = dtype_size(dtype);
   char* out = static_cast<char*>(recv);
   char* mine = out + static_cast<size_t>(rank_) * count * es;

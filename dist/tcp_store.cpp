@@ -54,7 +54,7 @@ TcpStore::~TcpStore() {
   // leaves the last barrier first must not pull the store away from one still inside it. Not
   // while unwinding from an error, so that a failing rank 0 exits at once and the launcher can
   // stop the others.
-  if (server_ && std::uncaught_exceptions() == 0) server_->wait_idle(Clock::now() + timeout_);
+  if (server_ && std::uncaught_exceptions() == 0 && !leave_now_) server_->wait_idle(Clock::now() + timeout_);
 }
 
 std::unique_ptr<TcpStore> TcpStore::from_env(const DistEnv& env) {

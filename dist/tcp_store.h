@@ -61,6 +61,9 @@ class TcpStore {
 
   int port() const { return port_; }
   Ms timeout() const { return timeout_; }
+  // The job is failing: the host's destructor then leaves at once instead of waiting for the
+  // other ranks to hang up (one of them may be the stalled rank that caused the failure).
+  void leave_without_waiting() { leave_now_ = true; }
 
  private:
   // Sends one request and reads its reply body; the deadline is the request's own wait plus
@@ -75,6 +78,7 @@ class TcpStore {
   std::mutex mu_;
   Fd fd_;
   std::map<std::string, int> barrier_generation_;
+  bool leave_now_ = false;
 };
 
 }  // namespace primus::dist

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/util/error.h"
 
@@ -75,9 +76,14 @@ double global_sum(dist::ProcessGroup& pg, double local) {
   if (pg.world_size() == 1) return local;
   // hi + lo holds the double to ~48 bits; all_gather moves bits, so every rank sums the same
   // values in the same order.
-  float mine[2];
-  mine[0] = static_cast<float>(local);
-  mine[1] = static_cast<float>(local - static_cast<double>(mine[0]));
+  float mine[2] = {0.f, 0.f};
+  if (std::fabs(local) <= static_cast<double>(std::numeric_limits<float>::max())) {
+    mine[0] = static_cast<float>(local);
+    mine[1] = static_cast<float>(local - static_cast<double>(mine[0]));
+  } else {  // inf, nan, or beyond float: stays non-finite (a double-to-float overflow is UB)
+    mine[0] = std::isnan(local) ? std::numeric_limits<float>::quiet_NaN()
+                                : std::copysign(std::numeric_limits<float>::infinity(), static_cast<float>(local > 0 ? 1 : -1));
+  }
   std::vector<float> all(2 * static_cast<size_t>(pg.world_size()));
   pg.all_gather(mine, all.data(), 2, dist::DType::F32);
   double sum = 0;

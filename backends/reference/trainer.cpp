@@ -349,6 +349,7 @@ void ReferenceTrainer::train() {
 void ReferenceTrainer::cleanup(bool on_error) {
   if (progress_) progress_->flush();
   if (on_error && pg_) pg_->abort();  // the other ranks see this one leave at once
+  if (on_error && store_) store_->leave_without_waiting();
   if (on_error) spdlog::error("[reference] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }
 
