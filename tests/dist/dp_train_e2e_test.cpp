@@ -135,47 +135,85 @@ TEST(DataParallelTraining, SingleProcessCheckpointResumesOnTwoZero1Ranks) {
   expect_same_losses(want, losses(on2.path()), "1 -> 2 ranks", 6);
 }
 
+// A long ZeRO-1 job under `primus launch` in the background, output in a file. The destructor
+// stops it (SIGTERM to the launcher, forwarded to the ranks) when a test ends early.
+class BackgroundJob {
+ public:
+  BackgroundJob(const Workdir& w, double timeout_s, const std::string& launch_flags = "") : out_(w.path() / "launch.txt") {
+    std::string cmd = std::string(PRIMUS_BINARY_DIR) + "/bin/primus " +
+                      launch(2, train_args(w.str(), 100000, "use_distributed_optimizer=true save_interval=3"), timeout_s);
+    cmd.insert(cmd.find(" -- "), " " + launch_flags);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setenv("OMP_NUM_THREADS", "1", 1);
+      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " > " + out_.string() + " 2>&1").c_str(), nullptr);
+      ::_exit(126);
+    }
+    root_ = w.path();
+  }
+  ~BackgroundJob() {
+    if (pid_ > 0 && !done_) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  // The tracker file once the first checkpoint is saved (empty after 60 s).
+  fs::path await_checkpoint() {
+    auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+      fs::path t = find_file(root_, primus::io::kTrackerFile);
+      if (!t.empty()) return t;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return {};
+  }
+  // The pid of rank k among the launcher's children (-1 when not found).
+  pid_t rank_pid(int k) const {
+    std::ifstream children("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
+    for (pid_t c; children >> c;) {
+      std::ifstream env("/proc/" + std::to_string(c) + "/environ");
+      for (std::string var; std::getline(env, var, '\0');) {
+        if (var == "RANK=" + std::to_string(k)) return c;
+      }
+    }
+    return -1;
+  }
+  // Waits for the launcher; returns its wait status and sets seconds() since `from`.
+  int wait(std::chrono::steady_clock::time_point from) {
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    done_ = true;
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count();
+    return st;
+  }
+  double seconds() const { return seconds_; }
+  std::string output() const {
+    std::ifstream in(out_);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  fs::path out_, root_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+  double seconds_ = 0;
+};
+
 // Rank 1 killed with SIGKILL mid-run: the launcher stops rank 0 and exits non-zero naming rank 1
 // (rank 0 itself fails at once in its next collective, naming rank 1); the last checkpoint loads.
 TEST(DataParallelTraining, KilledRankEndsTheJobAndTheLastCheckpointLoads) {
   Workdir w;
-  const std::string out = (w.path() / "launch.txt").string();
-  std::string cmd = std::string(PRIMUS_BINARY_DIR) + "/bin/primus " +
-                    launch(2, train_args(w.str(), 100000, "use_distributed_optimizer=true save_interval=3"), 5);
-  pid_t launcher = ::fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    ::setenv("OMP_NUM_THREADS", "1", 1);
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " > " + out + " 2>&1").c_str(), nullptr);
-    ::_exit(126);
-  }
-  // Wait for a checkpoint, then find rank 1 among the launcher's children.
-  auto t0 = std::chrono::steady_clock::now();
-  auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  fs::path tracker;
-  while (waited() < 60 && (tracker = find_file(w.path(), primus::io::kTrackerFile)).empty()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_FALSE(tracker.empty()) << "no checkpoint within 60 s";
-  pid_t rank1 = -1;
-  std::ifstream children("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
-  for (pid_t c; children >> c;) {
-    std::ifstream env("/proc/" + std::to_string(c) + "/environ");
-    for (std::string var; std::getline(env, var, '\0');) {
-      if (var == "RANK=1") rank1 = c;
-    }
-  }
+  BackgroundJob job(w, 5);
+  fs::path tracker = job.await_checkpoint();
+  ASSERT_FALSE(tracker.empty()) << "no checkpoint within 60 s\n" << job.output();
+  pid_t rank1 = job.rank_pid(1);
   ASSERT_GT(rank1, 0) << "rank 1 not found among the launcher's children";
   ASSERT_EQ(::kill(rank1, SIGKILL), 0);
-  auto killed_at = std::chrono::steady_clock::now();
-  int st = 0;
-  ASSERT_EQ(::waitpid(launcher, &st, 0), launcher);
-  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  std::ifstream in(out);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int st = job.wait(std::chrono::steady_clock::now());
+  std::string text = job.output();
   ASSERT_TRUE(WIFEXITED(st)) << text;
   EXPECT_NE(WEXITSTATUS(st), 0) << text;
-  EXPECT_LT(took, 5.0) << text;  // within the 5 s collective timeout
+  EXPECT_LT(job.seconds(), 5.0) << text;  // within the 5 s collective timeout
   EXPECT_NE(text.find("rank 1 (pid " + std::to_string(rank1) + ") failed"), std::string::npos) << text;
   EXPECT_NE(text.find("rank 1 closed its connection"), std::string::npos) << text;
 
@@ -191,6 +229,26 @@ TEST(DataParallelTraining, KilledRankEndsTheJobAndTheLastCheckpointLoads) {
                                  "use_distributed_optimizer=true load=" + save.string()));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("at step " + std::to_string(latest->iteration)), std::string::npos) << r.out;
+}
+
+// Rank 1 stopped (SIGSTOP: alive, sockets open, silent): rank 0 gives up when no byte has come
+// for the 2 s timeout, naming rank 1, and the launcher ends the job (SIGKILL to the stopped
+// rank after the 1 s grace) with a non-zero exit.
+TEST(DataParallelTraining, StoppedRankIsNamedWithinTheTimeout) {
+  Workdir w;
+  BackgroundJob job(w, 2, "--grace 1");
+  ASSERT_FALSE(job.await_checkpoint().empty()) << "no checkpoint within 60 s\n" << job.output();
+  pid_t rank1 = job.rank_pid(1);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(::kill(rank1, SIGSTOP), 0);
+  int st = job.wait(std::chrono::steady_clock::now());
+  std::string text = job.output();
+  ASSERT_TRUE(WIFEXITED(st)) << text;
+  EXPECT_NE(WEXITSTATUS(st), 0) << text;
+  EXPECT_GE(job.seconds(), 1.9) << text;
+  EXPECT_LT(job.seconds(), 2.0 + 1.0 + 2.0) << text;  // timeout + grace + margin
+  EXPECT_NE(text.find("rank 1 sent nothing for 2 s"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 0 (pid"), std::string::npos) << text;  // the launcher's first failure
 }
 
 }  // namespace
