@@ -2,6 +2,9 @@
 // real dlopen calls on libraries that are not NCCL. No GPU and no NCCL needed.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -201,6 +204,32 @@ TEST(NcclLibrary, ProcessLibraryHonoursAWrongExplicitChoiceWithAnError) {
     EXPECT_EQ(m.find("CUDA toolkit folder"), std::string::npos) << m;
   }
   unsetenv("PRIMUS_NCCL_LIBRARY");
+}
+
+}  // namespace
+}  // namespace primus::dist::nccl
+
+namespace primus::dist::nccl {
+namespace {
+
+// Where this machine has an NCCL in one of the searched places, the real search finds it,
+// binds every function and reads its version (ncclGetVersion needs no GPU). Skipped elsewhere.
+TEST(NcclLibrary, FindsThisMachinesNcclWhenOneIsInstalled) {
+  unsetenv("PRIMUS_NCCL_LIBRARY");
+  bool present = false;
+  for (const auto& c : search_candidates(default_search_inputs())) {
+    if (c.file.find('/') != std::string::npos && ::access(c.file.c_str(), R_OK) == 0) present = true;
+  }
+  if (!present && std::system("ldconfig -p 2>/dev/null | grep -q libnccl.so") != 0) {
+    GTEST_SKIP() << "no NCCL installed in the searched places";
+  }
+  const Library& lib = library();
+  EXPECT_GE(lib.version_code, 21400);
+  EXPECT_FALSE(lib.path.empty());
+  EXPECT_NE(lib.path.find("libnccl"), std::string::npos) << lib.path;
+  ASSERT_NE(lib.api.GetErrorString, nullptr);
+  EXPECT_NE(describe(lib, RemoteError).find("(NCCL result 6)"), std::string::npos) << describe(lib, RemoteError);
+  std::printf("[nccl] %s from %s (%s)\n", lib.version().c_str(), lib.path.c_str(), lib.how.c_str());
 }
 
 }  // namespace
