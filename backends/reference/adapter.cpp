@@ -13,6 +13,11 @@ std::vector<std::pair<std::string, std::string>> ReferenceArgs::describe() const
                                             model.num_layers, model.hidden_size, model.num_attention_heads,
                                             model.num_query_groups, model.num_parameters())});
   d.push_back({"num_threads", num_threads == 0 ? "all cores" : std::to_string(num_threads)});
+  if (train.data_parallel_size > 1 || dp.distributed_optimizer) {
+    d.push_back({"data_parallel", fmt::format("{}gradients reduced in {} MiB buckets",
+                                              dp.distributed_optimizer ? "ZeRO-1 (optimizer state sharded), " : "",
+                                              dp.bucket_size_mb)});
+  }
   return d;
 }
 

@@ -48,14 +48,14 @@ fs::path find_file(const fs::path& root, const std::string& name) {
   return {};
 }
 
-// step -> loss from the run's metrics.jsonl (only rank 0 writes it).
-std::map<int64_t, double> losses(const fs::path& ws) {
+// step -> loss (or val_loss) from the run's metrics.jsonl (only rank 0 writes it).
+std::map<int64_t, double> losses(const fs::path& ws, const std::string& key = "loss") {
   std::map<int64_t, double> out;
   fs::path m = find_file(ws, "metrics.jsonl");
   EXPECT_FALSE(m.empty()) << "no metrics.jsonl under " << ws;
   if (m.empty()) return out;
   for (auto& j : primus::io::read_jsonl(m)) {
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    if (j.contains(key)) out[j["step"].get<int64_t>()] = j[key].get<double>();
   }
   return out;
 }
@@ -75,9 +75,11 @@ fs::path save_dir(const fs::path& ws) { return find_file(ws, primus::io::kTracke
 
 TEST(DataParallelTraining, TwoRanksGiveTheLossesOfOneWithAndWithoutZero1) {
   Workdir one, two, zero;
-  auto r1 = run_primus(train_args(one.str(), 6));
+  // Validation too: 3 batches, divided between the ranks.
+  const std::string eval = "eval_interval=3 eval_iters=3 ";
+  auto r1 = run_primus(train_args(one.str(), 6, eval));
   ASSERT_EQ(r1.code, 0) << r1.out;
-  auto r2 = run_primus(launch(2, train_args(two.str(), 6)));
+  auto r2 = run_primus(launch(2, train_args(two.str(), 6, eval)));
   ASSERT_EQ(r2.code, 0) << r2.out;
   EXPECT_NE(r2.out.find("data parallel over 2 ranks"), std::string::npos) << r2.out;
   // Progress lines come from rank 0 alone.
@@ -89,13 +91,17 @@ TEST(DataParallelTraining, TwoRanksGiveTheLossesOfOneWithAndWithoutZero1) {
     ++progress0;
   }
   EXPECT_EQ(progress0, 6) << r2.out;
-  auto r3 = run_primus(launch(2, train_args(zero.str(), 6, "use_distributed_optimizer=true ddp_bucket_size_mb=0.01")));
+  auto r3 = run_primus(launch(2, train_args(zero.str(), 6, eval + "use_distributed_optimizer=true ddp_bucket_size_mb=0.01")));
   ASSERT_EQ(r3.code, 0) << r3.out;
   EXPECT_NE(r3.out.find("ZeRO-1"), std::string::npos) << r3.out;
   auto want = losses(one.path());
   ASSERT_EQ(want.size(), 6u);
   expect_same_losses(want, losses(two.path()), "2 ranks");
   expect_same_losses(want, losses(zero.path()), "2 ranks ZeRO-1");
+  auto want_val = losses(one.path(), "val_loss");
+  ASSERT_EQ(want_val.size(), 2u);
+  expect_same_losses(want_val, losses(two.path(), "val_loss"), "2 ranks validation");
+  expect_same_losses(want_val, losses(zero.path(), "val_loss"), "2 ranks ZeRO-1 validation");
   // ZeRO-1: one optimizer shard per rank, weights once.
   fs::path ck = primus::io::checkpoint_dir(save_dir(zero.path()), 6);
   EXPECT_TRUE(fs::exists(ck / "optimizer.rank00000-of-00002.safetensors")) << ck;
