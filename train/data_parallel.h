@@ -77,6 +77,9 @@ struct ShardLayout {
 ShardLayout shard_layout(int64_t total, int world, int64_t align = 1);
 
 // ---- step statistics across ranks ----
+// These pass host buffers to the group: use a SocketProcessGroup / SingleProcessGroup (an NCCL
+// group takes device pointers; a trainer on NCCL can keep a socket group from the same store
+// for such small host-side exchanges).
 
 // Sum over ranks of a double, bit-identical on every rank and summed in rank order in double
 // (the values travel exactly, as two floats each).

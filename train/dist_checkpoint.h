@@ -34,7 +34,8 @@ struct FlatShard {
 // The shard file of `rank` in a checkpoint saved by `world` ranks.
 std::string shard_file_name(int rank, int world);
 
-// Collective: every rank calls it with the same iteration. `data` is what rank 0 saves (model
+// Collective (host buffers: a SocketProcessGroup or SingleProcessGroup, see data_parallel.h):
+// every rank calls it with the same iteration. `data` is what rank 0 saves (model
 // and trainer state, plus the full optimizer state when `shards` is empty); other ranks' `data`
 // is not read. With `layout` non-null (ZeRO-1) every rank writes `shards`. Returns the
 // checkpoint's folder once it is installed on every rank.
