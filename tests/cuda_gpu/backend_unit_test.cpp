@@ -64,13 +64,15 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   patches::HookTable hooks;
   adapter->define_hooks(hooks);
   for (const char* slot : {kAttentionForward, kAttentionBackward, kLinearForward, kLinearBackward,
-                           kLinearBackwardDGelu, kNormForward, kNormBackward, kCrossEntropy, kGradNorm, kAdamWStep}) {
+                           kLinearBackwardDGelu, kNormForward, kNormBackward, kCrossEntropy, kGradNorm, kAdamWStep,
+                           kRecomputePolicy}) {
     EXPECT_TRUE(hooks.has(slot)) << slot;
     EXPECT_FALSE(hooks.doc(slot).empty()) << slot;
   }
-  EXPECT_EQ(hooks.names().size(), 10u);
+  EXPECT_EQ(hooks.names().size(), 11u);
   for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
-                         "cuda.runtime.peak_flops", "cuda.attention.fallback"}) {
+                         "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph",
+                         "cuda.memory.recompute", "cuda.profile.phase_times"}) {
     const patches::Patch* p = reg.find(id);
     ASSERT_NE(p, nullptr) << id;
     EXPECT_EQ(p->backend, "cuda") << id;
@@ -82,6 +84,8 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   // Every slot default can be read back with the signature the model uses.
   CudaOps ops = CudaOps::from(hooks);
   EXPECT_TRUE(ops.attention_forward && ops.attention_backward && ops.linear_forward && ops.adamw);
+  EXPECT_EQ(ops.recompute_policy(0, 12), Recompute::None);
+  EXPECT_EQ(reg.find("cuda.memory.recompute")->slots, (std::vector<std::string>{kRecomputePolicy}));
 }
 
 TEST(CudaBackendUnit, PeakTableCoversTheDataCentreGpus) {
@@ -105,16 +109,22 @@ TEST(CudaBackendUnit, TrainWithoutDeviceFailsClearlyWithExit3) {
   EXPECT_NE(r.out.find("no CUDA device"), std::string::npos) << r.out;
 }
 
-TEST(CudaBackendUnit, NotYetImplementedOptionsAreConfigErrors) {
+TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   primus::testing::Workdir w;
-  for (const char* opt : {"recompute_granularity=full", "cuda_graph=true"}) {
-    auto r = primus::testing::run_primus(example_args(std::string("--dry-run ") + opt + " workspace=" + w.str()));
-    EXPECT_EQ(r.code, 2) << opt << "\n" << r.out;
-    EXPECT_NE(r.out.find("not implemented yet"), std::string::npos) << opt << "\n" << r.out;
+  const std::string opts = " recompute_granularity=selective cuda_graph=true profile_steps=5 workspace=" + w.str();
+  auto on = primus::testing::run_primus(example_args("--dry-run" + opts));
+  EXPECT_EQ(on.code, 0) << on.out;
+  auto off = primus::testing::run_primus(example_args("--dry-run workspace=" + w.str()));
+  EXPECT_EQ(off.code, 0) << off.out;
+  EXPECT_NE(off.out.find("cuda.runtime.peak_flops"), std::string::npos) << off.out;
+  // The dry run's patch plan: each applies with its key and is skipped without it.
+  for (const char* id : {"cuda.step.cuda_graph", "cuda.memory.recompute", "cuda.profile.phase_times"}) {
+    EXPECT_NE(on.out.find(std::string("apply ") + id + ": condition true"), std::string::npos) << id << "\n" << on.out;
+    EXPECT_NE(off.out.find(std::string("skip  ") + id + ": condition false"), std::string::npos) << id << "\n" << off.out;
   }
-  auto ok = primus::testing::run_primus(example_args("--dry-run workspace=" + w.str()));
-  EXPECT_EQ(ok.code, 0) << ok.out;
-  EXPECT_NE(ok.out.find("cuda.runtime.peak_flops"), std::string::npos) << ok.out;
+  auto bad = primus::testing::run_primus(example_args("--dry-run recompute_granularity=partial workspace=" + w.str()));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("recompute_granularity"), std::string::npos) << bad.out;
 }
 
 TEST(CudaBackendUnit, PatchInventoryListsTheCudaPatches) {

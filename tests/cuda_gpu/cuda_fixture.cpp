@@ -55,8 +55,6 @@ CudaOps ops_for(Attn a) {
   return o;
 }
 
-namespace {
-
 CudaModelOptions options(const train::ModelSpec& spec, int64_t B, turbo::Device device) {
   CudaModelOptions mo;
   mo.max_batch = B;
@@ -67,35 +65,32 @@ CudaModelOptions options(const train::ModelSpec& spec, int64_t B, turbo::Device 
   return mo;
 }
 
-constexpr int64_t kTrainBatch = 8;
+namespace {
 constexpr double kLr = 2e-3, kBeta1 = 0.9, kBeta2 = 0.99, kEps = 1e-8, kDecay = 0.1, kClip = 1.0;
+}  // namespace
 
-// Step s: kTrainBatch windows of T + 1 bytes of tinyshakespeare at offsets from a fixed seed.
-struct Batches {
-  Batches(int64_t T, int steps) {
-    // The sources may sit elsewhere than at build time (the GPU machine): $PRIMUS_SOURCE_DIR wins.
-    const char* env = std::getenv("PRIMUS_SOURCE_DIR");
-    const std::string path = std::string(env && *env ? env : PRIMUS_SOURCE_DIR) + "/examples/data/tinyshakespeare.txt";
-    std::ifstream f(path, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (text.size() < 100000) throw std::runtime_error(path + " is missing or short (set PRIMUS_SOURCE_DIR)");
-    std::mt19937_64 rng(42);
-    std::uniform_int_distribution<size_t> off(0, text.size() - size_t(T) - 2);
-    for (int s = 0; s < steps; ++s) {
-      std::vector<int32_t> in(kTrainBatch * T), tg(kTrainBatch * T);
-      for (int64_t b = 0; b < kTrainBatch; ++b) {
-        const size_t o = off(rng);
-        for (int64_t t = 0; t < T; ++t) {
-          in[b * T + t] = static_cast<unsigned char>(text[o + t]);
-          tg[b * T + t] = static_cast<unsigned char>(text[o + t + 1]);
-        }
+Batches::Batches(int64_t T, int steps) {
+  // The sources may sit elsewhere than at build time (the GPU machine): $PRIMUS_SOURCE_DIR wins.
+  const char* env = std::getenv("PRIMUS_SOURCE_DIR");
+  const std::string path = std::string(env && *env ? env : PRIMUS_SOURCE_DIR) + "/examples/data/tinyshakespeare.txt";
+  std::ifstream f(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (text.size() < 100000) throw std::runtime_error(path + " is missing or short (set PRIMUS_SOURCE_DIR)");
+  std::mt19937_64 rng(42);
+  std::uniform_int_distribution<size_t> off(0, text.size() - size_t(T) - 2);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> in(kTrainBatch * T), tg(kTrainBatch * T);
+    for (int64_t b = 0; b < kTrainBatch; ++b) {
+      const size_t o = off(rng);
+      for (int64_t t = 0; t < T; ++t) {
+        in[b * T + t] = static_cast<unsigned char>(text[o + t]);
+        tg[b * T + t] = static_cast<unsigned char>(text[o + t + 1]);
       }
-      inputs.push_back(std::move(in));
-      targets.push_back(std::move(tg));
     }
+    inputs.push_back(std::move(in));
+    targets.push_back(std::move(tg));
   }
-  std::vector<std::vector<int32_t>> inputs, targets;
-};
+}
 
 std::vector<float> initial_params(const train::ModelSpec& spec) {
   reference::GptModel<float> m(spec, 1, spec.seq_length);
@@ -103,6 +98,8 @@ std::vector<float> initial_params(const train::ModelSpec& spec) {
   for (auto& w : m.params) w = round_bf16(w);
   return m.params;
 }
+
+namespace {
 
 const std::vector<double>& reference_curve(bool llama, int steps) {
   static std::map<std::pair<bool, int>, std::vector<double>> cache;

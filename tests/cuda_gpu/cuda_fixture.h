@@ -13,6 +13,7 @@
 
 #include "backends/cuda/device.h"
 #include "backends/cuda/hooks.h"
+#include "backends/cuda/model.h"
 #include "train/model_spec.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/core/dtype.h"
@@ -28,6 +29,18 @@ inline float round_bf16(float x) { return turbo::bf16_bits_to_float(turbo::float
 
 // ||got - ref|| / ||ref||; infinite when got holds a NaN or inf.
 double rel_l2(const float* got, const float* ref, int64_t n);
+
+// Model options for batches up to B x spec.seq_length (scratch for the fallback attention).
+CudaModelOptions options(const train::ModelSpec& spec, int64_t B, turbo::Device device);
+// The tiny models' shared initial weights: the reference init (seed 1234) rounded to bf16.
+std::vector<float> initial_params(const train::ModelSpec& spec);
+// Training batches: step s is kTrainBatch windows of T + 1 bytes of tinyshakespeare at offsets
+// from a fixed seed ($PRIMUS_SOURCE_DIR, else the source tree, holds the text).
+inline constexpr int64_t kTrainBatch = 8;
+struct Batches {
+  Batches(int64_t T, int steps);
+  std::vector<std::vector<int32_t>> inputs, targets;
+};
 
 // The attention implementations a model can run with: the slot's default and the fallback.
 enum class Attn { Default, Fallback };

@@ -1,0 +1,70 @@
+#include "step_fixture.h"
+
+#include "backends/cuda/step_graph.h"
+
+namespace primus::backends::cuda::testing {
+
+StepRun run_steps(const StepRunOptions& o) {
+  const train::ModelSpec spec = tiny_spec(o.llama);
+  const int64_t T = spec.seq_length, B = kTrainBatch / o.micro;
+  CudaOps ops = ops_for(o.attn);
+  if (o.recompute) ops.recompute_policy = o.recompute;
+  CudaModelOptions mo = options(spec, B, o.device);
+  mo.loss_slots = o.micro;
+  CudaModel model(spec, mo, ops);
+  const std::vector<float> init = initial_params(spec);
+  model.set_params(init.data());
+  std::unique_ptr<StepProfiler> prof;
+  if (o.profile) {
+    prof = std::make_unique<StepProfiler>(model.stream(), o.steps);
+    model.set_profiler(prof.get());
+  }
+  StepGraph graph(model.stream(), o.graph, prof.get());
+  Batches data(T, o.steps);
+  StepRun r;
+  r.activation_bytes = model.activation_bytes();
+  const float dloss = 1.0f / float(B * T * o.micro);
+  for (int s = 0; s < o.steps; ++s) {
+    for (int m = 0; m < o.micro; ++m) {
+      model.stage_batch(data.inputs[s].data() + m * B * T, data.targets[s].data() + m * B * T, B, T, m);
+    }
+    turbo::AdamWHyper hp;
+    hp.lr = 2e-3f * float(s + 1) / float(o.steps);
+    hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
+    hp.step = s + 1;
+    model.set_hyper(hp);
+    if (o.before_step) o.before_step(s, model);
+    graph.run([&] {
+      model.zero_grad();
+      for (int m = 0; m < o.micro; ++m) {
+        model.forward_staged(B, T, dloss, m);
+        model.backward();
+      }
+      model.grad_norm(1.0f);
+      model.check_step(o.micro);
+      model.update();
+    });
+    const CudaModel::StepStatus st = model.read_step_status(o.micro);
+    if (prof) prof->collect();
+    r.losses.push_back(st.loss_sum / o.micro);
+    r.norms.push_back(st.grad_norm);
+    r.finite.push_back(st.finite);
+    if (s == 0) {
+      r.grads0.resize(static_cast<size_t>(model.layout().total));
+      model.get_grads(r.grads0.data());
+    }
+    if (o.after_step) o.after_step(s, model);
+  }
+  r.params.resize(static_cast<size_t>(model.layout().total));
+  model.get_params(r.params.data());
+  r.graph_launches = graph.launches();
+  if (prof) {
+    r.profiled_steps = prof->steps_done();
+    r.profile_total_ms = prof->total_ms();
+    for (int p = 0; p < int(Phase::Count); ++p)
+      if (prof->ms(Phase(p)) > 0) r.phase_ms.push_back({Phase(p), prof->ms(Phase(p))});
+  }
+  return r;
+}
+
+}  // namespace primus::backends::cuda::testing

@@ -1,0 +1,46 @@
+// A trainer-shaped loop over the tiny models for the step machinery's tests (host mode and GPU):
+// each step stages its micro-batches, sets AdamW's scalars (a rising learning rate, so a captured
+// step must read them from the device), then runs zero_grad, forward + backward per micro-batch,
+// grad norm (clip 1.0), the on-device non-finite check and AdamW through a StepGraph (eager, or
+// captured at step 2 and replayed), and reads the status once, as CudaTrainer does.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "backends/cuda/model.h"
+#include "backends/cuda/profile.h"
+#include "cuda_fixture.h"
+
+namespace primus::backends::cuda::testing {
+
+struct StepRunOptions {
+  bool llama = false;
+  Attn attn = Attn::Default;
+  turbo::Device device = turbo::Device::CPU;
+  std::function<RecomputePolicyFn> recompute;  // empty: none
+  bool graph = false;
+  bool profile = false;  // a StepProfiler over every step after the first
+  int steps = 3;
+  int micro = 2;  // micro-batches per step (kTrainBatch / micro sequences each)
+  std::function<void(int step, CudaModel&)> before_step, after_step;  // after: the status is read
+};
+
+struct StepRun {
+  std::vector<double> losses, norms;
+  std::vector<bool> finite;
+  std::vector<float> grads0;  // the gradients of step 0
+  std::vector<float> params;  // the master weights after the last step
+  size_t activation_bytes = 0;
+  int64_t graph_launches = 0;
+  int64_t profiled_steps = 0;
+  std::vector<std::pair<Phase, double>> phase_ms;  // phases that took time, summed over the profiled steps
+  double profile_total_ms = 0;
+};
+
+StepRun run_steps(const StepRunOptions& o);
+
+inline std::function<RecomputePolicyFn> recompute_all(Recompute r) {
+  return [r](int64_t, int64_t) { return r; };
+}
+
+}  // namespace primus::backends::cuda::testing

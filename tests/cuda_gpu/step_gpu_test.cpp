@@ -1,0 +1,147 @@
+// The step machinery on the GPU (label gpu; skips without a device), tiny GPT-2 and Llama,
+// B = 8 as 2 micro-batches of 4, T = 64, a rising learning rate (so a replayed step must read
+// AdamW's scalars from the device):
+//   - CUDA graph: 20 steps captured at step 2 and replayed give the same losses and final
+//     weights as 20 eager steps, bit for bit (the same kernels on the same buffers in the same
+//     order; a difference means the capture froze something that changes per step);
+//   - the non-finite check under the graph: a replayed step with a NaN weight reports
+//     finite = false and changes no weight and no moment; the next step trains again;
+//   - recompute parity on the device: gradients of selective / full against none (bit for bit
+//     when the none run reproduces itself bit for bit, else within the bf16 gate; GPT-2's
+//     selective recomputes GELU from the stored bf16 pre-activation instead of the GEMM
+//     epilogue's fp32 value, so it is checked against the gate), and the activation memory
+//     order none > selective > full;
+//   - the profiler under a graph times the phases from the graph's event nodes and changes no
+//     result.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "step_fixture.h"
+
+namespace primus::backends::cuda::testing {
+namespace {
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class StepGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(StepGpuTest, GraphReplayMatchesEagerBitForBitOver20Steps) {
+  StepRunOptions o;
+  o.llama = GetParam();
+  o.device = turbo::Device::CUDA;
+  o.steps = 20;
+  const StepRun eager = run_steps(o);
+  o.graph = true;
+  const StepRun graph = run_steps(o);
+  EXPECT_EQ(graph.graph_launches, 19) << "step 1 is the warm-up; steps 2..20 launch the graph";
+  ASSERT_EQ(graph.losses.size(), 20u);
+  for (size_t s = 0; s < 20; ++s) {
+    EXPECT_EQ(graph.losses[s], eager.losses[s]) << "step " << s;
+    EXPECT_EQ(graph.norms[s], eager.norms[s]) << "step " << s;
+  }
+  EXPECT_TRUE(same_bits(graph.params, eager.params)) << "final weights differ";
+  EXPECT_LT(eager.losses.back(), eager.losses.front() - 0.5) << "the run must learn";
+  std::printf("[%s] graph vs eager, 20 steps: loss %.5f -> %.5f in both\n", o.llama ? "llama" : "gpt2",
+              eager.losses.front(), eager.losses.back());
+}
+
+TEST_P(StepGpuTest, NonFiniteStepIsSkippedUnderTheGraph) {
+  StepRunOptions o;
+  o.llama = GetParam();
+  o.device = turbo::Device::CUDA;
+  o.graph = true;
+  o.steps = 6;
+  std::vector<float> good, poisoned, m0, v0, after, m1, v1;
+  o.before_step = [&](int s, CudaModel& model) {
+    const size_t n = static_cast<size_t>(model.layout().total);
+    if (s == 3) {  // a replay (the capture was step 1)
+      good.resize(n);
+      model.get_params(good.data());
+      poisoned = good;
+      poisoned[n / 3] = std::numeric_limits<float>::quiet_NaN();
+      model.set_params(poisoned.data());
+      m0.resize(n), v0.resize(n);
+      model.get_moments(m0.data(), v0.data());
+    }
+    if (s == 4) model.set_params(good.data());
+  };
+  o.after_step = [&](int s, CudaModel& model) {
+    if (s != 3) return;
+    const size_t n = static_cast<size_t>(model.layout().total);
+    after.resize(n), m1.resize(n), v1.resize(n);
+    model.get_params(after.data());
+    model.get_moments(m1.data(), v1.data());
+  };
+  const StepRun r = run_steps(o);
+  EXPECT_EQ(r.graph_launches, 5);
+  EXPECT_EQ(r.finite, (std::vector<bool>{true, true, true, false, true, true}));
+  EXPECT_FALSE(std::isfinite(r.losses[3]) && std::isfinite(r.norms[3]));
+  EXPECT_TRUE(same_bits(after, poisoned)) << "the vetoed step changed the weights";
+  EXPECT_TRUE(same_bits(m1, m0)) << "the vetoed step changed the first moments";
+  EXPECT_TRUE(same_bits(v1, v0)) << "the vetoed step changed the second moments";
+  EXPECT_TRUE(std::isfinite(r.losses[5]));
+}
+
+TEST_P(StepGpuTest, RecomputeGradientsMatchNone) {
+  StepRunOptions o;
+  o.llama = GetParam();
+  o.device = turbo::Device::CUDA;
+  o.steps = 2;
+  const StepRun none = run_steps(o);
+  const StepRun again = run_steps(o);
+  const bool deterministic = same_bits(none.grads0, again.grads0);
+  std::printf("[%s] the none run %s itself bit for bit\n", o.llama ? "llama" : "gpt2",
+              deterministic ? "reproduces" : "does NOT reproduce");
+  std::vector<size_t> bytes = {none.activation_bytes};
+  for (Recompute rc : {Recompute::Selective, Recompute::Full}) {
+    SCOPED_TRACE(recompute_name(rc));
+    o.recompute = recompute_all(rc);
+    const StepRun r = run_steps(o);
+    bytes.push_back(r.activation_bytes);
+    const bool exact_expected = deterministic && !(rc == Recompute::Selective && !o.llama);
+    const double err = rel_l2(r.grads0.data(), none.grads0.data(), static_cast<int64_t>(none.grads0.size()));
+    std::printf("[%s %s] gradient relative L2 vs none %.3e, losses %.6f / %.6f\n", o.llama ? "llama" : "gpt2",
+                recompute_name(rc), err, r.losses[1], none.losses[1]);
+    if (exact_expected) {
+      EXPECT_TRUE(same_bits(r.grads0, none.grads0)) << "relative L2 " << err;
+      EXPECT_EQ(r.losses, none.losses);
+    } else {
+      EXPECT_LT(err, 1e-2);
+      EXPECT_NEAR(r.losses[1], none.losses[1], 1e-2 * none.losses[1]);
+    }
+  }
+  EXPECT_GT(bytes[0], bytes[1]);
+  EXPECT_GT(bytes[1], bytes[2]);
+}
+
+TEST_P(StepGpuTest, ProfilerUnderTheGraphTimesPhasesAndChangesNothing) {
+  StepRunOptions o;
+  o.llama = GetParam();
+  o.device = turbo::Device::CUDA;
+  o.graph = true;
+  o.steps = 5;
+  const StepRun plain = run_steps(o);
+  o.profile = true;
+  const StepRun prof = run_steps(o);
+  EXPECT_EQ(prof.losses, plain.losses);
+  EXPECT_TRUE(same_bits(prof.params, plain.params));
+  EXPECT_EQ(prof.profiled_steps, 4);
+  bool attention = false, qkv = false;
+  for (auto [p, ms] : prof.phase_ms) {
+    attention = attention || p == Phase::Attention;
+    qkv = qkv || p == Phase::QkvGemm;
+  }
+  EXPECT_TRUE(attention && qkv);
+  EXPECT_GT(prof.profile_total_ms, 0.0);
+  std::printf("[%s] profiled GPU time per step under the graph: %.3f ms\n", o.llama ? "llama" : "gpt2",
+              prof.profile_total_ms / 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, StepGpuTest, ::testing::Values(false, true),
+                         [](const auto& info) { return std::string(info.param ? "Llama" : "Gpt2"); });
+
+}  // namespace
+}  // namespace primus::backends::cuda::testing

@@ -1,0 +1,296 @@
+// The step machinery without a GPU (label unit), in the model's host mode (fp32 on Turbo's CPU
+// backends, the ops run synchronously):
+//   - recompute_granularity: selective, full and a per-layer mix train with exactly the
+//     gradients, losses and weights of no recomputation (bit for bit: the recomputation reruns
+//     the same kernels on the same inputs), and reserve fewer activation bytes, none > selective
+//     > full;
+//   - the on-device non-finite check: a step with a NaN weight reports finite = false and leaves
+//     every weight and moment as it was (AdamW vetoed through the clip factor); the next good
+//     step trains again;
+//   - the phase profiler changes no result and times every phase the step runs;
+//   - configs that cannot be captured are errors naming why; the three patches switch the keys on.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "backends/cuda/args.h"
+#include "backends/cuda/register.h"
+#include "backends/cuda/step_graph.h"
+#include "backends/cuda/trainer.h"
+#include "core/backend/backend.h"
+#include "core/config/experiment.h"
+#include "core/patches/context.h"
+#include "core/patches/registry.h"
+#include "core/util/error.h"
+#include "step_fixture.h"
+
+namespace primus::backends::cuda::testing {
+namespace {
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class HostRecompute : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HostRecompute, GradientsLossesAndWeightsEqualNoRecompute) {
+  const bool llama = GetParam();
+  StepRunOptions o;
+  o.llama = llama;
+  o.steps = 3;
+  const StepRun none = run_steps(o);
+  ASSERT_EQ(none.losses.size(), 3u);
+  for (bool f : none.finite) EXPECT_TRUE(f);
+  struct Variant {
+    const char* name;
+    std::function<RecomputePolicyFn> policy;
+  };
+  const Variant variants[] = {
+      {"selective", recompute_all(Recompute::Selective)},
+      {"full", recompute_all(Recompute::Full)},
+      {"layer 0 full, layer 1 selective",
+       [](int64_t l, int64_t) { return l == 0 ? Recompute::Full : Recompute::Selective; }},
+      {"layer 0 none, layer 1 full", [](int64_t l, int64_t) { return l == 0 ? Recompute::None : Recompute::Full; }},
+  };
+  std::vector<size_t> bytes = {none.activation_bytes};
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    o.recompute = v.policy;
+    const StepRun r = run_steps(o);
+    EXPECT_TRUE(same_bits(r.grads0, none.grads0)) << "step-0 gradients differ from no recomputation";
+    EXPECT_EQ(r.losses, none.losses);
+    EXPECT_TRUE(same_bits(r.params, none.params)) << "weights after 3 steps differ";
+    // (With two layers, one full layer saves what the shared set costs: not less, not more.)
+    EXPECT_LE(r.activation_bytes, none.activation_bytes);
+    bytes.push_back(r.activation_bytes);
+  }
+  // none > selective > full (the mixes lie between).
+  EXPECT_GT(bytes[0], bytes[1]);
+  EXPECT_GT(bytes[1], bytes[2]);
+  std::printf("[host %s] activation bytes: none %zu, selective %zu, full %zu\n", llama ? "llama" : "gpt2", bytes[0],
+              bytes[1], bytes[2]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Host, HostRecompute, ::testing::Values(false, true),
+                         [](const auto& info) { return std::string(info.param ? "Llama" : "Gpt2"); });
+
+// Step 1 runs with one weight poisoned to NaN; step 2 with the good weights back.
+void poisoned_run(const StepRunOptions& base, StepRun* out) {
+  StepRunOptions o = base;
+  std::vector<float> good, poisoned, m0, v0, after, m1, v1;
+  o.before_step = [&](int s, CudaModel& model) {
+    if (s == 1) {
+      const size_t n = static_cast<size_t>(model.layout().total);
+      good.resize(n);
+      model.get_params(good.data());
+      poisoned = good;
+      poisoned[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      model.set_params(poisoned.data());
+      m0.resize(n), v0.resize(n);
+      model.get_moments(m0.data(), v0.data());
+    }
+    if (s == 2) model.set_params(good.data());
+  };
+  o.after_step = [&](int s, CudaModel& model) {
+    if (s != 1) return;
+    const size_t n = static_cast<size_t>(model.layout().total);
+    after.resize(n), m1.resize(n), v1.resize(n);
+    model.get_params(after.data());
+    model.get_moments(m1.data(), v1.data());
+  };
+  *out = run_steps(o);
+  EXPECT_TRUE(same_bits(after, poisoned)) << "a vetoed step changed the weights";
+  EXPECT_TRUE(same_bits(m1, m0)) << "a vetoed step changed the first moments";
+  EXPECT_TRUE(same_bits(v1, v0)) << "a vetoed step changed the second moments";
+}
+
+TEST(HostStepCheck, NonFiniteStepIsSkippedOnTheDevice) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    StepRunOptions o;
+    o.llama = llama;
+    o.steps = 4;
+    StepRun r;
+    poisoned_run(o, &r);
+    ASSERT_EQ(r.finite.size(), 4u);
+    EXPECT_TRUE(r.finite[0]);
+    EXPECT_FALSE(r.finite[1]);
+    EXPECT_FALSE(std::isfinite(r.losses[1]));
+    EXPECT_TRUE(r.finite[2]) << "the flag must be rewritten by every step";
+    EXPECT_TRUE(r.finite[3]);
+    EXPECT_LT(r.losses[3], r.losses[0]) << "training goes on after the skipped step";
+  }
+}
+
+TEST(HostProfile, PhasesAreTimedAndResultsUnchanged) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    StepRunOptions o;
+    o.llama = llama;
+    o.steps = 3;
+    o.recompute = recompute_all(Recompute::Full);
+    const StepRun plain = run_steps(o);
+    o.profile = true;
+    const StepRun prof = run_steps(o);
+    EXPECT_EQ(prof.losses, plain.losses);
+    EXPECT_TRUE(same_bits(prof.params, plain.params));
+    EXPECT_EQ(prof.profiled_steps, 2) << "every step after the warm-up";
+    std::vector<Phase> seen;
+    double sum = 0;
+    for (auto [p, ms] : prof.phase_ms) {
+      seen.push_back(p);
+      sum += ms;
+    }
+    for (Phase p : {Phase::Embedding, Phase::Norm, Phase::QkvGemm, Phase::Attention, Phase::ProjGemm,
+                    Phase::MlpUpGemm, Phase::MlpDownGemm, Phase::HeadGemm, Phase::Loss, Phase::HeadGemmBwd,
+                    Phase::NormBwd, Phase::MlpDownGemmBwd, Phase::MlpUpGemmBwd, Phase::ProjGemmBwd,
+                    Phase::AttentionBwd, Phase::QkvGemmBwd, Phase::EmbeddingBwd, Phase::Recompute, Phase::GradNorm,
+                    Phase::Optimizer}) {
+      EXPECT_NE(std::find(seen.begin(), seen.end(), p), seen.end()) << phase_name(p) << " was not timed";
+    }
+    if (llama) {
+      for (Phase p : {Phase::Rope, Phase::Activation, Phase::RopeBwd, Phase::ActivationBwd})
+        EXPECT_NE(std::find(seen.begin(), seen.end(), p), seen.end()) << phase_name(p) << " was not timed";
+    }
+    EXPECT_NEAR(sum, prof.profile_total_ms, 1e-9 * sum);
+    EXPECT_GT(sum, 0.0);
+  }
+}
+
+TEST(HostProfile, ReportIsATableAndJson) {
+  StepProfiler p(nullptr, 5);
+  for (int s = 0; s < 3; ++s) {
+    p.begin_step(true, s > 0);
+    p.mark(Phase::QkvGemm);
+    p.mark(Phase::Attention);
+    p.mark(Phase::QkvGemm);
+    p.end_step();
+    p.collect();
+  }
+  EXPECT_EQ(p.steps_done(), 2);
+  const auto j = nlohmann::json::parse(p.json());
+  EXPECT_EQ(j["steps"], 2);
+  ASSERT_EQ(j["phases"].size(), 2u);
+  double share = 0;
+  for (const auto& ph : j["phases"]) share += ph["share"].get<double>();
+  EXPECT_NEAR(share, 1.0, 1e-9);
+  for (const auto& ph : j["phases"])
+    if (ph["phase"] == "qkv GEMM") {
+      EXPECT_EQ(ph["marks_per_step"], 2);
+    }
+  EXPECT_NE(p.table().find("attention"), std::string::npos) << p.table();
+  p.mark(Phase::Loss);  // outside a step: ignored
+  p.collect();
+  EXPECT_EQ(p.steps_done(), 2);
+}
+
+// CudaTrainer in host mode on tinyshakespeare (6 steps, accumulation 2, recompute full): with
+// profile_steps 3 it writes profile.json for steps 2-4 and logs exactly the losses of the run
+// without profiling.
+std::map<int64_t, double> run_trainer(const std::filesystem::path& dir, const std::string& name, int64_t profile) {
+  const std::string exp = "work_group: g\nuser_name: u\nexp_name: " + name + "\nworkspace: " + dir.string() +
+                          "\nmodules:\n  pre_trainer:\n    framework: cuda\n    config: pretrain.yaml\n"
+                          "    model: gpt2/tiny.yaml\n    overrides:\n"
+                          "      tokenizer_type: bytes\n      vocab_size: 256\n      seq_length: 64\n"
+                          "      num_layers: 2\n      hidden_size: 64\n      num_attention_heads: 2\n"
+                          "      ffn_hidden_size: 256\n      data_path: [" + std::string(PRIMUS_SOURCE_DIR) +
+                          "/examples/data/tinyshakespeare.txt]\n      split: 0.95\n      train_iters: 6\n"
+                          "      micro_batch_size: 4\n      global_batch_size: 8\n      log_interval: 1\n"
+                          "      eval_interval: 0\n      save_interval: 0\n";
+  const auto file = dir / (name + ".yaml");
+  std::ofstream(file) << exp;
+  BackendRegistry backends;
+  patches::PatchRegistry reg;
+  register_backend(backends, reg);
+  auto adapter = backends.create("cuda");
+  auto e = config::load_experiment(file, {});
+  auto cfg = config::resolve_module(e, "pre_trainer", adapter->schema());
+  auto args = std::static_pointer_cast<CudaArgs>(adapter->convert_config(cfg, e));
+  args->host_mode = true;
+  args->train.grad_accum_steps = 2;
+  args->profile_steps = profile;
+  CudaOps ops = CudaOps::defaults();
+  ops.recompute_policy = recompute_all(Recompute::Full);
+  CudaTrainer trainer(args, ops);
+  trainer.setup();
+  trainer.init();
+  trainer.train();
+  trainer.cleanup(false);
+  std::map<int64_t, double> loss;
+  std::ifstream f(dir / "g/u" / name / "metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) loss[j["step"]] = j["loss"];
+  }
+  return loss;
+}
+
+TEST(HostProfile, TrainerWritesProfileJsonAndKeepsItsLosses) {
+  const auto dir = std::filesystem::temp_directory_path() / ("primus_step_host_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto plain = run_trainer(dir, "plain", 0);
+  const auto prof = run_trainer(dir, "profiled", 3);
+  ASSERT_EQ(plain.size(), 6u);
+  EXPECT_EQ(prof, plain) << "profiling changed the losses";
+  EXPECT_FALSE(std::filesystem::exists(dir / "g/u/plain/profile.json"));
+  std::ifstream f(dir / "g/u/profiled/profile.json");
+  ASSERT_TRUE(f.good()) << "no profile.json in the output folder";
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["steps"], 3);
+  EXPECT_GT(j["phases"].size(), 15u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(StepConfig, GraphInSettingsThatCannotBeCapturedIsAConfigError) {
+  CudaArgs a;
+  a.cuda_graph = true;
+  a.host_mode = true;
+  try {
+    check_graph_config(a);
+    ADD_FAILURE() << "host mode + cuda_graph must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda_graph"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("host mode"), std::string::npos) << e.what();
+  }
+  a.host_mode = false;
+  a.train.data_parallel_size = 2;
+  try {
+    check_graph_config(a);
+    ADD_FAILURE() << "data parallelism + cuda_graph must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("data_parallel_size 2"), std::string::npos) << e.what();
+  }
+  a.train.data_parallel_size = 1;
+  EXPECT_NO_THROW(check_graph_config(a));
+  a.cuda_graph = false;
+  a.host_mode = true;
+  EXPECT_NO_THROW(check_graph_config(a));
+}
+
+TEST(StepConfig, ProfileEnvironmentValuesAreChecked) {
+  ::setenv("PRIMUS_CUDA_PROFILE", "1", 1);
+  EXPECT_EQ(profile_env_steps(), std::numeric_limits<int64_t>::max());
+  ::setenv("PRIMUS_CUDA_PROFILE", "0", 1);
+  EXPECT_EQ(profile_env_steps(), 0);
+  ::setenv("PRIMUS_CUDA_PROFILE", "yes", 1);
+  try {
+    (void)profile_env_steps();
+    ADD_FAILURE() << "PRIMUS_CUDA_PROFILE=yes must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("PRIMUS_CUDA_PROFILE='yes'"), std::string::npos) << e.what();
+  }
+  ::unsetenv("PRIMUS_CUDA_PROFILE");
+  EXPECT_EQ(profile_env_steps(), 0);
+  EXPECT_THROW(parse_recompute("partial", "exp.yaml:3"), ConfigError);
+  EXPECT_EQ(parse_recompute("selective", "x"), Recompute::Selective);
+}
+
+}  // namespace
+}  // namespace primus::backends::cuda::testing
