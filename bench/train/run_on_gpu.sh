@@ -10,6 +10,11 @@
 #   run(command="bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
 # Results in $OUT: env.txt, tests.log, train.log, metrics.jsonl, anchor.json, train.jsonl.
 # STEPS (default 30) and MEASURE (default 20: the last steps averaged) change the training run.
+# Step variants (issue 8): CUDA_GRAPH=1 adds the same run with cuda_graph=true, RECOMPUTE=selective|full
+# adds recompute_granularity to that run (a run of its own without CUDA_GRAPH); either also makes a short
+# profiled run of the variant (PRIMUS_CUDA_PROFILE=1, PROFILE_STEPS=12 steps) and prints its per-phase
+# GPU time table ($OUT/profile.json). PROFILE=1 alone profiles the default (eager) run's setting.
+#   run(command="CUDA_GRAPH=1 ALGO_SEARCH=0 bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
 set -u
 CARRY=${CARRY:-.carry-cuda}
 OUT=${OUT:-/tmp/cuda-out}
@@ -52,14 +57,17 @@ cat "$OUT/env.txt"
 # The fallback and the default attention run in separate processes, so a device fault in one
 # (which poisons its CUDA context) cannot fail the other's tests.
 : > "$OUT/tests.log"
-rc_fallback=0; rc_default=0
+rc_fallback=0; rc_default=0; rc_step=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests already ran
   timeout 45 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
   rc_fallback=$?
   timeout 45 "$BIN/test_cuda_gpu" --gtest_filter='*Default*' >> "$OUT/tests.log" 2>&1
   rc_default=$?
+  # The step machinery: graph replay vs eager, NaN skip under the graph, recompute parity, profiler.
+  timeout 60 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*' >> "$OUT/tests.log" 2>&1
+  rc_step=$?
 fi
-echo "test rc: fallback $rc_fallback, default $rc_default" >> "$OUT/tests.log"
+echo "test rc: fallback $rc_fallback, default $rc_default, step $rc_step" >> "$OUT/tests.log"
 grep -E "^\[(gpt2|llama)|FAILED|PASSED|rc:" "$OUT/tests.log" | tail -30
 # Train with the default attention unless only the fallback passed its tests.
 # FORCE_ATTN=auto|turbo|fallback overrides that choice.
@@ -98,6 +106,36 @@ if [ "$ALGO_SEARCH" != 0 ]; then
   rm -rf "$WS"
 fi
 
+# 2c. Step variants: cuda_graph and/or activation recomputation, then a profiled run of the variant.
+VARIANT_ARGS=""; VARIANT=""
+if [ "${CUDA_GRAPH:-0}" = 1 ]; then VARIANT_ARGS="cuda_graph=true"; VARIANT="/graph"; fi
+if [ -n "${RECOMPUTE:-}" ]; then
+  VARIANT_ARGS="$VARIANT_ARGS recompute_granularity=$RECOMPUTE"; VARIANT="$VARIANT/recompute-$RECOMPUTE"
+fi
+if [ -n "$VARIANT" ]; then
+  rm -rf "$WS"
+  timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
+    mock_data=true train_iters="$STEPS" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
+    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 $VARIANT_ARGS \
+    attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_variant.log" 2>&1
+  echo "train ($VARIANT_ARGS) rc=$?" >> "$OUT/train_variant.log"
+  grep -E "\[cuda\] step:|captured|reserved" "$OUT/train_variant.log" | head -4
+  tail -4 "$OUT/train_variant.log"
+  cp "$WS"/*/*/bench/metrics.jsonl "$OUT/metrics_variant.jsonl" 2>/dev/null
+  rm -rf "$WS"
+fi
+if [ -n "$VARIANT" ] || [ "${PROFILE:-0}" = 1 ]; then
+  rm -rf "$WS"
+  PRIMUS_CUDA_PROFILE=1 timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
+    mock_data=true train_iters="${PROFILE_STEPS:-12}" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
+    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 $VARIANT_ARGS \
+    attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_profile.log" 2>&1
+  echo "train (profiled: $VARIANT_ARGS) rc=$?" >> "$OUT/train_profile.log"
+  sed -n '/\[profile\] GPU time per phase/,/\[profile\] written/p' "$OUT/train_profile.log"
+  cp "$WS"/*/*/bench/profile.json "$OUT/profile.json" 2>/dev/null
+  rm -rf "$WS"
+fi
+
 # 3. The anchor: PyTorch, torch.compile, same model and batch.
 timeout 150 python3 "$CARRY/torch_anchor.py" --model gpt2-124M --batch 16 --mode compile \
   > "$OUT/anchor.json" 2> "$OUT/anchor.err"
@@ -105,9 +143,10 @@ echo "anchor rc=$?" >> "$OUT/anchor.err"
 tail -3 "$OUT/anchor.err"
 
 # 4. train.jsonl and the table.
-python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" <<'EOF'
+python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" "$VARIANT" <<'EOF'
 import json, os, sys, datetime
 out, device, commit, measure, peak, attn = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+variant = sys.argv[7]
 def measure_ours(name):
     steps = [json.loads(l) for l in open(os.path.join(out, name)) if '"tokens_per_s"' in l]
     last = steps[-measure:]
@@ -118,7 +157,9 @@ def measure_ours(name):
             "tensor_mem_gib": max(s["arena_gib"] for s in steps), "device_mem_gib": max(s["mem_gib"] for s in steps),
             "loss": steps[-1]["loss"], "steps": len(last)}
 runs, anchor = [], {}
-for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/algo-search")]:
+for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/algo-search"), ("metrics_variant.jsonl", variant)]:
+    if name != "metrics.jsonl" and not os.path.exists(os.path.join(out, name)):
+        continue
     try:
         runs.append((suffix, measure_ours(name)))
     except Exception as e:
