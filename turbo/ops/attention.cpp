@@ -12,6 +12,7 @@
 #include "turbo/kernels/cuda/attention_flash.h"
 #endif
 #ifdef PRIMUS_TURBO_WITH_CUDNN
+#include "turbo/kernels/cudnn/cudnn_api.h"
 #include "turbo/kernels/cudnn/sdpa_cudnn.h"
 #endif
 
@@ -154,7 +155,9 @@ cudnn::SdpaShape sdpa_shape(const Dims& d, DType dt, bool causal) {
 std::string cudnn_common_check(const TensorView& q, const AttentionOptions& o) {
   if (auto w = detail::all_on(Device::CUDA, {{"q", &q}}); !w.empty()) return w;
   if (o.cu_seqlens.defined()) return "packed documents (cu_seqlens) are not served by the cuDNN backend";
-  return "";
+  // Loaded at first use: a machine without libcudnn makes this backend incapable (the
+  // dispatcher then falls back to TURBO with its one-time warning).
+  return cudnn::library_unavailable_reason();
 }
 
 std::string cudnn_check_fwd(const AttentionForwardArgs& a) {

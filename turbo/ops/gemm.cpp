@@ -11,6 +11,7 @@
 #include "turbo/ops/op_support.h"
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
+#include "turbo/kernels/cublaslt/cublaslt_api.h"
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 #include "turbo/kernels/cuda/elementwise.h"
 #endif
@@ -56,7 +57,9 @@ OpDispatcher<GemmArgs>& dispatcher() {
           if (auto w = views_on(Device::CUDA, g); !w.empty()) return w;
           detail::GemmShape s;
           if (auto w = detail::gemm_shape(g, &s); !w.empty()) return w;
-          return cublaslt::unsupported_reason(lt_problem(g, s));
+          if (auto w = cublaslt::unsupported_reason(lt_problem(g, s)); !w.empty()) return w;
+          // Loaded at first use: a machine without libcublasLt makes this backend incapable.
+          return cublaslt::library_unavailable_reason();
         },
         [](const GemmArgs& g) {
           // Autotune also means timing cuBLASLt's own top candidates per shape (once each).

@@ -5,7 +5,6 @@
 // m) is our per-column bias (length n); its BGRADA reduces our B, its BGRADB our A.
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 
-#include <cublasLt.h>
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -17,6 +16,7 @@
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/kernels/cublaslt/cublaslt_api.h"
 
 namespace primus::turbo::cublaslt {
 namespace {
@@ -62,10 +62,10 @@ struct Plan {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;  // cuBLASLt's A, B, C=D
   cublasLtMatmulAlgo_t algo{};
   ~Plan() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (desc) lt().cublasLtMatmulDescDestroy(desc);
+    if (la) lt().cublasLtMatrixLayoutDestroy(la);
+    if (lb) lt().cublasLtMatrixLayoutDestroy(lb);
+    if (ld) lt().cublasLtMatrixLayoutDestroy(ld);
   }
 };
 
@@ -87,11 +87,11 @@ Context& ctx() {
 cublasLtMatrixLayout_t make_layout(DType t, uint64_t rows, uint64_t cols, int64_t ld,
                                    int64_t batch, int64_t batch_stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), rows, cols, ld));
+  CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&l, cuda_type(t), rows, cols, ld));
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
-    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+    CUBLAS_CHECK(lt().cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    CUBLAS_CHECK(lt().cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                                   &batch_stride, sizeof(batch_stride)));
   }
   return l;
@@ -99,7 +99,7 @@ cublasLtMatrixLayout_t make_layout(DType t, uint64_t rows, uint64_t cols, int64_
 
 template <class T>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+  CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
 }
 
 // cuBLASLt's operands for our problem (see the comment at the top of the file).
@@ -130,7 +130,7 @@ std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
   const bool f32 = p.a.dtype == DType::F32;
   const cublasComputeType_t compute =
       f32 && p.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+  CUBLAS_CHECK(lt().cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
   const LtOperands o = lt_operands(p);
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, o.op_a);
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, o.op_b);
@@ -148,23 +148,23 @@ std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
   plan->ld = make_layout(p.d.dtype, p.n, p.m, p.d.ld, p.batch, p.d.batch_stride);
 
   cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceCreate(&pref));
   std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
-                  decltype(&cublasLtMatmulPreferenceDestroy)>
-      pref_guard(pref, &cublasLtMatmulPreferenceDestroy);
+                  decltype(lt().cublasLtMatmulPreferenceDestroy)>
+      pref_guard(pref, lt().cublasLtMatmulPreferenceDestroy);
   const uint64_t ws = c.ws_bytes;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const uint32_t al_a = alignment_of(p.b.ptr), al_b = alignment_of(p.a.ptr), al_d = alignment_of(p.d.ptr);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
 
   constexpr int kMaxCandidates = 8;
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
   int returned = 0;
   const int want = std::max(1, std::min(c.algo_search, kMaxCandidates));
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c.handle, plan->desc, plan->la, plan->lb, plan->ld,
+  CUBLAS_CHECK(lt().cublasLtMatmulAlgoGetHeuristic(c.handle, plan->desc, plan->la, plan->lb, plan->ld,
                                               plan->ld, pref, want, results, &returned));
   if (returned <= 0)
     throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {}", describe(p)));
@@ -174,7 +174,7 @@ std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
 
 void run_plan(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmProblem& p,
               const Context& c, cudaStream_t stream) {
-  CUBLAS_CHECK(cublasLtMatmul(c.handle, plan.desc, &p.alpha, p.b.ptr, plan.la, p.a.ptr, plan.lb,
+  CUBLAS_CHECK(lt().cublasLtMatmul(c.handle, plan.desc, &p.alpha, p.b.ptr, plan.la, p.a.ptr, plan.lb,
                               &p.beta, p.d.ptr, plan.ld, const_cast<void*>(p.d.ptr), plan.ld,
                               &algo, c.ws, c.ws_bytes, stream));
 }
@@ -182,16 +182,16 @@ void run_plan(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmProb
 // Times cuBLASLt's top candidates on the real problem and keeps the fastest in plan->algo.
 void search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stream) {
   cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceCreate(&pref));
   std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
-                  decltype(&cublasLtMatmulPreferenceDestroy)>
-      pref_guard(pref, &cublasLtMatmulPreferenceDestroy);
+                  decltype(lt().cublasLtMatmulPreferenceDestroy)>
+      pref_guard(pref, lt().cublasLtMatmulPreferenceDestroy);
   const uint64_t ws = c.ws_bytes;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   constexpr int kMax = 8;
   cublasLtMatmulHeuristicResult_t results[kMax] = {};
   int returned = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c.handle, plan.desc, plan.la, plan.lb, plan.ld,
+  CUBLAS_CHECK(lt().cublasLtMatmulAlgoGetHeuristic(c.handle, plan.desc, plan.la, plan.lb, plan.ld,
                                               plan.ld, pref, std::min(c.algo_search, kMax),
                                               results, &returned));
   if (returned <= 1) return;
@@ -203,7 +203,7 @@ void search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stre
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
     // The heuristic's answers assumed the alignments in the key; a candidate that fails to run
     // here is skipped, not fatal.
-    if (cublasLtMatmul(c.handle, plan.desc, &p.alpha, p.b.ptr, plan.la, p.a.ptr, plan.lb, &p.beta,
+    if (lt().cublasLtMatmul(c.handle, plan.desc, &p.alpha, p.b.ptr, plan.la, p.a.ptr, plan.lb, &p.beta,
                        p.d.ptr, plan.ld, const_cast<void*>(p.d.ptr), plan.ld, &results[i].algo,
                        c.ws, c.ws_bytes, stream) != CUBLAS_STATUS_SUCCESS)
       continue;
@@ -327,7 +327,7 @@ void gemm(const GemmProblem& p, cudaStream_t stream) {
     throw RuntimeError(fmt::format("cuBLASLt gemm: {} ({})", why, describe(p)));
   Context& c = ctx();
   std::lock_guard lock(c.mu);
-  if (!c.handle) CUBLAS_CHECK(cublasLtCreate(&c.handle));
+  if (!c.handle) CUBLAS_CHECK(lt().cublasLtCreate(&c.handle));
   if (c.algo_search == 0) {
     const char* env = std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH");
     c.algo_search = env && *env ? std::max(1, std::atoi(env)) : 1;

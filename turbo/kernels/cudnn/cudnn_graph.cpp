@@ -11,20 +11,20 @@ namespace primus::turbo::cudnn {
 
 void throw_cudnn_error(cudnnStatus_t st, const char* expr, const char* file, int line) {
   char last[1024] = {0};
-  cudnnGetLastErrorString(last, sizeof(last));
+  dnn().cudnnGetLastErrorString(last, sizeof(last));
   throw RuntimeError(fmt::format("cuDNN error {} ({}) in `{}` at {}:{}{}{}", static_cast<int>(st),
-                                 cudnnGetErrorString(st), expr, file, line, last[0] ? ": " : "", last));
+                                 dnn().cudnnGetErrorString(st), expr, file, line, last[0] ? ": " : "", last));
 }
 
 Desc::Desc(cudnnBackendDescriptorType_t type) {
-  PRIMUS_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+  PRIMUS_CUDNN_CHECK(dnn().cudnnBackendCreateDescriptor(type, &d_));
 }
 Desc::~Desc() {
-  if (d_) cudnnBackendDestroyDescriptor(d_);
+  if (d_) dnn().cudnnBackendDestroyDescriptor(d_);
 }
 void Desc::set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
                const void* values) {
-  const cudnnStatus_t st = cudnnBackendSetAttribute(d_, name, type, count, values);
+  const cudnnStatus_t st = dnn().cudnnBackendSetAttribute(d_, name, type, count, values);
   if (st != CUDNN_STATUS_SUCCESS)
     throw_cudnn_error(st, fmt::format("cudnnBackendSetAttribute(attr {})", static_cast<int>(name)).c_str(),
                       __FILE__, __LINE__);
@@ -34,7 +34,7 @@ void Desc::set_desc(cudnnBackendAttributeName_t name, const Desc& other) {
   set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o);
 }
 void Desc::set_i64(cudnnBackendAttributeName_t name, int64_t v) { set(name, CUDNN_TYPE_INT64, 1, &v); }
-void Desc::finalize() { PRIMUS_CUDNN_CHECK(cudnnBackendFinalize(d_)); }
+void Desc::finalize() { PRIMUS_CUDNN_CHECK(dnn().cudnnBackendFinalize(d_)); }
 
 // ---- graph builder ---------------------------------------------------------------------------
 
@@ -159,15 +159,15 @@ Plan make_plan(cudnnHandle_t handle, GraphBuilder::Graph graph) {
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph.graph);
     heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    const cudnnStatus_t hst = cudnnBackendFinalize(heur.get());
+    const cudnnStatus_t hst = dnn().cudnnBackendFinalize(heur.get());
     if (hst != CUDNN_STATUS_SUCCESS) {
       char last[512] = {0};
-      cudnnGetLastErrorString(last, sizeof(last));
-      tried += fmt::format("[heuristics mode {}: {} {}] ", static_cast<int>(mode), cudnnGetErrorString(hst), last);
+      dnn().cudnnGetLastErrorString(last, sizeof(last));
+      tried += fmt::format("[heuristics mode {}: {} {}] ", static_cast<int>(mode), dnn().cudnnGetErrorString(hst), last);
       continue;
     }
     int64_t count = 0;
-    PRIMUS_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+    PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
     std::vector<std::unique_ptr<Desc>> cfgs;
     std::vector<cudnnBackendDescriptor_t> raw;
@@ -177,7 +177,7 @@ Plan make_plan(cudnnHandle_t handle, GraphBuilder::Graph graph) {
     }
     int64_t got = 0;
     if (count > 0)
-      PRIMUS_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+      PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
     tried += fmt::format("[mode {}: {} configs] ", static_cast<int>(mode), got);
     for (int64_t i = 0; i < got; ++i) {
@@ -185,16 +185,16 @@ Plan make_plan(cudnnHandle_t handle, GraphBuilder::Graph graph) {
       plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
       cudnnBackendDescriptor_t cfg = raw[static_cast<size_t>(i)];
       plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
-      const cudnnStatus_t st = cudnnBackendFinalize(plan->get());
+      const cudnnStatus_t st = dnn().cudnnBackendFinalize(plan->get());
       if (st != CUDNN_STATUS_SUCCESS) {
         char last[512] = {0};
-        cudnnGetLastErrorString(last, sizeof(last));
-        tried += fmt::format("(cfg {}: {} {}) ", i, cudnnGetErrorString(st), last);
+        dnn().cudnnGetLastErrorString(last, sizeof(last));
+        tried += fmt::format("(cfg {}: {} {}) ", i, dnn().cudnnGetErrorString(st), last);
         continue;
       }
       Plan p;
       int64_t n = 0;
-      PRIMUS_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+      PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                                   CUDNN_TYPE_INT64, 1, &n, &p.workspace_bytes));
       p.plan = std::move(plan);
       p.engine = fmt::format("heuristics mode {} config {} of {}", static_cast<int>(mode), i, got);
@@ -215,10 +215,10 @@ void execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>&
   pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data());
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   pack.finalize();
-  PRIMUS_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan->get(), pack.get()));
+  PRIMUS_CUDNN_CHECK(dnn().cudnnBackendExecute(handle, plan.plan->get(), pack.get()));
 }
 
-size_t runtime_version() { return cudnnGetVersion(); }
+size_t runtime_version() { return dnn().cudnnGetVersion(); }
 
 cudnnHandle_t handle_for_current_device() {
   static std::mutex mu;
@@ -227,7 +227,7 @@ cudnnHandle_t handle_for_current_device() {
   if (cudaGetDevice(&dev) != cudaSuccess) throw RuntimeError("cuDNN: cudaGetDevice failed");
   std::lock_guard lock(mu);
   if (handles.size() <= static_cast<size_t>(dev)) handles.resize(static_cast<size_t>(dev) + 1, nullptr);
-  if (!handles[static_cast<size_t>(dev)]) PRIMUS_CUDNN_CHECK(cudnnCreate(&handles[static_cast<size_t>(dev)]));
+  if (!handles[static_cast<size_t>(dev)]) PRIMUS_CUDNN_CHECK(dnn().cudnnCreate(&handles[static_cast<size_t>(dev)]));
   return handles[static_cast<size_t>(dev)];
 }
 

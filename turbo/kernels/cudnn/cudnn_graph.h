@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "turbo/kernels/cudnn/cudnn_api.h"  // dnn(): the entry points, loaded at first use
+
 namespace primus::turbo::cudnn {
 
 [[noreturn]] void throw_cudnn_error(cudnnStatus_t st, const char* expr, const char* file, int line);

@@ -283,7 +283,7 @@ void sdpa_forward(const SdpaShape& s, void* out, float* lse, const void* q, cons
   std::lock_guard lock(mu());
   const FwdGraph& f = require(entry(fwd_cache(), s, build_forward), "forward", s);
   cudnnHandle_t h = handle_for_current_device();
-  PRIMUS_CUDNN_CHECK(cudnnSetStream(h, stream));
+  PRIMUS_CUDNN_CHECK(dnn().cudnnSetStream(h, stream));
   float scale_v = scale, neg = masked_value();
   std::vector<int64_t> uids{f.q, f.k, f.v, f.o, f.stats, f.scale};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale_v};
@@ -300,7 +300,7 @@ void sdpa_backward(const SdpaShape& s, void* dq, void* dk, void* dv, const void*
   std::lock_guard lock(mu());
   const BwdGraph& f = require(entry(bwd_cache(), s, build_backward), "backward", s);
   cudnnHandle_t h = handle_for_current_device();
-  PRIMUS_CUDNN_CHECK(cudnnSetStream(h, stream));
+  PRIMUS_CUDNN_CHECK(dnn().cudnnSetStream(h, stream));
   char* ws = static_cast<char*>(workspace);
   PRIMUS_CHECK(ws != nullptr, "cuDNN SDPA backward needs a workspace");
   void* softmax_sum = ws;

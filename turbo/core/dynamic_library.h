@@ -1,0 +1,74 @@
+// Loading a vendor library (cuBLASLt, cuDNN) with dlopen at its first use instead of linking it,
+// so that a CUDA build of primus starts, and runs its CPU paths, on a machine that lacks it.
+//
+// Search order for one library (LibrarySpec):
+//   1. the environment variable spec.env_var (a file path); when set, it is the only place tried:
+//      a library the user named explicitly that fails to load is an error, not a silent fallback;
+//   2. the plain soname through the dynamic loader (LD_LIBRARY_PATH, the ld.so cache, RUNPATH);
+//   3. each of spec.fixed_dirs (e.g. /usr/local/cuda/lib64);
+//   4. each Python site-packages folder joined with each of spec.wheel_subdirs (PyTorch's pip
+//      packages: nvidia/cublas/lib, nvidia/cudnn/lib); the folders are asked of python3 only when
+//      the earlier places failed, since starting Python costs tens of milliseconds.
+// A candidate counts only when it loads and exports spec.probe_symbol (a file of the right name
+// that is something else is reported as such). When nothing loads, the error names the library
+// and every place tried with the loader's reason for each.
+//
+// Thread-safe; a LazyLibrary tries once per process and remembers the outcome. Handles are never
+// closed (the vendor libraries keep threads and atexit handlers).
+#pragma once
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace primus::turbo {
+
+struct LibrarySpec {
+  std::string display;                     // "cuBLASLt", for messages
+  std::string soname;                      // "libcublasLt.so.13"
+  std::string env_var;                     // "PRIMUS_CUBLASLT_LIBRARY"
+  std::string probe_symbol;                // a function every good copy exports
+  std::vector<std::string> fixed_dirs;     // tried after the loader's own search
+  std::vector<std::string> wheel_subdirs;  // under each Python site-packages folder
+};
+
+// Where a library was found, or why it was not.
+struct LoadOutcome {
+  void* handle = nullptr;              // nullptr when nothing loaded
+  std::string path;                    // the candidate that loaded
+  std::vector<std::string> attempts;   // "candidate: reason" for every candidate that failed
+  std::string error;                   // empty when loaded; else the full message
+};
+
+// Python's site-packages folders (site.getsitepackages() and the user site), from `python3`
+// on PATH (or $PRIMUS_PYTHON); empty when there is no Python. Never throws.
+std::vector<std::string> python_site_dirs();
+
+// Tries the candidates of `spec` in the order above. `site_dirs` is called only when steps 1-3
+// found nothing (tests pass their own folders). Never throws.
+LoadOutcome load_library(const LibrarySpec& spec,
+                         const std::function<std::vector<std::string>()>& site_dirs = python_site_dirs);
+
+// A library loaded at first use, once per process.
+class LazyLibrary {
+ public:
+  explicit LazyLibrary(LibrarySpec spec) : spec_(std::move(spec)) {}
+  // True when the library loaded (tries on the first call).
+  bool available();
+  // Empty when available, else the message naming the library and every place tried.
+  std::string error();
+  // Where it was loaded from ("" when it was not).
+  std::string path();
+  // The address of `name`. Throws primus::RuntimeError with error() when the library is missing,
+  // or naming the symbol and the file when that copy lacks it.
+  void* symbol(const char* name);
+  const LibrarySpec& spec() const { return spec_; }
+
+ private:
+  void load();
+  LibrarySpec spec_;
+  std::once_flag once_;
+  LoadOutcome outcome_;
+};
+
+}  // namespace primus::turbo
