@@ -64,11 +64,11 @@ class LazyLibs : public ::testing::Test {
 
 TEST_F(LazyLibs, CublasLtReasonNamesTheVariableAndTheFile) {
   ASSERT_TRUE(kEnvSet);
-  const std::string why = cublaslt::library_unavailable_reason();
+  const std::string why = cublaslt::library().unavailable_reason();
   EXPECT_NE(why.find("cuBLASLt"), std::string::npos) << why;
   EXPECT_NE(why.find(std::string("PRIMUS_CUBLASLT_LIBRARY=") + kMissingLt), std::string::npos) << why;
   EXPECT_NE(why.find("no such file"), std::string::npos) << why;
-  EXPECT_EQ(cublaslt::library_path(), "");
+  EXPECT_EQ(cublaslt::library().path(), "");
   EXPECT_THROW(cublaslt::lt(), primus::RuntimeError);
 }
 
@@ -98,7 +98,7 @@ TEST_F(LazyLibs, HostGemmStillRunsOnTheCpuBackend) {
 
 #ifdef PRIMUS_TURBO_WITH_CUDNN
 TEST_F(LazyLibs, ForcedCudnnAttentionIsAnErrorWithTheLoaderMessage) {
-  const std::string why = cudnn::library_unavailable_reason();
+  const std::string why = cudnn::library().unavailable_reason();
   EXPECT_NE(why.find(std::string("PRIMUS_CUDNN_LIBRARY=") + kMissingDnn), std::string::npos) << why;
   GlobalBackendManager::instance().set_backend("attention", BackendType::CUDNN);
   AttentionForwardArgs f;

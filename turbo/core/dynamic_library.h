@@ -14,8 +14,14 @@
 // and every place tried with the loader's reason for each.
 //
 // Thread-safe; a LazyLibrary tries once per process and remembers the outcome. Handles are never
-// closed (the vendor libraries keep threads and atexit handlers).
+// closed (the vendor libraries keep threads and atexit handlers). An ApiTable binds a struct of
+// the library's entry points, typed from the vendor header:
+//   #define MY_FUNCTIONS(X) X(fooCreate) X(fooRun)
+//   struct FooApi { MY_FUNCTIONS(PRIMUS_DL_MEMBER) };
+//   void bind(LazyLibrary& lib, FooApi& api) { MY_FUNCTIONS(PRIMUS_DL_BIND) }
 #pragma once
+#include <atomic>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -69,6 +75,55 @@ class LazyLibrary {
   LibrarySpec spec_;
   std::once_flag once_;
   LoadOutcome outcome_;
+};
+
+// A member of an entry-point struct with the exact type of the header's declaration of `f`.
+#define PRIMUS_DL_MEMBER(f) decltype(&::f) f = nullptr;
+// Inside a binder with parameters (LazyLibrary& lib, Api& api): resolves `f` or throws.
+#define PRIMUS_DL_BIND(f) api.f = reinterpret_cast<decltype(api.f)>(lib.symbol(#f));
+
+// The entry points of one library, bound at the first get().
+template <class Api>
+class ApiTable {
+ public:
+  using Binder = void (*)(LazyLibrary& lib, Api& api);
+  ApiTable(LibrarySpec spec, Binder bind) : lib_(std::move(spec)), bind_(bind) {}
+  // Throws primus::RuntimeError naming the library and every place tried, or the missing
+  // symbol. A failed bind is retried (and fails the same way) at the next call.
+  const Api& get() {
+    // Called per vendor call: after the first bind only an atomic load. A mutex, not
+    // std::call_once, for the first: libstdc++'s call_once does not survive a throwing callable.
+    if (bound_.load(std::memory_order_acquire)) return api_;
+    std::lock_guard lock(mu_);
+    if (!bound_.load(std::memory_order_relaxed)) {
+      Api api{};
+      bind_(lib_, api);
+      api_ = api;
+      bound_.store(true, std::memory_order_release);
+    }
+    return api_;
+  }
+  // Empty when the library loads and has every entry point, else what get() would throw.
+  // Never throws: a dispatcher's can_handle asks it.
+  std::string unavailable_reason() noexcept {
+    try {
+      if (!lib_.available()) return lib_.error();
+      (void)get();
+      return "";
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return lib_.spec().display + " could not be loaded";
+    }
+  }
+  std::string path() { return lib_.path(); }  // "" when not loaded
+
+ private:
+  LazyLibrary lib_;
+  Binder bind_;
+  std::mutex mu_;
+  std::atomic<bool> bound_{false};
+  Api api_{};
 };
 
 }  // namespace primus::turbo

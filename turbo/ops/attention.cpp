@@ -157,7 +157,7 @@ std::string cudnn_common_check(const TensorView& q, const AttentionOptions& o) {
   if (o.cu_seqlens.defined()) return "packed documents (cu_seqlens) are not served by the cuDNN backend";
   // Loaded at first use: a machine without libcudnn makes this backend incapable (the
   // dispatcher then falls back to TURBO with its one-time warning).
-  return cudnn::library_unavailable_reason();
+  return cudnn::library().unavailable_reason();
 }
 
 std::string cudnn_check_fwd(const AttentionForwardArgs& a) {

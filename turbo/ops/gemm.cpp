@@ -59,7 +59,7 @@ OpDispatcher<GemmArgs>& dispatcher() {
           if (auto w = detail::gemm_shape(g, &s); !w.empty()) return w;
           if (auto w = cublaslt::unsupported_reason(lt_problem(g, s)); !w.empty()) return w;
           // Loaded at first use: a machine without libcublasLt makes this backend incapable.
-          return cublaslt::library_unavailable_reason();
+          return cublaslt::library().unavailable_reason();
         },
         [](const GemmArgs& g) {
           // Autotune also means timing cuBLASLt's own top candidates per shape (once each).

@@ -9,7 +9,7 @@
 #pragma once
 #include <cublasLt.h>
 
-#include <string>
+#include "turbo/core/dynamic_library.h"
 
 #define PRIMUS_CUBLASLT_FUNCTIONS(X)                                                          \
   X(cublasLtCreate) X(cublasLtMatmul) X(cublasLtMatmulAlgoGetHeuristic)                      \
@@ -21,20 +21,13 @@
 namespace primus::turbo::cublaslt {
 
 struct CublasLtApi {
-#define PRIMUS_CUBLASLT_MEMBER(f) decltype(&::f) f = nullptr;
-  PRIMUS_CUBLASLT_FUNCTIONS(PRIMUS_CUBLASLT_MEMBER)
-#undef PRIMUS_CUBLASLT_MEMBER
+  PRIMUS_CUBLASLT_FUNCTIONS(PRIMUS_DL_MEMBER)
 };
 
-// The loaded entry points. Throws primus::RuntimeError naming the library and every place tried
-// when libcublasLt cannot be loaded.
-const CublasLtApi& lt();
-
-// Empty when cuBLASLt loads (loading it on the first call), else the message lt() would throw.
-// Never throws: the dispatcher's can_handle asks it.
-std::string library_unavailable_reason() noexcept;
-
-// The file it was loaded from ("" when it was not).
-std::string library_path();
+// The library and its entry points; unavailable_reason() is what the CUBLASLT backend's
+// can_handle reports on a machine without it.
+ApiTable<CublasLtApi>& library();
+// The loaded entry points (loads at the first call; throws the loader's message when missing).
+inline const CublasLtApi& lt() { return library().get(); }
 
 }  // namespace primus::turbo::cublaslt

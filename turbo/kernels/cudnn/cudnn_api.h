@@ -10,7 +10,7 @@
 #pragma once
 #include <cudnn_graph.h>
 
-#include <string>
+#include "turbo/core/dynamic_library.h"
 
 #define PRIMUS_CUDNN_FUNCTIONS(X)                                                                  \
   X(cudnnGetVersion) X(cudnnGetErrorString) X(cudnnGetLastErrorString) X(cudnnCreate)             \
@@ -21,20 +21,13 @@
 namespace primus::turbo::cudnn {
 
 struct CudnnApi {
-#define PRIMUS_CUDNN_MEMBER(f) decltype(&::f) f = nullptr;
-  PRIMUS_CUDNN_FUNCTIONS(PRIMUS_CUDNN_MEMBER)
-#undef PRIMUS_CUDNN_MEMBER
+  PRIMUS_CUDNN_FUNCTIONS(PRIMUS_DL_MEMBER)
 };
 
-// The loaded entry points. Throws primus::RuntimeError naming the library and every place tried
-// when libcudnn cannot be loaded.
-const CudnnApi& dnn();
-
-// Empty when cuDNN loads (loading it on the first call), else the message dnn() would throw.
-// Never throws: the dispatcher's can_handle asks it.
-std::string library_unavailable_reason() noexcept;
-
-// The file it was loaded from ("" when it was not).
-std::string library_path();
+// The library and its entry points; unavailable_reason() is what the CUDNN backend's
+// can_handle reports on a machine without it.
+ApiTable<CudnnApi>& library();
+// The loaded entry points (loads at the first call; throws the loader's message when missing).
+inline const CudnnApi& dnn() { return library().get(); }
 
 }  // namespace primus::turbo::cudnn
