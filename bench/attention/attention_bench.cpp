@@ -6,7 +6,8 @@
 //
 // Work count (the convention): forward 4*B*H*T^2*D flops, halved when causal; backward
 // 2.5x the forward. Times are the median of --iters runs, each between two CUDA events, after
-// three warm-up runs.
+// warm-up runs (turbo/bench's device timer, the one `primus benchmark attention` uses; that
+// command is the everyday path, this binary the lab for kernel variants and cross-checks).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -19,7 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/attention/fill_random.h"
+#include "turbo/bench/bench_device.h"
+#include "turbo/bench/fill.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/dispatch/backend_manager.h"
@@ -48,26 +50,6 @@ const std::vector<Case> kCases = {
 
 double flops_fwd(const Case& c) {
   return 4.0 * c.B * c.H * static_cast<double>(c.T) * c.T * c.D * (c.causal ? 0.5 : 1.0);
-}
-
-template <class F>
-double median_ms(int iters, F&& run) {
-  for (int i = 0; i < 3; ++i) run();
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (float& t : ms) {
-    CUDA_CHECK(cudaEventRecord(a));
-    run();
-    CUDA_CHECK(cudaEventRecord(b));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 std::vector<float> to_host(const TensorView& t) {
@@ -121,18 +103,24 @@ int main(int argc, char** argv) {
   out << meta << "\n";
   std::printf("%s\n", meta.c_str());
 
-  auto arena = make_device_arena(size_t{3} << 30);
-  auto scratch = make_device_arena(size_t{2} << 30);
+  std::string no_device;
+  auto dev = bench::make_cuda_bench_device(size_t{3} << 30, &no_device);  // operands 3 GiB, scratch 2 GiB
+  if (!dev) {
+    std::fprintf(stderr, "primus_attention_bench: %s\n", no_device.c_str());
+    return 1;
+  }
+  Arena* arena = &dev->arena();
+  Arena* scratch = &dev->scratch();
   const DType dt = DType::BF16;
   for (const Case& c : kCases) {
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
     arena->reset();
     auto q = arena->tensor(dt, {c.B, c.T, c.H, c.D}), k = arena->tensor(dt, {c.B, c.T, c.KVH, c.D});
     auto v = arena->tensor(dt, {c.B, c.T, c.KVH, c.D}), dout = arena->tensor(dt, {c.B, c.T, c.H, c.D});
-    bench::fill_random(q.data, dt, q.numel(), 1, 1.0f);
-    bench::fill_random(k.data, dt, k.numel(), 2, 1.0f);
-    bench::fill_random(v.data, dt, v.numel(), 3, 1.0f);
-    bench::fill_random(dout.data, dt, dout.numel(), 4, 1.0f);
+    bench::fill_uniform_device(q.data, dt, q.numel(), 1, 1.0f);
+    bench::fill_uniform_device(k.data, dt, k.numel(), 2, 1.0f);
+    bench::fill_uniform_device(v.data, dt, v.numel(), 3, 1.0f);
+    bench::fill_uniform_device(dout.data, dt, dout.numel(), 4, 1.0f);
     std::vector<std::vector<float>> first;  // out, dq, dk, dv of the first backend, for the cross-check
     // TURBO runs its default kernels (on sm_90: the TMA warp-specialised wgmma forward, the wgmma
     // backward); as "TURBO_SM90_PIPE" the cp.async-fed pipelined wgmma forward; as
@@ -163,7 +151,7 @@ int main(int argc, char** argv) {
       AttentionForwardArgs f;
       f.out = o, f.lse = lse, f.q = q, f.k = k, f.v = v;
       f.opt.causal = c.causal;
-      f.ctx.scratch = scratch.get();
+      f.ctx.scratch = scratch;
       AttentionBackwardArgs bw;
       bw.dq = dq, bw.dk = dk, bw.dv = dv, bw.dout = dout, bw.q = q, bw.k = k, bw.v = v, bw.out = o, bw.lse = lse;
       bw.opt = f.opt;
@@ -177,8 +165,8 @@ int main(int argc, char** argv) {
           first = {to_host(o), to_host(dq), to_host(dk), to_host(dv)};
           continue;
         }
-        const double fwd = median_ms(iters, [&] { attention_forward(f); });
-        const double bwd = median_ms(iters, [&] { attention_backward(bw); });
+        const double fwd = dev->time_ms([&] { attention_forward(f); }, iters);
+        const double bwd = dev->time_ms([&] { attention_backward(bw); }, iters);
         CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<std::vector<float>> res{to_host(o), to_host(dq), to_host(dk), to_host(dv)};
         std::string xcheck = "null";

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One device call for the attention work: environment facts, the attention tests, then
-# primus_attention_bench and torch_sdpa.py back to back on the same GPU.
+# `primus benchmark attention` (our side: CUDNN and TURBO, each against the GEMM ceiling)
+# and torch_sdpa.py (PyTorch's SDPA) back to back on the same GPU.
 # Run from the repository root with the carried folder (default .carry-attn) holding
-# test_attention_gpu.gz, test_attention_host.gz, primus_attention_bench.gz and libgomp.so.1.
-# Results go to $OUT: env.txt, tests.log, ours.jsonl, torch.jsonl, bench.log.
-# STAGE=tests|bench|all (default all); ONLY=<case substring> and VARIANTS=<A,B,...> limit the
-# benchmark; GTEST_FILTER is passed through to the GPU tests. (Run 4 ran a new kernel's tests and
-# bench in separate processes with GTEST_FILTER / VARIANTS, so a hang could not cost the rest.)
+# test_attention_gpu.gz, test_attention_host.gz, libgomp.so.1 and optionally primus.gz (a CUDA
+# build of primus; else .carry-cuda/primus.gz, else $PRIMUS_CUDA_BIN) and commit.txt.
+# Results go to $OUT: env.txt, tests.log, ours.jsonl, torch.jsonl, bench.log; then, here:
+#   bench/attention/merge_attention.py --ours ours.jsonl --torch torch.jsonl --out bench/results/attention.jsonl --append
+# STAGE=tests|bench|all (default all); GTEST_FILTER is passed through to the GPU tests. Kernel
+# variants (PRIMUS_TURBO_ATTN_KERNEL=sm90pipe|sm90|sm80) and the cross-check between backends
+# are primus_attention_bench's (VARIANTS=<A,B,...> runs it too, when carried).
 set -u
 CARRY=${CARRY:-.carry-attn}
 OUT=${OUT:-/tmp/attn-out}
@@ -14,6 +17,11 @@ BIN=/tmp/attn-bin
 mkdir -p "$OUT" "$BIN"
 for f in "$CARRY"/*.gz; do gunzip -c "$f" > "$BIN/$(basename "$f" .gz)"; chmod +x "$BIN/$(basename "$f" .gz)"; done
 cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
+PRIMUS=${PRIMUS_CUDA_BIN:-$BIN/primus}
+if [ ! -x "$PRIMUS" ] && [ -f .carry-cuda/primus.gz ]; then
+  gunzip -c .carry-cuda/primus.gz > "$BIN/primus" && chmod +x "$BIN/primus" && PRIMUS=$BIN/primus
+fi
+COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || cat .carry-cuda/commit.txt 2>/dev/null || echo unknown)
 
 # cuDNN: the one PyTorch loads (its wheel), else any on the system.
 cudnn_dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
@@ -43,9 +51,14 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   rm -f "$OUT/ours.jsonl"
-  timeout ${BENCH_TIMEOUT:-200} "$BIN/primus_attention_bench" --out "$OUT/ours.jsonl" ${ONLY:+--only $ONLY} \
-    ${VARIANTS:+--variants $VARIANTS} > "$OUT/bench.log" 2>&1
+  timeout ${BENCH_TIMEOUT:-200} "$PRIMUS" benchmark attention --iters 20 --json "$OUT/ours.jsonl" \
+    --commit "$COMMIT" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?" >> "$OUT/bench.log"
+  if [ -n "${VARIANTS:-}" ] && [ -x "$BIN/primus_attention_bench" ]; then
+    timeout ${BENCH_TIMEOUT:-200} "$BIN/primus_attention_bench" --out "$OUT/variants.jsonl" --variants "$VARIANTS" \
+      >> "$OUT/bench.log" 2>&1
+    echo "variants rc=$?" >> "$OUT/bench.log"
+  fi
   PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-200} python3 bench/attention/torch_sdpa.py --out "$OUT/torch.jsonl" \
     ${ONLY:+--only $ONLY} >> "$OUT/bench.log" 2>&1
   echo "torch rc=$?" >> "$OUT/bench.log"

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Joins primus_ops_bench's and torch_ops.py's results of ONE device run into
+"""Joins `primus benchmark`'s JSON lines and torch_ops.py's results of ONE device run into
 bench/results/ops.jsonl lines in DESIGN.md's Measurements format.
 
-For every case: ours (primus_ops_bench's value) against the PyTorch anchor of the same case
-name (its time converted with our work count, so both are in the same unit; ratio = ours /
-anchor, higher is better). For memory-bound cases a second line compares ours with the copy
-bandwidth measured in the same run (ratio = share of copy bandwidth). "+search" variants of the
-GEMMs are compared with the plain torch case.
+Written out:
+  - every line of ours as it is (each measurement against its device ceiling measured in the
+    same run: a bf16 GEMM for TFLOP/s, a device-to-device copy for GB/s; the ceilings' own lines
+    have no anchor);
+  - for every case torch_ops.py measured under the same name: ours against the PyTorch anchor
+    (its time converted with our work count, so both are in the same unit; ratio = ours /
+    anchor, higher is better). "copy/512MiB" (our copy ceiling) is compared with torch's copy_.
 
-Usage: merge_ops.py --ours ours.jsonl --torch torch.jsonl --device "NVIDIA H100 80GB HBM3"
-                    --date 2026-11-22 --commit abc1234 --out bench/results/ops.jsonl
+Usage: merge_ops.py --ours ours.jsonl --torch torch.jsonl --out bench/results/ops.jsonl
+                    [--torch-version 2.11.0+cu130] [--append]
 """
 import argparse, json
 
@@ -19,39 +21,39 @@ def load(path):
         return [json.loads(l) for l in f if l.strip()]
 
 
+def anchor_name(case, tv):
+    if case.startswith("gemm/"):
+        return "torch.matmul bf16" + tv
+    if case.startswith("copy/"):
+        return "torch copy_" + tv
+    if case.startswith("adamw"):
+        return "torch.optim.AdamW(fused=True)" + tv
+    if case.startswith("grad_norm/"):
+        return "torch clip_grad_norm_(foreach=True)" + tv
+    return "PyTorch eager" + tv
+
+
 def main():
     ap = argparse.ArgumentParser()
-    for k in ("ours", "torch", "device", "date", "commit", "out"):
+    for k in ("ours", "torch", "out"):
         ap.add_argument("--" + k, required=True)
     ap.add_argument("--torch-version", default="")
+    ap.add_argument("--append", action="store_true")
     a = ap.parse_args()
-    ours = load(a.ours)
+    ours = [r for r in load(a.ours) if r.get("bench") == "ops"]
     anchor = {r["case"]: r["ms"] for r in load(a.torch)}
-    copy = next(r for r in ours if r["case"].startswith("copy/"))
-    tv = f" {a.torch_version}" if a.torch_version else ""
+    tv = f" ({'torch ' + a.torch_version})" if a.torch_version else ""
     lines = []
-
-    def line(case, metric, ours_v, anchor_v, anchor_name):
-        lines.append({"bench": "ops", "case": case, "device": a.device, "date": a.date, "commit": a.commit,
-                      "metric": metric, "ours": round(ours_v, 3), "anchor": round(anchor_v, 3),
-                      "anchor_name": anchor_name, "ratio": round(ours_v / anchor_v, 4)})
-
     for r in ours:
-        case = r["case"]
-        base = case.replace("+search", "")
-        if base in anchor:
+        lines.append(r)
+        if r["case"] in anchor:
             scale = 1e9 if r["metric"] == "TFLOP/s" else 1e6
-            name = "torch.matmul bf16" if case.startswith("gemm/") else "PyTorch eager"
-            if case.startswith("copy/"):
-                name = "torch copy_"
-            elif case.startswith("adamw/"):
-                name = "torch.optim.AdamW(fused=True)"
-            elif case.startswith("grad_norm/"):
-                name = "torch clip_grad_norm_(foreach=True)"
-            line(case, r["metric"], r["value"], r["work"] / anchor[base] / scale, name + tv)
-        if r["metric"] == "GB/s" and not case.startswith("copy/"):
-            line(case, "GB/s vs copy", r["value"], copy["value"], "cudaMemcpyAsync D2D, same run")
-    with open(a.out, "w") as f:
+            t = r["work"] / anchor[r["case"]] / scale
+            lines.append({"bench": "ops", "case": r["case"], "device": r["device"], "date": r["date"],
+                          "commit": r["commit"], "metric": r["metric"], "ours": r["ours"], "anchor": round(t, 3),
+                          "anchor_name": anchor_name(r["case"], tv), "ratio": round(r["ours"] / t, 4),
+                          "backend": r["backend"], "dtype": r["dtype"]})
+    with open(a.out, "a" if a.append else "w") as f:
         for l in lines:
             f.write(json.dumps(l) + "\n")
     print(f"wrote {len(lines)} lines to {a.out}")

@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
-# One device call: the GPU op tests, then primus_ops_bench and torch_ops.py back to back on the
-# same GPU. Run from the repository root with the carried folder (default .carry-turbo) holding
-# test_turbo_gpu.gz, primus_ops_bench.gz, libgomp.so.1 and the bench/ops python scripts.
-# Results go to $OUT (device.txt, tests.log, ours.jsonl, torch.jsonl, bench.log).
+# One device call: the GPU op tests, then `primus benchmark` (our side) and torch_ops.py (the
+# PyTorch side) back to back on the same GPU, so one call gives the side-by-side ratio.
+# Run from the repository root with the carried folder (default .carry-turbo, filled by
+# bench/ops/prepare_carry.sh) holding test_turbo_gpu.gz, test_turbo_lazy_libs.gz, libgomp.so.1,
+# commit.txt and primus.gz (a CUDA build of primus; else .carry-cuda/primus.gz, else
+# $PRIMUS_CUDA_BIN).
+# Results go to $OUT (device.txt, tests.log, ours.jsonl, torch.jsonl, bench.log, torch.log);
+# then, here: bench/ops/merge_ops.py --ours ours.jsonl --torch torch.jsonl --out bench/results/ops.jsonl
+# STAGE=tests|bench|all (default all); ONLY=gemm|mem limits the benchmark.
+# cuBLASLt is found by primus itself at first use (turbo/core/dynamic_library.h: the loader's
+# path, /usr/local/cuda/lib64, PyTorch's nvidia/cublas/lib); scripts/gpu_env.sh only adds the
+# same folders to LD_LIBRARY_PATH, preferring the toolkit's cuBLASLt and the wheel's cuDNN.
 set -u
 CARRY=${CARRY:-.carry-turbo}
 OUT=${OUT:-/tmp/turbo-out}
-mkdir -p "$OUT" /tmp/turbo-bin
-for f in "$CARRY"/*.gz; do gunzip -c "$f" > /tmp/turbo-bin/$(basename "$f" .gz); chmod +x /tmp/turbo-bin/$(basename "$f" .gz); done
-cp "$CARRY"/lib*.so* /tmp/turbo-bin/ 2>/dev/null
-lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13 /usr/lib/x86_64-linux-gnu/libcublasLt.so.13 2>/dev/null | head -1)
-if [ -z "$lt" ]; then lt=$(python3 -c "import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], 'lib', 'libcublasLt.so.13'))" 2>/dev/null); fi
-export LD_LIBRARY_PATH=/tmp/turbo-bin:$(dirname "${lt:-/nonexistent/x}"):${LD_LIBRARY_PATH:-}
+BIN=/tmp/turbo-bin
+mkdir -p "$OUT" "$BIN"
+for f in "$CARRY"/*.gz; do [ -f "$f" ] && gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"; done
+cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
+PRIMUS=${PRIMUS_CUDA_BIN:-$BIN/primus}
+if [ ! -x "$PRIMUS" ] && [ -f .carry-cuda/primus.gz ]; then
+  gunzip -c .carry-cuda/primus.gz > "$BIN/primus" && chmod +x "$BIN/primus" && PRIMUS=$BIN/primus
+fi
+COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || cat .carry-cuda/commit.txt 2>/dev/null || echo unknown)
+source scripts/gpu_env.sh
+export LD_LIBRARY_PATH=$BIN:$LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch; print(torch.__version__)" > "$OUT/torch_version.txt" 2>/dev/null
 STAGE=${STAGE:-all}
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
-  /tmp/turbo-bin/test_turbo_gpu --gtest_brief=1 2>&1 | tee "$OUT/tests.log" | tail -40
+  "$BIN/test_turbo_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests.log" | tail -40
+  # Loaded at first use: primus must not need cuBLASLt/cuDNN to start, and must say why when missing.
+  { ldd "$PRIMUS" | grep -E "cublas|cudnn" || echo "primus: no load-time cuBLASLt/cuDNN dependency";
+    [ -x "$BIN/test_turbo_lazy_libs" ] && "$BIN/test_turbo_lazy_libs" --gtest_brief=1; } 2>&1 | tee -a "$OUT/tests.log" | tail -8
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
-  /tmp/turbo-bin/primus_ops_bench --out "$OUT/ours.jsonl" ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/bench.log"
-  PYTHONUNBUFFERED=1 python3 "$CARRY/torch_ops.py" --out "$OUT/torch.jsonl" ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/torch.log"
+  ops="gemm norm activation rope embedding loss optimizer"
+  [ "${ONLY:-}" = gemm ] && ops="gemm"
+  [ "${ONLY:-}" = mem ] && ops="norm activation rope embedding loss optimizer"
+  rm -f "$OUT/ours.jsonl"
+  "$PRIMUS" benchmark $ops --json "$OUT/ours.jsonl" --commit "$COMMIT" 2>&1 | tee "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 python3 bench/ops/torch_ops.py --out "$OUT/torch.jsonl" ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/torch.log"
 fi

@@ -1,0 +1,143 @@
+// `primus benchmark` through the real binary: tiny cases on the CPU kernels (--cpu-only, so the
+// result is the same with or without a GPU), the table, and the JSON lines in DESIGN.md's
+// Measurements format; bad input is one clear message with exit code 2.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "cli_runner.h"
+
+using primus::testing::run_primus;
+using primus::testing::Workdir;
+
+namespace {
+
+std::vector<nlohmann::json> read_lines(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+void expect_measurement_format(const nlohmann::json& j) {
+  for (const char* k : {"bench", "case", "device", "date", "commit", "metric", "ours", "anchor", "anchor_name", "ratio",
+                        "backend", "dtype", "ms", "work"})
+    EXPECT_TRUE(j.contains(k)) << "missing " << k << " in " << j.dump();
+}
+
+}  // namespace
+
+TEST(BenchmarkCli, TinyGemmOnTheCpuWritesMeasurementsAgainstTheCeilings) {
+  Workdir w;
+  const auto json = w.path() / "bench.jsonl";
+  const auto r = run_primus("benchmark gemm --cpu-only --shapes 32x16x8,8x8x8 --iters 2 --commit test123 --json " +
+                            json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("running the CPU kernels only"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ceiling f32 GEMM 512x512x512 (CPU)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ceiling host memcpy of 64 MiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gemm/32x16x8/wgrad"), std::string::npos) << r.out;
+
+  const auto lines = read_lines(json);
+  ASSERT_EQ(lines.size(), 2u + 6u) << r.out;  // two ceilings, then 2 shapes x (fwd, dgrad, wgrad)
+  double gemm_ceiling = 0;
+  std::set<std::string> cases;
+  for (const auto& j : lines) {
+    expect_measurement_format(j);
+    EXPECT_EQ(j["commit"], "test123");
+    EXPECT_EQ(j["bench"], "ops");
+    EXPECT_EQ(j["device"].get<std::string>().rfind("CPU: ", 0), 0u) << j.dump();
+    EXPECT_GT(j["ours"].get<double>(), 0.0) << j.dump();
+    EXPECT_GT(j["ms"].get<double>(), 0.0) << j.dump();
+    const std::string c = j["case"];
+    if (c == "ceiling/gemm_512") {
+      EXPECT_TRUE(j["anchor"].is_null());  // a figure, not a comparison
+      EXPECT_NEAR(j["work"].get<double>(), 2.0 * 512 * 512 * 512, 1.0);
+      gemm_ceiling = j["ours"];
+      continue;
+    }
+    if (c == "copy/64MiB") continue;
+    cases.insert(c);
+    EXPECT_EQ(j["backend"], "CPU");
+    EXPECT_EQ(j["dtype"], "f32");
+    EXPECT_EQ(j["metric"], "TFLOP/s");
+    // ours = work / ms; anchor = this run's GEMM ceiling; ratio = ours / anchor.
+    // (six significant digits in the file)
+    EXPECT_NEAR(j["ours"].get<double>(), j["work"].get<double>() / j["ms"].get<double>() / 1e9, 3e-5 * j["ours"].get<double>());
+    EXPECT_DOUBLE_EQ(j["anchor"].get<double>(), gemm_ceiling);
+    EXPECT_NEAR(j["ratio"].get<double>(), j["ours"].get<double>() / j["anchor"].get<double>(), 3e-5 * j["ratio"].get<double>());
+    EXPECT_NE(j["anchor_name"].get<std::string>().find("ceiling: f32 GEMM 512x512x512 (CPU), same run"),
+              std::string::npos);
+  }
+  EXPECT_GT(gemm_ceiling, 0.0);
+  EXPECT_EQ(cases, (std::set<std::string>{"gemm/32x16x8/fwd", "gemm/32x16x8/dgrad", "gemm/32x16x8/wgrad",
+                                          "gemm/8x8x8/fwd", "gemm/8x8x8/dgrad", "gemm/8x8x8/wgrad"}));
+  const auto first = std::find_if(lines.begin(), lines.end(), [](auto& j) { return j["case"] == "gemm/32x16x8/fwd"; });
+  EXPECT_DOUBLE_EQ((*first)["work"].get<double>(), 2.0 * 32 * 16 * 8);
+}
+
+TEST(BenchmarkCli, EveryOpFamilyRunsATinyCaseOnTheCpu) {
+  Workdir w;
+  const auto json = w.path() / "all.jsonl";
+  // op -> (shape, the measurements it must produce, their metric)
+  const std::map<std::string, std::pair<std::string, std::set<std::string>>> ops = {
+      {"norm", {"8x16", {"layernorm_fwd/8x16", "add_layernorm_fwd/8x16", "layernorm_bwd/8x16", "rmsnorm_fwd/8x16",
+                         "add_rmsnorm_fwd/8x16", "rmsnorm_bwd/8x16"}}},
+      {"activation", {"8x16", {"gelu_fwd/8x16", "gelu_bwd/8x16", "swiglu_fwd/8x16", "swiglu_bwd/8x16"}}},
+      {"loss", {"8x32", {"cross_entropy_fwdbwd/8x32"}}},
+      {"optimizer", {"1000", {"adamw/1000", "grad_norm/1000"}}},
+      {"rope", {"1x8x2x8", {"rope_fwd/1x8x2x8", "rope_bwd/1x8x2x8"}}},
+      {"embedding", {"2x8x16x32", {"embedding_fwd/2x8x16x32", "embedding_bwd/2x8x16x32"}}},
+      {"attention", {"1x16x4x2x8", {"attention/1x16x4x2x8/fwd", "attention/1x16x4x2x8/bwd"}}},
+  };
+  for (const auto& [op, want] : ops) {
+    const auto r = run_primus("benchmark " + op + " --cpu-only --iters 1 --shapes " + want.first + " --json " + json.string());
+    ASSERT_EQ(r.code, 0) << op << ":\n" << r.out;
+    for (const auto& c : want.second) EXPECT_NE(r.out.find(c), std::string::npos) << op << " lacks " << c << ":\n" << r.out;
+  }
+  std::map<std::string, nlohmann::json> got;
+  for (const auto& j : read_lines(json)) got[j["case"]] = j;
+  for (const auto& [op, want] : ops)
+    for (const auto& c : want.second) {
+      ASSERT_TRUE(got.count(c)) << c;
+      const auto& j = got[c];
+      expect_measurement_format(j);
+      EXPECT_EQ(j["bench"], op == "attention" ? "attention" : "ops") << c;
+      EXPECT_EQ(j["metric"], op == "attention" ? "TFLOP/s" : "GB/s") << c;
+      EXPECT_GT(j["ours"].get<double>(), 0.0) << c;
+      EXPECT_TRUE(std::isfinite(j["ratio"].get<double>())) << c;
+    }
+  // Attention work: 4*B*H*T^2*D halved for causal; backward 2.5x.
+  EXPECT_DOUBLE_EQ(got["attention/1x16x4x2x8/fwd"]["work"].get<double>(), 4.0 * 1 * 4 * 16 * 16 * 8 * 0.5);
+  EXPECT_DOUBLE_EQ(got["attention/1x16x4x2x8/bwd"]["work"].get<double>(), 2.5 * 4.0 * 1 * 4 * 16 * 16 * 8 * 0.5);
+}
+
+TEST(BenchmarkCli, BadInputIsOneClearMessage) {
+  struct Bad {
+    std::string args;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Bad> bad = {
+      {"benchmark gemmm --cpu-only", {"unknown op 'gemmm'", "gemm, norm"}},
+      {"benchmark gemm --cpu-only --shapes 32x16", {"gemm: shape '32x16' is not MxNxK"}},
+      {"benchmark gemm --cpu-only --shapes 32x0x8", {"shape '32x0x8'", "positive integers"}},
+      {"benchmark attention --cpu-only --shapes 1x16x4x3x8", {"4 heads is not a multiple of 3 kv heads"}},
+      {"benchmark attention --cpu-only --shapes 1x16x4x2x8:sliding", {"unknown mode 'sliding'"}},
+      {"benchmark gemm --cpu-only --backend CUDNN", {"op 'gemm' has no backend CUDNN", "CUBLASLT, CPU"}},
+      {"benchmark gemm --cpu-only --backend FAST", {"unknown --backend 'FAST'"}},
+      {"benchmark norm --cpu-only --backend TURBO", {"--backend TURBO needs a CUDA device", "--cpu-only"}},
+      {"benchmark gemm --cpu-only --dtype i32", {"--dtype i32 is not bf16, f16 or f32"}},
+  };
+  for (const auto& b : bad) {
+    const auto r = run_primus(b.args);
+    EXPECT_EQ(r.code, 2) << b.args << ":\n" << r.out;
+    for (const auto& p : b.parts) EXPECT_NE(r.out.find(p), std::string::npos) << b.args << " lacks '" << p << "':\n" << r.out;
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  }
+}

@@ -1,0 +1,45 @@
+// Where one benchmark runs its kernels: the host (the CPU backends, f32) or a CUDA device (the
+// device backends). Each gives an operand arena, a scratch arena for ExecContext, random fills
+// and a timer, so that one case definition serves every backend.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "turbo/core/arena.h"
+#include "turbo/core/tensor_view.h"
+
+namespace primus::turbo::bench {
+
+class BenchDevice {
+ public:
+  virtual ~BenchDevice() = default;
+  virtual Device kind() const = 0;
+  virtual std::string name() const = 0;  // "NVIDIA H100 80GB HBM3", "CPU: <model> (2 threads)"
+  virtual Arena& arena() = 0;            // operands, reset between cases
+  virtual Arena& scratch() = 0;          // ExecContext::scratch
+  // t[i] = offset + scale * u, u uniform in [-1, 1) from a hash of (i, seed); f32 or bf16.
+  virtual void fill_uniform(const TensorView& t, uint64_t seed, float scale, float offset) = 0;
+  // t[i] uniform in [0, hi); i32.
+  virtual void fill_ints(const TensorView& t, uint64_t seed, int32_t hi) = 0;
+  virtual void zero(const TensorView& t) = 0;
+  // Time of one call of `run` over `iters` calls, after warm-up calls: the median, or with
+  // fastest=true the fastest call (what the ceilings use: a ceiling is the best the device does).
+  virtual double time_ms(const std::function<void()>& run, int iters, bool fastest = false) = 0;
+  // Copies `bytes` from one buffer of the operand arena to another, `iters` times: the fastest ms.
+  virtual double copy_ms(size_t bytes, int iters) = 0;
+  virtual void synchronize() = 0;
+};
+
+// The host: operand arena of `arena_bytes` (the scratch arena is 1/8 of it).
+std::unique_ptr<BenchDevice> make_host_bench_device(size_t arena_bytes);
+
+// CUDA device 0, or nullptr when this build has no CUDA or the machine has no device
+// (*why then says which).
+std::unique_ptr<BenchDevice> make_cuda_bench_device(size_t arena_bytes, std::string* why);
+
+// Host random numbers of the same construction as the device fill (for the host device).
+float hash_uniform(uint64_t i, uint64_t seed);
+
+}  // namespace primus::turbo::bench

@@ -1,0 +1,335 @@
+// The runner of `primus benchmark` (benchmark.h): devices, ceilings, the per-case and per-backend
+// loop, the table and the JSON lines.
+#include "turbo/bench/benchmark.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <chrono>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "core/util/error.h"
+#include "turbo/bench/harness.h"
+#include "turbo/dispatch/backend_manager.h"
+#include "turbo/ops/gemm.h"
+
+namespace primus::turbo::bench {
+
+// ---- CaseEnv -------------------------------------------------------------------------------------
+TensorView CaseEnv::empty(DType t, std::initializer_list<int64_t> shape) { return dev.arena().tensor(t, shape, "benchmark operand"); }
+TensorView CaseEnv::rand(DType t, std::initializer_list<int64_t> shape, float scale, float offset) {
+  TensorView v = empty(t, shape);
+  dev.fill_uniform(v, seed++, scale, offset);
+  return v;
+}
+TensorView CaseEnv::zeros(DType t, std::initializer_list<int64_t> shape) {
+  TensorView v = empty(t, shape);
+  dev.zero(v);
+  return v;
+}
+TensorView CaseEnv::ints(std::initializer_list<int64_t> shape, int32_t hi) {
+  TensorView v = empty(DType::I32, shape);
+  dev.fill_ints(v, seed++, hi);
+  return v;
+}
+
+std::vector<int64_t> parse_dims(const std::string& op, const std::string& entry, size_t n, const std::string& syntax) {
+  std::vector<int64_t> d;
+  size_t pos = 0;
+  bool ok = !entry.empty();
+  while (ok && pos <= entry.size()) {
+    size_t end = entry.find('x', pos);
+    if (end == std::string::npos) end = entry.size();
+    const std::string part = entry.substr(pos, end - pos);
+    ok = !part.empty() && part.size() <= 12;
+    for (char c : part) ok = ok && std::isdigit(static_cast<unsigned char>(c));
+    if (ok) {
+      d.push_back(std::stoll(part));
+      ok = d.back() > 0;
+    }
+    pos = end + 1;
+  }
+  if (!ok || d.size() != n)
+    throw UsageError(fmt::format("{}: shape '{}' is not {} ({} positive integers joined by 'x')", op, entry, syntax, n));
+  return d;
+}
+
+namespace {
+
+const std::vector<OpFamily>& families() {
+  static const std::vector<OpFamily> f = {gemm_family(), norm_family(), activation_family(), loss_family(),
+                                          optimizer_family(), rope_family(), embedding_family(), attention_family()};
+  return f;
+}
+
+const OpFamily& family_named(const std::string& name) {
+  for (const auto& f : families())
+    if (f.name == name) return f;
+  std::string known;
+  for (const auto& f : families()) known += (known.empty() ? "" : ", ") + f.name;
+  throw UsageError(fmt::format("benchmark: unknown op '{}' (known: {})", name, known));
+}
+
+// The ceilings of one device, measured once per run.
+struct Ceilings {
+  double tflops = 0, gbs = 0;           // 0: not measured (then *_why says why)
+  std::string tflops_what, gbs_what, tflops_why;
+};
+
+// A large GEMM (bf16 8192^3 on a GPU through cuBLASLt; f32 512^3 on the host through the CPU
+// backend) and a copy (512 MiB device to device; 64 MiB memcpy on the host), each the fastest of
+// `iters` calls.
+Ceilings measure_ceilings(BenchDevice& dev, int iters) {
+  Ceilings c;
+  const bool gpu = dev.kind() == Device::CUDA;
+  const size_t copy_bytes = gpu ? size_t{512} << 20 : size_t{64} << 20;
+  const double copy_ms = dev.copy_ms(copy_bytes, iters);
+  c.gbs = 2.0 * static_cast<double>(copy_bytes) / copy_ms / 1e6;  // bytes read + written
+  c.gbs_what = gpu ? "device-to-device copy of 512 MiB" : "host memcpy of 64 MiB";
+  const int64_t n = gpu ? 8192 : 512;
+  const DType dt = gpu ? DType::BF16 : DType::F32;
+  const BackendType be = gpu ? BackendType::CUBLASLT : BackendType::CPU;
+  c.tflops_what = fmt::format("{} GEMM {}x{}x{} ({})", dtype_name(dt), n, n, n, backend_name(be));
+  ArenaScope scope(dev.arena());
+  CaseEnv e{dev, dt, ExecContext{nullptr, &dev.scratch()}};
+  GemmArgs g;
+  g.a = e.rand(dt, {n, n});
+  g.b = e.rand(dt, {n, n}).transposed();
+  g.d = e.empty(dt, {n, n});
+  g.ctx = e.ctx;
+  auto& mgr = GlobalBackendManager::instance();
+  mgr.set_backend("gemm", be);
+  try {
+    const double ms = dev.time_ms([&] { gemm(g); }, iters, true);
+    c.tflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / ms / 1e9;
+  } catch (const std::exception& ex) {
+    c.tflops_why = ex.what();
+  }
+  mgr.clear_backend("gemm");
+  return c;
+}
+
+std::string first_line(const std::string& s) {
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl) + " [...]";
+}
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += {'\\', c};
+    else if (static_cast<unsigned char>(c) < 0x20) o += fmt::format("\\u{:04x}", static_cast<int>(c));
+    else o += c;
+  }
+  return o + "\"";
+}
+
+std::string today_utc() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d", &tm);
+  return buf;
+}
+
+class Reporter {
+ public:
+  Reporter(const BenchConfig& cfg, std::FILE* out) : cfg_(cfg), out_(out), date_(cfg.date.empty() ? today_utc() : cfg.date) {
+    if (!cfg.json_path.empty()) {
+      json_ = std::fopen(cfg.json_path.c_str(), "a");
+      if (!json_) throw IoError(fmt::format("benchmark: cannot open --json file '{}' for appending", cfg.json_path));
+    }
+  }
+  ~Reporter() {
+    if (json_) std::fclose(json_);
+  }
+
+  // A measurement: value in its metric's unit, share of the ceiling as the anchor when measured.
+  void measurement(const std::string& bench, const std::string& case_name, const std::string& backend,
+                   const std::string& device, DType dt, Metric m, double work, double ms, double ceiling,
+                   const std::string& ceiling_what, const std::string& note) {
+    const bool flops = m == Metric::Flops;
+    const double value = flops ? work / ms / 1e9 : work / ms / 1e6;
+    const char* unit = flops ? "TFLOP/s" : "GB/s";
+    const std::string share = ceiling > 0 ? fmt::format("{:5.1f}% of ceiling", 100.0 * value / ceiling) : "  (no ceiling)";
+    std::fprintf(out_, "  %-40s %-8s %11.4f ms %10.2f %-7s %s%s\n", case_name.c_str(), backend.c_str(), ms, value, unit,
+                 share.c_str(), note.empty() ? "" : ("  " + note).c_str());
+    std::fflush(out_);
+    if (json_) {
+      std::string anchor = "null", anchor_name = "null", ratio = "null";
+      if (ceiling > 0) {
+        anchor = fmt::format("{:.6g}", ceiling);
+        anchor_name = json_str("ceiling: " + ceiling_what + ", same run");
+        ratio = fmt::format("{:.6g}", value / ceiling);
+      }
+      write_json(bench, case_name, backend, device, std::string(dtype_name(dt)), unit, value, anchor, anchor_name, ratio, ms,
+                 work);
+    }
+    ++count_;
+  }
+
+  void ceiling_line(const std::string& bench, const std::string& case_name, const std::string& backend,
+                    const std::string& device, const std::string& dtype, const char* unit, double value, double ms,
+                    double work) {
+    if (json_) write_json(bench, case_name, backend, device, dtype, unit, value, "null", "null", "null", ms, work);
+  }
+  int count() const { return count_; }
+
+ private:
+  void write_json(const std::string& bench, const std::string& case_name, const std::string& backend,
+                  const std::string& device, const std::string& dtype, const char* unit, double value,
+                  const std::string& anchor,
+                  const std::string& anchor_name, const std::string& ratio, double ms, double work) {
+    std::fprintf(json_,
+                 "{\"bench\": %s, \"case\": %s, \"device\": %s, \"date\": %s, \"commit\": %s, \"metric\": %s, "
+                 "\"ours\": %.6g, \"anchor\": %s, \"anchor_name\": %s, \"ratio\": %s, \"backend\": %s, \"dtype\": %s, "
+                 "\"ms\": %.6g, \"work\": %.17g}\n",
+                 json_str(bench).c_str(), json_str(case_name).c_str(), json_str(device).c_str(), json_str(date_).c_str(),
+                 json_str(cfg_.commit).c_str(), json_str(unit).c_str(), value, anchor.c_str(), anchor_name.c_str(),
+                 ratio.c_str(), json_str(backend).c_str(), json_str(dtype).c_str(), ms, work);
+    std::fflush(json_);
+  }
+
+  const BenchConfig& cfg_;
+  std::FILE* out_;
+  std::FILE* json_ = nullptr;
+  std::string date_;
+  int count_ = 0;
+};
+
+bool is_device_backend(BackendType b) { return b != BackendType::CPU; }
+
+}  // namespace
+
+std::vector<std::string> benchmark_op_names() {
+  std::vector<std::string> n;
+  for (const auto& f : families()) n.push_back(f.name);
+  return n;
+}
+
+std::string benchmark_shape_help() {
+  std::string s;
+  for (const auto& f : families()) s += fmt::format("  {:<11} {}\n", f.name, f.shape_syntax);
+  return s;
+}
+
+int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
+  if (cfg.ops.empty()) throw UsageError("benchmark: name at least one op");
+  std::vector<const OpFamily*> ops;
+  for (const auto& name : cfg.ops) ops.push_back(&family_named(name));
+  if (cfg.dtype != DType::BF16 && cfg.dtype != DType::F16 && cfg.dtype != DType::F32)
+    throw UsageError(fmt::format("benchmark: --dtype {} is not bf16, f16 or f32", dtype_name(cfg.dtype)));
+  if (cfg.iters < 0) throw UsageError(fmt::format("benchmark: --iters {} is negative", cfg.iters));
+  if (cfg.memory_gib < 0) throw UsageError(fmt::format("benchmark: --memory-gib {} is negative", cfg.memory_gib));
+  // Which backends: "" (the device's), "all", or one name that every op named must have.
+  std::optional<BackendType> named;
+  const bool all = cfg.backend == "all";
+  if (!cfg.backend.empty() && !all) {
+    named = parse_backend(cfg.backend);
+    if (!named) throw UsageError(fmt::format("benchmark: unknown --backend '{}' (CPU, CUBLASLT, CUDNN, TURBO or all)", cfg.backend));
+    for (const OpFamily* f : ops) {
+      bool has = false;
+      std::string list;
+      for (BackendType b : f->backends) {
+        has = has || b == *named;
+        list += (list.empty() ? "" : ", ") + std::string(backend_name(b));
+      }
+      if (!has) throw UsageError(fmt::format("benchmark: op '{}' has no backend {} (it has: {})", f->name, cfg.backend, list));
+    }
+  }
+  // Cases: parse every --shapes entry up front, so a typo fails before anything runs.
+  std::map<const OpFamily*, std::vector<Case>> explicit_cases;
+  for (const OpFamily* f : ops)
+    for (const auto& s : cfg.shapes) explicit_cases[f].push_back(f->from_shape(s));
+
+  std::string no_gpu;
+  std::unique_ptr<BenchDevice> gpu;
+  if (cfg.cpu_only) no_gpu = "--cpu-only";
+  else gpu = make_cuda_bench_device(static_cast<size_t>((cfg.memory_gib > 0 ? cfg.memory_gib : 24.0) * (1u << 30)), &no_gpu);
+  if (!gpu) {
+    if (named && is_device_backend(*named))
+      throw UsageError(fmt::format("benchmark: --backend {} needs a CUDA device: {}", cfg.backend, no_gpu));
+    std::fprintf(out, "no GPU (%s): running the CPU kernels only, on f32 tensors\n", no_gpu.c_str());
+  }
+  std::unique_ptr<BenchDevice> host;
+  auto host_device = [&]() -> BenchDevice& {
+    if (!host) host = make_host_bench_device(static_cast<size_t>((cfg.memory_gib > 0 && !gpu ? cfg.memory_gib : 2.0) * (1u << 30)));
+    return *host;
+  };
+
+  Reporter rep(cfg, out);
+  std::map<BenchDevice*, Ceilings> ceilings;
+  auto ceiling_of = [&](BenchDevice& dev, int iters) -> const Ceilings& {
+    auto it = ceilings.find(&dev);
+    if (it != ceilings.end()) return it->second;
+    const Ceilings c = measure_ceilings(dev, std::max(10, std::min(iters, 20)));
+    std::fprintf(out, "device: %s\n", dev.name().c_str());
+    if (c.tflops > 0) std::fprintf(out, "  ceiling %-40s %10.2f TFLOP/s\n", c.tflops_what.c_str(), c.tflops);
+    else std::fprintf(out, "  ceiling %-40s not measured: %s\n", c.tflops_what.c_str(), first_line(c.tflops_why).c_str());
+    std::fprintf(out, "  ceiling %-40s %10.2f GB/s\n", c.gbs_what.c_str(), c.gbs);
+    std::fflush(out);
+    const bool on_gpu = dev.kind() == Device::CUDA;
+    const std::string be = on_gpu ? "cudaMemcpyAsync" : "memcpy";
+    const double copy_bytes = on_gpu ? 2.0 * (512 << 20) : 2.0 * (64 << 20);
+    rep.ceiling_line("ops", on_gpu ? "copy/512MiB" : "copy/64MiB", be, dev.name(), "bytes", "GB/s", c.gbs,
+                     copy_bytes / c.gbs / 1e6, copy_bytes);
+    if (c.tflops > 0) {
+      const double n = on_gpu ? 8192.0 : 512.0;
+      rep.ceiling_line("ops", on_gpu ? "ceiling/gemm_8192" : "ceiling/gemm_512", on_gpu ? "CUBLASLT" : "CPU", dev.name(),
+                       on_gpu ? "bf16" : "f32", "TFLOP/s", c.tflops, 2 * n * n * n / c.tflops / 1e9, 2 * n * n * n);
+    }
+    return ceilings.emplace(&dev, c).first->second;
+  };
+
+  auto& mgr = GlobalBackendManager::instance();
+  for (const OpFamily* f : ops) {
+    std::vector<BackendType> backends;
+    for (BackendType b : f->backends) {
+      if (named ? b == *named : all ? true : (gpu ? is_device_backend(b) : b == BackendType::CPU)) backends.push_back(b);
+    }
+    std::fprintf(out, "\n%s (%s)\n", f->name.c_str(), f->shape_syntax.c_str());
+    for (BackendType be : backends) {
+      if (is_device_backend(be) && !gpu) {
+        std::fprintf(out, "  %s: skipped, no CUDA device\n", std::string(backend_name(be)).c_str());
+        continue;
+      }
+      BenchDevice& dev = is_device_backend(be) ? *gpu : host_device();
+      const bool on_gpu = dev.kind() == Device::CUDA;
+      const int iters = cfg.iters > 0 ? cfg.iters : on_gpu ? 50 : 5;
+      const Ceilings& ceil = ceiling_of(dev, iters);
+      const DType dt = on_gpu ? cfg.dtype : DType::F32;
+      const std::vector<Case> cases = cfg.shapes.empty() ? f->defaults(Scale{on_gpu, on_gpu ? 16384 : 256}) : explicit_cases[f];
+      for (const Case& c : cases) {
+        dev.arena().reset();
+        dev.scratch().reset();
+        for (const auto& op : f->dispatch_ops) mgr.set_backend(op, be);
+        try {
+          CaseEnv env{dev, dt, ExecContext{nullptr, &dev.scratch()}};
+          const std::vector<Timed> calls = c.build(env);
+          for (const Timed& t : calls) {
+            const double ms = dev.time_ms(t.run, iters);
+            const double ceiling = t.metric == Metric::Flops ? ceil.tflops : ceil.gbs;
+            rep.measurement(f->bench, t.name, std::string(backend_name(be)), dev.name(), dt, t.metric, t.work, ms, ceiling,
+                            t.metric == Metric::Flops ? ceil.tflops_what : ceil.gbs_what, t.note);
+          }
+        } catch (const std::exception& ex) {
+          for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
+          if (named) throw RuntimeError(fmt::format("benchmark {} case '{}' on {}: {}", f->name, c.name, backend_name(be), ex.what()));
+          std::fprintf(out, "  %-40s %-8s skipped: %s\n", c.name.c_str(), std::string(backend_name(be)).c_str(),
+                       first_line(ex.what()).c_str());
+          std::fflush(out);
+        }
+        for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
+        dev.synchronize();
+      }
+    }
+  }
+  if (rep.count() == 0) std::fprintf(out, "\nno measurements were taken\n");
+  return rep.count();
+}
+
+}  // namespace primus::turbo::bench

@@ -1,0 +1,44 @@
+// `primus benchmark`: Turbo's ops timed per case and kernel backend, against the device's own
+// ceilings measured in the same run (a large GEMM for FLOP/s, a copy for bandwidth).
+//
+// Ops (families): gemm, norm, activation, loss, optimizer, rope, embedding, attention. Each has
+// default cases (the training shapes of GPT-2 124M and Llama-3.2-1B at 16384 tokens on a GPU; a
+// small version on the host) or takes --shapes in its own syntax (see OpFamily::shape_syntax).
+// Without a CUDA device only the CPU backends run, and the run says so.
+//
+// Results: a table on `out` and, with json_path, one JSON object per measurement appended to
+// that file in DESIGN.md's "Measurements" format: the anchor of a measurement is the ceiling of
+// its device measured in this run (ratio = share of the ceiling); the ceilings' own lines carry
+// no anchor. Extra keys: backend, dtype, ms, work (flops or bytes), share_of.
+#pragma once
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "turbo/core/dtype.h"
+
+namespace primus::turbo::bench {
+
+struct BenchConfig {
+  std::vector<std::string> ops;       // families, in order; at least one
+  std::vector<std::string> shapes;    // empty: each op's default cases
+  DType dtype = DType::BF16;          // of the device backends' tensors (the CPU backends use f32)
+  std::string backend = "";           // "": the device's backends (CPU without a GPU); "all"; or one name
+  int iters = 0;                      // timed calls per measurement; 0: 50 on a GPU, 5 on the host
+  std::string json_path;              // "": no JSON
+  std::string commit = "unknown", date;  // recorded in the JSON (date "" = today, UTC)
+  bool cpu_only = false;              // ignore any GPU
+  double memory_gib = 0;              // operand arena; 0: 24 GiB on a GPU, 2 GiB on the host
+};
+
+// Runs the benchmark. Throws primus::UsageError for an unknown op, backend, dtype or a malformed
+// shape (naming which and where), primus::RuntimeError when an explicitly named backend cannot
+// run a case; with "all" or the default, a backend that cannot run a case is reported and
+// skipped. Returns the number of measurements taken.
+int run_benchmarks(const BenchConfig& cfg, std::FILE* out);
+
+// The op families' names, and each one's --shapes syntax ("MxNxK", ...).
+std::vector<std::string> benchmark_op_names();
+std::string benchmark_shape_help();
+
+}  // namespace primus::turbo::bench

@@ -1,0 +1,74 @@
+// attention: flash attention forward and backward at the shapes of issue [attention], in TFLOP/s
+// counted as 4*B*H*T^2*D for the forward (halved when causal) and 2.5x that for the backward.
+#include <fmt/format.h>
+
+#include "core/util/error.h"
+#include "turbo/bench/harness.h"
+#include "turbo/ops/attention.h"
+
+namespace primus::turbo::bench {
+namespace {
+
+Case attention_case(const std::string& name, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool causal) {
+  return {name, [=](CaseEnv& e) {
+            AttentionForwardArgs f;
+            f.q = e.rand(e.dtype, {B, T, H, D});
+            f.k = e.rand(e.dtype, {B, T, KVH, D});
+            f.v = e.rand(e.dtype, {B, T, KVH, D});
+            f.out = e.empty(e.dtype, {B, T, H, D});
+            f.lse = e.empty(DType::F32, {B, H, T});
+            f.opt.causal = causal;
+            f.ctx = e.ctx;
+            AttentionBackwardArgs bw;
+            bw.dq = e.empty(e.dtype, {B, T, H, D});
+            bw.dk = e.empty(e.dtype, {B, T, KVH, D});
+            bw.dv = e.empty(e.dtype, {B, T, KVH, D});
+            bw.dout = e.rand(e.dtype, {B, T, H, D});
+            bw.q = f.q, bw.k = f.k, bw.v = f.v, bw.out = f.out, bw.lse = f.lse;
+            bw.opt = f.opt;
+            bw.ctx = f.ctx;
+            attention_forward(f);  // the output and log-sum-exp the backward reads
+            const double fwd = 4.0 * static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T) *
+                               static_cast<double>(D) * (causal ? 0.5 : 1.0);
+            const std::string note = fmt::format("B={} T={} H={} KVH={} D={}{}", B, T, H, KVH, D, causal ? " causal" : "");
+            return std::vector<Timed>{{name + "/fwd", Metric::Flops, fwd, [f] { attention_forward(f); }, note},
+                                      {name + "/bwd", Metric::Flops, 2.5 * fwd, [bw] { attention_backward(bw); }, ""}};
+          }};
+}
+
+}  // namespace
+
+OpFamily attention_family() {
+  OpFamily f;
+  f.name = "attention";
+  f.bench = "attention";
+  f.dispatch_ops = {"attention"};
+  f.backends = {BackendType::CUDNN, BackendType::TURBO, BackendType::CPU};
+  f.shape_syntax = "BxTxHxKVHxD[:full] (batch x sequence x heads x kv heads x head dim; causal unless :full)";
+  f.defaults = [](const Scale& s) {
+    if (!s.gpu) return std::vector<Case>{attention_case("small_causal_d64_t256", 1, 256, 4, 4, 64, true)};
+    // The names are bench/attention/torch_sdpa.py's, so both sides of a run join.
+    return std::vector<Case>{attention_case("causal_d128_t2048", 8, 2048, 16, 16, 128, true),
+                             attention_case("causal_d128_t8192", 2, 8192, 16, 16, 128, true),
+                             attention_case("gpt2_causal_d64_t1024", 16, 1024, 12, 12, 64, true),
+                             attention_case("gqa4_causal_d128_t4096", 4, 4096, 32, 8, 128, true)};
+  };
+  f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
+    std::string dims = shape;
+    bool causal = true;
+    if (auto colon = shape.find(':'); colon != std::string::npos) {
+      const std::string mode = shape.substr(colon + 1);
+      if (mode != "full" && mode != "causal")
+        throw UsageError(fmt::format("attention: shape '{}': unknown mode '{}' (expected {})", shape, mode, syntax));
+      causal = mode == "causal";
+      dims = shape.substr(0, colon);
+    }
+    const auto d = parse_dims("attention", dims, 5, syntax);
+    if (d[2] % d[3] != 0)
+      throw UsageError(fmt::format("attention: shape '{}': {} heads is not a multiple of {} kv heads", shape, d[2], d[3]));
+    return attention_case("attention/" + dims + (causal ? "" : "_full"), d[0], d[1], d[2], d[3], d[4], causal);
+  };
+  return f;
+}
+
+}  // namespace primus::turbo::bench
