@@ -3,7 +3,10 @@
 // AdamW's scalars from the device):
 //   - CUDA graph: 20 steps captured at step 2 and replayed give the same losses and final
 //     weights as 20 eager steps, bit for bit (the same kernels on the same buffers in the same
-//     order; a difference means the capture froze something that changes per step);
+//     order; a difference means the capture froze something that changes per step). Bit for bit
+//     is asserted when two eager runs agree bit for bit (a non-deterministic kernel, e.g. an
+//     attention backward accumulating dq with atomics, would make any two runs differ); else
+//     each step's loss within 1% and the final weights within 1e-2 relative L2;
 //   - the non-finite check under the graph: a replayed step with a NaN weight reports
 //     finite = false and changes no weight and no moment; the next step trains again;
 //   - recompute parity on the device: gradients of selective / full against none (bit for bit
@@ -26,6 +29,35 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Whether two identical eager runs agree bit for bit (the device kernels are deterministic).
+bool reproducible(const StepRunOptions& o, const StepRun& first) {
+  StepRunOptions e = o;
+  e.graph = false;
+  e.profile = false;
+  const StepRun again = run_steps(e);
+  const bool same = again.losses == first.losses && same_bits(again.params, first.params);
+  std::printf("[%s] two eager runs %s bit for bit\n", o.llama ? "llama" : "gpt2", same ? "agree" : "do NOT agree");
+  return same;
+}
+
+// got against ref: bit for bit where `exact`, else within 1% per loss and 1e-2 on the weights.
+void expect_same_run(const StepRun& got, const StepRun& ref, bool exact) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    if (exact) {
+      EXPECT_EQ(got.losses[s], ref.losses[s]) << "step " << s;
+      EXPECT_EQ(got.norms[s], ref.norms[s]) << "step " << s;
+    } else {
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-2 * std::fabs(ref.losses[s])) << "step " << s;
+    }
+  }
+  if (exact) {
+    EXPECT_TRUE(same_bits(got.params, ref.params)) << "final weights differ";
+  } else {
+    EXPECT_LT(rel_l2(got.params.data(), ref.params.data(), static_cast<int64_t>(ref.params.size())), 1e-2);
+  }
+}
+
 class StepGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(StepGpuTest, GraphReplayMatchesEagerBitForBitOver20Steps) {
@@ -34,18 +66,16 @@ TEST_P(StepGpuTest, GraphReplayMatchesEagerBitForBitOver20Steps) {
   o.device = turbo::Device::CUDA;
   o.steps = 20;
   const StepRun eager = run_steps(o);
+  const bool exact = reproducible(o, eager);
   o.graph = true;
   const StepRun graph = run_steps(o);
   EXPECT_EQ(graph.graph_launches, 19) << "step 1 is the warm-up; steps 2..20 launch the graph";
   ASSERT_EQ(graph.losses.size(), 20u);
-  for (size_t s = 0; s < 20; ++s) {
-    EXPECT_EQ(graph.losses[s], eager.losses[s]) << "step " << s;
-    EXPECT_EQ(graph.norms[s], eager.norms[s]) << "step " << s;
-  }
-  EXPECT_TRUE(same_bits(graph.params, eager.params)) << "final weights differ";
+  expect_same_run(graph, eager, exact);
   EXPECT_LT(eager.losses.back(), eager.losses.front() - 0.5) << "the run must learn";
-  std::printf("[%s] graph vs eager, 20 steps: loss %.5f -> %.5f in both\n", o.llama ? "llama" : "gpt2",
-              eager.losses.front(), eager.losses.back());
+  std::printf("[%s] graph vs eager, 20 steps: loss %.5f -> %.5f (eager), %.5f -> %.5f (graph)\n",
+              o.llama ? "llama" : "gpt2", eager.losses.front(), eager.losses.back(), graph.losses.front(),
+              graph.losses.back());
 }
 
 TEST_P(StepGpuTest, NonFiniteStepIsSkippedUnderTheGraph) {
@@ -124,10 +154,14 @@ TEST_P(StepGpuTest, ProfilerUnderTheGraphTimesPhasesAndChangesNothing) {
   o.graph = true;
   o.steps = 5;
   const StepRun plain = run_steps(o);
+  const bool exact = reproducible(o, run_steps([&] {
+    StepRunOptions e = o;
+    e.graph = false;
+    return e;
+  }()));
   o.profile = true;
   const StepRun prof = run_steps(o);
-  EXPECT_EQ(prof.losses, plain.losses);
-  EXPECT_TRUE(same_bits(prof.params, plain.params));
+  expect_same_run(prof, plain, exact);
   EXPECT_EQ(prof.profiled_steps, 4);
   bool attention = false, qkv = false;
   for (auto [p, ms] : prof.phase_ms) {
