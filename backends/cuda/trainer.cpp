@@ -341,6 +341,7 @@ void CudaTrainer::train() {
       spdlog::info("[signal] received signal {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true "
                    "(or load={})",
                    train::exit_signal(), step_, t.ckpt.save.string(), t.ckpt.save.string());
+      if (rank0()) report_profile(profiler_.get(), t.output_dir);
       return;
     }
   }
