@@ -1,0 +1,76 @@
+// `primus benchmark` on the GPU (label gpu; skips without a device): the device backends run
+// (cuBLASLt and cuDNN found by the lazy loader), the ceilings are the device's (bf16 GEMM 8192^3,
+// D2D copy), and each share of a ceiling is plausible (a kernel cannot beat the device's best
+// GEMM or copy by much).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "turbo/bench/benchmark.h"
+#include "turbo/core/cuda_check.h"
+
+using namespace primus::turbo;
+
+namespace {
+
+std::vector<nlohmann::json> run(const std::string& op, const std::string& shape, const std::filesystem::path& json) {
+  bench::BenchConfig cfg;
+  cfg.ops = {op};
+  cfg.shapes = {shape};
+  cfg.iters = 5;
+  cfg.memory_gib = 4;
+  cfg.json_path = json.string();
+  std::filesystem::remove(json);
+  EXPECT_GT(bench::run_benchmarks(cfg, stdout), 0);
+  std::vector<nlohmann::json> lines;
+  std::ifstream f(json);
+  std::string l;
+  while (std::getline(f, l)) lines.push_back(nlohmann::json::parse(l));
+  return lines;
+}
+
+}  // namespace
+
+TEST(BenchmarkGpu, DeviceBackendsAgainstTheDeviceCeilings) {
+  if (cuda_device_count_or_zero() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto json = std::filesystem::temp_directory_path() / "primus_benchmark_gpu_test.jsonl";
+  struct Want {
+    std::string op, shape;
+    std::set<std::string> backends;
+    size_t measurements;  // per backend
+  };
+  for (const Want& w : {Want{"gemm", "4096x4096x4096", {"CUBLASLT"}, 3}, Want{"norm", "16384x2048", {"TURBO"}, 6},
+                        Want{"attention", "2x1024x8x8x128", {"CUDNN", "TURBO"}, 2}}) {
+    SCOPED_TRACE(w.op);
+    std::map<std::string, size_t> per_backend;
+    bool gemm_ceiling = false, copy_ceiling = false;
+    for (const auto& j : run(w.op, w.shape, json)) {
+      if (j["case"] == "ceiling/gemm_8192") {
+        gemm_ceiling = true;
+        EXPECT_GT(j["ours"].get<double>(), 50.0) << "bf16 TFLOP/s of an 8192^3 GEMM: " << j.dump();
+        continue;
+      }
+      if (j["case"] == "copy/512MiB") {
+        copy_ceiling = true;
+        EXPECT_GT(j["ours"].get<double>(), 300.0) << "GB/s of a D2D copy: " << j.dump();
+        continue;
+      }
+      ++per_backend[j["backend"].get<std::string>()];
+      EXPECT_EQ(j["dtype"], "bf16");
+      const double share = j["ratio"].get<double>();
+      EXPECT_GT(share, 0.0) << j.dump();
+      EXPECT_LT(share, 1.3) << "faster than the device's ceiling? " << j.dump();
+      EXPECT_NEAR(share, j["ours"].get<double>() / j["anchor"].get<double>(), 1e-4 * share) << j.dump();
+    }
+    EXPECT_TRUE(gemm_ceiling);
+    EXPECT_TRUE(copy_ceiling);
+    for (const auto& b : w.backends) EXPECT_EQ(per_backend[b], w.measurements) << b << " did not run every case";
+    EXPECT_EQ(per_backend.size(), w.backends.size());
+  }
+  std::filesystem::remove(json);
+}
