@@ -2,7 +2,7 @@
 # One device call: the GPU op tests, then `primus benchmark` (our side) and torch_ops.py (the
 # PyTorch side) back to back on the same GPU, so one call gives the side-by-side ratio.
 # Run from the repository root with the carried folder (default .carry-turbo, filled by
-# bench/ops/prepare_carry.sh) holding test_turbo_gpu.gz, test_turbo_lazy_libs.gz, libgomp.so.1,
+# bench/ops/prepare_carry.sh) holding test_turbo_gpu.gz, test_turbo_{lazy,real}_libs.gz, libgomp.so.1,
 # commit.txt and primus.gz (a CUDA build of primus; else .carry-cuda/primus.gz, else
 # $PRIMUS_CUDA_BIN).
 # Results go to $OUT (device.txt, tests.log, ours.jsonl, torch.jsonl, bench.log, torch.log);
@@ -32,7 +32,8 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
   "$BIN/test_turbo_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests.log" | tail -40
   # Loaded at first use: primus must not need cuBLASLt/cuDNN to start, and must say why when missing.
   { ldd "$PRIMUS" | grep -E "cublas|cudnn" || echo "primus: no load-time cuBLASLt/cuDNN dependency";
-    [ -x "$BIN/test_turbo_lazy_libs" ] && "$BIN/test_turbo_lazy_libs" --gtest_brief=1; } 2>&1 | tee -a "$OUT/tests.log" | tail -8
+    for t in test_turbo_lazy_libs test_turbo_real_libs; do [ -x "$BIN/$t" ] && "$BIN/$t" --gtest_brief=1; done; } 2>&1 |
+    tee -a "$OUT/tests.log" | tail -8
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   ops="gemm norm activation rope embedding loss optimizer"
