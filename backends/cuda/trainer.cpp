@@ -9,6 +9,7 @@
 
 #include "backends/cuda/attention_fallback.h"
 #include "train/data_setup.h"
+#include "train/dist_checkpoint.h"
 #include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
@@ -240,42 +241,40 @@ nlohmann::json CudaTrainer::state_json(int64_t step) const {
 }
 
 void CudaTrainer::save(int64_t step) {
+  auto& t = args_->train;
   NvtxRange r("checkpoint");
   auto t0 = std::chrono::steady_clock::now();
   const size_t n = static_cast<size_t>(model_->layout().total);
+  // Rank 0 writes one unsharded checkpoint (train/dist_checkpoint.h, scheme "none"): with ZeRO-1
+  // every rank first takes part in gathering the shards. Any world size, either backend, loads it.
+  std::vector<float> params(rank0() ? n : 0), m(rank0() ? n : 0), v(rank0() ? n : 0);
   if (zero1()) {
-    // Every rank takes part in gathering the shards; rank 0 writes one checkpoint that loads at
-    // any world size (and in the reference backend).
-    std::vector<float> params(rank0() ? n : 0), m(rank0() ? n : 0), v(rank0() ? n : 0);
     dp_->gather_state(rank0() ? params.data() : nullptr, rank0() ? m.data() : nullptr, rank0() ? v.data() : nullptr);
-    if (rank0()) write_checkpoint(step, params, m, v, t0);
   } else if (rank0()) {
-    std::vector<float> params(n), m(n), v(n);
     model_->get_params(params.data());
     model_->get_moments(m.data(), v.data());
-    write_checkpoint(step, params, m, v, t0);
   }
-  last_saved_ = step;
-  if (pg_) pg_->barrier();  // nobody resumes from (or deletes) a checkpoint still being written
-}
-
-void CudaTrainer::write_checkpoint(int64_t step, const std::vector<float>& params, const std::vector<float>& m,
-                                   const std::vector<float>& v, std::chrono::steady_clock::time_point t0) {
-  auto& t = args_->train;
-  auto data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(),
-                                     state_json(step));
+  io::CheckpointData data;
+  if (rank0()) data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(), state_json(step));
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
-  auto dir = io::save_checkpoint(t.ckpt.save, step, data, so);
+  // With a group, every rank waits until the checkpoint is installed (the last one always loads).
+  const fsys::path dir = pg_ ? train::save_data_parallel(*pg_, t.ckpt.save, step, data, nullptr, {}, so)
+                             : io::save_checkpoint(t.ckpt.save, step, data, so);
+  last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void CudaTrainer::load(const fsys::path& dir) {
-  io::CheckpointData data = io::load_checkpoint(dir);
+  // Saved by any world size and either backend: the moments come whole from optimizer.safetensors
+  // or from the ZeRO-1 shard files that cover them (train/dist_checkpoint.h), each verified.
+  io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
   const size_t n = static_cast<size_t>(model_->layout().total);
   std::vector<float> params(n), m(n), v(n);
-  train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), m.data(), v.data());
+  train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), nullptr, nullptr);
+  train::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
+                          {m.data(), v.data()});
   model_->set_params(params.data());
   if (zero1()) {
     dp_->set_state(params.data(), m.data(), v.data());
@@ -284,7 +283,11 @@ void CudaTrainer::load(const fsys::path& dir) {
   }
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
-  spdlog::info("[checkpoint] resumed from {} at step {}", dir.string(), step_);
+  const int saved_world = train::saved_world_size(data);
+  spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,
+               saved_world != dist_.world_size
+                   ? fmt::format(" (saved by {} rank(s), resharded for {})", saved_world, dist_.world_size)
+                   : "");
 }
 
 void CudaTrainer::train() {
@@ -358,6 +361,7 @@ void CudaTrainer::train() {
 void CudaTrainer::cleanup(bool on_error) {
   if (progress_) progress_->flush();
   if (on_error && pg_) pg_->abort();  // frees this rank's GPU work; the peers' watchdogs name this rank
+  if (on_error && store_) store_->leave_without_waiting();  // rank 0: do not wait for a stalled peer to hang up
   if (on_error) spdlog::error("[cuda] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }
 

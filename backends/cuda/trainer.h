@@ -39,8 +39,6 @@ class CudaTrainer : public Trainer {
   void read_micro(int64_t micro);  // this rank's micro-batch `micro` of the step's global batch (reader_)
   void split_batch();              // batch_ -> inputs_, targets_
   void save(int64_t step);
-  void write_checkpoint(int64_t step, const std::vector<float>& params, const std::vector<float>& m,
-                        const std::vector<float>& v, std::chrono::steady_clock::time_point t0);
   void load(const std::filesystem::path& dir);
   nlohmann::json state_json(int64_t step) const;
 
