@@ -10,11 +10,12 @@
 #   run(command="bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
 # Results in $OUT: env.txt, tests.log, train.log, metrics.jsonl, anchor.json, train.jsonl.
 # STEPS (default 30) and MEASURE (default 20: the last steps averaged) change the training run.
-# Step variants (issue 8): CUDA_GRAPH=1 adds the same run with cuda_graph=true, RECOMPUTE=selective|full
-# adds recompute_granularity to that run (a run of its own without CUDA_GRAPH); either also makes a short
-# profiled run of the variant (PRIMUS_CUDA_PROFILE=1, PROFILE_STEPS=12 steps) and prints its per-phase
-# GPU time table ($OUT/profile.json). PROFILE=1 alone profiles the default (eager) run's setting.
-#   run(command="CUDA_GRAPH=1 ALGO_SEARCH=0 bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
+# Step variants (issue 8): CUDA_GRAPH=1 adds the same run with cuda_graph=true; RECOMPUTE=selective|full
+# adds a run with recompute_granularity (with the graph when CUDA_GRAPH=1); either also makes a short
+# profiled run (PRIMUS_CUDA_PROFILE=1, PROFILE_STEPS=12 steps; the graph run's setting when there is one)
+# and prints its per-phase GPU time table ($OUT/profile.json). PROFILE=1 alone profiles the default run.
+#   run(command="CUDA_GRAPH=1 RECOMPUTE=selective ALGO_SEARCH=0 bash bench/train/run_on_gpu.sh",
+#       carry=[".carry-cuda"])
 set -u
 CARRY=${CARRY:-.carry-cuda}
 OUT=${OUT:-/tmp/cuda-out}
@@ -106,31 +107,41 @@ if [ "$ALGO_SEARCH" != 0 ]; then
   rm -rf "$WS"
 fi
 
-# 2c. Step variants: cuda_graph and/or activation recomputation, then a profiled run of the variant.
-VARIANT_ARGS=""; VARIANT=""
-if [ "${CUDA_GRAPH:-0}" = 1 ]; then VARIANT_ARGS="cuda_graph=true"; VARIANT="/graph"; fi
+# 2c. Step variants: CUDA_GRAPH=1 -> a cuda_graph run (metrics_graph.jsonl, case suffix /graph);
+# RECOMPUTE=X -> a run with recompute_granularity=X, on top of the graph when CUDA_GRAPH=1
+# (metrics_recompute.jsonl); then a profiled run of the first variant (or of the default with PROFILE=1).
+GRAPH_ARGS=""; RC_ARGS=""; RC_SUFFIX=""
+[ "${CUDA_GRAPH:-0}" = 1 ] && GRAPH_ARGS="cuda_graph=true"
 if [ -n "${RECOMPUTE:-}" ]; then
-  VARIANT_ARGS="$VARIANT_ARGS recompute_granularity=$RECOMPUTE"; VARIANT="$VARIANT/recompute-$RECOMPUTE"
+  RC_ARGS="$GRAPH_ARGS recompute_granularity=$RECOMPUTE"
+  RC_SUFFIX="${GRAPH_ARGS:+/graph}/recompute-$RECOMPUTE"
 fi
-if [ -n "$VARIANT" ]; then
+run_variant() {  # $1: name, rest: extra key=value arguments
+  local name=$1; shift
   rm -rf "$WS"
   timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
     mock_data=true train_iters="$STEPS" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
-    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 $VARIANT_ARGS \
-    attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_variant.log" 2>&1
-  echo "train ($VARIANT_ARGS) rc=$?" >> "$OUT/train_variant.log"
-  grep -E "\[cuda\] step:|captured|reserved" "$OUT/train_variant.log" | head -4
-  tail -4 "$OUT/train_variant.log"
-  cp "$WS"/*/*/bench/metrics.jsonl "$OUT/metrics_variant.jsonl" 2>/dev/null
+    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 "$@" \
+    attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_$name.log" 2>&1
+  echo "train ($*) rc=$?" >> "$OUT/train_$name.log"
+  grep -E "\[cuda\] step:|captured" "$OUT/train_$name.log" | head -3
+  tail -3 "$OUT/train_$name.log"
+  cp "$WS"/*/*/bench/metrics.jsonl "$OUT/metrics_$name.jsonl" 2>/dev/null
   rm -rf "$WS"
-fi
-if [ -n "$VARIANT" ] || [ "${PROFILE:-0}" = 1 ]; then
+}
+# shellcheck disable=SC2086
+[ -n "$GRAPH_ARGS" ] && run_variant graph $GRAPH_ARGS
+# shellcheck disable=SC2086
+[ -n "$RC_ARGS" ] && run_variant recompute $RC_ARGS
+PROFILE_ARGS=${GRAPH_ARGS:-$RC_ARGS}
+if [ -n "$PROFILE_ARGS" ] || [ "${PROFILE:-0}" = 1 ]; then
   rm -rf "$WS"
+  # shellcheck disable=SC2086
   PRIMUS_CUDA_PROFILE=1 timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
     mock_data=true train_iters="${PROFILE_STEPS:-12}" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
-    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 $VARIANT_ARGS \
+    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 $PROFILE_ARGS \
     attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_profile.log" 2>&1
-  echo "train (profiled: $VARIANT_ARGS) rc=$?" >> "$OUT/train_profile.log"
+  echo "train (profiled: ${PROFILE_ARGS:-default}) rc=$?" >> "$OUT/train_profile.log"
   sed -n '/\[profile\] GPU time per phase/,/\[profile\] written/p' "$OUT/train_profile.log"
   cp "$WS"/*/*/bench/profile.json "$OUT/profile.json" 2>/dev/null
   rm -rf "$WS"
@@ -143,10 +154,10 @@ echo "anchor rc=$?" >> "$OUT/anchor.err"
 tail -3 "$OUT/anchor.err"
 
 # 4. train.jsonl and the table.
-python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" "$VARIANT" <<'EOF'
+python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" "$RC_SUFFIX" <<'EOF'
 import json, os, sys, datetime
 out, device, commit, measure, peak, attn = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
-variant = sys.argv[7]
+rc_suffix = sys.argv[7]
 def measure_ours(name):
     steps = [json.loads(l) for l in open(os.path.join(out, name)) if '"tokens_per_s"' in l]
     last = steps[-measure:]
@@ -157,7 +168,8 @@ def measure_ours(name):
             "tensor_mem_gib": max(s["arena_gib"] for s in steps), "device_mem_gib": max(s["mem_gib"] for s in steps),
             "loss": steps[-1]["loss"], "steps": len(last)}
 runs, anchor = [], {}
-for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/algo-search"), ("metrics_variant.jsonl", variant)]:
+for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/algo-search"), ("metrics_graph.jsonl", "/graph"),
+                     ("metrics_recompute.jsonl", rc_suffix)]:
     if name != "metrics.jsonl" and not os.path.exists(os.path.join(out, name)):
         continue
     try:
@@ -190,10 +202,10 @@ with open(os.path.join(out, "train.jsonl"), "w") as f:
 print(f"\n==== train: GPT-2 124M, B=16, T=1024, mock data, mean of the last {ours.get('steps', '?')} steps, {device}")
 print("  tensor_mem_gib: ours = the model's device arenas (sized for the batch, scratch included), "
       "anchor = torch.cuda.max_memory_allocated; ours with CUDA context and libraries:", ours.get("device_mem_gib"))
-print(f"  {'case':<14}{'metric':<16}{'ours':>14}{'anchor':>14}{'ratio':>10}")
+print(f"  {'case':<28}{'metric':<16}{'ours':>14}{'anchor':>14}{'ratio':>10}")
 for r in rows:
     fmt = lambda v: "-" if v is None else (f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}")
-    print(f"  {r['case'][len(case):] or 'default':<14}{r['metric']:<16}{fmt(r['ours']):>14}{fmt(r['anchor']):>14}"
+    print(f"  {r['case'][len(case):] or 'default':<28}{r['metric']:<16}{fmt(r['ours']):>14}{fmt(r['anchor']):>14}"
           f"{fmt(r['ratio']):>10}")
 print(f"  final loss: ours {ours.get('loss')}, anchor {anchor.get('loss')} (random tokens: ~ln(50257) = 10.8)")
 EOF
