@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -c "import torch; print(torch.__version__)" > "$OUT/torch_version.txt" 2>/dev/null
 STAGE=${STAGE:-all}
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
-  "$BIN/test_turbo_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests.log" | tail -40
+  PRIMUS_BIN=$PRIMUS "$BIN/test_turbo_gpu" --gtest_brief=1 2>&1 | tee "$OUT/tests.log" | tail -40
   # Loaded at first use: primus must not need cuBLASLt/cuDNN to start, and must say why when missing.
   { ldd "$PRIMUS" | grep -E "cublas|cudnn" || echo "primus: no load-time cuBLASLt/cuDNN dependency";
     for t in test_turbo_lazy_libs test_turbo_real_libs; do [ -x "$BIN/$t" ] && "$BIN/$t" --gtest_brief=1; done; } 2>&1 |

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+
+#include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -73,4 +77,44 @@ TEST(BenchmarkGpu, DeviceBackendsAgainstTheDeviceCeilings) {
     EXPECT_EQ(per_backend.size(), w.backends.size());
   }
   std::filesystem::remove(json);
+}
+
+namespace {
+
+// The primus binary: $PRIMUS_BIN (the GPU run unpacks it elsewhere), else this build's.
+std::string primus_bin() {
+  if (const char* b = std::getenv("PRIMUS_BIN"); b && *b) return b;
+  return std::string(PRIMUS_BINARY_DIR) + "/bin/primus";
+}
+
+std::pair<int, std::string> run_primus(const std::string& env, const std::string& args) {
+  std::string out;
+  FILE* p = popen((env + " '" + primus_bin() + "' " + args + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
+}
+
+}  // namespace
+
+// Without cuDNN (the variable names a missing file), the CUDNN backend is skipped with the
+// loader's message and TURBO still runs; a forced CUBLASLT without cuBLASLt is an error naming it.
+TEST(BenchmarkGpu, MissingVendorLibrariesAreReportedNotFatal) {
+  if (cuda_device_count_or_zero() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!std::filesystem::exists(primus_bin())) GTEST_SKIP() << primus_bin() << " not built (set PRIMUS_BIN)";
+  const auto [rc, out] = run_primus("PRIMUS_CUDNN_LIBRARY=/nonexistent/libcudnn.so.9",
+                                    "benchmark attention --shapes 1x256x4x4x64 --iters 2 --memory-gib 2");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("CUDNN    skipped"), std::string::npos) << out;
+  EXPECT_NE(out.find("PRIMUS_CUDNN_LIBRARY=/nonexistent/libcudnn.so.9"), std::string::npos) << out;
+  EXPECT_NE(out.find("attention/1x256x4x4x64/bwd              TURBO"), std::string::npos) << out;
+
+  const auto [rc2, out2] = run_primus("PRIMUS_CUBLASLT_LIBRARY=/nonexistent/libcublasLt.so.13",
+                                      "benchmark gemm --backend CUBLASLT --shapes 256x256x256 --iters 2 --memory-gib 2");
+  EXPECT_EQ(rc2, 3) << out2;
+  EXPECT_NE(out2.find("PRIMUS_CUBLASLT_LIBRARY=/nonexistent/libcublasLt.so.13"), std::string::npos) << out2;
+  EXPECT_EQ(out2.find("terminate called"), std::string::npos) << out2;
 }
