@@ -102,7 +102,8 @@ std::string primus_bin() {
 // Runs `primus [launch --nproc-per-node N --] train pretrain` on a small GPT-2 (4 layers, hidden
 // 256, head dim 64, mock data, global batch 16 of 128 tokens, micro-batch 8) and returns
 // step -> {loss, grad norm} from rank 0's metrics.jsonl.
-std::map<int, std::pair<double, double>> train_losses(int gpus, const std::string& name, const std::string& extra, std::string* log) {
+std::map<int, std::pair<double, double>> train_losses(int gpus, const std::string& name, const std::string& extra,
+                                                      std::string* log, bool keep = false) {
   const std::string src = PRIMUS_SOURCE_DIR;
   const std::string ws = "/tmp/primus-nccl-test-" + std::to_string(::getpid());
   std::string cmd = "PRIMUS_CONFIG_DIR=${PRIMUS_CONFIG_DIR:-" + src + "/configs} PRIMUS_GPT2_VOCAB_DIR=${PRIMUS_GPT2_VOCAB_DIR:-" +
@@ -126,7 +127,7 @@ std::map<int, std::pair<double, double>> train_losses(int gpus, const std::strin
     losses[std::atoi(l.c_str() + s + 7)] = {std::atof(l.c_str() + lo + 7), std::atof(l.c_str() + gn + 12)};
   }
   if (m) pclose(m);
-  std::system(("rm -rf " + ws + "/*/*/" + name).c_str());
+  if (!keep) std::system(("rm -rf " + ws + "/*/*/" + name).c_str());
   return losses;
 }
 
@@ -155,6 +156,28 @@ TEST(NcclGpu, TwoGpuTrainingMatchesOneGpuWithAndWithoutZero1) {
                 "vs %.4f)\n",
                 extra, worst, worst_norm, two.at(20).first, one.at(20).first);
   }
+}
+
+// Issue [multi-gpu]: a checkpoint saved by 2 GPUs under ZeRO-1 (shards gathered) resumes on 1 GPU
+// and continues the 1-GPU run's curve.
+TEST(NcclGpu, Zero1CheckpointFromTwoGpusResumesOnOneGpu) {
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus();
+  std::string log1, log2, log3;
+  const auto one = train_losses(1, "rs1", "lr_decay_iters=20", &log1);  // the schedule of all three runs
+  ASSERT_EQ(one.size(), 20u) << log1;
+  train_losses(2, "rs2", "use_distributed_optimizer=true train_iters=10 lr_decay_iters=20 save_interval=10", &log2,
+               true);
+  ASSERT_NE(log2.find("saved step 10"), std::string::npos) << log2;
+  const auto resumed = train_losses(1, "rs2", "auto_continue_train=true lr_decay_iters=20", &log3);
+  ASSERT_NE(log3.find("resumed from"), std::string::npos) << log3;
+  EXPECT_NE(log3.find("at step 10 (saved by 2 rank(s), resharded for 1)"), std::string::npos) << log3;
+  double worst = 0;
+  for (int step = 11; step <= 20; ++step) {
+    ASSERT_TRUE(resumed.count(step)) << "step " << step << " missing\n" << log3;
+    worst = std::max(worst, std::abs(resumed.at(step).first - one.at(step).first) / std::abs(one.at(step).first));
+  }
+  EXPECT_LT(worst, 2e-2);
+  std::printf("[dp] ZeRO-1 2-GPU checkpoint resumed on 1 GPU: steps 11-20 within %.3e of the 1-GPU run\n", worst);
 }
 
 }  // namespace
