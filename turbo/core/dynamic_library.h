@@ -77,6 +77,10 @@ class LazyLibrary {
   LoadOutcome outcome_;
 };
 
+// "13" from a header's version macro (CUBLAS_VER_MAJOR): sonames carry the major version.
+#define PRIMUS_DL_STR(x) PRIMUS_DL_STR_(x)
+#define PRIMUS_DL_STR_(x) #x
+
 // A member of an entry-point struct with the exact type of the header's declaration of `f`.
 #define PRIMUS_DL_MEMBER(f) decltype(&::f) f = nullptr;
 // Inside a binder with parameters (LazyLibrary& lib, Api& api): resolves `f` or throws.

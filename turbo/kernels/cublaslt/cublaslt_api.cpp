@@ -2,9 +2,6 @@
 
 #include <cublas_api.h>
 
-#define PRIMUS_STR2(x) #x
-#define PRIMUS_STR(x) PRIMUS_STR2(x)
-
 namespace primus::turbo::cublaslt {
 namespace {
 void bind(LazyLibrary& lib, CublasLtApi& api) { PRIMUS_CUBLASLT_FUNCTIONS(PRIMUS_DL_BIND) }
@@ -13,11 +10,11 @@ void bind(LazyLibrary& lib, CublasLtApi& api) { PRIMUS_CUBLASLT_FUNCTIONS(PRIMUS
 ApiTable<CublasLtApi>& library() {
   static auto* table = new ApiTable<CublasLtApi>(
       LibrarySpec{"cuBLASLt",
-                  "libcublasLt.so." PRIMUS_STR(CUBLAS_VER_MAJOR),  // the major version we were compiled against
+                  "libcublasLt.so." PRIMUS_DL_STR(CUBLAS_VER_MAJOR),  // the major version we were compiled against
                   "PRIMUS_CUBLASLT_LIBRARY",
                   "cublasLtCreate",
                   {"/usr/local/cuda/lib64"},
-                  {"nvidia/cublas/lib", "nvidia/cu" PRIMUS_STR(CUBLAS_VER_MAJOR) "/lib"}},
+                  {"nvidia/cublas/lib", "nvidia/cu" PRIMUS_DL_STR(CUBLAS_VER_MAJOR) "/lib"}},
       bind);
   return *table;
 }

@@ -2,9 +2,6 @@
 
 #include <cudnn_version.h>
 
-#define PRIMUS_STR2(x) #x
-#define PRIMUS_STR(x) PRIMUS_STR2(x)
-
 namespace primus::turbo::cudnn {
 namespace {
 void bind(LazyLibrary& lib, CudnnApi& api) { PRIMUS_CUDNN_FUNCTIONS(PRIMUS_DL_BIND) }
@@ -13,7 +10,7 @@ void bind(LazyLibrary& lib, CudnnApi& api) { PRIMUS_CUDNN_FUNCTIONS(PRIMUS_DL_BI
 ApiTable<CudnnApi>& library() {
   static auto* table = new ApiTable<CudnnApi>(
       LibrarySpec{"cuDNN",
-                  "libcudnn.so." PRIMUS_STR(CUDNN_MAJOR),  // the major version we were compiled against
+                  "libcudnn.so." PRIMUS_DL_STR(CUDNN_MAJOR),  // the major version we were compiled against
                   "PRIMUS_CUDNN_LIBRARY",
                   "cudnnBackendCreateDescriptor",
                   {"/usr/local/cuda/lib64"},
