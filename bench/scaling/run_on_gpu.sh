@@ -136,7 +136,7 @@ if ! skip kill; then
 fi
 
 # scaling.jsonl and the table.
-python3 - "$OUT" "$DEVICE" "$COMMIT" <<'EOF'
+python3 - "$OUT" "$DEVICE" "$COMMIT" <<'EOF' 2>&1 | tee "$OUT/summary.txt"
 import json, os, re, sys, datetime
 out, device, commit = sys.argv[1:4]
 date = datetime.date.today().isoformat()
@@ -218,3 +218,8 @@ with open(os.path.join(out, "scaling.jsonl"), "w") as f:
         f.write(json.dumps(r) + "\n")
 print(f"{len(rows)} rows in {out}/scaling.jsonl")
 EOF
+
+# The device returns at most 8 files: scaling.jsonl, summary.txt and one archive of the rest.
+(cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=scaling.jsonl --exclude=summary.txt ./* \
+  && find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name scaling.jsonl ! -name summary.txt -delete)
+ls -la "$OUT"
