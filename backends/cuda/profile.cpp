@@ -1,6 +1,7 @@
 #include "backends/cuda/profile.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -103,9 +104,8 @@ double StepProfiler::elapsed_ms(size_t a, size_t b) const {
   const cudaError_t err = cudaEventElapsedTime(&ms, events_[a], events_[b]);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    throw RuntimeError(fmt::format("step profiler: phase '{}' (mark {}) has no time: {} (collect() runs after the "
-                                   "step has synchronised)",
-                                   phase_name(sequence_[a]), a, cudaGetErrorString(err)));
+    throw RuntimeError(fmt::format("phase '{}' (mark {}) has no time: {}", phase_name(sequence_[a]), a,
+                                   cudaGetErrorString(err)));
   }
   return ms;
 }
@@ -114,11 +114,18 @@ void StepProfiler::collect() {
   if (!pending_) return;
   pending_ = false;
   if (!counting_ || done()) return;
-  for (size_t i = 0; i < sequence_.size(); ++i) {
-    const auto p = static_cast<size_t>(sequence_[i]);
-    ms_[p] += elapsed_ms(i, i + 1);
-    ++marks_[p];
+  std::array<double, static_cast<size_t>(Phase::Count)> step{};
+  try {
+    for (size_t i = 0; i < sequence_.size(); ++i) step[static_cast<size_t>(sequence_[i])] += elapsed_ms(i, i + 1);
+  } catch (const RuntimeError& e) {
+    // Profiling must not stop training: report why it stopped and keep the steps already timed.
+    failure_ = fmt::format("step profiler stopped after {} step(s): {}", steps_done_, e.what());
+    spdlog::warn("[profile] {}", failure_);
+    steps_ = steps_done_;
+    return;
   }
+  for (size_t i = 0; i < sequence_.size(); ++i) ++marks_[static_cast<size_t>(sequence_[i])];
+  for (size_t p = 0; p < step.size(); ++p) ms_[p] += step[p];
   ++steps_done_;
 }
 
@@ -152,6 +159,7 @@ std::string StepProfiler::table() const {
   const double steps = static_cast<double>(std::max<int64_t>(1, steps_done_));
   std::string s = fmt::format("GPU time per phase over {} step(s): {:.3f} ms per step{}\n", steps_done_,
                               total_ms() / steps, host_ ? " (host mode: host clock)" : "");
+  if (!failure_.empty()) s += "  (" + failure_ + ")\n";
   s += fmt::format("  {:<36} {:>10} {:>7} {:>7}\n", "phase", "ms/step", "share", "marks");
   for (const Row& r : rows(*this, marks_))
     s += fmt::format("  {:<36} {:>10.3f} {:>6.1f}% {:>7}\n", phase_name(r.phase), r.ms_per_step, 100.0 * r.share,
@@ -164,6 +172,7 @@ std::string StepProfiler::json() const {
   j["steps"] = steps_done_;
   j["clock"] = host_ ? "host" : "cuda events";
   j["step_ms"] = total_ms() / static_cast<double>(std::max<int64_t>(1, steps_done_));
+  if (!failure_.empty()) j["failure"] = failure_;
   j["phases"] = nlohmann::json::array();
   for (const Row& r : rows(*this, marks_)) {
     j["phases"].push_back({{"phase", phase_name(r.phase)},

@@ -77,9 +77,11 @@ class StepProfiler {
   void begin_step(bool record, bool count = true);
   void mark(Phase p);  // no-op outside begin_step/end_step
   void end_step();
-  // After the stream has synchronised: adds this step's phase times. Throws RuntimeError when
-  // the events of the step are not complete.
+  // After the stream has synchronised: adds this step's phase times. When an event cannot be
+  // read (cudaEventElapsedTime fails), profiling stops with a warning and failure() says why:
+  // it never stops training.
   void collect();
+  const std::string& failure() const { return failure_; }
 
   bool active() const { return active_; }
   bool done() const { return steps_done_ >= steps_; }
@@ -99,6 +101,7 @@ class StepProfiler {
   cudaStream_t stream_;
   bool host_;
   int64_t steps_, steps_done_ = 0;
+  std::string failure_;
   bool active_ = false, recording_ = false, counting_ = false, pending_ = false;
   std::vector<cudaEvent_t> events_;                               // device: one per mark + the end
   std::vector<std::chrono::steady_clock::time_point> host_times_;  // host mode

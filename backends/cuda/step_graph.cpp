@@ -48,7 +48,11 @@ void log_step_setup(const CudaModel& model, const CudaArgs& args) {
 }
 
 void report_profile(const StepProfiler* p, const std::filesystem::path& dir) {
-  if (!p || p->steps_done() == 0) return;
+  if (!p) return;
+  if (p->steps_done() == 0) {
+    spdlog::warn("[profile] no step was timed{}", p->failure().empty() ? "" : ": " + p->failure());
+    return;
+  }
   spdlog::info("[profile] {}", p->table());
   const auto file = dir / "profile.json";
   p->write_json(file);
