@@ -141,3 +141,23 @@ TEST(BenchmarkCli, BadInputIsOneClearMessage) {
     EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
   }
 }
+
+TEST(BenchmarkCli, ACaseTheBackendRefusesIsReportedAndARunWithNothingMeasuredFails) {
+  Workdir w;
+  // RoPE rotates pairs: an odd head dim is refused by the CPU backend with its reason.
+  const auto r = run_primus("benchmark rope --cpu-only --iters 1 --shapes 1x8x2x7,1x8x2x8 --json " +
+                            (w.path() / "r.jsonl").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rope/1x8x2x7"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("skipped: rope_forward: head dim"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rope_bwd/1x8x2x8"), std::string::npos) << r.out;
+
+  const auto none = run_primus("benchmark rope --cpu-only --iters 1 --shapes 1x8x2x7");
+  EXPECT_EQ(none.code, 3) << none.out;
+  EXPECT_NE(none.out.find("no measurements were taken"), std::string::npos) << none.out;
+  // Named explicitly, the backend's refusal is the error itself.
+  const auto named = run_primus("benchmark rope --cpu-only --backend CPU --iters 1 --shapes 1x8x2x7");
+  EXPECT_EQ(named.code, 3) << named.out;
+  EXPECT_NE(named.out.find("benchmark rope case 'rope/1x8x2x7' on CPU: rope_forward: head dim"), std::string::npos)
+      << named.out;
+}

@@ -328,7 +328,8 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
       }
     }
   }
-  if (rep.count() == 0) std::fprintf(out, "\nno measurements were taken\n");
+  if (rep.count() == 0)
+    throw RuntimeError("benchmark: no measurements were taken (every backend was skipped; the reasons are above)");
   return rep.count();
 }
 

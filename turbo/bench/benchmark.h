@@ -34,7 +34,8 @@ struct BenchConfig {
 // Runs the benchmark. Throws primus::UsageError for an unknown op, backend, dtype or a malformed
 // shape (naming which and where), primus::RuntimeError when an explicitly named backend cannot
 // run a case; with "all" or the default, a backend that cannot run a case is reported and
-// skipped. Returns the number of measurements taken.
+// skipped; a run in which every backend was skipped is a RuntimeError. Returns the number of
+// measurements taken.
 int run_benchmarks(const BenchConfig& cfg, std::FILE* out);
 
 // The op families' names, and each one's --shapes syntax ("MxNxK", ...).
