@@ -32,7 +32,10 @@ void add_cuda_schema(config::Schema& s) {
       .number("peak_flops", 0.0, "dense bf16 peak FLOP/s per GPU for MFU (0: looked up from the GPU name)", 0.0)
       .flag("overlap_grad_reduce", true,
             "data parallelism: reduce each gradient bucket as soon as its layers' backward is done (false: all "
-            "after the backward)");
+            "after the backward)")
+      .flag("grad_reduce_in_bf16", false,
+            "data parallelism: reduce gradient buckets in bf16 (half the traffic; each sum rounded to bf16) instead "
+            "of fp32");
   train::add_data_parallel_schema(s);  // use_distributed_optimizer, ddp_bucket_size_mb
 }
 
@@ -81,6 +84,7 @@ class CudaAdapter : public BackendAdapter {
     a->use_distributed_optimizer = dpa.distributed_optimizer;
     a->ddp_bucket_size = dpa.bucket_elems(4);  // fp32 gradients
     a->overlap_grad_reduce = p.find_path("overlap_grad_reduce")->as_bool();
+    a->grad_reduce_in_bf16 = p.find_path("grad_reduce_in_bf16")->as_bool();
     a->device_name = device_.name;
     a->attention_backend = p.find_path("attention_backend")->as_string();
     a->peak_flops = p.find_path("peak_flops")->as_double();

@@ -23,6 +23,7 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   bool use_distributed_optimizer = false;  // ZeRO-1
   int64_t ddp_bucket_size = 6'553'600;     // gradient elements per reduction bucket (ddp_bucket_size_mb)
   bool overlap_grad_reduce = true;         // launch buckets during the backward
+  bool grad_reduce_in_bf16 = false;        // reduce buckets in bf16 instead of fp32
   // Set by the patches of the same names' keys (backends/cuda/patches/step_patches.cpp).
   bool cuda_graph = false;                 // capture the step after a warm-up step (step_graph.h)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)

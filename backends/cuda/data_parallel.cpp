@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cuda/kernels/cast.h"
 #include "backends/cuda/kernels/dp_norm.h"
 #include "backends/cuda/model.h"
 #include "core/util/error.h"
@@ -103,6 +104,11 @@ DataParallel::DataParallel(CudaModel& model, NcclProcessGroup& pg, GradReadyRela
     }
   };
 
+  if (opt_.bf16_reduce) {
+    int64_t biggest = 0;
+    for (const auto& b : buckets_) biggest = std::max(biggest, b.end - b.begin);
+    CUDA_CHECK(cudaMalloc(&stage_, size_t(biggest) * 2));
+  }
   // Everything below lives on this rank's GPU; average()'s scalar too.
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scalar_), kMaxAverage * sizeof(float)));
   if (!opt_.zero1) return;
@@ -156,12 +162,27 @@ DataParallel::DataParallel(CudaModel& model, NcclProcessGroup& pg, GradReadyRela
 DataParallel::~DataParallel() {
   relay_.on_norm_backward = nullptr;
   if (scalar_) cudaFree(scalar_);
+  if (stage_) cudaFree(stage_);
 }
 
 size_t DataParallel::optimizer_bytes() const { return opt_.zero1 ? 3 * size_t(shard_) * 4 : 0; }
 
 void DataParallel::launch(const GradBucket& b) {
   auto* base = static_cast<float*>(model_.grads().data);
+  if (opt_.bf16_reduce) {  // on the group's stream, which already waits for the backward so far
+    auto* st = static_cast<uint16_t*>(stage_);
+    const int64_t n = b.end - b.begin;
+    kernels::cast_f32_to_bf16(st, base + b.begin, n, pg_.stream());
+    if (opt_.zero1) {
+      const int64_t c = chunk(b);
+      pg_.reduce_scatter(st, st + rank_ * c, static_cast<size_t>(c), dist::DType::BF16, dist::ReduceOp::Avg);
+      kernels::bf16_to_f32(base + b.begin + rank_ * c, st + rank_ * c, c, pg_.stream());
+    } else {
+      pg_.all_reduce(st, static_cast<size_t>(n), dist::DType::BF16, dist::ReduceOp::Avg);
+      kernels::bf16_to_f32(base + b.begin, st, n, pg_.stream());
+    }
+    return;
+  }
   if (opt_.zero1) {
     pg_.reduce_scatter(base + b.begin, base + b.begin + rank_ * chunk(b), static_cast<size_t>(chunk(b)),
                        dist::DType::F32, dist::ReduceOp::Avg);

@@ -77,6 +77,9 @@ struct DataParallelOptions {
   bool zero1 = false;
   int64_t bucket_elems = 10'000'000;  // ddp_bucket_size
   bool overlap = true;                // false: every bucket after the backward (for comparison)
+  // Reduce in bf16: each bucket is cast to bf16 on the group's stream, reduced (half the bytes
+  // on the wire; NCCL rounds each sum to bf16) and cast back into the fp32 gradients.
+  bool bf16_reduce = false;
 };
 
 class DataParallel {
@@ -132,6 +135,7 @@ class DataParallel {
   std::unique_ptr<turbo::Arena> scratch_;
   TensorView master_, m_, v_, norm_;
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_;
+  void* stage_ = nullptr;  // bf16 staging of one bucket (bf16_reduce)
   float* scalar_ = nullptr;  // average()'s device floats (kMaxAverage)
   static constexpr size_t kMaxAverage = 16;
 };

@@ -103,12 +103,14 @@ void CudaTrainer::init() {
     dpo.zero1 = zero;
     dpo.bucket_elems = args_->ddp_bucket_size;
     dpo.overlap = args_->overlap_grad_reduce;
+    dpo.bf16_reduce = args_->grad_reduce_in_bf16;
     dp_ = std::make_unique<DataParallel>(*model_, *pg_, relay_, dpo);
     if (zero) dp_->set_state(params.data(), nullptr, nullptr);
     const double full_opt = 12.0 * static_cast<double>(model_->layout().total);
     spdlog::info("[cuda] gradient reduction: {} buckets of <= {} elements, {}; optimizer state per GPU {:.3f} GiB{}",
                  dp_->buckets().size(), args_->ddp_bucket_size,
-                 args_->overlap_grad_reduce ? "overlapped with the backward" : "after the backward",
+                 fmt::format("{}, {}", args_->grad_reduce_in_bf16 ? "bf16" : "fp32",
+                             args_->overlap_grad_reduce ? "overlapped with the backward" : "after the backward"),
                  zero ? gib(dp_->optimizer_bytes()) : full_opt / double(size_t{1} << 30),
                  zero ? fmt::format(" (ZeRO-1 shard of {} elements; unsharded {:.3f} GiB)", dp_->shard_elems(),
                                     full_opt / double(size_t{1} << 30))

@@ -132,13 +132,15 @@ std::map<int, std::pair<double, double>> train_losses(int gpus, const std::strin
 }
 
 // Issue [multi-gpu]: 2-GPU data parallelism at global batch G gives 1 GPU's losses at G (bf16
-// tolerance: the reductions add in another order), with and without ZeRO-1.
+// tolerance: the reductions add in another order), with and without ZeRO-1, and with bf16 reduction
+// launched after the backward.
 TEST(NcclGpu, TwoGpuTrainingMatchesOneGpuWithAndWithoutZero1) {
   if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus();
   std::string log1;
   const auto one = train_losses(1, "dp1", "", &log1);
   ASSERT_EQ(one.size(), 20u) << log1;
-  for (const char* extra : {"use_distributed_optimizer=false", "use_distributed_optimizer=true"}) {
+  for (const char* extra : {"use_distributed_optimizer=false", "use_distributed_optimizer=true",
+                            "use_distributed_optimizer=true grad_reduce_in_bf16=true overlap_grad_reduce=false"}) {
     std::string log2;
     const auto two = train_losses(2, "dp2", extra, &log2);
     ASSERT_EQ(two.size(), 20u) << extra << "\n" << log2;
@@ -150,8 +152,9 @@ TEST(NcclGpu, TwoGpuTrainingMatchesOneGpuWithAndWithoutZero1) {
       worst = std::max(worst, std::abs(two.at(step).first - v1.first) / std::abs(v1.first));
       worst_norm = std::max(worst_norm, std::abs(two.at(step).second - v1.second) / std::abs(v1.second));
     }
+    const bool bf16 = std::string(extra).find("grad_reduce_in_bf16=true") != std::string::npos;
     EXPECT_LT(worst, 2e-2) << extra;
-    EXPECT_LT(worst_norm, 5e-2) << extra;
+    EXPECT_LT(worst_norm, bf16 ? 1e-1 : 5e-2) << extra;  // bf16 sums: ~3 significant digits per gradient
     std::printf("[dp] %s: 20 steps, worst relative difference vs 1 GPU: loss %.3e, grad norm %.3e (final loss %.4f "
                 "vs %.4f)\n",
                 extra, worst, worst_norm, two.at(20).first, one.at(20).first);

@@ -1,6 +1,10 @@
 // Two one-thread kernels around the all-reduce of the squared shard norms (dp_norm.h): the
 // values stay on the device, so the step needs no host round trip for the clip factor.
 #include "backends/cuda/kernels/dp_norm.h"
+
+#include <algorithm>
+#include <cstdint>
+
 #include "turbo/core/cuda_check.h"
 
 namespace primus::backends::cuda::kernels {
@@ -15,7 +19,20 @@ __global__ void finish_norm_kernel(float* out, float max_norm) {
   out[1] = max_norm > 0.0f ? static_cast<float>(fmin(1.0, max_norm / (norm + 1e-6))) : 1.0f;
 }
 
+__global__ void bf16_to_f32_kernel(float* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = __uint_as_float(static_cast<uint32_t>(src[i]) << 16);
+  }
+}
+
 }  // namespace
+
+void bf16_to_f32(float* dst, const void* src, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+  bf16_to_f32_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, static_cast<const uint16_t*>(src), n);
+  CUDA_CHECK_LAST();
+}
 
 void square_norm(float* out, cudaStream_t stream) {
   square_norm_kernel<<<1, 1, 0, stream>>>(out);

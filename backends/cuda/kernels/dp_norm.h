@@ -5,7 +5,12 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 namespace primus::backends::cuda::kernels {
 void square_norm(float* out, cudaStream_t stream);
 void finish_norm(float* out, float max_norm, cudaStream_t stream);
+// dst f32 [n] = src bf16 [n] (exact): a gradient bucket reduced in bf16 back into the fp32
+// gradients (grad_reduce_in_bf16; the f32 -> bf16 direction is cast.h's).
+void bf16_to_f32(float* dst, const void* src, int64_t n, cudaStream_t stream);
 }  // namespace primus::backends::cuda::kernels
