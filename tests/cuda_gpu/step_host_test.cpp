@@ -193,7 +193,8 @@ TEST(HostProfile, ReportIsATableAndJson) {
 // CudaTrainer in host mode on tinyshakespeare (6 steps, accumulation 2, recompute full): with
 // profile_steps 3 it writes profile.json for steps 2-4 and logs exactly the losses of the run
 // without profiling.
-std::map<int64_t, double> run_trainer(const std::filesystem::path& dir, const std::string& name, int64_t profile) {
+std::map<int64_t, double> run_trainer(const std::filesystem::path& dir, const std::string& name, int64_t profile,
+                                      const std::string& extra = "") {
   const std::string exp = "work_group: g\nuser_name: u\nexp_name: " + name + "\nworkspace: " + dir.string() +
                           "\nmodules:\n  pre_trainer:\n    framework: cuda\n    config: pretrain.yaml\n"
                           "    model: gpt2/tiny.yaml\n    overrides:\n"
@@ -202,7 +203,7 @@ std::map<int64_t, double> run_trainer(const std::filesystem::path& dir, const st
                           "      ffn_hidden_size: 256\n      data_path: [" + std::string(PRIMUS_SOURCE_DIR) +
                           "/examples/data/tinyshakespeare.txt]\n      split: 0.95\n      train_iters: 6\n"
                           "      micro_batch_size: 4\n      global_batch_size: 8\n      log_interval: 1\n"
-                          "      eval_interval: 0\n      save_interval: 0\n";
+                          "      eval_interval: 0\n      save_interval: 0\n" + extra;
   const auto file = dir / (name + ".yaml");
   std::ofstream(file) << exp;
   BackendRegistry backends;
@@ -227,7 +228,7 @@ std::map<int64_t, double> run_trainer(const std::filesystem::path& dir, const st
   std::string line;
   while (std::getline(f, line)) {
     auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) loss[j["step"]] = j["loss"];
+    if (j.contains("loss")) loss[j["step"]] = j["loss"].is_number() ? j["loss"].get<double>() : NAN;  // NaN: null
   }
   return loss;
 }
@@ -245,6 +246,34 @@ TEST(HostProfile, TrainerWritesProfileJsonAndKeepsItsLosses) {
   const auto j = nlohmann::json::parse(f);
   EXPECT_EQ(j["steps"], 3);
   EXPECT_GT(j["phases"].size(), 15u);
+  std::filesystem::remove_all(dir);
+}
+
+// The trainer reads the device's finite flag: a diverging run (lr 1e30: the first update blows
+// the weights up) stops at step 2 naming it, or with skip_nan_steps goes on, each such step
+// logged as skipped.
+TEST(HostStepCheck, TrainerStopsOrSkipsOnTheDeviceFlag) {
+  const auto dir = std::filesystem::temp_directory_path() / ("primus_step_nan_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  try {
+    run_trainer(dir, "stop", 0, "      lr: 1.0e30\n      min_lr: 1.0e30\n      lr_warmup_iters: 0\n");
+    ADD_FAILURE() << "a non-finite step must stop the run";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite loss"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at step 2"), std::string::npos) << e.what();
+  }
+  const auto skipped = run_trainer(
+      dir, "skip", 0, "      lr: 1.0e30\n      min_lr: 1.0e30\n      lr_warmup_iters: 0\n      skip_nan_steps: true\n");
+  ASSERT_EQ(skipped.size(), 6u);
+  EXPECT_TRUE(std::isfinite(skipped.at(1)));
+  int flagged = 0;
+  std::ifstream f(dir / "g/u/skip/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("skipped") && j["skipped"].get<bool>()) ++flagged;
+  }
+  EXPECT_EQ(flagged, 5) << "steps 2-6 are non-finite and logged as skipped";
   std::filesystem::remove_all(dir);
 }
 
