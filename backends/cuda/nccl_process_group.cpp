@@ -308,8 +308,23 @@ std::string NcclProcessGroup::diagnose() {
     }
   }
   if (missing.empty()) {
-    return "every other rank still sends heartbeats (a rank is stuck outside NCCL, or the ranks issued different "
-           "collectives)";
+    // Everyone is alive: name the ranks that have not issued the collective this rank waits in.
+    const uint64_t mine = seq_.load();
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_ || !second.count(r)) continue;
+      const std::string& hb = second[r];
+      const size_t sp = hb.find(' ');
+      const uint64_t theirs = sp == std::string::npos ? 0 : std::strtoull(hb.c_str() + sp + 1, nullptr, 10);
+      if (sp != std::string::npos && theirs < mine) {
+        missing.push_back(fmt::format("rank {} (alive, but has issued {} collectives to this rank's {}: stuck outside "
+                                      "NCCL)",
+                                      r, theirs, mine));
+      }
+    }
+  }
+  if (missing.empty()) {
+    return "every other rank still sends heartbeats and has issued as many collectives (the ranks issued different "
+           "collectives, or NCCL itself is stuck)";
   }
   std::string s = "missing: ";
   for (size_t i = 0; i < missing.size(); ++i) s += (i ? ", " : "") + missing[i];
@@ -322,7 +337,7 @@ void NcclProcessGroup::heartbeat_loop() {
   while (!stop_) {
     try {
       std::lock_guard lock(hb_mu_);
-      hb_store_->set(k, std::to_string(++beat));
+      hb_store_->set(k, fmt::format("{} {}", ++beat, seq_.load()));  // "<beat> <collectives issued>"
     } catch (...) {  // the store is gone (rank 0 exited); the watchdog reports it
     }
     for (int i = 0; i < 10 && !stop_; ++i) std::this_thread::sleep_for(opt_.heartbeat / 10);

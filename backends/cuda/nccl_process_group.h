@@ -8,9 +8,10 @@
 // then return), and the next call on the group, synchronize() included, throws
 // dist::CollectiveError naming the operation, the timeout and the missing rank(s). Which ranks
 // are missing comes from heartbeats: every rank bumps a counter in the TCP store each second
-// (on its own connection), and the watchdog reports the ranks whose counter stopped (dead,
-// hung, or stopped by a signal), left the group, or never joined; an unreachable store means
-// rank 0, which hosts it, is gone. If the thread that uses the group does not pick the error up
+// (on its own connection), with the number of collectives it has issued, and the watchdog
+// reports the ranks whose counter stopped (dead, hung, or stopped by a signal), that left the
+// group or never joined, or, when all are alive, those that have issued fewer collectives
+// (stuck outside NCCL); an unreachable store means rank 0, which hosts it, is gone. If the thread that uses the group does not pick the error up
 // (blocked elsewhere), the watchdog prints it and ends the process (exit 3) a grace period later.
 //
 // NCCL_NVLS_ENABLE=0 is set before the communicator is created unless the user set it.
@@ -95,7 +96,7 @@ class NcclProcessGroup : public dist::ProcessGroup {
   dist::nccl::comm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;  // barrier()'s one float
-  uint64_t seq_ = 0;          // collectives issued
+  std::atomic<uint64_t> seq_{0};  // collectives issued (published with the heartbeat)
 
   std::unique_ptr<dist::TcpStore> hb_store_;  // heartbeats and diagnosis (own connection)
   std::mutex hb_mu_;

@@ -83,6 +83,15 @@ TEST(NcclGpu, StoppedRankIsNamedWithinTheTimeout) {
   EXPECT_LT(r.seconds, 5 + 20) << r.out;  // timeout + setup + diagnosis
 }
 
+TEST(NcclGpu, LiveRankThatNeverJoinsIsNamed) {
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus();
+  RankRun r = run_ranks(2, "stall", 5);
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find("did not complete within the 5 s timeout"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 (alive, but has issued 1 collectives to this rank's 2"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 5 + 20) << r.out;
+}
+
 TEST(NcclGpu, RankThatExitsIsNamed) {
   if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus();
   RankRun r = run_ranks(2, "leave", 5);

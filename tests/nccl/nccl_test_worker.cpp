@@ -4,11 +4,14 @@
 //                reduction (small integers: exact in any order); prints "OK rank R"
 //   hang         rank 1 stops itself (SIGSTOP) before the all-reduce; the others must fail
 //   leave        rank 1 leaves (exit 0) without joining the all-reduce; the others must fail
+//   stall        rank 1 stays alive (heartbeats go on) but never joins; the others must fail
 // Errors print "ERROR rank R: <what>" and exit 3.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <csignal>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -171,9 +174,10 @@ int main(int argc, char** argv) {
     pg.all_reduce(buf.p, 1024, dist::DType::F32, dist::ReduceOp::Sum);  // one that completes
     pg.synchronize();
     if (rank == 1) {
-      std::printf("rank 1 %s now\n", mode == "hang" ? "stops" : "leaves");
+      std::printf("rank 1 %s now\n", mode == "hang" ? "stops" : mode == "stall" ? "stalls" : "leaves");
       std::fflush(stdout);
       if (mode == "hang") std::raise(SIGSTOP);
+      if (mode == "stall") std::this_thread::sleep_for(std::chrono::seconds(120));  // killed by the test first
       std::_Exit(0);
     }
     pg.all_reduce(buf.p, 1024, dist::DType::F32, dist::ReduceOp::Sum);
