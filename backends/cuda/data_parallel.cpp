@@ -167,6 +167,18 @@ DataParallel::~DataParallel() {
 
 size_t DataParallel::optimizer_bytes() const { return opt_.zero1 ? 3 * size_t(shard_) * 4 : 0; }
 
+size_t DataParallel::device_bytes() const {
+  size_t b = kMaxAverage * sizeof(float);
+  if (state_) b += state_->capacity();
+  if (scratch_) b += scratch_->capacity();
+  if (stage_) {
+    int64_t biggest = 0;
+    for (const auto& k : buckets_) biggest = std::max(biggest, k.end - k.begin);
+    b += size_t(biggest) * 2;
+  }
+  return b;
+}
+
 void DataParallel::launch(const GradBucket& b) {
   auto* base = static_cast<float*>(model_.grads().data);
   if (opt_.bf16_reduce) {  // on the group's stream, which already waits for the backward so far

@@ -113,6 +113,7 @@ class DataParallel {
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   int64_t shard_elems() const { return shard_; }
   size_t optimizer_bytes() const;  // device bytes of this rank's master weights and moments
+  size_t device_bytes() const;     // everything this object allocated on the device
 
  private:
   void on_ready(int64_t offset);

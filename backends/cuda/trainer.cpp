@@ -141,6 +141,10 @@ void CudaTrainer::init() {
   }
 }
 
+size_t CudaTrainer::arena_bytes() const {
+  return model_->reserved_bytes() + (dp_ ? dp_->device_bytes() : 0);
+}
+
 void CudaTrainer::next_batch(data::BatchIterator& it) {
   it.next_batch(static_cast<int>(args_->train.micro_batch_size), batch_.data());
   split_batch();
@@ -331,7 +335,7 @@ void CudaTrainer::train() {
     st.extras.push_back({"tflops", flops / 1e12});
     if (args_->peak_flops > 0) st.extras.push_back({"mfu", flops / args_->peak_flops});
     st.extras.push_back({"mem_gib", gib(used)});                       // device-wide, CUDA context included
-    st.extras.push_back({"arena_gib", gib(model_->reserved_bytes())});  // the model's own tensors
+    st.extras.push_back({"arena_gib", gib(arena_bytes())});  // the model's own tensors (+ the ZeRO-1 shard)
     if (progress_) progress_->step(st);
     if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || step_ == t.train_iters)) {
       double vl = evaluate();
@@ -352,7 +356,7 @@ void CudaTrainer::train() {
   }
   if (rank0()) report_profile(profiler_.get(), t.output_dir);
   spdlog::info("[cuda] peak device memory in use {:.2f} GiB (of which {:.2f} GiB reserved by the model's arenas)",
-               gib(peak_used_bytes_), gib(model_->reserved_bytes()));
+               gib(peak_used_bytes_), gib(arena_bytes()));
   if (!t.sample_prompt.empty() && t.sample_tokens > 0) {
     spdlog::info("[sample] the cuda backend does not sample yet; the checkpoint is shared with the reference "
                  "backend: primus generate --checkpoint {} --prompt '{}'",

@@ -38,6 +38,7 @@ class CudaTrainer : public Trainer {
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_
   void read_micro(int64_t micro);  // this rank's micro-batch `micro` of the step's global batch (reader_)
   void split_batch();              // batch_ -> inputs_, targets_
+  size_t arena_bytes() const;      // device bytes the model and the data-parallel reducer hold
   void save(int64_t step);
   void load(const std::filesystem::path& dir);
   nlohmann::json state_json(int64_t step) const;
