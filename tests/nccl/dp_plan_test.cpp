@@ -24,7 +24,9 @@ void expect_tiling(const std::vector<GradBucket>& bs, const std::vector<int64_t>
     EXPECT_LT(bs[i].begin, bs[i].end) << i;
     EXPECT_LE(bs[i].ready_at, bs[i].begin) << i;
     EXPECT_NE(std::find(ready.begin(), ready.end(), bs[i].ready_at), ready.end()) << i;
-    if (i > 0) EXPECT_EQ(bs[i].end, bs[i - 1].begin) << i;
+    if (i > 0) {
+      EXPECT_EQ(bs[i].end, bs[i - 1].begin) << i;
+    }
   }
 }
 
