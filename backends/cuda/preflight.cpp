@@ -1,6 +1,7 @@
 #include "backends/cuda/preflight.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <atomic>
@@ -25,6 +26,40 @@ double gib(size_t b) { return static_cast<double>(b) / double(size_t{1} << 30); 
 void nccl_check(const nccl::Library& lib, nccl::Result r, const char* what) {
   if (r != nccl::Success) throw RuntimeError(fmt::format("preflight: {} failed: {}", what, nccl::describe(lib, r)));
 }
+
+// The current SM clock (throttling shows here, not in the CUDA attributes) from NVML, opened
+// at run time like NCCL: the driver ships libnvidia-ml.so.1. Absent or failing: no clocks.
+class Nvml {
+ public:
+  Nvml() {
+    h_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h_) return;
+    init_ = reinterpret_cast<int (*)()>(dlsym(h_, "nvmlInit_v2"));
+    shutdown_ = reinterpret_cast<int (*)()>(dlsym(h_, "nvmlShutdown"));
+    by_pci_ = reinterpret_cast<int (*)(const char*, void**)>(dlsym(h_, "nvmlDeviceGetHandleByPciBusId_v2"));
+    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(h_, "nvmlDeviceGetClockInfo"));
+    ok_ = init_ && shutdown_ && by_pci_ && clock_ && init_() == 0;
+  }
+  ~Nvml() {
+    if (ok_) shutdown_();
+    if (h_) dlclose(h_);
+  }
+  // Current SM clock in MHz of the GPU at `pci_bus_id`, or -1.
+  int sm_clock_mhz(const char* pci_bus_id) const {
+    void* dev = nullptr;
+    unsigned mhz = 0;
+    if (!ok_ || by_pci_(pci_bus_id, &dev) != 0 || clock_(dev, /*NVML_CLOCK_SM*/ 1, &mhz) != 0) return -1;
+    return static_cast<int>(mhz);
+  }
+
+ private:
+  void* h_ = nullptr;
+  bool ok_ = false;
+  int (*init_)() = nullptr;
+  int (*shutdown_)() = nullptr;
+  int (*by_pci_)(const char*, void**) = nullptr;
+  int (*clock_)(void*, int, unsigned*) = nullptr;
+};
 
 // Ends the process when the bandwidth test outlives its limit (a hung link or GPU): a blocking
 // NCCL call cannot be interrupted from the thread that made it.
@@ -173,6 +208,7 @@ nlohmann::json run_preflight(const PreflightOptions& opt, std::ostream& out) {
                                                                         std::getenv("CUDA_VISIBLE_DEVICES"))
                                                           : "");
   nlohmann::json gpus = nlohmann::json::array();
+  const Nvml nvml;
   for (int d = 0; d < count; ++d) {
     cudaDeviceProp p{};
     CUDA_CHECK(cudaGetDeviceProperties(&p, d));
@@ -185,15 +221,18 @@ nlohmann::json run_preflight(const PreflightOptions& opt, std::ostream& out) {
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     char pci[32] = {0};
     cudaDeviceGetPCIBusId(pci, sizeof(pci), d);
-    out << fmt::format("GPU {}: {} (sm_{}{}, {} SMs, SM clock max {} MHz, memory clock {} MHz x {} bit), {:.1f} GiB "
-                       "({:.1f} GiB free), PCI {}\n",
-                       d, p.name, p.major, p.minor, p.multiProcessorCount, sm_khz / 1000, mem_khz / 1000, bus_bits,
-                       gib(total_b), gib(free_b), pci);
+    const int sm_now = nvml.sm_clock_mhz(pci);
+    out << fmt::format("GPU {}: {} (sm_{}{}, {} SMs, SM clock {} / max {} MHz, memory clock {} MHz x {} bit), {:.1f} "
+                       "GiB ({:.1f} GiB free), PCI {}\n",
+                       d, p.name, p.major, p.minor, p.multiProcessorCount,
+                       sm_now >= 0 ? std::to_string(sm_now) : std::string("? (no NVML)"), sm_khz / 1000,
+                       mem_khz / 1000, bus_bits, gib(total_b), gib(free_b), pci);
     gpus.push_back({{"index", d},
                     {"name", p.name},
                     {"cc", fmt::format("{}.{}", p.major, p.minor)},
                     {"sms", p.multiProcessorCount},
-                    {"sm_clock_mhz", sm_khz / 1000},
+                    {"sm_clock_mhz", sm_now},
+                    {"sm_clock_max_mhz", sm_khz / 1000},
                     {"mem_clock_mhz", mem_khz / 1000},
                     {"total_gib", gib(total_b)},
                     {"free_gib", gib(free_b)},

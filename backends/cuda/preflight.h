@@ -1,5 +1,6 @@
 // `primus preflight`: is this machine ready for a (multi-)GPU run? It reports the GPUs the CUDA
-// runtime sees (name, memory, SM count and clocks, PCI bus), the driver and runtime versions,
+// runtime sees (name, memory, SM count, current SM clock through NVML where the driver has it,
+// maximum SM and memory clocks, PCI bus), the driver and runtime versions,
 // which NCCL was loaded and from where, and measures all-reduce bandwidth across the local
 // GPUs.
 //
