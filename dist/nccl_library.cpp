@@ -1,5 +1,7 @@
 #include "dist/nccl_library.h"
 
+#include "core/util/python_sites.h"
+
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <glob.h>
@@ -24,24 +26,6 @@ std::string Library::version() const {
 
 namespace {
 
-std::vector<std::string> run_python_site_dirs() {
-  const char* py = std::getenv("PRIMUS_PYTHON");
-  std::string cmd = fmt::format(
-      "'{}' -c \"import site,sys; d=list(getattr(site,'getsitepackages',lambda:[])()); "
-      "d.append(site.getusersitepackages()); print(chr(10).join(d))\" 2>/dev/null",
-      py && *py ? py : "python3");
-  std::vector<std::string> dirs;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return dirs;
-  char line[4096];
-  while (std::fgets(line, sizeof(line), f)) {
-    std::string s(line);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (!s.empty()) dirs.push_back(s);
-  }
-  pclose(f);
-  return dirs;
-}
 
 std::vector<std::string> run_glob(const std::string& pattern) {
   std::vector<std::string> out;
@@ -64,7 +48,7 @@ SearchInputs default_search_inputs() {
     if (!v) return std::nullopt;
     return std::string(v);
   };
-  in.python_site_dirs = run_python_site_dirs;
+  in.python_site_dirs = primus::python_site_dirs;
   in.glob = run_glob;
   return in;
 }

@@ -1,5 +1,7 @@
 #include "turbo/core/dynamic_library.h"
 
+#include "core/util/python_sites.h"
+
 #include <dlfcn.h>
 #include <fmt/format.h>
 
@@ -45,28 +47,7 @@ std::string join_path(const std::string& dir, const std::string& rel) {
 
 }  // namespace
 
-std::vector<std::string> python_site_dirs() {
-  std::vector<std::string> dirs;
-  const char* py = std::getenv("PRIMUS_PYTHON");
-  const std::string exe = py && *py ? py : "python3";
-  const std::string cmd =
-      "'" + exe + "' -c \"import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))\" 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return dirs;
-  std::string out;
-  std::array<char, 1024> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  pclose(p);
-  size_t start = 0;
-  while (start < out.size()) {
-    size_t end = out.find('\n', start);
-    if (end == std::string::npos) end = out.size();
-    if (end > start) dirs.push_back(out.substr(start, end - start));
-    start = end + 1;
-  }
-  return dirs;
-}
+std::vector<std::string> python_site_dirs() { return primus::python_site_dirs(); }
 
 LoadOutcome load_library(const LibrarySpec& spec, const std::function<std::vector<std::string>()>& site_dirs) {
   LoadOutcome r;
