@@ -20,6 +20,7 @@
 #include "train/checkpointing.h"
 #include "train/lr_schedule.h"
 #include "train/signals.h"
+#include "train/step_loop.h"
 
 namespace primus::backends::cuda {
 
@@ -304,55 +305,27 @@ void CudaTrainer::train() {
                "{:.3g} model FLOPs per token, peak {:.3g} FLOP/s",
                t.train_iters, step_, t.global_batch_size, args_->model.seq_length, t.micro_batch_size,
                t.grad_accum_steps, flops_per_token, args_->peak_flops);
-  while (step_ < t.train_iters) {
+  train::StepLoopHooks hooks;
+  hooks.step = [this](int64_t step, double* norm, bool* finite) {
     NvtxRange r("step");
-    auto t0 = std::chrono::steady_clock::now();
-    double norm = 0;
-    bool finite = true;
-    double loss = train_step(step_, &norm, &finite);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!finite) {
-      std::string last = last_saved_ >= 0 ? io::checkpoint_dir(t.ckpt.save, last_saved_).string() : "none";
-      if (!t.skip_nan_steps) {
-        throw RuntimeError(fmt::format("non-finite loss {} or gradient norm {} at step {}; the last good checkpoint is "
-                                       "{} (set skip_nan_steps: true to skip such steps)",
-                                       loss, norm, step_ + 1, last));
-      }
-      spdlog::warn("step {}: non-finite loss {} / grad norm {}: step skipped (skip_nan_steps)", step_ + 1, loss, norm);
-    }
-    ++step_;
+    return train_step(step, norm, finite);
+  };
+  hooks.decorate = [&](train::StepStats& st) {
     const size_t used = args_->host_mode ? 0 : device_memory().used;
     peak_used_bytes_ = std::max(peak_used_bytes_, used);
-    train::StepStats st;
-    st.step = step_;
-    st.loss = loss;
-    st.lr = train::lr_at(t.optim, step_ - 1);
-    st.grad_norm = norm;
-    st.tokens = tokens_per_step;
-    st.seconds = secs;
-    st.skipped = !finite;
-    const double flops = secs > 0 ? flops_per_token * tokens_per_step / secs : 0.0;
+    const double flops = st.seconds > 0 ? flops_per_token * tokens_per_step / st.seconds : 0.0;
     st.extras.push_back({"tflops", flops / 1e12});
     if (args_->peak_flops > 0) st.extras.push_back({"mfu", flops / args_->peak_flops});
-    st.extras.push_back({"mem_gib", gib(used)});                       // device-wide, CUDA context included
+    st.extras.push_back({"mem_gib", gib(used)});             // device-wide, CUDA context included
     st.extras.push_back({"arena_gib", gib(arena_bytes())});  // the model's own tensors (+ the ZeRO-1 shard)
-    if (progress_) progress_->step(st);
-    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || step_ == t.train_iters)) {
-      double vl = evaluate();
-      if (std::isfinite(vl) && progress_) progress_->eval(step_, vl);
-    }
-    bool stop = train::exit_requested();
-    if (dp_) stop = dp_->average({stop ? 1.0 : 0.0})[0] > 0;  // a signal to any rank stops every rank at this step
-    if ((t.ckpt.save_interval > 0 && step_ % t.ckpt.save_interval == 0) || step_ == t.train_iters || stop) {
-      save(step_);
-    }
-    if (stop) {
-      spdlog::info("[signal] received signal {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true "
-                   "(or load={})",
-                   train::exit_signal(), step_, t.ckpt.save.string(), t.ckpt.save.string());
-      if (rank0()) report_profile(profiler_.get(), t.output_dir);
-      return;
-    }
+  };
+  hooks.evaluate = [this] { return evaluate(); };
+  hooks.save = [this](int64_t step) { save(step); };
+  // A signal to any rank stops every rank at this step.
+  hooks.agree_stop = [this](bool stop) { return dp_ ? dp_->average({stop ? 1.0 : 0.0})[0] > 0 : stop; };
+  if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) {
+    if (rank0()) report_profile(profiler_.get(), t.output_dir);
+    return;
   }
   if (rank0()) report_profile(profiler_.get(), t.output_dir);
   spdlog::info("[cuda] peak device memory in use {:.2f} GiB (of which {:.2f} GiB reserved by the model's arenas)",

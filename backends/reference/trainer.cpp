@@ -17,6 +17,7 @@
 #include "train/trainer_state.h"
 #include "train/lr_schedule.h"
 #include "train/signals.h"
+#include "train/step_loop.h"
 #include "turbo/kernels/cpu/optimizer.h"
 #include "turbo/kernels/cpu/reduce.h"
 
@@ -285,51 +286,16 @@ void ReferenceTrainer::load(const fsys::path& dir) {
 
 void ReferenceTrainer::train() {
   auto& t = args_->train;
-  const double tokens_per_step = static_cast<double>(t.global_batch_size * args_->model.seq_length);
   spdlog::info("[reference] training {} steps from step {}: global batch {} x {} tokens (micro {} x {} accumulation)",
                t.train_iters, step_, t.global_batch_size, args_->model.seq_length, t.micro_batch_size,
                t.grad_accum_steps);
-  while (step_ < t.train_iters) {
-    auto t0 = std::chrono::steady_clock::now();
-    double norm = 0;
-    bool finite = true;
-    double loss = train_step(step_, &norm, &finite);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!finite) {
-      std::string last = last_saved_ >= 0 ? io::checkpoint_dir(t.ckpt.save, last_saved_).string() : "none";
-      if (!t.skip_nan_steps) {
-        throw RuntimeError(fmt::format("non-finite loss {} or gradient norm {} at step {}; the last good checkpoint is "
-                                       "{} (set skip_nan_steps: true to skip such steps)",
-                                       loss, norm, step_ + 1, last));
-      }
-      spdlog::warn("step {}: non-finite loss {} / grad norm {}: step skipped (skip_nan_steps)", step_ + 1, loss, norm);
-    }
-    ++step_;
-    train::StepStats st;
-    st.step = step_;
-    st.loss = loss;
-    st.lr = train::lr_at(t.optim, step_ - 1);
-    st.grad_norm = norm;
-    st.tokens = tokens_per_step;
-    st.seconds = secs;
-    st.skipped = !finite;
-    progress_->step(st);
-    if (t.eval_interval > 0 && (step_ % t.eval_interval == 0 || step_ == t.train_iters)) {
-      double vl = evaluate();
-      if (std::isfinite(vl)) progress_->eval(step_, vl);
-    }
-    // Ranks may see a signal at different steps; they stop (and checkpoint) together.
-    bool stop = train::global_sum(*pg_, train::exit_requested() ? 1.0 : 0.0) > 0;
-    if ((t.ckpt.save_interval > 0 && step_ % t.ckpt.save_interval == 0) || step_ == t.train_iters || stop) {
-      save(step_);
-    }
-    if (stop) {
-      spdlog::info("[signal] received signal {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true "
-                   "(or load={})",
-                   train::exit_signal(), step_, t.ckpt.save.string(), t.ckpt.save.string());
-      return;
-    }
-  }
+  train::StepLoopHooks hooks;
+  hooks.step = [this](int64_t step, double* norm, bool* finite) { return train_step(step, norm, finite); };
+  hooks.evaluate = [this] { return evaluate(); };
+  hooks.save = [this](int64_t step) { save(step); };
+  // Ranks may see a signal at different steps; they stop (and checkpoint) together.
+  hooks.agree_stop = [this](bool stop) { return train::global_sum(*pg_, stop ? 1.0 : 0.0) > 0; };
+  if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) return;
   if (!t.sample_prompt.empty() && t.sample_tokens > 0 && env_.rank == 0) {
     std::vector<int32_t> ids = tokenizer_->encode(t.sample_prompt);
     if (ids.empty()) ids.push_back(0);

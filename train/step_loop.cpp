@@ -1,0 +1,64 @@
+#include "train/step_loop.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "core/util/error.h"
+#include "io/checkpoint.h"
+#include "train/lr_schedule.h"
+#include "train/signals.h"
+
+namespace primus::train {
+
+bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, const int64_t& last_saved,
+                   ProgressReporter* progress, const StepLoopHooks& h) {
+  const double tokens_per_step = static_cast<double>(t.global_batch_size * seq_length);
+  while (*step < t.train_iters) {
+    auto t0 = std::chrono::steady_clock::now();
+    double norm = 0;
+    bool finite = true;
+    const double loss = h.step(*step, &norm, &finite);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!finite) {
+      const std::string last = last_saved >= 0 ? io::checkpoint_dir(t.ckpt.save, last_saved).string() : "none";
+      if (!t.skip_nan_steps) {
+        throw RuntimeError(fmt::format("non-finite loss {} or gradient norm {} at step {}; the last good checkpoint is "
+                                       "{} (set skip_nan_steps: true to skip such steps)",
+                                       loss, norm, *step + 1, last));
+      }
+      spdlog::warn("step {}: non-finite loss {} / grad norm {}: step skipped (skip_nan_steps)", *step + 1, loss, norm);
+    }
+    ++*step;
+    StepStats st;
+    st.step = *step;
+    st.loss = loss;
+    st.lr = lr_at(t.optim, *step - 1);
+    st.grad_norm = norm;
+    st.tokens = tokens_per_step;
+    st.seconds = secs;
+    st.skipped = !finite;
+    if (h.decorate) h.decorate(st);
+    if (progress) progress->step(st);
+    if (t.eval_interval > 0 && (*step % t.eval_interval == 0 || *step == t.train_iters)) {
+      const double vl = h.evaluate();
+      if (std::isfinite(vl) && progress) progress->eval(*step, vl);
+    }
+    const bool stop = h.agree_stop ? h.agree_stop(exit_requested()) : exit_requested();
+    if ((t.ckpt.save_interval > 0 && *step % t.ckpt.save_interval == 0) || *step == t.train_iters || stop) {
+      h.save(*step);
+    }
+    if (stop) {
+      spdlog::info("[signal] received signal {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true "
+                   "(or load={})",
+                   exit_signal(), *step, t.ckpt.save.string(), t.ckpt.save.string());
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace primus::train

@@ -1,0 +1,37 @@
+// The step loop every trainer runs: one step, the non-finite policy (stop naming the last good
+// checkpoint, or skip with skip_nan_steps), progress and metrics, evaluation and checkpoint
+// cadence, and preemption (a signal finishes the step, checkpoints and returns). Backends supply
+// what differs (the step itself, extra metrics, how ranks agree to stop) as hooks, so the
+// bookkeeping is written once and behaves the same in every backend.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+#include "train/progress.h"
+#include "train/training_args.h"
+
+namespace primus::train {
+
+struct StepLoopHooks {
+  // Runs step `step` (0-based); returns the loss and sets the gradient norm and whether both
+  // were finite (a non-finite step must leave weights and optimizer state untouched).
+  std::function<double(int64_t step, double* grad_norm, bool* finite)> step;
+  // Adds backend metrics (TFLOP/s, memory, ...) to a step's stats before they are reported.
+  std::function<void(StepStats& stats)> decorate;
+  // Validation loss (NaN when there is none).
+  std::function<double()> evaluate;
+  // Writes the checkpoint of `step` (and records it as the last good one).
+  std::function<void(int64_t step)> save;
+  // Whether any rank asked to stop, given this rank's answer (default: this rank's answer), so
+  // every rank checkpoints and stops at the same step.
+  std::function<bool(bool stop_here)> agree_stop;
+};
+
+// Runs from *step until args.train_iters or a stop signal, advancing *step. `last_saved` is the
+// step of the last good checkpoint (-1: none), named when a non-finite step stops the run.
+// `progress` may be null (ranks other than 0). Returns true when a signal stopped the run (its
+// checkpoint written). Throws RuntimeError on a non-finite step unless skip_nan_steps is set.
+bool run_step_loop(const TrainingArgs& args, int64_t seq_length, int64_t* step, const int64_t& last_saved,
+                   ProgressReporter* progress, const StepLoopHooks& hooks);
+
+}  // namespace primus::train
