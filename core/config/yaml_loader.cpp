@@ -105,8 +105,32 @@ Origin origin_of(const YAML::Node& n, const std::string& file) {
   return {file, m.line + 1, m.column + 1};
 }
 
-Value convert(const YAML::Node& n, const std::string& file, const EnvLookup& env) {
+// Aliases make a YAML document a graph: an anchor used inside its own definition is a cycle,
+// and aliases of aliases expand exponentially ("billion laughs"). Both are refused, naming the
+// file and line, instead of recursing until the stack overflows or memory runs out.
+constexpr int kMaxYamlDepth = 64;
+constexpr int64_t kMaxYamlValues = 1'000'000;
+
+struct ConvertBudget {
+  int depth = 0;
+  int64_t values = 0;
+};
+
+Value convert(const YAML::Node& n, const std::string& file, const EnvLookup& env, ConvertBudget& budget) {
   Origin o = origin_of(n, file);
+  if (budget.depth >= kMaxYamlDepth) {
+    throw ConfigError(fmt::format("{}: values nested more than {} deep (an anchor used inside its own definition?)",
+                                  o.str(), kMaxYamlDepth));
+  }
+  if (++budget.values > kMaxYamlValues) {
+    throw ConfigError(fmt::format("{}: the document expands to more than {} values (aliases of aliases?)", o.str(),
+                                  kMaxYamlValues));
+  }
+  struct Nest {
+    int& d;
+    explicit Nest(int& depth) : d(depth) { ++d; }
+    ~Nest() { --d; }
+  } nest(budget.depth);
   switch (n.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined: return Value::null(o);
@@ -118,7 +142,7 @@ Value convert(const YAML::Node& n, const std::string& file, const EnvLookup& env
     }
     case YAML::NodeType::Sequence: {
       std::vector<Value> items;
-      for (const auto& item : n) items.push_back(convert(item, file, env));
+      for (const auto& item : n) items.push_back(convert(item, file, env, budget));
       return Value::list(std::move(items), o);
     }
     case YAML::NodeType::Map: {
@@ -135,7 +159,7 @@ Value convert(const YAML::Node& n, const std::string& file, const EnvLookup& env
                                         "(first at line {})",
                                         ko.str(), key, prev->origin().line));
         }
-        Value v = convert(kv.second, file, env);
+        Value v = convert(kv.second, file, env, budget);
         check_utf8_impl(v, key);
         // A key with no value (`key:`) takes the key's position so errors point at it.
         if (v.is_null() && v.origin().line == 0) v.set_origin(ko);
@@ -155,7 +179,8 @@ Value parse_node_text(const std::string& text, const std::string& name, const En
     throw ConfigError(fmt::format("{}:{}:{}: YAML syntax error: {}", name, e.mark.line + 1,
                                   e.mark.column + 1, e.msg));
   }
-  Value v = convert(root, name, env);
+  ConvertBudget budget;
+  Value v = convert(root, name, env, budget);
   if (v.is_null()) return Value::map({name, 1, 1});
   if (!v.is_map()) {
     throw ConfigError(fmt::format("{}: a config file must be a mapping of keys to values, "

@@ -266,3 +266,22 @@ TEST(ConfigUtf8, AcceptsWellFormedAndRefusesOverlongSurrogateTruncatedAndOutOfRa
 TEST(ConfigUtf8, NonUtf8OverrideKeyIsAUsageError) {
   expect_error<UsageError>([] { parse_cli_overrides({std::string("extra\x9Cx=1")}); }, {"key", "UTF-8"});
 }
+
+// YAML aliases make a graph: an anchor used inside its own definition recursed until the stack
+// overflowed (fuzz_config_yaml finding, CI smoke run), and aliases of aliases expand
+// exponentially. Both are config errors naming the file and line.
+TEST(ConfigYaml, RecursiveAliasIsAConfigErrorNotAStackOverflow) {
+  expect_error<ConfigError>(
+      [] { parse_yaml_text("base: &b {x: 1, y: 2}\nuse: *b\nm: &b\n  <<: *b\n  z: 3\n", "cyc.yaml"); },
+      {"cyc.yaml:", "nested more than"});
+}
+
+TEST(ConfigYaml, AliasBombIsRefusedBeforeExhaustingMemory) {
+  std::string y = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 7; ++i) {  // 10^8 values once expanded
+    y += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) y += (k ? ", *a" : "*a") + std::to_string(i - 1);
+    y += "]\n";
+  }
+  expect_error<ConfigError>([&] { parse_yaml_text(y, "bomb.yaml"); }, {"bomb.yaml:", "expands to more than"});
+}
