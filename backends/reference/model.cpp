@@ -185,11 +185,15 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
   count_ = 0;
   if (!targets) return 0.0;
   k::CrossEntropyResult r;
+  // The softmax runs over the real vocabulary; padded columns are not classes (llm.c's and the
+  // cuda backend's semantics, and what the exported Hugging Face model computes).
+  const int64_t Vr = spec_.vocab_size;
   if (dloss != 0) {
-    r = k::cross_entropy_forward_backward(logits_.data(), losses_.data(), logits_.data(), targets, N, V, dloss);
+    r = k::cross_entropy_forward_backward(logits_.data(), losses_.data(), logits_.data(), targets, N, Vr, dloss,
+                                          k::kIgnoreIndex, V);
   } else {
     std::vector<Real> lse(N);
-    r = k::cross_entropy_forward(losses_.data(), lse.data(), logits_.data(), targets, N, V);
+    r = k::cross_entropy_forward(losses_.data(), lse.data(), logits_.data(), targets, N, Vr, k::kIgnoreIndex, V);
   }
   count_ = r.count;
   return r.mean();

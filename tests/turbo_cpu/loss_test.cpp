@@ -135,5 +135,38 @@ TEST_F(CrossEntropyTest, RejectsTargetsOutsideVocabulary) {
                RuntimeError);
 }
 
+// A padded vocabulary (rows ld > V apart): the loss and the first V gradient columns equal the
+// unpadded computation, whatever the padded columns hold; the padded columns get 0 gradient.
+TEST_F(CrossEntropyTest, PaddedRowsIgnoreTheirExtraColumns) {
+  const int64_t N = 5, V = 7, ld = 12;
+  const std::vector<int32_t> targets{0, 6, kIgnoreIndex, 3, 5};
+  const auto compact = rng.vec<double>(N * V, -4, 4);
+  std::vector<double> padded(N * ld);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t v = 0; v < ld; ++v) padded[n * ld + v] = v < V ? compact[n * V + v] : 50.0 + v;  // large: would win
+  }
+  std::vector<double> lse(N), lse_p(N), loss(N), loss_p(N), d(N * V), d_p(N * ld, 7.0), f_p = padded;
+  const auto r = cross_entropy_forward(loss.data(), lse.data(), compact.data(), targets.data(), N, V);
+  const auto rp = cross_entropy_forward(loss_p.data(), lse_p.data(), padded.data(), targets.data(), N, V,
+                                        kIgnoreIndex, ld);
+  EXPECT_EQ(rp.count, r.count);
+  EXPECT_NEAR(rp.loss_sum, r.loss_sum, 1e-12 * std::abs(r.loss_sum));
+  EXPECT_EQ(lse_p, lse);
+  cross_entropy_backward(d.data(), compact.data(), lse.data(), targets.data(), N, V, 0.5);
+  cross_entropy_backward(d_p.data(), padded.data(), lse_p.data(), targets.data(), N, V, 0.5, kIgnoreIndex, ld);
+  const auto rf = cross_entropy_forward_backward(f_p.data(), static_cast<double*>(nullptr), f_p.data(),
+                                                 targets.data(), N, V, 0.5, kIgnoreIndex, ld);
+  EXPECT_NEAR(rf.loss_sum, r.loss_sum, 1e-12 * std::abs(r.loss_sum));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t v = 0; v < ld; ++v) {
+      const double want = v < V ? d[n * V + v] : 0.0;
+      EXPECT_EQ(d_p[n * ld + v], want) << n << "," << v;
+      EXPECT_NEAR(f_p[n * ld + v], want, 1e-14) << n << "," << v;
+    }
+  }
+  EXPECT_THROW(cross_entropy_forward(loss.data(), lse.data(), padded.data(), targets.data(), N, V, kIgnoreIndex, V - 1),
+               RuntimeError);
+}
+
 }  // namespace
 }  // namespace primus::turbo::cpu::testing

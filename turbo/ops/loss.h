@@ -5,7 +5,7 @@
 //   losses [N] f32 (optional), lse [N] f32 (optional)
 //   dlogits [N, Vp] (optional; may BE logits: the gradient is written in place, so neither a
 //   second [N,V] buffer nor fp32 probabilities exist) = dloss * (softmax - onehot).
-// Backends: TURBO (device), CPU (host f32, needs V == Vp).
+// Backends: TURBO (device), CPU (host f32).
 #pragma once
 #include <string>
 

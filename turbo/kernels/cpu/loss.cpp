@@ -13,6 +13,12 @@
 namespace primus::turbo::cpu {
 namespace {
 
+// The row stride: V unless a padded row length was given (which must hold the V classes).
+int64_t stride_of(int64_t V, int64_t ld) {
+  PRIMUS_CHECK(ld == 0 || ld >= V, "cross_entropy: row length {} is shorter than the vocabulary {}", ld, V);
+  return ld > 0 ? ld : V;
+}
+
 void check_targets(const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
   for (int64_t n = 0; n < N; ++n) {
     const int32_t t = targets[n];
@@ -98,10 +104,11 @@ int64_t cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_in
 template <typename Real>
 CrossEntropyResult cross_entropy_forward(Real* losses, Real* lse, const Real* logits,
                                          const int32_t* targets, int64_t N, int64_t V,
-                                         int32_t ignore_index) {
+                                         int32_t ignore_index, int64_t ld) {
   check_targets(targets, N, V, ignore_index);
+  const int64_t S = stride_of(V, ld);
   return over_rows(targets, N, ignore_index, [&](int64_t n) {
-    const Real* x = logits + n * V;
+    const Real* x = logits + n * S;
     const double l = row_logsumexp(x, V);
     lse[n] = static_cast<Real>(l);
     const double loss = targets[n] == ignore_index ? 0.0 : l - static_cast<double>(x[targets[n]]);
@@ -113,12 +120,14 @@ CrossEntropyResult cross_entropy_forward(Real* losses, Real* lse, const Real* lo
 template <typename Real>
 void cross_entropy_backward(Real* dlogits, const Real* logits, const Real* lse,
                             const int32_t* targets, int64_t N, int64_t V, double dloss,
-                            int32_t ignore_index) {
+                            int32_t ignore_index, int64_t ld) {
   check_targets(targets, N, V, ignore_index);
+  const int64_t S = stride_of(V, ld);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const Real* x = logits + n * V;
-    Real* dx = dlogits + n * V;
+    const Real* x = logits + n * S;
+    Real* dx = dlogits + n * S;
+    std::fill(dx + V, dx + S, Real(0));  // padded columns: not classes, no gradient
     if (targets[n] == ignore_index) {
       std::fill(dx, dx + V, Real(0));
       continue;
@@ -131,11 +140,13 @@ void cross_entropy_backward(Real* dlogits, const Real* logits, const Real* lse,
 template <typename Real>
 CrossEntropyResult cross_entropy_forward_backward(Real* dlogits, Real* losses, const Real* logits,
                                                   const int32_t* targets, int64_t N, int64_t V,
-                                                  double dloss, int32_t ignore_index) {
+                                                  double dloss, int32_t ignore_index, int64_t ld) {
   check_targets(targets, N, V, ignore_index);
+  const int64_t S = stride_of(V, ld);
   return over_rows(targets, N, ignore_index, [&](int64_t n) {
-    const Real* x = logits + n * V;
-    Real* dx = dlogits + n * V;  // may be x itself: x[v] is read before dx[v] is written
+    const Real* x = logits + n * S;
+    Real* dx = dlogits + n * S;  // may be x itself: x[v] is read before dx[v] is written
+    std::fill(dx + V, dx + S, Real(0));  // padded columns: not classes, no gradient
     if (targets[n] == ignore_index) {
       std::fill(dx, dx + V, Real(0));
       if (losses) losses[n] = Real(0);
@@ -154,11 +165,11 @@ CrossEntropyResult cross_entropy_forward_backward(Real* dlogits, Real* losses, c
 
 #define PRIMUS_INSTANTIATE(Real)                                                              \
   template CrossEntropyResult cross_entropy_forward<Real>(                                    \
-      Real*, Real*, const Real*, const int32_t*, int64_t, int64_t, int32_t);                  \
+      Real*, Real*, const Real*, const int32_t*, int64_t, int64_t, int32_t, int64_t);         \
   template void cross_entropy_backward<Real>(Real*, const Real*, const Real*, const int32_t*, \
-                                             int64_t, int64_t, double, int32_t);              \
+                                             int64_t, int64_t, double, int32_t, int64_t);     \
   template CrossEntropyResult cross_entropy_forward_backward<Real>(                           \
-      Real*, Real*, const Real*, const int32_t*, int64_t, int64_t, double, int32_t);
+      Real*, Real*, const Real*, const int32_t*, int64_t, int64_t, double, int32_t, int64_t);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)
 #undef PRIMUS_INSTANTIATE

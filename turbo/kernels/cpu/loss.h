@@ -1,6 +1,9 @@
 // Softmax cross-entropy over the vocabulary, from logits (the LM head's output).
 // Shapes: logits/dlogits [N,V] (N = B*T rows), targets [N] int32, lse [N].
 // Rows whose target equals ignore_index (-100, as in torch) contribute neither loss nor gradient.
+// Padded vocabulary: with ld > V the rows are ld apart and only the first V columns are classes
+// (the softmax is over them); the backward writes 0 into columns [V, ld), so padded rows of the
+// LM head get no gradient (as llm.c and the cuda backend). ld = 0 means V.
 #pragma once
 #include <cstdint>
 
@@ -26,7 +29,7 @@ int64_t cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_in
 template <typename Real>
 CrossEntropyResult cross_entropy_forward(Real* losses, Real* lse, const Real* logits,
                                          const int32_t* targets, int64_t N, int64_t V,
-                                         int32_t ignore_index = kIgnoreIndex);
+                                         int32_t ignore_index = kIgnoreIndex, int64_t ld = 0);
 
 // dlogits[n,v] = dloss * (softmax(logits[n])[v] - [v == target[n]]), and 0 for ignored rows.
 // OVERWRITES dlogits (it is the first gradient of the backward pass); dlogits may be the logits
@@ -35,7 +38,7 @@ CrossEntropyResult cross_entropy_forward(Real* losses, Real* lse, const Real* lo
 template <typename Real>
 void cross_entropy_backward(Real* dlogits, const Real* logits, const Real* lse,
                             const int32_t* targets, int64_t N, int64_t V, double dloss,
-                            int32_t ignore_index = kIgnoreIndex);
+                            int32_t ignore_index = kIgnoreIndex, int64_t ld = 0);
 
 // Forward and backward in one pass over the logits (one exp per element instead of two): what a
 // training step uses. Same loss as cross_entropy_forward; dlogits equal cross_entropy_backward's up
@@ -44,6 +47,6 @@ template <typename Real>
 CrossEntropyResult cross_entropy_forward_backward(Real* dlogits, Real* losses, const Real* logits,
                                                   const int32_t* targets, int64_t N, int64_t V,
                                                   double dloss,
-                                                  int32_t ignore_index = kIgnoreIndex);
+                                                  int32_t ignore_index = kIgnoreIndex, int64_t ld = 0);
 
 }  // namespace primus::turbo::cpu
