@@ -3,9 +3,12 @@
 # corpus in fuzz/corpus/<target>/. Exits non-zero when a target finds a crash; the input is
 # saved in build-fuzz/artifacts/<target>/ (turn it into a regression: docs/hardening.md).
 #
-# Usage: scripts/fuzz.sh [--seconds N] [--targets a,b] [--build-dir DIR] [--no-build]
-#                        [--keep-going] [--record FILE] [--update-corpus]
-#   --seconds N       per target (default 25: the CI smoke run); e.g. --seconds 3600 for an hour
+# Usage: scripts/fuzz.sh [--seconds N | --runs N [--seed S]] [--targets a,b] [--build-dir DIR]
+#                        [--no-build] [--keep-going] [--record FILE] [--update-corpus]
+#   --seconds N       per target (default 25); e.g. --seconds 3600 for an hour
+#   --runs N          a fixed number of inputs per target instead of a time; with --seed S the run
+#                     is reproducible (same binary, corpus and seed: same inputs). The CI smoke run
+#                     (scripts/test.sh) uses --runs 10000 --seed 1, so it cannot fail by chance.
 #   --targets a,b     a subset (default: every fuzz/*_fuzz.cpp)
 #   --keep-going      libFuzzer fork mode that goes on after a crash (long unattended runs)
 #   --record FILE     append one JSON line per target (execs, seconds, crashes) to FILE
@@ -14,6 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 SECONDS_PER_TARGET=25
+RUNS=""
+SEED=""
 TARGETS=""
 BUILD_DIR=build-fuzz
 BUILD=1
@@ -23,13 +28,15 @@ UPDATE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) SECONDS_PER_TARGET=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
+    --seed) SEED=$2; shift 2 ;;
     --targets) TARGETS=${2//,/ }; shift 2 ;;
     --build-dir) BUILD_DIR=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --keep-going) KEEP_GOING=1; shift ;;
     --record) RECORD=$2; shift 2 ;;
     --update-corpus) UPDATE=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "fuzz.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -54,12 +61,14 @@ for t in $TARGETS; do
   art=$BUILD_DIR/artifacts/$t
   log=$BUILD_DIR/logs/$t.log
   mkdir -p "$work" "$art" "$(dirname "$log")"
-  opts=(-max_total_time="$SECONDS_PER_TARGET" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1
-        -artifact_prefix="$art/")
+  opts=(-timeout=20 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art/")
+  if [ -n "$RUNS" ]; then opts+=(-runs="$RUNS"); else opts+=(-max_total_time="$SECONDS_PER_TARGET"); fi
+  [ -n "$SEED" ] && opts+=(-seed="$SEED")
   [ -f "fuzz/dict/$t.dict" ] && opts+=(-dict="fuzz/dict/$t.dict")
   [ "$KEEP_GOING" = 1 ] && opts+=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
   before=$(ls "$art" | wc -l)
-  echo "== fuzz_$t: ${SECONDS_PER_TARGET}s (log: $log)"
+  if [ -n "$RUNS" ]; then what="$RUNS runs${SEED:+, seed $SEED}"; else what="${SECONDS_PER_TARGET}s"; fi
+  echo "== fuzz_$t: $what (log: $log)"
   start=$(date +%s)
   rc=0
   PRIMUS_FUZZ_KNOWN=${PRIMUS_FUZZ_KNOWN:-$ROOT/fuzz/known_findings.txt} ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$bin" "${opts[@]}" "$work" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
