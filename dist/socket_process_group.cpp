@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "io/dtype.h"
+
 namespace primus::dist {
 
 namespace {
@@ -21,20 +23,8 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x50524753;  // "PRGS"
 constexpr size_t kBroadcastSegment = size_t(1) << 20;
 
-uint16_t to_bf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float from_bf16(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using io::bf16_to_fp32;
+using io::fp32_to_bf16;
 
 // Chunk boundaries of `count` elements over `world` ranks: sizes differ by at most one.
 std::vector<size_t> chunk_offsets(size_t count, int world) {
@@ -245,7 +235,7 @@ void SocketProcessGroup::all_reduce(void* buf, size_t count, DType dtype, Reduce
   if (dtype == DType::BF16) {
     scratch_.resize(count);
     auto* h = static_cast<const uint16_t*>(buf);
-    for (size_t i = 0; i < count; ++i) scratch_[i] = from_bf16(h[i]);
+    for (size_t i = 0; i < count; ++i) scratch_[i] = bf16_to_fp32(h[i]);
     f = scratch_.data();
   }
   ring_reduce_scatter(op, f, off);
@@ -258,7 +248,7 @@ void SocketProcessGroup::all_reduce(void* buf, size_t count, DType dtype, Reduce
   } else {
     // Round this rank's chunk once, then gather the bf16 chunks.
     auto* h = static_cast<uint16_t*>(buf);
-    for (size_t i = lo; i < hi; ++i) h[i] = to_bf16(f[i]);
+    for (size_t i = lo; i < hi; ++i) h[i] = fp32_to_bf16(f[i]);
     ring_all_gather(op, static_cast<char*>(buf), off, 2);
   }
 }
@@ -273,7 +263,7 @@ void SocketProcessGroup::reduce_scatter(const void* send, void* recv, size_t cou
     std::memcpy(scratch_.data(), send, total * 4);
   } else {
     auto* h = static_cast<const uint16_t*>(send);
-    for (size_t i = 0; i < total; ++i) scratch_[i] = from_bf16(h[i]);
+    for (size_t i = 0; i < total; ++i) scratch_[i] = bf16_to_fp32(h[i]);
   }
   if (world_ > 1 && count > 0) ring_reduce_scatter(op, scratch_.data(), equal_offsets(count, world_));
   const float* mine = scratch_.data() + static_cast<size_t>(rank_) * count;
@@ -283,7 +273,7 @@ void SocketProcessGroup::reduce_scatter(const void* send, void* recv, size_t cou
     for (size_t i = 0; i < count; ++i) out[i] = rop == ReduceOp::Avg ? mine[i] / scale : mine[i];
   } else {
     auto* out = static_cast<uint16_t*>(recv);
-    for (size_t i = 0; i < count; ++i) out[i] = to_bf16(rop == ReduceOp::Avg ? mine[i] / scale : mine[i]);
+    for (size_t i = 0; i < count; ++i) out[i] = fp32_to_bf16(rop == ReduceOp::Avg ? mine[i] / scale : mine[i]);
   }
 }
 
