@@ -59,7 +59,11 @@ std::vector<std::string> strings_of(const config::Value* v) {
 std::vector<std::string> resolve_data_paths(std::vector<std::string> paths, const std::filesystem::path& exp_file) {
   for (auto& p : paths) {
     std::filesystem::path path(p);
-    if (path.is_absolute() || p.empty() || std::isdigit(static_cast<unsigned char>(p[0])) || p[0] == '.' && p.size() > 1 && std::isdigit(static_cast<unsigned char>(p[1]))) continue;
+    // Absolute paths, and blend weights such as "0.7" or ".3", are not relative data paths.
+    if (p.empty() || path.is_absolute()) continue;
+    const bool weight = std::isdigit(static_cast<unsigned char>(p[0])) ||
+                        (p[0] == '.' && p.size() > 1 && std::isdigit(static_cast<unsigned char>(p[1])));
+    if (weight) continue;
     auto exists = [](const std::filesystem::path& x) {
       std::error_code ec;  // non-throwing: an unusable name is simply not there
       return std::filesystem::exists(x, ec) || std::filesystem::exists(x.string() + ".idx", ec);
