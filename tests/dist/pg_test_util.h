@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dist/socket_process_group.h"
+#include "io/dtype.h"
 #include "tests/dist/store_test_util.h"
 
 namespace primus::dist {
@@ -18,17 +19,9 @@ namespace primus::dist {
 // order gives the serial result bit for bit.
 inline float input_value(int rank, size_t i) { return static_cast<float>(static_cast<int>((rank * 31 + i * 7) % 13) - 6); }
 
-inline uint16_t bf16_of(float f) {  // exact for the small integers above
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float float_of_bf16(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// bf16 in and out: io/dtype.h's conversions (exact for the small integers above).
+using io::bf16_to_fp32;
+using io::fp32_to_bf16;
 
 struct RankOutcome {
   bool ok = false;

@@ -73,7 +73,7 @@ TEST_F(SocketPG, AllReduceBf16AccumulatesExactly) {
     std::vector<std::vector<uint16_t>> res(world);
     auto out = run_ranks(*server_, world, Ms(5000), [&](ProcessGroup& pg) {
       std::vector<uint16_t> buf(count);
-      for (size_t i = 0; i < count; ++i) buf[i] = bf16_of(input_value(pg.rank(), i));
+      for (size_t i = 0; i < count; ++i) buf[i] = fp32_to_bf16(input_value(pg.rank(), i));
       pg.all_reduce(buf.data(), count, DType::BF16, ReduceOp::Sum);
       res[pg.rank()] = buf;
     });
@@ -81,7 +81,7 @@ TEST_F(SocketPG, AllReduceBf16AccumulatesExactly) {
     for (size_t i = 0; i < count; ++i) {
       float sum = 0;
       for (int r = 0; r < world; ++r) sum += input_value(r, i);
-      for (int r = 0; r < world; ++r) ASSERT_EQ(float_of_bf16(res[r][i]), sum) << "world " << world << " i " << i;
+      for (int r = 0; r < world; ++r) ASSERT_EQ(bf16_to_fp32(res[r][i]), sum) << "world " << world << " i " << i;
     }
   }
 }
@@ -92,9 +92,9 @@ TEST_F(SocketPG, AllReduceBf16RoundsOnceAtTheEnd) {
   const int world = 4;
   std::vector<float> got(world);
   auto out = run_ranks(*server_, world, Ms(5000), [&](ProcessGroup& pg) {
-    uint16_t v = bf16_of(pg.rank() == 0 ? 256.f : 1.f);
+    uint16_t v = fp32_to_bf16(pg.rank() == 0 ? 256.f : 1.f);
     pg.all_reduce(&v, 1, DType::BF16, ReduceOp::Sum);
-    got[pg.rank()] = float_of_bf16(v);
+    got[pg.rank()] = bf16_to_fp32(v);
   });
   for (int r = 0; r < world; ++r) {
     ASSERT_TRUE(out[r].ok) << out[r].error;
@@ -119,10 +119,10 @@ TEST_F(SocketPG, ReduceScatterGivesEachRankItsChunk) {
             std::copy_n(recv, count, mine.data());
           } else {
             std::vector<uint16_t> h(total), r16(count);
-            for (size_t i = 0; i < total; ++i) h[i] = bf16_of(f[i]);
+            for (size_t i = 0; i < total; ++i) h[i] = fp32_to_bf16(f[i]);
             uint16_t* recv = in_place ? h.data() + pg.rank() * count : r16.data();
             pg.reduce_scatter(h.data(), recv, count, dt, ReduceOp::Sum);
-            for (size_t i = 0; i < count; ++i) mine[i] = float_of_bf16(recv[i]);
+            for (size_t i = 0; i < count; ++i) mine[i] = bf16_to_fp32(recv[i]);
           }
           res[pg.rank()] = mine;
         });

@@ -21,6 +21,7 @@
 #include "core/util/error.h"
 #include "dist/launch_env.h"
 #include "dist/tcp_store.h"
+#include "io/dtype.h"
 #include "turbo/core/cuda_check.h"
 
 using namespace primus;
@@ -28,17 +29,8 @@ using namespace primus;
 namespace {
 
 float value(int rank, size_t i) { return static_cast<float>(static_cast<int>((rank * 31 + i * 7) % 13) - 6); }
-uint16_t bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using primus::io::bf16_to_fp32;
+using primus::io::fp32_to_bf16;
 
 // Host buffer of `n` values of `dtype` from floats, and back.
 std::vector<char> pack(const std::vector<float>& v, dist::DType t) {
@@ -47,7 +39,7 @@ std::vector<char> pack(const std::vector<float>& v, dist::DType t) {
     if (t == dist::DType::F32) {
       std::memcpy(&out[i * 4], &v[i], 4);
     } else {
-      uint16_t h = bf16(v[i]);
+      uint16_t h = fp32_to_bf16(v[i]);
       std::memcpy(&out[i * 2], &h, 2);
     }
   }
@@ -62,7 +54,7 @@ std::vector<float> unpack(const std::vector<char>& b, dist::DType t) {
     } else {
       uint16_t h;
       std::memcpy(&h, &b[i * 2], 2);
-      out[i] = from_bf16(h);
+      out[i] = bf16_to_fp32(h);
     }
   }
   return out;
