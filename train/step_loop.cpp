@@ -52,9 +52,10 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
       h.save(*step);
     }
     if (stop) {
-      spdlog::info("[signal] received signal {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true "
-                   "(or load={})",
-                   exit_signal(), *step, t.ckpt.save.string(), t.ckpt.save.string());
+      const std::string why = exit_requested() ? fmt::format("received signal {}", exit_signal())
+                                                : std::string("another rank received a stop signal");
+      spdlog::info("[signal] {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true (or load={})",
+                   why, *step, t.ckpt.save.string(), t.ckpt.save.string());
       return true;
     }
   }
