@@ -48,7 +48,8 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
       if (std::isfinite(vl) && progress) progress->eval(*step, vl);
     }
     const bool stop = h.agree_stop ? h.agree_stop(exit_requested()) : exit_requested();
-    if ((t.ckpt.save_interval > 0 && *step % t.ckpt.save_interval == 0) || *step == t.train_iters || stop) {
+    const bool last = *step == t.train_iters;
+    if ((t.ckpt.save_interval > 0 && *step % t.ckpt.save_interval == 0) || (last && t.ckpt.save_at_end) || stop) {
       h.save(*step);
     }
     if (stop) {

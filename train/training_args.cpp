@@ -28,6 +28,7 @@ void add_training_schema(config::Schema& s) {
       .integer("eval_iters", 10, "batches per validation run", 0)
       .integer("save_interval", 0, "steps between checkpoints (0: only at the end)", 0)
       .integer("keep_last_k", 2, "checkpoints to keep", 1)
+      .flag("save_at_end", true, "checkpoint after the last step (false: only every save_interval steps and on a stop signal)")
       .text("save", std::nullopt, "checkpoint folder (default: <output>/checkpoints)")
       .text("load", std::nullopt, "checkpoint folder to resume from")
       .flag("auto_continue_train", false, "resume from the latest checkpoint in `save` when there is one")
@@ -118,6 +119,7 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.ckpt.auto_continue_train = b("auto_continue_train");
   a.ckpt.save_interval = i("save_interval");
   a.ckpt.keep_last_k = i("keep_last_k");
+  a.ckpt.save_at_end = b("save_at_end");
   a.tensorboard_dir = text_or(p, "tensorboard_dir", "");
   a.sample_prompt = text_or(p, "sample_prompt", "");
   a.sample_tokens = i("sample_tokens");

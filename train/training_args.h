@@ -33,6 +33,7 @@ struct CheckpointArgs {
   std::filesystem::path load;   // where to resume from (empty: nowhere)
   bool auto_continue_train = false;
   int64_t save_interval = 0;    // 0: only at the end
+  bool save_at_end = true;      // a checkpoint after the last step
   int64_t keep_last_k = 2;
 };
 

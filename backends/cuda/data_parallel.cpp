@@ -289,19 +289,22 @@ void DataParallel::gather_state(float* master, float* m, float* v) {
   std::vector<float> host(static_cast<size_t>(biggest));
   try {
     pg_.wait_for(model_.stream());
+    // Every rank joins every all_gather (a collective); only the ranks given a destination keep
+    // the result. Skipping the gathers where dst is null left rank 0 waiting in its first one.
     for (auto [src, dst] : {std::pair{&master_, master}, std::pair{&m_, m}, std::pair{&v_, v}}) {
-      if (!dst) continue;
       for (size_t k = 0; k < buckets_.size(); ++k) {
         const GradBucket& b = buckets_[k];
         const int64_t c = chunk(b);
         CUDA_CHECK(cudaMemcpyAsync(tmp + rank_ * c, src->ptr<float>() + shard_offset_[k], size_t(c) * 4,
                                    cudaMemcpyDeviceToDevice, pg_.stream()));
         pg_.all_gather(tmp + rank_ * c, tmp, static_cast<size_t>(c), dist::DType::F32);
-        CUDA_CHECK(cudaMemcpyAsync(host.data(), tmp, size_t(b.end - b.begin) * 4, cudaMemcpyDeviceToHost,
-                                   pg_.stream()));
+        if (dst) {
+          CUDA_CHECK(cudaMemcpyAsync(host.data(), tmp, size_t(b.end - b.begin) * 4, cudaMemcpyDeviceToHost,
+                                     pg_.stream()));
+        }
         pg_.synchronize();
         const int64_t n = std::min(b.end, total) - b.begin;
-        if (n > 0) std::memcpy(dst + b.begin, host.data(), size_t(n) * 4);
+        if (dst && n > 0) std::memcpy(dst + b.begin, host.data(), size_t(n) * 4);
       }
     }
   } catch (...) {

@@ -106,7 +106,8 @@ class DataParallel {
   void update(const turbo::AdamWHyper& hp);
 
   // ZeRO-1 only: shard <-> full host arrays (layout().total floats each). Every rank must call
-  // them together; gather_state fills the arrays on every rank (nullptr: skip that array).
+  // them together. gather_state runs every gather on every rank and copies each array into the
+  // pointers given (nullptr: this rank does not keep that array, e.g. every rank but 0).
   void set_state(const float* master, const float* m, const float* v);
   void gather_state(float* master, float* m, float* v);
 

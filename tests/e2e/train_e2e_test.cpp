@@ -58,6 +58,16 @@ TEST(TrainE2E, ResumeGivesBitIdenticalLossesAndWeights) {
   EXPECT_TRUE(tb);
 }
 
+TEST(TrainE2E, SaveAtEndFalseWritesOnlyTheIntervalCheckpoints) {
+  Workdir w;
+  auto r = run_primus(tiny_run_args(w.str()) + " train_iters=7 save_interval=3 save_at_end=false");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fsys::path ck = out_dir(w) / "checkpoints";
+  EXPECT_TRUE(fsys::exists(ck / "iter_0000003"));
+  EXPECT_TRUE(fsys::exists(ck / "iter_0000006"));
+  EXPECT_FALSE(fsys::exists(ck / "iter_0000007")) << "no checkpoint after the last step";
+}
+
 TEST(TrainE2E, DamagedCheckpointIsRefusedNamingTheFile) {
   Workdir w;
   ASSERT_EQ(run_primus(tiny_run_args(w.str()) + " train_iters=10").code, 0);
