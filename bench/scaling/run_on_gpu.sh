@@ -8,8 +8,8 @@
 #      the Llama-3.2-1B shape, and per-GPU optimizer memory without and with ZeRO-1
 #   4. kill one rank mid-run: the job ends naming it; the last checkpoint resumes on 1 GPU
 # and writes $OUT/scaling.jsonl (DESIGN.md "Measurements"; append it to bench/results/) and a
-# table last. Every stage runs under `timeout`; expected ~7 minutes (each run ends with a checkpoint
-# write: ~14 GB for Llama-3.2-1B); SKIP=... drops stages if the 10-minute limit is near.
+# table last (stage 4 runs before stage 3). Every stage runs under `timeout`, cut to the time left
+# before BUDGET_S (540 s); throughput runs skip the final checkpoint (save_at_end=false).
 #
 # Build here first: bash bench/scaling/prepare_carry.sh (fills .carry-scaling), then:
 #   run(kind="nvidia-h200-x2", command="bash bench/scaling/run_on_gpu.sh", carry=[".carry-scaling"])
@@ -21,6 +21,11 @@ CARRY=${CARRY:-.carry-scaling}
 OUT=${OUT:-/tmp/scaling-out}
 BIN=/tmp/scaling-bin
 SKIP=${SKIP:-}
+# The device call ends at 600 s: every stage is cut to what is left before DEADLINE (default 540 s
+# from now) so the summary and the archive are always written (a hang cost a whole call once).
+DEADLINE=$(( $(date +%s) + ${BUDGET_S:-540} ))
+left() { echo $(( DEADLINE - $(date +%s) )); }
+cap() { local want=$1 l; l=$(( $(left) - 25 )); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 mkdir -p "$OUT" "$BIN"
 for f in "$CARRY"/*.gz; do
   gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"
@@ -47,7 +52,7 @@ rm -rf "$WS"
 
 # 0. NCCL process-group tests.
 if ! skip tests; then
-  PRIMUS_NCCL_TEST_WORKER=$BIN/nccl_test_worker PRIMUS_BIN=$P timeout 180 "$BIN/test_nccl_gpu" \
+  PRIMUS_NCCL_TEST_WORKER=$BIN/nccl_test_worker PRIMUS_BIN=$P timeout "$(cap 150)" "$BIN/test_nccl_gpu" \
     --gtest_filter=-*TwoGpuTraining* > "$OUT/tests.log" 2>&1  # stage 2 below measures the same over 50 steps
   echo "test_nccl_gpu rc=$?" >> "$OUT/tests.log"
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|rc=" "$OUT/tests.log"
@@ -55,18 +60,20 @@ fi
 
 # 1. preflight.
 if ! skip preflight; then
-  timeout 120 "$P" preflight --json "$OUT/preflight.json" > "$OUT/preflight.log" 2>&1
+  timeout "$(cap 60)" "$P" preflight --json "$OUT/preflight.json" > "$OUT/preflight.log" 2>&1
   echo "preflight rc=$?" >> "$OUT/preflight.log"
   cat "$OUT/preflight.log"
 fi
 
 # One training run: train NAME GPUS [key=value ...]; metrics in $WS/NAME.metrics.jsonl.
 train() {
-  local name=$1 gpus=$2 limit=$3
+  local name=$1 gpus=$2 limit
+  limit=$(cap "$3")
   shift 3
+  if [ "$(left)" -lt 40 ]; then echo "$name skipped: device time nearly over" | tee "$OUT/$name.log"; return 1; fi
   local cmd=("$P")
-  [ "$gpus" -gt 1 ] && cmd+=(launch --nproc-per-node "$gpus" --timeout 120 --)
-  cmd+=(train pretrain workspace="$WS" exp_name="$name" "$@")
+  [ "$gpus" -gt 1 ] && cmd+=(launch --nproc-per-node "$gpus" --timeout 60 --)
+  cmd+=(train pretrain workspace="$WS" exp_name="$name" save_at_end=false "$@")
   timeout "$limit" "${cmd[@]}" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc" >> "$OUT/$name.log"
@@ -87,24 +94,9 @@ if ! skip equality; then
   train eq_2gpu_zero1 2 120 "${SMALL[@]}" use_distributed_optimizer=true
 fi
 
-# 3. Throughput and memory. Per GPU: GPT-2 124M micro-batch 16 x 1024, Llama-3.2-1B 4 x 2048;
-#    no accumulation, 30 steps (the last 20 measured).
-if ! skip scaling; then
-  G2=(--config examples/cuda/gpt2-124M-shakespeare.yaml mock_data=true seq_length=1024 micro_batch_size=16
-      train_iters=30 lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1)
-  LL=(--config examples/cuda/llama3.2-1B.yaml mock_data=true micro_batch_size=4 train_iters=30 lr_warmup_iters=5
-      log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1)
-  train gpt2_1gpu 1 100 "${G2[@]}" global_batch_size=16
-  train gpt2_2gpu 2 100 "${G2[@]}" global_batch_size=32
-  train gpt2_2gpu_zero1 2 100 "${G2[@]}" global_batch_size=32 use_distributed_optimizer=true
-  train llama_1gpu 1 150 "${LL[@]}" global_batch_size=4
-  train llama_2gpu 2 150 "${LL[@]}" global_batch_size=8
-  train llama_2gpu_zero1 2 150 "${LL[@]}" global_batch_size=8 use_distributed_optimizer=true
-fi
-
 # 4. Kill rank 1 (SIGKILL) after step 12 of a 2-GPU run that checkpoints every 5 steps; the
 #    launcher must end the job naming rank 1; then resume the last checkpoint on 1 GPU.
-if ! skip kill; then
+if ! skip kill && [ "$(left)" -gt 90 ]; then
   KW=$WS/kill
   rm -rf "$KW"
   "$P" launch --nproc-per-node 2 --timeout 60 --grace 10 -- train pretrain "${SMALL[@]}" train_iters=200 \
@@ -124,15 +116,30 @@ if ! skip kill; then
     fi
     kill -0 "$lpid" 2>/dev/null || break
   done
-  timeout 120 tail --pid="$lpid" -f /dev/null
+  timeout "$(cap 90)" tail --pid="$lpid" -f /dev/null
   wait "$lpid"; krc=$?
   ended_at=$(date +%s.%N)
   echo "launcher rc=$krc; seconds from kill to exit: $(python3 -c "print(round($ended_at - ${killed_at:-$ended_at}, 2))")" >> "$OUT/kill.log"
   tail -4 "$OUT/kill.log"
-  timeout 120 "$P" train pretrain "${SMALL[@]}" train_iters=30 auto_continue_train=true save_interval=0 \
+  timeout "$(cap 60)" "$P" train pretrain "${SMALL[@]}" train_iters=30 auto_continue_train=true save_interval=0 \
     workspace="$KW" exp_name=kill > "$OUT/kill_resume.log" 2>&1
   echo "resume rc=$?" >> "$OUT/kill_resume.log"
   grep -E "resumed from|rc=" "$OUT/kill_resume.log"
+fi
+
+# 3. Throughput and memory. Per GPU: GPT-2 124M micro-batch 16 x 1024, Llama-3.2-1B 4 x 2048;
+#    no accumulation, 30 steps (the last 20 measured).
+if ! skip scaling; then
+  G2=(--config examples/cuda/gpt2-124M-shakespeare.yaml mock_data=true seq_length=1024 micro_batch_size=16
+      train_iters=30 lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1)
+  LL=(--config examples/cuda/llama3.2-1B.yaml mock_data=true micro_batch_size=4 train_iters=30 lr_warmup_iters=5
+      log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1)
+  train gpt2_1gpu 1 100 "${G2[@]}" global_batch_size=16
+  train gpt2_2gpu 2 100 "${G2[@]}" global_batch_size=32
+  train gpt2_2gpu_zero1 2 100 "${G2[@]}" global_batch_size=32 use_distributed_optimizer=true
+  train llama_1gpu 1 150 "${LL[@]}" global_batch_size=4
+  train llama_2gpu 2 150 "${LL[@]}" global_batch_size=8
+  train llama_2gpu_zero1 2 150 "${LL[@]}" global_batch_size=8 use_distributed_optimizer=true
 fi
 
 # scaling.jsonl and the table.
