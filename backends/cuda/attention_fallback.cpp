@@ -40,12 +40,14 @@ Dims dims_of(const TensorView& q, const TensorView& k, const char* op) {
 // The three small kernels, on the host for host tensors (f32) and on the device otherwise. The
 // host versions let the GEMM orchestration be checked on machines without a GPU.
 namespace host {
-void permute(float* dst, const float* src, int64_t B, int64_t T, int64_t Hx, int64_t D, bool to_heads) {
+// `row`: elements between the token-major side's tokens.
+void permute(float* dst, const float* src, int64_t B, int64_t T, int64_t Hx, int64_t D, int64_t row, bool to_heads) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < Hx; ++h) {
-        const float* s = src + (to_heads ? ((b * T + t) * Hx + h) : ((b * Hx + h) * T + t)) * D;
-        float* o = dst + (to_heads ? ((b * Hx + h) * T + t) : ((b * T + t) * Hx + h)) * D;
+        const int64_t tok = (b * T + t) * row + h * D, head = ((b * Hx + h) * T + t) * D;
+        const float* s = src + (to_heads ? tok : head);
+        float* o = dst + (to_heads ? head : tok);
         std::copy(s, s + D, o);
       }
 }
@@ -78,17 +80,27 @@ void softmax_backward(float* ds, const float* s, const float* lse, const float* 
 }
 }  // namespace host
 
+// Token-major views may be column slices of a packed q|k|v projection (strided token rows).
+int64_t token_row(const TensorView& t, const char* op) {
+  const int64_t row = t.strides[1];
+  if (t.ndim != 4 || t.strides[3] != 1 || t.strides[2] != t.shape[3] || row % 8 != 0 ||
+      (t.shape[0] > 1 && t.strides[0] != t.shape[1] * row))
+    throw RuntimeError(fmt::format("{}: {} is not token-major [B,T,H,D] with contiguous heads", op, t.describe()));
+  return row;
+}
 void to_heads(const TensorView& dst, const TensorView& src, const Dims& d, int64_t Hx, cudaStream_t st) {
+  const int64_t row = token_row(src, "fallback attention");
   if (src.device == Device::CPU)
-    host::permute(dst.ptr<float>(), src.ptr<const float>(), d.B, d.T, Hx, d.D, true);
+    host::permute(dst.ptr<float>(), src.ptr<const float>(), d.B, d.T, Hx, d.D, row, true);
   else
-    k::permute_to_heads(dst.data, src.data, d.B, d.T, Hx, d.D, st);
+    k::permute_to_heads(dst.data, src.data, d.B, d.T, Hx, d.D, st, row);
 }
 void from_heads(const TensorView& dst, const TensorView& src, const Dims& d, int64_t Hx, cudaStream_t st) {
+  const int64_t row = token_row(dst, "fallback attention");
   if (src.device == Device::CPU)
-    host::permute(dst.ptr<float>(), src.ptr<const float>(), d.B, d.T, Hx, d.D, false);
+    host::permute(dst.ptr<float>(), src.ptr<const float>(), d.B, d.T, Hx, d.D, row, false);
   else
-    k::permute_from_heads(dst.data, src.data, d.B, d.T, Hx, d.D, st);
+    k::permute_from_heads(dst.data, src.data, d.B, d.T, Hx, d.D, st, row);
 }
 void softmax_forward(const TensorView& p, const TensorView& lse, const TensorView& s, int64_t rows, int64_t T,
                      bool write_lse, cudaStream_t st) {

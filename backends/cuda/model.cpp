@@ -220,9 +220,7 @@ void CudaModel::plan(Take&& take) {
       {&LayerActs::ln1, act_, C, false, Recompute::None, "norm1 output"},
       {&LayerActs::mean1, f32, 1, true, Recompute::None, "norm1 mean"},
       {&LayerActs::rstd1, f32, 1, true, Recompute::None, "norm1 rstd"},
-      {&LayerActs::q, act_, C, false, Recompute::Selective, "q"},
-      {&LayerActs::k, act_, KVD, false, Recompute::Selective, "k"},
-      {&LayerActs::v, act_, KVD, false, Recompute::Selective, "v"},
+      {&LayerActs::qkv, act_, C + 2 * KVD, false, Recompute::Selective, "q|k|v (packed projection)"},
       {&LayerActs::att, act_, C, false, Recompute::Selective, "attention output"},
       {&LayerActs::lse, f32, H, true, Recompute::Selective, "attention log-sum-exp"},
       {&LayerActs::x2, act_, C, false, Recompute::Selective, "residual after attention"},
@@ -267,7 +265,7 @@ void CudaModel::plan(Take&& take) {
   dres_ = take(Pool::Acts, act_, {N, C}, "residual gradient");
   dln_ = take(Pool::Acts, act_, {N, C}, "norm output gradient");
   // One region for the backward's per-layer working gradients: the MLP's (dfc, dact) are dead
-  // before the attention's (datt, dq, dk, dv and the rotated dq/dk) are written, and those are
+  // before the attention's (datt, dq|dk|dv and the rotated dq|dk) are written, and those are
   // dead before the next layer's MLP, so the two sets overlap.
   const bool rope = spec_.rope;
   const int64_t mlp_cols = FC + (spec_.swiglu ? F : 0);
@@ -282,13 +280,8 @@ void CudaModel::plan(Take&& take) {
   dfc_ = carve(0, FC);
   dact_ = spec_.swiglu ? carve(FC, F) : TensorView();
   datt_ = carve(0, C);
-  dq_ = carve(C, C);
-  dk_ = carve(2 * C, KVD);
-  dv_ = carve(2 * C + KVD, KVD);
-  if (rope) {  // RoPE's backward reads the attention's dq/dk and writes dq_/dk_
-    dq_rot_ = carve(2 * C + 2 * KVD, C);
-    dk_rot_ = carve(3 * C + 2 * KVD, KVD);
-  }
+  dqkv_ = carve(C, C + 2 * KVD);
+  if (rope) dqk_rot_ = carve(2 * C + 2 * KVD, C + KVD);  // RoPE's backward reads these, writes dqkv_
 }
 
 CudaModel::Param CudaModel::param(const std::string& name, bool required) const {
@@ -307,6 +300,15 @@ CudaModel::Param CudaModel::param(const std::string& name, bool required) const 
 
 TensorView CudaModel::view(const TensorView& buf, std::initializer_list<int64_t> shape) const {
   return TensorView(buf.data, buf.dtype, buf.device, shape);
+}
+
+TensorView CudaModel::heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t heads) const {
+  const int64_t D = spec_.head_dim(), W = buf.size(1);
+  if (col + heads * D > W) throw RuntimeError(fmt::format("cuda model: columns {}+{} outside {}", col, heads * D, buf.describe()));
+  TensorView v(static_cast<char*>(buf.data) + size_t(col) * turbo::dtype_size(buf.dtype), buf.dtype, buf.device,
+               {B, T, heads, D});
+  v.strides = {T * W, W, D, 1};
+  return v;
 }
 
 void CudaModel::to_model(void* dst, const void* src, size_t bytes) const {
@@ -452,24 +454,21 @@ void CudaModel::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   const TensorView ln1 = a.ln1.slice0(0, N);
   const TensorView& wqkv = p.qkv_w.w;
   const TensorView& bqkv = p.qkv_b.w;
-  auto part = [](const TensorView& t, int64_t b, int64_t e) { return t.defined() ? t.slice0(b, e) : TensorView(); };
   phase(Phase::QkvGemm);
-  ops_.linear_forward(a.q.slice0(0, N), ln1, wqkv.slice0(0, C), part(bqkv, 0, C), {}, c);
-  ops_.linear_forward(a.k.slice0(0, N), ln1, wqkv.slice0(C, C + KVD), part(bqkv, C, C + KVD), {}, c);
-  ops_.linear_forward(a.v.slice0(0, N), ln1, wqkv.slice0(C + KVD, C + 2 * KVD), part(bqkv, C + KVD, C + 2 * KVD), {},
-                      c);
-  const TensorView q4 = view(a.q, {B, T, H, D}), k4 = view(a.k, {B, T, KV, D}), v4 = view(a.v, {B, T, KV, D});
-  if (spec_.rope) {  // in place: only the rotated q and k are needed later
+  // One GEMM for q|k|v: its output rows pack them, and the attention reads strided views.
+  const TensorView qkv = a.qkv.slice0(0, N);
+  ops_.linear_forward(qkv, ln1, wqkv, bqkv, {}, c);
+  const TensorView q4 = heads(qkv, B, T, 0, H), k4 = heads(qkv, B, T, C, KV), v4 = heads(qkv, B, T, C + KVD, KV);
+  if (spec_.rope) {  // in place on q|k (adjacent columns, one rotation per position): only the rotated ones are needed later
     phase(Phase::Rope);
-    for (const TensorView* x : {&q4, &k4}) {
-      turbo::RopeArgs r;
-      r.out = *x;
-      r.inp = *x;
-      r.table = rope_table_;
-      r.base = spec_.rotary_base;
-      r.ctx = c;
-      turbo::rope(r);
-    }
+    const TensorView qk4 = heads(qkv, B, T, 0, H + KV);
+    turbo::RopeArgs r;
+    r.out = qk4;
+    r.inp = qk4;
+    r.table = rope_table_;
+    r.base = spec_.rotary_base;
+    r.ctx = c;
+    turbo::rope(r);
   }
   AttentionCall at;
   at.out = view(a.att, {B, T, H, D});
@@ -619,7 +618,6 @@ void CudaModel::backward() {
     norm_backward(dres_, dln_, x_final_, meanf_, rstdf_, final_norm_, N, false);
   }
   const TensorView dres = dres_.slice0(0, N);
-  auto part = [](const TensorView& t, int64_t b, int64_t e) { return t.defined() ? t.slice0(b, e) : TensorView(); };
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
     recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
@@ -644,44 +642,39 @@ void CudaModel::backward() {
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
     mark(Phase::ProjGemmBwd);
     ops_.linear_backward(datt_.slice0(0, N), p.proj_w.g, p.proj_b.g, dres, a.att.slice0(0, N), p.proj_w.w, false, c);
-    const TensorView dq4 = view(dq_, {B, T, H, D}), dk4 = view(dk_, {B, T, KV, D}), dv4 = view(dv_, {B, T, KV, D});
-    // With RoPE the attention's gradients are those of the rotated q/k; the rotation's backward
-    // then writes dq_/dk_ (out of place: the reference backend's RoPE cannot run in place).
+    const TensorView dqkv = dqkv_.slice0(0, N), qkv = a.qkv.slice0(0, N);
+    // With RoPE the attention's gradients are those of the rotated q/k (dqk_rot_); the rotation's
+    // backward then writes dq|dk into dqkv (out of place: the reference RoPE cannot run in place).
+    const TensorView dqk_rot = spec_.rope ? dqk_rot_.slice0(0, N) : TensorView();
     AttentionGradCall g;
-    g.dq = spec_.rope ? view(dq_rot_, {B, T, H, D}) : dq4;
-    g.dk = spec_.rope ? view(dk_rot_, {B, T, KV, D}) : dk4;
-    g.dv = dv4;
+    g.dq = spec_.rope ? heads(dqk_rot, B, T, 0, H) : heads(dqkv, B, T, 0, H);
+    g.dk = spec_.rope ? heads(dqk_rot, B, T, C, KV) : heads(dqkv, B, T, C, KV);
+    g.dv = heads(dqkv, B, T, C + KVD, KV);
     g.dout = view(datt_, {B, T, H, D});
-    g.q = view(a.q, {B, T, H, D});
-    g.k = view(a.k, {B, T, KV, D});
-    g.v = view(a.v, {B, T, KV, D});
+    g.q = heads(qkv, B, T, 0, H);
+    g.k = heads(qkv, B, T, C, KV);
+    g.v = heads(qkv, B, T, C + KVD, KV);
     g.out = view(a.att, {B, T, H, D});
     g.lse = view(a.lse, {B, H, T});
     g.scale = scale;
     g.ctx = c;
     mark(Phase::AttentionBwd);
     ops_.attention_backward(g);
-    if (spec_.rope) {
+    if (spec_.rope) {  // one rotation for dq|dk: they sit side by side in both buffers
       mark(Phase::RopeBwd);
-      for (auto [dx, dx_rot] : {std::pair{dq4, g.dq}, std::pair{dk4, g.dk}}) {
-        turbo::RopeArgs r;
-        r.backward = true;
-        r.out = dx;
-        r.inp = dx_rot;
-        r.table = rope_table_;
-        r.base = spec_.rotary_base;
-        r.ctx = c;
-        turbo::rope(r);
-      }
+      turbo::RopeArgs r;
+      r.backward = true;
+      r.out = heads(dqkv, B, T, 0, H + KV);
+      r.inp = heads(dqk_rot, B, T, 0, H + KV);
+      r.table = rope_table_;
+      r.base = spec_.rotary_base;
+      r.ctx = c;
+      turbo::rope(r);
     }
     const TensorView ln1 = a.ln1.slice0(0, N), dln = dln_.slice0(0, N);
-    const TensorView &wqkv = p.qkv_w.w, &gw = p.qkv_w.g, &gb = p.qkv_b.g;
     mark(Phase::QkvGemmBwd);
-    ops_.linear_backward(dln, gw.slice0(0, C), part(gb, 0, C), dq_.slice0(0, N), ln1, wqkv.slice0(0, C), false, c);
-    ops_.linear_backward(dln, gw.slice0(C, C + KVD), part(gb, C, C + KVD), dk_.slice0(0, N), ln1,
-                         wqkv.slice0(C, C + KVD), true, c);
-    ops_.linear_backward(dln, gw.slice0(C + KVD, C + 2 * KVD), part(gb, C + KVD, C + 2 * KVD), dv_.slice0(0, N), ln1,
-                         wqkv.slice0(C + KVD, C + 2 * KVD), true, c);
+    // One dgrad and one wgrad (+ bias gradient) GEMM over the packed q|k|v columns.
+    ops_.linear_backward(dln, p.qkv_w.g, p.qkv_b.g, dqkv, ln1, p.qkv_w.w, false, c);
     mark(Phase::NormBwd);
     norm_backward(dres_, dln_, a.x_in, a.mean1, a.rstd1, p.norm1, N, true);
   }

@@ -158,7 +158,8 @@ class CudaModel {
     Param qkv_w, qkv_b, proj_w, proj_b, fc_w, fc_b, out_w, out_b;
   };
   struct LayerActs {
-    TensorView x_in, ln1, mean1, rstd1, q, k, v, att, lse, x2, ln2, mean2, rstd2, fc, act;
+    // qkv [N, C + 2*KVD]: one GEMM's packed q|k|v columns; attention reads them as strided views.
+    TensorView x_in, ln1, mean1, rstd1, qkv, att, lse, x2, ln2, mean2, rstd2, fc, act;
   };
   template <class Take>
   void plan(Take&& take);  // assigns every buffer; run once to count bytes, once to allocate
@@ -180,6 +181,8 @@ class CudaModel {
                      const TensorView& rstd, const NormParams& p, int64_t N, bool accumulate);
   ExecContext ctx() const;
   TensorView view(const TensorView& buf, std::initializer_list<int64_t> shape) const;  // same memory, new shape
+  // [B,T,heads,D] view of columns [col, col + heads*D) of a row-major [rows, W] buffer (tokens W apart).
+  TensorView heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t heads) const;
   void to_model(void* dst, const void* src, size_t bytes) const;    // host -> model memory, stream-ordered
   void from_model(void* dst, const void* src, size_t bytes) const;  // model memory -> host
   void zero(const TensorView& t) const;
@@ -210,7 +213,9 @@ class CudaModel {
   LayerActs work_;
   std::vector<LayerActs> layers_;
   TensorView tmp_, x_final_, lnf_, meanf_, rstdf_, logits_, losses_, tokens_, targets_;
-  TensorView dres_, dln_, datt_, dq_, dk_, dv_, dq_rot_, dk_rot_, dfc_, dact_;
+  // dqkv_ [N, C + 2*KVD] packs dq|dk|dv like LayerActs::qkv (one dgrad and one wgrad GEMM);
+  // dqk_rot_ [N, C + KVD] holds the attention's dq|dk before RoPE's backward rotates them into dqkv_.
+  TensorView dres_, dln_, datt_, dqkv_, dqk_rot_, dfc_, dact_;
   size_t scratch_bytes_ = 0;
 
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -335,6 +336,54 @@ TEST_F(AttnGpu, Sm90ForwardDescriptorDiagnostic) {
                 e[swap].rel_l2, e[swap].max_rel);
   }
   EXPECT_LE(e[0].rel_l2, kGateRelL2);
+}
+
+// q, k, v as column slices of one packed [B,T,(H+2*KVH)*D] projection (what the CUDA model's fused
+// QKV GEMM writes) and dq, dk, dv into one packed gradient buffer: each backend reads and writes
+// the strided views (CUDNN natively, TURBO through dense copies) and matches the reference; the
+// packed inputs are left as they were and every packed gradient column is written.
+TEST_F(AttnGpu, PackedQkvViewsMatchReference) {
+  AttnCase c;
+  c.T = 192, c.D = 64, c.KVH = 2;  // H = 4: grouped-query, so q and k/v slices differ in width
+  const DType dt = DType::BF16;
+  AttnTensors t = random_inputs(c, dt);
+  run_reference(c, t);
+  const Dev dense = upload(c, dt, t);
+  const int64_t W = (c.H + 2 * c.KVH) * c.D, es = 2;
+  auto slice = [&](const TensorView& packed, int64_t col, int64_t heads) {
+    TensorView v(static_cast<char*>(packed.data) + col * es, dt, Device::CUDA, {c.B, c.T, heads, c.D});
+    v.strides = {c.T * W, W, c.D, 1};
+    return v;
+  };
+  auto copy_rows = [&](const TensorView& dst, const TensorView& src) {  // between dense / strided views
+    CUDA_CHECK(cudaMemcpy2D(dst.data, size_t(dst.strides[1] * es), src.data, size_t(src.strides[1] * es),
+                            size_t(src.shape[2] * c.D * es), size_t(c.B * c.T), cudaMemcpyDeviceToDevice));
+  };
+  for (BackendType be : {BackendType::CUDNN, BackendType::TURBO}) {
+    SCOPED_TRACE(backend_name(be));
+    GlobalBackendManager::instance().set_backend("attention", be);
+    TensorView qkv = make(dt, {c.B, c.T, W}), dqkv = make(dt, {c.B, c.T, W});
+    Dev d = dense;
+    d.q = slice(qkv, 0, c.H), d.k = slice(qkv, c.H * c.D, c.KVH), d.v = slice(qkv, (c.H + c.KVH) * c.D, c.KVH);
+    copy_rows(d.q, dense.q), copy_rows(d.k, dense.k), copy_rows(d.v, dense.v);
+    const std::vector<float> packed_in = get(qkv);
+    poison(dqkv);
+    d.dq = slice(dqkv, 0, c.H), d.dk = slice(dqkv, c.H * c.D, c.KVH), d.dv = slice(dqkv, (c.H + c.KVH) * c.D, c.KVH);
+    const auto [fb, bb] = run(c, d);  // poisons out, lse (dense) and writes the packed gradients
+    EXPECT_EQ(fb, be);
+    EXPECT_EQ(bb, be);
+    expect_close("out", get(d.out), t.out);
+    expect_close("lse", get(d.lse), t.lse);
+    Dev back = dense;  // the packed gradients, copied out to dense tensors
+    copy_rows(back.dq, d.dq), copy_rows(back.dk, d.dk), copy_rows(back.dv, d.dv);
+    expect_close("dq", get(back.dq), t.dq);
+    expect_close("dk", get(back.dk), t.dk);
+    expect_close("dv", get(back.dv), t.dv);
+    EXPECT_TRUE(get(qkv) == packed_in) << "the packed q|k|v input changed";
+    int64_t non_finite = 0;
+    for (float x : get(dqkv)) non_finite += !std::isfinite(x);
+    EXPECT_EQ(non_finite, 0) << "packed gradient elements left unwritten (still poisoned)";
+  }
 }
 
 // A backend forced by the user that cannot serve the call is an error, not a silent fallback.

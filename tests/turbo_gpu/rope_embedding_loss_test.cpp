@@ -52,6 +52,59 @@ TEST_P(RopeTest, ForwardBackwardWithAndWithoutPositions) {
   }
 }
 
+// q|k as the first columns of a packed [B,T,(H+KV+KV)*D] q|k|v projection (the CUDA model's
+// layout): the forward rotates them in place through a strided view and leaves the v columns
+// alone; the backward reads a dense dq|dk and writes the strided view. Both equal the dense op.
+TEST_P(RopeTest, StridedTokenRowsMatchDense) {
+  const DType dt = GetParam();
+  const int64_t B = 2, T = 80, HQK = 6, KV = 2, D = 64, W = (HQK + KV) * D, max_pos = 512;
+  TensorView table = make(DType::F32, {max_pos, D / 2, 2});
+  rope_build_table(table, 10000.0, ctx);
+  TensorView packed = make(dt, {B, T, W}), x = make(dt, {B, T, HQK, D}), y = make(dt, {B, T, HQK, D});
+  const auto pv = random_tensor(packed);
+  const auto es = static_cast<int64_t>(dtype_size(dt));
+  auto strided = [&](const TensorView& p) {
+    TensorView v(p.data, dt, Device::CUDA, {B, T, HQK, D});
+    v.strides = {T * W, W, D, 1};
+    return v;
+  };
+  // x = the q|k columns, dense; y = RoPE(x), the dense op's answer.
+  CUDA_CHECK(cudaMemcpy2D(x.data, size_t(HQK * D * es), packed.data, size_t(W * es), size_t(HQK * D * es), size_t(B * T),
+                          cudaMemcpyDeviceToDevice));
+  RopeArgs a;
+  a.out = y, a.inp = x, a.table = table, a.ctx = ctx;
+  rope(a);
+  RopeArgs s = a;
+  s.out = s.inp = strided(packed);
+  EXPECT_EQ(rope(s), BackendType::TURBO);
+  const auto got = get(packed), want = get(y);
+  int64_t bad_rot = 0, bad_v = 0;
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t j = 0; j < W; ++j) {
+      const float g = got[size_t(r * W + j)];
+      if (j < HQK * D)
+        bad_rot += g != want[size_t(r * HQK * D + j)];
+      else
+        bad_v += g != pv[size_t(r * W + j)];
+    }
+  EXPECT_EQ(bad_rot, 0) << "strided forward differs from the dense one";
+  EXPECT_EQ(bad_v, 0) << "columns outside the view changed";
+  // Backward: dense dout -> strided dinp.
+  TensorView dx = make(dt, {B, T, HQK, D});
+  RopeArgs bd = a;
+  bd.backward = true, bd.inp = y, bd.out = dx;
+  rope(bd);
+  poison(packed);
+  RopeArgs bs = bd;
+  bs.out = strided(packed);
+  rope(bs);
+  const auto gb = get(packed), wb = get(dx);
+  int64_t bad_b = 0;
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t j = 0; j < HQK * D; ++j) bad_b += gb[size_t(r * W + j)] != wb[size_t(r * HQK * D + j)];
+  EXPECT_EQ(bad_b, 0) << "strided backward differs from the dense one";
+}
+
 INSTANTIATE_TEST_SUITE_P(Turbo, RopeTest, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
 
 class EmbeddingTest : public GpuDTypeTest {};

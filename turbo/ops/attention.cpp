@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstddef>
+#include <vector>
+#include <optional>
+#include <deque>
 #include <cstring>
 
 #include "turbo/kernels/cpu/attention.h"
@@ -36,7 +40,12 @@ Dims validate_common(const char* op, const TensorView& q, const TensorView& k, c
   check_shape(lse, {d.B, d.H, d.T}, op, "lse");
   if (d.KVH <= 0 || d.H % d.KVH != 0)
     throw RuntimeError(fmt::format("{}: H={} is not a multiple of KVH={}", op, d.H, d.KVH));
-  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}}) {
+  // q, k, v may be column slices of one packed projection (token rows strided); out, lse dense.
+  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
+    detail::token_rows(*t, op, name);
+    check_same_device(q, *t, op);
+  }
+  for (auto [name, t] : {std::pair{"out", &out}, {"lse", &lse}}) {
     check_contiguous(*t, op, name);
     check_same_device(q, *t, op);
   }
@@ -63,12 +72,53 @@ void validate(const AttentionBackwardArgs& a) {
   check_shape(a.dq, {d.B, d.T, d.H, d.D}, op, "dq");
   check_shape(a.dk, {d.B, d.T, d.KVH, d.D}, op, "dk");
   check_shape(a.dv, {d.B, d.T, d.KVH, d.D}, op, "dv");
+  check_contiguous(a.dout, op, "dout");
+  for (auto [name, t] : {std::pair{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}}) detail::token_rows(*t, op, name);
   for (auto [name, t] : {std::pair{"dout", &a.dout}, {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}}) {
-    check_contiguous(*t, op, name);
     check_same_device(a.q, *t, op);
     check_dtype(*t, a.q.dtype, op, name);
   }
 }
+
+bool any_strided(std::initializer_list<const TensorView*> ts) {
+  for (const TensorView* t : ts)
+    if (t->defined() && !t->is_contiguous()) return true;
+  return false;
+}
+
+// Dense [B,T,H,D] stand-ins for token-strided views, for the backends that read q/k/v (and write
+// dq/dk/dv) densely: host buffers, or the scratch arena on the device (released on destruction).
+class Dense {
+ public:
+  Dense(const ExecContext& ctx, const char* op) : ctx_(ctx), op_(op) {}
+  // t itself when contiguous, else a dense copy of it.
+  TensorView in(const TensorView& t) {
+    if (t.is_contiguous()) return t;
+    TensorView c = alloc(t);
+    detail::copy_token_rows(c, t, ctx_.stream);
+    return c;
+  }
+  // t itself when contiguous, else an uninitialised dense stand-in for finish() to copy back.
+  TensorView out(const TensorView& t) { return t.is_contiguous() ? t : alloc(t); }
+  static void finish(const TensorView& dst, const TensorView& dense, void* stream) {
+    if (dense.data != dst.data) detail::copy_token_rows(dst, dense, stream);
+  }
+
+ private:
+  TensorView alloc(const TensorView& t) {
+    const auto& s = t.shape;
+    if (t.device == Device::CPU) {
+      host_.emplace_back(t.nbytes());
+      return TensorView(host_.back().data(), t.dtype, Device::CPU, {s[0], s[1], s[2], s[3]});
+    }
+    if (!scope_) scope_.emplace(detail::scratch_of(ctx_, op_));
+    return ctx_.scratch->tensor(t.dtype, {s[0], s[1], s[2], s[3]}, "attention: dense copy of a strided view");
+  }
+  ExecContext ctx_;
+  const char* op_;
+  std::deque<std::vector<std::byte>> host_;  // a deque keeps earlier buffers in place
+  std::optional<ArenaScope> scope_;
+};
 
 // ---- CPU (reference) -----------------------------------------------------------------------
 
@@ -88,7 +138,10 @@ std::string cpu_check_fwd(const AttentionForwardArgs& a) {
   if (auto w = detail::all_on(Device::CPU, {{"q", &a.q}, {"cu_seqlens", &a.opt.cu_seqlens}}); !w.empty()) return w;
   return detail::all_dtype(DType::F32, {{"q", &a.q}});
 }
-void cpu_fwd(const AttentionForwardArgs& a) {
+void cpu_fwd(const AttentionForwardArgs& args) {
+  Dense dense(args.ctx, "attention_forward");
+  AttentionForwardArgs a = args;
+  a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
   cpu::attention_forward<float>(a.out.ptr<float>(), a.lse.ptr<float>(), a.q.ptr<const float>(), a.k.ptr<const float>(),
                                 a.v.ptr<const float>(), cpu_params(dims_of(a.q, a.k), a.opt));
 }
@@ -96,12 +149,17 @@ std::string cpu_check_bwd(const AttentionBackwardArgs& a) {
   if (auto w = detail::all_on(Device::CPU, {{"q", &a.q}, {"cu_seqlens", &a.opt.cu_seqlens}}); !w.empty()) return w;
   return detail::all_dtype(DType::F32, {{"q", &a.q}});
 }
-void cpu_bwd(const AttentionBackwardArgs& a) {
+void cpu_bwd(const AttentionBackwardArgs& args) {
+  Dense dense(args.ctx, "attention_backward");
+  AttentionBackwardArgs a = args;
+  a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
+  a.dq = dense.out(args.dq), a.dk = dense.out(args.dk), a.dv = dense.out(args.dv);
   // The reference accumulates; this op overwrites.
   for (const TensorView* t : {&a.dq, &a.dk, &a.dv}) std::memset(t->data, 0, t->nbytes());
   cpu::attention_backward<float>(a.dq.ptr<float>(), a.dk.ptr<float>(), a.dv.ptr<float>(), a.dout.ptr<const float>(),
                                  a.q.ptr<const float>(), a.k.ptr<const float>(), a.v.ptr<const float>(),
                                  a.out.ptr<const float>(), a.lse.ptr<const float>(), cpu_params(dims_of(a.q, a.k), a.opt));
+  Dense::finish(args.dq, a.dq, nullptr), Dense::finish(args.dk, a.dk, nullptr), Dense::finish(args.dv, a.dv, nullptr);
 }
 
 // ---- TURBO (in-house CUDA kernels) -----------------------------------------------------------
@@ -121,9 +179,15 @@ cuda::FlashAttnParams flash_params(const Dims& d, DType dt, const AttentionOptio
 
 std::string turbo_check_fwd(const AttentionForwardArgs& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"q", &a.q}}); !w.empty()) return w;
+  if (any_strided({&a.q, &a.k, &a.v}) && !a.ctx.scratch)
+    return "strided q/k/v need ExecContext::scratch (device arena) for dense copies";
   return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
 }
-void turbo_fwd(const AttentionForwardArgs& a) {
+void turbo_fwd(const AttentionForwardArgs& args) {
+  // The kernels read dense [B,T,H,D]: strided q/k/v are copied first (the CUDNN backend reads them in place).
+  Dense dense(args.ctx, "attention_forward");
+  AttentionForwardArgs a = args;
+  a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
   cuda::flash_attention_forward(flash_params(dims_of(a.q, a.k), a.q.dtype, a.opt), a.out.data, a.lse.ptr<float>(),
                                 a.q.data, a.k.data, a.v.data, static_cast<cudaStream_t>(a.ctx.stream));
 }
@@ -132,7 +196,16 @@ std::string turbo_check_bwd(const AttentionBackwardArgs& a) {
   if (!a.ctx.scratch) return "needs ExecContext::scratch (device arena) for the f32 dq accumulator";
   return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
 }
-void turbo_bwd(const AttentionBackwardArgs& a) {
+void turbo_bwd_dense(const AttentionBackwardArgs& a);
+void turbo_bwd(const AttentionBackwardArgs& args) {
+  Dense dense(args.ctx, "attention_backward");
+  AttentionBackwardArgs a = args;
+  a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
+  a.dq = dense.out(args.dq), a.dk = dense.out(args.dk), a.dv = dense.out(args.dv);
+  turbo_bwd_dense(a);
+  for (auto [dst, d] : {std::pair{&args.dq, &a.dq}, {&args.dk, &a.dk}, {&args.dv, &a.dv}}) Dense::finish(*dst, *d, a.ctx.stream);
+}
+void turbo_bwd_dense(const AttentionBackwardArgs& a) {
   const cuda::FlashAttnParams p = flash_params(dims_of(a.q, a.k), a.q.dtype, a.opt);
   Arena& arena = detail::scratch_of(a.ctx, "attention_backward");
   ArenaScope scope(arena);
@@ -160,15 +233,29 @@ std::string cudnn_common_check(const TensorView& q, const AttentionOptions& o) {
   return cudnn::library().unavailable_reason();
 }
 
+// The token row strides of strided views (0 for dense ones: the plan key stays as before).
+int64_t row_of(const TensorView& t) { return t.is_contiguous() ? 0 : t.strides[1]; }
+cudnn::SdpaShape sdpa_shape(const AttentionForwardArgs& a) {
+  cudnn::SdpaShape s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  s.q_row = row_of(a.q), s.k_row = row_of(a.k), s.v_row = row_of(a.v);
+  return s;
+}
+cudnn::SdpaShape sdpa_shape(const AttentionBackwardArgs& a) {
+  cudnn::SdpaShape s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  s.q_row = row_of(a.q), s.k_row = row_of(a.k), s.v_row = row_of(a.v);
+  s.dq_row = row_of(a.dq), s.dk_row = row_of(a.dk), s.dv_row = row_of(a.dv);
+  return s;
+}
+
 std::string cudnn_check_fwd(const AttentionForwardArgs& a) {
   if (auto w = cudnn_common_check(a.q, a.opt); !w.empty()) return w;
-  const auto s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  const auto s = sdpa_shape(a);
   if (auto w = cudnn::sdpa_forward_unsupported(s); !w.empty()) return w;
   if (cudnn::sdpa_forward_workspace(s) > 0 && !a.ctx.scratch) return "needs ExecContext::scratch for the cuDNN workspace";
   return "";
 }
 void cudnn_fwd(const AttentionForwardArgs& a) {
-  const auto s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  const auto s = sdpa_shape(a);
   const size_t ws_bytes = cudnn::sdpa_forward_workspace(s);
   void* ws = nullptr;
   std::optional<ArenaScope> scope;
@@ -183,10 +270,10 @@ void cudnn_fwd(const AttentionForwardArgs& a) {
 std::string cudnn_check_bwd(const AttentionBackwardArgs& a) {
   if (auto w = cudnn_common_check(a.q, a.opt); !w.empty()) return w;
   if (!a.ctx.scratch) return "needs ExecContext::scratch for the cuDNN workspace";
-  return cudnn::sdpa_backward_unsupported(sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal));
+  return cudnn::sdpa_backward_unsupported(sdpa_shape(a));
 }
 void cudnn_bwd(const AttentionBackwardArgs& a) {
-  const auto s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  const auto s = sdpa_shape(a);
   Arena& arena = detail::scratch_of(a.ctx, "attention_backward");
   ArenaScope scope(arena);
   void* ws = arena.allocate(cudnn::sdpa_backward_workspace(s), 256, "cuDNN SDPA backward workspace");

@@ -29,6 +29,13 @@ double cuda_time_ms(void* stream_ptr, const std::function<void()>& run) {
   return ms[2];
 }
 
+void cuda_copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+                    int64_t rows, void* stream) {
+  if (rows == 0 || row_bytes == 0) return;
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(row_bytes), size_t(rows),
+                               cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+}
+
 bool cuda_capturing(void* stream) { return cuda_stream_is_capturing(static_cast<cudaStream_t>(stream)); }
 
 }  // namespace primus::turbo::detail

@@ -61,4 +61,17 @@ std::string all_dtype(DType t, std::initializer_list<std::pair<const char*, cons
 // Throws RuntimeError "<op>: needs a scratch arena" when ctx.scratch is null.
 Arena& scratch_of(const ExecContext& ctx, const char* op);
 
+// Token-major [B,T,Hx,D] views whose tokens may lie further apart than Hx*D elements, e.g. q, k
+// or v as column slices of one packed [B*T, (H+2*KVH)*D] projection: the last two dims are
+// contiguous and the batch stride is T token rows. Returns the token row stride in elements
+// (Hx*D when contiguous); throws RuntimeError naming op and arg for any other layout.
+int64_t token_rows(const TensorView& t, const char* op, const char* name);
+// dst = src for two such views of one shape and dtype, on the host or the device (ordered on
+// `stream`, asynchronous there): row by row, so either side may be packed or contiguous.
+void copy_token_rows(const TensorView& dst, const TensorView& src, void* stream);
+#ifdef PRIMUS_TURBO_WITH_CUDA
+void cuda_copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+                    int64_t rows, void* stream);  // pitches in bytes
+#endif
+
 }  // namespace primus::turbo::detail

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <vector>
 
 #include "turbo/kernels/cpu/rope.h"
 #include "turbo/ops/op_support.h"
@@ -18,9 +19,9 @@ void validate(const RopeArgs& a) {
   const char* op = a.backward ? "rope_backward" : "rope_forward";
   check_defined(a.inp, op, "inp");
   check_defined(a.out, op, "out");
-  check_contiguous(a.inp, op, "inp");
-  check_contiguous(a.out, op, "out");
   check_shape(a.inp, {-1, -1, -1, -1}, op, "inp");
+  detail::token_rows(a.inp, op, "inp");  // token rows may be strided (q|k slices of a packed qkv)
+  detail::token_rows(a.out, op, "out");
   check_shape(a.out, {a.inp.shape[0], a.inp.shape[1], a.inp.shape[2], a.inp.shape[3]}, op, "out");
   check_dtype(a.out, a.inp.dtype, op, "out");
   if (a.inp.shape[3] % 2 != 0) throw RuntimeError(fmt::format("{}: head dim of {} is odd", op, a.inp.describe()));
@@ -41,12 +42,27 @@ std::string cpu_check(const RopeArgs& a) {
 void cpu_run(const RopeArgs& a) {
   const auto& s = a.inp.shape;
   const int32_t* pos = a.positions.defined() ? a.positions.ptr<const int32_t>() : nullptr;
-  if (!a.backward) {
-    cpu::rope_forward(a.out.ptr<float>(), a.inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base);
-  } else {
-    if (!a.accumulate) std::memset(a.out.data, 0, a.out.nbytes());
-    cpu::rope_backward(a.out.ptr<float>(), a.inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base);
+  // The reference kernels read and write contiguous [B,T,H,D]: strided views go through copies.
+  const int64_t n = s[0] * s[1] * s[2] * s[3];
+  std::vector<float> in_buf, out_buf;
+  TensorView inp = a.inp, out = a.out;
+  if (!a.inp.is_contiguous()) {
+    in_buf.resize(size_t(n));
+    inp = TensorView(in_buf.data(), DType::F32, Device::CPU, {s[0], s[1], s[2], s[3]});
+    detail::copy_token_rows(inp, a.inp, nullptr);
   }
+  if (!a.out.is_contiguous()) {
+    out_buf.resize(size_t(n));
+    out = TensorView(out_buf.data(), DType::F32, Device::CPU, {s[0], s[1], s[2], s[3]});
+    if (a.backward && a.accumulate) detail::copy_token_rows(out, a.out, nullptr);
+  }
+  if (!a.backward) {
+    cpu::rope_forward(out.ptr<float>(), inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base);
+  } else {
+    if (!a.accumulate) std::memset(out.data, 0, out.nbytes());
+    cpu::rope_backward(out.ptr<float>(), inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base);
+  }
+  if (out.data != a.out.data) detail::copy_token_rows(a.out, out, nullptr);
 }
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
@@ -54,6 +70,10 @@ std::string turbo_check(const RopeArgs& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"positions", &a.positions}, {"table", &a.table}}); !w.empty()) return w;
   if (a.inp.dtype != DType::F32 && a.inp.dtype != DType::BF16) return "dtype must be f32 or bf16";
   if (a.inp.shape[3] % 8 != 0) return "head dim must be a multiple of 8";
+  for (const TensorView* t : {&a.inp, &a.out}) {
+    if (t->strides[1] % 8 != 0 || reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+      return fmt::format("token rows of {} must be 16-byte aligned (row stride a multiple of 8)", t->describe());
+  }
   if (!a.table.defined() || a.table.dtype != DType::F32 || a.table.ndim != 3 ||
       a.table.shape[1] != a.inp.shape[3] / 2 || a.table.shape[2] != 2)
     return fmt::format("needs a cos/sin table f32 [max_pos, {}, 2] (rope_build_table)", a.inp.shape[3] / 2);
@@ -64,10 +84,11 @@ void turbo_run(const RopeArgs& a) {
   const int32_t* pos = a.positions.defined() ? a.positions.ptr<const int32_t>() : nullptr;
   auto st = static_cast<cudaStream_t>(a.ctx.stream);
   if (!a.backward)
-    cuda::rope_forward(a.inp.dtype, a.out.data, a.inp.data, pos, a.table.data, s[0], s[1], s[2], s[3], a.table.shape[0], st);
+    cuda::rope_forward(a.inp.dtype, a.out.data, a.inp.data, pos, a.table.data, s[0], s[1], s[2], s[3], a.table.shape[0], st,
+                       a.inp.strides[1], a.out.strides[1]);
   else
     cuda::rope_backward(a.inp.dtype, a.out.data, a.inp.data, pos, a.table.data, s[0], s[1], s[2], s[3],
-                        a.table.shape[0], a.accumulate, st);
+                        a.table.shape[0], a.accumulate, st, a.inp.strides[1], a.out.strides[1]);
 }
 #endif
 

@@ -1,6 +1,6 @@
 // Rotary position embedding on q or k, interleaved pairs (turbo/kernels/cpu/rope.h states the
 // convention and how it maps to Hugging Face's half-split one).
-//   x [B,T,H,D] contiguous, D a multiple of 8, f32 or bf16; positions [B,T] int32 or undefined
+//   x [B,T,H,D] (token rows may be strided: detail::token_rows), D a multiple of 8, f32 or bf16; positions [B,T] int32 or undefined
 //   (pos = t); forward: out = R(pos) x; backward: dinp = R(pos)^T dout (= or += with accumulate).
 // The TURBO backend reads cos/sin from `table` [max_pos, D/2, 2] f32 on the device, built once
 // with rope_build_table (in double, like the reference); the CPU backend uses `base` directly.

@@ -17,7 +17,7 @@ constexpr int kRowThreads = 256;
 // One thread moves 8 bf16 (16 bytes) of one (b, t, h) head vector.
 template <bool kToHeads>
 __global__ void permute_kernel(bf16* __restrict__ dst, const bf16* __restrict__ src, int64_t B, int64_t T,
-                               int64_t Hx, int64_t D) {
+                               int64_t Hx, int64_t D, int64_t row) {
   const int64_t vecs = D / 8;
   const int64_t total = B * T * Hx * vecs;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
@@ -27,7 +27,7 @@ __global__ void permute_kernel(bf16* __restrict__ dst, const bf16* __restrict__ 
     r /= Hx;
     const int64_t t = r % T;
     const int64_t b = r / T;
-    const int64_t tok = ((b * T + t) * Hx + h) * D + v * 8;   // [B,T,Hx,D]
+    const int64_t tok = (b * T + t) * row + h * D + v * 8;    // [B,T,Hx,D], tokens `row` apart
     const int64_t head = ((b * Hx + h) * T + t) * D + v * 8;  // [B,Hx,T,D]
     if (kToHeads)
       tc::store_vec(dst + head, tc::load_vec(src + tok));
@@ -88,15 +88,17 @@ int grid_for(int64_t work, int threads) {
 
 }  // namespace
 
-void permute_to_heads(void* dst, const void* src, int64_t B, int64_t T, int64_t Hx, int64_t D, cudaStream_t s) {
-  permute_kernel<true><<<grid_for(B * T * Hx * D / 8, 256), 256, 0, s>>>(static_cast<bf16*>(dst),
-                                                                          static_cast<const bf16*>(src), B, T, Hx, D);
+void permute_to_heads(void* dst, const void* src, int64_t B, int64_t T, int64_t Hx, int64_t D, cudaStream_t s,
+                      int64_t src_row) {
+  permute_kernel<true><<<grid_for(B * T * Hx * D / 8, 256), 256, 0, s>>>(
+      static_cast<bf16*>(dst), static_cast<const bf16*>(src), B, T, Hx, D, src_row ? src_row : Hx * D);
   CUDA_CHECK_LAST();
 }
 
-void permute_from_heads(void* dst, const void* src, int64_t B, int64_t T, int64_t Hx, int64_t D, cudaStream_t s) {
-  permute_kernel<false><<<grid_for(B * T * Hx * D / 8, 256), 256, 0, s>>>(static_cast<bf16*>(dst),
-                                                                           static_cast<const bf16*>(src), B, T, Hx, D);
+void permute_from_heads(void* dst, const void* src, int64_t B, int64_t T, int64_t Hx, int64_t D, cudaStream_t s,
+                        int64_t dst_row) {
+  permute_kernel<false><<<grid_for(B * T * Hx * D / 8, 256), 256, 0, s>>>(
+      static_cast<bf16*>(dst), static_cast<const bf16*>(src), B, T, Hx, D, dst_row ? dst_row : Hx * D);
   CUDA_CHECK_LAST();
 }
 

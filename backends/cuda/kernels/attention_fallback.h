@@ -9,9 +9,12 @@
 
 namespace primus::backends::cuda::kernels {
 
-// dst [B,Hx,T,D] = src [B,T,Hx,D] (to_heads) or the inverse (from_heads); bf16, D % 8 == 0.
-void permute_to_heads(void* dst, const void* src, int64_t B, int64_t T, int64_t Hx, int64_t D, cudaStream_t s);
-void permute_from_heads(void* dst, const void* src, int64_t B, int64_t T, int64_t Hx, int64_t D, cudaStream_t s);
+// dst [B,Hx,T,D] = src [B,T,Hx,D] (to_heads) or the inverse (from_heads); bf16, D % 8 == 0. The
+// token-major side's tokens are `row` elements apart (0: Hx*D; a multiple of 8).
+void permute_to_heads(void* dst, const void* src, int64_t B, int64_t T, int64_t Hx, int64_t D, cudaStream_t s,
+                      int64_t src_row = 0);
+void permute_from_heads(void* dst, const void* src, int64_t B, int64_t T, int64_t Hx, int64_t D, cudaStream_t s,
+                        int64_t dst_row = 0);
 
 // Rows are (b, h, t) in that order, each holding T scores s[j] (already scaled). Causal: only
 // j <= t counts. Writes p (bf16) = exp(s - lse) for j <= t and 0 beyond; with write_lse the

@@ -31,7 +31,8 @@ constexpr int kHeads = 4;
 
 template <class T, bool kInverse>
 __global__ void rope_kernel(T* out, const T* inp, const int32_t* positions, const float2* table,
-                            int64_t items, int T_, int H, int D, int max_pos, bool acc) {
+                            int64_t items, int T_, int H, int D, int64_t in_row, int64_t out_row, int max_pos,
+                            bool acc) {
   constexpr int W = Vec<T>::kSize;
   const int half = D / 2, dvecs = D / W, groups = (H + kHeads - 1) / kHeads;
   for (int64_t it = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; it < items;
@@ -53,13 +54,13 @@ __global__ void rope_kernel(T* out, const T* inp, const int32_t* positions, cons
 #pragma unroll
     for (int k = 0; k < kHeads; ++k) {
       const int h = hg * kHeads + k;
-      if (h < H) x[k] = load_vec_cs(inp + (token * H + h) * D + dv * W);
+      if (h < H) x[k] = load_vec_cs(inp + token * in_row + h * D + dv * W);
     }
 #pragma unroll
     for (int k = 0; k < kHeads; ++k) {
       const int h = hg * kHeads + k;
       if (h >= H) continue;
-      T* dst = out + (token * H + h) * D + dv * W;
+      T* dst = out + token * out_row + h * D + dv * W;
       Vec<T> y;
       if (acc) y = load_vec(dst);
 #pragma unroll
@@ -77,9 +78,14 @@ __global__ void rope_kernel(T* out, const T* inp, const int32_t* positions, cons
 
 template <bool kInverse>
 void launch(const char* op, DType dtype, void* out, const void* inp, const int32_t* positions,
-            const void* table, int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos,
-            bool acc, cudaStream_t stream) {
+            const void* table, int64_t B, int64_t T, int64_t H, int64_t D, int64_t in_row, int64_t out_row,
+            int64_t max_pos, bool acc, cudaStream_t stream) {
   if (D % 8 != 0) throw RuntimeError(fmt::format("{}: head dim D={} must be a multiple of 8", op, D));
+  if (in_row == 0) in_row = H * D;
+  if (out_row == 0) out_row = H * D;
+  if (in_row < H * D || out_row < H * D || in_row % 8 != 0 || out_row % 8 != 0)
+    throw RuntimeError(fmt::format("{}: token row strides {} / {} must be multiples of 8 and at least H*D={}", op,
+                                   in_row, out_row, H * D));
   const int64_t n = B * T * H * D;
   if (n == 0) return;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, op, [&] {
@@ -90,7 +96,7 @@ void launch(const char* op, DType dtype, void* out, const void* inp, const int32
     rope_kernel<scalar_t, kInverse><<<grid, threads, 0, stream>>>(
         static_cast<scalar_t*>(out), static_cast<const scalar_t*>(inp), positions,
         static_cast<const float2*>(table), items, static_cast<int>(T), static_cast<int>(H),
-        static_cast<int>(D), static_cast<int>(max_pos), acc);
+        static_cast<int>(D), in_row, out_row, static_cast<int>(max_pos), acc);
     CUDA_CHECK_LAST();
   });
 }
@@ -106,15 +112,17 @@ void rope_build_table(void* table, int64_t max_pos, int64_t D, double base, cuda
 }
 
 void rope_forward(DType dtype, void* out, const void* inp, const int32_t* positions, const void* table,
-                  int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos, cudaStream_t stream) {
-  launch<false>("rope_forward", dtype, out, inp, positions, table, B, T, H, D, max_pos, false, stream);
+                  int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos, cudaStream_t stream, int64_t in_row,
+                  int64_t out_row) {
+  launch<false>("rope_forward", dtype, out, inp, positions, table, B, T, H, D, in_row, out_row, max_pos, false,
+                stream);
 }
 
 void rope_backward(DType dtype, void* dinp, const void* dout, const int32_t* positions,
                    const void* table, int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos,
-                   bool accumulate, cudaStream_t stream) {
-  launch<true>("rope_backward", dtype, dinp, dout, positions, table, B, T, H, D, max_pos, accumulate,
-               stream);
+                   bool accumulate, cudaStream_t stream, int64_t in_row, int64_t out_row) {
+  launch<true>("rope_backward", dtype, dinp, dout, positions, table, B, T, H, D, in_row, out_row, max_pos,
+               accumulate, stream);
 }
 
 }  // namespace primus::turbo::cuda

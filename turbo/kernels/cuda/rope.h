@@ -1,6 +1,7 @@
 // Launchers of rotary position embedding, interleaved-pairs convention (rope.cu), matching
 // turbo/kernels/cpu/rope.h: pair i of a head, (x[2i], x[2i+1]), rotates by pos * base^(-2i/D).
-// x [B,T,H,D] contiguous, dtype f32 or bf16, D a multiple of 8.
+// x [B,T,H,D], dtype f32 or bf16, D a multiple of 8; in_row / out_row: elements between tokens
+// (0: H*D, contiguous; more for q|k column slices of a packed projection; multiples of 8).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -22,10 +23,10 @@ inline size_t rope_table_bytes(int64_t max_pos, int64_t D) {
 // outside [0, max_pos) is not read from the table: its outputs are NaN, so the error shows.
 void rope_forward(DType dtype, void* out, const void* inp, const int32_t* positions,
                   const void* table, int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos,
-                  cudaStream_t stream);
+                  cudaStream_t stream, int64_t in_row = 0, int64_t out_row = 0);
 // dinp = (or += when accumulate) the inverse rotation of dout; dinp may alias dout when !accumulate.
 void rope_backward(DType dtype, void* dinp, const void* dout, const int32_t* positions,
                    const void* table, int64_t B, int64_t T, int64_t H, int64_t D, int64_t max_pos,
-                   bool accumulate, cudaStream_t stream);
+                   bool accumulate, cudaStream_t stream, int64_t in_row = 0, int64_t out_row = 0);
 
 }  // namespace primus::turbo::cuda

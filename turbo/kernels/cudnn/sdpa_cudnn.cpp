@@ -24,13 +24,16 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 cudnnDataType_t io_type(DType t) { return t == DType::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
 
-// [b, heads, T, D] over memory laid out [B, T, heads, D].
-TensorSpec bhsd(const SdpaShape& s, int64_t heads, bool is_virtual = false) {
-  return {{s.B, heads, s.T, s.D}, {s.T * heads * s.D, s.D, heads * s.D, 1}, io_type(s.dtype), is_virtual};
+// [b, heads, T, D] over memory laid out [B, T, heads, D] whose tokens are `row` elements apart
+// (0: heads * D, dense; more for a column slice of a packed q|k|v projection).
+TensorSpec bhsd(const SdpaShape& s, int64_t heads, int64_t row = 0, bool is_virtual = false) {
+  if (row == 0) row = heads * s.D;
+  return {{s.B, heads, s.T, s.D}, {s.T * row, s.D, row, 1}, io_type(s.dtype), is_virtual};
 }
 // The transposed view [b, heads, D, T] of the same memory (what the backend wants for K^T, V^T).
-TensorSpec bhds(const SdpaShape& s, int64_t heads) {
-  return {{s.B, heads, s.D, s.T}, {s.T * heads * s.D, s.D, 1, heads * s.D}, io_type(s.dtype), false};
+TensorSpec bhds(const SdpaShape& s, int64_t heads, int64_t row = 0) {
+  if (row == 0) row = heads * s.D;
+  return {{s.B, heads, s.D, s.T}, {s.T * row, s.D, 1, row}, io_type(s.dtype), false};
 }
 TensorSpec scores(const SdpaShape& s) {
   return {{s.B, s.H, s.T, s.T}, {s.H * s.T * s.T, s.T * s.T, s.T, 1}, CUDNN_DATA_FLOAT, true};
@@ -66,9 +69,9 @@ struct FwdGraph {
 FwdGraph build_forward(const SdpaShape& s, cudnnHandle_t h) {
   GraphBuilder g;
   FwdGraph f;
-  f.q = g.tensor(bhsd(s, s.H));
-  f.k = g.tensor(bhds(s, s.KVH));
-  f.v = g.tensor(bhsd(s, s.KVH));
+  f.q = g.tensor(bhsd(s, s.H, s.q_row));
+  f.k = g.tensor(bhds(s, s.KVH, s.k_row));
+  f.v = g.tensor(bhsd(s, s.KVH, s.v_row));
   f.o = g.tensor(bhsd(s, s.H));
   f.stats = g.tensor(row_stat(s, false));
   f.scale = g.scalar();
@@ -119,15 +122,15 @@ void matmul_into_kv(GraphBuilder& g, const SdpaShape& s, int64_t a, int64_t b, i
 BwdGraph build_backward(const SdpaShape& s, cudnnHandle_t h) {
   GraphBuilder g;
   BwdGraph f;
-  f.q = g.tensor(bhsd(s, s.H));
-  f.k = g.tensor(bhds(s, s.KVH));  // K^T
-  f.v = g.tensor(bhds(s, s.KVH));  // V^T
+  f.q = g.tensor(bhsd(s, s.H, s.q_row));
+  f.k = g.tensor(bhds(s, s.KVH, s.k_row));  // K^T
+  f.v = g.tensor(bhds(s, s.KVH, s.v_row));  // V^T
   f.o = g.tensor(bhsd(s, s.H));
   f.dout = g.tensor(bhsd(s, s.H));
   f.stats = g.tensor(row_stat(s, false));
-  f.dq = g.tensor(bhsd(s, s.H));
-  f.dk = g.tensor(bhsd(s, s.KVH));
-  f.dv = g.tensor(bhsd(s, s.KVH));
+  f.dq = g.tensor(bhsd(s, s.H, s.dq_row));
+  f.dk = g.tensor(bhsd(s, s.KVH, s.dk_row));
+  f.dv = g.tensor(bhsd(s, s.KVH, s.dv_row));
   f.scale = g.scalar();
   f.one = g.scalar();
 
@@ -245,7 +248,10 @@ const G& require(Entry<G>& e, const char* what, const SdpaShape& s) {
 }  // namespace
 
 std::string SdpaShape::key() const {
-  return fmt::format("B={} T={} H={} KVH={} D={} causal={} {}", B, T, H, KVH, D, causal ? 1 : 0, dtype_name(dtype));
+  std::string k = fmt::format("B={} T={} H={} KVH={} D={} causal={} {}", B, T, H, KVH, D, causal ? 1 : 0, dtype_name(dtype));
+  if (q_row || k_row || v_row || dq_row || dk_row || dv_row)
+    k += fmt::format(" rows q={} k={} v={} dq={} dk={} dv={}", q_row, k_row, v_row, dq_row, dk_row, dv_row);
+  return k;
 }
 
 std::string sdpa_forward_unsupported(const SdpaShape& s) noexcept {

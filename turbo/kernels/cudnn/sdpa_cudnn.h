@@ -3,8 +3,10 @@
 // matmul / pointwise / reduction nodes in the pattern those engines recognise; the engine
 // fuses the whole graph into one flash-attention kernel.
 //
-// Layout (row-major, contiguous, on the current CUDA device):
+// Layout (row-major, on the current CUDA device):
 //   q, out, dq, dout  [B,T,H,D]    k, v, dk, dv  [B,T,KVH,D]    lse  [B,H,T] f32 (natural log)
+// out, dout and lse are dense; q, k, v, dq, dk, dv may have token rows further apart than heads*D
+// (SdpaShape's *_row, e.g. column slices of one packed [B,T,(H+2*KVH)*D] projection).
 // dtype bf16 or f16 (all of q/k/v/out/grads alike). H must be a multiple of KVH.
 // Plans are built once per shape key (B,T,H,KVH,D,causal,dtype,device) and cached for the life
 // of the process; the softmax scale is a by-value scalar, so it does not split the cache.
@@ -24,6 +26,8 @@ struct SdpaShape {
   int64_t B = 0, T = 0, H = 0, KVH = 0, D = 0;
   bool causal = true;
   DType dtype = DType::BF16;
+  // Elements between consecutive tokens of each tensor; 0: dense (heads * D).
+  int64_t q_row = 0, k_row = 0, v_row = 0, dq_row = 0, dk_row = 0, dv_row = 0;
   std::string key() const;
 };
 
