@@ -72,6 +72,27 @@ ShardLayout shard_layout(int64_t total, int world, int64_t align) {
   return l;
 }
 
+std::vector<FlatSegment> layout_segments(const ShardLayout& l, int rank) {
+  PRIMUS_CHECK(rank >= 0 && rank < l.world, "rank {} of a shard layout for {}", rank, l.world);
+  if (l.valid_count(rank) <= 0) return {};
+  return {{l.begin(rank), l.valid_end(rank)}};
+}
+
+std::vector<FlatSegment> bucket_chunk_segments(const std::vector<FlatSegment>& buckets, int64_t total, int rank,
+                                               int world) {
+  PRIMUS_CHECK(world >= 1 && rank >= 0 && rank < world && total >= 0, "bucket_chunk_segments: rank {} of {}", rank,
+               world);
+  std::vector<FlatSegment> out;
+  for (const auto& b : buckets) {
+    if (b.begin < 0 || b.end < b.begin || b.size() % world != 0) {
+      throw RuntimeError(fmt::format("bucket [{}, {}) cannot be cut into {} equal chunks", b.begin, b.end, world));
+    }
+    const int64_t c = b.size() / world, lo = b.begin + rank * c, hi = std::min(lo + c, total);
+    if (lo < hi) out.push_back({lo, hi});
+  }
+  return out;
+}
+
 double global_sum(dist::ProcessGroup& pg, double local) {
   if (pg.world_size() == 1) return local;
   // hi + lo holds the double to ~48 bits; all_gather moves bits, so every rank sums the same

@@ -76,6 +76,24 @@ struct ShardLayout {
 // align: shard sizes become multiples of it (e.g. 64 so that device shards stay aligned).
 ShardLayout shard_layout(int64_t total, int world, int64_t align = 1);
 
+// Elements [begin, end) of a flat buffer.
+struct FlatSegment {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const FlatSegment&) const = default;
+};
+
+// The real elements rank `rank` owns under a ShardLayout: [begin, valid_end), none when empty.
+std::vector<FlatSegment> layout_segments(const ShardLayout& l, int rank);
+
+// The real elements rank `rank` of `world` owns under per-bucket ZeRO-1 shards (the cuda
+// trainer's, Megatron style): each bucket [b, e) of a flat buffer padded past `total` is cut into
+// `world` equal chunks and the rank owns chunk `rank` of every bucket. One segment per bucket, in
+// the order of `buckets` (the order of the rank's shard buffer), clipped to [0, total), empty
+// ones left out. RuntimeError when a bucket's size is not a multiple of world.
+std::vector<FlatSegment> bucket_chunk_segments(const std::vector<FlatSegment>& buckets, int64_t total, int rank,
+                                               int world);
+
 // ---- step statistics across ranks ----
 // These pass host buffers to the group: use a SocketProcessGroup / SingleProcessGroup (an NCCL
 // group takes device pointers; a trainer on NCCL can keep a socket group from the same store

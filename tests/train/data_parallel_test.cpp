@@ -105,6 +105,25 @@ TEST(ShardLayout, ShardsCoverTheBufferOncePaddedAtTheEnd) {
   EXPECT_EQ(l.valid_end(2), 10);
 }
 
+TEST(ShardLayout, SegmentsOfContiguousAndPerBucketShards) {
+  ShardLayout l = shard_layout(10, 3);
+  EXPECT_EQ(layout_segments(l, 0), (std::vector<FlatSegment>{{0, 4}}));
+  EXPECT_EQ(layout_segments(l, 2), (std::vector<FlatSegment>{{8, 10}}));
+  EXPECT_TRUE(layout_segments(shard_layout(1, 3), 2).empty());  // owns only padding
+  // Buckets top down over a buffer of 10 padded to 12, 2 ranks: chunk r of each bucket, clipped.
+  const std::vector<FlatSegment> buckets = {{8, 12}, {4, 8}, {0, 4}};
+  EXPECT_EQ(bucket_chunk_segments(buckets, 10, 0, 2), (std::vector<FlatSegment>{{8, 10}, {4, 6}, {0, 2}}));
+  EXPECT_EQ(bucket_chunk_segments(buckets, 10, 1, 2), (std::vector<FlatSegment>{{6, 8}, {2, 4}}));  // [10, 12) is padding
+  EXPECT_EQ(bucket_chunk_segments(buckets, 11, 1, 2), (std::vector<FlatSegment>{{10, 11}, {6, 8}, {2, 4}}));
+  try {
+    bucket_chunk_segments({{0, 5}}, 5, 0, 2);
+    FAIL();
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket [0, 5) cannot be cut into 2 equal chunks"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(GlobalStats, SumMeanAndNormAgreeOnEveryRank) {
   dist::SingleProcessGroup one;
   EXPECT_EQ(global_sum(one, 0.1), 0.1);
