@@ -1,7 +1,8 @@
 // Data-parallel training end to end through the real binary: `primus launch --nproc-per-node N
 // -- train pretrain` on the reference backend gives the losses of one process with the same
 // global batch (with and without ZeRO-1), a 2-rank ZeRO-1 checkpoint resumes on 1 and 3 ranks
-// with the uninterrupted run's losses, and a rank killed mid-run ends the job naming it while
+// with the uninterrupted run's losses (also rewritten with per-bucket shards like the cuda
+// trainer's), and a rank killed mid-run ends the job naming it while
 // the last checkpoint stays loadable. Tiny model, few steps: each run takes a few seconds.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -18,7 +19,9 @@
 
 #include "io/checkpoint.h"
 #include "io/metrics.h"
+#include "tests/dist/pg_test_util.h"
 #include "tests/e2e/cli_runner.h"
+#include "train/dist_checkpoint.h"
 
 namespace {
 
@@ -139,6 +142,55 @@ TEST(DataParallelTraining, SingleProcessCheckpointResumesOnTwoZero1Ranks) {
   ASSERT_EQ(b.code, 0) << b.out;
   EXPECT_NE(b.out.find("saved by 1 ranks, resharded for 2"), std::string::npos) << b.out;
   expect_same_losses(want, losses(on2.path()), "1 -> 2 ranks", 6);
+}
+
+// A ZeRO-1 checkpoint whose shards are per gradient bucket, as the cuda trainer writes them
+// (rank r holds chunk r of each of 3 buckets, the padding of the top one cut off), resumes in
+// the reference backend on 1 and 3 ranks with the uninterrupted run's losses. It is the 2-rank
+// run's checkpoint rewritten with those shards (same weights, state and moments).
+TEST(DataParallelTraining, PerBucketZero1ShardsLikeTheCudaTrainersResumeOnOneAndThree) {
+  namespace pt = primus::train;
+  Workdir full, bucketed, on1, on3;
+  auto a = run_primus(launch(2, train_args(full.str(), 10, "use_distributed_optimizer=true")));
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto want = losses(full.path());
+  ASSERT_EQ(want.size(), 10u);
+  const fs::path ck5 = primus::io::checkpoint_dir(save_dir(full.path()), 5);
+  primus::io::CheckpointData data = primus::io::load_checkpoint(ck5, false);
+  const int64_t total = data.manifest.at("sharding").at("total").get<int64_t>();
+  std::vector<float> m(total), v(total);
+  pt::read_flat_states(data, ck5, {"exp_avg", "exp_avg_sq"}, total, 0, total, {m.data(), v.data()});
+  // The cuda trainer's plan: padded to 64 x world, 3 buckets at multiples of that, top down.
+  const int world = 2;
+  const int64_t g = 64 * world, padded = (total + g - 1) / g * g, cut = g * std::max<int64_t>(1, padded / g / 3);
+  ASSERT_GT(padded, total);  // some padding to cut off
+  pt::FlatSharding sharding{total, {}};
+  for (int r = 0; r < world; ++r) {
+    sharding.ranks.push_back(pt::bucket_chunk_segments({{2 * cut, padded}, {cut, 2 * cut}, {0, cut}}, total, r, world));
+    ASSERT_EQ(sharding.ranks.back().size(), 3u);
+  }
+  data.optimizer.clear();
+  primus::dist::TcpStore host("127.0.0.1", 0, true, std::chrono::milliseconds(10000));
+  auto out = primus::dist::run_ranks(host, world, std::chrono::milliseconds(10000), [&](primus::dist::ProcessGroup& pg) {
+    std::vector<float> pm, pv;
+    for (const auto& s : sharding.ranks[pg.rank()]) {
+      pm.insert(pm.end(), m.begin() + s.begin, m.begin() + s.end);
+      pv.insert(pv.end(), v.begin() + s.begin, v.begin() + s.end);
+    }
+    pt::save_data_parallel(pg, bucketed.path(), 5, pg.rank() == 0 ? data : primus::io::CheckpointData{}, &sharding,
+                           {{"exp_avg", pm.data()}, {"exp_avg_sq", pv.data()}}, {});
+  });
+  for (int r = 0; r < world; ++r) ASSERT_TRUE(out[r].ok) << out[r].error;
+  const fs::path ck = primus::io::checkpoint_dir(bucketed.path(), 5);
+  ASSERT_EQ(primus::io::load_checkpoint(ck).manifest.at("sharding").at("shards")[1].at("segments").size(), 3u);
+
+  auto b = run_primus(train_args(on1.str(), 10, "use_distributed_optimizer=true load=" + ck.string()));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("saved by 2 ranks, resharded for 1"), std::string::npos) << b.out;
+  expect_same_losses(want, losses(on1.path()), "per-bucket shards resumed on 1 rank", 6);
+  auto c = run_primus(launch(3, train_args(on3.str(), 10, "use_distributed_optimizer=true load=" + ck.string())));
+  ASSERT_EQ(c.code, 0) << c.out;
+  expect_same_losses(want, losses(on3.path()), "per-bucket shards resumed on 3 ranks", 6);
 }
 
 // A long ZeRO-1 job under `primus launch` in the background, output in a file. The destructor
