@@ -262,56 +262,138 @@ void DataParallel::update(const turbo::AdamWHyper& hp) {
   pg_.make_wait(stream);
 }
 
-void DataParallel::set_state(const float* master, const float* m, const float* v) {
-  if (!opt_.zero1) throw RuntimeError("DataParallel::set_state is for ZeRO-1");
-  const int64_t total = model_.layout().total;
+std::vector<train::FlatSegment> DataParallel::shard_segments(int rank) const {
+  if (!opt_.zero1) throw RuntimeError("DataParallel::shard_segments is for ZeRO-1");
+  std::vector<train::FlatSegment> bs;
+  for (const auto& b : buckets_) bs.push_back({b.begin, b.end});
+  return train::bucket_chunk_segments(bs, model_.layout().total, rank, world_);
+}
+
+std::vector<DataParallel::OwnedPiece> DataParallel::owned_pieces() const {
+  std::vector<OwnedPiece> out;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    // The same clipping as shard_segments(), bucket by bucket: a segment starts where its chunk
+    // does, at shard_offset_[k] in the shard buffers (only its end is clipped).
+    for (const auto& seg :
+         train::bucket_chunk_segments({{buckets_[k].begin, buckets_[k].end}}, model_.layout().total, rank_, world_)) {
+      out.push_back({shard_offset_[k], seg});
+    }
+  }
+  return out;
+}
+
+int64_t DataParallel::owned_elems() const {
+  if (!opt_.zero1) throw RuntimeError("DataParallel::owned_elems is for ZeRO-1");
+  int64_t n = 0;
+  for (const auto& p : owned_pieces()) n += p.seg.size();
+  return n;
+}
+
+void DataParallel::read_shard(float* master, float* m, float* v) {
+  if (!opt_.zero1) throw RuntimeError("DataParallel::read_shard is for ZeRO-1");
+  const auto pieces = owned_pieces();
+  auto stream = model_.stream();  // AdamW writes the shard there
+  for (auto [src, dst] : {std::pair{&master_, master}, std::pair{&m_, m}, std::pair{&v_, v}}) {
+    if (!dst) continue;
+    int64_t off = 0;
+    for (const auto& p : pieces) {
+      CUDA_CHECK(cudaMemcpyAsync(dst + off, src->ptr<float>() + p.shard, size_t(p.seg.size()) * 4,
+                                 cudaMemcpyDeviceToHost, stream));
+      off += p.seg.size();
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void DataParallel::write_shard(const float* master, const float* m, const float* v) {
+  if (!opt_.zero1) throw RuntimeError("DataParallel::write_shard is for ZeRO-1");
+  const auto pieces = owned_pieces();
   std::vector<float> host(static_cast<size_t>(shard_));
   for (auto [dst, src] : {std::pair{&master_, master}, std::pair{&m_, m}, std::pair{&v_, v}}) {
-    std::fill(host.begin(), host.end(), 0.0f);
+    std::fill(host.begin(), host.end(), 0.0f);  // the padding (and a null source) stays zero
     if (src) {
-      for (size_t k = 0; k < buckets_.size(); ++k) {
-        const int64_t g0 = buckets_[k].begin + rank_ * chunk(buckets_[k]);
-        const int64_t n = std::min(chunk(buckets_[k]), std::max<int64_t>(0, total - g0));
-        if (n > 0) std::memcpy(&host[shard_offset_[k]], src + g0, size_t(n) * 4);
+      int64_t off = 0;
+      for (const auto& p : pieces) {
+        std::memcpy(&host[p.shard], src + off, size_t(p.seg.size()) * 4);
+        off += p.seg.size();
       }
     }
     CUDA_CHECK(cudaMemcpy(dst->data, host.data(), size_t(shard_) * 4, cudaMemcpyHostToDevice));
   }
 }
 
-void DataParallel::gather_state(float* master, float* m, float* v) {
-  if (!opt_.zero1) throw RuntimeError("DataParallel::gather_state is for ZeRO-1");
+void DataParallel::set_state(const float* master, const float* m, const float* v) {
+  if (!opt_.zero1) throw RuntimeError("DataParallel::set_state is for ZeRO-1");
+  const auto pieces = owned_pieces();
+  const int64_t own = owned_elems();
+  std::vector<float> pm, pv, pw;
+  auto pack = [&](const float* full, std::vector<float>& out) -> const float* {
+    if (!full) return nullptr;
+    out.resize(static_cast<size_t>(own));
+    int64_t off = 0;
+    for (const auto& p : pieces) {
+      std::memcpy(&out[off], full + p.seg.begin, size_t(p.seg.size()) * 4);
+      off += p.seg.size();
+    }
+    return out.data();
+  };
+  write_shard(pack(master, pw), pack(m, pm), pack(v, pv));
+}
+
+void DataParallel::gather_master(float* master) {
+  if (!opt_.zero1) throw RuntimeError("DataParallel::gather_master is for ZeRO-1");
   const int64_t total = model_.layout().total;
   int64_t biggest = 0;
   for (const auto& b : buckets_) biggest = std::max(biggest, b.end - b.begin);
   float* tmp = nullptr;
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&tmp), size_t(biggest) * 4));
-  std::vector<float> host(static_cast<size_t>(biggest));
+  std::vector<float> host(master ? static_cast<size_t>(biggest) : 0);
   try {
-    pg_.wait_for(model_.stream());
+    pg_.wait_for(model_.stream());  // AdamW's last update of the shard is written
     // Every rank joins every all_gather (a collective); only the ranks given a destination keep
-    // the result. Skipping the gathers where dst is null left rank 0 waiting in its first one.
-    for (auto [src, dst] : {std::pair{&master_, master}, std::pair{&m_, m}, std::pair{&v_, v}}) {
-      for (size_t k = 0; k < buckets_.size(); ++k) {
-        const GradBucket& b = buckets_[k];
-        const int64_t c = chunk(b);
-        CUDA_CHECK(cudaMemcpyAsync(tmp + rank_ * c, src->ptr<float>() + shard_offset_[k], size_t(c) * 4,
-                                   cudaMemcpyDeviceToDevice, pg_.stream()));
-        pg_.all_gather(tmp + rank_ * c, tmp, static_cast<size_t>(c), dist::DType::F32);
-        if (dst) {
-          CUDA_CHECK(cudaMemcpyAsync(host.data(), tmp, size_t(b.end - b.begin) * 4, cudaMemcpyDeviceToHost,
-                                     pg_.stream()));
-        }
-        pg_.synchronize();
-        const int64_t n = std::min(b.end, total) - b.begin;
-        if (dst && n > 0) std::memcpy(dst + b.begin, host.data(), size_t(n) * 4);
+    // the result. Skipping the gathers where master is null left rank 0 waiting in its first one.
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const GradBucket& b = buckets_[k];
+      const int64_t c = chunk(b);
+      CUDA_CHECK(cudaMemcpyAsync(tmp + rank_ * c, master_.ptr<float>() + shard_offset_[k], size_t(c) * 4,
+                                 cudaMemcpyDeviceToDevice, pg_.stream()));
+      pg_.all_gather(tmp + rank_ * c, tmp, static_cast<size_t>(c), dist::DType::F32);
+      if (master) {
+        CUDA_CHECK(cudaMemcpyAsync(host.data(), tmp, size_t(b.end - b.begin) * 4, cudaMemcpyDeviceToHost,
+                                   pg_.stream()));
       }
+      pg_.synchronize();  // tmp is reused by the next bucket
+      const int64_t n = std::min(b.end, total) - b.begin;
+      if (master && n > 0) std::memcpy(master + b.begin, host.data(), size_t(n) * 4);
     }
   } catch (...) {
     cudaFree(tmp);
     throw;
   }
   CUDA_CHECK(cudaFree(tmp));
+}
+
+void DataParallel::all_gather_host(const void* send, void* recv, size_t bytes) {
+  const size_t words = (bytes + 3) / 4;  // moved as f32 "elements": NCCL copies the bits as they are
+  if (words == 0) return;
+  std::vector<float> host(words * size_t(world_), 0.0f);
+  std::memcpy(host.data() + size_t(rank_) * words, send, bytes);
+  float* dev = nullptr;
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev), host.size() * 4));
+  try {
+    CUDA_CHECK(cudaMemcpyAsync(dev + size_t(rank_) * words, host.data() + size_t(rank_) * words, words * 4,
+                               cudaMemcpyHostToDevice, pg_.stream()));
+    pg_.all_gather(dev + size_t(rank_) * words, dev, words, dist::DType::F32);
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), dev, host.size() * 4, cudaMemcpyDeviceToHost, pg_.stream()));
+    pg_.synchronize();
+  } catch (...) {
+    cudaFree(dev);
+    throw;
+  }
+  CUDA_CHECK(cudaFree(dev));
+  for (int r = 0; r < world_; ++r) {
+    std::memcpy(static_cast<char*>(recv) + size_t(r) * bytes, host.data() + size_t(r) * words, bytes);
+  }
 }
 
 }  // namespace primus::backends::cuda

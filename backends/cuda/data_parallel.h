@@ -24,7 +24,9 @@
 // model). The global grad norm is the square root of the ranks' summed squared shard norms;
 // AdamW updates the shard and writes its bf16 weights into the model's flat bf16 buffer, and
 // each bucket's bf16 chunks are all-gathered so every rank has every weight again. The model
-// is then built without its own master weights and moments (CudaModelOptions).
+// is then built without its own master weights and moments (CudaModelOptions). In checkpoints
+// a rank's shard is the list of its chunks, clipped to the real elements (shard_segments(),
+// train::FlatSharding): each rank writes and reads its own (train/dist_checkpoint.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -33,6 +35,7 @@
 
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/nccl_process_group.h"
+#include "train/data_parallel.h"
 #include "train/param_layout.h"
 #include "turbo/core/arena.h"
 #include "turbo/ops/optimizer.h"
@@ -105,11 +108,31 @@ class DataParallel {
   void grad_norm(float max_norm);
   void update(const turbo::AdamWHyper& hp);
 
-  // ZeRO-1 only: shard <-> full host arrays (layout().total floats each). Every rank must call
-  // them together. gather_state runs every gather on every rank and copies each array into the
-  // pointers given (nullptr: this rank does not keep that array, e.g. every rank but 0).
+  // ZeRO-1 only. The flat elements rank `rank`'s shard holds: its chunk of every bucket, in the
+  // shard buffer's order, clipped to layout().total (the padding is not state), empty ones left
+  // out (train::bucket_chunk_segments). A checkpoint stores each rank's shard as these segments.
+  std::vector<train::FlatSegment> shard_segments(int rank) const;
+  int64_t owned_elems() const;  // elements of this rank's segments: what read_shard/write_shard move
+
+  // ZeRO-1 only, local (no collective): this rank's fp32 master weights and AdamW moments to /
+  // from host arrays holding the elements of shard_segments(rank) concatenated (owned_elems()
+  // floats each). nullptr: that array is skipped (read_shard) or zero (write_shard); write_shard
+  // zeroes the padding.
+  void read_shard(float* master, float* m, float* v);
+  void write_shard(const float* master, const float* m, const float* v);
+  // ZeRO-1 only, local: the shard from full host arrays (layout().total floats each; nullptr:
+  // zeros), e.g. the initial weights.
   void set_state(const float* master, const float* m, const float* v);
-  void gather_state(float* master, float* m, float* v);
+
+  // ZeRO-1 only, collective (every rank calls it; the bug fixed in ae5ecea was a rank skipping
+  // gathers the others waited in): the full fp32 master weights (layout().total floats) into
+  // `master` on the ranks that pass one, nullptr on the others. One all-gather per bucket of the
+  // master weights alone: the moments stay sharded.
+  void gather_master(float* master);
+
+  // Collective: every rank's `bytes` host bytes at `send` into `recv` (bytes x world, rank order),
+  // staged through the device for NCCL (train::HostAllGather, for the checkpoint's shard digests).
+  void all_gather_host(const void* send, void* recv, size_t bytes);
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   int64_t shard_elems() const { return shard_; }
@@ -120,6 +143,12 @@ class DataParallel {
   void on_ready(int64_t offset);
   void launch(const GradBucket& b);
   int64_t chunk(const GradBucket& b) const { return (b.end - b.begin) / world_; }
+  // This rank's segments with where each starts in its shard buffers.
+  struct OwnedPiece {
+    int64_t shard;
+    train::FlatSegment seg;
+  };
+  std::vector<OwnedPiece> owned_pieces() const;
 
   CudaModel& model_;
   NcclProcessGroup& pg_;

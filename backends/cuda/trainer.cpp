@@ -252,22 +252,47 @@ void CudaTrainer::save(int64_t step) {
   NvtxRange r("checkpoint");
   auto t0 = std::chrono::steady_clock::now();
   const size_t n = static_cast<size_t>(model_->layout().total);
-  // Rank 0 writes one unsharded checkpoint (train/dist_checkpoint.h, scheme "none"): with ZeRO-1
-  // every rank first takes part in gathering the shards. Any world size, either backend, loads it.
-  std::vector<float> params(rank0() ? n : 0), m(rank0() ? n : 0), v(rank0() ? n : 0);
-  if (zero1()) {
-    dp_->gather_state(rank0() ? params.data() : nullptr, rank0() ? m.data() : nullptr, rank0() ? v.data() : nullptr);
-  } else if (rank0()) {
-    model_->get_params(params.data());
-    model_->get_moments(m.data(), v.data());
-  }
-  io::CheckpointData data;
-  if (rank0()) data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(), state_json(step));
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
-  // With a group, every rank waits until the checkpoint is installed (the last one always loads).
-  const fsys::path dir = pg_ ? train::save_data_parallel(*pg_, t.ckpt.save, step, data, nullptr, {}, so)
-                             : io::save_checkpoint(t.ckpt.save, step, data, so);
+  fsys::path dir;
+  if (zero1()) {
+    // train/dist_checkpoint.h, scheme "zero1": every rank writes its own shard of the moments
+    // (its chunk of every bucket: DataParallel::shard_segments), copied from its GPU; rank 0
+    // writes the fp32 master weights, gathered from the shards (every rank joins each gather),
+    // and the trainer state. The moments are never gathered.
+    std::vector<float> params(rank0() ? n : 0);
+    dp_->gather_master(rank0() ? params.data() : nullptr);
+    const size_t own = static_cast<size_t>(dp_->owned_elems());
+    std::vector<float> m(own), v(own);
+    dp_->read_shard(nullptr, m.data(), v.data());
+    train::FlatSharding sharding;
+    sharding.total = static_cast<int64_t>(n);
+    for (int k = 0; k < dist_.world_size; ++k) sharding.ranks.push_back(dp_->shard_segments(k));
+    io::CheckpointData data;
+    if (rank0()) {
+      data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), nullptr, nullptr, state_json(step));
+    }
+    // The shard digests travel through the device (an NCCL group takes device buffers).
+    train::HostAllGather gather = [this](const void* send, void* recv, size_t bytes) {
+      dp_->all_gather_host(send, recv, bytes);
+    };
+    dir = train::save_data_parallel(*pg_, t.ckpt.save, step, data, &sharding,
+                                    {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, so, gather);
+  } else {
+    // Every rank holds the same state: rank 0 writes it as one process does.
+    std::vector<float> params(rank0() ? n : 0), m(rank0() ? n : 0), v(rank0() ? n : 0);
+    io::CheckpointData data;
+    if (rank0()) {
+      model_->get_params(params.data());
+      model_->get_moments(m.data(), v.data());
+      data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(),
+                                    state_json(step));
+    }
+    // With a group, every rank waits until the checkpoint is installed (the last one always loads).
+    dir = pg_ ? train::save_data_parallel(*pg_, t.ckpt.save, step, data, static_cast<const train::FlatSharding*>(nullptr),
+                                          {}, so)
+              : io::save_checkpoint(t.ckpt.save, step, data, so);
+  }
   last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -278,14 +303,27 @@ void CudaTrainer::load(const fsys::path& dir) {
   // or from the ZeRO-1 shard files that cover them (train/dist_checkpoint.h), each verified.
   io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
   const size_t n = static_cast<size_t>(model_->layout().total);
-  std::vector<float> params(n), m(n), v(n);
+  std::vector<float> params(n);
   train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), nullptr, nullptr);
-  train::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
-                          {m.data(), v.data()});
   model_->set_params(params.data());
+  const std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
   if (zero1()) {
-    dp_->set_state(params.data(), m.data(), v.data());
+    // This rank reads only the elements its shard holds (its chunk of every bucket), from
+    // whichever shard files of the saved run cover them.
+    const std::vector<train::FlatSegment> segs = dp_->shard_segments(dist_.rank);
+    const size_t own = static_cast<size_t>(dp_->owned_elems());
+    std::vector<float> master(own), m(own), v(own);
+    size_t off = 0;
+    for (const auto& s : segs) {
+      std::copy_n(params.data() + s.begin, s.size(), master.data() + off);
+      off += static_cast<size_t>(s.size());
+    }
+    train::read_flat_states(data, dir, names, static_cast<int64_t>(n), segs, {m.data(), v.data()});
+    dp_->write_shard(master.data(), m.data(), v.data());
   } else {
+    std::vector<float> m(n), v(n);
+    train::read_flat_states(data, dir, names, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
+                            {m.data(), v.data()});
     model_->set_moments(m.data(), v.data());
   }
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);

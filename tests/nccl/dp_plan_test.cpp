@@ -9,6 +9,7 @@
 #include "backends/cuda/data_parallel.h"
 #include "core/util/error.h"
 #include "tests/common/tiny_models.h"
+#include "train/dist_checkpoint.h"
 #include "train/param_layout.h"
 
 namespace primus::backends::cuda {
@@ -94,6 +95,40 @@ TEST(DpPlan, Zero1BucketsSplitIntoEqualAlignedChunks) {
       EXPECT_EQ(b.begin % g, 0) << world;
       EXPECT_EQ((b.end - b.begin) % world, 0) << world;
       EXPECT_EQ(((b.end - b.begin) / world) % 64, 0) << world;  // each rank's chunk stays 256-byte aligned
+    }
+  }
+}
+
+// The checkpoint segments of the ZeRO-1 shards (DataParallel::shard_segments computes them the
+// same way from its buckets): every real element in exactly one rank's segments, none of the
+// padding, each segment one rank's chunk of one bucket.
+TEST(DpPlan, Zero1ShardSegmentsPartitionTheRealElements) {
+  for (int world : {2, 3, 8}) {
+    for (int64_t bucket : {int64_t{1}, int64_t{1} << 40}) {
+      train::ModelSpec spec = testing::tiny_llama();
+      spec.num_layers = 4;
+      const auto layout = train::make_param_layout(spec);
+      const int64_t padded = zero1_padded_total(layout, world);
+      const auto bs = plan_buckets(grad_ready_points(layout), padded, zero1_granule(world), bucket);
+      std::vector<train::FlatSegment> buckets;
+      for (const auto& b : bs) buckets.push_back({b.begin, b.end});
+      train::FlatSharding s{layout.total, {}};
+      for (int r = 0; r < world; ++r) s.ranks.push_back(train::bucket_chunk_segments(buckets, layout.total, r, world));
+      EXPECT_EQ(train::check_flat_sharding(s), "") << world;
+      int64_t count = 0;
+      for (int r = 0; r < world; ++r) {
+        count += s.count(r);
+        // In bucket order, each segment rank r's chunk of a bucket (its end clipped to the total).
+        size_t k = 0;
+        for (const auto& g : s.ranks[r]) {
+          while (k < bs.size() && bs[k].begin + r * ((bs[k].end - bs[k].begin) / world) != g.begin) ++k;
+          ASSERT_LT(k, bs.size()) << "world " << world << " rank " << r << " segment " << g.begin;
+          const int64_t c = (bs[k].end - bs[k].begin) / world;
+          EXPECT_EQ(g.end, std::min(g.begin + c, layout.total));
+          ++k;
+        }
+      }
+      EXPECT_EQ(count, layout.total);
     }
   }
 }

@@ -170,8 +170,18 @@ TEST(NcclGpu, TwoGpuTrainingMatchesOneGpuWithAndWithoutZero1) {
   }
 }
 
-// Issue [multi-gpu]: a checkpoint saved by 2 GPUs under ZeRO-1 (shards gathered) resumes on 1 GPU
-// and continues the 1-GPU run's curve.
+// The output of a shell command.
+std::string shell(const std::string& cmd) {
+  std::string out;
+  char buf[4096];
+  FILE* f = popen(cmd.c_str(), "r");
+  while (f && fgets(buf, sizeof(buf), f)) out += buf;
+  if (f) pclose(f);
+  return out;
+}
+
+// Issue [multi-gpu]: a checkpoint saved by 2 GPUs under ZeRO-1 (each rank writes its shard of the
+// moments, one segment per gradient bucket) resumes on 1 GPU and continues the 1-GPU run's curve.
 TEST(NcclGpu, Zero1CheckpointFromTwoGpusResumesOnOneGpu) {
   if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus();
   std::string log1, log2, log3;
@@ -180,6 +190,14 @@ TEST(NcclGpu, Zero1CheckpointFromTwoGpusResumesOnOneGpu) {
   train_losses(2, "rs2", "use_distributed_optimizer=true train_iters=10 lr_decay_iters=20 save_interval=10", &log2,
                true);
   ASSERT_NE(log2.find("saved step 10"), std::string::npos) << log2;
+  // The checkpoint holds one shard file per rank, listed with its segments in the manifest; the
+  // moments are not in optimizer.safetensors (nothing was gathered).
+  const std::string ck = "/tmp/primus-nccl-test-" + std::to_string(::getpid()) + "/*/*/rs2";
+  const std::string manifest = shell("cat " + ck + "/checkpoints/iter_0000010/manifest.json 2>/dev/null");
+  EXPECT_NE(manifest.find("\"scheme\": \"zero1\""), std::string::npos) << manifest;
+  EXPECT_NE(manifest.find("\"segments\""), std::string::npos) << manifest;
+  EXPECT_EQ(shell("ls " + ck + "/checkpoints/iter_0000010/ | grep -c '^optimizer.rank0000[01]-of-00002.safetensors$'"),
+            "2\n");
   const auto resumed = train_losses(1, "rs2", "auto_continue_train=true lr_decay_iters=20", &log3);
   ASSERT_NE(log3.find("resumed from"), std::string::npos) << log3;
   EXPECT_NE(log3.find("at step 10 (saved by 2 rank(s), resharded for 1)"), std::string::npos) << log3;
