@@ -1,14 +1,22 @@
 #include "cuda_fixture.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "backends/cuda/attention_fallback.h"
 #include "backends/cuda/model.h"
 #include "backends/reference/model.h"
+#include "core/util/fs.h"
+#include "io/hf_export.h"
+#include "io/safetensors.h"
+#include "train/param_layout.h"
 #include "turbo/kernels/cpu/optimizer.h"
 #include "turbo/kernels/cpu/reduce.h"
 
@@ -130,9 +138,96 @@ const std::vector<double>& reference_curve(bool llama, int steps) {
   return cache[{llama, steps}] = curve;
 }
 
+// Every parameter tensor of `layout` cut into its Hugging Face tensors (names, layouts,
+// vocabulary rows trimmed as `export hf` does), from the flat buffer `flat`.
+std::map<std::string, io::TensorBlob> hf_tensors(const train::ModelSpec& spec, const train::ParamLayout& layout,
+                                                 const float* flat) {
+  std::map<std::string, io::TensorBlob> out;
+  for (const auto& t : layout.tensors) {
+    const bool vocab = t.name == "embedding.weight" || t.name == "output_layer.weight";
+    for (const auto& part : t.hf) {
+      std::vector<float> buf;
+      auto shape = train::to_hf(t, part, flat, buf, vocab ? spec.vocab_size : 0);
+      out.emplace(part.name, io::TensorBlob::from_vector(shape, std::move(buf)));
+    }
+  }
+  return out;
+}
+
+void write_tensors(const std::filesystem::path& path, const std::map<std::string, io::TensorBlob>& tensors) {
+  io::SafetensorsWriter w;
+  w.set_metadata("format", "pt");
+  for (const auto& [name, blob] : tensors) w.add(name, blob);
+  w.write(path);
+}
+
+struct DumpInputs {
+  const train::ModelSpec& spec;
+  const train::ParamLayout& layout;
+  bool llama;
+  Attn attn;
+  turbo::Device device;
+  unsigned seed;
+  int64_t B, T;
+  const std::vector<int32_t>& tokens;
+  const std::vector<int32_t>& targets;
+  const float* params;
+  const float* ref_grads;
+  const float* our_grads;
+};
+
+std::string write_parity_dump(const std::string& root, const DumpInputs& in, const Step0& r) {
+  namespace fsys = std::filesystem;
+  const fsys::path dir = fsys::path(root) / fmt::format("{}-{}-{}-seed{}", in.llama ? "llama" : "gpt2",
+                                                          in.attn == Attn::Default ? "default" : "fallback",
+                                                          in.device == turbo::Device::CPU ? "host" : "cuda", in.seed);
+  fsys::create_directories(dir / "hf");
+  io::HfExportOptions opts;
+  opts.dtype = io::DType::F32;  // the values are bf16-representable: fp32 holds them exactly
+  auto config = nlohmann::json::parse(train::hf_config_json(in.spec, 0));
+  config["torch_dtype"] = "float32";
+  io::export_hf(dir / "hf", config, hf_tensors(in.spec, in.layout, in.params), opts);
+  write_tensors(dir / "grads_ref.safetensors", hf_tensors(in.spec, in.layout, in.ref_grads));
+  write_tensors(dir / "grads_ours.safetensors", hf_tensors(in.spec, in.layout, in.our_grads));
+  std::map<std::string, io::TensorBlob> batch;
+  batch.emplace("tokens", io::TensorBlob::from_vector(std::vector<int64_t>{in.B, in.T}, in.tokens));
+  batch.emplace("targets", io::TensorBlob::from_vector(std::vector<int64_t>{in.B, in.T}, in.targets));
+  write_tensors(dir / "batch.safetensors", batch);
+
+  nlohmann::json tensors = nlohmann::json::array();
+  for (size_t i = 0; i < in.layout.tensors.size(); ++i) {
+    const auto& t = in.layout.tensors[i];
+    if (r.errors.at(i).first != t.name) throw std::logic_error("parity dump: errors not in layout order");
+    nlohmann::json parts = nlohmann::json::array();
+    for (const auto& part : t.hf) parts.push_back(part.name);
+    tensors.push_back({{"name", t.name}, {"hf", parts}, {"rel_l2", r.errors.at(i).second}});
+  }
+  nlohmann::json j = {{"model", in.llama ? "llama" : "gpt2"},
+                      {"attention", in.attn == Attn::Default ? "default" : "fallback"},
+                      {"attention_impl", attn_name(in.attn)},
+                      {"device", in.device == turbo::Device::CPU ? "host" : "cuda"},
+                      {"compute", in.device == turbo::Device::CPU ? "fp32" : "bf16"},
+                      {"seed", in.seed},
+                      {"batch", in.B},
+                      {"seq", in.T},
+                      {"vocab_size", in.spec.vocab_size},
+                      {"tied_embeddings", !in.spec.untied},
+                      {"loss", r.loss},
+                      {"ref_loss", r.ref_loss},
+                      {"loss_definition", "mean cross-entropy over the B*T (tokens[b,t] -> targets[b,t]) pairs"},
+                      {"tensors", tensors}};
+  fs::atomic_write_file(dir / "parity.json", j.dump(2) + "\n");
+  return dir.string();
+}
+
 }  // namespace
 
-Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed) {
+std::string parity_dump_root() {
+  const char* env = std::getenv("PRIMUS_PARITY_DUMP");
+  return env && *env ? std::string(env) : std::string();
+}
+
+Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed, const std::string& dump_root) {
   train::ModelSpec spec = tiny_spec(llama);
   spec.init_method_std = 0.1;  // enough signal through attention for the q/k gradients
   const int64_t B = 4, T = spec.seq_length;
@@ -169,6 +264,12 @@ Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed) {
   model.get_grads(grads.data());
   for (const auto& t : model.layout().tensors)
     r.errors.push_back({t.name, rel_l2(grads.data() + t.offset, ref.grads.data() + t.offset, t.numel)});
+  if (!dump_root.empty()) {
+    r.dump_dir = write_parity_dump(dump_root,
+                                   DumpInputs{spec, model.layout(), llama, attn, device, seed, B, T, tokens, targets,
+                                              ref.params.data(), ref.grads.data(), grads.data()},
+                                   r);
+  }
   model.forward(tokens.data(), targets.data(), B, T, 0.0f, 0);
   r.eval_loss = model.read_loss_sum(1);
   std::vector<float> again(grads.size());

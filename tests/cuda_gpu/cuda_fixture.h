@@ -51,12 +51,31 @@ CudaOps ops_for(Attn a);
 // init with init_method_std 0.1, norm weights and biases jittered so their gradients are
 // generic, all rounded to bf16 so both sides compute with identical weights) and the same
 // random batch (B = 4, T = 64). errors: ||g_cuda - g_ref|| / ||g_ref|| per parameter tensor.
+//
+// Dump mode (for the outside oracle tests/cuda_gpu/bf16_noise_floor.py, which runs the same
+// weights and batch through PyTorch/transformers in fp32 and bf16): with a dump root (the
+// argument, else $PRIMUS_PARITY_DUMP) every call also writes the folder
+//   <root>/<gpt2|llama>-<default|fallback>-<cuda|host>-seed<N>/
+//     hf/config.json, hf/model.safetensors   the bf16-rounded weights as fp32, Hugging Face names
+//                                            and layouts (train::to_hf, what `export hf` writes)
+//     batch.safetensors                      tokens, targets: I32 [B, T]
+//     grads_ref.safetensors                  the reference's fp32 gradients, same names/layouts
+//     grads_ours.safetensors                 CudaModel's gradients, same names/layouts
+//     parity.json                            model, attention, device, seed, B, T, both losses,
+//                                            and per parameter tensor of ours (the test's list):
+//                                            its HF parts and the test's relative L2
+// The loss is the mean cross-entropy over the B*T (token, target) pairs; targets are not the
+// shifted tokens, so HF's labels= loss does not apply.
 struct Step0 {
   double loss = 0, ref_loss = 0, eval_loss = 0;
   bool eval_kept_grads = false;  // a forward without gradient left the gradients untouched
   std::vector<std::pair<std::string, double>> errors;
+  std::string dump_dir;  // the folder written in dump mode, else empty
 };
-Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed);
+// $PRIMUS_PARITY_DUMP, or "" when unset.
+std::string parity_dump_root();
+Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed,
+                   const std::string& dump_root = parity_dump_root());
 
 // `steps` training steps of both backends from the same bf16-representable init (seed 1234) on
 // the same tinyshakespeare batches (B = 8, T = 64, bytes) with the trainers' recipe: global-norm

@@ -3,10 +3,19 @@
 // backend. Same comparisons as the GPU tests with the fp32 gate of DESIGN.md: loss and every
 // gradient tensor within 1e-4 relative (measured: ~1e-6); 10 training steps within 1e-5 per
 // step (measured: ~2e-7; both sides run the same CPU kernels, so only summation order differs).
+// Also the dump mode of step0_parity (the files bf16_noise_floor.py reads), written here.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cuda_fixture.h"
+#include "io/safetensors.h"
+#include "train/param_layout.h"
 
 namespace primus::backends::cuda::testing {
 namespace {
@@ -48,6 +57,92 @@ TEST_P(HostParityTest, TenTrainingStepsFollowTheReference) {
   std::printf("[host %s, attention %s] 10 steps: loss %.4f -> %.4f, worst relative difference %.2e\n",
               llama ? "llama" : "gpt2", attn_name(attn).c_str(), curve.front(), curve.back(), worst);
   EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
+}
+
+// The dump mode that feeds tests/cuda_gpu/bf16_noise_floor.py (see step0_parity), written by the
+// host model: every file is there and readable, the weights and both gradients hold every
+// Hugging Face tensor of the layout with the export's shapes, the weights are bf16-representable,
+// and mapping the dumped gradients back to our layout (train::from_hf) reproduces the test's own
+// per-tensor errors exactly. The same code writes the GPU model's dump.
+TEST_P(HostParityTest, DumpModeWritesWhatTheNoiseFloorOracleReads) {
+  namespace fsys = std::filesystem;
+  const auto [llama, attn] = GetParam();
+  const fsys::path root = fsys::temp_directory_path() / fmt::format("primus-parity-dump-{}", ::getpid());
+  fsys::remove_all(root);
+  const Step0 r = step0_parity(llama, attn, turbo::Device::CPU, 7, root.string());
+  const fsys::path dir = root / fmt::format("{}-{}-host-seed7", llama ? "llama" : "gpt2",
+                                            attn == Attn::Default ? "default" : "fallback");
+  ASSERT_EQ(fsys::path(r.dump_dir), dir);
+
+  std::ifstream pj(dir / "parity.json");
+  const nlohmann::json j = nlohmann::json::parse(pj);
+  EXPECT_EQ(j["model"], llama ? "llama" : "gpt2");
+  EXPECT_EQ(j["device"], "host");
+  EXPECT_EQ(j["seed"], 7);
+  EXPECT_EQ(j["batch"], 4);
+  EXPECT_EQ(j["seq"], 64);
+  EXPECT_DOUBLE_EQ(j["loss"].get<double>(), r.loss);
+  EXPECT_DOUBLE_EQ(j["ref_loss"].get<double>(), r.ref_loss);
+  std::ifstream cj(dir / "hf" / "config.json");
+  const nlohmann::json config = nlohmann::json::parse(cj);
+  EXPECT_EQ(config["architectures"][0], llama ? "LlamaForCausalLM" : "GPT2LMHeadModel");
+  EXPECT_EQ(config["tie_word_embeddings"], !llama);
+  EXPECT_EQ(config["vocab_size"], 256);
+
+  train::ModelSpec spec = tiny_spec(llama);
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  ASSERT_EQ(j["tensors"].size(), layout.tensors.size());
+  ASSERT_EQ(r.errors.size(), layout.tensors.size());
+  const auto weights = io::SafetensorsFile::open(dir / "hf" / "model.safetensors");
+  const auto gref = io::SafetensorsFile::open(dir / "grads_ref.safetensors");
+  const auto gours = io::SafetensorsFile::open(dir / "grads_ours.safetensors");
+  EXPECT_EQ(weights.names(), gref.names());
+  EXPECT_EQ(weights.names(), gours.names());
+  std::vector<float> ref_flat(size_t(layout.total), NAN), our_flat(size_t(layout.total), NAN);
+  size_t parts = 0;
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    const auto& t = layout.tensors[i];
+    EXPECT_EQ(j["tensors"][i]["name"], t.name);
+    EXPECT_DOUBLE_EQ(j["tensors"][i]["rel_l2"].get<double>(), r.errors[i].second) << t.name;
+    ASSERT_EQ(j["tensors"][i]["hf"].size(), t.hf.size()) << t.name;
+    for (size_t k = 0; k < t.hf.size(); ++k) {
+      const std::string& name = t.hf[k].name;
+      EXPECT_EQ(j["tensors"][i]["hf"][k], name);
+      ++parts;
+      const auto& info = weights.info(name);
+      EXPECT_EQ(info.dtype, io::DType::F32) << name;
+      EXPECT_EQ(gref.info(name).shape, info.shape) << name;
+      EXPECT_EQ(gours.info(name).shape, info.shape) << name;
+      for (float w : weights.read_fp32(name)) ASSERT_EQ(w, round_bf16(w)) << name << " is not bf16-rounded";
+      train::from_hf(t, t.hf[k], gref.read_fp32(name).data(), info.shape, ref_flat.data());
+      train::from_hf(t, t.hf[k], gours.read_fp32(name).data(), info.shape, our_flat.data());
+    }
+    // Exactly the test's number: the dump maps back onto our layout losslessly.
+    EXPECT_EQ(rel_l2(our_flat.data() + t.offset, ref_flat.data() + t.offset, t.numel), r.errors[i].second) << t.name;
+  }
+  EXPECT_EQ(weights.names().size(), parts) << "no Hugging Face tensor beyond the layout's";
+
+  const auto batch = io::SafetensorsFile::open(dir / "batch.safetensors");
+  for (const char* name : {"tokens", "targets"}) {
+    EXPECT_EQ(batch.info(name).dtype, io::DType::I32);
+    EXPECT_EQ(batch.info(name).shape, (std::vector<int64_t>{4, 64}));
+    for (int32_t x : batch.read_as<int32_t>(name)) ASSERT_TRUE(x >= 0 && x < 256) << name;
+  }
+  fsys::remove_all(root);
+}
+
+TEST(HostParityDump, RootComesFromTheEnvironment) {
+  const char* was = std::getenv("PRIMUS_PARITY_DUMP");
+  const std::string saved = was ? was : "";
+  ::unsetenv("PRIMUS_PARITY_DUMP");
+  EXPECT_EQ(parity_dump_root(), "");
+  ::setenv("PRIMUS_PARITY_DUMP", "/tmp/somewhere", 1);
+  EXPECT_EQ(parity_dump_root(), "/tmp/somewhere");
+  if (was) {
+    ::setenv("PRIMUS_PARITY_DUMP", saved.c_str(), 1);
+  } else {
+    ::unsetenv("PRIMUS_PARITY_DUMP");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Host, HostParityTest,
