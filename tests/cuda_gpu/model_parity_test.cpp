@@ -1,14 +1,49 @@
 // Step 0 of the CUDA model on the device against the reference backend's GptModel<float> (the
 // oracle), for the tiny GPT-2 and Llama and each attention implementation (see step0_parity).
 // Gates: loss relative error < 1e-2 (the bf16 gate); every parameter tensor's gradient relative
-// L2 error ||g_cuda - g_ref|| / ||g_ref|| < 2e-2. The errors are printed per tensor.
+// L2 error ||g_cuda - g_ref|| / ||g_ref|| below gradient_gate() (below). The errors are printed
+// per tensor, each next to its gate.
+//
+// ParityDump.EveryCaseSeveralSeeds (runs only with PRIMUS_PARITY_DUMP=<dir>) writes step 0 of
+// every case for seeds 1..$PRIMUS_PARITY_DUMP_SEEDS (default 4) for the outside oracle
+//   python3 tests/cuda_gpu/bf16_noise_floor.py <dir>
+// which measures, on the same weights and batches, what PyTorch's own bf16 training shows
+// against PyTorch fp32 (bench/train/run_on_gpu.sh runs both; bench/results/NOTES.md 2026-11-23).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 
 #include "cuda_fixture.h"
 
 namespace primus::backends::cuda::testing {
 namespace {
+
+// The per-tensor gradient gate, a rule derived from a measurement rather than a hand-picked
+// number:
+//   gate = max(kGateFloor, kGateMargin x W)
+// W: the worst per-tensor gradient relative L2 (same metric, same tensor list as this test)
+// that PyTorch trains with in bf16 -- torch.autocast(cuda, bfloat16) with fp32 master weights
+// and transformers' default (SDPA) attention -- shows against PyTorch fp32, on these tiny
+// models with step0_parity's weights and batches, worst over the tensors and over seeds 1..4
+// ("autocast" row of bf16_noise_floor.py's summary; it prints the resulting gate too). Our bf16
+// model cannot be expected to beat the precision PyTorch's own bf16 recipe has on the same
+// problem; the margin covers the seed-to-seed spread (this test draws a fresh seed per run) and
+// our different but equally valid bf16 rounding points.
+//
+// TODO(lead): fill W per model from the GPU run of bf16_noise_floor.py and replace this line
+// with its provenance: "measured <date>, <device>, commit <hash>, transformers <version>".
+// Until then W = 0, i.e. the gate stays at the former fixed 2e-2.
+constexpr double kTorchAutocastWorstGpt2 = 0.0;   // TODO(lead): W for GPT-2 (autocast row, gpt2)
+constexpr double kTorchAutocastWorstLlama = 0.0;  // TODO(lead): W for Llama (autocast row, llama)
+constexpr double kGateFloor = 2e-2;  // never below the former gate
+constexpr double kGateMargin = 1.5;
+
+double gradient_gate(bool llama) {
+  return std::max(kGateFloor, kGateMargin * (llama ? kTorchAutocastWorstLlama : kTorchAutocastWorstGpt2));
+}
 
 struct Case {
   bool llama;
@@ -23,15 +58,18 @@ TEST_P(ModelParityTest, LossAndEveryGradientMatchReference) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   const Step0 r = step0_parity(llama, attn, turbo::Device::CUDA, seed);
   EXPECT_NEAR(r.loss, r.ref_loss, 1e-2 * r.ref_loss) << "step-0 loss";
+  const double gate = gradient_gate(llama);
   std::string table;
   double worst = 0;
   for (const auto& [name, e] : r.errors) {
     worst = std::max(worst, e);
-    table += fmt::format("  {:<28} {:.2e}\n", name, e);
-    EXPECT_LT(e, 2e-2) << name;
+    table += fmt::format("  {:<28} {:.2e}  gate {:.2e}  {}\n", name, e, gate, e < gate ? "ok" : "ABOVE GATE");
+    EXPECT_LT(e, gate) << name << ": gradient relative L2 above the gate (rule in model_parity_test.cpp)";
   }
-  std::printf("[%s, attention %s] loss cuda %.6f ref %.6f; gradient relative L2 per tensor (worst %.2e):\n%s",
-              llama ? "llama" : "gpt2", attn_name(attn).c_str(), r.loss, r.ref_loss, worst, table.c_str());
+  std::printf("[%s, attention %s] seed %u, loss cuda %.6f ref %.6f; gradient relative L2 per tensor "
+              "(worst %.2e, gate %.2e):\n%s",
+              llama ? "llama" : "gpt2", attn_name(attn).c_str(), seed, r.loss, r.ref_loss, worst, gate,
+              table.c_str());
   EXPECT_NEAR(r.eval_loss, r.loss, 1e-5 * r.loss) << "a forward without gradient gives the same loss";
   EXPECT_TRUE(r.eval_kept_grads) << "a forward without gradient must not touch the gradients";
 }
@@ -43,6 +81,31 @@ INSTANTIATE_TEST_SUITE_P(Cuda, ModelParityTest,
                            return std::string(info.param.llama ? "Llama" : "Gpt2") +
                                   (info.param.attn == Attn::Default ? "Default" : "Fallback");
                          });
+
+// Dump mode for bf16_noise_floor.py: every case for fixed seeds 1..N (reproducible), into
+// $PRIMUS_PARITY_DUMP. Gates nothing (ModelParityTest does); prints the worst error per run.
+class ParityDump : public CudaGpuTest {};
+
+TEST_F(ParityDump, EveryCaseSeveralSeeds) {
+  const std::string root = parity_dump_root();
+  if (root.empty()) GTEST_SKIP() << "set PRIMUS_PARITY_DUMP=<dir> to write the noise-floor dumps";
+  const char* env = std::getenv("PRIMUS_PARITY_DUMP_SEEDS");
+  const int seeds = env && *env ? std::atoi(env) : 4;
+  ASSERT_GT(seeds, 0);
+  for (bool llama : {false, true}) {
+    for (Attn attn : {Attn::Default, Attn::Fallback}) {
+      for (int s = 1; s <= seeds; ++s) {
+        const Step0 r = step0_parity(llama, attn, turbo::Device::CUDA, unsigned(s), root);
+        double worst = 0;
+        for (const auto& [name, e] : r.errors) worst = std::max(worst, e);
+        EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(r.dump_dir) / "parity.json")) << r.dump_dir;
+        std::printf("[dump %s, attention %s] seed %d: loss cuda %.6f ref %.6f, worst gradient relative L2 %.2e -> %s\n",
+                    llama ? "llama" : "gpt2", attn_name(attn).c_str(), s, r.loss, r.ref_loss, worst,
+                    r.dump_dir.c_str());
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing
