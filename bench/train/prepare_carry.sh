@@ -2,7 +2,9 @@
 # Builds what bench/train/run_on_gpu.sh needs on the GPU machine and fills .carry-cuda (ignored
 # by git through .git/info/exclude): primus.gz, test_cuda_gpu.gz (gzip keeps the carry small),
 # libgomp.so.1 (OpenMP of the reference oracle in the tests; Ubuntu images may lack it),
-# torch_anchor.py and commit.txt. Usage, from the repository root:
+# torch_anchor.py, bf16_noise_floor.py (the outside oracle the test stage runs on the test
+# binary's PRIMUS_PARITY_DUMP output, which is written on the GPU machine) and commit.txt.
+# Usage, from the repository root:
 #   bench/train/prepare_carry.sh [build-dir]      (default build-cuda)
 set -eu
 BUILD=${1:-build-cuda}
@@ -16,6 +18,7 @@ gzip -9 -c "$BUILD/bin/primus" > "$CARRY/primus.gz"
 gzip -9 -c "$BUILD/bin/test_cuda_gpu" > "$CARRY/test_cuda_gpu.gz"
 cp -L "$(gcc -print-file-name=libgomp.so.1)" "$CARRY/libgomp.so.1"
 cp ../shared/bench/torch_anchor.py "$CARRY/torch_anchor.py" 2>/dev/null || cp /work/shared/bench/torch_anchor.py "$CARRY/"
+cp tests/cuda_gpu/bf16_noise_floor.py "$CARRY/bf16_noise_floor.py"
 dirty=$(git diff --quiet HEAD -- backends/cuda turbo train || echo "-dirty")
 echo "$(git rev-parse --short HEAD)$dirty" > "$CARRY/commit.txt"
 grep -qx '/.carry-cuda/' .git/info/exclude || echo '/.carry-cuda/' >> .git/info/exclude

@@ -6,9 +6,15 @@
 #
 # Run from the repository root with the carried folder (default .carry-cuda, filled by
 # bench/train/prepare_carry.sh) holding primus.gz, test_cuda_gpu.gz, libgomp.so.1,
-# torch_anchor.py and commit.txt:
+# torch_anchor.py, bf16_noise_floor.py and commit.txt:
 #   run(command="bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
-# Results in $OUT: env.txt, tests.log, train.log, metrics.jsonl, anchor.json, train.jsonl.
+# Results in $OUT: env.txt, tests.log, noise_floor.txt, noise_floor.json, train.log, metrics.jsonl,
+# anchor.json, train.jsonl.
+# The test stage also measures the bf16 noise floor that the gradient-parity gate is derived from
+# (tests/cuda_gpu/bf16_noise_floor.py on the test binary's PRIMUS_PARITY_DUMP output, seeds
+# 1..NOISE_SEEDS, default 4; ~30 s): summary printed, full table in noise_floor.txt.
+# NOISE_FLOOR=0 skips it; TESTS_ONLY=1 stops after the test stage (no training, no anchor):
+#   run(command="TESTS_ONLY=1 bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
 # STEPS (default 30) and MEASURE (default 20: the last steps averaged) change the training run.
 # Step variants (issue 8): CUDA_GRAPH=1 adds the same run with cuda_graph=true; RECOMPUTE=selective|full
 # adds a run with recompute_granularity (with the graph when CUDA_GRAPH=1); either also makes a short
@@ -58,7 +64,7 @@ cat "$OUT/env.txt"
 # The fallback and the default attention run in separate processes, so a device fault in one
 # (which poisons its CUDA context) cannot fail the other's tests.
 : > "$OUT/tests.log"
-rc_fallback=0; rc_default=0; rc_step=0
+rc_fallback=0; rc_default=0; rc_step=0; rc_dump=-; rc_noise=-
 if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests already ran
   timeout 45 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
   rc_fallback=$?
@@ -67,9 +73,37 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests a
   # The step machinery: graph replay vs eager, NaN skip under the graph, recompute parity, profiler.
   timeout 60 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*' >> "$OUT/tests.log" 2>&1
   rc_step=$?
+  # The bf16 noise floor behind the gradient gate (model_parity_test.cpp, gradient_gate()): the
+  # test binary dumps step 0 of every parity case for seeds 1..NOISE_SEEDS (weights in Hugging
+  # Face names, batch, reference and our gradients), then PyTorch/transformers runs the same
+  # models in fp32, bf16 autocast and bf16 weights and prints the per-tensor errors. Exit 2 of the
+  # script: the reference and transformers' fp32 disagree (mapping broken), numbers meaningless.
+  if [ "${NOISE_FLOOR:-1}" != 0 ]; then
+    NOISE=$CARRY/bf16_noise_floor.py
+    [ -f "$NOISE" ] || NOISE=tests/cuda_gpu/bf16_noise_floor.py
+    DUMP=/tmp/primus-parity-dump
+    rm -rf "$DUMP"
+    PRIMUS_PARITY_DUMP=$DUMP PRIMUS_PARITY_DUMP_SEEDS=${NOISE_SEEDS:-4} timeout 90 "$BIN/test_cuda_gpu" \
+      --gtest_filter='ParityDump.*' >> "$OUT/tests.log" 2>&1
+    rc_dump=$?
+    timeout 240 python3 "$NOISE" "$DUMP" --json "$OUT/noise_floor.json" > "$OUT/noise_floor.txt" 2>&1
+    rc_noise=$?
+    echo "noise floor rc=$rc_noise (dump rc=$rc_dump); full table: noise_floor.txt" >> "$OUT/noise_floor.txt"
+    # The summary (the per-seed tables are in noise_floor.txt), or the failure's last lines.
+    if grep -q "^==== bf16 noise floor" "$OUT/noise_floor.txt"; then
+      sed -n '/^==== bf16 noise floor/,$p' "$OUT/noise_floor.txt"
+    else
+      tail -25 "$OUT/noise_floor.txt"
+    fi
+    rm -rf "$DUMP"
+  fi
 fi
-echo "test rc: fallback $rc_fallback, default $rc_default, step $rc_step" >> "$OUT/tests.log"
-grep -E "^\[(gpt2|llama)|FAILED|PASSED|rc:" "$OUT/tests.log" | tail -30
+echo "test rc: fallback $rc_fallback, default $rc_default, step $rc_step, noise-floor dump $rc_dump, noise floor $rc_noise" >> "$OUT/tests.log"
+grep -E "^\[(gpt2|llama)|ABOVE GATE|FAILED|PASSED|rc:" "$OUT/tests.log" | tail -30
+if [ "${TESTS_ONLY:-0}" = 1 ]; then
+  echo "TESTS_ONLY=1: stopping after the test stage"
+  exit 0
+fi
 # Train with the default attention unless only the fallback passed its tests.
 # FORCE_ATTN=auto|turbo|fallback overrides that choice.
 ATTN=${FORCE_ATTN:-auto}
