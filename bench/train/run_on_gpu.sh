@@ -2,7 +2,8 @@
 # One device call for the CUDA backend: its GPU correctness tests, then GPT-2 124M training with
 # primus (mock data, T=1024, micro-batch 16) and the PyTorch anchor (torch.compile, same shape)
 # back to back on the same GPU. Writes $OUT/train.jsonl (DESIGN.md "Measurements") and prints a
-# short table last. Every stage runs under `timeout`; the whole call stays under 6 minutes.
+# short table last; then bench/train/matrix_stage.sh (GPT-2 B32, Llama-3.2-1B B8, each vs torch.compile).
+# Every stage runs under `timeout`. $OUT ends with train.jsonl, summaries and logs.tar.gz.
 #
 # Run from the repository root with the carried folder (default .carry-cuda, filled by
 # bench/train/prepare_carry.sh) holding primus.gz, test_cuda_gpu.gz, libgomp.so.1,
@@ -253,3 +254,14 @@ for r in rows:
           f"{fmt(r['ratio']):>10}")
 print(f"  final loss: ours {ours.get('loss')}, anchor {anchor.get('loss')} (random tokens: ~ln(50257) = 10.8)")
 EOF
+
+# 5. More of issue [cuda]'s cases (GPT-2 124M at micro-batch 32, the Llama-3.2-1B shape at 8 x
+# 2048), ours then torch.compile each: bench/train/matrix_stage.sh; MATRIX=none skips it.
+source bench/train/matrix_stage.sh
+matrix_stage 2>&1 | tee "$OUT/matrix_summary.txt"
+
+# The device returns at most 8 files: train.jsonl, the summaries, and one archive of the rest.
+(cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=train.jsonl --exclude=matrix_summary.txt \
+  --exclude=noise_floor.json ./* && find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name train.jsonl \
+  ! -name matrix_summary.txt ! -name noise_floor.json -delete)
+ls "$OUT"
