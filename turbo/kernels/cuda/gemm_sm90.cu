@@ -1,0 +1,622 @@
+// Turbo's Hopper GEMM (sm_90a): D = alpha * A @ B + beta * D (+ bias) on warpgroup MMA (wgmma)
+// fed by the tensor memory accelerator (TMA). Contract in gemm_sm90.h.
+//
+// Block: 384 threads = 3 warpgroups, one block per SM (about 190 KiB of shared memory).
+//   Warpgroup 0 produces: it gives most of its registers away (setmaxnreg) and one thread issues
+//   the TMA copies of each k-tile (A: 128 x 64, B: bn x 64 elements) into a ring of shared-memory
+//   stages in the 128-byte-swizzled layout wgmma reads (attention_sm90_common.cuh). Each stage has
+//   a "full" mbarrier (the TMA bytes have landed) and an "empty" one (every consumer warp is done
+//   reading it), so loads run up to `stages` k-tiles ahead, across tile boundaries too.
+//   Warpgroups 1 and 2 consume: each owns 64 rows of the 128 x bn tile and accumulates them in
+//   registers (bn/2 floats per thread) with wgmma m64 x bn x k16, four per k-tile, keeping one
+//   k-tile's group in flight while it waits for the next stage. Its rows of D are written straight
+//   from the registers: alpha, beta * D (read only when beta != 0), bias, the dtype conversion, and
+//   masking at the matrix edges (TMA reads zeros outside A and B, so edge tiles need no care in
+//   the main loop).
+// Layouts: a K-major operand is one TMA box of [rows][64] (one swizzled slab); an M/N-major one is
+// [64 k-rows][64] boxes side by side, one per 64 columns, read by wgmma through its transpose bit.
+// Grid: splits == 1: persistent, one block per SM walking tiles in groups of 8 tile-rows (L2
+// reuse of B). splits = s > 1 (shapes with too few tiles to fill the GPU, e.g. weight gradients):
+// a cluster of s blocks per tile, block r summing k-tiles [r*kt/s, (r+1)*kt/s); each block puts its
+// fp32 partial tile in its shared memory and block r then adds everyone's share r of the columns,
+// in rank order, through distributed shared memory: deterministic, no workspace, no atomics.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
+#include "core/util/error.h"
+#include "turbo/core/cuda_check.h"
+#include "turbo/kernels/cuda/attention_sm90_common.cuh"
+#include "turbo/kernels/cuda/gemm_sm90.h"
+#include "turbo/kernels/cuda/gemm_sm90_wgmma.cuh"
+
+namespace primus::turbo::cuda {
+namespace gemm90 {
+namespace {
+
+using attn::fence_proxy_async;
+using attn::fence_regs;
+using attn::make_desc;
+using attn::mbar_arrive;
+using attn::mbar_expect_tx;
+using attn::mbar_fence_init;
+using attn::mbar_init;
+using attn::mbar_wait;
+using attn::smem_addr;
+using attn::wgmma_commit;
+using attn::wgmma_fence;
+using attn::wgmma_wait;
+
+constexpr int kBM = 128, kBK = 64, kThreads = 384;
+constexpr int kGroupM = 8;           // tile-rows per raster group
+constexpr int kSlabBytes = 64 * 128;  // one [64][64] swizzled slab of 16-bit elements
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 65536
+constexpr int kMaxSplits = 8;                          // portable cluster size
+
+template <int BN>
+struct Cfg {
+  static constexpr int kStages = BN == 256 ? 4 : 5;
+  static constexpr int kBytesA = kBM * kBK * 2;  // 16 KiB
+  static constexpr int kBytesB = BN * kBK * 2;
+  static constexpr int kStageBytes = kBytesA + kBytesB;
+  static constexpr int kBarOffset = kStages * kStageBytes;
+  static constexpr int kSmem = kBarOffset + 2 * kStages * 8 + 1024;  // + slack to align to 1024
+  static constexpr int kGroups = BN / 8;                               // accumulator column groups
+  static constexpr int kRedBytes = kGroups * 256 * 16;                 // fp32 partial tile (split-k)
+  static_assert(kRedBytes <= kBarOffset, "the split-k partial tile reuses the stage memory");
+  static_assert(kSmem <= 227 * 1024, "more shared memory than an sm_90 block may have");
+};
+
+struct Params {
+  int m, n;
+  int tiles_m, tiles_n, kblocks, splits;
+  int a_mn, b_mn;  // 1: A is M-major (stored [k][m]); 1: B is N-major (stored [k][n])
+  void* d;
+  int64_t ldd;
+  int d_vec;  // D's element pairs may be stored as one vector (aligned base, even ldd)
+  float alpha, beta;
+  const void* bias;
+};
+
+// ---- small PTX pieces not in attention_sm90_common.cuh -----------------------------------------
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every block of the cluster; release/acquire orders the shared-memory writes
+// before it with the distributed-shared-memory reads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t local_addr, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared_f4(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+// ---- D's element types ----------------------------------------------------------------------------
+template <class T> struct Out;
+template <> struct Out<float> {
+  static __device__ __forceinline__ float load(const float* p) { return *p; }
+  static __device__ __forceinline__ void store(float* p, float v) { *p = v; }
+  static __device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+};
+template <> struct Out<__nv_bfloat16> {
+  static __device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+  static __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+  static __device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  }
+};
+template <> struct Out<__half> {
+  static __device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
+  static __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+  static __device__ __forceinline__ void store2(__half* p, float a, float b) { *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b); }
+};
+
+// Tile t -> (tile-row, tile-column): groups of kGroupM tile-rows, column by column inside a group,
+// so the blocks running at one time share B's column tiles and a few rows of A in L2.
+__device__ __forceinline__ void tile_coords(const Params& p, int t, int& tm, int& tn) {
+  const int per_group = kGroupM * p.tiles_n;
+  const int g = t / per_group;
+  const int first_m = g * kGroupM;
+  const int rows = min(p.tiles_m - first_m, kGroupM);
+  const int r = t - g * per_group;
+  tm = first_m + r % rows;
+  tn = r / rows;
+}
+
+// One accumulator column group of a thread: (row, col..col+1) and (row+8, col..col+1), as wgmma
+// lays out m64nNk16's f32 results (warp w of the warpgroup holds rows 16w..16w+15; lane l holds
+// row l/4 (+8) and columns 2*(l%4) (+1) of each group of 8 columns).
+template <class OutT>
+__device__ __forceinline__ void store_pair(const Params& p, OutT* d, bool two, float v0, float v1, float b0, float b1) {
+  v0 = v0 * p.alpha + b0;
+  v1 = v1 * p.alpha + b1;
+  if (p.beta != 0.0f) {
+    v0 += p.beta * Out<OutT>::load(d);
+    if (two) v1 += p.beta * Out<OutT>::load(d + 1);
+  }
+  if (two && p.d_vec) {
+    Out<OutT>::store2(d, v0, v1);
+  } else {
+    Out<OutT>::store(d, v0);
+    if (two) Out<OutT>::store(d + 1, v1);
+  }
+}
+template <class OutT>
+__device__ __forceinline__ void store_group(const Params& p, int row, int col, float v0, float v1, float v2, float v3) {
+  if (col >= p.n) return;
+  const bool two = col + 1 < p.n;
+  float b0 = 0.0f, b1 = 0.0f;
+  if (p.bias) {
+    const OutT* b = static_cast<const OutT*>(p.bias) + col;
+    b0 = Out<OutT>::load(b);
+    if (two) b1 = Out<OutT>::load(b + 1);
+  }
+  OutT* d = static_cast<OutT*>(p.d) + static_cast<int64_t>(row) * p.ldd + col;
+  if (row < p.m) store_pair<OutT>(p, d, two, v0, v1, b0, b1);
+  if (row + 8 < p.m) store_pair<OutT>(p, d + 8 * p.ldd, two, v2, v3, b0, b1);
+}
+
+// The k-tiles of one tile for one consumer warpgroup: wait for each stage, issue its four wgmmas,
+// keep that group in flight, and release the previous stage once its group has completed.
+// da / db: descriptors of this warpgroup's A rows and of B in stage 0.
+template <class T, int BN, int TA, int TB>
+__device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, uint32_t bars, int kb_count, int& stage,
+                                         uint32_t& phase) {
+  using C = Cfg<BN>;
+  // Descriptor units are 16 bytes. K-major: 16 elements of k are 32 bytes along a swizzled row;
+  // MN-major: 16 k-rows of 128 bytes.
+  constexpr uint64_t kStepA = TA ? 2048 / 16 : 32 / 16, kStepB = TB ? 2048 / 16 : 32 / 16;
+  const bool leader = threadIdx.x % 32 == 0;
+  int prev = 0;
+  for (int kb = 0; kb < kb_count; ++kb) {
+    mbar_wait(bars + 8u * stage, phase);
+    const uint64_t off = static_cast<uint64_t>(stage * C::kStageBytes) >> 4;
+    fence_regs<BN / 2>(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      GemmWgmma<T, BN>::template mma<TA, TB>(acc, da + off + kk * kStepA, db + off + kk * kStepB, 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_regs<BN / 2>(acc);
+    if (kb > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
+    prev = stage;
+    if (++stage == C::kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+  wgmma_wait<0>();
+  fence_regs<BN / 2>(acc);
+  if (kb_count > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
+}
+
+template <class T, class OutT, int BN>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Cfg<BN>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const uint32_t bars = base + C::kBarOffset;  // full[kStages], then empty[kStages]
+  const int S = p.splits;
+  const int rank = S > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const int first = static_cast<int>(blockIdx.x) / S, stride = static_cast<int>(gridDim.x) / S;
+  const int tiles = p.tiles_m * p.tiles_n;
+  const int kb0 = rank * p.kblocks / S, kb1 = (rank + 1) * p.kblocks / S;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      mbar_init(bars + 8u * s, 1);                  // the producer's arrive.expect_tx
+      mbar_init(bars + 8u * (C::kStages + s), 8);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // producer warpgroup
+    attn::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      int stage = 0, it = 0;
+      uint32_t phase = 0;
+      for (int t = first; t < tiles; t += stride) {
+        int tm, tn;
+        tile_coords(p, t, tm, tn);
+        const int m0 = tm * kBM, n0 = tn * BN;
+        // MN-major slabs lying wholly past the matrix edge are not loaded (every box TMA is given
+        // overlaps the matrix); their stale shared memory only feeds rows / columns of the tile
+        // that the epilogue masks. K is never cut this way: past-K elements are TMA's zeros.
+        const int a_slabs = p.a_mn ? (m0 + 64 < p.m ? 2 : 1) : 1;
+        const int b_slabs = p.b_mn ? min(BN / 64, (p.n - n0 + 63) / 64) : 1;
+        const uint32_t tx = (p.a_mn ? a_slabs * kSlabBytes : C::kBytesA) + (p.b_mn ? b_slabs * kSlabBytes : C::kBytesB);
+        for (int kb = kb0; kb < kb1; ++kb, ++it) {
+          // Use u of a stage needs use u-1 released: the empty barrier's phase u-1 (parity (u-1)&1).
+          if (it >= C::kStages) mbar_wait(bars + 8u * (C::kStages + stage), phase ^ 1u);
+          const uint32_t full = bars + 8u * stage;
+          mbar_expect_tx(full, tx);
+          const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kBytesA;
+          const int k0 = kb * kBK;
+          if (p.a_mn) {
+            tma_load_2d(sa, &tmap_a, full, m0, k0);
+            if (a_slabs == 2) tma_load_2d(sa + kSlabBytes, &tmap_a, full, m0 + 64, k0);
+          } else {
+            tma_load_2d(sa, &tmap_a, full, k0, m0);
+          }
+          if (p.b_mn) {
+            for (int j = 0; j < b_slabs; ++j) tma_load_2d(sb + j * kSlabBytes, &tmap_b, full, n0 + 64 * j, k0);
+          } else {
+            tma_load_2d(sb, &tmap_b, full, k0, n0);
+          }
+          if (++stage == C::kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+    }
+    // Split-k: the consumers' two cluster barriers need every thread of the cluster. (Each role
+    // ends inside its own branch: no code after setmaxnreg is shared between the two budgets.)
+    if (S > 1) {
+      cluster_sync();
+      cluster_sync();
+    }
+  } else {  // two consumer warpgroups
+    attn::setmaxnreg_inc<kConsumerRegs>();
+    const int ctid = static_cast<int>(threadIdx.x) - 128;  // 0..255
+    const int wg = ctid / 128, warp = (ctid % 128) / 32, lane = ctid % 32;
+    // Warpgroup wg reads A rows 64*wg.. of the tile: 8 KiB into the stage in both layouts (64
+    // rows of 128 bytes K-major; the second [64 k][64 m] slab M-major). Descriptor offsets (PTX
+    // ISA, matrix descriptor; as in the attention kernels): K-major SBO = 1024 (8 rows of 128 B),
+    // LBO unused; MN-major LBO = one [64][64] slab (next 64 columns), SBO = 1024 (next 8 k-rows).
+    const uint64_t da = make_desc(base + wg * kSlabBytes, p.a_mn ? kSlabBytes : 16, 1024);
+    const uint64_t db = make_desc(base + C::kBytesA, p.b_mn ? kSlabBytes : 16, 1024);
+    const int kb_count = kb1 - kb0;
+    float acc[BN / 2];
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int t = first; t < tiles; t += stride) {
+      int tm, tn;
+      tile_coords(p, t, tm, tn);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+      switch (p.a_mn * 2 + p.b_mn) {
+        case 0: mainloop<T, BN, 0, 0>(acc, da, db, bars, kb_count, stage, phase); break;
+        case 1: mainloop<T, BN, 0, 1>(acc, da, db, bars, kb_count, stage, phase); break;
+        case 2: mainloop<T, BN, 1, 0>(acc, da, db, bars, kb_count, stage, phase); break;
+        default: mainloop<T, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase); break;
+      }
+      if (S == 1) {
+        const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
+        const int col = tn * BN + (lane % 4) * 2;
+#pragma unroll
+        for (int i = 0; i < C::kGroups; ++i)
+          store_group<OutT>(p, row, col + i * 8, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+      } else {
+        // Split-k (one tile per cluster): the partial tile goes to this block's stage memory, which
+        // both warpgroups' wgmmas have finished reading once they pass the barrier.
+        consumer_barrier();
+        fence_proxy_async();
+#pragma unroll
+        for (int i = 0; i < C::kGroups; ++i)
+          st_shared_f4(base + (i * 256 + ctid) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+      }
+    }
+    if (S > 1) {
+      cluster_sync();  // every block's partial tile is in its shared memory
+      if (first < tiles) {
+        int tm, tn;
+        tile_coords(p, first, tm, tn);
+        const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
+        const int col = tn * BN + (lane % 4) * 2;
+        // Block `rank` finishes column groups [rank*G/S, (rank+1)*G/S), summing the partial tiles
+        // of ranks 0..S-1 in that order: a rerun of the same plan is bitwise identical.
+        for (int i = rank * C::kGroups / S; i < (rank + 1) * C::kGroups / S; ++i) {
+          const uint32_t off = base + (i * 256 + ctid) * 16;
+          float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          for (int q = 0; q < S; ++q) {
+            const float4 r = ld_cluster_f4(off, static_cast<uint32_t>(q));
+            v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
+          }
+          store_group<OutT>(p, row, col + i * 8, v.x, v.y, v.z, v.w);
+        }
+      }
+      cluster_sync();  // no block leaves while another still reads its shared memory
+    }
+  }
+#else
+  __trap();  // built without sm_90a: gemm_sm90_unsupported_reason keeps such devices away
+#endif
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiledFn>(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// A stored row-major matrix [outer][inner] (leading dimension ld) in boxes of box_inner x
+// box_outer elements, 128-byte swizzled; reads outside the matrix return zeros.
+CUtensorMap tensor_map(const void* ptr, DType dt, int64_t inner, int64_t outer, int64_t ld, uint32_t box_inner,
+                       uint32_t box_outer) {
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * 2)};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode_tiled()(&m, dt == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                    const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  PRIMUS_CHECK(r == CUDA_SUCCESS, "gemm_sm90: cuTensorMapEncodeTiled failed ({}) for a [{}][{}] matrix, ld {}, box {}x{}",
+               static_cast<int>(r), outer, inner, ld, box_outer, box_inner);
+  return m;
+}
+
+struct DeviceInfo {
+  int cc = 0, sms = 0;
+};
+DeviceInfo device_info() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return {};
+  static std::mutex mu;
+  static std::map<int, DeviceInfo> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  DeviceInfo d;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+    d.cc = major * 10 + minor;
+  return cache.emplace(dev, d).first->second;
+}
+
+template <class T, class OutT, int BN>
+auto kernel_of() {
+  auto k = gemm_sm90_kernel<T, OutT, BN>;
+  static std::once_flag once;
+  std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN>::kSmem)); });
+  return k;
+}
+
+// Clusters of `splits` blocks that fit on the device at once (0 when none or on error). Every
+// kernel of one tile width has the same shared memory and block size, so one stands for all.
+int max_active_clusters(int bn, int splits) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> cache;  // (device * 512 + bn, splits)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev * 512 + bn, splits);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(splits));
+  cfg.blockDim = dim3(kThreads);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  cudaError_t e;
+  if (bn == 256) {
+    cfg.dynamicSmemBytes = Cfg<256>::kSmem;
+    e = cudaOccupancyMaxActiveClusters(&n, kernel_of<__nv_bfloat16, __nv_bfloat16, 256>(), &cfg);
+  } else {
+    cfg.dynamicSmemBytes = Cfg<128>::kSmem;
+    e = cudaOccupancyMaxActiveClusters(&n, kernel_of<__nv_bfloat16, __nv_bfloat16, 128>(), &cfg);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; leave no error behind for the next launch check
+    n = 0;
+  }
+  return cache.emplace(key, n).first->second;
+}
+
+std::atomic<int> g_force_bn{0}, g_force_splits{0};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// An operand as TMA reads it: `outer` stored rows of `inner` contiguous elements, `ld` apart.
+// A single stored row has no row stride to speak of; it gets one that satisfies TMA's rules.
+struct Stored {
+  int64_t inner, outer, ld;
+};
+Stored stored_a(const GemmSm90Problem& p) {
+  Stored s = p.a.transposed ? Stored{p.m, p.k, p.a.ld} : Stored{p.k, p.m, p.a.ld};  // [k][m] or [m][k]
+  if (s.outer == 1) s.ld = (s.inner + 7) / 8 * 8;
+  return s;
+}
+Stored stored_b(const GemmSm90Problem& p) {
+  Stored s = p.b.transposed ? Stored{p.k, p.n, p.b.ld} : Stored{p.n, p.k, p.b.ld};  // [n][k] or [k][n]
+  if (s.outer == 1) s.ld = (s.inner + 7) / 8 * 8;
+  return s;
+}
+
+template <class T, class OutT, int BN>
+void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, int grid, cudaStream_t stream) {
+  auto kernel = kernel_of<T, OutT, BN>();
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(prm.splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Cfg<BN>::kSmem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = prm.splits > 1 ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb, prm));
+  CUDA_CHECK_LAST();
+}
+
+}  // namespace
+}  // namespace gemm90
+
+std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept {
+  try {
+    if (p.in_dtype != DType::BF16 && p.in_dtype != DType::F16)
+      return fmt::format("A and B are {}; the sm90 kernel multiplies bf16 or f16", dtype_name(p.in_dtype));
+    if (p.d_dtype != p.in_dtype && p.d_dtype != DType::F32)
+      return fmt::format("D is {}; with {} inputs it must be {} or f32", dtype_name(p.d_dtype), dtype_name(p.in_dtype),
+                         dtype_name(p.in_dtype));
+    if (p.m < 0 || p.n < 0 || p.k < 0) return "negative sizes";
+    if (p.k == 0) return "k = 0 (nothing to multiply; the TMA descriptors need k >= 1)";
+    if (p.m > INT_MAX - 256 || p.n > INT_MAX - 256 || p.k > INT_MAX - 256)
+      return fmt::format("sizes {}x{}x{} beyond the kernel's 32-bit coordinates", p.m, p.n, p.k);
+    if (gemm90::ceil_div(p.m, gemm90::kBM) * gemm90::ceil_div(p.n, 128) > INT_MAX)
+      return fmt::format("{}x{} has more tiles than the kernel counts", p.m, p.n);
+    if (p.ldd < p.n) return fmt::format("D's leading dimension {} is below n = {}", p.ldd, p.n);
+    const gemm90::Stored sa = gemm90::stored_a(p), sb = gemm90::stored_b(p);
+    const std::tuple<const char*, const void*, int64_t> ops[] = {{"A", p.a.ptr, sa.ld}, {"B", p.b.ptr, sb.ld}};
+    for (const auto& [name, ptr, ld] : ops) {
+      if (!ptr) return fmt::format("{} has no data pointer", name);
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+        return fmt::format("{}'s base pointer is not 16-byte aligned (TMA needs 16-byte alignment)", name);
+      if (ld % 8 != 0 || ld <= 0)
+        return fmt::format("{}'s leading dimension {} is not a multiple of 8 elements (TMA needs 16-byte aligned row strides)",
+                           name, ld);
+    }
+    const gemm90::DeviceInfo dev = gemm90::device_info();
+    if (dev.cc != 90)
+      return dev.cc == 0 ? std::string("no CUDA device")
+                         : fmt::format("the device is sm_{}; the kernel is sm_90a code (wgmma, TMA) and runs on "
+                                       "compute capability 9.0 only",
+                                       dev.cc);
+    if (!gemm90::encode_tiled()) return "the driver does not provide cuTensorMapEncodeTiled (TMA)";
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("check failed: ") + e.what();
+  } catch (...) {
+    return "check failed";
+  }
+}
+
+GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
+  using namespace gemm90;
+  const int sms = std::max(1, device_info().sms);
+  const int64_t kblocks = ceil_div(std::max<int64_t>(p.k, 1), kBK);
+  const int force_bn = g_force_bn.load(), force_splits = g_force_splits.load();
+  // Cost in units of one 128 x 256 k-tile: waves of tiles x (k-tiles per split + the fill of the
+  // pipeline and the epilogue, about 4 k-tiles' time, + about 2 for a split tile's reduction).
+  GemmSm90Plan best;
+  double best_cost = 1e300;
+  for (int bn : {256, 128}) {
+    if (force_bn ? bn != force_bn : (bn == 256 && p.n <= 128)) continue;
+    const int64_t tiles = ceil_div(p.m, kBM) * ceil_div(p.n, bn);
+    for (int s = 1; s <= kMaxSplits; ++s) {
+      if (force_splits ? s != force_splits : (s > 1 && kblocks < 4 * s)) continue;
+      const int64_t slots = s == 1 ? sms : max_active_clusters(bn, s);
+      if (slots <= 0) continue;
+      const double cost = static_cast<double>(ceil_div(tiles, slots)) *
+                          (static_cast<double>(ceil_div(kblocks, s)) + 4.0 + (s > 1 ? 2.0 : 0.0)) * bn / 256.0;
+      if (cost < best_cost) {
+        best_cost = cost;
+        best.bn = bn;
+        best.splits = s;
+        best.grid = static_cast<int>(s == 1 ? std::min<int64_t>(tiles, sms) : tiles * s);
+        best.stages = bn == 256 ? Cfg<256>::kStages : Cfg<128>::kStages;
+      }
+    }
+  }
+  PRIMUS_CHECK(best.bn != 0, "gemm_sm90: no launch plan for {}x{}x{} (forced tile width {}, splits {})", p.m, p.n, p.k,
+               force_bn, force_splits);
+  return best;
+}
+
+void gemm_sm90_force_plan(int bn, int splits) {
+  PRIMUS_CHECK(bn == 0 || bn == 128 || bn == 256, "gemm_sm90_force_plan: tile width {} is not 0, 128 or 256", bn);
+  PRIMUS_CHECK(splits >= 0 && splits <= gemm90::kMaxSplits, "gemm_sm90_force_plan: splits {} is not in 0..{}", splits,
+               gemm90::kMaxSplits);
+  gemm90::g_force_bn.store(bn);
+  gemm90::g_force_splits.store(splits);
+}
+
+void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
+  using namespace gemm90;
+  if (auto w = gemm_sm90_unsupported_reason(p); !w.empty()) throw RuntimeError("gemm_sm90: " + w);
+  if (p.m == 0 || p.n == 0) return;
+  const GemmSm90Plan plan = gemm_sm90_plan(p);
+  Params prm{};
+  prm.m = static_cast<int>(p.m);
+  prm.n = static_cast<int>(p.n);
+  prm.tiles_m = static_cast<int>(ceil_div(p.m, kBM));
+  prm.tiles_n = static_cast<int>(ceil_div(p.n, plan.bn));
+  prm.kblocks = static_cast<int>(ceil_div(p.k, kBK));
+  prm.splits = plan.splits;
+  prm.a_mn = p.a.transposed ? 1 : 0;   // logical A = stored^T: stored [k][m]
+  prm.b_mn = p.b.transposed ? 0 : 1;   // B stored as is: [k][n]
+  prm.d = p.d;
+  prm.ldd = p.ldd;
+  const size_t esize = p.d_dtype == DType::F32 ? 4 : 2;
+  prm.d_vec = (reinterpret_cast<uintptr_t>(p.d) % (2 * esize) == 0 && p.ldd % 2 == 0) ? 1 : 0;
+  prm.alpha = p.alpha;
+  prm.beta = p.beta;
+  prm.bias = p.bias;
+  // Boxes: a K-major operand is read as [rows][64] (128 rows of A, bn rows of B), an MN-major one
+  // as [64 k-rows][64] slabs.
+  const Stored sa = stored_a(p), sb = stored_b(p);
+  const CUtensorMap ta = tensor_map(p.a.ptr, p.in_dtype, sa.inner, sa.outer, sa.ld, 64, prm.a_mn ? 64 : kBM);
+  const CUtensorMap tb = tensor_map(p.b.ptr, p.in_dtype, sb.inner, sb.outer, sb.ld, 64, prm.b_mn ? 64 : plan.bn);
+  auto by_bn = [&](auto in, auto out) {
+    using T = decltype(in);
+    using OutT = decltype(out);
+    if (plan.bn == 256) launch<T, OutT, 256>(ta, tb, prm, plan.grid, stream);
+    else launch<T, OutT, 128>(ta, tb, prm, plan.grid, stream);
+  };
+  const bool f32_out = p.d_dtype == DType::F32;
+  if (p.in_dtype == DType::BF16) {
+    if (f32_out) by_bn(__nv_bfloat16{}, float{});
+    else by_bn(__nv_bfloat16{}, __nv_bfloat16{});
+  } else {
+    if (f32_out) by_bn(__half{}, float{});
+    else by_bn(__half{}, __half{});
+  }
+}
+
+}  // namespace primus::turbo::cuda

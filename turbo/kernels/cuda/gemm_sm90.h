@@ -1,0 +1,64 @@
+// Turbo's own Hopper GEMM (the TURBO backend of turbo::gemm; kernel in gemm_sm90.cu):
+//
+//   D[m,n] = alpha * A[m,k] @ B[k,n] + beta * D (+ bias[n])      fp32 accumulation
+//
+// A and B are bf16 or f16 (the same type), each stored row-major with a leading dimension `ld`
+// (elements between stored rows); `transposed` says the logical operand is the transpose of what
+// is stored, exactly as in turbo/ops/gemm_problem.h. So A may be K-major (stored [m][k]) or
+// M-major (stored [k][m]), B N-major (stored [k][n]) or K-major (stored [n][k]): the forward,
+// input-gradient and weight-gradient products of a linear layer are all served. D is row-major,
+// of the input type or f32, with any leading dimension; bias (optional) has D's dtype.
+//
+// Needs a compute capability 9.0 device (the code is sm_90a: wgmma, TMA), 16-byte aligned A/B
+// base pointers and leading dimensions that are multiples of 8 elements (TMA's 16-byte rule), one
+// matrix (no batch) and k >= 1. gemm_sm90_unsupported_reason says which of these a call misses.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "turbo/core/dtype.h"
+
+namespace primus::turbo::cuda {
+
+struct GemmSm90Operand {
+  const void* ptr = nullptr;
+  int64_t ld = 0;           // elements between stored rows
+  bool transposed = false;  // logical = stored^T
+};
+
+struct GemmSm90Problem {
+  int64_t m = 0, n = 0, k = 0;
+  DType in_dtype = DType::BF16;  // of A and B
+  GemmSm90Operand a, b;
+  void* d = nullptr;
+  int64_t ldd = 0;
+  DType d_dtype = DType::BF16;
+  float alpha = 1.0f, beta = 0.0f;  // beta == 0: D is never read (it may hold NaN)
+  const void* bias = nullptr;       // [n], dtype d_dtype; nullptr: no bias
+};
+
+// Empty when gemm_sm90 can run `p` on the current device, else the reason. Never throws.
+std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept;
+
+// How a problem is run (chosen per call from its shape and the device):
+//   bn      tile width, 128 or 256 (the tile is 128 x bn, k in steps of 64)
+//   splits  1: persistent CTAs walk the tiles; s > 1: each tile's k range is split over a cluster
+//           of s CTAs whose fp32 partial tiles are summed through distributed shared memory in a
+//           fixed order (deterministic), for shapes with too few tiles to fill the GPU
+//   grid    CTAs launched
+struct GemmSm90Plan {
+  int bn = 0, splits = 0, grid = 0, stages = 0;
+};
+GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p);
+
+// Enqueues the GEMM on `stream`. Throws primus::RuntimeError when the problem is unsupported
+// (with gemm_sm90_unsupported_reason's text) or a CUDA call fails.
+void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream);
+
+// Tests and experiments: force the tile width (128 / 256) and the split count (1..8) of every
+// following call; 0 restores the automatic choice. Not thread-safe against concurrent GEMMs.
+void gemm_sm90_force_plan(int bn, int splits);
+
+}  // namespace primus::turbo::cuda
