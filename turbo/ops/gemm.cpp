@@ -1,4 +1,5 @@
-// gemm's dispatcher: CUBLASLT for device tensors (default), CPU for host f32 tensors.
+// gemm's dispatcher: CUBLASLT for device tensors (default), TURBO (Turbo's own sm90 kernel,
+// turbo/kernels/cuda/gemm_sm90.h) where it applies, CPU for host f32 tensors.
 #include "turbo/ops/gemm.h"
 
 #include <fmt/format.h>
@@ -11,9 +12,13 @@
 #include "turbo/ops/op_support.h"
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cublaslt/cublaslt_api.h"
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 #include "turbo/kernels/cuda/elementwise.h"
+#include "turbo/kernels/cuda/gemm_sm90.h"
 #endif
 
 namespace primus::turbo {
@@ -40,6 +45,65 @@ cublaslt::GemmProblem lt_problem(const GemmArgs& g, const detail::GemmShape& s) 
   p.aux_ld = g.aux.defined() ? g.aux.stride(0) : 0;
   p.allow_tf32 = g.allow_tf32;
   return p;
+}
+
+cuda::GemmSm90Problem sm90_problem(const GemmArgs& g, const detail::GemmShape& s) {
+  cuda::GemmSm90Problem p;
+  p.m = s.m; p.n = s.n; p.k = s.k;
+  p.in_dtype = s.a.dtype;
+  p.a = {s.a.ptr, s.a.ld, s.a.transposed};
+  p.b = {s.b.ptr, s.b.ld, s.b.transposed};
+  p.d = s.d.ptr;
+  p.ldd = s.d.ld;
+  p.d_dtype = s.d.dtype;
+  p.alpha = g.alpha; p.beta = g.beta;
+  p.bias = g.epilogue == GemmEpilogue::Bias ? g.bias.data : nullptr;
+  return p;
+}
+
+// Why the TURBO kernel cannot run a call ("" when it can): what the dispatcher and a forced
+// PRIMUS_TURBO_GEMM_BACKEND=TURBO report.
+std::string turbo_unsupported_reason(const GemmArgs& g, const detail::GemmShape& s) {
+  if (g.epilogue != GemmEpilogue::None && g.epilogue != GemmEpilogue::Bias)
+    return fmt::format("epilogue {} (the TURBO GEMM has none and bias)", gemm_epilogue_name(g.epilogue));
+  if (s.batch > 1) return fmt::format("batch {} (the TURBO GEMM runs one matrix per call)", s.batch);
+  if (s.a.dtype != s.b.dtype)
+    return fmt::format("A is {} and B is {} (the TURBO GEMM wants one input type)", dtype_name(s.a.dtype), dtype_name(s.b.dtype));
+  if (g.epilogue == GemmEpilogue::Bias && g.bias.dtype != g.d.dtype)
+    return fmt::format("bias is {} but D is {} (the TURBO GEMM reads the bias in D's type)", dtype_name(g.bias.dtype),
+                       dtype_name(g.d.dtype));
+  return cuda::gemm_sm90_unsupported_reason(sm90_problem(g, s));
+}
+
+// Autotune runs each candidate several times. With beta != 0 every run would accumulate into D
+// once more, so D is saved before the timing and put back after it (autotune never runs while a
+// graph is captured, so the allocation here is allowed).
+double time_gemm_ms(const GemmArgs& g, const std::function<void()>& run) {
+  detail::GemmShape s;
+  if (g.beta == 0.0f || !detail::gemm_shape(g, &s).empty() || s.m == 0 || s.n == 0)
+    return detail::cuda_time_ms(g.ctx.stream, run);
+  const int64_t elems = (s.batch - 1) * s.d.batch_stride + (s.m - 1) * s.d.ld + s.n;
+  const size_t bytes = static_cast<size_t>(elems) * dtype_size(s.d.dtype);
+  auto stream = static_cast<cudaStream_t>(g.ctx.stream);
+  void* saved = nullptr;
+  CUDA_CHECK(cudaMalloc(&saved, bytes));
+  auto restore = [&] {
+    const cudaError_t e1 = cudaMemcpyAsync(s.d.ptr, saved, bytes, cudaMemcpyDeviceToDevice, stream);
+    const cudaError_t e2 = cudaStreamSynchronize(stream);
+    cudaFree(saved);
+    CUDA_CHECK(e1);
+    CUDA_CHECK(e2);
+  };
+  double ms = 0.0;
+  try {
+    CUDA_CHECK(cudaMemcpyAsync(saved, s.d.ptr, bytes, cudaMemcpyDeviceToDevice, stream));
+    ms = detail::cuda_time_ms(g.ctx.stream, run);
+  } catch (...) {
+    try { restore(); } catch (...) {}
+    throw;
+  }
+  restore();
+  return ms;
 }
 #endif
 
@@ -72,7 +136,21 @@ OpDispatcher<GemmArgs>& dispatcher() {
           detail::gemm_shape(g, &s);
           cublaslt::gemm(lt_problem(g, s), static_cast<cudaStream_t>(g.ctx.stream));
         }));
+    disp->register_backend(make_backend<GemmArgs>(
+        BackendType::TURBO,
+        [](const GemmArgs& g) -> std::string {
+          if (auto w = views_on(Device::CUDA, g); !w.empty()) return w;
+          detail::GemmShape s;
+          if (auto w = detail::gemm_shape(g, &s); !w.empty()) return w;
+          return turbo_unsupported_reason(g, s);
+        },
+        [](const GemmArgs& g) {
+          detail::GemmShape s;
+          detail::gemm_shape(g, &s);
+          cuda::gemm_sm90(sm90_problem(g, s), static_cast<cudaStream_t>(g.ctx.stream));
+        }));
     detail::install_cuda_hooks(*disp);
+    disp->set_timer(time_gemm_ms);
 #endif
     disp->register_backend(make_backend<GemmArgs>(
         BackendType::CPU,
