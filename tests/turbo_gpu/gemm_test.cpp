@@ -1,12 +1,15 @@
-// GEMM on the device (CUBLASLT backend) against a double-precision host product and against
-// the CPU reference kernels (matmul_forward/backward) for the linear-layer helpers.
+// GEMM on the device (CUBLASLT and TURBO backends) against a double-precision host product and
+// against the CPU reference kernels (matmul_forward/backward) for the linear-layer helpers.
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "gpu_fixture.h"
 #include "turbo/dispatch/backend_manager.h"
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/kernels/cpu/matmul.h"
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
+#include "turbo/kernels/cuda/gemm_sm90.h"
 #include "turbo/ops/gemm.h"
 
 namespace primus::turbo::testing {
@@ -222,6 +225,303 @@ TEST_F(GemmTest, HeuristicIsCachedPerShape) {
   g.d = d2;
   gemm(g);
   EXPECT_EQ(cublaslt::algo_cache_size(), n + 1);
+}
+
+// ---- TURBO: Turbo's own sm90 kernel (turbo/kernels/cuda/gemm_sm90.cu) ------------------------------
+// Forced with set_backend (as PRIMUS_TURBO_GEMM_BACKEND=TURBO would), on fresh random inputs with
+// the outputs poisoned, against double-precision products of the same rounded inputs, at the bf16
+// gate of DESIGN.md. Skipped on devices other than compute capability 9.0.
+class TurboGemmTest : public GemmTest {
+ protected:
+  void SetUp() override {
+    GemmTest::SetUp();
+    if (IsSkipped()) return;
+    cuda::GemmSm90Problem probe;  // a valid problem: only the device can make it unsupported
+    probe.m = probe.n = probe.k = 64;
+    probe.a = {reinterpret_cast<void*>(256), 64, false};
+    probe.b = {reinterpret_cast<void*>(256), 64, false};
+    probe.d = reinterpret_cast<void*>(256);
+    probe.ldd = 64;
+    if (auto w = cuda::gemm_sm90_unsupported_reason(probe); !w.empty()) GTEST_SKIP() << "TURBO GEMM: " << w;
+    GlobalBackendManager::instance().set_backend("gemm", BackendType::TURBO);
+  }
+  void TearDown() override {
+    GlobalBackendManager::instance().reset();
+    cuda::gemm_sm90_force_plan(0, 0);
+    GemmTest::TearDown();
+  }
+
+  // A logical [r, c] operand whose stored rows are padded to a multiple of 8 elements (TMA's
+  // 16-byte rule) with NaN in the padding, so a kernel that reads past the logical edge fails.
+  // col_major: stored [c, r] and viewed transposed.
+  Mat padded_operand(DType dt, int64_t r, int64_t c, bool col_major) {
+    Mat m;
+    m.values = randn(r * c, 1.0f, dt);
+    const int64_t sr = col_major ? c : r, sc = col_major ? r : c;
+    const int64_t ld = (sc + 7) / 8 * 8;
+    TensorView stored = make(dt, {sr, ld});
+    std::vector<float> host(static_cast<size_t>(sr * ld), NAN);
+    for (int64_t i = 0; i < sr; ++i)
+      for (int64_t j = 0; j < sc; ++j) host[i * ld + j] = col_major ? m.values[j * c + i] : m.values[i * c + j];
+    put(stored, host);
+    TensorView v = stored;
+    v.shape[1] = sc;  // strides stay {ld, 1}
+    m.view = col_major ? v.transposed() : v;
+    return m;
+  }
+
+  // Rows `rows` of the double product (all columns).
+  static std::vector<double> product_rows(const std::vector<float>& a, const std::vector<float>& b,
+                                          const std::vector<int64_t>& rows, int64_t N, int64_t K) {
+    std::vector<double> d(rows.size() * static_cast<size_t>(N), 0.0);
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int64_t k = 0; k < K; ++k) {
+        const double aik = a[rows[r] * K + k];
+        for (int64_t j = 0; j < N; ++j) d[r * N + j] += aik * b[k * N + j];
+      }
+    return d;
+  }
+  // Two rows of every 128-row tile (its first and a random one): each tile of D is checked.
+  std::vector<int64_t> sample_rows(int64_t M) {
+    std::vector<int64_t> rows;
+    for (int64_t r0 = 0; r0 < M; r0 += 128) {
+      const int64_t n = std::min<int64_t>(128, M - r0);
+      rows.push_back(r0);
+      if (n > 1) rows.push_back(r0 + 1 + static_cast<int64_t>(rng_() % static_cast<uint64_t>(n - 1)));
+    }
+    return rows;
+  }
+  static std::vector<float> pick_rows(const std::vector<float>& d, const std::vector<int64_t>& rows, int64_t N) {
+    std::vector<float> out;
+    for (int64_t r : rows) out.insert(out.end(), d.begin() + r * N, d.begin() + (r + 1) * N);
+    return out;
+  }
+  static bool all_finite(const std::vector<float>& v) {
+    for (float x : v)
+      if (!std::isfinite(x)) return false;
+    return true;
+  }
+};
+
+TEST_F(TurboGemmTest, AllTranspositionsOnOddShapes) {
+  // Not multiples of the 128 x 256 x 64 tile in any dimension; K not a multiple of 64.
+  struct Shape { int64_t M, N, K; };
+  for (Shape sh : {Shape{1000, 1500, 700}, Shape{257, 131, 72}, Shape{1, 8, 8}, Shape{77, 8, 200}}) {
+    for (Types ty : {Types{DType::BF16, DType::BF16}, Types{DType::BF16, DType::F32}, Types{DType::F16, DType::F16}})
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+          SCOPED_TRACE(fmt::format("{}x{}x{} {}->{} ta={} tb={}", sh.M, sh.N, sh.K, dtype_name(ty.in), dtype_name(ty.out), ta, tb));
+          Mat a = padded_operand(ty.in, sh.M, sh.K, ta), b = padded_operand(ty.in, sh.K, sh.N, tb);
+          TensorView d = make(ty.out, {sh.M, sh.N});
+          poison(d);
+          GemmArgs g = args(a.view, b.view, d);
+          g.ctx = ctx;
+          EXPECT_EQ(gemm(g), BackendType::TURBO);
+          EXPECT_LT(rel_err(get(d), product(a.values, b.values, sh.M, sh.N, sh.K)), gate(DType::BF16));
+        }
+  }
+}
+
+TEST_F(TurboGemmTest, BiasEpilogueAndBetaAccumulate) {
+  const int64_t M = 200, N = 328, K = 136;
+  for (int tb = 0; tb < 2; ++tb) {
+    SCOPED_TRACE(fmt::format("tb={}", tb));
+    Mat a = operand(DType::BF16, M, K, false), b = operand(DType::BF16, K, N, tb, 0.2f);
+    auto ref = product(a.values, b.values, M, N, K);
+    // bf16 D with a bf16 bias (the forward of a linear layer).
+    TensorView bias = make(DType::BF16, {N}), d = make(DType::BF16, {M, N});
+    auto bv = random_tensor(bias);
+    poison(d);
+    GemmArgs g = args(a.view, b.view, d);
+    g.epilogue = GemmEpilogue::Bias;
+    g.bias = bias;
+    g.ctx = ctx;
+    EXPECT_EQ(gemm(g), BackendType::TURBO);
+    std::vector<double> want(ref);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) want[i * N + j] += bv[j];
+    EXPECT_LT(rel_err(get(d), want), gate(DType::BF16));
+
+    // f32 D: D = 0.5 * A @ B + 1 * D (+ bias), the weight-gradient accumulation.
+    TensorView d32 = make(DType::F32, {M, N}), bias32 = make(DType::F32, {N});
+    auto d0 = random_tensor(d32), b32 = random_tensor(bias32);
+    GemmArgs h = args(a.view, b.view, d32);
+    h.alpha = 0.5f;
+    h.beta = 1.0f;
+    h.ctx = ctx;
+    gemm(h);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = 0.5 * ref[i] + d0[i];
+    auto got = get(d32);
+    EXPECT_LT(rel_err(got, want), 1e-3);
+    h.epilogue = GemmEpilogue::Bias;
+    h.bias = bias32;
+    h.beta = 0.25f;
+    gemm(h);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) want[i * N + j] = 0.5 * ref[i * N + j] + 0.25 * got[i * N + j] + b32[j];
+    EXPECT_LT(rel_err(get(d32), want), 1e-3);
+  }
+}
+
+// Every launch plan (tile width 128/256, persistent or split-k over clusters of 2..8 blocks) on
+// the same problem: each matches the product, and split-k sums in a fixed order, so a rerun is
+// bitwise identical. K = 1000 leaves a partial last k-tile; splits 8 of a 2-k-tile problem leave
+// blocks with no k-tiles at all.
+TEST_F(TurboGemmTest, EveryPlanMatchesAndSplitKIsDeterministic) {
+  struct Plan { int bn, splits; };
+  struct Shape { int64_t M, N, K; };
+  for (Shape sh : {Shape{384, 640, 1000}, Shape{136, 264, 100}}) {
+    for (int layout = 0; layout < 4; ++layout) {
+      const bool ta = layout & 2, tb = layout & 1;
+      Mat a = operand(DType::BF16, sh.M, sh.K, ta), b = operand(DType::BF16, sh.K, sh.N, tb);
+      const auto ref = product(a.values, b.values, sh.M, sh.N, sh.K);
+      TensorView bias = make(DType::F32, {sh.N}), d = make(DType::F32, {sh.M, sh.N});
+      auto bv = random_tensor(bias);
+      std::vector<double> want(ref);
+      for (int64_t i = 0; i < sh.M; ++i)
+        for (int64_t j = 0; j < sh.N; ++j) want[i * sh.N + j] += bv[j];
+      for (Plan pl : {Plan{256, 1}, Plan{128, 1}, Plan{256, 2}, Plan{128, 3}, Plan{256, 5}, Plan{128, 8}}) {
+        SCOPED_TRACE(fmt::format("{}x{}x{} ta={} tb={} bn={} splits={}", sh.M, sh.N, sh.K, ta, tb, pl.bn, pl.splits));
+        cuda::gemm_sm90_force_plan(pl.bn, pl.splits);
+        GemmArgs g = args(a.view, b.view, d);
+        g.epilogue = GemmEpilogue::Bias;
+        g.bias = bias;
+        g.ctx = ctx;
+        poison(d);
+        gemm(g);
+        const auto first = bytes(d);
+        EXPECT_LT(rel_err(get(d), want), 1e-3);
+        poison(d);
+        gemm(g);
+        EXPECT_EQ(bytes(d), first) << "not deterministic";
+      }
+      cuda::gemm_sm90_force_plan(0, 0);
+    }
+  }
+}
+
+// The products of GPT-2 124M's training step at 16384 tokens, in the layouts linear_forward /
+// linear_backward use: forward inp @ W^T, input gradient dout @ W, weight gradient dout^T @ inp
+// accumulated into f32. Two rows of every 128-row tile are checked against the double product;
+// every element must be finite (the output was poisoned).
+TEST_F(TurboGemmTest, Gpt2TrainingShapes) {
+  struct Case { const char* what; int64_t M, N, K; bool ta, tb; DType out; float beta; };
+  const Case cases[] = {
+      {"qkv fwd", 16384, 2304, 768, false, true, DType::BF16, 0.0f},
+      {"fc_proj fwd", 16384, 768, 3072, false, true, DType::BF16, 0.0f},
+      {"fc fwd", 16384, 3072, 768, false, true, DType::BF16, 0.0f},
+      {"fc dgrad", 16384, 768, 3072, false, false, DType::BF16, 0.0f},
+      {"attn_proj wgrad", 768, 768, 16384, true, false, DType::F32, 1.0f},
+      {"qkv wgrad", 2304, 768, 16384, true, false, DType::F32, 1.0f},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} {}x{}x{}", c.what, c.M, c.N, c.K));
+    Mat a = operand(DType::BF16, c.M, c.K, c.ta), b = operand(DType::BF16, c.K, c.N, c.tb);
+    TensorView d = make(c.out, {c.M, c.N});
+    std::vector<float> d0;
+    if (c.beta != 0.0f) d0 = random_tensor(d);
+    else poison(d);
+    GemmArgs g = args(a.view, b.view, d);
+    g.beta = c.beta;
+    g.ctx = ctx;
+    EXPECT_EQ(gemm(g), BackendType::TURBO);
+    const auto got = get(d);
+    EXPECT_TRUE(all_finite(got)) << "an element was not written";
+    const auto rows = sample_rows(c.M);
+    auto want = product_rows(a.values, b.values, rows, c.N, c.K);
+    if (c.beta != 0.0f) {
+      const auto base = pick_rows(d0, rows, c.N);
+      for (size_t i = 0; i < want.size(); ++i) want[i] += c.beta * base[i];
+    }
+    EXPECT_LT(rel_err(pick_rows(got, rows, c.N), want), gate(DType::BF16));
+    const auto plan = cuda::gemm_sm90_plan(
+        {c.M, c.N, c.K, DType::BF16, {a.view.data, 0, c.ta}, {b.view.data, 0, !c.tb}, d.data, c.N, c.out, 1.0f, c.beta, nullptr});
+    std::printf("[ turbo gemm ] %-16s %5lldx%5lldx%5lld  tile 128x%d, splits %d, grid %d\n", c.what,
+                static_cast<long long>(c.M), static_cast<long long>(c.N), static_cast<long long>(c.K), plan.bn,
+                plan.splits, plan.grid);
+  }
+}
+
+TEST_F(TurboGemmTest, LinearLayerHelpersMatchCpuMatmul) {
+  const int64_t N = 384, C = 264, OC = 520;
+  TensorView x = make(DType::BF16, {N, C}), w = make(DType::BF16, {OC, C}), bias = make(DType::BF16, {OC});
+  auto xv = random_tensor(x), wv = random_tensor(w, 0.1f), bv = random_tensor(bias);
+  TensorView out = make(DType::BF16, {N, OC});
+  poison(out);
+  EXPECT_EQ(linear_forward(out, x, w, bias, {}, ctx), BackendType::TURBO);
+  std::vector<float> ref(static_cast<size_t>(N * OC));
+  cpu::matmul_forward(ref.data(), xv.data(), wv.data(), bv.data(), N, C, OC);
+  EXPECT_LT(rel_err(get(out), ref), gate(DType::BF16));
+
+  // dinp overwritten, dweight (f32) accumulated; no dbias (its epilogue is not TURBO's).
+  TensorView dout = make(DType::BF16, {N, OC}), dx = make(DType::BF16, {N, C}), dw = make(DType::F32, {OC, C});
+  auto doutv = random_tensor(dout);
+  auto dw0 = random_tensor(dw);
+  poison(dx);
+  linear_backward(dx, dw, {}, dout, x, w, false, ctx);
+  std::vector<float> rdx(static_cast<size_t>(N * C), 0.0f), rdw = dw0;
+  cpu::matmul_backward(rdx.data(), rdw.data(), static_cast<float*>(nullptr), doutv.data(), xv.data(), wv.data(), N, C, OC);
+  EXPECT_LT(rel_err(get(dx), rdx), gate(DType::BF16));
+  EXPECT_LT(rel_err(get(dw), rdw), 1e-3);
+}
+
+// A forced TURBO that cannot run a call is an error naming the backend and the reason; without
+// the force the same calls fall back (or run on the default, CUBLASLT).
+TEST_F(TurboGemmTest, ForcedOnUnsupportedCallsNamesTheReason) {
+  auto expect_error = [&](GemmArgs g, const char* part) {
+    SCOPED_TRACE(part);
+    try {
+      gemm(g);
+      ADD_FAILURE() << "expected an error";
+    } catch (const RuntimeError& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find("backend TURBO"), std::string::npos) << w;
+      EXPECT_NE(w.find(part), std::string::npos) << w;
+    }
+  };
+  // K = 700: a contiguous [1000, 700] bf16 A has 1400-byte rows, not a multiple of 16.
+  Mat a = operand(DType::BF16, 1000, 700, false), b = operand(DType::BF16, 700, 1504, false);
+  TensorView d = make(DType::BF16, {1000, 1504});
+  GemmArgs g = args(a.view, b.view, d);
+  g.ctx = ctx;
+  expect_error(g, "A's leading dimension 700 is not a multiple of 8");
+
+  Mat a2 = operand(DType::BF16, 128, 64, false), b2 = operand(DType::BF16, 64, 128, false);
+  TensorView d2 = make(DType::BF16, {128, 128}), aux = make(DType::BF16, {128, 128});
+  GemmArgs h = args(a2.view, b2.view, d2);
+  h.ctx = ctx;
+  h.epilogue = GemmEpilogue::GeluAux;
+  h.aux = aux;
+  expect_error(h, "epilogue gelu_aux");
+
+  Mat a3 = operand(DType::F32, 64, 64, false), b3 = operand(DType::F32, 64, 64, false);
+  TensorView d3 = make(DType::F32, {64, 64});
+  GemmArgs f = args(a3.view, b3.view, d3);
+  f.ctx = ctx;
+  expect_error(f, "A and B are f32");
+
+  GlobalBackendManager::instance().reset();
+  EXPECT_EQ(gemm(g), BackendType::CUBLASLT);
+  EXPECT_EQ(gemm(h), BackendType::CUBLASLT);
+}
+
+// Autotune times every capable backend by running it several times; a beta = 1 accumulation
+// must still happen exactly once.
+TEST_F(TurboGemmTest, AutotuneOfAnAccumulatingGemmAccumulatesOnce) {
+  GlobalBackendManager::instance().reset();
+  GlobalBackendManager::instance().set_auto_tune(true);
+  const int64_t M = 256, N = 256, K = 512;
+  Mat a = operand(DType::BF16, M, K, true), b = operand(DType::BF16, K, N, false);
+  TensorView d = make(DType::F32, {M, N});
+  auto d0 = random_tensor(d);
+  GemmArgs g = args(a.view, b.view, d);
+  g.beta = 1.0f;
+  g.ctx = ctx;
+  const BackendType chosen = gemm(g);
+  EXPECT_TRUE(chosen == BackendType::TURBO || chosen == BackendType::CUBLASLT) << backend_name(chosen);
+  auto want = product(a.values, b.values, M, N, K);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += d0[i];
+  EXPECT_LT(rel_err(get(d), want), 1e-3);
 }
 
 TEST_F(GemmTest, ForcedCpuBackendOnDeviceTensorsIsAnError) {
