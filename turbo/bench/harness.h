@@ -4,6 +4,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "turbo/bench/bench_device.h"
@@ -53,6 +54,9 @@ struct OpFamily {
   std::string bench;                      // results file: "ops" or "attention"
   std::vector<std::string> dispatch_ops;  // the dispatcher names whose backend is forced
   std::vector<BackendType> backends;      // device backends first, then CPU
+  // Pairs (ours, anchor) of backends compared per case after the family has run: a table of
+  // both times and anchor ms / ours ms (above 1: ours is faster), same run, same device.
+  std::vector<std::pair<BackendType, BackendType>> compare;
   std::string shape_syntax;               // "MxNxK"
   std::function<std::vector<Case>(const Scale&)> defaults;
   // A case from one --shapes entry; throws UsageError naming the entry and the syntax.
