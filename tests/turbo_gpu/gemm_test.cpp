@@ -236,11 +236,12 @@ class TurboGemmTest : public GemmTest {
   void SetUp() override {
     GemmTest::SetUp();
     if (IsSkipped()) return;
+    const TensorView m = make(DType::BF16, {64, 64});
     cuda::GemmSm90Problem probe;  // a valid problem: only the device can make it unsupported
     probe.m = probe.n = probe.k = 64;
-    probe.a = {reinterpret_cast<void*>(256), 64, false};
-    probe.b = {reinterpret_cast<void*>(256), 64, false};
-    probe.d = reinterpret_cast<void*>(256);
+    probe.a = {m.data, 64, false};
+    probe.b = {m.data, 64, false};
+    probe.d = m.data;
     probe.ldd = 64;
     if (auto w = cuda::gemm_sm90_unsupported_reason(probe); !w.empty()) GTEST_SKIP() << "TURBO GEMM: " << w;
     GlobalBackendManager::instance().set_backend("gemm", BackendType::TURBO);

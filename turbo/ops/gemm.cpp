@@ -195,8 +195,11 @@ std::string GemmArgs::key() const {
     std::string s = t.describe();
     return s;
   };
-  return fmt::format("gemm A={} B={} D={} epi={} beta0={} tf32={}", lay(a), lay(b), lay(d),
-                     gemm_epilogue_name(epilogue), beta == 0.0f ? 1 : 0, allow_tf32 ? 1 : 0);
+  // Whether A and B start 16-byte aligned: TURBO (TMA) needs it, so a backend autotune picked for
+  // aligned operands must not be reused from the cache for unaligned ones of the same shapes.
+  const int al16 = (reinterpret_cast<uintptr_t>(a.data) % 16 == 0 ? 1 : 0) + (reinterpret_cast<uintptr_t>(b.data) % 16 == 0 ? 2 : 0);
+  return fmt::format("gemm A={} B={} D={} epi={} beta0={} tf32={} al16={}", lay(a), lay(b), lay(d),
+                     gemm_epilogue_name(epilogue), beta == 0.0f ? 1 : 0, allow_tf32 ? 1 : 0, al16);
 }
 
 BackendType gemm(const GemmArgs& args) {

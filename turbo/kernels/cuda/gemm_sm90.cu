@@ -458,6 +458,16 @@ int max_active_clusters(int bn, int splits) {
 
 std::atomic<int> g_force_bn{0}, g_force_splits{0};
 
+// This thread in relaxed stream-capture mode while it lives: runtime queries made during a graph
+// capture (the check runs on every dispatch) can then never invalidate that capture.
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+};
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // An operand as TMA reads it: `outer` stored rows of `inner` contiguous elements, `ld` apart.
@@ -529,6 +539,27 @@ std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept {
                                        "compute capability 9.0 only",
                                        dev.cc);
     if (!gemm90::encode_tiled()) return "the driver does not provide cuTensorMapEncodeTiled (TMA)";
+    // A view that only claims to be on the device (tests fake them) must not reach TMA: a fault
+    // there would poison the whole CUDA context. One driver look-up per pointer.
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) return "no current CUDA device";
+    const gemm90::RelaxedCapture relaxed;  // pure queries; legal, but keep a capture in progress safe
+    const std::pair<const char*, const void*> ptrs[] = {{"A", p.a.ptr}, {"B", p.b.ptr}, {"D", p.d}, {"bias", p.bias}};
+    for (const auto& [name, ptr] : ptrs) {
+      if (!ptr) {
+        if (std::string(name) == "bias") continue;
+        return fmt::format("{} has no data pointer", name);
+      }
+      cudaPointerAttributes attr{};
+      if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fmt::format("{} ({}) is not a pointer the CUDA runtime knows", name, ptr);
+      }
+      if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+        return fmt::format("{} ({}) is not device memory", name, ptr);
+      if (attr.device != current)
+        return fmt::format("{} lives on device {}, the current device is {}", name, attr.device, current);
+    }
     return "";
   } catch (const std::exception& e) {
     return std::string("check failed: ") + e.what();
