@@ -349,8 +349,8 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
             } catch (const std::exception& ex) {
               // One product a backend cannot run (e.g. TURBO on an unaligned shape) skips only it.
               if (named) throw;
-              std::fprintf(out, "  %-40s %-8s skipped: %s\n", t.name.c_str(), std::string(backend_name(be)).c_str(),
-                           first_line(ex.what()).c_str());
+              std::fprintf(out, "  %-40s %-8s skipped: %s (case %s)\n", t.name.c_str(), std::string(backend_name(be)).c_str(),
+                           first_line(ex.what()).c_str(), c.name.c_str());
               std::fflush(out);
               dev.synchronize();
               continue;
