@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/util/error.h"
+#include "train/param_init.h"
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/kernels/cpu/attention.h"
 #include "turbo/kernels/cpu/embedding.h"
@@ -74,30 +75,7 @@ GptModel<Real>::GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_
 
 template <typename Real>
 void GptModel<Real>::init_weights(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const double resid_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(spec_.num_layers));
-  for (auto& t : layout_.tensors) {
-    Real* p = params.data() + t.offset;
-    bool is_norm = t.name.find("norm") != std::string::npos;
-    bool is_bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
-    if (is_bias) {
-      std::fill(p, p + t.numel, Real(0));
-    } else if (is_norm) {
-      std::fill(p, p + t.numel, Real(1));
-    } else {
-      bool resid = t.name.find("attn.proj.weight") != std::string::npos ||
-                   t.name.find("mlp.proj.weight") != std::string::npos;
-      std::normal_distribution<double> dist(0.0, spec_.init_method_std * (resid ? resid_scale : 1.0));
-      for (int64_t i = 0; i < t.numel; ++i) p[i] = static_cast<Real>(dist(rng));
-    }
-  }
-  // Padded vocabulary rows never receive gradient from real tokens; zero keeps them inert.
-  for (const char* name : {"embedding.weight", "output_layer.weight"}) {
-    if (const train::ParamTensor* t = layout_.find(name)) {
-      Real* p = params.data() + t->offset;
-      std::fill(p + spec_.vocab_size * spec_.hidden_size, p + t->numel, Real(0));
-    }
-  }
+  train::init_params(spec_, layout_, seed, params.data());  // shared with the cuda backend
 }
 
 template <typename Real>

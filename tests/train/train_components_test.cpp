@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -8,6 +10,7 @@
 #include "train/lr_schedule.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
+#include "train/param_init.h"
 #include "tests/common/tiny_models.h"
 #include "turbo/kernels/cpu/rope.h"
 
@@ -150,4 +153,53 @@ TEST(ModelSpec, ConsistencyErrorsNameTheKey) {
   EXPECT_EQ(m.padded_vocab_size, 128);
   EXPECT_EQ(m.ffn_hidden_size, 128);
   EXPECT_EQ(m.num_query_groups, 4);
+}
+
+// The shared initial weights: the same for any thread count (blocks with their own generators),
+// with the distribution the spec asks for, in float and double alike.
+TEST(ParamInit, SameForAnyThreadCountWithTheRequestedDistribution) {
+  ModelSpec spec = primus::testing::tiny_gpt2(4000, 4096, 16);
+  spec.hidden_size = 512;
+  spec.num_attention_heads = 8;
+  spec.num_query_groups = 8;
+  spec.ffn_hidden_size = 2048;
+  spec.num_layers = 2;
+  spec.init_method_std = 0.02;
+  const ParamLayout layout = make_param_layout(spec);
+  const ParamTensor& emb = layout.get("embedding.weight");
+  ASSERT_GE(emb.numel, 2 * kInitBlock) << "the embedding must span several blocks";
+  std::vector<float> one(static_cast<size_t>(layout.total)), many(one.size());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  init_params(spec, layout, 1234, one.data());
+  omp_set_num_threads(std::max(threads, 4));
+  init_params(spec, layout, 1234, many.data());
+  omp_set_num_threads(threads);
+  EXPECT_TRUE(one == many) << "the draw depends on the thread count";
+  std::vector<double> dbl(one.size());
+  init_params(spec, layout, 1234, dbl.data());
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], static_cast<float>(dbl[i])) << i;
+  std::vector<float> other(one.size());
+  init_params(spec, layout, 1235, other.data());
+  EXPECT_NE(other, one);
+  auto stats = [&](const ParamTensor& t, int64_t n) {
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < n; ++i) s += one[size_t(t.offset + i)], s2 += double(one[size_t(t.offset + i)]) * one[size_t(t.offset + i)];
+    return std::pair{s / double(n), std::sqrt(s2 / double(n) - (s / double(n)) * (s / double(n)))};
+  };
+  const int64_t real = spec.vocab_size * spec.hidden_size;
+  auto [m, sd] = stats(emb, real);
+  EXPECT_NEAR(m, 0.0, 1e-4);
+  EXPECT_NEAR(sd, 0.02, 0.02 * 0.01);
+  for (int64_t i = real; i < emb.numel; ++i) ASSERT_EQ(one[size_t(emb.offset + i)], 0.0f) << "padded vocabulary row";
+  const ParamTensor& proj = layout.get("layers.0.attn.proj.weight");
+  auto [pm, psd] = stats(proj, proj.numel);
+  EXPECT_NEAR(psd, 0.02 / std::sqrt(2.0 * spec.num_layers), 0.02 * 0.03) << "residual projections are scaled";
+  for (const auto& t : layout.tensors) {
+    const bool bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+    const bool norm = !bias && t.name.find("norm") != std::string::npos;
+    if (!bias && !norm) continue;
+    for (int64_t i = 0; i < t.numel; ++i) ASSERT_EQ(one[size_t(t.offset + i)], bias ? 0.0f : 1.0f) << t.name;
+  }
+  (void)pm;
 }
