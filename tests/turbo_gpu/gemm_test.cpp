@@ -230,12 +230,14 @@ TEST_F(GemmTest, HeuristicIsCachedPerShape) {
 // ---- TURBO: Turbo's own sm90 kernel (turbo/kernels/cuda/gemm_sm90.cu) ------------------------------
 // Forced with set_backend (as PRIMUS_TURBO_GEMM_BACKEND=TURBO would), on fresh random inputs with
 // the outputs poisoned, against double-precision products of the same rounded inputs, at the bf16
-// gate of DESIGN.md. Skipped on devices other than compute capability 9.0.
-class TurboGemmTest : public GemmTest {
+// gate of DESIGN.md. Skipped on devices other than compute capability 9.0. Every case runs under
+// each schedule of the persistent kernel (instances coop and pingpong: filter '*TurboGemmTest.*').
+class TurboGemmTest : public GemmTest, public ::testing::WithParamInterface<cuda::GemmSm90Schedule> {
  protected:
   void SetUp() override {
     GemmTest::SetUp();
     if (IsSkipped()) return;
+    cuda::gemm_sm90_force_schedule(GetParam());
     const TensorView m = make(DType::BF16, {64, 64});
     cuda::GemmSm90Problem probe;  // a valid problem: only the device can make it unsupported
     probe.m = probe.n = probe.k = 64;
@@ -249,6 +251,7 @@ class TurboGemmTest : public GemmTest {
   void TearDown() override {
     GlobalBackendManager::instance().reset();
     cuda::gemm_sm90_force_plan(0, 0);
+    cuda::gemm_sm90_force_schedule(cuda::GemmSm90Schedule::Auto);
     GemmTest::TearDown();
   }
 
@@ -304,7 +307,7 @@ class TurboGemmTest : public GemmTest {
   }
 };
 
-TEST_F(TurboGemmTest, AllTranspositionsOnOddShapes) {
+TEST_P(TurboGemmTest, AllTranspositionsOnOddShapes) {
   // Not multiples of the 128 x 256 x 64 tile in any dimension; K not a multiple of 64.
   struct Shape { int64_t M, N, K; };
   for (Shape sh : {Shape{1000, 1500, 700}, Shape{257, 131, 72}, Shape{1, 8, 8}, Shape{77, 8, 200}}) {
@@ -323,7 +326,7 @@ TEST_F(TurboGemmTest, AllTranspositionsOnOddShapes) {
   }
 }
 
-TEST_F(TurboGemmTest, BiasEpilogueAndBetaAccumulate) {
+TEST_P(TurboGemmTest, BiasEpilogueAndBetaAccumulate) {
   const int64_t M = 200, N = 328, K = 136;
   for (int tb = 0; tb < 2; ++tb) {
     SCOPED_TRACE(fmt::format("tb={}", tb));
@@ -368,10 +371,10 @@ TEST_F(TurboGemmTest, BiasEpilogueAndBetaAccumulate) {
 // the same problem: each matches the product, and split-k sums in a fixed order, so a rerun is
 // bitwise identical. K = 1000 leaves a partial last k-tile; splits 8 of a 2-k-tile problem leave
 // blocks with no k-tiles at all.
-TEST_F(TurboGemmTest, EveryPlanMatchesAndSplitKIsDeterministic) {
+TEST_P(TurboGemmTest, EveryPlanMatchesAndSplitKIsDeterministic) {
   struct Plan { int bn, splits; };
   struct Shape { int64_t M, N, K; };
-  for (Shape sh : {Shape{384, 640, 1000}, Shape{136, 264, 100}}) {
+  for (Shape sh : {Shape{384, 640, 1000}, Shape{136, 264, 104}}) {  // leading dims multiples of 8 (TMA)
     for (int layout = 0; layout < 4; ++layout) {
       const bool ta = layout & 2, tb = layout & 1;
       Mat a = operand(DType::BF16, sh.M, sh.K, ta), b = operand(DType::BF16, sh.K, sh.N, tb);
@@ -405,7 +408,7 @@ TEST_F(TurboGemmTest, EveryPlanMatchesAndSplitKIsDeterministic) {
 // linear_backward use: forward inp @ W^T, input gradient dout @ W, weight gradient dout^T @ inp
 // accumulated into f32. Two rows of every 128-row tile are checked against the double product;
 // every element must be finite (the output was poisoned).
-TEST_F(TurboGemmTest, Gpt2TrainingShapes) {
+TEST_P(TurboGemmTest, Gpt2TrainingShapes) {
   struct Case { const char* what; int64_t M, N, K; bool ta, tb; DType out; float beta; };
   const Case cases[] = {
       {"qkv fwd", 16384, 2304, 768, false, true, DType::BF16, 0.0f},
@@ -437,13 +440,64 @@ TEST_F(TurboGemmTest, Gpt2TrainingShapes) {
     EXPECT_LT(rel_err(pick_rows(got, rows, c.N), want), gate(DType::BF16));
     const auto plan = cuda::gemm_sm90_plan(
         {c.M, c.N, c.K, DType::BF16, {a.view.data, 0, c.ta}, {b.view.data, 0, !c.tb}, d.data, c.N, c.out, 1.0f, c.beta, nullptr});
-    std::printf("[ turbo gemm ] %-16s %5lldx%5lldx%5lld  tile 128x%d, splits %d, grid %d\n", c.what,
+    std::printf("[ turbo gemm ] %-16s %5lldx%5lldx%5lld  tile 128x%d, splits %d, grid %d, %s\n", c.what,
                 static_cast<long long>(c.M), static_cast<long long>(c.N), static_cast<long long>(c.K), plan.bn,
-                plan.splits, plan.grid);
+                plan.splits, plan.grid, plan.pingpong ? "pingpong" : "coop");
   }
 }
 
-TEST_F(TurboGemmTest, LinearLayerHelpersMatchCpuMatmul) {
+// Many tiles per persistent block (32 x 24 tiles of 128 x 128 on ~132 SMs: each ping-pong
+// warpgroup takes several, so the stage / phase bookkeeping across tiles and the alternation
+// are exercised) with partial tiles at both edges and a partial last k-tile, in all four
+// layouts; bf16 D with bias and f32 D with beta. Rows are sampled in both 64-row halves of every
+// tile (ping-pong's second m64 block), plus the last row; every element must be written.
+TEST_P(TurboGemmTest, ManyTilesPerBlockWithEdges) {
+  const int64_t M = 4000, N = 3000, K = 200;
+  std::vector<int64_t> rows;
+  for (int64_t r0 = 0; r0 < M; r0 += 128)
+    for (int64_t h = r0; h < std::min(r0 + 128, M); h += 64)
+      rows.push_back(h + static_cast<int64_t>(rng_() % static_cast<uint64_t>(std::min<int64_t>(64, M - h))));
+  rows.push_back(M - 1);
+  for (int layout = 0; layout < 4; ++layout) {
+    const bool ta = layout & 2, tb = layout & 1;
+    SCOPED_TRACE(fmt::format("ta={} tb={}", ta, tb));
+    Mat a = operand(DType::BF16, M, K, ta), b = operand(DType::BF16, K, N, tb, 0.2f);
+    const auto ref = product_rows(a.values, b.values, rows, N, K);
+    const auto plan = cuda::gemm_sm90_plan({M, N, K, DType::BF16, {a.view.data, 0, ta}, {b.view.data, 0, tb}, nullptr, N,
+                                            DType::BF16, 1.0f, 0.0f, nullptr});
+    EXPECT_EQ(plan.splits, 1);
+    EXPECT_EQ(plan.pingpong, GetParam() == cuda::GemmSm90Schedule::Pingpong);
+
+    TensorView bias = make(DType::BF16, {N}), d = make(DType::BF16, {M, N});
+    auto bv = random_tensor(bias);
+    poison(d);
+    GemmArgs g = args(a.view, b.view, d);
+    g.epilogue = GemmEpilogue::Bias;
+    g.bias = bias;
+    g.ctx = ctx;
+    EXPECT_EQ(gemm(g), BackendType::TURBO);
+    auto got = get(d);
+    EXPECT_TRUE(all_finite(got)) << "an element was not written";
+    std::vector<double> want(ref);
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int64_t j = 0; j < N; ++j) want[r * N + j] += bv[j];
+    EXPECT_LT(rel_err(pick_rows(got, rows, N), want), gate(DType::BF16));
+
+    TensorView d32 = make(DType::F32, {M, N});
+    auto d0 = random_tensor(d32);
+    GemmArgs h = args(a.view, b.view, d32);
+    h.beta = 0.5f;
+    h.ctx = ctx;
+    EXPECT_EQ(gemm(h), BackendType::TURBO);
+    got = get(d32);
+    EXPECT_TRUE(all_finite(got)) << "an element was not written";
+    const auto base = pick_rows(d0, rows, N);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = ref[i] + 0.5 * base[i];
+    EXPECT_LT(rel_err(pick_rows(got, rows, N), want), 1e-3);
+  }
+}
+
+TEST_P(TurboGemmTest, LinearLayerHelpersMatchCpuMatmul) {
   const int64_t N = 384, C = 264, OC = 520;
   TensorView x = make(DType::BF16, {N, C}), w = make(DType::BF16, {OC, C}), bias = make(DType::BF16, {OC});
   auto xv = random_tensor(x), wv = random_tensor(w, 0.1f), bv = random_tensor(bias);
@@ -468,7 +522,7 @@ TEST_F(TurboGemmTest, LinearLayerHelpersMatchCpuMatmul) {
 
 // A forced TURBO that cannot run a call is an error naming the backend and the reason; without
 // the force the same calls fall back (or run on the default, CUBLASLT).
-TEST_F(TurboGemmTest, ForcedOnUnsupportedCallsNamesTheReason) {
+TEST_P(TurboGemmTest, ForcedOnUnsupportedCallsNamesTheReason) {
   auto expect_error = [&](GemmArgs g, const char* part) {
     SCOPED_TRACE(part);
     try {
@@ -508,7 +562,7 @@ TEST_F(TurboGemmTest, ForcedOnUnsupportedCallsNamesTheReason) {
 
 // Autotune times every capable backend by running it several times; a beta = 1 accumulation
 // must still happen exactly once.
-TEST_F(TurboGemmTest, AutotuneOfAnAccumulatingGemmAccumulatesOnce) {
+TEST_P(TurboGemmTest, AutotuneOfAnAccumulatingGemmAccumulatesOnce) {
   GlobalBackendManager::instance().reset();
   GlobalBackendManager::instance().set_auto_tune(true);
   const int64_t M = 256, N = 256, K = 512;
@@ -524,6 +578,12 @@ TEST_F(TurboGemmTest, AutotuneOfAnAccumulatingGemmAccumulatesOnce) {
   for (size_t i = 0; i < want.size(); ++i) want[i] += d0[i];
   EXPECT_LT(rel_err(get(d), want), 1e-3);
 }
+
+INSTANTIATE_TEST_SUITE_P(Schedules, TurboGemmTest,
+                         ::testing::Values(cuda::GemmSm90Schedule::Coop, cuda::GemmSm90Schedule::Pingpong),
+                         [](const ::testing::TestParamInfo<cuda::GemmSm90Schedule>& i) {
+                           return std::string(cuda::gemm_sm90_schedule_name(i.param));
+                         });
 
 TEST_F(GemmTest, ForcedCpuBackendOnDeviceTensorsIsAnError) {
   Mat a = operand(DType::BF16, 32, 32, false), b = operand(DType::BF16, 32, 32, false);

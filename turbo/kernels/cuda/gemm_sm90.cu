@@ -25,6 +25,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <string>
 #include <atomic>
 #include <climits>
 #include <map>
@@ -61,9 +64,15 @@ constexpr int kSlabBytes = 64 * 128;  // one [64][64] swizzled slab of 16-bit el
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 65536
 constexpr int kMaxSplits = 8;                          // portable cluster size
 
-template <int BN>
+// PP: the ping-pong schedule (BN = 128; each consumer warpgroup owns a whole 128 x 128 tile and
+// every stage feeds one warpgroup), else the cooperative one (both warpgroups on one 128 x BN tile).
+template <int BN, bool PP = false>
 struct Cfg {
-  static constexpr int kStages = BN == 256 ? 4 : 5;
+  static_assert(!PP || BN == 128, "the ping-pong schedule runs 128 x 128 tiles");
+  static constexpr int kStages = PP ? 7 : BN == 256 ? 4 : 5;
+  static constexpr int kHalves = PP ? 2 : 1;        // m64 row blocks per consumer warpgroup
+  static constexpr int kAcc = kHalves * BN / 2;     // accumulator floats per consumer thread
+  static constexpr int kEmptyArrivals = PP ? 4 : 8;  // consumer warps reading one stage
   static constexpr int kBytesA = kBM * kBK * 2;  // 16 KiB
   static constexpr int kBytesB = BN * kBK * 2;
   static constexpr int kStageBytes = kBytesA + kBytesB;
@@ -94,6 +103,19 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint
       : "memory");
 }
 __device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// Ping-pong order: named barrier kOrderBar + w means "consumer warpgroup w may start its next
+// k-loop"; the waiting warpgroup syncs on it (128 threads), the other one arrives (128 threads).
+constexpr int kOrderBar = 2;
+// (Immediate ids, so ptxas counts the barriers the kernel really uses: 0..3.)
+__device__ __forceinline__ void order_wait(int wg) {
+  static_assert(kOrderBar == 2, "the ids below");
+  if (wg == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
+  else asm volatile("bar.sync 3, 256;\n" ::: "memory");
+}
+__device__ __forceinline__ void order_pass(int wg) {
+  if (wg == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+  else asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+}
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -187,10 +209,11 @@ __device__ __forceinline__ void store_group(const Params& p, int row, int col, f
 // The k-tiles of one tile for one consumer warpgroup: wait for each stage, issue its four wgmmas,
 // keep that group in flight, and release the previous stage once its group has completed.
 // da / db: descriptors of this warpgroup's A rows and of B in stage 0.
-template <class T, int BN, int TA, int TB>
+// Ping-pong (C::kHalves == 2): the warpgroup multiplies both 64-row halves of A (8 KiB apart in
+// the stage in both layouts) into acc[0, BN/2) and acc[BN/2, BN).
+template <class T, class C, int BN, int TA, int TB>
 __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, uint32_t bars, int kb_count, int& stage,
                                          uint32_t& phase) {
-  using C = Cfg<BN>;
   // Descriptor units are 16 bytes. K-major: 16 elements of k are 32 bytes along a swizzled row;
   // MN-major: 16 k-rows of 128 bytes.
   constexpr uint64_t kStepA = TA ? 2048 / 16 : 32 / 16, kStepB = TB ? 2048 / 16 : 32 / 16;
@@ -199,14 +222,17 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
   for (int kb = 0; kb < kb_count; ++kb) {
     mbar_wait(bars + 8u * stage, phase);
     const uint64_t off = static_cast<uint64_t>(stage * C::kStageBytes) >> 4;
-    fence_regs<BN / 2>(acc);
+    fence_regs<C::kAcc>(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
-      GemmWgmma<T, BN>::template mma<TA, TB>(acc, da + off + kk * kStepA, db + off + kk * kStepB, 1);
+#pragma unroll
+      for (int h = 0; h < C::kHalves; ++h)
+        GemmWgmma<T, BN>::template mma<TA, TB>(acc + h * (BN / 2), da + h * (kSlabBytes / 16) + off + kk * kStepA,
+                                               db + off + kk * kStepB, 1);
     wgmma_commit();
     wgmma_wait<1>();
-    fence_regs<BN / 2>(acc);
+    fence_regs<C::kAcc>(acc);
     if (kb > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
     prev = stage;
     if (++stage == C::kStages) {
@@ -215,15 +241,15 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
     }
   }
   wgmma_wait<0>();
-  fence_regs<BN / 2>(acc);
+  fence_regs<C::kAcc>(acc);
   if (kb_count > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
 }
 
-template <class T, class OutT, int BN>
+template <class T, class OutT, int BN, bool PP>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, const Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Cfg<BN>;
+  using C = Cfg<BN, PP>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   const uint32_t bars = base + C::kBarOffset;  // full[kStages], then empty[kStages]
@@ -236,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       mbar_init(bars + 8u * s, 1);                  // the producer's arrive.expect_tx
-      mbar_init(bars + 8u * (C::kStages + s), 8);  // one arrival per consumer warp
+      mbar_init(bars + 8u * (C::kStages + s), C::kEmptyArrivals);  // one arrival per consumer warp reading it
     }
     mbar_fence_init();
   }
@@ -292,6 +318,53 @@ __global__ void __launch_bounds__(kThreads, 1)
     attn::setmaxnreg_inc<kConsumerRegs>();
     const int ctid = static_cast<int>(threadIdx.x) - 128;  // 0..255
     const int wg = ctid / 128, warp = (ctid % 128) / 32, lane = ctid % 32;
+    if constexpr (PP) {
+      // Ping-pong (splits == 1 only): the block's i-th tile (the producer's order) belongs to
+      // warpgroup i % 2, whose 128 x 128 accumulator takes the producer's k-iterations
+      // [i * kb, (i + 1) * kb); their stages and phases follow from that count. While one
+      // warpgroup writes a tile out the other multiplies the next one, and the producer keeps
+      // loading ahead for both, so the epilogue no longer leaves the tensor cores idle.
+      // The k-loops run strictly in tile order (named barriers, as CUTLASS's ordered sequence
+      // barrier): besides keeping the tensor cores to one warpgroup at a time, this is what makes
+      // the parity waits sound. A warpgroup starting tile i could otherwise reach a stage whose
+      // previous fill (the other warpgroup's tile i-1) has not landed yet, two phases behind, and
+      // a parity wait cannot tell that from "done". Tile i waits for tile i-1's k-loop to end;
+      // a warpgroup passes the turn only when the block has a next tile, so waits and passes
+      // pair up exactly.
+      const uint64_t da = make_desc(base, p.a_mn ? kSlabBytes : 16, 1024);
+      const uint64_t db = make_desc(base + C::kBytesA, p.b_mn ? kSlabBytes : 16, 1024);
+      const int kb_count = kb1 - kb0;
+      float acc[C::kAcc];
+      int i = wg;
+      for (int t = first + wg * stride; t < tiles; t += 2 * stride, i += 2) {
+        const int64_t it0 = static_cast<int64_t>(i) * kb_count;
+        int stage = static_cast<int>(it0 % C::kStages);
+        uint32_t phase = static_cast<uint32_t>((it0 / C::kStages) & 1);
+#pragma unroll
+        for (int j = 0; j < C::kAcc; ++j) acc[j] = 0.0f;
+        if (i > 0) order_wait(wg);
+        switch (p.a_mn * 2 + p.b_mn) {
+          case 0: mainloop<T, C, BN, 0, 0>(acc, da, db, bars, kb_count, stage, phase); break;
+          case 1: mainloop<T, C, BN, 0, 1>(acc, da, db, bars, kb_count, stage, phase); break;
+          case 2: mainloop<T, C, BN, 1, 0>(acc, da, db, bars, kb_count, stage, phase); break;
+          default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase); break;
+        }
+        if (t + stride < tiles) order_pass(wg);
+        int tm, tn;
+        tile_coords(p, t, tm, tn);
+        const int col = tn * BN + (lane % 4) * 2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = tm * kBM + h * 64 + warp * 16 + lane / 4;
+#pragma unroll
+          for (int g = 0; g < C::kGroups; ++g) {
+            const float* a = acc + h * (BN / 2) + 4 * g;
+            store_group<OutT>(p, row, col + g * 8, a[0], a[1], a[2], a[3]);
+          }
+        }
+      }
+      return;
+    }
     // Warpgroup wg reads A rows 64*wg.. of the tile: 8 KiB into the stage in both layouts (64
     // rows of 128 bytes K-major; the second [64 k][64 m] slab M-major). Descriptor offsets (PTX
     // ISA, matrix descriptor; as in the attention kernels): K-major SBO = 1024 (8 rows of 128 B),
@@ -299,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t da = make_desc(base + wg * kSlabBytes, p.a_mn ? kSlabBytes : 16, 1024);
     const uint64_t db = make_desc(base + C::kBytesA, p.b_mn ? kSlabBytes : 16, 1024);
     const int kb_count = kb1 - kb0;
-    float acc[BN / 2];
+    float acc[C::kAcc];  // BN / 2 (this code is dead in the ping-pong instantiation)
     int stage = 0;
     uint32_t phase = 0;
     for (int t = first; t < tiles; t += stride) {
@@ -308,10 +381,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
       switch (p.a_mn * 2 + p.b_mn) {
-        case 0: mainloop<T, BN, 0, 0>(acc, da, db, bars, kb_count, stage, phase); break;
-        case 1: mainloop<T, BN, 0, 1>(acc, da, db, bars, kb_count, stage, phase); break;
-        case 2: mainloop<T, BN, 1, 0>(acc, da, db, bars, kb_count, stage, phase); break;
-        default: mainloop<T, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase); break;
+        case 0: mainloop<T, C, BN, 0, 0>(acc, da, db, bars, kb_count, stage, phase); break;
+        case 1: mainloop<T, C, BN, 0, 1>(acc, da, db, bars, kb_count, stage, phase); break;
+        case 2: mainloop<T, C, BN, 1, 0>(acc, da, db, bars, kb_count, stage, phase); break;
+        default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase); break;
       }
       if (S == 1) {
         const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
@@ -412,11 +485,11 @@ DeviceInfo device_info() {
   return cache.emplace(dev, d).first->second;
 }
 
-template <class T, class OutT, int BN>
+template <class T, class OutT, int BN, bool PP = false>
 auto kernel_of() {
-  auto k = gemm_sm90_kernel<T, OutT, BN>;
+  auto k = gemm_sm90_kernel<T, OutT, BN, PP>;
   static std::once_flag once;
-  std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN>::kSmem)); });
+  std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN, PP>::kSmem)); });
   return k;
 }
 
@@ -456,7 +529,22 @@ int max_active_clusters(int bn, int splits) {
   return cache.emplace(key, n).first->second;
 }
 
-std::atomic<int> g_force_bn{0}, g_force_splits{0};
+std::atomic<int> g_force_bn{0}, g_force_splits{0}, g_force_schedule{0};
+
+// PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:
+// the default. Anything else is an error (a typo must not silently time the other schedule).
+GemmSm90Schedule env_schedule() {
+  static const GemmSm90Schedule s = [] {
+    const char* e = std::getenv("PRIMUS_TURBO_GEMM_SCHEDULE");
+    std::string v = e ? e : "";
+    for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (v.empty()) return GemmSm90Schedule::Auto;
+    if (v == "coop" || v == "cooperative") return GemmSm90Schedule::Coop;
+    if (v == "pingpong" || v == "ping-pong") return GemmSm90Schedule::Pingpong;
+    throw RuntimeError(fmt::format("PRIMUS_TURBO_GEMM_SCHEDULE='{}': expected coop or pingpong", e));
+  }();
+  return s;
+}
 
 // This thread in relaxed stream-capture mode while it lives: runtime queries made during a graph
 // capture (the check runs on every dispatch) can then never invalidate that capture.
@@ -486,9 +574,9 @@ Stored stored_b(const GemmSm90Problem& p) {
   return s;
 }
 
-template <class T, class OutT, int BN>
+template <class T, class OutT, int BN, bool PP>
 void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, int grid, cudaStream_t stream) {
-  auto kernel = kernel_of<T, OutT, BN>();
+  auto kernel = kernel_of<T, OutT, BN, PP>();
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -497,7 +585,7 @@ void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, int
   attr[0].val.clusterDim.z = 1;
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Cfg<BN>::kSmem;
+  cfg.dynamicSmemBytes = Cfg<BN, PP>::kSmem;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = prm.splits > 1 ? 1 : 0;
@@ -573,8 +661,12 @@ GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
   const int sms = std::max(1, device_info().sms);
   const int64_t kblocks = ceil_div(std::max<int64_t>(p.k, 1), kBK);
   const int force_bn = g_force_bn.load(), force_splits = g_force_splits.load();
+  const bool pingpong = gemm_sm90_schedule() == GemmSm90Schedule::Pingpong;
   // Cost in units of one 128 x 256 k-tile: waves of tiles x (k-tiles per split + the fill of the
   // pipeline and the epilogue, about 4 k-tiles' time, + about 2 for a split tile's reduction).
+  // Ping-pong (splits 1, 128 x 128 tiles): the tiles of a block follow each other on the tensor
+  // cores with their epilogues hidden, so only one fill + epilogue is paid per block. Under the
+  // ping-pong schedule the cooperative persistent kernel is a candidate only when bn 256 is forced.
   GemmSm90Plan best;
   double best_cost = 1e300;
   for (int bn : {256, 128}) {
@@ -582,16 +674,21 @@ GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
     const int64_t tiles = ceil_div(p.m, kBM) * ceil_div(p.n, bn);
     for (int s = 1; s <= kMaxSplits; ++s) {
       if (force_splits ? s != force_splits : (s > 1 && kblocks < 4 * s)) continue;
+      const bool pp = pingpong && s == 1 && bn == 128;
+      if (pingpong && s == 1 && bn == 256 && force_bn != 256) continue;
       const int64_t slots = s == 1 ? sms : max_active_clusters(bn, s);
       if (slots <= 0) continue;
-      const double cost = static_cast<double>(ceil_div(tiles, slots)) *
-                          (static_cast<double>(ceil_div(kblocks, s)) + 4.0 + (s > 1 ? 2.0 : 0.0)) * bn / 256.0;
+      const double cost =
+          pp ? (static_cast<double>(ceil_div(tiles, slots)) * static_cast<double>(kblocks) + 4.0) * 0.5
+             : static_cast<double>(ceil_div(tiles, slots)) *
+                   (static_cast<double>(ceil_div(kblocks, s)) + 4.0 + (s > 1 ? 2.0 : 0.0)) * bn / 256.0;
       if (cost < best_cost) {
         best_cost = cost;
         best.bn = bn;
         best.splits = s;
         best.grid = static_cast<int>(s == 1 ? std::min<int64_t>(tiles, sms) : tiles * s);
-        best.stages = bn == 256 ? Cfg<256>::kStages : Cfg<128>::kStages;
+        best.stages = pp ? Cfg<128, true>::kStages : bn == 256 ? Cfg<256>::kStages : Cfg<128>::kStages;
+        best.pingpong = pp;
       }
     }
   }
@@ -599,6 +696,23 @@ GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
                force_bn, force_splits);
   return best;
 }
+
+GemmSm90Schedule gemm_sm90_schedule() {
+  const auto forced = static_cast<GemmSm90Schedule>(gemm90::g_force_schedule.load());
+  if (forced != GemmSm90Schedule::Auto) return forced;
+  const GemmSm90Schedule env = gemm90::env_schedule();
+  return env != GemmSm90Schedule::Auto ? env : GemmSm90Schedule::Coop;  // default until measured
+}
+
+const char* gemm_sm90_schedule_name(GemmSm90Schedule s) noexcept {
+  switch (s) {
+    case GemmSm90Schedule::Coop: return "coop";
+    case GemmSm90Schedule::Pingpong: return "pingpong";
+    default: return "auto";
+  }
+}
+
+void gemm_sm90_force_schedule(GemmSm90Schedule s) { gemm90::g_force_schedule.store(static_cast<int>(s)); }
 
 void gemm_sm90_force_plan(int bn, int splits) {
   PRIMUS_CHECK(bn == 0 || bn == 128 || bn == 256, "gemm_sm90_force_plan: tile width {} is not 0, 128 or 256", bn);
@@ -637,8 +751,9 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   auto by_bn = [&](auto in, auto out) {
     using T = decltype(in);
     using OutT = decltype(out);
-    if (plan.bn == 256) launch<T, OutT, 256>(ta, tb, prm, plan.grid, stream);
-    else launch<T, OutT, 128>(ta, tb, prm, plan.grid, stream);
+    if (plan.pingpong) launch<T, OutT, 128, true>(ta, tb, prm, plan.grid, stream);
+    else if (plan.bn == 256) launch<T, OutT, 256, false>(ta, tb, prm, plan.grid, stream);
+    else launch<T, OutT, 128, false>(ta, tb, prm, plan.grid, stream);
   };
   const bool f32_out = p.d_dtype == DType::F32;
   if (p.in_dtype == DType::BF16) {

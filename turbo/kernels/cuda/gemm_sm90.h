@@ -42,14 +42,28 @@ struct GemmSm90Problem {
 // Empty when gemm_sm90 can run `p` on the current device, else the reason. Never throws.
 std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept;
 
+// Schedules of the persistent (splits == 1) kernel:
+//   Coop      both consumer warpgroups share one 128 x bn tile (64 rows each) and write it out
+//             together, while the tensor cores wait (the epilogue is not overlapped)
+//   Pingpong  each consumer warpgroup owns a whole 128 x 128 tile; the two alternate, so one
+//             warpgroup's epilogue runs under the other's MMAs (CUTLASS's sm90 "pingpong")
+// Split-k plans (splits > 1) always run the cooperative kernel. The schedule comes from
+// gemm_sm90_force_schedule if set, else from PRIMUS_TURBO_GEMM_SCHEDULE=coop|pingpong (read once
+// per process), else the default (Coop until Pingpong has been measured on a GPU).
+enum class GemmSm90Schedule { Auto = 0, Coop = 1, Pingpong = 2 };
+GemmSm90Schedule gemm_sm90_schedule();  // the one in effect (never Auto)
+const char* gemm_sm90_schedule_name(GemmSm90Schedule s) noexcept;
+
 // How a problem is run (chosen per call from its shape and the device):
-//   bn      tile width, 128 or 256 (the tile is 128 x bn, k in steps of 64)
-//   splits  1: persistent CTAs walk the tiles; s > 1: each tile's k range is split over a cluster
-//           of s CTAs whose fp32 partial tiles are summed through distributed shared memory in a
-//           fixed order (deterministic), for shapes with too few tiles to fill the GPU
-//   grid    CTAs launched
+//   bn        tile width, 128 or 256 (the tile is 128 x bn, k in steps of 64)
+//   splits    1: persistent CTAs walk the tiles; s > 1: each tile's k range is split over a cluster
+//             of s CTAs whose fp32 partial tiles are summed through distributed shared memory in a
+//             fixed order (deterministic), for shapes with too few tiles to fill the GPU
+//   grid      CTAs launched
+//   pingpong  the ping-pong kernel (splits 1, bn 128) rather than the cooperative one
 struct GemmSm90Plan {
   int bn = 0, splits = 0, grid = 0, stages = 0;
+  bool pingpong = false;
 };
 GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p);
 
@@ -60,5 +74,8 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream);
 // Tests and experiments: force the tile width (128 / 256) and the split count (1..8) of every
 // following call; 0 restores the automatic choice. Not thread-safe against concurrent GEMMs.
 void gemm_sm90_force_plan(int bn, int splits);
+// Tests and the benchmark: force the schedule of every following call; Auto restores the
+// environment / default choice. Not thread-safe against concurrent GEMMs.
+void gemm_sm90_force_schedule(GemmSm90Schedule s);
 
 }  // namespace primus::turbo::cuda
