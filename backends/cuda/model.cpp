@@ -228,7 +228,7 @@ void CudaModel::plan(Take&& take) {
       {&LayerActs::mean2, f32, 1, true, Recompute::None, "norm2 mean"},
       {&LayerActs::rstd2, f32, 1, true, Recompute::None, "norm2 rstd"},
       {&LayerActs::fc, act_, FC, false, Recompute::Selective, "MLP pre-activation"},
-      {&LayerActs::act, act_, F, false, Recompute::None, "MLP activation"},
+      {&LayerActs::act, act_, F, false, Recompute::Norms, "MLP activation"},
   };
   const int64_t L = spec_.num_layers;
   layers_.assign(static_cast<size_t>(L), LayerActs{});
@@ -254,9 +254,11 @@ void CudaModel::plan(Take&& take) {
   lnf_ = take(Pool::Acts, act_, {N, C}, "final norm output");
   meanf_ = take(Pool::Acts, DType::F32, {N}, "final norm mean");
   rstdf_ = take(Pool::Acts, DType::F32, {N}, "final norm rstd");
-  // The head runs in kHeadChunks row blocks (forward() does its backward right after the loss),
-  // so the logits buffer holds one block: half of B*T x V instead of all of it.
-  head_rows_ = (N + kHeadChunks - 1) / kHeadChunks;
+  // The head runs in row blocks (forward() does its backward right after the loss; see kHeadBlockBytes),
+  // so the logits buffer holds one block of B*T/chunks rows instead of all of them.
+  const int64_t logits_bytes = N * V * static_cast<int64_t>(turbo::dtype_size(act_));
+  const int64_t chunks = std::max(kMinHeadChunks, (logits_bytes + kHeadBlockBytes - 1) / kHeadBlockBytes);
+  head_rows_ = (N + chunks - 1) / chunks;
   logits_ = take(Pool::Acts, act_, {head_rows_, V}, "logits / dlogits (one head block)");
   losses_ = take(Pool::Acts, DType::F32, {N}, "per-token losses");
   // One token and target buffer per micro-batch: a step's batches are all staged before it runs.
@@ -590,13 +592,14 @@ void CudaModel::recompute_layer(int64_t l, int64_t B, int64_t T) {
     layer_forward(l, B, T, true);
     return;
   }
-  // Selective: both norms from their stored inputs (the fused forward normalised the same
-  // rounded residual it stored), the MLP activation from the stored pre-activation.
+  // Norms and selective: both norms from their stored inputs (the fused forward normalised the
+  // same rounded residual it stored); selective also the MLP activation from its pre-activation.
   const int64_t N = B * T;
   LayerActs& a = layers_[l];
   const LayerParams& p = params_[l];
   norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
   norm_forward(a.ln2, a.mean2, a.rstd2, {}, a.x2, {}, p.norm2, N);
+  if (r == Recompute::Norms) return;
   turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
                              a.fc.slice0(0, N), ctx()});
 }

@@ -8,7 +8,7 @@
 //                layout), the RoPE table and the optimizer's descriptor table;
 //   activations  what the backward needs, per layer, for batches up to max_batch x max_seq
 //                (bf16; norm statistics and attention log-sum-exp f32), the bf16 logits of one
-//                head block of B*T/kHeadChunks rows (the fused loss writes their gradient in
+//                head block of B*T/chunks rows, at most ~1 GiB (the fused loss writes their gradient in
 //                place: no fp32 [N,V] buffer exists), and the backward's working buffers,
 //                shared by all layers (the MLP's and the attention's overlap);
 //   scratch      what the ops borrow inside a call (ExecContext::scratch).
@@ -219,10 +219,12 @@ class CudaModel {
   size_t scratch_bytes_ = 0;
 
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_;
-  // The LM head and loss run in this many row blocks: the [rows, V] logits buffer is the largest
-  // activation (1.6 GB bf16 for GPT-2 at B*T = 16k); two blocks halve it for one extra f32
-  // read+write of the head's weight gradient.
-  static constexpr int64_t kHeadChunks = 2;
+  // The LM head and loss run in row blocks: the [rows, V] logits buffer is the largest single
+  // activation (1.6 GB bf16 for GPT-2 at B*T = 16k, 4.2 GB for Llama-3's 128k vocabulary at 8 x
+  // 2048). At least 2 blocks, and as many as keep one block's logits within kHeadBlockBytes; each
+  // extra block costs one f32 read+write of the head's weight gradient (~0.1 ms for GPT-2's).
+  static constexpr int64_t kMinHeadChunks = 2;
+  static constexpr int64_t kHeadBlockBytes = int64_t{1} << 30;
   int64_t head_rows_ = 0;
   int64_t B_ = 0, T_ = 0;
   int64_t slot_ = 0;  // the token slot of the last forward (backward's embedding gradient reads it)
