@@ -16,9 +16,10 @@ namespace primus::backends::cuda {
 void add_cuda_schema(config::Schema& s) {
   s.integer("device", 0, "CUDA device index this process trains on", 0, 1023)
       .text("recompute_granularity", "none",
-            "activation recomputation: none (keep every activation); selective (recompute norms and the MLP "
-            "activation in the backward); full (keep only each layer's input, rerun its forward in the backward)",
-            {"none", "selective", "full"})
+            "activation recomputation: none (keep every activation); norms (recompute the two norm outputs in the "
+            "backward); selective (norms and the MLP activation); full (keep only each layer's input, rerun its "
+            "forward in the backward)",
+            {"none", "norms", "selective", "full"})
       .flag("cuda_graph", false,
             "capture the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a warm-up step")
       .integer("profile_steps", 0,

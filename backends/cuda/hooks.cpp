@@ -60,6 +60,7 @@ void turbo_attention_backward(const AttentionGradCall& c) {
 const char* recompute_name(Recompute r) {
   switch (r) {
     case Recompute::None: return "none";
+    case Recompute::Norms: return "norms";
     case Recompute::Selective: return "selective";
     case Recompute::Full: return "full";
   }
@@ -67,9 +68,10 @@ const char* recompute_name(Recompute r) {
 }
 
 Recompute parse_recompute(const std::string& text, const std::string& where) {
-  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+  for (Recompute r : {Recompute::None, Recompute::Norms, Recompute::Selective, Recompute::Full})
     if (text == recompute_name(r)) return r;
-  throw ConfigError(fmt::format("{}: recompute_granularity '{}' is not one of none, selective, full", where, text));
+  throw ConfigError(
+      fmt::format("{}: recompute_granularity '{}' is not one of none, norms, selective, full", where, text));
 }
 
 const char* default_attention_name() {

@@ -68,10 +68,12 @@ using AdamWStepFn = void(turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& 
 // The model asks once per layer, when it plans its memory; recomputed tensors share one buffer
 // set across layers. Gradients are those of None (bit for bit where the recomputation reruns
 // the same kernels; see docs/cuda.md).
-enum class Recompute : uint8_t { None, Selective, Full };
+// Each keeps less than the one before: norms drops the two norm outputs (recomputed from the kept
+// residuals: cheap, memory-bound); selective also the MLP activation; full keeps only the layer input.
+enum class Recompute : uint8_t { None, Norms, Selective, Full };
 using RecomputePolicyFn = Recompute(int64_t layer, int64_t num_layers);
 const char* recompute_name(Recompute r);
-// "none" | "selective" | "full"; anything else throws ConfigError naming `where`.
+// "none" | "norms" | "selective" | "full"; anything else throws ConfigError naming `where`.
 Recompute parse_recompute(const std::string& text, const std::string& where);
 
 inline constexpr const char* kAttentionForward = "cuda.attention.forward";

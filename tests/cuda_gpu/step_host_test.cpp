@@ -54,6 +54,7 @@ TEST_P(HostRecompute, GradientsLossesAndWeightsEqualNoRecompute) {
   const Variant variants[] = {
       {"selective", recompute_all(Recompute::Selective)},
       {"full", recompute_all(Recompute::Full)},
+      {"norms", recompute_all(Recompute::Norms)},
       {"layer 0 full, layer 1 selective",
        [](int64_t l, int64_t) { return l == 0 ? Recompute::Full : Recompute::Selective; }},
       {"layer 0 none, layer 1 full", [](int64_t l, int64_t) { return l == 0 ? Recompute::None : Recompute::Full; }},
@@ -70,8 +71,9 @@ TEST_P(HostRecompute, GradientsLossesAndWeightsEqualNoRecompute) {
     EXPECT_LE(r.activation_bytes, none.activation_bytes);
     bytes.push_back(r.activation_bytes);
   }
-  // none > selective > full (the mixes lie between).
-  EXPECT_GT(bytes[0], bytes[1]);
+  // none > norms > selective > full (the mixes lie between).
+  EXPECT_GT(bytes[0], bytes[3]);
+  EXPECT_GT(bytes[3], bytes[1]);
   EXPECT_GT(bytes[1], bytes[2]);
   std::printf("[host %s] activation bytes: none %zu, selective %zu, full %zu\n", llama ? "llama" : "gpt2", bytes[0],
               bytes[1], bytes[2]);
@@ -319,6 +321,7 @@ TEST(StepConfig, ProfileEnvironmentValuesAreChecked) {
   EXPECT_EQ(profile_env_steps(), 0);
   EXPECT_THROW(parse_recompute("partial", "exp.yaml:3"), ConfigError);
   EXPECT_EQ(parse_recompute("selective", "x"), Recompute::Selective);
+  EXPECT_EQ(parse_recompute("norms", "x"), Recompute::Norms);
 }
 
 }  // namespace

@@ -35,8 +35,9 @@ void register_step_patches(patches::PatchRegistry& reg) {
   rc.id = "cuda.memory.recompute";
   rc.backend = kName;
   rc.phase = patches::Phase::BuildArgs;
-  rc.description = "activation recomputation: selective (norms and MLP activation recomputed in the backward) or "
-                   "full (only each layer's input kept, the layer's forward rerun in the backward)";
+  rc.description = "activation recomputation: norms (the two norm outputs recomputed in the backward), selective "
+                   "(norms and MLP activation) or full (only each layer's input kept, the layer's forward rerun in "
+                   "the backward)";
   rc.slots = {kRecomputePolicy};
   rc.impl = "backends/cuda/model.cpp (plan: per-layer buffers vs the shared set; recompute_layer)";
   rc.porting = "Megatron-LM --recompute-granularity / TorchTitan activation checkpointing; here per layer, decided "
