@@ -141,6 +141,14 @@ if ! skip scaling; then
   train llama_2gpu 2 150 "${LL[@]}" global_batch_size=8
   train llama_2gpu_zero1 2 150 "${LL[@]}" global_batch_size=8 use_distributed_optimizer=true
 fi
+# 3b. BF16_REDUCE=1: the same 2-GPU runs with grad_reduce_in_bf16=true (bf16 gradient buckets on
+#     the wire, averaged in fp32), measured against this call's 1-GPU runs.
+if [ "${BF16_REDUCE:-0}" = 1 ] && ! skip scaling; then
+  train gpt2_2gpu_bf16 2 100 "${G2[@]}" global_batch_size=32 grad_reduce_in_bf16=true
+  train gpt2_2gpu_zero1_bf16 2 100 "${G2[@]}" global_batch_size=32 use_distributed_optimizer=true grad_reduce_in_bf16=true
+  train llama_2gpu_bf16 2 150 "${LL[@]}" global_batch_size=8 grad_reduce_in_bf16=true
+  train llama_2gpu_zero1_bf16 2 150 "${LL[@]}" global_batch_size=8 use_distributed_optimizer=true grad_reduce_in_bf16=true
+fi
 
 # scaling.jsonl and the table.
 python3 - "$OUT" "$DEVICE" "$COMMIT" <<'EOF' 2>&1 | tee "$OUT/summary.txt"
@@ -188,8 +196,10 @@ for name, label in [("eq_2gpu", "2gpu"), ("eq_2gpu_zero1", "2gpu-zero1")]:
 # throughput
 for model, case in [("gpt2", "gpt2-124M/b16/t1024/mock"), ("llama", "llama3.2-1B/b4/t2048/mock")]:
     t1 = tok_s(f"{model}_1gpu")
-    for suffix in ["2gpu", "2gpu_zero1"]:
+    for suffix in ["2gpu", "2gpu_zero1", "2gpu_bf16", "2gpu_zero1_bf16"]:
         t2 = tok_s(f"{model}_{suffix}")
+        if t2 is None and suffix.endswith("_bf16"):
+            continue  # BF16_REDUCE was not asked for
         row(f"{case}/{suffix}", "tokens_per_s", t2, t1, "1 GPU, same micro-batch per GPU")
         if t1 and t2:
             print(f"{model} {suffix}: {t2:,.0f} tok/s vs 1 GPU {t1:,.0f}: {t2 / t1:.3f}x (target >= 1.9)")
