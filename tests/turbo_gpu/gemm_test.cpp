@@ -449,8 +449,10 @@ TEST_P(TurboGemmTest, Gpt2TrainingShapes) {
 // Many tiles per persistent block (32 x 24 tiles of 128 x 128 on ~132 SMs: each ping-pong
 // warpgroup takes several, so the stage / phase bookkeeping across tiles and the alternation
 // are exercised) with partial tiles at both edges and a partial last k-tile, in all four
-// layouts; bf16 D with bias and f32 D with beta. Rows are sampled in both 64-row halves of every
-// tile (ping-pong's second m64 block), plus the last row; every element must be written.
+// layouts; bf16 D with bias, f32 D with beta, f16 D with bias (bf16 / f16 D with N a multiple of
+// 8 take the 16-byte store path on every tile but the last tile-column). Rows are sampled in both
+// 64-row halves of every tile (ping-pong's second m64 block), plus the last row; every element
+// must be written.
 TEST_P(TurboGemmTest, ManyTilesPerBlockWithEdges) {
   const int64_t M = 4000, N = 3000, K = 200;
   std::vector<int64_t> rows;
@@ -494,6 +496,23 @@ TEST_P(TurboGemmTest, ManyTilesPerBlockWithEdges) {
     const auto base = pick_rows(d0, rows, N);
     for (size_t i = 0; i < want.size(); ++i) want[i] = ref[i] + 0.5 * base[i];
     EXPECT_LT(rel_err(pick_rows(got, rows, N), want), 1e-3);
+
+    // f16 in and out with an f16 bias (the 16-byte store path's other type).
+    Mat a16 = operand(DType::F16, M, K, ta), b16 = operand(DType::F16, K, N, tb, 0.2f);
+    TensorView bias16 = make(DType::F16, {N}), d16 = make(DType::F16, {M, N});
+    auto bv16 = random_tensor(bias16);
+    poison(d16);
+    GemmArgs e = args(a16.view, b16.view, d16);
+    e.epilogue = GemmEpilogue::Bias;
+    e.bias = bias16;
+    e.ctx = ctx;
+    EXPECT_EQ(gemm(e), BackendType::TURBO);
+    got = get(d16);
+    EXPECT_TRUE(all_finite(got)) << "an element was not written (f16)";
+    want = product_rows(a16.values, b16.values, rows, N, K);
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int64_t j = 0; j < N; ++j) want[r * N + j] += bv16[j];
+    EXPECT_LT(rel_err(pick_rows(got, rows, N), want), gate(DType::BF16));
   }
 }
 

@@ -12,7 +12,13 @@
 //   k-tile's group in flight while it waits for the next stage. Its rows of D are written straight
 //   from the registers: alpha, beta * D (read only when beta != 0), bias, the dtype conversion, and
 //   masking at the matrix edges (TMA reads zeros outside A and B, so edge tiles need no care in
-//   the main loop).
+//   the main loop). With a 16-bit D, beta = 0 and 16-byte aligned rows, tiles wholly inside N are
+//   stored 16 bytes per lane (8 columns) after a transpose across each quad of lanes (shuffles).
+// Schedules (splits == 1; gemm_sm90.h): the above is "coop". "pingpong": each consumer warpgroup
+//   owns a whole 128 x 128 tile (two m64n128 wgmmas per k16 step, 128 accumulators per thread),
+//   the block's tiles alternate between the two warpgroups, their k-loops strictly in tile order
+//   (named barriers 2 and 3), so one warpgroup's epilogue runs under the other's MMAs; each stage
+//   (7 of 32 KiB) feeds one warpgroup (4 empty arrivals).
 // Layouts: a K-major operand is one TMA box of [rows][64] (one swizzled slab); an M/N-major one is
 // [64 k-rows][64] boxes side by side, one per 64 columns, read by wgmma through its transpose bit.
 // Grid: splits == 1: persistent, one block per SM walking tiles in groups of 8 tile-rows (L2
@@ -90,7 +96,8 @@ struct Params {
   int a_mn, b_mn;  // 1: A is M-major (stored [k][m]); 1: B is N-major (stored [k][n])
   void* d;
   int64_t ldd;
-  int d_vec;  // D's element pairs may be stored as one vector (aligned base, even ldd)
+  int d_vec;    // D's element pairs may be stored as one vector (aligned base, even ldd)
+  int d_vec16;  // 16-bit D, beta == 0, 16-byte aligned base and rows: whole 8-column groups per store
   float alpha, beta;
   const void* bias;
 };
@@ -204,6 +211,69 @@ __device__ __forceinline__ void store_group(const Params& p, int row, int col, f
   OutT* d = static_cast<OutT*>(p.d) + static_cast<int64_t>(row) * p.ldd + col;
   if (row < p.m) store_pair<OutT>(p, d, two, v0, v1, b0, b1);
   if (row + 8 < p.m) store_pair<OutT>(p, d + 8 * p.ldd, two, v2, v3, b0, b1);
+}
+
+// ---- 16-byte epilogue stores (Params::d_vec16) --------------------------------------------------
+template <class OutT> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<float>(float, float) { return 0; }  // never used (16-bit D only)
+// v[c] <- v[(c + r) & 3] (fwd) or v[(c - r) & 3] (!fwd) for this lane's r = 0..3, as selects.
+__device__ __forceinline__ void rotate4(uint32_t (&v)[4], int r, bool fwd) {
+  const bool odd = r & 1, two = r & 2;
+  uint32_t t0 = v[0], t1 = v[1], t2 = v[2], t3 = v[3];
+  if (fwd) {
+    v[0] = odd ? t1 : t0, v[1] = odd ? t2 : t1, v[2] = odd ? t3 : t2, v[3] = odd ? t0 : t3;
+  } else {
+    v[0] = odd ? t3 : t0, v[1] = odd ? t0 : t1, v[2] = odd ? t1 : t2, v[3] = odd ? t2 : t3;
+  }
+  t0 = v[0], t1 = v[1], t2 = v[2], t3 = v[3];
+  v[0] = two ? t2 : t0, v[1] = two ? t3 : t1, v[2] = two ? t0 : t2, v[3] = two ? t1 : t3;
+}
+// Across the 4 lanes of a quad (q = lane % 4): in, a[c] = this lane's word of group c; out,
+// a[c] = lane c's word of group q. Round k: lane q reads lane (q + k) % 4, which sends its word of
+// group (s - k) % 4; pre-rotating by q makes that a fixed index, post-rotating puts words in order.
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
+  rotate4(a, q, true);  // a[c] = word of group (c + q) % 4
+  uint32_t r[4];
+  r[0] = a[0];
+#pragma unroll
+  for (int k = 1; k < 4; ++k) r[k] = __shfl_sync(0xffffffffu, a[(4 - k) & 3], (q + k) & 3, 4);
+  // r[k] = lane (q + k) % 4's word of group q
+  a[0] = r[0], a[1] = r[1], a[2] = r[2], a[3] = r[3];
+  rotate4(a, q, false);  // a[c] = r[(c - q) % 4] = lane c's word of group q
+}
+// The epilogue of one 64-row block of a thread's accumulators (G groups of 8 columns from tile
+// column col) when d_vec16 holds and every column is inside D: whole warps only (shuffles).
+template <class OutT, int G>
+__device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int col, int q, const float* acc) {
+#pragma unroll
+  for (int j = 0; j < G / 4; ++j) {
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int g = 4 * j + c;
+      float b0 = 0.0f, b1 = 0.0f;
+      if (p.bias) {
+        const OutT* b = static_cast<const OutT*>(p.bias) + col + 8 * g + 2 * q;
+        b0 = Out<OutT>::load(b);
+        b1 = Out<OutT>::load(b + 1);
+      }
+      lo[c] = pack2<OutT>(acc[4 * g] * p.alpha + b0, acc[4 * g + 1] * p.alpha + b1);
+      hi[c] = pack2<OutT>(acc[4 * g + 2] * p.alpha + b0, acc[4 * g + 3] * p.alpha + b1);
+    }
+    quad_transpose(lo, q);
+    quad_transpose(hi, q);
+    OutT* d = static_cast<OutT*>(p.d) + static_cast<int64_t>(row) * p.ldd + col + 8 * (4 * j + q);
+    if (row < p.m) *reinterpret_cast<uint4*>(d) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    if (row + 8 < p.m) *reinterpret_cast<uint4*>(d + 8 * p.ldd) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  }
 }
 
 // The k-tiles of one tile for one consumer warpgroup: wait for each stage, issue its four wgmmas,
@@ -353,9 +423,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         int tm, tn;
         tile_coords(p, t, tm, tn);
         const int col = tn * BN + (lane % 4) * 2;
+        const bool vec16 = sizeof(OutT) == 2 && p.d_vec16 && tn * BN + BN <= p.n;  // uniform over the tile
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = tm * kBM + h * 64 + warp * 16 + lane / 4;
+          if (vec16) {
+            store_rows_vec16<OutT, C::kGroups>(p, row, tn * BN, lane % 4, acc + h * (BN / 2));
+            continue;
+          }
 #pragma unroll
           for (int g = 0; g < C::kGroups; ++g) {
             const float* a = acc + h * (BN / 2) + 4 * g;
@@ -389,9 +464,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (S == 1) {
         const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
         const int col = tn * BN + (lane % 4) * 2;
+        if (sizeof(OutT) == 2 && p.d_vec16 && tn * BN + BN <= p.n) {
+          store_rows_vec16<OutT, C::kGroups>(p, row, tn * BN, lane % 4, acc);
+        } else {
 #pragma unroll
-        for (int i = 0; i < C::kGroups; ++i)
-          store_group<OutT>(p, row, col + i * 8, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+          for (int i = 0; i < C::kGroups; ++i)
+            store_group<OutT>(p, row, col + i * 8, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+        }
       } else {
         // Split-k (one tile per cluster): the partial tile goes to this block's stage memory, which
         // both warpgroups' wgmmas have finished reading once they pass the barrier.
@@ -533,6 +612,16 @@ std::atomic<int> g_force_bn{0}, g_force_splits{0}, g_force_schedule{0};
 
 // PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:
 // the default. Anything else is an error (a typo must not silently time the other schedule).
+// PRIMUS_TURBO_GEMM_VEC_EPILOGUE=0 turns the 16-byte epilogue stores off (read once): to
+// separate that path from the rest when hunting a wrong result.
+bool vec16_epilogue_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("PRIMUS_TURBO_GEMM_VEC_EPILOGUE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 GemmSm90Schedule env_schedule() {
   static const GemmSm90Schedule s = [] {
     const char* e = std::getenv("PRIMUS_TURBO_GEMM_SCHEDULE");
@@ -740,6 +829,10 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   prm.ldd = p.ldd;
   const size_t esize = p.d_dtype == DType::F32 ? 4 : 2;
   prm.d_vec = (reinterpret_cast<uintptr_t>(p.d) % (2 * esize) == 0 && p.ldd % 2 == 0) ? 1 : 0;
+  prm.d_vec16 = (esize == 2 && p.beta == 0.0f && reinterpret_cast<uintptr_t>(p.d) % 16 == 0 && p.ldd % 8 == 0 &&
+                 vec16_epilogue_enabled())
+                    ? 1
+                    : 0;
   prm.alpha = p.alpha;
   prm.beta = p.beta;
   prm.bias = p.bias;
