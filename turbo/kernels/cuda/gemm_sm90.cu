@@ -610,8 +610,6 @@ int max_active_clusters(int bn, int splits) {
 
 std::atomic<int> g_force_bn{0}, g_force_splits{0}, g_force_schedule{0};
 
-// PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:
-// the default. Anything else is an error (a typo must not silently time the other schedule).
 // PRIMUS_TURBO_GEMM_VEC_EPILOGUE=0 turns the 16-byte epilogue stores off (read once): to
 // separate that path from the rest when hunting a wrong result.
 bool vec16_epilogue_enabled() {
@@ -622,6 +620,8 @@ bool vec16_epilogue_enabled() {
   return on;
 }
 
+// PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:
+// the default. Anything else is an error (a typo must not silently time the other schedule).
 GemmSm90Schedule env_schedule() {
   static const GemmSm90Schedule s = [] {
     const char* e = std::getenv("PRIMUS_TURBO_GEMM_SCHEDULE");
