@@ -29,7 +29,7 @@ void add_data_parallel_schema(config::Schema& s) {
   s.flag("use_distributed_optimizer", false,
          "ZeRO-1: each data-parallel rank keeps and updates only its shard of the optimizer state "
          "(gradients reduce-scattered, weights all-gathered)")
-      .number("ddp_bucket_size_mb", 25.0, "gradients are reduced across ranks in buckets of this many MiB", 0.001,
+      .number("ddp_bucket_size_mb", 160.0, "gradients are reduced across ranks in buckets of this many MiB", 0.001,
               65536.0);
 }
 

@@ -18,7 +18,9 @@ namespace primus::train {
 
 struct DataParallelArgs {
   bool distributed_optimizer = false;  // use_distributed_optimizer: ZeRO-1
-  double bucket_size_mb = 25;          // ddp_bucket_size_mb: gradient reduction granularity
+  // ddp_bucket_size_mb: gradient reduction granularity. 160 MiB = 40M fp32 elements, Megatron-LM's
+  // default bucket; on 2 H200s it scaled 1.90x where 25 MiB gave 1.87-1.89x (bench/results/NOTES.md).
+  double bucket_size_mb = 160;
   // Reads the keys add_data_parallel_schema declares; a schema without them keeps the defaults.
   static DataParallelArgs from_config(const config::Value& params);
   // Elements of `elem_bytes` in one bucket (at least 1).

@@ -154,7 +154,7 @@ TEST(DataParallelArgs, DefaultsWhenTheSchemaLacksTheKeys) {
   config::Value empty;
   DataParallelArgs a = DataParallelArgs::from_config(empty);
   EXPECT_FALSE(a.distributed_optimizer);
-  EXPECT_EQ(a.bucket_size_mb, 25);
+  EXPECT_EQ(a.bucket_size_mb, 160);
   a.bucket_size_mb = 1;
   EXPECT_EQ(a.bucket_elems(4), 262144);
   a.bucket_size_mb = 1e-9;
