@@ -27,6 +27,7 @@
 #include "turbo/kernels/cuda/attention_sm90.h"
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/attention_wgmma_ops.cuh"
+#include "turbo/kernels/cuda/tma_encode.h"
 
 namespace primus::turbo::cuda {
 namespace {
@@ -446,22 +447,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #endif
 }
 
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-EncodeTiledFn encode_tiled() {
-  static const EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      return static_cast<EncodeTiledFn>(nullptr);
-    return reinterpret_cast<EncodeTiledFn>(f);
-  }();
-  return fn;
-}
+// encode_tiled(): turbo/kernels/cuda/tma_encode.h
 
 // A [rows = B*T][heads][D] tensor as TMA sees it: boxes of 64 head_dim elements x 1 head x
 // `box_rows` tokens, 128-byte swizzled (exactly one Sw128 slab); rows past B*T read as zeros.

@@ -46,6 +46,7 @@
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/gemm_sm90.h"
 #include "turbo/kernels/cuda/gemm_sm90_wgmma.cuh"
+#include "turbo/kernels/cuda/tma_encode.h"
 
 namespace primus::turbo::cuda {
 namespace gemm90 {
@@ -509,22 +510,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- host side ------------------------------------------------------------------------------------
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-EncodeTiledFn encode_tiled() {
-  static const EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      return static_cast<EncodeTiledFn>(nullptr);
-    return reinterpret_cast<EncodeTiledFn>(f);
-  }();
-  return fn;
-}
+// encode_tiled(): turbo/kernels/cuda/tma_encode.h
 
 // A stored row-major matrix [outer][inner] (leading dimension ld) in boxes of box_inner x
 // box_outer elements, 128-byte swizzled; reads outside the matrix return zeros.
@@ -715,7 +701,7 @@ std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept {
                          : fmt::format("the device is sm_{}; the kernel is sm_90a code (wgmma, TMA) and runs on "
                                        "compute capability 9.0 only",
                                        dev.cc);
-    if (!gemm90::encode_tiled()) return "the driver does not provide cuTensorMapEncodeTiled (TMA)";
+    if (!encode_tiled()) return "the driver does not provide cuTensorMapEncodeTiled (TMA)";
     // A view that only claims to be on the device (tests fake them) must not reach TMA: a fault
     // there would poison the whole CUDA context. One driver look-up per pointer.
     int current = -1;
