@@ -32,6 +32,33 @@ Case linear_case(std::string name, int64_t M, int64_t N, int64_t K) {
           }};
 }
 
+// The products of a GPT-2 linear layer as the cuda backend's training step issues them (GPU only;
+// TURBO serves none of these epilogues, so they time CUBLASLT): the forward with its bias (and the
+// GELU + pre-activation epilogue for the MLP up-projection), the input gradient through GELU's
+// derivative (MLP down-projection), and the weight gradient accumulated into fp32 with and
+// without the bias gradient. Against the plain products above they show what each fusion costs.
+Case training_case(std::string name, int64_t M, int64_t N, int64_t K, bool gelu_out, bool dgelu_in) {
+  return {name, [name, M, N, K, gelu_out, dgelu_in](CaseEnv& e) {
+            TensorView x = e.rand(e.dtype, {M, K}), w = e.rand(e.dtype, {N, K}, 0.05f), b = e.rand(e.dtype, {N}, 0.1f);
+            TensorView y = e.empty(e.dtype, {M, N}), aux = e.empty(e.dtype, {M, N}), dy = e.rand(e.dtype, {M, N});
+            TensorView dx = e.empty(e.dtype, {M, K}), pre = e.rand(e.dtype, {M, K});
+            TensorView dw = e.zeros(DType::F32, {N, K}), db = e.zeros(DType::F32, {N});
+            const ExecContext c = e.ctx;
+            const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+            std::vector<Timed> t;
+            t.push_back({"gemm/" + name + (gelu_out ? "/fwd+bias+gelu_aux" : "/fwd+bias"), Metric::Flops, flops,
+                         [=] { linear_forward(y, x, w, b, gelu_out ? aux : TensorView(), c); }, "training-step epilogues"});
+            if (dgelu_in)
+              t.push_back({"gemm/" + name + "/dgrad+dgelu", Metric::Flops, flops,
+                           [=] { linear_backward_input_dgelu(dx, {}, dy, w, pre, c); }, ""});
+            t.push_back({"gemm/" + name + "/wgrad_f32+=", Metric::Flops, flops,
+                         [=] { linear_backward({}, dw, {}, dy, x, w, false, c); }, ""});
+            t.push_back({"gemm/" + name + "/wgrad_f32+=+bias_grad", Metric::Flops, flops,
+                         [=] { linear_backward({}, dw, db, dy, x, w, false, c); }, ""});
+            return t;
+          }};
+}
+
 }  // namespace
 
 OpFamily gemm_family() {
@@ -54,6 +81,11 @@ OpFamily gemm_family() {
       if (s.gpu || std::string(l.name) != "lm_head") cases.push_back(linear_case(fmt::format("{}/{}", l.model, l.name), s.tokens, l.N, l.K));
     if (s.gpu)
       for (const L& l : kLlama) cases.push_back(linear_case(fmt::format("{}/{}", l.model, l.name), s.tokens, l.N, l.K));
+    if (s.gpu)  // GPT-2's layers with the epilogues the training step uses (fc: GELU out; fc_proj: dGELU in)
+      for (const L& l : kGpt2)
+        if (std::string(l.name) != "lm_head")
+          cases.push_back(training_case(fmt::format("{}/{}", l.model, l.name), s.tokens, l.N, l.K,
+                                        std::string(l.name) == "fc", std::string(l.name) == "fc_proj"));
     return cases;
   };
   f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
