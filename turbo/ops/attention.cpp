@@ -3,11 +3,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstddef>
-#include <vector>
-#include <optional>
-#include <deque>
 #include <cstring>
+#include <optional>
 
 #include "turbo/kernels/cpu/attention.h"
 #include "turbo/ops/op_support.h"
@@ -86,40 +83,6 @@ bool any_strided(std::initializer_list<const TensorView*> ts) {
   return false;
 }
 
-// Dense [B,T,H,D] stand-ins for token-strided views, for the backends that read q/k/v (and write
-// dq/dk/dv) densely: host buffers, or the scratch arena on the device (released on destruction).
-class Dense {
- public:
-  Dense(const ExecContext& ctx, const char* op) : ctx_(ctx), op_(op) {}
-  // t itself when contiguous, else a dense copy of it.
-  TensorView in(const TensorView& t) {
-    if (t.is_contiguous()) return t;
-    TensorView c = alloc(t);
-    detail::copy_token_rows(c, t, ctx_.stream);
-    return c;
-  }
-  // t itself when contiguous, else an uninitialised dense stand-in for finish() to copy back.
-  TensorView out(const TensorView& t) { return t.is_contiguous() ? t : alloc(t); }
-  static void finish(const TensorView& dst, const TensorView& dense, void* stream) {
-    if (dense.data != dst.data) detail::copy_token_rows(dst, dense, stream);
-  }
-
- private:
-  TensorView alloc(const TensorView& t) {
-    const auto& s = t.shape;
-    if (t.device == Device::CPU) {
-      host_.emplace_back(t.nbytes());
-      return TensorView(host_.back().data(), t.dtype, Device::CPU, {s[0], s[1], s[2], s[3]});
-    }
-    if (!scope_) scope_.emplace(detail::scratch_of(ctx_, op_));
-    return ctx_.scratch->tensor(t.dtype, {s[0], s[1], s[2], s[3]}, "attention: dense copy of a strided view");
-  }
-  ExecContext ctx_;
-  const char* op_;
-  std::deque<std::vector<std::byte>> host_;  // a deque keeps earlier buffers in place
-  std::optional<ArenaScope> scope_;
-};
-
 // ---- CPU (reference) -----------------------------------------------------------------------
 
 cpu::AttentionParams cpu_params(const Dims& d, const AttentionOptions& o) {
@@ -139,7 +102,7 @@ std::string cpu_check_fwd(const AttentionForwardArgs& a) {
   return detail::all_dtype(DType::F32, {{"q", &a.q}});
 }
 void cpu_fwd(const AttentionForwardArgs& args) {
-  Dense dense(args.ctx, "attention_forward");
+  detail::DenseRows dense(args.ctx, "attention_forward");
   AttentionForwardArgs a = args;
   a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
   cpu::attention_forward<float>(a.out.ptr<float>(), a.lse.ptr<float>(), a.q.ptr<const float>(), a.k.ptr<const float>(),
@@ -150,7 +113,7 @@ std::string cpu_check_bwd(const AttentionBackwardArgs& a) {
   return detail::all_dtype(DType::F32, {{"q", &a.q}});
 }
 void cpu_bwd(const AttentionBackwardArgs& args) {
-  Dense dense(args.ctx, "attention_backward");
+  detail::DenseRows dense(args.ctx, "attention_backward");
   AttentionBackwardArgs a = args;
   a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
   a.dq = dense.out(args.dq), a.dk = dense.out(args.dk), a.dv = dense.out(args.dv);
@@ -159,7 +122,7 @@ void cpu_bwd(const AttentionBackwardArgs& args) {
   cpu::attention_backward<float>(a.dq.ptr<float>(), a.dk.ptr<float>(), a.dv.ptr<float>(), a.dout.ptr<const float>(),
                                  a.q.ptr<const float>(), a.k.ptr<const float>(), a.v.ptr<const float>(),
                                  a.out.ptr<const float>(), a.lse.ptr<const float>(), cpu_params(dims_of(a.q, a.k), a.opt));
-  Dense::finish(args.dq, a.dq, nullptr), Dense::finish(args.dk, a.dk, nullptr), Dense::finish(args.dv, a.dv, nullptr);
+  dense.finish(args.dq, a.dq), dense.finish(args.dk, a.dk), dense.finish(args.dv, a.dv);
 }
 
 // ---- TURBO (in-house CUDA kernels) -----------------------------------------------------------
@@ -185,7 +148,7 @@ std::string turbo_check_fwd(const AttentionForwardArgs& a) {
 }
 void turbo_fwd(const AttentionForwardArgs& args) {
   // The kernels read dense [B,T,H,D]: strided q/k/v are copied first (the CUDNN backend reads them in place).
-  Dense dense(args.ctx, "attention_forward");
+  detail::DenseRows dense(args.ctx, "attention_forward");
   AttentionForwardArgs a = args;
   a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
   cuda::flash_attention_forward(flash_params(dims_of(a.q, a.k), a.q.dtype, a.opt), a.out.data, a.lse.ptr<float>(),
@@ -196,22 +159,21 @@ std::string turbo_check_bwd(const AttentionBackwardArgs& a) {
   if (!a.ctx.scratch) return "needs ExecContext::scratch (device arena) for the f32 dq accumulator";
   return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
 }
-void turbo_bwd_dense(const AttentionBackwardArgs& a);
 void turbo_bwd(const AttentionBackwardArgs& args) {
-  Dense dense(args.ctx, "attention_backward");
+  // Dense stand-ins for strided views (allocated first: the accumulator's scope nests inside theirs).
+  detail::DenseRows dense(args.ctx, "attention_backward");
   AttentionBackwardArgs a = args;
   a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
   a.dq = dense.out(args.dq), a.dk = dense.out(args.dk), a.dv = dense.out(args.dv);
-  turbo_bwd_dense(a);
-  for (auto [dst, d] : {std::pair{&args.dq, &a.dq}, {&args.dk, &a.dk}, {&args.dv, &a.dv}}) Dense::finish(*dst, *d, a.ctx.stream);
-}
-void turbo_bwd_dense(const AttentionBackwardArgs& a) {
   const cuda::FlashAttnParams p = flash_params(dims_of(a.q, a.k), a.q.dtype, a.opt);
-  Arena& arena = detail::scratch_of(a.ctx, "attention_backward");
-  ArenaScope scope(arena);
-  void* scratch = arena.allocate(cuda::flash_attention_backward_scratch_bytes(p), 256, "attention_backward dq accumulator");
-  cuda::flash_attention_backward(p, a.dq.data, a.dk.data, a.dv.data, a.dout.data, a.q.data, a.k.data, a.v.data,
-                                 a.out.data, a.lse.ptr<const float>(), scratch, static_cast<cudaStream_t>(a.ctx.stream));
+  {
+    Arena& arena = detail::scratch_of(a.ctx, "attention_backward");
+    ArenaScope scope(arena);
+    void* scratch = arena.allocate(cuda::flash_attention_backward_scratch_bytes(p), 256, "attention_backward dq accumulator");
+    cuda::flash_attention_backward(p, a.dq.data, a.dk.data, a.dv.data, a.dout.data, a.q.data, a.k.data, a.v.data,
+                                   a.out.data, a.lse.ptr<const float>(), scratch, static_cast<cudaStream_t>(a.ctx.stream));
+  }
+  dense.finish(args.dq, a.dq), dense.finish(args.dk, a.dk), dense.finish(args.dv, a.dv);
 }
 #endif
 

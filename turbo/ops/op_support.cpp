@@ -61,6 +61,29 @@ void copy_token_rows(const TensorView& dst, const TensorView& src, void* stream)
 #endif
 }
 
+TensorView DenseRows::in(const TensorView& t) {
+  if (t.is_contiguous()) return t;
+  TensorView c = alloc(t);
+  copy_token_rows(c, t, ctx_.stream);
+  return c;
+}
+
+TensorView DenseRows::out(const TensorView& t) { return t.is_contiguous() ? t : alloc(t); }
+
+void DenseRows::finish(const TensorView& dst, const TensorView& dense) const {
+  if (dense.data != dst.data) copy_token_rows(dst, dense, ctx_.stream);
+}
+
+TensorView DenseRows::alloc(const TensorView& t) {
+  const auto& s = t.shape;
+  if (t.device == Device::CPU) {
+    host_.emplace_back(t.nbytes());
+    return TensorView(host_.back().data(), t.dtype, Device::CPU, {s[0], s[1], s[2], s[3]});
+  }
+  if (!scope_) scope_.emplace(scratch_of(ctx_, op_));
+  return ctx_.scratch->tensor(t.dtype, {s[0], s[1], s[2], s[3]}, "dense copy of a token-strided view");
+}
+
 Arena& scratch_of(const ExecContext& ctx, const char* op) {
   if (!ctx.scratch)
     throw RuntimeError(fmt::format("{}: needs a scratch arena (ExecContext::scratch is null)", op));

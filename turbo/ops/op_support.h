@@ -1,8 +1,13 @@
 // Internal to turbo/ops: what every op's dispatcher setup shares.
 #pragma once
+#include <cstddef>
+#include <deque>
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "turbo/core/arena.h"
 #include "turbo/dispatch/dispatcher.h"
 #include "turbo/ops/exec_context.h"
 
@@ -69,6 +74,26 @@ int64_t token_rows(const TensorView& t, const char* op, const char* name);
 // dst = src for two such views of one shape and dtype, on the host or the device (ordered on
 // `stream`, asynchronous there): row by row, so either side may be packed or contiguous.
 void copy_token_rows(const TensorView& dst, const TensorView& src, void* stream);
+
+// Dense [B,T,H,D] stand-ins for token-strided views, for kernels that read (and write) densely:
+// host buffers, or the scratch arena on the device (its scope ends with this object).
+class DenseRows {
+ public:
+  DenseRows(const ExecContext& ctx, const char* op) : ctx_(ctx), op_(op) {}
+  // t itself when contiguous, else a dense copy of it.
+  TensorView in(const TensorView& t);
+  // t itself when contiguous, else an uninitialised dense stand-in (finish() copies it back).
+  TensorView out(const TensorView& t);
+  // dst = dense unless they are the same memory.
+  void finish(const TensorView& dst, const TensorView& dense) const;
+
+ private:
+  TensorView alloc(const TensorView& t);
+  ExecContext ctx_;
+  const char* op_;
+  std::deque<std::vector<std::byte>> host_;  // a deque keeps earlier buffers in place
+  std::optional<ArenaScope> scope_;
+};
 #ifdef PRIMUS_TURBO_WITH_CUDA
 void cuda_copy_rows(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
                     int64_t rows, void* stream);  // pitches in bytes

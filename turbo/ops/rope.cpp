@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cstring>
-#include <vector>
 
 #include "turbo/kernels/cpu/rope.h"
 #include "turbo/ops/op_support.h"
@@ -42,27 +41,17 @@ std::string cpu_check(const RopeArgs& a) {
 void cpu_run(const RopeArgs& a) {
   const auto& s = a.inp.shape;
   const int32_t* pos = a.positions.defined() ? a.positions.ptr<const int32_t>() : nullptr;
-  // The reference kernels read and write contiguous [B,T,H,D]: strided views go through copies.
-  const int64_t n = s[0] * s[1] * s[2] * s[3];
-  std::vector<float> in_buf, out_buf;
-  TensorView inp = a.inp, out = a.out;
-  if (!a.inp.is_contiguous()) {
-    in_buf.resize(size_t(n));
-    inp = TensorView(in_buf.data(), DType::F32, Device::CPU, {s[0], s[1], s[2], s[3]});
-    detail::copy_token_rows(inp, a.inp, nullptr);
-  }
-  if (!a.out.is_contiguous()) {
-    out_buf.resize(size_t(n));
-    out = TensorView(out_buf.data(), DType::F32, Device::CPU, {s[0], s[1], s[2], s[3]});
-    if (a.backward && a.accumulate) detail::copy_token_rows(out, a.out, nullptr);
-  }
+  // The reference kernels read and write contiguous [B,T,H,D]: strided views go through copies
+  // (the output's too when the backward accumulates onto it).
+  detail::DenseRows dense(a.ctx, a.backward ? "rope_backward" : "rope_forward");
+  const TensorView inp = dense.in(a.inp), out = a.backward && a.accumulate ? dense.in(a.out) : dense.out(a.out);
   if (!a.backward) {
     cpu::rope_forward(out.ptr<float>(), inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base);
   } else {
     if (!a.accumulate) std::memset(out.data, 0, out.nbytes());
     cpu::rope_backward(out.ptr<float>(), inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base);
   }
-  if (out.data != a.out.data) detail::copy_token_rows(a.out, out, nullptr);
+  dense.finish(a.out, out);
 }
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
