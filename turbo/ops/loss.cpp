@@ -69,15 +69,16 @@ void turbo_run(const CrossEntropyArgs& a) {
   cuda::cross_entropy_forward_backward(a.logits.dtype, a.dlogits.data, a.losses.ptr<float>(), a.lse.ptr<float>(),
                                        a.logits.data, a.targets.ptr<const int32_t>(), a.logits.rows(), vocab_of(a),
                                        a.logits.cols(), a.dloss, a.ignore_index,
-                                       static_cast<cudaStream_t>(a.ctx.stream));
+                                       static_cast<cudaStream_t>(a.ctx.stream),
+                                       a.legacy_kernel ? cuda::CrossEntropyKernel::Legacy : cuda::CrossEntropyKernel::Auto);
 }
 #endif
 
 }  // namespace
 
 std::string CrossEntropyArgs::key() const {
-  return fmt::format("cross_entropy logits={} V={} grad={} inplace={}", logits.describe(), vocab_of(*this),
-                     dlogits.defined() ? 1 : 0, dlogits.data == logits.data ? 1 : 0);
+  return fmt::format("cross_entropy logits={} V={} grad={} inplace={}{}", logits.describe(), vocab_of(*this),
+                     dlogits.defined() ? 1 : 0, dlogits.data == logits.data ? 1 : 0, legacy_kernel ? " legacy" : "");
 }
 
 BackendType cross_entropy(const CrossEntropyArgs& args) {

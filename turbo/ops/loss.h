@@ -20,6 +20,9 @@ struct CrossEntropyArgs {
   int64_t vocab = 0;          // V, the real vocabulary; 0 means logits.size(-1)
   float dloss = 1.0f;         // e.g. 1 / (number of counted rows * grad-accumulation steps)
   int32_t ignore_index = -100;
+  // TURBO: run the legacy two-read kernel instead of the on-chip one (A/B in benchmarks and
+  // tests; env PRIMUS_TURBO_CE_KERNEL=legacy does the same for every call).
+  bool legacy_kernel = false;
   ExecContext ctx;
   std::string key() const;
   Precision precision() const { return precision_of(logits.dtype); }

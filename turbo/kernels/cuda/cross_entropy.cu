@@ -2,13 +2,24 @@
 //
 // What it fuses and why: the LM head's logits are the largest activation of a step (N x V:
 // 16384 x 50304 bf16 is 1.6 GB). Unfused (softmax to fp32 probabilities, loss, gradient) they
-// would be written and read several times, in fp32. Here one block owns a row: pass 1 reads it
-// once keeping an online max and sum of exponentials per thread; pass 2 reads it again (from L2:
-// the grid is sized so the rows in flight fit there) and writes the gradient in place over the
-// logits. HBM traffic is one read and one write of the logits, in their own dtype.
+// would be written and read several times, in fp32.
+//
+// Two kernels. The on-chip one (sm_90, bf16, rows up to 8 x ~113 KB) holds the row in shared
+// memory (one CTA, or a cluster of CTAs for a row larger than an SM's share), so HBM sees one
+// read and one write of the logits. The legacy one (anything else, or PRIMUS_TURBO_CE_KERNEL=legacy)
+// gives a row to one block: pass 1 reads it keeping an online max and sum of exponentials per
+// thread; pass 2 reads it again and writes the gradient in place; the grid is sized so that the
+// rows in flight would fit L2, but measured on an H100 (GPT-2, 16384 x 50304) it costs what two
+// reads and a write from HBM cost.
+#include <cooperative_groups.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/cross_entropy.h"
@@ -102,6 +113,140 @@ cross_entropy_kernel(T* dlogits, float* losses, float* lse_out, const T* logits,
   }
 }
 
+// ---- On-chip kernel (sm_90, bf16): one HBM read and one write per row -----------------------
+// The row is copied once into shared memory (cp.async, 16-byte vectors, all in flight at once),
+// and the max, the sum of exponentials and the gradient are computed from there. A row that does
+// not fit one SM is split over a thread-block cluster of C CTAs (C = 1, 2, 4 or 8): CTA r holds
+// vectors [r*S, (r+1)*S) of the row (S = ceil(Vp/8 / C)), and the CTAs exchange their partial
+// max and sum through distributed shared memory. Every CTA combines the C partials in rank order
+// (one warp, a fixed butterfly), so all of them, and every run, get bitwise the same lse.
+// C is the smallest for which two CTAs fit an SM (one loads while the other computes and writes):
+// GPT-2's 50304 columns: C = 1 (100.6 KB per CTA); Llama-3's 128256: C = 4 (64.1 KB, 3 per SM).
+constexpr int kOnChipMaxThreads = 512;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// The C partials `stat[k]` of the cluster, combined in rank order (lane r reads rank r): every
+// thread of every CTA of the cluster gets the same value.
+template <int kCluster, bool kMax>
+__device__ __forceinline__ float cluster_combine(float* stat) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int lane = threadIdx.x % 32;
+  float v = kMax ? -INFINITY : 0.0f;
+  if (lane < kCluster) v = *cluster.map_shared_rank(stat, lane);
+  return kMax ? warp_max(v) : warp_sum(v);
+}
+
+// Grid: N * kCluster CTAs (cluster c = row c). Dynamic shared memory: slice * 16 bytes.
+template <int kCluster>
+__global__ void __launch_bounds__(kOnChipMaxThreads, 1)
+cross_entropy_onchip_kernel(bf16* dlogits, float* losses, float* lse_out, const bf16* logits,
+                            const int32_t* targets, int V, int Vp, int slice, float dloss, int ignore_index) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();
+#else
+  namespace cg = cooperative_groups;
+  constexpr int W = Vec<bf16>::kSize;
+  extern __shared__ __align__(16) unsigned char row_smem[];
+  __shared__ float red[32];
+  __shared__ float stat[2];  // this CTA's partial max and sum, read by the whole cluster
+  const Vec<bf16>* buf = reinterpret_cast<const Vec<bf16>*>(row_smem);
+  const int rank = kCluster > 1 ? static_cast<int>(blockIdx.x % kCluster) : 0;
+  const int64_t row = blockIdx.x / kCluster;
+  const int v0 = rank * slice;                             // first vector of the row held here
+  const int cnt = max(0, min(slice, Vp / W - v0));         // vectors held here
+  const int cols = V - v0 * W;                             // local columns < cols are classes
+  const bf16* x = logits + row * Vp + static_cast<int64_t>(v0) * W;
+  for (int j = threadIdx.x; j < cnt; j += blockDim.x)
+    cp_async16(row_smem + static_cast<size_t>(j) * 16, x + static_cast<int64_t>(j) * W);
+  const int target = targets[row];  // in flight with the copies
+  cp_async_wait_all();
+  __syncthreads();
+
+  // Max of the row (padding columns excluded).
+  float m = -INFINITY;
+#pragma unroll 4
+  for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+    const Vec<bf16> v = buf[j];
+#pragma unroll
+    for (int e = 0; e < W; ++e)
+      if (j * W + e < cols) m = fmaxf(m, v.get(e));
+  }
+  m = block_max(m, red);
+  if constexpr (kCluster > 1) {
+    if (threadIdx.x == 0) stat[0] = m;
+    cg::this_cluster().sync();  // also: every CTA of the cluster is running (DSMEM is valid)
+    m = cluster_combine<kCluster, true>(&stat[0]);
+  }
+  // Sum of exp(x - max): exp2 of one fma per element.
+  const float mref = m == -INFINITY ? 0.0f : m;  // a row of -inf: sum 0, lse -inf (as the legacy kernel)
+  const float nm2 = -mref * kLog2e;
+  float s = 0.0f;
+#pragma unroll 4
+  for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+    const Vec<bf16> v = buf[j];
+#pragma unroll
+    for (int e = 0; e < W; ++e)
+      if (j * W + e < cols) s += ex2(fmaf(v.get(e), kLog2e, nm2));
+  }
+  s = block_sum(s, red);
+  if constexpr (kCluster > 1) {
+    if (threadIdx.x == 0) stat[1] = s;
+    cg::this_cluster().sync();
+    s = cluster_combine<kCluster, false>(&stat[1]);
+    // The partials have been read: arrive now, wait only before exiting (a CTA's shared memory
+    // must outlive the other CTAs' reads of it).
+    cg::this_cluster().barrier_arrive();
+  }
+  const float lse = m + __logf(s);
+
+  const bool ignored = target == ignore_index;
+  const bool bad = !ignored && (target < 0 || target >= V);
+  const int tl = !ignored && !bad ? target - v0 * W : -1;  // the target's local column (none: -1)
+  if (threadIdx.x == 0) {
+    // The loss needs logits[target]: the CTA holding it writes it (rank 0 when there is none).
+    const bool here = !ignored && !bad ? tl >= 0 && tl < cnt * W : rank == 0;
+    if (here && losses) {
+      float loss = 0.0f;
+      if (bad) loss = __int_as_float(0x7fc00000);
+      else if (!ignored) loss = lse - __bfloat162float(reinterpret_cast<const bf16*>(row_smem)[tl]);
+      losses[row] = loss;
+    }
+    if (rank == 0 && lse_out) lse_out[row] = lse;
+  }
+  if (dlogits) {
+    // Gradient over the row (in place is safe: every read of it from global memory is done).
+    bf16* g = dlogits + row * Vp + static_cast<int64_t>(v0) * W;
+    const float scale = ignored ? 0.0f : dloss;
+    const float nl2 = -lse * kLog2e;
+#pragma unroll 4
+    for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+      const Vec<bf16> v = buf[j];
+      Vec<bf16> out;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const int col = j * W + e;
+        const float p = ex2(fmaf(v.get(e), kLog2e, nl2));
+        out.set(e, col < cols ? scale * (p - (col == tl ? 1.0f : 0.0f)) : 0.0f);
+      }
+      store_vec_cs(g + static_cast<int64_t>(j) * W, out);
+    }
+  }
+  if constexpr (kCluster > 1) cg::this_cluster().barrier_wait();
+#endif
+}
+
 __global__ void sum_kernel(float* out, const float* x, int64_t n) {
   __shared__ float smem[32];
   float s = 0.0f;
@@ -110,16 +255,156 @@ __global__ void sum_kernel(float* out, const float* x, int64_t n) {
   if (threadIdx.x == 0) *out = s;
 }
 
+// ---- on-chip kernel: configuration and launch ----------------------------------------------
+struct OnChipConfig {
+  int cluster = 0;  // 0: the on-chip kernel does not serve this row
+  int slice = 0;    // 16-byte vectors of the row per CTA
+  int threads = 0;
+  size_t smem = 0;  // dynamic shared memory per CTA
+};
+
+struct DeviceLimits {
+  int cc = 0, per_sm = 0, per_block_optin = 0, reserved = 0;
+};
+const DeviceLimits& device_limits() {
+  static std::mutex mu;
+  static std::map<int, DeviceLimits> cache;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  DeviceLimits d;
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  d.cc = major * 10 + minor;
+  CUDA_CHECK(cudaDeviceGetAttribute(&d.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&d.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&d.reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+  return cache.emplace(dev, d).first->second;
+}
+
+// Static shared memory of the on-chip kernel (red[32] + stat[2]), with slack for alignment.
+constexpr size_t kOnChipStatic = 256;
+
+OnChipConfig onchip_config(int64_t Vp, const DeviceLimits& d) {
+  OnChipConfig c;
+  if (d.cc < 90) return c;  // clusters, and the code is built for sm_90a
+  const int64_t nvec = Vp / 8;
+  // Two CTAs per SM if possible (one loads while the other computes), else one.
+  const int64_t two = static_cast<int64_t>(d.per_sm) / 2 - d.reserved - static_cast<int64_t>(kOnChipStatic);
+  const int64_t one = std::min<int64_t>(d.per_block_optin, d.per_sm - d.reserved) - static_cast<int64_t>(kOnChipStatic);
+  for (int64_t budget : {two, one}) {
+    for (int cl : {1, 2, 4, 8}) {
+      const int64_t slice = (nvec + cl - 1) / cl;
+      if (slice * 16 > budget) continue;
+      c.cluster = cl;
+      c.slice = static_cast<int>(slice);
+      c.smem = static_cast<size_t>(slice) * 16;
+      // ~4 vectors per thread or more, 128..512 threads.
+      c.threads = static_cast<int>(std::clamp<int64_t>((slice / 4 + 31) / 32 * 32, 128, kOnChipMaxThreads));
+      return c;
+    }
+  }
+  return c;
+}
+
+template <int kCluster>
+bool launch_onchip(const OnChipConfig& c, const DeviceLimits& d, bf16* dlogits, float* losses, float* lse, const bf16* logits,
+                   const int32_t* targets, int64_t N, int V, int Vp, float dloss, int ignore_index,
+                   cudaStream_t stream) {
+  auto* kernel = cross_entropy_onchip_kernel<kCluster>;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  // Per device and configuration, once: the shared-memory opt-in and whether it can run at all
+  // (cudaOccupancyMaxActiveClusters is 0 when a cluster of CTAs this large cannot be resident).
+  static std::mutex mu;
+  static std::map<std::tuple<int, size_t, int>, bool> ok;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(N * kCluster));
+  cfg.blockDim = dim3(static_cast<unsigned>(c.threads));
+  cfg.dynamicSmemBytes = c.smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = kCluster > 1 ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_tuple(dev, c.smem, c.threads);
+    auto it = ok.find(key);
+    if (it == ok.end()) {
+      // The opt-in is the most any configuration uses (the attribute is a cap; occupancy follows
+      // the launch's own size), so configurations of one kernel never undo each other's.
+      bool good = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       d.per_block_optin - static_cast<int>(kOnChipStatic)) == cudaSuccess;
+      int active = 0;
+      if (good && kCluster > 1)
+        good = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess && active > 0;
+      else if (good)
+        good = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&active, kernel, c.threads, c.smem) == cudaSuccess &&
+               active > 0;
+      (void)cudaGetLastError();  // a refusal above is an answer, not an error to report later
+      it = ok.emplace(key, good).first;
+    }
+    if (!it->second) return false;
+  }
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, dlogits, losses, lse, logits, targets, V, Vp, c.slice, dloss,
+                                ignore_index));
+  return true;
+}
+
+bool env_wants_legacy() {
+  static const bool legacy = [] {
+    const char* e = std::getenv("PRIMUS_TURBO_CE_KERNEL");
+    return e && std::strcmp(e, "legacy") == 0;
+  }();
+  return legacy;
+}
+
 }  // namespace
+
+int cross_entropy_onchip_cluster(DType dtype, int64_t Vp) {
+  if (dtype != DType::BF16 || Vp % 8 != 0 || Vp <= 0) return 0;
+  return onchip_config(Vp, device_limits()).cluster;
+}
 
 void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, float* lse,
                                     const void* logits, const int32_t* targets, int64_t N,
                                     int64_t V, int64_t Vp, float dloss, int32_t ignore_index,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, CrossEntropyKernel which) {
   const int64_t w = 16 / static_cast<int64_t>(dtype_size(dtype));
   if (Vp % w != 0 || V > Vp || V <= 0)
     throw RuntimeError(fmt::format("cross_entropy: need 0 < V={} <= Vp={} and Vp a multiple of {}", V, Vp, w));
   if (N == 0) return;
+  if (Vp > INT32_MAX || N > INT32_MAX)
+    throw RuntimeError(fmt::format("cross_entropy: N={} and Vp={} must fit int32", N, Vp));
+  if (dtype == DType::BF16 && which == CrossEntropyKernel::Auto && !env_wants_legacy()) {
+    const DeviceLimits& d = device_limits();
+    const OnChipConfig c = onchip_config(Vp, d);
+    if (c.cluster > 0 && N * c.cluster <= INT32_MAX) {
+      auto go = [&](auto launch) {
+        return launch(c, d, static_cast<bf16*>(dlogits), losses, lse, static_cast<const bf16*>(logits), targets, N,
+                      static_cast<int>(V), static_cast<int>(Vp), dloss, ignore_index, stream);
+      };
+      bool launched = false;
+      switch (c.cluster) {
+        case 1: launched = go(launch_onchip<1>); break;
+        case 2: launched = go(launch_onchip<2>); break;
+        case 4: launched = go(launch_onchip<4>); break;
+        case 8: launched = go(launch_onchip<8>); break;
+        default: break;
+      }
+      if (launched) {
+        CUDA_CHECK_LAST();
+        return;
+      }
+    }
+  }
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "cross_entropy", [&] {
     // Rows in flight (grid) are capped so that their second read hits L2 (~60% of it).
     int dev = 0, l2 = 0;

@@ -10,6 +10,12 @@
 
 namespace primus::turbo::cuda {
 
+enum class CrossEntropyKernel {
+  Auto,    // the on-chip kernel where it applies (sm_90, bf16, row <= ~900 KB), else the legacy one;
+           // env PRIMUS_TURBO_CE_KERNEL=legacy makes Auto mean Legacy (A/B in one binary)
+  Legacy,  // the two-read kernel (each row read twice: the second read hoped to hit L2)
+};
+
 // losses[n] = lse[n] - logits[n, target[n]] (0 for target == ignore_index; NaN for a target
 // outside [0, V)); lse[n] = log sum_v exp(logits[n, v]) (lse may be nullptr).
 // When dlogits is not nullptr it is OVERWRITTEN with dloss * (softmax - onehot) for v < V, 0 for
@@ -18,7 +24,12 @@ namespace primus::turbo::cuda {
 void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, float* lse,
                                     const void* logits, const int32_t* targets, int64_t N,
                                     int64_t V, int64_t Vp, float dloss, int32_t ignore_index,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, CrossEntropyKernel kernel = CrossEntropyKernel::Auto);
+
+// The cluster size (CTAs per row: 1, 2, 4 or 8) with which Auto would run the on-chip kernel on
+// the current device for bf16 rows of Vp columns, or 0 when it would run the legacy kernel
+// (dtype, device below sm_90, row too large). Ignores the environment.
+int cross_entropy_onchip_cluster(DType dtype, int64_t Vp);
 
 // out[0] = sum of x[0..n) in a fixed order (one block): the loss sum from per-row losses.
 void sum_f32(float* out, const float* x, int64_t n, cudaStream_t stream);
