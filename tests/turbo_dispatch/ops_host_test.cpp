@@ -171,5 +171,83 @@ TEST_F(OpsHost, ShapeErrorsNameOpAndTensor) {
   }
 }
 
+// norm_backward on host tensors with dinp_colsum: the CPU backend adds the column sums of the
+// final dinp (after its accumulate) onto a nonzero dinp_colsum; LayerNorm and RMSNorm, with and
+// without accumulate_dinp; and the argument checks of dinp_colsum.
+TEST_F(OpsHost, NormBackwardDinpColumnSumsOnTheCpu) {
+  const int64_t N = 7, C = 12;
+  for (NormType type : {NormType::LayerNorm, NormType::RMSNorm})
+    for (bool acc : {true, false}) {
+      SCOPED_TRACE(std::string(type == NormType::LayerNorm ? "layernorm" : "rmsnorm") + (acc ? " acc" : " set"));
+      const bool ln = type == NormType::LayerNorm;
+      auto x = randn(N * C), w = randn(C), dout = randn(N * C), dinp = randn(N * C), cs = randn(C);
+      std::vector<float> mean(N), rstd(N), out(N * C), dw(C, 0.5f), db(C, -0.5f);
+      if (ln) cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C, 1e-5);
+      else cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5);
+      // Reference: the kernel's own dinp (accumulated or from zero), then its column sums.
+      std::vector<float> rdinp = acc ? dinp : std::vector<float>(dinp.size(), 0.0f), rdw = dw, rdb = db;
+      if (ln)
+        cpu::layernorm_backward(rdinp.data(), rdw.data(), rdb.data(), dout.data(), x.data(), w.data(), mean.data(),
+                                rstd.data(), N, C);
+      else
+        cpu::rmsnorm_backward(rdinp.data(), rdw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+      std::vector<double> rcs(cs.begin(), cs.end());
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) rcs[c] += rdinp[n * C + c];
+
+      NormBackwardArgs b;
+      b.type = type;
+      b.dinp = TensorView(dinp.data(), DType::F32, Device::CPU, {N, C});
+      b.dweight = TensorView(dw.data(), DType::F32, Device::CPU, {C});
+      if (ln) b.dbias = TensorView(db.data(), DType::F32, Device::CPU, {C});
+      b.dinp_colsum = TensorView(cs.data(), DType::F32, Device::CPU, {C});
+      b.dout = TensorView(dout.data(), DType::F32, Device::CPU, {N, C});
+      b.inp = TensorView(x.data(), DType::F32, Device::CPU, {N, C});
+      b.weight = TensorView(w.data(), DType::F32, Device::CPU, {C});
+      if (ln) b.mean = TensorView(mean.data(), DType::F32, Device::CPU, {N});
+      b.rstd = TensorView(rstd.data(), DType::F32, Device::CPU, {N});
+      b.accumulate_dinp = acc;
+      EXPECT_EQ(norm_backward(b), BackendType::CPU);
+      EXPECT_EQ(dinp, rdinp);
+      EXPECT_EQ(dw, rdw);
+      // Added to, not overwritten: the (normal, nonzero) initial values are part of the reference.
+      for (int64_t c = 0; c < C; ++c) EXPECT_NEAR(cs[c], rcs[c], 1e-5 * (1.0 + std::abs(rcs[c]))) << "column " << c;
+      EXPECT_NE(b.key().find("colsum=1"), std::string::npos) << b.key();
+      // Without dinp_colsum nothing else changes (and the key says so).
+      b.dinp_colsum = {};
+      EXPECT_NE(b.key().find("colsum=0"), std::string::npos) << b.key();
+    }
+}
+
+TEST_F(OpsHost, NormBackwardDinpColumnSumsArgumentChecks) {
+  const int64_t N = 3, C = 8;
+  std::vector<float> x(N * C, 1.0f), w(C, 1.0f), dout(N * C), dinp(N * C), dw(C), rstd(N, 1.0f), cs(C + 1);
+  std::vector<uint16_t> cs16(C);
+  NormBackwardArgs b;
+  b.type = NormType::RMSNorm;
+  b.dinp = TensorView(dinp.data(), DType::F32, Device::CPU, {N, C});
+  b.dweight = TensorView(dw.data(), DType::F32, Device::CPU, {C});
+  b.dout = TensorView(dout.data(), DType::F32, Device::CPU, {N, C});
+  b.inp = TensorView(x.data(), DType::F32, Device::CPU, {N, C});
+  b.weight = TensorView(w.data(), DType::F32, Device::CPU, {C});
+  b.rstd = TensorView(rstd.data(), DType::F32, Device::CPU, {N});
+  auto expect_error = [&](const char* want) {
+    try {
+      norm_backward(b);
+      ADD_FAILURE() << "accepted; wanted an error naming " << want;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  b.dinp_colsum = TensorView(cs.data(), DType::F32, Device::CPU, {C + 1});
+  expect_error("dinp_colsum");
+  b.dinp_colsum = TensorView(cs16.data(), DType::BF16, Device::CPU, {C});
+  expect_error("dinp_colsum");
+  b.dinp_colsum = TensorView(cs.data(), DType::F32, Device::CUDA, {C});  // never dereferenced: refused first
+  expect_error("norm_backward");
+  b.dinp_colsum = TensorView(cs.data(), DType::F32, Device::CPU, {C});
+  EXPECT_EQ(norm_backward(b), BackendType::CPU);
+}
+
 }  // namespace
 }  // namespace primus::turbo

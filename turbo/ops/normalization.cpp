@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <vector>
 
 #include "turbo/kernels/cpu/normalization.h"
 #include "turbo/kernels/cpu/residual.h"
@@ -57,6 +58,11 @@ void validate(const NormBackwardArgs& a) {
     check_shape(a.dbias, {C}, op, "dbias");
     check_dtype(a.dbias, DType::F32, op, "dbias");
   }
+  if (a.dinp_colsum.defined()) {
+    check_shape(a.dinp_colsum, {C}, op, "dinp_colsum");
+    check_dtype(a.dinp_colsum, DType::F32, op, "dinp_colsum");
+    check_same_device(a.dinp_colsum, a.inp, op);
+  }
   check_shape(a.rstd, {N}, op, "rstd");
   if (a.type == NormType::LayerNorm) check_shape(a.mean, {N}, op, "mean");
 }
@@ -81,7 +87,7 @@ void cpu_fwd(const NormForwardArgs& a) {
 }
 
 std::string cpu_check_bwd(const NormBackwardArgs& a) {
-  if (auto w = detail::all_on(Device::CPU, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}, {"weight", &a.weight}}); !w.empty()) return w;
+  if (auto w = detail::all_on(Device::CPU, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}, {"weight", &a.weight}, {"dinp_colsum", &a.dinp_colsum}}); !w.empty()) return w;
   return detail::all_dtype(DType::F32, {{"inp", &a.inp}, {"weight", &a.weight}, {"mean", &a.mean}, {"rstd", &a.rstd}});
 }
 
@@ -95,6 +101,15 @@ void cpu_bwd(const NormBackwardArgs& a) {
   else
     cpu::rmsnorm_backward(a.dinp.ptr<float>(), a.dweight.ptr<float>(), a.dout.ptr<const float>(),
                           a.inp.ptr<const float>(), a.weight.ptr<const float>(), a.rstd.ptr<const float>(), N, C);
+  if (a.dinp_colsum.defined()) {
+    // Column sums of the final dinp rows, each column in row order (deterministic).
+    const float* dx = a.dinp.ptr<const float>();
+    float* cs = a.dinp_colsum.ptr<float>();
+    std::vector<double> sum(static_cast<size_t>(C), 0.0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) sum[c] += dx[n * C + c];
+    for (int64_t c = 0; c < C; ++c) cs[c] += static_cast<float>(sum[c]);
+  }
 }
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
@@ -114,7 +129,7 @@ void turbo_fwd(const NormForwardArgs& a) {
 }
 
 std::string turbo_check_bwd(const NormBackwardArgs& a) {
-  if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}, {"weight", &a.weight}, {"dweight", &a.dweight}, {"dbias", &a.dbias}, {"mean", &a.mean}, {"rstd", &a.rstd}}); !w.empty()) return w;
+  if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}, {"weight", &a.weight}, {"dweight", &a.dweight}, {"dbias", &a.dbias}, {"mean", &a.mean}, {"rstd", &a.rstd}, {"dinp_colsum", &a.dinp_colsum}}); !w.empty()) return w;
   if (auto w = detail::all_dtype(a.inp.dtype, {{"weight", &a.weight}}); !w.empty()) return w;
   if (!a.ctx.scratch) return "needs ExecContext::scratch (device arena) for the parameter-gradient partials";
   return cuda::norm_unsupported_reason(a.inp.dtype, a.inp.cols());
@@ -128,7 +143,7 @@ void turbo_bwd(const NormBackwardArgs& a) {
   cuda::norm_backward(kind(a.type), a.inp.dtype, a.dinp.data, a.dweight.ptr<float>(), a.dbias.ptr<float>(),
                       a.dout.data, a.inp.data, a.weight.data, a.mean.ptr<const float>(),
                       a.rstd.ptr<const float>(), N, C, a.accumulate_dinp, scratch,
-                      static_cast<cudaStream_t>(a.ctx.stream));
+                      static_cast<cudaStream_t>(a.ctx.stream), a.dinp_colsum.ptr<float>());
 }
 #endif
 
@@ -139,8 +154,8 @@ std::string NormForwardArgs::key() const {
                      residual.defined() ? 1 : 0, bias.defined() ? 1 : 0);
 }
 std::string NormBackwardArgs::key() const {
-  return fmt::format("{}_backward inp={} dbias={} acc={}", type_name(type), inp.describe(),
-                     dbias.defined() ? 1 : 0, accumulate_dinp ? 1 : 0);
+  return fmt::format("{}_backward inp={} dbias={} acc={} colsum={}", type_name(type), inp.describe(),
+                     dbias.defined() ? 1 : 0, accumulate_dinp ? 1 : 0, dinp_colsum.defined() ? 1 : 0);
 }
 
 BackendType norm_forward(const NormForwardArgs& args) {

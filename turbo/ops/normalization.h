@@ -11,6 +11,12 @@
 // buffer: the residual add's backward is the identity, so adding is the fused backward; pass
 // accumulate_dinp = false to overwrite instead), dweight [C] += and dbias [C] += (f32).
 // `inp` is what was normalised: residual_out for the fused forward.
+// Optional dinp_colsum (f32 [C], same device; undefined = not computed): += the column sums
+// over the N rows of dinp as this call leaves them (after the accumulate; on the device the
+// values as stored, i.e. rounded to bf16 when dinp is bf16), in the same pass and the same
+// fixed order as dweight. In a transformer backward dinp is the residual stream's gradient, and
+// its column sums are the bias gradients of the linear layers that write into the residual
+// (attention projection, MLP down-projection): this saves a separate reduction for them.
 //
 // dtypes: activations/weight/bias f32 or bf16 (same for all), statistics and parameter
 // gradients f32. Backends: TURBO (device; needs ctx.scratch for the backward), CPU (host f32).
@@ -40,6 +46,7 @@ struct NormBackwardArgs {
   NormType type = NormType::LayerNorm;
   TensorView dinp, dweight, dbias;
   TensorView dout, inp, weight, mean, rstd;
+  TensorView dinp_colsum;  // optional: f32 [C] += column sums of the final dinp
   bool accumulate_dinp = true;
   ExecContext ctx;
   std::string key() const;

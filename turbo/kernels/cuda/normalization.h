@@ -2,7 +2,7 @@
 // Layout: rows of C contiguous elements (N = B*T rows), T = f32 or bf16 storage selected by
 // `dtype`; weight/bias [C] in the same dtype; statistics mean/rstd [N] and parameter gradients
 // dweight/dbias [C] always f32. C must be a multiple of 16 / sizeof(T) (128-bit vectors) and
-// at most 16384 (bf16) / 8192 (f32); every pointer 16-byte aligned.
+// at most 8192 (bf16) / 4096 (f32); every pointer 16-byte aligned.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -29,10 +29,17 @@ void norm_forward(NormKind kind, DType dtype, void* out, float* mean, float* rst
 // backward: pass the residual stream's gradient buffer. `scratch` holds
 // norm_backward_scratch_bytes(N, C) bytes of device memory; the parameter gradients are summed
 // in a fixed order through it, so results are bitwise reproducible.
+// dinp_colsum (f32 [C], optional): += the column sums over the N rows of dinp as stored by
+// this call (after the accumulate, the values rounded to T), computed in the same pass and
+// summed in the same fixed order. In a transformer it is the bias gradient of the linear layers
+// that write into the residual stream whose gradient dinp is.
+// Kernel: one row per group of 1-8 warps (shuffle reductions, no block barriers per row);
+// PRIMUS_TURBO_NORM_BWD_KERNEL=legacy selects the previous block-synchronised kernel (for A/B
+// timing; not for calls with a dinp_colsum, which always take the new one).
 void norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float* dbias,
                    const void* dout, const void* inp, const void* weight, const float* mean,
                    const float* rstd, int64_t N, int64_t C, bool accumulate_dinp, void* scratch,
-                   cudaStream_t stream);
+                   cudaStream_t stream, float* dinp_colsum = nullptr);
 size_t norm_backward_scratch_bytes(int64_t N, int64_t C);
 
 // Empty when the launchers above can serve (dtype, C); otherwise the reason.
