@@ -2,6 +2,8 @@
 // reference kernels, in f32 and bf16.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/kernels/cpu/normalization.h"
@@ -96,6 +98,182 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("{}_{}_C{}", info.param.type == NormType::LayerNorm ? "ln" : "rms",
                          dtype_name(info.param.dt), info.param.C);
     });
+
+// ---- the backward on its own: every kernel shape of the row-group kernel ----------------------
+// Statistics from the CPU forward, uploaded, so the device and the reference see identical
+// inputs. Shapes: C = 64 (one vector per lane, most lanes idle), 768 (GPT-2: one warp per row,
+// 3 vectors per lane), 1000 (an odd multiple of 8: ragged last vector column), 2048 (Llama),
+// 4096 and 8192 (bf16: 8 warps per row); N odd (never a multiple of the rows per block), and
+// 9001 for several rows per row group (the grid-stride loop and its prefetch).
+struct NormBwdCase {
+  NormType type;
+  DType dt;
+  int64_t C, N;
+  bool accumulate;
+  bool bias = true;  // LayerNorm only
+};
+
+std::string norm_bwd_name(const ::testing::TestParamInfo<NormBwdCase>& info) {
+  const auto& p = info.param;
+  return fmt::format("{}{}_{}_C{}_N{}_{}", p.type == NormType::LayerNorm ? "ln" : "rms",
+                     p.type == NormType::LayerNorm && !p.bias ? "nobias" : "", dtype_name(p.dt), p.C, p.N,
+                     p.accumulate ? "acc" : "set");
+}
+
+class NormBackwardTest : public GpuTest, public ::testing::WithParamInterface<NormBwdCase> {
+ protected:
+  struct Run {
+    NormBackwardArgs args;
+    std::vector<float> dinp0, dw0, db0, cs0;
+    std::vector<float> rdinp, rdw, rdb;  // reference
+  };
+  Run setup(const NormBwdCase& p) {
+    const bool ln = p.type == NormType::LayerNorm;
+    const int64_t N = p.N, C = p.C;
+    Run r;
+    TensorView x = make(p.dt, {N, C}), w = make(p.dt, {C}), b = make(p.dt, {C});
+    auto xv = random_tensor(x), wv = random_tensor(w, 0.5f), bv = random_tensor(b, 0.5f);
+    std::vector<float> out(xv.size()), mean(N), rstd(N);
+    if (ln)
+      cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), xv.data(), wv.data(), bv.data(), N, C, 1e-5);
+    else
+      cpu::rmsnorm_forward(out.data(), rstd.data(), xv.data(), wv.data(), N, C, 1e-5);
+    TensorView tmean = make(DType::F32, {N}), trstd = make(DType::F32, {N});
+    put(tmean, mean);
+    put(trstd, rstd);
+    TensorView dout = make(p.dt, {N, C}), dinp = make(p.dt, {N, C});
+    TensorView dw = make(DType::F32, {C}), db = make(DType::F32, {C}), cs = make(DType::F32, {C});
+    auto doutv = random_tensor(dout);
+    r.dinp0 = random_tensor(dinp);  // nonzero: the overwrite (accumulate = false) must drop it
+    r.dw0 = random_tensor(dw);
+    r.db0 = random_tensor(db);
+    r.cs0 = random_tensor(cs, 4.0f);  // nonzero: the column sums must be added to it
+    NormBackwardArgs& a = r.args;
+    a.type = p.type;
+    a.dinp = dinp;
+    a.dweight = dw;
+    if (ln && p.bias) a.dbias = db;
+    a.dinp_colsum = cs;
+    a.dout = dout;
+    a.inp = x;
+    a.weight = w;
+    if (ln) a.mean = tmean;
+    a.rstd = trstd;
+    a.accumulate_dinp = p.accumulate;
+    a.ctx = ctx;
+    r.rdinp = p.accumulate ? r.dinp0 : std::vector<float>(r.dinp0.size(), 0.0f);
+    r.rdw = r.dw0;
+    r.rdb = r.db0;
+    if (ln)
+      cpu::layernorm_backward(r.rdinp.data(), r.rdw.data(), r.rdb.data(), doutv.data(), xv.data(), wv.data(),
+                              mean.data(), rstd.data(), N, C);
+    else
+      cpu::rmsnorm_backward(r.rdinp.data(), r.rdw.data(), doutv.data(), xv.data(), wv.data(), rstd.data(), N, C);
+    return r;
+  }
+  void reset(const Run& r) {
+    put(r.args.dinp, r.dinp0);
+    put(r.args.dweight, r.dw0);
+    if (r.args.dbias.defined()) put(r.args.dbias, r.db0);
+    put(r.args.dinp_colsum, r.cs0);
+  }
+  // Checks dinp, the parameter gradients and the column sums of one run against the reference.
+  void check(const Run& r, DType dt, const char* what) {
+    SCOPED_TRACE(what);
+    const int64_t N = r.args.inp.rows(), C = r.args.inp.cols();
+    const auto dinp = get(r.args.dinp);
+    EXPECT_LT(rel_err(dinp, r.rdinp), gate(dt)) << "dinp";
+    EXPECT_LT(rel_err(get(r.args.dweight), r.rdw), gate(dt)) << "dweight";
+    if (r.args.dbias.defined()) {
+      EXPECT_LT(rel_err(get(r.args.dbias), r.rdb), gate(dt)) << "dbias";
+    }
+    // The column sums are of the values stored in dinp (as read back), added to the initial ones:
+    // f32 summation order is the only difference.
+    if (r.args.dinp_colsum.defined()) {
+      std::vector<double> ref(r.cs0.begin(), r.cs0.end()), sum(static_cast<size_t>(C), 0.0);
+      double mag = 0.0;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          sum[c] += dinp[n * C + c];
+          mag += std::abs(dinp[n * C + c]);
+        }
+      for (int64_t c = 0; c < C; ++c) ref[c] += sum[c];
+      const auto got = get(r.args.dinp_colsum);
+      EXPECT_LT(rel_err(got, ref), 1e-5) << "dinp_colsum";
+      // Elementwise: within f32 rounding of the sum of magnitudes of its column.
+      int bad = 0;
+      for (int64_t c = 0; c < C && bad < 5; ++c)
+        if (!(std::abs(got[c] - ref[c]) <= 1e-5 * (std::abs(ref[c]) + mag / C) + 1e-6)) {
+          ADD_FAILURE() << "dinp_colsum[" << c << "] = " << got[c] << ", want " << ref[c];
+          ++bad;
+        }
+    }
+  }
+};
+
+TEST_P(NormBackwardTest, MatchesReferenceWithColumnSums) {
+  const NormBwdCase p = GetParam();
+  Run r = setup(p);
+  EXPECT_EQ(norm_backward(r.args), BackendType::TURBO);
+  check(r, p.dt, "with dinp_colsum");
+  // Without the column sums (the kernel variant without the third partial): same results.
+  reset(r);
+  NormBackwardArgs plain = r.args;
+  plain.dinp_colsum = {};
+  norm_backward(plain);
+  Run rp = r;
+  rp.args = plain;
+  check(rp, p.dt, "without dinp_colsum");
+  EXPECT_EQ(get(r.args.dinp_colsum), r.cs0) << "an undefined dinp_colsum leaves the tensor alone";
+}
+
+TEST_P(NormBackwardTest, BitwiseDeterministic) {
+  const NormBwdCase p = GetParam();
+  Run r = setup(p);
+  norm_backward(r.args);
+  const auto dinp1 = bytes(r.args.dinp), dw1 = bytes(r.args.dweight), cs1 = bytes(r.args.dinp_colsum);
+  const auto db1 = r.args.dbias.defined() ? bytes(r.args.dbias) : std::vector<uint8_t>{};
+  reset(r);
+  norm_backward(r.args);
+  EXPECT_EQ(bytes(r.args.dinp), dinp1);
+  EXPECT_EQ(bytes(r.args.dweight), dw1);
+  EXPECT_EQ(bytes(r.args.dinp_colsum), cs1);
+  if (r.args.dbias.defined()) {
+    EXPECT_EQ(bytes(r.args.dbias), db1);
+  }
+}
+
+// The legacy kernel stays reachable for A/B timing: same results through the environment switch.
+TEST_P(NormBackwardTest, LegacyKernelMatchesReference) {
+  const NormBwdCase p = GetParam();
+  Run r = setup(p);
+  r.args.dinp_colsum = {};  // the legacy kernel has none (such calls take the new kernel)
+  ::setenv("PRIMUS_TURBO_NORM_BWD_KERNEL", "legacy", 1);
+  norm_backward(r.args);
+  ::unsetenv("PRIMUS_TURBO_NORM_BWD_KERNEL");
+  check(r, p.dt, "legacy");
+}
+
+std::vector<NormBwdCase> norm_bwd_cases() {
+  std::vector<NormBwdCase> v;
+  for (NormType t : {NormType::LayerNorm, NormType::RMSNorm})
+    for (DType dt : {DType::BF16, DType::F32})
+      for (int64_t C : {64, 768, 1000, 2048, 4096})
+        for (bool acc : {true, false}) v.push_back({t, dt, C, 257, acc});
+  // Several rows per row group, the partial combination over many blocks.
+  for (bool acc : {true, false}) {
+    v.push_back({NormType::LayerNorm, DType::BF16, 768, 9001, acc});
+    v.push_back({NormType::RMSNorm, DType::BF16, 2048, 9001, acc});
+    v.push_back({NormType::LayerNorm, DType::F32, 1000, 9001, acc});
+    v.push_back({NormType::RMSNorm, DType::F32, 64, 9001, acc});
+  }
+  v.push_back({NormType::LayerNorm, DType::BF16, 8192, 67, true});   // 8 warps x 4 vectors per lane
+  v.push_back({NormType::LayerNorm, DType::BF16, 1000, 257, true, false});  // no dbias
+  v.push_back({NormType::LayerNorm, DType::F32, 768, 3, false});     // fewer rows than one block
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Turbo, NormBackwardTest, ::testing::ValuesIn(norm_bwd_cases()), norm_bwd_name);
 
 class ActivationTest : public GpuDTypeTest {};
 

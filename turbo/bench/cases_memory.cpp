@@ -3,6 +3,7 @@
 // Default cases: GPT-2 124M and Llama-3.2-1B at 16384 tokens on a GPU; small ones on the host.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <memory>
 
 #include "turbo/bench/harness.h"
@@ -52,10 +53,27 @@ Case norm_case(const std::string& label, NormType type, int64_t N, int64_t C) {
             bw.accumulate_dinp = false;  // torch's backward writes a fresh gradient: compare like with like
             bw.ctx = e.ctx;
             norm_forward(f);  // the statistics the backward reads
-            return std::vector<Timed>{
+            // The training step's form: dinp += into the residual gradient (one more read), with
+            // the column sums of dinp (the residual writers' bias gradients) from the same pass.
+            NormBackwardArgs bwa = bw;
+            bwa.accumulate_dinp = true;
+            bwa.dinp_colsum = e.zeros(DType::F32, {C});
+            std::vector<Timed> calls{
                 {nm + "_fwd/" + label, Metric::Bytes, 2 * act + stats, [f] { norm_forward(f); }, ""},
                 {"add_" + nm + "_fwd/" + label, Metric::Bytes, 4 * act + stats, [fr] { norm_forward(fr); }, ""},
-                {nm + "_bwd/" + label, Metric::Bytes, 3 * act + stats, [bw] { norm_backward(bw); }, ""}};
+                {nm + "_bwd/" + label, Metric::Bytes, 3 * act + stats, [bw] { norm_backward(bw); }, ""},
+                {nm + "_bwd_acc_colsum/" + label, Metric::Bytes, 4 * act + stats, [bwa] { norm_backward(bwa); },
+                 "dinp += and dinp_colsum"}};
+            // The previous device kernel, selected per call through its environment switch (A/B).
+            if (e.on_device())
+              calls.push_back({nm + "_bwd/" + label + "/legacy", Metric::Bytes, 3 * act + stats,
+                               [bw] {
+                                 ::setenv("PRIMUS_TURBO_NORM_BWD_KERNEL", "legacy", 1);
+                                 norm_backward(bw);
+                                 ::unsetenv("PRIMUS_TURBO_NORM_BWD_KERNEL");
+                               },
+                               "PRIMUS_TURBO_NORM_BWD_KERNEL=legacy"});
+            return calls;
           }};
 }
 
