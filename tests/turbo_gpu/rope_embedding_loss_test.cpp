@@ -2,11 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/embedding.h"
 #include "turbo/kernels/cpu/loss.h"
 #include "turbo/kernels/cpu/rope.h"
+#include "turbo/kernels/cuda/cross_entropy.h"
 #include "turbo/ops/embedding.h"
 #include "turbo/ops/loss.h"
 #include "turbo/ops/rope.h"
@@ -191,6 +194,231 @@ TEST_P(CrossEntropyTest, InPlaceGradientLossAndPaddingMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Turbo, CrossEntropyTest, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
+
+// ---- the on-chip bf16 kernel (row in shared memory; clusters for large rows) ------------------
+// Shapes chosen to reach every cluster size on an sm_90 device with 228 KB of shared memory per
+// SM (H100, H200): `cluster` is what cross_entropy_onchip_cluster must answer there.
+struct CeShape {
+  const char* name;
+  int64_t N, V, Vp;
+  int cluster;
+};
+const CeShape kCeShapes[] = {
+    {"gpt2_n1", 1, 50257, 50304, 1},      {"gpt2", 37, 50257, 50304, 1},
+    {"v_odd_vp8", 9, 50257, 50264, 1},    // V not a multiple of 8, Vp = V rounded up to 8
+    {"llama3_n1", 1, 128256, 128256, 4},  {"llama3", 13, 128256, 128256, 4},
+    {"llama2", 65, 32000, 32000, 1},      {"v1000", 129, 1000, 1000, 1},
+    {"v1003", 33, 1003, 1008, 1},         {"cluster2", 5, 99999, 100000, 2},
+    {"cluster2_padded_rank", 4, 49999, 100000, 2},  // rank 1 holds padding only
+    {"cluster8", 3, 256000, 256000, 8},
+};
+void PrintTo(const CeShape& s, std::ostream* os) {
+  *os << s.name << " N=" << s.N << " V=" << s.V << " Vp=" << s.Vp << " cluster=" << s.cluster;
+}
+
+class CrossEntropyOnChipTest : public GpuTest, public ::testing::WithParamInterface<CeShape> {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    const CeShape& s = GetParam();
+    int dev = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const int cluster = cuda::cross_entropy_onchip_cluster(DType::BF16, s.Vp);
+    if (major * 10 + minor == 90)
+      EXPECT_EQ(cluster, s.cluster) << "the on-chip kernel's cluster size for Vp=" << s.Vp;
+    else
+      std::printf("[ note ] compute capability %d.%d: on-chip cluster size %d for Vp=%lld\n", major, minor, cluster,
+                  static_cast<long long>(s.Vp));
+    slice_cols_ = cluster > 0 ? (s.Vp / 8 + cluster - 1) / cluster * 8 : s.Vp;
+  }
+
+  // Targets: special rows first (last and first class, ignored, out of range above and below, the
+  // two sides of a cluster rank boundary), then random classes.
+  std::vector<int32_t> make_targets(const CeShape& s) {
+    auto t = randint(s.N, 0, static_cast<int32_t>(s.V));
+    const int32_t V = static_cast<int32_t>(s.V), b = static_cast<int32_t>(std::min<int64_t>(slice_cols_, s.V - 1));
+    const int32_t special[] = {V - 1, cpu::kIgnoreIndex, 0, V, b - 1, b, -1, cpu::kIgnoreIndex};
+    for (int64_t i = 0; i < s.N && i < 8; ++i) t[size_t(i)] = special[i];
+    return t;
+  }
+  // normal * 3 logits; the padding columns hold 30 (any of them counted in the softmax would move
+  // the lse by ~15); the last row (N > 2) is shifted by +40 (the max subtraction matters).
+  std::vector<float> make_logits(const CeShape& s, const TensorView& logits) {
+    auto v = randn(s.N * s.Vp, 3.0f, DType::BF16);
+    for (int64_t i = 0; i < s.N; ++i)
+      for (int64_t j = 0; j < s.Vp; ++j) {
+        float& x = v[size_t(i * s.Vp + j)];
+        if (j >= s.V) x = 30.0f;
+        else if (s.N > 2 && i == s.N - 1) x = round_to(DType::BF16, x + 40.0f);
+      }
+    put(logits, v);
+    return v;
+  }
+  static bool is_bad(int32_t t, int64_t V) { return t != cpu::kIgnoreIndex && (t < 0 || t >= V); }
+
+  int64_t slice_cols_ = 0;
+};
+
+TEST_P(CrossEntropyOnChipTest, MatchesReference) {
+  const CeShape s = GetParam();
+  const int64_t N = s.N, V = s.V, Vp = s.Vp;
+  const DType dt = DType::BF16;
+  TensorView logits = make(dt, {N, Vp}), grad = make(dt, {N, Vp}), tgt = make(DType::I32, {N});
+  TensorView losses = make(DType::F32, {N}), lse = make(DType::F32, {N});
+  const auto tv = make_targets(s);
+  put_i32(tgt, tv);
+  const float dloss = 1.0f / static_cast<float>(N + 1);
+
+  // Reference (the CPU one throws on a bad target: those rows are computed as ignored, and their
+  // expected gradient, dloss * softmax with no one-hot, as the legacy kernel writes, is built here).
+  auto lv = make_logits(s, logits);
+  std::vector<int32_t> rt = tv;
+  for (auto& t : rt)
+    if (is_bad(t, V)) t = cpu::kIgnoreIndex;
+  std::vector<float> compact(static_cast<size_t>(N * V));
+  for (int64_t i = 0; i < N; ++i) std::copy_n(lv.begin() + i * Vp, V, compact.begin() + i * V);
+  std::vector<float> rloss(N), rlse(N), rgrad(compact.size());
+  cpu::cross_entropy_forward(rloss.data(), rlse.data(), compact.data(), rt.data(), N, V);
+  cpu::cross_entropy_backward(rgrad.data(), compact.data(), rlse.data(), rt.data(), N, V, dloss);
+  for (int64_t i = 0; i < N; ++i)
+    if (is_bad(tv[size_t(i)], V))
+      for (int64_t j = 0; j < V; ++j)
+        rgrad[size_t(i * V + j)] = static_cast<float>(dloss * std::exp(double(compact[size_t(i * V + j)]) - rlse[size_t(i)]));
+  const auto logits_bytes = bytes(logits);
+
+  auto check_stats = [&](bool want_losses, bool want_lse) {
+    int64_t bad_loss = 0, bad_lse = 0;
+    const auto gl = want_losses ? get(losses) : std::vector<float>{};
+    const auto ge = want_lse ? get(lse) : std::vector<float>{};
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t t = tv[size_t(i)];
+      if (want_losses) {
+        const float g = gl[size_t(i)], r = rloss[size_t(i)];
+        const bool ok = is_bad(t, V)                  ? std::isnan(g)
+                        : t == cpu::kIgnoreIndex      ? g == 0.0f
+                                                      : std::fabs(g - r) <= 1e-4f + 2e-6f * std::fabs(r);
+        if (!ok && bad_loss++ < 5) ADD_FAILURE() << "row " << i << " target " << t << ": loss " << g << " want " << r;
+      }
+      if (want_lse) {
+        const float g = ge[size_t(i)], r = rlse[size_t(i)];
+        if (!(std::fabs(g - r) <= 1e-4f + 2e-6f * std::fabs(r)) && bad_lse++ < 5)
+          ADD_FAILURE() << "row " << i << ": lse " << g << " want " << r;
+      }
+    }
+    EXPECT_EQ(bad_loss, 0);
+    EXPECT_EQ(bad_lse, 0);
+  };
+  auto check_grad = [&](const TensorView& out) {
+    const auto g = get(out);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t t = tv[size_t(i)];
+      for (int64_t j = 0; j < Vp; ++j) {
+        const float x = g[size_t(i * Vp + j)];
+        bool ok;
+        float r = 0.0f;
+        if (j >= V || t == cpu::kIgnoreIndex) {
+          ok = x == 0.0f;  // padding and ignored rows: exactly 0
+        } else {
+          r = rgrad[size_t(i * V + j)];
+          const float tol = 5e-3f * std::fabs(r) + (j == t ? 1e-5f * dloss : 0.0f);
+          ok = std::fabs(x - r) <= tol;
+        }
+        if (!ok && bad++ < 8) ADD_FAILURE() << "row " << i << " col " << j << " target " << t << ": " << x << " want " << r;
+      }
+    }
+    EXPECT_EQ(bad, 0) << "gradient elements off";
+  };
+
+  CrossEntropyArgs a;
+  a.logits = logits; a.targets = tgt; a.vocab = V; a.dloss = dloss; a.ctx = ctx;
+  {
+    SCOPED_TRACE("out of place, losses only");
+    CrossEntropyArgs o = a;
+    o.dlogits = grad; o.losses = losses;
+    poison(grad); poison(losses); poison(lse);
+    EXPECT_EQ(cross_entropy(o), BackendType::TURBO);
+    check_stats(true, false);
+    EXPECT_TRUE(std::isnan(get(lse)[0])) << "lse was not asked for";
+    check_grad(grad);
+    EXPECT_TRUE(bytes(logits) == logits_bytes) << "out of place: the logits must not change";
+  }
+  {
+    SCOPED_TRACE("no gradient, lse only");
+    CrossEntropyArgs o = a;
+    o.lse = lse;
+    poison(losses); poison(lse);
+    cross_entropy(o);
+    check_stats(false, true);
+    EXPECT_TRUE(bytes(logits) == logits_bytes) << "no gradient: the logits must not change";
+  }
+  {
+    SCOPED_TRACE("in place, losses and lse");
+    CrossEntropyArgs o = a;
+    o.dlogits = logits; o.losses = losses; o.lse = lse;
+    poison(losses); poison(lse);
+    cross_entropy(o);
+    check_stats(true, true);
+    check_grad(logits);
+  }
+}
+
+// The on-chip kernel against the legacy one on the same inputs (both out of place): the same
+// losses and lse up to f32 rounding, gradients within one bf16 rounding; and run twice, bitwise
+// the same (no atomics; fixed reduction order).
+TEST_P(CrossEntropyOnChipTest, AgreesWithLegacyKernelAndIsDeterministic) {
+  const CeShape s = GetParam();
+  const int64_t N = s.N, V = s.V, Vp = s.Vp;
+  const DType dt = DType::BF16;
+  TensorView logits = make(dt, {N, Vp}), tgt = make(DType::I32, {N});
+  TensorView g_new = make(dt, {N, Vp}), g_old = make(dt, {N, Vp});
+  TensorView l_new = make(DType::F32, {N}), l_old = make(DType::F32, {N});
+  TensorView e_new = make(DType::F32, {N}), e_old = make(DType::F32, {N});
+  const auto tv = make_targets(s);
+  put_i32(tgt, tv);
+  make_logits(s, logits);
+  const float dloss = 0.5f / static_cast<float>(N);
+  CrossEntropyArgs a;
+  a.logits = logits; a.targets = tgt; a.vocab = V; a.dloss = dloss; a.ctx = ctx;
+  a.dlogits = g_new; a.losses = l_new; a.lse = e_new;
+  CrossEntropyArgs b = a;
+  b.dlogits = g_old; b.losses = l_old; b.lse = e_old; b.legacy_kernel = true;
+  for (auto* t : {&g_new, &g_old, &l_new, &l_old, &e_new, &e_old}) poison(*t);
+  cross_entropy(b);
+  cross_entropy(a);
+  const auto gn = get(g_new), go = get(g_old), ln = get(l_new), lo = get(l_old), en = get(e_new), eo = get(e_old);
+  int64_t bad_stats = 0, bad_grad = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t t = tv[size_t(i)];
+    const bool loss_ok = is_bad(t, V) ? std::isnan(ln[size_t(i)]) && std::isnan(lo[size_t(i)])
+                                      : std::fabs(ln[size_t(i)] - lo[size_t(i)]) <= 1e-4f + 2e-6f * std::fabs(lo[size_t(i)]);
+    const bool lse_ok = std::fabs(en[size_t(i)] - eo[size_t(i)]) <= 1e-4f + 2e-6f * std::fabs(eo[size_t(i)]);
+    if ((!loss_ok || !lse_ok) && bad_stats++ < 5)
+      ADD_FAILURE() << "row " << i << ": loss " << ln[size_t(i)] << " vs legacy " << lo[size_t(i)] << ", lse "
+                    << en[size_t(i)] << " vs " << eo[size_t(i)];
+    for (int64_t j = 0; j < Vp; ++j) {
+      const float x = gn[size_t(i * Vp + j)], y = go[size_t(i * Vp + j)];
+      const float tol = 8e-3f * std::max(std::fabs(x), std::fabs(y)) + (j == t ? 1e-5f * dloss : 0.0f);
+      if (!(std::fabs(x - y) <= tol) && bad_grad++ < 8)
+        ADD_FAILURE() << "row " << i << " col " << j << ": grad " << x << " vs legacy " << y;
+    }
+  }
+  EXPECT_EQ(bad_stats, 0);
+  EXPECT_EQ(bad_grad, 0);
+
+  const auto first_g = bytes(g_new), first_l = bytes(l_new), first_e = bytes(e_new);
+  for (auto* t : {&g_new, &l_new, &e_new}) poison(*t);
+  cross_entropy(a);
+  EXPECT_TRUE(bytes(g_new) == first_g) << "gradient not bitwise reproducible";
+  EXPECT_TRUE(bytes(l_new) == first_l) << "losses not bitwise reproducible";
+  EXPECT_TRUE(bytes(e_new) == first_e) << "lse not bitwise reproducible";
+}
+
+INSTANTIATE_TEST_SUITE_P(Turbo, CrossEntropyOnChipTest, ::testing::ValuesIn(kCeShapes),
+                         [](const ::testing::TestParamInfo<CeShape>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace primus::turbo::testing

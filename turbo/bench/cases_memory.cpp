@@ -155,8 +155,15 @@ Case loss_case(const std::string& label, int64_t N, int64_t Vp, int64_t V) {
             a.vocab = V;
             a.dloss = 1.0f / static_cast<float>(N);
             a.ctx = e.ctx;
-            return std::vector<Timed>{{"cross_entropy_fwdbwd/" + label, Metric::Bytes, 2.0 * bytes_of(e.dtype, N * Vp),
-                                       [a] { cross_entropy(a); }, ""}};
+            const double bytes = 2.0 * bytes_of(e.dtype, N * Vp);
+            std::vector<Timed> t{{"cross_entropy_fwdbwd/" + label, Metric::Bytes, bytes, [a] { cross_entropy(a); }, ""}};
+            if (e.on_device()) {  // A/B: the legacy two-read kernel (the default is the on-chip one where it applies)
+              CrossEntropyArgs l = a;
+              l.legacy_kernel = true;
+              t.push_back({"cross_entropy_fwdbwd/" + label + "/legacy", Metric::Bytes, bytes, [l] { cross_entropy(l); },
+                           "two reads of each row"});
+            }
+            return t;
           }};
 }
 
