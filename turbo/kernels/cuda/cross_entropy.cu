@@ -288,7 +288,9 @@ const DeviceLimits& device_limits() {
 // Static shared memory of the on-chip kernel (red[32] + stat[2]), with slack for alignment.
 constexpr size_t kOnChipStatic = 256;
 
-OnChipConfig onchip_config(int64_t Vp, const DeviceLimits& d) {
+// min_cluster: the smallest cluster tried (1; env PRIMUS_TURBO_CE_CLUSTER=2|4|8 raises it, to
+// measure smaller slices with more CTAs per SM against the default).
+OnChipConfig onchip_config(int64_t Vp, const DeviceLimits& d, int min_cluster = 1) {
   OnChipConfig c;
   if (d.cc < 90) return c;  // clusters, and the code is built for sm_90a
   const int64_t nvec = Vp / 8;
@@ -297,6 +299,7 @@ OnChipConfig onchip_config(int64_t Vp, const DeviceLimits& d) {
   const int64_t one = std::min<int64_t>(d.per_block_optin, d.per_sm - d.reserved) - static_cast<int64_t>(kOnChipStatic);
   for (int64_t budget : {two, one}) {
     for (int cl : {1, 2, 4, 8}) {
+      if (cl < min_cluster) continue;
       const int64_t slice = (nvec + cl - 1) / cl;
       if (slice * 16 > budget) continue;
       c.cluster = cl;
@@ -358,6 +361,15 @@ bool launch_onchip(const OnChipConfig& c, const DeviceLimits& d, bf16* dlogits, 
   return true;
 }
 
+int env_min_cluster() {
+  static const int v = [] {
+    const char* e = std::getenv("PRIMUS_TURBO_CE_CLUSTER");
+    const int n = e ? std::atoi(e) : 1;
+    return n == 2 || n == 4 || n == 8 ? n : 1;
+  }();
+  return v;
+}
+
 bool env_wants_legacy() {
   static const bool legacy = [] {
     const char* e = std::getenv("PRIMUS_TURBO_CE_KERNEL");
@@ -385,7 +397,7 @@ void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, f
     throw RuntimeError(fmt::format("cross_entropy: N={} and Vp={} must fit int32", N, Vp));
   if (dtype == DType::BF16 && which == CrossEntropyKernel::Auto && !env_wants_legacy()) {
     const DeviceLimits& d = device_limits();
-    const OnChipConfig c = onchip_config(Vp, d);
+    const OnChipConfig c = onchip_config(Vp, d, env_min_cluster());
     if (c.cluster > 0 && N * c.cluster <= INT32_MAX) {
       auto go = [&](auto launch) {
         return launch(c, d, static_cast<bf16*>(dlogits), losses, lse, static_cast<const bf16*>(logits), targets, N,

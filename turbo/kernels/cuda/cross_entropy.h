@@ -12,7 +12,9 @@ namespace primus::turbo::cuda {
 
 enum class CrossEntropyKernel {
   Auto,    // the on-chip kernel where it applies (sm_90, bf16, row <= ~900 KB), else the legacy one;
-           // env PRIMUS_TURBO_CE_KERNEL=legacy makes Auto mean Legacy (A/B in one binary)
+           // env PRIMUS_TURBO_CE_KERNEL=legacy makes Auto mean Legacy (A/B in one binary);
+           // env PRIMUS_TURBO_CE_CLUSTER=2|4|8: at least that many CTAs per row (smaller slices,
+           // more CTAs per SM; for measuring against the default smallest cluster that fits)
   Legacy,  // the two-read kernel (each row read twice: the second read hoped to hit L2)
 };
 
@@ -28,7 +30,7 @@ void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, f
 
 // The cluster size (CTAs per row: 1, 2, 4 or 8) with which Auto would run the on-chip kernel on
 // the current device for bf16 rows of Vp columns, or 0 when it would run the legacy kernel
-// (dtype, device below sm_90, row too large). Ignores the environment.
+// (dtype, device below sm_90, row too large). Ignores the environment (PRIMUS_TURBO_CE_*).
 int cross_entropy_onchip_cluster(DType dtype, int64_t Vp);
 
 // out[0] = sum of x[0..n) in a fixed order (one block): the loss sum from per-row losses.
