@@ -95,6 +95,7 @@ CudaOps CudaOps::defaults() {
                         const TensorView& aux, const ExecContext& ctx) { turbo::linear_forward(out, inp, w, b, aux, ctx); };
   o.linear_backward = turbo::linear_backward;
   o.linear_backward_dgelu = turbo::linear_backward_input_dgelu;
+  o.bias_grad = turbo::bias_grad;
   o.norm_forward = [](const turbo::NormForwardArgs& a) { turbo::norm_forward(a); };
   o.norm_backward = [](const turbo::NormBackwardArgs& a) { turbo::norm_backward(a); };
   o.cross_entropy = [](const turbo::CrossEntropyArgs& a) { turbo::cross_entropy(a); };
@@ -117,6 +118,7 @@ void define_cuda_hooks(patches::HookTable& h) {
   h.define<LinearBackwardFn>(kLinearBackward, d.linear_backward, "linear layers' input, weight and bias gradients");
   h.define<LinearBackwardDGeluFn>(kLinearBackwardDGelu, d.linear_backward_dgelu,
                                   "GPT-2 MLP: input gradient through GELU fused into the GEMM epilogue");
+  h.define<BiasGradFn>(kBiasGrad, d.bias_grad, "linear layers' bias gradients: a deterministic column-sum reduction");
   h.define<NormForwardFn>(kNormForward, d.norm_forward, "residual add fused with LayerNorm / RMSNorm");
   h.define<NormBackwardFn>(kNormBackward, d.norm_backward, "norm backward accumulating into the residual gradient");
   h.define<CrossEntropyFn>(kCrossEntropy, d.cross_entropy, "fused softmax cross-entropy, gradient in place of the bf16 logits");
@@ -133,6 +135,7 @@ CudaOps CudaOps::from(const patches::HookTable& h) {
   o.linear_forward = h.get<LinearForwardFn>(kLinearForward);
   o.linear_backward = h.get<LinearBackwardFn>(kLinearBackward);
   o.linear_backward_dgelu = h.get<LinearBackwardDGeluFn>(kLinearBackwardDGelu);
+  o.bias_grad = h.get<BiasGradFn>(kBiasGrad);
   o.norm_forward = h.get<NormForwardFn>(kNormForward);
   o.norm_backward = h.get<NormBackwardFn>(kNormBackward);
   o.cross_entropy = h.get<CrossEntropyFn>(kCrossEntropy);

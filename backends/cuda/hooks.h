@@ -47,6 +47,9 @@ using LinearBackwardFn = void(const TensorView& dinp, const TensorView& dweight,
 // turbo::linear_backward_input_dgelu: dpre = (dout @ weight) * gelu'(pre_aux) (dbias optional).
 using LinearBackwardDGeluFn = void(const TensorView& dpre, const TensorView& dbias, const TensorView& dout,
                                    const TensorView& weight, const TensorView& pre_aux, const ExecContext& ctx);
+// turbo::bias_grad: dbias [OC] f32 += column sums of dout [N,OC] (a linear layer's bias gradient,
+// kept out of the weight-gradient GEMM, whose cuBLASLt bias-gradient epilogue is slow).
+using BiasGradFn = void(const TensorView& dbias, const TensorView& dout, const ExecContext& ctx);
 using NormForwardFn = void(const turbo::NormForwardArgs&);
 using NormBackwardFn = void(const turbo::NormBackwardArgs&);
 using CrossEntropyFn = void(const turbo::CrossEntropyArgs&);
@@ -81,6 +84,7 @@ inline constexpr const char* kAttentionBackward = "cuda.attention.backward";
 inline constexpr const char* kLinearForward = "cuda.linear.forward";
 inline constexpr const char* kLinearBackward = "cuda.linear.backward";
 inline constexpr const char* kLinearBackwardDGelu = "cuda.linear.backward_dgelu";
+inline constexpr const char* kBiasGrad = "cuda.linear.bias_grad";
 inline constexpr const char* kNormForward = "cuda.norm.forward";
 inline constexpr const char* kNormBackward = "cuda.norm.backward";
 inline constexpr const char* kCrossEntropy = "cuda.loss.cross_entropy";
@@ -95,6 +99,7 @@ struct CudaOps {
   std::function<LinearForwardFn> linear_forward;
   std::function<LinearBackwardFn> linear_backward;
   std::function<LinearBackwardDGeluFn> linear_backward_dgelu;
+  std::function<BiasGradFn> bias_grad;
   std::function<NormForwardFn> norm_forward;
   std::function<NormBackwardFn> norm_backward;
   std::function<CrossEntropyFn> cross_entropy;

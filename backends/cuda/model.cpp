@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -13,6 +14,7 @@
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/kernels/cuda/elementwise.h"
 #include "turbo/kernels/cuda/embedding.h"
 #include "turbo/kernels/cuda/normalization.h"
 #include "turbo/kernels/cuda/optimizer.h"
@@ -78,6 +80,12 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     throw ConfigError(fmt::format("sequence length {} exceeds the model's seq_length {}", opt_.max_seq, spec_.seq_length));
   }
   check_shapes(spec_);
+  if (const char* e = std::getenv("PRIMUS_CUDA_BIAS_GRAD")) {
+    const std::string v = e;
+    if (v != "gemm" && v != "separate")
+      throw ConfigError(fmt::format("PRIMUS_CUDA_BIAS_GRAD='{}': expected gemm or separate", v));
+    bias_grad_in_gemm_ = v == "gemm";
+  }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   host_ = opt_.device == Device::CPU;
   if (host_ && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
@@ -107,7 +115,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     scratch_bytes_ = std::max({turbo::cuda::norm_backward_scratch_bytes(N, C),
                                turbo::cuda::embedding_backward_scratch_bytes(N),
                                turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
-                               size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4});
+                               size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4,
+                               size_t(std::max({turbo::cuda::column_sum_partials(N, spec_.qkv_dim()),
+                                                turbo::cuda::column_sum_partials(N, spec_.fc_dim()),
+                                                turbo::cuda::column_sum_partials(N, C)})) * 4 + Arena::kDefaultAlign});
   }
   // Attention: what the caller says its implementation needs, and on the device at least room
   // for Turbo's flash backward (f32 dq and row sums) and a cuDNN workspace.
@@ -583,6 +594,17 @@ void CudaModel::norm_backward(const TensorView& dres, const TensorView& dout, co
   ops_.norm_backward(a);
 }
 
+void CudaModel::linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
+                                const TensorView& inp) {
+  const ExecContext c = ctx();
+  if (b.g.defined() && !bias_grad_in_gemm_) {  // first: dout was just written, partly still in L2
+    ops_.bias_grad(b.g, dout, c);
+    ops_.linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c);
+    return;
+  }
+  ops_.linear_backward(dinp, w.g, b.g, dout, inp, w.w, false, c);
+}
+
 void CudaModel::recompute_layer(int64_t l, int64_t B, int64_t T) {
   const Recompute r = policy_[l];
   if (r == Recompute::None) return;
@@ -631,20 +653,20 @@ void CudaModel::backward() {
     mark(Phase::MlpDownGemmBwd);
     if (spec_.swiglu) {
       const TensorView dact = dact_.slice0(0, N);
-      ops_.linear_backward(dact, p.out_w.g, p.out_b.g, dres, act, p.out_w.w, false, c);
+      linear_backward(dact, p.out_w, p.out_b, dres, act);
       mark(Phase::ActivationBwd);
       turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
     } else {
       ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
-      ops_.linear_backward({}, p.out_w.g, p.out_b.g, dres, act, p.out_w.w, false, c);
+      linear_backward({}, p.out_w, p.out_b, dres, act);
     }
     mark(Phase::MlpUpGemmBwd);
-    ops_.linear_backward(dln_.slice0(0, N), p.fc_w.g, p.fc_b.g, dfc, a.ln2.slice0(0, N), p.fc_w.w, false, c);
+    linear_backward(dln_.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N));
     mark(Phase::NormBwd);
     norm_backward(dres_, dln_, a.x2, a.mean2, a.rstd2, p.norm2, N, true);
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
     mark(Phase::ProjGemmBwd);
-    ops_.linear_backward(datt_.slice0(0, N), p.proj_w.g, p.proj_b.g, dres, a.att.slice0(0, N), p.proj_w.w, false, c);
+    linear_backward(datt_.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N));
     const TensorView dqkv = dqkv_.slice0(0, N), qkv = a.qkv.slice0(0, N);
     // With RoPE the attention's gradients are those of the rotated q/k (dqk_rot_); the rotation's
     // backward then writes dq|dk into dqkv (out of place: the reference RoPE cannot run in place).
@@ -677,7 +699,7 @@ void CudaModel::backward() {
     const TensorView ln1 = a.ln1.slice0(0, N), dln = dln_.slice0(0, N);
     mark(Phase::QkvGemmBwd);
     // One dgrad and one wgrad (+ bias gradient) GEMM over the packed q|k|v columns.
-    ops_.linear_backward(dln, p.qkv_w.g, p.qkv_b.g, dqkv, ln1, p.qkv_w.w, false, c);
+    linear_backward(dln, p.qkv_w, p.qkv_b, dqkv, ln1);
     mark(Phase::NormBwd);
     norm_backward(dres_, dln_, a.x_in, a.mean1, a.rstd1, p.norm1, N, true);
   }

@@ -168,6 +168,10 @@ class CudaModel {
   // recomputation (norm1 from the stored x_in; the last GEMM, whose output nothing needs, skipped).
   void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute);
   void recompute_layer(int64_t l, int64_t B, int64_t T);  // refills what policy_[l] did not keep
+  // A linear layer's gradients from dout: dinp = (skipped if undefined), w.g +=, b.g += (if the
+  // layer has a bias: its own column-sum reduction, or the GEMM's epilogue when bias_grad_in_gemm_).
+  void linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
+                       const TensorView& inp);
   void mark(Phase p) const {
     if (prof_) prof_->mark(p);
   }
@@ -229,6 +233,9 @@ class CudaModel {
   int64_t B_ = 0, T_ = 0;
   int64_t slot_ = 0;  // the token slot of the last forward (backward's embedding gradient reads it)
   bool have_grad_logits_ = false;
+  // PRIMUS_CUDA_BIAS_GRAD=gemm: bias gradients in the weight-gradient GEMM's epilogue (cuBLASLt
+  // BGRADB) instead of the cuda.linear.bias_grad slot; kept to A/B the two on a GPU.
+  bool bias_grad_in_gemm_ = false;
   StepProfiler* prof_ = nullptr;
 };
 

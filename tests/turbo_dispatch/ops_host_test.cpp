@@ -127,6 +127,28 @@ TEST_F(OpsHost, LinearBackwardAccumulatesParameterGradients) {
   EXPECT_LT(rel(db, rdb), 1e-5);
 }
 
+TEST_F(OpsHost, BiasGradAccumulatesColumnSumsOfStridedRows) {
+  const int64_t N = 37, C = 24, ld = 40;  // rows 40 apart: a view of columns [8, 32) of a wider buffer
+  auto buf = randn(N * ld), db = randn(C);
+  const std::vector<float> db0 = db;
+  TensorView dout(buf.data() + 8, DType::F32, Device::CPU, {N, C});
+  dout.strides[0] = ld;
+  bias_grad(TensorView(db.data(), DType::F32, Device::CPU, {C}), dout, {});
+  for (int64_t c = 0; c < C; ++c) {
+    double ref = db0[c];
+    for (int64_t n = 0; n < N; ++n) ref += buf[n * ld + 8 + c];
+    EXPECT_NEAR(db[c], ref, 1e-5 * (1.0 + std::abs(ref))) << "column " << c;
+  }
+  // Shapes that do not fit are refused with the op's name.
+  std::vector<float> small(C - 1);
+  try {
+    bias_grad(TensorView(small.data(), DType::F32, Device::CPU, {C - 1}), dout, {});
+    FAIL() << "a dbias of the wrong size was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("bias_grad"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(OpsHost, HostTensorsFallBackToCpuWithOneWarning) {
   const int64_t N = 5, C = 16;
   auto x = randn(N * C), w = randn(C), b = randn(C);

@@ -48,13 +48,23 @@ Case training_case(std::string name, int64_t M, int64_t N, int64_t K, bool gelu_
             std::vector<Timed> t;
             t.push_back({"gemm/" + name + (gelu_out ? "/fwd+bias+gelu_aux" : "/fwd+bias"), Metric::Flops, flops,
                          [=] { linear_forward(y, x, w, b, gelu_out ? aux : TensorView(), c); }, "training-step epilogues"});
-            if (dgelu_in)
+            if (dgelu_in) {
               t.push_back({"gemm/" + name + "/dgrad+dgelu", Metric::Flops, flops,
                            [=] { linear_backward_input_dgelu(dx, {}, dy, w, pre, c); }, ""});
+              // The bias gradient of the layer below (over dx's columns) in the same epilogue.
+              TensorView dbx = e.empty(e.dtype, {K});
+              t.push_back({"gemm/" + name + "/dgrad+dgelu+bias_grad", Metric::Flops, flops,
+                           [=] { linear_backward_input_dgelu(dx, dbx, dy, w, pre, c); }, ""});
+            }
             t.push_back({"gemm/" + name + "/wgrad_f32+=", Metric::Flops, flops,
                          [=] { linear_backward({}, dw, {}, dy, x, w, false, c); }, ""});
             t.push_back({"gemm/" + name + "/wgrad_f32+=+bias_grad", Metric::Flops, flops,
                          [=] { linear_backward({}, dw, db, dy, x, w, false, c); }, ""});
+            // The bias gradient as its own column-sum reduction (what the cuda backend runs), in
+            // bytes of dy read: its share of the copy ceiling.
+            t.push_back({"gemm/" + name + "/bias_grad_colsum", Metric::Bytes,
+                         static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(dtype_size(e.dtype)),
+                         [=] { bias_grad(db, dy, c); }, ""});
             return t;
           }};
 }

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -277,6 +278,41 @@ void linear_backward(const TensorView& dinp, const TensorView& dweight, const Te
 #ifdef PRIMUS_TURBO_WITH_CUDA
   if (dbias.dtype != DType::F32) throw RuntimeError("linear_backward: a device dbias must be f32");
   cuda::add_inplace_f32(dbias.ptr<float>(), tmp.ptr<float>(), oc, static_cast<cudaStream_t>(ctx.stream));
+#endif
+}
+
+void bias_grad(const TensorView& dbias, const TensorView& dout, const ExecContext& ctx) {
+  if (!dbias.defined() || !dout.defined()) throw RuntimeError("bias_grad: dbias and dout must be defined");
+  if (dbias.dtype != DType::F32 || dbias.ndim != 1 || !dbias.is_contiguous())
+    throw RuntimeError(fmt::format("bias_grad: dbias must be a contiguous f32 vector, got {}", dbias.describe()));
+  if (dout.ndim != 2 || dout.stride(1) != 1 || dout.stride(0) < dout.size(1))
+    throw RuntimeError(fmt::format("bias_grad: dout must be a row-major [N, C] matrix, got {}", dout.describe()));
+  if (dout.size(1) != dbias.size(0))
+    throw RuntimeError(fmt::format("bias_grad: dout has {} columns but dbias {} elements", dout.size(1), dbias.size(0)));
+  if (dout.device != dbias.device) throw RuntimeError("bias_grad: dbias and dout must be on the same device");
+  const int64_t N = dout.size(0), C = dout.size(1), ld = dout.stride(0);
+  if (dout.device == Device::CPU) {
+    if (dout.dtype != DType::F32) throw RuntimeError(fmt::format("bias_grad: a host dout must be f32, got {}", dout.describe()));
+    std::vector<double> acc(static_cast<size_t>(C), 0.0);
+    const float* x = dout.ptr<float>();
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t c = 0; c < C; ++c) acc[static_cast<size_t>(c)] += x[r * ld + c];
+    float* d = dbias.ptr<float>();
+    for (int64_t c = 0; c < C; ++c) d[c] += static_cast<float>(acc[static_cast<size_t>(c)]);
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  if (dout.dtype != DType::F32 && dout.dtype != DType::BF16)
+    throw RuntimeError(fmt::format("bias_grad: dout must be f32 or bf16, got {}", dout.describe()));
+  Arena& arena = detail::scratch_of(ctx, "bias_grad");
+  ArenaScope scope(arena);
+  const int64_t parts = cuda::column_sum_partials(N, C);
+  TensorView tmp = arena.tensor(DType::F32, {std::max<int64_t>(parts, 1)}, "bias_grad partials");
+  cuda::column_sum_accumulate(dbias.ptr<float>(), dout.data, dout.dtype, N, C, ld, tmp.ptr<float>(),
+                              static_cast<cudaStream_t>(ctx.stream));
+#else
+  (void)ctx;
+  throw RuntimeError("bias_grad: this build has no CUDA");
 #endif
 }
 

@@ -64,6 +64,13 @@ void linear_backward(const TensorView& dinp, const TensorView& dweight, const Te
                      const TensorView& dout, const TensorView& inp, const TensorView& weight,
                      bool accumulate_dinp, const ExecContext& ctx);
 
+// dbias [C] f32 += column sums of dout [N,C] (f32 or bf16, rows may be strided): a linear layer's
+// bias gradient as its own reduction, for callers whose weight-gradient GEMM should stay free of
+// the bias-gradient epilogue (on an H100 that epilogue costs GPT-2's layers 20-55% of the GEMM;
+// bench/results/NOTES.md). Deterministic on the device (fixed-order partial sums, no atomics);
+// host f32 tensors on the CPU in row order, accumulated in double.
+void bias_grad(const TensorView& dbias, const TensorView& dout, const ExecContext& ctx);
+
 // dpre [N,C] = (dout [N,OC] @ weight [OC,C]) * gelu_tanh'(pre_aux [N,C]), and, when dbias is
 // defined, dbias [C] = column sums of dpre (overwritten): the input gradient of a linear layer
 // whose input was gelu(pre_aux), fused into one GEMM epilogue.

@@ -1,4 +1,8 @@
 // Elementwise helpers too small to deserve a family of their own.
+#include <fmt/format.h>
+
+#include <algorithm>
+
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/elementwise.h"
 
@@ -8,11 +12,134 @@ __global__ void add_inplace_kernel(float* dst, const float* src, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) dst[i] += src[i];
 }
+
+// Column sums, stage 1. Block (32 lanes x kWarps warps) = one strip of 32 * V columns (V
+// consecutive columns per lane: one 16-byte load when kVec) by one chunk of `rows_per_chunk`
+// rows; warp w takes rows w, w + kWarps, ... of the chunk, kUnroll rows in flight. The warps'
+// sums meet in shared memory in warp order; the block writes one partial row
+// partials[chunk, strip columns].
+constexpr int kWarps = 8, kUnroll = 4;
+
+template <class T, int V, bool kVec>
+__global__ void __launch_bounds__(32 * kWarps)
+column_sum_partial_kernel(float* __restrict__ partials, const T* __restrict__ src, int N, int C, int64_t ld,
+                          int rows_per_chunk) {
+  __shared__ float acc[kWarps][32 * V];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int c0 = blockIdx.x * 32 * V + lane * V;
+  const int r_begin = blockIdx.y * rows_per_chunk, r_end = min(N, r_begin + rows_per_chunk);
+  float s[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) s[e] = 0.0f;
+  auto add_row = [&](int r) {
+    const T* p = src + static_cast<int64_t>(r) * ld + c0;
+    if constexpr (kVec) {
+      const Vec<T> v = load_vec_cs(p);
+#pragma unroll
+      for (int e = 0; e < V; ++e) s[e] += v.get(e);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        if (c0 + e < C) s[e] += to_f32(p[e]);
+    }
+  };
+  if (!kVec || c0 < C) {  // kVec: C is a multiple of V, so a lane's columns are all in or all out
+    int r = r_begin + warp;
+    for (; r + (kUnroll - 1) * kWarps < r_end; r += kUnroll * kWarps) {
+      if constexpr (kVec) {
+        Vec<T> v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = load_vec_cs(src + static_cast<int64_t>(r + u * kWarps) * ld + c0);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int e = 0; e < V; ++e) s[e] += v[u].get(e);
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) add_row(r + u * kWarps);
+      }
+    }
+    for (; r < r_end; r += kWarps) add_row(r);
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[warp][lane * V + e] = s[e];
+  __syncthreads();
+  float* out = partials + static_cast<int64_t>(blockIdx.y) * C + blockIdx.x * 32 * V;
+  for (int j = threadIdx.x; j < 32 * V; j += blockDim.x) {
+    if (blockIdx.x * 32 * V + j >= C) break;
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) t += acc[w][j];
+    out[j] = t;
+  }
+}
+
+// Stage 2: dst[c] += sum over chunks g of partials[g, c], 32 columns per block; its 32 thread
+// rows each sum a strided subset of the chunks in order, then row 0 adds the 32 results in order.
+__global__ void column_sum_finish_kernel(float* __restrict__ dst, const float* __restrict__ part, int G, int C) {
+  __shared__ float sm[32][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  float v = 0.0f;
+  if (c < C)
+    for (int g = threadIdx.y; g < G; g += 32) v += part[static_cast<int64_t>(g) * C + c];
+  sm[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float t = 0.0f;
+    for (int i = 0; i < 32; ++i) t += sm[i][threadIdx.x];
+    dst[c] += t;
+  }
+}
+
+// Row chunks: about two blocks per SM over all strips, each chunk at least 64 rows.
+int64_t chunks_for(int64_t N, int64_t C) {
+  const int64_t strips = std::max<int64_t>(1, ceil_div(C, int64_t{256}));
+  const int64_t want = std::max<int64_t>(1, ceil_div(int64_t{2} * sm_count(), strips));
+  return std::max<int64_t>(1, std::min<int64_t>(want, ceil_div(N, int64_t{64})));
+}
 }  // namespace
 
 void add_inplace_f32(float* dst, const float* src, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   add_inplace_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(dst, src, n);
+  CUDA_CHECK_LAST();
+}
+
+int64_t column_sum_partials(int64_t N, int64_t C) { return N <= 0 || C <= 0 ? 0 : chunks_for(N, C) * C; }
+
+void column_sum_accumulate(float* dst, const void* src, DType dtype, int64_t N, int64_t C, int64_t ld,
+                           float* partials, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  if (N > INT32_MAX || C > INT32_MAX || ld < C)
+    throw RuntimeError(fmt::format("column_sum_accumulate: bad shape [{}, {}] ld {}", N, C, ld));
+  const int64_t G = chunks_for(N, C);
+  const int rows_per_chunk = static_cast<int>(ceil_div(N, G));
+  const int64_t chunks = ceil_div(N, int64_t{rows_per_chunk});  // <= G
+  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (dtype == DType::BF16) {
+    const auto* s = static_cast<const bf16*>(src);
+    if (aligned && C % 8 == 0 && ld % 8 == 0) {
+      const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{256})), static_cast<unsigned>(chunks));
+      column_sum_partial_kernel<bf16, 8, true><<<grid, 32 * kWarps, 0, stream>>>(partials, s, static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
+    } else {
+      const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{32})), static_cast<unsigned>(chunks));
+      column_sum_partial_kernel<bf16, 1, false><<<grid, 32 * kWarps, 0, stream>>>(partials, s, static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
+    }
+  } else if (dtype == DType::F32) {
+    const auto* s = static_cast<const float*>(src);
+    if (aligned && C % 4 == 0 && ld % 4 == 0) {
+      const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{128})), static_cast<unsigned>(chunks));
+      column_sum_partial_kernel<float, 4, true><<<grid, 32 * kWarps, 0, stream>>>(partials, s, static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
+    } else {
+      const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{32})), static_cast<unsigned>(chunks));
+      column_sum_partial_kernel<float, 1, false><<<grid, 32 * kWarps, 0, stream>>>(partials, s, static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
+    }
+  } else {
+    throw RuntimeError(fmt::format("column_sum_accumulate: dtype {} (f32 or bf16)", dtype_name(dtype)));
+  }
+  CUDA_CHECK_LAST();
+  column_sum_finish_kernel<<<static_cast<unsigned>(ceil_div(C, int64_t{32})), dim3(32, 32), 0, stream>>>(
+      dst, partials, static_cast<int>(chunks), static_cast<int>(C));
   CUDA_CHECK_LAST();
 }
 }  // namespace primus::turbo::cuda

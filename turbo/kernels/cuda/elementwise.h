@@ -4,8 +4,19 @@
 
 #include <cstdint>
 
+#include "turbo/core/dtype.h"
+
 namespace primus::turbo::cuda {
 // dst[i] += src[i] over n f32 elements (e.g. a bias gradient produced by a GEMM epilogue,
 // which overwrites, added into the accumulated gradient).
 void add_inplace_f32(float* dst, const float* src, int64_t n, cudaStream_t stream);
+
+// dst[c] += sum over r of src[r * ld + c] for a row-major [N, C] matrix of f32 or bf16 (a bias
+// gradient: the column sums of the layer's output gradient). Two launches, deterministic (no
+// atomics; the same bits on every run): blocks sum fixed row chunks of a column strip into
+// `partials`, then one pass adds the chunks in order. `partials` holds
+// column_sum_partials(N, C) floats (device memory; it may be scratch reused after the call).
+void column_sum_accumulate(float* dst, const void* src, DType dtype, int64_t N, int64_t C, int64_t ld,
+                           float* partials, cudaStream_t stream);
+int64_t column_sum_partials(int64_t N, int64_t C);
 }  // namespace primus::turbo::cuda
