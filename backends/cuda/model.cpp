@@ -82,9 +82,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   check_shapes(spec_);
   if (const char* e = std::getenv("PRIMUS_CUDA_BIAS_GRAD")) {
     const std::string v = e;
-    if (v != "gemm" && v != "separate")
-      throw ConfigError(fmt::format("PRIMUS_CUDA_BIAS_GRAD='{}': expected gemm or separate", v));
-    bias_grad_in_gemm_ = v == "gemm";
+    if (v == "gemm") bias_grad_ = BiasGrad::Gemm;
+    else if (v == "separate") bias_grad_ = BiasGrad::Separate;
+    else if (v == "norm") bias_grad_ = BiasGrad::Norm;
+    else throw ConfigError(fmt::format("PRIMUS_CUDA_BIAS_GRAD='{}': expected norm, separate or gemm", v));
   }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   host_ = opt_.device == Device::CPU;
@@ -578,7 +579,7 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
 
 void CudaModel::norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp,
                               const TensorView& mean, const TensorView& rstd, const NormParams& p, int64_t N,
-                              bool accumulate) {
+                              bool accumulate, const TensorView& dres_colsum) {
   turbo::NormBackwardArgs a;
   a.type = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
   a.dinp = dres.slice0(0, N);
@@ -590,15 +591,16 @@ void CudaModel::norm_backward(const TensorView& dres, const TensorView& dout, co
   if (spec_.layernorm) a.mean = mean.slice0(0, N);
   a.rstd = rstd.slice0(0, N);
   a.accumulate_dinp = accumulate;
+  if (bias_grad_ == BiasGrad::Norm) a.dinp_colsum = dres_colsum;
   a.ctx = ctx();
   ops_.norm_backward(a);
 }
 
 void CudaModel::linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
-                                const TensorView& inp) {
+                                const TensorView& inp, bool bias_done) {
   const ExecContext c = ctx();
-  if (b.g.defined() && !bias_grad_in_gemm_) {  // first: dout was just written, partly still in L2
-    ops_.bias_grad(b.g, dout, c);
+  if (b.g.defined() && bias_grad_ != BiasGrad::Gemm) {  // first: dout was just written, partly still in L2
+    if (!bias_done) ops_.bias_grad(b.g, dout, c);
     ops_.linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c);
     return;
   }
@@ -640,7 +642,7 @@ void CudaModel::backward() {
     // forward() already ran the head's backward into dln_ and head_.g.
     // dres = d(final residual): the start of the residual stream's gradient.
     mark(Phase::NormBwd);
-    norm_backward(dres_, dln_, x_final_, meanf_, rstdf_, final_norm_, N, false);
+    norm_backward(dres_, dln_, x_final_, meanf_, rstdf_, final_norm_, N, false, params_.back().out_b.g);
   }
   const TensorView dres = dres_.slice0(0, N);
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
@@ -653,20 +655,20 @@ void CudaModel::backward() {
     mark(Phase::MlpDownGemmBwd);
     if (spec_.swiglu) {
       const TensorView dact = dact_.slice0(0, N);
-      linear_backward(dact, p.out_w, p.out_b, dres, act);
+      linear_backward(dact, p.out_w, p.out_b, dres, act, bias_grad_ == BiasGrad::Norm);
       mark(Phase::ActivationBwd);
       turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
     } else {
       ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
-      linear_backward({}, p.out_w, p.out_b, dres, act);
+      linear_backward({}, p.out_w, p.out_b, dres, act, bias_grad_ == BiasGrad::Norm);
     }
     mark(Phase::MlpUpGemmBwd);
     linear_backward(dln_.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N));
     mark(Phase::NormBwd);
-    norm_backward(dres_, dln_, a.x2, a.mean2, a.rstd2, p.norm2, N, true);
+    norm_backward(dres_, dln_, a.x2, a.mean2, a.rstd2, p.norm2, N, true, p.proj_b.g);
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
     mark(Phase::ProjGemmBwd);
-    linear_backward(datt_.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N));
+    linear_backward(datt_.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N), bias_grad_ == BiasGrad::Norm);
     const TensorView dqkv = dqkv_.slice0(0, N), qkv = a.qkv.slice0(0, N);
     // With RoPE the attention's gradients are those of the rotated q/k (dqk_rot_); the rotation's
     // backward then writes dq|dk into dqkv (out of place: the reference RoPE cannot run in place).
@@ -701,7 +703,9 @@ void CudaModel::backward() {
     // One dgrad and one wgrad (+ bias gradient) GEMM over the packed q|k|v columns.
     linear_backward(dln, p.qkv_w, p.qkv_b, dqkv, ln1);
     mark(Phase::NormBwd);
-    norm_backward(dres_, dln_, a.x_in, a.mean1, a.rstd1, p.norm1, N, true);
+    // The residual gradient it leaves is d(output of layer l - 1): its column sums are that
+    // layer's MLP down-projection bias gradient.
+    norm_backward(dres_, dln_, a.x_in, a.mean1, a.rstd1, p.norm1, N, true, l > 0 ? params_[l - 1].out_b.g : TensorView());
   }
   {
     NvtxRange er("embedding bwd");

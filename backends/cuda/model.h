@@ -169,9 +169,10 @@ class CudaModel {
   void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute);
   void recompute_layer(int64_t l, int64_t B, int64_t T);  // refills what policy_[l] did not keep
   // A linear layer's gradients from dout: dinp = (skipped if undefined), w.g +=, b.g += (if the
-  // layer has a bias: its own column-sum reduction, or the GEMM's epilogue when bias_grad_in_gemm_).
+  // layer has a bias: its own column-sum reduction, the GEMM's epilogue with BiasGrad::Gemm, or
+  // nothing when `bias_done`: a norm backward already summed dout into b.g).
   void linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
-                       const TensorView& inp);
+                       const TensorView& inp, bool bias_done = false);
   void mark(Phase p) const {
     if (prof_) prof_->mark(p);
   }
@@ -180,9 +181,11 @@ class CudaModel {
   // out = norm(inp (+ residual, stored to res_out)); residual undefined: out = norm(inp).
   void norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd, const TensorView& res_out,
                     const TensorView& inp, const TensorView& residual, const NormParams& p, int64_t N);
-  // dres (+)= d inp, p's gradients +=.
+  // dres (+)= d inp, p's gradients +=; with BiasGrad::Norm also dres_colsum (if defined) += the
+  // column sums of the resulting dres (the bias gradient of the linear layer that wrote it).
   void norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp, const TensorView& mean,
-                     const TensorView& rstd, const NormParams& p, int64_t N, bool accumulate);
+                     const TensorView& rstd, const NormParams& p, int64_t N, bool accumulate,
+                     const TensorView& dres_colsum = {});
   ExecContext ctx() const;
   TensorView view(const TensorView& buf, std::initializer_list<int64_t> shape) const;  // same memory, new shape
   // [B,T,heads,D] view of columns [col, col + heads*D) of a row-major [rows, W] buffer (tokens W apart).
@@ -233,9 +236,14 @@ class CudaModel {
   int64_t B_ = 0, T_ = 0;
   int64_t slot_ = 0;  // the token slot of the last forward (backward's embedding gradient reads it)
   bool have_grad_logits_ = false;
-  // PRIMUS_CUDA_BIAS_GRAD=gemm: bias gradients in the weight-gradient GEMM's epilogue (cuBLASLt
-  // BGRADB) instead of the cuda.linear.bias_grad slot; kept to A/B the two on a GPU.
-  bool bias_grad_in_gemm_ = false;
+  // Where the linear layers' bias gradients are computed (PRIMUS_CUDA_BIAS_GRAD, for A/B runs):
+  //   Norm      (default) the attention projection's and the MLP down-projection's, whose output
+  //             gradient is the residual stream's, in the norm backward that produces it
+  //             (NormBackwardArgs::dinp_colsum); the others by the cuda.linear.bias_grad slot;
+  //   Separate  all by the cuda.linear.bias_grad slot (a column-sum reduction each);
+  //   Gemm      all in the weight-gradient GEMM's epilogue (cuBLASLt BGRADB).
+  enum class BiasGrad : uint8_t { Norm, Separate, Gemm };
+  BiasGrad bias_grad_ = BiasGrad::Norm;
   StepProfiler* prof_ = nullptr;
 };
 
