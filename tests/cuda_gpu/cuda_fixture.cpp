@@ -74,7 +74,10 @@ CudaModelOptions options(const train::ModelSpec& spec, int64_t B, turbo::Device 
 }
 
 namespace {
-constexpr double kLr = 2e-3, kBeta1 = 0.9, kBeta2 = 0.99, kEps = 1e-8, kDecay = 0.1, kClip = 1.0;
+// lr 1e-3: at 2e-3 the tiny GPT-2's curve (train/param_init's weights, seed 1234) has loss spikes
+// (step 10: 3.44 -> 5.00, step 17) in the fp64 reference itself, so bf16 runs fall on either side
+// of them and a curve comparison measures chaos, not the kernels. At 1e-3 the reference is smooth.
+constexpr double kLr = 1e-3, kBeta1 = 0.9, kBeta2 = 0.99, kEps = 1e-8, kDecay = 0.1, kClip = 1.0;
 }  // namespace
 
 Batches::Batches(int64_t T, int steps) {

@@ -29,7 +29,10 @@ StepRun run_steps(const StepRunOptions& o) {
       model.stage_batch(data.inputs[s].data() + m * B * T, data.targets[s].data() + m * B * T, B, T, m);
     }
     turbo::AdamWHyper hp;
-    hp.lr = 2e-3f * float(s + 1) / float(o.steps);
+    // Peak 1e-3: at 2e-3 the tiny GPT-2 (with train/param_init's weights) hits an attention-logit
+    // loss spike at step 19 of 20 (3.33 -> 9.42), which the fp64 reference backend reproduces to
+    // 5 digits: an optimisation instability of the setting, not a kernel's error.
+    hp.lr = 1e-3f * float(s + 1) / float(o.steps);
     hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
     hp.step = s + 1;
     model.set_hyper(hp);
