@@ -67,9 +67,9 @@ cat "$OUT/env.txt"
 : > "$OUT/tests.log"
 rc_fallback=0; rc_default=0; rc_step=0; rc_dump=-; rc_noise=-
 if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests already ran
-  timeout 45 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
+  timeout 90 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
   rc_fallback=$?
-  timeout 45 "$BIN/test_cuda_gpu" --gtest_filter='*Default*' >> "$OUT/tests.log" 2>&1
+  timeout 90 "$BIN/test_cuda_gpu" --gtest_filter='*Default*' >> "$OUT/tests.log" 2>&1
   rc_default=$?
   # The step machinery: graph replay vs eager, NaN skip under the graph, recompute parity, profiler.
   timeout 60 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*' >> "$OUT/tests.log" 2>&1
