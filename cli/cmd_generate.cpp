@@ -1,6 +1,8 @@
-// primus generate --checkpoint C --prompt S [--max-new-tokens N --temperature T --top-k K --seed S]
+// primus generate --checkpoint C --prompt S [--max-new-tokens N --temperature T --top-k K --seed S] [--score]
 // primus export hf CHECKPOINT OUT/ [--dtype bf16|fp32]
 // Checkpoints of every backend share one layout, so the CPU reference model serves both.
+#include <fmt/format.h>
+
 #include <iostream>
 
 #include "cli/command.h"
@@ -17,6 +19,7 @@ void setup_generate(CLI::App& app) {
     std::string checkpoint, prompt;
     backends::reference::SampleOptions sample;
     uint64_t seed = 1234;
+    bool score = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--checkpoint,-c", o->checkpoint, "Checkpoint folder, or a save folder (its latest)")->required();
@@ -25,7 +28,14 @@ void setup_generate(CLI::App& app) {
   app.add_option("--temperature,-t", o->sample.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
   app.add_option("--top-k,-k", o->sample.top_k, "Sample from the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o->seed, "Sampling seed");
+  app.add_flag("--score", o->score,
+               "Print the mean next-token loss (nats, fp32) of the prompt instead of generating (e.g. to compare an "
+               "`export hf` folder in another framework)");
   app.callback([o] {
+    if (o->score) {
+      std::cout << fmt::format("{:.8f}", backends::reference::score_checkpoint(o->checkpoint, o->prompt)) << "\n";
+      return;
+    }
     std::cout << backends::reference::generate_from_checkpoint(o->checkpoint, o->prompt, o->sample, o->seed) << "\n";
   });
 }

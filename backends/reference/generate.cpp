@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <memory>
 
 #include "core/util/error.h"
 #include "io/checkpoint.h"
@@ -52,8 +54,14 @@ std::string printable(std::string text) {
   return text;
 }
 
-std::string generate_from_checkpoint(const std::string& checkpoint, const std::string& prompt,
-                                     const SampleOptions& o, uint64_t seed) {
+namespace {
+struct Loaded {
+  train::ModelSpec spec;
+  std::unique_ptr<data::Tokenizer> tok;
+  std::unique_ptr<GptModel<float>> model;
+};
+
+Loaded load_for_inference(const std::string& checkpoint) {
   std::filesystem::path dir = checkpoint;
   if (!std::filesystem::exists(dir / io::kManifestFile)) {
     auto latest = io::find_latest(dir);
@@ -64,10 +72,30 @@ std::string generate_from_checkpoint(const std::string& checkpoint, const std::s
   if (!data.state.contains("model_spec") || !data.state.contains("tokenizer")) {
     throw FormatError(fmt::format("checkpoint {}: trainer_state.json lacks model_spec/tokenizer", dir.string()));
   }
-  train::ModelSpec spec = train::spec_from_json(data.state["model_spec"]);
-  auto tok = data::make_tokenizer(data.state["tokenizer"].get<std::string>());
-  GptModel<float> model(spec, 1, spec.seq_length);
-  train::unpack_checkpoint(data, dir, spec, model.layout(), model.params.data(), nullptr, nullptr);
+  Loaded l;
+  l.spec = train::spec_from_json(data.state["model_spec"]);
+  l.tok = data::make_tokenizer(data.state["tokenizer"].get<std::string>());
+  l.model = std::make_unique<GptModel<float>>(l.spec, 1, l.spec.seq_length);
+  train::unpack_checkpoint(data, dir, l.spec, l.model->layout(), l.model->params.data(), nullptr, nullptr);
+  return l;
+}
+}  // namespace
+
+double score_checkpoint(const std::string& checkpoint, const std::string& text) {
+  Loaded l = load_for_inference(checkpoint);
+  std::vector<int32_t> ids = l.tok->encode(text);
+  if (ids.size() < 2) throw ConfigError(fmt::format("--score: '{}' has fewer than 2 tokens", text));
+  const size_t n = std::min(ids.size() - 1, static_cast<size_t>(l.spec.seq_length));
+  std::vector<int32_t> in(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n)),
+      tg(ids.begin() + 1, ids.begin() + 1 + static_cast<std::ptrdiff_t>(n));
+  return l.model->forward(in.data(), tg.data(), 1, static_cast<int64_t>(n));
+}
+
+std::string generate_from_checkpoint(const std::string& checkpoint, const std::string& prompt,
+                                     const SampleOptions& o, uint64_t seed) {
+  Loaded l = load_for_inference(checkpoint);
+  GptModel<float>& model = *l.model;
+  auto& tok = l.tok;
   std::vector<int32_t> ids = tok->encode(prompt);
   if (ids.empty()) ids.push_back(tok->eod_id() >= 0 ? tok->eod_id() : 0);
   size_t prompt_len = ids.size();

@@ -26,4 +26,9 @@ std::string printable(std::string text);
 std::string generate_from_checkpoint(const std::string& checkpoint, const std::string& prompt,
                                      const SampleOptions& o, uint64_t seed);
 
+// Loads a checkpoint (as above) and returns the mean next-token loss (nats) of `text`'s tokens
+// under the fp32 model: tokens[0..n-1] predict tokens[1..n], n <= seq_length (longer texts are cut).
+// What an outside framework loading the `export hf` folder must reproduce on the same text.
+double score_checkpoint(const std::string& checkpoint, const std::string& text);
+
 }  // namespace primus::backends::reference

@@ -105,6 +105,28 @@ if [ "${TESTS_ONLY:-0}" = 1 ]; then
   echo "TESTS_ONLY=1: stopping after the test stage"
   exit 0
 fi
+# 1b. Outside oracle for checkpoints of this backend (issue [cuda]): the two byte-level examples of
+# the reference backend (GPT-2 and Llama shapes) trained from the same YAML with `framework: cuda`
+# (200 steps), exported with `primus export hf`, loaded by transformers: no missing weights, greedy
+# generation equal to `primus generate -t 0`, and transformers' loss on a text equal to Primus'
+# fp32 model (`generate --score`) within 1e-4 (fp32 export) and 2e-2 (bf16 export)
+# (tests/reference/hf_parity.py). HF_PARITY=0 skips it (~40 s).
+if [ "${HF_PARITY:-1}" = 1 ]; then
+  for c in shakespeare llama-shakespeare; do
+    sed 's/framework: reference/framework: cuda/' "examples/reference/$c.yaml" > "examples/reference/.cuda-$c.yaml"
+    rm -rf "/tmp/hfp-ws/$c" "/tmp/hfp-$c"
+    timeout 120 "$BIN/primus" train pretrain --config "examples/reference/.cuda-$c.yaml" train_iters=200 \
+      eval_interval=100 save_interval=200 workspace="/tmp/hfp-ws/$c" > "$OUT/hf_train_$c.log" 2>&1
+    echo "train rc=$?" >> "$OUT/hf_train_$c.log"
+    ck=$(ls -d /tmp/hfp-ws/$c/*/*/*/checkpoints 2>/dev/null | head -1)
+    timeout 120 python3 tests/reference/hf_parity.py "$BIN/primus" "${ck:-/nonexistent}" "/tmp/hfp-$c" \
+      > "$OUT/hf_parity_$c.json" 2> "$OUT/hf_parity_$c.err"
+    echo "hf parity ($c, cuda-trained): rc=$? $(head -c 600 "$OUT/hf_parity_$c.json")"
+    grep -E "validation|step 200/200" "$OUT/hf_train_$c.log" | tail -2
+    rm -f "examples/reference/.cuda-$c.yaml"
+  done
+fi
+
 # Train with the default attention unless only the fallback passed its tests.
 # FORCE_ATTN=auto|turbo|fallback overrides that choice.
 ATTN=${FORCE_ATTN:-auto}

@@ -2,6 +2,8 @@
 // refused, a non-finite loss stops (or is skipped), export and generation work.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <fstream>
 
 #include "cli_runner.h"
@@ -125,4 +127,15 @@ TEST(TrainE2E, ExportHfAndGenerate) {
   EXPECT_EQ(g.code, 0) << g.out;
   EXPECT_EQ(g.out.rfind("ROMEO:", 0), 0u) << g.out;
   EXPECT_GE(g.out.size(), 6u + 20u);
+  // --score: the fp32 mean next-token loss of a text, finite and in (0, a few x ln 256); the
+  // same text twice gives the same bits; a one-byte text is refused with exit 2.
+  const std::string text = "First Citizen:\nBefore we proceed any further, hear me speak.";
+  auto s1 = run_primus("generate --checkpoint " + ck.string() + " --score --prompt '" + text + "'");
+  auto s2 = run_primus("generate --checkpoint " + ck.string() + " --score --prompt '" + text + "'");
+  ASSERT_EQ(s1.code, 0) << s1.out;
+  const double loss = std::stod(s1.out);
+  EXPECT_GT(loss, 0.0) << s1.out;
+  EXPECT_LT(loss, 3 * std::log(256.0)) << s1.out;
+  EXPECT_EQ(s1.out, s2.out);
+  EXPECT_EQ(run_primus("generate --checkpoint " + ck.string() + " --score --prompt 'x'").code, 2);
 }
