@@ -99,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(
                          dtype_name(info.param.dt), info.param.C);
     });
 
-// ---- the backward on its own: every kernel shape of the row-group kernel ----------------------
+// ---- the backward on its own: every kernel shape of the staged and row-group kernels ----------
 // Statistics from the CPU forward, uploaded, so the device and the reference see identical
 // inputs. Shapes: C = 64 (one vector per lane, most lanes idle), 768 (GPT-2: one warp per row,
 // 3 vectors per lane), 1000 (an odd multiple of 8: ragged last vector column), 2048 (Llama),
@@ -254,6 +254,37 @@ TEST_P(NormBackwardTest, LegacyKernelMatchesReference) {
   check(r, p.dt, "legacy");
 }
 
+// The row-group kernel (the default where the staged one does not apply) through its switch, on
+// every shape, with the column sums.
+TEST_P(NormBackwardTest, RowGroupKernelMatchesReference) {
+  const NormBwdCase p = GetParam();
+  Run r = setup(p);
+  ::setenv("PRIMUS_TURBO_NORM_BWD_KERNEL", "rowgroup", 1);
+  norm_backward(r.args);
+  ::unsetenv("PRIMUS_TURBO_NORM_BWD_KERNEL");
+  check(r, p.dt, "rowgroup");
+}
+
+// The staged kernel's other stage counts (2: one row in flight per warp; 4: fewer warps per block
+// where 16 do not fit), each deterministic. Shapes the staged kernel does not take run the
+// row-group kernel twice more.
+TEST_P(NormBackwardTest, StagedKernelStageCounts) {
+  const NormBwdCase p = GetParam();
+  for (const char* stages : {"2", "4"}) {
+    Run r = setup(p);
+    ::setenv("PRIMUS_TURBO_NORM_BWD_STAGES", stages, 1);
+    norm_backward(r.args);
+    const auto dinp1 = bytes(r.args.dinp), dw1 = bytes(r.args.dweight), cs1 = bytes(r.args.dinp_colsum);
+    check(r, p.dt, stages);
+    reset(r);
+    norm_backward(r.args);
+    ::unsetenv("PRIMUS_TURBO_NORM_BWD_STAGES");
+    EXPECT_EQ(bytes(r.args.dinp), dinp1) << stages;
+    EXPECT_EQ(bytes(r.args.dweight), dw1) << stages;
+    EXPECT_EQ(bytes(r.args.dinp_colsum), cs1) << stages;
+  }
+}
+
 std::vector<NormBwdCase> norm_bwd_cases() {
   std::vector<NormBwdCase> v;
   for (NormType t : {NormType::LayerNorm, NormType::RMSNorm})
@@ -270,6 +301,17 @@ std::vector<NormBwdCase> norm_bwd_cases() {
   v.push_back({NormType::LayerNorm, DType::BF16, 8192, 67, true});   // 8 warps x 4 vectors per lane
   v.push_back({NormType::LayerNorm, DType::BF16, 1000, 257, true, false});  // no dbias
   v.push_back({NormType::LayerNorm, DType::F32, 768, 3, false});     // fewer rows than one block
+  // The staged kernel's other shapes (one warp per row, 1-3 vectors per lane): full lanes (bf16
+  // 256, f32 384), a ragged last vector column (bf16 520: 65 vectors; f32 200: 50), several rows
+  // per warp and stage (N = 20011 > 16 warps x 132 SMs x 4 stages), fewer rows than warps.
+  for (bool acc : {true, false}) {
+    v.push_back({NormType::LayerNorm, DType::BF16, 520, 20011, acc});
+    v.push_back({NormType::RMSNorm, DType::F32, 384, 2049, acc});
+  }
+  v.push_back({NormType::LayerNorm, DType::BF16, 256, 257, true});
+  v.push_back({NormType::RMSNorm, DType::BF16, 768, 20011, true});
+  v.push_back({NormType::LayerNorm, DType::F32, 200, 5, true});
+  v.push_back({NormType::LayerNorm, DType::BF16, 768, 1, true, false});  // one row, no dbias
   return v;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "turbo/bench/harness.h"
 #include "turbo/ops/activation.h"
@@ -64,15 +65,35 @@ Case norm_case(const std::string& label, NormType type, int64_t N, int64_t C) {
                 {nm + "_bwd/" + label, Metric::Bytes, 3 * act + stats, [bw] { norm_backward(bw); }, ""},
                 {nm + "_bwd_acc_colsum/" + label, Metric::Bytes, 4 * act + stats, [bwa] { norm_backward(bwa); },
                  "dinp += and dinp_colsum"}};
-            // The previous device kernel, selected per call through its environment switch (A/B).
-            if (e.on_device())
-              calls.push_back({nm + "_bwd/" + label + "/legacy", Metric::Bytes, 3 * act + stats,
-                               [bw] {
-                                 ::setenv("PRIMUS_TURBO_NORM_BWD_KERNEL", "legacy", 1);
-                                 norm_backward(bw);
-                                 ::unsetenv("PRIMUS_TURBO_NORM_BWD_KERNEL");
-                               },
-                               "PRIMUS_TURBO_NORM_BWD_KERNEL=legacy"});
+            // A/B on a device: the other kernels and the staged kernel's stage counts, selected per
+            // call through their environment switches (restored afterwards), timed in the same run.
+            if (e.on_device()) {
+              auto variant = [&](const std::string& name, double bytes, const NormBackwardArgs& a, const char* var,
+                                 const char* value) {
+                calls.push_back({name, Metric::Bytes, bytes,
+                                 [a, var, value] {
+                                   const char* old = std::getenv(var);
+                                   const std::string saved = old ? old : "";
+                                   ::setenv(var, value, 1);
+                                   norm_backward(a);
+                                   if (old) ::setenv(var, saved.c_str(), 1);
+                                   else ::unsetenv(var);
+                                 },
+                                 fmt::format("{}={}", var, value)});
+              };
+              const char* kKernel = "PRIMUS_TURBO_NORM_BWD_KERNEL";
+              const char* kStages = "PRIMUS_TURBO_NORM_BWD_STAGES";
+              // The staged kernel (the default) takes rows of up to 1536 bytes (768 bf16 / 384 f32);
+              // longer ones run the row-group kernel by default already.
+              const bool staged = bytes_of(e.dtype, C) <= 1536;
+              if (staged) variant(nm + "_bwd/" + label + "/rowgroup", 3 * act + stats, bw, kKernel, "rowgroup");
+              variant(nm + "_bwd/" + label + "/legacy", 3 * act + stats, bw, kKernel, "legacy");
+              if (staged) {
+                variant(nm + "_bwd_acc_colsum/" + label + "/rowgroup", 4 * act + stats, bwa, kKernel, "rowgroup");
+                variant(nm + "_bwd_acc_colsum/" + label + "/stages2", 4 * act + stats, bwa, kStages, "2");
+                variant(nm + "_bwd_acc_colsum/" + label + "/stages4", 4 * act + stats, bwa, kStages, "4");
+              }
+            }
             return calls;
           }};
 }

@@ -424,6 +424,214 @@ norm_backward_rows_kernel(T* __restrict__ dinp, float* __restrict__ part, const 
   if constexpr (kColsum) flush(cs, dst + (kBias ? 2 : 1) * slot);
 }
 
+// ---- the staged backward (default where a row fits one warp at <= 3 vectors per lane) -------
+// GPT-2's rows (768 bf16) under the row-group kernel hold the current row, the prefetched next
+// row, the current dinp and 72 partial sums in registers: 168-232 registers per thread, 8-12
+// warps per SM, about one row per warp in flight, and the dinp read exposed once per row. Here
+// the rows wait in shared memory instead: each warp owns `stages` row buffers (dout, inp and,
+// when accumulating, dinp; 4.5 KiB per row for C = 768 bf16) that its lanes fill with cp.async
+// (each lane copies and later reads only its own 16-byte vectors j = lane + 32 i, so the only
+// cross-lane data are the row's mean / rstd, copied by lane 0 and published by __syncwarp).
+// While a row is computed, the next stages - 1 rows of the warp are in flight; the registers
+// hold the partial sums (72 floats), one vector at a time of the row and nothing else, so 16
+// warps (one 512-thread block) fit on an SM at <= 128 registers, with 2 x 16 rows of 4.5 KiB
+// in flight per SM. The weight sits in shared memory (read by all warps). Partials: the 16
+// warps are combined through shared memory in warp order, one [C] row per block and gradient
+// ([slot][grid][C], grid = one block per SM: 132 rows instead of the row-group kernel's 264-396),
+// then column_sums_add_kernel as for the row-group kernel. Deterministic: rows go to warps by a
+// fixed stride, every sum has a fixed order. PRIMUS_TURBO_NORM_BWD_STAGES=2..4 overrides the
+// 3 stages (for tuning runs).
+constexpr int kStagedWarps = 16;
+constexpr int kStagedMaxVec = 3;
+
+__device__ __forceinline__ uint32_t nb_smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void nb_cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void nb_cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void nb_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void nb_cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Shared-memory reads as volatile asm: the compiler may neither merge the two passes' reads of
+// a row (which would keep the first pass's values alive across the reductions) nor move them.
+template <class T>
+__device__ __forceinline__ Vec<T> nb_lds_vec(uint32_t a) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  Vec<T> r;
+  *reinterpret_cast<int4*>(&r) = v;
+  return r;
+}
+__device__ __forceinline__ float2 nb_lds_f2(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a));
+  return v;
+}
+
+// Shared memory of the staged kernel: weight [kvec * 512 B] | statistics [warps][stages] float2
+// (rounded up to 16 B) | rows [warps][stages][tensors][kvec * 512 B]. The row area is reused at
+// the end for the partials ([warps][C] floats, always smaller).
+__host__ __device__ constexpr int staged_row_bytes(int kvec) { return kvec * 32 * 16; }
+__host__ __device__ constexpr int staged_stats_bytes(int warps, int stages) { return (warps * stages * 8 + 15) / 16 * 16; }
+constexpr size_t staged_smem_bytes(int kvec, int warps, int stages, int tensors) {
+  return static_cast<size_t>(staged_row_bytes(kvec)) + staged_stats_bytes(warps, stages) +
+         static_cast<size_t>(warps) * stages * tensors * staged_row_bytes(kvec);
+}
+
+template <class T, int kVec, bool kRms, bool kColsum, bool kAccumulate>
+__global__ void __launch_bounds__(kStagedWarps * 32, 1)
+norm_backward_staged_kernel(T* __restrict__ dinp, float* __restrict__ part, const T* __restrict__ dout,
+                            const T* __restrict__ inp, const T* __restrict__ weight,
+                            const float* __restrict__ mean, const float* __restrict__ rstd, int N, int C,
+                            int stages) {
+  constexpr int W = Vec<T>::kSize;
+  constexpr bool kBias = !kRms;
+  constexpr int kTensors = kAccumulate ? 3 : 2;  // dout, inp (, dinp)
+  constexpr int kRow = staged_row_bytes(kVec);
+  extern __shared__ float4 staged_smem4[];
+  char* smem = reinterpret_cast<char*>(staged_smem4);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  const int nvec = C / W;
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const uint32_t s_w = nb_smem_addr(smem);
+  const uint32_t s_stats = s_w + kRow + warp * stages * 8;
+  const int rows_off = kRow + staged_stats_bytes(nwarps, stages);
+  const uint32_t s_rows = s_w + rows_off + warp * stages * kTensors * kRow;
+
+  float dw[kVec][W], db[kBias ? kVec : 1][W], cs[kColsum ? kVec : 1][W];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i)
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      dw[i][e] = 0.0f;
+      if constexpr (kBias) db[i][e] = 0.0f;
+      if constexpr (kColsum) cs[i][e] = 0.0f;
+    }
+
+  const int stride = gridDim.x * nwarps;
+  // Row r into stage st (nothing when r >= N); always one commit group, so that the group count
+  // per iteration is fixed and wait_group(stages - 1) means "this iteration's row has landed".
+  auto issue = [&](int r, int st) {
+    if (r < N) {
+      const int64_t off = static_cast<int64_t>(r) * C;
+      const uint32_t b = s_rows + st * kTensors * kRow;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const int j = lane + 32 * i;
+        if (j < nvec) {
+          nb_cp_async16(b + j * 16, dout + off + j * W);
+          nb_cp_async16(b + kRow + j * 16, inp + off + j * W);
+          if constexpr (kAccumulate) nb_cp_async16(b + 2 * kRow + j * 16, dinp + off + j * W);
+        }
+      }
+      if (lane == 0) {
+        if constexpr (!kRms) nb_cp_async4(s_stats + st * 8, mean + r);
+        nb_cp_async4(s_stats + st * 8 + 4, rstd + r);
+      }
+    }
+    nb_cp_commit();
+  };
+  int row = blockIdx.x * nwarps + warp;
+  for (int p = 0; p < stages - 1; ++p) issue(row + p * stride, p);
+  // The weight after the first rows are on their way (its store waits for its load).
+  for (int j = threadIdx.x; j < nvec; j += blockDim.x)
+    *reinterpret_cast<int4*>(smem + j * 16) = *reinterpret_cast<const int4*>(weight + j * W);
+  __syncthreads();  // the weight is in shared memory
+
+  int st = 0;  // the stage of `row`
+  for (; row < N; row += stride) {
+    __syncwarp();  // every lane is done with the previous row's stage (its statistics slot)
+    issue(row + (stages - 1) * stride, st == 0 ? stages - 1 : st - 1);
+    if (stages == 2) nb_cp_wait<1>();
+    else if (stages == 3) nb_cp_wait<2>();
+    else nb_cp_wait<3>();
+    __syncwarp();  // lane 0's copy of the statistics is visible to the warp
+
+    const uint32_t b = s_rows + st * kTensors * kRow;
+    const float2 stat = nb_lds_f2(s_stats + st * 8);
+    const float mu = kRms ? 0.0f : stat.x, rs = stat.y;
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int j = lane + 32 * i;
+      if (j < nvec) {
+        const Vec<T> g = nb_lds_vec<T>(b + j * 16), x = nb_lds_vec<T>(b + kRow + j * 16),
+                     wv = nb_lds_vec<T>(s_w + j * 16);
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const float gf = g.get(e), xh = (x.get(e) - mu) * rs, dn = gf * wv.get(e);
+          if constexpr (!kRms) s1 += dn;
+          s2 += dn * xh;
+          dw[i][e] += gf * xh;
+          if constexpr (kBias) db[i][e] += gf;
+        }
+      }
+    }
+    if constexpr (!kRms) s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    const float mean_dn = kRms ? 0.0f : s1 * inv_c, mean_dn_xh = s2 * inv_c;
+    // The second pass's reads depend on the reductions: none of them is hoisted above the shuffles.
+    uint32_t b2 = b, w2 = s_w;
+    asm volatile("" : "+r"(b2), "+r"(w2) : "f"(mean_dn), "f"(mean_dn_xh));
+    const int64_t off = static_cast<int64_t>(row) * C;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int j = lane + 32 * i;
+      if (j < nvec) {
+        const Vec<T> g = nb_lds_vec<T>(b2 + j * 16), x = nb_lds_vec<T>(b2 + kRow + j * 16),
+                     wv = nb_lds_vec<T>(w2 + j * 16);
+        Vec<T> d;
+        if constexpr (kAccumulate) d = nb_lds_vec<T>(b2 + 2 * kRow + j * 16);
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const float xh = (x.get(e) - mu) * rs;
+          const float v = (g.get(e) * wv.get(e) - mean_dn - xh * mean_dn_xh) * rs;
+          if constexpr (kAccumulate) d.set(e, d.get(e) + v);
+          else d.set(e, v);
+          if constexpr (kColsum) cs[i][e] += d.get(e);  // the value as stored (rounded to T)
+        }
+        store_vec(dinp + off + j * W, d);
+      }
+    }
+    st = st + 1 == stages ? 0 : st + 1;
+  }
+  nb_cp_wait<0>();  // only empty groups can be left; none may be pending at exit
+  __syncthreads();  // every warp is done with its rows: the row area takes the partials
+
+  // Partials: slot 0 dweight, then dbias (LayerNorm), then the dinp column sums; the block's warps
+  // are added in warp order.
+  float* sbuf = reinterpret_cast<float*>(smem + rows_off);
+  const int64_t slot = static_cast<int64_t>(gridDim.x) * C;
+  float* dst = part + static_cast<int64_t>(blockIdx.x) * C;
+  auto flush = [&](auto& acc, float* out) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int j = lane + 32 * i;
+      if (j < nvec)
+#pragma unroll
+        for (int e = 0; e < W; e += 4)
+          *reinterpret_cast<float4*>(sbuf + static_cast<int64_t>(warp) * C + j * W + e) =
+              make_float4(acc[i][e], acc[i][e + 1], acc[i][e + 2], acc[i][e + 3]);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float s = 0.0f;
+      for (int w = 0; w < nwarps; ++w) s += sbuf[w * C + c];
+      out[c] = s;
+    }
+    __syncthreads();  // before the next flush rewrites sbuf
+  };
+  flush(dw, dst);
+  if constexpr (kBias) flush(db, dst + slot);
+  if constexpr (kColsum) flush(cs, dst + (kBias ? 2 : 1) * slot);
+}
+
 // dst[a][c] += sum over g of part[a][g, c] for up to three (dst, part) pairs (blockIdx.y picks
 // one), in the order of column_sum_add_kernel: deterministic.
 struct ColumnSums {
@@ -639,6 +847,100 @@ RowsKernel<T> rows_kernel_for(int kvec, bool colsum, bool acc) {
   return acc ? rows_kernel_for<T, kRms, false, true>(kvec) : rows_kernel_for<T, kRms, false, false>(kvec);
 }
 
+// dst += the column sums of the partial slots a backward kernel wrote for a grid of `grid` rows:
+// dweight, dbias (LayerNorm: the slot is written even without a dbias), the dinp column sums.
+void finish_column_sums(bool rms, float* dw, float* db, float* colsum, const float* part, int grid, int64_t C,
+                        cudaStream_t s) {
+  const int64_t slot = static_cast<int64_t>(grid) * C;
+  ColumnSums sums{};
+  int n = 0;
+  sums.dst[n] = dw;
+  sums.part[n++] = part;
+  if (!rms && db) {
+    sums.dst[n] = db;
+    sums.part[n++] = part + slot;
+  }
+  if (colsum) {
+    sums.dst[n] = colsum;
+    sums.part[n++] = part + (rms ? 1 : 2) * slot;
+  }
+  column_sums_add_kernel<<<dim3(ceil_div(C, 32), n), dim3(32, 32), 0, s>>>(sums, grid, static_cast<int>(C));
+  CUDA_CHECK_LAST();
+}
+
+int staged_stages() {
+  const char* e = std::getenv("PRIMUS_TURBO_NORM_BWD_STAGES");
+  const int v = e ? std::atoi(e) : 0;
+  return v >= 2 && v <= 4 ? v : 3;
+}
+
+template <class T>
+using StagedKernel = void (*)(T*, float*, const T*, const T*, const T*, const float*, const float*, int, int, int);
+template <class T, bool kRms, bool kColsum, bool kAcc>
+StagedKernel<T> staged_kernel_for(int kvec) {
+  switch (kvec) {
+    case 1: return norm_backward_staged_kernel<T, 1, kRms, kColsum, kAcc>;
+    case 2: return norm_backward_staged_kernel<T, 2, kRms, kColsum, kAcc>;
+    default: return norm_backward_staged_kernel<T, 3, kRms, kColsum, kAcc>;
+  }
+}
+
+// The staged kernel when the row fits one warp at <= kStagedMaxVec vectors per lane (C <= 768
+// bf16 / 384 f32) and the device takes its block; false (nothing launched) otherwise.
+template <class T, bool kRms>
+bool launch_backward_staged(void* dinp, float* dw, float* db, float* colsum, const void* dout, const void* inp,
+                            const void* w, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc,
+                            void* scratch, cudaStream_t s) {
+  const int nvec = static_cast<int>(C / Vec<T>::kSize);
+  const int kvec = ceil_div(nvec, 32);
+  if (kvec > kStagedMaxVec) return false;
+  const int stages = staged_stages(), tensors = acc ? 3 : 2;
+  StagedKernel<T> kernel;
+  if (colsum) kernel = acc ? staged_kernel_for<T, kRms, true, true>(kvec) : staged_kernel_for<T, kRms, true, false>(kvec);
+  else kernel = acc ? staged_kernel_for<T, kRms, false, true>(kvec) : staged_kernel_for<T, kRms, false, false>(kvec);
+
+  // Fewer warps per block where the stages of 16 would not fit (4 stages of 3 tensors at kvec 3).
+  static std::mutex mu;
+  // (device, kernel, warps, smem) -> blocks per SM; the attribute is set per device.
+  static std::map<std::tuple<int, const void*, int, size_t>, int> cache;
+  static std::map<int, int> optin;  // device -> shared memory per block
+  int warps = kStagedWarps, per_sm = 0, dev = 0;
+  size_t smem = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  {
+    std::lock_guard lock(mu);
+    int& smem_optin = optin[dev];
+    if (smem_optin == 0) CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    while (warps > 4 && staged_smem_bytes(kvec, warps, stages, tensors) > static_cast<size_t>(smem_optin)) warps -= 4;
+    smem = staged_smem_bytes(kvec, warps, stages, tensors);
+    if (smem > static_cast<size_t>(smem_optin)) return false;
+    const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), warps, smem);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      per_sm = it->second;
+    } else {
+      // The device's limit, not this call's size: the stage count (hence the size) may change
+      // between calls, and a smaller attribute set later would fail a larger cached launch.
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * warps, smem));
+      cache.emplace(key, per_sm);
+    }
+  }
+  if (per_sm < 1) return false;
+  // One block per SM in the intended configuration; never more than 2 (bounds the partials,
+  // within norm_backward_scratch_bytes' rows_grid_bound).
+  per_sm = std::min(per_sm, 2);
+  const int grid = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((N + warps - 1) / warps, static_cast<int64_t>(sm_count()) * per_sm)));
+  float* part = static_cast<float*>(scratch);
+  kernel<<<grid, 32 * warps, smem, s>>>(static_cast<T*>(dinp), part, static_cast<const T*>(dout),
+                                        static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd,
+                                        static_cast<int>(N), static_cast<int>(C), stages);
+  CUDA_CHECK_LAST();
+  finish_column_sums(kRms, dw, db, colsum, part, grid, C, s);
+  return true;
+}
+
 template <class T, bool kRms>
 void launch_backward_rows(void* dinp, float* dw, float* db, float* colsum, const void* dout, const void* inp,
                           const void* w, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc,
@@ -651,30 +953,20 @@ void launch_backward_rows(void* dinp, float* dw, float* db, float* colsum, const
                                                         static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd,
                                                         static_cast<int>(N), static_cast<int>(C));
   CUDA_CHECK_LAST();
-  // The kernel's slots: dweight, dbias (LayerNorm, written even without a dbias), colsum.
-  const int64_t slot = static_cast<int64_t>(grid) * C;
-  ColumnSums sums{};
-  int n = 0;
-  sums.dst[n] = dw;
-  sums.part[n++] = part;
-  if (!kRms && db) {
-    sums.dst[n] = db;
-    sums.part[n++] = part + slot;
-  }
-  if (colsum) {
-    sums.dst[n] = colsum;
-    sums.part[n++] = part + (kRms ? 1 : 2) * slot;
-  }
-  column_sums_add_kernel<<<dim3(ceil_div(C, 32), n), dim3(32, 32), 0, s>>>(sums, grid, static_cast<int>(C));
-  CUDA_CHECK_LAST();
+  finish_column_sums(kRms, dw, db, colsum, part, grid, C, s);
 }
 
-// PRIMUS_TURBO_NORM_BWD_KERNEL=legacy selects norm_backward_kernel (the block-synchronised one)
-// for A/B timing; read on every call. It has no dinp column sum: calls that ask for one always
-// take the row-group kernel.
-bool legacy_backward_requested() {
+// PRIMUS_TURBO_NORM_BWD_KERNEL selects the kernel for A/B timing (read on every call):
+// staged (default; where it does not apply, the row-group kernel), rowgroup, legacy
+// (norm_backward_kernel, the block-synchronised one; it has no dinp column sum: calls that ask
+// for one take the default).
+enum class BwdKernel { Staged, RowGroup, Legacy };
+BwdKernel backward_kernel_requested() {
   const char* e = std::getenv("PRIMUS_TURBO_NORM_BWD_KERNEL");
-  return e && std::strcmp(e, "legacy") == 0;
+  if (!e) return BwdKernel::Staged;
+  if (std::strcmp(e, "legacy") == 0) return BwdKernel::Legacy;
+  if (std::strcmp(e, "rowgroup") == 0) return BwdKernel::RowGroup;
+  return BwdKernel::Staged;
 }
 
 }  // namespace
@@ -717,9 +1009,19 @@ void norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float
   if (const char* why = norm_unsupported_reason(dtype, C); *why)
     throw RuntimeError(fmt::format("norm_backward C={} {}: {}", C, dtype_name(dtype), why));
   if (N == 0) return;
-  const bool legacy = dinp_colsum == nullptr && legacy_backward_requested();
+  BwdKernel which = backward_kernel_requested();
+  if (which == BwdKernel::Legacy && dinp_colsum) which = BwdKernel::Staged;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "norm_backward", [&] {
-    if (legacy) {
+    if (which == BwdKernel::Staged) {
+      const bool done =
+          kind == NormKind::RMSNorm
+              ? launch_backward_staged<scalar_t, true>(dinp, dweight, nullptr, dinp_colsum, dout, inp, weight, nullptr,
+                                                       rstd, N, C, accumulate_dinp, scratch, stream)
+              : launch_backward_staged<scalar_t, false>(dinp, dweight, dbias, dinp_colsum, dout, inp, weight, mean,
+                                                        rstd, N, C, accumulate_dinp, scratch, stream);
+      if (done) return;
+    }
+    if (which == BwdKernel::Legacy) {
       if (kind == NormKind::RMSNorm)
         launch_backward<scalar_t, true>(dinp, dweight, nullptr, dout, inp, weight, nullptr, rstd, N, C,
                                         accumulate_dinp, scratch, stream);

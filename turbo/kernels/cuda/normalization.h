@@ -33,9 +33,13 @@ void norm_forward(NormKind kind, DType dtype, void* out, float* mean, float* rst
 // this call (after the accumulate, the values rounded to T), computed in the same pass and
 // summed in the same fixed order. In a transformer it is the bias gradient of the linear layers
 // that write into the residual stream whose gradient dinp is.
-// Kernel: one row per group of 1-8 warps (shuffle reductions, no block barriers per row);
-// PRIMUS_TURBO_NORM_BWD_KERNEL=legacy selects the previous block-synchronised kernel (for A/B
-// timing; not for calls with a dinp_colsum, which always take the new one).
+// Kernels: rows of up to 768 bf16 / 384 f32 columns take the staged kernel (one warp per row,
+// the warp's next rows copied into shared memory with cp.async while it computes one, 16 warps
+// per SM); longer rows the row-group kernel (one row per group of 1-8 warps, shuffle reductions,
+// no block barriers per row). PRIMUS_TURBO_NORM_BWD_KERNEL=rowgroup forces the row-group kernel,
+// =legacy the previous block-synchronised one (not for calls with a dinp_colsum, which take the
+// default); PRIMUS_TURBO_NORM_BWD_STAGES=2..4 sets the staged kernel's rows per warp (default 3).
+// For A/B timing.
 void norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float* dbias,
                    const void* dout, const void* inp, const void* weight, const float* mean,
                    const float* rstd, int64_t N, int64_t C, bool accumulate_dinp, void* scratch,
