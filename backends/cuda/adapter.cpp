@@ -22,6 +22,12 @@ void add_cuda_schema(config::Schema& s) {
             {"none", "norms", "selective", "full"})
       .flag("cuda_graph", false,
             "capture the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a warm-up step")
+      .integer("gemm_algo_search", 8,
+               "cuBLASLt algorithm per GEMM shape: k > 1 times the heuristic's top k candidates at the shape's first "
+               "call and keeps the fastest, saved in a per-machine cache file that later runs reuse (the same "
+               "machine, cuBLASLt and file give the same algorithms, so resumes are bit-identical); 0 or 1: the "
+               "heuristic's first answer. PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH overrides it",
+               0, 8)
       .integer("profile_steps", 0,
                "per-phase GPU time over this many steps after the first (table at the end, profile.json in the output "
                "folder); 0: off unless PRIMUS_CUDA_PROFILE=1 (then every step)",
@@ -91,7 +97,7 @@ class CudaAdapter : public BackendAdapter {
     a->peak_flops = p.find_path("peak_flops")->as_double();
     a->params = p;
     a->experiment_file = exp.file.string();
-    // recompute_granularity, cuda_graph and profile_steps take effect through their patches
+    // recompute_granularity, cuda_graph, gemm_algo_search and profile_steps take effect through their patches
     // (patches/step_patches.cpp); checked here so a bad value fails even with PRIMUS_PATCHES=none.
     (void)parse_recompute(p.find_path("recompute_granularity")->as_string(), where("recompute_granularity"));
     (void)profile_env_steps();

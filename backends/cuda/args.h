@@ -26,6 +26,8 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   bool grad_reduce_in_bf16 = false;        // reduce buckets in bf16 instead of fp32
   // Set by the patches of the same names' keys (backends/cuda/patches/step_patches.cpp).
   bool cuda_graph = false;                 // capture the step after a warm-up step (step_graph.h)
+  int gemm_algo_search = 1;                // cuBLASLt candidates timed per GEMM shape; 1: heuristic
+                                           // (turbo/kernels/cublaslt/gemm_cublaslt.h, set_algo_search)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)
   bool host_mode = false;                  // not a config key: tests run the trainer on Turbo's CPU
                                            // backends (fp32, no GPU; see CudaModelOptions::device)

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "backends/cuda/attention_fallback.h"
@@ -21,6 +22,7 @@
 #include "train/lr_schedule.h"
 #include "train/signals.h"
 #include "train/step_loop.h"
+#include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 
 namespace primus::backends::cuda {
 
@@ -68,6 +70,29 @@ void CudaTrainer::setup() {
   spdlog::info("[cuda] output folder {}", t.output_dir.string());
 }
 
+// cuBLASLt's algorithm per GEMM shape (gemm_algo_search, patch cuda.gemm.algo_search): k > 1
+// times the top k candidates once per shape (inside the first step, which the throughput
+// figures leave out) and keeps the winners in a per-machine cache file, so that a resumed run,
+// a new process, takes the same algorithms as the run it continues and its losses stay
+// bit-identical. Only GEMMs with beta = 0 are timed (reruns overwrite their output; none of the
+// model's read it); the accumulating weight-gradient GEMMs keep the heuristic's choice.
+// PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH in the environment overrides the key.
+void CudaTrainer::configure_gemm_algorithms() {
+  const char* env = std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH");
+  if (!(env && *env)) turbo::cublaslt::set_algo_search(std::max(1, args_->gemm_algo_search));
+  const int k = turbo::cublaslt::algo_search();
+  const std::string file = turbo::cublaslt::algo_cache_file();
+  const char* from_env = env && *env ? " (PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH)" : "";
+  if (k <= 1) {
+    spdlog::info("[cuda] GEMM algorithms: cuBLASLt's heuristic{}", from_env);
+  } else {
+    spdlog::info("[cuda] GEMM algorithms: top {} cuBLASLt candidates timed per shape{}; {}", k, from_env,
+                 file.empty() ? "no cache file (PRIMUS_TURBO_CUBLASLT_ALGO_CACHE=0 or no HOME): choices are timed "
+                                "again in every process"
+                              : "winners cached in " + file);
+  }
+}
+
 void CudaTrainer::init() {
   auto& t = args_->train;
   auto& spec = args_->model;
@@ -79,6 +104,7 @@ void CudaTrainer::init() {
   data_ = train::build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
 
+  if (!args_->host_mode) configure_gemm_algorithms();
   CudaModelOptions mo;
   mo.max_batch = t.micro_batch_size;
   mo.max_seq = spec.seq_length;

@@ -33,6 +33,7 @@ class CudaTrainer : public Trainer {
  private:
   double train_step(int64_t step, double* grad_norm, bool* finite);
   void step_body(int64_t step);  // the step's device work (captured under cuda_graph)
+  void configure_gemm_algorithms();  // cuBLASLt algorithm search and its cache (gemm_algo_search)
   turbo::AdamWHyper adamw_hyper(int64_t step) const;
   double evaluate();
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_

@@ -57,8 +57,8 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   ASSERT_TRUE(backends.has("cuda"));
   auto adapter = backends.create("cuda");
   EXPECT_EQ(adapter->version(), kVersion);
-  for (const char* key : {"device", "recompute_granularity", "cuda_graph", "attention_backend", "peak_flops",
-                          "hidden_size", "micro_batch_size", "lr", "mock_data"}) {
+  for (const char* key : {"device", "recompute_granularity", "cuda_graph", "gemm_algo_search", "attention_backend",
+                          "peak_flops", "hidden_size", "micro_batch_size", "lr", "mock_data"}) {
     EXPECT_NE(adapter->schema().find(key), nullptr) << key;
   }
   patches::HookTable hooks;
@@ -72,7 +72,7 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   EXPECT_EQ(hooks.names().size(), 12u);
   for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
                          "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph",
-                         "cuda.memory.recompute", "cuda.profile.phase_times"}) {
+                         "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times"}) {
     const patches::Patch* p = reg.find(id);
     ASSERT_NE(p, nullptr) << id;
     EXPECT_EQ(p->backend, "cuda") << id;
@@ -122,6 +122,17 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
     EXPECT_NE(on.out.find(std::string("apply ") + id + ": condition true"), std::string::npos) << id << "\n" << on.out;
     EXPECT_NE(off.out.find(std::string("skip  ") + id + ": condition false"), std::string::npos) << id << "\n" << off.out;
   }
+  // The cuBLASLt algorithm search is on by default (gemm_algo_search: 8); 0 or 1 switch it off.
+  EXPECT_NE(off.out.find("apply cuda.gemm.algo_search: condition true"), std::string::npos) << off.out;
+  for (const char* k : {"0", "1"}) {
+    auto no = primus::testing::run_primus(
+        example_args(std::string("--dry-run gemm_algo_search=") + k + " workspace=" + w.str()));
+    EXPECT_EQ(no.code, 0) << no.out;
+    EXPECT_NE(no.out.find("skip  cuda.gemm.algo_search: condition false"), std::string::npos) << no.out;
+  }
+  auto nine = primus::testing::run_primus(example_args("--dry-run gemm_algo_search=9 workspace=" + w.str()));
+  EXPECT_EQ(nine.code, 2) << nine.out;
+  EXPECT_NE(nine.out.find("gemm_algo_search"), std::string::npos) << nine.out;
   auto bad = primus::testing::run_primus(example_args("--dry-run recompute_granularity=partial workspace=" + w.str()));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("recompute_granularity"), std::string::npos) << bad.out;

@@ -2,12 +2,19 @@
 // against the CPU reference kernels (matmul_forward/backward) for the linear-layer helpers.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 
 #include "gpu_fixture.h"
 #include "turbo/dispatch/backend_manager.h"
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/kernels/cpu/matmul.h"
+#include "turbo/kernels/cublaslt/algo_cache.h"
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 #include "turbo/kernels/cuda/gemm_sm90.h"
 #include "turbo/ops/gemm.h"
@@ -254,6 +261,155 @@ TEST_F(GemmTest, HeuristicIsCachedPerShape) {
   g.d = d2;
   gemm(g);
   EXPECT_EQ(cublaslt::algo_cache_size(), n + 1);
+}
+
+// ---- cuBLASLt's algorithm search and its cache file (algo_cache.h) ---------------------------
+// Each test points the cache at its own folder through the environment, turns the search on
+// and restores both (and drops the plans) at the end.
+class AlgoSearchTest : public GemmTest {
+ protected:
+  void SetUp() override {
+    GemmTest::SetUp();
+    if (IsSkipped()) return;
+    dir = std::filesystem::temp_directory_path() /
+          ("primus_gemm_algos_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    file = dir / "algos.json";
+    for (const char* n : {"PRIMUS_TURBO_CUBLASLT_ALGO_CACHE", "PRIMUS_CACHE_DIR"})
+      if (const char* v = std::getenv(n)) saved[n] = v;
+    set_env(file.string().c_str());
+    cublaslt::set_algo_search(8);
+    cublaslt::clear_algo_cache();
+  }
+  void TearDown() override {
+    if (!dir.empty()) {
+      for (const char* n : {"PRIMUS_TURBO_CUBLASLT_ALGO_CACHE", "PRIMUS_CACHE_DIR"}) {
+        if (saved.count(n)) ::setenv(n, saved[n].c_str(), 1); else ::unsetenv(n);
+      }
+      cublaslt::set_algo_search(1);
+      cublaslt::clear_algo_cache();
+      std::filesystem::remove_all(dir);
+    }
+    GemmTest::TearDown();
+  }
+  static void set_env(const char* cache) { ::setenv("PRIMUS_TURBO_CUBLASLT_ALGO_CACHE", cache, 1); }
+  // A GPT-2-like problem (bf16, beta = 0) for which cuBLASLt offers several candidates.
+  struct Problem {
+    Mat a, b;
+    TensorView d;
+    GemmArgs g;
+  };
+  Problem problem() {
+    Problem p{operand(DType::BF16, 512, 768, false), operand(DType::BF16, 768, 1024, true),
+              make(DType::BF16, {512, 1024}), {}};
+    p.g = args(p.a.view, p.b.view, p.d);
+    p.g.ctx = ctx;
+    return p;
+  }
+  std::map<std::string, std::string> saved;
+  std::filesystem::path dir, file;
+};
+
+TEST_F(AlgoSearchTest, FirstProcessSearchesAndWritesTheNextReadsTheFileAndComputesTheSameBits) {
+  Problem p = problem();
+  const int64_t searches = cublaslt::algo_search_count(), hits = cublaslt::algo_cache_hits();
+  EXPECT_EQ(cublaslt::algo_cache_file(), file.string());
+  poison(p.d);
+  gemm(p.g);
+  const std::vector<uint8_t> first = bytes(p.d);
+  ASSERT_EQ(cublaslt::algo_search_count(), searches + 1) << "the shape's candidates were not timed";
+  EXPECT_EQ(cublaslt::algo_cache_hits(), hits);
+  ASSERT_TRUE(std::filesystem::exists(file));
+  cublaslt::AlgoCacheFile f(file);
+  f.load();
+  ASSERT_TRUE(f.load_error().empty()) << f.load_error();
+  ASSERT_EQ(f.size(), 1u);
+  {
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    cudaDeviceProp prop{};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    EXPECT_NE(text.find(fmt::format("{}|sm_{}{}|cublasLt ", prop.name, prop.major, prop.minor)), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("m=512 n=1024 k=768"), std::string::npos) << text;
+  }
+  EXPECT_LT(rel_err(get(p.d), product(p.a.values, p.b.values, 512, 1024, 768)), gate(DType::BF16));
+
+  // As a new process would: no plans, the file read again; the algorithm comes from it.
+  cublaslt::clear_algo_cache();
+  poison(p.d);
+  gemm(p.g);
+  EXPECT_EQ(bytes(p.d), first) << "the cached algorithm must give the searched run's bits";
+  EXPECT_EQ(cublaslt::algo_search_count(), searches + 1) << "a cached shape must not be timed again";
+  EXPECT_EQ(cublaslt::algo_cache_hits(), hits + 1);
+}
+
+TEST_F(AlgoSearchTest, DisabledCacheSearchesInEveryProcessAndWritesNothing) {
+  set_env("0");
+  ::setenv("PRIMUS_CACHE_DIR", dir.string().c_str(), 1);
+  cublaslt::clear_algo_cache();
+  EXPECT_EQ(cublaslt::algo_cache_file(), "");
+  Problem p = problem();
+  const int64_t searches = cublaslt::algo_search_count();
+  gemm(p.g);
+  cublaslt::clear_algo_cache();
+  gemm(p.g);
+  EXPECT_EQ(cublaslt::algo_search_count(), searches + 2);
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "nothing may be written with the cache disabled";
+  EXPECT_LT(rel_err(get(p.d), product(p.a.values, p.b.values, 512, 1024, 768)), gate(DType::BF16));
+}
+
+TEST_F(AlgoSearchTest, CorruptFileAndRefusedEntriesFallBackToTheSearch) {
+  Problem p = problem();
+  const auto ref = product(p.a.values, p.b.values, 512, 1024, 768);
+  { std::ofstream(file) << "{\"format\": \"primus-cublaslt-algos\", truncated"; }
+  const int64_t searches = cublaslt::algo_search_count();
+  poison(p.d);
+  gemm(p.g);  // the corrupt file is logged and ignored, then replaced
+  EXPECT_EQ(cublaslt::algo_search_count(), searches + 1);
+  EXPECT_LT(rel_err(get(p.d), ref), gate(DType::BF16));
+  cublaslt::AlgoCacheFile f(file);
+  f.load();
+  ASSERT_TRUE(f.load_error().empty()) << f.load_error();
+  ASSERT_EQ(f.size(), 1u);
+
+  // A stale entry (another cuBLASLt's bytes): every byte 0xff, which no cuBLASLt accepts.
+  std::map<std::string, cublaslt::CachedAlgo> entries;
+  {
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(cublaslt::parse_algo_cache(text, &entries), "");
+  }
+  for (auto& [k, v] : entries) v.data.fill(~uint64_t{0});
+  { std::ofstream(file) << cublaslt::format_algo_cache(entries); }
+  cublaslt::clear_algo_cache();
+  const int64_t hits = cublaslt::algo_cache_hits();
+  poison(p.d);
+  gemm(p.g);
+  EXPECT_EQ(cublaslt::algo_cache_hits(), hits) << "cublasLtMatmulAlgoCheck accepted an all-ones algorithm";
+  EXPECT_EQ(cublaslt::algo_search_count(), searches + 2);
+  EXPECT_LT(rel_err(get(p.d), ref), gate(DType::BF16));
+}
+
+TEST_F(AlgoSearchTest, AccumulatingGemmsAreNeverTimed) {
+  const int64_t M = 256, N = 384, K = 512;
+  Mat a = operand(DType::BF16, M, K, false), b = operand(DType::BF16, K, N, true);
+  TensorView d = make(DType::F32, {M, N});
+  auto d0 = random_tensor(d);
+  GemmArgs g = args(a.view, b.view, d);
+  g.beta = 1.0f;
+  g.ctx = ctx;
+  const int64_t searches = cublaslt::algo_search_count();
+  gemm(g);
+  EXPECT_EQ(cublaslt::algo_search_count(), searches);
+  EXPECT_FALSE(std::filesystem::exists(file));
+  auto ref = product(a.values, b.values, M, N, K);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += d0[i];
+  EXPECT_LT(rel_err(get(d), ref), 1e-3) << "accumulated more than once";
 }
 
 // ---- TURBO: Turbo's own sm90 kernel (turbo/kernels/cuda/gemm_sm90.cu) ------------------------------

@@ -16,7 +16,8 @@
   X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) \
   X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                               \
   X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmulPreferenceCreate)                      \
-  X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)
+  X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)                 \
+  X(cublasLtMatmulAlgoCheck) X(cublasLtGetVersion)
 
 namespace primus::turbo::cublaslt {
 

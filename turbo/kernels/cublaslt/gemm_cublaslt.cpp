@@ -6,8 +6,10 @@
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -16,6 +18,7 @@
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/kernels/cublaslt/algo_cache.h"
 #include "turbo/kernels/cublaslt/cublaslt_api.h"
 
 namespace primus::turbo::cublaslt {
@@ -77,7 +80,15 @@ struct Context {
   std::unique_ptr<Arena> own_ws;
   int algo_search = 0;  // 0: not yet read from the environment
   std::unordered_map<std::string, std::unique_ptr<Plan>> plans;
+  // The search's persistent cache (algo_cache.h), opened at the first plan that may search;
+  // null when PRIMUS_TURBO_CUBLASLT_ALGO_CACHE=0 or no folder is known.
+  bool cache_opened = false;
+  std::unique_ptr<AlgoCacheFile> cache;
+  std::unordered_map<int, std::string> device_ids;  // device ordinal -> "name|sm_XY|cublasLt V"
+  int64_t searches = 0, cache_hits = 0;
 };
+
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(CachedAlgo::data), "cublasLtMatmulAlgo_t is 8 uint64");
 
 Context& ctx() {
   static Context* c = new Context();  // never destroyed: cuBLASLt may be gone at exit
@@ -125,6 +136,25 @@ std::string plan_key(const GemmProblem& p, const Context& c) {
                      alignment_of(p.aux), p.beta != 0.0f ? 1 : 0, c.ws_bytes);
 }
 
+using PrefPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                                decltype(CublasLtApi::cublasLtMatmulPreferenceDestroy)>;
+
+// The heuristic's constraints for the problem: the workspace and the operands' alignments (part
+// of the plan key, so every algorithm it answers runs on every call with that key).
+PrefPtr make_preference(const GemmProblem& p, const Context& c) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceCreate(&pref));
+  PrefPtr guard(pref, lt().cublasLtMatmulPreferenceDestroy);
+  const uint64_t ws = c.ws_bytes;
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t al_a = alignment_of(p.b.ptr), al_b = alignment_of(p.a.ptr), al_d = alignment_of(p.d.ptr);
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
+  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+  return guard;
+}
+
 std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
   auto plan = std::make_unique<Plan>();
   const bool f32 = p.a.dtype == DType::F32;
@@ -147,28 +177,14 @@ std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
   plan->lb = make_layout(p.a.dtype, o.b_rows, o.b_cols, p.a.ld, p.batch, p.a.batch_stride);
   plan->ld = make_layout(p.d.dtype, p.n, p.m, p.d.ld, p.batch, p.d.batch_stride);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceCreate(&pref));
-  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
-                  decltype(lt().cublasLtMatmulPreferenceDestroy)>
-      pref_guard(pref, lt().cublasLtMatmulPreferenceDestroy);
-  const uint64_t ws = c.ws_bytes;
-  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t al_a = alignment_of(p.b.ptr), al_b = alignment_of(p.a.ptr), al_d = alignment_of(p.d.ptr);
-  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
-  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
-  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
-  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
-
-  constexpr int kMaxCandidates = 8;
-  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
+  PrefPtr pref = make_preference(p, c);
+  cublasLtMatmulHeuristicResult_t result = {};
   int returned = 0;
-  const int want = std::max(1, std::min(c.algo_search, kMaxCandidates));
   CUBLAS_CHECK(lt().cublasLtMatmulAlgoGetHeuristic(c.handle, plan->desc, plan->la, plan->lb, plan->ld,
-                                              plan->ld, pref, want, results, &returned));
+                                              plan->ld, pref.get(), 1, &result, &returned));
   if (returned <= 0)
     throw RuntimeError(fmt::format("cuBLASLt has no algorithm for {}", describe(p)));
-  plan->algo = results[0].algo;
+  plan->algo = result.algo;
   return plan;
 }
 
@@ -180,21 +196,17 @@ void run_plan(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmProb
 }
 
 // Times cuBLASLt's top candidates on the real problem and keeps the fastest in plan->algo.
-void search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stream) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceCreate(&pref));
-  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
-                  decltype(lt().cublasLtMatmulPreferenceDestroy)>
-      pref_guard(pref, lt().cublasLtMatmulPreferenceDestroy);
-  const uint64_t ws = c.ws_bytes;
-  CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+// Returns the fastest time (5 runs, ms), or -1 when nothing was timed (one candidate only, or
+// none ran).
+float search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stream) {
+  PrefPtr pref = make_preference(p, c);
   constexpr int kMax = 8;
   cublasLtMatmulHeuristicResult_t results[kMax] = {};
   int returned = 0;
   CUBLAS_CHECK(lt().cublasLtMatmulAlgoGetHeuristic(c.handle, plan.desc, plan.la, plan.lb, plan.ld,
-                                              plan.ld, pref, std::min(c.algo_search, kMax),
+                                              plan.ld, pref.get(), std::min(c.algo_search, kMax),
                                               results, &returned));
-  if (returned <= 1) return;
+  if (returned <= 1) return -1.0f;
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
@@ -218,6 +230,83 @@ void search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stre
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  return best_ms < 1e29f ? best_ms : -1.0f;
+}
+
+int resolve_algo_search(Context& c) {
+  if (c.algo_search == 0) {
+    const char* env = std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH");
+    c.algo_search = env && *env ? std::max(1, std::atoi(env)) : 1;
+  }
+  return c.algo_search;
+}
+
+AlgoCacheFile* open_cache(Context& c) {
+  if (!c.cache_opened) {
+    c.cache_opened = true;
+    const std::filesystem::path path = algo_cache_path_from_env();
+    if (!path.empty()) {
+      c.cache = std::make_unique<AlgoCacheFile>(path);
+      c.cache->load();  // never throws; a corrupt file is logged and ignored
+    }
+  }
+  return c.cache.get();
+}
+
+// The current device's part of the cache key: name, compute capability, cuBLASLt version.
+const std::string& device_id(Context& c) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  auto it = c.device_ids.find(dev);
+  if (it == c.device_ids.end()) {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    it = c.device_ids.emplace(dev, algo_cache_key("", prop.name, prop.major, prop.minor, lt().cublasLtGetVersion()))
+             .first;
+  }
+  return it->second;
+}
+
+// The cached algorithm when cuBLASLt accepts it for this plan's descriptors and workspace.
+bool use_cached(Plan& plan, const CachedAlgo& hit, const Context& c) {
+  cublasLtMatmulAlgo_t algo;
+  std::memcpy(&algo, hit.data.data(), sizeof(algo));
+  cublasLtMatmulHeuristicResult_t check = {};
+  if (lt().cublasLtMatmulAlgoCheck(c.handle, plan.desc, plan.la, plan.lb, plan.ld, plan.ld, &algo, &check) !=
+          CUBLAS_STATUS_SUCCESS ||
+      check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > c.ws_bytes)
+    return false;
+  plan.algo = algo;
+  return true;
+}
+
+// With the search on (beta == 0 only: the search reruns the GEMM): the cache file's algorithm
+// for this key if cuBLASLt accepts it, else the search's winner (saved to the file).
+void choose_algo(Plan& plan, const GemmProblem& p, const std::string& key, Context& c, cudaStream_t stream) {
+  AlgoCacheFile* file = open_cache(c);
+  std::string ckey;
+  if (file) {
+    ckey = device_id(c) + key;
+    if (auto hit = file->find(ckey)) {
+      if (use_cached(plan, *hit, c)) {
+        ++c.cache_hits;
+        return;
+      }
+      spdlog::warn("[turbo] cuBLASLt algorithm cache {}: the entry for {} is refused by this cuBLASLt; searching "
+                   "again",
+                   file->path().string(), describe(p));
+    }
+  }
+  if (cuda_stream_is_capturing(stream)) return;  // nothing may run or sync: the heuristic's answer
+  const float ms = search_algo(plan, p, c, stream);
+  if (ms < 0) return;
+  ++c.searches;
+  if (file) {
+    CachedAlgo entry;
+    std::memcpy(entry.data.data(), &plan.algo, sizeof(plan.algo));
+    entry.ms = ms;
+    file->store(ckey, entry);  // logs (once) when it cannot write
+  }
 }
 
 }  // namespace
@@ -310,6 +399,31 @@ void set_algo_search(int top_k) {
   c.plans.clear();
 }
 
+int algo_search() {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  return resolve_algo_search(c);
+}
+
+std::string algo_cache_file() {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  if (c.cache_opened) return c.cache ? c.cache->path().string() : std::string();
+  return algo_cache_path_from_env().string();
+}
+
+int64_t algo_search_count() {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  return c.searches;
+}
+
+int64_t algo_cache_hits() {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  return c.cache_hits;
+}
+
 size_t algo_cache_size() {
   Context& c = ctx();
   std::lock_guard lock(c.mu);
@@ -320,6 +434,8 @@ void clear_algo_cache() {
   Context& c = ctx();
   std::lock_guard lock(c.mu);
   c.plans.clear();
+  c.cache.reset();
+  c.cache_opened = false;
 }
 
 void gemm(const GemmProblem& p, cudaStream_t stream) {
@@ -328,10 +444,7 @@ void gemm(const GemmProblem& p, cudaStream_t stream) {
   Context& c = ctx();
   std::lock_guard lock(c.mu);
   if (!c.handle) CUBLAS_CHECK(lt().cublasLtCreate(&c.handle));
-  if (c.algo_search == 0) {
-    const char* env = std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH");
-    c.algo_search = env && *env ? std::max(1, std::atoi(env)) : 1;
-  }
+  resolve_algo_search(c);
   if (!c.ws) {
     c.own_ws = make_device_arena(kDefaultWorkspaceBytes);
     c.ws = c.own_ws->allocate(kDefaultWorkspaceBytes, 256, "cuBLASLt workspace");
@@ -342,8 +455,7 @@ void gemm(const GemmProblem& p, cudaStream_t stream) {
   if (it == c.plans.end()) {
     if (c.plans.size() >= 4096) c.plans.clear();  // shapes in training are few; this is a guard
     auto plan = build_plan(p, c);
-    if (c.algo_search > 1 && p.beta == 0.0f && !cuda_stream_is_capturing(stream))
-      search_algo(*plan, p, c, stream);
+    if (c.algo_search > 1 && p.beta == 0.0f) choose_algo(*plan, p, key, c, stream);
     it = c.plans.emplace(key, std::move(plan)).first;
   }
   Plan& plan = *it->second;

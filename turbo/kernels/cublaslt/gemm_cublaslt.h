@@ -12,8 +12,9 @@
 //
 // The algorithm for each problem shape is chosen once by cuBLASLt's heuristic (optionally by
 // timing its top candidates, see set_algo_search) and cached with its descriptors, keyed by
-// shapes, layouts, dtypes, epilogue and pointer alignment. The workspace is one device buffer
-// set once (set_workspace) so that calls allocate nothing.
+// shapes, layouts, dtypes, epilogue and pointer alignment. The search's winners are also kept
+// in a file per machine (algo_cache.h), so later processes reuse them instead of timing again.
+// The workspace is one device buffer set once (set_workspace) so that calls allocate nothing.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -80,10 +81,27 @@ inline constexpr size_t kDefaultWorkspaceBytes = 32u << 20;
 // 1 (default): take cuBLASLt's first heuristic answer. k > 1: time the top k candidates once
 // per shape (only for beta == 0, where reruns are harmless, and never while capturing a graph).
 // Also read from PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH at first use; the gemm op sets 8 when
-// PRIMUS_TURBO_AUTO_TUNE is on.
+// PRIMUS_TURBO_AUTO_TUNE is on, the cuda trainer its `gemm_algo_search` key (default 8).
+//
+// With k > 1 the winners persist: a shape found in the cache file (algo_cache_file()) takes the
+// file's algorithm (after cublasLtMatmulAlgoCheck accepts it for the plan; else it is searched
+// again) instead of being timed, also while capturing a graph; each new search rewrites the file
+// (atomically, merged with what other processes wrote). The same machine, cuBLASLt version and
+// cache file therefore give the same algorithm per shape in every process.
+// PRIMUS_TURBO_CUBLASLT_ALGO_CACHE=0 disables the file, =PATH names it; default
+// $PRIMUS_CACHE_DIR/cublaslt_algos.json, $XDG_CACHE_HOME/primus/..., ~/.cache/primus/....
 void set_algo_search(int top_k);
+int algo_search();  // the current k (reads the environment when nothing set it)
 size_t algo_cache_size();
+// Drops the in-memory plans and the loaded cache file: the next GEMM re-reads the environment's
+// cache path and the file.
 void clear_algo_cache();
+// The cache file in use, or that will be opened ("" when disabled).
+std::string algo_cache_file();
+// Problem keys whose candidates this process timed, and those whose algorithm came from the
+// cache file (since the process started).
+int64_t algo_search_count();
+int64_t algo_cache_hits();
 
 // A one-line description of the problem for error messages and autotune keys.
 std::string describe(const GemmProblem& p);
