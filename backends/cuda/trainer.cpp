@@ -73,8 +73,8 @@ void CudaTrainer::setup() {
 // cuBLASLt's algorithm per GEMM shape (gemm_algo_search, patch cuda.gemm.algo_search): k > 1
 // times the top k candidates once per shape (inside the first step, which the throughput
 // figures leave out) and keeps the winners in a per-machine cache file, so that a resumed run,
-// a new process, takes the same algorithms as the run it continues and its losses stay
-// bit-identical. Only GEMMs with beta = 0 are timed (reruns overwrite their output; none of the
+// a new process, takes the same algorithms as the run it continues (a GPU resume is still not
+// bit-identical for other reasons: docs/cuda.md "Reproducibility"). Only GEMMs with beta = 0 are timed (reruns overwrite their output; none of the
 // model's read it); the accumulating weight-gradient GEMMs keep the heuristic's choice.
 // PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH in the environment overrides the key.
 void CudaTrainer::configure_gemm_algorithms() {
