@@ -74,10 +74,16 @@ column_sum_partial_kernel(float* __restrict__ partials, const T* __restrict__ sr
   }
 }
 
-// Stage 2: dst[c] += sum over chunks g of partials[g, c], 32 columns per block; its 32 thread
-// rows each sum a strided subset of the chunks in order, then row 0 adds the 32 results in order.
-__global__ void column_sum_finish_kernel(float* __restrict__ dst, const float* __restrict__ part, int G, int C) {
+// Stage 2 (add_column_partials): blockIdx.y picks the pair, a block owns 32 columns; its 32 thread
+// rows each sum a strided subset of g in order, then row 0 adds the 32 results in order.
+struct PartialPairs {
+  float* dst[3];
+  const float* part[3];
+};
+__global__ void add_column_partials_kernel(PartialPairs pp, int G, int C) {
   __shared__ float sm[32][33];
+  float* __restrict__ dst = pp.dst[blockIdx.y];
+  const float* __restrict__ part = pp.part[blockIdx.y];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float v = 0.0f;
   if (c < C)
@@ -89,6 +95,14 @@ __global__ void column_sum_finish_kernel(float* __restrict__ dst, const float* _
     for (int i = 0; i < 32; ++i) t += sm[i][threadIdx.x];
     dst[c] += t;
   }
+}
+
+template <class T, int V, bool kVec>
+void launch_partials(float* partials, const void* src, int64_t N, int64_t C, int64_t ld, int rows_per_chunk,
+                     int64_t chunks, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{32} * V)), static_cast<unsigned>(chunks));
+  column_sum_partial_kernel<T, V, kVec><<<grid, 32 * kWarps, 0, stream>>>(
+      partials, static_cast<const T*>(src), static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
 }
 
 // Row chunks: about four blocks per SM over all strips (32 warps, 8 rows of 16 bytes per lane
@@ -118,29 +132,29 @@ void column_sum_accumulate(float* dst, const void* src, DType dtype, int64_t N, 
   const int64_t chunks = ceil_div(N, int64_t{rows_per_chunk});  // <= G
   const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
   if (dtype == DType::BF16) {
-    const auto* s = static_cast<const bf16*>(src);
-    if (aligned && C % 8 == 0 && ld % 8 == 0) {
-      const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{256})), static_cast<unsigned>(chunks));
-      column_sum_partial_kernel<bf16, 8, true><<<grid, 32 * kWarps, 0, stream>>>(partials, s, static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
-    } else {
-      const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{32})), static_cast<unsigned>(chunks));
-      column_sum_partial_kernel<bf16, 1, false><<<grid, 32 * kWarps, 0, stream>>>(partials, s, static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
-    }
+    if (aligned && C % 8 == 0 && ld % 8 == 0) launch_partials<bf16, 8, true>(partials, src, N, C, ld, rows_per_chunk, chunks, stream);
+    else launch_partials<bf16, 1, false>(partials, src, N, C, ld, rows_per_chunk, chunks, stream);
   } else if (dtype == DType::F32) {
-    const auto* s = static_cast<const float*>(src);
-    if (aligned && C % 4 == 0 && ld % 4 == 0) {
-      const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{128})), static_cast<unsigned>(chunks));
-      column_sum_partial_kernel<float, 4, true><<<grid, 32 * kWarps, 0, stream>>>(partials, s, static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
-    } else {
-      const dim3 grid(static_cast<unsigned>(ceil_div(C, int64_t{32})), static_cast<unsigned>(chunks));
-      column_sum_partial_kernel<float, 1, false><<<grid, 32 * kWarps, 0, stream>>>(partials, s, static_cast<int>(N), static_cast<int>(C), ld, rows_per_chunk);
-    }
+    if (aligned && C % 4 == 0 && ld % 4 == 0) launch_partials<float, 4, true>(partials, src, N, C, ld, rows_per_chunk, chunks, stream);
+    else launch_partials<float, 1, false>(partials, src, N, C, ld, rows_per_chunk, chunks, stream);
   } else {
     throw RuntimeError(fmt::format("column_sum_accumulate: dtype {} (f32 or bf16)", dtype_name(dtype)));
   }
   CUDA_CHECK_LAST();
-  column_sum_finish_kernel<<<static_cast<unsigned>(ceil_div(C, int64_t{32})), dim3(32, 32), 0, stream>>>(
-      dst, partials, static_cast<int>(chunks), static_cast<int>(C));
+  const ColumnPartials pair{dst, partials};
+  add_column_partials(&pair, 1, static_cast<int>(chunks), C, stream);
+}
+
+void add_column_partials(const ColumnPartials* pairs, int count, int G, int64_t C, cudaStream_t stream) {
+  if (count <= 0 || C <= 0) return;
+  if (count > 3) throw RuntimeError(fmt::format("add_column_partials: {} pairs (at most 3 per launch)", count));
+  PartialPairs pp{};
+  for (int i = 0; i < count; ++i) {
+    pp.dst[i] = pairs[i].dst;
+    pp.part[i] = pairs[i].partials;
+  }
+  add_column_partials_kernel<<<dim3(static_cast<unsigned>(ceil_div(C, int64_t{32})), static_cast<unsigned>(count)),
+                               dim3(32, 32), 0, stream>>>(pp, G, static_cast<int>(C));
   CUDA_CHECK_LAST();
 }
 }  // namespace primus::turbo::cuda

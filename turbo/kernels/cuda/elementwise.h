@@ -19,4 +19,14 @@ void add_inplace_f32(float* dst, const float* src, int64_t n, cudaStream_t strea
 void column_sum_accumulate(float* dst, const void* src, DType dtype, int64_t N, int64_t C, int64_t ld,
                            float* partials, cudaStream_t stream);
 int64_t column_sum_partials(int64_t N, int64_t C);
+
+// The second stage of every deterministic column sum here (bias_grad, the norm backwards' weight,
+// bias and dinp column sums): for up to three (dst, partials) pairs in one launch,
+// dst[c] += sum over g of partials[g, c] (row-major [G, C] f32), each column summed in a fixed
+// order (32 strided subsets of g, then the 32 subtotals in order): the same bits on every run.
+struct ColumnPartials {
+  float* dst = nullptr;
+  const float* partials = nullptr;
+};
+void add_column_partials(const ColumnPartials* pairs, int count, int G, int64_t C, cudaStream_t stream);
 }  // namespace primus::turbo::cuda

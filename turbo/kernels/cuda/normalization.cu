@@ -22,6 +22,7 @@
 #include <tuple>
 
 #include "turbo/kernels/cuda/common.cuh"
+#include "turbo/kernels/cuda/elementwise.h"
 #include "turbo/kernels/cuda/normalization.h"
 
 namespace primus::turbo::cuda {
@@ -255,7 +256,7 @@ norm_backward_kernel(T* __restrict__ dinp, float* __restrict__ part_w, float* __
 // current row's dinp (when accumulating) before its reductions. The parameter-gradient (and
 // dinp column-sum) partials live in registers per lane, are combined across the block's groups
 // through shared memory in group order at the end, and written as one [C] row per block and
-// gradient: [kAcc][grid][C], reduced in block order by column_sums_add_kernel. No atomics.
+// gradient: [kAcc][grid][C], reduced in block order by add_column_partials (elementwise.h). No atomics.
 constexpr int kRowThreads = 256;  // the largest block (k = 8)
 
 __device__ __forceinline__ void group_barrier(int id, int nthreads) {
@@ -438,7 +439,7 @@ norm_backward_rows_kernel(T* __restrict__ dinp, float* __restrict__ part, const 
 // in flight per SM. The weight sits in shared memory (read by all warps). Partials: the 16
 // warps are combined through shared memory in warp order, one [C] row per block and gradient
 // ([slot][grid][C], grid = one block per SM: 132 rows instead of the row-group kernel's 264-396),
-// then column_sums_add_kernel as for the row-group kernel. Deterministic: rows go to warps by a
+// then add_column_partials as for the row-group kernel. Deterministic: rows go to warps by a
 // fixed stride, every sum has a fixed order. PRIMUS_TURBO_NORM_BWD_STAGES=2..4 overrides the
 // 3 stages (for tuning runs).
 constexpr int kStagedWarps = 16;
@@ -632,46 +633,6 @@ norm_backward_staged_kernel(T* __restrict__ dinp, float* __restrict__ part, cons
   if constexpr (kColsum) flush(cs, dst + (kBias ? 2 : 1) * slot);
 }
 
-// dst[a][c] += sum over g of part[a][g, c] for up to three (dst, part) pairs (blockIdx.y picks
-// one), in the order of column_sum_add_kernel: deterministic.
-struct ColumnSums {
-  float* dst[3];
-  const float* part[3];
-};
-__global__ void column_sums_add_kernel(ColumnSums s, int G, int C) {
-  __shared__ float sm[32][33];
-  float* __restrict__ dst = s.dst[blockIdx.y];
-  const float* __restrict__ part = s.part[blockIdx.y];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float v = 0.0f;
-  if (c < C)
-    for (int g = threadIdx.y; g < G; g += 32) v += part[static_cast<int64_t>(g) * C + c];
-  sm[threadIdx.y][threadIdx.x] = v;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float t = 0.0f;
-    for (int i = 0; i < 32; ++i) t += sm[i][threadIdx.x];
-    dst[c] += t;
-  }
-}
-
-// dst[c] += sum over g of part[g, c]. A block owns 32 columns; its 32 thread rows each sum a
-// strided subset of g in order, then row 0 adds the 32 results in order: deterministic.
-__global__ void column_sum_add_kernel(float* __restrict__ dst, const float* __restrict__ part, int G, int C) {
-  __shared__ float s[32][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float v = 0.0f;
-  if (c < C)
-    for (int g = threadIdx.y; g < G; g += 32) v += part[static_cast<int64_t>(g) * C + c];
-  s[threadIdx.y][threadIdx.x] = v;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float t = 0.0f;
-    for (int i = 0; i < 32; ++i) t += s[i][threadIdx.x];
-    dst[c] += t;
-  }
-}
-
 struct Shape {
   int kvec, tx, ty;
   int64_t row_blocks;  // blocks needed to give every row group one row
@@ -764,13 +725,8 @@ void launch_backward(void* dinp, float* dw, float* db, const void* dout, const v
     default: go(norm_backward_kernel<T, 4, kRms>); break;
   }
   CUDA_CHECK_LAST();
-  const dim3 cblock(32, 32);
-  column_sum_add_kernel<<<ceil_div(C, 32), cblock, 0, s>>>(dw, pw, grid, static_cast<int>(C));
-  CUDA_CHECK_LAST();
-  if (db) {
-    column_sum_add_kernel<<<ceil_div(C, 32), cblock, 0, s>>>(db, pb, grid, static_cast<int>(C));
-    CUDA_CHECK_LAST();
-  }
+  const ColumnPartials sums[2] = {{dw, pw}, {db, pb}};
+  add_column_partials(sums, db ? 2 : 1, grid, C, s);
 }
 
 
@@ -852,20 +808,12 @@ RowsKernel<T> rows_kernel_for(int kvec, bool colsum, bool acc) {
 void finish_column_sums(bool rms, float* dw, float* db, float* colsum, const float* part, int grid, int64_t C,
                         cudaStream_t s) {
   const int64_t slot = static_cast<int64_t>(grid) * C;
-  ColumnSums sums{};
+  ColumnPartials sums[3];
   int n = 0;
-  sums.dst[n] = dw;
-  sums.part[n++] = part;
-  if (!rms && db) {
-    sums.dst[n] = db;
-    sums.part[n++] = part + slot;
-  }
-  if (colsum) {
-    sums.dst[n] = colsum;
-    sums.part[n++] = part + (rms ? 1 : 2) * slot;
-  }
-  column_sums_add_kernel<<<dim3(ceil_div(C, 32), n), dim3(32, 32), 0, s>>>(sums, grid, static_cast<int>(C));
-  CUDA_CHECK_LAST();
+  sums[n++] = {dw, part};
+  if (!rms && db) sums[n++] = {db, part + slot};
+  if (colsum) sums[n++] = {colsum, part + (rms ? 1 : 2) * slot};
+  add_column_partials(sums, n, grid, C, s);
 }
 
 int staged_stages() {
