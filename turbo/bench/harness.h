@@ -71,6 +71,7 @@ OpFamily optimizer_family();
 OpFamily rope_family();
 OpFamily embedding_family();
 OpFamily attention_family();
+OpFamily quantize_family();
 
 // "16384x768" -> {16384, 768}: exactly `n` positive integers joined by 'x', else UsageError
 // naming the op, the entry and `syntax`.

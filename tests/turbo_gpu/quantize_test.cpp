@@ -1,0 +1,322 @@
+// FP8 tensorwise quantisation (quantize_fp8) on the device (TURBO) against the CPU reference
+// backend: bytes of out / out_t and scale_inv must be bit-identical, for fresh random inputs of
+// many shapes (tile-aligned, ragged, single row, strided rows, misaligned pitches), f32 and bf16
+// inputs, both FP8 formats, and each choice of outputs; outputs are poisoned (0xFF) before every
+// run and a second run must give the same bits. Also: the hardware conversion against the host
+// encoder at scale 1, subnormal amax, non-finite input, and capture into a CUDA graph.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gpu_fixture.h"
+#include "turbo/bench/benchmark.h"
+#include "turbo/kernels/cpu/quantize.h"
+#include "turbo/ops/quantization.h"
+
+namespace primus::turbo::testing {
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// An input [R, C] with rows ld apart, held on the host (raw storage of dtype `dt`) and on the device.
+struct Input {
+  DType dt;
+  int64_t R, C, ld;
+  std::vector<uint8_t> host;  // R * ld elements
+  TensorView dev;
+  TensorView host_view() {
+    TensorView v(host.data(), dt, Device::CPU, {R, ld});
+    v.shape[1] = C;
+    return v;
+  }
+};
+
+struct Outputs {
+  std::vector<uint8_t> out, out_t;
+  float scale_inv = 0;
+};
+
+class QuantizeGpuTest : public GpuTest {
+ protected:
+  // Values of widely spread magnitudes (so some land in the FP8 subnormals), rounded to dt; the
+  // gaps between rows hold NaN, which must not be read.
+  Input make_input(DType dt, int64_t R, int64_t C, int64_t ld, const std::vector<float>* values = nullptr) {
+    Input in{dt, R, C, ld, {}, {}};
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::uniform_real_distribution<float> e(-6.0f, 3.0f);
+    std::vector<float> all(static_cast<size_t>(R * ld), std::numeric_limits<float>::quiet_NaN());
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) all[r * ld + c] = values ? (*values)[r * C + c] : n(rng_) * std::exp2(e(rng_));
+    in.host.resize(all.size() * dtype_size(dt));
+    for (size_t i = 0; i < all.size(); ++i) store_from_float(in.host.data(), dt, i, all[i]);
+    TensorView full = make(dt, {R, ld});
+    CUDA_CHECK(cudaMemcpy(full.data, in.host.data(), in.host.size(), cudaMemcpyHostToDevice));
+    in.dev = full;
+    in.dev.shape[1] = C;
+    return in;
+  }
+
+  // The CPU backend on the host copy: both outputs.
+  Outputs reference(Input& in, DType fp8) {
+    Outputs o;
+    o.out.resize(static_cast<size_t>(in.R * in.C));
+    o.out_t.resize(o.out.size());
+    QuantizeFp8Args a;
+    a.inp = in.host_view();
+    a.out = TensorView(o.out.data(), fp8, Device::CPU, {in.R, in.C});
+    a.out_t = TensorView(o.out_t.data(), fp8, Device::CPU, {in.C, in.R});
+    a.scale_inv = TensorView(&o.scale_inv, DType::F32, Device::CPU, {1});
+    EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+    return o;
+  }
+
+  // The device op with the requested outputs, each poisoned first; returns what it wrote.
+  Outputs device(const Input& in, DType fp8, bool want_out, bool want_t, void* stream = nullptr) {
+    QuantizeFp8Args a;
+    a.inp = in.dev;
+    if (want_out) a.out = out_;
+    if (want_t) a.out_t = out_t_;
+    a.out.dtype = a.out_t.dtype = fp8;
+    a.scale_inv = scale_inv_;
+    a.ctx = ctx;
+    a.ctx.stream = stream;
+    for (const TensorView* t : {&a.out, &a.out_t, &a.scale_inv})
+      if (t->defined()) poison(*t);
+    CUDA_CHECK(cudaDeviceSynchronize());  // the memsets are not ordered with a non-blocking stream
+    EXPECT_EQ(quantize_fp8(a), BackendType::TURBO);
+    Outputs o;
+    if (want_out) o.out = bytes(a.out);
+    if (want_t) o.out_t = bytes(a.out_t);
+    const auto s = bytes(scale_inv_);
+    std::memcpy(&o.scale_inv, s.data(), 4);
+    return o;
+  }
+
+  // Output buffers for [R, C] (fresh per input; dtype set per call).
+  void alloc_outputs(int64_t R, int64_t C) {
+    out_ = make(DType::F8E4M3, {R, C});
+    out_t_ = make(DType::F8E4M3, {C, R});
+    scale_inv_ = make(DType::F32, {1});
+  }
+
+  // Device against reference for every output choice, twice each.
+  void check_all_modes(Input& in, DType fp8) {
+    const Outputs ref = reference(in, fp8);
+    alloc_outputs(in.R, in.C);
+    struct Mode {
+      bool out, out_t;
+      const char* name;
+    };
+    for (const Mode m : {Mode{true, true, "out+out_t"}, Mode{true, false, "out only"}, Mode{false, true, "out_t only"}}) {
+      SCOPED_TRACE(m.name);
+      const Outputs first = device(in, fp8, m.out, m.out_t);
+      if (m.out) {
+        EXPECT_TRUE(first.out == ref.out) << first_diff(first.out, ref.out);
+      }
+      if (m.out_t) {
+        EXPECT_TRUE(first.out_t == ref.out_t) << first_diff(first.out_t, ref.out_t);
+      }
+      EXPECT_EQ(bits(first.scale_inv), bits(ref.scale_inv)) << first.scale_inv << " vs " << ref.scale_inv;
+      const Outputs again = device(in, fp8, m.out, m.out_t);
+      EXPECT_TRUE(again.out == first.out && again.out_t == first.out_t) << "a repeated run differs";
+      EXPECT_EQ(bits(again.scale_inv), bits(first.scale_inv));
+    }
+  }
+
+  static std::string first_diff(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
+    if (got.size() != want.size()) return fmt::format("sizes {} vs {}", got.size(), want.size());
+    size_t n = 0, first = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != want[i] && n++ == 0) first = i;
+    if (n == 0) return "";
+    return fmt::format("{} of {} bytes differ; first at {}: got 0x{:02x} want 0x{:02x}", n, got.size(), first,
+                       got[first], want[first]);
+  }
+
+  TensorView out_, out_t_, scale_inv_;
+};
+
+struct Shape {
+  int64_t R, C, ld;  // ld == 0: contiguous
+};
+struct ShapeCase {
+  Shape s;
+  DType in;
+};
+
+class QuantizeShapes : public QuantizeGpuTest, public ::testing::WithParamInterface<ShapeCase> {};
+
+TEST_P(QuantizeShapes, BitIdenticalToCpuReference) {
+  const auto [s, in_dt] = GetParam();
+  Input in = make_input(in_dt, s.R, s.C, s.ld ? s.ld : s.C);
+  for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+    SCOPED_TRACE(std::string(dtype_name(fp8)));
+    check_all_modes(in, fp8);
+  }
+}
+
+std::vector<ShapeCase> shape_cases() {
+  const std::vector<Shape> shapes = {
+      {128, 128, 0},    // one full tile
+      {4096, 3072, 0},  // many tiles, more than one wave
+      {144, 272, 0},    // tile path with partial edge tiles (multiples of 16)
+      {1000, 48, 0},    // R not a multiple of 16: out_t takes the generic kernel, out the tile one
+      {37, 100, 0},     // ragged: generic kernel
+      {1, 4096, 0},     // one row
+      {4096, 1, 0},     // one column
+      {16, 16, 0},      // smaller than a tile
+      {304, 256, 264},  // strided rows, 16-byte aligned pitch (both dtypes): tile path
+      {300, 256, 264},  // the same with R % 16 != 0: out_t takes the generic kernel
+      {64, 48, 50},     // strided rows, pitch not 16-byte aligned: generic loads
+      {3, 5, 7},        // tiny strided
+  };
+  std::vector<ShapeCase> c;
+  for (const Shape& s : shapes)
+    for (DType in : {DType::F32, DType::BF16}) c.push_back({s, in});
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantize, QuantizeShapes, ::testing::ValuesIn(shape_cases()), [](const auto& info) {
+  const Shape& s = info.param.s;
+  return fmt::format("{}x{}{}_{}", s.R, s.C, s.ld ? fmt::format("_ld{}", s.ld) : std::string(),
+                     dtype_name(info.param.in));
+});
+
+// amax = 448 (e4m3) / 57344 (e5m2) makes the scale exactly 1, so every byte is the hardware's
+// conversion of the input itself: each FP8 value, each midpoint between neighbours and one f32
+// ulp either side of it, and f32 subnormals, against the host encoder. (Saturation cannot occur
+// at scale 1 without a larger amax; the host tests cover it.)
+TEST_F(QuantizeGpuTest, HardwareConversionMatchesHostEncoderAtScaleOne) {
+  for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+    SCOPED_TRACE(std::string(dtype_name(fp8)));
+    const float mx = cpu::fp8_max(fp8);
+    std::vector<float> v = {mx, -mx, 0.0f, -0.0f, 1e-40f, -1e-40f, FLT_MIN};
+    for (int b = 0; b < 0x7f; ++b) {
+      const uint8_t b0 = static_cast<uint8_t>(b), b1 = static_cast<uint8_t>(b + 1);
+      const float lo = load_as_float(&b0, fp8, 0), hi = load_as_float(&b1, fp8, 0);
+      if (!std::isfinite(lo) || !std::isfinite(hi)) continue;
+      const float mid = (lo + hi) / 2;
+      for (float x : {lo, mid, std::nextafter(mid, lo), std::nextafter(mid, hi)}) {
+        v.push_back(x);
+        v.push_back(-x);
+      }
+    }
+    while (v.size() % 16 != 0) v.push_back(0.0f);
+    const int64_t C = static_cast<int64_t>(v.size()) / 16;
+    Input in = make_input(DType::F32, 16, C, C, &v);
+    const Outputs ref = reference(in, fp8);
+    ASSERT_EQ(ref.scale_inv, 1.0f);
+    alloc_outputs(16, C);
+    const Outputs got = device(in, fp8, true, true);
+    EXPECT_TRUE(got.out == ref.out) << first_diff(got.out, ref.out);
+    EXPECT_TRUE(got.out_t == ref.out_t) << first_diff(got.out_t, ref.out_t);
+    EXPECT_EQ(bits(got.scale_inv), bits(ref.scale_inv));
+  }
+}
+
+// max |x| an f32 subnormal: fp8_max / amax overflows and the scale is clamped to FLT_MAX; the
+// device must not flush subnormals (the products are then ordinary numbers).
+TEST_F(QuantizeGpuTest, SubnormalAmaxMatchesReference) {
+  std::vector<float> v(32 * 32);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& x : v) x = u(rng_) * 1e-39f;
+  Input in = make_input(DType::F32, 32, 32, 32, &v);
+  for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+    const Outputs ref = reference(in, fp8);
+    EXPECT_EQ(ref.scale_inv, 1.0f / FLT_MAX);
+    alloc_outputs(32, 32);
+    const Outputs got = device(in, fp8, true, true);
+    EXPECT_TRUE(got.out == ref.out) << first_diff(got.out, ref.out);
+    EXPECT_TRUE(got.out_t == ref.out_t) << first_diff(got.out_t, ref.out_t);
+    EXPECT_EQ(bits(got.scale_inv), bits(ref.scale_inv));
+  }
+}
+
+// One NaN or inf anywhere: scale_inv NaN (0x7fc00000), every byte 0x7f, on both paths.
+TEST_F(QuantizeGpuTest, NonFiniteInputPoisonsTheResult) {
+  for (const Shape s : {Shape{256, 256, 0}, Shape{37, 100, 0}})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+      for (DType in_dt : {DType::F32, DType::BF16}) {
+        std::vector<float> v(static_cast<size_t>(s.R * s.C), 0.5f);
+        v[v.size() / 3] = bad;
+        Input in = make_input(in_dt, s.R, s.C, s.C, &v);
+        alloc_outputs(s.R, s.C);
+        const Outputs got = device(in, DType::F8E4M3, true, true);
+        EXPECT_EQ(bits(got.scale_inv), 0x7fc00000u);
+        EXPECT_EQ(got.out, std::vector<uint8_t>(v.size(), cpu::kFp8PoisonByte));
+        EXPECT_EQ(got.out_t, std::vector<uint8_t>(v.size(), cpu::kFp8PoisonByte));
+      }
+}
+
+// Two launches, no allocation, no host synchronisation: the op captures into a CUDA graph, and the
+// replay writes what the eager call wrote.
+TEST_F(QuantizeGpuTest, CapturesIntoACudaGraph) {
+  Input in = make_input(DType::BF16, 512, 768, 768);
+  alloc_outputs(512, 768);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const Outputs eager = device(in, DType::F8E4M3, true, true, stream);
+  poison(out_);
+  poison(out_t_);
+  poison(scale_inv_);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  QuantizeFp8Args a;
+  a.inp = in.dev;
+  a.out = out_;
+  a.out_t = out_t_;
+  a.scale_inv = scale_inv_;
+  a.ctx = ctx;
+  a.ctx.stream = stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(quantize_fp8(a), BackendType::TURBO);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(bytes(out_), eager.out);
+  EXPECT_EQ(bytes(out_t_), eager.out_t);
+  const auto s = bytes(scale_inv_);
+  EXPECT_EQ(std::memcmp(s.data(), &eager.scale_inv, 4), 0);
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Without ctx.scratch the device backend declines, and with device tensors nothing else can run.
+TEST_F(QuantizeGpuTest, DeviceCallWithoutScratchIsAnError) {
+  Input in = make_input(DType::F32, 16, 16, 16);
+  alloc_outputs(16, 16);
+  QuantizeFp8Args a;
+  a.inp = in.dev;
+  a.out = out_;
+  a.scale_inv = scale_inv_;
+  EXPECT_THROW(quantize_fp8(a), RuntimeError);
+}
+
+// `primus benchmark quantize`: three measurements (out + out_t, out, out_t) per case and backend,
+// on the host (runs everywhere) and, where there is one, on the device.
+TEST(QuantizeBench, ThreeMeasurementsPerCase) {
+  for (bool cpu_only : {true, false}) {
+    if (!cpu_only && cuda_device_count_or_zero() == 0) continue;
+    bench::BenchConfig cfg;
+    cfg.ops = {"quantize"};
+    cfg.shapes = {"64x96"};
+    cfg.iters = 2;
+    cfg.cpu_only = cpu_only;
+    cfg.memory_gib = 1;
+    EXPECT_EQ(bench::run_benchmarks(cfg, stdout), 3) << (cpu_only ? "host" : "device");
+  }
+}
+
+}  // namespace
+}  // namespace primus::turbo::testing

@@ -1,0 +1,69 @@
+// FP8 tensorwise quantisation (quantize_fp8, turbo/ops/quantization.h) in GB/s of the bytes it
+// actually moves: current scaling needs max|x| of the whole tensor before the first byte can be
+// written, so the input is read twice (the amax launch, then the quantise launch) and each
+// requested output written once. "% of ceiling" is then the share of the device's copy
+// bandwidth the two kernels reach; the note gives the minimal traffic (input read once), for
+// which the best possible share is (in + outs) / (2 in + outs), e.g. 67% for bf16 -> out + out_t.
+// Default cases: bf16 [16384, 8192] (the target: >= 85% of copy for out + out_t) and the
+// activation / weight-gradient shapes of GPT-2 124M and Llama-3.2-1B at 16384 tokens; a small
+// one on the host.
+#include <fmt/format.h>
+
+#include <string>
+
+#include "turbo/bench/harness.h"
+#include "turbo/ops/quantization.h"
+
+namespace primus::turbo::bench {
+namespace {
+
+Case quantize_case(const std::string& label, int64_t R, int64_t C) {
+  return {"quantize_fp8/" + label, [=](CaseEnv& e) {
+            const double in = static_cast<double>(dtype_size(e.dtype)) * static_cast<double>(R * C);
+            const double fp8 = static_cast<double>(R * C);  // one byte per element per output
+            QuantizeFp8Args base;
+            base.inp = e.rand(e.dtype, {R, C});
+            base.scale_inv = e.empty(DType::F32, {1});
+            base.ctx = e.ctx;
+            const TensorView out = e.empty(DType::F8E4M3, {R, C}), out_t = e.empty(DType::F8E4M3, {C, R});
+            std::vector<Timed> calls;
+            auto add = [&](const char* mode, bool with_out, bool with_t) {
+              QuantizeFp8Args a = base;
+              if (with_out) a.out = out;
+              if (with_t) a.out_t = out_t;
+              const double outs = fp8 * ((with_out ? 1 : 0) + (with_t ? 1 : 0));
+              calls.push_back({fmt::format("quantize_fp8_{}/{}", mode, label), Metric::Bytes, 2 * in + outs,
+                               [a] { quantize_fp8(a); },
+                               fmt::format("e4m3; bytes = 2 x input + outputs (minimal traffic {:.4g} MB)",
+                                           (in + outs) / 1e6)});
+            };
+            add("both", true, true);
+            add("out", true, false);
+            add("out_t", false, true);
+            return calls;
+          }};
+}
+
+}  // namespace
+
+OpFamily quantize_family() {
+  OpFamily f;
+  f.name = "quantize";
+  f.bench = "ops";
+  f.dispatch_ops = {"quantize"};
+  f.backends = {BackendType::TURBO, BackendType::CPU};
+  f.shape_syntax = "RxC (rows x columns): FP8 e4m3 tensorwise, out [R,C] and/or out_t [C,R]";
+  f.defaults = [](const Scale& s) {
+    if (!s.gpu) return std::vector<Case>{quantize_case("small", s.tokens, 768)};
+    return std::vector<Case>{quantize_case("16384x8192", 16384, 8192), quantize_case("gpt2/act", s.tokens, 768),
+                             quantize_case("gpt2/fc", s.tokens, 3072), quantize_case("llama/act", s.tokens, 2048),
+                             quantize_case("llama/fc", s.tokens, 8192)};
+  };
+  f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
+    const auto d = parse_dims("quantize", shape, 2, syntax);
+    return quantize_case(shape, d[0], d[1]);
+  };
+  return f;
+}
+
+}  // namespace primus::turbo::bench

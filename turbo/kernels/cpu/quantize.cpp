@@ -1,0 +1,101 @@
+#include "turbo/kernels/cpu/quantize.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/util/error.h"
+
+namespace primus::turbo::cpu {
+namespace {
+
+float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// |x| as f32 bits, and x as f32, for one element of a row.
+uint32_t abs_bits_at(const void* row, DType t, int64_t c) {
+  if (t == DType::BF16) return static_cast<uint32_t>(static_cast<const uint16_t*>(row)[c] & 0x7fffu) << 16;
+  uint32_t u;
+  std::memcpy(&u, static_cast<const float*>(row) + c, 4);
+  return u & 0x7fffffffu;
+}
+float value_at(const void* row, DType t, int64_t c) {
+  return t == DType::BF16 ? bf16_bits_to_float(static_cast<const uint16_t*>(row)[c])
+                          : static_cast<const float*>(row)[c];
+}
+const void* row_ptr(const void* inp, DType t, int64_t r, int64_t ld) {
+  return static_cast<const char*>(inp) + static_cast<size_t>(r * ld) * dtype_size(t);
+}
+
+void check_dtypes(DType in_dtype, DType fp8, const char* fn) {
+  if (in_dtype != DType::F32 && in_dtype != DType::BF16)
+    throw RuntimeError(fmt::format("{}: input dtype {} not supported (f32, bf16)", fn, dtype_name(in_dtype)));
+  if (!dtype_is_fp8(fp8))
+    throw RuntimeError(fmt::format("{}: output dtype {} is not an FP8 format (f8e4m3, f8e5m2)", fn, dtype_name(fp8)));
+}
+
+}  // namespace
+
+float fp8_max(DType fp8) {
+  switch (fp8) {
+    case DType::F8E4M3: return 448.0f;
+    case DType::F8E5M2: return 57344.0f;
+    default: return 0.0f;
+  }
+}
+
+bool Fp8Scaling::finite() const { return std::isfinite(amax); }
+
+Fp8Scaling fp8_tensorwise_scaling(float amax, DType fp8) {
+  Fp8Scaling s;
+  s.amax = amax;
+  if (!std::isfinite(amax)) {
+    s.scale = s.scale_inv = std::numeric_limits<float>::quiet_NaN();  // 0x7fc00000
+    return s;
+  }
+  if (amax == 0.0f) return s;  // an all-zero tensor: scale 1, any scale would do
+  float scale = fp8_max(fp8) / amax;
+  if (std::isinf(scale)) scale = FLT_MAX;
+  s.scale = scale;
+  s.scale_inv = 1.0f / scale;
+  return s;
+}
+
+uint32_t absmax_bits(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld) {
+  uint32_t m = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const void* row = row_ptr(inp, in_dtype, r, ld);
+    for (int64_t c = 0; c < C; ++c) m = std::max(m, abs_bits_at(row, in_dtype, c));
+  }
+  return m;
+}
+
+Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld,
+                                   uint8_t* out, uint8_t* out_t, DType fp8) {
+  check_dtypes(in_dtype, fp8, "quantize_fp8_tensorwise");
+  const Fp8Scaling s = fp8_tensorwise_scaling(bits_to_float(absmax_bits(inp, in_dtype, R, C, ld)), fp8);
+  const bool finite = s.finite();
+  const bool e4m3 = fp8 == DType::F8E4M3;
+  for (int64_t r = 0; r < R; ++r) {
+    const void* row = row_ptr(inp, in_dtype, r, ld);
+    for (int64_t c = 0; c < C; ++c) {
+      uint8_t q = kFp8PoisonByte;
+      if (finite) {
+        const float y = value_at(row, in_dtype, c) * s.scale;  // rounded to f32 first, as on the device
+        q = e4m3 ? float_to_f8e4m3_bits(y) : float_to_f8e5m2_bits(y);
+      }
+      if (out) out[r * C + c] = q;
+      if (out_t) out_t[c * R + r] = q;
+    }
+  }
+  return s;
+}
+
+}  // namespace primus::turbo::cpu

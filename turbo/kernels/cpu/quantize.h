@@ -1,0 +1,50 @@
+// Per-tensor ("tensorwise") FP8 quantisation with current scaling, the recipe of Transformer
+// Engine's current scaling and torchao's tensorwise float8:
+//   amax      = max |x| over the whole tensor
+//   scale     = fp8_max / amax   (448 e4m3, 57344 e5m2); 1 when amax == 0; FLT_MAX when the
+//               quotient overflows (amax below fp8_max / FLT_MAX, i.e. f32 subnormals)
+//   q         = fp8(x * scale), the product rounded to f32, then to the FP8 format to nearest
+//               even with saturation to +-fp8_max (dtype.h's float_to_f8*_bits)
+//   scale_inv = 1 / scale        (what an FP8 GEMM multiplies its product by)
+// Non-finite input: amax is then inf or NaN (a NaN wins over inf), and the result is made to
+// look non-finite instead of silently finite: scale and scale_inv are NaN (0x7fc00000) and every
+// output byte is 0x7f, a NaN in both e4m3 and e5m2.
+//
+// This is the reference of the TURBO kernels (turbo/kernels/cuda/quantize.cu): they compute the
+// same f32 operations in the same order, so the bytes and scale_inv agree bit for bit.
+#pragma once
+#include <cstdint>
+
+#include "turbo/core/dtype.h"
+
+namespace primus::turbo::cpu {
+
+// The largest finite value of an FP8 dtype (f8e4m3: 448, f8e5m2: 57344); 0 for other dtypes.
+float fp8_max(DType fp8);
+
+// The byte every output element gets when amax is not finite: a NaN in e4m3 and in e5m2.
+inline constexpr uint8_t kFp8PoisonByte = 0x7f;
+
+struct Fp8Scaling {
+  float amax = 0.0f;       // max |x| (inf / NaN when the tensor holds one)
+  float scale = 1.0f;      // what x is multiplied by before rounding to FP8
+  float scale_inv = 1.0f;  // 1 / scale
+  bool finite() const;     // amax is finite: the outputs are real quantised values
+};
+
+// The scaling of a tensor whose max |x| is `amax` (see the top of this file).
+Fp8Scaling fp8_tensorwise_scaling(float amax, DType fp8);
+
+// The f32 bit pattern of max |x| over inp [R, C] (f32, or bf16 as raw uint16_t bits) with rows
+// `ld` elements apart (ld >= C). Compared as integers: |x|'s bits order like its values, and a
+// NaN's bits are above inf's, so a NaN anywhere wins and the result does not depend on the order.
+uint32_t absmax_bits(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld);
+
+// Quantises inp [R, C] (f32 or bf16; row pitch ld >= C elements) to `fp8` (f8e4m3 | f8e5m2):
+// out [R, C] and/or out_t [C, R] (the transpose), both contiguous row-major; either may be null.
+// Returns the scaling (its scale_inv is what the op writes out). Throws primus::RuntimeError for
+// an input dtype other than f32/bf16 or a non-FP8 `fp8`.
+Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld,
+                                   uint8_t* out, uint8_t* out_t, DType fp8);
+
+}  // namespace primus::turbo::cpu

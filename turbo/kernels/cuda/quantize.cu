@@ -1,0 +1,376 @@
+// Per-tensor FP8 quantisation with current scaling (the recipe: turbo/kernels/cpu/quantize.h),
+// writing the row-major FP8 copy, its transpose, or both from the same read of the input.
+//
+// The scale depends on max|x| over the whole tensor, so no byte can be written before the input
+// has been read once: two launches, no atomics, nothing zeroed beforehand.
+//   1. amax_partials: at most 1024 blocks (2 per SM), grid-stride over the input in 16-byte
+//      vectors, 4 loads in flight per thread; block b writes max|x| of its share to partials[b].
+//      |x| is kept as its f32 bit pattern and reduced with integer max: for non-negative floats
+//      the bits order like the values, a NaN's bits lie above inf's (so a NaN is never lost, as
+//      it would be with fmaxf), and an integer max is exact in any order (deterministic).
+//   2. quantize: every block first reduces the partials itself (a few KiB, L2-resident), so no
+//      third launch or grid-wide sync is needed; block 0 writes scale_inv. Blocks then walk
+//      128 x 128 tiles of the input (persistent grid-stride): each thread loads four 16-element
+//      chunks (32 or 64 bytes each) at once, converts them with cvt.rn.satfinite (two values per
+//      instruction) and stores 16 bytes to `out`; for `out_t` the bytes go through a 16 KiB
+//      shared tile (XOR-swizzled: conflict-free 16-byte stores and 4-byte loads), each thread
+//      gathers 16 rows x 4 columns, transposes them in registers with byte permutes and writes
+//      4 x 16 bytes of out_t (64 contiguous bytes per column from each 4 lanes).
+// Shapes or alignments the tile kernel cannot take run a plain element-wise 32 x 32 tiled kernel.
+// Traffic: the input is read twice (once per launch), each output written once.
+#include <cuda_fp8.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cfloat>
+
+#include "turbo/kernels/cuda/common.cuh"
+#include "turbo/kernels/cuda/quantize.h"
+
+namespace primus::turbo::cuda {
+namespace {
+
+constexpr int kMaxPartials = 1024;
+constexpr int kAmaxThreads = 512;
+constexpr int kAmaxUnroll = 4;  // 16-byte loads in flight per thread
+constexpr int kThreads = 256;   // quantize kernels
+constexpr int kTile = 128;      // tile kernel: kTile x kTile elements
+constexpr int kChunk = 16;      // elements per thread-chunk: one 16-byte FP8 store
+constexpr int kGeneric = 32;    // generic kernel: kGeneric x kGeneric tiles
+constexpr uint32_t kPoison4 = 0x7f7f7f7fu;  // 0x7f: NaN in e4m3 and in e5m2 (cpu::kFp8PoisonByte)
+constexpr uint32_t kNanBits = 0x7fc00000u;  // the reference's quiet NaN for scale_inv
+
+// ---- |x| as f32 bits ---------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+__device__ __forceinline__ uint32_t abs_bits(bf16 x) {
+  return (static_cast<uint32_t>(__bfloat16_as_ushort(x)) & 0x7fffu) << 16;
+}
+// Of the values packed in one 32-bit word.
+template <class T>
+__device__ __forceinline__ uint32_t word_abs_bits(uint32_t w) {
+  if constexpr (sizeof(T) == 4) return w & 0x7fffffffu;
+  else return max((w << 16) & 0x7fff0000u, w & 0x7fff0000u);
+}
+template <class T>
+__device__ __forceinline__ uint32_t vec_abs_bits(const int4& v) {
+  return max(max(word_abs_bits<T>(static_cast<uint32_t>(v.x)), word_abs_bits<T>(static_cast<uint32_t>(v.y))),
+             max(word_abs_bits<T>(static_cast<uint32_t>(v.z)), word_abs_bits<T>(static_cast<uint32_t>(v.w))));
+}
+
+// Max over the block; every thread gets it. blockDim.x is a multiple of 32; smem >= 32 words.
+__device__ __forceinline__ uint32_t block_max_u32(uint32_t x, uint32_t* smem) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  x = __reduce_max_sync(0xffffffffu, x);
+  __syncthreads();
+  if (lane == 0) smem[warp] = x;
+  __syncthreads();
+  return __reduce_max_sync(0xffffffffu, lane < warps ? smem[lane] : 0u);
+}
+
+// ---- launch 1: amax partials --------------------------------------------------------------------
+// Units: 16-byte vectors (kVec) or single elements; kContig: rows back to back (ld == C), so a
+// unit's address needs no division.
+template <class T, bool kVec, bool kContig>
+__global__ void __launch_bounds__(kAmaxThreads) amax_partials_kernel(const T* __restrict__ inp, int64_t R, int64_t C,
+                                                                    int64_t ld, uint32_t* __restrict__ partials) {
+  constexpr int W = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;
+  const int64_t per_row = C / W, units = R * per_row;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  auto at = [&](int64_t u) {
+    if constexpr (kContig) return inp + u * W;
+    else {
+      const int64_t r = u / per_row;
+      return inp + r * ld + (u - r * per_row) * W;
+    }
+  };
+  uint32_t m = 0;
+#pragma unroll 1  // the loads are unrolled inside; unrolling this too only spends registers
+  for (int64_t u0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u0 < units;
+       u0 += kAmaxUnroll * stride) {
+    if constexpr (kVec) {
+      int4 v[kAmaxUnroll];
+#pragma unroll
+      for (int k = 0; k < kAmaxUnroll; ++k) {
+        const int64_t u = u0 + k * stride;
+        v[k] = u < units ? __ldg(reinterpret_cast<const int4*>(at(u))) : make_int4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kAmaxUnroll; ++k) m = max(m, vec_abs_bits<T>(v[k]));
+    } else {
+      T v[kAmaxUnroll];
+#pragma unroll
+      for (int k = 0; k < kAmaxUnroll; ++k) {
+        const int64_t u = u0 + k * stride;
+        v[k] = u < units ? at(u)[0] : T(0.0f);
+      }
+#pragma unroll
+      for (int k = 0; k < kAmaxUnroll; ++k) m = max(m, abs_bits(v[k]));
+    }
+  }
+  __shared__ uint32_t smem[32];
+  m = block_max_u32(m, smem);
+  if (threadIdx.x == 0) partials[blockIdx.x] = m;  // every block writes its slot: nothing to zero
+}
+
+// ---- the scale, as the reference computes it (cpu::fp8_tensorwise_scaling) ---------------------
+struct Scaling {
+  float scale;
+  bool finite;
+};
+// Every thread of every block calls this and gets the same answer; block 0 writes scale_inv.
+__device__ __forceinline__ Scaling reduce_scaling(const uint32_t* partials, int nparts, float fp8max,
+                                                  float* scale_inv, uint32_t* smem) {
+  uint32_t m = 0;
+  for (int i = threadIdx.x; i < nparts; i += blockDim.x) m = max(m, partials[i]);
+  m = block_max_u32(m, smem);
+  Scaling s{1.0f, m < 0x7f800000u};
+  float inv = 1.0f;
+  if (!s.finite) {
+    s.scale = inv = __uint_as_float(kNanBits);
+  } else if (m != 0) {
+    s.scale = __fdiv_rn(fp8max, __uint_as_float(m));  // IEEE division whatever the compile flags
+    if (isinf(s.scale)) s.scale = FLT_MAX;
+    inv = __fdiv_rn(1.0f, s.scale);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = inv;
+  return s;
+}
+
+// ---- conversion --------------------------------------------------------------------------------
+// fp8(a * scale) in the low byte, fp8(b * scale) in the next: x * scale rounded to f32, then to
+// the FP8 format to nearest even with saturation, exactly the reference's two roundings.
+template <bool kE4M3>
+__device__ __forceinline__ uint32_t cvt2(float a, float b, float scale) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, scale), __fmul_rn(b, scale)), __NV_SATFINITE,
+                                  kE4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+// Two values of a 32-bit word of T: (lo, hi) as floats.
+__device__ __forceinline__ float2 bf16_pair(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+// 16 consecutive elements of T, as loaded (kRaw 16-byte words), to 16 FP8 bytes.
+template <class T, bool kE4M3>
+__device__ __forceinline__ uint4 quantize_chunk(const int4* raw, float scale, bool finite) {
+  uint32_t w[4];
+  if constexpr (sizeof(T) == 4) {
+    const float* x = reinterpret_cast<const float*>(raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      w[j] = cvt2<kE4M3>(x[4 * j], x[4 * j + 1], scale) | (cvt2<kE4M3>(x[4 * j + 2], x[4 * j + 3], scale) << 16);
+  } else {
+    const uint32_t* u = reinterpret_cast<const uint32_t*>(raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 a = bf16_pair(u[2 * j]), b = bf16_pair(u[2 * j + 1]);
+      w[j] = cvt2<kE4M3>(a.x, a.y, scale) | (cvt2<kE4M3>(b.x, b.y, scale) << 16);
+    }
+  }
+  if (!finite) w[0] = w[1] = w[2] = w[3] = kPoison4;
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// ---- launch 2, fast path: 128 x 128 tiles --------------------------------------------------------
+// Shared tile: kTile rows of kTile bytes (32 words). Word w of row r lives at w ^ swz(r): a warp
+// of the transpose phase reads rows 16 apart (4 row groups x 8 column words), which without the
+// swizzle would all hit the same 8 banks.
+__device__ __forceinline__ int swz(int row) { return ((row >> 4) & 3) << 3; }
+
+// Bytes (a.j, b.j, c.j, d.j) for j = 0..3: the 4 x 4 byte transpose of four rows' words.
+__device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t* col) {
+  const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);  // a0 b0 a1 b1 | a2 b2 a3 b3
+  const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+  col[0] = __byte_perm(ab_lo, cd_lo, 0x5410);
+  col[1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+  col[2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+  col[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+}
+
+struct QuantArgs {
+  const void* inp;
+  int64_t R, C, ld;
+  uint8_t* out;
+  uint8_t* out_t;
+  const uint32_t* partials;
+  int nparts;
+  float fp8max;
+  float* scale_inv;
+};
+
+// Preconditions (checked by the launcher): C % 16 == 0, inp rows 16-byte aligned, outputs 16-byte
+// aligned, R % 16 == 0 when kOutT. Edge tiles then hold whole 16-element chunks and 16-row groups.
+// Blocks per SM asked of the register allocator: 4 x 256 threads (bf16: 32 KiB of loads in
+// flight per block) fit in 64 registers; f32 chunks are twice the registers, 2 blocks.
+template <class T, bool kE4M3, bool kOut, bool kOutT>
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 2) quantize_tiles_kernel(QuantArgs a) {
+  constexpr int kChunksPerRow = kTile / kChunk;                    // 8
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;           // 32
+  constexpr int kIters = kTile / kRowsPerPass;                     // 4 chunks per thread
+  constexpr int kRaw = kChunk * static_cast<int>(sizeof(T)) / 16;  // 16-byte loads per chunk
+  __shared__ uint32_t red[32];
+  __shared__ __align__(16) uint32_t tile[kOutT ? kTile : 1][kTile / 4];
+
+  const Scaling s = reduce_scaling(a.partials, a.nparts, a.fp8max, a.scale_inv, red);
+  const T* inp = static_cast<const T*>(a.inp);
+  const int64_t tiles_c = (a.C + kTile - 1) / kTile, tiles = (a.R + kTile - 1) / kTile * tiles_c;
+  const int cc = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
+  // Transpose phase: this thread's 4-column group (of 32) and 16-row group (of 8).
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int cg = (warp % 4) * 8 + lane % 8, rg = (warp / 4) * 4 + lane / 8;
+
+  for (int64_t n = blockIdx.x; n < tiles; n += gridDim.x) {
+    // Last tile first: the amax launch read the tensor front to back, so its tail may still be
+    // in L2; reading that first gets it before this launch's own traffic evicts it.
+    const int64_t t = tiles - 1 - n;
+    const int64_t r0 = t / tiles_c * kTile, c0 = t % tiles_c * kTile;
+    const int rows = a.R - r0 < kTile ? static_cast<int>(a.R - r0) : kTile;
+    const int cols = a.C - c0 < kTile ? static_cast<int>(a.C - c0) : kTile;
+    const bool col_ok = cc * kChunk < cols;
+    int4 raw[kIters][kRaw];
+#pragma unroll
+    for (int j = 0; j < kIters; ++j) {
+      const int row = row0 + j * kRowsPerPass;
+      if (col_ok && row < rows) {
+        const int4* p = reinterpret_cast<const int4*>(inp + (r0 + row) * a.ld + c0 + cc * kChunk);
+#pragma unroll
+        for (int k = 0; k < kRaw; ++k) raw[j][k] = __ldcs(p + k);  // read once more: do not keep in L2
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kIters; ++j) {
+      const int row = row0 + j * kRowsPerPass;
+      if (col_ok && row < rows) {
+        const uint4 q = quantize_chunk<T, kE4M3>(raw[j], s.scale, s.finite);
+        if constexpr (kOut) *reinterpret_cast<uint4*>(a.out + (r0 + row) * a.C + c0 + cc * kChunk) = q;
+        if constexpr (kOutT) *reinterpret_cast<uint4*>(&tile[row][(cc * 4) ^ swz(row)]) = q;
+      }
+    }
+    if constexpr (kOutT) {
+      __syncthreads();
+      if (rg * 16 < rows && cg * 4 < cols) {
+        uint32_t w[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int row = rg * 16 + i;
+          w[i] = tile[row][cg ^ swz(row)];
+        }
+        uint32_t col[4][4];  // [group of 4 rows][column]
+#pragma unroll
+        for (int g = 0; g < 4; ++g) transpose4x4(w[4 * g], w[4 * g + 1], w[4 * g + 2], w[4 * g + 3], col[g]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<uint4*>(a.out_t + (c0 + cg * 4 + j) * a.R + r0 + rg * 16) =
+              make_uint4(col[0][j], col[1][j], col[2][j], col[3][j]);
+      }
+      __syncthreads();  // the tile is refilled by the next iteration
+    }
+  }
+}
+
+// ---- launch 2, generic path: any shape, pitch and alignment -------------------------------------
+template <class T, bool kE4M3>
+__global__ void __launch_bounds__(kThreads) quantize_generic_kernel(QuantArgs a) {
+  constexpr int kRowsPerPass = kThreads / kGeneric;  // 8
+  __shared__ uint32_t red[32];
+  __shared__ uint8_t tile[kGeneric][kGeneric + 1];
+  const Scaling s = reduce_scaling(a.partials, a.nparts, a.fp8max, a.scale_inv, red);
+  const T* inp = static_cast<const T*>(a.inp);
+  const int tx = threadIdx.x % kGeneric, ty = threadIdx.x / kGeneric;
+  const int64_t tiles_c = (a.C + kGeneric - 1) / kGeneric, tiles = (a.R + kGeneric - 1) / kGeneric * tiles_c;
+  for (int64_t n = blockIdx.x; n < tiles; n += gridDim.x) {
+    const int64_t t = tiles - 1 - n;  // last tile first, as in the tile kernel
+    const int64_t r0 = t / tiles_c * kGeneric, c0 = t % tiles_c * kGeneric;
+#pragma unroll
+    for (int i = 0; i < kGeneric / kRowsPerPass; ++i) {
+      const int64_t r = r0 + ty + i * kRowsPerPass, c = c0 + tx;
+      if (r < a.R && c < a.C) {
+        const uint8_t q = s.finite ? static_cast<uint8_t>(cvt2<kE4M3>(to_f32(inp[r * a.ld + c]), 0.0f, s.scale))
+                                   : static_cast<uint8_t>(kPoison4);
+        if (a.out) a.out[r * a.C + c] = q;
+        tile[ty + i * kRowsPerPass][tx] = q;
+      }
+    }
+    if (a.out_t) {
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kGeneric / kRowsPerPass; ++i) {
+        const int64_t c = c0 + ty + i * kRowsPerPass, r = r0 + tx;
+        if (r < a.R && c < a.C) a.out_t[c * a.R + r] = tile[tx][ty + i * kRowsPerPass];
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// ---- launchers ---------------------------------------------------------------------------------
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads) {
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  return std::max(1, per_sm) * sm_count();
+}
+
+// A persistent grid: as many blocks as fit on the device at once (each one reduces the partials
+// once), at least one (block 0 writes scale_inv even for an empty tensor).
+template <auto kKernel>
+void launch_quantize(int64_t tiles, const QuantArgs& a, cudaStream_t stream) {
+  static const int resident = resident_blocks(kKernel, kThreads);  // one value per kernel
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tiles, resident)));
+  kKernel<<<grid, kThreads, 0, stream>>>(a);
+  CUDA_CHECK_LAST();
+}
+
+template <class T, bool kE4M3>
+void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* out_t, float fp8max,
+         float* scale_inv, uint32_t* partials, cudaStream_t stream) {
+  constexpr int W = 16 / static_cast<int>(sizeof(T));
+  const bool vec = aligned16(inp) && (ld * static_cast<int64_t>(sizeof(T))) % 16 == 0 && C % W == 0;
+  const bool contig = ld == C || R <= 1;
+  const int64_t units = vec ? R * (C / W) : R * C;
+  const int64_t want = (units + kAmaxThreads * kAmaxUnroll - 1) / (kAmaxThreads * kAmaxUnroll);
+  const int nparts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, std::min(kMaxPartials, 2 * sm_count()))));
+  if (vec && contig) amax_partials_kernel<T, true, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+  else if (vec) amax_partials_kernel<T, true, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+  else if (contig) amax_partials_kernel<T, false, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+  else amax_partials_kernel<T, false, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+  CUDA_CHECK_LAST();
+
+  const QuantArgs a{inp, R, C, ld, out, out_t, partials, nparts, fp8max, scale_inv};
+  const bool fast = vec && C % kChunk == 0 && (!out || aligned16(out)) && (!out_t || (aligned16(out_t) && R % 16 == 0));
+  if (fast) {
+    const int64_t tiles = (R + kTile - 1) / kTile * ((C + kTile - 1) / kTile);
+    if (out && out_t) launch_quantize<quantize_tiles_kernel<T, kE4M3, true, true>>(tiles, a, stream);
+    else if (out) launch_quantize<quantize_tiles_kernel<T, kE4M3, true, false>>(tiles, a, stream);
+    else launch_quantize<quantize_tiles_kernel<T, kE4M3, false, true>>(tiles, a, stream);
+  } else {
+    const int64_t tiles = (R + kGeneric - 1) / kGeneric * ((C + kGeneric - 1) / kGeneric);
+    launch_quantize<quantize_generic_kernel<T, kE4M3>>(tiles, a, stream);
+  }
+}
+
+}  // namespace
+
+size_t quantize_fp8_scratch_bytes() { return kMaxPartials * sizeof(uint32_t); }
+
+void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
+                             void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream) {
+  const char* op = "quantize_fp8_tensorwise";
+  if (!dtype_is_fp8(fp8))
+    throw RuntimeError(fmt::format("{}: output dtype {} is not an FP8 format (f8e4m3, f8e5m2)", op, dtype_name(fp8)));
+  if (!out && !out_t) throw RuntimeError(fmt::format("{}: neither out nor out_t given", op));
+  if (R < 0 || C < 0 || (R > 1 && ld < C))
+    throw RuntimeError(fmt::format("{}: bad shape [{}, {}] with row pitch {}", op, R, C, ld));
+  if (!scale_inv || !scratch) throw RuntimeError(fmt::format("{}: scale_inv and scratch are required", op));
+  const float fp8max = fp8 == DType::F8E4M3 ? 448.0f : 57344.0f;
+  auto* o = static_cast<uint8_t*>(out);
+  auto* ot = static_cast<uint8_t*>(out_t);
+  auto* partials = static_cast<uint32_t*>(scratch);
+  PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, op, [&] {
+    const auto* x = static_cast<const scalar_t*>(inp);
+    if (fp8 == DType::F8E4M3) run<scalar_t, true>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, stream);
+    else run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, stream);
+  });
+}
+
+}  // namespace primus::turbo::cuda

@@ -1,0 +1,30 @@
+// Launcher of the per-tensor FP8 quantisation with current scaling (quantize.cu). The recipe,
+// and what a non-finite input gives, are those of the CPU reference, turbo/kernels/cpu/quantize.h;
+// the results agree with it bit for bit (bytes and scale_inv).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "turbo/core/dtype.h"
+
+namespace primus::turbo::cuda {
+
+// Bytes of device scratch quantize_fp8_tensorwise needs (the per-block amax partials, at most
+// 1024 of them): 4 KiB whatever the shape.
+size_t quantize_fp8_scratch_bytes();
+
+// inp [R, C] (f32 | bf16) with rows ld >= C elements apart; out [R, C] and/or out_t [C, R] of
+// `fp8` (f8e4m3 | f8e5m2), contiguous row-major, either may be null (not both); scale_inv: one
+// device f32, written; scratch: quantize_fp8_scratch_bytes() of device memory, 4-byte aligned,
+// not read before it is written (nothing needs zeroing).
+// Two launches on `stream`, no atomics, no allocation, no host synchronisation: deterministic and
+// graph-capturable. Fast path (16-byte loads and stores, 128 x 128 tiles transposed through shared
+// memory): inp 16-byte aligned with ld * sizeof(T) a multiple of 16, C a multiple of 16, outputs
+// 16-byte aligned, and R a multiple of 16 when out_t is written; any other shape or alignment runs
+// a plain element-wise kernel (correct, slower).
+void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
+                             void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream);
+
+}  // namespace primus::turbo::cuda
