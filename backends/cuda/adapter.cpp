@@ -28,6 +28,11 @@ void add_cuda_schema(config::Schema& s) {
                "machine, cuBLASLt and file give the same algorithms, so resumes are bit-identical); 0 or 1: the "
                "heuristic's first answer. PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH overrides it",
                0, 8)
+      .text("fp8", "none",
+            "FP8 GEMMs for the transformer layers' linear layers (qkv, attention output, MLP; the output layer "
+            "stays bf16), per-tensor current scaling: hybrid (E4M3 activations and weights, E5M2 gradients) or "
+            "e4m3 (E4M3 everywhere); none: bf16",
+            {"none", "hybrid", "e4m3"})
       .integer("profile_steps", 0,
                "per-phase GPU time over this many steps after the first (table at the end, profile.json in the output "
                "folder); 0: off unless PRIMUS_CUDA_PROFILE=1 (then every step)",
@@ -53,6 +58,7 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
                                             model.num_query_groups, model.num_parameters())});
   d.push_back({"device", device_name.empty() ? std::to_string(device) : fmt::format("{} ({})", device, device_name)});
   d.push_back({"attention_backend", attention_backend});
+  if (fp8 != "none") d.push_back({"fp8", fp8 + " (transformer-layer linear GEMMs; output layer bf16)"});
   d.push_back({"peak_flops", peak_flops > 0 ? fmt::format("{:.3g}", peak_flops) : "unknown (no MFU)"});
   return d;
 }

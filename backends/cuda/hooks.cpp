@@ -96,6 +96,8 @@ CudaOps CudaOps::defaults() {
   o.linear_backward = turbo::linear_backward;
   o.linear_backward_dgelu = turbo::linear_backward_input_dgelu;
   o.bias_grad = turbo::bias_grad;
+  o.head_forward = o.linear_forward;
+  o.head_backward = turbo::linear_backward;
   o.norm_forward = [](const turbo::NormForwardArgs& a) { turbo::norm_forward(a); };
   o.norm_backward = [](const turbo::NormBackwardArgs& a) { turbo::norm_backward(a); };
   o.cross_entropy = [](const turbo::CrossEntropyArgs& a) { turbo::cross_entropy(a); };
@@ -106,6 +108,21 @@ CudaOps CudaOps::defaults() {
                const TensorView& scalars, const ExecContext& ctx) { opt.step(hp, scale, scalars, ctx); };
   o.recompute_policy = [](int64_t, int64_t) { return Recompute::None; };
   return o;
+}
+
+Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& r) {
+  Fp8LinearFns f;
+  f.forward = [r](const TensorView& out, const TensorView& inp, const TensorView& w, const TensorView& b,
+                  const TensorView& aux, const ExecContext& ctx) { turbo::linear_forward_fp8(out, inp, w, b, aux, ctx, r); };
+  f.backward = [r](const TensorView& dinp, const TensorView& dw, const TensorView& db, const TensorView& dout,
+                   const TensorView& inp, const TensorView& w, bool acc, const ExecContext& ctx) {
+    turbo::linear_backward_fp8(dinp, dw, db, dout, inp, w, acc, ctx, r);
+  };
+  f.backward_dgelu = [r](const TensorView& dpre, const TensorView& db, const TensorView& dout, const TensorView& w,
+                         const TensorView& pre, const ExecContext& ctx) {
+    turbo::linear_backward_input_dgelu_fp8(dpre, db, dout, w, pre, ctx, r);
+  };
+  return f;
 }
 
 void define_cuda_hooks(patches::HookTable& h) {
@@ -119,6 +136,8 @@ void define_cuda_hooks(patches::HookTable& h) {
   h.define<LinearBackwardDGeluFn>(kLinearBackwardDGelu, d.linear_backward_dgelu,
                                   "GPT-2 MLP: input gradient through GELU fused into the GEMM epilogue");
   h.define<BiasGradFn>(kBiasGrad, d.bias_grad, "linear layers' bias gradients: a deterministic column-sum reduction");
+  h.define<LinearForwardFn>(kHeadForward, d.head_forward, "output layer (logits = final norm output @ wte^T or lm_head^T)");
+  h.define<LinearBackwardFn>(kHeadBackward, d.head_backward, "output layer's input and weight gradients");
   h.define<NormForwardFn>(kNormForward, d.norm_forward, "residual add fused with LayerNorm / RMSNorm");
   h.define<NormBackwardFn>(kNormBackward, d.norm_backward, "norm backward accumulating into the residual gradient");
   h.define<CrossEntropyFn>(kCrossEntropy, d.cross_entropy, "fused softmax cross-entropy, gradient in place of the bf16 logits");
@@ -136,6 +155,8 @@ CudaOps CudaOps::from(const patches::HookTable& h) {
   o.linear_backward = h.get<LinearBackwardFn>(kLinearBackward);
   o.linear_backward_dgelu = h.get<LinearBackwardDGeluFn>(kLinearBackwardDGelu);
   o.bias_grad = h.get<BiasGradFn>(kBiasGrad);
+  o.head_forward = h.get<LinearForwardFn>(kHeadForward);
+  o.head_backward = h.get<LinearBackwardFn>(kHeadBackward);
   o.norm_forward = h.get<NormForwardFn>(kNormForward);
   o.norm_backward = h.get<NormBackwardFn>(kNormBackward);
   o.cross_entropy = h.get<CrossEntropyFn>(kCrossEntropy);

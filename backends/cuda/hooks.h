@@ -12,6 +12,7 @@
 #include "core/patches/hook_table.h"
 #include "turbo/core/tensor_view.h"
 #include "turbo/ops/exec_context.h"
+#include "turbo/ops/gemm_fp8.h"
 #include "turbo/ops/loss.h"
 #include "turbo/ops/normalization.h"
 #include "turbo/ops/optimizer.h"
@@ -85,6 +86,10 @@ inline constexpr const char* kLinearForward = "cuda.linear.forward";
 inline constexpr const char* kLinearBackward = "cuda.linear.backward";
 inline constexpr const char* kLinearBackwardDGelu = "cuda.linear.backward_dgelu";
 inline constexpr const char* kBiasGrad = "cuda.linear.bias_grad";
+// The output layer (lm_head) has slots of its own: FP8 recipes keep it in bf16, as Transformer
+// Engine and torchao leave the first and last layers in higher precision.
+inline constexpr const char* kHeadForward = "cuda.head.forward";
+inline constexpr const char* kHeadBackward = "cuda.head.backward";
 inline constexpr const char* kNormForward = "cuda.norm.forward";
 inline constexpr const char* kNormBackward = "cuda.norm.backward";
 inline constexpr const char* kCrossEntropy = "cuda.loss.cross_entropy";
@@ -100,6 +105,8 @@ struct CudaOps {
   std::function<LinearBackwardFn> linear_backward;
   std::function<LinearBackwardDGeluFn> linear_backward_dgelu;
   std::function<BiasGradFn> bias_grad;
+  std::function<LinearForwardFn> head_forward;
+  std::function<LinearBackwardFn> head_backward;
   std::function<NormForwardFn> norm_forward;
   std::function<NormBackwardFn> norm_backward;
   std::function<CrossEntropyFn> cross_entropy;
@@ -110,6 +117,22 @@ struct CudaOps {
   static CudaOps defaults();                               // the slots' defaults
   static CudaOps from(const patches::HookTable& hooks);    // after the patches ran
 };
+
+// The FP8 versions of the three linear slots (turbo/ops/gemm_fp8.h) for `recipe`: what patch
+// cuda.linear.fp8 puts in kLinearForward / kLinearBackward / kLinearBackwardDGelu (the model must
+// then be built with CudaModelOptions::fp8_linear for their scratch).
+struct Fp8LinearFns {
+  std::function<LinearForwardFn> forward;
+  std::function<LinearBackwardFn> backward;
+  std::function<LinearBackwardDGeluFn> backward_dgelu;
+};
+Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& recipe);
+inline void use_fp8_linear(CudaOps& ops, const turbo::Fp8Recipe& recipe) {
+  Fp8LinearFns f = fp8_linear_fns(recipe);
+  ops.linear_forward = std::move(f.forward);
+  ops.linear_backward = std::move(f.backward);
+  ops.linear_backward_dgelu = std::move(f.backward_dgelu);
+}
 
 // Declares every slot above with its default (BackendAdapter::define_hooks).
 void define_cuda_hooks(patches::HookTable& hooks);

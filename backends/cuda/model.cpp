@@ -21,6 +21,7 @@
 #include "turbo/ops/activation.h"
 #include "turbo/ops/embedding.h"
 #include "turbo/ops/gemm.h"
+#include "turbo/ops/gemm_fp8.h"
 #include "turbo/ops/rope.h"
 
 namespace primus::backends::cuda {
@@ -80,6 +81,16 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     throw ConfigError(fmt::format("sequence length {} exceeds the model's seq_length {}", opt_.max_seq, spec_.seq_length));
   }
   check_shapes(spec_);
+  if (opt_.fp8_linear) {  // Hopper's FP8 GEMMs want every dimension a multiple of 16
+    const int64_t N = opt_.max_batch * opt_.max_seq;
+    for (const auto& [what, v] : {std::pair<const char*, int64_t>{"hidden_size", spec_.hidden_size},
+                                  {"ffn_hidden_size", spec_.ffn_hidden_size},
+                                  {"the kv projection width (num_query_groups x head dim)", spec_.kv_dim()},
+                                  {"micro_batch_size x seq_length", N}}) {
+      if (v % 16 != 0)
+        throw ConfigError(fmt::format("fp8: FP8 GEMMs need {} to be a multiple of 16, got {}", what, v));
+    }
+  }
   if (const char* e = std::getenv("PRIMUS_CUDA_BIAS_GRAD")) {
     const std::string v = e;
     if (v == "gemm") bias_grad_ = BiasGrad::Gemm;
@@ -120,6 +131,12 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                                size_t(std::max({turbo::cuda::column_sum_partials(N, spec_.qkv_dim()),
                                                 turbo::cuda::column_sum_partials(N, spec_.fc_dim()),
                                                 turbo::cuda::column_sum_partials(N, C)})) * 4 + Arena::kDefaultAlign});
+  }
+  if (opt_.fp8_linear) {  // the linear slots' quantized copies (one layer at a time)
+    const int64_t F = spec_.fc_dim(), Fin = spec_.swiglu ? spec_.ffn_hidden_size : spec_.fc_dim();
+    scratch_bytes_ = std::max({scratch_bytes_, turbo::linear_fp8_scratch_bytes(N, C, spec_.qkv_dim()),
+                               turbo::linear_fp8_scratch_bytes(N, C, C), turbo::linear_fp8_scratch_bytes(N, C, F),
+                               turbo::linear_fp8_scratch_bytes(N, Fin, C)});
   }
   // Attention: what the caller says its implementation needs, and on the device at least room
   // for Turbo's flash backward (f32 dq and row sums) and a cuDNN workspace.
@@ -551,7 +568,7 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
       const int64_t r1 = std::min(N, r0 + head_rows_);
       const TensorView logits = logits_.slice0(0, r1 - r0), lnf = lnf_.slice0(r0, r1);
       mark(Phase::HeadGemm);
-      ops_.linear_forward(logits, lnf, head_.w, {}, {}, c);
+      ops_.head_forward(logits, lnf, head_.w, {}, {}, c);
       turbo::CrossEntropyArgs ce;
       ce.logits = logits;
       if (dloss != 0.0f) ce.dlogits = logits;  // in place: no second [rows,V] buffer
@@ -566,7 +583,7 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
       // dln_ (untouched until backward() reads it) and the head weight's gradient (+=).
       if (dloss != 0.0f) {
         mark(Phase::HeadGemmBwd);
-        ops_.linear_backward(dln_.slice0(r0, r1), head_.g, {}, logits, lnf, head_.w, false, c);
+        ops_.head_backward(dln_.slice0(r0, r1), head_.g, {}, logits, lnf, head_.w, false, c);
       }
     }
     mark(Phase::Loss);

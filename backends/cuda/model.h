@@ -61,6 +61,9 @@ struct CudaModelOptions {
   // weights, and get_params(), the moment calls, grad_norm() and update() throw. Device only.
   int64_t flat_elems = 0;
   bool optimizer_state = true;
+  // The linear slots run FP8 GEMMs (patch cuda.linear.fp8): scratch holds their quantized
+  // copies (turbo::linear_fp8_scratch_bytes) and every linear dimension must be a multiple of 16.
+  bool fp8_linear = false;
 };
 
 class CudaModel {

@@ -110,6 +110,7 @@ void CudaTrainer::init() {
   mo.max_seq = spec.seq_length;
   mo.loss_slots = t.grad_accum_steps;
   mo.device = args_->host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
+  mo.fp8_linear = args_->fp8 != "none";
   const bool fallback = args_->attention_backend == "fallback" || std::string(default_attention_name()) == "fallback";
   if (fallback) {
     mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,

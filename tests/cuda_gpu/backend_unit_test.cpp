@@ -58,21 +58,22 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   auto adapter = backends.create("cuda");
   EXPECT_EQ(adapter->version(), kVersion);
   for (const char* key : {"device", "recompute_granularity", "cuda_graph", "gemm_algo_search", "attention_backend",
-                          "peak_flops", "hidden_size", "micro_batch_size", "lr", "mock_data"}) {
+                          "fp8", "peak_flops", "hidden_size", "micro_batch_size", "lr", "mock_data"}) {
     EXPECT_NE(adapter->schema().find(key), nullptr) << key;
   }
   patches::HookTable hooks;
   adapter->define_hooks(hooks);
   for (const char* slot : {kAttentionForward, kAttentionBackward, kLinearForward, kLinearBackward,
-                           kLinearBackwardDGelu, kBiasGrad, kNormForward, kNormBackward, kCrossEntropy, kGradNorm, kAdamWStep,
-                           kRecomputePolicy}) {
+                           kLinearBackwardDGelu, kBiasGrad, kHeadForward, kHeadBackward, kNormForward, kNormBackward,
+                           kCrossEntropy, kGradNorm, kAdamWStep, kRecomputePolicy}) {
     EXPECT_TRUE(hooks.has(slot)) << slot;
     EXPECT_FALSE(hooks.doc(slot).empty()) << slot;
   }
-  EXPECT_EQ(hooks.names().size(), 12u);
+  EXPECT_EQ(hooks.names().size(), 14u);
   for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
                          "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph",
-                         "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times"}) {
+                         "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times",
+                         "cuda.linear.fp8"}) {
     const patches::Patch* p = reg.find(id);
     ASSERT_NE(p, nullptr) << id;
     EXPECT_EQ(p->backend, "cuda") << id;
@@ -86,6 +87,9 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   EXPECT_TRUE(ops.attention_forward && ops.attention_backward && ops.linear_forward && ops.adamw);
   EXPECT_EQ(ops.recompute_policy(0, 12), Recompute::None);
   EXPECT_EQ(reg.find("cuda.memory.recompute")->slots, (std::vector<std::string>{kRecomputePolicy}));
+  // FP8 replaces the layers' linear slots, never the output layer's.
+  EXPECT_EQ(reg.find("cuda.linear.fp8")->slots,
+            (std::vector<std::string>{kLinearForward, kLinearBackward, kLinearBackwardDGelu}));
 }
 
 TEST(CudaBackendUnit, PeakTableCoversTheDataCentreGpus) {
@@ -133,6 +137,14 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   auto nine = primus::testing::run_primus(example_args("--dry-run gemm_algo_search=9 workspace=" + w.str()));
   EXPECT_EQ(nine.code, 2) << nine.out;
   EXPECT_NE(nine.out.find("gemm_algo_search"), std::string::npos) << nine.out;
+  // fp8: off by default; hybrid / e4m3 switch the patch on; anything else is a config error.
+  EXPECT_NE(off.out.find("skip  cuda.linear.fp8: condition false"), std::string::npos) << off.out;
+  auto fp8 = primus::testing::run_primus(example_args("--dry-run fp8=hybrid workspace=" + w.str()));
+  EXPECT_EQ(fp8.code, 0) << fp8.out;
+  EXPECT_NE(fp8.out.find("apply cuda.linear.fp8: condition true"), std::string::npos) << fp8.out;
+  auto fp8bad = primus::testing::run_primus(example_args("--dry-run fp8=e5m2 workspace=" + w.str()));
+  EXPECT_EQ(fp8bad.code, 2) << fp8bad.out;
+  EXPECT_NE(fp8bad.out.find("fp8"), std::string::npos) << fp8bad.out;
   auto bad = primus::testing::run_primus(example_args("--dry-run recompute_granularity=partial workspace=" + w.str()));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("recompute_granularity"), std::string::npos) << bad.out;

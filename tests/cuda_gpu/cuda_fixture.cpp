@@ -282,12 +282,18 @@ Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed, c
 }
 
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
-                                                                    int steps) {
+                                                                    int steps, const turbo::Fp8Recipe* fp8) {
   const train::ModelSpec spec = tiny_spec(llama);
   const int64_t T = spec.seq_length;
   const std::vector<double>& ref = reference_curve(llama, steps);
   Batches data(T, steps);
-  CudaModel model(spec, options(spec, kTrainBatch, device), ops_for(attn));
+  CudaOps ops = ops_for(attn);
+  CudaModelOptions mo = options(spec, kTrainBatch, device);
+  if (fp8) {
+    use_fp8_linear(ops, *fp8);
+    mo.fp8_linear = true;
+  }
+  CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());
   std::vector<double> curve;

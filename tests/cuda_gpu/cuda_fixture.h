@@ -81,8 +81,9 @@ Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed,
 // the same tinyshakespeare batches (B = 8, T = 64, bytes) with the trainers' recipe: global-norm
 // clip 1.0, AdamW (lr 2e-3, betas 0.9/0.99, decay 0.1 on decayed tensors). Returns
 // {cuda losses, reference losses}; the reference curve is computed once per (model, steps).
+// With `fp8`, the model's linear slots run that FP8 recipe (patch cuda.linear.fp8).
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
-                                                                    int steps);
+                                                                    int steps, const turbo::Fp8Recipe* fp8 = nullptr);
 
 class CudaGpuTest : public ::testing::Test {
  protected:

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/util/error.h"
 #include "cuda_fixture.h"
 #include "io/safetensors.h"
 #include "train/param_layout.h"
@@ -57,6 +58,42 @@ TEST_P(HostParityTest, TenTrainingStepsFollowTheReference) {
   std::printf("[host %s, attention %s] 10 steps: loss %.4f -> %.4f, worst relative difference %.2e\n",
               llama ? "llama" : "gpt2", attn_name(attn).c_str(), curve.front(), curve.back(), worst);
   EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
+}
+
+// FP8 linear layers in host mode (the CPU quantizer and the dequantized f32 GEMM: the device
+// path's arithmetic): training follows the fp32 reference within FP8's rounding, and the
+// quantization is really applied (the curve is not the fp32 one bit for bit).
+TEST(HostFp8, TenTrainingStepsFollowTheReferenceWithinFp8Rounding) {
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    const turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe("hybrid", "test");
+    const auto [curve, ref] = training_curves(llama, Attn::Default, turbo::Device::CPU, 10, &recipe);
+    const auto fp32 = training_curves(llama, Attn::Default, turbo::Device::CPU, 10).first;
+    double worst = 0;
+    for (size_t s = 0; s < curve.size(); ++s) {
+      worst = std::max(worst, std::fabs(curve[s] - ref[s]) / ref[s]);
+      EXPECT_NEAR(curve[s], ref[s], 0.02 * ref[s]) << "step " << s;
+    }
+    EXPECT_NE(curve, fp32) << "the FP8 slots did not change the arithmetic";
+    EXPECT_LT(curve.back(), curve.front() - 0.2) << "FP8 training must learn";
+    std::printf("[host %s, fp8 hybrid] 10 steps: loss %.4f -> %.4f, worst relative difference %.2e\n",
+                llama ? "llama" : "gpt2", curve.front(), curve.back(), worst);
+  }
+}
+
+TEST(HostFp8, DimensionsFp8GemmsCannotServeAreConfigErrors) {
+  train::ModelSpec spec = tiny_spec(true);
+  spec.ffn_hidden_size = 200;  // a multiple of 8 (bf16 is fine), not of 16
+  CudaModelOptions mo = options(spec, 2, turbo::Device::CPU);
+  EXPECT_NO_THROW(CudaModel(spec, mo, CudaOps::defaults()));
+  mo.fp8_linear = true;
+  try {
+    CudaModel m(spec, mo, CudaOps::defaults());
+    ADD_FAILURE() << "ffn_hidden_size 200 was accepted for FP8";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("ffn_hidden_size"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("200"), std::string::npos) << e.what();
+  }
 }
 
 // The dump mode that feeds tests/cuda_gpu/bf16_noise_floor.py (see step0_parity), written by the

@@ -45,6 +45,9 @@ cublaslt::GemmProblem lt_problem(const GemmArgs& g, const detail::GemmShape& s) 
   p.aux = g.aux.data;
   p.aux_ld = g.aux.defined() ? g.aux.stride(0) : 0;
   p.allow_tf32 = g.allow_tf32;
+  p.a_scale = g.a_scale.ptr<const float>();
+  p.b_scale = g.b_scale.ptr<const float>();
+  p.fp8_fast_accum = g.fp8_fast_accum;
   return p;
 }
 
@@ -65,6 +68,7 @@ cuda::GemmSm90Problem sm90_problem(const GemmArgs& g, const detail::GemmShape& s
 // Why the TURBO kernel cannot run a call ("" when it can): what the dispatcher and a forced
 // PRIMUS_TURBO_GEMM_BACKEND=TURBO report.
 std::string turbo_unsupported_reason(const GemmArgs& g, const detail::GemmShape& s) {
+  if (dtype_is_fp8(s.a.dtype)) return "FP8 operands (the TURBO GEMM runs bf16/f16)";
   if (g.epilogue != GemmEpilogue::None && g.epilogue != GemmEpilogue::Bias)
     return fmt::format("epilogue {} (the TURBO GEMM has none and bias)", gemm_epilogue_name(g.epilogue));
   if (s.batch > 1) return fmt::format("batch {} (the TURBO GEMM runs one matrix per call)", s.batch);
@@ -109,7 +113,8 @@ double time_gemm_ms(const GemmArgs& g, const std::function<void()>& run) {
 #endif
 
 std::string views_on(Device dev, const GemmArgs& g) {
-  return detail::all_on(dev, {{"A", &g.a}, {"B", &g.b}, {"D", &g.d}, {"bias", &g.bias}, {"aux", &g.aux}});
+  return detail::all_on(dev, {{"A", &g.a}, {"B", &g.b}, {"D", &g.d}, {"bias", &g.bias}, {"aux", &g.aux},
+                              {"a_scale", &g.a_scale}, {"b_scale", &g.b_scale}});
 }
 
 OpDispatcher<GemmArgs>& dispatcher() {
@@ -157,15 +162,22 @@ OpDispatcher<GemmArgs>& dispatcher() {
         BackendType::CPU,
         [](const GemmArgs& g) -> std::string {
           if (auto w = views_on(Device::CPU, g); !w.empty()) return w;
-          if (auto w = detail::all_dtype(DType::F32, {{"A", &g.a}, {"B", &g.b}, {"D", &g.d}, {"bias", &g.bias}, {"aux", &g.aux}}); !w.empty())
+          if (dtype_is_fp8(g.a.dtype)) {  // FP8 operands are dequantized; the rest is f32
+            if (auto w = detail::all_dtype(DType::F32, {{"D", &g.d}, {"bias", &g.bias}, {"aux", &g.aux}}); !w.empty())
+              return w + " (the CPU backend computes in f32)";
+          } else if (auto w = detail::all_dtype(DType::F32, {{"A", &g.a}, {"B", &g.b}, {"D", &g.d}, {"bias", &g.bias}, {"aux", &g.aux}}); !w.empty()) {
             return w + " (the CPU backend computes in f32)";
+          }
           detail::GemmShape s;
           return detail::gemm_shape(g, &s);
         },
         [](const GemmArgs& g) {
           detail::GemmShape s;
           detail::gemm_shape(g, &s);
-          detail::gemm_cpu(g, s);
+          if (dtype_is_fp8(s.a.dtype))
+            detail::gemm_cpu_fp8(g, s);
+          else
+            detail::gemm_cpu(g, s);
         }));
     return disp;
   }();
@@ -199,8 +211,9 @@ std::string GemmArgs::key() const {
   // Whether A and B start 16-byte aligned: TURBO (TMA) needs it, so a backend autotune picked for
   // aligned operands must not be reused from the cache for unaligned ones of the same shapes.
   const int al16 = (reinterpret_cast<uintptr_t>(a.data) % 16 == 0 ? 1 : 0) + (reinterpret_cast<uintptr_t>(b.data) % 16 == 0 ? 2 : 0);
-  return fmt::format("gemm A={} B={} D={} epi={} beta0={} tf32={} al16={}", lay(a), lay(b), lay(d),
-                     gemm_epilogue_name(epilogue), beta == 0.0f ? 1 : 0, allow_tf32 ? 1 : 0, al16);
+  return fmt::format("gemm A={} B={} D={} epi={} beta0={} tf32={} al16={} fastacc={}", lay(a), lay(b), lay(d),
+                     gemm_epilogue_name(epilogue), beta == 0.0f ? 1 : 0, allow_tf32 ? 1 : 0, al16,
+                     fp8_fast_accum ? 1 : 0);
 }
 
 BackendType gemm(const GemmArgs& args) {

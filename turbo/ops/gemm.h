@@ -5,6 +5,11 @@
 // (stride(-1) == 1) or column-major (stride(-2) == 1, e.g. a transposed view); D [M,N] must be
 // row-major. 3-D views [batch, ., .] run a strided batched GEMM (a batch stride of 0 broadcasts).
 // dtypes: A, B bf16/f16 with D the same or f32, or all f32 (fp32 accumulation throughout).
+// FP8: A, B f8e4m3/f8e5m2 (not both e5m2) with D bf16/f16/f32 and per-tensor dequantization
+// scales: D = epilogue(alpha * a_scale * b_scale * A @ B + beta * D), where a_scale/b_scale are
+// f32 [1] views on the operands' device (the scale_inv that turbo::quantize_fp8 writes). On the
+// GPU (cuBLASLt, Hopper) both FP8 operands must be K-contiguous: A row-major [M,K] and B the
+// transposed view of a row-major [N,K]; turbo/ops/gemm_fp8.h has the linear layers built on it.
 //
 // Backends: CUBLASLT (device tensors; default), CPU (host f32 tensors, OpenBLAS). Chosen per call
 // by the dispatcher: PRIMUS_TURBO_GEMM_BACKEND, PRIMUS_TURBO_AUTO_TUNE, set_backend("gemm", ...).
@@ -38,6 +43,9 @@ struct GemmArgs {
   TensorView bias;          // see GemmEpilogue; dtype of D
   TensorView aux;           // [M,N] row-major, dtype of D, row stride a multiple of 8
   bool allow_tf32 = false;  // f32 only: TF32 tensor cores (about 1e-3 relative error)
+  TensorView a_scale, b_scale;  // FP8 only: f32 [1] dequantization factors (see above)
+  bool fp8_fast_accum = false;  // FP8 only: cuBLASLt's fast accumulation (no periodic promotion
+                                // of the tensor-core partial sums to fp32; forward passes only)
   ExecContext ctx;
 
   // Shapes, dtypes, layouts, epilogue: the autotune key (no pointers).

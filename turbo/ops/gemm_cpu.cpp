@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/ops/gemm_cpu.h"
 
@@ -72,6 +73,30 @@ void gemm_cpu(const GemmArgs& g, const GemmShape& s) {
       }
     }
   }
+}
+
+namespace {
+// The stored elements of an FP8 operand (gaps between rows included) as f32.
+std::vector<float> dequantize(const MatrixLayout& l) {
+  const int64_t stored_rows = l.transposed ? l.cols : l.rows, stored_cols = l.transposed ? l.rows : l.cols;
+  const int64_t elems = (l.batch - 1) * l.batch_stride + (stored_rows - 1) * l.ld + stored_cols;
+  std::vector<float> out(static_cast<size_t>(elems));
+  const auto* q = static_cast<const uint8_t*>(l.ptr);
+  for (int64_t i = 0; i < elems; ++i)
+    out[static_cast<size_t>(i)] = l.dtype == DType::F8E4M3 ? f8e4m3_bits_to_float(q[i]) : f8e5m2_bits_to_float(q[i]);
+  return out;
+}
+}  // namespace
+
+void gemm_cpu_fp8(const GemmArgs& g, const GemmShape& s) {
+  std::vector<float> a = dequantize(s.a), b = dequantize(s.b);
+  GemmArgs g2 = g;
+  GemmShape s2 = s;
+  s2.a.ptr = a.data();
+  s2.b.ptr = b.data();
+  s2.a.dtype = s2.b.dtype = DType::F32;
+  g2.alpha = g.alpha * *g.a_scale.ptr<float>() * *g.b_scale.ptr<float>();
+  gemm_cpu(g2, s2);
 }
 
 }  // namespace primus::turbo::detail

@@ -4,4 +4,6 @@
 
 namespace primus::turbo::detail {
 void gemm_cpu(const GemmArgs& args, const GemmShape& shape);
+// FP8 operands (host bytes): dequantized to f32, the scales folded into alpha, then gemm_cpu.
+void gemm_cpu_fp8(const GemmArgs& args, const GemmShape& shape);
 }  // namespace primus::turbo::detail

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 namespace primus::turbo::detail {
 
 std::string matrix_layout(const TensorView& t, MatrixLayout* out) {
@@ -48,6 +50,23 @@ std::string gemm_shape(const GemmArgs& g, GemmShape* out) {
     if (l->batch != 1 && l->batch != s.batch)
       return fmt::format("batch sizes differ: A {}, B {}, D {}", g.a.describe(), g.b.describe(), g.d.describe());
   if (s.batch > 1 && s.d.batch != s.batch) return "D must carry the batch dimension";
+  const bool fp8_a = dtype_is_fp8(g.a.dtype), fp8_b = dtype_is_fp8(g.b.dtype);
+  if (fp8_a != fp8_b)
+    return fmt::format("A is {} and B is {}: FP8 GEMMs take two FP8 operands", dtype_name(g.a.dtype),
+                       dtype_name(g.b.dtype));
+  if (fp8_a) {
+    if (g.a.dtype == DType::F8E5M2 && g.b.dtype == DType::F8E5M2)
+      return "A and B are both f8e5m2 (at least one FP8 operand must be f8e4m3)";
+    if (g.d.dtype != DType::BF16 && g.d.dtype != DType::F16 && g.d.dtype != DType::F32)
+      return fmt::format("an FP8 GEMM writes bf16, f16 or f32, not {}", dtype_name(g.d.dtype));
+    for (const auto& [name, t] : {std::pair{"a_scale", &g.a_scale}, std::pair{"b_scale", &g.b_scale}}) {
+      if (!t->defined() || t->numel() != 1 || t->dtype != DType::F32 || t->device != g.a.device)
+        return fmt::format("an FP8 GEMM needs {} as an f32 [1] tensor on the operands' device, got {}", name,
+                           t->defined() ? t->describe() : "none");
+    }
+  } else if (g.a_scale.defined() || g.b_scale.defined()) {
+    return "a_scale / b_scale are for FP8 operands only";
+  }
   const GemmEpilogue e = g.epilogue;
   const bool bias_in = e == GemmEpilogue::Bias || e == GemmEpilogue::GeluBias || e == GemmEpilogue::GeluAuxBias;
   const bool bias_out = e == GemmEpilogue::DGeluBGrad || e == GemmEpilogue::BGradA || e == GemmEpilogue::BGradB;

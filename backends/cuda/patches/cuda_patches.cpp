@@ -50,6 +50,35 @@ void register_patches(patches::PatchRegistry& reg) {
     c.replace<AttentionBackwardFn>(kAttentionBackward, fallback_attention_backward);
   };
   reg.add(attn);
+
+  patches::Patch fp8;
+  fp8.id = "cuda.linear.fp8";
+  fp8.backend = kName;
+  fp8.phase = patches::Phase::BuildArgs;
+  fp8.description = "FP8 GEMMs for every linear layer inside the transformer layers (forward, input and weight "
+                    "gradients), per-tensor current scaling; the output layer, attention and norms stay bf16";
+  fp8.logic = "replaces the linear slots with turbo::linear_*_fp8 for the recipe in `fp8` (hybrid: E4M3 x and w, "
+              "E5M2 dy; e4m3: E4M3 everywhere) and rewrites args: fp8 (the model reserves scratch for the "
+              "quantized copies and checks that every linear dimension is a multiple of 16)";
+  fp8.slots = {kLinearForward, kLinearBackward, kLinearBackwardDGelu};
+  fp8.impl = "turbo/ops/gemm_fp8.cpp (recipe, quantize-then-GEMM), turbo/ops/quantization.cpp + "
+             "turbo/kernels/cuda/quantize.cu (amax and cast), turbo/kernels/cublaslt/gemm_cublaslt.cpp (FP8 "
+             "operands, scale pointers)";
+  fp8.porting = "Megatron-LM --fp8-format hybrid|e4m3 with Transformer Engine's current-scaling recipe "
+                "(Float8CurrentScaling) / torchao float8 tensorwise: a scale per tensor from its own amax right "
+                "before each GEMM, no amax history; Primus (AMD) `fp8: hybrid`";
+  fp8.tags = {"performance", "gemm", "precision"};
+  fp8.condition = [](patches::PatchContext& c) { return c.text("fp8", "none") != "none"; };
+  fp8.apply = [](patches::PatchContext& c) {
+    const std::string name = c.text("fp8");
+    const turbo::Fp8Recipe r = turbo::parse_fp8_recipe(name, "fp8");
+    c.args_as<CudaArgs>().fp8 = name;
+    Fp8LinearFns f = fp8_linear_fns(r);
+    c.replace<LinearForwardFn>(kLinearForward, std::move(f.forward));
+    c.replace<LinearBackwardFn>(kLinearBackward, std::move(f.backward));
+    c.replace<LinearBackwardDGeluFn>(kLinearBackwardDGelu, std::move(f.backward_dgelu));
+  };
+  reg.add(fp8);
   register_step_patches(reg);
 }
 

@@ -173,6 +173,11 @@ std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.aux_ld);
   }
+  if (dtype_is_fp8(p.a.dtype)) {  // cuBLASLt's A is our B (see the top of the file)
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.b_scale);
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.a_scale);
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(p.fp8_fast_accum ? 1 : 0));
+  }
   plan->la = make_layout(p.b.dtype, o.a_rows, o.a_cols, p.b.ld, p.batch, p.b.batch_stride);
   plan->lb = make_layout(p.a.dtype, o.b_rows, o.b_cols, p.a.ld, p.batch, p.a.batch_stride);
   plan->ld = make_layout(p.d.dtype, p.n, p.m, p.d.ld, p.batch, p.d.batch_stride);
@@ -335,23 +340,48 @@ bool epilogue_uses_bias(Epilogue e) {
 
 std::string describe(const GemmProblem& p) {
   return fmt::format("gemm m={} n={} k={} batch={} a={}{} ld{} bs{} b={}{} ld{} bs{} d={} ld{} bs{} "
-                     "epi={} bias={} aux_ld={} beta0={} tf32={}",
+                     "epi={} bias={} aux_ld={} beta0={} tf32={}{}",
                      p.m, p.n, p.k, p.batch, dtype_name(p.a.dtype), p.a.transposed ? "^T" : "",
                      p.a.ld, p.a.batch_stride, dtype_name(p.b.dtype), p.b.transposed ? "^T" : "",
                      p.b.ld, p.b.batch_stride, dtype_name(p.d.dtype), p.d.ld, p.d.batch_stride,
                      epilogue_name(p.epilogue), dtype_name(p.bias_dtype), p.aux_ld,
-                     p.beta == 0.0f ? 1 : 0, p.allow_tf32 ? 1 : 0);
+                     p.beta == 0.0f ? 1 : 0, p.allow_tf32 ? 1 : 0,
+                     dtype_is_fp8(p.a.dtype) ? (p.fp8_fast_accum ? " fp8 fastacc" : " fp8") : "");
 }
+
+namespace {
+// unsupported_reason for FP8 operands (dims and pointers already checked; A and B may mix e4m3
+// and e5m2).
+std::string fp8_unsupported_reason(const GemmProblem& p) {
+  if (!dtype_is_fp8(p.a.dtype) || !dtype_is_fp8(p.b.dtype))
+    return fmt::format("A is {} but B is {}", dtype_name(p.a.dtype), dtype_name(p.b.dtype));
+  if (p.a.dtype == DType::F8E5M2 && p.b.dtype == DType::F8E5M2) return "FP8 A and B are both f8e5m2";
+  if (p.d.dtype != DType::BF16 && p.d.dtype != DType::F16 && p.d.dtype != DType::F32)
+    return fmt::format("FP8 output {} (allowed: bf16, f16, f32)", dtype_name(p.d.dtype));
+  if (!p.a_scale || !p.b_scale) return "FP8 operands need a_scale and b_scale";
+  if (p.a.transposed || !p.b.transposed)
+    return "FP8 operands must be K-contiguous: A row-major [m,k] and B a transposed row-major [n,k]";
+  if (p.a.ld % 16 != 0 || p.b.ld % 16 != 0 || p.k % 16 != 0)
+    return fmt::format("FP8 needs k ({}) and the leading dimensions ({}, {}) to be multiples of 16", p.k, p.a.ld,
+                       p.b.ld);
+  if (p.d.ld < p.n) return fmt::format("D leading dimension {} < n={}", p.d.ld, p.n);
+  if (p.epilogue != Epilogue::None && p.epilogue != Epilogue::Bias)
+    return fmt::format("epilogue {} with FP8 operands (served: none, bias)", epilogue_name(p.epilogue));
+  if (p.epilogue == Epilogue::Bias && (!p.bias || p.bias_dtype != p.d.dtype))
+    return "the FP8 bias epilogue needs a bias in the output type";
+  return "";
+}
+}  // namespace
 
 std::string unsupported_reason(const GemmProblem& p) noexcept {
   try {
     if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0)
       return fmt::format("empty problem m={} n={} k={} batch={}", p.m, p.n, p.k, p.batch);
     if (!p.a.ptr || !p.b.ptr || !p.d.ptr) return "null operand";
+    if (dtype_is_fp8(p.a.dtype) || dtype_is_fp8(p.b.dtype)) return fp8_unsupported_reason(p);
     if (p.a.dtype != p.b.dtype)
       return fmt::format("A is {} but B is {}", dtype_name(p.a.dtype), dtype_name(p.b.dtype));
     const DType in = p.a.dtype;
-    if (dtype_is_fp8(in)) return "fp8 operands are served by gemm_fp8, not this op";
     if (in != DType::BF16 && in != DType::F16 && in != DType::F32)
       return fmt::format("operand dtype {} is not a float type cuBLASLt serves here", dtype_name(in));
     if (!(p.d.dtype == in || p.d.dtype == DType::F32))
@@ -464,6 +494,10 @@ void gemm(const GemmProblem& p, cudaStream_t stream) {
   if (epilogue_uses_bias(p.epilogue)) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
   if (epilogue_reads_aux(p.epilogue) || epilogue_writes_aux(p.epilogue))
     set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+  if (dtype_is_fp8(p.a.dtype)) {
+    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.b_scale);
+    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.a_scale);
+  }
   run_plan(plan, plan.algo, p, c, stream);
 }
 

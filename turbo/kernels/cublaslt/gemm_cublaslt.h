@@ -8,7 +8,11 @@
 // used as B = W^T is {W, ld=C, transposed=true}). D is never transposed.
 //
 // Types: A/B bf16 or f16 with D the same type or f32; A/B/D f32 (exact fp32 unless allow_tf32).
-// Accumulation is fp32 always. FP8 is not served here (gemm_fp8 is a separate op).
+// FP8: A/B f8e4m3/f8e5m2 (not both e5m2) with D bf16/f16/f32 and device dequantization scales
+// a_scale/b_scale (D = alpha * a_scale * b_scale * A @ B + beta * D); Hopper's FP8 tensor cores
+// want both operands K-contiguous: A stored row-major [m,k] (not transposed) and B transposed
+// (stored row-major [n,k]), leading dimensions multiples of 16. Accumulation is fp32 always
+// (with fp8_fast_accum, cuBLASLt's faster accumulation without periodic fp32 promotion).
 //
 // The algorithm for each problem shape is chosen once by cuBLASLt's heuristic (optionally by
 // timing its top candidates, see set_algo_search) and cached with its descriptors, keyed by
@@ -62,6 +66,9 @@ struct GemmProblem {
   void* aux = nullptr;   // [m, aux_ld] row-major, dtype of D
   int64_t aux_ld = 0;
   bool allow_tf32 = false;
+  const float* a_scale = nullptr;  // FP8 only: device f32 scalars (pointers may change per call)
+  const float* b_scale = nullptr;
+  bool fp8_fast_accum = false;
 };
 
 // Empty when cuBLASLt can run the problem, else the reason (dtype combination, alignment of

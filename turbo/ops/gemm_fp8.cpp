@@ -1,0 +1,194 @@
+// FP8 linear layers over turbo::quantize_fp8 and turbo::gemm's FP8 operands.
+#include "turbo/ops/gemm_fp8.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/util/error.h"
+#include "turbo/ops/activation.h"
+#include "turbo/ops/gemm.h"
+#include "turbo/ops/op_support.h"
+#include "turbo/ops/quantization.h"
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "turbo/core/cuda_check.h"
+#endif
+
+namespace primus::turbo {
+namespace {
+
+constexpr size_t kQuantizerBytes = size_t{64} << 10;  // scale + the amax partials, generously
+
+struct Quantized {
+  TensorView q;      // as stored (row-major)
+  TensorView scale;  // f32 [1]: the dequantization factor
+};
+
+// q(t) into fresh scratch: row-major [R,C] (transposed = false) or its transpose [C,R].
+Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed, const ExecContext& ctx,
+                   const char* what) {
+  const int64_t R = t.size(0), C = t.size(1);
+  Quantized out;
+  out.scale = arena.tensor(DType::F32, {1}, what);
+  out.q = transposed ? arena.tensor(dt, {C, R}, what) : arena.tensor(dt, {R, C}, what);
+  QuantizeFp8Args a;
+  a.inp = t;
+  (transposed ? a.out_t : a.out) = out.q;
+  a.scale_inv = out.scale;
+  a.ctx = ctx;
+  quantize_fp8(a);
+  return out;
+}
+
+void check_matrix(const TensorView& t, const char* op, const char* name) {
+  if (!t.defined() || t.ndim != 2 || t.stride(1) != 1 || t.stride(0) < t.size(1))
+    throw RuntimeError(fmt::format("{}: {} must be a row-major matrix, got {}", op, name,
+                                   t.defined() ? t.describe() : "none"));
+}
+
+// gemm(A = qa, B = qb_stored^T) into d, with the two scales.
+void fp8_gemm(const Quantized& a, const Quantized& b_stored, const TensorView& d, float beta, bool fast_accum,
+              GemmEpilogue epi, const TensorView& bias, const ExecContext& ctx) {
+  GemmArgs g;
+  g.a = a.q;
+  g.b = b_stored.q.transposed();
+  g.d = d;
+  g.a_scale = a.scale;
+  g.b_scale = b_stored.scale;
+  g.beta = beta;
+  g.fp8_fast_accum = fast_accum;
+  g.epilogue = epi;
+  g.bias = bias;
+  g.ctx = ctx;
+  gemm(g);
+}
+
+void zero(const TensorView& t, const ExecContext& ctx) {
+  if (t.device == Device::CPU) {
+    std::memset(t.data, 0, t.nbytes());
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), static_cast<cudaStream_t>(ctx.stream)));
+#else
+  (void)ctx;
+#endif
+}
+
+// dinp = q(dout) @ q(weight) with beta; the scratch is given back before returning.
+void input_grad(const TensorView& dinp, float beta, const TensorView& dout, const TensorView& weight,
+                const ExecContext& ctx, const Fp8Recipe& r, const char* op) {
+  Arena& arena = detail::scratch_of(ctx, op);
+  ArenaScope scope(arena);
+  const Quantized dy = quantize(arena, dout, r.grad, false, ctx, "fp8 dout");
+  const Quantized wt = quantize(arena, weight, r.fwd, true, ctx, "fp8 weight^T");  // [C,OC]
+  fp8_gemm(dy, wt, dinp, beta, false, GemmEpilogue::None, {}, ctx);
+}
+
+}  // namespace
+
+std::string Fp8Recipe::name() const {
+  if (fwd == DType::F8E4M3 && grad == DType::F8E5M2) return "hybrid";
+  if (fwd == DType::F8E4M3 && grad == DType::F8E4M3) return "e4m3";
+  return "custom";
+}
+
+Fp8Recipe parse_fp8_recipe(const std::string& text, const std::string& where) {
+  Fp8Recipe r;
+  if (text == "hybrid") return r;
+  if (text == "e4m3") {
+    r.grad = DType::F8E4M3;
+    return r;
+  }
+  throw ConfigError(fmt::format("{}: unknown FP8 recipe '{}' (expected hybrid or e4m3)", where, text));
+}
+
+size_t linear_fp8_scratch_bytes(int64_t n, int64_t in_features, int64_t out_features) {
+  const auto b = [](int64_t elems) { return (size_t(elems) + Arena::kDefaultAlign) / Arena::kDefaultAlign * Arena::kDefaultAlign; };
+  const int64_t N = n, C = in_features, OC = out_features;
+  const size_t fwd = b(N * C) + b(OC * C), dgrad = b(N * OC) + b(OC * C), wgrad = b(N * OC) + b(N * C);
+  return std::max({fwd, dgrad, wgrad}) + 2 * (kQuantizerBytes + 2 * Arena::kDefaultAlign);
+}
+
+void linear_forward_fp8(const TensorView& out, const TensorView& inp, const TensorView& weight,
+                        const TensorView& bias, const TensorView& aux, const ExecContext& ctx,
+                        const Fp8Recipe& r) {
+  constexpr const char* op = "linear_forward_fp8";
+  check_matrix(out, op, "out");
+  check_matrix(inp, op, "inp");
+  check_matrix(weight, op, "weight");
+  Arena& arena = detail::scratch_of(ctx, op);
+  ArenaScope scope(arena);
+  const Quantized x = quantize(arena, inp, r.fwd, false, ctx, "fp8 inp");
+  const Quantized w = quantize(arena, weight, r.fwd, false, ctx, "fp8 weight");
+  const GemmEpilogue epi = bias.defined() ? GemmEpilogue::Bias : GemmEpilogue::None;
+  if (!aux.defined()) {
+    fp8_gemm(x, w, out, 0.0f, r.fast_accum_fwd, epi, bias, ctx);
+    return;
+  }
+  // GELU: the pre-activation goes to aux, the activation is its own pass (cuBLASLt's GELU
+  // epilogues are not offered here with FP8 operands).
+  check_matrix(aux, op, "aux");
+  fp8_gemm(x, w, aux, 0.0f, r.fast_accum_fwd, epi, bias, ctx);
+  activation_forward({Activation::Gelu, out, aux, ctx});
+}
+
+void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
+                         const TensorView& dout, const TensorView& inp, const TensorView& weight,
+                         bool accumulate_dinp, const ExecContext& ctx, const Fp8Recipe& r) {
+  constexpr const char* op = "linear_backward_fp8";
+  check_matrix(dout, op, "dout");
+  check_matrix(weight, op, "weight");
+  if (dinp.defined()) {
+    check_matrix(dinp, op, "dinp");
+    input_grad(dinp, accumulate_dinp ? 1.0f : 0.0f, dout, weight, ctx, r, op);
+  }
+  if (dweight.defined()) {
+    check_matrix(inp, op, "inp");
+    Arena& arena = detail::scratch_of(ctx, op);
+    ArenaScope scope(arena);
+    const Quantized dyt = quantize(arena, dout, r.grad, true, ctx, "fp8 dout^T");  // [OC,N]
+    const Quantized xt = quantize(arena, inp, r.fwd, true, ctx, "fp8 inp^T");      // [C,N]
+    fp8_gemm(dyt, xt, dweight, 1.0f, false, GemmEpilogue::None, {}, ctx);  // gradients accumulate
+  } else if (dbias.defined()) {
+    throw RuntimeError("linear_backward_fp8: dbias without dweight is not supported");
+  }
+  if (dbias.defined()) bias_grad(dbias, dout, ctx);
+}
+
+void linear_backward_input_dgelu_fp8(const TensorView& dpre, const TensorView& dbias, const TensorView& dout,
+                                     const TensorView& weight, const TensorView& pre_aux, const ExecContext& ctx,
+                                     const Fp8Recipe& r) {
+  constexpr const char* op = "linear_backward_input_dgelu_fp8";
+  check_matrix(dpre, op, "dpre");
+  check_matrix(dout, op, "dout");
+  check_matrix(pre_aux, op, "pre_aux");
+  input_grad(dpre, 0.0f, dout, weight, ctx, r, op);
+  // dpre = dpre * gelu'(pre_aux): in place on the device (the kernel reads each element before
+  // writing it); the host reference zeroes dinp first, so it reads a copy.
+  Arena& arena = detail::scratch_of(ctx, op);
+  ArenaScope scope(arena);
+  ActivationBackwardArgs a;
+  a.act = Activation::Gelu;
+  a.dinp = dpre;
+  a.inp = pre_aux;
+  a.dout = dpre;
+  if (dpre.device == Device::CPU) {
+    a.dout = arena.tensor(dpre.dtype, {dpre.size(0), dpre.size(1)}, "dgelu dout copy");
+    for (int64_t i = 0; i < dpre.size(0); ++i)
+      std::memcpy(a.dout.ptr<char>() + i * dpre.size(1) * dtype_size(dpre.dtype),
+                  dpre.ptr<char>() + i * dpre.stride(0) * dtype_size(dpre.dtype), dpre.size(1) * dtype_size(dpre.dtype));
+  }
+  a.ctx = ctx;
+  activation_backward(a);
+  if (dbias.defined()) {
+    zero(dbias, ctx);
+    bias_grad(dbias, dpre, ctx);
+  }
+}
+
+}  // namespace primus::turbo

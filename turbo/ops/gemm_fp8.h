@@ -1,0 +1,60 @@
+// FP8 linear layers: the three GEMMs of a linear layer (forward, input gradient, weight
+// gradient) with FP8 operands, quantized per tensor right before each GEMM ("current scaling":
+// scale = fp8_max / amax of the tensor itself, as Transformer Engine's current-scaling recipe and
+// torchao's tensorwise float8 do), accumulated in fp32, written in the output's type.
+//
+// The default recipe is "hybrid": activations and weights in E4M3 (more mantissa), output
+// gradients in E5M2 (more range). Forward GEMMs use cuBLASLt's fast FP8 accumulation, the
+// backward GEMMs the precise one (as Transformer Engine does). Hopper's FP8 tensor cores read
+// both operands K-contiguous, so each GEMM quantizes into the layout it needs: x and w as they
+// are for the forward; dy as it is and w transposed for the input gradient; dy and x transposed
+// for the weight gradient. Quantized copies live in ctx.scratch for the GEMM's duration only;
+// linear_fp8_scratch_bytes says how much a layer borrows at most.
+//
+// Same shapes and conventions as turbo::linear_forward / linear_backward (gemm.h); the bias
+// gradient is turbo::bias_grad's deterministic column sum of dout. Host f32 tensors run the same
+// arithmetic on the CPU (quantize, dequantize, f32 GEMM): the reference for the device path.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "turbo/core/tensor_view.h"
+#include "turbo/ops/exec_context.h"
+
+namespace primus::turbo {
+
+struct Fp8Recipe {
+  DType fwd = DType::F8E4M3;   // x and w
+  DType grad = DType::F8E5M2;  // dy ("hybrid"); F8E4M3 for an all-E4M3 recipe
+  bool fast_accum_fwd = true;  // cuBLASLt fast accumulation in the forward GEMM
+  std::string name() const;    // "hybrid" | "e4m3" (| "custom")
+};
+// "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3" (E4M3 everywhere); throws ConfigError
+// naming `where` for anything else.
+Fp8Recipe parse_fp8_recipe(const std::string& text, const std::string& where);
+
+// out [N,OC] = dequant(q(inp) @ q(weight)^T) (+ bias); with aux defined, aux = that and out =
+// gelu_tanh(aux) (GPT-2's MLP up-projection). N, C, OC multiples of 16 on the device.
+void linear_forward_fp8(const TensorView& out, const TensorView& inp, const TensorView& weight,
+                        const TensorView& bias, const TensorView& aux, const ExecContext& ctx,
+                        const Fp8Recipe& recipe = {});
+
+// dinp [N,C] = q(dout) @ q(weight) (+= when accumulate_dinp; skipped if undefined);
+// dweight [OC,C] += q(dout)^T @ q(inp) (f32; skipped if undefined); dbias [OC] f32 += column
+// sums of dout (skipped if undefined).
+void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
+                         const TensorView& dout, const TensorView& inp, const TensorView& weight,
+                         bool accumulate_dinp, const ExecContext& ctx, const Fp8Recipe& recipe = {});
+
+// dpre [N,C] = (q(dout) @ q(weight)) * gelu_tanh'(pre_aux); dbias [C] = column sums of dpre
+// (overwritten) when defined.
+void linear_backward_input_dgelu_fp8(const TensorView& dpre, const TensorView& dbias, const TensorView& dout,
+                                     const TensorView& weight, const TensorView& pre_aux, const ExecContext& ctx,
+                                     const Fp8Recipe& recipe = {});
+
+// The most scratch one call above borrows for a layer with n rows, in_features C and
+// out_features OC (quantized copies, scales and the quantizer's partials), in bytes.
+size_t linear_fp8_scratch_bytes(int64_t n, int64_t in_features, int64_t out_features);
+
+}  // namespace primus::turbo
