@@ -119,8 +119,9 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   const size_t table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
                                 Arena::kDefaultAlign);
   const int64_t N = opt_.max_batch * opt_.max_seq, C = spec_.hidden_size;
-  // Scratch: the largest single borrow of any op (they borrow one at a time, in stream order),
-  // plus the attention's. On the host only the fallback attention borrows.
+  // Scratch: the largest single borrow of any op, the attention's included (they borrow one at a
+  // time, in stream order, each within an ArenaScope). On the host only the fallback attention
+  // and the FP8 linear layers borrow.
   // (the optimizer's chunks hold at least 256 elements each)
   if (!host_) {
     const size_t chunks_bound = size_t(layout_.total / 256) + layout_.tensors.size() + 1;
@@ -142,7 +143,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   // for Turbo's flash backward (f32 dq and row sums) and a cuDNN workspace.
   const int64_t H = spec_.num_attention_heads;
   const size_t turbo_attention = size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);
-  scratch_bytes_ += host_ ? opt_.attention_scratch_bytes : std::max(opt_.attention_scratch_bytes, turbo_attention);
+  scratch_bytes_ = std::max(scratch_bytes_,
+                            host_ ? opt_.attention_scratch_bytes : std::max(opt_.attention_scratch_bytes, turbo_attention));
   scratch_bytes_ = round_up(scratch_bytes_, size_t{1} << 20);
   auto make_arena = [this](size_t bytes) {
     return host_ ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);

@@ -65,7 +65,7 @@ cat "$OUT/env.txt"
 # The fallback and the default attention run in separate processes, so a device fault in one
 # (which poisons its CUDA context) cannot fail the other's tests.
 : > "$OUT/tests.log"
-rc_fallback=0; rc_default=0; rc_step=0; rc_dump=-; rc_noise=-
+rc_fallback=0; rc_default=0; rc_step=0; rc_fp8=-; rc_dump=-; rc_noise=-
 if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests already ran
   timeout 90 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
   rc_fallback=$?
@@ -74,6 +74,14 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests a
   # The step machinery: graph replay vs eager, NaN skip under the graph, recompute parity, profiler.
   timeout 60 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*' >> "$OUT/tests.log" 2>&1
   rc_step=$?
+  # FP8 (patch cuda.linear.fp8): 200-step curves of the FP8 recipes vs the reference; the FP8
+  # GEMM, linear-layer and quantizer op tests when the carry has test_turbo_gpu.
+  timeout 120 "$BIN/test_cuda_gpu" --gtest_filter='*Fp8*' >> "$OUT/tests.log" 2>&1
+  rc_fp8=$?
+  if [ -x "$BIN/test_turbo_gpu" ]; then
+    timeout 120 "$BIN/test_turbo_gpu" --gtest_filter='*Fp8*:*Quantize*' >> "$OUT/tests.log" 2>&1
+    rc_fp8="$rc_fp8/ops $?"
+  fi
   # The bf16 noise floor behind the gradient gate (model_parity_test.cpp, gradient_gate()): the
   # test binary dumps step 0 of every parity case for seeds 1..NOISE_SEEDS (weights in Hugging
   # Face names, batch, reference and our gradients), then PyTorch/transformers runs the same
@@ -99,8 +107,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests a
     rm -rf "$DUMP"
   fi
 fi
-echo "test rc: fallback $rc_fallback, default $rc_default, step $rc_step, noise-floor dump $rc_dump, noise floor $rc_noise" >> "$OUT/tests.log"
-grep -E "^\[(gpt2|llama)|ABOVE GATE|FAILED|PASSED|rc:" "$OUT/tests.log" | tail -30
+echo "test rc: fallback $rc_fallback, default $rc_default, step $rc_step, fp8 $rc_fp8, noise-floor dump $rc_dump, noise floor $rc_noise" >> "$OUT/tests.log"
+grep -E "^\[(gpt2|llama)|ABOVE GATE|FAILED|PASSED|rc:" "$OUT/tests.log" | tail -36
 if [ "${TESTS_ONLY:-0}" = 1 ]; then
   echo "TESTS_ONLY=1: stopping after the test stage"
   exit 0

@@ -70,7 +70,9 @@ TEST_F(Fp8GemmTest, ScaledProductMatchesDoubleForEveryTypeMix) {
     EXPECT_EQ(gemm(g), BackendType::CUBLASLT);
     auto ref = product_nt(av, bv, M, N, K);
     for (auto& x : ref) x *= double(sa) * sb;
-    EXPECT_LT(rel_err(get(d), ref), cs.d == DType::F32 && !cs.fast ? 1e-5 : 1e-2);
+    // Hopper's FP8 tensor cores keep fewer than fp32's bits between cuBLASLt's promotions to fp32
+    // (measured 1.0e-4..1.3e-4 with f32 output on an H100), fast accumulation fewer still.
+    EXPECT_LT(rel_err(get(d), ref), cs.d == DType::F32 && !cs.fast ? 1e-3 : 1e-2);
   }
 }
 
@@ -92,7 +94,7 @@ TEST_F(Fp8GemmTest, BetaAccumulatesIntoF32AndBiasEpilogueAddsInBf16) {
   gemm(g);
   std::vector<double> want(ref.size());
   for (size_t i = 0; i < ref.size(); ++i) want[i] = d0[i] + ref[i] * 0.125;
-  EXPECT_LT(rel_err(get(d), want), 1e-5);
+  EXPECT_LT(rel_err(get(d), want), 1e-3);
 
   TensorView out = make(DType::BF16, {M, N}), bias = make(DType::BF16, {N});
   const auto biasv = random_tensor(bias);
