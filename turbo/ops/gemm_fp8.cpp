@@ -110,8 +110,10 @@ Fp8Recipe parse_fp8_recipe(const std::string& text, const std::string& where) {
 size_t linear_fp8_scratch_bytes(int64_t n, int64_t in_features, int64_t out_features) {
   const auto b = [](int64_t elems) { return (size_t(elems) + Arena::kDefaultAlign) / Arena::kDefaultAlign * Arena::kDefaultAlign; };
   const int64_t N = n, C = in_features, OC = out_features;
-  const size_t fwd = b(N * C) + b(OC * C), dgrad = b(N * OC) + b(OC * C), wgrad = b(N * OC) + b(N * C);
-  return std::max({fwd, dgrad, wgrad}) + 2 * (kQuantizerBytes + 2 * Arena::kDefaultAlign);
+  // Forward: x, w. Backward with both gradients: dy^T, then dy and w^T (dgrad), then x^T in
+  // their place (wgrad). One gradient only: dy + w^T, or dy^T + x^T.
+  const size_t fwd = b(N * C) + b(OC * C), both = b(N * OC) + std::max(b(N * OC) + b(OC * C), b(N * C));
+  return std::max(fwd, both) + 2 * (kQuantizerBytes + 2 * Arena::kDefaultAlign);
 }
 
 void linear_forward_fp8(const TensorView& out, const TensorView& inp, const TensorView& weight,
@@ -143,6 +145,34 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
   constexpr const char* op = "linear_backward_fp8";
   check_matrix(dout, op, "dout");
   check_matrix(weight, op, "weight");
+  if (dinp.defined() && dweight.defined()) {
+    // Both GEMMs read dout: quantize it once into both layouts (one amax pass, one read) instead
+    // of twice. The transposed copy comes first in the arena so that the dgrad's operands can be
+    // given back before x^T is taken.
+    check_matrix(dinp, op, "dinp");
+    check_matrix(inp, op, "inp");
+    Arena& arena = detail::scratch_of(ctx, op);
+    ArenaScope scope(arena);
+    const int64_t N = dout.size(0), OC = dout.size(1);
+    Quantized dyt{arena.tensor(r.grad, {OC, N}, "fp8 dout^T"), arena.tensor(DType::F32, {1}, "fp8 dout scale")};
+    {
+      ArenaScope dgrad_scope(arena);
+      const Quantized dy{arena.tensor(r.grad, {N, OC}, "fp8 dout"), dyt.scale};
+      QuantizeFp8Args q;
+      q.inp = dout;
+      q.out = dy.q;
+      q.out_t = dyt.q;
+      q.scale_inv = dyt.scale;
+      q.ctx = ctx;
+      quantize_fp8(q);
+      const Quantized wt = quantize(arena, weight, r.fwd, true, ctx, "fp8 weight^T");  // [C,OC]
+      fp8_gemm(dy, wt, dinp, accumulate_dinp ? 1.0f : 0.0f, false, GemmEpilogue::None, {}, ctx);
+    }
+    const Quantized xt = quantize(arena, inp, r.fwd, true, ctx, "fp8 inp^T");  // [C,N]
+    fp8_gemm(dyt, xt, dweight, 1.0f, false, GemmEpilogue::None, {}, ctx);
+    if (dbias.defined()) bias_grad(dbias, dout, ctx);
+    return;
+  }
   if (dinp.defined()) {
     check_matrix(dinp, op, "dinp");
     input_grad(dinp, accumulate_dinp ? 1.0f : 0.0f, dout, weight, ctx, r, op);

@@ -8,7 +8,8 @@
 // backward GEMMs the precise one (as Transformer Engine does). Hopper's FP8 tensor cores read
 // both operands K-contiguous, so each GEMM quantizes into the layout it needs: x and w as they
 // are for the forward; dy as it is and w transposed for the input gradient; dy and x transposed
-// for the weight gradient. Quantized copies live in ctx.scratch for the GEMM's duration only;
+// for the weight gradient (dy quantized once into both layouts when both gradients are asked
+// for). Quantized copies live in ctx.scratch for the GEMMs' duration only;
 // linear_fp8_scratch_bytes says how much a layer borrows at most.
 //
 // Same shapes and conventions as turbo::linear_forward / linear_backward (gemm.h); the bias

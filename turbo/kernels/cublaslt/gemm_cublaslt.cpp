@@ -200,10 +200,36 @@ void run_plan(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmProb
                               &algo, c.ws, c.ws_bytes, stream));
 }
 
+// D's bytes as stored (rows of n elements ld apart), for saving and restoring it around a search
+// of an accumulating GEMM (beta != 0), whose timed reruns would otherwise add into it again.
+struct SavedOutput {
+  const GemmProblem& p;
+  cudaStream_t stream;
+  void* copy = nullptr;
+  size_t row_bytes = 0;
+  SavedOutput(const GemmProblem& prob, cudaStream_t s) : p(prob), stream(s) {
+    if (p.beta == 0.0f) return;
+    row_bytes = size_t(p.n) * dtype_size(p.d.dtype);
+    CUDA_CHECK(cudaMalloc(&copy, row_bytes * size_t(p.m)));
+    CUDA_CHECK(cudaMemcpy2DAsync(copy, row_bytes, p.d.ptr, size_t(p.d.ld) * dtype_size(p.d.dtype), row_bytes,
+                                 size_t(p.m), cudaMemcpyDeviceToDevice, stream));
+  }
+  ~SavedOutput() {
+    if (!copy) return;
+    // No throwing from here: a failed restore surfaces at the next CUDA call on the stream.
+    cudaMemcpy2DAsync(const_cast<void*>(p.d.ptr), size_t(p.d.ld) * dtype_size(p.d.dtype), copy, row_bytes, row_bytes,
+                      size_t(p.m), cudaMemcpyDeviceToDevice, stream);
+    cudaStreamSynchronize(stream);
+    cudaFree(copy);
+  }
+};
+
 // Times cuBLASLt's top candidates on the real problem and keeps the fastest in plan->algo.
 // Returns the fastest time (5 runs, ms), or -1 when nothing was timed (one candidate only, or
-// none ran).
+// none ran). An accumulating GEMM (beta != 0, batch 1) is timed on the real operands too, with D
+// saved before and put back after, so the call that follows accumulates exactly once.
 float search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stream) {
+  SavedOutput saved(p, stream);
   PrefPtr pref = make_preference(p, c);
   constexpr int kMax = 8;
   cublasLtMatmulHeuristicResult_t results[kMax] = {};
@@ -285,8 +311,8 @@ bool use_cached(Plan& plan, const CachedAlgo& hit, const Context& c) {
   return true;
 }
 
-// With the search on (beta == 0 only: the search reruns the GEMM): the cache file's algorithm
-// for this key if cuBLASLt accepts it, else the search's winner (saved to the file).
+// With the search on: the cache file's algorithm for this key if cuBLASLt accepts it, else the
+// search's winner (saved to the file).
 void choose_algo(Plan& plan, const GemmProblem& p, const std::string& key, Context& c, cudaStream_t stream) {
   AlgoCacheFile* file = open_cache(c);
   std::string ckey;
@@ -485,7 +511,8 @@ void gemm(const GemmProblem& p, cudaStream_t stream) {
   if (it == c.plans.end()) {
     if (c.plans.size() >= 4096) c.plans.clear();  // shapes in training are few; this is a guard
     auto plan = build_plan(p, c);
-    if (c.algo_search > 1 && p.beta == 0.0f) choose_algo(*plan, p, key, c, stream);
+    // Accumulating GEMMs are searched too (D saved and restored, search_algo), one matrix at a time.
+    if (c.algo_search > 1 && (p.beta == 0.0f || p.batch == 1)) choose_algo(*plan, p, key, c, stream);
     it = c.plans.emplace(key, std::move(plan)).first;
   }
   Plan& plan = *it->second;

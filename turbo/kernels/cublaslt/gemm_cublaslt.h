@@ -86,7 +86,9 @@ void set_workspace(void* ptr, size_t bytes);
 inline constexpr size_t kDefaultWorkspaceBytes = 32u << 20;
 
 // 1 (default): take cuBLASLt's first heuristic answer. k > 1: time the top k candidates once
-// per shape (only for beta == 0, where reruns are harmless, and never while capturing a graph).
+// per shape (never while capturing a graph; an accumulating GEMM, beta != 0, is timed with its
+// output saved first and restored after, so it still accumulates once; batched ones are not
+// searched).
 // Also read from PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH at first use; the gemm op sets 8 when
 // PRIMUS_TURBO_AUTO_TUNE is on, the cuda trainer its `gemm_algo_search` key (default 8).
 //
