@@ -28,6 +28,10 @@ void add_cuda_schema(config::Schema& s) {
                "machine, cuBLASLt and file give the same algorithms, so resumes are bit-identical); 0 or 1: the "
                "heuristic's first answer. PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH overrides it",
                0, 8)
+      .flag("deterministic", false,
+            "bit-identical runs and resumes on the GPU: the attention backward runs cuDNN's engine without "
+            "run-dependent dQ accumulation (more scratch: batch x heads x seq_length^2 x 2 bytes; slower); every other "
+            "kernel is deterministic already")
       .text("fp8", "none",
             "FP8 GEMMs for the transformer layers' linear layers (qkv, attention output, MLP; the output layer "
             "stays bf16), per-tensor current scaling: hybrid (E4M3 activations and weights, E5M2 gradients) or "
@@ -58,6 +62,7 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
                                             model.num_query_groups, model.num_parameters())});
   d.push_back({"device", device_name.empty() ? std::to_string(device) : fmt::format("{} ({})", device, device_name)});
   d.push_back({"attention_backend", attention_backend});
+  if (deterministic) d.push_back({"deterministic", "true (attention backward without atomics)"});
   if (fp8 != "none") d.push_back({"fp8", fp8 + " (transformer-layer linear GEMMs; output layer bf16)"});
   d.push_back({"peak_flops", peak_flops > 0 ? fmt::format("{:.3g}", peak_flops) : "unknown (no MFU)"});
   return d;

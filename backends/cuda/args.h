@@ -28,6 +28,8 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   bool cuda_graph = false;                 // capture the step after a warm-up step (step_graph.h)
   int gemm_algo_search = 1;                // cuBLASLt candidates timed per GEMM shape; 1: heuristic
                                            // (turbo/kernels/cublaslt/gemm_cublaslt.h, set_algo_search)
+  bool deterministic = false;              // bit-identical runs: the attention backward without atomics
+                                           // (patch cuda.attention.deterministic)
   std::string fp8 = "none";                // FP8 recipe of the transformer layers' linear GEMMs (none |
                                            // hybrid | e4m3; patch cuda.linear.fp8, turbo/ops/gemm_fp8.h)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)

@@ -53,9 +53,40 @@ void turbo_attention_backward(const AttentionGradCall& c) {
   a.ctx = c.ctx;
   log_once(logged, "attention backward", turbo::attention_backward(a));
 }
+void turbo_attention_backward_deterministic(const AttentionGradCall& c) {
+  static std::atomic<bool> logged{false};
+  turbo::AttentionBackwardArgs a;
+  a.dq = c.dq;
+  a.dk = c.dk;
+  a.dv = c.dv;
+  a.dout = c.dout;
+  a.q = c.q;
+  a.k = c.k;
+  a.v = c.v;
+  a.out = c.out;
+  a.lse = c.lse;
+  a.opt.causal = true;
+  a.opt.softmax_scale = c.scale;
+  a.opt.deterministic = true;
+  a.ctx = c.ctx;
+  log_once(logged, "attention backward (deterministic)", turbo::attention_backward(a));
+}
 #endif
 
 }  // namespace
+
+AttentionBackwardFn* deterministic_attention_backward() {
+#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
+  return turbo_attention_backward_deterministic;
+#else
+  return fallback_attention_backward;
+#endif
+}
+
+size_t deterministic_attention_scratch_bytes(int64_t B, int64_t T, int64_t H) {
+  const int64_t Tp = (T + 63) / 64 * 64;
+  return size_t(B * H * Tp * Tp) * 2 + size_t(B * H * T) * 4 + (size_t{64} << 20);
+}
 
 const char* recompute_name(Recompute r) {
   switch (r) {

@@ -118,6 +118,14 @@ struct CudaOps {
   static CudaOps from(const patches::HookTable& hooks);    // after the patches ran
 };
 
+// The default attention backward with AttentionOptions::deterministic set (patch
+// cuda.attention.deterministic): cuDNN's engine without run-dependent dQ accumulation. Builds
+// without Turbo's attention op return the fallback backward (deterministic already).
+AttentionBackwardFn* deterministic_attention_backward();
+// Scratch that backward needs beyond the default's: cuDNN's dP workspace, B*H*T^2*2 bytes (T
+// rounded up to 64), its f32 row sums and a margin for the engine's own workspace.
+size_t deterministic_attention_scratch_bytes(int64_t B, int64_t T, int64_t H);
+
 // The FP8 versions of the three linear slots (turbo/ops/gemm_fp8.h) for `recipe`: what patch
 // cuda.linear.fp8 puts in kLinearForward / kLinearBackward / kLinearBackwardDGelu (the model must
 // then be built with CudaModelOptions::fp8_linear for their scratch).

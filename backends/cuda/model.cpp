@@ -81,6 +81,17 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     throw ConfigError(fmt::format("sequence length {} exceeds the model's seq_length {}", opt_.max_seq, spec_.seq_length));
   }
   check_shapes(spec_);
+  if (opt_.fp8_linear && opt_.device == Device::CUDA) {  // FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) on
+    int dev = 0;
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major * 10 + prop.minor < 89) {
+      throw ConfigError(fmt::format("fp8: {} (compute capability {}.{}) has no FP8 tensor cores; FP8 GEMMs need "
+                                    "compute capability 8.9 or newer (set fp8: none)",
+                                    prop.name, prop.major, prop.minor));
+    }
+  }
   if (opt_.fp8_linear) {  // Hopper's FP8 GEMMs want every dimension a multiple of 16
     const int64_t N = opt_.max_batch * opt_.max_seq;
     for (const auto& [what, v] : {std::pair<const char*, int64_t>{"hidden_size", spec_.hidden_size},

@@ -116,6 +116,9 @@ void CudaTrainer::init() {
     mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
                                                                   spec.num_attention_heads, spec.num_query_groups,
                                                                   spec.head_dim(), args_->host_mode ? 4 : 2);
+  } else if (args_->deterministic) {
+    mo.attention_scratch_bytes =
+        deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length, spec.num_attention_heads);
   }
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (zero) {

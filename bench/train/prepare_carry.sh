@@ -12,13 +12,17 @@ CARRY=.carry-cuda
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
   cmake -S . -B "$BUILD" -DPRIMUS_CUDA=ON -DPRIMUS_BUILD_BENCH=OFF
 fi
-make -C "$BUILD" -j2 primus test_cuda_gpu ${WITH_OPS_TESTS:+test_turbo_gpu}
+make -C "$BUILD" -j2 primus test_cuda_gpu ${WITH_OPS_TESTS:+test_turbo_gpu test_attention_gpu}
 mkdir -p "$CARRY"
 gzip -9 -c "$BUILD/bin/primus" > "$CARRY/primus.gz"
 gzip -9 -c "$BUILD/bin/test_cuda_gpu" > "$CARRY/test_cuda_gpu.gz"
-# WITH_OPS_TESTS=1: also test_turbo_gpu (the FP8 GEMM / quantizer op tests in the test stage).
-rm -f "$CARRY/test_turbo_gpu.gz"
-[ -n "${WITH_OPS_TESTS:-}" ] && gzip -9 -c "$BUILD/bin/test_turbo_gpu" > "$CARRY/test_turbo_gpu.gz"
+# WITH_OPS_TESTS=1: also test_turbo_gpu and test_attention_gpu (the FP8 GEMM / quantizer op tests
+# and the deterministic attention backward's test in the test stage).
+rm -f "$CARRY/test_turbo_gpu.gz" "$CARRY/test_attention_gpu.gz"
+if [ -n "${WITH_OPS_TESTS:-}" ]; then
+  gzip -9 -c "$BUILD/bin/test_turbo_gpu" > "$CARRY/test_turbo_gpu.gz"
+  gzip -9 -c "$BUILD/bin/test_attention_gpu" > "$CARRY/test_attention_gpu.gz"
+fi
 cp -L "$(gcc -print-file-name=libgomp.so.1)" "$CARRY/libgomp.so.1"
 cp ../shared/bench/torch_anchor.py "$CARRY/torch_anchor.py" 2>/dev/null || cp /work/shared/bench/torch_anchor.py "$CARRY/"
 cp tests/cuda_gpu/bf16_noise_floor.py "$CARRY/bf16_noise_floor.py"

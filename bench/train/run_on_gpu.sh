@@ -82,6 +82,10 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests a
     timeout 120 "$BIN/test_turbo_gpu" --gtest_filter='*Fp8*:*Quantize*' >> "$OUT/tests.log" 2>&1
     rc_fp8="$rc_fp8/ops $?"
   fi
+  if [ -x "$BIN/test_attention_gpu" ]; then  # the deterministic cuDNN backward (cuda.attention.deterministic)
+    timeout 60 "$BIN/test_attention_gpu" --gtest_filter='*Deterministic*' >> "$OUT/tests.log" 2>&1
+    rc_fp8="$rc_fp8/attention $?"
+  fi
   # The bf16 noise floor behind the gradient gate (model_parity_test.cpp, gradient_gate()): the
   # test binary dumps step 0 of every parity case for seeds 1..NOISE_SEEDS (weights in Hugging
   # Face names, batch, reference and our gradients), then PyTorch/transformers runs the same
@@ -133,6 +137,48 @@ if [ "${HF_PARITY:-1}" = 1 ]; then
     grep -E "validation|step 200/200" "$OUT/hf_train_$c.log" | tail -2
     rm -f "examples/reference/.cuda-$c.yaml"
   done
+fi
+
+# 1c. Reproducibility across processes (deterministic: true, patch cuda.attention.deterministic):
+# GPT-2 124M on mock data, 12 steps with a checkpoint at step 6, twice in fresh processes, then a
+# third process resumed from the first run's step-6 checkpoint: every logged loss must be equal
+# bit for bit (run 2 vs 1 at steps 1-12, the resumed run vs run 1 at steps 7-12). The same pair
+# without the key shows what the default's attention backward does. REPRO=0 skips it (~60 s).
+if [ "${REPRO:-1}" = 1 ]; then
+  repro_run() {  # $1: name, rest: extra key=value
+    local name=$1; shift
+    timeout 120 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml mock_data=true \
+      train_iters=12 micro_batch_size=8 global_batch_size=8 seq_length=1024 lr_warmup_iters=2 log_interval=1 \
+      eval_interval=0 save_interval=6 save_at_end=false keep_last_k=2 "$@" exp_name="$name" > "$OUT/repro_$name.log" 2>&1
+    echo "rc=$?" >> "$OUT/repro_$name.log"
+    cp /tmp/repro-ws/$name/*/*/"$name"/metrics.jsonl "$OUT/repro_$name.jsonl" 2>/dev/null
+  }
+  rm -rf /tmp/repro-ws
+  repro_run det1 deterministic=true workspace=/tmp/repro-ws/det1
+  repro_run det2 deterministic=true workspace=/tmp/repro-ws/det2
+  ck=$(ls -d /tmp/repro-ws/det1/*/*/det1/checkpoints/iter_0000006 2>/dev/null | head -1)
+  repro_run det_resume deterministic=true load="${ck:-/nonexistent}" workspace=/tmp/repro-ws/det_resume
+  repro_run def1 workspace=/tmp/repro-ws/def1
+  repro_run def2 workspace=/tmp/repro-ws/def2
+  rm -rf /tmp/repro-ws
+  python3 - "$OUT" <<'PY' | tee "$OUT/repro_summary.txt"
+import json, os, sys
+out = sys.argv[1]
+def losses(name):
+    try:
+        return {j["step"]: j["loss"] for j in map(json.loads, open(os.path.join(out, f"repro_{name}.jsonl"))) if "loss" in j}
+    except OSError:
+        return {}
+def same(a, b, steps):
+    got = [s for s in steps if s in a and s in b]
+    eq = [s for s in got if a[s] == b[s]]
+    return f"{len(eq)}/{len(steps)} steps bit-identical" + ("" if len(got) == len(steps) else f" ({len(steps) - len(got)} missing)")
+d1, d2, dr, f1, f2 = (losses(n) for n in ("det1", "det2", "det_resume", "def1", "def2"))
+print("reproducibility, GPT-2 124M B8 T1024 mock, 12 steps:")
+print("  deterministic=true, two processes:          ", same(d1, d2, range(1, 13)))
+print("  deterministic=true, resumed at 6 vs straight:", same(d1, dr, range(7, 13)))
+print("  default (attention backward with atomics):  ", same(f1, f2, range(1, 13)))
+PY
 fi
 
 # Train with the default attention unless only the fallback passed its tests.

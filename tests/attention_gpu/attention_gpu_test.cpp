@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <tuple>
 
 #include "core/util/error.h"
 #include "tests/attention_gpu/attention_reference.h"
@@ -119,6 +120,7 @@ class AttnGpu : public ::testing::Test {
   AttentionOptions options(const AttnCase& c, const Dev& d) {
     AttentionOptions o;
     o.causal = c.causal;
+    o.deterministic = deterministic_;
     if (c.scale) o.softmax_scale = static_cast<float>(*c.scale);
     o.cu_seqlens = d.cu;
     return o;
@@ -154,6 +156,7 @@ class AttnGpu : public ::testing::Test {
 
   std::mt19937 rng_;
   ExecContext ctx_;
+  bool deterministic_ = false;  // AttentionOptions::deterministic for run()
 
  private:
   std::unique_ptr<Arena> arena_, scratch_;
@@ -383,6 +386,42 @@ TEST_F(AttnGpu, PackedQkvViewsMatchReference) {
     int64_t non_finite = 0;
     for (float x : get(dqkv)) non_finite += !std::isfinite(x);
     EXPECT_EQ(non_finite, 0) << "packed gradient elements left unwritten (still poisoned)";
+  }
+}
+
+// AttentionOptions::deterministic: cuDNN's backward without the f32 dQ accumulator matches the
+// fp64 reference at the bf16 gate and gives the same bits on every run (GPT-2's head shape and a
+// GQA one, at lengths where the default engine's thread blocks add partial dQ tiles into a shared
+// f32 buffer); the TURBO kernels decline it, by name when forced.
+TEST_F(AttnGpu, DeterministicCudnnBackwardIsBitIdenticalAndAccurate) {
+  deterministic_ = true;
+  for (const auto& [kvh, T, D] : {std::tuple<int64_t, int64_t, int64_t>{12, 1024, 64}, {4, 512, 128}}) {
+    SCOPED_TRACE(fmt::format("KVH {} T {} D {}", kvh, T, D));
+    AttnCase c;
+    c.B = 2, c.T = T, c.H = 12, c.KVH = kvh, c.D = D;
+    AttnTensors t = random_inputs(c, DType::BF16);
+    run_reference(c, t);
+    Dev d = upload(c, DType::BF16, t);
+    const auto [fb, bb] = run(c, d);
+    EXPECT_EQ(bb, BackendType::CUDNN);
+    check_all(t, d);
+    const auto dq = get(d.dq), dk = get(d.dk), dv = get(d.dv);
+    for (int rep = 0; rep < 3; ++rep) {
+      run(c, d);
+      EXPECT_TRUE(get(d.dq) == dq) << "dq differs on run " << rep + 2;
+      EXPECT_TRUE(get(d.dk) == dk) << "dk differs on run " << rep + 2;
+      EXPECT_TRUE(get(d.dv) == dv) << "dv differs on run " << rep + 2;
+    }
+  }
+  AttnCase c;
+  AttnTensors t = random_inputs(c, DType::BF16);
+  Dev d = upload(c, DType::BF16, t);
+  GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+  try {
+    run(c, d);
+    ADD_FAILURE() << "forced TURBO accepted a deterministic backward";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("deterministic"), std::string::npos) << e.what();
   }
 }
 

@@ -73,7 +73,7 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
                          "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph",
                          "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times",
-                         "cuda.linear.fp8"}) {
+                         "cuda.linear.fp8", "cuda.attention.deterministic"}) {
     const patches::Patch* p = reg.find(id);
     ASSERT_NE(p, nullptr) << id;
     EXPECT_EQ(p->backend, "cuda") << id;
@@ -142,6 +142,10 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   auto fp8 = primus::testing::run_primus(example_args("--dry-run fp8=hybrid workspace=" + w.str()));
   EXPECT_EQ(fp8.code, 0) << fp8.out;
   EXPECT_NE(fp8.out.find("apply cuda.linear.fp8: condition true"), std::string::npos) << fp8.out;
+  EXPECT_NE(off.out.find("skip  cuda.attention.deterministic: condition false"), std::string::npos) << off.out;
+  auto det = primus::testing::run_primus(example_args("--dry-run deterministic=true workspace=" + w.str()));
+  EXPECT_EQ(det.code, 0) << det.out;
+  EXPECT_NE(det.out.find("apply cuda.attention.deterministic: condition true"), std::string::npos) << det.out;
   auto fp8bad = primus::testing::run_primus(example_args("--dry-run fp8=e5m2 workspace=" + w.str()));
   EXPECT_EQ(fp8bad.code, 2) << fp8bad.out;
   EXPECT_NE(fp8bad.out.find("fp8"), std::string::npos) << fp8bad.out;

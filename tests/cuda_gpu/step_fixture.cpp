@@ -11,6 +11,10 @@ StepRun run_steps(const StepRunOptions& o) {
   if (o.recompute) ops.recompute_policy = o.recompute;
   CudaModelOptions mo = options(spec, B, o.device);
   mo.loss_slots = o.micro;
+  if (o.fp8) {
+    use_fp8_linear(ops, *o.fp8);
+    mo.fp8_linear = true;
+  }
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());

@@ -156,6 +156,7 @@ void turbo_fwd(const AttentionForwardArgs& args) {
 }
 std::string turbo_check_bwd(const AttentionBackwardArgs& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"q", &a.q}}); !w.empty()) return w;
+  if (a.opt.deterministic) return "a deterministic backward (the TURBO kernels accumulate dQ with atomics)";
   if (!a.ctx.scratch) return "needs ExecContext::scratch (device arena) for the f32 dq accumulator";
   return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
 }
@@ -204,6 +205,7 @@ cudnn::SdpaShape sdpa_shape(const AttentionForwardArgs& a) {
 }
 cudnn::SdpaShape sdpa_shape(const AttentionBackwardArgs& a) {
   cudnn::SdpaShape s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  s.deterministic = a.opt.deterministic;
   s.q_row = row_of(a.q), s.k_row = row_of(a.k), s.v_row = row_of(a.v);
   s.dq_row = row_of(a.dq), s.dk_row = row_of(a.dk), s.dv_row = row_of(a.dv);
   return s;
@@ -278,8 +280,9 @@ OpDispatcher<Args>* make_dispatcher(typename FunctionBackend<Args>::Check cudnn_
 #endif
 
 std::string options_key(const AttentionOptions& o) {
-  return fmt::format("causal={} scale={} docs={}", o.causal ? 1 : 0, o.softmax_scale ? fmt::format("{}", *o.softmax_scale) : "default",
-                     num_docs(o));
+  return fmt::format("causal={} scale={} docs={}{}", o.causal ? 1 : 0,
+                     o.softmax_scale ? fmt::format("{}", *o.softmax_scale) : "default", num_docs(o),
+                     o.deterministic ? " deterministic" : "");
 }
 
 }  // namespace

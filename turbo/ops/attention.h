@@ -40,6 +40,10 @@ struct AttentionOptions {
   bool causal = true;
   std::optional<float> softmax_scale;  // unset: 1/sqrt(D)
   TensorView cu_seqlens;               // i32 [num_docs + 1]; undefined: one sequence per row
+  // Backward: bit-identical results run to run and process to process. CUDNN serves it with its
+  // dP-workspace engine (about B*H*T^2*2 bytes more scratch, slower); TURBO declines (its dQ is
+  // accumulated with atomics); CPU is deterministic anyway.
+  bool deterministic = false;
   float scale(int64_t D) const;
 };
 

@@ -51,6 +51,30 @@ void register_patches(patches::PatchRegistry& reg) {
   };
   reg.add(attn);
 
+  patches::Patch det;
+  det.id = "cuda.attention.deterministic";
+  det.backend = kName;
+  det.phase = patches::Phase::BuildArgs;
+  det.description = "deterministic attention backward: cuDNN's SDPA backward engine that writes dQ from its own "
+                    "dP workspace instead of adding partial dQ tiles into an f32 buffer in a run-dependent order, so "
+                    "two runs (and a resumed run) are bit-identical";
+  det.logic = "replaces the attention backward slot with turbo::attention_backward with "
+              "AttentionOptions::deterministic (the TURBO kernels decline it) and rewrites args: deterministic (the "
+              "model reserves the dP workspace, batch x heads x seq_length^2 x 2 bytes, in its scratch)";
+  det.slots = {kAttentionBackward};
+  det.impl = "turbo/kernels/cudnn/sdpa_cudnn.cpp (build_backward without the dQ accumulator), backends/cuda/hooks.cpp";
+  det.porting = "cudnn-frontend's sdpa_backward set_deterministic_algorithm(true) (on Hopper: the dP-workspace "
+                "graph); Transformer Engine NVTE_ALLOW_NONDETERMINISTIC_ALGO=0; Megatron-LM --deterministic-mode";
+  det.tags = {"attention", "reproducibility"};
+  det.condition = [](patches::PatchContext& c) {
+    return c.flag("deterministic") && c.text("attention_backend") != "fallback";  // the fallback is deterministic
+  };
+  det.apply = [](patches::PatchContext& c) {
+    c.args_as<CudaArgs>().deterministic = true;
+    c.replace<AttentionBackwardFn>(kAttentionBackward, deterministic_attention_backward());
+  };
+  reg.add(det);
+
   patches::Patch fp8;
   fp8.id = "cuda.linear.fp8";
   fp8.backend = kName;

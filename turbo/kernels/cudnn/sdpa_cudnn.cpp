@@ -178,13 +178,18 @@ BwdGraph build_backward(const SdpaShape& s, cudnnHandle_t h) {
   g.reshape(ds, dst);
   matmul_into_kv(g, s, dst, f.q, f.dk);
 
-  // dQ = dS K, accumulated in f32 and then cast.
+  // dQ = dS K: accumulated in f32 and then cast, or (deterministic) written directly.
   const int64_t kk = g.tensor({{s.B, s.KVH, s.T, s.D}, {s.T * s.KVH * s.D, s.D, s.KVH * s.D, 1}, io_type(s.dtype), true});
   g.reshape(f.k, kk);
-  f.dq_accum = g.tensor({{s.B, s.H, s.T, s.D}, {s.H * s.T * s.D, s.T * s.D, s.D, 1}, CUDNN_DATA_FLOAT, false});
-  f.dq_accum_bytes = static_cast<size_t>(s.B * s.H * s.T * s.D) * sizeof(float);
-  g.matmul(ds, kk, f.dq_accum);
-  g.pointwise(CUDNN_POINTWISE_IDENTITY, f.dq_accum, f.dq);
+  if (s.deterministic) {
+    f.dq_accum = 0;
+    g.matmul(ds, kk, f.dq);
+  } else {
+    f.dq_accum = g.tensor({{s.B, s.H, s.T, s.D}, {s.H * s.T * s.D, s.T * s.D, s.D, 1}, CUDNN_DATA_FLOAT, false});
+    f.dq_accum_bytes = static_cast<size_t>(s.B * s.H * s.T * s.D) * sizeof(float);
+    g.matmul(ds, kk, f.dq_accum);
+    g.pointwise(CUDNN_POINTWISE_IDENTITY, f.dq_accum, f.dq);
+  }
 
   f.plan = make_plan(h, g.build(h));
   return f;
@@ -248,7 +253,8 @@ const G& require(Entry<G>& e, const char* what, const SdpaShape& s) {
 }  // namespace
 
 std::string SdpaShape::key() const {
-  std::string k = fmt::format("B={} T={} H={} KVH={} D={} causal={} {}", B, T, H, KVH, D, causal ? 1 : 0, dtype_name(dtype));
+  std::string k = fmt::format("B={} T={} H={} KVH={} D={} causal={} {}{}", B, T, H, KVH, D, causal ? 1 : 0,
+                              dtype_name(dtype), deterministic ? " deterministic" : "");
   if (q_row || k_row || v_row || dq_row || dk_row || dv_row)
     k += fmt::format(" rows q={} k={} v={} dq={} dk={} dv={}", q_row, k_row, v_row, dq_row, dk_row, dv_row);
   return k;
@@ -313,16 +319,20 @@ void sdpa_backward(const SdpaShape& s, void* dq, void* dk, void* dv, const void*
   void* dq_accum = ws + align_up(f.softmax_sum_bytes);
   void* engine_ws = ws + align_up(f.softmax_sum_bytes) + align_up(f.dq_accum_bytes);
   // Before 9.6 the engine expected its f32 dQ accumulator zeroed by the caller.
-  if (runtime_version() < 90600) {
+  if (f.dq_accum_bytes > 0 && runtime_version() < 90600) {
     const cudaError_t err = cudaMemsetAsync(dq_accum, 0, f.dq_accum_bytes, stream);
     PRIMUS_CHECK(err == cudaSuccess, "cudaMemsetAsync: {}", cudaGetErrorString(err));
   }
   float scale_v = scale, one = 1.0f, neg = masked_value();
   std::vector<int64_t> uids{f.q, f.k, f.v, f.o, f.dout, f.stats, f.dq, f.dk, f.dv, f.scale, f.one,
-                            f.softmax_sum, f.dq_accum};
+                            f.softmax_sum};
   std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v),
                           const_cast<void*>(out), const_cast<void*>(dout), const_cast<float*>(lse),
-                          dq, dk, dv, &scale_v, &one, softmax_sum, dq_accum};
+                          dq, dk, dv, &scale_v, &one, softmax_sum};
+  if (f.dq_accum) {
+    uids.push_back(f.dq_accum);
+    ptrs.push_back(dq_accum);
+  }
   if (f.neg_inf) {
     uids.push_back(f.neg_inf);
     ptrs.push_back(&neg);

@@ -26,6 +26,11 @@ struct SdpaShape {
   int64_t B = 0, T = 0, H = 0, KVH = 0, D = 0;
   bool causal = true;
   DType dtype = DType::BF16;
+  // Backward only: dQ written by its matmul directly (no f32 accumulator that the engine's
+  // thread blocks add into in a run-dependent order). cuDNN then runs its dP-workspace engine
+  // (as cudnn-frontend does for set_deterministic_algorithm on Hopper): bit-identical results
+  // run to run, with about B*H*T^2*2 bytes of workspace (T rounded up to 64) and more time.
+  bool deterministic = false;
   // Elements between consecutive tokens of each tensor; 0: dense (heads * D).
   int64_t q_row = 0, k_row = 0, v_row = 0, dq_row = 0, dk_row = 0, dv_row = 0;
   std::string key() const;
