@@ -88,10 +88,22 @@ train() {
 SMALL=(--config examples/cuda/gpt2-124M-shakespeare.yaml mock_data=true num_layers=4 hidden_size=256
        num_attention_heads=4 ffn_hidden_size=1024 seq_length=256 micro_batch_size=8 global_batch_size=16
        train_iters=50 lr=1e-3 lr_warmup_iters=5 log_interval=1 eval_interval=0 save_interval=0 keep_last_k=1)
+# EQ_VARIANTS: more settings to compare the same way, ';'-separated lists of key=value, e.g.
+# EQ_VARIANTS="deterministic=true;fp8=hybrid deterministic=true" (runs eq_1gpu__V, eq_2gpu__V, ...).
 if ! skip equality; then
   train eq_1gpu 1 120 "${SMALL[@]}"
   train eq_2gpu 2 120 "${SMALL[@]}"
   train eq_2gpu_zero1 2 120 "${SMALL[@]}" use_distributed_optimizer=true
+  IFS=';' read -ra _variants <<< "${EQ_VARIANTS:-}"
+  for v in "${_variants[@]}"; do
+    tag=$(echo "$v" | tr ' =' '_-')
+    # shellcheck disable=SC2086
+    train "eq_1gpu__$tag" 1 120 "${SMALL[@]}" $v
+    # shellcheck disable=SC2086
+    train "eq_2gpu__$tag" 2 120 "${SMALL[@]}" $v
+    # shellcheck disable=SC2086
+    train "eq_2gpu_zero1__$tag" 2 120 "${SMALL[@]}" use_distributed_optimizer=true $v
+  done
 fi
 
 # 4. Kill rank 1 (SIGKILL) after step 12 of a 2-GPU run that checkpoints every 5 steps; the
@@ -181,18 +193,23 @@ def opt_gib(name):
 def arena(name):
     m = metrics(name)
     return max(s.get("arena_gib", 0) for s in m) if m else None
-# loss equality
-one = {s["step"]: s["loss"] for s in metrics("eq_1gpu")}
-for name, label in [("eq_2gpu", "2gpu"), ("eq_2gpu_zero1", "2gpu-zero1")]:
-    two = {s["step"]: s["loss"] for s in metrics(name)}
-    common = sorted(set(one) & set(two))
-    if common:
-        worst = max(abs(two[k] - one[k]) / abs(one[k]) for k in common)
-        last = common[-1]
-        row(f"gpt2-small/g16/t256/{label}-vs-1gpu", "final_loss", two[last], one[last], "1 GPU, same global batch", False)
-        row(f"gpt2-small/g16/t256/{label}-vs-1gpu", "max_rel_loss_diff_50_steps", worst, None, "")
-        print(f"loss equality {label}: {len(common)} steps, worst relative difference {worst:.2e} "
-              f"({'PASS' if worst < 2e-2 and len(common) >= 50 else 'FAIL'} at 2e-2)")
+# loss equality (the default settings, then each EQ_VARIANTS entry: names eq_*__<tag>)
+tags = sorted({f.split("__", 1)[1].rsplit(".metrics.jsonl", 1)[0] for f in os.listdir(out)
+               if f.startswith("eq_1gpu__") and f.endswith(".metrics.jsonl")})
+for tag in [""] + tags:
+    at = f"__{tag}" if tag else ""
+    one = {s["step"]: s["loss"] for s in metrics("eq_1gpu" + at)}
+    for name, label in [("eq_2gpu", "2gpu"), ("eq_2gpu_zero1", "2gpu-zero1")]:
+        two = {s["step"]: s["loss"] for s in metrics(name + at)}
+        common = sorted(set(one) & set(two))
+        if common:
+            worst = max(abs(two[k] - one[k]) / abs(one[k]) for k in common)
+            last = common[-1]
+            case = f"gpt2-small/g16/t256/{label}-vs-1gpu" + (f"/{tag}" if tag else "")
+            row(case, "final_loss", two[last], one[last], "1 GPU, same global batch", False)
+            row(case, "max_rel_loss_diff_50_steps", worst, None, "")
+            print(f"loss equality {label}{' ' + tag if tag else ''}: {len(common)} steps, worst relative difference "
+                  f"{worst:.2e} ({'PASS' if worst < 2e-2 and len(common) >= 50 else 'FAIL'} at 2e-2)")
 # throughput
 for model, case in [("gpt2", "gpt2-124M/b16/t1024/mock"), ("llama", "llama3.2-1B/b4/t2048/mock")]:
     t1 = tok_s(f"{model}_1gpu")
