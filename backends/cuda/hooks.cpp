@@ -36,8 +36,10 @@ void turbo_attention_forward(const AttentionCall& c) {
   log_once(logged, "attention forward", turbo::attention_forward(a));
 }
 
-void turbo_attention_backward(const AttentionGradCall& c) {
-  static std::atomic<bool> logged{false};
+// The default backward (dQ accumulated in f32 by the fastest engine) or, deterministic, one
+// whose results do not depend on the order thread blocks finish in (AttentionOptions).
+void run_turbo_attention_backward(const AttentionGradCall& c, bool deterministic) {
+  static std::atomic<bool> logged{false}, logged_det{false};
   turbo::AttentionBackwardArgs a;
   a.dq = c.dq;
   a.dk = c.dk;
@@ -50,27 +52,16 @@ void turbo_attention_backward(const AttentionGradCall& c) {
   a.lse = c.lse;
   a.opt.causal = true;
   a.opt.softmax_scale = c.scale;
+  a.opt.deterministic = deterministic;
   a.ctx = c.ctx;
-  log_once(logged, "attention backward", turbo::attention_backward(a));
+  const turbo::BackendType b = turbo::attention_backward(a);
+  if (deterministic)
+    log_once(logged_det, "attention backward (deterministic)", b);
+  else
+    log_once(logged, "attention backward", b);
 }
-void turbo_attention_backward_deterministic(const AttentionGradCall& c) {
-  static std::atomic<bool> logged{false};
-  turbo::AttentionBackwardArgs a;
-  a.dq = c.dq;
-  a.dk = c.dk;
-  a.dv = c.dv;
-  a.dout = c.dout;
-  a.q = c.q;
-  a.k = c.k;
-  a.v = c.v;
-  a.out = c.out;
-  a.lse = c.lse;
-  a.opt.causal = true;
-  a.opt.softmax_scale = c.scale;
-  a.opt.deterministic = true;
-  a.ctx = c.ctx;
-  log_once(logged, "attention backward (deterministic)", turbo::attention_backward(a));
-}
+void turbo_attention_backward(const AttentionGradCall& c) { run_turbo_attention_backward(c, false); }
+void turbo_attention_backward_deterministic(const AttentionGradCall& c) { run_turbo_attention_backward(c, true); }
 #endif
 
 }  // namespace

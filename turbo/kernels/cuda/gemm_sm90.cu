@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstdio>
 #include <string>
 #include <atomic>
 #include <climits>
@@ -621,6 +622,25 @@ GemmSm90Schedule env_schedule() {
   return s;
 }
 
+// PRIMUS_TURBO_GEMM_PLAN, read once: "<bn>x<splits>" (bn 128 | 256, splits 1..kMaxSplits, 0 for
+// either: automatic), e.g. 256x2; what gemm_sm90_force_plan sets, from the environment, for plan
+// sweeps (bench/ops/plan_sweep.sh). Unset or empty: automatic. Anything else is an error.
+std::pair<int, int> env_plan() {
+  static const std::pair<int, int> plan = [] {
+    const char* e = std::getenv("PRIMUS_TURBO_GEMM_PLAN");
+    if (!e || !*e) return std::pair<int, int>{0, 0};
+    int bn = -1, splits = -1;
+    char tail = 0;
+    if (std::sscanf(e, "%dx%d%c", &bn, &splits, &tail) != 2 || !(bn == 0 || bn == 128 || bn == 256) || splits < 0 ||
+        splits > kMaxSplits)
+      throw RuntimeError(fmt::format("PRIMUS_TURBO_GEMM_PLAN='{}': expected <bn>x<splits> with bn 0, 128 or 256 and "
+                                     "splits 0..{} (e.g. 256x2)",
+                                     e, kMaxSplits));
+    return std::pair<int, int>{bn, splits};
+  }();
+  return plan;
+}
+
 // This thread in relaxed stream-capture mode while it lives: runtime queries made during a graph
 // capture (the check runs on every dispatch) can then never invalidate that capture.
 struct RelaxedCapture {
@@ -735,7 +755,8 @@ GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
   using namespace gemm90;
   const int sms = std::max(1, device_info().sms);
   const int64_t kblocks = ceil_div(std::max<int64_t>(p.k, 1), kBK);
-  const int force_bn = g_force_bn.load(), force_splits = g_force_splits.load();
+  int force_bn = g_force_bn.load(), force_splits = g_force_splits.load();
+  if (force_bn == 0 && force_splits == 0) std::tie(force_bn, force_splits) = env_plan();
   const bool pingpong = gemm_sm90_schedule() == GemmSm90Schedule::Pingpong;
   // Cost in units of one 128 x 256 k-tile: waves of tiles x (k-tiles per split + the fill of the
   // pipeline and the epilogue, about 4 k-tiles' time, + about 2 for a split tile's reduction).
