@@ -55,4 +55,12 @@ for case, s in t.items():
     best = max(turbo, key=turbo.get)
     f = lambda v: f"{v:.1f}" if v else "-"
     print(f"{case:<34}{f(lt):>9}{f(auto):>8}{(auto or 0) / lt:>7.3f}  {best:<22}{turbo[best]:>8.1f}{turbo[best] / lt:>7.3f}")
+# Every plan per case, as TURBO / cuBLASLt (for tuning the plan model).
+plans = sorted({k for s in t.values() for k in s if k.startswith("turbo-")})
+print("\nTURBO / cuBLASLt per plan:")
+print(f"{'case':<34}" + "".join(f"{p[6:]:>10}" for p in plans))
+for case, s in t.items():
+    lt = s.get("cublaslt")
+    if lt:
+        print(f"{case:<34}" + "".join(f"{s[p] / lt:>10.3f}" if p in s else f"{'-':>10}" for p in plans))
 EOF

@@ -774,10 +774,15 @@ GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
       if (pingpong && s == 1 && bn == 256 && force_bn != 256) continue;
       const int64_t slots = s == 1 ? sms : max_active_clusters(bn, s);
       if (slots <= 0) continue;
+      // A 128-wide tile does half a 256-wide tile's MMAs but not at half its time: measured on an
+      // H100 (2026-11-23, bench/ops/plan_sweep.sh), 256 x 1 beat the 128-wide plans this model
+      // preferred by 6-20% on lm_head fwd, Llama gate|up fwd, down dgrad and kv wgrad, so a
+      // 128-wide tile counts 0.575 of a 256-wide one (0.5 x 1.15) instead of 0.5.
+      const double tile_cost = bn == 256 ? 1.0 : 0.575;
       const double cost =
           pp ? (static_cast<double>(ceil_div(tiles, slots)) * static_cast<double>(kblocks) + 4.0) * 0.5
              : static_cast<double>(ceil_div(tiles, slots)) *
-                   (static_cast<double>(ceil_div(kblocks, s)) + 4.0 + (s > 1 ? 2.0 : 0.0)) * bn / 256.0;
+                   (static_cast<double>(ceil_div(kblocks, s)) + 4.0 + (s > 1 ? 2.0 : 0.0)) * tile_cost;
       if (cost < best_cost) {
         best_cost = cost;
         best.bn = bn;
