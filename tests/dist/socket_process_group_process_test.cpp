@@ -121,8 +121,13 @@ TEST_F(SocketPGProcesses, KilledRankIsNamedAtOnce) {
     EXPECT_NE(e.find("all_reduce"), std::string::npos) << e;
     EXPECT_NE(e.find("closed its connection"), std::string::npos) << e;
   }
-  // Rank 2 receives from rank 1 directly.
-  EXPECT_NE(report(f, 2).find("rank 1 closed its connection"), std::string::npos) << report(f, 2);
+  // The dead rank is named by a survivor. Which one sees it first is a race: rank 2 receives from
+  // rank 1 directly, but rank 0 may notice first, fail and close its own sockets, and rank 2 then
+  // reports rank 0 (seen under ASan on 2 busy cores); the other survivor always names rank 1.
+  const std::string r0 = report(f, 0), r2 = report(f, 2);
+  EXPECT_TRUE(r0.find("rank 1 closed its connection") != std::string::npos ||
+              r2.find("rank 1 closed its connection") != std::string::npos)
+      << "rank 0: " << r0 << "\nrank 2: " << r2;
   EXPECT_LT(seconds_since(t0), 10.0);
 }
 
