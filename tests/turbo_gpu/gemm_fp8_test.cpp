@@ -269,12 +269,15 @@ TEST_F(Fp8LinearTest, ScratchBytesCoverEveryCall) {
   TensorView x = make(DType::BF16, {N, C}), w = make(DType::BF16, {OC, C}), out = make(DType::BF16, {N, OC});
   random_tensor(x);
   random_tensor(w, 0.05f);
-  linear_forward_fp8(out, x, w, {}, {}, c);
+  // The arena throws (naming the borrow) when a call needs more than the stated bytes.
+  ASSERT_NO_THROW(linear_forward_fp8(out, x, w, {}, {}, c));
   TensorView dx = make(DType::BF16, {N, C}), dw = make(DType::F32, {OC, C});
   random_tensor(dw);
-  linear_backward_fp8(dx, dw, {}, out, x, w, false, c);
+  ASSERT_NO_THROW(linear_backward_fp8(dx, dw, {}, out, x, w, false, c));  // both gradients: the largest borrow
+  ASSERT_NO_THROW(linear_backward_fp8({}, dw, {}, out, x, w, false, c));
+  ASSERT_NO_THROW(linear_backward_fp8(dx, {}, {}, out, x, w, false, c));
   CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_LE(tight->high_water(), tight->capacity());
+  EXPECT_GT(tight->high_water(), tight->capacity() / 2) << "the stated bytes are far above what the calls borrow";
 }
 
 }  // namespace
