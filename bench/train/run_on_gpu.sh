@@ -21,6 +21,8 @@
 # adds a run with recompute_granularity (with the graph when CUDA_GRAPH=1); either also makes a short
 # profiled run (PRIMUS_CUDA_PROFILE=1, PROFILE_STEPS=12 steps; the graph run's setting when there is one)
 # and prints its per-phase GPU time table ($OUT/profile.json). PROFILE=1 alone profiles the default run.
+# ENV_VARIANT="VAR=value ..." adds the default run under those environment variables (an A/B of a
+# switch read from the environment), case suffix /env:VAR=value.
 #   run(command="CUDA_GRAPH=1 RECOMPUTE=selective HEURISTIC=0 bash bench/train/run_on_gpu.sh",
 #       carry=[".carry-cuda"])
 set -u
@@ -242,6 +244,23 @@ run_variant() {  # $1: name, rest: extra key=value arguments
 }
 # shellcheck disable=SC2086
 [ -n "$GRAPH_ARGS" ] && run_variant graph $GRAPH_ARGS
+# ENV_VARIANT="VAR=value ...": the default run once more under those environment variables (an A/B
+# of a switch read from the environment, e.g. PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=CUBLASLT), case
+# suffix /env:<the assignments>, metrics_env.jsonl.
+if [ -n "${ENV_VARIANT:-}" ]; then
+  # shellcheck disable=SC2086
+  env $ENV_VARIANT bash -c 'true' || { echo "ENV_VARIANT='$ENV_VARIANT' is not a list of VAR=value"; exit 2; }
+  rm -rf "$WS"
+  # shellcheck disable=SC2086
+  env $ENV_VARIANT timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
+    mock_data=true train_iters="$STEPS" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
+    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 \
+    attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_env.log" 2>&1
+  echo "train (env $ENV_VARIANT) rc=$?" >> "$OUT/train_env.log"
+  tail -3 "$OUT/train_env.log"
+  cp "$WS"/*/*/bench/metrics.jsonl "$OUT/metrics_env.jsonl" 2>/dev/null
+  rm -rf "$WS"
+fi
 # shellcheck disable=SC2086
 [ -n "$RC_ARGS" ] && run_variant recompute $RC_ARGS
 profile_run() {  # $@: extra key=value arguments; the table goes to stdout, profile.json to $OUT
@@ -275,10 +294,11 @@ echo "anchor rc=$?" >> "$OUT/anchor.err"
 tail -3 "$OUT/anchor.err"
 
 # 4. train.jsonl and the table.
-python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" "$RC_SUFFIX" <<'EOF'
+python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" "$RC_SUFFIX" "${ENV_VARIANT:-}" <<'EOF'
 import json, os, sys, datetime
 out, device, commit, measure, peak, attn = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
 rc_suffix = sys.argv[7]
+env_suffix = "/env:" + sys.argv[8].replace(" ", ",") if len(sys.argv) > 8 and sys.argv[8] else ""
 def measure_ours(name):
     steps = [json.loads(l) for l in open(os.path.join(out, name)) if '"tokens_per_s"' in l]
     last = steps[-measure:]
@@ -290,7 +310,7 @@ def measure_ours(name):
             "loss": steps[-1]["loss"], "steps": len(last)}
 runs, anchor = [], {}
 for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/heuristic"), ("metrics_graph.jsonl", "/graph"),
-                     ("metrics_recompute.jsonl", rc_suffix)]:
+                     ("metrics_recompute.jsonl", rc_suffix), ("metrics_env.jsonl", env_suffix)]:
     if name != "metrics.jsonl" and not os.path.exists(os.path.join(out, name)):
         continue
     try:

@@ -714,6 +714,97 @@ TEST_P(TurboGemmTest, ManyTilesPerBlockWithEdges) {
   }
 }
 
+// The GELU epilogues the GPT-2 MLP runs on TURBO by default (gelu_aux_bias forward, dgelu input
+// gradient), plus gelu_aux without a bias: against the double product and the CPU GELU, bf16 and
+// f16, with N a multiple of 256 (every tile takes the 16-byte path) and N = 330 (edge tiles and
+// the scalar path, aux rows not 16-byte aligned), under forced split-k plans too (the epilogue
+// after the cluster reduction). Outputs and aux are poisoned; every element must be written.
+TEST_P(TurboGemmTest, GeluEpiloguesMatchCpuGelu) {
+  struct Shape { int64_t M, N, K; };
+  struct Plan { int bn, splits; };
+  for (DType dt : {DType::BF16, DType::F16})
+    for (Shape sh : {Shape{384, 512, 256}, Shape{200, 330, 136}})
+      for (Plan pl : {Plan{0, 0}, Plan{256, 2}, Plan{128, 3}}) {
+        SCOPED_TRACE(fmt::format("{} {}x{}x{} bn={} splits={}", dtype_name(dt), sh.M, sh.N, sh.K, pl.bn, pl.splits));
+        cuda::gemm_sm90_force_plan(pl.bn, pl.splits);
+        const int64_t M = sh.M, N = sh.N, K = sh.K;
+        Mat a = operand(dt, M, K, false), b = operand(dt, K, N, true, 0.2f);
+        const auto prod = product(a.values, b.values, M, N, K);
+        TensorView bias = make(dt, {N}), d = make(dt, {M, N}), aux = make(dt, {M, N});
+        const auto bv = random_tensor(bias);
+        for (bool with_bias : {true, false}) {
+          SCOPED_TRACE(with_bias ? "gelu_aux_bias" : "gelu_aux");
+          std::vector<double> pre(prod);
+          if (with_bias)
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) pre[i * N + j] += bv[j];
+          std::vector<float> pre_f(pre.begin(), pre.end()), want(pre.size());
+          cpu::gelu_forward(want.data(), pre_f.data(), static_cast<int64_t>(want.size()));
+          poison(d);
+          poison(aux);
+          GemmArgs g = args(a.view, b.view, d);
+          g.epilogue = with_bias ? GemmEpilogue::GeluAuxBias : GemmEpilogue::GeluAux;
+          if (with_bias) g.bias = bias;
+          g.aux = aux;
+          g.ctx = ctx;
+          EXPECT_EQ(gemm(g), BackendType::TURBO);
+          const auto got_d = get(d), got_aux = get(aux);
+          EXPECT_TRUE(all_finite(got_d) && all_finite(got_aux)) << "an element was not written";
+          EXPECT_LT(rel_err(got_aux, pre), gate(DType::BF16));
+          EXPECT_LT(rel_err(got_d, want), gate(DType::BF16));
+        }
+        // dgelu: D = (A @ B) * gelu'(aux), aux a stored pre-activation.
+        const auto auxv = random_tensor(aux);
+        std::vector<float> prod_f(prod.begin(), prod.end()), want(prod.size());
+        cpu::gelu_backward(want.data(), auxv.data(), prod_f.data(), static_cast<int64_t>(want.size()));
+        poison(d);
+        GemmArgs h = args(a.view, b.view, d);
+        h.epilogue = GemmEpilogue::DGelu;
+        h.aux = aux;
+        h.ctx = ctx;
+        EXPECT_EQ(gemm(h), BackendType::TURBO);
+        const auto got = get(d);
+        EXPECT_TRUE(all_finite(got)) << "an element was not written (dgelu)";
+        EXPECT_LT(rel_err(got, want), gate(DType::BF16));
+        EXPECT_EQ(get(aux), auxv) << "dgelu must not write aux";
+      }
+  cuda::gemm_sm90_force_plan(0, 0);
+}
+
+// Without a forced backend, GEMMs with a bias / GELU epilogue on 16-bit tensors default to TURBO
+// (the per-call rule; PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND not set) and the rest to CUBLASLT:
+// plain products, f32 outputs, the bias-gradient epilogues TURBO does not have.
+TEST_P(TurboGemmTest, EpilogueGemmsDefaultToTurbo) {
+  GlobalBackendManager::instance().reset();
+  const int64_t N = 256, C = 128, OC = 384;
+  TensorView x = make(DType::BF16, {N, C}), w = make(DType::BF16, {OC, C}), bias = make(DType::BF16, {OC});
+  random_tensor(x);
+  random_tensor(w, 0.1f);
+  random_tensor(bias);
+  TensorView out = make(DType::BF16, {N, OC}), aux = make(DType::BF16, {N, OC});
+  EXPECT_EQ(linear_forward(out, x, w, bias, {}, ctx), BackendType::TURBO);
+  EXPECT_EQ(linear_forward(out, x, w, bias, aux, ctx), BackendType::TURBO);
+  EXPECT_EQ(linear_forward(out, x, w, {}, aux, ctx), BackendType::TURBO);
+  EXPECT_EQ(linear_forward(out, x, w, {}, {}, ctx), BackendType::CUBLASLT);
+  TensorView x32 = make(DType::F32, {N, C}), w32 = make(DType::F32, {OC, C}), b32 = make(DType::F32, {OC});
+  TensorView out32 = make(DType::F32, {N, OC});
+  random_tensor(x32);
+  random_tensor(w32);
+  random_tensor(b32);
+  EXPECT_EQ(linear_forward(out32, x32, w32, b32, {}, ctx), BackendType::CUBLASLT);
+  GemmArgs g = args(out, w, make(DType::BF16, {N, C}));  // dgelu with the bias gradient: cuBLASLt's
+  TensorView pre = make(DType::BF16, {N, C}), db = make(DType::BF16, {C});
+  random_tensor(pre);
+  g.epilogue = GemmEpilogue::DGeluBGrad;
+  g.aux = pre;
+  g.bias = db;
+  g.ctx = ctx;
+  EXPECT_EQ(gemm(g), BackendType::CUBLASLT);
+  g.epilogue = GemmEpilogue::DGelu;
+  g.bias = {};
+  EXPECT_EQ(gemm(g), BackendType::TURBO);
+}
+
 TEST_P(TurboGemmTest, LinearLayerHelpersMatchCpuMatmul) {
   const int64_t N = 384, C = 264, OC = 520;
   TensorView x = make(DType::BF16, {N, C}), w = make(DType::BF16, {OC, C}), bias = make(DType::BF16, {OC});
@@ -762,9 +853,11 @@ TEST_P(TurboGemmTest, ForcedOnUnsupportedCallsNamesTheReason) {
   TensorView d2 = make(DType::BF16, {128, 128}), aux = make(DType::BF16, {128, 128});
   GemmArgs h = args(a2.view, b2.view, d2);
   h.ctx = ctx;
-  h.epilogue = GemmEpilogue::GeluAux;
+  TensorView dbias = make(DType::BF16, {128});
+  h.epilogue = GemmEpilogue::DGeluBGrad;
   h.aux = aux;
-  expect_error(h, "epilogue gelu_aux");
+  h.bias = dbias;
+  expect_error(h, "epilogue dgelu_bgrad");
 
   Mat a3 = operand(DType::F32, 64, 64, false), b3 = operand(DType::F32, 64, 64, false);
   TensorView d3 = make(DType::F32, {64, 64});

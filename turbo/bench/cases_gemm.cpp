@@ -33,7 +33,7 @@ Case linear_case(std::string name, int64_t M, int64_t N, int64_t K) {
 }
 
 // The products of a GPT-2 linear layer as the cuda backend's training step issues them (GPU only;
-// TURBO serves none of these epilogues, so they time CUBLASLT): the forward with its bias (and the
+// TURBO serves the bias and GELU epilogues, not the bias-gradient ones): the forward with its bias (and the
 // GELU + pre-activation epilogue for the MLP up-projection), the input gradient through GELU's
 // derivative (MLP down-projection), and the weight gradient accumulated into fp32 with and
 // without the bias gradient. Against the plain products above they show what each fusion costs.

@@ -2,7 +2,8 @@
 //
 // Order (high to low): user choice from GlobalBackendManager (code setter, then
 // PRIMUS_TURBO_<OP>_BACKEND) -> autotune (per-op AUTOTUNE choice or the global switch) -> the
-// op's default backend -> fallback over the registered backends, in registration order,
+// op's default backend (a per-call default rule first, where the op has one: a measured
+// preference such as "this backend for these epilogues") -> fallback over the registered backends, in registration order,
 // whose can_handle says yes (with a warning given once per op and backend pair).
 //
 // A backend the user forced that cannot handle the call is an error naming the op, the backend,
@@ -19,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,9 @@ class OpDispatcher {
   // (lower is faster, e.g. milliseconds). The CUDA ops install an event timer on the args' stream.
   using Timer = std::function<double(const Args&, const std::function<void()>& run)>;
   using CaptureProbe = std::function<bool(const Args&)>;
+  // The default for one call, where it differs from the op's default (nullopt: no preference).
+  // A preferred backend that cannot handle the call is passed over for the op's default.
+  using DefaultRule = std::function<std::optional<BackendType>(const Args&)>;
 
   OpDispatcher(std::string op, BackendType default_backend, DispatcherOptions opt = {})
       : op_(std::move(op)), default_(default_backend), opt_(opt), cache_(opt.cache_capacity),
@@ -61,6 +66,7 @@ class OpDispatcher {
   void set_timer(Timer t) { std::lock_guard lock(mu_); timer_ = std::move(t); }
   void set_capture_probe(CaptureProbe p) { std::lock_guard lock(mu_); probe_ = std::move(p); }
   void set_default_backend(BackendType b) { std::lock_guard lock(mu_); default_ = b; }
+  void set_default_rule(DefaultRule r) { std::lock_guard lock(mu_); rule_ = std::move(r); }
 
   // Chooses the backend for `args` (running candidates only when autotuning a new key).
   // Throws RuntimeError when a forced backend cannot handle the call or no backend can, and
@@ -159,7 +165,12 @@ class OpDispatcher {
       }
     }
 
-    // 4. The op's default.
+    // 4. The op's default: the per-call rule's preference, then the op's default backend.
+    if (rule_) {
+      if (const std::optional<BackendType> want = rule_(args); want && *want != default_) {
+        if (const KernelBackend<Args>* b = find(*want); b && b->can_handle(args, nullptr)) return *b;
+      }
+    }
     std::string default_why = "not registered";
     if (const KernelBackend<Args>* b = find(default_)) {
       if (b->can_handle(args, &default_why)) return *b;
@@ -194,6 +205,7 @@ class OpDispatcher {
   LruCache<std::string, BackendType> cache_;
   Timer timer_;
   CaptureProbe probe_;
+  DefaultRule rule_;
   size_t tune_runs_ = 0;
   int hook_ = -1;
 };

@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -61,7 +64,13 @@ cuda::GemmSm90Problem sm90_problem(const GemmArgs& g, const detail::GemmShape& s
   p.ldd = s.d.ld;
   p.d_dtype = s.d.dtype;
   p.alpha = g.alpha; p.beta = g.beta;
-  p.bias = g.epilogue == GemmEpilogue::Bias ? g.bias.data : nullptr;
+  const bool with_bias = g.epilogue == GemmEpilogue::Bias || g.epilogue == GemmEpilogue::GeluAuxBias;
+  p.bias = with_bias ? g.bias.data : nullptr;
+  if (g.epilogue == GemmEpilogue::GeluAux || g.epilogue == GemmEpilogue::GeluAuxBias || g.epilogue == GemmEpilogue::DGelu) {
+    p.epilogue = g.epilogue == GemmEpilogue::DGelu ? cuda::GemmSm90Epilogue::DGelu : cuda::GemmSm90Epilogue::GeluAux;
+    p.aux = g.aux.data;
+    p.ld_aux = g.aux.defined() && g.aux.ndim == 2 ? g.aux.stride(0) : 0;
+  }
   return p;
 }
 
@@ -69,14 +78,26 @@ cuda::GemmSm90Problem sm90_problem(const GemmArgs& g, const detail::GemmShape& s
 // PRIMUS_TURBO_GEMM_BACKEND=TURBO report.
 std::string turbo_unsupported_reason(const GemmArgs& g, const detail::GemmShape& s) {
   if (dtype_is_fp8(s.a.dtype)) return "FP8 operands (the TURBO GEMM runs bf16/f16)";
-  if (g.epilogue != GemmEpilogue::None && g.epilogue != GemmEpilogue::Bias)
-    return fmt::format("epilogue {} (the TURBO GEMM has none and bias)", gemm_epilogue_name(g.epilogue));
+  switch (g.epilogue) {
+    case GemmEpilogue::None:
+    case GemmEpilogue::Bias:
+    case GemmEpilogue::GeluAux:
+    case GemmEpilogue::GeluAuxBias:
+    case GemmEpilogue::DGelu: break;
+    default:
+      return fmt::format("epilogue {} (the TURBO GEMM has none, bias, gelu_aux, gelu_aux_bias and dgelu)",
+                         gemm_epilogue_name(g.epilogue));
+  }
   if (s.batch > 1) return fmt::format("batch {} (the TURBO GEMM runs one matrix per call)", s.batch);
   if (s.a.dtype != s.b.dtype)
     return fmt::format("A is {} and B is {} (the TURBO GEMM wants one input type)", dtype_name(s.a.dtype), dtype_name(s.b.dtype));
-  if (g.epilogue == GemmEpilogue::Bias && g.bias.dtype != g.d.dtype)
+  if ((g.epilogue == GemmEpilogue::Bias || g.epilogue == GemmEpilogue::GeluAuxBias) && g.bias.dtype != g.d.dtype)
     return fmt::format("bias is {} but D is {} (the TURBO GEMM reads the bias in D's type)", dtype_name(g.bias.dtype),
                        dtype_name(g.d.dtype));
+  // (gemm_shape has checked aux: a row-major [M, N] matrix of D's type.)
+  if ((g.epilogue == GemmEpilogue::GeluAux || g.epilogue == GemmEpilogue::GeluAuxBias || g.epilogue == GemmEpilogue::DGelu) &&
+      g.beta != 0.0f)
+    return fmt::format("epilogue {} with beta != 0", gemm_epilogue_name(g.epilogue));
   return cuda::gemm_sm90_unsupported_reason(sm90_problem(g, s));
 }
 
@@ -117,9 +138,36 @@ std::string views_on(Device dev, const GemmArgs& g) {
                               {"a_scale", &g.a_scale}, {"b_scale", &g.b_scale}});
 }
 
+// The default backend of GEMMs with a fused epilogue (bias, GELU + pre-activation, GELU's
+// derivative) and 16-bit inputs and output: TURBO, whose epilogue runs on the accumulators in
+// registers, where cuBLASLt's cost GPT-2's layers 10-40% over the plain product on an H100
+// (bench/results/NOTES.md, session 6). PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=CUBLASLT (read once)
+// restores cuBLASLt for them; a call TURBO cannot run goes to the op's default as before.
+std::optional<BackendType> epilogue_rule(const GemmArgs& g) {
+  static const std::optional<BackendType> pick = []() -> std::optional<BackendType> {
+    const char* e = std::getenv("PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND");
+    std::string v = e ? e : "";
+    for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (v.empty() || v == "TURBO") return BackendType::TURBO;
+    if (v == "CUBLASLT") return BackendType::CUBLASLT;
+    throw ConfigError(fmt::format("PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND='{}': expected TURBO or CUBLASLT", e));
+  }();
+  switch (g.epilogue) {
+    case GemmEpilogue::Bias:
+    case GemmEpilogue::GeluAux:
+    case GemmEpilogue::GeluAuxBias:
+    case GemmEpilogue::DGelu: break;
+    default: return std::nullopt;
+  }
+  const bool half = [](DType t) { return t == DType::BF16 || t == DType::F16; }(g.d.dtype);
+  if (!half || g.a.dtype != g.d.dtype || g.b.dtype != g.d.dtype) return std::nullopt;
+  return pick;
+}
+
 OpDispatcher<GemmArgs>& dispatcher() {
   static OpDispatcher<GemmArgs>* d = [] {
     auto* disp = new OpDispatcher<GemmArgs>("gemm", turbo_has_cuda() ? BackendType::CUBLASLT : BackendType::CPU);
+    disp->set_default_rule(epilogue_rule);
 #ifdef PRIMUS_TURBO_WITH_CUDA
     disp->register_backend(make_backend<GemmArgs>(
         BackendType::CUBLASLT,

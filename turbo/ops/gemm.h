@@ -11,7 +11,9 @@
 // GPU (cuBLASLt, Hopper) both FP8 operands must be K-contiguous: A row-major [M,K] and B the
 // transposed view of a row-major [N,K]; turbo/ops/gemm_fp8.h has the linear layers built on it.
 //
-// Backends: CUBLASLT (device tensors; default), CPU (host f32 tensors, OpenBLAS). Chosen per call
+// Backends: CUBLASLT (device tensors; default), TURBO (Turbo's sm90a kernel: bf16/f16, epilogues
+// none, bias, gelu_aux(_bias), dgelu; the default for those epilogues on 16-bit tensors, see
+// PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND in gemm.cpp), CPU (host f32 tensors, OpenBLAS). Chosen per call
 // by the dispatcher: PRIMUS_TURBO_GEMM_BACKEND, PRIMUS_TURBO_AUTO_TUNE, set_backend("gemm", ...).
 #pragma once
 #include <string>

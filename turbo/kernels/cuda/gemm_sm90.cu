@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <string>
 #include <atomic>
@@ -102,7 +103,13 @@ struct Params {
   int d_vec16;  // 16-bit D, beta == 0, 16-byte aligned base and rows: whole 8-column groups per store
   float alpha, beta;
   const void* bias;
+  int bias_vec;  // bias is 4-byte aligned: column pairs are read as one word
+  int epi;       // kEpiPlain / kEpiGeluAux / kEpiDGelu (gemm_sm90.h, GemmSm90Epilogue)
+  void* aux;     // [m][n] in D's type, ld_aux apart: written (GeluAux) or read (DGelu)
+  int64_t ld_aux;
+  int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
 };
+constexpr int kEpiPlain = 0, kEpiGeluAux = 1, kEpiDGelu = 2;
 
 // ---- small PTX pieces not in attention_sm90_common.cuh -----------------------------------------
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1) {
@@ -182,16 +189,71 @@ __device__ __forceinline__ void tile_coords(const Params& p, int t, int& tm, int
   tn = r / rows;
 }
 
+// GELU (tanh form) and its derivative on the hardware tanh (tanh.approx.f32, one MUFU op, max
+// relative error ~2^-11): the epilogue's outputs are 16-bit or feed a bf16 activation, whose
+// rounding step is 2^-8, and tanhf's instruction sequence would make the epilogue compute-bound.
+__device__ __forceinline__ float tanh_fast(float u) {
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
+  return t;
+}
+__device__ __forceinline__ float gelu_fast(float x) {
+  const float u = 0.7978845608028654f * fmaf(0.044715f * x * x, x, x);
+  return 0.5f * x * (1.0f + tanh_fast(u));
+}
+__device__ __forceinline__ float gelu_grad_fast(float x) {
+  const float u = 0.7978845608028654f * fmaf(0.044715f * x * x, x, x);
+  const float t = tanh_fast(u);
+  const float du = 0.7978845608028654f * fmaf(3.0f * 0.044715f, x * x, 1.0f);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+// The bias of columns col, col + 1 (col even; `two` false: col + 1 is past N).
+template <class OutT>
+__device__ __forceinline__ void bias_pair(const Params& p, int col, bool two, float& b0, float& b1) {
+  b0 = b1 = 0.0f;
+  if (!p.bias) return;
+  const OutT* b = static_cast<const OutT*>(p.bias) + col;
+  if constexpr (sizeof(OutT) == 2) {
+    if (two && p.bias_vec) {
+      const uint32_t w = __ldg(reinterpret_cast<const unsigned int*>(b));
+      OutT h[2];
+      memcpy(h, &w, 4);
+      b0 = Out<OutT>::load(&h[0]);
+      b1 = Out<OutT>::load(&h[1]);
+      return;
+    }
+  }
+  b0 = Out<OutT>::load(b);
+  if (two) b1 = Out<OutT>::load(b + 1);
+}
+
 // One accumulator column group of a thread: (row, col..col+1) and (row+8, col..col+1), as wgmma
 // lays out m64nNk16's f32 results (warp w of the warpgroup holds rows 16w..16w+15; lane l holds
 // row l/4 (+8) and columns 2*(l%4) (+1) of each group of 8 columns).
+// The epilogue of one pair: v = alpha * acc + bias (+ beta * D); GeluAux writes v to aux and
+// gelu(v) to D; DGelu writes v * gelu'(aux) to D.
 template <class OutT>
-__device__ __forceinline__ void store_pair(const Params& p, OutT* d, bool two, float v0, float v1, float b0, float b1) {
+__device__ __forceinline__ void store_pair(const Params& p, int row, int col, bool two, float v0, float v1, float b0,
+                                           float b1) {
+  OutT* d = static_cast<OutT*>(p.d) + static_cast<int64_t>(row) * p.ldd + col;
   v0 = v0 * p.alpha + b0;
   v1 = v1 * p.alpha + b1;
   if (p.beta != 0.0f) {
     v0 += p.beta * Out<OutT>::load(d);
     if (two) v1 += p.beta * Out<OutT>::load(d + 1);
+  }
+  if (p.epi != kEpiPlain) {
+    OutT* x = static_cast<OutT*>(p.aux) + static_cast<int64_t>(row) * p.ld_aux + col;
+    if (p.epi == kEpiGeluAux) {
+      Out<OutT>::store(x, v0);
+      if (two) Out<OutT>::store(x + 1, v1);
+      v0 = gelu_fast(v0);
+      v1 = gelu_fast(v1);
+    } else {
+      v0 *= gelu_grad_fast(Out<OutT>::load(x));
+      if (two) v1 *= gelu_grad_fast(Out<OutT>::load(x + 1));
+    }
   }
   if (two && p.d_vec) {
     Out<OutT>::store2(d, v0, v1);
@@ -204,15 +266,10 @@ template <class OutT>
 __device__ __forceinline__ void store_group(const Params& p, int row, int col, float v0, float v1, float v2, float v3) {
   if (col >= p.n) return;
   const bool two = col + 1 < p.n;
-  float b0 = 0.0f, b1 = 0.0f;
-  if (p.bias) {
-    const OutT* b = static_cast<const OutT*>(p.bias) + col;
-    b0 = Out<OutT>::load(b);
-    if (two) b1 = Out<OutT>::load(b + 1);
-  }
-  OutT* d = static_cast<OutT*>(p.d) + static_cast<int64_t>(row) * p.ldd + col;
-  if (row < p.m) store_pair<OutT>(p, d, two, v0, v1, b0, b1);
-  if (row + 8 < p.m) store_pair<OutT>(p, d + 8 * p.ldd, two, v2, v3, b0, b1);
+  float b0, b1;
+  bias_pair<OutT>(p, col, two, b0, b1);
+  if (row < p.m) store_pair<OutT>(p, row, col, two, v0, v1, b0, b1);
+  if (row + 8 < p.m) store_pair<OutT>(p, row + 8, col, two, v2, v3, b0, b1);
 }
 
 // ---- 16-byte epilogue stores (Params::d_vec16) --------------------------------------------------
@@ -251,31 +308,80 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
   a[0] = r[0], a[1] = r[1], a[2] = r[2], a[3] = r[3];
   rotate4(a, q, false);  // a[c] = r[(c - q) % 4] = lane c's word of group q
 }
+template <class OutT> __device__ __forceinline__ float2 unpack2(uint32_t w);
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t w) {
+  __nv_bfloat162 h;
+  memcpy(&h, &w, 4);
+  return __bfloat1622float2(h);
+}
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
+  __half2 h;
+  memcpy(&h, &w, 4);
+  return __half22float2(h);
+}
+template <> __device__ __forceinline__ float2 unpack2<float>(uint32_t) { return make_float2(0.0f, 0.0f); }  // never used
+
 // The epilogue of one 64-row block of a thread's accumulators (G groups of 8 columns from tile
-// column col) when d_vec16 holds and every column is inside D: whole warps only (shuffles).
+// column col) when d_vec16 holds (and aux_vec16 for the GELU epilogues) and every column is
+// inside D: whole warps only (shuffles). Lane q of a quad stores (and, for DGelu, loads) 16 bytes
+// of group 4j + q per row; quad_transpose moves words between that order and the accumulators'.
 template <class OutT, int G>
 __device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int col, int q, const float* acc) {
+  const bool r0 = row < p.m, r8 = row + 8 < p.m;
 #pragma unroll
   for (int j = 0; j < G / 4; ++j) {
-    uint32_t lo[4], hi[4];
+    const int64_t at = static_cast<int64_t>(row) * p.ld_aux + col + 8 * (4 * j + q);
+    uint32_t xlo[4] = {0u, 0u, 0u, 0u}, xhi[4] = {0u, 0u, 0u, 0u};
+    if (p.epi == kEpiDGelu) {  // read-only for this kernel: the non-coherent path may run ahead of the stores
+      const uint4* x = reinterpret_cast<const uint4*>(static_cast<const OutT*>(p.aux) + at);
+      if (r0) {
+        const uint4 u = __ldg(x);
+        xlo[0] = u.x, xlo[1] = u.y, xlo[2] = u.z, xlo[3] = u.w;
+      }
+      if (r8) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const OutT*>(p.aux) + at + 8 * p.ld_aux));
+        xhi[0] = u.x, xhi[1] = u.y, xhi[2] = u.z, xhi[3] = u.w;
+      }
+      quad_transpose(xlo, q);  // xlo[c] = this lane's word of group 4j + c
+      quad_transpose(xhi, q);
+    }
+    uint32_t lo[4], hi[4], alo[4], ahi[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int g = 4 * j + c;
-      float b0 = 0.0f, b1 = 0.0f;
-      if (p.bias) {
-        const OutT* b = static_cast<const OutT*>(p.bias) + col + 8 * g + 2 * q;
-        b0 = Out<OutT>::load(b);
-        b1 = Out<OutT>::load(b + 1);
+      float b0, b1;
+      bias_pair<OutT>(p, col + 8 * g + 2 * q, true, b0, b1);
+      float v0 = acc[4 * g] * p.alpha + b0, v1 = acc[4 * g + 1] * p.alpha + b1;
+      float v2 = acc[4 * g + 2] * p.alpha + b0, v3 = acc[4 * g + 3] * p.alpha + b1;
+      if (p.epi == kEpiGeluAux) {
+        alo[c] = pack2<OutT>(v0, v1);
+        ahi[c] = pack2<OutT>(v2, v3);
+        v0 = gelu_fast(v0), v1 = gelu_fast(v1), v2 = gelu_fast(v2), v3 = gelu_fast(v3);
+      } else if (p.epi == kEpiDGelu) {
+        const float2 x0 = unpack2<OutT>(xlo[c]), x8 = unpack2<OutT>(xhi[c]);
+        v0 *= gelu_grad_fast(x0.x), v1 *= gelu_grad_fast(x0.y), v2 *= gelu_grad_fast(x8.x), v3 *= gelu_grad_fast(x8.y);
       }
-      lo[c] = pack2<OutT>(acc[4 * g] * p.alpha + b0, acc[4 * g + 1] * p.alpha + b1);
-      hi[c] = pack2<OutT>(acc[4 * g + 2] * p.alpha + b0, acc[4 * g + 3] * p.alpha + b1);
+      lo[c] = pack2<OutT>(v0, v1);
+      hi[c] = pack2<OutT>(v2, v3);
     }
     quad_transpose(lo, q);
     quad_transpose(hi, q);
     OutT* d = static_cast<OutT*>(p.d) + static_cast<int64_t>(row) * p.ldd + col + 8 * (4 * j + q);
-    if (row < p.m) *reinterpret_cast<uint4*>(d) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    if (row + 8 < p.m) *reinterpret_cast<uint4*>(d + 8 * p.ldd) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    if (r0) *reinterpret_cast<uint4*>(d) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    if (r8) *reinterpret_cast<uint4*>(d + 8 * p.ldd) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    if (p.epi == kEpiGeluAux) {
+      quad_transpose(alo, q);
+      quad_transpose(ahi, q);
+      OutT* x = static_cast<OutT*>(p.aux) + at;
+      if (r0) *reinterpret_cast<uint4*>(x) = make_uint4(alo[0], alo[1], alo[2], alo[3]);
+      if (r8) *reinterpret_cast<uint4*>(x + 8 * p.ld_aux) = make_uint4(ahi[0], ahi[1], ahi[2], ahi[3]);
+    }
   }
+}
+// Whether a tile starting at column n0 takes the 16-byte epilogue (uniform over the tile).
+template <class OutT, int BN>
+__device__ __forceinline__ bool tile_vec16(const Params& p, int n0) {
+  return sizeof(OutT) == 2 && p.d_vec16 && n0 + BN <= p.n && (p.epi == kEpiPlain || p.aux_vec16);
 }
 
 // The k-tiles of one tile for one consumer warpgroup: wait for each stage, issue its four wgmmas,
@@ -425,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int tm, tn;
         tile_coords(p, t, tm, tn);
         const int col = tn * BN + (lane % 4) * 2;
-        const bool vec16 = sizeof(OutT) == 2 && p.d_vec16 && tn * BN + BN <= p.n;  // uniform over the tile
+        const bool vec16 = tile_vec16<OutT, BN>(p, tn * BN);  // uniform over the tile
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = tm * kBM + h * 64 + warp * 16 + lane / 4;
@@ -466,7 +572,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (S == 1) {
         const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
         const int col = tn * BN + (lane % 4) * 2;
-        if (sizeof(OutT) == 2 && p.d_vec16 && tn * BN + BN <= p.n) {
+        if (tile_vec16<OutT, BN>(p, tn * BN)) {
           store_rows_vec16<OutT, C::kGroups>(p, row, tn * BN, lane % 4, acc);
         } else {
 #pragma unroll
@@ -705,6 +811,11 @@ std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept {
     if (gemm90::ceil_div(p.m, gemm90::kBM) * gemm90::ceil_div(p.n, 128) > INT_MAX)
       return fmt::format("{}x{} has more tiles than the kernel counts", p.m, p.n);
     if (p.ldd < p.n) return fmt::format("D's leading dimension {} is below n = {}", p.ldd, p.n);
+    if (p.epilogue != GemmSm90Epilogue::None) {
+      if (!p.aux) return "the GELU epilogues need an aux matrix";
+      if (p.ld_aux < p.n) return fmt::format("aux's leading dimension {} is below n = {}", p.ld_aux, p.n);
+      if (p.epilogue == GemmSm90Epilogue::DGelu && p.bias) return "the dgelu epilogue takes no bias";
+    }
     const gemm90::Stored sa = gemm90::stored_a(p), sb = gemm90::stored_b(p);
     const std::tuple<const char*, const void*, int64_t> ops[] = {{"A", p.a.ptr, sa.ld}, {"B", p.b.ptr, sb.ld}};
     for (const auto& [name, ptr, ld] : ops) {
@@ -727,10 +838,11 @@ std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept {
     int current = -1;
     if (cudaGetDevice(&current) != cudaSuccess) return "no current CUDA device";
     const gemm90::RelaxedCapture relaxed;  // pure queries; legal, but keep a capture in progress safe
-    const std::pair<const char*, const void*> ptrs[] = {{"A", p.a.ptr}, {"B", p.b.ptr}, {"D", p.d}, {"bias", p.bias}};
+    const std::pair<const char*, const void*> ptrs[] = {
+        {"A", p.a.ptr}, {"B", p.b.ptr}, {"D", p.d}, {"bias", p.bias}, {"aux", p.aux}};
     for (const auto& [name, ptr] : ptrs) {
       if (!ptr) {
-        if (std::string(name) == "bias") continue;
+        if (std::string(name) == "bias" || std::string(name) == "aux") continue;
         return fmt::format("{} has no data pointer", name);
       }
       cudaPointerAttributes attr{};
@@ -848,6 +960,11 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   prm.alpha = p.alpha;
   prm.beta = p.beta;
   prm.bias = p.bias;
+  prm.bias_vec = reinterpret_cast<uintptr_t>(p.bias) % 4 == 0 ? 1 : 0;
+  prm.epi = static_cast<int>(p.epilogue);
+  prm.aux = p.aux;
+  prm.ld_aux = p.ld_aux;
+  prm.aux_vec16 = (esize == 2 && reinterpret_cast<uintptr_t>(p.aux) % 16 == 0 && p.ld_aux % 8 == 0) ? 1 : 0;
   // Boxes: a K-major operand is read as [rows][64] (128 rows of A, bn rows of B), an MN-major one
   // as [64 k-rows][64] slabs.
   const Stored sa = stored_a(p), sb = stored_b(p);

@@ -2,6 +2,10 @@
 //
 //   D[m,n] = alpha * A[m,k] @ B[k,n] + beta * D (+ bias[n])      fp32 accumulation
 //
+// then the epilogue (GemmSm90Epilogue): none, GeluAux (aux = that value, D = gelu_tanh(aux)) or
+// DGelu (D = that value * gelu_tanh'(aux), aux read; no bias). GELU uses the hardware tanh
+// (relative error ~2^-11), below the 16-bit outputs' rounding.
+//
 // A and B are bf16 or f16 (the same type), each stored row-major with a leading dimension `ld`
 // (elements between stored rows); `transposed` says the logical operand is the transpose of what
 // is stored, exactly as in turbo/ops/gemm_problem.h. So A may be K-major (stored [m][k]) or
@@ -28,6 +32,7 @@ struct GemmSm90Operand {
   bool transposed = false;  // logical = stored^T
 };
 
+enum class GemmSm90Epilogue { None = 0, GeluAux = 1, DGelu = 2 };
 struct GemmSm90Problem {
   int64_t m = 0, n = 0, k = 0;
   DType in_dtype = DType::BF16;  // of A and B
@@ -37,6 +42,9 @@ struct GemmSm90Problem {
   DType d_dtype = DType::BF16;
   float alpha = 1.0f, beta = 0.0f;  // beta == 0: D is never read (it may hold NaN)
   const void* bias = nullptr;       // [n], dtype d_dtype; nullptr: no bias
+  GemmSm90Epilogue epilogue = GemmSm90Epilogue::None;
+  void* aux = nullptr;  // [m] rows of n, ld_aux apart, dtype d_dtype: GeluAux writes it, DGelu reads it
+  int64_t ld_aux = 0;
 };
 
 // Empty when gemm_sm90 can run `p` on the current device, else the reason. Never throws.
