@@ -139,17 +139,18 @@ std::string views_on(Device dev, const GemmArgs& g) {
 }
 
 // The default backend of GEMMs with a fused epilogue (bias, GELU + pre-activation, GELU's
-// derivative) and 16-bit inputs and output: TURBO, whose epilogue runs on the accumulators in
+// derivative) and 16-bit inputs and output. PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO (read once)
+// picks TURBO, whose epilogue runs on the accumulators in
 // registers, where cuBLASLt's cost GPT-2's layers 10-40% over the plain product on an H100
-// (bench/results/NOTES.md, session 6). PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=CUBLASLT (read once)
-// restores cuBLASLt for them; a call TURBO cannot run goes to the op's default as before.
+// (bench/results/NOTES.md, session 6); unset or CUBLASLT keeps cuBLASLt until the
+// TURBO epilogues have been measured on a GPU. A call TURBO cannot run goes to the op's default.
 std::optional<BackendType> epilogue_rule(const GemmArgs& g) {
   static const std::optional<BackendType> pick = []() -> std::optional<BackendType> {
     const char* e = std::getenv("PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND");
     std::string v = e ? e : "";
     for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (v.empty() || v == "TURBO") return BackendType::TURBO;
-    if (v == "CUBLASLT") return BackendType::CUBLASLT;
+    if (v == "TURBO") return BackendType::TURBO;
+    if (v.empty() || v == "CUBLASLT") return BackendType::CUBLASLT;  // TURBO once measured on a GPU
     throw ConfigError(fmt::format("PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND='{}': expected TURBO or CUBLASLT", e));
   }();
   switch (g.epilogue) {
