@@ -245,7 +245,7 @@ run_variant() {  # $1: name, rest: extra key=value arguments
 # shellcheck disable=SC2086
 [ -n "$GRAPH_ARGS" ] && run_variant graph $GRAPH_ARGS
 # ENV_VARIANT="VAR=value ...": the default run once more under those environment variables (an A/B
-# of a switch read from the environment, e.g. PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=CUBLASLT), case
+# of a switch read from the environment, e.g. PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO), case
 # suffix /env:<the assignments>, metrics_env.jsonl.
 if [ -n "${ENV_VARIANT:-}" ]; then
   # shellcheck disable=SC2086
