@@ -229,10 +229,11 @@ if [ -n "${RECOMPUTE:-}" ]; then
   RC_ARGS="$GRAPH_ARGS recompute_granularity=$RECOMPUTE"
   RC_SUFFIX="${GRAPH_ARGS:+/graph}/recompute-$RECOMPUTE"
 fi
-run_variant() {  # $1: name, rest: extra key=value arguments
+run_variant() {  # $1: name, rest: extra key=value arguments; RUN_ENV: VAR=value ... for the process
   local name=$1; shift
   rm -rf "$WS"
-  timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
+  # shellcheck disable=SC2086
+  env ${RUN_ENV:-} timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
     mock_data=true train_iters="$STEPS" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
     lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 "$@" \
     attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_$name.log" 2>&1
@@ -249,17 +250,8 @@ run_variant() {  # $1: name, rest: extra key=value arguments
 # suffix /env:<the assignments>, metrics_env.jsonl.
 if [ -n "${ENV_VARIANT:-}" ]; then
   # shellcheck disable=SC2086
-  env $ENV_VARIANT bash -c 'true' || { echo "ENV_VARIANT='$ENV_VARIANT' is not a list of VAR=value"; exit 2; }
-  rm -rf "$WS"
-  # shellcheck disable=SC2086
-  env $ENV_VARIANT timeout 100 "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
-    mock_data=true train_iters="$STEPS" micro_batch_size=16 global_batch_size=16 seq_length=1024 \
-    lr_warmup_iters=5 log_interval=5 eval_interval=0 save_interval=0 keep_last_k=1 \
-    attention_backend="$ATTN" workspace="$WS" exp_name=bench > "$OUT/train_env.log" 2>&1
-  echo "train (env $ENV_VARIANT) rc=$?" >> "$OUT/train_env.log"
-  tail -3 "$OUT/train_env.log"
-  cp "$WS"/*/*/bench/metrics.jsonl "$OUT/metrics_env.jsonl" 2>/dev/null
-  rm -rf "$WS"
+  env $ENV_VARIANT true || { echo "ENV_VARIANT='$ENV_VARIANT' is not a list of VAR=value"; exit 2; }
+  RUN_ENV=$ENV_VARIANT run_variant env
 fi
 # shellcheck disable=SC2086
 [ -n "$RC_ARGS" ] && run_variant recompute $RC_ARGS

@@ -44,6 +44,22 @@ TEST_F(DispatchFixture, PerPrecisionCodeSetterBeatsAllPrecisionEnvironment) {
   EXPECT_EQ(dispatcher->dispatch({1, Precision::BF16}), BT::CPU);  // setter silent for bf16
 }
 
+// A per-call default rule picks the backend before the op's default; a preferred backend that
+// cannot handle the call is passed over silently for the default; users' choices still win.
+TEST_F(DispatchFixture, DefaultRulePrefersPerCallAndYieldsWhenIncapable) {
+  dispatcher->set_default_rule([](const FakeArgs& a) -> std::optional<BT> {
+    if (a.m >= 10) return BT::TURBO;
+    return std::nullopt;
+  });
+  EXPECT_EQ(dispatcher->dispatch({7}), BT::CUBLASLT);
+  EXPECT_EQ(dispatcher->dispatch({12}), BT::TURBO);
+  unsupported[BT::TURBO] = 13;
+  EXPECT_EQ(dispatcher->dispatch({13}), BT::CUBLASLT);
+  EXPECT_TRUE(warnings.empty());
+  setenv(kEnv, "CPU", 1);
+  EXPECT_EQ(dispatcher->dispatch({12}), BT::CPU);
+}
+
 TEST_F(DispatchFixture, ResetClearsCodeSetters) {
   GlobalBackendManager::instance().set_backend(kOp, BT::TURBO);
   GlobalBackendManager::instance().reset();

@@ -28,6 +28,12 @@
 namespace primus::turbo {
 namespace {
 
+// The epilogues that write or read an aux matrix (GELU's pre-activation).
+bool has_aux(GemmEpilogue e) {
+  return e == GemmEpilogue::GeluAux || e == GemmEpilogue::GeluAuxBias || e == GemmEpilogue::DGelu;
+}
+
+
 #ifdef PRIMUS_TURBO_WITH_CUDA
 cublaslt::Epilogue to_lt(GemmEpilogue e) { return static_cast<cublaslt::Epilogue>(static_cast<uint8_t>(e)); }
 static_assert(static_cast<int>(cublaslt::Epilogue::BGradB) == static_cast<int>(GemmEpilogue::BGradB),
@@ -66,7 +72,7 @@ cuda::GemmSm90Problem sm90_problem(const GemmArgs& g, const detail::GemmShape& s
   p.alpha = g.alpha; p.beta = g.beta;
   const bool with_bias = g.epilogue == GemmEpilogue::Bias || g.epilogue == GemmEpilogue::GeluAuxBias;
   p.bias = with_bias ? g.bias.data : nullptr;
-  if (g.epilogue == GemmEpilogue::GeluAux || g.epilogue == GemmEpilogue::GeluAuxBias || g.epilogue == GemmEpilogue::DGelu) {
+  if (has_aux(g.epilogue)) {
     p.epilogue = g.epilogue == GemmEpilogue::DGelu ? cuda::GemmSm90Epilogue::DGelu : cuda::GemmSm90Epilogue::GeluAux;
     p.aux = g.aux.data;
     p.ld_aux = g.aux.defined() && g.aux.ndim == 2 ? g.aux.stride(0) : 0;
@@ -78,16 +84,9 @@ cuda::GemmSm90Problem sm90_problem(const GemmArgs& g, const detail::GemmShape& s
 // PRIMUS_TURBO_GEMM_BACKEND=TURBO report.
 std::string turbo_unsupported_reason(const GemmArgs& g, const detail::GemmShape& s) {
   if (dtype_is_fp8(s.a.dtype)) return "FP8 operands (the TURBO GEMM runs bf16/f16)";
-  switch (g.epilogue) {
-    case GemmEpilogue::None:
-    case GemmEpilogue::Bias:
-    case GemmEpilogue::GeluAux:
-    case GemmEpilogue::GeluAuxBias:
-    case GemmEpilogue::DGelu: break;
-    default:
+  if (g.epilogue != GemmEpilogue::None && g.epilogue != GemmEpilogue::Bias && !has_aux(g.epilogue))
       return fmt::format("epilogue {} (the TURBO GEMM has none, bias, gelu_aux, gelu_aux_bias and dgelu)",
                          gemm_epilogue_name(g.epilogue));
-  }
   if (s.batch > 1) return fmt::format("batch {} (the TURBO GEMM runs one matrix per call)", s.batch);
   if (s.a.dtype != s.b.dtype)
     return fmt::format("A is {} and B is {} (the TURBO GEMM wants one input type)", dtype_name(s.a.dtype), dtype_name(s.b.dtype));
@@ -95,8 +94,7 @@ std::string turbo_unsupported_reason(const GemmArgs& g, const detail::GemmShape&
     return fmt::format("bias is {} but D is {} (the TURBO GEMM reads the bias in D's type)", dtype_name(g.bias.dtype),
                        dtype_name(g.d.dtype));
   // (gemm_shape has checked aux: a row-major [M, N] matrix of D's type.)
-  if ((g.epilogue == GemmEpilogue::GeluAux || g.epilogue == GemmEpilogue::GeluAuxBias || g.epilogue == GemmEpilogue::DGelu) &&
-      g.beta != 0.0f)
+  if (has_aux(g.epilogue) && g.beta != 0.0f)
     return fmt::format("epilogue {} with beta != 0", gemm_epilogue_name(g.epilogue));
   return cuda::gemm_sm90_unsupported_reason(sm90_problem(g, s));
 }
@@ -138,28 +136,21 @@ std::string views_on(Device dev, const GemmArgs& g) {
                               {"a_scale", &g.a_scale}, {"b_scale", &g.b_scale}});
 }
 
-// The default backend of GEMMs with a fused epilogue (bias, GELU + pre-activation, GELU's
-// derivative) and 16-bit inputs and output. PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO (read once)
-// picks TURBO, whose epilogue runs on the accumulators in
-// registers, where cuBLASLt's cost GPT-2's layers 10-40% over the plain product on an H100
-// (bench/results/NOTES.md, session 6); unset or CUBLASLT keeps cuBLASLt until the
-// TURBO epilogues have been measured on a GPU. A call TURBO cannot run goes to the op's default.
+// The default backend of GEMMs with a fused bias / GELU epilogue on 16-bit tensors:
+// PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO|CUBLASLT (read once; unset: CUBLASLT). TURBO's
+// epilogues are correct but measured 0.50-0.75x cuBLASLt's on GPT-2's layers (H100, 2026-11-23,
+// bench/results/NOTES.md session 6), so cuBLASLt stays the default until they are faster. A
+// call TURBO cannot run goes to the op's default.
 std::optional<BackendType> epilogue_rule(const GemmArgs& g) {
   static const std::optional<BackendType> pick = []() -> std::optional<BackendType> {
     const char* e = std::getenv("PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND");
     std::string v = e ? e : "";
     for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     if (v == "TURBO") return BackendType::TURBO;
-    if (v.empty() || v == "CUBLASLT") return BackendType::CUBLASLT;  // TURBO once measured on a GPU
+    if (v.empty() || v == "CUBLASLT") return BackendType::CUBLASLT;
     throw ConfigError(fmt::format("PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND='{}': expected TURBO or CUBLASLT", e));
   }();
-  switch (g.epilogue) {
-    case GemmEpilogue::Bias:
-    case GemmEpilogue::GeluAux:
-    case GemmEpilogue::GeluAuxBias:
-    case GemmEpilogue::DGelu: break;
-    default: return std::nullopt;
-  }
+  if (g.epilogue != GemmEpilogue::Bias && !has_aux(g.epilogue)) return std::nullopt;
   const bool half = [](DType t) { return t == DType::BF16 || t == DType::F16; }(g.d.dtype);
   if (!half || g.a.dtype != g.d.dtype || g.b.dtype != g.d.dtype) return std::nullopt;
   return pick;
