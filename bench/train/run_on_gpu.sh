@@ -245,13 +245,16 @@ run_variant() {  # $1: name, rest: extra key=value arguments; RUN_ENV: VAR=value
 }
 # shellcheck disable=SC2086
 [ -n "$GRAPH_ARGS" ] && run_variant graph $GRAPH_ARGS
-# ENV_VARIANT="VAR=value ...": the default run once more under those environment variables (an A/B
-# of a switch read from the environment, e.g. PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO), case
-# suffix /env:<the assignments>, metrics_env.jsonl.
+# ENV_VARIANT="VAR=value ...[;VAR=value ...]": the default run once more under each ';'-separated
+# set of environment variables (an A/B of a switch read from the environment, e.g.
+# PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO), case suffix /env:<the assignments>, metrics_env<i>.jsonl.
 if [ -n "${ENV_VARIANT:-}" ]; then
-  # shellcheck disable=SC2086
-  env $ENV_VARIANT true || { echo "ENV_VARIANT='$ENV_VARIANT' is not a list of VAR=value"; exit 2; }
-  RUN_ENV=$ENV_VARIANT run_variant env
+  IFS=';' read -ra ENV_SETS <<< "$ENV_VARIANT"
+  for i in "${!ENV_SETS[@]}"; do
+    # shellcheck disable=SC2086
+    env ${ENV_SETS[$i]} true || { echo "ENV_VARIANT set '${ENV_SETS[$i]}' is not a list of VAR=value"; exit 2; }
+    RUN_ENV=${ENV_SETS[$i]} run_variant "env$i"
+  done
 fi
 # shellcheck disable=SC2086
 [ -n "$RC_ARGS" ] && run_variant recompute $RC_ARGS
@@ -290,7 +293,7 @@ python3 - "$OUT" "$DEVICE" "$COMMIT" "$MEASURE" "$PEAK" "$ATTN" "$RC_SUFFIX" "${
 import json, os, sys, datetime
 out, device, commit, measure, peak, attn = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
 rc_suffix = sys.argv[7]
-env_suffix = "/env:" + sys.argv[8].replace(" ", ",") if len(sys.argv) > 8 and sys.argv[8] else ""
+env_sets = [v.strip() for v in sys.argv[8].split(";") if v.strip()] if len(sys.argv) > 8 else []
 def measure_ours(name):
     steps = [json.loads(l) for l in open(os.path.join(out, name)) if '"tokens_per_s"' in l]
     last = steps[-measure:]
@@ -302,7 +305,8 @@ def measure_ours(name):
             "loss": steps[-1]["loss"], "steps": len(last)}
 runs, anchor = [], {}
 for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/heuristic"), ("metrics_graph.jsonl", "/graph"),
-                     ("metrics_recompute.jsonl", rc_suffix), ("metrics_env.jsonl", env_suffix)]:
+                     ("metrics_recompute.jsonl", rc_suffix)] + \
+                    [(f"metrics_env{i}.jsonl", "/env:" + v.replace(" ", ",")) for i, v in enumerate(env_sets)]:
     if name != "metrics.jsonl" and not os.path.exists(os.path.join(out, name)):
         continue
     try:

@@ -714,26 +714,32 @@ TEST_P(TurboGemmTest, ManyTilesPerBlockWithEdges) {
   }
 }
 
-// The GELU epilogues the GPT-2 MLP runs on TURBO by default (gelu_aux_bias forward, dgelu input
+// The GELU epilogues the GPT-2 MLP can run on TURBO (gelu_aux_bias forward, dgelu input
 // gradient), plus gelu_aux without a bias: against the double product and the CPU GELU, bf16 and
 // f16, with N a multiple of 256 (every tile takes the 16-byte path) and N = 330 (edge tiles and
-// the scalar path, aux rows not 16-byte aligned), under forced split-k plans too (the epilogue
-// after the cluster reduction). Outputs and aux are poisoned; every element must be written.
+// the scalar path, aux rows not 16-byte aligned), under forced plans too: 128-wide tiles (the
+// 16-byte path with 4 steps instead of 8) and split-k (the epilogue after the cluster reduction).
+// The bias is read once from a 4-byte aligned and once from a 2-byte aligned address (the
+// 16-byte path reads bias pairs as words where it can). Outputs and aux are poisoned; every
+// element must be written.
 TEST_P(TurboGemmTest, GeluEpiloguesMatchCpuGelu) {
   struct Shape { int64_t M, N, K; };
   struct Plan { int bn, splits; };
   for (DType dt : {DType::BF16, DType::F16})
     for (Shape sh : {Shape{384, 512, 256}, Shape{200, 330, 136}})
-      for (Plan pl : {Plan{0, 0}, Plan{256, 2}, Plan{128, 3}}) {
+      for (Plan pl : {Plan{0, 0}, Plan{128, 1}, Plan{256, 2}, Plan{128, 3}}) {
         SCOPED_TRACE(fmt::format("{} {}x{}x{} bn={} splits={}", dtype_name(dt), sh.M, sh.N, sh.K, pl.bn, pl.splits));
         cuda::gemm_sm90_force_plan(pl.bn, pl.splits);
         const int64_t M = sh.M, N = sh.N, K = sh.K;
         Mat a = operand(dt, M, K, false), b = operand(dt, K, N, true, 0.2f);
         const auto prod = product(a.values, b.values, M, N, K);
-        TensorView bias = make(dt, {N}), d = make(dt, {M, N}), aux = make(dt, {M, N});
-        const auto bv = random_tensor(bias);
-        for (bool with_bias : {true, false}) {
-          SCOPED_TRACE(with_bias ? "gelu_aux_bias" : "gelu_aux");
+        TensorView bias_store = make(dt, {N + 1}), d = make(dt, {M, N}), aux = make(dt, {M, N});
+        random_tensor(bias_store);
+        for (int variant : {0, 1, 2}) {  // bias at an aligned address, bias at an odd element, no bias
+          const bool with_bias = variant < 2;
+          SCOPED_TRACE(with_bias ? fmt::format("gelu_aux_bias, bias at element {}", variant) : "gelu_aux");
+          TensorView bias(static_cast<char*>(bias_store.data) + variant * dtype_size(dt), dt, Device::CUDA, {N});
+          const auto bv = get(bias);
           std::vector<double> pre(prod);
           if (with_bias)
             for (int64_t i = 0; i < M; ++i)

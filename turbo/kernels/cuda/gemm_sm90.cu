@@ -41,6 +41,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "core/util/error.h"
@@ -104,12 +105,13 @@ struct Params {
   float alpha, beta;
   const void* bias;
   int bias_vec;  // bias is 4-byte aligned: column pairs are read as one word
-  int epi;       // kEpiPlain / kEpiGeluAux / kEpiDGelu (gemm_sm90.h, GemmSm90Epilogue)
   void* aux;     // [m][n] in D's type, ld_aux apart: written (GeluAux) or read (DGelu)
   int64_t ld_aux;
   int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
 };
-constexpr int kEpiPlain = 0, kEpiGeluAux = 1, kEpiDGelu = 2;
+// The kernel's epilogue, a template argument (GemmSm90Epilogue's values): Linear = alpha, bias,
+// beta only; GeluAux and DGelu as in gemm_sm90.h (16-bit D only).
+constexpr int kEpiLinear = 0, kEpiGeluAux = 1, kEpiDGelu = 2;
 
 // ---- small PTX pieces not in attention_sm90_common.cuh -----------------------------------------
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1) {
@@ -214,16 +216,6 @@ __device__ __forceinline__ void bias_pair(const Params& p, int col, bool two, fl
   b0 = b1 = 0.0f;
   if (!p.bias) return;
   const OutT* b = static_cast<const OutT*>(p.bias) + col;
-  if constexpr (sizeof(OutT) == 2) {
-    if (two && p.bias_vec) {
-      const uint32_t w = __ldg(reinterpret_cast<const unsigned int*>(b));
-      OutT h[2];
-      memcpy(h, &w, 4);
-      b0 = Out<OutT>::load(&h[0]);
-      b1 = Out<OutT>::load(&h[1]);
-      return;
-    }
-  }
   b0 = Out<OutT>::load(b);
   if (two) b1 = Out<OutT>::load(b + 1);
 }
@@ -232,8 +224,10 @@ __device__ __forceinline__ void bias_pair(const Params& p, int col, bool two, fl
 // lays out m64nNk16's f32 results (warp w of the warpgroup holds rows 16w..16w+15; lane l holds
 // row l/4 (+8) and columns 2*(l%4) (+1) of each group of 8 columns).
 // The epilogue of one pair: v = alpha * acc + bias (+ beta * D); GeluAux writes v to aux and
-// gelu(v) to D; DGelu writes v * gelu'(aux) to D.
-template <class OutT>
+// gelu(v) to D; DGelu writes v * gelu'(aux) to D. EPI is a template argument: a kernel holds the
+// code of its own epilogue only (with every variant in one kernel, behind run-time branches on
+// each column group, the plain products ran 35% slower on an H100: session 7, NOTES).
+template <class OutT, int EPI>
 __device__ __forceinline__ void store_pair(const Params& p, int row, int col, bool two, float v0, float v1, float b0,
                                            float b1) {
   OutT* d = static_cast<OutT*>(p.d) + static_cast<int64_t>(row) * p.ldd + col;
@@ -243,9 +237,9 @@ __device__ __forceinline__ void store_pair(const Params& p, int row, int col, bo
     v0 += p.beta * Out<OutT>::load(d);
     if (two) v1 += p.beta * Out<OutT>::load(d + 1);
   }
-  if (p.epi != kEpiPlain) {
+  if constexpr (EPI != kEpiLinear) {
     OutT* x = static_cast<OutT*>(p.aux) + static_cast<int64_t>(row) * p.ld_aux + col;
-    if (p.epi == kEpiGeluAux) {
+    if constexpr (EPI == kEpiGeluAux) {
       Out<OutT>::store(x, v0);
       if (two) Out<OutT>::store(x + 1, v1);
       v0 = gelu_fast(v0);
@@ -262,14 +256,14 @@ __device__ __forceinline__ void store_pair(const Params& p, int row, int col, bo
     if (two) Out<OutT>::store(d + 1, v1);
   }
 }
-template <class OutT>
+template <class OutT, int EPI>
 __device__ __forceinline__ void store_group(const Params& p, int row, int col, float v0, float v1, float v2, float v3) {
   if (col >= p.n) return;
   const bool two = col + 1 < p.n;
   float b0, b1;
   bias_pair<OutT>(p, col, two, b0, b1);
-  if (row < p.m) store_pair<OutT>(p, row, col, two, v0, v1, b0, b1);
-  if (row + 8 < p.m) store_pair<OutT>(p, row + 8, col, two, v2, v3, b0, b1);
+  if (row < p.m) store_pair<OutT, EPI>(p, row, col, two, v0, v1, b0, b1);
+  if (row + 8 < p.m) store_pair<OutT, EPI>(p, row + 8, col, two, v2, v3, b0, b1);
 }
 
 // ---- 16-byte epilogue stores (Params::d_vec16) --------------------------------------------------
@@ -321,27 +315,55 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
 }
 template <> __device__ __forceinline__ float2 unpack2<float>(uint32_t) { return make_float2(0.0f, 0.0f); }  // never used
 
+// The packed bias pair of columns col, col + 1 (both inside N) as one 32-bit word of D's type;
+// zero bits (0.0, 0.0) without a bias. Read-only for the kernel: the non-coherent path.
+template <class OutT>
+__device__ __forceinline__ uint32_t bias_word(const Params& p, int col) {
+  if (!p.bias) return 0u;
+  const OutT* b = static_cast<const OutT*>(p.bias) + col;
+  if (p.bias_vec) return __ldg(reinterpret_cast<const unsigned int*>(b));
+  const unsigned short* h = reinterpret_cast<const unsigned short*>(b);
+  return static_cast<uint32_t>(__ldg(h)) | (static_cast<uint32_t>(__ldg(h + 1)) << 16);
+}
+// What one 16-byte step (4 column groups) of store_rows_vec16 reads before it computes: the bias
+// words of its groups and, for DGelu, aux's rows row and row + 8 (16 bytes each, in store order).
+template <class OutT, int EPI>
+struct Vec16Inputs {
+  uint32_t bias[4];
+  uint4 x0, x8;
+  __device__ __forceinline__ void load(const Params& p, int row, int col, int q, int j, bool r0, bool r8) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c)  // DGelu takes no bias (gemm_sm90_unsupported_reason)
+      bias[c] = EPI == kEpiDGelu ? 0u : bias_word<OutT>(p, col + 8 * (4 * j + c) + 2 * q);
+    if constexpr (EPI == kEpiDGelu) {
+      const OutT* x = static_cast<const OutT*>(p.aux) + static_cast<int64_t>(row) * p.ld_aux + col + 8 * (4 * j + q);
+      x0 = r0 ? __ldg(reinterpret_cast<const uint4*>(x)) : make_uint4(0u, 0u, 0u, 0u);
+      x8 = r8 ? __ldg(reinterpret_cast<const uint4*>(x + 8 * p.ld_aux)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+};
+
 // The epilogue of one 64-row block of a thread's accumulators (G groups of 8 columns from tile
 // column col) when d_vec16 holds (and aux_vec16 for the GELU epilogues) and every column is
 // inside D: whole warps only (shuffles). Lane q of a quad stores (and, for DGelu, loads) 16 bytes
 // of group 4j + q per row; quad_transpose moves words between that order and the accumulators'.
-template <class OutT, int G>
+// AHEAD: each step's loads (bias words, aux) are issued one step ahead, so their latency hides
+// under the previous step's arithmetic and stores instead of stalling every step (the cooperative
+// schedule, whose epilogue the tensor cores wait for). The ping-pong schedule's epilogue runs
+// under the other warpgroup's MMAs and has no registers to spare for it (DGelu spilled).
+template <class OutT, int G, int EPI, bool AHEAD>
 __device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int col, int q, const float* acc) {
   const bool r0 = row < p.m, r8 = row + 8 < p.m;
+  Vec16Inputs<OutT, EPI> cur, next;
+  cur.load(p, row, col, q, 0, r0, r8);
 #pragma unroll
   for (int j = 0; j < G / 4; ++j) {
-    const int64_t at = static_cast<int64_t>(row) * p.ld_aux + col + 8 * (4 * j + q);
+    if (AHEAD && j + 1 < G / 4) next.load(p, row, col, q, j + 1, r0, r8);
+    if (!AHEAD && j > 0) cur.load(p, row, col, q, j, r0, r8);
     uint32_t xlo[4] = {0u, 0u, 0u, 0u}, xhi[4] = {0u, 0u, 0u, 0u};
-    if (p.epi == kEpiDGelu) {  // read-only for this kernel: the non-coherent path may run ahead of the stores
-      const uint4* x = reinterpret_cast<const uint4*>(static_cast<const OutT*>(p.aux) + at);
-      if (r0) {
-        const uint4 u = __ldg(x);
-        xlo[0] = u.x, xlo[1] = u.y, xlo[2] = u.z, xlo[3] = u.w;
-      }
-      if (r8) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const OutT*>(p.aux) + at + 8 * p.ld_aux));
-        xhi[0] = u.x, xhi[1] = u.y, xhi[2] = u.z, xhi[3] = u.w;
-      }
+    if constexpr (EPI == kEpiDGelu) {
+      xlo[0] = cur.x0.x, xlo[1] = cur.x0.y, xlo[2] = cur.x0.z, xlo[3] = cur.x0.w;
+      xhi[0] = cur.x8.x, xhi[1] = cur.x8.y, xhi[2] = cur.x8.z, xhi[3] = cur.x8.w;
       quad_transpose(xlo, q);  // xlo[c] = this lane's word of group 4j + c
       quad_transpose(xhi, q);
     }
@@ -349,15 +371,14 @@ __device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int c
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int g = 4 * j + c;
-      float b0, b1;
-      bias_pair<OutT>(p, col + 8 * g + 2 * q, true, b0, b1);
-      float v0 = acc[4 * g] * p.alpha + b0, v1 = acc[4 * g + 1] * p.alpha + b1;
-      float v2 = acc[4 * g + 2] * p.alpha + b0, v3 = acc[4 * g + 3] * p.alpha + b1;
-      if (p.epi == kEpiGeluAux) {
+      const float2 b = unpack2<OutT>(cur.bias[c]);
+      float v0 = acc[4 * g] * p.alpha + b.x, v1 = acc[4 * g + 1] * p.alpha + b.y;
+      float v2 = acc[4 * g + 2] * p.alpha + b.x, v3 = acc[4 * g + 3] * p.alpha + b.y;
+      if constexpr (EPI == kEpiGeluAux) {
         alo[c] = pack2<OutT>(v0, v1);
         ahi[c] = pack2<OutT>(v2, v3);
         v0 = gelu_fast(v0), v1 = gelu_fast(v1), v2 = gelu_fast(v2), v3 = gelu_fast(v3);
-      } else if (p.epi == kEpiDGelu) {
+      } else if constexpr (EPI == kEpiDGelu) {
         const float2 x0 = unpack2<OutT>(xlo[c]), x8 = unpack2<OutT>(xhi[c]);
         v0 *= gelu_grad_fast(x0.x), v1 *= gelu_grad_fast(x0.y), v2 *= gelu_grad_fast(x8.x), v3 *= gelu_grad_fast(x8.y);
       }
@@ -369,19 +390,20 @@ __device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int c
     OutT* d = static_cast<OutT*>(p.d) + static_cast<int64_t>(row) * p.ldd + col + 8 * (4 * j + q);
     if (r0) *reinterpret_cast<uint4*>(d) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     if (r8) *reinterpret_cast<uint4*>(d + 8 * p.ldd) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    if (p.epi == kEpiGeluAux) {
+    if constexpr (EPI == kEpiGeluAux) {
       quad_transpose(alo, q);
       quad_transpose(ahi, q);
-      OutT* x = static_cast<OutT*>(p.aux) + at;
+      OutT* x = static_cast<OutT*>(p.aux) + static_cast<int64_t>(row) * p.ld_aux + col + 8 * (4 * j + q);
       if (r0) *reinterpret_cast<uint4*>(x) = make_uint4(alo[0], alo[1], alo[2], alo[3]);
       if (r8) *reinterpret_cast<uint4*>(x + 8 * p.ld_aux) = make_uint4(ahi[0], ahi[1], ahi[2], ahi[3]);
     }
+    if (AHEAD) cur = next;
   }
 }
 // Whether a tile starting at column n0 takes the 16-byte epilogue (uniform over the tile).
-template <class OutT, int BN>
+template <class OutT, int BN, int EPI>
 __device__ __forceinline__ bool tile_vec16(const Params& p, int n0) {
-  return sizeof(OutT) == 2 && p.d_vec16 && n0 + BN <= p.n && (p.epi == kEpiPlain || p.aux_vec16);
+  return sizeof(OutT) == 2 && p.d_vec16 && n0 + BN <= p.n && (EPI == kEpiLinear || p.aux_vec16);
 }
 
 // The k-tiles of one tile for one consumer warpgroup: wait for each stage, issue its four wgmmas,
@@ -423,7 +445,7 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
   if (kb_count > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
 }
 
-template <class T, class OutT, int BN, bool PP>
+template <class T, class OutT, int BN, bool PP, int EPI>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, const Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -531,18 +553,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         int tm, tn;
         tile_coords(p, t, tm, tn);
         const int col = tn * BN + (lane % 4) * 2;
-        const bool vec16 = tile_vec16<OutT, BN>(p, tn * BN);  // uniform over the tile
+        const bool vec16 = tile_vec16<OutT, BN, EPI>(p, tn * BN);  // uniform over the tile
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = tm * kBM + h * 64 + warp * 16 + lane / 4;
           if (vec16) {
-            store_rows_vec16<OutT, C::kGroups>(p, row, tn * BN, lane % 4, acc + h * (BN / 2));
+            store_rows_vec16<OutT, C::kGroups, EPI, false>(p, row, tn * BN, lane % 4, acc + h * (BN / 2));
             continue;
           }
 #pragma unroll
           for (int g = 0; g < C::kGroups; ++g) {
             const float* a = acc + h * (BN / 2) + 4 * g;
-            store_group<OutT>(p, row, col + g * 8, a[0], a[1], a[2], a[3]);
+            store_group<OutT, EPI>(p, row, col + g * 8, a[0], a[1], a[2], a[3]);
           }
         }
       }
@@ -572,12 +594,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (S == 1) {
         const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
         const int col = tn * BN + (lane % 4) * 2;
-        if (tile_vec16<OutT, BN>(p, tn * BN)) {
-          store_rows_vec16<OutT, C::kGroups>(p, row, tn * BN, lane % 4, acc);
+        if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+          store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
         } else {
 #pragma unroll
           for (int i = 0; i < C::kGroups; ++i)
-            store_group<OutT>(p, row, col + i * 8, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+            store_group<OutT, EPI>(p, row, col + i * 8, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
         }
       } else {
         // Split-k (one tile per cluster): the partial tile goes to this block's stage memory, which
@@ -605,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const float4 r = ld_cluster_f4(off, static_cast<uint32_t>(q));
             v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
           }
-          store_group<OutT>(p, row, col + i * 8, v.x, v.y, v.z, v.w);
+          store_group<OutT, EPI>(p, row, col + i * 8, v.x, v.y, v.z, v.w);
         }
       }
       cluster_sync();  // no block leaves while another still reads its shared memory
@@ -657,9 +679,9 @@ DeviceInfo device_info() {
   return cache.emplace(dev, d).first->second;
 }
 
-template <class T, class OutT, int BN, bool PP = false>
+template <class T, class OutT, int BN, bool PP = false, int EPI = kEpiLinear>
 auto kernel_of() {
-  auto k = gemm_sm90_kernel<T, OutT, BN, PP>;
+  auto k = gemm_sm90_kernel<T, OutT, BN, PP, EPI>;
   static std::once_flag once;
   std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN, PP>::kSmem)); });
   return k;
@@ -775,9 +797,9 @@ Stored stored_b(const GemmSm90Problem& p) {
   return s;
 }
 
-template <class T, class OutT, int BN, bool PP>
+template <class T, class OutT, int BN, bool PP, int EPI>
 void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, int grid, cudaStream_t stream) {
-  auto kernel = kernel_of<T, OutT, BN, PP>();
+  auto kernel = kernel_of<T, OutT, BN, PP, EPI>();
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -812,6 +834,7 @@ std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept {
       return fmt::format("{}x{} has more tiles than the kernel counts", p.m, p.n);
     if (p.ldd < p.n) return fmt::format("D's leading dimension {} is below n = {}", p.ldd, p.n);
     if (p.epilogue != GemmSm90Epilogue::None) {
+      if (p.d_dtype == DType::F32) return "the GELU epilogues write a 16-bit D (this D is f32)";
       if (!p.aux) return "the GELU epilogues need an aux matrix";
       if (p.ld_aux < p.n) return fmt::format("aux's leading dimension {} is below n = {}", p.ld_aux, p.n);
       if (p.epilogue == GemmSm90Epilogue::DGelu && p.bias) return "the dgelu epilogue takes no bias";
@@ -961,7 +984,6 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   prm.beta = p.beta;
   prm.bias = p.bias;
   prm.bias_vec = reinterpret_cast<uintptr_t>(p.bias) % 4 == 0 ? 1 : 0;
-  prm.epi = static_cast<int>(p.epilogue);
   prm.aux = p.aux;
   prm.ld_aux = p.ld_aux;
   prm.aux_vec16 = (esize == 2 && reinterpret_cast<uintptr_t>(p.aux) % 16 == 0 && p.ld_aux % 8 == 0) ? 1 : 0;
@@ -970,21 +992,26 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   const Stored sa = stored_a(p), sb = stored_b(p);
   const CUtensorMap ta = tensor_map(p.a.ptr, p.in_dtype, sa.inner, sa.outer, sa.ld, 64, prm.a_mn ? 64 : kBM);
   const CUtensorMap tb = tensor_map(p.b.ptr, p.in_dtype, sb.inner, sb.outer, sb.ld, 64, prm.b_mn ? 64 : plan.bn);
-  auto by_bn = [&](auto in, auto out) {
+  auto by_bn = [&](auto in, auto out, auto epi) {
     using T = decltype(in);
     using OutT = decltype(out);
-    if (plan.pingpong) launch<T, OutT, 128, true>(ta, tb, prm, plan.grid, stream);
-    else if (plan.bn == 256) launch<T, OutT, 256, false>(ta, tb, prm, plan.grid, stream);
-    else launch<T, OutT, 128, false>(ta, tb, prm, plan.grid, stream);
+    constexpr int EPI = decltype(epi)::value;
+    if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, prm, plan.grid, stream);
+    else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, prm, plan.grid, stream);
+    else launch<T, OutT, 128, false, EPI>(ta, tb, prm, plan.grid, stream);
   };
-  const bool f32_out = p.d_dtype == DType::F32;
-  if (p.in_dtype == DType::BF16) {
-    if (f32_out) by_bn(__nv_bfloat16{}, float{});
-    else by_bn(__nv_bfloat16{}, __nv_bfloat16{});
-  } else {
-    if (f32_out) by_bn(__half{}, float{});
-    else by_bn(__half{}, __half{});
-  }
+  // f32 D: the linear epilogue only (gemm_sm90_unsupported_reason turns the GELU ones away).
+  auto by_epi = [&](auto in) {
+    using T = decltype(in);
+    if (p.d_dtype == DType::F32) return by_bn(T{}, float{}, std::integral_constant<int, kEpiLinear>{});
+    switch (p.epilogue) {
+      case GemmSm90Epilogue::GeluAux: return by_bn(T{}, T{}, std::integral_constant<int, kEpiGeluAux>{});
+      case GemmSm90Epilogue::DGelu: return by_bn(T{}, T{}, std::integral_constant<int, kEpiDGelu>{});
+      default: return by_bn(T{}, T{}, std::integral_constant<int, kEpiLinear>{});
+    }
+  };
+  if (p.in_dtype == DType::BF16) by_epi(__nv_bfloat16{});
+  else by_epi(__half{});
 }
 
 }  // namespace primus::turbo::cuda

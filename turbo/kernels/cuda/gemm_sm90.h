@@ -3,8 +3,9 @@
 //   D[m,n] = alpha * A[m,k] @ B[k,n] + beta * D (+ bias[n])      fp32 accumulation
 //
 // then the epilogue (GemmSm90Epilogue): none, GeluAux (aux = that value, D = gelu_tanh(aux)) or
-// DGelu (D = that value * gelu_tanh'(aux), aux read; no bias). GELU uses the hardware tanh
-// (relative error ~2^-11), below the 16-bit outputs' rounding.
+// DGelu (D = that value * gelu_tanh'(aux), aux read; no bias); the GELU epilogues need a 16-bit D.
+// GELU uses the hardware tanh (relative error ~2^-11), below the 16-bit outputs' rounding. Each
+// epilogue is its own kernel instantiation (no run-time branching on it inside the kernel).
 //
 // A and B are bf16 or f16 (the same type), each stored row-major with a leading dimension `ld`
 // (elements between stored rows); `transposed` says the logical operand is the transpose of what
