@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <chrono>
@@ -325,6 +326,16 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
       if (named ? b == *named : all ? true : (gpu ? is_device_backend(b) : b == BackendType::CPU)) backends.push_back(b);
     }
     std::fprintf(out, "\n%s (%s)\n", f->name.c_str(), f->shape_syntax.c_str());
+    // Each backend's lane: its device, repetitions, ceilings and cases.
+    struct Lane {
+      BackendType be;
+      BenchDevice* dev;
+      int iters;
+      const Ceilings* ceil;
+      DType dt;
+      std::vector<Case> cases;
+    };
+    std::vector<Lane> lanes;
     for (BackendType be : backends) {
       if (is_device_backend(be) && !gpu) {
         std::fprintf(out, "  %s: skipped, no CUDA device\n", std::string(backend_name(be)).c_str());
@@ -334,45 +345,56 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
       const bool on_gpu = dev.kind() == Device::CUDA;
       const int iters = cfg.iters > 0 ? cfg.iters : on_gpu ? 50 : 5;
       const Ceilings& ceil = ceiling_of(dev, iters);
-      const DType dt = on_gpu ? cfg.dtype : DType::F32;
-      const std::vector<Case> cases = cfg.shapes.empty() ? f->defaults(Scale{on_gpu, on_gpu ? 16384 : 256}) : explicit_cases[f];
-      for (const Case& c : cases) {
-        dev.arena().reset();
-        dev.scratch().reset();
-        for (const auto& op : f->dispatch_ops) mgr.set_backend(op, be);
-        try {
-          CaseEnv env{dev, dt, ExecContext{nullptr, &dev.scratch()}};
-          const std::vector<Timed> calls = c.build(env);
-          for (const Timed& t : calls) {
-            double ms = 0.0;
-            try {
-              ms = dev.time_ms(t.run, iters);
-            } catch (const std::exception& ex) {
-              // One product a backend cannot run (e.g. TURBO on an unaligned shape) skips only it.
-              if (named) throw;
-              std::fprintf(out, "  %-40s %-8s skipped: %s (case %s)\n", t.name.c_str(), std::string(backend_name(be)).c_str(),
-                           first_line(ex.what()).c_str(), c.name.c_str());
-              std::fflush(out);
-              dev.synchronize();
-              continue;
-            }
-            const double ceiling = t.metric == Metric::Flops ? ceil.tflops : ceil.gbs;
-            rep.measurement(f->bench, t.name, std::string(backend_name(be)), dev.name(), dt, t.metric, t.work, ms, ceiling,
-                            t.metric == Metric::Flops ? ceil.tflops_what : ceil.gbs_what, t.note);
-            if (times.find(t.name) == times.end()) measured.push_back(t.name);
-            times[t.name][be] = ms;
-          }
-        } catch (const std::exception& ex) {
-          for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
-          if (named) throw RuntimeError(fmt::format("benchmark {} case '{}' on {}: {}", f->name, c.name, backend_name(be), ex.what()));
-          std::fprintf(out, "  %-40s %-8s skipped: %s\n", c.name.c_str(), std::string(backend_name(be)).c_str(),
-                       first_line(ex.what()).c_str());
-          std::fflush(out);
-        }
-        for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
-        dev.synchronize();
-      }
+      lanes.push_back({be, &dev, iters, &ceil, on_gpu ? cfg.dtype : DType::F32,
+                       cfg.shapes.empty() ? f->defaults(Scale{on_gpu, on_gpu ? 16384 : 256}) : explicit_cases[f]});
     }
+    auto run_case = [&](const Lane& l, const Case& c) {
+      const BackendType be = l.be;
+      BenchDevice& dev = *l.dev;
+      dev.arena().reset();
+      dev.scratch().reset();
+      for (const auto& op : f->dispatch_ops) mgr.set_backend(op, be);
+      try {
+        CaseEnv env{dev, l.dt, ExecContext{nullptr, &dev.scratch()}};
+        const std::vector<Timed> calls = c.build(env);
+        for (const Timed& t : calls) {
+          double ms = 0.0;
+          try {
+            ms = dev.time_ms(t.run, l.iters);
+          } catch (const std::exception& ex) {
+            // One product a backend cannot run (e.g. TURBO on an unaligned shape) skips only it.
+            if (named) throw;
+            std::fprintf(out, "  %-40s %-8s skipped: %s (case %s)\n", t.name.c_str(), std::string(backend_name(be)).c_str(),
+                         first_line(ex.what()).c_str(), c.name.c_str());
+            std::fflush(out);
+            dev.synchronize();
+            continue;
+          }
+          const double ceiling = t.metric == Metric::Flops ? l.ceil->tflops : l.ceil->gbs;
+          rep.measurement(f->bench, t.name, std::string(backend_name(be)), dev.name(), l.dt, t.metric, t.work, ms, ceiling,
+                          t.metric == Metric::Flops ? l.ceil->tflops_what : l.ceil->gbs_what, t.note);
+          if (times.find(t.name) == times.end()) measured.push_back(t.name);
+          times[t.name][be] = ms;
+        }
+      } catch (const std::exception& ex) {
+        for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
+        if (named) throw RuntimeError(fmt::format("benchmark {} case '{}' on {}: {}", f->name, c.name, backend_name(be), ex.what()));
+        std::fprintf(out, "  %-40s %-8s skipped: %s\n", c.name.c_str(), std::string(backend_name(be)).c_str(),
+                     first_line(ex.what()).c_str());
+        std::fflush(out);
+      }
+      for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
+      dev.synchronize();
+    };
+    // Case-major: every backend runs a case back to back before the next case starts, so the
+    // ratios between backends are not skewed by the clock and thermal drift of a long run (seen
+    // on an H200, 2026-11-26: the same TURBO product timed 0.118 ms alone and 0.149 ms late in a
+    // backend-major run whose cuBLASLt pass came later still).
+    size_t most = 0;
+    for (const Lane& l : lanes) most = std::max(most, l.cases.size());
+    for (size_t i = 0; i < most; ++i)
+      for (const Lane& l : lanes)
+        if (i < l.cases.size()) run_case(l, l.cases[i]);
     print_comparisons(*f, measured, times, out);
   }
   if (rep.count() == 0)

@@ -4,6 +4,7 @@
 // with TURBO's time against cuBLASLt's per case.
 #include <fmt/format.h>
 
+#include "core/util/error.h"
 #include "turbo/bench/harness.h"
 #include "turbo/ops/gemm.h"
 
@@ -78,7 +79,9 @@ OpFamily gemm_family() {
   f.dispatch_ops = {"gemm"};
   f.backends = {BackendType::TURBO, BackendType::CUBLASLT, BackendType::CPU};
   f.compare = {{BackendType::TURBO, BackendType::CUBLASLT}};
-  f.shape_syntax = "MxNxK (tokens x output features x input features)";
+  f.shape_syntax =
+      "MxNxK (tokens x output features x input features); MxNxK+bias, +gelu or +dgelu: the training step's "
+      "epilogue products of such a layer (bias; bias + GELU out; GELU's derivative in)";
   f.defaults = [](const Scale& s) {
     struct L { const char* model; const char* name; int64_t K, N; };
     static const L kGpt2[] = {{"gpt2", "qkv", 768, 2304},   {"gpt2", "attn_proj", 768, 768}, {"gpt2", "fc", 768, 3072},
@@ -99,7 +102,12 @@ OpFamily gemm_family() {
     return cases;
   };
   f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
-    const auto d = parse_dims("gemm", shape, 3, syntax);
+    const size_t plus = shape.find('+');
+    const std::string dims = shape.substr(0, plus), epi = plus == std::string::npos ? "" : shape.substr(plus + 1);
+    if (!epi.empty() && epi != "bias" && epi != "gelu" && epi != "dgelu")
+      throw UsageError(fmt::format("gemm shape '{}': unknown epilogue '+{}' (expected +bias, +gelu or +dgelu)", shape, epi));
+    const auto d = parse_dims("gemm", dims, 3, syntax);
+    if (!epi.empty()) return training_case(shape, d[0], d[1], d[2], epi == "gelu", epi == "dgelu");
     return linear_case(shape, d[0], d[1], d[2]);
   };
   return f;
