@@ -118,6 +118,25 @@ TEST(BenchmarkCli, EveryOpFamilyRunsATinyCaseOnTheCpu) {
   EXPECT_DOUBLE_EQ(got["attention/1x16x4x2x8/bwd"]["work"].get<double>(), 2.5 * 4.0 * 1 * 4 * 16 * 16 * 8 * 0.5);
 }
 
+// MxNxK+bias / +gelu / +dgelu: the training step's epilogue products of one layer (forward with
+// its bias, and GELU out or GELU's derivative in), measured like the plain products.
+TEST(BenchmarkCli, GemmShapeWithAnEpilogueTimesTheTrainingStepProducts) {
+  Workdir w;
+  const auto json = w.path() / "e.jsonl";
+  const auto r = run_primus("benchmark gemm --cpu-only --iters 1 --shapes 32x16x8+bias,32x16x8+gelu,32x24x16+dgelu --json " +
+                            json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::set<std::string> cases;
+  for (const auto& j : read_lines(json)) {
+    expect_measurement_format(j);
+    cases.insert(j["case"].get<std::string>());
+  }
+  for (const char* c : {"gemm/32x16x8+bias/fwd+bias", "gemm/32x16x8+gelu/fwd+bias+gelu_aux", "gemm/32x24x16+dgelu/dgrad+dgelu",
+                        "gemm/32x24x16+dgelu/wgrad_f32+=+bias_grad"})
+    EXPECT_EQ(cases.count(c), 1u) << c << " missing:\n" << r.out;
+  EXPECT_EQ(cases.count("gemm/32x16x8+bias/dgrad+dgelu"), 0u) << "only +dgelu times the dgelu product";
+}
+
 TEST(BenchmarkCli, BadInputIsOneClearMessage) {
   struct Bad {
     std::string args;
@@ -127,6 +146,8 @@ TEST(BenchmarkCli, BadInputIsOneClearMessage) {
       {"benchmark gemmm --cpu-only", {"unknown op 'gemmm'", "gemm, norm"}},
       {"benchmark gemm --cpu-only --shapes 32x16", {"gemm: shape '32x16' is not MxNxK"}},
       {"benchmark gemm --cpu-only --shapes 32x0x8", {"shape '32x0x8'", "positive integers"}},
+      {"benchmark gemm --cpu-only --shapes 32x16x8+relu", {"unknown epilogue '+relu'", "+bias, +gelu or +dgelu"}},
+      {"benchmark gemm --cpu-only --shapes 32x16+bias", {"gemm: shape '32x16' is not MxNxK"}},
       {"benchmark attention --cpu-only --shapes 1x16x4x3x8", {"4 heads is not a multiple of 3 kv heads"}},
       {"benchmark attention --cpu-only --shapes 1x16x4x2x8:sliding", {"unknown mode 'sliding'"}},
       {"benchmark gemm --cpu-only --backend CUDNN", {"op 'gemm' has no backend CUDNN", "CUBLASLT, CPU"}},
