@@ -571,7 +571,7 @@ TEST_P(TurboGemmTest, BiasEpilogueAndBetaAccumulate) {
 // the double product; every element of D written, nothing outside it.
 TEST_P(TurboGemmTest, StridedAndNarrowOutputsKeepTheGaps) {
   struct Shape { int64_t M, N, K, ldd; };
-  const float sentinel = 1536.0f;  // exact in bf16 and f16
+  const float sentinel = 1234.0f;  // exact in bf16 and f16
   for (DType dt : {DType::BF16, DType::F16})
     for (Shape sh : {Shape{300, 200, 72, 224}, Shape{130, 40, 64, 40}, Shape{257, 136, 200, 136}, Shape{64, 264, 520, 512}})
       for (bool with_bias : {false, true}) {

@@ -354,13 +354,6 @@ __device__ __forceinline__ uint32_t bias_word(const Params& p, int col) {
   const unsigned short* h = reinterpret_cast<const unsigned short*>(b);
   return static_cast<uint32_t>(__ldg(h)) | (static_cast<uint32_t>(__ldg(h + 1)) << 16);
 }
-// The same for any column pair: col + 1 (or col) past N reads as zero.
-template <class OutT>
-__device__ __forceinline__ uint32_t bias_word_edge(const Params& p, int col) {
-  if (col + 1 < p.n) return bias_word<OutT>(p, col);
-  if (col >= p.n || !p.bias) return 0u;
-  return static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(static_cast<const OutT*>(p.bias) + col)));
-}
 // What one 16-byte step (4 column groups) of store_rows_vec16 reads before it computes: the bias
 // words of its groups and, for DGelu, aux's rows row and row + 8 (16 bytes each, in store order).
 template <class OutT, int EPI>
@@ -465,26 +458,21 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
   if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
   else asm volatile("bar.sync 5, 128;\n" ::: "memory");
 }
-// A chunk's 16 bias words (this lane's column pairs) are requested together before the buffer
-// wait: one latency per chunk rather than one per stmatrix (read per step, the bias cost ~15% of
-// a K = 768 product on an H200; all 32 of a 256-wide tile at once spill).
 template <class OutT, int BN>
 __device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMap* tmap, const float* acc, uint32_t buf,
                                                int row0, int n0, int warp, int lane, int wg) {
   const bool leader = threadIdx.x % 128 == 0;
-  const int i = lane / 8, j = lane % 8;
+  const int q = lane % 4, i = lane / 8, j = lane % 8;
   const int r = warp * 16 + (i & 1) * 8 + j;  // the buffer row whose 16 bytes this lane addresses
 #pragma unroll
   for (int h = 0; h < BN / 128; ++h) {
-    uint32_t bw[16];
-#pragma unroll
-    for (int g = 0; g < 16; ++g) bw[g] = bias_word_edge<OutT>(p, n0 + 8 * (16 * h + g) + 2 * (lane % 4));
     if (leader) bulk_wait_read();  // the previous chunk's stores have read the buffer
     warpgroup_sync(wg);
 #pragma unroll
     for (int g = 0; g < 16; g += 2) {  // two 8-column groups per stmatrix.x4
       const int t = 16 * h + g;          // group index in the tile
-      const float2 b0 = unpack2<OutT>(bw[g]), b1 = unpack2<OutT>(bw[g + 1]);
+      const float2 b0 = unpack2<OutT>(bias_word<OutT>(p, n0 + 8 * t + 2 * q));
+      const float2 b1 = unpack2<OutT>(bias_word<OutT>(p, n0 + 8 * t + 8 + 2 * q));
       const float* a = acc + 4 * t;
       const uint32_t w0 = pack2<OutT>(a[0] * p.alpha + b0.x, a[1] * p.alpha + b0.y);
       const uint32_t w1 = pack2<OutT>(a[2] * p.alpha + b0.x, a[3] * p.alpha + b0.y);
