@@ -87,11 +87,7 @@ struct Cfg {
   static constexpr int kBytesB = BN * kBK * 2;
   static constexpr int kStageBytes = kBytesA + kBytesB;
   static constexpr int kBarOffset = kStages * kStageBytes;
-  // The cooperative kernel's TMA-store epilogue: one [64 rows][128 columns] 16-bit buffer per
-  // consumer warpgroup (two 128-byte-swizzled [64][64] boxes), 1024-aligned after the barriers.
-  static constexpr int kEpiBufBytes = 64 * 128 * 2;
-  static constexpr int kEpiOffset = kBarOffset + 1024;
-  static constexpr int kSmem = (PP ? kBarOffset + 2 * kStages * 8 : kEpiOffset + 2 * kEpiBufBytes) + 1024;  // + slack to align
+  static constexpr int kSmem = kBarOffset + 2 * kStages * 8 + 1024;  // + slack to align to 1024
   static constexpr int kGroups = BN / 8;                               // accumulator column groups
   static constexpr int kRedBytes = kGroups * 256 * 16;                 // fp32 partial tile (split-k)
   static_assert(kRedBytes <= kBarOffset, "the split-k partial tile reuses the stage memory");
@@ -112,7 +108,6 @@ struct Params {
   void* aux;     // [m][n] in D's type, ld_aux apart: written (GeluAux) or read (DGelu)
   int64_t ld_aux;
   int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
-  int d_tma;      // linear epilogue of the cooperative kernel through shared memory + TMA stores (tmap_d)
 };
 // The kernel's epilogue, a template argument (GemmSm90Epilogue's values): Linear = alpha, bias,
 // beta only; GeluAux and DGelu as in gemm_sm90.h (16-bit D only).
@@ -429,68 +424,6 @@ __device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int c
     if (AHEAD) cur = next;
   }
 }
-
-// ---- the TMA-store epilogue (Params::d_tma: 16-bit D, beta == 0, linear epilogue, coop) ---------
-// A consumer warpgroup writes its 64 x BN block in 128-column chunks: the accumulators (alpha,
-// bias, conversion) go to a [64][128] shared-memory buffer with stmatrix (wgmma's accumulator
-// fragments are stmatrix's 8x8 fragments: no shuffles), in the 128-byte-swizzled layout TMA reads,
-// and one thread hands each [64][64] box to a TMA store. The stores drain while the warpgroup
-// multiplies the next tile, instead of the tensor cores waiting for 64 KB of register stores per
-// tile; TMA clips rows and columns outside D, so edge tiles need no masking.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
-               "r"(r3)
-               : "memory");
-}
-__device__ __forceinline__ void tma_store_2d(const void* tmap, uint32_t src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(c0), "r"(c1), "r"(src)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// The shared-memory sources of this thread's earlier bulk stores have been read (reusable).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// This thread's earlier bulk stores are complete (before the block exits).
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// The 128 threads of consumer warpgroup wg (named barriers 4 and 5; immediate ids, see order_wait).
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-  if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
-  else asm volatile("bar.sync 5, 128;\n" ::: "memory");
-}
-template <class OutT, int BN>
-__device__ __forceinline__ void store_tile_tma(const Params& p, const CUtensorMap* tmap, const float* acc, uint32_t buf,
-                                               int row0, int n0, int warp, int lane, int wg) {
-  const bool leader = threadIdx.x % 128 == 0;
-  const int q = lane % 4, i = lane / 8, j = lane % 8;
-  const int r = warp * 16 + (i & 1) * 8 + j;  // the buffer row whose 16 bytes this lane addresses
-#pragma unroll
-  for (int h = 0; h < BN / 128; ++h) {
-    if (leader) bulk_wait_read();  // the previous chunk's stores have read the buffer
-    warpgroup_sync(wg);
-#pragma unroll
-    for (int g = 0; g < 16; g += 2) {  // two 8-column groups per stmatrix.x4
-      const int t = 16 * h + g;          // group index in the tile
-      const float2 b0 = unpack2<OutT>(bias_word<OutT>(p, n0 + 8 * t + 2 * q));
-      const float2 b1 = unpack2<OutT>(bias_word<OutT>(p, n0 + 8 * t + 8 + 2 * q));
-      const float* a = acc + 4 * t;
-      const uint32_t w0 = pack2<OutT>(a[0] * p.alpha + b0.x, a[1] * p.alpha + b0.y);
-      const uint32_t w1 = pack2<OutT>(a[2] * p.alpha + b0.x, a[3] * p.alpha + b0.y);
-      const uint32_t w2 = pack2<OutT>(a[4] * p.alpha + b1.x, a[5] * p.alpha + b1.y);
-      const uint32_t w3 = pack2<OutT>(a[6] * p.alpha + b1.x, a[7] * p.alpha + b1.y);
-      const int gg = g + (i >> 1);  // the group (0..15 in the chunk) of the matrix this lane addresses
-      stmatrix_x4(buf + (gg >> 3) * 8192 + r * 128 + (((gg & 7) ^ (r & 7)) << 4), w0, w1, w2, w3);
-    }
-    fence_proxy_async();  // the generic-proxy writes, before TMA (async proxy) reads them
-    warpgroup_sync(wg);
-    if (leader && n0 + 128 * h < p.n) {
-      tma_store_2d(tmap, buf, n0 + 128 * h, row0);
-      if (n0 + 128 * h + 64 < p.n) tma_store_2d(tmap, buf + 8192, n0 + 128 * h + 64, row0);
-      bulk_commit();
-    }
-  }
-}
-
 // Whether a tile starting at column n0 takes the 16-byte epilogue (uniform over the tile).
 template <class OutT, int BN, int EPI>
 __device__ __forceinline__ bool tile_vec16(const Params& p, int n0) {
@@ -565,8 +498,7 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
 
 template <class T, class OutT, int BN, bool PP, int EPI>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-                     const __grid_constant__ CUtensorMap tmap_d, const Params p) {
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, const Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<BN, PP>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -716,16 +648,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (S == 1) {
         const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
         const int col = tn * BN + (lane % 4) * 2;
-        bool done = false;
-        if constexpr (EPI == kEpiLinear && sizeof(OutT) == 2) {
-          if (p.d_tma) {
-            store_tile_tma<OutT, BN>(p, &tmap_d, acc, base + C::kEpiOffset + wg * C::kEpiBufBytes, tm * kBM + wg * 64,
-                                     tn * BN, warp, lane, wg);
-            done = true;
-          }
-        }
-        if (done) {
-        } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+        if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
           store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
         } else {
 #pragma unroll
@@ -741,7 +664,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           st_shared_f4(base + (i * 256 + ctid) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
       }
     }
-    if (p.d_tma && threadIdx.x % 128 == 0) bulk_wait_all();  // no block exits with its stores in flight
     if (S > 1) {
       cluster_sync();  // every block's partial tile is in its shared memory
       if (first < tiles) {
@@ -873,16 +795,6 @@ bool vec16_epilogue_enabled() {
   return on;
 }
 
-// PRIMUS_TURBO_GEMM_TMA_EPILOGUE=0 keeps the cooperative kernel's linear epilogue on the 16-byte
-// register stores instead of shared memory + TMA stores (read once): for A/B runs and to isolate it.
-bool tma_epilogue_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("PRIMUS_TURBO_GEMM_TMA_EPILOGUE");
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
-
 // PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:
 // the default. Anything else is an error (a typo must not silently time the other schedule).
 GemmSm90Schedule env_schedule() {
@@ -946,8 +858,7 @@ Stored stored_b(const GemmSm90Problem& p) {
 }
 
 template <class T, class OutT, int BN, bool PP, int EPI>
-void launch(const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& td, const Params& prm, int grid,
-            cudaStream_t stream) {
+void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, int grid, cudaStream_t stream) {
   auto kernel = kernel_of<T, OutT, BN, PP, EPI>();
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
@@ -961,7 +872,7 @@ void launch(const CUtensorMap& ta, const CUtensorMap& tb, const CUtensorMap& td,
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = prm.splits > 1 ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb, td, prm));
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb, prm));
   CUDA_CHECK_LAST();
 }
 
@@ -1136,24 +1047,18 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   prm.aux = p.aux;
   prm.ld_aux = p.ld_aux;
   prm.aux_vec16 = (esize == 2 && reinterpret_cast<uintptr_t>(p.aux) % 16 == 0 && p.ld_aux % 8 == 0) ? 1 : 0;
-  prm.d_tma = (prm.d_vec16 && p.epilogue == GemmSm90Epilogue::None && !plan.pingpong && plan.splits == 1 &&
-               tma_epilogue_enabled())
-                  ? 1
-                  : 0;
   // Boxes: a K-major operand is read as [rows][64] (128 rows of A, bn rows of B), an MN-major one
   // as [64 k-rows][64] slabs.
   const Stored sa = stored_a(p), sb = stored_b(p);
   const CUtensorMap ta = tensor_map(p.a.ptr, p.in_dtype, sa.inner, sa.outer, sa.ld, 64, prm.a_mn ? 64 : kBM);
   const CUtensorMap tb = tensor_map(p.b.ptr, p.in_dtype, sb.inner, sb.outer, sb.ld, 64, prm.b_mn ? 64 : plan.bn);
-  // D as [64 rows][64 columns] boxes for the TMA-store epilogue (else unused: any valid map will do).
-  const CUtensorMap td = prm.d_tma ? tensor_map(p.d, p.d_dtype, p.n, p.m, p.ldd, 64, 64) : ta;
   auto by_bn = [&](auto in, auto out, auto epi) {
     using T = decltype(in);
     using OutT = decltype(out);
     constexpr int EPI = decltype(epi)::value;
-    if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, td, prm, plan.grid, stream);
-    else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, td, prm, plan.grid, stream);
-    else launch<T, OutT, 128, false, EPI>(ta, tb, td, prm, plan.grid, stream);
+    if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, prm, plan.grid, stream);
+    else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, prm, plan.grid, stream);
+    else launch<T, OutT, 128, false, EPI>(ta, tb, prm, plan.grid, stream);
   };
   // f32 D: the linear epilogue only (gemm_sm90_unsupported_reason turns the GELU ones away).
   auto by_epi = [&](auto in) {
