@@ -565,6 +565,48 @@ TEST_P(TurboGemmTest, BiasEpilogueAndBetaAccumulate) {
   }
 }
 
+// 16-bit outputs that are row-strided (ldd > n: the gaps between rows must keep their contents),
+// narrower than a tile, or cut by both edges, each with and without a bias, against the double
+// product: every element of D written, nothing outside it.
+TEST_P(TurboGemmTest, StridedAndNarrowOutputsKeepTheGaps) {
+  struct Shape { int64_t M, N, K, ldd; };
+  const float sentinel = 1536.0f;  // exact in bf16 and f16
+  for (DType dt : {DType::BF16, DType::F16})
+    for (Shape sh : {Shape{300, 200, 72, 224}, Shape{130, 40, 64, 40}, Shape{257, 136, 200, 136}, Shape{64, 264, 520, 512}})
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} {}x{}x{} ldd {} bias {}", dtype_name(dt), sh.M, sh.N, sh.K, sh.ldd, with_bias));
+        const int64_t M = sh.M, N = sh.N, K = sh.K;
+        Mat a = operand(dt, M, K, false), b = operand(dt, K, N, true, 0.2f);
+        auto want = product(a.values, b.values, M, N, K);
+        TensorView storage = make(dt, {M, sh.ldd});
+        put(storage, std::vector<float>(static_cast<size_t>(M * sh.ldd), sentinel));
+        TensorView d = storage;
+        d.shape[1] = N;  // strides stay {ldd, 1}
+        TensorView bias = make(dt, {N});
+        const auto bv = random_tensor(bias);
+        GemmArgs g = args(a.view, b.view, d);
+        if (with_bias) {
+          g.epilogue = GemmEpilogue::Bias;
+          g.bias = bias;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) want[i * N + j] += bv[j];
+        }
+        g.ctx = ctx;
+        EXPECT_EQ(gemm(g), BackendType::TURBO);
+        const auto all = get(storage);
+        std::vector<float> got(static_cast<size_t>(M * N));
+        int64_t gaps_changed = 0;
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < sh.ldd; ++j) {
+            const float v = all[i * sh.ldd + j];
+            if (j < N) got[i * N + j] = v;
+            else gaps_changed += v != sentinel;
+          }
+        EXPECT_EQ(gaps_changed, 0) << "elements between D's rows were written";
+        EXPECT_LT(rel_err(got, want), gate(DType::BF16));
+      }
+}
+
 // Every launch plan (tile width 128/256, persistent or split-k over clusters of 2..8 blocks) on
 // the same problem: each matches the product, and split-k sums in a fixed order, so a rerun is
 // bitwise identical. K = 1000 leaves a partial last k-tile; splits 8 of a 2-k-tile problem leave
