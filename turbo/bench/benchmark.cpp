@@ -387,9 +387,9 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
       dev.synchronize();
     };
     // Case-major: every backend runs a case back to back before the next case starts, so the
-    // ratios between backends are not skewed by the clock and thermal drift of a long run (seen
-    // on an H200, 2026-11-26: the same TURBO product timed 0.118 ms alone and 0.149 ms late in a
-    // backend-major run whose cuBLASLt pass came later still).
+    // ratios between backends are not skewed by whatever drifts over a long run (seen on an H200,
+    // 2026-11-26: one TURBO product timed 0.118 ms alone and 0.149 ms late in a full run, and
+    // cuBLASLt's likewise; cause not isolated, clocks and heat are the suspects).
     size_t most = 0;
     for (const Lane& l : lanes) most = std::max(most, l.cases.size());
     for (size_t i = 0; i < most; ++i)
