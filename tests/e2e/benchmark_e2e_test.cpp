@@ -100,6 +100,14 @@ TEST(BenchmarkCli, EveryOpFamilyRunsATinyCaseOnTheCpu) {
     const auto r = run_primus("benchmark " + op + " --cpu-only --iters 1 --shapes " + want.first + " --json " + json.string());
     ASSERT_EQ(r.code, 0) << op << ":\n" << r.out;
     for (const auto& c : want.second) EXPECT_NE(r.out.find(c), std::string::npos) << op << " lacks " << c << ":\n" << r.out;
+    // Bandwidth-bound families also compare each op with a copy of its own byte count.
+    const auto table = r.out.find("bandwidth against a copy of the same bytes");
+    if (op == "attention") {
+      EXPECT_EQ(table, std::string::npos) << r.out;
+    } else {
+      ASSERT_NE(table, std::string::npos) << op << ":\n" << r.out;
+      for (const auto& c : want.second) EXPECT_NE(r.out.find(c, table), std::string::npos) << op << ": " << c << " not in the copy table";
+    }
   }
   std::map<std::string, nlohmann::json> got;
   for (const auto& j : read_lines(json)) got[j["case"]] = j;
@@ -113,6 +121,16 @@ TEST(BenchmarkCli, EveryOpFamilyRunsATinyCaseOnTheCpu) {
       EXPECT_GT(j["ours"].get<double>(), 0.0) << c;
       EXPECT_TRUE(std::isfinite(j["ratio"].get<double>())) << c;
     }
+  // The same-size copies are ceiling rows: bytes moved = 2 x the copy's size, a positive rate.
+  int copies = 0;
+  for (const auto& [c, j] : got)
+    if (c.rfind("copy/", 0) == 0 && c != "copy/64MiB") {
+      ++copies;
+      EXPECT_EQ(j["metric"], "GB/s") << c;
+      EXPECT_GT(j["ours"].get<double>(), 0.0) << c;
+      EXPECT_DOUBLE_EQ(j["work"].get<double>(), 2.0 * std::stod(c.substr(5))) << c;
+    }
+  EXPECT_GT(copies, 0);
   // Attention work: 4*B*H*T^2*D halved for causal; backward 2.5x.
   EXPECT_DOUBLE_EQ(got["attention/1x16x4x2x8/fwd"]["work"].get<double>(), 4.0 * 1 * 4 * 16 * 16 * 8 * 0.5);
   EXPECT_DOUBLE_EQ(got["attention/1x16x4x2x8/bwd"]["work"].get<double>(), 2.5 * 4.0 * 1 * 4 * 16 * 16 * 8 * 0.5);

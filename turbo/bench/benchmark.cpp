@@ -234,6 +234,52 @@ void print_comparisons(const OpFamily& f, const std::vector<std::string>& measur
   }
 }
 
+// A bandwidth measurement, for the same-size copy table.
+struct Moved {
+  std::string name, backend;
+  BenchDevice* dev;
+  int iters;
+  double work, ms;  // bytes read + written; milliseconds
+};
+
+// Memory-bound ops against a device copy of their own byte count. The ceiling of the per-case
+// lines is a 512 MiB copy, a steady state that an op moving 25-270 MB (one GPT-2 or Llama layer's
+// norm at 16384 tokens) cannot reach: launch, ramp-up and the last wave weigh more the less is
+// moved (an H200, 2026-11-26: 3.2 TB/s for a 25 MB copy, 3.9 for 100 MB, 4.2 for 512 MiB). Each
+// size is copied once per device (cached across families); lines go to the JSON file as
+// `copy/<bytes>` ceiling rows.
+void print_copy_shares(const OpFamily& f, const std::vector<Moved>& moved,
+                       std::map<std::pair<BenchDevice*, size_t>, double>& copy_gbs, Reporter& rep, std::FILE* out) {
+  if (moved.empty()) return;
+  std::string rows;
+  for (const Moved& m : moved) {
+    const size_t bytes = (static_cast<size_t>(m.work / 2.0) + 255) / 256 * 256;  // copied once: read + written = work
+    if (bytes == 0) continue;
+    auto key = std::make_pair(m.dev, bytes);
+    auto it = copy_gbs.find(key);
+    if (it == copy_gbs.end()) {
+      m.dev->arena().reset();
+      m.dev->scratch().reset();
+      if (2 * bytes + 2 * Arena::kDefaultAlign > m.dev->arena().capacity()) continue;  // cannot hold both copies
+      const double ms = m.dev->copy_ms(bytes, m.iters);
+      const double gbs = 2.0 * static_cast<double>(bytes) / ms / 1e6;
+      it = copy_gbs.emplace(key, gbs).first;
+      const bool gpu = m.dev->kind() == Device::CUDA;
+      rep.ceiling_line("ops", fmt::format("copy/{}", bytes), gpu ? "cudaMemcpyAsync" : "memcpy", m.dev->name(), "bytes",
+                       "GB/s", gbs, ms, 2.0 * static_cast<double>(bytes));
+    }
+    const double gbs = m.work / m.ms / 1e6;
+    rows += fmt::format("  {:<40} {:<8} {:>10.2f} {:>10.2f} {:>7.1f}%\n", m.name, m.backend, gbs, it->second,
+                        100.0 * gbs / it->second);
+  }
+  if (rows.empty()) return;
+  std::fprintf(out, "\n%s: bandwidth against a copy of the same bytes on the same device (GB/s, read + written)\n",
+               f.name.c_str());
+  std::fprintf(out, "  %-40s %-8s %10s %10s %8s\n", "case", "backend", "op", "copy", "share");
+  std::fprintf(out, "%s", rows.c_str());
+  std::fflush(out);
+}
+
 }  // namespace
 
 std::vector<std::string> benchmark_op_names() {
@@ -294,6 +340,7 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
 
   Reporter rep(cfg, out);
   std::map<BenchDevice*, Ceilings> ceilings;
+  std::map<std::pair<BenchDevice*, size_t>, double> copy_gbs;  // same-size copies, GB/s
   auto ceiling_of = [&](BenchDevice& dev, int iters) -> const Ceilings& {
     auto it = ceilings.find(&dev);
     if (it != ceilings.end()) return it->second;
@@ -321,6 +368,7 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
     // Times per measurement name and backend, in the order first measured (for f->compare).
     std::vector<std::string> measured;
     std::map<std::string, std::map<BackendType, double>> times;
+    std::vector<Moved> moved;  // the bandwidth measurements, in order
     std::vector<BackendType> backends;
     for (BackendType b : f->backends) {
       if (named ? b == *named : all ? true : (gpu ? is_device_backend(b) : b == BackendType::CPU)) backends.push_back(b);
@@ -375,6 +423,7 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
                           t.metric == Metric::Flops ? l.ceil->tflops_what : l.ceil->gbs_what, t.note);
           if (times.find(t.name) == times.end()) measured.push_back(t.name);
           times[t.name][be] = ms;
+          if (t.metric == Metric::Bytes) moved.push_back({t.name, std::string(backend_name(be)), &dev, l.iters, t.work, ms});
         }
       } catch (const std::exception& ex) {
         for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
@@ -396,6 +445,7 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
       for (const Lane& l : lanes)
         if (i < l.cases.size()) run_case(l, l.cases[i]);
     print_comparisons(*f, measured, times, out);
+    print_copy_shares(*f, moved, copy_gbs, rep, out);
   }
   if (rep.count() == 0)
     throw RuntimeError("benchmark: no measurements were taken (every backend was skipped; the reasons are above)");
