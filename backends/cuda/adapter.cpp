@@ -7,6 +7,7 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/register.h"
+#include "backends/cuda/step_graph.h"
 #include "backends/cuda/trainer.h"
 #include "core/util/error.h"
 #include "train/data_parallel.h"
@@ -20,8 +21,10 @@ void add_cuda_schema(config::Schema& s) {
             "backward); selective (norms and the MLP activation); full (keep only each layer's input, rerun its "
             "forward in the backward)",
             {"none", "norms", "selective", "full"})
-      .flag("cuda_graph", false,
-            "capture the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a warm-up step")
+      .add({"cuda_graph", config::KeyType::Any, config::Value::string("auto"), {}, {}, {},
+            "capture the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a warm-up step "
+            "and replay it: auto (capture where the step can be captured: one process on a GPU; eagerly with "
+            "several data-parallel ranks), true (capture; a setting that cannot be captured is an error) or false"})
       .integer("gemm_algo_search", 8,
                "cuBLASLt algorithm per GEMM shape: k > 1 times the heuristic's top k candidates at the shape's first "
                "call and keeps the fastest, saved in a per-machine cache file that later runs reuse (the same "
@@ -112,6 +115,7 @@ class CudaAdapter : public BackendAdapter {
     // (patches/step_patches.cpp); checked here so a bad value fails even with PRIMUS_PATCHES=none.
     (void)parse_recompute(p.find_path("recompute_granularity")->as_string(), where("recompute_granularity"));
     (void)profile_env_steps();
+    (void)parse_cuda_graph(*p.find_path("cuda_graph"));
     if (a->attention_backend == "turbo" && std::string(default_attention_name()) != "turbo") {
       throw ConfigError(fmt::format("{}: attention_backend turbo: this build has no Turbo attention op (use auto or "
                                     "fallback)",

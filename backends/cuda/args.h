@@ -26,6 +26,8 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   bool grad_reduce_in_bf16 = false;        // reduce buckets in bf16 instead of fp32
   // Set by the patches of the same names' keys (backends/cuda/patches/step_patches.cpp).
   bool cuda_graph = false;                 // capture the step after a warm-up step (step_graph.h)
+  bool cuda_graph_auto = false;            // cuda_graph came from `auto`: check_graph_config runs such a
+                                           // step eagerly where it cannot be captured instead of failing
   int gemm_algo_search = 1;                // cuBLASLt candidates timed per GEMM shape; 1: heuristic
                                            // (turbo/kernels/cublaslt/gemm_cublaslt.h, set_algo_search)
   bool deterministic = false;              // bit-identical runs: the attention backward without atomics

@@ -14,8 +14,29 @@
 
 namespace primus::backends::cuda {
 
-void check_graph_config(const CudaArgs& a) {
+GraphMode parse_cuda_graph(const config::Value& v) {
+  if (v.kind() == config::Value::Kind::Bool) return v.as_bool() ? GraphMode::On : GraphMode::Off;
+  if (v.kind() == config::Value::Kind::String) {
+    const std::string s = v.as_string();
+    if (s == "auto") return GraphMode::Auto;
+    if (s == "true") return GraphMode::On;
+    if (s == "false") return GraphMode::Off;
+  }
+  throw ConfigError(fmt::format("{}: key 'cuda_graph' = '{}' is not one of: auto, true, false", v.origin().str(),
+                                v.scalar_text()));
+}
+
+void check_graph_config(CudaArgs& a) {
   if (!a.cuda_graph) return;
+  if (a.cuda_graph_auto && (a.host_mode || a.train.data_parallel_size > 1)) {
+    a.cuda_graph = false;
+    spdlog::info("[cuda] cuda_graph auto: the step runs eagerly ({})",
+                 a.host_mode ? "host mode has no GPU"
+                             : fmt::format("data_parallel_size {}: the gradient reduction runs on the host inside the "
+                                           "step",
+                                           a.train.data_parallel_size));
+    return;
+  }
   if (a.host_mode) {
     throw ConfigError("cuda_graph: true needs a GPU: the model's host mode runs its ops on the CPU, where there is no "
                       "graph to capture (set cuda_graph: false)");

@@ -27,10 +27,19 @@
 
 namespace primus::backends::cuda {
 
-// Throws ConfigError when `args` asks for cuda_graph in a setting that cannot be captured: host
-// mode (no GPU), data parallelism (the gradient reduction's bookkeeping and the loss average
-// run on the host).
-void check_graph_config(const CudaArgs& args);
+// The config key cuda_graph: true, false or auto (a YAML boolean, or the text auto / true / false
+// as a command-line override may give it). auto, the default, captures the step where it can be
+// captured (one process on a GPU) and runs it eagerly elsewhere; true asks for the capture and
+// makes a setting that cannot be captured a configuration error. Anything else: ConfigError
+// naming the value's origin.
+enum class GraphMode { Off, On, Auto };
+GraphMode parse_cuda_graph(const config::Value& v);
+
+// A setting that cannot be captured: host mode (no GPU), data parallelism (the gradient
+// reduction's bookkeeping and the loss average run on the host). With cuda_graph from `auto`
+// such a step runs eagerly (args.cuda_graph is cleared, with a log line); an explicit true
+// throws ConfigError naming the reason.
+void check_graph_config(CudaArgs& args);
 
 class CudaModel;
 

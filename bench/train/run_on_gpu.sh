@@ -17,10 +17,11 @@
 # NOISE_FLOOR=0 skips it; TESTS_ONLY=1 stops after the test stage (no training, no anchor):
 #   run(command="TESTS_ONLY=1 bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
 # STEPS (default 30) and MEASURE (default 20: the last steps averaged) change the training run.
-# Step variants (issue 8): CUDA_GRAPH=1 adds the same run with cuda_graph=true; RECOMPUTE=selective|full
-# adds a run with recompute_granularity (with the graph when CUDA_GRAPH=1); either also makes a short
-# profiled run (PRIMUS_CUDA_PROFILE=1, PROFILE_STEPS=12 steps; the graph run's setting when there is one)
-# and prints its per-phase GPU time table ($OUT/profile.json). PROFILE=1 alone profiles the default run.
+# Step variants (issue 8): the default run captures the step as a CUDA graph (cuda_graph: auto);
+# CUDA_GRAPH=1 adds the same run eagerly (cuda_graph=false, case suffix /eager); RECOMPUTE=selective|full
+# adds a run with recompute_granularity; RECOMPUTE also makes a short profiled run of that setting
+# (PRIMUS_CUDA_PROFILE=1, PROFILE_STEPS=12 steps) and prints its per-phase GPU time table
+# ($OUT/profile.json). PROFILE=1 alone profiles the default run.
 # ENV_VARIANT="VAR=value ..." adds the default run under those environment variables (an A/B of a
 # switch read from the environment), case suffix /env:VAR=value.
 #   run(command="CUDA_GRAPH=1 RECOMPUTE=selective HEURISTIC=0 bash bench/train/run_on_gpu.sh",
@@ -220,14 +221,14 @@ if [ "${HEURISTIC:-1}" != 0 ]; then
   rm -rf "$WS"
 fi
 
-# 2c. Step variants: CUDA_GRAPH=1 -> a cuda_graph run (metrics_graph.jsonl, case suffix /graph);
-# RECOMPUTE=X -> a run with recompute_granularity=X, on top of the graph when CUDA_GRAPH=1
-# (metrics_recompute.jsonl); then a profiled run of the first variant (or of the default with PROFILE=1).
-GRAPH_ARGS=""; RC_ARGS=""; RC_SUFFIX=""
-[ "${CUDA_GRAPH:-0}" = 1 ] && GRAPH_ARGS="cuda_graph=true"
+# 2c. Step variants: CUDA_GRAPH=1 -> the eager step (cuda_graph=false; metrics_eager.jsonl, case
+# suffix /eager) next to the default graph run; RECOMPUTE=X -> a run with recompute_granularity=X
+# (metrics_recompute.jsonl); then a profiled run of the recompute variant (or of the default with PROFILE=1).
+EAGER_ARGS=""; RC_ARGS=""; RC_SUFFIX=""
+[ "${CUDA_GRAPH:-0}" = 1 ] && EAGER_ARGS="cuda_graph=false"
 if [ -n "${RECOMPUTE:-}" ]; then
-  RC_ARGS="$GRAPH_ARGS recompute_granularity=$RECOMPUTE"
-  RC_SUFFIX="${GRAPH_ARGS:+/graph}/recompute-$RECOMPUTE"
+  RC_ARGS="recompute_granularity=$RECOMPUTE"
+  RC_SUFFIX="/recompute-$RECOMPUTE"
 fi
 run_variant() {  # $1: name, rest: extra key=value arguments; RUN_ENV: VAR=value ... for the process
   local name=$1; shift
@@ -244,7 +245,7 @@ run_variant() {  # $1: name, rest: extra key=value arguments; RUN_ENV: VAR=value
   rm -rf "$WS"
 }
 # shellcheck disable=SC2086
-[ -n "$GRAPH_ARGS" ] && run_variant graph $GRAPH_ARGS
+[ -n "$EAGER_ARGS" ] && run_variant eager $EAGER_ARGS
 # ENV_VARIANT="VAR=value ...[;VAR=value ...]": the default run once more under each ';'-separated
 # set of environment variables (an A/B of a switch read from the environment, e.g.
 # PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO), case suffix /env:<the assignments>, metrics_env<i>.jsonl.
@@ -270,15 +271,15 @@ profile_run() {  # $@: extra key=value arguments; the table goes to stdout, prof
   rm -rf "$WS"
 }
 : > "$OUT/train_profile.log"
-PROFILE_ARGS=${GRAPH_ARGS:-$RC_ARGS}
+PROFILE_ARGS=$RC_ARGS
 if [ -n "$PROFILE_ARGS" ] || [ "${PROFILE:-0}" = 1 ]; then
   # shellcheck disable=SC2086
   profile_run $PROFILE_ARGS
   # Events inside a graph not readable on this driver: the same profile eagerly.
-  if [ -n "$GRAPH_ARGS" ] && ! grep -q '"phases"' "$OUT/profile.json" 2>/dev/null; then
+  if ! grep -q '"phases"' "$OUT/profile.json" 2>/dev/null; then
     echo "no profile from the graph run: profiling eagerly"
     # shellcheck disable=SC2086
-    profile_run ${RECOMPUTE:+recompute_granularity=$RECOMPUTE}
+    profile_run cuda_graph=false $PROFILE_ARGS
   fi
 fi
 
@@ -304,7 +305,7 @@ def measure_ours(name):
             "tensor_mem_gib": max(s["arena_gib"] for s in steps), "device_mem_gib": max(s["mem_gib"] for s in steps),
             "loss": steps[-1]["loss"], "steps": len(last)}
 runs, anchor = [], {}
-for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/heuristic"), ("metrics_graph.jsonl", "/graph"),
+for name, suffix in [("metrics.jsonl", ""), ("metrics_search.jsonl", "/heuristic"), ("metrics_eager.jsonl", "/eager"),
                      ("metrics_recompute.jsonl", rc_suffix)] + \
                     [(f"metrics_env{i}.jsonl", "/env:" + v.replace(" ", ",")) for i, v in enumerate(env_sets)]:
     if name != "metrics.jsonl" and not os.path.exists(os.path.join(out, name)):

@@ -122,10 +122,21 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   EXPECT_EQ(off.code, 0) << off.out;
   EXPECT_NE(off.out.find("cuda.runtime.peak_flops"), std::string::npos) << off.out;
   // The dry run's patch plan: each applies with its key and is skipped without it.
-  for (const char* id : {"cuda.step.cuda_graph", "cuda.memory.recompute", "cuda.profile.phase_times"}) {
+  for (const char* id : {"cuda.memory.recompute", "cuda.profile.phase_times"}) {
     EXPECT_NE(on.out.find(std::string("apply ") + id + ": condition true"), std::string::npos) << id << "\n" << on.out;
     EXPECT_NE(off.out.find(std::string("skip  ") + id + ": condition false"), std::string::npos) << id << "\n" << off.out;
   }
+  // cuda_graph is auto by default (the patch applies; the trainer runs a step it cannot capture
+  // eagerly), true applies it too, false skips it, and any other value is a config error.
+  EXPECT_NE(on.out.find("apply cuda.step.cuda_graph: condition true"), std::string::npos) << on.out;
+  EXPECT_NE(off.out.find("apply cuda.step.cuda_graph: condition true"), std::string::npos) << off.out;
+  auto eager = primus::testing::run_primus(example_args("--dry-run cuda_graph=false workspace=" + w.str()));
+  EXPECT_EQ(eager.code, 0) << eager.out;
+  EXPECT_NE(eager.out.find("skip  cuda.step.cuda_graph: condition false"), std::string::npos) << eager.out;
+  auto bad_graph = primus::testing::run_primus(example_args("--dry-run cuda_graph=maybe workspace=" + w.str()));
+  EXPECT_EQ(bad_graph.code, 2) << bad_graph.out;
+  EXPECT_NE(bad_graph.out.find("'cuda_graph' = 'maybe' is not one of: auto, true, false"), std::string::npos)
+      << bad_graph.out;
   // The cuBLASLt algorithm search is on by default (gemm_algo_search: 8); 0 or 1 switch it off.
   EXPECT_NE(off.out.find("apply cuda.gemm.algo_search: condition true"), std::string::npos) << off.out;
   for (const char* k : {"0", "1"}) {

@@ -300,9 +300,38 @@ TEST(StepConfig, GraphInSettingsThatCannotBeCapturedIsAConfigError) {
   }
   a.train.data_parallel_size = 1;
   EXPECT_NO_THROW(check_graph_config(a));
+  EXPECT_TRUE(a.cuda_graph);
   a.cuda_graph = false;
   a.host_mode = true;
   EXPECT_NO_THROW(check_graph_config(a));
+}
+
+// cuda_graph: auto (the default) captures where it can and runs eagerly where it cannot, with no
+// error; the key's values and their origins.
+TEST(StepConfig, AutoGraphRunsEagerlyWhereTheStepCannotBeCaptured) {
+  for (int setting = 0; setting < 3; ++setting) {
+    CudaArgs a;
+    a.cuda_graph = true;
+    a.cuda_graph_auto = true;
+    a.host_mode = setting == 1;
+    a.train.data_parallel_size = setting == 2 ? 4 : 1;
+    EXPECT_NO_THROW(check_graph_config(a)) << setting;
+    EXPECT_EQ(a.cuda_graph, setting == 0) << "setting " << setting << ": captured only on one GPU";
+  }
+  using config::Value;
+  EXPECT_EQ(parse_cuda_graph(Value::boolean(true)), GraphMode::On);
+  EXPECT_EQ(parse_cuda_graph(Value::boolean(false)), GraphMode::Off);
+  EXPECT_EQ(parse_cuda_graph(Value::string("auto")), GraphMode::Auto);
+  EXPECT_EQ(parse_cuda_graph(Value::string("true")), GraphMode::On);
+  EXPECT_EQ(parse_cuda_graph(Value::string("false")), GraphMode::Off);
+  for (const Value& bad : {Value::string("yes"), Value::string("Auto"), Value::integer(1)}) {
+    try {
+      parse_cuda_graph(bad);
+      ADD_FAILURE() << bad.scalar_text() << " must be refused";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("auto, true, false"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(StepConfig, ProfileEnvironmentValuesAreChecked) {

@@ -10,6 +10,7 @@
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/profile.h"
 #include "backends/cuda/register.h"
+#include "backends/cuda/step_graph.h"
 #include "core/patches/context.h"
 
 namespace primus::backends::cuda {
@@ -21,14 +22,23 @@ void register_step_patches(patches::PatchRegistry& reg) {
   graph.phase = patches::Phase::BuildArgs;
   graph.description = "captures the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a "
                       "warm-up step and replays it: one launch per step instead of ~400";
-  graph.logic = "rewrites args: cuda_graph = true (the trainer's StepGraph captures step 2 and replays it)";
+  graph.logic = "rewrites args: cuda_graph = true (the trainer's StepGraph captures step 2 and replays it); from "
+                "cuda_graph: auto (the default) also cuda_graph_auto, so that a run that cannot be captured (several "
+                "data-parallel ranks) steps eagerly instead of failing";
   graph.impl = "backends/cuda/step_graph.cpp, backends/cuda/trainer.cpp (train_step / step_body)";
   graph.porting = "torch.cuda.graphs / CUDAGraph: every per-step input in static device buffers (token batches, the "
                   "learning rate and bias corrections), no host sync inside the step (the non-finite check runs on "
                   "the device and vetoes AdamW through a NaN clip factor), workspaces and plans created in a warm-up";
   graph.tags = {"performance", "step"};
-  graph.condition = [](patches::PatchContext& c) { return c.flag("cuda_graph"); };
-  graph.apply = [](patches::PatchContext& c) { c.args_as<CudaArgs>().cuda_graph = true; };
+  graph.condition = [](patches::PatchContext& c) {
+    const config::Value* v = c.get("cuda_graph");
+    return v && parse_cuda_graph(*v) != GraphMode::Off;
+  };
+  graph.apply = [](patches::PatchContext& c) {
+    auto& a = c.args_as<CudaArgs>();
+    a.cuda_graph = true;
+    a.cuda_graph_auto = parse_cuda_graph(*c.get("cuda_graph")) == GraphMode::Auto;
+  };
   reg.add(graph);
 
   patches::Patch search;
