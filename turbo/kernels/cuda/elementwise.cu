@@ -74,27 +74,47 @@ column_sum_partial_kernel(float* __restrict__ partials, const T* __restrict__ sr
   }
 }
 
-// Stage 2 (add_column_partials): blockIdx.y picks the pair, a block owns 32 columns; its 32 thread
-// rows each sum a strided subset of g in order, then row 0 adds the 32 results in order.
+// Stage 2 (add_column_partials): blockIdx.y picks the pair, a block of 256 threads owns 8
+// columns; thread (lane g0 = tid / 8, column tid % 8) sums partial rows g0, g0 + 32, ... in
+// order, loading a batch of kBatch rows before adding any (one memory latency per batch, not per
+// row), and the 32 subtotals of a column are added as a fixed pairwise tree. dst is read at the
+// start, under the loads. The same bits on every run. (Before: 32 columns x 32 row subsets per
+// block, one row per load and a 32-step serial sum: 5.8 us for GPT-2's 3 x 768 columns of 132
+// partial rows on an H200, a sixth of the LayerNorm backward.)
 struct PartialPairs {
   float* dst[3];
   const float* part[3];
 };
-__global__ void add_column_partials_kernel(PartialPairs pp, int G, int C) {
-  __shared__ float sm[32][33];
+constexpr int kPartCols = 8, kPartLanes = 32, kBatch = 8;
+__global__ void __launch_bounds__(kPartCols * kPartLanes) add_column_partials_kernel(PartialPairs pp, int G, int C) {
+  __shared__ float sm[kPartLanes][kPartCols + 1];
   float* __restrict__ dst = pp.dst[blockIdx.y];
   const float* __restrict__ part = pp.part[blockIdx.y];
-  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int col = static_cast<int>(threadIdx.x) % kPartCols, g0 = static_cast<int>(threadIdx.x) / kPartCols;
+  const int c = blockIdx.x * kPartCols + col;
+  const bool ok = c < C;
+  const float d0 = ok && g0 == 0 ? dst[c] : 0.0f;
   float v = 0.0f;
-  if (c < C)
-    for (int g = threadIdx.y; g < G; g += 32) v += part[static_cast<int64_t>(g) * C + c];
-  sm[threadIdx.y][threadIdx.x] = v;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float t = 0.0f;
-    for (int i = 0; i < 32; ++i) t += sm[i][threadIdx.x];
-    dst[c] += t;
+  if (ok) {
+    for (int base = g0; base < G; base += kBatch * kPartLanes) {
+      float x[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int g = base + k * kPartLanes;
+        x[k] = g < G ? part[static_cast<int64_t>(g) * C + c] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) v += x[k];
+    }
   }
+  sm[g0][col] = v;
+  __syncthreads();
+#pragma unroll
+  for (int s = kPartLanes / 2; s >= 1; s /= 2) {
+    if (g0 < s) sm[g0][col] += sm[g0 + s][col];
+    __syncthreads();
+  }
+  if (ok && g0 == 0) dst[c] = d0 + sm[0][col];
 }
 
 template <class T, int V, bool kVec>
@@ -153,8 +173,8 @@ void add_column_partials(const ColumnPartials* pairs, int count, int G, int64_t 
     pp.dst[i] = pairs[i].dst;
     pp.part[i] = pairs[i].partials;
   }
-  add_column_partials_kernel<<<dim3(static_cast<unsigned>(ceil_div(C, int64_t{32})), static_cast<unsigned>(count)),
-                               dim3(32, 32), 0, stream>>>(pp, G, static_cast<int>(C));
+  add_column_partials_kernel<<<dim3(static_cast<unsigned>(ceil_div(C, int64_t{kPartCols})), static_cast<unsigned>(count)),
+                               kPartCols * kPartLanes, 0, stream>>>(pp, G, static_cast<int>(C));
   CUDA_CHECK_LAST();
 }
 }  // namespace primus::turbo::cuda

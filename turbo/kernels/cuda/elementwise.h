@@ -23,7 +23,8 @@ int64_t column_sum_partials(int64_t N, int64_t C);
 // The second stage of every deterministic column sum here (bias_grad, the norm backwards' weight,
 // bias and dinp column sums): for up to three (dst, partials) pairs in one launch,
 // dst[c] += sum over g of partials[g, c] (row-major [G, C] f32), each column summed in a fixed
-// order (32 strided subsets of g, then the 32 subtotals in order): the same bits on every run.
+// order (32 strided subsets of g, each added in g order, then a fixed pairwise tree of the 32
+// subtotals): the same bits on every run.
 struct ColumnPartials {
   float* dst = nullptr;
   const float* partials = nullptr;
