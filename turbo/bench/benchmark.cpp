@@ -245,9 +245,9 @@ struct Moved {
 // Memory-bound ops against a device copy of their own byte count. The ceiling of the per-case
 // lines is a 512 MiB copy, a steady state that an op moving 25-270 MB (one GPT-2 or Llama layer's
 // norm at 16384 tokens) cannot reach: launch, ramp-up and the last wave weigh more the less is
-// moved (an H200, 2026-11-26: 3.2 TB/s for a 25 MB copy, 3.9 for 100 MB, 4.2 for 512 MiB). Each
-// size is copied once per device (cached across families); lines go to the JSON file as
-// `copy/<bytes>` ceiling rows.
+// moved (an H200, 2026-11-26: 3.6-3.8 TB/s for the copies of GPT-2's norm sizes, 4.2 for 512 MiB).
+// Each size is copied once per device (cached across families), timed as the ceiling is (the
+// fastest call); lines go to the JSON file as `copy/<bytes>` ceiling rows.
 void print_copy_shares(const OpFamily& f, const std::vector<Moved>& moved,
                        std::map<std::pair<BenchDevice*, size_t>, double>& copy_gbs, Reporter& rep, std::FILE* out) {
   if (moved.empty()) return;
