@@ -8,8 +8,12 @@
 //   softmax       in registers (the accumulator layout is mma.sync's, per warp), base 2
 //   O += P V      wgmma, A = P from registers, B = V from shared memory (MN-major)
 // Compared with the mma.sync kernel (attention_fwd.cu) this removes the ldmatrix traffic and uses
-// the wider tensor-core path; it does not (yet) specialise a producer warp, use TMA, or overlap
-// one tile's softmax with the next tile's GEMM as FlashAttention-3 does.
+// the wider tensor-core path. Three kernels share that per-warpgroup loop (FwdWarpgroup):
+// flash_fwd_sm90_ws_kernel (the default; FlashAttention-3 style: a producer warpgroup loads Q and
+// K/V stages with TMA under mbarriers while two consumer warpgroups overlap each tile's softmax
+// with the previous tile's P V), the same overlapped loop fed by cp.async from every thread
+// (sm90pipe), and the serial loop (sm90); PRIMUS_TURBO_ATTN_KERNEL picks one (docs/attention.md).
+// Not done: two consumer warpgroups in ping-pong on different query tiles, and FP8.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
