@@ -6,7 +6,8 @@ autotune would pick), each against torch SDPA on the same case; ratio = ours / a
 is better). Our lines against the device's GEMM ceiling are copied as they are.
 
 Usage: merge_attention.py --ours ours.jsonl --torch torch.jsonl --out bench/results/attention.jsonl
-                          [--append] [--rename OLD=NEW ...]
+                          [--replace] [--rename OLD=NEW ...]
+The lines are appended to --out (a results log keeps every run); --replace writes a new file.
 """
 import argparse, json
 
@@ -20,7 +21,8 @@ def main():
     ap = argparse.ArgumentParser()
     for k in ("ours", "torch", "out"):
         ap.add_argument("--" + k, required=True)
-    ap.add_argument("--append", action="store_true")
+    ap.add_argument("--append", action="store_true", help="the default; kept for old command lines")
+    ap.add_argument("--replace", action="store_true", help="overwrite --out instead of appending")
     ap.add_argument("--rename", action="append", default=[],
                     help="OLD=NEW: record backend OLD of this run as NEW (e.g. when a default kernel changed after the run)")
     a = ap.parse_args()
@@ -48,7 +50,7 @@ def main():
             lines.append({"bench": "attention", "case": f"{case}/{be}", "device": rows[0]["device"],
                           "date": rows[0]["date"], "commit": rows[0]["commit"], "metric": f"{direction} TFLOP/s",
                           "ours": v, "anchor": ref, "anchor_name": name, "ratio": round(v / ref, 4)})
-    with open(a.out, "a" if a.append else "w") as f:
+    with open(a.out, "w" if a.replace else "a") as f:
         for l in lines:
             f.write(json.dumps(l) + "\n")
     print(f"wrote {len(lines)} lines to {a.out}")

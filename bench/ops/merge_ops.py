@@ -11,7 +11,8 @@ Written out:
     anchor, higher is better). "copy/512MiB" (our copy ceiling) is compared with torch's copy_.
 
 Usage: merge_ops.py --ours ours.jsonl --torch torch.jsonl --out bench/results/ops.jsonl
-                    [--torch-version 2.11.0+cu130] [--append]
+                    [--torch-version 2.11.0+cu130] [--replace]
+The lines are appended to --out (a results log keeps every run); --replace writes a new file.
 """
 import argparse, json
 
@@ -38,7 +39,8 @@ def main():
     for k in ("ours", "torch", "out"):
         ap.add_argument("--" + k, required=True)
     ap.add_argument("--torch-version", default="")
-    ap.add_argument("--append", action="store_true")
+    ap.add_argument("--append", action="store_true", help="the default; kept for old command lines")
+    ap.add_argument("--replace", action="store_true", help="overwrite --out instead of appending")
     a = ap.parse_args()
     ours = [r for r in load(a.ours) if r.get("bench") == "ops"]
     anchor = {r["case"]: r["ms"] for r in load(a.torch)}
@@ -53,10 +55,10 @@ def main():
                           "commit": r["commit"], "metric": r["metric"], "ours": r["ours"], "anchor": round(t, 3),
                           "anchor_name": anchor_name(r["case"], tv), "ratio": round(r["ours"] / t, 4),
                           "backend": r["backend"], "dtype": r["dtype"]})
-    with open(a.out, "a" if a.append else "w") as f:
+    with open(a.out, "w" if a.replace else "a") as f:
         for l in lines:
             f.write(json.dumps(l) + "\n")
-    print(f"wrote {len(lines)} lines to {a.out}")
+    print(f"{'wrote' if a.replace else 'appended'} {len(lines)} lines to {a.out}")
 
 
 if __name__ == "__main__":
