@@ -5,8 +5,10 @@
 # bench/ops/prepare_carry.sh) holding test_turbo_gpu.gz, test_turbo_{lazy,real}_libs.gz, libgomp.so.1,
 # commit.txt and primus.gz (a CUDA build of primus; else .carry-cuda/primus.gz, else
 # $PRIMUS_CUDA_BIN).
-# Results go to $OUT (device.txt, tests.log, ours.jsonl, torch.jsonl, bench.log, torch.log);
-# then, here: bench/ops/merge_ops.py --ours ours.jsonl --torch torch.jsonl --out bench/results/ops.jsonl
+# Results go to $OUT (device.txt, tests.log, ours.jsonl, torch.jsonl, bench.log, torch.log; with
+# ROUNDS=n also ours_r<i>.jsonl / torch_r<i>.jsonl, both sides timed n times alternating);
+# then, here: bench/ops/merge_ops.py --ours ours_r1.jsonl ... --torch torch_r1.jsonl ... --out bench/results/ops.jsonl
+# (it appends; each line the median of the rounds, with the per-round ratio range).
 # STAGE=tests|bench|all (default all); ONLY=gemm|mem limits the benchmark.
 # cuBLASLt is found by primus itself at first use (turbo/core/dynamic_library.h: the loader's
 # path, /usr/local/cuda/lib64, PyTorch's nvidia/cublas/lib); scripts/gpu_env.sh only adds the
@@ -39,7 +41,18 @@ if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   ops="gemm norm activation rope embedding loss optimizer"
   [ "${ONLY:-}" = gemm ] && ops="gemm"
   [ "${ONLY:-}" = mem ] && ops="norm activation rope embedding loss optimizer"
-  rm -f "$OUT/ours.jsonl"
-  "$PRIMUS" benchmark $ops --json "$OUT/ours.jsonl" --commit "$COMMIT" 2>&1 | tee "$OUT/bench.log"
-  PYTHONUNBUFFERED=1 python3 bench/ops/torch_ops.py --out "$OUT/torch.jsonl" ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/torch.log"
+  # ROUNDS=n (default 1): both sides n times, alternating, into ours_r<i>.jsonl / torch_r<i>.jsonl
+  # (round 1 also as ours.jsonl / torch.jsonl); merge_ops.py then takes the medians.
+  ROUNDS=${ROUNDS:-1}
+  rm -f "$OUT"/ours*.jsonl "$OUT"/torch*.jsonl
+  for r in $(seq 1 "$ROUNDS"); do
+    "$PRIMUS" benchmark $ops --json "$OUT/ours_r$r.jsonl" --commit "$COMMIT" 2>&1 | tee "$OUT/bench_r$r.log" |
+      { [ "$r" = 1 ] && cat || tail -3; }
+    PYTHONUNBUFFERED=1 python3 bench/ops/torch_ops.py --out "$OUT/torch_r$r.jsonl" ${ONLY:+--only $ONLY} 2>&1 |
+      tee "$OUT/torch_r$r.log" | { [ "$r" = 1 ] && cat || tail -3; }
+  done
+  cp "$OUT/ours_r1.jsonl" "$OUT/ours.jsonl"; cp "$OUT/torch_r1.jsonl" "$OUT/torch.jsonl"
+  cp "$OUT/bench_r1.log" "$OUT/bench.log"; cp "$OUT/torch_r1.log" "$OUT/torch.log"
+  echo "merge here: bench/ops/merge_ops.py --ours $(seq -s ' ' -f 'ours_r%g.jsonl' 1 "$ROUNDS")" \
+    "--torch $(seq -s ' ' -f 'torch_r%g.jsonl' 1 "$ROUNDS") --out bench/results/ops.jsonl"
 fi
