@@ -231,9 +231,7 @@ struct SavedOutput {
 float search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stream) {
   SavedOutput saved(p, stream);
   PrefPtr pref = make_preference(p, c);
-  // Up to 32 candidates (PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH; the trainer's key gemm_algo_search
-  // allows 8): on an H200 the top 8 still left some training products 5-11% behind torch.matmul.
-  constexpr int kMax = 32;
+  constexpr int kMax = 8;
   cublasLtMatmulHeuristicResult_t results[kMax] = {};
   int returned = 0;
   CUBLAS_CHECK(lt().cublasLtMatmulAlgoGetHeuristic(c.handle, plan.desc, plan.la, plan.lb, plan.ld,

@@ -85,8 +85,8 @@ void gemm(const GemmProblem& p, cudaStream_t stream);
 void set_workspace(void* ptr, size_t bytes);
 inline constexpr size_t kDefaultWorkspaceBytes = 32u << 20;
 
-// 1 (default): take cuBLASLt's first heuristic answer. k > 1: time the top k (at most 32)
-// candidates once per shape (never while capturing a graph; an accumulating GEMM, beta != 0, is timed with its
+// 1 (default): take cuBLASLt's first heuristic answer. k > 1: time the top k candidates once
+// per shape (never while capturing a graph; an accumulating GEMM, beta != 0, is timed with its
 // output saved first and restored after, so it still accumulates once; batched ones are not
 // searched).
 // Also read from PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH at first use; the gemm op sets 8 when
