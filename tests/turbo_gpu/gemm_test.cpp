@@ -325,7 +325,7 @@ TEST_F(AlgoSearchTest, FirstProcessSearchesAndWritesTheNextReadsTheFileAndComput
   cublaslt::AlgoCacheFile f(file);
   f.load();
   ASSERT_TRUE(f.load_error().empty()) << f.load_error();
-  ASSERT_EQ(f.size(), 1u);
+  ASSERT_EQ(f.size(), 2u) << "the plain product's winner in each formulation (column order; row order under |row)";
   {
     std::ifstream in(file);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -336,6 +336,7 @@ TEST_F(AlgoSearchTest, FirstProcessSearchesAndWritesTheNextReadsTheFileAndComput
     EXPECT_NE(text.find(fmt::format("{}|sm_{}{}|cublasLt ", prop.name, prop.major, prop.minor)), std::string::npos)
         << text;
     EXPECT_NE(text.find("m=512 n=1024 k=768"), std::string::npos) << text;
+    EXPECT_NE(text.find("|ws33554432|row\""), std::string::npos) << text;
   }
   EXPECT_LT(rel_err(get(p.d), product(p.a.values, p.b.values, 512, 1024, 768)), gate(DType::BF16));
 
@@ -375,7 +376,7 @@ TEST_F(AlgoSearchTest, CorruptFileAndRefusedEntriesFallBackToTheSearch) {
   cublaslt::AlgoCacheFile f(file);
   f.load();
   ASSERT_TRUE(f.load_error().empty()) << f.load_error();
-  ASSERT_EQ(f.size(), 1u);
+  ASSERT_EQ(f.size(), 2u);
 
   // A stale entry (another cuBLASLt's bytes): every byte 0xff, which no cuBLASLt accepts.
   std::map<std::string, cublaslt::CachedAlgo> entries;
@@ -393,6 +394,50 @@ TEST_F(AlgoSearchTest, CorruptFileAndRefusedEntriesFallBackToTheSearch) {
   EXPECT_EQ(cublaslt::algo_cache_hits(), hits) << "cublasLtMatmulAlgoCheck accepted an all-ones algorithm";
   EXPECT_EQ(cublaslt::algo_search_count(), searches + 2);
   EXPECT_LT(rel_err(get(p.d), ref), gate(DType::BF16));
+}
+
+// The row-order formulation (CUBLASLT_ORDER_ROW layouts, operands in place), forced for every
+// plain product: all four transpositions, a bf16 D written and an f32 D accumulated (beta = 1,
+// rows strided), against the double product, at the bf16 gate; the plans really are row-order ones.
+TEST_F(GemmTest, CublasLtRowOrderFormulationMatchesReference) {
+  GlobalBackendManager::instance().set_backend("gemm", BackendType::CUBLASLT);
+  cublaslt::set_formulation(cublaslt::Formulation::Row);
+  const int64_t M = 192, N = 320, K = 256, LD = 336;
+  const int64_t rows_before = cublaslt::row_order_plan_count();
+  for (int layout = 0; layout < 4; ++layout) {
+    const bool ta = layout & 2, tb = layout & 1;
+    SCOPED_TRACE(fmt::format("ta={} tb={}", ta, tb));
+    Mat a = operand(DType::BF16, M, K, ta), b = operand(DType::BF16, K, N, tb);
+    const auto prod = product(a.values, b.values, M, N, K);
+    TensorView d = make(DType::BF16, {M, N});
+    poison(d);
+    GemmArgs g = args(a.view, b.view, d);
+    g.ctx = ctx;
+    EXPECT_EQ(gemm(g), BackendType::CUBLASLT);
+    EXPECT_LT(rel_err(get(d), prod), gate(DType::BF16));
+
+    TensorView stored = make(DType::F32, {M, LD});
+    auto s0 = random_tensor(stored);
+    TensorView acc = stored;
+    acc.shape[1] = N;
+    GemmArgs ga = args(a.view, b.view, acc);
+    ga.beta = 1.0f;
+    ga.ctx = ctx;
+    gemm(ga);
+    const auto got = get(stored);
+    std::vector<float> got_d(size_t(M * N)), want(size_t(M * N));
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        got_d[i * N + j] = got[i * LD + j];
+        want[i * N + j] = float(s0[i * LD + j] + prod[i * N + j]);
+      }
+      for (int64_t j = N; j < LD; ++j) ASSERT_EQ(got[i * LD + j], s0[i * LD + j]) << "gap " << i << "," << j;
+    }
+    EXPECT_LT(rel_err(got_d, want), 1e-3);
+  }
+  EXPECT_EQ(cublaslt::row_order_plan_count(), rows_before + 8) << "every product ran in row order";
+  cublaslt::set_formulation(cublaslt::Formulation::Auto);
+  GlobalBackendManager::instance().reset();
 }
 
 // Weight gradients accumulate (beta = 1): their candidates are timed on a saved copy of D, so

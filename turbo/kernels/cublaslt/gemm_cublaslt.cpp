@@ -64,6 +64,9 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;  // cuBLASLt's A, B, C=D
   cublasLtMatmulAlgo_t algo{};
+  // The row-order formulation: cuBLASLt's A, B, D are our A, B, D in CUBLASLT_ORDER_ROW (else
+  // the column-order one at the top of the file: D^T = B^T A^T, operands swapped).
+  bool row = false;
   ~Plan() {
     if (desc) lt().cublasLtMatmulDescDestroy(desc);
     if (la) lt().cublasLtMatrixLayoutDestroy(la);
@@ -74,6 +77,7 @@ struct Plan {
 
 struct Context {
   std::mutex mu;
+  Formulation formulation = Formulation::Auto;
   cublasLtHandle_t handle = nullptr;
   void* ws = nullptr;
   size_t ws_bytes = 0;
@@ -86,6 +90,7 @@ struct Context {
   std::unique_ptr<AlgoCacheFile> cache;
   std::unordered_map<int, std::string> device_ids;  // device ordinal -> "name|sm_XY|cublasLt V"
   int64_t searches = 0, cache_hits = 0;
+  int64_t row_plans = 0;  // plans kept in the row-order formulation
 };
 
 static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(CachedAlgo::data), "cublasLtMatmulAlgo_t is 8 uint64");
@@ -141,13 +146,15 @@ using PrefPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t
 
 // The heuristic's constraints for the problem: the workspace and the operands' alignments (part
 // of the plan key, so every algorithm it answers runs on every call with that key).
-PrefPtr make_preference(const GemmProblem& p, const Context& c) {
+PrefPtr make_preference(const GemmProblem& p, const Context& c, bool row = false) {
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(lt().cublasLtMatmulPreferenceCreate(&pref));
   PrefPtr guard(pref, lt().cublasLtMatmulPreferenceDestroy);
   const uint64_t ws = c.ws_bytes;
   CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t al_a = alignment_of(p.b.ptr), al_b = alignment_of(p.a.ptr), al_d = alignment_of(p.d.ptr);
+  // cuBLASLt's A and B: our B and A (column order) or our A and B (row order)
+  const uint32_t al_a = alignment_of(row ? p.a.ptr : p.b.ptr), al_b = alignment_of(row ? p.b.ptr : p.a.ptr),
+                 al_d = alignment_of(p.d.ptr);
   CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
   CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
@@ -155,15 +162,34 @@ PrefPtr make_preference(const GemmProblem& p, const Context& c) {
   return guard;
 }
 
-std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
+// The row-order formulation applies to single plain products (no epilogue vectors, no FP8 scales,
+// batch 1): what the search may try beside the column-order one.
+bool row_order_eligible(const GemmProblem& p) {
+  return p.batch == 1 && p.epilogue == Epilogue::None && !dtype_is_fp8(p.a.dtype);
+}
+
+cublasLtMatrixLayout_t make_row_layout(DType t, uint64_t rows, uint64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t l = make_layout(t, rows, cols, ld, 1, 0);
+  const cublasLtOrder_t order = CUBLASLT_ORDER_ROW;
+  CUBLAS_CHECK(lt().cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ORDER, &order, sizeof(order)));
+  return l;
+}
+
+std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c, bool row = false) {
   auto plan = std::make_unique<Plan>();
+  plan->row = row;
   const bool f32 = p.a.dtype == DType::F32;
   const cublasComputeType_t compute =
       f32 && p.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   CUBLAS_CHECK(lt().cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
   const LtOperands o = lt_operands(p);
-  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, o.op_a);
-  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, o.op_b);
+  if (row) {  // our A [m,k] stored [k,m] when transposed; our B [k,n] stored [n,k] when transposed
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, p.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, p.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N);
+  } else {
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, o.op_a);
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, o.op_b);
+  }
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(p.epilogue));
   if (epilogue_uses_bias(p.epilogue)) {
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(p.bias_dtype));
@@ -178,11 +204,17 @@ std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.a_scale);
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(p.fp8_fast_accum ? 1 : 0));
   }
-  plan->la = make_layout(p.b.dtype, o.a_rows, o.a_cols, p.b.ld, p.batch, p.b.batch_stride);
-  plan->lb = make_layout(p.a.dtype, o.b_rows, o.b_cols, p.a.ld, p.batch, p.a.batch_stride);
-  plan->ld = make_layout(p.d.dtype, p.n, p.m, p.d.ld, p.batch, p.d.batch_stride);
+  if (row) {
+    plan->la = make_row_layout(p.a.dtype, p.a.transposed ? p.k : p.m, p.a.transposed ? p.m : p.k, p.a.ld);
+    plan->lb = make_row_layout(p.b.dtype, p.b.transposed ? p.n : p.k, p.b.transposed ? p.k : p.n, p.b.ld);
+    plan->ld = make_row_layout(p.d.dtype, p.m, p.n, p.d.ld);
+  } else {
+    plan->la = make_layout(p.b.dtype, o.a_rows, o.a_cols, p.b.ld, p.batch, p.b.batch_stride);
+    plan->lb = make_layout(p.a.dtype, o.b_rows, o.b_cols, p.a.ld, p.batch, p.a.batch_stride);
+    plan->ld = make_layout(p.d.dtype, p.n, p.m, p.d.ld, p.batch, p.d.batch_stride);
+  }
 
-  PrefPtr pref = make_preference(p, c);
+  PrefPtr pref = make_preference(p, c, row);
   cublasLtMatmulHeuristicResult_t result = {};
   int returned = 0;
   CUBLAS_CHECK(lt().cublasLtMatmulAlgoGetHeuristic(c.handle, plan->desc, plan->la, plan->lb, plan->ld,
@@ -193,11 +225,16 @@ std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c) {
   return plan;
 }
 
+cublasStatus_t try_run(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmProblem& p, const Context& c,
+                       cudaStream_t stream) {
+  const void* a = plan.row ? p.a.ptr : p.b.ptr;  // cuBLASLt's A and B
+  const void* b = plan.row ? p.b.ptr : p.a.ptr;
+  return lt().cublasLtMatmul(c.handle, plan.desc, &p.alpha, a, plan.la, b, plan.lb, &p.beta, p.d.ptr, plan.ld,
+                             const_cast<void*>(p.d.ptr), plan.ld, &algo, c.ws, c.ws_bytes, stream);
+}
 void run_plan(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmProblem& p,
               const Context& c, cudaStream_t stream) {
-  CUBLAS_CHECK(lt().cublasLtMatmul(c.handle, plan.desc, &p.alpha, p.b.ptr, plan.la, p.a.ptr, plan.lb,
-                              &p.beta, p.d.ptr, plan.ld, const_cast<void*>(p.d.ptr), plan.ld,
-                              &algo, c.ws, c.ws_bytes, stream));
+  CUBLAS_CHECK(try_run(plan, algo, p, c, stream));
 }
 
 // D's bytes as stored (rows of n elements ld apart), for saving and restoring it around a search
@@ -230,7 +267,7 @@ struct SavedOutput {
 // saved before and put back after, so the call that follows accumulates exactly once.
 float search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t stream) {
   SavedOutput saved(p, stream);
-  PrefPtr pref = make_preference(p, c);
+  PrefPtr pref = make_preference(p, c, plan.row);
   constexpr int kMax = 8;
   cublasLtMatmulHeuristicResult_t results[kMax] = {};
   int returned = 0;
@@ -246,10 +283,7 @@ float search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t str
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
     // The heuristic's answers assumed the alignments in the key; a candidate that fails to run
     // here is skipped, not fatal.
-    if (lt().cublasLtMatmul(c.handle, plan.desc, &p.alpha, p.b.ptr, plan.la, p.a.ptr, plan.lb, &p.beta,
-                       p.d.ptr, plan.ld, const_cast<void*>(p.d.ptr), plan.ld, &results[i].algo,
-                       c.ws, c.ws_bytes, stream) != CUBLAS_STATUS_SUCCESS)
-      continue;
+    if (try_run(plan, results[i].algo, p, c, stream) != CUBLAS_STATUS_SUCCESS) continue;
     run_plan(plan, results[i].algo, p, c, stream);  // second warm-up: clocks and caches settle
     CUDA_CHECK(cudaEventRecord(start, stream));
     for (int r = 0; r < 5; ++r) run_plan(plan, results[i].algo, p, c, stream);
@@ -312,14 +346,35 @@ bool use_cached(Plan& plan, const CachedAlgo& hit, const Context& c) {
 }
 
 // With the search on: the cache file's algorithm for this key if cuBLASLt accepts it, else the
-// search's winner (saved to the file).
-void choose_algo(Plan& plan, const GemmProblem& p, const std::string& key, Context& c, cudaStream_t stream) {
+// search's winner (saved to the file). Plain products (row_order_eligible) are searched in both
+// formulations and the faster kept: the row-order one reaches other kernels, 4-13% faster on some
+// training shapes and slower on others (H200, 2026-11-26, bench/results/NOTES.md session 8). The
+// file keeps each formulation's winner, the row-order one under the key + "|row"; a key whose
+// file entry predates that (no "|row" entry) keeps its column-order algorithm, so a resumed run
+// still reproduces the earlier one.
+void choose_algo(std::unique_ptr<Plan>& plan, const GemmProblem& p, const std::string& key, Context& c,
+                 cudaStream_t stream) {
+  const bool try_row = c.formulation != Formulation::Column && row_order_eligible(p);
   AlgoCacheFile* file = open_cache(c);
   std::string ckey;
   if (file) {
     ckey = device_id(c) + key;
-    if (auto hit = file->find(ckey)) {
-      if (use_cached(plan, *hit, c)) {
+    const auto hit_col = file->find(ckey);
+    const auto hit_row = try_row ? file->find(ckey + "|row") : std::nullopt;
+    if (hit_row && (!hit_col || hit_row->ms < hit_col->ms)) {
+      std::unique_ptr<Plan> row_plan;
+      try {
+        row_plan = build_plan(p, c, true);
+      } catch (const std::exception&) {  // this cuBLASLt has no row-order algorithm: the column entry
+      }
+      if (row_plan && use_cached(*row_plan, *hit_row, c)) {
+        plan = std::move(row_plan);
+        ++c.cache_hits;
+        return;
+      }
+    }
+    if (hit_col) {
+      if (use_cached(*plan, *hit_col, c)) {
         ++c.cache_hits;
         return;
       }
@@ -329,15 +384,28 @@ void choose_algo(Plan& plan, const GemmProblem& p, const std::string& key, Conte
     }
   }
   if (cuda_stream_is_capturing(stream)) return;  // nothing may run or sync: the heuristic's answer
-  const float ms = search_algo(plan, p, c, stream);
+  const float ms = search_algo(*plan, p, c, stream);
   if (ms < 0) return;
   ++c.searches;
-  if (file) {
+  auto store = [&](const Plan& pl, float t, const std::string& k) {
+    if (!file) return;
     CachedAlgo entry;
-    std::memcpy(entry.data.data(), &plan.algo, sizeof(plan.algo));
-    entry.ms = ms;
-    file->store(ckey, entry);  // logs (once) when it cannot write
+    std::memcpy(entry.data.data(), &pl.algo, sizeof(pl.algo));
+    entry.ms = t;
+    file->store(k, entry);  // logs (once) when it cannot write
+  };
+  store(*plan, ms, ckey);
+  if (!try_row) return;
+  std::unique_ptr<Plan> row_plan;
+  try {
+    row_plan = build_plan(p, c, true);
+  } catch (const std::exception&) {
+    return;  // no row-order algorithm for this problem: the column-order one stands
   }
+  const float ms_row = search_algo(*row_plan, p, c, stream);
+  if (ms_row < 0) return;
+  store(*row_plan, ms_row, ckey + "|row");
+  if (ms_row < ms) plan = std::move(row_plan);
 }
 
 }  // namespace
@@ -486,6 +554,19 @@ size_t algo_cache_size() {
   return c.plans.size();
 }
 
+int64_t row_order_plan_count() {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  return c.row_plans;
+}
+
+void set_formulation(Formulation f) {
+  Context& c = ctx();
+  std::lock_guard lock(c.mu);
+  c.formulation = f;
+  c.plans.clear();
+}
+
 void clear_algo_cache() {
   Context& c = ctx();
   std::lock_guard lock(c.mu);
@@ -512,7 +593,9 @@ void gemm(const GemmProblem& p, cudaStream_t stream) {
     if (c.plans.size() >= 4096) c.plans.clear();  // shapes in training are few; this is a guard
     auto plan = build_plan(p, c);
     // Accumulating GEMMs are searched too (D saved and restored, search_algo), one matrix at a time.
-    if (c.algo_search > 1 && (p.beta == 0.0f || p.batch == 1)) choose_algo(*plan, p, key, c, stream);
+    if (c.formulation == Formulation::Row && row_order_eligible(p)) plan = build_plan(p, c, true);
+    else if (c.algo_search > 1 && (p.beta == 0.0f || p.batch == 1)) choose_algo(plan, p, key, c, stream);
+    if (plan->row) ++c.row_plans;
     it = c.plans.emplace(key, std::move(plan)).first;
   }
   Plan& plan = *it->second;

@@ -100,6 +100,14 @@ inline constexpr size_t kDefaultWorkspaceBytes = 32u << 20;
 // PRIMUS_TURBO_CUBLASLT_ALGO_CACHE=0 disables the file, =PATH names it; default
 // $PRIMUS_CACHE_DIR/cublaslt_algos.json, $XDG_CACHE_HOME/primus/..., ~/.cache/primus/....
 void set_algo_search(int top_k);
+// The search times plain products (no epilogue, no FP8, batch 1) in two formulations and keeps
+// the faster: the column-order one (D^T = B^T A^T, operands swapped; the only one without the
+// search) and the row-order one (CUBLASLT_ORDER_ROW layouts, operands in place), whose kernels
+// differ. Tests and experiments force one: Column never uses row order; Row runs every eligible
+// problem in row order, searched or not. Clears the in-memory plans.
+enum class Formulation { Auto, Column, Row };
+void set_formulation(Formulation f);
+int64_t row_order_plan_count();  // plans made so far that use the row-order formulation
 int algo_search();  // the current k (reads the environment when nothing set it)
 size_t algo_cache_size();
 // Drops the in-memory plans and the loaded cache file: the next GEMM re-reads the environment's
