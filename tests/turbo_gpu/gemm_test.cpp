@@ -281,6 +281,7 @@ class AlgoSearchTest : public GemmTest {
       if (const char* v = std::getenv(n)) saved[n] = v;
     set_env(file.string().c_str());
     cublaslt::set_algo_search(8);
+    cublaslt::set_formulation(cublaslt::Formulation::Auto);  // both formulations searched, both kept in the file
     cublaslt::clear_algo_cache();
   }
   void TearDown() override {
@@ -289,6 +290,7 @@ class AlgoSearchTest : public GemmTest {
         if (saved.count(n)) ::setenv(n, saved[n].c_str(), 1); else ::unsetenv(n);
       }
       cublaslt::set_algo_search(1);
+      cublaslt::set_formulation(cublaslt::Formulation::Column);
       cublaslt::clear_algo_cache();
       std::filesystem::remove_all(dir);
     }
@@ -436,7 +438,7 @@ TEST_F(GemmTest, CublasLtRowOrderFormulationMatchesReference) {
     EXPECT_LT(rel_err(got_d, want), 1e-3);
   }
   EXPECT_EQ(cublaslt::row_order_plan_count(), rows_before + 8) << "every product ran in row order";
-  cublaslt::set_formulation(cublaslt::Formulation::Auto);
+  cublaslt::set_formulation(cublaslt::Formulation::Column);
   GlobalBackendManager::instance().reset();
 }
 

@@ -75,9 +75,22 @@ struct Plan {
   }
 };
 
+// PRIMUS_TURBO_CUBLASLT_ORDER: column (default), auto (search both formulations), row (force row
+// order where eligible). Anything else is an error naming the variable.
+Formulation formulation_from_env() {
+  const char* e = std::getenv("PRIMUS_TURBO_CUBLASLT_ORDER");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "column") return Formulation::Column;
+  if (v == "auto") return Formulation::Auto;
+  if (v == "row") return Formulation::Row;
+  throw RuntimeError(fmt::format("PRIMUS_TURBO_CUBLASLT_ORDER='{}': expected column, auto or row", v));
+}
+
 struct Context {
   std::mutex mu;
-  Formulation formulation = Formulation::Auto;
+  // Column unless PRIMUS_TURBO_CUBLASLT_ORDER=auto|row (read when the context is made) or
+  // set_formulation says otherwise: searching both is not yet measured in training (session 8).
+  Formulation formulation = formulation_from_env();
   cublasLtHandle_t handle = nullptr;
   void* ws = nullptr;
   size_t ws_bytes = 0;
@@ -346,8 +359,8 @@ bool use_cached(Plan& plan, const CachedAlgo& hit, const Context& c) {
 }
 
 // With the search on: the cache file's algorithm for this key if cuBLASLt accepts it, else the
-// search's winner (saved to the file). Plain products (row_order_eligible) are searched in both
-// formulations and the faster kept: the row-order one reaches other kernels, 4-13% faster on some
+// search's winner (saved to the file). With Formulation::Auto (PRIMUS_TURBO_CUBLASLT_ORDER=auto),
+// plain products (row_order_eligible) are searched in both formulations and the faster kept: the row-order one reaches other kernels, 4-13% faster on some
 // training shapes and slower on others (H200, 2026-11-26, bench/results/NOTES.md session 8). The
 // file keeps each formulation's winner, the row-order one under the key + "|row"; a key whose
 // file entry predates that (no "|row" entry) keeps its column-order algorithm, so a resumed run

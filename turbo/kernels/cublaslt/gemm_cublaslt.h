@@ -100,11 +100,14 @@ inline constexpr size_t kDefaultWorkspaceBytes = 32u << 20;
 // PRIMUS_TURBO_CUBLASLT_ALGO_CACHE=0 disables the file, =PATH names it; default
 // $PRIMUS_CACHE_DIR/cublaslt_algos.json, $XDG_CACHE_HOME/primus/..., ~/.cache/primus/....
 void set_algo_search(int top_k);
-// The search times plain products (no epilogue, no FP8, batch 1) in two formulations and keeps
-// the faster: the column-order one (D^T = B^T A^T, operands swapped; the only one without the
-// search) and the row-order one (CUBLASLT_ORDER_ROW layouts, operands in place), whose kernels
-// differ. Tests and experiments force one: Column never uses row order; Row runs every eligible
-// problem in row order, searched or not. Clears the in-memory plans.
+// Formulations of a problem: column order (D^T = B^T A^T, operands swapped; the default and the
+// only one without the search) and row order (CUBLASLT_ORDER_ROW layouts, operands in place),
+// whose kernels differ (4-13% faster on some training products, slower on others, measured
+// standalone on an H200; bench/ops/probes/lt_orientation.cu). Auto: the search times plain
+// products (no epilogue, no FP8, batch 1) in both and keeps the faster; Row runs every eligible
+// problem in row order, searched or not; Column never uses row order. Default Column, or
+// PRIMUS_TURBO_CUBLASLT_ORDER=column|auto|row; set_formulation (tests) overrides it and clears
+// the in-memory plans. Auto stays opt-in until it is measured in training.
 enum class Formulation { Auto, Column, Row };
 void set_formulation(Formulation f);
 int64_t row_order_plan_count();  // plans made so far that use the row-order formulation
