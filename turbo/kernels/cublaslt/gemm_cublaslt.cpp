@@ -362,9 +362,9 @@ bool use_cached(Plan& plan, const CachedAlgo& hit, const Context& c) {
 // search's winner (saved to the file). With Formulation::Auto (PRIMUS_TURBO_CUBLASLT_ORDER=auto),
 // plain products (row_order_eligible) are searched in both formulations and the faster kept: the
 // row-order one reaches other kernels, 4-13% faster on some training shapes and slower on others
-// (H200, 2026-11-26, bench/results/NOTES.md session 8). The file keeps each formulation's winner, the row-order one under the key + "|row"; a key whose
-// file entry predates that (no "|row" entry) keeps its column-order algorithm, so a resumed run
-// still reproduces the earlier one.
+// (H200, 2026-11-26, bench/results/NOTES.md session 8). The file keeps each formulation's
+// winner, the row-order one under the key + "|row"; a key whose file entry predates that (no
+// "|row" entry) keeps its column-order algorithm, so a resumed run still reproduces the earlier one.
 void choose_algo(std::unique_ptr<Plan>& plan, const GemmProblem& p, const std::string& key, Context& c,
                  cudaStream_t stream) {
   const bool try_row = c.formulation != Formulation::Column && row_order_eligible(p);
