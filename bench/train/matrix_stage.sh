@@ -2,6 +2,7 @@
 # of issue [cuda]'s targets, each as ours then torch_anchor.py (torch.compile) on the same model,
 # batch and sequence length, back to back in this call. MATRIX lists the cases as
 # preset:batch[:extra key=value,...] (preset: torch_anchor.py's name; ours maps it to a config;
+# an extra written env.VAR=value is an environment variable of our run instead of a config key;
 # cases of one preset and batch share one anchor run),
 # default "gpt2-124M:32 llama3.2-1B:8". MATRIX=none skips the stage.
 # Uses run_on_gpu.sh's BIN, OUT, CARRY, ATTN, DEVICE, COMMIT, STEPS, MEASURE; appends rows to
@@ -20,13 +21,19 @@ matrix_stage() {
       llama3.2-1B) cfg=examples/cuda/llama3.2-1B.yaml; seq=2048 ;;
       *) echo "matrix: unknown preset $preset"; continue ;;
     esac
-    local name="${preset}_b${batch}${extra:+_$(echo "$extra" | tr ',=' '_-')}"
+    local name="${preset}_b${batch}${extra:+_$(echo "$extra" | sed -e 's/,/_/g' -e 's|[=/]|-|g')}"
+    # Extras are config keys, or environment variables of our run when written env.VAR=value
+    # (e.g. llama3.2-1B:8:env.PRIMUS_TURBO_CUBLASLT_ORDER=auto,env.PRIMUS_TURBO_CUBLASLT_ALGO_CACHE=/tmp/a.json).
+    local keys="" envs=""
+    for kv in $(echo "$extra" | tr ',' ' '); do
+      case $kv in env.*) envs="$envs ${kv#env.}" ;; *) keys="$keys $kv" ;; esac
+    done
     rm -rf "$ws"
-    # shellcheck disable=SC2046
-    timeout 170 "$BIN/primus" train pretrain --config "$cfg" mock_data=true train_iters="$STEPS" \
+    # shellcheck disable=SC2086
+    env $envs timeout 170 "$BIN/primus" train pretrain --config "$cfg" mock_data=true train_iters="$STEPS" \
       micro_batch_size="$batch" global_batch_size="$batch" seq_length="$seq" lr_warmup_iters=5 log_interval=5 \
       eval_interval=0 save_interval=0 save_at_end=false attention_backend="$ATTN" workspace="$ws" exp_name=m \
-      $(echo "$extra" | tr ',' ' ') > "$OUT/matrix_$name.log" 2>&1
+      $keys > "$OUT/matrix_$name.log" 2>&1
     echo "rc=$?" >> "$OUT/matrix_$name.log"
     cp "$ws"/*/*/m/metrics.jsonl "$OUT/matrix_$name.metrics.jsonl" 2>/dev/null
     rm -rf "$ws"
