@@ -56,6 +56,21 @@ class GemmTest : public GpuTest {
       }
     return d;
   }
+  // `stored` ([M, LD] f32) held s0 and received D [M, N] (its first N columns) += prod: D matches
+  // s0 + prod at `tol` and the gap columns N..LD-1 are untouched.
+  void expect_accumulated_once(const TensorView& stored, const std::vector<float>& s0, const std::vector<double>& prod,
+                               int64_t M, int64_t N, int64_t LD, double tol) {
+    const auto got = get(stored);
+    std::vector<float> got_d(size_t(M * N)), want(size_t(M * N));
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        got_d[i * N + j] = got[i * LD + j];
+        want[i * N + j] = float(s0[i * LD + j] + prod[i * N + j]);
+      }
+      for (int64_t j = N; j < LD; ++j) ASSERT_EQ(got[i * LD + j], s0[i * LD + j]) << "gap element " << i << "," << j;
+    }
+    EXPECT_LT(rel_err(got_d, want), tol) << "accumulated more or less than once";
+  }
 };
 
 GemmArgs args(const TensorView& a, const TensorView& b, const TensorView& d) {
@@ -426,16 +441,7 @@ TEST_F(GemmTest, CublasLtRowOrderFormulationMatchesReference) {
     ga.beta = 1.0f;
     ga.ctx = ctx;
     gemm(ga);
-    const auto got = get(stored);
-    std::vector<float> got_d(size_t(M * N)), want(size_t(M * N));
-    for (int64_t i = 0; i < M; ++i) {
-      for (int64_t j = 0; j < N; ++j) {
-        got_d[i * N + j] = got[i * LD + j];
-        want[i * N + j] = float(s0[i * LD + j] + prod[i * N + j]);
-      }
-      for (int64_t j = N; j < LD; ++j) ASSERT_EQ(got[i * LD + j], s0[i * LD + j]) << "gap " << i << "," << j;
-    }
-    EXPECT_LT(rel_err(got_d, want), 1e-3);
+    expect_accumulated_once(stored, s0, prod, M, N, LD, 1e-3);
   }
   EXPECT_EQ(cublaslt::row_order_plan_count(), rows_before + 8) << "every product ran in row order";
   cublaslt::set_formulation(cublaslt::Formulation::Column);
@@ -459,17 +465,7 @@ TEST_F(AlgoSearchTest, AccumulatingGemmsAreTimedOnASavedOutputAndAccumulateOnce)
   gemm(g);
   EXPECT_EQ(cublaslt::algo_search_count(), searches + 1) << "the accumulating GEMM's candidates were not timed";
   EXPECT_TRUE(std::filesystem::exists(file));
-  const auto got = get(stored);
-  const auto prod = product(a.values, b.values, M, N, K);
-  std::vector<float> got_d(size_t(M * N)), want(size_t(M * N));
-  for (int64_t i = 0; i < M; ++i) {
-    for (int64_t j = 0; j < N; ++j) {
-      got_d[i * N + j] = got[i * LD + j];
-      want[i * N + j] = float(s0[i * LD + j] + prod[i * N + j]);
-    }
-    for (int64_t j = N; j < LD; ++j) ASSERT_EQ(got[i * LD + j], s0[i * LD + j]) << "gap element " << i << "," << j;
-  }
-  EXPECT_LT(rel_err(got_d, want), 1e-3) << "accumulated more or less than once";
+  expect_accumulated_once(stored, s0, product(a.values, b.values, M, N, K), M, N, LD, 1e-3);
 }
 
 // ---- TURBO: Turbo's own sm90 kernel (turbo/kernels/cuda/gemm_sm90.cu) ------------------------------
