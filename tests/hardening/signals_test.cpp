@@ -84,11 +84,15 @@ TEST_F(HardeningTest, SecondSigtermExitsAtOnceLeavingTheLastCheckpointUntouched)
   TrainOptions o;
   o.model = ModelSize::medium();  // steps long enough for two signals to land inside one
   o.iters = o.decay_iters = 40;
-  o.save_interval = 5;
+  // The signals must arrive before the next scheduled save is installed. With saves every 5 steps
+  // and the signals sent at step 7 (~60 ms a step), a test process delayed by ~0.2 s on a loaded
+  // machine let step 10's save complete first (CI, 2026-11-26). Saving at 20 and signalling at 22
+  // leaves 18 steps (~1 s) before the run's end.
+  o.save_interval = 20;
   const auto ws = dir() / "run";
   PrimusProcess p(train_args(ws, o));
-  ASSERT_TRUE(p.wait_for_output("saved step 5 ")) << p.output();
-  ASSERT_TRUE(p.wait_for_output("step  7/40")) << p.output();
+  ASSERT_TRUE(p.wait_for_output("saved step 20 ")) << p.output();
+  ASSERT_TRUE(p.wait_for_output("step 22/40")) << p.output();
   const auto before = snapshot(save_dir(ws));
 
   p.send(SIGTERM);
@@ -116,7 +120,7 @@ TEST_F(HardeningTest, SecondSigtermExitsAtOnceLeavingTheLastCheckpointUntouched)
   }
   auto latest = io::find_latest(save_dir(ws));
   ASSERT_TRUE(latest.has_value());
-  EXPECT_EQ(latest->iteration, 5);
+  EXPECT_EQ(latest->iteration, 20);
   EXPECT_NO_THROW(io::verify_checkpoint(latest->dir));
 }
 
