@@ -22,7 +22,6 @@ for mb in [12.5, 25, 50, 100, 134, 200, 512 * 1.048576]:
             if kind == "copy_":
                 y.copy_(x)
             else:
-                torch.cuda.memory.caching_allocator_alloc  # noqa: keep torch imported lazily
                 y.untyped_storage().copy_(x.untyped_storage(), non_blocking=True)
         for _ in range(5):
             run()

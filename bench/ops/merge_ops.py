@@ -68,7 +68,7 @@ def main():
             r["ours"] = statistics.median(x["ours"] for x in mine)
             r["ms"] = statistics.median(x["ms"] for x in mine)
             r["rounds"] = len(mine)
-            if r.get("anchor") is not None and isinstance(r.get("anchor"), (int, float)):
+            if isinstance(r.get("anchor"), (int, float)):
                 # the ceiling: the median of the rounds' ceilings, the ratio against it
                 ceilings = [x["anchor"] for x in mine if isinstance(x.get("anchor"), (int, float))]
                 r["anchor"] = statistics.median(ceilings)
