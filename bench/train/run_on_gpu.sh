@@ -16,6 +16,8 @@
 # 1..NOISE_SEEDS, default 4; ~30 s): summary printed, full table in noise_floor.txt.
 # NOISE_FLOOR=0 skips it; TESTS_ONLY=1 stops after the test stage (no training, no anchor):
 #   run(command="TESTS_ONLY=1 bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
+# TEST_FILTER=<gtest filter> runs only those tests of test_cuda_gpu as the test stage, ATTN_TEST_FILTER
+# those of test_attention_gpu (ATTN_REPEAT times), each instead of the default stage.
 # STEPS (default 30) and MEASURE (default 20: the last steps averaged) change the training run.
 # Step variants (issue 8): the default run captures the step as a CUDA graph (cuda_graph: auto);
 # CUDA_GRAPH=1 adds the same run eagerly (cuda_graph=false, case suffix /eager); RECOMPUTE=selective|full
@@ -69,13 +71,24 @@ cat "$OUT/env.txt"
 # (which poisons its CUDA context) cannot fail the other's tests.
 : > "$OUT/tests.log"
 rc_fallback=0; rc_default=0; rc_step=0; rc_fp8=-; rc_dump=-; rc_noise=-
+if [ -n "${TEST_FILTER:-}" ]; then  # TEST_FILTER=<gtest filter>: only these tests of test_cuda_gpu
+  timeout 300 "$BIN/test_cuda_gpu" --gtest_filter="$TEST_FILTER" >> "$OUT/tests.log" 2>&1
+  rc_step=$?
+  SKIP_TESTS=1
+fi
+if [ -n "${ATTN_TEST_FILTER:-}" ] && [ -x "$BIN/test_attention_gpu" ]; then  # and/or these of test_attention_gpu
+  timeout 300 "$BIN/test_attention_gpu" --gtest_filter="$ATTN_TEST_FILTER" --gtest_repeat="${ATTN_REPEAT:-1}" \
+    >> "$OUT/tests.log" 2>&1
+  rc_fp8="attention $?"
+  SKIP_TESTS=1
+fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests already ran
   timeout 90 "$BIN/test_cuda_gpu" --gtest_filter='*Fallback*' >> "$OUT/tests.log" 2>&1
   rc_fallback=$?
   timeout 90 "$BIN/test_cuda_gpu" --gtest_filter='*Default*' >> "$OUT/tests.log" 2>&1
   rc_default=$?
   # The step machinery: graph replay vs eager, NaN skip under the graph, recompute parity, profiler.
-  timeout 60 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*' >> "$OUT/tests.log" 2>&1
+  timeout 150 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*' >> "$OUT/tests.log" 2>&1
   rc_step=$?
   # FP8 (patch cuda.linear.fp8): 200-step curves of the FP8 recipes vs the reference; the FP8
   # GEMM, linear-layer and quantizer op tests when the carry has test_turbo_gpu.
