@@ -1,7 +1,6 @@
 #include "backends/cuda/model.h"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +14,6 @@
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
-#include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 #include "turbo/kernels/cuda/elementwise.h"
 #include "turbo/kernels/cuda/embedding.h"
 #include "turbo/kernels/cuda/normalization.h"
@@ -213,37 +211,13 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   zero(status_);
   if (opt_.optimizer_state) set_moments(nullptr, nullptr);
-  // The weight-gradient stream: only where its buffers are not shared between layers.
-  const bool recomputes = std::any_of(policy_.begin(), policy_.end(), [](Recompute r) { return r != Recompute::None; });
-  if (opt_.overlap_wgrad && !host_ && !opt_.fp8_linear && !recomputes) {
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
-    for (auto& e : ev_w_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    // Its own scratch (a bias gradient's column sums: one f32 vector of the widest layer) and
-    // cuBLASLt workspace, so that nothing it borrows is also in use on the model's stream.
-    side_scratch_ = turbo::make_device_arena(size_t{4} << 20);
-    side_ws_ = turbo::make_device_arena(turbo::cublaslt::kDefaultWorkspaceBytes + Arena::kDefaultAlign);
-    turbo::cublaslt::set_stream_workspace(
-        side_, side_ws_->allocate(turbo::cublaslt::kDefaultWorkspaceBytes, 256, "cuBLASLt workspace (weight gradients)"),
-        turbo::cublaslt::kDefaultWorkspaceBytes);
-  } else if (opt_.overlap_wgrad) {
-    spdlog::info("[cuda] weight gradients stay on the model's stream ({})",
-                 host_ ? "host mode" : opt_.fp8_linear ? "FP8 linears" : "activation recomputation");
-  }
   zero_grad();
   sync();
 }
 
 CudaModel::~CudaModel() {
-  if (side_) {  // no throwing from a destructor; errors surface elsewhere
-    cudaStreamSynchronize(side_);
-    turbo::cublaslt::set_stream_workspace(side_, nullptr, 0);
-    cudaStreamDestroy(side_);
-    cudaEventDestroy(ev_fork_);
-    for (auto e : ev_w_) cudaEventDestroy(e);
-  }
   if (stream_) {
-    cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(stream_);  // no throwing from a destructor; errors surface elsewhere
     cudaStreamDestroy(stream_);
   }
   if (!host_ && status_host_) cudaFreeHost(status_host_);
@@ -652,37 +626,15 @@ void CudaModel::norm_backward(const TensorView& dres, const TensorView& dout, co
   ops_.norm_backward(a);
 }
 
-void CudaModel::linear_backward(const ExecContext& c, const TensorView& dinp, const Param& w, const Param& b,
-                                const TensorView& dout, const TensorView& inp, bool bias_done) {
+void CudaModel::linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
+                                const TensorView& inp, bool bias_done) {
+  const ExecContext c = ctx();
   if (b.g.defined() && bias_grad_ != BiasGrad::Gemm) {  // first: dout was just written, partly still in L2
     if (!bias_done) ops_.bias_grad(b.g, dout, c);
     ops_.linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c);
     return;
   }
   ops_.linear_backward(dinp, w.g, b.g, dout, inp, w.w, false, c);
-}
-
-void CudaModel::weight_grad(int slot, bool side, const Param& w, const Param& b, const TensorView& dout,
-                            const TensorView& inp, bool bias_done) {
-  if (!side) {
-    linear_backward(ctx(), {}, w, b, dout, inp, bias_done);
-    return;
-  }
-  CUDA_CHECK(cudaEventRecord(ev_fork_, stream_));  // dout and inp are complete on the model's stream
-  CUDA_CHECK(cudaStreamWaitEvent(side_, ev_fork_, 0));
-  ExecContext c;
-  c.stream = side_;
-  c.scratch = side_scratch_.get();
-  linear_backward(c, {}, w, b, dout, inp, bias_done);
-  CUDA_CHECK(cudaEventRecord(ev_w_[static_cast<size_t>(slot)], side_));
-  w_pending_[static_cast<size_t>(slot)] = true;
-}
-
-void CudaModel::wait_weight_grad(int slot) {
-  auto& pending = w_pending_[static_cast<size_t>(slot)];
-  if (!pending) return;
-  CUDA_CHECK(cudaStreamWaitEvent(stream_, ev_w_[static_cast<size_t>(slot)], 0));
-  pending = false;
 }
 
 void CudaModel::recompute_layer(int64_t l, int64_t B, int64_t T) {
@@ -723,23 +675,6 @@ void CudaModel::backward() {
     norm_backward(dres_, dln_, x_final_, meanf_, rstdf_, final_norm_, N, false, params_.back().out_b.g);
   }
   const TensorView dres = dres_.slice0(0, N);
-  // The weight gradients' stream (overlap_wgrad), from the second backward on. Slots of ev_w_ and
-  // the buffers each weight-gradient GEMM reads, which the model's stream must not overwrite
-  // before it is done: 0 mlp out (dres, act), 1 mlp fc (dfc, ln2), 2 attn proj (dres, att),
-  // 3 qkv (dqkv, ln1).
-  const bool side = side_ != nullptr && backward_calls_++ > 0;
-  enum : int { kOut = 0, kFc = 1, kProj = 2, kQkv = 3 };
-  // dinp and the weight gradient: one call on one stream (the FP8 slot quantizes dout once for
-  // both), or the input gradient here and the weight gradient on the side stream.
-  auto linear = [&](int slot, const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
-                    const TensorView& inp, bool bias_done) {
-    if (!side) {
-      linear_backward(c, dinp, w, b, dout, inp, bias_done);
-      return;
-    }
-    linear_backward(c, dinp, Param{w.w, {}}, {}, dout, inp);
-    weight_grad(slot, true, w, b, dout, inp, bias_done);
-  };
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
     recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
@@ -748,24 +683,22 @@ void CudaModel::backward() {
     // MLP: dres is the gradient of the layer output x2 + mlp(ln2(x2)).
     const TensorView dfc = dfc_.slice0(0, N), act = a.act.slice0(0, N), fc = a.fc.slice0(0, N);
     mark(Phase::MlpDownGemmBwd);
-    wait_weight_grad(kFc);  // the layer above's fc weight gradient reads dfc, rewritten here
     if (spec_.swiglu) {
       const TensorView dact = dact_.slice0(0, N);
-      linear(kOut, dact, p.out_w, p.out_b, dres, act, bias_grad_ == BiasGrad::Norm);
+      linear_backward(dact, p.out_w, p.out_b, dres, act, bias_grad_ == BiasGrad::Norm);
       mark(Phase::ActivationBwd);
       turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
     } else {
       ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
-      weight_grad(kOut, side, p.out_w, p.out_b, dres, act, bias_grad_ == BiasGrad::Norm);
+      linear_backward({}, p.out_w, p.out_b, dres, act, bias_grad_ == BiasGrad::Norm);
     }
     mark(Phase::MlpUpGemmBwd);
-    linear(kFc, dln_.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N), false);
+    linear_backward(dln_.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N));
     mark(Phase::NormBwd);
-    wait_weight_grad(kOut);  // reads dres, which the norm backward updates
     norm_backward(dres_, dln_, a.x2, a.mean2, a.rstd2, p.norm2, N, true, p.proj_b.g);
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
     mark(Phase::ProjGemmBwd);
-    linear(kProj, datt_.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N), bias_grad_ == BiasGrad::Norm);
+    linear_backward(datt_.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N), bias_grad_ == BiasGrad::Norm);
     const TensorView dqkv = dqkv_.slice0(0, N), qkv = a.qkv.slice0(0, N);
     // With RoPE the attention's gradients are those of the rotated q/k (dqk_rot_); the rotation's
     // backward then writes dq|dk into dqkv (out of place: the reference RoPE cannot run in place).
@@ -783,7 +716,6 @@ void CudaModel::backward() {
     g.scale = scale;
     g.ctx = c;
     mark(Phase::AttentionBwd);
-    wait_weight_grad(kQkv);  // the layer above's qkv weight gradient reads dqkv, rewritten here
     ops_.attention_backward(g);
     if (spec_.rope) {  // one rotation for dq|dk: they sit side by side in both buffers
       mark(Phase::RopeBwd);
@@ -799,16 +731,12 @@ void CudaModel::backward() {
     const TensorView ln1 = a.ln1.slice0(0, N), dln = dln_.slice0(0, N);
     mark(Phase::QkvGemmBwd);
     // One dgrad and one wgrad (+ bias gradient) GEMM over the packed q|k|v columns.
-    linear(kQkv, dln, p.qkv_w, p.qkv_b, dqkv, ln1, false);
+    linear_backward(dln, p.qkv_w, p.qkv_b, dqkv, ln1);
     mark(Phase::NormBwd);
-    wait_weight_grad(kProj);  // reads dres, which the norm backward updates
     // The residual gradient it leaves is d(output of layer l - 1): its column sums are that
     // layer's MLP down-projection bias gradient.
     norm_backward(dres_, dln_, a.x_in, a.mean1, a.rstd1, p.norm1, N, true, l > 0 ? params_[l - 1].out_b.g : TensorView());
   }
-  // Everything the weight-gradient stream did joins the model's stream (a captured graph must end
-  // on its origin stream; the gradients are complete for grad_norm() and the next micro-batch).
-  for (int k : {kOut, kFc, kProj, kQkv}) wait_weight_grad(k);
   {
     NvtxRange er("embedding bwd");
     mark(Phase::EmbeddingBwd);

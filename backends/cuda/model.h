@@ -33,7 +33,6 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -65,15 +64,6 @@ struct CudaModelOptions {
   // The linear slots run FP8 GEMMs (patch cuda.linear.fp8): scratch holds their quantized
   // copies (turbo::linear_fp8_scratch_bytes) and every linear dimension must be a multiple of 16.
   bool fp8_linear = false;
-  // Weight-gradient GEMMs on a second stream (PRIMUS_CUDA_OVERLAP_WGRAD=1 in the trainer): each
-  // linear layer's dW GEMM runs beside the input-gradient GEMMs, norms and attention that follow
-  // it on the model's stream, which waits for it only before it overwrites that GEMM's inputs (the
-  // shared gradient buffers) and at the end of backward(). The GEMMs and their order per stream are
-  // those of the one-stream backward, so the gradients are bit-identical. Device only; ignored with
-  // FP8 linears or any layer recomputed (their buffers are shared between layers). The first
-  // backward() runs on one stream (cuBLASLt's per-shape algorithm search then times its candidates
-  // alone). Data parallelism must not set it (its bucket reductions start from the norm backward).
-  bool overlap_wgrad = false;
 };
 
 class CudaModel {
@@ -150,8 +140,6 @@ class CudaModel {
   void set_profiler(StepProfiler* p) { prof_ = p; }
   StepProfiler* profiler() const { return prof_; }
   Recompute recompute(int64_t layer) const { return policy_.at(static_cast<size_t>(layer)); }
-  // Whether backward() runs the weight-gradient GEMMs on their own stream (see overlap_wgrad).
-  bool overlaps_wgrad() const { return side_ != nullptr; }
   // Bytes of the activations arena (what recomputation shrinks).
   size_t activation_bytes() const;
 
@@ -186,13 +174,8 @@ class CudaModel {
   // A linear layer's gradients from dout: dinp = (skipped if undefined), w.g +=, b.g += (if the
   // layer has a bias: its own column-sum reduction, the GEMM's epilogue with BiasGrad::Gemm, or
   // nothing when `bias_done`: a norm backward already summed dout into b.g).
-  void linear_backward(const ExecContext& c, const TensorView& dinp, const Param& w, const Param& b,
-                       const TensorView& dout, const TensorView& inp, bool bias_done = false);
-  // The weight (and bias) gradient of a linear layer: on the model's stream, or with `side` on the
-  // weight-gradient stream after everything enqueued so far, recording ev_w_[slot] when done.
-  void weight_grad(int slot, bool side, const Param& w, const Param& b, const TensorView& dout,
-                   const TensorView& inp, bool bias_done = false);
-  void wait_weight_grad(int slot);  // the model's stream waits for ev_w_[slot] if it is pending
+  void linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
+                       const TensorView& inp, bool bias_done = false);
   void mark(Phase p) const {
     if (prof_) prof_->mark(p);
   }
@@ -223,14 +206,6 @@ class CudaModel {
   turbo::DType act_ = turbo::DType::BF16;    // activations and compute weights (f32 in host mode)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<turbo::Arena> state_, acts_, scratch_;
-  // The weight-gradient stream (overlap_wgrad), its scratch and cuBLASLt workspace, the fork
-  // event and one completion event per linear of a layer (mlp out, mlp fc, attn proj, qkv).
-  cudaStream_t side_ = nullptr;
-  std::unique_ptr<turbo::Arena> side_scratch_, side_ws_;
-  cudaEvent_t ev_fork_ = nullptr;
-  std::array<cudaEvent_t, 4> ev_w_{};
-  std::array<bool, 4> w_pending_{};
-  int64_t backward_calls_ = 0;
 
   // parameters (views into the state arena)
   Param wte_, wpe_, head_;

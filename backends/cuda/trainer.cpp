@@ -126,11 +126,6 @@ void CudaTrainer::init() {
     mo.attention_scratch_bytes =
         deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length, spec.num_attention_heads);
   }
-  // Weight gradients on a second stream (model.h, overlap_wgrad): one GPU only, for now an A/B switch.
-  if (const char* e = std::getenv("PRIMUS_CUDA_OVERLAP_WGRAD"); e && *e && std::string(e) != "0") {
-    mo.overlap_wgrad = !pg_;
-    if (pg_) spdlog::info("[cuda] PRIMUS_CUDA_OVERLAP_WGRAD: ignored with data parallelism");
-  }
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (zero) {
     mo.flat_elems = zero1_padded_total(train::make_param_layout(spec), dist_.world_size);

@@ -11,7 +11,6 @@ StepRun run_steps(const StepRunOptions& o) {
   if (o.recompute) ops.recompute_policy = o.recompute;
   CudaModelOptions mo = options(spec, B, o.device);
   mo.loss_slots = o.micro;
-  mo.overlap_wgrad = o.overlap_wgrad;
   if (o.fp8) {
     use_fp8_linear(ops, *o.fp8);
     mo.fp8_linear = true;

@@ -21,7 +21,6 @@ struct StepRunOptions {
   bool graph = false;
   const turbo::Fp8Recipe* fp8 = nullptr;  // the linear slots in FP8 (patch cuda.linear.fp8)
   bool profile = false;  // a StepProfiler over every step after the first
-  bool overlap_wgrad = false;  // CudaModelOptions::overlap_wgrad
   int steps = 3;
   int micro = 2;  // micro-batches per step (kTrainBatch / micro sequences each)
   std::function<void(int step, CudaModel&)> before_step, after_step;  // after: the status is read

@@ -15,10 +15,7 @@
 //     epilogue's fp32 value, so it is checked against the gate), and the activation memory
 //     order none > selective > full;
 //   - the profiler under a graph times the phases from the graph's event nodes and changes no
-//     result;
-//   - weight gradients on their own stream (overlap_wgrad), eager and under the graph: the same
-//     losses, norms and weights as one stream (bit for bit where eager runs reproduce), and the
-//     stream not used where layers are recomputed.
+//     result.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -79,37 +76,6 @@ TEST_P(StepGpuTest, GraphReplayMatchesEagerBitForBitOver20Steps) {
   std::printf("[%s] graph vs eager, 20 steps: loss %.5f -> %.5f (eager), %.5f -> %.5f (graph)\n",
               o.llama ? "llama" : "gpt2", eager.losses.front(), eager.losses.back(), graph.losses.front(),
               graph.losses.back());
-}
-
-TEST_P(StepGpuTest, OverlappedWeightGradientsMatchOneStream) {
-  StepRunOptions o;
-  o.llama = GetParam();
-  o.device = turbo::Device::CUDA;
-  o.steps = 10;
-  const StepRun ref = run_steps(o);
-  const bool exact = reproducible(o, ref);
-  o.overlap_wgrad = true;
-  bool overlapped = false;
-  o.before_step = [&](int, CudaModel& m) { overlapped = m.overlaps_wgrad(); };
-  const StepRun eager = run_steps(o);
-  EXPECT_TRUE(overlapped) << "the model did not open its weight-gradient stream";
-  expect_same_run(eager, ref, exact);
-  o.graph = true;
-  const StepRun graph = run_steps(o);
-  EXPECT_EQ(graph.graph_launches, 9);
-  expect_same_run(graph, ref, exact);
-  std::printf("[%s] weight gradients on their own stream, 10 steps: loss %.5f -> %.5f (one stream), %.5f -> %.5f "
-              "(eager), %.5f -> %.5f (graph)%s\n",
-              o.llama ? "llama" : "gpt2", ref.losses.front(), ref.losses.back(), eager.losses.front(),
-              eager.losses.back(), graph.losses.front(), graph.losses.back(),
-              exact ? " bit for bit" : " (eager runs not bit-reproducible: within tolerance)");
-  // Recomputed layers share their buffers: the model keeps one stream.
-  o.graph = false;
-  o.steps = 1;
-  o.recompute = recompute_all(Recompute::Full);
-  overlapped = true;
-  run_steps(o);
-  EXPECT_FALSE(overlapped);
 }
 
 // FP8 linear layers under the graph: quantizer (amax partials, scales on the device) and FP8

@@ -95,10 +95,6 @@ struct Context {
   void* ws = nullptr;
   size_t ws_bytes = 0;
   std::unique_ptr<Arena> own_ws;
-  // Streams with a workspace of their own (set_stream_workspace), and the one the current
-  // gemm() call runs with (set under mu for the call).
-  std::unordered_map<cudaStream_t, void*> stream_ws;
-  void* run_ws = nullptr;
   int algo_search = 0;  // 0: not yet read from the environment
   std::unordered_map<std::string, std::unique_ptr<Plan>> plans;
   // The search's persistent cache (algo_cache.h), opened at the first plan that may search;
@@ -247,7 +243,7 @@ cublasStatus_t try_run(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const
   const void* a = plan.row ? p.a.ptr : p.b.ptr;  // cuBLASLt's A and B
   const void* b = plan.row ? p.b.ptr : p.a.ptr;
   return lt().cublasLtMatmul(c.handle, plan.desc, &p.alpha, a, plan.la, b, plan.lb, &p.beta, p.d.ptr, plan.ld,
-                             const_cast<void*>(p.d.ptr), plan.ld, &algo, c.run_ws ? c.run_ws : c.ws, c.ws_bytes, stream);
+                             const_cast<void*>(p.d.ptr), plan.ld, &algo, c.ws, c.ws_bytes, stream);
 }
 void run_plan(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmProblem& p,
               const Context& c, cudaStream_t stream) {
@@ -533,21 +529,6 @@ void set_workspace(void* ptr, size_t bytes) {
   c.plans.clear();
 }
 
-void set_stream_workspace(cudaStream_t stream, void* ptr, size_t bytes) {
-  Context& c = ctx();
-  std::lock_guard lock(c.mu);
-  if (!ptr) {
-    c.stream_ws.erase(stream);
-    return;
-  }
-  const size_t need = c.ws ? c.ws_bytes : kDefaultWorkspaceBytes;
-  if (bytes < need)
-    throw RuntimeError(fmt::format("cuBLASLt: a stream's workspace of {} bytes is smaller than the shared one ({} bytes), "
-                                   "which the plans are made for",
-                                   bytes, need));
-  c.stream_ws[stream] = ptr;
-}
-
 void set_algo_search(int top_k) {
   Context& c = ctx();
   std::lock_guard lock(c.mu);
@@ -619,8 +600,6 @@ void gemm(const GemmProblem& p, cudaStream_t stream) {
     c.ws = c.own_ws->allocate(kDefaultWorkspaceBytes, 256, "cuBLASLt workspace");
     c.ws_bytes = kDefaultWorkspaceBytes;
   }
-  const auto sws = c.stream_ws.find(stream);
-  c.run_ws = sws != c.stream_ws.end() ? sws->second : c.ws;
   const std::string key = plan_key(p, c);
   auto it = c.plans.find(key);
   if (it == c.plans.end()) {

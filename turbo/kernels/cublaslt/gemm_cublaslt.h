@@ -84,11 +84,6 @@ void gemm(const GemmProblem& p, cudaStream_t stream);
 // Changing it clears the algorithm cache.
 void set_workspace(void* ptr, size_t bytes);
 inline constexpr size_t kDefaultWorkspaceBytes = 32u << 20;
-// A workspace of its own for GEMMs enqueued on `stream` (at least the shared one's size: plans are
-// chosen for that), so that GEMMs on two streams can run at the same time without sharing
-// scratch memory (the cuda backend's weight-gradient stream). nullptr: the stream goes back to
-// the shared workspace. The memory must outlive the stream's GEMMs.
-void set_stream_workspace(cudaStream_t stream, void* ptr, size_t bytes);
 
 // 1 (default): take cuBLASLt's first heuristic answer. k > 1: time the top k candidates once
 // per shape (never while capturing a graph; an accumulating GEMM, beta != 0, is timed with its
