@@ -137,8 +137,8 @@ Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& r) {
   f.forward = [r](const TensorView& out, const TensorView& inp, const TensorView& w, const TensorView& b,
                   const TensorView& aux, const ExecContext& ctx) { turbo::linear_forward_fp8(out, inp, w, b, aux, ctx, r); };
   f.backward = [r](const TensorView& dinp, const TensorView& dw, const TensorView& db, const TensorView& dout,
-                   const TensorView& inp, const TensorView& w, bool acc, const ExecContext& ctx) {
-    turbo::linear_backward_fp8(dinp, dw, db, dout, inp, w, acc, ctx, r);
+                   const TensorView& inp, const TensorView& w, bool acc, const ExecContext& ctx, bool acc_w) {
+    turbo::linear_backward_fp8(dinp, dw, db, dout, inp, w, acc, ctx, r, acc_w);
   };
   f.backward_dgelu = [r](const TensorView& dpre, const TensorView& db, const TensorView& dout, const TensorView& w,
                          const TensorView& pre, const ExecContext& ctx) {

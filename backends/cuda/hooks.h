@@ -41,10 +41,11 @@ using AttentionBackwardFn = void(const AttentionGradCall&);
 // turbo::linear_forward: out [N,OC] = inp [N,C] @ weight [OC,C]^T (+ bias), GELU with aux.
 using LinearForwardFn = void(const TensorView& out, const TensorView& inp, const TensorView& weight,
                              const TensorView& bias, const TensorView& aux, const ExecContext& ctx);
-// turbo::linear_backward: dinp (=, or += with accumulate), dweight +=, dbias += (f32).
+// turbo::linear_backward: dinp (=, or += with accumulate_dinp), dweight += (= without
+// accumulate_dweight: the first micro-batch of a step, whose gradients were not zeroed), dbias += (f32).
 using LinearBackwardFn = void(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
                               const TensorView& dout, const TensorView& inp, const TensorView& weight,
-                              bool accumulate_dinp, const ExecContext& ctx);
+                              bool accumulate_dinp, const ExecContext& ctx, bool accumulate_dweight);
 // turbo::linear_backward_input_dgelu: dpre = (dout @ weight) * gelu'(pre_aux) (dbias optional).
 using LinearBackwardDGeluFn = void(const TensorView& dpre, const TensorView& dbias, const TensorView& dout,
                                    const TensorView& weight, const TensorView& pre_aux, const ExecContext& ctx);

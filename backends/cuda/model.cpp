@@ -125,6 +125,15 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     policy_[l] = ops_.recompute_policy ? ops_.recompute_policy(l, spec_.num_layers) : Recompute::None;
   }
 
+  // The gradient ranges zero_grad() clears: all but those a beta-0 GEMM writes first each step.
+  for (const auto& t : layout_.tensors) {
+    if (written_by_first_gemm(t.name)) continue;
+    if (!zero_ranges_.empty() && zero_ranges_.back().first + zero_ranges_.back().second == t.offset)
+      zero_ranges_.back().second += t.numel;
+    else
+      zero_ranges_.emplace_back(t.offset, t.numel);
+  }
+
   BufferPlan count(nullptr, nullptr);
   plan(count);
   const size_t table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
@@ -211,6 +220,16 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   zero(status_);
   if (opt_.optimizer_state) set_moments(nullptr, nullptr);
+  if (zero_table_.defined()) {
+    std::vector<int64_t> t(static_cast<size_t>(zero_table_.numel()));
+    const size_t n = zero_ranges_.size();
+    for (size_t r = 0; r < n; ++r) {
+      t[r + 1] = t[r] + zero_ranges_[r].second;
+      t[n + 1 + r] = zero_ranges_[r].first;
+    }
+    to_model(zero_table_.data, t.data(), t.size() * sizeof(int64_t));
+  }
+  zero(grads_);  // once: the padding of a ZeRO-1 buffer and every tensor start at zero
   zero_grad();
   sync();
 }
@@ -244,6 +263,9 @@ void CudaModel::plan(Take&& take) {
     norm_ = status_.slice0(S, S + 2);
   }
   hyper_ = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
+  if (!zero_ranges_.empty())
+    zero_table_ = take(Pool::State, DType::I64, {2 * static_cast<int64_t>(zero_ranges_.size()) + 1},
+                       "zero_grad ranges (prefix sums, offsets)");
 
   // Per layer, the tensors its recompute policy keeps get memory of their own; the others alias
   // one shared set (work_), which the forward and backward()'s recomputation refill layer by
@@ -435,9 +457,40 @@ void CudaModel::get_moments(float* m, float* v) const {
 
 void CudaModel::get_grads(float* host) const { from_model(host, grads_.data, grads_.nbytes()); }
 
+bool CudaModel::written_by_first_gemm(const std::string& name) const {
+  auto ends = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  if (name.rfind("layers.", 0) == 0)
+    return ends(".attn.qkv.weight") || ends(".attn.proj.weight") || ends(".mlp.fc.weight") || ends(".mlp.proj.weight");
+  // The head's weight: its own, or the tied embedding (the head's GEMM runs before the embedding's
+  // backward adds its rows).
+  return name == (spec_.untied ? "output_layer.weight" : "embedding.weight");
+}
+
 void CudaModel::zero_grad() {
   mark(Phase::ZeroGrad);
-  zero(grads_);
+  // PRIMUS_CUDA_ZERO_GRAD=full (A/B runs): clear every gradient and let every GEMM accumulate.
+  static const bool full = [] {
+    const char* e = std::getenv("PRIMUS_CUDA_ZERO_GRAD");
+    if (!e || !*e || std::strcmp(e, "ranges") == 0) return false;
+    if (std::strcmp(e, "full") == 0) return true;
+    throw ConfigError(fmt::format("PRIMUS_CUDA_ZERO_GRAD='{}': expected ranges or full", e));
+  }();
+  if (full) {
+    zero(grads_);
+    return;
+  }
+  fresh_head_ = fresh_layers_ = true;
+  if (host_) {
+    for (const auto& [off, n] : zero_ranges_) std::memset(grads_.ptr<float>() + off, 0, size_t(n) * sizeof(float));
+    return;
+  }
+  int64_t total = 0;
+  for (const auto& r : zero_ranges_) total += r.second;
+  kernels::zero_ranges_f32(grads_.ptr<float>(), zero_table_.ptr<const int64_t>(), static_cast<int>(zero_ranges_.size()),
+                           total, stream_);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -596,7 +649,8 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
       // dln_ (untouched until backward() reads it) and the head weight's gradient (+=).
       if (dloss != 0.0f) {
         mark(Phase::HeadGemmBwd);
-        ops_.head_backward(dln_.slice0(r0, r1), head_.g, {}, logits, lnf, head_.w, false, c);
+        ops_.head_backward(dln_.slice0(r0, r1), head_.g, {}, logits, lnf, head_.w, false, c, !fresh_head_);
+        fresh_head_ = false;
       }
     }
     mark(Phase::Loss);
@@ -631,10 +685,10 @@ void CudaModel::linear_backward(const TensorView& dinp, const Param& w, const Pa
   const ExecContext c = ctx();
   if (b.g.defined() && bias_grad_ != BiasGrad::Gemm) {  // first: dout was just written, partly still in L2
     if (!bias_done) ops_.bias_grad(b.g, dout, c);
-    ops_.linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c);
+    ops_.linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c, !fresh_layers_);
     return;
   }
-  ops_.linear_backward(dinp, w.g, b.g, dout, inp, w.w, false, c);
+  ops_.linear_backward(dinp, w.g, b.g, dout, inp, w.w, false, c, !fresh_layers_);
 }
 
 void CudaModel::recompute_layer(int64_t l, int64_t B, int64_t T) {
@@ -752,6 +806,7 @@ void CudaModel::backward() {
     e.ctx = c;
     turbo::embedding_backward(e);
   }
+  fresh_layers_ = false;  // the next micro-batch of this step accumulates
 }
 
 // ---- optimizer ----------------------------------------------------------------------------

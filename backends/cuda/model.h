@@ -176,6 +176,9 @@ class CudaModel {
   // nothing when `bias_done`: a norm backward already summed dout into b.g).
   void linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
                        const TensorView& inp, bool bias_done = false);
+  // Whether a tensor's gradient is first written by a GEMM with beta 0 in each step (the linear
+  // layers' weights and the head's), so that zero_grad() need not clear it.
+  bool written_by_first_gemm(const std::string& name) const;
   void mark(Phase p) const {
     if (prof_) prof_->mark(p);
   }
@@ -215,6 +218,14 @@ class CudaModel {
   // status_ = {loss sums [loss_slots], grad norm, clip factor, finite flag}: loss_slots_ and norm_
   // are views into it, so a step's status is one D2H copy. hyper_ = {lr, 1-beta1^t, 1-beta2^t}.
   TensorView master_, weights_, grads_, m_, v_, rope_table_, status_, loss_slots_, norm_, hyper_;
+  // zero_grad(): the gradient ranges it clears (everything but the tensors written_by_first_gemm,
+  // merged where adjacent; zero_ranges_f32's table in the state arena, host copy for host mode),
+  // and the flags telling the head's and the layers' weight-gradient GEMMs to write (beta 0)
+  // instead of accumulate: set by zero_grad(), cleared once the first micro-batch has written.
+  // PRIMUS_CUDA_ZERO_GRAD=full restores a full clear with every GEMM accumulating (A/B timing).
+  std::vector<std::pair<int64_t, int64_t>> zero_ranges_;  // (offset, count)
+  TensorView zero_table_;
+  bool fresh_head_ = false, fresh_layers_ = false;
   turbo::AdamWHyper hp_;
   float* status_host_ = nullptr;  // pinned (device mode) copy of status_
   std::vector<float> status_host_mem_;

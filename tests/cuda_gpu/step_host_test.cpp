@@ -11,6 +11,7 @@
 //   - configs that cannot be captured are errors naming why; the three patches switch the keys on.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <unistd.h>
 
@@ -110,6 +111,43 @@ void poisoned_run(const StepRunOptions& base, StepRun* out) {
   EXPECT_TRUE(same_bits(after, poisoned)) << "a vetoed step changed the weights";
   EXPECT_TRUE(same_bits(m1, m0)) << "a vetoed step changed the first moments";
   EXPECT_TRUE(same_bits(v1, v0)) << "a vetoed step changed the second moments";
+}
+
+// zero_grad() clears only what no beta-0 GEMM writes first in the step: after a step, the linear
+// layers' and the head's weight gradients still hold that step's values (the next step's first
+// GEMMs overwrite them), every other gradient is zero. Training through this is covered by the
+// multi-step, two-micro-batch comparisons above and the host parity against the reference.
+TEST(HostZeroGrad, ClearsAllButTheGemmWrittenWeightGradients) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    StepRunOptions o;
+    o.llama = llama;
+    o.steps = 1;
+    std::vector<float> after, before;
+    o.after_step = [&](int, CudaModel& m) {
+      before.resize(static_cast<size_t>(m.layout().total));
+      m.get_grads(before.data());
+      m.zero_grad();
+      after.resize(before.size());
+      m.get_grads(after.data());
+      for (const auto& t : m.layout().tensors) {
+        const bool gemm = t.name.find(".weight") != std::string::npos &&
+                          (t.name.find("attn.qkv") != std::string::npos || t.name.find("attn.proj") != std::string::npos ||
+                           t.name.find("mlp.fc") != std::string::npos || t.name.find("mlp.proj") != std::string::npos ||
+                           t.name == "output_layer.weight" || (t.name == "embedding.weight" && !llama));
+        double kept = 0, was = 0;
+        for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
+          kept += std::fabs(after[static_cast<size_t>(i)]);
+          was += std::fabs(before[static_cast<size_t>(i)]);
+        }
+        EXPECT_GT(was, 0.0) << t.name << " had no gradient";
+        if (gemm) EXPECT_EQ(kept, was) << t.name << ": a GEMM-written gradient was cleared";
+        else EXPECT_EQ(kept, 0.0) << t.name << ": not cleared";
+      }
+    };
+    run_steps(o);
+    EXPECT_FALSE(after.empty());
+  }
 }
 
 TEST(HostStepCheck, NonFiniteStepIsSkippedOnTheDevice) {

@@ -281,7 +281,7 @@ BackendType linear_forward(const TensorView& out, const TensorView& inp, const T
 
 void linear_backward(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
                      const TensorView& dout, const TensorView& inp, const TensorView& weight,
-                     bool accumulate_dinp, const ExecContext& ctx) {
+                     bool accumulate_dinp, const ExecContext& ctx, bool accumulate_dweight) {
   if (dinp.defined()) {
     GemmArgs g;
     g.a = dout;
@@ -299,7 +299,7 @@ void linear_backward(const TensorView& dinp, const TensorView& dweight, const Te
   g.a = dout.transposed();
   g.b = inp;
   g.d = dweight;
-  g.beta = 1.0f;  // parameter gradients accumulate over micro-batches
+  g.beta = accumulate_dweight ? 1.0f : 0.0f;  // parameter gradients accumulate over micro-batches
   g.ctx = ctx;
   if (!dbias.defined()) {
     gemm(g);

@@ -67,12 +67,14 @@ BackendType linear_forward(const TensorView& out, const TensorView& inp, const T
 
 // Backward of linear_forward from dout [N,OC]:
 //   dinp [N,C] = dout @ weight (+= when accumulate_dinp)          (skipped if dinp undefined)
-//   dweight [OC,C] += dout^T @ inp                                (skipped if undefined)
-//   dbias [OC] += column sums of dout, fused into the dweight GEMM (skipped if undefined)
-// dweight/dbias may be f32 with bf16 activations (fp32 gradient accumulation).
+//   dweight [OC,C] += dout^T @ inp (= when !accumulate_dweight)  (skipped if undefined)
+//   dbias [OC] += column sums of dout, fused into the dweight GEMM (skipped if undefined; always +=)
+// dweight/dbias may be f32 with bf16 activations (fp32 gradient accumulation). accumulate_dweight
+// = false is the first micro-batch's form: the GEMM writes dweight (beta 0) instead of reading it
+// back, so the caller need not zero it first.
 void linear_backward(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
                      const TensorView& dout, const TensorView& inp, const TensorView& weight,
-                     bool accumulate_dinp, const ExecContext& ctx);
+                     bool accumulate_dinp, const ExecContext& ctx, bool accumulate_dweight = true);
 
 // dbias [C] f32 += column sums of dout [N,C] (f32 or bf16, rows may be strided): a linear layer's
 // bias gradient as its own reduction, for callers whose weight-gradient GEMM should stay free of

@@ -141,8 +141,10 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
 
 void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
                          const TensorView& dout, const TensorView& inp, const TensorView& weight,
-                         bool accumulate_dinp, const ExecContext& ctx, const Fp8Recipe& r) {
+                         bool accumulate_dinp, const ExecContext& ctx, const Fp8Recipe& r,
+                         bool accumulate_dweight) {
   constexpr const char* op = "linear_backward_fp8";
+  const float beta_w = accumulate_dweight ? 1.0f : 0.0f;  // gradients accumulate over micro-batches
   check_matrix(dout, op, "dout");
   check_matrix(weight, op, "weight");
   if (dinp.defined() && dweight.defined()) {
@@ -169,7 +171,7 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
       fp8_gemm(dy, wt, dinp, accumulate_dinp ? 1.0f : 0.0f, false, GemmEpilogue::None, {}, ctx);
     }
     const Quantized xt = quantize(arena, inp, r.fwd, true, ctx, "fp8 inp^T");  // [C,N]
-    fp8_gemm(dyt, xt, dweight, 1.0f, false, GemmEpilogue::None, {}, ctx);
+    fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
     if (dbias.defined()) bias_grad(dbias, dout, ctx);
     return;
   }
@@ -183,7 +185,7 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
     ArenaScope scope(arena);
     const Quantized dyt = quantize(arena, dout, r.grad, true, ctx, "fp8 dout^T");  // [OC,N]
     const Quantized xt = quantize(arena, inp, r.fwd, true, ctx, "fp8 inp^T");      // [C,N]
-    fp8_gemm(dyt, xt, dweight, 1.0f, false, GemmEpilogue::None, {}, ctx);  // gradients accumulate
+    fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
   } else if (dbias.defined()) {
     throw RuntimeError("linear_backward_fp8: dbias without dweight is not supported");
   }

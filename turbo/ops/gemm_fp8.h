@@ -42,11 +42,12 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
                         const Fp8Recipe& recipe = {});
 
 // dinp [N,C] = q(dout) @ q(weight) (+= when accumulate_dinp; skipped if undefined);
-// dweight [OC,C] += q(dout)^T @ q(inp) (f32; skipped if undefined); dbias [OC] f32 += column
-// sums of dout (skipped if undefined).
+// dweight [OC,C] += q(dout)^T @ q(inp) (f32, = when !accumulate_dweight; skipped if undefined);
+// dbias [OC] f32 += column sums of dout (skipped if undefined).
 void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, const TensorView& dbias,
                          const TensorView& dout, const TensorView& inp, const TensorView& weight,
-                         bool accumulate_dinp, const ExecContext& ctx, const Fp8Recipe& recipe = {});
+                         bool accumulate_dinp, const ExecContext& ctx, const Fp8Recipe& recipe = {},
+                         bool accumulate_dweight = true);
 
 // dpre [N,C] = (q(dout) @ q(weight)) * gelu_tanh'(pre_aux); dbias [C] = column sums of dpre
 // (overwritten) when defined.
