@@ -285,23 +285,6 @@ TEST_P(NormBackwardTest, StagedKernelStageCounts) {
   }
 }
 
-// The staged kernel's two finishes (its last blocks reduce the partial rows, the default, or a
-// second launch): both match the reference, and the fused one again after many launches on the
-// same stream (its counters return to zero after each).
-TEST_P(NormBackwardTest, StagedFinishFusedAndLaunchedMatchReference) {
-  const NormBwdCase p = GetParam();
-  Run r = setup(p);
-  ::setenv("PRIMUS_TURBO_NORM_BWD_FINISH", "launch", 1);
-  norm_backward(r.args);
-  ::unsetenv("PRIMUS_TURBO_NORM_BWD_FINISH");
-  check(r, p.dt, "launched finish");
-  for (int rep = 0; rep < 20; ++rep) {
-    reset(r);
-    norm_backward(r.args);
-  }
-  check(r, p.dt, "fused finish, 20th launch");
-}
-
 std::vector<NormBwdCase> norm_bwd_cases() {
   std::vector<NormBwdCase> v;
   for (NormType t : {NormType::LayerNorm, NormType::RMSNorm})

@@ -485,20 +485,12 @@ constexpr size_t staged_smem_bytes(int kvec, int warps, int stages, int tensors)
          static_cast<size_t>(warps) * stages * tensors * staged_row_bytes(kvec);
 }
 
-// The staged kernel's own finish (see its end): sync = 2 counters (arrivals, finishers past the
-// wait), zero between launches; nullptr: the partials are reduced by a second launch.
-struct StagedFinish {
-  float *dw = nullptr, *db = nullptr, *colsum = nullptr;
-  unsigned* sync = nullptr;
-  int finishers = 0;
-};
-
 template <class T, int kVec, bool kRms, bool kColsum, bool kAccumulate>
 __global__ void __launch_bounds__(kStagedWarps * 32, 1)
 norm_backward_staged_kernel(T* __restrict__ dinp, float* __restrict__ part, const T* __restrict__ dout,
                             const T* __restrict__ inp, const T* __restrict__ weight,
                             const float* __restrict__ mean, const float* __restrict__ rstd, int N, int C,
-                            int stages, StagedFinish fin) {
+                            int stages) {
   constexpr int W = Vec<T>::kSize;
   constexpr bool kBias = !kRms;
   constexpr int kTensors = kAccumulate ? 3 : 2;  // dout, inp (, dinp)
@@ -639,71 +631,6 @@ norm_backward_staged_kernel(T* __restrict__ dinp, float* __restrict__ part, cons
   flush(dw, dst);
   if constexpr (kBias) flush(db, dst + slot);
   if constexpr (kColsum) flush(cs, dst + (kBias ? 2 : 1) * slot);
-  if (fin.sync == nullptr) return;  // finish_column_sums runs as its own launch
-
-  // Fused finish: the last `finishers` blocks to get here wait for the others, then each adds its
-  // slice of columns of every slot's partial rows, in row order (the same bits on every run, which
-  // block comes last does not matter), to dweight / dbias / the column sums. The grid is resident
-  // at once (launch_backward_staged sizes it by occupancy), and only these few blocks wait, for
-  // blocks that are running: no deadlock. The counters go back to zero for the next launch once
-  // every finisher is past the wait.
-  // The slice index travels through the (now free) partials area of shared memory: no static
-  // shared memory, whose bytes the dynamic size (up to the opt-in limit) does not leave room for.
-  int* fin_slice_smem = reinterpret_cast<int*>(sbuf);
-  __threadfence();  // this block's partial rows, device-wide, before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned G = gridDim.x;
-    const int k = static_cast<int>(atomicAdd(fin.sync, 1u)) - static_cast<int>(G - fin.finishers);
-    if (k >= 0) {
-      while (*reinterpret_cast<volatile unsigned*>(fin.sync) < G) __nanosleep(64);
-      if (atomicAdd(fin.sync + 1, 1u) == static_cast<unsigned>(fin.finishers - 1)) {
-        atomicExch(fin.sync, 0u);
-        atomicExch(fin.sync + 1, 0u);
-      }
-    }
-    *fin_slice_smem = k;
-  }
-  __syncthreads();
-  const int fin_slice = *fin_slice_smem;
-  __syncthreads();  // read by all before the reduction below reuses sbuf
-  if (fin_slice < 0) return;
-  __threadfence();  // every block's partials are visible (they were fenced before counting)
-  const int G = static_cast<int>(gridDim.x);
-  const int per = (C + fin.finishers - 1) / fin.finishers;
-  const int c0 = fin_slice * per, c1 = min(C, c0 + per);
-  float* dsts[3] = {fin.dw, kBias ? fin.db : nullptr, kColsum ? fin.colsum : nullptr};
-  const int slots[3] = {0, 1, kBias ? 2 : 1};
-  for (int q = 0; q < 3; ++q) {
-    float* out = dsts[q];
-    if (out == nullptr) continue;
-    const float* src = part + static_cast<int64_t>(slots[q]) * slot;
-    for (int cb = c0; cb < c1; cb += 32) {
-      const int c = cb + lane;
-      float v = 0.0f;
-      if (c < c1) {
-        // rows warp, warp + nwarps, ...: loaded 8 at a time (one latency per batch), summed in order
-        for (int g0 = warp; g0 < G; g0 += 8 * nwarps) {
-          float x[8];
-#pragma unroll
-          for (int u = 0; u < 8; ++u) {
-            const int g = g0 + u * nwarps;
-            x[u] = g < G ? __ldcg(src + static_cast<int64_t>(g) * C + c) : 0.0f;
-          }
-#pragma unroll
-          for (int u = 0; u < 8; ++u) v += x[u];
-        }
-      }
-      sbuf[warp * 32 + lane] = v;
-      __syncthreads();
-      if (warp == 0 && c < c1) {
-        float t = 0.0f;
-        for (int w = 0; w < nwarps; ++w) t += sbuf[w * 32 + lane];
-        out[c] += t;
-      }
-      __syncthreads();
-    }
-  }
 }
 
 struct Shape {
@@ -889,38 +816,6 @@ void finish_column_sums(bool rms, float* dw, float* db, float* colsum, const flo
   add_column_partials(sums, n, grid, C, s);
 }
 
-// PRIMUS_TURBO_NORM_BWD_FINISH=launch|fused (read on every call, as the kernel switch; default
-// fused): how the staged backward's partial rows become dweight / dbias / column sums: a second
-// kernel (add_column_partials), or the kernel's last blocks (StagedFinish), which saves the
-// second launch and its gap.
-bool fused_finish_requested() {
-  const char* e = std::getenv("PRIMUS_TURBO_NORM_BWD_FINISH");
-  if (!e || !*e || std::strcmp(e, "fused") == 0) return true;
-  if (std::strcmp(e, "launch") == 0) return false;
-  throw RuntimeError(fmt::format("PRIMUS_TURBO_NORM_BWD_FINISH='{}': expected fused or launch", e));
-}
-constexpr int kStagedFinishers = 32;
-
-// The fused finish's two counters for launches on `stream` (one pair per device and stream, made
-// at the first call: launches on one stream run one at a time, so they can share it; zero between
-// launches). nullptr while the stream is being captured before its pair exists (cudaMalloc is not
-// allowed then): that call takes the second launch instead.
-unsigned* finish_counters(cudaStream_t stream) {
-  static std::mutex mu;
-  static std::map<std::pair<int, cudaStream_t>, unsigned*> pairs;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard lock(mu);
-  auto it = pairs.find({dev, stream});
-  if (it != pairs.end()) return it->second;
-  if (cuda_stream_is_capturing(stream)) return nullptr;
-  unsigned* p = nullptr;
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), 2 * sizeof(unsigned)));
-  CUDA_CHECK(cudaMemsetAsync(p, 0, 2 * sizeof(unsigned), stream));  // ordered before this stream's kernels
-  pairs.emplace(std::make_pair(dev, stream), p);
-  return p;
-}
-
 int staged_stages() {
   const char* e = std::getenv("PRIMUS_TURBO_NORM_BWD_STAGES");
   const int v = e ? std::atoi(e) : 0;
@@ -928,8 +823,7 @@ int staged_stages() {
 }
 
 template <class T>
-using StagedKernel = void (*)(T*, float*, const T*, const T*, const T*, const float*, const float*, int, int, int,
-                              StagedFinish);
+using StagedKernel = void (*)(T*, float*, const T*, const T*, const T*, const float*, const float*, int, int, int);
 template <class T, bool kRms, bool kColsum, bool kAcc>
 StagedKernel<T> staged_kernel_for(int kvec) {
   switch (kvec) {
@@ -987,17 +881,11 @@ bool launch_backward_staged(void* dinp, float* dw, float* db, float* colsum, con
   const int grid = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>((N + warps - 1) / warps, static_cast<int64_t>(sm_count()) * per_sm)));
   float* part = static_cast<float*>(scratch);
-  StagedFinish fin;
-  fin.sync = fused_finish_requested() ? finish_counters(s) : nullptr;
-  if (fin.sync) {
-    fin.dw = dw, fin.db = kRms ? nullptr : db, fin.colsum = colsum;
-    fin.finishers = std::min(grid, kStagedFinishers);
-  }
   kernel<<<grid, 32 * warps, smem, s>>>(static_cast<T*>(dinp), part, static_cast<const T*>(dout),
                                         static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd,
-                                        static_cast<int>(N), static_cast<int>(C), stages, fin);
+                                        static_cast<int>(N), static_cast<int>(C), stages);
   CUDA_CHECK_LAST();
-  if (!fin.sync) finish_column_sums(kRms, dw, db, colsum, part, grid, C, s);
+  finish_column_sums(kRms, dw, db, colsum, part, grid, C, s);
   return true;
 }
 
