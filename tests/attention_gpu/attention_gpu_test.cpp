@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -255,7 +256,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, AttnGpuVarlen, ::testing::Values("", "sm90pipe
 
 // Changing one document changes nothing in the others: out, lse, dk, dv of every other document
 // stay bitwise equal (their kernels' sums do not depend on the other documents' values), dq equal
-// up to the order of its f32 atomic additions; the changed document's results do change.
+// up to the order of its f32 atomic additions (one bf16 unit in the last place: the f32 sums may
+// round to neighbouring bf16 values; the 1e-5 bound alone failed once in five runs on an H200); the
+// changed document's results do change.
 TEST_F(AttnGpu, VarlenDocumentsAreIndependent) {
   AttnCase c;
   c.B = 2, c.T = 256, c.H = 4, c.KVH = 2, c.D = 64, c.causal = true;
@@ -281,7 +284,7 @@ TEST_F(AttnGpu, VarlenDocumentsAreIndependent) {
   const auto out1 = get(d.out), lse1 = get(d.lse), dq1 = get(d.dq), dk1 = get(d.dk), dv1 = get(d.dv);
 
   auto in_victim = [&](int64_t token) { return token >= s && token < e; };
-  int64_t changed = 0;
+  int64_t changed = 0, dq_moved = 0;
   for (int64_t tok = 0; tok < c.B * c.T; ++tok) {
     const int64_t b = tok / c.T, tt = tok % c.T;
     for (int64_t i = 0; i < c.H * c.D; ++i) {
@@ -291,7 +294,12 @@ TEST_F(AttnGpu, VarlenDocumentsAreIndependent) {
         continue;
       }
       ASSERT_EQ(out0[at], out1[at]) << "out of token " << tok << " changed";
-      ASSERT_NEAR(dq0[at], dq1[at], 1e-5 * (std::abs(dq0[at]) + 1e-3)) << "dq of token " << tok << " changed";
+      // dq is summed in f32 by atomics in a run-dependent order, then rounded to bf16: two runs may
+      // land on neighbouring bf16 values (one unit in the last place), never further apart.
+      const double ulp = dq0[at] == 0.0f ? 1e-30 : std::ldexp(1.0, std::ilogb(dq0[at]) - 7);
+      if (dq0[at] != dq1[at]) ++dq_moved;
+      ASSERT_LE(std::abs(double(dq0[at]) - double(dq1[at])), std::max(ulp, 1e-5 * (std::abs(dq0[at]) + 1e-3)))
+          << "dq of token " << tok << " changed";
     }
     for (int64_t i = 0; i < c.KVH * c.D; ++i) {
       const size_t at = static_cast<size_t>(tok * c.KVH * c.D + i);
@@ -305,6 +313,8 @@ TEST_F(AttnGpu, VarlenDocumentsAreIndependent) {
     }
   }
   EXPECT_GT(changed, 0) << "the changed document's output did not change";
+  std::printf("[ varlen ] dq elements of the other documents that moved by one bf16 ulp: %ld\n",
+              static_cast<long>(dq_moved));
 }
 
 // Without a forced backend, dense calls go to cuDNN (the default) and every output is right.
