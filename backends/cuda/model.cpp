@@ -126,13 +126,18 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
 
   // The gradient ranges zero_grad() clears: all but those a beta-0 GEMM writes first each step.
+  // Large ones (an untied token embedding: 1 GB for Llama-3's vocabulary) go to cudaMemsetAsync,
+  // which runs at full rate (the ranges kernel measured 0.78 TB/s on it, 1.35 ms per Llama step on
+  // an H200); the many small ones (norms, biases) to one zero_ranges kernel.
+  std::vector<std::pair<int64_t, int64_t>> ranges;
   for (const auto& t : layout_.tensors) {
     if (written_by_first_gemm(t.name)) continue;
-    if (!zero_ranges_.empty() && zero_ranges_.back().first + zero_ranges_.back().second == t.offset)
-      zero_ranges_.back().second += t.numel;
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == t.offset)
+      ranges.back().second += t.numel;
     else
-      zero_ranges_.emplace_back(t.offset, t.numel);
+      ranges.emplace_back(t.offset, t.numel);
   }
+  for (const auto& r : ranges) (r.second >= kMemsetRange ? memset_ranges_ : zero_ranges_).push_back(r);
 
   BufferPlan count(nullptr, nullptr);
   plan(count);
@@ -483,10 +488,12 @@ void CudaModel::zero_grad() {
     return;
   }
   fresh_head_ = fresh_layers_ = true;
+  for (const auto& [off, n] : memset_ranges_) zero(grads_.slice0(off, off + n));
   if (host_) {
     for (const auto& [off, n] : zero_ranges_) std::memset(grads_.ptr<float>() + off, 0, size_t(n) * sizeof(float));
     return;
   }
+  if (zero_ranges_.empty()) return;
   int64_t total = 0;
   for (const auto& r : zero_ranges_) total += r.second;
   kernels::zero_ranges_f32(grads_.ptr<float>(), zero_table_.ptr<const int64_t>(), static_cast<int>(zero_ranges_.size()),

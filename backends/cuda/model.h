@@ -224,6 +224,8 @@ class CudaModel {
   // instead of accumulate: set by zero_grad(), cleared once the first micro-batch has written.
   // PRIMUS_CUDA_ZERO_GRAD=full restores a full clear with every GEMM accumulating (A/B timing).
   std::vector<std::pair<int64_t, int64_t>> zero_ranges_;  // (offset, count)
+  std::vector<std::pair<int64_t, int64_t>> memset_ranges_;  // the large ones, one cudaMemsetAsync each
+  static constexpr int64_t kMemsetRange = int64_t{1} << 22;  // elements (16 MiB)
   TensorView zero_table_;
   bool fresh_head_ = false, fresh_layers_ = false;
   turbo::AdamWHyper hp_;
