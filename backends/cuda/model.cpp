@@ -109,6 +109,11 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     else if (v == "norm") bias_grad_ = BiasGrad::Norm;
     else throw ConfigError(fmt::format("PRIMUS_CUDA_BIAS_GRAD='{}': expected norm, separate or gemm", v));
   }
+  if (const char* e = std::getenv("PRIMUS_CUDA_ZERO_GRAD"); e && *e) {  // A/B runs, see zero_grad()
+    const std::string v = e;
+    if (v == "full") zero_grad_full_ = true;
+    else if (v != "ranges") throw ConfigError(fmt::format("PRIMUS_CUDA_ZERO_GRAD='{}': expected ranges or full", v));
+  }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   host_ = opt_.device == Device::CPU;
   if (host_ && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
@@ -138,6 +143,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       ranges.emplace_back(t.offset, t.numel);
   }
   for (const auto& r : ranges) (r.second >= kMemsetRange ? memset_ranges_ : zero_ranges_).push_back(r);
+  for (const auto& r : zero_ranges_) zero_total_ += r.second;
 
   BufferPlan count(nullptr, nullptr);
   plan(count);
@@ -268,7 +274,7 @@ void CudaModel::plan(Take&& take) {
     norm_ = status_.slice0(S, S + 2);
   }
   hyper_ = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
-  if (!zero_ranges_.empty())
+  if (!host_ && !zero_ranges_.empty())  // the kernel's table (host mode clears range by range)
     zero_table_ = take(Pool::State, DType::I64, {2 * static_cast<int64_t>(zero_ranges_.size()) + 1},
                        "zero_grad ranges (prefix sums, offsets)");
 
@@ -476,28 +482,18 @@ bool CudaModel::written_by_first_gemm(const std::string& name) const {
 
 void CudaModel::zero_grad() {
   mark(Phase::ZeroGrad);
-  // PRIMUS_CUDA_ZERO_GRAD=full (A/B runs): clear every gradient and let every GEMM accumulate.
-  static const bool full = [] {
-    const char* e = std::getenv("PRIMUS_CUDA_ZERO_GRAD");
-    if (!e || !*e || std::strcmp(e, "ranges") == 0) return false;
-    if (std::strcmp(e, "full") == 0) return true;
-    throw ConfigError(fmt::format("PRIMUS_CUDA_ZERO_GRAD='{}': expected ranges or full", e));
-  }();
-  if (full) {
+  if (zero_grad_full_) {  // PRIMUS_CUDA_ZERO_GRAD=full: clear everything, every GEMM accumulates
     zero(grads_);
     return;
   }
   fresh_head_ = fresh_layers_ = true;
   for (const auto& [off, n] : memset_ranges_) zero(grads_.slice0(off, off + n));
   if (host_) {
-    for (const auto& [off, n] : zero_ranges_) std::memset(grads_.ptr<float>() + off, 0, size_t(n) * sizeof(float));
-    return;
+    for (const auto& [off, n] : zero_ranges_) zero(grads_.slice0(off, off + n));
+  } else if (zero_table_.defined()) {
+    kernels::zero_ranges_f32(grads_.ptr<float>(), zero_table_.ptr<const int64_t>(),
+                             static_cast<int>(zero_ranges_.size()), zero_total_, stream_);
   }
-  if (zero_ranges_.empty()) return;
-  int64_t total = 0;
-  for (const auto& r : zero_ranges_) total += r.second;
-  kernels::zero_ranges_f32(grads_.ptr<float>(), zero_table_.ptr<const int64_t>(), static_cast<int>(zero_ranges_.size()),
-                           total, stream_);
 }
 
 // ---- forward ------------------------------------------------------------------------------

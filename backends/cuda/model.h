@@ -219,14 +219,17 @@ class CudaModel {
   // are views into it, so a step's status is one D2H copy. hyper_ = {lr, 1-beta1^t, 1-beta2^t}.
   TensorView master_, weights_, grads_, m_, v_, rope_table_, status_, loss_slots_, norm_, hyper_;
   // zero_grad(): the gradient ranges it clears (everything but the tensors written_by_first_gemm,
-  // merged where adjacent; zero_ranges_f32's table in the state arena, host copy for host mode),
+  // merged where adjacent; on the device the small ones through zero_ranges_f32 and its table in the
+  // state arena, the large ones by memset; host mode clears range by range),
   // and the flags telling the head's and the layers' weight-gradient GEMMs to write (beta 0)
   // instead of accumulate: set by zero_grad(), cleared once the first micro-batch has written.
   // PRIMUS_CUDA_ZERO_GRAD=full restores a full clear with every GEMM accumulating (A/B timing).
   std::vector<std::pair<int64_t, int64_t>> zero_ranges_;  // (offset, count)
   std::vector<std::pair<int64_t, int64_t>> memset_ranges_;  // the large ones, one cudaMemsetAsync each
   static constexpr int64_t kMemsetRange = int64_t{1} << 22;  // elements (16 MiB)
-  TensorView zero_table_;
+  TensorView zero_table_;  // device mode only
+  int64_t zero_total_ = 0;  // elements in zero_ranges_
+  bool zero_grad_full_ = false;
   bool fresh_head_ = false, fresh_layers_ = false;
   turbo::AdamWHyper hp_;
   float* status_host_ = nullptr;  // pinned (device mode) copy of status_
