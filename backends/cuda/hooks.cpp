@@ -118,6 +118,7 @@ CudaOps CudaOps::defaults() {
   o.linear_backward = turbo::linear_backward;
   o.linear_backward_dgelu = turbo::linear_backward_input_dgelu;
   o.bias_grad = turbo::bias_grad;
+  o.linear_weight_grad_ones = turbo::linear_backward_weight_ones;
   o.head_forward = o.linear_forward;
   o.head_backward = turbo::linear_backward;
   o.norm_forward = [](const turbo::NormForwardArgs& a) { turbo::norm_forward(a); };
@@ -158,6 +159,9 @@ void define_cuda_hooks(patches::HookTable& h) {
   h.define<LinearBackwardDGeluFn>(kLinearBackwardDGelu, d.linear_backward_dgelu,
                                   "GPT-2 MLP: input gradient through GELU fused into the GEMM epilogue");
   h.define<BiasGradFn>(kBiasGrad, d.bias_grad, "linear layers' bias gradients: a deterministic column-sum reduction");
+  h.define<LinearWeightGradOnesFn>(kLinearWeightGradOnes, d.linear_weight_grad_ones,
+                                   "weight and bias gradients of a linear layer fed by a norm, from one GEMM over the "
+                                   "norm output's column of ones");
   h.define<LinearForwardFn>(kHeadForward, d.head_forward, "output layer (logits = final norm output @ wte^T or lm_head^T)");
   h.define<LinearBackwardFn>(kHeadBackward, d.head_backward, "output layer's input and weight gradients");
   h.define<NormForwardFn>(kNormForward, d.norm_forward, "residual add fused with LayerNorm / RMSNorm");
@@ -177,6 +181,7 @@ CudaOps CudaOps::from(const patches::HookTable& h) {
   o.linear_backward = h.get<LinearBackwardFn>(kLinearBackward);
   o.linear_backward_dgelu = h.get<LinearBackwardDGeluFn>(kLinearBackwardDGelu);
   o.bias_grad = h.get<BiasGradFn>(kBiasGrad);
+  o.linear_weight_grad_ones = h.get<LinearWeightGradOnesFn>(kLinearWeightGradOnes);
   o.head_forward = h.get<LinearForwardFn>(kHeadForward);
   o.head_backward = h.get<LinearBackwardFn>(kHeadBackward);
   o.norm_forward = h.get<NormForwardFn>(kNormForward);

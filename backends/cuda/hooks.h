@@ -52,6 +52,10 @@ using LinearBackwardDGeluFn = void(const TensorView& dpre, const TensorView& dbi
 // turbo::bias_grad: dbias [OC] f32 += column sums of dout [N,OC] (a linear layer's bias gradient,
 // kept out of the weight-gradient GEMM, whose cuBLASLt bias-gradient epilogue is slow).
 using BiasGradFn = void(const TensorView& dbias, const TensorView& dout, const ExecContext& ctx);
+// turbo::linear_backward_weight_ones: dweight [OC,C] += (= without accumulate_dweight) and dbias [OC]
+// += from one GEMM over inp_ones [N, C + pad], the layer input with a column of ones after it.
+using LinearWeightGradOnesFn = void(const TensorView& dweight, const TensorView& dbias, const TensorView& dout,
+                                    const TensorView& inp_ones, const ExecContext& ctx, bool accumulate_dweight);
 using NormForwardFn = void(const turbo::NormForwardArgs&);
 using NormBackwardFn = void(const turbo::NormBackwardArgs&);
 using CrossEntropyFn = void(const turbo::CrossEntropyArgs&);
@@ -87,6 +91,7 @@ inline constexpr const char* kLinearForward = "cuda.linear.forward";
 inline constexpr const char* kLinearBackward = "cuda.linear.backward";
 inline constexpr const char* kLinearBackwardDGelu = "cuda.linear.backward_dgelu";
 inline constexpr const char* kBiasGrad = "cuda.linear.bias_grad";
+inline constexpr const char* kLinearWeightGradOnes = "cuda.linear.weight_grad_ones";
 // The output layer (lm_head) has slots of its own: FP8 recipes keep it in bf16, as Transformer
 // Engine and torchao leave the first and last layers in higher precision.
 inline constexpr const char* kHeadForward = "cuda.head.forward";
@@ -106,6 +111,7 @@ struct CudaOps {
   std::function<LinearBackwardFn> linear_backward;
   std::function<LinearBackwardDGeluFn> linear_backward_dgelu;
   std::function<BiasGradFn> bias_grad;
+  std::function<LinearWeightGradOnesFn> linear_weight_grad_ones;
   std::function<LinearForwardFn> head_forward;
   std::function<LinearBackwardFn> head_backward;
   std::function<NormForwardFn> norm_forward;

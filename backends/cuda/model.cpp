@@ -107,8 +107,12 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (v == "gemm") bias_grad_ = BiasGrad::Gemm;
     else if (v == "separate") bias_grad_ = BiasGrad::Separate;
     else if (v == "norm") bias_grad_ = BiasGrad::Norm;
-    else throw ConfigError(fmt::format("PRIMUS_CUDA_BIAS_GRAD='{}': expected norm, separate or gemm", v));
+    else if (v == "ones") bias_grad_ = BiasGrad::Ones;
+    else throw ConfigError(fmt::format("PRIMUS_CUDA_BIAS_GRAD='{}': expected ones, norm, separate or gemm", v));
   }
+  // The ones column needs biases on the linear layers and the bf16 GEMMs (the FP8 slots quantize
+  // their inputs whole, padding included).
+  if (bias_grad_ == BiasGrad::Ones && spec_.bias && !opt_.fp8_linear) ones_pad_ = kOnesPad;
   if (const char* e = std::getenv("PRIMUS_CUDA_ZERO_GRAD"); e && *e) {  // A/B runs, see zero_grad()
     const std::string v = e;
     if (v == "full") zero_grad_full_ = true;
@@ -160,6 +164,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                                turbo::cuda::embedding_backward_scratch_bytes(N),
                                turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
                                size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4,
+                               ones_pad_ == 0 ? size_t{0} : std::max(turbo::linear_backward_weight_ones_scratch_bytes(spec_.qkv_dim(), C + ones_pad_),
+                                                                     turbo::linear_backward_weight_ones_scratch_bytes(spec_.fc_dim(), C + ones_pad_)),
                                size_t(std::max({turbo::cuda::column_sum_partials(N, spec_.qkv_dim()),
                                                 turbo::cuda::column_sum_partials(N, spec_.fc_dim()),
                                                 turbo::cuda::column_sum_partials(N, C)})) * 4 + Arena::kDefaultAlign});
@@ -240,6 +246,30 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     }
     to_model(zero_table_.data, t.data(), t.size() * sizeof(int64_t));
   }
+  if (!ones_buffers_.empty()) {  // the padded norm outputs' extra columns: 1, 0, 0, ... in every row
+    const size_t es = turbo::dtype_size(act_);
+    std::vector<unsigned char> row(size_t(kOnesPad) * es, 0);
+    if (act_ == DType::F32) {
+      const float one = 1.0f;
+      std::memcpy(row.data(), &one, es);
+    } else {  // bf16 1.0 = 0x3f80, f16 1.0 = 0x3c00 (little-endian)
+      const uint16_t one = act_ == DType::BF16 ? 0x3f80 : 0x3c00;
+      std::memcpy(row.data(), &one, es);
+    }
+    for (const TensorView& t : ones_buffers_) {
+      const int64_t rows = t.size(0), width = t.size(1), C = width - kOnesPad;
+      std::vector<unsigned char> pattern(size_t(rows) * row.size());
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(pattern.data() + size_t(r) * row.size(), row.data(), row.size());
+      char* dst = static_cast<char*>(t.data) + size_t(C) * es;
+      if (host_) {
+        for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + size_t(r * width) * es, row.data(), row.size());
+      } else {
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(width) * es, pattern.data(), row.size(), row.size(), size_t(rows),
+                                     cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // `pattern` is pageable host memory on the stack
+      }
+    }
+  }
   zero(grads_);  // once: the padding of a ZeRO-1 buffer and every tensor start at zero
   zero_grad();
   sync();
@@ -288,18 +318,19 @@ void CudaModel::plan(Take&& take) {
     bool flat;  // [N * cols] instead of [N, cols]
     Recompute keep;
     const char* what;
+    int64_t pad = 0;  // rows `pad` columns longer than the view (the ones column; see BiasGrad)
   };
   const DType f32 = DType::F32;
   const Field fields[] = {
       {&LayerActs::x_in, act_, C, false, Recompute::Full, "layer input (residual stream)"},
-      {&LayerActs::ln1, act_, C, false, Recompute::None, "norm1 output"},
+      {&LayerActs::ln1, act_, C, false, Recompute::None, "norm1 output", ones_pad_},
       {&LayerActs::mean1, f32, 1, true, Recompute::None, "norm1 mean"},
       {&LayerActs::rstd1, f32, 1, true, Recompute::None, "norm1 rstd"},
       {&LayerActs::qkv, act_, C + 2 * KVD, false, Recompute::Selective, "q|k|v (packed projection)"},
       {&LayerActs::att, act_, C, false, Recompute::Selective, "attention output"},
       {&LayerActs::lse, f32, H, true, Recompute::Selective, "attention log-sum-exp"},
       {&LayerActs::x2, act_, C, false, Recompute::Selective, "residual after attention"},
-      {&LayerActs::ln2, act_, C, false, Recompute::None, "norm2 output"},
+      {&LayerActs::ln2, act_, C, false, Recompute::None, "norm2 output", ones_pad_},
       {&LayerActs::mean2, f32, 1, true, Recompute::None, "norm2 mean"},
       {&LayerActs::rstd2, f32, 1, true, Recompute::None, "norm2 rstd"},
       {&LayerActs::fc, act_, FC, false, Recompute::Selective, "MLP pre-activation"},
@@ -310,7 +341,14 @@ void CudaModel::plan(Take&& take) {
   work_ = LayerActs{};
   for (const Field& f : fields) {
     auto take_field = [&] {
-      return f.flat ? take(Pool::Acts, f.dtype, {N * f.cols}, f.what) : take(Pool::Acts, f.dtype, {N, f.cols}, f.what);
+      if (f.flat) return take(Pool::Acts, f.dtype, {N * f.cols}, f.what);
+      if (f.pad == 0) return take(Pool::Acts, f.dtype, {N, f.cols}, f.what);
+      TensorView t = take(Pool::Acts, f.dtype, {N, f.cols + f.pad}, f.what);
+      if (!t.defined()) return t;
+      ones_buffers_.push_back(t);
+      TensorView v(t.data, t.dtype, t.device, {N, f.cols});
+      v.strides = {f.cols + f.pad, 1};
+      return v;
     };
     bool shared = false;
     for (int64_t l = 0; l < L; ++l) {
@@ -678,14 +716,26 @@ void CudaModel::norm_backward(const TensorView& dres, const TensorView& dout, co
   if (spec_.layernorm) a.mean = mean.slice0(0, N);
   a.rstd = rstd.slice0(0, N);
   a.accumulate_dinp = accumulate;
-  if (bias_grad_ == BiasGrad::Norm) a.dinp_colsum = dres_colsum;
+  if (norm_colsum()) a.dinp_colsum = dres_colsum;
   a.ctx = ctx();
   ops_.norm_backward(a);
+}
+
+TensorView CudaModel::with_ones(const TensorView& t) const {
+  if (ones_pad_ == 0 || t.ndim != 2 || t.stride(0) != t.size(1) + ones_pad_) return {};
+  return TensorView(t.data, t.dtype, t.device, {t.size(0), t.stride(0)});
 }
 
 void CudaModel::linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
                                 const TensorView& inp, bool bias_done) {
   const ExecContext c = ctx();
+  if (b.g.defined() && !bias_done) {
+    if (const TensorView ones = with_ones(inp); ones.defined()) {  // [weight | bias] gradient from one GEMM
+      if (dinp.defined()) ops_.linear_backward(dinp, {}, {}, dout, inp, w.w, false, c, true);
+      ops_.linear_weight_grad_ones(w.g, b.g, dout, ones, c, !fresh_layers_);
+      return;
+    }
+  }
   if (b.g.defined() && bias_grad_ != BiasGrad::Gemm) {  // first: dout was just written, partly still in L2
     if (!bias_done) ops_.bias_grad(b.g, dout, c);
     ops_.linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c, !fresh_layers_);
@@ -742,12 +792,12 @@ void CudaModel::backward() {
     mark(Phase::MlpDownGemmBwd);
     if (spec_.swiglu) {
       const TensorView dact = dact_.slice0(0, N);
-      linear_backward(dact, p.out_w, p.out_b, dres, act, bias_grad_ == BiasGrad::Norm);
+      linear_backward(dact, p.out_w, p.out_b, dres, act, norm_colsum());
       mark(Phase::ActivationBwd);
       turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
     } else {
       ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
-      linear_backward({}, p.out_w, p.out_b, dres, act, bias_grad_ == BiasGrad::Norm);
+      linear_backward({}, p.out_w, p.out_b, dres, act, norm_colsum());
     }
     mark(Phase::MlpUpGemmBwd);
     linear_backward(dln_.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N));
@@ -755,7 +805,7 @@ void CudaModel::backward() {
     norm_backward(dres_, dln_, a.x2, a.mean2, a.rstd2, p.norm2, N, true, p.proj_b.g);
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
     mark(Phase::ProjGemmBwd);
-    linear_backward(datt_.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N), bias_grad_ == BiasGrad::Norm);
+    linear_backward(datt_.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N), norm_colsum());
     const TensorView dqkv = dqkv_.slice0(0, N), qkv = a.qkv.slice0(0, N);
     // With RoPE the attention's gradients are those of the rotated q/k (dqk_rot_); the rotation's
     // backward then writes dq|dk into dqkv (out of place: the reference RoPE cannot run in place).

@@ -142,6 +142,9 @@ class CudaModel {
   Recompute recompute(int64_t layer) const { return policy_.at(static_cast<size_t>(layer)); }
   // Bytes of the activations arena (what recomputation shrinks).
   size_t activation_bytes() const;
+  // Whether q|k|v's and the MLP up-projection's bias gradients come from their weight GEMMs
+  // (PRIMUS_CUDA_BIAS_GRAD=ones, the default where it applies; see BiasGrad).
+  bool bias_grad_from_ones() const { return ones_pad_ != 0; }
 
   // Device bytes held by the three arenas.
   size_t reserved_bytes() const;
@@ -260,9 +263,21 @@ class CudaModel {
   //             gradient is the residual stream's, in the norm backward that produces it
   //             (NormBackwardArgs::dinp_colsum); the others by the cuda.linear.bias_grad slot;
   //   Separate  all by the cuda.linear.bias_grad slot (a column-sum reduction each);
-  //   Gemm      all in the weight-gradient GEMM's epilogue (cuBLASLt BGRADB).
-  enum class BiasGrad : uint8_t { Norm, Separate, Gemm };
-  BiasGrad bias_grad_ = BiasGrad::Norm;
+  //   Gemm      all in the weight-gradient GEMM's epilogue (cuBLASLt BGRADB);
+  //   Ones      (default where it applies: linear biases, no FP8) as Norm for the projections
+  //             that write the residual; q|k|v's and the MLP up-projection's, whose inputs are norm
+  //             outputs, in their weight GEMM: the norm writes its rows kOnesPad columns apart with a
+  //             column of ones after them (set once at construction), so dout^T @ [inp | 1] is
+  //             [weight gradient | bias gradient] (cuda.linear.weight_grad_ones) instead of a pass
+  //             over dout. Elsewhere it falls back to Norm.
+  enum class BiasGrad : uint8_t { Norm, Separate, Gemm, Ones };
+  BiasGrad bias_grad_ = BiasGrad::Ones;
+  bool norm_colsum() const { return bias_grad_ == BiasGrad::Norm || bias_grad_ == BiasGrad::Ones; }
+  static constexpr int64_t kOnesPad = 8;  // 16 bytes of bf16: the norm's vector stores stay aligned
+  int64_t ones_pad_ = 0;                  // kOnesPad when the Ones mode applies, else 0
+  std::vector<TensorView> ones_buffers_;  // the padded norm outputs, [N, C + kOnesPad], to initialise
+  // The [N, C + pad] view (with the column of ones) of a padded [N, C] norm output, or undefined.
+  TensorView with_ones(const TensorView& t) const;
   StepProfiler* prof_ = nullptr;
 };
 

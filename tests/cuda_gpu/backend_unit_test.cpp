@@ -64,12 +64,12 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   patches::HookTable hooks;
   adapter->define_hooks(hooks);
   for (const char* slot : {kAttentionForward, kAttentionBackward, kLinearForward, kLinearBackward,
-                           kLinearBackwardDGelu, kBiasGrad, kHeadForward, kHeadBackward, kNormForward, kNormBackward,
+                           kLinearBackwardDGelu, kBiasGrad, kLinearWeightGradOnes, kHeadForward, kHeadBackward, kNormForward, kNormBackward,
                            kCrossEntropy, kGradNorm, kAdamWStep, kRecomputePolicy}) {
     EXPECT_TRUE(hooks.has(slot)) << slot;
     EXPECT_FALSE(hooks.doc(slot).empty()) << slot;
   }
-  EXPECT_EQ(hooks.names().size(), 14u);
+  EXPECT_EQ(hooks.names().size(), 15u);
   for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
                          "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph",
                          "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times",

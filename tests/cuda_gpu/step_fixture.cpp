@@ -1,5 +1,9 @@
 #include "step_fixture.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
 #include "backends/cuda/step_graph.h"
 
 namespace primus::backends::cuda::testing {
@@ -72,6 +76,39 @@ StepRun run_steps(const StepRunOptions& o) {
       if (prof->ms(Phase(p)) > 0) r.phase_ms.push_back({Phase(p), prof->ms(Phase(p))});
   }
   return r;
+}
+
+void expect_bias_grad_mode_matches_separate(const char* mode, StepRunOptions o, double tol) {
+  const char* old = std::getenv("PRIMUS_CUDA_BIAS_GRAD");
+  const std::string saved = old ? old : "";
+  std::vector<float> grads[2];
+  bool ones[2] = {false, false};
+  train::ParamLayout layout;
+  int i = 0;
+  for (const char* m : {mode, "separate"}) {
+    ::setenv("PRIMUS_CUDA_BIAS_GRAD", m, 1);
+    o.steps = 1;
+    o.after_step = [&](int, CudaModel& model) {
+      ones[i] = model.bias_grad_from_ones();
+      layout = model.layout();
+    };
+    grads[i] = run_steps(o).grads0;
+    ++i;
+  }
+  if (old) ::setenv("PRIMUS_CUDA_BIAS_GRAD", saved.c_str(), 1);
+  else ::unsetenv("PRIMUS_CUDA_BIAS_GRAD");
+  EXPECT_EQ(ones[0], std::string(mode) == "ones") << mode;
+  EXPECT_FALSE(ones[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (const auto& t : layout.tensors) {
+    double worst = 0, scale = 0;
+    for (int64_t k = t.offset; k < t.offset + t.numel; ++k) {
+      worst = std::max(worst, std::fabs(double(grads[0][size_t(k)]) - grads[1][size_t(k)]));
+      scale = std::max(scale, std::fabs(double(grads[1][size_t(k)])));
+    }
+    if (t.name.find("bias") != std::string::npos) EXPECT_GT(scale, 0.0) << t.name << " has no gradient";
+    EXPECT_LE(worst, tol * scale + 1e-12) << t.name << " (" << mode << " vs separate)";
+  }
 }
 
 }  // namespace primus::backends::cuda::testing

@@ -40,6 +40,12 @@ struct StepRun {
 
 StepRun run_steps(const StepRunOptions& o);
 
+// Step 0's gradients of a run of `o` with PRIMUS_CUDA_BIAS_GRAD=mode and of the same run with
+// mode "separate" (every bias gradient its own column-sum reduction) agree per tensor: max |a - b|
+// <= tol * max |b| (and each bias gradient is nonzero). Asserts the ones column was used exactly
+// when `mode` is "ones".
+void expect_bias_grad_mode_matches_separate(const char* mode, StepRunOptions o, double tol);
+
 inline std::function<RecomputePolicyFn> recompute_all(Recompute r) {
   return [r](int64_t, int64_t) { return r; };
 }

@@ -150,6 +150,21 @@ TEST(HostZeroGrad, ClearsAllButTheGemmWrittenWeightGradients) {
   }
 }
 
+// The bias gradients of q|k|v and the MLP up-projection from their weight GEMMs over the norm
+// outputs' column of ones (the default) equal the separate column sums; also under norm
+// recomputation (the padded buffer shared by the layers) and with the other modes.
+TEST(HostBiasGrad, OnesColumnMatchesTheSeparateReductions) {
+  StepRunOptions o;
+  expect_bias_grad_mode_matches_separate("ones", o, 1e-5);
+  expect_bias_grad_mode_matches_separate("norm", o, 1e-5);
+  expect_bias_grad_mode_matches_separate("gemm", o, 1e-5);
+  o.recompute = recompute_all(Recompute::Norms);
+  expect_bias_grad_mode_matches_separate("ones", o, 1e-5);
+  o.llama = true;  // no linear biases: the ones column does not apply
+  o.recompute = {};
+  expect_bias_grad_mode_matches_separate("norm", o, 1e-5);
+}
+
 TEST(HostStepCheck, NonFiniteStepIsSkippedOnTheDevice) {
   for (bool llama : {false, true}) {
     SCOPED_TRACE(llama ? "llama" : "gpt2");

@@ -127,6 +127,54 @@ TEST_F(OpsHost, LinearBackwardAccumulatesParameterGradients) {
   EXPECT_LT(rel(db, rdb), 1e-5);
 }
 
+// The weight and bias gradients from one GEMM over an input with a column of ones after its C
+// columns: += and = (first micro-batch) forms, against double sums; shapes that do not fit throw.
+TEST_F(OpsHost, WeightGradOnesGivesWeightAndBiasGradients) {
+  const int64_t N = 11, C = 12, Cp = 16, OC = 5;
+  for (bool acc : {true, false}) {
+    auto x = randn(N * Cp), dout = randn(N * OC), dw = randn(OC * C), db = randn(OC);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = C; c < Cp; ++c) x[n * Cp + c] = c == C ? 1.0f : 0.0f;
+    const auto dw0 = dw, db0 = db;
+    auto T = [](std::vector<float>& v, std::initializer_list<int64_t> s) { return TensorView(v.data(), DType::F32, Device::CPU, s); };
+    linear_backward_weight_ones(T(dw, {OC, C}), T(db, {OC}), T(dout, {N, OC}), T(x, {N, Cp}), {}, acc);
+    std::vector<double> rdw(dw.size(), 0.0), rdb(db0.begin(), db0.end());
+    if (acc) rdw.assign(dw0.begin(), dw0.end());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < OC; ++o) {
+        rdb[o] += dout[n * OC + o];
+        for (int64_t c = 0; c < C; ++c) rdw[o * C + c] += double(dout[n * OC + o]) * x[n * Cp + c];
+      }
+    EXPECT_LT(rel(dw, rdw), 1e-5) << "acc " << acc;
+    EXPECT_LT(rel(db, rdb), 1e-5) << "acc " << acc;
+    std::vector<float> narrow(N * C);
+    EXPECT_THROW(linear_backward_weight_ones(T(dw, {OC, C}), T(db, {OC}), T(dout, {N, OC}), T(narrow, {N, C}), {}, acc),
+                 RuntimeError) << "an input without a column after C was accepted";
+  }
+}
+
+// norm_forward into padded rows: the values of a dense output, the padding untouched.
+TEST_F(OpsHost, NormForwardWritesPaddedRows) {
+  const int64_t N = 6, C = 8, Cp = 12;
+  auto x = randn(N * C), w = randn(C), b = randn(C);
+  std::vector<float> dense(N * C), padded(N * Cp, 7.0f), mean(N), rstd(N);
+  NormForwardArgs f;
+  f.inp = TensorView(x.data(), DType::F32, Device::CPU, {N, C});
+  f.weight = TensorView(w.data(), DType::F32, Device::CPU, {C});
+  f.bias = TensorView(b.data(), DType::F32, Device::CPU, {C});
+  f.mean = TensorView(mean.data(), DType::F32, Device::CPU, {N});
+  f.rstd = TensorView(rstd.data(), DType::F32, Device::CPU, {N});
+  f.out = TensorView(dense.data(), DType::F32, Device::CPU, {N, C});
+  norm_forward(f);
+  f.out = TensorView(padded.data(), DType::F32, Device::CPU, {N, C});
+  f.out.strides = {Cp, 1};
+  norm_forward(f);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) EXPECT_EQ(padded[n * Cp + c], dense[n * C + c]) << n << "," << c;
+    for (int64_t c = C; c < Cp; ++c) EXPECT_EQ(padded[n * Cp + c], 7.0f) << "padding written at " << n << "," << c;
+  }
+}
+
 TEST_F(OpsHost, BiasGradAccumulatesColumnSumsOfStridedRows) {
   const int64_t N = 37, C = 24, ld = 40;  // rows 40 apart: a view of columns [8, 32) of a wider buffer
   auto buf = randn(N * ld), db = randn(C);

@@ -18,6 +18,7 @@
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 #include "turbo/kernels/cuda/gemm_sm90.h"
 #include "turbo/ops/gemm.h"
+#include "turbo/ops/normalization.h"
 
 namespace primus::turbo::testing {
 namespace {
@@ -247,6 +248,69 @@ TEST_F(GemmTest, BiasGradMatchesHostColumnSumsAndIsDeterministic) {
     put(db, db0);
     bias_grad(db, dout, ctx);
     EXPECT_EQ(get(db), got) << "a second run gave other bits";
+  }
+}
+
+// linear_backward_weight_ones: the weight gradient and the bias gradient from one GEMM over an
+// input whose column C is ones (then zeros to Cp), against double-precision host sums; both the
+// accumulating and the overwriting (first micro-batch) form; the vector and the scalar split.
+TEST_F(GemmTest, WeightGradOnesGivesWeightAndBiasGradients) {
+  struct Case { int64_t N, C, Cp, OC; bool acc; };
+  for (const Case& k : {Case{4099, 768, 776, 2304, true}, Case{4099, 768, 776, 3072, false},
+                        Case{333, 102, 104, 40, true}, Case{64, 64, 72, 200, false}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << k.N << " C=" << k.C << " Cp=" << k.Cp << " OC=" << k.OC << " acc=" << k.acc);
+    TensorView inp = make(DType::BF16, {k.N, k.Cp}), dout = make(DType::BF16, {k.N, k.OC});
+    std::vector<float> iv = randn(k.N * k.Cp, 1.0f, DType::BF16);
+    for (int64_t n = 0; n < k.N; ++n)
+      for (int64_t c = k.C; c < k.Cp; ++c) iv[size_t(n * k.Cp + c)] = c == k.C ? 1.0f : 0.0f;
+    put(inp, iv);
+    const auto dv = random_tensor(dout);
+    TensorView dw = make(DType::F32, {k.OC, k.C}), db = make(DType::F32, {k.OC});
+    const auto dw0 = random_tensor(dw), db0 = random_tensor(db);
+    linear_backward_weight_ones(dw, db, dout, inp, ctx, k.acc);
+    std::vector<double> rw(size_t(k.OC * k.C)), rb(size_t(k.OC));
+    for (int64_t o = 0; o < k.OC; ++o) {
+      rb[size_t(o)] = db0[size_t(o)];
+      for (int64_t c = 0; c < k.C; ++c) rw[size_t(o * k.C + c)] = k.acc ? dw0[size_t(o * k.C + c)] : 0.0;
+    }
+    for (int64_t n = 0; n < k.N; ++n)
+      for (int64_t o = 0; o < k.OC; ++o) {
+        const double g = dv[size_t(n * k.OC + o)];
+        rb[size_t(o)] += g;
+        double* row = &rw[size_t(o * k.C)];
+        const float* x = &iv[size_t(n * k.Cp)];
+        for (int64_t c = 0; c < k.C; ++c) row[c] += g * x[c];
+      }
+    EXPECT_LT(rel_err(get(dw), rw), 1e-5);
+    EXPECT_LT(rel_err(get(db), rb), 1e-5);
+  }
+}
+
+// The norm writes padded output rows exactly as dense ones and leaves the padding alone.
+TEST_F(GemmTest, NormForwardPaddedRowsMatchDenseAndKeepThePadding) {
+  const int64_t N = 1000, C = 768, Cp = 776;
+  TensorView x = make(DType::BF16, {N, C}), w = make(DType::BF16, {C}), b = make(DType::BF16, {C});
+  random_tensor(x), random_tensor(w), random_tensor(b);
+  TensorView dense = make(DType::BF16, {N, C}), padded = make(DType::BF16, {N, Cp});
+  TensorView mean = make(DType::F32, {N}), rstd = make(DType::F32, {N});
+  const auto pad0 = random_tensor(padded);
+  for (bool rms : {false, true}) {
+    NormForwardArgs a;
+    a.type = rms ? NormType::RMSNorm : NormType::LayerNorm;
+    a.inp = x, a.weight = w, a.bias = rms ? TensorView() : b, a.mean = mean, a.rstd = rstd, a.ctx = ctx;
+    a.out = dense;
+    norm_forward(a);
+    a.out = TensorView(padded.data, DType::BF16, Device::CUDA, {N, C});
+    a.out.strides = {Cp, 1};
+    norm_forward(a);
+    const auto d = get(dense), p = get(padded);
+    int64_t bad = 0, pad_changed = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < C; ++c) bad += d[size_t(n * C + c)] != p[size_t(n * Cp + c)];
+      for (int64_t c = C; c < Cp; ++c) pad_changed += p[size_t(n * Cp + c)] != pad0[size_t(n * Cp + c)];
+    }
+    EXPECT_EQ(bad, 0) << (rms ? "rmsnorm" : "layernorm");
+    EXPECT_EQ(pad_changed, 0) << (rms ? "rmsnorm" : "layernorm");
   }
 }
 

@@ -369,6 +369,59 @@ void bias_grad(const TensorView& dbias, const TensorView& dout, const ExecContex
 #endif
 }
 
+size_t linear_backward_weight_ones_scratch_bytes(int64_t OC, int64_t Cp) {
+  return static_cast<size_t>(OC * Cp) * sizeof(float) + Arena::kDefaultAlign;
+}
+
+void linear_backward_weight_ones(const TensorView& dweight, const TensorView& dbias, const TensorView& dout,
+                                 const TensorView& inp_ones, const ExecContext& ctx, bool accumulate_dweight) {
+  const char* op = "linear_backward_weight_ones";
+  check_defined(dweight, op, "dweight");
+  check_defined(dout, op, "dout");
+  check_defined(inp_ones, op, "inp_ones");
+  check_dtype(dweight, DType::F32, op, "dweight");
+  check_contiguous(dweight, op, "dweight");
+  if (dweight.ndim != 2 || dout.ndim != 2 || inp_ones.ndim != 2)
+    throw RuntimeError(fmt::format("{}: dweight, dout and inp_ones must be matrices, got {}, {}, {}", op,
+                                   dweight.describe(), dout.describe(), inp_ones.describe()));
+  const int64_t OC = dweight.size(0), C = dweight.size(1), N = dout.size(0), Cp = inp_ones.size(1);
+  if (dout.size(1) != OC || inp_ones.size(0) != N || Cp <= C)
+    throw RuntimeError(fmt::format("{}: dweight {} needs dout [N, {}] and inp_ones [N, more than {} columns], got {} and {}",
+                                   op, dweight.describe(), OC, C, dout.describe(), inp_ones.describe()));
+  if (dbias.defined()) {
+    check_shape(dbias, {OC}, op, "dbias");
+    check_dtype(dbias, DType::F32, op, "dbias");
+  }
+  for (const TensorView* t : {&dbias, &dout, &inp_ones})
+    if (t->defined() && t->device != dweight.device) throw RuntimeError(fmt::format("{}: all tensors must be on one device", op));
+  GemmArgs g;
+  g.a = dout.transposed();
+  g.b = inp_ones;
+  g.beta = 0.0f;
+  g.ctx = ctx;
+  if (dweight.device == Device::CPU) {
+    std::vector<float> s(static_cast<size_t>(OC * Cp));
+    g.d = TensorView(s.data(), DType::F32, Device::CPU, {OC, Cp});
+    gemm(g);
+    float* dw = dweight.ptr<float>();
+    for (int64_t r = 0; r < OC; ++r) {
+      for (int64_t c = 0; c < C; ++c) dw[r * C + c] = (accumulate_dweight ? dw[r * C + c] : 0.0f) + s[size_t(r * Cp + c)];
+      if (dbias.defined()) dbias.ptr<float>()[r] += s[size_t(r * Cp + C)];
+    }
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  Arena& arena = detail::scratch_of(ctx, op);
+  ArenaScope scope(arena);
+  g.d = arena.tensor(DType::F32, {OC, Cp}, "linear_backward_weight_ones [dweight | dbias]");
+  gemm(g);
+  cuda::split_ones_gradient(dweight.ptr<float>(), dbias.ptr<float>(), g.d.ptr<float>(), OC, C, Cp, accumulate_dweight,
+                            static_cast<cudaStream_t>(ctx.stream));
+#else
+  throw RuntimeError(fmt::format("{}: this build has no CUDA", op));
+#endif
+}
+
 void linear_backward_input_dgelu(const TensorView& dpre, const TensorView& dbias,
                                  const TensorView& dout, const TensorView& weight,
                                  const TensorView& pre_aux, const ExecContext& ctx) {

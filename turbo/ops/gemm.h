@@ -76,6 +76,20 @@ void linear_backward(const TensorView& dinp, const TensorView& dweight, const Te
                      const TensorView& dout, const TensorView& inp, const TensorView& weight,
                      bool accumulate_dinp, const ExecContext& ctx, bool accumulate_dweight = true);
 
+// A linear layer's weight and bias gradients from its weight GEMM alone. `inp_ones` is the layer
+// input [N, C] kept with padded rows, [N, Cp] with Cp > C, whose column C holds 1 in every row and
+// whose later columns hold 0 (turbo::norm_forward writes such padded rows, leaving the padding as
+// it was). Then dout^T @ inp_ones = [dout^T @ inp | column sums of dout | 0 ...]: one GEMM into f32
+// scratch [OC, Cp] yields both, and a small pass moves them out:
+//   dweight [OC, C] f32 += its first C columns (= when !accumulate_dweight), dbias [OC] f32 += column C.
+// It replaces bias_grad's pass over dout ([N, OC]) by a pass over [OC, Cp] f32, a small fraction
+// when N (tokens) is much larger than C. The GEMM runs through turbo::gemm (the dispatched backend);
+// on the device the scratch comes from ctx.scratch.
+void linear_backward_weight_ones(const TensorView& dweight, const TensorView& dbias, const TensorView& dout,
+                                 const TensorView& inp_ones, const ExecContext& ctx, bool accumulate_dweight = true);
+// Bytes of ctx.scratch that linear_backward_weight_ones needs for OC outputs and Cp padded columns.
+size_t linear_backward_weight_ones_scratch_bytes(int64_t OC, int64_t Cp);
+
 // dbias [C] f32 += column sums of dout [N,C] (f32 or bf16, rows may be strided): a linear layer's
 // bias gradient as its own reduction, for callers whose weight-gradient GEMM should stay free of
 // the bias-gradient epilogue (on an H100 that epilogue costs GPT-2's layers 20-55% of the GEMM;

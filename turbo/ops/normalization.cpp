@@ -25,7 +25,12 @@ void validate(const NormForwardArgs& a) {
   const int64_t N = a.inp.rows(), C = a.inp.cols();
   for (auto [name, t] : {std::pair{"out", &a.out}, {"residual_out", &a.residual_out}, {"residual", &a.residual}}) {
     if (!t->defined()) continue;
-    check_contiguous(*t, op, name);
+    if (t == &a.out) {  // out may have padded rows ([N, C] with a row stride >= C)
+      if (t->ndim != 2 || t->stride(1) != 1 || t->stride(0) < t->size(1))
+        throw RuntimeError(fmt::format("{}: out must be [N, C] with contiguous rows, got {}", op, t->describe()));
+    } else {
+      check_contiguous(*t, op, name);
+    }
     if (t->rows() != N || t->cols() != C || t->dtype != a.inp.dtype)
       throw RuntimeError(fmt::format("{}: {} {} does not match inp {}", op, name, t->describe(), a.inp.describe()));
   }
@@ -79,11 +84,17 @@ void cpu_fwd(const NormForwardArgs& a) {
     cpu::residual_forward(a.residual_out.ptr<float>(), x, a.residual.ptr<const float>(), N * C);
     x = a.residual_out.ptr<float>();
   }
+  // Padded output rows: normalise into a dense buffer, then copy the rows (the padding is left).
+  const int64_t ld = a.out.stride(0);
+  std::vector<float> dense(ld == C ? 0 : static_cast<size_t>(N * C));
+  float* out = ld == C ? a.out.ptr<float>() : dense.data();
   if (a.type == NormType::LayerNorm)
-    cpu::layernorm_forward(a.out.ptr<float>(), a.mean.ptr<float>(), a.rstd.ptr<float>(), x,
+    cpu::layernorm_forward(out, a.mean.ptr<float>(), a.rstd.ptr<float>(), x,
                            a.weight.ptr<const float>(), a.bias.ptr<const float>(), N, C, a.eps);
   else
-    cpu::rmsnorm_forward(a.out.ptr<float>(), a.rstd.ptr<float>(), x, a.weight.ptr<const float>(), N, C, a.eps);
+    cpu::rmsnorm_forward(out, a.rstd.ptr<float>(), x, a.weight.ptr<const float>(), N, C, a.eps);
+  if (ld != C)
+    for (int64_t r = 0; r < N; ++r) std::memcpy(a.out.ptr<float>() + r * ld, out + r * C, size_t(C) * sizeof(float));
 }
 
 std::string cpu_check_bwd(const NormBackwardArgs& a) {
@@ -119,13 +130,15 @@ std::string turbo_check_fwd(const NormForwardArgs& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"weight", &a.weight}, {"bias", &a.bias}, {"residual", &a.residual}, {"residual_out", &a.residual_out}, {"mean", &a.mean}, {"rstd", &a.rstd}}); !w.empty()) return w;
   if (auto w = detail::all_dtype(a.inp.dtype, {{"weight", &a.weight}, {"bias", &a.bias}}); !w.empty()) return w;
   if (auto w = detail::all_dtype(DType::F32, {{"mean", &a.mean}, {"rstd", &a.rstd}}); !w.empty()) return w;
+  if (a.out.stride(0) % (16 / static_cast<int64_t>(dtype_size(a.out.dtype))) != 0)
+    return "out's row stride must be a multiple of the 16-byte vector";
   return cuda::norm_unsupported_reason(a.inp.dtype, a.inp.cols());
 }
 
 void turbo_fwd(const NormForwardArgs& a) {
   cuda::norm_forward(kind(a.type), a.inp.dtype, a.out.data, a.mean.ptr<float>(), a.rstd.ptr<float>(),
                      a.residual_out.data, a.inp.data, a.residual.data, a.weight.data, a.bias.data,
-                     a.inp.rows(), a.inp.cols(), a.eps, static_cast<cudaStream_t>(a.ctx.stream));
+                     a.inp.rows(), a.inp.cols(), a.eps, static_cast<cudaStream_t>(a.ctx.stream), a.out.stride(0));
 }
 
 std::string turbo_check_bwd(const NormBackwardArgs& a) {
@@ -150,8 +163,8 @@ void turbo_bwd(const NormBackwardArgs& a) {
 }  // namespace
 
 std::string NormForwardArgs::key() const {
-  return fmt::format("{}_forward inp={} residual={} bias={}", type_name(type), inp.describe(),
-                     residual.defined() ? 1 : 0, bias.defined() ? 1 : 0);
+  return fmt::format("{}_forward inp={} residual={} bias={} ld_out={}", type_name(type), inp.describe(),
+                     residual.defined() ? 1 : 0, bias.defined() ? 1 : 0, out.defined() ? out.stride(0) : 0);
 }
 std::string NormBackwardArgs::key() const {
   return fmt::format("{}_backward inp={} dbias={} acc={} colsum={}", type_name(type), inp.describe(),

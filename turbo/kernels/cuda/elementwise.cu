@@ -132,7 +132,45 @@ int64_t chunks_for(int64_t N, int64_t C) {
   const int64_t want = std::max<int64_t>(1, ceil_div(int64_t{4} * sm_count(), strips));
   return std::max<int64_t>(1, std::min<int64_t>(want, ceil_div(N, int64_t{64})));
 }
+// One thread per 4 columns of a row (kVec) or per column: dweight[r, c] (+)= s[r, c] for c < C
+// and, by the row's first thread, dbias[r] += s[r, C].
+template <int kVec, bool kAccumulate>
+__global__ void split_ones_gradient_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
+                                           const float* __restrict__ s, int64_t rows, int64_t C, int64_t ld) {
+  const int64_t per_row = C / kVec;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * per_row) return;
+  const int64_t r = i / per_row, c = (i % per_row) * kVec;
+  const float* src = s + r * ld + c;
+  float* dst = dweight + r * C + c;
+  if constexpr (kVec == 4) {
+    float4 v = *reinterpret_cast<const float4*>(src);
+    if (kAccumulate) {
+      const float4 o = *reinterpret_cast<const float4*>(dst);
+      v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+    }
+    *reinterpret_cast<float4*>(dst) = v;
+  } else {
+    *dst = kAccumulate ? *dst + *src : *src;
+  }
+  if (c == 0 && dbias) dbias[r] += s[r * ld + C];
+}
 }  // namespace
+
+void split_ones_gradient(float* dweight, float* dbias, const float* s, int64_t rows, int64_t C, int64_t ld,
+                         bool accumulate, cudaStream_t stream) {
+  if (rows <= 0 || C <= 0) return;
+  if (ld <= C) throw RuntimeError(fmt::format("split_ones_gradient: row stride {} leaves no column after C={}", ld, C));
+  const bool vec = C % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(s) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(dweight) % 16 == 0;
+  const int64_t threads = rows * (vec ? C / 4 : C);
+  const unsigned grid = static_cast<unsigned>(ceil_div(threads, int64_t{256}));
+  if (vec && accumulate) split_ones_gradient_kernel<4, true><<<grid, 256, 0, stream>>>(dweight, dbias, s, rows, C, ld);
+  else if (vec) split_ones_gradient_kernel<4, false><<<grid, 256, 0, stream>>>(dweight, dbias, s, rows, C, ld);
+  else if (accumulate) split_ones_gradient_kernel<1, true><<<grid, 256, 0, stream>>>(dweight, dbias, s, rows, C, ld);
+  else split_ones_gradient_kernel<1, false><<<grid, 256, 0, stream>>>(dweight, dbias, s, rows, C, ld);
+  CUDA_CHECK_LAST();
+}
 
 void add_inplace_f32(float* dst, const float* src, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;

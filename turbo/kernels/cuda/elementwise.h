@@ -11,6 +11,12 @@ namespace primus::turbo::cuda {
 // which overwrites, added into the accumulated gradient).
 void add_inplace_f32(float* dst, const float* src, int64_t n, cudaStream_t stream);
 
+// The two results of a weight GEMM over an input with a column of ones (turbo::linear_backward_
+// weight_ones): s is f32 [rows, ld] with ld > C; dweight [rows, C] (contiguous) = s[:, :C] (+= when
+// accumulate) and dbias [rows] += s[:, C] (dbias may be nullptr).
+void split_ones_gradient(float* dweight, float* dbias, const float* s, int64_t rows, int64_t C, int64_t ld,
+                         bool accumulate, cudaStream_t stream);
+
 // dst[c] += sum over r of src[r * ld + c] for a row-major [N, C] matrix of f32 or bf16 (a bias
 // gradient: the column sums of the layer's output gradient). Two launches, deterministic (no
 // atomics; the same bits on every run): blocks sum fixed row chunks of a column strip into

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(1024)
 norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                     T* __restrict__ residual_out, const T* __restrict__ inp,
                     const T* __restrict__ residual, const T* __restrict__ weight,
-                    const T* __restrict__ bias, int N, int C, float eps) {
+                    const T* __restrict__ bias, int N, int C, int64_t ld_out, float eps) {
   constexpr int W = Vec<T>::kSize;
   __shared__ float smem[32];
   const int nvec = C / W;
@@ -112,7 +112,7 @@ norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __
           if (!kRms && bias) y += b.get(e);
           o.set(e, y);
         }
-        store_vec(out + off + j * W, o);
+        store_vec(out + static_cast<int64_t>(row) * ld_out + j * W, o);
       }
     }
   }
@@ -685,15 +685,15 @@ int max_resident_grid(const Shape& sh) {
 
 template <class T, bool kRms>
 void launch_forward(void* out, float* mean, float* rstd, void* res_out, const void* inp,
-                    const void* res, const void* w, const void* b, int64_t N, int64_t C, float eps,
-                    cudaStream_t s) {
+                    const void* res, const void* w, const void* b, int64_t N, int64_t C, int64_t ld_out,
+                    float eps, cudaStream_t s) {
   const Shape sh = shape_for<T>(N, C, false);
   auto go = [&](auto kernel) {
     // The forward writes no partials: one block per row group, as many as there are.
     kernel<<<static_cast<unsigned>(sh.row_blocks), dim3(sh.tx, sh.ty), 0, s>>>(static_cast<T*>(out), mean, rstd, static_cast<T*>(res_out),
                                                   static_cast<const T*>(inp), static_cast<const T*>(res),
                                                   static_cast<const T*>(w), static_cast<const T*>(b),
-                                                  static_cast<int>(N), static_cast<int>(C), eps);
+                                                  static_cast<int>(N), static_cast<int>(C), ld_out, eps);
   };
   switch (sh.kvec) {
     case 1: go(norm_forward_kernel<T, 1, kRms>); break;
@@ -929,15 +929,18 @@ const char* norm_unsupported_reason(DType dtype, int64_t C) {
 
 void norm_forward(NormKind kind, DType dtype, void* out, float* mean, float* rstd, void* residual_out,
                   const void* inp, const void* residual, const void* weight, const void* bias,
-                  int64_t N, int64_t C, float eps, cudaStream_t stream) {
+                  int64_t N, int64_t C, float eps, cudaStream_t stream, int64_t ld_out) {
   if (const char* why = norm_unsupported_reason(dtype, C); *why)
     throw RuntimeError(fmt::format("norm_forward C={} {}: {}", C, dtype_name(dtype), why));
+  if (ld_out == 0) ld_out = C;
+  if (ld_out < C || ld_out % (16 / static_cast<int64_t>(dtype_size(dtype))) != 0)
+    throw RuntimeError(fmt::format("norm_forward: output row stride {} must be >= C={} and a multiple of the 16-byte vector", ld_out, C));
   if (N == 0) return;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "norm_forward", [&] {
     if (kind == NormKind::RMSNorm)
-      launch_forward<scalar_t, true>(out, mean, rstd, residual_out, inp, residual, weight, nullptr, N, C, eps, stream);
+      launch_forward<scalar_t, true>(out, mean, rstd, residual_out, inp, residual, weight, nullptr, N, C, ld_out, eps, stream);
     else
-      launch_forward<scalar_t, false>(out, mean, rstd, residual_out, inp, residual, weight, bias, N, C, eps, stream);
+      launch_forward<scalar_t, false>(out, mean, rstd, residual_out, inp, residual, weight, bias, N, C, ld_out, eps, stream);
   });
 }
 

@@ -18,10 +18,11 @@ enum class NormKind : uint8_t { LayerNorm, RMSNorm };
 // Without residual (residual == nullptr): out = norm(inp).
 // With residual: residual_out = inp + residual (rounded to T), out = norm(residual_out).
 // Writes mean [N] (LayerNorm only; may be nullptr for RMSNorm) and rstd [N] for the backward.
-// bias may be nullptr (RMSNorm never has one).
+// bias may be nullptr (RMSNorm never has one). ld_out: out's row stride in elements (0: C; else
+// >= C and a multiple of the 16-byte vector); the columns past C are left as they are.
 void norm_forward(NormKind kind, DType dtype, void* out, float* mean, float* rstd,
                   void* residual_out, const void* inp, const void* residual, const void* weight,
-                  const void* bias, int64_t N, int64_t C, float eps, cudaStream_t stream);
+                  const void* bias, int64_t N, int64_t C, float eps, cudaStream_t stream, int64_t ld_out = 0);
 
 // Backward from dout [N,C]: dinp [N,C] += (or = when !accumulate_dinp) the input gradient,
 // dweight [C] += and dbias [C] += (dbias may be nullptr). `inp` is the tensor that was
