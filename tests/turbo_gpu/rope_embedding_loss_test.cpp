@@ -146,6 +146,47 @@ TEST_P(EmbeddingTest, ForwardAndDeterministicBackward) {
   EXPECT_EQ(bytes(dwte), first) << "the backward must be bitwise deterministic";
 }
 
+// Real text repeats a few tokens a lot (a newline is ~10% of tinyshakespeare's GPT-2 tokens): one
+// id for 40% of 16k tokens, a second for 10%, the rest spread, at GPT-2's and Llama's widths and
+// at a width whose vectors do not fill the thread groups. Against the CPU reference, and bitwise
+// the same on a second run.
+TEST_P(EmbeddingTest, LongRunsOfOneTokenMatchReferenceAndAreDeterministic) {
+  const DType dt = GetParam();
+  for (const int64_t C : {int64_t{768}, int64_t{2048}, int64_t{200}}) {
+    SCOPED_TRACE(::testing::Message() << "C=" << C);
+    const int64_t B = 16, T = 1024, V = 1000, max_pos = 1024;
+    TensorView tok = make(DType::I32, {B, T});
+    auto tokv = randint(B * T, 2, static_cast<int32_t>(V));
+    auto pick = randint(B * T, 0, 100);
+    for (size_t i = 0; i < tokv.size(); ++i) tokv[i] = pick[i] < 40 ? 7 : pick[i] < 50 ? 1 : tokv[i];
+    put_i32(tok, tokv);
+    TensorView dout = make(dt, {B, T, C}), dwte = make(DType::F32, {V, C}), dwpe = make(DType::F32, {max_pos, C});
+    auto doutv = random_tensor(dout), dwte0 = random_tensor(dwte), dwpe0 = random_tensor(dwpe);
+    EmbeddingArgs b;
+    b.dout = dout; b.dwte = dwte; b.dwpe = dwpe; b.tokens = tok; b.ctx = ctx;
+    EXPECT_EQ(embedding_backward(b), BackendType::TURBO);
+    std::vector<float> rdwte = dwte0, rdwpe = dwpe0;
+    cpu::embedding_backward(rdwte.data(), rdwpe.data(), doutv.data(), tokv.data(), static_cast<const int32_t*>(nullptr),
+                            B, T, C, V, max_pos);
+    EXPECT_LT(rel_err(get(dwte), rdwte), 1e-5);
+    EXPECT_LT(rel_err(get(dwpe), rdwpe), 1e-5);
+    const auto got = get(dwte);
+    // The long run's row on its own (a wrong split of the run shows here first), against the row's
+    // largest value: f32 sums of 6.5k terms in another order differ by rounding (bf16 terms: exact).
+    double worst = 0, scale = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      worst = std::max(worst, std::fabs(double(got[7 * C + c]) - rdwte[7 * C + c]));
+      scale = std::max(scale, std::fabs(double(rdwte[7 * C + c])));
+    }
+    EXPECT_LT(worst, 2e-5 * scale) << "token 7 (6.5k rows)";
+    const auto first = bytes(dwte);
+    put(dwte, dwte0);
+    put(dwpe, dwpe0);
+    embedding_backward(b);
+    EXPECT_EQ(bytes(dwte), first) << "the backward must be bitwise deterministic";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Turbo, EmbeddingTest, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
 
 class CrossEntropyTest : public GpuDTypeTest {};

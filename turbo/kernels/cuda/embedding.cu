@@ -51,27 +51,139 @@ __global__ void iota_kernel(int32_t* idx, int32_t* keys_mod, int64_t N, int T_) 
   if (keys_mod) keys_mod[i] = static_cast<int32_t>(i % T_);
 }
 
-// Block b looks at sorted entry b; if it starts a run of equal keys it sums the run's rows.
+// The run sums. A run of equal keys can be long (a frequent token: a newline is ~10% of
+// tinyshakespeare's GPT-2 tokens, ~1,600 rows of a 16k-token batch), so runs are split by length:
+//   run_sum_short_kernel  block b looks at sorted entry b; if it starts a run of fewer than
+//                         kLongRun rows it sums them, kShortUnroll row loads in flight per thread;
+//   run_sum_long_kernel   block w looks at the window [w, w + 1) * kLongRun of sorted entries, in
+//                         which at most one run of kLongRun or more rows can start; that run's rows
+//                         are split over the block's `groups` thread groups (kRunUnroll loads in
+//                         flight per thread; group g takes rows
+//                         b + g, b + g + groups, ...) and added in group order.
+// Each run's sum has a fixed order: the same bits on every run, whatever the runs' lengths.
+// (Short runs are mostly one to three rows: fewer loads in flight keep the registers, and so the
+// resident blocks of that many-block grid, in check.)
+constexpr int kRunUnroll = 8, kShortUnroll = 4, kLongRun = 64;
+
+// First index after b whose key differs from keys[b] == key (or N): an exponential then binary
+// search of the sorted keys, one load for a run of one. Every thread of a block may call it (the
+// same addresses, the same answer).
+__device__ __forceinline__ int64_t run_end(const int32_t* keys, int64_t N, int64_t b, int key) {
+  int64_t lo = b, step = 1;  // keys[lo] == key; the run ends in (lo, lo + step]
+  while (lo + step < N && keys[lo + step] == key) {
+    lo += step;
+    step *= 2;
+  }
+  int64_t hi = lo + step < N ? lo + step : N;  // keys[hi] != key, or hi == N
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] == key) lo = mid;
+    else hi = mid;
+  }
+  return hi;
+}
+
+// acc += the rows of [j_begin, end) taken `every` apart, kUnroll loads in flight.
+template <class T, int W, int kUnroll>
+__device__ __forceinline__ void sum_rows(float (&acc)[W], const T* dout, const int32_t* rows, int64_t j_begin,
+                                         int64_t end, int every, int C, int c) {
+  const int64_t stride = static_cast<int64_t>(every) * kUnroll;
+  for (int64_t j0 = j_begin; j0 < end; j0 += stride) {
+    Vec<T> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + static_cast<int64_t>(u) * every;
+      if (j < end) v[u] = load_vec(dout + static_cast<int64_t>(rows[j]) * C + c);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j0 + static_cast<int64_t>(u) * every < end) {
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[e] += v[u].get(e);
+      }
+    }
+  }
+}
+
 template <class T>
-__global__ void run_sum_kernel(float* dst, const T* dout, const int32_t* keys, const int32_t* rows,
-                               int64_t N, int C, int num_keys) {
+__global__ void run_sum_short_kernel(float* dst, const T* dout, const int32_t* keys, const int32_t* rows,
+                                     int64_t N, int C, int num_keys) {
   constexpr int W = Vec<T>::kSize;
   const int64_t b = blockIdx.x;
   const int key = keys[b];
   if ((b > 0 && keys[b - 1] == key) || key < 0 || key >= num_keys) return;
+  if (b + kLongRun - 1 < N && keys[b + kLongRun - 1] == key) return;  // a long run: the other kernel's
+  const int64_t end = run_end(keys, N, b, key);
   for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
     float acc[W];
 #pragma unroll
     for (int e = 0; e < W; ++e) acc[e] = 0.0f;
-    for (int64_t j = b; j < N && keys[j] == key; ++j) {
-      const Vec<T> g = load_vec(dout + static_cast<int64_t>(rows[j]) * C + c);
-#pragma unroll
-      for (int e = 0; e < W; ++e) acc[e] += g.get(e);
-    }
+    sum_rows<T, W, kShortUnroll>(acc, dout, rows, b, end, 1, C, c);
     float* d = dst + static_cast<int64_t>(key) * C + c;
 #pragma unroll
     for (int e = 0; e < W; ++e) d[e] += acc[e];
   }
+}
+
+template <class T>
+__global__ void __launch_bounds__(512) run_sum_long_kernel(float* dst, const T* dout, const int32_t* keys,
+                                                            const int32_t* rows, int64_t N, int C, int num_keys,
+                                                            int group_threads, int groups) {
+  constexpr int W = Vec<T>::kSize;
+  extern __shared__ float run_smem[];  // [groups - 1][C]
+  __shared__ int64_t s_start;
+  if (threadIdx.x == 0) s_start = -1;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kLongRun; i += blockDim.x) {
+    const int64_t p = static_cast<int64_t>(blockIdx.x) * kLongRun + i;
+    if (p + kLongRun - 1 >= N) continue;
+    const int k = keys[p];
+    if ((p == 0 || keys[p - 1] != k) && k >= 0 && k < num_keys && keys[p + kLongRun - 1] == k) s_start = p;  // one at most
+  }
+  __syncthreads();
+  const int64_t b = s_start;
+  if (b < 0) return;  // uniform over the block
+  const int key = keys[b];
+  const int64_t end = run_end(keys, N, b, key);
+  const int g = static_cast<int>(threadIdx.x) / group_threads, t = static_cast<int>(threadIdx.x) % group_threads;
+  // Every thread runs the column loop the same number of times (the __syncthreads below).
+  for (int c0 = 0; c0 < C; c0 += group_threads * W) {
+    const int c = c0 + t * W;
+    const bool active = c < C && g < groups;
+    float acc[W];
+#pragma unroll
+    for (int e = 0; e < W; ++e) acc[e] = 0.0f;
+    if (active) sum_rows<T, W, kRunUnroll>(acc, dout, rows, b + g, end, groups, C, c);
+    if (g > 0 && active) {
+#pragma unroll
+      for (int e = 0; e < W; ++e) run_smem[(g - 1) * C + c + e] = acc[e];
+    }
+    __syncthreads();
+    if (g == 0 && active) {
+      for (int h = 1; h < groups; ++h)
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[e] += run_smem[(h - 1) * C + c + e];
+      float* d = dst + static_cast<int64_t>(key) * C + c;
+#pragma unroll
+      for (int e = 0; e < W; ++e) d[e] += acc[e];
+    }
+    __syncthreads();  // before the next columns reuse run_smem
+  }
+}
+
+// Thread groups of run_sum_long_kernel: each covers the row's vectors (a multiple of 32 threads, at
+// most 512, looping over wider rows); up to 4 per block of at most 512 threads (128 registers per
+// thread: at 64 the unrolled loads spill) while their partial sums fit 48 KiB of shared memory.
+struct RunShape {
+  int group_threads, groups;
+  size_t smem;
+};
+template <class T>
+RunShape run_shape(int C) {
+  const int nvec = ceil_div(C, Vec<T>::kSize);
+  const int gt = std::min(512, ceil_div(nvec, 32) * 32);
+  const int groups = std::max(1, std::min({4, 512 / gt, 1 + (48 * 1024) / (C * 4)}));
+  return {gt, groups, static_cast<size_t>(groups - 1) * C * sizeof(float)};
 }
 
 int bits_for(int64_t n) {
@@ -108,9 +220,14 @@ void scatter_rows(float* dst, const T* dout, const int32_t* keys_in, int mod_T, 
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in ? keys_in : keys_mod, keys_out,
                                              rows_in, rows_out, static_cast<int>(N), 0,
                                              bits_for(num_keys), stream));
-  const int threads = std::min(1024, ceil_div(ceil_div(C, Vec<T>::kSize), 32) * 32);
-  run_sum_kernel<T><<<static_cast<unsigned>(N), threads, 0, stream>>>(dst, dout, keys_out, rows_out, N,
-                                                                      C, num_keys);
+  const RunShape rs = run_shape<T>(C);
+  run_sum_short_kernel<T><<<static_cast<unsigned>(N), rs.group_threads, 0, stream>>>(dst, dout, keys_out, rows_out, N,
+                                                                                   C, num_keys);
+  CUDA_CHECK_LAST();
+  if (N >= kLongRun)
+    run_sum_long_kernel<T><<<static_cast<unsigned>(ceil_div(N, int64_t{kLongRun})), rs.group_threads * rs.groups,
+                             rs.smem, stream>>>(dst, dout, keys_out, rows_out, N, C, num_keys, rs.group_threads,
+                                                rs.groups);
   CUDA_CHECK_LAST();
 }
 
