@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/embedding.h"
@@ -110,7 +111,32 @@ TEST_P(RopeTest, StridedTokenRowsMatchDense) {
 
 INSTANTIATE_TEST_SUITE_P(Turbo, RopeTest, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
 
-class EmbeddingTest : public GpuDTypeTest {};
+class EmbeddingTest : public GpuDTypeTest {
+ protected:
+  // The backward of `tokv` (uploaded in `tok`, [B, T]) from a random dout into random tables, against
+  // the CPU reference (1e-5), then bitwise the same on a second run; returns dwte and its reference.
+  std::pair<std::vector<float>, std::vector<float>> expect_backward(DType dt, const TensorView& tok,
+                                                                    const std::vector<int32_t>& tokv, int64_t B,
+                                                                    int64_t T, int64_t C, int64_t V, int64_t max_pos) {
+    TensorView dout = make(dt, {B, T, C}), dwte = make(DType::F32, {V, C}), dwpe = make(DType::F32, {max_pos, C});
+    auto doutv = random_tensor(dout), dwte0 = random_tensor(dwte), dwpe0 = random_tensor(dwpe);
+    EmbeddingArgs b;
+    b.dout = dout; b.dwte = dwte; b.dwpe = dwpe; b.tokens = tok; b.ctx = ctx;
+    EXPECT_EQ(embedding_backward(b), BackendType::TURBO);
+    std::vector<float> rdwte = dwte0, rdwpe = dwpe0;
+    cpu::embedding_backward(rdwte.data(), rdwpe.data(), doutv.data(), tokv.data(), static_cast<const int32_t*>(nullptr),
+                            B, T, C, V, max_pos);
+    auto got = get(dwte);
+    EXPECT_LT(rel_err(got, rdwte), 1e-5);
+    EXPECT_LT(rel_err(get(dwpe), rdwpe), 1e-5);
+    const auto first = bytes(dwte);
+    put(dwte, dwte0);
+    put(dwpe, dwpe0);
+    embedding_backward(b);
+    EXPECT_EQ(bytes(dwte), first) << "the backward must be bitwise deterministic";
+    return {std::move(got), std::move(rdwte)};
+  }
+};
 
 TEST_P(EmbeddingTest, ForwardAndDeterministicBackward) {
   const DType dt = GetParam();
@@ -129,21 +155,7 @@ TEST_P(EmbeddingTest, ForwardAndDeterministicBackward) {
                          T, C, V, max_pos);
   EXPECT_LT(rel_err(get(out), rout), gate(dt));
 
-  TensorView dout = make(dt, {B, T, C}), dwte = make(DType::F32, {V, C}), dwpe = make(DType::F32, {max_pos, C});
-  auto doutv = random_tensor(dout), dwte0 = random_tensor(dwte), dwpe0 = random_tensor(dwpe);
-  EmbeddingArgs b;
-  b.dout = dout; b.dwte = dwte; b.dwpe = dwpe; b.tokens = tok; b.ctx = ctx;
-  EXPECT_EQ(embedding_backward(b), BackendType::TURBO);
-  std::vector<float> rdwte = dwte0, rdwpe = dwpe0;
-  cpu::embedding_backward(rdwte.data(), rdwpe.data(), doutv.data(), tokv.data(), static_cast<const int32_t*>(nullptr),
-                          B, T, C, V, max_pos);
-  EXPECT_LT(rel_err(get(dwte), rdwte), 1e-5);
-  EXPECT_LT(rel_err(get(dwpe), rdwpe), 1e-5);
-  auto first = bytes(dwte);
-  put(dwte, dwte0);
-  put(dwpe, dwpe0);
-  embedding_backward(b);
-  EXPECT_EQ(bytes(dwte), first) << "the backward must be bitwise deterministic";
+  expect_backward(dt, tok, tokv, B, T, C, V, max_pos);
 }
 
 // Real text repeats a few tokens a lot (a newline is ~10% of tinyshakespeare's GPT-2 tokens): one
@@ -160,17 +172,7 @@ TEST_P(EmbeddingTest, LongRunsOfOneTokenMatchReferenceAndAreDeterministic) {
     auto pick = randint(B * T, 0, 100);
     for (size_t i = 0; i < tokv.size(); ++i) tokv[i] = pick[i] < 40 ? 7 : pick[i] < 50 ? 1 : tokv[i];
     put_i32(tok, tokv);
-    TensorView dout = make(dt, {B, T, C}), dwte = make(DType::F32, {V, C}), dwpe = make(DType::F32, {max_pos, C});
-    auto doutv = random_tensor(dout), dwte0 = random_tensor(dwte), dwpe0 = random_tensor(dwpe);
-    EmbeddingArgs b;
-    b.dout = dout; b.dwte = dwte; b.dwpe = dwpe; b.tokens = tok; b.ctx = ctx;
-    EXPECT_EQ(embedding_backward(b), BackendType::TURBO);
-    std::vector<float> rdwte = dwte0, rdwpe = dwpe0;
-    cpu::embedding_backward(rdwte.data(), rdwpe.data(), doutv.data(), tokv.data(), static_cast<const int32_t*>(nullptr),
-                            B, T, C, V, max_pos);
-    EXPECT_LT(rel_err(get(dwte), rdwte), 1e-5);
-    EXPECT_LT(rel_err(get(dwpe), rdwpe), 1e-5);
-    const auto got = get(dwte);
+    const auto [got, rdwte] = expect_backward(dt, tok, tokv, B, T, C, V, max_pos);
     // The long run's row on its own (a wrong split of the run shows here first), against the row's
     // largest value: f32 sums of 6.5k terms in another order differ by rounding (bf16 terms: exact).
     double worst = 0, scale = 0;
@@ -179,11 +181,6 @@ TEST_P(EmbeddingTest, LongRunsOfOneTokenMatchReferenceAndAreDeterministic) {
       scale = std::max(scale, std::fabs(double(rdwte[7 * C + c])));
     }
     EXPECT_LT(worst, 2e-5 * scale) << "token 7 (6.5k rows)";
-    const auto first = bytes(dwte);
-    put(dwte, dwte0);
-    put(dwpe, dwpe0);
-    embedding_backward(b);
-    EXPECT_EQ(bytes(dwte), first) << "the backward must be bitwise deterministic";
   }
 }
 
