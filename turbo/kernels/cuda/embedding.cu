@@ -186,6 +186,39 @@ RunShape run_shape(int C) {
   return {gt, groups, static_cast<size_t>(groups - 1) * C * sizeof(float)};
 }
 
+// The position table's gradient when positions are implicit (row n of the batch is position
+// n % T): dwpe[t] += the sum over b of dout[b * T + t], in b order, which is the order the sorted
+// path adds them in (its sort is stable), so the same bits without the sort. One thread per
+// vector of a position's row, four rows in flight.
+template <class T>
+__global__ void position_sum_kernel(float* dwpe, const T* dout, int B, int64_t Tn, int C) {
+  constexpr int W = Vec<T>::kSize;
+  const int64_t t = blockIdx.x;
+  const int c = (blockIdx.y * blockDim.x + threadIdx.x) * W;
+  if (c >= C) return;
+  float acc[W];
+#pragma unroll
+  for (int e = 0; e < W; ++e) acc[e] = 0.0f;
+  int b = 0;
+  for (; b + 4 <= B; b += 4) {
+    Vec<T> v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = load_vec(dout + ((b + u) * Tn + t) * C + c);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int e = 0; e < W; ++e) acc[e] += v[u].get(e);
+  }
+  for (; b < B; ++b) {
+    const Vec<T> v = load_vec(dout + (b * Tn + t) * C + c);
+#pragma unroll
+    for (int e = 0; e < W; ++e) acc[e] += v.get(e);
+  }
+  float* d = dwpe + t * C + c;
+#pragma unroll
+  for (int e = 0; e < W; ++e) d[e] += acc[e];
+}
+
 int bits_for(int64_t n) {
   int b = 1;
   while ((int64_t{1} << b) < n) ++b;
@@ -265,9 +298,15 @@ void embedding_backward(DType dtype, float* dwte, float* dwpe, const void* dout,
     const auto* g = static_cast<const scalar_t*>(dout);
     scatter_rows<scalar_t>(dwte, g, tokens, 1, N, static_cast<int>(C), static_cast<int>(V),
                            static_cast<char*>(scratch), stream);
-    if (dwpe)
+    if (dwpe && !positions && T <= max_pos) {  // implicit positions: no sort needed
+      const int vecs = static_cast<int>(C / Vec<scalar_t>::kSize), threads = std::min(256, ceil_div(vecs, 32) * 32);
+      position_sum_kernel<scalar_t><<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(ceil_div(vecs, threads))),
+                                      threads, 0, stream>>>(dwpe, g, static_cast<int>(B), T, static_cast<int>(C));
+      CUDA_CHECK_LAST();
+    } else if (dwpe) {
       scatter_rows<scalar_t>(dwpe, g, positions, static_cast<int>(T), N, static_cast<int>(C),
                              static_cast<int>(max_pos), static_cast<char*>(scratch), stream);
+    }
   });
 }
 
