@@ -1,3 +1,8 @@
+#!/usr/bin/env bash
+# Nsight Compute durations of the embedding backward's kernels (iota, CUB radix sort, run sums) for 8
+# token ids (runs of ~2048 rows), this build and the baseline (.carry-probe/primus_old.gz).
+#   run(command="bash bench/ops/ncu_emb.sh", carry=[".carry-cuda", ".carry-probe"])
+# shellcheck disable=SC1091
 source scripts/gpu_env.sh
 mkdir -p /tmp/pb && gunzip -c .carry-cuda/primus.gz > /tmp/pb/primus && gunzip -c .carry-probe/primus_old.gz > /tmp/pb/primus_old && chmod +x /tmp/pb/*
 export LD_LIBRARY_PATH="$PWD/.carry-cuda:${LD_LIBRARY_PATH:-}"

@@ -1,3 +1,9 @@
+#!/usr/bin/env bash
+# Nsight Compute sections (speed of light, memory, warp state, occupancy, launch) of one launch each of
+# the staged norm backward, the norm forward and add_column_partials at GPT-2's 16384 x 768, after
+# `primus benchmark norm` for the ops' own timings. Writes $OUT/ncu_<kernel>.txt.
+#   run(command="bash bench/ops/ncu_norm.sh", carry=[".carry-cuda"])
+# shellcheck disable=SC1091
 source scripts/gpu_env.sh
 mkdir -p /tmp/pb && gunzip -c .carry-cuda/primus.gz > /tmp/pb/primus && chmod +x /tmp/pb/primus
 export LD_LIBRARY_PATH="$PWD/.carry-cuda:${LD_LIBRARY_PATH:-}"
