@@ -159,6 +159,11 @@ void CudaTrainer::init() {
   }
   step_graph_ = std::make_unique<StepGraph>(model_->stream(), args_->cuda_graph, profiler_.get());
   log_step_setup(*model_, *args_);
+  if (const char* e = std::getenv("PRIMUS_CUDA_READ_AHEAD"); e && *e) {
+    const std::string v = e;
+    if (v == "0") read_ahead_on_ = false;
+    else if (v != "1") throw ConfigError(fmt::format("PRIMUS_CUDA_READ_AHEAD='{}': expected 0 or 1", v));
+  }
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
@@ -188,8 +193,25 @@ void CudaTrainer::next_batch(data::BatchIterator& it) {
 }
 
 void CudaTrainer::read_micro(int64_t micro) {
-  reader_->read(*data_.train, micro, batch_.data());
+  if (ahead_ready_ && ahead_position_ == data_.train->position()) {
+    std::copy_n(ahead_.data() + micro * static_cast<int64_t>(batch_.size()), batch_.size(), batch_.data());
+  } else {
+    reader_->read(*data_.train, micro, batch_.data());
+  }
   split_batch();
+}
+
+void CudaTrainer::read_ahead() {
+  const int64_t n = reader_->micro_batches();
+  ahead_.resize(static_cast<size_t>(n) * batch_.size());
+  ahead_ready_ = false;
+  try {
+    for (int64_t m = 0; m < n; ++m) reader_->read(*data_.train, m, ahead_.data() + m * static_cast<int64_t>(batch_.size()));
+  } catch (const std::exception&) {
+    return;  // nothing read ahead: the next step reads (and reports) for itself
+  }
+  ahead_position_ = data_.train->position();
+  ahead_ready_ = true;
 }
 
 void CudaTrainer::split_batch() {
@@ -242,6 +264,8 @@ void CudaTrainer::step_body(int64_t step) {
 double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   auto& t = args_->train;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
   // Host work first: every micro-batch staged in its device slot and the step's AdamW scalars
   // set, so the step itself is device work only.
   for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
@@ -250,13 +274,27 @@ double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   }
   reader_->finish_step(*data_.train);
   model_->set_hyper(adamw_hyper(step));
+  const auto t1 = clock::now();
   step_graph_->run([&] { step_body(step); });
+  ahead_ready_ = false;  // this step's batch is staged; the buffer is free for the next one
+  if (read_ahead_on_) read_ahead();  // while the device runs the step
+  const auto t2 = clock::now();
   const CudaModel::StepStatus st = model_->read_step_status(t.grad_accum_steps);  // the step's one sync
+  const auto t3 = clock::now();
+  if (++host_times_.seen > 2) {  // past the warm-up and capture steps
+    auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    if (host_times_.last_end != clock::time_point{}) host_times_.between += ms(t0 - host_times_.last_end);
+    host_times_.staging += ms(t1 - t0);
+    host_times_.launch += ms(t2 - t1);
+    host_times_.wait += ms(t3 - t2);
+    ++host_times_.steps;
+  }
   if (profiler_) profiler_->collect();
   double loss = st.loss_sum / static_cast<double>(t.grad_accum_steps);
   if (dp_) loss = dp_->average({loss})[0];  // the global batch's loss
   *grad_norm = st.grad_norm;
   *finite = st.finite && std::isfinite(loss);
+  host_times_.last_end = clock::now();
   return loss;
 }
 
@@ -404,6 +442,13 @@ void CudaTrainer::train() {
   if (rank0()) report_profile(profiler_.get(), t.output_dir);
   spdlog::info("[cuda] peak device memory in use {:.2f} GiB (of which {:.2f} GiB reserved by the model's arenas)",
                gib(peak_used_bytes_), gib(arena_bytes()));
+  if (const HostTimes& h = host_times_; h.steps > 0) {
+    const double n = static_cast<double>(h.steps);
+    spdlog::info("[cuda] host time per step over {} steps: between steps {:.3f} ms, staging {:.3f} ms, launch {:.3f} ms, "
+                 "waiting for the device {:.3f} ms (the device idles for about the first two; launch includes "
+                 "reading the next step's batches ahead)",
+                 h.steps, h.between / n, h.staging / n, h.launch / n, h.wait / n);
+  }
   if (!t.sample_prompt.empty() && t.sample_tokens > 0) {
     spdlog::info("[sample] the cuda backend does not sample yet; the checkpoint is shared with the reference "
                  "backend: primus generate --checkpoint {} --prompt '{}'",

@@ -39,6 +39,16 @@ class CudaTrainer : public Trainer {
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_
   void read_micro(int64_t micro);  // this rank's micro-batch `micro` of the step's global batch (reader_)
   void split_batch();              // batch_ -> inputs_, targets_
+  // The next step's micro-batches, read while this step runs on the device (the iterator has
+  // already moved past this step's batch when the step is launched): ahead_ holds them for the
+  // iterator position ahead_position_ (ahead_ready_ false: nothing read ahead). read_micro takes
+  // them when the iterator is still there, so the host's reading leaves the device's idle time
+  // between steps. read_at does not move the iterator: checkpoints see the same position.
+  void read_ahead();
+  std::vector<int32_t> ahead_;
+  uint64_t ahead_position_ = 0;
+  bool ahead_ready_ = false;
+  bool read_ahead_on_ = true;  // PRIMUS_CUDA_READ_AHEAD=0 turns it off (A/B runs)
   size_t arena_bytes() const;      // device bytes the model and the data-parallel reducer hold
   void save(int64_t step);
   void load(const std::filesystem::path& dir);
@@ -66,6 +76,16 @@ class CudaTrainer : public Trainer {
   int64_t last_saved_ = -1;
   nlohmann::json valid_start_;  // the validation iterator at its start: every eval begins there
   size_t peak_used_bytes_ = 0;
+  // Host time per training step (steady clock, ms, summed over the steps after the first two):
+  // between steps (the step loop's own work), staging (batches to the device, AdamW scalars),
+  // launching the step (graph replay or eager enqueue) and reading the next step's batches ahead,
+  // waiting for its status (the GPU's share).
+  // The GPU idles for about between + staging: reported at the end of training.
+  struct HostTimes {
+    double between = 0, staging = 0, launch = 0, wait = 0;
+    int64_t steps = 0, seen = 0;
+    std::chrono::steady_clock::time_point last_end{};
+  } host_times_;
   // The step runner (eager or CUDA graph) and the optional per-phase profiler; both after the
   // model (the graph holds its buffers' addresses).
   std::unique_ptr<StepProfiler> profiler_;
