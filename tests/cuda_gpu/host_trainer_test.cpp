@@ -3,9 +3,11 @@
 // tinyshakespeare as bytes, gradient accumulation 2, clipping, warmup + cosine, eval and
 // checkpoints. Same init, same batches, so every step's loss and every validation loss agree
 // (fp32 on both sides: 1e-5 relative); then a resume from the step-3 checkpoint replays
-// steps 4-6 with the same losses.
+// steps 4-6 with the same losses; and the run without the trainer's read-ahead of the next
+// step's batches has the same losses bit for bit.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -92,6 +94,16 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   const auto resumed = read_metrics(w.path() / "g/u/cuda_resumed/metrics.jsonl");
   ASSERT_EQ(resumed.loss.size(), 3u);
   for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, ours.loss.at(step), 1e-6 * l) << "resumed step " << step;
+
+  // Reading the next step's batches while a step runs (the default) changes no batch: the same
+  // run without it (PRIMUS_CUDA_READ_AHEAD=0) has the same losses, bit for bit.
+  ::setenv("PRIMUS_CUDA_READ_AHEAD", "0", 1);
+  run_host_trainer(cuda_file, {"exp_name=cuda_no_read_ahead"});
+  ::unsetenv("PRIMUS_CUDA_READ_AHEAD");
+  const auto plain = read_metrics(w.path() / "g/u/cuda_no_read_ahead/metrics.jsonl");
+  ASSERT_EQ(plain.loss.size(), ours.loss.size());
+  for (auto [step, l] : plain.loss) EXPECT_EQ(l, ours.loss.at(step)) << "step " << step;
+  for (auto [step, l] : plain.val) EXPECT_EQ(l, ours.val.at(step)) << "validation at step " << step;
 }
 
 }  // namespace
