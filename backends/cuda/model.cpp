@@ -256,18 +256,20 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       const uint16_t one = act_ == DType::BF16 ? 0x3f80 : 0x3c00;
       std::memcpy(row.data(), &one, es);
     }
+    // Every buffer has the same rows: one packed copy of the padding for all of them. From pageable
+    // memory an H2D copy has taken the bytes when it returns, so `pattern` may go out of scope.
+    const int64_t rows = ones_buffers_.front().size(0);
+    std::vector<unsigned char> pattern(size_t(rows) * row.size());
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(pattern.data() + size_t(r) * row.size(), row.data(), row.size());
     for (const TensorView& t : ones_buffers_) {
-      const int64_t rows = t.size(0), width = t.size(1), C = width - kOnesPad;
+      const int64_t width = t.size(1), C = width - kOnesPad;
       char* dst = static_cast<char*>(t.data) + size_t(C) * es;
       if (host_) {
         for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + size_t(r * width) * es, row.data(), row.size());
-        continue;
+      } else {
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(width) * es, pattern.data(), row.size(), row.size(), size_t(rows),
+                                     cudaMemcpyHostToDevice, stream_));
       }
-      std::vector<unsigned char> pattern(size_t(rows) * row.size());  // the padding of every row, packed
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(pattern.data() + size_t(r) * row.size(), row.data(), row.size());
-      CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(width) * es, pattern.data(), row.size(), row.size(), size_t(rows),
-                                   cudaMemcpyHostToDevice, stream_));
-      CUDA_CHECK(cudaStreamSynchronize(stream_));  // `pattern` is pageable host memory, freed at the loop's end
     }
   }
   zero(grads_);  // once: the padding of a ZeRO-1 buffer and every tensor start at zero

@@ -276,8 +276,7 @@ double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   model_->set_hyper(adamw_hyper(step));
   const auto t1 = clock::now();
   step_graph_->run([&] { step_body(step); });
-  ahead_ready_ = false;  // this step's batch is staged; the buffer is free for the next one
-  if (read_ahead_on_) read_ahead();  // while the device runs the step
+  if (read_ahead_on_) read_ahead();  // while the device runs the step (this step's batch is staged)
   const auto t2 = clock::now();
   const CudaModel::StepStatus st = model_->read_step_status(t.grad_accum_steps);  // the step's one sync
   const auto t3 = clock::now();

@@ -392,8 +392,9 @@ void linear_backward_weight_ones(const TensorView& dweight, const TensorView& db
     check_shape(dbias, {OC}, op, "dbias");
     check_dtype(dbias, DType::F32, op, "dbias");
   }
-  for (const TensorView* t : {&dbias, &dout, &inp_ones})
-    if (t->defined() && t->device != dweight.device) throw RuntimeError(fmt::format("{}: all tensors must be on one device", op));
+  for (auto [name, t] : {std::pair{"dbias", &dbias}, {"dout", &dout}, {"inp_ones", &inp_ones}})
+    if (t->defined() && t->device != dweight.device)
+      throw RuntimeError(fmt::format("{}: {} is on {}, dweight on {}", op, name, device_name(t->device), device_name(dweight.device)));
   GemmArgs g;
   g.a = dout.transposed();
   g.b = inp_ones;

@@ -8,7 +8,7 @@
 // saving mean [N] (LayerNorm) and rstd [N] (both f32) for the backward. `out` may have padded
 // rows (a row stride above C, on the device a multiple of 16 bytes); the padding is not written.
 // That lets a caller keep extra columns beside the output, e.g. the column of ones with which
-// turbo::linear_backward_ones (gemm.h) gets a linear layer's bias gradient from its weight GEMM.
+// turbo::linear_backward_weight_ones (gemm.h) gets a linear layer's bias gradient from its weight GEMM.
 //
 // Backward from dout [N,C]: dinp [N,C] += the input gradient (the residual stream's gradient
 // buffer: the residual add's backward is the identity, so adding is the fused backward; pass

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(512) run_sum_long_kernel(float* dst, const T* 
   // Every thread runs the column loop the same number of times (the __syncthreads below).
   for (int c0 = 0; c0 < C; c0 += group_threads * W) {
     const int c = c0 + t * W;
-    const bool active = c < C && g < groups;
+    const bool active = c < C;
     float acc[W];
 #pragma unroll
     for (int e = 0; e < W; ++e) acc[e] = 0.0f;
