@@ -14,14 +14,43 @@
 
 namespace primus::train {
 
+namespace {
+bool saves_at(const TrainingArgs& t, int64_t done) {  // done: steps completed
+  return (t.ckpt.save_interval > 0 && done % t.ckpt.save_interval == 0) || (done == t.train_iters && t.ckpt.save_at_end);
+}
+bool evaluates_at(const TrainingArgs& t, int64_t done) {
+  return t.eval_interval > 0 && (done % t.eval_interval == 0 || done == t.train_iters);
+}
+}  // namespace
+
+bool may_launch_ahead(const TrainingArgs& t, int64_t next) {
+  return next < t.train_iters && !saves_at(t, next) && !evaluates_at(t, next);
+}
+
 bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, const int64_t& last_saved,
                    ProgressReporter* progress, const StepLoopHooks& h) {
   const double tokens_per_step = static_cast<double>(t.global_batch_size * seq_length);
+  const bool split = h.launch && h.finish;
+  int64_t launched = -1;  // split: the last step launched (finished or not)
+  bool stopping = false;  // split: a stop was agreed while a step was in flight
+  auto t0 = std::chrono::steady_clock::now();
   while (*step < t.train_iters) {
-    auto t0 = std::chrono::steady_clock::now();
     double norm = 0;
     bool finite = true;
-    const double loss = h.step(*step, &norm, &finite);
+    double loss = 0;
+    if (split) {
+      if (launched < *step) {
+        h.launch(*step);
+        launched = *step;
+      }
+      if (!stopping && launched == *step && may_launch_ahead(t, *step + 1)) {
+        h.launch(*step + 1);
+        launched = *step + 1;
+      }
+      loss = h.finish(*step, &norm, &finite);
+    } else {
+      loss = h.step(*step, &norm, &finite);
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!finite) {
       const std::string last = last_saved >= 0 ? io::checkpoint_dir(t.ckpt.save, last_saved).string() : "none";
@@ -43,15 +72,17 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
     st.skipped = !finite;
     if (h.decorate) h.decorate(st);
     if (progress) progress->step(st);
-    if (t.eval_interval > 0 && (*step % t.eval_interval == 0 || *step == t.train_iters)) {
+    if (evaluates_at(t, *step)) {  // never with a step in flight (may_launch_ahead)
       const double vl = h.evaluate();
       if (std::isfinite(vl) && progress) progress->eval(*step, vl);
     }
     const bool stop = h.agree_stop ? h.agree_stop(exit_requested()) : exit_requested();
-    const bool last = *step == t.train_iters;
-    if ((t.ckpt.save_interval > 0 && *step % t.ckpt.save_interval == 0) || (last && t.ckpt.save_at_end) || stop) {
-      h.save(*step);
+    if (stop && launched >= *step) {  // the step in flight finishes first; the checkpoint follows it
+      stopping = true;
+      t0 = std::chrono::steady_clock::now();
+      continue;
     }
+    if (saves_at(t, *step) || stop) h.save(*step);
     if (stop) {
       const std::string why = exit_requested() ? fmt::format("received signal {}", exit_signal())
                                                 : std::string("another rank received a stop signal");
@@ -59,6 +90,7 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
                    why, *step, t.ckpt.save.string(), t.ckpt.save.string());
       return true;
     }
+    t0 = std::chrono::steady_clock::now();
   }
   return false;
 }

@@ -228,12 +228,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   if (opt_.optimizer_state) adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
   if (spec_.rope && !host_) turbo::rope_build_table(rope_table_, spec_.rotary_base, ctx());
-  const size_t status_bytes = status_.nbytes();
   if (host_) {
-    status_host_mem_.resize(status_bytes / 4);
-    status_host_ = status_host_mem_.data();
+    status_host_mem_.resize(static_cast<size_t>(status_.numel()));
   } else {
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&status_host_), status_bytes));
+    init_staging();
   }
   zero(status_);
   if (opt_.optimizer_state) set_moments(nullptr, nullptr);
@@ -282,7 +280,33 @@ CudaModel::~CudaModel() {
     cudaStreamSynchronize(stream_);  // no throwing from a destructor; errors surface elsewhere
     cudaStreamDestroy(stream_);
   }
-  if (!host_ && status_host_) cudaFreeHost(status_host_);
+  free_staging();
+}
+
+void CudaModel::init_staging() {
+  const size_t slot_elems = size_t(opt_.max_batch * opt_.max_seq);
+  const size_t batch_bytes = size_t(opt_.loss_slots) * 2 * slot_elems * 4;
+  const size_t bytes = batch_bytes + 16 + status_.nbytes();
+  for (StagingSet& set : staging_) {
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&set.mem), bytes));
+    set.batch = reinterpret_cast<int32_t*>(set.mem);
+    set.hyper = reinterpret_cast<float*>(set.mem + batch_bytes);
+    set.status = reinterpret_cast<float*>(set.mem + batch_bytes + 16);
+    set.batch_done.assign(static_cast<size_t>(opt_.loss_slots), nullptr);
+    for (cudaEvent_t& e : set.batch_done) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&set.hyper_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&set.status_done, cudaEventDisableTiming));
+  }
+}
+
+void CudaModel::free_staging() {  // no throwing: called from the destructor
+  for (StagingSet& set : staging_) {
+    for (cudaEvent_t e : set.batch_done) (void)cudaEventDestroy(e);
+    if (set.hyper_done) (void)cudaEventDestroy(set.hyper_done);
+    if (set.status_done) (void)cudaEventDestroy(set.status_done);
+    if (set.mem) (void)cudaFreeHost(set.mem);
+    set = StagingSet{};
+  }
 }
 
 template <class Take>
@@ -569,9 +593,21 @@ void CudaModel::stage_batch(const int32_t* tokens, const int32_t* targets, int64
   }
   if (!tokens || !targets) throw RuntimeError("cuda model: stage_batch needs tokens and targets (the loss is fused with the head)");
   const size_t at = size_t(slot * opt_.max_batch * opt_.max_seq) * 4;
-  // Pageable host memory: the copy takes the bytes before returning, so the caller may reuse them.
-  to_model(static_cast<char*>(tokens_.data) + at, tokens, size_t(N) * 4);
-  to_model(static_cast<char*>(targets_.data) + at, targets, size_t(N) * 4);
+  if (host_) {
+    to_model(static_cast<char*>(tokens_.data) + at, tokens, size_t(N) * 4);
+    to_model(static_cast<char*>(targets_.data) + at, targets, size_t(N) * 4);
+    return;
+  }
+  StagingSet& set = staging_[staging_set_];
+  cudaEvent_t done = set.batch_done[static_cast<size_t>(slot)];
+  CUDA_CHECK(cudaEventSynchronize(done));  // the region's last copy has read it
+  int32_t* pinned = set.batch + size_t(slot) * 2 * size_t(opt_.max_batch * opt_.max_seq);
+  std::copy_n(tokens, N, pinned);
+  std::copy_n(targets, N, pinned + N);
+  CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(tokens_.data) + at, pinned, size_t(N) * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(targets_.data) + at, pinned + N, size_t(N) * 4, cudaMemcpyHostToDevice,
+                             stream_));
+  CUDA_CHECK(cudaEventRecord(done, stream_));
 }
 
 void CudaModel::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
@@ -892,10 +928,13 @@ void CudaModel::set_hyper(const turbo::AdamWHyper& hp) {
   hp_ = hp;
   if (host_) return;  // the CPU optimizer takes hp itself
   // The kernel's own host-side formula, so eager and graph steps compute the same bits.
-  const float s[3] = {hp.lr,
-                      static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
-                      static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
-  to_model(hyper_.data, s, sizeof(s));
+  StagingSet& set = staging_[staging_set_];
+  CUDA_CHECK(cudaEventSynchronize(set.hyper_done));  // the last copy from these scalars has read them
+  set.hyper[0] = hp.lr;
+  set.hyper[1] = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step)));
+  set.hyper[2] = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)));
+  CUDA_CHECK(cudaMemcpyAsync(hyper_.data, set.hyper, 3 * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaEventRecord(set.hyper_done, stream_));
 }
 
 void CudaModel::update() {
@@ -905,15 +944,34 @@ void CudaModel::update() {
   ops_.adamw(*adamw_, hp_, norm_.slice0(1, 2), host_ ? TensorView() : hyper_, ctx());
 }
 
-CudaModel::StepStatus CudaModel::read_step_status(int64_t n) const {
+int CudaModel::enqueue_step_status() {
+  if (host_) {
+    std::memcpy(status_host_mem_.data(), status_.data, status_.nbytes());
+    return 0;
+  }
+  const int ticket = staging_set_;
+  StagingSet& set = staging_[ticket];
+  CUDA_CHECK(cudaEventSynchronize(set.status_done));  // its last copy has landed (and was read)
+  CUDA_CHECK(cudaMemcpyAsync(set.status, status_.data, status_.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaEventRecord(set.status_done, stream_));
+  staging_set_ ^= 1;
+  return ticket;
+}
+
+CudaModel::StepStatus CudaModel::wait_step_status(int ticket, int64_t n) const {
   const int64_t S = opt_.loss_slots;
   n = std::min(n, S);
-  from_model(status_host_, status_.data, status_.nbytes());  // one D2H copy, then the stream syncs
+  const float* status = status_host_mem_.data();
+  if (!host_) {
+    if (ticket < 0 || ticket > 1) throw RuntimeError(fmt::format("cuda model: step status ticket {} (0 or 1)", ticket));
+    CUDA_CHECK(cudaEventSynchronize(staging_[ticket].status_done));  // that step's copy, not later work
+    status = staging_[ticket].status;
+  }
   StepStatus st;
   const double tokens = static_cast<double>(B_ * T_);
-  for (int64_t i = 0; i < n; ++i) st.loss_sum += static_cast<double>(status_host_[i]) / tokens;
-  st.grad_norm = status_host_[S];
-  st.finite = status_host_[S + 2] != 0.0f;
+  for (int64_t i = 0; i < n; ++i) st.loss_sum += static_cast<double>(status[i]) / tokens;
+  st.grad_norm = status[S];
+  st.finite = status[S + 2] != 0.0f;
   return st;
 }
 

@@ -94,7 +94,8 @@ class CudaModel {
 
   void zero_grad();
   // tokens, targets: host int32 [B*T], copied (stream-ordered; the host buffers may be reused at
-  // once) into the device token buffers of `slot` (0 .. loss_slots-1, one per micro-batch).
+  // once) into the device token buffers of `slot` (0 .. loss_slots-1, one per micro-batch),
+  // through pinned memory (see staging_).
   void stage_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t slot);
   // Forward of the batch staged in `slot`; its mean loss goes to loss slot `slot`. dloss != 0
   // (pass 1 / (B*T*accumulation steps)) also runs the head's backward, block by block while each
@@ -134,7 +135,14 @@ class CudaModel {
     double loss_sum = 0, grad_norm = 0;
     bool finite = true;
   };
-  StepStatus read_step_status(int64_t n) const;
+  StepStatus read_step_status(int64_t n) { return wait_step_status(enqueue_step_status(), n); }
+  // The same in two halves, so the host can enqueue the next step before reading this one's:
+  // enqueue_step_status() queues the D2H copy of the status after everything enqueued so far and
+  // returns a ticket; later staging (stage_batch, set_hyper, the next status) uses the other set
+  // of pinned buffers. wait_step_status(ticket, n) waits for that copy alone (not for work
+  // enqueued after it) and reads it. At most two steps may be outstanding.
+  int enqueue_step_status();
+  StepStatus wait_step_status(int ticket, int64_t n) const;
 
   // Phase marks for the step profiler (nullptr: none; the profiler must outlive the model's use).
   void set_profiler(StepProfiler* p) { prof_ = p; }
@@ -145,6 +153,8 @@ class CudaModel {
   // Whether q|k|v's and the MLP up-projection's bias gradients come from their weight GEMMs
   // (PRIMUS_CUDA_BIAS_GRAD=ones, the default where it applies; see BiasGrad).
   bool bias_grad_from_ones() const { return ones_pad_ != 0; }
+
+  void sync() const;  // waits for everything enqueued on the model's stream
 
   // Device bytes held by the three arenas.
   size_t reserved_bytes() const;
@@ -202,7 +212,6 @@ class CudaModel {
   void to_model(void* dst, const void* src, size_t bytes) const;    // host -> model memory, stream-ordered
   void from_model(void* dst, const void* src, size_t bytes) const;  // model memory -> host
   void zero(const TensorView& t) const;
-  void sync() const;
 
   train::ModelSpec spec_;
   train::ParamLayout layout_;
@@ -235,8 +244,24 @@ class CudaModel {
   bool zero_grad_full_ = false;
   bool fresh_head_ = false, fresh_layers_ = false;
   turbo::AdamWHyper hp_;
-  float* status_host_ = nullptr;  // pinned (device mode) copy of status_
-  std::vector<float> status_host_mem_;
+  std::vector<float> status_host_mem_;  // host mode: the status read back
+  // Pinned host buffers for the step's copies (device mode), in two sets, so that the host stages
+  // step s + 1 while step s runs: per set every batch slot's tokens and targets, the AdamW
+  // scalars and the step status. Each region's last copy records an event that the host waits
+  // on before it rewrites the region; in training the set was last used two steps ago, so the
+  // wait returns at once (a test that stages twice in a row waits for the first copy).
+  struct StagingSet {
+    char* mem = nullptr;  // one cudaMallocHost block: batches, then the scalars, then the status
+    int32_t* batch = nullptr;  // [loss_slots][tokens | targets][max_batch * max_seq]
+    float* hyper = nullptr;    // [3]
+    float* status = nullptr;   // status_.numel()
+    std::vector<cudaEvent_t> batch_done;  // per batch slot
+    cudaEvent_t hyper_done = nullptr, status_done = nullptr;
+  };
+  StagingSet staging_[2];
+  int staging_set_ = 0;  // the set the next staging writes
+  void init_staging();
+  void free_staging();
   // activations; policy_[l] says which of layers_[l]'s tensors are its own (the rest alias work_)
   std::vector<Recompute> policy_;
   LayerActs work_;

@@ -63,6 +63,7 @@ class StepGraph {
   void run(const std::function<void()>& body);
 
   bool captured() const { return exec_ != nullptr; }
+  bool will_capture() const { return enabled_ && !exec_ && steps_ >= 1; }  // the next run() captures
   int64_t steps() const { return steps_; }      // run() calls so far
   int64_t launches() const { return launches_; }  // graph launches (capture included)
 

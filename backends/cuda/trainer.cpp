@@ -159,10 +159,13 @@ void CudaTrainer::init() {
   }
   step_graph_ = std::make_unique<StepGraph>(model_->stream(), args_->cuda_graph, profiler_.get());
   log_step_setup(*model_, *args_);
-  if (const char* e = std::getenv("PRIMUS_CUDA_READ_AHEAD"); e && *e) {
-    const std::string v = e;
-    if (v == "0") read_ahead_on_ = false;
-    else if (v != "1") throw ConfigError(fmt::format("PRIMUS_CUDA_READ_AHEAD='{}': expected 0 or 1", v));
+  for (auto [name, flag] : {std::pair{"PRIMUS_CUDA_READ_AHEAD", &read_ahead_on_},
+                            std::pair{"PRIMUS_CUDA_LAUNCH_AHEAD", &launch_ahead_}}) {
+    if (const char* e = std::getenv(name); e && *e) {
+      const std::string v = e;
+      if (v == "0") *flag = false;
+      else if (v != "1") throw ConfigError(fmt::format("{}='{}': expected 0 or 1", name, v));
+    }
   }
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
@@ -261,11 +264,15 @@ void CudaTrainer::step_body(int64_t step) {
   }
 }
 
-double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
+void CudaTrainer::launch_step(int64_t step) {
   auto& t = args_->train;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
+  const bool timed = ++host_times_.launches > 2;  // past the warm-up and capture steps
+  if (timed && host_times_.last_end != clock::time_point{}) {
+    host_times_.between += std::chrono::duration<double, std::milli>(t0 - host_times_.last_end).count();
+  }
   // Host work first: every micro-batch staged in its device slot and the step's AdamW scalars
   // set, so the step itself is device work only.
   for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
@@ -275,17 +282,26 @@ double CudaTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   reader_->finish_step(*data_.train);
   model_->set_hyper(adamw_hyper(step));
   const auto t1 = clock::now();
+  // A capture begins on an idle stream: the step before it (launched ahead or not) runs first.
+  if (step_graph_->will_capture()) model_->sync();
   step_graph_->run([&] { step_body(step); });
+  status_ticket_[step & 1] = model_->enqueue_step_status();
   if (read_ahead_on_) read_ahead();  // while the device runs the step (this step's batch is staged)
-  const auto t2 = clock::now();
-  const CudaModel::StepStatus st = model_->read_step_status(t.grad_accum_steps);  // the step's one sync
-  const auto t3 = clock::now();
-  if (++host_times_.seen > 2) {  // past the warm-up and capture steps
+  if (timed) {
     auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-    if (host_times_.last_end != clock::time_point{}) host_times_.between += ms(t0 - host_times_.last_end);
     host_times_.staging += ms(t1 - t0);
-    host_times_.launch += ms(t2 - t1);
-    host_times_.wait += ms(t3 - t2);
+    host_times_.launch += ms(clock::now() - t1);
+    ++host_times_.launches_timed;
+  }
+}
+
+double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
+  auto& t = args_->train;
+  using clock = std::chrono::steady_clock;
+  const auto t2 = clock::now();
+  const CudaModel::StepStatus st = model_->wait_step_status(status_ticket_[step & 1], t.grad_accum_steps);
+  if (++host_times_.seen > 2) {  // past the warm-up and capture steps
+    host_times_.wait += std::chrono::duration<double, std::milli>(clock::now() - t2).count();
     ++host_times_.steps;
   }
   if (profiler_) profiler_->collect();
@@ -421,6 +437,23 @@ void CudaTrainer::train() {
     NvtxRange r("step");
     return train_step(step, norm, finite);
   };
+  // Launch-ahead needs the step's status in its own pinned copy (device mode) and nothing on the
+  // host that reads per-step device state: no profiler (its events are per step), no data-parallel
+  // loss average (a host collective) in between.
+  const bool ahead = launch_ahead_ && !args_->host_mode && !profiler_ && !dp_;
+  if (ahead) {
+    hooks.launch = [this](int64_t step) {
+      NvtxRange r("launch");
+      launch_step(step);
+    };
+    hooks.finish = [this](int64_t step, double* norm, bool* finite) {
+      NvtxRange r("finish");
+      return finish_step(step, norm, finite);
+    };
+  }
+  spdlog::info("[cuda] launch-ahead: {}", ahead ? "on (step s + 1 is queued before step s's result is read)"
+                                                : launch_ahead_ ? "off (host mode, profiler or data parallelism)"
+                                                                : "off (PRIMUS_CUDA_LAUNCH_AHEAD=0)");
   hooks.decorate = [&](train::StepStats& st) {
     const size_t used = args_->host_mode ? 0 : device_memory().used;
     peak_used_bytes_ = std::max(peak_used_bytes_, used);
@@ -441,12 +474,13 @@ void CudaTrainer::train() {
   if (rank0()) report_profile(profiler_.get(), t.output_dir);
   spdlog::info("[cuda] peak device memory in use {:.2f} GiB (of which {:.2f} GiB reserved by the model's arenas)",
                gib(peak_used_bytes_), gib(arena_bytes()));
-  if (const HostTimes& h = host_times_; h.steps > 0) {
-    const double n = static_cast<double>(h.steps);
+  if (const HostTimes& h = host_times_; h.steps > 0 && h.launches_timed > 0) {
+    const double n = static_cast<double>(h.steps), nl = static_cast<double>(h.launches_timed);
     spdlog::info("[cuda] host time per step over {} steps: between steps {:.3f} ms, staging {:.3f} ms, launch {:.3f} ms, "
-                 "waiting for the device {:.3f} ms (the device idles for about the first two; launch includes "
-                 "reading the next step's batches ahead)",
-                 h.steps, h.between / n, h.staging / n, h.launch / n, h.wait / n);
+                 "waiting for the device {:.3f} ms (launch includes reading the next step's batches ahead; {})",
+                 h.steps, h.between / nl, h.staging / nl, h.launch / nl, h.wait / n,
+                 ahead ? "with launch-ahead the device has the next step queued meanwhile"
+                       : "the device idles for about the first two");
   }
   if (!t.sample_prompt.empty() && t.sample_tokens > 0) {
     spdlog::info("[sample] the cuda backend does not sample yet; the checkpoint is shared with the reference "

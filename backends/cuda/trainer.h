@@ -31,7 +31,19 @@ class CudaTrainer : public Trainer {
   void cleanup(bool on_error) override;
 
  private:
-  double train_step(int64_t step, double* grad_norm, bool* finite);
+  double train_step(int64_t step, double* grad_norm, bool* finite) {
+    launch_step(step);
+    return finish_step(step, grad_norm, finite);
+  }
+  // The step in two halves (train/step_loop.h's launch and finish hooks): launch_step stages the
+  // step's batches and AdamW scalars, enqueues its device work and the copy of its status;
+  // finish_step waits for that status alone. With launch_ahead_ the step loop launches step s + 1
+  // before it finishes step s, so the device runs back to back while the host reads, logs and
+  // stages (one process, no profiler; PRIMUS_CUDA_LAUNCH_AHEAD=0 turns it off for A/B runs).
+  void launch_step(int64_t step);
+  double finish_step(int64_t step, double* grad_norm, bool* finite);
+  bool launch_ahead_ = true;
+  int status_ticket_[2] = {0, 0};  // by step parity: enqueue_step_status's ticket
   void step_body(int64_t step);  // the step's device work (captured under cuda_graph)
   void configure_gemm_algorithms();  // cuBLASLt algorithm search and its cache (gemm_algo_search)
   turbo::AdamWHyper adamw_hyper(int64_t step) const;
@@ -77,13 +89,15 @@ class CudaTrainer : public Trainer {
   nlohmann::json valid_start_;  // the validation iterator at its start: every eval begins there
   size_t peak_used_bytes_ = 0;
   // Host time per training step (steady clock, ms, summed over the steps after the first two):
-  // between steps (the step loop's own work), staging (batches to the device, AdamW scalars),
-  // launching the step (graph replay or eager enqueue) and reading the next step's batches ahead,
-  // waiting for its status (the GPU's share).
-  // The GPU idles for about between + staging: reported at the end of training.
+  // the step loop's own work (from one finish_step to the next launch_step), staging (batches to
+  // the device, AdamW scalars), launching the step (graph replay or eager enqueue) and reading the
+  // next step's batches ahead, waiting for its status. Without launch-ahead the device idles for
+  // about the first two; with it, only when the host's share exceeds the step's device time.
+  // Reported at the end of training.
   struct HostTimes {
     double between = 0, staging = 0, launch = 0, wait = 0;
-    int64_t steps = 0, seen = 0;
+    int64_t steps = 0, seen = 0;              // finish_step: timed, all
+    int64_t launches_timed = 0, launches = 0;  // launch_step: timed, all
     std::chrono::steady_clock::time_point last_end{};
   } host_times_;
   // The step runner (eager or CUDA graph) and the optional per-phase profiler; both after the
