@@ -114,8 +114,10 @@ cross_entropy_kernel(T* dlogits, float* losses, float* lse_out, const T* logits,
 }
 
 // ---- On-chip kernel (sm_90, bf16): one HBM read and one write per row -----------------------
-// The row is copied once into shared memory (cp.async, 16-byte vectors, all in flight at once),
-// and the max, the sum of exponentials and the gradient are computed from there. A row that does
+// The row is copied once into shared memory (cp.async, 16-byte vectors, all in flight at once in
+// four commit groups); each thread folds its vectors into a running max and sum of exponentials
+// as their group lands, and the gradient is computed from shared memory once the row's log-sum-exp
+// is known (before: a max pass and a sum pass after the whole row had arrived). A row that does
 // not fit one SM is split over a thread-block cluster of C CTAs (C = 1, 2, 4 or 8): CTA r holds
 // vectors [r*S, (r+1)*S) of the row (S = ceil(Vp/8 / C)), and the CTAs exchange their partial
 // max and sum through distributed shared memory. Every CTA combines the C partials in rank order
@@ -134,7 +136,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
 
 // The C partials `stat[k]` of the cluster, combined in rank order (lane r reads rank r): every
 // thread of every CTA of the cluster gets the same value.
@@ -168,41 +174,68 @@ cross_entropy_onchip_kernel(bf16* dlogits, float* losses, float* lse_out, const 
   const int cnt = max(0, min(slice, Vp / W - v0));         // vectors held here
   const int cols = V - v0 * W;                             // local columns < cols are classes
   const bf16* x = logits + row * Vp + static_cast<int64_t>(v0) * W;
-  for (int j = threadIdx.x; j < cnt; j += blockDim.x)
-    cp_async16(row_smem + static_cast<size_t>(j) * 16, x + static_cast<int64_t>(j) * W);
-  const int target = targets[row];  // in flight with the copies
-  cp_async_wait_all();
-  __syncthreads();
-
-  // Max of the row (padding columns excluded).
-  float m = -INFINITY;
-#pragma unroll 4
-  for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
-    const Vec<bf16> v = buf[j];
+  // The copies go out in kGroups commit groups (thread t's vectors t, t + blockDim, ... in order,
+  // a quarter of them per group), and each thread folds its own vectors into a running max and
+  // sum of exponentials as each group lands, so the arithmetic overlaps the rest of the row's
+  // arrival; a thread reads only the vectors it copied, so no barrier is needed until the
+  // block's reduction.
+  constexpr int kGroups = 4;
+  const int bd = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  const int per = (cnt + bd - 1) / bd;           // vectors per thread (the first threads')
+  const int q = (per + kGroups - 1) / kGroups;   // per group
 #pragma unroll
-    for (int e = 0; e < W; ++e)
-      if (j * W + e < cols) m = fmaxf(m, v.get(e));
+  for (int g = 0; g < kGroups; ++g) {
+    for (int k = g * q; k < min(per, (g + 1) * q); ++k) {
+      const int j = tid + k * bd;
+      if (j < cnt) cp_async16(row_smem + static_cast<size_t>(j) * 16, x + static_cast<int64_t>(j) * W);
+    }
+    cp_async_commit();
   }
-  m = block_max(m, red);
+  const int target = targets[row];  // in flight with the copies
+  // Running max m and sum s of exp(x - m) over this thread's columns (padding excluded), in
+  // base 2: s = sum of 2^((x - m) log2 e).
+  float m = -INFINITY, s = 0.0f;
+  auto fold = [&](int g) {
+    for (int k = g * q; k < min(per, (g + 1) * q); ++k) {
+      const int j = tid + k * bd;
+      if (j >= cnt) break;
+      const Vec<bf16> v = buf[j];
+      float vmax = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < W; ++e)
+        if (j * W + e < cols) vmax = fmaxf(vmax, v.get(e));
+      if (vmax == -INFINITY) continue;  // padding only, or a -inf run
+      const float nm = fmaxf(m, vmax);
+      const float nm2 = -nm * kLog2e;
+      float add = 0.0f;
+#pragma unroll
+      for (int e = 0; e < W; ++e)
+        if (j * W + e < cols) add += ex2(fmaf(v.get(e), kLog2e, nm2));
+      s = s * ex2((m - nm) * kLog2e) + add;  // m = -inf: s is 0 and ex2(-inf) is 0
+      m = nm;
+    }
+  };
+  cp_async_wait_group<kGroups - 1>();
+  fold(0);
+  cp_async_wait_group<kGroups - 2>();
+  fold(1);
+  cp_async_wait_group<kGroups - 3>();
+  fold(2);
+  cp_async_wait_group<0>();
+  fold(3);
+  static_assert(kGroups == 4, "the waits above are written out for 4 groups");
+
+  // The block's (then the cluster's) max, and every partial sum rescaled to it. The block
+  // reductions' barriers also make every thread's copies visible to the whole block.
+  const float bmax = block_max(m, red);
+  s = block_sum(m == -INFINITY ? 0.0f : s * ex2((m - bmax) * kLog2e), red);
+  m = bmax;
   if constexpr (kCluster > 1) {
     if (threadIdx.x == 0) stat[0] = m;
     cg::this_cluster().sync();  // also: every CTA of the cluster is running (DSMEM is valid)
-    m = cluster_combine<kCluster, true>(&stat[0]);
-  }
-  // Sum of exp(x - max): exp2 of one fma per element.
-  const float mref = m == -INFINITY ? 0.0f : m;  // a row of -inf: sum 0, lse -inf (as the legacy kernel)
-  const float nm2 = -mref * kLog2e;
-  float s = 0.0f;
-#pragma unroll 4
-  for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
-    const Vec<bf16> v = buf[j];
-#pragma unroll
-    for (int e = 0; e < W; ++e)
-      if (j * W + e < cols) s += ex2(fmaf(v.get(e), kLog2e, nm2));
-  }
-  s = block_sum(s, red);
-  if constexpr (kCluster > 1) {
-    if (threadIdx.x == 0) stat[1] = s;
+    const float cmax = cluster_combine<kCluster, true>(&stat[0]);
+    if (threadIdx.x == 0) stat[1] = m == -INFINITY ? 0.0f : s * ex2((m - cmax) * kLog2e);
+    m = cmax;
     cg::this_cluster().sync();
     s = cluster_combine<kCluster, false>(&stat[1]);
     // The partials have been read: arrive now, wait only before exiting (a CTA's shared memory
