@@ -12,8 +12,8 @@ import re
 import sys
 from collections import OrderedDict, defaultdict
 
-TIME = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
-BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+TIME = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
+BYTES = {"byte": 1.0, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9, "Tbyte": 1e12}
 
 
 def load(path):
@@ -31,11 +31,14 @@ def load(path):
             k["rd"] = value * BYTES.get(unit, 1.0)
         elif name.startswith("dram__bytes_write"):
             k["wr"] = value * BYTES.get(unit, 1.0)
+        elif name.startswith("sm__cycles_elapsed.avg.per_second"):
+            k["clk"], k["clk_unit"] = value, unit
     return list(kernels.values())
 
 
 def short(name):
-    name = re.sub(r"\(.*", "", name).replace("void ", "")
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "").replace("void ", "")
+    name = re.sub(r"\(.*", "", name)
     name = re.sub(r"<.*", "", name)
     return name.split("::")[-1][:60]
 
@@ -57,6 +60,11 @@ def main():
         b[1] += k.get("us", 0)
         b[2] += k.get("rd", 0) + k.get("wr", 0)
     print(f"step {len(ends)}: {len(step)} kernels, {total / 1e3:.3f} ms of kernel time")
+    clocked = [k for k in step if "clk" in k and k.get("us")]
+    if clocked:
+        t = sum(k["us"] for k in clocked)
+        print(f"SM clock, time-weighted mean over the step's kernels: "
+              f"{sum(k['clk'] * k['us'] for k in clocked) / t:.3f} {clocked[0]['clk_unit']}")
     if tps > 0:
         wall = tokens / tps * 1e3
         print(f"graph run: {tps:.0f} tok/s = {wall:.3f} ms per step; between kernels: {wall - total / 1e3:.3f} ms "
