@@ -12,8 +12,8 @@ export LD_LIBRARY_PATH="$PWD/.carry-cuda:${LD_LIBRARY_PATH:-}"
 ARGS=(train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml micro_batch_size=16 global_batch_size=16
       seq_length=1024 lr_warmup_iters=5 eval_interval=0 save_interval=0 save_at_end=false exp_name=bench mock_data=true
       train_iters=${STEPS:-20} log_interval=10 ${MODEL_ARGS:-})
-PRIMUS_CUPTI_TRACE=$OUT/cupti_trace.csv LD_PRELOAD=$PWD/.carry-cuda/libcupti_trace.so timeout 300 /tmp/pb/primus "${ARGS[@]}" \
-  workspace=/tmp/ws_g > /tmp/g.log 2>&1
+timeout 300 env PRIMUS_CUPTI_TRACE="$OUT/cupti_trace.csv" LD_PRELOAD="$PWD/.carry-cuda/libcupti_trace.so" \
+  /tmp/pb/primus "${ARGS[@]}" workspace=/tmp/ws_g > /tmp/g.log 2>&1
 echo "traced run rc=$?: $(grep -o 'step [0-9]*/[0-9]*.*tok/s' /tmp/g.log | tail -1 | sed 's/| loss.*| \([0-9]* tok\/s\)/\1/')"
 grep cupti_trace /tmp/g.log
 timeout 200 /tmp/pb/primus "${ARGS[@]}" workspace=/tmp/ws_g2 > /tmp/g2.log 2>&1

@@ -94,6 +94,7 @@ struct Context {
   cublasLtHandle_t handle = nullptr;
   void* ws = nullptr;
   size_t ws_bytes = 0;
+  bool ws_set = false;  // ws / ws_bytes decided (set_workspace, or the default at the first GEMM)
   std::unique_ptr<Arena> own_ws;
   int algo_search = 0;  // 0: not yet read from the environment
   std::unordered_map<std::string, std::unique_ptr<Plan>> plans;
@@ -525,6 +526,7 @@ void set_workspace(void* ptr, size_t bytes) {
   std::lock_guard lock(c.mu);
   c.ws = ptr;
   c.ws_bytes = ptr ? bytes : 0;
+  c.ws_set = ptr != nullptr;  // nullptr: the default again at the next GEMM
   c.own_ws.reset();
   c.plans.clear();
 }
@@ -595,10 +597,23 @@ void gemm(const GemmProblem& p, cudaStream_t stream) {
   std::lock_guard lock(c.mu);
   if (!c.handle) CUBLAS_CHECK(lt().cublasLtCreate(&c.handle));
   resolve_algo_search(c);
-  if (!c.ws) {
-    c.own_ws = make_device_arena(kDefaultWorkspaceBytes);
-    c.ws = c.own_ws->allocate(kDefaultWorkspaceBytes, 256, "cuBLASLt workspace");
-    c.ws_bytes = kDefaultWorkspaceBytes;
+  if (!c.ws_set) {
+    // PRIMUS_TURBO_CUBLASLT_WORKSPACE_MB (default 32, cuBLAS's recommendation on Hopper): 0 limits
+    // the search and the heuristic to algorithms that need no workspace (and no zeroed counter in it).
+    size_t bytes = kDefaultWorkspaceBytes;
+    if (const char* e = std::getenv("PRIMUS_TURBO_CUBLASLT_WORKSPACE_MB"); e && *e) {
+      char* end = nullptr;
+      const long mb = std::strtol(e, &end, 10);
+      if (*end || mb < 0 || mb > 4096)
+        throw ConfigError(fmt::format("PRIMUS_TURBO_CUBLASLT_WORKSPACE_MB='{}': expected MiB in 0..4096", e));
+      bytes = static_cast<size_t>(mb) << 20;
+    }
+    if (bytes > 0) {
+      c.own_ws = make_device_arena(bytes);
+      c.ws = c.own_ws->allocate(bytes, 256, "cuBLASLt workspace");
+    }
+    c.ws_bytes = bytes;
+    c.ws_set = true;
   }
   const std::string key = plan_key(p, c);
   auto it = c.plans.find(key);
