@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPT-2 124M training (B16 x T1024, graph on, 30 steps), this build against a baseline build, back to back
 # in ROUNDS (default 2) interleaved rounds, on mock data and on tinyshakespeare (DATA="mock real", the
-# default; either alone); then, with PROFILE_GREP set, a profiled 12-step run of each on mock data, the
-# phase lines matching PROFILE_GREP (e.g. "loss|per step"). Prints step-30 tokens/s per run.
+# default; either alone); then, with PROFILE_GREP set, a profiled 12-step run of each (on PROFILE_DATA, mock
+# or real, default mock), the phase lines matching PROFILE_GREP (e.g. "loss|per step"). Prints step-30
+# tokens/s per run.
 # Carry: .carry-cuda (primus.gz = new) and .carry-probe (primus_old.gz = baseline).
 #   run(command="PROFILE_GREP='loss|step' bash bench/train/bin_ab.sh", carry=[".carry-cuda", ".carry-probe"])
 # shellcheck disable=SC1091
@@ -25,7 +26,8 @@ for round in $(seq "${ROUNDS:-2}"); do
 done
 if [ -n "${PROFILE_GREP:-}" ]; then
   for bin in primus_old primus; do
-    PRIMUS_CUDA_PROFILE=1 timeout 150 /tmp/pb/$bin "${ARGS[@]}" mock_data=true train_iters=12 log_interval=4 workspace=/tmp/ws_p_$bin > /tmp/plog_$bin 2>&1
+    pmock=true; [ "${PROFILE_DATA:-mock}" = real ] && pmock=false
+    PRIMUS_CUDA_PROFILE=1 timeout 150 /tmp/pb/$bin "${ARGS[@]}" mock_data=$pmock train_iters=12 log_interval=4 workspace=/tmp/ws_p_$bin > /tmp/plog_$bin 2>&1
     echo "profile $bin rc=$?"; grep -iE "$PROFILE_GREP" /tmp/plog_$bin | head -8
   done
 fi

@@ -8,9 +8,12 @@ graph run's step time (tokens_per_step / tokens_per_s): the difference is what t
 kernels (launch gaps, tails) plus profiling-clock differences.
 """
 import csv
-import re
+import os
 import sys
 from collections import OrderedDict, defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from cupti_gaps import short  # noqa: E402  (kernel names without namespaces and arguments)
 
 TIME = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
 BYTES = {"byte": 1.0, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9, "Tbyte": 1e12}
@@ -34,13 +37,6 @@ def load(path):
         elif name.startswith("sm__cycles_elapsed.avg.per_second"):
             k["clk"], k["clk_unit"] = value, unit
     return list(kernels.values())
-
-
-def short(name):
-    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "").replace("void ", "")
-    name = re.sub(r"\(.*", "", name)
-    name = re.sub(r"<.*", "", name)
-    return name.split("::")[-1][:60]
 
 
 def main():

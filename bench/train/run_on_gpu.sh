@@ -55,6 +55,7 @@ fi
 export LD_LIBRARY_PATH=$BIN:$(dirname "${lt:-/nonexistent/x}"):${cudnn_dir:-/nonexistent}:${LD_LIBRARY_PATH:-}
 # The binaries run from $BIN, away from the tree they were built in: point them at this one.
 export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2 PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
+export PRIMUS_BIN=$BIN/primus  # tests that run the binary (launch_ahead_test, the benchmark test)
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
 {
@@ -88,8 +89,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests a
   rc_fallback=$?
   timeout 90 "$BIN/test_cuda_gpu" --gtest_filter='*Default*' >> "$OUT/tests.log" 2>&1
   rc_default=$?
-  # The step machinery: graph replay vs eager, NaN skip under the graph, recompute parity, profiler.
-  timeout 150 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*' >> "$OUT/tests.log" 2>&1
+  # The step machinery: graph replay vs eager, NaN skip under the graph, recompute parity, profiler;
+  # the trainer with and without launch-ahead (the binary in $BIN, bit for bit, resume).
+  timeout 150 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*:*LaunchAhead*' >> "$OUT/tests.log" 2>&1
   rc_step=$?
   # FP8 (patch cuda.linear.fp8): 200-step curves of the FP8 recipes vs the reference; the FP8
   # GEMM, linear-layer and quantizer op tests when the carry has test_turbo_gpu.

@@ -19,6 +19,7 @@
 #include "core/backend/backend.h"
 #include "core/config/experiment.h"
 #include "core/patches/registry.h"
+#include "tests/cuda_gpu/trainer_metrics.h"
 #include "tests/e2e/cli_runner.h"
 
 namespace primus::backends::cuda {
@@ -34,22 +35,6 @@ std::string experiment(const std::string& framework, const std::string& ws) {
          "      split: 0.95\n      train_iters: 6\n      micro_batch_size: 4\n      global_batch_size: 8\n"
          "      lr: 2.0e-3\n      min_lr: 2.0e-4\n      lr_warmup_iters: 2\n      log_interval: 1\n"
          "      eval_interval: 3\n      eval_iters: 2\n      save_interval: 3\n";
-}
-
-// step -> loss and step -> val_loss from a metrics.jsonl.
-struct Metrics {
-  std::map<int64_t, double> loss, val;
-};
-Metrics read_metrics(const std::filesystem::path& p) {
-  Metrics m;
-  std::ifstream f(p);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) m.loss[j["step"]] = j["loss"];
-    if (j.contains("val_loss")) m.val[j["step"]] = j["val_loss"];
-  }
-  return m;
 }
 
 // Runs the cuda trainer in host mode in this process, with the build_args patches' effects
@@ -78,8 +63,8 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
   ASSERT_EQ(r.code, 0) << r.out;
   run_host_trainer(cuda_file, {});
-  const auto ref = read_metrics(w.path() / "g/u/reference/metrics.jsonl");
-  const auto ours = read_metrics(w.path() / "g/u/cuda/metrics.jsonl");
+  const auto ref = testing::read_trainer_metrics(w.path() / "g/u/reference/metrics.jsonl");
+  const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
   ASSERT_EQ(ref.loss.size(), 6u);
   ASSERT_EQ(ours.loss.size(), 6u);
   for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
@@ -91,7 +76,7 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   const auto ckpt3 = w.path() / "g/u/cuda/checkpoints/iter_0000003";
   ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
   run_host_trainer(cuda_file, {"exp_name=cuda_resumed", "load=" + ckpt3.string()});
-  const auto resumed = read_metrics(w.path() / "g/u/cuda_resumed/metrics.jsonl");
+  const auto resumed = testing::read_trainer_metrics(w.path() / "g/u/cuda_resumed/metrics.jsonl");
   ASSERT_EQ(resumed.loss.size(), 3u);
   for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, ours.loss.at(step), 1e-6 * l) << "resumed step " << step;
 
@@ -100,7 +85,7 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   ::setenv("PRIMUS_CUDA_READ_AHEAD", "0", 1);
   run_host_trainer(cuda_file, {"exp_name=cuda_no_read_ahead"});
   ::unsetenv("PRIMUS_CUDA_READ_AHEAD");
-  const auto plain = read_metrics(w.path() / "g/u/cuda_no_read_ahead/metrics.jsonl");
+  const auto plain = testing::read_trainer_metrics(w.path() / "g/u/cuda_no_read_ahead/metrics.jsonl");
   ASSERT_EQ(plain.loss.size(), ours.loss.size());
   for (auto [step, l] : plain.loss) EXPECT_EQ(l, ours.loss.at(step)) << "step " << step;
   for (auto [step, l] : plain.val) EXPECT_EQ(l, ours.val.at(step)) << "validation at step " << step;
