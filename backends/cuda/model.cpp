@@ -229,7 +229,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (opt_.optimizer_state) adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
   if (spec_.rope && !host_) turbo::rope_build_table(rope_table_, spec_.rotary_base, ctx());
   if (host_) {
-    status_host_mem_.resize(static_cast<size_t>(status_.numel()));
+    status_host_mem_.resize(2 * static_cast<size_t>(status_.numel()));
   } else {
     init_staging();
   }
@@ -945,11 +945,12 @@ void CudaModel::update() {
 }
 
 int CudaModel::enqueue_step_status() {
-  if (host_) {
-    std::memcpy(status_host_mem_.data(), status_.data, status_.nbytes());
-    return 0;
-  }
   const int ticket = staging_set_;
+  if (host_) {  // the step has run: its status into this ticket's half
+    std::memcpy(status_host_mem_.data() + ticket * status_.numel(), status_.data, status_.nbytes());
+    staging_set_ ^= 1;
+    return ticket;
+  }
   StagingSet& set = staging_[ticket];
   CUDA_CHECK(cudaEventSynchronize(set.status_done));  // its last copy has landed (and was read)
   CUDA_CHECK(cudaMemcpyAsync(set.status, status_.data, status_.nbytes(), cudaMemcpyDeviceToHost, stream_));
@@ -961,9 +962,9 @@ int CudaModel::enqueue_step_status() {
 CudaModel::StepStatus CudaModel::wait_step_status(int ticket, int64_t n) const {
   const int64_t S = opt_.loss_slots;
   n = std::min(n, S);
-  const float* status = status_host_mem_.data();
+  if (ticket < 0 || ticket > 1) throw RuntimeError(fmt::format("cuda model: step status ticket {} (0 or 1)", ticket));
+  const float* status = status_host_mem_.data() + ticket * status_.numel();
   if (!host_) {
-    if (ticket < 0 || ticket > 1) throw RuntimeError(fmt::format("cuda model: step status ticket {} (0 or 1)", ticket));
     CUDA_CHECK(cudaEventSynchronize(staging_[ticket].status_done));  // that step's copy, not later work
     status = staging_[ticket].status;
   }

@@ -244,7 +244,7 @@ class CudaModel {
   bool zero_grad_full_ = false;
   bool fresh_head_ = false, fresh_layers_ = false;
   turbo::AdamWHyper hp_;
-  std::vector<float> status_host_mem_;  // host mode: the status read back
+  std::vector<float> status_host_mem_;  // host mode: the status of each ticket (2 x status_), as staging_ below
   // Pinned host buffers for the step's copies (device mode), in two sets, so that the host stages
   // step s + 1 while step s runs: per set every batch slot's tokens and targets, the AdamW
   // scalars and the step status. Each region's last copy records an event that the host waits

@@ -3,8 +3,8 @@
 // tinyshakespeare as bytes, gradient accumulation 2, clipping, warmup + cosine, eval and
 // checkpoints. Same init, same batches, so every step's loss and every validation loss agree
 // (fp32 on both sides: 1e-5 relative); then a resume from the step-3 checkpoint replays
-// steps 4-6 with the same losses; and the run without the trainer's read-ahead of the next
-// step's batches has the same losses bit for bit.
+// steps 4-6 with the same losses; and the runs without the trainer's read-ahead of the next
+// step's batches and without launch-ahead have the same losses bit for bit.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -89,6 +89,16 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   ASSERT_EQ(plain.loss.size(), ours.loss.size());
   for (auto [step, l] : plain.loss) EXPECT_EQ(l, ours.loss.at(step)) << "step " << step;
   for (auto [step, l] : plain.val) EXPECT_EQ(l, ours.val.at(step)) << "validation at step " << step;
+
+  // Launch-ahead (on by default, host mode included: step s + 1 launched before step s's result
+  // is read) changes nothing either: the same run with PRIMUS_CUDA_LAUNCH_AHEAD=0.
+  ::setenv("PRIMUS_CUDA_LAUNCH_AHEAD", "0", 1);
+  run_host_trainer(cuda_file, {"exp_name=cuda_no_launch_ahead"});
+  ::unsetenv("PRIMUS_CUDA_LAUNCH_AHEAD");
+  const auto serial = testing::read_trainer_metrics(w.path() / "g/u/cuda_no_launch_ahead/metrics.jsonl");
+  ASSERT_EQ(serial.loss.size(), ours.loss.size());
+  for (auto [step, l] : serial.loss) EXPECT_EQ(l, ours.loss.at(step)) << "step " << step;
+  for (auto [step, l] : serial.val) EXPECT_EQ(l, ours.val.at(step)) << "validation at step " << step;
 }
 
 }  // namespace
