@@ -106,7 +106,9 @@ void expect_bias_grad_mode_matches_separate(const char* mode, StepRunOptions o, 
       worst = std::max(worst, std::fabs(double(grads[0][size_t(k)]) - grads[1][size_t(k)]));
       scale = std::max(scale, std::fabs(double(grads[1][size_t(k)])));
     }
-    if (t.name.find("bias") != std::string::npos) EXPECT_GT(scale, 0.0) << t.name << " has no gradient";
+    if (t.name.find("bias") != std::string::npos) {
+      EXPECT_GT(scale, 0.0) << t.name << " has no gradient";
+    }
     EXPECT_LE(worst, tol * scale + 1e-12) << t.name << " (" << mode << " vs separate)";
   }
 }
