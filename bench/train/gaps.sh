@@ -9,8 +9,11 @@ source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/gaps-out}
 mkdir -p /tmp/pb "$OUT" && gunzip -c .carry-cuda/primus.gz > /tmp/pb/primus && chmod +x /tmp/pb/primus
 export LD_LIBRARY_PATH="$PWD/.carry-cuda:${LD_LIBRARY_PATH:-}"
-ARGS=(train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml micro_batch_size=16 global_batch_size=16
-      seq_length=1024 lr_warmup_iters=5 eval_interval=0 save_interval=0 save_at_end=false exp_name=bench mock_data=true
+# CONFIG / SHAPE: another model (e.g. CONFIG=examples/cuda/llama3.2-1B.yaml SHAPE="micro_batch_size=8
+# global_batch_size=8 seq_length=2048").
+ARGS=(train pretrain --config "${CONFIG:-examples/cuda/gpt2-124M-shakespeare.yaml}"
+      ${SHAPE:-micro_batch_size=16 global_batch_size=16 seq_length=1024}
+      lr_warmup_iters=5 eval_interval=0 save_interval=0 save_at_end=false exp_name=bench mock_data=true
       train_iters=${STEPS:-20} log_interval=10 ${MODEL_ARGS:-})
 timeout 300 env PRIMUS_CUPTI_TRACE="$OUT/cupti_trace.csv" LD_PRELOAD="$PWD/.carry-cuda/libcupti_trace.so" \
   /tmp/pb/primus "${ARGS[@]}" workspace=/tmp/ws_g > /tmp/g.log 2>&1
