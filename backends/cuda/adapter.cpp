@@ -25,6 +25,11 @@ void add_cuda_schema(config::Schema& s) {
             "capture the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a warm-up step "
             "and replay it: auto (capture where the step can be captured: one process on a GPU; eagerly with "
             "several data-parallel ranks), true (capture; a setting that cannot be captured is an error) or false"})
+      .flag("launch_ahead", true,
+            "queue step s + 1 on the device before reading step s's loss and grad norm, so the device runs steps back "
+            "to back while the host logs and stages the next batches (not at evaluations, checkpoints or a stop "
+            "signal, where the host needs the state after step s; one process, no profiler). "
+            "PRIMUS_CUDA_LAUNCH_AHEAD=0|1 overrides it")
       .integer("gemm_algo_search", 8,
                "cuBLASLt algorithm per GEMM shape: k > 1 times the heuristic's top k candidates at the shape's first "
                "call and keeps the fastest, saved in a per-machine cache file that later runs reuse (the same "

@@ -159,12 +159,13 @@ void CudaTrainer::init() {
   }
   step_graph_ = std::make_unique<StepGraph>(model_->stream(), args_->cuda_graph, profiler_.get());
   log_step_setup(*model_, *args_);
+  launch_ahead_ = args_->launch_ahead;  // patch cuda.step.launch_ahead (key launch_ahead); the variable overrides
   for (auto [name, flag] : {std::pair{"PRIMUS_CUDA_READ_AHEAD", &read_ahead_on_},
                             std::pair{"PRIMUS_CUDA_LAUNCH_AHEAD", &launch_ahead_}}) {
     if (const char* e = std::getenv(name); e && *e) {
       const std::string v = e;
-      if (v == "0") *flag = false;
-      else if (v != "1") throw ConfigError(fmt::format("{}='{}': expected 0 or 1", name, v));
+      if (v == "0" || v == "1") *flag = v == "1";
+      else throw ConfigError(fmt::format("{}='{}': expected 0 or 1", name, v));
     }
   }
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
@@ -454,7 +455,7 @@ void CudaTrainer::train() {
   }
   spdlog::info("[cuda] launch-ahead: {}", ahead ? "on (step s + 1 is queued before step s's result is read)"
                                                 : launch_ahead_ ? "off (profiler or data parallelism)"
-                                                                : "off (PRIMUS_CUDA_LAUNCH_AHEAD=0)");
+                                                                : "off (launch_ahead: false or PRIMUS_CUDA_LAUNCH_AHEAD=0)");
   hooks.decorate = [&](train::StepStats& st) {
     const size_t used = args_->host_mode ? 0 : device_memory().used;
     peak_used_bytes_ = std::max(peak_used_bytes_, used);

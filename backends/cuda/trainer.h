@@ -39,10 +39,11 @@ class CudaTrainer : public Trainer {
   // step's batches and AdamW scalars, enqueues its device work and the copy of its status;
   // finish_step waits for that status alone. With launch_ahead_ the step loop launches step s + 1
   // before it finishes step s, so the device runs back to back while the host reads, logs and
-  // stages (one process, no profiler; PRIMUS_CUDA_LAUNCH_AHEAD=0 turns it off for A/B runs).
+  // stages (patch cuda.step.launch_ahead, key launch_ahead; PRIMUS_CUDA_LAUNCH_AHEAD=0|1 overrides;
+  // not with data parallelism or the profiler).
   void launch_step(int64_t step);
   double finish_step(int64_t step, double* grad_norm, bool* finite);
-  bool launch_ahead_ = true;
+  bool launch_ahead_ = false;
   int status_ticket_[2] = {0, 0};  // by step parity: enqueue_step_status's ticket
   void step_body(int64_t step);  // the step's device work (captured under cuda_graph)
   void configure_gemm_algorithms();  // cuBLASLt algorithm search and its cache (gemm_algo_search)

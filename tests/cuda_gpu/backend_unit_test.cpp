@@ -71,7 +71,7 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   }
   EXPECT_EQ(hooks.names().size(), 15u);
   for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
-                         "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph",
+                         "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph", "cuda.step.launch_ahead",
                          "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times",
                          "cuda.linear.fp8", "cuda.attention.deterministic"}) {
     const patches::Patch* p = reg.find(id);

@@ -49,6 +49,7 @@ void run_host_trainer(const std::filesystem::path& exp_file, std::vector<std::st
   auto args = std::static_pointer_cast<CudaArgs>(adapter->convert_config(cfg, exp));
   args->host_mode = true;
   args->train.grad_accum_steps = args->train.global_batch_size / args->train.micro_batch_size;
+  args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead
   CudaTrainer trainer(args, CudaOps::defaults());
   trainer.setup();
   trainer.init();

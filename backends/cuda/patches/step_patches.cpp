@@ -1,5 +1,6 @@
 // The training step's optional machinery, each switched on by its config key: CUDA-graph
-// capture, cuBLASLt's algorithm search, activation recomputation and the per-phase GPU profile.
+// capture, launch-ahead, cuBLASLt's algorithm search, activation recomputation and the per-phase
+// GPU profile.
 // With PRIMUS_PATCHES=none the keys are still validated (adapter.cpp) but the step runs
 // eagerly, takes cuBLASLt's heuristic algorithms, keeps every activation and is not profiled.
 #include <fmt/format.h>
@@ -40,6 +41,26 @@ void register_step_patches(patches::PatchRegistry& reg) {
     a.cuda_graph_auto = parse_cuda_graph(*c.get("cuda_graph")) == GraphMode::Auto;
   };
   reg.add(graph);
+
+  patches::Patch ahead;
+  ahead.id = "cuda.step.launch_ahead";
+  ahead.backend = kName;
+  ahead.phase = patches::Phase::BuildArgs;
+  ahead.description = "launch-ahead: step s + 1 is staged and queued before step s's loss and grad norm are read, so "
+                      "the device runs steps back to back while the host logs and stages the next batches (+1.1% "
+                      "tokens/s for GPT-2 124M on tinyshakespeare, +0.3% on mock data, H200); same losses bit for bit";
+  ahead.logic = "rewrites args: launch_ahead = true (the trainer gives the step loop launch / finish hooks; "
+                "train/step_loop.h does not run ahead where the state after step s is evaluated or saved, and lets "
+                "the step in flight finish before a signal's checkpoint). Off with data parallelism or the profiler";
+  ahead.impl = "train/step_loop.cpp (run_step_loop), backends/cuda/trainer.cpp (launch_step / finish_step), "
+               "backends/cuda/model.cpp (two sets of pinned staging buffers, one status copy per ticket)";
+  ahead.porting = "the usual asynchronous training loop of PyTorch trainers that do not call .item() every step "
+                  "(the loss read one step late); here the loop keeps the host's view exact at evaluations, "
+                  "checkpoints, NaN stops and signals";
+  ahead.tags = {"performance", "step"};
+  ahead.condition = [](patches::PatchContext& c) { return c.flag("launch_ahead"); };
+  ahead.apply = [](patches::PatchContext& c) { c.args_as<CudaArgs>().launch_ahead = true; };
+  reg.add(ahead);
 
   patches::Patch search;
   search.id = "cuda.gemm.algo_search";
