@@ -33,8 +33,8 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
   const bool split = h.launch && h.finish;
   int64_t launched = -1;  // split: the last step launched (finished or not)
   bool stopping = false;  // split: a stop was agreed while a step was in flight
-  auto t0 = std::chrono::steady_clock::now();
   while (*step < t.train_iters) {
+    const auto t0 = std::chrono::steady_clock::now();  // the previous step's bookkeeping is done
     double norm = 0;
     bool finite = true;
     double loss = 0;
@@ -79,7 +79,6 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
     const bool stop = h.agree_stop ? h.agree_stop(exit_requested()) : exit_requested();
     if (stop && launched >= *step) {  // the step in flight finishes first; the checkpoint follows it
       stopping = true;
-      t0 = std::chrono::steady_clock::now();
       continue;
     }
     if (saves_at(t, *step) || stop) h.save(*step);
@@ -90,7 +89,6 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
                    why, *step, t.ckpt.save.string(), t.ckpt.save.string());
       return true;
     }
-    t0 = std::chrono::steady_clock::now();
   }
   return false;
 }

@@ -292,7 +292,6 @@ void CudaTrainer::launch_step(int64_t step) {
     auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
     host_times_.staging += ms(t1 - t0);
     host_times_.launch += ms(clock::now() - t1);
-    ++host_times_.launches_timed;
   }
 }
 
@@ -301,9 +300,8 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
   using clock = std::chrono::steady_clock;
   const auto t2 = clock::now();
   const CudaModel::StepStatus st = model_->wait_step_status(status_ticket_[step & 1], t.grad_accum_steps);
-  if (++host_times_.seen > 2) {  // past the warm-up and capture steps
+  if (++host_times_.finishes > 2) {  // past the warm-up and capture steps
     host_times_.wait += std::chrono::duration<double, std::milli>(clock::now() - t2).count();
-    ++host_times_.steps;
   }
   if (profiler_) profiler_->collect();
   double loss = st.loss_sum / static_cast<double>(t.grad_accum_steps);
@@ -476,11 +474,13 @@ void CudaTrainer::train() {
   if (rank0()) report_profile(profiler_.get(), t.output_dir);
   spdlog::info("[cuda] peak device memory in use {:.2f} GiB (of which {:.2f} GiB reserved by the model's arenas)",
                gib(peak_used_bytes_), gib(arena_bytes()));
-  if (const HostTimes& h = host_times_; h.steps > 0 && h.launches_timed > 0) {
-    const double n = static_cast<double>(h.steps), nl = static_cast<double>(h.launches_timed);
+  const HostTimes& h = host_times_;
+  if (const int64_t steps = HostTimes::timed(h.finishes), launches = HostTimes::timed(h.launches);
+      steps > 0 && launches > 0) {
+    const double n = static_cast<double>(steps), nl = static_cast<double>(launches);
     spdlog::info("[cuda] host time per step over {} steps: between steps {:.3f} ms, staging {:.3f} ms, launch {:.3f} ms, "
                  "waiting for the device {:.3f} ms (launch includes reading the next step's batches ahead; {})",
-                 h.steps, h.between / nl, h.staging / nl, h.launch / nl, h.wait / n,
+                 steps, h.between / nl, h.staging / nl, h.launch / nl, h.wait / n,
                  ahead ? "with launch-ahead the device has the next step queued meanwhile"
                        : "the device idles for about the first two");
   }

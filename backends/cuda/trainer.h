@@ -97,8 +97,8 @@ class CudaTrainer : public Trainer {
   // Reported at the end of training.
   struct HostTimes {
     double between = 0, staging = 0, launch = 0, wait = 0;
-    int64_t steps = 0, seen = 0;              // finish_step: timed, all
-    int64_t launches_timed = 0, launches = 0;  // launch_step: timed, all
+    int64_t launches = 0, finishes = 0;  // all; the first two of each (warm-up, capture) are not timed
+    static int64_t timed(int64_t n) { return n > 2 ? n - 2 : 0; }
     std::chrono::steady_clock::time_point last_end{};
   } host_times_;
   // The step runner (eager or CUDA graph) and the optional per-phase profiler; both after the

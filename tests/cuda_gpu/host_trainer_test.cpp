@@ -19,23 +19,11 @@
 #include "core/backend/backend.h"
 #include "core/config/experiment.h"
 #include "core/patches/registry.h"
-#include "tests/cuda_gpu/trainer_metrics.h"
+#include "tests/cuda_gpu/trainer_runs.h"
 #include "tests/e2e/cli_runner.h"
 
 namespace primus::backends::cuda {
 namespace {
-
-std::string experiment(const std::string& framework, const std::string& ws) {
-  return "work_group: g\nuser_name: u\nexp_name: " + framework + "\nworkspace: " + ws +
-         "\nmodules:\n  pre_trainer:\n    framework: " + framework +
-         "\n    config: pretrain.yaml\n    model: gpt2/tiny.yaml\n    overrides:\n"
-         "      tokenizer_type: bytes\n      vocab_size: 256\n      seq_length: 64\n      num_layers: 2\n"
-         "      hidden_size: 64\n      num_attention_heads: 2\n      ffn_hidden_size: 256\n"
-         "      data_path: [" + std::string(PRIMUS_SOURCE_DIR) + "/examples/data/tinyshakespeare.txt]\n"
-         "      split: 0.95\n      train_iters: 6\n      micro_batch_size: 4\n      global_batch_size: 8\n"
-         "      lr: 2.0e-3\n      min_lr: 2.0e-4\n      lr_warmup_iters: 2\n      log_interval: 1\n"
-         "      eval_interval: 3\n      eval_iters: 2\n      save_interval: 3\n";
-}
 
 // Runs the cuda trainer in host mode in this process, with the build_args patches' effects
 // (accumulation steps) applied by hand: the runtime would need a device for prepare().
@@ -59,8 +47,8 @@ void run_host_trainer(const std::filesystem::path& exp_file, std::vector<std::st
 
 TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   primus::testing::Workdir w;
-  auto ref_file = w.write("ref.yaml", experiment("reference", w.str()));
-  auto cuda_file = w.write("cuda.yaml", experiment("cuda", w.str()));
+  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()));
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
   auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
   ASSERT_EQ(r.code, 0) << r.out;
   run_host_trainer(cuda_file, {});

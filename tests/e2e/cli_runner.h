@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -17,8 +18,14 @@ struct CliResult {
   std::string out;  // stdout and stderr together
 };
 
+// The binary: $PRIMUS_BIN (a GPU run unpacks it away from the build), else this build's.
+inline std::string primus_binary() {
+  if (const char* b = std::getenv("PRIMUS_BIN"); b && *b) return b;
+  return std::string(PRIMUS_BINARY_DIR) + "/bin/primus";
+}
+
 inline CliResult run_primus(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + " OMP_NUM_THREADS=1 " + std::string(PRIMUS_BINARY_DIR) + "/bin/primus " + args + " 2>&1";
+  std::string cmd = env + " OMP_NUM_THREADS=1 " + primus_binary() + " " + args + " 2>&1";
   CliResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

@@ -5,9 +5,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <sys/wait.h>
-
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "tests/e2e/cli_runner.h"
 #include "turbo/bench/benchmark.h"
 #include "turbo/core/cuda_check.h"
 
@@ -92,23 +90,6 @@ TEST(BenchmarkGpu, DeviceBackendsAgainstTheDeviceCeilings) {
 
 namespace {
 
-// The primus binary: $PRIMUS_BIN (the GPU run unpacks it elsewhere), else this build's.
-std::string primus_bin() {
-  if (const char* b = std::getenv("PRIMUS_BIN"); b && *b) return b;
-  return std::string(PRIMUS_BINARY_DIR) + "/bin/primus";
-}
-
-std::pair<int, std::string> run_primus(const std::string& env, const std::string& args) {
-  std::string out;
-  FILE* p = popen((env + " '" + primus_bin() + "' " + args + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
-}
-
 // Whether one line of `out` holds every part.
 bool has_line(const std::string& out, std::initializer_list<const char*> parts) {
   size_t start = 0;
@@ -130,15 +111,17 @@ bool has_line(const std::string& out, std::initializer_list<const char*> parts) 
 // loader's message and TURBO still runs; a forced CUBLASLT without cuBLASLt is an error naming it.
 TEST(BenchmarkGpu, MissingVendorLibrariesAreReportedNotFatal) {
   if (cuda_device_count_or_zero() == 0) GTEST_SKIP() << "no CUDA device";
-  if (!std::filesystem::exists(primus_bin())) GTEST_SKIP() << primus_bin() << " not built (set PRIMUS_BIN)";
-  const auto [rc, out] = run_primus("PRIMUS_CUDNN_LIBRARY=/nonexistent/libcudnn.so.9",
-                                    "benchmark attention --shapes 1x256x4x4x64 --iters 2 --memory-gib 2");
+  using primus::testing::primus_binary;
+  using primus::testing::run_primus;
+  if (!std::filesystem::exists(primus_binary())) GTEST_SKIP() << primus_binary() << " not built (set PRIMUS_BIN)";
+  const auto [rc, out] = run_primus("benchmark attention --shapes 1x256x4x4x64 --iters 2 --memory-gib 2",
+                                    "PRIMUS_CUDNN_LIBRARY=/nonexistent/libcudnn.so.9");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_TRUE(has_line(out, {"CUDNN", "skipped", "PRIMUS_CUDNN_LIBRARY=/nonexistent/libcudnn.so.9"})) << out;
   EXPECT_TRUE(has_line(out, {"attention/1x256x4x4x64/bwd", "TURBO", "TFLOP/s"})) << out;
 
-  const auto [rc2, out2] = run_primus("PRIMUS_CUBLASLT_LIBRARY=/nonexistent/libcublasLt.so.13",
-                                      "benchmark gemm --backend CUBLASLT --shapes 256x256x256 --iters 2 --memory-gib 2");
+  const auto [rc2, out2] = run_primus("benchmark gemm --backend CUBLASLT --shapes 256x256x256 --iters 2 --memory-gib 2",
+                                      "PRIMUS_CUBLASLT_LIBRARY=/nonexistent/libcublasLt.so.13");
   EXPECT_EQ(rc2, 3) << out2;
   EXPECT_NE(out2.find("PRIMUS_CUBLASLT_LIBRARY=/nonexistent/libcublasLt.so.13"), std::string::npos) << out2;
   EXPECT_EQ(out2.find("terminate called"), std::string::npos) << out2;

@@ -1,0 +1,48 @@
+// For the tests that run a trainer end to end: the experiment they train (a tiny GPT-2 on
+// tinyshakespeare) and a run's metrics.jsonl as step -> loss and step -> validation loss.
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace primus::backends::cuda::testing {
+
+// The experiment file's text: `framework` (its name is also exp_name) trains a tiny GPT-2 (2 layers,
+// hidden 64, bytes) on tinyshakespeare for 6 steps of 2 micro-batches, evaluating and
+// checkpointing every 3 steps, under workspace `ws`. The data come from $PRIMUS_SOURCE_DIR (the
+// GPU machine's copy of the tree), else this build's source folder.
+inline std::string tiny_trainer_experiment(const std::string& framework, const std::string& ws) {
+  const char* env = std::getenv("PRIMUS_SOURCE_DIR");
+  const std::string src = env && *env ? env : PRIMUS_SOURCE_DIR;
+  return "work_group: g\nuser_name: u\nexp_name: " + framework + "\nworkspace: " + ws +
+         "\nmodules:\n  pre_trainer:\n    framework: " + framework +
+         "\n    config: pretrain.yaml\n    model: gpt2/tiny.yaml\n    overrides:\n"
+         "      tokenizer_type: bytes\n      vocab_size: 256\n      seq_length: 64\n      num_layers: 2\n"
+         "      hidden_size: 64\n      num_attention_heads: 2\n      ffn_hidden_size: 256\n"
+         "      data_path: [" + src + "/examples/data/tinyshakespeare.txt]\n"
+         "      split: 0.95\n      train_iters: 6\n      micro_batch_size: 4\n      global_batch_size: 8\n"
+         "      lr: 2.0e-3\n      min_lr: 2.0e-4\n      lr_warmup_iters: 2\n      log_interval: 1\n"
+         "      eval_interval: 3\n      eval_iters: 2\n      save_interval: 3\n";
+}
+
+struct TrainerMetrics {
+  std::map<int64_t, double> loss, val;
+};
+
+inline TrainerMetrics read_trainer_metrics(const std::filesystem::path& p) {
+  TrainerMetrics m;
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) m.loss[j["step"]] = j["loss"];
+    if (j.contains("val_loss")) m.val[j["step"]] = j["val_loss"];
+  }
+  return m;
+}
+
+}  // namespace primus::backends::cuda::testing
