@@ -21,6 +21,9 @@
 #include "turbo/core/cuda_check.h"
 #include "turbo/dispatch/backend_manager.h"
 #include "turbo/ops/attention.h"
+#if defined(PRIMUS_TURBO_WITH_CUDNN)
+#include "turbo/kernels/cudnn/sdpa_cudnn.h"
+#endif
 
 namespace primus::turbo::testing {
 namespace {
@@ -434,6 +437,53 @@ TEST_F(AttnGpu, DeterministicCudnnBackwardIsBitIdenticalAndAccurate) {
     EXPECT_NE(std::string(e.what()).find("deterministic"), std::string::npos) << e.what();
   }
 }
+
+#if defined(PRIMUS_TURBO_WITH_CUDNN)
+// The cuDNN engine search (set_sdpa_search, knob variants included): a shape's first call times
+// several engine configurations and keeps one; what it then runs matches the fp64 reference at
+// the bf16 gate, in the searched call and after it. Deterministic shapes are never searched.
+TEST_F(AttnGpu, CudnnEngineSearchKeepsResultsAtTheGate) {
+  cudnn::set_sdpa_search(16);
+  setenv("PRIMUS_TURBO_CUDNN_SDPA_KNOBS", "1", 1);
+  GlobalBackendManager::instance().set_backend("attention", BackendType::CUDNN);
+  for (const auto& [kvh, T, D, causal] : {std::tuple<int64_t, int64_t, int64_t, bool>{2, 320, 64, true}, {6, 192, 128, false}}) {
+    SCOPED_TRACE(fmt::format("KVH {} T {} D {} causal {}", kvh, T, D, causal));
+    AttnCase c;  // shapes no other test uses, so their plans are built (and searched) here
+    c.B = 3, c.T = T, c.H = 6, c.KVH = kvh, c.D = D, c.causal = causal;
+    AttnTensors t = random_inputs(c, DType::BF16);
+    run_reference(c, t);
+    Dev d = upload(c, DType::BF16, t);
+    run(c, d);
+    check_all(t, d);
+    cudnn::SdpaShape s;
+    s.B = c.B, s.T = c.T, s.H = c.H, s.KVH = c.KVH, s.D = c.D, s.causal = c.causal, s.dtype = DType::BF16;
+    for (bool bwd : {false, true}) {
+      const cudnn::SdpaPlanInfo info = cudnn::sdpa_plan_info(s, bwd);
+      EXPECT_GE(info.candidates, 2) << (bwd ? "backward" : "forward") << ": nothing to search among";
+      EXPECT_TRUE(info.searched);
+      EXPECT_LT(info.chosen, info.candidates);
+    }
+    run(c, d);  // the chosen plans, without a search
+    check_all(t, d);
+  }
+  // A deterministic backward has one candidate only: every process runs the same engine.
+  deterministic_ = true;
+  AttnCase c;
+  c.B = 3, c.T = 256, c.H = 6, c.KVH = 6, c.D = 64;
+  AttnTensors t = random_inputs(c, DType::BF16);
+  run_reference(c, t);
+  Dev d = upload(c, DType::BF16, t);
+  run(c, d);
+  check_all(t, d);
+  cudnn::SdpaShape s;
+  s.B = c.B, s.T = c.T, s.H = c.H, s.KVH = c.KVH, s.D = c.D, s.causal = c.causal, s.dtype = DType::BF16;
+  s.deterministic = true;
+  EXPECT_EQ(cudnn::sdpa_plan_info(s, true).candidates, 1);
+  EXPECT_EQ(cudnn::sdpa_plan_info(s, false).candidates, 1);
+  cudnn::set_sdpa_search(0);
+  unsetenv("PRIMUS_TURBO_CUDNN_SDPA_KNOBS");
+}
+#endif
 
 // A backend forced by the user that cannot serve the call is an error, not a silent fallback.
 TEST_F(AttnGpu, ForcedCudnnRefusesVarlen) {

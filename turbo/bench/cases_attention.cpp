@@ -9,20 +9,50 @@
 namespace primus::turbo::bench {
 namespace {
 
-Case attention_case(const std::string& name, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool causal) {
+// Heads [first, first + n) of a packed [B, T, width] tensor as a [B, T, n, D] view (the layout
+// the models' one q|k|v GEMM writes and its backward reads).
+TensorView heads_of(const TensorView& packed, int64_t first, int64_t n, int64_t D) {
+  const int64_t B = packed.size(0), T = packed.size(1), width = packed.size(2);
+  TensorView v = packed;
+  v.data = static_cast<char*>(packed.data) + first * D * static_cast<int64_t>(dtype_size(packed.dtype));
+  v.ndim = 4;
+  v.shape = {B, T, n, D};
+  v.strides = {T * width, width, D, 1};
+  return v;
+}
+
+// packed: q, k, v (and dq, dk, dv) are column slices of one [B, T, (H + 2 KVH) D] tensor, as
+// in training; else each is its own dense tensor.
+Case attention_case(const std::string& name, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool causal,
+                    bool packed = false) {
   return {name, [=](CaseEnv& e) {
             AttentionForwardArgs f;
-            f.q = e.rand(e.dtype, {B, T, H, D});
-            f.k = e.rand(e.dtype, {B, T, KVH, D});
-            f.v = e.rand(e.dtype, {B, T, KVH, D});
+            TensorView qkv, dqkv;
+            if (packed) {
+              qkv = e.rand(e.dtype, {B, T, (H + 2 * KVH) * D});
+              dqkv = e.empty(e.dtype, {B, T, (H + 2 * KVH) * D});
+              f.q = heads_of(qkv, 0, H, D);
+              f.k = heads_of(qkv, H, KVH, D);
+              f.v = heads_of(qkv, H + KVH, KVH, D);
+            } else {
+              f.q = e.rand(e.dtype, {B, T, H, D});
+              f.k = e.rand(e.dtype, {B, T, KVH, D});
+              f.v = e.rand(e.dtype, {B, T, KVH, D});
+            }
             f.out = e.empty(e.dtype, {B, T, H, D});
             f.lse = e.empty(DType::F32, {B, H, T});
             f.opt.causal = causal;
             f.ctx = e.ctx;
             AttentionBackwardArgs bw;
-            bw.dq = e.empty(e.dtype, {B, T, H, D});
-            bw.dk = e.empty(e.dtype, {B, T, KVH, D});
-            bw.dv = e.empty(e.dtype, {B, T, KVH, D});
+            if (packed) {
+              bw.dq = heads_of(dqkv, 0, H, D);
+              bw.dk = heads_of(dqkv, H, KVH, D);
+              bw.dv = heads_of(dqkv, H + KVH, KVH, D);
+            } else {
+              bw.dq = e.empty(e.dtype, {B, T, H, D});
+              bw.dk = e.empty(e.dtype, {B, T, KVH, D});
+              bw.dv = e.empty(e.dtype, {B, T, KVH, D});
+            }
             bw.dout = e.rand(e.dtype, {B, T, H, D});
             bw.q = f.q, bw.k = f.k, bw.v = f.v, bw.out = f.out, bw.lse = f.lse;
             bw.opt = f.opt;
@@ -30,7 +60,8 @@ Case attention_case(const std::string& name, int64_t B, int64_t T, int64_t H, in
             attention_forward(f);  // the output and log-sum-exp the backward reads
             const double fwd = 4.0 * static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T) *
                                static_cast<double>(D) * (causal ? 0.5 : 1.0);
-            const std::string note = fmt::format("B={} T={} H={} KVH={} D={}{}", B, T, H, KVH, D, causal ? " causal" : "");
+            const std::string note =
+                fmt::format("B={} T={} H={} KVH={} D={}{}{}", B, T, H, KVH, D, causal ? " causal" : "", packed ? " packed" : "");
             return std::vector<Timed>{{name + "/fwd", Metric::Flops, fwd, [f] { attention_forward(f); }, note},
                                       {name + "/bwd", Metric::Flops, 2.5 * fwd, [bw] { attention_backward(bw); }, ""}};
           }};
@@ -44,7 +75,9 @@ OpFamily attention_family() {
   f.bench = "attention";
   f.dispatch_ops = {"attention"};
   f.backends = {BackendType::CUDNN, BackendType::TURBO, BackendType::CPU};
-  f.shape_syntax = "BxTxHxKVHxD[:full] (batch x sequence x heads x kv heads x head dim; causal unless :full)";
+  f.shape_syntax =
+      "BxTxHxKVHxD[:full][:packed] (batch x sequence x heads x kv heads x head dim; causal unless :full; packed: q, k, "
+      "v and their gradients as column slices of one [B, T, (H + 2 KVH) D] tensor, as the models run it)";
   f.defaults = [](const Scale& s) {
     if (!s.gpu) return std::vector<Case>{attention_case("small_causal_d64_t256", 1, 256, 4, 4, 64, true)};
     // The names are bench/attention/torch_sdpa.py's, so both sides of a run join.
@@ -54,19 +87,23 @@ OpFamily attention_family() {
                              attention_case("gqa4_causal_d128_t4096", 4, 4096, 32, 8, 128, true)};
   };
   f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
-    std::string dims = shape;
-    bool causal = true;
-    if (auto colon = shape.find(':'); colon != std::string::npos) {
-      const std::string mode = shape.substr(colon + 1);
-      if (mode != "full" && mode != "causal")
-        throw UsageError(fmt::format("attention: shape '{}': unknown mode '{}' (expected {})", shape, mode, syntax));
-      causal = mode == "causal";
-      dims = shape.substr(0, colon);
+    const size_t colon = shape.find(':');
+    const std::string dims = shape.substr(0, colon);
+    bool causal = true, packed = false;
+    for (size_t at = colon; at != std::string::npos;) {
+      const size_t next = shape.find(':', at + 1);
+      const std::string mode = shape.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+      if (mode == "full") causal = false;
+      else if (mode == "causal") causal = true;
+      else if (mode == "packed") packed = true;
+      else throw UsageError(fmt::format("attention: shape '{}': unknown mode '{}' (expected {})", shape, mode, syntax));
+      at = next;
     }
     const auto d = parse_dims("attention", dims, 5, syntax);
     if (d[2] % d[3] != 0)
       throw UsageError(fmt::format("attention: shape '{}': {} heads is not a multiple of {} kv heads", shape, d[2], d[3]));
-    return attention_case("attention/" + dims + (causal ? "" : "_full"), d[0], d[1], d[2], d[3], d[4], causal);
+    return attention_case("attention/" + dims + (causal ? "" : "_full") + (packed ? "_packed" : ""), d[0], d[1], d[2],
+                          d[3], d[4], causal, packed);
   };
   return f;
 }

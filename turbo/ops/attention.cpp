@@ -200,6 +200,7 @@ std::string cudnn_common_check(const TensorView& q, const AttentionOptions& o) {
 int64_t row_of(const TensorView& t) { return t.is_contiguous() ? 0 : t.strides[1]; }
 cudnn::SdpaShape sdpa_shape(const AttentionForwardArgs& a) {
   cudnn::SdpaShape s = sdpa_shape(dims_of(a.q, a.k), a.q.dtype, a.opt.causal);
+  s.deterministic = a.opt.deterministic;  // no engine search: the same engine in every process
   s.q_row = row_of(a.q), s.k_row = row_of(a.k), s.v_row = row_of(a.v);
   return s;
 }

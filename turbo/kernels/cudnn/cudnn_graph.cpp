@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "core/util/error.h"
 
@@ -153,9 +155,151 @@ GraphBuilder::Graph GraphBuilder::build(cudnnHandle_t handle) {
 
 // ---- plans -----------------------------------------------------------------------------------
 
-Plan make_plan(cudnnHandle_t handle, GraphBuilder::Graph graph) {
+namespace {
+
+// Descriptors of `type` that a descriptor-valued attribute of `of` holds, filled by cuDNN.
+std::vector<DescPtr> get_descs(const Desc& of, cudnnBackendAttributeName_t name, cudnnBackendDescriptorType_t type) {
+  int64_t count = 0;
+  PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(of.get(), name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+  std::vector<DescPtr> out;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    out.push_back(std::make_shared<Desc>(type));
+    raw.push_back(out.back()->get());
+  }
+  int64_t got = 0;
+  if (count > 0)
+    PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(of.get(), name, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
+  out.resize(static_cast<size_t>(std::max<int64_t>(got, 0)));
+  return out;
+}
+int64_t get_i64(const Desc& of, cudnnBackendAttributeName_t name) {
+  int64_t v = 0, n = 0;
+  PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(of.get(), name, CUDNN_TYPE_INT64, 1, &n, &v));
+  return v;
+}
+cudnnBackendKnobType_t get_knob_type(const Desc& of, cudnnBackendAttributeName_t name) {
+  cudnnBackendKnobType_t v{};
+  int64_t n = 0;
+  PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(of.get(), name, CUDNN_TYPE_KNOB_TYPE, 1, &n, &v));
+  return v;
+}
+
+// An engine configuration as (engine global index, knob choices sorted by knob type).
+struct CfgId {
+  int64_t engine = -1;
+  std::vector<std::pair<int64_t, int64_t>> knobs;
+  bool operator==(const CfgId& o) const { return engine == o.engine && knobs == o.knobs; }
+  std::string str() const {
+    std::string s = fmt::format("engine {}", engine);
+    for (const auto& [t, v] : knobs) s += fmt::format(" k{}={}", t, v);
+    return s;
+  }
+};
+CfgId describe_cfg(const Desc& cfg) {
+  CfgId id;
+  const auto engines = get_descs(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  if (!engines.empty()) id.engine = get_i64(*engines[0], CUDNN_ATTR_ENGINE_GLOBAL_INDEX);
+  for (const auto& k : get_descs(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR))
+    id.knobs.emplace_back(static_cast<int64_t>(get_knob_type(*k, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE)),
+                          get_i64(*k, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE));
+  std::sort(id.knobs.begin(), id.knobs.end());
+  return id;
+}
+
+// A finalized engine configuration of `graph`: engine `engine` with `knobs`; null when cuDNN
+// refuses any part of it. `keep` receives the descriptors the configuration references.
+DescPtr make_cfg(const GraphBuilder::Graph& graph, const CfgId& id, std::vector<DescPtr>& keep) {
+  auto engine = std::make_shared<Desc>(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  engine->set_desc(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, *graph.graph);
+  engine->set_i64(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, id.engine);
+  if (dnn().cudnnBackendFinalize(engine->get()) != CUDNN_STATUS_SUCCESS) return nullptr;
+  std::vector<DescPtr> choices;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (const auto& [t, v] : id.knobs) {
+    auto c = std::make_shared<Desc>(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+    const auto type = static_cast<cudnnBackendKnobType_t>(t);
+    c->set(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &type);
+    c->set_i64(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, v);
+    if (dnn().cudnnBackendFinalize(c->get()) != CUDNN_STATUS_SUCCESS) return nullptr;
+    raw.push_back(c->get());
+    choices.push_back(std::move(c));
+  }
+  auto cfg = std::make_shared<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+  cfg->set_desc(CUDNN_ATTR_ENGINECFG_ENGINE, *engine);
+  if (!raw.empty())
+    cfg->set(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(raw.size()), raw.data());
+  if (dnn().cudnnBackendFinalize(cfg->get()) != CUDNN_STATUS_SUCCESS) return nullptr;
+  keep.push_back(engine);
+  for (auto& c : choices) keep.push_back(std::move(c));
+  return cfg;
+}
+
+// The knob variants of `base` (one knob moved at a time through [min, max] by its stride),
+// at most `limit` of them.
+std::vector<CfgId> knob_variants(const GraphBuilder::Graph& graph, const CfgId& base, size_t limit) {
+  std::vector<CfgId> out;
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  engine.set_desc(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, *graph.graph);
+  engine.set_i64(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, base.engine);
+  if (dnn().cudnnBackendFinalize(engine.get()) != CUDNN_STATUS_SUCCESS) return out;
+  for (const auto& info : get_descs(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR)) {
+    const int64_t type = static_cast<int64_t>(get_knob_type(*info, CUDNN_ATTR_KNOB_INFO_TYPE));
+    const int64_t lo = get_i64(*info, CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE);
+    const int64_t hi = get_i64(*info, CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE);
+    const int64_t step = std::max<int64_t>(1, get_i64(*info, CUDNN_ATTR_KNOB_INFO_STRIDE));
+    for (int64_t v = lo; v <= hi && out.size() < limit; v += step) {
+      CfgId id = base;
+      auto it = std::find_if(id.knobs.begin(), id.knobs.end(), [&](const auto& k) { return k.first == type; });
+      if (it != id.knobs.end()) {
+        if (it->second == v) continue;
+        it->second = v;
+      } else {
+        id.knobs.emplace_back(type, v);
+        std::sort(id.knobs.begin(), id.knobs.end());
+      }
+      out.push_back(std::move(id));
+    }
+  }
+  return out;
+}
+
+// Finalizes an execution plan for `cfg`; nullopt (with the reason appended to `tried`) when
+// cuDNN refuses it.
+std::optional<Plan> finalize_plan(cudnnHandle_t handle, const GraphBuilder::Graph& graph, const DescPtr& cfg,
+                                  const std::string& what, std::string& tried) {
+  auto plan = std::make_shared<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  cudnnBackendDescriptor_t raw = cfg->get();
+  plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw);
+  const cudnnStatus_t st = dnn().cudnnBackendFinalize(plan->get());
+  if (st != CUDNN_STATUS_SUCCESS) {
+    char last[512] = {0};
+    dnn().cudnnGetLastErrorString(last, sizeof(last));
+    tried += fmt::format("({}: {} {}) ", what, dnn().cudnnGetErrorString(st), last);
+    return std::nullopt;
+  }
+  Plan p;
+  int64_t n = 0;
+  PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                    CUDNN_TYPE_INT64, 1, &n, &p.workspace_bytes));
+  p.plan = std::move(plan);
+  p.graph = graph;
+  // The plan references its engine config: keep it alive with the graph.
+  p.graph.keep.push_back(cfg);
+  return p;
+}
+
+}  // namespace
+
+std::vector<Plan> make_plans(cudnnHandle_t handle, const GraphBuilder::Graph& graph, size_t max_plans,
+                             bool knob_variants_too) {
   std::string tried;
+  std::vector<Plan> plans;
+  std::vector<CfgId> seen;
+  max_plans = std::max<size_t>(max_plans, 1);
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (!plans.empty()) break;
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph.graph);
     heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
@@ -166,45 +310,42 @@ Plan make_plan(cudnnHandle_t handle, GraphBuilder::Graph graph) {
       tried += fmt::format("[heuristics mode {}: {} {}] ", static_cast<int>(mode), dnn().cudnnGetErrorString(hst), last);
       continue;
     }
-    int64_t count = 0;
-    PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-    std::vector<std::unique_ptr<Desc>> cfgs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < count; ++i) {
-      cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      raw.push_back(cfgs.back()->get());
-    }
-    int64_t got = 0;
-    if (count > 0)
-      PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
-    tried += fmt::format("[mode {}: {} configs] ", static_cast<int>(mode), got);
-    for (int64_t i = 0; i < got; ++i) {
-      auto plan = std::make_shared<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-      cudnnBackendDescriptor_t cfg = raw[static_cast<size_t>(i)];
-      plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
-      const cudnnStatus_t st = dnn().cudnnBackendFinalize(plan->get());
-      if (st != CUDNN_STATUS_SUCCESS) {
-        char last[512] = {0};
-        dnn().cudnnGetLastErrorString(last, sizeof(last));
-        tried += fmt::format("(cfg {}: {} {}) ", i, dnn().cudnnGetErrorString(st), last);
-        continue;
+    const auto cfgs = get_descs(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    tried += fmt::format("[mode {}: {} configs] ", static_cast<int>(mode), cfgs.size());
+    for (size_t i = 0; i < cfgs.size() && plans.size() < max_plans; ++i) {
+      CfgId id;
+      try {
+        id = describe_cfg(*cfgs[i]);
+      } catch (const std::exception&) {  // an undescribable configuration can still run
       }
-      Plan p;
-      int64_t n = 0;
-      PRIMUS_CUDNN_CHECK(dnn().cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                  CUDNN_TYPE_INT64, 1, &n, &p.workspace_bytes));
-      p.plan = std::move(plan);
-      p.engine = fmt::format("heuristics mode {} config {} of {}", static_cast<int>(mode), i, got);
-      p.graph = std::move(graph);
-      // The plan references its engine config: keep the chosen one alive with the graph.
-      p.graph.keep.push_back(DescPtr(cfgs[static_cast<size_t>(i)].release()));
-      return p;
+      auto p = finalize_plan(handle, graph, cfgs[i], fmt::format("cfg {}", i), tried);
+      if (!p) continue;
+      p->engine = fmt::format("heuristics mode {} config {} of {} ({})", static_cast<int>(mode), i, cfgs.size(), id.str());
+      if (id.engine >= 0) seen.push_back(id);
+      plans.push_back(std::move(*p));
     }
   }
-  throw RuntimeError("cuDNN: no engine configuration finalizes for this graph: " + tried);
+  if (plans.empty()) throw RuntimeError("cuDNN: no engine configuration finalizes for this graph: " + tried);
+  if (knob_variants_too && !seen.empty()) {
+    for (const CfgId& id : knob_variants(graph, seen.front(), 4 * max_plans)) {
+      if (plans.size() >= max_plans) break;
+      if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+      std::vector<DescPtr> keep;
+      DescPtr cfg = make_cfg(graph, id, keep);
+      if (!cfg) continue;
+      auto p = finalize_plan(handle, graph, cfg, id.str(), tried);
+      if (!p) continue;
+      for (auto& d : keep) p->graph.keep.push_back(std::move(d));
+      p->engine = "knob variant (" + id.str() + ")";
+      seen.push_back(id);
+      plans.push_back(std::move(*p));
+    }
+  }
+  return plans;
+}
+
+Plan make_plan(cudnnHandle_t handle, GraphBuilder::Graph graph) {
+  return std::move(make_plans(handle, graph, 1, false).front());
 }
 
 void execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>& uids,

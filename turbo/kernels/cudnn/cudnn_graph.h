@@ -101,6 +101,15 @@ struct Plan {
 // that finalizes. Throws RuntimeError listing what was tried when none does.
 Plan make_plan(cudnnHandle_t handle, GraphBuilder::Graph graph);
 
+// Up to `max_plans` finalized plans, best guess first: heuristics mode A's configurations in its
+// order (FALLBACK's only when A has none), then, when `knob_variants`, the first configuration's
+// engine with each of its knobs moved one step at a time through its documented range (the
+// variants cuDNN finalizes; duplicates of a configuration already listed are skipped). Each
+// Plan's `engine` names the engine's global index and its knob choices. Throws like make_plan
+// when nothing finalizes.
+std::vector<Plan> make_plans(cudnnHandle_t handle, const GraphBuilder::Graph& graph, size_t max_plans,
+                             bool knob_variants);
+
 // Runs `plan` with memory bound by uid (pointers of by-value scalars point at host values).
 void execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>& uids,
              const std::vector<void*>& ptrs, void* workspace);

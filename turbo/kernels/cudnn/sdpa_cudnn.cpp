@@ -7,13 +7,21 @@
 
 #include <fmt/format.h>
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "core/util/error.h"
+#include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cudnn/cudnn_graph.h"
 
 namespace primus::turbo::cudnn {
@@ -61,8 +69,145 @@ float masked_value() {
                                    : -std::numeric_limits<float>::infinity();
 }
 
+// How many engine configurations to time per shape (PRIMUS_TURBO_CUDNN_SDPA_SEARCH; 1: the
+// heuristics' first) and whether knob variants join them (PRIMUS_TURBO_CUDNN_SDPA_KNOBS=1).
+// Read when a shape's plans are built; set_sdpa_search overrides the environment.
+std::atomic<int> g_search{0};
+int search_count() {
+  const int forced = g_search.load();
+  if (forced > 0) return forced;
+  const char* e = std::getenv("PRIMUS_TURBO_CUDNN_SDPA_SEARCH");
+  return e && *e ? std::max(1, std::atoi(e)) : 1;
+}
+bool search_knobs() {
+  const char* e = std::getenv("PRIMUS_TURBO_CUDNN_SDPA_KNOBS");
+  return e && std::string(e) == "1";
+}
+
+// The candidate plans of one graph and the one in use (the first until a search picks another).
+struct Plans {
+  std::vector<Plan> all;
+  size_t chosen = 0;
+  bool searched = false;
+  const Plan& plan() const { return all[chosen]; }
+  int64_t max_workspace() const {
+    int64_t w = 0;
+    for (const Plan& p : all) w = std::max(w, p.workspace_bytes);
+    return w;
+  }
+};
+Plans plans_for(cudnnHandle_t h, const GraphBuilder::Graph& g, bool deterministic) {
+  // A deterministic backward must pick the same engine in every process: no timing there.
+  const int n = deterministic ? 1 : search_count();
+  Plans p;
+  p.all = make_plans(h, g, static_cast<size_t>(n), n > 1 && search_knobs());
+  p.searched = p.all.size() <= 1;
+  return p;
+}
+
+// Bytes of the rows [B*T] of width `width` elements, `row` elements apart, at `ptr` (16-bit).
+struct Region {
+  const void* ptr;
+  int64_t rows, width, row;
+};
+std::vector<uint16_t> download(const Region& r) {
+  std::vector<uint16_t> h(static_cast<size_t>(r.rows * r.width));
+  CUDA_CHECK(cudaMemcpy2D(h.data(), static_cast<size_t>(r.width) * 2, r.ptr, static_cast<size_t>(r.row) * 2,
+                          static_cast<size_t>(r.width) * 2, static_cast<size_t>(r.rows), cudaMemcpyDeviceToHost));
+  return h;
+}
+float half_bits_to_float(uint16_t b, DType t) {
+  if (t == DType::BF16) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  // f16 -> f32 (normal, subnormal, inf/nan)
+  const uint32_t sign = (b & 0x8000u) << 16, exp = (b >> 10) & 0x1f, man = b & 0x3ff;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {
+      float f = std::ldexp(static_cast<float>(man), -24);
+      return (b & 0x8000u) ? -f : f;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Largest |a - b| over the elements, relative to the largest |a| (NaN anywhere: infinity).
+double relative_diff(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, DType t) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = half_bits_to_float(a[i], t), y = half_bits_to_float(b[i], t);
+    if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<double>::infinity();
+    diff = std::max(diff, std::fabs(x - y));
+    scale = std::max(scale, std::fabs(x));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// Times every candidate of `p` on the call's own buffers (run(i) executes candidate i; the
+// outputs it overwrites are `outs`) and keeps the fastest whose outputs agree with the first
+// candidate's (a knob variant that cuDNN finalizes but computes differently is never used).
+// Runs once per shape, outside stream capture; the chosen candidate runs last, so the outputs
+// the caller sees are its own.
+template <class Run>
+void search(Plans& p, const Run& run, const std::vector<Region>& outs, DType dtype, const char* what,
+            const std::string& key, cudaStream_t stream) {
+  p.searched = true;
+  std::vector<std::vector<uint16_t>> ref;
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  float best = 1e30f;
+  std::string log;
+  for (size_t i = 0; i < p.all.size(); ++i) {
+    try {
+      run(i);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+    } catch (const std::exception& e) {
+      log += fmt::format(" [{}: failed: {}]", i, e.what());
+      continue;
+    }
+    double diff = 0;
+    if (i == 0) {
+      for (const Region& r : outs) ref.push_back(download(r));
+    } else {
+      for (size_t o = 0; o < outs.size(); ++o) diff = std::max(diff, relative_diff(ref[o], download(outs[o]), dtype));
+      if (!(diff <= 2e-2)) {
+        log += fmt::format(" [{}: outputs differ by {:.3g} of their scale: not used]", i, diff);
+        continue;
+      }
+    }
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < 5; ++r) run(i);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    ms /= 5;
+    log += fmt::format(" [{}: {:.4f} ms, {}]", i, ms, p.all[i].engine);
+    if (ms < best) {
+      best = ms;
+      p.chosen = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  run(p.chosen);
+  spdlog::info("[turbo] cuDNN SDPA {} [{}]: {} candidates timed, using {}:{}", what, key, p.all.size(), p.chosen, log);
+}
+
 struct FwdGraph {
-  Plan plan;
+  Plans plans;
   int64_t q, k, v, o, stats, scale, neg_inf = 0;
 };
 
@@ -97,12 +242,12 @@ FwdGraph build_forward(const SdpaShape& s, cudnnHandle_t h) {
   const int64_t p = g.virtual_like(ex, io_type(s.dtype));
   g.pointwise(CUDNN_POINTWISE_DIV, ex, p, sum);
   g.matmul(p, f.v, f.o);
-  f.plan = make_plan(h, g.build(h));
+  f.plans = plans_for(h, g.build(h), s.deterministic);
   return f;
 }
 
 struct BwdGraph {
-  Plan plan;
+  Plans plans;
   int64_t q, k, v, o, dout, stats, dq, dk, dv, scale, one, neg_inf = 0;
   int64_t softmax_sum, dq_accum;  // f32 buffers the graph keeps in our workspace
   size_t softmax_sum_bytes = 0, dq_accum_bytes = 0;
@@ -191,7 +336,7 @@ BwdGraph build_backward(const SdpaShape& s, cudnnHandle_t h) {
     g.pointwise(CUDNN_POINTWISE_IDENTITY, f.dq_accum, f.dq);
   }
 
-  f.plan = make_plan(h, g.build(h));
+  f.plans = plans_for(h, g.build(h), s.deterministic);
   return f;
 }
 
@@ -245,7 +390,7 @@ std::map<std::string, Entry<BwdGraph>>& bwd_cache() {
 }
 
 template <class G>
-const G& require(Entry<G>& e, const char* what, const SdpaShape& s) {
+G& require(Entry<G>& e, const char* what, const SdpaShape& s) {
   if (!e.graph) throw RuntimeError(fmt::format("cuDNN SDPA {} [{}]: {}", what, s.key(), e.error));
   return *e.graph;
 }
@@ -281,19 +426,19 @@ std::string sdpa_backward_unsupported(const SdpaShape& s) noexcept {
 size_t sdpa_forward_workspace(const SdpaShape& s) {
   std::lock_guard lock(mu());
   const FwdGraph& f = require(entry(fwd_cache(), s, build_forward), "forward", s);
-  return align_up(static_cast<size_t>(f.plan.workspace_bytes));
+  return align_up(static_cast<size_t>(f.plans.max_workspace()));
 }
 
 size_t sdpa_backward_workspace(const SdpaShape& s) {
   std::lock_guard lock(mu());
-  const BwdGraph& f = require(entry(bwd_cache(), s, build_backward), "backward", s);
-  return align_up(f.softmax_sum_bytes) + align_up(f.dq_accum_bytes) + align_up(static_cast<size_t>(f.plan.workspace_bytes));
+  BwdGraph& f = require(entry(bwd_cache(), s, build_backward), "backward", s);
+  return align_up(f.softmax_sum_bytes) + align_up(f.dq_accum_bytes) + align_up(static_cast<size_t>(f.plans.max_workspace()));
 }
 
 void sdpa_forward(const SdpaShape& s, void* out, float* lse, const void* q, const void* k, const void* v,
                   float scale, void* workspace, cudaStream_t stream) {
   std::lock_guard lock(mu());
-  const FwdGraph& f = require(entry(fwd_cache(), s, build_forward), "forward", s);
+  FwdGraph& f = require(entry(fwd_cache(), s, build_forward), "forward", s);
   cudnnHandle_t h = handle_for_current_device();
   PRIMUS_CUDNN_CHECK(dnn().cudnnSetStream(h, stream));
   float scale_v = scale, neg = masked_value();
@@ -303,14 +448,21 @@ void sdpa_forward(const SdpaShape& s, void* out, float* lse, const void* q, cons
     uids.push_back(f.neg_inf);
     ptrs.push_back(&neg);
   }
-  execute(h, f.plan, uids, ptrs, f.plan.workspace_bytes > 0 ? workspace : nullptr);
+  auto run = [&](size_t i) {
+    execute(h, f.plans.all[i], uids, ptrs, f.plans.all[i].workspace_bytes > 0 ? workspace : nullptr);
+  };
+  if (!f.plans.searched && !cuda_stream_is_capturing(stream)) {
+    search(f.plans, run, {Region{out, s.B * s.T, s.H * s.D, s.H * s.D}}, s.dtype, "forward", s.key(), stream);
+    return;
+  }
+  run(f.plans.chosen);
 }
 
 void sdpa_backward(const SdpaShape& s, void* dq, void* dk, void* dv, const void* dout, const void* q,
                    const void* k, const void* v, const void* out, const float* lse, float scale,
                    void* workspace, cudaStream_t stream) {
   std::lock_guard lock(mu());
-  const BwdGraph& f = require(entry(bwd_cache(), s, build_backward), "backward", s);
+  BwdGraph& f = require(entry(bwd_cache(), s, build_backward), "backward", s);
   cudnnHandle_t h = handle_for_current_device();
   PRIMUS_CUDNN_CHECK(dnn().cudnnSetStream(h, stream));
   char* ws = static_cast<char*>(workspace);
@@ -318,11 +470,6 @@ void sdpa_backward(const SdpaShape& s, void* dq, void* dk, void* dv, const void*
   void* softmax_sum = ws;
   void* dq_accum = ws + align_up(f.softmax_sum_bytes);
   void* engine_ws = ws + align_up(f.softmax_sum_bytes) + align_up(f.dq_accum_bytes);
-  // Before 9.6 the engine expected its f32 dQ accumulator zeroed by the caller.
-  if (f.dq_accum_bytes > 0 && runtime_version() < 90600) {
-    const cudaError_t err = cudaMemsetAsync(dq_accum, 0, f.dq_accum_bytes, stream);
-    PRIMUS_CHECK(err == cudaSuccess, "cudaMemsetAsync: {}", cudaGetErrorString(err));
-  }
   float scale_v = scale, one = 1.0f, neg = masked_value();
   std::vector<int64_t> uids{f.q, f.k, f.v, f.o, f.dout, f.stats, f.dq, f.dk, f.dv, f.scale, f.one,
                             f.softmax_sum};
@@ -337,9 +484,50 @@ void sdpa_backward(const SdpaShape& s, void* dq, void* dk, void* dv, const void*
     uids.push_back(f.neg_inf);
     ptrs.push_back(&neg);
   }
-  execute(h, f.plan, uids, ptrs, engine_ws);
+  auto run = [&](size_t i) {
+    // Before 9.6 the engine expected its f32 dQ accumulator zeroed by the caller.
+    if (f.dq_accum_bytes > 0 && runtime_version() < 90600) {
+      const cudaError_t err = cudaMemsetAsync(dq_accum, 0, f.dq_accum_bytes, stream);
+      PRIMUS_CHECK(err == cudaSuccess, "cudaMemsetAsync: {}", cudaGetErrorString(err));
+    }
+    execute(h, f.plans.all[i], uids, ptrs, engine_ws);
+  };
+  if (!f.plans.searched && !cuda_stream_is_capturing(stream)) {
+    const int64_t rows = s.B * s.T;
+    search(f.plans, run,
+           {Region{dq, rows, s.H * s.D, s.dq_row ? s.dq_row : s.H * s.D},
+            Region{dk, rows, s.KVH * s.D, s.dk_row ? s.dk_row : s.KVH * s.D},
+            Region{dv, rows, s.KVH * s.D, s.dv_row ? s.dv_row : s.KVH * s.D}},
+           s.dtype, "backward", s.key(), stream);
+    return;
+  }
+  run(f.plans.chosen);
 }
 
 size_t cudnn_runtime_version() { return runtime_version(); }
+
+void set_sdpa_search(int candidates) { g_search.store(std::max(0, candidates)); }
+
+SdpaPlanInfo sdpa_plan_info(const SdpaShape& s, bool backward) {
+  std::lock_guard lock(mu());
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const std::string key = fmt::format("dev{} {}", dev, s.key());
+  auto info = [](const Plans& p) {
+    SdpaPlanInfo i;
+    i.candidates = static_cast<int>(p.all.size());
+    i.chosen = static_cast<int>(p.chosen);
+    i.searched = p.searched;
+    i.engine = p.plan().engine;
+    return i;
+  };
+  if (backward) {
+    auto it = bwd_cache().find(key);
+    return it != bwd_cache().end() && it->second.graph ? info(it->second.graph->plans) : SdpaPlanInfo{};
+  }
+  auto it = fwd_cache().find(key);
+  return it != fwd_cache().end() && it->second.graph ? info(it->second.graph->plans) : SdpaPlanInfo{};
+}
+int sdpa_search() { return search_count(); }
 
 }  // namespace primus::turbo::cudnn

@@ -26,10 +26,11 @@ struct SdpaShape {
   int64_t B = 0, T = 0, H = 0, KVH = 0, D = 0;
   bool causal = true;
   DType dtype = DType::BF16;
-  // Backward only: dQ written by its matmul directly (no f32 accumulator that the engine's
+  // Backward: dQ written by its matmul directly (no f32 accumulator that the engine's
   // thread blocks add into in a run-dependent order). cuDNN then runs its dP-workspace engine
   // (as cudnn-frontend does for set_deterministic_algorithm on Hopper): bit-identical results
   // run to run, with about B*H*T^2*2 bytes of workspace (T rounded up to 64) and more time.
+  // Both directions: no engine search (set_sdpa_search), so every process runs the same engine.
   bool deterministic = false;
   // Elements between consecutive tokens of each tensor; 0: dense (heads * D).
   int64_t q_row = 0, k_row = 0, v_row = 0, dq_row = 0, dk_row = 0, dv_row = 0;
@@ -55,5 +56,24 @@ void sdpa_backward(const SdpaShape& s, void* dq, void* dk, void* dv, const void*
 
 // cuDNN's version at run time, e.g. 91900 (for logs and benchmark records).
 size_t cudnn_runtime_version();
+
+// Engine search: with k > 1, a shape's first forward / backward outside stream capture times up
+// to k of the engine configurations cuDNN's heuristics offer (PRIMUS_TURBO_CUDNN_SDPA_KNOBS=1
+// adds knob variants of the first) on the call's own buffers and keeps the fastest whose outputs
+// agree with the first's; the result is logged. The workspace queries then cover every
+// candidate. Deterministic backward graphs are never searched (the same engine in every
+// process). k = 0 (the default) defers to PRIMUS_TURBO_CUDNN_SDPA_SEARCH (unset: 1, no search).
+// Takes effect for shapes whose plans are built afterwards.
+void set_sdpa_search(int candidates);
+int sdpa_search();  // what applies now
+
+// The plans built for a shape: how many candidates, which one runs (its engine, as logged), and
+// whether the search has run. candidates == 0: no plan built for the shape (yet, or it failed).
+struct SdpaPlanInfo {
+  int candidates = 0, chosen = 0;
+  bool searched = false;
+  std::string engine;
+};
+SdpaPlanInfo sdpa_plan_info(const SdpaShape& s, bool backward);
 
 }  // namespace primus::turbo::cudnn
