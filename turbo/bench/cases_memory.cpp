@@ -185,6 +185,12 @@ Case loss_case(const std::string& label, int64_t N, int64_t Vp, int64_t V) {
               l.legacy_kernel = true;
               t.push_back({"cross_entropy_fwdbwd/" + label + "/legacy", Metric::Bytes, bytes, [l] { cross_entropy(l); },
                            "two reads of each row"});
+              if (cross_entropy_turbo_cluster(e.dtype, Vp) > 1) {  // rows over a cluster: streamed by default
+                CrossEntropyArgs o = a;
+                o.one_row_per_cluster = true;
+                t.push_back({"cross_entropy_fwdbwd/" + label + "/one_row_per_cluster", Metric::Bytes, bytes,
+                             [o] { cross_entropy(o); }, "one cluster per row, not streamed"});
+              }
             }
             return t;
           }};

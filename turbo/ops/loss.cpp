@@ -70,15 +70,28 @@ void turbo_run(const CrossEntropyArgs& a) {
                                        a.logits.data, a.targets.ptr<const int32_t>(), a.logits.rows(), vocab_of(a),
                                        a.logits.cols(), a.dloss, a.ignore_index,
                                        static_cast<cudaStream_t>(a.ctx.stream),
-                                       a.legacy_kernel ? cuda::CrossEntropyKernel::Legacy : cuda::CrossEntropyKernel::Auto);
+                                       a.legacy_kernel         ? cuda::CrossEntropyKernel::Legacy
+                                       : a.one_row_per_cluster ? cuda::CrossEntropyKernel::OneRowPerCluster
+                                                               : cuda::CrossEntropyKernel::Auto);
 }
 #endif
 
 }  // namespace
 
+int cross_entropy_turbo_cluster(DType dtype, int64_t Vp) {
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  return cuda::cross_entropy_onchip_cluster(dtype, Vp);
+#else
+  (void)dtype;
+  (void)Vp;
+  return 0;
+#endif
+}
+
 std::string CrossEntropyArgs::key() const {
-  return fmt::format("cross_entropy logits={} V={} grad={} inplace={}{}", logits.describe(), vocab_of(*this),
-                     dlogits.defined() ? 1 : 0, dlogits.data == logits.data ? 1 : 0, legacy_kernel ? " legacy" : "");
+  return fmt::format("cross_entropy logits={} V={} grad={} inplace={}{}{}", logits.describe(), vocab_of(*this),
+                     dlogits.defined() ? 1 : 0, dlogits.data == logits.data ? 1 : 0, legacy_kernel ? " legacy" : "",
+                     one_row_per_cluster ? " one_row_per_cluster" : "");
 }
 
 BackendType cross_entropy(const CrossEntropyArgs& args) {

@@ -23,12 +23,20 @@ struct CrossEntropyArgs {
   // TURBO: run the legacy two-read kernel instead of the on-chip one (A/B in benchmarks and
   // tests; env PRIMUS_TURBO_CE_KERNEL=legacy does the same for every call).
   bool legacy_kernel = false;
+  // TURBO: rows that need a cluster of CTAs run one cluster per row instead of the streamed
+  // persistent kernel (A/B; env PRIMUS_TURBO_CE_KERNEL=onchip does the same for every call).
+  bool one_row_per_cluster = false;
   ExecContext ctx;
   std::string key() const;
   Precision precision() const { return precision_of(logits.dtype); }
 };
 
 BackendType cross_entropy(const CrossEntropyArgs& args);
+
+// CTAs per row of the TURBO on-chip kernel for rows of Vp columns of `dtype` on the current device
+// (1: one CTA per row; more: a cluster, run by the streamed kernel by default), 0 where the legacy
+// kernel serves them or the build has no CUDA.
+int cross_entropy_turbo_cluster(DType dtype, int64_t Vp);
 
 // out [1] f32 = sum of x [n] f32 in a fixed order (device or host; the loss sum of a step).
 void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx);

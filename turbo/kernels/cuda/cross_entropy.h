@@ -12,10 +12,13 @@ namespace primus::turbo::cuda {
 
 enum class CrossEntropyKernel {
   Auto,    // the on-chip kernel where it applies (sm_90, bf16, row <= ~900 KB), else the legacy one;
-           // env PRIMUS_TURBO_CE_KERNEL=legacy makes Auto mean Legacy (A/B in one binary);
-           // env PRIMUS_TURBO_CE_CLUSTER=2|4|8: at least that many CTAs per row (smaller slices,
-           // more CTAs per SM; for measuring against the default smallest cluster that fits)
+           // rows that need a cluster of CTAs (Llama-3's 128k columns) run its streamed form
+           // (persistent clusters, two row buffers per CTA: the next row loads while this one is
+           // computed); env PRIMUS_TURBO_CE_KERNEL=legacy | onchip makes Auto mean Legacy |
+           // OneRowPerCluster (A/B in one binary); env PRIMUS_TURBO_CE_CLUSTER=2|4|8: at least
+           // that many CTAs per row (smaller slices; for measuring against the default)
   Legacy,  // the two-read kernel (each row read twice: the second read hoped to hit L2)
+  OneRowPerCluster,  // the on-chip kernel with one cluster per row also where Auto streams
 };
 
 // losses[n] = lse[n] - logits[n, target[n]] (0 for target == ignore_index; NaN for a target
