@@ -312,7 +312,9 @@ TEST_F(AttnGpu, VarlenDocumentsAreIndependent) {
     }
     for (int64_t h = 0; h < c.H; ++h) {
       const size_t at = static_cast<size_t>((b * c.H + h) * c.T + tt);
-      if (!in_victim(tok)) ASSERT_EQ(lse0[at], lse1[at]) << "lse of token " << tok << " changed";
+      if (!in_victim(tok)) {
+        ASSERT_EQ(lse0[at], lse1[at]) << "lse of token " << tok << " changed";
+      }
     }
   }
   EXPECT_GT(changed, 0) << "the changed document's output did not change";
@@ -443,6 +445,21 @@ TEST_F(AttnGpu, DeterministicCudnnBackwardIsBitIdenticalAndAccurate) {
 // several engine configurations and keeps one; what it then runs matches the fp64 reference at
 // the bf16 gate, in the searched call and after it. Deterministic shapes are never searched.
 TEST_F(AttnGpu, CudnnEngineSearchKeepsResultsAtTheGate) {
+  auto shape_of = [this](const AttnCase& c) {  // the key the op's cuDNN backend builds its plans under
+    cudnn::SdpaShape s;
+    s.B = c.B, s.T = c.T, s.H = c.H, s.KVH = c.KVH, s.D = c.D, s.causal = c.causal, s.dtype = DType::BF16;
+    s.deterministic = deterministic_;
+    return s;
+  };
+  // Random inputs, the fp64 reference, one forward + backward checked against it.
+  auto run_checked = [this](const AttnCase& c, AttnTensors& t) {
+    t = random_inputs(c, DType::BF16);
+    run_reference(c, t);
+    Dev d = upload(c, DType::BF16, t);
+    run(c, d);
+    check_all(t, d);
+    return d;
+  };
   cudnn::set_sdpa_search(16);
   setenv("PRIMUS_TURBO_CUDNN_SDPA_KNOBS", "1", 1);
   GlobalBackendManager::instance().set_backend("attention", BackendType::CUDNN);
@@ -450,13 +467,9 @@ TEST_F(AttnGpu, CudnnEngineSearchKeepsResultsAtTheGate) {
     SCOPED_TRACE(fmt::format("KVH {} T {} D {} causal {}", kvh, T, D, causal));
     AttnCase c;  // shapes no other test uses, so their plans are built (and searched) here
     c.B = 3, c.T = T, c.H = 6, c.KVH = kvh, c.D = D, c.causal = causal;
-    AttnTensors t = random_inputs(c, DType::BF16);
-    run_reference(c, t);
-    Dev d = upload(c, DType::BF16, t);
-    run(c, d);
-    check_all(t, d);
-    cudnn::SdpaShape s;
-    s.B = c.B, s.T = c.T, s.H = c.H, s.KVH = c.KVH, s.D = c.D, s.causal = c.causal, s.dtype = DType::BF16;
+    AttnTensors t;
+    Dev d = run_checked(c, t);
+    const cudnn::SdpaShape s = shape_of(c);
     for (bool bwd : {false, true}) {
       const cudnn::SdpaPlanInfo info = cudnn::sdpa_plan_info(s, bwd);
       EXPECT_GE(info.candidates, 2) << (bwd ? "backward" : "forward") << ": nothing to search among";
@@ -470,14 +483,9 @@ TEST_F(AttnGpu, CudnnEngineSearchKeepsResultsAtTheGate) {
   deterministic_ = true;
   AttnCase c;
   c.B = 3, c.T = 256, c.H = 6, c.KVH = 6, c.D = 64;
-  AttnTensors t = random_inputs(c, DType::BF16);
-  run_reference(c, t);
-  Dev d = upload(c, DType::BF16, t);
-  run(c, d);
-  check_all(t, d);
-  cudnn::SdpaShape s;
-  s.B = c.B, s.T = c.T, s.H = c.H, s.KVH = c.KVH, s.D = c.D, s.causal = c.causal, s.dtype = DType::BF16;
-  s.deterministic = true;
+  AttnTensors t;
+  run_checked(c, t);
+  const cudnn::SdpaShape s = shape_of(c);
   EXPECT_EQ(cudnn::sdpa_plan_info(s, true).candidates, 1);
   EXPECT_EQ(cudnn::sdpa_plan_info(s, false).candidates, 1);
   cudnn::set_sdpa_search(0);

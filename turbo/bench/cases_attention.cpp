@@ -2,6 +2,8 @@
 // counted as 4*B*H*T^2*D for the forward (halved when causal) and 2.5x that for the backward.
 #include <fmt/format.h>
 
+#include <initializer_list>
+
 #include "core/util/error.h"
 #include "turbo/bench/harness.h"
 #include "turbo/ops/attention.h"
@@ -26,33 +28,26 @@ TensorView heads_of(const TensorView& packed, int64_t first, int64_t n, int64_t 
 Case attention_case(const std::string& name, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool causal,
                     bool packed = false) {
   return {name, [=](CaseEnv& e) {
+            // q, k, v (random) and dq, dk, dv (written): views of one packed tensor each, or dense.
+            auto three = [&](bool random, TensorView& q, TensorView& k, TensorView& v) {
+              auto make = [&](std::initializer_list<int64_t> shape) {
+                return random ? e.rand(e.dtype, shape) : e.empty(e.dtype, shape);
+              };
+              if (packed) {
+                const TensorView all = make({B, T, (H + 2 * KVH) * D});
+                q = heads_of(all, 0, H, D), k = heads_of(all, H, KVH, D), v = heads_of(all, H + KVH, KVH, D);
+              } else {
+                q = make({B, T, H, D}), k = make({B, T, KVH, D}), v = make({B, T, KVH, D});
+              }
+            };
             AttentionForwardArgs f;
-            TensorView qkv, dqkv;
-            if (packed) {
-              qkv = e.rand(e.dtype, {B, T, (H + 2 * KVH) * D});
-              dqkv = e.empty(e.dtype, {B, T, (H + 2 * KVH) * D});
-              f.q = heads_of(qkv, 0, H, D);
-              f.k = heads_of(qkv, H, KVH, D);
-              f.v = heads_of(qkv, H + KVH, KVH, D);
-            } else {
-              f.q = e.rand(e.dtype, {B, T, H, D});
-              f.k = e.rand(e.dtype, {B, T, KVH, D});
-              f.v = e.rand(e.dtype, {B, T, KVH, D});
-            }
+            three(true, f.q, f.k, f.v);
             f.out = e.empty(e.dtype, {B, T, H, D});
             f.lse = e.empty(DType::F32, {B, H, T});
             f.opt.causal = causal;
             f.ctx = e.ctx;
             AttentionBackwardArgs bw;
-            if (packed) {
-              bw.dq = heads_of(dqkv, 0, H, D);
-              bw.dk = heads_of(dqkv, H, KVH, D);
-              bw.dv = heads_of(dqkv, H + KVH, KVH, D);
-            } else {
-              bw.dq = e.empty(e.dtype, {B, T, H, D});
-              bw.dk = e.empty(e.dtype, {B, T, KVH, D});
-              bw.dv = e.empty(e.dtype, {B, T, KVH, D});
-            }
+            three(false, bw.dq, bw.dk, bw.dv);
             bw.dout = e.rand(e.dtype, {B, T, H, D});
             bw.q = f.q, bw.k = f.k, bw.v = f.v, bw.out = f.out, bw.lse = f.lse;
             bw.opt = f.opt;

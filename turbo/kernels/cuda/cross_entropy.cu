@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/cross_entropy.h"
@@ -300,9 +301,10 @@ cross_entropy_onchip_kernel(bf16* dlogits, float* losses, float* lse_out, const 
 // Persistent clusters: cluster c takes rows c, c + clusters, ... and each CTA keeps two slice
 // buffers, so the copies of a cluster's next row go out before the current row's statistics,
 // cluster exchange and gradient, and HBM reads go on while the CTA computes and writes. (The
-// one-row-per-cluster kernel above relies on other resident CTAs for that overlap; with Llama-3's
-// 128k-wide rows only three 64 KB slices, 3/4 of a row, fit an SM, and it reached ~73% of a copy.)
-// Same arithmetic, same order of additions: bitwise the results of the kernel above.
+// one-row-per-cluster kernel above relies on other resident CTAs for that overlap.) Alone it is
+// slower than that kernel on Llama-3's rows; in a power-capped training step it is faster (see
+// stream_config). With the same cluster size the two give the same bits (same slices, same order
+// of additions); the default sizes differ.
 // Grid: clusters * kCluster CTAs. Dynamic shared memory: 2 * slice * 16 bytes.
 template <int kCluster>
 __global__ void __launch_bounds__(kOnChipMaxThreads, 1)
@@ -555,6 +557,18 @@ int env_min_cluster() {
   return v;
 }
 
+// f(std::integral_constant<int, C>{}) for the cluster size C in {1, 2, 4, 8}; false for any other.
+template <class F>
+bool with_cluster(int cluster, F&& f) {
+  switch (cluster) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return false;
+  }
+}
+
 // PRIMUS_TURBO_CE_KERNEL (read once): legacy (the two-read kernel), onchip (one row per cluster
 // also where a row needs a cluster), unset or anything else: the default.
 enum class EnvKernel { Default, Legacy, OnChip };
@@ -593,40 +607,22 @@ void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, f
     // Rows that need a cluster: the streamed kernel, unless one row per cluster is asked for.
     const OnChipConfig sc = c.cluster > 1 && which == CrossEntropyKernel::Auto ? stream_config(Vp, d, env_min_cluster())
                                                                                : OnChipConfig{};
-    if (sc.cluster > 0) {
-      auto go = [&](auto launch) {
-        return launch(sc, d, static_cast<bf16*>(dlogits), losses, lse, static_cast<const bf16*>(logits), targets, N,
-                      static_cast<int>(V), static_cast<int>(Vp), dloss, ignore_index, stream);
-      };
-      bool launched = false;
-      switch (sc.cluster) {
-        case 2: launched = go(launch_stream<2>); break;
-        case 4: launched = go(launch_stream<4>); break;
-        case 8: launched = go(launch_stream<8>); break;
-        default: break;
-      }
-      if (launched) {
-        CUDA_CHECK_LAST();
-        return;
-      }
-    }
-    if (c.cluster > 0 && N * c.cluster <= INT32_MAX) {
-      auto go = [&](auto launch) {
-        return launch(c, d, static_cast<bf16*>(dlogits), losses, lse, static_cast<const bf16*>(logits), targets, N,
-                      static_cast<int>(V), static_cast<int>(Vp), dloss, ignore_index, stream);
-      };
-      bool launched = false;
-      switch (c.cluster) {
-        case 1: launched = go(launch_onchip<1>); break;
-        case 2: launched = go(launch_onchip<2>); break;
-        case 4: launched = go(launch_onchip<4>); break;
-        case 8: launched = go(launch_onchip<8>); break;
-        default: break;
-      }
-      if (launched) {
-        CUDA_CHECK_LAST();
-        return;
-      }
+    auto run = [&](const OnChipConfig& cfg, auto launch) {
+      return launch(cfg, d, static_cast<bf16*>(dlogits), losses, lse, static_cast<const bf16*>(logits), targets, N,
+                    static_cast<int>(V), static_cast<int>(Vp), dloss, ignore_index, stream);
+    };
+    const bool launched =
+        with_cluster(sc.cluster,
+                     [&](auto k) {
+                       constexpr int K = decltype(k)::value;
+                       if constexpr (K > 1) return run(sc, launch_stream<K>);
+                       else return false;
+                     }) ||
+        (N * c.cluster <= INT32_MAX &&
+         with_cluster(c.cluster, [&](auto k) { return run(c, launch_onchip<decltype(k)::value>); }));
+    if (launched) {
+      CUDA_CHECK_LAST();
+      return;
     }
   }
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "cross_entropy", [&] {
