@@ -118,6 +118,16 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (v == "full") zero_grad_full_ = true;
     else if (v != "ranges") throw ConfigError(fmt::format("PRIMUS_CUDA_ZERO_GRAD='{}': expected ranges or full", v));
   }
+  if (const char* e = std::getenv("PRIMUS_CUDA_GELU_FWD"); e && *e) {  // A/B runs, see layer_forward()
+    const std::string v = e;
+    if (v == "unfused") gelu_unfused_fwd_ = true;
+    else if (v != "epilogue") throw ConfigError(fmt::format("PRIMUS_CUDA_GELU_FWD='{}': expected epilogue or unfused", v));
+  }
+  if (const char* e = std::getenv("PRIMUS_CUDA_GELU_BWD"); e && *e) {  // A/B runs, see backward()
+    const std::string v = e;
+    if (v == "unfused") gelu_unfused_bwd_ = true;
+    else if (v != "epilogue") throw ConfigError(fmt::format("PRIMUS_CUDA_GELU_BWD='{}': expected epilogue or unfused", v));
+  }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   host_ = opt_.device == Device::CPU;
   if (host_ && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
@@ -661,10 +671,11 @@ void CudaModel::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   phase(Phase::Norm);
   norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, tmp_, a.x_in, p.norm2, N);
   phase(Phase::MlpUpGemm);
-  if (spec_.swiglu) {
+  if (spec_.swiglu || gelu_unfused_fwd_) {
     ops_.linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
     phase(Phase::Activation);
-    turbo::activation_forward({turbo::Activation::SwiGLU, a.act.slice0(0, N), a.fc.slice0(0, N), c});
+    turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
+                               a.fc.slice0(0, N), c});
   } else {  // GELU fused into the GEMM epilogue; fc keeps the pre-activation for the backward
     ops_.linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
   }
@@ -833,6 +844,10 @@ void CudaModel::backward() {
       linear_backward(dact, p.out_w, p.out_b, dres, act, norm_colsum());
       mark(Phase::ActivationBwd);
       turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
+    } else if (gelu_unfused_bwd_) {
+      linear_backward(dfc, p.out_w, p.out_b, dres, act, norm_colsum());  // dfc = d(act) here
+      mark(Phase::ActivationBwd);
+      turbo::activation_backward({turbo::Activation::Gelu, dfc, fc, dfc, false, c});  // in place
     } else {
       ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
       linear_backward({}, p.out_w, p.out_b, dres, act, norm_colsum());

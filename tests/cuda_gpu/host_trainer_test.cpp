@@ -3,8 +3,9 @@
 // tinyshakespeare as bytes, gradient accumulation 2, clipping, warmup + cosine, eval and
 // checkpoints. Same init, same batches, so every step's loss and every validation loss agree
 // (fp32 on both sides: 1e-5 relative); then a resume from the step-3 checkpoint replays
-// steps 4-6 with the same losses; and the runs without the trainer's read-ahead of the next
-// step's batches and without launch-ahead have the same losses bit for bit.
+// steps 4-6 with the same losses; the runs without the trainer's read-ahead of the next
+// step's batches and without launch-ahead have the same losses bit for bit; and the GELU run as
+// its own op in either direction still matches the reference.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -82,6 +83,19 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
     ASSERT_EQ(plain.loss.size(), ours.loss.size()) << var;
     for (auto [step, l] : plain.loss) EXPECT_EQ(l, ours.loss.at(step)) << var << "=0, step " << step;
     for (auto [step, l] : plain.val) EXPECT_EQ(l, ours.val.at(step)) << var << "=0, validation at step " << step;
+  }
+
+  // The MLP's GELU as a separate op instead of a GEMM epilogue (the A/B switches
+  // PRIMUS_CUDA_GELU_FWD / _BWD=unfused; the backward's runs in place on the dgrad's output)
+  // trains as the reference does.
+  for (const char* var : {"PRIMUS_CUDA_GELU_FWD", "PRIMUS_CUDA_GELU_BWD"}) {
+    const std::string name = std::string("cuda_unfused_") + var;
+    ::setenv(var, "unfused", 1);
+    run_host_trainer(cuda_file, {"exp_name=" + name});
+    ::unsetenv(var);
+    const auto unfused = testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+    ASSERT_EQ(unfused.loss.size(), ref.loss.size()) << var;
+    for (auto [step, l] : ref.loss) EXPECT_NEAR(unfused.loss.at(step), l, 1e-5 * l) << var << "=unfused, step " << step;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <vector>
 
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/ops/op_support.h"
@@ -78,9 +79,17 @@ std::string cpu_check_bwd(const ActivationBackwardArgs& a) {
   return detail::all_dtype(DType::F32, {{"inp", &a.inp}});
 }
 void cpu_bwd(const ActivationBackwardArgs& a) {
-  if (!a.accumulate) std::memset(a.dinp.data, 0, a.dinp.nbytes());  // the reference adds
+  // The reference kernels add into dinp: zero it first, after keeping dout when GELU's backward
+  // runs in place (dinp == dout, as the cuda backend's unfused GELU backward calls it).
+  std::vector<float> dout_copy;
+  const float* dout = a.dout.ptr<const float>();
+  if (!a.accumulate && a.dinp.data == a.dout.data) {
+    dout_copy.assign(dout, dout + a.dout.numel());
+    dout = dout_copy.data();
+  }
+  if (!a.accumulate) std::memset(a.dinp.data, 0, a.dinp.nbytes());
   if (a.act == Activation::Gelu) {
-    cpu::gelu_backward(a.dinp.ptr<float>(), a.inp.ptr<const float>(), a.dout.ptr<const float>(), a.inp.numel());
+    cpu::gelu_backward(a.dinp.ptr<float>(), a.inp.ptr<const float>(), dout, a.inp.numel());
   } else {
     cpu::swiglu_backward(a.dinp.ptr<float>(), a.inp.ptr<const float>(), a.dout.ptr<const float>(),
                          a.inp.rows(), a.inp.cols() / 2);

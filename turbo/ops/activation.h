@@ -2,7 +2,8 @@
 //   gelu:   out = gelu_tanh(inp)                      any shape, contiguous
 //   swiglu: out [N,F] = silu(gate) * up,  gate_up [N,2F] = [gate | up] per row
 // The backwards take the forward's INPUT and write dinp = dout * f'(inp), overwriting unless
-// accumulate = true (then +=, the reference kernels' convention). dtype f32 or bf16.
+// accumulate = true (then +=, the reference kernels' convention). dtype f32 or bf16. GELU's
+// backward may run in place (dinp == dout, accumulate false) on every backend.
 // Backends: TURBO (device), CPU (host f32, turbo/kernels/cpu/activation.h).
 #pragma once
 #include <string>
