@@ -10,12 +10,12 @@
 
 #include "backends/cuda/attention_fallback.h"
 #include "train/data_setup.h"
+#include "train/param_init.h"
 #include "train/dist_checkpoint.h"
 #include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/nvtx.h"
-#include "backends/cuda/param_init.h"
 #include "core/util/error.h"
 #include "io/checkpoint.h"
 #include "train/checkpointing.h"
@@ -133,7 +133,7 @@ void CudaTrainer::init() {
   }
   model_ = std::make_unique<CudaModel>(spec, mo, pg_ ? relay_.wrap(ops_) : ops_);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
-  init_params(spec, model_->layout(), t.seed, params.data());  // the same seed: every rank the same weights
+  train::init_params(spec, model_->layout(), t.seed, params.data());  // the same seed: every rank the same weights
   model_->set_params(params.data());
   if (pg_) {
     DataParallelOptions dpo;

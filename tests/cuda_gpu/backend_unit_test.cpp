@@ -6,12 +6,12 @@
 
 #include "backends/cuda/device.h"
 #include "backends/cuda/hooks.h"
-#include "backends/cuda/param_init.h"
 #include "backends/cuda/register.h"
 #include "backends/reference/model.h"
 #include "core/backend/backend.h"
 #include "core/patches/registry.h"
 #include "tests/e2e/cli_runner.h"
+#include "train/param_init.h"
 #include "turbo/core/cuda_check.h"
 
 namespace primus::backends::cuda {
@@ -42,10 +42,10 @@ TEST(CudaBackendUnit, InitDrawsTheReferenceWeightsBitForBit) {
     reference::GptModel<float> ref(spec, 1, spec.seq_length);
     ref.init_weights(77);
     std::vector<float> ours(ref.params.size(), -1.0f);
-    init_params(spec, ref.layout(), 77, ours.data());
+    train::init_params(spec, ref.layout(), 77, ours.data());
     EXPECT_EQ(ours, ref.params) << spec.model_type;
     std::vector<float> other(ours.size());
-    init_params(spec, ref.layout(), 78, other.data());
+    train::init_params(spec, ref.layout(), 78, other.data());
     EXPECT_NE(other, ours) << "the seed must matter";
   }
 }
