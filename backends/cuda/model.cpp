@@ -72,6 +72,15 @@ void check_shapes(const train::ModelSpec& s) {
   }
 }
 
+// An A/B switch `name`: false when unset, empty or `off`, true when `on`; anything else is a
+// ConfigError naming the variable and both values.
+bool env_switch(const char* name, const char* off, const char* on) {
+  const char* e = std::getenv(name);
+  if (!e || !*e || std::strcmp(e, off) == 0) return false;
+  if (std::strcmp(e, on) == 0) return true;
+  throw ConfigError(fmt::format("{}='{}': expected {} or {}", name, e, off, on));
+}
+
 }  // namespace
 
 CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, CudaOps ops)
@@ -113,21 +122,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   // The ones column needs biases on the linear layers and the bf16 GEMMs (the FP8 slots quantize
   // their inputs whole, padding included).
   if (bias_grad_ == BiasGrad::Ones && spec_.bias && !opt_.fp8_linear) ones_pad_ = kOnesPad;
-  if (const char* e = std::getenv("PRIMUS_CUDA_ZERO_GRAD"); e && *e) {  // A/B runs, see zero_grad()
-    const std::string v = e;
-    if (v == "full") zero_grad_full_ = true;
-    else if (v != "ranges") throw ConfigError(fmt::format("PRIMUS_CUDA_ZERO_GRAD='{}': expected ranges or full", v));
-  }
-  if (const char* e = std::getenv("PRIMUS_CUDA_GELU_FWD"); e && *e) {  // A/B runs, see layer_forward()
-    const std::string v = e;
-    if (v == "unfused") gelu_unfused_fwd_ = true;
-    else if (v != "epilogue") throw ConfigError(fmt::format("PRIMUS_CUDA_GELU_FWD='{}': expected epilogue or unfused", v));
-  }
-  if (const char* e = std::getenv("PRIMUS_CUDA_GELU_BWD"); e && *e) {  // A/B runs, see backward()
-    const std::string v = e;
-    if (v == "unfused") gelu_unfused_bwd_ = true;
-    else if (v != "epilogue") throw ConfigError(fmt::format("PRIMUS_CUDA_GELU_BWD='{}': expected epilogue or unfused", v));
-  }
+  // A/B switches read from the environment (unset: the default).
+  zero_grad_full_ = env_switch("PRIMUS_CUDA_ZERO_GRAD", "ranges", "full");       // see zero_grad()
+  gelu_unfused_fwd_ = env_switch("PRIMUS_CUDA_GELU_FWD", "epilogue", "unfused");  // see layer_forward()
+  gelu_unfused_bwd_ = env_switch("PRIMUS_CUDA_GELU_BWD", "epilogue", "unfused");  // see backward()
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   host_ = opt_.device == Device::CPU;
   if (host_ && (!opt_.optimizer_state || opt_.flat_elems != 0)) {

@@ -9,9 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
+#include <string>
 
 #include "backends/cuda/args.h"
 #include "backends/cuda/hooks.h"
@@ -70,16 +68,21 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   ASSERT_EQ(resumed.loss.size(), 3u);
   for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, ours.loss.at(step), 1e-6 * l) << "resumed step " << step;
 
+  // The same run with one environment switch set, under its own name.
+  auto run_with = [&](const char* var, const char* value) {
+    const std::string name = std::string("cuda_") + var + "_" + value;
+    ::setenv(var, value, 1);
+    run_host_trainer(cuda_file, {"exp_name=" + name});
+    ::unsetenv(var);
+    return testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+  };
+
   // Reading the next step's batches while a step runs, and launch-ahead (step s + 1 launched
   // before step s's result is read; host mode included), both on by default, change nothing: the
   // same run with either off (PRIMUS_CUDA_READ_AHEAD=0, PRIMUS_CUDA_LAUNCH_AHEAD=0) has the same
   // losses and validation losses, bit for bit.
   for (const char* var : {"PRIMUS_CUDA_READ_AHEAD", "PRIMUS_CUDA_LAUNCH_AHEAD"}) {
-    const std::string name = std::string("cuda_without_") + var;
-    ::setenv(var, "0", 1);
-    run_host_trainer(cuda_file, {"exp_name=" + name});
-    ::unsetenv(var);
-    const auto plain = testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+    const auto plain = run_with(var, "0");
     ASSERT_EQ(plain.loss.size(), ours.loss.size()) << var;
     for (auto [step, l] : plain.loss) EXPECT_EQ(l, ours.loss.at(step)) << var << "=0, step " << step;
     for (auto [step, l] : plain.val) EXPECT_EQ(l, ours.val.at(step)) << var << "=0, validation at step " << step;
@@ -89,11 +92,7 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   // PRIMUS_CUDA_GELU_FWD / _BWD=unfused; the backward's runs in place on the dgrad's output)
   // trains as the reference does.
   for (const char* var : {"PRIMUS_CUDA_GELU_FWD", "PRIMUS_CUDA_GELU_BWD"}) {
-    const std::string name = std::string("cuda_unfused_") + var;
-    ::setenv(var, "unfused", 1);
-    run_host_trainer(cuda_file, {"exp_name=" + name});
-    ::unsetenv(var);
-    const auto unfused = testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+    const auto unfused = run_with(var, "unfused");
     ASSERT_EQ(unfused.loss.size(), ref.loss.size()) << var;
     for (auto [step, l] : ref.loss) EXPECT_NEAR(unfused.loss.at(step), l, 1e-5 * l) << var << "=unfused, step " << step;
   }

@@ -83,7 +83,7 @@ void cpu_bwd(const ActivationBackwardArgs& a) {
   // runs in place (dinp == dout, as the cuda backend's unfused GELU backward calls it).
   std::vector<float> dout_copy;
   const float* dout = a.dout.ptr<const float>();
-  if (!a.accumulate && a.dinp.data == a.dout.data) {
+  if (a.act == Activation::Gelu && !a.accumulate && a.dinp.data == a.dout.data) {
     dout_copy.assign(dout, dout + a.dout.numel());
     dout = dout_copy.data();
   }

@@ -138,9 +138,18 @@ void search(Plans& p, const Run& run, const std::vector<Region>& outs, DType dty
             const std::string& key, cudaStream_t stream) {
   p.searched = true;
   std::vector<std::vector<uint16_t>> ref;
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
+  struct Events {  // destroyed on every way out, a rethrow included
+    cudaEvent_t start = nullptr, stop = nullptr;
+    Events() {
+      CUDA_CHECK(cudaEventCreate(&start));
+      CUDA_CHECK(cudaEventCreate(&stop));
+    }
+    ~Events() {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    }
+  } ev;
+  cudaEvent_t start = ev.start, stop = ev.stop;
   float best = 1e30f;
   std::string log;
   for (size_t i = 0; i < p.all.size(); ++i) {
@@ -148,11 +157,7 @@ void search(Plans& p, const Run& run, const std::vector<Region>& outs, DType dty
       run(i);
       CUDA_CHECK(cudaStreamSynchronize(stream));
     } catch (const std::exception& e) {
-      if (i == 0) {  // the heuristics' own choice, what runs without a search: a real error
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-        throw;
-      }
+      if (i == 0) throw;  // the heuristics' own choice, what runs without a search: a real error
       log += fmt::format(" [{}: failed: {}]", i, e.what());
       continue;
     }
@@ -179,8 +184,6 @@ void search(Plans& p, const Run& run, const std::vector<Region>& outs, DType dty
       p.chosen = i;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   run(p.chosen);
   spdlog::info("[turbo] cuDNN SDPA {} [{}]: {} candidates timed, using {}:{}", what, key, p.all.size(), p.chosen, log);
 }
