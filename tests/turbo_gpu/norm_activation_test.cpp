@@ -285,6 +285,121 @@ TEST_P(NormBackwardTest, StagedKernelStageCounts) {
   }
 }
 
+// Deferred sums (NormBackwardArgs::defer): the call leaves dweight / dbias / dinp_colsum untouched
+// and its sums pending where the staged kernel runs; finish_column_sums() then gives the same bits
+// as the immediate path. Shapes the staged kernel does not take finish at once (nothing pending).
+TEST_P(NormBackwardTest, DeferredSumsMatchTheImmediateBitwise) {
+  const NormBwdCase p = GetParam();
+  Run r = setup(p);
+  norm_backward(r.args);
+  const auto dinp1 = bytes(r.args.dinp), dw1 = bytes(r.args.dweight), cs1 = bytes(r.args.dinp_colsum);
+  const auto db1 = r.args.dbias.defined() ? bytes(r.args.dbias) : std::vector<uint8_t>{};
+  reset(r);
+  const int64_t floats = norm_backward_deferred_floats(p.type, p.dt, p.N, p.C, true, p.accumulate);
+  ColumnSumBatch batch(make(DType::F32, {std::max<int64_t>(floats, 1)}));
+  r.args.defer = &batch;
+  norm_backward(r.args);
+  const bool staged = floats > 0;
+  EXPECT_EQ(batch.pending(), staged ? (p.type == NormType::LayerNorm && p.bias ? 3u : 2u) : 0u);
+  if (staged) {
+    EXPECT_EQ(get(r.args.dweight), r.dw0) << "dweight is summed only by finish_column_sums";
+    EXPECT_EQ(get(r.args.dinp_colsum), r.cs0) << "dinp_colsum is summed only by finish_column_sums";
+    EXPECT_LE(batch.used_floats(), floats);
+  }
+  finish_column_sums(batch, ctx);
+  EXPECT_TRUE(batch.empty());
+  EXPECT_EQ(batch.used_floats(), 0);
+  EXPECT_EQ(bytes(r.args.dinp), dinp1);
+  EXPECT_EQ(bytes(r.args.dweight), dw1);
+  EXPECT_EQ(bytes(r.args.dinp_colsum), cs1);
+  if (r.args.dbias.defined()) {
+    EXPECT_EQ(bytes(r.args.dbias), db1);
+  }
+}
+
+// A batch over several calls (a backward pass): two norms deferred into one batch, then the first
+// norm's gradients a second time (gradient accumulation without a finish in between: the call must
+// sum what is pending before it reuses those gradients), and a batch too small for one call (it
+// finishes at once). Each time the same bits as the same calls made immediately.
+TEST_F(GpuTest, DeferredNormSumsOverSeveralCalls) {
+  const int64_t N = 4099, C = 768;
+  const DType dt = DType::BF16;
+  const int64_t per_call = norm_backward_deferred_floats(NormType::LayerNorm, dt, N, C, true, true);
+  if (per_call == 0) GTEST_SKIP() << "this device does not take the staged kernel";
+  struct Norm {
+    TensorView x, w, mean, rstd, dout, dinp, dw, db, cs;
+  };
+  auto make_norm = [&] {
+    Norm n{make(dt, {N, C}), make(dt, {C}), make(DType::F32, {N}), make(DType::F32, {N}), make(dt, {N, C}),
+           make(dt, {N, C}), make(DType::F32, {C}), make(DType::F32, {C}), make(DType::F32, {C})};
+    random_tensor(n.x);
+    random_tensor(n.w, 0.5f);
+    random_tensor(n.mean, 0.1f);
+    std::vector<float> rs(static_cast<size_t>(N));
+    for (size_t i = 0; i < rs.size(); ++i) rs[i] = 0.5f + 0.001f * static_cast<float>(i % 997);
+    put(n.rstd, rs);
+    random_tensor(n.dout);
+    return n;
+  };
+  Norm a = make_norm(), b = make_norm();
+  const auto dinp_a = random_tensor(a.dinp), dinp_b = random_tensor(b.dinp);
+  const auto g0 = random_tensor(a.dw);  // every gradient starts from the same random values
+  auto args_of = [&](Norm& n, ColumnSumBatch* defer) {
+    NormBackwardArgs g;
+    g.type = NormType::LayerNorm;
+    g.dinp = n.dinp;
+    g.dweight = n.dw;
+    g.dbias = n.db;
+    g.dinp_colsum = n.cs;
+    g.dout = n.dout;
+    g.inp = n.x;
+    g.weight = n.w;
+    g.mean = n.mean;
+    g.rstd = n.rstd;
+    g.defer = defer;
+    g.ctx = ctx;
+    return g;
+  };
+  auto start = [&] {
+    put(a.dinp, dinp_a);
+    put(b.dinp, dinp_b);
+    for (Norm* n : {&a, &b})
+      for (TensorView* t : {&n->dw, &n->db, &n->cs}) put(*t, g0);
+  };
+  auto state = [&] {
+    std::vector<std::vector<uint8_t>> s;
+    for (Norm* n : {&a, &b})
+      for (TensorView* t : {&n->dinp, &n->dw, &n->db, &n->cs}) s.push_back(bytes(*t));
+    return s;
+  };
+  // a, b, a immediately.
+  start();
+  norm_backward(args_of(a, nullptr));
+  norm_backward(args_of(b, nullptr));
+  norm_backward(args_of(a, nullptr));
+  const auto want = state();
+  // The same into one batch with room for all three calls.
+  start();
+  ColumnSumBatch batch(make(DType::F32, {3 * per_call}));
+  norm_backward(args_of(a, &batch));
+  norm_backward(args_of(b, &batch));
+  EXPECT_EQ(batch.pending(), 6u);
+  norm_backward(args_of(a, &batch));  // a's sums were pending: summed first, then a's new ones pending
+  EXPECT_EQ(batch.pending(), 3u);
+  finish_column_sums(batch, ctx);
+  EXPECT_TRUE(batch.empty());
+  EXPECT_EQ(state(), want);
+  // A buffer too small for one call: nothing is deferred.
+  start();
+  ColumnSumBatch small(make(DType::F32, {per_call - 1}));
+  norm_backward(args_of(a, &small));
+  EXPECT_TRUE(small.empty());
+  norm_backward(args_of(b, &small));
+  norm_backward(args_of(a, &small));
+  EXPECT_TRUE(small.empty());
+  EXPECT_EQ(state(), want);
+}
+
 std::vector<NormBwdCase> norm_bwd_cases() {
   std::vector<NormBwdCase> v;
   for (NormType t : {NormType::LayerNorm, NormType::RMSNorm})
