@@ -75,7 +75,7 @@ CudaOps GradReadyRelay::wrap(CudaOps ops) {
   auto inner = ops.norm_backward;
   ops.norm_backward = [this, inner](const turbo::NormBackwardArgs& a) {
     inner(a);
-    if (on_norm_backward) on_norm_backward(a);
+    if (on_norm_backward) on_norm_backward(a.dweight.data);
   };
   return ops;
 }
@@ -97,14 +97,10 @@ DataParallel::DataParallel(CudaModel& model, NcclProcessGroup& pg, GradReadyRela
   for (int64_t x : ready) {
     if (x > 0) ready_ptrs_.push_back({static_cast<const char*>(grads.data) + x * 4, x});
   }
-  relay_.on_norm_backward = [this](const turbo::NormBackwardArgs& a) {
+  relay_.on_norm_backward = [this](const void* dweight) {
     if (!armed_ || !opt_.overlap) return;
     for (const auto& [p, x] : ready_ptrs_) {
-      if (p != a.dweight.data) continue;
-      // The model may leave the norms' gradient sums pending until its backward ends (turbo::
-      // ColumnSumBatch): the buckets launched now hold some of them, so they are summed first.
-      if (a.defer && !a.defer->empty()) turbo::finish_column_sums(*a.defer, a.ctx);
-      on_ready(x);
+      if (p == dweight) on_ready(x);
     }
   };
 

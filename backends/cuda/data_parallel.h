@@ -72,7 +72,7 @@ inline int64_t zero1_granule(int world) { return int64_t{64} * world; }
 // Connects the model's cuda.norm.backward slot to the data-parallel reducer, which exists only
 // after the model (built with the wrapped ops) does.
 struct GradReadyRelay {
-  std::function<void(const turbo::NormBackwardArgs&)> on_norm_backward;  // set by DataParallel
+  std::function<void(const void* dweight)> on_norm_backward;  // set by DataParallel
   CudaOps wrap(CudaOps ops);  // returns ops whose norm_backward reports to this relay
 };
 

@@ -126,7 +126,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   zero_grad_full_ = env_switch("PRIMUS_CUDA_ZERO_GRAD", "ranges", "full");       // see zero_grad()
   gelu_unfused_fwd_ = env_switch("PRIMUS_CUDA_GELU_FWD", "epilogue", "unfused");  // see layer_forward()
   gelu_unfused_bwd_ = env_switch("PRIMUS_CUDA_GELU_BWD", "epilogue", "unfused");  // see backward()
-  norm_sums_immediate_ = env_switch("PRIMUS_CUDA_NORM_SUMS", "deferred", "immediate");  // see norm_backward()
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   host_ = opt_.device == Device::CPU;
   if (host_ && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
@@ -432,19 +431,6 @@ void CudaModel::plan(Take&& take) {
   datt_ = carve(0, C);
   dqkv_ = carve(C, C + 2 * KVD);
   if (rope) dqk_rot_ = carve(2 * C + 2 * KVD, C + KVD);  // RoPE's backward reads these, writes dqkv_
-  // The norm backwards' parameter-gradient partials, summed once at the end of backward() (see
-  // norm_backward()): room for every norm of the pass (2 per layer and the final one) at the most
-  // a call can leave. Zero where the kernels would not defer (Llama's 2048-wide rows), in host mode,
-  // and under PRIMUS_CUDA_NORM_SUMS=immediate.
-  if (!host_ && !norm_sums_immediate_) {
-    const turbo::NormType nt = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
-    const int64_t per_call = std::max(turbo::norm_backward_deferred_floats(nt, act_, N, C, true, true),
-                                      turbo::norm_backward_deferred_floats(nt, act_, N, C, true, false));
-    if (per_call > 0) {
-      const TensorView buf = take(Pool::Acts, DType::F32, {(2 * L + 1) * per_call}, "norm gradient partials (deferred sums)");
-      if (buf.defined()) norm_sums_ = turbo::ColumnSumBatch(buf);
-    }
-  }
 }
 
 CudaModel::Param CudaModel::param(const std::string& name, bool required) const {
@@ -778,9 +764,6 @@ void CudaModel::norm_backward(const TensorView& dres, const TensorView& dout, co
   a.rstd = rstd.slice0(0, N);
   a.accumulate_dinp = accumulate;
   if (norm_colsum()) a.dinp_colsum = dres_colsum;
-  // The gradient sums are left pending and finished in one launch at the end of backward() (or
-  // before a data-parallel bucket that holds them is reduced: DataParallel's relay finishes them).
-  if (norm_sums_.capacity_floats() > 0) a.defer = &norm_sums_;
   a.ctx = ctx();
   ops_.norm_backward(a);
 }
@@ -926,10 +909,6 @@ void CudaModel::backward() {
     e.wpe = wpe_.w;
     e.ctx = c;
     turbo::embedding_backward(e);
-  }
-  if (!norm_sums_.empty()) {
-    mark(Phase::NormBwd);
-    turbo::finish_column_sums(norm_sums_, c);  // every norm's weight / bias and colsum gradients
   }
   fresh_layers_ = false;  // the next micro-batch of this step accumulates
 }

@@ -242,8 +242,6 @@ class CudaModel {
   TensorView zero_table_;  // device mode only
   int64_t zero_total_ = 0;  // elements in zero_ranges_
   bool zero_grad_full_ = false;
-  bool norm_sums_immediate_ = false;  // PRIMUS_CUDA_NORM_SUMS=immediate (A/B): each norm backward sums its own
-  turbo::ColumnSumBatch norm_sums_;   // the norm backwards' pending gradient sums (deferred; see norm_backward())
   bool gelu_unfused_fwd_ = false;  // PRIMUS_CUDA_GELU_FWD=unfused (A/B): bias GEMM, then the GELU op
   bool gelu_unfused_bwd_ = false;  // PRIMUS_CUDA_GELU_BWD=unfused (A/B): plain dgrad, then GELU's backward in place
   bool fresh_head_ = false, fresh_layers_ = false;

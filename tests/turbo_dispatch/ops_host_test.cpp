@@ -319,57 +319,5 @@ TEST_F(OpsHost, NormBackwardDinpColumnSumsArgumentChecks) {
   EXPECT_EQ(norm_backward(b), BackendType::CPU);
 }
 
-// The deferred-sum batch's bookkeeping (its kernels run in the GPU suite): the buffer must be f32
-// on the device; reserve hands out consecutive room and refuses what does not fit; a gradient may
-// be pending once; finishing an empty batch only resets it. A CPU call with `defer` set finishes
-// at once (the CPU has no partials) and leaves the batch empty.
-TEST_F(OpsHost, ColumnSumBatchBookkeeping) {
-  std::vector<float> host(64);
-  EXPECT_THROW(ColumnSumBatch(TensorView(host.data(), DType::F32, Device::CPU, {64})), RuntimeError);
-  std::vector<uint16_t> h16(64);
-  EXPECT_THROW(ColumnSumBatch(TensorView(h16.data(), DType::BF16, Device::CUDA, {64})), RuntimeError);
-  // Never dereferenced here: the pointers only index the buffer.
-  ColumnSumBatch batch(TensorView(host.data(), DType::F32, Device::CUDA, {64}));
-  EXPECT_EQ(batch.capacity_floats(), 64);
-  float* a = batch.reserve(40);
-  EXPECT_EQ(a, host.data());
-  EXPECT_EQ(batch.reserve(25), nullptr) << "40 + 25 > 64";
-  float* b = batch.reserve(24);
-  EXPECT_EQ(b, host.data() + 40);
-  EXPECT_EQ(batch.used_floats(), 64);
-  EXPECT_EQ(batch.reserve(0), nullptr);
-  float dw[4], db[4];
-  batch.add_pending(dw, a, 5, 4);
-  batch.add_pending(db, b, 5, 4);
-  EXPECT_TRUE(batch.has_pending(dw));
-  EXPECT_FALSE(batch.has_pending(host.data()));
-  EXPECT_EQ(batch.pending(), 2u);
-  EXPECT_THROW(batch.add_pending(dw, b, 5, 4), RuntimeError);
-  EXPECT_EQ(batch.pending(), 2u);
-
-  ColumnSumBatch empty(TensorView(host.data(), DType::F32, Device::CUDA, {64}));
-  ASSERT_NE(empty.reserve(10), nullptr);
-  finish_column_sums(empty, ExecContext{});
-  EXPECT_EQ(empty.used_floats(), 0);
-  EXPECT_TRUE(empty.empty());
-
-  const int64_t N = 3, C = 8;
-  std::vector<float> x = randn(N * C), w(C, 1.0f), dout = randn(N * C), dinp(N * C), dwv(C, 0.0f), rstd(N, 1.0f);
-  NormBackwardArgs nb;
-  nb.type = NormType::RMSNorm;
-  nb.dinp = TensorView(dinp.data(), DType::F32, Device::CPU, {N, C});
-  nb.dweight = TensorView(dwv.data(), DType::F32, Device::CPU, {C});
-  nb.dout = TensorView(dout.data(), DType::F32, Device::CPU, {N, C});
-  nb.inp = TensorView(x.data(), DType::F32, Device::CPU, {N, C});
-  nb.weight = TensorView(w.data(), DType::F32, Device::CPU, {C});
-  nb.rstd = TensorView(rstd.data(), DType::F32, Device::CPU, {N});
-  nb.defer = &empty;
-  EXPECT_EQ(norm_backward(nb), BackendType::CPU);
-  EXPECT_TRUE(empty.empty());
-  std::vector<float> rdw(C, 0.0f), rdinp(N * C, 0.0f);
-  cpu::rmsnorm_backward(rdinp.data(), rdw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
-  EXPECT_EQ(dwv, rdw) << "the CPU call summed its gradient at once";
-}
-
 }  // namespace
 }  // namespace primus::turbo

@@ -150,29 +150,13 @@ std::string turbo_check_bwd(const NormBackwardArgs& a) {
 
 void turbo_bwd(const NormBackwardArgs& a) {
   const int64_t N = a.inp.rows(), C = a.inp.cols();
-  const cudaStream_t stream = static_cast<cudaStream_t>(a.ctx.stream);
-  // Deferred sums: this call's partials in the batch's buffer when they fit; a gradient already
-  // pending there (the same norm twice in one batch) is summed first, so no two pairs race.
-  cuda::DeferredColumnSums defer;
-  std::vector<cuda::ColumnPartialsG> pairs;
-  if (a.defer) {
-    const int64_t need = cuda::norm_backward_deferred_floats(kind(a.type), a.inp.dtype, N, C, a.dinp_colsum.defined(),
-                                                            a.accumulate_dinp);
-    if (need > 0) {
-      for (const TensorView* g : {&a.dweight, &a.dbias, &a.dinp_colsum})
-        if (g->defined() && a.defer->has_pending(g->ptr<float>())) finish_column_sums(*a.defer, a.ctx);
-      defer.partials = a.defer->reserve(need);
-      defer.pending = &pairs;
-    }
-  }
   Arena& arena = detail::scratch_of(a.ctx, "norm_backward");
   ArenaScope scope(arena);
   void* scratch = arena.allocate(cuda::norm_backward_scratch_bytes(N, C), 256, "norm_backward partials");
   cuda::norm_backward(kind(a.type), a.inp.dtype, a.dinp.data, a.dweight.ptr<float>(), a.dbias.ptr<float>(),
                       a.dout.data, a.inp.data, a.weight.data, a.mean.ptr<const float>(),
-                      a.rstd.ptr<const float>(), N, C, a.accumulate_dinp, scratch, stream, a.dinp_colsum.ptr<float>(),
-                      defer.partials ? &defer : nullptr);
-  for (const cuda::ColumnPartialsG& p : pairs) a.defer->add_pending(p.dst, p.partials, p.G, p.C);
+                      a.rstd.ptr<const float>(), N, C, a.accumulate_dinp, scratch,
+                      static_cast<cudaStream_t>(a.ctx.stream), a.dinp_colsum.ptr<float>());
 }
 #endif
 
@@ -199,59 +183,6 @@ BackendType norm_backward(const NormBackwardArgs& args) {
   static auto* d = detail::make_turbo_cpu_dispatcher<NormBackwardArgs>(
       "norm", PRIMUS_TURBO_FN(turbo_check_bwd), PRIMUS_TURBO_FN(turbo_bwd), cpu_check_bwd, cpu_bwd);
   return d->dispatch(args);
-}
-
-ColumnSumBatch::ColumnSumBatch(const TensorView& partials) : buf_(partials) {
-  if (!partials.defined()) return;
-  if (partials.dtype != DType::F32 || partials.device != Device::CUDA || !partials.is_contiguous())
-    throw RuntimeError(fmt::format("ColumnSumBatch: the partials buffer must be contiguous f32 on the device, got {}",
-                                   partials.describe()));
-}
-
-float* ColumnSumBatch::reserve(int64_t floats) {
-  if (floats <= 0 || used_ + floats > capacity_floats()) return nullptr;
-  float* p = buf_.ptr<float>() + used_;
-  used_ += floats;
-  return p;
-}
-
-bool ColumnSumBatch::has_pending(const float* dst) const {
-  for (const Pending& p : pending_)
-    if (p.dst == dst) return true;
-  return false;
-}
-
-void ColumnSumBatch::add_pending(float* dst, const float* partials, int G, int C) {
-  if (has_pending(dst)) throw RuntimeError("ColumnSumBatch: a gradient is already pending in this batch");
-  pending_.push_back({dst, partials, G, C});
-}
-
-void finish_column_sums(ColumnSumBatch& batch, const ExecContext& ctx) {
-  if (batch.pending_.empty()) {
-    batch.used_ = 0;
-    return;
-  }
-#ifdef PRIMUS_TURBO_WITH_CUDA
-  std::vector<cuda::ColumnPartialsG> pairs;
-  pairs.reserve(batch.pending_.size());
-  for (const auto& p : batch.pending_) pairs.push_back({p.dst, p.partials, p.G, p.C});
-  cuda::add_column_partials_batch(pairs.data(), static_cast<int>(pairs.size()), static_cast<cudaStream_t>(ctx.stream));
-  batch.pending_.clear();
-  batch.used_ = 0;
-#else
-  (void)ctx;
-  throw RuntimeError("finish_column_sums: sums are pending but this build has no CUDA");
-#endif
-}
-
-int64_t norm_backward_deferred_floats(NormType type, DType dtype, int64_t N, int64_t C, bool dinp_colsum,
-                                      bool accumulate_dinp) {
-#ifdef PRIMUS_TURBO_WITH_CUDA
-  return cuda::norm_backward_deferred_floats(kind(type), dtype, N, C, dinp_colsum, accumulate_dinp);
-#else
-  (void)type, (void)dtype, (void)N, (void)C, (void)dinp_colsum, (void)accumulate_dinp;
-  return 0;
-#endif
 }
 
 }  // namespace primus::turbo

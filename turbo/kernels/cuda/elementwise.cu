@@ -86,12 +86,12 @@ struct PartialPairs {
   const float* part[3];
 };
 constexpr int kPartCols = 8, kPartLanes = 32, kBatch = 8;
-// One column block (kPartCols columns from column block `cb`) of dst += column sums of part [G, C].
-__device__ __forceinline__ void add_partial_columns(float* __restrict__ dst, const float* __restrict__ part, int G,
-                                                    int C, int cb) {
+__global__ void __launch_bounds__(kPartCols * kPartLanes) add_column_partials_kernel(PartialPairs pp, int G, int C) {
   __shared__ float sm[kPartLanes][kPartCols + 1];
+  float* __restrict__ dst = pp.dst[blockIdx.y];
+  const float* __restrict__ part = pp.part[blockIdx.y];
   const int col = static_cast<int>(threadIdx.x) % kPartCols, g0 = static_cast<int>(threadIdx.x) / kPartCols;
-  const int c = cb * kPartCols + col;
+  const int c = blockIdx.x * kPartCols + col;
   const bool ok = c < C;
   const float d0 = ok && g0 == 0 ? dst[c] : 0.0f;
   float v = 0.0f;
@@ -115,22 +115,6 @@ __device__ __forceinline__ void add_partial_columns(float* __restrict__ dst, con
     __syncthreads();
   }
   if (ok && g0 == 0) dst[c] = d0 + sm[0][col];
-}
-__global__ void __launch_bounds__(kPartCols * kPartLanes) add_column_partials_kernel(PartialPairs pp, int G, int C) {
-  add_partial_columns(pp.dst[blockIdx.y], pp.part[blockIdx.y], G, C, static_cast<int>(blockIdx.x));
-}
-// The batched form: blockIdx.y picks the pair, whose own G and C apply; blocks past a narrower
-// pair's columns return at once (uniformly, before any barrier).
-struct PartialBatch {
-  float* dst[kColumnSumBatch];
-  const float* part[kColumnSumBatch];
-  int g[kColumnSumBatch];
-  int c[kColumnSumBatch];
-};
-__global__ void __launch_bounds__(kPartCols * kPartLanes) add_column_partials_batch_kernel(PartialBatch pb) {
-  const int i = static_cast<int>(blockIdx.y), C = pb.c[i];
-  if (static_cast<int>(blockIdx.x) * kPartCols >= C) return;
-  add_partial_columns(pb.dst[i], pb.part[i], pb.g[i], C, static_cast<int>(blockIdx.x));
 }
 
 template <class T, int V, bool kVec>
@@ -230,33 +214,5 @@ void add_column_partials(const ColumnPartials* pairs, int count, int G, int64_t 
   add_column_partials_kernel<<<dim3(static_cast<unsigned>(ceil_div(C, int64_t{kPartCols})), static_cast<unsigned>(count)),
                                kPartCols * kPartLanes, 0, stream>>>(pp, G, static_cast<int>(C));
   CUDA_CHECK_LAST();
-}
-
-void add_column_partials_batch(const ColumnPartialsG* pairs, int count, cudaStream_t stream) {
-  for (int i = 0; i < count; ++i) {
-    if (pairs[i].dst == nullptr || pairs[i].partials == nullptr || pairs[i].G < 1 || pairs[i].C < 1)
-      throw RuntimeError(fmt::format("add_column_partials_batch: pair {} of {} is incomplete (G={}, C={})", i, count,
-                                     pairs[i].G, pairs[i].C));
-    for (int j = 0; j < i; ++j)
-      if (pairs[j].dst == pairs[i].dst)
-        throw RuntimeError(fmt::format("add_column_partials_batch: pairs {} and {} add into the same gradient", j, i));
-  }
-  for (int first = 0; first < count; first += kColumnSumBatch) {
-    const int n = std::min(kColumnSumBatch, count - first);
-    PartialBatch pb{};
-    int cmax = 0;
-    for (int i = 0; i < n; ++i) {
-      const ColumnPartialsG& p = pairs[first + i];
-      pb.dst[i] = p.dst;
-      pb.part[i] = p.partials;
-      pb.g[i] = p.G;
-      pb.c[i] = p.C;
-      cmax = std::max(cmax, p.C);
-    }
-    add_column_partials_batch_kernel<<<dim3(static_cast<unsigned>(ceil_div(int64_t{cmax}, int64_t{kPartCols})),
-                                            static_cast<unsigned>(n)),
-                                       kPartCols * kPartLanes, 0, stream>>>(pb);
-    CUDA_CHECK_LAST();
-  }
 }
 }  // namespace primus::turbo::cuda

@@ -36,16 +36,4 @@ struct ColumnPartials {
   const float* partials = nullptr;
 };
 void add_column_partials(const ColumnPartials* pairs, int count, int G, int64_t C, cudaStream_t stream);
-
-// The same sums for many pairs at once, each with its own partial-row count G and width C (the
-// deferred finish of a backward pass's norm-parameter gradients, turbo::ColumnSumBatch): one
-// launch per kColumnSumBatch pairs, and every dst gets the bits add_column_partials would give it.
-// No two pairs may name the same dst (their blocks would race); that throws.
-constexpr int kColumnSumBatch = 96;  // pairs per launch: 96 x 24 bytes of kernel parameters
-struct ColumnPartialsG {
-  float* dst = nullptr;
-  const float* partials = nullptr;
-  int G = 0, C = 0;
-};
-void add_column_partials_batch(const ColumnPartialsG* pairs, int count, cudaStream_t stream);
 }  // namespace primus::turbo::cuda

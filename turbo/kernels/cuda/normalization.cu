@@ -833,22 +833,15 @@ StagedKernel<T> staged_kernel_for(int kvec) {
   }
 }
 
-// How the staged kernel runs a call: its instance, warps per block, shared memory and grid (the
-// number of partial rows); ok = false where it does not apply (the row needs more than
-// kStagedMaxVec vectors per lane, or the device cannot take its block).
-template <class T>
-struct StagedPlan {
-  StagedKernel<T> kernel = nullptr;
-  int warps = 0, grid = 0, stages = 0;
-  size_t smem = 0;
-  bool ok = false;
-};
+// The staged kernel when the row fits one warp at <= kStagedMaxVec vectors per lane (C <= 768
+// bf16 / 384 f32) and the device takes its block; false (nothing launched) otherwise.
 template <class T, bool kRms>
-StagedPlan<T> staged_plan(int64_t N, int64_t C, bool colsum, bool acc) {
-  StagedPlan<T> pl;
+bool launch_backward_staged(void* dinp, float* dw, float* db, float* colsum, const void* dout, const void* inp,
+                            const void* w, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc,
+                            void* scratch, cudaStream_t s) {
   const int nvec = static_cast<int>(C / Vec<T>::kSize);
   const int kvec = ceil_div(nvec, 32);
-  if (kvec > kStagedMaxVec) return pl;
+  if (kvec > kStagedMaxVec) return false;
   const int stages = staged_stages(), tensors = acc ? 3 : 2;
   StagedKernel<T> kernel;
   if (colsum) kernel = acc ? staged_kernel_for<T, kRms, true, true>(kvec) : staged_kernel_for<T, kRms, true, false>(kvec);
@@ -868,7 +861,7 @@ StagedPlan<T> staged_plan(int64_t N, int64_t C, bool colsum, bool acc) {
     if (smem_optin == 0) CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     while (warps > 4 && staged_smem_bytes(kvec, warps, stages, tensors) > static_cast<size_t>(smem_optin)) warps -= 4;
     smem = staged_smem_bytes(kvec, warps, stages, tensors);
-    if (smem > static_cast<size_t>(smem_optin)) return pl;
+    if (smem > static_cast<size_t>(smem_optin)) return false;
     const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), warps, smem);
     auto it = cache.find(key);
     if (it != cache.end()) {
@@ -881,44 +874,18 @@ StagedPlan<T> staged_plan(int64_t N, int64_t C, bool colsum, bool acc) {
       cache.emplace(key, per_sm);
     }
   }
-  if (per_sm < 1) return pl;
+  if (per_sm < 1) return false;
   // One block per SM in the intended configuration; never more than 2 (bounds the partials,
   // within norm_backward_scratch_bytes' rows_grid_bound).
   per_sm = std::min(per_sm, 2);
-  pl.kernel = kernel;
-  pl.warps = warps;
-  pl.smem = smem;
-  pl.stages = stages;
-  pl.grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((N + warps - 1) / warps, static_cast<int64_t>(sm_count()) * per_sm)));
-  pl.ok = true;
-  return pl;
-}
-
-// Partial slots the row kernels write: dweight, dbias (LayerNorm), the dinp column sums.
-int partial_slots(bool rms, bool colsum) { return 1 + (rms ? 0 : 1) + (colsum ? 1 : 0); }
-
-// The staged kernel when staged_plan applies; false (nothing launched) otherwise. With `defer`,
-// the partials go to defer->partials and their (dst, partials) pairs to defer->pending.
-template <class T, bool kRms>
-bool launch_backward_staged(void* dinp, float* dw, float* db, float* colsum, const void* dout, const void* inp,
-                            const void* w, const float* mean, const float* rstd, int64_t N, int64_t C, bool acc,
-                            void* scratch, cudaStream_t s, const DeferredColumnSums* defer) {
-  const StagedPlan<T> pl = staged_plan<T, kRms>(N, C, colsum != nullptr, acc);
-  if (!pl.ok) return false;
-  float* part = defer ? defer->partials : static_cast<float*>(scratch);
-  pl.kernel<<<pl.grid, 32 * pl.warps, pl.smem, s>>>(static_cast<T*>(dinp), part, static_cast<const T*>(dout),
-                                                   static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd,
-                                                   static_cast<int>(N), static_cast<int>(C), pl.stages);
+  const int grid = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((N + warps - 1) / warps, static_cast<int64_t>(sm_count()) * per_sm)));
+  float* part = static_cast<float*>(scratch);
+  kernel<<<grid, 32 * warps, smem, s>>>(static_cast<T*>(dinp), part, static_cast<const T*>(dout),
+                                        static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd,
+                                        static_cast<int>(N), static_cast<int>(C), stages);
   CUDA_CHECK_LAST();
-  if (defer) {
-    const int64_t slot = static_cast<int64_t>(pl.grid) * C;
-    const int g = pl.grid, c = static_cast<int>(C);
-    defer->pending->push_back({dw, part, g, c});
-    if (!kRms && db) defer->pending->push_back({db, part + slot, g, c});
-    if (colsum) defer->pending->push_back({colsum, part + (kRms ? 1 : 2) * slot, g, c});
-  } else {
-    finish_column_sums(kRms, dw, db, colsum, part, pl.grid, C, s);
-  }
+  finish_column_sums(kRms, dw, db, colsum, part, grid, C, s);
   return true;
 }
 
@@ -986,42 +953,24 @@ size_t norm_backward_scratch_bytes(int64_t N, int64_t C) {
   return static_cast<size_t>(std::max(2 * g_legacy, 3 * g_rows) * C) * sizeof(float);
 }
 
-int64_t norm_backward_deferred_floats(NormKind kind, DType dtype, int64_t N, int64_t C, bool colsum, bool accumulate_dinp) {
-  if (*norm_unsupported_reason(dtype, C) || N == 0 || backward_kernel_requested() != BwdKernel::Staged) return 0;
-  int64_t floats = 0;
-  PRIMUS_DISPATCH_FLOAT_BF16(dtype, "norm_backward_deferred_floats", [&] {
-    const bool rms = kind == NormKind::RMSNorm;
-    const StagedPlan<scalar_t> pl = rms ? staged_plan<scalar_t, true>(N, C, colsum, accumulate_dinp)
-                                        : staged_plan<scalar_t, false>(N, C, colsum, accumulate_dinp);
-    if (pl.ok) floats = static_cast<int64_t>(partial_slots(rms, colsum)) * pl.grid * C;
-  });
-  return floats;
-}
-
-bool norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float* dbias,
+void norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float* dbias,
                    const void* dout, const void* inp, const void* weight, const float* mean,
                    const float* rstd, int64_t N, int64_t C, bool accumulate_dinp, void* scratch,
-                   cudaStream_t stream, float* dinp_colsum, const DeferredColumnSums* defer) {
+                   cudaStream_t stream, float* dinp_colsum) {
   if (const char* why = norm_unsupported_reason(dtype, C); *why)
     throw RuntimeError(fmt::format("norm_backward C={} {}: {}", C, dtype_name(dtype), why));
-  if (N == 0) return false;
-  if (defer && (!defer->partials || !defer->pending))
-    throw RuntimeError("norm_backward: deferred column sums need a partials buffer and a pending list");
+  if (N == 0) return;
   BwdKernel which = backward_kernel_requested();
   if (which == BwdKernel::Legacy && dinp_colsum) which = BwdKernel::Staged;
-  bool deferred = false;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "norm_backward", [&] {
     if (which == BwdKernel::Staged) {
       const bool done =
           kind == NormKind::RMSNorm
               ? launch_backward_staged<scalar_t, true>(dinp, dweight, nullptr, dinp_colsum, dout, inp, weight, nullptr,
-                                                       rstd, N, C, accumulate_dinp, scratch, stream, defer)
+                                                       rstd, N, C, accumulate_dinp, scratch, stream)
               : launch_backward_staged<scalar_t, false>(dinp, dweight, dbias, dinp_colsum, dout, inp, weight, mean,
-                                                        rstd, N, C, accumulate_dinp, scratch, stream, defer);
-      if (done) {
-        deferred = defer != nullptr;
-        return;
-      }
+                                                        rstd, N, C, accumulate_dinp, scratch, stream);
+      if (done) return;
     }
     if (which == BwdKernel::Legacy) {
       if (kind == NormKind::RMSNorm)
@@ -1038,7 +987,6 @@ bool norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float
                                             C, accumulate_dinp, scratch, stream);
     }
   });
-  return deferred;
 }
 
 }  // namespace primus::turbo::cuda

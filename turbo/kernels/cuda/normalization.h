@@ -8,10 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "turbo/core/dtype.h"
-#include "turbo/kernels/cuda/elementwise.h"
 
 namespace primus::turbo::cuda {
 
@@ -43,25 +41,11 @@ void norm_forward(NormKind kind, DType dtype, void* out, float* mean, float* rst
 // =legacy the previous block-synchronised one (not for calls with a dinp_colsum, which take the
 // default); PRIMUS_TURBO_NORM_BWD_STAGES=2..4 sets the staged kernel's rows per warp (default 3).
 // For A/B timing.
-//
-// Deferred sums (`defer`, optional): where the staged kernel runs, its per-block partials go to
-// defer->partials (norm_backward_deferred_floats floats, not `scratch`) and the (gradient,
-// partials) pairs are appended to *defer->pending instead of being summed now; the caller sums
-// them later with add_column_partials_batch (one launch for a whole backward pass instead of one
-// per norm), with the same bits. Returns true when it deferred; false when it finished the sums
-// itself (no `defer`, or another kernel ran).
-struct DeferredColumnSums {
-  float* partials = nullptr;
-  std::vector<ColumnPartialsG>* pending = nullptr;
-};
-bool norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float* dbias,
+void norm_backward(NormKind kind, DType dtype, void* dinp, float* dweight, float* dbias,
                    const void* dout, const void* inp, const void* weight, const float* mean,
                    const float* rstd, int64_t N, int64_t C, bool accumulate_dinp, void* scratch,
-                   cudaStream_t stream, float* dinp_colsum = nullptr, const DeferredColumnSums* defer = nullptr);
+                   cudaStream_t stream, float* dinp_colsum = nullptr);
 size_t norm_backward_scratch_bytes(int64_t N, int64_t C);
-// The f32 partials a deferred call of that shape writes (see norm_backward); 0 when the call
-// would not defer (it would run the row-group or legacy kernel).
-int64_t norm_backward_deferred_floats(NormKind kind, DType dtype, int64_t N, int64_t C, bool colsum, bool accumulate_dinp);
 
 // Empty when the launchers above can serve (dtype, C); otherwise the reason.
 const char* norm_unsupported_reason(DType dtype, int64_t C);
