@@ -17,7 +17,7 @@ ARGS=(train pretrain --config "${CONFIG:-examples/cuda/gpt2-124M-shakespeare.yam
       lr_warmup_iters=5 eval_interval=0 save_interval=0 save_at_end=false exp_name=bench mock_data=true
       train_iters=${STEPS:-30} log_interval=10 ${MODEL_ARGS:-})
 IFS=';' read -ra SETS <<< "${VARIANTS:?VARIANTS='name:VAR=value ...;name2:...'}"
-rm -f /tmp/envab_cache_*.json
+rm -f /tmp/envab_cache_*.json /tmp/envab_tps.txt
 for round in $(seq "${ROUNDS:-2}"); do
   for i in "${!SETS[@]}"; do
     name=${SETS[$i]%%:*}; vars=${SETS[$i]#*:}
@@ -36,5 +36,24 @@ if b:
   print(f'clock {cs[len(cs)//2]:.0f} MHz, power {ps[len(ps)//2]:.0f} W ({len(b)} samples)')
 ")
     echo "round $round $name rc=$rc $tps | $pw"
+    echo "$name ${tps%% *}" >> /tmp/envab_tps.txt
   done
 done
+# Per set: mean, range and the mean against the first set's (same call, interleaved rounds).
+python3 - <<'PY'
+import collections
+runs = collections.OrderedDict()
+for line in open("/tmp/envab_tps.txt"):
+    name, _, v = line.strip().partition(" ")
+    runs.setdefault(name, [])
+    if v.isdigit():
+        runs[name].append(int(v))
+base = None
+for name, v in runs.items():
+    if not v:
+        print(f"{name:>24}: no tokens/s (failed runs)")
+        continue
+    mean = sum(v) / len(v)
+    base = base or mean
+    print(f"{name:>24}: mean {mean:,.0f} tok/s over {len(v)} (range {min(v):,}-{max(v):,}), {100 * (mean / base - 1):+.2f}% vs the first set")
+PY
