@@ -926,6 +926,48 @@ TEST_P(TurboGemmTest, GeluEpiloguesMatchCpuGelu) {
   cuda::gemm_sm90_force_plan(0, 0);
 }
 
+// The cooperative schedule's staged epilogue (stmatrix into shared memory, 128-byte row stores;
+// the default for 16-bit D with the linear, bias and GELU-aux epilogues) computes the same values
+// as the shuffle-transposed stores it replaces: the same bits of D and aux, with full tiles, an M
+// edge (rows past M never written) and a ragged N edge (the edge tile takes the scalar path).
+TEST_P(TurboGemmTest, StagedEpilogueGivesTheBitsOfTheShuffleEpilogue) {
+  struct Shape { int64_t M, N, K; };
+  for (DType dt : {DType::BF16, DType::F16})
+    for (Shape sh : {Shape{300, 512, 192}, Shape{1000, 776, 64}})
+      for (int bn : {128, 256}) {
+        SCOPED_TRACE(fmt::format("{} {}x{}x{} bn={}", dtype_name(dt), sh.M, sh.N, sh.K, bn));
+        cuda::gemm_sm90_force_plan(bn, 1);
+        const int64_t M = sh.M, N = sh.N, K = sh.K;
+        Mat a = operand(dt, M, K, false), b = operand(dt, K, N, true, 0.2f);
+        TensorView bias = make(dt, {N}), d = make(dt, {M, N}), aux = make(dt, {M, N});
+        random_tensor(bias);
+        for (GemmEpilogue epi : {GemmEpilogue::None, GemmEpilogue::Bias, GemmEpilogue::GeluAuxBias}) {
+          SCOPED_TRACE(static_cast<int>(epi));
+          std::vector<uint8_t> run_d[2], run_aux[2];
+          for (int staged : {1, 0}) {
+            if (!staged) ::setenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE", "0", 1);
+            poison(d);
+            poison(aux);
+            GemmArgs g = args(a.view, b.view, d);
+            g.epilogue = epi;
+            if (epi != GemmEpilogue::None) g.bias = bias;
+            if (epi == GemmEpilogue::GeluAuxBias) g.aux = aux;
+            g.ctx = ctx;
+            EXPECT_EQ(gemm(g), BackendType::TURBO);
+            ::unsetenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE");
+            run_d[staged] = bytes(d);
+            run_aux[staged] = bytes(aux);
+            EXPECT_TRUE(all_finite(get(d))) << "an element was not written";
+          }
+          EXPECT_EQ(run_d[1], run_d[0]);
+          if (epi == GemmEpilogue::GeluAuxBias) {
+            EXPECT_EQ(run_aux[1], run_aux[0]);
+          }
+        }
+      }
+  cuda::gemm_sm90_force_plan(0, 0);
+}
+
 // With PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO, GEMMs with a bias / GELU epilogue on 16-bit
 // tensors default to TURBO (the per-call rule) and the rest to CUBLASLT: plain products, f32
 // outputs, the bias-gradient epilogues TURBO does not have. (Read once per process: skipped

@@ -13,7 +13,11 @@
 //   from the registers: alpha, beta * D (read only when beta != 0), bias, the dtype conversion, and
 //   masking at the matrix edges (TMA reads zeros outside A and B, so edge tiles need no care in
 //   the main loop). With a 16-bit D, beta = 0 and 16-byte aligned rows, tiles wholly inside N are
-//   stored 16 bytes per lane (8 columns) after a transpose across each quad of lanes (shuffles).
+//   stored 16 bytes per lane (8 columns): the cooperative schedule's linear / bias / GELU-aux
+//   epilogues through a 2 KiB shared-memory buffer per warp (stmatrix, which takes the
+//   accumulators in their own layout, then 128-byte row segments; store_rows_staged), the rest
+//   after a transpose across each quad of lanes (shuffles). The staged form issues about half the
+//   instructions: 2-10% faster products on an H200 (bench/results/NOTES.md, session 13).
 // Schedules (splits == 1; gemm_sm90.h): the above is "coop". "pingpong": each consumer warpgroup
 //   owns a whole 128 x 128 tile (two m64n128 wgmmas per k16 step, 128 accumulators per thread),
 //   the block's tiles alternate between the two warpgroups, their k-loops strictly in tile order
@@ -87,7 +91,11 @@ struct Cfg {
   static constexpr int kBytesB = BN * kBK * 2;
   static constexpr int kStageBytes = kBytesA + kBytesB;
   static constexpr int kBarOffset = kStages * kStageBytes;
-  static constexpr int kSmem = kBarOffset + 2 * kStages * 8 + 1024;  // + slack to align to 1024
+  // The cooperative schedule's staged epilogue (store_rows_staged): 2 KiB per consumer warp, after
+  // the barriers. The ping-pong schedule has no room for it (7 stages of 32 KiB).
+  static constexpr int kEpiOffset = kBarOffset + 2 * kStages * 8;
+  static constexpr int kEpiBytes = PP ? 0 : 8 * 2048;
+  static constexpr int kSmem = kEpiOffset + kEpiBytes + 1024;  // + slack to align to 1024
   static constexpr int kGroups = BN / 8;                               // accumulator column groups
   static constexpr int kRedBytes = kGroups * 256 * 16;                 // fp32 partial tile (split-k)
   static_assert(kRedBytes <= kBarOffset, "the split-k partial tile reuses the stage memory");
@@ -108,6 +116,7 @@ struct Params {
   void* aux;     // [m][n] in D's type, ld_aux apart: written (GeluAux) or read (DGelu)
   int64_t ld_aux;
   int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
+  int staged;     // the cooperative Linear epilogue through shared memory (store_rows_staged)
 };
 // The kernel's epilogue, a template argument (GemmSm90Epilogue's values): Linear = alpha, bias,
 // beta only; GeluAux and DGelu as in gemm_sm90.h (16-bit D only).
@@ -424,6 +433,76 @@ __device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int c
     if (AHEAD) cur = next;
   }
 }
+// The Linear and GeluAux epilogues of one warp's 16 rows x G groups of 8 columns (16-bit D,
+// d_vec16, aux_vec16 for GeluAux, every column inside D) through a 2 KiB shared-memory buffer
+// `buf` of its own, 64 columns at a time: alpha * acc + bias packed to 16 bits and written with
+// stmatrix (the accumulators are already in its fragment layout: no shuffles), then read back as
+// whole 128-byte row segments and stored 16 bytes per lane, 8 lanes per row. GeluAux does it twice
+// per chunk: the value into aux, its GELU into D. The buffer's 16-byte chunks are XOR-swizzled by
+// row, so both sides are free of bank conflicts. row0: the warp's first row; lane l holds rows
+// row0 + l/4 (+8).
+template <class OutT, int G, int EPI>
+__device__ __forceinline__ void store_rows_staged(const Params& p, int row0, int col, int lane, const float* acc,
+                                                  uint32_t buf) {
+  static_assert(G % 8 == 0, "64-column chunks");
+  static_assert(EPI == kEpiLinear || EPI == kEpiGeluAux, "DGelu reads aux in the accumulator layout");
+  const int q = lane % 4;
+  // stmatrix addresses: lanes 8i..8i+7 give the rows of matrix i of an x4: matrix i is column
+  // group 2k + (i >> 1) of the x4 number k, rows 8 * (i & 1) .. + 7.
+  const int mi = lane / 8, mr = lane % 8 + 8 * (mi & 1);
+  // One pass: w (16 words: [group][row, row + 8]) into buf, then buf to `out` (D or aux).
+  auto pass = [&](const uint32_t (&w)[16], OutT* out, int64_t ld, int chunk) {
+    __syncwarp();  // the previous pass's reads of buf are done
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int g = 2 * k + (mi >> 1);
+      const uint32_t a = buf + mr * 128 + ((g ^ (mr & 7)) * 16);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(w[4 * k]),
+                   "r"(w[4 * k + 1]), "r"(w[4 * k + 2]), "r"(w[4 * k + 3])
+                   : "memory");
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = 4 * i + lane / 8, c = lane % 8;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(buf + r * 128 + ((c ^ (r & 7)) * 16)));
+      if (row0 + r < p.m) *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row0 + r) * ld + col + chunk * 64 + c * 8) = v;
+    }
+  };
+#pragma unroll
+  for (int chunk = 0; chunk < G / 8; ++chunk) {
+    float v[32];  // [group][row: 2 values, row + 8: 2 values], before any activation
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+      const int gg = chunk * 8 + g;
+      float b0 = 0.0f, b1 = 0.0f;
+      if (p.bias) {
+        const float2 b = unpack2<OutT>(*reinterpret_cast<const uint32_t*>(static_cast<const OutT*>(p.bias) + col + 8 * gg + 2 * q));
+        b0 = b.x, b1 = b.y;
+      }
+      v[4 * g] = acc[4 * gg] * p.alpha + b0, v[4 * g + 1] = acc[4 * gg + 1] * p.alpha + b1;
+      v[4 * g + 2] = acc[4 * gg + 2] * p.alpha + b0, v[4 * g + 3] = acc[4 * gg + 3] * p.alpha + b1;
+    }
+    uint32_t w[16];
+#pragma unroll
+    for (int g = 0; g < 8; ++g) {
+      w[2 * g] = pack2<OutT>(v[4 * g], v[4 * g + 1]);
+      w[2 * g + 1] = pack2<OutT>(v[4 * g + 2], v[4 * g + 3]);
+    }
+    if constexpr (EPI == kEpiGeluAux) {
+      pass(w, static_cast<OutT*>(p.aux), p.ld_aux, chunk);
+#pragma unroll
+      for (int g = 0; g < 8; ++g) {
+        w[2 * g] = pack2<OutT>(gelu_fast(v[4 * g]), gelu_fast(v[4 * g + 1]));
+        w[2 * g + 1] = pack2<OutT>(gelu_fast(v[4 * g + 2]), gelu_fast(v[4 * g + 3]));
+      }
+    }
+    pass(w, static_cast<OutT*>(p.d), p.ldd, chunk);
+  }
+}
 // Whether a tile starting at column n0 takes the 16-byte epilogue (uniform over the tile).
 template <class OutT, int BN, int EPI>
 __device__ __forceinline__ bool tile_vec16(const Params& p, int n0) {
@@ -648,7 +727,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (S == 1) {
         const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
         const int col = tn * BN + (lane % 4) * 2;
-        if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+        if (EPI != kEpiDGelu && sizeof(OutT) == 2 && C::kEpiBytes > 0 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+          store_rows_staged<OutT, C::kGroups, EPI == kEpiDGelu ? kEpiLinear : EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
+                                              base + C::kEpiOffset + (wg * 4 + warp) * 2048);
+        } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
           store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
         } else {
 #pragma unroll
@@ -793,6 +875,13 @@ bool vec16_epilogue_enabled() {
     return !(e && std::string(e) == "0");
   }();
   return on;
+}
+
+// PRIMUS_TURBO_GEMM_STAGED_EPILOGUE=0 (read on every call, for A/B runs) turns the cooperative
+// schedule's staged Linear epilogue (store_rows_staged) off: the shuffle-transposed 16-byte stores instead.
+bool staged_epilogue_enabled() {
+  const char* e = std::getenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE");
+  return !(e && std::string(e) == "0");
 }
 
 // PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:
@@ -1047,6 +1136,7 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   prm.aux = p.aux;
   prm.ld_aux = p.ld_aux;
   prm.aux_vec16 = (esize == 2 && reinterpret_cast<uintptr_t>(p.aux) % 16 == 0 && p.ld_aux % 8 == 0) ? 1 : 0;
+  prm.staged = (prm.d_vec16 && (!p.bias || prm.bias_vec) && staged_epilogue_enabled()) ? 1 : 0;
   // Boxes: a K-major operand is read as [rows][64] (128 rows of A, bn rows of B), an MN-major one
   // as [64 k-rows][64] slabs.
   const Stored sa = stored_a(p), sb = stored_b(p);
