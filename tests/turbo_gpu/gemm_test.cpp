@@ -927,7 +927,7 @@ TEST_P(TurboGemmTest, GeluEpiloguesMatchCpuGelu) {
 }
 
 // The cooperative schedule's staged epilogue (stmatrix into shared memory, 128-byte row stores;
-// the default for 16-bit D with the linear, bias and GELU-aux epilogues) computes the same values
+// the default for 16-bit D with the linear, bias, GELU-aux and dGELU epilogues) computes the same values
 // as the shuffle-transposed stores it replaces: the same bits of D and aux, with full tiles, an M
 // edge (rows past M never written) and a ragged N edge (the edge tile takes the scalar path).
 TEST_P(TurboGemmTest, StagedEpilogueGivesTheBitsOfTheShuffleEpilogue) {
@@ -941,17 +941,19 @@ TEST_P(TurboGemmTest, StagedEpilogueGivesTheBitsOfTheShuffleEpilogue) {
         Mat a = operand(dt, M, K, false), b = operand(dt, K, N, true, 0.2f);
         TensorView bias = make(dt, {N}), d = make(dt, {M, N}), aux = make(dt, {M, N});
         random_tensor(bias);
-        for (GemmEpilogue epi : {GemmEpilogue::None, GemmEpilogue::Bias, GemmEpilogue::GeluAuxBias}) {
+        const auto auxv = random_tensor(aux, 2.0f);  // dGELU's input
+        for (GemmEpilogue epi : {GemmEpilogue::None, GemmEpilogue::Bias, GemmEpilogue::GeluAuxBias, GemmEpilogue::DGelu}) {
           SCOPED_TRACE(static_cast<int>(epi));
           std::vector<uint8_t> run_d[2], run_aux[2];
           for (int staged : {1, 0}) {
             if (!staged) ::setenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE", "0", 1);
             poison(d);
-            poison(aux);
+            if (epi == GemmEpilogue::DGelu) put(aux, auxv);
+            else poison(aux);
             GemmArgs g = args(a.view, b.view, d);
             g.epilogue = epi;
-            if (epi != GemmEpilogue::None) g.bias = bias;
-            if (epi == GemmEpilogue::GeluAuxBias) g.aux = aux;
+            if (epi == GemmEpilogue::Bias || epi == GemmEpilogue::GeluAuxBias) g.bias = bias;
+            if (epi == GemmEpilogue::GeluAuxBias || epi == GemmEpilogue::DGelu) g.aux = aux;
             g.ctx = ctx;
             EXPECT_EQ(gemm(g), BackendType::TURBO);
             ::unsetenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE");

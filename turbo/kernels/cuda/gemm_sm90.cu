@@ -13,9 +13,10 @@
 //   from the registers: alpha, beta * D (read only when beta != 0), bias, the dtype conversion, and
 //   masking at the matrix edges (TMA reads zeros outside A and B, so edge tiles need no care in
 //   the main loop). With a 16-bit D, beta = 0 and 16-byte aligned rows, tiles wholly inside N are
-//   stored 16 bytes per lane (8 columns): the cooperative schedule's linear / bias / GELU-aux
-//   epilogues through a 2 KiB shared-memory buffer per warp (stmatrix, which takes the
-//   accumulators in their own layout, then 128-byte row segments; store_rows_staged), the rest
+//   stored 16 bytes per lane (8 columns): the cooperative schedule's epilogues (linear, bias, GELU
+//   aux, dGELU) through a 2 KiB shared-memory buffer per warp (stmatrix, which takes the
+//   accumulators in their own layout, then 128-byte row segments; dGELU's aux comes in the other
+//   way, with ldmatrix; store_rows_staged), the rest
 //   after a transpose across each quad of lanes (shuffles). The staged form issues about half the
 //   instructions: 2-10% faster products on an H200 (bench/results/NOTES.md, session 13).
 // Schedules (splits == 1; gemm_sm90.h): the above is "coop". "pingpong": each consumer warpgroup
@@ -433,7 +434,7 @@ __device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int c
     if (AHEAD) cur = next;
   }
 }
-// The Linear and GeluAux epilogues of one warp's 16 rows x G groups of 8 columns (16-bit D,
+// The Linear, GeluAux and DGelu epilogues of one warp's 16 rows x G groups of 8 columns (16-bit D,
 // d_vec16, aux_vec16 for GeluAux, every column inside D) through a 2 KiB shared-memory buffer
 // `buf` of its own, 64 columns at a time: alpha * acc + bias packed to 16 bits and written with
 // stmatrix (the accumulators are already in its fragment layout: no shuffles), then read back as
@@ -445,7 +446,6 @@ template <class OutT, int G, int EPI>
 __device__ __forceinline__ void store_rows_staged(const Params& p, int row0, int col, int lane, const float* acc,
                                                   uint32_t buf) {
   static_assert(G % 8 == 0, "64-column chunks");
-  static_assert(EPI == kEpiLinear || EPI == kEpiGeluAux, "DGelu reads aux in the accumulator layout");
   const int q = lane % 4;
   // stmatrix addresses: lanes 8i..8i+7 give the rows of matrix i of an x4: matrix i is column
   // group 2k + (i >> 1) of the x4 number k, rows 8 * (i & 1) .. + 7.
@@ -472,8 +472,45 @@ __device__ __forceinline__ void store_rows_staged(const Params& p, int row0, int
       if (row0 + r < p.m) *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row0 + r) * ld + col + chunk * 64 + c * 8) = v;
     }
   };
+  // DGelu: aux's rows of each chunk arrive as 128-byte row segments (the next chunk's loads issued
+  // before this chunk's arithmetic), go through buf, and come back with ldmatrix in the
+  // accumulators' layout: no shuffles on this side either. Rows past M read as zeros.
+  uint4 xin[4];
+  auto load_aux = [&](int chunk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = 4 * i + lane / 8, c = lane % 8;
+      xin[i] = row0 + r < p.m ? *reinterpret_cast<const uint4*>(static_cast<const OutT*>(p.aux) +
+                                                                static_cast<int64_t>(row0 + r) * p.ld_aux + col +
+                                                                chunk * 64 + c * 8)
+                              : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  if constexpr (EPI == kEpiDGelu) load_aux(0);
 #pragma unroll
   for (int chunk = 0; chunk < G / 8; ++chunk) {
+    uint32_t xw[16];  // DGelu: aux in the accumulators' layout, [group][row, row + 8]
+    if constexpr (EPI == kEpiDGelu) {
+      __syncwarp();  // the previous pass's reads of buf are done
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = 4 * i + lane / 8, c = lane % 8;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + r * 128 + ((c ^ (r & 7)) * 16)),
+                     "r"(xin[i].x), "r"(xin[i].y), "r"(xin[i].z), "r"(xin[i].w)
+                     : "memory");
+      }
+      if (chunk + 1 < G / 8) load_aux(chunk + 1);
+      __syncwarp();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int g = 2 * k + (mi >> 1);
+        const uint32_t a = buf + mr * 128 + ((g ^ (mr & 7)) * 16);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(xw[4 * k]), "=r"(xw[4 * k + 1]), "=r"(xw[4 * k + 2]), "=r"(xw[4 * k + 3])
+                     : "r"(a)
+                     : "memory");
+      }
+    }
     float v[32];  // [group][row: 2 values, row + 8: 2 values], before any activation
 #pragma unroll
     for (int g = 0; g < 8; ++g) {
@@ -485,6 +522,14 @@ __device__ __forceinline__ void store_rows_staged(const Params& p, int row0, int
       }
       v[4 * g] = acc[4 * gg] * p.alpha + b0, v[4 * g + 1] = acc[4 * gg + 1] * p.alpha + b1;
       v[4 * g + 2] = acc[4 * gg + 2] * p.alpha + b0, v[4 * g + 3] = acc[4 * gg + 3] * p.alpha + b1;
+    }
+    if constexpr (EPI == kEpiDGelu) {
+#pragma unroll
+      for (int g = 0; g < 8; ++g) {
+        const float2 x0 = unpack2<OutT>(xw[2 * g]), x8 = unpack2<OutT>(xw[2 * g + 1]);
+        v[4 * g] *= gelu_grad_fast(x0.x), v[4 * g + 1] *= gelu_grad_fast(x0.y);
+        v[4 * g + 2] *= gelu_grad_fast(x8.x), v[4 * g + 3] *= gelu_grad_fast(x8.y);
+      }
     }
     uint32_t w[16];
 #pragma unroll
@@ -727,8 +772,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (S == 1) {
         const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
         const int col = tn * BN + (lane % 4) * 2;
-        if (EPI != kEpiDGelu && sizeof(OutT) == 2 && C::kEpiBytes > 0 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
-          store_rows_staged<OutT, C::kGroups, EPI == kEpiDGelu ? kEpiLinear : EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
+        if (sizeof(OutT) == 2 && C::kEpiBytes > 0 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+          store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
                                               base + C::kEpiOffset + (wg * 4 + warp) * 2048);
         } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
           store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
