@@ -16,9 +16,9 @@
 //   stored 16 bytes per lane (8 columns): the cooperative schedule's epilogues (linear, bias, GELU
 //   aux, dGELU) through a 2 KiB shared-memory buffer per warp (stmatrix, which takes the
 //   accumulators in their own layout, then 128-byte row segments; dGELU's aux comes in the other
-//   way, with ldmatrix; store_rows_staged), the rest
-//   after a transpose across each quad of lanes (shuffles). The staged form issues about half the
-//   instructions: 2-10% faster products on an H200 (bench/results/NOTES.md, session 13).
+//   way, with ldmatrix; store_rows_staged), the rest after a transpose across each quad of lanes
+//   (shuffles). The staged form issues about half the epilogue's instructions: products 2-11%
+//   faster on an H200 (bench/results/NOTES.md, session 13).
 // Schedules (splits == 1; gemm_sm90.h): the above is "coop". "pingpong": each consumer warpgroup
 //   owns a whole 128 x 128 tile (two m64n128 wgmmas per k16 step, 128 accumulators per thread),
 //   the block's tiles alternate between the two warpgroups, their k-loops strictly in tile order
@@ -117,7 +117,7 @@ struct Params {
   void* aux;     // [m][n] in D's type, ld_aux apart: written (GeluAux) or read (DGelu)
   int64_t ld_aux;
   int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
-  int staged;     // the cooperative Linear epilogue through shared memory (store_rows_staged)
+  int staged;     // the cooperative schedule's 16-bit epilogues through shared memory (store_rows_staged)
 };
 // The kernel's epilogue, a template argument (GemmSm90Epilogue's values): Linear = alpha, bias,
 // beta only; GeluAux and DGelu as in gemm_sm90.h (16-bit D only).
@@ -923,7 +923,7 @@ bool vec16_epilogue_enabled() {
 }
 
 // PRIMUS_TURBO_GEMM_STAGED_EPILOGUE=0 (read on every call, for A/B runs) turns the cooperative
-// schedule's staged Linear epilogue (store_rows_staged) off: the shuffle-transposed 16-byte stores instead.
+// schedule's staged epilogues (store_rows_staged) off: the shuffle-transposed 16-byte stores instead.
 bool staged_epilogue_enabled() {
   const char* e = std::getenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE");
   return !(e && std::string(e) == "0");
