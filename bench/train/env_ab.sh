@@ -5,7 +5,8 @@
 # algorithm cache file (fresh in round 1, reused after), so sets that change the algorithm search do
 # not read each other's choices. CONFIG / SHAPE pick another model as in gaps.sh. The clock and power
 # figures cover only samples over 300 W past the first fifth: a 30-step GPT-2 run trains for under a
-# second, so they mostly show the start-up (STEPS=200 for a steady-state reading).
+# second, so they mostly show the start-up (STEPS=200 for a steady-state reading). Ends with each set's
+# mean tokens/s, range and change against the first set.
 #   run(command="VARIANTS='base:;sus30:PRIMUS_TURBO_CUBLASLT_SEARCH_MS=30' bash bench/train/env_ab.sh", carry=[".carry-cuda"])
 # shellcheck disable=SC1091
 source scripts/gpu_env.sh
