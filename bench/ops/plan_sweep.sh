@@ -5,6 +5,12 @@
 # (PRIMUS_TURBO_GEMM_PLAN = tile width x k-splits, gemm_sm90.h) and both schedules, all in one
 # call, then prints per case: cuBLASLt, TURBO's automatic plan, the best forced plan and their
 # ratios. Raw lines in $OUT/sweep.jsonl.
+# ROUNDS=n repeats every run n times, interleaved (each figure is then the median); EXTRA="tag:VAR=v
+# ..." adds TURBO runs under other environments (space-separated, each tag:VAR=v[,VAR=v]); GTEST=
+# <binary:filter> first runs those tests of the carried test binary. The stream-K check (issue
+# [turbo], gemm_sm90_streamk.h), for example:
+#   ROUNDS=3 PLANS=256xsk EXTRA="auto-sk:PRIMUS_TURBO_GEMM_STREAMK=1" \
+#     GTEST='test_turbo_gpu:*StreamK*:*EveryPlan*:*GeluEpilogues*:*Gpt2TrainingShapes*' bash bench/ops/plan_sweep.sh
 # From the repository root on the GPU machine, with primus unpacked in $BIN (default: the
 # carried .carry-cuda/primus.gz):
 #   run(command="bash bench/ops/plan_sweep.sh", carry=[".carry-cuda"])
@@ -13,6 +19,10 @@ OUT=${OUT:-/tmp/sweep-out}
 BIN=${BIN:-/tmp/sweep-bin}
 mkdir -p "$OUT" "$BIN"
 [ -x "$BIN/primus" ] || { gunzip -c .carry-cuda/primus.gz > "$BIN/primus" && chmod +x "$BIN/primus"; }
+if [ -n "${GTEST:-}" ]; then
+  t=${GTEST%%:*}
+  [ -x "$BIN/$t" ] || { gunzip -c ".carry-cuda/$t.gz" > "$BIN/$t" && chmod +x "$BIN/$t"; }
+fi
 lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13 2>/dev/null | head -1)
 export LD_LIBRARY_PATH=$BIN:$(dirname "${lt:-/x/x}"):${LD_LIBRARY_PATH:-}
 cp .carry-cuda/lib*.so* "$BIN/" 2>/dev/null
@@ -20,31 +30,44 @@ cp .carry-cuda/lib*.so* "$BIN/" 2>/dev/null
 SHAPES=${SHAPES:-16384x2304x768,16384x768x768,16384x3072x768,16384x768x3072,16384x50304x768,16384x1024x2048,16384x2048x2048,16384x16384x2048,16384x2048x8192}
 PLANS=${PLANS:-"128x1 256x1 128x2 256x2 128x4 256x4 128x8"}
 ITERS=${ITERS:-30}
+ROUNDS=${ROUNDS:-1}
 J=$OUT/sweep.jsonl
 : > "$J"
+if [ -n "${GTEST:-}" ]; then
+  timeout 300 "$BIN/${GTEST%%:*}" --gtest_brief=1 --gtest_filter="${GTEST#*:}" > "$OUT/tests.log" 2>&1
+  echo "tests (${GTEST}) rc=$?" | tee -a "$OUT/tests.log"
+  grep -E "FAILED|PASSED|turbo gemm" "$OUT/tests.log" | tail -20
+fi
 run() {  # $1: tag; environment set by the caller
   local tag=$1 tmp=$OUT/tmp.jsonl
   rm -f "$tmp"
   timeout 120 "$BIN/primus" benchmark gemm --shapes "$SHAPES" --backend "$2" --iters "$ITERS" --json "$tmp" \
-    > "$OUT/log_$tag.txt" 2>&1 || echo "sweep $tag: rc=$? (see log_$tag.txt)"
+    > "$OUT/log_${tag}_r$round.txt" 2>&1 || echo "sweep $tag: rc=$? (see log_${tag}_r$round.txt)"
   [ -f "$tmp" ] && python3 -c "
 import json,sys
 for l in open('$tmp'):
-    r=json.loads(l); r['sweep']='$tag'; print(json.dumps(r))" >> "$J"
+    r=json.loads(l); r['sweep']='$tag'; r['round']=$round; print(json.dumps(r))" >> "$J"
 }
-run cublaslt CUBLASLT
-run turbo-auto TURBO
-PRIMUS_TURBO_GEMM_SCHEDULE=pingpong run turbo-auto-pingpong TURBO
-for p in $PLANS; do
-  PRIMUS_TURBO_GEMM_PLAN=$p run "turbo-$p" TURBO
+for round in $(seq 1 "$ROUNDS"); do
+  run cublaslt CUBLASLT
+  run turbo-auto TURBO
+  PRIMUS_TURBO_GEMM_SCHEDULE=pingpong run turbo-auto-pingpong TURBO
+  for p in $PLANS; do
+    PRIMUS_TURBO_GEMM_PLAN=$p run "turbo-$p" TURBO
+  done
+  for x in ${EXTRA:-}; do  # tag:VAR=v[,VAR=v]: the assignments prefix the run (as PLAN's above)
+    eval "$(echo "${x#*:}" | tr ',' ' ') run 'turbo-${x%%:*}' TURBO"
+  done
 done
 python3 - "$J" <<'EOF' | tee "$OUT/summary.txt"
 import json, sys, collections
+import statistics
 rows = [json.loads(l) for l in open(sys.argv[1])]
-t = collections.defaultdict(dict)  # case -> sweep -> TFLOP/s
+runs = collections.defaultdict(lambda: collections.defaultdict(list))  # case -> sweep -> TFLOP/s per round
 for r in rows:
     if r.get("metric") == "TFLOP/s":
-        t[r["case"]].setdefault(r["sweep"], r["ours"])
+        runs[r["case"]][r["sweep"]].append(r["ours"])
+t = {case: {k: statistics.median(v) for k, v in s.items()} for case, s in runs.items()}  # medians over rounds
 print(f"{'case':<34}{'cuBLASLt':>9}{'auto':>8}{'ratio':>7}  {'best plan':<22}{'TFLOP/s':>8}{'ratio':>7}")
 for case, s in t.items():
     lt = s.get("cublaslt")

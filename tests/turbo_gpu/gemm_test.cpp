@@ -714,10 +714,12 @@ TEST_P(TurboGemmTest, StridedAndNarrowOutputsKeepTheGaps) {
       }
 }
 
-// Every launch plan (tile width 128/256, persistent or split-k over clusters of 2..8 blocks) on
-// the same problem: each matches the product, and split-k sums in a fixed order, so a rerun is
-// bitwise identical. K = 1000 leaves a partial last k-tile; splits 8 of a 2-k-tile problem leave
-// blocks with no k-tiles at all.
+// Every launch plan (tile width 128/256, persistent, split-k over clusters of 2..8 blocks, or
+// stream-K) on the same problem: each matches the product, and split-k and stream-K sum in a fixed
+// order, so a rerun is bitwise identical. K = 1000 leaves a partial last k-tile; splits 8 of a
+// 2-k-tile problem leave blocks with no k-tiles at all. Stream-K on the first shape: 144
+// k-iterations over 132 blocks, so each tile's owner adds up to 15 other blocks' partials; on the
+// second, one k-iteration per block (8 blocks).
 TEST_P(TurboGemmTest, EveryPlanMatchesAndSplitKIsDeterministic) {
   struct Plan { int bn, splits; };
   struct Shape { int64_t M, N, K; };
@@ -731,7 +733,8 @@ TEST_P(TurboGemmTest, EveryPlanMatchesAndSplitKIsDeterministic) {
       std::vector<double> want(ref);
       for (int64_t i = 0; i < sh.M; ++i)
         for (int64_t j = 0; j < sh.N; ++j) want[i * sh.N + j] += bv[j];
-      for (Plan pl : {Plan{256, 1}, Plan{128, 1}, Plan{256, 2}, Plan{128, 3}, Plan{256, 5}, Plan{128, 8}}) {
+      for (Plan pl : {Plan{256, 1}, Plan{128, 1}, Plan{256, 2}, Plan{128, 3}, Plan{256, 5}, Plan{128, 8},
+                      Plan{256, cuda::kGemmSm90StreamK}}) {
         SCOPED_TRACE(fmt::format("{}x{}x{} ta={} tb={} bn={} splits={}", sh.M, sh.N, sh.K, ta, tb, pl.bn, pl.splits));
         cuda::gemm_sm90_force_plan(pl.bn, pl.splits);
         GemmArgs g = args(a.view, b.view, d);
@@ -867,7 +870,8 @@ TEST_P(TurboGemmTest, ManyTilesPerBlockWithEdges) {
 // gradient), plus gelu_aux without a bias: against the double product and the CPU GELU, bf16 and
 // f16, with N a multiple of 256 (every tile takes the 16-byte path) and N = 330 (edge tiles and
 // the scalar path, aux rows not 16-byte aligned), under forced plans too: 128-wide tiles (the
-// 16-byte path with 4 steps instead of 8) and split-k (the epilogue after the cluster reduction).
+// 16-byte path with 4 steps instead of 8), split-k (the epilogue after the cluster reduction) and
+// stream-K (the owners' epilogue after the fix-up).
 // The bias is read once from a 4-byte aligned and once from a 2-byte aligned address (the
 // 16-byte path reads bias pairs as words where it can). Outputs and aux are poisoned; every
 // element must be written.
@@ -876,7 +880,7 @@ TEST_P(TurboGemmTest, GeluEpiloguesMatchCpuGelu) {
   struct Plan { int bn, splits; };
   for (DType dt : {DType::BF16, DType::F16})
     for (Shape sh : {Shape{384, 512, 256}, Shape{200, 330, 136}})
-      for (Plan pl : {Plan{0, 0}, Plan{128, 1}, Plan{256, 2}, Plan{128, 3}}) {
+      for (Plan pl : {Plan{0, 0}, Plan{128, 1}, Plan{256, 2}, Plan{128, 3}, Plan{256, cuda::kGemmSm90StreamK}}) {
         SCOPED_TRACE(fmt::format("{} {}x{}x{} bn={} splits={}", dtype_name(dt), sh.M, sh.N, sh.K, pl.bn, pl.splits));
         cuda::gemm_sm90_force_plan(pl.bn, pl.splits);
         const int64_t M = sh.M, N = sh.N, K = sh.K;
@@ -924,6 +928,131 @@ TEST_P(TurboGemmTest, GeluEpiloguesMatchCpuGelu) {
         EXPECT_EQ(get(aux), auxv) << "dgelu must not write aux";
       }
   cuda::gemm_sm90_force_plan(0, 0);
+}
+
+// The stream-K plan (forced) where it has data-parallel waves ahead of its stream-K part (32 x 10
+// tiles of 128 x 256 on at most 132 blocks: two whole tiles per block first when the device has
+// <= 160 SMs), with a ragged N edge and a partial last k-tile, in all four layouts: f32 D with
+// beta (the weight gradients' accumulation), bf16 D with bias (16-byte and staged stores but on the
+// last tile-column), f16 D. Then GPT-2's weight gradients, the products stream-K is for (f32 D,
+// beta 1, K = 16384). Rows of every tile are checked against the double product, every element
+// must be written, and a rerun gives the same bits (the owners add the partials in block order).
+TEST_P(TurboGemmTest, StreamKMatchesAndIsDeterministic) {
+  cuda::gemm_sm90_force_plan(256, cuda::kGemmSm90StreamK);
+  {
+    const int64_t M = 4000, N = 2400, K = 200;
+    const auto rows = sample_rows(M);
+    for (int layout = 0; layout < 4; ++layout) {
+      const bool ta = layout & 2, tb = layout & 1;
+      SCOPED_TRACE(fmt::format("{}x{}x{} ta={} tb={}", M, N, K, ta, tb));
+      Mat a = operand(DType::BF16, M, K, ta), b = operand(DType::BF16, K, N, tb, 0.2f);
+      const auto ref = product_rows(a.values, b.values, rows, N, K);
+      const auto plan = cuda::gemm_sm90_plan({M, N, K, DType::BF16, {a.view.data, 0, ta}, {b.view.data, 0, !tb},
+                                              nullptr, N, DType::F32, 1.0f, 0.5f, nullptr});
+      EXPECT_TRUE(plan.streamk);
+      EXPECT_EQ(plan.bn, 256);
+
+      TensorView d32 = make(DType::F32, {M, N});
+      const auto d0 = random_tensor(d32);
+      GemmArgs h = args(a.view, b.view, d32);
+      h.beta = 0.5f;
+      h.ctx = ctx;
+      EXPECT_EQ(gemm(h), BackendType::TURBO);
+      const auto got = get(d32);
+      EXPECT_TRUE(all_finite(got)) << "an element was not written";
+      const auto base = pick_rows(d0, rows, N);
+      std::vector<double> want(ref);
+      for (size_t i = 0; i < want.size(); ++i) want[i] += 0.5 * base[i];
+      EXPECT_LT(rel_err(pick_rows(got, rows, N), want), 1e-3);
+      put(d32, d0);
+      gemm(h);
+      EXPECT_EQ(get(d32), got) << "not deterministic (f32, beta)";
+
+      TensorView bias = make(DType::BF16, {N}), d = make(DType::BF16, {M, N});
+      const auto bv = random_tensor(bias);
+      poison(d);
+      GemmArgs g = args(a.view, b.view, d);
+      g.epilogue = GemmEpilogue::Bias;
+      g.bias = bias;
+      g.ctx = ctx;
+      EXPECT_EQ(gemm(g), BackendType::TURBO);
+      const auto first = bytes(d);
+      const auto got16 = get(d);
+      EXPECT_TRUE(all_finite(got16)) << "an element was not written (bf16)";
+      want = ref;
+      for (size_t r = 0; r < rows.size(); ++r)
+        for (int64_t j = 0; j < N; ++j) want[r * N + j] += bv[j];
+      EXPECT_LT(rel_err(pick_rows(got16, rows, N), want), gate(DType::BF16));
+      poison(d);
+      gemm(g);
+      EXPECT_EQ(bytes(d), first) << "not deterministic (bf16, bias)";
+
+      Mat a16 = operand(DType::F16, M, K, ta), b16 = operand(DType::F16, K, N, tb, 0.2f);
+      TensorView e16 = make(DType::F16, {M, N});
+      poison(e16);
+      GemmArgs e = args(a16.view, b16.view, e16);
+      e.ctx = ctx;
+      EXPECT_EQ(gemm(e), BackendType::TURBO);
+      const auto got_f16 = get(e16);
+      EXPECT_TRUE(all_finite(got_f16)) << "an element was not written (f16)";
+      EXPECT_LT(rel_err(pick_rows(got_f16, rows, N), product_rows(a16.values, b16.values, rows, N, K)),
+                gate(DType::BF16));
+    }
+  }
+  struct Case { const char* what; int64_t M, N, K; };
+  for (const Case& c : {Case{"attn_proj wgrad", 768, 768, 16384}, Case{"fc wgrad", 3072, 768, 16384},
+                        Case{"fc_proj wgrad", 768, 3072, 16384}}) {
+    SCOPED_TRACE(fmt::format("{} {}x{}x{}", c.what, c.M, c.N, c.K));
+    Mat a = operand(DType::BF16, c.M, c.K, true), b = operand(DType::BF16, c.K, c.N, false);
+    TensorView d = make(DType::F32, {c.M, c.N});
+    const auto d0 = random_tensor(d);
+    GemmArgs g = args(a.view, b.view, d);
+    g.beta = 1.0f;
+    g.ctx = ctx;
+    EXPECT_EQ(gemm(g), BackendType::TURBO);
+    const auto got = get(d);
+    EXPECT_TRUE(all_finite(got)) << "an element was not written";
+    const auto rows = sample_rows(c.M);
+    auto want = product_rows(a.values, b.values, rows, c.N, c.K);
+    const auto base = pick_rows(d0, rows, c.N);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];
+    EXPECT_LT(rel_err(pick_rows(got, rows, c.N), want), gate(DType::BF16));
+    put(d, d0);
+    gemm(g);
+    EXPECT_EQ(get(d), got) << "not deterministic";
+  }
+  cuda::gemm_sm90_force_plan(0, 0);
+}
+
+// PRIMUS_TURBO_GEMM_STREAMK (read on every call): unset or 0, the automatic plan never takes
+// stream-K; 1 lets it (what it then picks for GPT-2's weight gradients is printed, from the
+// device's own cluster occupancy); anything else is an error that names the variable.
+TEST_P(TurboGemmTest, StreamKSwitch) {
+  struct Case { const char* what; int64_t M, N, K; };
+  TensorView d = make(DType::F32, {8, 8});
+  const TensorView x = make(DType::BF16, {64, 64});
+  for (const Case& c : {Case{"attn_proj wgrad", 768, 768, 16384}, Case{"qkv wgrad", 2304, 768, 16384},
+                        Case{"fc wgrad", 3072, 768, 16384}, Case{"fc_proj wgrad", 768, 3072, 16384}}) {
+    const cuda::GemmSm90Problem p{c.M, c.N, c.K, DType::BF16, {x.data, c.M, true}, {x.data, c.N, false},
+                                  d.data, c.N, DType::F32, 1.0f, 1.0f, nullptr};
+    ::unsetenv("PRIMUS_TURBO_GEMM_STREAMK");
+    EXPECT_FALSE(cuda::gemm_sm90_plan(p).streamk) << c.what;
+    ::setenv("PRIMUS_TURBO_GEMM_STREAMK", "0", 1);
+    EXPECT_FALSE(cuda::gemm_sm90_plan(p).streamk) << c.what;
+    ::setenv("PRIMUS_TURBO_GEMM_STREAMK", "1", 1);
+    const auto plan = cuda::gemm_sm90_plan(p);
+    std::printf("[ turbo gemm ] PRIMUS_TURBO_GEMM_STREAMK=1 %-16s %5lldx%5lldx%5lld: %s, tile 128x%d, splits %d, grid %d\n",
+                c.what, static_cast<long long>(c.M), static_cast<long long>(c.N), static_cast<long long>(c.K),
+                plan.streamk ? "stream-K" : "no stream-K", plan.bn, plan.splits, plan.grid);
+    ::setenv("PRIMUS_TURBO_GEMM_STREAMK", "yes", 1);
+    try {
+      (void)cuda::gemm_sm90_plan(p);
+      ADD_FAILURE() << "expected an error";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("PRIMUS_TURBO_GEMM_STREAMK"), std::string::npos) << e.what();
+    }
+    ::unsetenv("PRIMUS_TURBO_GEMM_STREAMK");
+  }
 }
 
 // The cooperative schedule's staged epilogue (stmatrix into shared memory, 128-byte row stores;

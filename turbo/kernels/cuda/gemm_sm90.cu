@@ -31,6 +31,9 @@
 // a cluster of s blocks per tile, block r summing k-tiles [r*kt/s, (r+1)*kt/s); each block puts its
 // fp32 partial tile in its shared memory and block r then adds everyone's share r of the columns,
 // in rank order, through distributed shared memory: deterministic, no workspace, no atomics.
+// Stream-K (its own instantiations, SK; gemm_sm90_streamk.h): persistent, every block the same
+// share of the k-iterations; a tile shared by several blocks is summed by its first block from
+// the others' fp32 partials in a global workspace, in block order (deterministic).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -53,6 +56,7 @@
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/gemm_sm90.h"
+#include "turbo/kernels/cuda/gemm_sm90_streamk.h"
 #include "turbo/kernels/cuda/gemm_sm90_wgmma.cuh"
 #include "turbo/kernels/cuda/tma_encode.h"
 
@@ -119,6 +123,18 @@ struct Params {
   int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
   int staged;     // the cooperative schedule's 16-bit epilogues through shared memory (store_rows_staged)
 };
+// The stream-K kernels' own argument (gemm_sm90_streamk.h): the division of the work, one fp32
+// partial tile per block (kGroups * 256 float4, in the consumers' register order) and one flag per
+// block (0 between launches: each owner clears the flags it consumed). The other kernels get an
+// empty one: with these fields in Params, ptxas spilled 4-6x more in the 256-wide dGELU kernels.
+template <bool SK>
+struct StreamKArgs {};
+template <>
+struct StreamKArgs<true> {
+  streamk::Split split;
+  float4* tiles;
+  unsigned int* flags;
+};
 // The kernel's epilogue, a template argument (GemmSm90Epilogue's values): Linear = alpha, bias,
 // beta only; GeluAux and DGelu as in gemm_sm90.h (16-bit D only).
 constexpr int kEpiLinear = 0, kEpiGeluAux = 1, kEpiDGelu = 2;
@@ -167,6 +183,16 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t local_addr, uint32_t ra
 }
 __device__ __forceinline__ void st_shared_f4(uint32_t addr, float a, float b, float c, float d) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+// Stream-K's flags: a partial tile published at GPU scope (release) and taken (acquire).
+__device__ __forceinline__ void st_release_gpu(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int ld_acquire_gpu(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
 // ---- D's element types ----------------------------------------------------------------------------
@@ -620,9 +646,12 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
   if (kb_count > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
 }
 
-template <class T, class OutT, int BN, bool PP, int EPI>
+// SK: the stream-K plan (cooperative schedule, splits 1; gemm_sm90_streamk.h): the block's
+// data-parallel tiles, then its range of the remaining tiles' k-iterations.
+template <class T, class OutT, int BN, bool PP, int EPI, bool SK>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, const Params p) {
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, const Params p,
+                     const __grid_constant__ StreamKArgs<SK> sk) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<BN, PP>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -648,7 +677,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int stage = 0, it = 0;
       uint32_t phase = 0;
-      for (int t = first; t < tiles; t += stride) {
+      // k-iterations [kbs, kbe) of tile t, in the consumers' order.
+      const auto load_tile = [&](int t, int kbs, int kbe) {
         int tm, tn;
         tile_coords(p, t, tm, tn);
         const int m0 = tm * kBM, n0 = tn * BN;
@@ -658,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int a_slabs = p.a_mn ? (m0 + 64 < p.m ? 2 : 1) : 1;
         const int b_slabs = p.b_mn ? min(BN / 64, (p.n - n0 + 63) / 64) : 1;
         const uint32_t tx = (p.a_mn ? a_slabs * kSlabBytes : C::kBytesA) + (p.b_mn ? b_slabs * kSlabBytes : C::kBytesB);
-        for (int kb = kb0; kb < kb1; ++kb, ++it) {
+        for (int kb = kbs; kb < kbe; ++kb, ++it) {
           // Use u of a stage needs use u-1 released: the empty barrier's phase u-1 (parity (u-1)&1).
           if (it >= C::kStages) mbar_wait(bars + 8u * (C::kStages + stage), phase ^ 1u);
           const uint32_t full = bars + 8u * stage;
@@ -681,6 +711,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             phase ^= 1u;
           }
         }
+      };
+      if constexpr (SK) {
+        const int b = static_cast<int>(blockIdx.x);
+        for (int t = b; t < sk.split.tiles_dp; t += sk.split.grid) load_tile(t, 0, p.kblocks);
+        for (int64_t u = sk.split.begin(b), u1 = sk.split.end(b); u < u1;) {
+          const streamk::Segment g = streamk::segment_at(sk.split, b, u);
+          load_tile(g.tile, g.kb_begin, g.kb_end);
+          u += g.kb_end - g.kb_begin;
+        }
+      } else {
+        for (int t = first; t < tiles; t += stride) load_tile(t, kb0, kb1);
       }
     }
     // Split-k: the consumers' two cluster barriers need every thread of the cluster. (Each role
@@ -754,25 +795,82 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[C::kAcc];  // BN / 2 (this code is dead in the ping-pong instantiation)
     int stage = 0;
     uint32_t phase = 0;
-    for (int t = first; t < tiles; t += stride) {
-      int tm, tn;
-      tile_coords(p, t, tm, tn);
+    if constexpr (SK) {
+      // The block's data-parallel tiles, then the segments of its stream-K range, in the order the
+      // producer loads them. A segment that does not start at the tile's first k-iteration is a
+      // partial for the tile's owner (an earlier block): published to this block's workspace
+      // slot. The owner's segment (k from 0) ends the block's range when it does not end the tile:
+      // it adds the partials of the blocks after it, in block order, then writes the tile.
+      // One counter crosses the k-loops (registers are short; the rest is recomputed): w < 0
+      // counts the data-parallel tiles left, then w is the offset into the stream-K range (32-bit:
+      // the plan keeps stream-K to problems of fewer than 2^31 units).
+      constexpr int kSlot = C::kGroups * 256;  // float4 per partial tile
+      for (int w = -(sk.split.tiles_dp / sk.split.grid);;) {
+        const int b = static_cast<int>(blockIdx.x);
+        int t, kbs = 0, kbe = p.kblocks;
+        if (w < 0) {
+          t = b + (w + sk.split.tiles_dp / sk.split.grid) * sk.split.grid;
+          ++w;
+        } else {
+          const int u = static_cast<int>(sk.split.begin(b)) + w;
+          if (u >= static_cast<int>(sk.split.end(b))) break;
+          const streamk::Segment g = streamk::segment_at(sk.split, b, u);
+          t = g.tile, kbs = g.kb_begin, kbe = g.kb_end;
+          w += kbe - kbs;
+        }
+        int tm, tn;
+        tile_coords(p, t, tm, tn);
+        const bool owner = kbs == 0;
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-      // The columns this block writes: the tile's, or with split-k its rank's share of them.
-      const int c0 = tn * BN + (S > 1 ? 8 * (rank * C::kGroups / S) : 0);
-      const int c1 = tn * BN + (S > 1 ? 8 * ((rank + 1) * C::kGroups / S) : BN);
-      const auto tail = [&] { prefetch_epilogue<OutT, EPI>(p, tm * kBM, c0, c1, ctid, 256); };
-      switch (p.a_mn * 2 + p.b_mn) {
-        case 0: mainloop<T, C, BN, 0, 0>(acc, da, db, bars, kb_count, stage, phase, tail); break;
-        case 1: mainloop<T, C, BN, 0, 1>(acc, da, db, bars, kb_count, stage, phase, tail); break;
-        case 2: mainloop<T, C, BN, 1, 0>(acc, da, db, bars, kb_count, stage, phase, tail); break;
-        default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase, tail); break;
-      }
-      if (S == 1) {
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+        const auto tail = [&] {
+          if (owner) prefetch_epilogue<OutT, EPI>(p, tm * kBM, tn * BN, tn * BN + BN, ctid, 256);
+        };
+        switch (p.a_mn * 2 + p.b_mn) {
+          case 0: mainloop<T, C, BN, 0, 0>(acc, da, db, bars, kbe - kbs, stage, phase, tail); break;
+          case 1: mainloop<T, C, BN, 0, 1>(acc, da, db, bars, kbe - kbs, stage, phase, tail); break;
+          case 2: mainloop<T, C, BN, 1, 0>(acc, da, db, bars, kbe - kbs, stage, phase, tail); break;
+          default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kbe - kbs, stage, phase, tail); break;
+        }
+        if (!owner) {
+          float4* slot = sk.tiles + static_cast<int64_t>(b) * kSlot + ctid;
+#pragma unroll
+          for (int i = 0; i < C::kGroups; ++i)
+            __stcg(slot + i * 256, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+          __threadfence();
+          consumer_barrier();  // every consumer's part is out before the flag
+          if (ctid == 0) st_release_gpu(sk.flags + b, 1u);
+          continue;
+        }
+        if (kbe < p.kblocks) {
+          const int last = streamk::last_block_of_tile(sk.split, t);
+          for (int c = b + 1; c <= last; ++c) {
+            if (ctid == 0) {
+              while (ld_acquire_gpu(sk.flags + c) == 0u) __nanosleep(64);
+              sk.flags[c] = 0u;  // consumed (the slot itself is not written again in this launch)
+            }
+            consumer_barrier();
+            const float4* slot = sk.tiles + static_cast<int64_t>(c) * kSlot + ctid;
+            // Eight loads in flight at a time: all of them at once would need the registers that
+            // the accumulators hold (the compiler barrier keeps it from hoisting the next batch).
+#pragma unroll
+            for (int i0 = 0; i0 < C::kGroups; i0 += 8) {
+              float4 r[8];
+#pragma unroll
+              for (int i = 0; i < 8; ++i) r[i] = __ldcg(slot + (i0 + i) * 256);
+#pragma unroll
+              for (int i = 0; i < 8; ++i) {
+                float* a = acc + 4 * (i0 + i);
+                a[0] += r[i].x, a[1] += r[i].y, a[2] += r[i].z, a[3] += r[i].w;
+              }
+              asm volatile("" ::: "memory");
+            }
+          }
+        }
+        // The tile's epilogue, as the persistent plan's below.
         const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
         const int col = tn * BN + (lane % 4) * 2;
-        if (sizeof(OutT) == 2 && C::kEpiBytes > 0 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+        if (sizeof(OutT) == 2 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
           store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
                                               base + C::kEpiOffset + (wg * 4 + warp) * 2048);
         } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
@@ -781,43 +879,73 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int i = 0; i < C::kGroups; i += 4) store_groups<OutT, EPI>(p, row, col + i * 8, 4, acc + 4 * i);
         }
-      } else {
-        // Split-k (one tile per cluster): the partial tile goes to this block's stage memory, which
-        // both warpgroups' wgmmas have finished reading once they pass the barrier.
-        consumer_barrier();
-        fence_proxy_async();
-#pragma unroll
-        for (int i = 0; i < C::kGroups; ++i)
-          st_shared_f4(base + (i * 256 + ctid) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
       }
-    }
-    if (S > 1) {
-      cluster_sync();  // every block's partial tile is in its shared memory
-      if (first < tiles) {
+    } else {
+      for (int t = first; t < tiles; t += stride) {
         int tm, tn;
-        tile_coords(p, first, tm, tn);
-        const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
-        const int col = tn * BN + (lane % 4) * 2;
-        // Block `rank` finishes column groups [rank*G/S, (rank+1)*G/S), summing the partial tiles
-        // of ranks 0..S-1 in that order: a rerun of the same plan is bitwise identical.
-        // Four groups at a time, so their distributed-shared-memory reads and epilogue loads overlap.
-        const int g1 = (rank + 1) * C::kGroups / S;
-        for (int i = rank * C::kGroups / S; i < g1; i += 4) {
-          const int n = min(4, g1 - i);
-          float v[16];
+        tile_coords(p, t, tm, tn);
 #pragma unroll
-          for (int j = 0; j < 16; ++j) v[j] = 0.0f;
-          for (int q = 0; q < S; ++q)
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+        // The columns this block writes: the tile's, or with split-k its rank's share of them.
+        const int c0 = tn * BN + (S > 1 ? 8 * (rank * C::kGroups / S) : 0);
+        const int c1 = tn * BN + (S > 1 ? 8 * ((rank + 1) * C::kGroups / S) : BN);
+        const auto tail = [&] { prefetch_epilogue<OutT, EPI>(p, tm * kBM, c0, c1, ctid, 256); };
+        switch (p.a_mn * 2 + p.b_mn) {
+          case 0: mainloop<T, C, BN, 0, 0>(acc, da, db, bars, kb_count, stage, phase, tail); break;
+          case 1: mainloop<T, C, BN, 0, 1>(acc, da, db, bars, kb_count, stage, phase, tail); break;
+          case 2: mainloop<T, C, BN, 1, 0>(acc, da, db, bars, kb_count, stage, phase, tail); break;
+          default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase, tail); break;
+        }
+        if (S == 1) {
+          const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
+          const int col = tn * BN + (lane % 4) * 2;
+          if (sizeof(OutT) == 2 && C::kEpiBytes > 0 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+            store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
+                                                base + C::kEpiOffset + (wg * 4 + warp) * 2048);
+          } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+            store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
+          } else {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-              if (u >= n) break;
-              const float4 r = ld_cluster_f4(base + ((i + u) * 256 + ctid) * 16, static_cast<uint32_t>(q));
-              v[4 * u] += r.x, v[4 * u + 1] += r.y, v[4 * u + 2] += r.z, v[4 * u + 3] += r.w;
-            }
-          store_groups<OutT, EPI>(p, row, col + i * 8, n, v);
+            for (int i = 0; i < C::kGroups; i += 4) store_groups<OutT, EPI>(p, row, col + i * 8, 4, acc + 4 * i);
+          }
+        } else {
+          // Split-k (one tile per cluster): the partial tile goes to this block's stage memory, which
+          // both warpgroups' wgmmas have finished reading once they pass the barrier.
+          consumer_barrier();
+          fence_proxy_async();
+#pragma unroll
+          for (int i = 0; i < C::kGroups; ++i)
+            st_shared_f4(base + (i * 256 + ctid) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
         }
       }
-      cluster_sync();  // no block leaves while another still reads its shared memory
+      if (S > 1) {
+        cluster_sync();  // every block's partial tile is in its shared memory
+        if (first < tiles) {
+          int tm, tn;
+          tile_coords(p, first, tm, tn);
+          const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
+          const int col = tn * BN + (lane % 4) * 2;
+          // Block `rank` finishes column groups [rank*G/S, (rank+1)*G/S), summing the partial tiles
+          // of ranks 0..S-1 in that order: a rerun of the same plan is bitwise identical.
+          // Four groups at a time, so their distributed-shared-memory reads and epilogue loads overlap.
+          const int g1 = (rank + 1) * C::kGroups / S;
+          for (int i = rank * C::kGroups / S; i < g1; i += 4) {
+            const int n = min(4, g1 - i);
+            float v[16];
+#pragma unroll
+            for (int j = 0; j < 16; ++j) v[j] = 0.0f;
+            for (int q = 0; q < S; ++q)
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                if (u >= n) break;
+                const float4 r = ld_cluster_f4(base + ((i + u) * 256 + ctid) * 16, static_cast<uint32_t>(q));
+                v[4 * u] += r.x, v[4 * u + 1] += r.y, v[4 * u + 2] += r.z, v[4 * u + 3] += r.w;
+              }
+            store_groups<OutT, EPI>(p, row, col + i * 8, n, v);
+          }
+        }
+        cluster_sync();  // no block leaves while another still reads its shared memory
+      }
     }
   }
 #else
@@ -866,9 +994,9 @@ DeviceInfo device_info() {
   return cache.emplace(dev, d).first->second;
 }
 
-template <class T, class OutT, int BN, bool PP = false, int EPI = kEpiLinear>
+template <class T, class OutT, int BN, bool PP = false, int EPI = kEpiLinear, bool SK = false>
 auto kernel_of() {
-  auto k = gemm_sm90_kernel<T, OutT, BN, PP, EPI>;
+  auto k = gemm_sm90_kernel<T, OutT, BN, PP, EPI, SK>;
   static std::once_flag once;
   std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN, PP>::kSmem)); });
   return k;
@@ -945,22 +1073,104 @@ GemmSm90Schedule env_schedule() {
 }
 
 // PRIMUS_TURBO_GEMM_PLAN, read once: "<bn>x<splits>" (bn 128 | 256, splits 1..kMaxSplits, 0 for
-// either: automatic), e.g. 256x2; what gemm_sm90_force_plan sets, from the environment, for plan
-// sweeps (bench/ops/plan_sweep.sh). Unset or empty: automatic. Anything else is an error.
+// either: automatic; "<bn>xsk" with bn 0 or 256: stream-K), e.g. 256x2; what gemm_sm90_force_plan
+// sets, from the environment, for plan sweeps (bench/ops/plan_sweep.sh). Unset or empty:
+// automatic. Anything else is an error.
 std::pair<int, int> env_plan() {
   static const std::pair<int, int> plan = [] {
     const char* e = std::getenv("PRIMUS_TURBO_GEMM_PLAN");
     if (!e || !*e) return std::pair<int, int>{0, 0};
     int bn = -1, splits = -1;
-    char tail = 0;
+    char tail = 0, s0 = 0, s1 = 0;
+    if (std::sscanf(e, "%dx%c%c%c", &bn, &s0, &s1, &tail) == 3 && s0 == 's' && s1 == 'k' && (bn == 0 || bn == 256))
+      return std::pair<int, int>{bn, kGemmSm90StreamK};
     if (std::sscanf(e, "%dx%d%c", &bn, &splits, &tail) != 2 || !(bn == 0 || bn == 128 || bn == 256) || splits < 0 ||
         splits > kMaxSplits)
       throw RuntimeError(fmt::format("PRIMUS_TURBO_GEMM_PLAN='{}': expected <bn>x<splits> with bn 0, 128 or 256 and "
-                                     "splits 0..{} (e.g. 256x2)",
+                                     "splits 0..{} (e.g. 256x2), or 256xsk (stream-K)",
                                      e, kMaxSplits));
     return std::pair<int, int>{bn, splits};
   }();
   return plan;
+}
+
+// PRIMUS_TURBO_GEMM_STREAMK=1 (read on every call, for A/B runs) lets the automatic plan choose
+// stream-K; unset or 0: never (the default until it has been measured on a GPU). Anything else
+// is an error.
+bool streamk_enabled() {
+  const char* e = std::getenv("PRIMUS_TURBO_GEMM_STREAMK");
+  if (!e || !*e || std::string(e) == "0") return false;
+  if (std::string(e) == "1") return true;
+  throw RuntimeError(fmt::format("PRIMUS_TURBO_GEMM_STREAMK='{}': expected 0 or 1", e));
+}
+
+// The stream-K workspace of the current device: one fp32 partial tile (128 x 256) and one flag
+// per CTA slot, allocated at the first stream-K launch and kept for the process (as cuBLASLt's
+// workspace; like it, shared by every stream: two stream-K GEMMs must not run concurrently). The
+// flags are zeroed on `stream` before that first launch; every launch leaves them zero. Not
+// allocated inside a graph capture: false then, and the caller plans without stream-K.
+struct StreamKWorkspace {
+  float4* tiles = nullptr;
+  unsigned int* flags = nullptr;
+  int slots = 0;
+};
+bool streamk_workspace(int slots, cudaStream_t stream, StreamKWorkspace& out) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::map<int, StreamKWorkspace> spaces;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = spaces.find(dev); it != spaces.end()) {
+    PRIMUS_CHECK(it->second.slots >= slots, "gemm_sm90: stream-K workspace of {} slots, {} asked", it->second.slots,
+                 slots);
+    out = it->second;
+    return true;
+  }
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+  if (cs != cudaStreamCaptureStatusNone) return false;
+  StreamKWorkspace w;
+  w.slots = slots;
+  const size_t tile_bytes = static_cast<size_t>(Cfg<256>::kRedBytes);
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w.tiles), tile_bytes * static_cast<size_t>(slots)));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w.flags), sizeof(unsigned int) * static_cast<size_t>(slots)));
+  CUDA_CHECK(cudaMemsetAsync(w.flags, 0, sizeof(unsigned int) * static_cast<size_t>(slots), stream));
+  out = spaces.emplace(dev, w).first->second;
+  return true;
+}
+
+// The stream-K plan's cost in the units of gemm_sm90_choose_plan's model: the data-parallel waves
+// as whole tiles (k-tiles + 4 for the fill and the epilogue), then the longest stream-K range, +4
+// for each of its segments (each ends in an epilogue or a partial's write while the tensor cores
+// wait), + 1.25 for each partial the busiest owner adds (128 KiB read from L2) and 0.5 for the
+// write of one.
+double streamk_cost_uncached(const streamk::Split& s) {
+  int reads = 0, segments = 0;
+  for (int t = s.tiles_dp; t < s.tiles; ++t) {
+    const int owner = s.block_of(static_cast<int64_t>(t - s.tiles_dp) * s.kblocks);
+    reads = std::max(reads, streamk::last_block_of_tile(s, t) - owner);
+  }
+  for (int b = 0; b < s.grid; ++b) {
+    int n = 0;
+    for (int64_t u = s.begin(b); u < s.end(b); ++n) {
+      const streamk::Segment g = streamk::segment_at(s, b, u);
+      u += g.kb_end - g.kb_begin;
+    }
+    segments = std::max(segments, n);
+  }
+  const double waves_dp = static_cast<double>(s.tiles_dp / s.grid);
+  return waves_dp * (s.kblocks + 4.0) + static_cast<double>((s.units + s.grid - 1) / s.grid) + 4.0 * segments +
+         1.25 * reads + (reads > 0 ? 0.5 : 0.0);
+}
+// The same, remembered per (tiles, kblocks, grid): the plan is chosen on every call.
+double streamk_cost(const streamk::Split& s) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int>, double> cache;
+  const auto key = std::make_tuple(s.tiles, s.kblocks, s.grid);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= 4096) cache.clear();  // shapes in training are few; this is a guard
+  return cache.emplace(key, streamk_cost_uncached(s)).first->second;
 }
 
 // This thread in relaxed stream-capture mode while it lives: runtime queries made during a graph
@@ -991,9 +1201,10 @@ Stored stored_b(const GemmSm90Problem& p) {
   return s;
 }
 
-template <class T, class OutT, int BN, bool PP, int EPI>
-void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, int grid, cudaStream_t stream) {
-  auto kernel = kernel_of<T, OutT, BN, PP, EPI>();
+template <class T, class OutT, int BN, bool PP, int EPI, bool SK = false>
+void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, const StreamKArgs<SK>& sk, int grid,
+            cudaStream_t stream) {
+  auto kernel = kernel_of<T, OutT, BN, PP, EPI, SK>();
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1006,7 +1217,7 @@ void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, int
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = prm.splits > 1 ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb, prm));
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb, prm, sk));
   CUDA_CHECK_LAST();
 }
 
@@ -1080,13 +1291,12 @@ std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept {
   }
 }
 
-GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
+GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSlots cluster_slots, void* user) {
   using namespace gemm90;
-  const int sms = std::max(1, device_info().sms);
-  const int64_t kblocks = ceil_div(std::max<int64_t>(p.k, 1), kBK);
-  int force_bn = g_force_bn.load(), force_splits = g_force_splits.load();
-  if (force_bn == 0 && force_splits == 0) std::tie(force_bn, force_splits) = env_plan();
-  const bool pingpong = gemm_sm90_schedule() == GemmSm90Schedule::Pingpong;
+  const int sms = std::max(1, q.sms);
+  const int64_t kblocks = ceil_div(std::max<int64_t>(q.k, 1), kBK);
+  const int force_bn = q.force_bn, force_splits = q.force_splits;
+  const bool pingpong = q.pingpong;
   // Cost in units of one 128 x 256 k-tile: waves of tiles x (k-tiles per split + the fill of the
   // pipeline and the epilogue, about 4 k-tiles' time, + about 2 for a split tile's reduction).
   // Ping-pong (splits 1, 128 x 128 tiles): the tiles of a block follow each other on the tensor
@@ -1095,13 +1305,14 @@ GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
   GemmSm90Plan best;
   double best_cost = 1e300;
   for (int bn : {256, 128}) {
-    if (force_bn ? bn != force_bn : (bn == 256 && p.n <= 128)) continue;
-    const int64_t tiles = ceil_div(p.m, kBM) * ceil_div(p.n, bn);
+    if (force_splits == kGemmSm90StreamK) break;
+    if (force_bn ? bn != force_bn : (bn == 256 && q.n <= 128)) continue;
+    const int64_t tiles = ceil_div(q.m, kBM) * ceil_div(q.n, bn);
     for (int s = 1; s <= kMaxSplits; ++s) {
       if (force_splits ? s != force_splits : (s > 1 && kblocks < 4 * s)) continue;
       const bool pp = pingpong && s == 1 && bn == 128;
       if (pingpong && s == 1 && bn == 256 && force_bn != 256) continue;
-      const int64_t slots = s == 1 ? sms : max_active_clusters(bn, s);
+      const int64_t slots = s == 1 ? sms : cluster_slots(bn, s, user);
       if (slots <= 0) continue;
       // A 128-wide tile does half a 256-wide tile's MMAs but not at half its time: measured on an
       // H100 (2026-11-23, bench/ops/plan_sweep.sh), 256 x 1 beat the 128-wide plans this model
@@ -1122,10 +1333,45 @@ GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) {
       }
     }
   }
-  PRIMUS_CHECK(best.bn != 0, "gemm_sm90: no launch plan for {}x{}x{} (forced tile width {}, splits {})", p.m, p.n, p.k,
+  // Stream-K (256-wide tiles): forced, or allowed and 3% below the best plan above (a margin for
+  // what the model leaves out: L2 locality of the stream-K ranges, the owners' waits).
+  const bool sk_forced = force_splits == kGemmSm90StreamK;
+  const bool sk_allowed = sk_forced || (q.streamk && force_splits == 0 && !pingpong);
+  const int64_t sk_tiles = ceil_div(q.m, kBM) * ceil_div(q.n, 256);
+  // (The kernel counts units in 32 bits.)
+  if (sk_allowed && (force_bn == 0 || force_bn == 256) && sk_tiles * kblocks < INT_MAX) {
+    const streamk::Split split = streamk::make_split(static_cast<int>(sk_tiles), static_cast<int>(kblocks), sms);
+    if (sk_forced || streamk_cost(split) < 0.97 * best_cost) {
+      best = GemmSm90Plan{};
+      best.bn = 256;
+      best.splits = 1;
+      best.grid = split.grid;
+      best.stages = Cfg<256>::kStages;
+      best.streamk = true;
+    }
+  }
+  PRIMUS_CHECK(best.bn != 0, "gemm_sm90: no launch plan for {}x{}x{} (forced tile width {}, splits {})", q.m, q.n, q.k,
                force_bn, force_splits);
   return best;
 }
+
+namespace gemm90 {
+namespace {
+GemmSm90Plan plan_for(const GemmSm90Problem& p, bool allow_streamk) {
+  GemmSm90PlanQuery q;
+  q.m = p.m, q.n = p.n, q.k = p.k;
+  q.sms = device_info().sms;
+  q.pingpong = gemm_sm90_schedule() == GemmSm90Schedule::Pingpong;
+  q.streamk = allow_streamk;
+  q.force_bn = g_force_bn.load(), q.force_splits = g_force_splits.load();
+  if (q.force_bn == 0 && q.force_splits == 0) std::tie(q.force_bn, q.force_splits) = env_plan();
+  return gemm_sm90_choose_plan(
+      q, [](int bn, int s, void*) { return max_active_clusters(bn, s); }, nullptr);
+}
+}  // namespace
+}  // namespace gemm90
+
+GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p) { return gemm90::plan_for(p, gemm90::streamk_enabled()); }
 
 GemmSm90Schedule gemm_sm90_schedule() {
   const auto forced = static_cast<GemmSm90Schedule>(gemm90::g_force_schedule.load());
@@ -1146,8 +1392,9 @@ void gemm_sm90_force_schedule(GemmSm90Schedule s) { gemm90::g_force_schedule.sto
 
 void gemm_sm90_force_plan(int bn, int splits) {
   PRIMUS_CHECK(bn == 0 || bn == 128 || bn == 256, "gemm_sm90_force_plan: tile width {} is not 0, 128 or 256", bn);
-  PRIMUS_CHECK(splits >= 0 && splits <= gemm90::kMaxSplits, "gemm_sm90_force_plan: splits {} is not in 0..{}", splits,
-               gemm90::kMaxSplits);
+  PRIMUS_CHECK(splits == kGemmSm90StreamK || (splits >= 0 && splits <= gemm90::kMaxSplits),
+               "gemm_sm90_force_plan: splits {} is not in 0..{} or kGemmSm90StreamK", splits, gemm90::kMaxSplits);
+  PRIMUS_CHECK(splits != kGemmSm90StreamK || bn != 128, "gemm_sm90_force_plan: the stream-K plan runs 256-wide tiles");
   gemm90::g_force_bn.store(bn);
   gemm90::g_force_splits.store(splits);
 }
@@ -1156,7 +1403,15 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   using namespace gemm90;
   if (auto w = gemm_sm90_unsupported_reason(p); !w.empty()) throw RuntimeError("gemm_sm90: " + w);
   if (p.m == 0 || p.n == 0) return;
-  const GemmSm90Plan plan = gemm_sm90_plan(p);
+  GemmSm90Plan plan = gemm_sm90_plan(p);
+  StreamKWorkspace skw;
+  if (plan.streamk && !streamk_workspace(std::max(1, device_info().sms), stream, skw)) {
+    // Inside a graph capture before any stream-K launch on this device: no workspace yet.
+    PRIMUS_CHECK(g_force_splits.load() != kGemmSm90StreamK && env_plan().second != kGemmSm90StreamK,
+                 "gemm_sm90: the stream-K plan is forced, but its workspace is first needed inside a CUDA graph "
+                 "capture; run one stream-K GEMM on this device before capturing");
+    plan = plan_for(p, false);
+  }
   Params prm{};
   prm.m = static_cast<int>(p.m);
   prm.n = static_cast<int>(p.n);
@@ -1182,6 +1437,14 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   prm.ld_aux = p.ld_aux;
   prm.aux_vec16 = (esize == 2 && reinterpret_cast<uintptr_t>(p.aux) % 16 == 0 && p.ld_aux % 8 == 0) ? 1 : 0;
   prm.staged = (prm.d_vec16 && (!p.bias || prm.bias_vec) && staged_epilogue_enabled()) ? 1 : 0;
+  StreamKArgs<true> ska{};
+  if (plan.streamk) {
+    ska.split = streamk::make_split(prm.tiles_m * prm.tiles_n, prm.kblocks, plan.grid);
+    PRIMUS_CHECK(ska.split.grid <= skw.slots, "gemm_sm90: stream-K grid {} beyond the workspace's {} slots",
+                 ska.split.grid, skw.slots);
+    ska.tiles = skw.tiles;
+    ska.flags = skw.flags;
+  }
   // Boxes: a K-major operand is read as [rows][64] (128 rows of A, bn rows of B), an MN-major one
   // as [64 k-rows][64] slabs.
   const Stored sa = stored_a(p), sb = stored_b(p);
@@ -1191,9 +1454,10 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
     using T = decltype(in);
     using OutT = decltype(out);
     constexpr int EPI = decltype(epi)::value;
-    if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, prm, plan.grid, stream);
-    else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, prm, plan.grid, stream);
-    else launch<T, OutT, 128, false, EPI>(ta, tb, prm, plan.grid, stream);
+    if (plan.streamk) launch<T, OutT, 256, false, EPI, true>(ta, tb, prm, ska, ska.split.grid, stream);
+    else if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, prm, {}, plan.grid, stream);
+    else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
+    else launch<T, OutT, 128, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
   };
   // f32 D: the linear epilogue only (gemm_sm90_unsupported_reason turns the GELU ones away).
   auto by_epi = [&](auto in) {

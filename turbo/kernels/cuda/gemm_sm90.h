@@ -70,18 +70,41 @@ const char* gemm_sm90_schedule_name(GemmSm90Schedule s) noexcept;
 //             fixed order (deterministic), for shapes with too few tiles to fill the GPU
 //   grid      CTAs launched
 //   pingpong  the ping-pong kernel (splits 1, bn 128) rather than the cooperative one
+//   streamk   stream-K (cooperative kernel, bn 256, splits 1, no clusters; gemm_sm90_streamk.h):
+//             whole tiles while at least two waves remain, then every CTA the same share of the
+//             remaining tiles' k-iterations; a tile shared by several CTAs is summed by its first
+//             one from the others' fp32 partials in a global workspace (fixed order: deterministic)
 struct GemmSm90Plan {
   int bn = 0, splits = 0, grid = 0, stages = 0;
   bool pingpong = false;
+  bool streamk = false;
 };
 GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p);
+
+// gemm_sm90_plan's choice as a function of the shape and the device, for tests without a GPU:
+// `sms` multiprocessors, cluster_slots(bn, s) clusters of s CTAs that fit at once (0: none).
+// Stream-K is a candidate when forced or when `streamk` is set (PRIMUS_TURBO_GEMM_STREAMK=1, read
+// on every call: off by default until measured on a GPU), and is then taken only where the cost
+// model puts it 3% or more below the best other plan.
+struct GemmSm90PlanQuery {
+  int64_t m = 0, n = 0, k = 0;
+  int sms = 0;
+  bool pingpong = false;  // the ping-pong schedule is in effect
+  bool streamk = false;   // stream-K may be chosen
+  int force_bn = 0, force_splits = 0;  // as gemm_sm90_force_plan (0: automatic)
+};
+using GemmSm90ClusterSlots = int (*)(int bn, int splits, void* user);
+GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSlots cluster_slots, void* user);
 
 // Enqueues the GEMM on `stream`. Throws primus::RuntimeError when the problem is unsupported
 // (with gemm_sm90_unsupported_reason's text) or a CUDA call fails.
 void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream);
 
-// Tests and experiments: force the tile width (128 / 256) and the split count (1..8) of every
-// following call; 0 restores the automatic choice. Not thread-safe against concurrent GEMMs.
+// Tests and experiments: force the tile width (128 / 256) and the split count (1..8, or
+// kGemmSm90StreamK: the stream-K plan, bn 0 or 256) of every following call; 0 restores the
+// automatic choice. Not thread-safe against concurrent GEMMs. PRIMUS_TURBO_GEMM_PLAN=<bn>x<splits>
+// does the same from the environment ("256xsk": stream-K).
+constexpr int kGemmSm90StreamK = -1;
 void gemm_sm90_force_plan(int bn, int splits);
 // Tests and the benchmark: force the schedule of every following call; Auto restores the
 // environment / default choice. Not thread-safe against concurrent GEMMs.
