@@ -8,7 +8,9 @@ if(NOT PRIMUS_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90a)
+      # SASS only: compute_90a PTX can be JIT-compiled for sm_90a alone, which the SASS already
+      # covers, and it made the binaries a third larger (the device call carries them).
+      set(CMAKE_CUDA_ARCHITECTURES 90a-real)
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)

@@ -30,3 +30,13 @@ dirty=$(git diff --quiet HEAD -- backends/cuda turbo train || echo "-dirty")
 echo "$(git rev-parse --short HEAD)$dirty" > "$CARRY/commit.txt"
 grep -qx '/.carry-cuda/' .git/info/exclude || echo '/.carry-cuda/' >> .git/info/exclude
 du -ch "$CARRY"/* | tail -1
+# A device call sends the tracked (and untracked, not ignored) files plus the carry: 64 MiB at most.
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+carry=$(du -cb "$CARRY"/* | tail -1 | cut -f1)
+total=$((tree + carry))
+echo "device call: working tree $((tree / 1048576)) MiB + carry $((carry / 1048576)) MiB = $((total / 1048576)) MiB (limit 64)"
+if [ "$total" -gt $((64 * 1048576)) ]; then
+  echo "prepare_carry.sh: over the device call's 64 MiB: leave out what the call does not need" \
+    "(e.g. test_turbo_gpu.gz: run without WITH_OPS_TESTS; bench/train/run_on_gpu.sh skips the op tests then)" >&2
+  exit 3
+fi

@@ -94,11 +94,12 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests a
   timeout 150 "$BIN/test_cuda_gpu" --gtest_filter='*StepGpu*:*LaunchAhead*' >> "$OUT/tests.log" 2>&1
   rc_step=$?
   # FP8 (patch cuda.linear.fp8): 200-step curves of the FP8 recipes vs the reference; the FP8
-  # GEMM, linear-layer and quantizer op tests when the carry has test_turbo_gpu.
+  # GEMM, linear-layer and quantizer op tests (and the TURBO GEMM's plans, stream-K among them)
+  # when the carry has test_turbo_gpu.
   timeout 120 "$BIN/test_cuda_gpu" --gtest_filter='*Fp8*' >> "$OUT/tests.log" 2>&1
   rc_fp8=$?
   if [ -x "$BIN/test_turbo_gpu" ]; then
-    timeout 300 "$BIN/test_turbo_gpu" --gtest_filter='*Fp8*:*Quantize*:*WeightGradOnes*:*NormForwardPadded*:*NormBackward*:*Embedding*:*CrossEntropy*' >> "$OUT/tests.log" 2>&1
+    timeout 300 "$BIN/test_turbo_gpu" --gtest_filter='*Fp8*:*Quantize*:*WeightGradOnes*:*NormForwardPadded*:*NormBackward*:*Embedding*:*CrossEntropy*:*StreamK*:*EveryPlan*' >> "$OUT/tests.log" 2>&1
     rc_fp8="$rc_fp8/ops $?"
   fi
   if [ -x "$BIN/test_attention_gpu" ]; then  # the deterministic cuDNN backward (cuda.attention.deterministic)
