@@ -258,6 +258,7 @@ class Supervisor {
   }
 
   void reap() {
+    Rank* first = nullptr;  // the failure to name among the ranks found dead in this pass
     for (auto& r : ranks_) {
       if (!r.running) continue;
       int st = 0;
@@ -266,8 +267,12 @@ class Supervisor {
       r.running = false;
       r.status = st;
       bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (!ok && failed_ == -1) on_first_failure(r);
+      // Found dead together, a rank killed by a signal is the likelier cause: the others
+      // typically exit with an error because its connections closed (a killed rank 1 must not
+      // be reported as rank 0's "rank 1 closed its connection" failure just because 0 < 1).
+      if (!ok && (!first || (WIFSIGNALED(st) && !WIFSIGNALED(first->status)))) first = &r;
     }
+    if (first && failed_ == -1) on_first_failure(*first);
   }
 
   void on_first_failure(Rank& r) {

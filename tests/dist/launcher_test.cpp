@@ -179,6 +179,33 @@ TEST_F(LaunchTest, RankKilledBySignalIsNamed) {
   expect_out("signal 9 (SIGKILL)");
 }
 
+bool process_gone(pid_t pid);
+
+// Rank 1 killed by a signal and rank 0 exiting with an error found dead in the same pass of the
+// launcher (it is stopped while both die): the killed rank is the one named, not the lower one
+// (rank 0 exiting because its peer's connection closed is the usual aftermath; CI once saw the
+// data-parallel kill test name rank 0 that way).
+TEST_F(LaunchTest, KilledRankIsNamedOverOneThatExitedInTheSamePass) {
+  std::string d = dir_.path().string();
+  Proc p(launch({"--nproc-per-node", "2"}, {"ready:" + d, "await:" + d + "/go", "r1:kill:9", "r0:exit:3", "sleep:30"}),
+         dir_.path() / "out.txt");
+  auto pids = await_ready(dir_.path(), 0, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(::kill(p.pid(), SIGSTOP), 0);
+  { std::ofstream(dir_.path() / "go") << "go"; }
+  bool both = false;
+  for (int i = 0; i < 1000 && !(both = process_gone(pids[0]) && process_gone(pids[1])); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(p.pid(), SIGCONT);
+  EXPECT_TRUE(both) << "the ranks did not both end while the launcher was stopped";
+  code_ = p.wait(10);
+  out_ = p.output();
+  EXPECT_EQ(code_, 128 + 9) << out_;
+  expect_out("rank 1 (pid " + std::to_string(pids[1]) + ") failed: signal 9 (SIGKILL)");
+  expect_out("FAILED: rank 1 (local rank 1");
+  expect_out("rank 0: exit code 3");
+}
+
 TEST_F(LaunchTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   std::string d = dir_.path().string();
   EXPECT_EQ(run(launch({"--nproc-per-node", "2", "--grace", "1"},
