@@ -7,9 +7,10 @@
 # ratios. Raw lines in $OUT/sweep.jsonl.
 # ROUNDS=n repeats every run n times, interleaved (each figure is then the median); EXTRA="tag:VAR=v
 # ..." adds TURBO runs under other environments (space-separated, each tag:VAR=v[,VAR=v]); GTEST=
-# <binary:filter> first runs those tests of the carried test binary. The stream-K check (issue
-# [turbo], gemm_sm90_streamk.h), for example:
-#   ROUNDS=3 PLANS=256xsk EXTRA="auto-sk:PRIMUS_TURBO_GEMM_STREAMK=1" \
+# <binary:filter> first runs those tests of the carried test binary; PINGPONG=0 skips the ping-pong
+# schedule's run. The stream-K check (issue [turbo], gemm_sm90_streamk.h), for example (~6 min):
+#   ROUNDS=3 PINGPONG=0 PLANS=256xsk EXTRA="auto-sk:PRIMUS_TURBO_GEMM_STREAMK=1" \
+#     SHAPES=16384x2304x768,16384x768x768,16384x3072x768,16384x768x3072,16384x1024x2048,16384x2048x2048 \
 #     GTEST='test_turbo_gpu:*StreamK*:*EveryPlan*:*GeluEpilogues*:*Gpt2TrainingShapes*' bash bench/ops/plan_sweep.sh
 # From the repository root on the GPU machine, with primus unpacked in $BIN (default: the
 # carried .carry-cuda/primus.gz):
@@ -51,7 +52,7 @@ for l in open('$tmp'):
 for round in $(seq 1 "$ROUNDS"); do
   run cublaslt CUBLASLT
   run turbo-auto TURBO
-  PRIMUS_TURBO_GEMM_SCHEDULE=pingpong run turbo-auto-pingpong TURBO
+  [ "${PINGPONG:-1}" = 0 ] || PRIMUS_TURBO_GEMM_SCHEDULE=pingpong run turbo-auto-pingpong TURBO
   for p in $PLANS; do
     PRIMUS_TURBO_GEMM_PLAN=$p run "turbo-$p" TURBO
   done
