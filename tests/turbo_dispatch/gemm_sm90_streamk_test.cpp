@@ -13,6 +13,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "turbo/kernels/cuda/gemm_sm90.h"
@@ -195,6 +196,26 @@ TEST(GemmSm90StreamK, ForcedPlanAndItsLimits) {
   GemmSm90PlanQuery q;
   q.m = 3072, q.n = 768, q.k = 16384, q.sms = 132, q.streamk = true, q.pingpong = true;
   EXPECT_FALSE(gemm_sm90_choose_plan(q, h100_slots, nullptr).streamk);
+}
+
+// PRIMUS_TURBO_GEMM_PLAN's syntax: a typo must stop the run, not time another plan.
+TEST(GemmSm90StreamK, PlanVariableSyntax) {
+  using P = std::pair<int, int>;
+  EXPECT_EQ(gemm_sm90_parse_plan(nullptr), P(0, 0));
+  EXPECT_EQ(gemm_sm90_parse_plan(""), P(0, 0));
+  EXPECT_EQ(gemm_sm90_parse_plan("256x2"), P(256, 2));
+  EXPECT_EQ(gemm_sm90_parse_plan("128x0"), P(128, 0));
+  EXPECT_EQ(gemm_sm90_parse_plan("256xsk"), P(256, kGemmSm90StreamK));
+  EXPECT_EQ(gemm_sm90_parse_plan("0xsk"), P(0, kGemmSm90StreamK));
+  for (const char* bad : {"128xsk", "256xs", "256xskk", "256x9", "192x1", "256x2x", "sk", "256"}) {
+    try {
+      (void)gemm_sm90_parse_plan(bad);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("PRIMUS_TURBO_GEMM_PLAN='" + std::string(bad) + "'"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -1072,25 +1072,10 @@ GemmSm90Schedule env_schedule() {
   return s;
 }
 
-// PRIMUS_TURBO_GEMM_PLAN, read once: "<bn>x<splits>" (bn 128 | 256, splits 1..kMaxSplits, 0 for
-// either: automatic; "<bn>xsk" with bn 0 or 256: stream-K), e.g. 256x2; what gemm_sm90_force_plan
-// sets, from the environment, for plan sweeps (bench/ops/plan_sweep.sh). Unset or empty:
-// automatic. Anything else is an error.
+// PRIMUS_TURBO_GEMM_PLAN, read once (gemm_sm90_parse_plan): what gemm_sm90_force_plan sets, from
+// the environment, for plan sweeps (bench/ops/plan_sweep.sh).
 std::pair<int, int> env_plan() {
-  static const std::pair<int, int> plan = [] {
-    const char* e = std::getenv("PRIMUS_TURBO_GEMM_PLAN");
-    if (!e || !*e) return std::pair<int, int>{0, 0};
-    int bn = -1, splits = -1;
-    char tail = 0, s0 = 0, s1 = 0;
-    if (std::sscanf(e, "%dx%c%c%c", &bn, &s0, &s1, &tail) == 3 && s0 == 's' && s1 == 'k' && (bn == 0 || bn == 256))
-      return std::pair<int, int>{bn, kGemmSm90StreamK};
-    if (std::sscanf(e, "%dx%d%c", &bn, &splits, &tail) != 2 || !(bn == 0 || bn == 128 || bn == 256) || splits < 0 ||
-        splits > kMaxSplits)
-      throw RuntimeError(fmt::format("PRIMUS_TURBO_GEMM_PLAN='{}': expected <bn>x<splits> with bn 0, 128 or 256 and "
-                                     "splits 0..{} (e.g. 256x2), or 256xsk (stream-K)",
-                                     e, kMaxSplits));
-    return std::pair<int, int>{bn, splits};
-  }();
+  static const std::pair<int, int> plan = gemm_sm90_parse_plan(std::getenv("PRIMUS_TURBO_GEMM_PLAN"));
   return plan;
 }
 
@@ -1389,6 +1374,20 @@ const char* gemm_sm90_schedule_name(GemmSm90Schedule s) noexcept {
 }
 
 void gemm_sm90_force_schedule(GemmSm90Schedule s) { gemm90::g_force_schedule.store(static_cast<int>(s)); }
+
+std::pair<int, int> gemm_sm90_parse_plan(const char* e) {
+  if (!e || !*e) return {0, 0};
+  int bn = -1, splits = -1;
+  char tail = 0, s0 = 0, s1 = 0;
+  if (std::sscanf(e, "%dx%c%c%c", &bn, &s0, &s1, &tail) == 3 && s0 == 's' && s1 == 'k' && (bn == 0 || bn == 256))
+    return {bn, kGemmSm90StreamK};
+  if (std::sscanf(e, "%dx%d%c", &bn, &splits, &tail) != 2 || !(bn == 0 || bn == 128 || bn == 256) || splits < 0 ||
+      splits > gemm90::kMaxSplits)
+    throw RuntimeError(fmt::format("PRIMUS_TURBO_GEMM_PLAN='{}': expected <bn>x<splits> with bn 0, 128 or 256 and "
+                                   "splits 0..{} (e.g. 256x2), or 256xsk (stream-K)",
+                                   e, gemm90::kMaxSplits));
+  return {bn, splits};
+}
 
 void gemm_sm90_force_plan(int bn, int splits) {
   PRIMUS_CHECK(bn == 0 || bn == 128 || bn == 256, "gemm_sm90_force_plan: tile width {} is not 0, 128 or 256", bn);

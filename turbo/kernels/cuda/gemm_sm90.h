@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "turbo/core/dtype.h"
 
@@ -106,6 +107,9 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream);
 // does the same from the environment ("256xsk": stream-K).
 constexpr int kGemmSm90StreamK = -1;
 void gemm_sm90_force_plan(int bn, int splits);
+// PRIMUS_TURBO_GEMM_PLAN's value as {bn, splits} ({0, 0} for null or empty: automatic); anything
+// but <bn>x<splits> or <bn>xsk as above throws primus::RuntimeError naming the variable.
+std::pair<int, int> gemm_sm90_parse_plan(const char* value);
 // Tests and the benchmark: force the schedule of every following call; Auto restores the
 // environment / default choice. Not thread-safe against concurrent GEMMs.
 void gemm_sm90_force_schedule(GemmSm90Schedule s);
