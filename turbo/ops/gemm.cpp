@@ -172,9 +172,11 @@ OpDispatcher<GemmArgs>& dispatcher() {
           return cublaslt::library().unavailable_reason();
         },
         [](const GemmArgs& g) {
-          // Autotune also means timing cuBLASLt's own top candidates per shape (once each).
+          // Autotune also means timing cuBLASLt's own top candidates per shape (once each), unless
+          // PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH says how many (it wins over every other setting).
           static const bool tune = [] {
-            if (GlobalBackendManager::instance().auto_tune_enabled()) cublaslt::set_algo_search(8);
+            if (GlobalBackendManager::instance().auto_tune_enabled() && !std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH"))
+              cublaslt::set_algo_search(8);
             return true;
           }();
           (void)tune;
