@@ -2,12 +2,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <random>
 
 #include "core/util/error.h"
 #include "turbo/core/arena.h"
 #include "turbo/core/dtype.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/core/tensor_view.h"
 
 namespace primus::turbo {
@@ -132,6 +135,38 @@ TEST(Arena, AlignsRewindsAndReportsExhaustion) {
   a->reset();
   EXPECT_EQ(a->used(), 0u);
   EXPECT_THROW(a->rewind(100), RuntimeError);
+}
+
+// The experiment switches (PRIMUS_TURBO_* kernel variants): unset or empty gives the default, an
+// accepted value itself, anything else an error naming the variable, its value and the choices.
+TEST(EnvSwitch, AcceptedValuesDefaultsAndTyposThatStopTheRun) {
+  const char* kName = "PRIMUS_TURBO_TEST_SWITCH";
+  ::unsetenv(kName);
+  EXPECT_EQ(env_choice(kName, {"staged", "legacy"}, "staged"), "staged");
+  EXPECT_EQ(env_int(kName, 2, 4, 3), 3);
+  ::setenv(kName, "", 1);
+  EXPECT_EQ(env_choice(kName, {"staged", "legacy"}, "staged"), "staged");
+  EXPECT_EQ(env_int(kName, 2, 4, 3), 3);
+  ::setenv(kName, "legacy", 1);
+  EXPECT_EQ(env_choice(kName, {"staged", "legacy"}, "staged"), "legacy");
+  ::setenv(kName, "4", 1);
+  EXPECT_EQ(env_int(kName, 2, 4, 3), 4);
+  for (const char* bad : {"Legacy", "legacy ", "stagd"}) {
+    ::setenv(kName, bad, 1);
+    try {
+      (void)env_choice(kName, {"staged", "legacy"}, "staged");
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const RuntimeError& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find(std::string(kName) + "='" + bad + "'"), std::string::npos) << w;
+      EXPECT_NE(w.find("staged, legacy"), std::string::npos) << w;
+    }
+  }
+  for (const char* bad : {"5", "1", "3x", "x", "-", "99999999999999999999"}) {
+    ::setenv(kName, bad, 1);
+    EXPECT_THROW((void)env_int(kName, 2, 4, 3), RuntimeError) << bad;
+  }
+  ::unsetenv(kName);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // as the column-major product D^T = B^T @ A^T: cuBLASLt's "A" is our B, its "B" is our A, and
 // its m and n are our n and m. Epilogue vectors follow: cuBLASLt's per-row bias (length of its
 // m) is our per-column bias (length n); its BGRADA reduces our B, its BGRADB our A.
+#include "turbo/core/env_switch.h"
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 
 #include <fmt/format.h>
@@ -314,8 +315,7 @@ float search_algo(Plan& plan, const GemmProblem& p, Context& c, cudaStream_t str
 
 int resolve_algo_search(Context& c) {
   if (c.algo_search == 0) {
-    const char* env = std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH");
-    c.algo_search = env && *env ? std::max(1, std::atoi(env)) : 1;
+    c.algo_search = static_cast<int>(env_int("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH", 1, 1 << 20, 1));
   }
   return c.algo_search;
 }

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "core/util/error.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/attention_flash.h"
 #include "turbo/kernels/cuda/attention_mma.cuh"
@@ -390,8 +391,7 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
 }  // namespace
 
 bool flash_backward_use_sm90() {
-  const char* env = std::getenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
-  if (env && std::strcmp(env, "sm80") == 0) return false;
+  if (env_choice("PRIMUS_TURBO_ATTN_BWD_KERNEL", {"sm80", "sm90"}, "sm90") == "sm80") return false;
   return flash_forward_sm90_available();
 }
 

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "core/util/error.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/attention_flash.h"
 #include "turbo/kernels/cuda/attention_mma.cuh"
@@ -269,10 +270,10 @@ std::string flash_attention_unsupported_reason(DType dtype, int64_t head_dim) {
 }
 
 FwdKernel flash_forward_kernel() {
-  const char* env = std::getenv("PRIMUS_TURBO_ATTN_KERNEL");
-  if ((env && std::strcmp(env, "sm80") == 0) || !flash_forward_sm90_available()) return FwdKernel::Sm80;
-  if (env && std::strcmp(env, "sm90") == 0) return FwdKernel::Sm90;
-  if (env && std::strcmp(env, "sm90pipe") == 0) return FwdKernel::Sm90Pipe;
+  const std::string k = env_choice("PRIMUS_TURBO_ATTN_KERNEL", {"sm80", "sm90", "sm90pipe", "sm90ws"}, "sm90ws");
+  if (k == "sm80" || !flash_forward_sm90_available()) return FwdKernel::Sm80;
+  if (k == "sm90") return FwdKernel::Sm90;
+  if (k == "sm90pipe") return FwdKernel::Sm90Pipe;
   return FwdKernel::Sm90Ws;
 }
 

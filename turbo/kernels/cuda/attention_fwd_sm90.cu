@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "core/util/error.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/attention_flash.h"
 #include "turbo/kernels/cuda/attention_mma.cuh"
@@ -511,8 +512,7 @@ void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const
   // PRIMUS_TURBO_ATTN_SM90_VDESC=swap exchanges them: a diagnostic of the descriptor convention
   // (tests/attention_gpu shows the swapped form fails).
   a.v_lbo = static_cast<uint32_t>(kBN * 128);
-  const char* env = std::getenv("PRIMUS_TURBO_ATTN_SM90_VDESC");
-  if (env && std::strcmp(env, "swap") == 0) std::swap(a.v_lbo, a.v_sbo);
+  if (env_choice("PRIMUS_TURBO_ATTN_SM90_VDESC", {"default", "swap"}, "default") == "swap") std::swap(a.v_lbo, a.v_sbo);
   // TMA needs 16-byte aligned bases; without the driver entry point use the cp.async kernel.
   const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v)) & 15) == 0;
   if (kind == FwdKernel::Sm90Ws && (!encode_tiled() || !aligned)) kind = FwdKernel::Sm90Pipe;

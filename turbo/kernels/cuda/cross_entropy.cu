@@ -22,6 +22,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "turbo/core/env_switch.h"
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/cross_entropy.h"
 
@@ -550,9 +551,7 @@ bool launch_stream(const OnChipConfig& c, const DeviceLimits& d, bf16* dlogits, 
 
 int env_min_cluster() {
   static const int v = [] {
-    const char* e = std::getenv("PRIMUS_TURBO_CE_CLUSTER");
-    const int n = e ? std::atoi(e) : 1;
-    return n == 2 || n == 4 || n == 8 ? n : 1;
+    return std::stoi(env_choice("PRIMUS_TURBO_CE_CLUSTER", {"1", "2", "4", "8"}, "1"));
   }();
   return v;
 }
@@ -574,9 +573,9 @@ bool with_cluster(int cluster, F&& f) {
 enum class EnvKernel { Default, Legacy, OnChip };
 EnvKernel env_kernel() {
   static const EnvKernel k = [] {
-    const char* e = std::getenv("PRIMUS_TURBO_CE_KERNEL");
-    if (e && std::strcmp(e, "legacy") == 0) return EnvKernel::Legacy;
-    if (e && std::strcmp(e, "onchip") == 0) return EnvKernel::OnChip;
+    const std::string k = env_choice("PRIMUS_TURBO_CE_KERNEL", {"default", "legacy", "onchip"}, "default");
+    if (k == "legacy") return EnvKernel::Legacy;
+    if (k == "onchip") return EnvKernel::OnChip;
     return EnvKernel::Default;
   }();
   return k;

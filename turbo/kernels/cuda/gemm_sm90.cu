@@ -53,6 +53,7 @@
 #include <utility>
 
 #include "core/util/error.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/gemm_sm90.h"
@@ -1044,8 +1045,7 @@ std::atomic<int> g_force_bn{0}, g_force_splits{0}, g_force_schedule{0};
 // separate that path from the rest when hunting a wrong result.
 bool vec16_epilogue_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("PRIMUS_TURBO_GEMM_VEC_EPILOGUE");
-    return !(e && std::string(e) == "0");
+    return env_choice("PRIMUS_TURBO_GEMM_VEC_EPILOGUE", {"0", "1"}, "1") == "1";
   }();
   return on;
 }
@@ -1053,8 +1053,7 @@ bool vec16_epilogue_enabled() {
 // PRIMUS_TURBO_GEMM_STAGED_EPILOGUE=0 (read on every call, for A/B runs) turns the cooperative
 // schedule's staged epilogues (store_rows_staged) off: the shuffle-transposed 16-byte stores instead.
 bool staged_epilogue_enabled() {
-  const char* e = std::getenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE");
-  return !(e && std::string(e) == "0");
+  return env_choice("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE", {"0", "1"}, "1") == "1";
 }
 
 // PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:

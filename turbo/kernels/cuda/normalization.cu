@@ -21,6 +21,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "turbo/core/env_switch.h"
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/elementwise.h"
 #include "turbo/kernels/cuda/normalization.h"
@@ -742,9 +743,7 @@ struct RowShape {
   size_t smem;  // [ty][C] floats for combining the groups' partials (at most 12 KiB)
 };
 int max_vec_override() {
-  const char* e = std::getenv("PRIMUS_TURBO_NORM_BWD_VEC");
-  const int v = e ? std::atoi(e) : 0;
-  return v >= 1 && v <= 4 ? v : 0;
+  return static_cast<int>(env_int("PRIMUS_TURBO_NORM_BWD_VEC", 0, 4, 0));  // 0: automatic
 }
 template <class T>
 RowShape row_shape_for(int64_t N, int64_t C) {
@@ -817,9 +816,7 @@ void finish_column_sums(bool rms, float* dw, float* db, float* colsum, const flo
 }
 
 int staged_stages() {
-  const char* e = std::getenv("PRIMUS_TURBO_NORM_BWD_STAGES");
-  const int v = e ? std::atoi(e) : 0;
-  return v >= 2 && v <= 4 ? v : 3;
+  return static_cast<int>(env_int("PRIMUS_TURBO_NORM_BWD_STAGES", 2, 4, 3));
 }
 
 template <class T>
@@ -910,10 +907,9 @@ void launch_backward_rows(void* dinp, float* dw, float* db, float* colsum, const
 // for one take the default).
 enum class BwdKernel { Staged, RowGroup, Legacy };
 BwdKernel backward_kernel_requested() {
-  const char* e = std::getenv("PRIMUS_TURBO_NORM_BWD_KERNEL");
-  if (!e) return BwdKernel::Staged;
-  if (std::strcmp(e, "legacy") == 0) return BwdKernel::Legacy;
-  if (std::strcmp(e, "rowgroup") == 0) return BwdKernel::RowGroup;
+  const std::string k = env_choice("PRIMUS_TURBO_NORM_BWD_KERNEL", {"staged", "rowgroup", "legacy"}, "staged");
+  if (k == "legacy") return BwdKernel::Legacy;
+  if (k == "rowgroup") return BwdKernel::RowGroup;
   return BwdKernel::Staged;
 }
 

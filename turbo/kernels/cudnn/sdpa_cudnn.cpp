@@ -3,6 +3,7 @@
 // flash attention graphs): scores in f32, the probabilities cast to the I/O type before the
 // second matmul, the causal mask as generated row/column indices compared and selected, and
 // the softmax written out as max / subtract / exp / sum / log / add / divide.
+#include "turbo/core/env_switch.h"
 #include "turbo/kernels/cudnn/sdpa_cudnn.h"
 
 #include <fmt/format.h>
@@ -75,12 +76,10 @@ std::atomic<int> g_search{0};
 int search_count() {
   const int forced = g_search.load();
   if (forced > 0) return forced;
-  const char* e = std::getenv("PRIMUS_TURBO_CUDNN_SDPA_SEARCH");
-  return e && *e ? std::max(1, std::atoi(e)) : 1;
+  return static_cast<int>(env_int("PRIMUS_TURBO_CUDNN_SDPA_SEARCH", 1, 1 << 20, 1));
 }
 bool search_knobs() {
-  const char* e = std::getenv("PRIMUS_TURBO_CUDNN_SDPA_KNOBS");
-  return e && std::string(e) == "1";
+  return env_choice("PRIMUS_TURBO_CUDNN_SDPA_KNOBS", {"0", "1"}, "0") == "1";
 }
 
 // The candidate plans of one graph and the one in use (the first until a search picks another).
