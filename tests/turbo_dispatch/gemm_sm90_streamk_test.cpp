@@ -117,7 +117,7 @@ TEST(GemmSm90StreamK, EveryUnitOnceOwnersFirstPartialsInKOrder) {
 
 // cluster_slots for a modelled H100 SXM: 132 SMs in GPCs of 16 and 18; a cluster of s blocks
 // fits inside one GPC.
-int h100_slots(int, int s, void*) {
+int h100_slots(int, int s) {
   const int gpcs[] = {16, 16, 16, 16, 16, 16, 18, 18};
   int n = 0;
   for (int g : gpcs) n += g / s;
@@ -130,7 +130,7 @@ GemmSm90Plan choose(int64_t m, int64_t n, int64_t k, bool streamk, int force_bn 
   q.sms = 132;
   q.streamk = streamk;
   q.force_bn = force_bn, q.force_splits = force_splits;
-  return gemm_sm90_choose_plan(q, h100_slots, nullptr);
+  return gemm_sm90_choose_plan(q, h100_slots);
 }
 
 struct Shape {
@@ -159,9 +159,9 @@ TEST(GemmSm90StreamK, OffByDefault) {
 }
 
 // Allowed, the model takes stream-K where the cluster plans leave SMs idle (GPT-2's 54- and
-// 72-tile weight gradients: 5 or 6 of 8 blocks of each GPC busy) and keeps the other plans where
-// they already fill the GPU (the wide forward products, 128 tiles on 132 SMs) or where one
-// owner would add too many partials (18 tiles: 7 blocks a tile).
+// 72-tile weight gradients, whose cluster plans keep 108-120 of 132 SMs busy) and keeps the other
+// plans where they already fill the GPU (the wide forward products, 128 tiles on 132 SMs) or
+// where one owner would add too many partials (18 tiles: 7 blocks a tile).
 TEST(GemmSm90StreamK, ChosenWhereClustersLeaveSmsIdle) {
   for (const char* what : {"gpt2 qkv wgrad", "gpt2 fc wgrad", "gpt2 fc_proj wgrad"}) {
     const Shape& s = shape(what);
@@ -195,7 +195,7 @@ TEST(GemmSm90StreamK, ForcedPlanAndItsLimits) {
   // Under the ping-pong schedule the automatic choice keeps to it.
   GemmSm90PlanQuery q;
   q.m = 3072, q.n = 768, q.k = 16384, q.sms = 132, q.streamk = true, q.pingpong = true;
-  EXPECT_FALSE(gemm_sm90_choose_plan(q, h100_slots, nullptr).streamk);
+  EXPECT_FALSE(gemm_sm90_choose_plan(q, h100_slots).streamk);
 }
 
 // PRIMUS_TURBO_GEMM_PLAN's syntax: a typo must stop the run, not time another plan.

@@ -175,7 +175,8 @@ OpDispatcher<GemmArgs>& dispatcher() {
           // Autotune also means timing cuBLASLt's own top candidates per shape (once each), unless
           // PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH says how many (it wins over every other setting).
           static const bool tune = [] {
-            if (GlobalBackendManager::instance().auto_tune_enabled() && !std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH"))
+            const char* search = std::getenv("PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH");  // empty counts as unset
+            if (GlobalBackendManager::instance().auto_tune_enabled() && !(search && *search))
               cublaslt::set_algo_search(8);
             return true;
           }();

@@ -53,8 +53,8 @@
 #include <utility>
 
 #include "core/util/error.h"
-#include "turbo/core/env_switch.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/gemm_sm90.h"
 #include "turbo/kernels/cuda/gemm_sm90_streamk.h"
@@ -647,6 +647,25 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
   if (kb_count > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
 }
 
+// The cooperative schedule's epilogue of one whole 128 x BN tile (tile row tm, column tn) from
+// the consumer thread's accumulators (warpgroup wg, warp, lane): the staged 16-byte stores where
+// the tile allows them, else the shuffle-transposed ones, else the scalar path at the edges.
+template <class OutT, class C, int BN, int EPI>
+__device__ __forceinline__ void store_tile(const Params& p, int tm, int tn, int wg, int warp, int lane, const float* acc,
+                                           uint32_t base) {
+  const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
+  const int col = tn * BN + (lane % 4) * 2;
+  if (sizeof(OutT) == 2 && C::kEpiBytes > 0 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+    store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
+                                        base + C::kEpiOffset + (wg * 4 + warp) * 2048);
+  } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+    store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
+  } else {
+#pragma unroll
+    for (int i = 0; i < C::kGroups; i += 4) store_groups<OutT, EPI>(p, row, col + i * 8, 4, acc + 4 * i);
+  }
+}
+
 // SK: the stream-K plan (cooperative schedule, splits 1; gemm_sm90_streamk.h): the block's
 // data-parallel tiles, then its range of the remaining tiles' k-iterations.
 template <class T, class OutT, int BN, bool PP, int EPI, bool SK>
@@ -852,34 +871,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             consumer_barrier();
             const float4* slot = sk.tiles + static_cast<int64_t>(c) * kSlot + ctid;
-            // Eight loads in flight at a time: all of them at once would need the registers that
-            // the accumulators hold (the compiler barrier keeps it from hoisting the next batch).
 #pragma unroll
-            for (int i0 = 0; i0 < C::kGroups; i0 += 8) {
-              float4 r[8];
-#pragma unroll
-              for (int i = 0; i < 8; ++i) r[i] = __ldcg(slot + (i0 + i) * 256);
-#pragma unroll
-              for (int i = 0; i < 8; ++i) {
-                float* a = acc + 4 * (i0 + i);
-                a[0] += r[i].x, a[1] += r[i].y, a[2] += r[i].z, a[3] += r[i].w;
-              }
-              asm volatile("" ::: "memory");
+            for (int i = 0; i < C::kGroups; ++i) {
+              const float4 r = __ldcg(slot + i * 256);
+              acc[4 * i] += r.x, acc[4 * i + 1] += r.y, acc[4 * i + 2] += r.z, acc[4 * i + 3] += r.w;
             }
           }
         }
-        // The tile's epilogue, as the persistent plan's below.
-        const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
-        const int col = tn * BN + (lane % 4) * 2;
-        if (sizeof(OutT) == 2 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
-          store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
-                                              base + C::kEpiOffset + (wg * 4 + warp) * 2048);
-        } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
-          store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
-        } else {
-#pragma unroll
-          for (int i = 0; i < C::kGroups; i += 4) store_groups<OutT, EPI>(p, row, col + i * 8, 4, acc + 4 * i);
-        }
+        store_tile<OutT, C, BN, EPI>(p, tm, tn, wg, warp, lane, acc, base);
       }
     } else {
       for (int t = first; t < tiles; t += stride) {
@@ -898,17 +897,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase, tail); break;
         }
         if (S == 1) {
-          const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
-          const int col = tn * BN + (lane % 4) * 2;
-          if (sizeof(OutT) == 2 && C::kEpiBytes > 0 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
-            store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
-                                                base + C::kEpiOffset + (wg * 4 + warp) * 2048);
-          } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
-            store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
-          } else {
-#pragma unroll
-            for (int i = 0; i < C::kGroups; i += 4) store_groups<OutT, EPI>(p, row, col + i * 8, 4, acc + 4 * i);
-          }
+          store_tile<OutT, C, BN, EPI>(p, tm, tn, wg, warp, lane, acc, base);
         } else {
           // Split-k (one tile per cluster): the partial tile goes to this block's stage memory, which
           // both warpgroups' wgmmas have finished reading once they pass the barrier.
@@ -1127,7 +1116,8 @@ bool streamk_workspace(int slots, cudaStream_t stream, StreamKWorkspace& out) {
 // as whole tiles (k-tiles + 4 for the fill and the epilogue), then the longest stream-K range, +4
 // for each of its segments (each ends in an epilogue or a partial's write while the tensor cores
 // wait), + 1.25 for each partial the busiest owner adds (128 KiB read from L2) and 0.5 for the
-// write of one.
+// write of one. The 1.25 and 0.5 (and the 3% margin below) are estimates, not yet measured: set
+// them from the stream-K plan sweep (bench/results/NOTES.md, session 14).
 double streamk_cost_uncached(const streamk::Split& s) {
   int reads = 0, segments = 0;
   for (int t = s.tiles_dp; t < s.tiles; ++t) {
@@ -1275,7 +1265,7 @@ std::string gemm_sm90_unsupported_reason(const GemmSm90Problem& p) noexcept {
   }
 }
 
-GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSlots cluster_slots, void* user) {
+GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSlots cluster_slots) {
   using namespace gemm90;
   const int sms = std::max(1, q.sms);
   const int64_t kblocks = ceil_div(std::max<int64_t>(q.k, 1), kBK);
@@ -1296,7 +1286,7 @@ GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSl
       if (force_splits ? s != force_splits : (s > 1 && kblocks < 4 * s)) continue;
       const bool pp = pingpong && s == 1 && bn == 128;
       if (pingpong && s == 1 && bn == 256 && force_bn != 256) continue;
-      const int64_t slots = s == 1 ? sms : cluster_slots(bn, s, user);
+      const int64_t slots = s == 1 ? sms : cluster_slots(bn, s);
       if (slots <= 0) continue;
       // A 128-wide tile does half a 256-wide tile's MMAs but not at half its time: measured on an
       // H100 (2026-11-23, bench/ops/plan_sweep.sh), 256 x 1 beat the 128-wide plans this model
@@ -1349,8 +1339,7 @@ GemmSm90Plan plan_for(const GemmSm90Problem& p, bool allow_streamk) {
   q.streamk = allow_streamk;
   q.force_bn = g_force_bn.load(), q.force_splits = g_force_splits.load();
   if (q.force_bn == 0 && q.force_splits == 0) std::tie(q.force_bn, q.force_splits) = env_plan();
-  return gemm_sm90_choose_plan(
-      q, [](int bn, int s, void*) { return max_active_clusters(bn, s); }, nullptr);
+  return gemm_sm90_choose_plan(q, [](int bn, int s) { return max_active_clusters(bn, s); });
 }
 }  // namespace
 }  // namespace gemm90

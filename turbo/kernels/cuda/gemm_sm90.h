@@ -94,8 +94,8 @@ struct GemmSm90PlanQuery {
   bool streamk = false;   // stream-K may be chosen
   int force_bn = 0, force_splits = 0;  // as gemm_sm90_force_plan (0: automatic)
 };
-using GemmSm90ClusterSlots = int (*)(int bn, int splits, void* user);
-GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSlots cluster_slots, void* user);
+using GemmSm90ClusterSlots = int (*)(int bn, int splits);
+GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSlots cluster_slots);
 
 // Enqueues the GEMM on `stream`. Throws primus::RuntimeError when the problem is unsupported
 // (with gemm_sm90_unsupported_reason's text) or a CUDA call fails.
