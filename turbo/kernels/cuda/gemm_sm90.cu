@@ -13,8 +13,8 @@
 //   from the registers: alpha, beta * D (read only when beta != 0), bias, the dtype conversion, and
 //   masking at the matrix edges (TMA reads zeros outside A and B, so edge tiles need no care in
 //   the main loop). With a 16-bit D, beta = 0 and 16-byte aligned rows, tiles wholly inside N are
-//   stored 16 bytes per lane (8 columns): the cooperative schedule's epilogues (linear, bias, GELU
-//   aux, dGELU) through a 2 KiB shared-memory buffer per warp (stmatrix, which takes the
+//   stored 16 bytes per lane (8 columns): the epilogues (linear, bias, GELU aux, dGELU; both
+//   schedules) through a 2 KiB shared-memory buffer per warp (stmatrix, which takes the
 //   accumulators in their own layout, then 128-byte row segments; dGELU's aux comes in the other
 //   way, with ldmatrix; store_rows_staged), the rest after a transpose across each quad of lanes
 //   (shuffles). The staged form issues about half the epilogue's instructions: products 2-11%
@@ -23,7 +23,7 @@
 //   owns a whole 128 x 128 tile (two m64n128 wgmmas per k16 step, 128 accumulators per thread),
 //   the block's tiles alternate between the two warpgroups, their k-loops strictly in tile order
 //   (named barriers 2 and 3), so one warpgroup's epilogue runs under the other's MMAs; each stage
-//   (7 of 32 KiB) feeds one warpgroup (4 empty arrivals).
+//   (6 of 32 KiB) feeds one warpgroup (4 empty arrivals). Its 16-bit epilogues are staged too.
 // Layouts: a K-major operand is one TMA box of [rows][64] (one swizzled slab); an M/N-major one is
 // [64 k-rows][64] boxes side by side, one per 64 columns, read by wgmma through its transpose bit.
 // Grid: splits == 1: persistent, one block per SM walking tiles in groups of 8 tile-rows (L2
@@ -89,7 +89,9 @@ constexpr int kMaxSplits = 8;                          // portable cluster size
 template <int BN, bool PP = false>
 struct Cfg {
   static_assert(!PP || BN == 128, "the ping-pong schedule runs 128 x 128 tiles");
-  static constexpr int kStages = PP ? 7 : BN == 256 ? 4 : 5;
+  // Ping-pong: 6 stages of 32 KiB (7 fit without the staged epilogue's buffer; session 15 traded
+  // one for it).
+  static constexpr int kStages = PP ? 6 : BN == 256 ? 4 : 5;
   static constexpr int kHalves = PP ? 2 : 1;        // m64 row blocks per consumer warpgroup
   static constexpr int kAcc = kHalves * BN / 2;     // accumulator floats per consumer thread
   static constexpr int kEmptyArrivals = PP ? 4 : 8;  // consumer warps reading one stage
@@ -97,10 +99,9 @@ struct Cfg {
   static constexpr int kBytesB = BN * kBK * 2;
   static constexpr int kStageBytes = kBytesA + kBytesB;
   static constexpr int kBarOffset = kStages * kStageBytes;
-  // The cooperative schedule's staged epilogue (store_rows_staged): 2 KiB per consumer warp, after
-  // the barriers. The ping-pong schedule has no room for it (7 stages of 32 KiB).
+  // The staged epilogue (store_rows_staged): 2 KiB per consumer warp, after the barriers.
   static constexpr int kEpiOffset = kBarOffset + 2 * kStages * 8;
-  static constexpr int kEpiBytes = PP ? 0 : 8 * 2048;
+  static constexpr int kEpiBytes = 8 * 2048;
   static constexpr int kSmem = kEpiOffset + kEpiBytes + 1024;  // + slack to align to 1024
   static constexpr int kGroups = BN / 8;                               // accumulator column groups
   static constexpr int kRedBytes = kGroups * 256 * 16;                 // fp32 partial tile (split-k)
@@ -122,7 +123,7 @@ struct Params {
   void* aux;     // [m][n] in D's type, ld_aux apart: written (GeluAux) or read (DGelu)
   int64_t ld_aux;
   int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
-  int staged;     // the cooperative schedule's 16-bit epilogues through shared memory (store_rows_staged)
+  int staged;     // the 16-bit epilogues through shared memory (store_rows_staged)
 };
 // The stream-K kernels' own argument (gemm_sm90_streamk.h): the division of the work, one fp32
 // partial tile per block (kGroups * 256 float4, in the consumers' register order) and one flag per
@@ -791,9 +792,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (t + stride < tiles) order_pass(wg);
         const int col = tn * BN + (lane % 4) * 2;
         const bool vec16 = tile_vec16<OutT, BN, EPI>(p, tn * BN);  // uniform over the tile
+        const bool staged = sizeof(OutT) == 2 && p.staged && vec16;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = tm * kBM + h * 64 + warp * 16 + lane / 4;
+          if (staged) {  // the warp's own buffer: the other warpgroup's epilogue may run meanwhile
+            store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + h * 64 + warp * 16, tn * BN, lane,
+                                                     acc + h * (BN / 2), base + C::kEpiOffset + (wg * 4 + warp) * 2048);
+            continue;
+          }
           if (vec16) {
             store_rows_vec16<OutT, C::kGroups, EPI, false>(p, row, tn * BN, lane % 4, acc + h * (BN / 2));
             continue;
