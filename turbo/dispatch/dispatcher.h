@@ -31,6 +31,13 @@
 
 namespace primus::turbo {
 
+// What a forced backend's refusal of one call throws (the backend lacks that epilogue, layout or
+// shape): a RuntimeError like every other failure, distinguishable by callers that can carry on
+// without that call (the benchmark, which skips such a product of a case and times the rest).
+struct BackendRefusedError : RuntimeError {
+  explicit BackendRefusedError(const std::string& w) : RuntimeError(w) {}
+};
+
 struct DispatcherOptions {
   bool autotune = true;          // false for ops that are not idempotent (in-place writes)
   size_t cache_capacity = 1024;  // autotune entries kept (one per shape key)
@@ -129,7 +136,7 @@ class OpDispatcher {
             op_, backend_name(user->choice.backend), user->source, registered_names()));
       std::string why;
       if (!b->can_handle(args, &why))
-        throw RuntimeError(fmt::format(
+        throw BackendRefusedError(fmt::format(
             "turbo op '{}': backend {} (chosen by {}) cannot handle this call [{}]: {}", op_,
             backend_name(b->type()), user->source, args.key(), why));
       return *b;
