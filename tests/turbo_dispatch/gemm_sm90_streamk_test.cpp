@@ -199,6 +199,37 @@ TEST(GemmSm90StreamK, ForcedPlanAndItsLimits) {
 }
 
 // PRIMUS_TURBO_GEMM_PLAN's syntax: a typo must stop the run, not time another plan.
+// The 160-wide tile (linear / bias epilogues, splits 1): taken where its 120 tiles fill one wave
+// that the other widths split into clusters of several waves (GPT-2's fc / fc_proj weight
+// gradients, 3072 x 768 and 768 x 3072), never where it is not allowed, not split (GPT-2's
+// attn_proj weight gradient, 30 such tiles, keeps a cluster plan of another width), and not for
+// the wide products whose 256-wide waves are already full.
+TEST(GemmSm90StreamK, Width160ForOneWaveWeightGradients) {
+  const auto plan = [](const Shape& s, bool bn160, int force_bn = 0) {
+    GemmSm90PlanQuery q;
+    q.m = s.m, q.n = s.n, q.k = s.k, q.sms = 132, q.bn160 = bn160, q.force_bn = force_bn;
+    return gemm_sm90_choose_plan(q, h100_slots);
+  };
+  for (const char* what : {"gpt2 fc wgrad", "gpt2 fc_proj wgrad"}) {
+    const GemmSm90Plan p = plan(shape(what), true);
+    EXPECT_EQ(p.bn, 160) << what;
+    EXPECT_EQ(p.splits, 1) << what;
+    EXPECT_EQ(p.grid, 120) << what;
+    EXPECT_NE(plan(shape(what), false).bn, 160) << what;
+  }
+  const GemmSm90Plan attn = plan(shape("gpt2 attn_proj wgrad"), true);
+  EXPECT_NE(attn.bn, 160);
+  EXPECT_GT(attn.splits, 1);
+  EXPECT_NE(plan(shape("gpt2 attn_proj wgrad"), true, 160).splits, 1) << "forced 160: split (30 tiles)";
+  for (const char* what : {"gpt2 qkv fwd", "gpt2 fc fwd", "gpt2 lm_head fwd", "llama q wgrad", "llama gate|up fwd",
+                           "llama down wgrad"})
+    EXPECT_NE(plan(shape(what), true).bn, 160) << what;
+  // Forced where it is not allowed (a GELU epilogue): no plan, an error.
+  EXPECT_THROW(plan(shape("gpt2 fc wgrad"), false, 160), std::exception);
+  EXPECT_EQ(plan(shape("gpt2 fc fwd"), true, 160).bn, 160);
+  EXPECT_THROW(gemm_sm90_force_plan(160, kGemmSm90StreamK), std::exception);
+}
+
 TEST(GemmSm90StreamK, PlanVariableSyntax) {
   using P = std::pair<int, int>;
   EXPECT_EQ(gemm_sm90_parse_plan(nullptr), P(0, 0));
@@ -207,7 +238,8 @@ TEST(GemmSm90StreamK, PlanVariableSyntax) {
   EXPECT_EQ(gemm_sm90_parse_plan("128x0"), P(128, 0));
   EXPECT_EQ(gemm_sm90_parse_plan("256xsk"), P(256, kGemmSm90StreamK));
   EXPECT_EQ(gemm_sm90_parse_plan("0xsk"), P(0, kGemmSm90StreamK));
-  for (const char* bad : {"128xsk", "256xs", "256xskk", "256x9", "192x1", "256x2x", "sk", "256"}) {
+  EXPECT_EQ(gemm_sm90_parse_plan("160x1"), P(160, 1));
+  for (const char* bad : {"128xsk", "160xsk", "256xs", "256xskk", "256x9", "192x1", "256x2x", "sk", "256"}) {
     try {
       (void)gemm_sm90_parse_plan(bad);
       ADD_FAILURE() << "'" << bad << "' was accepted";

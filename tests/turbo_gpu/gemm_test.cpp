@@ -754,7 +754,7 @@ TEST_P(TurboGemmTest, EveryPlanMatchesAndSplitKIsDeterministic) {
       for (int64_t i = 0; i < sh.M; ++i)
         for (int64_t j = 0; j < sh.N; ++j) want[i * sh.N + j] += bv[j];
       for (Plan pl : {Plan{256, 1}, Plan{128, 1}, Plan{256, 2}, Plan{128, 3}, Plan{256, 5}, Plan{128, 8},
-                      Plan{256, cuda::kGemmSm90StreamK}}) {
+                      Plan{160, 1}, Plan{160, 3}, Plan{256, cuda::kGemmSm90StreamK}}) {
         SCOPED_TRACE(fmt::format("{}x{}x{} ta={} tb={} bn={} splits={}", sh.M, sh.N, sh.K, ta, tb, pl.bn, pl.splits));
         cuda::gemm_sm90_force_plan(pl.bn, pl.splits);
         GemmArgs g = args(a.view, b.view, d);
@@ -823,67 +823,75 @@ TEST_P(TurboGemmTest, Gpt2TrainingShapes) {
 // 8 take the 16-byte store path on every tile but the last tile-column). Rows are sampled in both
 // 64-row halves of every tile (ping-pong's second m64 block), plus the last row; every element
 // must be written.
+// Also under the forced 160-wide plan (3000 = 18 x 160 + 120: a ragged last tile; the 16-byte
+// stores of 20 column groups; an N-major B's third slab half past the tile).
 TEST_P(TurboGemmTest, ManyTilesPerBlockWithEdges) {
-  const int64_t M = 4000, N = 3000, K = 200;
-  std::vector<int64_t> rows;
-  for (int64_t r0 = 0; r0 < M; r0 += 128)
-    for (int64_t h = r0; h < std::min(r0 + 128, M); h += 64)
-      rows.push_back(h + static_cast<int64_t>(rng_() % static_cast<uint64_t>(std::min<int64_t>(64, M - h))));
-  rows.push_back(M - 1);
-  for (int layout = 0; layout < 4; ++layout) {
-    const bool ta = layout & 2, tb = layout & 1;
-    SCOPED_TRACE(fmt::format("ta={} tb={}", ta, tb));
-    Mat a = operand(DType::BF16, M, K, ta), b = operand(DType::BF16, K, N, tb, 0.2f);
-    const auto ref = product_rows(a.values, b.values, rows, N, K);
-    const auto plan = cuda::gemm_sm90_plan({M, N, K, DType::BF16, {a.view.data, 0, ta}, {b.view.data, 0, tb}, nullptr, N,
-                                            DType::BF16, 1.0f, 0.0f, nullptr});
-    EXPECT_EQ(plan.splits, 1);
-    EXPECT_EQ(plan.pingpong, GetParam() == cuda::GemmSm90Schedule::Pingpong);
+  for (int force_bn : {0, 160}) {
+    SCOPED_TRACE(fmt::format("forced tile width {}", force_bn));
+    cuda::gemm_sm90_force_plan(force_bn, force_bn ? 1 : 0);
+    const int64_t M = 4000, N = 3000, K = 200;
+    std::vector<int64_t> rows;
+    for (int64_t r0 = 0; r0 < M; r0 += 128)
+      for (int64_t h = r0; h < std::min(r0 + 128, M); h += 64)
+        rows.push_back(h + static_cast<int64_t>(rng_() % static_cast<uint64_t>(std::min<int64_t>(64, M - h))));
+    rows.push_back(M - 1);
+    for (int layout = 0; layout < 4; ++layout) {
+      const bool ta = layout & 2, tb = layout & 1;
+      SCOPED_TRACE(fmt::format("ta={} tb={}", ta, tb));
+      Mat a = operand(DType::BF16, M, K, ta), b = operand(DType::BF16, K, N, tb, 0.2f);
+      const auto ref = product_rows(a.values, b.values, rows, N, K);
+      const auto plan = cuda::gemm_sm90_plan({M, N, K, DType::BF16, {a.view.data, 0, ta}, {b.view.data, 0, tb}, nullptr, N,
+                                              DType::BF16, 1.0f, 0.0f, nullptr});
+      EXPECT_EQ(plan.splits, 1);
+      EXPECT_EQ(plan.pingpong, force_bn == 0 && GetParam() == cuda::GemmSm90Schedule::Pingpong);
+      if (force_bn) EXPECT_EQ(plan.bn, force_bn);
 
-    TensorView bias = make(DType::BF16, {N}), d = make(DType::BF16, {M, N});
-    auto bv = random_tensor(bias);
-    poison(d);
-    GemmArgs g = args(a.view, b.view, d);
-    g.epilogue = GemmEpilogue::Bias;
-    g.bias = bias;
-    g.ctx = ctx;
-    EXPECT_EQ(gemm(g), BackendType::TURBO);
-    auto got = get(d);
-    EXPECT_TRUE(all_finite(got)) << "an element was not written";
-    std::vector<double> want(ref);
-    for (size_t r = 0; r < rows.size(); ++r)
-      for (int64_t j = 0; j < N; ++j) want[r * N + j] += bv[j];
-    EXPECT_LT(rel_err(pick_rows(got, rows, N), want), gate(DType::BF16));
+      TensorView bias = make(DType::BF16, {N}), d = make(DType::BF16, {M, N});
+      auto bv = random_tensor(bias);
+      poison(d);
+      GemmArgs g = args(a.view, b.view, d);
+      g.epilogue = GemmEpilogue::Bias;
+      g.bias = bias;
+      g.ctx = ctx;
+      EXPECT_EQ(gemm(g), BackendType::TURBO);
+      auto got = get(d);
+      EXPECT_TRUE(all_finite(got)) << "an element was not written";
+      std::vector<double> want(ref);
+      for (size_t r = 0; r < rows.size(); ++r)
+        for (int64_t j = 0; j < N; ++j) want[r * N + j] += bv[j];
+      EXPECT_LT(rel_err(pick_rows(got, rows, N), want), gate(DType::BF16));
 
-    TensorView d32 = make(DType::F32, {M, N});
-    auto d0 = random_tensor(d32);
-    GemmArgs h = args(a.view, b.view, d32);
-    h.beta = 0.5f;
-    h.ctx = ctx;
-    EXPECT_EQ(gemm(h), BackendType::TURBO);
-    got = get(d32);
-    EXPECT_TRUE(all_finite(got)) << "an element was not written";
-    const auto base = pick_rows(d0, rows, N);
-    for (size_t i = 0; i < want.size(); ++i) want[i] = ref[i] + 0.5 * base[i];
-    EXPECT_LT(rel_err(pick_rows(got, rows, N), want), 1e-3);
+      TensorView d32 = make(DType::F32, {M, N});
+      auto d0 = random_tensor(d32);
+      GemmArgs h = args(a.view, b.view, d32);
+      h.beta = 0.5f;
+      h.ctx = ctx;
+      EXPECT_EQ(gemm(h), BackendType::TURBO);
+      got = get(d32);
+      EXPECT_TRUE(all_finite(got)) << "an element was not written";
+      const auto base = pick_rows(d0, rows, N);
+      for (size_t i = 0; i < want.size(); ++i) want[i] = ref[i] + 0.5 * base[i];
+      EXPECT_LT(rel_err(pick_rows(got, rows, N), want), 1e-3);
 
-    // f16 in and out with an f16 bias (the 16-byte store path's other type).
-    Mat a16 = operand(DType::F16, M, K, ta), b16 = operand(DType::F16, K, N, tb, 0.2f);
-    TensorView bias16 = make(DType::F16, {N}), d16 = make(DType::F16, {M, N});
-    auto bv16 = random_tensor(bias16);
-    poison(d16);
-    GemmArgs e = args(a16.view, b16.view, d16);
-    e.epilogue = GemmEpilogue::Bias;
-    e.bias = bias16;
-    e.ctx = ctx;
-    EXPECT_EQ(gemm(e), BackendType::TURBO);
-    got = get(d16);
-    EXPECT_TRUE(all_finite(got)) << "an element was not written (f16)";
-    want = product_rows(a16.values, b16.values, rows, N, K);
-    for (size_t r = 0; r < rows.size(); ++r)
-      for (int64_t j = 0; j < N; ++j) want[r * N + j] += bv16[j];
-    EXPECT_LT(rel_err(pick_rows(got, rows, N), want), gate(DType::BF16));
+      // f16 in and out with an f16 bias (the 16-byte store path's other type).
+      Mat a16 = operand(DType::F16, M, K, ta), b16 = operand(DType::F16, K, N, tb, 0.2f);
+      TensorView bias16 = make(DType::F16, {N}), d16 = make(DType::F16, {M, N});
+      auto bv16 = random_tensor(bias16);
+      poison(d16);
+      GemmArgs e = args(a16.view, b16.view, d16);
+      e.epilogue = GemmEpilogue::Bias;
+      e.bias = bias16;
+      e.ctx = ctx;
+      EXPECT_EQ(gemm(e), BackendType::TURBO);
+      got = get(d16);
+      EXPECT_TRUE(all_finite(got)) << "an element was not written (f16)";
+      want = product_rows(a16.values, b16.values, rows, N, K);
+      for (size_t r = 0; r < rows.size(); ++r)
+        for (int64_t j = 0; j < N; ++j) want[r * N + j] += bv16[j];
+      EXPECT_LT(rel_err(pick_rows(got, rows, N), want), gate(DType::BF16));
+    }
   }
+  cuda::gemm_sm90_force_plan(0, 0);
 }
 
 // The GELU epilogues the GPT-2 MLP can run on TURBO (gelu_aux_bias forward, dgelu input

@@ -86,9 +86,13 @@ constexpr int kMaxSplits = 8;                          // portable cluster size
 
 // PP: the ping-pong schedule (BN = 128; each consumer warpgroup owns a whole 128 x 128 tile and
 // every stage feeds one warpgroup), else the cooperative one (both warpgroups on one 128 x BN tile).
+// BN 160 (the linear epilogue only): 120 tiles for GPT-2's 3072 x 768 weight gradients, one wave
+// on 132 SMs without split-k. An N-major B is then loaded as 3 slabs of 64 columns, the last
+// half of which belongs to the next tile (read, never used).
 template <int BN, bool PP = false>
 struct Cfg {
   static_assert(!PP || BN == 128, "the ping-pong schedule runs 128 x 128 tiles");
+  static_assert(BN == 128 || BN == 160 || BN == 256, "tile widths 128, 160 and 256");
   // Ping-pong: 6 stages of 32 KiB (7 fit without the staged epilogue's buffer; session 15 traded
   // one for it).
   static constexpr int kStages = PP ? 6 : BN == 256 ? 4 : 5;
@@ -96,8 +100,9 @@ struct Cfg {
   static constexpr int kAcc = kHalves * BN / 2;     // accumulator floats per consumer thread
   static constexpr int kEmptyArrivals = PP ? 4 : 8;  // consumer warps reading one stage
   static constexpr int kBytesA = kBM * kBK * 2;  // 16 KiB
-  static constexpr int kBytesB = BN * kBK * 2;
-  static constexpr int kStageBytes = kBytesA + kBytesB;
+  static constexpr int kBytesB = BN * kBK * 2;  // a K-major B's box ([BN][64])
+  static constexpr int kSlabsB = (BN + 63) / 64;  // an N-major B's slabs ([64 k][64 n] each)
+  static constexpr int kStageBytes = kBytesA + kSlabsB * kSlabBytes;
   static constexpr int kBarOffset = kStages * kStageBytes;
   // The staged epilogue (store_rows_staged): 2 KiB per consumer warp, after the barriers.
   static constexpr int kEpiOffset = kBarOffset + 2 * kStages * 8;
@@ -656,10 +661,14 @@ __device__ __forceinline__ void store_tile(const Params& p, int tm, int tn, int 
                                            uint32_t base) {
   const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
   const int col = tn * BN + (lane % 4) * 2;
-  if (sizeof(OutT) == 2 && C::kEpiBytes > 0 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
-    store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
-                                        base + C::kEpiOffset + (wg * 4 + warp) * 2048);
-  } else if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+  if constexpr (C::kGroups % 8 == 0) {  // 64-column chunks: not the 160-wide tile
+    if (sizeof(OutT) == 2 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
+      store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
+                                               base + C::kEpiOffset + (wg * 4 + warp) * 2048);
+      return;
+    }
+  }
+  if (tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
     store_rows_vec16<OutT, C::kGroups, EPI, true>(p, row, tn * BN, lane % 4, acc);
   } else {
 #pragma unroll
@@ -707,7 +716,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // overlaps the matrix); their stale shared memory only feeds rows / columns of the tile
         // that the epilogue masks. K is never cut this way: past-K elements are TMA's zeros.
         const int a_slabs = p.a_mn ? (m0 + 64 < p.m ? 2 : 1) : 1;
-        const int b_slabs = p.b_mn ? min(BN / 64, (p.n - n0 + 63) / 64) : 1;
+        const int b_slabs = p.b_mn ? min(C::kSlabsB, (p.n - n0 + 63) / 64) : 1;
         const uint32_t tx = (p.a_mn ? a_slabs * kSlabBytes : C::kBytesA) + (p.b_mn ? b_slabs * kSlabBytes : C::kBytesB);
         for (int kb = kbs; kb < kbe; ++kb, ++it) {
           // Use u of a stage needs use u-1 released: the empty barrier's phase u-1 (parity (u-1)&1).
@@ -1024,6 +1033,9 @@ int max_active_clusters(int bn, int splits) {
   if (bn == 256) {
     cfg.dynamicSmemBytes = Cfg<256>::kSmem;
     e = cudaOccupancyMaxActiveClusters(&n, kernel_of<__nv_bfloat16, __nv_bfloat16, 256>(), &cfg);
+  } else if (bn == 160) {
+    cfg.dynamicSmemBytes = Cfg<160>::kSmem;
+    e = cudaOccupancyMaxActiveClusters(&n, kernel_of<__nv_bfloat16, __nv_bfloat16, 160>(), &cfg);
   } else {
     cfg.dynamicSmemBytes = Cfg<128>::kSmem;
     e = cudaOccupancyMaxActiveClusters(&n, kernel_of<__nv_bfloat16, __nv_bfloat16, 128>(), &cfg);
@@ -1285,31 +1297,46 @@ GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSl
   // ping-pong schedule the cooperative persistent kernel is a candidate only when bn 256 is forced.
   GemmSm90Plan best;
   double best_cost = 1e300;
-  for (int bn : {256, 128}) {
+  for (int bn : {256, 160, 128}) {
     if (force_splits == kGemmSm90StreamK) break;
-    if (force_bn ? bn != force_bn : (bn == 256 && q.n <= 128)) continue;
+    if (force_bn ? bn != force_bn : (bn == 256 && q.n <= 128) || (bn == 160 && q.n <= 128)) continue;
+    if (bn == 160 && !q.bn160) continue;
     const int64_t tiles = ceil_div(q.m, kBM) * ceil_div(q.n, bn);
     for (int s = 1; s <= kMaxSplits; ++s) {
       if (force_splits ? s != force_splits : (s > 1 && kblocks < 4 * s)) continue;
+      if (bn == 160 && s > 1 && force_bn != 160) continue;  // measured slower than the other split plans
       const bool pp = pingpong && s == 1 && bn == 128;
-      if (pingpong && s == 1 && bn == 256 && force_bn != 256) continue;
+      if (pingpong && s == 1 && bn != 128 && force_bn != bn) continue;
       const int64_t slots = s == 1 ? sms : cluster_slots(bn, s);
       if (slots <= 0) continue;
       // A 128-wide tile does half a 256-wide tile's MMAs but not at half its time: measured on an
       // H100 (2026-11-23, bench/ops/plan_sweep.sh), 256 x 1 beat the 128-wide plans this model
       // preferred by 6-20% on lm_head fwd, Llama gate|up fwd, down dgrad and kv wgrad, so a
       // 128-wide tile counts 0.575 of a 256-wide one (0.5 x 1.15) instead of 0.5.
-      const double tile_cost = bn == 256 ? 1.0 : 0.575;
+      // The 160-wide tile: 0.625 of the MMAs at an assumed 10% penalty (an estimate between the two
+      // measured points; session 15).
+      const double tile_cost = bn == 256 ? 1.0 : bn == 160 ? 0.69 : 0.575;
+      // A split plan of several waves also pays 20 k-tiles per wave after the first: measured on an
+      // H100 (session 15, bench/ops/runs/2026-11-27-h100-s15-bn160/), GPT-2's fc weight gradient
+      // ran at 0.59x cuBLASLt in 3 waves of 5-block clusters and 0.83x in 2 waves of 3, against
+      // 0.83x for one wave of 160-wide tiles, where the model without it ranked them the other way
+      // round (the later waves' blocks are out of k-phase with the rest: their operand slabs come
+      // from DRAM again).
+      const int64_t waves = ceil_div(tiles, slots);
       const double cost =
-          pp ? (static_cast<double>(ceil_div(tiles, slots)) * static_cast<double>(kblocks) + 4.0) * 0.5
-             : static_cast<double>(ceil_div(tiles, slots)) *
-                   (static_cast<double>(ceil_div(kblocks, s)) + 4.0 + (s > 1 ? 2.0 : 0.0)) * tile_cost;
+          pp ? (static_cast<double>(waves) * static_cast<double>(kblocks) + 4.0) * 0.5
+             : (static_cast<double>(waves) * (static_cast<double>(ceil_div(kblocks, s)) + 4.0 + (s > 1 ? 2.0 : 0.0)) +
+                (s > 1 ? 20.0 * static_cast<double>(waves - 1) : 0.0)) *
+                   tile_cost;
       if (cost < best_cost) {
         best_cost = cost;
         best.bn = bn;
         best.splits = s;
         best.grid = static_cast<int>(s == 1 ? std::min<int64_t>(tiles, sms) : tiles * s);
-        best.stages = pp ? Cfg<128, true>::kStages : bn == 256 ? Cfg<256>::kStages : Cfg<128>::kStages;
+        best.stages = pp          ? Cfg<128, true>::kStages
+                      : bn == 256 ? Cfg<256>::kStages
+                      : bn == 160 ? Cfg<160>::kStages
+                                  : Cfg<128>::kStages;
         best.pingpong = pp;
       }
     }
@@ -1344,6 +1371,8 @@ GemmSm90Plan plan_for(const GemmSm90Problem& p, bool allow_streamk) {
   q.sms = device_info().sms;
   q.pingpong = gemm_sm90_schedule() == GemmSm90Schedule::Pingpong;
   q.streamk = allow_streamk;
+  q.bn160 = p.d_dtype == DType::F32 ||
+            (p.epilogue != GemmSm90Epilogue::GeluAux && p.epilogue != GemmSm90Epilogue::DGelu);
   q.force_bn = g_force_bn.load(), q.force_splits = g_force_splits.load();
   if (q.force_bn == 0 && q.force_splits == 0) std::tie(q.force_bn, q.force_splits) = env_plan();
   return gemm_sm90_choose_plan(q, [](int bn, int s) { return max_active_clusters(bn, s); });
@@ -1376,19 +1405,21 @@ std::pair<int, int> gemm_sm90_parse_plan(const char* e) {
   char tail = 0, s0 = 0, s1 = 0;
   if (std::sscanf(e, "%dx%c%c%c", &bn, &s0, &s1, &tail) == 3 && s0 == 's' && s1 == 'k' && (bn == 0 || bn == 256))
     return {bn, kGemmSm90StreamK};
-  if (std::sscanf(e, "%dx%d%c", &bn, &splits, &tail) != 2 || !(bn == 0 || bn == 128 || bn == 256) || splits < 0 ||
+  if (std::sscanf(e, "%dx%d%c", &bn, &splits, &tail) != 2 || !(bn == 0 || bn == 128 || bn == 160 || bn == 256) || splits < 0 ||
       splits > gemm90::kMaxSplits)
-    throw RuntimeError(fmt::format("PRIMUS_TURBO_GEMM_PLAN='{}': expected <bn>x<splits> with bn 0, 128 or 256 and "
+    throw RuntimeError(fmt::format("PRIMUS_TURBO_GEMM_PLAN='{}': expected <bn>x<splits> with bn 0, 128, 160 or 256 and "
                                    "splits 0..{} (e.g. 256x2), or 256xsk (stream-K)",
                                    e, gemm90::kMaxSplits));
   return {bn, splits};
 }
 
 void gemm_sm90_force_plan(int bn, int splits) {
-  PRIMUS_CHECK(bn == 0 || bn == 128 || bn == 256, "gemm_sm90_force_plan: tile width {} is not 0, 128 or 256", bn);
+  PRIMUS_CHECK(bn == 0 || bn == 128 || bn == 160 || bn == 256, "gemm_sm90_force_plan: tile width {} is not 0, 128, 160 or 256",
+               bn);
   PRIMUS_CHECK(splits == kGemmSm90StreamK || (splits >= 0 && splits <= gemm90::kMaxSplits),
                "gemm_sm90_force_plan: splits {} is not in 0..{} or kGemmSm90StreamK", splits, gemm90::kMaxSplits);
-  PRIMUS_CHECK(splits != kGemmSm90StreamK || bn != 128, "gemm_sm90_force_plan: the stream-K plan runs 256-wide tiles");
+  PRIMUS_CHECK(splits != kGemmSm90StreamK || bn == 0 || bn == 256,
+               "gemm_sm90_force_plan: the stream-K plan runs 256-wide tiles");
   gemm90::g_force_bn.store(bn);
   gemm90::g_force_splits.store(splits);
 }
@@ -1448,6 +1479,9 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
     using T = decltype(in);
     using OutT = decltype(out);
     constexpr int EPI = decltype(epi)::value;
+    if constexpr (EPI == kEpiLinear) {  // the 160-wide tile's only instantiations
+      if (plan.bn == 160) return launch<T, OutT, 160, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
+    }
     if (plan.streamk) launch<T, OutT, 256, false, EPI, true>(ta, tb, prm, ska, ska.split.grid, stream);
     else if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, prm, {}, plan.grid, stream);
     else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, prm, {}, plan.grid, stream);

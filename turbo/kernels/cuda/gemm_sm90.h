@@ -65,7 +65,8 @@ GemmSm90Schedule gemm_sm90_schedule();  // the one in effect (never Auto)
 const char* gemm_sm90_schedule_name(GemmSm90Schedule s) noexcept;
 
 // How a problem is run (chosen per call from its shape and the device):
-//   bn        tile width, 128 or 256 (the tile is 128 x bn, k in steps of 64)
+//   bn        tile width, 128, 160 or 256 (the tile is 128 x bn, k in steps of 64; 160 only with the
+//             linear / bias epilogues, e.g. GPT-2's 3072 x 768 weight gradients: 120 tiles, one wave)
 //   splits    1: persistent CTAs walk the tiles; s > 1: each tile's k range is split over a cluster
 //             of s CTAs whose fp32 partial tiles are summed through distributed shared memory in a
 //             fixed order (deterministic), for shapes with too few tiles to fill the GPU
@@ -92,6 +93,7 @@ struct GemmSm90PlanQuery {
   int sms = 0;
   bool pingpong = false;  // the ping-pong schedule is in effect
   bool streamk = false;   // stream-K may be chosen
+  bool bn160 = false;     // the 160-wide tile may be chosen (linear / bias epilogues: its only kernels)
   int force_bn = 0, force_splits = 0;  // as gemm_sm90_force_plan (0: automatic)
 };
 using GemmSm90ClusterSlots = int (*)(int bn, int splits);
@@ -101,7 +103,7 @@ GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSl
 // (with gemm_sm90_unsupported_reason's text) or a CUDA call fails.
 void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream);
 
-// Tests and experiments: force the tile width (128 / 256) and the split count (1..8, or
+// Tests and experiments: force the tile width (128 / 160 / 256) and the split count (1..8, or
 // kGemmSm90StreamK: the stream-K plan, bn 0 or 256) of every following call; 0 restores the
 // automatic choice. Not thread-safe against concurrent GEMMs. PRIMUS_TURBO_GEMM_PLAN=<bn>x<splits>
 // does the same from the environment ("256xsk": stream-K).

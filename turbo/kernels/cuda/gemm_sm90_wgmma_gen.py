@@ -3,11 +3,11 @@
 One wrapper per (input type, N): m64nNk16 with f32 accumulators, A and B from shared memory
 (descriptors), the transpose bits as template immediates (TA: A is M-major, TB: B is N-major),
 so one wrapper serves all four layouts. The operand lists (one register per accumulator: 64 for
-n128, 128 for n256) are long and regular, so they are generated rather than typed.
+n128, 80 for n160, 128 for n256) are long and regular, so they are generated rather than typed.
 Run: python3 gemm_sm90_wgmma_gen.py > gemm_sm90_wgmma.cuh"""
 
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
-NS = (128, 256)
+NS = (128, 160, 256)
 
 
 def emit():
