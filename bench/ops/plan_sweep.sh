@@ -49,8 +49,11 @@ import json,sys
 for l in open('$tmp'):
     r=json.loads(l); r['sweep']='$tag'; r['round']=$round; print(json.dumps(r))" >> "$J"
 }
+# Even rounds run cuBLASLt last: over a long shape list the GPU warms and clocks drift (seen on an
+# H100, session 15: TURBO's products late in a 13-shape run 10-20% below the same products alone),
+# and a fixed order would hand that drift to one side of every ratio.
 for round in $(seq 1 "$ROUNDS"); do
-  run cublaslt CUBLASLT
+  [ $((round % 2)) = 1 ] && run cublaslt CUBLASLT
   run turbo-auto TURBO
   [ "${PINGPONG:-1}" = 0 ] || PRIMUS_TURBO_GEMM_SCHEDULE=pingpong run turbo-auto-pingpong TURBO
   for p in $PLANS; do
@@ -59,6 +62,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for x in ${EXTRA:-}; do  # tag:VAR=v[,VAR=v]: the assignments prefix the run (as PLAN's above)
     eval "$(echo "${x#*:}" | tr ',' ' ') run 'turbo-${x%%:*}' TURBO"
   done
+  [ $((round % 2)) = 0 ] && run cublaslt CUBLASLT
 done
 python3 - "$J" <<'EOF' | tee "$OUT/summary.txt"
 import json, sys, collections
