@@ -844,7 +844,9 @@ TEST_P(TurboGemmTest, ManyTilesPerBlockWithEdges) {
                                               DType::BF16, 1.0f, 0.0f, nullptr});
       EXPECT_EQ(plan.splits, 1);
       EXPECT_EQ(plan.pingpong, force_bn == 0 && GetParam() == cuda::GemmSm90Schedule::Pingpong);
-      if (force_bn) EXPECT_EQ(plan.bn, force_bn);
+      if (force_bn) {
+        EXPECT_EQ(plan.bn, force_bn);
+      }
 
       TensorView bias = make(DType::BF16, {N}), d = make(DType::BF16, {M, N});
       auto bv = random_tensor(bias);
