@@ -1299,8 +1299,8 @@ GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSl
   double best_cost = 1e300;
   for (int bn : {256, 160, 128}) {
     if (force_splits == kGemmSm90StreamK) break;
-    if (force_bn ? bn != force_bn : (bn == 256 && q.n <= 128) || (bn == 160 && q.n <= 128)) continue;
-    if (bn == 160 && !q.bn160) continue;
+    if (force_bn ? bn != force_bn : bn != 128 && q.n <= 128) continue;
+    if (bn == 160 && !q.bn160) continue;  // a GELU epilogue: no 160-wide kernels (forced: no plan, an error)
     const int64_t tiles = ceil_div(q.m, kBM) * ceil_div(q.n, bn);
     for (int s = 1; s <= kMaxSplits; ++s) {
       if (force_splits ? s != force_splits : (s > 1 && kblocks < 4 * s)) continue;
@@ -1358,8 +1358,9 @@ GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSl
       best.streamk = true;
     }
   }
-  PRIMUS_CHECK(best.bn != 0, "gemm_sm90: no launch plan for {}x{}x{} (forced tile width {}, splits {})", q.m, q.n, q.k,
-               force_bn, force_splits);
+  PRIMUS_CHECK(best.bn != 0, "gemm_sm90: no launch plan for {}x{}x{} (forced tile width {}, splits {}){}", q.m, q.n, q.k,
+               force_bn, force_splits,
+               force_bn == 160 && !q.bn160 ? "; the 160-wide tile has the linear and bias epilogues only" : "");
   return best;
 }
 
@@ -1482,6 +1483,7 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
     if constexpr (EPI == kEpiLinear) {  // the 160-wide tile's only instantiations
       if (plan.bn == 160) return launch<T, OutT, 160, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
     }
+    PRIMUS_CHECK(plan.bn != 160, "gemm_sm90: a 160-wide plan for an epilogue without 160-wide kernels");
     if (plan.streamk) launch<T, OutT, 256, false, EPI, true>(ta, tb, prm, ska, ska.split.grid, stream);
     else if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, prm, {}, plan.grid, stream);
     else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
