@@ -111,7 +111,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
         throw ConfigError(fmt::format("fp8: FP8 GEMMs need {} to be a multiple of 16, got {}", what, v));
     }
   }
-  if (const char* e = std::getenv("PRIMUS_CUDA_BIAS_GRAD")) {
+  if (const char* e = std::getenv("PRIMUS_CUDA_BIAS_GRAD"); e && *e) {  // empty: unset, as the other switches
     const std::string v = e;
     if (v == "gemm") bias_grad_ = BiasGrad::Gemm;
     else if (v == "separate") bias_grad_ = BiasGrad::Separate;
