@@ -1100,6 +1100,85 @@ TEST_P(TurboGemmTest, StagedEpilogueGivesTheBitsOfTheShuffleEpilogue) {
   cuda::gemm_sm90_force_plan(0, 0);
 }
 
+// B multicast (PRIMUS_TURBO_GEMM_MULTICAST=1: clusters of 2 blocks on tile rows 2i, 2i + 1 sharing
+// B's loads; bf16, linear / bias epilogue, 160- and 256-wide tiles) changes where B comes from,
+// not the arithmetic: every output must have the bits of the same plan without it. Forced tile
+// widths 128 (no multicast kernels) / 160 / 256, all four layouts, an odd number of tile rows
+// (the last pair's second tile lies past M: its block loads only its half of B), a ragged N, one
+// pair of tile rows only (136 rows), 16-bit D with a bias (staged epilogue) and f32 D accumulated
+// (beta = 1, the weight gradients' form), the GELU-aux epilogue; plus a check against the double
+// product on sampled rows.
+TEST_P(TurboGemmTest, MulticastGivesTheBitsOfThePlanWithout) {
+  struct Shape { int64_t M, N, K; };
+  for (Shape sh : {Shape{3896, 1000, 200}, Shape{136, 520, 1000}})
+    for (int layout = 0; layout < 4; ++layout)
+      for (int bn : {128, 160, 256}) {
+        const bool ta = layout & 2, tb = layout & 1;
+        SCOPED_TRACE(fmt::format("{}x{}x{} ta={} tb={} bn={}", sh.M, sh.N, sh.K, ta, tb, bn));
+        cuda::gemm_sm90_force_plan(bn, 1);
+        const int64_t M = sh.M, N = sh.N, K = sh.K;
+        Mat a = operand(DType::BF16, M, K, ta), b = operand(DType::BF16, K, N, tb, 0.2f);
+        TensorView bias = make(DType::BF16, {N}), d = make(DType::BF16, {M, N}), aux = make(DType::BF16, {M, N});
+        TensorView d32 = make(DType::F32, {M, N});
+        random_tensor(bias);
+        const auto d32v = random_tensor(d32);
+        const cuda::GemmSm90Problem prob{M, N, K, DType::BF16, {a.view.data, 0, ta}, {b.view.data, 0, tb}, nullptr, N,
+                                         DType::BF16, 1.0f, 0.0f, nullptr};
+        std::vector<uint8_t> out16[2], out32[2], outaux[2];
+        for (int mc : {1, 0}) {
+          ::setenv("PRIMUS_TURBO_GEMM_MULTICAST", mc ? "1" : "0", 1);
+          const auto plan = cuda::gemm_sm90_plan(prob);
+          EXPECT_EQ(plan.multicast, mc && !plan.pingpong && bn != 128) << "mc=" << mc;
+          if (plan.multicast) EXPECT_EQ(plan.grid % 2, 0);
+          poison(d);
+          GemmArgs g = args(a.view, b.view, d);
+          g.epilogue = GemmEpilogue::Bias;
+          g.bias = bias;
+          g.ctx = ctx;
+          EXPECT_EQ(gemm(g), BackendType::TURBO);
+          out16[mc] = bytes(d);
+          EXPECT_TRUE(all_finite(get(d))) << "an element was not written, mc=" << mc;
+          put(d32, d32v);
+          GemmArgs h = args(a.view, b.view, d32);
+          h.beta = 1.0f;
+          h.ctx = ctx;
+          EXPECT_EQ(gemm(h), BackendType::TURBO);
+          out32[mc] = bytes(d32);
+          if (bn != 160) {  // the GELU epilogues have no 160-wide kernels
+            poison(d);
+            poison(aux);
+            GemmArgs e = args(a.view, b.view, d);
+            e.epilogue = GemmEpilogue::GeluAuxBias;
+            e.bias = bias;
+            e.aux = aux;
+            e.ctx = ctx;
+            EXPECT_EQ(gemm(e), BackendType::TURBO);
+            outaux[mc] = bytes(aux);
+            EXPECT_TRUE(all_finite(get(aux))) << "an aux element was not written, mc=" << mc;
+          }
+        }
+        ::unsetenv("PRIMUS_TURBO_GEMM_MULTICAST");
+        EXPECT_EQ(out16[1], out16[0]);
+        EXPECT_EQ(out32[1], out32[0]);
+        EXPECT_EQ(outaux[1], outaux[0]);
+        if (layout == 3 && sh.M == 3896) {  // the multicast result itself against the double product
+          std::vector<int64_t> rows = {0, 127, 128, 255, 1000, 3839, 3840, M - 1};
+          ::setenv("PRIMUS_TURBO_GEMM_MULTICAST", "1", 1);
+          put(d32, d32v);
+          GemmArgs h = args(a.view, b.view, d32);
+          h.beta = 1.0f;
+          h.ctx = ctx;
+          gemm(h);
+          ::unsetenv("PRIMUS_TURBO_GEMM_MULTICAST");
+          auto want = product_rows(a.values, b.values, rows, N, K);
+          const auto base = pick_rows(d32v, rows, N);
+          for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];
+          EXPECT_LT(rel_err(pick_rows(get(d32), rows, N), want), 1e-3);
+        }
+      }
+  cuda::gemm_sm90_force_plan(0, 0);
+}
+
 // With PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO, GEMMs with a bias / GELU epilogue on 16-bit
 // tensors default to TURBO (the per-call rule) and the rest to CUBLASLT: plain products, f32
 // outputs, the bias-gradient epilogues TURBO does not have. (Read once per process: skipped
