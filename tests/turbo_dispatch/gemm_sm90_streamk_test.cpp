@@ -235,35 +235,6 @@ TEST(GemmSm90StreamK, Width160ForOneWaveWeightGradients) {
   EXPECT_THROW(gemm_sm90_force_plan(160, kGemmSm90StreamK), std::exception);
 }
 
-// B multicast (clusters of 2 on adjacent tile rows) applies to the one-split cooperative plans
-// only, with an even grid of at most two blocks per cluster slot and per pair of tile rows.
-TEST(GemmSm90StreamK, MulticastOnlyOnOneSplitCooperativePlans) {
-  GemmSm90PlanQuery q;
-  q.sms = 132, q.multicast = true;
-  q.m = 16384, q.n = 3072, q.k = 768;  // GPT-2 fc fwd: 256-wide, one split
-  GemmSm90Plan p = gemm_sm90_choose_plan(q, h100_slots);
-  EXPECT_TRUE(p.multicast);
-  EXPECT_EQ(p.splits, 1);
-  EXPECT_EQ(p.grid, 2 * h100_slots(p.bn, 2));
-  q.m = 768, q.n = 768, q.k = 16384;  // attn_proj wgrad: a cluster split plan
-  p = gemm_sm90_choose_plan(q, h100_slots);
-  EXPECT_GT(p.splits, 1);
-  EXPECT_FALSE(p.multicast);
-  q.m = 136, q.n = 520, q.k = 64;  // the model's choice here is 128 wide: no multicast kernels
-  p = gemm_sm90_choose_plan(q, h100_slots);
-  EXPECT_EQ(p.bn, 128);
-  EXPECT_FALSE(p.multicast);
-  q.force_bn = 256;  // one pair of tile rows, 3 tile columns: 3 clusters
-  p = gemm_sm90_choose_plan(q, h100_slots);
-  EXPECT_TRUE(p.multicast);
-  EXPECT_EQ(p.grid, 6);
-  q.m = 100;  // one tile row: nothing to share
-  EXPECT_FALSE(gemm_sm90_choose_plan(q, h100_slots).multicast);
-  q.force_bn = 0;
-  q.m = 16384, q.n = 3072, q.k = 768, q.pingpong = true;
-  EXPECT_FALSE(gemm_sm90_choose_plan(q, h100_slots).multicast);
-}
-
 TEST(GemmSm90StreamK, PlanVariableSyntax) {
   using P = std::pair<int, int>;
   EXPECT_EQ(gemm_sm90_parse_plan(nullptr), P(0, 0));

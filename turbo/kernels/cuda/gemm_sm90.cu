@@ -129,7 +129,6 @@ struct Params {
   int64_t ld_aux;
   int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
   int staged;     // the 16-bit epilogues through shared memory (store_rows_staged)
-  int mc;         // B multicast: clusters of 2 blocks on tile rows 2i, 2i + 1 of one tile column (splits 1)
 };
 // The stream-K kernels' own argument (gemm_sm90_streamk.h): the division of the work, one fp32
 // partial tile per block (kGroups * 256 float4, in the consumers' register order) and one flag per
@@ -152,24 +151,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-// The same copy written to the shared memory of every block of the cluster in cta_mask (at this
-// block's offsets dst and bar in each of them).
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1,
-                                               uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-// Arrive on the mbarrier at this block's offset `bar` in the shared memory of cluster block `rank`.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(rank)
       : "memory");
 }
 __device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
@@ -242,25 +223,15 @@ template <> struct Out<__half> {
 };
 
 // Tile t -> (tile-row, tile-column): groups of kGroupM tile-rows, column by column inside a group,
-// so the blocks running at one time share B's column tiles and a few rows of A in L2. With B
-// multicast (MC), t counts pairs of tile rows and tm is the pair's row: the block's tile row is
-// 2 tm + its rank in the cluster (tile_of).
-template <bool MC = false>
+// so the blocks running at one time share B's column tiles and a few rows of A in L2.
 __device__ __forceinline__ void tile_coords(const Params& p, int t, int& tm, int& tn) {
-  const int tiles_m = MC ? (p.tiles_m + 1) / 2 : p.tiles_m;  // multicast: pairs of tile rows
   const int per_group = kGroupM * p.tiles_n;
   const int g = t / per_group;
   const int first_m = g * kGroupM;
-  const int rows = min(tiles_m - first_m, kGroupM);
+  const int rows = min(p.tiles_m - first_m, kGroupM);
   const int r = t - g * per_group;
   tm = first_m + r % rows;
   tn = r / rows;
-}
-
-template <bool MC>
-__device__ __forceinline__ void tile_of(const Params& p, int t, int mrank, int& tm, int& tn) {
-  tile_coords<MC>(p, t, tm, tn);
-  if (MC) tm = 2 * tm + mrank;
 }
 
 // GELU (tanh form) and its derivative on the hardware tanh (tanh.approx.f32, one MUFU op, max
@@ -646,11 +617,9 @@ __device__ __forceinline__ void prefetch_epilogue(const Params& p, int m0, int c
 // the stage in both layouts) into acc[0, BN/2) and acc[BN/2, BN).
 // tail() runs once, kTailAhead k-tiles before the loop ends (at its start for short loops).
 constexpr int kTailAhead = 6;
-// peer >= 0 (B multicast): a stage is released in the other block of the cluster too, whose
-// producer writes its half of B into this block's stage as well.
 template <class T, class C, int BN, int TA, int TB, class Tail>
 __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, uint32_t bars, int kb_count, int& stage,
-                                         uint32_t& phase, const Tail& tail, int peer = -1) {
+                                         uint32_t& phase, const Tail& tail) {
   // Descriptor units are 16 bytes. K-major: 16 elements of k are 32 bytes along a swizzled row;
   // MN-major: 16 k-rows of 128 bytes.
   constexpr uint64_t kStepA = TA ? 2048 / 16 : 32 / 16, kStepB = TB ? 2048 / 16 : 32 / 16;
@@ -672,10 +641,7 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
     wgmma_commit();
     wgmma_wait<1>();
     fence_regs<C::kAcc>(acc);
-    if (kb > 0 && leader) {
-      mbar_arrive(bars + 8u * (C::kStages + prev));
-      if (peer >= 0) mbar_arrive_cluster(bars + 8u * (C::kStages + prev), static_cast<uint32_t>(peer));
-    }
+    if (kb > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
     prev = stage;
     if (++stage == C::kStages) {
       stage = 0;
@@ -684,10 +650,7 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
   }
   wgmma_wait<0>();
   fence_regs<C::kAcc>(acc);
-  if (kb_count > 0 && leader) {
-    mbar_arrive(bars + 8u * (C::kStages + prev));
-    if (peer >= 0) mbar_arrive_cluster(bars + 8u * (C::kStages + prev), static_cast<uint32_t>(peer));
-  }
+  if (kb_count > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
 }
 
 // The cooperative schedule's epilogue of one whole 128 x BN tile (tile row tm, column tn) from
@@ -715,7 +678,7 @@ __device__ __forceinline__ void store_tile(const Params& p, int tm, int tn, int 
 
 // SK: the stream-K plan (cooperative schedule, splits 1; gemm_sm90_streamk.h): the block's
 // data-parallel tiles, then its range of the remaining tiles' k-iterations.
-template <class T, class OutT, int BN, bool PP, int EPI, bool SK, bool MC>
+template <class T, class OutT, int BN, bool PP, int EPI, bool SK>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, const Params p,
                      const __grid_constant__ StreamKArgs<SK> sk) {
@@ -726,26 +689,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bars = base + C::kBarOffset;  // full[kStages], then empty[kStages]
   const int S = p.splits;
   const int rank = S > 1 ? static_cast<int>(cluster_rank()) : 0;
-  // B multicast (splits 1, cooperative, not stream-K): the cluster's two blocks walk the same
-  // pairs of tile rows in step, block r taking row 2i + r of pair i.
-  const int mrank = MC ? static_cast<int>(cluster_rank()) : 0;
-  const int blocks_per_cluster = S > 1 ? S : MC ? 2 : 1;
-  const int first = static_cast<int>(blockIdx.x) / blocks_per_cluster;
-  const int stride = static_cast<int>(gridDim.x) / blocks_per_cluster;
-  const int tiles = (MC ? (p.tiles_m + 1) / 2 : p.tiles_m) * p.tiles_n;
+  const int first = static_cast<int>(blockIdx.x) / S, stride = static_cast<int>(gridDim.x) / S;
+  const int tiles = p.tiles_m * p.tiles_n;
   const int kb0 = rank * p.kblocks / S, kb1 = (rank + 1) * p.kblocks / S;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
-      mbar_init(bars + 8u * s, 1);  // the producer's arrive.expect_tx
-      // One arrival per consumer warp reading the stage, of both blocks with multicast.
-      mbar_init(bars + 8u * (C::kStages + s), C::kEmptyArrivals * (MC ? 2 : 1));
+      mbar_init(bars + 8u * s, 1);                  // the producer's arrive.expect_tx
+      mbar_init(bars + 8u * (C::kStages + s), C::kEmptyArrivals);  // one arrival per consumer warp reading it
     }
     mbar_fence_init();
   }
   __syncthreads();
-  // Multicast: the peer's barriers are initialised before any copy or arrival reaches them.
-  if (MC) cluster_sync();
 
   if (threadIdx.x < 128) {  // producer warpgroup
     attn::setmaxnreg_dec<kProducerRegs>();
@@ -755,18 +710,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // k-iterations [kbs, kbe) of tile t, in the consumers' order.
       const auto load_tile = [&](int t, int kbs, int kbe) {
         int tm, tn;
-        tile_of<MC>(p, t, mrank, tm, tn);
+        tile_coords(p, t, tm, tn);
         const int m0 = tm * kBM, n0 = tn * BN;
-        // Multicast with an odd number of tile rows: the last pair's second tile lies past M. Its
-        // block loads no A (its rows are never written), only its half of the shared B.
-        const bool a_none = MC && m0 >= p.m;
         // MN-major slabs lying wholly past the matrix edge are not loaded (every box TMA is given
         // overlaps the matrix); their stale shared memory only feeds rows / columns of the tile
         // that the epilogue masks. K is never cut this way: past-K elements are TMA's zeros.
-        const int a_slabs = a_none ? 0 : p.a_mn ? (m0 + 64 < p.m ? 2 : 1) : 1;
+        const int a_slabs = p.a_mn ? (m0 + 64 < p.m ? 2 : 1) : 1;
         const int b_slabs = p.b_mn ? min(C::kSlabsB, (p.n - n0 + 63) / 64) : 1;
-        const uint32_t tx = (p.a_mn ? a_slabs * kSlabBytes : a_slabs * C::kBytesA) +
-                            (p.b_mn ? b_slabs * kSlabBytes : C::kBytesB);
+        const uint32_t tx = (p.a_mn ? a_slabs * kSlabBytes : C::kBytesA) + (p.b_mn ? b_slabs * kSlabBytes : C::kBytesB);
         for (int kb = kbs; kb < kbe; ++kb, ++it) {
           // Use u of a stage needs use u-1 released: the empty barrier's phase u-1 (parity (u-1)&1).
           if (it >= C::kStages) mbar_wait(bars + 8u * (C::kStages + stage), phase ^ 1u);
@@ -775,21 +726,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kBytesA;
           const int k0 = kb * kBK;
           if (p.a_mn) {
-            if (a_slabs >= 1) tma_load_2d(sa, &tmap_a, full, m0, k0);
+            tma_load_2d(sa, &tmap_a, full, m0, k0);
             if (a_slabs == 2) tma_load_2d(sa + kSlabBytes, &tmap_a, full, m0 + 64, k0);
-          } else if (a_slabs == 1) {
+          } else {
             tma_load_2d(sa, &tmap_a, full, k0, m0);
           }
-          if constexpr (MC) {
-            // Each block copies its share of B into both blocks: N-major slabs j = rank (mod 2), or
-            // half of a K-major box's rows (the tensor map's box is BN / 2 rows then).
-            if (p.b_mn) {
-              for (int j = mrank; j < b_slabs; j += 2)
-                tma_load_2d_mc(sb + j * kSlabBytes, &tmap_b, full, n0 + 64 * j, k0, 3);
-            } else {
-              tma_load_2d_mc(sb + mrank * (BN / 2) * 128, &tmap_b, full, k0, n0 + mrank * (BN / 2), 3);
-            }
-          } else if (p.b_mn) {
+          if (p.b_mn) {
             for (int j = 0; j < b_slabs; ++j) tma_load_2d(sb + j * kSlabBytes, &tmap_b, full, n0 + 64 * j, k0);
           } else {
             tma_load_2d(sb, &tmap_b, full, k0, n0);
@@ -818,7 +760,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       cluster_sync();
       cluster_sync();
     }
-    if (MC) cluster_sync();  // no block leaves while its peer may still copy into it or arrive on it
   } else {  // two consumer warpgroups
     attn::setmaxnreg_inc<kConsumerRegs>();
     const int ctid = static_cast<int>(threadIdx.x) - 128;  // 0..255
@@ -956,10 +897,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         store_tile<OutT, C, BN, EPI>(p, tm, tn, wg, warp, lane, acc, base);
       }
     } else {
-      const int peer = MC ? (mrank ^ 1) : -1;
       for (int t = first; t < tiles; t += stride) {
         int tm, tn;
-        tile_of<MC>(p, t, mrank, tm, tn);
+        tile_coords(p, t, tm, tn);
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
         // The columns this block writes: the tile's, or with split-k its rank's share of them.
@@ -967,10 +907,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int c1 = tn * BN + (S > 1 ? 8 * ((rank + 1) * C::kGroups / S) : BN);
         const auto tail = [&] { prefetch_epilogue<OutT, EPI>(p, tm * kBM, c0, c1, ctid, 256); };
         switch (p.a_mn * 2 + p.b_mn) {
-          case 0: mainloop<T, C, BN, 0, 0>(acc, da, db, bars, kb_count, stage, phase, tail, peer); break;
-          case 1: mainloop<T, C, BN, 0, 1>(acc, da, db, bars, kb_count, stage, phase, tail, peer); break;
-          case 2: mainloop<T, C, BN, 1, 0>(acc, da, db, bars, kb_count, stage, phase, tail, peer); break;
-          default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase, tail, peer); break;
+          case 0: mainloop<T, C, BN, 0, 0>(acc, da, db, bars, kb_count, stage, phase, tail); break;
+          case 1: mainloop<T, C, BN, 0, 1>(acc, da, db, bars, kb_count, stage, phase, tail); break;
+          case 2: mainloop<T, C, BN, 1, 0>(acc, da, db, bars, kb_count, stage, phase, tail); break;
+          default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase, tail); break;
         }
         if (S == 1) {
           store_tile<OutT, C, BN, EPI>(p, tm, tn, wg, warp, lane, acc, base);
@@ -1012,7 +952,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         cluster_sync();  // no block leaves while another still reads its shared memory
       }
-      if (MC) cluster_sync();  // the producers' final sync: the peer's arrivals have all landed
     }
   }
 #else
@@ -1061,9 +1000,9 @@ DeviceInfo device_info() {
   return cache.emplace(dev, d).first->second;
 }
 
-template <class T, class OutT, int BN, bool PP = false, int EPI = kEpiLinear, bool SK = false, bool MC = false>
+template <class T, class OutT, int BN, bool PP = false, int EPI = kEpiLinear, bool SK = false>
 auto kernel_of() {
-  auto k = gemm_sm90_kernel<T, OutT, BN, PP, EPI, SK, MC>;
+  auto k = gemm_sm90_kernel<T, OutT, BN, PP, EPI, SK>;
   static std::once_flag once;
   std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN, PP>::kSmem)); });
   return k;
@@ -1124,11 +1063,6 @@ bool vec16_epilogue_enabled() {
 bool staged_epilogue_enabled() {
   return env_choice("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE", {"0", "1"}, "1") == "1";
 }
-
-// PRIMUS_TURBO_GEMM_MULTICAST=1 (read on every call, for A/B runs): the cooperative plans of one
-// split run B multicast (clusters of 2 blocks on adjacent tile rows sharing B's loads). Off by
-// default until measured on a GPU.
-bool multicast_enabled() { return env_choice("PRIMUS_TURBO_GEMM_MULTICAST", {"0", "1"}, "0") == "1"; }
 
 // PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:
 // the default. Anything else is an error (a typo must not silently time the other schedule).
@@ -1260,15 +1194,14 @@ Stored stored_b(const GemmSm90Problem& p) {
   return s;
 }
 
-template <class T, class OutT, int BN, bool PP, int EPI, bool SK = false, bool MC = false>
+template <class T, class OutT, int BN, bool PP, int EPI, bool SK = false>
 void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, const StreamKArgs<SK>& sk, int grid,
             cudaStream_t stream) {
-  auto kernel = kernel_of<T, OutT, BN, PP, EPI, SK, MC>();
+  auto kernel = kernel_of<T, OutT, BN, PP, EPI, SK>();
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  const unsigned cluster = prm.splits > 1 ? static_cast<unsigned>(prm.splits) : prm.mc ? 2u : 1u;
-  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(prm.splits);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
@@ -1276,7 +1209,7 @@ void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, con
   cfg.dynamicSmemBytes = Cfg<BN, PP>::kSmem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = cluster > 1 ? 1 : 0;
+  cfg.numAttrs = prm.splits > 1 ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb, prm, sk));
   CUDA_CHECK_LAST();
 }
@@ -1425,17 +1358,6 @@ GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSl
       best.streamk = true;
     }
   }
-  // B multicast: the cooperative one-split plan in clusters of 2 blocks on tile rows 2i, 2i + 1,
-  // as many clusters as fit at once (at most one per pair of tile rows).
-  if (q.multicast && (best.bn == 160 || best.bn == 256) && best.splits == 1 && !best.pingpong && !best.streamk &&
-      ceil_div(q.m, kBM) >= 2) {
-    const int64_t pairs = ceil_div(ceil_div(q.m, kBM), 2) * ceil_div(q.n, best.bn);
-    const int64_t slots = cluster_slots(best.bn, 2);
-    if (slots > 0) {
-      best.multicast = true;
-      best.grid = static_cast<int>(2 * std::min<int64_t>(pairs, slots));
-    }
-  }
   PRIMUS_CHECK(best.bn != 0, "gemm_sm90: no launch plan for {}x{}x{} (forced tile width {}, splits {}){}", q.m, q.n, q.k,
                force_bn, force_splits,
                force_bn == 160 && !q.bn160 ? "; the 160-wide tile has the linear and bias epilogues only" : "");
@@ -1450,10 +1372,6 @@ GemmSm90Plan plan_for(const GemmSm90Problem& p, bool allow_streamk) {
   q.sms = device_info().sms;
   q.pingpong = gemm_sm90_schedule() == GemmSm90Schedule::Pingpong;
   q.streamk = allow_streamk;
-  // Multicast kernels exist for bf16 inputs with the linear / bias epilogue only.
-  q.multicast = multicast_enabled() && p.in_dtype == DType::BF16 &&
-                (p.d_dtype == DType::F32 ||
-                 (p.epilogue != GemmSm90Epilogue::GeluAux && p.epilogue != GemmSm90Epilogue::DGelu));
   q.bn160 = p.d_dtype == DType::F32 ||
             (p.epilogue != GemmSm90Epilogue::GeluAux && p.epilogue != GemmSm90Epilogue::DGelu);
   q.force_bn = g_force_bn.load(), q.force_splits = g_force_splits.load();
@@ -1545,7 +1463,6 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   prm.ld_aux = p.ld_aux;
   prm.aux_vec16 = (esize == 2 && reinterpret_cast<uintptr_t>(p.aux) % 16 == 0 && p.ld_aux % 8 == 0) ? 1 : 0;
   prm.staged = (prm.d_vec16 && (!p.bias || prm.bias_vec) && staged_epilogue_enabled()) ? 1 : 0;
-  prm.mc = plan.multicast ? 1 : 0;
   StreamKArgs<true> ska{};
   if (plan.streamk) {
     ska.split = streamk::make_split(prm.tiles_m * prm.tiles_n, prm.kblocks, plan.grid);
@@ -1558,18 +1475,11 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   // as [64 k-rows][64] slabs.
   const Stored sa = stored_a(p), sb = stored_b(p);
   const CUtensorMap ta = tensor_map(p.a.ptr, p.in_dtype, sa.inner, sa.outer, sa.ld, 64, prm.a_mn ? 64 : kBM);
-  const CUtensorMap tb =
-      tensor_map(p.b.ptr, p.in_dtype, sb.inner, sb.outer, sb.ld, 64, prm.b_mn ? 64 : plan.bn / (prm.mc ? 2 : 1));
+  const CUtensorMap tb = tensor_map(p.b.ptr, p.in_dtype, sb.inner, sb.outer, sb.ld, 64, prm.b_mn ? 64 : plan.bn);
   auto by_bn = [&](auto in, auto out, auto epi) {
     using T = decltype(in);
     using OutT = decltype(out);
     constexpr int EPI = decltype(epi)::value;
-    // B multicast: bf16 inputs, the linear / bias epilogue, 160- and 256-wide tiles (plan_for).
-    if constexpr (EPI == kEpiLinear && std::is_same_v<T, __nv_bfloat16>) {
-      if (plan.multicast && plan.bn == 160) return launch<T, OutT, 160, false, EPI, false, true>(ta, tb, prm, {}, plan.grid, stream);
-      if (plan.multicast && plan.bn == 256) return launch<T, OutT, 256, false, EPI, false, true>(ta, tb, prm, {}, plan.grid, stream);
-    }
-    PRIMUS_CHECK(!plan.multicast, "gemm_sm90: a multicast plan without multicast kernels");
     if constexpr (EPI == kEpiLinear) {  // the 160-wide tile's only instantiations
       if (plan.bn == 160) return launch<T, OutT, 160, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
     }

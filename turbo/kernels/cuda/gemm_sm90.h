@@ -76,14 +76,10 @@ const char* gemm_sm90_schedule_name(GemmSm90Schedule s) noexcept;
 //             whole tiles while at least two waves remain, then every CTA the same share of the
 //             remaining tiles' k-iterations; a tile shared by several CTAs is summed by its first
 //             one from the others' fp32 partials in a global workspace (fixed order: deterministic)
-//   multicast B multicast (splits 1, cooperative): clusters of 2 CTAs on tile rows 2i and 2i + 1 of one
-//             tile column, each loading half of their shared B tile into both (TMA .multicast::cluster)
-//             and releasing each stage in both; halves B's reads from L2
 struct GemmSm90Plan {
   int bn = 0, splits = 0, grid = 0, stages = 0;
   bool pingpong = false;
   bool streamk = false;
-  bool multicast = false;  // B multicast in clusters of 2 (splits 1, cooperative; PRIMUS_TURBO_GEMM_MULTICAST=1)
 };
 GemmSm90Plan gemm_sm90_plan(const GemmSm90Problem& p);
 
@@ -98,7 +94,6 @@ struct GemmSm90PlanQuery {
   bool pingpong = false;  // the ping-pong schedule is in effect
   bool streamk = false;   // stream-K may be chosen
   bool bn160 = false;     // the 160-wide tile may be chosen (linear / bias epilogues: its only kernels)
-  bool multicast = false; // the one-split cooperative plan runs B multicast (clusters of 2)
   int force_bn = 0, force_splits = 0;  // as gemm_sm90_force_plan (0: automatic)
 };
 using GemmSm90ClusterSlots = int (*)(int bn, int splits);
