@@ -1056,14 +1056,17 @@ TEST_P(TurboGemmTest, StreamKSwitch) {
   }
 }
 
-// The cooperative schedule's staged epilogue (stmatrix into shared memory, 128-byte row stores;
-// the default for 16-bit D with the linear, bias, GELU-aux and dGELU epilogues) computes the same values
-// as the shuffle-transposed stores it replaces: the same bits of D and aux, with full tiles, an M
-// edge (rows past M never written) and a ragged N edge (the edge tile takes the scalar path).
+// The staged epilogue (stmatrix into shared memory, then the buffer written out by TMA stores, the
+// default, or by the warps' own 128-byte row stores; for 16-bit D with the linear, bias, GELU-aux
+// and dGELU epilogues, both schedules) computes the same values as the shuffle-transposed stores it
+// replaces: the same bits of D and aux, with full tiles, an M edge (rows past M never written: TMA
+// clips them), a ragged N edge (the edge tile takes the scalar path), and enough tiles (8200 rows)
+// that every block writes several, so each warp's two buffers are reused while earlier stores
+// may still be reading them.
 TEST_P(TurboGemmTest, StagedEpilogueGivesTheBitsOfTheShuffleEpilogue) {
   struct Shape { int64_t M, N, K; };
   for (DType dt : {DType::BF16, DType::F16})
-    for (Shape sh : {Shape{300, 512, 192}, Shape{1000, 776, 64}})
+    for (Shape sh : {Shape{300, 512, 192}, Shape{1000, 776, 64}, Shape{8200, 1024, 64}})
       for (int bn : {128, 256}) {
         SCOPED_TRACE(fmt::format("{} {}x{}x{} bn={}", dtype_name(dt), sh.M, sh.N, sh.K, bn));
         cuda::gemm_sm90_force_plan(bn, 1);
@@ -1074,9 +1077,12 @@ TEST_P(TurboGemmTest, StagedEpilogueGivesTheBitsOfTheShuffleEpilogue) {
         const auto auxv = random_tensor(aux, 2.0f);  // dGELU's input
         for (GemmEpilogue epi : {GemmEpilogue::None, GemmEpilogue::Bias, GemmEpilogue::GeluAuxBias, GemmEpilogue::DGelu}) {
           SCOPED_TRACE(static_cast<int>(epi));
-          std::vector<uint8_t> run_d[2], run_aux[2];
-          for (int staged : {1, 0}) {
-            if (!staged) ::setenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE", "0", 1);
+          // 2: staged, TMA stores; 1: staged, the warps' stores; 0: shuffle-transposed stores.
+          std::vector<uint8_t> run_d[3], run_aux[3];
+          for (int staged : {2, 1, 0}) {
+            SCOPED_TRACE(staged);
+            if (staged == 1) ::setenv("PRIMUS_TURBO_GEMM_TMA_STORE", "0", 1);
+            if (staged == 0) ::setenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE", "0", 1);
             poison(d);
             if (epi == GemmEpilogue::DGelu) put(aux, auxv);
             else poison(aux);
@@ -1087,13 +1093,19 @@ TEST_P(TurboGemmTest, StagedEpilogueGivesTheBitsOfTheShuffleEpilogue) {
             g.ctx = ctx;
             EXPECT_EQ(gemm(g), BackendType::TURBO);
             ::unsetenv("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE");
+            ::unsetenv("PRIMUS_TURBO_GEMM_TMA_STORE");
             run_d[staged] = bytes(d);
             run_aux[staged] = bytes(aux);
             EXPECT_TRUE(all_finite(get(d))) << "an element was not written";
+            if (epi == GemmEpilogue::GeluAuxBias) {
+              EXPECT_TRUE(all_finite(get(aux))) << "an aux element was not written";
+            }
           }
-          EXPECT_EQ(run_d[1], run_d[0]);
+          EXPECT_EQ(run_d[2], run_d[0]) << "TMA stores";
+          EXPECT_EQ(run_d[1], run_d[0]) << "the warps' stores";
           if (epi == GemmEpilogue::GeluAuxBias) {
-            EXPECT_EQ(run_aux[1], run_aux[0]);
+            EXPECT_EQ(run_aux[2], run_aux[0]) << "TMA stores";
+            EXPECT_EQ(run_aux[1], run_aux[0]) << "the warps' stores";
           }
         }
       }

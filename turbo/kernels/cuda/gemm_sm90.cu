@@ -14,11 +14,13 @@
 //   masking at the matrix edges (TMA reads zeros outside A and B, so edge tiles need no care in
 //   the main loop). With a 16-bit D, beta = 0 and 16-byte aligned rows, tiles wholly inside N are
 //   stored 16 bytes per lane (8 columns): the epilogues (linear, bias, GELU aux, dGELU; both
-//   schedules) through a 2 KiB shared-memory buffer per warp (stmatrix, which takes the
-//   accumulators in their own layout, then 128-byte row segments; dGELU's aux comes in the other
-//   way, with ldmatrix; store_rows_staged), the rest after a transpose across each quad of lanes
-//   (shuffles). The staged form issues about half the epilogue's instructions: products 2-11%
-//   faster on an H200 (bench/results/NOTES.md, session 13).
+//   schedules) through two 2 KiB shared-memory buffers per warp (stmatrix, which takes the
+//   accumulators in their own layout; dGELU's aux comes in the other way, with ldmatrix;
+//   store_rows_staged), each filled buffer written out by one TMA store (16 rows x 64 columns)
+//   that the warp does not wait for, so D's writes drain under the next tile's main loop (or, with
+//   PRIMUS_TURBO_GEMM_TMA_STORE=0, by the warp's own 128-byte row stores), the rest after a
+//   transpose across each quad of lanes (shuffles). The staged form issues about half the
+//   epilogue's instructions: products 2-11% faster on an H200 (bench/results/NOTES.md, session 13).
 // Schedules (splits == 1; gemm_sm90.h): the above is "coop". "pingpong": each consumer warpgroup
 //   owns a whole 128 x 128 tile (two m64n128 wgmmas per k16 step, 128 accumulators per thread),
 //   the block's tiles alternate between the two warpgroups, their k-loops strictly in tile order
@@ -104,9 +106,13 @@ struct Cfg {
   static constexpr int kSlabsB = (BN + 63) / 64;  // an N-major B's slabs ([64 k][64 n] each)
   static constexpr int kStageBytes = kBytesA + kSlabsB * kSlabBytes;
   static constexpr int kBarOffset = kStages * kStageBytes;
-  // The staged epilogue (store_rows_staged): 2 KiB per consumer warp, after the barriers.
-  static constexpr int kEpiOffset = kBarOffset + 2 * kStages * 8;
-  static constexpr int kEpiBytes = 8 * 2048;
+  // The staged epilogue (store_rows_staged): kEpiBufs buffers of 2 KiB per consumer warp, after
+  // the barriers, 1024-byte aligned (TMA's 128-byte swizzle reads them as stored). Two let a
+  // warp fill one while the TMA store of the other is still reading it; the 160-wide tile (whose
+  // epilogue is not staged) keeps one, as two would not fit beside its 5 stages.
+  static constexpr int kEpiBufs = BN == 160 ? 1 : 2;
+  static constexpr int kEpiOffset = (kBarOffset + 2 * kStages * 8 + 1023) / 1024 * 1024;
+  static constexpr int kEpiBytes = 8 * 2048 * kEpiBufs;
   static constexpr int kSmem = kEpiOffset + kEpiBytes + 1024;  // + slack to align to 1024
   static constexpr int kGroups = BN / 8;                               // accumulator column groups
   static constexpr int kRedBytes = kGroups * 256 * 16;                 // fp32 partial tile (split-k)
@@ -128,7 +134,14 @@ struct Params {
   void* aux;     // [m][n] in D's type, ld_aux apart: written (GeluAux) or read (DGelu)
   int64_t ld_aux;
   int aux_vec16;  // 16-bit aux, 16-byte aligned base and rows: 8-column groups per access
-  int staged;     // the 16-bit epilogues through shared memory (store_rows_staged)
+  int staged;     // the 16-bit epilogues through shared memory (store_rows_staged): 1 stored by the
+                  // threads, 2 by TMA stores (EpiMaps)
+};
+// The staged epilogue's TMA stores (Params::staged == 2): D and, for GeluAux, aux as [m][n] in
+// boxes of 16 rows x 64 columns, 128-byte swizzled like the per-warp buffers. Unused maps are
+// copies of A's (never read).
+struct EpiMaps {
+  CUtensorMap d, aux;
 };
 // The stream-K kernels' own argument (gemm_sm90_streamk.h): the division of the work, one fp32
 // partial tile per block (kGroups * 256 float4, in the consumers' register order) and one flag per
@@ -152,6 +165,25 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+// Shared -> global TMA store of one box at (c0, c1) (inner, outer coordinates; clipped at the
+// matrix edges), in this thread's current bulk async-group.
+__device__ __forceinline__ void tma_store_2d(const void* tmap, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tmap)),
+               "r"(c0), "r"(c1), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's bulk groups still read their shared memory (the source may be
+// written again) / are incomplete (their writes are done).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 // Ping-pong order: named barrier kOrderBar + w means "consumer warpgroup w may start its next
@@ -475,17 +507,33 @@ __device__ __forceinline__ void store_rows_vec16(const Params& p, int row, int c
 // per chunk: the value into aux, its GELU into D. The buffer's 16-byte chunks are XOR-swizzled by
 // row, so both sides are free of bank conflicts. row0: the warp's first row; lane l holds rows
 // row0 + l/4 (+8).
-template <class OutT, int G, int EPI>
-__device__ __forceinline__ void store_rows_staged(const Params& p, int row0, int col, int lane, const float* acc,
-                                                  uint32_t buf) {
+// With TMA stores (p.staged == 2) the warp's lane 0 stores each filled buffer as one box instead
+// (em: the tensor maps of D and aux) and the warp goes on without waiting for it: the device's
+// write bandwidth, which every SM's epilogue meets at once under the cooperative schedule, is then
+// used under the next tile's main loop. The warp's NB buffers (2 KiB apart from bufs) take the
+// passes in turn (nb counts them across tiles): a buffer is written again only once the store
+// issued from it NB passes before has read it.
+template <class OutT, int G, int EPI, int NB>
+__device__ __forceinline__ void store_rows_staged(const Params& p, const EpiMaps& em, int row0, int col, int lane,
+                                                  const float* acc, uint32_t bufs, int& nb) {
   static_assert(G % 8 == 0, "64-column chunks");
+  const bool tma = p.staged == 2;
+  // The next buffer, once its previous store has read it.
+  auto acquire = [&]() {
+    const uint32_t b = bufs + static_cast<uint32_t>(nb % NB) * 2048u;
+    ++nb;
+    if (tma && lane == 0) bulk_wait_read<NB - 1>();
+    __syncwarp();
+    return b;
+  };
   const int q = lane % 4;
   // stmatrix addresses: lanes 8i..8i+7 give the rows of matrix i of an x4: matrix i is column
   // group 2k + (i >> 1) of the x4 number k, rows 8 * (i & 1) .. + 7.
   const int mi = lane / 8, mr = lane % 8 + 8 * (mi & 1);
-  // One pass: w (16 words: [group][row, row + 8]) into buf, then buf to `out` (D or aux).
-  auto pass = [&](const uint32_t (&w)[16], OutT* out, int64_t ld, int chunk) {
-    __syncwarp();  // the previous pass's reads of buf are done
+  // One pass: w (16 words: [group][row, row + 8]) into buf, then buf to `out` (D or aux; map: its
+  // tensor map).
+  auto pass = [&](const uint32_t (&w)[16], uint32_t buf, OutT* out, int64_t ld, const CUtensorMap* map, int chunk) {
+    __syncwarp();  // the previous reads of buf (this chunk's ldmatrix, or the last pass's) are done
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int g = 2 * k + (mi >> 1);
@@ -493,6 +541,15 @@ __device__ __forceinline__ void store_rows_staged(const Params& p, int row0, int
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(w[4 * k]),
                    "r"(w[4 * k + 1]), "r"(w[4 * k + 2]), "r"(w[4 * k + 3])
                    : "memory");
+    }
+    if (tma) {
+      fence_proxy_async();  // this lane's stmatrix writes, visible to the TMA unit
+      __syncwarp();
+      if (lane == 0) {
+        tma_store_2d(map, buf, col + chunk * 64, row0);
+        bulk_commit();
+      }
+      return;
     }
     __syncwarp();
 #pragma unroll
@@ -523,8 +580,9 @@ __device__ __forceinline__ void store_rows_staged(const Params& p, int row0, int
 #pragma unroll
   for (int chunk = 0; chunk < G / 8; ++chunk) {
     uint32_t xw[16];  // DGelu: aux in the accumulators' layout, [group][row, row + 8]
+    // The chunk's buffer (GeluAux takes a second one for its second pass).
+    const uint32_t buf = acquire();
     if constexpr (EPI == kEpiDGelu) {
-      __syncwarp();  // the previous pass's reads of buf are done
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = 4 * i + lane / 8, c = lane % 8;
@@ -571,14 +629,14 @@ __device__ __forceinline__ void store_rows_staged(const Params& p, int row0, int
       w[2 * g + 1] = pack2<OutT>(v[4 * g + 2], v[4 * g + 3]);
     }
     if constexpr (EPI == kEpiGeluAux) {
-      pass(w, static_cast<OutT*>(p.aux), p.ld_aux, chunk);
+      pass(w, buf, static_cast<OutT*>(p.aux), p.ld_aux, &em.aux, chunk);
 #pragma unroll
       for (int g = 0; g < 8; ++g) {
         w[2 * g] = pack2<OutT>(gelu_fast(v[4 * g]), gelu_fast(v[4 * g + 1]));
         w[2 * g + 1] = pack2<OutT>(gelu_fast(v[4 * g + 2]), gelu_fast(v[4 * g + 3]));
       }
     }
-    pass(w, static_cast<OutT*>(p.d), p.ldd, chunk);
+    pass(w, EPI == kEpiGeluAux ? acquire() : buf, static_cast<OutT*>(p.d), p.ldd, &em.d, chunk);
   }
 }
 // Whether a tile starting at column n0 takes the 16-byte epilogue (uniform over the tile).
@@ -657,14 +715,14 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
 // the consumer thread's accumulators (warpgroup wg, warp, lane): the staged 16-byte stores where
 // the tile allows them, else the shuffle-transposed ones, else the scalar path at the edges.
 template <class OutT, class C, int BN, int EPI>
-__device__ __forceinline__ void store_tile(const Params& p, int tm, int tn, int wg, int warp, int lane, const float* acc,
-                                           uint32_t base) {
+__device__ __forceinline__ void store_tile(const Params& p, const EpiMaps& em, int tm, int tn, int wg, int warp, int lane,
+                                           const float* acc, uint32_t base, int& nb) {
   const int row = tm * kBM + wg * 64 + warp * 16 + lane / 4;
   const int col = tn * BN + (lane % 4) * 2;
   if constexpr (C::kGroups % 8 == 0) {  // 64-column chunks: not the 160-wide tile
     if (sizeof(OutT) == 2 && p.staged && tile_vec16<OutT, BN, EPI>(p, tn * BN)) {
-      store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
-                                               base + C::kEpiOffset + (wg * 4 + warp) * 2048);
+      store_rows_staged<OutT, C::kGroups, EPI, C::kEpiBufs>(p, em, tm * kBM + wg * 64 + warp * 16, tn * BN, lane, acc,
+                                                            base + C::kEpiOffset + (wg * 4 + warp) * 2048 * C::kEpiBufs, nb);
       return;
     }
   }
@@ -681,7 +739,7 @@ __device__ __forceinline__ void store_tile(const Params& p, int tm, int tn, int 
 template <class T, class OutT, int BN, bool PP, int EPI, bool SK>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b, const Params p,
-                     const __grid_constant__ StreamKArgs<SK> sk) {
+                     const __grid_constant__ StreamKArgs<SK> sk, const __grid_constant__ EpiMaps em) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<BN, PP>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -764,6 +822,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     attn::setmaxnreg_inc<kConsumerRegs>();
     const int ctid = static_cast<int>(threadIdx.x) - 128;  // 0..255
     const int wg = ctid / 128, warp = (ctid % 128) / 32, lane = ctid % 32;
+    int epi_nb = 0;  // the staged epilogue's passes so far (store_rows_staged)
+    // The warp's TMA stores (staged epilogue) have finished reading shared memory and writing.
+    const auto drain_stores = [&] {
+      if (p.staged == 2 && lane == 0) bulk_wait<0>();
+    };
     if constexpr (PP) {
       // Ping-pong (splits == 1 only): the block's i-th tile (the producer's order) belongs to
       // warpgroup i % 2, whose 128 x 128 accumulator takes the producer's k-iterations
@@ -806,8 +869,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int h = 0; h < 2; ++h) {
           const int row = tm * kBM + h * 64 + warp * 16 + lane / 4;
           if (staged) {  // the warp's own buffer: the other warpgroup's epilogue may run meanwhile
-            store_rows_staged<OutT, C::kGroups, EPI>(p, tm * kBM + h * 64 + warp * 16, tn * BN, lane,
-                                                     acc + h * (BN / 2), base + C::kEpiOffset + (wg * 4 + warp) * 2048);
+            store_rows_staged<OutT, C::kGroups, EPI, C::kEpiBufs>(
+                p, em, tm * kBM + h * 64 + warp * 16, tn * BN, lane, acc + h * (BN / 2),
+                base + C::kEpiOffset + (wg * 4 + warp) * 2048 * C::kEpiBufs, epi_nb);
             continue;
           }
           if (vec16) {
@@ -819,6 +883,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             store_groups<OutT, EPI>(p, row, col + g * 8, 4, acc + h * (BN / 2) + 4 * g);
         }
       }
+      drain_stores();
       return;
     }
     // Warpgroup wg reads A rows 64*wg.. of the tile: 8 KiB into the stage in both layouts (64
@@ -894,7 +959,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         }
-        store_tile<OutT, C, BN, EPI>(p, tm, tn, wg, warp, lane, acc, base);
+        store_tile<OutT, C, BN, EPI>(p, em, tm, tn, wg, warp, lane, acc, base, epi_nb);
       }
     } else {
       for (int t = first; t < tiles; t += stride) {
@@ -913,7 +978,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           default: mainloop<T, C, BN, 1, 1>(acc, da, db, bars, kb_count, stage, phase, tail); break;
         }
         if (S == 1) {
-          store_tile<OutT, C, BN, EPI>(p, tm, tn, wg, warp, lane, acc, base);
+          store_tile<OutT, C, BN, EPI>(p, em, tm, tn, wg, warp, lane, acc, base, epi_nb);
         } else {
           // Split-k (one tile per cluster): the partial tile goes to this block's stage memory, which
           // both warpgroups' wgmmas have finished reading once they pass the barrier.
@@ -953,6 +1018,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         cluster_sync();  // no block leaves while another still reads its shared memory
       }
     }
+    drain_stores();
   }
 #else
   __trap();  // built without sm_90a: gemm_sm90_unsupported_reason keeps such devices away
@@ -1063,6 +1129,10 @@ bool vec16_epilogue_enabled() {
 bool staged_epilogue_enabled() {
   return env_choice("PRIMUS_TURBO_GEMM_STAGED_EPILOGUE", {"0", "1"}, "1") == "1";
 }
+
+// PRIMUS_TURBO_GEMM_TMA_STORE=0 (read on every call, for A/B runs): the staged epilogue's buffers
+// are written out by the warps' own 16-byte stores instead of TMA stores.
+bool tma_store_enabled() { return env_choice("PRIMUS_TURBO_GEMM_TMA_STORE", {"0", "1"}, "1") == "1"; }
 
 // PRIMUS_TURBO_GEMM_SCHEDULE, read once: coop / cooperative, pingpong / ping-pong; unset or empty:
 // the default. Anything else is an error (a typo must not silently time the other schedule).
@@ -1195,8 +1265,8 @@ Stored stored_b(const GemmSm90Problem& p) {
 }
 
 template <class T, class OutT, int BN, bool PP, int EPI, bool SK = false>
-void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, const StreamKArgs<SK>& sk, int grid,
-            cudaStream_t stream) {
+void launch(const CUtensorMap& ta, const CUtensorMap& tb, const EpiMaps& em, const Params& prm, const StreamKArgs<SK>& sk,
+            int grid, cudaStream_t stream) {
   auto kernel = kernel_of<T, OutT, BN, PP, EPI, SK>();
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
@@ -1210,7 +1280,7 @@ void launch(const CUtensorMap& ta, const CUtensorMap& tb, const Params& prm, con
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = prm.splits > 1 ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb, prm, sk));
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ta, tb, prm, sk, em));
   CUDA_CHECK_LAST();
 }
 
@@ -1476,18 +1546,28 @@ void gemm_sm90(const GemmSm90Problem& p, cudaStream_t stream) {
   const Stored sa = stored_a(p), sb = stored_b(p);
   const CUtensorMap ta = tensor_map(p.a.ptr, p.in_dtype, sa.inner, sa.outer, sa.ld, 64, prm.a_mn ? 64 : kBM);
   const CUtensorMap tb = tensor_map(p.b.ptr, p.in_dtype, sb.inner, sb.outer, sb.ld, 64, prm.b_mn ? 64 : plan.bn);
+  // The staged epilogue's TMA stores: D (and GeluAux's aux) in the per-warp buffers' boxes of 16
+  // rows x 64 columns. d_vec16 / aux_vec16 already give what TMA needs (16-byte aligned base and
+  // rows); staged tiles lie wholly inside N, and rows past M are clipped by the map.
+  EpiMaps em{ta, ta};
+  if (prm.staged && tma_store_enabled()) {
+    prm.staged = 2;
+    em.d = tensor_map(p.d, p.d_dtype, p.n, p.m, p.ldd, 64, 16);
+    if (p.epilogue == GemmSm90Epilogue::GeluAux && prm.aux_vec16)
+      em.aux = tensor_map(p.aux, p.d_dtype, p.n, p.m, p.ld_aux, 64, 16);
+  }
   auto by_bn = [&](auto in, auto out, auto epi) {
     using T = decltype(in);
     using OutT = decltype(out);
     constexpr int EPI = decltype(epi)::value;
     if constexpr (EPI == kEpiLinear) {  // the 160-wide tile's only instantiations
-      if (plan.bn == 160) return launch<T, OutT, 160, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
+      if (plan.bn == 160) return launch<T, OutT, 160, false, EPI>(ta, tb, em, prm, {}, plan.grid, stream);
     }
     PRIMUS_CHECK(plan.bn != 160, "gemm_sm90: a 160-wide plan for an epilogue without 160-wide kernels");
-    if (plan.streamk) launch<T, OutT, 256, false, EPI, true>(ta, tb, prm, ska, ska.split.grid, stream);
-    else if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, prm, {}, plan.grid, stream);
-    else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
-    else launch<T, OutT, 128, false, EPI>(ta, tb, prm, {}, plan.grid, stream);
+    if (plan.streamk) launch<T, OutT, 256, false, EPI, true>(ta, tb, em, prm, ska, ska.split.grid, stream);
+    else if (plan.pingpong) launch<T, OutT, 128, true, EPI>(ta, tb, em, prm, {}, plan.grid, stream);
+    else if (plan.bn == 256) launch<T, OutT, 256, false, EPI>(ta, tb, em, prm, {}, plan.grid, stream);
+    else launch<T, OutT, 128, false, EPI>(ta, tb, em, prm, {}, plan.grid, stream);
   };
   // f32 D: the linear epilogue only (gemm_sm90_unsupported_reason turns the GELU ones away).
   auto by_epi = [&](auto in) {
