@@ -4,7 +4,8 @@
 # comparison) over SHAPES, ROUNDS times (default 2) without and with ENV_B ("VAR=value ..."),
 # alternating A and B. Prints per case the medians of TURBO under A and B, cuBLASLt (all runs),
 # B / A and both ratios to cuBLASLt; raw lines in $OUT/{a,b}_<round>.jsonl. GTEST=<binary:filter>
-# first runs those GPU tests of the carried test binary.
+# first runs those GPU tests of the carried test binary. B_BIN=<primus.gz in the tree> makes side
+# B another build (with ENV_B too, if given): an A/B of two binaries.
 #   run(command="ENV_B=PRIMUS_TURBO_GEMM_TMA_STORE=0 GTEST='test_turbo_gpu:*Staged*' bash bench/ops/gemm_env_ab.sh",
 #       carry=[".carry-cuda"])
 set -u
@@ -21,6 +22,8 @@ cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
 lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13 2>/dev/null | head -1)
 export LD_LIBRARY_PATH=$BIN:$(dirname "${lt:-/x/x}"):${LD_LIBRARY_PATH:-}
 COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
+PRIMUS_B=$BIN/primus
+if [ -n "${B_BIN:-}" ]; then gunzip -c "$B_BIN" > "$BIN/primus_b" && chmod +x "$BIN/primus_b" && PRIMUS_B=$BIN/primus_b; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
 if [ -n "${GTEST:-}" ]; then
   timeout 400 "$BIN/${GTEST%%:*}" --gtest_brief=1 --gtest_filter="${GTEST#*:}" > "$OUT/tests.log" 2>&1
@@ -30,7 +33,7 @@ fi
 for r in $(seq 1 "$ROUNDS"); do
   timeout 240 "$BIN/primus" benchmark gemm --shapes "$SHAPES" --iters "$ITERS" --json "$OUT/a_$r.jsonl" \
     --commit "$COMMIT" > "$OUT/a_$r.log" 2>&1 || echo "A round $r: rc=$?"
-  env ${ENV_B:-} timeout 240 "$BIN/primus" benchmark gemm --shapes "$SHAPES" --iters "$ITERS" \
+  env ${ENV_B:-} timeout 240 "$PRIMUS_B" benchmark gemm --shapes "$SHAPES" --iters "$ITERS" \
     --json "$OUT/b_$r.jsonl" --commit "$COMMIT" > "$OUT/b_$r.log" 2>&1 || echo "B round $r: rc=$?"
 done
 python3 - "$OUT" "$ROUNDS" "${ENV_B:-}" <<'PY' | tee "$OUT/summary.txt"
@@ -51,7 +54,7 @@ for side in "ab":
             if key:
                 vals.setdefault((j["case"], key), []).append(j["ours"])
 med = {k: statistics.median(v) for k, v in vals.items()}
-print(f"A: default, B: {envb}; medians of {rounds} rounds, TFLOP/s")
+print(f"A: default, B: {envb or 'B_BIN'}; medians of {rounds} rounds, TFLOP/s")
 print(f"{'case':<46}{'TURBO A':>9}{'TURBO B':>9}{'cuBLASLt':>9}{'B/A':>7}{'A/LT':>7}{'B/LT':>7}")
 for case in sorted({c for c, _ in med}, key=lambda c: list(dict.fromkeys(c for c, _ in vals)).index(c)):
     a, b, lt = med.get((case, "a")), med.get((case, "b")), med.get((case, "lt"))
