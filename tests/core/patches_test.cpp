@@ -204,8 +204,12 @@ TEST_F(RuntimeTest, InventoryComesFromTheRegistry) {
   defaults.set("use_fancy_greeting", config::Value::boolean(true));
   auto with = inventory(patches_, "dummy", "1.2.0", defaults, true);
   for (auto& r : with) {
-    if (r.patch->id == "dummy.greet.fancy") EXPECT_TRUE(r.applies);
-    if (r.patch->id == "dummy.compat.old_versions") EXPECT_FALSE(r.applies);
+    if (r.patch->id == "dummy.greet.fancy") {
+      EXPECT_TRUE(r.applies);
+    }
+    if (r.patch->id == "dummy.compat.old_versions") {
+      EXPECT_FALSE(r.applies);
+    }
   }
   std::string details = patch_details(with[0]);
   EXPECT_NE(details.find("## Porting to another framework"), std::string::npos);

@@ -10,9 +10,14 @@
 //   dV  += P^T dO          wgmma  A = P^T (registers)         B = dO (smem, MN-major)
 //   dK  += dS^T Q          wgmma  A = dS^T (registers)        B = Q (smem, MN-major)
 //   dQ   = dS K            wgmma  A = dS (smem via dS^T, MN-major)  B = K (smem, MN-major)
-// dK/dV stay in registers for the whole walk (deterministic); dQ is added to the f32 accumulator
-// with atomics: for head_dim 128 each warpgroup takes 64 of dQ's columns over all 128 keys, for
-// head_dim 64 each takes its own 64 keys (so both add to every element).
+// dK/dV stay in registers for the whole walk (deterministic); dQ is added to the f32 accumulator:
+// for head_dim 128 each warpgroup takes 64 of dQ's columns over all 128 keys, for head_dim 64 each
+// takes its own 64 keys (so both add to every element). Each warpgroup puts its 64 x 64 f32 share
+// in shared memory (two 32-column boxes, 128-byte swizzled) and one thread adds the block's boxes
+// to the accumulator with TMA reduce-adds (cp.reduce.async.bulk.tensor .add; rows past T are
+// clipped by the tensor map), which the block does not wait for: two staging buffers alternate
+// between query tiles. Without a TMA descriptor (no driver entry point) the threads add their
+// registers with f32 atomics instead.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,11 +25,13 @@
 
 #include "core/util/error.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/kernels/cuda/attention_flash.h"
 #include "turbo/kernels/cuda/attention_mma.cuh"
 #include "turbo/kernels/cuda/attention_sm90.h"
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/attention_wgmma_ops.cuh"
+#include "turbo/kernels/cuda/tma_encode.h"
 
 namespace primus::turbo::cuda {
 namespace {
@@ -37,9 +44,27 @@ struct BwdSm90Config {
   static constexpr int kThreads = 256;
   static constexpr bool kSplitN = D == 128;  // dQ work split between the warpgroups by columns (else by keys)
   static constexpr int kSmemKV = BN * D * 2, kSmemQ = BM * D * 2, kSmemDS = BN * BM * 2;
-  // K, V, Q[2], dO[2], dS^T, then lse[2][BM], delta[2][BM] (f32)
-  static constexpr int kSmem = 2 * kSmemKV + 4 * kSmemQ + kSmemDS + 4 * BM * 4 + 1024;
+  // dQ's staging: per buffer, 2 warpgroups x 2 boxes of [64 rows][32 f32] (8 KiB each, 1024-aligned).
+  static constexpr int kSmemDQ = 2 * 2 * BM * 32 * 4;
+  // K, V, Q[2], dO[2], dS^T, dQ[2], then lse[2][BM], delta[2][BM] (f32)
+  static constexpr int kSmem = 2 * kSmemKV + 4 * kSmemQ + kSmemDS + 2 * kSmemDQ + 4 * BM * 4 + 1024;
 };
+
+// Adds the box at `src` (shared memory) into the f32 tensor of `tmap` at (c0, c1, c2, c3), in this
+// thread's current bulk async-group.
+__device__ __forceinline__ void tma_reduce_add_4d(const void* tmap, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(tmap)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 4 : 0;
@@ -51,7 +76,8 @@ __device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
 }
 
 template <class T, class C>
-__global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const FlashBwdPointers p, const FlashAttnParams prm_in) {
+__global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const FlashBwdPointers p, const FlashAttnParams prm_in,
+                                                                      const __grid_constant__ CUtensorMap tmap_dq, const int dq_tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::D, BN = C::BN, BM = C::BM;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -59,7 +85,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sK = base, sV = sK + C::kSmemKV;
   const uint32_t sQ0 = sV + C::kSmemKV, sdO0 = sQ0 + 2 * C::kSmemQ, sdS = sdO0 + 2 * C::kSmemQ;
-  float* s_lse = reinterpret_cast<float*>(smem_raw + (sdS + C::kSmemDS - raw));  // [2][BM]
+  const uint32_t sdQ0 = sdS + C::kSmemDS;  // 1024-aligned: every region above is a multiple of 1 KiB
+  float* s_lse = reinterpret_cast<float*>(smem_raw + (sdQ0 + 2 * C::kSmemDQ - raw));  // [2][BM]
   float* s_delta = s_lse + 2 * BM;                                                // [2][BM]
 
   const int T_len = static_cast<int>(prm_in.T), H = static_cast<int>(prm_in.H), KVH = static_cast<int>(prm_in.KVH);
@@ -190,8 +217,10 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
       Wgmma<T>::template rs_tb<D>(dk, da[kk], make_desc(sQ + kk * 2048, Sw128<BM>::kSlab, 1024));
     wgmma_commit();
 
-    // dQ = dS K once both warpgroups' dS^T rows are in shared memory.
+    // dQ = dS K once both warpgroups' dS^T rows are in shared memory. The TMA reduce issued from
+    // this iteration's dQ buffer two query tiles ago has read it by the time the barrier passes.
     fence_proxy_async();
+    if (dq_tma && threadIdx.x == 0) bulk_wait_read<1>();
     __syncthreads();
     float dq[32];  // 64 queries x 64 columns of this warpgroup
     fence_regs<32>(dq);
@@ -212,7 +241,22 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
     fence_regs<32>(dq);
     fence_regs<D / 2>(dv);
     fence_regs<D / 2>(dk);
-    {
+    const uint32_t sdQ = sdQ0 + buf * C::kSmemDQ;
+    if (dq_tma) {
+      // This warpgroup's 64 x 64 share into its two swizzled [64][32] boxes (see kSmemDQ).
+      const uint32_t half = sdQ + wg * 2 * 8192;
+      const int rr0 = wl * 16 + lg;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int j = (i % 4) * 2 + lt / 2;  // 16-byte chunk of the 128-byte box row
+        const uint32_t box = half + (i / 4) * 8192 + (lt % 2) * 8;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + rr0 * 128 + ((j ^ (rr0 & 7)) * 16)),
+                     "f"(dq[i * 4 + 0]), "f"(dq[i * 4 + 1]));
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + (rr0 + 8) * 128 + ((j ^ ((rr0 + 8) & 7)) * 16)),
+                     "f"(dq[i * 4 + 2]), "f"(dq[i * 4 + 3]));
+      }
+      fence_proxy_async();  // visible to the TMA unit after the barrier below
+    } else {
       const int r0 = q0 + wl * 16 + lg, r1 = r0 + 8;
       const int col0 = C::kSplitN ? wg * 64 : 0;
       float* basep = p.dq_acc + (row_base * H + h) * D + col0 + 2 * lt;
@@ -223,6 +267,14 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
       }
     }
     __syncthreads();  // this iteration's buffers and dS^T are refilled next
+    if (dq_tma && threadIdx.x == 0) {
+      // Box k of the buffer: warpgroup k / 2's columns (k % 2) * 32.. of its share (head_dim 128:
+      // columns k * 32..; head_dim 64: both warpgroups add their partial sums to columns 0..63).
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        tma_reduce_add_4d(&tmap_dq, sdQ + k * 8192, C::kSplitN ? k * 32 : (k % 2) * 32, h, q0, b);
+      bulk_commit();
+    }
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -258,10 +310,15 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
       *reinterpret_cast<int4*>(dvh + static_cast<int64_t>(key) * kv_stride + c * 8) = v;
     }
   }
+  if (dq_tma && threadIdx.x == 0) bulk_wait_all();  // the reduces have read shared memory and are done
 #else
   __trap();  // built for an architecture without wgmma: the launcher never selects this kernel there
 #endif
 }
+
+// PRIMUS_TURBO_ATTN_BWD_DQ=atomic (read on every call, for A/B runs): the threads add dQ with f32
+// atomics instead of the TMA reduce-adds.
+bool dq_tma_enabled() { return env_choice("PRIMUS_TURBO_ATTN_BWD_DQ", {"tma", "atomic"}, "tma") == "tma"; }
 
 template <class T, int D>
 void launch(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
@@ -274,7 +331,26 @@ void launch(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream
   }
   const dim3 grid(static_cast<unsigned>((prm.T + C::BN - 1) / C::BN), static_cast<unsigned>(prm.KVH),
                   static_cast<unsigned>(prm.B));
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(ptrs, prm);
+  // dQ's accumulator [B, T, H, D] f32 as a 4-D tensor (d, head, token, batch row) in boxes of
+  // [64 tokens][32 f32], 128-byte swizzled: token rows past T are clipped, not added to the next
+  // batch row.
+  CUtensorMap tmap{};
+  int dq_tma = 0;
+  if (encode_tiled() && dq_tma_enabled()) {
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(prm.H), static_cast<cuuint64_t>(prm.T),
+                                static_cast<cuuint64_t>(prm.B)};
+    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(D) * 4, static_cast<cuuint64_t>(prm.H * D) * 4,
+                                   static_cast<cuuint64_t>(prm.T * prm.H * D) * 4};
+    const cuuint32_t box[4] = {32, 1, static_cast<cuuint32_t>(C::BM), 1};
+    const cuuint32_t elem[4] = {1, 1, 1, 1};
+    const CUresult r = encode_tiled()(&tmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, ptrs.dq_acc, dims, strides, box, elem,
+                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    PRIMUS_CHECK(r == CUDA_SUCCESS, "attention backward (sm90): cuTensorMapEncodeTiled failed ({}) for dQ's accumulator [{}][{}][{}][{}]",
+                 static_cast<int>(r), prm.B, prm.T, prm.H, D);
+    dq_tma = 1;
+  }
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(ptrs, prm, tmap, dq_tma);
   CUDA_CHECK_LAST();
 }
 
