@@ -229,6 +229,42 @@ TEST_F(AttnGpu, CustomScale) {
   }
 }
 
+// The Hopper backward adds dQ with TMA reduce-adds from shared memory by default (the other
+// tests run that path) and with the threads' f32 atomics under PRIMUS_TURBO_ATTN_BWD_DQ=atomic:
+// both are at the gate against the reference, dK and dV do not depend on the choice (bitwise),
+// and dQ differs only by the order of its f32 additions (at most one bf16 unit in the last place
+// per element). T = 200 over two batch rows: the last query tile's rows past T are clipped, not
+// added to the next row's first tokens.
+TEST_F(AttnGpu, Sm90BackwardDqReduceMatchesAtomics) {
+  for (int64_t D : {int64_t{64}, int64_t{128}})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(fmt::format("D={} causal={}", D, causal));
+      AttnCase c;
+      c.B = 2, c.T = 200, c.H = 4, c.KVH = 2, c.D = D, c.causal = causal;
+      AttnTensors t = random_inputs(c, DType::BF16);
+      run_reference(c, t);
+      Dev d = upload(c, DType::BF16, t);
+      GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+      std::vector<float> dq[2], dk[2], dv[2];
+      for (int atomic : {0, 1}) {
+        SCOPED_TRACE(atomic ? "atomics" : "TMA reduce");
+        if (atomic) setenv("PRIMUS_TURBO_ATTN_BWD_DQ", "atomic", 1);
+        run(c, d);
+        unsetenv("PRIMUS_TURBO_ATTN_BWD_DQ");
+        check_all(t, d);
+        dq[atomic] = get(d.dq), dk[atomic] = get(d.dk), dv[atomic] = get(d.dv);
+      }
+      EXPECT_EQ(dk[0], dk[1]);
+      EXPECT_EQ(dv[0], dv[1]);
+      int64_t beyond_ulp = 0;
+      for (size_t i = 0; i < dq[0].size(); ++i) {
+        const float a = dq[0][i], b = dq[1][i];
+        beyond_ulp += std::fabs(a - b) > std::ldexp(std::max(std::fabs(a), std::fabs(b)), -7);
+      }
+      EXPECT_EQ(beyond_ulp, 0) << "dq elements differing by more than one bf16 unit";
+    }
+}
+
 // Packed documents (TURBO): random document lengths per row, causal and not, GQA; one test per
 // TURBO kernel choice (names carry it, so a run can select or skip one).
 class AttnGpuVarlen : public AttnGpu, public ::testing::WithParamInterface<const char*> {
