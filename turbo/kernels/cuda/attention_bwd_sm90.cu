@@ -95,7 +95,14 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
   const int32_t* cu = prm_in.cu_seqlens;
   const int num_docs = static_cast<int>(prm_in.num_docs);
   const float scale = prm_in.scale, scale_log2 = prm_in.scale * kLog2e;
-  const int c0 = blockIdx.x * BN, g = blockIdx.y, b = blockIdx.z;
+  // One block per (key tile, kv head, batch row) on a 1-D grid; blocks start in about index order.
+  // Causal: key tile slowest, so every block of key tile 0 (the longest walk, T/64 query tiles)
+  // starts first and the short walks of the last key tiles fill the tail (GQA T=4096 +9-13%, T=8192
+  // +2-6% on an H200). Otherwise key tile fastest: a head's blocks run together and share its Q
+  // and dO tiles in L2 (the causal order there was 4% slower).
+  const int idx = static_cast<int>(blockIdx.x), n_kt = (T_len + BN - 1) / BN, kvh_b = KVH * static_cast<int>(prm_in.B);
+  const int kt = prm_in.causal ? idx / kvh_b : idx % n_kt, rest = prm_in.causal ? idx % kvh_b : idx / n_kt;
+  const int c0 = kt * BN, g = rest % KVH, b = rest / KVH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4, wl = warp % 4;
   const int lg = lane / 4, lt = lane % 4;
@@ -329,8 +336,7 @@ void launch(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     configured = true;
   }
-  const dim3 grid(static_cast<unsigned>((prm.T + C::BN - 1) / C::BN), static_cast<unsigned>(prm.KVH),
-                  static_cast<unsigned>(prm.B));
+  const dim3 grid(static_cast<unsigned>((prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B));  // see c0 in the kernel
   // dQ's accumulator [B, T, H, D] f32 as a 4-D tensor (d, head, token, batch row) in boxes of
   // [64 tokens][32 f32], 128-byte swizzled: token rows past T are clipped, not added to the next
   // batch row.
