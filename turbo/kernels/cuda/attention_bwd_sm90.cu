@@ -48,6 +48,7 @@ struct BwdSm90Config {
   static constexpr int kSmemDQ = 2 * 2 * BM * 32 * 4;
   // K, V, Q[2], dO[2], dS^T, dQ[2], then lse[2][BM], delta[2][BM] (f32)
   static constexpr int kSmem = 2 * kSmemKV + 4 * kSmemQ + kSmemDS + 2 * kSmemDQ + 4 * BM * 4 + 1024;
+  static_assert(kSmem <= 227 * 1024, "more shared memory than an sm_90 block may have");
 };
 
 // Adds the box at `src` (shared memory) into the f32 tensor of `tmap` at (c0, c1, c2, c3), in this
