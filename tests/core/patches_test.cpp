@@ -203,14 +203,18 @@ TEST_F(RuntimeTest, InventoryComesFromTheRegistry) {
   EXPECT_NE(md.find("backend <1.0"), std::string::npos);
   defaults.set("use_fancy_greeting", config::Value::boolean(true));
   auto with = inventory(patches_, "dummy", "1.2.0", defaults, true);
+  int seen = 0;
   for (auto& r : with) {
     if (r.patch->id == "dummy.greet.fancy") {
       EXPECT_TRUE(r.applies);
+      ++seen;
     }
     if (r.patch->id == "dummy.compat.old_versions") {
       EXPECT_FALSE(r.applies);
+      ++seen;
     }
   }
+  EXPECT_EQ(seen, 2) << "both dummy patches are in the inventory";
   std::string details = patch_details(with[0]);
   EXPECT_NE(details.find("## Porting to another framework"), std::string::npos);
 }
