@@ -21,11 +21,9 @@ export LD_LIBRARY_PATH=$BIN:${lt:-/nonexistent}:${cudnn:-/nonexistent}:${LD_LIBR
 export PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
 COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
-if [ -n "${GTEST:-}" ]; then
-  timeout 300 "$BIN/${GTEST%%:*}" --gtest_brief=1 --gtest_filter="${GTEST#*:}" > "$OUT/tests.log" 2>&1
-  echo "tests (${GTEST}) rc=$?" | tee -a "$OUT/tests.log"
-  grep -E "FAILED|PASSED" "$OUT/tests.log" | tail -8
-fi
+# shellcheck disable=SC1091
+source bench/ops/gtest_stage.sh
+gtest_stage "$BIN" "$OUT"
 for r in $(seq 1 "$ROUNDS"); do
   timeout 240 "$BIN/primus" benchmark $FAMILIES --backend TURBO --json "$OUT/a_$r.jsonl" --commit "$COMMIT" \
     > "$OUT/a_$r.log" 2>&1

@@ -25,11 +25,9 @@ COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
 PRIMUS_B=$BIN/primus
 if [ -n "${B_BIN:-}" ]; then gunzip -c "$B_BIN" > "$BIN/primus_b" && chmod +x "$BIN/primus_b" && PRIMUS_B=$BIN/primus_b; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
-if [ -n "${GTEST:-}" ]; then
-  timeout 400 "$BIN/${GTEST%%:*}" --gtest_brief=1 --gtest_filter="${GTEST#*:}" > "$OUT/tests.log" 2>&1
-  echo "tests (${GTEST}) rc=$?" | tee -a "$OUT/tests.log"
-  grep -E "FAILED|PASSED" "$OUT/tests.log" | tail -12
-fi
+# shellcheck disable=SC1091
+source bench/ops/gtest_stage.sh
+gtest_stage "$BIN" "$OUT" 400
 for r in $(seq 1 "$ROUNDS"); do
   timeout 240 "$BIN/primus" benchmark gemm --shapes "$SHAPES" --iters "$ITERS" --json "$OUT/a_$r.jsonl" \
     --commit "$COMMIT" > "$OUT/a_$r.log" 2>&1 || echo "A round $r: rc=$?"

@@ -34,11 +34,9 @@ ITERS=${ITERS:-30}
 ROUNDS=${ROUNDS:-1}
 J=$OUT/sweep.jsonl
 : > "$J"
-if [ -n "${GTEST:-}" ]; then
-  timeout 300 "$BIN/${GTEST%%:*}" --gtest_brief=1 --gtest_filter="${GTEST#*:}" > "$OUT/tests.log" 2>&1
-  echo "tests (${GTEST}) rc=$?" | tee -a "$OUT/tests.log"
-  grep -E "FAILED|PASSED|turbo gemm" "$OUT/tests.log" | tail -20
-fi
+# shellcheck disable=SC1091
+source bench/ops/gtest_stage.sh
+gtest_stage "$BIN" "$OUT"
 run() {  # $1: tag; environment set by the caller
   local tag=$1 tmp=$OUT/tmp.jsonl
   rm -f "$tmp"
