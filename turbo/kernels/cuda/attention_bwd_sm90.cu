@@ -60,13 +60,6 @@ __device__ __forceinline__ void tma_reduce_add_4d(const void* tmap, uint32_t src
       "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
       : "memory");
 }
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
@@ -98,8 +91,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
   const float scale = prm_in.scale, scale_log2 = prm_in.scale * kLog2e;
   // One block per (key tile, kv head, batch row) on a 1-D grid; blocks start in about index order.
   // Causal: key tile slowest, so every block of key tile 0 (the longest walk, T/64 query tiles)
-  // starts first and the short walks of the last key tiles fill the tail (GQA T=4096 +9-13%, T=8192
-  // +2-6% on an H200). Otherwise key tile fastest: a head's blocks run together and share its Q
+  // starts first and the short walks of the last key tiles fill the tail (GQA T=4096 +13%, T=8192
+  // +5-6% on an H200). Otherwise key tile fastest: a head's blocks run together and share its Q
   // and dO tiles in L2 (the causal order there was 4% slower).
   const int idx = static_cast<int>(blockIdx.x), n_kt = (T_len + BN - 1) / BN, kvh_b = KVH * static_cast<int>(prm_in.B);
   const int kt = prm_in.causal ? idx / kvh_b : idx % n_kt, rest = prm_in.causal ? idx % kvh_b : idx / n_kt;
@@ -318,7 +311,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
       *reinterpret_cast<int4*>(dvh + static_cast<int64_t>(key) * kv_stride + c * 8) = v;
     }
   }
-  if (dq_tma && threadIdx.x == 0) bulk_wait_all();  // the reduces have read shared memory and are done
+  if (dq_tma && threadIdx.x == 0) bulk_wait<0>();  // the reduces have read shared memory and are done
 #else
   __trap();  // built for an architecture without wgmma: the launcher never selects this kernel there
 #endif

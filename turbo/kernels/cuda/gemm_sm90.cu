@@ -67,6 +67,9 @@ namespace primus::turbo::cuda {
 namespace gemm90 {
 namespace {
 
+using attn::bulk_commit;
+using attn::bulk_wait;
+using attn::bulk_wait_read;
 using attn::fence_proxy_async;
 using attn::fence_regs;
 using attn::make_desc;
@@ -167,23 +170,12 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint
       : "memory");
 }
 // Shared -> global TMA store of one box at (c0, c1) (inner, outer coordinates; clipped at the
-// matrix edges), in this thread's current bulk async-group.
+// matrix edges), in this thread's current bulk async-group (attn::bulk_commit / bulk_wait*).
 __device__ __forceinline__ void tma_store_2d(const void* tmap, uint32_t src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
                    reinterpret_cast<uint64_t>(tmap)),
                "r"(c0), "r"(c1), "r"(src)
                : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until at most N of this thread's bulk groups still read their shared memory (the source may be
-// written again) / are incomplete (their writes are done).
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 // Ping-pong order: named barrier kOrderBar + w means "consumer warpgroup w may start its next
