@@ -35,7 +35,8 @@ struct Param {
   BackendType backend;
   const char* kernel;  // TURBO kernels: "" (default on sm_90: TMA warp-specialised wgmma forward,
                        // wgmma backward), "sm90pipe" (cp.async-fed pipelined wgmma forward), "sm90"
-                       // (unpipelined wgmma forward) or "sm80" (mma.sync both ways)
+                       // (unpipelined wgmma forward), "bwdws" (default forward, warp-specialised
+                       // TMA wgmma backward) or "sm80" (mma.sync both ways)
   DType dtype;
   bool causal;
   int64_t KVH;  // with H = 4
@@ -72,6 +73,10 @@ class AttnGpu : public ::testing::Test {
   static void set_kernel(const char* kernel) {
     unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
     unsetenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
+    if (std::strcmp(kernel, "bwdws") == 0) {
+      setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm90ws", 1);
+      return;
+    }
     if (*kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", kernel, 1);
     if (std::strcmp(kernel, "sm80") == 0) setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm80", 1);
   }
@@ -194,6 +199,7 @@ std::vector<Param> dense_params() {
                          {BackendType::TURBO, ""},
                          {BackendType::TURBO, "sm90pipe"},
                          {BackendType::TURBO, "sm90"},
+                         {BackendType::TURBO, "bwdws"},
                          {BackendType::TURBO, "sm80"}};
   std::vector<Param> ps;
   for (const Be& be : backends)
@@ -265,6 +271,40 @@ TEST_F(AttnGpu, Sm90BackwardDqReduceMatchesAtomics) {
     }
 }
 
+// The warp-specialised backward (TMA producer, two-stage Q/dO ring, double-buffered dS^T, one
+// dQ reduce per warpgroup) against the fp64 reference and against the kernel whose threads all load
+// (PRIMUS_TURBO_ATTN_BWD_KERNEL=sm90) on a walk long enough to reuse every ring slot many times:
+// T = 1000 (a ragged last tile), 4 query heads on one kv head (16 query tiles x 4 heads per block).
+// The two differ only in rounding (lse enters in base 2 precomputed), so their dq, dk, dv agree to
+// well below the gate.
+TEST_F(AttnGpu, Sm90WsBackwardMatchesSm90) {
+  for (int64_t D : {int64_t{64}, int64_t{128}})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(fmt::format("D={} causal={}", D, causal));
+      AttnCase c;
+      c.B = 1, c.T = 1000, c.H = 4, c.KVH = 1, c.D = D, c.causal = causal;
+      AttnTensors t = random_inputs(c, DType::BF16);
+      run_reference(c, t);
+      Dev d = upload(c, DType::BF16, t);
+      GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+      std::vector<float> got[2][3];
+      for (int ws : {0, 1}) {
+        SCOPED_TRACE(ws ? "sm90ws" : "sm90");
+        setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", ws ? "sm90ws" : "sm90", 1);
+        poison(d.dq), poison(d.dk), poison(d.dv);
+        run(c, d);
+        unsetenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
+        check_all(t, d);
+        got[ws][0] = get(d.dq), got[ws][1] = get(d.dk), got[ws][2] = get(d.dv);
+      }
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<double> other(got[0][i].begin(), got[0][i].end());
+        const ErrorStats e = compare(got[1][i], other);
+        EXPECT_LE(e.rel_l2, 2e-3) << "dq/dk/dv #" << i << " ws vs sm90: max_rel " << e.max_rel;
+      }
+    }
+}
+
 // Packed documents (TURBO): random document lengths per row, causal and not, GQA; one test per
 // TURBO kernel choice (names carry it, so a run can select or skip one).
 class AttnGpuVarlen : public AttnGpu, public ::testing::WithParamInterface<const char*> {
@@ -288,7 +328,7 @@ class AttnGpuVarlen : public AttnGpu, public ::testing::WithParamInterface<const
   }
 };
 TEST_P(AttnGpuVarlen, MatchesReference) { check(); }
-INSTANTIATE_TEST_SUITE_P(Kernels, AttnGpuVarlen, ::testing::Values("", "sm90pipe", "sm80"),
+INSTANTIATE_TEST_SUITE_P(Kernels, AttnGpuVarlen, ::testing::Values("", "sm90pipe", "bwdws", "sm80"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            return std::string(*i.param ? i.param : "default");
                          });

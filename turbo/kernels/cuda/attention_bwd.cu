@@ -311,9 +311,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_kernel(const BwdArgs
   }
 }
 
-// delta[b,h,t] = sum_d dout[b,t,h,d] * out[b,t,h,d]; one warp per (b,t,h) row.
+// delta[b,h,t] = sum_d dout[b,t,h,d] * out[b,t,h,d]; one warp per (b,t,h) row. With `ld` (the
+// warp-specialised Hopper kernel's rows, [B*H][2][ld_stride]) it writes lse[b,h,t] * log2(e) and
+// delta there instead of into `delta`.
 template <class T>
-__global__ void flash_bwd_delta_kernel(float* delta, const T* dout, const T* out, int64_t rows, int T_len, int H, int D) {
+__global__ void flash_bwd_delta_kernel(float* delta, float* ld, const float* lse, int64_t ld_stride, const T* dout, const T* out,
+                                       int64_t rows, int T_len, int H, int D) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -331,7 +334,13 @@ __global__ void flash_bwd_delta_kernel(float* delta, const T* dout, const T* out
     const int64_t bt = row / H;  // row = (b*T + t)*H + h
     const int h = static_cast<int>(row % H);
     const int64_t b = bt / T_len, t = bt % T_len;
-    delta[(b * H + h) * T_len + t] = acc;
+    const int64_t bh = b * H + h;
+    if (ld) {
+      ld[bh * 2 * ld_stride + t] = lse[bh * T_len + t] * kLog2e;
+      ld[(bh * 2 + 1) * ld_stride + t] = acc;
+    } else {
+      delta[bh * T_len + t] = acc;
+    }
   }
 }
 
@@ -347,6 +356,8 @@ __global__ void flash_bwd_cast_kernel(T* dq, const float* acc, int64_t n4) {
 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+// Row stride of the (lse, delta) rows: T rounded up to 4 floats (TMA strides are 16-byte multiples).
+int64_t ld_stride(const FlashAttnParams& p) { return (p.T + 3) / 4 * 4; }
 
 template <class T, class C>
 void launch_bwd(const FlashAttnParams& prm, const BwdArgs& a, cudaStream_t stream) {
@@ -370,12 +381,21 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
   float* dq_acc = static_cast<float*>(scratch);
   float* delta = reinterpret_cast<float*>(static_cast<char*>(scratch) + align_up(static_cast<size_t>(n) * sizeof(float)));
   CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(n) * sizeof(float), stream));
+  FlashBwdPointers ptrs{q, k, v, dout, lse, delta, dq_acc, dk, dv};
+  BwdKernel kind = flash_backward_kernel();
+  if (kind == BwdKernel::Sm90Ws && !flash_backward_sm90_ws_usable(ptrs)) kind = BwdKernel::Sm90;
+  float* ld = nullptr;
+  if (kind == BwdKernel::Sm90Ws) {
+    // The delta region of the scratch holds the (lse, delta) rows instead (see scratch_bytes).
+    ld = delta, ptrs.delta = nullptr;
+    ptrs.ld = ld, ptrs.ld_stride = ld_stride(prm);
+  }
   flash_bwd_delta_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
-      delta, static_cast<const T*>(dout), static_cast<const T*>(out), rows, static_cast<int>(prm.T),
-      static_cast<int>(prm.H), static_cast<int>(prm.D));
+      ld ? nullptr : delta, ld, lse, ptrs.ld_stride, static_cast<const T*>(dout), static_cast<const T*>(out), rows,
+      static_cast<int>(prm.T), static_cast<int>(prm.H), static_cast<int>(prm.D));
   CUDA_CHECK_LAST();
-  if (flash_backward_use_sm90()) {
-    flash_backward_sm90_main(prm, FlashBwdPointers{q, k, v, dout, lse, delta, dq_acc, dk, dv}, stream);
+  if (kind != BwdKernel::Sm80) {
+    flash_backward_sm90_main(prm, ptrs, stream);
   } else {
     BwdArgs a{q, k, v, dout, lse, delta, dq_acc, dk, dv, prm.cu_seqlens, static_cast<int>(prm.num_docs),
               static_cast<int>(prm.T), static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale,
@@ -390,14 +410,17 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
 
 }  // namespace
 
-bool flash_backward_use_sm90() {
-  if (env_choice("PRIMUS_TURBO_ATTN_BWD_KERNEL", {"sm80", "sm90"}, "sm90") == "sm80") return false;
-  return flash_forward_sm90_available();
+BwdKernel flash_backward_kernel() {
+  const std::string k = env_choice("PRIMUS_TURBO_ATTN_BWD_KERNEL", {"sm80", "sm90", "sm90ws"}, "sm90");
+  if (k == "sm80" || !flash_forward_sm90_available()) return BwdKernel::Sm80;
+  return k == "sm90ws" ? BwdKernel::Sm90Ws : BwdKernel::Sm90;
 }
 
 size_t flash_attention_backward_scratch_bytes(const FlashAttnParams& p) {
+  // The f32 dQ accumulator, then delta [B,H,T] or (whichever kernel the call picks) the
+  // warp-specialised kernel's (lse, delta) rows [B*H][2][ld_stride], the larger of the two.
   return align_up(static_cast<size_t>(p.B * p.T * p.H * p.D) * sizeof(float)) +
-         align_up(static_cast<size_t>(p.B * p.H * p.T) * sizeof(float));
+         align_up(static_cast<size_t>(p.B * p.H * 2 * ld_stride(p)) * sizeof(float));
 }
 
 void flash_attention_backward(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const void* dout, const void* q,

@@ -69,6 +69,203 @@ __device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
   atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
 }
 
+// ---- the steps of one query tile, shared by both kernels (one warpgroup's 64 keys each) --------
+
+// Which key rows this thread's accumulator fragments hold (rows lg and lg + 8 of its warp's 16) and
+// their documents, for the mask.
+struct KeyRows {
+  int key0, key1;
+  DocSpan d0, d1;
+};
+
+// S^T = K_wg Q^T and dP^T = V_wg dO^T (64 keys x BM queries each). kTwoGroups: S^T and dP^T in
+// two commit groups (S^T can be waited for alone), else one.
+template <class T, class C, bool kTwoGroups>
+__device__ __forceinline__ void issue_st_dpt(float* st, float* dp, uint32_t k_wg, uint32_t v_wg, uint32_t sQ, uint32_t sdO) {
+  constexpr int D = C::D, BN = C::BN, BM = C::BM;
+  fence_regs<BM / 2>(st);
+  fence_regs<BM / 2>(dp);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t koff = (kk / 4) * Sw128<BN>::kSlab + (kk % 4) * 32;
+    const uint32_t qoff = (kk / 4) * Sw128<BM>::kSlab + (kk % 4) * 32;
+    Wgmma<T>::template ss<BM>(st, make_desc(k_wg + koff, 16, 1024), make_desc(sQ + qoff, 16, 1024), kk > 0);
+  }
+  if constexpr (kTwoGroups) wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t koff = (kk / 4) * Sw128<BN>::kSlab + (kk % 4) * 32;
+    const uint32_t qoff = (kk / 4) * Sw128<BM>::kSlab + (kk % 4) * 32;
+    Wgmma<T>::template ss<BM>(dp, make_desc(v_wg + koff, 16, 1024), make_desc(sdO + qoff, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// st: S^T in, P^T = exp(scale S^T - lse) out (f32; masked entries exactly 0); pa: P^T as the A
+// fragments of dV's product. lse holds the tile's rows' log-sum-exp times lse_mul (kLog2e for the
+// natural-log values, 1 for values already in base 2).
+template <class T, class C>
+__device__ __forceinline__ void probabilities(float* st, uint32_t (*pa)[4], const float* lse, float lse_mul, float scale_log2,
+                                              bool need_mask, int q0, int T_len, bool causal, const KeyRows& kr, int lt) {
+  constexpr int BM = C::BM;
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qi = i * 8 + 2 * lt + (e & 1);
+      float v = fast_exp2(st[i * 4 + e] * scale_log2 - lse[qi] * lse_mul);
+      if (need_mask) {
+        const int q = q0 + qi;
+        const int key = e < 2 ? kr.key0 : kr.key1;
+        const DocSpan& d = e < 2 ? kr.d0 : kr.d1;
+        const bool ok = q < T_len && key < T_len && q >= d.start && q < d.end && (!causal || q >= key);
+        if (!ok) v = 0.0f;
+      }
+      st[i * 4 + e] = v;
+    }
+    pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(st[i * 4 + 0], st[i * 4 + 1]);
+    pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(st[i * 4 + 2], st[i * 4 + 3]);
+  }
+}
+
+// dS^T = P^T (dP^T - delta) scale as the A fragments of dK's product (da), also stored into the
+// [key][query] tile sdS (one 64-column slab) that dQ's product reads; `row` is this thread's first
+// key row in it.
+template <class T, class C>
+__device__ __forceinline__ void score_grads(const float* pt, const float* dp, uint32_t (*da)[4], const float* delta, float scale,
+                                            uint32_t sdS, int row, int lt) {
+  constexpr int BM = C::BM, BN = C::BN;
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+    float dsv[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dsv[e] = pt[i * 4 + e] * (dp[i * 4 + e] - delta[i * 8 + 2 * lt + (e & 1)]) * scale;
+    da[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(dsv[0], dsv[1]);
+    da[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(dsv[2], dsv[3]);
+    const int col = i * 8 + 2 * lt;
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>::offset(row, col)), "r"(da[i / 2][(i & 1) * 2 + 0]));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>::offset(row + 8, col)), "r"(da[i / 2][(i & 1) * 2 + 1]));
+  }
+}
+
+// acc (64 keys x D) += A (64 keys x BM queries, registers) B (BM x D, MN-major in shared memory):
+// dV += P^T dO and dK += dS^T Q. No fence or commit.
+template <class T, class C>
+__device__ __forceinline__ void issue_kv_grad(float* acc, uint32_t (*a)[4], uint32_t sB) {
+#pragma unroll
+  for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<T>::template rs_tb<C::D>(acc, a[kk], make_desc(sB + kk * 2048, Sw128<C::BM>::kSlab, 1024));
+}
+
+// dq (BM queries x 64 columns) = dS K: head_dim 128, this warpgroup's 64 columns over all BN keys;
+// head_dim 64, all columns over this warpgroup's 64 keys. No fence or commit.
+template <class T, class C>
+__device__ __forceinline__ void issue_dq(float* dq, uint32_t sdS, uint32_t sK, int wg) {
+  constexpr int BN = C::BN;
+  if constexpr (C::kSplitN) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + kk * 2048, Sw128<BN>::kSlab, 1024),
+                                   make_desc(sK + wg * Sw128<BN>::kSlab + kk * 2048, Sw128<BN>::kSlab, 1024), kk > 0);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 64 / 16; ++kk)
+      Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + (wg * 4 + kk) * 2048, Sw128<BN>::kSlab, 1024),
+                                   make_desc(sK + (wg * 4 + kk) * 2048, Sw128<BN>::kSlab, 1024), kk > 0);
+  }
+}
+
+// This warpgroup's 64 x 64 dQ share into its two swizzled [64][32] f32 boxes at `half` (8 KiB each).
+__device__ __forceinline__ void stage_dq(const float* dq, uint32_t half, int wl, int lg, int lt) {
+  const int rr0 = wl * 16 + lg;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int j = (i % 4) * 2 + lt / 2;  // 16-byte chunk of the 128-byte box row
+    const uint32_t box = half + (i / 4) * 8192 + (lt % 2) * 8;
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + rr0 * 128 + ((j ^ (rr0 & 7)) * 16)), "f"(dq[i * 4 + 0]),
+                 "f"(dq[i * 4 + 1]));
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + (rr0 + 8) * 128 + ((j ^ ((rr0 + 8) & 7)) * 16)),
+                 "f"(dq[i * 4 + 2]), "f"(dq[i * 4 + 3]));
+  }
+}
+
+// dK, dV of this warp's 16 keys: staged in the K and V tiles (own rows only), then 16-byte stores.
+template <class T, class C>
+__device__ __forceinline__ void store_dk_dv(const float* dk, const float* dv, uint32_t sK, uint32_t sV, int r_loc, int lane,
+                                            int c0, int T_len, T* dkh, T* dvh, int64_t kv_stride) {
+  constexpr int D = C::D, BN = C::BN;
+  const int lg = lane / 4, lt = lane % 4;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    const int col = i * 8 + 2 * lt;
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + Sw128<BN>::offset(r_loc + lg, col)), "r"(Mma<T>::pack(dk[i * 4 + 0], dk[i * 4 + 1])));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + Sw128<BN>::offset(r_loc + lg + 8, col)), "r"(Mma<T>::pack(dk[i * 4 + 2], dk[i * 4 + 3])));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + Sw128<BN>::offset(r_loc + lg, col)), "r"(Mma<T>::pack(dv[i * 4 + 0], dv[i * 4 + 1])));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + Sw128<BN>::offset(r_loc + lg + 8, col)), "r"(Mma<T>::pack(dv[i * 4 + 2], dv[i * 4 + 3])));
+  }
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int i = 0; i < 16 * kChunks / 32; ++i) {
+    const int idx = i * 32 + lane;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int key = c0 + r_loc + r;
+    if (key < T_len) {
+      int4 a, v;
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w)
+                   : "r"(sK + Sw128<BN>::offset(r_loc + r, c * 8)));
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(sV + Sw128<BN>::offset(r_loc + r, c * 8)));
+      *reinterpret_cast<int4*>(dkh + static_cast<int64_t>(key) * kv_stride + c * 8) = a;
+      *reinterpret_cast<int4*>(dvh + static_cast<int64_t>(key) * kv_stride + c * 8) = v;
+    }
+  }
+}
+
+// Where a block works (both kernels): one block per (key tile, kv head, batch row) on a 1-D grid;
+// blocks start in about index order. Causal: key tile slowest, so every block of key tile 0 (the
+// longest walk, T/64 query tiles) starts first and the short walks of the last key tiles fill the
+// tail (GQA T=4096 +13%, T=8192 +5-6% on an H200). Otherwise key tile fastest: a head's blocks run
+// together and share its Q and dO tiles in L2 (the causal order there was 4% slower). The walk:
+// `total` query tiles, head by head of the group, from q_begin.
+struct BwdWalk {
+  int c0, g, b, group, q_begin, n_q, total;
+  __device__ __forceinline__ BwdWalk(const FlashAttnParams& prm, int BN, int BM) {
+    const int T_len = static_cast<int>(prm.T), KVH = static_cast<int>(prm.KVH);
+    group = static_cast<int>(prm.H) / KVH;
+    const int idx = static_cast<int>(blockIdx.x), n_kt = (T_len + BN - 1) / BN, kvh_b = KVH * static_cast<int>(prm.B);
+    const int kt = prm.causal ? idx / kvh_b : idx % n_kt, rest = prm.causal ? idx % kvh_b : idx / n_kt;
+    c0 = kt * BN, g = rest % KVH, b = rest / KVH;
+    const int num_docs = static_cast<int>(prm.num_docs);
+    const int c_last = min(c0 + BN, T_len) - 1;
+    const DocSpan first_doc = doc_of(prm.cu_seqlens, num_docs, b, c0, T_len);
+    const DocSpan last_doc = doc_of(prm.cu_seqlens, num_docs, b, c_last, T_len);
+    q_begin = prm.causal ? max(first_doc.start, c0) : first_doc.start;
+    const int q_end = last_doc.end;
+    n_q = q_end > q_begin ? (q_end - q_begin + BM - 1) / BM : 0;
+    total = n_q * group;
+  }
+  __device__ __forceinline__ int head(int it) const { return g * group + it / n_q; }
+  __device__ __forceinline__ int q0(int it, int BM) const { return q_begin + (it % n_q) * BM; }
+  // Whether a query tile needs the element mask (ragged edges, documents, the causal diagonal).
+  __device__ __forceinline__ bool need_mask(const FlashAttnParams& prm, int q0, int BM, int BN) const {
+    const int T_len = static_cast<int>(prm.T);
+    return prm.cu_seqlens != nullptr || q0 + BM > T_len || c0 + BN > T_len || (prm.causal && q0 < c0 + BN - 1);
+  }
+};
+
+__device__ __forceinline__ KeyRows key_rows(const FlashAttnParams& prm, int b, int key0) {
+  const int T_len = static_cast<int>(prm.T), num_docs = static_cast<int>(prm.num_docs);
+  KeyRows kr;
+  kr.key0 = key0, kr.key1 = key0 + 8;
+  kr.d0 = doc_of(prm.cu_seqlens, num_docs, b, min(kr.key0, T_len - 1), T_len);
+  kr.d1 = doc_of(prm.cu_seqlens, num_docs, b, min(kr.key1, T_len - 1), T_len);
+  return kr;
+}
+
+// ---- kernel 1: every thread loads (cp.async, two Q/dO buffers) and computes -------------------
 template <class T, class C>
 __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const FlashBwdPointers p, const FlashAttnParams prm_in,
                                                                       const __grid_constant__ CUtensorMap tmap_dq, const int dq_tma) {
@@ -84,19 +281,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
   float* s_delta = s_lse + 2 * BM;                                                // [2][BM]
 
   const int T_len = static_cast<int>(prm_in.T), H = static_cast<int>(prm_in.H), KVH = static_cast<int>(prm_in.KVH);
-  const int group = H / KVH;
-  const bool causal = prm_in.causal;
-  const int32_t* cu = prm_in.cu_seqlens;
-  const int num_docs = static_cast<int>(prm_in.num_docs);
   const float scale = prm_in.scale, scale_log2 = prm_in.scale * kLog2e;
-  // One block per (key tile, kv head, batch row) on a 1-D grid; blocks start in about index order.
-  // Causal: key tile slowest, so every block of key tile 0 (the longest walk, T/64 query tiles)
-  // starts first and the short walks of the last key tiles fill the tail (GQA T=4096 +13%, T=8192
-  // +5-6% on an H200). Otherwise key tile fastest: a head's blocks run together and share its Q
-  // and dO tiles in L2 (the causal order there was 4% slower).
-  const int idx = static_cast<int>(blockIdx.x), n_kt = (T_len + BN - 1) / BN, kvh_b = KVH * static_cast<int>(prm_in.B);
-  const int kt = prm_in.causal ? idx / kvh_b : idx % n_kt, rest = prm_in.causal ? idx % kvh_b : idx / n_kt;
-  const int c0 = kt * BN, g = rest % KVH, b = rest / KVH;
+  const BwdWalk w(prm_in, BN, BM);
+  const int c0 = w.c0, g = w.g, b = w.b, total = w.total;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4, wl = warp % 4;
   const int lg = lane / 4, lt = lane % 4;
@@ -107,21 +294,11 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
   load_tile_sw128<BN, D, C::kThreads>(sV, static_cast<const T*>(p.v) + (row_base * KVH + g) * D, kv_stride, c0, T_len);
   cp_async_commit();
 
-  const int c_last = min(c0 + BN, T_len) - 1;
-  const DocSpan first_doc = doc_of(cu, num_docs, b, c0, T_len);
-  const DocSpan last_doc = doc_of(cu, num_docs, b, c_last, T_len);
-  const int q_begin = causal ? max(first_doc.start, c0) : first_doc.start;
-  const int q_end = last_doc.end;
-  const int n_q = q_end > q_begin ? (q_end - q_begin + BM - 1) / BM : 0;
-  const int total = n_q * group;
-  const int key0 = c0 + wg * 64 + wl * 16 + lg, key1 = key0 + 8;
-  const DocSpan kd0 = doc_of(cu, num_docs, b, min(key0, T_len - 1), T_len);
-  const DocSpan kd1 = doc_of(cu, num_docs, b, min(key1, T_len - 1), T_len);
-  const bool varlen = cu != nullptr;
+  const KeyRows kr = key_rows(prm_in, b, c0 + wg * 64 + wl * 16 + lg);
 
   auto prefetch = [&](int it, int buf) {
-    const int h = g * group + it / n_q;
-    const int q0 = q_begin + (it % n_q) * BM;
+    const int h = w.head(it);
+    const int q0 = w.q0(it, BM);
     const int64_t head_off = (row_base * H + h) * D;
     load_tile_sw128<BM, D, C::kThreads>(sQ0 + buf * C::kSmemQ, static_cast<const T*>(p.q) + head_off, q_stride, q0, T_len);
     load_tile_sw128<BM, D, C::kThreads>(sdO0 + buf * C::kSmemQ, static_cast<const T*>(p.dout) + head_off, q_stride, q0, T_len);
@@ -148,74 +325,29 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
     fence_proxy_async();
     __syncthreads();
     const int buf = it & 1;
-    const int h = g * group + it / n_q;
-    const int q0 = q_begin + (it % n_q) * BM;
+    const int h = w.head(it);
+    const int q0 = w.q0(it, BM);
     const uint32_t sQ = sQ0 + buf * C::kSmemQ, sdO = sdO0 + buf * C::kSmemQ;
-    const float* lse = s_lse + buf * BM;
-    const float* delta = s_delta + buf * BM;
 
     // S^T and dP^T (64 keys x 64 queries per warpgroup), issued together.
     float st[BM / 2], dp[BM / 2];
-    fence_regs<BM / 2>(st);
-    fence_regs<BM / 2>(dp);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk / 4) * Sw128<BN>::kSlab + (kk % 4) * 32;
-      const uint32_t qoff = (kk / 4) * Sw128<BM>::kSlab + (kk % 4) * 32;
-      Wgmma<T>::template ss<BM>(st, make_desc(k_wg + koff, 16, 1024), make_desc(sQ + qoff, 16, 1024), kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk / 4) * Sw128<BN>::kSlab + (kk % 4) * 32;
-      const uint32_t qoff = (kk / 4) * Sw128<BM>::kSlab + (kk % 4) * 32;
-      Wgmma<T>::template ss<BM>(dp, make_desc(v_wg + koff, 16, 1024), make_desc(sdO + qoff, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
+    issue_st_dpt<T, C, false>(st, dp, k_wg, v_wg, sQ, sdO);
     wgmma_wait<0>();
     fence_regs<BM / 2>(st);
     fence_regs<BM / 2>(dp);
 
-    // P^T and dS^T in registers; masked entries are exactly 0.
-    const bool need_mask = varlen || q0 + BM > T_len || c0 + BN > T_len || (causal && q0 < c0 + BN - 1);
+    // P^T and dS^T in registers; masked entries are exactly 0; dS^T also into shared memory.
     uint32_t pa[BM / 16][4], da[BM / 16][4];
-#pragma unroll
-    for (int i = 0; i < BM / 8; ++i) {
-      float pv[4], dsv[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qi = i * 8 + 2 * lt + (e & 1);
-        float v = fast_exp2(st[i * 4 + e] * scale_log2 - lse[qi] * kLog2e);
-        if (need_mask) {
-          const int q = q0 + qi;
-          const int key = e < 2 ? key0 : key1;
-          const DocSpan& d = e < 2 ? kd0 : kd1;
-          const bool ok = q < T_len && key < T_len && q >= d.start && q < d.end && (!causal || q >= key);
-          if (!ok) v = 0.0f;
-        }
-        pv[e] = v;
-        dsv[e] = v * (dp[i * 4 + e] - delta[qi]) * scale;
-      }
-      pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(pv[0], pv[1]);
-      pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(pv[2], pv[3]);
-      da[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(dsv[0], dsv[1]);
-      da[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(dsv[2], dsv[3]);
-      // dS^T into shared memory ([key][query], one 64-column slab) for the dQ product.
-      const int r = wg * 64 + wl * 16 + lg, col = i * 8 + 2 * lt;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>::offset(r, col)), "r"(da[i / 2][(i & 1) * 2 + 0]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>::offset(r + 8, col)), "r"(da[i / 2][(i & 1) * 2 + 1]));
-    }
+    probabilities<T, C>(st, pa, s_lse + buf * BM, kLog2e, scale_log2, w.need_mask(prm_in, q0, BM, BN), q0, T_len, prm_in.causal,
+                        kr, lt);
+    score_grads<T, C>(st, dp, da, s_delta + buf * BM, scale, sdS, wg * 64 + wl * 16 + lg, lt);
 
     // dV += P^T dO and dK += dS^T Q (both B operands MN-major: 16 queries per k-step).
     fence_regs<D / 2>(dv);
     fence_regs<D / 2>(dk);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-      Wgmma<T>::template rs_tb<D>(dv, pa[kk], make_desc(sdO + kk * 2048, Sw128<BM>::kSlab, 1024));
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-      Wgmma<T>::template rs_tb<D>(dk, da[kk], make_desc(sQ + kk * 2048, Sw128<BM>::kSlab, 1024));
+    issue_kv_grad<T, C>(dv, pa, sdO);
+    issue_kv_grad<T, C>(dk, da, sQ);
     wgmma_commit();
 
     // dQ = dS K once both warpgroups' dS^T rows are in shared memory. The TMA reduce issued from
@@ -226,36 +358,17 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
     float dq[32];  // 64 queries x 64 columns of this warpgroup
     fence_regs<32>(dq);
     wgmma_fence();
-    if constexpr (C::kSplitN) {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + kk * 2048, Sw128<BN>::kSlab, 1024),
-                                     make_desc(sK + wg * Sw128<BN>::kSlab + kk * 2048, Sw128<BN>::kSlab, 1024), kk > 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < 64 / 16; ++kk)
-        Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + (wg * 4 + kk) * 2048, Sw128<BN>::kSlab, 1024),
-                                     make_desc(sK + (wg * 4 + kk) * 2048, Sw128<BN>::kSlab, 1024), kk > 0);
-    }
+    issue_dq<T, C>(dq, sdS, sK, wg);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs<32>(dq);
     fence_regs<D / 2>(dv);
     fence_regs<D / 2>(dk);
+    fence_regs<BM / 4>(&pa[0][0]);
+    fence_regs<BM / 4>(&da[0][0]);
     const uint32_t sdQ = sdQ0 + buf * C::kSmemDQ;
     if (dq_tma) {
-      // This warpgroup's 64 x 64 share into its two swizzled [64][32] boxes (see kSmemDQ).
-      const uint32_t half = sdQ + wg * 2 * 8192;
-      const int rr0 = wl * 16 + lg;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int j = (i % 4) * 2 + lt / 2;  // 16-byte chunk of the 128-byte box row
-        const uint32_t box = half + (i / 4) * 8192 + (lt % 2) * 8;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + rr0 * 128 + ((j ^ (rr0 & 7)) * 16)),
-                     "f"(dq[i * 4 + 0]), "f"(dq[i * 4 + 1]));
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + (rr0 + 8) * 128 + ((j ^ ((rr0 + 8) & 7)) * 16)),
-                     "f"(dq[i * 4 + 2]), "f"(dq[i * 4 + 3]));
-      }
+      stage_dq(dq, sdQ + wg * 2 * 8192, wl, lg, lt);
       fence_proxy_async();  // visible to the TMA unit after the barrier below
     } else {
       const int r0 = q0 + wl * 16 + lg, r1 = r0 + 8;
@@ -280,46 +393,184 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
   cp_async_wait<0>();
   __syncthreads();
 
-  // dK, dV: stage each warp's 16 rows in the K and V tiles (own rows only), then 16-byte stores.
-  const int r_loc = wg * 64 + wl * 16;
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    const int col = i * 8 + 2 * lt;
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + Sw128<BN>::offset(r_loc + lg, col)), "r"(Mma<T>::pack(dk[i * 4 + 0], dk[i * 4 + 1])));
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + Sw128<BN>::offset(r_loc + lg + 8, col)), "r"(Mma<T>::pack(dk[i * 4 + 2], dk[i * 4 + 3])));
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + Sw128<BN>::offset(r_loc + lg, col)), "r"(Mma<T>::pack(dv[i * 4 + 0], dv[i * 4 + 1])));
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + Sw128<BN>::offset(r_loc + lg + 8, col)), "r"(Mma<T>::pack(dv[i * 4 + 2], dv[i * 4 + 3])));
-  }
-  __syncwarp();
-  T* dkh = static_cast<T*>(p.dk) + (row_base * KVH + g) * D;
-  T* dvh = static_cast<T*>(p.dv) + (row_base * KVH + g) * D;
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int i = 0; i < 16 * kChunks / 32; ++i) {
-    const int idx = i * 32 + lane;
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int key = c0 + r_loc + r;
-    if (key < T_len) {
-      int4 a, v;
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w)
-                   : "r"(sK + Sw128<BN>::offset(r_loc + r, c * 8)));
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(sV + Sw128<BN>::offset(r_loc + r, c * 8)));
-      *reinterpret_cast<int4*>(dkh + static_cast<int64_t>(key) * kv_stride + c * 8) = a;
-      *reinterpret_cast<int4*>(dvh + static_cast<int64_t>(key) * kv_stride + c * 8) = v;
-    }
-  }
+  store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, c0, T_len, static_cast<T*>(p.dk) + (row_base * KVH + g) * D,
+                    static_cast<T*>(p.dv) + (row_base * KVH + g) * D, kv_stride);
   if (dq_tma && threadIdx.x == 0) bulk_wait<0>();  // the reduces have read shared memory and are done
 #else
   __trap();  // built for an architecture without wgmma: the launcher never selects this kernel there
 #endif
 }
 
+// ---- kernel 2: warp specialisation (FlashAttention-3 style) ----------------------------------
+// Warpgroup 0 gives up its registers (setmaxnreg) and one of its threads loads by TMA: K and V
+// once, then per query tile Q, dO and the tile's (lse in base 2, delta) rows into a two-stage ring
+// with full / empty mbarriers. The two consumer warpgroups never wait for a block-wide barrier:
+// per tile, S^T and dP^T are issued as two groups, P^T is computed while dP^T runs and dV's
+// product is issued before dS^T is formed; dK's product runs while the warpgroups meet at one
+// named barrier (head_dim 128: dQ's product needs both warpgroups' dS^T rows; head_dim 64: each
+// warpgroup's dQ partial uses its own rows only, so the barrier is its own); dS^T is double-
+// buffered so the next tile's rows never wait for this tile's dQ product. Each warpgroup stages its
+// own dQ share and one of its threads adds it by TMA reduce-adds.
+template <int D_>
+struct BwdWsConfig : BwdSm90Config<D_> {
+  using Base = BwdSm90Config<D_>;
+  static constexpr int kThreads = 384, kStages = 2;
+  // A query tile's lse (base 2) and delta rows, f32, read from the 16-byte boundary at or before the
+  // tile's first row (a box BM + 4 wide; the tile starts (q0 % 4) in), one 128-byte aligned slot per stage.
+  static constexpr int kLdBox = Base::BM + 4, kLdBytes = 2 * kLdBox * 4, kSmemLD = (kLdBytes + 127) / 128 * 128;
+  // K, V, Q[stages], dO[stages], dS^T[2], dQ staging[2], LD[stages], then the mbarriers
+  static constexpr int kSmem = 2 * Base::kSmemKV + 2 * kStages * Base::kSmemQ + 2 * Base::kSmemDS + 2 * Base::kSmemDQ +
+                               kStages * kSmemLD + 8 * (1 + 2 * kStages) + 1024;
+  static_assert(kSmem <= 227 * 1024, "more shared memory than an sm_90 block may have");
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 65536
+};
+
+// The TMA descriptors of the warp-specialised kernel.
+struct BwdWsMaps {
+  CUtensorMap q, dout, k, v, ld, dq;
+};
+
+template <class T, class C>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    flash_bwd_sm90_ws_kernel(const FlashBwdPointers p, const FlashAttnParams prm, const __grid_constant__ BwdWsMaps maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = C::D, BN = C::BN, BM = C::BM, S = C::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t sK = base, sV = sK + C::kSmemKV;
+  const uint32_t sQ0 = sV + C::kSmemKV, sdO0 = sQ0 + S * C::kSmemQ, sdS0 = sdO0 + S * C::kSmemQ;
+  const uint32_t sdQ0 = sdS0 + 2 * C::kSmemDS, sLD0 = sdQ0 + 2 * C::kSmemDQ;
+  const uint32_t bars = sLD0 + S * C::kSmemLD;
+  const uint32_t bar_kv = bars;
+  auto full = [&](int st) { return bars + 8u * (1 + st); };
+  auto empty = [&](int st) { return bars + 8u * (1 + S + st); };
+
+  const int T_len = static_cast<int>(prm.T), H = static_cast<int>(prm.H), KVH = static_cast<int>(prm.KVH);
+  const BwdWalk w(prm, BN, BM);
+  const int row_base = w.b * T_len;
+  if (threadIdx.x == 0) {
+    mbar_init(bar_kv, 1);
+    for (int st = 0; st < S; ++st) {
+      mbar_init(full(st), 1);
+      mbar_init(empty(st), 8);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // producer warpgroup
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      mbar_expect_tx(bar_kv, 2 * C::kSmemKV);
+      for (int slab = 0; slab < D / 64; ++slab) {
+        tma_load_3d(sK + slab * Sw128<BN>::kSlab, &maps.k, bar_kv, slab * 64, w.g, row_base + w.c0);
+        tma_load_3d(sV + slab * Sw128<BN>::kSlab, &maps.v, bar_kv, slab * 64, w.g, row_base + w.c0);
+      }
+      for (int it = 0; it < w.total; ++it) {
+        const int st = it % S;
+        if (it >= S) mbar_wait(empty(st), ((it / S) - 1) & 1);
+        mbar_expect_tx(full(st), 2 * C::kSmemQ + C::kLdBytes);
+        const int h = w.head(it), q0 = w.q0(it, BM);
+        for (int slab = 0; slab < D / 64; ++slab) {
+          tma_load_3d(sQ0 + st * C::kSmemQ + slab * Sw128<BM>::kSlab, &maps.q, full(st), slab * 64, h, row_base + q0);
+          tma_load_3d(sdO0 + st * C::kSmemQ + slab * Sw128<BM>::kSlab, &maps.dout, full(st), slab * 64, h, row_base + q0);
+        }
+        tma_load_3d(sLD0 + st * C::kSmemLD, &maps.ld, full(st), q0 & ~3, 0, w.b * H + h);
+      }
+    }
+    return;
+  }
+
+  // two consumer warpgroups
+  setmaxnreg_inc<C::kConsumerRegs>();
+  const float scale = prm.scale, scale_log2 = prm.scale * kLog2e;
+  const int wg = threadIdx.x / 128 - 1, wl = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int lg = lane / 4, lt = lane % 4;
+  const bool elected = threadIdx.x % 128 == 0;  // issues this warpgroup's dQ reduce-adds
+  const KeyRows kr = key_rows(prm, w.b, w.c0 + wg * 64 + wl * 16 + lg);
+  const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;  // this warpgroup's 64 keys
+  // head_dim 128: dQ's product reads both warpgroups' dS^T rows (barrier 1 over 256 threads);
+  // head_dim 64: only its own (barrier 2 + wg over 128).
+  const int ds_bar = C::kSplitN ? 1 : 2 + wg, ds_bar_count = C::kSplitN ? 256 : 128;
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+  mbar_wait(bar_kv, 0);
+
+  for (int it = 0; it < w.total; ++it) {
+    const int st_i = it % S;
+    mbar_wait(full(st_i), (it / S) & 1);
+    const int h = w.head(it), q0 = w.q0(it, BM);
+    const uint32_t sQ = sQ0 + st_i * C::kSmemQ, sdO = sdO0 + st_i * C::kSmemQ, sdS = sdS0 + (it & 1) * C::kSmemDS;
+    const float* lse = reinterpret_cast<const float*>(smem_raw + (sLD0 + st_i * C::kSmemLD - raw)) + (q0 & 3);
+    const float* delta = lse + C::kLdBox;
+
+    float st[BM / 2], dp[BM / 2];
+    issue_st_dpt<T, C, true>(st, dp, k_wg, v_wg, sQ, sdO);
+    wgmma_wait<1>();  // S^T ready, dP^T may still run
+    fence_regs<BM / 2>(st);
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
+    fence_regs<D / 2>(dv);
+    wgmma_fence();
+    issue_kv_grad<T, C>(dv, pa, sdO);
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T ready, dV's product may still run
+    fence_regs<BM / 2>(dp);
+    score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
+    fence_regs<D / 2>(dk);
+    wgmma_fence();
+    issue_kv_grad<T, C>(dk, da, sQ);
+    wgmma_commit();
+
+    // dS^T rows in shared memory for the async proxy; this warpgroup's reduce issued from this
+    // tile's dQ buffer two tiles ago has read it once the barrier passes.
+    fence_proxy_async();
+    if (elected) bulk_wait_read<1>();
+    named_sync(ds_bar, ds_bar_count);
+    float dq[32];
+    fence_regs<32>(dq);
+    wgmma_fence();
+    issue_dq<T, C>(dq, sdS, sK, wg);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs<32>(dq);
+    fence_regs<D / 2>(dv);
+    fence_regs<D / 2>(dk);
+    fence_regs<BM / 4>(&pa[0][0]);
+    fence_regs<BM / 4>(&da[0][0]);
+    if (lane == 0) mbar_arrive(empty(st_i));  // this warp's reads of Q, dO and the LD rows are done
+
+    const uint32_t half = sdQ0 + (it & 1) * C::kSmemDQ + wg * 2 * 8192;
+    stage_dq(dq, half, wl, lg, lt);
+    fence_proxy_async();
+    named_sync(2 + wg, 128);
+    if (elected) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        tma_reduce_add_4d(&maps.dq, half + k * 8192, (C::kSplitN ? wg * 64 : 0) + k * 32, h, q0, w.b);
+      bulk_commit();
+    }
+  }
+
+  // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
+  named_sync(1, 256);
+  const int64_t kv_stride = static_cast<int64_t>(KVH) * D;
+  store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, static_cast<T*>(p.dk) + (static_cast<int64_t>(row_base) * KVH + w.g) * D,
+                    static_cast<T*>(p.dv) + (static_cast<int64_t>(row_base) * KVH + w.g) * D, kv_stride);
+  if (elected) bulk_wait<0>();  // the reduces have read shared memory and are done
+#else
+  __trap();
+#endif
+}
+
 // PRIMUS_TURBO_ATTN_BWD_DQ=atomic (read on every call, for A/B runs): the threads add dQ with f32
 // atomics instead of the TMA reduce-adds.
 bool dq_tma_enabled() { return env_choice("PRIMUS_TURBO_ATTN_BWD_DQ", {"tma", "atomic"}, "tma") == "tma"; }
+
+CUtensorMap dq_map(const FlashAttnParams& prm, float* dq_acc, int D, int BM);
 
 template <class T, int D>
 void launch(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
@@ -331,36 +582,88 @@ void launch(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>((prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B));  // see c0 in the kernel
-  // dQ's accumulator [B, T, H, D] f32 as a 4-D tensor (d, head, token, batch row) in boxes of
-  // [64 tokens][32 f32], 128-byte swizzled: token rows past T are clipped, not added to the next
-  // batch row.
   CUtensorMap tmap{};
   int dq_tma = 0;
-  if (encode_tiled() && dq_tma_enabled()) {
-    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(prm.H), static_cast<cuuint64_t>(prm.T),
-                                static_cast<cuuint64_t>(prm.B)};
-    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(D) * 4, static_cast<cuuint64_t>(prm.H * D) * 4,
-                                   static_cast<cuuint64_t>(prm.T * prm.H * D) * 4};
-    const cuuint32_t box[4] = {32, 1, static_cast<cuuint32_t>(C::BM), 1};
-    const cuuint32_t elem[4] = {1, 1, 1, 1};
-    const CUresult r = encode_tiled()(&tmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, ptrs.dq_acc, dims, strides, box, elem,
-                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    PRIMUS_CHECK(r == CUDA_SUCCESS, "attention backward (sm90): cuTensorMapEncodeTiled failed ({}) for dQ's accumulator [{}][{}][{}][{}]",
-                 static_cast<int>(r), prm.B, prm.T, prm.H, D);
-    dq_tma = 1;
-  }
+  if (encode_tiled() && dq_tma_enabled()) tmap = dq_map(prm, ptrs.dq_acc, D, C::BM), dq_tma = 1;
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(ptrs, prm, tmap, dq_tma);
+  CUDA_CHECK_LAST();
+}
+
+// dQ's accumulator [B, T, H, D] f32 as a 4-D tensor (d, head, token, batch row) in boxes of
+// [64 tokens][32 f32], 128-byte swizzled: token rows past T are clipped, not added to the next
+// batch row.
+CUtensorMap dq_map(const FlashAttnParams& prm, float* dq_acc, int D, int BM) {
+  CUtensorMap tmap{};
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(prm.H), static_cast<cuuint64_t>(prm.T),
+                              static_cast<cuuint64_t>(prm.B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(D) * 4, static_cast<cuuint64_t>(prm.H * D) * 4,
+                                 static_cast<cuuint64_t>(prm.T * prm.H * D) * 4};
+  const cuuint32_t box[4] = {32, 1, static_cast<cuuint32_t>(BM), 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
+  const CUresult r = encode_tiled()(&tmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dq_acc, dims, strides, box, elem,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  PRIMUS_CHECK(r == CUDA_SUCCESS, "attention backward (sm90): cuTensorMapEncodeTiled failed ({}) for dQ's accumulator [{}][{}][{}][{}]",
+               static_cast<int>(r), prm.B, prm.T, prm.H, D);
+  return tmap;
+}
+
+// The (lse in base 2, delta) rows [B*H][2][ld_stride] f32 in boxes of [2][box]; tokens past T read
+// as zeros. The kernel starts each box at a multiple of 4 tokens (16 bytes): a TMA box whose
+// innermost start is not 16-byte aligned stopped the kernel with an illegal instruction (H200,
+// packed documents, whose query tiles start anywhere).
+CUtensorMap ld_map(const FlashAttnParams& prm, const float* ld, int64_t ld_stride, int box_t) {
+  CUtensorMap tmap{};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(prm.T), 2, static_cast<cuuint64_t>(prm.B * prm.H)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld_stride) * 4, static_cast<cuuint64_t>(2 * ld_stride) * 4};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_t), 2, 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(&tmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(ld), dims, strides, box, elem,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  PRIMUS_CHECK(r == CUDA_SUCCESS, "attention backward (sm90): cuTensorMapEncodeTiled failed ({}) for the lse/delta rows [{}][2][{}]",
+               static_cast<int>(r), prm.B * prm.H, ld_stride);
+  return tmap;
+}
+
+template <class T, int D>
+void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
+  using C = BwdWsConfig<D>;
+  auto kernel = flash_bwd_sm90_ws_kernel<T, C>;
+  static bool configured = false;
+  if (!configured) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    configured = true;
+  }
+  const int64_t rows = prm.B * prm.T;
+  BwdWsMaps maps;
+  maps.q = attention_rows_map(ptrs.q, prm.dtype, rows, prm.H, D, C::BM);
+  maps.dout = attention_rows_map(ptrs.dout, prm.dtype, rows, prm.H, D, C::BM);
+  maps.k = attention_rows_map(ptrs.k, prm.dtype, rows, prm.KVH, D, C::BN);
+  maps.v = attention_rows_map(ptrs.v, prm.dtype, rows, prm.KVH, D, C::BN);
+  maps.ld = ld_map(prm, ptrs.ld, ptrs.ld_stride, C::kLdBox);
+  maps.dq = dq_map(prm, ptrs.dq_acc, D, C::BM);
+  const dim3 grid(static_cast<unsigned>((prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B));  // see BwdWalk
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(ptrs, prm, maps);
   CUDA_CHECK_LAST();
 }
 
 }  // namespace
 
+bool flash_backward_sm90_ws_usable(const FlashBwdPointers& ptrs) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(ptrs.q) | reinterpret_cast<uintptr_t>(ptrs.k) |
+                         reinterpret_cast<uintptr_t>(ptrs.v) | reinterpret_cast<uintptr_t>(ptrs.dout);
+  return encode_tiled() != nullptr && (bits & 15) == 0 && dq_tma_enabled();
+}
+
 void flash_backward_sm90_main(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
+  const bool ws = ptrs.ld != nullptr;
   if (prm.dtype == DType::BF16) {
-    if (prm.D == 128) launch<__nv_bfloat16, 128>(prm, ptrs, stream); else launch<__nv_bfloat16, 64>(prm, ptrs, stream);
+    if (prm.D == 128) ws ? launch_ws<__nv_bfloat16, 128>(prm, ptrs, stream) : launch<__nv_bfloat16, 128>(prm, ptrs, stream);
+    else ws ? launch_ws<__nv_bfloat16, 64>(prm, ptrs, stream) : launch<__nv_bfloat16, 64>(prm, ptrs, stream);
   } else {
-    if (prm.D == 128) launch<__half, 128>(prm, ptrs, stream); else launch<__half, 64>(prm, ptrs, stream);
+    if (prm.D == 128) ws ? launch_ws<__half, 128>(prm, ptrs, stream) : launch<__half, 128>(prm, ptrs, stream);
+    else ws ? launch_ws<__half, 64>(prm, ptrs, stream) : launch<__half, 64>(prm, ptrs, stream);
   }
 }
 

@@ -452,25 +452,6 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #endif
 }
 
-// encode_tiled(): turbo/kernels/cuda/tma_encode.h
-
-// A [rows = B*T][heads][D] tensor as TMA sees it: boxes of 64 head_dim elements x 1 head x
-// `box_rows` tokens, 128-byte swizzled (exactly one Sw128 slab); rows past B*T read as zeros.
-CUtensorMap tensor_map(const void* base, DType dt, int64_t rows, int64_t heads, int64_t D, uint32_t box_rows) {
-  CUtensorMap m;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D * 2), static_cast<cuuint64_t>(heads * D * 2)};
-  const cuuint32_t box[3] = {64, 1, box_rows};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&m, dt == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-                                    const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  PRIMUS_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed ({}) for rows={} heads={} D={}", static_cast<int>(r), rows,
-               heads, D);
-  return m;
-}
-
 template <class T, int D>
 void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t stream) {
   using C = WsConfig<D>;
@@ -481,9 +462,9 @@ void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t strea
     configured = true;
   }
   const int64_t rows = prm.B * prm.T;
-  const CUtensorMap tq = tensor_map(a.q, prm.dtype, rows, prm.H, D, C::BM);
-  const CUtensorMap tk = tensor_map(a.k, prm.dtype, rows, prm.KVH, D, C::BN);
-  const CUtensorMap tv = tensor_map(a.v, prm.dtype, rows, prm.KVH, D, C::BN);
+  const CUtensorMap tq = attention_rows_map(a.q, prm.dtype, rows, prm.H, D, C::BM);
+  const CUtensorMap tk = attention_rows_map(a.k, prm.dtype, rows, prm.KVH, D, C::BN);
+  const CUtensorMap tv = attention_rows_map(a.v, prm.dtype, rows, prm.KVH, D, C::BN);
   const dim3 grid(static_cast<unsigned>((prm.T + C::BM - 1) / C::BM), static_cast<unsigned>(prm.H),
                   static_cast<unsigned>(prm.B));
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(tq, tk, tv, a);

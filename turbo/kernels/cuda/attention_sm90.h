@@ -31,11 +31,25 @@ struct FlashBwdPointers {
   const float *lse, *delta;
   float* dq_acc;  // [B,T,H,D] f32, zeroed
   void *dk, *dv;
+  // Set for the warp-specialised kernel only: [B*H][2][ld_stride] f32, per (b, h) the rows' lse
+  // times log2(e), then their delta (delta is then not needed).
+  const float* ld = nullptr;
+  int64_t ld_stride = 0;
 };
+// The wgmma backward: the warp-specialised kernel when ptrs.ld is set, else the one whose threads
+// all load and compute.
 void flash_backward_sm90_main(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream);
+// Whether the warp-specialised kernel can take these pointers (TMA: 16-byte aligned q, k, v, dout;
+// the driver's encoder; dQ by TMA reduce-adds, i.e. not PRIMUS_TURBO_ATTN_BWD_DQ=atomic).
+bool flash_backward_sm90_ws_usable(const FlashBwdPointers& ptrs);
 
-// Which backward main kernel runs: the wgmma one where the device is sm_90, unless
-// PRIMUS_TURBO_ATTN_BWD_KERNEL=sm80 asks for the mma.sync one.
-bool flash_backward_use_sm90();
+// Which backward main kernel runs:
+//   Sm80     the mma.sync kernel (attention_bwd.cu)
+//   Sm90     wgmma, every thread loads (cp.async) and computes, two block barriers per query tile
+//   Sm90Ws   wgmma, a TMA producer warp and two consumer warpgroups (FlashAttention-3 style)
+// Default: Sm90 where the device is sm_90, else Sm80; PRIMUS_TURBO_ATTN_BWD_KERNEL=sm80 | sm90 |
+// sm90ws asks for one (sm90ws falls back to sm90 where flash_backward_sm90_ws_usable is false).
+enum class BwdKernel { Sm80, Sm90, Sm90Ws };
+BwdKernel flash_backward_kernel();
 
 }  // namespace primus::turbo::cuda

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A/B of one TURBO attention environment switch in one device call: the attention GPU tests
+# (GTEST_FILTER, default all), then `primus benchmark attention --backend TURBO` over SHAPES, ROUNDS
+# times alternating VAR=A and VAR=B, then CUDNN once on the same shapes; a table of medians last.
+# Defaults: VAR=PRIMUS_TURBO_ATTN_BWD_KERNEL A=sm90 B=sm90ws (the backward's two wgmma kernels).
+# Carry: .carry-cuda with primus.gz, test_attention_gpu.gz (optional), libgomp.so.1.
+#   run(command="OUT=$OUT bash bench/attention/env_ab.sh", carry=[".carry-cuda"])
+set -u
+OUT=${OUT:-/tmp/attn-ab-out}
+VAR=${VAR:-PRIMUS_TURBO_ATTN_BWD_KERNEL}
+A=${A:-sm90}
+B=${B:-sm90ws}
+ROUNDS=${ROUNDS:-2}
+BIN=/tmp/attn-ab-bin
+mkdir -p "$OUT" "$BIN"
+for f in .carry-cuda/*.gz; do gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"; done
+cp .carry-cuda/lib*.so* "$BIN/" 2>/dev/null
+cudnn=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
+lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13 2>/dev/null | head -1)
+export LD_LIBRARY_PATH=$BIN:${cudnn:-/x}:$(dirname "${lt:-/x/x}"):${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+SHAPES=${SHAPES:-8x2048x16x16x128,2x8192x16x16x128,4x4096x32x8x128,16x1024x12x12x64}
+if [ -x "$BIN/test_attention_gpu" ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout "${TEST_TIMEOUT:-400}" "$BIN/test_attention_gpu" --gtest_brief=1 --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/tests.log" 2>&1
+  echo "test_attention_gpu rc=$?"; grep -E "FAILED|PASSED|Failure|rel_l2" "$OUT/tests.log" | tail -12
+fi
+for r in $(seq "$ROUNDS"); do
+  for tag in A B; do
+    val=${!tag}
+    env "$VAR=$val" "$BIN/primus" benchmark attention --backend TURBO --iters 20 --shapes "$SHAPES" \
+      --json "$OUT/${tag}_$r.jsonl" > "$OUT/${tag}_$r.log" 2>&1 || echo "$tag ($VAR=$val) round $r rc=$?"
+  done
+done
+"$BIN/primus" benchmark attention --backend CUDNN --iters 20 --shapes "$SHAPES" --json "$OUT/cudnn.jsonl" > "$OUT/cudnn.log" 2>&1
+python3 - "$OUT" "$ROUNDS" "$VAR" "$A" "$B" <<'PY' | tee "$OUT/summary.txt"
+import json, statistics, sys
+out, rounds, var, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+v = {}
+def read(path, tag):
+    try:
+        for l in open(path):
+            j = json.loads(l)
+            if j.get("metric") == "TFLOP/s": v.setdefault((j["case"], tag), []).append(j["ours"])
+    except FileNotFoundError:
+        pass
+for tag in ("A", "B"):
+    for r in range(1, rounds + 1): read(f"{out}/{tag}_{r}.jsonl", tag)
+read(f"{out}/cudnn.jsonl", "cudnn")
+print(f"{var}: A={a} B={b} (TFLOP/s, medians of {rounds} rounds)")
+print(f"{'case':<40}{'A':>9}{'B':>9}{'B/A':>8}{'CUDNN':>8}{'B/CUDNN':>9}")
+for case in dict.fromkeys(c for c, _ in v):
+    m = {t: statistics.median(v[(case, t)]) for t in ("A", "B", "cudnn") if (case, t) in v}
+    g = lambda x, y: f"{m[x] / m[y]:.3f}" if x in m and y in m else "-"
+    print(f"{case:<40}{m.get('A', 0):>9.1f}{m.get('B', 0):>9.1f}{g('B', 'A'):>8}{m.get('cudnn', 0):>8.1f}{g('B', 'cudnn'):>9}")
+PY
