@@ -122,11 +122,11 @@ int main(int argc, char** argv) {
     bench::fill_uniform_device(v.data, dt, v.numel(), 3, 1.0f);
     bench::fill_uniform_device(dout.data, dt, dout.numel(), 4, 1.0f);
     std::vector<std::vector<float>> first;  // out, dq, dk, dv of the first backend, for the cross-check
-    // TURBO runs its default kernels (on sm_90: the TMA warp-specialised wgmma forward, the wgmma
+    // TURBO runs its default kernels (on sm_90: the TMA warp-specialised wgmma forward and
     // backward); as "TURBO_SM90_PIPE" the cp.async-fed pipelined wgmma forward; as
-    // "TURBO_SM90_SIMPLE" the wgmma forward without the softmax/GEMM overlap; as "TURBO_BWD_WS"
-    // the default forward and the warp-specialised (TMA producer) wgmma backward; as "TURBO_SM80"
-    // the mma.sync kernels both ways.
+    // "TURBO_SM90_SIMPLE" the wgmma forward without the softmax/GEMM overlap; as "TURBO_BWD_SM90"
+    // the default forward and the wgmma backward whose threads all load; as "TURBO_SM80" the
+    // mma.sync kernels both ways.
     struct Variant {
       const char* name;
       BackendType be;
@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     for (const Variant& var : {Variant{"CUDNN", BackendType::CUDNN, ""}, Variant{"TURBO", BackendType::TURBO, ""},
                                Variant{"TURBO_SM90_PIPE", BackendType::TURBO, "sm90pipe"},
                                Variant{"TURBO_SM90_SIMPLE", BackendType::TURBO, "sm90"},
-                               Variant{"TURBO_BWD_WS", BackendType::TURBO, "bwdws"},
+                               Variant{"TURBO_BWD_SM90", BackendType::TURBO, "bwdsm90"},
                                Variant{"TURBO_SM80", BackendType::TURBO, "sm80"}}) {
       // A variant left out is skipped, except CUDNN, which still runs once (untimed, unreported)
       // as the cross-check reference of the others.
@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
       const BackendType be = var.be;
       unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
       unsetenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
-      if (std::strcmp(var.kernel, "bwdws") == 0) setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm90ws", 1);
+      if (std::strcmp(var.kernel, "bwdsm90") == 0) setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm90", 1);
       else if (*var.kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", var.kernel, 1);
       if (std::strcmp(var.kernel, "sm80") == 0) setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm80", 1);
       auto o = arena->tensor(dt, {c.B, c.T, c.H, c.D}), lse = arena->tensor(DType::F32, {c.B, c.H, c.T});

@@ -33,10 +33,10 @@ constexpr double kGateMaxRel = 2e-2;  // worst element against the reference's s
 
 struct Param {
   BackendType backend;
-  const char* kernel;  // TURBO kernels: "" (default on sm_90: TMA warp-specialised wgmma forward,
-                       // wgmma backward), "sm90pipe" (cp.async-fed pipelined wgmma forward), "sm90"
-                       // (unpipelined wgmma forward), "bwdws" (default forward, warp-specialised
-                       // TMA wgmma backward) or "sm80" (mma.sync both ways)
+  const char* kernel;  // TURBO kernels: "" (default on sm_90: TMA warp-specialised wgmma forward and
+                       // backward), "sm90pipe" (cp.async-fed pipelined wgmma forward), "sm90"
+                       // (unpipelined wgmma forward), "bwdsm90" (default forward, the wgmma backward
+                       // whose threads all load) or "sm80" (mma.sync both ways)
   DType dtype;
   bool causal;
   int64_t KVH;  // with H = 4
@@ -73,8 +73,8 @@ class AttnGpu : public ::testing::Test {
   static void set_kernel(const char* kernel) {
     unsetenv("PRIMUS_TURBO_ATTN_KERNEL");
     unsetenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
-    if (std::strcmp(kernel, "bwdws") == 0) {
-      setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm90ws", 1);
+    if (std::strcmp(kernel, "bwdsm90") == 0) {
+      setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm90", 1);
       return;
     }
     if (*kernel) setenv("PRIMUS_TURBO_ATTN_KERNEL", kernel, 1);
@@ -199,7 +199,7 @@ std::vector<Param> dense_params() {
                          {BackendType::TURBO, ""},
                          {BackendType::TURBO, "sm90pipe"},
                          {BackendType::TURBO, "sm90"},
-                         {BackendType::TURBO, "bwdws"},
+                         {BackendType::TURBO, "bwdsm90"},
                          {BackendType::TURBO, "sm80"}};
   std::vector<Param> ps;
   for (const Be& be : backends)
@@ -235,8 +235,9 @@ TEST_F(AttnGpu, CustomScale) {
   }
 }
 
-// The Hopper backward adds dQ with TMA reduce-adds from shared memory by default (the other
-// tests run that path) and with the threads' f32 atomics under PRIMUS_TURBO_ATTN_BWD_DQ=atomic:
+// The Hopper backward whose threads all load (PRIMUS_TURBO_ATTN_BWD_KERNEL=sm90) adds dQ with TMA
+// reduce-adds from shared memory by default and with the threads' f32 atomics under
+// PRIMUS_TURBO_ATTN_BWD_DQ=atomic:
 // both are at the gate against the reference, dK and dV do not depend on the choice (bitwise),
 // and dQ differs only by the order of its f32 additions (at most one bf16 unit in the last place
 // per element). T = 200 over two batch rows: the last query tile's rows past T are clipped, not
@@ -254,9 +255,11 @@ TEST_F(AttnGpu, Sm90BackwardDqReduceMatchesAtomics) {
       std::vector<float> dq[2], dk[2], dv[2];
       for (int atomic : {0, 1}) {
         SCOPED_TRACE(atomic ? "atomics" : "TMA reduce");
+        setenv("PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm90", 1);
         if (atomic) setenv("PRIMUS_TURBO_ATTN_BWD_DQ", "atomic", 1);
         run(c, d);
         unsetenv("PRIMUS_TURBO_ATTN_BWD_DQ");
+        unsetenv("PRIMUS_TURBO_ATTN_BWD_KERNEL");
         check_all(t, d);
         dq[atomic] = get(d.dq), dk[atomic] = get(d.dk), dv[atomic] = get(d.dv);
       }
@@ -328,7 +331,7 @@ class AttnGpuVarlen : public AttnGpu, public ::testing::WithParamInterface<const
   }
 };
 TEST_P(AttnGpuVarlen, MatchesReference) { check(); }
-INSTANTIATE_TEST_SUITE_P(Kernels, AttnGpuVarlen, ::testing::Values("", "sm90pipe", "bwdws", "sm80"),
+INSTANTIATE_TEST_SUITE_P(Kernels, AttnGpuVarlen, ::testing::Values("", "sm90pipe", "bwdsm90", "sm80"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            return std::string(*i.param ? i.param : "default");
                          });

@@ -411,7 +411,7 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
 }  // namespace
 
 BwdKernel flash_backward_kernel() {
-  const std::string k = env_choice("PRIMUS_TURBO_ATTN_BWD_KERNEL", {"sm80", "sm90", "sm90ws"}, "sm90");
+  const std::string k = env_choice("PRIMUS_TURBO_ATTN_BWD_KERNEL", {"sm80", "sm90", "sm90ws"}, "sm90ws");
   if (k == "sm80" || !flash_forward_sm90_available()) return BwdKernel::Sm80;
   return k == "sm90ws" ? BwdKernel::Sm90Ws : BwdKernel::Sm90;
 }

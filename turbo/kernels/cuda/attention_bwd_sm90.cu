@@ -232,11 +232,22 @@ __device__ __forceinline__ void store_dk_dv(const float* dk, const float* dv, ui
 // `total` query tiles, head by head of the group, from q_begin.
 struct BwdWalk {
   int c0, g, b, group, q_begin, n_q, total;
-  __device__ __forceinline__ BwdWalk(const FlashAttnParams& prm, int BN, int BM) {
+  // key_slowest: the causal order above (false: key tile fastest whatever the mask). group > 1
+  // (causal only): key tiles in groups of `group`, the groups heaviest first, within a group every
+  // head's `group` key tiles next to each other (so about 132 / group heads run at once, each with
+  // `group` blocks sharing its Q, dO and dQ tiles in L2).
+  __device__ __forceinline__ BwdWalk(const FlashAttnParams& prm, int BN, int BM, bool key_slowest, int group_kt = 1) {
     const int T_len = static_cast<int>(prm.T), KVH = static_cast<int>(prm.KVH);
     group = static_cast<int>(prm.H) / KVH;
     const int idx = static_cast<int>(blockIdx.x), n_kt = (T_len + BN - 1) / BN, kvh_b = KVH * static_cast<int>(prm.B);
-    const int kt = prm.causal ? idx / kvh_b : idx % n_kt, rest = prm.causal ? idx % kvh_b : idx / n_kt;
+    int kt = key_slowest ? idx / kvh_b : idx % n_kt, rest = key_slowest ? idx % kvh_b : idx / n_kt;
+    if (key_slowest && group_kt > 1) {
+      const int full = n_kt / group_kt, in_full = full * group_kt * kvh_b;
+      const int gsize = idx < in_full ? group_kt : n_kt - full * group_kt;
+      const int r = idx < in_full ? idx % (group_kt * kvh_b) : idx - in_full;
+      kt = (idx < in_full ? idx / (group_kt * kvh_b) : full) * group_kt + r % gsize;
+      rest = r / gsize;
+    }
     c0 = kt * BN, g = rest % KVH, b = rest / KVH;
     const int num_docs = static_cast<int>(prm.num_docs);
     const int c_last = min(c0 + BN, T_len) - 1;
@@ -282,7 +293,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
 
   const int T_len = static_cast<int>(prm_in.T), H = static_cast<int>(prm_in.H), KVH = static_cast<int>(prm_in.KVH);
   const float scale = prm_in.scale, scale_log2 = prm_in.scale * kLog2e;
-  const BwdWalk w(prm_in, BN, BM);
+  const BwdWalk w(prm_in, BN, BM, prm_in.causal);
   const int c0 = w.c0, g = w.g, b = w.b, total = w.total;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4, wl = warp % 4;
@@ -411,15 +422,15 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
 // warpgroup's dQ partial uses its own rows only, so the barrier is its own); dS^T is double-
 // buffered so the next tile's rows never wait for this tile's dQ product. Each warpgroup stages its
 // own dQ share and one of its threads adds it by TMA reduce-adds.
-template <int D_>
+template <int D_, int Stages, int DqBufs>
 struct BwdWsConfig : BwdSm90Config<D_> {
   using Base = BwdSm90Config<D_>;
-  static constexpr int kThreads = 384, kStages = 2;
+  static constexpr int kThreads = 384, kStages = Stages, kDqBufs = DqBufs;
   // A query tile's lse (base 2) and delta rows, f32, read from the 16-byte boundary at or before the
   // tile's first row (a box BM + 4 wide; the tile starts (q0 % 4) in), one 128-byte aligned slot per stage.
   static constexpr int kLdBox = Base::BM + 4, kLdBytes = 2 * kLdBox * 4, kSmemLD = (kLdBytes + 127) / 128 * 128;
   // K, V, Q[stages], dO[stages], dS^T[2], dQ staging[2], LD[stages], then the mbarriers
-  static constexpr int kSmem = 2 * Base::kSmemKV + 2 * kStages * Base::kSmemQ + 2 * Base::kSmemDS + 2 * Base::kSmemDQ +
+  static constexpr int kSmem = 2 * Base::kSmemKV + 2 * kStages * Base::kSmemQ + 2 * Base::kSmemDS + kDqBufs * Base::kSmemDQ +
                                kStages * kSmemLD + 8 * (1 + 2 * kStages) + 1024;
   static_assert(kSmem <= 227 * 1024, "more shared memory than an sm_90 block may have");
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 65536
@@ -432,7 +443,8 @@ struct BwdWsMaps {
 
 template <class T, class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
-    flash_bwd_sm90_ws_kernel(const FlashBwdPointers p, const FlashAttnParams prm, const __grid_constant__ BwdWsMaps maps) {
+    flash_bwd_sm90_ws_kernel(const FlashBwdPointers p, const FlashAttnParams prm, const __grid_constant__ BwdWsMaps maps,
+                             const int order) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::D, BN = C::BN, BM = C::BM, S = C::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -440,14 +452,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sK = base, sV = sK + C::kSmemKV;
   const uint32_t sQ0 = sV + C::kSmemKV, sdO0 = sQ0 + S * C::kSmemQ, sdS0 = sdO0 + S * C::kSmemQ;
-  const uint32_t sdQ0 = sdS0 + 2 * C::kSmemDS, sLD0 = sdQ0 + 2 * C::kSmemDQ;
+  const uint32_t sdQ0 = sdS0 + 2 * C::kSmemDS, sLD0 = sdQ0 + C::kDqBufs * C::kSmemDQ;
   const uint32_t bars = sLD0 + S * C::kSmemLD;
   const uint32_t bar_kv = bars;
   auto full = [&](int st) { return bars + 8u * (1 + st); };
   auto empty = [&](int st) { return bars + 8u * (1 + S + st); };
 
   const int T_len = static_cast<int>(prm.T), H = static_cast<int>(prm.H), KVH = static_cast<int>(prm.KVH);
-  const BwdWalk w(prm, BN, BM);
+  const BwdWalk w(prm, BN, BM, prm.causal && order != 1, order);
   const int row_base = w.b * T_len;
   if (threadIdx.x == 0) {
     mbar_init(bar_kv, 1);
@@ -499,6 +511,21 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
   mbar_wait(bar_kv, 0);
 
+  // dQ of tile j (in dq) into this warpgroup's staging half of buffer j % kDqBufs, then its reduce-adds.
+  float dq[32];
+  auto flush_dq = [&](int j, int h, int q0) {
+    const uint32_t half = sdQ0 + (j % C::kDqBufs) * C::kSmemDQ + wg * 2 * 8192;
+    stage_dq(dq, half, wl, lg, lt);
+    fence_proxy_async();
+    named_sync(2 + wg, 128);
+    if (elected) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) tma_reduce_add_4d(&maps.dq, half + k * 8192, (C::kSplitN ? wg * 64 : 0) + k * 32, h, q0, w.b);
+      bulk_commit();
+    }
+  };
+  uint32_t pa[BM / 16][4], da[BM / 16][4];
+
   for (int it = 0; it < w.total; ++it) {
     const int st_i = it % S;
     mbar_wait(full(st_i), (it / S) & 1);
@@ -511,7 +538,6 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     issue_st_dpt<T, C, true>(st, dp, k_wg, v_wg, sQ, sdO);
     wgmma_wait<1>();  // S^T ready, dP^T may still run
     fence_regs<BM / 2>(st);
-    uint32_t pa[BM / 16][4], da[BM / 16][4];
     probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
     fence_regs<D / 2>(dv);
     wgmma_fence();
@@ -525,12 +551,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     issue_kv_grad<T, C>(dk, da, sQ);
     wgmma_commit();
 
-    // dS^T rows in shared memory for the async proxy; this warpgroup's reduce issued from this
-    // tile's dQ buffer two tiles ago has read it once the barrier passes.
+    // dS^T rows in shared memory for the async proxy; this warpgroup's reduce that last read the
+    // dQ buffer to be written next has read it once the barrier passes.
     fence_proxy_async();
-    if (elected) bulk_wait_read<1>();
+    if (elected) bulk_wait_read<C::kDqBufs - 1>();
     named_sync(ds_bar, ds_bar_count);
-    float dq[32];
     fence_regs<32>(dq);
     wgmma_fence();
     issue_dq<T, C>(dq, sdS, sK, wg);
@@ -542,17 +567,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     fence_regs<BM / 4>(&pa[0][0]);
     fence_regs<BM / 4>(&da[0][0]);
     if (lane == 0) mbar_arrive(empty(st_i));  // this warp's reads of Q, dO and the LD rows are done
-
-    const uint32_t half = sdQ0 + (it & 1) * C::kSmemDQ + wg * 2 * 8192;
-    stage_dq(dq, half, wl, lg, lt);
-    fence_proxy_async();
-    named_sync(2 + wg, 128);
-    if (elected) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-        tma_reduce_add_4d(&maps.dq, half + k * 8192, (C::kSplitN ? wg * 64 : 0) + k * 32, h, q0, w.b);
-      bulk_commit();
-    }
+    flush_dq(it, h, q0);
   }
 
   // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
@@ -626,9 +641,9 @@ CUtensorMap ld_map(const FlashAttnParams& prm, const float* ld, int64_t ld_strid
   return tmap;
 }
 
-template <class T, int D>
-void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
-  using C = BwdWsConfig<D>;
+template <class T, class C>
+void launch_ws_config(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
+  constexpr int D = C::D;
   auto kernel = flash_bwd_sm90_ws_kernel<T, C>;
   static bool configured = false;
   if (!configured) {
@@ -644,8 +659,21 @@ void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStr
   maps.ld = ld_map(prm, ptrs.ld, ptrs.ld_stride, C::kLdBox);
   maps.dq = dq_map(prm, ptrs.dq_acc, D, C::BM);
   const dim3 grid(static_cast<unsigned>((prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B));  // see BwdWalk
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(ptrs, prm, maps);
+  // PRIMUS_TURBO_ATTN_BWD_ORDER (read on every call, for A/B runs): the causal block order (see
+  // BwdWalk): heavy = key tile slowest (heaviest first), keyfast = key tile fastest (a head's
+  // blocks together, sharing its Q, dO and dQ tiles in L2), groupN = heaviest first by groups of
+  // N key tiles, each head's N blocks together.
+  const std::string ord = env_choice("PRIMUS_TURBO_ATTN_BWD_ORDER", {"heavy", "keyfast", "group2", "group4", "group8"}, "heavy");
+  const int order = ord == "keyfast" ? 1 : ord == "heavy" ? 0 : ord[5] - '0';
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(ptrs, prm, maps, order);
   CUDA_CHECK_LAST();
+}
+
+template <class T, int D>
+void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
+  // Two Q/dO stages and two dQ staging buffers: a third stage (head_dim 128: with one staging
+  // buffer) measured 1-3% slower on an H200 (bench/results/NOTES.md, session 17).
+  launch_ws_config<T, BwdWsConfig<D, 2, 2>>(prm, ptrs, stream);
 }
 
 }  // namespace

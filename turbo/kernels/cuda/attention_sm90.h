@@ -47,8 +47,8 @@ bool flash_backward_sm90_ws_usable(const FlashBwdPointers& ptrs);
 //   Sm80     the mma.sync kernel (attention_bwd.cu)
 //   Sm90     wgmma, every thread loads (cp.async) and computes, two block barriers per query tile
 //   Sm90Ws   wgmma, a TMA producer warp and two consumer warpgroups (FlashAttention-3 style)
-// Default: Sm90 where the device is sm_90, else Sm80; PRIMUS_TURBO_ATTN_BWD_KERNEL=sm80 | sm90 |
-// sm90ws asks for one (sm90ws falls back to sm90 where flash_backward_sm90_ws_usable is false).
+// Default: Sm90Ws where the device is sm_90 (Sm90 where flash_backward_sm90_ws_usable is false),
+// else Sm80; PRIMUS_TURBO_ATTN_BWD_KERNEL=sm80 | sm90 | sm90ws asks for one.
 enum class BwdKernel { Sm80, Sm90, Sm90Ws };
 BwdKernel flash_backward_kernel();
 
