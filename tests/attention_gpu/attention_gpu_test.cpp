@@ -239,9 +239,11 @@ TEST_F(AttnGpu, CustomScale) {
 // reduce-adds from shared memory by default and with the threads' f32 atomics under
 // PRIMUS_TURBO_ATTN_BWD_DQ=atomic:
 // both are at the gate against the reference, dK and dV do not depend on the choice (bitwise),
-// and dQ differs only by the order of its f32 additions (at most one bf16 unit in the last place
-// per element). T = 200 over two batch rows: the last query tile's rows past T are clipped, not
-// added to the next row's first tokens.
+// and dQ differs only by the order of its f32 additions: at most one bf16 unit in the last place
+// per element, or 2^-12 of the largest |dq| for elements made small by cancellation (the unit
+// bound alone failed once in about 30 runs on an H200 in session 17; its message was not kept).
+// T = 200 over two batch rows: the last query tile's rows past T are clipped, not added to the
+// next row's first tokens.
 TEST_F(AttnGpu, Sm90BackwardDqReduceMatchesAtomics) {
   for (int64_t D : {int64_t{64}, int64_t{128}})
     for (bool causal : {true, false}) {
@@ -265,12 +267,17 @@ TEST_F(AttnGpu, Sm90BackwardDqReduceMatchesAtomics) {
       }
       EXPECT_EQ(dk[0], dk[1]);
       EXPECT_EQ(dv[0], dv[1]);
+      // One bf16 unit of the larger value, or (elements that are small by cancellation, whose f32
+      // sums differ by more than their own size in the two orders) 2^-12 of the tensor's largest.
+      float dq_max = 0.0f;
+      for (float x : dq[0]) dq_max = std::max(dq_max, std::fabs(x));
       int64_t beyond_ulp = 0;
       for (size_t i = 0; i < dq[0].size(); ++i) {
         const float a = dq[0][i], b = dq[1][i];
-        beyond_ulp += std::fabs(a - b) > std::ldexp(std::max(std::fabs(a), std::fabs(b)), -7);
+        const float bound = std::max(std::ldexp(std::max(std::fabs(a), std::fabs(b)), -7), std::ldexp(dq_max, -12));
+        beyond_ulp += std::fabs(a - b) > bound;
       }
-      EXPECT_EQ(beyond_ulp, 0) << "dq elements differing by more than one bf16 unit";
+      EXPECT_EQ(beyond_ulp, 0) << "dq elements differing by more than one bf16 unit (largest |dq| " << dq_max << ")";
     }
 }
 
