@@ -67,6 +67,10 @@ __device__ __forceinline__ void fence_regs(uint32_t* r) {
 __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// Arrives at named barrier `id` without waiting (the other `count` - 32 * warps threads sync on it).
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 // Shared memory written by the generic proxy (cp.async) and next read by wgmma (async proxy).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
