@@ -175,6 +175,23 @@ __device__ __forceinline__ void issue_dq(float* dq, uint32_t sdS, uint32_t sK, i
   }
 }
 
+// dQ's product issued and waited for (with every product still in flight: dV's and dK's), the
+// accumulators and the A fragments pinned past the wait.
+template <class T, class C>
+__device__ __forceinline__ void dq_product(float* dq, float* dk, float* dv, uint32_t (*pa)[4], uint32_t (*da)[4], uint32_t sdS,
+                                           uint32_t sK, int wg) {
+  fence_regs<32>(dq);
+  wgmma_fence();
+  issue_dq<T, C>(dq, sdS, sK, wg);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs<32>(dq);
+  fence_regs<C::D / 2>(dv);
+  fence_regs<C::D / 2>(dk);
+  fence_regs<C::BM / 4>(&pa[0][0]);
+  fence_regs<C::BM / 4>(&da[0][0]);
+}
+
 // This warpgroup's 64 x 64 dQ share into its two swizzled [64][32] f32 boxes at `half` (8 KiB each).
 __device__ __forceinline__ void stage_dq(const float* dq, uint32_t half, int wl, int lg, int lt) {
   const int rr0 = wl * 16 + lg;
@@ -367,16 +384,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
     if (dq_tma && threadIdx.x == 0) bulk_wait_read<1>();
     __syncthreads();
     float dq[32];  // 64 queries x 64 columns of this warpgroup
-    fence_regs<32>(dq);
-    wgmma_fence();
-    issue_dq<T, C>(dq, sdS, sK, wg);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs<32>(dq);
-    fence_regs<D / 2>(dv);
-    fence_regs<D / 2>(dk);
-    fence_regs<BM / 4>(&pa[0][0]);
-    fence_regs<BM / 4>(&da[0][0]);
+    dq_product<T, C>(dq, dk, dv, pa, da, sdS, sK, wg);
     const uint32_t sdQ = sdQ0 + buf * C::kSmemDQ;
     if (dq_tma) {
       stage_dq(dq, sdQ + wg * 2 * 8192, wl, lg, lt);
@@ -461,14 +469,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int T_len = static_cast<int>(prm.T), H = static_cast<int>(prm.H), KVH = static_cast<int>(prm.KVH);
   const BwdWalk w(prm, BN, BM, prm.causal && order != 1, order);
   const int row_base = w.b * T_len;
-  if (threadIdx.x == 0) {
-    mbar_init(bar_kv, 1);
-    for (int st = 0; st < S; ++st) {
-      mbar_init(full(st), 1);
-      mbar_init(empty(st), 8);  // one arrival per consumer warp
-    }
-    mbar_fence_init();
-  }
+  if (threadIdx.x == 0) mbar_init_ring(bars, S, 8);  // bar_kv, full(st), empty(st)
   __syncthreads();
 
   if (threadIdx.x < 128) {  // producer warpgroup
@@ -556,16 +557,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     fence_proxy_async();
     if (elected) bulk_wait_read<C::kDqBufs - 1>();
     named_sync(ds_bar, ds_bar_count);
-    fence_regs<32>(dq);
-    wgmma_fence();
-    issue_dq<T, C>(dq, sdS, sK, wg);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs<32>(dq);
-    fence_regs<D / 2>(dv);
-    fence_regs<D / 2>(dk);
-    fence_regs<BM / 4>(&pa[0][0]);
-    fence_regs<BM / 4>(&da[0][0]);
+    dq_product<T, C>(dq, dk, dv, pa, da, sdS, sK, wg);
     if (lane == 0) mbar_arrive(empty(st_i));  // this warp's reads of Q, dO and the LD rows are done
     flush_dq(it, h, q0);
   }

@@ -415,14 +415,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   auto empty = [&](int st) { return bars + 8u * (1 + S + st); };
   auto stage = [&](int j) { return sKV + (j % S) * 2 * C::kSmemKV; };
   const BlockGeometry geo(p);
-  if (threadIdx.x == 0) {
-    mbar_init(bar_q, 1);
-    for (int st = 0; st < S; ++st) {
-      mbar_init(full(st), 1);
-      mbar_init(empty(st), 8);  // one arrival per consumer warp
-    }
-    mbar_fence_init();
-  }
+  if (threadIdx.x == 0) mbar_init_ring(bars, S, 8);  // bar_q, full(st), empty(st)
   __syncthreads();
 
   if (threadIdx.x < 128) {  // producer warpgroup

@@ -80,6 +80,17 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 }
 // Makes barrier initialisation visible to the other threads and to the async proxy (TMA).
 __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// A TMA ring's barriers at `bars` (8 bytes each): one load barrier (count 1), then `stages` "full"
+// barriers (count 1: the producer's expect_tx arrival) and `stages` "empty" barriers (one arrival
+// per consumer warp). Thread 0 of the block calls it before the block's first barrier.
+__device__ __forceinline__ void mbar_init_ring(uint32_t bars, int stages, int consumer_warps) {
+  mbar_init(bars, 1);
+  for (int st = 0; st < stages; ++st) {
+    mbar_init(bars + 8u * (1 + st), 1);
+    mbar_init(bars + 8u * (1 + stages + st), consumer_warps);
+  }
+  mbar_fence_init();
+}
 // Arrives and announces `bytes` of TMA traffic that will complete this phase.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
