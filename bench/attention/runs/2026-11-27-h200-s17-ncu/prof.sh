@@ -1,12 +1,7 @@
 # The warp-specialised TURBO attention backward under Nsight Compute (H200, session 17): head_dim 128
 # (T=2048) and 64 (GPT-2), warp-state and throughput sections. From the repository root on the GPU
 # machine: OUT=$OUT bash <this file>
-set -u
-BIN=/tmp/b; mkdir -p $BIN; gunzip -c .carry-cuda/primus.gz > $BIN/primus; chmod +x $BIN/primus
-cudnn_dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
-lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13 2>/dev/null | head -1)
-export LD_LIBRARY_PATH=$BIN:$cudnn_dir:$(dirname "$lt"):.carry-cuda:${LD_LIBRARY_PATH:-}
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu | head -1)
+source "$(dirname "$0")/bin_setup.sh"
 for shape in 8x2048x16x16x128 16x1024x12x12x64; do
   $NCU --clock-control none --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|sm__pipe_tensor_op_gmma_cycles_active\.avg\.pct_of_peak_sustained_active" \
     -k regex:flash_bwd_sm90_ws --launch-skip 2 --launch-count 1 $BIN/primus benchmark attention --shapes $shape --backend TURBO \

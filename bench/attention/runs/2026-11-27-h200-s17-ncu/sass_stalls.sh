@@ -1,12 +1,7 @@
 # Per-instruction warp-stall samples of the warp-specialised TURBO attention backward (Nsight
 # Compute source page, SASS), head_dim 128, T=2048: the 45 instructions with most samples, in
 # program order context. From the repository root on the GPU machine: OUT=$OUT bash <this file>
-set -u
-BIN=/tmp/b; mkdir -p $BIN; gunzip -c .carry-cuda/primus.gz > $BIN/primus; chmod +x $BIN/primus
-cudnn_dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
-lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13 2>/dev/null | head -1)
-export LD_LIBRARY_PATH=$BIN:$cudnn_dir:$(dirname "$lt"):.carry-cuda:${LD_LIBRARY_PATH:-}
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu | head -1)
+source "$(dirname "$0")/bin_setup.sh"
 SHAPE=${SHAPE:-8x2048x16x16x128}
 $NCU --clock-control none --section SourceCounters --section WarpStateStats -k regex:flash_bwd_sm90_ws --launch-skip 2 --launch-count 1 \
   --page source --print-source sass --csv $BIN/primus benchmark attention --shapes $SHAPE --backend TURBO --iters 5 > $OUT/sass_$SHAPE.csv 2> $OUT/sass_err.txt
