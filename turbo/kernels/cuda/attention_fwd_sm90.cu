@@ -72,7 +72,9 @@ struct BlockGeometry {
 
 // One warpgroup's share of a block: 64 query rows, their O accumulator (64 x D, f32) and
 // online-softmax state in registers, and the steps of the flash-attention loop over key tiles.
-template <class T, int D>
+// kFuse: the softmax keeps scores unscaled until exp2(s * scale_log2 - max) (one FFMA per score)
+// and scales each tile's maximum once; only for scale_log2 > 0, which keeps the order.
+template <class T, int D, bool kFuse = false>
 struct FwdWarpgroup {
   static constexpr int BM = kBM, BN = kBN;
   float o[D / 2];          // D/8 column groups x 4 (the accumulator layout of wgmma)
@@ -121,8 +123,10 @@ struct FwdWarpgroup {
   // that rescale the old O (applied by rescale_o once O is no longer being written).
   __device__ __forceinline__ void softmax(int j, float& alpha0, float& alpha1) {
     const int k0 = k_begin + j * BN;
+    if constexpr (!kFuse) {
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] *= scale_log2;
+      for (int i = 0; i < BN / 2; ++i) s[i] *= scale_log2;
+    }
     const bool need_mask = k0 + BN > k_end || (causal && k0 + BN - 1 > q0) || varlen;
     if (need_mask) {
 #pragma unroll
@@ -137,7 +141,7 @@ struct FwdWarpgroup {
         }
       }
     }
-    float mx0 = m0, mx1 = m1;
+    float mx0 = kFuse ? -INFINITY : m0, mx1 = kFuse ? -INFINITY : m1;
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) {
       mx0 = fmaxf(mx0, fmaxf(s[i * 4 + 0], s[i * 4 + 1]));
@@ -148,6 +152,7 @@ struct FwdWarpgroup {
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o_));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o_));
     }
+    if constexpr (kFuse) mx0 = fmaxf(m0, mx0 * scale_log2), mx1 = fmaxf(m1, mx1 * scale_log2);
     // A row that has seen only masked keys keeps max -inf; subtract 0 then (exp2(-inf) = 0).
     const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
     alpha0 = fast_exp2(m0 - base0), alpha1 = fast_exp2(m1 - base1);
@@ -155,8 +160,15 @@ struct FwdWarpgroup {
     float rs0 = 0.0f, rs1 = 0.0f;
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) {
-      s[i * 4 + 0] = fast_exp2(s[i * 4 + 0] - base0), s[i * 4 + 1] = fast_exp2(s[i * 4 + 1] - base0);
-      s[i * 4 + 2] = fast_exp2(s[i * 4 + 2] - base1), s[i * 4 + 3] = fast_exp2(s[i * 4 + 3] - base1);
+      if constexpr (kFuse) {
+        s[i * 4 + 0] = fast_exp2(fmaf(s[i * 4 + 0], scale_log2, -base0));
+        s[i * 4 + 1] = fast_exp2(fmaf(s[i * 4 + 1], scale_log2, -base0));
+        s[i * 4 + 2] = fast_exp2(fmaf(s[i * 4 + 2], scale_log2, -base1));
+        s[i * 4 + 3] = fast_exp2(fmaf(s[i * 4 + 3], scale_log2, -base1));
+      } else {
+        s[i * 4 + 0] = fast_exp2(s[i * 4 + 0] - base0), s[i * 4 + 1] = fast_exp2(s[i * 4 + 1] - base0);
+        s[i * 4 + 2] = fast_exp2(s[i * 4 + 2] - base1), s[i * 4 + 3] = fast_exp2(s[i * 4 + 3] - base1);
+      }
       rs0 += s[i * 4 + 0] + s[i * 4 + 1];
       rs1 += s[i * 4 + 2] + s[i * 4 + 3];
     }
@@ -400,7 +412,7 @@ struct WsConfig {
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 65536
 };
 
-template <class T, class C>
+template <class T, class C, bool kFuse>
 __global__ void __launch_bounds__(C::kThreads, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                              const __grid_constant__ CUtensorMap tv, const Sm90Args p, const int pingpong) {
@@ -439,7 +451,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   } else {  // two consumer warpgroups
     setmaxnreg_inc<C::kConsumerRegs>();
     const int cwg = threadIdx.x / 128 - 1;
-    FwdWarpgroup<T, D> w(p, geo, cwg, sQ);
+    FwdWarpgroup<T, D, kFuse> w(p, geo, cwg, sQ);
     const int n = geo.n_tiles;
     // Ping-pong (pingpong != 0): the warpgroups take turns to issue their products (named barrier
     // 1 + wg is this warpgroup's turn), so one's softmax runs while the other's GEMMs hold the
@@ -480,10 +492,15 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <class T, int D>
 void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t stream) {
   using C = WsConfig<D>;
-  auto kernel = flash_fwd_sm90_ws_kernel<T, C>;
+  // PRIMUS_TURBO_ATTN_FWD_FUSED_SCALE=0 (read on every call, for A/B runs): scores scaled before
+  // the softmax's maximum instead of inside exp2's argument (FwdWarpgroup's kFuse, which needs a
+  // positive scale).
+  const bool fuse = a.scale_log2 > 0.0f && env_choice("PRIMUS_TURBO_ATTN_FWD_FUSED_SCALE", {"0", "1"}, "1") == "1";
+  auto kernel = fuse ? flash_fwd_sm90_ws_kernel<T, C, true> : flash_fwd_sm90_ws_kernel<T, C, false>;
   static bool configured = false;
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_ws_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_ws_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     configured = true;
   }
   const int64_t rows = prm.B * prm.T;
