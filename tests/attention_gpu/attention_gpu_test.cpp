@@ -288,6 +288,15 @@ TEST_F(AttnGpu, Sm90BackwardDqReduceMatchesAtomics) {
 // The two differ only in rounding (lse enters in base 2 precomputed), so their dq, dk, dv agree to
 // well below the gate.
 TEST_F(AttnGpu, Sm90WsBackwardMatchesSm90) {
+  // Both kernels exist on compute capability 9.0 only (elsewhere both runs would take the mma.sync
+  // kernel and the comparison would prove nothing); the test never sets PRIMUS_TURBO_ATTN_BWD_DQ,
+  // and CUDA 13's runtime has the TMA encoder, so sm90ws does run here.
+  int dev = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major * 10 + minor != 90) GTEST_SKIP() << "the wgmma backwards need compute capability 9.0, this is " << major << "." << minor;
+  ASSERT_EQ(getenv("PRIMUS_TURBO_ATTN_BWD_DQ"), nullptr) << "PRIMUS_TURBO_ATTN_BWD_DQ would make sm90ws fall back to sm90";
   for (int64_t D : {int64_t{64}, int64_t{128}})
     for (bool causal : {true, false}) {
       SCOPED_TRACE(fmt::format("D={} causal={}", D, causal));

@@ -249,10 +249,10 @@ __device__ __forceinline__ void store_dk_dv(const float* dk, const float* dv, ui
 // `total` query tiles, head by head of the group, from q_begin.
 struct BwdWalk {
   int c0, g, b, group, q_begin, n_q, total;
-  // key_slowest: the causal order above (false: key tile fastest whatever the mask). group > 1
-  // (causal only): key tiles in groups of `group`, the groups heaviest first, within a group every
-  // head's `group` key tiles next to each other (so about 132 / group heads run at once, each with
-  // `group` blocks sharing its Q, dO and dQ tiles in L2).
+  // key_slowest: the causal order above (false: key tile fastest whatever the mask). group_kt > 1
+  // (with key_slowest): key tiles in groups of group_kt, the groups heaviest first, within a group
+  // every head's group_kt key tiles next to each other (so about 132 / group_kt heads run at once,
+  // each with group_kt blocks sharing its Q, dO and dQ tiles in L2).
   __device__ __forceinline__ BwdWalk(const FlashAttnParams& prm, int BN, int BM, bool key_slowest, int group_kt = 1) {
     const int T_len = static_cast<int>(prm.T), KVH = static_cast<int>(prm.KVH);
     group = static_cast<int>(prm.H) / KVH;

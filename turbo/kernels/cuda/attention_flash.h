@@ -40,7 +40,8 @@ std::string flash_attention_unsupported_reason(DType dtype, int64_t head_dim);
 void flash_attention_forward(const FlashAttnParams& p, void* out, float* lse, const void* q,
                              const void* k, const void* v, cudaStream_t stream);
 
-// Device scratch of the backward in bytes (f32 dq accumulator [B,T,H,D] and delta [B,H,T]).
+// Device scratch of the backward in bytes: the f32 dq accumulator [B,T,H,D], then delta [B,H,T] or
+// the Hopper warp-specialised kernel's (lse, delta) rows [B*H][2][T rounded up to 4].
 size_t flash_attention_backward_scratch_bytes(const FlashAttnParams& p);
 
 // Overwrites dq, dk, dv. `scratch` holds flash_attention_backward_scratch_bytes(p) bytes,
