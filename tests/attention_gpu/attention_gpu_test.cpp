@@ -235,6 +235,37 @@ TEST_F(AttnGpu, CustomScale) {
   }
 }
 
+// The A/B switches of the warp-specialised kernels (not the defaults, so no other test runs them):
+// the forward without ping-pong turns and without the scale fused into exp2, a negative softmax
+// scale (which takes the unfused forward by itself), and every causal block order of the backward.
+// T = 1000 over two batch rows, GQA: ragged last tiles, several key-tile groups, a short tail group.
+TEST_F(AttnGpu, Sm90WsSwitchesMatchReference) {
+  struct Variant {
+    const char* var;
+    const char* value;
+    double scale;  // 0: 1/sqrt(D)
+  };
+  const Variant variants[] = {{"PRIMUS_TURBO_ATTN_FWD_PINGPONG", "0", 0.0},    {"PRIMUS_TURBO_ATTN_FWD_FUSED_SCALE", "0", 0.0},
+                              {"PRIMUS_TURBO_ATTN_FWD_FUSED_SCALE", "1", -0.09}, {"PRIMUS_TURBO_ATTN_BWD_ORDER", "heavy", 0.0},
+                              {"PRIMUS_TURBO_ATTN_BWD_ORDER", "keyfast", 0.0},   {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group4", 0.0},
+                              {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group8", 0.0}};
+  for (const Variant& v : variants)
+    for (int64_t D : {int64_t{64}, int64_t{128}}) {
+      SCOPED_TRACE(fmt::format("{}={} scale={} D={}", v.var, v.value, v.scale, D));
+      AttnCase c;
+      c.B = 2, c.T = 1000, c.H = 4, c.KVH = 2, c.D = D, c.causal = true;
+      if (v.scale != 0.0) c.scale = v.scale;
+      AttnTensors t = random_inputs(c, DType::BF16);
+      run_reference(c, t);
+      Dev d = upload(c, DType::BF16, t);
+      GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+      setenv(v.var, v.value, 1);
+      run(c, d);
+      unsetenv(v.var);
+      check_all(t, d);
+    }
+}
+
 // The Hopper backward whose threads all load (PRIMUS_TURBO_ATTN_BWD_KERNEL=sm90) adds dQ with TMA
 // reduce-adds from shared memory by default and with the threads' f32 atomics under
 // PRIMUS_TURBO_ATTN_BWD_DQ=atomic:
