@@ -4,6 +4,8 @@
 # times alternating VAR=A and VAR=B, then CUDNN once on the same shapes; a table of medians last.
 # Defaults: VAR=PRIMUS_TURBO_ATTN_BWD_KERNEL A=sm90 B=sm90ws (the backward's two wgmma kernels).
 # Carry: .carry-cuda with primus.gz, test_attention_gpu.gz (optional), libgomp.so.1.
+# Two builds instead of (or besides) two settings: A_BIN / B_BIN name the binary each side runs
+# (default primus; e.g. A_BIN=primus_base with .carry-cuda/primus_base.gz from the older commit).
 #   run(command="OUT=$OUT bash bench/attention/env_ab.sh", carry=[".carry-cuda"])
 set -u
 OUT=${OUT:-/tmp/attn-ab-out}
@@ -27,13 +29,14 @@ fi
 for r in $(seq "$ROUNDS"); do
   for tag in A B; do
     val=${!tag}
-    env "$VAR=$val" "$BIN/primus" benchmark attention --backend TURBO --iters 20 --shapes "$SHAPES" \
+    bin_var=${tag}_BIN
+    env "$VAR=$val" "$BIN/${!bin_var:-primus}" benchmark attention --backend TURBO --iters 20 --shapes "$SHAPES" \
       --json "$OUT/${tag}_$r.jsonl" > "$OUT/${tag}_$r.log" 2>&1 || echo "$tag ($VAR=$val) round $r rc=$?"
   done
 done
 "$BIN/primus" benchmark attention --backend CUDNN --iters 20 --shapes "$SHAPES" --json "$OUT/cudnn.jsonl" > "$OUT/cudnn.log" 2>&1
 python3 - "$OUT" "$ROUNDS" "$VAR" "$A" "$B" <<'PY' | tee "$OUT/summary.txt"
-import json, statistics, sys
+import json, os, statistics, sys
 out, rounds, var, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 v = {}
 def read(path, tag):
@@ -46,7 +49,7 @@ def read(path, tag):
 for tag in ("A", "B"):
     for r in range(1, rounds + 1): read(f"{out}/{tag}_{r}.jsonl", tag)
 read(f"{out}/cudnn.jsonl", "cudnn")
-print(f"{var}: A={a} B={b} (TFLOP/s, medians of {rounds} rounds)")
+print(f"{var}: A={a} B={b} (TFLOP/s, medians of {rounds} rounds)" + "".join(f", {k}={os.environ[k]}" for k in ("A_BIN", "B_BIN") if os.environ.get(k)))
 print(f"{'case':<40}{'A':>9}{'B':>9}{'B/A':>8}{'CUDNN':>8}{'B/CUDNN':>9}")
 for case in dict.fromkeys(c for c, _ in v):
     m = {t: statistics.median(v[(case, t)]) for t in ("A", "B", "cudnn") if (case, t) in v}

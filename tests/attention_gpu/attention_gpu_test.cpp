@@ -448,6 +448,51 @@ TEST_F(AttnGpu, VarlenDocumentsAreIndependent) {
               static_cast<long>(dq_moved));
 }
 
+// A batch row never reads its neighbour's tokens: with every q, k, v, dout value of batch row 1
+// set to NaN, batch row 0's out, lse, dq, dk, dv are still those of row 0 alone (the fp64 reference
+// with B = 1), for every backend and TURBO kernel. T = 200 and 77 are no multiple of any tile, so
+// row 0's last query and key tiles reach past T, where a flattened [B*T] tensor would give them row
+// 1's first tokens (masked, but 0 * NaN = NaN in dV, dK and dQ).
+TEST_F(AttnGpu, BatchRowsIgnoreNonFiniteNeighbours) {
+  struct Be {
+    BackendType type;
+    const char* kernel;
+  };
+  const Be backends[] = {{BackendType::CUDNN, ""}, {BackendType::TURBO, ""},        {BackendType::TURBO, "sm90pipe"},
+                         {BackendType::TURBO, "sm90"}, {BackendType::TURBO, "bwdsm90"}, {BackendType::TURBO, "sm80"}};
+  for (const Be& be : backends)
+    for (auto [D, T] : {std::pair<int64_t, int64_t>{64, 77}, {128, 200}})
+      for (bool causal : {true, false}) {
+        SCOPED_TRACE(fmt::format("{} {} D={} T={} causal={}", backend_name(be.type), be.kernel, D, T, causal));
+        AttnCase c;
+        c.B = 2, c.T = T, c.H = 4, c.KVH = 2, c.D = D, c.causal = causal;
+        AttnTensors t = random_inputs(c, DType::BF16);
+        // Row 0 alone, for the reference.
+        AttnCase c0 = c;
+        c0.B = 1;
+        AttnTensors t0;
+        auto first_row = [](const std::vector<double>& v) { return std::vector<double>(v.begin(), v.begin() + v.size() / 2); };
+        t0.q = first_row(t.q), t0.k = first_row(t.k), t0.v = first_row(t.v), t0.dout = first_row(t.dout);
+        run_reference(c0, t0);
+        for (std::vector<double>* v : {&t.q, &t.k, &t.v, &t.dout})
+          std::fill(v->begin() + static_cast<std::ptrdiff_t>(v->size() / 2), v->end(), std::nan(""));
+        Dev d = upload(c, DType::BF16, t);
+        GlobalBackendManager::instance().set_backend("attention", be.type);
+        set_kernel(be.kernel);
+        run(c, d);
+        auto row0 = [&](const TensorView& tv) {
+          std::vector<float> all = get(tv);
+          all.resize(all.size() / 2);
+          return all;
+        };
+        expect_close("out", row0(d.out), t0.out);
+        expect_close("lse", row0(d.lse), t0.lse);
+        expect_close("dq", row0(d.dq), t0.dq);
+        expect_close("dk", row0(d.dk), t0.dk);
+        expect_close("dv", row0(d.dv), t0.dv);
+      }
+}
+
 // Without a forced backend, dense calls go to cuDNN (the default) and every output is right.
 TEST_F(AttnGpu, DefaultDispatchIsCudnnForDense) {
   AttnCase c;

@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   const int T_len = static_cast<int>(prm.T), H = static_cast<int>(prm.H), KVH = static_cast<int>(prm.KVH);
   const BwdWalk w(prm, BN, BM, prm.causal && order != 1, order);
-  const int row_base = w.b * T_len;
+  const int64_t row_base = static_cast<int64_t>(w.b) * T_len;  // dK / dV's rows
   if (threadIdx.x == 0) mbar_init_ring(bars, S, 8);  // bar_kv, full(st), empty(st)
   __syncthreads();
 
@@ -477,8 +477,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     if (threadIdx.x == 0) {
       mbar_expect_tx(bar_kv, 2 * C::kSmemKV);
       for (int slab = 0; slab < D / 64; ++slab) {
-        tma_load_3d(sK + slab * Sw128<BN>::kSlab, &maps.k, bar_kv, slab * 64, w.g, row_base + w.c0);
-        tma_load_3d(sV + slab * Sw128<BN>::kSlab, &maps.v, bar_kv, slab * 64, w.g, row_base + w.c0);
+        tma_load_bthd(sK + slab * Sw128<BN>::kSlab, &maps.k, bar_kv, slab * 64, w.g, w.c0, w.b);
+        tma_load_bthd(sV + slab * Sw128<BN>::kSlab, &maps.v, bar_kv, slab * 64, w.g, w.c0, w.b);
       }
       for (int it = 0; it < w.total; ++it) {
         const int st = it % S;
@@ -486,8 +486,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         mbar_expect_tx(full(st), 2 * C::kSmemQ + C::kLdBytes);
         const int h = w.head(it), q0 = w.q0(it, BM);
         for (int slab = 0; slab < D / 64; ++slab) {
-          tma_load_3d(sQ0 + st * C::kSmemQ + slab * Sw128<BM>::kSlab, &maps.q, full(st), slab * 64, h, row_base + q0);
-          tma_load_3d(sdO0 + st * C::kSmemQ + slab * Sw128<BM>::kSlab, &maps.dout, full(st), slab * 64, h, row_base + q0);
+          tma_load_bthd(sQ0 + st * C::kSmemQ + slab * Sw128<BM>::kSlab, &maps.q, full(st), slab * 64, h, q0, w.b);
+          tma_load_bthd(sdO0 + st * C::kSmemQ + slab * Sw128<BM>::kSlab, &maps.dout, full(st), slab * 64, h, q0, w.b);
         }
         tma_load_3d(sLD0 + st * C::kSmemLD, &maps.ld, full(st), q0 & ~3, 0, w.b * H + h);
       }
@@ -565,8 +565,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
   named_sync(1, 256);
   const int64_t kv_stride = static_cast<int64_t>(KVH) * D;
-  store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, static_cast<T*>(p.dk) + (static_cast<int64_t>(row_base) * KVH + w.g) * D,
-                    static_cast<T*>(p.dv) + (static_cast<int64_t>(row_base) * KVH + w.g) * D, kv_stride);
+  store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, static_cast<T*>(p.dk) + (row_base * KVH + w.g) * D,
+                    static_cast<T*>(p.dv) + (row_base * KVH + w.g) * D, kv_stride);
   if (elected) bulk_wait<0>();  // the reduces have read shared memory and are done
 #else
   __trap();
@@ -642,12 +642,11 @@ void launch_ws_config(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, 
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     configured = true;
   }
-  const int64_t rows = prm.B * prm.T;
   BwdWsMaps maps;
-  maps.q = attention_rows_map(ptrs.q, prm.dtype, rows, prm.H, D, C::BM);
-  maps.dout = attention_rows_map(ptrs.dout, prm.dtype, rows, prm.H, D, C::BM);
-  maps.k = attention_rows_map(ptrs.k, prm.dtype, rows, prm.KVH, D, C::BN);
-  maps.v = attention_rows_map(ptrs.v, prm.dtype, rows, prm.KVH, D, C::BN);
+  maps.q = attention_map(ptrs.q, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "q");
+  maps.dout = attention_map(ptrs.dout, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "dout");
+  maps.k = attention_map(ptrs.k, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "k");
+  maps.v = attention_map(ptrs.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v");
   maps.ld = ld_map(prm, ptrs.ld, ptrs.ld_stride, C::kLdBox);
   maps.dq = dq_map(prm, ptrs.dq_acc, D, C::BM);
   const dim3 grid(static_cast<unsigned>((prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B));  // see BwdWalk

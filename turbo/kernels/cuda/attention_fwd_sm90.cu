@@ -433,18 +433,17 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   if (threadIdx.x < 128) {  // producer warpgroup
     setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x == 0) {
-      const int row_base = geo.b * p.T;
       mbar_expect_tx(bar_q, C::kSmemQ);
       for (int slab = 0; slab < D / 64; ++slab)
-        tma_load_3d(sQ + slab * Sw128<BM>::kSlab, &tq, bar_q, slab * 64, geo.h, row_base + geo.q0);
+        tma_load_bthd(sQ + slab * Sw128<BM>::kSlab, &tq, bar_q, slab * 64, geo.h, geo.q0, geo.b);
       for (int j = 0; j < geo.n_tiles; ++j) {
         const int st = j % S;
         if (j >= S) mbar_wait(empty(st), ((j / S) - 1) & 1);
         mbar_expect_tx(full(st), 2 * C::kSmemKV);
-        const int row = row_base + geo.k_begin + j * BN;
+        const int k0 = geo.k_begin + j * BN;
         for (int slab = 0; slab < D / 64; ++slab) {
-          tma_load_3d(stage(j) + slab * Sw128<BN>::kSlab, &tk, full(st), slab * 64, geo.g, row);
-          tma_load_3d(stage(j) + C::kSmemKV + slab * Sw128<BN>::kSlab, &tv, full(st), slab * 64, geo.g, row);
+          tma_load_bthd(stage(j) + slab * Sw128<BN>::kSlab, &tk, full(st), slab * 64, geo.g, k0, geo.b);
+          tma_load_bthd(stage(j) + C::kSmemKV + slab * Sw128<BN>::kSlab, &tv, full(st), slab * 64, geo.g, k0, geo.b);
         }
       }
     }
@@ -503,10 +502,9 @@ void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t strea
     CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_ws_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     configured = true;
   }
-  const int64_t rows = prm.B * prm.T;
-  const CUtensorMap tq = attention_rows_map(a.q, prm.dtype, rows, prm.H, D, C::BM);
-  const CUtensorMap tk = attention_rows_map(a.k, prm.dtype, rows, prm.KVH, D, C::BN);
-  const CUtensorMap tv = attention_rows_map(a.v, prm.dtype, rows, prm.KVH, D, C::BN);
+  const CUtensorMap tq = attention_map(a.q, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "q");
+  const CUtensorMap tk = attention_map(a.k, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "k");
+  const CUtensorMap tv = attention_map(a.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v");
   const dim3 grid(static_cast<unsigned>((prm.T + C::BM - 1) / C::BM), static_cast<unsigned>(prm.H),
                   static_cast<unsigned>(prm.B));
   // PRIMUS_TURBO_ATTN_FWD_PINGPONG=0 (read on every call, for A/B runs): the consumer warpgroups

@@ -107,12 +107,19 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// One 3-D box of a tensor map into shared memory, completing on `bar`. c0 is the innermost
-// coordinate (elements), c1 the head, c2 the token row of the flattened batch.
+// One 3-D box of a tensor map into shared memory, completing on `bar`; c0 is the innermost
+// coordinate (elements).
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1, int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// One box of an attention_map (tma_encode.h): head_dim offset d, head h, token t of batch row b.
+__device__ __forceinline__ void tma_load_bthd(uint32_t dst, const void* tmap, uint32_t bar, int d, int h, int t, int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(d), "r"(h), "r"(t), "r"(b), "r"(bar)
       : "memory");
 }
 template <int N>

@@ -28,22 +28,27 @@ inline EncodeTiledFn encode_tiled() {
   return fn;
 }
 
-// A [rows][heads][D] 16-bit tensor (attention's q / k / v / dout with rows = B*T) as TMA sees it:
-// boxes of 64 head_dim elements x 1 head x `box_rows` tokens, 128-byte swizzled (exactly one
-// [box_rows][64] slab of the attention kernels' shared-memory layout); rows past `rows` read as
-// zeros. Needs encode_tiled() and a 16-byte aligned base.
-inline CUtensorMap attention_rows_map(const void* base, DType dt, int64_t rows, int64_t heads, int64_t D, uint32_t box_rows) {
+// A [B][T][heads][D] 16-bit tensor (attention's q / k / v / dout) as TMA sees it: a 4-D tensor
+// (d, head, token, batch row) in boxes of 64 head_dim elements x 1 head x `box_rows` tokens x 1 batch
+// row, 128-byte swizzled (exactly one [box_rows][64] slab of the attention kernels' shared-memory
+// layout). Tokens past T read as zeros, never as the next batch row's first tokens (which, masked
+// or not, would turn a neighbour's Inf or NaN into 0 * Inf = NaN here). `what` names the tensor in
+// the error. Needs encode_tiled() and a 16-byte aligned base.
+inline CUtensorMap attention_map(const void* base, DType dt, int64_t B, int64_t T, int64_t heads, int64_t D, uint32_t box_rows,
+                                 const char* what) {
   CUtensorMap m;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D * 2), static_cast<cuuint64_t>(heads * D * 2)};
-  const cuuint32_t box[3] = {64, 1, box_rows};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&m, dt == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(T),
+                              static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(D * 2), static_cast<cuuint64_t>(heads * D * 2),
+                                 static_cast<cuuint64_t>(T * heads * D * 2)};
+  const cuuint32_t box[4] = {64, 1, box_rows, 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
+  const CUresult r = encode_tiled()(&m, dt == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
                                     const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  PRIMUS_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed ({}) for rows={} heads={} D={}", static_cast<int>(r), rows,
-               heads, D);
+  PRIMUS_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed ({}) for attention's {} [B={}][T={}][heads={}][D={}] at {}",
+               static_cast<int>(r), what, B, T, heads, D, base);
   return m;
 }
 
