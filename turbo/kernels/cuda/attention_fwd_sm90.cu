@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,7 @@
 #include "turbo/kernels/cuda/attention_sm90.h"
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/attention_wgmma_ops.cuh"
+#include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/tma_encode.h"
 
 namespace primus::turbo::cuda {
@@ -50,6 +52,7 @@ struct Sm90Args {
   float scale_log2;
   bool causal;
   uint32_t v_lbo, v_sbo;  // descriptor offsets of the MN-major V operand
+  int B = 1;              // batch rows (the warp-specialised kernel's tile count)
 };
 
 constexpr int kBM = 128, kBN = 128;  // query rows per block (two warpgroups), keys per tile
@@ -58,10 +61,11 @@ constexpr int kBM = 128, kBN = 128;  // query rows per block (two warpgroups), k
 // document start of its first row to its last row (causal) or its last row's document end).
 struct BlockGeometry {
   int q0, h, b, g, k_begin, k_end, n_tiles;
-  __device__ __forceinline__ BlockGeometry(const Sm90Args& p) {
-    const int tiles_m = gridDim.x;
-    const int m_tile = p.causal ? tiles_m - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-    h = blockIdx.y, b = blockIdx.z, g = h / (p.H / p.KVH);
+  // The block's own tile: grid (query tiles, heads, batch rows), causal tiles heaviest first.
+  __device__ __forceinline__ explicit BlockGeometry(const Sm90Args& p)
+      : BlockGeometry(p, p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x, blockIdx.y, blockIdx.z) {}
+  __device__ __forceinline__ BlockGeometry(const Sm90Args& p, int m_tile, int h_, int b_) {
+    h = h_, b = b_, g = h / (p.H / p.KVH);
     q0 = m_tile * kBM;
     const int q_last = min(q0 + kBM, p.T) - 1;
     k_begin = doc_of(p.cu, p.num_docs, b, q0, p.T).start;
@@ -249,13 +253,14 @@ struct FwdWarpgroup {
     pack_p();
   }
   // Last P V product of the pipelined loop.
+  // not_last: a Turn hands over even after this product (a persistent block's next tile follows).
   template <class Turn = NoTurn>
-  __device__ __forceinline__ void step_last(uint32_t sV, const Turn& turn = Turn{}) {
+  __device__ __forceinline__ void step_last(uint32_t sV, const Turn& turn = Turn{}, bool not_last = false) {
     fence_regs<D / 2>(o);
     turn.begin();
     wgmma_fence();
     issue_pv(sV);
-    turn.end(false);
+    turn.end(not_last);
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
   }
@@ -407,55 +412,107 @@ struct WsConfig {
   static constexpr int D = D_, BM = kBM, BN = kBN;
   static constexpr int kThreads = 384;
   static constexpr int kStages = 3;
+  // Q buffers: at head_dim 64 two, so that a persistent block loads its next tile's Q while it
+  // finishes the current one; head_dim 128 has no room for a second (3 K/V stages take 192 KiB).
+  static constexpr int kQBufs = D == 64 ? 2 : 1;
   static constexpr int kSmemQ = BM * D * 2, kSmemKV = BN * D * 2;
-  static constexpr int kSmem = kSmemQ + 2 * kStages * kSmemKV + 1024 + 8 * (1 + 2 * kStages);
+  // Barriers: the ring's (Q buffer 0's load barrier, kStages full, kStages empty), then the other
+  // Q buffers' load barriers and every Q buffer's empty barrier.
+  static constexpr int kBars = 1 + 2 * kStages + (kQBufs - 1) + kQBufs;
+  static constexpr int kSmem = kQBufs * kSmemQ + 2 * kStages * kSmemKV + 1024 + 8 * kBars;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128*40 + 256*232 <= 65536
+};
+static_assert(WsConfig<128>::kSmem <= 227 * 1024 && WsConfig<64>::kSmem <= 227 * 1024, "shared memory per block");
+
+// The warp-specialised forward's work tiles, numbered 0 .. count - 1 over (query tile, head,
+// batch row). A block takes one tile of each round of gridDim.x tiles: tile blockIdx.x of even
+// rounds, gridDim.x - 1 - blockIdx.x of odd ones (a snake: with a fixed position the first blocks
+// would take the heaviest tile of every causal round). With a block per tile that is one round;
+// persistent blocks (one per SM) walk several. Heads are taken in groups of `group`
+// (head, batch row) pairs; within a group causal tiles come heaviest first over the group's heads
+// (query tile slowest: each round of the grid takes tiles of about equal cost) and non-causal ones
+// head by head. group = 1 (the default) goes head by head, causal tiles heaviest first within each
+// head; on an H200 (session 18) it beat groups of all heads and groups sized to keep their K/V in
+// L2 (persistent, causal: 497 vs 389 TFLOP/s at 8x2048x16 heads, head_dim 128; equal elsewhere).
+struct WsTiles {
+  int tiles_m, H, HB, count, group;
+  bool causal;
+  __device__ __forceinline__ WsTiles(const Sm90Args& p, int group_)
+      : tiles_m((p.T + kBM - 1) / kBM), H(p.H), HB(p.H * p.B), count(tiles_m * HB), group(group_), causal(p.causal) {}
+  __device__ __forceinline__ BlockGeometry at(const Sm90Args& p, int t) const {
+    const int g0 = t / (tiles_m * group) * group;  // the group's first (head, batch row) pair
+    const int gs = min(group, HB - g0), in = t - g0 * tiles_m;
+    const int m = causal ? in / gs : in % tiles_m, hb = g0 + (causal ? in % gs : in / tiles_m);
+    return BlockGeometry(p, causal ? tiles_m - 1 - m : m, hb % H, hb / H);
+  }
+  // This block's tile of round k (>= count once the block is done).
+  __device__ __forceinline__ int nth(int k) const {
+    const int g = static_cast<int>(gridDim.x), i = static_cast<int>(blockIdx.x);
+    return k * g + ((k & 1) ? g - 1 - i : i);
+  }
 };
 
 template <class T, class C, bool kFuse>
 __global__ void __launch_bounds__(C::kThreads, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                             const __grid_constant__ CUtensorMap tv, const Sm90Args p, const int pingpong) {
+                             const __grid_constant__ CUtensorMap tv, const Sm90Args p, const int pingpong, const int group) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = C::D, BM = C::BM, BN = C::BN, S = C::kStages;
+  constexpr int D = C::D, BM = C::BM, BN = C::BN, S = C::kStages, QB = C::kQBufs;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base, sKV = sQ + C::kSmemQ;
+  const uint32_t sKV = base + QB * C::kSmemQ;
   const uint32_t bars = sKV + 2 * S * C::kSmemKV;
-  const uint32_t bar_q = bars;
+  auto sQ = [&](int qb) { return base + qb * C::kSmemQ; };
   auto full = [&](int st) { return bars + 8u * (1 + st); };
   auto empty = [&](int st) { return bars + 8u * (1 + S + st); };
-  auto stage = [&](int j) { return sKV + (j % S) * 2 * C::kSmemKV; };
-  const BlockGeometry geo(p);
-  if (threadIdx.x == 0) mbar_init_ring(bars, S, 8);  // bar_q, full(st), empty(st)
+  auto bar_q = [&](int qb) { return qb == 0 ? bars : bars + 8u * (2 * S + qb); };  // Q buffer qb loaded
+  auto q_empty = [&](int qb) { return bars + 8u * (2 * S + QB + qb); };         // ... and read (O stored)
+  auto stage = [&](int r) { return sKV + (r % S) * 2 * C::kSmemKV; };           // ring slot of K/V tile r
+  const WsTiles tiles(p, group);
+  if (threadIdx.x == 0) {
+    for (int qb = 1; qb < QB; ++qb) mbar_init(bar_q(qb), 1);
+    for (int qb = 0; qb < QB; ++qb) mbar_init(q_empty(qb), 8);
+    mbar_init_ring(bars, S, 8);  // bar_q(0), full(st), empty(st); fences the inits above too
+  }
   __syncthreads();
 
+  // Every block walks its tiles (WsTiles::nth); `it` counts them (Q buffer it % QB)
+  // and `r` the K/V tiles it has gone through (ring slot r % S), both continuing across tiles.
   if (threadIdx.x < 128) {  // producer warpgroup
     setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x == 0) {
-      mbar_expect_tx(bar_q, C::kSmemQ);
-      for (int slab = 0; slab < D / 64; ++slab)
-        tma_load_bthd(sQ + slab * Sw128<BM>::kSlab, &tq, bar_q, slab * 64, geo.h, geo.q0, geo.b);
-      for (int j = 0; j < geo.n_tiles; ++j) {
-        const int st = j % S;
-        if (j >= S) mbar_wait(empty(st), ((j / S) - 1) & 1);
+      int r = 0;
+      auto load_kv = [&](const BlockGeometry& geo, int j) {
+        const int st = r % S;
+        if (r >= S) mbar_wait(empty(st), ((r / S) - 1) & 1);
         mbar_expect_tx(full(st), 2 * C::kSmemKV);
         const int k0 = geo.k_begin + j * BN;
         for (int slab = 0; slab < D / 64; ++slab) {
-          tma_load_bthd(stage(j) + slab * Sw128<BN>::kSlab, &tk, full(st), slab * 64, geo.g, k0, geo.b);
-          tma_load_bthd(stage(j) + C::kSmemKV + slab * Sw128<BN>::kSlab, &tv, full(st), slab * 64, geo.g, k0, geo.b);
+          tma_load_bthd(stage(r) + slab * Sw128<BN>::kSlab, &tk, full(st), slab * 64, geo.g, k0, geo.b);
+          tma_load_bthd(stage(r) + C::kSmemKV + slab * Sw128<BN>::kSlab, &tv, full(st), slab * 64, geo.g, k0, geo.b);
         }
+        ++r;
+      };
+      for (int it = 0, t = tiles.nth(0); t < tiles.count; t = tiles.nth(++it)) {
+        const BlockGeometry geo = tiles.at(p, t);
+        // The first K/V tile before Q: with one Q buffer, Q waits for the previous tile's O store.
+        if (geo.n_tiles > 0) load_kv(geo, 0);
+        const int qb = it % QB;
+        if (it >= QB) mbar_wait(q_empty(qb), ((it / QB) - 1) & 1);
+        mbar_expect_tx(bar_q(qb), C::kSmemQ);
+        for (int slab = 0; slab < D / 64; ++slab)
+          tma_load_bthd(sQ(qb) + slab * Sw128<BM>::kSlab, &tq, bar_q(qb), slab * 64, geo.h, geo.q0, geo.b);
+        for (int j = 1; j < geo.n_tiles; ++j) load_kv(geo, j);
       }
     }
   } else {  // two consumer warpgroups
     setmaxnreg_inc<C::kConsumerRegs>();
     const int cwg = threadIdx.x / 128 - 1;
-    FwdWarpgroup<T, D, kFuse> w(p, geo, cwg, sQ);
-    const int n = geo.n_tiles;
+    const bool lane0 = threadIdx.x % 32 == 0;
     // Ping-pong (pingpong != 0): the warpgroups take turns to issue their products (named barrier
     // 1 + wg is this warpgroup's turn), so one's softmax runs while the other's GEMMs hold the
-    // tensor cores. Warpgroup 0 goes first; each step's end() hands the turn over, except
-    // warpgroup 1's last, which would leave an arrival nobody waits for.
+    // tensor cores. Warpgroup 0 goes first; each step's end() hands the turn over (across tiles
+    // too), except warpgroup 1's very last, which would leave an arrival nobody waits for.
     struct Turn {
       int wg, on;
       __device__ __forceinline__ void begin() const {
@@ -465,23 +522,35 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         if (on && (wg == 0 || not_last)) named_arrive(2 - wg, 256);
       }
     };
-    const Turn turn{cwg, n > 0 ? pingpong : 0};
+    const Turn turn{cwg, pingpong};
     if (turn.on && cwg == 1) named_arrive(1, 256);
-    mbar_wait(bar_q, 0);
-    if (n > 0) {
-      mbar_wait(full(0), 0);
-      w.step_first(stage(0), turn);
-      for (int j = 1; j < n; ++j) {
-        mbar_wait(full(j % S), (j / S) & 1);
-        w.step_overlapped(
-            j, stage(j), stage(j - 1) + C::kSmemKV, [&] {
-              if (threadIdx.x % 32 == 0) mbar_arrive(empty((j - 1) % S));
-            },
-            turn);
+    int r = 0;
+    for (int it = 0, t = tiles.nth(0); t < tiles.count; t = tiles.nth(++it)) {
+      const BlockGeometry geo = tiles.at(p, t);
+      const int qb = it % QB, n = geo.n_tiles;
+      FwdWarpgroup<T, D, kFuse> w(p, geo, cwg, sQ(qb));
+      mbar_wait(bar_q(qb), (it / QB) & 1);
+      if (n > 0) {
+        mbar_wait(full(r % S), (r / S) & 1);
+        w.step_first(stage(r), turn);
+        for (int j = 1; j < n; ++j) {
+          ++r;
+          mbar_wait(full(r % S), (r / S) & 1);
+          w.step_overlapped(
+              j, stage(r), stage(r - 1) + C::kSmemKV, [&] {
+                if (lane0) mbar_arrive(empty((r - 1) % S));
+              },
+              turn);
+        }
+        w.step_last(stage(r) + C::kSmemKV, turn, tiles.nth(it + 1) < tiles.count);
+        if (lane0) mbar_arrive(empty(r % S));  // the last P V product has read its V
+        ++r;
       }
-      w.step_last(stage(n - 1) + C::kSmemKV, turn);
+      w.store(p, geo, cwg, sQ(qb));  // stages O in this warp's rows of the Q buffer
+      fence_proxy_async();           // those reads and writes before the next TMA write of the buffer
+      __syncwarp();
+      if (lane0) mbar_arrive(q_empty(qb));
     }
-    w.store(p, geo, cwg, sQ);
   }
 #else
   __trap();
@@ -505,13 +574,26 @@ void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t strea
   const CUtensorMap tq = attention_map(a.q, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "q");
   const CUtensorMap tk = attention_map(a.k, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "k");
   const CUtensorMap tv = attention_map(a.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v");
-  const dim3 grid(static_cast<unsigned>((prm.T + C::BM - 1) / C::BM), static_cast<unsigned>(prm.H),
-                  static_cast<unsigned>(prm.B));
+  // Persistent blocks (one per SM, each walking tiles, so a block's next Q and K/V load under its
+  // current tile's O store); PRIMUS_TURBO_ATTN_FWD_PERSISTENT=0 (read on every call, for A/B runs)
+  // launches one block per tile instead. PRIMUS_TURBO_ATTN_FWD_GROUP=N: (head, batch row) pairs per
+  // group of the tile order (WsTiles; default 1).
+  const bool persistent = env_choice("PRIMUS_TURBO_ATTN_FWD_PERSISTENT", {"0", "1"}, "1") == "1";
+  const int64_t n_tiles = (prm.T + C::BM - 1) / C::BM * prm.H * prm.B;
+  PRIMUS_CHECK(n_tiles < (int64_t{1} << 31), "attention forward (sm90): {} tiles of {} query rows", n_tiles, C::BM);
+  const dim3 grid(static_cast<unsigned>(persistent ? std::min<int64_t>(n_tiles, sm_count()) : n_tiles));
+  int64_t group = 1;
+  if (const char* g = std::getenv("PRIMUS_TURBO_ATTN_FWD_GROUP"); g != nullptr && *g != '\0') {
+    char* end = nullptr;
+    group = std::strtoll(g, &end, 10);
+    PRIMUS_CHECK(*end == '\0' && group >= 1, "PRIMUS_TURBO_ATTN_FWD_GROUP={}: expected a positive number of heads", g);
+  }
+  group = std::min<int64_t>(group, prm.H * prm.B);
   // PRIMUS_TURBO_ATTN_FWD_PINGPONG=0 (read on every call, for A/B runs): the consumer warpgroups
   // issue their products whenever they are ready instead of taking turns (see the kernel; turns
   // measured +15% at head_dim 128, +6% at 64 on an H200, session 17).
   const int pingpong = env_choice("PRIMUS_TURBO_ATTN_FWD_PINGPONG", {"0", "1"}, "1") == "1" ? 1 : 0;
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(tq, tk, tv, a, pingpong);
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(tq, tk, tv, a, pingpong, static_cast<int>(group));
   CUDA_CHECK_LAST();
 }
 
@@ -531,7 +613,8 @@ bool flash_forward_sm90_available() {
 void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k, const void* v,
                         FwdKernel kind, cudaStream_t stream) {
   Sm90Args a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),
-             static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal, 0, 1024};
+             static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal, 0, 1024,
+             static_cast<int>(prm.B)};
   // V is the MN-major B operand: LBO steps between 64-column slabs of head_dim (one slab is
   // kBN rows of 128 bytes), SBO between groups of 8 keys (1024 bytes).
   // PRIMUS_TURBO_ATTN_SM90_VDESC=swap exchanges them: a diagnostic of the descriptor convention
