@@ -237,8 +237,9 @@ TEST_F(AttnGpu, CustomScale) {
 
 // The A/B switches of the warp-specialised kernels (not the defaults, so no other test runs them):
 // the forward without ping-pong turns, without the scale fused into exp2 and with one block per
-// tile instead of persistent blocks, a negative softmax
-// scale (which takes the unfused forward by itself), and every causal block order of the backward.
+// tile instead of persistent blocks, a negative softmax scale (which takes the unfused forward by
+// itself), the backward with one block per key tile (its order then group2) and every other causal
+// order of the persistent backward (default keyfast).
 // T = 1000 over two batch rows, GQA: ragged last tiles, several key-tile groups, a short tail group.
 TEST_F(AttnGpu, Sm90WsSwitchesMatchReference) {
   struct Variant {
@@ -247,9 +248,10 @@ TEST_F(AttnGpu, Sm90WsSwitchesMatchReference) {
     double scale;  // 0: 1/sqrt(D)
   };
   const Variant variants[] = {{"PRIMUS_TURBO_ATTN_FWD_PINGPONG", "0", 0.0},    {"PRIMUS_TURBO_ATTN_FWD_FUSED_SCALE", "0", 0.0},
-                              {"PRIMUS_TURBO_ATTN_FWD_PERSISTENT", "0", 0.0},
+                              {"PRIMUS_TURBO_ATTN_FWD_PERSISTENT", "0", 0.0},   {"PRIMUS_TURBO_ATTN_BWD_PERSISTENT", "0", 0.0},
+                              {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group2", 0.0},
                               {"PRIMUS_TURBO_ATTN_FWD_FUSED_SCALE", "1", -0.09}, {"PRIMUS_TURBO_ATTN_BWD_ORDER", "heavy", 0.0},
-                              {"PRIMUS_TURBO_ATTN_BWD_ORDER", "keyfast", 0.0},   {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group4", 0.0},
+                              {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group4", 0.0},
                               {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group8", 0.0}};
   for (const Variant& v : variants)
     for (int64_t D : {int64_t{64}, int64_t{128}}) {
@@ -268,17 +270,17 @@ TEST_F(AttnGpu, Sm90WsSwitchesMatchReference) {
     }
 }
 
-// The persistent warp-specialised forward with more tiles than the device has SMs, so blocks walk
-// several tiles: 9 query tiles x 8 heads x 4 batch rows = 288 tiles (on a 132-SM H100 / H200 the
-// first 24 blocks take 3, so each Q buffer is reused and the K/V ring's phases run on across
-// tiles), T = 1100 (a ragged last tile), GQA, head_dim 64 (two Q buffers) and 128 (one), causal
-// (heaviest tiles first over all heads), full, and packed documents.
-TEST_F(AttnGpu, Sm90WsPersistentForwardWalksManyTiles) {
+// The persistent warp-specialised kernels with more work than the device has SMs, so blocks walk
+// several: 9 query tiles (forward) or key tiles (backward) x 8 heads x 4 batch rows = 288 (on a
+// 132-SM H100 / H200 the first 24 blocks take 3, so each Q buffer of the forward and the backward's
+// K/V buffer are reused and both rings' phases run on across works), T = 1100 (a ragged last tile),
+// head_dim 64 (the forward's two Q buffers) and 128 (one), causal, full, and packed documents.
+TEST_F(AttnGpu, Sm90WsPersistentKernelsWalkManyTiles) {
   for (int64_t D : {int64_t{64}, int64_t{128}})
     for (int mode = 0; mode < 3; ++mode) {
       SCOPED_TRACE(fmt::format("D={} {}", D, mode == 0 ? "causal" : mode == 1 ? "full" : "packed causal"));
       AttnCase c;
-      c.B = 4, c.T = 1100, c.H = 8, c.KVH = 2, c.D = D, c.causal = mode != 1;
+      c.B = 4, c.T = 1100, c.H = 8, c.KVH = 8, c.D = D, c.causal = mode != 1;
       if (mode == 2) c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 3);
       AttnTensors t = random_inputs(c, DType::BF16);
       run_reference(c, t);

@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/util/error.h"
@@ -31,6 +32,7 @@
 #include "turbo/kernels/cuda/attention_sm90.h"
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/attention_wgmma_ops.cuh"
+#include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/tma_encode.h"
 
 namespace primus::turbo::cuda {
@@ -253,10 +255,12 @@ struct BwdWalk {
   // (with key_slowest): key tiles in groups of group_kt, the groups heaviest first, within a group
   // every head's group_kt key tiles next to each other (so about 132 / group_kt heads run at once,
   // each with group_kt blocks sharing its Q, dO and dQ tiles in L2).
-  __device__ __forceinline__ BwdWalk(const FlashAttnParams& prm, int BN, int BM, bool key_slowest, int group_kt = 1) {
+  // idx: the work's number (the block's own on a grid of one block per key tile).
+  __device__ __forceinline__ BwdWalk(const FlashAttnParams& prm, int BN, int BM, bool key_slowest, int group_kt = 1,
+                                     int idx = static_cast<int>(blockIdx.x)) {
     const int T_len = static_cast<int>(prm.T), KVH = static_cast<int>(prm.KVH);
     group = static_cast<int>(prm.H) / KVH;
-    const int idx = static_cast<int>(blockIdx.x), n_kt = (T_len + BN - 1) / BN, kvh_b = KVH * static_cast<int>(prm.B);
+    const int n_kt = (T_len + BN - 1) / BN, kvh_b = KVH * static_cast<int>(prm.B);
     int kt = key_slowest ? idx / kvh_b : idx % n_kt, rest = key_slowest ? idx % kvh_b : idx / n_kt;
     if (key_slowest && group_kt > 1) {
       const int full = n_kt / group_kt, in_full = full * group_kt * kvh_b;
@@ -439,7 +443,7 @@ struct BwdWsConfig : BwdSm90Config<D_> {
   static constexpr int kLdBox = Base::BM + 4, kLdBytes = 2 * kLdBox * 4, kSmemLD = (kLdBytes + 127) / 128 * 128;
   // K, V, Q[stages], dO[stages], dS^T[2], dQ staging[2], LD[stages], then the mbarriers
   static constexpr int kSmem = 2 * Base::kSmemKV + 2 * kStages * Base::kSmemQ + 2 * Base::kSmemDS + kDqBufs * Base::kSmemDQ +
-                               kStages * kSmemLD + 8 * (1 + 2 * kStages) + 1024;
+                               kStages * kSmemLD + 8 * (2 + 2 * kStages) + 1024;
   static_assert(kSmem <= 227 * 1024, "more shared memory than an sm_90 block may have");
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 65536
 };
@@ -452,7 +456,7 @@ struct BwdWsMaps {
 template <class T, class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
     flash_bwd_sm90_ws_kernel(const FlashBwdPointers p, const FlashAttnParams prm, const __grid_constant__ BwdWsMaps maps,
-                             const int order) {
+                             const int order, const int n_work) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::D, BN = C::BN, BM = C::BM, S = C::kStages;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -466,23 +470,31 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   auto full = [&](int st) { return bars + 8u * (1 + st); };
   auto empty = [&](int st) { return bars + 8u * (1 + S + st); };
 
+  const uint32_t kv_empty = bars + 8u * (1 + 2 * S);  // K/V read and dK/dV staged out (8 warps)
   const int T_len = static_cast<int>(prm.T), H = static_cast<int>(prm.H), KVH = static_cast<int>(prm.KVH);
-  const BwdWalk w(prm, BN, BM, prm.causal && order != 1, order);
-  const int64_t row_base = static_cast<int64_t>(w.b) * T_len;  // dK / dV's rows
-  if (threadIdx.x == 0) mbar_init_ring(bars, S, 8);  // bar_kv, full(st), empty(st)
+  const bool key_slowest = prm.causal && order != 1;
+  // Works (key tile, kv head, batch row) 0 .. n_work - 1 in BwdWalk's order; a block takes one of
+  // each round of gridDim.x: number blockIdx.x of even rounds, gridDim.x - 1 - blockIdx.x of odd
+  // ones (a snake, so no block takes the heaviest of every round). With a block per work that is
+  // one round; persistent blocks (one per SM) walk several, loading the next work's first Q/dO
+  // tiles while they finish the current one.
+  auto nth = [&](int k) {
+    const int gsz = static_cast<int>(gridDim.x), i = static_cast<int>(blockIdx.x);
+    return k * gsz + ((k & 1) ? gsz - 1 - i : i);
+  };
+  if (threadIdx.x == 0) {
+    mbar_init(kv_empty, 8);
+    mbar_init_ring(bars, S, 8);  // bar_kv, full(st), empty(st); fences the init above too
+  }
   __syncthreads();
 
   if (threadIdx.x < 128) {  // producer warpgroup
     setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x == 0) {
-      mbar_expect_tx(bar_kv, 2 * C::kSmemKV);
-      for (int slab = 0; slab < D / 64; ++slab) {
-        tma_load_bthd(sK + slab * Sw128<BN>::kSlab, &maps.k, bar_kv, slab * 64, w.g, w.c0, w.b);
-        tma_load_bthd(sV + slab * Sw128<BN>::kSlab, &maps.v, bar_kv, slab * 64, w.g, w.c0, w.b);
-      }
-      for (int it = 0; it < w.total; ++it) {
-        const int st = it % S;
-        if (it >= S) mbar_wait(empty(st), ((it / S) - 1) & 1);
+      int r = 0;  // Q/dO/LD tiles issued (ring slot r % S), across works
+      auto load_tile = [&](const BwdWalk& w, int it) {
+        const int st = r % S;
+        if (r >= S) mbar_wait(empty(st), ((r / S) - 1) & 1);
         mbar_expect_tx(full(st), 2 * C::kSmemQ + C::kLdBytes);
         const int h = w.head(it), q0 = w.q0(it, BM);
         for (int slab = 0; slab < D / 64; ++slab) {
@@ -490,6 +502,19 @@ __global__ void __launch_bounds__(C::kThreads, 1)
           tma_load_bthd(sdO0 + st * C::kSmemQ + slab * Sw128<BM>::kSlab, &maps.dout, full(st), slab * 64, h, q0, w.b);
         }
         tma_load_3d(sLD0 + st * C::kSmemLD, &maps.ld, full(st), q0 & ~3, 0, w.b * H + h);
+        ++r;
+      };
+      for (int k = 0, idx = nth(0); idx < n_work; idx = nth(++k)) {
+        const BwdWalk w(prm, BN, BM, key_slowest, order, idx);
+        const int pre = min(S, w.total);  // these go in before K/V, which wait for the last work's dK/dV
+        for (int it = 0; it < pre; ++it) load_tile(w, it);
+        if (k > 0) mbar_wait(kv_empty, (k - 1) & 1);
+        mbar_expect_tx(bar_kv, 2 * C::kSmemKV);
+        for (int slab = 0; slab < D / 64; ++slab) {
+          tma_load_bthd(sK + slab * Sw128<BN>::kSlab, &maps.k, bar_kv, slab * 64, w.g, w.c0, w.b);
+          tma_load_bthd(sV + slab * Sw128<BN>::kSlab, &maps.v, bar_kv, slab * 64, w.g, w.c0, w.b);
+        }
+        for (int it = pre; it < w.total; ++it) load_tile(w, it);
       }
     }
     return;
@@ -501,72 +526,79 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int wg = threadIdx.x / 128 - 1, wl = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int lg = lane / 4, lt = lane % 4;
   const bool elected = threadIdx.x % 128 == 0;  // issues this warpgroup's dQ reduce-adds
-  const KeyRows kr = key_rows(prm, w.b, w.c0 + wg * 64 + wl * 16 + lg);
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;  // this warpgroup's 64 keys
   // head_dim 128: dQ's product reads both warpgroups' dS^T rows (barrier 1 over 256 threads);
   // head_dim 64: only its own (barrier 2 + wg over 128).
   const int ds_bar = C::kSplitN ? 1 : 2 + wg, ds_bar_count = C::kSplitN ? 256 : 128;
-
-  float dk[D / 2], dv[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
-  mbar_wait(bar_kv, 0);
-
-  // dQ of tile j (in dq) into this warpgroup's staging half of buffer j % kDqBufs, then its reduce-adds.
-  float dq[32];
-  auto flush_dq = [&](int j, int h, int q0) {
-    const uint32_t half = sdQ0 + (j % C::kDqBufs) * C::kSmemDQ + wg * 2 * 8192;
-    stage_dq(dq, half, wl, lg, lt);
-    fence_proxy_async();
-    named_sync(2 + wg, 128);
-    if (elected) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) tma_reduce_add_4d(&maps.dq, half + k * 8192, (C::kSplitN ? wg * 64 : 0) + k * 32, h, q0, w.b);
-      bulk_commit();
-    }
-  };
-  uint32_t pa[BM / 16][4], da[BM / 16][4];
-
-  for (int it = 0; it < w.total; ++it) {
-    const int st_i = it % S;
-    mbar_wait(full(st_i), (it / S) & 1);
-    const int h = w.head(it), q0 = w.q0(it, BM);
-    const uint32_t sQ = sQ0 + st_i * C::kSmemQ, sdO = sdO0 + st_i * C::kSmemQ, sdS = sdS0 + (it & 1) * C::kSmemDS;
-    const float* lse = reinterpret_cast<const float*>(smem_raw + (sLD0 + st_i * C::kSmemLD - raw)) + (q0 & 3);
-    const float* delta = lse + C::kLdBox;
-
-    float st[BM / 2], dp[BM / 2];
-    issue_st_dpt<T, C, true>(st, dp, k_wg, v_wg, sQ, sdO);
-    wgmma_wait<1>();  // S^T ready, dP^T may still run
-    fence_regs<BM / 2>(st);
-    probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
-    fence_regs<D / 2>(dv);
-    wgmma_fence();
-    issue_kv_grad<T, C>(dv, pa, sdO);
-    wgmma_commit();
-    wgmma_wait<1>();  // dP^T ready, dV's product may still run
-    fence_regs<BM / 2>(dp);
-    score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
-    fence_regs<D / 2>(dk);
-    wgmma_fence();
-    issue_kv_grad<T, C>(dk, da, sQ);
-    wgmma_commit();
-
-    // dS^T rows in shared memory for the async proxy; this warpgroup's reduce that last read the
-    // dQ buffer to be written next has read it once the barrier passes.
-    fence_proxy_async();
-    if (elected) bulk_wait_read<C::kDqBufs - 1>();
-    named_sync(ds_bar, ds_bar_count);
-    dq_product<T, C>(dq, dk, dv, pa, da, sdS, sK, wg);
-    if (lane == 0) mbar_arrive(empty(st_i));  // this warp's reads of Q, dO and the LD rows are done
-    flush_dq(it, h, q0);
-  }
-
-  // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
-  named_sync(1, 256);
   const int64_t kv_stride = static_cast<int64_t>(KVH) * D;
-  store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, static_cast<T*>(p.dk) + (row_base * KVH + w.g) * D,
-                    static_cast<T*>(p.dv) + (row_base * KVH + w.g) * D, kv_stride);
+
+  float dq[32];
+  uint32_t pa[BM / 16][4], da[BM / 16][4];
+  int r = 0;  // Q/dO/LD tiles consumed (ring slot r % S; dS^T buffer r % 2; dQ staging buffer r % kDqBufs), across works
+  for (int k = 0, idx = nth(0); idx < n_work; idx = nth(++k)) {
+    const BwdWalk w(prm, BN, BM, key_slowest, order, idx);
+    const KeyRows kr = key_rows(prm, w.b, w.c0 + wg * 64 + wl * 16 + lg);
+    // dQ of tile j (in dq) into this warpgroup's staging half of buffer j % kDqBufs, then its reduce-adds.
+    auto flush_dq = [&](int j, int h, int q0) {
+      const uint32_t half = sdQ0 + (j % C::kDqBufs) * C::kSmemDQ + wg * 2 * 8192;
+      stage_dq(dq, half, wl, lg, lt);
+      fence_proxy_async();
+      named_sync(2 + wg, 128);
+      if (elected) {
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) tma_reduce_add_4d(&maps.dq, half + kk * 8192, (C::kSplitN ? wg * 64 : 0) + kk * 32, h, q0, w.b);
+        bulk_commit();
+      }
+    };
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+    mbar_wait(bar_kv, k & 1);
+
+    for (int it = 0; it < w.total; ++it, ++r) {
+      const int st_i = r % S;
+      mbar_wait(full(st_i), (r / S) & 1);
+      const int h = w.head(it), q0 = w.q0(it, BM);
+      const uint32_t sQ = sQ0 + st_i * C::kSmemQ, sdO = sdO0 + st_i * C::kSmemQ, sdS = sdS0 + (r & 1) * C::kSmemDS;
+      const float* lse = reinterpret_cast<const float*>(smem_raw + (sLD0 + st_i * C::kSmemLD - raw)) + (q0 & 3);
+      const float* delta = lse + C::kLdBox;
+
+      float st[BM / 2], dp[BM / 2];
+      issue_st_dpt<T, C, true>(st, dp, k_wg, v_wg, sQ, sdO);
+      wgmma_wait<1>();  // S^T ready, dP^T may still run
+      fence_regs<BM / 2>(st);
+      probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
+      fence_regs<D / 2>(dv);
+      wgmma_fence();
+      issue_kv_grad<T, C>(dv, pa, sdO);
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T ready, dV's product may still run
+      fence_regs<BM / 2>(dp);
+      score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
+      fence_regs<D / 2>(dk);
+      wgmma_fence();
+      issue_kv_grad<T, C>(dk, da, sQ);
+      wgmma_commit();
+
+      // dS^T rows in shared memory for the async proxy; this warpgroup's reduce that last read the
+      // dQ buffer to be written next has read it once the barrier passes.
+      fence_proxy_async();
+      if (elected) bulk_wait_read<C::kDqBufs - 1>();
+      named_sync(ds_bar, ds_bar_count);
+      dq_product<T, C>(dq, dk, dv, pa, da, sdS, sK, wg);
+      if (lane == 0) mbar_arrive(empty(st_i));  // this warp's reads of Q, dO and the LD rows are done
+      flush_dq(r, h, q0);
+    }
+
+    // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
+    named_sync(1, 256);
+    const int64_t row_base = static_cast<int64_t>(w.b) * T_len;  // dK / dV's rows
+    store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, static_cast<T*>(p.dk) + (row_base * KVH + w.g) * D,
+                      static_cast<T*>(p.dv) + (row_base * KVH + w.g) * D, kv_stride);
+    fence_proxy_async();  // this warp's staging reads and writes of sK / sV before the next K/V load
+    __syncwarp();
+    if (lane == 0) mbar_arrive(kv_empty);
+  }
   if (elected) bulk_wait<0>();  // the reduces have read shared memory and are done
 #else
   __trap();
@@ -649,17 +681,26 @@ void launch_ws_config(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, 
   maps.v = attention_map(ptrs.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v");
   maps.ld = ld_map(prm, ptrs.ld, ptrs.ld_stride, C::kLdBox);
   maps.dq = dq_map(prm, ptrs.dq_acc, D, C::BM);
-  const dim3 grid(static_cast<unsigned>((prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B));  // see BwdWalk
-  // PRIMUS_TURBO_ATTN_BWD_ORDER (read on every call, for A/B runs): the causal block order (see
+  const int64_t n_work = (prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B;  // see BwdWalk
+  PRIMUS_CHECK(n_work < (int64_t{1} << 31), "attention backward (sm90): {} key tiles of {} keys", n_work, C::BN);
+  // Persistent blocks (one per SM, each walking works, so a block loads its next work's first Q/dO
+  // tiles under the current one's dK/dV store); PRIMUS_TURBO_ATTN_BWD_PERSISTENT=0 (read on every
+  // call, for A/B runs): one block per work.
+  const bool persistent = env_choice("PRIMUS_TURBO_ATTN_BWD_PERSISTENT", {"0", "1"}, "1") == "1";
+  const dim3 grid(static_cast<unsigned>(persistent ? std::min<int64_t>(n_work, sm_count()) : n_work));
+  // PRIMUS_TURBO_ATTN_BWD_ORDER (read on every call, for A/B runs): the causal work order (see
   // BwdWalk): heavy = key tile slowest (heaviest first), keyfast = key tile fastest (a head's
-  // blocks together, sharing its Q, dO and dQ tiles in L2), groupN = heaviest first by groups of
-  // N key tiles, each head's N blocks together.
-  // group2 is the default: with one block of each of ~132 heads running (heavy, many heads) every
-  // Q/dO/dQ tile came from DRAM (70% of its bandwidth at T=2048); pairs of key tiles per head halve
-  // that (H200: +4-8% at 8x2048x16 heads, within 0.5% elsewhere).
-  const std::string ord = env_choice("PRIMUS_TURBO_ATTN_BWD_ORDER", {"heavy", "keyfast", "group2", "group4", "group8"}, "group2");
+  // works together, sharing its Q, dO and dQ tiles in L2), groupN = heaviest first by groups of
+  // N key tiles, each head's N works together.
+  // Defaults: persistent blocks keyfast (their snake over rounds balances the causal costs; keyfast
+  // against group2 there: +3-10%, H200, session 18); one block per work group2 (the hardware hands
+  // blocks out in index order, so heavy works must come first, but with one block of each of ~132
+  // heads running (heavy) every Q/dO/dQ tile came from DRAM (70% of its bandwidth at T=2048); pairs
+  // of key tiles per head halve that (+4-8% at 8x2048x16 heads, within 0.5% elsewhere, session 17)).
+  const std::string ord = env_choice("PRIMUS_TURBO_ATTN_BWD_ORDER", {"heavy", "keyfast", "group2", "group4", "group8"},
+                                     persistent ? "keyfast" : "group2");
   const int order = ord == "keyfast" ? 1 : ord == "heavy" ? 0 : ord[5] - '0';
-  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(ptrs, prm, maps, order);
+  kernel<<<grid, C::kThreads, C::kSmem, stream>>>(ptrs, prm, maps, order, static_cast<int>(n_work));
   CUDA_CHECK_LAST();
 }
 
