@@ -1,4 +1,5 @@
 // primus benchmark OP... [--shapes S,...] [--dtype bf16] [--backend X|all] [--iters N] [--json FILE]
+//                        [--ab VAR=A,B,... [--ab-rounds N]]
 // Turbo's ops per case and kernel backend against the device's ceilings measured in the same run
 // (turbo/bench/benchmark.h). Without a GPU the CPU kernels run, and the output says so.
 #include <cstdio>
@@ -34,6 +35,7 @@ void setup_benchmark(CLI::App& app) {
     turbo::bench::BenchConfig cfg;
     std::string dtype = "bf16";
     std::string commit;
+    std::string ab;
   };
   auto o = std::make_shared<Opts>();
   std::string ops_help = "Op families:";
@@ -52,7 +54,13 @@ void setup_benchmark(CLI::App& app) {
   app.add_option("--memory-gib", o->cfg.memory_gib, "Operand arena in GiB (default 24 on a GPU, 2 on the host)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--cpu-only", o->cfg.cpu_only, "Run the CPU kernels even where a GPU is present");
+  app.add_option("--ab", o->ab,
+                 "In-process A/B: time every product under each value of an environment variable in turn "
+                 "(VAR=A,B[,...]; for switches read on every call), reported per value as '<name> [VAR=value]'");
+  app.add_option("--ab-rounds", o->cfg.ab_rounds, "Rounds of --ab (each value once per round; the median is reported; default 3)")
+      ->check(CLI::PositiveNumber);
   app.callback([o] {
+    if (!o->ab.empty()) turbo::bench::parse_ab(o->ab, o->cfg);
     o->cfg.dtype = turbo::parse_dtype(o->dtype);
     o->cfg.commit = o->commit.empty() ? current_commit() : o->commit;
     turbo::bench::run_benchmarks(o->cfg, stdout);

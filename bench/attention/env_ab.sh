@@ -5,7 +5,9 @@
 # Defaults: VAR=PRIMUS_TURBO_ATTN_BWD_KERNEL A=sm90 B=sm90ws (the backward's two wgmma kernels).
 # Carry: .carry-cuda with primus.gz, test_attention_gpu.gz (optional), libgomp.so.1.
 # Two builds instead of (or besides) two settings: A_BIN / B_BIN name the binary each side runs
-# (default primus; e.g. A_BIN=primus_base with .carry-cuda/primus_base.gz from the older commit).
+# (default primus; e.g. A_BIN=primus_base with .carry-cuda/primus_base.gz from the older commit);
+# then the sides alternate as separate processes. Otherwise (INPROC=1, the default) one process
+# alternates the two values per product (`primus benchmark --ab`); INPROC=0 forces processes.
 #   run(command="OUT=$OUT bash bench/attention/env_ab.sh", carry=[".carry-cuda"])
 set -u
 OUT=${OUT:-/tmp/attn-ab-out}
@@ -26,14 +28,22 @@ if [ -x "$BIN/test_attention_gpu" ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${TEST_TIMEOUT:-400}" "$BIN/test_attention_gpu" --gtest_brief=1 --gtest_filter="${GTEST_FILTER:-*}" > "$OUT/tests.log" 2>&1
   echo "test_attention_gpu rc=$?"; grep -E "FAILED|PASSED|Failure|rel_l2" "$OUT/tests.log" | tail -12
 fi
-for r in $(seq "$ROUNDS"); do
-  for tag in A B; do
-    val=${!tag}
-    bin_var=${tag}_BIN
-    env "$VAR=$val" "$BIN/${!bin_var:-primus}" benchmark attention --backend TURBO --iters 20 --shapes "$SHAPES" \
-      --json "$OUT/${tag}_$r.jsonl" > "$OUT/${tag}_$r.log" 2>&1 || echo "$tag ($VAR=$val) round $r rc=$?"
+if [ -z "${A_BIN:-}${B_BIN:-}" ] && [ "${INPROC:-1}" = 1 ]; then
+  # One process, the two values alternating per product (`primus benchmark --ab`): both sides share
+  # the process's state. Separate processes on the H200 read either "fast" or "slow" as a whole
+  # (GPT-2's TURBO forward 246 vs 205 TFLOP/s in alternate processes of the same binary, session 18).
+  "$BIN/primus" benchmark attention --backend TURBO --iters 20 --shapes "$SHAPES" --ab "$VAR=$A,$B" --ab-rounds "$ROUNDS" \
+    --json "$OUT/ab.jsonl" > "$OUT/ab.log" 2>&1 || echo "in-process A/B rc=$?"
+else
+  for r in $(seq "$ROUNDS"); do
+    for tag in A B; do
+      val=${!tag}
+      bin_var=${tag}_BIN
+      env "$VAR=$val" "$BIN/${!bin_var:-primus}" benchmark attention --backend TURBO --iters 20 --shapes "$SHAPES" \
+        --json "$OUT/${tag}_$r.jsonl" > "$OUT/${tag}_$r.log" 2>&1 || echo "$tag ($VAR=$val) round $r rc=$?"
+    done
   done
-done
+fi
 "$BIN/primus" benchmark attention --backend CUDNN --iters 20 --shapes "$SHAPES" --json "$OUT/cudnn.jsonl" > "$OUT/cudnn.log" 2>&1
 python3 - "$OUT" "$ROUNDS" "$VAR" "$A" "$B" <<'PY' | tee "$OUT/summary.txt"
 import json, os, statistics, sys
@@ -48,8 +58,18 @@ def read(path, tag):
         pass
 for tag in ("A", "B"):
     for r in range(1, rounds + 1): read(f"{out}/{tag}_{r}.jsonl", tag)
+try:  # in-process: "<case> [VAR=value]" lines, each already the median of its rounds
+    for l in open(f"{out}/ab.jsonl"):
+        j = json.loads(l)
+        if j.get("metric") != "TFLOP/s": continue
+        case, _, tail = j["case"].partition(" [")
+        if not tail: v.setdefault((case, "A"), []).append(j["ours"]); v.setdefault((case, "B"), []).append(j["ours"]); continue
+        val = tail[len(var) + 1:-1]
+        v.setdefault((case, "A" if val == a else "B"), []).append(j["ours"])
+except FileNotFoundError:
+    pass
 read(f"{out}/cudnn.jsonl", "cudnn")
-print(f"{var}: A={a} B={b} (TFLOP/s, medians of {rounds} rounds)" + "".join(f", {k}={os.environ[k]}" for k in ("A_BIN", "B_BIN") if os.environ.get(k)))
+print(f"{var}: A={a} B={b} (TFLOP/s, medians of {rounds} rounds" + (", in one process" if os.path.exists(f"{out}/ab.jsonl") else "") + ")" + "".join(f", {k}={os.environ[k]}" for k in ("A_BIN", "B_BIN") if os.environ.get(k)))
 print(f"{'case':<40}{'A':>9}{'B':>9}{'B/A':>8}{'CUDNN':>8}{'B/CUDNN':>9}")
 for case in dict.fromkeys(c for c, _ in v):
     m = {t: statistics.median(v[(case, t)]) for t in ("A", "B", "cudnn") if (case, t) in v}

@@ -155,6 +155,29 @@ TEST(BenchmarkCli, GemmShapeWithAnEpilogueTimesTheTrainingStepProducts) {
   EXPECT_EQ(cases.count("gemm/32x16x8+bias/dgrad+dgelu"), 0u) << "only +dgelu times the dgelu product";
 }
 
+// --ab times every product under each value of one environment variable in the same process and
+// reports each value as its own measurement, in the table and in the JSON.
+TEST(BenchmarkCli, InProcessABReportsEachValue) {
+  Workdir w;
+  const auto json = w.path() / "ab.jsonl";
+  const auto r = run_primus("benchmark gemm --cpu-only --shapes 32x16x8 --iters 1 --ab PRIMUS_BENCH_AB_TEST=one,two "
+                            "--ab-rounds 2 --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::set<std::string> cases;
+  for (const auto& j : read_lines(json)) {
+    const std::string c = j["case"].get<std::string>();
+    if (c.rfind("ceiling/", 0) == 0 || c.rfind("copy/", 0) == 0) continue;  // the run's ceilings
+    expect_measurement_format(j);
+    EXPECT_GT(j["ms"].get<double>(), 0.0) << j.dump();
+    cases.insert(j["case"].get<std::string>());
+  }
+  std::set<std::string> want;
+  for (const char* p : {"fwd", "dgrad", "wgrad"})
+    for (const char* v : {"one", "two"}) want.insert(std::string("gemm/32x16x8/") + p + " [PRIMUS_BENCH_AB_TEST=" + v + "]");
+  EXPECT_EQ(cases, want);
+  EXPECT_NE(r.out.find("gemm/32x16x8/fwd [PRIMUS_BENCH_AB_TEST=two]"), std::string::npos) << r.out;
+}
+
 TEST(BenchmarkCli, BadInputIsOneClearMessage) {
   struct Bad {
     std::string args;
@@ -172,6 +195,10 @@ TEST(BenchmarkCli, BadInputIsOneClearMessage) {
       {"benchmark gemm --cpu-only --backend FAST", {"unknown --backend 'FAST'"}},
       {"benchmark norm --cpu-only --backend TURBO", {"--backend TURBO needs a CUDA device", "--cpu-only"}},
       {"benchmark gemm --cpu-only --dtype i32", {"--dtype i32 is not bf16, f16 or f32"}},
+      {"benchmark gemm --cpu-only --ab PRIMUS_X", {"--ab 'PRIMUS_X'", "VAR=A,B"}},
+      {"benchmark gemm --cpu-only --ab =a,b", {"--ab '=a,b'", "VAR=A,B"}},
+      {"benchmark gemm --cpu-only --ab PRIMUS_X=a", {"--ab 'PRIMUS_X=a'", "at least two values"}},
+      {"benchmark gemm --cpu-only --ab PRIMUS_X=a,,b", {"--ab 'PRIMUS_X=a,,b'", "an empty value"}},
   };
   for (const auto& b : bad) {
     const auto r = run_primus(b.args);

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -206,6 +207,36 @@ class Reporter {
 };
 
 bool is_device_backend(BackendType b) { return b != BackendType::CPU; }
+
+// --ab: the product timed under each value of cfg.ab_var in turn, cfg.ab_rounds times (so both
+// sides share whatever state the process and the device are in), the median per value; the
+// variable's previous value (or its absence) is restored, also when a call throws.
+std::vector<std::pair<std::string, double>> time_ab(const BenchConfig& cfg, BenchDevice& dev, const Timed& t, int iters) {
+  struct Restore {
+    std::string var;
+    std::optional<std::string> old;
+    ~Restore() {
+      if (old) setenv(var.c_str(), old->c_str(), 1);
+      else unsetenv(var.c_str());
+    }
+  };
+  const char* prev = std::getenv(cfg.ab_var.c_str());
+  const Restore restore{cfg.ab_var, prev ? std::optional<std::string>(prev) : std::nullopt};
+  std::vector<std::vector<double>> ms(cfg.ab_values.size());
+  for (int r = 0; r < cfg.ab_rounds; ++r)
+    for (size_t i = 0; i < cfg.ab_values.size(); ++i) {
+      setenv(cfg.ab_var.c_str(), cfg.ab_values[i].c_str(), 1);
+      ms[i].push_back(dev.time_ms(t.run, iters));
+    }
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    std::sort(ms[i].begin(), ms[i].end());
+    const size_t n = ms[i].size();
+    const double median = n % 2 ? ms[i][n / 2] : 0.5 * (ms[i][n / 2 - 1] + ms[i][n / 2]);
+    out.emplace_back(fmt::format("{} [{}={}]", t.name, cfg.ab_var, cfg.ab_values[i]), median);
+  }
+  return out;
+}
 
 // f.compare's tables: for each (ours, anchor) pair, every measurement both backends took in this
 // run, with anchor ms / ours ms (above 1: ours is faster) and the geometric mean over the cases.
@@ -409,9 +440,10 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
         std::optional<std::string> refused;  // named: the first product the backend refused
         size_t timed = 0;
         for (const Timed& t : calls) {
-          double ms = 0.0;
+          std::vector<std::pair<std::string, double>> runs;  // (reported name, ms): one, or one per --ab value
           try {
-            ms = dev.time_ms(t.run, l.iters);
+            if (cfg.ab_var.empty()) runs.emplace_back(t.name, dev.time_ms(t.run, l.iters));
+            else runs = time_ab(cfg, dev, t, l.iters);
           } catch (const std::exception& ex) {
             // One product a backend cannot run (e.g. TURBO on an unaligned shape) skips only it.
             // A backend named with --backend fails the run instead, unless it refused one product
@@ -426,11 +458,13 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
             continue;
           }
           const double ceiling = t.metric == Metric::Flops ? l.ceil->tflops : l.ceil->gbs;
-          rep.measurement(f->bench, t.name, std::string(backend_name(be)), dev.name(), l.dt, t.metric, t.work, ms, ceiling,
-                          t.metric == Metric::Flops ? l.ceil->tflops_what : l.ceil->gbs_what, t.note);
-          if (times.find(t.name) == times.end()) measured.push_back(t.name);
-          times[t.name][be] = ms;
-          if (t.metric == Metric::Bytes) moved.push_back({t.name, std::string(backend_name(be)), &dev, l.iters, t.work, ms});
+          for (const auto& [name, ms] : runs) {
+            rep.measurement(f->bench, name, std::string(backend_name(be)), dev.name(), l.dt, t.metric, t.work, ms, ceiling,
+                            t.metric == Metric::Flops ? l.ceil->tflops_what : l.ceil->gbs_what, t.note);
+            if (times.find(name) == times.end()) measured.push_back(name);
+            times[name][be] = ms;
+            if (t.metric == Metric::Bytes) moved.push_back({name, std::string(backend_name(be)), &dev, l.iters, t.work, ms});
+          }
           ++timed;
         }
         if (refused && timed == 0) throw RuntimeError(*refused);
@@ -459,6 +493,23 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
   if (rep.count() == 0)
     throw RuntimeError("benchmark: no measurements were taken (every backend was skipped; the reasons are above)");
   return rep.count();
+}
+
+void parse_ab(const std::string& spec, BenchConfig& cfg) {
+  const size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UsageError(fmt::format("benchmark: --ab '{}': expected VAR=A,B[,...] (an environment variable and its values)", spec));
+  std::vector<std::string> values;
+  for (size_t at = eq + 1;;) {
+    const size_t comma = spec.find(',', at);
+    values.push_back(spec.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (values.back().empty()) throw UsageError(fmt::format("benchmark: --ab '{}': an empty value", spec));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  if (values.size() < 2) throw UsageError(fmt::format("benchmark: --ab '{}': at least two values to compare", spec));
+  cfg.ab_var = spec.substr(0, eq);
+  cfg.ab_values = std::move(values);
 }
 
 }  // namespace primus::turbo::bench

@@ -29,7 +29,17 @@ struct BenchConfig {
   std::string commit = "unknown", date;  // recorded in the JSON (date "" = today, UTC)
   bool cpu_only = false;              // ignore any GPU
   double memory_gib = 0;              // operand arena; 0: 24 GiB on a GPU, 2 GiB on the host
+  // In-process A/B (--ab VAR=A,B,...): every product timed under each value of environment variable
+  // ab_var in turn, ab_rounds times, reported per value (median) as "<name> [VAR=value]"; for
+  // switches read on every call. The variable is restored afterwards.
+  std::string ab_var;
+  std::vector<std::string> ab_values;
+  int ab_rounds = 3;
 };
+
+// Parses --ab's "VAR=A,B[,...]" into cfg.ab_var / cfg.ab_values; throws primus::UsageError naming
+// what is wrong (no '=', an empty name, fewer than two values, an empty value).
+void parse_ab(const std::string& spec, BenchConfig& cfg);
 
 // Runs the benchmark. Throws primus::UsageError for an unknown op, backend, dtype or a malformed
 // shape (naming which and where), primus::RuntimeError when an explicitly named backend cannot
