@@ -1,7 +1,8 @@
 // Flash-attention backward main kernel for Hopper (sm_90a): the five GEMMs on warpgroup MMA.
 //
-// One block per (key tile of 128 keys, kv head, batch row), two warpgroups of 64 keys each; the
-// block walks the 64-query tiles of every query head of its kv head's group (attention_bwd.cu
+// One work per (key tile of 128 keys, kv head, batch row), two warpgroups of 64 keys each (the
+// warp-specialised kernel's persistent blocks take several works in turn, see BwdWalk and nth); a
+// work walks the 64-query tiles of every query head of its kv head's group (attention_bwd.cu
 // runs the delta pass before and the dQ cast after, as for the mma.sync kernel). Per query tile,
 // with every operand in 128-byte-swizzled shared memory (attention_sm90_common.cuh):
 //   S^T  = K Q^T           wgmma  A = K (smem, K-major)       B = Q (smem, K-major)
@@ -243,8 +244,9 @@ __device__ __forceinline__ void store_dk_dv(const float* dk, const float* dv, ui
   }
 }
 
-// Where a block works (both kernels): one block per (key tile, kv head, batch row) on a 1-D grid;
-// blocks start in about index order. Causal: key tile slowest, so every block of key tile 0 (the
+// Which (key tile, kv head, batch row) work number idx is (both kernels). With one block per work on
+// a 1-D grid, blocks start in about index order (the orders below are for that case; the
+// warp-specialised kernel's persistent blocks go head by head, keyfast, by default). Causal: key tile slowest, so every block of key tile 0 (the
 // longest walk, T/64 query tiles) starts first and the short walks of the last key tiles fill the
 // tail (GQA T=4096 +13%, T=8192 +5-6% on an H200). Otherwise key tile fastest: a head's blocks run
 // together and share its Q and dO tiles in L2 (the causal order there was 4% slower). The walk:

@@ -14,7 +14,8 @@
 // with the previous tile's P V), the same overlapped loop fed by cp.async from every thread
 // (sm90pipe), and the serial loop (sm90); PRIMUS_TURBO_ATTN_KERNEL picks one (docs/attention.md).
 // In the warp-specialised kernel the two consumer warpgroups also take turns to issue their
-// products (FlashAttention-3's ping-pong: one's softmax runs under the other's GEMMs). Not done: FP8.
+// products (FlashAttention-3's ping-pong: one's softmax runs under the other's GEMMs), and its
+// blocks are persistent (one per SM walking query tiles, WsTiles). Not done: FP8.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
