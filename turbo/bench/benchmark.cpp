@@ -208,36 +208,6 @@ class Reporter {
 
 bool is_device_backend(BackendType b) { return b != BackendType::CPU; }
 
-// --ab: the product timed under each value of cfg.ab_var in turn, cfg.ab_rounds times (so both
-// sides share whatever state the process and the device are in), the median per value; the
-// variable's previous value (or its absence) is restored, also when a call throws.
-std::vector<std::pair<std::string, double>> time_ab(const BenchConfig& cfg, BenchDevice& dev, const Timed& t, int iters) {
-  struct Restore {
-    std::string var;
-    std::optional<std::string> old;
-    ~Restore() {
-      if (old) setenv(var.c_str(), old->c_str(), 1);
-      else unsetenv(var.c_str());
-    }
-  };
-  const char* prev = std::getenv(cfg.ab_var.c_str());
-  const Restore restore{cfg.ab_var, prev ? std::optional<std::string>(prev) : std::nullopt};
-  std::vector<std::vector<double>> ms(cfg.ab_values.size());
-  for (int r = 0; r < cfg.ab_rounds; ++r)
-    for (size_t i = 0; i < cfg.ab_values.size(); ++i) {
-      setenv(cfg.ab_var.c_str(), cfg.ab_values[i].c_str(), 1);
-      ms[i].push_back(dev.time_ms(t.run, iters));
-    }
-  std::vector<std::pair<std::string, double>> out;
-  for (size_t i = 0; i < ms.size(); ++i) {
-    std::sort(ms[i].begin(), ms[i].end());
-    const size_t n = ms[i].size();
-    const double median = n % 2 ? ms[i][n / 2] : 0.5 * (ms[i][n / 2 - 1] + ms[i][n / 2]);
-    out.emplace_back(fmt::format("{} [{}={}]", t.name, cfg.ab_var, cfg.ab_values[i]), median);
-  }
-  return out;
-}
-
 // f.compare's tables: for each (ours, anchor) pair, every measurement both backends took in this
 // run, with anchor ms / ours ms (above 1: ours is faster) and the geometric mean over the cases.
 void print_comparisons(const OpFamily& f, const std::vector<std::string>& measured,
@@ -493,6 +463,32 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
   if (rep.count() == 0)
     throw RuntimeError("benchmark: no measurements were taken (every backend was skipped; the reasons are above)");
   return rep.count();
+}
+
+std::vector<std::pair<std::string, double>> time_ab(const BenchConfig& cfg, BenchDevice& dev, const Timed& t, int iters) {
+  struct Restore {  // the variable's previous value (or its absence), also when a call throws
+    std::string var;
+    std::optional<std::string> old;
+    ~Restore() {
+      if (old) setenv(var.c_str(), old->c_str(), 1);
+      else unsetenv(var.c_str());
+    }
+  };
+  const char* prev = std::getenv(cfg.ab_var.c_str());
+  const Restore restore{cfg.ab_var, prev ? std::optional<std::string>(prev) : std::nullopt};
+  std::vector<std::vector<double>> ms(cfg.ab_values.size());
+  for (int r = 0; r < cfg.ab_rounds; ++r)
+    for (size_t i = 0; i < cfg.ab_values.size(); ++i) {
+      setenv(cfg.ab_var.c_str(), cfg.ab_values[i].c_str(), 1);
+      ms[i].push_back(dev.time_ms(t.run, iters));
+    }
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    // The median as BenchDevice::time_ms takes it (the upper one of an even count).
+    std::nth_element(ms[i].begin(), ms[i].begin() + static_cast<std::ptrdiff_t>(ms[i].size() / 2), ms[i].end());
+    out.emplace_back(fmt::format("{} [{}={}]", t.name, cfg.ab_var, cfg.ab_values[i]), ms[i][ms[i].size() / 2]);
+  }
+  return out;
 }
 
 void parse_ab(const std::string& spec, BenchConfig& cfg) {

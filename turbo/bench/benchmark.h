@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "turbo/core/dtype.h"
@@ -40,6 +41,14 @@ struct BenchConfig {
 // Parses --ab's "VAR=A,B[,...]" into cfg.ab_var / cfg.ab_values; throws primus::UsageError naming
 // what is wrong (no '=', an empty name, fewer than two values, an empty value).
 void parse_ab(const std::string& spec, BenchConfig& cfg);
+
+class BenchDevice;
+struct Timed;
+// --ab's timing of one product: t.run timed (dev.time_ms, `iters` calls) under each of
+// cfg.ab_values of cfg.ab_var in turn, cfg.ab_rounds rounds, so all values share the process's and
+// the device's state; returns ("<t.name> [VAR=value]", median ms) per value. The variable's
+// previous value (or its absence) is restored, also when a call throws.
+std::vector<std::pair<std::string, double>> time_ab(const BenchConfig& cfg, BenchDevice& dev, const Timed& t, int iters);
 
 // Runs the benchmark. Throws primus::UsageError for an unknown op, backend, dtype or a malformed
 // shape (naming which and where), primus::RuntimeError when an explicitly named backend cannot

@@ -1,7 +1,7 @@
 // Flash-attention backward main kernel for Hopper (sm_90a): the five GEMMs on warpgroup MMA.
 //
 // One work per (key tile of 128 keys, kv head, batch row), two warpgroups of 64 keys each (the
-// warp-specialised kernel's persistent blocks take several works in turn, see BwdWalk and nth); a
+// warp-specialised kernel's persistent blocks take several works in turn, see BwdWalk and snake_work); a
 // work walks the 64-query tiles of every query head of its kv head's group (attention_bwd.cu
 // runs the delta pass before and the dQ cast after, as for the mma.sync kernel). Per query tile,
 // with every operand in 128-byte-swizzled shared memory (attention_sm90_common.cuh):
@@ -475,15 +475,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const uint32_t kv_empty = bars + 8u * (1 + 2 * S);  // K/V read and dK/dV staged out (8 warps)
   const int T_len = static_cast<int>(prm.T), H = static_cast<int>(prm.H), KVH = static_cast<int>(prm.KVH);
   const bool key_slowest = prm.causal && order != 1;
-  // Works (key tile, kv head, batch row) 0 .. n_work - 1 in BwdWalk's order; a block takes one of
-  // each round of gridDim.x: number blockIdx.x of even rounds, gridDim.x - 1 - blockIdx.x of odd
-  // ones (a snake, so no block takes the heaviest of every round). With a block per work that is
-  // one round; persistent blocks (one per SM) walk several, loading the next work's first Q/dO
-  // tiles while they finish the current one.
-  auto nth = [&](int k) {
-    const int gsz = static_cast<int>(gridDim.x), i = static_cast<int>(blockIdx.x);
-    return k * gsz + ((k & 1) ? gsz - 1 - i : i);
-  };
+  // Works (key tile, kv head, batch row) 0 .. n_work - 1 in BwdWalk's order, taken by snake_work
+  // (one per block, or persistent blocks several, loading the next work's first Q/dO tiles while
+  // they finish the current one).
   if (threadIdx.x == 0) {
     mbar_init(kv_empty, 8);
     mbar_init_ring(bars, S, 8);  // bar_kv, full(st), empty(st); fences the init above too
@@ -506,7 +500,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         tma_load_3d(sLD0 + st * C::kSmemLD, &maps.ld, full(st), q0 & ~3, 0, w.b * H + h);
         ++r;
       };
-      for (int k = 0, idx = nth(0); idx < n_work; idx = nth(++k)) {
+      for (int k = 0, idx = snake_work(0); idx < n_work; idx = snake_work(++k)) {
         const BwdWalk w(prm, BN, BM, key_slowest, order, idx);
         const int pre = min(S, w.total);  // these go in before K/V, which wait for the last work's dK/dV
         for (int it = 0; it < pre; ++it) load_tile(w, it);
@@ -537,7 +531,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   float dq[32];
   uint32_t pa[BM / 16][4], da[BM / 16][4];
   int r = 0;  // Q/dO/LD tiles consumed (ring slot r % S; dS^T buffer r % 2; dQ staging buffer r % kDqBufs), across works
-  for (int k = 0, idx = nth(0); idx < n_work; idx = nth(++k)) {
+  for (int k = 0, idx = snake_work(0); idx < n_work; idx = snake_work(++k)) {
     const BwdWalk w(prm, BN, BM, key_slowest, order, idx);
     const KeyRows kr = key_rows(prm, w.b, w.c0 + wg * 64 + wl * 16 + lg);
     // dQ of tile j (in dq) into this warpgroup's staging half of buffer j % kDqBufs, then its reduce-adds.

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -426,10 +427,7 @@ struct WsConfig {
 static_assert(WsConfig<128>::kSmem <= 227 * 1024 && WsConfig<64>::kSmem <= 227 * 1024, "shared memory per block");
 
 // The warp-specialised forward's work tiles, numbered 0 .. count - 1 over (query tile, head,
-// batch row). A block takes one tile of each round of gridDim.x tiles: tile blockIdx.x of even
-// rounds, gridDim.x - 1 - blockIdx.x of odd ones (a snake: with a fixed position the first blocks
-// would take the heaviest tile of every causal round). With a block per tile that is one round;
-// persistent blocks (one per SM) walk several. Heads are taken in groups of `group`
+// batch row); blocks take them by snake_work (one per block, or persistent blocks several). Heads are taken in groups of `group`
 // (head, batch row) pairs; within a group causal tiles come heaviest first over the group's heads
 // (query tile slowest: each round of the grid takes tiles of about equal cost) and non-causal ones
 // head by head. group = 1 (the default) goes head by head, causal tiles heaviest first within each
@@ -445,11 +443,6 @@ struct WsTiles {
     const int gs = min(group, HB - g0), in = t - g0 * tiles_m;
     const int m = causal ? in / gs : in % tiles_m, hb = g0 + (causal ? in % gs : in / tiles_m);
     return BlockGeometry(p, causal ? tiles_m - 1 - m : m, hb % H, hb / H);
-  }
-  // This block's tile of round k (>= count once the block is done).
-  __device__ __forceinline__ int nth(int k) const {
-    const int g = static_cast<int>(gridDim.x), i = static_cast<int>(blockIdx.x);
-    return k * g + ((k & 1) ? g - 1 - i : i);
   }
 };
 
@@ -477,7 +470,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
   __syncthreads();
 
-  // Every block walks its tiles (WsTiles::nth); `it` counts them (Q buffer it % QB)
+  // Every block walks its tiles (snake_work); `it` counts them (Q buffer it % QB)
   // and `r` the K/V tiles it has gone through (ring slot r % S), both continuing across tiles.
   if (threadIdx.x < 128) {  // producer warpgroup
     setmaxnreg_dec<C::kProducerRegs>();
@@ -494,7 +487,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         }
         ++r;
       };
-      for (int it = 0, t = tiles.nth(0); t < tiles.count; t = tiles.nth(++it)) {
+      for (int it = 0, t = snake_work(0); t < tiles.count; t = snake_work(++it)) {
         const BlockGeometry geo = tiles.at(p, t);
         // The first K/V tile before Q: with one Q buffer, Q waits for the previous tile's O store.
         if (geo.n_tiles > 0) load_kv(geo, 0);
@@ -526,7 +519,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     const Turn turn{cwg, pingpong};
     if (turn.on && cwg == 1) named_arrive(1, 256);
     int r = 0;
-    for (int it = 0, t = tiles.nth(0); t < tiles.count; t = tiles.nth(++it)) {
+    for (int it = 0, t = snake_work(0); t < tiles.count; t = snake_work(++it)) {
       const BlockGeometry geo = tiles.at(p, t);
       const int qb = it % QB, n = geo.n_tiles;
       FwdWarpgroup<T, D, kFuse> w(p, geo, cwg, sQ(qb));
@@ -543,7 +536,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
               },
               turn);
         }
-        w.step_last(stage(r) + C::kSmemKV, turn, tiles.nth(it + 1) < tiles.count);
+        w.step_last(stage(r) + C::kSmemKV, turn, snake_work(it + 1) < tiles.count);
         if (lane0) mbar_arrive(empty(r % S));  // the last P V product has read its V
         ++r;
       }
@@ -583,13 +576,7 @@ void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t strea
   const int64_t n_tiles = (prm.T + C::BM - 1) / C::BM * prm.H * prm.B;
   PRIMUS_CHECK(n_tiles < (int64_t{1} << 31), "attention forward (sm90): {} tiles of {} query rows", n_tiles, C::BM);
   const dim3 grid(static_cast<unsigned>(persistent ? std::min<int64_t>(n_tiles, sm_count()) : n_tiles));
-  int64_t group = 1;
-  if (const char* g = std::getenv("PRIMUS_TURBO_ATTN_FWD_GROUP"); g != nullptr && *g != '\0') {
-    char* end = nullptr;
-    group = std::strtoll(g, &end, 10);
-    PRIMUS_CHECK(*end == '\0' && group >= 1, "PRIMUS_TURBO_ATTN_FWD_GROUP={}: expected a positive number of heads", g);
-  }
-  group = std::min<int64_t>(group, prm.H * prm.B);
+  const int64_t group = std::min<int64_t>(env_int("PRIMUS_TURBO_ATTN_FWD_GROUP", 1, INT32_MAX, 1), prm.H * prm.B);
   // PRIMUS_TURBO_ATTN_FWD_PINGPONG=0 (read on every call, for A/B runs): the consumer warpgroups
   // issue their products whenever they are ready instead of taking turns (see the kernel; turns
   // measured +15% at head_dim 128, +6% at 64 on an H200, session 17).

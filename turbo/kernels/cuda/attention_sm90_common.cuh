@@ -63,6 +63,15 @@ __device__ __forceinline__ void fence_regs(uint32_t* r) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
+// Persistent blocks' share of works 0 .. count - 1: one of each round of gridDim.x works, number
+// blockIdx.x of even rounds and gridDim.x - 1 - blockIdx.x of odd ones (a snake: with a fixed
+// position the first blocks would take the heaviest work of every round of a heaviest-first
+// order). This block's work of round k; >= count once the block is done. With a block per work
+// it is one round.
+__device__ __forceinline__ int snake_work(int k) {
+  const int g = static_cast<int>(gridDim.x), i = static_cast<int>(blockIdx.x);
+  return k * g + ((k & 1) ? g - 1 - i : i);
+}
 // Named barrier `id` (1-15; 0 is __syncthreads) over `count` threads (a multiple of 32).
 __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
