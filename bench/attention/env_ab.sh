@@ -8,6 +8,11 @@
 # (default primus; e.g. A_BIN=primus_base with .carry-cuda/primus_base.gz from the older commit);
 # then the sides alternate as separate processes. Otherwise (INPROC=1, the default) one process
 # alternates the two values per product (`primus benchmark --ab`); INPROC=0 forces processes.
+# BACKEND (default TURBO; empty: CUDNN and TURBO in each process) is what the A/B runs time.
+# Separate processes log the GPU's clocks, power and temperature before each to $OUT/smi.log.
+# Process modes (the same binary read fast or slow per process, session 18): INPROC=0 VAR=PRIMUS_NONE
+# A=0 B=1 BACKEND= ROUNDS=4 SHAPES=<shape>,<shape>:pad64,... gives 8 processes, each timing both
+# backends at several addresses (:padN), one file per process.
 #   run(command="OUT=$OUT bash bench/attention/env_ab.sh", carry=[".carry-cuda"])
 set -u
 OUT=${OUT:-/tmp/attn-ab-out}
@@ -15,6 +20,7 @@ VAR=${VAR:-PRIMUS_TURBO_ATTN_BWD_KERNEL}
 A=${A:-sm90}
 B=${B:-sm90ws}
 ROUNDS=${ROUNDS:-2}
+BACKEND=${BACKEND-TURBO}
 BIN=/tmp/attn-ab-bin
 mkdir -p "$OUT" "$BIN"
 for f in .carry-cuda/*.gz; do gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"; done
@@ -32,14 +38,15 @@ if [ -z "${A_BIN:-}${B_BIN:-}" ] && [ "${INPROC:-1}" = 1 ]; then
   # One process, the two values alternating per product (`primus benchmark --ab`): both sides share
   # the process's state. Separate processes on the H200 read either "fast" or "slow" as a whole
   # (GPT-2's TURBO forward 246 vs 205 TFLOP/s in alternate processes of the same binary, session 18).
-  "$BIN/primus" benchmark attention --backend TURBO --iters 20 --shapes "$SHAPES" --ab "$VAR=$A,$B" --ab-rounds "$ROUNDS" \
+  "$BIN/primus" benchmark attention ${BACKEND:+--backend "$BACKEND"} --iters 20 --shapes "$SHAPES" --ab "$VAR=$A,$B" --ab-rounds "$ROUNDS" \
     --json "$OUT/ab.jsonl" > "$OUT/ab.log" 2>&1 || echo "in-process A/B rc=$?"
 else
   for r in $(seq "$ROUNDS"); do
     for tag in A B; do
       val=${!tag}
       bin_var=${tag}_BIN
-      env "$VAR=$val" "$BIN/${!bin_var:-primus}" benchmark attention --backend TURBO --iters 20 --shapes "$SHAPES" \
+      echo "$tag round $r: $(nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader)" >> "$OUT/smi.log"
+      env "$VAR=$val" "$BIN/${!bin_var:-primus}" benchmark attention ${BACKEND:+--backend "$BACKEND"} --iters 20 --shapes "$SHAPES" \
         --json "$OUT/${tag}_$r.jsonl" > "$OUT/${tag}_$r.log" 2>&1 || echo "$tag ($VAR=$val) round $r rc=$?"
     done
   done

@@ -155,6 +155,24 @@ TEST(BenchmarkCli, GemmShapeWithAnEpilogueTimesTheTrainingStepProducts) {
   EXPECT_EQ(cases.count("gemm/32x16x8+bias/dgrad+dgelu"), 0u) << "only +dgelu times the dgelu product";
 }
 
+// :padN places an attention case's tensors N MiB further into the arena (same product, other
+// addresses: bench/attention/process_modes.sh); the name says so, and modes combine.
+TEST(BenchmarkCli, AttentionPadModeNamesTheCase) {
+  Workdir w;
+  const auto json = w.path() / "pad.jsonl";
+  const auto r = run_primus("benchmark attention --cpu-only --iters 1 --shapes 1x16x4x2x8:pad3:full,1x16x4x2x8 --json " +
+                            json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::set<std::string> cases;
+  for (const auto& j : read_lines(json)) {
+    const std::string c = j["case"].get<std::string>();
+    if (c.rfind("ceiling/", 0) == 0 || c.rfind("copy/", 0) == 0) continue;
+    cases.insert(c);
+  }
+  EXPECT_EQ(cases, (std::set<std::string>{"attention/1x16x4x2x8_full_pad3/fwd", "attention/1x16x4x2x8_full_pad3/bwd",
+                                          "attention/1x16x4x2x8/fwd", "attention/1x16x4x2x8/bwd"}));
+}
+
 // --ab times every product under each value of one environment variable in the same process and
 // reports each value as its own measurement, in the table and in the JSON.
 TEST(BenchmarkCli, InProcessABReportsEachValue) {
@@ -191,6 +209,8 @@ TEST(BenchmarkCli, BadInputIsOneClearMessage) {
       {"benchmark gemm --cpu-only --shapes 32x16+bias", {"gemm: shape '32x16' is not MxNxK"}},
       {"benchmark attention --cpu-only --shapes 1x16x4x3x8", {"4 heads is not a multiple of 3 kv heads"}},
       {"benchmark attention --cpu-only --shapes 1x16x4x2x8:sliding", {"unknown mode 'sliding'"}},
+      {"benchmark attention --cpu-only --shapes 1x16x4x2x8:pad", {"unknown mode 'pad'"}},
+      {"benchmark attention --cpu-only --shapes 1x16x4x2x8:pad-1", {"unknown mode 'pad-1'"}},
       {"benchmark gemm --cpu-only --backend CUDNN", {"op 'gemm' has no backend CUDNN", "CUBLASLT, CPU"}},
       {"benchmark gemm --cpu-only --backend FAST", {"unknown --backend 'FAST'"}},
       {"benchmark norm --cpu-only --backend TURBO", {"--backend TURBO needs a CUDA device", "--cpu-only"}},

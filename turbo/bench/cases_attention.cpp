@@ -25,9 +25,12 @@ TensorView heads_of(const TensorView& packed, int64_t first, int64_t n, int64_t 
 
 // packed: q, k, v (and dq, dk, dv) are column slices of one [B, T, (H + 2 KVH) D] tensor, as
 // in training; else each is its own dense tensor.
+// pad_mib: that many MiB of the arena left unused before the case's tensors, so one process can
+// time the same product at other addresses (bench/attention/process_modes.sh).
 Case attention_case(const std::string& name, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool causal,
-                    bool packed = false) {
+                    bool packed = false, int64_t pad_mib = 0) {
   return {name, [=](CaseEnv& e) {
+            if (pad_mib > 0) e.empty(DType::F32, {pad_mib, 262144});
             // q, k, v (random) and dq, dk, dv (written): views of one packed tensor each, or dense.
             auto three = [&](bool random, TensorView& q, TensorView& k, TensorView& v) {
               auto make = [&](std::initializer_list<int64_t> shape) {
@@ -71,8 +74,9 @@ OpFamily attention_family() {
   f.dispatch_ops = {"attention"};
   f.backends = {BackendType::CUDNN, BackendType::TURBO, BackendType::CPU};
   f.shape_syntax =
-      "BxTxHxKVHxD[:full][:packed] (batch x sequence x heads x kv heads x head dim; causal unless :full; packed: q, k, "
-      "v and their gradients as column slices of one [B, T, (H + 2 KVH) D] tensor, as the models run it)";
+      "BxTxHxKVHxD[:full][:packed][:padN] (batch x sequence x heads x kv heads x head dim; causal unless :full; packed: "
+      "q, k, v and their gradients as column slices of one [B, T, (H + 2 KVH) D] tensor, as the models run it; padN: "
+      "the tensors placed N MiB further into the device arena)";
   f.defaults = [](const Scale& s) {
     if (!s.gpu) return std::vector<Case>{attention_case("small_causal_d64_t256", 1, 256, 4, 4, 64, true)};
     // The names are bench/attention/torch_sdpa.py's, so both sides of a run join.
@@ -85,20 +89,25 @@ OpFamily attention_family() {
     const size_t colon = shape.find(':');
     const std::string dims = shape.substr(0, colon);
     bool causal = true, packed = false;
+    int64_t pad_mib = 0;
     for (size_t at = colon; at != std::string::npos;) {
       const size_t next = shape.find(':', at + 1);
       const std::string mode = shape.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
       if (mode == "full") causal = false;
       else if (mode == "causal") causal = true;
       else if (mode == "packed") packed = true;
+      else if (mode.rfind("pad", 0) == 0 && mode.size() > 3 && mode.size() < 9 &&
+               mode.find_first_not_of("0123456789", 3) == std::string::npos)
+        pad_mib = std::stoll(mode.substr(3));
       else throw UsageError(fmt::format("attention: shape '{}': unknown mode '{}' (expected {})", shape, mode, syntax));
       at = next;
     }
     const auto d = parse_dims("attention", dims, 5, syntax);
     if (d[2] % d[3] != 0)
       throw UsageError(fmt::format("attention: shape '{}': {} heads is not a multiple of {} kv heads", shape, d[2], d[3]));
-    return attention_case("attention/" + dims + (causal ? "" : "_full") + (packed ? "_packed" : ""), d[0], d[1], d[2],
-                          d[3], d[4], causal, packed);
+    return attention_case("attention/" + dims + (causal ? "" : "_full") + (packed ? "_packed" : "") +
+                              (pad_mib > 0 ? "_pad" + std::to_string(pad_mib) : ""),
+                          d[0], d[1], d[2], d[3], d[4], causal, packed, pad_mib);
   };
   return f;
 }
