@@ -94,6 +94,12 @@ class AttnGpu : public ::testing::Test {
     return out;
   }
   void poison(const TensorView& t) { CUDA_CHECK(cudaMemset(t.data, 0xFF, t.nbytes())); }
+  // NaN bytes over the first half of the scratch arena, where the next call's buffers go.
+  void poison_scratch() {
+    ArenaScope s(*scratch_);
+    const size_t n = scratch_->capacity() / 2;
+    CUDA_CHECK(cudaMemset(scratch_->allocate(n, 256, "poison"), 0xFF, n));
+  }
 
   // Device tensors of one case.
   struct Dev {
@@ -690,6 +696,50 @@ TEST_F(AttnGpu, CudnnEngineSearchKeepsResultsAtTheGate) {
 #endif
 
 // A backend forced by the user that cannot serve the call is an error, not a silent fallback.
+// The TURBO backward's first pass zeroes its own f32 dQ accumulator (the scratch holds NaN bytes
+// before each call; without the zeroing dq is NaN) beside computing delta, for every backward kernel
+// (the warp-specialised one reads the (lse, delta) rows, the others delta), D 64 / 128; and a tensor
+// that does not start 16-byte aligned is refused by name, not run.
+TEST_F(AttnGpu, TurboBackwardZeroesItsAccumulatorAndRefusesMisalignedTensors) {
+  for (const char* kernel : {"", "bwdsm90", "sm80"})
+    for (int64_t D : {int64_t{64}, int64_t{128}}) {
+      SCOPED_TRACE(fmt::format("kernel '{}' D={}", kernel, D));
+      AttnCase c;
+      c.B = 2, c.T = 333, c.H = 4, c.KVH = 2, c.D = D, c.causal = true;
+      AttnTensors t = random_inputs(c, DType::BF16);
+      run_reference(c, t);
+      Dev d = upload(c, DType::BF16, t);
+      GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+      set_kernel(kernel);
+      for (int rep = 0; rep < 2; ++rep) {  // the second call over the first's accumulator, poisoned again
+        poison_scratch();
+        run(c, d);
+        check_all(t, d);
+      }
+    }
+  set_kernel("");
+  AttnCase c;
+  c.B = 1, c.T = 128, c.H = 4, c.KVH = 4, c.D = 64;
+  AttnTensors t = random_inputs(c, DType::BF16);
+  Dev d = upload(c, DType::BF16, t);
+  run(c, d);  // out and lse for the backward below
+  TensorView wide = make(DType::BF16, {c.B * c.T * c.H * c.D + 8});
+  TensorView dout = d.dout;
+  dout.data = static_cast<char*>(wide.data) + 8;  // 8 bytes in: 4-byte aligned, not 16
+  CUDA_CHECK(cudaMemcpy(dout.data, d.dout.data, d.dout.nbytes(), cudaMemcpyDeviceToDevice));
+  AttentionBackwardArgs b;
+  b.dq = d.dq, b.dk = d.dk, b.dv = d.dv, b.dout = dout, b.q = d.q, b.k = d.k, b.v = d.v, b.out = d.out, b.lse = d.lse;
+  b.opt = options(c, d);
+  b.ctx = ctx_;
+  GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+  try {
+    attention_backward(b);
+    ADD_FAILURE() << "a misaligned dout ran on the TURBO backward";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("dout does not start 16-byte aligned"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(AttnGpu, ForcedCudnnRefusesVarlen) {
   AttnCase c;
   c.T = 64, c.cu_seqlens = {0, 30, 64, 100, 128};

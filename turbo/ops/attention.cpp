@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 
@@ -127,6 +128,15 @@ void cpu_bwd(const AttentionBackwardArgs& args) {
 
 // ---- TURBO (in-house CUDA kernels) -----------------------------------------------------------
 #ifdef PRIMUS_TURBO_WITH_CUDA
+// The TURBO kernels read and write 16-byte vectors (TMA, cp.async, vector stores): "" when every
+// dense tensor starts 16-byte aligned (strided ones are copied into the arena first), else which not.
+std::string misaligned(std::initializer_list<std::pair<const char*, const TensorView*>> ts) {
+  for (const auto& [name, t] : ts)
+    if (t->defined() && t->is_contiguous() && (reinterpret_cast<uintptr_t>(t->data) & 15u) != 0)
+      return fmt::format("{} does not start 16-byte aligned ({}; the TURBO kernels move 16-byte vectors)", name, t->describe());
+  return "";
+}
+
 cuda::FlashAttnParams flash_params(const Dims& d, DType dt, const AttentionOptions& o) {
   cuda::FlashAttnParams p;
   p.B = d.B, p.T = d.T, p.H = d.H, p.KVH = d.KVH, p.D = d.D;
@@ -144,6 +154,7 @@ std::string turbo_check_fwd(const AttentionForwardArgs& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"q", &a.q}}); !w.empty()) return w;
   if (any_strided({&a.q, &a.k, &a.v}) && !a.ctx.scratch)
     return "strided q/k/v need ExecContext::scratch (device arena) for dense copies";
+  if (auto w = misaligned({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}}); !w.empty()) return w;
   return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
 }
 void turbo_fwd(const AttentionForwardArgs& args) {
@@ -158,6 +169,10 @@ std::string turbo_check_bwd(const AttentionBackwardArgs& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"q", &a.q}}); !w.empty()) return w;
   if (a.opt.deterministic) return "a deterministic backward (the TURBO kernels accumulate dQ with atomics)";
   if (!a.ctx.scratch) return "needs ExecContext::scratch (device arena) for the f32 dq accumulator";
+  if (auto w = misaligned({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout}, {"dq", &a.dq}, {"dk", &a.dk},
+                           {"dv", &a.dv}});
+      !w.empty())
+    return w;
   return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
 }
 void turbo_bwd(const AttentionBackwardArgs& args) {

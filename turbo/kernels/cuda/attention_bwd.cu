@@ -1,7 +1,7 @@
 // Flash-attention backward (FlashAttention-2 schedule) on mma.sync tensor cores.
 //
 // Three launches:
-//   1. delta[b,h,t] = dout · out (one warp per row); the f32 dq accumulator is zeroed.
+//   1. delta[b,h,t] = dout · out; the same pass zeroes the row's f32 dq accumulator.
 //   2. The main kernel (this file's mma.sync one, or on sm_90 attention_bwd_sm90.cu's wgmma one):
 //      one block per (key tile of BN keys, kv head, batch row). Its warps own
 //      16 keys each and keep their dK and dV (16 x D, f32) in registers while the block walks
@@ -311,26 +311,35 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_kernel(const BwdArgs
   }
 }
 
-// delta[b,h,t] = sum_d dout[b,t,h,d] * out[b,t,h,d]; one warp per (b,t,h) row. With `ld` (the
-// warp-specialised Hopper kernel's rows, [B*H][2][ld_stride]) it writes lse[b,h,t] * log2(e) and
-// delta there instead of into `delta`.
-template <class T>
-__global__ void flash_bwd_delta_kernel(float* delta, float* ld, const float* lse, int64_t ld_stride, const T* dout, const T* out,
-                                       int64_t rows, int T_len, int H, int D) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const T* a = dout + row * D;
-  const T* o = out + row * D;
+// The pass before the main kernel, per (b,t,h) row: delta[b,h,t] = sum_d dout[b,t,h,d] * out[b,t,h,d],
+// and the row's D floats of the f32 dq accumulator zeroed (one pass instead of a memset beside it).
+// With `ld` (the warp-specialised Hopper kernel's rows, [B*H][2][ld_stride]) it writes lse[b,h,t] *
+// log2(e) and delta there instead of into `delta`. D / 8 threads share a row, 16 bytes of dout and
+// of out each (the op requires 16-byte aligned tensors), so a warp takes 256 / D rows at once.
+template <class T, int D>
+__global__ void __launch_bounds__(256) flash_bwd_prep_kernel(float* delta, float* ld, const float* lse, int64_t ld_stride,
+                                                              const uint4* dout, const uint4* out, float4* dq_acc,
+                                                              int64_t rows, int T_len, int H) {
+  constexpr int kTpr = D / 8;  // threads per row
+  static_assert(kTpr <= 32 && (kTpr & (kTpr - 1)) == 0, "a row's threads: a power of two within a warp");
+  const int sub = threadIdx.x % kTpr;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (256 / kTpr) + threadIdx.x / kTpr;
+  const bool valid = row < rows;  // every lane stays for the shuffles below
   float acc = 0.0f;
-  for (int c = lane * 2; c < D; c += 64) {
-    const float2 x = Mma<T>::unpack(*reinterpret_cast<const uint32_t*>(a + c));
-    const float2 y = Mma<T>::unpack(*reinterpret_cast<const uint32_t*>(o + c));
-    acc += x.x * y.x + x.y * y.y;
+  if (valid) {
+    const uint4 a = __ldg(dout + row * kTpr + sub), o = __ldg(out + row * kTpr + sub);
+    const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, ow[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = Mma<T>::unpack(aw[i]), y = Mma<T>::unpack(ow[i]);
+      acc += x.x * y.x + x.y * y.y;
+    }
+    float4* z = dq_acc + (row * kTpr + sub) * 2;  // this thread's 8 floats of the row
+    z[0] = z[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) {
+  for (int off = kTpr / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (valid && sub == 0) {
     const int64_t bt = row / H;  // row = (b*T + t)*H + h
     const int h = static_cast<int>(row % H);
     const int64_t b = bt / T_len, t = bt % T_len;
@@ -344,14 +353,13 @@ __global__ void flash_bwd_delta_kernel(float* delta, float* ld, const float* lse
   }
 }
 
-// dq = cast(acc), four elements a thread.
+// dq = cast(acc), eight elements a thread (16-byte stores).
 template <class T>
-__global__ void flash_bwd_cast_kernel(T* dq, const float* acc, int64_t n4) {
+__global__ void flash_bwd_cast_kernel(uint4* dq, const float4* acc, int64_t n8) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n4) return;
-  const float4 v = reinterpret_cast<const float4*>(acc)[i];
-  uint2 packed{Mma<T>::pack(v.x, v.y), Mma<T>::pack(v.z, v.w)};
-  reinterpret_cast<uint2*>(dq)[i] = packed;
+  if (i >= n8) return;
+  const float4 v = __ldg(acc + 2 * i), w = __ldg(acc + 2 * i + 1);
+  dq[i] = uint4{Mma<T>::pack(v.x, v.y), Mma<T>::pack(v.z, v.w), Mma<T>::pack(w.x, w.y), Mma<T>::pack(w.z, w.w)};
 }
 
 constexpr size_t kAlign = 256;
@@ -380,7 +388,6 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
   const int64_t n = rows * prm.D;
   float* dq_acc = static_cast<float*>(scratch);
   float* delta = reinterpret_cast<float*>(static_cast<char*>(scratch) + align_up(static_cast<size_t>(n) * sizeof(float)));
-  CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(n) * sizeof(float), stream));
   FlashBwdPointers ptrs{q, k, v, dout, lse, delta, dq_acc, dk, dv};
   BwdKernel kind = flash_backward_kernel();
   if (kind == BwdKernel::Sm90Ws && !flash_backward_sm90_ws_usable(ptrs)) kind = BwdKernel::Sm90;
@@ -390,9 +397,14 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
     ld = delta, ptrs.delta = nullptr;
     ptrs.ld = ld, ptrs.ld_stride = ld_stride(prm);
   }
-  flash_bwd_delta_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(
-      ld ? nullptr : delta, ld, lse, ptrs.ld_stride, static_cast<const T*>(dout), static_cast<const T*>(out), rows,
-      static_cast<int>(prm.T), static_cast<int>(prm.H), static_cast<int>(prm.D));
+  // delta (or the (lse, delta) rows) and the zeroed dq accumulator, in one pass.
+  PRIMUS_CHECK(((reinterpret_cast<uintptr_t>(dout) | reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(dq)) & 15u) == 0,
+               "flash_attention_backward: dout, out and dq must be 16-byte aligned");
+  const unsigned prep_grid = static_cast<unsigned>((rows * prm.D / 8 + 255) / 256);  // D / 8 threads a row
+  auto prep = prm.D == 128 ? flash_bwd_prep_kernel<T, 128> : flash_bwd_prep_kernel<T, 64>;
+  prep<<<prep_grid, 256, 0, stream>>>(ld ? nullptr : delta, ld, lse, ptrs.ld_stride, static_cast<const uint4*>(dout),
+                                      static_cast<const uint4*>(out), reinterpret_cast<float4*>(dq_acc), rows,
+                                      static_cast<int>(prm.T), static_cast<int>(prm.H));
   CUDA_CHECK_LAST();
   if (kind != BwdKernel::Sm80) {
     flash_backward_sm90_main(prm, ptrs, stream);
@@ -403,8 +415,9 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
     if (prm.D == 128) launch_bwd<T, BwdConfig<128, 128, 64>>(prm, a, stream);
     else launch_bwd<T, BwdConfig<64, 128, 64>>(prm, a, stream);
   }
-  const int64_t n4 = n / 4;
-  flash_bwd_cast_kernel<T><<<static_cast<unsigned>((n4 + 255) / 256), 256, 0, stream>>>(static_cast<T*>(dq), dq_acc, n4);
+  const int64_t n8 = n / 8;  // n = rows * D, a multiple of 8 (head_dim 64 or 128)
+  flash_bwd_cast_kernel<T><<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, stream>>>(
+      static_cast<uint4*>(dq), reinterpret_cast<const float4*>(dq_acc), n8);
   CUDA_CHECK_LAST();
 }
 
