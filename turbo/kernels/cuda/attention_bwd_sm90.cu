@@ -46,6 +46,7 @@ struct BwdSm90Config {
   static constexpr int D = D_, BN = 128, BM = 64;
   static constexpr int kThreads = 256;
   static constexpr bool kSplitN = D == 128;  // dQ work split between the warpgroups by columns (else by keys)
+  static constexpr bool kDqRows = false;     // (the warp-specialised kernel's 128-query tiles: by query rows)
   static constexpr int kSmemKV = BN * D * 2, kSmemQ = BM * D * 2, kSmemDS = BN * BM * 2;
   // dQ's staging: per buffer, 2 warpgroups x 2 boxes of [64 rows][32 f32] (8 KiB each, 1024-aligned).
   static constexpr int kSmemDQ = 2 * 2 * BM * 32 * 4;
@@ -160,12 +161,18 @@ __device__ __forceinline__ void issue_kv_grad(float* acc, uint32_t (*a)[4], uint
   for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<T>::template rs_tb<C::D>(acc, a[kk], make_desc(sB + kk * 2048, Sw128<C::BM>::kSlab, 1024));
 }
 
-// dq (BM queries x 64 columns) = dS K: head_dim 128, this warpgroup's 64 columns over all BN keys;
-// head_dim 64, all columns over this warpgroup's 64 keys. No fence or commit.
+// dq (64 queries x 64 columns) = dS K: head_dim 128, this warpgroup's 64 columns over all BN keys;
+// head_dim 64, all columns over this warpgroup's 64 keys, or with 128-query tiles (kDqRows) its 64
+// query rows (dS^T's column slab wg) over all BN keys. No fence or commit.
 template <class T, class C>
 __device__ __forceinline__ void issue_dq(float* dq, uint32_t sdS, uint32_t sK, int wg) {
   constexpr int BN = C::BN;
-  if constexpr (C::kSplitN) {
+  if constexpr (C::kDqRows) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + wg * Sw128<BN>::kSlab + kk * 2048, Sw128<BN>::kSlab, 1024),
+                                   make_desc(sK + kk * 2048, Sw128<BN>::kSlab, 1024), kk > 0);
+  } else if constexpr (C::kSplitN) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
       Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + kk * 2048, Sw128<BN>::kSlab, 1024),
@@ -436,15 +443,22 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
 // warpgroup's dQ partial uses its own rows only, so the barrier is its own); dS^T is double-
 // buffered so the next tile's rows never wait for this tile's dQ product. Each warpgroup stages its
 // own dQ share and one of its threads adds it by TMA reduce-adds.
-template <int D_, int Stages, int DqBufs>
+template <int D_, int Stages, int DqBufs, int BM_ = 64>
 struct BwdWsConfig : BwdSm90Config<D_> {
   using Base = BwdSm90Config<D_>;
   static constexpr int kThreads = 384, kStages = Stages, kDqBufs = DqBufs;
+  // Query rows a tile: 64, or 128 at head_dim 64 (twice the independent work between the
+  // warpgroups' barriers; dQ is then split between the warpgroups by query rows).
+  static constexpr int BM = BM_;
+  static_assert(BM == 64 || (BM == 128 && D_ == 64), "128-query tiles at head_dim 64 only");
+  static constexpr bool kDqRows = BM == 128;
+  static constexpr int kSmemQ = BM * D_ * 2, kSmemDS = Base::BN * BM * 2;
   // A query tile's lse (base 2) and delta rows, f32, read from the 16-byte boundary at or before the
   // tile's first row (a box BM + 4 wide; the tile starts (q0 % 4) in), one 128-byte aligned slot per stage.
-  static constexpr int kLdBox = Base::BM + 4, kLdBytes = 2 * kLdBox * 4, kSmemLD = (kLdBytes + 127) / 128 * 128;
-  // K, V, Q[stages], dO[stages], dS^T[2], dQ staging[2], LD[stages], then the mbarriers
-  static constexpr int kSmem = 2 * Base::kSmemKV + 2 * kStages * Base::kSmemQ + 2 * Base::kSmemDS + kDqBufs * Base::kSmemDQ +
+  static constexpr int kLdBox = BM + 4, kLdBytes = 2 * kLdBox * 4, kSmemLD = (kLdBytes + 127) / 128 * 128;
+  // K, V, Q[stages], dO[stages], dS^T[2], dQ staging[DqBufs] (each warpgroup's 64 x 64 share,
+  // Base::kSmemDQ), LD[stages], then the mbarriers
+  static constexpr int kSmem = 2 * Base::kSmemKV + 2 * kStages * kSmemQ + 2 * kSmemDS + kDqBufs * Base::kSmemDQ +
                                kStages * kSmemLD + 8 * (2 + 2 * kStages) + 1024;
   static_assert(kSmem <= 227 * 1024, "more shared memory than an sm_90 block may have");
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 65536
@@ -525,7 +539,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;  // this warpgroup's 64 keys
   // head_dim 128: dQ's product reads both warpgroups' dS^T rows (barrier 1 over 256 threads);
   // head_dim 64: only its own (barrier 2 + wg over 128).
-  const int ds_bar = C::kSplitN ? 1 : 2 + wg, ds_bar_count = C::kSplitN ? 256 : 128;
+  const int ds_bar = C::kSplitN || C::kDqRows ? 1 : 2 + wg, ds_bar_count = C::kSplitN || C::kDqRows ? 256 : 128;
   const int64_t kv_stride = static_cast<int64_t>(KVH) * D;
 
   float dq[32];
@@ -542,7 +556,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       named_sync(2 + wg, 128);
       if (elected) {
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) tma_reduce_add_4d(&maps.dq, half + kk * 8192, (C::kSplitN ? wg * 64 : 0) + kk * 32, h, q0, w.b);
+        for (int kk = 0; kk < 2; ++kk)
+          tma_reduce_add_4d(&maps.dq, half + kk * 8192, (C::kSplitN ? wg * 64 : 0) + kk * 32, h, q0 + (C::kDqRows ? wg * 64 : 0),
+                            w.b);
         bulk_commit();
       }
     };
@@ -676,7 +692,7 @@ void launch_ws_config(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, 
   maps.k = attention_map(ptrs.k, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "k");
   maps.v = attention_map(ptrs.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v");
   maps.ld = ld_map(prm, ptrs.ld, ptrs.ld_stride, C::kLdBox);
-  maps.dq = dq_map(prm, ptrs.dq_acc, D, C::BM);
+  maps.dq = dq_map(prm, ptrs.dq_acc, D, 64);  // each warpgroup adds 64 rows
   const int64_t n_work = (prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B;  // see BwdWalk
   PRIMUS_CHECK(n_work < (int64_t{1} << 31), "attention backward (sm90): {} key tiles of {} keys", n_work, C::BN);
   // Persistent blocks (one per SM, each walking works, so a block loads its next work's first Q/dO
@@ -704,6 +720,14 @@ template <class T, int D>
 void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
   // Two Q/dO stages and two dQ staging buffers: a third stage (head_dim 128: with one staging
   // buffer) measured 1-3% slower on an H200 (bench/results/NOTES.md, session 17).
+  // PRIMUS_TURBO_ATTN_BWD_BM (head_dim 64; read on every call, for A/B runs): query rows a tile,
+  // 64 or 128 (one dQ staging buffer then: two do not fit beside the larger tiles).
+  if constexpr (D == 64) {
+    if (env_choice("PRIMUS_TURBO_ATTN_BWD_BM", {"64", "128"}, "64") == "128") {
+      launch_ws_config<T, BwdWsConfig<64, 2, 1, 128>>(prm, ptrs, stream);
+      return;
+    }
+  }
   launch_ws_config<T, BwdWsConfig<D, 2, 2>>(prm, ptrs, stream);
 }
 
