@@ -2,8 +2,9 @@
 //
 // One work per (key tile of 128 keys, kv head, batch row), two warpgroups of 64 keys each (the
 // warp-specialised kernel's persistent blocks take several works in turn, see BwdWalk and snake_work); a
-// work walks the 64-query tiles of every query head of its kv head's group (attention_bwd.cu
-// runs the delta pass before and the dQ cast after, as for the mma.sync kernel). Per query tile,
+// work walks the query tiles (64 rows; 128 in the warp-specialised kernel at head_dim 64) of every
+// query head of its kv head's group (attention_bwd.cu runs the delta pass before and the dQ cast
+// after, as for the mma.sync kernel). Per query tile,
 // with every operand in 128-byte-swizzled shared memory (attention_sm90_common.cuh):
 //   S^T  = K Q^T           wgmma  A = K (smem, K-major)       B = Q (smem, K-major)
 //   dP^T = V dO^T          wgmma  A = V (smem, K-major)       B = dO (smem, K-major)
@@ -13,7 +14,8 @@
 //   dQ   = dS K            wgmma  A = dS (smem via dS^T, MN-major)  B = K (smem, MN-major)
 // dK/dV stay in registers for the whole walk (deterministic); dQ is added to the f32 accumulator:
 // for head_dim 128 each warpgroup takes 64 of dQ's columns over all 128 keys, for head_dim 64 each
-// takes its own 64 keys (so both add to every element). Each warpgroup puts its 64 x 64 f32 share
+// takes its own 64 keys (so both add to every element), or with 128-query tiles its own 64 query
+// rows over all 128 keys. Each warpgroup puts its 64 x 64 f32 share
 // in shared memory (two 32-column boxes, 128-byte swizzled) and one thread adds the block's boxes
 // to the accumulator with TMA reduce-adds (cp.reduce.async.bulk.tensor .add; rows past T are
 // clipped by the tensor map), which the block does not wait for: two staging buffers alternate
@@ -721,9 +723,11 @@ void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStr
   // Two Q/dO stages and two dQ staging buffers: a third stage (head_dim 128: with one staging
   // buffer) measured 1-3% slower on an H200 (bench/results/NOTES.md, session 17).
   // PRIMUS_TURBO_ATTN_BWD_BM (head_dim 64; read on every call, for A/B runs): query rows a tile,
-  // 64 or 128 (one dQ staging buffer then: two do not fit beside the larger tiles).
+  // 128 (default; one dQ staging buffer then: two do not fit beside the larger tiles) or 64. 128
+  // against 64, in one process on an H200 (session 19): +6.3% GPT-2, +8.1-8.4% at T = 2048 (GQA and
+  // MHA), +9.5% non-causal, +3.7% packed.
   if constexpr (D == 64) {
-    if (env_choice("PRIMUS_TURBO_ATTN_BWD_BM", {"64", "128"}, "64") == "128") {
+    if (env_choice("PRIMUS_TURBO_ATTN_BWD_BM", {"64", "128"}, "128") == "128") {
       launch_ws_config<T, BwdWsConfig<64, 2, 1, 128>>(prm, ptrs, stream);
       return;
     }
