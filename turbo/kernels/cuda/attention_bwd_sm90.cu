@@ -454,6 +454,10 @@ struct BwdWsConfig : BwdSm90Config<D_> {
   static constexpr int BM = BM_;
   static_assert(BM == 64 || (BM == 128 && D_ == 64), "128-query tiles at head_dim 64 only");
   static constexpr bool kDqRows = BM == 128;
+  // dQ's product committed before dK's, whose product then runs on under the dQ staging and the
+  // next tile's first products: +1-2% with 128-query tiles at head_dim 64, -7% at head_dim 128
+  // (two binaries, H200, session 19), so only there.
+  static constexpr bool kLateDk = kDqRows;
   static constexpr int kSmemQ = BM * D_ * 2, kSmemDS = Base::BN * BM * 2;
   // A query tile's lse (base 2) and delta rows, f32, read from the 16-byte boundary at or before the
   // tile's first row (a box BM + 4 wide; the tile starts (q0 % 4) in), one 128-byte aligned slot per stage.
@@ -547,7 +551,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   float dq[32];
   uint32_t pa[BM / 16][4], da[BM / 16][4];
   int r = 0;  // Q/dO/LD tiles consumed (ring slot r % S; dS^T buffer r % 2; dQ staging buffer r % kDqBufs), across works
-  int held = -1;  // the ring slot whose Q the last dK product (still running) reads, or -1
+  int held = -1;  // kLateDk: the ring slot whose Q the last dK product (still running) reads, or -1
   for (int k = 0, idx = snake_work(0); idx < n_work; idx = snake_work(++k)) {
     const BwdWalk w(prm, BN, BM, key_slowest, order, idx);
     const KeyRows kr = key_rows(prm, w.b, w.c0 + wg * 64 + wl * 16 + lg);
@@ -580,10 +584,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
       float st[BM / 2], dp[BM / 2];
       issue_st_dpt<T, C, true>(st, dp, k_wg, v_wg, sQ, sdO);
-      wgmma_wait<1>();  // S^T ready (and the last tile's dK product, committed before it), dP^T may still run
-      fence_regs<D / 2>(dk);
-      if (held >= 0 && lane == 0) mbar_arrive(empty(held));  // that dK product's Q slot
-      held = -1;
+      wgmma_wait<1>();  // S^T ready (and with kLateDk the last tile's dK product, committed before it), dP^T may still run
+      if constexpr (C::kLateDk) {
+        fence_regs<D / 2>(dk);
+        if (held >= 0 && lane == 0) mbar_arrive(empty(held));  // that dK product's Q slot
+        held = -1;
+      }
       fence_regs<BM / 2>(st);
       probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
       fence_regs<D / 2>(dv);
@@ -593,36 +599,49 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       wgmma_wait<1>();  // dP^T ready, dV's product may still run
       fence_regs<BM / 2>(dp);
       score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
+      if constexpr (!C::kLateDk) {
+        fence_regs<D / 2>(dk);
+        wgmma_fence();
+        issue_kv_grad<T, C>(dk, da, sQ);
+        wgmma_commit();
+      }
 
       // dS^T rows in shared memory for the async proxy; this warpgroup's reduce that last read the
       // dQ buffer to be written next has read it once the barrier passes.
       fence_proxy_async();
       if (elected) bulk_wait_read<C::kDqBufs - 1>();
       named_sync(ds_bar, ds_bar_count);
-      // dQ's product is committed before dK's, so waiting for it (and dV's) leaves dK's product
-      // running under the dQ staging and the next tile's S^T / dP^T; the Q slot dK reads is released
-      // once the next tile's S^T is ready (or after the walk).
-      fence_regs<32>(dq);
-      fence_regs<D / 2>(dk);
-      wgmma_fence();
-      issue_dq<T, C>(dq, sdS, sK, wg);
-      wgmma_commit();
-      issue_kv_grad<T, C>(dk, da, sQ);
-      wgmma_commit();
-      wgmma_wait<1>();
-      fence_regs<32>(dq);
-      fence_regs<D / 2>(dv);
-      fence_regs<D / 2>(dk);
-      fence_regs<BM / 4>(&pa[0][0]);
-      fence_regs<BM / 4>(&da[0][0]);
-      held = st_i;
+      if constexpr (C::kLateDk) {
+        // dQ's product is committed before dK's, so waiting for it (and dV's) leaves dK's product
+        // running under the dQ staging and the next tile's S^T / dP^T; the Q slot dK reads is
+        // released once the next tile's S^T is ready (or after the walk).
+        fence_regs<32>(dq);
+        fence_regs<D / 2>(dk);
+        wgmma_fence();
+        issue_dq<T, C>(dq, sdS, sK, wg);
+        wgmma_commit();
+        issue_kv_grad<T, C>(dk, da, sQ);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs<32>(dq);
+        fence_regs<D / 2>(dv);
+        fence_regs<D / 2>(dk);
+        fence_regs<BM / 4>(&pa[0][0]);
+        fence_regs<BM / 4>(&da[0][0]);
+        held = st_i;
+      } else {
+        dq_product<T, C>(dq, dk, dv, pa, da, sdS, sK, wg);
+        if (lane == 0) mbar_arrive(empty(st_i));  // this warp's reads of Q, dO and the LD rows are done
+      }
       flush_dq(r, h, q0);
     }
-    wgmma_wait<0>();  // the last dK product
-    fence_regs<D / 2>(dk);
-    fence_regs<BM / 4>(&da[0][0]);
-    if (held >= 0 && lane == 0) mbar_arrive(empty(held));
-    held = -1;
+    if constexpr (C::kLateDk) {
+      wgmma_wait<0>();  // the last dK product
+      fence_regs<D / 2>(dk);
+      fence_regs<BM / 4>(&da[0][0]);
+      if (held >= 0 && lane == 0) mbar_arrive(empty(held));
+      held = -1;
+    }
 
     // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
     named_sync(1, 256);
