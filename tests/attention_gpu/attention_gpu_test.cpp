@@ -20,6 +20,7 @@
 #include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/dispatch/backend_manager.h"
+#include "turbo/kernels/cuda/attention_flash.h"
 #include "turbo/ops/attention.h"
 #if defined(PRIMUS_TURBO_WITH_CUDNN)
 #include "turbo/kernels/cudnn/sdpa_cudnn.h"
@@ -564,46 +565,69 @@ TEST_F(AttnGpu, Sm90ForwardDescriptorDiagnostic) {
 // the strided views (CUDNN natively, TURBO through dense copies) and matches the reference; the
 // packed inputs are left as they were and every packed gradient column is written.
 TEST_F(AttnGpu, PackedQkvViewsMatchReference) {
-  AttnCase c;
-  c.T = 192, c.D = 64, c.KVH = 2;  // H = 4: grouped-query, so q and k/v slices differ in width
-  const DType dt = DType::BF16;
-  AttnTensors t = random_inputs(c, dt);
-  run_reference(c, t);
-  const Dev dense = upload(c, dt, t);
-  const int64_t W = (c.H + 2 * c.KVH) * c.D, es = 2;
-  auto slice = [&](const TensorView& packed, int64_t col, int64_t heads) {
-    TensorView v(static_cast<char*>(packed.data) + col * es, dt, Device::CUDA, {c.B, c.T, heads, c.D});
-    v.strides = {c.T * W, W, c.D, 1};
-    return v;
+  struct Be {
+    BackendType type;
+    const char* kernel;
   };
-  auto copy_rows = [&](const TensorView& dst, const TensorView& src) {  // between dense / strided views
-    CUDA_CHECK(cudaMemcpy2D(dst.data, size_t(dst.strides[1] * es), src.data, size_t(src.strides[1] * es),
-                            size_t(src.shape[2] * c.D * es), size_t(c.B * c.T), cudaMemcpyDeviceToDevice));
-  };
-  for (BackendType be : {BackendType::CUDNN, BackendType::TURBO}) {
-    SCOPED_TRACE(backend_name(be));
-    GlobalBackendManager::instance().set_backend("attention", be);
-    TensorView qkv = make(dt, {c.B, c.T, W}), dqkv = make(dt, {c.B, c.T, W});
-    Dev d = dense;
-    d.q = slice(qkv, 0, c.H), d.k = slice(qkv, c.H * c.D, c.KVH), d.v = slice(qkv, (c.H + c.KVH) * c.D, c.KVH);
-    copy_rows(d.q, dense.q), copy_rows(d.k, dense.k), copy_rows(d.v, dense.v);
-    const std::vector<float> packed_in = get(qkv);
-    poison(dqkv);
-    d.dq = slice(dqkv, 0, c.H), d.dk = slice(dqkv, c.H * c.D, c.KVH), d.dv = slice(dqkv, (c.H + c.KVH) * c.D, c.KVH);
-    const auto [fb, bb] = run(c, d);  // poisons out, lse (dense) and writes the packed gradients
-    EXPECT_EQ(fb, be);
-    EXPECT_EQ(bb, be);
-    expect_close("out", get(d.out), t.out);
-    expect_close("lse", get(d.lse), t.lse);
-    Dev back = dense;  // the packed gradients, copied out to dense tensors
-    copy_rows(back.dq, d.dq), copy_rows(back.dk, d.dk), copy_rows(back.dv, d.dv);
-    expect_close("dq", get(back.dq), t.dq);
-    expect_close("dk", get(back.dk), t.dk);
-    expect_close("dv", get(back.dv), t.dv);
-    EXPECT_TRUE(get(qkv) == packed_in) << "the packed q|k|v input changed";
-    int64_t non_finite = 0;
-    for (float x : get(dqkv)) non_finite += !std::isfinite(x);
-    EXPECT_EQ(non_finite, 0) << "packed gradient elements left unwritten (still poisoned)";
+  // TURBO's default (warp-specialised) kernels read q/k/v and write dq/dk/dv in place through their
+  // row strides; the others get dense copies.
+  const Be backends[] = {{BackendType::CUDNN, ""}, {BackendType::TURBO, ""}, {BackendType::TURBO, "bwdsm90"},
+                         {BackendType::TURBO, "sm80"}};
+  for (int64_t D : {int64_t{64}, int64_t{128}}) {
+    AttnCase c;
+    c.T = 192, c.D = D, c.KVH = 2;  // H = 4: grouped-query, so q and k/v slices differ in width
+    const DType dt = DType::BF16;
+    AttnTensors t = random_inputs(c, dt);
+    run_reference(c, t);
+    const Dev dense = upload(c, dt, t);
+    const int64_t W = (c.H + 2 * c.KVH) * c.D, es = 2;
+    auto slice = [&](const TensorView& packed, int64_t col, int64_t heads) {
+      TensorView v(static_cast<char*>(packed.data) + col * es, dt, Device::CUDA, {c.B, c.T, heads, c.D});
+      v.strides = {c.T * W, W, c.D, 1};
+      return v;
+    };
+    auto copy_rows = [&](const TensorView& dst, const TensorView& src) {  // between dense / strided views
+      CUDA_CHECK(cudaMemcpy2D(dst.data, size_t(dst.strides[1] * es), src.data, size_t(src.strides[1] * es),
+                              size_t(src.shape[2] * c.D * es), size_t(c.B * c.T), cudaMemcpyDeviceToDevice));
+    };
+    for (const Be& be : backends) {
+      SCOPED_TRACE(fmt::format("{} '{}' D={}", backend_name(be.type), be.kernel, D));
+      GlobalBackendManager::instance().set_backend("attention", be.type);
+      set_kernel(be.kernel);
+      TensorView qkv = make(dt, {c.B, c.T, W}), dqkv = make(dt, {c.B, c.T, W});
+      Dev d = dense;
+      d.q = slice(qkv, 0, c.H), d.k = slice(qkv, c.H * c.D, c.KVH), d.v = slice(qkv, (c.H + c.KVH) * c.D, c.KVH);
+      copy_rows(d.q, dense.q), copy_rows(d.k, dense.k), copy_rows(d.v, dense.v);
+      const std::vector<float> packed_in = get(qkv);
+      poison(dqkv);
+      d.dq = slice(dqkv, 0, c.H), d.dk = slice(dqkv, c.H * c.D, c.KVH), d.dv = slice(dqkv, (c.H + c.KVH) * c.D, c.KVH);
+      // A fresh scratch arena, to see what the call put there.
+      std::unique_ptr<Arena> scratch = make_device_arena(size_t{64} << 20);
+      ExecContext saved = ctx_;
+      ctx_.scratch = scratch.get();
+      const auto [fb, bb] = run(c, d);  // poisons out, lse (dense) and writes the packed gradients
+      ctx_ = saved;
+      EXPECT_EQ(fb, be.type);
+      EXPECT_EQ(bb, be.type);
+      if (be.type == BackendType::TURBO && !*be.kernel && cuda::flash_attention_takes_row_strides(false) && cuda::flash_attention_takes_row_strides(true)) {
+        // In place: only the backward's f32 dQ accumulator and its (lse, delta) rows, no copies
+        // of q/k/v (3 x 2 bytes an element of q's size at least) or of the gradients.
+        const size_t acc = static_cast<size_t>(c.B * c.T * c.H * c.D) * 4, rows = static_cast<size_t>(c.B * c.H * 2 * (c.T + 4)) * 4;
+        EXPECT_LE(scratch->high_water(), acc + rows + 1024) << "dense copies of the packed views were made";
+      }
+      expect_close("out", get(d.out), t.out);
+      expect_close("lse", get(d.lse), t.lse);
+      Dev back = dense;  // the packed gradients, copied out to dense tensors
+      copy_rows(back.dq, d.dq), copy_rows(back.dk, d.dk), copy_rows(back.dv, d.dv);
+      expect_close("dq", get(back.dq), t.dq);
+      expect_close("dk", get(back.dk), t.dk);
+      expect_close("dv", get(back.dv), t.dv);
+      EXPECT_TRUE(get(qkv) == packed_in) << "the packed q|k|v input changed";
+      int64_t non_finite = 0;
+      for (float x : get(dqkv)) non_finite += !std::isfinite(x);
+      EXPECT_EQ(non_finite, 0) << "packed gradient elements left unwritten (still poisoned)";
+    }
+    set_kernel("");
   }
 }
 

@@ -137,6 +137,21 @@ std::string misaligned(std::initializer_list<std::pair<const char*, const Tensor
   return "";
 }
 
+// A strided q / k / v (or gradient) for the TURBO kernels: read (written) in place when they take
+// row strides (the warp-specialised Hopper kernels: `in_place`) and t is [B, T, heads, D] with
+// only its token rows apart (a column slice of a packed qkv tensor; 16-byte aligned, rows a
+// multiple of 8 elements), setting *row; else a dense copy (output: a dense stand-in) as before.
+TensorView rows_or_dense(detail::DenseRows& dense, const TensorView& t, bool in_place, bool output, int64_t* row) {
+  if (!t.defined() || t.is_contiguous()) return t;
+  const bool rows_only = t.ndim == 4 && t.strides[3] == 1 && t.strides[2] == t.shape[3] && t.strides[1] % 8 == 0 &&
+                         t.strides[0] == t.shape[1] * t.strides[1] && (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0;
+  if (in_place && rows_only) {
+    *row = t.strides[1];
+    return t;
+  }
+  return output ? dense.out(t) : dense.in(t);
+}
+
 cuda::FlashAttnParams flash_params(const Dims& d, DType dt, const AttentionOptions& o) {
   cuda::FlashAttnParams p;
   p.B = d.B, p.T = d.T, p.H = d.H, p.KVH = d.KVH, p.D = d.D;
@@ -158,12 +173,17 @@ std::string turbo_check_fwd(const AttentionForwardArgs& a) {
   return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
 }
 void turbo_fwd(const AttentionForwardArgs& args) {
-  // The kernels read dense [B,T,H,D]: strided q/k/v are copied first (the CUDNN backend reads them in place).
+  // The kernels read dense [B,T,H,D], or row-strided views where they take row strides; other
+  // strided q/k/v are copied first (the CUDNN backend reads them in place).
   detail::DenseRows dense(args.ctx, "attention_forward");
   AttentionForwardArgs a = args;
-  a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
-  cuda::flash_attention_forward(flash_params(dims_of(a.q, a.k), a.q.dtype, a.opt), a.out.data, a.lse.ptr<float>(),
-                                a.q.data, a.k.data, a.v.data, static_cast<cudaStream_t>(a.ctx.stream));
+  cuda::FlashAttnParams p = flash_params(dims_of(args.q, args.k), args.q.dtype, args.opt);
+  const bool in_place = cuda::flash_attention_takes_row_strides(false);
+  a.q = rows_or_dense(dense, args.q, in_place, false, &p.q_row);
+  a.k = rows_or_dense(dense, args.k, in_place, false, &p.k_row);
+  a.v = rows_or_dense(dense, args.v, in_place, false, &p.v_row);
+  cuda::flash_attention_forward(p, a.out.data, a.lse.ptr<float>(), a.q.data, a.k.data, a.v.data,
+                                static_cast<cudaStream_t>(a.ctx.stream));
 }
 std::string turbo_check_bwd(const AttentionBackwardArgs& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"q", &a.q}}); !w.empty()) return w;
@@ -176,12 +196,19 @@ std::string turbo_check_bwd(const AttentionBackwardArgs& a) {
   return cuda::flash_attention_unsupported_reason(a.q.dtype, a.q.size(3));
 }
 void turbo_bwd(const AttentionBackwardArgs& args) {
-  // Dense stand-ins for strided views (allocated first: the accumulator's scope nests inside theirs).
+  // Dense stand-ins for strided views the kernels cannot take in place (allocated first: the
+  // accumulator's scope nests inside theirs); out and dout are always read dense.
   detail::DenseRows dense(args.ctx, "attention_backward");
   AttentionBackwardArgs a = args;
-  a.q = dense.in(args.q), a.k = dense.in(args.k), a.v = dense.in(args.v);
-  a.dq = dense.out(args.dq), a.dk = dense.out(args.dk), a.dv = dense.out(args.dv);
-  const cuda::FlashAttnParams p = flash_params(dims_of(a.q, a.k), a.q.dtype, a.opt);
+  cuda::FlashAttnParams p = flash_params(dims_of(args.q, args.k), args.q.dtype, args.opt);
+  const bool in_place = cuda::flash_attention_takes_row_strides(true);
+  a.q = rows_or_dense(dense, args.q, in_place, false, &p.q_row);
+  a.k = rows_or_dense(dense, args.k, in_place, false, &p.k_row);
+  a.v = rows_or_dense(dense, args.v, in_place, false, &p.v_row);
+  a.dq = rows_or_dense(dense, args.dq, in_place, true, &p.dq_row);
+  a.dk = rows_or_dense(dense, args.dk, in_place, true, &p.dk_row);
+  a.dv = rows_or_dense(dense, args.dv, in_place, true, &p.dv_row);
+  a.out = dense.in(args.out), a.dout = dense.in(args.dout);
   {
     Arena& arena = detail::scratch_of(a.ctx, "attention_backward");
     ArenaScope scope(arena);

@@ -353,13 +353,17 @@ __global__ void __launch_bounds__(256) flash_bwd_prep_kernel(float* delta, float
   }
 }
 
-// dq = cast(acc), eight elements a thread (16-byte stores).
+// dq = cast(acc), eight elements a thread (16-byte stores); acc is dense [rows][width], dq's rows
+// dq_row elements apart (width: dense; a packed gradient's slice: more). width and dq_row are
+// multiples of 8.
 template <class T>
-__global__ void flash_bwd_cast_kernel(uint4* dq, const float4* acc, int64_t n8) {
+__global__ void flash_bwd_cast_kernel(T* dq, const float4* acc, int64_t n8, int64_t width, int64_t dq_row) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n8) return;
   const float4 v = __ldg(acc + 2 * i), w = __ldg(acc + 2 * i + 1);
-  dq[i] = uint4{Mma<T>::pack(v.x, v.y), Mma<T>::pack(v.z, v.w), Mma<T>::pack(w.x, w.y), Mma<T>::pack(w.z, w.w)};
+  const int64_t e = i * 8, row = e / width;
+  *reinterpret_cast<uint4*>(dq + row * dq_row + (e - row * width)) =
+      uint4{Mma<T>::pack(v.x, v.y), Mma<T>::pack(v.z, v.w), Mma<T>::pack(w.x, w.y), Mma<T>::pack(w.z, w.w)};
 }
 
 constexpr size_t kAlign = 256;
@@ -391,6 +395,8 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
   FlashBwdPointers ptrs{q, k, v, dout, lse, delta, dq_acc, dk, dv};
   BwdKernel kind = flash_backward_kernel();
   if (kind == BwdKernel::Sm90Ws && !flash_backward_sm90_ws_usable(ptrs)) kind = BwdKernel::Sm90;
+  PRIMUS_CHECK(!prm.strided() || kind == BwdKernel::Sm90Ws,
+               "flash_attention_backward: row-strided q/k/v/dq/dk/dv need the warp-specialised Hopper kernel");
   float* ld = nullptr;
   if (kind == BwdKernel::Sm90Ws) {
     // The delta region of the scratch holds the (lse, delta) rows instead (see scratch_bytes).
@@ -416,8 +422,9 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
     else launch_bwd<T, BwdConfig<64, 128, 64>>(prm, a, stream);
   }
   const int64_t n8 = n / 8;  // n = rows * D, a multiple of 8 (head_dim 64 or 128)
+  const int64_t width = prm.H * prm.D;
   flash_bwd_cast_kernel<T><<<static_cast<unsigned>((n8 + 255) / 256), 256, 0, stream>>>(
-      static_cast<uint4*>(dq), reinterpret_cast<const float4*>(dq_acc), n8);
+      static_cast<T*>(dq), reinterpret_cast<const float4*>(dq_acc), n8, width, prm.dq_row ? prm.dq_row : width);
   CUDA_CHECK_LAST();
 }
 

@@ -221,7 +221,7 @@ __device__ __forceinline__ void stage_dq(const float* dq, uint32_t half, int wl,
 // dK, dV of this warp's 16 keys: staged in the K and V tiles (own rows only), then 16-byte stores.
 template <class T, class C>
 __device__ __forceinline__ void store_dk_dv(const float* dk, const float* dv, uint32_t sK, uint32_t sV, int r_loc, int lane,
-                                            int c0, int T_len, T* dkh, T* dvh, int64_t kv_stride) {
+                                            int c0, int T_len, T* dkh, T* dvh, int64_t dk_stride, int64_t dv_stride) {
   constexpr int D = C::D, BN = C::BN;
   const int lg = lane / 4, lt = lane % 4;
 #pragma unroll
@@ -247,8 +247,8 @@ __device__ __forceinline__ void store_dk_dv(const float* dk, const float* dv, ui
       asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                    : "r"(sV + Sw128<BN>::offset(r_loc + r, c * 8)));
-      *reinterpret_cast<int4*>(dkh + static_cast<int64_t>(key) * kv_stride + c * 8) = a;
-      *reinterpret_cast<int4*>(dvh + static_cast<int64_t>(key) * kv_stride + c * 8) = v;
+      *reinterpret_cast<int4*>(dkh + static_cast<int64_t>(key) * dk_stride + c * 8) = a;
+      *reinterpret_cast<int4*>(dvh + static_cast<int64_t>(key) * dv_stride + c * 8) = v;
     }
   }
 }
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
   __syncthreads();
 
   store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, c0, T_len, static_cast<T*>(p.dk) + (row_base * KVH + g) * D,
-                    static_cast<T*>(p.dv) + (row_base * KVH + g) * D, kv_stride);
+                    static_cast<T*>(p.dv) + (row_base * KVH + g) * D, kv_stride, kv_stride);
   if (dq_tma && threadIdx.x == 0) bulk_wait<0>();  // the reduces have read shared memory and are done
 #else
   __trap();  // built for an architecture without wgmma: the launcher never selects this kernel there
@@ -546,7 +546,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   // head_dim 128: dQ's product reads both warpgroups' dS^T rows (barrier 1 over 256 threads);
   // head_dim 64: only its own (barrier 2 + wg over 128).
   const int ds_bar = C::kSplitN || C::kDqRows ? 1 : 2 + wg, ds_bar_count = C::kSplitN || C::kDqRows ? 256 : 128;
-  const int64_t kv_stride = static_cast<int64_t>(KVH) * D;
+  // dK / dV's row strides (column slices of a packed gradient, or dense)
+  const int64_t dk_row = prm.dk_row ? prm.dk_row : static_cast<int64_t>(KVH) * D;
+  const int64_t dv_row = prm.dv_row ? prm.dv_row : static_cast<int64_t>(KVH) * D;
 
   float dq[32];
   uint32_t pa[BM / 16][4], da[BM / 16][4];
@@ -646,8 +648,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
     named_sync(1, 256);
     const int64_t row_base = static_cast<int64_t>(w.b) * T_len;  // dK / dV's rows
-    store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, static_cast<T*>(p.dk) + (row_base * KVH + w.g) * D,
-                      static_cast<T*>(p.dv) + (row_base * KVH + w.g) * D, kv_stride);
+    store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, static_cast<T*>(p.dk) + row_base * dk_row + w.g * D,
+                      static_cast<T*>(p.dv) + row_base * dv_row + w.g * D, dk_row, dv_row);
     fence_proxy_async();  // this warp's staging reads and writes of sK / sV before the next K/V load
     __syncwarp();
     if (lane == 0) mbar_arrive(kv_empty);
@@ -728,10 +730,10 @@ void launch_ws_config(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, 
     configured = true;
   }
   BwdWsMaps maps;
-  maps.q = attention_map(ptrs.q, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "q");
+  maps.q = attention_map(ptrs.q, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "q", prm.q_row);
   maps.dout = attention_map(ptrs.dout, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "dout");
-  maps.k = attention_map(ptrs.k, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "k");
-  maps.v = attention_map(ptrs.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v");
+  maps.k = attention_map(ptrs.k, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "k", prm.k_row);
+  maps.v = attention_map(ptrs.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v", prm.v_row);
   maps.ld = ld_map(prm, ptrs.ld, ptrs.ld_stride, C::kLdBox);
   maps.dq = dq_map(prm, ptrs.dq_acc, D, 64);  // each warpgroup adds 64 rows
   const int64_t n_work = (prm.T + C::BN - 1) / C::BN * prm.KVH * prm.B;  // see BwdWalk
@@ -775,6 +777,12 @@ void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStr
 }
 
 }  // namespace
+
+bool flash_attention_takes_row_strides(bool backward) {
+  if (encode_tiled() == nullptr) return false;
+  if (!backward) return flash_forward_kernel() == FwdKernel::Sm90Ws;
+  return flash_backward_kernel() == BwdKernel::Sm90Ws && dq_tma_enabled();
+}
 
 bool flash_backward_sm90_ws_usable(const FlashBwdPointers& ptrs) {
   const uintptr_t bits = reinterpret_cast<uintptr_t>(ptrs.q) | reinterpret_cast<uintptr_t>(ptrs.k) |

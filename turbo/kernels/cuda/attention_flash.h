@@ -31,7 +31,18 @@ struct FlashAttnParams {
   DType dtype = DType::BF16;           // of q, k, v, out and the gradients
   const int32_t* cu_seqlens = nullptr; // device; nullptr: one sequence per batch row
   int64_t num_docs = 0;
+  // Row strides (elements from one token to the next) of q, k, v and of the gradients dq, dk, dv;
+  // 0: dense ([B,T,H,D] / [B,T,KVH,D]). Column slices of one packed [B, T, (H + 2 KVH) D] tensor
+  // have (H + 2 KVH) D. Only where flash_attention_takes_row_strides says so; out, lse and dout
+  // are always dense.
+  int64_t q_row = 0, k_row = 0, v_row = 0, dq_row = 0, dk_row = 0, dv_row = 0;
+  bool strided() const { return q_row || k_row || v_row || dq_row || dk_row || dv_row; }
 };
+
+// Whether the kernels the next forward (backward) call would run take FlashAttnParams' row
+// strides: the warp-specialised Hopper kernels (TMA) do; the others need dense tensors. Pointers
+// must still start 16-byte aligned and row strides be multiples of 8 elements.
+bool flash_attention_takes_row_strides(bool backward);
 
 // "" when the kernels serve (dtype, head_dim), else why not.
 std::string flash_attention_unsupported_reason(DType dtype, int64_t head_dim);

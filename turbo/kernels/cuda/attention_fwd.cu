@@ -288,6 +288,7 @@ void flash_attention_forward(const FlashAttnParams& prm, void* out, float* lse, 
     flash_forward_sm90(prm, out, lse, q, k, v, kern, stream);
     return;
   }
+  PRIMUS_CHECK(!prm.strided(), "flash_attention_forward: row-strided q/k/v need the warp-specialised Hopper kernel");
   FwdArgs a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),
             static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal};
   if (prm.dtype == DType::BF16) dispatch_fwd<__nv_bfloat16>(prm, a, stream);

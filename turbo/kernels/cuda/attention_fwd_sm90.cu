@@ -565,9 +565,9 @@ void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t strea
     CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_sm90_ws_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     configured = true;
   }
-  const CUtensorMap tq = attention_map(a.q, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "q");
-  const CUtensorMap tk = attention_map(a.k, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "k");
-  const CUtensorMap tv = attention_map(a.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v");
+  const CUtensorMap tq = attention_map(a.q, prm.dtype, prm.B, prm.T, prm.H, D, C::BM, "q", prm.q_row);
+  const CUtensorMap tk = attention_map(a.k, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "k", prm.k_row);
+  const CUtensorMap tv = attention_map(a.v, prm.dtype, prm.B, prm.T, prm.KVH, D, C::BN, "v", prm.v_row);
   // Persistent blocks (one per SM, each walking tiles, so a block's next Q and K/V load under its
   // current tile's O store); PRIMUS_TURBO_ATTN_FWD_PERSISTENT=0 (read on every call, for A/B runs)
   // launches one block per tile instead. PRIMUS_TURBO_ATTN_FWD_GROUP=N: (head, batch row) pairs per
@@ -612,6 +612,8 @@ void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const
   // TMA needs 16-byte aligned bases; without the driver entry point use the cp.async kernel.
   const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v)) & 15) == 0;
   if (kind == FwdKernel::Sm90Ws && (!encode_tiled() || !aligned)) kind = FwdKernel::Sm90Pipe;
+  PRIMUS_CHECK(!prm.strided() || kind == FwdKernel::Sm90Ws,
+               "flash_attention_forward: row-strided q/k/v need the warp-specialised kernel (see flash_attention_takes_row_strides)");
   auto go = [&](auto tag) {
     using T = decltype(tag);
     auto by_d = [&](auto d) {
