@@ -31,6 +31,20 @@ void expect_measurement_format(const nlohmann::json& j) {
     EXPECT_TRUE(j.contains(k)) << "missing " << k << " in " << j.dump();
 }
 
+// The measurements of a results file (the run's ceiling and copy lines left out), each checked
+// against the Measurements format and timed above zero; their case names.
+std::set<std::string> measured_cases(const std::filesystem::path& json) {
+  std::set<std::string> cases;
+  for (const auto& j : read_lines(json)) {
+    const std::string c = j["case"].get<std::string>();
+    if (c.rfind("ceiling/", 0) == 0 || c.rfind("copy/", 0) == 0) continue;
+    expect_measurement_format(j);
+    EXPECT_GT(j["ms"].get<double>(), 0.0) << j.dump();
+    cases.insert(c);
+  }
+  return cases;
+}
+
 }  // namespace
 
 TEST(BenchmarkCli, TinyGemmOnTheCpuWritesMeasurementsAgainstTheCeilings) {
@@ -156,19 +170,14 @@ TEST(BenchmarkCli, GemmShapeWithAnEpilogueTimesTheTrainingStepProducts) {
 }
 
 // :padN places an attention case's tensors N MiB further into the arena (same product, other
-// addresses: bench/attention/process_modes.sh); the name says so, and modes combine.
+// addresses: bench/attention/env_ab.sh's process-mode runs); the name says so, and modes combine.
 TEST(BenchmarkCli, AttentionPadModeNamesTheCase) {
   Workdir w;
   const auto json = w.path() / "pad.jsonl";
   const auto r = run_primus("benchmark attention --cpu-only --iters 1 --shapes 1x16x4x2x8:pad3:full,1x16x4x2x8 --json " +
                             json.string());
   ASSERT_EQ(r.code, 0) << r.out;
-  std::set<std::string> cases;
-  for (const auto& j : read_lines(json)) {
-    const std::string c = j["case"].get<std::string>();
-    if (c.rfind("ceiling/", 0) == 0 || c.rfind("copy/", 0) == 0) continue;
-    cases.insert(c);
-  }
+  const std::set<std::string> cases = measured_cases(json);
   EXPECT_EQ(cases, (std::set<std::string>{"attention/1x16x4x2x8_full_pad3/fwd", "attention/1x16x4x2x8_full_pad3/bwd",
                                           "attention/1x16x4x2x8/fwd", "attention/1x16x4x2x8/bwd"}));
 }
@@ -181,14 +190,7 @@ TEST(BenchmarkCli, InProcessABReportsEachValue) {
   const auto r = run_primus("benchmark gemm --cpu-only --shapes 32x16x8 --iters 1 --ab PRIMUS_BENCH_AB_TEST=one,two "
                             "--ab-rounds 2 --json " + json.string());
   ASSERT_EQ(r.code, 0) << r.out;
-  std::set<std::string> cases;
-  for (const auto& j : read_lines(json)) {
-    const std::string c = j["case"].get<std::string>();
-    if (c.rfind("ceiling/", 0) == 0 || c.rfind("copy/", 0) == 0) continue;  // the run's ceilings
-    expect_measurement_format(j);
-    EXPECT_GT(j["ms"].get<double>(), 0.0) << j.dump();
-    cases.insert(j["case"].get<std::string>());
-  }
+  const std::set<std::string> cases = measured_cases(json);
   std::set<std::string> want;
   for (const char* p : {"fwd", "dgrad", "wgrad"})
     for (const char* v : {"one", "two"}) want.insert(std::string("gemm/32x16x8/") + p + " [PRIMUS_BENCH_AB_TEST=" + v + "]");

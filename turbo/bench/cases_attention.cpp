@@ -26,7 +26,7 @@ TensorView heads_of(const TensorView& packed, int64_t first, int64_t n, int64_t 
 // packed: q, k, v (and dq, dk, dv) are column slices of one [B, T, (H + 2 KVH) D] tensor, as
 // in training; else each is its own dense tensor.
 // pad_mib: that many MiB of the arena left unused before the case's tensors, so one process can
-// time the same product at other addresses (bench/attention/process_modes.sh).
+// time the same product at other addresses (bench/attention/env_ab.sh's process-mode runs).
 Case attention_case(const std::string& name, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool causal,
                     bool packed = false, int64_t pad_mib = 0) {
   return {name, [=](CaseEnv& e) {
