@@ -765,44 +765,6 @@ TEST_F(AttnGpu, TurboBackwardZeroesItsAccumulatorAndRefusesMisalignedTensors) {
   }
 }
 
-// The forward's lazy rescaling (a row's running maximum raised only when new scores exceed it by
-// more than PRIMUS_TURBO_ATTN_FWD_RESCALE_SLACK log2 units): scores that grow along the keys as
-// t^2, by ~0 per 128-key tile at first and ~25 (in log2 units) at the end, so some tiles keep the
-// maximum (probabilities up to 2^slack) and others raise it; slack 0 (raise on every increase) and
-// the default 8, every TURBO forward that shares the softmax, causal and not, D 64 / 128.
-TEST_F(AttnGpu, ForwardLazyRescalingWithGrowingScores) {
-  for (const char* slack : {"0", "8", "16"})
-    for (const char* kernel : {"", "sm90pipe", "sm90"})
-      for (int64_t D : {int64_t{64}, int64_t{128}})
-        for (bool causal : {true, false}) {
-          SCOPED_TRACE(fmt::format("slack {} kernel '{}' D={} causal={}", slack, kernel, D, causal));
-          AttnCase c;
-          c.B = 1, c.T = 1000, c.H = 2, c.KVH = 2, c.D = D, c.causal = causal;
-          AttnTensors t = random_inputs(c, DType::BF16);
-          // Component 0: q = 4, k(t) = A (t / T)^2 with 4 A / sqrt(D) log2(e) = 100 (log2 units).
-          const double A = 100.0 * std::sqrt(static_cast<double>(D)) / (4.0 * 1.4426950408889634);
-          auto bf16 = [](double x) {
-            char buf[8];
-            store_from_float(buf, DType::BF16, 0, static_cast<float>(x));
-            return static_cast<double>(load_as_float(buf, DType::BF16, 0));
-          };
-          for (int64_t tok = 0; tok < c.T; ++tok)
-            for (int64_t h = 0; h < c.H; ++h) {
-              const double r = static_cast<double>(tok) / static_cast<double>(c.T);
-              t.q[static_cast<size_t>((tok * c.H + h) * D)] = 4.0;
-              t.k[static_cast<size_t>((tok * c.KVH + h) * D)] = bf16(A * r * r);
-            }
-          run_reference(c, t);
-          Dev d = upload(c, DType::BF16, t);
-          GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
-          set_kernel(kernel);
-          setenv("PRIMUS_TURBO_ATTN_FWD_RESCALE_SLACK", slack, 1);
-          run(c, d);
-          unsetenv("PRIMUS_TURBO_ATTN_FWD_RESCALE_SLACK");
-          check_all(t, d);
-        }
-}
-
 TEST_F(AttnGpu, ForcedCudnnRefusesVarlen) {
   AttnCase c;
   c.T = 64, c.cu_seqlens = {0, 30, 64, 100, 128};

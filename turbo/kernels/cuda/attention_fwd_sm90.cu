@@ -55,9 +55,6 @@ struct Sm90Args {
   bool causal;
   uint32_t v_lbo, v_sbo;  // descriptor offsets of the MN-major V operand
   int B = 1;              // batch rows (the warp-specialised kernel's tile count)
-  // How far (log2 units) a row's new scores may exceed its running maximum before the maximum is
-  // raised and O rescaled (see FwdWarpgroup::softmax); 0: raised on every increase.
-  float rescale_slack = 0.0f;
 };
 
 constexpr int kBM = 128, kBN = 128;  // query rows per block (two warpgroups), keys per tile
@@ -93,7 +90,7 @@ struct FwdWarpgroup {
   int row0, row1, lt, lg, k_begin, k_end, q0;
   DocSpan d0, d1;
   bool causal, varlen;
-  float scale_log2, slack;
+  float scale_log2;
   uint32_t q_wg, v_lbo, v_sbo;
 
   // wg: 0 or 1 (which 64 rows of the block); sQ: the block's Q tile.
@@ -104,7 +101,7 @@ struct FwdWarpgroup {
     row0 = geo.q0 + wg * 64 + warp * 16 + lg, row1 = row0 + 8;
     d0 = doc_of(p.cu, p.num_docs, geo.b, min(row0, p.T - 1), p.T);
     d1 = doc_of(p.cu, p.num_docs, geo.b, min(row1, p.T - 1), p.T);
-    causal = p.causal, varlen = p.cu != nullptr, scale_log2 = p.scale_log2, slack = p.rescale_slack;
+    causal = p.causal, varlen = p.cu != nullptr, scale_log2 = p.scale_log2;
     q_wg = sQ + wg * 64 * 128;  // this warpgroup's rows inside each Q slab
     v_lbo = p.v_lbo, v_sbo = p.v_sbo;
 #pragma unroll
@@ -162,13 +159,6 @@ struct FwdWarpgroup {
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o_));
     }
     if constexpr (kFuse) mx0 = fmaxf(m0, mx0 * scale_log2), mx1 = fmaxf(m1, mx1 * scale_log2);
-    // Lazy rescaling: a row keeps its running maximum unless the new one exceeds it by more than
-    // `slack` (its probabilities then reach up to 2^slack, which f32 sums and bf16 / f16 P hold
-    // exactly as well), so after the first tiles most steps leave alpha = 1 and rescale_o skips O's
-    // multiplies. Exact: O, l and the lse all use the same per-row base. (-inf - -inf is NaN: a
-    // row with nothing but masked keys so far takes the new value, -inf or not.)
-    if (mx0 - m0 <= slack) mx0 = m0;
-    if (mx1 - m1 <= slack) mx1 = m1;
     // A row that has seen only masked keys keeps max -inf; subtract 0 then (exp2(-inf) = 0).
     const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
     alpha0 = fast_exp2(m0 - base0), alpha1 = fast_exp2(m1 - base1);
@@ -192,8 +182,6 @@ struct FwdWarpgroup {
     l1 = l1 * alpha1 + rs1;
   }
   __device__ __forceinline__ void rescale_o(float alpha0, float alpha1) {
-    // Warp-uniform: skipped when no row of the warp changed its maximum.
-    if (!__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) return;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       o[i * 4 + 0] *= alpha0, o[i * 4 + 1] *= alpha0;
@@ -621,9 +609,6 @@ void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const
   // (tests/attention_gpu shows the swapped form fails).
   a.v_lbo = static_cast<uint32_t>(kBN * 128);
   if (env_choice("PRIMUS_TURBO_ATTN_SM90_VDESC", {"default", "swap"}, "default") == "swap") std::swap(a.v_lbo, a.v_sbo);
-  // PRIMUS_TURBO_ATTN_FWD_RESCALE_SLACK (log2 units, read on every call; 0 raises a row's maximum on
-  // every increase, as before session 19): see FwdWarpgroup::softmax.
-  a.rescale_slack = static_cast<float>(env_int("PRIMUS_TURBO_ATTN_FWD_RESCALE_SLACK", 0, 16, 8));
   // TMA needs 16-byte aligned bases; without the driver entry point use the cp.async kernel.
   const bool aligned = ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v)) & 15) == 0;
   if (kind == FwdKernel::Sm90Ws && (!encode_tiled() || !aligned)) kind = FwdKernel::Sm90Pipe;
