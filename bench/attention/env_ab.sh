@@ -55,12 +55,16 @@ fi
 python3 - "$OUT" "$ROUNDS" "$VAR" "$A" "$B" <<'PY' | tee "$OUT/summary.txt"
 import json, os, statistics, sys
 out, rounds, var, a, b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-v = {}
+v = {}  # (case, side) -> values; side A / B (TURBO lines) or cudnn
+per_process = {}  # (case, side) -> one value per process, in run order (separate processes only)
 def read(path, tag):
     try:
         for l in open(path):
             j = json.loads(l)
-            if j.get("metric") == "TFLOP/s": v.setdefault((j["case"], tag), []).append(j["ours"])
+            if j.get("metric") != "TFLOP/s" or j["case"].startswith("ceiling"): continue
+            side = "cudnn" if j.get("backend") == "CUDNN" else tag
+            v.setdefault((j["case"], side), []).append(j["ours"])
+            if tag in ("A", "B"): per_process.setdefault((j["case"], side if side != "cudnn" else tag + ":CUDNN"), []).append(j["ours"])
     except FileNotFoundError:
         pass
 for tag in ("A", "B"):
@@ -68,14 +72,19 @@ for tag in ("A", "B"):
 try:  # in-process: "<case> [VAR=value]" lines, each already the median of its rounds
     for l in open(f"{out}/ab.jsonl"):
         j = json.loads(l)
-        if j.get("metric") != "TFLOP/s": continue
+        if j.get("metric") != "TFLOP/s" or j["case"].startswith("ceiling"): continue
         case, _, tail = j["case"].partition(" [")
+        if j.get("backend") == "CUDNN": v.setdefault((case, "cudnn"), []).append(j["ours"]); continue
         if not tail: v.setdefault((case, "A"), []).append(j["ours"]); v.setdefault((case, "B"), []).append(j["ours"]); continue
         val = tail[len(var) + 1:-1]
         v.setdefault((case, "A" if val == a else "B"), []).append(j["ours"])
 except FileNotFoundError:
     pass
 read(f"{out}/cudnn.jsonl", "cudnn")
+if per_process:  # separate processes: each one's figure, to see per-process modes
+    print("per process (TFLOP/s, in run order):")
+    for (case, side), vals in per_process.items():
+        print(f"  {case:<40}{side:<9}" + "".join(f"{x:7.1f}" for x in vals))
 print(f"{var}: A={a} B={b} (TFLOP/s, medians of {rounds} rounds" + (", in one process" if os.path.exists(f"{out}/ab.jsonl") else "") + ")" + "".join(f", {k}={os.environ[k]}" for k in ("A_BIN", "B_BIN") if os.environ.get(k)))
 print(f"{'case':<40}{'A':>9}{'B':>9}{'B/A':>8}{'CUDNN':>8}{'B/CUDNN':>9}")
 for case in dict.fromkeys(c for c, _ in v):
@@ -83,3 +92,8 @@ for case in dict.fromkeys(c for c, _ in v):
     g = lambda x, y: f"{m[x] / m[y]:.3f}" if x in m and y in m else "-"
     print(f"{case:<40}{m.get('A', 0):>9.1f}{m.get('B', 0):>9.1f}{g('B', 'A'):>8}{m.get('cudnn', 0):>8.1f}{g('B', 'cudnn'):>9}")
 PY
+# Separate processes leave two files a round and side; a device call returns 8 files, so they go
+# into one archive (summary.txt has every process's figures).
+if ls "$OUT"/[AB]_*.jsonl > /dev/null 2>&1; then
+  (cd "$OUT" && tar czf rounds.tgz [AB]_*.jsonl [AB]_*.log 2>/dev/null && rm -f [AB]_*.jsonl [AB]_*.log)
+fi
