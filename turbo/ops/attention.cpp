@@ -138,15 +138,14 @@ std::string misaligned(std::initializer_list<std::pair<const char*, const Tensor
 }
 
 // A strided q / k / v (or gradient) for the TURBO kernels: read (written) in place when they take
-// row strides (the warp-specialised Hopper kernels: `in_place`) and t is [B, T, heads, D] with
-// only its token rows apart (a column slice of a packed qkv tensor; 16-byte aligned, rows a
-// multiple of 8 elements), setting *row; else a dense copy (output: a dense stand-in) as before.
+// row strides (the warp-specialised Hopper kernels: `in_place`) and its token rows (validate()
+// checked the layout: detail::token_rows) are a multiple of 8 elements apart from a 16-byte aligned
+// start, setting *row; else a dense copy (output: a dense stand-in).
 TensorView rows_or_dense(detail::DenseRows& dense, const TensorView& t, bool in_place, bool output, int64_t* row) {
   if (!t.defined() || t.is_contiguous()) return t;
-  const bool rows_only = t.ndim == 4 && t.strides[3] == 1 && t.strides[2] == t.shape[3] && t.strides[1] % 8 == 0 &&
-                         t.strides[0] == t.shape[1] * t.strides[1] && (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0;
-  if (in_place && rows_only) {
-    *row = t.strides[1];
+  const int64_t r = detail::token_rows(t, output ? "attention_backward" : "attention", "a strided view");
+  if (in_place && r % 8 == 0 && (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0) {
+    *row = r;
     return t;
   }
   return output ? dense.out(t) : dense.in(t);
@@ -197,7 +196,7 @@ std::string turbo_check_bwd(const AttentionBackwardArgs& a) {
 }
 void turbo_bwd(const AttentionBackwardArgs& args) {
   // Dense stand-ins for strided views the kernels cannot take in place (allocated first: the
-  // accumulator's scope nests inside theirs); out and dout are always read dense.
+  // accumulator's scope nests inside theirs); out and dout are dense (validate()).
   detail::DenseRows dense(args.ctx, "attention_backward");
   AttentionBackwardArgs a = args;
   cuda::FlashAttnParams p = flash_params(dims_of(args.q, args.k), args.q.dtype, args.opt);
@@ -208,7 +207,6 @@ void turbo_bwd(const AttentionBackwardArgs& args) {
   a.dq = rows_or_dense(dense, args.dq, in_place, true, &p.dq_row);
   a.dk = rows_or_dense(dense, args.dk, in_place, true, &p.dk_row);
   a.dv = rows_or_dense(dense, args.dv, in_place, true, &p.dv_row);
-  a.out = dense.in(args.out), a.dout = dense.in(args.dout);
   {
     Arena& arena = detail::scratch_of(a.ctx, "attention_backward");
     ArenaScope scope(arena);

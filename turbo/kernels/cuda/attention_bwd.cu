@@ -405,7 +405,7 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
   }
   // delta (or the (lse, delta) rows) and the zeroed dq accumulator, in one pass.
   PRIMUS_CHECK(((reinterpret_cast<uintptr_t>(dout) | reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(dq)) & 15u) == 0,
-               "flash_attention_backward: dout, out and dq must be 16-byte aligned");
+               "flash_attention_backward: dout ({}), out ({}) and dq ({}) must start 16-byte aligned", dout, out, dq);
   const unsigned prep_grid = static_cast<unsigned>((rows * prm.D / 8 + 255) / 256);  // D / 8 threads a row
   auto prep = prm.D == 128 ? flash_bwd_prep_kernel<T, 128> : flash_bwd_prep_kernel<T, 64>;
   prep<<<prep_grid, 256, 0, stream>>>(ld ? nullptr : delta, ld, lse, ptrs.ld_stride, static_cast<const uint4*>(dout),

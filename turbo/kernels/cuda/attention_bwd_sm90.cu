@@ -441,8 +441,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
 // with full / empty mbarriers. The two consumer warpgroups never wait for a block-wide barrier:
 // per tile, S^T and dP^T are issued as two groups, P^T is computed while dP^T runs and dV's
 // product is issued before dS^T is formed; dK's product runs while the warpgroups meet at one
-// named barrier (head_dim 128: dQ's product needs both warpgroups' dS^T rows; head_dim 64: each
-// warpgroup's dQ partial uses its own rows only, so the barrier is its own); dS^T is double-
+// named barrier (head_dim 128 and 128-query tiles: dQ's product needs both warpgroups' dS^T rows;
+// head_dim 64 with 64-query tiles: each warpgroup's dQ partial uses its own rows only, so the
+// barrier is its own); dS^T is double-
 // buffered so the next tile's rows never wait for this tile's dQ product. Each warpgroup stages its
 // own dQ share and one of its threads adds it by TMA reduce-adds.
 template <int D_, int Stages, int DqBufs, int BM_ = 64>
@@ -543,8 +544,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int lg = lane / 4, lt = lane % 4;
   const bool elected = threadIdx.x % 128 == 0;  // issues this warpgroup's dQ reduce-adds
   const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;  // this warpgroup's 64 keys
-  // head_dim 128: dQ's product reads both warpgroups' dS^T rows (barrier 1 over 256 threads);
-  // head_dim 64: only its own (barrier 2 + wg over 128).
+  // head_dim 128 and 128-query tiles: dQ's product reads both warpgroups' dS^T rows (barrier 1
+  // over 256 threads); head_dim 64 with 64-query tiles: only its own (barrier 2 + wg over 128).
   const int ds_bar = C::kSplitN || C::kDqRows ? 1 : 2 + wg, ds_bar_count = C::kSplitN || C::kDqRows ? 256 : 128;
   // dK / dV's row strides (column slices of a packed gradient, or dense)
   const int64_t dk_row = prm.dk_row ? prm.dk_row : static_cast<int64_t>(KVH) * D;
