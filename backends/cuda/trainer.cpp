@@ -160,14 +160,23 @@ void CudaTrainer::init() {
   step_graph_ = std::make_unique<StepGraph>(model_->stream(), args_->cuda_graph, profiler_.get());
   log_step_setup(*model_, *args_);
   launch_ahead_ = args_->launch_ahead;  // patch cuda.step.launch_ahead (key launch_ahead); the variable overrides
+  bool overlap = args_->overlap_optimizer;  // patch cuda.step.overlap_optimizer
   for (auto [name, flag] : {std::pair{"PRIMUS_CUDA_READ_AHEAD", &read_ahead_on_},
-                            std::pair{"PRIMUS_CUDA_LAUNCH_AHEAD", &launch_ahead_}}) {
+                            std::pair{"PRIMUS_CUDA_LAUNCH_AHEAD", &launch_ahead_},
+                            std::pair{"PRIMUS_CUDA_OVERLAP_OPTIMIZER", &overlap}}) {
     if (const char* e = std::getenv(name); e && *e) {
       const std::string v = e;
       if (v == "0" || v == "1") *flag = v == "1";
       else throw ConfigError(fmt::format("{}='{}': expected 0 or 1", name, v));
     }
   }
+  // The optimizer overlap needs this process's own AdamW (not a data-parallel one) and one stream's
+  // phase times (no profiler).
+  model_->set_overlap_update(overlap && !dp_ && !profiler_);
+  spdlog::info("[cuda] optimizer overlap: {}",
+               model_->overlap_update() ? "on (step s's AdamW runs under step s + 1's forward, layer by layer)"
+               : overlap                ? "off (profiler or data parallelism)"
+                                        : "off (overlap_optimizer: false or PRIMUS_CUDA_OVERLAP_OPTIMIZER=0)");
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
@@ -245,7 +254,7 @@ void CudaTrainer::step_body(int64_t step) {
   auto& t = args_->train;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
   const float dloss = static_cast<float>(1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps)));
-  model_->zero_grad();
+  model_->begin_step();  // zero_grad (with the optimizer overlap, the previous step's AdamW first)
   for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
     model_->forward_staged(B, T, dloss, micro);
     if (dp_) dp_->begin_backward(micro + 1 == t.grad_accum_steps);
@@ -261,7 +270,7 @@ void CudaTrainer::step_body(int64_t step) {
   if (zero1()) {
     dp_->update(adamw_hyper(step));
   } else {
-    model_->update();  // the scalars set_hyper staged (a captured update reads them from the device)
+    model_->end_step();  // AdamW with the scalars set_hyper staged (a captured update reads them from the device)
   }
 }
 
@@ -286,6 +295,7 @@ void CudaTrainer::launch_step(int64_t step) {
   // A capture begins on an idle stream: the step before it (launched ahead or not) runs first.
   if (step_graph_->will_capture()) model_->sync();
   step_graph_->run([&] { step_body(step); });
+  model_->step_enqueued();  // a graph replay runs no host code: the model learns of the step here
   status_ticket_[step & 1] = model_->enqueue_step_status();
   if (read_ahead_on_) read_ahead();  // while the device runs the step (this step's batch is staged)
   if (timed) {
@@ -467,7 +477,10 @@ void CudaTrainer::train() {
   hooks.save = [this](int64_t step) { save(step); };
   // A signal to any rank stops every rank at this step.
   hooks.agree_stop = [this](bool stop) { return dp_ ? dp_->average({stop ? 1.0 : 0.0})[0] > 0 : stop; };
-  if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) {
+  const bool stopped = train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks);
+  model_->flush_update();  // the last step's update, if the overlap deferred it
+  model_->sync();
+  if (stopped) {
     if (rank0()) report_profile(profiler_.get(), t.output_dir);
     return;
   }

@@ -99,41 +99,81 @@ TEST_P(StepGpuTest, Fp8GraphReplayMatchesEager) {
               graph.losses.back(), exact ? "" : " (eager runs not bit-reproducible: compared within tolerance)");
 }
 
-TEST_P(StepGpuTest, NonFiniteStepIsSkippedUnderTheGraph) {
+// The optimizer overlap under the graph: AdamW on the side stream at the start of the next step,
+// one launch per layer, the forward waiting per layer; the same losses and weights as AdamW at the
+// step's end (bit for bit where the runs reproduce). An evaluation forward after step 6 (a graph
+// replay, which runs no host code) applies the pending update first: the steps after it would
+// differ if it were lost or applied twice.
+TEST_P(StepGpuTest, OptimizerOverlapMatchesTheUpdateAtTheEnd) {
   StepRunOptions o;
   o.llama = GetParam();
   o.device = turbo::Device::CUDA;
+  o.steps = 12;
   o.graph = true;
-  o.steps = 6;
-  std::vector<float> good, poisoned, m0, v0, after, m1, v1;
-  o.before_step = [&](int s, CudaModel& model) {
-    const size_t n = static_cast<size_t>(model.layout().total);
-    if (s == 3) {  // a replay (the capture was step 1)
-      good.resize(n);
-      model.get_params(good.data());
-      poisoned = good;
-      poisoned[n / 3] = std::numeric_limits<float>::quiet_NaN();
-      model.set_params(poisoned.data());
-      m0.resize(n), v0.resize(n);
-      model.get_moments(m0.data(), v0.data());
-    }
-    if (s == 4) model.set_params(good.data());
-  };
+  std::vector<double> eval;
   o.after_step = [&](int s, CudaModel& model) {
-    if (s != 3) return;
-    const size_t n = static_cast<size_t>(model.layout().total);
-    after.resize(n), m1.resize(n), v1.resize(n);
-    model.get_params(after.data());
-    model.get_moments(m1.data(), v1.data());
+    if (s != 5) return;
+    const train::ModelSpec spec = tiny_spec(o.llama);
+    Batches data(spec.seq_length, 1);
+    model.forward(data.inputs[0].data(), data.targets[0].data(), 2, spec.seq_length, 0.0f, 0);
+    eval.push_back(model.read_loss_sum(1));
+    EXPECT_FALSE(model.update_pending());
   };
-  const StepRun r = run_steps(o);
-  EXPECT_EQ(r.graph_launches, 5);
-  EXPECT_EQ(r.finite, (std::vector<bool>{true, true, true, false, true, true}));
-  EXPECT_FALSE(std::isfinite(r.losses[3]) && std::isfinite(r.norms[3]));
-  EXPECT_TRUE(same_bits(after, poisoned)) << "the vetoed step changed the weights";
-  EXPECT_TRUE(same_bits(m1, m0)) << "the vetoed step changed the first moments";
-  EXPECT_TRUE(same_bits(v1, v0)) << "the vetoed step changed the second moments";
-  EXPECT_TRUE(std::isfinite(r.losses[5]));
+  const StepRun plain = run_steps(o);
+  const bool exact = reproducible(o, plain);
+  o.overlap = true;
+  const StepRun overlapped = run_steps(o);
+  EXPECT_EQ(overlapped.graph_launches, 11);
+  expect_same_run(overlapped, plain, exact);
+  o.graph = false;
+  expect_same_run(run_steps(o), plain, exact);
+  ASSERT_EQ(eval.size(), 4u);  // plain, its reproduction, overlapped under the graph and eagerly
+  for (size_t i = 1; i < eval.size(); ++i) {
+    if (exact) EXPECT_EQ(eval[i], eval[0]) << "evaluation " << i;
+    else EXPECT_NEAR(eval[i], eval[0], 1e-2 * eval[0]) << "evaluation " << i;
+  }
+  EXPECT_LT(plain.losses.back(), plain.losses.front() - 0.3) << "the run must learn";
+}
+
+TEST_P(StepGpuTest, NonFiniteStepIsSkippedUnderTheGraph) {
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "optimizer overlap" : "AdamW at the step's end");
+    StepRunOptions o;
+    o.overlap = overlap;
+    o.llama = GetParam();
+    o.device = turbo::Device::CUDA;
+    o.graph = true;
+    o.steps = 6;
+    std::vector<float> good, poisoned, m0, v0, after, m1, v1;
+    o.before_step = [&](int s, CudaModel& model) {
+      const size_t n = static_cast<size_t>(model.layout().total);
+      if (s == 3) {  // a replay (the capture was step 1)
+        good.resize(n);
+        model.get_params(good.data());
+        poisoned = good;
+        poisoned[n / 3] = std::numeric_limits<float>::quiet_NaN();
+        model.set_params(poisoned.data());
+        m0.resize(n), v0.resize(n);
+        model.get_moments(m0.data(), v0.data());
+      }
+      if (s == 4) model.set_params(good.data());
+    };
+    o.after_step = [&](int s, CudaModel& model) {
+      if (s != 3) return;
+      const size_t n = static_cast<size_t>(model.layout().total);
+      after.resize(n), m1.resize(n), v1.resize(n);
+      model.get_params(after.data());
+      model.get_moments(m1.data(), v1.data());
+    };
+    const StepRun r = run_steps(o);
+    EXPECT_EQ(r.graph_launches, 5);
+    EXPECT_EQ(r.finite, (std::vector<bool>{true, true, true, false, true, true}));
+    EXPECT_FALSE(std::isfinite(r.losses[3]) && std::isfinite(r.norms[3]));
+    EXPECT_TRUE(same_bits(after, poisoned)) << "the vetoed step changed the weights";
+    EXPECT_TRUE(same_bits(m1, m0)) << "the vetoed step changed the first moments";
+    EXPECT_TRUE(same_bits(v1, v0)) << "the vetoed step changed the second moments";
+    EXPECT_TRUE(std::isfinite(r.losses[5]));
+  }
 }
 
 // On the device: the ones-column bias gradients (default) against the separate reductions, within
