@@ -136,7 +136,11 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                                    layout_.total));
   }
   act_ = host_ ? DType::F32 : DType::BF16;
-  if (!host_) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (!host_) {
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, opt_.priority_stream ? greatest : least));
+  }
   policy_.resize(static_cast<size_t>(spec_.num_layers));
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     policy_[l] = ops_.recompute_policy ? ops_.recompute_policy(l, spec_.num_layers) : Recompute::None;
@@ -783,6 +787,7 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
     turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), losses_.slice0(0, N), c);
   }
   have_grad_logits_ = dloss != 0.0f;
+  if (have_grad_logits_) train_tokens_ = N;
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -1014,7 +1019,10 @@ void CudaModel::set_overlap_update(bool on) {
   if (on && group_done_.empty()) {  // host mode: the events stay null (nothing waits)
     group_done_.resize(static_cast<size_t>(spec_.num_layers + 2), nullptr);
     if (!host_) {
-      CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      // The lowest priority: with priority_stream, its blocks only take SMs the step leaves idle.
+      int least = 0, greatest = 0;
+      CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
       for (cudaEvent_t* e : {&step_start_, &side_done_}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
       for (cudaEvent_t& e : group_done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
@@ -1116,7 +1124,9 @@ CudaModel::StepStatus CudaModel::wait_step_status(int ticket, int64_t n) const {
     status = staging_[ticket].status;
   }
   StepStatus st;
-  const double tokens = static_cast<double>(B_ * T_);
+  // The training forward's tokens: a graph replay runs no host code, so B_ and T_ may be an
+  // evaluation's since (train_tokens_ is only set by a forward with a gradient).
+  const double tokens = static_cast<double>(train_tokens_);
   for (int64_t i = 0; i < n; ++i) st.loss_sum += static_cast<double>(status[i]) / tokens;
   st.grad_norm = status[S];
   st.finite = status[S + 2] != 0.0f;

@@ -64,6 +64,10 @@ struct CudaModelOptions {
   // The linear slots run FP8 GEMMs (patch cuda.linear.fp8): scratch holds their quantized
   // copies (turbo::linear_fp8_scratch_bytes) and every linear dimension must be a multiple of 16.
   bool fp8_linear = false;
+  // The model's stream at the device's greatest priority (the default: the lowest, as every
+  // stream). With the optimizer overlap (set_overlap_update), whose side stream has the lowest,
+  // the deferred AdamW blocks then only take SMs the step's own kernels leave idle.
+  bool priority_stream = false;
 };
 
 class CudaModel {
@@ -322,6 +326,7 @@ class CudaModel {
   int64_t head_rows_ = 0;
   int64_t B_ = 0, T_ = 0;
   int64_t slot_ = 0;  // the token slot of the last forward (backward's embedding gradient reads it)
+  int64_t train_tokens_ = 1;  // B * T of the last forward with a gradient (the step status divides by it)
   bool have_grad_logits_ = false;
   // Where the linear layers' bias gradients are computed (PRIMUS_CUDA_BIAS_GRAD, for A/B runs):
   //   Norm      (default) the attention projection's and the MLP down-projection's, whose output

@@ -126,6 +126,22 @@ void CudaTrainer::init() {
     mo.attention_scratch_bytes =
         deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length, spec.num_attention_heads);
   }
+  // The optimizer overlap (patch cuda.step.overlap_optimizer; the variable overrides the key) needs
+  // this process's own AdamW (not a data-parallel one) and one stream's phase times (no profiler).
+  // PRIMUS_CUDA_OVERLAP_PRIORITY=0 (an A/B switch) leaves the model's stream at the default priority.
+  overlap_ = args_->overlap_optimizer;
+  bool overlap_priority = true;
+  for (auto [name, flag] : {std::pair{"PRIMUS_CUDA_OVERLAP_OPTIMIZER", &overlap_},
+                            std::pair{"PRIMUS_CUDA_OVERLAP_PRIORITY", &overlap_priority}}) {
+    if (const char* e = std::getenv(name); e && *e) {
+      const std::string v = e;
+      if (v == "0" || v == "1") *flag = v == "1";
+      else throw ConfigError(fmt::format("{}='{}': expected 0 or 1", name, v));
+    }
+  }
+  const bool overlap_asked = overlap_;
+  overlap_ = overlap_ && !pg_ && args_->profile_steps <= 0;
+  mo.priority_stream = overlap_ && overlap_priority && !args_->host_mode;
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (zero) {
     mo.flat_elems = zero1_padded_total(train::make_param_layout(spec), dist_.world_size);
@@ -160,23 +176,20 @@ void CudaTrainer::init() {
   step_graph_ = std::make_unique<StepGraph>(model_->stream(), args_->cuda_graph, profiler_.get());
   log_step_setup(*model_, *args_);
   launch_ahead_ = args_->launch_ahead;  // patch cuda.step.launch_ahead (key launch_ahead); the variable overrides
-  bool overlap = args_->overlap_optimizer;  // patch cuda.step.overlap_optimizer
   for (auto [name, flag] : {std::pair{"PRIMUS_CUDA_READ_AHEAD", &read_ahead_on_},
-                            std::pair{"PRIMUS_CUDA_LAUNCH_AHEAD", &launch_ahead_},
-                            std::pair{"PRIMUS_CUDA_OVERLAP_OPTIMIZER", &overlap}}) {
+                            std::pair{"PRIMUS_CUDA_LAUNCH_AHEAD", &launch_ahead_}}) {
     if (const char* e = std::getenv(name); e && *e) {
       const std::string v = e;
       if (v == "0" || v == "1") *flag = v == "1";
       else throw ConfigError(fmt::format("{}='{}': expected 0 or 1", name, v));
     }
   }
-  // The optimizer overlap needs this process's own AdamW (not a data-parallel one) and one stream's
-  // phase times (no profiler).
-  model_->set_overlap_update(overlap && !dp_ && !profiler_);
+  model_->set_overlap_update(overlap_);
   spdlog::info("[cuda] optimizer overlap: {}",
-               model_->overlap_update() ? "on (step s's AdamW runs under step s + 1's forward, layer by layer)"
-               : overlap                ? "off (profiler or data parallelism)"
-                                        : "off (overlap_optimizer: false or PRIMUS_CUDA_OVERLAP_OPTIMIZER=0)");
+               overlap_          ? fmt::format("on (step s's AdamW runs under step s + 1's forward, layer by layer; "
+                                               "model stream priority {})", mo.priority_stream ? "high" : "default")
+               : overlap_asked ? std::string("off (profiler or data parallelism)")
+                                 : std::string("off (overlap_optimizer: false or PRIMUS_CUDA_OVERLAP_OPTIMIZER=0)"));
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
