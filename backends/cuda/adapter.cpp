@@ -30,11 +30,6 @@ void add_cuda_schema(config::Schema& s) {
             "to back while the host logs and stages the next batches (not at evaluations, checkpoints or a stop "
             "signal, where the host needs the state after step s; one process, no profiler). "
             "PRIMUS_CUDA_LAUNCH_AHEAD=0|1 overrides it")
-      .flag("overlap_optimizer", true,
-            "run each step's AdamW update at the start of the next step on a second stream, layer by layer, while "
-            "that step's forward runs (each layer's forward waits for its own weights' update); the same weights and "
-            "losses bit for bit. Evaluations, checkpoints and the end of training apply a pending update first. One "
-            "process, no profiler. PRIMUS_CUDA_OVERLAP_OPTIMIZER=0|1 overrides it")
       .integer("gemm_algo_search", 8,
                "cuBLASLt algorithm per GEMM shape: k > 1 times the heuristic's top k candidates at the shape's first "
                "call and keeps the fastest, saved in a per-machine cache file that later runs reuse (the same "

@@ -36,8 +36,6 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
                                            // hybrid | e4m3; patch cuda.linear.fp8, turbo/ops/gemm_fp8.h)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)
   bool launch_ahead = false;               // queue step s + 1 before reading step s (patch cuda.step.launch_ahead)
-  bool overlap_optimizer = false;          // step s's AdamW under step s + 1's forward (patch
-                                           // cuda.step.overlap_optimizer; CudaModel::set_overlap_update)
   bool host_mode = false;                  // not a config key: tests run the trainer on Turbo's CPU
                                            // backends (fp32, no GPU; see CudaModelOptions::device)
   config::Value params;                    // the resolved config, saved with checkpoints

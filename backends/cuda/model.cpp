@@ -136,11 +136,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                                    layout_.total));
   }
   act_ = host_ ? DType::F32 : DType::BF16;
-  if (!host_) {
-    int least = 0, greatest = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, opt_.priority_stream ? greatest : least));
-  }
+  if (!host_) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   policy_.resize(static_cast<size_t>(spec_.num_layers));
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     policy_[l] = ops_.recompute_policy ? ops_.recompute_policy(l, spec_.num_layers) : Recompute::None;
@@ -163,11 +159,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
 
   BufferPlan count(nullptr, nullptr);
   plan(count);
-  // The optimizer's descriptor tables: one over every tensor, one per overlap group (the same
-  // tensors again, split; at most num_layers + 2 groups).
-  const size_t table = 2 * round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
-                                    Arena::kDefaultAlign) +
-                       size_t(spec_.num_layers + 2) * (turbo::cuda::multi_tensor_table_bytes(0) + 2 * Arena::kDefaultAlign);
+  const size_t table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
+                                Arena::kDefaultAlign);
   const int64_t N = opt_.max_batch * opt_.max_seq, C = spec_.hidden_size;
   // Scratch: the largest single borrow of any op, the attention's included (they borrow one at a
   // time, in stream order, each within an ArenaScope). On the host only the fallback attention
@@ -241,15 +234,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     a.decay = t.decay;
     ts.push_back(a);
   }
-  if (opt_.optimizer_state) {
-    std::vector<std::vector<turbo::AdamWTensor>> by_group(static_cast<size_t>(spec_.num_layers + 2));
-    for (size_t i = 0; i < ts.size(); ++i) by_group[group_of(layout_.tensors[i].name)].push_back(ts[i]);
-    groups_.resize(by_group.size());  // an empty group (none in GPT-2 or Llama) stays null
-    for (size_t g = 0; g < by_group.size(); ++g) {
-      if (!by_group[g].empty()) groups_[g] = std::make_unique<turbo::MultiTensorAdamW>(std::move(by_group[g]), state_.get());
-    }
-    adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
-  }
+  if (opt_.optimizer_state) adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), state_.get());
   if (spec_.rope && !host_) turbo::rope_build_table(rope_table_, spec_.rotary_base, ctx());
   if (host_) {
     status_host_mem_.resize(2 * static_cast<size_t>(status_.numel()));
@@ -257,7 +242,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     init_staging();
   }
   zero(status_);
-  drop_pending();
   if (opt_.optimizer_state) set_moments(nullptr, nullptr);
   if (zero_table_.defined()) {
     std::vector<int64_t> t(static_cast<size_t>(zero_table_.numel()));
@@ -303,16 +287,6 @@ CudaModel::~CudaModel() {
   if (stream_) {
     cudaStreamSynchronize(stream_);  // no throwing from a destructor; errors surface elsewhere
     cudaStreamDestroy(stream_);
-  }
-  if (side_) {
-    cudaStreamSynchronize(side_);
-    cudaStreamDestroy(side_);
-  }
-  for (cudaEvent_t e : group_done_) {
-    if (e) (void)cudaEventDestroy(e);
-  }
-  for (cudaEvent_t e : {step_start_, side_done_}) {
-    if (e) (void)cudaEventDestroy(e);
   }
   free_staging();
 }
@@ -364,7 +338,6 @@ void CudaModel::plan(Take&& take) {
     norm_ = status_.slice0(S, S + 2);
   }
   hyper_ = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
-  deferred_ = take(Pool::State, DType::F32, {4}, "deferred AdamW update: lr, bias corrections, clip factor");
   if (!host_ && !zero_ranges_.empty())  // the kernel's table (host mode clears range by range)
     zero_table_ = take(Pool::State, DType::I64, {2 * static_cast<int64_t>(zero_ranges_.size()) + 1},
                        "zero_grad ranges (prefix sums, offsets)");
@@ -503,11 +476,11 @@ void CudaModel::from_model(void* dst, const void* src, size_t bytes) const {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaModel::zero(const TensorView& t, cudaStream_t s) const {
+void CudaModel::zero(const TensorView& t) const {
   if (host_)
     std::memset(t.data, 0, t.nbytes());
   else
-    CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), s));
+    CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream_));
 }
 
 void CudaModel::sync() const {
@@ -531,15 +504,13 @@ void CudaModel::set_params(const float* host) {
     sync();
     return;
   }
-  drop_pending();  // the weights are replaced: a deferred update of the old ones is dropped
   to_model(master_.data, host, master_.nbytes());
   if (!host_) kernels::cast_f32_to_bf16(weights_.data, master_.ptr<float>(), layout_.total, stream_);
   sync();
 }
 
-void CudaModel::get_params(float* host) {
+void CudaModel::get_params(float* host) const {
   need_optimizer_state("get_params");
-  flush_update();
   from_model(host, master_.data, master_.nbytes());
 }
 
@@ -552,7 +523,6 @@ void CudaModel::need_optimizer_state(const char* what) const {
 
 void CudaModel::set_moments(const float* m, const float* v) {
   need_optimizer_state("set_moments");
-  drop_pending();
   for (auto [dst, src] : {std::pair{&m_, m}, std::pair{&v_, v}}) {
     if (src)
       to_model(dst->data, src, dst->nbytes());
@@ -562,9 +532,8 @@ void CudaModel::set_moments(const float* m, const float* v) {
   sync();
 }
 
-void CudaModel::get_moments(float* m, float* v) {
+void CudaModel::get_moments(float* m, float* v) const {
   need_optimizer_state("get_moments");
-  flush_update();
   from_model(m, m_.data, m_.nbytes());
   from_model(v, v_.data, v_.nbytes());
 }
@@ -585,21 +554,17 @@ bool CudaModel::written_by_first_gemm(const std::string& name) const {
 
 void CudaModel::zero_grad() {
   mark(Phase::ZeroGrad);
-  zero_grad_on(stream_);
-}
-
-void CudaModel::zero_grad_on(cudaStream_t s) {
   if (zero_grad_full_) {  // PRIMUS_CUDA_ZERO_GRAD=full: clear everything, every GEMM accumulates
-    zero(grads_, s);
+    zero(grads_);
     return;
   }
   fresh_head_ = fresh_layers_ = true;
-  for (const auto& [off, n] : memset_ranges_) zero(grads_.slice0(off, off + n), s);
+  for (const auto& [off, n] : memset_ranges_) zero(grads_.slice0(off, off + n));
   if (host_) {
-    for (const auto& [off, n] : zero_ranges_) zero(grads_.slice0(off, off + n), s);
+    for (const auto& [off, n] : zero_ranges_) zero(grads_.slice0(off, off + n));
   } else if (zero_table_.defined()) {
     kernels::zero_ranges_f32(grads_.ptr<float>(), zero_table_.ptr<const int64_t>(),
-                             static_cast<int>(zero_ranges_.size()), zero_total_, s);
+                             static_cast<int>(zero_ranges_.size()), zero_total_, stream_);
   }
 }
 
@@ -734,8 +699,6 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
   const ExecContext c = ctx();
   const int64_t at = slot * opt_.max_batch * opt_.max_seq;
   const TensorView targets = targets_.slice0(at, at + N);
-  if (!armed_) flush_update();  // a forward outside a step (evaluation) sees the updated weights
-  if (armed_) wait_side(group_done_[0]);  // the embeddings' update (begin_step)
 
   {
     mark(Phase::Embedding);
@@ -749,12 +712,7 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
   }
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     NvtxRange lr(fmt::format("layer {} fwd", l).c_str());
-    if (armed_) wait_side(group_done_[static_cast<size_t>(l + 1)]);
     layer_forward(l, B, T, false);
-  }
-  if (armed_) {  // the final norm's and the head's update, and zero_grad: before the head's backward
-    wait_side(side_done_);
-    armed_ = false;
   }
   {
     NvtxRange hr("head + loss");
@@ -998,105 +956,6 @@ void CudaModel::update() {
   mark(Phase::Optimizer);
   need_optimizer_state("update");
   ops_.adamw(*adamw_, hp_, norm_.slice0(1, 2), host_ ? TensorView() : hyper_, ctx());
-}
-
-// ---- optimizer overlap (model.h, set_overlap_update) -------------------------------------------
-
-int64_t CudaModel::group_of(const std::string& name) const {
-  if (name.rfind("layers.", 0) == 0) {
-    const int64_t l = std::stoll(name.substr(7));
-    if (l < 0 || l >= spec_.num_layers) throw RuntimeError(fmt::format("cuda model: parameter '{}': no such layer", name));
-    return 1 + l;
-  }
-  if (name == "embedding.weight" || name == "position_embedding.weight") return 0;
-  return spec_.num_layers + 1;  // the final norm, an untied head
-}
-
-void CudaModel::set_overlap_update(bool on) {
-  if (on == overlap_) return;
-  if (pending_ || armed_) throw RuntimeError("cuda model: set_overlap_update with an update pending");
-  if (on) need_optimizer_state("the optimizer overlap");
-  if (on && group_done_.empty()) {  // host mode: the events stay null (nothing waits)
-    group_done_.resize(static_cast<size_t>(spec_.num_layers + 2), nullptr);
-    if (!host_) {
-      // The lowest priority: with priority_stream, its blocks only take SMs the step leaves idle.
-      int least = 0, greatest = 0;
-      CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
-      for (cudaEvent_t* e : {&step_start_, &side_done_}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      for (cudaEvent_t& e : group_done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
-  }
-  overlap_ = on;
-}
-
-void CudaModel::wait_side(cudaEvent_t e) const {
-  if (!host_) CUDA_CHECK(cudaStreamWaitEvent(stream_, e, 0));
-}
-
-void CudaModel::begin_step() {
-  if (!overlap_) {
-    zero_grad();
-    return;
-  }
-  NvtxRange r("deferred adamw");
-  mark(Phase::ZeroGrad);
-  pending_ = false;  // this step applies it (its graph replays do too)
-  ExecContext c;     // no scratch: the model's stream may be borrowing it meanwhile
-  c.stream = host_ ? nullptr : side_;
-  if (!host_) {
-    CUDA_CHECK(cudaEventRecord(step_start_, stream_));  // after the previous step's end_step
-    CUDA_CHECK(cudaStreamWaitEvent(side_, step_start_, 0));
-  }
-  const TensorView scale = deferred_.slice0(3, 4), scalars = host_ ? TensorView() : deferred_.slice0(0, 3);
-  // The groups in the order the forward reads them; group g's event is group_done_[g].
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    if (groups_[g]) ops_.adamw(*groups_[g], deferred_hp_, scale, scalars, c);
-    if (!host_) CUDA_CHECK(cudaEventRecord(group_done_[g], side_));
-  }
-  zero_grad_on(host_ ? nullptr : side_);  // the update has read the gradients
-  if (!host_) CUDA_CHECK(cudaEventRecord(side_done_, side_));
-  armed_ = true;
-}
-
-void CudaModel::end_step() {
-  if (!overlap_) {
-    update();
-    return;
-  }
-  if (armed_) {  // a step without a forward: join the side stream anyway
-    wait_side(side_done_);
-    armed_ = false;
-  }
-  need_optimizer_state("end_step");
-  mark(Phase::Optimizer);
-  deferred_hp_ = hp_;  // host mode reads all of it; the device its fixed fields (betas, eps, decay)
-  const float* norm = norm_.ptr<float>();
-  float* d = deferred_.ptr<float>();
-  if (host_) {
-    d[3] = norm[1];
-    return;
-  }
-  CUDA_CHECK(cudaMemcpyAsync(d, hyper_.data, 3 * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(d + 3, norm + 1, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-}
-
-void CudaModel::flush_update() {
-  if (!pending_) return;
-  NvtxRange r("adamw (flush)");
-  pending_ = false;
-  ops_.adamw(*adamw_, deferred_hp_, deferred_.slice0(3, 4), host_ ? TensorView() : deferred_.slice0(0, 3), ctx());
-  drop_pending();  // applied: the next step's begin_step must not apply it again
-}
-
-void CudaModel::drop_pending() {
-  pending_ = false;
-  if (!deferred_.defined()) return;
-  float* d = deferred_.ptr<float>() + 3;
-  if (host_)
-    *d = std::numeric_limits<float>::quiet_NaN();
-  else
-    CUDA_CHECK(cudaMemsetAsync(d, 0xff, sizeof(float), stream_));  // all ones: a NaN
 }
 
 int CudaModel::enqueue_step_status() {

@@ -64,10 +64,6 @@ struct CudaModelOptions {
   // The linear slots run FP8 GEMMs (patch cuda.linear.fp8): scratch holds their quantized
   // copies (turbo::linear_fp8_scratch_bytes) and every linear dimension must be a multiple of 16.
   bool fp8_linear = false;
-  // The model's stream at the device's greatest priority (the default: the lowest, as every
-  // stream). With the optimizer overlap (set_overlap_update), whose side stream has the lowest,
-  // the deferred AdamW blocks then only take SMs the step's own kernels leave idle.
-  bool priority_stream = false;
 };
 
 class CudaModel {
@@ -91,9 +87,9 @@ class CudaModel {
   // Host <-> device copies of the flat fp32 buffers (layout().total floats each). They
   // synchronise. set_params also refreshes the bf16 compute copy.
   void set_params(const float* host);
-  void get_params(float* host);
+  void get_params(float* host) const;
   void set_moments(const float* m, const float* v);  // nullptr: zeros
-  void get_moments(float* m, float* v);
+  void get_moments(float* m, float* v) const;
   void get_grads(float* host) const;
 
   void zero_grad();
@@ -129,27 +125,6 @@ class CudaModel {
     set_hyper(hp);
     update();
   }
-
-  // Optimizer overlap (patch cuda.step.overlap_optimizer). Off, a step is begin_step() (=
-  // zero_grad()), the micro-batches, grad_norm(), check_step() and end_step() (= update()). On,
-  // end_step() only keeps the step's AdamW scalars and clip factor on the device (two D2D copies),
-  // and the next step's begin_step() runs that update on a second stream, one AdamW launch per
-  // group (the embeddings, each layer, the final norm with an untied head), then zero_grad there,
-  // while the step's forward waits for each group's event just before it reads those weights (the
-  // final norm and the head wait for all of it). AdamW is elementwise, so the weights, moments and
-  // losses are the same bits as without the overlap; what overlaps is the update of the layers
-  // with the forward of the layers before them. set_overlap_update() while nothing is pending.
-  // step_enqueued() after each step is enqueued (eagerly or by a graph replay, which runs no host
-  // code) marks the update pending; flush_update() applies a pending update now. forward_staged()
-  // outside a step (evaluation), get_params() and get_moments() flush first; set_params() and
-  // set_moments() drop a pending update (the state is replaced).
-  void set_overlap_update(bool on);
-  bool overlap_update() const { return overlap_; }
-  void begin_step();
-  void end_step();
-  void step_enqueued() { pending_ = overlap_; }
-  void flush_update();
-  bool update_pending() const { return pending_; }
 
   // Synchronising reads: the sum of the mean losses in slots [0, n), and the last grad norm.
   double read_loss_sum(int64_t n) const;
@@ -236,11 +211,7 @@ class CudaModel {
   TensorView heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t heads) const;
   void to_model(void* dst, const void* src, size_t bytes) const;    // host -> model memory, stream-ordered
   void from_model(void* dst, const void* src, size_t bytes) const;  // model memory -> host
-  void zero(const TensorView& t, cudaStream_t s) const;
-  void zero(const TensorView& t) const { zero(t, stream_); }
-  void zero_grad_on(cudaStream_t s);
-  void drop_pending();  // the deferred update's clip factor set to NaN: AdamW skips it
-  void wait_side(cudaEvent_t e) const;  // the model's stream waits for e (device mode)
+  void zero(const TensorView& t) const;
 
   train::ModelSpec spec_;
   train::ParamLayout layout_;
@@ -304,19 +275,6 @@ class CudaModel {
   size_t scratch_bytes_ = 0;
 
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_;
-  // The optimizer overlap (set_overlap_update): adamw_'s tensors in groups_ (0: the embeddings,
-  // 1 + l: layer l, last: the final norm and an untied head; null if empty), each its own launch on side_ and
-  // group_done_[g] after it; side_done_ after the zero_grad that follows them. deferred_ = {lr,
-  // 1-beta1^t, 1-beta2^t, clip factor} of the pending update (device), deferred_hp_ its host
-  // fields (host mode: all of them). armed_: the forward of this step still has to wait.
-  std::vector<std::unique_ptr<turbo::MultiTensorAdamW>> groups_;
-  TensorView deferred_;
-  turbo::AdamWHyper deferred_hp_;
-  bool overlap_ = false, pending_ = false, armed_ = false;
-  cudaStream_t side_ = nullptr;
-  cudaEvent_t step_start_ = nullptr, side_done_ = nullptr;
-  std::vector<cudaEvent_t> group_done_;
-  int64_t group_of(const std::string& name) const;
   // The LM head and loss run in row blocks: the [rows, V] logits buffer is the largest single
   // activation (1.6 GB bf16 for GPT-2 at B*T = 16k, 4.2 GB for Llama-3's 128k vocabulary at 8 x
   // 2048). At least 2 blocks, and as many as keep one block's logits within kHeadBlockBytes; each

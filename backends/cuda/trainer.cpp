@@ -126,22 +126,6 @@ void CudaTrainer::init() {
     mo.attention_scratch_bytes =
         deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length, spec.num_attention_heads);
   }
-  // The optimizer overlap (patch cuda.step.overlap_optimizer; the variable overrides the key) needs
-  // this process's own AdamW (not a data-parallel one) and one stream's phase times (no profiler).
-  // PRIMUS_CUDA_OVERLAP_PRIORITY=0 (an A/B switch) leaves the model's stream at the default priority.
-  overlap_ = args_->overlap_optimizer;
-  bool overlap_priority = true;
-  for (auto [name, flag] : {std::pair{"PRIMUS_CUDA_OVERLAP_OPTIMIZER", &overlap_},
-                            std::pair{"PRIMUS_CUDA_OVERLAP_PRIORITY", &overlap_priority}}) {
-    if (const char* e = std::getenv(name); e && *e) {
-      const std::string v = e;
-      if (v == "0" || v == "1") *flag = v == "1";
-      else throw ConfigError(fmt::format("{}='{}': expected 0 or 1", name, v));
-    }
-  }
-  const bool overlap_asked = overlap_;
-  overlap_ = overlap_ && !pg_ && args_->profile_steps <= 0;
-  mo.priority_stream = overlap_ && overlap_priority && !args_->host_mode;
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (zero) {
     mo.flat_elems = zero1_padded_total(train::make_param_layout(spec), dist_.world_size);
@@ -184,12 +168,6 @@ void CudaTrainer::init() {
       else throw ConfigError(fmt::format("{}='{}': expected 0 or 1", name, v));
     }
   }
-  model_->set_overlap_update(overlap_);
-  spdlog::info("[cuda] optimizer overlap: {}",
-               overlap_          ? fmt::format("on (step s's AdamW runs under step s + 1's forward, layer by layer; "
-                                               "model stream priority {})", mo.priority_stream ? "high" : "default")
-               : overlap_asked ? std::string("off (profiler or data parallelism)")
-                                 : std::string("off (overlap_optimizer: false or PRIMUS_CUDA_OVERLAP_OPTIMIZER=0)"));
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
@@ -267,7 +245,7 @@ void CudaTrainer::step_body(int64_t step) {
   auto& t = args_->train;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
   const float dloss = static_cast<float>(1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps)));
-  model_->begin_step();  // zero_grad (with the optimizer overlap, the previous step's AdamW first)
+  model_->zero_grad();
   for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
     model_->forward_staged(B, T, dloss, micro);
     if (dp_) dp_->begin_backward(micro + 1 == t.grad_accum_steps);
@@ -283,7 +261,7 @@ void CudaTrainer::step_body(int64_t step) {
   if (zero1()) {
     dp_->update(adamw_hyper(step));
   } else {
-    model_->end_step();  // AdamW with the scalars set_hyper staged (a captured update reads them from the device)
+    model_->update();  // the scalars set_hyper staged (a captured update reads them from the device)
   }
 }
 
@@ -308,7 +286,6 @@ void CudaTrainer::launch_step(int64_t step) {
   // A capture begins on an idle stream: the step before it (launched ahead or not) runs first.
   if (step_graph_->will_capture()) model_->sync();
   step_graph_->run([&] { step_body(step); });
-  model_->step_enqueued();  // a graph replay runs no host code: the model learns of the step here
   status_ticket_[step & 1] = model_->enqueue_step_status();
   if (read_ahead_on_) read_ahead();  // while the device runs the step (this step's batch is staged)
   if (timed) {
@@ -490,10 +467,7 @@ void CudaTrainer::train() {
   hooks.save = [this](int64_t step) { save(step); };
   // A signal to any rank stops every rank at this step.
   hooks.agree_stop = [this](bool stop) { return dp_ ? dp_->average({stop ? 1.0 : 0.0})[0] > 0 : stop; };
-  const bool stopped = train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks);
-  model_->flush_update();  // the last step's update, if the overlap deferred it
-  model_->sync();
-  if (stopped) {
+  if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) {
     if (rank0()) report_profile(profiler_.get(), t.output_dir);
     return;
   }

@@ -44,7 +44,6 @@ class CudaTrainer : public Trainer {
   void launch_step(int64_t step);
   double finish_step(int64_t step, double* grad_norm, bool* finite);
   bool launch_ahead_ = false;
-  bool overlap_ = false;  // the optimizer overlap (CudaModel::set_overlap_update)
   int status_ticket_[2] = {0, 0};  // by step parity: enqueue_step_status's ticket
   void step_body(int64_t step);  // the step's device work (captured under cuda_graph)
   void configure_gemm_algorithms();  // cuBLASLt algorithm search and its cache (gemm_algo_search)

@@ -4,8 +4,7 @@
 // checkpoints. Same init, same batches, so every step's loss and every validation loss agree
 // (fp32 on both sides: 1e-5 relative); then a resume from the step-3 checkpoint replays
 // steps 4-6 with the same losses; the runs without the trainer's read-ahead of the next
-// step's batches, without launch-ahead and without the optimizer overlap have the same losses
-// bit for bit; and the GELU run as
+// step's batches and without launch-ahead have the same losses bit for bit; and the GELU run as
 // its own op in either direction still matches the reference.
 #include <gtest/gtest.h>
 
@@ -38,7 +37,6 @@ void run_host_trainer(const std::filesystem::path& exp_file, std::vector<std::st
   args->host_mode = true;
   args->train.grad_accum_steps = args->train.global_batch_size / args->train.micro_batch_size;
   args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead
-  args->overlap_optimizer = cfg.params.find_path("overlap_optimizer")->as_bool();  // patch cuda.step.overlap_optimizer
   CudaTrainer trainer(args, CudaOps::defaults());
   trainer.setup();
   trainer.init();
@@ -79,12 +77,11 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
     return testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
   };
 
-  // Reading the next step's batches while a step runs, launch-ahead (step s + 1 launched before
-  // step s's result is read; host mode included) and the optimizer overlap (each step's AdamW in
-  // the next step, applied before evaluations and checkpoints), all on by default, change nothing:
-  // the same run with any of them off (PRIMUS_CUDA_READ_AHEAD=0, PRIMUS_CUDA_LAUNCH_AHEAD=0,
-  // PRIMUS_CUDA_OVERLAP_OPTIMIZER=0) has the same losses and validation losses, bit for bit.
-  for (const char* var : {"PRIMUS_CUDA_READ_AHEAD", "PRIMUS_CUDA_LAUNCH_AHEAD", "PRIMUS_CUDA_OVERLAP_OPTIMIZER"}) {
+  // Reading the next step's batches while a step runs, and launch-ahead (step s + 1 launched
+  // before step s's result is read; host mode included), both on by default, change nothing: the
+  // same run with either off (PRIMUS_CUDA_READ_AHEAD=0, PRIMUS_CUDA_LAUNCH_AHEAD=0) has the same
+  // losses and validation losses, bit for bit.
+  for (const char* var : {"PRIMUS_CUDA_READ_AHEAD", "PRIMUS_CUDA_LAUNCH_AHEAD"}) {
     const auto plain = run_with(var, "0");
     ASSERT_EQ(plain.loss.size(), ours.loss.size()) << var;
     for (auto [step, l] : plain.loss) EXPECT_EQ(l, ours.loss.at(step)) << var << "=0, step " << step;

@@ -22,7 +22,6 @@ StepRun run_steps(const StepRunOptions& o) {
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());
-  model.set_overlap_update(o.overlap);
   std::unique_ptr<StepProfiler> prof;
   if (o.profile) {
     prof = std::make_unique<StepProfiler>(model.stream(), o.steps);
@@ -47,16 +46,15 @@ StepRun run_steps(const StepRunOptions& o) {
     model.set_hyper(hp);
     if (o.before_step) o.before_step(s, model);
     graph.run([&] {
-      model.begin_step();  // zero_grad (overlap: the previous step's AdamW first)
+      model.zero_grad();
       for (int m = 0; m < o.micro; ++m) {
         model.forward_staged(B, T, dloss, m);
         model.backward();
       }
       model.grad_norm(1.0f);
       model.check_step(o.micro);
-      model.end_step();  // AdamW (overlap: kept for the next step)
+      model.update();
     });
-    model.step_enqueued();
     const CudaModel::StepStatus st = model.read_step_status(o.micro);
     if (prof) prof->collect();
     r.losses.push_back(st.loss_sum / o.micro);

@@ -2,8 +2,7 @@
 // each step stages its micro-batches, sets AdamW's scalars (a rising learning rate, so a captured
 // step must read them from the device), then runs zero_grad, forward + backward per micro-batch,
 // grad norm (clip 1.0), the on-device non-finite check and AdamW through a StepGraph (eager, or
-// captured at step 2 and replayed), and reads the status once, as CudaTrainer does (zero_grad and
-// AdamW as begin_step / end_step, so that `overlap` runs each step's AdamW in the next step).
+// captured at step 2 and replayed), and reads the status once, as CudaTrainer does.
 #pragma once
 #include <functional>
 #include <vector>
@@ -24,7 +23,6 @@ struct StepRunOptions {
   bool profile = false;  // a StepProfiler over every step after the first
   int steps = 3;
   int micro = 2;  // micro-batches per step (kTrainBatch / micro sequences each)
-  bool overlap = false;  // the optimizer overlap (CudaModel::set_overlap_update)
   std::function<void(int step, CudaModel&)> before_step, after_step;  // after: the status is read
 };
 

@@ -183,53 +183,6 @@ TEST(HostStepCheck, NonFiniteStepIsSkippedOnTheDevice) {
   }
 }
 
-// The optimizer overlap (CudaModel::set_overlap_update): each step's AdamW applied at the start of
-// the next step, group by group, gives the same losses, grad norms and final weights bit for bit as
-// AdamW at the step's end; an evaluation forward between steps applies the pending update first
-// (its loss is that of the updated weights: the same as without the overlap), and a step vetoed
-// as non-finite changes nothing under the overlap either.
-TEST(HostOverlap, SameBitsAsTheUpdateAtTheStepsEnd) {
-  for (bool llama : {false, true}) {
-    SCOPED_TRACE(llama ? "llama" : "gpt2");
-    double eval[2] = {0, 0};
-    bool pending_after_step = false, pending_after_eval = true;
-    auto run = [&](bool overlap) {
-      StepRunOptions o;
-      o.llama = llama;
-      o.steps = 4;
-      o.overlap = overlap;
-      o.after_step = [&, overlap](int s, CudaModel& model) {
-        if (s != 1) return;
-        if (overlap) pending_after_step = model.update_pending();
-        const train::ModelSpec spec = tiny_spec(llama);
-        Batches data(spec.seq_length, 1);
-        model.forward(data.inputs[0].data(), data.targets[0].data(), 1, spec.seq_length, 0.0f, 0);
-        eval[overlap ? 1 : 0] = model.read_loss_sum(1);
-        if (overlap) pending_after_eval = model.update_pending();
-      };
-      return run_steps(o);
-    };
-    const StepRun plain = run(false), overlapped = run(true);
-    EXPECT_EQ(overlapped.losses, plain.losses);
-    EXPECT_EQ(overlapped.norms, plain.norms);
-    EXPECT_TRUE(same_bits(overlapped.params, plain.params)) << "final weights differ";
-    EXPECT_TRUE(pending_after_step) << "the overlap defers the update";
-    EXPECT_FALSE(pending_after_eval) << "an evaluation applies the pending update";
-    EXPECT_EQ(eval[1], eval[0]) << "the evaluation saw other weights";
-    EXPECT_LT(plain.losses.back(), plain.losses.front()) << "the run must learn";
-  }
-}
-
-TEST(HostOverlap, NonFiniteStepIsSkipped) {
-  StepRunOptions o;
-  o.steps = 4;
-  o.overlap = true;
-  StepRun r;
-  poisoned_run(o, &r);
-  EXPECT_EQ(r.finite, (std::vector<bool>{true, false, true, true}));
-  EXPECT_LT(r.losses[3], r.losses[0]) << "training goes on after the skipped step";
-}
-
 TEST(HostProfile, PhasesAreTimedAndResultsUnchanged) {
   for (bool llama : {false, true}) {
     SCOPED_TRACE(llama ? "llama" : "gpt2");

@@ -62,29 +62,6 @@ void register_step_patches(patches::PatchRegistry& reg) {
   ahead.apply = [](patches::PatchContext& c) { c.args_as<CudaArgs>().launch_ahead = true; };
   reg.add(ahead);
 
-  patches::Patch overlap;
-  overlap.id = "cuda.step.overlap_optimizer";
-  overlap.backend = kName;
-  overlap.phase = patches::Phase::BuildArgs;
-  overlap.description = "optimizer overlap: step s's AdamW update runs at the start of step s + 1 on a second "
-                        "stream, one launch per layer, under that step's forward (each layer's forward waits for "
-                        "its weights' update); AdamW is bandwidth-bound and the forward's GEMMs compute-bound. "
-                        "Same weights and losses bit for bit";
-  overlap.logic = "rewrites args: overlap_optimizer = true (the trainer calls CudaModel::set_overlap_update: "
-                  "end_step keeps the step's AdamW scalars and clip factor on the device, begin_step runs the "
-                  "update per group on the side stream, then zero_grad there; evaluation, get_params / "
-                  "get_moments (checkpoints) and the end of training apply a pending update). Off with data "
-                  "parallelism or the profiler";
-  overlap.impl = "backends/cuda/model.cpp (begin_step, end_step, flush_update, the forward's waits), "
-                 "backends/cuda/trainer.cpp (step_body, launch_step)";
-  overlap.porting = "the 'optimizer step in the next iteration's forward' of FSDP2 / TorchTitan-style per-module "
-                    "optimizer hooks and of Megatron's overlap_param_gather (parameters made ready layer by layer "
-                    "as the forward reaches them), here for one GPU: the update is moved, not changed";
-  overlap.tags = {"performance", "step", "optimizer"};
-  overlap.condition = [](patches::PatchContext& c) { return c.flag("overlap_optimizer"); };
-  overlap.apply = [](patches::PatchContext& c) { c.args_as<CudaArgs>().overlap_optimizer = true; };
-  reg.add(overlap);
-
   patches::Patch search;
   search.id = "cuda.gemm.algo_search";
   search.backend = kName;
