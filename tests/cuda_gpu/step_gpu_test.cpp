@@ -59,6 +59,24 @@ void expect_same_run(const StepRun& got, const StepRun& ref, bool exact) {
   }
 }
 
+// `o` run eagerly (and once more, to learn whether eager runs reproduce), then captured at step 2
+// and replayed: the same run, bit for bit where `exact`.
+struct EagerAndGraph {
+  StepRun eager, graph;
+  bool exact = false;
+};
+EagerAndGraph eager_then_graph(StepRunOptions o) {
+  EagerAndGraph r;
+  o.graph = false;
+  r.eager = run_steps(o);
+  r.exact = reproducible(o, r.eager);
+  o.graph = true;
+  r.graph = run_steps(o);
+  EXPECT_EQ(r.graph.graph_launches, o.steps - 1) << "step 1 is the warm-up; steps 2.. launch the graph";
+  expect_same_run(r.graph, r.eager, r.exact);
+  return r;
+}
+
 class StepGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(StepGpuTest, GraphReplayMatchesEagerBitForBitOver20Steps) {
@@ -66,13 +84,8 @@ TEST_P(StepGpuTest, GraphReplayMatchesEagerBitForBitOver20Steps) {
   o.llama = GetParam();
   o.device = turbo::Device::CUDA;
   o.steps = 20;
-  const StepRun eager = run_steps(o);
-  const bool exact = reproducible(o, eager);
-  o.graph = true;
-  const StepRun graph = run_steps(o);
-  EXPECT_EQ(graph.graph_launches, 19) << "step 1 is the warm-up; steps 2..20 launch the graph";
+  const auto [eager, graph, exact] = eager_then_graph(o);
   ASSERT_EQ(graph.losses.size(), 20u);
-  expect_same_run(graph, eager, exact);
   EXPECT_LT(eager.losses.back(), eager.losses.front() - 0.5) << "the run must learn";
   std::printf("[%s] graph vs eager, 20 steps: loss %.5f -> %.5f (eager), %.5f -> %.5f (graph)\n",
               o.llama ? "llama" : "gpt2", eager.losses.front(), eager.losses.back(), graph.losses.front(),
@@ -88,12 +101,7 @@ TEST_P(StepGpuTest, Fp8GraphReplayMatchesEager) {
   o.device = turbo::Device::CUDA;
   o.steps = 8;
   o.fp8 = &recipe;
-  const StepRun eager = run_steps(o);
-  const bool exact = reproducible(o, eager);
-  o.graph = true;
-  const StepRun graph = run_steps(o);
-  EXPECT_EQ(graph.graph_launches, 7);
-  expect_same_run(graph, eager, exact);
+  const auto [eager, graph, exact] = eager_then_graph(o);
   for (bool f : graph.finite) EXPECT_TRUE(f);
   std::printf("[%s fp8] graph vs eager, 8 steps: loss %.5f -> %.5f (eager), %.5f -> %.5f (graph)%s\n",
               o.llama ? "llama" : "gpt2", eager.losses.front(), eager.losses.back(), graph.losses.front(),
@@ -117,12 +125,7 @@ TEST_P(StepGpuTest, EvaluationBetweenReplaysKeepsTheStepLosses) {
     model.forward(data.inputs[0].data(), data.targets[0].data(), 2, spec.seq_length, 0.0f, 0);
     eval.push_back(model.read_loss_sum(1));
   };
-  const StepRun eager = run_steps(o);
-  const bool exact = reproducible(o, eager);
-  o.graph = true;
-  const StepRun graph = run_steps(o);
-  EXPECT_EQ(graph.graph_launches, 9);
-  expect_same_run(graph, eager, exact);
+  const auto [eager, graph, exact] = eager_then_graph(o);
   ASSERT_EQ(eval.size(), 3u);  // eager, its reproduction, graph
   if (exact) EXPECT_EQ(eval[2], eval[0]);
   else EXPECT_NEAR(eval[2], eval[0], 1e-2 * eval[0]);
