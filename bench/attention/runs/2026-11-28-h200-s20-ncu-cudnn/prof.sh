@@ -10,9 +10,9 @@ for shape in 16x1024x12x12x64:packed 2x8192x16x16x128; do
     f=$OUT/ncu_${shape//[^0-9a-zA-Z]/_}_$be.txt
     $NCU --clock-control none --section LaunchStats --section SpeedOfLight --section Occupancy \
       --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
-      -k "$k" --launch-skip 4 --launch-count 4 $BIN/primus benchmark attention --shapes $shape --backend $be \
+      -k "$k" --launch-count 14 $BIN/primus benchmark attention --shapes $shape --backend $be \
       --iters 3 > "$f" 2>&1
     echo "== $shape $be"
-    grep -E "^  [a-zA-Z_].*\(|Duration|Registers Per|Dynamic Shared Memory Per|Grid Size|Block Size|Compute \(SM\) Throughput|Achieved Occupancy|gmma_cycles" "$f" | head -40
+    grep -E "^  [a-zA-Z_].*\(|Duration|Registers Per|Dynamic Shared Memory Per|Grid Size|Block Size|Compute \(SM\) Throughput|Achieved Occupancy|gmma_cycles" "$f" | head -120
   done
 done
