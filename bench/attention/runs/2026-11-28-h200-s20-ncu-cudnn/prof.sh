@@ -3,7 +3,7 @@
 # forward and backward, one launch each: launch shape (grid, block, registers, shared memory),
 # throughput, occupancy and the tensor pipe. From the repository root on the GPU machine:
 #   OUT=$OUT bash bench/attention/runs/2026-11-28-h200-s20-ncu-cudnn/prof.sh
-source "$(dirname "$0")/bin_setup.sh"
+source "$(dirname "$0")/../2026-11-27-h200-s17-ncu/bin_setup.sh"  # primus into $BIN, library path, $NCU
 for shape in 16x1024x12x12x64:packed 2x8192x16x16x128; do
   for be in CUDNN TURBO; do
     if [ $be = CUDNN ]; then k='regex:sdpa|fprop|bprop|flash'; else k='regex:flash_(fwd|bwd)_sm90'; fi
