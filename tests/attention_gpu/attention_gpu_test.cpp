@@ -13,7 +13,6 @@
 #include <cstring>
 #include <memory>
 #include <random>
-#include <string>
 #include <tuple>
 
 #include "core/util/error.h"
@@ -247,8 +246,7 @@ TEST_F(AttnGpu, CustomScale) {
 // the forward without ping-pong turns, without the scale fused into exp2 and with one block per
 // tile instead of persistent blocks, a negative softmax scale (which takes the unfused forward by
 // itself), the backward with one block per key tile (its order then group2) and every other causal
-// order of the persistent backward (default keyfast), and the head_dim 64 backward whose warpgroups
-// split each tile's queries over 64-key blocks (PRIMUS_TURBO_ATTN_BWD_SPLIT=queries).
+// order of the persistent backward (default keyfast).
 // T = 1000 over two batch rows, GQA: ragged last tiles, several key-tile groups, a short tail group.
 TEST_F(AttnGpu, Sm90WsSwitchesMatchReference) {
   struct Variant {
@@ -262,7 +260,7 @@ TEST_F(AttnGpu, Sm90WsSwitchesMatchReference) {
                               {"PRIMUS_TURBO_ATTN_FWD_FUSED_SCALE", "1", -0.09}, {"PRIMUS_TURBO_ATTN_BWD_ORDER", "heavy", 0.0},
                               {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group4", 0.0},
                               {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group8", 0.0},    {"PRIMUS_TURBO_ATTN_BWD_BM", "64", 0.0},
-                              {"PRIMUS_TURBO_ATTN_BWD_BM", "128", 0.0},         {"PRIMUS_TURBO_ATTN_BWD_SPLIT", "queries", 0.0}};
+                              {"PRIMUS_TURBO_ATTN_BWD_BM", "128", 0.0}};
   for (const Variant& v : variants)
     for (int64_t D : {int64_t{64}, int64_t{128}}) {
       SCOPED_TRACE(fmt::format("{}={} scale={} D={}", v.var, v.value, v.scale, D));
@@ -284,26 +282,21 @@ TEST_F(AttnGpu, Sm90WsSwitchesMatchReference) {
 // several: 9 query tiles (forward) or key tiles (backward) x 8 heads x 4 batch rows = 288 (on a
 // 132-SM H100 / H200 the first 24 blocks take 3, so each Q buffer of the forward and the backward's
 // K/V buffer are reused and both rings' phases run on across works), T = 1100 (a ragged last tile),
-// head_dim 64 (the forward's two Q buffers) and 128 (one), causal, full, and packed documents; at
-// head_dim 64 also with the query-split backward (64-key blocks: 18 key tiles, 576 works).
+// head_dim 64 (the forward's two Q buffers) and 128 (one), causal, full, and packed documents.
 TEST_F(AttnGpu, Sm90WsPersistentKernelsWalkManyTiles) {
-  for (const char* split : {"keys", "queries"})
-    for (int64_t D : {int64_t{64}, int64_t{128}})
-      for (int mode = 0; mode < 3; ++mode) {
-        if (D == 128 && std::string(split) == "queries") continue;  // head_dim 64 only
-        SCOPED_TRACE(fmt::format("split={} D={} {}", split, D, mode == 0 ? "causal" : mode == 1 ? "full" : "packed causal"));
-        setenv("PRIMUS_TURBO_ATTN_BWD_SPLIT", split, 1);
-        AttnCase c;
-        c.B = 4, c.T = 1100, c.H = 8, c.KVH = 8, c.D = D, c.causal = mode != 1;
-        if (mode == 2) c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 3);
-        AttnTensors t = random_inputs(c, DType::BF16);
-        run_reference(c, t);
-        Dev d = upload(c, DType::BF16, t);
-        GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
-        run(c, d);
-        unsetenv("PRIMUS_TURBO_ATTN_BWD_SPLIT");
-        check_all(t, d);
-      }
+  for (int64_t D : {int64_t{64}, int64_t{128}})
+    for (int mode = 0; mode < 3; ++mode) {
+      SCOPED_TRACE(fmt::format("D={} {}", D, mode == 0 ? "causal" : mode == 1 ? "full" : "packed causal"));
+      AttnCase c;
+      c.B = 4, c.T = 1100, c.H = 8, c.KVH = 8, c.D = D, c.causal = mode != 1;
+      if (mode == 2) c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 3);
+      AttnTensors t = random_inputs(c, DType::BF16);
+      run_reference(c, t);
+      Dev d = upload(c, DType::BF16, t);
+      GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+      run(c, d);
+      check_all(t, d);
+    }
 }
 
 // The Hopper backward whose threads all load (PRIMUS_TURBO_ATTN_BWD_KERNEL=sm90) adds dQ with TMA

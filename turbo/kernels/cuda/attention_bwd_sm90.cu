@@ -46,11 +46,6 @@ using namespace attn;
 template <int D_>
 struct BwdSm90Config {
   static constexpr int D = D_, BN = 128, BM = 64;
-  // Query rows of one warpgroup's products: the whole tile (the warpgroups split the keys), or with
-  // kQSplit (BwdWsConfig) half of it (the warpgroups split the queries of a 64-key block).
-  static constexpr int QW = BM;
-  static constexpr bool kQSplit = false;
-  static_assert(QW == BM && !kQSplit, "the first kernel's warpgroups split the keys");
   static constexpr int kThreads = 256;
   static constexpr bool kSplitN = D == 128;  // dQ work split between the warpgroups by columns (else by keys)
   static constexpr bool kDqRows = false;     // (the warp-specialised kernel's 128-query tiles: by query rows)
@@ -93,22 +88,22 @@ struct KeyRows {
 // two commit groups (S^T can be waited for alone), else one.
 template <class T, class C, bool kTwoGroups>
 __device__ __forceinline__ void issue_st_dpt(float* st, float* dp, uint32_t k_wg, uint32_t v_wg, uint32_t sQ, uint32_t sdO) {
-  constexpr int D = C::D, BN = C::BN, BM = C::BM, QW = C::QW;
-  fence_regs<QW / 2>(st);
-  fence_regs<QW / 2>(dp);
+  constexpr int D = C::D, BN = C::BN, BM = C::BM;
+  fence_regs<BM / 2>(st);
+  fence_regs<BM / 2>(dp);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk / 4) * Sw128<BN>::kSlab + (kk % 4) * 32;
     const uint32_t qoff = (kk / 4) * Sw128<BM>::kSlab + (kk % 4) * 32;
-    Wgmma<T>::template ss<QW>(st, make_desc(k_wg + koff, 16, 1024), make_desc(sQ + qoff, 16, 1024), kk > 0);
+    Wgmma<T>::template ss<BM>(st, make_desc(k_wg + koff, 16, 1024), make_desc(sQ + qoff, 16, 1024), kk > 0);
   }
   if constexpr (kTwoGroups) wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk / 4) * Sw128<BN>::kSlab + (kk % 4) * 32;
     const uint32_t qoff = (kk / 4) * Sw128<BM>::kSlab + (kk % 4) * 32;
-    Wgmma<T>::template ss<QW>(dp, make_desc(v_wg + koff, 16, 1024), make_desc(sdO + qoff, 16, 1024), kk > 0);
+    Wgmma<T>::template ss<BM>(dp, make_desc(v_wg + koff, 16, 1024), make_desc(sdO + qoff, 16, 1024), kk > 0);
   }
   wgmma_commit();
 }
@@ -119,9 +114,9 @@ __device__ __forceinline__ void issue_st_dpt(float* st, float* dp, uint32_t k_wg
 template <class T, class C>
 __device__ __forceinline__ void probabilities(float* st, uint32_t (*pa)[4], const float* lse, float lse_mul, float scale_log2,
                                               bool need_mask, int q0, int T_len, bool causal, const KeyRows& kr, int lt) {
-  constexpr int QW = C::QW;
+  constexpr int BM = C::BM;
 #pragma unroll
-  for (int i = 0; i < QW / 8; ++i) {
+  for (int i = 0; i < BM / 8; ++i) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int qi = i * 8 + 2 * lt + (e & 1);
@@ -142,19 +137,19 @@ __device__ __forceinline__ void probabilities(float* st, uint32_t (*pa)[4], cons
 
 // dS^T = P^T (dP^T - delta) scale as the A fragments of dK's product (da), also stored into the
 // [key][query] tile sdS (one 64-column slab) that dQ's product reads; `row` is this thread's first
-// key row in it, `col0` its warpgroup's first query column.
+// key row in it.
 template <class T, class C>
 __device__ __forceinline__ void score_grads(const float* pt, const float* dp, uint32_t (*da)[4], const float* delta, float scale,
-                                            uint32_t sdS, int row, int lt, int col0 = 0) {
-  constexpr int QW = C::QW, BN = C::BN;
+                                            uint32_t sdS, int row, int lt) {
+  constexpr int BM = C::BM, BN = C::BN;
 #pragma unroll
-  for (int i = 0; i < QW / 8; ++i) {
+  for (int i = 0; i < BM / 8; ++i) {
     float dsv[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) dsv[e] = pt[i * 4 + e] * (dp[i * 4 + e] - delta[i * 8 + 2 * lt + (e & 1)]) * scale;
     da[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(dsv[0], dsv[1]);
     da[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(dsv[2], dsv[3]);
-    const int col = col0 + i * 8 + 2 * lt;
+    const int col = i * 8 + 2 * lt;
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>::offset(row, col)), "r"(da[i / 2][(i & 1) * 2 + 0]));
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>::offset(row + 8, col)), "r"(da[i / 2][(i & 1) * 2 + 1]));
   }
@@ -165,7 +160,7 @@ __device__ __forceinline__ void score_grads(const float* pt, const float* dp, ui
 template <class T, class C>
 __device__ __forceinline__ void issue_kv_grad(float* acc, uint32_t (*a)[4], uint32_t sB) {
 #pragma unroll
-  for (int kk = 0; kk < C::QW / 16; ++kk) Wgmma<T>::template rs_tb<C::D>(acc, a[kk], make_desc(sB + kk * 2048, Sw128<C::BM>::kSlab, 1024));
+  for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<T>::template rs_tb<C::D>(acc, a[kk], make_desc(sB + kk * 2048, Sw128<C::BM>::kSlab, 1024));
 }
 
 // dq (64 queries x 64 columns) = dS K: head_dim 128, this warpgroup's 64 columns over all BN keys;
@@ -205,8 +200,8 @@ __device__ __forceinline__ void dq_product(float* dq, float* dk, float* dv, uint
   fence_regs<32>(dq);
   fence_regs<C::D / 2>(dv);
   fence_regs<C::D / 2>(dk);
-  fence_regs<C::QW / 4>(&pa[0][0]);
-  fence_regs<C::QW / 4>(&da[0][0]);
+  fence_regs<C::BM / 4>(&pa[0][0]);
+  fence_regs<C::BM / 4>(&da[0][0]);
 }
 
 // This warpgroup's 64 x 64 dQ share into its two swizzled [64][32] f32 boxes at `half` (8 KiB each).
@@ -223,21 +218,19 @@ __device__ __forceinline__ void stage_dq(const float* dq, uint32_t half, int wl,
   }
 }
 
-// N gradients (dK and dV, or one of them) of this warp's 16 keys: each staged in its tile (the K or
-// V tile, own rows only), then 16-byte stores.
-template <class T, class C, int N>
-__device__ __forceinline__ void store_key_rows(const float* const (&acc)[N], const uint32_t (&stage)[N], T* const (&dst)[N],
-                                               const int64_t (&stride)[N], int r_loc, int lane, int c0, int T_len) {
+// dK, dV of this warp's 16 keys: staged in the K and V tiles (own rows only), then 16-byte stores.
+template <class T, class C>
+__device__ __forceinline__ void store_dk_dv(const float* dk, const float* dv, uint32_t sK, uint32_t sV, int r_loc, int lane,
+                                            int c0, int T_len, T* dkh, T* dvh, int64_t dk_stride, int64_t dv_stride) {
   constexpr int D = C::D, BN = C::BN;
   const int lg = lane / 4, lt = lane % 4;
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) {
     const int col = i * 8 + 2 * lt;
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(stage[n] + Sw128<BN>::offset(r_loc + lg, col)), "r"(Mma<T>::pack(acc[n][i * 4 + 0], acc[n][i * 4 + 1])));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(stage[n] + Sw128<BN>::offset(r_loc + lg + 8, col)), "r"(Mma<T>::pack(acc[n][i * 4 + 2], acc[n][i * 4 + 3])));
-    }
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + Sw128<BN>::offset(r_loc + lg, col)), "r"(Mma<T>::pack(dk[i * 4 + 0], dk[i * 4 + 1])));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + Sw128<BN>::offset(r_loc + lg + 8, col)), "r"(Mma<T>::pack(dk[i * 4 + 2], dk[i * 4 + 3])));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + Sw128<BN>::offset(r_loc + lg, col)), "r"(Mma<T>::pack(dv[i * 4 + 0], dv[i * 4 + 1])));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + Sw128<BN>::offset(r_loc + lg + 8, col)), "r"(Mma<T>::pack(dv[i * 4 + 2], dv[i * 4 + 3])));
   }
   __syncwarp();
   constexpr int kChunks = D / 8;
@@ -247,23 +240,17 @@ __device__ __forceinline__ void store_key_rows(const float* const (&acc)[N], con
     const int r = idx / kChunks, c = idx % kChunks;
     const int key = c0 + r_loc + r;
     if (key < T_len) {
-      int4 v[N];
-#pragma unroll
-      for (int n = 0; n < N; ++n)
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v[n].x), "=r"(v[n].y), "=r"(v[n].z), "=r"(v[n].w)
-                     : "r"(stage[n] + Sw128<BN>::offset(r_loc + r, c * 8)));
-#pragma unroll
-      for (int n = 0; n < N; ++n) *reinterpret_cast<int4*>(dst[n] + static_cast<int64_t>(key) * stride[n] + c * 8) = v[n];
+      int4 a, v;
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w)
+                   : "r"(sK + Sw128<BN>::offset(r_loc + r, c * 8)));
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(sV + Sw128<BN>::offset(r_loc + r, c * 8)));
+      *reinterpret_cast<int4*>(dkh + static_cast<int64_t>(key) * dk_stride + c * 8) = a;
+      *reinterpret_cast<int4*>(dvh + static_cast<int64_t>(key) * dv_stride + c * 8) = v;
     }
   }
-}
-
-// dK, dV of this warp's 16 keys: staged in the K and V tiles (own rows only), then 16-byte stores.
-template <class T, class C>
-__device__ __forceinline__ void store_dk_dv(const float* dk, const float* dv, uint32_t sK, uint32_t sV, int r_loc, int lane,
-                                            int c0, int T_len, T* dkh, T* dvh, int64_t dk_stride, int64_t dv_stride) {
-  store_key_rows<T, C, 2>({dk, dv}, {sK, sV}, {dkh, dvh}, {dk_stride, dv_stride}, r_loc, lane, c0, T_len);
 }
 
 // Which (key tile, kv head, batch row) work number idx is (both kernels). With one block per work on
@@ -459,7 +446,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
 // barrier is its own); dS^T is double-
 // buffered so the next tile's rows never wait for this tile's dQ product. Each warpgroup stages its
 // own dQ share and one of its threads adds it by TMA reduce-adds.
-template <int D_, int Stages, int DqBufs, int BM_ = 64, bool QSplit_ = false>
+template <int D_, int Stages, int DqBufs, int BM_ = 64>
 struct BwdWsConfig : BwdSm90Config<D_> {
   using Base = BwdSm90Config<D_>;
   static constexpr int kThreads = 384, kStages = Stages, kDqBufs = DqBufs;
@@ -468,27 +455,17 @@ struct BwdWsConfig : BwdSm90Config<D_> {
   static constexpr int BM = BM_;
   static_assert(BM == 64 || (BM == 128 && D_ == 64), "128-query tiles at head_dim 64 only");
   static constexpr bool kDqRows = BM == 128;
-  // kQSplit (PRIMUS_TURBO_ATTN_BWD_SPLIT=queries, head_dim 64 with 128-query tiles): 64-key blocks
-  // whose two warpgroups split each query tile (64 queries each) instead of the keys: each forms
-  // S^T / dP^T for all 64 keys x its queries and its own dQ rows from its own dS (no barrier
-  // between the warpgroups inside the walk); their dK / dV partials are added once per block
-  // through shared memory (the dQ staging buffer).
-  static constexpr bool kQSplit = QSplit_;
-  static_assert(!kQSplit || (BM == 128 && D_ == 64 && DqBufs == 1), "the query split is for head_dim 64, 128-query tiles");
-  static constexpr int BN = kQSplit ? 64 : Base::BN;
-  static constexpr int QW = kQSplit ? BM / 2 : BM;
-  static constexpr int kSmemKV = BN * D_ * 2;
   // dQ's product committed before dK's, whose product then runs on under the dQ staging and the
   // next tile's first products: +1-2% with 128-query tiles at head_dim 64, -7% at head_dim 128
-  // (two binaries, H200, session 19), so only there (not with the query split).
-  static constexpr bool kLateDk = kDqRows && !kQSplit;
-  static constexpr int kSmemQ = BM * D_ * 2, kSmemDS = BN * BM * 2;
+  // (two binaries, H200, session 19), so only there.
+  static constexpr bool kLateDk = kDqRows;
+  static constexpr int kSmemQ = BM * D_ * 2, kSmemDS = Base::BN * BM * 2;
   // A query tile's lse (base 2) and delta rows, f32, read from the 16-byte boundary at or before the
   // tile's first row (a box BM + 4 wide; the tile starts (q0 % 4) in), one 128-byte aligned slot per stage.
   static constexpr int kLdBox = BM + 4, kLdBytes = 2 * kLdBox * 4, kSmemLD = (kLdBytes + 127) / 128 * 128;
   // K, V, Q[stages], dO[stages], dS^T[2], dQ staging[DqBufs] (each warpgroup's 64 x 64 share,
   // Base::kSmemDQ), LD[stages], then the mbarriers
-  static constexpr int kSmem = 2 * kSmemKV + 2 * kStages * kSmemQ + 2 * kSmemDS + kDqBufs * Base::kSmemDQ +
+  static constexpr int kSmem = 2 * Base::kSmemKV + 2 * kStages * kSmemQ + 2 * kSmemDS + kDqBufs * Base::kSmemDQ +
                                kStages * kSmemLD + 8 * (2 + 2 * kStages) + 1024;
   static_assert(kSmem <= 227 * 1024, "more shared memory than an sm_90 block may have");
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128*24 + 256*240 <= 65536
@@ -566,27 +543,21 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int wg = threadIdx.x / 128 - 1, wl = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int lg = lane / 4, lt = lane % 4;
   const bool elected = threadIdx.x % 128 == 0;  // issues this warpgroup's dQ reduce-adds
-  // This warpgroup's 64 keys (all of the block's with the query split) and its first query row of a tile.
-  constexpr int QW = C::QW;
-  const uint32_t k_wg = sK + (C::kQSplit ? 0 : wg * 64 * 128), v_wg = sV + (C::kQSplit ? 0 : wg * 64 * 128);
-  const int key_wg = C::kQSplit ? 0 : wg * 64, q_wg = C::kQSplit ? wg * QW : 0;
-  const uint32_t q_off = static_cast<uint32_t>(q_wg) * 128;  // its rows of the Q / dO tiles (128-byte rows)
+  const uint32_t k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;  // this warpgroup's 64 keys
   // head_dim 128 and 128-query tiles: dQ's product reads both warpgroups' dS^T rows (barrier 1
   // over 256 threads); head_dim 64 with 64-query tiles: only its own (barrier 2 + wg over 128).
-  // With the query split each warpgroup's dQ reads only its own dS^T slab.
-  const bool both = (C::kSplitN || C::kDqRows) && !C::kQSplit;
-  const int ds_bar = both ? 1 : 2 + wg, ds_bar_count = both ? 256 : 128;
+  const int ds_bar = C::kSplitN || C::kDqRows ? 1 : 2 + wg, ds_bar_count = C::kSplitN || C::kDqRows ? 256 : 128;
   // dK / dV's row strides (column slices of a packed gradient, or dense)
   const int64_t dk_row = prm.dk_row ? prm.dk_row : static_cast<int64_t>(KVH) * D;
   const int64_t dv_row = prm.dv_row ? prm.dv_row : static_cast<int64_t>(KVH) * D;
 
   float dq[32];
-  uint32_t pa[QW / 16][4], da[QW / 16][4];
+  uint32_t pa[BM / 16][4], da[BM / 16][4];
   int r = 0;  // Q/dO/LD tiles consumed (ring slot r % S; dS^T buffer r % 2; dQ staging buffer r % kDqBufs), across works
   int held = -1;  // kLateDk: the ring slot whose Q the last dK product (still running) reads, or -1
   for (int k = 0, idx = snake_work(0); idx < n_work; idx = snake_work(++k)) {
     const BwdWalk w(prm, BN, BM, key_slowest, order, idx);
-    const KeyRows kr = key_rows(prm, w.b, w.c0 + key_wg + wl * 16 + lg);
+    const KeyRows kr = key_rows(prm, w.b, w.c0 + wg * 64 + wl * 16 + lg);
     // dQ of tile j (in dq) into this warpgroup's staging half of buffer j % kDqBufs, then its reduce-adds.
     auto flush_dq = [&](int j, int h, int q0) {
       const uint32_t half = sdQ0 + (j % C::kDqBufs) * C::kSmemDQ + wg * 2 * 8192;
@@ -611,31 +582,30 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       mbar_wait(full(st_i), (r / S) & 1);
       const int h = w.head(it), q0 = w.q0(it, BM);
       const uint32_t sQ = sQ0 + st_i * C::kSmemQ, sdO = sdO0 + st_i * C::kSmemQ, sdS = sdS0 + (r & 1) * C::kSmemDS;
-      const float* lse = reinterpret_cast<const float*>(smem_raw + (sLD0 + st_i * C::kSmemLD - raw)) + (q0 & 3) + q_wg;
+      const float* lse = reinterpret_cast<const float*>(smem_raw + (sLD0 + st_i * C::kSmemLD - raw)) + (q0 & 3);
       const float* delta = lse + C::kLdBox;
-      const int qw0 = q0 + q_wg;  // this warpgroup's first query
 
-      float st[QW / 2], dp[QW / 2];
-      issue_st_dpt<T, C, true>(st, dp, k_wg, v_wg, sQ + q_off, sdO + q_off);
+      float st[BM / 2], dp[BM / 2];
+      issue_st_dpt<T, C, true>(st, dp, k_wg, v_wg, sQ, sdO);
       wgmma_wait<1>();  // S^T ready (and with kLateDk the last tile's dK product, committed before it), dP^T may still run
       if constexpr (C::kLateDk) {
         fence_regs<D / 2>(dk);
         if (held >= 0 && lane == 0) mbar_arrive(empty(held));  // that dK product's Q slot
         held = -1;
       }
-      fence_regs<QW / 2>(st);
-      probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, qw0, QW, BN), qw0, T_len, prm.causal, kr, lt);
+      fence_regs<BM / 2>(st);
+      probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
       fence_regs<D / 2>(dv);
       wgmma_fence();
-      issue_kv_grad<T, C>(dv, pa, sdO + q_off);
+      issue_kv_grad<T, C>(dv, pa, sdO);
       wgmma_commit();
       wgmma_wait<1>();  // dP^T ready, dV's product may still run
-      fence_regs<QW / 2>(dp);
-      score_grads<T, C>(st, dp, da, delta, scale, sdS, key_wg + wl * 16 + lg, lt, q_wg);
+      fence_regs<BM / 2>(dp);
+      score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
       if constexpr (!C::kLateDk) {
         fence_regs<D / 2>(dk);
         wgmma_fence();
-        issue_kv_grad<T, C>(dk, da, sQ + q_off);
+        issue_kv_grad<T, C>(dk, da, sQ);
         wgmma_commit();
       }
 
@@ -659,8 +629,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         fence_regs<32>(dq);
         fence_regs<D / 2>(dv);
         fence_regs<D / 2>(dk);
-        fence_regs<QW / 4>(&pa[0][0]);
-        fence_regs<QW / 4>(&da[0][0]);
+        fence_regs<BM / 4>(&pa[0][0]);
+        fence_regs<BM / 4>(&da[0][0]);
         held = st_i;
       } else {
         dq_product<T, C>(dq, dk, dv, pa, da, sdS, sK, wg);
@@ -671,36 +641,16 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     if constexpr (C::kLateDk) {
       wgmma_wait<0>();  // the last dK product
       fence_regs<D / 2>(dk);
-      fence_regs<QW / 4>(&da[0][0]);
+      fence_regs<BM / 4>(&da[0][0]);
       if (held >= 0 && lane == 0) mbar_arrive(empty(held));
       held = -1;
     }
 
+    // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
+    named_sync(1, 256);
     const int64_t row_base = static_cast<int64_t>(w.b) * T_len;  // dK / dV's rows
-    T* const dk_dst = static_cast<T*>(p.dk) + row_base * dk_row + w.g * D;
-    T* const dv_dst = static_cast<T*>(p.dv) + row_base * dv_row + w.g * D;
-    if constexpr (C::kQSplit) {
-      // The two warpgroups' partials of the same 64 keys (the same fragment layout) meet in the dQ
-      // staging buffer, once its reduce-adds have read it: warpgroup 0 hands over dV and keeps dK,
-      // warpgroup 1 the other way; each then stores the sum it kept (a + b: the same bits either way).
-      if (elected) bulk_wait_read<0>();
-      named_sync(1, 256);  // also: both warpgroups' last dQ products (waited for) have read sK
-      float* xbuf = reinterpret_cast<float*>(smem_raw + (sdQ0 - raw));  // [2][32][128] f32 = 32 KiB
-      const int t = threadIdx.x % 128;
-      const float* give = wg == 0 ? dv : dk;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) xbuf[(wg * 32 + j) * 128 + t] = give[j];
-      named_sync(1, 256);
-      float* keep = wg == 0 ? dk : dv;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) keep[j] += xbuf[((1 - wg) * 32 + j) * 128 + t];
-      store_key_rows<T, C, 1>({keep}, {wg == 0 ? sK : sV}, {wg == 0 ? dk_dst : dv_dst}, {wg == 0 ? dk_row : dv_row}, wl * 16,
-                              lane, w.c0, T_len);
-    } else {
-      // The other warpgroup's last dQ product may still read the K tile that the staging overwrites.
-      named_sync(1, 256);
-      store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, dk_dst, dv_dst, dk_row, dv_row);
-    }
+    store_dk_dv<T, C>(dk, dv, sK, sV, wg * 64 + wl * 16, lane, w.c0, T_len, static_cast<T*>(p.dk) + row_base * dk_row + w.g * D,
+                      static_cast<T*>(p.dv) + row_base * dv_row + w.g * D, dk_row, dv_row);
     fence_proxy_async();  // this warp's staging reads and writes of sK / sV before the next K/V load
     __syncwarp();
     if (lane == 0) mbar_arrive(kv_empty);
@@ -818,15 +768,9 @@ void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStr
   // 128 (default; one dQ staging buffer then: two do not fit beside the larger tiles) or 64. 128
   // against 64, in one process on an H200 (session 19): +6.3% GPT-2, +8.1-8.4% at T = 2048 (GQA and
   // MHA), +9.5% non-causal, +3.7% packed.
-  // PRIMUS_TURBO_ATTN_BWD_SPLIT (head_dim 64 with 128-query tiles; read on every call, for A/B
-  // runs): keys (default; 128-key blocks, the warpgroups take 64 keys each) or queries (64-key
-  // blocks, the warpgroups take 64 queries of each tile; BwdWsConfig::kQSplit).
   if constexpr (D == 64) {
     if (env_choice("PRIMUS_TURBO_ATTN_BWD_BM", {"64", "128"}, "128") == "128") {
-      if (env_choice("PRIMUS_TURBO_ATTN_BWD_SPLIT", {"keys", "queries"}, "keys") == "queries")
-        launch_ws_config<T, BwdWsConfig<64, 2, 1, 128, true>>(prm, ptrs, stream);
-      else
-        launch_ws_config<T, BwdWsConfig<64, 2, 1, 128>>(prm, ptrs, stream);
+      launch_ws_config<T, BwdWsConfig<64, 2, 1, 128>>(prm, ptrs, stream);
       return;
     }
   }
