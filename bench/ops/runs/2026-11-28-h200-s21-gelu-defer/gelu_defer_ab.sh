@@ -5,7 +5,7 @@
 # plan of PLANS, each <plan>[:<schedule>] (PRIMUS_TURBO_GEMM_PLAN and PRIMUS_TURBO_GEMM_SCHEDULE are
 # read once per process; plan "auto" = the planner's choice; the deferral needs 128x1:coop).
 # Carry: primus.gz, test_turbo_gpu.gz, libgomp.so.1, commit.txt in $CARRY.
-#   run(command="CARRY=.carry-gelu bash bench/ops/gelu_defer_ab.sh", carry=[".carry-gelu"])
+#   run(command="CARRY=.carry-gelu bash bench/ops/runs/2026-11-28-h200-s21-gelu-defer/gelu_defer_ab.sh", carry=[".carry-gelu"])
 # shellcheck disable=SC1091
 source scripts/gpu_env.sh
 CARRY=${CARRY:-.carry-gelu}

@@ -2,7 +2,7 @@
 # The TURBO GELU-aux GEMM (fc forward, 16384x3072x768 by default) under Nsight Compute, one launch
 # per variant of VARIANTS (environment settings; "-" = none): the speed-of-light, warp-state and
 # pipe figures, and the 40 SASS instructions with the most warp-stall samples (program order).
-#   run(command="OUT=$OUT CARRY=.carry-gelu bash bench/ops/ncu_gelu.sh", carry=[".carry-gelu"])
+#   run(command="OUT=$OUT CARRY=.carry-gelu bash bench/ops/runs/2026-11-28-h200-s21-gelu-defer/ncu_gelu.sh", carry=[".carry-gelu"])
 # shellcheck disable=SC1091
 source scripts/gpu_env.sh
 set -u

@@ -1,3 +1,8 @@
+#!/usr/bin/env bash
+# The probes of README.md (PROBE_NOSTORE, PROBE_IDENTITY, PROBE_H2, PROBE_HELPER: build with one of this folder's diffs
+# applied): per variant of PROBE_VARIANTS, an in-process A/B of PRIMUS_TURBO_GEMM_GELU_DEFER=0,1 on the fc forward
+# (TURBO only), twice. Carry .carry-probe (primus.gz, libgomp.so.1).
+#   run(command="PROBE_VARIANTS='- PROBE_IDENTITY=1' bash bench/ops/runs/2026-11-28-h200-s21-gelu-defer/probe_nostore.sh", carry=[".carry-probe"])
 source scripts/gpu_env.sh
 BIN=/tmp/pb; mkdir -p $BIN; gunzip -c .carry-probe/primus.gz > $BIN/primus; chmod +x $BIN/primus
 export LD_LIBRARY_PATH=$BIN:$PWD/.carry-probe:$LD_LIBRARY_PATH
