@@ -111,7 +111,7 @@ __device__ __forceinline__ void issue_st_dpt(float* st, float* dp, uint32_t k_wg
 // st: S^T in, P^T = exp(scale S^T - lse) out (f32; masked entries exactly 0); pa: P^T as the A
 // fragments of dV's product. lse holds the tile's rows' log-sum-exp times lse_mul (kLog2e for the
 // natural-log values, 1 for values already in base 2).
-template <class T, class C>
+template <class T, class C, bool kPack = true>
 __device__ __forceinline__ void probabilities(float* st, uint32_t (*pa)[4], const float* lse, float lse_mul, float scale_log2,
                                               bool need_mask, int q0, int T_len, bool causal, const KeyRows& kr, int lt) {
   constexpr int BM = C::BM;
@@ -130,6 +130,18 @@ __device__ __forceinline__ void probabilities(float* st, uint32_t (*pa)[4], cons
       }
       st[i * 4 + e] = v;
     }
+    if constexpr (kPack) {
+      pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(st[i * 4 + 0], st[i * 4 + 1]);
+      pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(st[i * 4 + 2], st[i * 4 + 3]);
+    }
+  }
+}
+
+// P^T (f32, from probabilities<..., false>) as the A fragments of dV's product.
+template <class T, class C>
+__device__ __forceinline__ void pack_probabilities(const float* st, uint32_t (*pa)[4]) {
+#pragma unroll
+  for (int i = 0; i < C::BM / 8; ++i) {
     pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(st[i * 4 + 0], st[i * 4 + 1]);
     pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(st[i * 4 + 2], st[i * 4 + 3]);
   }
@@ -446,7 +458,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
 // barrier is its own); dS^T is double-
 // buffered so the next tile's rows never wait for this tile's dQ product. Each warpgroup stages its
 // own dQ share and one of its threads adds it by TMA reduce-adds.
-template <int D_, int Stages, int DqBufs, int BM_ = 64>
+template <int D_, int Stages, int DqBufs, int BM_ = 64, bool DsFirst_ = false>
 struct BwdWsConfig : BwdSm90Config<D_> {
   using Base = BwdSm90Config<D_>;
   static constexpr int kThreads = 384, kStages = Stages, kDqBufs = DqBufs;
@@ -458,7 +470,17 @@ struct BwdWsConfig : BwdSm90Config<D_> {
   // dQ's product committed before dK's, whose product then runs on under the dQ staging and the
   // next tile's first products: +1-2% with 128-query tiles at head_dim 64, -7% at head_dim 128
   // (two binaries, H200, session 19), so only there.
-  static constexpr bool kLateDk = kDqRows;
+  // DsFirst (128-query tiles): the order FlashAttention-3 uses, for registers. With 128 queries a
+  // warpgroup holds S^T and dP^T as 64 + 64 floats a thread beside dK and dV (32 + 32); the order
+  // above (dV's product issued from P^T's fragments before dS^T is formed, dK's product still
+  // running into the next tile) also keeps P^T's fragments (32) and dS^T's (32) live there, more
+  // than the consumers' 240 registers, and ptxas then serialises every wgmma of the kernel
+  // (C7512) and spills. DsFirst forms dS^T from P^T and dP^T first (waiting for dP^T), then packs
+  // P^T and issues dV's and dK's products together, and has no late dK: at most S^T + dP^T + dK +
+  // dV (192 floats) are live at once.
+  static constexpr bool kDsFirst = DsFirst_;
+  static_assert(!kDsFirst || BM == 128, "the register-lean order is the 128-query tiles'");
+  static constexpr bool kLateDk = kDqRows && !kDsFirst;
   static constexpr int kSmemQ = BM * D_ * 2, kSmemDS = Base::BN * BM * 2;
   // A query tile's lse (base 2) and delta rows, f32, read from the 16-byte boundary at or before the
   // tile's first row (a box BM + 4 wide; the tile starts (q0 % 4) in), one 128-byte aligned slot per stage.
@@ -594,6 +616,19 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         held = -1;
       }
       fence_regs<BM / 2>(st);
+      if constexpr (C::kDsFirst) {
+        probabilities<T, C, false>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
+        wgmma_wait<0>();  // dP^T ready
+        fence_regs<BM / 2>(dp);
+        score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
+        pack_probabilities<T, C>(st, pa);
+        fence_regs<D / 2>(dv);
+        fence_regs<D / 2>(dk);
+        wgmma_fence();
+        issue_kv_grad<T, C>(dv, pa, sdO);
+        issue_kv_grad<T, C>(dk, da, sQ);
+        wgmma_commit();
+      } else {
       probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
       fence_regs<D / 2>(dv);
       wgmma_fence();
@@ -602,7 +637,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       wgmma_wait<1>();  // dP^T ready, dV's product may still run
       fence_regs<BM / 2>(dp);
       score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
-      if constexpr (!C::kLateDk) {
+      }
+      if constexpr (!C::kLateDk && !C::kDsFirst) {
         fence_regs<D / 2>(dk);
         wgmma_fence();
         issue_kv_grad<T, C>(dk, da, sQ);
@@ -770,7 +806,12 @@ void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStr
   // MHA), +9.5% non-causal, +3.7% packed.
   if constexpr (D == 64) {
     if (env_choice("PRIMUS_TURBO_ATTN_BWD_BM", {"64", "128"}, "128") == "128") {
-      launch_ws_config<T, BwdWsConfig<64, 2, 1, 128>>(prm, ptrs, stream);
+      // PRIMUS_TURBO_ATTN_BWD_DS_FIRST (read on every call, for A/B runs): 1 = the register-lean
+      // order of BwdWsConfig's kDsFirst, 0 = dV's product before dS^T and the late dK product.
+      if (env_choice("PRIMUS_TURBO_ATTN_BWD_DS_FIRST", {"0", "1"}, "1") == "1")
+        launch_ws_config<T, BwdWsConfig<64, 2, 1, 128, true>>(prm, ptrs, stream);
+      else
+        launch_ws_config<T, BwdWsConfig<64, 2, 1, 128>>(prm, ptrs, stream);
       return;
     }
   }
