@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
 // barrier is its own); dS^T is double-
 // buffered so the next tile's rows never wait for this tile's dQ product. Each warpgroup stages its
 // own dQ share and one of its threads adds it by TMA reduce-adds.
-template <int D_, int Stages, int DqBufs, int BM_ = 64, bool DsFirst_ = false>
+template <int D_, int Stages, int DqBufs, int BM_ = 64, int Order_ = 0>
 struct BwdWsConfig : BwdSm90Config<D_> {
   using Base = BwdSm90Config<D_>;
   static constexpr int kThreads = 384, kStages = Stages, kDqBufs = DqBufs;
@@ -478,9 +478,19 @@ struct BwdWsConfig : BwdSm90Config<D_> {
   // (C7512) and spills. DsFirst forms dS^T from P^T and dP^T first (waiting for dP^T), then packs
   // P^T and issues dV's and dK's products together, and has no late dK: at most S^T + dP^T + dK +
   // dV (192 floats) are live at once.
-  static constexpr bool kDsFirst = DsFirst_;
-  static_assert(!kDsFirst || BM == 128, "the register-lean order is the 128-query tiles'");
-  static constexpr bool kLateDk = kDqRows && !kDsFirst;
+  // Order_ (PRIMUS_TURBO_ATTN_BWD_DS_FIRST): 0 the order above (with the late dK at 128-query
+  // tiles); 1 DsFirst, dV's and dK's products issued together before the dQ barrier; 2 (default)
+  // DsFirst with dV's product before the barrier and dK's after dQ's, so that waiting for dQ
+  // leaves dK's product running under the dQ staging (within the tile: into the next one it would
+  // hold dS^T's fragments beside the next S^T and dP^T again). H200, one process (session 22):
+  // 1 vs 0 +9-13%, 2 vs 1 +1.5-2.6% at GPT-2 and Llama-like shapes. A fourth order (dV's product
+  // before dS^T, with dS^T formed from P^T's bf16 fragments so the f32 P^T need not stay live)
+  // measured 6-8% below 2 and changed dQ / dK beyond the sm90 kernel's check: dropped.
+  static constexpr int kOrder = Order_;
+  static constexpr bool kDsFirst = Order_ == 1 || Order_ == 2;
+  static constexpr bool kDkUnderFlush = Order_ == 2;
+  static_assert(Order_ == 0 || BM == 128, "the register-lean orders are the 128-query tiles'");
+  static constexpr bool kLateDk = kDqRows && Order_ == 0;
   static constexpr int kSmemQ = BM * D_ * 2, kSmemDS = Base::BN * BM * 2;
   // A query tile's lse (base 2) and delta rows, f32, read from the 16-byte boundary at or before the
   // tile's first row (a box BM + 4 wide; the tile starts (q0 % 4) in), one 128-byte aligned slot per stage.
@@ -626,7 +636,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         fence_regs<D / 2>(dk);
         wgmma_fence();
         issue_kv_grad<T, C>(dv, pa, sdO);
-        issue_kv_grad<T, C>(dk, da, sQ);
+        if constexpr (!C::kDkUnderFlush) issue_kv_grad<T, C>(dk, da, sQ);
         wgmma_commit();
       } else {
       probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
@@ -638,7 +648,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       fence_regs<BM / 2>(dp);
       score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
       }
-      if constexpr (!C::kLateDk && !C::kDsFirst) {
+      if constexpr (!C::kLateDk && !C::kDsFirst && !C::kDkUnderFlush) {
         fence_regs<D / 2>(dk);
         wgmma_fence();
         issue_kv_grad<T, C>(dk, da, sQ);
@@ -668,11 +678,30 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         fence_regs<BM / 4>(&pa[0][0]);
         fence_regs<BM / 4>(&da[0][0]);
         held = st_i;
+      } else if constexpr (C::kDkUnderFlush) {
+        // dQ's product, then dK's: waiting for dQ (and dV) leaves dK's running under the staging.
+        fence_regs<32>(dq);
+        fence_regs<D / 2>(dk);
+        wgmma_fence();
+        issue_dq<T, C>(dq, sdS, sK, wg);
+        wgmma_commit();
+        issue_kv_grad<T, C>(dk, da, sQ);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs<32>(dq);
+        fence_regs<D / 2>(dv);
+        fence_regs<BM / 4>(&pa[0][0]);
       } else {
         dq_product<T, C>(dq, dk, dv, pa, da, sdS, sK, wg);
         if (lane == 0) mbar_arrive(empty(st_i));  // this warp's reads of Q, dO and the LD rows are done
       }
       flush_dq(r, h, q0);
+      if constexpr (C::kDkUnderFlush) {
+        wgmma_wait<0>();
+        fence_regs<D / 2>(dk);
+        fence_regs<BM / 4>(&da[0][0]);
+        if (lane == 0) mbar_arrive(empty(st_i));
+      }
     }
     if constexpr (C::kLateDk) {
       wgmma_wait<0>();  // the last dK product
@@ -806,12 +835,12 @@ void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStr
   // MHA), +9.5% non-causal, +3.7% packed.
   if constexpr (D == 64) {
     if (env_choice("PRIMUS_TURBO_ATTN_BWD_BM", {"64", "128"}, "128") == "128") {
-      // PRIMUS_TURBO_ATTN_BWD_DS_FIRST (read on every call, for A/B runs): 1 = the register-lean
-      // order of BwdWsConfig's kDsFirst, 0 = dV's product before dS^T and the late dK product.
-      if (env_choice("PRIMUS_TURBO_ATTN_BWD_DS_FIRST", {"0", "1"}, "1") == "1")
-        launch_ws_config<T, BwdWsConfig<64, 2, 1, 128, true>>(prm, ptrs, stream);
-      else
-        launch_ws_config<T, BwdWsConfig<64, 2, 1, 128>>(prm, ptrs, stream);
+      // PRIMUS_TURBO_ATTN_BWD_DS_FIRST (read on every call, for A/B runs): BwdWsConfig's Order_,
+      // 2 (default) and 1 the register-lean orders, 0 dV's product before dS^T and the late dK.
+      const std::string order = env_choice("PRIMUS_TURBO_ATTN_BWD_DS_FIRST", {"0", "1", "2"}, "2");
+      if (order == "2") launch_ws_config<T, BwdWsConfig<64, 2, 1, 128, 2>>(prm, ptrs, stream);
+      else if (order == "1") launch_ws_config<T, BwdWsConfig<64, 2, 1, 128, 1>>(prm, ptrs, stream);
+      else launch_ws_config<T, BwdWsConfig<64, 2, 1, 128>>(prm, ptrs, stream);
       return;
     }
   }
