@@ -486,7 +486,6 @@ struct BwdWsConfig : BwdSm90Config<D_> {
   // 1 vs 0 +9-13%, 2 vs 1 +1.5-2.6% at GPT-2 and Llama-like shapes. A fourth order (dV's product
   // before dS^T, with dS^T formed from P^T's bf16 fragments so the f32 P^T need not stay live)
   // measured 6-8% below 2 and changed dQ / dK beyond the sm90 kernel's check: dropped.
-  static constexpr int kOrder = Order_;
   static constexpr bool kDsFirst = Order_ == 1 || Order_ == 2;
   static constexpr bool kDkUnderFlush = Order_ == 2;
   static_assert(Order_ == 0 || BM == 128, "the register-lean orders are the 128-query tiles'");
