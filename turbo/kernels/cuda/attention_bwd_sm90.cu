@@ -659,10 +659,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       fence_proxy_async();
       if (elected) bulk_wait_read<C::kDqBufs - 1>();
       named_sync(ds_bar, ds_bar_count);
-      if constexpr (C::kLateDk) {
+      if constexpr (C::kLateDk || C::kDkUnderFlush) {
         // dQ's product is committed before dK's, so waiting for it (and dV's) leaves dK's product
-        // running under the dQ staging and the next tile's S^T / dP^T; the Q slot dK reads is
-        // released once the next tile's S^T is ready (or after the walk).
+        // running under the dQ staging: kDkUnderFlush waits for it after the staging; kLateDk
+        // lets it run on under the next tile's S^T / dP^T too, and releases the Q slot dK reads
+        // once the next tile's S^T is ready (or after the walk).
         fence_regs<32>(dq);
         fence_regs<D / 2>(dk);
         wgmma_fence();
@@ -673,23 +674,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         wgmma_wait<1>();
         fence_regs<32>(dq);
         fence_regs<D / 2>(dv);
-        fence_regs<D / 2>(dk);
+        if constexpr (C::kLateDk) fence_regs<D / 2>(dk);
         fence_regs<BM / 4>(&pa[0][0]);
-        fence_regs<BM / 4>(&da[0][0]);
-        held = st_i;
-      } else if constexpr (C::kDkUnderFlush) {
-        // dQ's product, then dK's: waiting for dQ (and dV) leaves dK's running under the staging.
-        fence_regs<32>(dq);
-        fence_regs<D / 2>(dk);
-        wgmma_fence();
-        issue_dq<T, C>(dq, sdS, sK, wg);
-        wgmma_commit();
-        issue_kv_grad<T, C>(dk, da, sQ);
-        wgmma_commit();
-        wgmma_wait<1>();
-        fence_regs<32>(dq);
-        fence_regs<D / 2>(dv);
-        fence_regs<BM / 4>(&pa[0][0]);
+        if constexpr (C::kLateDk) {
+          fence_regs<BM / 4>(&da[0][0]);
+          held = st_i;
+        }
       } else {
         dq_product<T, C>(dq, dk, dv, pa, da, sdS, sK, wg);
         if (lane == 0) mbar_arrive(empty(st_i));  // this warp's reads of Q, dO and the LD rows are done

@@ -16,12 +16,7 @@ SHAPES=${SHAPES:-16384x3072x768+gelu,32768x3072x768+gelu}
 ROUNDS=${ROUNDS:-5}
 PROCS=${PROCS:-2}
 VALUES=${VALUES:-0,1,2}
-mkdir -p "$OUT" "$BIN"
-for f in "$CARRY"/*.gz; do gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"; done
-cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
-COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/env.txt"
+source bench/ops/carry_setup.sh  # $BIN, LD_LIBRARY_PATH, COMMIT, $OUT/env.txt
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader -lms 100 > "$OUT/smi.csv" 2>/dev/null &
 SMI=$!
 GTEST=${GTEST-"test_turbo_gpu:*DeferredGeluAux*:*GeluEpilogues*:*StagedEpilogue*:*Gpt2TrainingShapes*"}
