@@ -260,7 +260,8 @@ TEST_F(AttnGpu, Sm90WsSwitchesMatchReference) {
                               {"PRIMUS_TURBO_ATTN_FWD_FUSED_SCALE", "1", -0.09}, {"PRIMUS_TURBO_ATTN_BWD_ORDER", "heavy", 0.0},
                               {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group4", 0.0},
                               {"PRIMUS_TURBO_ATTN_BWD_ORDER", "group8", 0.0},    {"PRIMUS_TURBO_ATTN_BWD_BM", "64", 0.0},
-                              {"PRIMUS_TURBO_ATTN_BWD_BM", "128", 0.0}};
+                              {"PRIMUS_TURBO_ATTN_BWD_BM", "128", 0.0},          {"PRIMUS_TURBO_ATTN_BWD_DS_FIRST", "0", 0.0},
+                              {"PRIMUS_TURBO_ATTN_BWD_DS_FIRST", "1", 0.0},      {"PRIMUS_TURBO_ATTN_BWD_DS_FIRST", "2", 0.0}};
   for (const Variant& v : variants)
     for (int64_t D : {int64_t{64}, int64_t{128}}) {
       SCOPED_TRACE(fmt::format("{}={} scale={} D={}", v.var, v.value, v.scale, D));

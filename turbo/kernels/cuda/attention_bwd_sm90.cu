@@ -452,7 +452,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_sm90_kernel(const Fl
 // once, then per query tile Q, dO and the tile's (lse in base 2, delta) rows into a two-stage ring
 // with full / empty mbarriers. The two consumer warpgroups never wait for a block-wide barrier:
 // per tile, S^T and dP^T are issued as two groups, P^T is computed while dP^T runs and dV's
-// product is issued before dS^T is formed; dK's product runs while the warpgroups meet at one
+// product is issued before dS^T is formed (the 128-query tiles at head_dim 64 form dS^T first,
+// for registers: BwdWsConfig's Order_); dK's product runs while the warpgroups meet at one
 // named barrier (head_dim 128 and 128-query tiles: dQ's product needs both warpgroups' dS^T rows;
 // head_dim 64 with 64-query tiles: each warpgroup's dQ partial uses its own rows only, so the
 // barrier is its own); dS^T is double-
@@ -638,14 +639,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         if constexpr (!C::kDkUnderFlush) issue_kv_grad<T, C>(dk, da, sQ);
         wgmma_commit();
       } else {
-      probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
-      fence_regs<D / 2>(dv);
-      wgmma_fence();
-      issue_kv_grad<T, C>(dv, pa, sdO);
-      wgmma_commit();
-      wgmma_wait<1>();  // dP^T ready, dV's product may still run
-      fence_regs<BM / 2>(dp);
-      score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
+        probabilities<T, C>(st, pa, lse, 1.0f, scale_log2, w.need_mask(prm, q0, BM, BN), q0, T_len, prm.causal, kr, lt);
+        fence_regs<D / 2>(dv);
+        wgmma_fence();
+        issue_kv_grad<T, C>(dv, pa, sdO);
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T ready, dV's product may still run
+        fence_regs<BM / 2>(dp);
+        score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
       }
       if constexpr (!C::kLateDk && !C::kDsFirst && !C::kDkUnderFlush) {
         fence_regs<D / 2>(dk);
