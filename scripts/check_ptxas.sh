@@ -8,7 +8,7 @@
 # kernel does not match ALLOW (an extended regex over mangled names; default: order 0 of the
 # 128-query backward, kept for A/B runs, which serialises by design).
 # Usage: scripts/check_ptxas.sh NVCC SOURCE_ROOT FILE...      (FILE relative to SOURCE_ROOT)
-# Registered as the CTest test ptxas_wgmma_not_serialised (turbo/kernels/cuda/CMakeLists.txt).
+# Registered as the CTest unit test ptxas_wgmma_not_serialised (tests/turbo_gpu/CMakeLists.txt).
 set -u
 nvcc=$1 root=$2
 shift 2

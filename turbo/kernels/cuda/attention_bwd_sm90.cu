@@ -108,6 +108,14 @@ __device__ __forceinline__ void issue_st_dpt(float* st, float* dp, uint32_t k_wg
   wgmma_commit();
 }
 
+// Column group i (4 values of the accumulator layout) of a 64 x BM tile as half of the A fragment
+// of k-step i / 2: (i even) a0, a1, (odd) a2, a3.
+template <class T>
+__device__ __forceinline__ void pack_group(uint32_t (*a)[4], int i, const float* v) {
+  a[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(v[0], v[1]);
+  a[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(v[2], v[3]);
+}
+
 // st: S^T in, P^T = exp(scale S^T - lse) out (f32; masked entries exactly 0); pa: P^T as the A
 // fragments of dV's product. lse holds the tile's rows' log-sum-exp times lse_mul (kLog2e for the
 // natural-log values, 1 for values already in base 2).
@@ -130,10 +138,7 @@ __device__ __forceinline__ void probabilities(float* st, uint32_t (*pa)[4], cons
       }
       st[i * 4 + e] = v;
     }
-    if constexpr (kPack) {
-      pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(st[i * 4 + 0], st[i * 4 + 1]);
-      pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(st[i * 4 + 2], st[i * 4 + 3]);
-    }
+    if constexpr (kPack) pack_group<T>(pa, i, st + i * 4);
   }
 }
 
@@ -141,10 +146,7 @@ __device__ __forceinline__ void probabilities(float* st, uint32_t (*pa)[4], cons
 template <class T, class C>
 __device__ __forceinline__ void pack_probabilities(const float* st, uint32_t (*pa)[4]) {
 #pragma unroll
-  for (int i = 0; i < C::BM / 8; ++i) {
-    pa[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(st[i * 4 + 0], st[i * 4 + 1]);
-    pa[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(st[i * 4 + 2], st[i * 4 + 3]);
-  }
+  for (int i = 0; i < C::BM / 8; ++i) pack_group<T>(pa, i, st + i * 4);
 }
 
 // dS^T = P^T (dP^T - delta) scale as the A fragments of dK's product (da), also stored into the
@@ -159,8 +161,7 @@ __device__ __forceinline__ void score_grads(const float* pt, const float* dp, ui
     float dsv[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) dsv[e] = pt[i * 4 + e] * (dp[i * 4 + e] - delta[i * 8 + 2 * lt + (e & 1)]) * scale;
-    da[i / 2][(i & 1) * 2 + 0] = Mma<T>::pack(dsv[0], dsv[1]);
-    da[i / 2][(i & 1) * 2 + 1] = Mma<T>::pack(dsv[2], dsv[3]);
+    pack_group<T>(da, i, dsv);
     const int col = i * 8 + 2 * lt;
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>::offset(row, col)), "r"(da[i / 2][(i & 1) * 2 + 0]));
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + Sw128<BN>::offset(row + 8, col)), "r"(da[i / 2][(i & 1) * 2 + 1]));
@@ -648,7 +649,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         fence_regs<BM / 2>(dp);
         score_grads<T, C>(st, dp, da, delta, scale, sdS, wg * 64 + wl * 16 + lg, lt);
       }
-      if constexpr (!C::kLateDk && !C::kDsFirst && !C::kDkUnderFlush) {
+      if constexpr (!C::kLateDk && !C::kDsFirst) {  // (kDkUnderFlush implies kDsFirst)
         fence_regs<D / 2>(dk);
         wgmma_fence();
         issue_kv_grad<T, C>(dk, da, sQ);

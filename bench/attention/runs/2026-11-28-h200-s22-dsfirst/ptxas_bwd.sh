@@ -1,7 +1,9 @@
 #!/bin/bash
 # ptxas -v of turbo/kernels/cuda/attention_bwd_sm90.cu alone (needs a configured build-cuda): C7512 / spills / registers per warp-specialised backward kernel (session 22)
-cd /work/main/build-cuda/turbo/kernels/cuda
-/usr/local/cuda/bin/nvcc -DFMT_HEADER_ONLY=1 -DFMT_SHARED -DPRIMUS_VERSION=\"0.1.0\" -DSPDLOG_FMT_EXTERNAL --options-file CMakeFiles/primus_turbo_cuda.dir/includes_CUDA.rsp -O3 -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] -Xcompiler=-fPIC --expt-relaxed-constexpr -lineinfo -Xptxas=-warn-spills -Xptxas=-v -std=c++17 -c /work/main/turbo/kernels/cuda/attention_bwd_sm90.cu -o /tmp/bwd_sm90.o > /tmp/ccbwd.log 2>&1
+# From the repository root (paths below are relative to it). scripts/check_ptxas.sh is the CTest form of the C7512 check.
+root=$PWD
+cd build-cuda/turbo/kernels/cuda || exit 1
+/usr/local/cuda/bin/nvcc -DFMT_HEADER_ONLY=1 -DFMT_SHARED -DPRIMUS_VERSION=\"0.1.0\" -DSPDLOG_FMT_EXTERNAL --options-file CMakeFiles/primus_turbo_cuda.dir/includes_CUDA.rsp -O3 -DNDEBUG --generate-code=arch=compute_90a,code=[sm_90a] -Xcompiler=-fPIC --expt-relaxed-constexpr -lineinfo -Xptxas=-warn-spills -Xptxas=-v -std=c++17 -c "$root/turbo/kernels/cuda/attention_bwd_sm90.cu" -o /tmp/bwd_sm90.o > /tmp/ccbwd.log 2>&1
 echo rc=$?
 python3 - <<'PY'
 import re
