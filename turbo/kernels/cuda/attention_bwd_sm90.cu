@@ -91,19 +91,21 @@ __device__ __forceinline__ void issue_st_dpt(float* st, float* dp, uint32_t k_wg
   constexpr int D = C::D, BN = C::BN, BM = C::BM;
   fence_regs<BM / 2>(st);
   fence_regs<BM / 2>(dp);
+  const uint64_t dk = make_desc(k_wg, 16, 1024), dv = make_desc(v_wg, 16, 1024), dq = make_desc(sQ, 16, 1024),
+                 ddo = make_desc(sdO, 16, 1024);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk / 4) * Sw128<BN>::kSlab + (kk % 4) * 32;
     const uint32_t qoff = (kk / 4) * Sw128<BM>::kSlab + (kk % 4) * 32;
-    Wgmma<T>::template ss<BM>(st, make_desc(k_wg + koff, 16, 1024), make_desc(sQ + qoff, 16, 1024), kk > 0);
+    Wgmma<T>::template ss<BM>(st, desc_plus(dk, koff), desc_plus(dq, qoff), kk > 0);
   }
   if constexpr (kTwoGroups) wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk / 4) * Sw128<BN>::kSlab + (kk % 4) * 32;
     const uint32_t qoff = (kk / 4) * Sw128<BM>::kSlab + (kk % 4) * 32;
-    Wgmma<T>::template ss<BM>(dp, make_desc(v_wg + koff, 16, 1024), make_desc(sdO + qoff, 16, 1024), kk > 0);
+    Wgmma<T>::template ss<BM>(dp, desc_plus(dv, koff), desc_plus(ddo, qoff), kk > 0);
   }
   wgmma_commit();
 }
@@ -173,7 +175,9 @@ __device__ __forceinline__ void score_grads(const float* pt, const float* dp, ui
 template <class T, class C>
 __device__ __forceinline__ void issue_kv_grad(float* acc, uint32_t (*a)[4], uint32_t sB) {
 #pragma unroll
-  for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<T>::template rs_tb<C::D>(acc, a[kk], make_desc(sB + kk * 2048, Sw128<C::BM>::kSlab, 1024));
+  const uint64_t db = make_desc(sB, Sw128<C::BM>::kSlab, 1024);
+#pragma unroll
+  for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<T>::template rs_tb<C::D>(acc, a[kk], desc_plus(db, kk * 2048));
 }
 
 // dq (64 queries x 64 columns) = dS K: head_dim 128, this warpgroup's 64 columns over all BN keys;
@@ -181,23 +185,14 @@ __device__ __forceinline__ void issue_kv_grad(float* acc, uint32_t (*a)[4], uint
 // query rows (dS^T's column slab wg) over all BN keys. No fence or commit.
 template <class T, class C>
 __device__ __forceinline__ void issue_dq(float* dq, uint32_t sdS, uint32_t sK, int wg) {
-  constexpr int BN = C::BN;
-  if constexpr (C::kDqRows) {
+  constexpr int BN = C::BN, kSteps = C::kDqRows || C::kSplitN ? BN / 16 : 64 / 16;
+  // A = dS (dS^T's column slab wg with kDqRows), B = K (column slab wg with kSplitN); without
+  // either, both start at this warpgroup's 64 keys.
+  const uint32_t a0 = C::kDqRows ? sdS + wg * Sw128<BN>::kSlab : C::kSplitN ? sdS : sdS + wg * 4 * 2048;
+  const uint32_t b0 = C::kDqRows ? sK : C::kSplitN ? sK + wg * Sw128<BN>::kSlab : sK + wg * 4 * 2048;
+  const uint64_t da = make_desc(a0, Sw128<BN>::kSlab, 1024), db = make_desc(b0, Sw128<BN>::kSlab, 1024);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + wg * Sw128<BN>::kSlab + kk * 2048, Sw128<BN>::kSlab, 1024),
-                                   make_desc(sK + kk * 2048, Sw128<BN>::kSlab, 1024), kk > 0);
-  } else if constexpr (C::kSplitN) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + kk * 2048, Sw128<BN>::kSlab, 1024),
-                                   make_desc(sK + wg * Sw128<BN>::kSlab + kk * 2048, Sw128<BN>::kSlab, 1024), kk > 0);
-  } else {
-#pragma unroll
-    for (int kk = 0; kk < 64 / 16; ++kk)
-      Wgmma<T>::template ss_tt<64>(dq, make_desc(sdS + (wg * 4 + kk) * 2048, Sw128<BN>::kSlab, 1024),
-                                   make_desc(sK + (wg * 4 + kk) * 2048, Sw128<BN>::kSlab, 1024), kk > 0);
-  }
+  for (int kk = 0; kk < kSteps; ++kk) Wgmma<T>::template ss_tt<64>(dq, desc_plus(da, kk * 2048), desc_plus(db, kk * 2048), kk > 0);
 }
 
 // dQ's product issued and waited for (with every product still in flight: dV's and dK's), the
