@@ -19,14 +19,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "probe_check.h"
 
 template <bool kWait, bool kTrigger>
 __global__ void pass(float4* __restrict__ dst, const float4* __restrict__ src, long n) {

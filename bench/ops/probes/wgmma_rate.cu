@@ -19,18 +19,10 @@
 
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/attention_wgmma_ops.cuh"
+#include "probe_check.h"
 
 using namespace primus::turbo::cuda::attn;
 using T = __nv_bfloat16;
-
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 template <int N, bool kRs>
 __global__ void __launch_bounds__(384, 1) wgmma_rate(int iters, float* sink, long long* cycles) {

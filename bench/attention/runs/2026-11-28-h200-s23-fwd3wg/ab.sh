@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
-# Session 23: TURBO attention switches at head_dim 64 in one device call: the warp-specialised
-# attention GPU tests, then an in-process A/B (`primus benchmark attention --ab VAR=VALUES`, default
-# PRIMUS_TURBO_ATTN_FWD_WGS=2,3: the forward's two or three consumer warpgroups), then CUDNN.
+# Session 23: one TURBO attention switch in one device call: the warp-specialised attention GPU tests
+# (GTEST_FILTER), then an in-process A/B (`primus benchmark attention --ab VAR=VALUES`, ROUNDS rounds)
+# over SHAPES, then CUDNN on the same shapes. Defaults: PRIMUS_TURBO_ATTN_FWD_WGS=2,3 (the forward's two
+# or three consumer warpgroups) at head_dim 64. Carry .carry-attn: primus.gz, test_attention_gpu.gz.
 #   run(command="OUT=$OUT bash bench/attention/runs/2026-11-28-h200-s23-fwd3wg/ab.sh", carry=[".carry-attn"])
 set -u
-OUT=${OUT:-/tmp/ab-out}
-BIN=/tmp/ab-bin
-mkdir -p "$OUT" "$BIN"
-for f in .carry-attn/*.gz; do gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"; done
-cp .carry-attn/lib*.so* "$BIN/" 2>/dev/null
+OUT=${OUT:-/tmp/ab-out} BIN=/tmp/ab-bin CARRY=.carry-attn
+source bench/ops/carry_setup.sh
 cudnn=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
-export LD_LIBRARY_PATH=$BIN:${cudnn:-/x}:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+export LD_LIBRARY_PATH=${cudnn:-/x}:$LD_LIBRARY_PATH
 timeout "${TEST_TIMEOUT:-300}" "$BIN/test_attention_gpu" --gtest_brief=1 --gtest_filter="${GTEST_FILTER:-*Sm90Ws*:*Packed*:*Gqa*:*Varlen*}" > "$OUT/tests.log" 2>&1
 echo "test_attention_gpu rc=$?"; grep -E "FAILED|PASSED|Failure" "$OUT/tests.log" | tail -12
 SHAPES=${SHAPES:-16x1024x12x12x64,16x1024x12x12x64:packed,8x2048x32x8x64:packed,4x4096x16x16x64}
