@@ -174,7 +174,6 @@ __device__ __forceinline__ void score_grads(const float* pt, const float* dp, ui
 // dV += P^T dO and dK += dS^T Q. No fence or commit.
 template <class T, class C>
 __device__ __forceinline__ void issue_kv_grad(float* acc, uint32_t (*a)[4], uint32_t sB) {
-#pragma unroll
   const uint64_t db = make_desc(sB, Sw128<C::BM>::kSlab, 1024);
 #pragma unroll
   for (int kk = 0; kk < C::BM / 16; ++kk) Wgmma<T>::template rs_tb<C::D>(acc, a[kk], desc_plus(db, kk * 2048));
