@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "turbo/kernels/cuda/attention_sm90_common.cuh"
 #include "turbo/kernels/cuda/attention_wgmma_ops.cuh"
@@ -86,8 +87,8 @@ void run(int iters, int wgs, int sms, float* sink, long long* cycles) {
   CHECK(cudaEventSynchronize(e1));
   float ms = 0.0f;
   CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  static long long host[132 * 3 * 4];
-  CHECK(cudaMemcpy(host, cycles, sizeof(long long) * sms * 3, cudaMemcpyDeviceToHost));
+  std::vector<long long> host(static_cast<size_t>(sms) * 3);
+  CHECK(cudaMemcpy(host.data(), cycles, sizeof(long long) * host.size(), cudaMemcpyDeviceToHost));
   long long worst = 0;
   for (int b = 0; b < sms; ++b)
     for (int w = 0; w < wgs; ++w) worst = host[b * 3 + w] > worst ? host[b * 3 + w] : worst;
