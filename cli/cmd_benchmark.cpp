@@ -67,7 +67,7 @@ void setup_benchmark(CLI::App& app) {
   });
 }
 
-CommandRegistrar reg({"benchmark", "Time Turbo's ops per kernel backend against the device's measured ceilings",
+CommandRegistrar reg_benchmark({"benchmark", "Time Turbo's ops per kernel backend against the device's measured ceilings",
                       setup_benchmark});
 
 }  // namespace

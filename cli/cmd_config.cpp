@@ -52,7 +52,7 @@ void setup_config(CLI::App& app) {
   });
 }
 
-CommandRegistrar reg({"config", "Inspect configs (show --explain)", setup_config});
+CommandRegistrar reg_config({"config", "Inspect configs (show --explain)", setup_config});
 
 }  // namespace
 }  // namespace primus::cli

@@ -119,7 +119,7 @@ void setup_data(CLI::App& app) {
   setup_inspect(app);
 }
 
-CommandRegistrar reg({"data", "Prepare, encode and inspect training data", setup_data});
+CommandRegistrar reg_data({"data", "Prepare, encode and inspect training data", setup_data});
 
 }  // namespace
 }  // namespace primus::cli

@@ -40,7 +40,7 @@ void setup_launch(CLI::App& sub) {
   });
 }
 
-CommandRegistrar reg({"launch", "Start this node's ranks of a multi-process job (torchrun-style)", setup_launch});
+CommandRegistrar reg_launch({"launch", "Start this node's ranks of a multi-process job (torchrun-style)", setup_launch});
 
 }  // namespace
 }  // namespace primus::cli

@@ -91,7 +91,7 @@ void setup_patches(CLI::App& app) {
   });
 }
 
-CommandRegistrar reg({"patches", "The patch inventory (list, show)", setup_patches});
+CommandRegistrar reg_patches({"patches", "The patch inventory (list, show)", setup_patches});
 
 void setup_backends(CLI::App& app) {
   app.callback([] {

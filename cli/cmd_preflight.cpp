@@ -59,7 +59,7 @@ void setup_preflight(CLI::App& sub) {
   });
 }
 
-CommandRegistrar reg({"preflight", "Check the GPUs, NCCL and all-reduce bandwidth before a (multi-)GPU run",
+CommandRegistrar reg_preflight({"preflight", "Check the GPUs, NCCL and all-reduce bandwidth before a (multi-)GPU run",
                       setup_preflight});
 
 }  // namespace

@@ -33,7 +33,7 @@ void setup_train(CLI::App& app) {
   });
 }
 
-CommandRegistrar reg({"train", "Train a model (stages: pretrain)", setup_train});
+CommandRegistrar reg_train({"train", "Train a model (stages: pretrain)", setup_train});
 
 }  // namespace
 }  // namespace primus::cli

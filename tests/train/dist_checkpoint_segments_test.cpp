@@ -26,29 +26,29 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int64_t kTotal = 37;
+constexpr int64_t kSegTotal = 37;
 const std::vector<std::string> kNames = {"exp_avg", "exp_avg_sq"};
 
 // Values whose bits are all different: a misplaced element shows.
-float m_at(int64_t i) { return 1.0f / static_cast<float>(i + 1) + static_cast<float>(i); }
-float v_at(int64_t i) { return std::sqrt(static_cast<float>(i) + 0.25f) * 1e-3f; }
+float seg_m_at(int64_t i) { return 1.0f / static_cast<float>(i + 1) + static_cast<float>(i); }
+float seg_v_at(int64_t i) { return std::sqrt(static_cast<float>(i) + 0.25f) * 1e-3f; }
 
 // The cuda trainer's sharding at a small scale (backends/cuda/data_parallel.h): the buffer padded
 // to a multiple of the granule (4 x world here, 64 x world there), cut top down into 3 buckets
 // at granule multiples, each bucket cut into `world` chunks; rank r owns chunk r of each bucket,
-// in bucket order, clipped to kTotal. For 2 ranks: buckets [16, 40), [8, 16), [0, 8); rank 1 owns
+// in bucket order, clipped to kSegTotal. For 2 ranks: buckets [16, 40), [8, 16), [0, 8); rank 1 owns
 // [28, 37) (3 padding elements cut off), [12, 16), [4, 8). For 3 ranks rank 2's chunk of the top
 // bucket is all padding and left out.
 FlatSharding cuda_like(int world) {
-  const int64_t g = 4 * world, padded = (kTotal + g - 1) / g * g, a = g * std::max<int64_t>(1, padded / g / 3);
+  const int64_t g = 4 * world, padded = (kSegTotal + g - 1) / g * g, a = g * std::max<int64_t>(1, padded / g / 3);
   const std::vector<FlatSegment> buckets = {{2 * a, padded}, {a, 2 * a}, {0, a}};
-  FlatSharding s{kTotal, {}};
-  for (int r = 0; r < world; ++r) s.ranks.push_back(bucket_chunk_segments(buckets, kTotal, r, world));
+  FlatSharding s{kSegTotal, {}};
+  for (int r = 0; r < world; ++r) s.ranks.push_back(bucket_chunk_segments(buckets, kSegTotal, r, world));
   return s;
 }
-FlatSharding contiguous(int world) { return flat_sharding(shard_layout(kTotal, world)); }
+FlatSharding contiguous(int world) { return flat_sharding(shard_layout(kSegTotal, world)); }
 
-// The elements of `segs` of m_at / v_at, concatenated: what a rank holding them keeps.
+// The elements of `segs` of seg_m_at / seg_v_at, concatenated: what a rank holding them keeps.
 std::vector<float> pack(const std::vector<FlatSegment>& segs, float (*f)(int64_t)) {
   std::vector<float> out;
   for (const auto& s : segs) {
@@ -69,7 +69,7 @@ fsys::path save(const fsys::path& dir, const FlatSharding& sharding) {
   dist::TcpStore host("127.0.0.1", 0, true, Ms(5000));
   auto out = dist::run_ranks(host, sharding.world(), Ms(5000), [&](dist::ProcessGroup& pg) {
     const auto& segs = sharding.ranks[static_cast<size_t>(pg.rank())];
-    std::vector<float> m = pack(segs, m_at), v = pack(segs, v_at);
+    std::vector<float> m = pack(segs, seg_m_at), v = pack(segs, seg_v_at);
     io::CheckpointData d = pg.rank() == 0 ? rank0_data() : io::CheckpointData{};
     save_data_parallel(pg, dir, 7, d, &sharding, {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, {});
   });
@@ -81,11 +81,11 @@ fsys::path save(const fsys::path& dir, const FlatSharding& sharding) {
 // for bit.
 void expect_bit_identical(const fsys::path& ck, const FlatSharding& load, const std::string& label) {
   io::CheckpointData data = io::load_checkpoint(ck, false);
-  std::vector<float> m(kTotal, NAN), v(kTotal, NAN);
+  std::vector<float> m(kSegTotal, NAN), v(kSegTotal, NAN);
   for (int r = 0; r < load.world(); ++r) {
     const auto& segs = load.ranks[static_cast<size_t>(r)];
     std::vector<float> pm(static_cast<size_t>(load.count(r)), NAN), pv(pm.size(), NAN);
-    read_flat_states(data, ck, kNames, kTotal, segs, {pm.data(), pv.data()});
+    read_flat_states(data, ck, kNames, kSegTotal, segs, {pm.data(), pv.data()});
     int64_t off = 0;
     for (const auto& s : segs) {
       std::memcpy(&m[s.begin], &pm[off], sizeof(float) * s.size());
@@ -93,9 +93,9 @@ void expect_bit_identical(const fsys::path& ck, const FlatSharding& load, const 
       off += s.size();
     }
   }
-  const std::vector<float> em = pack({{0, kTotal}}, m_at), ev = pack({{0, kTotal}}, v_at);
-  EXPECT_EQ(std::memcmp(m.data(), em.data(), sizeof(float) * kTotal), 0) << label;
-  EXPECT_EQ(std::memcmp(v.data(), ev.data(), sizeof(float) * kTotal), 0) << label;
+  const std::vector<float> em = pack({{0, kSegTotal}}, seg_m_at), ev = pack({{0, kSegTotal}}, seg_v_at);
+  EXPECT_EQ(std::memcmp(m.data(), em.data(), sizeof(float) * kSegTotal), 0) << label;
+  EXPECT_EQ(std::memcmp(v.data(), ev.data(), sizeof(float) * kSegTotal), 0) << label;
 }
 
 void expect_loads_everywhere(const fsys::path& ck, const std::string& saved) {
@@ -103,7 +103,7 @@ void expect_loads_everywhere(const fsys::path& ck, const std::string& saved) {
     expect_bit_identical(ck, cuda_like(w), saved + " -> per-bucket shards at " + std::to_string(w));
     expect_bit_identical(ck, contiguous(w), saved + " -> contiguous shards at " + std::to_string(w));
   }
-  expect_bit_identical(ck, FlatSharding{kTotal, {{{0, kTotal}}}}, saved + " -> whole");
+  expect_bit_identical(ck, FlatSharding{kSegTotal, {{{0, kSegTotal}}}}, saved + " -> whole");
 }
 
 // A checkpoint written by hand (io::save_checkpoint adopting shard files): shard file r holds the
@@ -114,7 +114,7 @@ fsys::path write_by_hand(const fsys::path& save_dir, const std::vector<std::vect
   io::SaveOptions so;
   const int world = static_cast<int>(data_segs.size());
   for (int r = 0; r < world; ++r) {
-    std::vector<float> m = pack(data_segs[r], m_at), v = pack(data_segs[r], v_at);
+    std::vector<float> m = pack(data_segs[r], seg_m_at), v = pack(data_segs[r], seg_v_at);
     io::SafetensorsWriter w;
     w.add_copy("exp_avg", io::DType::F32, {static_cast<int64_t>(m.size())}, m.data(), m.size() * sizeof(float));
     w.add_copy("exp_avg_sq", io::DType::F32, {static_cast<int64_t>(v.size())}, v.data(), v.size() * sizeof(float));
@@ -144,7 +144,7 @@ TEST(DistCheckpointSegments, SavedAtOneTwoThreeRanksLoadsAtOneTwoThreeBitIdentic
     EXPECT_EQ(saved_world_size(data), w);
     const json& sh = data.manifest.at("sharding");
     EXPECT_EQ(sh.at("scheme"), "zero1");
-    EXPECT_EQ(sh.at("total"), kTotal);
+    EXPECT_EQ(sh.at("total"), kSegTotal);
     ASSERT_EQ(sh.at("shards").size(), static_cast<size_t>(w));
     const FlatSharding saved = cuda_like(w);
     for (int r = 0; r < w; ++r) {
@@ -180,7 +180,7 @@ TEST(DistCheckpointSegments, ContiguousCheckpointsWrittenBeforeSegmentsStillLoad
   // Exactly what save_data_parallel wrote before segments (reference trainer, 2 ranks): each
   // shard entry and file has begin/end only, and "padded"/"shard" are in the manifest.
   primus::testing::TempDir tmp;
-  const ShardLayout l = shard_layout(kTotal, 2);
+  const ShardLayout l = shard_layout(kSegTotal, 2);
   json list = json::array();
   std::vector<std::vector<FlatSegment>> segs;
   std::vector<std::map<std::string, std::string>> meta;
@@ -190,7 +190,7 @@ TEST(DistCheckpointSegments, ContiguousCheckpointsWrittenBeforeSegmentsStillLoad
     meta.push_back({{"rank", std::to_string(r)}, {"world_size", "2"}, {"begin", std::to_string(l.begin(r))},
                     {"end", std::to_string(l.valid_end(r))}});
   }
-  const json sharding = {{"world_size", 2}, {"scheme", "zero1"}, {"total", kTotal}, {"padded", l.padded},
+  const json sharding = {{"world_size", 2}, {"scheme", "zero1"}, {"total", kSegTotal}, {"padded", l.padded},
                          {"shard", l.shard}, {"tensors", kNames}, {"shards", list}};
   const fsys::path ck = write_by_hand(tmp.path(), segs, meta, sharding);
   expect_loads_everywhere(ck, "pre-segment contiguous shards of 2");
@@ -201,12 +201,12 @@ TEST(DistCheckpointSegments, InconsistentShardingsAreRefusedNamingTheFile) {
   const fsys::path ck = save(tmp.path(), cuda_like(2));
   const io::CheckpointData good = io::load_checkpoint(ck, false);
   const std::string f0 = shard_file_name(0, 2), f1 = shard_file_name(1, 2);
-  std::vector<float> m(kTotal), v(kTotal);
+  std::vector<float> m(kSegTotal), v(kSegTotal);
   // read_flat_states on the checkpoint with its manifest's "sharding" edited by `edit`.
   auto read_edited = [&](const std::function<void(json&)>& edit) {
     io::CheckpointData d = io::load_checkpoint(ck, false);
     edit(d.manifest["sharding"]);
-    read_flat_states(d, ck, kNames, kTotal, 0, kTotal, {m.data(), v.data()});
+    read_flat_states(d, ck, kNames, kSegTotal, 0, kSegTotal, {m.data(), v.data()});
   };
   auto segs_of = [](json& sh, int r) -> json& { return sh["shards"][r]["segments"]; };
   // Rank 1's [4, 8) stretched to [2, 8) overlaps rank 0's [0, 4).
@@ -242,8 +242,8 @@ TEST(DistCheckpointSegments, InconsistentShardingsAreRefusedNamingTheFile) {
       {ck.string(), f0, "optimizer shard of rank 0 of 2", "says it holds segments [[16,28],[8,12],[0,4]]",
        "manifest.json lists [[28,37],[12,16],[4,8]]"});
   // The untouched checkpoint still reads.
-  read_flat_states(good, ck, kNames, kTotal, 0, kTotal, {m.data(), v.data()});
-  EXPECT_EQ(m[30], m_at(30));
+  read_flat_states(good, ck, kNames, kSegTotal, 0, kSegTotal, {m.data(), v.data()});
+  EXPECT_EQ(m[30], seg_m_at(30));
 }
 
 TEST(DistCheckpointSegments, ShardFileShorterThanItsSegmentsIsRefusedNamingIt) {
@@ -261,12 +261,12 @@ TEST(DistCheckpointSegments, ShardFileShorterThanItsSegmentsIsRefusedNamingIt) {
     meta[r] = {{"segments", segs.dump()}};
   }
   const fsys::path ck = write_by_hand(
-      tmp.path(), data, meta, {{"world_size", 2}, {"scheme", "zero1"}, {"total", kTotal}, {"shards", list}});
+      tmp.path(), data, meta, {{"world_size", 2}, {"scheme", "zero1"}, {"total", kSegTotal}, {"shards", list}});
   io::CheckpointData d = io::load_checkpoint(ck, false);
-  std::vector<float> m(kTotal), v(kTotal);
-  read_flat_states(d, ck, kNames, kTotal, 16, 28, {m.data(), v.data()});  // rank 0's file alone: fine
+  std::vector<float> m(kSegTotal), v(kSegTotal);
+  read_flat_states(d, ck, kNames, kSegTotal, 16, 28, {m.data(), v.data()});  // rank 0's file alone: fine
   primus::testing::expect_error<FormatError>(
-      [&] { read_flat_states(d, ck, kNames, kTotal, 0, kTotal, {m.data(), v.data()}); },
+      [&] { read_flat_states(d, ck, kNames, kSegTotal, 0, kSegTotal, {m.data(), v.data()}); },
       {ck.string(), shard_file_name(1, 2), "optimizer shard of rank 1 of 2", "lacks tensor 'exp_avg' as F32 of 17 elements",
        "3 segment(s)"});
 }
@@ -278,7 +278,7 @@ TEST(DistCheckpointSegments, SaveFailsOnEveryRankWithoutHangingAndInstallsNothin
     FlatSharding s = cuda_like(2);
     s.ranks[1][2] = {2, 8};
     dist::TcpStore host("127.0.0.1", 0, true, Ms(5000));
-    std::vector<float> buf(kTotal);
+    std::vector<float> buf(kSegTotal);
     auto out = dist::run_ranks(host, 2, Ms(5000), [&](dist::ProcessGroup& pg) {
       save_data_parallel(pg, tmp.path(), 7, rank0_data(), &s, {{"exp_avg", buf.data()}}, {});
     });
@@ -298,7 +298,7 @@ TEST(DistCheckpointSegments, SaveFailsOnEveryRankWithoutHangingAndInstallsNothin
   dist::TcpStore host("127.0.0.1", 0, true, Ms(5000));
   auto out = dist::run_ranks(host, 2, Ms(5000), [&](dist::ProcessGroup& pg) {
     const auto& segs = s.ranks[static_cast<size_t>(pg.rank())];
-    std::vector<float> m = pack(segs, m_at), v = pack(segs, v_at);
+    std::vector<float> m = pack(segs, seg_m_at), v = pack(segs, seg_v_at);
     save_data_parallel(pg, tmp.path(), 7, rank0_data(), &s, {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, {});
   });
   EXPECT_FALSE(out[0].ok);

@@ -33,6 +33,10 @@ class FunctionBackend final : public KernelBackend<Args> {
  public:
   using Check = std::function<std::string(const Args&)>;
   using Run = std::function<void(const Args&)>;
+  // Plain function pointers, for helpers that take an op's file-local functions by name: a name
+  // overloaded on Args (every op's source has its own `cpu_check`) resolves against these.
+  using CheckFn = std::string (*)(const Args&);
+  using RunFn = void (*)(const Args&);
   FunctionBackend(BackendType type, Check check, Run run)
       : type_(type), check_(std::move(check)), run_(std::move(run)) {}
 

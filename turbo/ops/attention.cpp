@@ -21,17 +21,17 @@
 namespace primus::turbo {
 namespace {
 
-struct Dims {
+struct AttentionDims {
   int64_t B, T, H, KVH, D;
 };
 
 int64_t num_docs(const AttentionOptions& o) { return o.cu_seqlens.defined() ? o.cu_seqlens.numel() - 1 : 0; }
 
-Dims validate_common(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+AttentionDims validate_common(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out, const TensorView& lse, const AttentionOptions& opt) {
   check_defined(q, op, "q");
   if (q.ndim != 4) throw RuntimeError(fmt::format("{}: q must be [B,T,H,D], got {}", op, q.describe()));
-  const Dims d{q.size(0), q.size(1), q.size(2), k.defined() && k.ndim == 4 ? k.size(2) : 0, q.size(3)};
+  const AttentionDims d{q.size(0), q.size(1), q.size(2), k.defined() && k.ndim == 4 ? k.size(2) : 0, q.size(3)};
   check_shape(k, {d.B, d.T, d.KVH, d.D}, op, "k");
   check_shape(v, {d.B, d.T, d.KVH, d.D}, op, "v");
   check_shape(out, {d.B, d.T, d.H, d.D}, op, "out");
@@ -59,13 +59,13 @@ Dims validate_common(const char* op, const TensorView& q, const TensorView& k, c
   return d;
 }
 
-Dims dims_of(const TensorView& q, const TensorView& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
+AttentionDims dims_of(const TensorView& q, const TensorView& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
 
 void validate(const AttentionForwardArgs& a) { validate_common("attention_forward", a.q, a.k, a.v, a.out, a.lse, a.opt); }
 
 void validate(const AttentionBackwardArgs& a) {
   const char* op = "attention_backward";
-  const Dims d = validate_common(op, a.q, a.k, a.v, a.out, a.lse, a.opt);
+  const AttentionDims d = validate_common(op, a.q, a.k, a.v, a.out, a.lse, a.opt);
   check_shape(a.dout, {d.B, d.T, d.H, d.D}, op, "dout");
   check_shape(a.dq, {d.B, d.T, d.H, d.D}, op, "dq");
   check_shape(a.dk, {d.B, d.T, d.KVH, d.D}, op, "dk");
@@ -86,7 +86,7 @@ bool any_strided(std::initializer_list<const TensorView*> ts) {
 
 // ---- CPU (reference) -----------------------------------------------------------------------
 
-cpu::AttentionParams cpu_params(const Dims& d, const AttentionOptions& o) {
+cpu::AttentionParams cpu_params(const AttentionDims& d, const AttentionOptions& o) {
   cpu::AttentionParams p;
   p.B = d.B, p.T = d.T, p.H = d.H, p.KVH = d.KVH, p.D = d.D;
   p.causal = o.causal;
@@ -151,7 +151,7 @@ TensorView rows_or_dense(detail::DenseRows& dense, const TensorView& t, bool in_
   return output ? dense.out(t) : dense.in(t);
 }
 
-cuda::FlashAttnParams flash_params(const Dims& d, DType dt, const AttentionOptions& o) {
+cuda::FlashAttnParams flash_params(const AttentionDims& d, DType dt, const AttentionOptions& o) {
   cuda::FlashAttnParams p;
   p.B = d.B, p.T = d.T, p.H = d.H, p.KVH = d.KVH, p.D = d.D;
   p.causal = o.causal;
@@ -220,7 +220,7 @@ void turbo_bwd(const AttentionBackwardArgs& args) {
 
 // ---- CUDNN -----------------------------------------------------------------------------------
 #ifdef PRIMUS_TURBO_WITH_CUDNN
-cudnn::SdpaShape sdpa_shape(const Dims& d, DType dt, bool causal) {
+cudnn::SdpaShape sdpa_shape(const AttentionDims& d, DType dt, bool causal) {
   cudnn::SdpaShape s;
   s.B = d.B, s.T = d.T, s.H = d.H, s.KVH = d.KVH, s.D = d.D;
   s.causal = causal;
@@ -297,19 +297,19 @@ constexpr BackendType kAttentionDefault = BackendType::CPU;
 
 // Registration order is the fallback order: cuDNN, Turbo's kernels, the reference.
 template <class Args>
-OpDispatcher<Args>* make_dispatcher(typename FunctionBackend<Args>::Check cudnn_check,
-                                    typename FunctionBackend<Args>::Run cudnn_run,
-                                    typename FunctionBackend<Args>::Check turbo_check,
-                                    typename FunctionBackend<Args>::Run turbo_run,
-                                    typename FunctionBackend<Args>::Check cpu_check,
-                                    typename FunctionBackend<Args>::Run cpu_run) {
+OpDispatcher<Args>* make_dispatcher(typename FunctionBackend<Args>::CheckFn cudnn_check,
+                                    typename FunctionBackend<Args>::RunFn cudnn_run,
+                                    typename FunctionBackend<Args>::CheckFn turbo_check,
+                                    typename FunctionBackend<Args>::RunFn turbo_run,
+                                    typename FunctionBackend<Args>::CheckFn cpu_check,
+                                    typename FunctionBackend<Args>::RunFn cpu_run) {
   // Both directions overwrite their outputs, so timing candidates (autotune) is harmless.
   auto* d = new OpDispatcher<Args>("attention", kAttentionDefault, DispatcherOptions{true, 256});
   if (cudnn_check && cudnn_run)
-    d->register_backend(make_backend<Args>(BackendType::CUDNN, std::move(cudnn_check), std::move(cudnn_run)));
+    d->register_backend(make_backend<Args>(BackendType::CUDNN, cudnn_check, cudnn_run));
   if (turbo_check && turbo_run)
-    d->register_backend(make_backend<Args>(BackendType::TURBO, std::move(turbo_check), std::move(turbo_run)));
-  d->register_backend(make_backend<Args>(BackendType::CPU, std::move(cpu_check), std::move(cpu_run)));
+    d->register_backend(make_backend<Args>(BackendType::TURBO, turbo_check, turbo_run));
+  d->register_backend(make_backend<Args>(BackendType::CPU, cpu_check, cpu_run));
   detail::install_cuda_hooks(*d);
   return d;
 }

@@ -12,16 +12,16 @@
 namespace primus::turbo {
 namespace {
 
-struct Dims {
+struct EmbeddingDims {
   int64_t B, T, C, V, max_pos;
 };
 
 // V and max_pos come from the tables (forward) or the gradient tables (backward).
-Dims validate(const EmbeddingArgs& a) {
+EmbeddingDims validate(const EmbeddingArgs& a) {
   const char* op = a.backward ? "embedding_backward" : "embedding_forward";
   check_shape(a.tokens, {-1, -1}, op, "tokens");
   check_dtype(a.tokens, DType::I32, op, "tokens");
-  Dims d{a.tokens.shape[0], a.tokens.shape[1], 0, 0, 0};
+  EmbeddingDims d{a.tokens.shape[0], a.tokens.shape[1], 0, 0, 0};
   const TensorView& table = a.backward ? a.dwte : a.wte;
   const TensorView& ptable = a.backward ? a.dwpe : a.wpe;
   check_shape(table, {-1, -1}, op, a.backward ? "dwte" : "wte");
@@ -53,7 +53,7 @@ std::string cpu_check(const EmbeddingArgs& a) {
   return detail::all_dtype(DType::F32, {{"out", &a.out}, {"dout", &a.dout}, {"wte", &a.wte}});
 }
 void cpu_run(const EmbeddingArgs& a) {
-  const Dims d = validate(a);
+  const EmbeddingDims d = validate(a);
   const int32_t* pos = a.positions.defined() ? a.positions.ptr<const int32_t>() : nullptr;
   if (!a.backward)
     cpu::embedding_forward(a.out.ptr<float>(), a.tokens.ptr<const int32_t>(), pos, a.wte.ptr<const float>(),
@@ -74,7 +74,7 @@ std::string turbo_check(const EmbeddingArgs& a) {
   return "";
 }
 void turbo_run(const EmbeddingArgs& a) {
-  const Dims d = validate(a);
+  const EmbeddingDims d = validate(a);
   const int32_t* pos = a.positions.defined() ? a.positions.ptr<const int32_t>() : nullptr;
   auto s = static_cast<cudaStream_t>(a.ctx.stream);
   if (!a.backward) {

@@ -47,14 +47,14 @@ void install_cuda_hooks(OpDispatcher<Args>& d) {
 // Ops that write in place or accumulate are not autotuned (timing would run them repeatedly).
 template <class Args>
 OpDispatcher<Args>* make_turbo_cpu_dispatcher(const char* op,
-                                              typename FunctionBackend<Args>::Check turbo_check,
-                                              typename FunctionBackend<Args>::Run turbo_run,
-                                              typename FunctionBackend<Args>::Check cpu_check,
-                                              typename FunctionBackend<Args>::Run cpu_run) {
+                                              typename FunctionBackend<Args>::CheckFn turbo_check,
+                                              typename FunctionBackend<Args>::RunFn turbo_run,
+                                              typename FunctionBackend<Args>::CheckFn cpu_check,
+                                              typename FunctionBackend<Args>::RunFn cpu_run) {
   auto* d = new OpDispatcher<Args>(op, kDeviceDefault, DispatcherOptions{false, 16});
   if (turbo_check && turbo_run)
-    d->register_backend(make_backend<Args>(BackendType::TURBO, std::move(turbo_check), std::move(turbo_run)));
-  d->register_backend(make_backend<Args>(BackendType::CPU, std::move(cpu_check), std::move(cpu_run)));
+    d->register_backend(make_backend<Args>(BackendType::TURBO, turbo_check, turbo_run));
+  d->register_backend(make_backend<Args>(BackendType::CPU, cpu_check, cpu_run));
   install_cuda_hooks(*d);
   return d;
 }
