@@ -6,6 +6,9 @@
 
 namespace primus::backends::cuda {
 
+// Bytes in GiB (2^30), for log lines and metrics.
+inline double gib(size_t bytes) { return static_cast<double>(bytes) / double(size_t{1} << 30); }
+
 struct DeviceInfo {
   int index = 0;
   std::string name;            // e.g. "NVIDIA H100 80GB HBM3"

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "backends/cuda/device.h"
 #include "core/util/error.h"
 #include "dist/nccl_library.h"
 #include "turbo/core/cuda_check.h"
@@ -21,7 +22,6 @@ namespace nccl = dist::nccl;
 namespace {
 
 std::string cuda_version_text(int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); }
-double gib(size_t b) { return static_cast<double>(b) / double(size_t{1} << 30); }
 
 void nccl_check(const nccl::Library& lib, nccl::Result r, const char* what) {
   if (r != nccl::Success) throw RuntimeError(fmt::format("preflight: {} failed: {}", what, nccl::describe(lib, r)));

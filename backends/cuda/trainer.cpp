@@ -28,10 +28,6 @@ namespace primus::backends::cuda {
 
 namespace fsys = std::filesystem;
 
-namespace {
-double gib(size_t bytes) { return static_cast<double>(bytes) / double(size_t{1} << 30); }
-}  // namespace
-
 CudaTrainer::CudaTrainer(std::shared_ptr<CudaArgs> args, CudaOps ops) : args_(std::move(args)), ops_(std::move(ops)) {}
 
 void CudaTrainer::setup() {

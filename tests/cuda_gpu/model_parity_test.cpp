@@ -47,12 +47,12 @@ double gradient_gate(bool llama) {
   return std::max(kGateFloor, kGateMargin * (llama ? kTorchAutocastWorstLlama : kTorchAutocastWorstGpt2));
 }
 
-struct Case {
+struct ModelCase {
   bool llama;
   Attn attn;
 };
 
-class ModelParityTest : public CudaGpuTest, public ::testing::WithParamInterface<Case> {};
+class ModelParityTest : public CudaGpuTest, public ::testing::WithParamInterface<ModelCase> {};
 
 TEST_P(ModelParityTest, LossAndEveryGradientMatchReference) {
   const auto [llama, attn] = GetParam();
@@ -77,8 +77,8 @@ TEST_P(ModelParityTest, LossAndEveryGradientMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, ModelParityTest,
-                         ::testing::Values(Case{false, Attn::Default}, Case{false, Attn::Fallback},
-                                           Case{true, Attn::Default}, Case{true, Attn::Fallback}),
+                         ::testing::Values(ModelCase{false, Attn::Default}, ModelCase{false, Attn::Fallback},
+                                           ModelCase{true, Attn::Default}, ModelCase{true, Attn::Fallback}),
                          [](const auto& info) {
                            return std::string(info.param.llama ? "Llama" : "Gpt2") +
                                   (info.param.attn == Attn::Default ? "Default" : "Fallback");

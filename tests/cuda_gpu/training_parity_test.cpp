@@ -10,12 +10,12 @@
 namespace primus::backends::cuda::testing {
 namespace {
 
-struct Case {
+struct TrainingCase {
   bool llama;
   Attn attn;
 };
 
-class TrainingParityTest : public CudaGpuTest, public ::testing::WithParamInterface<Case> {};
+class TrainingParityTest : public CudaGpuTest, public ::testing::WithParamInterface<TrainingCase> {};
 
 TEST_P(TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
   const auto [llama, attn] = GetParam();
@@ -66,8 +66,8 @@ INSTANTIATE_TEST_SUITE_P(Cuda, Fp8TrainingParityTest,
                          });
 
 INSTANTIATE_TEST_SUITE_P(Cuda, TrainingParityTest,
-                         ::testing::Values(Case{false, Attn::Default}, Case{true, Attn::Default},
-                                           Case{false, Attn::Fallback}, Case{true, Attn::Fallback}),
+                         ::testing::Values(TrainingCase{false, Attn::Default}, TrainingCase{true, Attn::Default},
+                                           TrainingCase{false, Attn::Fallback}, TrainingCase{true, Attn::Fallback}),
                          [](const auto& info) {
                            return std::string(info.param.llama ? "Llama" : "Gpt2") +
                                   (info.param.attn == Attn::Default ? "Default" : "Fallback");
