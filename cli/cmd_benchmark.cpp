@@ -67,8 +67,9 @@ void setup_benchmark(CLI::App& app) {
   });
 }
 
-CommandRegistrar reg_benchmark({"benchmark", "Time Turbo's ops per kernel backend against the device's measured ceilings",
-                      setup_benchmark});
+CommandRegistrar reg_benchmark({"benchmark",
+                                "Time Turbo's ops per kernel backend against the device's measured ceilings",
+                                setup_benchmark});
 
 }  // namespace
 }  // namespace primus::cli

@@ -40,7 +40,8 @@ void setup_launch(CLI::App& sub) {
   });
 }
 
-CommandRegistrar reg_launch({"launch", "Start this node's ranks of a multi-process job (torchrun-style)", setup_launch});
+CommandRegistrar reg_launch({"launch", "Start this node's ranks of a multi-process job (torchrun-style)",
+                             setup_launch});
 
 }  // namespace
 }  // namespace primus::cli

@@ -59,8 +59,9 @@ void setup_preflight(CLI::App& sub) {
   });
 }
 
-CommandRegistrar reg_preflight({"preflight", "Check the GPUs, NCCL and all-reduce bandwidth before a (multi-)GPU run",
-                      setup_preflight});
+CommandRegistrar reg_preflight({"preflight",
+                                "Check the GPUs, NCCL and all-reduce bandwidth before a (multi-)GPU run",
+                                setup_preflight});
 
 }  // namespace
 }  // namespace primus::cli

@@ -48,7 +48,8 @@ if [ -z "$TARGETS" ]; then
 fi
 if [ "$BUILD" = 1 ]; then
   cmake -S . -B "$BUILD_DIR" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_C_COMPILER="$CC" -DPRIMUS_FUZZ=ON \
-    -DPRIMUS_CUDA=OFF -DPRIMUS_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    -DPRIMUS_CUDA=OFF -DPRIMUS_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_UNITY_BUILD="${PRIMUS_UNITY_BUILD:-ON}" -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 >/dev/null
   cmake --build "$BUILD_DIR" -j "$(nproc)" --target $(for t in $TARGETS; do echo "fuzz_$t"; done)
 fi
 

@@ -59,7 +59,9 @@ AttentionDims validate_common(const char* op, const TensorView& q, const TensorV
   return d;
 }
 
-AttentionDims dims_of(const TensorView& q, const TensorView& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
+AttentionDims dims_of(const TensorView& q, const TensorView& k) {
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+}
 
 void validate(const AttentionForwardArgs& a) { validate_common("attention_forward", a.q, a.k, a.v, a.out, a.lse, a.opt); }
 
