@@ -161,17 +161,21 @@ __device__ __forceinline__ float cluster_combine(float* stat) {
 // value: one 16-byte shared-memory load (a reference made it one load per element, 30% slower).
 __device__ __forceinline__ void fold_vec(const Vec<bf16> v, int j, int cols, float& m, float& s) {
   constexpr int W = Vec<bf16>::kSize;
-  float vmax = -INFINITY;
+  // Per vector, not per element: the kernels are near instruction-issue bound (NOTES session 24 (9)),
+  // and only the last vector of a slice can hold padding.
+  const bool whole = (j + 1) * W <= cols;
+  float x[W];
 #pragma unroll
-  for (int e = 0; e < W; ++e)
-    if (j * W + e < cols) vmax = fmaxf(vmax, v.get(e));
+  for (int e = 0; e < W; ++e) x[e] = whole || j * W + e < cols ? v.get(e) : -INFINITY;
+  float vmax = x[0];
+#pragma unroll
+  for (int e = 1; e < W; ++e) vmax = fmaxf(vmax, x[e]);
   if (vmax == -INFINITY) return;  // padding only, or a -inf run
   const float nm = fmaxf(m, vmax);
   const float nm2 = -nm * kLog2e;
   float add = 0.0f;
 #pragma unroll
-  for (int e = 0; e < W; ++e)
-    if (j * W + e < cols) add += ex2(fmaf(v.get(e), kLog2e, nm2));
+  for (int e = 0; e < W; ++e) add += ex2(fmaf(x[e], kLog2e, nm2));  // padding: ex2(-inf) = 0
   s = s * ex2((m - nm) * kLog2e) + add;  // m = -inf: s is 0 and ex2(-inf) is 0
   m = nm;
 }
@@ -227,11 +231,17 @@ __device__ __forceinline__ void finish_row(const Vec<bf16>* buf, float m, float 
     for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
       const Vec<bf16> v = buf[j];
       Vec<bf16> out;
+      if ((j + 1) * W <= cols && static_cast<unsigned>(tl - j * W) >= static_cast<unsigned>(W)) {
+        // Neither padding nor the target in this vector (all but a handful of a row's vectors).
 #pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const int col = j * W + e;
-        const float p = ex2(fmaf(v.get(e), kLog2e, nl2));
-        out.set(e, col < cols ? scale * (p - (col == tl ? 1.0f : 0.0f)) : 0.0f);
+        for (int e = 0; e < W; ++e) out.set(e, scale * ex2(fmaf(v.get(e), kLog2e, nl2)));
+      } else {
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const int col = j * W + e;
+          const float p = ex2(fmaf(v.get(e), kLog2e, nl2));
+          out.set(e, col < cols ? scale * (p - (col == tl ? 1.0f : 0.0f)) : 0.0f);
+        }
       }
       store_vec_cs(g + static_cast<int64_t>(j) * W, out);
     }
