@@ -227,14 +227,17 @@ __device__ __forceinline__ void finish_row(const Vec<bf16>* buf, float m, float 
     bf16* g = dlogits + row * Vp + static_cast<int64_t>(v0) * W;
     const float scale = ignored ? 0.0f : dloss;
     const float nl2 = -lse * kLog2e;
+    // The fast path's scale goes into the exponent: scale * 2^a = 2^(a + log2 scale) (scale 0: 2^-inf = 0).
+    const bool fold_scale = scale >= 0.0f;
+    const float nl2s = fold_scale ? nl2 + __log2f(scale) : nl2;
 #pragma unroll 4
     for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
       const Vec<bf16> v = buf[j];
       Vec<bf16> out;
-      if ((j + 1) * W <= cols && static_cast<unsigned>(tl - j * W) >= static_cast<unsigned>(W)) {
+      if (fold_scale && (j + 1) * W <= cols && static_cast<unsigned>(tl - j * W) >= static_cast<unsigned>(W)) {
         // Neither padding nor the target in this vector (all but a handful of a row's vectors).
 #pragma unroll
-        for (int e = 0; e < W; ++e) out.set(e, scale * ex2(fmaf(v.get(e), kLog2e, nl2)));
+        for (int e = 0; e < W; ++e) out.set(e, ex2(fmaf(v.get(e), kLog2e, nl2s)));
       } else {
 #pragma unroll
         for (int e = 0; e < W; ++e) {
