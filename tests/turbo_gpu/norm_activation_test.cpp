@@ -99,6 +99,75 @@ INSTANTIATE_TEST_SUITE_P(
                          dtype_name(info.param.dt), info.param.C);
     });
 
+// The forward's A/B switches: the one-chain statistics (PRIMUS_TURBO_NORM_FWD_STATS=chan, which
+// applies to LayerNorm with one warp per row and full lanes: bf16 C = 768 and 256 here) and other
+// block sizes (PRIMUS_TURBO_NORM_FWD_THREADS). Each against the CPU reference, with a residual,
+// on row counts that leave the last block partial (257) and many blocks per SM (9001); the
+// statistics within 1e-5 as for the default. Other shapes run the default kernel under the switch.
+struct NormFwdSwitchCase {
+  NormType type;
+  DType dt;
+  int64_t C, N;
+};
+class NormForwardSwitchTest : public GpuTest, public ::testing::WithParamInterface<NormFwdSwitchCase> {};
+
+TEST_P(NormForwardSwitchTest, SwitchesMatchReference) {
+  const auto [type, dt, C, N] = GetParam();
+  const bool ln = type == NormType::LayerNorm;
+  TensorView x = make(dt, {N, C}), r = make(dt, {N, C}), w = make(dt, {C}), b = make(dt, {C});
+  auto xv = random_tensor(x), rv = random_tensor(r), wv = random_tensor(w, 0.5f), bv = random_tensor(b, 0.5f);
+  // A row offset well away from zero (|mean| >> std would expose a naive one-pass variance).
+  for (auto& v : xv) v += 3.0f;
+  put(x, xv);
+  xv = get(x);  // as rounded to dt
+  std::vector<float> rres(xv.size());
+  cpu::residual_forward(rres.data(), xv.data(), rv.data(), static_cast<int64_t>(xv.size()));
+  rres = round_all(dt, rres);
+  std::vector<float> rout(xv.size()), rmean(N), rrstd(N);
+  if (ln)
+    cpu::layernorm_forward(rout.data(), rmean.data(), rrstd.data(), rres.data(), wv.data(), bv.data(), N, C, 1e-5);
+  else
+    cpu::rmsnorm_forward(rout.data(), rrstd.data(), rres.data(), wv.data(), N, C, 1e-5);
+  struct Variant { const char* stats; const char* threads; };
+  for (const Variant v : {Variant{"chan", nullptr}, Variant{"twopass", "32"}, Variant{"twopass", "256"},
+                          Variant{"chan", "128"}, Variant{"twopass", "1024"}}) {
+    TensorView out = make(dt, {N, C}), res = make(dt, {N, C});
+    TensorView mean = make(DType::F32, {N}), rstd = make(DType::F32, {N});
+    for (auto t : {out, res, mean, rstd}) poison(t);
+    NormForwardArgs f;
+    f.type = type;
+    f.out = out; f.mean = mean; f.rstd = rstd; f.residual_out = res;
+    f.inp = x; f.residual = r; f.weight = w;
+    if (ln) f.bias = b;
+    f.ctx = ctx;
+    ::setenv("PRIMUS_TURBO_NORM_FWD_STATS", v.stats, 1);
+    if (v.threads) ::setenv("PRIMUS_TURBO_NORM_FWD_THREADS", v.threads, 1);
+    const BackendType used = norm_forward(f);
+    ::unsetenv("PRIMUS_TURBO_NORM_FWD_STATS");
+    ::unsetenv("PRIMUS_TURBO_NORM_FWD_THREADS");
+    const std::string what = fmt::format("stats {} threads {}", v.stats, v.threads ? v.threads : "default");
+    EXPECT_EQ(used, BackendType::TURBO) << what;
+    EXPECT_EQ(rel_err(get(res), rres), 0.0) << what;
+    EXPECT_LT(rel_err(get(out), rout), gate(dt)) << what;
+    EXPECT_LT(rel_err(get(rstd), rrstd), 1e-5) << what;
+    if (ln) {
+      EXPECT_LT(rel_err(get(mean), rmean), 1e-5) << what;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Turbo, NormForwardSwitchTest,
+    ::testing::Values(NormFwdSwitchCase{NormType::LayerNorm, DType::BF16, 768, 257},
+                      NormFwdSwitchCase{NormType::LayerNorm, DType::BF16, 768, 9001},
+                      NormFwdSwitchCase{NormType::LayerNorm, DType::BF16, 256, 9001},
+                      NormFwdSwitchCase{NormType::LayerNorm, DType::F32, 768, 257},
+                      NormFwdSwitchCase{NormType::RMSNorm, DType::BF16, 2048, 9001}),
+    [](const auto& info) {
+      return fmt::format("{}_{}_C{}_N{}", info.param.type == NormType::LayerNorm ? "ln" : "rms",
+                         dtype_name(info.param.dt), info.param.C, info.param.N);
+    });
+
 // ---- the backward on its own: every kernel shape of the staged and row-group kernels ----------
 // Statistics from the CPU forward, uploaded, so the device and the reference see identical
 // inputs. Shapes: C = 64 (one vector per lane, most lanes idle), 768 (GPT-2: one warp per row,

@@ -159,14 +159,8 @@ __device__ __forceinline__ float cluster_combine(float* stat) {
 // Folds one 16-byte vector j of this CTA's slice (local columns >= cols are padding) into the
 // thread's running max m and sum s of exponentials (base 2: s = sum of 2^((x - m) log2 e)). By
 // value: one 16-byte shared-memory load (a reference made it one load per element, 30% slower).
-__device__ __forceinline__ void fold_vec(const Vec<bf16> v, int j, int cols, float& m, float& s) {
+__device__ __forceinline__ void fold_vals(const float (&x)[Vec<bf16>::kSize], float& m, float& s) {
   constexpr int W = Vec<bf16>::kSize;
-  // Per vector, not per element: the kernels are near instruction-issue bound (NOTES session 24 (9)),
-  // and only the last vector of a slice can hold padding.
-  const bool whole = (j + 1) * W <= cols;
-  float x[W];
-#pragma unroll
-  for (int e = 0; e < W; ++e) x[e] = whole || j * W + e < cols ? v.get(e) : -INFINITY;
   float vmax = x[0];
 #pragma unroll
   for (int e = 1; e < W; ++e) vmax = fmaxf(vmax, x[e]);
@@ -178,6 +172,23 @@ __device__ __forceinline__ void fold_vec(const Vec<bf16> v, int j, int cols, flo
   for (int e = 0; e < W; ++e) add += ex2(fmaf(x[e], kLog2e, nm2));  // padding: ex2(-inf) = 0
   s = s * ex2((m - nm) * kLog2e) + add;  // m = -inf: s is 0 and ex2(-inf) is 0
   m = nm;
+}
+__device__ __forceinline__ void fold_vec(const Vec<bf16> v, int j, int cols, float& m, float& s) {
+  constexpr int W = Vec<bf16>::kSize;
+  // Per vector, not per element: the kernels are near instruction-issue bound (NOTES session 24 (9)),
+  // and only the last vector of a slice can hold padding. The two paths each call the fold, so
+  // the compiler keeps the branch instead of selecting every element against the bound (it did
+  // with one path and a `whole ||` condition per element).
+  float x[W];
+  if ((j + 1) * W <= cols) {
+#pragma unroll
+    for (int e = 0; e < W; ++e) x[e] = v.get(e);
+    fold_vals(x, m, s);
+  } else {
+#pragma unroll
+    for (int e = 0; e < W; ++e) x[e] = j * W + e < cols ? v.get(e) : -INFINITY;
+    fold_vals(x, m, s);
+  }
 }
 
 // One row's slice of a CTA after the fold: the block's (then the cluster's) max and sum, the
