@@ -6,7 +6,7 @@
 # Every stage runs under `timeout`. $OUT ends with train.jsonl, summaries and logs.tar.gz.
 #
 # Run from the repository root with the carried folder (default .carry-cuda, filled by
-# bench/train/prepare_carry.sh) holding primus.gz, test_cuda_gpu.gz, libgomp.so.1,
+# bench/train/prepare_carry.sh) holding primus.gz, test_cuda_gpu.gz (or .xz), libgomp.so.1,
 # torch_anchor.py, bf16_noise_floor.py and commit.txt:
 #   run(command="bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
 # Results in $OUT: env.txt, tests.log, noise_floor.txt, noise_floor.json, train.log, metrics.jsonl,
@@ -16,8 +16,9 @@
 # 1..NOISE_SEEDS, default 4; ~30 s): summary printed, full table in noise_floor.txt.
 # NOISE_FLOOR=0 skips it; TESTS_ONLY=1 stops after the test stage (no training, no anchor):
 #   run(command="TESTS_ONLY=1 bash bench/train/run_on_gpu.sh", carry=[".carry-cuda"])
-# TEST_FILTER=<gtest filter> runs only those tests of test_cuda_gpu as the test stage, ATTN_TEST_FILTER
-# those of test_attention_gpu (ATTN_REPEAT times), each instead of the default stage.
+# TEST_FILTER=<gtest filter> runs only those tests of test_cuda_gpu as the test stage, OPS_TEST_FILTER
+# those of test_turbo_gpu ('*' for all), ATTN_TEST_FILTER those of test_attention_gpu (ATTN_REPEAT
+# times), each instead of the default stage. The carry's binaries may be .gz or .xz.
 # STEPS (default 30) and MEASURE (default 20: the last steps averaged) change the training run.
 # REALDATA=0 skips the default run on tinyshakespeare (case suffix /realdata, against the mock-data anchor).
 # Step variants (issue 8): the default run captures the step as a CUDA graph (cuda_graph: auto);
@@ -37,8 +38,10 @@ STEPS=${STEPS:-30}
 MEASURE=${MEASURE:-20}
 PEAK=989e12
 mkdir -p "$OUT" "$BIN"
-for f in "$CARRY"/*.gz; do
-  gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"
+for f in "$CARRY"/*.gz "$CARRY"/*.xz; do  # binaries: gzip or xz (xz fits all four test binaries in one call)
+  [ -e "$f" ] || continue
+  n=$(basename "${f%.*}")
+  case "$f" in *.xz) xz -dc "$f" > "$BIN/$n" ;; *) gunzip -c "$f" > "$BIN/$n" ;; esac && chmod +x "$BIN/$n"
 done
 cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
 
@@ -76,6 +79,11 @@ rc_fallback=0; rc_default=0; rc_step=0; rc_fp8=-; rc_dump=-; rc_noise=-
 if [ -n "${TEST_FILTER:-}" ]; then  # TEST_FILTER=<gtest filter>: only these tests of test_cuda_gpu
   timeout 300 "$BIN/test_cuda_gpu" --gtest_filter="$TEST_FILTER" >> "$OUT/tests.log" 2>&1
   rc_step=$?
+  SKIP_TESTS=1
+fi
+if [ -n "${OPS_TEST_FILTER:-}" ] && [ -x "$BIN/test_turbo_gpu" ]; then  # and/or these of test_turbo_gpu ('*': all)
+  timeout 420 "$BIN/test_turbo_gpu" --gtest_brief=1 --gtest_filter="$OPS_TEST_FILTER" >> "$OUT/tests.log" 2>&1
+  rc_fp8="ops $?"
   SKIP_TESTS=1
 fi
 if [ -n "${ATTN_TEST_FILTER:-}" ] && [ -x "$BIN/test_attention_gpu" ]; then  # and/or these of test_attention_gpu

@@ -51,12 +51,7 @@ __device__ __forceinline__ float row_sum(float x, float* smem) {
   return s;
 }
 
-// kChan (LayerNorm, one warp per row, every lane holding kVec full vectors): the statistics in
-// one shuffle chain instead of two. Each lane takes the mean and centred sum of squares of its
-// own kVec * W values (two passes over registers), and the lanes' pairs are merged by Chan et
-// al.'s formula for equal counts, which is symmetric in the two operands, so every lane ends
-// with the same bits. PRIMUS_TURBO_NORM_FWD_STATS=chan selects it (A/B runs).
-template <class T, int kVec, bool kRms, bool kChan = false>
+template <class T, int kVec, bool kRms>
 __global__ void __launch_bounds__(1024)
 norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                     T* __restrict__ residual_out, const T* __restrict__ inp,
@@ -91,36 +86,17 @@ norm_forward_kernel(T* __restrict__ out, float* __restrict__ mean_out, float* __
         for (int e = 0; e < W; ++e) vals[i][e] = 0.0f;
       }
     }
-    float mean = 0.0f, rstd = 0.0f;
-    if constexpr (kChan && !kRms) {
-      float n = static_cast<float>(kVec * W), m = sum / n, m2 = 0.0f;
+    const float mean = kRms ? 0.0f : row_sum(sum, smem) * inv_c;
+    float sq = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i)
+    for (int i = 0; i < kVec; ++i) {
+      const int j = threadIdx.x + i * blockDim.x;
+      if (valid && j < nvec) {
 #pragma unroll
-        for (int e = 0; e < W; ++e) { const float d = vals[i][e] - m; m2 += d * d; }
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float mo = __shfl_xor_sync(0xffffffffu, m, o), m2o = __shfl_xor_sync(0xffffffffu, m2, o);
-        const float d = mo - m;
-        m2 = (m2 + m2o) + d * d * (0.5f * n);
-        m = 0.5f * (m + mo);
-        n *= 2.0f;
+        for (int e = 0; e < W; ++e) { const float d = vals[i][e] - mean; sq += d * d; }
       }
-      mean = m;
-      rstd = rsqrtf(m2 * inv_c + eps);
-    } else {
-      mean = kRms ? 0.0f : row_sum(sum, smem) * inv_c;
-      float sq = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const int j = threadIdx.x + i * blockDim.x;
-        if (valid && j < nvec) {
-#pragma unroll
-          for (int e = 0; e < W; ++e) { const float d = vals[i][e] - mean; sq += d * d; }
-        }
-      }
-      rstd = rsqrtf(row_sum(sq, smem) * inv_c + eps);
     }
+    const float rstd = rsqrtf(row_sum(sq, smem) * inv_c + eps);
     if (!valid) continue;
     if (threadIdx.x == 0) {
       if (!kRms && mean_out) mean_out[row] = mean;
@@ -664,7 +640,6 @@ norm_backward_staged_kernel(T* __restrict__ dinp, float* __restrict__ part, cons
 // The forward's block size (threads; rows per block = this / threads per row).
 // PRIMUS_TURBO_NORM_FWD_THREADS overrides the 64 for A/B runs.
 int fwd_threads() { return static_cast<int>(env_int("PRIMUS_TURBO_NORM_FWD_THREADS", 32, 1024, kFwdThreads)); }
-bool fwd_chan() { return env_choice("PRIMUS_TURBO_NORM_FWD_STATS", {"twopass", "chan"}, "twopass") == "chan"; }
 
 struct Shape {
   int kvec, tx, ty;
@@ -728,22 +703,11 @@ void launch_forward(void* out, float* mean, float* rstd, void* res_out, const vo
                                                   static_cast<const T*>(w), static_cast<const T*>(b),
                                                   static_cast<int>(N), static_cast<int>(C), ld_out, eps);
   };
-  // The one-chain statistics need every lane of the row's one warp to hold kvec full vectors
-  // (LayerNorm only: `!kRms` keeps RMSNorm from instantiating them).
-  if (!kRms && sh.tx == 32 && C == int64_t{32} * sh.kvec * Vec<T>::kSize && fwd_chan()) {
-    switch (sh.kvec) {
-      case 1: go(norm_forward_kernel<T, 1, kRms, !kRms>); break;
-      case 2: go(norm_forward_kernel<T, 2, kRms, !kRms>); break;
-      case 3: go(norm_forward_kernel<T, 3, kRms, !kRms>); break;
-      default: go(norm_forward_kernel<T, 4, kRms, !kRms>); break;
-    }
-  } else {
-    switch (sh.kvec) {
-      case 1: go(norm_forward_kernel<T, 1, kRms>); break;
-      case 2: go(norm_forward_kernel<T, 2, kRms>); break;
-      case 3: go(norm_forward_kernel<T, 3, kRms>); break;
-      default: go(norm_forward_kernel<T, 4, kRms>); break;
-    }
+  switch (sh.kvec) {
+    case 1: go(norm_forward_kernel<T, 1, kRms>); break;
+    case 2: go(norm_forward_kernel<T, 2, kRms>); break;
+    case 3: go(norm_forward_kernel<T, 3, kRms>); break;
+    default: go(norm_forward_kernel<T, 4, kRms>); break;
   }
   CUDA_CHECK_LAST();
 }

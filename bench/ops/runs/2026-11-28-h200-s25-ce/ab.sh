@@ -3,7 +3,8 @@
 # binary against the one before it, alternating processes, ROUNDS rounds: `primus benchmark loss` (the
 # fold's padding check as a branch, not a select per element) and `primus benchmark norm` (the forward's
 # 64-thread blocks), (3) SASS instruction counts of the cross-entropy kernels where the machine has cuobjdump.
-# Carry .carry-ce25: primus_old, primus, test_turbo_gpu (.gz or .xz: xz fits three binaries in one call), libgomp.so.1, primus_old.commit / primus.commit.
+# NAMES lists the binaries to alternate (default "primus_old primus"). Carry .carry-ce25: primus_old, primus,
+# test_turbo_gpu (.gz or .xz: xz fits three or four binaries in one call), libgomp.so.1, primus_old.commit / primus.commit.
 #   run(command="OUT=$OUT bash bench/ops/runs/2026-11-28-h200-s25-ce/ab.sh", carry=[".carry-ce25"])
 set -u
 OUT=${OUT:-/tmp/ce-ab}
@@ -23,7 +24,7 @@ if [ -x "$B/test_turbo_gpu" ]; then
   echo "tests rc=$?"; grep -E "PASSED|FAILED|Failure" "$OUT/tests.log" | tail -6
 fi
 for r in $(seq "${ROUNDS:-3}"); do
-  for n in primus_old primus; do
+  for n in ${NAMES:-primus_old primus}; do
     for fam in ${FAMILIES:-loss norm}; do
       extra=""; [ "$fam" = loss ] && extra="--shapes 16384x128256,16384x50304"
       # shellcheck disable=SC2086
@@ -33,14 +34,12 @@ for r in $(seq "${ROUNDS:-3}"); do
     done
   done
 done
-if command -v cuobjdump > /dev/null || [ -x /usr/local/cuda/bin/cuobjdump ]; then
+if [ "${SASS:-1}" = 1 ] && { command -v cuobjdump > /dev/null || [ -x /usr/local/cuda/bin/cuobjdump ]; }; then
   CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-  for n in primus_old primus; do
-    "$CUOBJ" -sass -fun cross_entropy "$B/$n" > "$OUT/${n}_ce.sass" 2>&1 || "$CUOBJ" -sass "$B/$n" 2>/dev/null |
-      awk '/Function : .*cross_entropy/{p=1} /Function : /&&!/cross_entropy/{p=0} p' > "$OUT/${n}_ce.sass"
+  for n in ${NAMES:-primus_old primus}; do
+    "$CUOBJ" -sass "$B/$n" | awk '/Function : /{p = ($0 ~ /cross_entropy/)} p' > "$OUT/${n}_ce.sass"
     echo "$n SASS lines (cross_entropy kernels): $(wc -l < "$OUT/${n}_ce.sass")"
   done
-  gzip -9 "$OUT"/*.sass
 fi
 # At most 8 files come back from a call: everything in one archive.
 tar czf /tmp/ab_all.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/ab_all.tgz "$OUT/all.tgz"
