@@ -10,7 +10,9 @@
 #   run(command="VARIANTS='base:;sus30:PRIMUS_TURBO_CUBLASLT_SEARCH_MS=30' bash bench/train/env_ab.sh", carry=[".carry-cuda"])
 # shellcheck disable=SC1091
 source scripts/gpu_env.sh
-mkdir -p /tmp/pb && gunzip -c .carry-cuda/primus.gz > /tmp/pb/primus && chmod +x /tmp/pb/primus
+mkdir -p /tmp/pb
+if [ -e .carry-cuda/primus.xz ]; then xz -dc .carry-cuda/primus.xz > /tmp/pb/primus; else gunzip -c .carry-cuda/primus.gz > /tmp/pb/primus; fi
+chmod +x /tmp/pb/primus
 export LD_LIBRARY_PATH="$PWD/.carry-cuda:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 ARGS=(train pretrain --config "${CONFIG:-examples/cuda/gpt2-124M-shakespeare.yaml}"
