@@ -20,40 +20,82 @@ struct NormCase {
   int64_t C;
 };
 
-class NormTest : public GpuTest, public ::testing::WithParamInterface<NormCase> {};
+// The fused residual + norm forward on the device against the CPU reference: random inputs
+// (rounded to dt; `offset` added to x), the reference residual sum, output and statistics, and a
+// call into freshly poisoned outputs.
+class NormForwardFixture : public GpuTest {
+ protected:
+  struct Case {
+    NormType type;
+    DType dt;
+    int64_t N, C;
+    TensorView x, r, w, b;
+    std::vector<float> wv, bv, rres, rout, rmean, rrstd;  // rres: the residual sum as stored (rounded to dt)
+    bool ln() const { return type == NormType::LayerNorm; }
+  };
+  struct Outputs {
+    TensorView out, res, mean, rstd;
+    BackendType used;
+  };
+  Case make_case(NormType type, DType dt, int64_t N, int64_t C, float offset = 0.0f) {
+    Case c{type, dt, N, C, make(dt, {N, C}), make(dt, {N, C}), make(dt, {C}), make(dt, {C}), {}, {}, {}, {}, {}, {}};
+    auto xv = random_tensor(c.x), rv = random_tensor(c.r);
+    c.wv = random_tensor(c.w, 0.5f);
+    c.bv = random_tensor(c.b, 0.5f);
+    if (offset != 0.0f) {
+      for (auto& v : xv) v += offset;
+      put(c.x, xv);
+      xv = get(c.x);  // as rounded to dt
+    }
+    c.rres.resize(xv.size());
+    cpu::residual_forward(c.rres.data(), xv.data(), rv.data(), static_cast<int64_t>(xv.size()));
+    c.rres = round_all(dt, c.rres);
+    c.rout.resize(xv.size());
+    c.rmean.resize(N);
+    c.rrstd.resize(N);
+    if (c.ln())
+      cpu::layernorm_forward(c.rout.data(), c.rmean.data(), c.rrstd.data(), c.rres.data(), c.wv.data(), c.bv.data(), N,
+                             C, 1e-5);
+    else
+      cpu::rmsnorm_forward(c.rout.data(), c.rrstd.data(), c.rres.data(), c.wv.data(), N, C, 1e-5);
+    return c;
+  }
+  Outputs forward(const Case& c) {
+    Outputs o{make(c.dt, {c.N, c.C}), make(c.dt, {c.N, c.C}), make(DType::F32, {c.N}), make(DType::F32, {c.N}),
+              BackendType::CPU};
+    for (auto t : {o.out, o.res, o.mean, o.rstd}) poison(t);
+    NormForwardArgs f;
+    f.type = c.type;
+    f.out = o.out; f.mean = o.mean; f.rstd = o.rstd; f.residual_out = o.res;
+    f.inp = c.x; f.residual = c.r; f.weight = c.w;
+    if (c.ln()) f.bias = c.b;
+    f.ctx = ctx;
+    o.used = norm_forward(f);
+    return o;
+  }
+  void check(const Case& c, const Outputs& o, const std::string& what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(o.used, BackendType::TURBO);
+    EXPECT_EQ(rel_err(get(o.res), c.rres), 0.0) << "residual_out is the rounded sum";
+    EXPECT_LT(rel_err(get(o.out), c.rout), gate(c.dt));
+    EXPECT_LT(rel_err(get(o.rstd), c.rrstd), 1e-5);
+    if (c.ln()) {
+      EXPECT_LT(rel_err(get(o.mean), c.rmean), 1e-5);
+    }
+  }
+};
+
+class NormTest : public NormForwardFixture, public ::testing::WithParamInterface<NormCase> {};
 
 TEST_P(NormTest, FusedResidualForwardAndBackwardMatchReference) {
   const auto [type, dt, C] = GetParam();
   const bool ln = type == NormType::LayerNorm;
-  const int64_t N = 257;  // more rows than blocks in flight? no: odd, so the last block is partial
-  TensorView x = make(dt, {N, C}), r = make(dt, {N, C}), w = make(dt, {C}), b = make(dt, {C});
-  auto xv = random_tensor(x), rv = random_tensor(r), wv = random_tensor(w, 0.5f), bv = random_tensor(b, 0.5f);
-  TensorView out = make(dt, {N, C}), res = make(dt, {N, C});
-  TensorView mean = make(DType::F32, {N}), rstd = make(DType::F32, {N});
-  for (auto t : {out, res, mean, rstd}) poison(t);
-  NormForwardArgs f;
-  f.type = type;
-  f.out = out; f.mean = mean; f.rstd = rstd; f.residual_out = res;
-  f.inp = x; f.residual = r; f.weight = w;
-  if (ln) f.bias = b;
-  f.ctx = ctx;
-  EXPECT_EQ(norm_forward(f), BackendType::TURBO);
-
-  // Reference on the same (dtype-rounded) values: residual rounded to dt as the kernel stores it.
-  std::vector<float> rres(xv.size());
-  cpu::residual_forward(rres.data(), xv.data(), rv.data(), static_cast<int64_t>(xv.size()));
-  rres = round_all(dt, rres);
-  std::vector<float> rout(xv.size()), rmean(N), rrstd(N);
-  if (ln)
-    cpu::layernorm_forward(rout.data(), rmean.data(), rrstd.data(), rres.data(), wv.data(), bv.data(), N, C, 1e-5);
-  else
-    cpu::rmsnorm_forward(rout.data(), rrstd.data(), rres.data(), wv.data(), N, C, 1e-5);
-  EXPECT_EQ(rel_err(get(res), rres), 0.0) << "residual_out is the rounded sum";
-  EXPECT_LT(rel_err(get(out), rout), gate(dt));
-  EXPECT_LT(rel_err(get(rstd), rrstd), 1e-5);
-  if (ln) {
-    EXPECT_LT(rel_err(get(mean), rmean), 1e-5);
-  }
+  const int64_t N = 257;  // odd, so the last block is partial
+  const Case c = make_case(type, dt, N, C);
+  const Outputs o = forward(c);
+  check(c, o, "forward");
+  const TensorView &w = c.w, &res = o.res, &mean = o.mean, &rstd = o.rstd;
+  const std::vector<float> &rres = c.rres, &wv = c.wv, &rmean = c.rmean, &rrstd = c.rrstd;
 
   // Backward: accumulates into dinp (the residual stream's gradient) and the f32 param grads.
   TensorView dout = make(dt, {N, C}), dinp = make(dt, {N, C});
@@ -108,46 +150,17 @@ struct NormFwdSwitchCase {
   DType dt;
   int64_t C, N;
 };
-class NormForwardSwitchTest : public GpuTest, public ::testing::WithParamInterface<NormFwdSwitchCase> {};
+class NormForwardSwitchTest : public NormForwardFixture, public ::testing::WithParamInterface<NormFwdSwitchCase> {};
 
 TEST_P(NormForwardSwitchTest, SwitchesMatchReference) {
   const auto [type, dt, C, N] = GetParam();
-  const bool ln = type == NormType::LayerNorm;
-  TensorView x = make(dt, {N, C}), r = make(dt, {N, C}), w = make(dt, {C}), b = make(dt, {C});
-  auto xv = random_tensor(x), rv = random_tensor(r), wv = random_tensor(w, 0.5f), bv = random_tensor(b, 0.5f);
   // A row offset well away from zero (|mean| >> std would expose a naive one-pass variance).
-  for (auto& v : xv) v += 3.0f;
-  put(x, xv);
-  xv = get(x);  // as rounded to dt
-  std::vector<float> rres(xv.size());
-  cpu::residual_forward(rres.data(), xv.data(), rv.data(), static_cast<int64_t>(xv.size()));
-  rres = round_all(dt, rres);
-  std::vector<float> rout(xv.size()), rmean(N), rrstd(N);
-  if (ln)
-    cpu::layernorm_forward(rout.data(), rmean.data(), rrstd.data(), rres.data(), wv.data(), bv.data(), N, C, 1e-5);
-  else
-    cpu::rmsnorm_forward(rout.data(), rrstd.data(), rres.data(), wv.data(), N, C, 1e-5);
+  const Case c = make_case(type, dt, N, C, 3.0f);
   for (const char* threads : {"32", "128", "256", "1024"}) {
-    TensorView out = make(dt, {N, C}), res = make(dt, {N, C});
-    TensorView mean = make(DType::F32, {N}), rstd = make(DType::F32, {N});
-    for (auto t : {out, res, mean, rstd}) poison(t);
-    NormForwardArgs f;
-    f.type = type;
-    f.out = out; f.mean = mean; f.rstd = rstd; f.residual_out = res;
-    f.inp = x; f.residual = r; f.weight = w;
-    if (ln) f.bias = b;
-    f.ctx = ctx;
     ::setenv("PRIMUS_TURBO_NORM_FWD_THREADS", threads, 1);
-    const BackendType used = norm_forward(f);
+    const Outputs o = forward(c);
     ::unsetenv("PRIMUS_TURBO_NORM_FWD_THREADS");
-    const std::string what = fmt::format("threads {}", threads);
-    EXPECT_EQ(used, BackendType::TURBO) << what;
-    EXPECT_EQ(rel_err(get(res), rres), 0.0) << what;
-    EXPECT_LT(rel_err(get(out), rout), gate(dt)) << what;
-    EXPECT_LT(rel_err(get(rstd), rrstd), 1e-5) << what;
-    if (ln) {
-      EXPECT_LT(rel_err(get(mean), rmean), 1e-5) << what;
-    }
+    check(c, o, fmt::format("threads {}", threads));
   }
 }
 
