@@ -15,7 +15,7 @@ fi
 make -C "$BUILD" -j2 primus test_cuda_gpu ${WITH_OPS_TESTS:+test_turbo_gpu test_attention_gpu}
 mkdir -p "$CARRY"
 # XZ=1: xz instead of gzip (~11 MB a binary against ~18: primus and the three test binaries then fit
-# one call's 64 MiB; run_on_gpu.sh reads either, the other bench/train scripts read primus.gz).
+# one call's 64 MiB; run_on_gpu.sh and env_ab.sh read either, the other bench/train scripts primus.gz).
 rm -f "$CARRY"/*.gz "$CARRY"/*.xz
 pack() {
   if [ -n "${XZ:-}" ]; then xz -T2 -6 -c "$BUILD/bin/$1" > "$CARRY/$1.xz"; else gzip -9 -c "$BUILD/bin/$1" > "$CARRY/$1.gz"; fi

@@ -156,9 +156,8 @@ __device__ __forceinline__ float cluster_combine(float* stat) {
   return kMax ? warp_max(v) : warp_sum(v);
 }
 
-// Folds one 16-byte vector j of this CTA's slice (local columns >= cols are padding) into the
-// thread's running max m and sum s of exponentials (base 2: s = sum of 2^((x - m) log2 e)). By
-// value: one 16-byte shared-memory load (a reference made it one load per element, 30% slower).
+// Folds one vector's values (padding already -inf) into the thread's running max m and sum s of
+// exponentials (base 2: s = sum of 2^((x - m) log2 e)).
 __device__ __forceinline__ void fold_vals(const float (&x)[Vec<bf16>::kSize], float& m, float& s) {
   constexpr int W = Vec<bf16>::kSize;
   float vmax = x[0];
@@ -173,12 +172,15 @@ __device__ __forceinline__ void fold_vals(const float (&x)[Vec<bf16>::kSize], fl
   s = s * ex2((m - nm) * kLog2e) + add;  // m = -inf: s is 0 and ex2(-inf) is 0
   m = nm;
 }
+// Folds 16-byte vector j of this CTA's slice (local columns >= cols are padding). By value: one
+// 16-byte shared-memory load (a reference made it one load per element, 30% slower).
 __device__ __forceinline__ void fold_vec(const Vec<bf16> v, int j, int cols, float& m, float& s) {
   constexpr int W = Vec<bf16>::kSize;
-  // Per vector, not per element: the kernels are near instruction-issue bound (NOTES session 24 (9)),
-  // and only the last vector of a slice can hold padding. The two paths each call the fold, so
-  // the compiler keeps the branch instead of selecting every element against the bound (it did
-  // with one path and a `whole ||` condition per element).
+  // The padding check per vector, not per element (only the last vector of a slice can hold
+  // padding; the one-row kernel is near instruction-issue bound, NOTES session 24 (9)). The two
+  // paths each call the fold, so the compiler keeps the branch instead of selecting every element
+  // against the bound (it did with one path and a `whole ||` condition per element). Fewer
+  // instructions beyond this cost the streamed kernel time (NOTES session 25 (4)).
   float x[W];
   if ((j + 1) * W <= cols) {
 #pragma unroll
