@@ -89,7 +89,8 @@ fi
 if [ -n "${ATTN_TEST_FILTER:-}" ] && [ -x "$BIN/test_attention_gpu" ]; then  # and/or these of test_attention_gpu
   timeout 300 "$BIN/test_attention_gpu" --gtest_filter="$ATTN_TEST_FILTER" --gtest_repeat="${ATTN_REPEAT:-1}" \
     >> "$OUT/tests.log" 2>&1
-  rc_fp8="attention $?"
+  rc=$?  # beside OPS_TEST_FILTER's status, not over it
+  if [ "$rc_fp8" = - ]; then rc_fp8="attention $rc"; else rc_fp8="$rc_fp8/attention $rc"; fi
   SKIP_TESTS=1
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1: when this commit's tests already ran
