@@ -7,7 +7,9 @@
 # shellcheck disable=SC1091
 source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/gaps-out}
-mkdir -p /tmp/pb "$OUT" && gunzip -c .carry-cuda/primus.gz > /tmp/pb/primus && chmod +x /tmp/pb/primus
+mkdir -p /tmp/pb "$OUT"
+if [ -e .carry-cuda/primus.xz ]; then xz -dc .carry-cuda/primus.xz > /tmp/pb/primus; else gunzip -c .carry-cuda/primus.gz > /tmp/pb/primus; fi
+chmod +x /tmp/pb/primus
 export LD_LIBRARY_PATH="$PWD/.carry-cuda:${LD_LIBRARY_PATH:-}"
 # CONFIG / SHAPE: another model (e.g. CONFIG=examples/cuda/llama3.2-1B.yaml SHAPE="micro_batch_size=8
 # global_batch_size=8 seq_length=2048").
@@ -22,3 +24,4 @@ grep cupti_trace /tmp/g.log
 timeout 200 /tmp/pb/primus "${ARGS[@]}" workspace=/tmp/ws_g2 > /tmp/g2.log 2>&1
 echo "untraced run rc=$?: $(grep -o 'step [0-9]*/[0-9]*.*tok/s' /tmp/g2.log | tail -1 | sed 's/| loss.*| \([0-9]* tok\/s\)/\1/')"
 python3 bench/tools/cupti_gaps.py "$OUT/cupti_trace.csv"
+python3 bench/tools/cupti_kernels.py "$OUT/cupti_trace.csv" "" "${KERNEL_ROWS:-30}"
