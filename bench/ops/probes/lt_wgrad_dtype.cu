@@ -1,0 +1,119 @@
+// Probe (session 26): what does the weight gradient's f32 output cost in cuBLASLt? Our wgrad GEMMs write
+// the f32 gradient buffers directly (beta 0 on the first micro-batch, beta 1 after), and in training they
+// run "tss" nvjet kernels ~7% (Llama) to ~15% (GPT-2 fc) slower than the bf16-output kernels that
+// torch.compile's autocast step runs for the same products (bench/train/split_step.sh + gaps.sh, NOTES.md
+// session 26). Per product, cuBLASLt's top 16 heuristic candidates (3 warm-ups, median of 15) with D in
+// bf16 (beta 0), D in f32 (beta 0) and D in f32 accumulating (beta 1, C = D); column formulation and
+// 32 MiB workspace as turbo/kernels/cublaslt/gemm_cublaslt.cpp. Also the forward and dgrad (bf16 out) for
+// scale. Build: nvcc -O2 -arch=sm_90a -o lt_wgrad_dtype lt_wgrad_dtype.cu -lcublasLt. Not part of the product.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x) do { auto e_ = (x); if (e_ != 0) { std::printf("error %d at %s:%d\n", (int)e_, __FILE__, __LINE__); std::exit(1); } } while (0)
+
+__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
+  }
+}
+
+struct Op { long rows, cols; int t; };  // stored row-major [rows x cols]; logical = stored^t
+struct Result { int returned = 0; float best_ms = -1; int best_tile = -1; };
+
+// D[M,N] (row-major) = op(A) op(B) as cuBLASLt's column-major D^T = op(B)^T op(A)^T.
+Result run(cublasLtHandle_t h, long M, long N, Op a, Op b, const void* pa, const void* pb, void* pd,
+           cudaDataType_t dt, float beta, void* ws, size_t ws_bytes, cudaStream_t s) {
+  cublasLtMatmulDesc_t desc;
+  CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasLtMatrixLayout_t la, lb, ld;
+  CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, b.cols, b.rows, b.cols));
+  CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, a.cols, a.rows, a.cols));
+  CK(cublasLtMatrixLayoutCreate(&ld, dt, N, M, N));
+  cublasOperation_t ta = b.t ? CUBLAS_OP_T : CUBLAS_OP_N, tb = a.t ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  cublasLtMatmulPreference_t pref;
+  CK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t wsb = ws_bytes;
+  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+  cublasLtMatmulHeuristicResult_t res[16] = {};
+  Result r;
+  if (cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 16, res, &r.returned) != CUBLAS_STATUS_SUCCESS)
+    r.returned = 0;
+  const float alpha = 1.0f;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0); cudaEventCreate(&e1);
+  for (int i = 0; i < r.returned; ++i) {
+    bool ok = true;
+    for (int w = 0; w < 3 && ok; ++w)
+      ok = cublasLtMatmul(h, desc, &alpha, pb, la, pa, lb, &beta, pd, ld, pd, ld, &res[i].algo, ws, ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
+    if (!ok) continue;
+    std::vector<float> t;
+    for (int k = 0; k < 15; ++k) {
+      cudaEventRecord(e0, s);
+      cublasLtMatmul(h, desc, &alpha, pb, la, pa, lb, &beta, pd, ld, pd, ld, &res[i].algo, ws, ws_bytes, s);
+      cudaEventRecord(e1, s);
+      cudaEventSynchronize(e1);
+      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms);
+    }
+    std::nth_element(t.begin(), t.begin() + 7, t.end());
+    if (r.best_ms < 0 || t[7] < r.best_ms) {
+      r.best_ms = t[7];
+      int tile = -1; size_t w = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
+      r.best_tile = tile;
+    }
+  }
+  cudaEventDestroy(e0); cudaEventDestroy(e1);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(desc);
+  return r;
+}
+
+int main() {
+  cublasLtHandle_t h;
+  CK(cublasLtCreate(&h));
+  cudaStream_t s; CK(cudaStreamCreate(&s));
+  const size_t ws_bytes = 32u << 20;
+  void* ws; CK(cudaMalloc(&ws, ws_bytes));
+  struct Layer { const char* name; long T, C, OC; };
+  const Layer layers[] = {{"gpt2/qkv", 16384, 768, 2304}, {"gpt2/attn_proj", 16384, 768, 768},
+                          {"gpt2/fc", 16384, 768, 3072}, {"gpt2/fc_proj", 16384, 3072, 768},
+                          {"gpt2/lm_head_block", 4096, 768, 50304}, {"llama/qkv", 16384, 2048, 3072},
+                          {"llama/o", 16384, 2048, 2048}, {"llama/gate_up", 16384, 2048, 16384},
+                          {"llama/down", 16384, 8192, 2048}, {"llama/lm_head_block", 4096, 2048, 128256}};
+  std::printf("%-26s %9s %9s %9s %9s %9s | %8s %8s  (ms; TFLOP/s of the best wgrad in brackets; tile ids)\n", "product",
+              "fwd", "dgrad", "wg bf16", "wg f32", "wg f32+=", "f32/bf16", "+=/bf16");
+  for (const Layer& L : layers) {
+    const long T = L.T;
+    __nv_bfloat16 *x, *w, *dy, *out;
+    const size_t big = std::max({T * L.C, T * L.OC, L.OC * L.C}) * 4;
+    CK(cudaMalloc(&x, T * L.C * 2)); CK(cudaMalloc(&w, L.OC * L.C * 2)); CK(cudaMalloc(&dy, T * L.OC * 2));
+    CK(cudaMalloc(&out, big));
+    fill<<<1024, 256>>>(x, T * L.C, 1); fill<<<1024, 256>>>(w, L.OC * L.C, 2); fill<<<1024, 256>>>(dy, T * L.OC, 3);
+    CK(cudaMemset(out, 0, big));
+    CK(cudaDeviceSynchronize());
+    const Result fwd = run(h, T, L.OC, {T, L.C, 0}, {L.OC, L.C, 1}, x, w, out, CUDA_R_16BF, 0.f, ws, ws_bytes, s);
+    const Result dg = run(h, T, L.C, {T, L.OC, 0}, {L.OC, L.C, 0}, dy, w, out, CUDA_R_16BF, 0.f, ws, ws_bytes, s);
+    const Op a{T, L.OC, 1}, b{T, L.C, 0};
+    const Result wb = run(h, L.OC, L.C, a, b, dy, x, out, CUDA_R_16BF, 0.f, ws, ws_bytes, s);
+    const Result wf = run(h, L.OC, L.C, a, b, dy, x, out, CUDA_R_32F, 0.f, ws, ws_bytes, s);
+    const Result wa = run(h, L.OC, L.C, a, b, dy, x, out, CUDA_R_32F, 1.f, ws, ws_bytes, s);
+    const double tf = 2.0 * T * L.C * L.OC / 1e9;
+    std::printf("%-26s %9.4f %9.4f %9.4f %9.4f %9.4f | %8.3f %8.3f  (%.0f / %.0f / %.0f; tiles %d %d %d)\n", L.name,
+                fwd.best_ms, dg.best_ms, wb.best_ms, wf.best_ms, wa.best_ms, wf.best_ms / wb.best_ms,
+                wa.best_ms / wb.best_ms, tf / wb.best_ms, tf / wf.best_ms, tf / wa.best_ms, wb.best_tile, wf.best_tile,
+                wa.best_tile);
+    cudaFree(x); cudaFree(w); cudaFree(dy); cudaFree(out);
+  }
+  return 0;
+}
