@@ -43,6 +43,7 @@ for c in ${CASES:-gpt2-124M:16}; do
   rm -rf /tmp/ws_c
   nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 100 > /tmp/clk.csv &
   smi=$!
+  # shellcheck disable=SC2086  # MODEL_ARGS: several key=value overrides, split on purpose
   timeout 300 /tmp/pb/primus train pretrain --config "$cfg" micro_batch_size="$batch" global_batch_size="$batch" \
     seq_length="$seq" lr_warmup_iters=5 eval_interval=0 save_interval=0 save_at_end=false exp_name=bench mock_data=true \
     train_iters="$steps" log_interval=$((steps / 5)) workspace=/tmp/ws_c ${MODEL_ARGS:-} > /tmp/c.log 2>&1
