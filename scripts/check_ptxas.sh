@@ -15,7 +15,7 @@ shift 2
 allow=${ALLOW-'BwdWsConfigILi64ELi2ELi1ELi128ELi0EE'}
 rc=0
 for f in "$@"; do
-  log=$("$nvcc" -I"$root" -DFMT_HEADER_ONLY=1 -DSPDLOG_FMT_EXTERNAL -O3 -arch=sm_90a --expt-relaxed-constexpr \
+  log=$("$nvcc" -I"$root" -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -O3 -arch=sm_90a --expt-relaxed-constexpr \
     -std=c++17 -Xptxas -v -cubin -o /dev/null "$root/$f" 2>&1) || {
     echo "$f: nvcc failed"
     echo "$log" | tail -20

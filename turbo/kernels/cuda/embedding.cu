@@ -6,6 +6,8 @@
 // row of each run of equal tokens owns that token: its block sums the run in original order and
 // adds the sum once. Blocks that do not start a run exit at once. The same path serves the
 // position table, keyed by position.
+#include <algorithm>
+
 #include <cub/cub.cuh>
 #include <fmt/format.h>
 
