@@ -5,29 +5,7 @@
 // and prints the best of each. bf16 in/out, f32 accumulate, 32 MiB workspace, as
 // turbo/kernels/cublaslt/gemm_cublaslt.cpp. Build (here): nvcc -O2 -o lt_orientation
 // lt_orientation.cu -lcublasLt; run on the GPU machine. Not part of the product.
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x) do { auto e_ = (x); if (e_ != 0) { std::printf("error %d at %s:%d\n", (int)e_, __FILE__, __LINE__); std::exit(1); } } while (0)
-
-__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
-
-// An operand as stored: row-major [rows x cols]; logical = stored (t = 0) or stored^T (t = 1).
-struct Op { long rows, cols; int t; };
-
-struct Result { int returned = 0; float best_ms = -1; };
+#include "lt_probe.h"
 
 Result run(cublasLtHandle_t h, bool row_order, long M, long N, long K, Op a, Op b, const void* pa, const void* pb, void* pd,
            void* ws, size_t ws_bytes, cudaStream_t s) {
@@ -57,35 +35,7 @@ Result run(cublasLtHandle_t h, bool row_order, long M, long N, long K, Op a, Op 
   }
   CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  cublasLtMatmulPreference_t pref;
-  CK(cublasLtMatmulPreferenceCreate(&pref));
-  uint64_t wsb = ws_bytes;
-  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
-  cublasLtMatmulHeuristicResult_t res[8] = {};
-  Result r;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 8, res, &r.returned);
-  if (st != CUBLAS_STATUS_SUCCESS) r.returned = 0;
-  const float alpha = 1.0f, beta = 0.0f;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0); cudaEventCreate(&e1);
-  for (int i = 0; i < r.returned; ++i) {
-    bool ok = true;
-    for (int w = 0; w < 3 && ok; ++w)
-      ok = cublasLtMatmul(h, desc, &alpha, A, la, B, lb, &beta, pd, ld, pd, ld, &res[i].algo, ws, ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
-    if (!ok) continue;
-    std::vector<float> t;
-    for (int k = 0; k < 15; ++k) {
-      cudaEventRecord(e0, s);
-      cublasLtMatmul(h, desc, &alpha, A, la, B, lb, &beta, pd, ld, pd, ld, &res[i].algo, ws, ws_bytes, s);
-      cudaEventRecord(e1, s);
-      cudaEventSynchronize(e1);
-      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms);
-    }
-    std::nth_element(t.begin(), t.begin() + 7, t.end());
-    if (r.best_ms < 0 || t[7] < r.best_ms) r.best_ms = t[7];
-  }
-  cudaEventDestroy(e0); cudaEventDestroy(e1);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const Result r = time_candidates(h, desc, la, lb, ld, A, B, pd, 0.0f, 8, ws, ws_bytes, s);
   cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
   cublasLtMatmulDescDestroy(desc);
   return r;

@@ -1,32 +1,12 @@
 // Probe (session 26): what does the weight gradient's f32 output cost in cuBLASLt? Our wgrad GEMMs write
-// the f32 gradient buffers directly (beta 0 on the first micro-batch, beta 1 after), and in training they
-// run "tss" nvjet kernels ~7% (Llama) to ~15% (GPT-2 fc) slower than the bf16-output kernels that
-// torch.compile's autocast step runs for the same products (bench/train/split_step.sh + gaps.sh, NOTES.md
-// session 26). Per product, cuBLASLt's top 16 heuristic candidates (3 warm-ups, median of 15) with D in
+// the f32 gradient buffers directly (beta 0 on the first micro-batch, beta 1 after): in training they run
+// "tss" nvjet kernels where torch.compile's autocast step runs bf16-output ones for the same products, and
+// our backward GEMMs took ~5 ms more of the Llama step than torch's (bench/train/split_step.sh + gaps.sh,
+// NOTES.md session 26). Result there: no consistent cost (0.98-1.08x). Per product, cuBLASLt's top 16 heuristic candidates (3 warm-ups, median of 15) with D in
 // bf16 (beta 0), D in f32 (beta 0) and D in f32 accumulating (beta 1, C = D); column formulation and
 // 32 MiB workspace as turbo/kernels/cublaslt/gemm_cublaslt.cpp. Also the forward and dgrad (bf16 out) for
 // scale. Build: nvcc -O2 -arch=sm_90a -o lt_wgrad_dtype lt_wgrad_dtype.cu -lcublasLt. Not part of the product.
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x) do { auto e_ = (x); if (e_ != 0) { std::printf("error %d at %s:%d\n", (int)e_, __FILE__, __LINE__); std::exit(1); } } while (0)
-
-__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
-
-struct Op { long rows, cols; int t; };  // stored row-major [rows x cols]; logical = stored^t
-struct Result { int returned = 0; float best_ms = -1; int best_tile = -1; };
+#include "lt_probe.h"
 
 // D[M,N] (row-major) = op(A) op(B) as cuBLASLt's column-major D^T = op(B)^T op(A)^T.
 Result run(cublasLtHandle_t h, long M, long N, Op a, Op b, const void* pa, const void* pb, void* pd,
@@ -40,40 +20,7 @@ Result run(cublasLtHandle_t h, long M, long N, Op a, Op b, const void* pa, const
   cublasOperation_t ta = b.t ? CUBLAS_OP_T : CUBLAS_OP_N, tb = a.t ? CUBLAS_OP_T : CUBLAS_OP_N;
   CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  cublasLtMatmulPreference_t pref;
-  CK(cublasLtMatmulPreferenceCreate(&pref));
-  uint64_t wsb = ws_bytes;
-  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
-  cublasLtMatmulHeuristicResult_t res[16] = {};
-  Result r;
-  if (cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 16, res, &r.returned) != CUBLAS_STATUS_SUCCESS)
-    r.returned = 0;
-  const float alpha = 1.0f;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0); cudaEventCreate(&e1);
-  for (int i = 0; i < r.returned; ++i) {
-    bool ok = true;
-    for (int w = 0; w < 3 && ok; ++w)
-      ok = cublasLtMatmul(h, desc, &alpha, pb, la, pa, lb, &beta, pd, ld, pd, ld, &res[i].algo, ws, ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
-    if (!ok) continue;
-    std::vector<float> t;
-    for (int k = 0; k < 15; ++k) {
-      cudaEventRecord(e0, s);
-      cublasLtMatmul(h, desc, &alpha, pb, la, pa, lb, &beta, pd, ld, pd, ld, &res[i].algo, ws, ws_bytes, s);
-      cudaEventRecord(e1, s);
-      cudaEventSynchronize(e1);
-      float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms);
-    }
-    std::nth_element(t.begin(), t.begin() + 7, t.end());
-    if (r.best_ms < 0 || t[7] < r.best_ms) {
-      r.best_ms = t[7];
-      int tile = -1; size_t w = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &w);
-      r.best_tile = tile;
-    }
-  }
-  cudaEventDestroy(e0); cudaEventDestroy(e1);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const Result r = time_candidates(h, desc, la, lb, ld, pb, pa, pd, beta, 16, ws, ws_bytes, s);
   cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
   cublasLtMatmulDescDestroy(desc);
   return r;
