@@ -33,20 +33,12 @@ Result run(cublasLtHandle_t h, bool row_order, long M, long N, long K, Op a, Op 
     ta = b.t ? CUBLAS_OP_T : CUBLAS_OP_N;
     tb = a.t ? CUBLAS_OP_T : CUBLAS_OP_N;
   }
-  CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const Result r = time_candidates(h, desc, la, lb, ld, A, B, pd, 0.0f, 8, ws, ws_bytes, s);
-  cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
-  cublasLtMatmulDescDestroy(desc);
-  return r;
+  return time_and_release(h, desc, la, lb, ld, ta, tb, A, B, pd, 0.0f, 8, ws, ws_bytes, s);
 }
 
 int main() {
-  cublasLtHandle_t h;
-  CK(cublasLtCreate(&h));
-  cudaStream_t s; CK(cudaStreamCreate(&s));
-  const size_t ws_bytes = 32u << 20;
-  void* ws; CK(cudaMalloc(&ws, ws_bytes));
+  const ProbeEnv env;
+  const auto& [h, s, ws, ws_bytes] = env;
   const long T = 16384;
   struct Layer { const char* name; long C, OC; };
   const Layer layers[] = {{"gpt2/qkv", 768, 2304}, {"gpt2/attn_proj", 768, 768}, {"gpt2/fc", 768, 3072},

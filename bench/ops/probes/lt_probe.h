@@ -71,3 +71,29 @@ inline Result time_candidates(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cub
   cublasLtMatmulPreferenceDestroy(pref);
   return r;
 }
+
+// Sets the transposes, times the candidates, then destroys desc and the three layouts.
+inline Result time_and_release(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
+                               cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, cublasOperation_t ta,
+                               cublasOperation_t tb, const void* A, const void* B, void* D, float beta,
+                               int max_candidates, void* ws, size_t ws_bytes, cudaStream_t s) {
+  CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const Result r = time_candidates(h, desc, la, lb, ld, A, B, D, beta, max_candidates, ws, ws_bytes, s);
+  cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(desc);
+  return r;
+}
+
+// The handle, stream and 32 MiB workspace (turbo/kernels/cublaslt/gemm_cublaslt.cpp's default) a probe uses.
+struct ProbeEnv {
+  cublasLtHandle_t h = nullptr;
+  cudaStream_t s = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 32u << 20;
+  ProbeEnv() {
+    CK(cublasLtCreate(&h));
+    CK(cudaStreamCreate(&s));
+    CK(cudaMalloc(&ws, ws_bytes));
+  }
+};

@@ -18,20 +18,12 @@ Result run(cublasLtHandle_t h, long M, long N, Op a, Op b, const void* pa, const
   CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, a.cols, a.rows, a.cols));
   CK(cublasLtMatrixLayoutCreate(&ld, dt, N, M, N));
   cublasOperation_t ta = b.t ? CUBLAS_OP_T : CUBLAS_OP_N, tb = a.t ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const Result r = time_candidates(h, desc, la, lb, ld, pb, pa, pd, beta, 16, ws, ws_bytes, s);
-  cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
-  cublasLtMatmulDescDestroy(desc);
-  return r;
+  return time_and_release(h, desc, la, lb, ld, ta, tb, pb, pa, pd, beta, 16, ws, ws_bytes, s);
 }
 
 int main() {
-  cublasLtHandle_t h;
-  CK(cublasLtCreate(&h));
-  cudaStream_t s; CK(cudaStreamCreate(&s));
-  const size_t ws_bytes = 32u << 20;
-  void* ws; CK(cudaMalloc(&ws, ws_bytes));
+  const ProbeEnv env;
+  const auto& [h, s, ws, ws_bytes] = env;
   struct Layer { const char* name; long T, C, OC; };
   const Layer layers[] = {{"gpt2/qkv", 16384, 768, 2304}, {"gpt2/attn_proj", 16384, 768, 768},
                           {"gpt2/fc", 16384, 768, 3072}, {"gpt2/fc_proj", 16384, 3072, 768},
