@@ -28,7 +28,7 @@ target_include_directories(primus_blas INTERFACE ${PRIMUS_CBLAS_INCLUDE})
 
 # fmt and spdlog in their compiled-library mode: their out-of-line code is built once, in
 # third_party/fmt_spdlog, instead of in every source that includes them (header-only mode cost ~11 s
-# per unity file at -O3: about half of a CI build). Debian ships no static archives of either, hence
+# per unity file at -O3; bench/results/NOTES.md session 26). Debian ships no static archives of either, hence
 # our own; only their headers are used (the include directories of the header-only targets).
 add_library(primus_fmt_spdlog STATIC ${CMAKE_SOURCE_DIR}/third_party/fmt_spdlog/fmt_spdlog.cpp)
 set_target_properties(primus_fmt_spdlog PROPERTIES UNITY_BUILD OFF POSITION_INDEPENDENT_CODE ON)
