@@ -19,17 +19,26 @@ def short(name):
     return name.split("::")[-1][:56]
 
 
-def main():
-    rows = list(csv.DictReader(open(sys.argv[1])))
+def load_steps(path, step_arg=""):
+    """The trace's records in start order, the indices of its AdamW kernels (each ends a step) and the
+    step to read: step_arg if given (clamped), else the middle complete one. None when under 3 steps."""
+    rows = list(csv.DictReader(open(path)))
     recs = sorted(({"kind": r["kind"], "s": int(r["start_ns"]), "e": int(r["end_ns"]), "name": r["name"],
                     "bytes": int(r["bytes"]), "grid": int(r["grid"]), "graph": int(r["graph"])} for r in rows),
                   key=lambda r: r["s"])
     ends = [i for i, r in enumerate(recs) if "adamw" in r["name"].lower()]
     if len(ends) < 3:
         print(f"{len(recs)} records, {len(ends)} AdamW kernels: not enough steps")
+        return None
+    k = int(step_arg) if step_arg else len(ends) // 2
+    return recs, ends, max(1, min(k, len(ends) - 1))
+
+
+def main():
+    loaded = load_steps(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
+    if loaded is None:
         return
-    k = int(sys.argv[2]) if len(sys.argv) > 2 else len(ends) // 2
-    k = max(1, min(k, len(ends) - 1))
+    recs, ends, k = loaded
     step = [r for r in recs[ends[k - 1] + 1: ends[k] + 1] if r["kind"] in "KS" or r["graph"]]
     span = (step[-1]["e"] - recs[ends[k - 1]]["e"]) / 1e3
     busy = sum(r["e"] - r["s"] for r in step) / 1e3

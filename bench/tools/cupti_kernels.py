@@ -5,21 +5,19 @@ the per-launch range, largest first (the counterpart of bench/train/anchor_profi
 Usage: cupti_kernels.py cupti_trace.csv [step_index] [rows]
 Steps end at the AdamW kernel; step_index (default: the middle complete one) picks one.
 """
-import csv
+import os
 import sys
 from collections import defaultdict
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cupti_gaps import load_steps  # noqa: E402  (the trace's records and step boundaries)
+
 
 def main():
-    rows = list(csv.DictReader(open(sys.argv[1])))
-    recs = sorted(({"kind": r["kind"], "s": int(r["start_ns"]), "e": int(r["end_ns"]), "name": r["name"],
-                    "grid": int(r["grid"])} for r in rows), key=lambda r: r["s"])
-    ends = [i for i, r in enumerate(recs) if "adamw" in r["name"].lower()]
-    if len(ends) < 3:
-        print(f"{len(recs)} records, {len(ends)} AdamW kernels: not enough steps")
+    loaded = load_steps(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
+    if loaded is None:
         return
-    k = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else len(ends) // 2
-    k = max(1, min(k, len(ends) - 1))
+    recs, ends, k = loaded
     n_rows = int(sys.argv[3]) if len(sys.argv) > 3 else 30
     step = [r for r in recs[ends[k - 1] + 1: ends[k] + 1] if r["kind"] in "KS"]
     by = defaultdict(list)

@@ -3,7 +3,6 @@
 // their compiled-library mode (no FMT_HEADER_ONLY, SPDLOG_COMPILED_LIB; cmake/Dependencies.cmake), so
 // the implementation is compiled here once instead of in each of the ~80 unity files (0-13 s each at
 // -O3), and the binaries still link it statically (they run where no -dev library is installed).
-// What is instantiated below is what our sources use and the libraries leave to their own .cc/.cpp.
 #if defined(FMT_HEADER_ONLY) || !defined(SPDLOG_COMPILED_LIB)
 #error "fmt_spdlog.cpp is the compiled half of fmt / spdlog: build it without FMT_HEADER_ONLY, with SPDLOG_COMPILED_LIB"
 #endif
