@@ -27,8 +27,8 @@ find_path(PRIMUS_CBLAS_INCLUDE cblas.h PATHS /usr/include/x86_64-linux-gnu/openb
 target_include_directories(primus_blas INTERFACE ${PRIMUS_CBLAS_INCLUDE})
 
 # fmt and spdlog in their compiled-library mode: their out-of-line code is built once, in
-# third_party/fmt_spdlog, instead of in every source that includes them (header-only mode cost 0-13 s
-# per unity file at -O3; bench/results/NOTES.md session 26). Debian ships no static archives of either, hence
+# third_party/fmt_spdlog, instead of in every source that includes them (header-only mode measured
+# 0-13 s more per unity file at -O3). Debian ships no static archives of either, hence
 # our own; only their headers are used (the include directories of the header-only targets).
 add_library(primus_fmt_spdlog STATIC ${CMAKE_SOURCE_DIR}/third_party/fmt_spdlog/fmt_spdlog.cpp)
 set_target_properties(primus_fmt_spdlog PROPERTIES UNITY_BUILD OFF POSITION_INDEPENDENT_CODE ON)

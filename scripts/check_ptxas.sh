@@ -2,8 +2,8 @@
 # Fails when ptxas serialises the wgmma instructions of a Hopper kernel for lack of registers
 # ("(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to
 # insufficient register resources"): every wgmma then waits for the one before it, and nothing
-# else in the build says so (session 22 found the default head_dim-64 attention backward in that
-# state, 10-16% slower; bench/results/NOTES.md). Compiles each FILE's device code alone for sm_90a
+# else in the build says so (the default head_dim-64 attention backward was once in that state,
+# and measured 10-16% slower for it). Compiles each FILE's device code alone for sm_90a
 # (-cubin, no host pass) with ptxas -v, lists its kernels' spills, and fails on any C7512 whose
 # kernel does not match ALLOW (an extended regex over mangled names; default: order 0 of the
 # 128-query backward, kept for A/B runs, which serialises by design).

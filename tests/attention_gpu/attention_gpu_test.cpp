@@ -306,7 +306,7 @@ TEST_F(AttnGpu, Sm90WsPersistentKernelsWalkManyTiles) {
 // both are at the gate against the reference, dK and dV do not depend on the choice (bitwise),
 // and dQ differs only by the order of its f32 additions: at most one bf16 unit in the last place
 // per element, or 2^-12 of the largest |dq| for elements made small by cancellation (the unit
-// bound alone failed once in about 30 runs on an H200 in session 17; its message was not kept).
+// bound alone failed once in about 30 runs on an H200).
 // T = 200 over two batch rows: the last query tile's rows past T are clipped, not added to the
 // next row's first tokens.
 TEST_F(AttnGpu, Sm90BackwardDqReduceMatchesAtomics) {

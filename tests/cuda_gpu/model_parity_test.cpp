@@ -8,7 +8,7 @@
 // every case for seeds 1..$PRIMUS_PARITY_DUMP_SEEDS (default 4) for the outside oracle
 //   python3 tests/cuda_gpu/bf16_noise_floor.py <dir>
 // which measures, on the same weights and batches, what PyTorch's own bf16 training shows
-// against PyTorch fp32 (bench/train/run_on_gpu.sh runs both; bench/results/NOTES.md 2026-11-23).
+// against PyTorch fp32 (bench/train/run_on_gpu.sh runs both).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -33,8 +33,7 @@ namespace {
 // problem; the margin covers the seed-to-seed spread (this test draws a fresh seed per run) and
 // our different but equally valid bf16 rounding points.
 //
-// W measured 2026-11-23 on an NVIDIA H100 80GB HBM3 (commit 554a1f0, torch 2.11.0+cu130,
-// transformers 5.17.0; bench/results/NOTES.md, raw table in bench/train/runs/2026-11-23-h100-s3/):
+// W measured on an NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, transformers 5.17.0):
 // the mapping check passed (reference vs torch fp32 <= 2.2e-6), autocast's worst per seed was
 // GPT-2 8.7e-3..9.8e-3 and Llama 1.74e-2..1.89e-2 (ours, same seeds: 1.0e-2..1.1e-2 and
 // 1.78e-2..2.04e-2). Gates: GPT-2 max(2e-2, 1.47e-2) = 2e-2; Llama 1.5 x 1.885e-2 = 2.83e-2.

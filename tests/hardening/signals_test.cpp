@@ -86,7 +86,7 @@ TEST_F(HardeningTest, SecondSigtermExitsAtOnceLeavingTheLastCheckpointUntouched)
   o.iters = o.decay_iters = 40;
   // The signals must arrive before the next scheduled save is installed. With saves every 5 steps
   // and the signals sent at step 7 (~60 ms a step), a test process delayed by ~0.2 s on a loaded
-  // machine let step 10's save complete first (CI, 2026-11-26). Saving at 20 and signalling at 22
+  // machine let step 10's save complete first (seen in CI). Saving at 20 and signalling at 22
   // leaves 18 steps (~1 s) before the run's end.
   o.save_interval = 20;
   const auto ws = dir() / "run";
