@@ -138,9 +138,9 @@ std::string views_on(Device dev, const GemmArgs& g) {
 
 // The default backend of GEMMs with a fused bias / GELU epilogue on 16-bit tensors:
 // PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND=TURBO|CUBLASLT (read once; unset: CUBLASLT). TURBO's
-// epilogues are correct but measured 0.50-0.75x cuBLASLt's on GPT-2's layers (H100, 2026-11-23,
-// bench/results/NOTES.md session 6), so cuBLASLt stays the default until they are faster. A
-// call TURBO cannot run goes to the op's default.
+// epilogues are correct but GPT-2 trains 2-3% slower with them than with cuBLASLt's (H200, H100;
+// alone, the GELU-aux forward reaches 0.97-1.02x of cuBLASLt's, the other epilogue products
+// 0.85-0.96x), so cuBLASLt stays the default until they are faster. A call TURBO cannot run goes to the op's default.
 std::optional<BackendType> epilogue_rule(const GemmArgs& g) {
   static const std::optional<BackendType> pick = []() -> std::optional<BackendType> {
     const char* e = std::getenv("PRIMUS_TURBO_GEMM_EPILOGUE_BACKEND");

@@ -92,8 +92,8 @@ size_t linear_backward_weight_ones_scratch_bytes(int64_t OC, int64_t Cp);
 
 // dbias [C] f32 += column sums of dout [N,C] (f32 or bf16, rows may be strided): a linear layer's
 // bias gradient as its own reduction, for callers whose weight-gradient GEMM should stay free of
-// the bias-gradient epilogue (on an H100 that epilogue costs GPT-2's layers 20-55% of the GEMM;
-// bench/results/NOTES.md). Deterministic on the device (fixed-order partial sums, no atomics);
+// the bias-gradient epilogue (on an H100 that epilogue costs GPT-2's layers 20-55% of the GEMM).
+// Deterministic on the device (fixed-order partial sums, no atomics);
 // host f32 tensors on the CPU in row order, accumulated in double.
 void bias_grad(const TensorView& dbias, const TensorView& dout, const ExecContext& ctx);
 

@@ -90,7 +90,8 @@ Formulation formulation_from_env() {
 struct Context {
   std::mutex mu;
   // Column unless PRIMUS_TURBO_CUBLASLT_ORDER=auto|row (read when the context is made) or
-  // set_formulation says otherwise: searching both is not yet measured in training (session 8).
+  // set_formulation says otherwise: searching both measured slower in training (H200: GPT-2 -1.1%,
+  // Llama -0.5%), although single products were 4-13% faster in row order.
   Formulation formulation = formulation_from_env();
   cublasLtHandle_t handle = nullptr;
   void* ws = nullptr;
@@ -363,7 +364,7 @@ bool use_cached(Plan& plan, const CachedAlgo& hit, const Context& c) {
 // search's winner (saved to the file). With Formulation::Auto (PRIMUS_TURBO_CUBLASLT_ORDER=auto),
 // plain products (row_order_eligible) are searched in both formulations and the faster kept: the
 // row-order one reaches other kernels, 4-13% faster on some training shapes and slower on others
-// (H200, 2026-11-26, bench/results/NOTES.md session 8). The file keeps each formulation's
+// (H200). The file keeps each formulation's
 // winner, the row-order one under the key + "|row"; a key whose file entry predates that (no
 // "|row" entry) keeps its column-order algorithm, so a resumed run still reproduces the earlier one.
 void choose_algo(std::unique_ptr<Plan>& plan, const GemmProblem& p, const std::string& key, Context& c,

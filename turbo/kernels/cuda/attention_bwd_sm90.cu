@@ -465,7 +465,7 @@ struct BwdWsConfig : BwdSm90Config<D_> {
   static constexpr bool kDqRows = BM == 128;
   // dQ's product committed before dK's, whose product then runs on under the dQ staging and the
   // next tile's first products: +1-2% with 128-query tiles at head_dim 64, -7% at head_dim 128
-  // (two binaries, H200, session 19), so only there.
+  // (two binaries, H200), so only there.
   // DsFirst (128-query tiles): the order FlashAttention-3 uses, for registers. With 128 queries a
   // warpgroup holds S^T and dP^T as 64 + 64 floats a thread beside dK and dV (32 + 32); the order
   // above (dV's product issued from P^T's fragments before dS^T is formed, dK's product still
@@ -478,7 +478,7 @@ struct BwdWsConfig : BwdSm90Config<D_> {
   // tiles); 1 DsFirst, dV's and dK's products issued together before the dQ barrier; 2 (default)
   // DsFirst with dV's product before the barrier and dK's after dQ's, so that waiting for dQ
   // leaves dK's product running under the dQ staging (within the tile: into the next one it would
-  // hold dS^T's fragments beside the next S^T and dP^T again). H200, one process (session 22):
+  // hold dS^T's fragments beside the next S^T and dP^T again). H200, one process:
   // 1 vs 0 +9-13%, 2 vs 1 +1.5-2.6% at GPT-2 and Llama-like shapes. A fourth order (dV's product
   // before dS^T, with dS^T formed from P^T's bf16 fragments so the f32 P^T need not stay live)
   // measured 6-8% below 2 and changed dQ / dK beyond the sm90 kernel's check: dropped.
@@ -799,10 +799,10 @@ void launch_ws_config(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, 
   // works together, sharing its Q, dO and dQ tiles in L2), groupN = heaviest first by groups of
   // N key tiles, each head's N works together.
   // Defaults: persistent blocks keyfast (their snake over rounds balances the causal costs; keyfast
-  // against group2 there: +3-10%, H200, session 18); one block per work group2 (the hardware hands
+  // against group2 there: +3-10%, H200); one block per work group2 (the hardware hands
   // blocks out in index order, so heavy works must come first, but with one block of each of ~132
   // heads running (heavy) every Q/dO/dQ tile came from DRAM (70% of its bandwidth at T=2048); pairs
-  // of key tiles per head halve that (+4-8% at 8x2048x16 heads, within 0.5% elsewhere, session 17)).
+  // of key tiles per head halve that (+4-8% at 8x2048x16 heads, within 0.5% elsewhere, H200)).
   const std::string ord = env_choice("PRIMUS_TURBO_ATTN_BWD_ORDER", {"heavy", "keyfast", "group2", "group4", "group8"},
                                      persistent ? "keyfast" : "group2");
   const int order = ord == "keyfast" ? 1 : ord == "heavy" ? 0 : ord[5] - '0';
@@ -813,10 +813,10 @@ void launch_ws_config(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, 
 template <class T, int D>
 void launch_ws(const FlashAttnParams& prm, const FlashBwdPointers& ptrs, cudaStream_t stream) {
   // Two Q/dO stages and two dQ staging buffers: a third stage (head_dim 128: with one staging
-  // buffer) measured 1-3% slower on an H200 (bench/results/NOTES.md, session 17).
+  // buffer) measured 1-3% slower on an H200.
   // PRIMUS_TURBO_ATTN_BWD_BM (head_dim 64; read on every call, for A/B runs): query rows a tile,
   // 128 (default; one dQ staging buffer then: two do not fit beside the larger tiles) or 64. 128
-  // against 64, in one process on an H200 (session 19): +6.3% GPT-2, +8.1-8.4% at T = 2048 (GQA and
+  // against 64, in one process on an H200: +6.3% GPT-2, +8.1-8.4% at T = 2048 (GQA and
   // MHA), +9.5% non-causal, +3.7% packed.
   if constexpr (D == 64) {
     if (env_choice("PRIMUS_TURBO_ATTN_BWD_BM", {"64", "128"}, "128") == "128") {

@@ -431,7 +431,7 @@ static_assert(WsConfig<128>::kSmem <= 227 * 1024 && WsConfig<64>::kSmem <= 227 *
 // (head, batch row) pairs; within a group causal tiles come heaviest first over the group's heads
 // (query tile slowest: each round of the grid takes tiles of about equal cost) and non-causal ones
 // head by head. group = 1 (the default) goes head by head, causal tiles heaviest first within each
-// head; on an H200 (session 18) it beat groups of all heads and groups sized to keep their K/V in
+// head; on an H200 it beat groups of all heads and groups sized to keep their K/V in
 // L2 (persistent, causal: 497 vs 389 TFLOP/s at 8x2048x16 heads, head_dim 128; equal elsewhere).
 struct WsTiles {
   int tiles_m, H, HB, count, group;
@@ -579,7 +579,7 @@ void launch_ws(const FlashAttnParams& prm, const Sm90Args& a, cudaStream_t strea
   const int64_t group = std::min<int64_t>(env_int("PRIMUS_TURBO_ATTN_FWD_GROUP", 1, INT32_MAX, 1), prm.H * prm.B);
   // PRIMUS_TURBO_ATTN_FWD_PINGPONG=0 (read on every call, for A/B runs): the consumer warpgroups
   // issue their products whenever they are ready instead of taking turns (see the kernel; turns
-  // measured +15% at head_dim 128, +6% at 64 on an H200, session 17).
+  // measured +15% at head_dim 128, +6% at 64 on an H200).
   const int pingpong = env_choice("PRIMUS_TURBO_ATTN_FWD_PINGPONG", {"0", "1"}, "1") == "1" ? 1 : 0;
   kernel<<<grid, C::kThreads, C::kSmem, stream>>>(tq, tk, tv, a, pingpong, static_cast<int>(group));
   CUDA_CHECK_LAST();

@@ -166,7 +166,7 @@ __device__ __forceinline__ DocSpan doc_of(const int32_t* cu, int num_docs, int b
 
 // 2^x on the special-function unit alone (ex2.approx.ftz: one MUFU.EX2). exp2f without fast math
 // compiles to a compare, two multiplies and the MUFU (to return denormal results), which at head_dim
-// 64 made the forward's FMULs 2.5x its exps (ncu, H200, session 19). Results below 2^-126 flush to
+// 64 made the forward's FMULs 2.5x its exps (ncu, H200). Results below 2^-126 flush to
 // zero: a probability that small adds nothing to a bf16 / f16 output. -inf gives +0, NaN stays NaN.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;

@@ -20,7 +20,7 @@
 //   that the warp does not wait for, so D's writes drain under the next tile's main loop (or, with
 //   PRIMUS_TURBO_GEMM_TMA_STORE=0, by the warp's own 128-byte row stores), the rest after a
 //   transpose across each quad of lanes (shuffles). The staged form issues about half the
-//   epilogue's instructions: products 2-11% faster on an H200 (bench/results/NOTES.md, session 13).
+//   epilogue's instructions: products 2-11% faster on an H200.
 // Schedules (splits == 1; gemm_sm90.h): the above is "coop". "pingpong": each consumer warpgroup
 //   owns a whole 128 x 128 tile (two m64n128 wgmmas per k16 step, 128 accumulators per thread),
 //   the block's tiles alternate between the two warpgroups, their k-loops strictly in tile order
@@ -98,8 +98,8 @@ template <int BN, bool PP = false>
 struct Cfg {
   static_assert(!PP || BN == 128, "the ping-pong schedule runs 128 x 128 tiles");
   static_assert(BN == 128 || BN == 160 || BN == 256, "tile widths 128, 160 and 256");
-  // Ping-pong: 6 stages of 32 KiB (7 fit without the staged epilogue's buffer; session 15 traded
-  // one for it).
+  // Ping-pong: 6 stages of 32 KiB (7 fit without the staged epilogue's buffer, which is worth
+  // more than the seventh stage).
   static constexpr int kStages = PP ? 6 : BN == 256 ? 4 : 5;
   static constexpr int kHalves = PP ? 2 : 1;        // m64 row blocks per consumer warpgroup
   static constexpr int kAcc = kHalves * BN / 2;     // accumulator floats per consumer thread
@@ -351,8 +351,8 @@ __device__ __forceinline__ void load_pair(const OutT* at, bool two, bool vec, fl
 // writes that value to aux and gelu of it to D; DGelu writes it times gelu'(aux) to D.
 // Everything the groups read (bias, beta * D, aux) is loaded before anything is stored: a store
 // to D may alias a later load from D in the compiler's eyes, so loads interleaved with stores wait
-// one memory latency per group (the f32 weight-gradient GEMMs with beta = 1 ran at 0.6-0.77x
-// cuBLASLt that way: session 7, NOTES). EPI is a template argument: a kernel holds the code of its
+// one memory latency per group (the f32 weight-gradient GEMMs with beta = 1 went from 0.61x to
+// 0.77x cuBLASLt on an H200 when their loads came first). EPI is a template argument: a kernel holds the code of its
 // own epilogue only (with every variant behind run-time branches in one kernel, the plain
 // products ran 25-35% slower on an H100).
 template <class OutT, int EPI>
@@ -1197,8 +1197,9 @@ bool streamk_workspace(int slots, cudaStream_t stream, StreamKWorkspace& out) {
 // as whole tiles (k-tiles + 4 for the fill and the epilogue), then the longest stream-K range, +4
 // for each of its segments (each ends in an epilogue or a partial's write while the tensor cores
 // wait), + 1.25 for each partial the busiest owner adds (128 KiB read from L2) and 0.5 for the
-// write of one. The 1.25 and 0.5 (and the 3% margin below) are estimates, not yet measured: set
-// them from the stream-K plan sweep (bench/results/NOTES.md, session 14).
+// write of one. The 1.25 and 0.5 (and the 3% margin below) are estimates, not measured: the
+// stream-K plan measured slower than the cluster plans wherever it ran (H100), so it stays off
+// and the constants were never tuned.
 double streamk_cost_uncached(const streamk::Split& s) {
   int reads = 0, segments = 0;
   for (int t = s.tiles_dp; t < s.tiles; ++t) {
@@ -1372,14 +1373,14 @@ GemmSm90Plan gemm_sm90_choose_plan(const GemmSm90PlanQuery& q, GemmSm90ClusterSl
       const int64_t slots = s == 1 ? sms : cluster_slots(bn, s);
       if (slots <= 0) continue;
       // A 128-wide tile does half a 256-wide tile's MMAs but not at half its time: measured on an
-      // H100 (2026-11-23, bench/ops/plan_sweep.sh), 256 x 1 beat the 128-wide plans this model
+      // H100 (bench/ops/plan_sweep.sh), 256 x 1 beat the 128-wide plans this model
       // preferred by 6-20% on lm_head fwd, Llama gate|up fwd, down dgrad and kv wgrad, so a
       // 128-wide tile counts 0.575 of a 256-wide one (0.5 x 1.15) instead of 0.5.
       // The 160-wide tile: 0.625 of the MMAs at an assumed 10% penalty (an estimate between the two
-      // measured points; session 15).
+      // measured points).
       const double tile_cost = bn == 256 ? 1.0 : bn == 160 ? 0.69 : 0.575;
       // A split plan of several waves also pays 20 k-tiles per wave after the first: measured on an
-      // H100 (session 15, bench/ops/runs/2026-11-27-h100-s15-bn160/), GPT-2's fc weight gradient
+      // H100 (bench/ops/plan_sweep.sh), GPT-2's fc weight gradient
       // ran at 0.59x cuBLASLt in 3 waves of 5-block clusters and 0.83x in 2 waves of 3, against
       // 0.83x for one wave of 160-wide tiles, where the model without it ranked them the other way
       // round (the later waves' blocks are out of k-phase with the rest: their operand slabs come

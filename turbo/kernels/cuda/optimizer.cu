@@ -155,7 +155,7 @@ sum_squares_kernel(float* partial, const void* table, int n) {
 // One block. Each thread adds partials tid, tid + blockDim, ... in that order (kIlp loads in flight
 // before they are added; the padding past num adds 0.0, which leaves a double sum unchanged), so
 // the result is the bits of the plain strided loop in fewer memory round trips: Llama-3.2-1B's
-// ~366k partials took 89 us one load at a time (H200 trace, session 11).
+// ~366k partials took 89 us one load at a time (H200 trace).
 __global__ void finish_norm_kernel(float* out, const float* partial, int64_t num, float max_norm) {
   __shared__ double smem[32];
   constexpr int kIlp = 16;
