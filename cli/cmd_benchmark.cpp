@@ -1,5 +1,5 @@
-// primus benchmark OP... [--shapes S,...] [--dtype bf16] [--backend X|all] [--iters N] [--json FILE]
-//                        [--ab VAR=A,B,... [--ab-rounds N]]
+// primus benchmark OP... [--shapes S,...] [--dtype bf16] [--backend X|all] [--variants V,...|all] [--iters N]
+//                        [--json FILE] [--ab VAR=A,B,... [--ab-rounds N]]
 // Turbo's ops per case and kernel backend against the device's ceilings measured in the same run
 // (turbo/bench/benchmark.h). Without a GPU the CPU kernels run, and the output says so.
 #include <cstdio>
@@ -47,6 +47,10 @@ void setup_benchmark(CLI::App& app) {
   app.add_option("--dtype", o->dtype, "Tensor dtype of the device backends: bf16, f16 or f32 (the CPU backends use f32)");
   app.add_option("--backend", o->cfg.backend,
                  "One kernel backend (CPU, CUBLASLT, CUDNN, TURBO) or all; default: the device's backends, or CPU without a GPU");
+  app.add_option("--variants", o->cfg.variants,
+                 "Kernel variants to time too, each after its backend and cross-checked like it (comma-separated, or "
+                 "all):\n" + turbo::bench::benchmark_variant_help())
+      ->delimiter(',');
   app.add_option("--iters", o->cfg.iters, "Timed calls per measurement (default 50 on a GPU, 5 on the host)")
       ->check(CLI::PositiveNumber);
   app.add_option("--json", o->cfg.json_path, "Append one JSON line per measurement to FILE (DESIGN.md, Measurements)");

@@ -1,6 +1,7 @@
 // `primus benchmark` through the real binary: tiny cases on the CPU kernels (--cpu-only, so the
-// result is the same with or without a GPU), the table, and the JSON lines in DESIGN.md's
-// Measurements format; bad input is one clear message with exit code 2.
+// result is the same with or without a GPU; the layer family runs on the host anyway), the table,
+// and the JSON lines in DESIGN.md's Measurements format; bad input is one clear message with exit
+// code 2.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -198,6 +199,55 @@ TEST(BenchmarkCli, InProcessABReportsEachValue) {
   EXPECT_NE(r.out.find("gemm/32x16x8/fwd [PRIMUS_BENCH_AB_TEST=two]"), std::string::npos) << r.out;
 }
 
+// layer: a GPT-2 layer on the CPU reference kernels, forward and backward, then its parts; on the
+// host even where a GPU is present.
+TEST(BenchmarkCli, LayerTimesAGpt2LayerOnTheHost) {
+  Workdir w;
+  const auto json = w.path() / "layer.jsonl";
+  const auto r = run_primus("benchmark layer --iters 1 --shapes 2x16x32x2 --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::map<std::string, nlohmann::json> got;
+  for (const auto& j : read_lines(json)) got[j["case"]] = j;
+  const std::map<std::string, std::string> want = {
+      {"layer/2x16x32x2/fwd", "TFLOP/s"},           {"layer/2x16x32x2/fwdbwd", "TFLOP/s"},
+      {"layer/2x16x32x2/attention_fwd", "TFLOP/s"}, {"layer/2x16x32x2/attention_bwd", "TFLOP/s"},
+      {"layer/2x16x32x2/fc_fwd", "TFLOP/s"},        {"layer/2x16x32x2/layernorm_fwdbwd", "GB/s"},
+      {"layer/2x16x32x2/gelu_fwdbwd", "GB/s"},      {"layer/2x16x32x2/cross_entropy_fwdbwd", "GB/s"}};
+  for (const auto& [c, metric] : want) {
+    ASSERT_TRUE(got.count(c)) << c << " missing:\n" << r.out;
+    const auto& j = got[c];
+    expect_measurement_format(j);
+    EXPECT_EQ(j["backend"], "CPU") << c;
+    EXPECT_EQ(j["dtype"], "f32") << c;
+    EXPECT_EQ(j["metric"], metric) << c;
+    EXPECT_EQ(j["device"].get<std::string>().rfind("CPU: ", 0), 0u) << j.dump();
+    EXPECT_GT(j["ours"].get<double>(), 0.0) << c;
+  }
+  // Forward: the four linears (12 C^2 multiply-adds per token) and causal attention; the backward
+  // counts twice the forward.
+  const double N = 2 * 16, C = 32, attn = 4.0 * 2 * 2 * 16 * 16 * 16 * 0.5;
+  EXPECT_DOUBLE_EQ(got["layer/2x16x32x2/fwd"]["work"].get<double>(), 2.0 * N * C * C * 12 + attn);
+  EXPECT_DOUBLE_EQ(got["layer/2x16x32x2/fwdbwd"]["work"].get<double>(), 3.0 * (2.0 * N * C * C * 12 + attn));
+  EXPECT_DOUBLE_EQ(got["layer/2x16x32x2/cross_entropy_fwdbwd"]["work"].get<double>(), 2.0 * 16 * 50257 * 4);
+}
+
+// --variants all names every variant of the ops run; those of a backend the run leaves out (TURBO
+// without a GPU) do not run, and the CPU lines carry no cross-check (one backend, nothing to set
+// them against).
+TEST(BenchmarkCli, VariantsOfABackendThatDoesNotRunAreLeftOut) {
+  Workdir w;
+  const auto json = w.path() / "v.jsonl";
+  const auto r = run_primus("benchmark attention --cpu-only --iters 1 --variants all --shapes 1x16x4x2x8 --json " +
+                            json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(measured_cases(json), (std::set<std::string>{"attention/1x16x4x2x8/fwd", "attention/1x16x4x2x8/bwd"}));
+  for (const auto& j : read_lines(json)) {
+    EXPECT_EQ(j["backend"], "CPU") << j.dump();
+    EXPECT_FALSE(j.contains("xcheck")) << j.dump();
+  }
+  EXPECT_EQ(r.out.find("outputs against the first backend"), std::string::npos) << r.out;
+}
+
 TEST(BenchmarkCli, BadInputIsOneClearMessage) {
   struct Bad {
     std::string args;
@@ -221,6 +271,12 @@ TEST(BenchmarkCli, BadInputIsOneClearMessage) {
       {"benchmark gemm --cpu-only --ab =a,b", {"--ab '=a,b'", "VAR=A,B"}},
       {"benchmark gemm --cpu-only --ab PRIMUS_X=a", {"--ab 'PRIMUS_X=a'", "at least two values"}},
       {"benchmark gemm --cpu-only --ab PRIMUS_X=a,,b", {"--ab 'PRIMUS_X=a,,b'", "an empty value"}},
+      {"benchmark attention --cpu-only --variants TURBO_SM81", {"unknown variant 'TURBO_SM81'", "TURBO_SM80"}},
+      {"benchmark gemm --cpu-only --variants TURBO_SM80", {"TURBO_SM80 is a variant of op 'attention'", "does not benchmark"}},
+      {"benchmark attention --cpu-only --variants TURBO_SM80", {"--variants TURBO_SM80 needs a CUDA device", "--cpu-only"}},
+      {"benchmark layer --cpu-only --shapes 1x16x30x4", {"layer: shape '1x16x30x4'", "30 features do not split into 4 heads"}},
+      {"benchmark layer --cpu-only --shapes 1x16x32", {"layer: shape '1x16x32' is not BxTxCxH"}},
+      {"benchmark layer --backend TURBO", {"op 'layer' has no backend TURBO", "CPU"}},
   };
   for (const auto& b : bad) {
     const auto r = run_primus(b.args);

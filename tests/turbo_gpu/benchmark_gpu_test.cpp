@@ -88,6 +88,53 @@ TEST(BenchmarkGpu, DeviceBackendsAgainstTheDeviceCeilings) {
   std::filesystem::remove(json);
 }
 
+// --variants: each TURBO kernel variant runs after TURBO under its own name, and every backend and
+// variant after the first (CUDNN) is cross-checked against it on the same inputs: out on the
+// forward's line, dq, dk, dv on the backward's, all within the bf16 gate.
+TEST(BenchmarkGpu, AttentionVariantsAreTimedAndCrossChecked) {
+  if (cuda_device_count_or_zero() == 0) GTEST_SKIP() << "no CUDA device";
+  const auto json = std::filesystem::temp_directory_path() / "primus_benchmark_variants_test.jsonl";
+  std::filesystem::remove(json);
+  bench::BenchConfig cfg;
+  cfg.ops = {"attention"};
+  cfg.shapes = {"2x512x4x2x64", "1x256x4x4x128:packed"};
+  cfg.variants = {"all"};
+  cfg.iters = 2;
+  cfg.memory_gib = 2;
+  cfg.json_path = json.string();
+  EXPECT_GT(bench::run_benchmarks(cfg, stdout), 0);
+  std::map<std::string, std::set<std::string>> backends;  // case -> backends measured
+  std::ifstream f(json);
+  std::string l;
+  while (std::getline(f, l)) {
+    const auto j = nlohmann::json::parse(l);
+    const std::string c = j["case"];
+    if (c.rfind("attention/", 0) != 0) continue;
+    const std::string be = j["backend"];
+    backends[c].insert(be);
+    if (be == "CUDNN") {
+      EXPECT_FALSE(j.contains("xcheck")) << "the reference: " << j.dump();
+      continue;
+    }
+    ASSERT_TRUE(j.contains("xcheck")) << j.dump();
+    EXPECT_EQ(j["xcheck"]["vs"], "CUDNN") << j.dump();
+    const bool fwd = c.size() > 4 && c.compare(c.size() - 4, 4, "/fwd") == 0;
+    for (const char* out : fwd ? std::vector<const char*>{"out"} : std::vector<const char*>{"dq", "dk", "dv"}) {
+      ASSERT_TRUE(j["xcheck"]["rel_l2"].contains(out)) << out << ": " << j.dump();
+      ASSERT_TRUE(j["xcheck"]["rel_l2"][out].is_number()) << out << ": " << j.dump();
+      EXPECT_LT(j["xcheck"]["rel_l2"][out].get<double>(), 1e-2) << out << ": " << j.dump();
+    }
+  }
+  const std::set<std::string> all = {"CUDNN", "TURBO", "TURBO_SM90_PIPE", "TURBO_SM90_SIMPLE", "TURBO_BWD_SM90", "TURBO_SM80"};
+  for (const char* c : {"attention/2x512x4x2x64/fwd", "attention/2x512x4x2x64/bwd", "attention/1x256x4x4x128_packed/fwd",
+                        "attention/1x256x4x4x128_packed/bwd"})
+    EXPECT_EQ(backends[c], all) << c;
+  // The variants' switches are put back after each case.
+  EXPECT_EQ(std::getenv("PRIMUS_TURBO_ATTN_KERNEL"), nullptr);
+  EXPECT_EQ(std::getenv("PRIMUS_TURBO_ATTN_BWD_KERNEL"), nullptr);
+  std::filesystem::remove(json);
+}
+
 namespace {
 
 // Whether one line of `out` holds every part.

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "turbo/core/arena.h"
 #include "turbo/core/tensor_view.h"
@@ -24,6 +25,9 @@ class BenchDevice {
   // t[i] uniform in [0, hi); i32.
   virtual void fill_ints(const TensorView& t, uint64_t seed, int32_t hi) = 0;
   virtual void zero(const TensorView& t) = 0;
+  // t's elements as f32 in row-major order of its shape (a strided view too), on the host: what
+  // the cross-check compares.
+  virtual std::vector<float> read(const TensorView& t) = 0;
   // Time of one call of `run` over `iters` calls, after warm-up calls: the median, or with
   // fastest=true the fastest call (what the ceilings use: a ceiling is the best the device does).
   virtual double time_ms(const std::function<void()>& run, int iters, bool fastest = false) = 0;
@@ -41,5 +45,10 @@ std::unique_ptr<BenchDevice> make_cuda_bench_device(size_t arena_bytes, std::str
 
 // Host random numbers of the same construction as the device fill (for the host device).
 float hash_uniform(uint64_t i, uint64_t seed);
+
+// The bytes from t.data to t's last element (non-negative strides), and those elements gathered
+// from a host copy of that span as f32, row-major: BenchDevice::read's two halves.
+size_t span_bytes(const TensorView& t);
+std::vector<float> gather_f32(const void* span, const TensorView& t);
 
 }  // namespace primus::turbo::bench

@@ -32,6 +32,11 @@ class CudaBenchDevice final : public BenchDevice {
     fill_ints_device(t.ptr<int32_t>(), t.numel(), seed, hi);
   }
   void zero(const TensorView& t) override { CUDA_CHECK(cudaMemset(t.data, 0, t.nbytes())); }
+  std::vector<float> read(const TensorView& t) override {
+    std::vector<char> span(span_bytes(t));
+    CUDA_CHECK(cudaMemcpy(span.data(), t.data, span.size(), cudaMemcpyDeviceToHost));
+    return gather_f32(span.data(), t);
+  }
 
   double time_ms(const std::function<void()>& run, int iters, bool fastest) override {
     const int reps = std::max(1, iters);

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -21,6 +22,25 @@ float hash_uniform(uint64_t i, uint64_t seed) {
   x *= 0xc4ceb9fe1a85ec53ull;
   x ^= x >> 33;
   return static_cast<float>(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+}
+
+size_t span_bytes(const TensorView& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
+  return static_cast<size_t>(last + 1) * dtype_size(t.dtype);
+}
+
+std::vector<float> gather_f32(const void* span, const TensorView& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  std::array<int64_t, TensorView::kMaxDims> idx{};
+  for (size_t i = 0; i < v.size(); ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < t.ndim; ++d) off += idx[d] * t.strides[d];
+    v[i] = load_as_float(span, t.dtype, static_cast<size_t>(off));
+    for (int d = t.ndim - 1; d >= 0 && ++idx[d] == t.shape[d]; --d) idx[d] = 0;  // row-major odometer
+  }
+  return v;
 }
 
 namespace {
@@ -59,6 +79,7 @@ class HostBenchDevice final : public BenchDevice {
       p[i] = static_cast<int32_t>((hash_uniform(static_cast<uint64_t>(i), seed) * 0.5f + 0.5f) * static_cast<float>(hi)) % hi;
   }
   void zero(const TensorView& t) override { std::memset(t.data, 0, t.nbytes()); }
+  std::vector<float> read(const TensorView& t) override { return gather_f32(t.data, t); }
 
   double time_ms(const std::function<void()>& run, int iters, bool fastest) override {
     run();  // warm-up: first-touch page faults, plan creation

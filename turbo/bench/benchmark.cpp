@@ -66,7 +66,7 @@ namespace {
 const std::vector<OpFamily>& families() {
   static const std::vector<OpFamily> f = {gemm_family(), norm_family(), activation_family(), loss_family(),
                                           optimizer_family(), rope_family(), embedding_family(), attention_family(),
-                                          quantize_family()};
+                                          quantize_family(), layer_family()};
   return f;
 }
 
@@ -154,9 +154,10 @@ class Reporter {
   }
 
   // A measurement: value in its metric's unit, share of the ceiling as the anchor when measured.
+  // xcheck: the cross-check's JSON object, or "".
   void measurement(const std::string& bench, const std::string& case_name, const std::string& backend,
                    const std::string& device, DType dt, Metric m, double work, double ms, double ceiling,
-                   const std::string& ceiling_what, const std::string& note) {
+                   const std::string& ceiling_what, const std::string& note, const std::string& xcheck) {
     const bool flops = m == Metric::Flops;
     const double value = flops ? work / ms / 1e9 : work / ms / 1e6;
     const char* unit = flops ? "TFLOP/s" : "GB/s";
@@ -172,7 +173,7 @@ class Reporter {
         ratio = fmt::format("{:.6g}", value / ceiling);
       }
       write_json(bench, case_name, backend, device, std::string(dtype_name(dt)), unit, value, anchor, anchor_name, ratio, ms,
-                 work);
+                 work, xcheck);
     }
     ++count_;
   }
@@ -188,14 +189,16 @@ class Reporter {
   void write_json(const std::string& bench, const std::string& case_name, const std::string& backend,
                   const std::string& device, const std::string& dtype, const char* unit, double value,
                   const std::string& anchor,
-                  const std::string& anchor_name, const std::string& ratio, double ms, double work) {
+                  const std::string& anchor_name, const std::string& ratio, double ms, double work,
+                  const std::string& xcheck = "") {
     std::fprintf(json_,
                  "{\"bench\": %s, \"case\": %s, \"device\": %s, \"date\": %s, \"commit\": %s, \"metric\": %s, "
                  "\"ours\": %.6g, \"anchor\": %s, \"anchor_name\": %s, \"ratio\": %s, \"backend\": %s, \"dtype\": %s, "
-                 "\"ms\": %.6g, \"work\": %.17g}\n",
+                 "\"ms\": %.6g, \"work\": %.17g%s}\n",
                  json_str(bench).c_str(), json_str(case_name).c_str(), json_str(device).c_str(), json_str(date_).c_str(),
                  json_str(cfg_.commit).c_str(), json_str(unit).c_str(), value, anchor.c_str(), anchor_name.c_str(),
-                 ratio.c_str(), json_str(backend).c_str(), json_str(dtype).c_str(), ms, work);
+                 ratio.c_str(), json_str(backend).c_str(), json_str(dtype).c_str(), ms, work,
+                 xcheck.empty() ? "" : (", \"xcheck\": " + xcheck).c_str());
     std::fflush(json_);
   }
 
@@ -208,10 +211,104 @@ class Reporter {
 
 bool is_device_backend(BackendType b) { return b != BackendType::CPU; }
 
+// Environment variables set for a scope and put back at its end (their old values, or unset),
+// also when the scope ends by an exception.
+class ScopedEnv {
+ public:
+  ScopedEnv() = default;
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) setenv(it->first.c_str(), it->second->c_str(), 1);
+      else unsetenv(it->first.c_str());
+    }
+  }
+  void set(const std::string& var, const std::string& value) {
+    if (std::none_of(saved_.begin(), saved_.end(), [&](const auto& v) { return v.first == var; })) {
+      const char* old = std::getenv(var.c_str());
+      saved_.emplace_back(var, old ? std::optional<std::string>(old) : std::nullopt);
+    }
+    setenv(var.c_str(), value.c_str(), 1);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// ||got - ref|| / ||ref|| over all elements; infinite when either holds a NaN or an infinity.
+double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) return INFINITY;
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// The cross-check of one family's run: per case, the outputs (Timed::outputs) of the first
+// backend that ran each measurement are the reference of every later backend or variant, which
+// all ran on the same inputs (the same seeds; a host backend's f32 against a device's bf16 sees
+// the rounding of the inputs too).
+class CrossCheck {
+ public:
+  void next_case() { refs_.clear(); }
+
+  // Reads t's outputs from `dev` after its timing; returns the JSON object for t's line, or ""
+  // when t has no outputs or is the reference.
+  std::string check(const Timed& t, const std::string& label, BenchDevice& dev, double gate) {
+    if (t.outputs.empty()) return "";
+    dev.synchronize();
+    std::vector<std::pair<std::string, std::vector<float>>> got;
+    for (const auto& [name, view] : t.outputs) got.emplace_back(name, dev.read(view));
+    const auto it = refs_.find(t.name);
+    if (it == refs_.end()) {
+      refs_.emplace(t.name, Ref{label, std::move(got)});
+      return "";
+    }
+    const Ref& ref = it->second;
+    std::string json = fmt::format("{{\"vs\": {}, \"rel_l2\": {{", json_str(ref.label)), cells;
+    bool above = false, first = true;
+    for (size_t i = 0; i < got.size() && i < ref.values.size(); ++i) {
+      if (got[i].first != ref.values[i].first || got[i].second.size() != ref.values[i].second.size()) continue;
+      const double e = rel_l2(got[i].second, ref.values[i].second);
+      above = above || !(e <= gate);
+      json += fmt::format("{}{}: {}", first ? "" : ", ", json_str(got[i].first),
+                          std::isfinite(e) ? fmt::format("{:.3g}", e) : std::string("null"));
+      cells += fmt::format(" {:>4} {:<9}", got[i].first, fmt::format("{:.2e}", e));
+      first = false;
+    }
+    rows_ += fmt::format("  {:<40} {:<18} vs {:<8}{}{}\n", t.name, label, ref.label, cells,
+                         above ? fmt::format("  ABOVE {:.0e}", gate) : "");
+    above_ = above_ || above;
+    return json + "}}";
+  }
+
+  void print(const OpFamily& f, std::FILE* out) const {
+    if (rows_.empty()) return;
+    std::fprintf(out, "\n%s: outputs against the first backend's on the same inputs (relative L2 error; gate %.0e)\n",
+                 f.name.c_str(), f.check_gate);
+    std::fprintf(out, "%s", rows_.c_str());
+    if (above_) std::fprintf(out, "  some outputs differ by more than the gate: see ABOVE\n");
+    std::fflush(out);
+  }
+
+ private:
+  struct Ref {
+    std::string label;
+    std::vector<std::pair<std::string, std::vector<float>>> values;
+  };
+  std::map<std::string, Ref> refs_;
+  std::string rows_;
+  bool above_ = false;
+};
+
 // f.compare's tables: for each (ours, anchor) pair, every measurement both backends took in this
 // run, with anchor ms / ours ms (above 1: ours is faster) and the geometric mean over the cases.
 void print_comparisons(const OpFamily& f, const std::vector<std::string>& measured,
-                       const std::map<std::string, std::map<BackendType, double>>& times, std::FILE* out) {
+                       const std::map<std::string, std::map<std::string, double>>& times, std::FILE* out) {
   for (const auto& [ours, anchor] : f.compare) {
     const std::string o(backend_name(ours)), a(backend_name(anchor));
     std::string rows;
@@ -219,7 +316,7 @@ void print_comparisons(const OpFamily& f, const std::vector<std::string>& measur
     int n = 0;
     for (const std::string& name : measured) {
       const auto& per = times.at(name);
-      const auto io = per.find(ours), ia = per.find(anchor);
+      const auto io = per.find(o), ia = per.find(a);
       if (io == per.end() || ia == per.end()) continue;
       const double ratio = ia->second / io->second;
       rows += fmt::format("  {:<40} {:>11.4f} ms {:>11.4f} ms {:>8.3f}x\n", name, io->second, ia->second, ratio);
@@ -296,6 +393,17 @@ std::string benchmark_shape_help() {
   return s;
 }
 
+std::string benchmark_variant_help() {
+  std::string s;
+  for (const auto& f : families())
+    for (const KernelVariant& v : f.variants) {
+      std::string env;
+      for (const auto& [var, value] : v.env) env += fmt::format("{}{}={}", env.empty() ? "" : " ", var, value);
+      s += fmt::format("  {:<11} {:<18} {} with {}\n", f.name, v.name, backend_name(v.backend), env);
+    }
+  return s;
+}
+
 int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
   if (cfg.ops.empty()) throw UsageError("benchmark: name at least one op");
   std::vector<const OpFamily*> ops;
@@ -320,19 +428,61 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
       if (!has) throw UsageError(fmt::format("benchmark: op '{}' has no backend {} (it has: {})", f->name, cfg.backend, list));
     }
   }
+  // --variants: names of kernel variants of the ops named, or "all" (every variant of those ops).
+  const bool all_variants = std::find(cfg.variants.begin(), cfg.variants.end(), "all") != cfg.variants.end();
+  std::vector<std::pair<const OpFamily*, const KernelVariant*>> asked;  // the names given, resolved
+  for (const std::string& name : cfg.variants) {
+    if (name == "all") continue;
+    const KernelVariant* found = nullptr;
+    for (const OpFamily* f : ops)
+      for (const KernelVariant& v : f->variants)
+        if (v.name == name) asked.emplace_back(f, found = &v);
+    if (found) continue;
+    std::string known;
+    for (const auto& f : families())
+      for (const KernelVariant& v : f.variants) {
+        if (v.name == name)
+          throw UsageError(fmt::format("benchmark: --variants {} is a variant of op '{}', which this run does not benchmark",
+                                       name, f.name));
+        known += (known.empty() ? "" : ", ") + v.name;
+      }
+    throw UsageError(fmt::format("benchmark: unknown variant '{}' (known: {})", name, known.empty() ? "none" : known));
+  }
+  auto variant_wanted = [&](const KernelVariant& v) {
+    return all_variants || std::find(cfg.variants.begin(), cfg.variants.end(), v.name) != cfg.variants.end();
+  };
   // Cases: parse every --shapes entry up front, so a typo fails before anything runs.
   std::map<const OpFamily*, std::vector<Case>> explicit_cases;
   for (const OpFamily* f : ops)
     for (const auto& s : cfg.shapes) explicit_cases[f].push_back(f->from_shape(s));
 
+  // Host-only families (CPU alone) need no device: a run of only those leaves the GPU alone.
+  const bool host_only = std::all_of(ops.begin(), ops.end(), [](const OpFamily* f) {
+    return f->backends == std::vector<BackendType>{BackendType::CPU};
+  });
   std::string no_gpu;
   std::unique_ptr<BenchDevice> gpu;
   if (cfg.cpu_only) no_gpu = "--cpu-only";
-  else gpu = make_cuda_bench_device(static_cast<size_t>((cfg.memory_gib > 0 ? cfg.memory_gib : 24.0) * (1u << 30)), &no_gpu);
-  if (!gpu) {
+  else if (!host_only)
+    gpu = make_cuda_bench_device(static_cast<size_t>((cfg.memory_gib > 0 ? cfg.memory_gib : 24.0) * (1u << 30)), &no_gpu);
+  if (!gpu && !host_only) {
     if (named && is_device_backend(*named))
       throw UsageError(fmt::format("benchmark: --backend {} needs a CUDA device: {}", cfg.backend, no_gpu));
     std::fprintf(out, "no GPU (%s): running the CPU kernels only, on f32 tensors\n", no_gpu.c_str());
+  }
+  // Which of a family's backends this run times: the one named, all, or the device's (CPU without
+  // a GPU); a host-only family (CPU alone) runs on the host in a GPU run too.
+  auto runs_backend = [&](const OpFamily& f, BackendType b) {
+    if (named) return b == *named;
+    if (all || f.backends == std::vector<BackendType>{BackendType::CPU}) return true;
+    return gpu ? is_device_backend(b) : b == BackendType::CPU;
+  };
+  for (const auto& [f, v] : asked) {
+    if (is_device_backend(v->backend) && !gpu)
+      throw UsageError(fmt::format("benchmark: --variants {} needs a CUDA device: {}", v->name, no_gpu));
+    if (!runs_backend(*f, v->backend))
+      throw UsageError(fmt::format("benchmark: --variants {} runs on backend {}, which --backend {} leaves out", v->name,
+                                   backend_name(v->backend), cfg.backend));
   }
   std::unique_ptr<BenchDevice> host;
   auto host_device = [&]() -> BenchDevice& {
@@ -367,18 +517,26 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
 
   auto& mgr = GlobalBackendManager::instance();
   for (const OpFamily* f : ops) {
-    // Times per measurement name and backend, in the order first measured (for f->compare).
+    // Times per measurement name and lane (backend or variant), in the order first measured (for
+    // f->compare).
     std::vector<std::string> measured;
-    std::map<std::string, std::map<BackendType, double>> times;
+    std::map<std::string, std::map<std::string, double>> times;
     std::vector<Moved> moved;  // the bandwidth measurements, in order
-    std::vector<BackendType> backends;
+    CrossCheck checks;
+    // The backends this run times, each followed by its variants asked for.
+    std::vector<std::pair<BackendType, const KernelVariant*>> chosen;
     for (BackendType b : f->backends) {
-      if (named ? b == *named : all ? true : (gpu ? is_device_backend(b) : b == BackendType::CPU)) backends.push_back(b);
+      if (!runs_backend(*f, b)) continue;
+      chosen.emplace_back(b, nullptr);
+      for (const KernelVariant& v : f->variants)
+        if (v.backend == b && variant_wanted(v)) chosen.emplace_back(b, &v);
     }
     std::fprintf(out, "\n%s (%s)\n", f->name.c_str(), f->shape_syntax.c_str());
-    // Each backend's lane: its device, repetitions, ceilings and cases.
+    // Each backend's (or variant's) lane: its device, repetitions, ceilings and cases.
     struct Lane {
       BackendType be;
+      const KernelVariant* variant;  // nullptr: the backend as configured
+      std::string label;             // the backend's name, or the variant's
       BenchDevice* dev;
       int iters;
       const Ceilings* ceil;
@@ -386,21 +544,25 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
       std::vector<Case> cases;
     };
     std::vector<Lane> lanes;
-    for (BackendType be : backends) {
+    for (const auto& [be, variant] : chosen) {
+      const std::string label = variant ? variant->name : std::string(backend_name(be));
       if (is_device_backend(be) && !gpu) {
-        std::fprintf(out, "  %s: skipped, no CUDA device\n", std::string(backend_name(be)).c_str());
+        std::fprintf(out, "  %s: skipped, no CUDA device\n", label.c_str());
         continue;
       }
       BenchDevice& dev = is_device_backend(be) ? *gpu : host_device();
       const bool on_gpu = dev.kind() == Device::CUDA;
       const int iters = cfg.iters > 0 ? cfg.iters : on_gpu ? 50 : 5;
       const Ceilings& ceil = ceiling_of(dev, iters);
-      lanes.push_back({be, &dev, iters, &ceil, on_gpu ? cfg.dtype : DType::F32,
+      lanes.push_back({be, variant, label, &dev, iters, &ceil, on_gpu ? cfg.dtype : DType::F32,
                        cfg.shapes.empty() ? f->defaults(Scale{on_gpu, on_gpu ? 16384 : 256}) : explicit_cases[f]});
     }
     auto run_case = [&](const Lane& l, const Case& c) {
       const BackendType be = l.be;
       BenchDevice& dev = *l.dev;
+      ScopedEnv variant_env;  // a variant's switches, for the case's setup and timing
+      if (l.variant)
+        for (const auto& [var, value] : l.variant->env) variant_env.set(var, value);
       dev.arena().reset();
       dev.scratch().reset();
       for (const auto& op : f->dispatch_ops) mgr.set_backend(op, be);
@@ -421,28 +583,38 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
             // other products are its own); a case it refuses whole is still the error.
             if (named && !(calls.size() > 1 && dynamic_cast<const BackendRefusedError*>(&ex))) throw;
             if (named && !refused) refused = ex.what();
-            std::fprintf(out, "  %-40s %-8s skipped: %s (case %s)\n", t.name.c_str(), std::string(backend_name(be)).c_str(),
+            std::fprintf(out, "  %-40s %-8s skipped: %s (case %s)\n", t.name.c_str(), l.label.c_str(),
                          first_line(ex.what()).c_str(), c.name.c_str());
             std::fflush(out);
             dev.synchronize();
             continue;
           }
+          // The cross-check reads what the timed calls wrote; under --ab that would be only the
+          // last value's, so it is left out there.
+          std::string xcheck;
+          if (cfg.ab_var.empty()) {
+            try {
+              xcheck = checks.check(t, l.label, dev, f->check_gate);
+            } catch (const std::exception& ex) {
+              std::fprintf(out, "  %-40s %-8s cross-check failed: %s\n", t.name.c_str(), l.label.c_str(),
+                           first_line(ex.what()).c_str());
+            }
+          }
           const double ceiling = t.metric == Metric::Flops ? l.ceil->tflops : l.ceil->gbs;
           for (const auto& [name, ms] : runs) {
-            rep.measurement(f->bench, name, std::string(backend_name(be)), dev.name(), l.dt, t.metric, t.work, ms, ceiling,
-                            t.metric == Metric::Flops ? l.ceil->tflops_what : l.ceil->gbs_what, t.note);
+            rep.measurement(f->bench, name, l.label, dev.name(), l.dt, t.metric, t.work, ms, ceiling,
+                            t.metric == Metric::Flops ? l.ceil->tflops_what : l.ceil->gbs_what, t.note, xcheck);
             if (times.find(name) == times.end()) measured.push_back(name);
-            times[name][be] = ms;
-            if (t.metric == Metric::Bytes) moved.push_back({name, std::string(backend_name(be)), &dev, l.iters, t.work, ms});
+            times[name][l.label] = ms;
+            if (t.metric == Metric::Bytes) moved.push_back({name, l.label, &dev, l.iters, t.work, ms});
           }
           ++timed;
         }
         if (refused && timed == 0) throw RuntimeError(*refused);
       } catch (const std::exception& ex) {
         for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
-        if (named) throw RuntimeError(fmt::format("benchmark {} case '{}' on {}: {}", f->name, c.name, backend_name(be), ex.what()));
-        std::fprintf(out, "  %-40s %-8s skipped: %s\n", c.name.c_str(), std::string(backend_name(be)).c_str(),
-                     first_line(ex.what()).c_str());
+        if (named) throw RuntimeError(fmt::format("benchmark {} case '{}' on {}: {}", f->name, c.name, l.label, ex.what()));
+        std::fprintf(out, "  %-40s %-8s skipped: %s\n", c.name.c_str(), l.label.c_str(), first_line(ex.what()).c_str());
         std::fflush(out);
       }
       for (const auto& op : f->dispatch_ops) mgr.clear_backend(op);
@@ -454,11 +626,14 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
     // cuBLASLt's likewise; cause not isolated, clocks and heat are the suspects).
     size_t most = 0;
     for (const Lane& l : lanes) most = std::max(most, l.cases.size());
-    for (size_t i = 0; i < most; ++i)
+    for (size_t i = 0; i < most; ++i) {
+      checks.next_case();
       for (const Lane& l : lanes)
         if (i < l.cases.size()) run_case(l, l.cases[i]);
+    }
     print_comparisons(*f, measured, times, out);
     print_copy_shares(*f, moved, copy_gbs, rep, out);
+    checks.print(*f, out);
   }
   if (rep.count() == 0)
     throw RuntimeError("benchmark: no measurements were taken (every backend was skipped; the reasons are above)");
@@ -466,20 +641,11 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
 }
 
 std::vector<std::pair<std::string, double>> time_ab(const BenchConfig& cfg, BenchDevice& dev, const Timed& t, int iters) {
-  struct Restore {  // the variable's previous value (or its absence), also when a call throws
-    std::string var;
-    std::optional<std::string> old;
-    ~Restore() {
-      if (old) setenv(var.c_str(), old->c_str(), 1);
-      else unsetenv(var.c_str());
-    }
-  };
-  const char* prev = std::getenv(cfg.ab_var.c_str());
-  const Restore restore{cfg.ab_var, prev ? std::optional<std::string>(prev) : std::nullopt};
+  ScopedEnv env;  // the variable's previous value (or its absence) comes back, also when a call throws
   std::vector<std::vector<double>> ms(cfg.ab_values.size());
   for (int r = 0; r < cfg.ab_rounds; ++r)
     for (size_t i = 0; i < cfg.ab_values.size(); ++i) {
-      setenv(cfg.ab_var.c_str(), cfg.ab_values[i].c_str(), 1);
+      env.set(cfg.ab_var, cfg.ab_values[i]);
       ms[i].push_back(dev.time_ms(t.run, iters));
     }
   std::vector<std::pair<std::string, double>> out;

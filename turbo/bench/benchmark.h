@@ -1,15 +1,18 @@
 // `primus benchmark`: Turbo's ops timed per case and kernel backend, against the device's own
 // ceilings measured in the same run (a large GEMM for FLOP/s, a copy for bandwidth).
 //
-// Ops (families): gemm, norm, activation, loss, optimizer, rope, embedding, attention, quantize. Each has
-// default cases (the training shapes of GPT-2 124M and Llama-3.2-1B at 16384 tokens on a GPU; a
-// small version on the host) or takes --shapes in its own syntax (see OpFamily::shape_syntax).
-// Without a CUDA device only the CPU backends run, and the run says so.
+// Ops (families): gemm, norm, activation, loss, optimizer, rope, embedding, attention, quantize, and
+// layer (a GPT-2 layer on the CPU reference kernels; host only). Each has default cases (the
+// training shapes of GPT-2 124M and Llama-3.2-1B at 16384 tokens on a GPU; a small version on the
+// host) or takes --shapes in its own syntax (see OpFamily::shape_syntax). Without a CUDA device
+// only the CPU backends run, and the run says so. Where a case names its outputs (attention), every
+// backend and kernel variant that ran it is cross-checked against the first one, same inputs.
 //
 // Results: a table on `out` and, with json_path, one JSON object per measurement appended to
 // that file in DESIGN.md's "Measurements" format: the anchor of a measurement is the ceiling of
 // its device measured in this run (ratio = share of the ceiling); the ceilings' own lines carry
-// no anchor. Extra keys: backend, dtype, ms, work (flops or bytes), share_of.
+// no anchor. Extra keys: backend, dtype, ms, work (flops or bytes); xcheck where cross-checked:
+// {"vs": <backend>, "rel_l2": {<output>: <relative L2 error>, ...}}.
 #pragma once
 #include <cstdio>
 #include <string>
@@ -36,6 +39,9 @@ struct BenchConfig {
   std::string ab_var;
   std::vector<std::string> ab_values;
   int ab_rounds = 3;
+  // Kernel variants (--variants A,B,... or "all"): each also timed, after its backend, under its
+  // own name, e.g. attention's TURBO_SM80 (OpFamily::variants; benchmark_variant_help()).
+  std::vector<std::string> variants;
 };
 
 // Parses --ab's "VAR=A,B[,...]" into cfg.ab_var / cfg.ab_values; throws primus::UsageError naming
@@ -57,8 +63,10 @@ std::vector<std::pair<std::string, double>> time_ab(const BenchConfig& cfg, Benc
 // measurements taken.
 int run_benchmarks(const BenchConfig& cfg, std::FILE* out);
 
-// The op families' names, and each one's --shapes syntax ("MxNxK", ...).
+// The op families' names, each one's --shapes syntax ("MxNxK", ...), and the kernel variants of
+// those that have some (name: what it sets).
 std::vector<std::string> benchmark_op_names();
 std::string benchmark_shape_help();
+std::string benchmark_variant_help();
 
 }  // namespace primus::turbo::bench

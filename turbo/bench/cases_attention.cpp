@@ -1,5 +1,7 @@
 // attention: flash attention forward and backward at the shapes of issue [attention], in TFLOP/s
 // counted as 4*B*H*T^2*D for the forward (halved when causal) and 2.5x that for the backward.
+// Every backend and kernel variant of a run sees the same inputs, so out, dq, dk and dv are
+// cross-checked against the first backend's (CUDNN on a GPU).
 #include <fmt/format.h>
 
 #include <initializer_list>
@@ -60,8 +62,10 @@ Case attention_case(const std::string& name, int64_t B, int64_t T, int64_t H, in
                                static_cast<double>(D) * (causal ? 0.5 : 1.0);
             const std::string note =
                 fmt::format("B={} T={} H={} KVH={} D={}{}{}", B, T, H, KVH, D, causal ? " causal" : "", packed ? " packed" : "");
-            return std::vector<Timed>{{name + "/fwd", Metric::Flops, fwd, [f] { attention_forward(f); }, note},
-                                      {name + "/bwd", Metric::Flops, 2.5 * fwd, [bw] { attention_backward(bw); }, ""}};
+            return std::vector<Timed>{
+                {name + "/fwd", Metric::Flops, fwd, [f] { attention_forward(f); }, note, {{"out", f.out}}},
+                {name + "/bwd", Metric::Flops, 2.5 * fwd, [bw] { attention_backward(bw); }, "",
+                 {{"dq", bw.dq}, {"dk", bw.dk}, {"dv", bw.dv}}}};
           }};
 }
 
@@ -73,6 +77,13 @@ OpFamily attention_family() {
   f.bench = "attention";
   f.dispatch_ops = {"attention"};
   f.backends = {BackendType::CUDNN, BackendType::TURBO, BackendType::CPU};
+  // TURBO's other kernels (docs/attention.md, "TURBO kernels"); its default on compute capability
+  // 9.0 is the warp-specialised pair (sm90ws), elsewhere sm80.
+  f.variants = {{"TURBO_SM90_PIPE", BackendType::TURBO, {{"PRIMUS_TURBO_ATTN_KERNEL", "sm90pipe"}}},
+                {"TURBO_SM90_SIMPLE", BackendType::TURBO, {{"PRIMUS_TURBO_ATTN_KERNEL", "sm90"}}},
+                {"TURBO_BWD_SM90", BackendType::TURBO, {{"PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm90"}}},
+                {"TURBO_SM80", BackendType::TURBO,
+                 {{"PRIMUS_TURBO_ATTN_KERNEL", "sm80"}, {"PRIMUS_TURBO_ATTN_BWD_KERNEL", "sm80"}}}};
   f.shape_syntax =
       "BxTxHxKVHxD[:full][:packed][:padN] (batch x sequence x heads x kv heads x head dim; causal unless :full; packed: "
       "q, k, v and their gradients as column slices of one [B, T, (H + 2 KVH) D] tensor, as the models run it; padN: "

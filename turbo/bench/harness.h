@@ -22,6 +22,10 @@ struct Timed {
   double work;
   std::function<void()> run;
   std::string note;
+  // What `run` writes, by name ("out", "dq", ...): after timing, each backend's values are set
+  // against those of the first backend that ran the same measurement on the same inputs (the
+  // cross-check; empty: none).
+  std::vector<std::pair<std::string, TensorView>> outputs = {};
 };
 
 // What a case builds its tensors with: one device, one dtype (f32 on the host).
@@ -49,15 +53,27 @@ struct Scale {
   int64_t tokens;  // 16384 on a GPU, 256 on the host
 };
 
+// A kernel variant of one backend (--variants): the backend's dispatch with environment switches
+// set for the whole case (its setup calls and its timing), reported under its own name (the JSON's
+// "backend"), e.g. TURBO_SM80 = TURBO with PRIMUS_TURBO_ATTN_KERNEL=sm80 and _BWD_KERNEL=sm80.
+struct KernelVariant {
+  std::string name;
+  BackendType backend;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
 struct OpFamily {
   std::string name;                       // "gemm"
   std::string bench;                      // results file: "ops" or "attention"
   std::vector<std::string> dispatch_ops;  // the dispatcher names whose backend is forced
-  std::vector<BackendType> backends;      // device backends first, then CPU
+  std::vector<BackendType> backends;      // device backends first, then CPU; {CPU} alone: a host-only family
+  std::vector<KernelVariant> variants;    // run only when named with --variants
   // Pairs (ours, anchor) of backends compared per case after the family has run: a table of
   // both times and anchor ms / ours ms (above 1: ours is faster), same run, same device.
   std::vector<std::pair<BackendType, BackendType>> compare;
   std::string shape_syntax;               // "MxNxK"
+  // The cross-check's gate (relative L2 error of Timed::outputs): above it a line is flagged.
+  double check_gate = 1e-2;
   std::function<std::vector<Case>(const Scale&)> defaults;
   // A case from one --shapes entry; throws UsageError naming the entry and the syntax.
   std::function<Case(const std::string& shape)> from_shape;
@@ -72,6 +88,7 @@ OpFamily rope_family();
 OpFamily embedding_family();
 OpFamily attention_family();
 OpFamily quantize_family();
+OpFamily layer_family();
 
 // "16384x768" -> {16384, 768}: exactly `n` positive integers joined by 'x', else UsageError
 // naming the op, the entry and `syntax`.
