@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Gaps between a training step's kernels, from bench/tools/cupti_trace.cpp's CSV.
+"""Gaps between a training step's kernels, from turbo/bench/tools/cupti_trace.cpp's CSV.
 
 Usage: cupti_gaps.py cupti_trace.csv [step_index]
 Steps end at the AdamW kernel; step_index (default: the middle complete one) picks one. Prints the

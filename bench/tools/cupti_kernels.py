@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One training step's kernels by name, from bench/tools/cupti_trace.cpp's CSV: launches, total time and
+"""One training step's kernels by name, from turbo/bench/tools/cupti_trace.cpp's CSV: launches, total time and
 the per-launch range, largest first (the counterpart of bench/train/anchor_profile.py's torch table).
 
 Usage: cupti_kernels.py cupti_trace.csv [step_index] [rows]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU timeline of GPT-2 124M training steps (B16 x T1024, mock data, graph on) through the CUPTI tracer
-# (bench/tools/cupti_trace.cpp, LD_PRELOAD), and the idle time between one replayed step's kernels
+# (turbo/bench/tools/cupti_trace.cpp, LD_PRELOAD), and the idle time between one replayed step's kernels
 # (bench/tools/cupti_gaps.py). Carry .carry-cuda with libcupti_trace.so and libcupti.so.13
 # (bench/tools/build_cupti_trace.sh). MODEL_ARGS adds training overrides; $OUT/cupti_trace.csv keeps the trace.
 #   run(command="bash bench/train/gaps.sh", carry=[".carry-cuda"])

@@ -2,9 +2,9 @@
 // memset and memcpy the process runs (CUPTI activity API: device start / end timestamps, graph node,
 // stream, grid) and writes them as CSV at exit to $PRIMUS_CUPTI_TRACE (default cupti_trace.csv).
 // Kernels launched from CUDA graphs are recorded one by one, so the gaps between a replayed step's
-// kernels can be read off (bench/tools/cupti_gaps.py). A bench tool, not part of the product.
-// Build (bench/tools/build_cupti_trace.sh):
-//   g++ -O2 -shared -fPIC -I/usr/local/cuda/include bench/tools/cupti_trace.cpp -o libcupti_trace.so
+// kernels can be read off (bench/tools/cupti_gaps.py). A measuring tool, not part of the product:
+// CMake does not build it. Build (bench/tools/build_cupti_trace.sh):
+//   g++ -O2 -shared -fPIC -I/usr/local/cuda/include turbo/bench/tools/cupti_trace.cpp -o libcupti_trace.so
 //       -L/usr/local/cuda/lib64 -lcupti
 #include <cupti.h>
 #include <cxxabi.h>
