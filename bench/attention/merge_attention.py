@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Joins `primus benchmark attention`'s JSON lines and torch_sdpa.py's results of ONE device run
 into bench/results/attention.jsonl lines in DESIGN.md's Measurements format: for every case and
-direction (fwd, bwd), one line per backend (CUDNN, TURBO) and one for the best of them (what
-autotune would pick), each against torch SDPA on the same case; ratio = ours / anchor (higher
-is better). Our lines against the device's GEMM ceiling are copied as they are.
+direction (fwd, bwd), one line per backend (CUDNN, TURBO) or kernel variant (--variants, e.g.
+TURBO_SM80) and one for the best of the backends (what autotune would pick; a variant is not
+among its choices), each against torch SDPA on the same case; ratio = ours / anchor (higher is
+better). Our lines against the device's GEMM ceiling are copied as they are.
 
 Usage: merge_attention.py --ours ours.jsonl --torch torch.jsonl --out bench/results/attention.jsonl
                           [--replace] [--rename OLD=NEW ...]
 The lines are appended to --out (a results log keeps every run); --replace writes a new file.
 """
 import argparse, json
+
+# The dispatcher's backends (turbo/dispatch/backend_type.h); other names are kernel variants.
+DISPATCH_BACKENDS = {"CPU", "CUBLASLT", "CUDNN", "TURBO"}
 
 
 def load(path):
@@ -45,7 +49,9 @@ def main():
         ref = t[f"{direction}_tflops"]
         name = f"torch.nn.functional.scaled_dot_product_attention (torch {meta_t['torch']}, kernel {t.get('kernel', '?')})"
         cands = [(r["backend"], r["ours"]) for r in rows]
-        cands.append(("best", max(v for _, v in cands)))
+        dispatchable = [v for be, v in cands if be in DISPATCH_BACKENDS]
+        if dispatchable:
+            cands.append(("best", max(dispatchable)))
         for be, v in cands:
             lines.append({"bench": "attention", "case": f"{case}/{be}", "device": rows[0]["device"],
                           "date": rows[0]["date"], "commit": rows[0]["commit"], "metric": f"{direction} TFLOP/s",

@@ -7,9 +7,11 @@
 # build of primus; else .carry-cuda/primus.gz, else $PRIMUS_CUDA_BIN) and commit.txt.
 # Results go to $OUT: env.txt, tests.log, ours.jsonl, torch.jsonl, bench.log; then, here:
 #   bench/attention/merge_attention.py --ours ours.jsonl --torch torch.jsonl --out bench/results/attention.jsonl --append
-# STAGE=tests|bench|all (default all); GTEST_FILTER is passed through to the GPU tests. Kernel
-# variants (PRIMUS_TURBO_ATTN_KERNEL=sm90pipe|sm90|sm80) and the cross-check between backends
-# are primus_attention_bench's (VARIANTS=<A,B,...> runs it too, when carried).
+# STAGE=tests|bench|all (default all); GTEST_FILTER is passed through to the GPU tests.
+# VARIANTS=<A,B,...> or all: TURBO's kernel variants timed too, in the same run (`primus benchmark
+# attention --variants`, e.g. TURBO_SM80; their lines go to ours.jsonl under the variant's name).
+# Every backend and variant after CUDNN is cross-checked against it on the same inputs (the
+# "xcheck" key of its lines, and a table at the end of bench.log).
 set -u
 CARRY=${CARRY:-.carry-attn}
 OUT=${OUT:-/tmp/attn-out}
@@ -51,14 +53,9 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   rm -f "$OUT/ours.jsonl"
-  timeout ${BENCH_TIMEOUT:-200} "$PRIMUS" benchmark attention --iters 20 --json "$OUT/ours.jsonl" \
-    --commit "$COMMIT" > "$OUT/bench.log" 2>&1
+  timeout ${BENCH_TIMEOUT:-200} "$PRIMUS" benchmark attention --iters 20 ${VARIANTS:+--variants "$VARIANTS"} \
+    --json "$OUT/ours.jsonl" --commit "$COMMIT" > "$OUT/bench.log" 2>&1
   echo "bench rc=$?" >> "$OUT/bench.log"
-  if [ -n "${VARIANTS:-}" ] && [ -x "$BIN/primus_attention_bench" ]; then
-    timeout ${BENCH_TIMEOUT:-200} "$BIN/primus_attention_bench" --out "$OUT/variants.jsonl" --variants "$VARIANTS" \
-      >> "$OUT/bench.log" 2>&1
-    echo "variants rc=$?" >> "$OUT/bench.log"
-  fi
   PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-200} python3 bench/attention/torch_sdpa.py --out "$OUT/torch.jsonl" \
     ${ONLY:+--only $ONLY} >> "$OUT/bench.log" 2>&1
   echo "torch rc=$?" >> "$OUT/bench.log"

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The anchor of primus_attention_bench: torch.nn.functional.scaled_dot_product_attention on the
-same cases, same dtype (bf16), same memory layout ([B,T,H,D] tensors viewed as [B,H,T,D]) and
-the same timing (median of --iters CUDA-event-timed runs after three warm-ups). Backward is
-timed as torch.autograd.grad of the output (no .grad accumulation). GQA cases repeat nothing:
+"""The anchor of `primus benchmark attention`: torch.nn.functional.scaled_dot_product_attention
+on the same cases, same dtype (bf16) and memory layout ([B,T,H,D] tensors viewed as [B,H,T,D]),
+timed as the median of --iters CUDA-event-timed calls after three warm-ups (each call waited
+for; `primus benchmark` enqueues its calls back to back). Backward is timed as
+torch.autograd.grad of the output (no .grad accumulation). GQA cases repeat nothing:
 enable_gqa=True lets SDPA read the shared kv heads.
 
 Writes one JSON object per case to --out, with the backend PyTorch reports for that call."""
@@ -11,7 +12,7 @@ import argparse, json, sys
 import torch
 import torch.nn.functional as F
 
-CASES = [  # must match bench/attention/attention_bench.cpp
+CASES = [  # the default GPU cases of turbo/bench/cases_attention.cpp, same names
     ("causal_d128_t2048", 8, 2048, 16, 16, 128, True),
     ("causal_d128_t8192", 2, 8192, 16, 16, 128, True),
     ("gpt2_causal_d64_t1024", 16, 1024, 12, 12, 64, True),

@@ -8,7 +8,6 @@ BUILD=${1:-build-turbo}
 CARRY=.carry-turbo
 cmake --build "$BUILD" -j2 --target primus test_turbo_gpu test_turbo_lazy_libs test_turbo_real_libs
 mkdir -p "$CARRY"
-rm -f "$CARRY"/primus_ops_bench.gz
 for b in primus test_turbo_gpu test_turbo_lazy_libs test_turbo_real_libs; do gzip -9 -c "$BUILD/bin/$b" > "$CARRY/$b.gz"; done
 cp -L "$(gcc -print-file-name=libgomp.so.1)" "$CARRY/libgomp.so.1"
 dirty=$(git diff --quiet HEAD -- turbo cli || echo "-dirty")

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch eager equivalents of primus_ops_bench's cases, timed the same way (5 warm-ups, then
+"""PyTorch eager equivalents of the default GPU cases of `primus benchmark gemm norm activation
+rope embedding loss optimizer` (turbo/bench/cases_*.cpp), timed the same way (5 warm-ups, then
 the median of 50 per-call CUDA-event timings of calls enqueued back to back, no cache flush),
 under the same case names.
 
 Writes one JSON object per case to --out: {"case": ..., "ms": ...}; merge_ops.py pairs them
-with primus_ops_bench's results. Usage: python3 torch_ops.py --out torch.jsonl [--only gemm|mem]
+with `primus benchmark --json`'s lines. Usage: python3 torch_ops.py --out torch.jsonl [--only gemm|mem]
 """
 import argparse, json, statistics
 import torch
@@ -15,7 +16,7 @@ TOKENS = 16384
 
 def time_ms(fn, reps=50):
     """Median per-call time of calls enqueued back to back, one synchronisation at the end
-    (the same method as primus_ops_bench: host overhead overlaps the previous call's GPU work)."""
+    (the same method as `primus benchmark`: host overhead overlaps the previous call's GPU work)."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()

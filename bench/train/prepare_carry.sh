@@ -10,7 +10,7 @@ set -eu
 BUILD=${1:-build-cuda}
 CARRY=.carry-cuda
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  cmake -S . -B "$BUILD" -DPRIMUS_CUDA=ON -DPRIMUS_BUILD_BENCH=OFF
+  cmake -S . -B "$BUILD" -DPRIMUS_CUDA=ON
 fi
 make -C "$BUILD" -j2 primus test_cuda_gpu ${WITH_OPS_TESTS:+test_turbo_gpu test_attention_gpu}
 mkdir -p "$CARRY"
