@@ -12,15 +12,12 @@ OUT=${OUT:-/tmp/env-ab-out}
 BIN=/tmp/env-ab-bin
 FAMILIES=${FAMILIES:-norm}
 ROUNDS=${ROUNDS:-2}
-mkdir -p "$OUT" "$BIN"
-for f in "$CARRY"/*.gz; do gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"; done
-cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
 lt=$(python3 -c "import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], 'lib'))" 2>/dev/null)
 cudnn=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
-export LD_LIBRARY_PATH=$BIN:${lt:-/nonexistent}:${cudnn:-/nonexistent}:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=${lt:-/nonexistent}:${cudnn:-/nonexistent}:${LD_LIBRARY_PATH:-}
 export PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
-COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
+# shellcheck disable=SC1091
+source bench/ops/carry_setup.sh  # $BIN (the carry unpacked) first on LD_LIBRARY_PATH, COMMIT, $OUT/env.txt
 # shellcheck disable=SC1091
 source bench/ops/gtest_stage.sh
 gtest_stage "$BIN" "$OUT"

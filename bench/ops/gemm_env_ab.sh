@@ -16,15 +16,12 @@ ROUNDS=${ROUNDS:-2}
 ITERS=${ITERS:-30}
 # GPT-2's training products (with their epilogues) and plain products of GPT-2 and Llama-3.2-1B.
 SHAPES=${SHAPES:-16384x3072x768+gelu,16384x768x3072+dgelu,16384x2304x768+bias,16384x768x768+bias,16384x2304x768,16384x3072x768,16384x768x3072,16384x2048x2048,16384x1024x2048,16384x2048x8192}
-mkdir -p "$OUT" "$BIN"
-for f in "$CARRY"/*.gz; do gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"; done
-cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
 lt=$(ls /usr/local/cuda*/lib*/libcublasLt.so.13 2>/dev/null | head -1)
-export LD_LIBRARY_PATH=$BIN:$(dirname "${lt:-/x/x}"):${LD_LIBRARY_PATH:-}
-COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
+export LD_LIBRARY_PATH=$(dirname "${lt:-/x/x}"):${LD_LIBRARY_PATH:-}
+# shellcheck disable=SC1091
+source bench/ops/carry_setup.sh  # $BIN (the carry unpacked) first on LD_LIBRARY_PATH, COMMIT, $OUT/env.txt
 PRIMUS_B=$BIN/primus
 if [ -n "${B_BIN:-}" ]; then gunzip -c "$B_BIN" > "$BIN/primus_b" && chmod +x "$BIN/primus_b" && PRIMUS_B=$BIN/primus_b; fi
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
 # shellcheck disable=SC1091
 source bench/ops/gtest_stage.sh
 gtest_stage "$BIN" "$OUT" 400
