@@ -10,7 +10,7 @@
 # alternates the two values per product (`primus benchmark --ab`); INPROC=0 forces processes.
 # BACKEND (default TURBO; empty: CUDNN and TURBO in each process) is what the A/B runs time.
 # Separate processes log the GPU's clocks, power and temperature before each to $OUT/smi.log.
-# Process modes (the same binary read fast or slow per process, session 18): INPROC=0 VAR=PRIMUS_NONE
+# Process modes (on an H200 the same binary has read fast or slow per process): INPROC=0 VAR=PRIMUS_NONE
 # A=0 B=1 BACKEND= ROUNDS=4 SHAPES=<shape>,<shape>:pad64,... gives 8 processes, each timing both
 # backends at several addresses (:padN), one file per process.
 #   run(command="OUT=$OUT bash bench/attention/env_ab.sh", carry=[".carry-cuda"])
@@ -37,7 +37,7 @@ fi
 if [ -z "${A_BIN:-}${B_BIN:-}" ] && [ "${INPROC:-1}" = 1 ]; then
   # One process, the two values alternating per product (`primus benchmark --ab`): both sides share
   # the process's state. Separate processes on the H200 read either "fast" or "slow" as a whole
-  # (GPT-2's TURBO forward 246 vs 205 TFLOP/s in alternate processes of the same binary, session 18).
+  # (GPT-2's TURBO forward 246 vs 205 TFLOP/s in alternate processes of the same binary).
   "$BIN/primus" benchmark attention ${BACKEND:+--backend "$BACKEND"} --iters 20 --shapes "$SHAPES" --ab "$VAR=$A,$B" --ab-rounds "$ROUNDS" \
     --json "$OUT/ab.jsonl" > "$OUT/ab.log" 2>&1 || echo "in-process A/B rc=$?"
 else

@@ -47,9 +47,9 @@ import json,sys
 for l in open('$tmp'):
     r=json.loads(l); r['sweep']='$tag'; r['round']=$round; print(json.dumps(r))" >> "$J"
 }
-# Even rounds run cuBLASLt last: over a long shape list the GPU warms and clocks drift (seen on an
-# H100, session 15: TURBO's products late in a 13-shape run 10-20% below the same products alone),
-# and a fixed order would hand that drift to one side of every ratio.
+# Even rounds run cuBLASLt last: over a long shape list the GPU warms and clocks drift (on an H100,
+# TURBO's products late in a 13-shape run read 10-20% below the same products alone), and a fixed
+# order would hand that drift to one side of every ratio.
 for round in $(seq 1 "$ROUNDS"); do
   [ $((round % 2)) = 1 ] && run cublaslt CUBLASLT
   run turbo-auto TURBO

@@ -14,7 +14,7 @@ cmake --build "$BUILD" -j2 --target primus test_nccl_gpu nccl_test_worker
 mkdir -p "$CARRY"
 for b in primus test_nccl_gpu nccl_test_worker; do gzip -9 -c "$BUILD/bin/$b" > "$CARRY/$b.gz"; done
 cp -L "$(gcc -print-file-name=libgomp.so.1)" "$CARRY/libgomp.so.1"
-dirty=$(git diff --quiet HEAD -- backends/cuda dist train turbo || echo "-dirty")
+dirty=$(git diff --quiet HEAD -- backends/cuda parallel train turbo || echo "-dirty")
 echo "$(git rev-parse --short HEAD)$dirty" > "$CARRY/commit.txt"
 grep -qx '/.carry-scaling/' .git/info/exclude || echo '/.carry-scaling/' >> .git/info/exclude
 du -ch "$CARRY"/* | tail -1

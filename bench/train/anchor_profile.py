@@ -11,7 +11,8 @@ the kernels' device time per step by family:
   other      everything else (Inductor's fused elementwise / norm / loss kernels, copies, ...)
 Prints one JSON line: step_ms (unprofiled wall time), the per-family ms per step, their sum
 (busy_ms) and the 15 largest kernels. Used to bound what any implementation can gain over the
-anchor when its GEMMs and attention run at the same libraries' speed (NOTES.md, session 26).
+anchor when its GEMMs and attention run at the same libraries' speed (docs/performance.md, "The
+step against torch.compile").
 Usage: python3 anchor_profile.py --anchor-dir .carry-cuda --model llama3.2-1B --batch 8
 """
 import argparse, json, os, sys, tempfile, time

@@ -4,7 +4,7 @@
 # CASES (default "gpt2-124M:16"; e.g. "gpt2-124M:16 gpt2-124M:32 llama3.2-1B:8"). nvidia-smi samples every 100 ms;
 # min / median / max over the steady part of each run (samples over 200 W, past the first fifth), the run's
 # step time, and energy per step = median power x step time. Under the H200's 700 W cap a faster step draws the
-# same power, so energy per step is what a step costs (NOTES.md, session 26).
+# same power, so energy per step is what a step costs (docs/performance.md, "How to measure").
 # STEPS (ours; GPT-2 400, Llama 50) and ANCHOR_STEPS (GPT-2 300, Llama 40) set the runs' lengths; ANCHOR=0 skips the anchor.
 #   run(command="CASES='gpt2-124M:16 llama3.2-1B:8' bash bench/train/clocks.sh", carry=[".carry-cuda"])
 # shellcheck disable=SC1091

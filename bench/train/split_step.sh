@@ -4,7 +4,7 @@
 # attention / optimizer / other; bench/train/anchor_profile.py), for each case of CASES
 # (default "gpt2-124M:16 gpt2-124M:32 llama3.2-1B:8"). Shows how much of the anchor's step is
 # GEMMs and attention, i.e. what any implementation with the same libraries' GEMM and attention
-# speed can gain over it (NOTES.md, session 26). Output: $OUT/split_<case>.{json,log} and a table.
+# speed can gain over it (docs/performance.md, "The step against torch.compile"). Output: $OUT/split_<case>.{json,log} and a table.
 #   run(command="OUT=\$OUT bash bench/train/split_step.sh", carry=[".carry-cuda"])
 # The carry holds primus.xz (or .gz), libgomp.so.1 and torch_anchor.py (bench/train/prepare_carry.sh).
 set -u
