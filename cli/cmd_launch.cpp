@@ -1,19 +1,19 @@
 // primus launch: start this node's ranks of a multi-process job (torchrun-style variables),
 // relay their output, forward signals, and stop everything when one rank fails. See
-// docs/launch.md and dist/launcher.h for the policy.
-#ifdef PRIMUS_DIST
+// docs/launch.md and parallel/launcher.h for the policy.
+#ifdef PRIMUS_PARALLEL
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 
 #include "cli/command.h"
-#include "dist/launcher.h"
+#include "parallel/launcher.h"
 
 namespace primus::cli {
 namespace {
 
 void setup_launch(CLI::App& sub) {
-  auto o = std::make_shared<dist::LaunchOptions>();
+  auto o = std::make_shared<parallel::LaunchOptions>();
   sub.add_option("--nproc-per-node,--nproc_per_node", o->nproc_per_node, "Ranks to start on this node (one per GPU)")
       ->capture_default_str();
   sub.add_option("--nnodes", o->nnodes, "Nodes in the job; run one launcher per node")->capture_default_str();
@@ -31,7 +31,7 @@ void setup_launch(CLI::App& sub) {
   sub.add_option("command", o->args, "The primus subcommand and its arguments, after '--'");
   sub.footer("Example: primus launch --nproc-per-node 8 -- train pretrain --config exp.yaml");
   sub.callback([o] {
-    int rc = dist::run_launcher(*o);
+    int rc = parallel::run_launcher(*o);
     if (rc != 0) {
       // The failing rank's exit code is the launcher's; main() only knows the codes of errors.
       std::fflush(nullptr);
@@ -45,4 +45,4 @@ CommandRegistrar reg_launch({"launch", "Start this node's ranks of a multi-proce
 
 }  // namespace
 }  // namespace primus::cli
-#endif  // PRIMUS_DIST
+#endif  // PRIMUS_PARALLEL

@@ -45,6 +45,7 @@ void add_training_schema(config::Schema& s) {
       .number("sample_temperature", 0.8, "sampling temperature", 0.0)
       .integer("sample_top_k", 0, "top-k sampling (0: off)", 0)
       .integer("data_parallel_size", 1, "data-parallel ranks (set by the launcher)", 1);
+  parallel::add_parallel_schema(s);
 }
 
 namespace {
@@ -91,6 +92,8 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.micro_batch_size = i("micro_batch_size");
   a.global_batch_size = i("global_batch_size");
   a.data_parallel_size = i("data_parallel_size");
+  a.model_parallel = parallel::ParallelSizes::from_config(p);
+  a.model_parallel.check_implemented();  // a clear error before anything starts
   a.seed = static_cast<uint64_t>(i("seed"));
   a.log_interval = i("log_interval");
   a.eval_interval = i("eval_interval");

@@ -9,6 +9,7 @@
 
 #include "core/config/experiment.h"
 #include "core/config/schema.h"
+#include "parallel/parallel_dims.h"
 
 namespace primus::train {
 
@@ -41,6 +42,13 @@ struct TrainingArgs {
   int64_t train_iters = 0;
   int64_t micro_batch_size = 1, global_batch_size = 1;
   int64_t data_parallel_size = 1;
+  // The model-parallel sizes (tensor, context, expert, pipeline); parallel_sizes() adds dp.
+  parallel::ParallelSizes model_parallel;
+  parallel::ParallelSizes parallel_sizes() const {
+    parallel::ParallelSizes s = model_parallel;
+    s[parallel::Dim::DP] = data_parallel_size;
+    return s;
+  }
   int64_t grad_accum_steps = 1;  // derived by the backend's args patch
   uint64_t seed = 1234;
   int64_t log_interval = 10, eval_interval = 0, eval_iters = 0;

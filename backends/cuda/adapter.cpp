@@ -3,14 +3,14 @@
 #include <spdlog/spdlog.h>
 
 #include "backends/cuda/args.h"
-#include "backends/cuda/data_parallel.h"
+#include "parallel/cuda/grad_reducer.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/register.h"
 #include "backends/cuda/step_graph.h"
 #include "backends/cuda/trainer.h"
 #include "core/util/error.h"
-#include "train/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 namespace primus::backends::cuda {
 
@@ -60,7 +60,7 @@ void add_cuda_schema(config::Schema& s) {
       .flag("grad_reduce_in_bf16", false,
             "data parallelism: reduce gradient buckets in bf16 (half the traffic; each sum rounded to bf16) instead "
             "of fp32");
-  train::add_data_parallel_schema(s);  // use_distributed_optimizer, ddp_bucket_size_mb
+  parallel::add_data_parallel_schema(s);  // use_distributed_optimizer, ddp_bucket_size_mb
 }
 
 std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
@@ -94,7 +94,7 @@ class CudaAdapter : public BackendAdapter {
   void define_hooks(patches::HookTable& hooks) const override { define_cuda_hooks(hooks); }
 
   void prepare(const config::ModuleConfig& cfg) override {
-    device_ = select_device(rank_device(static_cast<int>(cfg.params.find_path("device")->as_int())));
+    device_ = select_device(parallel::rank_device(static_cast<int>(cfg.params.find_path("device")->as_int())));
     spdlog::info("[cuda] device {}: {} (sm_{}{}, {} SMs, {:.1f} GiB)", device_.index, device_.name, device_.cc_major,
                  device_.cc_minor, device_.sm_count, static_cast<double>(device_.total_bytes) / (1 << 30));
   }
@@ -105,8 +105,8 @@ class CudaAdapter : public BackendAdapter {
     auto a = std::make_shared<CudaArgs>();
     a->model = train::ModelSpec::from_config(p);
     a->train = train::TrainingArgs::from_config(p, exp);
-    a->device = rank_device(static_cast<int>(p.find_path("device")->as_int()));
-    const train::DataParallelArgs dpa = train::DataParallelArgs::from_config(p);
+    a->device = parallel::rank_device(static_cast<int>(p.find_path("device")->as_int()));
+    const parallel::DataParallelArgs dpa = parallel::DataParallelArgs::from_config(p);
     a->use_distributed_optimizer = dpa.distributed_optimizer;
     a->ddp_bucket_size = dpa.bucket_elems(4);  // fp32 gradients
     a->overlap_grad_reduce = p.find_path("overlap_grad_reduce")->as_bool();

@@ -5,12 +5,10 @@
 
 #include <atomic>
 
-#include "backends/cuda/attention_fallback.h"
 #include "core/util/error.h"
-#include "turbo/ops/gemm.h"
-#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
 #include "turbo/ops/attention.h"
-#endif
+#include "turbo/ops/attention_fallback.h"
+#include "turbo/ops/gemm.h"
 
 namespace primus::backends::cuda {
 
@@ -21,9 +19,9 @@ void log_once(std::atomic<bool>& done, const char* what, turbo::BackendType b) {
   if (!done.exchange(true)) spdlog::info("[cuda] {} served by Turbo backend {}", what, turbo::backend_name(b));
 }
 
-#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
-void turbo_attention_forward(const AttentionCall& c) {
-  static std::atomic<bool> logged{false};
+// The slots' argument structs as the attention op's (the scale is passed, not derived, so the
+// fallback and the Turbo op see the same float).
+turbo::AttentionForwardArgs to_turbo(const AttentionCall& c) {
   turbo::AttentionForwardArgs a;
   a.out = c.out;
   a.lse = c.lse;
@@ -33,13 +31,10 @@ void turbo_attention_forward(const AttentionCall& c) {
   a.opt.causal = true;
   a.opt.softmax_scale = c.scale;
   a.ctx = c.ctx;
-  log_once(logged, "attention forward", turbo::attention_forward(a));
+  return a;
 }
 
-// The default backward (dQ accumulated in f32 by the fastest engine) or, deterministic, one
-// whose results do not depend on the order thread blocks finish in (AttentionOptions).
-void run_turbo_attention_backward(const AttentionGradCall& c, bool deterministic) {
-  static std::atomic<bool> logged{false}, logged_det{false};
+turbo::AttentionBackwardArgs to_turbo(const AttentionGradCall& c, bool deterministic) {
   turbo::AttentionBackwardArgs a;
   a.dq = c.dq;
   a.dk = c.dk;
@@ -54,7 +49,20 @@ void run_turbo_attention_backward(const AttentionGradCall& c, bool deterministic
   a.opt.softmax_scale = c.scale;
   a.opt.deterministic = deterministic;
   a.ctx = c.ctx;
-  const turbo::BackendType b = turbo::attention_backward(a);
+  return a;
+}
+
+#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
+void turbo_attention_forward(const AttentionCall& c) {
+  static std::atomic<bool> logged{false};
+  log_once(logged, "attention forward", turbo::attention_forward(to_turbo(c)));
+}
+
+// The default backward (dQ accumulated in f32 by the fastest engine) or, deterministic, one
+// whose results do not depend on the order thread blocks finish in (AttentionOptions).
+void run_turbo_attention_backward(const AttentionGradCall& c, bool deterministic) {
+  static std::atomic<bool> logged{false}, logged_det{false};
+  const turbo::BackendType b = turbo::attention_backward(to_turbo(c, deterministic));
   if (deterministic)
     log_once(logged_det, "attention backward (deterministic)", b);
   else
@@ -65,6 +73,12 @@ void turbo_attention_backward_deterministic(const AttentionGradCall& c) { run_tu
 #endif
 
 }  // namespace
+
+void fallback_attention_forward(const AttentionCall& c) { turbo::attention_fallback_forward(to_turbo(c)); }
+void fallback_attention_backward(const AttentionGradCall& c) { turbo::attention_fallback_backward(to_turbo(c, false)); }
+size_t fallback_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, size_t act_bytes) {
+  return turbo::attention_fallback_scratch_bytes(B, T, H, KVH, D, act_bytes);
+}
 
 AttentionBackwardFn* deterministic_attention_backward() {
 #ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION

@@ -125,6 +125,14 @@ struct CudaOps {
   static CudaOps from(const patches::HookTable& hooks);    // after the patches ran
 };
 
+// The fallback attention (turbo/ops/attention_fallback.h: batched GEMMs and a causal softmax,
+// [T,T] scores in scratch) behind the attention slots (patch cuda.attention.fallback), and the
+// scratch its backward needs; act_bytes: 2 for bf16 device tensors, 4 for f32 host tensors.
+void fallback_attention_forward(const AttentionCall& c);
+void fallback_attention_backward(const AttentionGradCall& c);
+size_t fallback_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                        size_t act_bytes = 2);
+
 // The default attention backward with AttentionOptions::deterministic set (patch
 // cuda.attention.deterministic): cuDNN's engine without run-dependent dQ accumulation. Builds
 // without Turbo's attention op return the fallback backward (deterministic already).

@@ -12,12 +12,12 @@
 
 #include "backends/cuda/device.h"
 #include "core/util/error.h"
-#include "dist/nccl_library.h"
+#include "parallel/nccl_library.h"
 #include "turbo/core/cuda_check.h"
 
 namespace primus::backends::cuda {
 
-namespace nccl = dist::nccl;
+namespace nccl = parallel::nccl;
 
 namespace {
 

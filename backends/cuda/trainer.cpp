@@ -1,3 +1,4 @@
+#include "backends/cuda/hooks.h"
 #include "backends/cuda/trainer.h"
 
 #include <fmt/format.h>
@@ -8,10 +9,9 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "backends/cuda/attention_fallback.h"
 #include "train/data_setup.h"
 #include "train/param_init.h"
-#include "train/dist_checkpoint.h"
+#include "parallel/dist_checkpoint.h"
 #include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
@@ -32,7 +32,7 @@ CudaTrainer::CudaTrainer(std::shared_ptr<CudaArgs> args, CudaOps ops) : args_(st
 
 void CudaTrainer::setup() {
   auto& t = args_->train;
-  dist_ = dist::read_dist_env();
+  dist_ = parallel::read_dist_env();
   if (dist_.world_size > 1 && args_->host_mode) {
     throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode is one process)");
   }
@@ -42,21 +42,23 @@ void CudaTrainer::setup() {
   if (t.data_parallel_size != dist_.world_size) {
     throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}); launch one rank per GPU with "
                                   "primus launch / torchrun / srun",
-                                  t.data_parallel_size, dist_.world_size, dist::describe(dist_)));
+                                  t.data_parallel_size, dist_.world_size, parallel::describe(dist_)));
   }
-  // This rank's contiguous slice of every global batch (train/data_parallel.h): the same
+  dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), dist_));
+  // This rank's contiguous slice of every global batch (parallel/data_parallel.h): the same
   // samples, in rank order, that one process reads, and resumable at any world size.
-  reader_ = std::make_unique<train::RankBatchReader>(t.global_batch_size, t.micro_batch_size, dist_.rank,
+  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, dist_.rank,
                                                      dist_.world_size);
   if (!args_->host_mode) select_device(args_->device);  // this thread's device (prepare() ran on it too)
   if (dist_.world_size > 1) {
-    train::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
-    store_ = dist::TcpStore::from_env(dist_);
-    NcclGroupOptions go;
+    parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
+    store_ = parallel::TcpStore::from_env(dist_);
+    parallel::NcclGroupOptions go;
     go.device = args_->device;
     go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
-    pg_ = std::make_unique<NcclProcessGroup>(*store_, dist_, go);
-    spdlog::info("[cuda] data parallel: {} ranks ({}), {}", dist_.world_size, dist::describe(dist_),
+    pg_ = std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
+    dims_->set_group(parallel::Dim::DP, pg_);  // data parallelism is the only dimension that spans ranks
+    spdlog::info("[cuda] data parallel: {} ranks ({}), {}", dist_.world_size, parallel::describe(dist_),
                  args_->use_distributed_optimizer ? "ZeRO-1 (sharded optimizer)" : "replicated optimizer");
   } else if (args_->use_distributed_optimizer) {
     spdlog::info("[cuda] use_distributed_optimizer: a job of one rank has nothing to shard");
@@ -124,20 +126,32 @@ void CudaTrainer::init() {
   }
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (zero) {
-    mo.flat_elems = zero1_padded_total(train::make_param_layout(spec), dist_.world_size);
+    mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), dist_.world_size);
     mo.optimizer_state = false;
   }
-  model_ = std::make_unique<CudaModel>(spec, mo, pg_ ? relay_.wrap(ops_) : ops_);
+  model_ = std::make_unique<CudaModel>(spec, mo, ops_);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
   train::init_params(spec, model_->layout(), t.seed, params.data());  // the same seed: every rank the same weights
   model_->set_params(params.data());
   if (pg_) {
-    DataParallelOptions dpo;
+    parallel::DataParallelOptions dpo;
     dpo.zero1 = zero;
     dpo.bucket_elems = args_->ddp_bucket_size;
     dpo.overlap = args_->overlap_grad_reduce;
     dpo.bf16_reduce = args_->grad_reduce_in_bf16;
-    dp_ = std::make_unique<DataParallel>(*model_, *pg_, relay_, dpo);
+    parallel::ReplicaBuffers replica;
+    replica.layout = &model_->layout();
+    replica.grads = model_->grads();
+    replica.weights = model_->weights();
+    replica.grad_norm = model_->grad_norm_buffer();
+    replica.stream = model_->stream();
+    replica.ready_points = grad_ready_points(model_->layout());
+    dp_ = std::make_unique<parallel::DataParallel>(replica, *pg_, dpo);
+    // The reducer subscribes to the model's "gradients ready" reports (its buckets launch while
+    // the backward continues below them).
+    model_->on_grads_ready([this](int64_t offset) {
+      if (dp_) dp_->grads_ready(offset);
+    });
     if (zero) dp_->set_state(params.data(), nullptr, nullptr);
     const double full_opt = 12.0 * static_cast<double>(model_->layout().total);
     spdlog::info("[cuda] gradient reduction: {} buckets of <= {} elements, {}; optimizer state per GPU {:.3f} GiB{}",
@@ -340,7 +354,7 @@ void CudaTrainer::save(int64_t step) {
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
   fsys::path dir;
   if (zero1()) {
-    // train/dist_checkpoint.h, scheme "zero1": every rank writes its own shard of the moments
+    // parallel/dist_checkpoint.h, scheme "zero1": every rank writes its own shard of the moments
     // (its chunk of every bucket: DataParallel::shard_segments), copied from its GPU; rank 0
     // writes the fp32 master weights, gathered from the shards (every rank joins each gather),
     // and the trainer state. The moments are never gathered.
@@ -349,7 +363,7 @@ void CudaTrainer::save(int64_t step) {
     const size_t own = static_cast<size_t>(dp_->owned_elems());
     std::vector<float> m(own), v(own);
     dp_->read_shard(nullptr, m.data(), v.data());
-    train::FlatSharding sharding;
+    parallel::FlatSharding sharding;
     sharding.total = static_cast<int64_t>(n);
     for (int k = 0; k < dist_.world_size; ++k) sharding.ranks.push_back(dp_->shard_segments(k));
     io::CheckpointData data;
@@ -357,10 +371,10 @@ void CudaTrainer::save(int64_t step) {
       data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), nullptr, nullptr, state_json(step));
     }
     // The shard digests travel through the device (an NCCL group takes device buffers).
-    train::HostAllGather gather = [this](const void* send, void* recv, size_t bytes) {
+    parallel::HostAllGather gather = [this](const void* send, void* recv, size_t bytes) {
       dp_->all_gather_host(send, recv, bytes);
     };
-    dir = train::save_data_parallel(*pg_, t.ckpt.save, step, data, &sharding,
+    dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, &sharding,
                                     {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, so, gather);
   } else {
     // Every rank holds the same state: rank 0 writes it as one process does.
@@ -373,7 +387,7 @@ void CudaTrainer::save(int64_t step) {
                                     state_json(step));
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
-    dir = pg_ ? train::save_data_parallel(*pg_, t.ckpt.save, step, data, static_cast<const train::FlatSharding*>(nullptr),
+    dir = pg_ ? parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, static_cast<const parallel::FlatSharding*>(nullptr),
                                           {}, so)
               : io::save_checkpoint(t.ckpt.save, step, data, so);
   }
@@ -384,7 +398,7 @@ void CudaTrainer::save(int64_t step) {
 
 void CudaTrainer::load(const fsys::path& dir) {
   // Saved by any world size and either backend: the moments come whole from optimizer.safetensors
-  // or from the ZeRO-1 shard files that cover them (train/dist_checkpoint.h), each verified.
+  // or from the ZeRO-1 shard files that cover them (parallel/dist_checkpoint.h), each verified.
   io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
   const size_t n = static_cast<size_t>(model_->layout().total);
   std::vector<float> params(n);
@@ -394,7 +408,7 @@ void CudaTrainer::load(const fsys::path& dir) {
   if (zero1()) {
     // This rank reads only the elements its shard holds (its chunk of every bucket), from
     // whichever shard files of the saved run cover them.
-    const std::vector<train::FlatSegment> segs = dp_->shard_segments(dist_.rank);
+    const std::vector<parallel::FlatSegment> segs = dp_->shard_segments(dist_.rank);
     const size_t own = static_cast<size_t>(dp_->owned_elems());
     std::vector<float> master(own), m(own), v(own);
     size_t off = 0;
@@ -402,17 +416,17 @@ void CudaTrainer::load(const fsys::path& dir) {
       std::copy_n(params.data() + s.begin, s.size(), master.data() + off);
       off += static_cast<size_t>(s.size());
     }
-    train::read_flat_states(data, dir, names, static_cast<int64_t>(n), segs, {m.data(), v.data()});
+    parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), segs, {m.data(), v.data()});
     dp_->write_shard(master.data(), m.data(), v.data());
   } else {
     std::vector<float> m(n), v(n);
-    train::read_flat_states(data, dir, names, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
+    parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
                             {m.data(), v.data()});
     model_->set_moments(m.data(), v.data());
   }
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
-  const int saved_world = train::saved_world_size(data);
+  const int saved_world = parallel::saved_world_size(data);
   spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,
                saved_world != dist_.world_size
                    ? fmt::format(" (saved by {} rank(s), resharded for {})", saved_world, dist_.world_size)

@@ -9,8 +9,6 @@
 #include <vector>
 
 #include "backends/cuda/args.h"
-#include "backends/cuda/data_parallel.h"
-#include "train/data_parallel.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model.h"
 #include "backends/cuda/profile.h"
@@ -18,6 +16,11 @@
 #include "core/trainer/trainer.h"
 #include "data/dataset/data_config.h"
 #include "data/tokenizer/tokenizer.h"
+#include "parallel/cuda/grad_reducer.h"
+#include "parallel/cuda/nccl_process_group.h"
+#include "parallel/data_parallel.h"
+#include "parallel/parallel_dims.h"
+#include "parallel/tcp_store.h"
 #include "train/progress.h"
 
 namespace primus::backends::cuda {
@@ -69,17 +72,18 @@ class CudaTrainer : public Trainer {
 
   std::shared_ptr<CudaArgs> args_;
   CudaOps ops_;
-  // Data parallelism (data_parallel.h); null in a job of one. Declared so that dp_ goes first
-  // and the group after the model.
-  dist::DistEnv dist_;
-  std::unique_ptr<dist::TcpStore> store_;
-  std::unique_ptr<NcclProcessGroup> pg_;
+  // The job's layout (parallel/parallel_dims.h) and data parallelism (parallel/cuda/grad_reducer.h):
+  // the group and reducer are null in a job of one. Declared so that dp_ goes first and the
+  // group after the model.
+  parallel::DistEnv dist_;
+  std::unique_ptr<parallel::TcpStore> store_;
+  std::shared_ptr<parallel::NcclProcessGroup> pg_;
+  std::unique_ptr<parallel::ParallelDims> dims_;  // holds pg_ as its dp group
   std::unique_ptr<CudaModel> model_;
-  GradReadyRelay relay_;
-  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<parallel::DataParallel> dp_;
   bool zero1() const { return dp_ && args_->use_distributed_optimizer; }
   bool rank0() const { return dist_.rank == 0; }
-  std::unique_ptr<train::RankBatchReader> reader_;
+  std::unique_ptr<parallel::RankBatchReader> reader_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::DataIterators data_;
   std::unique_ptr<train::ProgressReporter> progress_;

@@ -28,7 +28,7 @@ class ReferenceAdapter : public BackendAdapter {
   ReferenceAdapter() {
     train::add_model_schema(schema_);
     train::add_training_schema(schema_);
-    train::add_data_parallel_schema(schema_);
+    parallel::add_data_parallel_schema(schema_);
     schema_.integer("num_threads", 0, "CPU threads for OpenMP and OpenBLAS (0: all cores)", 0, 1024);
   }
   std::string name() const override { return kName; }
@@ -41,7 +41,7 @@ class ReferenceAdapter : public BackendAdapter {
     auto a = std::make_shared<ReferenceArgs>();
     a->model = train::ModelSpec::from_config(cfg.params);
     a->train = train::TrainingArgs::from_config(cfg.params, exp);
-    a->dp = train::DataParallelArgs::from_config(cfg.params);
+    a->dp = parallel::DataParallelArgs::from_config(cfg.params);
     a->num_threads = cfg.params.find_path("num_threads")->as_int();
     a->params = cfg.params;
     a->experiment_file = exp.file.string();

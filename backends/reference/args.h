@@ -3,7 +3,7 @@
 #include "core/backend/backend.h"
 #include "core/config/value.h"
 #include "train/common_patches.h"
-#include "train/data_parallel.h"
+#include "parallel/data_parallel.h"
 #include "train/model_spec.h"
 #include "train/training_args.h"
 
@@ -12,7 +12,7 @@ namespace primus::backends::reference {
 struct ReferenceArgs : BackendArgs, train::HasTrainingArgs {
   train::ModelSpec model;
   train::TrainingArgs train;
-  train::DataParallelArgs dp;  // use_distributed_optimizer, ddp_bucket_size_mb
+  parallel::DataParallelArgs dp;  // use_distributed_optimizer, ddp_bucket_size_mb
   int64_t num_threads = 0;  // applied by the setup patch; 0: all cores
   config::Value params;     // the resolved config, saved with checkpoints
   std::string experiment_file;

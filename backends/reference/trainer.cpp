@@ -9,11 +9,11 @@
 
 #include "backends/reference/generate.h"
 #include "core/util/error.h"
-#include "dist/socket_process_group.h"
+#include "parallel/socket_process_group.h"
 #include "io/checkpoint.h"
 #include "train/checkpointing.h"
 #include "train/data_setup.h"
-#include "train/dist_checkpoint.h"
+#include "parallel/dist_checkpoint.h"
 #include "train/trainer_state.h"
 #include "train/lr_schedule.h"
 #include "train/signals.h"
@@ -30,29 +30,31 @@ ReferenceTrainer::ReferenceTrainer(std::shared_ptr<ReferenceArgs> args) : args_(
 
 void ReferenceTrainer::setup() {
   auto& t = args_->train;
-  env_ = dist::read_dist_env();
-  train::configure_rank_logging(env_.rank, env_.world_size);
+  env_ = parallel::read_dist_env();
+  parallel::configure_rank_logging(env_.rank, env_.world_size);
   if (t.data_parallel_size != env_.world_size) {
     throw ConfigError(fmt::format("data_parallel_size is {} but the job has {} processes ({}); leave "
                                   "data_parallel_size unset (the reference.args.data_parallel_size patch sets it)",
-                                  t.data_parallel_size, env_.world_size, dist::describe(env_)));
+                                  t.data_parallel_size, env_.world_size, parallel::describe(env_)));
   }
   t.check_batch();
   t.check_data();
   dp_ = args_->dp;
-  reader_ = std::make_unique<train::RankBatchReader>(t.global_batch_size, t.micro_batch_size, env_.rank,
+  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, env_.rank,
                                                      env_.world_size);
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
   if (env_.distributed()) {
-    store_ = dist::TcpStore::from_env(env_);
-    pg_ = dist::make_process_group(env_, *store_);
+    store_ = parallel::TcpStore::from_env(env_);
+    pg_ = parallel::make_process_group(env_, *store_);
     spdlog::info("[reference] data parallel over {} ranks ({} group, timeout {} s): {}", env_.world_size,
                  pg_->backend(), env_.timeout_s,
                  dp_.distributed_optimizer ? "ZeRO-1 (optimizer state sharded)" : "optimizer state replicated");
   } else {
-    pg_ = std::make_unique<dist::SingleProcessGroup>();
+    pg_ = std::make_unique<parallel::SingleProcessGroup>();
   }
+  dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), env_));
+  dims_->set_group(parallel::Dim::DP, pg_);  // data parallelism is the only dimension that spans ranks
   spdlog::info("[reference] output folder {}", t.output_dir.string());
 }
 
@@ -76,7 +78,7 @@ void ReferenceTrainer::init() {
   const auto total = static_cast<int64_t>(model_->params.size());
   int64_t owned = total;
   if (dp_.distributed_optimizer) {
-    shards_ = train::shard_layout(total, env_.world_size);
+    shards_ = parallel::shard_layout(total, env_.world_size);
     owned = shards_.shard;
     grad_shard_.assign(static_cast<size_t>(owned), 0.f);
   }
@@ -93,9 +95,9 @@ void ReferenceTrainer::init() {
   fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
   // Every rank starts from rank 0's weights (equal seeds give equal weights; this makes sure).
-  pg_->broadcast(model_->params.data(), model_->params.size(), dist::DType::F32, 0);
+  pg_->broadcast(model_->params.data(), model_->params.size(), parallel::DType::F32, 0);
   progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
-                                                        t.log_interval, step_, train::writes_logs(env_.rank));
+                                                        t.log_interval, step_, parallel::writes_logs(env_.rank));
 }
 
 void ReferenceTrainer::load_micro_batch(int64_t micro) {
@@ -111,8 +113,8 @@ void ReferenceTrainer::all_reduce_grads() {
   if (env_.world_size == 1) return;
   const int64_t total = static_cast<int64_t>(model_->grads.size()), be = dp_.bucket_elems(sizeof(float));
   for (int64_t off = 0; off < total; off += be) {
-    pg_->all_reduce(model_->grads.data() + off, static_cast<size_t>(std::min(be, total - off)), dist::DType::F32,
-                    dist::ReduceOp::Avg);
+    pg_->all_reduce(model_->grads.data() + off, static_cast<size_t>(std::min(be, total - off)), parallel::DType::F32,
+                    parallel::ReduceOp::Avg);
   }
 }
 
@@ -132,8 +134,8 @@ void ReferenceTrainer::reduce_scatter_grads() {
       if (n > 0) std::copy_n(g + lo, n, dst);
       std::fill(dst + n, dst + len, 0.f);  // padding past the last parameter
     }
-    pg_->reduce_scatter(staging_.data(), grad_shard_.data() + k, static_cast<size_t>(len), dist::DType::F32,
-                        dist::ReduceOp::Avg);
+    pg_->reduce_scatter(staging_.data(), grad_shard_.data() + k, static_cast<size_t>(len), parallel::DType::F32,
+                        parallel::ReduceOp::Avg);
   }
 }
 
@@ -152,7 +154,7 @@ void ReferenceTrainer::all_gather_params() {
     float* mine = staging_.data() + r * len;
     if (mn > 0) std::copy_n(p + mlo, mn, mine);
     std::fill(mine + mn, mine + len, 0.f);
-    pg_->all_gather(mine, staging_.data(), static_cast<size_t>(len), dist::DType::F32);
+    pg_->all_gather(mine, staging_.data(), static_cast<size_t>(len), parallel::DType::F32);
     for (int q = 0; q < W; ++q) {
       auto [lo, n] = span_of(q);
       if (n > 0) std::copy_n(staging_.data() + q * len, n, p + lo);
@@ -174,12 +176,12 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   }
   reader_->finish_step(*data_.train);
   // Equal slices on every rank: the mean of the ranks' means is the global batch's mean.
-  double loss = train::global_mean(*pg_, loss_sum / static_cast<double>(accum));
+  double loss = parallel::global_mean(*pg_, loss_sum / static_cast<double>(accum));
   const bool zero1 = dp_.distributed_optimizer;
   double norm;
   if (zero1) {
     reduce_scatter_grads();
-    norm = train::global_norm(*pg_, k::sum_squares(grad_shard_.data(), shards_.valid_count(env_.rank)));
+    norm = parallel::global_norm(*pg_, k::sum_squares(grad_shard_.data(), shards_.valid_count(env_.rank)));
   } else {
     all_reduce_grads();
     norm = std::sqrt(k::sum_squares(model_->grads.data(), static_cast<int64_t>(model_->grads.size())));
@@ -235,7 +237,7 @@ double ReferenceTrainer::evaluate() {
     sum += model_->forward(inputs_.data(), targets_.data(), B, T);
   }
   data_.valid->load_state(saved);
-  return train::global_sum(*pg_, sum) / static_cast<double>(t.eval_iters);
+  return parallel::global_sum(*pg_, sum) / static_cast<double>(t.eval_iters);
 }
 
 nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
@@ -254,11 +256,11 @@ void ReferenceTrainer::save(int64_t step) {
     data = train::pack_checkpoint(args_->model, model_->layout(), model_->params.data(), zero1 ? nullptr : m_.data(),
                                   zero1 ? nullptr : v_.data(), state_json(step));
   }
-  std::vector<train::FlatShard> shards;
+  std::vector<parallel::FlatShard> shards;
   if (zero1) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
-  auto dir = train::save_data_parallel(*pg_, t.ckpt.save, step, data, zero1 ? &shards_ : nullptr, shards, so);
+  auto dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, zero1 ? &shards_ : nullptr, shards, so);
   last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -274,10 +276,10 @@ void ReferenceTrainer::load(const fsys::path& dir) {
     b = shards_.begin(env_.rank);
     e = shards_.valid_end(env_.rank);
   }
-  train::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, b, e, {m_.data(), v_.data()});
+  parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, b, e, {m_.data(), v_.data()});
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
-  int saved_world = train::saved_world_size(data);
+  int saved_world = parallel::saved_world_size(data);
   spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,
                saved_world != env_.world_size
                    ? fmt::format(" (saved by {} ranks, resharded for {})", saved_world, env_.world_size)
@@ -294,7 +296,7 @@ void ReferenceTrainer::train() {
   hooks.evaluate = [this] { return evaluate(); };
   hooks.save = [this](int64_t step) { save(step); };
   // Ranks may see a signal at different steps; they stop (and checkpoint) together.
-  hooks.agree_stop = [this](bool stop) { return train::global_sum(*pg_, stop ? 1.0 : 0.0) > 0; };
+  hooks.agree_stop = [this](bool stop) { return parallel::global_sum(*pg_, stop ? 1.0 : 0.0) > 0; };
   if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) return;
   if (!t.sample_prompt.empty() && t.sample_tokens > 0 && env_.rank == 0) {
     std::vector<int32_t> ids = tokenizer_->encode(t.sample_prompt);

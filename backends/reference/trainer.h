@@ -1,6 +1,6 @@
 // The reference backend's trainer: assembles model, optimizer, data, checkpointing and
 // progress from train/ and runs the step loop on the CPU. With WORLD_SIZE > 1 (`primus launch`,
-// torchrun, Slurm) it is data parallel over a dist::ProcessGroup: each rank reads its slice of
+// torchrun, Slurm) it is data parallel over a parallel::ProcessGroup: each rank reads its slice of
 // every global batch, gradients are averaged across ranks in buckets, and with
 // use_distributed_optimizer (ZeRO-1) each rank keeps AdamW moments only for its shard of the
 // flat parameter buffer, updates that shard, and the weights are all-gathered.
@@ -13,10 +13,11 @@
 #include "core/trainer/trainer.h"
 #include "data/dataset/data_config.h"
 #include "data/tokenizer/tokenizer.h"
-#include "dist/launch_env.h"
-#include "dist/process_group.h"
-#include "dist/tcp_store.h"
-#include "train/data_parallel.h"
+#include "parallel/data_parallel.h"
+#include "parallel/launch_env.h"
+#include "parallel/parallel_dims.h"
+#include "parallel/process_group.h"
+#include "parallel/tcp_store.h"
 #include "train/progress.h"
 
 namespace primus::backends::reference {
@@ -46,12 +47,13 @@ class ReferenceTrainer : public Trainer {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::DataIterators data_;
   std::unique_ptr<train::ProgressReporter> progress_;
-  dist::DistEnv env_;
-  std::unique_ptr<dist::TcpStore> store_;
-  std::unique_ptr<dist::ProcessGroup> pg_;
-  train::DataParallelArgs dp_;
-  std::unique_ptr<train::RankBatchReader> reader_;
-  train::ShardLayout shards_;      // ZeRO-1: this rank owns [begin(rank), valid_end(rank))
+  parallel::DistEnv env_;
+  std::unique_ptr<parallel::TcpStore> store_;
+  std::shared_ptr<parallel::ProcessGroup> pg_;
+  std::unique_ptr<parallel::ParallelDims> dims_;  // the job's layout; pg_ is its dp group
+  parallel::DataParallelArgs dp_;
+  std::unique_ptr<parallel::RankBatchReader> reader_;
+  parallel::ShardLayout shards_;      // ZeRO-1: this rank owns [begin(rank), valid_end(rank))
   std::vector<float> grad_shard_;  // ZeRO-1: the averaged gradient of this rank's shard
   std::vector<float> staging_;     // ZeRO-1: one bucket from every rank
   std::vector<float> m_, v_;       // AdamW moments: whole buffer, or this rank's shard (ZeRO-1)

@@ -28,7 +28,7 @@ class BatchIterator {
   // owned, batch*(seq_length+1) elements), and moves past the whole global batch.
   void next_batch(int batch, int32_t* out);
 
-  // For readers that choose their own samples of a global batch (train/data_parallel.h): writes
+  // For readers that choose their own samples of a global batch (parallel/data_parallel.h): writes
   // the `count` samples starting at position() + offset to out, without moving.
   void read_at(uint64_t offset, int count, int32_t* out) const;
   // Moves past `samples` global samples (one global batch, once per step on every rank).

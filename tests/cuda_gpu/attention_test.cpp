@@ -3,7 +3,6 @@
 // a multiple of 64. Gates (relative L2): out 1e-2 (bf16), lse 1e-3, gradients 2e-2.
 #include <gtest/gtest.h>
 
-#include "backends/cuda/attention_fallback.h"
 #include "cuda_fixture.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/kernels/cpu/attention.h"

@@ -10,7 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "backends/cuda/attention_fallback.h"
+#include "backends/cuda/hooks.h"
 #include "backends/cuda/model.h"
 #include "backends/reference/model.h"
 #include "core/util/fs.h"

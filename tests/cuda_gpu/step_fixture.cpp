@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "backends/cuda/step_graph.h"
@@ -19,6 +20,7 @@ StepRun run_steps(const StepRunOptions& o) {
     use_fp8_linear(ops, *o.fp8);
     mo.fp8_linear = true;
   }
+  if (o.model_options) o.model_options(mo);
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());
@@ -79,14 +81,20 @@ StepRun run_steps(const StepRunOptions& o) {
 }
 
 void expect_bias_grad_mode_matches_separate(const char* mode, StepRunOptions o, double tol) {
-  const char* old = std::getenv("PRIMUS_CUDA_BIAS_GRAD");
-  const std::string saved = old ? old : "";
+  auto parse = [](const std::string& m) {
+    if (m == "ones") return BiasGrad::Ones;
+    if (m == "norm") return BiasGrad::Norm;
+    if (m == "gemm") return BiasGrad::Gemm;
+    if (m == "separate") return BiasGrad::Separate;
+    throw std::invalid_argument("bias gradient mode " + m);
+  };
   std::vector<float> grads[2];
   bool ones[2] = {false, false};
   train::ParamLayout layout;
   int i = 0;
   for (const char* m : {mode, "separate"}) {
-    ::setenv("PRIMUS_CUDA_BIAS_GRAD", m, 1);
+    const BiasGrad b = parse(m);
+    o.model_options = [b](CudaModelOptions& mo) { mo.bias_grad = b; };
     o.steps = 1;
     o.after_step = [&](int, CudaModel& model) {
       ones[i] = model.bias_grad_from_ones();
@@ -95,8 +103,6 @@ void expect_bias_grad_mode_matches_separate(const char* mode, StepRunOptions o, 
     grads[i] = run_steps(o).grads0;
     ++i;
   }
-  if (old) ::setenv("PRIMUS_CUDA_BIAS_GRAD", saved.c_str(), 1);
-  else ::unsetenv("PRIMUS_CUDA_BIAS_GRAD");
   EXPECT_EQ(ones[0], std::string(mode) == "ones") << mode;
   EXPECT_FALSE(ones[1]);
   ASSERT_EQ(grads[0].size(), grads[1].size());

@@ -24,6 +24,7 @@ struct StepRunOptions {
   int steps = 3;
   int micro = 2;  // micro-batches per step (kTrainBatch / micro sequences each)
   std::function<void(int step, CudaModel&)> before_step, after_step;  // after: the status is read
+  std::function<void(CudaModelOptions&)> model_options;  // e.g. the step's variants (bias_grad, gelu_unfused_*)
 };
 
 struct StepRun {
@@ -40,8 +41,8 @@ struct StepRun {
 
 StepRun run_steps(const StepRunOptions& o);
 
-// Step 0's gradients of a run of `o` with PRIMUS_CUDA_BIAS_GRAD=mode and of the same run with
-// mode "separate" (every bias gradient its own column-sum reduction) agree per tensor: max |a - b|
+// Step 0's gradients of a run of `o` with CudaModelOptions::bias_grad = mode ("ones", "norm",
+// "separate", "gemm") and of the same run with mode "separate" (every bias gradient its own column-sum reduction) agree per tensor: max |a - b|
 // <= tol * max |b| (and each bias gradient is nonzero). Asserts the ones column was used exactly
 // when `mode` is "ones".
 void expect_bias_grad_mode_matches_separate(const char* mode, StepRunOptions o, double tol);

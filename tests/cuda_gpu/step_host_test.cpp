@@ -11,6 +11,7 @@
 //   - configs that cannot be captured are errors naming why; the three patches switch the keys on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <unistd.h>
@@ -163,6 +164,35 @@ TEST(HostBiasGrad, OnesColumnMatchesTheSeparateReductions) {
   o.llama = true;  // no linear biases: the ones column does not apply
   o.recompute = {};
   expect_bias_grad_mode_matches_separate("norm", o, 1e-5);
+}
+
+// The step's other variants train as the defaults do: GPT-2's GELU as a separate op instead of
+// the up-projection's epilogue (forward) or of the dgrad's (backward, in place on its output),
+// and a zero_grad that clears every gradient (every GEMM accumulating).
+TEST(HostStepVariants, UnfusedGeluAndFullZeroGradTrainAsTheDefaults) {
+  StepRunOptions o;
+  o.steps = 4;
+  const StepRun base = run_steps(o);
+  const std::pair<const char*, std::function<void(CudaModelOptions&)>> variants[] = {
+      {"gelu_unfused_forward", [](CudaModelOptions& mo) { mo.gelu_unfused_forward = true; }},
+      {"gelu_unfused_backward", [](CudaModelOptions& mo) { mo.gelu_unfused_backward = true; }},
+      {"zero_grad_full", [](CudaModelOptions& mo) { mo.zero_grad_full = true; }},
+  };
+  for (const auto& [name, set] : variants) {
+    o.model_options = set;
+    const StepRun v = run_steps(o);
+    ASSERT_EQ(v.losses.size(), base.losses.size()) << name;
+    for (size_t s = 0; s < base.losses.size(); ++s)
+      EXPECT_NEAR(v.losses[s], base.losses[s], 1e-5 * base.losses[s]) << name << ", step " << s;
+    ASSERT_EQ(v.grads0.size(), base.grads0.size()) << name;
+    double worst = 0, scale = 0;
+    for (size_t k = 0; k < base.grads0.size(); ++k) {
+      worst = std::max(worst, double(std::fabs(v.grads0[k] - base.grads0[k])));
+      scale = std::max(scale, double(std::fabs(base.grads0[k])));
+    }
+    EXPECT_GT(scale, 0.0) << name;
+    EXPECT_LE(worst, 1e-5 * scale) << name << ": step 0's gradients differ";
+  }
 }
 
 TEST(HostStepCheck, NonFiniteStepIsSkippedOnTheDevice) {

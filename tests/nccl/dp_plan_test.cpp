@@ -1,4 +1,4 @@
-// The data-parallel reducer's host-side plan (backends/cuda/data_parallel.h): where the
+// The data-parallel reducer's host-side plan (parallel/cuda/grad_reducer.h): where the
 // backward's gradients become final, how the flat buffer is cut into buckets, ZeRO-1 padding.
 // No GPU needed.
 #include <gtest/gtest.h>
@@ -6,14 +6,17 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "backends/cuda/data_parallel.h"
+#include "backends/cuda/model/decoder.h"
+#include "parallel/cuda/grad_reducer.h"
 #include "core/util/error.h"
 #include "tests/common/tiny_models.h"
-#include "train/dist_checkpoint.h"
+#include "parallel/dist_checkpoint.h"
 #include "train/param_layout.h"
 
 namespace primus::backends::cuda {
 namespace {
+
+using namespace ::primus::parallel;
 
 // Buckets must tile [0, total) top down without gaps, each launched only once its gradients
 // are final (ready_at <= begin), ready_at being one of the ready points.
@@ -110,11 +113,11 @@ TEST(DpPlan, Zero1ShardSegmentsPartitionTheRealElements) {
       const auto layout = train::make_param_layout(spec);
       const int64_t padded = zero1_padded_total(layout, world);
       const auto bs = plan_buckets(grad_ready_points(layout), padded, zero1_granule(world), bucket);
-      std::vector<train::FlatSegment> buckets;
+      std::vector<parallel::FlatSegment> buckets;
       for (const auto& b : bs) buckets.push_back({b.begin, b.end});
-      train::FlatSharding s{layout.total, {}};
-      for (int r = 0; r < world; ++r) s.ranks.push_back(train::bucket_chunk_segments(buckets, layout.total, r, world));
-      EXPECT_EQ(train::check_flat_sharding(s), "") << world;
+      parallel::FlatSharding s{layout.total, {}};
+      for (int r = 0; r < world; ++r) s.ranks.push_back(parallel::bucket_chunk_segments(buckets, layout.total, r, world));
+      EXPECT_EQ(parallel::check_flat_sharding(s), "") << world;
       int64_t count = 0;
       for (int r = 0; r < world; ++r) {
         count += s.count(r);

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "core/util/error.h"
-#include "dist/nccl_library.h"
+#include "parallel/nccl_library.h"
 
-namespace primus::dist::nccl {
+namespace primus::parallel::nccl {
 namespace {
 
 SearchInputs fake_inputs(std::map<std::string, std::string> env, std::vector<std::string> python,
@@ -207,9 +207,9 @@ TEST(NcclLibrary, ProcessLibraryHonoursAWrongExplicitChoiceWithAnError) {
 }
 
 }  // namespace
-}  // namespace primus::dist::nccl
+}  // namespace primus::parallel::nccl
 
-namespace primus::dist::nccl {
+namespace primus::parallel::nccl {
 namespace {
 
 // Where this machine has an NCCL in one of the searched places, the real search finds it,
@@ -233,4 +233,4 @@ TEST(NcclLibrary, FindsThisMachinesNcclWhenOneIsInstalled) {
 }
 
 }  // namespace
-}  // namespace primus::dist::nccl
+}  // namespace primus::parallel::nccl

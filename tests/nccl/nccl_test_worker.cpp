@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/nccl_process_group.h"
+#include "parallel/cuda/nccl_process_group.h"
 #include "core/util/error.h"
-#include "dist/launch_env.h"
-#include "dist/tcp_store.h"
+#include "parallel/launch_env.h"
+#include "parallel/tcp_store.h"
 #include "io/dtype.h"
 #include "turbo/core/cuda_check.h"
 
@@ -33,10 +33,10 @@ using primus::io::bf16_to_fp32;
 using primus::io::fp32_to_bf16;
 
 // Host buffer of `n` values of `dtype` from floats, and back.
-std::vector<char> pack(const std::vector<float>& v, dist::DType t) {
-  std::vector<char> out(v.size() * (t == dist::DType::F32 ? 4 : 2));
+std::vector<char> pack(const std::vector<float>& v, parallel::DType t) {
+  std::vector<char> out(v.size() * (t == parallel::DType::F32 ? 4 : 2));
   for (size_t i = 0; i < v.size(); ++i) {
-    if (t == dist::DType::F32) {
+    if (t == parallel::DType::F32) {
       std::memcpy(&out[i * 4], &v[i], 4);
     } else {
       uint16_t h = fp32_to_bf16(v[i]);
@@ -45,11 +45,11 @@ std::vector<char> pack(const std::vector<float>& v, dist::DType t) {
   }
   return out;
 }
-std::vector<float> unpack(const std::vector<char>& b, dist::DType t) {
-  const size_t es = t == dist::DType::F32 ? 4 : 2;
+std::vector<float> unpack(const std::vector<char>& b, parallel::DType t) {
+  const size_t es = t == parallel::DType::F32 ? 4 : 2;
   std::vector<float> out(b.size() / es);
   for (size_t i = 0; i < out.size(); ++i) {
-    if (t == dist::DType::F32) {
+    if (t == parallel::DType::F32) {
       std::memcpy(&out[i], &b[i * 4], 4);
     } else {
       uint16_t h;
@@ -81,12 +81,12 @@ void expect_eq(const std::vector<float>& got, const std::vector<float>& want, co
   }
 }
 
-void collectives(backends::cuda::NcclProcessGroup& pg) {
+void collectives(parallel::NcclProcessGroup& pg) {
   const int R = pg.rank(), W = pg.world_size();
   const size_t n = 1000 * W + 8;  // not a multiple of anything NCCL likes
-  for (dist::DType t : {dist::DType::F32, dist::DType::BF16}) {
-    const std::string tn = t == dist::DType::F32 ? "f32" : "bf16";
-    const size_t es = t == dist::DType::F32 ? 4 : 2;
+  for (parallel::DType t : {parallel::DType::F32, parallel::DType::BF16}) {
+    const std::string tn = t == parallel::DType::F32 ? "f32" : "bf16";
+    const size_t es = t == parallel::DType::F32 ? 4 : 2;
     std::vector<float> mine(n), sum(n, 0.0f);
     for (size_t i = 0; i < n; ++i) {
       mine[i] = value(R, i);
@@ -95,14 +95,14 @@ void collectives(backends::cuda::NcclProcessGroup& pg) {
     Dev buf(n * es);
     // all_reduce sum and avg
     buf.put(pack(mine, t));
-    pg.all_reduce(buf.p, n, t, dist::ReduceOp::Sum);
+    pg.all_reduce(buf.p, n, t, parallel::ReduceOp::Sum);
     pg.synchronize();
     expect_eq(unpack(buf.get(), t), sum, "all_reduce sum " + tn);
     if (W == 2 || W == 4 || W == 1) {  // averages of small integers over 1, 2, 4 ranks are exact
       std::vector<float> avg(n);
       for (size_t i = 0; i < n; ++i) avg[i] = sum[i] / static_cast<float>(W);
       buf.put(pack(mine, t));
-      pg.all_reduce(buf.p, n, t, dist::ReduceOp::Avg);
+      pg.all_reduce(buf.p, n, t, parallel::ReduceOp::Avg);
       pg.synchronize();
       expect_eq(unpack(buf.get(), t), avg, "all_reduce avg " + tn);
     }
@@ -112,7 +112,7 @@ void collectives(backends::cuda::NcclProcessGroup& pg) {
     Dev rs(total * es);
     rs.put(pack(full, t));
     void* recv = static_cast<char*>(rs.p) + R * chunk * es;
-    pg.reduce_scatter(rs.p, recv, chunk, t, dist::ReduceOp::Sum);
+    pg.reduce_scatter(rs.p, recv, chunk, t, parallel::ReduceOp::Sum);
     pg.synchronize();
     auto got = unpack(rs.get(), t);
     std::vector<float> mine_chunk(got.begin() + R * chunk, got.begin() + (R + 1) * chunk);
@@ -133,8 +133,8 @@ void collectives(backends::cuda::NcclProcessGroup& pg) {
   pg.barrier();
   bool threw = false;
   try {
-    pg.broadcast(nullptr, 1, dist::DType::F32, W);
-  } catch (const dist::CollectiveError& e) {
+    pg.broadcast(nullptr, 1, parallel::DType::F32, W);
+  } catch (const parallel::CollectiveError& e) {
     threw = std::string(e.what()).find(fmt::format("root {} is not a rank", W)) != std::string::npos;
   }
   if (!threw) throw RuntimeError("broadcast from a root outside the group did not fail naming the root");
@@ -146,14 +146,14 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   int rank = -1;
   try {
-    dist::DistEnv env = dist::read_dist_env();
+    parallel::DistEnv env = parallel::read_dist_env();
     rank = env.rank;
-    auto store = dist::TcpStore::from_env(env);
-    backends::cuda::NcclGroupOptions opt;
+    auto store = parallel::TcpStore::from_env(env);
+    parallel::NcclGroupOptions opt;
     opt.device = env.local_rank;
     opt.timeout = std::chrono::milliseconds(static_cast<int64_t>(env.timeout_s * 1000));
     opt.heartbeat = std::chrono::milliseconds(200);
-    backends::cuda::NcclProcessGroup pg(*store, env, opt);
+    parallel::NcclProcessGroup pg(*store, env, opt);
     if (mode == "collectives") {
       collectives(pg);
       std::printf("OK rank %d NCCL %s from %s NVLS=%s\n", rank, pg.library().version().c_str(),
@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
     }
     Dev buf(4096);
     CUDA_CHECK(cudaMemset(buf.p, 0, 4096));
-    pg.all_reduce(buf.p, 1024, dist::DType::F32, dist::ReduceOp::Sum);  // one that completes
+    pg.all_reduce(buf.p, 1024, parallel::DType::F32, parallel::ReduceOp::Sum);  // one that completes
     pg.synchronize();
     if (rank == 1) {
       std::printf("rank 1 %s now\n", mode == "hang" ? "stops" : mode == "stall" ? "stalls" : "leaves");
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
       if (mode == "stall") std::this_thread::sleep_for(std::chrono::seconds(120));  // killed by the test first
       std::_Exit(0);
     }
-    pg.all_reduce(buf.p, 1024, dist::DType::F32, dist::ReduceOp::Sum);
+    pg.all_reduce(buf.p, 1024, parallel::DType::F32, parallel::ReduceOp::Sum);
     pg.synchronize();
     std::printf("UNEXPECTED rank %d: the all-reduce completed without rank 1\n", rank);
     std::fflush(stdout);

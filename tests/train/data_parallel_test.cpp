@@ -1,6 +1,6 @@
-// train/data_parallel: W ranks read exactly the samples one rank reads, ZeRO-1 shards cover a
+// parallel/data_parallel: W ranks read exactly the samples one rank reads, ZeRO-1 shards cover a
 // buffer once, step statistics agree on every rank, and only rank 0 writes progress files.
-#include "train/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 #include <gtest/gtest.h>
 
@@ -8,13 +8,14 @@
 #include <memory>
 
 #include "data/dataset/mock_dataset.h"
-#include "dist/socket_process_group.h"
+#include "parallel/socket_process_group.h"
 #include "tests/core/test_util.h"
-#include "tests/dist/pg_test_util.h"
+#include "tests/parallel/pg_test_util.h"
 #include "train/progress.h"
 
 using namespace primus;
 using namespace primus::train;
+using namespace primus::parallel;
 
 namespace {
 
@@ -125,16 +126,16 @@ TEST(ShardLayout, SegmentsOfContiguousAndPerBucketShards) {
 }
 
 TEST(GlobalStats, SumMeanAndNormAgreeOnEveryRank) {
-  dist::SingleProcessGroup one;
+  parallel::SingleProcessGroup one;
   EXPECT_EQ(global_sum(one, 0.1), 0.1);
   EXPECT_EQ(global_norm(one, 9.0), 3.0);
 
-  dist::TcpStore host("127.0.0.1", 0, true, std::chrono::milliseconds(5000));
+  parallel::TcpStore host("127.0.0.1", 0, true, std::chrono::milliseconds(5000));
   const int world = 3;
   // Values a float cannot hold exactly: the sum is still the double sum in rank order.
   const double vals[world] = {1.0 / 3.0, 2.718281828459045, 1e-9 + 4.0};
   std::vector<double> sums(world), means(world), norms(world);
-  auto out = dist::run_ranks(host, world, std::chrono::milliseconds(5000), [&](dist::ProcessGroup& pg) {
+  auto out = parallel::run_ranks(host, world, std::chrono::milliseconds(5000), [&](parallel::ProcessGroup& pg) {
     sums[pg.rank()] = global_sum(pg, vals[pg.rank()]);
     means[pg.rank()] = global_mean(pg, vals[pg.rank()]);
     norms[pg.rank()] = global_norm(pg, vals[pg.rank()] * vals[pg.rank()]);

@@ -1,4 +1,4 @@
-// train/dist_checkpoint with shards made of several segments of the flat buffer, as the cuda
+// parallel/dist_checkpoint with shards made of several segments of the flat buffer, as the cuda
 // trainer's ZeRO-1 has them (one chunk of every gradient bucket per rank, the padding of the
 // top bucket cut off): saved at world sizes 1, 2 and 3 and read back at 1, 2 and 3, as per-bucket
 // shards, as contiguous ones and whole, bit for bit; checkpoints in the contiguous format written
@@ -15,11 +15,12 @@
 #include "core/util/fs.h"
 #include "io/safetensors.h"
 #include "tests/core/test_util.h"
-#include "tests/dist/pg_test_util.h"
-#include "train/dist_checkpoint.h"
+#include "tests/parallel/pg_test_util.h"
+#include "parallel/dist_checkpoint.h"
 
 using namespace primus;
 using namespace primus::train;
+using namespace primus::parallel;
 namespace fsys = std::filesystem;
 using Ms = std::chrono::milliseconds;
 using nlohmann::json;
@@ -33,7 +34,7 @@ const std::vector<std::string> kNames = {"exp_avg", "exp_avg_sq"};
 float seg_m_at(int64_t i) { return 1.0f / static_cast<float>(i + 1) + static_cast<float>(i); }
 float seg_v_at(int64_t i) { return std::sqrt(static_cast<float>(i) + 0.25f) * 1e-3f; }
 
-// The cuda trainer's sharding at a small scale (backends/cuda/data_parallel.h): the buffer padded
+// The cuda trainer's sharding at a small scale (parallel/cuda/grad_reducer.h): the buffer padded
 // to a multiple of the granule (4 x world here, 64 x world there), cut top down into 3 buckets
 // at granule multiples, each bucket cut into `world` chunks; rank r owns chunk r of each bucket,
 // in bucket order, clipped to kSegTotal. For 2 ranks: buckets [16, 40), [8, 16), [0, 8); rank 1 owns
@@ -66,8 +67,8 @@ io::CheckpointData rank0_data() {
 
 // Saves iteration 7 from sharding.world() threads, each rank passing its own segments' values.
 fsys::path save(const fsys::path& dir, const FlatSharding& sharding) {
-  dist::TcpStore host("127.0.0.1", 0, true, Ms(5000));
-  auto out = dist::run_ranks(host, sharding.world(), Ms(5000), [&](dist::ProcessGroup& pg) {
+  parallel::TcpStore host("127.0.0.1", 0, true, Ms(5000));
+  auto out = parallel::run_ranks(host, sharding.world(), Ms(5000), [&](parallel::ProcessGroup& pg) {
     const auto& segs = sharding.ranks[static_cast<size_t>(pg.rank())];
     std::vector<float> m = pack(segs, seg_m_at), v = pack(segs, seg_v_at);
     io::CheckpointData d = pg.rank() == 0 ? rank0_data() : io::CheckpointData{};
@@ -277,9 +278,9 @@ TEST(DistCheckpointSegments, SaveFailsOnEveryRankWithoutHangingAndInstallsNothin
     primus::testing::TempDir tmp;
     FlatSharding s = cuda_like(2);
     s.ranks[1][2] = {2, 8};
-    dist::TcpStore host("127.0.0.1", 0, true, Ms(5000));
+    parallel::TcpStore host("127.0.0.1", 0, true, Ms(5000));
     std::vector<float> buf(kSegTotal);
-    auto out = dist::run_ranks(host, 2, Ms(5000), [&](dist::ProcessGroup& pg) {
+    auto out = parallel::run_ranks(host, 2, Ms(5000), [&](parallel::ProcessGroup& pg) {
       save_data_parallel(pg, tmp.path(), 7, rank0_data(), &s, {{"exp_avg", buf.data()}}, {});
     });
     for (int r = 0; r < 2; ++r) {
@@ -295,8 +296,8 @@ TEST(DistCheckpointSegments, SaveFailsOnEveryRankWithoutHangingAndInstallsNothin
   primus::testing::TempDir tmp;
   const FlatSharding s = cuda_like(2);
   fsys::create_directories(tmp.path() / (".iter_0000007." + shard_file_name(1, 2) + ".staged") / "x");
-  dist::TcpStore host("127.0.0.1", 0, true, Ms(5000));
-  auto out = dist::run_ranks(host, 2, Ms(5000), [&](dist::ProcessGroup& pg) {
+  parallel::TcpStore host("127.0.0.1", 0, true, Ms(5000));
+  auto out = parallel::run_ranks(host, 2, Ms(5000), [&](parallel::ProcessGroup& pg) {
     const auto& segs = s.ranks[static_cast<size_t>(pg.rank())];
     std::vector<float> m = pack(segs, seg_m_at), v = pack(segs, seg_v_at);
     save_data_parallel(pg, tmp.path(), 7, rank0_data(), &s, {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, {});

@@ -1,7 +1,7 @@
-// train/dist_checkpoint: a ZeRO-1 checkpoint written by 2 ranks (threads) holds one shard file per
+// parallel/dist_checkpoint: a ZeRO-1 checkpoint written by 2 ranks (threads) holds one shard file per
 // rank in one atomic checkpoint, reads back at world sizes 1, 2 and 3, and names the file and
 // rank of a missing or corrupt shard.
-#include "train/dist_checkpoint.h"
+#include "parallel/dist_checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -10,10 +10,11 @@
 
 #include "core/util/fs.h"
 #include "tests/core/test_util.h"
-#include "tests/dist/pg_test_util.h"
+#include "tests/parallel/pg_test_util.h"
 
 using namespace primus;
 using namespace primus::train;
+using namespace primus::parallel;
 namespace fsys = std::filesystem;
 using Ms = std::chrono::milliseconds;
 
@@ -37,11 +38,11 @@ io::CheckpointData rank0_data(const std::vector<float>* m, const std::vector<flo
 
 // Saves iteration 7 from `world` threads; with zero1 each rank passes its shard of m and v.
 void save(const fsys::path& dir, int world, bool zero1) {
-  dist::TcpStore host("127.0.0.1", 0, true, Ms(5000));
+  parallel::TcpStore host("127.0.0.1", 0, true, Ms(5000));
   std::vector<float> m(kTotal), v(kTotal);
   for (int64_t i = 0; i < kTotal; ++i) m[i] = m_at(i), v[i] = v_at(i);
   ShardLayout layout = shard_layout(kTotal, world);
-  auto out = dist::run_ranks(host, world, Ms(5000), [&](dist::ProcessGroup& pg) {
+  auto out = parallel::run_ranks(host, world, Ms(5000), [&](parallel::ProcessGroup& pg) {
     io::CheckpointData d = pg.rank() == 0 ? rank0_data(zero1 ? nullptr : &m, zero1 ? nullptr : &v) : io::CheckpointData{};
     std::vector<FlatShard> shards;
     if (zero1) shards = {{"exp_avg", m.data() + layout.begin(pg.rank())}, {"exp_avg_sq", v.data() + layout.begin(pg.rank())}};

@@ -1,0 +1,395 @@
+#include "backends/cuda/model/decoder.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/cuda/nvtx.h"
+#include "core/util/error.h"
+#include "turbo/ops/activation.h"
+#include "turbo/ops/embedding.h"
+#include "turbo/ops/gemm.h"
+#include "turbo/ops/rope.h"
+
+namespace primus::backends::cuda {
+
+namespace {
+
+TensorView view(const TensorView& buf, std::initializer_list<int64_t> shape) {  // same memory, new shape
+  return TensorView(buf.data, buf.dtype, buf.device, shape);
+}
+
+}  // namespace
+
+std::vector<int64_t> grad_ready_points(const train::ParamLayout& layout) {
+  std::vector<int64_t> pts;
+  pts.push_back(layout.get("final_norm.weight").offset);
+  for (int64_t l = 0;; ++l) {
+    if (!layout.find(fmt::format("layers.{}.norm1.weight", l))) break;
+    pts.insert(pts.begin() + 1, layout.get(fmt::format("layers.{}.norm1.weight", l)).offset);
+  }
+  pts.push_back(0);
+  return pts;
+}
+
+Decoder::Decoder(const train::ModelSpec& spec, const train::ParamLayout& layout, const DecoderOptions& opt,
+                 const CudaOps& ops, const MemoryPlan& plan, const ExecContext& ctx)
+    : spec_(spec),
+      opt_(opt),
+      max_batch_(plan.options().max_batch),
+      max_seq_(plan.options().max_seq),
+      ones_pad_(plan.options().ones_pad),
+      ops_(ops),
+      p_(plan.params),
+      a_(plan.acts),
+      rope_table_(plan.state.rope_table),
+      loss_slots_(plan.state.loss_slots),
+      ctx_(ctx),
+      policy_(plan.policy()) {
+  final_norm_ready_ = layout.get("final_norm.weight").offset;
+  for (int64_t l = 0; l < spec_.num_layers; ++l)
+    layer_ready_.push_back(layout.get(fmt::format("layers.{}.norm1.weight", l)).offset);
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+void Decoder::norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                             const TensorView& res_out, const TensorView& inp, const TensorView& residual,
+                             const NormParams& p, int64_t N) {
+  turbo::NormForwardArgs a;
+  a.type = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
+  a.out = out.slice0(0, N);
+  if (spec_.layernorm) a.mean = mean.slice0(0, N);
+  a.rstd = rstd.slice0(0, N);
+  a.inp = inp.slice0(0, N);
+  if (residual.defined()) {
+    a.residual = residual.slice0(0, N);
+    a.residual_out = res_out.slice0(0, N);
+  }
+  a.weight = p.weight.w;
+  a.bias = p.bias.w;
+  a.eps = static_cast<float>(spec_.norm_epsilon);
+  a.ctx = ctx_;
+  ops_.norm_forward(a);
+}
+
+
+void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
+  const int64_t N = B * T;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
+  const ExecContext c = ctx_;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  auto phase = [&](Phase p) {
+    if (!recompute) mark(p);  // a recomputation is one Phase::Recompute span
+  };
+  const LayerActs& a = a_.layers[l];
+  const LayerParams& p = p_.layers[l];
+  phase(Phase::Norm);
+  if (l == 0 || recompute) {
+    norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
+  } else {  // x_in = x2 of the layer below + its MLP output (in a_.tmp), fused with norm1
+    norm_forward(a.ln1, a.mean1, a.rstd1, a.x_in, a_.tmp, a_.layers[l - 1].x2, p.norm1, N);
+  }
+  const TensorView ln1 = a.ln1.slice0(0, N);
+  const TensorView& wqkv = p.qkv_w.w;
+  const TensorView& bqkv = p.qkv_b.w;
+  phase(Phase::QkvGemm);
+  // One GEMM for q|k|v: its output rows pack them, and the attention reads strided views.
+  const TensorView qkv = a.qkv.slice0(0, N);
+  ops_.linear_forward(qkv, ln1, wqkv, bqkv, {}, c);
+  const TensorView q4 = heads(qkv, B, T, 0, H), k4 = heads(qkv, B, T, C, KV), v4 = heads(qkv, B, T, C + KVD, KV);
+  if (spec_.rope) {  // in place on q|k (adjacent columns, one rotation per position): only the rotated ones are needed later
+    phase(Phase::Rope);
+    const TensorView qk4 = heads(qkv, B, T, 0, H + KV);
+    turbo::RopeArgs r;
+    r.out = qk4;
+    r.inp = qk4;
+    r.table = rope_table_;
+    r.base = spec_.rotary_base;
+    r.ctx = c;
+    turbo::rope(r);
+  }
+  AttentionCall at;
+  at.out = view(a.att, {B, T, H, D});
+  at.lse = view(a.lse, {B, H, T});
+  at.q = q4;
+  at.k = k4;
+  at.v = v4;
+  at.scale = scale;
+  at.ctx = c;
+  phase(Phase::Attention);
+  ops_.attention_forward(at);
+  phase(Phase::ProjGemm);
+  ops_.linear_forward(a_.tmp.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, p.proj_b.w, {}, c);
+  phase(Phase::Norm);
+  norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, a_.tmp, a.x_in, p.norm2, N);
+  phase(Phase::MlpUpGemm);
+  if (spec_.swiglu || opt_.gelu_unfused_forward) {
+    ops_.linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
+    phase(Phase::Activation);
+    turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
+                               a.fc.slice0(0, N), c});
+  } else {  // GELU fused into the GEMM epilogue; fc keeps the pre-activation for the backward
+    ops_.linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
+  }
+  if (recompute) return;  // the MLP output only feeds the next layer's forward
+  phase(Phase::MlpDownGemm);
+  ops_.linear_forward(a_.tmp.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
+}
+
+
+void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
+  const int64_t N = B * T;
+  NvtxRange range("forward");
+  B_ = B;
+  T_ = T;
+  slot_ = slot;
+  const int64_t C = spec_.hidden_size;
+  const ExecContext c = ctx_;
+  const int64_t at = slot * max_batch_ * max_seq_;
+  const TensorView targets = a_.targets.slice0(at, at + N);
+
+  {
+    mark(Phase::Embedding);
+    turbo::EmbeddingArgs e;
+    e.out = view(a_.layers[0].x_in, {B, T, C});
+    e.tokens = view(a_.tokens.slice0(at, at + N), {B, T});
+    e.wte = p_.wte.w;
+    e.wpe = p_.wpe.w;
+    e.ctx = c;
+    turbo::embedding_forward(e);
+  }
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    NvtxRange lr(fmt::format("layer {} fwd", l).c_str());
+    layer_forward(l, B, T, false);
+  }
+  {
+    NvtxRange hr("head + loss");
+    mark(Phase::Norm);
+    norm_forward(a_.lnf, a_.meanf, a_.rstdf, a_.x_final, a_.tmp, a_.layers.back().x2, p_.final_norm, N);
+    for (int64_t r0 = 0; r0 < N; r0 += a_.head_rows) {
+      const int64_t r1 = std::min(N, r0 + a_.head_rows);
+      const TensorView logits = a_.logits.slice0(0, r1 - r0), lnf = a_.lnf.slice0(r0, r1);
+      mark(Phase::HeadGemm);
+      ops_.head_forward(logits, lnf, p_.head.w, {}, {}, c);
+      turbo::CrossEntropyArgs ce;
+      ce.logits = logits;
+      if (dloss != 0.0f) ce.dlogits = logits;  // in place: no second [rows,V] buffer
+      ce.losses = a_.losses.slice0(r0, r1);
+      ce.targets = targets.slice0(r0, r1);
+      ce.vocab = spec_.vocab_size;
+      ce.dloss = dloss;
+      ce.ctx = c;
+      mark(Phase::Loss);
+      ops_.cross_entropy(ce);
+      // The head's backward now, while this block's dlogits exist: d(final norm output) into
+      // a_.dln (untouched until backward() reads it) and the head weight's gradient (+=).
+      if (dloss != 0.0f) {
+        mark(Phase::HeadGemmBwd);
+        ops_.head_backward(a_.dln.slice0(r0, r1), p_.head.g, {}, logits, lnf, p_.head.w, false, c, !fresh_head_);
+        fresh_head_ = false;
+      }
+    }
+    mark(Phase::Loss);
+    turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), a_.losses.slice0(0, N), c);
+  }
+  have_grad_logits_ = dloss != 0.0f;
+  if (have_grad_logits_) train_tokens_ = N;
+}
+
+
+void Decoder::norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp,
+                              const TensorView& mean, const TensorView& rstd, const NormParams& p, int64_t N,
+                              bool accumulate, const TensorView& dres_colsum) {
+  turbo::NormBackwardArgs a;
+  a.type = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
+  a.dinp = dres.slice0(0, N);
+  a.dweight = p.weight.g;
+  a.dbias = p.bias.g;
+  a.dout = dout.slice0(0, N);
+  a.inp = inp.slice0(0, N);
+  a.weight = p.weight.w;
+  if (spec_.layernorm) a.mean = mean.slice0(0, N);
+  a.rstd = rstd.slice0(0, N);
+  a.accumulate_dinp = accumulate;
+  if (norm_colsum()) a.dinp_colsum = dres_colsum;
+  a.ctx = ctx_;
+  ops_.norm_backward(a);
+}
+
+TensorView Decoder::with_ones(const TensorView& t) const {
+  if (ones_pad_ == 0 || t.ndim != 2 || t.stride(0) != t.size(1) + ones_pad_) return {};
+  return TensorView(t.data, t.dtype, t.device, {t.size(0), t.stride(0)});
+}
+
+void Decoder::linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
+                                const TensorView& inp, bool bias_done) {
+  const ExecContext c = ctx_;
+  if (b.g.defined() && !bias_done) {
+    if (const TensorView ones = with_ones(inp); ones.defined()) {  // [weight | bias] gradient from one GEMM
+      if (dinp.defined()) ops_.linear_backward(dinp, {}, {}, dout, inp, w.w, false, c, true);
+      ops_.linear_weight_grad_ones(w.g, b.g, dout, ones, c, !fresh_layers_);
+      return;
+    }
+  }
+  if (b.g.defined() && opt_.bias_grad != BiasGrad::Gemm) {  // first: dout was just written, partly still in L2
+    if (!bias_done) ops_.bias_grad(b.g, dout, c);
+    ops_.linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c, !fresh_layers_);
+    return;
+  }
+  ops_.linear_backward(dinp, w.g, b.g, dout, inp, w.w, false, c, !fresh_layers_);
+}
+
+void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
+  const Recompute r = policy_[l];
+  if (r == Recompute::None) return;
+  NvtxRange range(fmt::format("layer {} recompute ({})", l, recompute_name(r)).c_str());
+  mark(Phase::Recompute);
+  if (r == Recompute::Full) {
+    layer_forward(l, B, T, true);
+    return;
+  }
+  // Norms and selective: both norms from their stored inputs (the fused forward normalised the
+  // same rounded residual it stored); selective also the MLP activation from its pre-activation.
+  const int64_t N = B * T;
+  const LayerActs& a = a_.layers[l];
+  const LayerParams& p = p_.layers[l];
+  norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
+  norm_forward(a.ln2, a.mean2, a.rstd2, {}, a.x2, {}, p.norm2, N);
+  if (r == Recompute::Norms) return;
+  turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
+                             a.fc.slice0(0, N), ctx_});
+}
+
+void Decoder::backward() {
+  if (!have_grad_logits_) throw RuntimeError("cuda model: backward() needs a forward with dloss != 0 first");
+  have_grad_logits_ = false;
+  NvtxRange range("backward");
+  const int64_t B = B_, T = T_, N = B * T;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
+  const ExecContext c = ctx_;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  {
+    NvtxRange hr("final norm bwd");
+    // forward() already ran the head's backward into a_.dln and p_.head.g.
+    // dres = d(final residual): the start of the residual stream's gradient.
+    mark(Phase::NormBwd);
+    norm_backward(a_.dres, a_.dln, a_.x_final, a_.meanf, a_.rstdf, p_.final_norm, N, false, p_.layers.back().out_b.g);
+    ready(final_norm_ready_);
+  }
+  const TensorView dres = a_.dres.slice0(0, N);
+  for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
+    NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
+    recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
+    const LayerActs& a = a_.layers[l];
+    const LayerParams& p = p_.layers[l];
+    // MLP: dres is the gradient of the layer output x2 + mlp(ln2(x2)).
+    const TensorView dfc = a_.dfc.slice0(0, N), act = a.act.slice0(0, N), fc = a.fc.slice0(0, N);
+    mark(Phase::MlpDownGemmBwd);
+    if (spec_.swiglu) {
+      const TensorView dact = a_.dact.slice0(0, N);
+      linear_backward(dact, p.out_w, p.out_b, dres, act, norm_colsum());
+      mark(Phase::ActivationBwd);
+      turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
+    } else if (opt_.gelu_unfused_backward) {
+      linear_backward(dfc, p.out_w, p.out_b, dres, act, norm_colsum());  // dfc = d(act) here
+      mark(Phase::ActivationBwd);
+      turbo::activation_backward({turbo::Activation::Gelu, dfc, fc, dfc, false, c});  // in place
+    } else {
+      ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
+      linear_backward({}, p.out_w, p.out_b, dres, act, norm_colsum());
+    }
+    mark(Phase::MlpUpGemmBwd);
+    linear_backward(a_.dln.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N));
+    mark(Phase::NormBwd);
+    norm_backward(a_.dres, a_.dln, a.x2, a.mean2, a.rstd2, p.norm2, N, true, p.proj_b.g);
+    // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
+    mark(Phase::ProjGemmBwd);
+    linear_backward(a_.datt.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N), norm_colsum());
+    const TensorView dqkv = a_.dqkv.slice0(0, N), qkv = a.qkv.slice0(0, N);
+    // With RoPE the attention's gradients are those of the rotated q/k (a_.dqk_rot); the rotation's
+    // backward then writes dq|dk into dqkv (out of place: the reference RoPE cannot run in place).
+    const TensorView dqk_rot = spec_.rope ? a_.dqk_rot.slice0(0, N) : TensorView();
+    AttentionGradCall g;
+    g.dq = spec_.rope ? heads(dqk_rot, B, T, 0, H) : heads(dqkv, B, T, 0, H);
+    g.dk = spec_.rope ? heads(dqk_rot, B, T, C, KV) : heads(dqkv, B, T, C, KV);
+    g.dv = heads(dqkv, B, T, C + KVD, KV);
+    g.dout = view(a_.datt, {B, T, H, D});
+    g.q = heads(qkv, B, T, 0, H);
+    g.k = heads(qkv, B, T, C, KV);
+    g.v = heads(qkv, B, T, C + KVD, KV);
+    g.out = view(a.att, {B, T, H, D});
+    g.lse = view(a.lse, {B, H, T});
+    g.scale = scale;
+    g.ctx = c;
+    mark(Phase::AttentionBwd);
+    ops_.attention_backward(g);
+    if (spec_.rope) {  // one rotation for dq|dk: they sit side by side in both buffers
+      mark(Phase::RopeBwd);
+      turbo::RopeArgs r;
+      r.backward = true;
+      r.out = heads(dqkv, B, T, 0, H + KV);
+      r.inp = heads(dqk_rot, B, T, 0, H + KV);
+      r.table = rope_table_;
+      r.base = spec_.rotary_base;
+      r.ctx = c;
+      turbo::rope(r);
+    }
+    const TensorView ln1 = a.ln1.slice0(0, N), dln = a_.dln.slice0(0, N);
+    mark(Phase::QkvGemmBwd);
+    // One dgrad and one wgrad (+ bias gradient) GEMM over the packed q|k|v columns.
+    linear_backward(dln, p.qkv_w, p.qkv_b, dqkv, ln1);
+    mark(Phase::NormBwd);
+    // The residual gradient it leaves is d(output of layer l - 1): its column sums are that
+    // layer's MLP down-projection bias gradient.
+    norm_backward(a_.dres, a_.dln, a.x_in, a.mean1, a.rstd1, p.norm1, N, true, l > 0 ? p_.layers[l - 1].out_b.g : TensorView());
+    ready(layer_ready_[l]);
+  }
+  {
+    NvtxRange er("embedding bwd");
+    mark(Phase::EmbeddingBwd);
+    const int64_t at = slot_ * max_batch_ * max_seq_;
+    turbo::EmbeddingArgs e;
+    e.backward = true;
+    e.dwte = p_.wte.g;
+    e.dwpe = p_.wpe.g;
+    e.dout = view(a_.dres, {B, T, C});
+    e.tokens = view(a_.tokens.slice0(at, at + N), {B, T});
+    e.wte = p_.wte.w;
+    e.wpe = p_.wpe.w;
+    e.ctx = c;
+    turbo::embedding_backward(e);
+  }
+  ready(0);
+  fresh_layers_ = false;  // the next micro-batch of this step accumulates
+}
+
+
+TensorView Decoder::heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t heads) const {
+  const int64_t D = spec_.head_dim(), W = buf.size(1);
+  if (col + heads * D > W) throw RuntimeError(fmt::format("cuda model: columns {}+{} outside {}", col, heads * D, buf.describe()));
+  TensorView v(static_cast<char*>(buf.data) + size_t(col) * turbo::dtype_size(buf.dtype), buf.dtype, buf.device,
+               {B, T, heads, D});
+  v.strides = {T * W, W, D, 1};
+  return v;
+}
+
+
+bool Decoder::written_by_first_gemm(const train::ModelSpec& spec, const std::string& name) {
+  auto ends = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  if (name.rfind("layers.", 0) == 0)
+    return ends(".attn.qkv.weight") || ends(".attn.proj.weight") || ends(".mlp.fc.weight") || ends(".mlp.proj.weight");
+  // The head's weight: its own, or the tied embedding (the head's GEMM runs before the embedding's
+  // backward adds its rows).
+  return name == (spec.untied ? "output_layer.weight" : "embedding.weight");
+}
+
+
+}  // namespace primus::backends::cuda

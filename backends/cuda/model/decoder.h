@@ -1,0 +1,151 @@
+// The CUDA decoder: GPT-2 and Llama from one ModelSpec, llm.c style, as a sequence of op-slot
+// calls (CudaOps) over the memory plan's parameter and activation views. It owns no memory: the
+// forward (embedding, layers, final norm, LM head and loss in row blocks, with the head's
+// backward while each block's logits exist) and the backward (layers top down with their
+// recomputation, the embedding last) only enqueue work on the model's stream.
+//
+// Precision: bf16 activations and weights, fp32 accumulation in every GEMM, norm and loss, fp32
+// parameter gradients (accumulated across micro-batches). In host mode the same calls run on
+// fp32 host tensors through Turbo's CPU backends.
+//
+// Gradients ready. The backward finishes the parameter gradients from the top of the flat
+// layout down (train/param_layout.h order: embeddings, layers 0..L-1, final norm, untied head):
+// after the final norm's backward every gradient from final_norm.weight up is final for the
+// micro-batch, after layer l's every gradient from layers.l.norm1.weight up, and after the
+// embedding's all of them. The decoder reports each such point to the subscriber of
+// on_grads_ready() (data parallelism launches its reductions from there) in the order
+// grad_ready_points() lists them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/hooks.h"
+#include "backends/cuda/model/memory_plan.h"
+#include "backends/cuda/profile.h"
+#include "train/model_spec.h"
+#include "train/param_layout.h"
+
+namespace primus::backends::cuda {
+
+// Where the linear layers' bias gradients are computed:
+//   Norm      the attention projection's and the MLP down-projection's, whose output gradient is
+//             the residual stream's, in the norm backward that produces it
+//             (NormBackwardArgs::dinp_colsum); the others by the cuda.linear.bias_grad slot;
+//   Separate  all by the cuda.linear.bias_grad slot (a column-sum reduction each);
+//   Gemm      all in the weight-gradient GEMM's epilogue (cuBLASLt BGRADB);
+//   Ones      (the default; where it applies: linear biases, no FP8) as Norm for the projections
+//             that write the residual; q|k|v's and the MLP up-projection's, whose inputs are norm
+//             outputs, in their weight GEMM: the norm writes its rows kOnesPad columns apart with a
+//             column of ones after them (set once at construction), so dout^T @ [inp | 1] is
+//             [weight gradient | bias gradient] (cuda.linear.weight_grad_ones) instead of a pass
+//             over dout. Elsewhere it falls back to Norm.
+// All four give the same gradients to rounding (the parity tests compare them); Ones was measured
+// fastest, the others stay as the references it is checked against.
+enum class BiasGrad : uint8_t { Norm, Separate, Gemm, Ones };
+
+// The batch bounds, the ones padding and the recompute policy are the memory plan's.
+struct DecoderOptions {
+  BiasGrad bias_grad = BiasGrad::Ones;
+  // GPT-2's GELU: fused into the MLP up-projection's epilogue (forward) and into its input
+  // gradient's GEMM (backward, dGELU), or run as separate ops (measured slower; kept as the
+  // reference the fused epilogues are checked against).
+  bool gelu_unfused_forward = false, gelu_unfused_backward = false;
+};
+
+class Decoder {
+ public:
+  static constexpr int64_t kOnesPad = 8;  // 16 bytes of bf16: the norm's vector stores stay aligned
+  // The ones columns apply with linear biases and bf16 GEMMs (the FP8 slots quantize their
+  // inputs whole, padding included).
+  static int64_t ones_pad_for(const train::ModelSpec& spec, BiasGrad mode, bool fp8_linear) {
+    return mode == BiasGrad::Ones && spec.bias && !fp8_linear ? kOnesPad : 0;
+  }
+  // Whether a tensor's gradient is first written by a GEMM with beta 0 in each step (the linear
+  // layers' weights and the head's), so that zero_grad() need not clear it.
+  static bool written_by_first_gemm(const train::ModelSpec& spec, const std::string& name);
+
+  Decoder(const train::ModelSpec& spec, const train::ParamLayout& layout, const DecoderOptions& opt,
+          const CudaOps& ops, const MemoryPlan& plan, const ExecContext& ctx);
+
+  // The start of a step whose gradients zero_grad did not clear everywhere: the first
+  // micro-batch's weight-gradient GEMMs write (beta 0) instead of accumulating.
+  void begin_step() { fresh_head_ = fresh_layers_ = true; }
+  // Forward of the batch staged in `slot`; its mean loss goes to loss slot `slot`. dloss != 0
+  // also runs the head's backward block by block (the head weight's gradient is accumulated
+  // here, backward() continues from the final norm); dloss == 0 (evaluation) leaves the
+  // gradients alone.
+  void forward(int64_t B, int64_t T, float dloss, int64_t slot);
+  // Accumulates parameter gradients of the last forward (which must have had dloss != 0),
+  // recomputing the activations the layers did not keep.
+  void backward();
+
+  // The subscriber of the "gradients from this offset up are ready" reports (see above).
+  void on_grads_ready(std::function<void(int64_t offset)> fn) { grads_ready_ = std::move(fn); }
+
+  bool bias_grad_from_ones() const { return ones_pad_ != 0; }
+  Recompute recompute(int64_t layer) const { return policy_.at(static_cast<size_t>(layer)); }
+  int64_t batch() const { return B_; }
+  int64_t seq() const { return T_; }
+  // B * T of the last forward with a gradient (the step status divides by it).
+  int64_t train_tokens() const { return train_tokens_; }
+  void set_profiler(StepProfiler* p) { prof_ = p; }
+  StepProfiler* profiler() const { return prof_; }
+
+ private:
+  // Layer l's forward from its residual input. recompute = false: the step's forward (norm1
+  // fused with the residual add of the layer below, unless l == 0); true: the backward's
+  // recomputation (norm1 from the stored x_in; the last GEMM, whose output nothing needs, skipped).
+  void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute);
+  void recompute_layer(int64_t l, int64_t B, int64_t T);  // refills what the layer's policy did not keep
+  // A linear layer's gradients from dout: dinp = (skipped if undefined), w.g +=, b.g += (if the
+  // layer has a bias: its own column-sum reduction, the GEMM's epilogue with BiasGrad::Gemm, or
+  // nothing when `bias_done`: a norm backward already summed dout into b.g).
+  void linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
+                       const TensorView& inp, bool bias_done = false);
+  // out = norm(inp (+ residual, stored to res_out)); residual undefined: out = norm(inp).
+  void norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd, const TensorView& res_out,
+                    const TensorView& inp, const TensorView& residual, const NormParams& p, int64_t N);
+  // dres (+)= d inp, p's gradients +=; with BiasGrad::Norm also dres_colsum (if defined) += the
+  // column sums of the resulting dres (the bias gradient of the linear layer that wrote it).
+  void norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp, const TensorView& mean,
+                     const TensorView& rstd, const NormParams& p, int64_t N, bool accumulate,
+                     const TensorView& dres_colsum = {});
+  bool norm_colsum() const { return opt_.bias_grad == BiasGrad::Norm || opt_.bias_grad == BiasGrad::Ones; }
+  // The [N, C + pad] view (with the column of ones) of a padded [N, C] norm output, or undefined.
+  TensorView with_ones(const TensorView& t) const;
+  // [B,T,heads,D] view of columns [col, col + heads*D) of a row-major [rows, W] buffer (tokens W apart).
+  TensorView heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t heads) const;
+  void mark(Phase p) const {
+    if (prof_) prof_->mark(p);
+  }
+  void ready(int64_t offset) const {
+    if (grads_ready_) grads_ready_(offset);
+  }
+
+  const train::ModelSpec& spec_;
+  DecoderOptions opt_;
+  int64_t max_batch_, max_seq_, ones_pad_;
+  CudaOps ops_;
+  const ModelParams& p_;
+  const ActivationBuffers& a_;
+  TensorView rope_table_, loss_slots_;
+  ExecContext ctx_;
+  std::vector<Recompute> policy_;
+  int64_t final_norm_ready_ = 0;             // offset of final_norm.weight
+  std::vector<int64_t> layer_ready_;         // per layer: offset of layers.l.norm1.weight
+  std::function<void(int64_t)> grads_ready_;
+  bool fresh_head_ = false, fresh_layers_ = false;
+  int64_t B_ = 0, T_ = 0;
+  int64_t slot_ = 0;          // the token slot of the last forward (the embedding's backward reads it)
+  int64_t train_tokens_ = 1;
+  bool have_grad_logits_ = false;
+  StepProfiler* prof_ = nullptr;
+};
+
+// The offsets the decoder reports to on_grads_ready, in order: final_norm.weight's, then
+// layers.{L-1..0}.norm1.weight's, then 0.
+std::vector<int64_t> grad_ready_points(const train::ParamLayout& layout);
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,333 @@
+#include "backends/cuda/model/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/util/error.h"
+#include "turbo/core/cuda_arena.h"
+#include "turbo/core/cuda_check.h"
+#include "turbo/kernels/cuda/elementwise.h"
+#include "turbo/kernels/cuda/embedding.h"
+#include "turbo/kernels/cuda/normalization.h"
+#include "turbo/kernels/cuda/optimizer.h"
+#include "turbo/ops/gemm.h"
+#include "turbo/ops/gemm_fp8.h"
+
+namespace primus::backends::cuda {
+
+using turbo::Arena;
+using turbo::DType;
+
+namespace {
+
+enum class Pool { State, Acts };
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// The first pass of MemoryPlan::plan only adds up sizes; the second takes the buffers from the
+// arenas sized by the first.
+class BufferPlan {
+ public:
+  BufferPlan(Arena* state, Arena* acts) : state_(state), acts_(acts) {}
+  TensorView operator()(Pool pool, DType t, std::initializer_list<int64_t> shape, const char* what) {
+    Arena* a = pool == Pool::State ? state_ : acts_;
+    if (a) return a->tensor(t, shape, what);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    (pool == Pool::State ? state_bytes : acts_bytes) += round_up(size_t(n) * turbo::dtype_size(t), Arena::kDefaultAlign);
+    return TensorView();
+  }
+  size_t state_bytes = 0, acts_bytes = 0;
+
+ private:
+  Arena *state_, *acts_;
+};
+
+}  // namespace
+
+// ---- ModelStream ----------------------------------------------------------------------------
+
+void ModelStream::to_model(void* dst, const void* src, size_t bytes) const {
+  if (host)
+    std::memcpy(dst, src, bytes);
+  else
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+}
+
+void ModelStream::from_model(void* dst, const void* src, size_t bytes) const {
+  if (host) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void ModelStream::zero(const TensorView& t) const {
+  if (host)
+    std::memset(t.data, 0, t.nbytes());
+  else
+    CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream));
+}
+
+void ModelStream::sync() const {
+  if (!host) CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// ---- MemoryPlan -----------------------------------------------------------------------------
+
+MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt)
+    : spec_(spec), layout_(layout), opt_(opt), act_(opt.host ? DType::F32 : DType::BF16) {
+  if (opt_.flat_elems != 0 && opt_.flat_elems < layout_.total) {
+    throw RuntimeError(fmt::format("cuda model: flat_elems {} is below the parameter count {}", opt_.flat_elems,
+                                   layout_.total));
+  }
+  if (opt_.policy.size() != static_cast<size_t>(spec_.num_layers)) {
+    throw RuntimeError(fmt::format("cuda model: {} recompute policies for {} layers", opt_.policy.size(),
+                                   spec_.num_layers));
+  }
+  BufferPlan count(nullptr, nullptr);
+  plan(count);
+  const size_t table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
+                                Arena::kDefaultAlign);
+  auto make_arena = [this](size_t bytes) {
+    return opt_.host ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
+  };
+  state_ = make_arena(count.state_bytes + table + Arena::kDefaultAlign);
+  acts_ = make_arena(count.acts_bytes + Arena::kDefaultAlign);
+  scratch_ = make_arena(scratch_bytes());
+  BufferPlan take(state_.get(), acts_.get());
+  plan(take);
+  if (opt_.host) state.weights = state.master;  // fp32 compute on the master weights themselves
+  view_params();
+}
+
+// Scratch: the largest single borrow of any op, the attention's included (they borrow one at a
+// time, in stream order, each within an ArenaScope). On the host only the fallback attention
+// and the FP8 linear layers borrow.
+size_t MemoryPlan::scratch_bytes() const {
+  const int64_t N = opt_.max_batch * opt_.max_seq, C = spec_.hidden_size;
+  const int64_t pad = opt_.ones_pad;
+  size_t bytes = 0;
+  if (!opt_.host) {
+    // (the optimizer's chunks hold at least 256 elements each)
+    const size_t chunks_bound = size_t(layout_.total / 256) + layout_.tensors.size() + 1;
+    bytes = std::max({turbo::cuda::norm_backward_scratch_bytes(N, C), turbo::cuda::embedding_backward_scratch_bytes(N),
+                      turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
+                      size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4,
+                      pad == 0 ? size_t{0}
+                               : std::max(turbo::linear_backward_weight_ones_scratch_bytes(spec_.qkv_dim(), C + pad),
+                                          turbo::linear_backward_weight_ones_scratch_bytes(spec_.fc_dim(), C + pad)),
+                      size_t(std::max({turbo::cuda::column_sum_partials(N, spec_.qkv_dim()),
+                                       turbo::cuda::column_sum_partials(N, spec_.fc_dim()),
+                                       turbo::cuda::column_sum_partials(N, C)})) * 4 + Arena::kDefaultAlign});
+  }
+  if (opt_.fp8_linear) {  // the linear slots' quantized copies (one layer at a time)
+    const int64_t F = spec_.fc_dim(), Fin = spec_.swiglu ? spec_.ffn_hidden_size : spec_.fc_dim();
+    bytes = std::max({bytes, turbo::linear_fp8_scratch_bytes(N, C, spec_.qkv_dim()),
+                      turbo::linear_fp8_scratch_bytes(N, C, C), turbo::linear_fp8_scratch_bytes(N, C, F),
+                      turbo::linear_fp8_scratch_bytes(N, Fin, C)});
+  }
+  // Attention: what the caller says its implementation needs, and on the device at least room
+  // for Turbo's flash backward (f32 dq and row sums) and a cuDNN workspace.
+  const int64_t H = spec_.num_attention_heads;
+  const size_t turbo_attention = size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);
+  bytes = std::max(bytes, opt_.host ? opt_.attention_scratch_bytes
+                                    : std::max(opt_.attention_scratch_bytes, turbo_attention));
+  return round_up(bytes, size_t{1} << 20);
+}
+
+template <class Take>
+void MemoryPlan::plan(Take&& take) {
+  const int64_t P = layout_.total, N = opt_.max_batch * opt_.max_seq;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KVD = spec_.kv_dim();
+  const int64_t F = spec_.ffn_hidden_size, FC = spec_.fc_dim(), V = spec_.padded_vocab_size;
+  const int64_t PF = std::max(P, opt_.flat_elems);  // padded for ZeRO-1
+  const bool host = opt_.host;
+  StateBuffers& s = state;
+  if (opt_.optimizer_state) s.master = take(Pool::State, DType::F32, {P}, "fp32 master weights");
+  s.grads = take(Pool::State, DType::F32, {PF}, "fp32 gradients");
+  if (opt_.optimizer_state) {
+    s.m = take(Pool::State, DType::F32, {P}, "AdamW first moments");
+    s.v = take(Pool::State, DType::F32, {P}, "AdamW second moments");
+  }
+  if (!host) s.weights = take(Pool::State, DType::BF16, {PF}, "bf16 weights");
+  if (spec_.rope && !host)
+    s.rope_table = take(Pool::State, DType::F32, {spec_.seq_length, spec_.head_dim() / 2, 2}, "RoPE table");
+  const int64_t S = opt_.loss_slots;
+  s.status = take(Pool::State, DType::F32, {S + 3}, "step status: loss sums, grad norm, clip factor, finite flag");
+  if (s.status.defined()) {
+    s.loss_slots = s.status.slice0(0, S);
+    s.norm = s.status.slice0(S, S + 2);
+  }
+  s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
+  if (!host && opt_.zero_ranges > 0)  // the kernel's table (host mode clears range by range)
+    s.zero_table = take(Pool::State, DType::I64, {2 * opt_.zero_ranges + 1}, "zero_grad ranges (prefix sums, offsets)");
+
+  // `keep` is the coarsest recompute policy that still keeps the tensor.
+  struct Field {
+    TensorView LayerActs::*member;
+    DType dtype;
+    int64_t cols;
+    bool flat;  // [N * cols] instead of [N, cols]
+    Recompute keep;
+    const char* what;
+    int64_t pad = 0;  // rows `pad` columns longer than the view (the ones column; see BiasGrad)
+  };
+  const DType f32 = DType::F32;
+  const int64_t pad = opt_.ones_pad;
+  const Field fields[] = {
+      {&LayerActs::x_in, act_, C, false, Recompute::Full, "layer input (residual stream)"},
+      {&LayerActs::ln1, act_, C, false, Recompute::None, "norm1 output", pad},
+      {&LayerActs::mean1, f32, 1, true, Recompute::None, "norm1 mean"},
+      {&LayerActs::rstd1, f32, 1, true, Recompute::None, "norm1 rstd"},
+      {&LayerActs::qkv, act_, C + 2 * KVD, false, Recompute::Selective, "q|k|v (packed projection)"},
+      {&LayerActs::att, act_, C, false, Recompute::Selective, "attention output"},
+      {&LayerActs::lse, f32, H, true, Recompute::Selective, "attention log-sum-exp"},
+      {&LayerActs::x2, act_, C, false, Recompute::Selective, "residual after attention"},
+      {&LayerActs::ln2, act_, C, false, Recompute::None, "norm2 output", pad},
+      {&LayerActs::mean2, f32, 1, true, Recompute::None, "norm2 mean"},
+      {&LayerActs::rstd2, f32, 1, true, Recompute::None, "norm2 rstd"},
+      {&LayerActs::fc, act_, FC, false, Recompute::Selective, "MLP pre-activation"},
+      {&LayerActs::act, act_, F, false, Recompute::Norms, "MLP activation"},
+  };
+  ActivationBuffers& a = acts;
+  const int64_t L = spec_.num_layers;
+  const std::vector<Recompute>& policy = opt_.policy;
+  a.layers.assign(static_cast<size_t>(L), LayerActs{});
+  a.work = LayerActs{};
+  a.ones_buffers.clear();
+  for (const Field& f : fields) {
+    auto take_field = [&] {
+      if (f.flat) return take(Pool::Acts, f.dtype, {N * f.cols}, f.what);
+      if (f.pad == 0) return take(Pool::Acts, f.dtype, {N, f.cols}, f.what);
+      TensorView t = take(Pool::Acts, f.dtype, {N, f.cols + f.pad}, f.what);
+      if (!t.defined()) return t;
+      a.ones_buffers.push_back(t);
+      TensorView v(t.data, t.dtype, t.device, {N, f.cols});
+      v.strides = {f.cols + f.pad, 1};
+      return v;
+    };
+    bool shared = false;
+    for (int64_t l = 0; l < L; ++l) {
+      if (policy[l] <= f.keep)
+        a.layers[l].*f.member = take_field();
+      else
+        shared = true;
+    }
+    if (!shared) continue;
+    a.work.*f.member = take_field();
+    for (int64_t l = 0; l < L; ++l)
+      if (policy[l] > f.keep) a.layers[l].*f.member = a.work.*f.member;
+  }
+  a.tmp = take(Pool::Acts, act_, {N, C}, "projection output");
+  a.x_final = take(Pool::Acts, act_, {N, C}, "final residual");
+  a.lnf = take(Pool::Acts, act_, {N, C}, "final norm output");
+  a.meanf = take(Pool::Acts, DType::F32, {N}, "final norm mean");
+  a.rstdf = take(Pool::Acts, DType::F32, {N}, "final norm rstd");
+  // The head runs in row blocks (the forward does its backward right after the loss; see
+  // kHeadBlockBytes), so the logits buffer holds one block of B*T/chunks rows instead of all of them.
+  const int64_t logits_bytes = N * V * static_cast<int64_t>(turbo::dtype_size(act_));
+  const int64_t chunks = std::max(kMinHeadChunks, (logits_bytes + kHeadBlockBytes - 1) / kHeadBlockBytes);
+  a.head_rows = (N + chunks - 1) / chunks;
+  a.logits = take(Pool::Acts, act_, {a.head_rows, V}, "logits / dlogits (one head block)");
+  a.losses = take(Pool::Acts, DType::F32, {N}, "per-token losses");
+  // One token and target buffer per micro-batch: a step's batches are all staged before it runs.
+  a.tokens = take(Pool::Acts, DType::I32, {S * N}, "tokens (one slot per micro-batch)");
+  a.targets = take(Pool::Acts, DType::I32, {S * N}, "targets (one slot per micro-batch)");
+  a.dres = take(Pool::Acts, act_, {N, C}, "residual gradient");
+  a.dln = take(Pool::Acts, act_, {N, C}, "norm output gradient");
+  // One region for the backward's per-layer working gradients: the MLP's (dfc, dact) are dead
+  // before the attention's (datt, dq|dk|dv and the rotated dq|dk) are written, and those are
+  // dead before the next layer's MLP, so the two sets overlap.
+  const bool rope = spec_.rope;
+  const int64_t mlp_cols = FC + (spec_.swiglu ? F : 0);
+  const int64_t att_cols = 2 * C + 2 * KVD + (rope ? C + KVD : 0);
+  const TensorView bwd = take(Pool::Acts, act_, {N * std::max(mlp_cols, att_cols)}, "backward working gradients");
+  // [N, cols] block starting `col0` columns-worth of N rows into the region.
+  auto carve = [&](int64_t col0, int64_t cols) {
+    if (!bwd.defined()) return TensorView();
+    void* p = static_cast<char*>(bwd.data) + size_t(N * col0) * turbo::dtype_size(act_);
+    return TensorView(p, act_, bwd.device, {N, cols});
+  };
+  a.dfc = carve(0, FC);
+  a.dact = spec_.swiglu ? carve(FC, F) : TensorView();
+  a.datt = carve(0, C);
+  a.dqkv = carve(C, C + 2 * KVD);
+  if (rope) a.dqk_rot = carve(2 * C + 2 * KVD, C + KVD);  // RoPE's backward reads these, writes dqkv
+}
+
+Param MemoryPlan::param(const std::string& name, bool required) const {
+  const train::ParamTensor* t = layout_.find(name);
+  if (!t) {
+    if (required) throw RuntimeError(fmt::format("cuda model: no parameter '{}'", name));
+    return {};
+  }
+  auto shaped = [&](const TensorView& flat) {
+    void* p = static_cast<char*>(flat.data) + size_t(t->offset) * turbo::dtype_size(flat.dtype);
+    return t->shape.size() == 2 ? TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1]})
+                                : TensorView(p, flat.dtype, flat.device, {t->shape[0]});
+  };
+  return {shaped(state.weights), shaped(state.grads)};
+}
+
+void MemoryPlan::view_params() {
+  ModelParams& p = params;
+  p.wte = param("embedding.weight", true);
+  p.wpe = param("position_embedding.weight", !spec_.rope);
+  p.head = spec_.untied ? param("output_layer.weight", true) : p.wte;
+  p.final_norm = {param("final_norm.weight", true), param("final_norm.bias", false)};
+  p.layers.resize(spec_.num_layers);
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    const std::string n = fmt::format("layers.{}.", l);
+    LayerParams& lp = p.layers[l];
+    lp.norm1 = {param(n + "norm1.weight", true), param(n + "norm1.bias", false)};
+    lp.norm2 = {param(n + "norm2.weight", true), param(n + "norm2.bias", false)};
+    lp.qkv_w = param(n + "attn.qkv.weight", true);
+    lp.qkv_b = param(n + "attn.qkv.bias", false);
+    lp.proj_w = param(n + "attn.proj.weight", true);
+    lp.proj_b = param(n + "attn.proj.bias", false);
+    lp.fc_w = param(n + "mlp.fc.weight", true);
+    lp.fc_b = param(n + "mlp.fc.bias", false);
+    lp.out_w = param(n + "mlp.proj.weight", true);
+    lp.out_b = param(n + "mlp.proj.bias", false);
+  }
+}
+
+void MemoryPlan::init_ones(const ModelStream& s) const {
+  const std::vector<TensorView>& bufs = acts.ones_buffers;
+  if (bufs.empty()) return;
+  const int64_t pad = opt_.ones_pad;
+  const size_t es = turbo::dtype_size(act_);
+  std::vector<unsigned char> row(size_t(pad) * es, 0);
+  if (act_ == DType::F32) {
+    const float one = 1.0f;
+    std::memcpy(row.data(), &one, es);
+  } else {  // bf16 1.0 = 0x3f80, f16 1.0 = 0x3c00 (little-endian)
+    const uint16_t one = act_ == DType::BF16 ? 0x3f80 : 0x3c00;
+    std::memcpy(row.data(), &one, es);
+  }
+  // Every buffer has the same rows: one packed copy of the padding for all of them. From pageable
+  // memory an H2D copy has taken the bytes when it returns, so `pattern` may go out of scope.
+  const int64_t rows = bufs.front().size(0);
+  std::vector<unsigned char> pattern(size_t(rows) * row.size());
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(pattern.data() + size_t(r) * row.size(), row.data(), row.size());
+  for (const TensorView& t : bufs) {
+    const int64_t width = t.size(1), C = width - pad;
+    char* dst = static_cast<char*>(t.data) + size_t(C) * es;
+    if (s.host) {
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + size_t(r * width) * es, row.data(), row.size());
+    } else {
+      CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(width) * es, pattern.data(), row.size(), row.size(), size_t(rows),
+                                   cudaMemcpyHostToDevice, s.stream));
+    }
+  }
+}
+
+size_t MemoryPlan::reserved_bytes() const { return state_->capacity() + acts_->capacity() + scratch_->capacity(); }
+size_t MemoryPlan::activation_bytes() const { return acts_->capacity(); }
+size_t MemoryPlan::scratch_high_water() const { return scratch_->high_water(); }
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,153 @@
+// The CUDA model's memory plan: every buffer a training step touches, allocated once, when the
+// model is built, from three arenas, so a step never calls cudaMalloc (and can be captured as a
+// CUDA graph):
+//   state        fp32 master weights, fp32 gradients, fp32 AdamW moments (each one flat buffer in
+//                train/param_layout.h order, the reference backend's layout, so checkpoints,
+//                export and generate are shared), the bf16 compute copy of the weights (same
+//                layout), the RoPE table, the step status and the optimizer's descriptor table;
+//   activations  what the backward needs, per layer, for batches up to max_batch x max_seq
+//                (bf16; norm statistics and attention log-sum-exp f32), the logits of one head
+//                block, and the backward's working gradients, shared by all layers;
+//   scratch      what the ops borrow inside a call (ExecContext::scratch), sized for the largest
+//                single borrow of any op the model calls.
+// The plan runs twice over one description (plan()): once to add up the bytes, once to take the
+// buffers from arenas of exactly that size, so the two can never disagree.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/hooks.h"
+#include "train/model_spec.h"
+#include "train/param_layout.h"
+#include "turbo/core/arena.h"
+
+namespace primus::backends::cuda {
+
+// One parameter tensor: its compute weight (bf16; the fp32 master in host mode) and its f32
+// gradient, views into the flat buffers; both undefined when the model has no such tensor (e.g.
+// biases in Llama).
+struct Param {
+  TensorView w, g;
+};
+struct NormParams {
+  Param weight, bias;
+};
+struct LayerParams {
+  NormParams norm1, norm2;
+  Param qkv_w, qkv_b, proj_w, proj_b, fc_w, fc_b, out_w, out_b;
+};
+struct ModelParams {
+  Param wte, wpe, head;  // head is wte when the embedding is tied
+  NormParams final_norm;
+  std::vector<LayerParams> layers;
+};
+
+// One layer's saved activations. qkv [N, C + 2*KVD]: one GEMM's packed q|k|v columns; the
+// attention reads them as strided views.
+struct LayerActs {
+  TensorView x_in, ln1, mean1, rstd1, qkv, att, lse, x2, ln2, mean2, rstd2, fc, act;
+};
+
+// Views into the state arena.
+struct StateBuffers {
+  // Flat, in layout order. grads and weights hold flat_elems (ZeRO-1 padding stays zero); master,
+  // m and v only without ZeRO-1 (MemoryPlanOptions::optimizer_state). In host mode weights is
+  // master (fp32 compute on the master copy).
+  TensorView master, weights, grads, m, v;
+  TensorView rope_table;  // f32 [seq_length, head_dim / 2, 2] (device, RoPE models)
+  // {loss sums [loss_slots], grad norm, clip factor, finite flag}: loss_slots and norm are views
+  // into it, so a step's status is one D2H copy.
+  TensorView status, loss_slots, norm;
+  TensorView hyper;       // f32 {lr, 1 - beta1^t, 1 - beta2^t}, which a captured AdamW reads
+  TensorView zero_table;  // i64: zero_grad's ranges (prefix sums, offsets); device only
+};
+
+// Views into the activations arena. Per layer, the tensors its recompute policy keeps have memory
+// of their own; the others alias one shared set (work), which the forward and the backward's
+// recomputation refill layer by layer.
+struct ActivationBuffers {
+  LayerActs work;
+  std::vector<LayerActs> layers;
+  TensorView tmp, x_final, lnf, meanf, rstdf, logits, losses, tokens, targets;
+  // The backward's working gradients. dqkv [N, C + 2*KVD] packs dq|dk|dv like LayerActs::qkv (one
+  // dgrad and one wgrad GEMM); dqk_rot [N, C + KVD] holds the attention's dq|dk before RoPE's
+  // backward rotates them into dqkv.
+  TensorView dres, dln, datt, dqkv, dqk_rot, dfc, dact;
+  // The LM head and loss run in blocks of head_rows rows (see kHeadBlockBytes in memory_plan.cpp).
+  int64_t head_rows = 0;
+  // The padded norm outputs [N, C + ones_pad] whose extra columns init_ones() fills.
+  std::vector<TensorView> ones_buffers;
+};
+
+struct MemoryPlanOptions {
+  int64_t max_batch = 1, max_seq = 0, loss_slots = 1;
+  int64_t flat_elems = 0;        // 0: layout.total
+  bool optimizer_state = true;   // false: no master weights and moments (ZeRO-1 holds them)
+  bool host = false;             // host memory and fp32 compute (CudaModelOptions::device)
+  bool fp8_linear = false;       // scratch for the FP8 linear slots' quantized copies
+  size_t attention_scratch_bytes = 0;
+  int64_t ones_pad = 0;          // columns of ones after ln1/ln2's rows (BiasGrad::Ones), else 0
+  int64_t zero_ranges = 0;       // entries of zero_grad's range table
+  std::vector<Recompute> policy;  // per layer
+};
+
+// Copies and clears on the model's stream (or plain host memory in host mode).
+struct ModelStream {
+  cudaStream_t stream = nullptr;  // null in host mode
+  bool host = false;
+  void to_model(void* dst, const void* src, size_t bytes) const;    // host -> model memory, stream-ordered
+  void from_model(void* dst, const void* src, size_t bytes) const;  // model memory -> host, synchronising
+  void zero(const TensorView& t) const;
+  void sync() const;
+};
+
+class MemoryPlan {
+ public:
+  // Sizes, allocates and views every buffer. Throws RuntimeError when flat_elems is below the
+  // parameter count.
+  MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt);
+
+  StateBuffers state;
+  ActivationBuffers acts;
+  ModelParams params;
+
+  turbo::DType act_dtype() const { return act_; }  // activations and compute weights
+  const std::vector<Recompute>& policy() const { return opt_.policy; }
+  const MemoryPlanOptions& options() const { return opt_; }
+  turbo::Arena& state_arena() { return *state_; }
+  turbo::Arena* scratch() const { return scratch_.get(); }
+  // The padded norm outputs' extra columns: 1, 0, 0, ... in every row (once, at construction).
+  void init_ones(const ModelStream& s) const;
+
+  size_t reserved_bytes() const;    // device bytes held by the three arenas
+  size_t activation_bytes() const;  // the activations arena (what recomputation shrinks)
+  size_t scratch_high_water() const;
+
+  // Bytes of the LM head's logits block: at least 2 blocks, and as many as keep one block's
+  // logits within 1 GiB (the largest single activation otherwise: 1.6 GB bf16 for GPT-2 at
+  // B*T = 16k, 4.2 GB for Llama-3's 128k vocabulary at 8 x 2048). Each extra block costs one f32
+  // read+write of the head's weight gradient (GPT-2 B32 with 4 blocks instead of 2 measured
+  // 1.132x vs 1.133x torch.compile on an H100).
+  static constexpr int64_t kMinHeadChunks = 2;
+  static constexpr int64_t kHeadBlockBytes = int64_t{1} << 30;
+
+ private:
+  template <class Take>
+  void plan(Take&& take);  // assigns every buffer; run once to count bytes, once to allocate
+  size_t scratch_bytes() const;
+  Param param(const std::string& name, bool required) const;
+  void view_params();
+
+  const train::ModelSpec& spec_;
+  const train::ParamLayout& layout_;
+  MemoryPlanOptions opt_;
+  turbo::DType act_;
+  std::unique_ptr<turbo::Arena> state_, acts_, scratch_;
+};
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,142 @@
+#include "backends/cuda/model/optimizer_state.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/util/error.h"
+#include "turbo/kernels/cuda/cast.h"
+#include "turbo/kernels/cuda/step_check.h"
+
+namespace primus::backends::cuda {
+
+GradClearing plan_grad_clearing(const train::ParamLayout& layout,
+                                const std::function<bool(const std::string& name)>& written_first) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& t : layout.tensors) {
+    if (written_first(t.name)) continue;
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == t.offset)
+      ranges.back().second += t.numel;
+    else
+      ranges.emplace_back(t.offset, t.numel);
+  }
+  GradClearing c;
+  for (const auto& r : ranges) (r.second >= GradClearing::kMemsetRange ? c.memset_ranges : c.ranges).push_back(r);
+  for (const auto& r : c.ranges) c.ranges_total += r.second;
+  return c;
+}
+
+OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, turbo::Arena& arena,
+                               GradClearing clearing, bool keep_state, const ModelStream& stream, const CudaOps& ops)
+    : layout_(layout), state_(state), clearing_(std::move(clearing)), stream_(stream), ops_(ops) {
+  if (!keep_state) return;
+  // Over every tensor: fp32 master and moments, f32 gradients, the bf16 copy it refreshes.
+  std::vector<turbo::AdamWTensor> ts;
+  for (const auto& t : layout_.tensors) {
+    turbo::AdamWTensor a;
+    a.master = state_.master.slice0(t.offset, t.offset + t.numel);
+    if (!stream_.host) a.model = state_.weights.slice0(t.offset, t.offset + t.numel);
+    a.grad = state_.grads.slice0(t.offset, t.offset + t.numel);
+    a.m = state_.m.slice0(t.offset, t.offset + t.numel);
+    a.v = state_.v.slice0(t.offset, t.offset + t.numel);
+    a.decay = t.decay;
+    ts.push_back(a);
+  }
+  adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), &arena);
+}
+
+void OptimizerState::upload_clearing_table() const {
+  const TensorView& table = state_.zero_table;
+  if (!table.defined()) return;
+  std::vector<int64_t> t(static_cast<size_t>(table.numel()));
+  const size_t n = clearing_.ranges.size();
+  for (size_t r = 0; r < n; ++r) {
+    t[r + 1] = t[r] + clearing_.ranges[r].second;
+    t[n + 1 + r] = clearing_.ranges[r].first;
+  }
+  stream_.to_model(table.data, t.data(), t.size() * sizeof(int64_t));
+}
+
+void OptimizerState::zero_grad(bool full) const {
+  const TensorView& grads = state_.grads;
+  if (full) {
+    stream_.zero(grads);
+    return;
+  }
+  for (const auto& [off, n] : clearing_.memset_ranges) stream_.zero(grads.slice0(off, off + n));
+  if (stream_.host) {
+    for (const auto& [off, n] : clearing_.ranges) stream_.zero(grads.slice0(off, off + n));
+  } else if (state_.zero_table.defined()) {
+    turbo::cuda::zero_ranges_f32(grads.ptr<float>(), state_.zero_table.ptr<const int64_t>(),
+                                 static_cast<int>(clearing_.ranges.size()), clearing_.ranges_total, stream_.stream);
+  }
+}
+
+void OptimizerState::grad_norm(float max_norm, const ExecContext& ctx) {
+  need_state("grad_norm");
+  ops_.grad_norm(*adamw_, state_.norm, max_norm, ctx);
+}
+
+void OptimizerState::check_step(int64_t n, int64_t slots) const {
+  if (n < 1 || n > slots) throw RuntimeError(fmt::format("cuda model: check_step over {} loss slots (1..{})", n, slots));
+  if (!stream_.host) {
+    turbo::cuda::step_check(state_.status.ptr<float>(), n, slots, stream_.stream);
+    return;
+  }
+  float* st = state_.status.ptr<float>();  // host mode: the ops ran synchronously
+  bool ok = std::isfinite(st[slots]);
+  for (int64_t i = 0; i < n; ++i) ok = ok && std::isfinite(st[i]);
+  st[slots + 2] = ok ? 1.0f : 0.0f;
+  if (!ok) st[slots + 1] = std::numeric_limits<float>::quiet_NaN();
+}
+
+void OptimizerState::update(const ExecContext& ctx) {
+  need_state("update");
+  ops_.adamw(*adamw_, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx);
+}
+
+void OptimizerState::set_params(const float* host) {
+  const int64_t n = layout_.total;
+  if (!adamw_) {  // no master copy: stage the fp32 weights in the gradient buffer
+    stream_.to_model(state_.grads.data, host, size_t(n) * 4);
+    turbo::cuda::cast_f32_to_bf16(state_.weights.data, state_.grads.ptr<float>(), n, stream_.stream);
+    return;
+  }
+  stream_.to_model(state_.master.data, host, state_.master.nbytes());
+  if (!stream_.host) turbo::cuda::cast_f32_to_bf16(state_.weights.data, state_.master.ptr<float>(), n, stream_.stream);
+  stream_.sync();
+}
+
+void OptimizerState::get_params(float* host) const {
+  need_state("get_params");
+  stream_.from_model(host, state_.master.data, state_.master.nbytes());
+}
+
+void OptimizerState::need_state(const char* what) const {
+  if (!adamw_) {
+    throw RuntimeError(fmt::format("cuda model: {} needs the optimizer state, which this model (ZeRO-1) does not keep",
+                                   what));
+  }
+}
+
+void OptimizerState::set_moments(const float* m, const float* v) {
+  need_state("set_moments");
+  for (auto [dst, src] : {std::pair{&state_.m, m}, std::pair{&state_.v, v}}) {
+    if (src)
+      stream_.to_model(dst->data, src, dst->nbytes());
+    else
+      stream_.zero(*dst);
+  }
+  stream_.sync();
+}
+
+void OptimizerState::get_moments(float* m, float* v) const {
+  need_state("get_moments");
+  stream_.from_model(m, state_.m.data, state_.m.nbytes());
+  stream_.from_model(v, state_.v.data, state_.v.nbytes());
+}
+
+void OptimizerState::get_grads(float* host) const { stream_.from_model(host, state_.grads.data, state_.grads.nbytes()); }
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,311 @@
+// Data-parallel training end to end through the real binary: `primus launch --nproc-per-node N
+// -- train pretrain` on the reference backend gives the losses of one process with the same
+// global batch (with and without ZeRO-1), a 2-rank ZeRO-1 checkpoint resumes on 1 and 3 ranks
+// with the uninterrupted run's losses (also rewritten with per-bucket shards like the cuda
+// trainer's), and a rank killed mid-run ends the job naming it while
+// the last checkpoint stays loadable. Tiny model, few steps: each run takes a few seconds.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "io/checkpoint.h"
+#include "io/metrics.h"
+#include "tests/parallel/pg_test_util.h"
+#include "tests/e2e/cli_runner.h"
+#include "parallel/dist_checkpoint.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using primus::testing::run_primus;
+using primus::testing::Workdir;
+
+// A tiny GPT-2 on tinyshakespeare (bytes). Global batch 12 splits over 1, 2 and 3 ranks.
+std::string train_args(const std::string& ws, int iters, const std::string& extra = "") {
+  return "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
+         "/examples/reference/shakespeare.yaml num_layers=1 hidden_size=32 num_attention_heads=2 "
+         "ffn_hidden_size=64 seq_length=32 micro_batch_size=2 global_batch_size=12 train_iters=" +
+         std::to_string(iters) + " eval_interval=0 log_interval=1 sample_tokens=0 lr_warmup_iters=2 "
+         "lr_decay_iters=10 save_interval=5 workspace=" + ws + " " + extra;
+}
+
+std::string launch(int n, const std::string& args, double timeout_s = 20) {
+  std::ostringstream s;
+  s << "launch --nproc-per-node " << n << " --timeout " << timeout_s << " -- " << args;
+  return s.str();
+}
+
+fs::path find_file(const fs::path& root, const std::string& name) {
+  for (auto& e : fs::recursive_directory_iterator(root)) {
+    if (e.path().filename() == name) return e.path();
+  }
+  return {};
+}
+
+// step -> loss (or val_loss) from the run's metrics.jsonl (only rank 0 writes it).
+std::map<int64_t, double> losses(const fs::path& ws, const std::string& key = "loss") {
+  std::map<int64_t, double> out;
+  fs::path m = find_file(ws, "metrics.jsonl");
+  EXPECT_FALSE(m.empty()) << "no metrics.jsonl under " << ws;
+  if (m.empty()) return out;
+  for (auto& j : primus::io::read_jsonl(m)) {
+    if (j.contains(key)) out[j["step"].get<int64_t>()] = j[key].get<double>();
+  }
+  return out;
+}
+
+void expect_same_losses(const std::map<int64_t, double>& want, const std::map<int64_t, double>& got,
+                        const std::string& what, int64_t first = 1) {
+  for (auto& [step, l] : want) {
+    if (step < first) continue;
+    auto it = got.find(step);
+    ASSERT_NE(it, got.end()) << what << ": no loss for step " << step;
+    EXPECT_NEAR(it->second, l, 1e-5 * std::fabs(l)) << what << " step " << step;
+  }
+  EXPECT_EQ(static_cast<int64_t>(got.size()), static_cast<int64_t>(want.size()) - (first - 1)) << what;
+}
+
+fs::path save_dir(const fs::path& ws) { return find_file(ws, primus::io::kTrackerFile).parent_path(); }
+
+TEST(DataParallelTraining, TwoRanksGiveTheLossesOfOneWithAndWithoutZero1) {
+  Workdir one, two, zero;
+  // Validation too: 3 batches, divided between the ranks.
+  const std::string eval = "eval_interval=3 eval_iters=3 ";
+  auto r1 = run_primus(train_args(one.str(), 6, eval));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto r2 = run_primus(launch(2, train_args(two.str(), 6, eval)));
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("data parallel over 2 ranks"), std::string::npos) << r2.out;
+  // Progress lines come from rank 0 alone.
+  std::istringstream lines(r2.out);
+  int progress0 = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("| loss ") == std::string::npos) continue;
+    EXPECT_EQ(line.rfind("[rank 0]", 0), 0u) << "progress line not from rank 0: " << line;
+    ++progress0;
+  }
+  EXPECT_EQ(progress0, 6) << r2.out;
+  auto r3 = run_primus(launch(2, train_args(zero.str(), 6, eval + "use_distributed_optimizer=true ddp_bucket_size_mb=0.01")));
+  ASSERT_EQ(r3.code, 0) << r3.out;
+  EXPECT_NE(r3.out.find("ZeRO-1"), std::string::npos) << r3.out;
+  auto want = losses(one.path());
+  ASSERT_EQ(want.size(), 6u);
+  expect_same_losses(want, losses(two.path()), "2 ranks");
+  expect_same_losses(want, losses(zero.path()), "2 ranks ZeRO-1");
+  auto want_val = losses(one.path(), "val_loss");
+  ASSERT_EQ(want_val.size(), 2u);
+  expect_same_losses(want_val, losses(two.path(), "val_loss"), "2 ranks validation");
+  expect_same_losses(want_val, losses(zero.path(), "val_loss"), "2 ranks ZeRO-1 validation");
+  // ZeRO-1: one optimizer shard per rank, weights once.
+  fs::path ck = primus::io::checkpoint_dir(save_dir(zero.path()), 6);
+  EXPECT_TRUE(fs::exists(ck / "optimizer.rank00000-of-00002.safetensors")) << ck;
+  EXPECT_TRUE(fs::exists(ck / "optimizer.rank00001-of-00002.safetensors")) << ck;
+}
+
+TEST(DataParallelTraining, Zero1CheckpointOfTwoRanksResumesOnOneAndThree) {
+  Workdir full, on1, on3;
+  auto a = run_primus(launch(2, train_args(full.str(), 10, "use_distributed_optimizer=true")));
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto want = losses(full.path());
+  ASSERT_EQ(want.size(), 10u);
+  fs::path ck5 = primus::io::checkpoint_dir(save_dir(full.path()), 5);
+  ASSERT_TRUE(fs::exists(ck5 / primus::io::kManifestFile)) << ck5;
+
+  auto b = run_primus(train_args(on1.str(), 10, "use_distributed_optimizer=true load=" + ck5.string()));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("saved by 2 ranks, resharded for 1"), std::string::npos) << b.out;
+  expect_same_losses(want, losses(on1.path()), "resumed on 1 rank", 6);
+
+  auto c = run_primus(launch(3, train_args(on3.str(), 10, "use_distributed_optimizer=true load=" + ck5.string())));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("saved by 2 ranks, resharded for 3"), std::string::npos) << c.out;
+  expect_same_losses(want, losses(on3.path()), "resumed on 3 ranks", 6);
+}
+
+// The other way round: one process without ZeRO-1 saves, two ranks with ZeRO-1 resume.
+TEST(DataParallelTraining, SingleProcessCheckpointResumesOnTwoZero1Ranks) {
+  Workdir full, on2;
+  auto a = run_primus(train_args(full.str(), 10));
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto want = losses(full.path());
+  fs::path ck5 = primus::io::checkpoint_dir(save_dir(full.path()), 5);
+  auto b = run_primus(launch(2, train_args(on2.str(), 10, "use_distributed_optimizer=true load=" + ck5.string())));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("saved by 1 ranks, resharded for 2"), std::string::npos) << b.out;
+  expect_same_losses(want, losses(on2.path()), "1 -> 2 ranks", 6);
+}
+
+// A ZeRO-1 checkpoint whose shards are per gradient bucket, as the cuda trainer writes them
+// (rank r holds chunk r of each of 3 buckets, the padding of the top one cut off), resumes in
+// the reference backend on 1 and 3 ranks with the uninterrupted run's losses. It is the 2-rank
+// run's checkpoint rewritten with those shards (same weights, state and moments).
+TEST(DataParallelTraining, PerBucketZero1ShardsLikeTheCudaTrainersResumeOnOneAndThree) {
+  Workdir full, bucketed, on1, on3;
+  auto a = run_primus(launch(2, train_args(full.str(), 10, "use_distributed_optimizer=true")));
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto want = losses(full.path());
+  ASSERT_EQ(want.size(), 10u);
+  const fs::path ck5 = primus::io::checkpoint_dir(save_dir(full.path()), 5);
+  primus::io::CheckpointData data = primus::io::load_checkpoint(ck5, false);
+  const int64_t total = data.manifest.at("sharding").at("total").get<int64_t>();
+  std::vector<float> m(total), v(total);
+  primus::parallel::read_flat_states(data, ck5, {"exp_avg", "exp_avg_sq"}, total, 0, total, {m.data(), v.data()});
+  // The cuda trainer's plan: padded to 64 x world, 3 buckets at multiples of that, top down.
+  const int world = 2;
+  const int64_t g = 64 * world, padded = (total + g - 1) / g * g, cut = g * std::max<int64_t>(1, padded / g / 3);
+  ASSERT_GT(padded, total);  // some padding to cut off
+  primus::parallel::FlatSharding sharding{total, {}};
+  for (int r = 0; r < world; ++r) {
+    sharding.ranks.push_back(primus::parallel::bucket_chunk_segments({{2 * cut, padded}, {cut, 2 * cut}, {0, cut}}, total, r, world));
+    ASSERT_EQ(sharding.ranks.back().size(), 3u);
+  }
+  data.optimizer.clear();
+  primus::parallel::TcpStore host("127.0.0.1", 0, true, std::chrono::milliseconds(10000));
+  auto out = primus::parallel::run_ranks(host, world, std::chrono::milliseconds(10000), [&](primus::parallel::ProcessGroup& pg) {
+    std::vector<float> pm, pv;
+    for (const auto& s : sharding.ranks[pg.rank()]) {
+      pm.insert(pm.end(), m.begin() + s.begin, m.begin() + s.end);
+      pv.insert(pv.end(), v.begin() + s.begin, v.begin() + s.end);
+    }
+    primus::parallel::save_data_parallel(pg, bucketed.path(), 5, pg.rank() == 0 ? data : primus::io::CheckpointData{}, &sharding,
+                           {{"exp_avg", pm.data()}, {"exp_avg_sq", pv.data()}}, {});
+  });
+  for (int r = 0; r < world; ++r) ASSERT_TRUE(out[r].ok) << out[r].error;
+  const fs::path ck = primus::io::checkpoint_dir(bucketed.path(), 5);
+  ASSERT_EQ(primus::io::load_checkpoint(ck).manifest.at("sharding").at("shards")[1].at("segments").size(), 3u);
+
+  auto b = run_primus(train_args(on1.str(), 10, "use_distributed_optimizer=true load=" + ck.string()));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("saved by 2 ranks, resharded for 1"), std::string::npos) << b.out;
+  expect_same_losses(want, losses(on1.path()), "per-bucket shards resumed on 1 rank", 6);
+  auto c = run_primus(launch(3, train_args(on3.str(), 10, "use_distributed_optimizer=true load=" + ck.string())));
+  ASSERT_EQ(c.code, 0) << c.out;
+  expect_same_losses(want, losses(on3.path()), "per-bucket shards resumed on 3 ranks", 6);
+}
+
+// A long ZeRO-1 job under `primus launch` in the background, output in a file. The destructor
+// stops it (SIGTERM to the launcher, forwarded to the ranks) when a test ends early.
+class BackgroundJob {
+ public:
+  BackgroundJob(const Workdir& w, double timeout_s, const std::string& launch_flags = "") : out_(w.path() / "launch.txt") {
+    std::string cmd = std::string(PRIMUS_BINARY_DIR) + "/bin/primus " +
+                      launch(2, train_args(w.str(), 100000, "use_distributed_optimizer=true save_interval=3"), timeout_s);
+    cmd.insert(cmd.find(" -- "), " " + launch_flags);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setenv("OMP_NUM_THREADS", "1", 1);
+      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " > " + out_.string() + " 2>&1").c_str(), nullptr);
+      ::_exit(126);
+    }
+    root_ = w.path();
+  }
+  ~BackgroundJob() {
+    if (pid_ > 0 && !done_) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  // The tracker file once the first checkpoint is saved (empty after 60 s).
+  fs::path await_checkpoint() {
+    auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+      fs::path t = find_file(root_, primus::io::kTrackerFile);
+      if (!t.empty()) return t;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return {};
+  }
+  // The pid of rank k among the launcher's children (-1 when not found).
+  pid_t rank_pid(int k) const {
+    std::ifstream children("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
+    for (pid_t c; children >> c;) {
+      std::ifstream env("/proc/" + std::to_string(c) + "/environ");
+      for (std::string var; std::getline(env, var, '\0');) {
+        if (var == "RANK=" + std::to_string(k)) return c;
+      }
+    }
+    return -1;
+  }
+  // Waits for the launcher; returns its wait status and sets seconds() since `from`.
+  int wait(std::chrono::steady_clock::time_point from) {
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    done_ = true;
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count();
+    return st;
+  }
+  double seconds() const { return seconds_; }
+  std::string output() const {
+    std::ifstream in(out_);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  fs::path out_, root_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+  double seconds_ = 0;
+};
+
+// Rank 1 killed with SIGKILL mid-run: the launcher stops rank 0 and exits non-zero naming rank 1
+// (rank 0 itself fails at once in its next collective, naming rank 1); the last checkpoint loads.
+TEST(DataParallelTraining, KilledRankEndsTheJobAndTheLastCheckpointLoads) {
+  Workdir w;
+  BackgroundJob job(w, 5);
+  fs::path tracker = job.await_checkpoint();
+  ASSERT_FALSE(tracker.empty()) << "no checkpoint within 60 s\n" << job.output();
+  pid_t rank1 = job.rank_pid(1);
+  ASSERT_GT(rank1, 0) << "rank 1 not found among the launcher's children";
+  ASSERT_EQ(::kill(rank1, SIGKILL), 0);
+  int st = job.wait(std::chrono::steady_clock::now());
+  std::string text = job.output();
+  ASSERT_TRUE(WIFEXITED(st)) << text;
+  EXPECT_NE(WEXITSTATUS(st), 0) << text;
+  EXPECT_LT(job.seconds(), 5.0) << text;  // within the 5 s collective timeout
+  EXPECT_NE(text.find("rank 1 (pid " + std::to_string(rank1) + ") failed"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1 closed its connection"), std::string::npos) << text;
+
+  // The checkpoint the tracker names is complete: every file, every shard, verified.
+  fs::path save = tracker.parent_path();
+  auto latest = primus::io::find_latest(save);
+  ASSERT_TRUE(latest.has_value());
+  primus::io::CheckpointData data = primus::io::load_checkpoint(latest->dir);
+  EXPECT_EQ(data.manifest["sharding"]["world_size"], 2);
+  // ... and a run resumes from it (one process, one more step).
+  Workdir again;
+  auto r = run_primus(train_args(again.str(), static_cast<int>(latest->iteration) + 1,
+                                 "use_distributed_optimizer=true load=" + save.string()));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("at step " + std::to_string(latest->iteration)), std::string::npos) << r.out;
+}
+
+// Rank 1 stopped (SIGSTOP: alive, sockets open, silent): rank 0 gives up when no byte has come
+// for the 2 s timeout, naming rank 1, and the launcher ends the job (SIGKILL to the stopped
+// rank after the 1 s grace) with a non-zero exit.
+TEST(DataParallelTraining, StoppedRankIsNamedWithinTheTimeout) {
+  Workdir w;
+  BackgroundJob job(w, 2, "--grace 1");
+  ASSERT_FALSE(job.await_checkpoint().empty()) << "no checkpoint within 60 s\n" << job.output();
+  pid_t rank1 = job.rank_pid(1);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(::kill(rank1, SIGSTOP), 0);
+  int st = job.wait(std::chrono::steady_clock::now());
+  std::string text = job.output();
+  ASSERT_TRUE(WIFEXITED(st)) << text;
+  EXPECT_NE(WEXITSTATUS(st), 0) << text;
+  EXPECT_GE(job.seconds(), 1.9) << text;
+  EXPECT_LT(job.seconds(), 2.0 + 1.0 + 2.0) << text;  // timeout + grace + margin
+  EXPECT_NE(text.find("rank 1 sent nothing for 2 s"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 0 (pid"), std::string::npos) << text;  // the launcher's first failure
+}
+
+}  // namespace

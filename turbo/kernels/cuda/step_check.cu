@@ -1,0 +1,20 @@
+#include "turbo/kernels/cuda/step_check.h"
+#include "turbo/kernels/cuda/common.cuh"
+
+namespace primus::turbo::cuda {
+
+namespace {
+__global__ void step_check_kernel(float* status, int64_t n_losses, int64_t slots) {
+  bool ok = isfinite(status[slots]);
+  for (int64_t i = 0; i < n_losses; ++i) ok = ok && isfinite(status[i]);
+  status[slots + 2] = ok ? 1.0f : 0.0f;
+  if (!ok) status[slots + 1] = __int_as_float(0x7fc00000);  // quiet NaN: AdamW skips
+}
+}  // namespace
+
+void step_check(float* status, int64_t n_losses, int64_t slots, cudaStream_t stream) {
+  step_check_kernel<<<1, 1, 0, stream>>>(status, n_losses, slots);
+  CUDA_CHECK_LAST();
+}
+
+}  // namespace primus::turbo::cuda
