@@ -88,9 +88,9 @@ AttentionBackwardFn* deterministic_attention_backward() {
 #endif
 }
 
-size_t deterministic_attention_scratch_bytes(int64_t B, int64_t T, int64_t H) {
+size_t deterministic_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
   const int64_t Tp = (T + 63) / 64 * 64;
-  return size_t(B * H * Tp * Tp) * 2 + size_t(B * H * T) * 4 + (size_t{64} << 20);
+  return size_t(B * H * Tp * Tp) * 2 + size_t(B * H * T) * 4 + size_t(B * T * H * D) * 4 + (size_t{64} << 20);
 }
 
 const char* recompute_name(Recompute r) {

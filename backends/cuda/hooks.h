@@ -138,8 +138,10 @@ size_t fallback_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t
 // without Turbo's attention op return the fallback backward (deterministic already).
 AttentionBackwardFn* deterministic_attention_backward();
 // Scratch that backward needs beyond the default's: cuDNN's dP workspace, B*H*T^2*2 bytes (T
-// rounded up to 64), its f32 row sums and a margin for the engine's own workspace.
-size_t deterministic_attention_scratch_bytes(int64_t B, int64_t T, int64_t H);
+// rounded up to 64), its f32 row sums, an f32 [B,T,H,D] buffer the engine also asks for (128 MiB
+// at Llama-3.2-1B's 8 x 2048 x 32 heads x 64, which a fixed margin did not cover) and a margin for
+// the rest of its workspace.
+size_t deterministic_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
 
 // The FP8 versions of the three linear slots (turbo/ops/gemm_fp8.h) for `recipe`: what patch
 // cuda.linear.fp8 puts in kLinearForward / kLinearBackward / kLinearBackwardDGelu (the model must

@@ -122,7 +122,8 @@ void CudaTrainer::init() {
                                                                   spec.head_dim(), args_->host_mode ? 4 : 2);
   } else if (args_->deterministic) {
     mo.attention_scratch_bytes =
-        deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length, spec.num_attention_heads);
+        deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length, spec.num_attention_heads,
+                                              spec.head_dim());
   }
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (zero) {

@@ -174,5 +174,16 @@ TEST(CudaBackendUnit, PatchInventoryListsTheCudaPatches) {
   EXPECT_NE(b.out.find("cuda"), std::string::npos) << b.out;
 }
 
+// The deterministic attention backward's scratch covers what cuDNN's engine asked for on an H200
+// (cuda arena exhausted otherwise, before the first step): Llama-3.2-1B at 8 x 2048 (32 heads of
+// 64) needed 2,283,798,784 bytes; GPT-2 124M at 16 x 1024 ran within the old bound.
+TEST(CudaBackendUnit, DeterministicAttentionScratchCoversCudnnWorkspace) {
+  EXPECT_GE(deterministic_attention_scratch_bytes(8, 2048, 32, 64), size_t{2283798784});
+  const size_t gpt2 = deterministic_attention_scratch_bytes(16, 1024, 12, 64);
+  EXPECT_GE(gpt2, size_t(16) * 12 * 1024 * 1024 * 2);  // the dP workspace alone
+  // Grows with every dimension of the dQ-sized buffer.
+  EXPECT_GT(deterministic_attention_scratch_bytes(8, 2048, 32, 128), deterministic_attention_scratch_bytes(8, 2048, 32, 64));
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda
