@@ -144,61 +144,69 @@ size_t attention_fallback_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t
   return 3 * q + 4 * kv + 2 * up(scores * 4) + up(scores * act_bytes);
 }
 
-void attention_fallback_forward(const AttentionForwardArgs& c) {
-  const char* op = "attention_fallback_forward";
-  const Dims d = dims_of(c.q, c.k, c.opt, op);
-  const float scale = c.opt.scale(d.D);
-  auto st = static_cast<cudaStream_t>(c.ctx.stream);
-  Arena& arena = scratch(c.ctx, op);
-  ArenaScope scope(arena);
-  const DType act = c.q.dtype;
+namespace {
+
+// What both passes start with, in the scratch arena of the caller's scope: q, k, v permuted to
+// head-major, S = scale Q K^T (f32) and P = softmax(S) with the log-sum-exp written (the forward)
+// or read (the backward, which recomputes P instead of keeping [T,T] per layer).
+struct Scores {
+  Dims d;
+  float scale;
+  TensorView qh, kh, vh, s, p;
+};
+Scores scores(Arena& arena, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& lse,
+              const AttentionOptions& opt, bool write_lse, const ExecContext& ctx, const char* op) {
+  Scores r{dims_of(q, k, opt, op), 0.0f, {}, {}, {}, {}, {}};
+  const Dims& d = r.d;
+  r.scale = opt.scale(d.D);
+  auto st = static_cast<cudaStream_t>(ctx.stream);
+  const DType act = q.dtype;
   const int64_t G = d.groups(), R = d.rep() * d.T;
-  TensorView qh = arena.tensor(act, {G, R, d.D}, "attention q (head-major)");
-  TensorView kh = arena.tensor(act, {G, d.T, d.D}, "attention k (head-major)");
-  TensorView vh = arena.tensor(act, {G, d.T, d.D}, "attention v (head-major)");
-  TensorView oh = arena.tensor(act, {G, R, d.D}, "attention out (head-major)");
-  TensorView s = arena.tensor(DType::F32, {G, R, d.T}, "attention scores");
-  TensorView p = arena.tensor(act, {G, R, d.T}, "attention probabilities");
-  to_heads(qh, c.q, d, d.H, st);
-  to_heads(kh, c.k, d, d.KVH, st);
-  to_heads(vh, c.v, d, d.KVH, st);
-  gemm(qh, kh.transposed(), s, scale, c.ctx);  // S = scale Q K^T
-  softmax_forward(p, c.lse, s, G * R, d.T, true, st);
-  gemm(p, vh, oh, 1.0f, c.ctx);                   // O = P V
-  from_heads(c.out, oh, d, d.H, st);
+  r.qh = arena.tensor(act, {G, R, d.D}, "attention q (head-major)");
+  r.kh = arena.tensor(act, {G, d.T, d.D}, "attention k (head-major)");
+  r.vh = arena.tensor(act, {G, d.T, d.D}, "attention v (head-major)");
+  r.s = arena.tensor(DType::F32, {G, R, d.T}, "attention scores");
+  r.p = arena.tensor(act, {G, R, d.T}, "attention probabilities / dS");
+  to_heads(r.qh, q, d, d.H, st);
+  to_heads(r.kh, k, d, d.KVH, st);
+  to_heads(r.vh, v, d, d.KVH, st);
+  gemm(r.qh, r.kh.transposed(), r.s, r.scale, ctx);  // S = scale Q K^T
+  softmax_forward(r.p, lse, r.s, G * R, d.T, write_lse, st);
+  return r;
+}
+
+}  // namespace
+
+void attention_fallback_forward(const AttentionForwardArgs& c) {
+  Arena& arena = scratch(c.ctx, "attention_fallback_forward");
+  ArenaScope scope(arena);
+  const Scores sc = scores(arena, c.q, c.k, c.v, c.lse, c.opt, true, c.ctx, "attention_fallback_forward");
+  const Dims& d = sc.d;
+  TensorView oh = arena.tensor(c.q.dtype, {d.groups(), d.rep() * d.T, d.D}, "attention out (head-major)");
+  gemm(sc.p, sc.vh, oh, 1.0f, c.ctx);  // O = P V
+  from_heads(c.out, oh, d, d.H, static_cast<cudaStream_t>(c.ctx.stream));
 }
 
 void attention_fallback_backward(const AttentionBackwardArgs& c) {
-  const char* op = "attention_fallback_backward";
-  const Dims d = dims_of(c.q, c.k, c.opt, op);
-  const float scale = c.opt.scale(d.D);
-  auto st = static_cast<cudaStream_t>(c.ctx.stream);
-  Arena& arena = scratch(c.ctx, op);
+  Arena& arena = scratch(c.ctx, "attention_fallback_backward");
   ArenaScope scope(arena);
+  const Scores sc = scores(arena, c.q, c.k, c.v, c.lse, c.opt, false, c.ctx, "attention_fallback_backward");
+  const Dims& d = sc.d;
+  auto st = static_cast<cudaStream_t>(c.ctx.stream);
   const DType act = c.q.dtype;
   const int64_t G = d.groups(), R = d.rep() * d.T;
-  TensorView qh = arena.tensor(act, {G, R, d.D}, "attention q (head-major)");
   TensorView doh = arena.tensor(act, {G, R, d.D}, "attention dout (head-major)");
   TensorView dqh = arena.tensor(act, {G, R, d.D}, "attention dq (head-major)");
-  TensorView kh = arena.tensor(act, {G, d.T, d.D}, "attention k (head-major)");
-  TensorView vh = arena.tensor(act, {G, d.T, d.D}, "attention v (head-major)");
   TensorView dkh = arena.tensor(act, {G, d.T, d.D}, "attention dk (head-major)");
   TensorView dvh = arena.tensor(act, {G, d.T, d.D}, "attention dv (head-major)");
-  TensorView s = arena.tensor(DType::F32, {G, R, d.T}, "attention scores");
   TensorView dp = arena.tensor(DType::F32, {G, R, d.T}, "attention dP");
-  TensorView p = arena.tensor(act, {G, R, d.T}, "attention P / dS");
-  to_heads(qh, c.q, d, d.H, st);
-  to_heads(kh, c.k, d, d.KVH, st);
-  to_heads(vh, c.v, d, d.KVH, st);
   to_heads(doh, c.dout, d, d.H, st);
-  gemm(qh, kh.transposed(), s, scale, c.ctx);  // S again (cheaper than keeping it per layer)
-  softmax_forward(p, c.lse, s, G * R, d.T, false, st);
-  gemm(p.transposed(), doh, dvh, 1.0f, c.ctx);   // dV = P^T dO (sums the group's query heads)
-  gemm(doh, vh.transposed(), dp, 1.0f, c.ctx);   // dP = dO V^T
+  gemm(sc.p.transposed(), doh, dvh, 1.0f, c.ctx);  // dV = P^T dO (sums the group's query heads)
+  gemm(doh, sc.vh.transposed(), dp, 1.0f, c.ctx);  // dP = dO V^T
   // dS (gradient of the unscaled Q K^T) overwrites P, which is no longer needed.
-  softmax_backward(p, s, c.lse, dp, G * R, d.T, scale, st);
-  gemm(p, kh, dqh, 1.0f, c.ctx);                 // dQ = dS K
-  gemm(p.transposed(), qh, dkh, 1.0f, c.ctx);    // dK = dS^T Q
+  softmax_backward(sc.p, sc.s, c.lse, dp, G * R, d.T, sc.scale, st);
+  gemm(sc.p, sc.kh, dqh, 1.0f, c.ctx);               // dQ = dS K
+  gemm(sc.p.transposed(), sc.qh, dkh, 1.0f, c.ctx);  // dK = dS^T Q
   from_heads(c.dq, dqh, d, d.H, st);
   from_heads(c.dk, dkh, d, d.KVH, st);
   from_heads(c.dv, dvh, d, d.KVH, st);
