@@ -4,7 +4,7 @@
 
 #include "core/patches/context.h"
 #include "core/util/error.h"
-#include "dist/launch_env.h"
+#include "parallel/launch_env.h"
 
 namespace primus::train {
 
@@ -17,80 +17,76 @@ TrainingArgs& training_of(patches::PatchContext& c) {
 }  // namespace
 
 void register_common_args_patches(patches::PatchRegistry& reg, const std::string& backend) {
-  using patches::Patch;
   using patches::PatchContext;
-  using patches::Phase;
 
-  Patch dp;
-  dp.id = backend + ".args.data_parallel_size";
-  dp.backend = backend;
-  dp.phase = Phase::BuildArgs;
-  dp.priority = 5;  // before grad_accum, which divides by it
-  dp.description = "sets the data-parallel size to the job's world size (WORLD_SIZE from `primus launch`, "
-                   "torchrun or Slurm)";
-  dp.logic = "rewrites args: data_parallel_size = WORLD_SIZE (a config value other than 1 must agree)";
-  dp.tags = {"args", "distributed"};
-  dp.apply = [](PatchContext& c) {
-    TrainingArgs& t = training_of(c);
-    dist::DistEnv env = dist::read_dist_env();
-    if (env.world_size == 1) return;
-    if (t.data_parallel_size != 1 && t.data_parallel_size != env.world_size) {
-      throw ConfigError(fmt::format("data_parallel_size {} disagrees with the job's {} processes ({}); leave it unset",
-                                    t.data_parallel_size, env.world_size, dist::describe(env)));
-    }
-    t.data_parallel_size = env.world_size;
-  };
-  reg.add(dp);
+  reg.add({
+      .id = backend + ".args.data_parallel_size",
+      .description = "sets the data-parallel size to the job's world size (WORLD_SIZE from `primus launch`, "
+                     "torchrun or Slurm)",
+      .priority = 5,  // before grad_accum, which divides by it
+      .tags = {"args", "distributed"},
+      .logic = "rewrites args: data_parallel_size = WORLD_SIZE (a config value other than 1 must agree)",
+      .apply =
+          [](PatchContext& c) {
+            TrainingArgs& t = training_of(c);
+            parallel::DistEnv env = parallel::read_dist_env();
+            if (env.world_size == 1) return;
+            if (t.data_parallel_size != 1 && t.data_parallel_size != env.world_size) {
+              throw ConfigError(fmt::format("data_parallel_size {} disagrees with the job's {} processes ({}); "
+                                            "leave it unset",
+                                            t.data_parallel_size, env.world_size, parallel::describe(env)));
+            }
+            t.data_parallel_size = env.world_size;
+          },
+  });
 
-  Patch accum;
-  accum.id = backend + ".args.grad_accum";
-  accum.backend = backend;
-  accum.phase = Phase::BuildArgs;
-  accum.priority = 10;
-  accum.description = "derives gradient accumulation steps from global batch, micro batch and data-parallel size";
-  accum.logic = "rewrites args: grad_accum_steps = global_batch_size / (micro_batch_size x data_parallel_size)";
-  accum.tags = {"args", "batch"};
-  accum.apply = [](PatchContext& c) {
-    TrainingArgs& t = training_of(c);
-    int64_t per_step = t.micro_batch_size * t.data_parallel_size;
-    if (t.global_batch_size % per_step != 0) {
-      throw ConfigError(fmt::format("global_batch_size {} is not a multiple of micro_batch_size {} x "
-                                    "data_parallel_size {}",
-                                    t.global_batch_size, t.micro_batch_size, t.data_parallel_size));
-    }
-    t.grad_accum_steps = t.global_batch_size / per_step;
-  };
-  reg.add(accum);
+  reg.add({
+      .id = backend + ".args.grad_accum",
+      .description = "derives gradient accumulation steps from global batch, micro batch and data-parallel size",
+      .priority = 10,
+      .tags = {"args", "batch"},
+      .logic = "rewrites args: grad_accum_steps = global_batch_size / (micro_batch_size x data_parallel_size)",
+      .apply =
+          [](PatchContext& c) {
+            TrainingArgs& t = training_of(c);
+            int64_t per_step = t.micro_batch_size * t.data_parallel_size;
+            if (t.global_batch_size % per_step != 0) {
+              throw ConfigError(fmt::format("global_batch_size {} is not a multiple of micro_batch_size {} x "
+                                            "data_parallel_size {}",
+                                            t.global_batch_size, t.micro_batch_size, t.data_parallel_size));
+            }
+            t.grad_accum_steps = t.global_batch_size / per_step;
+          },
+  });
 
-  Patch mock;
-  mock.id = backend + ".args.mock_data";
-  mock.backend = backend;
-  mock.phase = Phase::BuildArgs;
-  mock.description = "trains on synthetic tokens (no dataset needed): for smoke tests and benchmarks";
-  mock.logic = "rewrites args: data.mock_data = true, data paths cleared";
-  mock.tags = {"args", "data"};
-  mock.condition = [](PatchContext& c) { return c.flag("mock_data"); };
-  mock.apply = [](PatchContext& c) {
-    TrainingArgs& t = training_of(c);
-    t.data.mock_data = true;
-    t.data.data_path.clear();
-    t.data.valid_data_path.clear();
-  };
-  reg.add(mock);
+  reg.add({
+      .id = backend + ".args.mock_data",
+      .description = "trains on synthetic tokens (no dataset needed): for smoke tests and benchmarks",
+      .tags = {"args", "data"},
+      .logic = "rewrites args: data.mock_data = true, data paths cleared",
+      .condition = [](PatchContext& c) { return c.flag("mock_data"); },
+      .apply =
+          [](PatchContext& c) {
+            TrainingArgs& t = training_of(c);
+            t.data.mock_data = true;
+            t.data.data_path.clear();
+            t.data.valid_data_path.clear();
+          },
+  });
 
-  Patch tb;
-  tb.id = backend + ".logging.tensorboard_dir";
-  tb.backend = backend;
-  tb.phase = Phase::BuildArgs;
-  tb.description = "writes TensorBoard events under <workspace>/<work_group>/<user>/<exp>/tensorboard when no folder is set";
-  tb.logic = "rewrites args: tensorboard_dir";
-  tb.tags = {"args", "logging"};
-  tb.condition = [](PatchContext& c) { return c.get("tensorboard_dir") == nullptr; };
-  tb.apply = [](PatchContext& c) {
-    TrainingArgs& t = training_of(c);
-    t.tensorboard_dir = t.output_dir / "tensorboard";
-  };
-  reg.add(tb);
+  reg.add({
+      .id = backend + ".logging.tensorboard_dir",
+      .description = "writes TensorBoard events under <workspace>/<work_group>/<user>/<exp>/tensorboard when no "
+                     "folder is set",
+      .tags = {"args", "logging"},
+      .logic = "rewrites args: tensorboard_dir",
+      .condition = [](PatchContext& c) { return c.get("tensorboard_dir") == nullptr; },
+      .apply =
+          [](PatchContext& c) {
+            TrainingArgs& t = training_of(c);
+            t.tensorboard_dir = t.output_dir / "tensorboard";
+          },
+  });
 }
 
 }  // namespace primus::train

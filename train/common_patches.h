@@ -1,6 +1,7 @@
-// The args patches every training backend shares (gradient accumulation, mock data, the
-// TensorBoard folder). Each backend registers them under its own ids (`<backend>.args.*`) from
-// its patches/ folder, so its inventory lists them; the logic lives here once.
+// The args patches every training backend shares (data-parallel size, gradient accumulation,
+// mock data, the TensorBoard folder). Each backend registers them under its own ids
+// (`<backend>.args.*`, `<backend>.logging.*`) from its patches/ folder, so its inventory lists
+// them and PRIMUS_PATCHES can pick them per backend; the logic lives here once.
 #pragma once
 #include <string>
 
@@ -16,6 +17,7 @@ struct HasTrainingArgs {
   virtual TrainingArgs& training() = 0;
 };
 
+// Registers the shared patches with ids prefixed by `backend`.
 void register_common_args_patches(patches::PatchRegistry& reg, const std::string& backend);
 
 }  // namespace primus::train

@@ -26,19 +26,81 @@ std::string repo_relative(const std::string& file) {
   }
   return file;
 }
+
+bool is_word(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+  });
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t pos; (pos = s.find(sep, start)) != std::string::npos; start = pos + 1)
+    out.push_back(s.substr(start, pos - start));
+  out.push_back(s.substr(start));
+  return out;
+}
+
+std::string trim(std::string s) {
+  s.erase(0, s.find_first_not_of(" \t"));
+  s.erase(s.find_last_not_of(" \t") + 1);
+  return s;
+}
+
+// The clauses version_in_range understands: [op] N(.N)*, op one of >= <= == != > <.
+bool valid_range(const std::string& range) {
+  if (range.empty() || range == "*") return true;
+  for (std::string clause : split(range, ',')) {
+    clause = trim(clause);
+    for (const char* op : {">=", "<=", "==", "!=", ">", "<"}) {
+      if (clause.rfind(op, 0) == 0) {
+        clause = trim(clause.substr(std::string(op).size()));
+        break;
+      }
+    }
+    for (const std::string& part : split(clause, '.')) {
+      if (part.empty() || !std::all_of(part.begin(), part.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+        return false;
+    }
+  }
+  return true;
+}
+
+// Why a spec cannot be registered, or "" when it can.
+std::string spec_error(const PatchSpec& s) {
+  const std::vector<std::string> parts = split(s.id, '.');
+  if (parts.size() != 3 || !(is_word(parts[0]) || parts[0] == "*") || !is_word(parts[1]) || !is_word(parts[2]))
+    return "the id must be <backend>.<area>.<name> (lower case, digits, _; backend `*` for all)";
+  if (s.description.empty()) return "no description (one line a customer can read)";
+  if (!s.apply) return "no body (apply)";
+  const std::string& backend = parts[0];
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    const std::string& slot = s.slots[i];
+    if (backend != "*" && slot.rfind(backend + ".", 0) != 0)
+      return fmt::format("slot '{}' is not a slot of backend {}", slot, backend);
+    if (std::find(s.slots.begin(), s.slots.begin() + i, slot) != s.slots.begin() + i)
+      return fmt::format("slot '{}' declared twice", slot);
+  }
+  if (s.slots.empty() && s.logic.empty() && (s.phase == Phase::Setup || s.phase == Phase::BuildArgs))
+    return fmt::format("a {} patch must say what it changes: its slots or its logic", phase_name(s.phase));
+  if (!valid_range(s.backend_versions))
+    return fmt::format("backend_versions '{}' is not a list of [>=|<=|==|!=|>|<]N.N clauses", s.backend_versions);
+  return "";
+}
 }  // namespace
 
-void PatchRegistry::add(Patch p, std::source_location where) {
-  if (p.id.empty() || p.id.find('.') == std::string::npos) {
-    throw std::logic_error("patch id must be dotted <backend>.<area>.<name>: '" + p.id + "'");
-  }
-  if (find(p.id)) throw std::logic_error("patch registered twice: " + p.id);
-  if (!p.apply) throw std::logic_error("patch has no body: " + p.id);
-  if (p.backend.empty()) throw std::logic_error("patch has no backend: " + p.id);
-  if (p.file.empty()) {
-    p.file = repo_relative(where.file_name());
-    p.line = static_cast<int>(where.line());
-  }
+void PatchRegistry::add(PatchSpec spec, std::source_location where) {
+  const std::string file = repo_relative(where.file_name());
+  const int line = static_cast<int>(where.line());
+  std::string why = spec_error(spec);
+  if (const Patch* other = why.empty() ? find(spec.id) : nullptr)
+    why = fmt::format("the id is taken (registered at {}:{})", other->file, other->line);
+  if (!why.empty()) throw std::logic_error(fmt::format("patch '{}' ({}:{}): {}", spec.id, file, line, why));
+  Patch p{std::move(spec)};
+  p.backend = p.id.substr(0, p.id.find('.'));
+  p.file = file;
+  p.line = line;
   p.order = static_cast<int>(patches_.size());
   patches_.push_back(std::move(p));
 }
@@ -81,8 +143,7 @@ PatchFilter PatchFilter::parse(const std::string& spec, const PatchRegistry& reg
   std::stringstream ss(spec);
   std::string id;
   while (std::getline(ss, id, ',')) {
-    id.erase(0, id.find_first_not_of(" \t"));
-    id.erase(id.find_last_not_of(" \t") + 1);
+    id = trim(id);
     if (id.empty()) continue;
     try {
       reg.get(id);

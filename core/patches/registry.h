@@ -19,8 +19,13 @@ namespace primus::patches {
 class PatchRegistry {
  public:
   static PatchRegistry& global();
-  // Duplicate id, missing id/apply, or an id without dots -> logic_error at registration.
-  void add(Patch p, std::source_location where = std::source_location::current());
+  // Registers a patch written as `reg.add({.id = ..., ...})`, recording the caller's file and line
+  // for the inventory. The backend is the id's first part. A spec the engine could not honour is
+  // a logic_error naming the id and the registration site: an id that is not
+  // `<backend>.<area>.<name>` or is taken, no description or body, a slot of another backend or
+  // declared twice, a setup/build_args patch that names neither slots nor logic, or a
+  // backend_versions range that does not parse.
+  void add(PatchSpec spec, std::source_location where = std::source_location::current());
   const Patch* find(const std::string& id) const;
   const Patch& get(const std::string& id) const;  // unknown id -> ConfigError with suggestion
   std::vector<const Patch*> for_backend(const std::string& backend) const;  // "" = all

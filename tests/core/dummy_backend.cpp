@@ -7,7 +7,6 @@
 
 namespace dummy {
 
-using primus::patches::Patch;
 using primus::patches::PatchContext;
 using primus::patches::Phase;
 using Greet = std::string(const std::string&);
@@ -87,73 +86,68 @@ class DummyAdapter : public primus::BackendAdapter {
 void register_backend(primus::BackendRegistry& backends, primus::patches::PatchRegistry& patches) {
   backends.add("dummy", [] { return std::make_unique<DummyAdapter>(); });
 
-  Patch setup;
-  setup.id = "dummy.env.marker";
-  setup.backend = "dummy";
-  setup.phase = Phase::Setup;
-  setup.description = "sets PRIMUS_DUMMY_MARKER";
-  setup.logic = "sets env PRIMUS_DUMMY_MARKER";
-  setup.apply = [](PatchContext& c) {
-    if (c.flag("fail_in_setup_patch")) throw primus::RuntimeError("boom");
-    c.set_env("PRIMUS_DUMMY_MARKER", "1");
-    journal().push_back("patch:dummy.env.marker");
-  };
-  patches.add(setup);
+  patches.add({
+      .id = "dummy.env.marker",
+      .description = "sets PRIMUS_DUMMY_MARKER",
+      .phase = Phase::Setup,
+      .logic = "sets env PRIMUS_DUMMY_MARKER",
+      .apply =
+          [](PatchContext& c) {
+            if (c.flag("fail_in_setup_patch")) throw primus::RuntimeError("boom");
+            c.set_env("PRIMUS_DUMMY_MARKER", "1");
+            journal().push_back("patch:dummy.env.marker");
+          },
+  });
 
-  Patch accum;
-  accum.id = "dummy.args.grad_accum";
-  accum.backend = "dummy";
-  accum.phase = Phase::BuildArgs;
-  accum.description = "derives gradient accumulation from global and micro batch";
-  accum.logic = "rewrites args: grad_accum";
-  accum.apply = [](PatchContext& c) {
-    auto& a = c.args_as<DummyArgs>();
-    a.grad_accum = c.integer("global_batch_size") / c.integer("micro_batch_size");
-    journal().push_back("patch:dummy.args.grad_accum=" + std::to_string(a.grad_accum));
-  };
-  patches.add(accum);
+  patches.add({
+      .id = "dummy.args.grad_accum",
+      .description = "derives gradient accumulation from global and micro batch",
+      .logic = "rewrites args: grad_accum",
+      .apply =
+          [](PatchContext& c) {
+            auto& a = c.args_as<DummyArgs>();
+            a.grad_accum = c.integer("global_batch_size") / c.integer("micro_batch_size");
+            journal().push_back("patch:dummy.args.grad_accum=" + std::to_string(a.grad_accum));
+          },
+  });
 
-  Patch fancy;
-  fancy.id = "dummy.greet.fancy";
-  fancy.backend = "dummy";
-  fancy.phase = Phase::BuildArgs;
-  fancy.description = "wraps the greeting in stars";
-  fancy.slots = {"dummy.greet"};
-  fancy.priority = 10;  // runs before the grad_accum patch (priority 50)
-  fancy.condition = [](PatchContext& c) { return c.flag("use_fancy_greeting"); };
-  fancy.apply = [](PatchContext& c) {
-    c.wrap<Greet>("dummy.greet", [](std::function<Greet> inner) {
-      return std::function<Greet>([inner](const std::string& w) { return "*" + inner(w) + "*"; });
-    });
-    journal().push_back("patch:dummy.greet.fancy");
-  };
-  patches.add(fancy);
+  patches.add({
+      .id = "dummy.greet.fancy",
+      .description = "wraps the greeting in stars",
+      .priority = 10,  // runs before the grad_accum patch (priority 50)
+      .slots = {"dummy.greet"},
+      .condition = [](PatchContext& c) { return c.flag("use_fancy_greeting"); },
+      .apply =
+          [](PatchContext& c) {
+            c.wrap<Greet>("dummy.greet", [](std::function<Greet> inner) {
+              return std::function<Greet>([inner](const std::string& w) { return "*" + inner(w) + "*"; });
+            });
+            journal().push_back("patch:dummy.greet.fancy");
+          },
+  });
 
-  Patch old;
-  old.id = "dummy.compat.old_versions";
-  old.backend = "dummy";
-  old.phase = Phase::BeforeTrain;
-  old.description = "only for dummy < 1.0";
-  old.backend_versions = "<1.0";
-  old.apply = [](PatchContext&) { journal().push_back("patch:dummy.compat.old_versions"); };
-  patches.add(old);
+  patches.add({
+      .id = "dummy.compat.old_versions",
+      .description = "only for dummy < 1.0",
+      .phase = Phase::BeforeTrain,
+      .backend_versions = "<1.0",
+      .apply = [](PatchContext&) { journal().push_back("patch:dummy.compat.old_versions"); },
+  });
 
-  Patch before;
-  before.id = "dummy.lifecycle.before";
-  before.backend = "dummy";
-  before.phase = Phase::BeforeTrain;
-  before.description = "notes the start of training";
-  before.backend_versions = ">=1.0,<2.0";
-  before.apply = [](PatchContext&) { journal().push_back("patch:dummy.lifecycle.before"); };
-  patches.add(before);
+  patches.add({
+      .id = "dummy.lifecycle.before",
+      .description = "notes the start of training",
+      .phase = Phase::BeforeTrain,
+      .backend_versions = ">=1.0,<2.0",
+      .apply = [](PatchContext&) { journal().push_back("patch:dummy.lifecycle.before"); },
+  });
 
-  Patch after;
-  after.id = "dummy.lifecycle.after";
-  after.backend = "*";
-  after.phase = Phase::AfterTrain;
-  after.description = "notes the end of training (any backend)";
-  after.apply = [](PatchContext&) { journal().push_back("patch:dummy.lifecycle.after"); };
-  patches.add(after);
+  patches.add({
+      .id = "*.lifecycle.after",
+      .description = "notes the end of training (any backend)",
+      .phase = Phase::AfterTrain,
+      .apply = [](PatchContext&) { journal().push_back("patch:*.lifecycle.after"); },
+  });
 }
 
 }  // namespace dummy

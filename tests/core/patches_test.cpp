@@ -14,21 +14,54 @@ using namespace primus::patches;
 using primus::testing::expect_error;
 using primus::testing::TempDir;
 
-TEST(PatchRegistry, RejectsDuplicateIdsAndBadIds) {
+TEST(PatchRegistry, OneSpecRegistersWithBackendAndSiteDerived) {
   PatchRegistry r;
-  Patch p;
-  p.id = "x.area.one";
-  p.backend = "x";
-  p.apply = [](PatchContext&) {};
-  r.add(p);
-  EXPECT_THROW(r.add(p), std::logic_error);
-  p.id = "nodots";
-  EXPECT_THROW(r.add(p), std::logic_error);
-  p.id = "x.area.two";
-  p.apply = nullptr;
-  EXPECT_THROW(r.add(p), std::logic_error);
-  EXPECT_NE(r.get("x.area.one").file.find("tests/core/patches_test.cpp"), std::string::npos);
+  const int line = __LINE__ + 1;
+  r.add({.id = "x.area.one", .description = "one", .logic = "rewrites args: nothing", .apply = [](PatchContext&) {}});
+  const Patch& p = r.get("x.area.one");
+  EXPECT_EQ(p.backend, "x");
+  EXPECT_EQ(p.phase, Phase::BuildArgs);
+  EXPECT_EQ(p.priority, 50);
+  EXPECT_NE(p.file.find("tests/core/patches_test.cpp"), std::string::npos) << p.file;
+  EXPECT_EQ(p.line, line);
+  r.add({.id = "*.area.every", .description = "any backend", .phase = Phase::AfterTrain, .apply = [](PatchContext&) {}});
+  EXPECT_EQ(r.get("*.area.every").backend, "*");
+  EXPECT_EQ(r.get("*.area.every").order, 1);
+  EXPECT_EQ(r.for_backend("y").size(), 1u);
   expect_error<ConfigError>([&] { r.get("x.area.onee"); }, {"unknown patch id", "did you mean 'x.area.one'"});
+}
+
+TEST(PatchRegistry, RejectsSpecsTheEngineCannotHonour) {
+  PatchRegistry r;
+  auto body = [](PatchContext&) {};
+  r.add({.id = "x.area.one", .description = "d", .logic = "l", .apply = body});
+  auto rejects = [&](const PatchSpec& s, const std::string& why) {
+    try {
+      r.add(s);
+      ADD_FAILURE() << s.id << " was accepted; expected: " << why;
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("tests/core/patches_test.cpp:"), std::string::npos) << e.what();
+    }
+  };
+  rejects({.id = "x.area.one", .description = "d", .logic = "l", .apply = body}, "the id is taken");
+  for (const char* id : {"nodots", "x.two", "x.a.b.c", "X.area.one", "x..one", ".area.one", "x.area.", "x.ar-ea.one"})
+    rejects({.id = id, .description = "d", .logic = "l", .apply = body}, "<backend>.<area>.<name>");
+  rejects({.id = "x.area.two", .logic = "l", .apply = body}, "no description");
+  rejects({.id = "x.area.two", .description = "d", .logic = "l"}, "no body");
+  rejects({.id = "x.area.two", .description = "d", .slots = {"y.slot"}, .apply = body},
+          "slot 'y.slot' is not a slot of backend x");
+  rejects({.id = "x.area.two", .description = "d", .slots = {"x.s", "x.s"}, .apply = body}, "declared twice");
+  rejects({.id = "x.area.two", .description = "d", .apply = body}, "must say what it changes");
+  rejects({.id = "x.area.two", .description = "d", .phase = Phase::Setup, .apply = body}, "must say what it changes");
+  for (const char* range : {">=1.0,", "1.x", "~1.0", ">= 1..2"})
+    rejects({.id = "x.area.two", .description = "d", .backend_versions = range, .logic = "l", .apply = body},
+            "backend_versions");
+  // Lifecycle patches may leave slots and logic empty; "*" patches may name any backend's slot.
+  r.add({.id = "x.area.two", .description = "d", .phase = Phase::BeforeTrain, .backend_versions = ">= 1.0, <2",
+         .apply = body});
+  r.add({.id = "*.area.three", .description = "d", .slots = {"y.slot"}, .apply = body});
+  EXPECT_EQ(r.all().size(), 3u);
 }
 
 TEST(PatchRegistry, VersionRanges) {
@@ -105,7 +138,7 @@ TEST_F(RuntimeTest, LifecycleAndPatchPhasesRunInOrder) {
   std::vector<std::string> want = {"patch:dummy.env.marker", "prepare", "convert_config",
                                    "patch:dummy.greet.fancy", "patch:dummy.args.grad_accum=4",
                                    "setup", "init", "patch:dummy.lifecycle.before",
-                                   "train:*hello world*", "patch:dummy.lifecycle.after", "cleanup"};
+                                   "train:*hello world*", "patch:*.lifecycle.after", "cleanup"};
   EXPECT_EQ(dummy::journal(), want);
   std::vector<std::string> events = {"patches:setup", "prepare", "convert_config", "patches:build_args",
                                      "create_trainer", "trainer.setup", "trainer.init", "patches:before_train",
@@ -140,7 +173,7 @@ TEST_F(RuntimeTest, FailingTrainRunsCleanupOnErrorAndSkipsAfterTrain) {
   EXPECT_THROW(run(experiment("      train_iters: -1\n")), RuntimeError);
   auto& j = dummy::journal();
   EXPECT_EQ(j.back(), "cleanup:error");
-  EXPECT_EQ(std::count(j.begin(), j.end(), "patch:dummy.lifecycle.after"), 0);
+  EXPECT_EQ(std::count(j.begin(), j.end(), "patch:*.lifecycle.after"), 0);
   EXPECT_EQ(runtime_.events().back(), "trainer.cleanup(on_error)");
 }
 
@@ -151,10 +184,10 @@ TEST_F(RuntimeTest, ThrowingPatchStopsTheRunNamingThePatch) {
 }
 
 TEST_F(RuntimeTest, PrimusPatchesAllowList) {
-  ::setenv("PRIMUS_PATCHES", "dummy.lifecycle.after", 1);
+  ::setenv("PRIMUS_PATCHES", "*.lifecycle.after", 1);
   run(experiment("      use_fancy_greeting: true\n"));
   std::vector<std::string> want = {"prepare", "convert_config", "setup", "init", "train:hello world",
-                                   "patch:dummy.lifecycle.after", "cleanup"};
+                                   "patch:*.lifecycle.after", "cleanup"};
   EXPECT_EQ(dummy::journal(), want);
   ::setenv("PRIMUS_PATCHES", "dummy.no.such", 1);
   expect_error<ConfigError>([&] { run(experiment("      lr: 0.1\n")); }, {"PRIMUS_PATCHES", "dummy.no.such"});
@@ -176,15 +209,16 @@ TEST_F(RuntimeTest, UnknownBackendListsTheKnownOnes) {
 }
 
 TEST_F(RuntimeTest, UndeclaredSlotChangeIsRefused) {
-  Patch sneaky;
-  sneaky.id = "dummy.greet.sneaky";
-  sneaky.backend = "dummy";
-  sneaky.phase = Phase::BuildArgs;
-  sneaky.description = "changes a slot it did not declare";
-  sneaky.apply = [](PatchContext& c) {
-    c.replace<std::string(const std::string&)>("dummy.greet", [](const std::string&) { return std::string("x"); });
-  };
-  patches_.add(sneaky);
+  patches_.add({
+      .id = "dummy.greet.sneaky",
+      .description = "changes a slot it did not declare",
+      .logic = "claims to change no slot",
+      .apply =
+          [](PatchContext& c) {
+            c.replace<std::string(const std::string&)>("dummy.greet",
+                                                       [](const std::string&) { return std::string("x"); });
+          },
+  });
   expect_error<Error>([&] { run(experiment("      lr: 0.1\n")); }, {"dummy.greet.sneaky", "without declaring"});
 }
 

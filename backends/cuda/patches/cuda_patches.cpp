@@ -1,108 +1,108 @@
 // The CUDA backend's patches: the shared args patches (train/common_patches.cpp) under cuda.*
-// ids, the MFU peak from the GPU model, and the fallback attention.
+// ids, the MFU peak from the GPU model, the fallback and the deterministic attention, and FP8
+// linear layers. The training step's patches are in step_patches.cpp.
 #include <spdlog/spdlog.h>
 
 #include "backends/cuda/args.h"
-#include "backends/cuda/attention_fallback.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/register.h"
 #include "core/patches/context.h"
+#include "core/patches/registry.h"
 #include "train/common_patches.h"
 
 namespace primus::backends::cuda {
 
 void register_patches(patches::PatchRegistry& reg) {
+  using patches::PatchContext;
   train::register_common_args_patches(reg, kName);
 
-  patches::Patch peak;
-  peak.id = "cuda.runtime.peak_flops";
-  peak.backend = kName;
-  peak.phase = patches::Phase::BuildArgs;
-  peak.description = "fills the MFU denominator (dense bf16 FLOP/s per GPU) from the GPU model when peak_flops is 0";
-  peak.logic = "rewrites args: peak_flops = A100 312e12 | H100 SXM, H200, GH200 989e12 | H100 PCIe 756e12 | B200 2.25e15";
-  peak.impl = "backends/cuda/device.cpp (peak_bf16_flops)";
-  peak.porting = "MFU = model FLOPs per token (6N + attention) x tokens/s / this peak, as in the PaLM paper";
-  peak.tags = {"runtime", "metrics"};
-  peak.condition = [](patches::PatchContext& c) { return c.number("peak_flops") <= 0; };
-  peak.apply = [](patches::PatchContext& c) {
-    auto& a = c.args_as<CudaArgs>();
-    a.peak_flops = peak_bf16_flops(a.device_name);
-    if (a.peak_flops <= 0) {
-      spdlog::warn("[cuda] no bf16 peak known for '{}': MFU is not reported (set peak_flops)", a.device_name);
-    }
-  };
-  reg.add(peak);
+  reg.add({
+      .id = "cuda.runtime.peak_flops",
+      .description = "fills the MFU denominator (dense bf16 FLOP/s per GPU) from the GPU model when peak_flops is 0",
+      .tags = {"runtime", "metrics"},
+      .logic = "rewrites args: peak_flops = A100 312e12 | H100 SXM, H200, GH200 989e12 | H100 PCIe 756e12 | B200 2.25e15",
+      .impl = "backends/cuda/device.cpp (peak_bf16_flops)",
+      .porting = "MFU = model FLOPs per token (6N + attention) x tokens/s / this peak, as in the PaLM paper",
+      .condition = [](PatchContext& c) { return c.number("peak_flops") <= 0; },
+      .apply =
+          [](PatchContext& c) {
+            auto& a = c.args_as<CudaArgs>();
+            a.peak_flops = peak_bf16_flops(a.device_name);
+            if (a.peak_flops <= 0) {
+              spdlog::warn("[cuda] no bf16 peak known for '{}': MFU is not reported (set peak_flops)", a.device_name);
+            }
+          },
+  });
 
-  patches::Patch attn;
-  attn.id = "cuda.attention.fallback";
-  attn.backend = kName;
-  attn.phase = patches::Phase::BuildArgs;
-  attn.description = "runs attention as batched cuBLASLt GEMMs + a causal softmax kernel ([T,T] scores in scratch)";
-  attn.slots = {kAttentionForward, kAttentionBackward};
-  attn.impl = "backends/cuda/attention_fallback.cpp, backends/cuda/kernels/attention_fallback.cu";
-  attn.porting = "llm.c's non-cuDNN attention: permute to head-major, S = QK^T, softmax, O = PV; the backward "
-                 "recomputes P from the saved log-sum-exp";
-  attn.tags = {"attention", "debug"};
-  attn.condition = [](patches::PatchContext& c) { return c.text("attention_backend") == "fallback"; };
-  attn.apply = [](patches::PatchContext& c) {
-    c.replace<AttentionForwardFn>(kAttentionForward, fallback_attention_forward);
-    c.replace<AttentionBackwardFn>(kAttentionBackward, fallback_attention_backward);
-  };
-  reg.add(attn);
+  reg.add({
+      .id = "cuda.attention.fallback",
+      .description = "runs attention as batched cuBLASLt GEMMs + a causal softmax kernel ([T,T] scores in scratch)",
+      .tags = {"attention", "debug"},
+      .slots = {kAttentionForward, kAttentionBackward},
+      .impl = "turbo/ops/attention_fallback.cpp, turbo/kernels/cuda/attention_fallback.cu",
+      .porting = "llm.c's non-cuDNN attention: permute to head-major, S = QK^T, softmax, O = PV; the backward "
+                 "recomputes P from the saved log-sum-exp",
+      .condition = [](PatchContext& c) { return c.text("attention_backend") == "fallback"; },
+      .apply =
+          [](PatchContext& c) {
+            c.replace<AttentionForwardFn>(kAttentionForward, fallback_attention_forward);
+            c.replace<AttentionBackwardFn>(kAttentionBackward, fallback_attention_backward);
+          },
+  });
 
-  patches::Patch det;
-  det.id = "cuda.attention.deterministic";
-  det.backend = kName;
-  det.phase = patches::Phase::BuildArgs;
-  det.description = "deterministic attention backward: cuDNN's SDPA backward engine that writes dQ from its own "
-                    "dP workspace instead of adding partial dQ tiles into an f32 buffer in a run-dependent order, so "
-                    "two runs (and a resumed run) are bit-identical";
-  det.logic = "replaces the attention backward slot with turbo::attention_backward with "
-              "AttentionOptions::deterministic (the TURBO kernels decline it) and rewrites args: deterministic (the "
-              "model reserves the dP workspace, batch x heads x seq_length^2 x 2 bytes, in its scratch)";
-  det.slots = {kAttentionBackward};
-  det.impl = "turbo/kernels/cudnn/sdpa_cudnn.cpp (build_backward without the dQ accumulator), backends/cuda/hooks.cpp";
-  det.porting = "cudnn-frontend's sdpa_backward set_deterministic_algorithm(true) (on Hopper: the dP-workspace "
-                "graph); Transformer Engine NVTE_ALLOW_NONDETERMINISTIC_ALGO=0; Megatron-LM --deterministic-mode";
-  det.tags = {"attention", "reproducibility"};
-  det.condition = [](patches::PatchContext& c) {
-    return c.flag("deterministic") && c.text("attention_backend") != "fallback";  // the fallback is deterministic
-  };
-  det.apply = [](patches::PatchContext& c) {
-    c.args_as<CudaArgs>().deterministic = true;
-    c.replace<AttentionBackwardFn>(kAttentionBackward, deterministic_attention_backward());
-  };
-  reg.add(det);
+  reg.add({
+      .id = "cuda.attention.deterministic",
+      .description = "deterministic attention backward: cuDNN's SDPA backward engine that writes dQ from its own "
+                     "dP workspace instead of adding partial dQ tiles into an f32 buffer in a run-dependent order, so "
+                     "two runs (and a resumed run) are bit-identical",
+      .tags = {"attention", "reproducibility"},
+      .slots = {kAttentionBackward},
+      .logic = "replaces the attention backward slot with turbo::attention_backward with "
+               "AttentionOptions::deterministic (the TURBO kernels decline it) and rewrites args: deterministic (the "
+               "model reserves the dP workspace, batch x heads x seq_length^2 x 2 bytes, in its scratch)",
+      .impl = "turbo/kernels/cudnn/sdpa_cudnn.cpp (build_backward without the dQ accumulator), backends/cuda/hooks.cpp",
+      .porting = "cudnn-frontend's sdpa_backward set_deterministic_algorithm(true) (on Hopper: the dP-workspace "
+                 "graph); Transformer Engine NVTE_ALLOW_NONDETERMINISTIC_ALGO=0; Megatron-LM --deterministic-mode",
+      .condition =
+          [](PatchContext& c) {
+            return c.flag("deterministic") && c.text("attention_backend") != "fallback";  // the fallback is deterministic
+          },
+      .apply =
+          [](PatchContext& c) {
+            c.args_as<CudaArgs>().deterministic = true;
+            c.replace<AttentionBackwardFn>(kAttentionBackward, deterministic_attention_backward());
+          },
+  });
 
-  patches::Patch fp8;
-  fp8.id = "cuda.linear.fp8";
-  fp8.backend = kName;
-  fp8.phase = patches::Phase::BuildArgs;
-  fp8.description = "FP8 GEMMs for every linear layer inside the transformer layers (forward, input and weight "
-                    "gradients), per-tensor current scaling; the output layer, attention and norms stay bf16";
-  fp8.logic = "replaces the linear slots with turbo::linear_*_fp8 for the recipe in `fp8` (hybrid: E4M3 x and w, "
-              "E5M2 dy; e4m3: E4M3 everywhere) and rewrites args: fp8 (the model reserves scratch for the "
-              "quantized copies and checks that every linear dimension is a multiple of 16)";
-  fp8.slots = {kLinearForward, kLinearBackward, kLinearBackwardDGelu};
-  fp8.impl = "turbo/ops/gemm_fp8.cpp (recipe, quantize-then-GEMM), turbo/ops/quantization.cpp + "
-             "turbo/kernels/cuda/quantize.cu (amax and cast), turbo/kernels/cublaslt/gemm_cublaslt.cpp (FP8 "
-             "operands, scale pointers)";
-  fp8.porting = "Megatron-LM --fp8-format hybrid|e4m3 with Transformer Engine's current-scaling recipe "
-                "(Float8CurrentScaling) / torchao float8 tensorwise: a scale per tensor from its own amax right "
-                "before each GEMM, no amax history; Primus (AMD) `fp8: hybrid`";
-  fp8.tags = {"performance", "gemm", "precision"};
-  fp8.condition = [](patches::PatchContext& c) { return c.text("fp8", "none") != "none"; };
-  fp8.apply = [](patches::PatchContext& c) {
-    const std::string name = c.text("fp8");
-    const turbo::Fp8Recipe r = turbo::parse_fp8_recipe(name, "fp8");
-    c.args_as<CudaArgs>().fp8 = name;
-    Fp8LinearFns f = fp8_linear_fns(r);
-    c.replace<LinearForwardFn>(kLinearForward, std::move(f.forward));
-    c.replace<LinearBackwardFn>(kLinearBackward, std::move(f.backward));
-    c.replace<LinearBackwardDGeluFn>(kLinearBackwardDGelu, std::move(f.backward_dgelu));
-  };
-  reg.add(fp8);
+  reg.add({
+      .id = "cuda.linear.fp8",
+      .description = "FP8 GEMMs for every linear layer inside the transformer layers (forward, input and weight "
+                     "gradients), per-tensor current scaling; the output layer, attention and norms stay bf16",
+      .tags = {"performance", "gemm", "precision"},
+      .slots = {kLinearForward, kLinearBackward, kLinearBackwardDGelu},
+      .logic = "replaces the linear slots with turbo::linear_*_fp8 for the recipe in `fp8` (hybrid: E4M3 x and w, "
+               "E5M2 dy; e4m3: E4M3 everywhere) and rewrites args: fp8 (the model reserves scratch for the "
+               "quantized copies and checks that every linear dimension is a multiple of 16)",
+      .impl = "turbo/ops/gemm_fp8.cpp (recipe, quantize-then-GEMM), turbo/ops/quantization.cpp + "
+              "turbo/kernels/cuda/quantize.cu (amax and cast), turbo/kernels/cublaslt/gemm_cublaslt.cpp (FP8 "
+              "operands, scale pointers)",
+      .porting = "Megatron-LM --fp8-format hybrid|e4m3 with Transformer Engine's current-scaling recipe "
+                 "(Float8CurrentScaling) / torchao float8 tensorwise: a scale per tensor from its own amax right "
+                 "before each GEMM, no amax history; Primus (AMD) `fp8: hybrid`",
+      .condition = [](PatchContext& c) { return c.text("fp8", "none") != "none"; },
+      .apply =
+          [](PatchContext& c) {
+            const std::string name = c.text("fp8");
+            const turbo::Fp8Recipe r = turbo::parse_fp8_recipe(name, "fp8");
+            c.args_as<CudaArgs>().fp8 = name;
+            Fp8LinearFns f = fp8_linear_fns(r);
+            c.replace<LinearForwardFn>(kLinearForward, std::move(f.forward));
+            c.replace<LinearBackwardFn>(kLinearBackward, std::move(f.backward));
+            c.replace<LinearBackwardDGeluFn>(kLinearBackwardDGelu, std::move(f.backward_dgelu));
+          },
+  });
+
   register_step_patches(reg);
 }
 

@@ -13,113 +13,111 @@
 #include "backends/cuda/register.h"
 #include "backends/cuda/step_graph.h"
 #include "core/patches/context.h"
+#include "core/patches/registry.h"
 
 namespace primus::backends::cuda {
 
 void register_step_patches(patches::PatchRegistry& reg) {
-  patches::Patch graph;
-  graph.id = "cuda.step.cuda_graph";
-  graph.backend = kName;
-  graph.phase = patches::Phase::BuildArgs;
-  graph.description = "captures the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a "
-                      "warm-up step and replays it: one launch per step instead of ~400";
-  graph.logic = "rewrites args: cuda_graph = true (the trainer's StepGraph captures step 2 and replays it); from "
-                "cuda_graph: auto (the default) also cuda_graph_auto, so that a run that cannot be captured (several "
-                "data-parallel ranks) steps eagerly instead of failing";
-  graph.impl = "backends/cuda/step_graph.cpp, backends/cuda/trainer.cpp (train_step / step_body)";
-  graph.porting = "torch.cuda.graphs / CUDAGraph: every per-step input in static device buffers (token batches, the "
-                  "learning rate and bias corrections), no host sync inside the step (the non-finite check runs on "
-                  "the device and vetoes AdamW through a NaN clip factor), workspaces and plans created in a warm-up";
-  graph.tags = {"performance", "step"};
-  graph.condition = [](patches::PatchContext& c) {
-    const config::Value* v = c.get("cuda_graph");
-    return v && parse_cuda_graph(*v) != GraphMode::Off;
-  };
-  graph.apply = [](patches::PatchContext& c) {
-    auto& a = c.args_as<CudaArgs>();
-    a.cuda_graph = true;
-    a.cuda_graph_auto = parse_cuda_graph(*c.get("cuda_graph")) == GraphMode::Auto;
-  };
-  reg.add(graph);
+  using patches::PatchContext;
 
-  patches::Patch ahead;
-  ahead.id = "cuda.step.launch_ahead";
-  ahead.backend = kName;
-  ahead.phase = patches::Phase::BuildArgs;
-  ahead.description = "launch-ahead: step s + 1 is staged and queued before step s's loss and grad norm are read, so "
-                      "the device runs steps back to back while the host logs and stages the next batches (+1.1% "
-                      "tokens/s for GPT-2 124M on tinyshakespeare, +0.3% on mock data, H200); same losses bit for bit";
-  ahead.logic = "rewrites args: launch_ahead = true (the trainer gives the step loop launch / finish hooks; "
-                "train/step_loop.h does not run ahead where the state after step s is evaluated or saved, and lets "
-                "the step in flight finish before a signal's checkpoint). Off with data parallelism or the profiler";
-  ahead.impl = "train/step_loop.cpp (run_step_loop), backends/cuda/trainer.cpp (launch_step / finish_step), "
-               "backends/cuda/model.cpp (two sets of pinned staging buffers, one status copy per ticket)";
-  ahead.porting = "the usual asynchronous training loop of PyTorch trainers that do not call .item() every step "
-                  "(the loss read one step late); here the loop keeps the host's view exact at evaluations, "
-                  "checkpoints, NaN stops and signals";
-  ahead.tags = {"performance", "step"};
-  ahead.condition = [](patches::PatchContext& c) { return c.flag("launch_ahead"); };
-  ahead.apply = [](patches::PatchContext& c) { c.args_as<CudaArgs>().launch_ahead = true; };
-  reg.add(ahead);
+  reg.add({
+      .id = "cuda.step.cuda_graph",
+      .description = "captures the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a "
+                     "warm-up step and replays it: one launch per step instead of ~400",
+      .tags = {"performance", "step"},
+      .logic = "rewrites args: cuda_graph = true (the trainer's StepGraph captures step 2 and replays it); from "
+               "cuda_graph: auto (the default) also cuda_graph_auto, so that a run that cannot be captured (several "
+               "data-parallel ranks) steps eagerly instead of failing",
+      .impl = "backends/cuda/step_graph.cpp, backends/cuda/trainer.cpp (train_step / step_body)",
+      .porting = "torch.cuda.graphs / CUDAGraph: every per-step input in static device buffers (token batches, the "
+                 "learning rate and bias corrections), no host sync inside the step (the non-finite check runs on "
+                 "the device and vetoes AdamW through a NaN clip factor), workspaces and plans created in a warm-up",
+      .condition =
+          [](PatchContext& c) {
+            const config::Value* v = c.get("cuda_graph");
+            return v && parse_cuda_graph(*v) != GraphMode::Off;
+          },
+      .apply =
+          [](PatchContext& c) {
+            auto& a = c.args_as<CudaArgs>();
+            a.cuda_graph = true;
+            a.cuda_graph_auto = parse_cuda_graph(*c.get("cuda_graph")) == GraphMode::Auto;
+          },
+  });
 
-  patches::Patch search;
-  search.id = "cuda.gemm.algo_search";
-  search.backend = kName;
-  search.phase = patches::Phase::BuildArgs;
-  search.description = "cuBLASLt algorithm search: the top k heuristic candidates of each GEMM shape timed at its "
-                       "first call, the fastest kept and saved in a per-machine cache file (cublaslt_algos.json) that "
-                       "later runs and resumes reuse instead of timing again (+1.3..2.1% tokens/s for GPT-2 124M on "
-                       "an H100)";
-  search.logic = "rewrites args: gemm_algo_search = k (the trainer calls turbo::cublaslt::set_algo_search(k) unless "
-                 "PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH is set)";
-  search.impl = "turbo/kernels/cublaslt/gemm_cublaslt.cpp (choose_algo, search_algo), "
-                "turbo/kernels/cublaslt/algo_cache.cpp (the file), backends/cuda/trainer.cpp (init)";
-  search.porting = "torch.backends.cuda.matmul / TORCH_BLAS_PREFER_CUBLASLT with tunable ops "
-                   "(PYTORCH_TUNABLEOP_ENABLED=1, results in tunableop_results*.csv): time candidates per shape once, "
-                   "keep the winners in a file keyed by device and library version";
-  search.tags = {"performance", "gemm"};
-  search.condition = [](patches::PatchContext& c) { return c.integer("gemm_algo_search") > 1; };
-  search.apply = [](patches::PatchContext& c) {
-    c.args_as<CudaArgs>().gemm_algo_search = static_cast<int>(c.integer("gemm_algo_search"));
-  };
-  reg.add(search);
+  reg.add({
+      .id = "cuda.step.launch_ahead",
+      .description = "launch-ahead: step s + 1 is staged and queued before step s's loss and grad norm are read, so "
+                     "the device runs steps back to back while the host logs and stages the next batches (+1.1% "
+                     "tokens/s for GPT-2 124M on tinyshakespeare, +0.3% on mock data, H200); same losses bit for bit",
+      .tags = {"performance", "step"},
+      .logic = "rewrites args: launch_ahead = true (the trainer gives the step loop launch / finish hooks; "
+               "train/step_loop.h does not run ahead where the state after step s is evaluated or saved, and lets "
+               "the step in flight finish before a signal's checkpoint). Off with data parallelism or the profiler",
+      .impl = "train/step_loop.cpp (run_step_loop), backends/cuda/trainer.cpp (launch_step / finish_step), "
+              "backends/cuda/model.cpp (two sets of pinned staging buffers, one status copy per ticket)",
+      .porting = "the usual asynchronous training loop of PyTorch trainers that do not call .item() every step "
+                 "(the loss read one step late); here the loop keeps the host's view exact at evaluations, "
+                 "checkpoints, NaN stops and signals",
+      .condition = [](PatchContext& c) { return c.flag("launch_ahead"); },
+      .apply = [](PatchContext& c) { c.args_as<CudaArgs>().launch_ahead = true; },
+  });
 
-  patches::Patch rc;
-  rc.id = "cuda.memory.recompute";
-  rc.backend = kName;
-  rc.phase = patches::Phase::BuildArgs;
-  rc.description = "activation recomputation: norms (the two norm outputs recomputed in the backward), selective "
-                   "(norms and MLP activation) or full (only each layer's input kept, the layer's forward rerun in "
-                   "the backward)";
-  rc.slots = {kRecomputePolicy};
-  rc.impl = "backends/cuda/model.cpp (plan: per-layer buffers vs the shared set; recompute_layer)";
-  rc.porting = "Megatron-LM --recompute-granularity / TorchTitan activation checkpointing; here per layer, decided "
-               "when the memory plan is made, so the arenas shrink (no allocation at run time)";
-  rc.tags = {"memory"};
-  rc.condition = [](patches::PatchContext& c) { return c.text("recompute_granularity", "none") != "none"; };
-  rc.apply = [](patches::PatchContext& c) {
-    const Recompute r = parse_recompute(c.text("recompute_granularity"), "recompute_granularity");
-    c.replace<RecomputePolicyFn>(kRecomputePolicy, [r](int64_t, int64_t) { return r; });
-  };
-  reg.add(rc);
+  reg.add({
+      .id = "cuda.gemm.algo_search",
+      .description = "cuBLASLt algorithm search: the top k heuristic candidates of each GEMM shape timed at its "
+                     "first call, the fastest kept and saved in a per-machine cache file (cublaslt_algos.json) that "
+                     "later runs and resumes reuse instead of timing again (+1.3..2.1% tokens/s for GPT-2 124M on "
+                     "an H100)",
+      .tags = {"performance", "gemm"},
+      .logic = "rewrites args: gemm_algo_search = k (the trainer calls turbo::cublaslt::set_algo_search(k) unless "
+               "PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH is set)",
+      .impl = "turbo/kernels/cublaslt/gemm_cublaslt.cpp (choose_algo, search_algo), "
+              "turbo/kernels/cublaslt/algo_cache.cpp (the file), backends/cuda/trainer.cpp (init)",
+      .porting = "torch.backends.cuda.matmul / TORCH_BLAS_PREFER_CUBLASLT with tunable ops "
+                 "(PYTORCH_TUNABLEOP_ENABLED=1, results in tunableop_results*.csv): time candidates per shape once, "
+                 "keep the winners in a file keyed by device and library version",
+      .condition = [](PatchContext& c) { return c.integer("gemm_algo_search") > 1; },
+      .apply =
+          [](PatchContext& c) {
+            c.args_as<CudaArgs>().gemm_algo_search = static_cast<int>(c.integer("gemm_algo_search"));
+          },
+  });
 
-  patches::Patch prof;
-  prof.id = "cuda.profile.phase_times";
-  prof.backend = kName;
-  prof.phase = patches::Phase::BuildArgs;
-  prof.description = "times each phase of the step (embedding, norms, GEMMs, attention, loss, their backward, grad "
-                     "norm, AdamW) with CUDA events; table at the end of training and profile.json in the output folder";
-  prof.logic = "rewrites args: profile_steps = profile_steps, or every step when PRIMUS_CUDA_PROFILE=1";
-  prof.impl = "backends/cuda/profile.cpp (StepProfiler), marks in backends/cuda/model.cpp";
-  prof.porting = "torch.cuda.Event(enable_timing=True) pairs around each region, read after the step's sync; under a "
-                 "CUDA graph the events are captured as external event nodes";
-  prof.tags = {"profiling", "debug"};
-  prof.condition = [](patches::PatchContext& c) { return c.integer("profile_steps") > 0 || profile_env_steps() > 0; };
-  prof.apply = [](patches::PatchContext& c) {
-    const int64_t n = c.integer("profile_steps");
-    c.args_as<CudaArgs>().profile_steps = n > 0 ? n : profile_env_steps();
-  };
-  reg.add(prof);
+  reg.add({
+      .id = "cuda.memory.recompute",
+      .description = "activation recomputation: norms (the two norm outputs recomputed in the backward), selective "
+                     "(norms and MLP activation) or full (only each layer's input kept, the layer's forward rerun in "
+                     "the backward)",
+      .tags = {"memory"},
+      .slots = {kRecomputePolicy},
+      .impl = "backends/cuda/model.cpp (plan: per-layer buffers vs the shared set; recompute_layer)",
+      .porting = "Megatron-LM --recompute-granularity / TorchTitan activation checkpointing; here per layer, decided "
+                 "when the memory plan is made, so the arenas shrink (no allocation at run time)",
+      .condition = [](PatchContext& c) { return c.text("recompute_granularity", "none") != "none"; },
+      .apply =
+          [](PatchContext& c) {
+            const Recompute r = parse_recompute(c.text("recompute_granularity"), "recompute_granularity");
+            c.replace<RecomputePolicyFn>(kRecomputePolicy, [r](int64_t, int64_t) { return r; });
+          },
+  });
+
+  reg.add({
+      .id = "cuda.profile.phase_times",
+      .description = "times each phase of the step (embedding, norms, GEMMs, attention, loss, their backward, grad "
+                     "norm, AdamW) with CUDA events; table at the end of training and profile.json in the output folder",
+      .tags = {"profiling", "debug"},
+      .logic = "rewrites args: profile_steps = profile_steps, or every step when PRIMUS_CUDA_PROFILE=1",
+      .impl = "backends/cuda/profile.cpp (StepProfiler), marks in backends/cuda/model.cpp",
+      .porting = "torch.cuda.Event(enable_timing=True) pairs around each region, read after the step's sync; under a "
+                 "CUDA graph the events are captured as external event nodes",
+      .condition = [](PatchContext& c) { return c.integer("profile_steps") > 0 || profile_env_steps() > 0; },
+      .apply =
+          [](PatchContext& c) {
+            const int64_t n = c.integer("profile_steps");
+            c.args_as<CudaArgs>().profile_steps = n > 0 ? n : profile_env_steps();
+          },
+  });
 }
 
 }  // namespace primus::backends::cuda
