@@ -55,7 +55,7 @@ void register_step_patches(patches::PatchRegistry& reg) {
                "train/step_loop.h does not run ahead where the state after step s is evaluated or saved, and lets "
                "the step in flight finish before a signal's checkpoint). Off with data parallelism or the profiler",
       .impl = "train/step_loop.cpp (run_step_loop), backends/cuda/trainer.cpp (launch_step / finish_step), "
-              "backends/cuda/model.cpp (two sets of pinned staging buffers, one status copy per ticket)",
+              "backends/cuda/model/host_staging.cpp (two sets of pinned staging buffers, one status copy per ticket)",
       .porting = "the usual asynchronous training loop of PyTorch trainers that do not call .item() every step "
                  "(the loss read one step late); here the loop keeps the host's view exact at evaluations, "
                  "checkpoints, NaN stops and signals",
@@ -91,7 +91,7 @@ void register_step_patches(patches::PatchRegistry& reg) {
                      "the backward)",
       .tags = {"memory"},
       .slots = {kRecomputePolicy},
-      .impl = "backends/cuda/model.cpp (plan: per-layer buffers vs the shared set; recompute_layer)",
+      .impl = "backends/cuda/model/memory_plan.cpp (plan: per-layer buffers vs the shared set), backends/cuda/model/decoder.cpp (recompute_layer)",
       .porting = "Megatron-LM --recompute-granularity / TorchTitan activation checkpointing; here per layer, decided "
                  "when the memory plan is made, so the arenas shrink (no allocation at run time)",
       .condition = [](PatchContext& c) { return c.text("recompute_granularity", "none") != "none"; },
@@ -108,7 +108,7 @@ void register_step_patches(patches::PatchRegistry& reg) {
                      "norm, AdamW) with CUDA events; table at the end of training and profile.json in the output folder",
       .tags = {"profiling", "debug"},
       .logic = "rewrites args: profile_steps = profile_steps, or every step when PRIMUS_CUDA_PROFILE=1",
-      .impl = "backends/cuda/profile.cpp (StepProfiler), marks in backends/cuda/model.cpp",
+      .impl = "backends/cuda/profile.cpp (StepProfiler), marks in backends/cuda/model/decoder.cpp and backends/cuda/model.cpp",
       .porting = "torch.cuda.Event(enable_timing=True) pairs around each region, read after the step's sync; under a "
                  "CUDA graph the events are captured as external event nodes",
       .condition = [](PatchContext& c) { return c.integer("profile_steps") > 0 || profile_env_steps() > 0; },
