@@ -211,6 +211,9 @@ class Reporter {
 
 bool is_device_backend(BackendType b) { return b != BackendType::CPU; }
 
+// A family whose one backend is CPU runs on the host, in a GPU run too.
+bool host_only_family(const OpFamily& f) { return f.backends == std::vector<BackendType>{BackendType::CPU}; }
+
 // Environment variables set for a scope and put back at its end (their old values, or unset),
 // also when the scope ends by an exception.
 class ScopedEnv {
@@ -457,9 +460,7 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
     for (const auto& s : cfg.shapes) explicit_cases[f].push_back(f->from_shape(s));
 
   // Host-only families (CPU alone) need no device: a run of only those leaves the GPU alone.
-  const bool host_only = std::all_of(ops.begin(), ops.end(), [](const OpFamily* f) {
-    return f->backends == std::vector<BackendType>{BackendType::CPU};
-  });
+  const bool host_only = std::all_of(ops.begin(), ops.end(), [](const OpFamily* f) { return host_only_family(*f); });
   std::string no_gpu;
   std::unique_ptr<BenchDevice> gpu;
   if (cfg.cpu_only) no_gpu = "--cpu-only";
@@ -471,10 +472,10 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
     std::fprintf(out, "no GPU (%s): running the CPU kernels only, on f32 tensors\n", no_gpu.c_str());
   }
   // Which of a family's backends this run times: the one named, all, or the device's (CPU without
-  // a GPU); a host-only family (CPU alone) runs on the host in a GPU run too.
+  // a GPU); a host-only family runs its CPU backend in any run.
   auto runs_backend = [&](const OpFamily& f, BackendType b) {
     if (named) return b == *named;
-    if (all || f.backends == std::vector<BackendType>{BackendType::CPU}) return true;
+    if (all || host_only_family(f)) return true;
     return gpu ? is_device_backend(b) : b == BackendType::CPU;
   };
   for (const auto& [f, v] : asked) {
@@ -590,9 +591,9 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
             continue;
           }
           // The cross-check reads what the timed calls wrote; under --ab that would be only the
-          // last value's, so it is left out there.
+          // last value's, so it is left out there, as in a run of one lane (nothing to compare).
           std::string xcheck;
-          if (cfg.ab_var.empty()) {
+          if (cfg.ab_var.empty() && lanes.size() > 1) {
             try {
               xcheck = checks.check(t, l.label, dev, f->check_gate);
             } catch (const std::exception& ex) {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 
 #include "core/util/error.h"
@@ -112,13 +113,14 @@ Case layer_case(const std::string& label, int64_t B, int64_t T, int64_t C, int64
             auto l = std::make_shared<Gpt2Layer>(e, B, T, C, H);
             l->forward();  // the activations the parts below read
             const std::string base = "layer/" + label;
+            const char* threads = std::getenv("OMP_NUM_THREADS");
             const double n = static_cast<double>(l->N), c = static_cast<double>(C), f32 = 4.0;
             // The head: T rows of GPT-2's vocabulary, gradient written over the logits' copy.
             const TensorView logits = e.rand(DType::F32, {T, kVocab}, 5.0f), dlogits = e.empty(DType::F32, {T, kVocab});
             const TensorView targets = e.ints({T}, static_cast<int32_t>(kVocab));
             return std::vector<Timed>{
                 {base + "/fwd", Metric::Flops, l->flops_fwd(), [l] { l->forward(); },
-                 fmt::format("B={} T={} C={} H={}; OMP_NUM_THREADS threads", B, T, C, H)},
+                 fmt::format("B={} T={} C={} H={}; OMP_NUM_THREADS={}", B, T, C, H, threads ? threads : "(unset)")},
                 {base + "/fwdbwd", Metric::Flops, 3.0 * l->flops_fwd(), [l] {
                    l->forward();
                    l->backward();
