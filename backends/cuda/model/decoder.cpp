@@ -56,8 +56,8 @@ Decoder::Decoder(const train::ModelSpec& spec, const train::ParamLayout& layout,
 // ---- forward ------------------------------------------------------------------------------
 
 void Decoder::norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
-                             const TensorView& res_out, const TensorView& inp, const TensorView& residual,
-                             const NormParams& p, int64_t N) {
+                           const TensorView& res_out, const TensorView& inp, const TensorView& residual,
+                           const NormParams& p, int64_t N) {
   turbo::NormForwardArgs a;
   a.type = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
   a.out = out.slice0(0, N);
@@ -74,7 +74,6 @@ void Decoder::norm_forward(const TensorView& out, const TensorView& mean, const 
   a.ctx = ctx_;
   ops_.norm_forward(a);
 }
-
 
 void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   const int64_t N = B * T;
@@ -140,7 +139,6 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   ops_.linear_forward(a_.tmp.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
 }
 
-
 void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
   const int64_t N = B * T;
   NvtxRange range("forward");
@@ -200,10 +198,9 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
   if (have_grad_logits_) train_tokens_ = N;
 }
 
-
 void Decoder::norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp,
-                              const TensorView& mean, const TensorView& rstd, const NormParams& p, int64_t N,
-                              bool accumulate, const TensorView& dres_colsum) {
+                            const TensorView& mean, const TensorView& rstd, const NormParams& p, int64_t N,
+                            bool accumulate, const TensorView& dres_colsum) {
   turbo::NormBackwardArgs a;
   a.type = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
   a.dinp = dres.slice0(0, N);
@@ -226,7 +223,7 @@ TensorView Decoder::with_ones(const TensorView& t) const {
 }
 
 void Decoder::linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
-                                const TensorView& inp, bool bias_done) {
+                              const TensorView& inp, bool bias_done) {
   const ExecContext c = ctx_;
   if (b.g.defined() && !bias_done) {
     if (const TensorView ones = with_ones(inp); ones.defined()) {  // [weight | bias] gradient from one GEMM
