@@ -242,8 +242,9 @@ TEST(BenchmarkCli, VariantsOfABackendThatDoesNotRunAreLeftOut) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(measured_cases(json), (std::set<std::string>{"attention/1x16x4x2x8/fwd", "attention/1x16x4x2x8/bwd"}));
   for (const auto& j : read_lines(json)) {
-    EXPECT_EQ(j["backend"], "CPU") << j.dump();
     EXPECT_FALSE(j.contains("xcheck")) << j.dump();
+    const std::string c = j["case"];
+    if (c.rfind("attention/", 0) == 0) EXPECT_EQ(j["backend"], "CPU") << j.dump();
   }
   EXPECT_EQ(r.out.find("outputs against the first backend"), std::string::npos) << r.out;
 }
