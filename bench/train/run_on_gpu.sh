@@ -286,8 +286,8 @@ fi
 # shellcheck disable=SC2086
 [ -n "$RC_ARGS" ] && run_variant recompute $RC_ARGS
 # The default run on real text (tinyshakespeare, GPT-2 BPE, tokenized on first use; ~20 s more):
-# costs that depend on the tokens (the embedding backward's runs of frequent tokens: NOTES.md
-# "Session 10" (4)) do not show on the mock data's uniform tokens. Case suffix /realdata; its
+# costs that depend on the tokens (the embedding backward's runs of frequent tokens; docs/performance.md,
+# levers) do not show on the mock data's uniform tokens. Case suffix /realdata; its
 # ratio is against the same call's mock-data anchor (torch_anchor.py has no data option; its
 # kernels do not depend on the tokens). REALDATA=0 skips it.
 [ "${REALDATA:-1}" != 0 ] && run_variant realdata mock_data=false
