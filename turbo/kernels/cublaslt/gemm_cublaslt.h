@@ -105,7 +105,7 @@ void set_algo_search(int top_k);
 // Formulations of a problem: column order (D^T = B^T A^T, operands swapped; the default and the
 // only one without the search) and row order (CUBLASLT_ORDER_ROW layouts, operands in place),
 // whose kernels differ (4-13% faster on some training products, slower on others, measured
-// standalone on an H200; bench/ops/probes/lt_orientation.cu). Auto: the search times plain
+// standalone on an H200 by a probe that git history keeps). Auto: the search times plain
 // products (no epilogue, no FP8, batch 1) in both and keeps the faster; Row runs every eligible
 // problem in row order, searched or not; Column never uses row order. Default Column, or
 // PRIMUS_TURBO_CUBLASLT_ORDER=column|auto|row; set_formulation (tests) overrides it and clears
