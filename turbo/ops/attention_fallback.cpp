@@ -87,17 +87,14 @@ int64_t token_row(const TensorView& t, const char* op) {
     throw RuntimeError(fmt::format("{}: {} is not token-major [B,T,H,D] with contiguous heads", op, t.describe()));
   return row;
 }
-void to_heads(const TensorView& dst, const TensorView& src, const Dims& d, int64_t Hx, cudaStream_t st) {
-  const int64_t row = token_row(src, "fallback attention");
+// dst = src permuted token-major -> head-major (to_heads) or back; Hx heads.
+void permute_heads(const TensorView& dst, const TensorView& src, const Dims& d, int64_t Hx, bool to_heads,
+                   cudaStream_t st) {
+  const int64_t row = token_row(to_heads ? src : dst, "fallback attention");
   if (src.device == Device::CPU)
-    host::permute(dst.ptr<float>(), src.ptr<const float>(), d.B, d.T, Hx, d.D, row, true);
-  else
+    host::permute(dst.ptr<float>(), src.ptr<const float>(), d.B, d.T, Hx, d.D, row, to_heads);
+  else if (to_heads)
     k::permute_to_heads(dst.data, src.data, d.B, d.T, Hx, d.D, st, row);
-}
-void from_heads(const TensorView& dst, const TensorView& src, const Dims& d, int64_t Hx, cudaStream_t st) {
-  const int64_t row = token_row(dst, "fallback attention");
-  if (src.device == Device::CPU)
-    host::permute(dst.ptr<float>(), src.ptr<const float>(), d.B, d.T, Hx, d.D, row, false);
   else
     k::permute_from_heads(dst.data, src.data, d.B, d.T, Hx, d.D, st, row);
 }
@@ -167,9 +164,9 @@ Scores scores(Arena& arena, const TensorView& q, const TensorView& k, const Tens
   r.vh = arena.tensor(act, {G, d.T, d.D}, "attention v (head-major)");
   r.s = arena.tensor(DType::F32, {G, R, d.T}, "attention scores");
   r.p = arena.tensor(act, {G, R, d.T}, "attention probabilities / dS");
-  to_heads(r.qh, q, d, d.H, st);
-  to_heads(r.kh, k, d, d.KVH, st);
-  to_heads(r.vh, v, d, d.KVH, st);
+  permute_heads(r.qh, q, d, d.H, true, st);
+  permute_heads(r.kh, k, d, d.KVH, true, st);
+  permute_heads(r.vh, v, d, d.KVH, true, st);
   gemm(r.qh, r.kh.transposed(), r.s, r.scale, ctx);  // S = scale Q K^T
   softmax_forward(r.p, lse, r.s, G * R, d.T, write_lse, st);
   return r;
@@ -184,7 +181,7 @@ void attention_fallback_forward(const AttentionForwardArgs& c) {
   const Dims& d = sc.d;
   TensorView oh = arena.tensor(c.q.dtype, {d.groups(), d.rep() * d.T, d.D}, "attention out (head-major)");
   gemm(sc.p, sc.vh, oh, 1.0f, c.ctx);  // O = P V
-  from_heads(c.out, oh, d, d.H, static_cast<cudaStream_t>(c.ctx.stream));
+  permute_heads(c.out, oh, d, d.H, false, static_cast<cudaStream_t>(c.ctx.stream));
 }
 
 void attention_fallback_backward(const AttentionBackwardArgs& c) {
@@ -200,16 +197,16 @@ void attention_fallback_backward(const AttentionBackwardArgs& c) {
   TensorView dkh = arena.tensor(act, {G, d.T, d.D}, "attention dk (head-major)");
   TensorView dvh = arena.tensor(act, {G, d.T, d.D}, "attention dv (head-major)");
   TensorView dp = arena.tensor(DType::F32, {G, R, d.T}, "attention dP");
-  to_heads(doh, c.dout, d, d.H, st);
+  permute_heads(doh, c.dout, d, d.H, true, st);
   gemm(sc.p.transposed(), doh, dvh, 1.0f, c.ctx);  // dV = P^T dO (sums the group's query heads)
   gemm(doh, sc.vh.transposed(), dp, 1.0f, c.ctx);  // dP = dO V^T
   // dS (gradient of the unscaled Q K^T) overwrites P, which is no longer needed.
   softmax_backward(sc.p, sc.s, c.lse, dp, G * R, d.T, sc.scale, st);
   gemm(sc.p, sc.kh, dqh, 1.0f, c.ctx);               // dQ = dS K
   gemm(sc.p.transposed(), sc.qh, dkh, 1.0f, c.ctx);  // dK = dS^T Q
-  from_heads(c.dq, dqh, d, d.H, st);
-  from_heads(c.dk, dkh, d, d.KVH, st);
-  from_heads(c.dv, dvh, d, d.KVH, st);
+  permute_heads(c.dq, dqh, d, d.H, false, st);
+  permute_heads(c.dk, dkh, d, d.KVH, false, st);
+  permute_heads(c.dv, dvh, d, d.KVH, false, st);
 }
 
 }  // namespace primus::turbo
