@@ -29,11 +29,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "$DO_BUILD" = 1 ]; then
-  JOBS=$(nproc)
   # Unity build of the C++ sources (8 a compiler run; CMake 3.25 leaves the .cu files as they are):
   # most of a source's compile time is the headers it shares with the others. PRIMUS_UNITY_BUILD=OFF
   # builds source by source (e.g. to find a missing include).
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD="${PRIMUS_UNITY_BUILD:-ON}" \
     -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 >/dev/null
-  cmake --build "$BUILD_DIR" -j "$JOBS"
+  # Under scripts/test.sh the jobs come from its make's shared pool (the jobserver in MAKEFLAGS).
+  case " ${MAKEFLAGS:-} " in *jobserver*) jobs=() ;; *) jobs=(-j "$(nproc)") ;; esac
+  cmake --build "$BUILD_DIR" "${jobs[@]}"
 fi
