@@ -6,13 +6,48 @@
 
 namespace primus::train {
 
+namespace {
+nlohmann::json moe_json(const MoeSpec& e) {
+  return {{"num_experts", e.num_experts}, {"topk", e.topk}, {"ffn_hidden_size", e.ffn_hidden_size},
+          {"shared_ffn_hidden_size", e.shared_ffn_hidden_size}, {"sigmoid", e.sigmoid}, {"pre_softmax", e.pre_softmax},
+          {"topk_scaling_factor", e.topk_scaling_factor}, {"num_groups", e.num_groups}, {"group_topk", e.group_topk},
+          {"expert_bias", e.expert_bias}, {"bias_update_rate", e.bias_update_rate}, {"aux_loss_coeff", e.aux_loss_coeff},
+          {"z_loss_coeff", e.z_loss_coeff}, {"capacity_factor", e.capacity_factor},
+          {"drop_by_position", e.drop_by_position}, {"moe_layers", e.moe_layers}};
+}
+MoeSpec moe_from_json(const nlohmann::json& j) {
+  MoeSpec e;
+  e.num_experts = j.at("num_experts");
+  e.topk = j.at("topk");
+  e.ffn_hidden_size = j.at("ffn_hidden_size");
+  e.shared_ffn_hidden_size = j.at("shared_ffn_hidden_size");
+  e.sigmoid = j.at("sigmoid");
+  e.pre_softmax = j.at("pre_softmax");
+  e.topk_scaling_factor = j.at("topk_scaling_factor");
+  e.num_groups = j.at("num_groups");
+  e.group_topk = j.at("group_topk");
+  e.expert_bias = j.at("expert_bias");
+  e.bias_update_rate = j.at("bias_update_rate");
+  e.aux_loss_coeff = j.at("aux_loss_coeff");
+  e.z_loss_coeff = j.at("z_loss_coeff");
+  e.capacity_factor = j.at("capacity_factor");
+  e.drop_by_position = j.at("drop_by_position");
+  e.moe_layers = j.at("moe_layers").get<std::vector<bool>>();
+  return e;
+}
+}  // namespace
+
 nlohmann::json spec_json(const ModelSpec& m) {
-  return {{"model_type", m.model_type}, {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab_size},
+  // A dense model's spec has no "moe" key, so that checkpoints saved before MoE existed still
+  // compare equal.
+  nlohmann::json j = {{"model_type", m.model_type}, {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab_size},
           {"seq_length", m.seq_length}, {"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
           {"num_attention_heads", m.num_attention_heads}, {"num_query_groups", m.num_query_groups},
           {"ffn_hidden_size", m.ffn_hidden_size}, {"layernorm", m.layernorm}, {"norm_epsilon", m.norm_epsilon},
           {"swiglu", m.swiglu}, {"rope", m.rope}, {"rotary_base", m.rotary_base}, {"untied", m.untied},
           {"bias", m.bias}, {"init_method_std", m.init_method_std}};
+  if (m.moe.enabled()) j["moe"] = moe_json(m.moe);
+  return j;
 }
 
 ModelSpec spec_from_json(const nlohmann::json& j) {
@@ -34,6 +69,7 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
   m.untied = j.at("untied");
   m.bias = j.at("bias");
   m.init_method_std = j.at("init_method_std");
+  if (j.contains("moe")) m.moe = moe_from_json(j.at("moe"));  // absent: a dense model's checkpoint
   return m;
 }
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "core/util/error.h"
 
 namespace primus::train {
@@ -9,7 +11,8 @@ namespace primus::train {
 using config::KeyType;
 
 void add_model_schema(config::Schema& s) {
-  s.text("model_type", "gpt2", "model family, used for Hugging Face export", {"gpt2", "llama"})
+  s.text("model_type", "gpt2", "model family, used for Hugging Face names and export",
+         {"gpt2", "llama", "mixtral", "olmoe", "deepseek_v3"})
       .integer("vocab_size", std::nullopt, "vocabulary size (the tokenizer's, before padding)", 1, 1 << 24)
       .integer("make_vocab_size_divisible_by", 1, "pad the embedding rows to a multiple of this", 1, 1 << 16)
       .integer("seq_length", 1024, "tokens per sample (also the position table size)", 1, 1 << 21)
@@ -27,6 +30,31 @@ void add_model_schema(config::Schema& s) {
       .flag("untie_embeddings_and_output_weights", false, "separate output head instead of the embedding")
       .flag("add_bias_linear", true, "biases in the linear layers")
       .number("init_method_std", 0.02, "standard deviation of the weight init", 0.0, 1.0);
+  // Mixture of experts (Megatron-LM's names).
+  s.integer("num_experts", 0, "routed experts per MoE layer (0: dense model)", 0, 4096)
+      .integer("moe_router_topk", 2, "experts each token is routed to", 1, 4096)
+      .integer("moe_ffn_hidden_size", std::nullopt, "width of one routed expert (default: ffn_hidden_size)", 1, 1 << 20)
+      .integer("moe_shared_expert_intermediate_size", 0, "width of the shared expert every token uses (0: none)", 0,
+               1 << 20)
+      .text("moe_router_score_function", "softmax", "router score: softmax (Mixtral, OLMoE) or sigmoid (DeepSeek-V3)",
+            {"softmax", "sigmoid"})
+      .flag("moe_router_pre_softmax", false,
+            "softmax over all experts before top-k, weights not renormalised (OLMoE); default: softmax over the top-k")
+      .number("moe_router_topk_scaling_factor", 1.0, "routing weights are multiplied by this", 0.0)
+      .integer("moe_router_num_groups", 1, "expert groups for group-limited routing (1: no limit)", 1, 4096)
+      .integer("moe_router_group_topk", 1, "groups a token may choose experts from", 1, 4096)
+      .flag("moe_router_enable_expert_bias", false,
+            "aux-loss-free balancing: a per-expert bias steers the choice, updated after each step")
+      .number("moe_router_bias_update_rate", 1e-3, "step of the expert bias update", 0.0)
+      .number("moe_aux_loss_coeff", 0.0, "switch-style load-balancing loss coefficient", 0.0)
+      .number("moe_z_loss_coeff", 0.0, "router z-loss coefficient", 0.0)
+      .any("moe_layer_freq", config::KeyType::Any,
+           "which layers are MoE: an integer N (every N-th layer, from layer 0) or a list of 0/1 per layer")
+      .integer("moe_first_k_dense_replace", 0, "the first k layers stay dense (DeepSeek)", 0, 4096)
+      .number("moe_expert_capacity_factor", std::nullopt,
+              "slots an expert keeps per micro-batch = factor * tokens * topk / num_experts (unset: dropless)", 0.0)
+      .text("moe_token_drop_policy", "probs", "which slots an over-capacity expert drops: lowest weights or latest tokens",
+            {"probs", "position"});
 }
 
 namespace {
@@ -40,6 +68,95 @@ int64_t req(const config::Value& p, const char* key) {
 int64_t opt(const config::Value& p, const char* key, int64_t def) {
   const config::Value* v = p.find_path(key);
   return v && !v->is_null() ? v->as_int() : def;
+}
+double optd(const config::Value& p, const char* key, double def) {
+  const config::Value* v = p.find_path(key);
+  return v && !v->is_null() ? v->as_double() : def;
+}
+bool optb(const config::Value& p, const char* key, bool def) {
+  const config::Value* v = p.find_path(key);
+  return v && !v->is_null() ? v->as_bool() : def;
+}
+std::string opts(const config::Value& p, const char* key, const char* def) {
+  const config::Value* v = p.find_path(key);
+  return v && !v->is_null() ? v->as_string() : def;
+}
+
+template <class Where>
+MoeSpec moe_from_config(const config::Value& p, const ModelSpec& m, Where&& where) {
+  MoeSpec e;
+  e.num_experts = opt(p, "num_experts", 0);
+  if (e.num_experts == 0) return e;
+  auto fail = [&](const char* key, const std::string& what) {
+    throw ConfigError(fmt::format("{}: {}", where(key), what));
+  };
+  e.topk = opt(p, "moe_router_topk", 2);
+  e.ffn_hidden_size = opt(p, "moe_ffn_hidden_size", m.ffn_hidden_size);
+  e.shared_ffn_hidden_size = opt(p, "moe_shared_expert_intermediate_size", 0);
+  e.sigmoid = opts(p, "moe_router_score_function", "softmax") == "sigmoid";
+  e.pre_softmax = optb(p, "moe_router_pre_softmax", false);
+  e.topk_scaling_factor = optd(p, "moe_router_topk_scaling_factor", 1.0);
+  e.num_groups = opt(p, "moe_router_num_groups", 1);
+  e.group_topk = opt(p, "moe_router_group_topk", 1);
+  e.expert_bias = optb(p, "moe_router_enable_expert_bias", false);
+  e.bias_update_rate = optd(p, "moe_router_bias_update_rate", 1e-3);
+  e.aux_loss_coeff = optd(p, "moe_aux_loss_coeff", 0.0);
+  e.z_loss_coeff = optd(p, "moe_z_loss_coeff", 0.0);
+  e.capacity_factor = optd(p, "moe_expert_capacity_factor", 0.0);
+  e.drop_by_position = opts(p, "moe_token_drop_policy", "probs") == "position";
+  const int64_t E = e.num_experts, L = m.num_layers;
+  if (!m.swiglu || m.bias) {
+    fail("num_experts", "MoE layers are SwiGLU experts without biases (activation: swiglu, add_bias_linear: false)");
+  }
+  if (e.topk > E) fail("moe_router_topk", fmt::format("moe_router_topk {} exceeds num_experts {}", e.topk, E));
+  if (e.sigmoid && e.pre_softmax) {
+    fail("moe_router_pre_softmax", "moe_router_pre_softmax applies to the softmax score function only");
+  }
+  if (e.num_groups > 1) {
+    if (E % e.num_groups != 0) {
+      fail("moe_router_num_groups",
+           fmt::format("num_experts {} is not divisible by moe_router_num_groups {}", E, e.num_groups));
+    }
+    if (e.group_topk > e.num_groups) {
+      fail("moe_router_group_topk",
+           fmt::format("moe_router_group_topk {} exceeds moe_router_num_groups {}", e.group_topk, e.num_groups));
+    }
+    if (e.topk % e.group_topk != 0) {
+      fail("moe_router_group_topk",
+           fmt::format("moe_router_topk {} is not divisible by moe_router_group_topk {}", e.topk, e.group_topk));
+    }
+    if (e.topk / e.group_topk > E / e.num_groups) {
+      fail("moe_router_group_topk", fmt::format("moe_router_topk / moe_router_group_topk = {} exceeds the {} experts of a "
+                                                "group", e.topk / e.group_topk, E / e.num_groups));
+    }
+  } else if (e.group_topk != 1) {
+    fail("moe_router_group_topk", "moe_router_group_topk needs moe_router_num_groups > 1");
+  }
+  // Which layers are MoE.
+  e.moe_layers.assign(static_cast<size_t>(L), true);
+  if (const config::Value* f = p.find_path("moe_layer_freq"); f && !f->is_null()) {
+    if (f->is_list()) {
+      const std::vector<config::Value>& items = f->items();
+      if (static_cast<int64_t>(items.size()) != L) {
+        fail("moe_layer_freq", fmt::format("moe_layer_freq lists {} layers, the model has {}", items.size(), L));
+      }
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t v = items[static_cast<size_t>(l)].as_int();
+        if (v != 0 && v != 1) fail("moe_layer_freq", fmt::format("moe_layer_freq[{}] is {}, expected 0 or 1", l, v));
+        e.moe_layers[l] = v == 1;
+      }
+    } else {
+      const int64_t n = f->as_int();
+      if (n < 1) fail("moe_layer_freq", fmt::format("moe_layer_freq {} must be >= 1", n));
+      for (int64_t l = 0; l < L; ++l) e.moe_layers[l] = l % n == 0;
+    }
+  }
+  const int64_t dense_first = opt(p, "moe_first_k_dense_replace", 0);
+  if (dense_first > L) {
+    fail("moe_first_k_dense_replace", fmt::format("moe_first_k_dense_replace {} exceeds num_layers {}", dense_first, L));
+  }
+  for (int64_t l = 0; l < dense_first; ++l) e.moe_layers[l] = false;
+  return e;
 }
 }  // namespace
 
@@ -75,22 +192,82 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
   if (m.rope && m.head_dim() % 2 != 0) {
     throw ConfigError(fmt::format("{}: RoPE needs an even head dimension, got {}", where("hidden_size"), m.head_dim()));
   }
+  m.moe = moe_from_config(p, m, where);
   return m;
 }
 
+std::string ModelSpec::summary() const {
+  std::string s = fmt::format("{} {} layers, hidden {}, heads {}/{}", model_type, num_layers, hidden_size,
+                              num_attention_heads, num_query_groups);
+  if (moe.enabled()) {
+    s += fmt::format(", {} experts top-{} in {} MoE layers{}", moe.num_experts, moe.topk, num_moe_layers(),
+                     moe.shared_ffn_hidden_size > 0 ? " + shared expert" : "");
+    return s + fmt::format(", {} parameters ({} active)", num_parameters(), num_active_parameters());
+  }
+  return s + fmt::format(", {} parameters", num_parameters());
+}
+
+int64_t MoeSpec::capacity(int64_t tokens) const {
+  if (capacity_factor <= 0) return -1;
+  const double c = std::ceil(capacity_factor * static_cast<double>(tokens * topk) / static_cast<double>(num_experts));
+  return static_cast<int64_t>(c);
+}
+
+int64_t ModelSpec::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l);
+  return n;
+}
+
+namespace {
+// A layer's parameters: attention, norms and its MLP; `experts` of the routed experts counted
+// (all of them for the total, topk for the active count).
+int64_t layer_parameters(const ModelSpec& m, int64_t l, int64_t experts) {
+  const int64_t C = m.hidden_size;
+  const int64_t norm = m.layernorm ? 2 * C : C;
+  int64_t n = 2 * norm + C * m.qkv_dim() + C * C;
+  if (m.bias) n += m.qkv_dim() + C;
+  if (m.is_moe_layer(l)) {
+    n += m.moe.num_experts * C;                                 // router
+    n += experts * 3 * m.moe.ffn_hidden_size * C;               // gate, up, down
+    n += 3 * m.moe.shared_ffn_hidden_size * C;                  // shared expert
+    if (m.moe.expert_bias) n += m.moe.num_experts;               // the bias buffer
+  } else {
+    n += C * m.fc_dim() + m.ffn_hidden_size * C;
+    if (m.bias) n += m.fc_dim() + C;
+  }
+  return n;
+}
+}  // namespace
+
 int64_t ModelSpec::num_parameters() const {
-  int64_t C = hidden_size, L = num_layers, V = padded_vocab_size;
-  int64_t norm = layernorm ? 2 * C : C;
-  int64_t per_layer = 2 * norm + C * qkv_dim() + C * C + C * fc_dim() + ffn_hidden_size * C;
-  if (bias) per_layer += qkv_dim() + C + fc_dim() + C;
-  int64_t total = V * C + (rope ? 0 : seq_length * C) + L * per_layer + norm;
+  const int64_t C = hidden_size, V = padded_vocab_size;
+  const int64_t norm = layernorm ? 2 * C : C;
+  int64_t total = V * C + (rope ? 0 : seq_length * C) + norm;
+  for (int64_t l = 0; l < num_layers; ++l) total += layer_parameters(*this, l, moe.num_experts);
   if (untied) total += V * C;
   return total;
 }
 
+int64_t ModelSpec::num_active_parameters() const {
+  const int64_t C = hidden_size, V = padded_vocab_size;
+  const int64_t norm = layernorm ? 2 * C : C;
+  int64_t total = norm + (untied ? V * C : 0);
+  for (int64_t l = 0; l < num_layers; ++l) total += layer_parameters(*this, l, moe.topk);
+  return total;
+}
+
 double ModelSpec::flops_per_token() const {
-  double C = hidden_size, L = num_layers;
-  double matmul = L * (C * qkv_dim() + C * C + C * fc_dim() + ffn_hidden_size * C) + C * padded_vocab_size;
+  const double C = hidden_size, L = num_layers;
+  double matmul = C * padded_vocab_size;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    matmul += C * qkv_dim() + C * C;
+    if (is_moe_layer(l)) {
+      matmul += (moe.num_experts + 3.0 * moe.topk * moe.ffn_hidden_size + 3.0 * moe.shared_ffn_hidden_size) * C;
+    } else {
+      matmul += C * fc_dim() + ffn_hidden_size * C;
+    }
+  }
   return 6.0 * matmul + 6.0 * L * C * seq_length;
 }
 

@@ -4,11 +4,41 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config/schema.h"
 #include "core/config/value.h"
 
 namespace primus::train {
+
+// Mixture-of-experts feed-forward layers, with Megatron-LM's key names (in comments). A MoE
+// layer replaces the dense SwiGLU MLP by a router (a linear layer to num_experts logits, no
+// bias), `topk` routed SwiGLU experts of width ffn_hidden_size each, and optionally a shared
+// SwiGLU expert that every token goes through. The routing semantics (score function, group
+// limit, normalisation, aux/z losses, dropping) are turbo/kernels/cpu/moe.h's.
+struct MoeSpec {
+  int64_t num_experts = 0;               // num_experts; 0: every layer dense
+  int64_t topk = 2;                      // moe_router_topk
+  int64_t ffn_hidden_size = 0;           // moe_ffn_hidden_size (per expert)
+  int64_t shared_ffn_hidden_size = 0;    // moe_shared_expert_intermediate_size; 0: none
+  bool sigmoid = false;                  // moe_router_score_function: softmax | sigmoid
+  bool pre_softmax = false;              // moe_router_pre_softmax
+  double topk_scaling_factor = 1.0;      // moe_router_topk_scaling_factor
+  int64_t num_groups = 1;                // moe_router_num_groups (1: no group limit)
+  int64_t group_topk = 1;                // moe_router_group_topk
+  bool expert_bias = false;              // moe_router_enable_expert_bias
+  double bias_update_rate = 1e-3;        // moe_router_bias_update_rate
+  double aux_loss_coeff = 0.0;           // moe_aux_loss_coeff
+  double z_loss_coeff = 0.0;             // moe_z_loss_coeff
+  double capacity_factor = 0.0;          // moe_expert_capacity_factor; <= 0: dropless
+  bool drop_by_position = false;         // moe_token_drop_policy: probs | position
+  std::vector<bool> moe_layers;          // from moe_layer_freq and moe_first_k_dense_replace
+
+  bool enabled() const { return num_experts > 0; }
+  // Slots an expert keeps per micro-batch of `tokens` tokens (ceil(tokens * topk / E * factor));
+  // -1 when dropless.
+  int64_t capacity(int64_t tokens) const;
+};
 
 struct ModelSpec {
   std::string model_type = "gpt2";  // gpt2 | llama: names used for Hugging Face export
@@ -28,18 +58,28 @@ struct ModelSpec {
   bool untied = false;              // separate output head
   bool bias = true;                 // biases in linear layers
   double init_method_std = 0.02;
+  MoeSpec moe;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t kv_dim() const { return num_query_groups * head_dim(); }
   int64_t qkv_dim() const { return hidden_size + 2 * kv_dim(); }
   int64_t fc_dim() const { return swiglu ? 2 * ffn_hidden_size : ffn_hidden_size; }
+  bool is_moe_layer(int64_t l) const { return moe.enabled() && moe.moe_layers.at(static_cast<size_t>(l)); }
+  int64_t num_moe_layers() const;
   // Parameter count (with the padded vocabulary).
   int64_t num_parameters() const;
+  // Parameters a token goes through: the routed experts it does not choose left out (and the
+  // embedding table, as the MoE literature counts "active" parameters).
+  int64_t num_active_parameters() const;
   // Training FLOPs per token (forward + backward): 6 * matmul params + attention, as in the
-  // PaLM paper's MFU accounting (attention counted causal-full: 6 * L * C * T).
+  // PaLM paper's MFU accounting (attention counted causal-full: 6 * L * C * T). MoE layers count
+  // the router, the top-k experts and the shared expert (the active matmul parameters).
   double flops_per_token() const;
 
   static ModelSpec from_config(const config::Value& params);  // checks consistency
+  // One line for --dry-run and logs, e.g. "llama 16 layers, hidden 2048, heads 32/8, 1498482688
+  // parameters"; MoE models add experts, top-k, MoE layers and active parameters.
+  std::string summary() const;
 };
 
 // Adds every model key (type, default, range, doc) to a backend's schema.

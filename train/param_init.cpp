@@ -33,13 +33,15 @@ void init_impl(const ModelSpec& spec, const ParamLayout& layout, uint64_t seed, 
   for (size_t ti = 0; ti < layout.tensors.size(); ++ti) {
     const ParamTensor& t = layout.tensors[ti];
     Real* p = params + t.offset;
-    if (ends_with(t.name, ".bias")) {
+    if (ends_with(t.name, ".bias") || !t.trainable) {  // biases and buffers (the expert bias) start at 0
       std::fill(p, p + t.numel, Real(0));
     } else if (t.name.find("norm") != std::string::npos) {
       std::fill(p, p + t.numel, Real(1));
     } else {
       const bool resid = t.name.find("attn.proj.weight") != std::string::npos ||
-                         t.name.find("mlp.proj.weight") != std::string::npos;
+                         t.name.find("mlp.proj.weight") != std::string::npos ||
+                         t.name.find("moe.experts.proj.weight") != std::string::npos ||
+                         t.name.find("moe.shared.proj.weight") != std::string::npos;
       const double sd = spec.init_method_std * (resid ? resid_scale : 1.0);
       for (int64_t b = 0; b < t.numel; b += kInitBlock) blocks.push_back({ti, b, std::min(t.numel, b + kInitBlock), sd});
     }

@@ -9,6 +9,36 @@
 
 namespace primus::train {
 
+namespace {
+// A MoE layer's tensors (after norm2): router, stacked routed experts, the optional shared
+// expert and the optional expert bias, with the Hugging Face names of the model's family
+// (Mixtral's block_sparse_moe.*; OLMoE / Qwen-MoE / DeepSeek's mlp.*).
+template <class Add, class AddBuffer>
+void add_moe_layer_impl(const ModelSpec& m, const std::string& p, const std::string& hp, Add& add, AddBuffer& add_buffer) {
+  const int64_t C = m.hidden_size, E = m.moe.num_experts, Fe = m.moe.ffn_hidden_size, Fs = m.moe.shared_ffn_hidden_size;
+  const bool mixtral = m.model_type == "mixtral";
+  const std::string hm = hp + (mixtral ? "block_sparse_moe." : "mlp.");
+  auto one = [](std::string n, int64_t begin, int64_t rows) { return HfPart{std::move(n), begin, rows, HfTransform::None, 0}; };
+  add(p + "moe.router.weight", {E, C}, true, std::vector<HfPart>{one(hm + "gate.weight", 0, E)});
+  if (m.moe.expert_bias) add_buffer(p + "moe.router.expert_bias", {E}, std::vector<HfPart>{one(hm + "gate.e_score_correction_bias", 0, E)});
+  std::vector<HfPart> fc, proj;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = fmt::format("{}experts.{}.", hm, e);
+    fc.push_back(one(x + (mixtral ? "w1.weight" : "gate_proj.weight"), e * 2 * Fe, Fe));
+    fc.push_back(one(x + (mixtral ? "w3.weight" : "up_proj.weight"), e * 2 * Fe + Fe, Fe));
+    proj.push_back(one(x + (mixtral ? "w2.weight" : "down_proj.weight"), e * C, C));
+  }
+  add(p + "moe.experts.fc.weight", {E, 2 * Fe, C}, true, std::move(fc));
+  add(p + "moe.experts.proj.weight", {E, C, Fe}, true, std::move(proj));
+  if (Fs > 0) {
+    const std::string s = hm + "shared_experts.";
+    add(p + "moe.shared.fc.weight", {2 * Fs, C}, true,
+        std::vector<HfPart>{one(s + "gate_proj.weight", 0, Fs), one(s + "up_proj.weight", Fs, Fs)});
+    add(p + "moe.shared.proj.weight", {C, Fs}, true, std::vector<HfPart>{one(s + "down_proj.weight", 0, C)});
+  }
+}
+}  // namespace
+
 const ParamTensor* ParamLayout::find(const std::string& name) const {
   for (auto& t : tensors)
     if (t.name == name) return &t;
@@ -38,6 +68,10 @@ ParamLayout make_param_layout(const ModelSpec& m) {
   };
   auto whole = [](std::string n, int64_t rows, HfTransform tr = HfTransform::None) {
     return std::vector<HfPart>{{std::move(n), 0, rows, tr, 0}};
+  };
+  auto add_buffer = [&](std::string name, std::vector<int64_t> shape, std::vector<HfPart> hf) {
+    add(std::move(name), std::move(shape), false, std::move(hf));
+    L.tensors.back().trainable = false;
   };
   const std::string pre = gpt2 ? "transformer." : "model.";
   add("embedding.weight", {V, C}, true, whole(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", V));
@@ -72,6 +106,10 @@ ParamLayout make_param_layout(const ModelSpec& m) {
       if (m.bias) add(p + "attn.proj.bias", {C}, false, whole(hp + "self_attn.o_proj.bias", C));
     }
     norm("norm2", "ln_2", "post_attention_layernorm");
+    if (m.is_moe_layer(l)) {
+      add_moe_layer_impl(m, p, hp, add, add_buffer);
+      continue;
+    }
     if (gpt2) {
       add(p + "mlp.fc.weight", {m.fc_dim(), C}, true, whole(hp + "mlp.c_fc.weight", m.fc_dim(), HfTransform::Transpose));
       if (m.bias) add(p + "mlp.fc.bias", {m.fc_dim()}, false, whole(hp + "mlp.c_fc.bias", m.fc_dim()));
@@ -106,7 +144,7 @@ ParamLayout make_param_layout(const ModelSpec& m) {
 }
 
 namespace {
-int64_t cols_of(const ParamTensor& t) { return t.shape.size() == 2 ? t.shape[1] : 1; }
+int64_t cols_of(const ParamTensor& t) { return t.shape.size() >= 2 ? t.shape.back() : 1; }
 
 // Row r of the part in HF order comes from row src_row(r) of ours (RopeRows permutes per head).
 int64_t our_row(const HfPart& p, int64_t hf_row) {
@@ -157,8 +195,43 @@ void from_hf(const ParamTensor& t, const HfPart& part, const float* hf,
     std::memcpy(base + our_row(part, r) * cols, hf + r * cols, sizeof(float) * cols);
 }
 
+namespace {
+// The MoE models transformers can load with our tensors: Mixtral (softmax top-k, renormalised,
+// every layer MoE, no shared expert). The others need what [hf] adds (query-key norms for
+// OLMoE / Qwen3-MoE, multi-head latent attention for DeepSeek-V3).
+void check_hf_moe(const ModelSpec& m) {
+  const MoeSpec& e = m.moe;
+  if (m.model_type != "mixtral") {
+    throw ConfigError(fmt::format("export to Hugging Face: model_type '{}' with experts is not supported yet "
+                                  "(Mixtral is: set model_type: mixtral for a Mixtral-style model)", m.model_type));
+  }
+  std::string why;
+  if (e.sigmoid || e.pre_softmax) why = "its router is not softmax over the top-k (moe_router_score_function / pre_softmax)";
+  else if (e.num_groups > 1) why = "it uses group-limited routing";
+  else if (e.topk_scaling_factor != 1.0) why = "moe_router_topk_scaling_factor is not 1";
+  else if (e.shared_ffn_hidden_size > 0) why = "it has a shared expert";
+  else if (e.expert_bias) why = "its router has an expert bias";
+  else if (m.num_moe_layers() != m.num_layers) why = "not every layer is MoE";
+  if (!why.empty()) throw ConfigError("export as MixtralForCausalLM: the model differs from Mixtral: " + why);
+}
+}  // namespace
+
 std::string hf_config_json(const ModelSpec& m, int eos) {
   nlohmann::json j;
+  if (m.moe.enabled()) {
+    check_hf_moe(m);
+    j = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"}, {"vocab_size", m.vocab_size},
+         {"max_position_embeddings", m.seq_length}, {"hidden_size", m.hidden_size},
+         {"intermediate_size", m.moe.ffn_hidden_size}, {"num_hidden_layers", m.num_layers},
+         {"num_attention_heads", m.num_attention_heads}, {"num_key_value_heads", m.num_query_groups},
+         {"head_dim", m.head_dim()}, {"hidden_act", "silu"}, {"rms_norm_eps", m.norm_epsilon},
+         {"rope_theta", m.rotary_base}, {"tie_word_embeddings", !m.untied}, {"num_local_experts", m.moe.num_experts},
+         {"num_experts_per_tok", m.moe.topk}, {"router_aux_loss_coef", m.moe.aux_loss_coeff},
+         {"output_router_logits", false}, {"sliding_window", nullptr}, {"attention_dropout", 0.0},
+         {"initializer_range", m.init_method_std}, {"bos_token_id", eos}, {"eos_token_id", eos},
+         {"torch_dtype", "float32"}};
+    return j.dump(2);
+  }
   if (!m.swiglu && !m.rope) {
     j = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab_size},
          {"n_positions", m.seq_length}, {"n_ctx", m.seq_length}, {"n_embd", m.hidden_size},

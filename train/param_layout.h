@@ -8,7 +8,8 @@
 // Hugging Face differs in three ways, each a `HfTransform`: GPT-2's Conv1D weights are
 // [in, out] (transpose), Llama's q/k rows follow the half-split RoPE convention (permute rows
 // per head), and fused tensors are split into row ranges (q_proj, k_proj, v_proj; gate_proj,
-// up_proj).
+// up_proj). Stacked MoE expert weights [E, out, in] are E * out rows of `in` columns; each
+// expert's gate, up and down projection is a row range of its own HF tensor.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,10 +31,14 @@ struct HfPart {
 
 struct ParamTensor {
   std::string name;                 // ours, e.g. "layers.3.attn.qkv.weight"
-  std::vector<int64_t> shape;       // 1-D or 2-D
+  std::vector<int64_t> shape;       // 1-D, 2-D, or 3-D for stacked experts [E, out, in]
   int64_t offset = 0;               // elements from the start of the flat buffer
   int64_t numel = 0;
   bool decay = true;                // weight decay applies (not on norms, biases)
+  // false: a buffer, not a parameter (the MoE router's expert bias). It lives in the flat buffers
+  // so that checkpoints, export and data-parallel copies carry it, but nothing writes its
+  // gradient, so AdamW (no decay, zero moments) leaves it unchanged; its own update rule moves it.
+  bool trainable = true;
   std::vector<HfPart> hf;           // empty: not exported (never the case today)
 };
 

@@ -39,12 +39,14 @@ void ProgressReporter::step(const StepStats& s) {
                       {"grad_norm", s.grad_norm}, {"tokens_per_s", tok_s}, {"step_s", s.seconds}};
   if (s.skipped) j["skipped"] = true;
   for (auto& [k, v] : s.extras) j[k] = v;
+  for (auto& [k, v] : s.details) j[k] = v;
   metrics_->write(j);
   if (tb_) {
     std::vector<std::pair<std::string, float>> vals = {
         {"train/loss", static_cast<float>(s.loss)}, {"train/lr", static_cast<float>(s.lr)},
         {"train/grad_norm", static_cast<float>(s.grad_norm)}, {"train/tokens_per_s", static_cast<float>(tok_s)}};
     for (auto& [k, v] : s.extras) vals.emplace_back("train/" + k, static_cast<float>(v));
+    for (auto& [k, v] : s.details) vals.emplace_back("train/" + k, static_cast<float>(v));
     tb_->add_scalars(s.step, vals);
   }
   window_tokens_ += s.tokens;

@@ -21,6 +21,9 @@ struct StepStats {
   double seconds = 0;   // wall time of this step
   bool skipped = false; // a non-finite step that skip_nan_steps skipped
   std::vector<std::pair<std::string, double>> extras;  // e.g. {"mfu", 0.41}
+  // Like extras, but only in metrics.jsonl and TensorBoard, not on the console (per-layer
+  // figures such as MoE routing statistics, too many for a progress line).
+  std::vector<std::pair<std::string, double>> details;
 };
 
 class ProgressReporter {

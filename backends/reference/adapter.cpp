@@ -9,9 +9,7 @@ namespace primus::backends::reference {
 
 std::vector<std::pair<std::string, std::string>> ReferenceArgs::describe() const {
   auto d = train.describe();
-  d.insert(d.begin(), {"model", fmt::format("{} {} layers, hidden {}, heads {}/{}, {} parameters", model.model_type,
-                                            model.num_layers, model.hidden_size, model.num_attention_heads,
-                                            model.num_query_groups, model.num_parameters())});
+  d.insert(d.begin(), {"model", model.summary()});
   d.push_back({"num_threads", num_threads == 0 ? "all cores" : std::to_string(num_threads)});
   if (train.data_parallel_size > 1 || dp.distributed_optimizer) {
     d.push_back({"data_parallel", fmt::format("{}gradients reduced in {} MiB buckets",

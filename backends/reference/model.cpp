@@ -13,6 +13,7 @@
 #include "turbo/kernels/cpu/embedding.h"
 #include "turbo/kernels/cpu/loss.h"
 #include "turbo/kernels/cpu/matmul.h"
+#include "turbo/kernels/cpu/moe.h"
 #include "turbo/kernels/cpu/normalization.h"
 #include "turbo/kernels/cpu/residual.h"
 #include "turbo/kernels/cpu/rope.h"
@@ -50,8 +51,15 @@ GptModel<Real>::GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_
     a.ln2.resize(N * C);
     a.mean2.resize(N);
     a.rstd2.resize(N);
-    a.fc.resize(N * FC);
-    a.act.resize(N * F);
+  }
+  moe_.resize(spec.num_layers);
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (spec.is_moe_layer(l)) {
+      moe_[l] = std::make_unique<MoeLayer<Real>>(spec_, N);
+    } else {
+      acts_[l].fc.resize(N * FC);
+      acts_[l].act.resize(N * F);
+    }
   }
   x_final_.resize(N * C);
   lnf_.resize(N * C);
@@ -115,6 +123,7 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
   }
   B_ = B;
   T_ = T;
+  dloss_ = dloss;
   tokens_.assign(tokens, tokens + N);
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), F = spec_.ffn_hidden_size, FC = spec_.fc_dim();
@@ -147,6 +156,12 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
                       C, C);
     k::residual_forward(a.x2.data(), a.x2.data(), a.x_in.data(), N * C);
     norm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x2.data(), p + "norm2", N);
+    if (moe_[l]) {
+      Real* next = l + 1 < spec_.num_layers ? acts_[l + 1].x_in.data() : x_final_.data();
+      moe_[l]->forward(next, a.ln2.data(), moe_weights(l), N);
+      k::residual_forward(next, next, a.x2.data(), N * C);
+      continue;
+    }
     k::matmul_forward(a.fc.data(), a.ln2.data(), param(p + "mlp.fc.weight"), weight_or_null(p + "mlp.fc.bias"), N, C, FC);
     if (spec_.swiglu) {
       k::swiglu_forward(a.act.data(), a.fc.data(), N, F);
@@ -200,6 +215,11 @@ void GptModel<Real>::backward() {
     LayerActs& a = acts_[l];
     const std::string p = fmt::format("layers.{}.", l);
     // MLP branch: dx is the gradient of the layer output = x2 + mlp(x2).
+    if (moe_[l]) {
+      zero(dln_, N * C);
+      moe_[l]->backward(dln_.data(), dx_.data(), a.ln2.data(), moe_weights(l), moe_grads(l),
+                        dloss_ * static_cast<double>(N));
+    } else {
     zero(dact_, N * F);
     k::matmul_backward(dact_.data(), grad(p + "mlp.proj.weight"), grad_or_null(p + "mlp.proj.bias"), dx_.data(),
                        a.act.data(), param(p + "mlp.proj.weight"), N, F, C);
@@ -212,6 +232,7 @@ void GptModel<Real>::backward() {
     zero(dln_, N * C);
     k::matmul_backward(dln_.data(), grad(p + "mlp.fc.weight"), grad_or_null(p + "mlp.fc.bias"), dfc_.data(),
                        a.ln2.data(), param(p + "mlp.fc.weight"), N, C, FC);
+    }
     norm_backward(dx_.data(), dln_.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), p + "norm2", N);
     // Attention branch: dx is now the gradient of x2 = x_in + proj(att).
     zero(datt_, N * C);
@@ -244,6 +265,53 @@ void GptModel<Real>::backward() {
   }
   k::embedding_backward(grad("embedding.weight"), grad_or_null("position_embedding.weight"), dx_.data(),
                         tokens_.data(), nullptr, B, T, C, V, spec_.seq_length);
+}
+
+template <typename Real>
+typename MoeLayer<Real>::Weights GptModel<Real>::moe_weights(int64_t l) {
+  const std::string p = fmt::format("layers.{}.moe.", l);
+  typename MoeLayer<Real>::Weights w;
+  w.router = param(p + "router.weight");
+  w.expert_bias = weight_or_null(p + "router.expert_bias");
+  w.fc = param(p + "experts.fc.weight");
+  w.proj = param(p + "experts.proj.weight");
+  w.shared_fc = weight_or_null(p + "shared.fc.weight");
+  w.shared_proj = weight_or_null(p + "shared.proj.weight");
+  return w;
+}
+
+template <typename Real>
+typename MoeLayer<Real>::Grads GptModel<Real>::moe_grads(int64_t l) {
+  const std::string p = fmt::format("layers.{}.moe.", l);
+  typename MoeLayer<Real>::Grads g;
+  g.router = grad(p + "router.weight");
+  g.fc = grad(p + "experts.fc.weight");
+  g.proj = grad(p + "experts.proj.weight");
+  g.shared_fc = grad_or_null(p + "shared.fc.weight");
+  g.shared_proj = grad_or_null(p + "shared.proj.weight");
+  return g;
+}
+
+template <typename Real>
+double GptModel<Real>::moe_loss() const {
+  double s = 0;
+  for (const auto& m : moe_)
+    if (m) s += spec_.moe.aux_loss_coeff * m->stats().aux + spec_.moe.z_loss_coeff * m->stats().z;
+  return s;
+}
+
+template <typename Real>
+void GptModel<Real>::update_expert_bias(const std::vector<std::vector<int64_t>>& load) {
+  if (!spec_.moe.expert_bias) return;
+  std::vector<float> b;
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    if (!moe_[l]) continue;
+    Real* bias = param(fmt::format("layers.{}.moe.router.expert_bias", l));
+    b.assign(bias, bias + spec_.moe.num_experts);
+    k::router_bias_update(b.data(), load.at(static_cast<size_t>(l)).data(), spec_.moe.num_experts,
+                          spec_.moe.bias_update_rate);
+    std::copy(b.begin(), b.end(), bias);
+  }
 }
 
 template class GptModel<float>;

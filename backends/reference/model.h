@@ -5,7 +5,10 @@
 // Real is float for training and double for the finite-difference gradient checks.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+#include "backends/reference/moe_layer.h"
 
 #include "train/model_spec.h"
 #include "train/param_layout.h"
@@ -35,6 +38,17 @@ class GptModel {
   const Real* logits() const { return logits_.data(); }
   int64_t loss_count() const { return count_; }  // targets counted by the last forward
 
+  // MoE layers (null for a dense layer): routing statistics of the last forward.
+  const MoeLayer<Real>* moe_layer(int64_t l) const { return moe_.at(static_cast<size_t>(l)).get(); }
+  // The MoE layers' loss terms of the last forward, sum over layers of aux_coeff * aux + z_coeff *
+  // z: part of the objective the backward differentiates, not of the value forward() returns
+  // (the language-model loss, which evaluation and logs compare across models). The backward
+  // scales them by dloss * B * T (dloss being the per-token scale of the language-model loss).
+  double moe_loss() const;
+  // Aux-loss-free balancing: every layer's expert bias moves toward balancing `load` [layer][expert]
+  // (the slots routed over the step, summed over data-parallel ranks; empty for dense layers).
+  void update_expert_bias(const std::vector<std::vector<int64_t>>& load);
+
   std::vector<Real> params, grads;
 
  private:
@@ -58,6 +72,10 @@ class GptModel {
   train::ParamLayout layout_;
   int64_t max_tokens_;
   std::vector<LayerActs> acts_;
+  std::vector<std::unique_ptr<MoeLayer<Real>>> moe_;
+  double dloss_ = 0;
+  typename MoeLayer<Real>::Weights moe_weights(int64_t l);
+  typename MoeLayer<Real>::Grads moe_grads(int64_t l);
   std::vector<Real> x_final_, lnf_, meanf_, rstdf_, logits_, losses_;
   std::vector<Real> dx_, dln_, datt_, dq_, dk_, dv_, dq_rot_, dk_rot_, dfc_, dact_;
   std::vector<int32_t> tokens_;

@@ -74,6 +74,7 @@ void ReferenceTrainer::init() {
   if (data_.valid) valid_start_ = data_.valid->state();
 
   model_ = std::make_unique<GptModel<float>>(spec, t.micro_batch_size, spec.seq_length);
+  moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   model_->init_weights(t.seed);
   const auto total = static_cast<int64_t>(model_->params.size());
   int64_t owned = total;
@@ -88,9 +89,8 @@ void ReferenceTrainer::init() {
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
   sample_rng_.seed(t.seed + 17);
-  spdlog::info("[reference] {} model: {} layers, hidden {}, heads {} (kv {}), vocab {}: {:.2f}M parameters",
-               spec.model_type, spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.num_query_groups,
-               spec.vocab_size, spec.num_parameters() / 1e6);
+  spdlog::info("[reference] model: {}, vocab {} ({:.2f}M parameters)", spec.summary(), spec.vocab_size,
+               spec.num_parameters() / 1e6);
 
   fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
@@ -166,14 +166,20 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   auto& t = args_->train;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
   model_->zero_grad();
+  moe_stats_->reset();
   double loss_sum = 0;
   const int64_t accum = reader_->micro_batches();
   for (int64_t micro = 0; micro < accum; ++micro) {
     load_micro_batch(micro);
     double dloss = 1.0 / (static_cast<double>(B * T) * static_cast<double>(accum));
     loss_sum += model_->forward(inputs_.data(), targets_.data(), B, T, dloss);
+    for (int64_t l = 0; l < args_->model.num_layers; ++l) {
+      if (const auto* m = model_->moe_layer(l))
+        moe_stats_->add(l, m->stats().counts.data(), m->stats().dropped, m->stats().aux, m->stats().z);
+    }
     model_->backward();
   }
+  moe_stats_->all_reduce(pg_.get());
   reader_->finish_step(*data_.train);
   // Equal slices on every rank: the mean of the ranks' means is the global batch's mean.
   double loss = parallel::global_mean(*pg_, loss_sum / static_cast<double>(accum));
@@ -203,6 +209,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
       k::adamw_update(model_->params.data() + pt.offset, model_->grads.data() + pt.offset, m_.data() + pt.offset,
                       v_.data() + pt.offset, pt.numel, hp);
     }
+    model_->update_expert_bias(moe_stats_->load());
     return loss;
   }
   // ZeRO-1: this rank updates the parts of each tensor that fall in its shard, then every rank
@@ -216,6 +223,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
                     v_.data() + (lo - b), hi - lo, hp);
   }
   all_gather_params();
+  model_->update_expert_bias(moe_stats_->load());  // the same load on every rank: the same bias
   return loss;
 }
 
@@ -293,6 +301,7 @@ void ReferenceTrainer::train() {
                t.grad_accum_steps);
   train::StepLoopHooks hooks;
   hooks.step = [this](int64_t step, double* norm, bool* finite) { return train_step(step, norm, finite); };
+  hooks.decorate = [this](train::StepStats& s) { moe_stats_->report(s); };
   hooks.evaluate = [this] { return evaluate(); };
   hooks.save = [this](int64_t step) { save(step); };
   // Ranks may see a signal at different steps; they stop (and checkpoint) together.

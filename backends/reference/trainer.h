@@ -18,6 +18,7 @@
 #include "parallel/parallel_dims.h"
 #include "parallel/process_group.h"
 #include "parallel/tcp_store.h"
+#include "train/moe_stats.h"
 #include "train/progress.h"
 
 namespace primus::backends::reference {
@@ -44,6 +45,7 @@ class ReferenceTrainer : public Trainer {
 
   std::shared_ptr<ReferenceArgs> args_;
   std::unique_ptr<GptModel<float>> model_;
+  std::unique_ptr<train::MoeStepStats> moe_stats_;  // MoE models: the step's routing statistics
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::DataIterators data_;
   std::unique_ptr<train::ProgressReporter> progress_;

@@ -32,4 +32,24 @@ inline train::ModelSpec tiny_llama(int64_t vocab = 29, int64_t padded = 32, int6
   return m;
 }
 
+// MoE variants of tiny_llama. Mixtral style: 3 layers (the first dense), 6 experts of width 12,
+// softmax top-2 renormalised, aux and z losses. DeepSeek style: 8 experts in 4 groups (2 chosen),
+// sigmoid top-4 with the expert bias, scaling 2.5 and a shared expert.
+inline train::ModelSpec tiny_moe(bool deepseek = false, int64_t vocab = 29, int64_t padded = 32, int64_t seq = 8) {
+  train::ModelSpec m = tiny_llama(vocab, padded, seq);
+  m.model_type = deepseek ? "deepseek_v3" : "mixtral";
+  m.num_layers = 3;
+  train::MoeSpec& e = m.moe;
+  e.moe_layers = {false, true, true};
+  e.aux_loss_coeff = 0.01;
+  e.z_loss_coeff = 0.001;
+  if (!deepseek) {
+    e.num_experts = 6, e.topk = 2, e.ffn_hidden_size = 12;
+  } else {
+    e.num_experts = 8, e.topk = 4, e.ffn_hidden_size = 10, e.shared_ffn_hidden_size = 14;
+    e.sigmoid = true, e.num_groups = 4, e.group_topk = 2, e.topk_scaling_factor = 2.5, e.expert_bias = true;
+  }
+  return m;
+}
+
 }  // namespace primus::testing

@@ -19,6 +19,25 @@ TEST(Presets, EveryModelPresetResolvesToItsKnownSize) {
       {"llama/tiny", "llama 2 layers, hidden 64, heads 4/2, 131392 parameters"},
       {"llama/llama3.2-1B", "llama 16 layers, hidden 2048, heads 32/8, 1498482688 parameters"},
       {"llama/llama3-8B", "llama 32 layers, hidden 4096, heads 32/8, 8030261248 parameters"},
+      // MoE: the bench shapes of ../shared/bench/torch_moe_anchor.py (its parameter counts), the
+      // released Mixtral-8x7B (transformers' count; 12,879,925,248 active with the embedding),
+      // OLMoE-1B-7B (transformers' 6,919,161,856 less the 65,536 query/key-norm weights Primus does
+      // not have yet) and DeepSeek-V3's experts (58 x 256 x 3 x 2048 x 7168 = 653,908,770,816 routed
+      // expert weights, as released) under grouped-query attention.
+      {"moe/tiny", "mixtral 2 layers, hidden 64, heads 4/2, 8 experts top-2 in 2 MoE layers, 255296 parameters "
+                   "(91456 active)"},
+      {"moe/mixtral-mini", "mixtral 8 layers, hidden 2048, heads 16/8, 8 experts top-2 in 8 MoE layers, 2446493696 "
+                           "parameters (720013312 active)"},
+      {"moe/olmoe-mini", "olmoe 8 layers, hidden 2048, heads 16/16, 64 experts top-8 in 8 MoE layers, 3562571776 "
+                         "parameters (640976896 active)"},
+      {"moe/deepseek-mini", "deepseek_v3 8 layers, hidden 2048, heads 16/16, 64 experts top-6 in 8 MoE layers + "
+                            "shared expert, 4833970176 parameters (754485248 active)"},
+      {"moe/mixtral-8x7B", "mixtral 32 layers, hidden 4096, heads 32/8, 8 experts top-2 in 32 MoE layers, "
+                           "46702792704 parameters (12748853248 active)"},
+      {"moe/olmoe-1B-7B", "olmoe 16 layers, hidden 2048, heads 16/16, 64 experts top-8 in 16 MoE layers, 6919096320 "
+                          "parameters (1178929152 active)"},
+      {"moe/deepseek-v3-gqa", "deepseek_v3 61 layers, hidden 7168, heads 128/8, 256 experts top-8 in 58 MoE layers + "
+                              "shared expert, 666273033728 parameters (31872232960 active)"},
   };
   Workdir w;
   for (const auto& c : cases) {

@@ -1,0 +1,203 @@
+// The MoE part of the model spec: Megatron's keys into MoeSpec, the errors a layout the router
+// cannot take gets, the parameter layout (counts, Hugging Face names, the expert bias buffer),
+// the checkpoint spec, and which exports are refused.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config/schema.h"
+#include "core/util/error.h"
+#include "tests/common/tiny_models.h"
+#include "train/checkpointing.h"
+#include "train/model_spec.h"
+#include "train/param_layout.h"
+
+using namespace primus;
+using namespace primus::train;
+
+namespace {
+
+config::Value moe_config(int64_t layers = 4) {
+  config::Value v = config::Value::map();
+  v.set("vocab_size", config::Value::integer(100));
+  v.set("num_layers", config::Value::integer(layers));
+  v.set("hidden_size", config::Value::integer(32));
+  v.set("num_attention_heads", config::Value::integer(4));
+  v.set("activation", config::Value::string("swiglu"));
+  v.set("add_bias_linear", config::Value::boolean(false));
+  v.set("normalization", config::Value::string("RMSNorm"));
+  v.set("position_embedding_type", config::Value::string("rope"));
+  v.set("num_experts", config::Value::integer(8));
+  v.set("moe_router_topk", config::Value::integer(2));
+  return v;
+}
+
+ModelSpec parse(config::Value v) {
+  config::Schema s;
+  add_model_schema(s);
+  s.validate(v);
+  s.apply_defaults(v);
+  return ModelSpec::from_config(v);
+}
+
+std::string error_of(config::Value v) {
+  try {
+    parse(std::move(v));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(MoeSpec, KeysParseWithMegatronNames) {
+  config::Value v = moe_config(5);
+  v.set("moe_ffn_hidden_size", config::Value::integer(24));
+  v.set("moe_shared_expert_intermediate_size", config::Value::integer(40));
+  v.set("moe_router_score_function", config::Value::string("sigmoid"));
+  v.set("moe_router_num_groups", config::Value::integer(4));
+  v.set("moe_router_group_topk", config::Value::integer(2));
+  v.set("moe_router_topk_scaling_factor", config::Value::floating(2.5));
+  v.set("moe_router_enable_expert_bias", config::Value::boolean(true));
+  v.set("moe_first_k_dense_replace", config::Value::integer(1));
+  v.set("moe_layer_freq", config::Value::integer(2));
+  v.set("moe_expert_capacity_factor", config::Value::floating(1.25));
+  v.set("moe_token_drop_policy", config::Value::string("position"));
+  ModelSpec m = parse(v);
+  EXPECT_EQ(m.moe.num_experts, 8);
+  EXPECT_EQ(m.moe.ffn_hidden_size, 24);
+  EXPECT_EQ(m.moe.shared_ffn_hidden_size, 40);
+  EXPECT_TRUE(m.moe.sigmoid);
+  EXPECT_EQ(m.moe.num_groups, 4);
+  EXPECT_DOUBLE_EQ(m.moe.topk_scaling_factor, 2.5);
+  EXPECT_TRUE(m.moe.drop_by_position);
+  // Every second layer from 0, the first dense: layers 2 and 4.
+  EXPECT_EQ(m.moe.moe_layers, (std::vector<bool>{false, false, true, false, true}));
+  EXPECT_EQ(m.num_moe_layers(), 2);
+  // 10 tokens x top-2 / 8 experts x 1.25 = 3.125 -> 4 slots an expert.
+  EXPECT_EQ(m.moe.capacity(10), 4);
+  v.set("moe_layer_freq", config::Value::list({config::Value::integer(0), config::Value::integer(1),
+                                                config::Value::integer(1), config::Value::integer(0),
+                                                config::Value::integer(1)}));
+  v.set("moe_first_k_dense_replace", config::Value::integer(0));
+  EXPECT_EQ(parse(v).moe.moe_layers, (std::vector<bool>{false, true, true, false, true}));
+  // Dropless by default; the expert width defaults to ffn_hidden_size.
+  ModelSpec d = parse(moe_config());
+  EXPECT_EQ(d.moe.capacity(1000), -1);
+  EXPECT_EQ(d.moe.ffn_hidden_size, d.ffn_hidden_size);
+  EXPECT_FALSE(parse([] {
+                 config::Value x = moe_config();
+                 x.set("num_experts", config::Value::integer(0));
+                 return x;
+               }())
+                   .moe.enabled());
+}
+
+TEST(MoeSpec, LayoutsTheRouterCannotTakeAreErrorsNamingTheKey) {
+  auto with = [](const char* key, config::Value val) {
+    config::Value v = moe_config();
+    v.set(key, std::move(val));
+    return v;
+  };
+  EXPECT_NE(error_of(with("moe_router_topk", config::Value::integer(9))).find("moe_router_topk 9 exceeds num_experts 8"),
+            std::string::npos);
+  config::Value g = with("moe_router_num_groups", config::Value::integer(3));
+  EXPECT_NE(error_of(g).find("num_experts 8 is not divisible by moe_router_num_groups 3"), std::string::npos);
+  g = with("moe_router_num_groups", config::Value::integer(4));
+  g.set("moe_router_group_topk", config::Value::integer(5));
+  EXPECT_NE(error_of(g).find("moe_router_group_topk 5 exceeds moe_router_num_groups 4"), std::string::npos);
+  g.set("moe_router_group_topk", config::Value::integer(1));
+  g.set("moe_router_topk", config::Value::integer(3));  // 3 from one group of 2 experts
+  EXPECT_NE(error_of(g).find("exceeds the 2 experts of a group"), std::string::npos);
+  EXPECT_NE(error_of(with("moe_router_group_topk", config::Value::integer(2))).find("needs moe_router_num_groups > 1"),
+            std::string::npos);
+  config::Value s = with("moe_router_score_function", config::Value::string("sigmoid"));
+  s.set("moe_router_pre_softmax", config::Value::boolean(true));
+  EXPECT_NE(error_of(s).find("softmax score function only"), std::string::npos);
+  EXPECT_NE(error_of(with("activation", config::Value::string("gelu"))).find("SwiGLU experts"), std::string::npos);
+  EXPECT_NE(error_of(with("moe_layer_freq", config::Value::list({config::Value::integer(1)})))
+                .find("moe_layer_freq lists 1 layers, the model has 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("moe_layer_freq", config::Value::list({config::Value::integer(1), config::Value::integer(2),
+                                                                  config::Value::integer(1), config::Value::integer(1)})))
+                .find("moe_layer_freq[1] is 2"),
+            std::string::npos);
+  // A typo is a schema error with a suggestion, not an ignored key.
+  config::Value typo = moe_config();
+  typo.set("moe_router_top_k", config::Value::integer(2));
+  EXPECT_NE(error_of(typo).find("moe_router_topk"), std::string::npos);
+}
+
+TEST(MoeSpec, LayoutCountsNamesAndBuffer) {
+  for (bool deepseek : {false, true}) {
+    ModelSpec m = primus::testing::tiny_moe(deepseek);
+    ParamLayout L = make_param_layout(m);
+    EXPECT_EQ(L.total, m.num_parameters());
+    EXPECT_EQ(L.find("layers.0.moe.router.weight"), nullptr);  // layer 0 is dense
+    EXPECT_NE(L.find("layers.0.mlp.fc.weight"), nullptr);
+    const ParamTensor& fc = L.get("layers.1.moe.experts.fc.weight");
+    EXPECT_EQ(fc.shape, (std::vector<int64_t>{m.moe.num_experts, 2 * m.moe.ffn_hidden_size, m.hidden_size}));
+    ASSERT_EQ(fc.hf.size(), static_cast<size_t>(2 * m.moe.num_experts));
+    const std::string hm = deepseek ? "model.layers.1.mlp." : "model.layers.1.block_sparse_moe.";
+    EXPECT_EQ(fc.hf[3].name, hm + (deepseek ? "experts.1.up_proj.weight" : "experts.1.w3.weight"));
+    EXPECT_EQ(fc.hf[3].row_begin, 3 * m.moe.ffn_hidden_size);
+    EXPECT_EQ(L.get("layers.1.moe.experts.proj.weight").hf[1].name,
+              hm + (deepseek ? "experts.1.down_proj.weight" : "experts.1.w2.weight"));
+    EXPECT_EQ(L.get("layers.1.moe.router.weight").hf[0].name, hm + "gate.weight");
+    EXPECT_EQ(L.find("layers.1.moe.shared.fc.weight") != nullptr, deepseek);
+    const ParamTensor* bias = L.find("layers.1.moe.router.expert_bias");
+    ASSERT_EQ(bias != nullptr, deepseek);
+    if (bias) {
+      EXPECT_FALSE(bias->trainable);
+      EXPECT_FALSE(bias->decay);
+      EXPECT_EQ(bias->hf[0].name, "model.layers.1.mlp.gate.e_score_correction_bias");
+    }
+    // Expert rows round-trip through their HF tensors.
+    std::vector<float> ours(L.total), back(L.total, 0.f), buf;
+    for (size_t i = 0; i < ours.size(); ++i) ours[i] = static_cast<float>(i % 1009) * 0.5f;
+    for (const auto& part : fc.hf) {
+      auto shape = to_hf(fc, part, ours.data(), buf);
+      EXPECT_EQ(shape, (std::vector<int64_t>{m.moe.ffn_hidden_size, m.hidden_size}));
+      from_hf(fc, part, buf.data(), shape, back.data());
+    }
+    for (int64_t i = 0; i < fc.numel; ++i) ASSERT_EQ(back[fc.offset + i], ours[fc.offset + i]);
+  }
+}
+
+TEST(MoeSpec, ActiveParametersAndFlops) {
+  ModelSpec m = primus::testing::tiny_moe(false);
+  const int64_t C = m.hidden_size, per_expert = 3 * m.moe.ffn_hidden_size * C;
+  const int64_t idle = (m.moe.num_experts - m.moe.topk) * per_expert * m.num_moe_layers();
+  EXPECT_EQ(m.num_active_parameters(), m.num_parameters() - idle - m.padded_vocab_size * C);
+  ModelSpec dense = primus::testing::tiny_llama();
+  dense.num_layers = 3;
+  // Replacing the dense MLP by top-k experts changes the FLOPs by exactly the matmul difference.
+  const double moe_mlp = m.moe.num_experts * C + 3.0 * m.moe.topk * m.moe.ffn_hidden_size * C;
+  const double dense_mlp = C * dense.fc_dim() + dense.ffn_hidden_size * C;
+  EXPECT_DOUBLE_EQ(m.flops_per_token() - dense.flops_per_token(), 6.0 * 2 * (moe_mlp - dense_mlp));
+}
+
+TEST(MoeSpec, CheckpointSpecAndExportRules) {
+  ModelSpec m = primus::testing::tiny_moe(true);
+  nlohmann::json j = spec_json(m);
+  ASSERT_TRUE(j.contains("moe"));
+  ModelSpec back = spec_from_json(j);
+  EXPECT_EQ(spec_json(back), j);
+  EXPECT_EQ(back.moe.moe_layers, m.moe.moe_layers);
+  EXPECT_FALSE(spec_json(primus::testing::tiny_llama()).contains("moe"));  // dense checkpoints unchanged
+  // Mixtral exports; DeepSeek-style routing is refused with the reason.
+  ModelSpec mix = primus::testing::tiny_moe(false);
+  mix.moe.moe_layers = {true, true, true};
+  nlohmann::json cfg = nlohmann::json::parse(hf_config_json(mix, 0));
+  EXPECT_EQ(cfg["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ(cfg["num_local_experts"], 6);
+  EXPECT_EQ(cfg["num_experts_per_tok"], 2);
+  EXPECT_THROW(hf_config_json(primus::testing::tiny_moe(false), 0), ConfigError);  // a dense first layer
+  try {
+    hf_config_json(m, 0);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("deepseek_v3"), std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,338 @@
+#include "turbo/kernels/cpu/moe.h"
+
+#include <numeric>
+#include <set>
+
+#include "tests/turbo_cpu/op_check.h"
+
+namespace primus::turbo::cpu::testing {
+namespace {
+
+// The router as a function of its logits: out = [topk_weight (N*K), aux, z]. Under a perturbation
+// of 1e-5 the routing (a discrete choice) stays put for random logits, so central differences see
+// the same function the backward differentiates (counts held constant, as in training).
+struct RouterCfg {
+  int64_t N;
+  RouterConfig r;
+  bool bias = false;
+};
+
+template <typename Real>
+struct RouterOp {
+  RouterCfg c;
+  std::vector<Real> bias, probs, prob_sum;
+  std::vector<int32_t> idx, counts;
+  explicit RouterOp(const RouterCfg& cfg) : c(cfg) {
+    const int64_t E = c.r.num_experts;
+    // A fixed bias with spread comparable to the scores, so it changes the choice.
+    for (int64_t e = 0; e < E; ++e) bias.push_back(static_cast<Real>(c.bias ? 0.3 * std::sin(1.7 * e) : 0.0));
+  }
+  std::vector<InputSpec> inputs() const {
+    return {{"logits", static_cast<size_t>(c.N * c.r.num_experts), -2, 2, false}};
+  }
+  size_t out_size() const { return c.N * c.r.topk + 2; }
+  void forward(const Inputs<Real>& x, std::vector<Real>& out) {
+    const int64_t E = c.r.num_experts, K = c.r.topk;
+    probs.resize(c.N * E);
+    prob_sum.resize(E);
+    idx.resize(c.N * K);
+    counts.resize(E);
+    Real z_sum;
+    router_forward(idx.data(), out.data(), probs.data(), counts.data(), prob_sum.data(), &z_sum, x[0].data(),
+                   c.bias ? bias.data() : nullptr, c.N, c.r);
+    double aux, z;
+    router_losses(&aux, &z, counts.data(), prob_sum.data(), z_sum, c.N, c.r);
+    out[c.N * K] = static_cast<Real>(aux);
+    out[c.N * K + 1] = static_cast<Real>(z);
+  }
+  void backward(const Inputs<Real>& x, const std::vector<Real>& dout, Inputs<Real>& dx) {
+    const int64_t NK = c.N * c.r.topk;
+    router_backward(dx[0].data(), dout.data(), x[0].data(), probs.data(), idx.data(), counts.data(), c.N, c.r,
+                    static_cast<double>(dout[NK]), static_cast<double>(dout[NK + 1]));
+  }
+};
+
+RouterConfig softmax_cfg(int64_t E, int64_t K, bool pre) {
+  RouterConfig r;
+  r.num_experts = E, r.topk = K, r.pre_softmax = pre;
+  return r;
+}
+RouterConfig deepseek_cfg(int64_t E, int64_t K, int64_t groups, int64_t group_topk) {
+  RouterConfig r;
+  r.num_experts = E, r.topk = K, r.score = RouterScore::Sigmoid;
+  r.num_groups = groups, r.group_topk = group_topk, r.scaling_factor = 2.5;
+  return r;
+}
+
+using MoeRouterTest = OpTest;
+
+TEST_F(MoeRouterTest, SoftmaxGradients) { check_gradients<RouterOp>(RouterCfg{6, softmax_cfg(8, 2, false)}, rng); }
+TEST_F(MoeRouterTest, PreSoftmaxGradients) { check_gradients<RouterOp>(RouterCfg{6, softmax_cfg(8, 3, true)}, rng); }
+TEST_F(MoeRouterTest, SigmoidGroupLimitedBiasGradients) {
+  check_gradients<RouterOp>(RouterCfg{6, deepseek_cfg(16, 4, 4, 2), true}, rng);
+}
+TEST_F(MoeRouterTest, SigmoidTop1Gradients) {
+  RouterConfig r = deepseek_cfg(8, 1, 1, 1);
+  check_gradients<RouterOp>(RouterCfg{5, r}, rng);
+}
+TEST_F(MoeRouterTest, FloatMatchesDouble) {
+  check_float_vs_double<RouterOp>(RouterCfg{64, softmax_cfg(64, 8, false)}, rng);
+  check_float_vs_double<RouterOp>(RouterCfg{64, deepseek_cfg(64, 6, 8, 3), true}, rng);
+}
+
+// Weights against their definitions, computed here from the full softmax / sigmoid.
+TEST_F(MoeRouterTest, WeightsMatchDefinitions) {
+  const int64_t N = 7, E = 8, K = 3;
+  const auto logits = rng.vec(N * E, -3, 3);
+  for (int mode = 0; mode < 3; ++mode) {
+    RouterConfig r = mode < 2 ? softmax_cfg(E, K, mode == 1) : deepseek_cfg(E, K, 1, 1);
+    std::vector<int32_t> idx(N * K), counts(E);
+    std::vector<double> w(N * K), probs(N * E), psum(E);
+    double z_sum;
+    router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                   static_cast<const double*>(nullptr), N, r);
+    for (int64_t n = 0; n < N; ++n) {
+      const double* l = &logits[n * E];
+      std::vector<double> score(E);
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += score[e] = mode < 2 ? std::exp(l[e]) : 1 / (1 + std::exp(-l[e]));
+      if (mode < 2)
+        for (auto& v : score) v /= s;
+      // The chosen experts are the K largest scores, in descending order.
+      std::vector<int64_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
+      double chosen = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        ASSERT_EQ(idx[n * K + k], order[k]) << "mode " << mode << " token " << n;
+        chosen += score[order[k]];
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        const double want = mode == 0 ? score[order[k]] / chosen            // renormalised top-k
+                            : mode == 1 ? score[order[k]]                   // OLMoE: not renormalised
+                                        : 2.5 * score[order[k]] / chosen;   // DeepSeek-V3
+        EXPECT_NEAR(w[n * K + k], want, 1e-12) << "mode " << mode;
+      }
+    }
+    EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), 0), N * K);
+  }
+}
+
+// Equal scores go to the lower expert index, and the expert bias steers the choice but not the
+// weights.
+TEST_F(MoeRouterTest, TiesAndBias) {
+  const int64_t E = 6, K = 2;
+  std::vector<double> logits(E, 0.5);
+  std::vector<int32_t> idx(K), counts(E);
+  std::vector<double> w(K), probs(E), psum(E), bias(E, 0.0);
+  double z_sum;
+  RouterConfig r = deepseek_cfg(E, K, 1, 1);
+  router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                 static_cast<const double*>(nullptr), 1, r);
+  EXPECT_EQ(idx[0], 0);
+  EXPECT_EQ(idx[1], 1);
+  bias[4] = 0.1, bias[5] = 0.2;
+  router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(), bias.data(),
+                 1, r);
+  EXPECT_EQ(idx[0], 5);
+  EXPECT_EQ(idx[1], 4);
+  EXPECT_NEAR(w[0], 1.25, 1e-12);  // equal scores, normalised and scaled by 2.5: the bias is not in them
+  EXPECT_NEAR(w[1], 1.25, 1e-12);
+  EXPECT_EQ(counts[5], 1);
+  EXPECT_EQ(counts[0], 0);
+}
+
+// Group-limited routing only chooses from the group_topk groups with the best top-(K/group_topk) sums.
+TEST_F(MoeRouterTest, GroupLimitedChoosesFromBestGroups) {
+  const int64_t E = 8, K = 2;
+  // Groups of 2: {0,1} {2,3} {4,5} {6,7}. Expert 0 alone scores highest, but group {6,7} has the
+  // best sum of its top 1 + ... with K / group_topk = 1 the group score is its best expert.
+  std::vector<double> logits = {3.0, -3.0, 1.0, 1.0, 0.0, 0.0, 2.0, 2.5};
+  RouterConfig r = deepseek_cfg(E, K, 4, 2);
+  std::vector<int32_t> idx(K), counts(E);
+  std::vector<double> w(K), probs(E), psum(E);
+  double z_sum;
+  router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                 static_cast<const double*>(nullptr), 1, r);
+  // Best groups by top-1: {0,1} (3.0) and {6,7} (2.5); then the top 2 of experts 0,1,6,7.
+  EXPECT_EQ(idx[0], 0);
+  EXPECT_EQ(idx[1], 7);
+  r.group_topk = 1;  // K / group_topk = 2: group score = sum of its two best; {6,7} = 4.5 wins
+  r.topk = 2;
+  router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                 static_cast<const double*>(nullptr), 1, r);
+  EXPECT_EQ(idx[0], 7);
+  EXPECT_EQ(idx[1], 6);
+}
+
+TEST_F(MoeRouterTest, AuxAndZLossValues) {
+  const int64_t N = 6, E = 4, K = 2;
+  const auto logits = rng.vec(N * E, -2, 2);
+  RouterConfig r = softmax_cfg(E, K, false);
+  std::vector<int32_t> idx(N * K), counts(E);
+  std::vector<double> w(N * K), probs(N * E), psum(E);
+  double z_sum, aux, z;
+  router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                 static_cast<const double*>(nullptr), N, r);
+  router_losses(&aux, &z, counts.data(), psum.data(), z_sum, N, r);
+  double want_aux = 0, want_z = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double p = 0;
+    for (int64_t n = 0; n < N; ++n) p += probs[n * E + e];
+    want_aux += counts[e] / double(N * K) * p / N;
+  }
+  want_aux *= E;
+  for (int64_t n = 0; n < N; ++n) {
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e) s += std::exp(logits[n * E + e]);
+    want_z += std::log(s) * std::log(s) / N;
+  }
+  EXPECT_NEAR(aux, want_aux, 1e-12);
+  EXPECT_NEAR(z, want_z, 1e-12);
+  // Perfectly uniform routing and probabilities give aux = 1 (the switch loss's minimum).
+  std::vector<int32_t> even(E, N * K / E);
+  std::vector<double> uniform(E, double(N) / E);
+  router_losses(&aux, &z, even.data(), uniform.data(), 0.0, N, r);
+  EXPECT_NEAR(aux, 1.0, 1e-12);
+}
+
+// The row plan: groups in expert order, padded to the alignment, slots in token order; empty
+// experts take no rows.
+TEST_F(MoeRouterTest, PlanRowsDropless) {
+  const int64_t N = 9, K = 2, E = 5, align = 4;
+  std::vector<int32_t> idx(N * K);
+  for (int64_t n = 0; n < N; ++n) {
+    idx[n * K] = static_cast<int32_t>(n % 3);                 // experts 0..2
+    idx[n * K + 1] = static_cast<int32_t>(3 + (n % 2 == 0));  // 3 or 4 ...
+  }
+  idx[1] = 2, idx[0] = 0;  // token 0: experts 0 and 2
+  std::vector<float> w(N * K, 0.5f);
+  std::vector<int32_t> counts(E, 0), rows(N * K), off(E + 1), kept(E);
+  for (int32_t e : idx) ++counts[e];
+  const int64_t used = moe_plan_rows(rows.data(), off.data(), kept.data(), idx.data(), w.data(), counts.data(), N, K,
+                                     E, align, -1, DropPolicy::Probs);
+  EXPECT_EQ(used, off[E]);
+  EXPECT_LE(used, moe_permuted_rows_max(N, K, E, align));
+  std::set<int32_t> seen;
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(kept[e], counts[e]);
+    EXPECT_EQ(off[e] % align, 0);
+    EXPECT_EQ(off[e + 1] - off[e], (counts[e] + align - 1) / align * align);
+    int32_t prev = -1;
+    for (int64_t s = 0; s < N * K; ++s) {
+      if (idx[s] != e) continue;
+      EXPECT_GE(rows[s], off[e]);
+      EXPECT_LT(rows[s], off[e] + kept[e]);
+      EXPECT_GT(rows[s], prev) << "slots of an expert are in token order";
+      prev = rows[s];
+      EXPECT_TRUE(seen.insert(rows[s]).second);
+    }
+  }
+}
+
+TEST_F(MoeRouterTest, PlanRowsCapacityPolicies) {
+  const int64_t N = 6, K = 1, E = 2, align = 1;
+  std::vector<int32_t> idx = {0, 0, 0, 0, 1, 0};
+  std::vector<float> w = {0.1f, 0.9f, 0.5f, 0.9f, 0.3f, 0.2f};
+  std::vector<int32_t> counts = {5, 1}, rows(N), off(E + 1), kept(E);
+  moe_plan_rows(rows.data(), off.data(), kept.data(), idx.data(), w.data(), counts.data(), N, K, E, align, 2,
+                DropPolicy::Probs);
+  // Expert 0 keeps its two highest weights (tokens 1 and 3, a tie kept in token order).
+  EXPECT_EQ(kept[0], 2);
+  EXPECT_EQ(kept[1], 1);
+  EXPECT_EQ(rows, (std::vector<int32_t>{-1, 0, -1, 1, 2, -1}));
+  moe_plan_rows(rows.data(), off.data(), kept.data(), idx.data(), w.data(), counts.data(), N, K, E, align, 2,
+                DropPolicy::Position);
+  EXPECT_EQ(rows, (std::vector<int32_t>{0, 1, -1, -1, 2, -1}));
+  // Ties under Probs go to the earlier token.
+  w = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+  moe_plan_rows(rows.data(), off.data(), kept.data(), idx.data(), w.data(), counts.data(), N, K, E, align, 3,
+                DropPolicy::Probs);
+  EXPECT_EQ(rows, (std::vector<int32_t>{0, 1, 2, -1, 3, -1}));
+}
+
+// Permute and unpermute as functions of their tensors over a fixed plan (with a dropped slot and
+// an expert that receives nothing).
+struct PermuteCfg {
+  int64_t N, K, E, C, align, capacity;
+};
+struct Plan {
+  std::vector<int32_t> idx, rows, off, kept;
+  int64_t used = 0;
+  explicit Plan(const PermuteCfg& c) {
+    idx.resize(c.N * c.K);
+    for (int64_t n = 0; n < c.N; ++n)
+      for (int64_t k = 0; k < c.K; ++k) idx[n * c.K + k] = static_cast<int32_t>((n + 2 * k) % (c.E - 1));  // E-1 empty
+    std::vector<int32_t> counts(c.E, 0);
+    for (int32_t e : idx) ++counts[e];
+    std::vector<double> w(c.N * c.K, 1.0);
+    rows.resize(c.N * c.K), off.resize(c.E + 1), kept.resize(c.E);
+    used = moe_plan_rows(rows.data(), off.data(), kept.data(), idx.data(), w.data(), counts.data(), c.N, c.K, c.E,
+                         c.align, c.capacity, DropPolicy::Position);
+  }
+};
+
+template <typename Real>
+struct PermuteOp {
+  PermuteCfg c;
+  Plan p;
+  explicit PermuteOp(const PermuteCfg& cfg) : c(cfg), p(cfg) {}
+  std::vector<InputSpec> inputs() const { return {{"inp", static_cast<size_t>(c.N * c.C)}}; }
+  size_t out_size() const { return p.used * c.C; }
+  void forward(const Inputs<Real>& x, std::vector<Real>& out) {
+    std::fill(out.begin(), out.end(), Real(7));  // padding rows must come out zero
+    moe_permute(out.data(), x[0].data(), p.rows.data(), p.off.data(), p.kept.data(), c.N, c.K, c.E, c.C);
+  }
+  void backward(const Inputs<Real>&, const std::vector<Real>& dout, Inputs<Real>& dx) {
+    moe_permute_backward(dx[0].data(), dout.data(), p.rows.data(), c.N, c.K, c.C, true);
+  }
+};
+
+template <typename Real>
+struct UnpermuteOp {
+  PermuteCfg c;
+  Plan p;
+  explicit UnpermuteOp(const PermuteCfg& cfg) : c(cfg), p(cfg) {}
+  std::vector<InputSpec> inputs() const {
+    return {{"expert_out", static_cast<size_t>(p.used * c.C), -1, 1, false},
+            {"weight", static_cast<size_t>(c.N * c.K), 0, 1, false}};
+  }
+  size_t out_size() const { return c.N * c.C; }
+  void forward(const Inputs<Real>& x, std::vector<Real>& out) {
+    moe_unpermute(out.data(), x[0].data(), x[1].data(), p.rows.data(), c.N, c.K, c.C, false);
+  }
+  void backward(const Inputs<Real>& x, const std::vector<Real>& dout, Inputs<Real>& dx) {
+    moe_unpermute_backward(dx[0].data(), dx[1].data(), dout.data(), x[0].data(), x[1].data(), p.rows.data(),
+                           p.off.data(), p.kept.data(), c.N, c.K, c.E, c.C);
+  }
+};
+
+TEST_F(MoeRouterTest, PermuteGradients) { check_gradients<PermuteOp>(PermuteCfg{7, 2, 5, 3, 4, 3}, rng); }
+TEST_F(MoeRouterTest, UnpermuteGradients) { check_gradients<UnpermuteOp>(PermuteCfg{7, 2, 5, 3, 4, 3}, rng); }
+TEST_F(MoeRouterTest, PermuteFloatMatchesDouble) {
+  check_float_vs_double<PermuteOp>(PermuteCfg{64, 4, 9, 32, 16, -1}, rng);
+  check_float_vs_double<UnpermuteOp>(PermuteCfg{64, 4, 9, 32, 16, -1}, rng);
+}
+
+// Permute then unpermute with weights summing to one per token gives the tokens back (dropless).
+TEST_F(MoeRouterTest, RoundTrip) {
+  const PermuteCfg c{11, 3, 6, 5, 8, -1};
+  Plan p(c);
+  const auto x = rng.vec(c.N * c.C);
+  std::vector<double> perm(p.used * c.C), back(c.N * c.C), w(c.N * c.K, 1.0 / c.K);
+  moe_permute(perm.data(), x.data(), p.rows.data(), p.off.data(), p.kept.data(), c.N, c.K, c.E, c.C);
+  moe_unpermute(back.data(), perm.data(), w.data(), p.rows.data(), c.N, c.K, c.C, false);
+  EXPECT_LT(max_abs_diff(back, x), 1e-12);
+}
+
+TEST(MoeBiasUpdate, MovesTowardTheMeanLoad) {
+  std::vector<float> bias = {0.f, 0.f, 0.f, 0.f};
+  const std::vector<int64_t> load = {10, 2, 4, 4};  // mean 5
+  router_bias_update(bias.data(), load.data(), 4, 0.001);
+  EXPECT_FLOAT_EQ(bias[0], -0.001f);
+  EXPECT_FLOAT_EQ(bias[1], 0.001f);
+  EXPECT_FLOAT_EQ(bias[2], 0.001f);
+}
+
+}  // namespace
+}  // namespace primus::turbo::cpu::testing

@@ -1,0 +1,104 @@
+// Mixture-of-experts routing on the host: the reference every device kernel of turbo/ops/moe.h is
+// tested against (fp32 for training, fp64 for the finite-difference gradient checks).
+//
+// Shapes: N tokens, E experts, K experts per token (top-k), C hidden. A "slot" is one (token, k)
+// pair; slot s = n * K + k.
+//
+// Router semantics follow Megatron-LM's TopKRouter:
+//   softmax, pre_softmax = false   topk over logits (+ bias), weights = softmax over the K chosen
+//                                  logits (Mixtral; = the normalised top-k of the full softmax)
+//   softmax, pre_softmax = true    probs = softmax(logits); topk over probs (+ bias), weights = the
+//                                  chosen probs, not renormalised (OLMoE, Qwen2-MoE)
+//   sigmoid                        scores = sigmoid(logits); topk over scores (+ bias), weights =
+//                                  the chosen scores, divided by their sum when K > 1 (DeepSeek-V3)
+// then weights *= scaling_factor. The expert bias (aux-loss-free balancing) only steers the
+// choice, never the weights. Group-limited routing (num_groups > 1): the E experts form
+// num_groups groups of E / num_groups; a group's score is the sum of its top (K / group_topk)
+// selection scores; only the group_topk best groups may be chosen from. Ties go to the lower
+// expert (or group) index, so routing is a pure function of the logits.
+//
+// Auxiliary losses, per call (the caller multiplies by its own loss scale):
+//   aux (switch-style, Megatron's "aux_loss"): E / (N * K * N) * sum_e count_e * sum_n p_ne,
+//       p = softmax(logits) for the softmax router, sigmoid(logits) normalised per token for the
+//       sigmoid router; counts are not differentiated.
+//   z: mean_n logsumexp(logits_n)^2.
+#pragma once
+#include <cstdint>
+
+namespace primus::turbo::cpu {
+
+enum class RouterScore : uint8_t { Softmax, Sigmoid };
+
+struct RouterConfig {
+  int64_t num_experts = 0, topk = 0;
+  RouterScore score = RouterScore::Softmax;
+  bool pre_softmax = false;
+  int64_t num_groups = 1, group_topk = 1;  // num_groups <= 1: no group limit
+  double scaling_factor = 1.0;
+};
+
+// logits [N,E]; bias [E] or nullptr. Writes topk_idx [N,K] (expert ids, in descending selection
+// score, ties to the lower id), topk_weight [N,K], probs [N,E] (the aux loss's p), counts [E]
+// (slots per expert, overwritten), prob_sum [E] (sum_n p_ne, overwritten), and *z_sum
+// (sum_n logsumexp(logits_n)^2). Returns nothing; the loss values are router_losses().
+template <typename Real>
+void router_forward(int32_t* topk_idx, Real* topk_weight, Real* probs, int32_t* counts, Real* prob_sum,
+                    Real* z_sum, const Real* logits, const Real* bias, int64_t N, const RouterConfig& cfg);
+
+// aux and z from the forward's statistics (see the header comment).
+template <typename Real>
+void router_losses(double* aux, double* z, const int32_t* counts, const Real* prob_sum, Real z_sum, int64_t N,
+                   const RouterConfig& cfg);
+
+// dlogits [N,E] (overwritten) from dweight [N,K] (the gradient of topk_weight) plus
+// aux_coeff * d aux + z_coeff * d z (coefficients already scaled by the caller's loss scale).
+template <typename Real>
+void router_backward(Real* dlogits, const Real* dweight, const Real* logits, const Real* probs,
+                     const int32_t* topk_idx, const int32_t* counts, int64_t N, const RouterConfig& cfg,
+                     double aux_coeff, double z_coeff);
+
+// Token dropping when an expert's capacity is exceeded (moe_expert_capacity_factor).
+enum class DropPolicy : uint8_t { Probs, Position };
+
+// Where every slot goes. Expert e's group holds its kept slots in token order at rows
+// [offsets[e], offsets[e] + kept[e]), then zero rows up to offsets[e + 1], a multiple of `align`
+// (offsets[0] = 0). capacity < 0: dropless (kept = counts). Otherwise an expert keeps at most
+// `capacity` slots: the highest topk_weight (Probs; ties to the earlier token) or the earliest
+// tokens (Position). Writes row_of_slot [N*K] (-1 for a dropped slot), offsets [E+1], kept [E].
+// Returns offsets[E], the rows the groups span. The bound for any routing:
+// moe_permuted_rows_max(N, K, E, align).
+template <typename Real>
+int64_t moe_plan_rows(int32_t* row_of_slot, int32_t* offsets, int32_t* kept, const int32_t* topk_idx,
+                      const Real* topk_weight, const int32_t* counts, int64_t N, int64_t K, int64_t E,
+                      int64_t align, int64_t capacity, DropPolicy policy);
+inline int64_t moe_permuted_rows_max(int64_t N, int64_t K, int64_t E, int64_t align) {
+  return N * K + E * (align - 1);
+}
+
+// out[row_of_slot[s]] = inp[s / K] for every kept slot; the padding rows of every group (rows
+// [offsets[e] + kept[e], offsets[e + 1])) are set to zero, because the expert GEMMs read them.
+// Rows from offsets[E] on are left as they are.
+template <typename Real>
+void moe_permute(Real* out, const Real* inp, const int32_t* row_of_slot, const int32_t* offsets,
+                 const int32_t* kept, int64_t N, int64_t K, int64_t E, int64_t C);
+// dinp [N,C] (+= when accumulate) = sum over the token's kept slots of dout[row].
+template <typename Real>
+void moe_permute_backward(Real* dinp, const Real* dout, const int32_t* row_of_slot, int64_t N, int64_t K,
+                          int64_t C, bool accumulate);
+// out [N,C] (+= when accumulate) = sum_k weight[n,k] * inp[row_of_slot[n,k]] over kept slots.
+template <typename Real>
+void moe_unpermute(Real* out, const Real* inp, const Real* weight, const int32_t* row_of_slot, int64_t N,
+                   int64_t K, int64_t C, bool accumulate);
+// dinp [offsets[E], C]: row_of_slot[s] gets weight[s] * dout[s / K], the groups' padding rows 0
+// (overwritten; rows from offsets[E] on are left as they are); dweight [N,K] = <dout[n], inp[row]>
+// (0 for a dropped slot, overwritten).
+template <typename Real>
+void moe_unpermute_backward(Real* dinp, Real* dweight, const Real* dout, const Real* inp, const Real* weight,
+                            const int32_t* row_of_slot, const int32_t* offsets, const int32_t* kept, int64_t N,
+                            int64_t K, int64_t E, int64_t C);
+
+// Aux-loss-free balancing (DeepSeek-V3): bias[e] += rate * sign(mean(load) - load[e]), load the
+// slots routed to each expert over the step (before dropping).
+void router_bias_update(float* bias, const int64_t* load, int64_t E, double rate);
+
+}  // namespace primus::turbo::cpu
