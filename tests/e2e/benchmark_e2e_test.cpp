@@ -110,6 +110,9 @@ TEST(BenchmarkCli, EveryOpFamilyRunsATinyCaseOnTheCpu) {
       {"rope", {"1x8x2x8", {"rope_fwd/1x8x2x8", "rope_bwd/1x8x2x8"}}},
       {"embedding", {"2x8x16x32", {"embedding_fwd/2x8x16x32", "embedding_bwd/2x8x16x32"}}},
       {"attention", {"1x16x4x2x8", {"attention/1x16x4x2x8/fwd", "attention/1x16x4x2x8/bwd"}}},
+      {"moe", {"64x16x8x2", {"router_fwd/64x16x8x2", "router_bwd/64x16x8x2", "plan/64x16x8x2",
+                             "plan_permute/64x16x8x2", "permute_bwd/64x16x8x2", "unpermute_fwd/64x16x8x2",
+                             "unpermute_bwd/64x16x8x2"}}},
   };
   for (const auto& [op, want] : ops) {
     const auto r = run_primus("benchmark " + op + " --cpu-only --iters 1 --shapes " + want.first + " --json " + json.string());
