@@ -1,0 +1,522 @@
+// Turbo's grouped GEMM for mixture-of-experts layers on Hopper (sm_90a); contract in
+// grouped_gemm_sm90.h. It is built from the dense GEMM's pieces (gemm_sm90_device.cuh): the same
+// block (one TMA producer warpgroup, two wgmma consumer warpgroups), the same k-loop, the same
+// epilogues and the same two schedules: cooperative (both consumer warpgroups on one 128 x 256
+// tile; the default) and ping-pong (each warpgroup a whole 128 x 128 tile, every other one of the
+// block, its epilogue under the other's k-loop; PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE=pingpong).
+// What differs is where a tile's operands and output lie, which every block works out from the
+// group offsets in device memory, so the host never needs them (no synchronisation; a CUDA graph
+// can capture the launch).
+//
+// Forward and dgrad ("rows" mode): each group's rows are cut into 128-row tiles, times the
+// output's column tiles, numbered group after group. Persistent blocks take tiles
+// blockIdx.x, + gridDim.x, ...; as a block's tile numbers only grow, it finds each tile's group by
+// walking the offsets forward (O(G + tiles) reads per block, no table). A tile's A rows come from
+// the whole [M, K] matrix through one tensor map: rows past the group's end belong to the next
+// group (or to none) and reach only output rows the epilogue masks. The weights are one 3-D
+// tensor map [G][N][K], so TMA reads zeros past N and K inside an expert: K-major boxes for the
+// forward (inp @ W^T), [64 k][64 n] slabs for dgrad (dout @ W).
+// Wgrad ("k" mode): every group has the same (N/128) x (K/BN) output tiles, numbered group after
+// group; a tile's k-loop runs over its group's rows (ceil(m_g / 64) k-tiles) with A = dout^T and
+// B = inp both read as [64 rows][64 columns] slabs of the token matrices. When a group's end cuts
+// its last k-tile, the consumers zero that stage's rows past the end before multiplying: they hold
+// the next group's tokens, or rows no group owns (which may hold anything, NaN included).
+// Output: forward / dgrad through the staged 16-bit epilogue written by the threads themselves
+// (each row masked at the group's end; a TMA store would clip only at M), wgrad's f32 tiles by the
+// scalar path (beta 1 when accumulating).
+#include "turbo/kernels/cuda/grouped_gemm_sm90.h"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "core/util/error.h"
+#include "turbo/core/cuda_check.h"
+#include "turbo/kernels/cuda/gemm_sm90_device.cuh"
+#include "turbo/kernels/cuda/tma_encode.h"
+
+namespace primus::turbo::cuda {
+namespace ggemm90 {
+namespace {
+
+using namespace gemm90;
+
+constexpr int kModeRows = 0, kModeK = 1;
+constexpr int kGBN = 256;  // the cooperative schedule's tile width (ping-pong: 128)
+
+struct GParams {
+  const int32_t* offsets;
+  int groups;
+  int rows_max;   // M: offsets are clamped to [0, M], so a bad offset never leads outside the buffers
+  int n;          // output columns
+  int m_w;        // k mode: output rows per group (the weight's N)
+  int kblocks;    // rows mode: k-tiles of every tile
+  int tiles_n;    // output column tiles
+  int tiles_m_w;  // k mode: output row tiles per group
+  int tiles_k;    // k mode: tiles per group (tiles_m_w * tiles_n)
+  void* d;
+  int64_t ldd;
+  int64_t d_group;  // k mode: elements from one group's output to the next
+  float beta;       // k mode: 1 adds to D (accumulate)
+  int d_vec16;      // rows mode: 16-byte aligned output rows (the staged 16-bit epilogue)
+};
+
+// One tile: group g and its rows [row0, row0 + rows); tile row tm and column tn of the group's output.
+struct GTile {
+  int g, row0, rows, tm, tn;
+};
+
+__device__ __forceinline__ void group_rows(const GParams& p, int g, int& row0, int& rows) {
+  const int a = min(max(__ldg(p.offsets + g), 0), p.rows_max);
+  const int b = min(max(__ldg(p.offsets + g + 1), a), p.rows_max);
+  row0 = a;
+  rows = b - a;
+}
+
+// Tile r of a group's tiles_m x tiles_n: groups of kGroupM tile-rows, column by column inside one
+// (as the dense GEMM's tile_coords), so the blocks running together share B's tiles in L2.
+__device__ __forceinline__ void raster(int r, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int per = kGroupM * tiles_n;
+  const int gi = r / per;
+  const int first_m = gi * kGroupM;
+  const int rws = min(tiles_m - first_m, kGroupM);
+  const int rr = r - gi * per;
+  tm = first_m + rr % rws;
+  tn = rr / rws;
+}
+
+// Rows mode: the group holding tile t, for t that never decrease from call to call.
+struct RowsWalk {
+  int g = -1, first = 0, tiles = 0, row0 = 0, rows = 0;
+  __device__ __forceinline__ bool seek(const GParams& p, int t, GTile& out) {
+    while (t >= first + tiles) {
+      first += tiles;
+      if (++g >= p.groups) return false;
+      group_rows(p, g, row0, rows);
+      tiles = (rows + kBM - 1) / kBM * p.tiles_n;
+    }
+    out.g = g, out.row0 = row0, out.rows = rows;
+    raster(t - first, (rows + kBM - 1) / kBM, p.tiles_n, out.tm, out.tn);
+    return true;
+  }
+};
+
+template <int MODE>
+__device__ __forceinline__ bool locate(const GParams& p, RowsWalk& walk, int t, GTile& out) {
+  if constexpr (MODE == kModeRows) {
+    return walk.seek(p, t, out);
+  } else {
+    if (t >= p.groups * p.tiles_k) return false;
+    out.g = t / p.tiles_k;
+    group_rows(p, out.g, out.row0, out.rows);
+    raster(t - out.g * p.tiles_k, p.tiles_m_w, p.tiles_n, out.tm, out.tn);
+    return true;
+  }
+}
+
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
+}
+
+// The wgrad's cut of a group's last k-tile (see the file comment): rows [valid, 64) of A's and B's
+// slabs of stage `st` zeroed by `nthreads` threads (tid of them), then made visible to the async
+// proxy; the caller's barrier over the same threads follows.
+template <class C>
+__device__ __forceinline__ void zero_past_group(uint32_t base, int st, int valid, int tid, int nthreads) {
+  const uint32_t s0 = base + static_cast<uint32_t>(st * C::kStageBytes);
+  constexpr int kSlabs = 2 + C::kSlabsB;  // [64 k-rows][128 bytes] each, contiguous in the stage
+  const int chunks = (kBK - valid) * 8;   // the swizzle permutes 16-byte chunks inside a row only
+  for (int i = tid; i < kSlabs * chunks; i += nthreads) {
+    const int slab = i / chunks, c = i - slab * chunks;
+    st_shared_zero16(s0 + static_cast<uint32_t>(slab * kSlabBytes + (valid + c / 8) * 128 + (c % 8) * 16));
+  }
+  fence_proxy_async();
+}
+// Named barrier 4 + wg over one consumer warpgroup (immediate ids: ptxas counts what is used).
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+  if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+  else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+}
+
+// TA / TB as in mainloop: 1 when A is M-major / B is N-major in shared memory. PP: the ping-pong
+// schedule (BN 128; each consumer warpgroup owns every other tile of the block, whole, and its
+// epilogue runs under the other's k-loop), else the cooperative one (both on one tile).
+template <class OutT, int MODE, int TA, int TB, int BN, bool PP>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
+                             const GParams p, const __grid_constant__ EpiMaps em) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Cfg<BN, PP>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const uint32_t bars = base + C::kBarOffset;                    // full[kStages], then empty[kStages]
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      mbar_init(bars + 8u * s, 1);
+      mbar_init(bars + 8u * (C::kStages + s), C::kEmptyArrivals);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // producer warpgroup: one thread issues every TMA load
+    attn::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      int stage = 0, it = 0;
+      uint32_t phase = 0;
+      RowsWalk walk;
+      GTile tl;
+      for (int t = static_cast<int>(blockIdx.x); locate<MODE>(p, walk, t, tl); t += static_cast<int>(gridDim.x)) {
+        const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
+        const int kb_count = MODE == kModeRows ? p.kblocks : (tl.rows + kBK - 1) / kBK;
+        // MN-major slabs wholly past the output's edge are not loaded (their stale shared memory
+        // feeds only masked rows / columns), as in the dense kernel.
+        const int a_slabs = MODE == kModeK ? (m0 + 64 < p.m_w ? 2 : 1) : 0;
+        const int b_slabs = TB ? min(C::kSlabsB, (p.n - n0 + 63) / 64) : 0;
+        const uint32_t tx = (MODE == kModeK ? a_slabs * kSlabBytes : C::kBytesA) + (TB ? b_slabs * kSlabBytes : C::kBytesB);
+        for (int kb = 0; kb < kb_count; ++kb, ++it) {
+          if (it >= C::kStages) mbar_wait(bars + 8u * (C::kStages + stage), phase ^ 1u);
+          const uint32_t full = bars + 8u * stage;
+          mbar_expect_tx(full, tx);
+          const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kBytesA;
+          const int k0 = kb * kBK;
+          if constexpr (MODE == kModeRows) {
+            tma_load_2d(sa, &tmap_a, full, k0, tl.row0 + m0);
+            if constexpr (TB) {
+              for (int j = 0; j < b_slabs; ++j) attn::tma_load_3d(sb + j * kSlabBytes, &tmap_b, full, n0 + 64 * j, k0, tl.g);
+            } else {
+              attn::tma_load_3d(sb, &tmap_b, full, k0, n0, tl.g);
+            }
+          } else {
+            const int r = tl.row0 + k0;
+            tma_load_2d(sa, &tmap_a, full, m0, r);
+            if (a_slabs == 2) tma_load_2d(sa + kSlabBytes, &tmap_a, full, m0 + 64, r);
+            for (int j = 0; j < b_slabs; ++j) tma_load_2d(sb + j * kSlabBytes, &tmap_b, full, n0 + 64 * j, r);
+          }
+          if (++stage == C::kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+    }
+    return;
+  }
+  // Two consumer warpgroups.
+  attn::setmaxnreg_inc<kConsumerRegs>();
+  const int ctid = static_cast<int>(threadIdx.x) - 128;
+  const int wg = ctid / 128, warp = (ctid % 128) / 32, lane = ctid % 32;
+  int epi_nb = 0;  // the staged epilogue's passes so far
+  // Descriptors as in the dense kernel: K-major SBO 1024 (8 rows of 128 B); MN-major LBO one slab.
+  // Cooperative: warpgroup wg reads A rows 64 wg.. (8 KiB into the stage in both layouts);
+  // ping-pong: both halves (mainloop steps over them).
+  const uint64_t da = make_desc(base + (PP ? 0 : wg * kSlabBytes), TA ? kSlabBytes : 16, 1024);
+  const uint64_t db = make_desc(base + C::kBytesA, TB ? kSlabBytes : 16, 1024);
+  float acc[C::kAcc];
+  int stage = 0;
+  uint32_t phase = 0;
+  int64_t it0 = 0;  // ping-pong: the k-iterations of the block's earlier tiles (the producer's count)
+  RowsWalk walk;
+  GTile tl;
+  int i = 0;  // the block's tile count so far
+  for (int t = static_cast<int>(blockIdx.x); locate<MODE>(p, walk, t, tl); t += static_cast<int>(gridDim.x), ++i) {
+    const int kb_count = MODE == kModeRows ? p.kblocks : (tl.rows + kBK - 1) / kBK;
+    bool has_next = false;
+    if constexpr (PP) {
+      // Tile i is warpgroup i % 2's, its k-iterations the producer's [it0, it0 + kb_count): the
+      // stage and phase follow. The k-loops run in tile order (named barriers 2 and 3, as in the
+      // dense kernel): tile i waits for tile i - 1's loop, and passes the turn only when the block
+      // has a tile i + 1, so waits and passes pair up.
+      if (i % 2 != wg) {
+        it0 += kb_count;
+        continue;
+      }
+      stage = static_cast<int>(it0 % C::kStages);
+      phase = static_cast<uint32_t>((it0 / C::kStages) & 1);
+      it0 += kb_count;
+      RowsWalk peek = walk;
+      GTile next;
+      has_next = locate<MODE>(p, peek, t + static_cast<int>(gridDim.x), next);
+    } else {
+      if (MODE == kModeK && kb_count == 0 && p.beta != 0.0f) continue;  // an empty group adds nothing
+    }
+    // The tile's output as the dense epilogue sees it: the group's own rows (rows mode) or the
+    // group's [N, K] weight gradient (k mode).
+    Params q{};
+    q.m = MODE == kModeRows ? tl.rows : p.m_w;
+    q.n = p.n;
+    q.d = static_cast<OutT*>(p.d) +
+          (MODE == kModeRows ? static_cast<int64_t>(tl.row0) * p.ldd : static_cast<int64_t>(tl.g) * p.d_group);
+    q.ldd = p.ldd;
+    q.d_vec = 1;
+    q.d_vec16 = MODE == kModeRows ? p.d_vec16 : 0;
+    q.alpha = 1.0f;
+    q.beta = MODE == kModeK ? p.beta : 0.0f;
+    q.staged = q.d_vec16;  // 1: the threads store the staged rows (masked), never TMA (2)
+#pragma unroll
+    for (int j = 0; j < C::kAcc; ++j) acc[j] = 0.0f;
+    const int etid = PP ? ctid % 128 : ctid, ethreads = PP ? 128 : 256;  // the threads on this tile
+    const auto tail = [&] {
+      if (MODE == kModeK && q.beta != 0.0f)
+        prefetch_epilogue<OutT, kEpiLinear>(q, tl.tm * kBM, tl.tn * BN, tl.tn * BN + BN, etid, ethreads);
+    };
+    if constexpr (PP) {
+      if (i > 0) order_wait(wg);
+    }
+    if constexpr (MODE == kModeK) {
+      const int valid = tl.rows - (kb_count - 1) * kBK;  // rows of the group in its last k-tile
+      const auto cut = [&](int kb, int st) {
+        if (kb != kb_count - 1 || valid >= kBK) return;
+        zero_past_group<C>(base, st, valid, etid, ethreads);
+        if constexpr (PP) warpgroup_barrier(wg);
+        else consumer_barrier();
+      };
+      mainloop<__nv_bfloat16, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
+    } else {
+      mainloop<__nv_bfloat16, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
+    }
+    if constexpr (PP) {
+      if (has_next) order_pass(wg);
+      if (MODE == kModeK && kb_count == 0 && q.beta != 0.0f) continue;  // an empty group adds nothing
+      const int col = tl.tn * BN + (lane % 4) * 2;
+      const bool vec16 = tile_vec16<OutT, BN, kEpiLinear>(q, tl.tn * BN);  // uniform over the tile
+      const bool staged = sizeof(OutT) == 2 && q.staged && vec16;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = tl.tm * kBM + h * 64 + warp * 16 + lane / 4;
+        if (staged) {  // the warp's own buffer: the other warpgroup's epilogue may run meanwhile
+          store_rows_staged<OutT, C::kGroups, kEpiLinear, C::kEpiBufs>(
+              q, em, tl.tm * kBM + h * 64 + warp * 16, tl.tn * BN, lane, acc + h * (BN / 2),
+              base + C::kEpiOffset + (wg * 4 + warp) * 2048 * C::kEpiBufs, epi_nb);
+          continue;
+        }
+        if (vec16) {
+          store_rows_vec16<OutT, C::kGroups, kEpiLinear, false>(q, row, tl.tn * BN, lane % 4, acc + h * (BN / 2));
+          continue;
+        }
+#pragma unroll
+        for (int g = 0; g < C::kGroups; g += 4) store_groups<OutT, kEpiLinear>(q, row, col + g * 8, 4, acc + h * (BN / 2) + 4 * g);
+      }
+    } else {
+      store_tile<OutT, C, BN, kEpiLinear>(q, em, tl.tm, tl.tn, wg, warp, lane, acc, base, epi_nb);
+    }
+  }
+#else
+  __trap();  // built without sm_90a: grouped_gemm_sm90_unsupported_reason keeps such devices away
+#endif
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A bf16 tensor of `rank` dims (innermost first; strides in bytes of dims 1..rank-1) in boxes of
+// `box`, 128-byte swizzled; reads outside the tensor return zeros.
+CUtensorMap grouped_map(const void* ptr, int rank, const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                        const char* what) {
+  CUtensorMap m;
+  const cuuint32_t elem[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), const_cast<void*>(ptr),
+                                    dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  PRIMUS_CHECK(r == CUDA_SUCCESS, "grouped_gemm_sm90: cuTensorMapEncodeTiled failed ({}) for {} ({}-d, dims {} x {} x {})",
+               static_cast<int>(r), what, rank, dims[0], dims[1], rank > 2 ? dims[2] : 1);
+  return m;
+}
+// [outer][inner] row-major.
+CUtensorMap map_2d(const void* ptr, int64_t inner, int64_t outer, uint32_t box_inner, uint32_t box_outer, const char* what) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner * 2)};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  return grouped_map(ptr, 2, dims, strides, box, what);
+}
+// [groups][outer][inner] row-major, boxes inside one group.
+CUtensorMap map_3d(const void* ptr, int64_t inner, int64_t outer, int64_t groups, uint32_t box_inner, uint32_t box_outer,
+                   const char* what) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer), static_cast<cuuint64_t>(groups)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(inner * 2), static_cast<cuuint64_t>(inner * outer * 2)};
+  const cuuint32_t box[3] = {box_inner, box_outer, 1};
+  return grouped_map(ptr, 3, dims, strides, box, what);
+}
+
+struct GDevice {
+  int cc = 0, sms = 0;
+};
+GDevice gdevice() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return {};
+  static std::mutex mu;
+  static std::map<int, GDevice> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(dev); it != cache.end()) return it->second;
+  GDevice d;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+    d.cc = major * 10 + minor;
+  return cache.emplace(dev, d).first->second;
+}
+
+// This thread in relaxed stream-capture mode while it lives: the pointer queries of the check
+// (run on every dispatch) can then never invalidate a graph capture in progress.
+struct RelaxedCaptureScope {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCaptureScope() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCaptureScope() { (void)cudaThreadExchangeStreamCaptureMode(&mode); }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+};
+
+template <class OutT, int MODE, int TA, int TB, int BN, bool PP>
+void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int grid, cudaStream_t stream) {
+  auto kernel = grouped_gemm_sm90_kernel<OutT, MODE, TA, TB, BN, PP>;
+  constexpr int kSmem = Cfg<BN, PP>::kSmem;
+  static std::once_flag once;
+  std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)); });
+  const EpiMaps em{ta, ta};  // never read: the epilogue stores with the threads (Params::staged 1)
+  kernel<<<grid, kThreads, kSmem, stream>>>(ta, tb, p, em);
+  CUDA_CHECK_LAST();
+}
+
+// PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE (read on every call, for A/B runs): coop (the default:
+// 128 x 256 tiles, both consumer warpgroups on one) or pingpong (128 x 128 tiles, one per
+// warpgroup, epilogues under the other's k-loop). Anything else is an error.
+bool pingpong_schedule() {
+  const char* e = std::getenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "coop") return false;
+  if (v == "pingpong") return true;
+  throw RuntimeError(fmt::format("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE='{}': expected coop or pingpong", v));
+}
+
+}  // namespace
+}  // namespace ggemm90
+
+std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p) noexcept {
+  using namespace ggemm90;
+  try {
+    const int kind = static_cast<int>(p.kind);
+    if (kind < 0 || kind > 2) return "unknown kind";
+    if (p.groups < 1) return fmt::format("{} groups (at least 1)", p.groups);
+    if (p.rows < 0 || p.n < 1 || p.k < 1) return fmt::format("sizes M={} N={} K={}", p.rows, p.n, p.k);
+    if (p.n % 8 != 0 || p.k % 8 != 0)
+      return fmt::format("N={} and K={} must be multiples of 8 (TMA needs 16-byte aligned row strides)", p.n, p.k);
+    if (p.rows > INT_MAX - 256 || p.n > INT_MAX - 256 || p.k > INT_MAX - 256 || p.groups > INT_MAX / 4)
+      return fmt::format("sizes M={} N={} K={} G={} beyond the kernel's 32-bit coordinates", p.rows, p.n, p.k, p.groups);
+    // Rows mode: at most (M/128 + G) tile rows; k mode: G x its tiles per group.
+    const int64_t out_cols = p.kind == GroupedGemmKind::Dgrad ? p.k : p.n;
+    if ((cdiv(p.rows, kBM) + p.groups) * cdiv(out_cols, 128) > INT_MAX || p.groups * cdiv(p.n, kBM) * cdiv(p.k, 128) > INT_MAX)
+      return "more tiles than the kernel counts";
+    const std::pair<const char*, const void*> ptrs[] = {{"offsets", p.offsets}, {"A", p.a}, {"B", p.b}, {"D", p.d}};
+    for (const auto& [name, ptr] : ptrs) {
+      if (!ptr) return fmt::format("{} has no data pointer", name);
+      if (reinterpret_cast<uintptr_t>(ptr) % (std::string(name) == "offsets" ? 4 : 16) != 0)
+        return fmt::format("{}'s base pointer {} is not 16-byte aligned (TMA)", name, ptr);
+    }
+    const GDevice dev = gdevice();
+    if (dev.cc != 90)
+      return dev.cc == 0 ? std::string("no CUDA device")
+                         : fmt::format("the device is sm_{}; the kernel is sm_90a code (wgmma, TMA)", dev.cc);
+    if (!encode_tiled()) return "the driver does not provide cuTensorMapEncodeTiled (TMA)";
+    // A view that only claims to be on the device must not reach TMA: a fault there poisons the
+    // whole CUDA context.
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) return "no current CUDA device";
+    const RelaxedCaptureScope relaxed;
+    for (const auto& [name, ptr] : ptrs) {
+      cudaPointerAttributes attr{};
+      if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fmt::format("{} ({}) is not a pointer the CUDA runtime knows", name, ptr);
+      }
+      if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+        return fmt::format("{} ({}) is not device memory", name, ptr);
+      if (attr.device != current) return fmt::format("{} lives on device {}, the current device is {}", name, attr.device, current);
+    }
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("check failed: ") + e.what();
+  } catch (...) {
+    return "check failed";
+  }
+}
+
+void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
+  using namespace ggemm90;
+  if (auto w = grouped_gemm_sm90_unsupported_reason(p); !w.empty()) throw RuntimeError("grouped_gemm_sm90: " + w);
+  const int64_t G = p.groups, M = p.rows, N = p.n, K = p.k;
+  if (M == 0) {  // no rows at all (TMA takes no empty tensor): only a written weight gradient has work
+    if (p.kind == GroupedGemmKind::Wgrad && !p.accumulate)
+      CUDA_CHECK(cudaMemsetAsync(p.d, 0, static_cast<size_t>(G * N * K) * sizeof(float), stream));
+    return;
+  }
+  const int sms = std::max(1, gdevice().sms);
+  const bool pp = pingpong_schedule();
+  const int bn = pp ? 128 : kGBN;
+  GParams prm{};
+  prm.offsets = p.offsets;
+  prm.groups = static_cast<int>(G);
+  prm.rows_max = static_cast<int>(M);
+  prm.d = p.d;
+  prm.d_vec16 = 1;  // bf16 D, 16-byte aligned base, rows of N or K (multiples of 8) elements
+  // One instantiation per (kind, schedule): TA / TB from the kind, the tile from the schedule.
+  auto run = [&](auto out, auto mode, auto ta_mn, auto tb_mn, const CUtensorMap& ta, const CUtensorMap& tb, int64_t tiles) {
+    using OutT = decltype(out);
+    constexpr int MODE = decltype(mode)::value, TA = decltype(ta_mn)::value, TB = decltype(tb_mn)::value;
+    const int grid = static_cast<int>(std::min<int64_t>(sms, tiles));
+    if (pp) launch<OutT, MODE, TA, TB, 128, true>(ta, tb, prm, grid, stream);
+    else launch<OutT, MODE, TA, TB, kGBN, false>(ta, tb, prm, grid, stream);
+  };
+  using I0 = std::integral_constant<int, 0>;
+  using I1 = std::integral_constant<int, 1>;
+  switch (p.kind) {
+    case GroupedGemmKind::Forward: {  // out [M,N] = inp [M,K] @ W[g]^T: A K-major, B K-major
+      prm.n = static_cast<int>(N);
+      prm.ldd = N;
+      prm.kblocks = static_cast<int>(cdiv(K, kBK));
+      prm.tiles_n = static_cast<int>(cdiv(N, bn));
+      const CUtensorMap ta = map_2d(p.a, K, M, 64, kBM, "inp [M,K]");
+      const CUtensorMap tb = map_3d(p.b, K, N, G, 64, static_cast<uint32_t>(bn), "weight [G,N,K]");
+      // At most M/128 + G tile rows (the count itself is on the device).
+      run(__nv_bfloat16{}, std::integral_constant<int, kModeRows>{}, I0{}, I0{}, ta, tb, (cdiv(M, kBM) + G) * prm.tiles_n);
+      return;
+    }
+    case GroupedGemmKind::Dgrad: {  // dinp [M,K] = dout [M,N] @ W[g]: A K-major, B N-major (k = N)
+      prm.n = static_cast<int>(K);
+      prm.ldd = K;
+      prm.kblocks = static_cast<int>(cdiv(N, kBK));
+      prm.tiles_n = static_cast<int>(cdiv(K, bn));
+      const CUtensorMap ta = map_2d(p.a, N, M, 64, kBM, "dout [M,N]");
+      const CUtensorMap tb = map_3d(p.b, K, N, G, 64, 64, "weight [G,N,K]");
+      run(__nv_bfloat16{}, std::integral_constant<int, kModeRows>{}, I0{}, I1{}, ta, tb, (cdiv(M, kBM) + G) * prm.tiles_n);
+      return;
+    }
+    case GroupedGemmKind::Wgrad: {  // dW[g] [N,K] = dout_g^T @ inp_g: A M-major, B N-major (k = rows)
+      prm.n = static_cast<int>(K);
+      prm.m_w = static_cast<int>(N);
+      prm.ldd = K;
+      prm.d_group = N * K;
+      prm.beta = p.accumulate ? 1.0f : 0.0f;
+      prm.d_vec16 = 0;
+      prm.tiles_m_w = static_cast<int>(cdiv(N, kBM));
+      prm.tiles_n = static_cast<int>(cdiv(K, bn));
+      prm.tiles_k = prm.tiles_m_w * prm.tiles_n;
+      const CUtensorMap ta = map_2d(p.a, N, M, 64, 64, "dout [M,N]");
+      const CUtensorMap tb = map_2d(p.b, K, M, 64, 64, "inp [M,K]");
+      run(float{}, std::integral_constant<int, kModeK>{}, I1{}, I1{}, ta, tb, G * prm.tiles_k);
+      return;
+    }
+  }
+}
+
+}  // namespace primus::turbo::cuda

@@ -1,0 +1,50 @@
+// Turbo's Hopper grouped GEMM (the TURBO backend of turbo/ops/grouped_gemm.h; kernel in
+// grouped_gemm_sm90.cu), the expert products of a mixture-of-experts layer:
+//
+//   Forward  out  [M,N] rows of group g = inp  [m_g,K] @ weight[g]^T     (bf16 out)
+//   Dgrad    dinp [M,K] rows of group g = dout [m_g,N] @ weight[g]       (bf16 out)
+//   Wgrad    dweight[g] [N,K] (=, or += when accumulate) = dout_g^T @ inp_g   (f32 out)
+//
+// weight [G,N,K] bf16 (nn.Linear per expert), token matrices row-major bf16, fp32 accumulation.
+// Groups come from offsets [G+1] int32 in device memory (rows [offsets[g], offsets[g+1]) are group
+// g's; offsets[0] = 0, non-decreasing, offsets[G] <= M): the kernel reads them itself, so a launch
+// needs no host synchronisation and can be captured in a CUDA graph. Rows from offsets[G] on are
+// neither read into any written value nor written. Any group sizes work (no alignment needed):
+// tiles that cross a group's end are masked in the epilogue (forward, dgrad), and the weight
+// gradient's last k-tile of a group is cut at the group's end in shared memory. The cost is set by
+// sum_g ceil(m_g / 128) tiles (forward, dgrad) and ceil(m_g / 64) k-tiles (wgrad); groups padded to
+// a multiple of 64 rows also skip the wgrad's cut (see turbo/ops/grouped_gemm.h for the alignment
+// the model uses).
+//
+// Needs compute capability 9.0 (sm_90a code), 16-byte aligned bases and N, K multiples of 8 (TMA's
+// 16-byte row strides), G >= 1. grouped_gemm_sm90_unsupported_reason says which a call misses.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace primus::turbo::cuda {
+
+enum class GroupedGemmKind { Forward = 0, Dgrad = 1, Wgrad = 2 };
+
+struct GroupedGemmSm90Problem {
+  GroupedGemmKind kind = GroupedGemmKind::Forward;
+  int64_t groups = 0;  // G
+  int64_t rows = 0;    // M, the token buffers' rows (a bound: the offsets say which are used)
+  int64_t n = 0, k = 0;  // the weight's [N, K] per group
+  const int32_t* offsets = nullptr;  // device [G+1]
+  const void* a = nullptr;  // Forward: inp [M,K]; Dgrad and Wgrad: dout [M,N]
+  const void* b = nullptr;  // Forward and Dgrad: weight [G,N,K]; Wgrad: inp [M,K]
+  void* d = nullptr;        // Forward: out [M,N]; Dgrad: dinp [M,K]; Wgrad: dweight [G,N,K] f32
+  bool accumulate = false;  // Wgrad: dweight += (else =)
+};
+
+// Empty when grouped_gemm_sm90 can run `p` on the current device, else the reason. Never throws.
+std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p) noexcept;
+
+// Enqueues the products on `stream`. Throws primus::RuntimeError when the problem is unsupported
+// (with the reason above) or a CUDA call fails.
+void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream);
+
+}  // namespace primus::turbo::cuda

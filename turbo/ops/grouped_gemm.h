@@ -1,0 +1,84 @@
+// Grouped GEMM: the expert products of a mixture-of-experts layer, one dense product per expert
+// over that expert's rows of a permuted token buffer (turbo/ops/moe.h writes the buffer and its
+// group offsets).
+//
+//   grouped_gemm_forward  out  [M,N] rows of group g = inp  [m_g,K] @ weight[g]^T   (overwrites)
+//   grouped_gemm_dgrad    dinp [M,K] rows of group g = dout [m_g,N] @ weight[g]     (overwrites)
+//   grouped_gemm_wgrad    dweight[g] [N,K] = dout_g^T @ inp_g   (+= when accumulate, else =: the first
+//                         micro-batch writes, and a group without rows then gets zeros)
+//
+// weight [G,N,K]: nn.Linear per expert (expert g maps K input features to N outputs). offsets
+// [G+1] i32 on the tensors' device: group g owns rows [offsets[g], offsets[g+1]); offsets[0] = 0,
+// non-decreasing, offsets[G] <= M. M is only the buffers' bound (size them for the worst routing,
+// moe_permuted_rows_max): rows from offsets[G] on are neither read nor written. On the device the
+// offsets are never read by the host on the TURBO path, so a step can be captured as one CUDA graph.
+// `align` is the caller's promise that every offset is a multiple of it (the MoE row plan pads
+// each group to it); it is part of the dispatch key.
+//
+// dtypes: on the device inp, weight, dout, out, dinp bf16 and dweight f32 (fp32 accumulation); on
+// the host everything f32. All tensors contiguous (row-major).
+//
+// Backends:
+//   TURBO     Turbo's Hopper kernel (turbo/kernels/cuda/grouped_gemm_sm90.h): persistent, tiles
+//             scheduled across groups from the device offsets; graph-capturable. Takes any align >= 1
+//             (tiles crossing a group's end are masked); needs sm_90, N and K multiples of 8.
+//             Its cost is sum_g ceil(m_g/128) row tiles (forward, dgrad) and ceil(m_g/64) k-tiles
+//             (wgrad) for every align dividing 64, so padding beyond 64 only adds rows; at multiples
+//             of 64 the weight gradient also skips cutting each group's last k-tile in shared
+//             memory. The fastest alignment: kGroupedGemmAlign.
+//   CUBLASLT  one cuBLASLt product per group. It copies the offsets to the host and waits for them,
+//             so it is NOT graph-capturable: its can_handle refuses while the call's stream is being
+//             captured. Any align >= 1. (cuBLASLt 13.1 declares no grouped matmul; cuBLAS's
+//             cublasGemmGroupedBatchedEx takes the group sizes in host arrays, so it would not spare
+//             the host read either.)
+//   CPU       the reference (turbo/kernels/cpu/grouped_gemm.h), host f32 tensors, any align >= 1.
+// Chosen per call by the dispatcher ("grouped_gemm": PRIMUS_TURBO_GROUPED_GEMM_BACKEND,
+// set_backend); not autotuned (the weight gradient may accumulate in place).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "turbo/core/tensor_view.h"
+#include "turbo/dispatch/backend_type.h"
+#include "turbo/ops/exec_context.h"
+
+namespace primus::turbo {
+
+// The group alignment at which the TURBO kernel is fastest (see above): what MoE layers pad to.
+inline constexpr int64_t kGroupedGemmAlign = 64;
+
+struct GroupedGemmForwardArgs {
+  TensorView out;      // [M,N]
+  TensorView inp;      // [M,K]
+  TensorView weight;   // [G,N,K]
+  TensorView offsets;  // [G+1] i32
+  int64_t align = 1;
+  ExecContext ctx;
+};
+
+struct GroupedGemmDgradArgs {
+  TensorView dinp;     // [M,K]
+  TensorView dout;     // [M,N]
+  TensorView weight;   // [G,N,K]
+  TensorView offsets;  // [G+1] i32
+  int64_t align = 1;
+  ExecContext ctx;
+};
+
+struct GroupedGemmWgradArgs {
+  TensorView dweight;  // [G,N,K] f32
+  TensorView dout;     // [M,N]
+  TensorView inp;      // [M,K]
+  TensorView offsets;  // [G+1] i32
+  int64_t align = 1;
+  bool accumulate = false;
+  ExecContext ctx;
+};
+
+// Each validates its arguments (RuntimeError naming the op, the argument and what it got), runs on
+// the dispatched backend and returns which one ran.
+BackendType grouped_gemm_forward(const GroupedGemmForwardArgs& args);
+BackendType grouped_gemm_dgrad(const GroupedGemmDgradArgs& args);
+BackendType grouped_gemm_wgrad(const GroupedGemmWgradArgs& args);
+
+}  // namespace primus::turbo
