@@ -30,6 +30,8 @@ def load(path):
 
 
 def anchor_name(case, tv):
+    if case.startswith("grouped_gemm/"):
+        return "torch._grouped_mm bf16" + tv
     if case.startswith("gemm/"):
         return "torch.matmul bf16" + tv
     if case.startswith("copy/"):
@@ -47,13 +49,15 @@ def main():
     ap.add_argument("--torch", required=True, nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--torch-version", default="")
+    ap.add_argument("--bench", default="ops", help="whose lines of ours to merge: ops, or grouped_gemm "
+                    "(bench/ops/grouped_gemm_on_gpu.sh, torch_grouped_mm.py)")
     ap.add_argument("--append", action="store_true", help="the default; kept for old command lines")
     ap.add_argument("--replace", action="store_true", help="overwrite --out instead of appending")
     a = ap.parse_args()
     if len(a.ours) != len(a.torch):
         ap.error(f"{len(a.ours)} --ours files but {len(a.torch)} --torch files: give one of each per round")
     rounds = len(a.ours)
-    ours_rounds = [[r for r in load(p) if r.get("bench") == "ops"] for p in a.ours]
+    ours_rounds = [[r for r in load(p) if r.get("bench") == a.bench] for p in a.ours]
     torch_rounds = [{r["case"]: r["ms"] for r in load(p)} for p in a.torch]
     tv = f" ({'torch ' + a.torch_version})" if a.torch_version else ""
 
@@ -79,7 +83,7 @@ def main():
             continue
         scale = 1e9 if r["metric"] == "TFLOP/s" else 1e6
         t = r["work"] / statistics.median(times) / scale
-        line = {"bench": "ops", "case": r["case"], "device": r["device"], "date": r["date"],
+        line = {"bench": a.bench, "case": r["case"], "device": r["device"], "date": r["date"],
                 "commit": r["commit"], "metric": r["metric"], "ours": r["ours"], "anchor": round(t, 3),
                 "anchor_name": anchor_name(r["case"], tv), "ratio": round(r["ours"] / t, 4),
                 "backend": r["backend"], "dtype": r["dtype"]}

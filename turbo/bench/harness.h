@@ -89,6 +89,7 @@ OpFamily embedding_family();
 OpFamily attention_family();
 OpFamily quantize_family();
 OpFamily layer_family();
+OpFamily grouped_gemm_family();
 OpFamily moe_family();
 
 // "16384x768" -> {16384, 768}: exactly `n` positive integers joined by 'x', else UsageError

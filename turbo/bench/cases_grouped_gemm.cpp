@@ -1,0 +1,193 @@
+// grouped_gemm: the expert GEMMs of the MoE presets' layers (tokens = 4 x 2048, C = 2048), in
+// TFLOP/s: fc [E, 2 Fe, C] (gate and up rows) and proj [E, C, Fe], each as forward, dgrad and
+// wgrad, for two routings of the 8192 tokens:
+//   balanced  every expert gets T K / E rows;
+//   router0   the counts of a softmax top-k router at initialisation (router_counts below): hidden
+//             states N(0,1) normalised to unit RMS per row, router weight N(0, 0.02), a fixed seed
+//             per preset. The skew of a real router at step 0.
+// Groups are padded to kGroupedGemmAlign rows (the MoE row plan's padding) and the token buffers
+// have moe_permuted_rows_max rows, as in training; the work counted is 2 x offsets[E] x N x K (the
+// padded rows are multiplied too, by every backend).
+// With PRIMUS_BENCH_GROUPED_GEMM_GROUPS=<file> every case appends its groups to that file as one
+// JSON line {"case", "G", "M", "N", "K", "offsets"}: bench/ops/torch_grouped_mm.py times
+// torch._grouped_mm on exactly those shapes and offsets, so the counts are generated here only.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "core/util/error.h"
+#include "turbo/bench/harness.h"
+#include "turbo/kernels/cpu/matmul.h"
+#include "turbo/ops/grouped_gemm.h"
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "turbo/core/cuda_check.h"
+#endif
+
+namespace primus::turbo::bench {
+namespace {
+
+// Rows per expert of T tokens routed top-k over E experts by a randomly initialised softmax
+// router (see the file comment). Deterministic for a seed (std::mt19937_64 and libstdc++'s
+// normal distribution), and the same for every lane of a run.
+std::vector<int64_t> router_counts(int64_t T, int64_t C, int64_t E, int64_t K, uint64_t seed) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, uint64_t>, std::vector<int64_t>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(T, C, E, K, seed);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> unit(0.0f, 1.0f), router(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(E * C)), h(static_cast<size_t>(T * C)), logits(static_cast<size_t>(T * E));
+  for (auto& x : w) x = router(rng);
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = h.data() + t * C;
+    double ss = 0.0;
+    for (int64_t c = 0; c < C; ++c) row[c] = unit(rng), ss += static_cast<double>(row[c]) * row[c];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C)));
+    for (int64_t c = 0; c < C; ++c) row[c] *= inv;
+  }
+  cpu::matmul_forward<float>(logits.data(), h.data(), w.data(), nullptr, T, C, E);
+  // Softmax keeps the order of the logits: the top-k of the probabilities is that of the logits
+  // (ties to the lower expert, as the reference router).
+  std::vector<int64_t> counts(static_cast<size_t>(E), 0);
+  std::vector<int64_t> idx(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits.data() + t * E;
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(),
+                      [l](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (int64_t k = 0; k < K; ++k) ++counts[static_cast<size_t>(idx[static_cast<size_t>(k)])];
+  }
+  return cache.emplace(key, counts).first->second;
+}
+
+// offsets [E+1] of the counts padded to `align`.
+std::vector<int32_t> padded_offsets(const std::vector<int64_t>& counts, int64_t align) {
+  std::vector<int32_t> o(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) o[g + 1] = static_cast<int32_t>(o[g] + (counts[g] + align - 1) / align * align);
+  return o;
+}
+
+void upload_i32(CaseEnv& e, const TensorView& t, const std::vector<int32_t>& v) {
+  const size_t bytes = v.size() * sizeof(int32_t);
+  if (!e.on_device()) {
+    std::memcpy(t.data, v.data(), bytes);
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  CUDA_CHECK(cudaMemcpy(t.data, v.data(), bytes, cudaMemcpyHostToDevice));
+#else
+  throw RuntimeError("grouped_gemm benchmark: a device lane in a build without CUDA");
+#endif
+}
+
+// The groups of one case, for the PyTorch side (see the file comment).
+void export_groups(const std::string& name, int64_t G, int64_t M, int64_t N, int64_t K, const std::vector<int32_t>& o) {
+  const char* path = std::getenv("PRIMUS_BENCH_GROUPED_GEMM_GROUPS");
+  if (!path || !*path) return;
+  std::FILE* f = std::fopen(path, "a");
+  if (!f) throw RuntimeError(fmt::format("PRIMUS_BENCH_GROUPED_GEMM_GROUPS: cannot append to '{}'", path));
+  std::fprintf(f, "{\"case\": \"grouped_gemm/%s\", \"G\": %lld, \"M\": %lld, \"N\": %lld, \"K\": %lld, \"offsets\": [",
+               name.c_str(), static_cast<long long>(G), static_cast<long long>(M), static_cast<long long>(N),
+               static_cast<long long>(K));
+  for (size_t i = 0; i < o.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", o[i]);
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+}
+
+// One expert layer [E, N, K] over T tokens routed top-k, with the given rows per expert.
+Case grouped_case(const std::string& name, int64_t T, int64_t E, int64_t topk, int64_t N, int64_t K,
+                  std::vector<int64_t> counts, int64_t align) {
+  return {name, [=](CaseEnv& e) {
+            const std::vector<int32_t> o = padded_offsets(counts, align);
+            const int64_t M = T * topk + E * (align - 1);  // moe_permuted_rows_max
+            const int64_t used = o.back();
+            export_groups(name, E, M, N, K, o);
+            TensorView offsets = e.empty(DType::I32, {E + 1});
+            upload_i32(e, offsets, o);
+            TensorView x = e.rand(e.dtype, {M, K}), w = e.rand(e.dtype, {E, N, K}, 0.05f), dy = e.rand(e.dtype, {M, N});
+            TensorView y = e.empty(e.dtype, {M, N}), dx = e.empty(e.dtype, {M, K}), dw = e.empty(DType::F32, {E, N, K});
+            GroupedGemmForwardArgs f{y, x, w, offsets, align, e.ctx};
+            GroupedGemmDgradArgs d{dx, dy, w, offsets, align, e.ctx};
+            GroupedGemmWgradArgs g{dw, dy, x, offsets, align, false, e.ctx};
+            const double flops = 2.0 * static_cast<double>(used) * static_cast<double>(N) * static_cast<double>(K);
+            const std::string note = fmt::format("E={} top-{} [{}x{}] rows {} of {}", E, topk, N, K, used, M);
+            return std::vector<Timed>{
+                {"grouped_gemm/" + name + "/fwd", Metric::Flops, flops, [f] { grouped_gemm_forward(f); }, note,
+                 {{"out", y.slice0(0, used)}}},
+                {"grouped_gemm/" + name + "/dgrad", Metric::Flops, flops, [d] { grouped_gemm_dgrad(d); }, "",
+                 {{"dinp", dx.slice0(0, used)}}},
+                {"grouped_gemm/" + name + "/wgrad", Metric::Flops, flops, [g] { grouped_gemm_wgrad(g); }, "",
+                 {{"dweight", dw}}}};
+          }};
+}
+
+struct MoePreset {
+  const char* name;
+  int64_t E, topk, Fe;
+};
+
+}  // namespace
+
+OpFamily grouped_gemm_family() {
+  OpFamily f;
+  f.name = "grouped_gemm";
+  f.bench = "grouped_gemm";
+  f.dispatch_ops = {"grouped_gemm"};
+  f.backends = {BackendType::TURBO, BackendType::CUBLASLT, BackendType::CPU};
+  f.compare = {{BackendType::TURBO, BackendType::CUBLASLT}};
+  f.shape_syntax =
+      "TxExKxNxC[xA] (tokens x experts x top-k x out features x in features [x group alignment]): one expert "
+      "layer [E, N, C] under a random-init router's counts";
+  f.defaults = [](const Scale& s) {
+    std::vector<Case> cases;
+    const int64_t align = kGroupedGemmAlign;
+    if (!s.gpu) {  // a small host version: the reference's own speed
+      const int64_t T = s.tokens, C = 64, E = 4, topk = 2, Fe = 96;
+      const auto counts = router_counts(T, C, E, topk, 7);
+      cases.push_back(grouped_case("tiny/fc/router0", T, E, topk, 2 * Fe, C, counts, 8));
+      cases.push_back(grouped_case("tiny/proj/router0", T, E, topk, C, Fe, counts, 8));
+      return cases;
+    }
+    static const MoePreset kPresets[] = {{"olmoe", 64, 8, 1024}, {"mixtral", 8, 2, 5632}, {"deepseek", 64, 6, 1408}};
+    const int64_t T = 4 * 2048, C = 2048;
+    for (const MoePreset& p : kPresets) {
+      const std::vector<int64_t> balanced(static_cast<size_t>(p.E), T * p.topk / p.E);
+      const std::vector<int64_t> router0 = router_counts(T, C, p.E, p.topk, 1000 + static_cast<uint64_t>(p.E * 16 + p.topk));
+      for (const auto& [routing, counts] : {std::pair{"balanced", balanced}, std::pair{"router0", router0}}) {
+        cases.push_back(grouped_case(fmt::format("{}/fc/{}", p.name, routing), T, p.E, p.topk, 2 * p.Fe, C, counts, align));
+        cases.push_back(grouped_case(fmt::format("{}/proj/{}", p.name, routing), T, p.E, p.topk, C, p.Fe, counts, align));
+      }
+    }
+    // The wgrad's cut of a group's last k-tile: olmoe's fc under the router at alignment 16.
+    cases.push_back(grouped_case("olmoe/fc/router0_align16", T, 64, 8, 2048, C,
+                                 router_counts(T, C, 64, 8, 1000 + 64 * 16 + 8), 16));
+    return cases;
+  };
+  f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
+    const size_t n = static_cast<size_t>(std::count(shape.begin(), shape.end(), 'x')) + 1;
+    if (n != 5 && n != 6)
+      throw UsageError(fmt::format("grouped_gemm shape '{}': expected {}", shape, syntax));
+    const auto d = parse_dims("grouped_gemm", shape, n, syntax);
+    const int64_t T = d[0], E = d[1], topk = d[2], N = d[3], C = d[4], align = n == 6 ? d[5] : kGroupedGemmAlign;
+    if (topk > E) throw UsageError(fmt::format("grouped_gemm shape '{}': top-k {} above {} experts", shape, topk, E));
+    return grouped_case(shape, T, E, topk, N, C, router_counts(T, C, E, topk, 1000 + static_cast<uint64_t>(E * 16 + topk)),
+                        align);
+  };
+  return f;
+}
+
+}  // namespace primus::turbo::bench
