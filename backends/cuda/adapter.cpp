@@ -65,9 +65,7 @@ void add_cuda_schema(config::Schema& s) {
 
 std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   auto d = train.describe();
-  d.insert(d.begin(), {"model", fmt::format("{} {} layers, hidden {}, heads {}/{}, {} parameters", model.model_type,
-                                            model.num_layers, model.hidden_size, model.num_attention_heads,
-                                            model.num_query_groups, model.num_parameters())});
+  d.insert(d.begin(), {"model", model.summary()});
   d.push_back({"device", device_name.empty() ? std::to_string(device) : fmt::format("{} ({})", device, device_name)});
   d.push_back({"attention_backend", attention_backend});
   if (deterministic) d.push_back({"deterministic", "true (attention backward without atomics)"});

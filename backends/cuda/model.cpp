@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/ops/grouped_gemm.h"
+#include "turbo/ops/moe.h"
 #include "turbo/ops/rope.h"
 
 namespace primus::backends::cuda {
@@ -26,6 +29,10 @@ void check_shapes(const train::ModelSpec& s) {
   need8(s.hidden_size, "hidden_size");
   need8(s.head_dim(), "the head dimension (hidden_size / num_attention_heads)");
   need8(s.ffn_hidden_size, "ffn_hidden_size");
+  if (s.moe.enabled()) {
+    need8(s.moe.ffn_hidden_size, "moe_ffn_hidden_size");
+    if (s.moe.shared_ffn_hidden_size > 0) need8(s.moe.shared_ffn_hidden_size, "moe_shared_expert_intermediate_size");
+  }
   if (s.padded_vocab_size % 8 != 0) {
     throw ConfigError(fmt::format("the cuda backend needs the padded vocabulary ({}) to be a multiple of 8: set "
                                   "make_vocab_size_divisible_by (128 is usual)",
@@ -66,6 +73,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   check_shapes(spec_);
   check_fp8(spec_, opt_);
+  if (spec_.moe.enabled() && opt_.fp8_linear) {
+    throw ConfigError("fp8: the cuda backend's MoE experts run in bf16 only (FP8 grouped GEMMs are not built yet); "
+                      "set fp8: none for a model with num_experts > 0");
+  }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   const bool host = opt_.device == Device::CPU;
   if (host && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
@@ -84,6 +95,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   mp.fp8_linear = opt_.fp8_linear;
   mp.attention_scratch_bytes = opt_.attention_scratch_bytes;
   mp.ones_pad = Decoder::ones_pad_for(spec_, opt_.bias_grad, opt_.fp8_linear);
+  mp.moe_align = turbo::kGroupedGemmAlign;
   for (int64_t l = 0; l < spec_.num_layers; ++l)
     mp.policy.push_back(ops.recompute_policy ? ops.recompute_policy(l, spec_.num_layers) : Recompute::None);
   GradClearing clearing = plan_grad_clearing(
@@ -208,7 +220,52 @@ CudaModel::StepStatus CudaModel::wait_step_status(int ticket, int64_t n) const {
   for (int64_t i = 0; i < n; ++i) st.loss_sum += static_cast<double>(status[i]) / tokens;
   st.grad_norm = status[S];
   st.finite = status[S + 2] != 0.0f;
+  const ActivationBuffers& a = plan_->acts;
+  if (a.moe_counts.defined()) {
+    const int64_t per = a.moe_counts.numel() / S, sums = a.moe_sums.numel() / S;
+    const float* base = status + S + 3;
+    st.moe_counts.resize(static_cast<size_t>(n * per));
+    std::memcpy(st.moe_counts.data(), base, st.moe_counts.size() * 4);
+    st.moe_sums.assign(base + S * per, base + S * per + n * sums);
+  }
   return st;
+}
+
+void CudaModel::moe_report(const StepStatus& st, int64_t n, train::MoeStepStats& out) const {
+  const ActivationBuffers& a = plan_->acts;
+  if (!a.moe_counts.defined()) return;
+  const int64_t Lm = a.moe_counts.size(1), E = spec_.moe.num_experts;
+  const turbo::RouterConfig& cfg = decoder_->router_config();
+  const int64_t N = decoder_->train_tokens();
+  n = std::min<int64_t>(n, static_cast<int64_t>(st.moe_counts.size()) / std::max<int64_t>(1, Lm * 2 * E));
+  for (int64_t s = 0; s < n; ++s) {
+    int64_t m = 0;
+    for (int64_t l = 0; l < spec_.num_layers; ++l) {
+      if (!spec_.is_moe_layer(l)) continue;
+      const int32_t* counts = st.moe_counts.data() + (s * Lm + m) * 2 * E;
+      const float* sums = st.moe_sums.data() + (s * Lm + m) * (E + 1);
+      int64_t dropped = 0;
+      for (int64_t e = 0; e < E; ++e) dropped += counts[e] - counts[E + e];
+      double aux, z;
+      turbo::cpu::router_losses(&aux, &z, counts, sums, sums[E], N, cfg);
+      out.add(l, counts, dropped, aux, z);
+      ++m;
+    }
+  }
+}
+
+void CudaModel::update_expert_bias(const std::vector<std::vector<int64_t>>& load) {
+  if (!spec_.moe.expert_bias) return;
+  std::vector<float> bias(static_cast<size_t>(spec_.moe.num_experts));
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    const TensorView& b = plan_->params.layers[l].moe.expert_bias;
+    if (!b.defined()) continue;
+    stream_.from_model(bias.data(), b.data, b.nbytes());
+    turbo::cpu::router_bias_update(bias.data(), load.at(static_cast<size_t>(l)).data(), spec_.moe.num_experts,
+                                   spec_.moe.bias_update_rate);
+    stream_.to_model(b.data, bias.data(), b.nbytes());
+  }
+  sync();
 }
 
 double CudaModel::read_loss_sum(int64_t n) const {

@@ -40,6 +40,7 @@
 #include "backends/cuda/model/optimizer_state.h"
 #include "backends/cuda/profile.h"
 #include "train/model_spec.h"
+#include "train/moe_stats.h"
 #include "train/param_layout.h"
 #include "turbo/ops/optimizer.h"
 
@@ -139,6 +140,10 @@ class CudaModel {
   struct StepStatus {
     double loss_sum = 0, grad_norm = 0;
     bool finite = true;
+    // MoE models: the routing statistics of micro-batch slots [0, n), as laid out in
+    // ActivationBuffers::moe_counts / moe_sums (moe_report() reads them).
+    std::vector<int32_t> moe_counts;
+    std::vector<float> moe_sums;
   };
   StepStatus read_step_status(int64_t n) { return wait_step_status(enqueue_step_status(), n); }
   // The same in two halves, so the host can enqueue the next step before reading this one's:
@@ -155,6 +160,12 @@ class CudaModel {
     decoder_->set_profiler(p);
   }
   StepProfiler* profiler() const { return prof_; }
+  // MoE: adds the step's routing statistics (from its status, micro-batches [0, n)) to `out`.
+  void moe_report(const StepStatus& st, int64_t n, train::MoeStepStats& out) const;
+  // Aux-loss-free balancing: moves every MoE layer's expert bias (in the fp32 master weights,
+  // which the router reads) toward balancing `load` [layer][expert] (summed over the step and the
+  // data-parallel ranks). Synchronises.
+  void update_expert_bias(const std::vector<std::vector<int64_t>>& load);
   Recompute recompute(int64_t layer) const { return decoder_->recompute(layer); }
   // Bytes of the activations arena (what recomputation shrinks).
   size_t activation_bytes() const { return plan_->activation_bytes(); }

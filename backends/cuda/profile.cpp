@@ -37,6 +37,10 @@ const char* phase_name(Phase p) {
     case Phase::RopeBwd: return "bwd rope";
     case Phase::QkvGemmBwd: return "bwd qkv GEMM";
     case Phase::EmbeddingBwd: return "bwd embedding";
+    case Phase::MoeRouter: return "MoE router (GEMM, top-k, row plan)";
+    case Phase::MoePermute: return "MoE permute / unpermute";
+    case Phase::MoeRouterBwd: return "bwd MoE router";
+    case Phase::MoePermuteBwd: return "bwd MoE permute / unpermute";
     case Phase::Recompute: return "recompute (activations)";
     case Phase::GradNorm: return "grad norm";
     case Phase::StepCheck: return "non-finite check";

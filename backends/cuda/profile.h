@@ -49,6 +49,10 @@ enum class Phase : uint8_t {
   RopeBwd,
   QkvGemmBwd,
   EmbeddingBwd,
+  MoeRouter,      // router GEMM, top-k and the row plan
+  MoePermute,     // permute / unpermute of the tokens into expert groups
+  MoeRouterBwd,   // router backward and its GEMMs
+  MoePermuteBwd,
   Recompute,  // activation recomputation in the backward (recompute_granularity)
   GradNorm,
   StepCheck,  // the on-device non-finite check

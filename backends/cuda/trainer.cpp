@@ -130,7 +130,13 @@ void CudaTrainer::init() {
     mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), dist_.world_size);
     mo.optimizer_state = false;
   }
+  if (spec.moe.expert_bias && pg_) {
+    // Every replica must move its bias by the global load; the step statistics are this rank's.
+    throw ConfigError("moe_router_enable_expert_bias with data parallelism is not supported by the cuda backend yet "
+                      "(the expert-bias update needs the load summed over the ranks)");
+  }
   model_ = std::make_unique<CudaModel>(spec, mo, ops_);
+  moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
   train::init_params(spec, model_->layout(), t.seed, params.data());  // the same seed: every rank the same weights
   model_->set_params(params.data());
@@ -183,11 +189,10 @@ void CudaTrainer::init() {
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
   sample_rng_.seed(t.seed + 17);
-  spdlog::info("[cuda] {} model: {} layers, hidden {}, heads {} (kv {}), vocab {}: {:.2f}M parameters; device memory "
-               "reserved {:.2f} GiB (weights, grads, optimizer, activations for micro-batch {} x {}, scratch)",
-               spec.model_type, spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.num_query_groups,
-               spec.vocab_size, spec.num_parameters() / 1e6, gib(model_->reserved_bytes()), t.micro_batch_size,
-               spec.seq_length);
+  spdlog::info("[cuda] model: {}, vocab {} ({:.2f}M parameters); device memory reserved {:.2f} GiB (weights, grads, "
+               "optimizer, activations for micro-batch {} x {}, scratch)",
+               spec.summary(), spec.vocab_size, spec.num_parameters() / 1e6, gib(model_->reserved_bytes()),
+               t.micro_batch_size, spec.seq_length);
   spdlog::info("[cuda] attention: {}", fallback ? "fallback (GEMMs + softmax kernel)" : "Turbo attention op");
 
   const fsys::path load_dir = train::resume_dir(t.ckpt);
@@ -319,6 +324,10 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
   if (dp_) loss = dp_->average({loss})[0];  // the global batch's loss
   *grad_norm = st.grad_norm;
   *finite = st.finite && std::isfinite(loss);
+  moe_stats_->reset();
+  model_->moe_report(st, t.grad_accum_steps, *moe_stats_);
+  // Before the next step launches (launch-ahead is off for these models): it routes with the new bias.
+  if (*finite) model_->update_expert_bias(moe_stats_->load());
   host_times_.last_end = clock::now();
   return loss;
 }
@@ -451,7 +460,8 @@ void CudaTrainer::train() {
   // events are per step), no data-parallel loss average (a host collective) in between. In host
   // mode a launch runs the step at once; the order of host work and the statuses (one copy per
   // ticket) are the same, so the host trainer test covers this path without a GPU.
-  const bool ahead = launch_ahead_ && !profiler_ && !dp_;
+  // The expert-bias update runs on the host between steps: the next step must not be queued before it.
+  const bool ahead = launch_ahead_ && !profiler_ && !dp_ && !args_->model.moe.expert_bias;
   if (ahead) {
     hooks.launch = [this](int64_t step) {
       NvtxRange r("launch");
@@ -463,7 +473,7 @@ void CudaTrainer::train() {
     };
   }
   spdlog::info("[cuda] launch-ahead: {}", ahead ? "on (step s + 1 is queued before step s's result is read)"
-                                                : launch_ahead_ ? "off (profiler or data parallelism)"
+                                                : launch_ahead_ ? "off (profiler, data parallelism or the MoE expert-bias update)"
                                                                 : "off (launch_ahead: false or PRIMUS_CUDA_LAUNCH_AHEAD=0)");
   hooks.decorate = [&](train::StepStats& st) {
     const size_t used = args_->host_mode ? 0 : device_memory().used;
@@ -473,6 +483,7 @@ void CudaTrainer::train() {
     if (args_->peak_flops > 0) st.extras.push_back({"mfu", flops / args_->peak_flops});
     st.extras.push_back({"mem_gib", gib(used)});             // device-wide, CUDA context included
     st.extras.push_back({"arena_gib", gib(arena_bytes())});  // the model's own tensors (+ the ZeRO-1 shard)
+    moe_stats_->report(st);  // this rank's micro-batches
   };
   hooks.evaluate = [this] { return evaluate(); };
   hooks.save = [this](int64_t step) { save(step); };

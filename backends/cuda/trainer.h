@@ -80,6 +80,7 @@ class CudaTrainer : public Trainer {
   std::shared_ptr<parallel::NcclProcessGroup> pg_;
   std::unique_ptr<parallel::ParallelDims> dims_;  // holds pg_ as its dp group
   std::unique_ptr<CudaModel> model_;
+  std::unique_ptr<train::MoeStepStats> moe_stats_;  // MoE models: the step's routing statistics
   std::unique_ptr<parallel::DataParallel> dp_;
   bool zero1() const { return dp_ && args_->use_distributed_optimizer; }
   bool rank0() const { return dist_.rank == 0; }

@@ -17,6 +17,8 @@
 #include "io/hf_export.h"
 #include "io/safetensors.h"
 #include "train/param_layout.h"
+#include "train/checkpointing.h"
+#include "train/moe_stats.h"
 #include "turbo/kernels/cpu/optimizer.h"
 #include "turbo/kernels/cpu/reduce.h"
 
@@ -40,6 +42,23 @@ train::ModelSpec tiny_spec(bool llama) {
   m.untied = llama;
   m.bias = !llama;
   m.init_method_std = 0.02;
+  return m;
+}
+
+train::ModelSpec tiny_moe_spec(bool deepseek) {
+  train::ModelSpec m = tiny_spec(true);
+  m.model_type = deepseek ? "deepseek_v3" : "mixtral";
+  train::MoeSpec& e = m.moe;
+  e.moe_layers = {!deepseek, true};  // DeepSeek style: the first layer dense
+  e.aux_loss_coeff = 0.01;
+  e.z_loss_coeff = 0.001;
+  e.ffn_hidden_size = 64;
+  if (!deepseek) {
+    e.num_experts = 8, e.topk = 2;
+  } else {
+    e.num_experts = 16, e.topk = 4, e.shared_ffn_hidden_size = 96;
+    e.sigmoid = true, e.num_groups = 4, e.group_topk = 2, e.topk_scaling_factor = 2.5, e.expert_bias = true;
+  }
   return m;
 }
 
@@ -112,11 +131,11 @@ std::vector<float> initial_params(const train::ModelSpec& spec) {
 
 namespace {
 
-const std::vector<double>& reference_curve(bool llama, int steps) {
-  static std::map<std::pair<bool, int>, std::vector<double>> cache;
-  auto it = cache.find({llama, steps});
+const std::vector<double>& reference_curve(const train::ModelSpec& spec, int steps) {
+  static std::map<std::pair<std::string, int>, std::vector<double>> cache;
+  const std::string key = train::spec_json(spec).dump();
+  auto it = cache.find({key, steps});
   if (it != cache.end()) return it->second;
-  const train::ModelSpec spec = tiny_spec(llama);
   const int64_t T = spec.seq_length;
   Batches data(T, steps);
   reference::GptModel<float> ref(spec, kTrainBatch, T);
@@ -138,7 +157,7 @@ const std::vector<double>& reference_curve(bool llama, int steps) {
                                v.data() + t.offset, t.numel, hp);
     }
   }
-  return cache[{llama, steps}] = curve;
+  return cache[{key, steps}] = curve;
 }
 
 // Every parameter tensor of `layout` cut into its Hugging Face tensors (names, layouts,
@@ -167,7 +186,6 @@ void write_tensors(const std::filesystem::path& path, const std::map<std::string
 struct DumpInputs {
   const train::ModelSpec& spec;
   const train::ParamLayout& layout;
-  bool llama;
   Attn attn;
   turbo::Device device;
   unsigned seed;
@@ -181,7 +199,7 @@ struct DumpInputs {
 
 std::string write_parity_dump(const std::string& root, const DumpInputs& in, const Step0& r) {
   namespace fsys = std::filesystem;
-  const fsys::path dir = fsys::path(root) / fmt::format("{}-{}-{}-seed{}", in.llama ? "llama" : "gpt2",
+  const fsys::path dir = fsys::path(root) / fmt::format("{}-{}-{}-seed{}", in.spec.model_type,
                                                           in.attn == Attn::Default ? "default" : "fallback",
                                                           in.device == turbo::Device::CPU ? "host" : "cuda", in.seed);
   fsys::create_directories(dir / "hf");
@@ -198,14 +216,15 @@ std::string write_parity_dump(const std::string& root, const DumpInputs& in, con
   write_tensors(dir / "batch.safetensors", batch);
 
   nlohmann::json tensors = nlohmann::json::array();
-  for (size_t i = 0; i < in.layout.tensors.size(); ++i) {
-    const auto& t = in.layout.tensors[i];
-    if (r.errors.at(i).first != t.name) throw std::logic_error("parity dump: errors not in layout order");
+  size_t next = 0;  // r.errors: the trainable tensors, in layout order
+  for (const auto& t : in.layout.tensors) {
+    if (!t.trainable) continue;
+    if (r.errors.at(next).first != t.name) throw std::logic_error("parity dump: errors not in layout order");
     nlohmann::json parts = nlohmann::json::array();
     for (const auto& part : t.hf) parts.push_back(part.name);
-    tensors.push_back({{"name", t.name}, {"hf", parts}, {"rel_l2", r.errors.at(i).second}});
+    tensors.push_back({{"name", t.name}, {"hf", parts}, {"rel_l2", r.errors.at(next++).second}});
   }
-  nlohmann::json j = {{"model", in.llama ? "llama" : "gpt2"},
+  nlohmann::json j = {{"model", in.spec.model_type},
                       {"attention", in.attn == Attn::Default ? "default" : "fallback"},
                       {"attention_impl", attn_name(in.attn)},
                       {"device", in.device == turbo::Device::CPU ? "host" : "cuda"},
@@ -231,7 +250,10 @@ std::string parity_dump_root() {
 }
 
 Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed, const std::string& dump_root) {
-  train::ModelSpec spec = tiny_spec(llama);
+  return step0_parity(tiny_spec(llama), attn, device, seed, dump_root);
+}
+
+Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsigned seed, const std::string& dump_root) {
   spec.init_method_std = 0.1;  // enough signal through attention for the q/k gradients
   const int64_t B = 4, T = spec.seq_length;
   std::mt19937 rng(seed);
@@ -265,11 +287,21 @@ Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed, c
   r.loss = model.read_loss_sum(1);
   std::vector<float> grads(static_cast<size_t>(model.layout().total));
   model.get_grads(grads.data());
-  for (const auto& t : model.layout().tensors)
+  for (const auto& t : model.layout().tensors) {
+    if (!t.trainable) continue;  // a buffer (the expert bias): no gradient on either side
     r.errors.push_back({t.name, rel_l2(grads.data() + t.offset, ref.grads.data() + t.offset, t.numel)});
+  }
+  // The routing both sides chose: each MoE layer's slots per expert.
+  CudaModel::StepStatus st = model.read_step_status(1);
+  train::MoeStepStats ours(spec), theirs(spec);
+  model.moe_report(st, 1, ours);
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    if (const auto* m = ref.moe_layer(l)) theirs.add(l, m->stats().counts.data(), m->stats().dropped, 0, 0);
+  r.expert_load = ours.load();
+  r.ref_expert_load = theirs.load();
   if (!dump_root.empty()) {
     r.dump_dir = write_parity_dump(dump_root,
-                                   DumpInputs{spec, model.layout(), llama, attn, device, seed, B, T, tokens, targets,
+                                   DumpInputs{spec, model.layout(), attn, device, seed, B, T, tokens, targets,
                                               ref.params.data(), ref.grads.data(), grads.data()},
                                    r);
   }
@@ -283,9 +315,14 @@ Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed, c
 
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
                                                                     int steps, const turbo::Fp8Recipe* fp8) {
-  const train::ModelSpec spec = tiny_spec(llama);
+  return training_curves(tiny_spec(llama), attn, device, steps, fp8);
+}
+
+std::pair<std::vector<double>, std::vector<double>> training_curves(const train::ModelSpec& spec, Attn attn,
+                                                                    turbo::Device device, int steps,
+                                                                    const turbo::Fp8Recipe* fp8) {
   const int64_t T = spec.seq_length;
-  const std::vector<double>& ref = reference_curve(llama, steps);
+  const std::vector<double>& ref = reference_curve(spec, steps);
   Batches data(T, steps);
   CudaOps ops = ops_for(attn);
   CudaModelOptions mo = options(spec, kTrainBatch, device);

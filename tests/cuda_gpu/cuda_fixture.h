@@ -24,6 +24,10 @@ namespace primus::backends::cuda::testing {
 // Tiny but not degenerate: head_dim 64 (what every attention kernel serves), two layers, the
 // Llama one with grouped-query attention (2 query heads per kv head), RoPE, SwiGLU, untied head.
 train::ModelSpec tiny_spec(bool llama);
+// The tiny Llama with MoE layers. Mixtral style: both layers MoE, 8 experts of width 64, softmax
+// top-2. DeepSeek style: the first layer dense, 16 experts in 4 groups (2 chosen), sigmoid top-4
+// with the expert bias and scaling 2.5, a shared expert of width 96. Both with aux and z losses.
+train::ModelSpec tiny_moe_spec(bool deepseek);
 
 inline float round_bf16(float x) { return turbo::bf16_bits_to_float(turbo::float_to_bf16_bits(x)); }
 
@@ -69,12 +73,16 @@ CudaOps ops_for(Attn a);
 struct Step0 {
   double loss = 0, ref_loss = 0, eval_loss = 0;
   bool eval_kept_grads = false;  // a forward without gradient left the gradients untouched
-  std::vector<std::pair<std::string, double>> errors;
+  std::vector<std::pair<std::string, double>> errors;  // per trainable tensor
   std::string dump_dir;  // the folder written in dump mode, else empty
+  // MoE: slots per expert of every layer ([layer][expert], empty for dense layers), both sides.
+  std::vector<std::vector<int64_t>> expert_load, ref_expert_load;
 };
 // $PRIMUS_PARITY_DUMP, or "" when unset.
 std::string parity_dump_root();
 Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed,
+                   const std::string& dump_root = parity_dump_root());
+Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsigned seed,
                    const std::string& dump_root = parity_dump_root());
 
 // `steps` training steps of both backends from the same bf16-representable init (seed 1234) on
@@ -84,6 +92,9 @@ Step0 step0_parity(bool llama, Attn attn, turbo::Device device, unsigned seed,
 // With `fp8`, the model's linear slots run that FP8 recipe (patch cuda.linear.fp8).
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
                                                                     int steps, const turbo::Fp8Recipe* fp8 = nullptr);
+std::pair<std::vector<double>, std::vector<double>> training_curves(const train::ModelSpec& spec, Attn attn,
+                                                                    turbo::Device device, int steps,
+                                                                    const turbo::Fp8Recipe* fp8 = nullptr);
 
 class CudaGpuTest : public ::testing::Test {
  protected:

@@ -60,6 +60,42 @@ TEST_P(HostParityTest, TenTrainingStepsFollowTheReference) {
   EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
 }
 
+// MoE layers (router, row plan, permutes, grouped GEMMs, shared expert, aux and z losses) in host
+// mode against the reference backend: the same routing (slots per expert), loss and every
+// gradient within the fp32 gate, and 10 training steps along the reference's curve.
+class HostMoeParityTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HostMoeParityTest, Step0RoutingLossAndEveryGradientMatchReference) {
+  const bool deepseek = GetParam();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  const Step0 r = step0_parity(tiny_moe_spec(deepseek), Attn::Default, turbo::Device::CPU, seed);
+  EXPECT_NEAR(r.loss, r.ref_loss, 1e-5 * r.ref_loss);
+  ASSERT_FALSE(r.expert_load.empty());
+  EXPECT_EQ(r.expert_load, r.ref_expert_load);
+  double worst = 0;
+  int moe_tensors = 0;
+  for (const auto& [name, e] : r.errors) {
+    worst = std::max(worst, e);
+    moe_tensors += name.find(".moe.") != std::string::npos;
+    EXPECT_LT(e, 1e-4) << name;
+  }
+  EXPECT_GE(moe_tensors, deepseek ? 5 : 6);
+  std::printf("[host %s MoE] loss %.7f ref %.7f, worst gradient relative L2 %.2e\n", deepseek ? "deepseek" : "mixtral",
+              r.loss, r.ref_loss, worst);
+}
+
+TEST_P(HostMoeParityTest, TenTrainingStepsFollowTheReference) {
+  const bool deepseek = GetParam();
+  const auto [curve, ref] = training_curves(tiny_moe_spec(deepseek), Attn::Default, turbo::Device::CPU, 10);
+  ASSERT_EQ(curve.size(), 10u);
+  for (size_t s = 0; s < curve.size(); ++s) EXPECT_NEAR(curve[s], ref[s], 1e-5 * ref[s]) << "step " << s;
+  EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
+}
+
+INSTANTIATE_TEST_SUITE_P(Routers, HostMoeParityTest, ::testing::Bool(),
+                         [](const auto& info) { return std::string(info.param ? "DeepSeek" : "Mixtral"); });
+
 // FP8 linear layers in host mode (the CPU quantizer and the dequantized f32 GEMM: the device
 // path's arithmetic): training follows the fp32 reference within FP8's rounding, and the
 // quantization is really applied (the curve is not the fp32 one bit for bit).

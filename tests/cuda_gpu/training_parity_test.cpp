@@ -75,3 +75,28 @@ INSTANTIATE_TEST_SUITE_P(Cuda, TrainingParityTest,
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing
+
+namespace primus::backends::cuda::testing {
+namespace {
+
+// The tiny MoE models: 200 steps within 2% of the reference curve at every step, as the dense ones.
+class MoeTrainingParityTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(MoeTrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
+  const bool deepseek = GetParam();
+  const auto [curve, ref] = training_curves(tiny_moe_spec(deepseek), Attn::Default, turbo::Device::CUDA, 200);
+  double worst = 0;
+  for (size_t s = 0; s < curve.size(); ++s) {
+    const double rel = std::fabs(curve[s] - ref[s]) / ref[s];
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 0.02) << "step " << s << ": cuda " << curve[s] << " reference " << ref[s];
+  }
+  std::printf("[%s MoE] loss step 0 %.4f/%.4f, 199 %.4f/%.4f (cuda/reference), worst relative difference %.2e\n",
+              deepseek ? "deepseek" : "mixtral", curve[0], ref[0], curve[199], ref[199], worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, MoeTrainingParityTest, ::testing::Bool(),
+                         [](const auto& info) { return std::string(info.param ? "DeepSeek" : "Mixtral"); });
+
+}  // namespace
+}  // namespace primus::backends::cuda::testing

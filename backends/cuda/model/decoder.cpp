@@ -9,8 +9,11 @@
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
 #include "turbo/ops/activation.h"
+#include "turbo/ops/cast.h"
 #include "turbo/ops/embedding.h"
 #include "turbo/ops/gemm.h"
+#include "turbo/ops/grouped_gemm.h"
+#include "turbo/ops/moe.h"
 #include "turbo/ops/rope.h"
 
 namespace primus::backends::cuda {
@@ -51,6 +54,17 @@ Decoder::Decoder(const train::ModelSpec& spec, const train::ParamLayout& layout,
   final_norm_ready_ = layout.get("final_norm.weight").offset;
   for (int64_t l = 0; l < spec_.num_layers; ++l)
     layer_ready_.push_back(layout.get(fmt::format("layers.{}.norm1.weight", l)).offset);
+  const train::MoeSpec& e = spec_.moe;
+  router_.num_experts = e.num_experts;
+  router_.topk = e.topk;
+  router_.score = e.sigmoid ? turbo::RouterScore::Sigmoid : turbo::RouterScore::Softmax;
+  router_.pre_softmax = e.pre_softmax;
+  router_.num_groups = e.num_groups;
+  router_.group_topk = e.group_topk;
+  router_.scaling_factor = e.topk_scaling_factor;
+  moe_align_ = plan.options().moe_align;
+  int64_t m = 0;
+  for (int64_t l = 0; l < spec_.num_layers; ++l) moe_index_.push_back(spec_.is_moe_layer(l) ? m++ : -1);
 }
 
 // ---- forward ------------------------------------------------------------------------------
@@ -125,6 +139,10 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   ops_.linear_forward(a_.tmp.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, p.proj_b.w, {}, c);
   phase(Phase::Norm);
   norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, a_.tmp, a.x_in, p.norm2, N);
+  if (spec_.is_moe_layer(l)) {
+    if (!recompute) moe_forward(l, N);  // every MoE activation is kept: nothing to recompute
+    return;
+  }
   phase(Phase::MlpUpGemm);
   if (spec_.swiglu || opt_.gelu_unfused_forward) {
     ops_.linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
@@ -145,6 +163,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
   B_ = B;
   T_ = T;
   slot_ = slot;
+  dloss_ = dloss;
   const int64_t C = spec_.hidden_size;
   const ExecContext c = ctx_;
   const int64_t at = slot * max_batch_ * max_seq_;
@@ -284,6 +303,9 @@ void Decoder::backward() {
     recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
     const LayerActs& a = a_.layers[l];
     const LayerParams& p = p_.layers[l];
+    if (spec_.is_moe_layer(l)) {
+      moe_backward(l, N);
+    } else {
     // MLP: dres is the gradient of the layer output x2 + mlp(ln2(x2)).
     const TensorView dfc = a_.dfc.slice0(0, N), act = a.act.slice0(0, N), fc = a.fc.slice0(0, N);
     mark(Phase::MlpDownGemmBwd);
@@ -302,6 +324,7 @@ void Decoder::backward() {
     }
     mark(Phase::MlpUpGemmBwd);
     linear_backward(a_.dln.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N));
+    }
     mark(Phase::NormBwd);
     norm_backward(a_.dres, a_.dln, a.x2, a.mean2, a.rstd2, p.norm2, N, true, p.proj_b.g);
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
@@ -366,6 +389,165 @@ void Decoder::backward() {
 }
 
 
+// ---- mixture of experts -----------------------------------------------------------------------
+
+// moe_counts [S, Lm, 2E] i32 = counts | kept; moe_sums [S, Lm, E+1] f32 = prob_sum | z_sum.
+namespace {
+TensorView moe_row(const TensorView& buf, int64_t slot, int64_t m, int64_t begin, int64_t n) {
+  const int64_t Lm = buf.size(1), W = buf.size(2);
+  char* p = static_cast<char*>(buf.data) + size_t((slot * Lm + m) * W + begin) * turbo::dtype_size(buf.dtype);
+  return TensorView(p, buf.dtype, buf.device, {n});
+}
+}  // namespace
+
+TensorView Decoder::moe_counts(int64_t slot, int64_t l) const {
+  return moe_row(a_.moe_counts, slot, moe_index_.at(l), 0, spec_.moe.num_experts);
+}
+TensorView Decoder::moe_kept(int64_t slot, int64_t l) const {
+  const int64_t E = spec_.moe.num_experts;
+  return moe_row(a_.moe_counts, slot, moe_index_.at(l), E, E);
+}
+TensorView Decoder::moe_prob_sum(int64_t slot, int64_t l) const {
+  return moe_row(a_.moe_sums, slot, moe_index_.at(l), 0, spec_.moe.num_experts);
+}
+TensorView Decoder::moe_z_sum(int64_t slot, int64_t l) const {
+  return moe_row(a_.moe_sums, slot, moe_index_.at(l), spec_.moe.num_experts, 1);
+}
+
+void Decoder::moe_forward(int64_t l, int64_t N) {
+  const ExecContext c = ctx_;
+  const MoeActs& m = a_.moe[l];
+  const MoeParams& mp = p_.layers[l].moe;
+  const TensorView ln2 = a_.layers[l].ln2.slice0(0, N), out = a_.tmp.slice0(0, N);
+  const TensorView idx = m.topk_idx.slice0(0, N), w = m.topk_weight.slice0(0, N), rows = m.rows.slice0(0, N);
+  const TensorView kept = moe_kept(slot_, l);
+  mark(Phase::MoeRouter);
+  {
+    turbo::GemmArgs g;  // f32 logits from the bf16 GEMM: the router's softmax / top-k see full precision
+    g.a = ln2;
+    g.b = mp.router.w.transposed();
+    g.d = m.logits.slice0(0, N);
+    g.ctx = c;
+    turbo::gemm(g);
+  }
+  turbo::RouterForwardArgs r;
+  r.cfg = router_;
+  r.logits = m.logits.slice0(0, N);
+  r.bias = mp.expert_bias;
+  r.topk_idx = idx;
+  r.topk_weight = w;
+  r.probs = m.probs.slice0(0, N);
+  r.counts = moe_counts(slot_, l);
+  r.prob_sum = moe_prob_sum(slot_, l);
+  r.z_sum = moe_z_sum(slot_, l);
+  r.ctx = c;
+  turbo::router_forward(r);
+  turbo::MoePlanArgs pl;
+  pl.topk_idx = idx;
+  pl.topk_weight = w;
+  pl.counts = r.counts;
+  pl.align = moe_align_;
+  pl.capacity = spec_.moe.capacity(N);
+  pl.policy = spec_.moe.drop_by_position ? turbo::DropPolicy::Position : turbo::DropPolicy::Probs;
+  pl.row_of_slot = rows;
+  pl.offsets = m.offsets;
+  pl.kept = kept;
+  pl.ctx = c;
+  turbo::moe_plan_rows(pl);
+  mark(Phase::MoePermute);
+  turbo::moe_permute({m.xp, ln2, rows, m.offsets, kept, c});
+  mark(Phase::MlpUpGemm);
+  turbo::grouped_gemm_forward({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  mark(Phase::Activation);
+  turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
+  mark(Phase::MlpDownGemm);
+  turbo::grouped_gemm_forward({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  mark(Phase::MoePermute);
+  turbo::moe_unpermute({out, m.yp, w, rows, false, c});
+  if (mp.shared_fc.w.defined()) {
+    mark(Phase::MlpUpGemm);
+    ops_.linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
+    mark(Phase::Activation);
+    turbo::activation_forward({turbo::Activation::SwiGLU, m.sact.slice0(0, N), m.sfc.slice0(0, N), c});
+    mark(Phase::MlpDownGemm);
+    turbo::GemmArgs g;  // out += shared expert
+    g.a = m.sact.slice0(0, N);
+    g.b = mp.shared_proj.w.transposed();
+    g.d = out;
+    g.beta = 1.0f;
+    g.ctx = c;
+    turbo::gemm(g);
+  }
+}
+
+void Decoder::moe_backward(int64_t l, int64_t N) {
+  const ExecContext c = ctx_;
+  const MoeActs& m = a_.moe[l];
+  const MoeParams& mp = p_.layers[l].moe;
+  const TensorView ln2 = a_.layers[l].ln2.slice0(0, N), dres = a_.dres.slice0(0, N), dln = a_.dln.slice0(0, N);
+  const TensorView w = m.topk_weight.slice0(0, N), rows = m.rows.slice0(0, N);
+  const TensorView kept = moe_kept(slot_, l);
+  bool dln_written = false;
+  if (mp.shared_fc.w.defined()) {
+    mark(Phase::MlpDownGemmBwd);
+    linear_backward(a_.dsact.slice0(0, N), mp.shared_proj, {}, dres, m.sact.slice0(0, N));
+    mark(Phase::ActivationBwd);
+    turbo::activation_backward({turbo::Activation::SwiGLU, a_.dsfc.slice0(0, N), m.sfc.slice0(0, N),
+                                a_.dsact.slice0(0, N), false, c});
+    mark(Phase::MlpUpGemmBwd);
+    linear_backward(dln, mp.shared_fc, {}, a_.dsfc.slice0(0, N), ln2);
+    dln_written = true;
+  }
+  mark(Phase::MoePermuteBwd);
+  turbo::moe_unpermute_backward({a_.dyp, a_.dweight.slice0(0, N), dres, m.yp, w, rows, m.offsets, kept, c});
+  mark(Phase::MlpDownGemmBwd);
+  turbo::grouped_gemm_dgrad({a_.dmact, a_.dyp, mp.proj.w, m.offsets, moe_align_, c});
+  turbo::grouped_gemm_wgrad({mp.proj.g, a_.dyp, m.act, m.offsets, moe_align_, !fresh_layers_, c});
+  mark(Phase::ActivationBwd);
+  turbo::activation_backward({turbo::Activation::SwiGLU, a_.dh, m.h, a_.dmact, false, c});
+  mark(Phase::MlpUpGemmBwd);
+  turbo::grouped_gemm_dgrad({a_.dxp, a_.dh, mp.fc.w, m.offsets, moe_align_, c});
+  turbo::grouped_gemm_wgrad({mp.fc.g, a_.dh, m.xp, m.offsets, moe_align_, !fresh_layers_, c});
+  mark(Phase::MoePermuteBwd);
+  turbo::MoePermuteBackwardArgs pb;
+  pb.dinp = dln;
+  pb.dout = a_.dxp;
+  pb.row_of_slot = rows;
+  pb.accumulate = dln_written;
+  pb.ctx = c;
+  turbo::moe_permute_backward(pb);
+  mark(Phase::MoeRouterBwd);
+  const double scale = static_cast<double>(dloss_) * static_cast<double>(N);
+  turbo::RouterBackwardArgs rb;
+  rb.cfg = router_;
+  rb.dlogits = a_.dlogits.slice0(0, N);
+  rb.dweight = a_.dweight.slice0(0, N);
+  rb.logits = m.logits.slice0(0, N);
+  rb.probs = m.probs.slice0(0, N);
+  rb.topk_idx = m.topk_idx.slice0(0, N);
+  rb.counts = moe_counts(slot_, l);
+  rb.aux_coeff = spec_.moe.aux_loss_coeff * scale;
+  rb.z_coeff = spec_.moe.z_loss_coeff * scale;
+  rb.ctx = c;
+  turbo::router_backward(rb);
+  const TensorView dlog = a_.dlogits_act.slice0(0, N);
+  turbo::cast(dlog, rb.dlogits, c);
+  turbo::GemmArgs gi;  // dln += dlogits @ router
+  gi.a = dlog;
+  gi.b = mp.router.w;
+  gi.d = dln;
+  gi.beta = 1.0f;
+  gi.ctx = c;
+  turbo::gemm(gi);
+  turbo::GemmArgs gw;  // router.g (+)= dlogits^T @ ln2
+  gw.a = dlog.transposed();
+  gw.b = ln2;
+  gw.d = mp.router.g;
+  gw.beta = fresh_layers_ ? 0.0f : 1.0f;
+  gw.ctx = c;
+  turbo::gemm(gw);
+}
+
 TensorView Decoder::heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t heads) const {
   const int64_t D = spec_.head_dim(), W = buf.size(1);
   if (col + heads * D > W) throw RuntimeError(fmt::format("cuda model: columns {}+{} outside {}", col, heads * D, buf.describe()));
@@ -382,7 +564,9 @@ bool Decoder::written_by_first_gemm(const train::ModelSpec& spec, const std::str
     return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
   };
   if (name.rfind("layers.", 0) == 0)
-    return ends(".attn.qkv.weight") || ends(".attn.proj.weight") || ends(".mlp.fc.weight") || ends(".mlp.proj.weight");
+    return ends(".attn.qkv.weight") || ends(".attn.proj.weight") || ends(".mlp.fc.weight") || ends(".mlp.proj.weight") ||
+           ends(".moe.router.weight") || ends(".moe.experts.fc.weight") || ends(".moe.experts.proj.weight") ||
+           ends(".moe.shared.fc.weight") || ends(".moe.shared.proj.weight");
   // The head's weight: its own, or the tied embedding (the head's GEMM runs before the embedding's
   // backward adds its rows).
   return name == (spec.untied ? "output_layer.weight" : "embedding.weight");

@@ -24,6 +24,7 @@
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model/memory_plan.h"
 #include "backends/cuda/profile.h"
+#include "turbo/ops/moe.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
 
@@ -85,6 +86,9 @@ class Decoder {
   void on_grads_ready(std::function<void(int64_t offset)> fn) { grads_ready_ = std::move(fn); }
 
   bool bias_grad_from_ones() const { return ones_pad_ != 0; }
+  // The MoE layers' routing configuration (turbo/ops/moe.h) and group alignment.
+  const turbo::RouterConfig& router_config() const { return router_; }
+  int64_t moe_align() const { return moe_align_; }
   Recompute recompute(int64_t layer) const { return policy_.at(static_cast<size_t>(layer)); }
   int64_t batch() const { return B_; }
   int64_t seq() const { return T_; }
@@ -99,6 +103,15 @@ class Decoder {
   // recomputation (norm1 from the stored x_in; the last GEMM, whose output nothing needs, skipped).
   void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute);
   void recompute_layer(int64_t l, int64_t B, int64_t T);  // refills what the layer's policy did not keep
+  // A MoE layer's feed-forward: a_.tmp [N,C] = moe(ln2); its backward from dres into a_.dln
+  // (overwritten) and the layer's MoE gradients.
+  void moe_forward(int64_t l, int64_t N);
+  void moe_backward(int64_t l, int64_t N);
+  // Micro-batch slot `slot`'s routing statistics of MoE layer l (views into moe_counts / moe_sums).
+  TensorView moe_counts(int64_t slot, int64_t l) const;
+  TensorView moe_kept(int64_t slot, int64_t l) const;
+  TensorView moe_prob_sum(int64_t slot, int64_t l) const;
+  TensorView moe_z_sum(int64_t slot, int64_t l) const;
   // A linear layer's gradients from dout: dinp = (skipped if undefined), w.g +=, b.g += (if the
   // layer has a bias: its own column-sum reduction, the GEMM's epilogue with BiasGrad::Gemm, or
   // nothing when `bias_done`: a norm backward already summed dout into b.g).
@@ -139,6 +152,10 @@ class Decoder {
   bool fresh_head_ = false, fresh_layers_ = false;
   int64_t B_ = 0, T_ = 0;
   int64_t slot_ = 0;          // the token slot of the last forward (the embedding's backward reads it)
+  float dloss_ = 0;           // the last forward's per-token loss scale (the MoE loss terms' scale is dloss * N)
+  turbo::RouterConfig router_;
+  int64_t moe_align_ = 1;
+  std::vector<int64_t> moe_index_;  // layer -> its index among the MoE layers (-1: dense)
   int64_t train_tokens_ = 1;
   bool have_grad_logits_ = false;
   StepProfiler* prof_ = nullptr;

@@ -14,6 +14,7 @@
 #include "turbo/kernels/cuda/optimizer.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/gemm_fp8.h"
+#include "turbo/ops/moe.h"
 
 namespace primus::backends::cuda {
 
@@ -136,6 +137,8 @@ size_t MemoryPlan::scratch_bytes() const {
   const size_t turbo_attention = size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);
   bytes = std::max(bytes, opt_.host ? opt_.attention_scratch_bytes
                                     : std::max(opt_.attention_scratch_bytes, turbo_attention));
+  if (spec_.moe.enabled())  // the routing ops' partial sums and sorts (N x (E + K) words, twice)
+    bytes = std::max(bytes, size_t(N * (spec_.moe.num_experts + spec_.moe.topk)) * 16 + (size_t{1} << 20));
   return round_up(bytes, size_t{1} << 20);
 }
 
@@ -157,10 +160,20 @@ void MemoryPlan::plan(Take&& take) {
   if (spec_.rope && !host)
     s.rope_table = take(Pool::State, DType::F32, {spec_.seq_length, spec_.head_dim() / 2, 2}, "RoPE table");
   const int64_t S = opt_.loss_slots;
-  s.status = take(Pool::State, DType::F32, {S + 3}, "step status: loss sums, grad norm, clip factor, finite flag");
+  // The MoE routing statistics ride in the status buffer, so the one D2H copy of a step's status
+  // carries them too (i32 counts as bit patterns, then f32 sums; see ActivationBuffers).
+  const int64_t Lm = spec_.num_moe_layers(), E = spec_.moe.num_experts;
+  const int64_t moe_words = S * Lm * (3 * E + 1);
+  s.status = take(Pool::State, DType::F32, {S + 3 + moe_words},
+                  "step status: loss sums, grad norm, clip factor, finite flag, MoE routing statistics");
   if (s.status.defined()) {
     s.loss_slots = s.status.slice0(0, S);
     s.norm = s.status.slice0(S, S + 2);
+    if (Lm > 0) {
+      float* base = static_cast<float*>(s.status.data) + S + 3;
+      acts.moe_counts = TensorView(base, DType::I32, s.status.device, {S, Lm, 2 * E});
+      acts.moe_sums = TensorView(base + S * Lm * 2 * E, DType::F32, s.status.device, {S, Lm, E + 1});
+    }
   }
   s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
   if (!host && opt_.zero_ranges > 0)  // the kernel's table (host mode clears range by range)
@@ -175,6 +188,7 @@ void MemoryPlan::plan(Take&& take) {
     Recompute keep;
     const char* what;
     int64_t pad = 0;  // rows `pad` columns longer than the view (the ones column; see BiasGrad)
+    bool dense_mlp = false;  // only in dense layers (a MoE layer has its own, MoeActs)
   };
   const DType f32 = DType::F32;
   const int64_t pad = opt_.ones_pad;
@@ -190,8 +204,8 @@ void MemoryPlan::plan(Take&& take) {
       {&LayerActs::ln2, act_, C, false, Recompute::None, "norm2 output", pad},
       {&LayerActs::mean2, f32, 1, true, Recompute::None, "norm2 mean"},
       {&LayerActs::rstd2, f32, 1, true, Recompute::None, "norm2 rstd"},
-      {&LayerActs::fc, act_, FC, false, Recompute::Selective, "MLP pre-activation"},
-      {&LayerActs::act, act_, F, false, Recompute::Norms, "MLP activation"},
+      {&LayerActs::fc, act_, FC, false, Recompute::Selective, "MLP pre-activation", 0, true},
+      {&LayerActs::act, act_, F, false, Recompute::Norms, "MLP activation", 0, true},
   };
   ActivationBuffers& a = acts;
   const int64_t L = spec_.num_layers;
@@ -210,8 +224,10 @@ void MemoryPlan::plan(Take&& take) {
       v.strides = {f.cols + f.pad, 1};
       return v;
     };
+    auto wanted = [&](int64_t l) { return !(f.dense_mlp && spec_.is_moe_layer(l)); };
     bool shared = false;
     for (int64_t l = 0; l < L; ++l) {
+      if (!wanted(l)) continue;
       if (policy[l] <= f.keep)
         a.layers[l].*f.member = take_field();
       else
@@ -220,8 +236,9 @@ void MemoryPlan::plan(Take&& take) {
     if (!shared) continue;
     a.work.*f.member = take_field();
     for (int64_t l = 0; l < L; ++l)
-      if (policy[l] > f.keep) a.layers[l].*f.member = a.work.*f.member;
+      if (wanted(l) && policy[l] > f.keep) a.layers[l].*f.member = a.work.*f.member;
   }
+  plan_moe(take, N);
   a.tmp = take(Pool::Acts, act_, {N, C}, "projection output");
   a.x_final = take(Pool::Acts, act_, {N, C}, "final residual");
   a.lnf = take(Pool::Acts, act_, {N, C}, "final norm output");
@@ -259,6 +276,49 @@ void MemoryPlan::plan(Take&& take) {
   if (rope) a.dqk_rot = carve(2 * C + 2 * KVD, C + KVD);  // RoPE's backward reads these, writes dqkv
 }
 
+template <class Take>
+void MemoryPlan::plan_moe(Take&& take, int64_t N) {
+  ActivationBuffers& a = acts;
+  a.moe.assign(static_cast<size_t>(spec_.num_layers), MoeActs{});
+  const train::MoeSpec& e = spec_.moe;
+  const int64_t Lm = spec_.num_moe_layers();
+  if (Lm == 0) return;
+  const int64_t C = spec_.hidden_size, E = e.num_experts, K = e.topk, F = e.ffn_hidden_size;
+  const int64_t Fs = e.shared_ffn_hidden_size;
+  const int64_t M = turbo::moe_permuted_rows_max(N, K, E, opt_.moe_align);
+  a.moe_rows = M;
+  const DType f32 = DType::F32, i32 = DType::I32;
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    if (!spec_.is_moe_layer(l)) continue;
+    MoeActs& m = a.moe[l];
+    m.logits = take(Pool::Acts, f32, {N, E}, "MoE router logits");
+    m.probs = take(Pool::Acts, f32, {N, E}, "MoE router scores");
+    m.topk_idx = take(Pool::Acts, i32, {N, K}, "MoE chosen experts");
+    m.topk_weight = take(Pool::Acts, f32, {N, K}, "MoE routing weights");
+    m.rows = take(Pool::Acts, i32, {N, K}, "MoE slot rows");
+    m.offsets = take(Pool::Acts, i32, {E + 1}, "MoE group offsets");
+    m.xp = take(Pool::Acts, act_, {M, C}, "MoE permuted input");
+    m.h = take(Pool::Acts, act_, {M, 2 * F}, "MoE expert gate|up");
+    m.act = take(Pool::Acts, act_, {M, F}, "MoE expert activation");
+    m.yp = take(Pool::Acts, act_, {M, C}, "MoE expert output");
+    if (Fs > 0) {
+      m.sfc = take(Pool::Acts, act_, {N, 2 * Fs}, "MoE shared expert gate|up");
+      m.sact = take(Pool::Acts, act_, {N, Fs}, "MoE shared expert activation");
+    }
+  }
+  a.dyp = take(Pool::Acts, act_, {M, C}, "MoE expert output gradient");
+  a.dmact = take(Pool::Acts, act_, {M, F}, "MoE expert activation gradient");
+  a.dh = take(Pool::Acts, act_, {M, 2 * F}, "MoE expert gate|up gradient");
+  a.dxp = take(Pool::Acts, act_, {M, C}, "MoE permuted input gradient");
+  a.dlogits = take(Pool::Acts, f32, {N, E}, "MoE router logit gradient");
+  a.dlogits_act = take(Pool::Acts, act_, {N, E}, "MoE router logit gradient (GEMM operand)");
+  a.dweight = take(Pool::Acts, f32, {N, K}, "MoE routing weight gradient");
+  if (Fs > 0) {
+    a.dsact = take(Pool::Acts, act_, {N, Fs}, "MoE shared expert activation gradient");
+    a.dsfc = take(Pool::Acts, act_, {N, 2 * Fs}, "MoE shared expert gate|up gradient");
+  }
+}
+
 Param MemoryPlan::param(const std::string& name, bool required) const {
   const train::ParamTensor* t = layout_.find(name);
   if (!t) {
@@ -267,6 +327,7 @@ Param MemoryPlan::param(const std::string& name, bool required) const {
   }
   auto shaped = [&](const TensorView& flat) {
     void* p = static_cast<char*>(flat.data) + size_t(t->offset) * turbo::dtype_size(flat.dtype);
+    if (t->shape.size() == 3) return TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1], t->shape[2]});
     return t->shape.size() == 2 ? TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1]})
                                 : TensorView(p, flat.dtype, flat.device, {t->shape[0]});
   };
@@ -289,6 +350,23 @@ void MemoryPlan::view_params() {
     lp.qkv_b = param(n + "attn.qkv.bias", false);
     lp.proj_w = param(n + "attn.proj.weight", true);
     lp.proj_b = param(n + "attn.proj.bias", false);
+    if (spec_.is_moe_layer(l)) {
+      MoeParams& m = lp.moe;
+      m.router = param(n + "moe.router.weight", true);
+      m.fc = param(n + "moe.experts.fc.weight", true);
+      m.proj = param(n + "moe.experts.proj.weight", true);
+      m.shared_fc = param(n + "moe.shared.fc.weight", false);
+      m.shared_proj = param(n + "moe.shared.proj.weight", false);
+      if (const train::ParamTensor* b = layout_.find(n + "moe.router.expert_bias")) {
+        if (!state.master.defined()) {
+          throw RuntimeError("cuda model: the MoE expert bias needs the fp32 master weights on every rank "
+                             "(moe_router_enable_expert_bias with use_distributed_optimizer is not supported yet)");
+        }
+        m.expert_bias = TensorView(static_cast<float*>(state.master.data) + b->offset, DType::F32,
+                                   state.master.device, {b->numel});
+      }
+      continue;
+    }
     lp.fc_w = param(n + "mlp.fc.weight", true);
     lp.fc_b = param(n + "mlp.fc.bias", false);
     lp.out_w = param(n + "mlp.proj.weight", true);

@@ -37,9 +37,17 @@ struct Param {
 struct NormParams {
   Param weight, bias;
 };
+// A MoE layer's tensors: the router [E,C], the stacked experts fc [E,2F,C] (gate | up rows) and
+// proj [E,C,F], the shared expert's (undefined without one), and the expert bias: f32 [E], a view
+// of the fp32 master copy (the router reads it as it is; undefined without one).
+struct MoeParams {
+  Param router, fc, proj, shared_fc, shared_proj;
+  TensorView expert_bias;
+};
 struct LayerParams {
   NormParams norm1, norm2;
-  Param qkv_w, qkv_b, proj_w, proj_b, fc_w, fc_b, out_w, out_b;
+  Param qkv_w, qkv_b, proj_w, proj_b, fc_w, fc_b, out_w, out_b;  // fc/out undefined in MoE layers
+  MoeParams moe;
 };
 struct ModelParams {
   Param wte, wpe, head;  // head is wte when the embedding is tied
@@ -51,6 +59,19 @@ struct ModelParams {
 // attention reads them as strided views.
 struct LayerActs {
   TensorView x_in, ln1, mean1, rstd1, qkv, att, lse, x2, ln2, mean2, rstd2, fc, act;
+};
+
+// One MoE layer's activations, all kept for the backward (the recompute policies apply to the
+// attention and norm tensors). Rows: N tokens; M = moe_permuted_rows_max(N, K, E, align), the
+// permuted buffers' bound for any routing.
+struct MoeActs {
+  TensorView logits, probs;    // f32 [N,E]: router GEMM output, the router's saved scores
+  TensorView topk_idx;         // i32 [N,K]
+  TensorView topk_weight;      // f32 [N,K]
+  TensorView rows;             // i32 [N,K]: each slot's permuted row (-1: dropped)
+  TensorView offsets;          // i32 [E+1]: the groups' rows
+  TensorView xp, h, act, yp;   // [M,C] permuted input, [M,2F] gate|up, [M,F] SwiGLU, [M,C] expert output
+  TensorView sfc, sact;        // shared expert [N,2Fs], [N,Fs] (undefined without one)
 };
 
 // Views into the state arena.
@@ -82,6 +103,18 @@ struct ActivationBuffers {
   int64_t head_rows = 0;
   // The padded norm outputs [N, C + ones_pad] whose extra columns init_ones() fills.
   std::vector<TensorView> ones_buffers;
+  // MoE: per layer (undefined for dense layers); per micro-batch slot s and MoE layer m (the m-th
+  // MoE layer), the routing statistics the host reads after a step: moe_counts i32 [S, Lm, 2E]
+  // (slots per expert | slots kept) and moe_sums f32 [S, Lm, E+1] (sum of the router's p per
+  // expert | sum of logsumexp^2), both views into StateBuffers::status (copied with it). The
+  // backward's MoE working buffers are shared by all layers.
+  std::vector<MoeActs> moe;
+  TensorView moe_counts, moe_sums;
+  TensorView dyp, dmact, dh, dxp;       // [M,C], [M,F], [M,2F], [M,C]
+  TensorView dlogits, dweight;          // f32 [N,E], f32 [N,K]
+  TensorView dlogits_act;               // [N,E] in the activation dtype (the router GEMMs' operand)
+  TensorView dsact, dsfc;               // shared expert [N,Fs], [N,2Fs]
+  int64_t moe_rows = 0;                 // M
 };
 
 struct MemoryPlanOptions {
@@ -93,6 +126,7 @@ struct MemoryPlanOptions {
   size_t attention_scratch_bytes = 0;
   int64_t ones_pad = 0;          // columns of ones after ln1/ln2's rows (BiasGrad::Ones), else 0
   int64_t zero_ranges = 0;       // entries of zero_grad's range table
+  int64_t moe_align = 1;         // MoE groups padded to a multiple of this many rows
   std::vector<Recompute> policy;  // per layer
 };
 
@@ -139,6 +173,8 @@ class MemoryPlan {
  private:
   template <class Take>
   void plan(Take&& take);  // assigns every buffer; run once to count bytes, once to allocate
+  template <class Take>
+  void plan_moe(Take&& take, int64_t N);  // the MoE layers' part of plan()
   size_t scratch_bytes() const;
   Param param(const std::string& name, bool required) const;
   void view_params();
