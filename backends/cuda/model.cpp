@@ -254,6 +254,14 @@ void CudaModel::moe_report(const StepStatus& st, int64_t n, train::MoeStepStats&
   }
 }
 
+std::vector<int32_t> CudaModel::read_moe_topk(int64_t layer, int64_t n) const {
+  const TensorView& t = plan_->acts.moe.at(static_cast<size_t>(layer)).topk_idx;
+  if (!t.defined()) throw RuntimeError(fmt::format("cuda model: layer {} is not a MoE layer", layer));
+  std::vector<int32_t> out(static_cast<size_t>(n * spec_.moe.topk));
+  stream_.from_model(out.data(), t.data, out.size() * sizeof(int32_t));
+  return out;
+}
+
 void CudaModel::update_expert_bias(const std::vector<std::vector<int64_t>>& load) {
   if (!spec_.moe.expert_bias) return;
   std::vector<float> bias(static_cast<size_t>(spec_.moe.num_experts));

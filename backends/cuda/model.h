@@ -166,6 +166,9 @@ class CudaModel {
   // which the router reads) toward balancing `load` [layer][expert] (summed over the step and the
   // data-parallel ranks). Synchronises.
   void update_expert_bias(const std::vector<std::vector<int64_t>>& load);
+  // Tests: the experts MoE layer `layer` chose for the last forward's first n tokens ([n, topk],
+  // synchronising).
+  std::vector<int32_t> read_moe_topk(int64_t layer, int64_t n) const;
   Recompute recompute(int64_t layer) const { return decoder_->recompute(layer); }
   // Bytes of the activations arena (what recomputation shrinks).
   size_t activation_bytes() const { return plan_->activation_bytes(); }

@@ -40,6 +40,7 @@ class GptModel {
 
   // MoE layers (null for a dense layer): routing statistics of the last forward.
   const MoeLayer<Real>* moe_layer(int64_t l) const { return moe_.at(static_cast<size_t>(l)).get(); }
+  MoeLayer<Real>* moe_layer(int64_t l) { return moe_.at(static_cast<size_t>(l)).get(); }
   // The MoE layers' loss terms of the last forward, sum over layers of aux_coeff * aux + z_coeff *
   // z: part of the objective the backward differentiates, not of the value forward() returns
   // (the language-model loss, which evaluation and logs compare across models). The backward

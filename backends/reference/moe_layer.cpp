@@ -64,7 +64,7 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
   k::matmul_forward(logits_.data(), inp, w.router, none, N, C_, E_);
   Real z_sum;
   k::router_forward(idx_.data(), weight_.data(), probs_.data(), counts_.data(), prob_sum_.data(), &z_sum,
-                    logits_.data(), w.expert_bias, N, cfg_);
+                    logits_.data(), w.expert_bias, N, cfg_, forced_.empty() ? nullptr : forced_.data());
   k::router_losses(&stats_.aux, &stats_.z, counts_.data(), prob_sum_.data(), z_sum, N, cfg_);
   const int64_t cap = spec_.moe.capacity(N);
   const auto policy = spec_.moe.drop_by_position ? k::DropPolicy::Position : k::DropPolicy::Probs;

@@ -43,13 +43,17 @@ class MoeLayer {
   const Stats& stats() const { return stats_; }
   const std::vector<int32_t>& topk_idx() const { return idx_; }  // [N*K] of the last forward
   const std::vector<int32_t>& row_of_slot() const { return rows_; }  // [N*K], -1: dropped
+  const std::vector<Real>& logits() const { return logits_; }         // [N*E] router logits
+  // Tests: the next forwards use these experts [N*K] instead of choosing (see router_forward's
+  // forced_idx); nullptr (or an empty vector) chooses again.
+  void force_routing(const std::vector<int32_t>* idx) { forced_ = idx && !idx->empty() ? *idx : std::vector<int32_t>{}; }
 
  private:
   const train::ModelSpec& spec_;
   turbo::cpu::RouterConfig cfg_;
   int64_t N_ = 0, C_, E_, K_, F_, Fs_, align_ = 1, max_rows_;
   std::vector<Real> logits_, probs_, weight_, prob_sum_, xp_, h_, a_, yp_, sfc_, sact_, sout_;
-  std::vector<int32_t> idx_, counts_, rows_, offsets_, kept_;
+  std::vector<int32_t> idx_, counts_, rows_, offsets_, kept_, forced_;
   // Backward scratch.
   std::vector<Real> dlogits_, dweight_, dyp_, da_, dh_, dxp_, dsact_, dsfc_;
   Stats stats_;

@@ -8,7 +8,9 @@
 # $OUT/train.jsonl (case <preset>/b<batch>/t2048/mock; tokens_per_s and memory) and prints a
 # short table last. Run from the repository root with .carry-moe (bench/moe/prepare_carry.sh):
 #   run(command="bash bench/moe/run_on_gpu.sh", carry=[".carry-moe"])
-# STEPS (default 30) and MEASURE (default 20: the last steps averaged) shape our run.
+# STEPS (default 30) and MEASURE (default 20: the last steps averaged) shape our run; EXTRA adds
+# key=value overrides to it (e.g. EXTRA="profile_steps=5": the per-phase table is in logs.tar.gz);
+# ANCHOR=0 skips the anchor (no ratio), HF_PARITY=0 the export check.
 set -u
 CARRY=${CARRY:-.carry-moe}
 OUT=${OUT:-/tmp/moe-out}
@@ -62,8 +64,8 @@ for p in $PRESETS; do
     micro_batch_size="$BATCH" global_batch_size="$BATCH" workspace="$ws" exp_name=m ${EXTRA:-} > "$W/$p.log" 2>&1
   echo "rc=$?" >> "$W/$p.log"
   cp "$ws"/*/*/m/metrics.jsonl "$W/$p.metrics.jsonl" 2>/dev/null
-  timeout 300 python3 "$CARRY/torch_moe_anchor.py" --model "$p" --batch "$BATCH" --mode compile --impl grouped \
-    > "$W/${p}_anchor.json" 2> "$W/${p}_anchor.err"
+  [ "${ANCHOR:-1}" != 0 ] && timeout 300 python3 "$CARRY/torch_moe_anchor.py" --model "$p" --batch "$BATCH" \
+    --mode compile --impl grouped > "$W/${p}_anchor.json" 2> "$W/${p}_anchor.err"
   python3 - "$W" "$OUT" "$p" "$BATCH" "$DEVICE" "$COMMIT" "$MEASURE" <<'PY'
 import json, os, sys, datetime
 work, out, p, batch, device, commit, measure = sys.argv[1:8]

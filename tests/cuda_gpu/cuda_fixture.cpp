@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -277,6 +278,10 @@ Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsig
   Step0 r;
   r.ref_loss = ref.forward(tokens.data(), targets.data(), B, T, dloss);
   ref.backward();
+  train::MoeStepStats theirs(spec);
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    if (const auto* m = ref.moe_layer(l)) theirs.add(l, m->stats().counts.data(), m->stats().dropped, 0, 0);
+  r.ref_expert_load = theirs.load();
 
   CudaModel model(spec, options(spec, B, device), ops_for(attn));
   EXPECT_EQ(model.layout().total, ref.layout().total);
@@ -285,20 +290,56 @@ Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsig
   model.forward(tokens.data(), targets.data(), B, T, static_cast<float>(dloss), 0);
   model.backward();
   r.loss = model.read_loss_sum(1);
+  // MoE: our routing against the reference's; on a difference, the reference again on ours.
+  const int64_t N = B * T, K = spec.moe.topk, E = spec.moe.num_experts;
+  bool rerouted = false;
+  std::vector<std::vector<int32_t>> ours_idx(static_cast<size_t>(spec.num_layers));
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    auto* m = ref.moe_layer(l);
+    if (!m) continue;
+    ours_idx[l] = model.read_moe_topk(l, N);
+    const std::vector<int32_t>& mine = m->topk_idx();
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<int32_t> a(ours_idx[l].begin() + n * K, ours_idx[l].begin() + (n + 1) * K);
+      std::vector<int32_t> b(mine.begin() + n * K, mine.begin() + (n + 1) * K);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      if (a == b) continue;
+      ++r.rerouted_tokens;
+      rerouted = true;
+      // The gap, in the reference's own selection scores (logits, or sigmoid scores, plus the
+      // expert bias), between its weakest choice and our choice it left out.
+      const float* lg = m->logits().data() + n * E;
+      const train::ParamTensor* bt = ref.layout().find(fmt::format("layers.{}.moe.router.expert_bias", l));
+      auto sel = [&](int32_t e) {
+        const double v = spec.moe.sigmoid ? 1.0 / (1.0 + std::exp(-double(lg[e]))) : double(lg[e]);
+        return v + (bt ? double(ref.params[bt->offset + e]) : 0.0);
+      };
+      double weakest = INFINITY, missed = -INFINITY;
+      for (int32_t e : b) weakest = std::min(weakest, sel(e));
+      for (int32_t e : a)
+        if (!std::binary_search(b.begin(), b.end(), e)) missed = std::max(missed, sel(e));
+      r.max_gap = std::max(r.max_gap, weakest - missed);
+    }
+  }
+  if (rerouted) {
+    for (int64_t l = 0; l < spec.num_layers; ++l)
+      if (auto* m = ref.moe_layer(l)) m->force_routing(&ours_idx[l]);
+    ref.zero_grad();
+    r.ref_loss = ref.forward(tokens.data(), targets.data(), B, T, dloss);
+    ref.backward();
+  }
   std::vector<float> grads(static_cast<size_t>(model.layout().total));
   model.get_grads(grads.data());
   for (const auto& t : model.layout().tensors) {
     if (!t.trainable) continue;  // a buffer (the expert bias): no gradient on either side
     r.errors.push_back({t.name, rel_l2(grads.data() + t.offset, ref.grads.data() + t.offset, t.numel)});
   }
-  // The routing both sides chose: each MoE layer's slots per expert.
+  // Our slots per expert, from the step status (the path the trainer reports them by).
   CudaModel::StepStatus st = model.read_step_status(1);
-  train::MoeStepStats ours(spec), theirs(spec);
+  train::MoeStepStats ours(spec);
   model.moe_report(st, 1, ours);
-  for (int64_t l = 0; l < spec.num_layers; ++l)
-    if (const auto* m = ref.moe_layer(l)) theirs.add(l, m->stats().counts.data(), m->stats().dropped, 0, 0);
   r.expert_load = ours.load();
-  r.ref_expert_load = theirs.load();
   if (!dump_root.empty()) {
     r.dump_dir = write_parity_dump(dump_root,
                                    DumpInputs{spec, model.layout(), attn, device, seed, B, T, tokens, targets,

@@ -75,8 +75,15 @@ struct Step0 {
   bool eval_kept_grads = false;  // a forward without gradient left the gradients untouched
   std::vector<std::pair<std::string, double>> errors;  // per trainable tensor
   std::string dump_dir;  // the folder written in dump mode, else empty
-  // MoE: slots per expert of every layer ([layer][expert], empty for dense layers), both sides.
+  // MoE: slots per expert of every layer ([layer][expert], empty for dense layers), ours and the
+  // reference's own choice. Where the two chose differently for some tokens (a near-tie that
+  // bf16 rounding breaks the other way), the gradients above are against the reference run again
+  // on our routing (teacher forcing, see router_forward's forced_idx), so they measure arithmetic,
+  // not a different discrete choice; rerouted_tokens counts those tokens over all layers and
+  // max_gap is the largest score gap the reference saw between the experts that swapped.
   std::vector<std::vector<int64_t>> expert_load, ref_expert_load;
+  int64_t rerouted_tokens = 0;
+  double max_gap = 0;
 };
 // $PRIMUS_PARITY_DUMP, or "" when unset.
 std::string parity_dump_root();

@@ -83,11 +83,16 @@ INSTANTIATE_TEST_SUITE_P(Cuda, ModelParityTest,
                                   (info.param.attn == Attn::Default ? "Default" : "Fallback");
                          });
 
-// MoE layers on the device against the reference: the same routing on the first step (slots per
-// expert of every layer equal: the router GEMM's bf16 inputs move the logits far less than the
-// gaps between the top-k choices at these weights), the step-0 loss within the bf16 gate and every
-// gradient within Llama's gate (the MoE model is the tiny Llama with MoE feed-forward layers).
+// MoE layers on the device against the reference. Routing is discrete: a token whose k-th and
+// (k+1)-th scores are within bf16 rounding of each other (the router reads bf16 activations) may
+// go to the other expert, which changes that token's whole path. So: the routing equals the
+// reference's except for such near-ties (at most 2% of the tokens, each with a score gap below
+// 0.02 in the reference's own scores), and on the same routing (the reference re-run on ours,
+// step0_parity) the step-0 loss is within the bf16 gate and every gradient within Llama's gate
+// (the MoE model is the tiny Llama with MoE feed-forward layers).
 class MoeParityTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
+
+int64_t spec_moe_layers(bool deepseek) { return tiny_moe_spec(deepseek).num_moe_layers(); }
 
 TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
   const bool deepseek = GetParam();
@@ -95,7 +100,12 @@ TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   const Step0 r = step0_parity(tiny_moe_spec(deepseek), Attn::Default, turbo::Device::CUDA, seed);
   EXPECT_NEAR(r.loss, r.ref_loss, 1e-2 * r.ref_loss) << "step-0 loss";
-  EXPECT_EQ(r.expert_load, r.ref_expert_load) << "routing differs from the reference's";
+  const int64_t slots = 4 * 64 * spec_moe_layers(deepseek);
+  EXPECT_LE(r.rerouted_tokens, slots / 50) << "tokens routed differently from the reference";
+  EXPECT_LT(r.max_gap, 0.02) << "a token went elsewhere although the reference's scores were not near a tie";
+  if (r.rerouted_tokens == 0) {
+    EXPECT_EQ(r.expert_load, r.ref_expert_load);
+  }
   const double gate = gradient_gate(true);
   std::string table;
   double worst = 0;
@@ -104,8 +114,10 @@ TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
     table += fmt::format("  {:<36} {:.2e}  gate {:.2e}  {}\n", name, e, gate, e < gate ? "ok" : "ABOVE GATE");
     EXPECT_LT(e, gate) << name;
   }
-  std::printf("[%s MoE] seed %u, loss cuda %.6f ref %.6f; gradient relative L2 per tensor (worst %.2e):\n%s",
-              deepseek ? "deepseek" : "mixtral", seed, r.loss, r.ref_loss, worst, table.c_str());
+  std::printf("[%s MoE] seed %u, loss cuda %.6f ref %.6f, %lld token(s) rerouted by a near-tie (largest gap %.2e); "
+              "gradient relative L2 per tensor (worst %.2e):\n%s",
+              deepseek ? "deepseek" : "mixtral", seed, r.loss, r.ref_loss, static_cast<long long>(r.rerouted_tokens),
+              r.max_gap, worst, table.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, MoeParityTest, ::testing::Bool(),

@@ -49,7 +49,8 @@ constexpr double kNormEps = 1e-20;
 
 template <typename Real>
 void router_forward(int32_t* topk_idx, Real* topk_weight, Real* probs, int32_t* counts, Real* prob_sum,
-                    Real* z_sum, const Real* logits, const Real* bias, int64_t N, const RouterConfig& cfg) {
+                    Real* z_sum, const Real* logits, const Real* bias, int64_t N, const RouterConfig& cfg,
+                    const int32_t* forced_idx) {
   const int64_t E = cfg.num_experts, K = cfg.topk;
   const bool grouped = cfg.num_groups > 1;
   const int64_t per_group = grouped ? E / cfg.num_groups : E;
@@ -92,6 +93,7 @@ void router_forward(int32_t* topk_idx, Real* topk_weight, Real* probs, int32_t* 
         if (!allowed[e / per_group]) sel[e] = -std::numeric_limits<double>::infinity();
     }
     top_indices(top, sel.data(), E, K);
+    if (forced_idx) top.assign(forced_idx + n * K, forced_idx + (n + 1) * K);
     // Weights.
     tmp.resize(static_cast<size_t>(K));
     if (cfg.score == RouterScore::Softmax && !cfg.pre_softmax) {
@@ -292,7 +294,7 @@ void router_bias_update(float* bias, const int64_t* load, int64_t E, double rate
 
 #define PRIMUS_MOE_INSTANTIATE(Real)                                                                                   \
   template void router_forward<Real>(int32_t*, Real*, Real*, int32_t*, Real*, Real*, const Real*, const Real*,        \
-                                     int64_t, const RouterConfig&);                                                   \
+                                     int64_t, const RouterConfig&, const int32_t*);                                   \
   template void router_losses<Real>(double*, double*, const int32_t*, const Real*, Real, int64_t,                     \
                                     const RouterConfig&);                                                             \
   template void router_backward<Real>(Real*, const Real*, const Real*, const Real*, const int32_t*, const int32_t*,   \

@@ -41,9 +41,13 @@ struct RouterConfig {
 // score, ties to the lower id), topk_weight [N,K], probs [N,E] (the aux loss's p), counts [E]
 // (slots per expert, overwritten), prob_sum [E] (sum_n p_ne, overwritten), and *z_sum
 // (sum_n logsumexp(logits_n)^2). Returns nothing; the loss values are router_losses().
+// forced_idx [N,K] (tests only; nullptr otherwise): use these experts instead of choosing, with
+// the weights the router gives them (teacher forcing: comparing two implementations whose
+// rounding may break a near-tie differently, on the same routing).
 template <typename Real>
 void router_forward(int32_t* topk_idx, Real* topk_weight, Real* probs, int32_t* counts, Real* prob_sum,
-                    Real* z_sum, const Real* logits, const Real* bias, int64_t N, const RouterConfig& cfg);
+                    Real* z_sum, const Real* logits, const Real* bias, int64_t N, const RouterConfig& cfg,
+                    const int32_t* forced_idx = nullptr);
 
 // aux and z from the forward's statistics (see the header comment).
 template <typename Real>
