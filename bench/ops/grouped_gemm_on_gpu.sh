@@ -6,9 +6,8 @@
 # Run from the repository root with the carried folder (default .carry-gg, filled by
 # bench/ops/grouped_gemm_prepare_carry.sh) holding primus.gz, test_turbo_gpu.gz, libgomp.so.1 and
 # commit.txt. STAGE=tests|bench|all (default all); TESTS=<gtest filter> (default every grouped GEMM
-# test); ROUNDS, BACKEND (below); AB=1 adds the TURBO schedule A/B (coop against pingpong,
-# `--ab PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE=coop,pingpong`). Results in $OUT (tests.log with the
-# device first, bench.log, torch.log, ab.log, ab.jsonl, merged.jsonl); then, here:
+# test); ROUNDS, BACKEND, AB (below). Results in $OUT (tests.log with the device first, bench.log,
+# torch.log, merged.jsonl); then, here:
 #   cat <files_at>/merged.jsonl >> bench/results/grouped_gemm.jsonl
 set -u
 CARRY=${CARRY:-.carry-gg}
@@ -40,44 +39,58 @@ if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   # BACKEND=TURBO times only ours (default: TURBO and CUBLASLT, cross-checked against each other).
   GG_GROUPS=/tmp/gg-groups.jsonl
   W=/tmp/gg-rounds
-  rm -rf "$GG_GROUPS" "$W" "$OUT/merged.jsonl" "$OUT/ab.jsonl"
+  rm -rf "$GG_GROUPS" "$W" "$OUT/merged.jsonl"
   mkdir -p "$W"
   ROUNDS=${ROUNDS:-2}
+  # AB=1: ours is TURBO under each schedule (--ab, one value after the other in each round), and
+  # each schedule is set against torch's rounds on its own (backend "TURBO[coop]", "TURBO[pingpong]").
+  SCHED=PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE
   for r in $(seq 1 "$ROUNDS"); do
-    PRIMUS_BENCH_GROUPED_GEMM_GROUPS="$GG_GROUPS" timeout 240 "$BIN/primus" benchmark grouped_gemm \
-      ${BACKEND:+--backend $BACKEND} --json "$W/ours_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
+    if [ "${AB:-0}" = 1 ]; then
+      PRIMUS_BENCH_GROUPED_GEMM_GROUPS="$GG_GROUPS" timeout 240 "$BIN/primus" benchmark grouped_gemm --backend TURBO \
+        --ab $SCHED=coop,pingpong --ab-rounds 1 --json "$W/ab_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
+    else
+      PRIMUS_BENCH_GROUPED_GEMM_GROUPS="$GG_GROUPS" timeout 240 "$BIN/primus" benchmark grouped_gemm \
+        ${BACKEND:+--backend $BACKEND} --json "$W/ours_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
+    fi
     echo "ours, round $r: exit code $?"
     PYTHONUNBUFFERED=1 timeout 150 python3 bench/ops/torch_grouped_mm.py --groups "$GG_GROUPS" \
       --out "$W/torch_r$r.jsonl" >> "$OUT/torch.log" 2>&1
     echo "torch, round $r: exit code $?"
   done
+  torch_files=$(seq -f "$W/torch_r%g.jsonl" 1 "$ROUNDS")
   if [ "${AB:-0}" = 1 ]; then
-    timeout 200 "$BIN/primus" benchmark grouped_gemm --backend TURBO --ab PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE=coop,pingpong \
-      --json "$OUT/ab.jsonl" --commit "$COMMIT" > "$OUT/ab.log" 2>&1
-    echo "schedule A/B exit code $?"
+    for sc in coop pingpong; do
+      for r in $(seq 1 "$ROUNDS"); do
+        python3 -c "
+import json, sys
+for l in open(sys.argv[1]):
+    x = json.loads(l) if l.strip() else None
+    if x and x.get('case', '').endswith(' [$SCHED=' + sys.argv[2] + ']'):
+        x['case'] = x['case'].rsplit(' [', 1)[0]; x['backend'] = 'TURBO[' + sys.argv[2] + ']'
+        print(json.dumps(x))" "$W/ab_r$r.jsonl" $sc > "$W/ours_${sc}_r$r.jsonl"
+      done
+      python3 bench/ops/merge_ops.py --bench grouped_gemm --ours $(seq -f "$W/ours_${sc}_r%g.jsonl" 1 "$ROUNDS") \
+        --torch $torch_files --out "$OUT/merged.jsonl" --torch-version "$TV"
+    done
+  else
+    python3 bench/ops/merge_ops.py --bench grouped_gemm --ours $(seq -f "$W/ours_r%g.jsonl" 1 "$ROUNDS") \
+      --torch $torch_files --out "$OUT/merged.jsonl" --replace --torch-version "$TV"
   fi
-  python3 bench/ops/merge_ops.py --bench grouped_gemm --ours $(seq -f "$W/ours_r%g.jsonl" 1 "$ROUNDS") \
-    --torch $(seq -f "$W/torch_r%g.jsonl" 1 "$ROUNDS") --out "$OUT/merged.jsonl" --replace --torch-version "$TV"
-  python3 - "$OUT/merged.jsonl" "$OUT/ab.jsonl" <<'PY'
-import json, os, sys
+  python3 - "$OUT/merged.jsonl" <<'PY'
+import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-ab = {}
-if os.path.exists(sys.argv[2]):
-    for l in open(sys.argv[2]):
-        r = json.loads(l) if l.strip() else {}
-        if "[PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE=" in r.get("case", ""):
-            name, sched = r["case"].split(" [PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE=")
-            ab[(name, sched.rstrip("]"))] = r["ours"]
 vs = {(r["case"], r["backend"]): r for r in rows if str(r.get("anchor_name", "")).startswith("torch")}
 cases = list(dict.fromkeys(c for c, _ in vs))
-f = lambda x: f"{x:8.1f}" if isinstance(x, (int, float)) else f"{'-':>8s}"
-print(f"\nTFLOP/s; ratios over torch._grouped_mm (same call, same groups)")
-print(f"{'case':40s} {'torch':>8s} {'cuBLASLt':>8s} {'coop':>8s} {'pingpong':>8s} {'TURBO':>8s}  {'TURBO/torch':>11s} {'range':>13s}")
+lanes = list(dict.fromkeys(b for _, b in vs))
+print("\nTFLOP/s (median of the rounds); ratio = ours / torch._grouped_mm, same call, same groups [range over rounds]")
+print(f"{'case':38s} {'torch':>7s}" + "".join(f" {b:>16s} {'ratio':>6s} {'range':>15s}" for b in lanes))
 for c in cases:
-    t, l = vs.get((c, "TURBO")), vs.get((c, "CUBLASLT"))
-    torch_tf = (t or l)["anchor"]
-    co, pp = ab.get((c, "coop")), ab.get((c, "pingpong"))
-    print(f"{c[len('grouped_gemm/'):]:40s} {f(torch_tf)} {f(l and l['ours'])} {f(co)} {f(pp)} {f(t and t['ours'])}  "
-          f"{(t['ratio'] if t else float('nan')):11.3f} {str(t.get('ratio_range', '')) if t else '':>13s}")
+    any_r = next(vs[(c, b)] for b in lanes if (c, b) in vs)
+    line = f"{c[len('grouped_gemm/'):]:38s} {any_r['anchor']:7.1f}"
+    for b in lanes:
+        r = vs.get((c, b))
+        line += f" {r['ours']:16.1f} {r['ratio']:6.3f} {str(r.get('ratio_range', '')):>15s}" if r else f" {'-':>16s} {'':6s} {'':15s}"
+    print(line)
 PY
 fi

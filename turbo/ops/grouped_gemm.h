@@ -22,10 +22,13 @@
 //   TURBO     Turbo's Hopper kernel (turbo/kernels/cuda/grouped_gemm_sm90.h): persistent, tiles
 //             scheduled across groups from the device offsets; graph-capturable. Takes any align >= 1
 //             (tiles crossing a group's end are masked); needs sm_90, N and K multiples of 8.
-//             Its cost is sum_g ceil(m_g/128) row tiles (forward, dgrad) and ceil(m_g/64) k-tiles
-//             (wgrad) for every align dividing 64, so padding beyond 64 only adds rows; at multiples
-//             of 64 the weight gradient also skips cutting each group's last k-tile in shared
-//             memory. The fastest alignment: kGroupedGemmAlign.
+//             Its tile count is sum_g ceil(m_g/128) row tiles (forward, dgrad) and ceil(m_g/64)
+//             k-tiles (wgrad) for every align dividing 64, so padding beyond 64 only adds rows; at
+//             multiples of 64 the weight gradient also skips cutting each group's last k-tile in
+//             shared memory, and group starts fall on whole tiles' rows. The fastest alignment is
+//             kGroupedGemmAlign = 64: olmoe's fc under the router's counts ran 1-6% slower per
+//             product at align 16 than at 64, with 2% fewer rows (H200, 2026-12-01,
+//             bench/results/grouped_gemm.jsonl, "router0_align16").
 //   CUBLASLT  one cuBLASLt product per group. It copies the offsets to the host and waits for them,
 //             so it is NOT graph-capturable: its can_handle refuses while the call's stream is being
 //             captured. Any align >= 1. (cuBLASLt 13.1 declares no grouped matmul; cuBLAS's

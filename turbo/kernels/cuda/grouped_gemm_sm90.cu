@@ -3,8 +3,7 @@
 // block (one TMA producer warpgroup, two wgmma consumer warpgroups), the same k-loop, the same
 // epilogues and the same two schedules: cooperative (both consumer warpgroups on one 128 x 256
 // tile) and ping-pong (each warpgroup a whole 128 x 128 tile, every other one of the block, its
-// epilogue under the other's k-loop; the default but for long groups' weight gradients, see
-// pingpong_schedule).
+// epilogue under the other's k-loop; the default, see pingpong_schedule).
 // What differs is where a tile's operands and output lie, which every block works out from the
 // group offsets in device memory, so the host never needs them (no synchronisation; a CUDA graph
 // can capture the launch).
@@ -390,21 +389,18 @@ void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int 
 }
 
 // The schedule of one call: PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE (read on every call, for A/B runs)
-// = coop or pingpong; unset or empty: ping-pong, except for the weight gradient of long groups
-// (M / G >= 1536 rows on average, so k-loops of 24 or more k-tiles), which keeps the cooperative
-// 128 x 256 tile. Measured on an H200 (2026-12-01, bench/ops/grouped_gemm_on_gpu.sh, the A/B of
-// the MoE presets' layers): ping-pong ran forward +1.5..11%, dgrad -2..+16%, wgrad +2..22% faster
-// where groups are 768-1024 rows (olmoe, deepseek; its 128-wide tile also fits deepseek's
-// 1408 columns), but mixtral's wgrad (2048 rows per expert) 0..5% slower. M / G (the buffer's
-// rows per group) stands for the group sizes, which are on the device. Anything else: an error.
-bool pingpong_schedule(GroupedGemmKind kind, int64_t rows, int64_t groups) {
+// = coop or pingpong; unset or empty: ping-pong. Measured on an H200 (2026-12-01, 8d3cf82, the 39
+// products of `primus benchmark grouped_gemm`, three rounds interleaved with torch._grouped_mm):
+// ping-pong was faster on 30, by up to 23% (the weight gradients of 768-1024-row groups, whose f32
+// epilogue it hides under the other warpgroup's k-loop, and deepseek's 1408 columns, which its
+// 128-wide tile fits); the cooperative 128 x 256 tile won olmoe's fc forward by 9%, olmoe's proj
+// forward (router counts) by 4% and seven products by 1-2.5%. Anything else: an error.
+bool pingpong_schedule() {
   const char* e = std::getenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE");
   const std::string v = e ? e : "";
   if (v == "coop") return false;
-  if (v == "pingpong") return true;
-  if (!v.empty())
-    throw RuntimeError(fmt::format("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE='{}': expected coop or pingpong", v));
-  return !(kind == GroupedGemmKind::Wgrad && rows >= 1536 * groups);
+  if (v.empty() || v == "pingpong") return true;
+  throw RuntimeError(fmt::format("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE='{}': expected coop or pingpong", v));
 }
 
 }  // namespace
@@ -469,7 +465,7 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
     return;
   }
   const int sms = std::max(1, gdevice().sms);
-  const bool pp = pingpong_schedule(p.kind, M, G);
+  const bool pp = pingpong_schedule();
   const int bn = pp ? 128 : kGBN;
   GParams prm{};
   prm.offsets = p.offsets;
