@@ -61,7 +61,8 @@ ws=/tmp/primus-moe-ws
 for p in $PRESETS; do
   rm -rf "$ws"
   timeout 240 "$BIN/primus" train pretrain --config "examples/cuda/$p.yaml" train_iters="$STEPS" \
-    micro_batch_size="$BATCH" global_batch_size="$BATCH" workspace="$ws" exp_name=m ${EXTRA:-} > "$W/$p.log" 2>&1
+    micro_batch_size="$BATCH" global_batch_size="$BATCH" save_at_end=false workspace="$ws" exp_name=m ${EXTRA:-} \
+    > "$W/$p.log" 2>&1
   echo "rc=$?" >> "$W/$p.log"
   cp "$ws"/*/*/m/metrics.jsonl "$W/$p.metrics.jsonl" 2>/dev/null
   [ "${ANCHOR:-1}" != 0 ] && timeout 300 python3 "$CARRY/torch_moe_anchor.py" --model "$p" --batch "$BATCH" \

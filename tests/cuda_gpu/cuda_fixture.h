@@ -80,7 +80,8 @@ struct Step0 {
   // bf16 rounding breaks the other way), the gradients above are against the reference run again
   // on our routing (teacher forcing, see router_forward's forced_idx), so they measure arithmetic,
   // not a different discrete choice; rerouted_tokens counts those tokens over all layers and
-  // max_gap is the largest score gap the reference saw between the experts that swapped.
+  // max_gap is the largest score gap the reference saw between the experts that swapped, over the
+  // tokens whose earlier layers agreed (after a reroute a token's input differs).
   std::vector<std::vector<int64_t>> expert_load, ref_expert_load;
   int64_t rerouted_tokens = 0;
   double max_gap = 0;

@@ -85,9 +85,10 @@ INSTANTIATE_TEST_SUITE_P(Cuda, ModelParityTest,
 
 // MoE layers on the device against the reference. Routing is discrete: a token whose k-th and
 // (k+1)-th scores are within bf16 rounding of each other (the router reads bf16 activations) may
-// go to the other expert, which changes that token's whole path. So: the routing equals the
-// reference's except for such near-ties (at most 2% of the tokens, each with a score gap below
-// 0.02 in the reference's own scores), and on the same routing (the reference re-run on ours,
+// go to the other expert, which changes that token's whole path (and its input to later layers).
+// So: the routing equals the reference's except for such near-ties (at most 4% of the tokens over
+// the layers; measured 1.6% for both routers; the first disagreement of each token at a score gap
+// below 0.02 in the reference's own scores), and on the same routing (the reference re-run on ours,
 // step0_parity) the step-0 loss is within the bf16 gate and every gradient within Llama's gate
 // (the MoE model is the tiny Llama with MoE feed-forward layers).
 class MoeParityTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
@@ -101,7 +102,7 @@ TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
   const Step0 r = step0_parity(tiny_moe_spec(deepseek), Attn::Default, turbo::Device::CUDA, seed);
   EXPECT_NEAR(r.loss, r.ref_loss, 1e-2 * r.ref_loss) << "step-0 loss";
   const int64_t slots = 4 * 64 * spec_moe_layers(deepseek);
-  EXPECT_LE(r.rerouted_tokens, slots / 50) << "tokens routed differently from the reference";
+  EXPECT_LE(r.rerouted_tokens, slots / 25) << "tokens routed differently from the reference";
   EXPECT_LT(r.max_gap, 0.02) << "a token went elsewhere although the reference's scores were not near a tie";
   if (r.rerouted_tokens == 0) {
     EXPECT_EQ(r.expert_load, r.ref_expert_load);
