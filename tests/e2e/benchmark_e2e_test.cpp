@@ -281,6 +281,8 @@ TEST(BenchmarkCli, BadInputIsOneClearMessage) {
       {"benchmark layer --cpu-only --shapes 1x16x30x4", {"layer: shape '1x16x30x4'", "30 features do not split into 4 heads"}},
       {"benchmark layer --cpu-only --shapes 1x16x32", {"layer: shape '1x16x32' is not BxTxCxH"}},
       {"benchmark layer --backend TURBO", {"op 'layer' has no backend TURBO", "CPU"}},
+      {"benchmark grouped_gemm --cpu-only --shapes 64x4x8x16x8", {"grouped_gemm shape '64x4x8x16x8'", "top-k 8 above 4 experts"}},
+      {"benchmark grouped_gemm --cpu-only --shapes 64x4x2x16", {"grouped_gemm shape '64x4x2x16'", "TxExKxNxC[xA]"}},
   };
   for (const auto& b : bad) {
     const auto r = run_primus(b.args);
@@ -308,4 +310,37 @@ TEST(BenchmarkCli, ACaseTheBackendRefusesIsReportedAndARunWithNothingMeasuredFai
   EXPECT_EQ(named.code, 3) << named.out;
   EXPECT_NE(named.out.find("benchmark rope case 'rope/1x8x2x7' on CPU: rope_forward: head dim"), std::string::npos)
       << named.out;
+}
+
+// grouped_gemm on the host: one expert layer's three products under the router's counts, in its
+// own results file ("bench": "grouped_gemm"), the work counted over the padded rows, and the groups
+// written for the PyTorch side when PRIMUS_BENCH_GROUPED_GEMM_GROUPS names a file.
+TEST(BenchmarkCli, GroupedGemmTimesAnExpertLayerAndExportsItsGroups) {
+  Workdir w;
+  const auto json = w.path() / "gg.jsonl", groups = w.path() / "groups.jsonl";
+  const auto r = run_primus("benchmark grouped_gemm --cpu-only --iters 1 --shapes 64x4x2x16x8x8 --json " + json.string(),
+                            "PRIMUS_BENCH_GROUPED_GEMM_GROUPS=" + groups.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto g = read_lines(groups);
+  ASSERT_FALSE(g.empty()) << "no groups written";
+  EXPECT_EQ(g[0]["case"], "grouped_gemm/64x4x2x16x8x8");
+  const auto offsets = g[0]["offsets"].get<std::vector<int64_t>>();
+  ASSERT_EQ(offsets.size(), 5u);
+  EXPECT_EQ(offsets[0], 0);
+  for (size_t i = 1; i < offsets.size(); ++i) {
+    EXPECT_GE(offsets[i], offsets[i - 1]);
+    EXPECT_EQ(offsets[i] % 8, 0) << "groups padded to the shape's alignment";
+  }
+  EXPECT_GE(offsets.back(), 64 * 2);  // every (token, k) slot has a row
+  EXPECT_EQ(g[0]["M"].get<int64_t>(), 64 * 2 + 4 * 7);
+  std::set<std::string> seen;
+  for (const auto& j : read_lines(json)) {
+    if (j["bench"] != "grouped_gemm") continue;
+    expect_measurement_format(j);
+    seen.insert(j["case"].get<std::string>());
+    EXPECT_EQ(j["metric"], "TFLOP/s");
+    EXPECT_DOUBLE_EQ(j["work"].get<double>(), 2.0 * static_cast<double>(offsets.back()) * 16 * 8) << j["case"];
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"grouped_gemm/64x4x2x16x8x8/fwd", "grouped_gemm/64x4x2x16x8x8/dgrad",
+                                         "grouped_gemm/64x4x2x16x8x8/wgrad"}));
 }
