@@ -309,3 +309,45 @@ TEST(DataParallelTraining, StoppedRankIsNamedWithinTheTimeout) {
 }
 
 }  // namespace
+
+namespace {
+
+// The same step with MoE layers (DeepSeek-style: sigmoid router, expert bias, shared expert, aux
+// loss): the routing statistics are summed over the ranks before they are reported and before the
+// expert bias moves, so 2 ranks (also with ZeRO-1) train as 1 and report the global loads.
+std::string moe_args(const std::string& ws, int iters, const std::string& extra = "") {
+  return "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
+         "/examples/reference/moe-shakespeare.yaml num_layers=2 hidden_size=32 num_attention_heads=2 "
+         "num_query_groups=1 num_experts=6 moe_router_topk=2 moe_ffn_hidden_size=16 "
+         "moe_shared_expert_intermediate_size=16 moe_router_score_function=sigmoid "
+         "moe_router_enable_expert_bias=true moe_router_bias_update_rate=0.01 model_type=deepseek_v3 "
+         "seq_length=32 micro_batch_size=2 global_batch_size=12 train_iters=" + std::to_string(iters) +
+         " eval_interval=0 log_interval=1 sample_tokens=0 lr_warmup_iters=2 lr_decay_iters=10 save_interval=0 "
+         "workspace=" + ws + " " + extra;
+}
+
+std::map<int64_t, double> metric(const fs::path& ws, const std::string& key) { return losses(ws, key); }
+
+}  // namespace
+
+TEST(DataParallelTraining, MoeRoutingStatisticsAndExpertBiasAreGlobal) {
+  Workdir one, two, zero;
+  auto r1 = run_primus(moe_args(one.str(), 5));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto r2 = run_primus(launch(2, moe_args(two.str(), 5)));
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  auto r3 = run_primus(launch(2, moe_args(zero.str(), 5, "use_distributed_optimizer=true ddp_bucket_size_mb=0.01")));
+  ASSERT_EQ(r3.code, 0) << r3.out;
+  auto want = losses(one.path());
+  ASSERT_EQ(want.size(), 5u);
+  expect_same_losses(want, losses(two.path()), "MoE, 2 ranks");
+  expect_same_losses(want, losses(zero.path()), "MoE, 2 ranks ZeRO-1");
+  for (const char* key : {"moe/layer0/load_max", "moe/layer1/load_min", "moe/layer1/load_cv", "moe/layer0/aux_loss"}) {
+    auto w = metric(one.path(), key);
+    ASSERT_EQ(w.size(), 5u) << key;
+    expect_same_losses(w, metric(two.path(), key), std::string("2 ranks ") + key);
+  }
+  // 12 sequences x 32 tokens x top-2 slots a step, all counted: the loads add up to the batch.
+  auto mx = metric(two.path(), "moe/layer0/load_max");
+  for (auto& [step, v] : mx) EXPECT_LE(v, 12 * 32) << "step " << step;
+}
