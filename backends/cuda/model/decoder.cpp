@@ -140,7 +140,11 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   phase(Phase::Norm);
   norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, a_.tmp, a.x_in, p.norm2, N);
   if (spec_.is_moe_layer(l)) {
-    if (!recompute) moe_forward(l, N);  // every MoE activation is kept: nothing to recompute
+    if (!recompute) {
+      moe_forward(l, N);
+    } else {  // full recompute: the experts again on the saved routing (the output is not needed)
+      moe_recompute(l, N, true);
+    }
     return;
   }
   phase(Phase::MlpUpGemm);
@@ -276,8 +280,23 @@ void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
   norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
   norm_forward(a.ln2, a.mean2, a.rstd2, {}, a.x2, {}, p.norm2, N);
   if (r == Recompute::Norms) return;
+  if (spec_.is_moe_layer(l)) {
+    moe_recompute(l, N, false);
+    return;
+  }
   turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
                              a.fc.slice0(0, N), ctx_});
+}
+
+void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
+  const ExecContext c = ctx_;
+  const MoeActs& m = a_.moe[l];
+  const MoeParams& mp = p_.layers[l].moe;
+  const TensorView ln2 = a_.layers[l].ln2.slice0(0, N);
+  turbo::moe_permute({m.xp, ln2, m.rows.slice0(0, N), m.offsets, moe_kept(slot_, l), c});
+  if (gemms) turbo::grouped_gemm_forward({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
+  if (gemms) turbo::grouped_gemm_forward({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
 }
 
 void Decoder::backward() {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cstring>
 
 #include "core/util/error.h"
@@ -288,6 +289,22 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   const int64_t M = turbo::moe_permuted_rows_max(N, K, E, opt_.moe_align);
   a.moe_rows = M;
   const DType f32 = DType::F32, i32 = DType::I32;
+  // The routing (small) is always kept. The big per-slot buffers follow the layer's recompute
+  // policy: selective recomputes the permuted input (a gather of ln2) and the SwiGLU output (from
+  // gate|up), full also gate|up and the expert output (the two grouped GEMMs); what a layer does
+  // not keep lives in one shared set (moe_work) that the backward refills layer by layer.
+  struct Big {
+    TensorView MoeActs::*member;
+    int64_t cols;
+    Recompute keep;  // the coarsest policy that still keeps it
+    const char* what;
+  };
+  const Big big[] = {{&MoeActs::xp, C, Recompute::Norms, "MoE permuted input"},
+                     {&MoeActs::h, 2 * F, Recompute::Selective, "MoE expert gate|up"},
+                     {&MoeActs::act, F, Recompute::Norms, "MoE expert activation"},
+                     {&MoeActs::yp, C, Recompute::Selective, "MoE expert output"}};
+  a.moe_work = MoeActs{};
+  bool shared_taken[std::size(big)] = {};  // (in the counting pass the views are all undefined)
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     if (!spec_.is_moe_layer(l)) continue;
     MoeActs& m = a.moe[l];
@@ -297,10 +314,16 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
     m.topk_weight = take(Pool::Acts, f32, {N, K}, "MoE routing weights");
     m.rows = take(Pool::Acts, i32, {N, K}, "MoE slot rows");
     m.offsets = take(Pool::Acts, i32, {E + 1}, "MoE group offsets");
-    m.xp = take(Pool::Acts, act_, {M, C}, "MoE permuted input");
-    m.h = take(Pool::Acts, act_, {M, 2 * F}, "MoE expert gate|up");
-    m.act = take(Pool::Acts, act_, {M, F}, "MoE expert activation");
-    m.yp = take(Pool::Acts, act_, {M, C}, "MoE expert output");
+    for (const Big& b : big) {
+      if (opt_.policy[l] <= b.keep) {
+        m.*b.member = take(Pool::Acts, act_, {M, b.cols}, b.what);
+        continue;
+      }
+      bool& taken = shared_taken[&b - big];
+      if (!taken) a.moe_work.*b.member = take(Pool::Acts, act_, {M, b.cols}, b.what);
+      taken = true;
+      m.*b.member = a.moe_work.*b.member;
+    }
     if (Fs > 0) {
       m.sfc = take(Pool::Acts, act_, {N, 2 * Fs}, "MoE shared expert gate|up");
       m.sact = take(Pool::Acts, act_, {N, Fs}, "MoE shared expert activation");

@@ -109,6 +109,7 @@ struct ActivationBuffers {
   // expert | sum of logsumexp^2), both views into StateBuffers::status (copied with it). The
   // backward's MoE working buffers are shared by all layers.
   std::vector<MoeActs> moe;
+  MoeActs moe_work;  // the big per-slot buffers of the layers whose policy does not keep them
   TensorView moe_counts, moe_sums;
   TensorView dyp, dmact, dh, dxp;       // [M,C], [M,F], [M,2F], [M,C]
   TensorView dlogits, dweight;          // f32 [N,E], f32 [N,K]
