@@ -36,6 +36,10 @@ void add_cuda_schema(config::Schema& s) {
                "machine, cuBLASLt and file give the same algorithms, so resumes are bit-identical); 0 or 1: the "
                "heuristic's first answer. PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH overrides it",
                0, 8)
+      .flag("moe_grouped_gemm", true,
+            "MoE experts as grouped GEMMs over the device-side group offsets (Turbo's sm90 kernel); false: one "
+            "cuBLASLt GEMM per expert, the group sizes read on the host after each routing (a reference path for "
+            "A/B runs; needs cuda_graph: false)")
       .flag("deterministic", false,
             "bit-identical runs and resumes on the GPU: the attention backward runs cuDNN's engine without "
             "run-dependent dQ accumulation (more scratch: batch x heads x seq_length^2 x 2 bytes; slower); every other "

@@ -144,6 +144,18 @@ CudaOps CudaOps::defaults() {
   o.adamw = [](turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& hp, const TensorView& scale,
                const TensorView& scalars, const ExecContext& ctx) { opt.step(hp, scale, scalars, ctx); };
   o.recompute_policy = [](int64_t, int64_t) { return Recompute::None; };
+  o.moe_router = [](const turbo::RouterForwardArgs& a) { turbo::router_forward(a); };
+  o.moe_router_backward = [](const turbo::RouterBackwardArgs& a) { turbo::router_backward(a); };
+  o.moe_dispatch = [](const MoeDispatchCall& c) {
+    turbo::moe_plan_rows(c.plan);
+    turbo::moe_permute(c.permute);
+  };
+  o.moe_dispatch_backward = [](const turbo::MoePermuteBackwardArgs& a) { turbo::moe_permute_backward(a); };
+  o.moe_combine = [](const turbo::MoeUnpermuteArgs& a) { turbo::moe_unpermute(a); };
+  o.moe_combine_backward = [](const turbo::MoeUnpermuteBackwardArgs& a) { turbo::moe_unpermute_backward(a); };
+  o.moe_experts = [](const turbo::GroupedGemmForwardArgs& a) { turbo::grouped_gemm_forward(a); };
+  o.moe_experts_dgrad = [](const turbo::GroupedGemmDgradArgs& a) { turbo::grouped_gemm_dgrad(a); };
+  o.moe_experts_wgrad = [](const turbo::GroupedGemmWgradArgs& a) { turbo::grouped_gemm_wgrad(a); };
   return o;
 }
 
@@ -185,6 +197,19 @@ void define_cuda_hooks(patches::HookTable& h) {
   h.define<AdamWStepFn>(kAdamWStep, d.adamw, "multi-tensor AdamW over fp32 master weights (+ bf16 copy)");
   h.define<RecomputePolicyFn>(kRecomputePolicy, d.recompute_policy,
                               "activation recomputation per layer (default: none, every activation kept)");
+  h.define<MoeRouterFn>(kMoeRouter, d.moe_router,
+                        "MoE router: scores, group-limited top-k, weights, aux/z statistics, loads (one kernel)");
+  h.define<MoeRouterBackwardFn>(kMoeRouterBackward, d.moe_router_backward, "MoE router backward (logit gradient)");
+  h.define<MoeDispatchFn>(kMoeDispatch, d.moe_dispatch,
+                          "MoE dispatch: row plan (capacity, padding) and permute of the tokens into expert groups");
+  h.define<MoeDispatchBackwardFn>(kMoeDispatchBackward, d.moe_dispatch_backward,
+                                  "MoE dispatch backward: each token's slots summed back");
+  h.define<MoeCombineFn>(kMoeCombine, d.moe_combine, "MoE combine: expert outputs weighted and summed per token");
+  h.define<MoeCombineBackwardFn>(kMoeCombineBackward, d.moe_combine_backward,
+                                 "MoE combine backward: expert output and routing weight gradients");
+  h.define<MoeExpertsFn>(kMoeExperts, d.moe_experts, "MoE expert GEMMs (grouped GEMM over the device offsets)");
+  h.define<MoeExpertsDgradFn>(kMoeExpertsDgrad, d.moe_experts_dgrad, "MoE expert GEMMs' input gradient");
+  h.define<MoeExpertsWgradFn>(kMoeExpertsWgrad, d.moe_experts_wgrad, "MoE expert GEMMs' weight gradient");
 }
 
 CudaOps CudaOps::from(const patches::HookTable& h) {
@@ -204,6 +229,15 @@ CudaOps CudaOps::from(const patches::HookTable& h) {
   o.grad_norm = h.get<GradNormFn>(kGradNorm);
   o.adamw = h.get<AdamWStepFn>(kAdamWStep);
   o.recompute_policy = h.get<RecomputePolicyFn>(kRecomputePolicy);
+  o.moe_router = h.get<MoeRouterFn>(kMoeRouter);
+  o.moe_router_backward = h.get<MoeRouterBackwardFn>(kMoeRouterBackward);
+  o.moe_dispatch = h.get<MoeDispatchFn>(kMoeDispatch);
+  o.moe_dispatch_backward = h.get<MoeDispatchBackwardFn>(kMoeDispatchBackward);
+  o.moe_combine = h.get<MoeCombineFn>(kMoeCombine);
+  o.moe_combine_backward = h.get<MoeCombineBackwardFn>(kMoeCombineBackward);
+  o.moe_experts = h.get<MoeExpertsFn>(kMoeExperts);
+  o.moe_experts_dgrad = h.get<MoeExpertsDgradFn>(kMoeExpertsDgrad);
+  o.moe_experts_wgrad = h.get<MoeExpertsWgradFn>(kMoeExpertsWgrad);
   return o;
 }
 

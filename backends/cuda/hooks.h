@@ -13,7 +13,9 @@
 #include "turbo/core/tensor_view.h"
 #include "turbo/ops/exec_context.h"
 #include "turbo/ops/gemm_fp8.h"
+#include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/loss.h"
+#include "turbo/ops/moe.h"
 #include "turbo/ops/normalization.h"
 #include "turbo/ops/optimizer.h"
 
@@ -79,6 +81,23 @@ using AdamWStepFn = void(turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& 
 // the same kernels; see docs/cuda.md).
 // Each keeps less than the one before: norms drops the two norm outputs (recomputed from the kept
 // residuals: cheap, memory-bound); selective also the MLP activation; full keeps only the layer input.
+// Mixture of experts: the router, the dispatch (row plan + permute into expert groups) and the
+// combine (weighted unpermute), each with its backward, and the expert GEMMs. Dispatch and
+// combine are the calls expert parallelism replaces with all-to-alls over a process group.
+struct MoeDispatchCall {
+  turbo::MoePlanArgs plan;
+  turbo::MoePermuteArgs permute;
+};
+using MoeRouterFn = void(const turbo::RouterForwardArgs&);
+using MoeRouterBackwardFn = void(const turbo::RouterBackwardArgs&);
+using MoeDispatchFn = void(const MoeDispatchCall&);
+using MoeDispatchBackwardFn = void(const turbo::MoePermuteBackwardArgs&);
+using MoeCombineFn = void(const turbo::MoeUnpermuteArgs&);
+using MoeCombineBackwardFn = void(const turbo::MoeUnpermuteBackwardArgs&);
+using MoeExpertsFn = void(const turbo::GroupedGemmForwardArgs&);
+using MoeExpertsDgradFn = void(const turbo::GroupedGemmDgradArgs&);
+using MoeExpertsWgradFn = void(const turbo::GroupedGemmWgradArgs&);
+
 enum class Recompute : uint8_t { None, Norms, Selective, Full };
 using RecomputePolicyFn = Recompute(int64_t layer, int64_t num_layers);
 const char* recompute_name(Recompute r);
@@ -102,6 +121,15 @@ inline constexpr const char* kCrossEntropy = "cuda.loss.cross_entropy";
 inline constexpr const char* kGradNorm = "cuda.optimizer.grad_norm";
 inline constexpr const char* kAdamWStep = "cuda.optimizer.adamw";
 inline constexpr const char* kRecomputePolicy = "cuda.recompute.policy";
+inline constexpr const char* kMoeRouter = "cuda.moe.router";
+inline constexpr const char* kMoeRouterBackward = "cuda.moe.router_backward";
+inline constexpr const char* kMoeDispatch = "cuda.moe.dispatch";
+inline constexpr const char* kMoeDispatchBackward = "cuda.moe.dispatch_backward";
+inline constexpr const char* kMoeCombine = "cuda.moe.combine";
+inline constexpr const char* kMoeCombineBackward = "cuda.moe.combine_backward";
+inline constexpr const char* kMoeExperts = "cuda.moe.experts";
+inline constexpr const char* kMoeExpertsDgrad = "cuda.moe.experts_dgrad";
+inline constexpr const char* kMoeExpertsWgrad = "cuda.moe.experts_wgrad";
 
 // What the model calls, read from the slots.
 struct CudaOps {
@@ -120,6 +148,15 @@ struct CudaOps {
   std::function<GradNormFn> grad_norm;
   std::function<AdamWStepFn> adamw;
   std::function<RecomputePolicyFn> recompute_policy;
+  std::function<MoeRouterFn> moe_router;
+  std::function<MoeRouterBackwardFn> moe_router_backward;
+  std::function<MoeDispatchFn> moe_dispatch;
+  std::function<MoeDispatchBackwardFn> moe_dispatch_backward;
+  std::function<MoeCombineFn> moe_combine;
+  std::function<MoeCombineBackwardFn> moe_combine_backward;
+  std::function<MoeExpertsFn> moe_experts;
+  std::function<MoeExpertsDgradFn> moe_experts_dgrad;
+  std::function<MoeExpertsWgradFn> moe_experts_wgrad;
 
   static CudaOps defaults();                               // the slots' defaults
   static CudaOps from(const patches::HookTable& hooks);    // after the patches ran

@@ -65,15 +65,17 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   adapter->define_hooks(hooks);
   for (const char* slot : {kAttentionForward, kAttentionBackward, kLinearForward, kLinearBackward,
                            kLinearBackwardDGelu, kBiasGrad, kLinearWeightGradOnes, kHeadForward, kHeadBackward, kNormForward, kNormBackward,
-                           kCrossEntropy, kGradNorm, kAdamWStep, kRecomputePolicy}) {
+                           kCrossEntropy, kGradNorm, kAdamWStep, kRecomputePolicy, kMoeRouter, kMoeRouterBackward,
+                           kMoeDispatch, kMoeDispatchBackward, kMoeCombine, kMoeCombineBackward, kMoeExperts,
+                           kMoeExpertsDgrad, kMoeExpertsWgrad}) {
     EXPECT_TRUE(hooks.has(slot)) << slot;
     EXPECT_FALSE(hooks.doc(slot).empty()) << slot;
   }
-  EXPECT_EQ(hooks.names().size(), 15u);
+  EXPECT_EQ(hooks.names().size(), 24u);
   for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
                          "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph", "cuda.step.launch_ahead",
                          "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times",
-                         "cuda.linear.fp8", "cuda.attention.deterministic"}) {
+                         "cuda.linear.fp8", "cuda.attention.deterministic", "cuda.moe.sequential_experts"}) {
     const patches::Patch* p = reg.find(id);
     ASSERT_NE(p, nullptr) << id;
     EXPECT_EQ(p->backend, "cuda") << id;
@@ -85,6 +87,9 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   // Every slot default can be read back with the signature the model uses.
   CudaOps ops = CudaOps::from(hooks);
   EXPECT_TRUE(ops.attention_forward && ops.attention_backward && ops.linear_forward && ops.adamw);
+  EXPECT_TRUE(ops.moe_router && ops.moe_router_backward && ops.moe_dispatch && ops.moe_dispatch_backward &&
+              ops.moe_combine && ops.moe_combine_backward && ops.moe_experts && ops.moe_experts_dgrad &&
+              ops.moe_experts_wgrad);
   EXPECT_EQ(ops.recompute_policy(0, 12), Recompute::None);
   EXPECT_EQ(reg.find("cuda.memory.recompute")->slots, (std::vector<std::string>{kRecomputePolicy}));
   // FP8 replaces the layers' linear slots, never the output layer's.
@@ -160,6 +165,17 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   auto fp8bad = primus::testing::run_primus(example_args("--dry-run fp8=e5m2 workspace=" + w.str()));
   EXPECT_EQ(fp8bad.code, 2) << fp8bad.out;
   EXPECT_NE(fp8bad.out.find("fp8"), std::string::npos) << fp8bad.out;
+  // MoE: the grouped expert GEMMs by default; moe_grouped_gemm=false switches the sequential
+  // (per-expert cuBLASLt) path on, for MoE models only.
+  const std::string moe = "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/olmoe-mini.yaml ";
+  auto grouped = primus::testing::run_primus(moe + "--dry-run workspace=" + w.str());
+  EXPECT_EQ(grouped.code, 0) << grouped.out;
+  EXPECT_NE(grouped.out.find("skip  cuda.moe.sequential_experts: condition false"), std::string::npos) << grouped.out;
+  auto seq = primus::testing::run_primus(moe + "--dry-run moe_grouped_gemm=false cuda_graph=false workspace=" + w.str());
+  EXPECT_EQ(seq.code, 0) << seq.out;
+  EXPECT_NE(seq.out.find("apply cuda.moe.sequential_experts: condition true"), std::string::npos) << seq.out;
+  auto dense = primus::testing::run_primus(example_args("--dry-run moe_grouped_gemm=false workspace=" + w.str()));
+  EXPECT_NE(dense.out.find("skip  cuda.moe.sequential_experts: condition false"), std::string::npos) << dense.out;
   auto bad = primus::testing::run_primus(example_args("--dry-run recompute_granularity=partial workspace=" + w.str()));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("recompute_granularity"), std::string::npos) << bad.out;

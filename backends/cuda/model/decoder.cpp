@@ -293,10 +293,11 @@ void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
   const MoeActs& m = a_.moe[l];
   const MoeParams& mp = p_.layers[l].moe;
   const TensorView ln2 = a_.layers[l].ln2.slice0(0, N);
+  // The permute alone (the saved row plan stands): a dispatch would plan the rows again.
   turbo::moe_permute({m.xp, ln2, m.rows.slice0(0, N), m.offsets, moe_kept(slot_, l), c});
-  if (gemms) turbo::grouped_gemm_forward({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  if (gemms) ops_.moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
   turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
-  if (gemms) turbo::grouped_gemm_forward({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  if (gemms) ops_.moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
 }
 
 void Decoder::backward() {
@@ -460,7 +461,7 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   r.prob_sum = moe_prob_sum(slot_, l);
   r.z_sum = moe_z_sum(slot_, l);
   r.ctx = c;
-  turbo::router_forward(r);
+  ops_.moe_router(r);
   turbo::MoePlanArgs pl;
   pl.topk_idx = idx;
   pl.topk_weight = w;
@@ -472,17 +473,16 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   pl.offsets = m.offsets;
   pl.kept = kept;
   pl.ctx = c;
-  turbo::moe_plan_rows(pl);
   mark(Phase::MoePermute);
-  turbo::moe_permute({m.xp, ln2, rows, m.offsets, kept, c});
+  ops_.moe_dispatch({pl, {m.xp, ln2, rows, m.offsets, kept, c}});
   mark(Phase::MlpUpGemm);
-  turbo::grouped_gemm_forward({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  ops_.moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
   mark(Phase::Activation);
   turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
   mark(Phase::MlpDownGemm);
-  turbo::grouped_gemm_forward({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  ops_.moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
   mark(Phase::MoePermute);
-  turbo::moe_unpermute({out, m.yp, w, rows, false, c});
+  ops_.moe_combine({out, m.yp, w, rows, false, c});
   if (mp.shared_fc.w.defined()) {
     mark(Phase::MlpUpGemm);
     ops_.linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
@@ -518,15 +518,15 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
     dln_written = true;
   }
   mark(Phase::MoePermuteBwd);
-  turbo::moe_unpermute_backward({a_.dyp, a_.dweight.slice0(0, N), dres, m.yp, w, rows, m.offsets, kept, c});
+  ops_.moe_combine_backward({a_.dyp, a_.dweight.slice0(0, N), dres, m.yp, w, rows, m.offsets, kept, c});
   mark(Phase::MlpDownGemmBwd);
-  turbo::grouped_gemm_dgrad({a_.dmact, a_.dyp, mp.proj.w, m.offsets, moe_align_, c});
-  turbo::grouped_gemm_wgrad({mp.proj.g, a_.dyp, m.act, m.offsets, moe_align_, !fresh_layers_, c});
+  ops_.moe_experts_dgrad({a_.dmact, a_.dyp, mp.proj.w, m.offsets, moe_align_, c});
+  ops_.moe_experts_wgrad({mp.proj.g, a_.dyp, m.act, m.offsets, moe_align_, !fresh_layers_, c});
   mark(Phase::ActivationBwd);
   turbo::activation_backward({turbo::Activation::SwiGLU, a_.dh, m.h, a_.dmact, false, c});
   mark(Phase::MlpUpGemmBwd);
-  turbo::grouped_gemm_dgrad({a_.dxp, a_.dh, mp.fc.w, m.offsets, moe_align_, c});
-  turbo::grouped_gemm_wgrad({mp.fc.g, a_.dh, m.xp, m.offsets, moe_align_, !fresh_layers_, c});
+  ops_.moe_experts_dgrad({a_.dxp, a_.dh, mp.fc.w, m.offsets, moe_align_, c});
+  ops_.moe_experts_wgrad({mp.fc.g, a_.dh, m.xp, m.offsets, moe_align_, !fresh_layers_, c});
   mark(Phase::MoePermuteBwd);
   turbo::MoePermuteBackwardArgs pb;
   pb.dinp = dln;
@@ -534,7 +534,7 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   pb.row_of_slot = rows;
   pb.accumulate = dln_written;
   pb.ctx = c;
-  turbo::moe_permute_backward(pb);
+  ops_.moe_dispatch_backward(pb);
   mark(Phase::MoeRouterBwd);
   const double scale = static_cast<double>(dloss_) * static_cast<double>(N);
   turbo::RouterBackwardArgs rb;
@@ -548,7 +548,7 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   rb.aux_coeff = spec_.moe.aux_loss_coeff * scale;
   rb.z_coeff = spec_.moe.z_loss_coeff * scale;
   rb.ctx = c;
-  turbo::router_backward(rb);
+  ops_.moe_router_backward(rb);
   const TensorView dlog = a_.dlogits_act.slice0(0, N);
   turbo::cast(dlog, rb.dlogits, c);
   turbo::GemmArgs gi;  // dln += dlogits @ router

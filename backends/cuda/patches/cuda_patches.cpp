@@ -9,7 +9,9 @@
 #include "backends/cuda/register.h"
 #include "core/patches/context.h"
 #include "core/patches/registry.h"
+#include "core/util/error.h"
 #include "train/common_patches.h"
+#include "turbo/dispatch/backend_manager.h"
 
 namespace primus::backends::cuda {
 
@@ -32,6 +34,28 @@ void register_patches(patches::PatchRegistry& reg) {
             if (a.peak_flops <= 0) {
               spdlog::warn("[cuda] no bf16 peak known for '{}': MFU is not reported (set peak_flops)", a.device_name);
             }
+          },
+  });
+
+  reg.add({
+      .id = "cuda.moe.sequential_experts",
+      .description = "runs the MoE expert GEMMs as one cuBLASLt GEMM per expert instead of Turbo's grouped GEMM "
+                     "(Megatron's moe_grouped_gemm: false), for A/B runs against the grouped kernel",
+      .tags = {"moe", "debug"},
+      .logic = "sets the grouped_gemm op's backend to CUBLASLT (turbo/ops/grouped_gemm.h): each expert's rows are a "
+               "separate GEMM after the group offsets are copied to the host",
+      .impl = "turbo/ops/grouped_gemm.cpp (the CUBLASLT backend)",
+      .porting = "Megatron's SequentialMLP: a loop over the local experts",
+      .condition = [](PatchContext& c) { return c.integer("num_experts") > 0 && !c.flag("moe_grouped_gemm", true); },
+      .apply =
+          [](PatchContext& c) {
+            // The host read of the group sizes cannot be captured: the dispatcher would fall back to
+            // the grouped kernel inside the graph, and the key would not do what it says.
+            if (c.text("cuda_graph", "auto") != "false") {
+              throw ConfigError("moe_grouped_gemm: false reads each routing's group sizes on the host, which a "
+                                "captured step cannot do: set cuda_graph: false with it");
+            }
+            turbo::GlobalBackendManager::instance().set_backend("grouped_gemm", turbo::BackendType::CUBLASLT);
           },
   });
 
