@@ -90,19 +90,20 @@ MoeSpec moe_from_config(const config::Value& p, const ModelSpec& m, Where&& wher
   auto fail = [&](const char* key, const std::string& what) {
     throw ConfigError(fmt::format("{}: {}", where(key), what));
   };
-  e.topk = opt(p, "moe_router_topk", 2);
+  // Keys the config leaves unset keep MoeSpec's defaults (the schema's, for configs that skipped it).
+  e.topk = opt(p, "moe_router_topk", e.topk);
   e.ffn_hidden_size = opt(p, "moe_ffn_hidden_size", m.ffn_hidden_size);
-  e.shared_ffn_hidden_size = opt(p, "moe_shared_expert_intermediate_size", 0);
+  e.shared_ffn_hidden_size = opt(p, "moe_shared_expert_intermediate_size", e.shared_ffn_hidden_size);
   e.sigmoid = opts(p, "moe_router_score_function", "softmax") == "sigmoid";
-  e.pre_softmax = optb(p, "moe_router_pre_softmax", false);
-  e.topk_scaling_factor = optd(p, "moe_router_topk_scaling_factor", 1.0);
-  e.num_groups = opt(p, "moe_router_num_groups", 1);
-  e.group_topk = opt(p, "moe_router_group_topk", 1);
-  e.expert_bias = optb(p, "moe_router_enable_expert_bias", false);
-  e.bias_update_rate = optd(p, "moe_router_bias_update_rate", 1e-3);
-  e.aux_loss_coeff = optd(p, "moe_aux_loss_coeff", 0.0);
-  e.z_loss_coeff = optd(p, "moe_z_loss_coeff", 0.0);
-  e.capacity_factor = optd(p, "moe_expert_capacity_factor", 0.0);
+  e.pre_softmax = optb(p, "moe_router_pre_softmax", e.pre_softmax);
+  e.topk_scaling_factor = optd(p, "moe_router_topk_scaling_factor", e.topk_scaling_factor);
+  e.num_groups = opt(p, "moe_router_num_groups", e.num_groups);
+  e.group_topk = opt(p, "moe_router_group_topk", e.group_topk);
+  e.expert_bias = optb(p, "moe_router_enable_expert_bias", e.expert_bias);
+  e.bias_update_rate = optd(p, "moe_router_bias_update_rate", e.bias_update_rate);
+  e.aux_loss_coeff = optd(p, "moe_aux_loss_coeff", e.aux_loss_coeff);
+  e.z_loss_coeff = optd(p, "moe_z_loss_coeff", e.z_loss_coeff);
+  e.capacity_factor = optd(p, "moe_expert_capacity_factor", e.capacity_factor);
   e.drop_by_position = opts(p, "moe_token_drop_policy", "probs") == "position";
   const int64_t E = e.num_experts, L = m.num_layers;
   if (!m.swiglu || m.bias) {

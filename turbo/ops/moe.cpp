@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -487,6 +488,17 @@ BackendType moe_unpermute_backward(const MoeUnpermuteBackwardArgs& args) {
       kMoeOp, PRIMUS_TURBO_FN(turbo_check_unpermute_bwd), PRIMUS_TURBO_FN(turbo_unpermute_bwd), cpu_check_unpermute_bwd,
       cpu_unpermute_bwd);
   return d->dispatch(args);
+}
+
+size_t moe_scratch_bytes(int64_t N, int64_t K, int64_t E, int64_t capacity, DropPolicy policy) {
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  // + 256: the borrows are 256-byte aligned in the arena.
+  return std::max(cuda::router_forward_scratch_bytes(N, E), cuda::moe_plan_scratch_bytes(N, K, E, capacity, policy)) +
+         256;
+#else
+  (void)N, (void)K, (void)E, (void)capacity, (void)policy;
+  return 0;
+#endif
 }
 
 }  // namespace primus::turbo

@@ -115,4 +115,9 @@ BackendType moe_permute_backward(const MoePermuteBackwardArgs& args);
 BackendType moe_unpermute(const MoeUnpermuteArgs& args);
 BackendType moe_unpermute_backward(const MoeUnpermuteBackwardArgs& args);
 
+// Bytes of ExecContext::scratch the largest single borrow of these ops needs on the device for N
+// tokens, top-K of E experts and the row plan's capacity and drop policy (each op borrows within
+// the call and gives it back); 0 in builds without CUDA (the CPU backend borrows none).
+size_t moe_scratch_bytes(int64_t N, int64_t K, int64_t E, int64_t capacity, DropPolicy policy);
+
 }  // namespace primus::turbo

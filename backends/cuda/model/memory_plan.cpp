@@ -138,8 +138,12 @@ size_t MemoryPlan::scratch_bytes() const {
   const size_t turbo_attention = size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);
   bytes = std::max(bytes, opt_.host ? opt_.attention_scratch_bytes
                                     : std::max(opt_.attention_scratch_bytes, turbo_attention));
-  if (spec_.moe.enabled())  // the routing ops' partial sums and sorts (N x (E + K) words, twice)
-    bytes = std::max(bytes, size_t(N * (spec_.moe.num_experts + spec_.moe.topk)) * 16 + (size_t{1} << 20));
+  if (spec_.moe.enabled() && !opt_.host) {  // the routing ops' partial sums and plan tables (device only)
+    const train::MoeSpec& e = spec_.moe;
+    bytes = std::max(bytes, turbo::moe_scratch_bytes(N, e.topk, e.num_experts, e.capacity(N),
+                                                     e.drop_by_position ? turbo::DropPolicy::Position
+                                                                        : turbo::DropPolicy::Probs));
+  }
   return round_up(bytes, size_t{1} << 20);
 }
 
