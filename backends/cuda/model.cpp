@@ -65,6 +65,27 @@ void check_fp8(const train::ModelSpec& spec, const CudaModelOptions& opt) {
 
 }  // namespace
 
+MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train::ParamLayout& layout,
+                                      const CudaModelOptions& opt, const CudaOps& ops) {
+  MemoryPlanOptions mp;
+  mp.max_batch = opt.max_batch;
+  mp.max_seq = opt.max_seq == 0 ? spec.seq_length : opt.max_seq;
+  mp.loss_slots = std::max<int64_t>(1, opt.loss_slots);
+  mp.flat_elems = opt.flat_elems;
+  mp.optimizer_state = opt.optimizer_state;
+  mp.host = opt.device == Device::CPU;
+  mp.fp8_linear = opt.fp8_linear;
+  mp.attention_scratch_bytes = opt.attention_scratch_bytes;
+  mp.ones_pad = Decoder::ones_pad_for(spec, opt.bias_grad, opt.fp8_linear);
+  mp.moe_align = turbo::kGroupedGemmAlign;
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    mp.policy.push_back(ops.recompute_policy ? ops.recompute_policy(l, spec.num_layers) : Recompute::None);
+  const GradClearing clearing = plan_grad_clearing(
+      layout, [&spec](const std::string& name) { return Decoder::written_by_first_gemm(spec, name); });
+  mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
+  return mp;
+}
+
 CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, CudaOps ops)
     : spec_(spec), layout_(train::make_param_layout(spec)), opt_(opt) {
   if (opt_.max_seq == 0) opt_.max_seq = spec_.seq_length;
@@ -85,22 +106,9 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
 
-  MemoryPlanOptions mp;
-  mp.max_batch = opt_.max_batch;
-  mp.max_seq = opt_.max_seq;
-  mp.loss_slots = opt_.loss_slots;
-  mp.flat_elems = opt_.flat_elems;
-  mp.optimizer_state = opt_.optimizer_state;
-  mp.host = host;
-  mp.fp8_linear = opt_.fp8_linear;
-  mp.attention_scratch_bytes = opt_.attention_scratch_bytes;
-  mp.ones_pad = Decoder::ones_pad_for(spec_, opt_.bias_grad, opt_.fp8_linear);
-  mp.moe_align = turbo::kGroupedGemmAlign;
-  for (int64_t l = 0; l < spec_.num_layers; ++l)
-    mp.policy.push_back(ops.recompute_policy ? ops.recompute_policy(l, spec_.num_layers) : Recompute::None);
   GradClearing clearing = plan_grad_clearing(
       layout_, [this](const std::string& name) { return Decoder::written_by_first_gemm(spec_, name); });
-  mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
+  const MemoryPlanOptions mp = memory_plan_options(spec_, layout_, opt_, ops);
   plan_ = std::make_unique<MemoryPlan>(spec_, layout_, mp);
   optimizer_ = std::make_unique<OptimizerState>(layout_, plan_->state, plan_->state_arena(), std::move(clearing),
                                                 opt_.optimizer_state, stream_, ops);

@@ -72,6 +72,12 @@ struct CudaModelOptions {
   bool zero_grad_full = false;          // zero_grad clears every gradient; every GEMM accumulates
 };
 
+// The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the
+// constructor plans with exactly this, so MemoryPlan::sizes(spec, layout, memory_plan_options(...))
+// is what it allocates (`primus projection` reads it without building the model).
+MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train::ParamLayout& layout,
+                                      const CudaModelOptions& opt, const CudaOps& ops);
+
 class CudaModel {
  public:
   // Needs a current CUDA device (select_device) unless in host mode. Throws ConfigError for shapes the kernels do

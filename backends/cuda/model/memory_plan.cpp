@@ -38,10 +38,13 @@ class BufferPlan {
     if (a) return a->tensor(t, shape, what);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    (pool == Pool::State ? state_bytes : acts_bytes) += round_up(size_t(n) * turbo::dtype_size(t), Arena::kDefaultAlign);
+    const size_t bytes = round_up(size_t(n) * turbo::dtype_size(t), Arena::kDefaultAlign);
+    (pool == Pool::State ? state_bytes : acts_bytes) += bytes;
+    buffers.push_back({pool == Pool::State, what, bytes});
     return TensorView();
   }
   size_t state_bytes = 0, acts_bytes = 0;
+  std::vector<PlannedBuffer> buffers;  // the counting pass's record, for MemoryPlan::sizes
 
  private:
   Arena *state_, *acts_;
@@ -81,6 +84,16 @@ void ModelStream::sync() const {
 // ---- MemoryPlan -----------------------------------------------------------------------------
 
 MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt)
+    : MemoryPlan(spec, layout, opt, true) {}
+
+MemoryPlanSizes MemoryPlan::sizes(const train::ModelSpec& spec, const train::ParamLayout& layout,
+                                  const MemoryPlanOptions& opt) {
+  MemoryPlan counted(spec, layout, opt, false);
+  return counted.count();
+}
+
+MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt,
+                       bool allocate)
     : spec_(spec), layout_(layout), opt_(opt), act_(opt.host ? DType::F32 : DType::BF16) {
   if (opt_.flat_elems != 0 && opt_.flat_elems < layout_.total) {
     throw RuntimeError(fmt::format("cuda model: flat_elems {} is below the parameter count {}", opt_.flat_elems,
@@ -90,20 +103,33 @@ MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& l
     throw RuntimeError(fmt::format("cuda model: {} recompute policies for {} layers", opt_.policy.size(),
                                    spec_.num_layers));
   }
-  BufferPlan count(nullptr, nullptr);
-  plan(count);
-  const size_t table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
-                                Arena::kDefaultAlign);
+  if (!allocate) return;
+  const MemoryPlanSizes sz = count();
   auto make_arena = [this](size_t bytes) {
     return opt_.host ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
   };
-  state_ = make_arena(count.state_bytes + table + Arena::kDefaultAlign);
-  acts_ = make_arena(count.acts_bytes + Arena::kDefaultAlign);
-  scratch_ = make_arena(scratch_bytes());
+  state_ = make_arena(sz.state_arena);
+  acts_ = make_arena(sz.acts_arena);
+  scratch_ = make_arena(sz.scratch_arena);
   BufferPlan take(state_.get(), acts_.get());
   plan(take);
   if (opt_.host) state.weights = state.master;  // fp32 compute on the master weights themselves
   view_params();
+}
+
+MemoryPlanSizes MemoryPlan::count() {
+  BufferPlan counter(nullptr, nullptr);
+  plan(counter);
+  MemoryPlanSizes sz;
+  sz.optimizer_table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
+                                Arena::kDefaultAlign);
+  // + one alignment each: an arena's base need not sit on kDefaultAlign.
+  sz.state_arena = counter.state_bytes + sz.optimizer_table + Arena::kDefaultAlign;
+  sz.acts_arena = counter.acts_bytes + Arena::kDefaultAlign;
+  sz.scratch_arena = scratch_bytes();
+  sz.scratch_exact = opt_.host || opt_.query_device;
+  sz.buffers = std::move(counter.buffers);
+  return sz;
 }
 
 // Scratch: the largest single borrow of any op, the attention's included (they borrow one at a
@@ -116,15 +142,19 @@ size_t MemoryPlan::scratch_bytes() const {
   if (!opt_.host) {
     // (the optimizer's chunks hold at least 256 elements each)
     const size_t chunks_bound = size_t(layout_.total / 256) + layout_.tensors.size() + 1;
-    bytes = std::max({turbo::cuda::norm_backward_scratch_bytes(N, C), turbo::cuda::embedding_backward_scratch_bytes(N),
-                      turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
+    bytes = std::max({turbo::cuda::grad_norm_scratch_bytes(int64_t(chunks_bound)),
                       size_t(spec_.qkv_dim() + spec_.fc_dim()) * 4,
                       pad == 0 ? size_t{0}
                                : std::max(turbo::linear_backward_weight_ones_scratch_bytes(spec_.qkv_dim(), C + pad),
-                                          turbo::linear_backward_weight_ones_scratch_bytes(spec_.fc_dim(), C + pad)),
-                      size_t(std::max({turbo::cuda::column_sum_partials(N, spec_.qkv_dim()),
-                                       turbo::cuda::column_sum_partials(N, spec_.fc_dim()),
-                                       turbo::cuda::column_sum_partials(N, C)})) * 4 + Arena::kDefaultAlign});
+                                          turbo::linear_backward_weight_ones_scratch_bytes(spec_.fc_dim(), C + pad))});
+    // These ask the device (grids bounded by its SM count and occupancy, CUB's temporary storage).
+    if (opt_.query_device) {
+      bytes = std::max({bytes, turbo::cuda::norm_backward_scratch_bytes(N, C),
+                        turbo::cuda::embedding_backward_scratch_bytes(N),
+                        size_t(std::max({turbo::cuda::column_sum_partials(N, spec_.qkv_dim()),
+                                         turbo::cuda::column_sum_partials(N, spec_.fc_dim()),
+                                         turbo::cuda::column_sum_partials(N, C)})) * 4 + Arena::kDefaultAlign});
+    }
   }
   if (opt_.fp8_linear) {  // the linear slots' quantized copies (one layer at a time)
     const int64_t F = spec_.fc_dim(), Fin = spec_.swiglu ? spec_.ffn_hidden_size : spec_.fc_dim();

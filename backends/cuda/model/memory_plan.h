@@ -129,6 +129,27 @@ struct MemoryPlanOptions {
   int64_t zero_ranges = 0;       // entries of zero_grad's range table
   int64_t moe_align = 1;         // MoE groups padded to a multiple of this many rows
   std::vector<Recompute> policy;  // per layer
+  // Whether the scratch size may ask the current CUDA device (its SM count bounds the norm and
+  // column-sum partials). false: those device-dependent borrows are left out, so a host without
+  // a GPU can size a device plan (MemoryPlan::sizes for `primus projection`); they are far below
+  // the attention's reservation that bounds the scratch from below (see scratch_bytes()).
+  bool query_device = true;
+};
+
+// What a plan takes, without taking it: the three arenas' capacities exactly as the constructor
+// allocates them, and every buffer of the state and activation arenas with the plan's own name
+// for it ("fp32 gradients", "MoE expert gate|up", ...), in bytes as the arena rounds them.
+struct PlannedBuffer {
+  bool state = false;  // false: the activations arena
+  std::string what;
+  size_t bytes = 0;
+};
+struct MemoryPlanSizes {
+  size_t state_arena = 0, acts_arena = 0, scratch_arena = 0;
+  size_t optimizer_table = 0;            // the state arena's AdamW descriptor table
+  std::vector<PlannedBuffer> buffers;
+  bool scratch_exact = true;             // false: query_device was off on a device plan
+  size_t total() const { return state_arena + acts_arena + scratch_arena; }
 };
 
 // Copies and clears on the model's stream (or plain host memory in host mode).
@@ -146,6 +167,10 @@ class MemoryPlan {
   // Sizes, allocates and views every buffer. Throws RuntimeError when flat_elems is below the
   // parameter count.
   MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt);
+  // The sizes the constructor would allocate, computed by the same pass (no memory taken, no
+  // device needed with query_device off): what `primus projection` reports for this backend.
+  static MemoryPlanSizes sizes(const train::ModelSpec& spec, const train::ParamLayout& layout,
+                               const MemoryPlanOptions& opt);
 
   StateBuffers state;
   ActivationBuffers acts;
@@ -176,6 +201,9 @@ class MemoryPlan {
   void plan(Take&& take);  // assigns every buffer; run once to count bytes, once to allocate
   template <class Take>
   void plan_moe(Take&& take, int64_t N);  // the MoE layers' part of plan()
+  MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt,
+             bool allocate);
+  MemoryPlanSizes count();  // the counting pass of plan() and the arenas' sizes
   size_t scratch_bytes() const;
   Param param(const std::string& name, bool required) const;
   void view_params();
