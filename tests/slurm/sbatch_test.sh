@@ -23,7 +23,7 @@ slurm_dir=$repo/examples/slurm
 fail() { echo "FAIL ($case_name): $*" >&2; exit 1; }
 
 if [ "$case_name" = lint ]; then
-  files=("$slurm_dir"/*.sbatch "$slurm_dir"/*.sh "$here"/*.sh "$here"/fake-slurm/*)
+  files=("$slurm_dir"/*.sbatch "$slurm_dir"/*.sh "$here"/*.sh "$here"/fake-slurm/* "$repo"/examples/container/*.sh)
   for f in "${files[@]}"; do bash -n "$f" || fail "bash -n $f"; done
   if command -v shellcheck >/dev/null; then
     shellcheck -x "${files[@]}" || fail "shellcheck"
