@@ -9,6 +9,14 @@ find_package(nlohmann_json REQUIRED)
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 
+# Cairo draws `primus report` (PNG, SVG, PDF). Only its headers are used at build time: the
+# library is dlopen'ed at first use (report/cairo_api.cpp), so the binary carried to GPU machines,
+# which have no Cairo, keeps its dependencies (glibc, libgomp) and reports "Cairo not available".
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PRIMUS_CAIRO REQUIRED cairo cairo-png cairo-svg cairo-pdf)
+add_library(primus_cairo_headers INTERFACE)
+target_include_directories(primus_cairo_headers SYSTEM INTERFACE ${PRIMUS_CAIRO_INCLUDE_DIRS})
+
 set(PRIMUS_YAML_LIB /usr/lib/x86_64-linux-gnu/libyaml-cpp.a)
 if(NOT EXISTS ${PRIMUS_YAML_LIB})
   set(PRIMUS_YAML_LIB yaml-cpp)

@@ -73,21 +73,29 @@ void MetricsWriter::write(const nlohmann::json& record) {
   }
 }
 
-std::vector<nlohmann::json> read_jsonl(const fsys::path& path) {
+std::vector<JsonlRecord> read_jsonl_records(const fsys::path& path) {
   std::istringstream in(fs::read_file(path));
-  std::vector<nlohmann::json> out;
+  std::vector<JsonlRecord> out;
   std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
+  for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    JsonlRecord r{n, {}};
     try {
-      out.push_back(nlohmann::json::parse(line));
+      r.value = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       throw FormatError(fmt::format("'{}' line {}: not JSON: {}", path.string(), n, e.what()));
     }
-    if (!out.back().is_object()) {
+    if (!r.value.is_object()) {
       throw FormatError(fmt::format("'{}' line {}: not a JSON object", path.string(), n));
     }
+    out.push_back(std::move(r));
   }
+  return out;
+}
+
+std::vector<nlohmann::json> read_jsonl(const fsys::path& path) {
+  std::vector<nlohmann::json> out;
+  for (auto& r : read_jsonl_records(path)) out.push_back(std::move(r.value));
   return out;
 }
 

@@ -1,6 +1,7 @@
 // metrics.jsonl: one JSON object per line, flushed after every line, appended to across resumed
 // runs, so `tail -f` and plain line-by-line readers always see whole records.
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
@@ -33,5 +34,12 @@ class MetricsWriter {
 // Reads a JSONL file written by MetricsWriter; FormatError naming the file and line number for
 // a line that is not a JSON object. Empty lines are skipped.
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
+// The same, with each record's 1-based line number, for readers whose own checks of a record
+// must name its line.
+struct JsonlRecord {
+  int64_t line = 0;
+  nlohmann::json value;
+};
+std::vector<JsonlRecord> read_jsonl_records(const std::filesystem::path& path);
 
 }  // namespace primus::io

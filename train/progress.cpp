@@ -37,6 +37,9 @@ void ProgressReporter::step(const StepStats& s) {
   double tok_s = s.seconds > 0 ? s.tokens / s.seconds : 0;
   nlohmann::json j = {{"step", s.step},       {"loss", s.loss},     {"lr", s.lr},
                       {"grad_norm", s.grad_norm}, {"tokens_per_s", tok_s}, {"step_s", s.seconds}};
+  // Tokens seen through this step (the batch is the same every step), so `primus report --x
+  // tokens` aligns runs with different batches, resumed or not.
+  j["tokens"] = std::llround(static_cast<double>(s.step) * s.tokens);
   if (s.skipped) j["skipped"] = true;
   for (auto& [k, v] : s.extras) j[k] = v;
   for (auto& [k, v] : s.details) j[k] = v;

@@ -9,6 +9,7 @@
 
 #include "core/util/error.h"
 #include "io/checkpoint.h"
+#include "report/report.h"
 #include "train/lr_schedule.h"
 #include "train/signals.h"
 
@@ -90,6 +91,8 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
       return true;
     }
   }
+  // Rank 0 only (the others have no progress); a report that cannot be drawn is a warning.
+  if (progress && t.report_at_end) report::write_end_of_run_report(progress->metrics_path());
   return false;
 }
 

@@ -47,8 +47,10 @@ bool may_launch_ahead(const TrainingArgs& args, int64_t next);
 // Runs from *step until args.train_iters or a stop signal, advancing *step. `last_saved` is the
 // step of the last good checkpoint (-1: none), named when a non-finite step stops the run.
 // `progress` may be null (ranks other than 0). Returns true when a signal stopped the run (its
-// checkpoint written). A step's seconds are the wall time from the end of the previous step's
-// bookkeeping (progress, evaluation, checkpoint) to the step's result. Throws RuntimeError on a non-finite step unless skip_nan_steps is set.
+// checkpoint written). After the last step (not after a stop signal) rank 0 draws report.png
+// beside metrics.jsonl when args.report_at_end (report/report.h; a warning when it cannot). A
+// step's seconds are the wall time from the end of the previous step's bookkeeping (progress,
+// evaluation, checkpoint) to the step's result. Throws RuntimeError on a non-finite step unless skip_nan_steps is set.
 bool run_step_loop(const TrainingArgs& args, int64_t seq_length, int64_t* step, const int64_t& last_saved,
                    ProgressReporter* progress, const StepLoopHooks& hooks);
 

@@ -40,6 +40,7 @@ void add_training_schema(config::Schema& s) {
       .flag("skip_nan_steps", false, "skip a step whose loss or gradients are not finite instead of stopping")
       .flag("exit_signal_handler", true, "on SIGTERM/SIGUSR1 finish the step, checkpoint and exit 0")
       .text("tensorboard_dir", std::nullopt, "TensorBoard event folder (default: derived from the workspace)")
+      .flag("report_at_end", true, "after the last step, draw report.png (charts of metrics.jsonl) beside metrics.jsonl")
       .text("sample_prompt", std::nullopt, "after training, generate from this prompt")
       .integer("sample_tokens", 200, "tokens to generate for the sample", 0)
       .number("sample_temperature", 0.8, "sampling temperature", 0.0)
@@ -124,6 +125,7 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.ckpt.keep_last_k = i("keep_last_k");
   a.ckpt.save_at_end = b("save_at_end");
   a.tensorboard_dir = text_or(p, "tensorboard_dir", "");
+  a.report_at_end = b("report_at_end");
   a.sample_prompt = text_or(p, "sample_prompt", "");
   a.sample_tokens = i("sample_tokens");
   a.sample_temperature = d("sample_temperature");

@@ -59,6 +59,7 @@ struct TrainingArgs {
   CheckpointArgs ckpt;
   std::filesystem::path output_dir;       // workspace/work_group/user_name/exp_name
   std::filesystem::path tensorboard_dir;  // empty: no TensorBoard events
+  bool report_at_end = true;              // report.png beside metrics.jsonl after the last step
   std::string sample_prompt;              // generated from at the end (empty: none)
   int64_t sample_tokens = 0;
   double sample_temperature = 1.0;

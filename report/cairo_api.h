@@ -1,0 +1,37 @@
+// Cairo's entry points, loaded with dlopen at first use instead of linked: the CUDA build of
+// primus is carried to GPU machines that have no Cairo, and a training run there must still start
+// (its end-of-run report then becomes a warning). Where Cairo is installed (libcairo2, no -dev
+// package needed) the report works the same. $PRIMUS_CAIRO_LIBRARY names a file to load instead.
+#pragma once
+#include <cairo-pdf.h>
+#include <cairo-svg.h>
+#include <cairo.h>
+
+#include <string>
+
+#include "turbo/core/dynamic_library.h"
+
+namespace primus::report {
+
+#define PRIMUS_CAIRO_FUNCTIONS(X)                                                                        \
+  X(cairo_image_surface_create) X(cairo_image_surface_create_from_png) X(cairo_image_surface_get_width)  \
+  X(cairo_image_surface_get_height) X(cairo_image_surface_get_stride) X(cairo_image_surface_get_data)    \
+  X(cairo_image_surface_get_format) X(cairo_svg_surface_create_for_stream)                              \
+  X(cairo_pdf_surface_create_for_stream) X(cairo_surface_write_to_png_stream) X(cairo_surface_finish) X(cairo_surface_flush) X(cairo_surface_status)   \
+  X(cairo_surface_destroy) X(cairo_create) X(cairo_destroy) X(cairo_status) X(cairo_status_to_string)    \
+  X(cairo_save) X(cairo_restore) X(cairo_set_source_rgb) X(cairo_set_source_rgba) X(cairo_set_line_width) \
+  X(cairo_set_line_join) X(cairo_set_dash) X(cairo_move_to) X(cairo_line_to) X(cairo_rectangle)          \
+  X(cairo_arc) X(cairo_stroke) X(cairo_fill) X(cairo_paint) X(cairo_clip) X(cairo_new_path)               \
+  X(cairo_translate) X(cairo_rotate) X(cairo_select_font_face) X(cairo_set_font_size) X(cairo_show_text) \
+  X(cairo_text_extents)
+
+struct CairoApi {
+  PRIMUS_CAIRO_FUNCTIONS(PRIMUS_DL_MEMBER)
+};
+
+// Throws RuntimeError "Cairo is not available: ..." naming every place tried.
+const CairoApi& cairo();
+// Empty when Cairo loads with every entry point above; else why not. Never throws.
+std::string cairo_unavailable_reason();
+
+}  // namespace primus::report
