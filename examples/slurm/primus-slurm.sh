@@ -6,11 +6,12 @@
 #
 # Everything is set through the environment (sbatch exports the submitting shell's by default);
 # the script's arguments are extra key=value overrides, appended last:
-#   CONFIG               experiment YAML (default: examples/cuda/gpt2-124M-shakespeare.yaml)
+#   CONFIG               experiment YAML (default: examples/cuda/gpt2-124M-shakespeare.yaml of the
+#                        checkout, or of the image's /opt/primus when a container is used)
 #   PRIMUS_OVERRIDES     key=value overrides, split on spaces, before the script's arguments
 #   PRIMUS_HOME          the Primus checkout (default: $SLURM_SUBMIT_DIR, where sbatch was run)
-#   PRIMUS_BIN           the primus binary as the tasks see it (default: $PRIMUS_HOME/build/bin/primus
-#                        if it exists, else `primus` on the tasks' PATH, e.g. in a container)
+#   PRIMUS_BIN           the primus binary as the tasks see it (default: `primus` on the PATH when a
+#                        container is used, else $PRIMUS_HOME/build/bin/primus if it exists, else `primus`)
 #   PRIMUS_LAUNCH_MODE   launcher: one `primus launch` per node starts that node's ranks (default);
 #                        srun: Slurm starts every rank itself, one task per GPU
 #   NPROC_PER_NODE       ranks per node (default: SLURM_GPUS_ON_NODE, else SLURM_NTASKS_PER_NODE, else 1)
@@ -32,6 +33,13 @@ die() { log "error: $*"; exit 2; }
 
 [ -n "${SLURM_JOB_ID:-}" ] || die "SLURM_JOB_ID is not set: run this inside a Slurm allocation (sbatch or salloc)"
 PRIMUS_HOME=${PRIMUS_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}
+# In a container (pyxis's --container-image, or a PRIMUS_WRAP such as apptainer exec) the tasks
+# run the image's primus and see its examples in /opt/primus (examples/container), not this
+# checkout's build.
+if [[ "${PRIMUS_SRUN_ARGS:-}" == *--container-image* || -n "${PRIMUS_WRAP:-}" ]]; then
+  CONFIG=${CONFIG:-/opt/primus/examples/cuda/gpt2-124M-shakespeare.yaml}
+  PRIMUS_BIN=${PRIMUS_BIN:-primus}
+fi
 CONFIG=${CONFIG:-$PRIMUS_HOME/examples/cuda/gpt2-124M-shakespeare.yaml}
 if [ -z "${PRIMUS_BIN:-}" ]; then
   if [ -x "$PRIMUS_HOME/build/bin/primus" ]; then PRIMUS_BIN=$PRIMUS_HOME/build/bin/primus; else PRIMUS_BIN=primus; fi
@@ -95,7 +103,7 @@ fi
 
 log "job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0}: $nnodes node(s) x $nproc rank(s), mode $mode," \
     "rendezvous $MASTER_ADDR:$MASTER_PORT, logs in $log_dir"
-log "config $CONFIG"
+log "config $CONFIG, binary $PRIMUS_BIN"
 if [ "${PRIMUS_DRY_RUN:-0}" = 1 ]; then
   printf '%q ' "${srun_cmd[@]}"
   echo

@@ -10,6 +10,10 @@
 #   rank-failure          rank 1 is killed mid-run: the job must fail, soon, naming it
 #   preempt-requeue       SIGUSR1 to the batch shell: checkpoint, exit 0, requeue; the requeued
 #                         attempt resumes from that checkpoint and finishes
+#   pyxis-2nodes          as launcher-2nodes in a "container": --container-image in PRIMUS_SRUN_ARGS
+#                         (the fake srun ignores it) and the image's `primus` on the tasks' PATH
+#   apptainer-srun        as srun-1node with every rank under PRIMUS_WRAP="apptainer exec --nv IMAGE"
+#                         (a fake apptainer that runs the command here)
 #   broken-script-caught  a copy of the runner that starts one rank instead of two still exits 0;
 #                         the checks the cases above use must reject its run
 #   lint                  bash -n, shellcheck (when installed), #SBATCH lines before any command
@@ -79,7 +83,8 @@ slurm_env() {
   export FAKE_SLURM_RECORD=$tmp/slurm-record FAKE_SLURM_STEP_FILE=$tmp/slurm-step
   export PRIMUS_HOME=${home:-$repo} CONFIG=$repo/examples/reference/shakespeare.yaml
   export PRIMUS_DIST_TIMEOUT=30 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-  unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT PRIMUS_LAUNCH_MODE NPROC_PER_NODE SLURM_RESTART_COUNT
+  unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT PRIMUS_LAUNCH_MODE NPROC_PER_NODE SLURM_RESTART_COUNT \
+        PRIMUS_OVERRIDES PRIMUS_SRUN_ARGS PRIMUS_WRAP PRIMUS_LAUNCH_ARGS PRIMUS_LOG_ROOT PRIMUS_REQUEUE PRIMUS_DRY_RUN
 }
 
 # A tiny GPT-2 (18k parameters) on tinyshakespeare bytes; the global batch of 4 splits over 2 ranks.
@@ -194,6 +199,38 @@ case "$case_name" in
     grep -q "resumed from .* at step $stopped" "$(log_dir 1)/rank_0.log" || fail "attempt 1 did not resume at step $stopped"
     [ -s "$(log_dir 0)/rank_0.log" ] || fail "attempt 1 overwrote attempt 0's logs"
     [ -s "$tmp/slurm-record" ] && fail "the finished job requeued itself again"
+    ;;
+
+  pyxis-2nodes|apptainer-srun)
+    # The "image": a folder whose primus is this build's; the script must find it on the PATH.
+    mkdir -p "$tmp/image/bin"
+    ln -s "$PRIMUS_BIN" "$tmp/image/bin/primus"
+    : >"$tmp/primus.sif"
+    real_bin=$PRIMUS_BIN
+    unset PRIMUS_BIN
+    if [ "$case_name" = pyxis-2nodes ]; then
+      slurm_env 2 1
+      export PATH="$tmp/image/bin:$PATH"
+      export PRIMUS_SRUN_ARGS="--container-image=$tmp/primus.sqsh --container-mounts=$tmp:$tmp"
+      script=train-multinode.sbatch world=2
+    else
+      slurm_env 1 2
+      export FAKE_IMAGE_BIN=$tmp/image/bin PRIMUS_LAUNCH_MODE=srun
+      export PRIMUS_WRAP="apptainer exec --nv --bind $tmp $tmp/primus.sif"
+      script=train-1node.sbatch world=2
+    fi
+    export PRIMUS_OVERRIDES="$tiny train_iters=6 save_interval=3 workspace=$ws"
+    run_job "$slurm_dir/$script"
+    check_trained 6 "$world" "$(log_dir)"
+    # The tasks went into the image, and ran the primus found there (the script was not told
+    # where primus is: PRIMUS_BIN is unset, and the checkout has no build/bin/primus in PATH).
+    if [ "$case_name" = pyxis-2nodes ]; then
+      grep -qx "srun container-image $tmp/primus.sqsh" "$tmp/slurm-record" || fail "srun was not given the image"
+    else
+      [ "$(grep -cx "apptainer exec $tmp/primus.sif" "$tmp/slurm-record")" = 2 ] || fail "not every rank ran under apptainer"
+    fi
+    grep -q "binary primus$" "$tmp/job.out" || fail "the script did not default to the image's primus"
+    [ "$(command -v primus)" != "$real_bin" ] || fail "the test's PATH already held the build's primus"
     ;;
 
   broken-script-caught)
