@@ -39,6 +39,9 @@ case "${1:-}" in
   runtime)
     apt-get update
     xargs -r apt-get install -y --no-install-recommends <"$prefix/runtime-packages.txt"
+    # InfiniBand / RoCE userspace: NCCL opens libibverbs at run time, and without it falls back
+    # to TCP sockets between nodes. The host's RDMA devices still have to be passed in.
+    apt-get install -y --no-install-recommends libibverbs1 ibverbs-providers
     # NCCL is opened at run time (parallel/nccl_library.h). CUDA's runtime images ship libnccl2;
     # should one not, CUDA's apt repository (configured in those images) has it.
     if ! ldconfig -p | grep -q 'libnccl\.so\.2 '; then
