@@ -11,6 +11,14 @@
 #include <array>
 #include <cstdlib>
 
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "core/util/error.h"
+#include "train/projection_rates.h"
 #include "turbo/bench/benchmark.h"
 
 namespace primus::cli {
@@ -36,6 +44,7 @@ void setup_benchmark(CLI::App& app) {
     std::string dtype = "bf16";
     std::string commit;
     std::string ab;
+    bool cache = false;
   };
   auto o = std::make_shared<Opts>();
   std::string ops_help = "Op families:";
@@ -61,13 +70,47 @@ void setup_benchmark(CLI::App& app) {
   app.add_option("--ab", o->ab,
                  "In-process A/B: time every product under each value of an environment variable in turn "
                  "(VAR=A,B[,...]; for switches read on every call), reported per value as '<name> [VAR=value]'");
+  app.add_flag("--cache", o->cache,
+               "Also distil this run's rates per part of a training step (GEMMs, grouped GEMMs, attention, "
+               "memory-bound ops, AdamW) into the rates cache `primus projection performance` reads "
+               "($PRIMUS_RATES_CACHE, else ~/.cache/primus/rates.json), keyed by device name");
   app.add_option("--ab-rounds", o->cfg.ab_rounds, "Rounds of --ab (each value once per round; the median is reported; default 3)")
       ->check(CLI::PositiveNumber);
   app.callback([o] {
     if (!o->ab.empty()) turbo::bench::parse_ab(o->ab, o->cfg);
     o->cfg.dtype = turbo::parse_dtype(o->dtype);
     o->cfg.commit = o->commit.empty() ? current_commit() : o->commit;
+    // --cache reads back this run's JSON lines: those after the file's current end, or a
+    // temporary file when no --json was asked for.
+    std::filesystem::path lines = o->cfg.json_path;
+    std::uintmax_t start = 0;
+    bool temporary = false;
+    if (o->cache) {
+      if (!o->cfg.ab_var.empty()) throw UsageError("benchmark: --cache takes the default kernels' rates; drop --ab");
+      if (lines.empty()) {
+        lines = std::filesystem::temp_directory_path() / fmt::format("primus-benchmark-{}.jsonl", ::getpid());
+        o->cfg.json_path = lines.string();
+        temporary = true;
+      } else if (std::filesystem::exists(lines)) {
+        start = std::filesystem::file_size(lines);
+      }
+    }
     turbo::bench::run_benchmarks(o->cfg, stdout);
+    if (!o->cache) return;
+    std::ifstream in(lines);
+    in.seekg(static_cast<std::streamoff>(start));
+    const train::DeviceRates r = train::rates_from_benchmark_lines(in);
+    in.close();
+    if (temporary) {
+      std::error_code ec;
+      std::filesystem::remove(lines, ec);
+    }
+    const std::filesystem::path file = train::default_rates_cache();
+    train::store_rates(file, r);
+    std::printf("\nrates of %s cached in %s: GEMM %.0f, grouped GEMM %.0f, attention %.0f TFLOP/s; memory-bound %.0f, "
+                "AdamW %.0f GB/s; ceilings %.0f TFLOP/s, %.0f GB/s\n",
+                r.device.c_str(), file.c_str(), r.gemm_tflops, r.grouped_gemm_tflops, r.attention_tflops, r.memory_gbs,
+                r.optimizer_gbs, r.peak_tflops, r.hbm_gbs);
   });
 }
 

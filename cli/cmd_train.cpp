@@ -3,6 +3,7 @@
 
 #include "cli/builtin_backends.h"
 #include "cli/command.h"
+#include "cli/projection_driver.h"
 #include "core/runtime/runtime.h"
 
 namespace primus::cli {
@@ -29,7 +30,12 @@ void setup_train(CLI::App& app) {
     auto cli = config::parse_cli_overrides(pre->remaining());
     auto exp = config::load_experiment(opts->config, cli);
     PrimusRuntime runtime;
-    runtime.run(exp, RunOptions{opts->module, "pretrain", opts->dry_run}, std::cout);
+    RunOptions ro;
+    ro.module = opts->module;
+    ro.dry_run = opts->dry_run;
+    // The plan ends with the memory the run will take per GPU (train/projection.h).
+    ro.dry_run_extra = [&](std::ostream& out) { out << dry_run_memory_line(exp, opts->module); };
+    runtime.run(exp, ro, std::cout);
   });
 }
 

@@ -6,6 +6,7 @@
 #include "parallel/cuda/grad_reducer.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/hooks.h"
+#include "backends/cuda/projection.h"
 #include "backends/cuda/register.h"
 #include "backends/cuda/step_graph.h"
 #include "backends/cuda/trainer.h"
@@ -147,6 +148,7 @@ class CudaAdapter : public BackendAdapter {
 void register_backend(BackendRegistry& backends, patches::PatchRegistry& patches) {
   backends.add(kName, [] { return std::make_unique<CudaAdapter>(); });
   register_patches(patches);
+  register_cuda_projection();  // `primus projection` and the dry run's memory line
 }
 
 }  // namespace primus::backends::cuda

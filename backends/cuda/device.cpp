@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/util/error.h"
+#include "train/projection_rates.h"
 #include "turbo/core/cuda_check.h"
 
 namespace primus::backends::cuda {
@@ -41,12 +42,8 @@ DeviceInfo select_device(int index) {
 }
 
 double peak_bf16_flops(const std::string& n) {
-  auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
-  if (has("GH200") || has("H200")) return 989e12;
-  if (has("H100") || has("H800")) return has("PCIe") ? 756e12 : 989e12;
-  if (has("A100") || has("A800")) return 312e12;
-  if (has("B200")) return 2.25e15;
-  return 0.0;
+  const auto p = train::peak_of_device(n);  // one table for MFU and the projection's roofline
+  return p ? p->tflops * 1e12 : 0.0;
 }
 
 MemoryUse device_memory() {

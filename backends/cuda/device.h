@@ -22,8 +22,9 @@ struct DeviceInfo {
 // range, and RuntimeError for devices older than sm_80 (bf16 tensor cores).
 DeviceInfo select_device(int index);
 
-// Dense bf16 tensor-core peak in FLOP/s from the device name: A100 312e12, H100 SXM / H200 /
-// GH200 989e12, H100 PCIe 756e12, B200 2.25e15; 0 when the name is not in the table.
+// Dense bf16 tensor-core peak in FLOP/s from the device name (train::peak_of_device's table:
+// A100 312e12, H100 SXM / H200 / GH200 989e12, H100 PCIe 756e12, B200 2.25e15); 0 when the name
+// is not in the table.
 double peak_bf16_flops(const std::string& device_name);
 
 // Bytes in use on the current device (all processes: total - free) and its capacity.

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "backends/reference/args.h"
+#include "backends/reference/projection.h"
 #include "backends/reference/register.h"
 #include "backends/reference/trainer.h"
 
@@ -60,6 +61,7 @@ class ReferenceAdapter : public BackendAdapter {
 void register_backend(BackendRegistry& backends, patches::PatchRegistry& patches) {
   backends.add(kName, [] { return std::make_unique<ReferenceAdapter>(); });
   register_patches(patches);
+  register_reference_projection();  // `primus projection` and the dry run's memory line
 }
 
 }  // namespace primus::backends::reference

@@ -71,6 +71,7 @@ void PrimusRuntime::run(const config::Experiment& exp, const RunOptions& opts, s
     auto args = adapter->convert_config(cfg, exp);
     out << "  backend args (before build_args patches):\n";
     for (auto& [k, v] : args->describe()) out << "    " << k << ": " << v << "\n";
+    if (opts.dry_run_extra) opts.dry_run_extra(out);
     out << "Dry run: nothing was run.\n";
     events_.push_back("dry_run");
     return;
@@ -106,6 +107,20 @@ void PrimusRuntime::run(const config::Experiment& exp, const RunOptions& opts, s
   }
   events_.push_back("trainer.cleanup");
   trainer->cleanup(false);
+}
+
+PlannedArgs PrimusRuntime::plan_args(const config::Experiment& exp, const std::string& module) {
+  const config::ModuleSpec& spec = exp.module(module.empty() ? exp.modules.front().name : module);
+  PlannedArgs p;
+  p.adapter = backends_.create(spec.framework);
+  config::ModuleConfig cfg = config::resolve_module(exp, spec.name, p.adapter->schema());
+  p.hooks = std::make_unique<patches::HookTable>();
+  p.adapter->define_hooks(*p.hooks);
+  patches::PatchContext ctx(cfg.params, p.adapter->name(), p.adapter->version(), p.hooks.get());
+  p.args = p.adapter->convert_config(cfg, exp);
+  ctx.set_args(p.args);
+  phase(ctx, Phase::BuildArgs, patches::PatchFilter::from_env(patches_));
+  return p;
 }
 
 }  // namespace primus

@@ -1,0 +1,208 @@
+#include "backends/cuda/projection.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "backends/cuda/model/decoder.h"
+#include "backends/cuda/register.h"
+#include "core/util/error.h"
+#include "parallel/cuda/grad_reducer.h"
+#include "turbo/core/arena.h"
+#include "turbo/kernels/cuda/optimizer.h"
+
+namespace primus::backends::cuda {
+
+CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
+  const train::ModelSpec& spec = a.model;
+  const train::TrainingArgs& t = a.train;
+  CudaModelOptions mo;
+  mo.max_batch = t.micro_batch_size;
+  mo.max_seq = spec.seq_length;
+  mo.loss_slots = t.grad_accum_steps;
+  mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
+  mo.fp8_linear = a.fp8 != "none";
+  const bool fallback = a.attention_backend == "fallback" || std::string(default_attention_name()) == "fallback";
+  if (fallback) {
+    mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
+                                                                  spec.num_attention_heads, spec.num_query_groups,
+                                                                  spec.head_dim(), a.host_mode ? 4 : 2);
+  } else if (a.deterministic) {
+    mo.attention_scratch_bytes = deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
+                                                                       spec.num_attention_heads, spec.head_dim());
+  }
+  if (world > 1 && a.use_distributed_optimizer) {
+    mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), static_cast<int>(world));
+    mo.optimizer_state = false;
+  }
+  return mo;
+}
+
+namespace {
+
+// The plan's buffer names (memory_plan.cpp) grouped into the projection's parts.
+struct ProjectedStatePart {
+  const char* what;  // the buffer's name in the plan, as it starts
+  const char* part;
+  const char* detail;
+};
+constexpr ProjectedStatePart kProjectedStateParts[] = {
+    {"bf16 weights", "weights", "bf16 compute copy of the weights (flat, layout order)"},
+    {"fp32 master weights", "master_weights", "fp32 master weights"},
+    {"fp32 gradients", "gradients", "fp32 gradients (flat; accumulated over the micro-batches)"},
+    {"AdamW first moments", "optimizer_state", "AdamW first moments m (fp32)"},
+    {"AdamW second moments", "optimizer_state", "AdamW second moments v (fp32)"},
+};
+
+bool projection_starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+}  // namespace
+
+train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& ops, const train::ProjectionLayout& lay,
+                                            bool query_device, double runtime_gib) {
+  const train::ModelSpec& spec = a.model;
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  const CudaModelOptions mo = model_options_for(a, lay.gpus);
+  MemoryPlanOptions mp = memory_plan_options(spec, layout, mo, ops);
+  mp.query_device = query_device;
+  const MemoryPlanSizes sz = MemoryPlan::sizes(spec, layout, mp);
+
+  train::MemoryProjection m;
+  m.source = fmt::format("the cuda memory plan's own sizes{}", sz.scratch_exact ? "" : " (no GPU here: see notes)");
+  // State arena: the flat buffers by name, the small tables together.
+  size_t state_named = 0;
+  for (const ProjectedStatePart& p : kProjectedStateParts) {
+    size_t b = 0;
+    for (const PlannedBuffer& buf : sz.buffers)
+      if (buf.state && projection_starts_with(buf.what, p.what)) b += buf.bytes;
+    state_named += b;
+    m.add(p.part, p.detail, double(b));
+  }
+  m.add("workspace", "state tables: step status, AdamW hyper-parameters and descriptors, RoPE table, zero_grad ranges",
+        double(sz.state_arena - state_named));
+  // Activations arena, in four groups.
+  const std::string policy = mp.policy.empty() ? "none" : recompute_name(mp.policy.front());
+  size_t layers = 0, moe = 0, head = 0, backward = 0;
+  for (const PlannedBuffer& buf : sz.buffers) {
+    if (buf.state) continue;
+    const std::string& w = buf.what;
+    if (projection_starts_with(w, "MoE")) moe += buf.bytes;
+    else if (projection_starts_with(w, "logits") || projection_starts_with(w, "per-token") ||
+             projection_starts_with(w, "tokens") || projection_starts_with(w, "targets"))
+      head += buf.bytes;
+    else if (w.find("gradient") != std::string::npos) backward += buf.bytes;
+    else layers += buf.bytes;
+  }
+  const size_t acts_slack = sz.acts_arena - (layers + moe + head + backward);
+  m.add("activations",
+        fmt::format("saved for the backward, per layer and the shared recompute set (recompute_granularity {})", policy),
+        double(layers + acts_slack));
+  m.add("activations", fmt::format("MoE routing and expert buffers ({} of {} experts per token, padded groups)",
+                                   spec.moe.topk, spec.moe.num_experts),
+        double(moe));
+  m.add("activations", "LM head logits block, per-token losses, token and target slots", double(head));
+  m.add("activations", "the backward's working gradients (shared by the layers)", double(backward));
+  // Scratch: with FP8 the quantized copies are what grows it over the bf16 plan's.
+  if (mp.fp8_linear) {
+    MemoryPlanOptions bf16 = mp;
+    bf16.fp8_linear = false;
+    const size_t base = MemoryPlan::sizes(spec, layout, bf16).scratch_arena;
+    m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)", double(base));
+    m.add("fp8", fmt::format("FP8 ({}) quantized copies of one layer's GEMM operands and their scales", lay.fp8),
+          double(sz.scratch_arena - std::min(base, sz.scratch_arena)));
+  } else {
+    m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)",
+          double(sz.scratch_arena));
+  }
+  if (!sz.scratch_exact) {
+    m.notes.push_back("no GPU here: the scratch leaves out the norm and column-sum partials, whose size depends on the "
+                      "device's SM count; the attention's reservation above them is counted, so the scratch is exact "
+                      "unless those partials exceed it");
+  }
+  // Outside the arenas: data parallelism's own buffers (parallel/cuda/grad_reducer.cpp).
+  if (lay.gpus > 1) {
+    const int world = static_cast<int>(lay.gpus);
+    const int64_t granule = lay.zero1 ? parallel::zero1_granule(world) : 1;
+    const int64_t total = lay.zero1 ? parallel::zero1_padded_total(layout, world) : layout.total;
+    const auto buckets =
+        parallel::plan_buckets(grad_ready_points(layout), total, granule, std::max<int64_t>(a.ddp_bucket_size, granule));
+    if (lay.zero1) {
+      const size_t align = turbo::Arena::kDefaultAlign;
+      const int64_t shard = total / world;
+      const size_t shard_bytes = (size_t(shard) * 4 + align) / align * align;
+      m.add("master_weights", fmt::format("ZeRO-1: this rank's 1/{} shard of the fp32 master weights", world),
+            double(shard_bytes));
+      m.add("optimizer_state", fmt::format("ZeRO-1: this rank's 1/{} shard of AdamW m and v", world),
+            double(2 * shard_bytes));
+      // The shard's AdamW table (at most one piece per tensor and bucket) and grad-norm partials.
+      const int pieces = static_cast<int>(layout.tensors.size() + buckets.size());
+      m.add("workspace", "ZeRO-1 AdamW descriptors and grad-norm partials (bounds)",
+            double(turbo::cuda::multi_tensor_table_bytes(pieces) + 4 * align +
+                   turbo::cuda::grad_norm_scratch_bytes(shard / 256 + pieces + 1) + 4 * align));
+    }
+    int64_t biggest = 0;
+    for (const auto& b : buckets) biggest = std::max(biggest, b.end - b.begin);
+    if (lay.grad_reduce_in_bf16)
+      m.add("comm", fmt::format("bf16 staging of the largest gradient bucket ({} elements)", biggest),
+            double(biggest) * 2);
+    m.notes.push_back(fmt::format("NCCL's own buffers are not counted (they depend on the topology and NCCL_BUFFSIZE); "
+                                  "{} buckets of up to {} elements reduce {}",
+                                  buckets.size(), biggest, lay.overlap_grad_reduce ? "under the backward" : "after it"));
+  }
+  if (spec.moe.expert_bias && lay.gpus > 1) {
+    m.notes.push_back("the cuda trainer refuses this layout today: moe_router_enable_expert_bias with data parallelism "
+                      "(the bias update needs the load summed over the ranks)");
+  }
+  const double rt = runtime_gib < 0 ? kRuntimeOverheadGiB : runtime_gib;
+  m.add("runtime", fmt::format("CUDA context and libraries' workspaces ({:.2f} GiB{})", rt,
+                               runtime_gib < 0 ? ", measured on H100/H200; --runtime-gib to state another" : ", stated"),
+        rt * double(size_t{1} << 30));
+  return m;
+}
+
+void register_cuda_projection() {
+  train::BackendProjector p;
+  p.spec = [](const BackendArgs& args) -> const train::ModelSpec& {
+    return dynamic_cast<const CudaArgs&>(args).model;
+  };
+  p.layout = [](const BackendArgs& args) {
+    const auto& a = dynamic_cast<const CudaArgs&>(args);
+    train::ProjectionLayout l;
+    l.gpus = a.train.data_parallel_size;
+    l.micro_batch = a.train.micro_batch_size;
+    l.global_batch = a.train.global_batch_size;
+    l.grad_accum = a.train.grad_accum_steps;
+    l.seq_length = a.model.seq_length;
+    l.zero1 = a.use_distributed_optimizer && l.gpus > 1;
+    l.grad_reduce_in_bf16 = a.grad_reduce_in_bf16;
+    l.overlap_grad_reduce = a.overlap_grad_reduce;
+    l.recompute = a.params.find_path("recompute_granularity")->as_string();
+    l.fp8 = a.fp8;
+    return l;
+  };
+  p.memory = [](const BackendArgs& args, const patches::HookTable& hooks, const train::ProjectionLayout& l,
+                const train::MemoryProjectionOptions& o) {
+    int devices = 0;
+    const bool gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+    if (!gpu) (void)cudaGetLastError();
+    return project_cuda_memory(dynamic_cast<const CudaArgs&>(args), CudaOps::from(hooks), l, gpu, o.runtime_gib);
+  };
+  p.cost.act_bytes = 2;
+  p.cost.optimizer_bytes_per_param = 38;  // AdamW 28 + bf16 copy 2, grad norm 4, zero_grad 4
+  p.local_device = [](std::string* name, double* bytes) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+    *name = prop.name;
+    *bytes = double(prop.totalGlobalMem);
+    return true;
+  };
+  train::register_backend_projector(kName, std::move(p));
+}
+
+}  // namespace primus::backends::cuda

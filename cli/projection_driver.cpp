@@ -1,0 +1,139 @@
+#include "cli/projection_driver.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+
+#include "cli/builtin_backends.h"
+#include "core/runtime/runtime.h"
+#include "core/util/error.h"
+#include "train/common_patches.h"
+#include "train/training_args.h"
+
+namespace primus::cli {
+
+namespace {
+
+// The patches' "applied ..." lines are a run's log, not a projection's output (which may be
+// JSON on stdout): quiet unless PRIMUS_LOG_LEVEL asks otherwise.
+struct QuietPatchLog {
+  spdlog::level::level_enum before = spdlog::get_level();
+  QuietPatchLog() {
+    const char* lvl = std::getenv("PRIMUS_LOG_LEVEL");
+    if (!(lvl && *lvl)) spdlog::set_level(spdlog::level::err);
+  }
+  ~QuietPatchLog() { spdlog::set_level(before); }
+};
+
+const train::BackendProjector& projector_of(const std::string& backend) {
+  const train::BackendProjector* p = train::find_backend_projector(backend);
+  if (!p) throw ConfigError(fmt::format("projection: backend '{}' has no projection (reference and cuda have)", backend));
+  return *p;
+}
+
+// Which device's rates, and from where (train/projection_rates.h says the order).
+train::DeviceRates resolve_rates(const ProjectionRequest& req, const std::string& local_name) {
+  const std::filesystem::path cache =
+      req.rates_file.empty() ? train::default_rates_cache() : std::filesystem::path(req.rates_file);
+  if (!req.rates_file.empty() && !std::filesystem::exists(cache))
+    throw IoError(fmt::format("--rates {}: no such file (`primus benchmark ... --cache` writes it)", req.rates_file));
+  std::string device = !req.device.empty() ? req.device : local_name;
+  std::optional<train::DeviceRates> cached;
+  if (device.empty()) {
+    cached = train::only_cached_device(cache);
+    if (cached) device = cached->device;
+  } else {
+    cached = train::load_rates(cache, device);
+  }
+  train::DeviceRates r;
+  if (req.peak_tflops > 0 || req.hbm_gbps > 0) {  // a stated roofline wins over anything measured
+    const auto table = train::peak_of_device(device);
+    const double tf = req.peak_tflops > 0 ? req.peak_tflops : table ? table->tflops : 0;
+    const double bw = req.hbm_gbps > 0 ? req.hbm_gbps : table ? table->hbm_gbs : 0;
+    if (tf <= 0 || bw <= 0)
+      throw ConfigError("projection: a stated roofline needs both --peak-tflops and --hbm-gbps (the device '" + device +
+                        "' is not in the table to fill in the other)");
+    r = train::roofline_rates(device.empty() ? "stated device" : device, tf, bw);
+    r.source = fmt::format("roofline from --peak-tflops {} / --hbm-gbps {} x the efficiencies in docs/projection.md", tf, bw);
+  } else if (cached) {
+    r = *cached;
+    r.source = fmt::format("measured by `primus benchmark` on {} ({}), cached in {}", r.device, r.date, cache.string());
+  } else if (const auto table = train::peak_of_device(device); table && !device.empty()) {
+    r = train::roofline_rates(device, table->tflops, table->hbm_gbs);
+    r.source = fmt::format("roofline of {} ({} TFLOP/s bf16, {} GB/s HBM, no measured rates cached in {}) x the "
+                           "efficiencies in docs/projection.md",
+                           device, table->tflops, table->hbm_gbs, cache.string());
+  } else {
+    throw ConfigError(fmt::format(
+        "projection performance: no rates for {}: run `primus benchmark gemm attention norm activation optimizer "
+        "grouped_gemm --cache` on that GPU, name a device of the peak table with --device (H100, H200, A100, ...), or "
+        "state --peak-tflops and --hbm-gbps",
+        device.empty() ? "this machine (no GPU here, none cached)" : "'" + device + "'"));
+  }
+  if (req.net_gbps > 0) r.net_gbs = req.net_gbps;
+  else if (!req.preflight.empty()) r.net_gbs = train::net_gbs_from_preflight(req.preflight);
+  return r;
+}
+
+}  // namespace
+
+train::Projection run_projection(const ProjectionRequest& req) {
+  register_builtin_backends();
+  std::vector<std::string> overrides = req.overrides;
+  if (req.gpus < 0) throw UsageError(fmt::format("--gpus {}: expected a positive number of GPUs", req.gpus));
+  // --gpus is the job's data-parallel size: the key `primus launch` sets through WORLD_SIZE, so
+  // the batch arithmetic (grad_accum_steps) and its errors are the run's own.
+  if (req.gpus > 0) overrides.push_back(fmt::format("data_parallel_size={}", req.gpus));
+  auto exp = config::load_experiment(req.config, config::parse_cli_overrides(overrides));
+  QuietPatchLog quiet;
+  PrimusRuntime runtime;
+  PlannedArgs planned = runtime.plan_args(exp, req.module);
+  const std::string backend = planned.adapter->name();
+  const train::BackendProjector& pr = projector_of(backend);
+  // The args patch derives grad_accum_steps and refuses a global batch that does not divide.
+  dynamic_cast<train::HasTrainingArgs&>(*planned.args).training().check_batch();
+
+  train::Projection p;
+  p.config = req.config;
+  p.backend = backend;
+  const train::ModelSpec& spec = pr.spec(*planned.args);
+  p.model = spec.summary();
+  p.parameters = spec.num_parameters();
+  p.active_parameters = spec.num_active_parameters();
+  p.layout = pr.layout(*planned.args);
+  std::string local_name;
+  double local_bytes = 0;
+  if (pr.local_device) pr.local_device(&local_name, &local_bytes);
+  p.device_memory_bytes = req.device_memory_gib > 0 ? req.device_memory_gib * double(size_t{1} << 30) : local_bytes;
+  if (req.memory) {
+    train::MemoryProjectionOptions mo;
+    mo.runtime_gib = req.runtime_gib;
+    p.memory = pr.memory(*planned.args, *planned.hooks, p.layout, mo);
+    p.has_memory = true;
+  }
+  if (req.performance) {
+    p.time = train::project_step_time(spec, p.layout, resolve_rates(req, local_name), pr.cost);
+    p.has_time = true;
+  }
+  return p;
+}
+
+std::string dry_run_memory_line(const config::Experiment& exp, const std::string& module) {
+  try {
+    QuietPatchLog quiet;
+    PrimusRuntime runtime;
+    PlannedArgs planned = runtime.plan_args(exp, module);
+    const train::BackendProjector* pr = train::find_backend_projector(planned.adapter->name());
+    if (!pr) return "  memory:    no projection for backend " + planned.adapter->name() + "\n";
+    dynamic_cast<train::HasTrainingArgs&>(*planned.args).training().check_batch();
+    const train::ProjectionLayout layout = pr->layout(*planned.args);
+    const train::MemoryProjection m = pr->memory(*planned.args, *planned.hooks, layout, {});
+    return fmt::format("  memory:    {} ({} GPU{}; `primus projection memory` for the table)\n",
+                       train::memory_summary_line(m), layout.gpus, layout.gpus == 1 ? "" : "s");
+  } catch (const std::exception& e) {
+    return fmt::format("  memory:    not projected: {}\n", e.what());
+  }
+}
+
+}  // namespace primus::cli
