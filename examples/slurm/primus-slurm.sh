@@ -64,7 +64,6 @@ export MASTER_ADDR MASTER_PORT
 # One folder per attempt: a requeued job keeps its id, and its second run must not overwrite the
 # logs of the first (which hold the reason it stopped).
 log_dir=${PRIMUS_LOG_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}/logs}/${SLURM_JOB_NAME:-primus}-$SLURM_JOB_ID/attempt-${SLURM_RESTART_COUNT:-0}
-mkdir -p "$log_dir" || die "cannot create the log folder $log_dir"
 
 # auto_continue_train: every attempt, the first included, resumes from the latest checkpoint in
 # `save` when there is one, so a requeued job continues where the last one stopped.
@@ -98,6 +97,10 @@ if [ "$mode" = launcher ]; then
 else
   # Slurm starts every rank; each reads SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NODEID.
   srun_cmd+=(--ntasks=$((nnodes * nproc)) --ntasks-per-node="$nproc")
+  # The node's CPUs shared among its ranks (a task gets one CPU unless told otherwise).
+  if [ -n "${SLURM_CPUS_ON_NODE:-}" ] && [ "$SLURM_CPUS_ON_NODE" -ge "$nproc" ]; then
+    srun_cmd+=(--cpus-per-task=$((SLURM_CPUS_ON_NODE / nproc)))
+  fi
   srun_cmd+=(--output="$log_dir/rank_%t.log" "${srun_extra[@]}" "${wrap[@]}" "$PRIMUS_BIN" "${train[@]}")
 fi
 
@@ -109,6 +112,7 @@ if [ "${PRIMUS_DRY_RUN:-0}" = 1 ]; then
   echo
   exit 0
 fi
+mkdir -p "$log_dir" || die "cannot create the log folder $log_dir"
 
 # Preemption. `#SBATCH --signal=B:USR1@120` sends SIGUSR1 to this shell alone two minutes before
 # the time limit; srun forwards the signals it receives to its tasks, and from there `primus
