@@ -179,6 +179,8 @@ case "$case_name" in
     done
     # What `#SBATCH --signal=B:USR1@120` does two minutes before the time limit.
     kill -USR1 "$job_pid"
+    for _ in $(seq 600); do kill -0 "$job_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$job_pid" 2>/dev/null && { cat "$tmp/job.out"; fail "the job still runs 60 s after SIGUSR1"; }
     wait_job
     [ "$job_rc" = 0 ] || fail "the preempted job exited with $job_rc, expected 0"
     grep -q "received signal 10" "$(log_dir)/rank_0.log" || fail "rank 0 did not get SIGUSR1"
