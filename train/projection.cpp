@@ -335,7 +335,7 @@ std::string memory_summary_line(const MemoryProjection& m) {
   std::sort(parts.begin(), parts.end(), [](const MemoryPart& a, const MemoryPart& b) { return a.bytes > b.bytes; });
   std::string s = fmt::format("{} per GPU", format_bytes(m.total()));
   for (size_t i = 0; i < parts.size() && i < 3; ++i)
-    s += fmt::format("{} {} {}", i == 0 ? ": " : ", ", parts[i].name, format_bytes(parts[i].bytes));
+    s += fmt::format("{}{} {}", i == 0 ? ": " : ", ", parts[i].name, format_bytes(parts[i].bytes));
   return s;
 }
 
