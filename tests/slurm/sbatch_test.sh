@@ -16,7 +16,8 @@
 #                         (a fake apptainer that runs the command here)
 #   broken-script-caught  a copy of the runner that starts one rank instead of two still exits 0;
 #                         the checks the cases above use must reject its run
-#   lint                  bash -n, shellcheck (when installed), #SBATCH lines before any command
+#   lint                  bash -n, shellcheck (when installed), #SBATCH lines before any command,
+#                         the runner's refusals (no allocation, unknown mode)
 set -uo pipefail
 
 case_name=${1:?usage: sbatch_test.sh CASE PRIMUS_BINARY}
@@ -41,6 +42,11 @@ if [ "$case_name" = lint ]; then
     [ -n "$last_directive" ] || fail "$f has no #SBATCH line"
     [ "$last_directive" -lt "$first_cmd" ] || fail "$f: #SBATCH on line $last_directive comes after the first command (line $first_cmd)"
   done
+  # Outside an allocation, or with a mode it does not know, the runner stops with a reason.
+  out=$(env -u SLURM_JOB_ID bash "$slurm_dir/primus-slurm.sh" 2>&1); rc=$?
+  if [ "$rc" != 2 ] || [[ $out != *"SLURM_JOB_ID is not set"* ]]; then fail "outside an allocation: exit $rc: $out"; fi
+  out=$(SLURM_JOB_ID=1 PRIMUS_LAUNCH_MODE=mpirun bash "$slurm_dir/primus-slurm.sh" 2>&1); rc=$?
+  if [ "$rc" != 2 ] || [[ $out != *"PRIMUS_LAUNCH_MODE=mpirun"* ]]; then fail "unknown mode: exit $rc: $out"; fi
   echo "PASS ($case_name)"
   exit 0
 fi
