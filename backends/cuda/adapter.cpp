@@ -31,6 +31,10 @@ void add_cuda_schema(config::Schema& s) {
             "to back while the host logs and stages the next batches (not at evaluations, checkpoints or a stop "
             "signal, where the host needs the state after step s; one process, no profiler). "
             "PRIMUS_CUDA_LAUNCH_AHEAD=0|1 overrides it")
+      .flag("optimizer_in_bwd", false,
+            "run each layer's AdamW in the backward as soon as its gradients are final, the layers sharing one "
+            "gradient buffer (the gradients take one layer's memory instead of the model's); needs clip_grad: 0, "
+            "one micro-batch per step (global_batch_size = micro_batch_size) and one process")
       .integer("gemm_algo_search", 8,
                "cuBLASLt algorithm per GEMM shape: k > 1 times the heuristic's top k candidates at the shape's first "
                "call and keeps the fastest, saved in a per-machine cache file that later runs reuse (the same "

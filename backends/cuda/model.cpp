@@ -83,6 +83,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   const GradClearing clearing = plan_grad_clearing(
       layout, [&spec](const std::string& name) { return Decoder::written_by_first_gemm(spec, name); });
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
+  mp.shared_grad_window = opt.optimizer_in_backward;
   return mp;
 }
 
@@ -100,6 +101,11 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   const bool host = opt_.device == Device::CPU;
+  if (opt_.optimizer_in_backward && (opt_.loss_slots != 1 || !opt_.optimizer_state || opt_.flat_elems != 0)) {
+    throw ConfigError(fmt::format("the optimizer in the backward updates each layer once per backward: it needs one "
+                                  "micro-batch per step (got {}) and the whole optimizer state on this GPU (no ZeRO-1)",
+                                  opt_.loss_slots));
+  }
   if (host && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
     throw RuntimeError("cuda model: host mode keeps its own optimizer state and unpadded buffers");
   }
@@ -110,10 +116,23 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       layout_, [this](const std::string& name) { return Decoder::written_by_first_gemm(spec_, name); });
   const MemoryPlanOptions mp = memory_plan_options(spec_, layout_, opt_, ops);
   plan_ = std::make_unique<MemoryPlan>(spec_, layout_, mp);
-  optimizer_ = std::make_unique<OptimizerState>(layout_, plan_->state, plan_->state_arena(), std::move(clearing),
-                                                opt_.optimizer_state, stream_, ops);
+  InBackward in_backward;
+  if (opt_.optimizer_in_backward) {
+    in_backward.points = grad_ready_points(layout_);
+    in_backward.written_first = [this](const std::string& name) { return Decoder::written_by_first_gemm(spec_, name); };
+    in_backward.clear_all = opt_.zero_grad_full;
+  }
+  optimizer_ = std::make_unique<OptimizerState>(layout_, plan_->state, plan_->grad_placement(), plan_->state_arena(),
+                                                std::move(clearing), opt_.optimizer_state, stream_, ops,
+                                                opt_.optimizer_in_backward ? &in_backward : nullptr);
   const DecoderOptions dec{opt_.bias_grad, opt_.gelu_unfused_forward, opt_.gelu_unfused_backward};
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
+  if (opt_.optimizer_in_backward) {
+    decoder_->on_grads_ready([this](int64_t offset) {
+      NvtxRange r("adamw group");
+      optimizer_->backward_ready(offset, 1, ctx());
+    });
+  }
 
   const StateBuffers& st = plan_->state;
   if (spec_.rope && !host) turbo::rope_build_table(st.rope_table, spec_.rotary_base, ctx());
@@ -227,7 +246,8 @@ CudaModel::StepStatus CudaModel::wait_step_status(int ticket, int64_t n) const {
   const double tokens = static_cast<double>(decoder_->train_tokens());
   for (int64_t i = 0; i < n; ++i) st.loss_sum += static_cast<double>(status[i]) / tokens;
   st.grad_norm = status[S];
-  st.finite = status[S + 2] != 0.0f;
+  st.finite = status[S + 2] > 0.0f;  // 1: finite; 0: skipped whole; -1: partly applied (step_check_group)
+  st.partial = status[S + 2] < 0.0f;
   const ActivationBuffers& a = plan_->acts;
   if (a.moe_counts.defined()) {
     const int64_t per = a.moe_counts.numel() / S, sums = a.moe_sums.numel() / S;
@@ -282,6 +302,14 @@ void CudaModel::update_expert_bias(const std::vector<std::vector<int64_t>>& load
     stream_.to_model(b.data, bias.data(), b.nbytes());
   }
   sync();
+}
+
+void CudaModel::on_grads_ready(std::function<void(int64_t offset)> fn) {
+  if (opt_.optimizer_in_backward) {
+    throw RuntimeError("cuda model: the optimizer in the backward takes the gradients-ready reports (no data "
+                       "parallelism with it)");
+  }
+  decoder_->on_grads_ready(std::move(fn));
 }
 
 double CudaModel::read_loss_sum(int64_t n) const {

@@ -70,6 +70,12 @@ struct CudaModelOptions {
   bool gelu_unfused_forward = false;    // DecoderOptions
   bool gelu_unfused_backward = false;
   bool zero_grad_full = false;          // zero_grad clears every gradient; every GEMM accumulates
+  // AdamW runs inside backward(), one group (a layer, the embeddings, the final norm and head) as
+  // soon as its gradients are final, and the layers share one gradient window (grad_placement.h):
+  // the gradients take the largest layer's memory instead of the model's. One micro-batch per step
+  // (loss_slots 1), no clipping (grad_norm, check_step and update throw: the backward did them),
+  // full optimizer state, no data parallelism; get_grads throws (the gradients never exist at once).
+  bool optimizer_in_backward = false;
 };
 
 // The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the
@@ -121,6 +127,7 @@ class CudaModel {
   // Accumulates parameter gradients of the last forward (which must have had dloss != 0),
   // recomputing the activations the layers did not keep.
   void backward();
+  bool optimizer_in_backward() const { return opt_.optimizer_in_backward; }
   // Global gradient norm and clip factor min(1, max_norm / norm) (1 when max_norm <= 0), on the
   // device; update() scales the gradients by the factor.
   void grad_norm(float max_norm);
@@ -146,6 +153,9 @@ class CudaModel {
   struct StepStatus {
     double loss_sum = 0, grad_norm = 0;
     bool finite = true;
+    // The optimizer in the backward met a non-finite gradient after a finite loss: the groups
+    // before it were updated, the rest not (finite is false too).
+    bool partial = false;
     // MoE models: the routing statistics of micro-batch slots [0, n), as laid out in
     // ActivationBuffers::moe_counts / moe_sums (moe_report() reads them).
     std::vector<int32_t> moe_counts;
@@ -190,7 +200,8 @@ class CudaModel {
 
   // The "gradients from this flat offset up are final" reports of every backward (decoder.h):
   // what data parallelism subscribes to. The points, in report order: grad_ready_points(layout()).
-  void on_grads_ready(std::function<void(int64_t offset)> fn) { decoder_->on_grads_ready(std::move(fn)); }
+  // Taken by the optimizer in the backward (the call throws then).
+  void on_grads_ready(std::function<void(int64_t offset)> fn);
 
  private:
   void check_batch(int64_t B, int64_t T, int64_t slot, const char* what) const;

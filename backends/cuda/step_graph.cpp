@@ -59,8 +59,12 @@ void log_step_setup(const CudaModel& model, const CudaArgs& args) {
       break;
     }
   }
-  spdlog::info("[cuda] step: {}; activation recompute {} ({:.3f} GiB of activations reserved); phase profile {}",
-               args.cuda_graph ? "CUDA graph (captured after a warm-up step)" : "eager", policy,
+  spdlog::info("[cuda] step: {}; AdamW {}; activation recompute {} ({:.3f} GiB of activations reserved); phase "
+               "profile {}",
+               args.cuda_graph ? "CUDA graph (captured after a warm-up step)" : "eager",
+               model.optimizer_in_backward() ? "in the backward, layer by layer (one layer's gradient buffer)"
+                                             : "after the backward",
+               policy,
                static_cast<double>(model.activation_bytes()) / double(size_t{1} << 30),
                args.profile_steps <= 0 ? std::string("off")
                : args.profile_steps == std::numeric_limits<int64_t>::max()

@@ -135,6 +135,21 @@ void CudaTrainer::init() {
     throw ConfigError("moe_router_enable_expert_bias with data parallelism is not supported by the cuda backend yet "
                       "(the expert-bias update needs the load summed over the ranks)");
   }
+  if (args_->optimizer_in_bwd) {
+    // The global norm is known only after the whole backward, when the layers above have moved.
+    if (t.optim.clip_grad > 0) {
+      throw ConfigError(fmt::format("optimizer_in_bwd: true needs clip_grad: 0 (got {}): each layer is updated before "
+                                    "the layers below have gradients, so there is no global norm to clip by",
+                                    t.optim.clip_grad));
+    }
+    if (t.grad_accum_steps != 1) {
+      throw ConfigError(fmt::format("optimizer_in_bwd: true needs one micro-batch per step (global_batch_size = "
+                                    "micro_batch_size x data-parallel ranks); got {} micro-batches",
+                                    t.grad_accum_steps));
+    }
+    if (pg_) throw ConfigError("optimizer_in_bwd: true runs on one process (no data parallelism with it yet)");
+    mo.optimizer_in_backward = true;
+  }
   model_ = std::make_unique<CudaModel>(spec, mo, ops_);
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
@@ -262,6 +277,11 @@ void CudaTrainer::step_body(int64_t step) {
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
   const float dloss = static_cast<float>(1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps)));
   model_->zero_grad();
+  if (model_->optimizer_in_backward()) {  // AdamW and the step check run inside the backward, layer by layer
+    model_->forward_staged(B, T, dloss, 0);
+    model_->backward();
+    return;
+  }
   for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
     model_->forward_staged(B, T, dloss, micro);
     if (dp_) dp_->begin_backward(micro + 1 == t.grad_accum_steps);
@@ -324,6 +344,13 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
   if (dp_) loss = dp_->average({loss})[0];  // the global batch's loss
   *grad_norm = st.grad_norm;
   *finite = st.finite && std::isfinite(loss);
+  if (st.partial) {
+    throw RuntimeError(fmt::format("step {}: a non-finite gradient after a finite loss (loss {:.6g}) with "
+                                   "optimizer_in_bwd: the layers above it were already updated, so the step can be "
+                                   "neither skipped nor undone; stopping (the checkpoints saved so far are intact; "
+                                   "resume from the last one, e.g. with a lower learning rate)",
+                                   step + 1, loss));
+  }
   moe_stats_->reset();
   model_->moe_report(st, t.grad_accum_steps, *moe_stats_);
   // Before the next step launches (launch-ahead is off for these models): it routes with the new bias.

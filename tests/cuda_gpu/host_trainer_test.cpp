@@ -18,6 +18,7 @@
 #include "core/backend/backend.h"
 #include "core/config/experiment.h"
 #include "core/patches/registry.h"
+#include "core/util/error.h"
 #include "tests/cuda_gpu/trainer_runs.h"
 #include "tests/e2e/cli_runner.h"
 
@@ -37,6 +38,7 @@ void run_host_trainer(const std::filesystem::path& exp_file, std::vector<std::st
   args->host_mode = true;
   args->train.grad_accum_steps = args->train.global_batch_size / args->train.micro_batch_size;
   args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead
+  args->optimizer_in_bwd = cfg.params.find_path("optimizer_in_bwd")->as_bool();  // patch cuda.optimizer.in_backward
   CudaTrainer trainer(args, CudaOps::defaults());
   trainer.setup();
   trainer.init();
@@ -86,6 +88,42 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
     ASSERT_EQ(plain.loss.size(), ours.loss.size()) << var;
     for (auto [step, l] : plain.loss) EXPECT_EQ(l, ours.loss.at(step)) << var << "=0, step " << step;
     for (auto [step, l] : plain.val) EXPECT_EQ(l, ours.val.at(step)) << var << "=0, validation at step " << step;
+  }
+}
+
+// optimizer_in_bwd (one micro-batch per step, no clipping) trains with the same losses bit for bit
+// as the update after the backward, checkpoints included; with clipping or accumulation it is a
+// config error that names the key.
+TEST(CudaHostTrainer, OptimizerInBackwardTrainsAsTheUpdateAfterTheBackward) {
+  primus::testing::Workdir w;
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
+  const std::vector<std::string> one_micro = {"global_batch_size=4", "clip_grad=0"};
+  auto with = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> cli = one_micro;
+    cli.push_back("exp_name=" + name);
+    cli.insert(cli.end(), extra.begin(), extra.end());
+    run_host_trainer(cuda_file, cli);
+    return testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+  };
+  const auto after = with("after", {});
+  const auto inside = with("inside", {"optimizer_in_bwd=true"});
+  ASSERT_EQ(after.loss.size(), 6u);
+  ASSERT_EQ(inside.loss.size(), 6u);
+  for (auto [step, l] : after.loss) EXPECT_EQ(inside.loss.at(step), l) << "step " << step;
+  for (auto [step, l] : after.val) EXPECT_EQ(inside.val.at(step), l) << "validation at step " << step;
+  EXPECT_LT(after.loss.at(6), after.loss.at(1)) << "the run must learn";
+  EXPECT_TRUE(std::filesystem::exists(w.path() / "g/u/inside/checkpoints/iter_0000006"));
+
+  for (const auto& bad : {std::vector<std::string>{"optimizer_in_bwd=true", "clip_grad=1.0"},
+                          std::vector<std::string>{"optimizer_in_bwd=true", "global_batch_size=8"}}) {
+    std::vector<std::string> cli = {"exp_name=refused", "clip_grad=0"};
+    cli.insert(cli.end(), bad.begin(), bad.end());
+    try {
+      run_host_trainer(cuda_file, cli);
+      ADD_FAILURE() << "accepted " << bad[1];
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("optimizer_in_bwd"), std::string::npos) << e.what();
+    }
   }
 }
 

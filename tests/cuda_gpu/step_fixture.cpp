@@ -10,7 +10,7 @@
 namespace primus::backends::cuda::testing {
 
 StepRun run_steps(const StepRunOptions& o) {
-  const train::ModelSpec spec = tiny_spec(o.llama);
+  const train::ModelSpec spec = o.spec ? *o.spec : tiny_spec(o.llama);
   const int64_t T = spec.seq_length, B = kTrainBatch / o.micro;
   CudaOps ops = ops_for(o.attn);
   if (o.recompute) ops.recompute_policy = o.recompute;
@@ -53,7 +53,8 @@ StepRun run_steps(const StepRunOptions& o) {
         model.forward_staged(B, T, dloss, m);
         model.backward();
       }
-      model.grad_norm(1.0f);
+      if (model.optimizer_in_backward()) return;
+      model.grad_norm(o.clip);
       model.check_step(o.micro);
       model.update();
     });
@@ -62,7 +63,7 @@ StepRun run_steps(const StepRunOptions& o) {
     r.losses.push_back(st.loss_sum / o.micro);
     r.norms.push_back(st.grad_norm);
     r.finite.push_back(st.finite);
-    if (s == 0) {
+    if (s == 0 && !model.optimizer_in_backward()) {
       r.grads0.resize(static_cast<size_t>(model.layout().total));
       model.get_grads(r.grads0.data());
     }
@@ -70,6 +71,10 @@ StepRun run_steps(const StepRunOptions& o) {
   }
   r.params.resize(static_cast<size_t>(model.layout().total));
   model.get_params(r.params.data());
+  r.m.resize(r.params.size());
+  r.v.resize(r.params.size());
+  model.get_moments(r.m.data(), r.v.data());
+  r.grad_elems = model.grads().numel();
   r.graph_launches = graph.launches();
   if (prof) {
     r.profiled_steps = prof->steps_done();

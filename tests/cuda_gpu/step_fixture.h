@@ -2,7 +2,8 @@
 // each step stages its micro-batches, sets AdamW's scalars (a rising learning rate, so a captured
 // step must read them from the device), then runs zero_grad, forward + backward per micro-batch,
 // grad norm (clip 1.0), the on-device non-finite check and AdamW through a StepGraph (eager, or
-// captured at step 2 and replayed), and reads the status once, as CudaTrainer does.
+// captured at step 2 and replayed), and reads the status once, as CudaTrainer does. With the
+// optimizer in the backward (model_options sets it) the backward does the last three.
 #pragma once
 #include <functional>
 #include <vector>
@@ -15,6 +16,8 @@ namespace primus::backends::cuda::testing {
 
 struct StepRunOptions {
   bool llama = false;
+  const train::ModelSpec* spec = nullptr;  // instead of tiny_spec(llama), e.g. a tiny MoE
+  float clip = 1.0f;                       // grad_norm's max_norm (0: no clipping)
   Attn attn = Attn::Default;
   turbo::Device device = turbo::Device::CPU;
   std::function<RecomputePolicyFn> recompute;  // empty: none
@@ -30,8 +33,10 @@ struct StepRunOptions {
 struct StepRun {
   std::vector<double> losses, norms;
   std::vector<bool> finite;
-  std::vector<float> grads0;  // the gradients of step 0
+  std::vector<float> grads0;  // the gradients of step 0 (empty with the optimizer in the backward)
   std::vector<float> params;  // the master weights after the last step
+  std::vector<float> m, v;    // and the AdamW moments
+  int64_t grad_elems = 0;     // of the model's gradient buffer
   size_t activation_bytes = 0;
   int64_t graph_launches = 0;
   int64_t profiled_steps = 0;

@@ -92,6 +92,33 @@ TEST_P(StepGpuTest, GraphReplayMatchesEagerBitForBitOver20Steps) {
               graph.losses.back());
 }
 
+// The optimizer in the backward under the graph, on the device: the same losses, weights and
+// moments bit for bit as AdamW after the backward (no clipping, one micro-batch), dense GPT-2 (its
+// MLP output bias, whose gradient the next layer writes) and the DeepSeek-style tiny MoE.
+TEST_P(StepGpuTest, OptimizerInBackwardMatchesTheUpdateAfterTheBackward) {
+  const train::ModelSpec spec = GetParam() ? tiny_moe_spec(true) : tiny_spec(false);
+  auto run = [&](bool in_backward) {
+    StepRunOptions o;
+    o.spec = &spec;
+    o.device = turbo::Device::CUDA;
+    o.graph = true;
+    o.clip = 0.0f;
+    o.micro = 1;
+    o.steps = 6;
+    o.model_options = [in_backward](CudaModelOptions& mo) { mo.optimizer_in_backward = in_backward; };
+    return run_steps(o);
+  };
+  const StepRun after = run(false), inside = run(true);
+  EXPECT_EQ(inside.losses, after.losses);
+  EXPECT_TRUE(inside.params == after.params) << "weights differ";
+  EXPECT_TRUE(inside.m == after.m && inside.v == after.v) << "moments differ";
+  EXPECT_LT(inside.grad_elems, after.grad_elems);
+  EXPECT_LT(after.losses.back(), after.losses.front()) << "the run must learn";
+  std::printf("[%s] optimizer in the backward: loss %.5f -> %.5f, gradient buffer %lld of %lld elements\n",
+              GetParam() ? "moe" : "gpt2", inside.losses.front(), inside.losses.back(),
+              static_cast<long long>(inside.grad_elems), static_cast<long long>(after.grad_elems));
+}
+
 // FP8 linear layers under the graph: quantizer (amax partials, scales on the device) and FP8
 // GEMMs captured once and replayed, same result as eager.
 TEST_P(StepGpuTest, Fp8GraphReplayMatchesEager) {

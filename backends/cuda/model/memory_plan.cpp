@@ -94,7 +94,13 @@ MemoryPlanSizes MemoryPlan::sizes(const train::ModelSpec& spec, const train::Par
 
 MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt,
                        bool allocate)
-    : spec_(spec), layout_(layout), opt_(opt), act_(opt.host ? DType::F32 : DType::BF16) {
+    : spec_(spec),
+      layout_(layout),
+      opt_(opt),
+      grad_place_(place_grads(layout, opt.shared_grad_window, grad_written_before_layer_backward)),
+      act_(opt.host ? DType::F32 : DType::BF16) {
+  if (opt_.shared_grad_window && opt_.flat_elems != 0)
+    throw RuntimeError("cuda model: a shared gradient window and a padded (ZeRO-1) gradient buffer exclude each other");
   if (opt_.flat_elems != 0 && opt_.flat_elems < layout_.total) {
     throw RuntimeError(fmt::format("cuda model: flat_elems {} is below the parameter count {}", opt_.flat_elems,
                                    layout_.total));
@@ -121,8 +127,12 @@ MemoryPlanSizes MemoryPlan::count() {
   BufferPlan counter(nullptr, nullptr);
   plan(counter);
   MemoryPlanSizes sz;
+  // The AdamW descriptor table; with the optimizer in the backward one per group (a layer, the
+  // embeddings, the final norm and head), each with its own count slot and alignment.
+  const size_t groups = opt_.shared_grad_window ? size_t(spec_.num_layers) + 2 : 1;
   sz.optimizer_table = round_up(turbo::cuda::multi_tensor_table_bytes(static_cast<int>(layout_.tensors.size())),
-                                Arena::kDefaultAlign);
+                                Arena::kDefaultAlign) +
+                       (groups - 1) * (sizeof(int64_t) + 256);
   // + one alignment each: an arena's base need not sit on kDefaultAlign.
   sz.state_arena = counter.state_bytes + sz.optimizer_table + Arena::kDefaultAlign;
   sz.acts_arena = counter.acts_bytes + Arena::kDefaultAlign;
@@ -186,7 +196,8 @@ void MemoryPlan::plan(Take&& take) {
   const bool host = opt_.host;
   StateBuffers& s = state;
   if (opt_.optimizer_state) s.master = take(Pool::State, DType::F32, {P}, "fp32 master weights");
-  s.grads = take(Pool::State, DType::F32, {PF}, "fp32 gradients");
+  s.grads = take(Pool::State, DType::F32, {opt_.shared_grad_window ? grad_place_.elems : PF},
+                 opt_.shared_grad_window ? "fp32 gradients (the layers share one window)" : "fp32 gradients");
   if (opt_.optimizer_state) {
     s.m = take(Pool::State, DType::F32, {P}, "AdamW first moments");
     s.v = take(Pool::State, DType::F32, {P}, "AdamW second moments");
@@ -211,6 +222,7 @@ void MemoryPlan::plan(Take&& take) {
     }
   }
   s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
+  if (opt_.shared_grad_window) s.group_norm = take(Pool::State, DType::F32, {2}, "one AdamW group's gradient norm");
   if (!host && opt_.zero_ranges > 0)  // the kernel's table (host mode clears range by range)
     s.zero_table = take(Pool::State, DType::I64, {2 * opt_.zero_ranges + 1}, "zero_grad ranges (prefix sums, offsets)");
 
@@ -382,13 +394,14 @@ Param MemoryPlan::param(const std::string& name, bool required) const {
     if (required) throw RuntimeError(fmt::format("cuda model: no parameter '{}'", name));
     return {};
   }
-  auto shaped = [&](const TensorView& flat) {
-    void* p = static_cast<char*>(flat.data) + size_t(t->offset) * turbo::dtype_size(flat.dtype);
+  const int64_t grad_offset = grad_place_.offset[static_cast<size_t>(t - layout_.tensors.data())];
+  auto shaped = [&](const TensorView& flat, int64_t offset) {
+    void* p = static_cast<char*>(flat.data) + size_t(offset) * turbo::dtype_size(flat.dtype);
     if (t->shape.size() == 3) return TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1], t->shape[2]});
     return t->shape.size() == 2 ? TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1]})
                                 : TensorView(p, flat.dtype, flat.device, {t->shape[0]});
   };
-  return {shaped(state.weights), shaped(state.grads)};
+  return {shaped(state.weights, t->offset), shaped(state.grads, grad_offset)};
 }
 
 void MemoryPlan::view_params() {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/cuda/hooks.h"
+#include "backends/cuda/model/grad_placement.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
 #include "turbo/core/arena.h"
@@ -85,6 +86,7 @@ struct StateBuffers {
   // into it, so a step's status is one D2H copy.
   TensorView status, loss_slots, norm;
   TensorView hyper;       // f32 {lr, 1 - beta1^t, 1 - beta2^t}, which a captured AdamW reads
+  TensorView group_norm;  // f32 {norm, factor} of one AdamW group (the optimizer in the backward)
   TensorView zero_table;  // i64: zero_grad's ranges (prefix sums, offsets); device only
 };
 
@@ -129,6 +131,9 @@ struct MemoryPlanOptions {
   int64_t zero_ranges = 0;       // entries of zero_grad's range table
   int64_t moe_align = 1;         // MoE groups padded to a multiple of this many rows
   std::vector<Recompute> policy;  // per layer
+  // The optimizer runs in the backward: the layers' gradients share one window (grad_placement.h)
+  // and StateBuffers::grads is that compact buffer.
+  bool shared_grad_window = false;
   // Whether the scratch size may ask the current CUDA device (its SM count bounds the norm and
   // column-sum partials). false: those device-dependent borrows are left out, so a host without
   // a GPU can size a device plan (MemoryPlan::sizes for `primus projection`); they are far below
@@ -181,6 +186,8 @@ class MemoryPlan {
   const MemoryPlanOptions& options() const { return opt_; }
   turbo::Arena& state_arena() { return *state_; }
   turbo::Arena* scratch() const { return scratch_.get(); }
+  // Where each tensor's gradient lives in state.grads.
+  const GradPlacement& grad_placement() const { return grad_place_; }
   // The padded norm outputs' extra columns: 1, 0, 0, ... in every row (once, at construction).
   void init_ones(const ModelStream& s) const;
 
@@ -211,6 +218,7 @@ class MemoryPlan {
   const train::ModelSpec& spec_;
   const train::ParamLayout& layout_;
   MemoryPlanOptions opt_;
+  GradPlacement grad_place_;
   turbo::DType act_;
   std::unique_ptr<turbo::Arena> state_, acts_, scratch_;
 };

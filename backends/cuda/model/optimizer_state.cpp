@@ -27,23 +27,84 @@ GradClearing plan_grad_clearing(const train::ParamLayout& layout,
   return c;
 }
 
-OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, turbo::Arena& arena,
-                               GradClearing clearing, bool keep_state, const ModelStream& stream, const CudaOps& ops)
-    : layout_(layout), state_(state), clearing_(std::move(clearing)), stream_(stream), ops_(ops) {
+OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, const GradPlacement& place,
+                               turbo::Arena& arena, GradClearing clearing, bool keep_state, const ModelStream& stream,
+                               const CudaOps& ops, const InBackward* in_backward)
+    : layout_(layout), state_(state), place_(place), clearing_(std::move(clearing)), stream_(stream), ops_(ops) {
+  if (in_backward) {
+    if (!keep_state) throw RuntimeError("cuda model: the optimizer in the backward needs the optimizer state on this rank");
+    build_groups(*in_backward, arena);
+    return;
+  }
   if (!keep_state) return;
   // Over every tensor: fp32 master and moments, f32 gradients, the bf16 copy it refreshes.
   std::vector<turbo::AdamWTensor> ts;
-  for (const auto& t : layout_.tensors) {
-    turbo::AdamWTensor a;
-    a.master = state_.master.slice0(t.offset, t.offset + t.numel);
-    if (!stream_.host) a.model = state_.weights.slice0(t.offset, t.offset + t.numel);
-    a.grad = state_.grads.slice0(t.offset, t.offset + t.numel);
-    a.m = state_.m.slice0(t.offset, t.offset + t.numel);
-    a.v = state_.v.slice0(t.offset, t.offset + t.numel);
-    a.decay = t.decay;
-    ts.push_back(a);
-  }
+  for (size_t i = 0; i < layout_.tensors.size(); ++i) ts.push_back(adamw_tensor(i));
   adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), &arena);
+}
+
+turbo::AdamWTensor OptimizerState::adamw_tensor(size_t i) const {
+  const train::ParamTensor& t = layout_.tensors[i];
+  const int64_t g = place_.offset[i];
+  turbo::AdamWTensor a;
+  a.master = state_.master.slice0(t.offset, t.offset + t.numel);
+  if (!stream_.host) a.model = state_.weights.slice0(t.offset, t.offset + t.numel);
+  a.grad = state_.grads.slice0(g, g + t.numel);
+  a.m = state_.m.slice0(t.offset, t.offset + t.numel);
+  a.v = state_.v.slice0(t.offset, t.offset + t.numel);
+  a.decay = t.decay;
+  return a;
+}
+
+void OptimizerState::build_groups(const InBackward& ib, turbo::Arena& arena) {
+  if (!place_.shared_window) throw RuntimeError("cuda model: the optimizer in the backward needs the shared gradient window");
+  if (!state_.group_norm.defined()) throw RuntimeError("cuda model: the memory plan has no group norm buffer");
+  std::vector<int64_t> bounds = ib.points;  // group g: layout offsets [points[g], the previous point or the end)
+  for (size_t g = 0; g < bounds.size(); ++g) {
+    const int64_t begin = bounds[g];
+    const int64_t end = g == 0 ? layout_.total : bounds[g - 1];
+    Group grp;
+    grp.begin = begin;
+    std::vector<turbo::AdamWTensor> ts;
+    for (size_t i = 0; i < layout_.tensors.size(); ++i) {
+      const train::ParamTensor& t = layout_.tensors[i];
+      if (t.offset < begin || t.offset >= end) continue;
+      ts.push_back(adamw_tensor(i));
+      grp.window = grp.window || place_.in_window[i];
+      if (!ib.clear_all && ib.written_first(t.name)) continue;
+      // In the window: cleared before the layer's backward; elsewhere: at the step's start.
+      auto& list = place_.in_window[i] ? grp.clear : step_clear_;
+      const int64_t off = place_.offset[i];
+      if (!list.empty() && list.back().first + list.back().second == off)
+        list.back().second += t.numel;
+      else
+        list.emplace_back(off, t.numel);
+    }
+    if (ts.empty()) throw RuntimeError(fmt::format("cuda model: no parameter tensor from layout offset {}", begin));
+    grp.adamw = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), &arena);
+    groups_.push_back(std::move(grp));
+  }
+}
+
+void OptimizerState::backward_ready(int64_t offset, int64_t n_losses, const ExecContext& ctx) {
+  size_t g = 0;
+  while (g < groups_.size() && groups_[g].begin != offset) ++g;
+  if (g == groups_.size()) throw RuntimeError(fmt::format("cuda model: no optimizer group starts at offset {}", offset));
+  Group& grp = groups_[g];
+  const int64_t S = state_.loss_slots.numel();
+  ops_.grad_norm(*grp.adamw, state_.group_norm, 0.0f, ctx);
+  const bool first = g == 0, last = g + 1 == groups_.size();
+  if (stream_.host) {
+    turbo::cuda::step_check_group_apply(state_.status.ptr<float>(), n_losses, S, state_.group_norm.ptr<float>()[0],
+                                        first, last);
+  } else {
+    turbo::cuda::step_check_group(state_.status.ptr<float>(), n_losses, S, state_.group_norm.ptr<const float>(), first,
+                                  last, stream_.stream);
+  }
+  ops_.adamw(*grp.adamw, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx);
+  // The next layer shares this one's window: clear what it accumulates into.
+  if (grp.window && !last && groups_[g + 1].window)
+    for (const auto& [off, n] : groups_[g + 1].clear) stream_.zero(state_.grads.slice0(off, off + n));
 }
 
 void OptimizerState::upload_clearing_table() const {
@@ -60,6 +121,15 @@ void OptimizerState::upload_clearing_table() const {
 
 void OptimizerState::zero_grad(bool full) const {
   const TensorView& grads = state_.grads;
+  if (!groups_.empty()) {  // what lies outside the window, and the first layer reported's part of it
+    for (const auto& [off, n] : step_clear_) stream_.zero(grads.slice0(off, off + n));
+    for (const Group& grp : groups_) {
+      if (!grp.window) continue;
+      for (const auto& [off, n] : grp.clear) stream_.zero(grads.slice0(off, off + n));
+      break;
+    }
+    return;
+  }
   if (full) {
     stream_.zero(grads);
     return;
@@ -75,10 +145,12 @@ void OptimizerState::zero_grad(bool full) const {
 
 void OptimizerState::grad_norm(float max_norm, const ExecContext& ctx) {
   need_state("grad_norm");
+  need_global("grad_norm");
   ops_.grad_norm(*adamw_, state_.norm, max_norm, ctx);
 }
 
 void OptimizerState::check_step(int64_t n, int64_t slots) const {
+  need_global("check_step");
   if (n < 1 || n > slots) throw RuntimeError(fmt::format("cuda model: check_step over {} loss slots (1..{})", n, slots));
   if (!stream_.host) {
     turbo::cuda::step_check(state_.status.ptr<float>(), n, slots, stream_.stream);
@@ -93,12 +165,13 @@ void OptimizerState::check_step(int64_t n, int64_t slots) const {
 
 void OptimizerState::update(const ExecContext& ctx) {
   need_state("update");
+  need_global("update");
   ops_.adamw(*adamw_, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx);
 }
 
 void OptimizerState::set_params(const float* host) {
   const int64_t n = layout_.total;
-  if (!adamw_) {  // no master copy: stage the fp32 weights in the gradient buffer
+  if (!keeps_state()) {  // no master copy: stage the fp32 weights in the gradient buffer
     stream_.to_model(state_.grads.data, host, size_t(n) * 4);
     turbo::cuda::cast_f32_to_bf16(state_.weights.data, state_.grads.ptr<float>(), n, stream_.stream);
     return;
@@ -113,8 +186,16 @@ void OptimizerState::get_params(float* host) const {
   stream_.from_model(host, state_.master.data, state_.master.nbytes());
 }
 
+void OptimizerState::need_global(const char* what) const {
+  if (!groups_.empty()) {
+    throw RuntimeError(fmt::format("cuda model: {} after the backward does not exist with the optimizer in the backward "
+                                   "(each group's update ran as its gradients were ready)",
+                                   what));
+  }
+}
+
 void OptimizerState::need_state(const char* what) const {
-  if (!adamw_) {
+  if (!keeps_state()) {
     throw RuntimeError(fmt::format("cuda model: {} needs the optimizer state, which this model (ZeRO-1) does not keep",
                                    what));
   }
@@ -137,6 +218,12 @@ void OptimizerState::get_moments(float* m, float* v) const {
   stream_.from_model(v, state_.v.data, state_.v.nbytes());
 }
 
-void OptimizerState::get_grads(float* host) const { stream_.from_model(host, state_.grads.data, state_.grads.nbytes()); }
+void OptimizerState::get_grads(float* host) const {
+  if (place_.shared_window) {
+    throw RuntimeError("cuda model: with the optimizer in the backward the full gradients never exist at once (the "
+                       "layers share one gradient window)");
+  }
+  stream_.from_model(host, state_.grads.data, state_.grads.nbytes());
+}
 
 }  // namespace primus::backends::cuda

@@ -6,6 +6,15 @@
 //
 // Without optimizer state (ZeRO-1: the data-parallel shard keeps the master weights and moments)
 // only the gradient clearing, the check and set_params remain; the other calls throw.
+//
+// The optimizer in the backward (InBackward): instead of one update after the backward, one
+// AdamW per group of tensors whose gradients become final together (the decoder's "gradients
+// ready" points: the final norm and head, each layer from the top, the embeddings), run from
+// backward_ready() as soon as the decoder reports the group, each after its own gradient norm and
+// the check of step_check_group (turbo/kernels/cuda/step_check.h). The layers' gradients then
+// share one window of the gradient buffer (grad_placement.h), cleared range by range before each
+// layer's backward accumulates into it. There is no global gradient norm before the first update,
+// so this mode has no clipping; grad_norm(), check_step() and update() throw.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -35,14 +44,29 @@ struct GradClearing {
 GradClearing plan_grad_clearing(const train::ParamLayout& layout,
                                 const std::function<bool(const std::string& name)>& written_first);
 
+// The optimizer in the backward: the groups' first layout offsets in the order the decoder reports
+// them (grad_ready_points), and which tensors the first GEMM writes with beta 0 (not cleared).
+struct InBackward {
+  std::vector<int64_t> points;
+  std::function<bool(const std::string& name)> written_first;
+  bool clear_all = false;  // clear every gradient before its group accumulates (zero_grad_full)
+};
+
 class OptimizerState {
  public:
-  // `state` and `arena`: the memory plan's (the AdamW descriptor table comes from the arena).
-  // keep_state = false: ZeRO-1 (no master weights or moments here).
-  OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, turbo::Arena& arena,
-                 GradClearing clearing, bool keep_state, const ModelStream& stream, const CudaOps& ops);
+  // `state`, `place` and `arena`: the memory plan's (the AdamW descriptor tables come from the
+  // arena). keep_state = false: ZeRO-1 (no master weights or moments here). in_backward: the
+  // optimizer in the backward (needs keep_state; `place` then has the shared window).
+  OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, const GradPlacement& place,
+                 turbo::Arena& arena, GradClearing clearing, bool keep_state, const ModelStream& stream,
+                 const CudaOps& ops, const InBackward* in_backward = nullptr);
 
-  bool keeps_state() const { return adamw_ != nullptr; }
+  bool keeps_state() const { return adamw_ != nullptr || !groups_.empty(); }
+  bool in_backward() const { return !groups_.empty(); }
+  // The optimizer in the backward: the decoder reports that the gradients from layout offset
+  // `offset` up are final; runs the group starting there (its norm, the check, AdamW) and clears
+  // the next layer's gradient ranges in the shared window. n_losses: the step's loss slots.
+  void backward_ready(int64_t offset, int64_t n_losses, const ExecContext& ctx);
   // The range table zero_grad's kernel reads (device mode; once, at construction of the model).
   void upload_clearing_table() const;
 
@@ -69,14 +93,29 @@ class OptimizerState {
 
  private:
   void need_state(const char* what) const;  // throws without it (ZeRO-1)
+  void need_global(const char* what) const;  // throws with the optimizer in the backward
+  void build_groups(const InBackward& ib, turbo::Arena& arena);
+  turbo::AdamWTensor adamw_tensor(size_t i) const;
+
+  struct Group {
+    int64_t begin = 0;  // layout offset of its first tensor (the decoder's report)
+    bool window = false;  // a transformer layer (its gradients in the shared window)
+    std::unique_ptr<turbo::MultiTensorAdamW> adamw;
+    std::vector<std::pair<int64_t, int64_t>> clear;  // (gradient-buffer offset, count) to clear before its backward
+  };
 
   const train::ParamLayout& layout_;
   const StateBuffers& state_;
+  const GradPlacement& place_;
   GradClearing clearing_;
   ModelStream stream_;
   CudaOps ops_;
   turbo::AdamWHyper hp_;
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_;
+  std::vector<Group> groups_;  // the optimizer in the backward, in report order
+  // The optimizer in the backward: the gradients outside the window that zero_grad clears (of the
+  // groups outside it, and the layers' tensors with places of their own).
+  std::vector<std::pair<int64_t, int64_t>> step_clear_;
 };
 
 }  // namespace primus::backends::cuda

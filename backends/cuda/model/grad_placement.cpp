@@ -1,0 +1,93 @@
+#include "backends/cuda/model/grad_placement.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "core/util/error.h"
+
+namespace primus::backends::cuda {
+
+int64_t layer_of(const std::string& name) {
+  static const std::string prefix = "layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  const size_t dot = name.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size()) return -1;
+  int64_t l = 0;
+  for (size_t i = prefix.size(); i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    l = l * 10 + (name[i] - '0');
+  }
+  return l;
+}
+
+bool grad_written_before_layer_backward(const std::string& name) {
+  static const std::string suffix = ".mlp.proj.bias";
+  return layer_of(name) >= 0 && name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
+                          const std::function<bool(const std::string& name)>& outside) {
+  GradPlacement g;
+  g.offset.resize(layout.tensors.size());
+  g.in_window.assign(layout.tensors.size(), false);
+  if (!shared_window) {
+    for (size_t i = 0; i < layout.tensors.size(); ++i) g.offset[i] = layout.tensors[i].offset;
+    g.elems = layout.total;
+    return g;
+  }
+  // The layout keeps each layer's tensors contiguous, layers in order between the embeddings and
+  // the final norm; the window starts where layer 0 starts and is as large as the largest layer.
+  struct Span {
+    int64_t begin = -1, end = -1;
+  };
+  std::vector<Span> layers;
+  int64_t first = -1, last = -1;
+  for (const auto& t : layout.tensors) {
+    const int64_t l = layer_of(t.name);
+    if (l < 0) continue;
+    if (static_cast<size_t>(l) >= layers.size()) layers.resize(static_cast<size_t>(l) + 1);
+    Span& s = layers[static_cast<size_t>(l)];
+    s.begin = s.begin < 0 ? t.offset : std::min(s.begin, t.offset);
+    s.end = std::max(s.end, t.offset + t.numel);
+    first = first < 0 ? t.offset : std::min(first, t.offset);
+    last = std::max(last, t.offset + t.numel);
+  }
+  if (layers.empty()) throw RuntimeError("gradient placement: the layout has no transformer layers");
+  int64_t window = 0, expect = first;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Span& s = layers[l];
+    if (s.begin != expect) {
+      throw RuntimeError(fmt::format("gradient placement: layer {} does not follow the layer before it in the layout "
+                                     "(starts at {}, expected {})",
+                                     l, s.begin, expect));
+    }
+    window = std::max(window, s.end - s.begin);
+    expect = s.end;
+  }
+  g.shared_window = true;
+  g.window_begin = first;
+  g.window_elems = window;
+  int64_t end = layout.total - (last - first) + window;  // the own places go after everything
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    const auto& t = layout.tensors[i];
+    const int64_t l = layer_of(t.name);
+    if (l >= 0 && outside && outside(t.name)) {
+      g.offset[i] = end;
+      end += t.numel;
+    } else if (l >= 0) {
+      g.offset[i] = first + (t.offset - layers[static_cast<size_t>(l)].begin);
+      g.in_window[i] = true;
+    } else if (t.offset < first) {
+      g.offset[i] = t.offset;
+    } else {  // after the layers: moved down to the window's end
+      g.offset[i] = t.offset - last + first + window;
+    }
+  }
+  g.elems = end;
+  return g;
+}
+
+}  // namespace primus::backends::cuda

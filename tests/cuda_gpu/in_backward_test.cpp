@@ -1,0 +1,159 @@
+// The optimizer in the backward (CudaModelOptions::optimizer_in_backward) in host mode: the same
+// weights, moments and losses bit for bit as AdamW after the whole backward (without clipping),
+// with a gradient buffer of the largest layer's size; the per-group step check's decisions; and the
+// options it refuses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backends/cuda/model.h"
+#include "backends/cuda/model/grad_placement.h"
+#include "core/util/error.h"
+#include "tests/cuda_gpu/cuda_fixture.h"
+#include "tests/cuda_gpu/step_fixture.h"
+#include "turbo/kernels/cuda/step_check.h"
+
+namespace primus::backends::cuda {
+namespace {
+
+using testing::Batches;
+using testing::initial_params;
+using testing::kTrainBatch;
+
+
+// Three steps of AdamW without clipping, one micro-batch each, after the backward or inside it.
+testing::StepRun train3(const train::ModelSpec& spec, bool in_backward) {
+  testing::StepRunOptions o;
+  o.spec = &spec;
+  o.clip = 0.0f;
+  o.micro = 1;
+  o.model_options = [in_backward](CudaModelOptions& mo) { mo.optimizer_in_backward = in_backward; };
+  return testing::run_steps(o);
+}
+
+class InBackwardTest : public ::testing::TestWithParam<int> {};
+
+train::ModelSpec spec_of(int which) {
+  switch (which) {
+    case 0: return testing::tiny_spec(false);     // GPT-2: tied head, biases
+    case 1: return testing::tiny_spec(true);      // Llama: untied head, GQA
+    case 2: return testing::tiny_moe_spec(false);  // Mixtral-style MoE
+    default: return testing::tiny_moe_spec(true);  // DeepSeek-style: a dense first layer, shared expert, bias
+  }
+}
+
+TEST_P(InBackwardTest, SameWeightsAndMomentsAsTheUpdateAfterTheBackward) {
+  const train::ModelSpec spec = spec_of(GetParam());
+  const testing::StepRun after = train3(spec, false);
+  const testing::StepRun inside = train3(spec, true);
+  for (size_t s = 0; s < after.finite.size(); ++s) EXPECT_TRUE(after.finite[s] && inside.finite[s]) << "step " << s;
+  EXPECT_EQ(inside.losses, after.losses);
+  for (size_t s = 0; s < after.norms.size(); ++s)
+    EXPECT_NEAR(inside.norms[s], after.norms[s], 1e-5 * after.norms[s]) << "grad norm of step " << s;
+  EXPECT_TRUE(inside.params == after.params) << "weights differ";
+  EXPECT_TRUE(inside.m == after.m && inside.v == after.v) << "moments differ";
+  EXPECT_NE(inside.params, initial_params(spec)) << "nothing was trained";
+
+  // The gradient buffer: the embeddings, the final norm and head, and one layer's window (and the
+  // few tensors whose gradient is written before their layer's backward).
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  const GradPlacement g = place_grads(layout, true, grad_written_before_layer_backward);
+  EXPECT_EQ(inside.grad_elems, g.elems);
+  EXPECT_EQ(after.grad_elems, layout.total);
+  EXPECT_LT(g.elems, layout.total);
+  int64_t largest = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    int64_t n = 0;
+    for (const auto& t : layout.tensors)
+      if (layer_of(t.name) == l) n += t.numel;
+    largest = std::max(largest, n);
+  }
+  EXPECT_EQ(g.window_elems, largest);
+  int64_t outside = 0;  // not in a layer, or a layer's tensor with a place of its own (GPT-2's MLP output bias)
+  for (const auto& t : layout.tensors)
+    if (layer_of(t.name) < 0 || grad_written_before_layer_backward(t.name)) outside += t.numel;
+  EXPECT_EQ(g.elems, outside + largest);
+}
+
+std::string model_name(const ::testing::TestParamInfo<int>& info) {
+  static const char* const kNames[] = {"Gpt2", "Llama", "Mixtral", "DeepSeek"};
+  return kNames[info.param];
+}
+INSTANTIATE_TEST_SUITE_P(Models, InBackwardTest, ::testing::Values(0, 1, 2, 3), model_name);
+
+TEST(InBackward, NonFiniteLossUpdatesNothing) {
+  const train::ModelSpec spec = testing::tiny_spec(true);
+  CudaModelOptions mo = testing::options(spec, kTrainBatch, turbo::Device::CPU);
+  mo.optimizer_in_backward = true;
+  CudaModel model(spec, mo, testing::ops_for(testing::Attn::Default));
+  std::vector<float> init = initial_params(spec);
+  init[static_cast<size_t>(model.layout().get("final_norm.weight").offset)] = std::numeric_limits<float>::infinity();
+  model.set_params(init.data());
+  Batches data(spec.seq_length, 1);
+  turbo::AdamWHyper hp;
+  model.set_hyper(hp);
+  model.zero_grad();
+  model.forward(data.inputs[0].data(), data.targets[0].data(), kTrainBatch, spec.seq_length,
+                1.0f / float(kTrainBatch * spec.seq_length), 0);
+  model.backward();
+  const CudaModel::StepStatus st = model.read_step_status(1);
+  EXPECT_FALSE(st.finite);
+  EXPECT_FALSE(st.partial);
+  std::vector<float> after(init.size());
+  model.get_params(after.data());
+  for (size_t i = 0; i < init.size(); ++i) {
+    if (std::isfinite(init[i])) {
+      ASSERT_EQ(after[i], init[i]) << "parameter " << i << " moved";
+    }
+  }
+}
+
+// The per-group check (turbo/kernels/cuda/step_check.h) over a step of three groups.
+TEST(InBackward, GroupCheckFlagsSkippedAndPartlyAppliedSteps) {
+  const int64_t S = 1;
+  auto run = [](float loss, std::vector<float> norms) {
+    std::vector<float> st(S + 3, -7.0f);
+    st[0] = loss;
+    for (size_t g = 0; g < norms.size(); ++g) {
+      turbo::cuda::step_check_group_apply(st.data(), 1, S, norms[g], g == 0, g + 1 == norms.size());
+      if (g == 0) {
+        EXPECT_EQ(st[S + 2], std::isfinite(loss) && std::isfinite(norms[0]) ? 1.0f : 0.0f);
+      }
+    }
+    return st;
+  };
+  std::vector<float> ok = run(2.5f, {3.0f, 4.0f, 12.0f});
+  EXPECT_FLOAT_EQ(ok[S], 13.0f);  // sqrt(9 + 16 + 144)
+  EXPECT_EQ(ok[S + 1], 1.0f);
+  EXPECT_EQ(ok[S + 2], 1.0f);
+  std::vector<float> bad_loss = run(std::nanf(""), {3.0f, 4.0f, 12.0f});
+  EXPECT_TRUE(std::isnan(bad_loss[S + 1]));
+  EXPECT_EQ(bad_loss[S + 2], 0.0f);
+  std::vector<float> bad_first = run(2.5f, {std::numeric_limits<float>::infinity(), 4.0f, 12.0f});
+  EXPECT_TRUE(std::isnan(bad_first[S + 1]));
+  EXPECT_EQ(bad_first[S + 2], 0.0f) << "nothing was applied before the first group";
+  std::vector<float> bad_second = run(2.5f, {3.0f, std::nanf(""), 12.0f});
+  EXPECT_TRUE(std::isnan(bad_second[S + 1])) << "the groups after it are skipped";
+  EXPECT_EQ(bad_second[S + 2], -1.0f) << "the first group was applied";
+}
+
+TEST(InBackward, RefusesAccumulationAndZeroOneAndTheCallsAfterTheBackward) {
+  const train::ModelSpec spec = testing::tiny_spec(true);
+  CudaModelOptions mo = testing::options(spec, 2, turbo::Device::CPU);
+  mo.optimizer_in_backward = true;
+  mo.loss_slots = 2;
+  EXPECT_THROW(CudaModel(spec, mo, testing::ops_for(testing::Attn::Default)), ConfigError);
+  mo.loss_slots = 1;
+  CudaModel model(spec, mo, testing::ops_for(testing::Attn::Default));
+  EXPECT_THROW(model.grad_norm(0.0f), RuntimeError);
+  EXPECT_THROW(model.check_step(1), RuntimeError);
+  EXPECT_THROW(model.update(), RuntimeError);
+  std::vector<float> g(static_cast<size_t>(model.layout().total));
+  EXPECT_THROW(model.get_grads(g.data()), RuntimeError);
+  EXPECT_THROW(model.on_grads_ready([](int64_t) {}), RuntimeError);
+}
+
+}  // namespace
+}  // namespace primus::backends::cuda
