@@ -1,0 +1,136 @@
+// `primus projection` for the cuda backend without a GPU: the memory it projects is what the
+// model allocates (CudaModel in host mode, every recompute policy, dense and both MoE styles),
+// its parts add up to the arenas, ZeRO-1 moves the optimizer state into a 1/N shard, and through
+// the binary: a layout whose batch does not divide is refused naming the keys, --json parses
+// with parts that add up to its total, and the dry run prints the memory line.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/cuda/projection.h"
+#include "tests/cuda_gpu/cuda_fixture.h"
+#include "tests/e2e/cli_runner.h"
+
+namespace primus::backends::cuda {
+namespace {
+
+CudaArgs projection_args(const train::ModelSpec& spec, int64_t mb, int64_t accum) {
+  CudaArgs a;
+  a.model = spec;
+  a.train.micro_batch_size = mb;
+  a.train.grad_accum_steps = accum;
+  a.train.global_batch_size = mb * accum;
+  a.host_mode = true;
+  a.attention_backend = "fallback";  // what the host tests run (the scratch then has a size of its own)
+  return a;
+}
+
+train::ProjectionLayout projection_host_layout(const CudaArgs& a, int64_t gpus) {
+  train::ProjectionLayout l;
+  l.gpus = gpus;
+  l.micro_batch = a.train.micro_batch_size;
+  l.grad_accum = a.train.grad_accum_steps;
+  l.global_batch = l.micro_batch * l.grad_accum * gpus;
+  l.seq_length = a.model.seq_length;
+  l.zero1 = a.use_distributed_optimizer && gpus > 1;
+  return l;
+}
+
+TEST(CudaProjection, PlannedSizesAreWhatTheModelAllocates) {
+  const std::pair<const char*, train::ModelSpec> specs[] = {{"gpt2", testing::tiny_spec(false)},
+                                                            {"llama", testing::tiny_spec(true)},
+                                                            {"mixtral", testing::tiny_moe_spec(false)},
+                                                            {"deepseek", testing::tiny_moe_spec(true)}};
+  for (const auto& [name, spec] : specs) {
+    size_t previous = 0;
+    for (Recompute r : {Recompute::None, Recompute::Norms, Recompute::Selective, Recompute::Full}) {
+      SCOPED_TRACE(std::string(name) + " recompute " + recompute_name(r));
+      const CudaArgs a = projection_args(spec, 2, 3);
+      CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+      ops.recompute_policy = [r](int64_t, int64_t) { return r; };
+      const CudaModelOptions mo = model_options_for(a, 1);
+      const train::ParamLayout layout = train::make_param_layout(spec);
+      const MemoryPlanSizes sz = MemoryPlan::sizes(spec, layout, memory_plan_options(spec, layout, mo, ops));
+      CudaModel model(spec, mo, ops);
+      EXPECT_EQ(sz.total(), model.reserved_bytes());
+      EXPECT_EQ(sz.acts_arena, model.activation_bytes());
+      EXPECT_GT(sz.scratch_arena, 0u);  // the fallback attention's scores
+      // The projection's parts are the arenas, nothing lost or counted twice (no runtime here).
+      const train::MemoryProjection m = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+      EXPECT_DOUBLE_EQ(m.total(), double(model.reserved_bytes()));
+      EXPECT_DOUBLE_EQ(m.bytes("activations"), double(sz.acts_arena));
+      const double flat = double((layout.total * 4 + 255) / 256 * 256);  // the arena's 256-byte rounding
+      EXPECT_DOUBLE_EQ(m.bytes("gradients"), flat);
+      EXPECT_DOUBLE_EQ(m.bytes("optimizer_state"), 2 * flat);
+      // Each policy keeps no more than the one before (a policy's savings can be nil on a model
+      // this small: one MoE layer's kept buffers are the size of the shared set).
+      if (previous) {
+        EXPECT_LE(sz.acts_arena, previous);
+      }
+      previous = sz.acts_arena;
+    }
+  }
+}
+
+TEST(CudaProjection, Zero1ShardsTheOptimizerStateAndRuntimeIsItsOwnPart) {
+  const train::ModelSpec spec = testing::tiny_spec(true);
+  CudaArgs a = projection_args(spec, 2, 1);
+  a.host_mode = false;  // sized, not built: ZeRO-1 is device-only
+  a.use_distributed_optimizer = true;
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  const train::MemoryProjection one = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  const train::MemoryProjection four = project_cuda_memory(a, ops, projection_host_layout(a, 4), false, 1.5);
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  const double padded = double(parallel::zero1_padded_total(layout, 4));
+  EXPECT_DOUBLE_EQ(one.bytes("optimizer_state"), 2.0 * double((layout.total * 4 + 255) / 256 * 256));
+  // Four ranks: m and v of a quarter of the padded buffer each (rounded to 256 bytes), the fp32
+  // master shard likewise; the flat gradients and bf16 weights stay whole (padded).
+  EXPECT_NEAR(four.bytes("optimizer_state"), 2 * padded / 4 * 4, 2 * 256.0);
+  EXPECT_NEAR(four.bytes("master_weights"), padded / 4 * 4, 256.0);
+  EXPECT_DOUBLE_EQ(four.bytes("gradients"), padded * 4);
+  EXPECT_DOUBLE_EQ(four.bytes("runtime"), 1.5 * double(size_t{1} << 30));
+  EXPECT_FALSE(four.notes.empty());
+}
+
+std::string projection_example(const char* name) {
+  return std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/" + name;
+}
+
+TEST(CudaProjection, TheBinaryRefusesALayoutThatDoesNotDivideAndPrintsJson) {
+  // gpt2-124M-shakespeare: micro-batch 16, global batch 32.
+  auto r = primus::testing::run_primus("projection memory --config " + projection_example("gpt2-124M-shakespeare.yaml") +
+                                       " --gpus 3");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("global_batch_size 32 is not a multiple of micro_batch_size 16 x data_parallel_size 3"),
+            std::string::npos)
+      << r.out;
+
+  r = primus::testing::run_primus("projection both --json --device 'NVIDIA H200' --config " +
+                                  projection_example("olmoe-mini.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  double sum = 0;
+  for (const auto& p : j["memory"]["parts"]) sum += p["bytes"].get<double>();
+  EXPECT_DOUBLE_EQ(sum, j["memory"]["total_bytes"].get<double>());
+  bool grouped = false;
+  double seconds = 0;
+  for (const auto& p : j["time"]["parts"]) {
+    grouped |= p["name"] == "grouped_gemm";
+    seconds += p["seconds"].get<double>();
+  }
+  EXPECT_TRUE(grouped);
+  EXPECT_NEAR(seconds, j["time"]["step_seconds"].get<double>(), 1e-9);
+
+  r = primus::testing::run_primus("projection performance --device 'NVIDIA H200' --gpus 2 --config " +
+                                  projection_example("gpt2-124M-shakespeare.yaml"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--net-gbps"), std::string::npos) << r.out;
+
+  r = primus::testing::run_primus("train pretrain --dry-run --config " + projection_example("llama3.2-1B.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("  memory:    "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" per GPU: "), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace primus::backends::cuda
