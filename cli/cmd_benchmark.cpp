@@ -107,8 +107,8 @@ void setup_benchmark(CLI::App& app) {
     }
     const std::filesystem::path file = train::default_rates_cache();
     train::store_rates(file, r);
-    std::printf("\nrates of %s cached in %s: GEMM %.0f, grouped GEMM %.0f, attention %.0f TFLOP/s; memory-bound %.0f, "
-                "AdamW %.0f GB/s; ceilings %.0f TFLOP/s, %.0f GB/s\n",
+    std::printf("\nrates of %s cached in %s: GEMM %.4g, grouped GEMM %.4g, attention %.4g TFLOP/s; memory-bound %.4g, "
+                "AdamW %.4g GB/s; ceilings %.4g TFLOP/s, %.4g GB/s\n",
                 r.device.c_str(), file.c_str(), r.gemm_tflops, r.grouped_gemm_tflops, r.attention_tflops, r.memory_gbs,
                 r.optimizer_gbs, r.peak_tflops, r.hbm_gbs);
   });

@@ -128,10 +128,16 @@ TokenCost token_cost(const ModelSpec& s, const ProjectionLayout& lay) {
 
 TimeProjection project_step_time(const ModelSpec& s, const ProjectionLayout& lay, const DeviceRates& r,
                                  const StepCostOptions& opt) {
-  if (r.gemm_tflops <= 0 || r.attention_tflops <= 0 || r.memory_gbs <= 0 || r.optimizer_gbs <= 0)
-    throw ConfigError(fmt::format("projection: the rates of '{}' miss a part (gemm {}, attention {} TFLOP/s, memory {}, "
-                                  "optimizer {} GB/s)",
-                                  r.device, r.gemm_tflops, r.attention_tflops, r.memory_gbs, r.optimizer_gbs));
+  {
+    std::string missing;
+    for (const auto& [rate, family] : {std::pair{r.gemm_tflops, "gemm"}, {r.attention_tflops, "attention"},
+                                       {r.memory_gbs, "norm activation loss"}, {r.optimizer_gbs, "optimizer"}})
+      if (rate <= 0) missing += std::string(missing.empty() ? "" : " ") + family;
+    if (!missing.empty())
+      throw ConfigError(fmt::format("projection: the rates of '{}' have nothing measured for: {} (run `primus benchmark "
+                                    "{} --cache` on that device, or state a roofline: --peak-tflops, --hbm-gbps)",
+                                    r.device, missing, missing));
+  }
   TimeProjection t;
   t.rates_source = r.source;
   const TokenCost c = token_cost(s, lay);
@@ -182,12 +188,12 @@ TimeProjection project_step_time(const ModelSpec& s, const ProjectionLayout& lay
     double reduce = 0, gather = 0;
     if (lay.zero1) {
       reduce = P * gb * ring / (r.net_gbs * 1e9);
-      gather = P * 2.0 * ring / (r.net_gbs * 1e9);  // the updated bf16 weights
+      gather = P * opt.weight_bytes * ring / (r.net_gbs * 1e9);  // the updated compute weights
       t.parts.push_back({"comm", fmt::format("ZeRO-1: reduce-scatter of {} gradients over {} GPUs",
                                              gb == 2 ? "bf16" : "fp32", lay.gpus),
                          P * gb * ring, "byte", r.net_gbs, reduce});
-      t.parts.push_back({"comm", "ZeRO-1: all-gather of the updated bf16 weights", P * 2.0 * ring, "byte", r.net_gbs,
-                         gather});
+      t.parts.push_back({"comm", fmt::format("ZeRO-1: all-gather of the updated {} weights", opt.weight_bytes == 2 ? "bf16" : "fp32"),
+                         P * opt.weight_bytes * ring, "byte", r.net_gbs, gather});
     } else {
       reduce = P * gb * 2 * ring / (r.net_gbs * 1e9);
       t.parts.push_back({"comm", fmt::format("all-reduce of {} gradients over {} GPUs", gb == 2 ? "bf16" : "fp32",
@@ -341,14 +347,17 @@ std::string memory_summary_line(const MemoryProjection& m) {
 
 std::string format_projection(const Projection& p) {
   const ProjectionLayout& l = p.layout;
+  // The reference backend's ranks are CPU processes.
+  const std::string gpu = p.backend == "reference" ? "process" : "GPU";
   std::string s = fmt::format("Projection for {} (backend {})\n  model:  {}\n", p.config, p.backend, p.model);
-  s += fmt::format("  layout: {} GPU{} (data parallel{}), micro-batch {} x {} tokens, {} accumulation step{}, global "
+  s += fmt::format("  layout: {} {}{} (data parallel{}), micro-batch {} x {} tokens, {} accumulation step{}, global "
                    "batch {} ({} tokens/step); recompute {}, fp8 {}\n",
-                   l.gpus, l.gpus == 1 ? "" : "s", l.zero1 ? ", ZeRO-1 sharded optimizer" : "", l.micro_batch,
+                   l.gpus, gpu, l.gpus == 1 ? "" : (gpu == "GPU" ? "s" : "es"), l.zero1 ? ", ZeRO-1 sharded optimizer" : "",
+                   l.micro_batch,
                    l.seq_length, l.grad_accum, l.grad_accum == 1 ? "" : "s", l.global_batch, l.tokens_per_step(),
                    l.recompute, l.fp8);
   if (p.has_memory) {
-    s += fmt::format("\nMemory per GPU ({})\n", p.memory.source);
+    s += fmt::format("\nMemory per {} ({})\n", gpu, p.memory.source);
     s += fmt::format("  {:<16} {:>12}  {}\n", "part", "size", "what");
     for (const MemoryPart& m : p.memory.parts) s += fmt::format("  {:<16} {:>12}  {}\n", m.name, format_bytes(m.bytes), m.detail);
     s += fmt::format("  {:<16} {:>12}", "total", format_bytes(p.memory.total()));
@@ -361,13 +370,13 @@ std::string format_projection(const Projection& p) {
     for (const std::string& n : p.memory.notes) s += "  note: " + n + "\n";
   }
   if (p.has_time) {
-    s += fmt::format("\nStep time per GPU (rates: {})\n", p.time.rates_source);
+    s += fmt::format("\nStep time per {} (rates: {})\n", gpu, p.time.rates_source);
     s += fmt::format("  {:<13} {:>12} {:>14} {:>10}  {}\n", "part", "work", "rate", "ms", "what");
     for (const TimePart& t : p.time.parts) {
       const bool fl = t.unit == "flop";
       s += fmt::format("  {:<13} {:>12} {:>14} {:>10.2f}  {}\n", t.name,
                        fl ? fmt::format("{:.2f} TF", t.work / 1e12) : fmt::format("{:.2f} GB", t.work / 1e9),
-                       fmt::format("{:.0f} {}", t.rate, fl ? "TFLOP/s" : "GB/s"), t.seconds * 1e3, t.detail);
+                       fmt::format("{:.4g} {}", t.rate, fl ? "TFLOP/s" : "GB/s"), t.seconds * 1e3, t.detail);
     }
     s += fmt::format("  {:<13} {:>12} {:>14} {:>10.2f}  {}\n", "step", "", "", p.time.step_seconds * 1e3,
                      p.time.comm_overlapped ? "compute + the communication the backward does not hide"
