@@ -121,23 +121,23 @@ constexpr double kWidth = 1500, kMargin = 24, kGap = 22, kPanelH = 300;
 constexpr double kPlotLeft = 78, kPlotRight = 14, kPlotTop = 34, kPlotBottom = 44;
 constexpr double kRowH = 24;
 
-// Keeps, per pixel column, the first point and the lowest and highest: a spike stays visible and
-// a 100k-step run draws as fast as a short one.
+// Keeps, per pixel column, the lowest and the highest point (in step order): a spike stays
+// visible, and a 100k-step run draws about as fast as a short one (Cairo's time goes with the
+// segments it strokes, measured 6 s for 20k steps of 16 MoE layers with four points a column).
 std::vector<XY> thin_points(const std::vector<XY>& pts, double x0, double x1, double columns) {
   if (pts.size() <= static_cast<size_t>(2 * columns) || !(x1 > x0)) return pts;
   std::vector<XY> out;
   size_t i = 0;
+  auto column = [&](size_t k) { return static_cast<int64_t>((pts[k].x - x0) / (x1 - x0) * columns); };
   while (i < pts.size()) {
-    const auto col = static_cast<int64_t>((pts[i].x - x0) / (x1 - x0) * columns);
+    const int64_t col = column(i);
     size_t lo = i, hi = i, j = i;
-    for (; j < pts.size() && static_cast<int64_t>((pts[j].x - x0) / (x1 - x0) * columns) == col; ++j) {
+    for (; j < pts.size() && column(j) == col; ++j) {
       if (pts[j].y < pts[lo].y) lo = j;
       if (pts[j].y > pts[hi].y) hi = j;
     }
-    std::vector<size_t> keep = {i, lo, hi, j - 1};
-    std::sort(keep.begin(), keep.end());
-    keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
-    for (size_t k : keep) out.push_back(pts[k]);
+    out.push_back(pts[std::min(lo, hi)]);
+    if (hi != lo) out.push_back(pts[std::max(lo, hi)]);
     i = j;
   }
   return out;
@@ -350,10 +350,17 @@ void draw_panel(Painter& pt, Panel& p, XAxis xaxis, const std::vector<Rgb>& colo
       if ((s.spec->stroke == Stroke::Thin) != (pass == 0)) continue;
       pt.colour(colours[s.run], s.spec->stroke == Stroke::Thin ? 0.45 : 1.0);
       pt.stroke_style(s.spec->stroke);
+      // Stroked in pieces: Cairo resolves where a stroked path crosses itself, which grows
+      // faster than the path's length for noisy series (measured 4.6 s in one piece against
+      // 1.0 s in pieces of 64 for 48 series of 1,250 random points).
       c.cairo_new_path(pt.cr());
       for (size_t i = 0; i < s.points.size(); ++i) {
         const double x = map_x(p, s.points[i].x), y = map_y(p, s.points[i].y);
         i == 0 ? c.cairo_move_to(pt.cr(), x, y) : c.cairo_line_to(pt.cr(), x, y);
+        if (i % 64 == 63 && i + 1 < s.points.size()) {
+          c.cairo_stroke(pt.cr());
+          c.cairo_move_to(pt.cr(), x, y);
+        }
       }
       c.cairo_stroke(pt.cr());
       if (s.spec->markers || s.points.size() == 1)

@@ -22,7 +22,8 @@ namespace {
 const fsys::path kRoot = PRIMUS_SOURCE_DIR;
 constexpr const char* kDoc = "docs/environment.md";
 // The product code: what the primus binary and its libraries are built from.
-const std::vector<std::string> kProductDirs = {"backends", "turbo", "core", "train", "cli", "io", "data", "parallel"};
+const std::vector<std::string> kProductDirs = {"backends", "turbo", "core", "train", "cli", "io", "data", "parallel",
+                                                "report"};
 const std::vector<std::string> kProductExts = {".cpp", ".cu", ".h", ".cuh"};
 
 // Literals that start with PRIMUS_ but are not a variable the code reads, with the reason.

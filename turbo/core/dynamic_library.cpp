@@ -79,7 +79,9 @@ LoadOutcome load_library(const LibrarySpec& spec, const std::function<std::vecto
   if (attempt(spec.soname, " (the dynamic loader's search: LD_LIBRARY_PATH, ld.so cache)")) return r;
   for (const auto& dir : spec.fixed_dirs)
     if (attempt(join_path(dir, spec.soname), "")) return r;
-  std::vector<std::string> sites = site_dirs ? site_dirs() : std::vector<std::string>{};
+  // Python is started only for a library that pip wheels ship (Cairo's spec names none).
+  std::vector<std::string> sites =
+      site_dirs && !spec.wheel_subdirs.empty() ? site_dirs() : std::vector<std::string>{};
   for (const auto& site : sites)
     for (const auto& sub : spec.wheel_subdirs)
       if (attempt(join_path(join_path(site, sub), spec.soname), " (Python package)")) return r;

@@ -51,7 +51,7 @@ struct LoadOutcome {
 std::vector<std::string> python_site_dirs();
 
 // Tries the candidates of `spec` in the order above. `site_dirs` is called only when steps 1-3
-// found nothing (tests pass their own folders). Never throws.
+// found nothing and spec.wheel_subdirs is not empty (tests pass their own folders). Never throws.
 LoadOutcome load_library(const LibrarySpec& spec,
                          const std::function<std::vector<std::string>()>& site_dirs = python_site_dirs);
 
