@@ -165,7 +165,7 @@ TimeProjection project_step_time(const ModelSpec& s, const ProjectionLayout& lay
   const double P = double(s.num_parameters());
   const double P_rank = lay.zero1 && lay.gpus > 1 ? P / double(lay.gpus) : P;
   byte_part("optimizer",
-            fmt::format("AdamW + grad norm + zero_grad over {} parameters, {:.0f} bytes each", lay.zero1 && lay.gpus > 1
+            fmt::format("AdamW and the grad norm over {} parameters, {:.0f} bytes each", lay.zero1 && lay.gpus > 1
                         ? fmt::format("this rank's 1/{} shard of the", lay.gpus) : std::string("all"),
                         opt.optimizer_bytes_per_param),
             P_rank * opt.optimizer_bytes_per_param, r.optimizer_gbs);

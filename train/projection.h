@@ -80,8 +80,8 @@ struct StepCostOptions {
   double act_bytes = 2;
   double weight_bytes = 2;  // the compute copy a ZeRO-1 all-gather sends (bf16 on cuda, fp32 on reference)
   // AdamW reads p, g, m, v and writes p, m, v (28 bytes) and the bf16 copy (2); the grad norm
-  // reads g (4); zero_grad writes it (4).
-  double optimizer_bytes_per_param = 38;
+  // reads g (4).
+  double optimizer_bytes_per_param = 34;
 };
 TimeProjection project_step_time(const ModelSpec& spec, const ProjectionLayout& layout, const DeviceRates& rates,
                                  const StepCostOptions& opt);

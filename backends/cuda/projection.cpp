@@ -36,6 +36,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), static_cast<int>(world));
     mo.optimizer_state = false;
   }
+  mo.optimizer_in_backward = a.optimizer_in_bwd;  // the trainer refuses it with several ranks
   return mo;
 }
 
@@ -189,7 +190,9 @@ void register_cuda_projection() {
     return project_cuda_memory(dynamic_cast<const CudaArgs&>(args), CudaOps::from(hooks), l, gpu, o.runtime_gib);
   };
   p.cost.act_bytes = 2;
-  p.cost.optimizer_bytes_per_param = 38;  // AdamW 28 + bf16 copy 2, grad norm 4, zero_grad 4
+  // AdamW 28 + the bf16 copy 2, the grad norm 4; zero_grad clears only the few tensors whose first
+  // gradient GEMM accumulates (plan_grad_clearing), left out.
+  p.cost.optimizer_bytes_per_param = 34;
   p.local_device = [](std::string* name, double* bytes) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

@@ -95,7 +95,7 @@ void register_reference_projection() {
   };
   p.cost.act_bytes = 4;
   p.cost.weight_bytes = 4;
-  p.cost.optimizer_bytes_per_param = 36;  // AdamW 28 (no bf16 copy), grad norm 4, zero_grad 4
+  p.cost.optimizer_bytes_per_param = 36;  // AdamW 28 (no bf16 copy), grad norm 4, zero_grad 4 (every gradient)
   train::register_backend_projector(kName, std::move(p));
 }
 

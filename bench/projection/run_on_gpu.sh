@@ -73,17 +73,23 @@ import datetime, json, os, statistics, sys
 work, out, name, mb, seq, device, commit, measure = sys.argv[1:9]
 measure = int(measure)
 case = f"{name}/b{mb}/t{seq}/mock"
+def tail_of(path):
+    try:
+        return " ".join(open(path).read().split()[-40:])
+    except OSError:
+        return "no output"
 try:
     proj = json.load(open(os.path.join(out, f"{name}.projection.json")))
-except Exception as e:
+except Exception:
     proj = None
-    err = open(os.path.join(work, f"{name}.projection.err")).read().strip()[-300:]
 try:
     steps = [json.loads(l) for l in open(os.path.join(work, f"{name}.metrics.jsonl")) if '"step_s"' in l]
 except OSError:
     steps = []
 if not proj or not steps:
-    line = f"{case}: no comparison (projection {'ok' if proj else 'missing: ' + err}, run {'ok' if steps else 'missing'})"
+    why_p = "ok" if proj else "failed: " + tail_of(os.path.join(work, f"{name}.projection.err"))
+    why_r = "ok" if steps else "failed: " + tail_of(os.path.join(work, f"{name}.log"))
+    line = f"{case}: no comparison (projection {why_p}; run {why_r})"
 else:
     gib = float(1 << 30)
     parts = proj["memory"]["parts"]
