@@ -14,32 +14,6 @@
 
 namespace primus::backends::cuda {
 
-CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
-  const train::ModelSpec& spec = a.model;
-  const train::TrainingArgs& t = a.train;
-  CudaModelOptions mo;
-  mo.max_batch = t.micro_batch_size;
-  mo.max_seq = spec.seq_length;
-  mo.loss_slots = t.grad_accum_steps;
-  mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
-  mo.fp8_linear = a.fp8 != "none";
-  const bool fallback = a.attention_backend == "fallback" || std::string(default_attention_name()) == "fallback";
-  if (fallback) {
-    mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
-                                                                  spec.num_attention_heads, spec.num_query_groups,
-                                                                  spec.head_dim(), a.host_mode ? 4 : 2);
-  } else if (a.deterministic) {
-    mo.attention_scratch_bytes = deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
-                                                                       spec.num_attention_heads, spec.head_dim());
-  }
-  if (world > 1 && a.use_distributed_optimizer) {
-    mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), static_cast<int>(world));
-    mo.optimizer_state = false;
-  }
-  mo.optimizer_in_backward = a.optimizer_in_bwd;  // the trainer refuses it with several ranks
-  return mo;
-}
-
 namespace {
 
 // The plan's buffer names (memory_plan.cpp) grouped into the projection's parts.

@@ -8,14 +8,10 @@
 #include "backends/cuda/args.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model.h"
+#include "backends/cuda/model_options.h"
 #include "train/projection.h"
 
 namespace primus::backends::cuda {
-
-// The model options the trainer builds with for `args` in a job of `world` data-parallel ranks
-// (micro-batch buffers, one loss slot per accumulation step, FP8 scratch, the attention's
-// scratch, ZeRO-1's padded flat buffers without local optimizer state).
-CudaModelOptions model_options_for(const CudaArgs& args, int64_t world);
 
 // What the CUDA context and the libraries (cuBLASLt, cuDNN, NCCL's handles) hold beside the
 // arenas: the device peak in use minus the arenas, 0.56 GiB for both GPT-2 (32 x 1024) and

@@ -15,6 +15,7 @@
 #include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
+#include "backends/cuda/model_options.h"
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
 #include "io/checkpoint.h"
@@ -103,52 +104,20 @@ void CudaTrainer::init() {
   if (data_.valid) valid_start_ = data_.valid->state();
 
   if (!args_->host_mode) configure_gemm_algorithms();
-  CudaModelOptions mo;
-  mo.max_batch = t.micro_batch_size;
-  mo.max_seq = spec.seq_length;
-  mo.loss_slots = t.grad_accum_steps;
-  mo.device = args_->host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
-  mo.fp8_linear = args_->fp8 != "none";
+  // The options `primus projection` sizes the model with (model_options.h): the two cannot disagree.
+  const CudaModelOptions mo = model_options_for(*args_, dist_.world_size);
   if (mo.fp8_linear && spec.hidden_size < 2048) {
     spdlog::warn("[cuda] fp8: {}: with hidden_size {} each quantization pass costs about what the FP8 GEMM saves "
                  "(GPT-2 124M, hidden 768: 11% slower than bf16 on an H100; Llama-3.2-1B, hidden 2048: 18% faster, "
                  "78,722 vs 66,652 tok/s: docs/cuda.md \"FP8\"); fp8: none is likely faster here",
                  args_->fp8, spec.hidden_size);
   }
-  const bool fallback = args_->attention_backend == "fallback" || std::string(default_attention_name()) == "fallback";
-  if (fallback) {
-    mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
-                                                                  spec.num_attention_heads, spec.num_query_groups,
-                                                                  spec.head_dim(), args_->host_mode ? 4 : 2);
-  } else if (args_->deterministic) {
-    mo.attention_scratch_bytes =
-        deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length, spec.num_attention_heads,
-                                              spec.head_dim());
-  }
+  const bool fallback = uses_fallback_attention(*args_);
   const bool zero = pg_ && args_->use_distributed_optimizer;
-  if (zero) {
-    mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), dist_.world_size);
-    mo.optimizer_state = false;
-  }
   if (spec.moe.expert_bias && pg_) {
     // Every replica must move its bias by the global load; the step statistics are this rank's.
     throw ConfigError("moe_router_enable_expert_bias with data parallelism is not supported by the cuda backend yet "
                       "(the expert-bias update needs the load summed over the ranks)");
-  }
-  if (args_->optimizer_in_bwd) {
-    // The global norm is known only after the whole backward, when the layers above have moved.
-    if (t.optim.clip_grad > 0) {
-      throw ConfigError(fmt::format("optimizer_in_bwd: true needs clip_grad: 0 (got {}): each layer is updated before "
-                                    "the layers below have gradients, so there is no global norm to clip by",
-                                    t.optim.clip_grad));
-    }
-    if (t.grad_accum_steps != 1) {
-      throw ConfigError(fmt::format("optimizer_in_bwd: true needs one micro-batch per step (global_batch_size = "
-                                    "micro_batch_size x data-parallel ranks); got {} micro-batches",
-                                    t.grad_accum_steps));
-    }
-    if (pg_) throw ConfigError("optimizer_in_bwd: true runs on one process (no data parallelism with it yet)");
-    mo.optimizer_in_backward = true;
   }
   model_ = std::make_unique<CudaModel>(spec, mo, ops_);
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cuda/projection.h"
+#include "core/util/error.h"
 #include "tests/cuda_gpu/cuda_fixture.h"
 #include "tests/e2e/cli_runner.h"
 
@@ -90,6 +91,22 @@ TEST(CudaProjection, Zero1ShardsTheOptimizerStateAndRuntimeIsItsOwnPart) {
   EXPECT_DOUBLE_EQ(four.bytes("gradients"), padded * 4);
   EXPECT_DOUBLE_EQ(four.bytes("runtime"), 1.5 * double(size_t{1} << 30));
   EXPECT_FALSE(four.notes.empty());
+}
+
+TEST(CudaProjection, FollowsTheTrainersOptionsForTheOptimizerInTheBackward) {
+  const train::ModelSpec spec = testing::tiny_spec(false);
+  CudaArgs a = projection_args(spec, 2, 1);
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  const double whole = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0).bytes("gradients");
+  a.optimizer_in_bwd = true;
+  a.train.optim.clip_grad = 1.0;  // refused as the trainer refuses it (model_options_for)
+  EXPECT_THROW(project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0), ConfigError);
+  a.train.optim.clip_grad = 0;
+  const train::MemoryProjection m = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  EXPECT_LT(m.bytes("gradients"), whole);  // the layers share one gradient window
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  CudaModel model(spec, model_options_for(a, 1), ops);
+  EXPECT_DOUBLE_EQ(m.total(), double(model.reserved_bytes()));
 }
 
 std::string projection_example(const char* name) {

@@ -1,0 +1,56 @@
+#include "backends/cuda/model_options.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "core/util/error.h"
+#include "parallel/cuda/grad_reducer.h"
+#include "train/param_layout.h"
+
+namespace primus::backends::cuda {
+
+bool uses_fallback_attention(const CudaArgs& a) {
+  return a.attention_backend == "fallback" || std::string(default_attention_name()) == "fallback";
+}
+
+CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
+  const train::ModelSpec& spec = a.model;
+  const train::TrainingArgs& t = a.train;
+  CudaModelOptions mo;
+  mo.max_batch = t.micro_batch_size;
+  mo.max_seq = spec.seq_length;
+  mo.loss_slots = t.grad_accum_steps;
+  mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
+  mo.fp8_linear = a.fp8 != "none";
+  if (uses_fallback_attention(a)) {
+    mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
+                                                                  spec.num_attention_heads, spec.num_query_groups,
+                                                                  spec.head_dim(), a.host_mode ? 4 : 2);
+  } else if (a.deterministic) {
+    mo.attention_scratch_bytes = deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
+                                                                       spec.num_attention_heads, spec.head_dim());
+  }
+  if (world > 1 && a.use_distributed_optimizer) {
+    mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), static_cast<int>(world));
+    mo.optimizer_state = false;
+  }
+  if (a.optimizer_in_bwd) {
+    // The global norm is known only after the whole backward, when the layers above have moved.
+    if (t.optim.clip_grad > 0) {
+      throw ConfigError(fmt::format("optimizer_in_bwd: true needs clip_grad: 0 (got {}): each layer is updated before "
+                                    "the layers below have gradients, so there is no global norm to clip by",
+                                    t.optim.clip_grad));
+    }
+    if (t.grad_accum_steps != 1) {
+      throw ConfigError(fmt::format("optimizer_in_bwd: true needs one micro-batch per step (global_batch_size = "
+                                    "micro_batch_size x data-parallel ranks); got {} micro-batches",
+                                    t.grad_accum_steps));
+    }
+    if (world > 1) throw ConfigError("optimizer_in_bwd: true runs on one process (no data parallelism with it yet)");
+    mo.optimizer_in_backward = true;
+  }
+  return mo;
+}
+
+}  // namespace primus::backends::cuda
