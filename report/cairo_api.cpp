@@ -1,5 +1,7 @@
 #include "report/cairo_api.h"
 
+#include <dlfcn.h>
+
 #include "core/util/error.h"
 
 namespace primus::report {
@@ -25,5 +27,14 @@ const CairoApi& cairo() {
 }
 
 std::string cairo_unavailable_reason() { return cairo_table().unavailable_reason(); }
+
+void release_cairo_caches() {
+  cairo().cairo_debug_reset_static_data();
+  // fontconfig is Cairo's dependency, not ours: reached only when Cairo already loaded it.
+  if (void* fc = dlopen("libfontconfig.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
+    if (auto fini = reinterpret_cast<void (*)()>(dlsym(fc, "FcFini"))) fini();
+    dlclose(fc);
+  }
+}
 
 }  // namespace primus::report

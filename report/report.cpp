@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <numbers>
 #include <nlohmann/json.hpp>
 
@@ -551,6 +552,18 @@ void write_report(const std::vector<RunData>& runs, const ReportOptions& opts) {
                                      r.name, r.metrics.string()));
   }
   const CairoApi& c = cairo();
+  // Every Cairo object is gone when the caches are released (on the way out, also after an
+  // error), so reports are drawn one at a time.
+  static std::mutex one_at_a_time;
+  std::lock_guard lock(one_at_a_time);
+  struct ReleaseCaches {
+    ~ReleaseCaches() {
+      try {
+        release_cairo_caches();
+      } catch (...) {  // Cairo loaded above; nothing to release otherwise
+      }
+    }
+  } release_at_exit;
   std::vector<Rgb> colours;
   for (size_t r = 0; r < runs.size(); ++r) colours.push_back(run_colour(r));
   const std::vector<PanelSpec> specs = report_panels(opts.log_loss);
