@@ -129,8 +129,11 @@ std::string dry_run_memory_line(const config::Experiment& exp, const std::string
     dynamic_cast<train::HasTrainingArgs&>(*planned.args).training().check_batch();
     const train::ProjectionLayout layout = pr->layout(*planned.args);
     const train::MemoryProjection m = pr->memory(*planned.args, *planned.hooks, layout, {});
-    return fmt::format("  memory:    {} ({} GPU{}; `primus projection memory` for the table)\n",
-                       train::memory_summary_line(m), layout.gpus, layout.gpus == 1 ? "" : "s");
+    // The reference backend's ranks are CPU processes.
+    const std::string rank = planned.adapter->name() == "reference" ? "process" : "GPU";
+    return fmt::format("  memory:    {} ({} {}{}; `primus projection memory` for the table)\n",
+                       train::memory_summary_line(m, rank), layout.gpus, rank,
+                       layout.gpus == 1 ? "" : (rank == "GPU" ? "s" : "es"));
   } catch (const std::exception& e) {
     return fmt::format("  memory:    not projected: {}\n", e.what());
   }

@@ -331,7 +331,7 @@ std::string format_bytes(double b) {
   return fmt::format("{:.1f} KiB", b / 1024.0);
 }
 
-std::string memory_summary_line(const MemoryProjection& m) {
+std::string memory_summary_line(const MemoryProjection& m, const std::string& rank) {
   std::vector<MemoryPart> parts;  // merged by name, biggest first
   for (const MemoryPart& p : m.parts) {
     auto it = std::find_if(parts.begin(), parts.end(), [&](const MemoryPart& q) { return q.name == p.name; });
@@ -339,7 +339,7 @@ std::string memory_summary_line(const MemoryProjection& m) {
     else it->bytes += p.bytes;
   }
   std::sort(parts.begin(), parts.end(), [](const MemoryPart& a, const MemoryPart& b) { return a.bytes > b.bytes; });
-  std::string s = fmt::format("{} per GPU", format_bytes(m.total()));
+  std::string s = fmt::format("{} per {}", format_bytes(m.total()), rank);
   for (size_t i = 0; i < parts.size() && i < 3; ++i)
     s += fmt::format("{}{} {}", i == 0 ? ": " : ", ", parts[i].name, format_bytes(parts[i].bytes));
   return s;

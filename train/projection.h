@@ -118,8 +118,9 @@ struct Projection {
 nlohmann::json projection_to_json(const Projection& p);
 Projection projection_from_json(const nlohmann::json& j);  // throws ConfigError on a missing field
 std::string format_projection(const Projection& p);
-// One line for `primus train --dry-run`: total per GPU and the biggest parts.
-std::string memory_summary_line(const MemoryProjection& m);
+// One line for `primus train --dry-run`: total per rank ("GPU", or "process" on the CPU) and the
+// biggest parts.
+std::string memory_summary_line(const MemoryProjection& m, const std::string& rank = "GPU");
 
 std::string format_bytes(double bytes);  // "12.34 GiB", "512.0 MiB"
 
