@@ -32,25 +32,25 @@ void MemoryProjection::add(const std::string& name, const std::string& detail, d
 }
 
 namespace {
-std::mutex& projector_mutex() {
+std::mutex& projection_projector_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::string, BackendProjector>& projectors() {
+std::map<std::string, BackendProjector>& projection_projectors() {
   static std::map<std::string, BackendProjector> p;
   return p;
 }
 }  // namespace
 
 void register_backend_projector(const std::string& backend, BackendProjector fn) {
-  std::lock_guard<std::mutex> lock(projector_mutex());
-  projectors()[backend] = std::move(fn);
+  std::lock_guard<std::mutex> lock(projection_projector_mutex());
+  projection_projectors()[backend] = std::move(fn);
 }
 
 const BackendProjector* find_backend_projector(const std::string& backend) {
-  std::lock_guard<std::mutex> lock(projector_mutex());
-  auto it = projectors().find(backend);
-  return it == projectors().end() ? nullptr : &it->second;
+  std::lock_guard<std::mutex> lock(projection_projector_mutex());
+  auto it = projection_projectors().find(backend);
+  return it == projection_projectors().end() ? nullptr : &it->second;
 }
 
 // ---- step time ---------------------------------------------------------------------------
@@ -59,7 +59,7 @@ namespace {
 
 // FLOPs and bytes of one token through the model, forward + backward, split by the part of the
 // step that runs them. Recomputation adds the forward of what the policy drops.
-struct TokenCost {
+struct ProjectionTokenCost {
   double gemm_params = 0;      // dense matmul parameters a token goes through (x 6 FLOPs)
   double grouped_params = 0;   // routed expert parameters a token goes through (top-k of them)
   double recompute_gemm = 0;   // extra forward matmul parameters (x 2 FLOPs)
@@ -68,7 +68,7 @@ struct TokenCost {
   double elementwise_elems = 0;  // activation elements read + written by memory-bound kernels
 };
 
-int recompute_level(const std::string& r) {
+int projection_recompute_level(const std::string& r) {
   if (r == "none") return 0;
   if (r == "norms") return 1;
   if (r == "selective") return 2;
@@ -76,11 +76,11 @@ int recompute_level(const std::string& r) {
   throw ConfigError(fmt::format("projection: recompute_granularity '{}' is not one of none, norms, selective, full", r));
 }
 
-TokenCost token_cost(const ModelSpec& s, const ProjectionLayout& lay) {
-  TokenCost c;
+ProjectionTokenCost projection_token_cost(const ModelSpec& s, const ProjectionLayout& lay) {
+  ProjectionTokenCost c;
   const double C = double(s.hidden_size), T = double(lay.seq_length), KVD = double(s.kv_dim());
   const double V = double(s.padded_vocab_size);
-  const int level = recompute_level(lay.recompute);
+  const int level = projection_recompute_level(lay.recompute);
   // Causal attention as `primus benchmark` counts it: forward 2*T*C per token (half the square),
   // the backward 2.5x the forward (five matmuls against two).
   const double att_fwd = 2.0 * T * C;
@@ -140,7 +140,7 @@ TimeProjection project_step_time(const ModelSpec& s, const ProjectionLayout& lay
   }
   TimeProjection t;
   t.rates_source = r.source;
-  const TokenCost c = token_cost(s, lay);
+  const ProjectionTokenCost c = projection_token_cost(s, lay);
   const double n = double(lay.micro_batch) * double(lay.grad_accum) * double(lay.seq_length);  // this rank's tokens
   auto flop_part = [&](const std::string& name, const std::string& detail, double flops, double tflops) {
     if (flops <= 0) return;
@@ -220,7 +220,7 @@ TimeProjection project_step_time(const ModelSpec& s, const ProjectionLayout& lay
 
 namespace {
 
-json layout_json(const ProjectionLayout& l) {
+json projection_layout_json(const ProjectionLayout& l) {
   return {{"gpus", l.gpus},
           {"micro_batch_size", l.micro_batch},
           {"global_batch_size", l.global_batch},
@@ -234,12 +234,12 @@ json layout_json(const ProjectionLayout& l) {
 }
 
 template <class T>
-T field(const json& j, const char* key, const char* where) {
+T projection_field(const json& j, const char* key, const char* where) {
   if (!j.contains(key)) throw ConfigError(fmt::format("projection JSON: {} has no '{}'", where, key));
   return j.at(key).get<T>();
 }
 
-std::vector<std::string> string_list(const json& j, const char* key) {
+std::vector<std::string> projection_strings(const json& j, const char* key) {
   std::vector<std::string> v;
   if (j.contains(key))
     for (const json& s : j[key]) v.push_back(s.get<std::string>());
@@ -254,7 +254,7 @@ json projection_to_json(const Projection& p) {
             {"model", p.model},
             {"parameters", p.parameters},
             {"active_parameters", p.active_parameters},
-            {"layout", layout_json(p.layout)},
+            {"layout", projection_layout_json(p.layout)},
             {"device_memory_bytes", p.device_memory_bytes}};
   if (p.has_memory) {
     json parts = json::array();
@@ -277,47 +277,47 @@ json projection_to_json(const Projection& p) {
 
 Projection projection_from_json(const json& j) {
   Projection p;
-  p.config = field<std::string>(j, "config", "the projection");
-  p.backend = field<std::string>(j, "backend", "the projection");
-  p.model = field<std::string>(j, "model", "the projection");
-  p.parameters = field<int64_t>(j, "parameters", "the projection");
-  p.active_parameters = field<int64_t>(j, "active_parameters", "the projection");
-  p.device_memory_bytes = field<double>(j, "device_memory_bytes", "the projection");
+  p.config = projection_field<std::string>(j, "config", "the projection");
+  p.backend = projection_field<std::string>(j, "backend", "the projection");
+  p.model = projection_field<std::string>(j, "model", "the projection");
+  p.parameters = projection_field<int64_t>(j, "parameters", "the projection");
+  p.active_parameters = projection_field<int64_t>(j, "active_parameters", "the projection");
+  p.device_memory_bytes = projection_field<double>(j, "device_memory_bytes", "the projection");
   const json& l = j.at("layout");
-  p.layout.gpus = field<int64_t>(l, "gpus", "layout");
-  p.layout.micro_batch = field<int64_t>(l, "micro_batch_size", "layout");
-  p.layout.global_batch = field<int64_t>(l, "global_batch_size", "layout");
-  p.layout.grad_accum = field<int64_t>(l, "grad_accum_steps", "layout");
-  p.layout.seq_length = field<int64_t>(l, "seq_length", "layout");
-  p.layout.zero1 = field<bool>(l, "use_distributed_optimizer", "layout");
-  p.layout.grad_reduce_in_bf16 = field<bool>(l, "grad_reduce_in_bf16", "layout");
-  p.layout.overlap_grad_reduce = field<bool>(l, "overlap_grad_reduce", "layout");
-  p.layout.recompute = field<std::string>(l, "recompute_granularity", "layout");
-  p.layout.fp8 = field<std::string>(l, "fp8", "layout");
+  p.layout.gpus = projection_field<int64_t>(l, "gpus", "layout");
+  p.layout.micro_batch = projection_field<int64_t>(l, "micro_batch_size", "layout");
+  p.layout.global_batch = projection_field<int64_t>(l, "global_batch_size", "layout");
+  p.layout.grad_accum = projection_field<int64_t>(l, "grad_accum_steps", "layout");
+  p.layout.seq_length = projection_field<int64_t>(l, "seq_length", "layout");
+  p.layout.zero1 = projection_field<bool>(l, "use_distributed_optimizer", "layout");
+  p.layout.grad_reduce_in_bf16 = projection_field<bool>(l, "grad_reduce_in_bf16", "layout");
+  p.layout.overlap_grad_reduce = projection_field<bool>(l, "overlap_grad_reduce", "layout");
+  p.layout.recompute = projection_field<std::string>(l, "recompute_granularity", "layout");
+  p.layout.fp8 = projection_field<std::string>(l, "fp8", "layout");
   if (j.contains("memory")) {
     p.has_memory = true;
     const json& m = j["memory"];
-    p.memory.source = field<std::string>(m, "source", "memory");
+    p.memory.source = projection_field<std::string>(m, "source", "memory");
     for (const json& part : m.at("parts"))
-      p.memory.parts.push_back({field<std::string>(part, "name", "a memory part"),
-                                field<std::string>(part, "detail", "a memory part"),
-                                field<double>(part, "bytes", "a memory part")});
-    p.memory.notes = string_list(m, "notes");
+      p.memory.parts.push_back({projection_field<std::string>(part, "name", "a memory part"),
+                                projection_field<std::string>(part, "detail", "a memory part"),
+                                projection_field<double>(part, "bytes", "a memory part")});
+    p.memory.notes = projection_strings(m, "notes");
   }
   if (j.contains("time")) {
     p.has_time = true;
     const json& t = j["time"];
-    p.time.rates_source = field<std::string>(t, "rates_source", "time");
+    p.time.rates_source = projection_field<std::string>(t, "rates_source", "time");
     for (const json& part : t.at("parts"))
-      p.time.parts.push_back({field<std::string>(part, "name", "a time part"),
-                              field<std::string>(part, "detail", "a time part"), field<double>(part, "work", "a time part"),
-                              field<std::string>(part, "unit", "a time part"), field<double>(part, "rate", "a time part"),
-                              field<double>(part, "seconds", "a time part")});
-    p.time.comm_overlapped = field<bool>(t, "comm_overlapped", "time");
-    p.time.step_seconds = field<double>(t, "step_seconds", "time");
-    p.time.tokens_per_second = field<double>(t, "tokens_per_second", "time");
-    p.time.mfu = field<double>(t, "mfu", "time");
-    p.time.notes = string_list(t, "notes");
+      p.time.parts.push_back({projection_field<std::string>(part, "name", "a time part"),
+                              projection_field<std::string>(part, "detail", "a time part"), projection_field<double>(part, "work", "a time part"),
+                              projection_field<std::string>(part, "unit", "a time part"), projection_field<double>(part, "rate", "a time part"),
+                              projection_field<double>(part, "seconds", "a time part")});
+    p.time.comm_overlapped = projection_field<bool>(t, "comm_overlapped", "time");
+    p.time.step_seconds = projection_field<double>(t, "step_seconds", "time");
+    p.time.tokens_per_second = projection_field<double>(t, "tokens_per_second", "time");
+    p.time.mfu = projection_field<double>(t, "mfu", "time");
+    p.time.notes = projection_strings(t, "notes");
   }
   return p;
 }

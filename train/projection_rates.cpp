@@ -64,7 +64,7 @@ struct RatePartSums {
   }
 };
 
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool rates_starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
 }  // namespace
 
@@ -85,7 +85,7 @@ DeviceRates rates_from_benchmark_lines(std::istream& in, const std::string& devi
     if (backend == "CPU" && r.device.find("NVIDIA") != std::string::npos) continue;  // the reference kernels
     const double value = j.contains("ours") && j["ours"].is_number() ? j["ours"].get<double>() : 0.0;
     if (c.rfind("ceiling/gemm", 0) == 0) r.peak_tflops = std::max(r.peak_tflops, value);
-    if (starts_with(c, "copy/")) r.hbm_gbs = std::max(r.hbm_gbs, value);
+    if (rates_starts_with(c, "copy/")) r.hbm_gbs = std::max(r.hbm_gbs, value);
     if (!j.contains("ms") || !j["ms"].is_number() || !j.contains("work") || !j["work"].is_number()) continue;
     const double ms = j["ms"].get<double>(), work = j["work"].get<double>();
     if (ms <= 0 || work <= 0) continue;
@@ -94,10 +94,10 @@ DeviceRates rates_from_benchmark_lines(std::istream& in, const std::string& devi
     const std::string bench = j.value("bench", "");
     const bool flops = metric.find("TFLOP/s") != std::string::npos;
     if (bench == "grouped_gemm") grouped.add(c, work, ms);
-    else if (bench == "attention" || starts_with(c, "attention")) attention.add(c, work, ms);
-    else if (starts_with(c, "gemm/") && flops) gemm.add(c, work, ms);
-    else if (starts_with(c, "adamw")) optimizer.add(c, work, ms);
-    else if (!flops && !starts_with(c, "copy/") && !starts_with(c, "grad_norm") && !starts_with(c, "layer"))
+    else if (bench == "attention" || rates_starts_with(c, "attention")) attention.add(c, work, ms);
+    else if (rates_starts_with(c, "gemm/") && flops) gemm.add(c, work, ms);
+    else if (rates_starts_with(c, "adamw")) optimizer.add(c, work, ms);
+    else if (!flops && !rates_starts_with(c, "copy/") && !rates_starts_with(c, "grad_norm") && !rates_starts_with(c, "layer"))
       memory.add(c, work, ms);
   }
   r.gemm_tflops = gemm.rate(1e12);
@@ -122,7 +122,7 @@ fs::path default_rates_cache() {
 }
 
 namespace {
-json read_rates_file(const fs::path& file) {
+json rates_read_file(const fs::path& file) {
   std::ifstream f(file);
   if (!f) return json::object();
   json j = json::parse(f, nullptr, false);
@@ -133,7 +133,7 @@ json read_rates_file(const fs::path& file) {
 
 void store_rates(const fs::path& file, const DeviceRates& r) {
   if (file.empty()) throw IoError("rates cache: no file (set PRIMUS_RATES_CACHE or HOME)");
-  json j = fs::exists(file) ? read_rates_file(file) : json::object();
+  json j = fs::exists(file) ? rates_read_file(file) : json::object();
   j["devices"][r.device] = rates_to_json(r);
   if (file.has_parent_path()) fs::create_directories(file.parent_path());
   // Written whole and renamed, so a reader never sees half a file.
@@ -149,14 +149,14 @@ void store_rates(const fs::path& file, const DeviceRates& r) {
 
 std::optional<DeviceRates> load_rates(const fs::path& file, const std::string& device) {
   if (file.empty() || !fs::exists(file)) return std::nullopt;
-  const json j = read_rates_file(file);
+  const json j = rates_read_file(file);
   if (!j.contains("devices") || !j["devices"].contains(device)) return std::nullopt;
   return rates_from_json(j["devices"][device]);
 }
 
 std::optional<DeviceRates> only_cached_device(const fs::path& file) {
   if (file.empty() || !fs::exists(file)) return std::nullopt;
-  const json j = read_rates_file(file);
+  const json j = rates_read_file(file);
   if (!j.contains("devices") || j["devices"].size() != 1) return std::nullopt;
   return rates_from_json(j["devices"].begin().value());
 }
