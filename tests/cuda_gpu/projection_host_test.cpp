@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "backends/cuda/projection.h"
 #include "core/util/error.h"
 #include "tests/cuda_gpu/cuda_fixture.h"
@@ -142,6 +144,21 @@ TEST(CudaProjection, TheBinaryRefusesALayoutThatDoesNotDivideAndPrintsJson) {
                                   projection_example("gpt2-124M-shakespeare.yaml"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--net-gbps"), std::string::npos) << r.out;
+
+  // `primus benchmark --cache` writes this machine's rates where the projection reads them; a part
+  // it did not measure is refused, naming the benchmark to run.
+  primus::testing::Workdir w;
+  const std::string cache = "PRIMUS_RATES_CACHE=" + (w.path() / "rates.json").string();
+  r = primus::testing::run_primus("benchmark gemm --shapes 64x64x64 --iters 1 --cache", cache);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json rates = nlohmann::json::parse(std::ifstream(w.path() / "rates.json"));
+  ASSERT_EQ(rates["devices"].size(), 1u) << rates.dump();
+  EXPECT_GT(rates["devices"].begin().value()["gemm_tflops"].get<double>(), 0.0);
+  r = primus::testing::run_primus("projection performance --config " + projection_example("gpt2-124M-shakespeare.yaml") +
+                                      " --device '" + rates["devices"].begin().key() + "'",
+                                  cache);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("nothing measured for: attention"), std::string::npos) << r.out;
 
   r = primus::testing::run_primus("train pretrain --dry-run --config " + projection_example("llama3.2-1B.yaml"));
   ASSERT_EQ(r.code, 0) << r.out;
