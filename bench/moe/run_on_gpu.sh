@@ -10,7 +10,11 @@
 #   run(command="bash bench/moe/run_on_gpu.sh", carry=[".carry-moe"])
 # STEPS (default 30) and MEASURE (default 20: the last steps averaged) shape our run; EXTRA adds
 # key=value overrides to it (e.g. EXTRA="profile_steps=5": the per-phase table is in logs.tar.gz);
-# ANCHOR=0 skips the anchor (no ratio), HF_PARITY=0 the export check.
+# ANCHOR=0 skips the anchor (no ratio), HF_PARITY=0 the export check. VARIANTS runs ours several
+# times per preset against the one anchor run: "label:overrides;label:overrides" (label "default"
+# keeps the plain case name, others are appended to it), e.g.
+#   VARIANTS="default:;inbwd:optimizer_in_bwd=true clip_grad=0"
+# (the anchor clips nothing, so clip_grad=0 is its recipe too).
 set -u
 CARRY=${CARRY:-.carry-moe}
 OUT=${OUT:-/tmp/moe-out}
@@ -58,21 +62,28 @@ if [ -d "$CARRY/ckpt" ] && [ "${HF_PARITY:-1}" != 0 ]; then
 fi
 
 ws=/tmp/primus-moe-ws
+VARIANTS=${VARIANTS:-"default:"}
 for p in $PRESETS; do
-  rm -rf "$ws"
-  timeout 240 "$BIN/primus" train pretrain --config "examples/cuda/$p.yaml" train_iters="$STEPS" \
-    micro_batch_size="$BATCH" global_batch_size="$BATCH" save_at_end=false workspace="$ws" exp_name=m ${EXTRA:-} \
-    > "$W/$p.log" 2>&1
-  echo "rc=$?" >> "$W/$p.log"
-  cp "$ws"/*/*/m/metrics.jsonl "$W/$p.metrics.jsonl" 2>/dev/null
   [ "${ANCHOR:-1}" != 0 ] && timeout 300 python3 "$CARRY/torch_moe_anchor.py" --model "$p" --batch "$BATCH" \
     --mode compile --impl grouped > "$W/${p}_anchor.json" 2> "$W/${p}_anchor.err"
-  python3 - "$W" "$OUT" "$p" "$BATCH" "$DEVICE" "$COMMIT" "$MEASURE" <<'PY'
+  IFS=';' read -ra variants <<< "$VARIANTS"
+  for v in "${variants[@]}"; do
+  label=${v%%:*}
+  overrides=${v#*:}
+  run=$p.$label
+  rm -rf "$ws"
+  # shellcheck disable=SC2086  # the overrides are words
+  timeout 240 "$BIN/primus" train pretrain --config "examples/cuda/$p.yaml" train_iters="$STEPS" \
+    micro_batch_size="$BATCH" global_batch_size="$BATCH" save_at_end=false workspace="$ws" exp_name=m ${EXTRA:-} \
+    $overrides > "$W/$run.log" 2>&1
+  echo "rc=$?" >> "$W/$run.log"
+  cp "$ws"/*/*/m/metrics.jsonl "$W/$run.metrics.jsonl" 2>/dev/null
+  python3 - "$W" "$OUT" "$p" "$BATCH" "$DEVICE" "$COMMIT" "$MEASURE" "$label" "$overrides" <<'PY'
 import json, os, sys, datetime
-work, out, p, batch, device, commit, measure = sys.argv[1:8]
+work, out, p, batch, device, commit, measure, label, overrides = sys.argv[1:10]
 measure = int(measure)
 try:
-    m = [json.loads(l) for l in open(os.path.join(work, f"{p}.metrics.jsonl")) if '"tokens_per_s"' in l][-measure:]
+    m = [json.loads(l) for l in open(os.path.join(work, f"{p}.{label}.metrics.jsonl")) if '"tokens_per_s"' in l][-measure:]
 except OSError:
     m = []
 try:
@@ -80,8 +91,10 @@ try:
 except Exception:
     a = None
 ours = sum(s["tokens_per_s"] * s["step_s"] for s in m) / sum(s["step_s"] for s in m) if m else None
-case = f"{p}/b{batch}/t2048/mock"
+case = f"{p}/b{batch}/t2048/mock" + ("" if label == "default" else f"/{label}")
 base = {"bench": "train", "case": case, "device": device, "date": datetime.date.today().isoformat(), "commit": commit}
+if overrides.strip():
+    base["overrides"] = overrides.strip()
 rows = []
 if ours and a:
     rows.append(dict(base, metric="tokens_per_s", ours=round(ours), anchor=a["tok_s"],
@@ -93,7 +106,7 @@ if ours and a:
                      note=f"device peak incl. CUDA context and libraries {peak} GiB"))
     mfu = sum(s.get("mfu", 0) for s in m) / len(m)
     line = (f"{case}: ours {ours:,.0f} tok/s (MFU {mfu:.3f}, loss {m[-1]['loss']:.3f}), torch.compile {a['tok_s']:,} "
-            f"tok/s (MFU {a['mfu']}): {ours / a['tok_s']:.3f}x; memory {mem} vs {a['mem_gib']} GiB")
+            f"tok/s (MFU {a['mfu']}): {ours / a['tok_s']:.3f}x; memory {mem} vs {a['mem_gib']} GiB (peak {peak})")
 else:
     line = f"{case}: no comparison (ours {'ok' if ours else 'missing'}, anchor {'ok' if a else 'missing'})"
 with open(os.path.join(out, "train.jsonl"), "a") as f:
@@ -101,8 +114,9 @@ with open(os.path.join(out, "train.jsonl"), "a") as f:
         f.write(json.dumps(r) + "\n")
 with open(os.path.join(out, "table.txt"), "a") as f:
     f.write(line + "\n")
-print(line)
+print(line, flush=True)
 PY
+  done
 done
 rm -rf "$ws"
 tar czf "$OUT/logs.tar.gz" -C "$W" . 2>/dev/null
