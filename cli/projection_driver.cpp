@@ -106,6 +106,9 @@ train::Projection run_projection(const ProjectionRequest& req) {
   double local_bytes = 0;
   if (pr.local_device) pr.local_device(&local_name, &local_bytes);
   p.device_memory_bytes = req.device_memory_gib > 0 ? req.device_memory_gib * double(size_t{1} << 30) : local_bytes;
+  if (p.device_memory_bytes <= 0 && !req.device.empty()) {  // a named device: its data sheet's capacity
+    if (const auto table = train::peak_of_device(req.device)) p.device_memory_bytes = table->memory_gb * 1e9;
+  }
   if (req.memory) {
     train::MemoryProjectionOptions mo;
     mo.runtime_gib = req.runtime_gib;

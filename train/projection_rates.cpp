@@ -165,10 +165,10 @@ std::optional<PeakSpec> peak_of_device(const std::string& device) {
   // Dense bf16 tensor-core peaks (no sparsity) and HBM bandwidth, SXM parts, from NVIDIA's data
   // sheets. Order matters: the first substring found wins ("H100 PCIe" before "H100").
   static const PeakSpec table[] = {
-      {"H200", 989.0, 4800.0},  {"H100 PCIe", 756.0, 2000.0}, {"H100 NVL", 835.0, 3900.0},
-      {"H100", 989.0, 3350.0},  {"H800", 989.0, 3350.0},      {"GH200", 989.0, 4000.0},
-      {"A100-SXM4-40GB", 312.0, 1555.0}, {"A100-PCIE-40GB", 312.0, 1555.0}, {"A100", 312.0, 2039.0},
-      {"A800", 312.0, 2039.0},  {"L40S", 362.0, 864.0},       {"B200", 2250.0, 8000.0},
+      {"H200", 989.0, 4800.0, 141},          {"H100 PCIe", 756.0, 2000.0, 80},      {"H100 NVL", 835.0, 3900.0, 94},
+      {"H100", 989.0, 3350.0, 80},           {"H800", 989.0, 3350.0, 80},           {"GH200", 989.0, 4000.0, 96},
+      {"A100-SXM4-40GB", 312.0, 1555.0, 40}, {"A100-PCIE-40GB", 312.0, 1555.0, 40}, {"A100", 312.0, 2039.0, 80},
+      {"A800", 312.0, 2039.0, 80},           {"L40S", 362.0, 864.0, 48},            {"B200", 2250.0, 8000.0, 180},
   };
   for (const PeakSpec& p : table)
     if (device.find(p.match) != std::string::npos) return p;

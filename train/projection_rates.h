@@ -53,6 +53,7 @@ std::optional<DeviceRates> only_cached_device(const std::filesystem::path& file)
 struct PeakSpec {
   const char* match;
   double tflops, hbm_gbs;
+  double memory_gb;  // the data sheet's HBM capacity, 10^9 bytes (whether a projection fits)
 };
 std::optional<PeakSpec> peak_of_device(const std::string& device);
 // Roofline rates from peaks: the fractions of peak that the model's parts reach on Hopper-class
