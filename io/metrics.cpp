@@ -5,10 +5,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
+#include <fstream>
 
 #include "core/util/error.h"
-#include "core/util/fs.h"
 
 namespace primus::io {
 namespace fsys = std::filesystem;
@@ -73,29 +72,29 @@ void MetricsWriter::write(const nlohmann::json& record) {
   }
 }
 
-std::vector<JsonlRecord> read_jsonl_records(const fsys::path& path) {
-  std::istringstream in(fs::read_file(path));
-  std::vector<JsonlRecord> out;
+void for_each_jsonl_line(const fsys::path& path, const std::function<void(int64_t, const std::string&)>& fn) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    JsonlRecord r{n, {}};
-    try {
-      r.value = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(fmt::format("'{}' line {}: not JSON: {}", path.string(), n, e.what()));
-    }
-    if (!r.value.is_object()) {
-      throw FormatError(fmt::format("'{}' line {}: not a JSON object", path.string(), n));
-    }
-    out.push_back(std::move(r));
+    fn(n, line);
   }
-  return out;
+  if (in.bad()) throw IoError(fmt::format("error while reading '{}'", path.string()));
 }
 
 std::vector<nlohmann::json> read_jsonl(const fsys::path& path) {
   std::vector<nlohmann::json> out;
-  for (auto& r : read_jsonl_records(path)) out.push_back(std::move(r.value));
+  for_each_jsonl_line(path, [&](int64_t n, const std::string& line) {
+    try {
+      out.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError(fmt::format("'{}' line {}: not JSON: {}", path.string(), n, e.what()));
+    }
+    if (!out.back().is_object()) {
+      throw FormatError(fmt::format("'{}' line {}: not a JSON object", path.string(), n));
+    }
+  });
   return out;
 }
 

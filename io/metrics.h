@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <string>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -34,12 +36,10 @@ class MetricsWriter {
 // Reads a JSONL file written by MetricsWriter; FormatError naming the file and line number for
 // a line that is not a JSON object. Empty lines are skipped.
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
-// The same, with each record's 1-based line number, for readers whose own checks of a record
-// must name its line.
-struct JsonlRecord {
-  int64_t line = 0;
-  nlohmann::json value;
-};
-std::vector<JsonlRecord> read_jsonl_records(const std::filesystem::path& path);
+// Calls `fn(line, text)` for each line of `path` that is not blank (line: 1-based), reading
+// the file as a stream, so a long run's metrics are never held whole in memory. For readers that
+// parse records their own way and must name the line of a bad one. Throws IoError naming the path.
+void for_each_jsonl_line(const std::filesystem::path& path,
+                         const std::function<void(int64_t line, const std::string& text)>& fn);
 
 }  // namespace primus::io

@@ -6,9 +6,12 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <unordered_map>
 
 #include "core/util/error.h"
 #include "io/metrics.h"
+
+#include <nlohmann/json.hpp>
 
 namespace primus::report {
 namespace fsys = std::filesystem;
@@ -16,9 +19,6 @@ namespace fsys = std::filesystem;
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Fields of a record that are not series of their own.
-bool is_bookkeeping_field(const std::string& k) { return k == "step" || k == "skipped" || k == "tokens"; }
 
 std::string hms(double s) {
   if (!std::isfinite(s) || s < 0) return "-";
@@ -38,6 +38,99 @@ const std::vector<Point>* RunData::find(const std::string& key) const {
   return it == series.end() ? nullptr : &it->second;
 }
 
+namespace {
+
+// The top-level fields of one metrics record, through nlohmann's SAX interface: no JSON tree is
+// built (a long MoE run logs hundreds of keys a step; the tree took most of the reading time).
+class MetricsRecordSax final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool has_step = false;
+  int64_t step = 0;
+  std::vector<std::pair<std::string, double>> values;  // NaN for null (a non-finite value)
+  std::string error;                                   // why the record is refused
+
+  bool null() override { return value(kNaN, "null"); }
+  bool boolean(bool) override { return depth_ == 1 && key_ == "skipped" ? true : refuse("boolean"); }
+  bool number_integer(number_integer_t v) override { return integer(static_cast<double>(v), true); }
+  bool number_unsigned(number_unsigned_t v) override {
+    return integer(static_cast<double>(v), v <= static_cast<number_unsigned_t>(INT64_MAX));
+  }
+  bool number_float(number_float_t v, const string_t&) override {
+    if (depth_ == 1 && key_ == "step") return fail("a metrics record needs an integer \"step\"");
+    return value(v, "number");
+  }
+  bool string(string_t&) override { return refuse("string"); }
+  bool binary(binary_t&) override { return refuse("binary"); }
+  bool start_object(std::size_t) override {
+    if (depth_ == 1) return refuse("object");
+    ++depth_;
+    return true;
+  }
+  bool key(string_t& k) override {
+    key_ = k;
+    return true;
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return refuse("array"); }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    return fail(std::string("not JSON: ") + e.what());
+  }
+
+ private:
+  bool fail(std::string why) {
+    if (error.empty()) error = std::move(why);
+    return false;
+  }
+  // A value that is not a number where a number belongs, or a record that is not an object.
+  bool refuse(const char* type) {
+    if (depth_ == 0) return fail("not a JSON object");
+    return fail(fmt::format("\"{}\" is {}, not a number", key_, type));
+  }
+  bool integer(double v, bool fits) {
+    if (depth_ == 1 && key_ == "step") {
+      if (!fits) return fail("\"step\" is out of range");
+      has_step = true;
+      step = static_cast<int64_t>(v);
+      return true;
+    }
+    return value(v, "number");
+  }
+  bool value(double v, const char* type) {
+    if (depth_ != 1) return refuse(type);
+    if (key_ != "step" && key_ != "skipped") values.emplace_back(key_, v);
+    else if (key_ == "step") return fail("a metrics record needs an integer \"step\"");
+    return true;
+  }
+  int depth_ = 0;
+  std::string key_;
+};
+
+using StepValues = std::vector<std::pair<int64_t, double>>;  // (step, value), steps ascending
+
+// Appends (step, v); a step at or before the last one means the run was resumed from an earlier
+// checkpoint and logs those steps again, so the older points from `step` on are dropped first.
+// NaN (a null) drops the step's point without adding one.
+void add_point(StepValues& pts, int64_t step, double v) {
+  if (!pts.empty() && pts.back().first >= step) {
+    auto from = std::lower_bound(pts.begin(), pts.end(), step, [](const auto& p, int64_t s) { return p.first < s; });
+    pts.erase(from, pts.end());
+  }
+  if (std::isfinite(v)) pts.emplace_back(step, v);
+}
+
+// The value at `step`, or NaN.
+double at_step(const StepValues* pts, int64_t step) {
+  if (!pts) return kNaN;
+  auto it = std::lower_bound(pts->begin(), pts->end(), step, [](const auto& p, int64_t s) { return p.first < s; });
+  return it != pts->end() && it->first == step ? it->second : kNaN;
+}
+
+}  // namespace
+
 RunData load_run(const fsys::path& path) {
   std::error_code ec;
   const fsys::path file = fsys::is_directory(path, ec) ? path / "metrics.jsonl" : path;
@@ -46,72 +139,63 @@ RunData load_run(const fsys::path& path) {
                               "metrics.jsonl, or the file itself)",
                               path.string()));
   }
-  // step -> key -> value; later records of a step replace earlier ones (a resumed run re-logs
-  // the steps after its checkpoint). A null (a non-finite value) removes the point.
-  std::map<int64_t, std::map<std::string, double>> by_step;
-  std::map<int64_t, double> tokens_at;           // the "tokens" field where written
-  std::map<int64_t, std::pair<double, double>> rate;  // step -> (tokens_per_s, step_s)
-  for (const auto& [line, j] : io::read_jsonl_records(file)) {
-    auto st = j.find("step");
-    if (st == j.end() || !st->is_number_integer()) {
-      throw FormatError(fmt::format("'{}' line {}: a metrics record needs an integer \"step\"", file.string(), line));
+  std::unordered_map<std::string, StepValues> acc;  // key -> points, "tokens" among them
+  bool any = false;
+  io::for_each_jsonl_line(file, [&](int64_t line, const std::string& text) {
+    MetricsRecordSax rec;
+    if (!nlohmann::json::sax_parse(text, &rec) || !rec.error.empty() || !rec.has_step) {
+      throw FormatError(fmt::format("'{}' line {}: {}", file.string(), line,
+                                    !rec.error.empty() ? rec.error : "a metrics record needs an integer \"step\""));
     }
-    const int64_t step = st->get<int64_t>();
-    auto& row = by_step[step];
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (is_bookkeeping_field(it.key())) continue;
-      if (it->is_number()) {
-        const double v = it->get<double>();
-        if (std::isfinite(v)) row[it.key()] = v;
-        else row.erase(it.key());
-      } else if (it->is_null()) {
-        row.erase(it.key());
-      } else {
-        throw FormatError(fmt::format("'{}' line {}: \"{}\" is {}, not a number", file.string(), line, it.key(),
-                                      it->type_name()));
-      }
-    }
-    if (auto t = j.find("tokens"); t != j.end() && t->is_number()) tokens_at[step] = t->get<double>();
-  }
+    for (auto& [k, v] : rec.values) add_point(acc[k], rec.step, v);
+    any = true;
+  });
+  if (!any) throw FormatError(fmt::format("'{}' holds no metrics records", file.string()));
 
   RunData run;
   run.metrics = file;
+  auto find = [&](const char* k) -> const StepValues* {
+    auto it = acc.find(k);
+    return it == acc.end() ? nullptr : &it->second;
+  };
+  const StepValues *logged = find("tokens"), *rate = find("tokens_per_s"), *secs = find("step_s");
   // Tokens through a step: the logged count, else step x the step's own tokens (tokens_per_s x
-  // step_s; metrics written before the "tokens" field), else step x the run's last known tokens
+  // step_s: metrics written before the "tokens" field), else step x the run's last known tokens
   // per step (validation records). The batch is the same every step, so the products are exact.
   double per_step = kNaN;
-  for (auto& [step, row] : by_step) {
-    if (tokens_at.count(step) && step > 0) per_step = tokens_at[step] / static_cast<double>(step);
-    auto r = row.find("tokens_per_s"), s = row.find("step_s");
-    if (r != row.end() && s != row.end() && r->second > 0 && s->second > 0) {
-      if (!tokens_at.count(step)) per_step = std::round(r->second * s->second);
-      rate[step] = {r->second, s->second};
+  if (logged && !logged->empty() && logged->back().first > 0) {
+    per_step = logged->back().second / static_cast<double>(logged->back().first);
+  } else if (rate && secs) {
+    for (auto it = secs->rbegin(); it != secs->rend() && !std::isfinite(per_step); ++it) {
+      const double r = at_step(rate, it->first);
+      if (r > 0 && it->second > 0) per_step = std::round(r * it->second);
     }
   }
   run.has_tokens = std::isfinite(per_step);
-  double known_per_step = per_step;  // the last known; earlier steps of an old file use it too
-  bool first = true;
-  for (auto& [step, row] : by_step) {
-    double tokens = kNaN;
-    if (auto t = tokens_at.find(step); t != tokens_at.end()) {
-      tokens = t->second;
-    } else if (auto r = rate.find(step); r != rate.end()) {
-      tokens = static_cast<double>(step) * std::round(r->second.first * r->second.second);
-    } else if (std::isfinite(known_per_step)) {
-      tokens = static_cast<double>(step) * known_per_step;
-    }
-    for (auto& [k, v] : row) run.series[k].push_back({step, tokens, v});
-    if (auto s = row.find("step_s"); s != row.end()) {  // a training step (validation records have none)
-      run.wall_s += s->second;
-      if (!first) {
-        run.steady_s += s->second;
-        if (auto r = row.find("tokens_per_s"); r != row.end()) run.steady_tokens += r->second * s->second;
-      }
-      first = false;
-    }
-    run.last_step = std::max(run.last_step, step);
+  auto tokens_at = [&](int64_t step) {
+    if (double t = at_step(logged, step); std::isfinite(t)) return t;
+    const double r = at_step(rate, step), s = at_step(secs, step);
+    if (r > 0 && s > 0) return static_cast<double>(step) * std::round(r * s);
+    return static_cast<double>(step) * per_step;
+  };
+  for (auto& [k, pts] : acc) {
+    if (k == "tokens" || pts.empty()) continue;
+    std::vector<Point>& out = run.series[k];
+    out.reserve(pts.size());
+    for (auto& [step, v] : pts) out.push_back({step, tokens_at(step), v});
+    run.last_step = std::max(run.last_step, pts.back().first);
   }
-  if (by_step.empty()) throw FormatError(fmt::format("'{}' holds no metrics records", file.string()));
+  // Training time: every step's step_s; throughput without the run's first logged step, which
+  // carries start-up.
+  if (secs) {
+    for (size_t i = 0; i < secs->size(); ++i) {
+      const auto& [step, s] = (*secs)[i];
+      run.wall_s += s;
+      if (i == 0) continue;
+      run.steady_s += s;
+      if (const double r = at_step(rate, step); std::isfinite(r)) run.steady_tokens += r * s;
+    }
+  }
   return run;
 }
 

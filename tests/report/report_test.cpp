@@ -239,8 +239,26 @@ TEST_F(ReportTest, ErrorsNameTheFileAndLine) {
   } catch (const primus::FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
   }
-  write("text/metrics.jsonl", "{\"step\": 1, \"loss\": \"low\"}\n");
-  EXPECT_THROW(load_run(dir_ / "text"), primus::FormatError);
+  // Values that are not numbers, records that are not objects, a step that is not an integer.
+  const std::pair<const char*, const char*> kBad[] = {
+      {"{\"step\": 1, \"loss\": \"low\"}", "line 1: \"loss\" is string, not a number"},
+      {"{\"step\": 1, \"loss\": {\"a\": 1}}", "line 1: \"loss\" is object, not a number"},
+      {"{\"step\": 1, \"loss\": [1]}", "line 1: \"loss\" is array, not a number"},
+      {"[1, 2]", "line 1: not a JSON object"},
+      {"7", "line 1: not a JSON object"},
+      {"{\"step\": 1.5, \"loss\": 2}", "line 1: a metrics record needs an integer \"step\""},
+      {"{\"step\": null, \"loss\": 2}", "line 1: a metrics record needs an integer \"step\""},
+      {"{}", "line 1: a metrics record needs an integer \"step\""},
+  };
+  for (auto [text, want] : kBad) {
+    auto f = write("typed/metrics.jsonl", std::string(text) + "\n");
+    try {
+      load_run(f);
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const primus::FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(f.string() + "' " + want), std::string::npos) << text << ": " << e.what();
+    }
+  }
   // An unknown extension, refused before anything is read or written.
   EXPECT_THROW(check_output_path(dir_ / "r.jpg"), primus::UsageError);
   EXPECT_THROW(check_output_path(dir_ / "report"), primus::UsageError);
