@@ -86,6 +86,11 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
     m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)", double(base));
     m.add("fp8", fmt::format("FP8 ({}) quantized copies of one layer's GEMM operands and their scales", lay.fp8),
           double(sz.scratch_arena - std::min(base, sz.scratch_arena)));
+    if (sz.scratch_arena <= base) {
+      m.notes.push_back(fmt::format("fp8 {}: the quantized copies of one layer's GEMM operands fit in the op scratch the "
+                                    "other ops already need (no memory of their own at this size)",
+                                    lay.fp8));
+    }
   } else {
     m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)",
           double(sz.scratch_arena));
