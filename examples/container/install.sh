@@ -47,6 +47,9 @@ case "${1:-}" in
     if ! ldconfig -p | grep -q 'libnccl\.so\.2 '; then
       apt-get install -y --no-install-recommends libnccl2
     fi
+    # Cairo is opened at run time too (report/cairo_api.h): report.png at the end of a run and
+    # `primus report`. ldd cannot name it; without it both only say it is missing.
+    apt-get install -y --no-install-recommends libcairo2
     rm -rf /var/lib/apt/lists/*
     ln -sf "$prefix/bin/primus" /usr/local/bin/primus
     primus --help >/dev/null
