@@ -142,7 +142,8 @@ CudaOps CudaOps::defaults() {
     opt.grad_norm(out, max_norm, ctx);
   };
   o.adamw = [](turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& hp, const TensorView& scale,
-               const TensorView& scalars, const ExecContext& ctx) { opt.step(hp, scale, scalars, ctx); };
+               const TensorView& scalars, const ExecContext& ctx,
+               const TensorView& norm_out) { opt.step(hp, scale, scalars, ctx, norm_out); };
   o.recompute_policy = [](int64_t, int64_t) { return Recompute::None; };
   o.moe_router = [](const turbo::RouterForwardArgs& a) { turbo::router_forward(a); };
   o.moe_router_backward = [](const turbo::RouterBackwardArgs& a) { turbo::router_backward(a); };

@@ -65,9 +65,10 @@ using CrossEntropyFn = void(const turbo::CrossEntropyArgs&);
 using GradNormFn = void(turbo::MultiTensorAdamW& opt, const TensorView& out, float max_norm, const ExecContext& ctx);
 // One AdamW update of every tensor; grad_scale f32 [1] on the device (the clip factor; NaN: skip
 // the step), device_scalars f32 [3] = {lr, 1 - beta1^t, 1 - beta2^t} on the device overriding
-// hp's (undefined in host mode); see turbo::MultiTensorAdamW::step.
+// hp's (undefined in host mode), norm_out (optional) f32 [2] = {norm of the gradients it read, 1};
+// see turbo::MultiTensorAdamW::step.
 using AdamWStepFn = void(turbo::MultiTensorAdamW& opt, const turbo::AdamWHyper& hp, const TensorView& grad_scale,
-                         const TensorView& device_scalars, const ExecContext& ctx);
+                         const TensorView& device_scalars, const ExecContext& ctx, const TensorView& norm_out);
 
 // Activation recomputation, per layer: what the forward keeps for the backward.
 //   None       every activation (the fastest backward, the most memory);

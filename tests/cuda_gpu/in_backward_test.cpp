@@ -110,33 +110,33 @@ TEST(InBackward, NonFiniteLossUpdatesNothing) {
   }
 }
 
-// The per-group check (turbo/kernels/cuda/step_check.h) over a step of three groups.
+// The per-group check (turbo/kernels/cuda/step_check.h) over a step of three groups, each group's
+// norm as its update reported it (NaN: skipped).
 TEST(InBackward, GroupCheckFlagsSkippedAndPartlyAppliedSteps) {
   const int64_t S = 1;
   auto run = [](float loss, std::vector<float> norms) {
     std::vector<float> st(S + 3, -7.0f);
     st[0] = loss;
-    for (size_t g = 0; g < norms.size(); ++g) {
-      turbo::cuda::step_check_group_apply(st.data(), 1, S, norms[g], g == 0, g + 1 == norms.size());
-      if (g == 0) {
-        EXPECT_EQ(st[S + 2], std::isfinite(loss) && std::isfinite(norms[0]) ? 1.0f : 0.0f);
-      }
-    }
+    turbo::cuda::step_check_begin_apply(st.data(), 1, S);
+    EXPECT_EQ(st[S + 2], std::isfinite(loss) ? 1.0f : 0.0f);
+    for (size_t g = 0; g < norms.size(); ++g)
+      turbo::cuda::step_check_group_apply(st.data(), S, norms[g], g + 1 == norms.size());
     return st;
   };
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
   std::vector<float> ok = run(2.5f, {3.0f, 4.0f, 12.0f});
   EXPECT_FLOAT_EQ(ok[S], 13.0f);  // sqrt(9 + 16 + 144)
   EXPECT_EQ(ok[S + 1], 1.0f);
   EXPECT_EQ(ok[S + 2], 1.0f);
-  std::vector<float> bad_loss = run(std::nanf(""), {3.0f, 4.0f, 12.0f});
+  std::vector<float> bad_loss = run(nan, {nan, nan, nan});  // every group skipped
   EXPECT_TRUE(std::isnan(bad_loss[S + 1]));
-  EXPECT_EQ(bad_loss[S + 2], 0.0f);
-  std::vector<float> bad_first = run(2.5f, {std::numeric_limits<float>::infinity(), 4.0f, 12.0f});
-  EXPECT_TRUE(std::isnan(bad_first[S + 1]));
-  EXPECT_EQ(bad_first[S + 2], 0.0f) << "nothing was applied before the first group";
-  std::vector<float> bad_second = run(2.5f, {3.0f, std::nanf(""), 12.0f});
-  EXPECT_TRUE(std::isnan(bad_second[S + 1])) << "the groups after it are skipped";
-  EXPECT_EQ(bad_second[S + 2], -1.0f) << "the first group was applied";
+  EXPECT_EQ(bad_loss[S + 2], 0.0f) << "nothing was applied";
+  std::vector<float> bad_first = run(2.5f, {inf, nan, nan});
+  EXPECT_TRUE(std::isnan(bad_first[S + 1])) << "the groups after it are skipped";
+  EXPECT_EQ(bad_first[S + 2], -1.0f) << "the first group was applied with non-finite gradients";
+  std::vector<float> bad_second = run(2.5f, {3.0f, nan, nan});
+  EXPECT_TRUE(std::isnan(bad_second[S + 1]));
+  EXPECT_EQ(bad_second[S + 2], -1.0f);
 }
 
 TEST(InBackward, RefusesAccumulationAndZeroOneAndTheCallsAfterTheBackward) {

@@ -110,6 +110,8 @@ TEST_P(StepGpuTest, OptimizerInBackwardMatchesTheUpdateAfterTheBackward) {
   };
   const StepRun after = run(false), inside = run(true);
   EXPECT_EQ(inside.losses, after.losses);
+  for (size_t s = 0; s < after.norms.size(); ++s)  // the norm from AdamW's pass against grad_norm's
+    EXPECT_NEAR(inside.norms[s], after.norms[s], 1e-5 * after.norms[s]) << "grad norm of step " << s;
   EXPECT_TRUE(inside.params == after.params) << "weights differ";
   EXPECT_TRUE(inside.m == after.m && inside.v == after.v) << "moments differ";
   EXPECT_LT(inside.grad_elems, after.grad_elems);

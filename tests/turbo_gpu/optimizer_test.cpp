@@ -82,6 +82,57 @@ TEST_P(OptimizerTest, ClippedAdamWStepsMatchReference) {
   }
 }
 
+// The update that also reports the norm of the gradients it read (the optimizer in the backward):
+// the norm equals grad_norm's, the update equals the plain one, and a vetoed update (NaN scale)
+// reports NaN and writes nothing.
+TEST_P(OptimizerTest, AdamWWithNormMatchesGradNormAndThePlainUpdate) {
+  const DType grad_dt = GetParam();
+  const std::vector<int64_t> sizes = {1000, 4099, 7, 70001, 4096, 8 * 4096 + 13};
+  auto table_arena = make_device_arena(1 << 20);
+  std::vector<AdamWTensor> a, b;
+  for (int64_t n : sizes) {
+    AdamWTensor t;
+    t.master = make(DType::F32, {n});
+    t.model = make(DType::BF16, {n});
+    t.grad = make(grad_dt, {n});
+    t.m = make(DType::F32, {n});
+    t.v = make(DType::F32, {n});
+    AdamWTensor u{make(DType::F32, {n}), make(DType::BF16, {n}), t.grad, make(DType::F32, {n}), make(DType::F32, {n}),
+                  t.decay};
+    const auto p = random_tensor(t.master);
+    put(u.master, p);
+    random_tensor(t.grad, 2.0f);
+    for (const TensorView* x : {&t.m, &u.m, &t.v, &u.v}) put(*x, std::vector<float>(size_t(n), 0.0f));
+    a.push_back(t);
+    b.push_back(u);
+  }
+  MultiTensorAdamW with_norm(a, table_arena.get()), plain(b, table_arena.get());
+  TensorView ref = make(DType::F32, {2}), got = make(DType::F32, {2});
+  with_norm.grad_norm(ref, 0.0f, ctx);
+  AdamWHyper hp;
+  hp.lr = 1e-3f;
+  hp.weight_decay = 0.1f;
+  for (int64_t step = 1; step <= 2; ++step) {
+    hp.step = step;
+    poison(got);
+    EXPECT_EQ(with_norm.step(hp, {}, {}, ctx, got), BackendType::TURBO);
+    plain.step(hp, {}, {}, ctx);
+    const auto r = get(ref), g = get(got);
+    EXPECT_NEAR(g[0], r[0], 1e-5 * r[0]) << "step " << step;
+    EXPECT_EQ(g[1], 1.0f);
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(bytes(a[i].master), bytes(b[i].master)) << "tensor " << i;
+    EXPECT_EQ(bytes(a[i].model), bytes(b[i].model)) << "tensor " << i;
+  }
+  TensorView nan_scale = make(DType::F32, {1});
+  put(nan_scale, std::vector<float>{std::nanf("")});
+  const auto before = bytes(a[3].master);
+  with_norm.step(hp, nan_scale, {}, ctx, got);
+  EXPECT_TRUE(std::isnan(get(got)[0])) << "a skipped update reports NaN";
+  EXPECT_EQ(bytes(a[3].master), before) << "a skipped update writes nothing";
+}
+
 TEST_P(OptimizerTest, DeviceScalarsOverrideHostValues) {
   const DType grad_dt = GetParam();
   auto table_arena = make_device_arena(1 << 16);

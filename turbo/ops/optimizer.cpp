@@ -38,6 +38,12 @@ void cpu_run(const OptimizerArgs& a) {
   p.eps = a.hp.eps;
   p.step = a.hp.step;
   p.grad_scale = a.grad_scale.defined() ? a.grad_scale.ptr<const float>()[0] : 1.0;
+  if (a.out.defined()) {  // the norm of what this update reads; NaN when it is skipped
+    double ss = 0.0;
+    for (const auto& t : a.opt->tensors()) ss += cpu::sum_squares(t.grad.ptr<const float>(), t.grad.numel());
+    a.out.ptr<float>()[0] = std::isfinite(p.grad_scale) ? static_cast<float>(std::sqrt(ss)) : std::nanf("");
+    a.out.ptr<float>()[1] = 1.0f;
+  }
   if (!std::isfinite(p.grad_scale)) return;  // a vetoed (non-finite) step: nothing changes
   for (const auto& t : a.opt->tensors()) {
     p.weight_decay = t.decay ? a.hp.weight_decay : 0.0;
@@ -53,7 +59,8 @@ void cpu_run(const OptimizerArgs& a) {
 std::string turbo_check(const OptimizerArgs& a) {
   if (a.opt->device() != Device::CUDA) return "parameters are on the host";
   if (!a.opt->device_table()) return "no device table";
-  if (a.kind == OptimizerArgs::Kind::GradNorm && !a.ctx.scratch) return "needs ExecContext::scratch for partial sums";
+  if ((a.kind == OptimizerArgs::Kind::GradNorm || a.out.defined()) && !a.ctx.scratch)
+    return "needs ExecContext::scratch for partial sums";
   return "";
 }
 
@@ -69,8 +76,17 @@ void turbo_run(const OptimizerArgs& a) {
     return;
   }
   cuda::AdamWStep hp{a.hp.lr, a.hp.beta1, a.hp.beta2, a.hp.eps, a.hp.weight_decay, a.hp.step};
+  if (!a.out.defined()) {
+    cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), a.opt->grad_dtype(), hp,
+                             a.grad_scale.ptr<const float>(), a.device_scalars.ptr<const float>(), s);
+    return;
+  }
+  Arena& arena = detail::scratch_of(a.ctx, "adamw");
+  ArenaScope scope(arena);
+  void* partial = arena.allocate(cuda::grad_norm_scratch_bytes(a.opt->num_chunks()), 256, "adamw norm partials");
   cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), a.opt->grad_dtype(), hp,
-                           a.grad_scale.ptr<const float>(), a.device_scalars.ptr<const float>(), s);
+                           a.grad_scale.ptr<const float>(), a.device_scalars.ptr<const float>(), s,
+                           a.out.ptr<float>(), partial);
 }
 #endif
 
@@ -83,7 +99,8 @@ OpDispatcher<OptimizerArgs>& dispatcher() {
 }  // namespace
 
 std::string OptimizerArgs::key() const {
-  return fmt::format("{} tensors={} numel={} grad={} {}", kind == Kind::AdamW ? "adamw" : "grad_norm",
+  return fmt::format("{} tensors={} numel={} grad={} {}",
+                     kind == Kind::GradNorm ? "grad_norm" : out.defined() ? "adamw+norm" : "adamw",
                      opt->tensors().size(), opt->total_numel(), dtype_name(opt->grad_dtype()),
                      device_name(opt->device()));
 }
@@ -132,7 +149,13 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
 }
 
 BackendType MultiTensorAdamW::step(const AdamWHyper& hp, const TensorView& grad_scale,
-                                   const TensorView& device_scalars, const ExecContext& ctx) {
+                                   const TensorView& device_scalars, const ExecContext& ctx,
+                                   const TensorView& norm_out) {
+  if (norm_out.defined()) {
+    check_shape(norm_out, {2}, "adamw", "norm_out");
+    check_dtype(norm_out, DType::F32, "adamw", "norm_out");
+    check_device(norm_out, device_, "adamw", "norm_out");
+  }
   if (grad_scale.defined()) {
     check_dtype(grad_scale, DType::F32, "adamw", "grad_scale");
     check_device(grad_scale, device_, "adamw", "grad_scale");
@@ -147,6 +170,7 @@ BackendType MultiTensorAdamW::step(const AdamWHyper& hp, const TensorView& grad_
   a.hp = hp;
   a.grad_scale = grad_scale;
   a.device_scalars = device_scalars;
+  a.out = norm_out;
   a.ctx = ctx;
   return dispatcher().dispatch(a);
 }

@@ -40,8 +40,11 @@ class MultiTensorAdamW {
   // the update, leaving master, moments and model copy untouched, so a caller can veto a
   // non-finite step on the device (no host round trip, graph-capturable). device_scalars: f32 [3] on the device =
   // {lr, 1 - beta1^step, 1 - beta2^step}, overriding hp's (for graph replays), or undefined.
+  // norm_out (optional) f32 [2] = {L2 norm of the gradients this update read (unscaled; NaN when
+  // it was skipped), 1}, computed in the same pass over the gradients (the GPU path takes scratch
+  // from ctx.scratch): what the optimizer in the backward logs and checks after each group.
   BackendType step(const AdamWHyper& hp, const TensorView& grad_scale, const TensorView& device_scalars,
-                   const ExecContext& ctx);
+                   const ExecContext& ctx, const TensorView& norm_out = {});
 
   // out f32 [2] = {L2 norm of all gradients, min(1, max_norm / (norm + 1e-6))} (1 if
   // max_norm <= 0), on the tensors' device. Deterministic. The GPU path takes scratch from

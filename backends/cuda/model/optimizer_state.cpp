@@ -92,16 +92,21 @@ void OptimizerState::backward_ready(int64_t offset, int64_t n_losses, const Exec
   if (g == groups_.size()) throw RuntimeError(fmt::format("cuda model: no optimizer group starts at offset {}", offset));
   Group& grp = groups_[g];
   const int64_t S = state_.loss_slots.numel();
-  ops_.grad_norm(*grp.adamw, state_.group_norm, 0.0f, ctx);
   const bool first = g == 0, last = g + 1 == groups_.size();
-  if (stream_.host) {
-    turbo::cuda::step_check_group_apply(state_.status.ptr<float>(), n_losses, S, state_.group_norm.ptr<float>()[0],
-                                        first, last);
-  } else {
-    turbo::cuda::step_check_group(state_.status.ptr<float>(), n_losses, S, state_.group_norm.ptr<const float>(), first,
-                                  last, stream_.stream);
+  float* status = state_.status.ptr<float>();
+  if (first) {  // the loss decides before anything moves
+    if (stream_.host)
+      turbo::cuda::step_check_begin_apply(status, n_losses, S);
+    else
+      turbo::cuda::step_check_begin(status, n_losses, S, stream_.stream);
   }
-  ops_.adamw(*grp.adamw, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx);
+  // The update and the norm of the gradients it read in one pass; the check after it.
+  ops_.adamw(*grp.adamw, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx,
+             state_.group_norm);
+  if (stream_.host)
+    turbo::cuda::step_check_group_apply(status, S, state_.group_norm.ptr<float>()[0], last);
+  else
+    turbo::cuda::step_check_group(status, S, state_.group_norm.ptr<const float>(), last, stream_.stream);
   // The next layer shares this one's window: clear what it accumulates into.
   if (grp.window && !last && groups_[g + 1].window)
     for (const auto& [off, n] : groups_[g + 1].clear) stream_.zero(state_.grads.slice0(off, off + n));
@@ -166,7 +171,7 @@ void OptimizerState::check_step(int64_t n, int64_t slots) const {
 void OptimizerState::update(const ExecContext& ctx) {
   need_state("update");
   need_global("update");
-  ops_.adamw(*adamw_, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx);
+  ops_.adamw(*adamw_, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx, TensorView());
 }
 
 void OptimizerState::set_params(const float* host) {

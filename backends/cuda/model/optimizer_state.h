@@ -10,8 +10,9 @@
 // The optimizer in the backward (InBackward): instead of one update after the backward, one
 // AdamW per group of tensors whose gradients become final together (the decoder's "gradients
 // ready" points: the final norm and head, each layer from the top, the embeddings), run from
-// backward_ready() as soon as the decoder reports the group, each after its own gradient norm and
-// the check of step_check_group (turbo/kernels/cuda/step_check.h). The layers' gradients then
+// backward_ready() as soon as the decoder reports the group; the update computes the norm of the
+// gradients it applied in the same pass, and step_check_group (turbo/kernels/cuda/step_check.h)
+// turns a non-finite one into a stop (the loss alone is checked before the first group). The layers' gradients then
 // share one window of the gradient buffer (grad_placement.h), cleared range by range before each
 // layer's backward accumulates into it. There is no global gradient norm before the first update,
 // so this mode has no clipping; grad_norm(), check_step() and update() throw.
@@ -64,8 +65,8 @@ class OptimizerState {
   bool keeps_state() const { return adamw_ != nullptr || !groups_.empty(); }
   bool in_backward() const { return !groups_.empty(); }
   // The optimizer in the backward: the decoder reports that the gradients from layout offset
-  // `offset` up are final; runs the group starting there (its norm, the check, AdamW) and clears
-  // the next layer's gradient ranges in the shared window. n_losses: the step's loss slots.
+  // `offset` up are final; runs the group starting there (AdamW with its norm, the check) and
+  // clears the next layer's gradient ranges in the shared window. n_losses: the step's loss slots.
   void backward_ready(int64_t offset, int64_t n_losses, const ExecContext& ctx);
   // The range table zero_grad's kernel reads (device mode; once, at construction of the model).
   void upload_clearing_table() const;

@@ -18,8 +18,13 @@ namespace primus::turbo::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kPerThread = 4;  // one float4 per step
+constexpr int kPerThread = 4;  // the norm kernel: one float4 per step
+// AdamW: two float4s of master, m and v per step, so the bf16 copy of 8 elements is one 16-byte
+// store (with 8-byte stores the kernel ran at 0.91 of the device's copy rate, without the copy
+// at 0.98; H200).
+constexpr int kAdamWPerThread = 8;
 static_assert(kMultiTensorChunk % (kThreads * kPerThread) == 0, "chunk must be whole vector steps");
+static_assert(kMultiTensorChunk % (kThreads * kAdamWPerThread) == 0, "chunk must be whole vector steps");
 
 struct TableView {
   const MultiTensorEntry* entries;
@@ -54,6 +59,23 @@ __device__ __forceinline__ void load4<bf16>(const bf16* g, int64_t i, float out[
   for (int k = 0; k < 4; ++k) out[k] = __bfloat162float(b[k]);
 }
 
+template <class G>
+__device__ __forceinline__ void load8(const G* g, int64_t i, float out[8]) {
+  load4<G>(g, i, out);
+  load4<G>(g, i + 4, out + 4);
+}
+template <>
+__device__ __forceinline__ void load8<bf16>(const bf16* g, int64_t i, float out[8]) {
+  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(g + i));
+  const bf16* b = reinterpret_cast<const bf16*>(&raw);
+  for (int k = 0; k < 8; ++k) out[k] = __bfloat162float(b[k]);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
 struct AdamWScalars {
   float lr, bc1, bc2;
 };
@@ -68,14 +90,20 @@ __device__ __forceinline__ float adamw_one(float p, float g, float& m, float& v,
   return p - lr * (m / bc1) / denom;
 }
 
-template <class G>
+// kNorm: also the sum of squares of this block's (unscaled) gradients into partial[block], for
+// the norm of exactly what was applied in the same pass over the gradients (the optimizer in the
+// backward); a skipped update leaves NaN there.
+template <class G, bool kNorm>
 __global__ void __launch_bounds__(kThreads)
 adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const float* grad_scale,
-             const float* device_scalars) {
+             const float* device_scalars, float* partial) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
   // A non-finite scale marks a non-finite step (the caller's on-device check): leave everything
   // as it is, so no host decision is needed between the gradients and the update.
-  if (!isfinite(scale)) return;
+  if (!isfinite(scale)) {
+    if (kNorm && threadIdx.x == 0) partial[blockIdx.x] = __int_as_float(0x7fc00000);
+    return;
+  }
   const TableView tv = table_view(table, n);
   const int64_t b = blockIdx.x;
   const int t = find_tensor(tv.chunk_start, n, b);
@@ -86,42 +114,56 @@ adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const fl
   const float wd = e.decay ? hp.weight_decay : 0.0f;
   const G* grad = static_cast<const G*>(e.grad);
   bf16* model = static_cast<bf16*>(e.model);
-  // Uniform per tensor, so no divergence: the vector path needs 16-byte master/m/v, 8- or
-  // 16-byte grad, and 8-byte model pointers (offsets are multiples of 4 elements).
+  // Uniform per tensor, so no divergence: the vector path needs 16-byte master/m/v, grad and
+  // model pointers (offsets are multiples of 8 elements in practice; others take the scalar path).
   const bool vec = ((reinterpret_cast<uintptr_t>(e.master) | reinterpret_cast<uintptr_t>(e.m) |
-                     reinterpret_cast<uintptr_t>(e.v)) % 16 == 0) &&
-                   (reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0) &&
-                   (reinterpret_cast<uintptr_t>(model) % 8 == 0);
-  const int64_t vec_end = vec ? begin + ((end - begin) / 4) * 4 : begin;
-  for (int64_t i = begin + threadIdx.x * 4; i < vec_end; i += kThreads * 4) {
-    float g[4];
-    load4<G>(grad, i, g);
-    float4 p = *reinterpret_cast<const float4*>(e.master + i);
-    float4 m = *reinterpret_cast<const float4*>(e.m + i);
-    float4 v = *reinterpret_cast<const float4*>(e.v + i);
-    p.x = adamw_one(p.x, g[0] * scale, m.x, v.x, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
-    p.y = adamw_one(p.y, g[1] * scale, m.y, v.y, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
-    p.z = adamw_one(p.z, g[2] * scale, m.z, v.z, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
-    p.w = adamw_one(p.w, g[3] * scale, m.w, v.w, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
-    __stcs(reinterpret_cast<float4*>(e.master + i), p);
-    __stcs(reinterpret_cast<float4*>(e.m + i), m);
-    __stcs(reinterpret_cast<float4*>(e.v + i), v);
+                     reinterpret_cast<uintptr_t>(e.v) | reinterpret_cast<uintptr_t>(grad) |
+                     reinterpret_cast<uintptr_t>(model)) % 16 == 0);
+  const int64_t vec_end = vec ? begin + ((end - begin) / kAdamWPerThread) * kAdamWPerThread : begin;
+  float ss = 0.0f;
+  for (int64_t i = begin + threadIdx.x * kAdamWPerThread; i < vec_end; i += kThreads * kAdamWPerThread) {
+    float g[8], p[8], m[8], v[8];
+    load8<G>(grad, i, g);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 ph = *reinterpret_cast<const float4*>(e.master + i + 4 * h);
+      const float4 mh = *reinterpret_cast<const float4*>(e.m + i + 4 * h);
+      const float4 vh = *reinterpret_cast<const float4*>(e.v + i + 4 * h);
+      p[4 * h] = ph.x; p[4 * h + 1] = ph.y; p[4 * h + 2] = ph.z; p[4 * h + 3] = ph.w;
+      m[4 * h] = mh.x; m[4 * h + 1] = mh.y; m[4 * h + 2] = mh.z; m[4 * h + 3] = mh.w;
+      v[4 * h] = vh.x; v[4 * h + 1] = vh.y; v[4 * h + 2] = vh.z; v[4 * h + 3] = vh.w;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (kNorm) ss += g[k] * g[k];
+      p[k] = adamw_one(p[k], g[k] * scale, m[k], v[k], s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      __stcs(reinterpret_cast<float4*>(e.master + i + 4 * h), make_float4(p[4 * h], p[4 * h + 1], p[4 * h + 2], p[4 * h + 3]));
+      __stcs(reinterpret_cast<float4*>(e.m + i + 4 * h), make_float4(m[4 * h], m[4 * h + 1], m[4 * h + 2], m[4 * h + 3]));
+      __stcs(reinterpret_cast<float4*>(e.v + i + 4 * h), make_float4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]));
+    }
     if (model) {
-      __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
-      uint2 raw;
-      raw.x = *reinterpret_cast<uint32_t*>(&lo);
-      raw.y = *reinterpret_cast<uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(model + i) = raw;
+      const uint4 raw = make_uint4(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]), pack_bf16x2(p[4], p[5]),
+                                   pack_bf16x2(p[6], p[7]));
+      *reinterpret_cast<uint4*>(model + i) = raw;
     }
   }
   for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
     float m = e.m[i], v = e.v[i];
-    const float g = to_f32(grad[i]) * scale;
-    const float p = adamw_one(e.master[i], g, m, v, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
+    const float graw = to_f32(grad[i]);
+    if (kNorm) ss += graw * graw;
+    const float p = adamw_one(e.master[i], graw * scale, m, v, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
     e.master[i] = p;
     e.m[i] = m;
     e.v[i] = v;
     if (model) model[i] = __float2bfloat16_rn(p);
+  }
+  if (kNorm) {
+    __shared__ float smem[32];
+    ss = block_sum(ss, smem);
+    if (threadIdx.x == 0) partial[b] = ss;
   }
 }
 
@@ -213,15 +255,25 @@ int64_t multi_tensor_table_build(void* device_table, const MultiTensorEntry* ent
 
 void adamw_multi_tensor(const void* table, int n, int64_t chunks, DType grad_dtype,
                         const AdamWStep& hp, const float* grad_scale, const float* device_scalars,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, float* norm_out, void* scratch) {
   if (chunks <= 0) return;
+  if (norm_out && !scratch) throw RuntimeError("adamw_multi_tensor: the gradient norm needs scratch for its partial sums");
   const AdamWScalars host{hp.lr, static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
                           static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
   PRIMUS_DISPATCH_FLOAT_BF16(grad_dtype, "adamw_multi_tensor", [&] {
-    adamw_kernel<scalar_t><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-        table, n, hp, host, grad_scale, device_scalars);
+    if (norm_out) {
+      adamw_kernel<scalar_t, true><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+          table, n, hp, host, grad_scale, device_scalars, static_cast<float*>(scratch));
+    } else {
+      adamw_kernel<scalar_t, false><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+          table, n, hp, host, grad_scale, device_scalars, nullptr);
+    }
     CUDA_CHECK_LAST();
   });
+  if (norm_out) {
+    finish_norm_kernel<<<1, 1024, 0, stream>>>(norm_out, static_cast<const float*>(scratch), chunks, 0.0f);
+    CUDA_CHECK_LAST();
+  }
 }
 
 size_t grad_norm_scratch_bytes(int64_t chunks) { return static_cast<size_t>(chunks) * sizeof(float); }

@@ -22,40 +22,40 @@ namespace primus::turbo::cuda {
 void step_check(float* status, int64_t n_losses, int64_t slots, cudaStream_t stream);
 
 // The same check when AdamW runs group by group inside the backward (the optimizer in the
-// backward: a group is a layer, or the embeddings, or the final norm and head), after each
-// group's gradient norm `group_norm` (f32 [1]) and before its update, which reads the clip factor:
-//   first group: the flag and clip factor from the loss sums [0, n_losses) alone (1 and 1, or 0
-//                and NaN: no group is applied), the norm slot reset;
-//   every group: the norm slot accumulates the group's squared norm; a non-finite group norm
-//                after a finite loss sets the clip factor to NaN (this group and those after it
-//                are skipped) and the flag to 0 for the first group (nothing was applied) or -1
-//                (the groups before it were applied: the step is neither done nor undone);
-//   last group:  the norm slot becomes the global norm.
-void step_check_group(float* status, int64_t n_losses, int64_t slots, const float* group_norm, bool first, bool last,
-                      cudaStream_t stream);
+// backward: a group is a layer, or the embeddings, or the final norm and head), each group's
+// update computing the norm of the gradients it applied in the same pass:
+//   step_check_begin, before the first group: the flag and clip factor from the loss sums
+//                [0, n_losses) alone (1 and 1; or 0 and NaN, which skips every group), the norm
+//                slot reset;
+//   step_check_group, after each group with its norm `group_norm` (f32 [1]): the norm slot
+//                accumulates its square; a non-finite norm after a finite loss means that group
+//                was applied with non-finite values: the flag becomes -1 (the step is neither done
+//                nor undone, the run must stop) and the clip factor NaN (the groups after it are
+//                skipped); after the last group the norm slot becomes the global norm.
+void step_check_begin(float* status, int64_t n_losses, int64_t slots, cudaStream_t stream);
+void step_check_group(float* status, int64_t slots, const float* group_norm, bool last, cudaStream_t stream);
 
-// One thread's work, shared by the kernel and by host mode (which calls it directly).
-PRIMUS_STEP_CHECK_HD inline void step_check_group_apply(float* status, int64_t n_losses, int64_t slots, float g,
-                                                        bool first, bool last) {
-  auto finite = [](float x) { return (x - x) == 0.0f; };  // false for inf and NaN
-  float* norm = status + slots;
-  float* factor = norm + 1;
-  float* flag = norm + 2;
-  const uint32_t nan_bits = 0x7fc00000u;  // quiet NaN: AdamW skips
+// One thread's work, shared by the kernels and by host mode (which calls them directly).
+PRIMUS_STEP_CHECK_HD inline bool step_check_finite(float x) { return (x - x) == 0.0f; }  // false for inf, NaN
+PRIMUS_STEP_CHECK_HD inline float step_check_nan() {
+  const uint32_t bits = 0x7fc00000u;  // quiet NaN: AdamW skips
   float nan;
-  memcpy(&nan, &nan_bits, sizeof(nan));
-  if (first) {
-    bool ok = true;
-    for (int64_t i = 0; i < n_losses; ++i) ok = ok && finite(status[i]);
-    *norm = 0.0f;
-    *flag = ok ? 1.0f : 0.0f;
-    *factor = ok ? 1.0f : nan;
+  memcpy(&nan, &bits, sizeof(nan));
+  return nan;
+}
+PRIMUS_STEP_CHECK_HD inline void step_check_begin_apply(float* status, int64_t n_losses, int64_t slots) {
+  bool ok = true;
+  for (int64_t i = 0; i < n_losses; ++i) ok = ok && step_check_finite(status[i]);
+  status[slots] = 0.0f;
+  status[slots + 1] = ok ? 1.0f : step_check_nan();
+  status[slots + 2] = ok ? 1.0f : 0.0f;
+}
+PRIMUS_STEP_CHECK_HD inline void step_check_group_apply(float* status, int64_t slots, float g, bool last) {
+  if (!step_check_finite(g) && status[slots + 2] > 0.0f) {
+    status[slots + 2] = -1.0f;
+    status[slots + 1] = step_check_nan();
   }
-  if (!finite(g) && *flag != 0.0f) {
-    *flag = first ? 0.0f : -1.0f;
-    *factor = nan;
-  }
-  *norm += g * g;
-  if (last) *norm = sqrtf(*norm);
+  status[slots] += g * g;
+  if (last) status[slots] = sqrtf(status[slots]);
 }
 }  // namespace primus::turbo::cuda
