@@ -6,12 +6,11 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 
 #include "core/util/error.h"
 #include "io/metrics.h"
-
-#include <nlohmann/json.hpp>
 
 namespace primus::report {
 namespace fsys = std::filesystem;
@@ -30,15 +29,6 @@ std::string hms(double s) {
 std::string num_or_dash(double v, const char* spec) {
   return std::isfinite(v) ? fmt::format(fmt::runtime(spec), v) : std::string("-");
 }
-
-}  // namespace
-
-const std::vector<Point>* RunData::find(const std::string& key) const {
-  auto it = series.find(key);
-  return it == series.end() ? nullptr : &it->second;
-}
-
-namespace {
 
 // The top-level fields of one metrics record, through nlohmann's SAX interface: no JSON tree is
 // built (a long MoE run logs hundreds of keys a step; the tree took most of the reading time).
@@ -130,6 +120,11 @@ double at_step(const StepValues* pts, int64_t step) {
 }
 
 }  // namespace
+
+const std::vector<Point>* RunData::find(const std::string& key) const {
+  auto it = series.find(key);
+  return it == series.end() ? nullptr : &it->second;
+}
 
 RunData load_run(const fsys::path& path) {
   std::error_code ec;
