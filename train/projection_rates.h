@@ -40,7 +40,7 @@ DeviceRates rates_from_json(const nlohmann::json& j);
 DeviceRates rates_from_benchmark_lines(std::istream& in, const std::string& device = "");
 
 // The cache file: {"devices": {"<name>": {...rates...}}}.
-std::filesystem::path default_rates_cache();  // $PRIMUS_RATES_CACHE, else ~/.cache/primus/rates.json
+std::filesystem::path default_rates_cache();  // $PRIMUS_RATES_CACHE, else $XDG_CACHE_HOME/primus/rates.json, else ~/.cache/primus/rates.json
 void store_rates(const std::filesystem::path& file, const DeviceRates& r);  // replaces that device's entry
 std::optional<DeviceRates> load_rates(const std::filesystem::path& file, const std::string& device);
 // The one device of a cache that holds a single device (a laptop sizing a run for the H200 it
