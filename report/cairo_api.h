@@ -7,6 +7,7 @@
 #include <cairo-svg.h>
 #include <cairo.h>
 
+#include <memory>
 #include <string>
 
 #include "turbo/core/dynamic_library.h"
@@ -31,6 +32,19 @@ struct CairoApi {
 
 // Throws RuntimeError "Cairo is not available: ..." naming every place tried.
 const CairoApi& cairo();
+
+// Cairo objects owned like any other pointer; their destroy functions come from the loaded library.
+template <class T>
+struct CairoDestroy {
+  void (*destroy)(T*) = nullptr;
+  void operator()(T* p) const {
+    if (p) destroy(p);
+  }
+};
+using SurfacePtr = std::unique_ptr<cairo_surface_t, CairoDestroy<cairo_surface_t>>;
+using ContextPtr = std::unique_ptr<cairo_t, CairoDestroy<cairo_t>>;
+inline SurfacePtr own(const CairoApi& c, cairo_surface_t* s) { return SurfacePtr(s, {c.cairo_surface_destroy}); }
+inline ContextPtr own(const CairoApi& c, cairo_t* cr) { return ContextPtr(cr, {c.cairo_destroy}); }
 // Empty when Cairo loads with every entry point above; else why not. Never throws.
 std::string cairo_unavailable_reason();
 

@@ -185,32 +185,6 @@ std::vector<Panel> collect_panels(const std::vector<PanelSpec>& specs, const std
 
 // ---- drawing -------------------------------------------------------------------------------
 
-class CairoContext {
- public:
-  CairoContext(const CairoApi& api, cairo_surface_t* s) : api_(api), cr_(api.cairo_create(s)) {}
-  ~CairoContext() { api_.cairo_destroy(cr_); }
-  CairoContext(const CairoContext&) = delete;
-  CairoContext& operator=(const CairoContext&) = delete;
-  cairo_t* get() const { return cr_; }
-
- private:
-  const CairoApi& api_;
-  cairo_t* cr_;
-};
-
-class Surface {
- public:
-  Surface(const CairoApi& api, cairo_surface_t* s) : api_(api), s_(s) {}
-  ~Surface() { api_.cairo_surface_destroy(s_); }
-  Surface(const Surface&) = delete;
-  Surface& operator=(const Surface&) = delete;
-  cairo_surface_t* get() const { return s_; }
-
- private:
-  const CairoApi& api_;
-  cairo_surface_t* s_;
-};
-
 // Text and lines over the toy text API: a report needs a few sizes of one sans-serif face.
 class Painter {
  public:
@@ -573,8 +547,8 @@ void write_report(const std::vector<RunData>& runs, const ReportOptions& opts) {
   // height depends on how the legend wraps.
   Layout L;
   {
-    Surface scratch(c, c.cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 1, 1));
-    CairoContext cr(c, scratch.get());
+    SurfacePtr scratch = own(c, c.cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 1, 1));
+    ContextPtr cr = own(c, c.cairo_create(scratch.get()));
     Painter pt(c, cr.get());
     L = layout(pt, runs, panels.size());
   }
@@ -582,18 +556,19 @@ void write_report(const std::vector<RunData>& runs, const ReportOptions& opts) {
   std::string bytes;
   auto draw_on = [&](cairo_surface_t* s) {
     check_cairo(c, c.cairo_surface_status(s), opts.out, "surface");
-    CairoContext cr(c, s);
+    ContextPtr cr = own(c, c.cairo_create(s));
     Painter pt(c, cr.get());
     draw_report(pt, runs, panels, L, opts.x, colours);
     check_cairo(c, c.cairo_status(cr.get()), opts.out, "drawing");
   };
   if (ext == ".png") {
-    Surface s(c, c.cairo_image_surface_create(CAIRO_FORMAT_ARGB32, static_cast<int>(kWidth), static_cast<int>(L.height)));
+    SurfacePtr s =
+        own(c, c.cairo_image_surface_create(CAIRO_FORMAT_ARGB32, static_cast<int>(kWidth), static_cast<int>(L.height)));
     draw_on(s.get());
     check_cairo(c, c.cairo_surface_write_to_png_stream(s.get(), append_to_string, &bytes), opts.out, "PNG encoding");
   } else {
-    Surface s(c, ext == ".svg" ? c.cairo_svg_surface_create_for_stream(append_to_string, &bytes, kWidth, L.height)
-                               : c.cairo_pdf_surface_create_for_stream(append_to_string, &bytes, kWidth, L.height));
+    SurfacePtr s = own(c, ext == ".svg" ? c.cairo_svg_surface_create_for_stream(append_to_string, &bytes, kWidth, L.height)
+                                        : c.cairo_pdf_surface_create_for_stream(append_to_string, &bytes, kWidth, L.height));
     draw_on(s.get());
     c.cairo_surface_finish(s.get());  // writes the document's tail into `bytes`
     check_cairo(c, c.cairo_surface_status(s.get()), opts.out, ext == ".svg" ? "SVG" : "PDF");
