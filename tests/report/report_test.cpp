@@ -3,6 +3,7 @@
 // panel), resumed and skipped steps, token alignment, the summary, and the errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -271,6 +272,31 @@ TEST_F(ReportTest, ErrorsNameTheFileAndLine) {
   o.out = dir_ / "r.png";
   o.x = XAxis::Tokens;
   EXPECT_THROW(write_report(load_runs({dir_ / "notok"}), o), primus::UsageError);
+}
+
+TEST_F(ReportTest, LongRunsAreThinnedToThePanelsColumnsKeepingSpikes) {
+  std::string s;
+  for (int i = 1; i <= 20000; ++i) {
+    const double loss = i == 12345 ? 9.0 : i == 777 ? 0.5 : 3.0 + 0.001 * (i % 7);
+    s += nlohmann::json({{"step", i}, {"loss", loss}, {"lr", 1e-3}}).dump() + "\n";
+  }
+  write("long/metrics.jsonl", s);
+  ReportOptions o;
+  o.out = dir_ / "long.png";
+  o.json = dir_ / "long.json";
+  write_report(load_runs({dir_ / "long"}), o);
+  const auto j = nlohmann::json::parse(primus::fs::read_file(o.json));
+  const auto* loss = series(*panel(j, "loss"), "long", "loss");
+  ASSERT_NE(loss, nullptr);
+  const auto steps = steps_of(loss);
+  const double columns = (*panel(j, "loss"))["area"]["w"].get<double>();
+  EXPECT_EQ((*loss)["source_points"].get<int64_t>(), 20000);
+  EXPECT_LE(static_cast<double>(steps.size()), 2 * (columns + 1));
+  EXPECT_GT(static_cast<double>(steps.size()), columns / 2);
+  EXPECT_TRUE(std::is_sorted(steps.begin(), steps.end()));
+  // The spike and the dip survive the thinning.
+  EXPECT_NE(std::find(steps.begin(), steps.end(), 12345), steps.end());
+  EXPECT_NE(std::find(steps.begin(), steps.end(), 777), steps.end());
 }
 
 TEST_F(ReportTest, RunsWithTheSameFolderNameAreToldApart) {
