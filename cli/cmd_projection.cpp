@@ -43,7 +43,7 @@ void setup_projection(CLI::App& app) {
                  "Memory of the CUDA context and libraries beside the model (default: the figure measured on H100/H200)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--device-memory-gib", o->req.device_memory_gib,
-                 "The GPU's memory, to say whether the job fits (default: this machine's GPU)")
+                 "The GPU's memory, to say whether the job fits (default: this machine's GPU, else the data sheet of --device)")
       ->check(CLI::PositiveNumber);
   app.allow_extras();
   app.footer("Overrides: key=value or --key value, as `primus train pretrain` takes them, e.g. micro_batch_size=8 "

@@ -8,6 +8,7 @@
 #include "cli/builtin_backends.h"
 #include "core/runtime/runtime.h"
 #include "core/util/error.h"
+#include "parallel/parallel_dims.h"
 #include "train/common_patches.h"
 #include "train/training_args.h"
 
@@ -76,6 +77,20 @@ train::DeviceRates resolve_rates(const ProjectionRequest& req, const std::string
   return r;
 }
 
+// The model-parallel dimensions a config may name: none is modelled yet (the memory plan and the
+// step are one replica's), so a layout with one above 1 is refused rather than sized as if it
+// were data parallel.
+void refuse_unmodelled_dims(const train::TrainingArgs& t) {
+  using parallel::Dim;
+  for (Dim d : {Dim::TP, Dim::CP, Dim::EP, Dim::PP}) {
+    if (t.model_parallel[d] > 1) {
+      throw ConfigError(fmt::format("projection: {} = {} is not modelled yet (the projection covers data parallelism, "
+                                    "ZeRO-1 and gradient accumulation); project the layout with it at 1",
+                                    parallel::dim_config_key(d), t.model_parallel[d]));
+    }
+  }
+}
+
 }  // namespace
 
 train::Projection run_projection(const ProjectionRequest& req) {
@@ -92,7 +107,9 @@ train::Projection run_projection(const ProjectionRequest& req) {
   const std::string backend = planned.adapter->name();
   const train::BackendProjector& pr = projector_of(backend);
   // The args patch derives grad_accum_steps and refuses a global batch that does not divide.
-  dynamic_cast<train::HasTrainingArgs&>(*planned.args).training().check_batch();
+  const train::TrainingArgs& training = dynamic_cast<train::HasTrainingArgs&>(*planned.args).training();
+  training.check_batch();
+  refuse_unmodelled_dims(training);
 
   train::Projection p;
   p.config = req.config;
@@ -129,7 +146,9 @@ std::string dry_run_memory_line(const config::Experiment& exp, const std::string
     PlannedArgs planned = runtime.plan_args(exp, module);
     const train::BackendProjector* pr = train::find_backend_projector(planned.adapter->name());
     if (!pr) return "  memory:    no projection for backend " + planned.adapter->name() + "\n";
-    dynamic_cast<train::HasTrainingArgs&>(*planned.args).training().check_batch();
+    const train::TrainingArgs& training = dynamic_cast<train::HasTrainingArgs&>(*planned.args).training();
+    training.check_batch();
+    refuse_unmodelled_dims(training);
     const train::ProjectionLayout layout = pr->layout(*planned.args);
     const train::MemoryProjection m = pr->memory(*planned.args, *planned.hooks, layout, {});
     // The reference backend's ranks are CPU processes.
