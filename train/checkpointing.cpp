@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/util/error.h"
 
 namespace primus::train {
@@ -47,6 +49,10 @@ nlohmann::json spec_json(const ModelSpec& m) {
           {"swiglu", m.swiglu}, {"rope", m.rope}, {"rotary_base", m.rotary_base}, {"untied", m.untied},
           {"bias", m.bias}, {"init_method_std", m.init_method_std}};
   if (m.moe.enabled()) j["moe"] = moe_json(m.moe);
+  // Written only when they differ from what a checkpoint without them meant, so older
+  // checkpoints and today's Llama / GPT-2 ones stay byte-identical.
+  if (m.kv_channels > 0 && m.kv_channels * m.num_attention_heads != m.hidden_size) j["kv_channels"] = m.kv_channels;
+  if (m.qk_layernorm) j["qk_layernorm"] = true;
   return j;
 }
 
@@ -70,6 +76,8 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
   m.bias = j.at("bias");
   m.init_method_std = j.at("init_method_std");
   if (j.contains("moe")) m.moe = moe_from_json(j.at("moe"));  // absent: a dense model's checkpoint
+  m.kv_channels = j.value("kv_channels", m.hidden_size / std::max<int64_t>(1, m.num_attention_heads));
+  m.qk_layernorm = j.value("qk_layernorm", false);
   return m;
 }
 

@@ -12,7 +12,7 @@ using config::KeyType;
 
 void add_model_schema(config::Schema& s) {
   s.text("model_type", "gpt2", "model family, used for Hugging Face names and export",
-         {"gpt2", "llama", "mixtral", "olmoe", "deepseek_v3"})
+         {"gpt2", "llama", "qwen3", "mixtral", "olmoe", "qwen3_moe", "deepseek_v3"})
       .integer("vocab_size", std::nullopt, "vocabulary size (the tokenizer's, before padding)", 1, 1 << 24)
       .integer("make_vocab_size_divisible_by", 1, "pad the embedding rows to a multiple of this", 1, 1 << 16)
       .integer("seq_length", 1024, "tokens per sample (also the position table size)", 1, 1 << 21)
@@ -20,6 +20,9 @@ void add_model_schema(config::Schema& s) {
       .integer("hidden_size", std::nullopt, "model width", 1, 1 << 17)
       .integer("num_attention_heads", std::nullopt, "query heads", 1, 4096)
       .integer("num_query_groups", std::nullopt, "key/value heads for GQA (default: num_attention_heads)", 1, 4096)
+      .integer("kv_channels", std::nullopt,
+               "head dimension; q width = heads x kv_channels (default: hidden_size / num_attention_heads)", 1, 1 << 14)
+      .flag("qk_layernorm", false, "RMSNorm over each query and key head before RoPE, one weight shared by the heads (Qwen3)")
       .integer("ffn_hidden_size", std::nullopt, "MLP width (default: 4 * hidden_size)", 1, 1 << 20)
       .text("normalization", "LayerNorm", "LayerNorm or RMSNorm", {"LayerNorm", "RMSNorm"})
       .number("norm_epsilon", 1e-5, "epsilon of the norms", 0.0, 1.0)
@@ -173,6 +176,8 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
   m.num_attention_heads = req(p, "num_attention_heads");
   m.num_query_groups = opt(p, "num_query_groups", m.num_attention_heads);
   m.ffn_hidden_size = opt(p, "ffn_hidden_size", 4 * m.hidden_size);
+  m.kv_channels = opt(p, "kv_channels", 0);
+  m.qk_layernorm = optb(p, "qk_layernorm", false);
   m.layernorm = p.find_path("normalization")->as_string() == "LayerNorm";
   m.norm_epsilon = p.find_path("norm_epsilon")->as_double();
   m.swiglu = p.find_path("activation")->as_string() == "swiglu";
@@ -182,7 +187,7 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
   m.bias = p.find_path("add_bias_linear")->as_bool();
   m.init_method_std = p.find_path("init_method_std")->as_double();
   auto where = [&](const char* k) { return p.find_path(k) ? p.find_path(k)->origin().str() : std::string("?"); };
-  if (m.hidden_size % m.num_attention_heads != 0) {
+  if (m.kv_channels == 0 && m.hidden_size % m.num_attention_heads != 0) {
     throw ConfigError(fmt::format("{}: hidden_size {} is not divisible by num_attention_heads {}",
                                   where("hidden_size"), m.hidden_size, m.num_attention_heads));
   }
@@ -190,8 +195,15 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
     throw ConfigError(fmt::format("{}: num_attention_heads {} is not divisible by num_query_groups {}",
                                   where("num_query_groups"), m.num_attention_heads, m.num_query_groups));
   }
+  if (m.kv_channels == 0) m.kv_channels = m.hidden_size / m.num_attention_heads;
   if (m.rope && m.head_dim() % 2 != 0) {
-    throw ConfigError(fmt::format("{}: RoPE needs an even head dimension, got {}", where("hidden_size"), m.head_dim()));
+    throw ConfigError(fmt::format("{}: RoPE needs an even head dimension, got {}", where("kv_channels"), m.head_dim()));
+  }
+  if (m.qk_layernorm && m.layernorm) {
+    // Megatron allows a LayerNorm here; no model we export or test has one, so say so rather
+    // than train something nobody can check.
+    throw ConfigError(fmt::format("{}: qk_layernorm is an RMSNorm per head and needs normalization: RMSNorm",
+                                  where("qk_layernorm")));
   }
   m.moe = moe_from_config(p, m, where);
   return m;
@@ -200,6 +212,8 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
 std::string ModelSpec::summary() const {
   std::string s = fmt::format("{} {} layers, hidden {}, heads {}/{}", model_type, num_layers, hidden_size,
                               num_attention_heads, num_query_groups);
+  if (q_dim() != hidden_size) s += fmt::format(" of {}", head_dim());
+  if (qk_layernorm) s += ", qk norm";
   if (moe.enabled()) {
     s += fmt::format(", {} experts top-{} in {} MoE layers{}", moe.num_experts, moe.topk, num_moe_layers(),
                      moe.shared_ffn_hidden_size > 0 ? " + shared expert" : "");
@@ -226,8 +240,9 @@ namespace {
 int64_t layer_parameters(const ModelSpec& m, int64_t l, int64_t experts) {
   const int64_t C = m.hidden_size;
   const int64_t norm = m.layernorm ? 2 * C : C;
-  int64_t n = 2 * norm + C * m.qkv_dim() + C * C;
+  int64_t n = 2 * norm + C * m.qkv_dim() + m.q_dim() * C;
   if (m.bias) n += m.qkv_dim() + C;
+  if (m.qk_layernorm) n += 2 * m.head_dim();  // q_norm, k_norm
   if (m.is_moe_layer(l)) {
     n += m.moe.num_experts * C;                                 // router
     n += experts * 3 * m.moe.ffn_hidden_size * C;               // gate, up, down
@@ -262,14 +277,15 @@ double ModelSpec::flops_per_token() const {
   const double C = hidden_size, L = num_layers;
   double matmul = C * padded_vocab_size;
   for (int64_t l = 0; l < num_layers; ++l) {
-    matmul += C * qkv_dim() + C * C;
+    matmul += C * qkv_dim() + q_dim() * C;
     if (is_moe_layer(l)) {
       matmul += (moe.num_experts + 3.0 * moe.topk * moe.ffn_hidden_size + 3.0 * moe.shared_ffn_hidden_size) * C;
     } else {
       matmul += C * fc_dim() + ffn_hidden_size * C;
     }
   }
-  return 6.0 * matmul + 6.0 * L * C * seq_length;
+  // Attention scores and values run over q_dim() channels per token (heads x head dim).
+  return 6.0 * matmul + 6.0 * L * static_cast<double>(q_dim()) * seq_length;
 }
 
 }  // namespace primus::train

@@ -41,7 +41,7 @@ struct MoeSpec {
 };
 
 struct ModelSpec {
-  std::string model_type = "gpt2";  // gpt2 | llama: names used for Hugging Face export
+  std::string model_type = "gpt2";  // gpt2 | llama | qwen3 | mixtral | qwen3_moe | ...: Hugging Face names and export
   int64_t vocab_size = 0;           // tokenizer's vocabulary
   int64_t padded_vocab_size = 0;    // rounded up to make_vocab_size_divisible_by
   int64_t seq_length = 0;
@@ -49,6 +49,13 @@ struct ModelSpec {
   int64_t hidden_size = 0;
   int64_t num_attention_heads = 0;
   int64_t num_query_groups = 0;     // kv heads; == heads for multi-head attention
+  // kv_channels: the head dimension. Megatron's default is hidden_size / heads; Qwen3 sets it
+  // apart from the width (Qwen3-0.6B: hidden 1024, 16 heads of 128), so the query and the
+  // attention output are heads x kv_channels wide, not hidden_size.
+  int64_t kv_channels = 0;
+  // qk_layernorm: RMSNorm (one learnable weight of kv_channels, shared by the heads) over each
+  // head of q and of k, after the qkv projection and before RoPE (Qwen3, Megatron).
+  bool qk_layernorm = false;
   int64_t ffn_hidden_size = 0;
   bool layernorm = true;            // false: RMSNorm
   double norm_epsilon = 1e-5;
@@ -60,9 +67,10 @@ struct ModelSpec {
   double init_method_std = 0.02;
   MoeSpec moe;
 
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int64_t q_dim() const { return num_attention_heads * head_dim(); }  // == hidden_size unless kv_channels is set
   int64_t kv_dim() const { return num_query_groups * head_dim(); }
-  int64_t qkv_dim() const { return hidden_size + 2 * kv_dim(); }
+  int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   int64_t fc_dim() const { return swiglu ? 2 * ffn_hidden_size : ffn_hidden_size; }
   bool is_moe_layer(int64_t l) const { return moe.enabled() && moe.moe_layers.at(static_cast<size_t>(l)); }
   int64_t num_moe_layers() const;

@@ -88,7 +88,7 @@ ParamLayout make_param_layout(const ModelSpec& m) {
     if (gpt2) {
       add(p + "attn.qkv.weight", {m.qkv_dim(), C}, true, whole(hp + "attn.c_attn.weight", m.qkv_dim(), HfTransform::Transpose));
       if (m.bias) add(p + "attn.qkv.bias", {m.qkv_dim()}, false, whole(hp + "attn.c_attn.bias", m.qkv_dim()));
-      add(p + "attn.proj.weight", {C, C}, true, whole(hp + "attn.c_proj.weight", C, HfTransform::Transpose));
+      add(p + "attn.proj.weight", {C, m.q_dim()}, true, whole(hp + "attn.c_proj.weight", C, HfTransform::Transpose));
       if (m.bias) add(p + "attn.proj.bias", {C}, false, whole(hp + "attn.c_proj.bias", C));
     } else {
       HfTransform qk = m.rope ? HfTransform::RopeRows : HfTransform::None;
@@ -102,8 +102,17 @@ ParamLayout make_param_layout(const ModelSpec& m) {
                                     {hp + "self_attn.v_proj.bias", H * D + KV * D, KV * D, HfTransform::None, 0}};
         add(p + "attn.qkv.bias", {m.qkv_dim()}, false, qkvb);
       }
-      add(p + "attn.proj.weight", {C, C}, true, whole(hp + "self_attn.o_proj.weight", C));
+      add(p + "attn.proj.weight", {C, m.q_dim()}, true, whole(hp + "self_attn.o_proj.weight", C));
       if (m.bias) add(p + "attn.proj.bias", {C}, false, whole(hp + "self_attn.o_proj.bias", C));
+    }
+    if (m.qk_layernorm) {
+      // One weight of head_dim per norm, shared by the heads. Our features are RoPE's
+      // interleaved pairs, HF's the half-split ones, so the weight takes the q/k rows'
+      // permutation (as one "head"); without RoPE the features are in the same order.
+      const HfTransform nt = m.rope ? HfTransform::RopeRows : HfTransform::None;
+      const std::string ha = hp + (gpt2 ? "attn." : "self_attn.");
+      add(p + "attn.q_norm.weight", {D}, false, std::vector<HfPart>{{ha + "q_norm.weight", 0, D, nt, 1}});
+      add(p + "attn.k_norm.weight", {D}, false, std::vector<HfPart>{{ha + "k_norm.weight", 0, D, nt, 1}});
     }
     norm("norm2", "ln_2", "post_attention_layernorm");
     if (m.is_moe_layer(l)) {
@@ -196,43 +205,82 @@ void from_hf(const ParamTensor& t, const HfPart& part, const float* hf,
 }
 
 namespace {
-// The MoE models transformers can load with our tensors: Mixtral (softmax top-k, renormalised,
-// every layer MoE, no shared expert). The others need what [hf] adds (query-key norms for
-// OLMoE / Qwen3-MoE, multi-head latent attention for DeepSeek-V3).
+// The MoE models transformers can load with our tensors: Mixtral (softmax top-k renormalised,
+// every layer MoE, no shared expert, no query/key norms) and Qwen3-MoE (softmax, renormalised or
+// not as norm_topk_prob says, per-head query/key norms, dense layers where mlp_only_layers
+// lists them). OLMoE's query/key norms span the whole projection width (one weight of
+// heads x head_dim), not Primus' per-head norm; DeepSeek-V3 needs multi-head latent attention.
 void check_hf_moe(const ModelSpec& m) {
   const MoeSpec& e = m.moe;
-  if (m.model_type != "mixtral") {
-    throw ConfigError(fmt::format("export to Hugging Face: model_type '{}' with experts is not supported yet "
-                                  "(Mixtral is: set model_type: mixtral for a Mixtral-style model)", m.model_type));
+  if (m.model_type != "mixtral" && m.model_type != "qwen3_moe") {
+    std::string why = m.model_type == "olmoe"
+                          ? " (OLMoE normalises q and k over the whole projection width, Primus' qk_layernorm "
+                            "per head)"
+                          : m.model_type == "deepseek_v3" ? " (DeepSeek-V3 needs multi-head latent attention)" : "";
+    throw ConfigError(fmt::format("export to Hugging Face: model_type '{}' with experts is not supported yet{} "
+                                  "(Mixtral and Qwen3-MoE are: set model_type: mixtral or qwen3_moe)",
+                                  m.model_type, why));
   }
+  const bool qwen = m.model_type == "qwen3_moe";
+  const char* cls = qwen ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
   std::string why;
-  if (e.sigmoid || e.pre_softmax) why = "its router is not softmax over the top-k (moe_router_score_function / pre_softmax)";
+  if (e.sigmoid) why = "its router is not a softmax (moe_router_score_function)";
+  else if (e.pre_softmax && !qwen) why = "its router is not softmax over the top-k (moe_router_pre_softmax)";
   else if (e.num_groups > 1) why = "it uses group-limited routing";
   else if (e.topk_scaling_factor != 1.0) why = "moe_router_topk_scaling_factor is not 1";
   else if (e.shared_ffn_hidden_size > 0) why = "it has a shared expert";
   else if (e.expert_bias) why = "its router has an expert bias";
-  else if (m.num_moe_layers() != m.num_layers) why = "not every layer is MoE";
-  if (!why.empty()) throw ConfigError("export as MixtralForCausalLM: the model differs from Mixtral: " + why);
+  else if (!qwen && m.num_moe_layers() != m.num_layers) why = "not every layer is MoE";
+  else if (qwen && !m.qk_layernorm) why = "Qwen3-MoE normalises every query and key head (set qk_layernorm: true)";
+  else if (!qwen && m.qk_layernorm) why = "Mixtral has no query/key norms (qk_layernorm)";
+  if (!why.empty()) throw ConfigError(fmt::format("export as {}: the model differs from it: {}", cls, why));
+}
+
+// What every Llama-like config.json (Llama, Qwen3, Mixtral, Qwen3-MoE) says the same way.
+nlohmann::json llama_like_config(const ModelSpec& m, const char* cls, const char* type, int eos) {
+  return {{"architectures", {cls}}, {"model_type", type}, {"vocab_size", m.vocab_size},
+          {"max_position_embeddings", m.seq_length}, {"hidden_size", m.hidden_size},
+          {"intermediate_size", m.ffn_hidden_size}, {"num_hidden_layers", m.num_layers},
+          {"num_attention_heads", m.num_attention_heads}, {"num_key_value_heads", m.num_query_groups},
+          {"head_dim", m.head_dim()}, {"hidden_act", "silu"}, {"rms_norm_eps", m.norm_epsilon},
+          {"rope_theta", m.rotary_base}, {"tie_word_embeddings", !m.untied}, {"attention_dropout", 0.0},
+          {"initializer_range", m.init_method_std}, {"bos_token_id", eos}, {"eos_token_id", eos},
+          {"torch_dtype", "float32"}};
 }
 }  // namespace
 
 std::string hf_config_json(const ModelSpec& m, int eos) {
   nlohmann::json j;
+  const bool qwen_attention = m.qk_layernorm;  // only Qwen3's classes normalise q/k per head
   if (m.moe.enabled()) {
     check_hf_moe(m);
-    j = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"}, {"vocab_size", m.vocab_size},
-         {"max_position_embeddings", m.seq_length}, {"hidden_size", m.hidden_size},
-         {"intermediate_size", m.moe.ffn_hidden_size}, {"num_hidden_layers", m.num_layers},
-         {"num_attention_heads", m.num_attention_heads}, {"num_key_value_heads", m.num_query_groups},
-         {"head_dim", m.head_dim()}, {"hidden_act", "silu"}, {"rms_norm_eps", m.norm_epsilon},
-         {"rope_theta", m.rotary_base}, {"tie_word_embeddings", !m.untied}, {"num_local_experts", m.moe.num_experts},
-         {"num_experts_per_tok", m.moe.topk}, {"router_aux_loss_coef", m.moe.aux_loss_coeff},
-         {"output_router_logits", false}, {"sliding_window", nullptr}, {"attention_dropout", 0.0},
-         {"initializer_range", m.init_method_std}, {"bos_token_id", eos}, {"eos_token_id", eos},
-         {"torch_dtype", "float32"}};
+    if (m.model_type == "qwen3_moe") {
+      j = llama_like_config(m, "Qwen3MoeForCausalLM", "qwen3_moe", eos);
+      // Dense layers (moe_layer_freq, moe_first_k_dense_replace) are Qwen3-MoE's mlp_only_layers,
+      // MLPs of intermediate_size; every other layer is sparse with decoder_sparse_step 1.
+      std::vector<int64_t> dense;
+      for (int64_t l = 0; l < m.num_layers; ++l)
+        if (!m.is_moe_layer(l)) dense.push_back(l);
+      j.update({{"moe_intermediate_size", m.moe.ffn_hidden_size}, {"num_experts", m.moe.num_experts},
+                {"num_experts_per_tok", m.moe.topk}, {"norm_topk_prob", !m.moe.pre_softmax},
+                {"decoder_sparse_step", 1}, {"mlp_only_layers", dense},
+                {"router_aux_loss_coef", m.moe.aux_loss_coeff}, {"output_router_logits", false},
+                {"attention_bias", false}, {"use_sliding_window", false}, {"sliding_window", nullptr},
+                {"max_window_layers", m.num_layers}});
+      return j.dump(2);
+    }
+    j = llama_like_config(m, "MixtralForCausalLM", "mixtral", eos);
+    j.erase("intermediate_size");
+    j.update({{"intermediate_size", m.moe.ffn_hidden_size}, {"num_local_experts", m.moe.num_experts},
+              {"num_experts_per_tok", m.moe.topk}, {"router_aux_loss_coef", m.moe.aux_loss_coeff},
+              {"output_router_logits", false}, {"sliding_window", nullptr}});
     return j.dump(2);
   }
   if (!m.swiglu && !m.rope) {
+    if (m.q_dim() != m.hidden_size || m.qk_layernorm) {
+      throw ConfigError("export as GPT2LMHeadModel: GPT-2 has neither a head dimension other than hidden_size / "
+                        "num_attention_heads (kv_channels) nor query/key norms (qk_layernorm)");
+    }
     j = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab_size},
          {"n_positions", m.seq_length}, {"n_ctx", m.seq_length}, {"n_embd", m.hidden_size},
          {"n_layer", m.num_layers}, {"n_head", m.num_attention_heads}, {"n_inner", m.ffn_hidden_size},
@@ -240,15 +288,18 @@ std::string hf_config_json(const ModelSpec& m, int eos) {
          {"initializer_range", m.init_method_std}, {"tie_word_embeddings", !m.untied},
          {"bos_token_id", eos}, {"eos_token_id", eos}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0},
          {"attn_pdrop", 0.0}, {"torch_dtype", "float32"}};
+  } else if (qwen_attention) {
+    // Qwen3ForCausalLM: Llama's layout with q_norm / k_norm per head. Its attention_bias puts a
+    // bias on q, k, v and o but none on the MLP, which no Primus setting matches.
+    if (m.bias) {
+      throw ConfigError("export as Qwen3ForCausalLM: Qwen3 has no MLP biases (set add_bias_linear: false)");
+    }
+    j = llama_like_config(m, "Qwen3ForCausalLM", "qwen3", eos);
+    j.update({{"attention_bias", false}, {"use_sliding_window", false}, {"sliding_window", nullptr},
+              {"max_window_layers", m.num_layers}});
   } else {
-    j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab_size},
-         {"max_position_embeddings", m.seq_length}, {"hidden_size", m.hidden_size},
-         {"intermediate_size", m.ffn_hidden_size}, {"num_hidden_layers", m.num_layers},
-         {"num_attention_heads", m.num_attention_heads}, {"num_key_value_heads", m.num_query_groups},
-         {"head_dim", m.head_dim()}, {"hidden_act", "silu"}, {"rms_norm_eps", m.norm_epsilon},
-         {"rope_theta", m.rotary_base}, {"tie_word_embeddings", !m.untied},
-         {"attention_bias", m.bias}, {"mlp_bias", m.bias}, {"initializer_range", m.init_method_std},
-         {"bos_token_id", eos}, {"eos_token_id", eos}, {"torch_dtype", "float32"}};
+    j = llama_like_config(m, "LlamaForCausalLM", "llama", eos);
+    j.update({{"attention_bias", m.bias}, {"mlp_bias", m.bias}});
   }
   return j.dump(2);
 }

@@ -26,6 +26,16 @@ void check_shapes(const train::ModelSpec& s) {
                                     what, v));
     }
   };
+  // Not yet on this backend (the reference backend trains them): refused naming the key rather
+  // than trained as something else.
+  if (s.q_dim() != s.hidden_size) {
+    throw ConfigError(fmt::format("the cuda backend does not support kv_channels ({}) other than hidden_size / "
+                                  "num_attention_heads ({}) yet; the reference backend does",
+                                  s.head_dim(), s.hidden_size / s.num_attention_heads));
+  }
+  if (s.qk_layernorm) {
+    throw ConfigError("the cuda backend does not support qk_layernorm yet; the reference backend does");
+  }
   need8(s.hidden_size, "hidden_size");
   need8(s.head_dim(), "the head dimension (hidden_size / num_attention_heads)");
   need8(s.ffn_hidden_size, "ffn_hidden_size");

@@ -35,15 +35,6 @@ void export_hf_checkpoint(const std::filesystem::path& checkpoint, const std::fi
   train::ParamLayout layout = train::make_param_layout(spec);
   std::vector<float> params(layout.total);
   train::unpack_checkpoint(data, dir, spec, layout, params.data(), nullptr, nullptr);
-  std::map<std::string, io::TensorBlob> tensors;
-  for (auto& t : layout.tensors) {
-    bool vocab = t.name == "embedding.weight" || t.name == "output_layer.weight";
-    for (auto& part : t.hf) {
-      std::vector<float> buf;
-      auto shape = train::to_hf(t, part, params.data(), buf, vocab ? spec.vocab_size : 0);
-      tensors.emplace(part.name, io::TensorBlob::from_vector(shape, std::move(buf)));
-    }
-  }
   int eos = 0;
   if (data.state.contains("tokenizer")) {
     try {
@@ -52,6 +43,26 @@ void export_hf_checkpoint(const std::filesystem::path& checkpoint, const std::fi
       spdlog::warn("export: tokenizer '{}' not available ({}); eos_token_id = 0", data.state["tokenizer"].dump(), e.what());
     }
   }
+  write_hf_folder(spec, params.data(), eos, out, dtype);
+  spdlog::info("exported {} ({}) to {}", dir.string(), dtype, out.string());
+}
+
+std::map<std::string, io::TensorBlob> hf_state_dict(const train::ModelSpec& spec, const train::ParamLayout& layout,
+                                                    const float* params) {
+  std::map<std::string, io::TensorBlob> tensors;
+  for (auto& t : layout.tensors) {
+    bool vocab = t.name == "embedding.weight" || t.name == "output_layer.weight";
+    for (auto& part : t.hf) {
+      std::vector<float> buf;
+      auto shape = train::to_hf(t, part, params, buf, vocab ? spec.vocab_size : 0);
+      tensors.emplace(part.name, io::TensorBlob::from_vector(shape, std::move(buf)));
+    }
+  }
+  return tensors;
+}
+
+void write_hf_folder(const train::ModelSpec& spec, const float* params, int eos, const std::filesystem::path& out,
+                     const std::string& dtype) {
   io::HfExportOptions opts;
   if (dtype == "fp32") {
     opts.dtype = io::DType::F32;
@@ -60,10 +71,10 @@ void export_hf_checkpoint(const std::filesystem::path& checkpoint, const std::fi
   } else {
     throw UsageError(fmt::format("export dtype must be bf16 or fp32, got '{}'", dtype));
   }
+  // The config first: it refuses what transformers has no class for before anything is written.
   auto config = nlohmann::json::parse(train::hf_config_json(spec, eos));
   config["torch_dtype"] = dtype == "fp32" ? "float32" : "bfloat16";
-  io::export_hf(out, config, tensors, opts);
-  spdlog::info("exported {} ({} tensors, {}) to {}", dir.string(), tensors.size(), dtype, out.string());
+  io::export_hf(out, config, hf_state_dict(spec, train::make_param_layout(spec), params), opts);
 }
 
 }  // namespace primus::backends::reference

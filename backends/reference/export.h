@@ -3,12 +3,27 @@
 // generation_config.json.
 #pragma once
 #include <filesystem>
+#include <map>
 #include <string>
+
+#include "io/tensor_blob.h"
+#include "train/model_spec.h"
+#include "train/param_layout.h"
 
 namespace primus::backends::reference {
 
 // dtype: "bf16" or "fp32". Throws FormatError when the architecture has no HF equivalent.
 void export_hf_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
                           const std::string& dtype);
+
+// The Hugging Face state dict of flat fp32 parameters laid out as `layout`: every tensor's HF
+// parts (renamed, split, permuted), padded vocabulary rows trimmed. Fp32 blobs.
+std::map<std::string, io::TensorBlob> hf_state_dict(const train::ModelSpec& spec, const train::ParamLayout& layout,
+                                                    const float* params);
+
+// Writes the folder (config.json from train::hf_config_json, which refuses a model transformers
+// has no class for; model.safetensors in `dtype`; generation_config.json).
+void write_hf_folder(const train::ModelSpec& spec, const float* params, int eos_token_id,
+                     const std::filesystem::path& out, const std::string& dtype);
 
 }  // namespace primus::backends::reference

@@ -32,20 +32,27 @@ GptModel<Real>::GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_
   grads.assign(layout_.total, Real(0));
   const int64_t N = max_tokens_, C = spec.hidden_size, H = spec.num_attention_heads;
   const int64_t KVD = spec.kv_dim(), F = spec.ffn_hidden_size, FC = spec.fc_dim();
+  const int64_t QD = spec.q_dim(), KV = spec.num_query_groups;
   acts_.resize(spec.num_layers);
   for (auto& a : acts_) {
     a.x_in.resize(N * C);
     a.ln1.resize(N * C);
     a.mean1.resize(N);
     a.rstd1.resize(N);
-    a.q.resize(N * C);
+    a.q.resize(N * QD);
     a.k.resize(N * KVD);
     a.v.resize(N * KVD);
     if (spec.rope) {
-      a.q_rot.resize(N * C);
+      a.q_rot.resize(N * QD);
       a.k_rot.resize(N * KVD);
     }
-    a.att.resize(N * C);
+    if (spec.qk_layernorm) {
+      a.q_pre.resize(N * QD);
+      a.k_pre.resize(N * KVD);
+      a.rstd_q.resize(N * H);
+      a.rstd_k.resize(N * KV);
+    }
+    a.att.resize(N * QD);
     a.lse.resize(N * H);
     a.x2.resize(N * C);
     a.ln2.resize(N * C);
@@ -69,13 +76,17 @@ GptModel<Real>::GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_
   losses_.resize(N);
   dx_.resize(N * C);
   dln_.resize(N * C);
-  datt_.resize(N * C);
-  dq_.resize(N * C);
+  datt_.resize(N * QD);
+  dq_.resize(N * QD);
   dk_.resize(N * KVD);
   dv_.resize(N * KVD);
   if (spec.rope) {
-    dq_rot_.resize(N * C);
+    dq_rot_.resize(N * QD);
     dk_rot_.resize(N * KVD);
+  }
+  if (spec.qk_layernorm) {
+    dq_pre_.resize(N * QD);
+    dk_pre_.resize(N * KVD);
   }
   dfc_.resize(N * FC);
   dact_.resize(N * F);
@@ -127,7 +138,8 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
   tokens_.assign(tokens, tokens + N);
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), F = spec_.ffn_hidden_size, FC = spec_.fc_dim();
-  const int64_t V = spec_.padded_vocab_size;
+  const int64_t V = spec_.padded_vocab_size, QD = spec_.q_dim();
+  const bool qkn = spec_.qk_layernorm;
   Real* x = acts_.empty() ? x_final_.data() : acts_[0].x_in.data();
   k::embedding_forward(x, tokens, nullptr, param("embedding.weight"), weight_or_null("position_embedding.weight"), B, T,
                        C, V, spec_.seq_length);
@@ -139,9 +151,18 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
     norm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x_in.data(), p + "norm1", N);
     const Real* wqkv = param(p + "attn.qkv.weight");
     const Real* bqkv = weight_or_null(p + "attn.qkv.bias");
-    k::matmul_forward(a.q.data(), a.ln1.data(), wqkv, bqkv, N, C, C);
-    k::matmul_forward(a.k.data(), a.ln1.data(), wqkv + C * C, bqkv ? bqkv + C : nullptr, N, C, KVD);
-    k::matmul_forward(a.v.data(), a.ln1.data(), wqkv + (C + KVD) * C, bqkv ? bqkv + C + KVD : nullptr, N, C, KVD);
+    // With qk_layernorm the projection lands in q_pre / k_pre and the per-head RMSNorm (rows of
+    // one head's D features, weight shared by the heads) writes q / k, which RoPE then rotates.
+    k::matmul_forward(qkn ? a.q_pre.data() : a.q.data(), a.ln1.data(), wqkv, bqkv, N, C, QD);
+    k::matmul_forward(qkn ? a.k_pre.data() : a.k.data(), a.ln1.data(), wqkv + QD * C, bqkv ? bqkv + QD : nullptr, N, C,
+                      KVD);
+    k::matmul_forward(a.v.data(), a.ln1.data(), wqkv + (QD + KVD) * C, bqkv ? bqkv + QD + KVD : nullptr, N, C, KVD);
+    if (qkn) {
+      k::rmsnorm_forward(a.q.data(), a.rstd_q.data(), a.q_pre.data(), param(p + "attn.q_norm.weight"), N * H, D,
+                         spec_.norm_epsilon);
+      k::rmsnorm_forward(a.k.data(), a.rstd_k.data(), a.k_pre.data(), param(p + "attn.k_norm.weight"), N * KV, D,
+                         spec_.norm_epsilon);
+    }
     const Real* q = a.q.data();
     const Real* kk = a.k.data();
     if (spec_.rope) {
@@ -153,7 +174,7 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
     k::attention_forward(a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
     // x2 = x_in + att @ Wo^T + bo
     k::matmul_forward(a.x2.data(), a.att.data(), param(p + "attn.proj.weight"), weight_or_null(p + "attn.proj.bias"), N,
-                      C, C);
+                      QD, C);
     k::residual_forward(a.x2.data(), a.x2.data(), a.x_in.data(), N * C);
     norm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x2.data(), p + "norm2", N);
     if (moe_[l]) {
@@ -197,7 +218,8 @@ void GptModel<Real>::backward() {
   const int64_t B = B_, T = T_, N = B * T;
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), F = spec_.ffn_hidden_size, FC = spec_.fc_dim();
-  const int64_t V = spec_.padded_vocab_size;
+  const int64_t V = spec_.padded_vocab_size, QD = spec_.q_dim();
+  const bool qkn = spec_.qk_layernorm;
   auto zero = [](std::vector<Real>& v, int64_t n) { std::fill(v.begin(), v.begin() + n, Real(0)); };
 
   // Head: logits_ holds dlogits (written by the fused loss in forward).
@@ -235,32 +257,46 @@ void GptModel<Real>::backward() {
     }
     norm_backward(dx_.data(), dln_.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), p + "norm2", N);
     // Attention branch: dx is now the gradient of x2 = x_in + proj(att).
-    zero(datt_, N * C);
+    zero(datt_, N * QD);
     k::matmul_backward(datt_.data(), grad(p + "attn.proj.weight"), grad_or_null(p + "attn.proj.bias"), dx_.data(),
-                       a.att.data(), param(p + "attn.proj.weight"), N, C, C);
+                       a.att.data(), param(p + "attn.proj.weight"), N, QD, C);
     Real* dq = spec_.rope ? dq_rot_.data() : dq_.data();
     Real* dk = spec_.rope ? dk_rot_.data() : dk_.data();
-    std::fill(dq, dq + N * C, Real(0));
+    std::fill(dq, dq + N * QD, Real(0));
     std::fill(dk, dk + N * KVD, Real(0));
     zero(dv_, N * KVD);
     const Real* q = spec_.rope ? a.q_rot.data() : a.q.data();
     const Real* kk = spec_.rope ? a.k_rot.data() : a.k.data();
     k::attention_backward(dq, dk, dv_.data(), datt_.data(), q, kk, a.v.data(), a.att.data(), a.lse.data(), ap);
     if (spec_.rope) {
-      zero(dq_, N * C);
+      zero(dq_, N * QD);
       zero(dk_, N * KVD);
       k::rope_backward(dq_.data(), dq_rot_.data(), nullptr, B, T, H, D, spec_.rotary_base);
       k::rope_backward(dk_.data(), dk_rot_.data(), nullptr, B, T, KV, D, spec_.rotary_base);
+    }
+    // dq_ / dk_ are now the gradients of the normalised q / k; through the per-head RMSNorm
+    // into the projection's outputs (and the two norm weights).
+    const Real* dq_proj = dq_.data();
+    const Real* dk_proj = dk_.data();
+    if (qkn) {
+      zero(dq_pre_, N * QD);
+      zero(dk_pre_, N * KVD);
+      k::rmsnorm_backward(dq_pre_.data(), grad(p + "attn.q_norm.weight"), dq_.data(), a.q_pre.data(),
+                          param(p + "attn.q_norm.weight"), a.rstd_q.data(), N * H, D);
+      k::rmsnorm_backward(dk_pre_.data(), grad(p + "attn.k_norm.weight"), dk_.data(), a.k_pre.data(),
+                          param(p + "attn.k_norm.weight"), a.rstd_k.data(), N * KV, D);
+      dq_proj = dq_pre_.data();
+      dk_proj = dk_pre_.data();
     }
     const Real* wqkv = param(p + "attn.qkv.weight");
     Real* dwqkv = grad(p + "attn.qkv.weight");
     Real* dbqkv = grad_or_null(p + "attn.qkv.bias");
     zero(dln_, N * C);
-    k::matmul_backward(dln_.data(), dwqkv, dbqkv, dq_.data(), a.ln1.data(), wqkv, N, C, C);
-    k::matmul_backward(dln_.data(), dwqkv + C * C, dbqkv ? dbqkv + C : nullptr, dk_.data(), a.ln1.data(), wqkv + C * C,
+    k::matmul_backward(dln_.data(), dwqkv, dbqkv, dq_proj, a.ln1.data(), wqkv, N, C, QD);
+    k::matmul_backward(dln_.data(), dwqkv + QD * C, dbqkv ? dbqkv + QD : nullptr, dk_proj, a.ln1.data(), wqkv + QD * C,
                        N, C, KVD);
-    k::matmul_backward(dln_.data(), dwqkv + (C + KVD) * C, dbqkv ? dbqkv + C + KVD : nullptr, dv_.data(), a.ln1.data(),
-                       wqkv + (C + KVD) * C, N, C, KVD);
+    k::matmul_backward(dln_.data(), dwqkv + (QD + KVD) * C, dbqkv ? dbqkv + QD + KVD : nullptr, dv_.data(),
+                       a.ln1.data(), wqkv + (QD + KVD) * C, N, C, KVD);
     norm_backward(dx_.data(), dln_.data(), a.x_in.data(), a.mean1.data(), a.rstd1.data(), p + "norm1", N);
   }
   k::embedding_backward(grad("embedding.weight"), grad_or_null("position_embedding.weight"), dx_.data(),

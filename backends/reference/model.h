@@ -55,6 +55,8 @@ class GptModel {
  private:
   struct LayerActs {
     std::vector<Real> x_in, ln1, mean1, rstd1, q, k, v, q_rot, k_rot, att, lse, x2, ln2, mean2, rstd2, fc, act;
+    // qk_layernorm: q and k before their per-head RMSNorm, and its rstd per (token, head).
+    std::vector<Real> q_pre, k_pre, rstd_q, rstd_k;
   };
   void norm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const std::string& name, int64_t N);
   void norm_backward(Real* dinp, const Real* dout, const Real* inp, const Real* mean, const Real* rstd,
@@ -78,7 +80,7 @@ class GptModel {
   typename MoeLayer<Real>::Weights moe_weights(int64_t l);
   typename MoeLayer<Real>::Grads moe_grads(int64_t l);
   std::vector<Real> x_final_, lnf_, meanf_, rstdf_, logits_, losses_;
-  std::vector<Real> dx_, dln_, datt_, dq_, dk_, dv_, dq_rot_, dk_rot_, dfc_, dact_;
+  std::vector<Real> dx_, dln_, datt_, dq_, dk_, dv_, dq_rot_, dk_rot_, dq_pre_, dk_pre_, dfc_, dact_;
   std::vector<int32_t> tokens_;
   int64_t B_ = 0, T_ = 0, count_ = 0;
 };

@@ -20,7 +20,7 @@ train::MemoryProjection project_reference_memory(const ReferenceArgs& a, const t
   const train::ModelSpec& s = a.model;
   const double f = 4;  // fp32
   const double N = double(lay.micro_batch) * double(s.seq_length), C = double(s.hidden_size);
-  const double KVD = double(s.kv_dim()), H = double(s.num_attention_heads);
+  const double KVD = double(s.kv_dim()), H = double(s.num_attention_heads), QD = double(s.q_dim());
   const double P = double(train::make_param_layout(s).total);
   train::MemoryProjection m;
   m.source = "analytical count of the reference backend's fp32 buffers";
@@ -35,9 +35,10 @@ train::MemoryProjection project_reference_memory(const ReferenceArgs& a, const t
   // Per layer: what model.cpp sizes for the backward.
   double layers = 0, moe = 0;
   for (int64_t l = 0; l < s.num_layers; ++l) {
-    double e = N * (C /*x_in*/ + C /*ln1*/ + 2 /*mean, rstd*/ + C + 2 * KVD /*q, k, v*/ + C /*att*/ + H /*lse*/ +
+    double e = N * (C /*x_in*/ + C /*ln1*/ + 2 /*mean, rstd*/ + QD + 2 * KVD /*q, k, v*/ + QD /*att*/ + H /*lse*/ +
                     C /*x2*/ + C /*ln2*/ + 2);
-    if (s.rope) e += N * (C + KVD);  // rotated q, k
+    if (s.rope) e += N * (QD + KVD);  // rotated q, k
+    if (s.qk_layernorm) e += N * (QD + KVD + H + double(s.num_query_groups));  // q, k before the norms; rstd per head
     if (s.is_moe_layer(l)) {
       const train::MoeSpec& x = s.moe;
       const double E = double(x.num_experts), K = double(x.topk), F = double(x.ffn_hidden_size);
@@ -58,7 +59,7 @@ train::MemoryProjection project_reference_memory(const ReferenceArgs& a, const t
   const double FC = double(s.fc_dim()), F = double(s.ffn_hidden_size);
   m.add("activations", "LM head logits and losses (all rows), final norm", f * N * (V + 1 + 2 * C + 2) + 4 * N);
   m.add("activations", "the backward's working gradients",
-        f * N * (3 * C + C + 2 * KVD + (s.rope ? C + KVD : 0) + FC + F));
+        f * N * (2 * C + 2 * QD + 2 * KVD + (s.rope ? QD + KVD : 0) + (s.qk_layernorm ? QD + KVD : 0) + FC + F));
   if (zero1) {
     const int64_t be = std::min(a.dp.bucket_elems(sizeof(float)), shards.shard);
     m.add("comm", "ZeRO-1: the averaged gradient shard", double(shards.shard) * f);

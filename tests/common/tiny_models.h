@@ -52,4 +52,26 @@ inline train::ModelSpec tiny_moe(bool deepseek = false, int64_t vocab = 29, int6
   return m;
 }
 
+// Qwen3 family: tiny_llama with a head dimension that is not hidden / heads (4 heads of 6 over a
+// width of 16, so q is 24 wide and kv 12) and per-head query/key RMSNorms. The odd widths catch
+// any code that still takes the query width or the attention output for hidden_size.
+inline train::ModelSpec tiny_qwen3(int64_t vocab = 29, int64_t padded = 32, int64_t seq = 8) {
+  train::ModelSpec m = tiny_llama(vocab, padded, seq);
+  m.model_type = "qwen3";
+  m.kv_channels = 6;
+  m.qk_layernorm = true;
+  return m;
+}
+
+// Qwen3-MoE: tiny_qwen3's attention with tiny_moe's Mixtral-style router (softmax top-2,
+// renormalised, as Qwen3-MoE's norm_topk_prob), every layer MoE as Qwen3-30B-A3B.
+inline train::ModelSpec tiny_qwen3_moe(int64_t vocab = 29, int64_t padded = 32, int64_t seq = 8) {
+  train::ModelSpec m = tiny_moe(false, vocab, padded, seq);
+  m.model_type = "qwen3_moe";
+  m.kv_channels = 6;
+  m.qk_layernorm = true;
+  m.moe.moe_layers = {true, true, true};
+  return m;
+}
+
 }  // namespace primus::testing

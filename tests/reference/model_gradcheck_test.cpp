@@ -120,6 +120,43 @@ TEST(ReferenceModel, GradCheckMoeWithCapacityDropping) {
   gradcheck(m);
 }
 
+// Qwen3's attention: a head dimension (6) that is not hidden / heads (16 / 4), so q is 24 wide
+// and the output projection 24 -> 16, per-head query/key RMSNorms before RoPE, GQA (4 heads on
+// 2 groups). Dense, and with every layer a Mixtral-style MoE (Qwen3-MoE's router).
+train::ModelSpec tiny_qwen3(bool moe) {
+  train::ModelSpec m = moe ? primus::testing::tiny_qwen3_moe() : primus::testing::tiny_qwen3();
+  m.init_method_std = 0.3;
+  return m;
+}
+TEST(ReferenceModel, GradCheckTinyQwen3) { gradcheck(tiny_qwen3(false)); }
+TEST(ReferenceModel, GradCheckTinyQwen3Moe) { gradcheck(tiny_qwen3(true)); }
+
+// The q/k norms take part: their weights get gradient, and scaling one changes the loss (a
+// norm the forward skipped would pass the finite-difference check with zero on both sides).
+TEST(ReferenceModel, Qwen3QueryKeyNormsShapeTheLoss) {
+  const train::ModelSpec spec = tiny_qwen3(false);
+  GptModel<double> model(spec, 2, 8);
+  model.init_weights(5);
+  std::vector<int32_t> tokens(16), targets(16);
+  for (int i = 0; i < 16; ++i) tokens[i] = (i * 7) % 29, targets[i] = (i * 5 + 3) % 29;
+  model.zero_grad();
+  const double base = model.forward(tokens.data(), targets.data(), 2, 8, 1.0 / 16);
+  model.backward();
+  for (const char* n : {"layers.0.attn.q_norm.weight", "layers.1.attn.k_norm.weight"}) {
+    const auto& t = model.layout().get(n);
+    EXPECT_EQ(t.numel, 6) << n;
+    double g = 0;
+    for (int64_t i = 0; i < t.numel; ++i) g += std::abs(model.grads[t.offset + i]);
+    EXPECT_GT(g, 1e-8) << n;
+    std::vector<double> saved(model.params.begin() + t.offset, model.params.begin() + t.offset + t.numel);
+    for (int64_t i = 0; i < t.numel; ++i) model.params[t.offset + i] *= 3.0;
+    EXPECT_GT(std::abs(model.forward(tokens.data(), targets.data(), 2, 8) - base), 1e-6) << n;
+    std::copy(saved.begin(), saved.end(), model.params.begin() + t.offset);
+  }
+  EXPECT_EQ(model.layout().get("layers.0.attn.proj.weight").shape, (std::vector<int64_t>{16, 24}));
+  EXPECT_EQ(model.layout().get("layers.0.attn.qkv.weight").shape, (std::vector<int64_t>{24 + 2 * 12, 16}));
+}
+
 TEST(ReferenceModel, FloatMatchesDoubleForward) {
   auto spec = tiny(true);
   GptModel<float> f(spec, 2, 8);

@@ -5,6 +5,8 @@
 // per-layer structs). ZeRO-1 shrinks the optimizer state to the rank's shard.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -75,8 +77,14 @@ size_t allocated_by_model(const train::ModelSpec& spec, int64_t B) {
 }
 
 TEST(ReferenceProjection, ModelBuffersMatchWhatTheModelAllocates) {
-  for (auto [llama, moe] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
-    const train::ModelSpec spec = reference_projection_spec(llama, moe);
+  for (auto [llama, moe, qwen] : {std::tuple{false, false, false}, std::tuple{true, false, false},
+                                  std::tuple{true, true, false}, std::tuple{true, false, true}}) {
+    train::ModelSpec spec = reference_projection_spec(llama, moe);
+    if (qwen) {  // q 4 x 48 = 192 wide over a width of 128, with the per-head q/k norms' buffers
+      spec.model_type = "qwen3";
+      spec.kv_channels = 48;
+      spec.qk_layernorm = true;
+    }
     SCOPED_TRACE(spec.model_type);
     ReferenceArgs a;
     a.model = spec;

@@ -3,9 +3,11 @@
 // the checkpoint spec, and which exports are refused.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/config/schema.h"
+#include "core/config/yaml_loader.h"
 #include "core/util/error.h"
 #include "tests/common/tiny_models.h"
 #include "train/checkpointing.h"
@@ -200,4 +202,125 @@ TEST(MoeSpec, CheckpointSpecAndExportRules) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("deepseek_v3"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+// A model preset under configs/models/, resolved as the trainer resolves it (extends chain,
+// schema defaults).
+ModelSpec preset(const std::string& name) {
+  config::Value v = config::load_yaml_file(std::string(PRIMUS_SOURCE_DIR) + "/configs/models/" + name + ".yaml");
+  return parse(std::move(v));
+}
+}  // namespace
+
+// Qwen3's attention keys, Megatron's names: kv_channels (the head dimension, apart from
+// hidden_size) and qk_layernorm.
+TEST(AttentionSpec, KvChannelsAndQkLayernormParse) {
+  config::Value v = moe_config();
+  v.set("num_experts", config::Value::integer(0));
+  ModelSpec d = parse(v);
+  EXPECT_EQ(d.head_dim(), 8);  // default: hidden / heads
+  EXPECT_EQ(d.q_dim(), 32);
+  EXPECT_FALSE(d.qk_layernorm);
+  v.set("kv_channels", config::Value::integer(12));
+  v.set("num_query_groups", config::Value::integer(2));
+  v.set("qk_layernorm", config::Value::boolean(true));
+  ModelSpec m = parse(v);
+  EXPECT_EQ(m.head_dim(), 12);
+  EXPECT_EQ(m.q_dim(), 48);
+  EXPECT_EQ(m.kv_dim(), 24);
+  EXPECT_EQ(m.qkv_dim(), 96);
+  // hidden_size need not divide by the heads once the head dimension is given.
+  v.set("num_attention_heads", config::Value::integer(6));
+  v.set("num_query_groups", config::Value::integer(3));
+  EXPECT_EQ(parse(v).q_dim(), 72);
+  v.set("kv_channels", config::Value::integer(7));
+  EXPECT_NE(error_of(v).find("RoPE needs an even head dimension, got 7"), std::string::npos) << error_of(v);
+  config::Value ln = moe_config();
+  ln.set("normalization", config::Value::string("LayerNorm"));
+  ln.set("num_experts", config::Value::integer(0));
+  ln.set("qk_layernorm", config::Value::boolean(true));
+  EXPECT_NE(error_of(ln).find("qk_layernorm"), std::string::npos);
+}
+
+TEST(AttentionSpec, Qwen3LayoutCountsAndHfNames) {
+  for (bool moe : {false, true}) {
+    ModelSpec m = moe ? primus::testing::tiny_qwen3_moe() : primus::testing::tiny_qwen3();
+    ParamLayout L = make_param_layout(m);
+    EXPECT_EQ(L.total, m.num_parameters());
+    EXPECT_EQ(L.get("layers.1.attn.qkv.weight").shape, (std::vector<int64_t>{24 + 12 + 12, 16}));
+    EXPECT_EQ(L.get("layers.1.attn.proj.weight").shape, (std::vector<int64_t>{16, 24}));
+    for (const char* n : {"q_norm", "k_norm"}) {
+      const ParamTensor& t = L.get(fmt::format("layers.1.attn.{}.weight", n));
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{6}));
+      EXPECT_FALSE(t.decay);
+      ASSERT_EQ(t.hf.size(), 1u);
+      EXPECT_EQ(t.hf[0].name, fmt::format("model.layers.1.self_attn.{}.weight", n));
+      // The norm weight follows the q/k rows from our interleaved RoPE pairs to HF's halves:
+      // our features 0,1,2,3,4,5 are HF's 0,3,1,4,2,5.
+      std::vector<float> ours(L.total, 0.f), out, back(L.total, 0.f);
+      for (int64_t i = 0; i < 6; ++i) ours[t.offset + i] = float(i);
+      EXPECT_EQ(to_hf(t, t.hf[0], ours.data(), out), (std::vector<int64_t>{6}));
+      EXPECT_EQ(out, (std::vector<float>{0, 2, 4, 1, 3, 5}));
+      from_hf(t, t.hf[0], out.data(), {6}, back.data());
+      for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(back[t.offset + i], float(i));
+    }
+    EXPECT_EQ(L.find("layers.1.attn.q_norm.weight") != nullptr, true);
+    // 2 x head_dim per layer more than the same model without the norms.
+    ModelSpec plain = m;
+    plain.qk_layernorm = false;
+    EXPECT_EQ(m.num_parameters() - plain.num_parameters(), 2 * 6 * m.num_layers);
+    EXPECT_EQ(make_param_layout(plain).find("layers.0.attn.q_norm.weight"), nullptr);
+    // Attention FLOPs follow the query width (24), not hidden_size (16): 6 x L x q_dim x T.
+    ModelSpec narrow = plain;
+    narrow.kv_channels = 4;  // q 16 wide = hidden
+    const double matmul_diff = double(m.hidden_size) * (plain.qkv_dim() - narrow.qkv_dim()) +
+                               double(plain.q_dim() - narrow.q_dim()) * m.hidden_size;
+    EXPECT_DOUBLE_EQ(plain.flops_per_token() - narrow.flops_per_token(),
+                     6.0 * m.num_layers * matmul_diff + 6.0 * m.num_layers * (24 - 16) * m.seq_length);
+  }
+  // The checkpoint spec carries both keys, and a Llama checkpoint stays as it was.
+  ModelSpec q = primus::testing::tiny_qwen3();
+  nlohmann::json j = spec_json(q);
+  EXPECT_EQ(j.at("kv_channels"), 6);
+  EXPECT_EQ(j.at("qk_layernorm"), true);
+  EXPECT_EQ(spec_json(spec_from_json(j)), j);
+  EXPECT_EQ(spec_from_json(j).q_dim(), 24);
+  const nlohmann::json llama = spec_json(primus::testing::tiny_llama());
+  EXPECT_FALSE(llama.contains("kv_channels"));
+  EXPECT_FALSE(llama.contains("qk_layernorm"));
+  EXPECT_EQ(spec_from_json(llama).head_dim(), 4);
+}
+
+// The full-size presets against the published counts, computed from each config.json:
+// Qwen3-0.6B 596,049,920 (0.44B without the embedding), Qwen3-1.7B 1,720,574,976 (1.4B),
+// Qwen3-30B-A3B 30,532,122,624 (30.5B total; 3.3B active counting the embedding and head:
+// 3,041,867,776 in the layers and final norm + 2 x 151,936 x 2048).
+TEST(AttentionSpec, Qwen3PresetsHaveThePublishedCounts) {
+  ModelSpec s = preset("qwen3/qwen3-0.6B");
+  EXPECT_EQ(s.model_type, "qwen3");
+  EXPECT_EQ(s.head_dim(), 128);
+  EXPECT_EQ(s.q_dim(), 2048);
+  EXPECT_TRUE(s.qk_layernorm);
+  EXPECT_FALSE(s.untied);
+  EXPECT_EQ(s.num_parameters(), 596049920);
+  EXPECT_EQ(s.num_parameters() - s.padded_vocab_size * s.hidden_size, 440467456);  // layers + final norm
+  ModelSpec b = preset("qwen3/qwen3-1.7B");
+  EXPECT_EQ(b.num_parameters(), 1720574976);
+  EXPECT_FALSE(b.untied);
+  ModelSpec t = preset("qwen3/tiny");
+  EXPECT_EQ(t.q_dim(), 96);
+  EXPECT_EQ(make_param_layout(t).total, t.num_parameters());
+  ModelSpec e = preset("moe/qwen3-30B-A3B");
+  EXPECT_EQ(e.model_type, "qwen3_moe");
+  EXPECT_EQ(e.num_moe_layers(), 48);
+  EXPECT_EQ(e.moe.num_experts, 128);
+  EXPECT_EQ(e.moe.topk, 8);
+  EXPECT_EQ(e.moe.shared_ffn_hidden_size, 0);
+  EXPECT_FALSE(e.moe.pre_softmax);  // norm_topk_prob: renormalised over the chosen
+  EXPECT_TRUE(e.untied);
+  EXPECT_EQ(e.num_parameters(), 30532122624);
+  EXPECT_EQ(e.num_active_parameters(), 3041867776);
+  EXPECT_EQ(e.num_active_parameters() + e.padded_vocab_size * e.hidden_size, 3353032704);  // Qwen's 3.3B
+  EXPECT_EQ(make_param_layout(e).total, e.num_parameters());
 }
