@@ -142,6 +142,7 @@ TimeProjection project_step_time(const ModelSpec& s, const ProjectionLayout& lay
   }
   TimeProjection t;
   t.rates_source = r.source;
+  t.rates = r;
   const ProjectionTokenCost c = projection_token_cost(s, lay);
   const double n = double(lay.micro_batch) * double(lay.grad_accum) * double(lay.seq_length);  // this rank's tokens
   auto flop_part = [&](const std::string& name, const std::string& detail, double flops, double tflops) {
@@ -276,7 +277,7 @@ json projection_to_json(const Projection& p) {
       parts.push_back({{"name", t.name}, {"detail", t.detail}, {"work", t.work}, {"unit", t.unit}, {"rate", t.rate},
                        {"seconds", t.seconds}});
     }
-    j["time"] = {{"rates_source", p.time.rates_source}, {"parts", parts}, {"comm_overlapped", p.time.comm_overlapped},
+    j["time"] = {{"rates_source", p.time.rates_source}, {"rates", rates_to_json(p.time.rates)}, {"parts", parts}, {"comm_overlapped", p.time.comm_overlapped},
                  {"step_seconds", p.time.step_seconds}, {"tokens_per_second", p.time.tokens_per_second},
                  {"mfu", p.time.mfu}, {"notes", p.time.notes}};
   }
@@ -316,6 +317,7 @@ Projection projection_from_json(const json& j) {
     p.has_time = true;
     const json& t = j["time"];
     p.time.rates_source = projection_field<std::string>(t, "rates_source", "time");
+    p.time.rates = rates_from_json(t.at("rates"));
     for (const json& part : t.at("parts"))
       p.time.parts.push_back({projection_field<std::string>(part, "name", "a time part"),
                               projection_field<std::string>(part, "detail", "a time part"), projection_field<double>(part, "work", "a time part"),

@@ -66,6 +66,7 @@ struct TimePart {
 
 struct TimeProjection {
   std::string rates_source;  // where the rates came from (cache file and device, roofline table, flags)
+  DeviceRates rates;         // the rates themselves
   std::vector<TimePart> parts;
   bool comm_overlapped = false;  // the gradient reduction runs under the backward (overlap_grad_reduce)
   double step_seconds = 0;       // compute parts summed, comm added unless overlapped (then the excess)
