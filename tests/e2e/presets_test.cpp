@@ -19,6 +19,11 @@ TEST(Presets, EveryModelPresetResolvesToItsKnownSize) {
       {"llama/tiny", "llama 2 layers, hidden 64, heads 4/2, 131392 parameters"},
       {"llama/llama3.2-1B", "llama 16 layers, hidden 2048, heads 32/8, 1498482688 parameters"},
       {"llama/llama3-8B", "llama 32 layers, hidden 4096, heads 32/8, 8030261248 parameters"},
+      // Qwen3: heads of 128 apart from the width, query/key norms; counts from the released
+      // config.json files (tests/train/moe_spec_test.cpp works them out).
+      {"qwen3/tiny", "qwen3 2 layers, hidden 64, heads 4/2 of 24, qk norm, 143776 parameters"},
+      {"qwen3/qwen3-0.6B", "qwen3 28 layers, hidden 1024, heads 16/8 of 128, qk norm, 596049920 parameters"},
+      {"qwen3/qwen3-1.7B", "qwen3 28 layers, hidden 2048, heads 16/8, qk norm, 1720574976 parameters"},
       // MoE: the bench shapes of ../shared/bench/torch_moe_anchor.py (its parameter counts), the
       // released Mixtral-8x7B (transformers' count; 12,879,925,248 active with the embedding),
       // OLMoE-1B-7B (transformers' 6,919,161,856 less the 65,536 query/key-norm weights Primus does
@@ -36,6 +41,8 @@ TEST(Presets, EveryModelPresetResolvesToItsKnownSize) {
                            "46702792704 parameters (12748853248 active)"},
       {"moe/olmoe-1B-7B", "olmoe 16 layers, hidden 2048, heads 16/16, 64 experts top-8 in 16 MoE layers, 6919096320 "
                           "parameters (1178929152 active)"},
+      {"moe/qwen3-30B-A3B", "qwen3_moe 48 layers, hidden 2048, heads 32/4 of 128, qk norm, 128 experts top-8 in 48 MoE "
+                            "layers, 30532122624 parameters (3041867776 active)"},
       {"moe/deepseek-v3-gqa", "deepseek_v3 61 layers, hidden 7168, heads 128/8, 256 experts top-8 in 58 MoE layers + "
                               "shared expert, 666273033728 parameters (31872232960 active)"},
   };

@@ -11,7 +11,8 @@ layer), so the norm weights and every projection have moved from their init, the
   2. the exported class is the one the family names, and the loss transformers computes over a
      batch of random byte sequences equals the loss the same folder gives with the query/key
      norms' weights kept (a check that the norms are live: set to ones, the loss must change).
-Usage: qwen3_hf_parity.py PRIMUS_BIN WORKDIR [TEXT_FILE]   (without TEXT_FILE: mock data)
+Usage: qwen3_hf_parity.py PRIMUS_BIN WORKDIR [TEXT_FILE]
+(without TEXT_FILE: a generated text of short sentences, learnable enough to move every weight)
 Prints one JSON line per family and exits non-zero on a mismatch. Needs torch and transformers
 (the GPU machine; CPU is enough).
 """
@@ -32,22 +33,35 @@ FAMILIES = {
 }
 
 
+def make_corpus():
+    if text_file:
+        return os.path.abspath(text_file)
+    import random
+    rng = random.Random(0)
+    who = ["the king", "a citizen", "my lord", "the queen", "his friend", "our army"]
+    verb = ["speaks to", "waits for", "fights", "loves", "forgets", "follows"]
+    what = ["the people", "his sword", "the crown", "her brother", "the night", "Rome"]
+    lines = [f"{rng.choice(who).capitalize()} {rng.choice(verb)} {rng.choice(what)}." for _ in range(4000)]
+    path = os.path.join(work, "corpus.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+corpus = make_corpus()
+
+
 def train(name, preset, extra):
     ws = os.path.join(work, name)
-    overrides = {"tokenizer_type": "bytes", "vocab_size": 256, "seq_length": 64, "train_iters": 60,
+    overrides = {"tokenizer_type": "bytes", "vocab_size": 256, "seq_length": 64, "train_iters": 100,
                  "micro_batch_size": 8, "global_batch_size": 8, "lr": 3.0e-3, "min_lr": 3.0e-4,
-                 "lr_warmup_iters": 5, "log_interval": 20, "eval_interval": 0, "save_interval": 60,
-                 "sample_tokens": 0, "workspace": ws}
+                 "lr_warmup_iters": 5, "log_interval": 20, "eval_interval": 0, "save_interval": 100,
+                 "sample_tokens": 0, "data_path": [corpus], "split": 0.95}
     overrides.update(extra)
-    if text_file:
-        overrides["data_path"] = [os.path.abspath(text_file)]
-        overrides["split"] = 0.95
-    else:
-        overrides["mock_data"] = True
     body = "".join(f"      {k}: {json.dumps(v)}\n" for k, v in overrides.items())
     exp = os.path.join(work, f"{name}.yaml")
     with open(exp, "w") as f:
-        f.write(f"exp_name: {name}\nmodules:\n  pre_trainer:\n    framework: reference\n"
+        f.write(f"workspace: {ws}\nexp_name: {name}\nmodules:\n  pre_trainer:\n    framework: reference\n"
                 f"    config: pretrain.yaml\n    model: {preset}\n    overrides:\n{body}")
     subprocess.run([primus, "train", "pretrain", "--config", exp], check=True, capture_output=True)
     for root, dirs, _ in os.walk(ws):
