@@ -5,6 +5,8 @@
 #include "cli/command.h"
 #include "cli/projection_driver.h"
 #include "core/runtime/runtime.h"
+#include "parallel/launch_env.h"
+#include "parallel/parallel_dims.h"
 
 namespace primus::cli {
 namespace {
@@ -14,6 +16,21 @@ struct TrainOptions {
   std::string module;
   bool dry_run = false;
 };
+
+// The mesh a run would use, from the config's parallel keys and the launch environment's world
+// size (RANK / WORLD_SIZE or Slurm's, as the ranks read it). Printed before the plan, so that a
+// layout refused as not implemented yet (the plan's config conversion) still shows its mesh.
+void print_dry_run_mesh(const config::Experiment& exp, const std::string& module, std::ostream& out) {
+  const config::ModuleSpec& spec = exp.module(module.empty() ? exp.modules.front().name : module);
+  auto adapter = BackendRegistry::global().create(spec.framework);
+  const config::ModuleConfig cfg = config::resolve_module(exp, spec.name, adapter->schema());
+  const parallel::DistEnv env = parallel::read_dist_env();
+  const char* from = env.source == "torchrun" ? "WORLD_SIZE"
+                     : env.source == "slurm"  ? "SLURM_NTASKS"
+                                              : "no launcher; set RANK=0 WORLD_SIZE=N to plan N ranks";
+  out << "Parallel layout for " << env.world_size << " rank(s) (" << from << ")\n"
+      << parallel::describe_mesh(parallel::ParallelSizes::from_config(cfg.params), env.world_size);
+}
 
 void setup_train(CLI::App& app) {
   app.require_subcommand(1);
@@ -33,6 +50,7 @@ void setup_train(CLI::App& app) {
     RunOptions ro;
     ro.module = opts->module;
     ro.dry_run = opts->dry_run;
+    if (opts->dry_run) print_dry_run_mesh(exp, opts->module, std::cout);
     // The plan ends with the memory the run will take per GPU (train/projection.h).
     ro.dry_run_extra = [&](std::ostream& out) { out << dry_run_memory_line(exp, opts->module); };
     runtime.run(exp, ro, std::cout);

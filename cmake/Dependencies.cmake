@@ -8,6 +8,9 @@ find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+# Gloo (libgloo-dev): the CPU collectives. Only parallel/gloo's plugin links it; primus opens
+# that plugin at run time (parallel/gloo/gloo_plugin_abi.h says why).
+find_package(Gloo REQUIRED)
 
 # Cairo draws `primus report` (PNG, SVG, PDF). Only its headers are used at build time: the
 # library is dlopen'ed at first use (report/cairo_api.cpp), so the binary carried to GPU machines,

@@ -8,14 +8,15 @@
 #include <limits>
 
 #include "core/util/error.h"
+#include "parallel/parallel_dims.h"
 
 namespace primus::parallel {
 
 DataParallelArgs DataParallelArgs::from_config(const config::Value& p) {
   DataParallelArgs a;
-  if (const config::Value* v = p.find_path("use_distributed_optimizer"); v && !v->is_null()) {
-    a.distributed_optimizer = v->as_bool();
-  }
+  // data_parallel_sharding_strategy: optim is use_distributed_optimizer's newer name. The
+  // strategies beyond it are refused by ParallelSizes::check_implemented, not here.
+  a.distributed_optimizer = dp_sharding_from_config(p) != DpSharding::NoShard;
   if (const config::Value* v = p.find_path("ddp_bucket_size_mb"); v && !v->is_null()) a.bucket_size_mb = v->as_double();
   return a;
 }
@@ -28,7 +29,7 @@ int64_t DataParallelArgs::bucket_elems(size_t elem_bytes) const {
 void add_data_parallel_schema(config::Schema& s) {
   s.flag("use_distributed_optimizer", false,
          "ZeRO-1: each data-parallel rank keeps and updates only its shard of the optimizer state "
-         "(gradients reduce-scattered, weights all-gathered)")
+         "(gradients reduce-scattered, weights all-gathered); the same as data_parallel_sharding_strategy: optim")
       .number("ddp_bucket_size_mb", 160.0, "gradients are reduced across ranks in buckets of this many MiB", 0.001,
               65536.0);
 }

@@ -17,11 +17,13 @@ namespace primus::parallel {
 // ---- config ----
 
 struct DataParallelArgs {
-  bool distributed_optimizer = false;  // use_distributed_optimizer: ZeRO-1
+  // ZeRO-1: use_distributed_optimizer, or data_parallel_sharding_strategy: optim.
+  bool distributed_optimizer = false;
   // ddp_bucket_size_mb: gradient reduction granularity. 160 MiB = 40M fp32 elements, Megatron-LM's
   // default bucket; on 2 H200s it scaled 1.90x where 25 MiB gave 1.87-1.89x (docs/performance.md).
   double bucket_size_mb = 160;
-  // Reads the keys add_data_parallel_schema declares; a schema without them keeps the defaults.
+  // Reads the keys add_data_parallel_schema declares and data_parallel_sharding_strategy
+  // (add_parallel_schema's); a schema without them keeps the defaults.
   static DataParallelArgs from_config(const config::Value& params);
   // Elements of `elem_bytes` in one bucket (at least 1).
   int64_t bucket_elems(size_t elem_bytes) const;

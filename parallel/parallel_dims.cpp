@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
+
 #include "core/util/error.h"
 
 namespace primus::parallel {
@@ -21,6 +24,8 @@ const char* not_yet(Dim d) {
   }
   return "";
 }
+
+const char* kShardingNames[] = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
 
 std::string describe_sizes(const ParallelSizes& s) {
   return fmt::format("{} {}, {} {}, {} {}, {} {}, {} {}", dim_config_key(Dim::DP), s[Dim::DP], dim_config_key(Dim::TP),
@@ -52,6 +57,74 @@ const char* dim_config_key(Dim d) {
   return "?";
 }
 
+const char* dp_sharding_name(DpSharding s) { return kShardingNames[static_cast<size_t>(s)]; }
+
+DpSharding dp_sharding_from_config(const config::Value& params) {
+  const config::Value* strat = params.find_path("data_parallel_sharding_strategy");
+  const config::Value* dist = params.find_path("use_distributed_optimizer");
+  const bool zero1 = dist && !dist->is_null() && dist->as_bool();
+  if (!strat || strat->is_null()) return zero1 ? DpSharding::Optim : DpSharding::NoShard;
+  const std::string name = strat->scalar_text();
+  for (size_t i = 0; i < std::size(kShardingNames); ++i) {
+    if (name != kShardingNames[i]) continue;
+    const auto s = static_cast<DpSharding>(i);
+    // use_distributed_optimizer is ZeRO-1's older name: true beside a strategy that shards no
+    // optimizer state is a contradiction, not a preference.
+    if (zero1 && s == DpSharding::NoShard) {
+      throw ConfigError("data_parallel_sharding_strategy is no_shard but use_distributed_optimizer is true (its older "
+                        "name for optim): set one of them");
+    }
+    return s;
+  }
+  throw ConfigError(fmt::format("data_parallel_sharding_strategy: '{}' is not one of no_shard, optim, optim_grads, "
+                                "optim_grads_params",
+                                name));
+}
+
+int64_t ParallelSizes::model_parallel_product() const {
+  return (*this)[Dim::TP] * (*this)[Dim::CP] * (*this)[Dim::EP] * (*this)[Dim::PP];
+}
+
+ParallelSizes ParallelSizes::for_world(int64_t world) const {
+  for (Dim d : kDims) {
+    if (d != Dim::DP && (*this)[d] < 1) {
+      throw ConfigError(fmt::format("{} must be at least 1, got {}", dim_config_key(d), (*this)[d]));
+    }
+  }
+  const int64_t m = model_parallel_product();
+  if (world < 1 || world % m != 0) {
+    throw ConfigError(fmt::format("the world size {} is not divisible by tensor_model_parallel_size {} x "
+                                  "context_parallel_size {} x expert_model_parallel_size {} x "
+                                  "pipeline_model_parallel_size {} = {}",
+                                  world, (*this)[Dim::TP], (*this)[Dim::CP], (*this)[Dim::EP], (*this)[Dim::PP], m));
+  }
+  ParallelSizes s = *this;
+  s[Dim::DP] = world / m;
+  return s;
+}
+
+void ParallelSizes::check_model(int64_t heads, int64_t kv_groups, int64_t seq_length) const {
+  const int64_t tp = (*this)[Dim::TP], cp = (*this)[Dim::CP];
+  if (tp > 1 && heads % tp != 0) {
+    throw ConfigError(fmt::format("tensor_model_parallel_size {} does not divide num_attention_heads {}: each tp rank "
+                                  "takes whole heads",
+                                  tp, heads));
+  }
+  if (tp > 1 && kv_groups % tp != 0) {
+    throw ConfigError(fmt::format("tensor_model_parallel_size {} does not divide num_query_groups {} (the key/value "
+                                  "heads): each tp rank takes whole groups",
+                                  tp, kv_groups));
+  }
+  if (cp > 1 && seq_length % (2 * cp) != 0) {
+    throw ConfigError(fmt::format("context_parallel_size {}: seq_length {} is not divisible by 2 x {} (each cp rank "
+                                  "takes two chunks of the sequence, balancing the causal mask)",
+                                  cp, seq_length, cp));
+  }
+  if (sequence_parallel && tp == 1) {
+    throw ConfigError("sequence_parallel needs tensor_model_parallel_size > 1 (it splits the sequence over the tp group)");
+  }
+}
+
 int64_t ParallelSizes::product() const {
   int64_t p = 1;
   for (int64_t s : size) p *= s;
@@ -63,6 +136,8 @@ ParallelSizes ParallelSizes::from_config(const config::Value& params) {
   for (Dim d : kDims) {
     if (const config::Value* v = params.find_path(dim_config_key(d)); v && !v->is_null()) s[d] = v->as_int();
   }
+  if (const config::Value* v = params.find_path("sequence_parallel"); v && !v->is_null()) s.sequence_parallel = v->as_bool();
+  s.sharding = dp_sharding_from_config(params);
   return s;
 }
 
@@ -74,11 +149,27 @@ void ParallelSizes::check_implemented() const {
                                     dim_config_key(d), dim_name(d), (*this)[d], not_yet(d), dim_config_key(d)));
     }
   }
+  if (sequence_parallel) {
+    throw ConfigError("sequence_parallel: sequence parallelism is not implemented yet (planned with the [mesh] work, "
+                      "with tensor parallelism); leave sequence_parallel false");
+  }
+  if (sharding == DpSharding::OptimGrads || sharding == DpSharding::OptimGradsParams) {
+    throw ConfigError(fmt::format("data_parallel_sharding_strategy: {} ({}) is not implemented yet (planned with the "
+                                  "[mesh] work); no_shard and optim (ZeRO-1) are",
+                                  dp_sharding_name(sharding),
+                                  sharding == DpSharding::OptimGrads ? "sharded gradients, ZeRO-2"
+                                                                     : "sharded parameters, ZeRO-3 / FSDP"));
+  }
 }
 
 void add_parallel_schema(config::Schema& s) {
   s.integer("tensor_model_parallel_size", 1, "tensor-parallel ranks (only 1 is implemented)", 1)
       .integer("context_parallel_size", 1, "context-parallel ranks (only 1 is implemented)", 1)
+      .flag("sequence_parallel", false, "sequence parallelism over the tp group (not implemented yet)")
+      .text("data_parallel_sharding_strategy", std::nullopt,
+            "what the data-parallel ranks shard: no_shard, optim (ZeRO-1; unset: use_distributed_optimizer decides), "
+            "optim_grads, optim_grads_params (the last two not implemented yet)",
+            {"no_shard", "optim", "optim_grads", "optim_grads_params"})
       .integer("pipeline_model_parallel_size", 1, "pipeline stages (only 1 is implemented)", 1)
       .integer("expert_model_parallel_size", 1, "expert-parallel ranks (only 1 is implemented)", 1);
 }
@@ -116,6 +207,43 @@ std::vector<int> ParallelDims::group_ranks(Dim d) const {
   for (int64_t i = 0; i < sizes_[d]; ++i) {
     c[static_cast<size_t>(d)] = i;
     out.push_back(rank_of(c));
+  }
+  return out;
+}
+
+std::string ParallelDims::group_name(Dim d) const {
+  std::string s = dim_name(d);
+  const auto ranks = group_ranks(d);
+  // First and last rank plus the stride identify the group (its ranks are an arithmetic series).
+  s += std::to_string(ranks.front());
+  if (ranks.size() > 1) s += fmt::format("-{}", ranks.back());
+  return s;
+}
+
+std::string describe_mesh(const ParallelSizes& sizes, int64_t world, int64_t max_ranks) {
+  const ParallelSizes s = sizes.for_world(world);
+  std::string out = fmt::format("  mesh:      {} ranks = tp {} x cp {} x dp {}", world, s[Dim::TP], s[Dim::CP], s[Dim::DP]);
+  if (s[Dim::EP] > 1 || s[Dim::PP] > 1) out += fmt::format(" x ep {} x pp {}", s[Dim::EP], s[Dim::PP]);
+  out += fmt::format(" (rank = tp + {} x (cp + {} x dp), tp fastest as Megatron); sequence_parallel {}, "
+                     "data_parallel_sharding_strategy {}\n",
+                     s[Dim::TP], s[Dim::CP], s.sequence_parallel ? "true" : "false", dp_sharding_name(s.sharding));
+  auto ranks_text = [](const std::vector<int>& r) {
+    std::string t = "[";
+    for (size_t i = 0; i < r.size(); ++i) t += (i ? "," : "") + std::to_string(r[i]);
+    return t + "]";
+  };
+  const int64_t half = std::max<int64_t>(1, max_ranks / 2);
+  for (int64_t r = 0; r < world; ++r) {
+    if (world > max_ranks && r == half) {
+      out += fmt::format("    ... {} ranks left out ...\n", world - 2 * half);
+      r = world - half - 1;
+      continue;
+    }
+    const ParallelDims d(s, static_cast<int>(world), static_cast<int>(r));
+    out += fmt::format("    rank {:>4}: tp {} cp {} dp {}", r, d.coord(Dim::TP), d.coord(Dim::CP), d.coord(Dim::DP));
+    if (s[Dim::EP] > 1 || s[Dim::PP] > 1) out += fmt::format(" ep {} pp {}", d.coord(Dim::EP), d.coord(Dim::PP));
+    out += fmt::format("  tp group {}  cp group {}  dp group {}\n", ranks_text(d.group_ranks(Dim::TP)),
+                       ranks_text(d.group_ranks(Dim::CP)), ranks_text(d.group_ranks(Dim::DP)));
   }
   return out;
 }

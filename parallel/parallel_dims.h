@@ -6,9 +6,13 @@
 //
 // The trainer builds it from the config's sizes and the launch environment (from_launch) and
 // hands it to the model and to data parallelism; each dimension's process group (NCCL on GPUs,
-// the socket engine on CPUs) is attached by whoever creates that engine (set_group). Only data
-// parallelism is implemented: a tensor, context, pipeline or expert size other than 1 is a
-// ConfigError naming the key, until the issues that implement them land.
+// Gloo on CPUs: ProcessGroup::new_subgroup with group_ranks / group_name) is attached by whoever
+// creates that engine (set_group). The data-parallel size is derived: world / (tp x cp x ep x pp).
+//
+// Only data parallelism with no sharding or ZeRO-1 is implemented: a tensor, context, pipeline or
+// expert size other than 1, sequence_parallel, and the optim_grads / optim_grads_params sharding
+// strategies are ConfigErrors naming the key (check_implemented), until the issues that implement
+// them land; `primus train pretrain --dry-run` still prints the mesh such a layout would use.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -29,20 +33,54 @@ inline constexpr int kNumDims = 5;
 const char* dim_name(Dim d);        // "tp", "cp", "ep", "dp", "pp"
 const char* dim_config_key(Dim d);  // tensor_model_parallel_size, ..., data_parallel_size, ...
 
+// data_parallel_sharding_strategy (Megatron's names): what the data-parallel ranks shard.
+enum class DpSharding : uint8_t {
+  NoShard,           // no_shard: every rank holds everything
+  Optim,             // optim: the optimizer state (ZeRO-1; use_distributed_optimizer: true)
+  OptimGrads,        // optim_grads: + gradients (ZeRO-2)
+  OptimGradsParams,  // optim_grads_params: + parameters (ZeRO-3 / FSDP)
+};
+const char* dp_sharding_name(DpSharding s);
+// The strategy a config asks for: data_parallel_sharding_strategy when set, else optim when
+// use_distributed_optimizer is true (its older name), else no_shard. ConfigError naming both keys
+// when they disagree, or naming the key for an unknown strategy.
+DpSharding dp_sharding_from_config(const config::Value& params);
+
 struct ParallelSizes {
   std::array<int64_t, kNumDims> size{1, 1, 1, 1, 1};
+  bool sequence_parallel = false;  // Megatron's sequence_parallel (needs tp > 1)
+  DpSharding sharding = DpSharding::NoShard;
   int64_t& operator[](Dim d) { return size[static_cast<size_t>(d)]; }
   int64_t operator[](Dim d) const { return size[static_cast<size_t>(d)]; }
   int64_t product() const;
-  // The keys add_parallel_schema declares, and data_parallel_size (the training schema's).
+  // tp x cp x ep x pp: the ranks one data-parallel replica spans.
+  int64_t model_parallel_product() const;
+  // The keys add_parallel_schema declares, data_parallel_size (the training schema's) and the
+  // sharding (dp_sharding_from_config).
   static ParallelSizes from_config(const config::Value& params);
-  // ConfigError naming the key when a dimension other than dp is not 1 (not implemented yet).
+  // These sizes with dp derived from the job's world size. ConfigError naming the keys when the
+  // world is not divisible by tp x cp x ep x pp.
+  ParallelSizes for_world(int64_t world) const;
+  // ConfigError naming the key when the model cannot be split this way: attention heads or kv
+  // groups (num_attention_heads, num_query_groups) not divisible by tp, seq_length not divisible
+  // by 2 x cp (each context-parallel rank takes two chunks, for balance under the causal mask),
+  // sequence_parallel without tp > 1.
+  void check_model(int64_t num_attention_heads, int64_t num_query_groups, int64_t seq_length) const;
+  // ConfigError naming the key for what is not implemented yet: a dimension other than dp not 1,
+  // sequence_parallel, the optim_grads / optim_grads_params sharding strategies.
   void check_implemented() const;
 };
 
 // tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size,
-// expert_model_parallel_size (Megatron's names; each 1 by default).
+// expert_model_parallel_size (Megatron's names; each 1 by default), sequence_parallel (false),
+// data_parallel_sharding_strategy (unset: use_distributed_optimizer decides).
 void add_parallel_schema(config::Schema& s);
+
+// The mesh of a job of `world` ranks laid out as `sizes` (dp derived): the sizes, then one line
+// per rank with its coordinates and the ranks of its tp, cp and dp groups. Worlds above
+// `max_ranks` show the first and last max_ranks / 2 ranks and say how many were left out.
+// ConfigError as for_world.
+std::string describe_mesh(const ParallelSizes& sizes, int64_t world, int64_t max_ranks = 32);
 
 class ParallelDims {
  public:
@@ -63,6 +101,9 @@ class ParallelDims {
   std::vector<int> group_ranks(Dim d) const;
   // The rank at the given coordinates.
   int rank_of(const std::array<int64_t, kNumDims>& coords) const;
+  // A name for this rank's group along `d`, the same on every member and different for every
+  // other group of the job ("tp0-1", "dp1-3"): the key prefix of the group's rendezvous.
+  std::string group_name(Dim d) const;
 
   // The process group of dimension `d` (null until attached; a dimension of size 1 needs none).
   void set_group(Dim d, std::shared_ptr<ProcessGroup> pg) { groups_[static_cast<size_t>(d)] = std::move(pg); }

@@ -1,7 +1,7 @@
-// Collectives across the ranks of a job, independent of where the buffers live. Two
-// implementations: `SocketProcessGroup` (parallel/, host memory, a ring over TCP between the ranks;
-// what the reference backend and CI use) and the NCCL one (backends/cuda, device memory, NCCL
-// loaded at run time). Trainers see only this interface, so data parallelism and ZeRO-1 are
+// Collectives across the ranks of a job, independent of where the buffers live. Implementations:
+// `GlooProcessGroup` (parallel/, host memory, Gloo over TCP; what the reference backend and CI
+// use), `SocketProcessGroup` (a hand-written TCP ring, used only where the Gloo plugin cannot be
+// loaded) and the NCCL one (parallel/cuda, device memory, NCCL loaded at run time). Trainers see only this interface, so data parallelism and ZeRO-1 are
 // written once per backend against it and tested on the CPU.
 //
 // Contract for every collective:
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/util/error.h"
 
@@ -40,7 +41,7 @@ class ProcessGroup {
   virtual ~ProcessGroup() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  virtual std::string backend() const = 0;  // "socket" | "nccl"
+  virtual std::string backend() const = 0;  // "gloo" | "socket" | "nccl" | "single"
   virtual std::chrono::milliseconds timeout() const = 0;
 
   // In place: buf holds this rank's input and receives the reduction.
@@ -53,6 +54,28 @@ class ProcessGroup {
   virtual void all_gather(const void* send, void* recv, size_t count, DType dtype) = 0;
   virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
+
+  // The collectives below are Gloo's (and the job of one's); another engine throws
+  // CollectiveError saying it does not have them yet.
+  //
+  // send holds count * world_size elements, chunk r going to rank r; recv (count * world_size)
+  // receives rank r's chunk for this rank at chunk r. send and recv must not overlap.
+  virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype);
+  // Variable sizes: send_counts[r] elements (consecutive in send, in rank order) go to rank r;
+  // recv_counts[r] elements come from rank r. Rank q's send_counts[r] must equal rank r's
+  // recv_counts[q]. Both vectors have world_size entries.
+  virtual void all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                            const std::vector<size_t>& recv_counts, DType dtype);
+  // Point to point, blocking until the buffer may be reused. A send to `peer` with `tag` matches
+  // that peer's recv from this rank with the same tag; count and dtype must agree.
+  virtual void send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0);
+  virtual void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0);
+  // The group of the given ranks of this group (ranks in this group's numbering, ascending order
+  // not required: the sub-group's rank i is ranks[i]). Called by the members only, every member
+  // with the same ranks and name; several sub-groups must differ in name (the store keys of their
+  // rendezvous are prefixed with it). Throws CollectiveError naming a member that does not join
+  // within timeout().
+  virtual std::unique_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks, const std::string& name);
   // Waits until every collective issued so far has finished (a no-op for the socket group).
   virtual void synchronize() = 0;
   // Gives up on in-flight work and closes the group (after an error, or on shutdown by signal).

@@ -1,7 +1,8 @@
-// The host-memory ProcessGroup: ranks form a ring of TCP connections (each rank listens on an
+// The fallback host-memory ProcessGroup, used only where the Gloo plugin cannot be loaded (a
+// binary carried to a machine without libgloo; see make_process_group): ranks form a ring of TCP connections (each rank listens on an
 // ephemeral port, publishes host:port in the TcpStore, connects to the next rank and accepts the
 // previous one). all_reduce is a ring reduce-scatter then a ring all-gather, so each rank sends
-// about 2 x the buffer whatever the world size. What the reference backend and CI use; the NCCL
+// about 2 x the buffer whatever the world size. The NCCL
 // group (parallel/cuda/nccl_process_group.h) has the same contract, see parallel/process_group.h.
 //
 // bf16 reductions accumulate in f32: the buffer is widened once, reduced as f32 (partial sums
@@ -79,6 +80,9 @@ class SingleProcessGroup final : public ProcessGroup {
   void all_gather(const void* send, void* recv, size_t count, DType dtype) override;
   void broadcast(void*, size_t, DType, int root) override;
   void barrier() override {}
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                    const std::vector<size_t>& recv_counts, DType dtype) override;
+  std::unique_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks, const std::string& name) override;
   void synchronize() override {}
   void abort() override {}
 };
@@ -87,8 +91,9 @@ class SingleProcessGroup final : public ProcessGroup {
 // ranks can reach this one at. PRIMUS_SOCKET_ADDR, when set, wins. Falls back to the hostname.
 std::string local_address_towards(const std::string& host);
 
-// The group of a launched job: world 1 -> SingleProcessGroup; else a SocketProcessGroup with
-// env.timeout_s as its timeout, rendezvousing through `store`.
+// The group of a launched job: world 1 -> SingleProcessGroup; else a GlooProcessGroup with
+// env.timeout_s as its timeout, rendezvousing through `store` (whose host is env.master_addr);
+// where the Gloo plugin cannot be loaded, a SocketProcessGroup, with a warning saying why.
 std::unique_ptr<ProcessGroup> make_process_group(const DistEnv& env, TcpStore& store);
 
 }  // namespace primus::parallel

@@ -94,7 +94,15 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.global_batch_size = i("global_batch_size");
   a.data_parallel_size = i("data_parallel_size");
   a.model_parallel = parallel::ParallelSizes::from_config(p);
-  a.model_parallel.check_implemented();  // a clear error before anything starts
+  // A layout the model cannot take, then one not implemented yet: clear errors before anything
+  // starts (the dry run prints the mesh first, cli/cmd_train.cpp).
+  if (const config::Value* h = p.find_path("num_attention_heads"); h && !h->is_null()) {
+    const config::Value* g = p.find_path("num_query_groups");
+    const config::Value* sl = p.find_path("seq_length");
+    a.model_parallel.check_model(h->as_int(), g && !g->is_null() ? g->as_int() : h->as_int(),
+                                 sl && !sl->is_null() ? sl->as_int() : 0);
+  }
+  a.model_parallel.check_implemented();
   a.seed = static_cast<uint64_t>(i("seed"));
   a.log_interval = i("log_interval");
   a.eval_interval = i("eval_interval");

@@ -1,10 +1,12 @@
 // ParallelDims: Megatron's rank order (tp fastest, then cp, ep, dp, pp), each rank's coordinates
-// and group ranks on meshes of every dimension, and the config errors a user meets today (a size
-// that does not divide the world, a dimension that is not implemented yet).
+// and group ranks on meshes of every dimension, dp derived from the world, the mesh the dry run
+// prints, and the config errors a user meets today (a size that does not divide the world or the
+// model, a dimension, sequence parallelism or a sharding strategy that is not implemented yet).
 #include <gtest/gtest.h>
 
 #include <set>
 
+#include "core/config/yaml_loader.h"
 #include "core/util/error.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/socket_process_group.h"
@@ -86,6 +88,103 @@ TEST(ParallelDims, UnimplementedDimensionsAreRefusedByName) {
   expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 2, 1, 1, 1), env); }, {"context_parallel_size"});
   expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 1, 2, 1, 1), env); }, {"expert_model_parallel_size"});
   expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 1, 1, 1, 2), env); }, {"pipeline_model_parallel_size"});
+}
+
+// Megatron's layouts, rank by rank: coordinates and the ranks of each group.
+TEST(ParallelDims, MeshCoordinatesOfMegatronLayouts) {
+  // 16 GPUs, tp 2, cp 2: dp derived as 4. rank = tp + 2 * (cp + 2 * dp).
+  ParallelSizes s = sizes(2, 2, 1, 1, 1).for_world(16);
+  EXPECT_EQ(s[Dim::DP], 4);
+  for (int r = 0; r < 16; ++r) {
+    const ParallelDims d(s, 16, r);
+    EXPECT_EQ(d.coord(Dim::TP), r % 2) << r;
+    EXPECT_EQ(d.coord(Dim::CP), (r / 2) % 2) << r;
+    EXPECT_EQ(d.coord(Dim::DP), r / 4) << r;
+  }
+  const ParallelDims r13(s, 16, 13);  // tp 1, cp 0, dp 3
+  EXPECT_EQ(r13.group_ranks(Dim::TP), (std::vector<int>{12, 13}));
+  EXPECT_EQ(r13.group_ranks(Dim::CP), (std::vector<int>{13, 15}));
+  EXPECT_EQ(r13.group_ranks(Dim::DP), (std::vector<int>{1, 5, 9, 13}));
+  EXPECT_EQ(r13.group_name(Dim::DP), "dp1-13");
+  // tp 4 over 8: two tp groups, dp 2.
+  const ParallelDims t4(sizes(4, 1, 1, 1, 1).for_world(8), 8, 6);
+  EXPECT_EQ(t4.group_ranks(Dim::TP), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(t4.group_ranks(Dim::DP), (std::vector<int>{2, 6}));
+  // cp 3 alone over 6: cp groups of consecutive ranks.
+  const ParallelDims c3(sizes(1, 3, 1, 1, 1).for_world(6), 6, 4);
+  EXPECT_EQ(c3.group_ranks(Dim::CP), (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(c3.group_ranks(Dim::DP), (std::vector<int>{1, 4}));
+  // Every group name is shared by its members only.
+  std::set<std::string> names;
+  for (int r = 0; r < 16; ++r) names.insert(ParallelDims(s, 16, r).group_name(Dim::TP));
+  EXPECT_EQ(names.size(), 8u);
+}
+
+TEST(ParallelDims, MeshTextNamesEveryRankAndAbridgesBigWorlds) {
+  const std::string m = describe_mesh(sizes(2, 2, 1, 1, 1), 16);
+  EXPECT_NE(m.find("16 ranks = tp 2 x cp 2 x dp 4"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank   13: tp 1 cp 0 dp 3  tp group [12,13]  cp group [13,15]  dp group [1,5,9,13]"),
+            std::string::npos)
+      << m;
+  const std::string big = describe_mesh(sizes(8, 1, 1, 1, 1), 1024, 16);
+  EXPECT_NE(big.find("1024 ranks = tp 8 x cp 1 x dp 128"), std::string::npos);
+  EXPECT_NE(big.find("... 1008 ranks left out ..."), std::string::npos) << big;
+  EXPECT_NE(big.find("rank 1023:"), std::string::npos) << big;
+  EXPECT_EQ(big.find("rank  100:"), std::string::npos);
+}
+
+TEST(ParallelDims, WorldAndModelThatDoNotFitNameTheKey) {
+  expect_error<ConfigError>([] { sizes(2, 2, 1, 1, 1).for_world(6); },
+                            {"world size 6 is not divisible by tensor_model_parallel_size 2 x context_parallel_size 2"});
+  // Llama-3-8B: 32 heads, 8 kv groups, 8192 tokens.
+  sizes(2, 2, 1, 1, 1).check_model(32, 8, 8192);
+  expect_error<ConfigError>([] { sizes(3, 1, 1, 1, 1).check_model(32, 8, 8192); },
+                            {"tensor_model_parallel_size 3 does not divide num_attention_heads 32"});
+  expect_error<ConfigError>([] { sizes(16, 1, 1, 1, 1).check_model(32, 8, 8192); },
+                            {"tensor_model_parallel_size 16 does not divide num_query_groups 8"});
+  expect_error<ConfigError>([] { sizes(1, 3, 1, 1, 1).check_model(32, 8, 8192); },
+                            {"context_parallel_size 3: seq_length 8192 is not divisible by 2 x 3"});
+  ParallelSizes sp = sizes(1, 1, 1, 1, 1);
+  sp.sequence_parallel = true;
+  expect_error<ConfigError>([&] { sp.check_model(32, 8, 8192); }, {"sequence_parallel needs tensor_model_parallel_size > 1"});
+}
+
+config::Value parallel_yaml(const std::string& text) { return config::parse_yaml_text(text, "test.yaml"); }
+
+TEST(ParallelDims, ShardingStrategyAndItsOlderName) {
+  EXPECT_EQ(ParallelSizes::from_config(parallel_yaml("a: 1")).sharding, DpSharding::NoShard);
+  EXPECT_EQ(ParallelSizes::from_config(parallel_yaml("use_distributed_optimizer: true")).sharding, DpSharding::Optim);
+  EXPECT_EQ(ParallelSizes::from_config(parallel_yaml("data_parallel_sharding_strategy: optim")).sharding,
+            DpSharding::Optim);
+  EXPECT_EQ(ParallelSizes::from_config(
+                parallel_yaml("data_parallel_sharding_strategy: optim\nuse_distributed_optimizer: true"))
+                .sharding,
+            DpSharding::Optim);
+  expect_error<ConfigError>(
+      [] { ParallelSizes::from_config(parallel_yaml("data_parallel_sharding_strategy: no_shard\nuse_distributed_optimizer: true")); },
+      {"data_parallel_sharding_strategy is no_shard but use_distributed_optimizer is true"});
+  const ParallelSizes all = ParallelSizes::from_config(parallel_yaml(
+      "tensor_model_parallel_size: 2\ncontext_parallel_size: 2\nsequence_parallel: true\n"
+      "data_parallel_sharding_strategy: optim_grads_params"));
+  EXPECT_EQ(all[Dim::TP], 2);
+  EXPECT_EQ(all[Dim::CP], 2);
+  EXPECT_TRUE(all.sequence_parallel);
+  EXPECT_EQ(all.sharding, DpSharding::OptimGradsParams);
+}
+
+TEST(ParallelDims, SequenceParallelAndShardingBeyondZeroOneAreRefusedByName) {
+  ParallelSizes sp = sizes(1, 1, 1, 1, 1);
+  sp.sequence_parallel = true;
+  expect_error<ConfigError>([&] { sp.check_implemented(); }, {"sequence_parallel", "not implemented yet"});
+  for (DpSharding st : {DpSharding::OptimGrads, DpSharding::OptimGradsParams}) {
+    ParallelSizes s = sizes(1, 1, 1, 1, 1);
+    s.sharding = st;
+    expect_error<ConfigError>([&] { s.check_implemented(); },
+                              {"data_parallel_sharding_strategy", dp_sharding_name(st), "not implemented yet"});
+  }
+  ParallelSizes z1 = sizes(1, 1, 1, 1, 1);
+  z1.sharding = DpSharding::Optim;
+  z1.check_implemented();  // ZeRO-1 is implemented
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Shared by the process-group tests: ranks as threads of this process (each with its own store
-// client and SocketProcessGroup), and the inputs whose serial reduction the results must equal.
+// client and process group: Gloo or the socket ring), and the inputs whose serial reduction the
+// results must equal.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel/gloo_process_group.h"
 #include "parallel/socket_process_group.h"
 #include "io/dtype.h"
 #include "tests/parallel/store_test_util.h"
@@ -29,10 +31,22 @@ struct RankOutcome {
   double seconds = 0;  // from the start of fn to its return or throw
 };
 
+enum class PgEngine { Socket, Gloo };
+
+// One rank's group of `world` over the store at 127.0.0.1:store.port().
+inline std::unique_ptr<ProcessGroup> make_test_group(PgEngine engine, TcpStore& store, int rank, int world, Ms timeout,
+                                                     const std::string& name) {
+  if (engine == PgEngine::Gloo) {
+    return std::make_unique<GlooProcessGroup>(store, "127.0.0.1", rank, world, timeout, name, "127.0.0.1");
+  }
+  return std::make_unique<SocketProcessGroup>(store, rank, world, timeout, name, "127.0.0.1");
+}
+
 // Runs fn(group) on `world` threads, each rank with its own group over a store hosted by the
 // caller. A group name unique per call keeps runs on one store apart.
 inline std::vector<RankOutcome> run_ranks(TcpStore& host, int world, Ms timeout,
-                                          const std::function<void(ProcessGroup&)>& fn) {
+                                          const std::function<void(ProcessGroup&)>& fn,
+                                          PgEngine engine = PgEngine::Socket) {
   static std::atomic<int> generation{0};
   std::string name = "pg" + std::to_string(generation++);
   std::vector<RankOutcome> out(world);
@@ -41,10 +55,10 @@ inline std::vector<RankOutcome> run_ranks(TcpStore& host, int world, Ms timeout,
     threads.emplace_back([&, r] {
       try {
         TcpStore store("127.0.0.1", host.port(), false, Ms(10000));
-        SocketProcessGroup pg(store, r, world, timeout, name, "127.0.0.1");
+        auto pg = make_test_group(engine, store, r, world, timeout, name);
         auto t0 = Clock::now();
         try {
-          fn(pg);
+          fn(*pg);
           out[r].ok = true;
         } catch (const std::exception& e) {
           out[r].error = e.what();
