@@ -1,7 +1,7 @@
 // Data parallelism as every backend's trainer sees it, independent of where buffers live: the
 // config keys, which samples of each global batch a rank reads, the ZeRO-1 shard of a flat
 // buffer each rank owns, the step's global loss and gradient norm, and which rank writes logs.
-// The collectives themselves are parallel::ProcessGroup's (socket or NCCL).
+// The collectives themselves are parallel::ProcessGroup's (Gloo or NCCL).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -99,8 +99,8 @@ std::vector<FlatSegment> bucket_chunk_segments(const std::vector<FlatSegment>& b
                                                int world);
 
 // ---- step statistics across ranks ----
-// These pass host buffers to the group: use a SocketProcessGroup / SingleProcessGroup (an NCCL
-// group takes device pointers; a trainer on NCCL can keep a socket group from the same store
+// These pass host buffers to the group: use a Gloo (or socket) group / SingleProcessGroup (an NCCL
+// group takes device pointers; a trainer on NCCL can keep a Gloo group from the same store
 // for such small host-side exchanges).
 
 // Sum over ranks of a double, bit-identical on every rank and summed in rank order in double

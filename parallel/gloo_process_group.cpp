@@ -202,8 +202,13 @@ struct GlooProcessGroup::Shared {
     const GlooMs gap = std::max(GlooMs(3 * period.count()), GlooMs(300));
     try {
       read(a);
-      // A member that left is the answer already; only stopped counters need a second look.
-      if (std::find(a.begin(), a.end(), "left") != a.end()) {
+      // When every other member has left or never came, that is the answer already; a counter
+      // that may have stopped needs a second look.
+      bool all_gone = true;
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (members[i] != world_rank && a[i] != "left" && a[i] != "<none>") all_gone = false;
+      }
+      if (all_gone) {
         b = a;
         looked_twice = false;
       } else {
@@ -213,18 +218,21 @@ struct GlooProcessGroup::Shared {
     } catch (const std::exception& e) {
       return fmt::format("missing: rank 0 (the TCP store it hosts is unreachable: {})", e.what());
     }
-    std::vector<std::string> missing;
+    // Stopped counters first: a rank that left usually did so because its own collective failed
+    // on the dead or stalled one.
+    std::vector<std::string> missing, left;
     for (size_t i = 0; i < members.size(); ++i) {
       if (members[i] == world_rank) continue;
       if (b[i] == "<none>") {
         missing.push_back(fmt::format("{} (never joined)", label(members[i])));
       } else if (b[i] == "left") {
-        missing.push_back(fmt::format("{} (left the group)", label(members[i])));
+        left.push_back(fmt::format("{} (left the group)", label(members[i])));
       } else if (looked_twice && a[i] == b[i]) {
         missing.push_back(fmt::format("{} (no heartbeat for {:.1f} s: dead, hung or stopped)", label(members[i]),
                                       gloo_secs(gap)));
       }
     }
+    missing.insert(missing.end(), left.begin(), left.end());
     if (missing.empty()) {
       return "every other rank still sends heartbeats (one is busy outside this collective, or the ranks called "
              "different collectives)";
@@ -250,7 +258,7 @@ GlooProcessGroup::GlooProcessGroup(TcpStore& store, const std::string& store_hos
   sh->world_rank = rank;
   sh->timeout = timeout;
   // A few beats per timeout, so that a stalled rank is told from a slow one well within it.
-  sh->period = std::clamp(GlooMs(timeout.count() / 5), GlooMs(50), GlooMs(1000));
+  sh->period = std::clamp(GlooMs(timeout.count() / 5), GlooMs(50), GlooMs(500));
   sh->host = host.empty() ? local_address_towards(store_host) : host;
   sh->hb_store = std::make_unique<TcpStore>(store_host, store.port(), false, timeout);
   sh->start();

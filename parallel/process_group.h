@@ -6,7 +6,7 @@
 //
 // Contract for every collective:
 // - every rank calls the same collectives in the same order with the same counts and dtype;
-// - `count` is elements of `dtype`; buffers are host pointers for the socket group, device
+// - `count` is elements of `dtype`; buffers are host pointers for the Gloo and socket groups, device
 //   pointers for NCCL (the call is then enqueued on the group's stream and returns at once);
 // - reduce_scatter and all_gather split a buffer of count * world_size elements into world_size
 //   equal, contiguous chunks in rank order (NCCL's layout);
@@ -76,7 +76,7 @@ class ProcessGroup {
   // rendezvous are prefixed with it). Throws CollectiveError naming a member that does not join
   // within timeout().
   virtual std::unique_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks, const std::string& name);
-  // Waits until every collective issued so far has finished (a no-op for the socket group).
+  // Waits until every collective issued so far has finished (a no-op for the host groups).
   virtual void synchronize() = 0;
   // Gives up on in-flight work and closes the group (after an error, or on shutdown by signal).
   virtual void abort() = 0;

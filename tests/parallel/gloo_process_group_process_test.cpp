@@ -1,6 +1,6 @@
 // GlooProcessGroup between real processes (fork()ed ranks, the parent hosts the store): the
 // collectives of a 2x2 mesh's sub-groups equal the serial ones, a rank killed with SIGKILL is
-// named long before the timeout, and a rank stopped with SIGSTOP is named when the timeout passes.
+// named long before the timeout (in a sub-group too), and a rank stopped with SIGSTOP is named when the timeout passes.
 #include <gtest/gtest.h>
 
 #include "parallel/parallel_dims.h"
@@ -84,9 +84,36 @@ TEST_F(GlooPGProcesses, KilledRankIsNamedLongBeforeTheTimeout) {
     expect_exit(f, r, 3);
     const std::string e = report(f, r);
     EXPECT_NE(e.find("all_reduce of 50000 f32 elements"), std::string::npos) << e;
+    // Rank 1 is named first; the other survivor may also be named as having left (it failed first).
     EXPECT_NE(e.find("missing: rank 1 (no heartbeat"), std::string::npos) << e;
   }
   EXPECT_LT(seconds_since(t0), 10.0);
+}
+
+// A rank killed while its dp sub-group reduces: its dp peer names it by world rank and by its
+// rank in the group; the other dp group finishes untouched.
+TEST_F(GlooPGProcesses, KilledRankOfASubGroupIsNamedByWorldAndGroupRank) {
+  auto f = fork_ranks(4, Ms(20000), [](ProcessGroup& world, std::string&) {
+    ParallelSizes s;
+    s[Dim::TP] = 2;
+    const ParallelDims dims(s.for_world(4), 4, world.rank());
+    auto dp = world.new_subgroup(dims.group_ranks(Dim::DP), dims.group_name(Dim::DP));  // {0,2}, {1,3}
+    std::vector<float> buf(1000, 1.f);
+    for (int step = 0; step < 200; ++step) {
+      if (world.rank() == 3 && step == 3) ::raise(SIGKILL);
+      dp->all_reduce(buf.data(), buf.size(), DType::F32, ReduceOp::Avg);
+    }
+    return 0;
+  });
+  const int st3 = wait_rank(f, 3);
+  EXPECT_TRUE(WIFSIGNALED(st3) && WTERMSIG(st3) == SIGKILL);
+  expect_exit(f, 0, 0);
+  expect_exit(f, 2, 0);
+  expect_exit(f, 1, 3);
+  const std::string e = report(f, 1);
+  EXPECT_NE(e.find("on rank 0/2 (gloo group 'procpg"), std::string::npos) << e;
+  EXPECT_NE(e.find("/dp1-3')"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing: rank 3 (rank 1 of the group) (no heartbeat"), std::string::npos) << e;
 }
 
 // SIGSTOP: the process is alive and its connections open; Gloo's timeout fires and the
