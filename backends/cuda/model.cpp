@@ -10,6 +10,7 @@
 #include "core/util/error.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/ops/grouped_gemm.h"
+#include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
 #include "turbo/ops/rope.h"
 
@@ -26,18 +27,12 @@ void check_shapes(const train::ModelSpec& s) {
                                     what, v));
     }
   };
-  // Not yet on this backend (the reference backend trains them): refused naming the key rather
-  // than trained as something else.
-  if (s.q_dim() != s.hidden_size) {
-    throw ConfigError(fmt::format("the cuda backend does not support kv_channels ({}) other than hidden_size / "
-                                  "num_attention_heads ({}) yet; the reference backend does",
-                                  s.head_dim(), s.hidden_size / s.num_attention_heads));
-  }
-  if (s.qk_layernorm) {
-    throw ConfigError("the cuda backend does not support qk_layernorm yet; the reference backend does");
-  }
   need8(s.hidden_size, "hidden_size");
-  need8(s.head_dim(), "the head dimension (hidden_size / num_attention_heads)");
+  need8(s.head_dim(), "the head dimension (kv_channels, default hidden_size / num_attention_heads)");
+  if (s.qk_layernorm && s.head_dim() > turbo::kHeadNormMaxDim) {
+    throw ConfigError(fmt::format("the cuda backend's qk_layernorm serves head dimensions up to {}, got kv_channels {}",
+                                  turbo::kHeadNormMaxDim, s.head_dim()));
+  }
   need8(s.ffn_hidden_size, "ffn_hidden_size");
   if (s.moe.enabled()) {
     need8(s.moe.ffn_hidden_size, "moe_ffn_hidden_size");
@@ -67,6 +62,7 @@ void check_fp8(const train::ModelSpec& spec, const CudaModelOptions& opt) {
   const int64_t N = opt.max_batch * opt.max_seq;
   for (const auto& [what, v] : {std::pair<const char*, int64_t>{"hidden_size", spec.hidden_size},
                                 {"ffn_hidden_size", spec.ffn_hidden_size},
+                                {"the query width (num_attention_heads x head dim)", spec.q_dim()},
                                 {"the kv projection width (num_query_groups x head dim)", spec.kv_dim()},
                                 {"micro_batch_size x seq_length", N}}) {
     if (v % 16 != 0) throw ConfigError(fmt::format("fp8: FP8 GEMMs need {} to be a multiple of 16, got {}", what, v));

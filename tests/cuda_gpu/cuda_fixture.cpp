@@ -63,6 +63,17 @@ train::ModelSpec tiny_moe_spec(bool deepseek) {
   return m;
 }
 
+train::ModelSpec tiny_qwen3_spec(bool moe) {
+  train::ModelSpec m = moe ? tiny_moe_spec(false) : tiny_spec(true);
+  m.model_type = moe ? "qwen3_moe" : "qwen3";
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.kv_channels = 64;
+  m.qk_layernorm = true;
+  if (moe) m.moe.moe_layers = {true, true};
+  return m;
+}
+
 double rel_l2(const float* got, const float* ref, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; ++i) {

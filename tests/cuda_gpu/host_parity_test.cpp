@@ -93,11 +93,11 @@ TEST_P(HostMoeParityTest, TenTrainingStepsFollowTheReference) {
   EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
 }
 
-// The MoE recompute policies (selective: the permuted input and the SwiGLU output; full: also the
-// two grouped GEMMs' outputs) refill exactly what the forward wrote: two micro-batches give the
-// same loss and gradients bit for bit as keeping everything, with a smaller activation arena.
-TEST_P(HostMoeParityTest, RecomputePoliciesGiveTheSameGradientsWithLessMemory) {
-  const train::ModelSpec spec = tiny_moe_spec(GetParam());
+// The recompute policies refill exactly what the forward wrote (MoE: selective the permuted input
+// and the SwiGLU output, full also the two grouped GEMMs' outputs; Qwen3: the q|k norms' saved
+// input and statistics with q|k|v): two micro-batches give the same loss and gradients bit for
+// bit as keeping everything, with a smaller activation arena.
+void check_recompute_policies(const train::ModelSpec& spec) {
   const int64_t B = 2, T = spec.seq_length;
   const std::vector<float> init = initial_params(spec);
   Batches data(T, 2);
@@ -135,8 +135,66 @@ TEST_P(HostMoeParityTest, RecomputePoliciesGiveTheSameGradientsWithLessMemory) {
   }
 }
 
+TEST_P(HostMoeParityTest, RecomputePoliciesGiveTheSameGradientsWithLessMemory) {
+  check_recompute_policies(tiny_moe_spec(GetParam()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Routers, HostMoeParityTest, ::testing::Bool(),
                          [](const auto& info) { return std::string(info.param ? "DeepSeek" : "Mixtral"); });
+
+// Qwen3's attention in host mode: a head dimension apart from the width (q 256 wide over 128),
+// the per-head query/key norms in place on the packed q|k columns before RoPE (Turbo's head_norm
+// op, CPU backend), GQA; dense and with every layer MoE. Same gates as the Llama: loss and every
+// gradient (the two norm weights' included) within 1e-4 of the reference, 10 steps within 1e-5,
+// and the recompute policies refill the norms' saved input exactly.
+class HostQwen3ParityTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HostQwen3ParityTest, Step0LossAndEveryGradientMatchReference) {
+  const bool moe = GetParam();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  const train::ModelSpec spec = tiny_qwen3_spec(moe);
+  const Step0 r = step0_parity(spec, Attn::Default, turbo::Device::CPU, seed);
+  EXPECT_NEAR(r.loss, r.ref_loss, 1e-5 * r.ref_loss);
+  if (moe) EXPECT_EQ(r.expert_load, r.ref_expert_load);
+  double worst = 0;
+  int qk_norms = 0;
+  for (const auto& [name, e] : r.errors) {
+    worst = std::max(worst, e);
+    qk_norms += name.find("_norm.weight") != std::string::npos && name.find(".attn.") != std::string::npos;
+    EXPECT_LT(e, 1e-4) << name;
+  }
+  EXPECT_EQ(qk_norms, 2 * spec.num_layers);
+  std::printf("[host qwen3%s] loss %.7f ref %.7f, worst gradient relative L2 %.2e\n", moe ? " MoE" : "", r.loss,
+              r.ref_loss, worst);
+}
+
+TEST_P(HostQwen3ParityTest, TenTrainingStepsFollowTheReference) {
+  const auto [curve, ref] = training_curves(tiny_qwen3_spec(GetParam()), Attn::Default, turbo::Device::CPU, 10);
+  ASSERT_EQ(curve.size(), 10u);
+  for (size_t s = 0; s < curve.size(); ++s) EXPECT_NEAR(curve[s], ref[s], 1e-5 * ref[s]) << "step " << s;
+  EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
+}
+
+TEST_P(HostQwen3ParityTest, RecomputePoliciesGiveTheSameGradientsWithLessMemory) {
+  check_recompute_policies(tiny_qwen3_spec(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Qwen3, HostQwen3ParityTest, ::testing::Bool(),
+                         [](const auto& info) { return std::string(info.param ? "Moe" : "Dense"); });
+
+// The device kernels hold a head in a warp's registers: a larger kv_channels with qk_layernorm
+// is refused naming the key, not run on a kernel that cannot.
+TEST(HostQwen3, HeadDimensionAboveTheNormKernelIsAConfigError) {
+  train::ModelSpec spec = tiny_qwen3_spec(false);
+  spec.kv_channels = 264;
+  try {
+    CudaModel m(spec, options(spec, 2, turbo::Device::CPU), CudaOps::defaults());
+    ADD_FAILURE() << "kv_channels 264 with qk_layernorm was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_channels 264"), std::string::npos) << e.what();
+  }
+}
 
 // FP8 linear layers in host mode (the CPU quantizer and the dequantized f32 GEMM: the device
 // path's arithmetic): training follows the fp32 reference within FP8's rounding, and the

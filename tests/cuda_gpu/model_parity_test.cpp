@@ -127,6 +127,47 @@ TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
 INSTANTIATE_TEST_SUITE_P(Cuda, MoeParityTest, ::testing::Bool(),
                          [](const auto& info) { return std::string(info.param ? "DeepSeek" : "Mixtral"); });
 
+// Qwen3's attention on the device (heads of 64 apart from the width of 128, per-head q/k norms
+// by Turbo's head_norm kernels before RoPE), dense and MoE, against the reference: the step-0
+// loss within the bf16 gate and every gradient, the two norm weights' included, within Llama's
+// gate. The MoE case takes the routing bounds of MoeParityTest (near-ties may go the other way
+// under bf16; the gradients are then against the reference on our routing).
+class Qwen3ParityTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(Qwen3ParityTest, LossAndEveryGradientMatchReference) {
+  const bool moe = GetParam();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  const train::ModelSpec spec = tiny_qwen3_spec(moe);
+  const Step0 r = step0_parity(spec, Attn::Default, turbo::Device::CUDA, seed);
+  EXPECT_NEAR(r.loss, r.ref_loss, 1e-2 * r.ref_loss) << "step-0 loss";
+  if (moe) {
+    const int64_t tokens = 4 * spec.seq_length;
+    EXPECT_LE(r.rerouted_first_layer, tokens / 25);
+    EXPECT_LE(r.rerouted_tokens, tokens * spec.num_moe_layers() / 10);
+    EXPECT_LT(r.max_gap, 0.02);
+  }
+  const double gate = gradient_gate(true);
+  std::string table;
+  double worst = 0;
+  int qk_norms = 0;
+  for (const auto& [name, e] : r.errors) {
+    worst = std::max(worst, e);
+    qk_norms += name.find(".attn.q_norm.") != std::string::npos || name.find(".attn.k_norm.") != std::string::npos;
+    table += fmt::format("  {:<36} {:.2e}  gate {:.2e}  {}\n", name, e, gate, e < gate ? "ok" : "ABOVE GATE");
+    EXPECT_LT(e, gate) << name;
+  }
+  EXPECT_EQ(qk_norms, 2 * spec.num_layers);
+  std::printf("[qwen3%s] seed %u, loss cuda %.6f ref %.6f, %lld token decision(s) rerouted; gradient relative L2 per "
+              "tensor (worst %.2e):\n%s",
+              moe ? " MoE" : "", seed, r.loss, r.ref_loss, static_cast<long long>(r.rerouted_tokens), worst,
+              table.c_str());
+  EXPECT_NEAR(r.eval_loss, r.loss, 1e-5 * r.loss) << "a forward without gradient gives the same loss";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, Qwen3ParityTest, ::testing::Bool(),
+                         [](const auto& info) { return std::string(info.param ? "Moe" : "Dense"); });
+
 // Dump mode for bf16_noise_floor.py: every case for fixed seeds 1..N (reproducible), into
 // $PRIMUS_PARITY_DUMP. Gates nothing (ModelParityTest does); prints the worst error per run.
 class ParityDump : public CudaGpuTest {};

@@ -51,7 +51,47 @@ struct RmsNormOp {
   }
 };
 
+// Qwen3's per-head norm: 3 tokens of 3 query + 2 key heads of 6, two weights.
+struct HeadNormCfg {
+  int64_t N, Hx, q_heads, D;
+};
+template <typename Real>
+struct HeadRmsNormOp {
+  HeadNormCfg c;
+  std::vector<Real> rstd;
+  explicit HeadRmsNormOp(const HeadNormCfg& cfg) : c(cfg), rstd(c.N * c.Hx) {}
+  std::vector<InputSpec> inputs() const {
+    const size_t n = c.N * c.Hx * c.D, D = c.D;
+    return {{"inp", n, -2, 2}, {"weight_q", D, 0.5, 1.5}, {"weight_k", D, 0.5, 1.5}};
+  }
+  size_t out_size() const { return c.N * c.Hx * c.D; }
+  void forward(const Inputs<Real>& x, std::vector<Real>& out) {
+    head_rmsnorm_forward(out.data(), rstd.data(), x[0].data(), x[1].data(), x[2].data(), c.N, c.Hx, c.q_heads, c.D,
+                         1e-6);
+  }
+  void backward(const Inputs<Real>& x, const std::vector<Real>& dout, Inputs<Real>& dx) {
+    head_rmsnorm_backward(dx[0].data(), dx[1].data(), dx[2].data(), dout.data(), x[0].data(), x[1].data(),
+                          x[2].data(), rstd.data(), c.N, c.Hx, c.q_heads, c.D);
+  }
+};
+
 using NormTest = OpTest;
+
+TEST_F(NormTest, HeadRmsNormGradients) { check_gradients<HeadRmsNormOp>(HeadNormCfg{3, 5, 3, 6}, rng); }
+
+// Each (token, head) row is its own RMSNorm with its group's weight: query heads wq, key heads wk.
+TEST_F(NormTest, HeadRmsNormIsAnRmsNormPerHead) {
+  const int64_t N = 2, Hx = 3, q_heads = 2, D = 5;
+  const auto x = rng.vec(N * Hx * D, -3, 3), wq = rng.vec(D), wk = rng.vec(D);
+  std::vector<double> out(N * Hx * D), rstd(N * Hx), row(D), r(1);
+  head_rmsnorm_forward(out.data(), rstd.data(), x.data(), wq.data(), wk.data(), N, Hx, q_heads, D, 1e-6);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < Hx; ++h) {
+      const int64_t o = (n * Hx + h) * D;
+      rmsnorm_forward(row.data(), r.data(), x.data() + o, h < q_heads ? wq.data() : wk.data(), 1, D, 1e-6);
+      for (int64_t d = 0; d < D; ++d) EXPECT_EQ(out[o + d], row[d]) << n << "," << h << "," << d;
+    }
+}
 
 // C = 70 spans two column blocks of the weight-gradient pass (64 wide) and a ragged tail.
 TEST_F(NormTest, LayerNormGradients) { check_gradients<LayerNormOp>(NormCfg{5, 70, 1e-5}, rng); }

@@ -13,6 +13,7 @@
 #include "turbo/ops/embedding.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/grouped_gemm.h"
+#include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
 #include "turbo/ops/rope.h"
 
@@ -91,8 +92,8 @@ void Decoder::norm_forward(const TensorView& out, const TensorView& mean, const 
 
 void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   const int64_t N = B * T;
-  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
-  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
+  const int64_t H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), QD = spec_.q_dim();
   const ExecContext c = ctx_;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   auto phase = [&](Phase p) {
@@ -113,7 +114,20 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   // One GEMM for q|k|v: its output rows pack them, and the attention reads strided views.
   const TensorView qkv = a.qkv.slice0(0, N);
   ops_.linear_forward(qkv, ln1, wqkv, bqkv, {}, c);
-  const TensorView q4 = heads(qkv, B, T, 0, H), k4 = heads(qkv, B, T, C, KV), v4 = heads(qkv, B, T, C + KVD, KV);
+  const TensorView q4 = heads(qkv, B, T, 0, H), k4 = heads(qkv, B, T, QD, KV), v4 = heads(qkv, B, T, QD + KVD, KV);
+  if (spec_.qk_layernorm) {  // in place on q|k, before RoPE; the pre-norm values are kept for the backward
+    phase(Phase::Norm);
+    turbo::HeadNormArgs hn;
+    hn.x = heads(qkv, B, T, 0, H + KV);
+    hn.saved = view(a.qk_pre, {B, T, H + KV, D});
+    hn.rstd = a.rstd_qk.slice0(0, N * (H + KV));
+    hn.weight = p.q_norm.w;
+    hn.weight_k = p.k_norm.w;
+    hn.q_heads = H;
+    hn.eps = static_cast<float>(spec_.norm_epsilon);
+    hn.ctx = c;
+    turbo::head_norm(hn);
+  }
   if (spec_.rope) {  // in place on q|k (adjacent columns, one rotation per position): only the rotated ones are needed later
     phase(Phase::Rope);
     const TensorView qk4 = heads(qkv, B, T, 0, H + KV);
@@ -306,7 +320,7 @@ void Decoder::backward() {
   NvtxRange range("backward");
   const int64_t B = B_, T = T_, N = B * T;
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
-  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim();
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), QD = spec_.q_dim();
   const ExecContext c = ctx_;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   {
@@ -356,12 +370,12 @@ void Decoder::backward() {
     const TensorView dqk_rot = spec_.rope ? a_.dqk_rot.slice0(0, N) : TensorView();
     AttentionGradCall g;
     g.dq = spec_.rope ? heads(dqk_rot, B, T, 0, H) : heads(dqkv, B, T, 0, H);
-    g.dk = spec_.rope ? heads(dqk_rot, B, T, C, KV) : heads(dqkv, B, T, C, KV);
-    g.dv = heads(dqkv, B, T, C + KVD, KV);
+    g.dk = spec_.rope ? heads(dqk_rot, B, T, QD, KV) : heads(dqkv, B, T, QD, KV);
+    g.dv = heads(dqkv, B, T, QD + KVD, KV);
     g.dout = view(a_.datt, {B, T, H, D});
     g.q = heads(qkv, B, T, 0, H);
-    g.k = heads(qkv, B, T, C, KV);
-    g.v = heads(qkv, B, T, C + KVD, KV);
+    g.k = heads(qkv, B, T, QD, KV);
+    g.v = heads(qkv, B, T, QD + KVD, KV);
     g.out = view(a.att, {B, T, H, D});
     g.lse = view(a.lse, {B, H, T});
     g.scale = scale;
@@ -378,6 +392,22 @@ void Decoder::backward() {
       r.base = spec_.rotary_base;
       r.ctx = c;
       turbo::rope(r);
+    }
+    if (spec_.qk_layernorm) {  // dq|dk of the normed q|k -> of the projection's, in place; the two weights' gradients (+=)
+      mark(Phase::NormBwd);
+      turbo::HeadNormArgs hn;
+      hn.backward = true;
+      hn.x = heads(dqkv, B, T, 0, H + KV);
+      hn.saved = view(a.qk_pre, {B, T, H + KV, D});
+      hn.rstd = a.rstd_qk.slice0(0, N * (H + KV));
+      hn.weight = p.q_norm.w;
+      hn.weight_k = p.k_norm.w;
+      hn.dweight = p.q_norm.g;
+      hn.dweight_k = p.k_norm.g;
+      hn.q_heads = H;
+      hn.eps = static_cast<float>(spec_.norm_epsilon);
+      hn.ctx = c;
+      turbo::head_norm(hn);
     }
     const TensorView ln1 = a.ln1.slice0(0, N), dln = a_.dln.slice0(0, N);
     mark(Phase::QkvGemmBwd);

@@ -15,6 +15,7 @@
 #include "turbo/kernels/cuda/optimizer.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/gemm_fp8.h"
+#include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
 
 namespace primus::backends::cuda {
@@ -169,15 +170,18 @@ size_t MemoryPlan::scratch_bytes() const {
   if (opt_.fp8_linear) {  // the linear slots' quantized copies (one layer at a time)
     const int64_t F = spec_.fc_dim(), Fin = spec_.swiglu ? spec_.ffn_hidden_size : spec_.fc_dim();
     bytes = std::max({bytes, turbo::linear_fp8_scratch_bytes(N, C, spec_.qkv_dim()),
-                      turbo::linear_fp8_scratch_bytes(N, C, C), turbo::linear_fp8_scratch_bytes(N, C, F),
+                      turbo::linear_fp8_scratch_bytes(N, C, C), turbo::linear_fp8_scratch_bytes(N, spec_.q_dim(), C),
+                      turbo::linear_fp8_scratch_bytes(N, C, F),
                       turbo::linear_fp8_scratch_bytes(N, Fin, C)});
   }
   // Attention: what the caller says its implementation needs, and on the device at least room
   // for Turbo's flash backward (f32 dq and row sums) and a cuDNN workspace.
-  const int64_t H = spec_.num_attention_heads;
-  const size_t turbo_attention = size_t(2 * N * C) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);
+  const int64_t H = spec_.num_attention_heads, QD = spec_.q_dim();
+  const size_t turbo_attention = size_t(2 * N * QD) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);
   bytes = std::max(bytes, opt_.host ? opt_.attention_scratch_bytes
                                     : std::max(opt_.attention_scratch_bytes, turbo_attention));
+  if (spec_.qk_layernorm && !opt_.host)  // the per-head norms' weight-gradient partials
+    bytes = std::max(bytes, turbo::head_norm_scratch_bytes(N, spec_.head_dim()));
   if (spec_.moe.enabled() && !opt_.host) {  // the routing ops' partial sums and plan tables (device only)
     const train::MoeSpec& e = spec_.moe;
     bytes = std::max(bytes, turbo::moe_scratch_bytes(N, e.topk, e.num_experts, e.capacity(N),
@@ -192,6 +196,7 @@ void MemoryPlan::plan(Take&& take) {
   const int64_t P = layout_.total, N = opt_.max_batch * opt_.max_seq;
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KVD = spec_.kv_dim();
   const int64_t F = spec_.ffn_hidden_size, FC = spec_.fc_dim(), V = spec_.padded_vocab_size;
+  const int64_t QD = spec_.q_dim(), KV = spec_.num_query_groups;
   const int64_t PF = std::max(P, opt_.flat_elems);  // padded for ZeRO-1
   const bool host = opt_.host;
   StateBuffers& s = state;
@@ -236,6 +241,7 @@ void MemoryPlan::plan(Take&& take) {
     const char* what;
     int64_t pad = 0;  // rows `pad` columns longer than the view (the ones column; see BiasGrad)
     bool dense_mlp = false;  // only in dense layers (a MoE layer has its own, MoeActs)
+    bool qk_norm = false;    // only with qk_layernorm
   };
   const DType f32 = DType::F32;
   const int64_t pad = opt_.ones_pad;
@@ -244,8 +250,12 @@ void MemoryPlan::plan(Take&& take) {
       {&LayerActs::ln1, act_, C, false, Recompute::None, "norm1 output", pad},
       {&LayerActs::mean1, f32, 1, true, Recompute::None, "norm1 mean"},
       {&LayerActs::rstd1, f32, 1, true, Recompute::None, "norm1 rstd"},
-      {&LayerActs::qkv, act_, C + 2 * KVD, false, Recompute::Selective, "q|k|v (packed projection)"},
-      {&LayerActs::att, act_, C, false, Recompute::Selective, "attention output"},
+      {&LayerActs::qkv, act_, QD + 2 * KVD, false, Recompute::Selective, "q|k|v (packed projection)"},
+      // Kept and dropped with qkv: a recomputation runs the projection and the norms again.
+      {&LayerActs::qk_pre, act_, QD + KVD, false, Recompute::Selective, "q|k before their per-head norms", 0, false,
+       true},
+      {&LayerActs::rstd_qk, f32, H + KV, true, Recompute::Selective, "per-head q|k norm rstd", 0, false, true},
+      {&LayerActs::att, act_, QD, false, Recompute::Selective, "attention output"},
       {&LayerActs::lse, f32, H, true, Recompute::Selective, "attention log-sum-exp"},
       {&LayerActs::x2, act_, C, false, Recompute::Selective, "residual after attention"},
       {&LayerActs::ln2, act_, C, false, Recompute::None, "norm2 output", pad},
@@ -271,7 +281,7 @@ void MemoryPlan::plan(Take&& take) {
       v.strides = {f.cols + f.pad, 1};
       return v;
     };
-    auto wanted = [&](int64_t l) { return !(f.dense_mlp && spec_.is_moe_layer(l)); };
+    auto wanted = [&](int64_t l) { return !(f.dense_mlp && spec_.is_moe_layer(l)) && (!f.qk_norm || spec_.qk_layernorm); };
     bool shared = false;
     for (int64_t l = 0; l < L; ++l) {
       if (!wanted(l)) continue;
@@ -308,7 +318,7 @@ void MemoryPlan::plan(Take&& take) {
   // dead before the next layer's MLP, so the two sets overlap.
   const bool rope = spec_.rope;
   const int64_t mlp_cols = FC + (spec_.swiglu ? F : 0);
-  const int64_t att_cols = 2 * C + 2 * KVD + (rope ? C + KVD : 0);
+  const int64_t att_cols = 2 * QD + 2 * KVD + (rope ? QD + KVD : 0);
   const TensorView bwd = take(Pool::Acts, act_, {N * std::max(mlp_cols, att_cols)}, "backward working gradients");
   // [N, cols] block starting `col0` columns-worth of N rows into the region.
   auto carve = [&](int64_t col0, int64_t cols) {
@@ -318,9 +328,9 @@ void MemoryPlan::plan(Take&& take) {
   };
   a.dfc = carve(0, FC);
   a.dact = spec_.swiglu ? carve(FC, F) : TensorView();
-  a.datt = carve(0, C);
-  a.dqkv = carve(C, C + 2 * KVD);
-  if (rope) a.dqk_rot = carve(2 * C + 2 * KVD, C + KVD);  // RoPE's backward reads these, writes dqkv
+  a.datt = carve(0, QD);
+  a.dqkv = carve(QD, QD + 2 * KVD);
+  if (rope) a.dqk_rot = carve(2 * QD + 2 * KVD, QD + KVD);  // RoPE's backward reads these, writes dqkv
 }
 
 template <class Take>
@@ -420,6 +430,8 @@ void MemoryPlan::view_params() {
     lp.qkv_b = param(n + "attn.qkv.bias", false);
     lp.proj_w = param(n + "attn.proj.weight", true);
     lp.proj_b = param(n + "attn.proj.bias", false);
+    lp.q_norm = param(n + "attn.q_norm.weight", spec_.qk_layernorm);
+    lp.k_norm = param(n + "attn.k_norm.weight", spec_.qk_layernorm);
     if (spec_.is_moe_layer(l)) {
       MoeParams& m = lp.moe;
       m.router = param(n + "moe.router.weight", true);

@@ -48,6 +48,7 @@ struct MoeParams {
 struct LayerParams {
   NormParams norm1, norm2;
   Param qkv_w, qkv_b, proj_w, proj_b, fc_w, fc_b, out_w, out_b;  // fc/out undefined in MoE layers
+  Param q_norm, k_norm;  // [D] each: qk_layernorm's weights (undefined without it)
   MoeParams moe;
 };
 struct ModelParams {
@@ -56,10 +57,12 @@ struct ModelParams {
   std::vector<LayerParams> layers;
 };
 
-// One layer's saved activations. qkv [N, C + 2*KVD]: one GEMM's packed q|k|v columns; the
-// attention reads them as strided views.
+// One layer's saved activations. qkv [N, QD + 2*KVD] (QD = heads x head dim, hidden_size
+// unless kv_channels sets it apart): one GEMM's packed q|k|v columns; the attention reads them
+// as strided views; att [N, QD]. With qk_layernorm: qk_pre [N, QD + KVD] the q|k columns before
+// their per-head norms and rstd_qk f32 [N * (H + KV)] (undefined without it).
 struct LayerActs {
-  TensorView x_in, ln1, mean1, rstd1, qkv, att, lse, x2, ln2, mean2, rstd2, fc, act;
+  TensorView x_in, ln1, mean1, rstd1, qkv, qk_pre, rstd_qk, att, lse, x2, ln2, mean2, rstd2, fc, act;
 };
 
 // One MoE layer's activations, all kept for the backward (the recompute policies apply to the
@@ -97,9 +100,9 @@ struct ActivationBuffers {
   LayerActs work;
   std::vector<LayerActs> layers;
   TensorView tmp, x_final, lnf, meanf, rstdf, logits, losses, tokens, targets;
-  // The backward's working gradients. dqkv [N, C + 2*KVD] packs dq|dk|dv like LayerActs::qkv (one
-  // dgrad and one wgrad GEMM); dqk_rot [N, C + KVD] holds the attention's dq|dk before RoPE's
-  // backward rotates them into dqkv.
+  // The backward's working gradients. dqkv [N, QD + 2*KVD] packs dq|dk|dv like LayerActs::qkv (one
+  // dgrad and one wgrad GEMM); dqk_rot [N, QD + KVD] holds the attention's dq|dk before RoPE's
+  // backward rotates them into dqkv; datt [N, QD].
   TensorView dres, dln, datt, dqkv, dqk_rot, dfc, dact;
   // The LM head and loss run in blocks of head_rows rows (see kHeadBlockBytes in memory_plan.cpp).
   int64_t head_rows = 0;

@@ -115,6 +115,29 @@ void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* i
   });
 }
 
+// Each head row is one rmsnorm row; the rows of one weight are the heads [0, q_heads) or
+// [q_heads, Hx) of every token, so each group runs as N rows of a strided walk. Written as plain
+// loops over the rmsnorm formulas above (the reference is read, not tuned).
+template <typename Real>
+void head_rmsnorm_forward(Real* out, Real* rstd, const Real* inp, const Real* wq, const Real* wk, int64_t N,
+                          int64_t Hx, int64_t q_heads, int64_t D, double eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N * Hx; ++r) {
+    const Real* w = (r % Hx) < q_heads ? wq : wk;
+    rmsnorm_forward(out + r * D, rstd + r, inp + r * D, w, 1, D, eps);
+  }
+}
+
+template <typename Real>
+void head_rmsnorm_backward(Real* dinp, Real* dwq, Real* dwk, const Real* dout, const Real* inp, const Real* wq,
+                           const Real* wk, const Real* rstd, int64_t N, int64_t Hx, int64_t q_heads, int64_t D) {
+  // Serial over rows: every row adds into one of the two weight gradients.
+  for (int64_t r = 0; r < N * Hx; ++r) {
+    const bool q = (r % Hx) < q_heads;
+    rmsnorm_backward(dinp + r * D, q ? dwq : dwk, dout + r * D, inp + r * D, q ? wq : wk, rstd + r, 1, D);
+  }
+}
+
 #define PRIMUS_INSTANTIATE(Real)                                                                   \
   template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*,             \
                                         const Real*, int64_t, int64_t, double);                    \
@@ -123,7 +146,11 @@ void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* i
   template void rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, int64_t, int64_t,    \
                                       double);                                                     \
   template void rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*,        \
-                                       const Real*, int64_t, int64_t);
+                                       const Real*, int64_t, int64_t);                          \
+  template void head_rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, const Real*, int64_t, int64_t, \
+                                           int64_t, int64_t, double);                                           \
+  template void head_rmsnorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*,          \
+                                            const Real*, const Real*, int64_t, int64_t, int64_t, int64_t);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)
 #undef PRIMUS_INSTANTIATE

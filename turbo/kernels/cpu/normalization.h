@@ -30,4 +30,17 @@ template <typename Real>
 void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* inp,
                       const Real* weight, const Real* rstd, int64_t N, int64_t C);
 
+// Per-head RMSNorm (Qwen3's query/key norms): x [N, Hx, D] is N tokens of Hx heads; heads
+// [0, q_heads) are normalised with wq [D], the others with wk [D] (the query heads and the key
+// heads of one packed projection). Each (token, head) row is an RMSNorm of D: out = x * rstd *
+// w, rstd [N*Hx] saved. out may alias inp.
+template <typename Real>
+void head_rmsnorm_forward(Real* out, Real* rstd, const Real* inp, const Real* wq, const Real* wk, int64_t N,
+                          int64_t Hx, int64_t q_heads, int64_t D, double eps);
+
+// Accumulates dinp [N, Hx, D] += and dwq, dwk [D] += from dout, using the forward's inp and rstd.
+template <typename Real>
+void head_rmsnorm_backward(Real* dinp, Real* dwq, Real* dwk, const Real* dout, const Real* inp, const Real* wq,
+                           const Real* wk, const Real* rstd, int64_t N, int64_t Hx, int64_t q_heads, int64_t D);
+
 }  // namespace primus::turbo::cpu
