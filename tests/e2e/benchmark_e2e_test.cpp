@@ -108,6 +108,7 @@ TEST(BenchmarkCli, EveryOpFamilyRunsATinyCaseOnTheCpu) {
       {"loss", {"8x32", {"cross_entropy_fwdbwd/8x32"}}},
       {"optimizer", {"1000", {"adamw/1000", "grad_norm/1000"}}},
       {"rope", {"1x8x2x8", {"rope_fwd/1x8x2x8", "rope_bwd/1x8x2x8"}}},
+      {"head_norm", {"1x8x2x1x8", {"head_norm_fwd/1x8x2x1x8", "head_norm_bwd/1x8x2x1x8"}}},
       {"embedding", {"2x8x16x32", {"embedding_fwd/2x8x16x32", "embedding_bwd/2x8x16x32"}}},
       {"attention", {"1x16x4x2x8", {"attention/1x16x4x2x8/fwd", "attention/1x16x4x2x8/bwd"}}},
       {"moe", {"64x16x8x2", {"router_fwd/64x16x8x2", "router_bwd/64x16x8x2", "plan/64x16x8x2",

@@ -65,7 +65,8 @@ namespace {
 
 const std::vector<OpFamily>& families() {
   static const std::vector<OpFamily> f = {gemm_family(), norm_family(), activation_family(), loss_family(),
-                                          optimizer_family(), rope_family(), embedding_family(), attention_family(),
+                                          optimizer_family(), rope_family(), head_norm_family(), embedding_family(),
+                                          attention_family(),
                                           quantize_family(), layer_family(), grouped_gemm_family(),
                                           moe_family()};
   return f;

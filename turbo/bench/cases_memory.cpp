@@ -10,6 +10,7 @@
 #include "turbo/bench/harness.h"
 #include "turbo/ops/activation.h"
 #include "turbo/ops/embedding.h"
+#include "turbo/ops/head_norm.h"
 #include "turbo/ops/loss.h"
 #include "turbo/ops/normalization.h"
 #include "turbo/ops/optimizer.h"
@@ -139,6 +140,33 @@ Case rope_case(const std::string& label, int64_t B, int64_t T, int64_t H, int64_
             const double bytes = 2.0 * bytes_of(e.dtype, B * T * H * D);
             return std::vector<Timed>{{"rope_fwd/" + label, Metric::Bytes, bytes, [a] { rope(a); }, ""},
                                       {"rope_bwd/" + label, Metric::Bytes, bytes, [bw] { rope(bw); }, ""}};
+          }};
+}
+
+// ---- head_norm: Qwen3's per-head q|k RMSNorm, in place on the packed q|k|v rows ----------------
+// Traffic: forward reads q|k, writes it and the saved copy; backward reads d(q|k) and the saved
+// copy, writes d(q|k) (rstd and the weights are small).
+Case head_norm_case(const std::string& label, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  return {"head_norm/" + label, [=](CaseEnv& e) {
+            const int64_t W = (H + 2 * KV) * D, Hx = H + KV;
+            TensorView packed = e.rand(e.dtype, {B, T, W});
+            TensorView x(packed.data, e.dtype, packed.device, {B, T, Hx, D});
+            x.strides = {T * W, W, D, 1};
+            HeadNormArgs f;
+            f.x = x;
+            f.saved = e.empty(e.dtype, {B, T, Hx, D});
+            f.rstd = e.empty(DType::F32, {B * T * Hx});
+            f.weight = e.rand(e.dtype, {D});
+            f.weight_k = e.rand(e.dtype, {D});
+            f.q_heads = H;
+            f.ctx = e.ctx;
+            HeadNormArgs bw = f;
+            bw.backward = true;
+            bw.dweight = e.zeros(DType::F32, {D});
+            bw.dweight_k = e.zeros(DType::F32, {D});
+            const double qk = bytes_of(e.dtype, B * T * Hx * D);
+            return std::vector<Timed>{{"head_norm_fwd/" + label, Metric::Bytes, 3 * qk, [f] { head_norm(f); }, ""},
+                                      {"head_norm_bwd/" + label, Metric::Bytes, 3 * qk, [bw] { head_norm(bw); }, ""}};
           }};
 }
 
@@ -310,6 +338,21 @@ OpFamily rope_family() {
   f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
     const auto d = parse_dims("rope", shape, 4, syntax);
     return rope_case(shape, d[0], d[1], d[2], d[3]);
+  };
+  return f;
+}
+
+OpFamily head_norm_family() {
+  OpFamily f = family("head_norm", {"head_norm"}, "BxTxHxKVxD (batch x sequence x query heads x kv heads x head dim)");
+  f.defaults = [](const Scale& s) {
+    // Qwen3-0.6B / 1.7B: 16 query and 8 kv heads of 128; Qwen3-30B-A3B: 32 and 4.
+    if (!s.gpu) return std::vector<Case>{head_norm_case("small", 1, s.tokens, 4, 2, 64)};
+    return std::vector<Case>{head_norm_case("qwen3-0.6B", s.tokens / 2048, 2048, 16, 8, 128),
+                             head_norm_case("qwen3-30B-A3B", s.tokens / 2048, 2048, 32, 4, 128)};
+  };
+  f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
+    const auto d = parse_dims("head_norm", shape, 5, syntax);
+    return head_norm_case(shape, d[0], d[1], d[2], d[3], d[4]);
   };
   return f;
 }

@@ -85,6 +85,7 @@ OpFamily activation_family();
 OpFamily loss_family();
 OpFamily optimizer_family();
 OpFamily rope_family();
+OpFamily head_norm_family();
 OpFamily embedding_family();
 OpFamily attention_family();
 OpFamily quantize_family();
