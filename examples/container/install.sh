@@ -21,6 +21,9 @@ case "${1:-}" in
     # ../third_party/gpt2, so this layout needs no variables.
     mkdir -p "$prefix/bin" "$prefix/third_party"
     cp /tmp/primus-build/bin/primus "$prefix/bin/"
+    # The Gloo plugin of the CPU collectives, opened from beside the binary (docs/launch.md,
+    # "Collectives on Gloo"); its libgloo0 is found by the ldd loop below.
+    cp /tmp/primus-build/bin/libprimus_gloo.so "$prefix/bin/"
     cp -r configs examples "$prefix/"
     cp -r third_party/gpt2 "$prefix/third_party/"
     cp "$0" "$prefix/install.sh"
@@ -28,7 +31,7 @@ case "${1:-}" in
     # The Debian packages that own the shared libraries primus still links (most are static; what
     # is left, e.g. libgomp, must be in the runtime image). ldd prints /lib paths that dpkg may
     # know under /usr/lib (merged /usr), hence the three tries; a library no package owns is an error.
-    for lib in $(ldd "$prefix/bin/primus" | awk '$3 ~ /^\// {print $3}'); do
+    for lib in $(ldd "$prefix/bin/primus" "$prefix/bin/libprimus_gloo.so" | awk '$3 ~ /^\// {print $3}' | sort -u); do
       dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "/usr$lib" 2>/dev/null ||
         { echo "install.sh: no Debian package owns $lib" >&2; exit 1; }
     done >/tmp/owners.txt
