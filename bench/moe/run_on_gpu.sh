@@ -25,17 +25,8 @@ MEASURE=${MEASURE:-20}
 BATCH=${BATCH:-4}
 PRESETS=${PRESETS:-"olmoe-mini deepseek-mini mixtral-mini"}
 mkdir -p "$OUT" "$BIN" "$W"
-for f in "$CARRY"/*.xz; do
-  [ -e "$f" ] || continue
-  n=$(basename "${f%.*}")
-  xz -dc "$f" > "$BIN/$n" && chmod +x "$BIN/$n"
-done
-cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
-source scripts/gpu_env.sh 2>/dev/null
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
-export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2 PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
-export PRIMUS_BIN=$BIN/primus
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+# shellcheck source=scripts/gpu_carry.sh
+source scripts/gpu_carry.sh
 COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
 { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
   echo "commit $COMMIT"; python3 -c "import torch; print('torch', torch.__version__)"; } > "$OUT/env.txt" 2>&1

@@ -27,17 +27,9 @@ STEPS=${STEPS:-30}
 MEASURE=${MEASURE:-20}
 CASES=${CASES:-"gpt2-124M:gpt2-124M-shakespeare:16:1024 llama3.2-1B:llama3.2-1B:8:2048 olmoe-mini:olmoe-mini:4:2048"}
 mkdir -p "$OUT" "$BIN" "$W"
-for f in "$CARRY"/*.xz; do
-  [ -e "$f" ] || continue
-  n=$(basename "${f%.*}")
-  xz -dc "$f" > "$BIN/$n" && chmod +x "$BIN/$n"
-done
-cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
-source scripts/gpu_env.sh 2>/dev/null
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
-export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2 PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
+# shellcheck source=scripts/gpu_carry.sh
+source scripts/gpu_carry.sh
 export PRIMUS_RATES_CACHE=$OUT/rates.json
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
 { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
   echo "commit $COMMIT"; } > "$OUT/env.txt" 2>&1
