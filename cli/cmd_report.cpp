@@ -1,4 +1,4 @@
-// primus report RUN_DIR... [--out report.png|.svg|.pdf] [--x step|tokens] [--log-loss] [--json FILE]
+// primus report RUN_DIR... [--out report.png|.svg|.pdf|.html] [--x step|tokens] [--log-loss] [--json FILE]
 // Charts of training runs (report/report.h) and their summary table, also printed here.
 #include <iostream>
 
@@ -18,7 +18,7 @@ void setup_report(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   app.add_option("runs", o->runs, "Run output folders (each holding metrics.jsonl) or metrics.jsonl files")->required();
-  app.add_option("--out,-o", o->out, "The chart file: .png, .svg or .pdf (by its extension)")->capture_default_str();
+  app.add_option("--out,-o", o->out, "The chart file: .png, .svg, .pdf or .html (by its extension)")->capture_default_str();
   app.add_option("--x", o->x, "Align the runs by step or by tokens seen")->capture_default_str()->check(CLI::IsMember({"step", "tokens"}));
   app.add_flag("--log-loss", o->log_loss, "Loss on a log scale");
   app.add_option("--json", o->json, "Also write the plotted points per panel and run, and the summary, as JSON");

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <mutex>
@@ -366,7 +367,8 @@ struct Layout {
   std::vector<std::pair<double, double>> legend_at;  // per run: x, baseline
 };
 
-Layout layout(Painter& pt, const std::vector<RunData>& runs, size_t n_panels) {
+// `table`: the summary table drawn under the panels (an HTML report has it as an HTML table instead).
+Layout layout(Painter& pt, const std::vector<RunData>& runs, size_t n_panels, bool table) {
   Layout L;
   L.legend_y = kMargin + 54;
   pt.font(14);
@@ -383,12 +385,13 @@ Layout layout(Painter& pt, const std::vector<RunData>& runs, size_t n_panels) {
   L.panels_y = y + 20;
   const size_t rows = (n_panels + 1) / 2;
   L.table_y = L.panels_y + static_cast<double>(rows) * (kPanelH + kGap) + 6;
-  L.height = std::ceil(L.table_y + kRowH * static_cast<double>(runs.size() + 1) + 30 + kMargin);
+  L.height = table ? std::ceil(L.table_y + kRowH * static_cast<double>(runs.size() + 1) + 30 + kMargin)
+                   : std::ceil(L.table_y - kGap - 6 + kMargin);
   return L;
 }
 
 void draw_report(Painter& pt, const std::vector<RunData>& runs, std::vector<Panel>& panels, const Layout& L,
-                 XAxis xaxis, const std::vector<Rgb>& colours) {
+                 XAxis xaxis, const std::vector<Rgb>& colours, bool table) {
   pt.grey(0.97);
   pt.api().cairo_paint(pt.cr());
   pt.grey(0.1);
@@ -423,6 +426,7 @@ void draw_report(Painter& pt, const std::vector<RunData>& runs, std::vector<Pane
     for (auto& s : p.series) s.points = thin_points(s.points, p.xa.lo, p.xa.hi, p.pw);
     draw_panel(pt, p, xaxis, colours);
   }
+  if (!table) return;
   // The summary table.
   std::vector<std::vector<std::string>> rows = {summary_header()};
   for (const RunData& r : runs) rows.push_back(summary_cells(summarize(r)));
@@ -500,6 +504,68 @@ std::string lower_extension(const fsys::path& p) {
   return e;
 }
 
+// Text for HTML element content and attribute values: a run is named after its folder, and a
+// folder name may hold any of these.
+std::string html_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char ch : s) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += ch;
+    }
+  }
+  return out;
+}
+
+// One self-contained page: Cairo's SVG of the panels inline (drawn with the legend, without the
+// summary table), the runs with their colours and metrics files, and the summary as a table
+// whose cells are text a browser can select and copy.
+std::string html_page(const std::string& svg_document, const std::vector<RunData>& runs, const std::vector<Rgb>& colours,
+                      XAxis xaxis) {
+  // Inline SVG in HTML takes the <svg> element alone, not the XML declaration before it.
+  const size_t at = svg_document.find("<svg");
+  if (at == std::string::npos) throw RuntimeError("Cairo's SVG output has no <svg> element");
+  std::string svg = svg_document.substr(at);
+  while (!svg.empty() && std::isspace(static_cast<unsigned char>(svg.back()))) svg.pop_back();
+  std::string h;
+  h += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  h += "<title>Primus training report</title>\n<style>\n"
+       "body{font-family:sans-serif;background:#f7f7f7;color:#1a1a1a;margin:16px}\n"
+       "div.charts svg{max-width:100%;height:auto}\n"
+       "table{border-collapse:collapse;background:#fff;margin:8px 0}\n"
+       "th,td{padding:4px 12px;border-bottom:1px solid #ddd;text-align:right}\n"
+       "th.run,td.run{text-align:left}\n"
+       "span.swatch{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:middle}\n"
+       "</style>\n</head>\n<body>\n";
+  h += fmt::format("<p>{} run{}, aligned by {}.</p>\n", runs.size(), runs.size() == 1 ? "" : "s",
+                   xaxis == XAxis::Step ? "step" : "tokens seen");
+  h += "<div class=\"charts\">\n" + svg + "\n</div>\n";
+  h += "<h2>Summary</h2>\n<table class=\"summary\">\n<thead><tr>";
+  const std::vector<std::string> head = summary_header();
+  for (size_t c = 0; c < head.size(); ++c)
+    h += fmt::format("<th{}>{}</th>", c == 0 ? " class=\"run\"" : "", html_escape(head[c]));
+  h += "<th class=\"run\">metrics</th></tr></thead>\n<tbody>\n";
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const std::vector<std::string> cells = summary_cells(summarize(runs[r]));
+    h += "<tr>";
+    for (size_t c = 0; c < cells.size(); ++c) {
+      if (c == 0)
+        h += fmt::format("<td class=\"run\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td>",
+                         hex_colour(colours[r]), html_escape(cells[c]));
+      else
+        h += "<td>" + html_escape(cells[c]) + "</td>";
+    }
+    h += "<td class=\"run\"><code>" + html_escape(runs[r].metrics.string()) + "</code></td></tr>\n";
+  }
+  h += "</tbody>\n</table>\n</body>\n</html>\n";
+  return h;
+}
+
 void check_cairo(const CairoApi& c, cairo_status_t st, const fsys::path& out, const char* what) {
   if (st != CAIRO_STATUS_SUCCESS)
     throw RuntimeError(fmt::format("drawing '{}' failed ({}): {}", out.string(), what, c.cairo_status_to_string(st)));
@@ -509,8 +575,8 @@ void check_cairo(const CairoApi& c, cairo_status_t st, const fsys::path& out, co
 
 void check_output_path(const fsys::path& out) {
   const std::string e = lower_extension(out);
-  if (e != ".png" && e != ".svg" && e != ".pdf") {
-    throw UsageError(fmt::format("'{}': unknown output extension '{}'; use .png, .svg or .pdf", out.string(),
+  if (e != ".png" && e != ".svg" && e != ".pdf" && e != ".html") {
+    throw UsageError(fmt::format("'{}': unknown output extension '{}'; use .png, .svg, .pdf or .html", out.string(),
                                  out.extension().string()));
   }
 }
@@ -545,20 +611,21 @@ void write_report(const std::vector<RunData>& runs, const ReportOptions& opts) {
 
   // Text is measured on a scratch surface: an image surface's size is fixed at creation, and the
   // height depends on how the legend wraps.
+  const std::string ext = lower_extension(opts.out);
+  const bool html = ext == ".html";
   Layout L;
   {
     SurfacePtr scratch = own(c, c.cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 1, 1));
     ContextPtr cr = own(c, c.cairo_create(scratch.get()));
     Painter pt(c, cr.get());
-    L = layout(pt, runs, panels.size());
+    L = layout(pt, runs, panels.size(), /*table=*/!html);
   }
-  const std::string ext = lower_extension(opts.out);
   std::string bytes;
   auto draw_on = [&](cairo_surface_t* s) {
     check_cairo(c, c.cairo_surface_status(s), opts.out, "surface");
     ContextPtr cr = own(c, c.cairo_create(s));
     Painter pt(c, cr.get());
-    draw_report(pt, runs, panels, L, opts.x, colours);
+    draw_report(pt, runs, panels, L, opts.x, colours, /*table=*/!html);
     check_cairo(c, c.cairo_status(cr.get()), opts.out, "drawing");
   };
   if (ext == ".png") {
@@ -567,11 +634,13 @@ void write_report(const std::vector<RunData>& runs, const ReportOptions& opts) {
     draw_on(s.get());
     check_cairo(c, c.cairo_surface_write_to_png_stream(s.get(), append_to_string, &bytes), opts.out, "PNG encoding");
   } else {
-    SurfacePtr s = own(c, ext == ".svg" ? c.cairo_svg_surface_create_for_stream(append_to_string, &bytes, kWidth, L.height)
-                                        : c.cairo_pdf_surface_create_for_stream(append_to_string, &bytes, kWidth, L.height));
+    const bool pdf = ext == ".pdf";
+    SurfacePtr s = own(c, pdf ? c.cairo_pdf_surface_create_for_stream(append_to_string, &bytes, kWidth, L.height)
+                              : c.cairo_svg_surface_create_for_stream(append_to_string, &bytes, kWidth, L.height));
     draw_on(s.get());
     c.cairo_surface_finish(s.get());  // writes the document's tail into `bytes`
-    check_cairo(c, c.cairo_surface_status(s.get()), opts.out, ext == ".svg" ? "SVG" : "PDF");
+    check_cairo(c, c.cairo_surface_status(s.get()), opts.out, pdf ? "PDF" : "SVG");
+    if (html) bytes = html_page(bytes, runs, colours, opts.x);
   }
   if (opts.out.has_parent_path()) fsys::create_directories(opts.out.parent_path());
   fs::atomic_write_file(opts.out, bytes);

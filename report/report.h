@@ -1,5 +1,6 @@
 // `primus report`: charts of one or more training runs, overlaid (one colour per run) and aligned
-// by step or by tokens, with a summary table, drawn with Cairo into one PNG, SVG or PDF.
+// by step or by tokens, with a summary table, drawn with Cairo into one PNG, SVG or PDF, or an HTML
+// page that inlines Cairo's SVG of the panels and holds the summary as an HTML table.
 //
 // Panels, each left out when no run has its data: loss (train solid, validation dashed with
 // markers; optionally log scale), learning rate, gradient norm, tokens/s, MFU, TFLOP/s, memory
@@ -17,7 +18,7 @@ namespace primus::report {
 enum class XAxis { Step, Tokens };
 
 struct ReportOptions {
-  std::filesystem::path out = "report.png";  // .png, .svg or .pdf (chosen by the extension)
+  std::filesystem::path out = "report.png";  // .png, .svg, .pdf or .html (chosen by the extension)
   XAxis x = XAxis::Step;
   bool log_loss = false;
   // Also write what was drawn as JSON: the runs and their colours, and per panel its area in the
@@ -25,7 +26,7 @@ struct ReportOptions {
   std::filesystem::path json;
 };
 
-// Throws UsageError for an extension other than .png, .svg, .pdf (checked before anything is read).
+// Throws UsageError for an extension other than .png, .svg, .pdf, .html (checked before anything is read).
 void check_output_path(const std::filesystem::path& out);
 // Draws `runs` into opts.out (written to a temporary file, then renamed). Throws RuntimeError when
 // Cairo is not available or fails, UsageError for --x tokens with a run that has no token counts.

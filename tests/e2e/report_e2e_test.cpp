@@ -104,5 +104,5 @@ TEST(ReportE2E, ErrorsNameTheFolderFileAndLine) {
   EXPECT_FALSE(fsys::exists(w.path() / "r.png"));
   auto ext = run_primus("report " + (w.path() / "bad").string() + " --out " + (w.path() / "r.gif").string());
   EXPECT_EQ(ext.code, 2) << ext.out;
-  EXPECT_NE(ext.out.find("unknown output extension '.gif'; use .png, .svg or .pdf"), std::string::npos) << ext.out;
+  EXPECT_NE(ext.out.find("unknown output extension '.gif'; use .png, .svg, .pdf or .html"), std::string::npos) << ext.out;
 }
