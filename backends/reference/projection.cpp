@@ -16,6 +16,18 @@
 
 namespace primus::backends::reference {
 
+namespace {
+// The process beside its buffers: the primus binary's resident code and data, the C++ and OpenMP
+// runtimes, the data loader (rank 0, which tokenizes a text input, holds a few MiB more), and
+// with several ranks the Gloo plugin, its library and threads. Measured as the peak resident set
+// (VmHWM, the `mem_gib` the trainer records) through the last step of a run whose buffers are under
+// 1 MiB (1 layer, width 32, bytes of tinyshakespeare), less those buffers: 17.3 MiB in one process,
+// 20.2 MiB on the largest rank of 2 (Debian 12, glibc 2.36, 2 cores; docs/projection.md "CPU
+// processes" has the command). More cores add OpenMP threads and malloc arenas, a little each.
+constexpr double kReferenceProcessMiB = 17.3;
+constexpr double kReferenceRankMiB = 20.2;
+}  // namespace
+
 train::MemoryProjection project_reference_memory(const ReferenceArgs& a, const train::ProjectionLayout& lay) {
   const train::ModelSpec& s = a.model;
   const double f = 4;  // fp32
@@ -65,9 +77,14 @@ train::MemoryProjection project_reference_memory(const ReferenceArgs& a, const t
     m.add("comm", "ZeRO-1: the averaged gradient shard", double(shards.shard) * f);
     m.add("comm", "ZeRO-1: one bucket from every rank (reduce-scatter / all-gather staging)",
           double(lay.gpus) * double(be) * f);
+    // The process group's own: Gloo's reduce-scatter receives every rank's piece of the bucket
+    // into a buffer it keeps, and sums it in rank order into one more bucket (the socket ring keeps
+    // the same: a copy of its input and a chunk to receive into).
+    m.add("comm", "ZeRO-1: the process group's receive buffer, one bucket from every rank",
+          double(lay.gpus) * double(be) * f);
+    m.add("comm", "ZeRO-1: the process group's sum of one bucket", double(be) * f);
   }
-  m.notes.push_back("the reference backend runs on the CPU: these are host bytes per process, without the process's "
-                    "own code, libraries and the data loader");
+  m.notes.push_back("the reference backend runs on the CPU: these are host bytes per process (resident set)");
   return m;
 }
 
@@ -91,7 +108,17 @@ void register_reference_projection() {
   p.memory = [](const BackendArgs& args, const patches::HookTable&, const train::ProjectionLayout& l,
                 const train::MemoryProjectionOptions& o) {
     train::MemoryProjection m = project_reference_memory(dynamic_cast<const ReferenceArgs&>(args), l);
-    if (o.runtime_gib >= 0) m.add("runtime", "process overhead (stated)", o.runtime_gib * double(size_t{1} << 30));
+    if (o.runtime_gib >= 0) {
+      m.add("runtime", "the process beside its buffers (stated)", o.runtime_gib * double(size_t{1} << 30));
+    } else {
+      const bool ranks = l.gpus > 1;
+      const double mib = ranks ? kReferenceRankMiB : kReferenceProcessMiB;
+      m.add("runtime",
+            fmt::format("the process beside its buffers: code, libraries, the data loader{} (a tiny run's peak "
+                        "resident set on 2 cores; --runtime-gib states another)",
+                        ranks ? ", the Gloo engine" : ""),
+            mib * double(size_t{1} << 20));
+    }
     return m;
   };
   p.cost.act_bytes = 4;

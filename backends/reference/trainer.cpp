@@ -3,8 +3,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <malloc.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <sstream>
 
 #include "backends/reference/generate.h"
@@ -25,6 +29,30 @@ namespace primus::backends::reference {
 
 namespace k = primus::turbo::cpu;
 namespace fsys = std::filesystem;
+
+namespace {
+
+// This process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 without /proc. On the
+// CPU this is the figure that decides whether a job fits: code, libraries, heap and the pages of
+// the data files read, each counted once they are touched.
+size_t reference_peak_resident_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return static_cast<size_t>(std::stoull(line.substr(6))) * 1024;  // in kB
+  }
+  return 0;
+}
+
+// Bytes malloc has handed out and not taken back: every arena (OpenMP threads get their own)
+// and the blocks large enough to be mmapped, which is where the model's buffers live.
+size_t reference_heap_in_use() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+double reference_gib(double bytes) { return bytes / double(size_t{1} << 30); }
+
+}  // namespace
 
 ReferenceTrainer::ReferenceTrainer(std::shared_ptr<ReferenceArgs> args) : args_(std::move(args)) {}
 
@@ -73,7 +101,10 @@ void ReferenceTrainer::init() {
   if (env_.rank != 0) data_ = train::build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
 
+  const size_t heap_before = reference_heap_in_use();
   model_ = std::make_unique<GptModel<float>>(spec, t.micro_batch_size, spec.seq_length);
+  const size_t heap_after = reference_heap_in_use();
+  model_heap_bytes_ = heap_after > heap_before ? heap_after - heap_before : 0;
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   model_->init_weights(t.seed);
   const auto total = static_cast<int64_t>(model_->params.size());
@@ -227,6 +258,22 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   return loss;
 }
 
+void ReferenceTrainer::record_memory(train::StepStats& s) {
+  const double rss = double(reference_peak_resident_bytes());
+  const double buffers = double(model_heap_bytes_) + double(m_.capacity() + v_.capacity()) * sizeof(float);
+  s.extras.push_back({"mem_gib", reference_gib(rss)});        // this process's peak resident set
+  s.extras.push_back({"arena_gib", reference_gib(buffers)});  // the model's buffers and AdamW's moments
+  if (env_.world_size == 1) return;
+  // Only rank 0 writes metrics: the other ranks' peaks reach its record through one all-gather
+  // of a float each (in MiB: exact enough, and far inside a float's range).
+  std::vector<float> all(static_cast<size_t>(env_.world_size));
+  const float mine = static_cast<float>(rss / double(1 << 20));
+  pg_->all_gather(&mine, all.data(), 1, parallel::DType::F32);
+  const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
+  s.details.push_back({"mem_gib_min", double(*lo) / 1024});
+  s.details.push_back({"mem_gib_max", double(*hi) / 1024});
+}
+
 double ReferenceTrainer::evaluate() {
   auto& t = args_->train;
   if (!data_.valid || t.eval_iters == 0) return NAN;
@@ -301,7 +348,10 @@ void ReferenceTrainer::train() {
                t.grad_accum_steps);
   train::StepLoopHooks hooks;
   hooks.step = [this](int64_t step, double* norm, bool* finite) { return train_step(step, norm, finite); };
-  hooks.decorate = [this](train::StepStats& s) { moe_stats_->report(s); };
+  hooks.decorate = [this](train::StepStats& s) {
+    record_memory(s);
+    moe_stats_->report(s);
+  };
   hooks.evaluate = [this] { return evaluate(); };
   hooks.save = [this](int64_t step) { save(step); };
   // Ranks may see a signal at different steps; they stop (and checkpoint) together.

@@ -39,6 +39,9 @@ class ReferenceTrainer : public Trainer {
   void reduce_scatter_grads();
   void all_gather_params();
   double evaluate();
+  // The step record's memory figures: this process's peak resident set and the model's and
+  // optimizer's buffers; with several ranks also the smallest and largest peak over the ranks.
+  void record_memory(train::StepStats& s);
   void save(int64_t step);
   void load(const std::filesystem::path& dir);
   nlohmann::json state_json(int64_t step) const;
@@ -61,6 +64,9 @@ class ReferenceTrainer : public Trainer {
   std::vector<float> m_, v_;       // AdamW moments: whole buffer, or this rank's shard (ZeRO-1)
   std::vector<int32_t> batch_, inputs_, targets_;
   std::mt19937_64 sample_rng_;
+  // What the model's constructor took from the heap (its weights, gradients and activation
+  // buffers), measured around it: the model keeps no count of its own.
+  size_t model_heap_bytes_ = 0;
   int64_t step_ = 0;  // optimizer steps done
   int64_t last_saved_ = -1;
   nlohmann::json valid_start_;  // the validation iterator at its start: every eval begins there
