@@ -31,7 +31,7 @@ std::string rank_memory_model(const std::string& extra) {
   return "--config " + std::string(PRIMUS_SOURCE_DIR) +
          "/examples/reference/shakespeare.yaml num_layers=6 hidden_size=512 num_attention_heads=8 "
          "ffn_hidden_size=2048 seq_length=32 micro_batch_size=1 global_batch_size=2 train_iters=2 eval_interval=0 "
-         "log_interval=1 sample_tokens=0 save_interval=0 report_at_end=false " + extra;
+         "log_interval=1 sample_tokens=0 save_interval=0 save_at_end=false report_at_end=false " + extra;
 }
 
 // The last step record of the run under `ws` (rank 0 writes metrics.jsonl).
