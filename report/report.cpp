@@ -70,8 +70,10 @@ std::vector<PanelSpec> report_panels(bool log_loss) {
       {.id = "tflops", .title = "Model TFLOP/s", .series = one("tflops")},
       {.id = "memory",
        .title = "Memory (GiB)",
-       .series = {{.key = "mem_gib", .label = "device in use"},
-                  {.key = "arena_gib", .stroke = Stroke::Dashed, .label = "model arenas"}}},
+       // cuda runs log device memory and arenas, reference runs the process's peak resident set and
+       // the model's buffers: labels that hold for both.
+       .series = {{.key = "mem_gib", .label = "in use (device / process peak)"},
+                  {.key = "arena_gib", .stroke = Stroke::Dashed, .label = "model buffers"}}},
       {.id = "moe_load_cv",
        .title = "MoE expert load, coefficient of variation",
        .series = {layers("/load_cv"), {.key = "moe_load_cv", .label = "max over layers"}}},
