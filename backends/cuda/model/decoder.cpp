@@ -312,6 +312,10 @@ void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
   if (gemms) ops_.moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
   turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
   if (gemms) ops_.moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  if (mp.shared_fc.w.defined()) {  // the shared expert's output itself is not needed: only its inputs
+    if (gemms) ops_.linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
+    turbo::activation_forward({turbo::Activation::SwiGLU, m.sact.slice0(0, N), m.sfc.slice0(0, N), c});
+  }
 }
 
 void Decoder::backward() {

@@ -108,9 +108,9 @@ class Decoder {
   void moe_forward(int64_t l, int64_t N);
   void moe_backward(int64_t l, int64_t N);
   // Refills the MoE activations the layer's recompute policy did not keep, on the saved routing
-  // (the routing and the shared expert's activations are always kept): the permuted input and
-  // the SwiGLU output, and with `gemms` (full recompute) also gate|up and the expert output (the
-  // two grouped GEMMs).
+  // (the routing is always kept): the permuted input and the SwiGLU outputs (routed and shared
+  // experts), and with `gemms` (full recompute) also gate|up and the expert output (the grouped
+  // GEMMs) and the shared expert's gate|up.
   void moe_recompute(int64_t l, int64_t N, bool gemms);
   // Micro-batch slot `slot`'s routing statistics of MoE layer l (views into moe_counts / moe_sums).
   TensorView moe_counts(int64_t slot, int64_t l) const;

@@ -346,19 +346,24 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   a.moe_rows = M;
   const DType f32 = DType::F32, i32 = DType::I32;
   // The routing (small) is always kept. The big per-slot buffers follow the layer's recompute
-  // policy: selective recomputes the permuted input (a gather of ln2) and the SwiGLU output (from
-  // gate|up), full also gate|up and the expert output (the two grouped GEMMs); what a layer does
-  // not keep lives in one shared set (moe_work) that the backward refills layer by layer.
+  // policy: selective recomputes the permuted input (a gather of ln2) and the SwiGLU outputs (from
+  // gate|up), full also gate|up and the expert output (the grouped GEMMs, and the shared expert's
+  // gate|up GEMM); what a layer does not keep lives in one shared set (moe_work) that the backward
+  // refills layer by layer.
+  // The shared expert's gate|up and SwiGLU output follow the same rules as the routed experts'
+  // (selective recomputes the SwiGLU, full also the GEMM); without a shared expert they are empty.
   struct Big {
     TensorView MoeActs::*member;
-    int64_t cols;
+    int64_t rows, cols;
     Recompute keep;  // the coarsest policy that still keeps it
     const char* what;
   };
-  const Big big[] = {{&MoeActs::xp, C, Recompute::Norms, "MoE permuted input"},
-                     {&MoeActs::h, 2 * F, Recompute::Selective, "MoE expert gate|up"},
-                     {&MoeActs::act, F, Recompute::Norms, "MoE expert activation"},
-                     {&MoeActs::yp, C, Recompute::Selective, "MoE expert output"}};
+  const Big big[] = {{&MoeActs::xp, M, C, Recompute::Norms, "MoE permuted input"},
+                     {&MoeActs::h, M, 2 * F, Recompute::Selective, "MoE expert gate|up"},
+                     {&MoeActs::act, M, F, Recompute::Norms, "MoE expert activation"},
+                     {&MoeActs::yp, M, C, Recompute::Selective, "MoE expert output"},
+                     {&MoeActs::sfc, Fs > 0 ? N : 0, 2 * Fs, Recompute::Selective, "MoE shared expert gate|up"},
+                     {&MoeActs::sact, Fs > 0 ? N : 0, Fs, Recompute::Norms, "MoE shared expert activation"}};
   a.moe_work = MoeActs{};
   bool shared_taken[std::size(big)] = {};  // (in the counting pass the views are all undefined)
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
@@ -371,24 +376,24 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
     m.rows = take(Pool::Acts, i32, {N, K}, "MoE slot rows");
     m.offsets = take(Pool::Acts, i32, {E + 1}, "MoE group offsets");
     for (const Big& b : big) {
+      if (b.rows == 0) continue;
       if (opt_.policy[l] <= b.keep) {
-        m.*b.member = take(Pool::Acts, act_, {M, b.cols}, b.what);
+        m.*b.member = take(Pool::Acts, act_, {b.rows, b.cols}, b.what);
         continue;
       }
       bool& taken = shared_taken[&b - big];
-      if (!taken) a.moe_work.*b.member = take(Pool::Acts, act_, {M, b.cols}, b.what);
+      if (!taken) a.moe_work.*b.member = take(Pool::Acts, act_, {b.rows, b.cols}, b.what);
       taken = true;
       m.*b.member = a.moe_work.*b.member;
-    }
-    if (Fs > 0) {
-      m.sfc = take(Pool::Acts, act_, {N, 2 * Fs}, "MoE shared expert gate|up");
-      m.sact = take(Pool::Acts, act_, {N, Fs}, "MoE shared expert activation");
     }
   }
   a.dyp = take(Pool::Acts, act_, {M, C}, "MoE expert output gradient");
   a.dmact = take(Pool::Acts, act_, {M, F}, "MoE expert activation gradient");
   a.dh = take(Pool::Acts, act_, {M, 2 * F}, "MoE expert gate|up gradient");
-  a.dxp = take(Pool::Acts, act_, {M, C}, "MoE permuted input gradient");
+  // The permuted input's gradient reuses the expert output's: the backward's last read of dyp
+  // (the down projection's weight gradient) comes before the up projection's input gradient
+  // writes dxp (Decoder::moe_backward).
+  a.dxp = a.dyp;
   a.dlogits = take(Pool::Acts, f32, {N, E}, "MoE router logit gradient");
   a.dlogits_act = take(Pool::Acts, act_, {N, E}, "MoE router logit gradient (GEMM operand)");
   a.dweight = take(Pool::Acts, f32, {N, K}, "MoE routing weight gradient");
