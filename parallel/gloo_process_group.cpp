@@ -1,6 +1,7 @@
 #include "parallel/gloo_process_group.h"
 
 #include <dlfcn.h>
+#include <signal.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -251,6 +252,12 @@ GlooProcessGroup::GlooProcessGroup(TcpStore& store, const std::string& store_hos
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw CollectiveError(fmt::format("gloo group '{}': rank {} of world size {} is not valid", name, rank, world_size));
   }
+  // Gloo's TCP transport writes with writev, which raises SIGPIPE when a peer has died; the
+  // default action would kill this rank silently instead of letting the write fail and the
+  // collective name the dead peer. (Python ignores SIGPIPE at start, which is why PyTorch's Gloo
+  // users never see it.) Only the default action is replaced: a handler someone set stays.
+  struct sigaction old_pipe {};
+  if (::sigaction(SIGPIPE, nullptr, &old_pipe) == 0 && old_pipe.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   auto sh = std::make_shared<Shared>();
   sh->api = &gloo_plugin();
   sh->store = &store;

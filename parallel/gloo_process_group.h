@@ -19,7 +19,9 @@
 //   all_reduce of 1000 f32 elements on rank 0/2 (gloo group 'pg'): Timed out waiting 1000ms for
 //   recv operation to complete; missing: rank 1 (no heartbeat for 0.6 s: dead, hung or stopped)
 //
-// After an error the group is aborted and every later call throws at once.
+// After an error the group is aborted and every later call throws at once. Creating a world
+// group sets SIGPIPE to be ignored when it has its default action (a write to a dead peer must
+// fail, not kill the process).
 #pragma once
 #include <chrono>
 #include <memory>
