@@ -3,7 +3,8 @@
 // global batch (with and without ZeRO-1), a 2-rank ZeRO-1 checkpoint resumes on 1 and 3 ranks
 // with the uninterrupted run's losses (also rewritten with per-bucket shards like the cuda
 // trainer's), and a rank killed mid-run ends the job naming it while
-// the last checkpoint stays loadable. Tiny model, few steps: each run takes a few seconds.
+// the last checkpoint stays loadable; the collectives are Gloo's, or the socket ring's where the
+// Gloo plugin is missing. Tiny model, few steps: each run takes a few seconds.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -235,6 +236,21 @@ TEST(DataParallelTraining, MeshKeysOptimIsZero1AndTheRestIsRefusedByName) {
   auto bad = run_primus(train_args(dry.str(), 1, "tensor_model_parallel_size=2 --dry-run"), "RANK=0 WORLD_SIZE=5");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("world size 5 is not divisible by tensor_model_parallel_size 2"), std::string::npos) << bad.out;
+}
+
+// Where the Gloo plugin cannot be loaded (a binary carried to a machine without libgloo), the
+// ranks say why and train on the socket ring, with the losses of one process.
+TEST(DataParallelTraining, WithoutTheGlooPluginTheSocketRingTrainsTheSameLosses) {
+  Workdir one, ring;
+  auto r1 = run_primus(train_args(one.str(), 3));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto r2 = run_primus(launch(2, train_args(ring.str(), 3, "use_distributed_optimizer=true")),
+                       "PRIMUS_GLOO_PLUGIN=" + ring.str() + "/no_such_libprimus_gloo.so");
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("CPU collectives on the socket ring instead of Gloo"), std::string::npos) << r2.out;
+  EXPECT_NE(r2.out.find("no_such_libprimus_gloo.so: not found"), std::string::npos) << r2.out;
+  EXPECT_NE(r2.out.find("(socket group"), std::string::npos) << r2.out;
+  expect_same_losses(losses(one.path()), losses(ring.path()), "2 ranks on the socket ring");
 }
 
 // A long ZeRO-1 job under `primus launch` in the background, output in a file. The destructor
