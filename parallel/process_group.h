@@ -67,7 +67,9 @@ class ProcessGroup {
   virtual void all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
                             const std::vector<size_t>& recv_counts, DType dtype);
   // Point to point, blocking until the buffer may be reused. A send to `peer` with `tag` matches
-  // that peer's recv from this rank with the same tag; count and dtype must agree.
+  // that peer's recv from this rank with the same tag; count and dtype must agree. A send may
+  // wait until the peer has posted the matching recv (Gloo's does), so two ranks that both send
+  // first deadlock until the timeout: order them (one sends while the other receives).
   virtual void send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0);
   virtual void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0);
   // The group of the given ranks of this group (ranks in this group's numbering, ascending order
