@@ -68,6 +68,11 @@ double part_bytes(const nlohmann::json& mem, const std::string& name) {
 }
 
 void check_rank_memory(int ranks, const std::string& extra) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The binary under test comes from the same build: AddressSanitizer's shadow memory and
+  // quarantine make its resident set say nothing about the buffers (the Release build runs this).
+  GTEST_SKIP() << "resident set under AddressSanitizer";
+#endif
   SCOPED_TRACE(std::to_string(ranks) + " rank(s) " + extra);
   Workdir ws;
   const std::string train = "train pretrain " + rank_memory_model(extra + " workspace=" + ws.str());
