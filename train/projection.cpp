@@ -10,6 +10,16 @@
 
 namespace primus::train {
 
+ProjectionLayout batch_layout(const TrainingArgs& t, int64_t seq_length) {
+  ProjectionLayout l;
+  l.gpus = t.data_parallel_size;
+  l.micro_batch = t.micro_batch_size;
+  l.global_batch = t.global_batch_size;
+  l.grad_accum = t.grad_accum_steps;
+  l.seq_length = seq_length;
+  return l;
+}
+
 using nlohmann::json;
 
 // ---- memory ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include "core/patches/hook_table.h"
 #include "train/model_spec.h"
 #include "train/projection_rates.h"
+#include "train/training_args.h"
 
 namespace primus::train {
 
@@ -36,6 +37,10 @@ struct ProjectionLayout {
   std::string fp8 = "none";         // fp8 recipe (cuda)
   int64_t tokens_per_step() const { return global_batch * seq_length; }
 };
+
+// The layout's batch fields from the training keys, common to every backend's projector (which
+// then sets its own: ZeRO-1's key, bf16 reduction, overlap, recompute, fp8).
+ProjectionLayout batch_layout(const TrainingArgs& t, int64_t seq_length);
 
 // One part of a rank's memory. name is a stable key (the JSON and the tests use it):
 // weights, master_weights, gradients, optimizer_state, activations, fp8, comm, workspace, runtime.

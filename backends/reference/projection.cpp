@@ -95,12 +95,7 @@ void register_reference_projection() {
   };
   p.layout = [](const BackendArgs& args) {
     const auto& a = dynamic_cast<const ReferenceArgs&>(args);
-    train::ProjectionLayout l;
-    l.gpus = a.train.data_parallel_size;
-    l.micro_batch = a.train.micro_batch_size;
-    l.global_batch = a.train.global_batch_size;
-    l.grad_accum = a.train.grad_accum_steps;
-    l.seq_length = a.model.seq_length;
+    train::ProjectionLayout l = train::batch_layout(a.train, a.model.seq_length);
     l.zero1 = a.dp.distributed_optimizer && l.gpus > 1;
     l.overlap_grad_reduce = false;  // the reference reduces after the backward
     return l;
