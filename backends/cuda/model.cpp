@@ -136,7 +136,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (opt_.optimizer_in_backward) {
     decoder_->on_grads_ready([this](int64_t offset) {
       NvtxRange r("adamw group");
-      optimizer_->backward_ready(offset, 1, ctx());
+      optimizer_->backward_ready(offset, opt_.loss_slots, ctx());
     });
   }
 

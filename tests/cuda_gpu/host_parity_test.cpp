@@ -156,7 +156,9 @@ TEST_P(HostQwen3ParityTest, Step0LossAndEveryGradientMatchReference) {
   const train::ModelSpec spec = tiny_qwen3_spec(moe);
   const Step0 r = step0_parity(spec, Attn::Default, turbo::Device::CPU, seed);
   EXPECT_NEAR(r.loss, r.ref_loss, 1e-5 * r.ref_loss);
-  if (moe) EXPECT_EQ(r.expert_load, r.ref_expert_load);
+  if (moe) {
+    EXPECT_EQ(r.expert_load, r.ref_expert_load);
+  }
   double worst = 0;
   int qk_norms = 0;
   for (const auto& [name, e] : r.errors) {

@@ -22,11 +22,15 @@ std::string cpu_check(const OptimizerArgs& a) {
   return "";
 }
 
+double grad_sum_squares(const MultiTensorAdamW& opt) {
+  double ss = 0.0;
+  for (const auto& t : opt.tensors()) ss += cpu::sum_squares(t.grad.ptr<const float>(), t.grad.numel());
+  return ss;
+}
+
 void cpu_run(const OptimizerArgs& a) {
   if (a.kind == OptimizerArgs::Kind::GradNorm) {
-    double ss = 0.0;
-    for (const auto& t : a.opt->tensors()) ss += cpu::sum_squares(t.grad.ptr<const float>(), t.grad.numel());
-    const double norm = std::sqrt(ss);
+    const double norm = std::sqrt(grad_sum_squares(*a.opt));
     a.out.ptr<float>()[0] = static_cast<float>(norm);
     a.out.ptr<float>()[1] = a.max_norm > 0.0f ? static_cast<float>(cpu::clip_scale(norm, a.max_norm)) : 1.0f;
     return;
@@ -39,9 +43,8 @@ void cpu_run(const OptimizerArgs& a) {
   p.step = a.hp.step;
   p.grad_scale = a.grad_scale.defined() ? a.grad_scale.ptr<const float>()[0] : 1.0;
   if (a.out.defined()) {  // the norm of what this update reads; NaN when it is skipped
-    double ss = 0.0;
-    for (const auto& t : a.opt->tensors()) ss += cpu::sum_squares(t.grad.ptr<const float>(), t.grad.numel());
-    a.out.ptr<float>()[0] = std::isfinite(p.grad_scale) ? static_cast<float>(std::sqrt(ss)) : std::nanf("");
+    a.out.ptr<float>()[0] =
+        std::isfinite(p.grad_scale) ? static_cast<float>(std::sqrt(grad_sum_squares(*a.opt))) : std::nanf("");
     a.out.ptr<float>()[1] = 1.0f;
   }
   if (!std::isfinite(p.grad_scale)) return;  // a vetoed (non-finite) step: nothing changes

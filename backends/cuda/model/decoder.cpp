@@ -117,16 +117,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   const TensorView q4 = heads(qkv, B, T, 0, H), k4 = heads(qkv, B, T, QD, KV), v4 = heads(qkv, B, T, QD + KVD, KV);
   if (spec_.qk_layernorm) {  // in place on q|k, before RoPE; the pre-norm values are kept for the backward
     phase(Phase::Norm);
-    turbo::HeadNormArgs hn;
-    hn.x = heads(qkv, B, T, 0, H + KV);
-    hn.saved = view(a.qk_pre, {B, T, H + KV, D});
-    hn.rstd = a.rstd_qk.slice0(0, N * (H + KV));
-    hn.weight = p.q_norm.w;
-    hn.weight_k = p.k_norm.w;
-    hn.q_heads = H;
-    hn.eps = static_cast<float>(spec_.norm_epsilon);
-    hn.ctx = c;
-    turbo::head_norm(hn);
+    turbo::head_norm(qk_norm_args(a, p, qkv, B, T));
   }
   if (spec_.rope) {  // in place on q|k (adjacent columns, one rotation per position): only the rotated ones are needed later
     phase(Phase::Rope);
@@ -302,6 +293,21 @@ void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
                              a.fc.slice0(0, N), ctx_});
 }
 
+turbo::HeadNormArgs Decoder::qk_norm_args(const LayerActs& a, const LayerParams& p, const TensorView& buf, int64_t B,
+                                          int64_t T) const {
+  const int64_t H = spec_.num_attention_heads, KV = spec_.num_query_groups, D = spec_.head_dim();
+  turbo::HeadNormArgs hn;
+  hn.x = heads(buf, B, T, 0, H + KV);
+  hn.saved = view(a.qk_pre, {B, T, H + KV, D});
+  hn.rstd = a.rstd_qk.slice0(0, B * T * (H + KV));
+  hn.weight = p.q_norm.w;
+  hn.weight_k = p.k_norm.w;
+  hn.q_heads = H;
+  hn.eps = static_cast<float>(spec_.norm_epsilon);
+  hn.ctx = ctx_;
+  return hn;
+}
+
 void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
   const ExecContext c = ctx_;
   const MoeActs& m = a_.moe[l];
@@ -399,18 +405,10 @@ void Decoder::backward() {
     }
     if (spec_.qk_layernorm) {  // dq|dk of the normed q|k -> of the projection's, in place; the two weights' gradients (+=)
       mark(Phase::NormBwd);
-      turbo::HeadNormArgs hn;
+      turbo::HeadNormArgs hn = qk_norm_args(a, p, dqkv, B, T);
       hn.backward = true;
-      hn.x = heads(dqkv, B, T, 0, H + KV);
-      hn.saved = view(a.qk_pre, {B, T, H + KV, D});
-      hn.rstd = a.rstd_qk.slice0(0, N * (H + KV));
-      hn.weight = p.q_norm.w;
-      hn.weight_k = p.k_norm.w;
       hn.dweight = p.q_norm.g;
       hn.dweight_k = p.k_norm.g;
-      hn.q_heads = H;
-      hn.eps = static_cast<float>(spec_.norm_epsilon);
-      hn.ctx = c;
       turbo::head_norm(hn);
     }
     const TensorView ln1 = a.ln1.slice0(0, N), dln = a_.dln.slice0(0, N);

@@ -24,6 +24,7 @@
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model/memory_plan.h"
 #include "backends/cuda/profile.h"
+#include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
@@ -133,6 +134,10 @@ class Decoder {
   bool norm_colsum() const { return opt_.bias_grad == BiasGrad::Norm || opt_.bias_grad == BiasGrad::Ones; }
   // The [N, C + pad] view (with the column of ones) of a padded [N, C] norm output, or undefined.
   TensorView with_ones(const TensorView& t) const;
+  // The per-head q|k norm of layer activations `a` over the q|k columns of `buf` (the packed qkv
+  // buffer, or its gradient in the backward), forward arguments; the backward adds its gradients.
+  turbo::HeadNormArgs qk_norm_args(const LayerActs& a, const LayerParams& p, const TensorView& buf, int64_t B,
+                                   int64_t T) const;
   // [B,T,heads,D] view of columns [col, col + heads*D) of a row-major [rows, W] buffer (tokens W apart).
   TensorView heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t heads) const;
   void mark(Phase p) const {

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
-#include <limits>
 
 #include "core/util/error.h"
 #include "turbo/kernels/cuda/cast.h"
@@ -59,10 +57,10 @@ turbo::AdamWTensor OptimizerState::adamw_tensor(size_t i) const {
 void OptimizerState::build_groups(const InBackward& ib, turbo::Arena& arena) {
   if (!place_.shared_window) throw RuntimeError("cuda model: the optimizer in the backward needs the shared gradient window");
   if (!state_.group_norm.defined()) throw RuntimeError("cuda model: the memory plan has no group norm buffer");
-  std::vector<int64_t> bounds = ib.points;  // group g: layout offsets [points[g], the previous point or the end)
-  for (size_t g = 0; g < bounds.size(); ++g) {
-    const int64_t begin = bounds[g];
-    const int64_t end = g == 0 ? layout_.total : bounds[g - 1];
+  const std::vector<int64_t>& points = ib.points;  // group g: layout offsets [points[g], the point before or the end)
+  for (size_t g = 0; g < points.size(); ++g) {
+    const int64_t begin = points[g];
+    const int64_t end = g == 0 ? layout_.total : points[g - 1];
     Group grp;
     grp.begin = begin;
     std::vector<turbo::AdamWTensor> ts;
@@ -161,11 +159,7 @@ void OptimizerState::check_step(int64_t n, int64_t slots) const {
     turbo::cuda::step_check(state_.status.ptr<float>(), n, slots, stream_.stream);
     return;
   }
-  float* st = state_.status.ptr<float>();  // host mode: the ops ran synchronously
-  bool ok = std::isfinite(st[slots]);
-  for (int64_t i = 0; i < n; ++i) ok = ok && std::isfinite(st[i]);
-  st[slots + 2] = ok ? 1.0f : 0.0f;
-  if (!ok) st[slots + 1] = std::numeric_limits<float>::quiet_NaN();
+  turbo::cuda::step_check_apply(state_.status.ptr<float>(), n, slots);  // host mode: the ops ran synchronously
 }
 
 void OptimizerState::update(const ExecContext& ctx) {

@@ -12,9 +12,9 @@
 // ready" points: the final norm and head, each layer from the top, the embeddings), run from
 // backward_ready() as soon as the decoder reports the group; the update computes the norm of the
 // gradients it applied in the same pass, and step_check_group (turbo/kernels/cuda/step_check.h)
-// turns a non-finite one into a stop (the loss alone is checked before the first group). The layers' gradients then
-// share one window of the gradient buffer (grad_placement.h), cleared range by range before each
-// layer's backward accumulates into it. There is no global gradient norm before the first update,
+// turns a non-finite one into a stop (the loss alone is checked before the first group). The
+// layers' gradients then share one window of the gradient buffer (grad_placement.h), cleared
+// range by range before each layer's backward accumulates into it. There is no global gradient norm before the first update,
 // so this mode has no clipping; grad_norm(), check_step() and update() throw.
 #pragma once
 #include <cstdint>
@@ -63,7 +63,6 @@ class OptimizerState {
                  const CudaOps& ops, const InBackward* in_backward = nullptr);
 
   bool keeps_state() const { return adamw_ != nullptr || !groups_.empty(); }
-  bool in_backward() const { return !groups_.empty(); }
   // The optimizer in the backward: the decoder reports that the gradients from layout offset
   // `offset` up are final; runs the group starting there (AdamW with its norm, the check) and
   // clears the next layer's gradient ranges in the shared window. n_losses: the step's loss slots.

@@ -106,7 +106,7 @@ adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const fl
   bf16* model = static_cast<bf16*>(e.model);
   // Uniform per tensor, so no divergence: the vector path needs 16-byte master/m/v, 8- or
   // 16-byte grad, and 8-byte model pointers (offsets are multiples of 4 elements).
-  constexpr int W = 4;
+  constexpr int W = kPerThread;
   const bool vec = ((reinterpret_cast<uintptr_t>(e.master) | reinterpret_cast<uintptr_t>(e.m) |
                      reinterpret_cast<uintptr_t>(e.v)) % 16 == 0) &&
                    (reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0) &&

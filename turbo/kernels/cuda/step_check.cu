@@ -5,10 +5,7 @@ namespace primus::turbo::cuda {
 
 namespace {
 __global__ void step_check_kernel(float* status, int64_t n_losses, int64_t slots) {
-  bool ok = isfinite(status[slots]);
-  for (int64_t i = 0; i < n_losses; ++i) ok = ok && isfinite(status[i]);
-  status[slots + 2] = ok ? 1.0f : 0.0f;
-  if (!ok) status[slots + 1] = __int_as_float(0x7fc00000);  // quiet NaN: AdamW skips
+  step_check_apply(status, n_losses, slots);
 }
 __global__ void step_check_begin_kernel(float* status, int64_t n_losses, int64_t slots) {
   step_check_begin_apply(status, n_losses, slots);

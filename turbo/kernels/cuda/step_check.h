@@ -43,6 +43,14 @@ PRIMUS_STEP_CHECK_HD inline float step_check_nan() {
   memcpy(&nan, &bits, sizeof(nan));
   return nan;
 }
+// step_check's work: the flag from loss sums [0, n_losses) and the norm slot; a non-finite step
+// gets a NaN clip factor.
+PRIMUS_STEP_CHECK_HD inline void step_check_apply(float* status, int64_t n_losses, int64_t slots) {
+  bool ok = step_check_finite(status[slots]);
+  for (int64_t i = 0; i < n_losses; ++i) ok = ok && step_check_finite(status[i]);
+  status[slots + 2] = ok ? 1.0f : 0.0f;
+  if (!ok) status[slots + 1] = step_check_nan();
+}
 PRIMUS_STEP_CHECK_HD inline void step_check_begin_apply(float* status, int64_t n_losses, int64_t slots) {
   bool ok = true;
   for (int64_t i = 0; i < n_losses; ++i) ok = ok && step_check_finite(status[i]);
