@@ -8,43 +8,21 @@
 #include <memory>
 
 #include "core/util/error.h"
-#include "io/checkpoint.h"
-#include "train/checkpointing.h"
+#include "train/inference_checkpoint.h"
 
 namespace primus::backends::reference {
 
 void sample_tokens(GptModel<float>& model, std::vector<int32_t>& ids, const SampleOptions& o, std::mt19937_64& rng) {
   const auto& spec = model.spec();
   const int64_t V = spec.vocab_size, Vp = spec.padded_vocab_size;
-  std::vector<double> probs(V);
-  std::vector<int32_t> order(V);
+  train::Sampler sampler;
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     int64_t T = std::min<int64_t>(static_cast<int64_t>(ids.size()), spec.seq_length);
     if (T == 0) throw RuntimeError("generation needs a non-empty prompt");
     model.forward(ids.data() + ids.size() - T, nullptr, 1, T);
-    const float* logits = model.logits() + (T - 1) * Vp;
-    int32_t next = 0;
-    if (o.temperature <= 0) {
-      next = static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
-    } else {
-      for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
-      int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
-      if (k < V) {
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-      }
-      double mx = -INFINITY;
-      for (int64_t i = 0; i < k; ++i) mx = std::max(mx, static_cast<double>(logits[order[i]]));
-      double sum = 0;
-      for (int64_t i = 0; i < k; ++i) sum += probs[i] = std::exp((logits[order[i]] - mx) / o.temperature);
-      std::uniform_real_distribution<double> u(0.0, sum);
-      double r = u(rng);
-      int64_t i = 0;
-      for (; i < k - 1 && r >= probs[i]; ++i) r -= probs[i];
-      next = order[i];
-    }
+    const int32_t next = sampler(model.logits() + (T - 1) * Vp, V, o, rng);
     ids.push_back(next);
-    if (o.stop_at_eod && next == 0) break;
+    if (o.stop_at_eod && next == o.eod_id) break;
   }
 }
 
@@ -62,21 +40,12 @@ struct Loaded {
 };
 
 Loaded load_for_inference(const std::string& checkpoint) {
-  std::filesystem::path dir = checkpoint;
-  if (!std::filesystem::exists(dir / io::kManifestFile)) {
-    auto latest = io::find_latest(dir);
-    if (!latest) throw IoError(fmt::format("no checkpoint in '{}'", checkpoint));
-    dir = latest->dir;
-  }
-  io::CheckpointData data = io::load_checkpoint(dir);
-  if (!data.state.contains("model_spec") || !data.state.contains("tokenizer")) {
-    throw FormatError(fmt::format("checkpoint {}: trainer_state.json lacks model_spec/tokenizer", dir.string()));
-  }
+  train::InferenceCheckpoint c = train::load_inference_checkpoint(checkpoint);
   Loaded l;
-  l.spec = train::spec_from_json(data.state["model_spec"]);
-  l.tok = data::make_tokenizer(data.state["tokenizer"].get<std::string>());
+  l.spec = c.spec;
+  l.tok = data::make_tokenizer(c.tokenizer);
   l.model = std::make_unique<GptModel<float>>(l.spec, 1, l.spec.seq_length);
-  train::unpack_checkpoint(data, dir, l.spec, l.model->layout(), l.model->params.data(), nullptr, nullptr);
+  std::copy(c.params.begin(), c.params.end(), l.model->params.begin());
   return l;
 }
 }  // namespace
@@ -92,16 +61,39 @@ double score_checkpoint(const std::string& checkpoint, const std::string& text) 
 }
 
 std::string generate_from_checkpoint(const std::string& checkpoint, const std::string& prompt,
-                                     const SampleOptions& o, uint64_t seed) {
+                                     const SampleOptions& opts, uint64_t seed) {
+  train::check_sample_options(opts);
   Loaded l = load_for_inference(checkpoint);
   GptModel<float>& model = *l.model;
   auto& tok = l.tok;
   std::vector<int32_t> ids = tok->encode(prompt);
   if (ids.empty()) ids.push_back(tok->eod_id() >= 0 ? tok->eod_id() : 0);
   size_t prompt_len = ids.size();
+  SampleOptions o = opts;
+  if (tok->eod_id() >= 0) o.eod_id = tok->eod_id();
   std::mt19937_64 rng(seed);
   sample_tokens(model, ids, o, rng);
   return printable(prompt + tok->decode(std::span<const int32_t>(ids).subspan(prompt_len)));
+}
+
+std::vector<std::vector<int32_t>> generate_ids(const std::string& checkpoint,
+                                               const std::vector<std::vector<int32_t>>& prompts,
+                                               const SampleOptions& o, uint64_t seed) {
+  train::check_sample_options(o);
+  Loaded l = load_for_inference(checkpoint);
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) throw ConfigError(fmt::format("generate: prompt {} is empty", i));
+    for (int32_t t : prompts[i])
+      if (t < 0 || t >= l.spec.vocab_size)
+        throw ConfigError(fmt::format("generate: prompt {} has token {} outside the vocabulary [0, {})", i, t,
+                                      l.spec.vocab_size));
+    std::vector<int32_t> ids = prompts[i];
+    sample_tokens(*l.model, ids, o, rng);
+    out.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(prompts[i].size()), ids.end());
+  }
+  return out;
 }
 
 }  // namespace primus::backends::reference

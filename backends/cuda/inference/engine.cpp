@@ -1,0 +1,439 @@
+#include "backends/cuda/inference/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <tuple>
+
+#include "core/util/error.h"
+#include "turbo/core/cuda_arena.h"
+#include "turbo/core/cuda_check.h"
+#include "turbo/ops/activation.h"
+#include "turbo/ops/decode_attention.h"
+#include "turbo/ops/embedding.h"
+#include "turbo/ops/gemm.h"
+#include "turbo/ops/head_norm.h"
+#include "turbo/ops/normalization.h"
+#include "turbo/ops/rope.h"
+#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
+#include "turbo/ops/attention.h"
+#endif
+
+namespace primus::backends::cuda {
+
+using turbo::DType;
+using turbo::TensorView;
+
+namespace {
+
+constexpr size_t kAlign = turbo::Arena::kDefaultAlign;
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// [B,T,nh,D] heads starting at column `col` of the row-major [rows, W] buffer (token rows W apart).
+TensorView heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t nh, int64_t D) {
+  TensorView v = buf;
+  const int64_t W = buf.shape[1];
+  v.data = static_cast<char*>(buf.data) + col * static_cast<int64_t>(turbo::dtype_size(buf.dtype));
+  v.ndim = 4;
+  v.shape = {B, T, nh, D};
+  v.strides = {T * W, W, D, 1};
+  return v;
+}
+// The same columns as [N, nh, D] (one row per token).
+TensorView rows3(const TensorView& buf, int64_t N, int64_t col, int64_t nh, int64_t D) {
+  TensorView v = heads(buf, 1, N, col, nh, D);
+  v.ndim = 3;
+  v.shape = {N, nh, D, 0};
+  v.strides = {buf.shape[1], D, 1, 0};
+  return v;
+}
+TensorView reshaped(const TensorView& t, std::initializer_list<int64_t> shape) { return t.reshape(shape); }
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void check_supported(const train::ModelSpec& s) {
+  if (s.moe.enabled())
+    throw ConfigError(fmt::format("primus generate --backend cuda: num_experts {} (MoE layers) is not supported by the "
+                                  "cuda inference engine; use --backend reference",
+                                  s.moe.num_experts));
+  if (s.seq_length <= 0 || s.num_layers <= 0 || s.padded_vocab_size <= 0)
+    throw ConfigError(fmt::format("inference engine: model spec without seq_length / num_layers / vocabulary ({})",
+                                  s.summary()));
+}
+
+}  // namespace
+
+InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host_params, int64_t max_batch)
+    : spec_(spec), layout_(train::make_param_layout(spec)), max_batch_(max_batch) {
+  check_supported(spec_);
+  if (max_batch < 1) throw ConfigError(fmt::format("inference engine: batch {} < 1", max_batch));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const int64_t S = spec_.seq_length, C = spec_.hidden_size, H = spec_.num_attention_heads;
+  const int64_t KV = spec_.num_query_groups, D = spec_.head_dim(), QD = spec_.q_dim(), KVD = spec_.kv_dim();
+  const int64_t Vp = spec_.padded_vocab_size;
+  rows_ = std::max(max_batch_, S);
+
+  // Weights: each tensor bf16 in its own aligned block (GEMM operands want 16-byte alignment;
+  // the flat layout's offsets need not be).
+  size_t wbytes = 0;
+  for (const auto& t : layout_.tensors) wbytes += aligned(static_cast<size_t>(t.numel) * 2);
+  weights_ = turbo::make_device_arena(wbytes + kAlign);
+  std::vector<uint16_t> bits;
+  auto upload = [&](const std::string& name) -> TensorView {
+    const train::ParamTensor* t = layout_.find(name);
+    if (!t) return {};
+    bits.resize(static_cast<size_t>(t->numel));
+    const float* src = host_params + t->offset;
+    for (int64_t i = 0; i < t->numel; ++i) bits[i] = turbo::float_to_bf16_bits(src[i]);
+    TensorView v;
+    if (t->shape.size() == 1) v = weights_->tensor(DType::BF16, {t->shape[0]}, t->name.c_str());
+    else if (t->shape.size() == 2) v = weights_->tensor(DType::BF16, {t->shape[0], t->shape[1]}, t->name.c_str());
+    else throw ConfigError(fmt::format("inference engine: tensor {} of {} dims is not supported", name, t->shape.size()));
+    CUDA_CHECK(cudaMemcpy(v.data, bits.data(), v.nbytes(), cudaMemcpyHostToDevice));
+    return v;
+  };
+  wte_ = upload("embedding.weight");
+  wpe_ = upload("position_embedding.weight");
+  lnf_w_ = upload("final_norm.weight");
+  lnf_b_ = upload("final_norm.bias");
+  head_w_ = spec_.untied ? upload("output_layer.weight") : wte_;
+
+  // Cache, activations, logits, tables.
+  const int64_t FC = spec_.fc_dim(), F = spec_.ffn_hidden_size;
+  const size_t cache_bytes = aligned(static_cast<size_t>(max_batch_ * S * KVD) * 2);
+  size_t sbytes = 2 * spec_.num_layers * cache_bytes;
+  for (int64_t w : {C, C, C, spec_.qkv_dim(), QD, FC, F, C}) sbytes += aligned(static_cast<size_t>(rows_ * w) * 2);
+  sbytes += 2 * aligned(static_cast<size_t>(rows_) * 4) + aligned(static_cast<size_t>(rows_ * H) * 4);
+  sbytes += aligned(static_cast<size_t>(rows_ * (H + KV) * D) * 2) + aligned(static_cast<size_t>(rows_ * (H + KV)) * 4);
+  sbytes += 4 * aligned(static_cast<size_t>(rows_) * 4) + aligned(static_cast<size_t>(max_batch_ * Vp) * 4);
+  sbytes += aligned(static_cast<size_t>(S * D) * 4) + aligned(static_cast<size_t>(rows_ * std::max(QD, KVD)) * 2) + kAlign;
+  state_ = turbo::make_device_arena(sbytes);
+  layers_.resize(static_cast<size_t>(spec_.num_layers));
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    LayerWeights& w = layers_[l];
+    const std::string p = fmt::format("layers.{}.", l);
+    w.norm1_w = upload(p + "norm1.weight");
+    w.norm1_b = upload(p + "norm1.bias");
+    w.qkv_w = upload(p + "attn.qkv.weight");
+    w.qkv_b = upload(p + "attn.qkv.bias");
+    w.q_norm = upload(p + "attn.q_norm.weight");
+    w.k_norm = upload(p + "attn.k_norm.weight");
+    w.proj_w = upload(p + "attn.proj.weight");
+    w.proj_b = upload(p + "attn.proj.bias");
+    w.norm2_w = upload(p + "norm2.weight");
+    w.norm2_b = upload(p + "norm2.bias");
+    w.fc_w = upload(p + "mlp.fc.weight");
+    w.fc_b = upload(p + "mlp.fc.bias");
+    w.out_w = upload(p + "mlp.proj.weight");
+    w.out_b = upload(p + "mlp.proj.bias");
+    if (!w.qkv_w.defined() || !w.fc_w.defined() || !w.out_w.defined())
+      throw ConfigError(fmt::format("inference engine: layer {} lacks the qkv / MLP weights of a dense layer", l));
+    w.k_cache = state_->tensor(DType::BF16, {max_batch_, S, KV, D}, "k cache");
+    w.v_cache = state_->tensor(DType::BF16, {max_batch_, S, KV, D}, "v cache");
+  }
+  for (auto& h : h_) h = state_->tensor(DType::BF16, {rows_, C}, "residual");
+  ln_ = state_->tensor(DType::BF16, {rows_, C}, "ln");
+  tmp_ = state_->tensor(DType::BF16, {rows_, C}, "branch out");
+  qkv_ = state_->tensor(DType::BF16, {rows_, spec_.qkv_dim()}, "qkv");
+  att_ = state_->tensor(DType::BF16, {rows_, QD}, "att");
+  fc_ = state_->tensor(DType::BF16, {rows_, FC}, "fc");
+  act_ = state_->tensor(DType::BF16, {rows_, F}, "act");
+  mean_ = state_->tensor(DType::F32, {rows_}, "mean");
+  rstd_ = state_->tensor(DType::F32, {rows_}, "rstd");
+  lse_ = state_->tensor(DType::F32, {rows_ * H}, "lse");
+  qk_saved_ = state_->tensor(DType::BF16, {rows_ * (H + KV) * D}, "qk saved");
+  qk_rstd_ = state_->tensor(DType::F32, {rows_ * (H + KV)}, "qk rstd");
+  if (spec_.qk_layernorm && spec_.qk_norm_whole) qk_dense_ = state_->tensor(DType::BF16, {rows_ * std::max(QD, KVD)}, "qk dense");
+  tokens_ = state_->tensor(DType::I32, {rows_}, "tokens");
+  positions_ = state_->tensor(DType::I32, {rows_}, "positions");
+  slot_ = state_->tensor(DType::I32, {rows_}, "slots");
+  len_dev_ = state_->tensor(DType::I32, {rows_}, "lengths");
+  logits_ = state_->tensor(DType::F32, {max_batch_, Vp}, "logits");
+  if (spec_.rope) {
+    rope_table_ = state_->tensor(DType::F32, {S, D / 2, 2}, "rope table");
+    turbo::rope_build_table(rope_table_, spec_.rotary_base, {stream_, nullptr});
+  }
+  // Attention's workspace (cuDNN's plan, Turbo's kernels) and the ops' small borrows.
+  scratch_ = turbo::make_device_arena(size_t{256} << 20);
+  len_.assign(static_cast<size_t>(max_batch_), 0);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+InferenceEngine::~InferenceEngine() {
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+size_t InferenceEngine::device_bytes() const {
+  return weights_->capacity() + state_->capacity() + scratch_->capacity();
+}
+
+void InferenceEngine::norm(const TensorView& out, const TensorView& resid_out, const TensorView& inp,
+                           const TensorView& resid, const TensorView& w, const TensorView& b, int64_t N) {
+  turbo::NormForwardArgs a;
+  a.type = spec_.layernorm ? turbo::NormType::LayerNorm : turbo::NormType::RMSNorm;
+  a.out = out.slice0(0, N);
+  if (spec_.layernorm) a.mean = mean_.slice0(0, N);
+  a.rstd = rstd_.slice0(0, N);
+  if (resid.defined()) {
+    a.residual_out = resid_out.slice0(0, N);
+    a.residual = resid.slice0(0, N);
+  }
+  a.inp = inp.slice0(0, N);
+  a.weight = w;
+  a.bias = b;
+  a.eps = static_cast<float>(spec_.norm_epsilon);
+  a.ctx = {stream_, scratch_.get()};
+  turbo::norm_forward(a);
+}
+
+const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, int64_t head_rows, float* logits_dev) {
+  const int64_t N = B * T, C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), QD = spec_.q_dim(), KVD = spec_.kv_dim(), Vp = spec_.padded_vocab_size;
+  const turbo::ExecContext c{stream_, scratch_.get()};
+  const TensorView pos = decoding ? reshaped(positions_.slice0(0, N), {B, T}) : TensorView{};
+  {
+    turbo::EmbeddingArgs e;
+    e.out = reshaped(h_[0].slice0(0, N), {B, T, C});
+    e.tokens = reshaped(tokens_.slice0(0, N), {B, T});
+    e.positions = pos;
+    e.wte = wte_;
+    e.wpe = wpe_;
+    e.ctx = c;
+    turbo::embedding_forward(e);
+  }
+  cur_ = 0;
+  // Every norm but the first adds the branch output (tmp_) to the residual stream on the way:
+  // h_[cur_ ^ 1] = h_[cur_] + tmp_, then cur_ flips.
+  auto add_norm = [&](const TensorView& w, const TensorView& b) {
+    norm(ln_, h_[cur_ ^ 1], tmp_, h_[cur_], w, b, N);
+    cur_ ^= 1;
+  };
+  const TensorView qkv = qkv_.slice0(0, N);
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    if (l == 0) norm(ln_, {}, h_[0], {}, w.norm1_w, w.norm1_b, N);
+    else add_norm(w.norm1_w, w.norm1_b);
+    turbo::linear_forward(qkv, ln_.slice0(0, N), w.qkv_w, w.qkv_b, {}, c);
+    if (spec_.qk_layernorm && spec_.qk_norm_whole) {
+      // One RMSNorm over the whole q and one over the whole k (OLMoE): the columns are copied to
+      // dense rows, normalised back into place.
+      const size_t es = turbo::dtype_size(qkv.dtype), W = static_cast<size_t>(qkv.shape[1]);
+      for (auto [col, width, wt] : {std::tuple{int64_t{0}, QD, &w.q_norm}, std::tuple{QD, KVD, &w.k_norm}}) {
+        const TensorView dense = qk_dense_.slice0(0, N * width).reshape({N, width});
+        TensorView packed(static_cast<char*>(qkv.data) + col * es, qkv.dtype, qkv.device, {N, width});
+        packed.strides = {static_cast<int64_t>(W), 1, 0, 0};
+        CUDA_CHECK(cudaMemcpy2DAsync(dense.data, width * es, packed.data, W * es, width * es, N,
+                                     cudaMemcpyDeviceToDevice, stream_));
+        turbo::NormForwardArgs a;
+        a.type = turbo::NormType::RMSNorm;
+        a.out = packed;
+        a.rstd = rstd_.slice0(0, N);
+        a.inp = dense;
+        a.weight = *wt;
+        a.eps = static_cast<float>(spec_.norm_epsilon);
+        a.ctx = c;
+        turbo::norm_forward(a);
+      }
+    } else if (spec_.qk_layernorm) {
+      turbo::HeadNormArgs hn;
+      hn.x = heads(qkv, B, T, 0, H + KV, D);
+      hn.saved = reshaped(qk_saved_.slice0(0, N * (H + KV) * D), {B, T, H + KV, D});
+      hn.rstd = qk_rstd_.slice0(0, N * (H + KV));
+      hn.weight = w.q_norm;
+      hn.weight_k = w.k_norm;
+      hn.q_heads = H;
+      hn.eps = static_cast<float>(spec_.norm_epsilon);
+      hn.ctx = c;
+      turbo::head_norm(hn);
+    }
+    if (spec_.rope) {
+      turbo::RopeArgs r;
+      r.out = r.inp = heads(qkv, B, T, 0, H + KV, D);
+      r.positions = pos;
+      r.table = rope_table_;
+      r.base = spec_.rotary_base;
+      r.ctx = c;
+      turbo::rope(r);
+    }
+    // The keys and values of these tokens into the cache (prefill: positions 0..T-1 of one slot).
+    turbo::KvCacheWriteArgs kw;
+    kw.k_cache = w.k_cache;
+    kw.v_cache = w.v_cache;
+    kw.k = rows3(qkv, N, QD, KV, D);
+    kw.v = rows3(qkv, N, QD + KVD, KV, D);
+    kw.slot = slot_.slice0(0, N);
+    kw.len = len_dev_.slice0(0, N);
+    kw.ctx = c;
+    turbo::kv_cache_write(kw);
+    if (decoding) {
+      turbo::DecodeAttentionArgs da;
+      da.out = reshaped(att_.slice0(0, N), {N, H, D});
+      da.q = rows3(qkv, N, 0, H, D);
+      da.k_cache = w.k_cache;
+      da.v_cache = w.v_cache;
+      da.slot = slot_.slice0(0, N);
+      da.len = len_dev_.slice0(0, N);
+      da.window = spec_.sliding_window;
+      da.ctx = c;
+      turbo::decode_attention(da);
+    } else {
+#ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
+      turbo::AttentionForwardArgs at;
+      at.out = reshaped(att_.slice0(0, N), {B, T, H, D});
+      at.lse = reshaped(lse_.slice0(0, N * H), {B, H, T});
+      at.q = heads(qkv, B, T, 0, H, D);
+      at.k = heads(qkv, B, T, QD, KV, D);
+      at.v = heads(qkv, B, T, QD + KVD, KV, D);
+      at.opt.causal = true;
+      at.opt.window = spec_.sliding_window;
+      at.ctx = c;
+      turbo::attention_forward(at);
+#else
+      throw ConfigError("inference engine: this build has no Turbo attention op (turbo/ops/attention.cpp)");
+#endif
+    }
+    turbo::linear_forward(tmp_.slice0(0, N), att_.slice0(0, N), w.proj_w, w.proj_b, {}, c);
+    add_norm(w.norm2_w, w.norm2_b);
+    turbo::linear_forward(fc_.slice0(0, N), ln_.slice0(0, N), w.fc_w, w.fc_b, {}, c);
+    turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act_.slice0(0, N),
+                               fc_.slice0(0, N), c});
+    turbo::linear_forward(tmp_.slice0(0, N), act_.slice0(0, N), w.out_w, w.out_b, {}, c);
+  }
+  add_norm(lnf_w_, lnf_b_);
+  const TensorView out{logits_dev, DType::F32, turbo::Device::CUDA, {head_rows, Vp}};
+  turbo::linear_forward(out, ln_.slice0(N - head_rows, N), head_w_, {}, {}, c);
+  host_logits_.resize(static_cast<size_t>(head_rows * Vp));
+  CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), logits_dev, host_logits_.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return host_logits_.data();
+}
+
+const float* InferenceEngine::prefill(int64_t slot, const int32_t* tokens, int64_t n, bool all_rows) {
+  if (slot < 0 || slot >= max_batch_) throw RuntimeError(fmt::format("prefill: slot {} outside [0, {})", slot, max_batch_));
+  if (n < 1 || n > capacity())
+    throw RuntimeError(fmt::format("prefill: {} tokens outside [1, {}] (the model's seq_length)", n, capacity()));
+  std::vector<int32_t> host(static_cast<size_t>(3 * n));
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= spec_.vocab_size)
+      throw RuntimeError(fmt::format("prefill: token {} at {} outside the vocabulary [0, {})", tokens[t], t, spec_.vocab_size));
+    host[t] = tokens[t];
+    host[n + t] = static_cast<int32_t>(slot);
+    host[2 * n + t] = static_cast<int32_t>(t + 1);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(tokens_.data, host.data(), n * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(slot_.data, host.data() + n, n * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(len_dev_.data, host.data() + 2 * n, n * 4, cudaMemcpyHostToDevice, stream_));
+  len_[slot] = static_cast<int32_t>(n);
+  if (!all_rows) return run(1, n, false, 1, logits_.ptr<float>());
+  // Every row's logits: a buffer of its own (tests and scoring; generation needs the last row only).
+  float* buf = nullptr;
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), static_cast<size_t>(n * spec_.padded_vocab_size) * 4));
+  try {
+    run(1, n, false, n, buf);
+  } catch (...) {
+    cudaFree(buf);
+    throw;
+  }
+  CUDA_CHECK(cudaFree(buf));
+  return host_logits_.data();
+}
+
+const float* InferenceEngine::decode(const int32_t* slots, const int32_t* tokens, int64_t n) {
+  if (n < 1 || n > max_batch_) throw RuntimeError(fmt::format("decode: {} sequences outside [1, {}]", n, max_batch_));
+  std::vector<int32_t> host(static_cast<size_t>(4 * n));
+  std::vector<bool> seen(static_cast<size_t>(max_batch_), false);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = slots[i];
+    if (s < 0 || s >= max_batch_ || seen[s])
+      throw RuntimeError(fmt::format("decode: slot {} (entry {}) outside [0, {}) or listed twice", s, i, max_batch_));
+    seen[s] = true;
+    if (len_[s] < 1 || len_[s] >= capacity())
+      throw RuntimeError(fmt::format("decode: slot {} holds {} positions; decoding needs 1 to {} (prefill it first; "
+                                     "past seq_length recompute the window)",
+                                     s, len_[s], capacity() - 1));
+    if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size)
+      throw RuntimeError(fmt::format("decode: token {} of slot {} outside the vocabulary [0, {})", tokens[i], s, spec_.vocab_size));
+    host[i] = tokens[i];
+    host[n + i] = len_[s];  // the new token's position
+    host[2 * n + i] = static_cast<int32_t>(s);
+    host[3 * n + i] = len_[s] + 1;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(tokens_.data, host.data(), n * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(positions_.data, host.data() + n, n * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(slot_.data, host.data() + 2 * n, n * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(len_dev_.data, host.data() + 3 * n, n * 4, cudaMemcpyHostToDevice, stream_));
+  for (int64_t i = 0; i < n; ++i) ++len_[slots[i]];
+  return run(n, 1, true, n, logits_.ptr<float>());
+}
+
+std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                           const train::SampleOptions& o, std::mt19937_64& rng, bool use_cache,
+                                           GenerateStats* stats) {
+  train::check_sample_options(o);
+  const int64_t n = static_cast<int64_t>(prompts.size()), S = engine.capacity();
+  const int64_t V = engine.spec().vocab_size, Vp = engine.spec().padded_vocab_size;
+  if (n < 1 || n > engine.max_batch())
+    throw ConfigError(fmt::format("generate: {} prompts; the engine holds 1 to {}", n, engine.max_batch()));
+  GenerateStats st;
+  std::vector<std::vector<int32_t>> ids(prompts), out(static_cast<size_t>(n));
+  std::vector<bool> done(static_cast<size_t>(n), o.max_new_tokens == 0);
+  for (int64_t b = 0; b < n; ++b) {
+    if (prompts[b].empty()) throw ConfigError(fmt::format("generate: prompt {} is empty", b));
+    st.prompt_tokens += static_cast<int64_t>(prompts[b].size());
+  }
+  train::Sampler sampler;
+  auto take = [&](int64_t b, const float* row) {
+    const int32_t next = sampler(row, V, o, rng);
+    ids[b].push_back(next);
+    out[b].push_back(next);
+    ++st.new_tokens;
+    if (static_cast<int64_t>(out[b].size()) >= o.max_new_tokens || (o.stop_at_eod && next == o.eod_id)) done[b] = true;
+  };
+  // The last min(S, size) tokens of sequence b from position 0: the prompt's prefill, and every
+  // step without the cache (or past seq_length, where positions cannot grow further).
+  auto window = [&](int64_t b) {
+    const int64_t T = std::min<int64_t>(S, static_cast<int64_t>(ids[b].size()));
+    return engine.prefill(b, ids[b].data() + ids[b].size() - T, T);
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t b = 0; b < n; ++b)
+    if (!done[b]) take(b, window(b));
+  st.prefill_ms = ms_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  std::vector<int32_t> slots, toks;
+  std::vector<float> kept;
+  std::vector<int64_t> rows(static_cast<size_t>(n), -1);  // row of b's logits in the batched decode
+  while (std::find(done.begin(), done.end(), false) != done.end()) {
+    slots.clear();
+    toks.clear();
+    for (int64_t b = 0; b < n; ++b) {
+      rows[b] = -1;
+      if (done[b] || !use_cache || static_cast<int64_t>(ids[b].size()) > S) continue;
+      rows[b] = static_cast<int64_t>(slots.size());
+      slots.push_back(static_cast<int32_t>(b));
+      toks.push_back(ids[b].back());
+    }
+    const float* batched = slots.empty() ? nullptr : engine.decode(slots.data(), toks.data(), static_cast<int64_t>(slots.size()));
+    // A window recompute reuses the engine's host logits: then the batched rows are copied out first.
+    bool recompute = false;
+    for (int64_t b = 0; b < n; ++b) recompute = recompute || (!done[b] && rows[b] < 0);
+    if (batched && recompute) {
+      kept.assign(batched, batched + slots.size() * static_cast<size_t>(Vp));
+      batched = kept.data();
+    }
+    for (int64_t b = 0; b < n; ++b) {
+      if (done[b]) continue;
+      take(b, rows[b] >= 0 ? batched + rows[b] * Vp : window(b));
+    }
+    ++st.decode_steps;
+  }
+  st.decode_ms = ms_since(t0);
+  if (stats) *stats = st;
+  return out;
+}
+
+}  // namespace primus::backends::cuda

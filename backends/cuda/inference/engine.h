@@ -1,0 +1,109 @@
+// Inference on the GPU: a decoder with a key/value cache, for `primus generate --backend cuda`
+// and the cuda trainer's end-of-training sample. Separate from the training decoder
+// (backends/cuda/model/), whose buffers are laid out for forward + backward of whole batches;
+// this one keeps only what generation needs: bf16 weights, the per-layer KV cache and the
+// activations of one prefill (a prompt) or one decode step (a token per sequence).
+//
+// Prefill runs a prompt of one sequence through every layer in one pass (causal flash attention,
+// turbo/ops/attention.h) and writes each layer's keys and values (after the q/k norms and RoPE,
+// exactly what attention reads) into that sequence's cache slot. Decode then runs one token per
+// sequence for several sequences at once: the projections as [n, C] GEMMs (turbo/ops/gemm.h),
+// the new keys appended to the cache and single-query attention over it
+// (turbo/ops/decode_attention.h), RoPE / learned positions at each sequence's own position.
+// Sequences keep their own lengths (no padding): slot s holds length(s) positions.
+//
+// Families: GPT-2 (learned positions, LayerNorm, GELU, biases, tied head), Llama (RMSNorm, RoPE,
+// GQA, SwiGLU, untied), Qwen3 (per-head q/k RMSNorm, kv_channels apart from the width), Qwen2
+// (qkv bias: wherever the parameter layout has one), OLMoE-style whole-width q/k norms
+// (qk_norm_whole), Mistral (sliding_window: prefill and decode attend to the last window keys;
+// the cache keeps every position) and every combination of those ModelSpec fields. MoE layers
+// are refused (ConfigError naming num_experts).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "train/model_spec.h"
+#include "train/param_layout.h"
+#include "train/sampling.h"
+#include "turbo/core/arena.h"
+#include "turbo/core/tensor_view.h"
+
+namespace primus::backends::cuda {
+
+class InferenceEngine {
+ public:
+  // host_params: the flat fp32 buffer of train::make_param_layout(spec) (a checkpoint's master
+  // weights); each tensor is rounded to bf16 on the device. max_batch: cache slots (sequences
+  // generated at once); each slot holds spec.seq_length positions (the positions the model was
+  // trained for). Allocates everything here; prefill and decode allocate nothing but the
+  // all-rows logits of a prefill that asks for them.
+  InferenceEngine(const train::ModelSpec& spec, const float* host_params, int64_t max_batch);
+  ~InferenceEngine();
+  InferenceEngine(const InferenceEngine&) = delete;
+  InferenceEngine& operator=(const InferenceEngine&) = delete;
+
+  const train::ModelSpec& spec() const { return spec_; }
+  int64_t max_batch() const { return max_batch_; }
+  int64_t capacity() const { return spec_.seq_length; }  // positions per slot
+  int64_t length(int64_t slot) const { return len_.at(static_cast<size_t>(slot)); }
+  size_t device_bytes() const;  // weights + cache + activations + scratch
+
+  // Runs tokens[0..n) (1 <= n <= capacity) at positions 0..n-1 in cache slot `slot`, replacing
+  // what it held, and returns the logits (host f32) of the last token, [padded_vocab_size]
+  // (or of every token, [n, padded_vocab_size], with all_rows). Valid until the next call.
+  const float* prefill(int64_t slot, const int32_t* tokens, int64_t n, bool all_rows = false);
+  // One token per listed slot (distinct slots, each with length < capacity), at position
+  // length(slot), which then grows by one. Returns the logits, [n, padded_vocab_size] host f32.
+  const float* decode(const int32_t* slots, const int32_t* tokens, int64_t n);
+
+ private:
+  struct LayerWeights {
+    turbo::TensorView norm1_w, norm1_b, qkv_w, qkv_b, q_norm, k_norm, proj_w, proj_b, norm2_w, norm2_b, fc_w, fc_b,
+        out_w, out_b;
+    turbo::TensorView k_cache, v_cache;  // [max_batch, capacity, KV, D]
+  };
+  // The layers and the head over N rows (tokens): B x T with positions (decode: B = n, T = 1)
+  // or pos = t (prefill: B = 1, T = n); returns the host logits of `head_rows` last rows.
+  const float* run(int64_t B, int64_t T, bool decoding, int64_t head_rows, float* logits_dev);
+  void norm(const turbo::TensorView& out, const turbo::TensorView& resid_out, const turbo::TensorView& inp,
+            const turbo::TensorView& resid, const turbo::TensorView& w, const turbo::TensorView& b, int64_t N);
+
+  train::ModelSpec spec_;
+  train::ParamLayout layout_;
+  int64_t max_batch_, rows_;  // rows_: activation rows (max(max_batch, capacity))
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<turbo::Arena> weights_, state_, scratch_;
+  turbo::TensorView wte_, wpe_, lnf_w_, lnf_b_, head_w_, rope_table_;
+  std::vector<LayerWeights> layers_;
+  // Activations [rows_, ...]: two residual streams, the normalised input, q|k|v, attention
+  // output, MLP (fc, act), a branch output; statistics f32; head-norm saves.
+  turbo::TensorView h_[2], ln_, qkv_, att_, fc_, act_, tmp_, mean_, rstd_, lse_, qk_saved_, qk_rstd_, qk_dense_;
+  turbo::TensorView tokens_, positions_, slot_, len_dev_, logits_;  // logits_ f32 [max_batch, Vp]
+  int cur_ = 0;  // which h_ holds the residual stream
+  std::vector<int32_t> len_;
+  std::vector<float> host_logits_;
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0, new_tokens = 0, decode_steps = 0;  // decode_steps: batched forward calls after prefill
+  double prefill_ms = 0, decode_ms = 0;  // wall time (host + device, synchronised)
+};
+
+// Generates for every prompt at once (prompts.size() <= engine.max_batch(), each non-empty):
+// prefill each prompt, then decode all unfinished sequences together, sampling on the host with
+// train::Sampler in prompt order from one generator (so one prompt gives the reference's tokens
+// for the same logits and seed). A sequence stops after max_new_tokens, or after emitting the
+// end-of-text id when stop_at_eod (the id is kept in its output). When a sequence fills the
+// model's seq_length, each further token recomputes the window of its last seq_length tokens,
+// as the reference model does. use_cache = false recomputes the whole window for every token
+// (prefill of all tokens so far, one sequence at a time): the baseline the cache is measured
+// against. Returns the new tokens of each prompt.
+std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                           const train::SampleOptions& o, std::mt19937_64& rng, bool use_cache = true,
+                                           GenerateStats* stats = nullptr);
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,24 @@
+// What generation needs from a checkpoint, whichever backend runs it: the architecture, the
+// tokenizer's name and the fp32 weights in the flat layout of train::make_param_layout.
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "train/model_spec.h"
+
+namespace primus::train {
+
+struct InferenceCheckpoint {
+  std::filesystem::path dir;  // the checkpoint folder read
+  ModelSpec spec;
+  std::string tokenizer;      // data::make_tokenizer's argument
+  std::vector<float> params;  // make_param_layout(spec).total floats
+};
+
+// `checkpoint` is a checkpoint folder or a save folder (its latest). Throws IoError when there is
+// none, FormatError when trainer_state.json lacks the model spec or tokenizer or a tensor does
+// not fit the spec (naming the folder and tensor).
+InferenceCheckpoint load_inference_checkpoint(const std::string& checkpoint);
+
+}  // namespace primus::train
