@@ -16,7 +16,19 @@ void add_training_schema(config::Schema& s) {
       .number("min_lr", 0.0, "learning rate at the end of decay", 0.0)
       .integer("lr_warmup_iters", 0, "linear warmup steps", 0)
       .integer("lr_decay_iters", std::nullopt, "step where decay ends (default: train_iters)", 1)
-      .text("lr_decay_style", "cosine", "cosine, linear or constant", {"cosine", "linear", "constant"})
+      .text("lr_decay_style", "cosine", "cosine, linear, constant or WSD (warmup-stable-decay)",
+            {"cosine", "linear", "constant", "WSD"})
+      .integer("lr_wsd_decay_iters", std::nullopt, "WSD: length of the final decay, ending at lr_decay_iters", 1)
+      .text("lr_wsd_decay_style", "exponential", "WSD: shape of the final decay",
+            {"linear", "cosine", "exponential", "minus_sqrt"})
+      .text("optimizer", "adamw", "adamw, or muon (Newton-Schulz orthogonalised momentum for the layers' "
+            "weight matrices, AdamW for the rest)", {"adamw", "muon"})
+      .number("muon_momentum", 0.95, "Muon momentum coefficient", 0.0, 1.0)
+      .flag("muon_nesterov", true, "Muon: orthogonalise g + momentum * m (Nesterov) instead of m")
+      .integer("muon_ns_steps", 5, "Muon: quintic Newton-Schulz iterations", 1)
+      .number("muon_matched_rms", 0.2, "Muon: update scale 0.2 * sqrt(max(rows, cols)) matches AdamW's update RMS "
+              "(Moonlight)", 0.0)
+      .number("muon_lr", std::nullopt, "Muon's peak learning rate (default: lr; the schedule's shape applies)", 0.0)
       .number("weight_decay", 0.1, "decoupled weight decay (not on norms and biases)", 0.0)
       .number("adam_beta1", 0.9, "Adam beta1", 0.0, 1.0)
       .number("adam_beta2", 0.95, "Adam beta2", 0.0, 1.0)
@@ -115,6 +127,28 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   const config::Value* di = p.find_path("lr_decay_iters");
   a.optim.decay_iters = di && !di->is_null() ? di->as_int() : a.train_iters;
   a.optim.decay_style = p.find_path("lr_decay_style")->as_string();
+  a.optim.wsd_decay_style = p.find_path("lr_wsd_decay_style")->as_string();
+  const config::Value* wi = p.find_path("lr_wsd_decay_iters");
+  if (a.optim.decay_style == "WSD") {
+    if (!wi || wi->is_null()) {
+      throw ConfigError(fmt::format("{}: lr_decay_style WSD needs lr_wsd_decay_iters (the length of the final decay)",
+                                    p.find_path("lr_decay_style")->origin().str()));
+    }
+    a.optim.wsd_decay_iters = wi->as_int();
+    if (a.optim.wsd_decay_iters > a.optim.decay_iters - a.optim.warmup_iters) {
+      throw ConfigError(fmt::format("{}: lr_wsd_decay_iters {} is longer than the schedule after warmup "
+                                    "(lr_decay_iters {} - lr_warmup_iters {})",
+                                    wi->origin().str(), a.optim.wsd_decay_iters, a.optim.decay_iters,
+                                    a.optim.warmup_iters));
+    }
+  }
+  a.optim.optimizer = p.find_path("optimizer")->as_string();
+  a.optim.muon_momentum = d("muon_momentum");
+  a.optim.muon_nesterov = b("muon_nesterov");
+  a.optim.muon_ns_steps = i("muon_ns_steps");
+  a.optim.muon_matched_rms = d("muon_matched_rms");
+  const config::Value* ml = p.find_path("muon_lr");
+  a.optim.muon_lr = ml && !ml->is_null() ? ml->as_double() : -1.0;
   a.optim.weight_decay = d("weight_decay");
   a.optim.beta1 = d("adam_beta1");
   a.optim.beta2 = d("adam_beta2");

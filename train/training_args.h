@@ -16,7 +16,19 @@ namespace primus::train {
 struct OptimizerArgs {
   double lr = 3e-4, min_lr = 0;
   int64_t warmup_iters = 0, decay_iters = 0;  // decay_iters: end of decay (default train_iters)
-  std::string decay_style = "cosine";          // cosine | linear | constant
+  std::string decay_style = "cosine";          // cosine | linear | constant | WSD
+  // WSD (warmup-stable-decay): lr stays at `lr` until decay_iters - wsd_decay_iters, then falls
+  // to min_lr over the last wsd_decay_iters steps with this shape (Megatron's names).
+  int64_t wsd_decay_iters = 0;
+  std::string wsd_decay_style = "exponential";  // linear | cosine | exponential | minus_sqrt
+  // Which update rule: "adamw" everywhere, or "muon" for the transformer layers' 2-D weight
+  // matrices (AdamW for the rest; train/muon_layout.h says which tensors).
+  std::string optimizer = "adamw";
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int64_t muon_ns_steps = 5;
+  double muon_matched_rms = 0.2;  // update scale: muon_matched_rms * sqrt(max(rows, cols))
+  double muon_lr = -1;            // < 0: lr (Moonlight: one lr for both rules); see muon_lr_at
   double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip_grad = 1.0;                      // global norm; 0 turns clipping off
 };
