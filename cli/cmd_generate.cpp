@@ -22,7 +22,10 @@
 #include "backends/reference/generate.h"
 #include "core/util/error.h"
 #include "data/tokenizer/tokenizer.h"
+#include "train/checkpointing.h"
 #include "train/inference_checkpoint.h"
+#include "train/param_init.h"
+#include "train/param_layout.h"
 #include "train/sampling.h"
 #ifdef PRIMUS_BACKEND_CUDA
 #include <cuda_runtime_api.h>
@@ -38,7 +41,7 @@ namespace primus::cli {
 namespace {
 
 struct GenerateOpts {
-  std::string checkpoint, prompts_file, backend, json;
+  std::string checkpoint, prompts_file, backend, json, spec_file;
   std::vector<std::string> prompts, prompt_ids;
   train::SampleOptions sample;
   uint64_t seed = 1234;
@@ -92,7 +95,24 @@ std::string current_commit() {
 // sequence makes all its tokens.
 void run_bench(const GenerateOpts& o) {
   const backends::cuda::DeviceInfo dev = backends::cuda::select_device(0);
-  train::InferenceCheckpoint c = train::load_inference_checkpoint(o.checkpoint);
+  train::InferenceCheckpoint c;
+  if (!o.spec_file.empty()) {  // a shape without its weights: random ones (the training init)
+    std::ifstream in(o.spec_file);
+    if (!in) throw IoError(fmt::format("--spec: cannot read {}", o.spec_file));
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+      c.spec = train::spec_from_json(j.contains("model_spec") ? j["model_spec"] : j);
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError(fmt::format("--spec {}: not a model_spec JSON ({})", o.spec_file, e.what()));
+    }
+    const train::ParamLayout layout = train::make_param_layout(c.spec);
+    c.params.resize(static_cast<size_t>(layout.total));
+    train::init_params(c.spec, layout, o.seed, c.params.data());
+    c.dir = o.spec_file + " (random weights)";
+  } else {
+    c = train::load_inference_checkpoint(o.checkpoint);
+  }
   const int64_t bmax = *std::max_element(o.batches.begin(), o.batches.end());
   if (o.prompt_tokens + o.sample.max_new_tokens > c.spec.seq_length)
     throw ConfigError(fmt::format("--bench: --prompt-tokens {} + --max-new-tokens {} exceed the model's seq_length {}",
@@ -161,6 +181,8 @@ void run_bench(const GenerateOpts& o) {
 #endif
 
 void run_generate(const GenerateOpts& o) {
+  if (o.checkpoint.empty() && !(o.bench && !o.spec_file.empty()))
+    throw UsageError("--checkpoint is required (only --bench --spec measures without one)");
   if (o.score) {
     if (o.prompts.size() != 1) throw UsageError("--score takes one --prompt");
     std::cout << fmt::format("{:.8f}", backends::reference::score_checkpoint(o.checkpoint, o.prompts[0])) << "\n";
@@ -229,7 +251,7 @@ void run_generate(const GenerateOpts& o) {
 
 void setup_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOpts>();
-  app.add_option("--checkpoint,-c", o->checkpoint, "Checkpoint folder, or a save folder (its latest)")->required();
+  app.add_option("--checkpoint,-c", o->checkpoint, "Checkpoint folder, or a save folder (its latest)");
   app.add_option("--prompt,-p", o->prompts, "Text to continue (repeat for a batch of prompts)");
   app.add_option("--prompts-file", o->prompts_file, "A file of prompts, one per line (empty lines skipped)");
   app.add_option("--prompt-ids", o->prompt_ids, "A prompt as comma-separated token ids (repeat for a batch)");
@@ -253,6 +275,9 @@ void setup_generate(CLI::App& app) {
                "token (greedy, random prompt ids; --batch, --prompt-tokens, --max-new-tokens, --json)");
   app.add_option("--batch", o->batches, "--bench: batch sizes (e.g. 1,8)")->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--prompt-tokens", o->prompt_tokens, "--bench: prompt length in tokens")->check(CLI::PositiveNumber);
+  app.add_option("--spec", o->spec_file,
+                 "--bench: a model spec JSON (trainer_state.json, or its model_spec) measured with random weights "
+                 "instead of a checkpoint's (e.g. a 1B shape without writing its checkpoint)");
   app.add_option("--json", o->json, "--bench: append one JSON line per batch size to FILE (DESIGN.md, Measurements)");
   app.callback([o] { run_generate(*o); });
 }

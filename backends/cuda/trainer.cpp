@@ -15,6 +15,7 @@
 #include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
+#include "backends/cuda/inference/engine.h"
 #include "backends/cuda/model_options.h"
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
@@ -502,9 +503,35 @@ void CudaTrainer::train() {
                  ahead ? "with launch-ahead the device has the next step queued meanwhile"
                        : "the device idles for about the first two");
   }
-  if (!t.sample_prompt.empty() && t.sample_tokens > 0) {
-    spdlog::info("[sample] the cuda backend does not sample yet; the checkpoint is shared with the reference "
-                 "backend: primus generate --checkpoint {} --prompt '{}'",
+  if (!t.sample_prompt.empty() && t.sample_tokens > 0) sample_at_end();
+}
+
+// The reference trainer's end-of-training sample, from the inference engine (KV cache) on the
+// trained weights (the fp32 master copy, gathered from the shards under ZeRO-1: every rank joins).
+void CudaTrainer::sample_at_end() {
+  const auto& t = args_->train;
+  std::vector<float> params(rank0() ? static_cast<size_t>(model_->layout().total) : 0);
+  if (zero1()) {
+    dp_->gather_master(rank0() ? params.data() : nullptr);
+  } else if (rank0()) {
+    model_->get_params(params.data());
+  }
+  if (!rank0()) return;
+  std::vector<int32_t> ids = tokenizer_->encode(t.sample_prompt);
+  if (ids.empty()) ids.push_back(tokenizer_->eod_id() >= 0 ? tokenizer_->eod_id() : 0);
+  train::SampleOptions so;
+  so.max_new_tokens = t.sample_tokens;
+  so.temperature = t.sample_temperature;
+  so.top_k = t.sample_top_k;
+  try {
+    InferenceEngine engine(args_->model, params.data(), 1);
+    const auto out = generate(engine, {ids}, so, sample_rng_);
+    std::string text = t.sample_prompt + tokenizer_->decode(out[0]);
+    for (char& ch : text)
+      if (ch == '\0') ch = '\n';  // the byte tokenizer's end of document, shown as a line break
+    spdlog::info("[sample] temperature {}, top-k {}:\n{}\n", so.temperature, so.top_k, text);
+  } catch (const Error& e) {  // e.g. MoE layers (not served by the engine), or no memory left beside the model
+    spdlog::warn("[sample] skipped: {}; primus generate --backend reference --checkpoint {} --prompt '{}'", e.what(),
                  t.ckpt.save.string(), t.sample_prompt);
   }
 }

@@ -67,6 +67,7 @@ class CudaTrainer : public Trainer {
   bool read_ahead_on_ = true;  // PRIMUS_CUDA_READ_AHEAD=0 turns it off (A/B runs)
   size_t arena_bytes() const;      // device bytes the model and the data-parallel reducer hold
   void save(int64_t step);
+  void sample_at_end();  // the [sample] log line (sample_prompt), from the inference engine
   void load(const std::filesystem::path& dir);
   nlohmann::json state_json(int64_t step) const;
 

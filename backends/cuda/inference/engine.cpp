@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <tuple>
 
 #include "core/util/error.h"
@@ -75,7 +76,7 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   const int64_t S = spec_.seq_length, C = spec_.hidden_size, H = spec_.num_attention_heads;
   const int64_t KV = spec_.num_query_groups, D = spec_.head_dim(), QD = spec_.q_dim(), KVD = spec_.kv_dim();
   const int64_t Vp = spec_.padded_vocab_size;
-  rows_ = std::max(max_batch_, S);
+  rows_ = max_batch_ * S;  // a prefill of every slot's whole window at once
 
   // Weights: each tensor bf16 in its own aligned block (GEMM operands want 16-byte alignment;
   // the flat layout's offsets need not be).
@@ -190,7 +191,7 @@ void InferenceEngine::norm(const TensorView& out, const TensorView& resid_out, c
   turbo::norm_forward(a);
 }
 
-const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, int64_t head_rows, float* logits_dev) {
+const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, bool all_rows, float* logits_dev) {
   const int64_t N = B * T, C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), QD = spec_.q_dim(), KVD = spec_.kv_dim(), Vp = spec_.padded_vocab_size;
   const turbo::ExecContext c{stream_, scratch_.get()};
@@ -304,8 +305,23 @@ const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, int64_t h
     turbo::linear_forward(tmp_.slice0(0, N), act_.slice0(0, N), w.out_w, w.out_b, {}, c);
   }
   add_norm(lnf_w_, lnf_b_);
+  // The head reads every row (decode, all_rows) or each sequence's last one, gathered into tmp_
+  // (free after the final norm) when there are several sequences.
+  int64_t head_rows = N;
+  TensorView head_in = ln_.slice0(0, N);
+  if (!decoding && !all_rows) {
+    head_rows = B;
+    if (B == 1) {
+      head_in = ln_.slice0(N - 1, N);
+    } else {
+      const size_t row = static_cast<size_t>(C) * 2;
+      CUDA_CHECK(cudaMemcpy2DAsync(tmp_.data, row, static_cast<char*>(ln_.data) + (T - 1) * row, T * row, row, B,
+                                   cudaMemcpyDeviceToDevice, stream_));
+      head_in = tmp_.slice0(0, B);
+    }
+  }
   const TensorView out{logits_dev, DType::F32, turbo::Device::CUDA, {head_rows, Vp}};
-  turbo::linear_forward(out, ln_.slice0(N - head_rows, N), head_w_, {}, {}, c);
+  turbo::linear_forward(out, head_in, head_w_, {}, {}, c);
   host_logits_.resize(static_cast<size_t>(head_rows * Vp));
   CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), logits_dev, host_logits_.size() * 4, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -313,33 +329,54 @@ const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, int64_t h
 }
 
 const float* InferenceEngine::prefill(int64_t slot, const int32_t* tokens, int64_t n, bool all_rows) {
-  if (slot < 0 || slot >= max_batch_) throw RuntimeError(fmt::format("prefill: slot {} outside [0, {})", slot, max_batch_));
-  if (n < 1 || n > capacity())
-    throw RuntimeError(fmt::format("prefill: {} tokens outside [1, {}] (the model's seq_length)", n, capacity()));
-  std::vector<int32_t> host(static_cast<size_t>(3 * n));
-  for (int64_t t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= spec_.vocab_size)
-      throw RuntimeError(fmt::format("prefill: token {} at {} outside the vocabulary [0, {})", tokens[t], t, spec_.vocab_size));
-    host[t] = tokens[t];
-    host[n + t] = static_cast<int32_t>(slot);
-    host[2 * n + t] = static_cast<int32_t>(t + 1);
-  }
-  CUDA_CHECK(cudaMemcpyAsync(tokens_.data, host.data(), n * 4, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(slot_.data, host.data() + n, n * 4, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(len_dev_.data, host.data() + 2 * n, n * 4, cudaMemcpyHostToDevice, stream_));
-  len_[slot] = static_cast<int32_t>(n);
-  if (!all_rows) return run(1, n, false, 1, logits_.ptr<float>());
+  const int32_t s32 = static_cast<int32_t>(slot);
+  if (!all_rows) return prefill_batch(&s32, tokens, 1, n);
   // Every row's logits: a buffer of its own (tests and scoring; generation needs the last row only).
+  stage_prefill(&s32, tokens, 1, n);
   float* buf = nullptr;
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), static_cast<size_t>(n * spec_.padded_vocab_size) * 4));
   try {
-    run(1, n, false, n, buf);
+    run(1, n, false, true, buf);
   } catch (...) {
     cudaFree(buf);
     throw;
   }
   CUDA_CHECK(cudaFree(buf));
   return host_logits_.data();
+}
+
+const float* InferenceEngine::prefill_batch(const int32_t* slots, const int32_t* tokens, int64_t B, int64_t T) {
+  if (B < 1 || B > max_batch_) throw RuntimeError(fmt::format("prefill: {} sequences outside [1, {}]", B, max_batch_));
+  stage_prefill(slots, tokens, B, T);
+  return run(B, T, false, false, logits_.ptr<float>());
+}
+
+void InferenceEngine::stage_prefill(const int32_t* slots, const int32_t* tokens, int64_t B, int64_t T) {
+  if (T < 1 || T > capacity())
+    throw RuntimeError(fmt::format("prefill: {} tokens outside [1, {}] (the model's seq_length)", T, capacity()));
+  if (B * T > rows_) throw RuntimeError(fmt::format("prefill: {} x {} tokens exceed the engine's {} rows", B, T, rows_));
+  const int64_t N = B * T;
+  std::vector<int32_t> host(static_cast<size_t>(3 * N));
+  std::vector<bool> seen(static_cast<size_t>(max_batch_), false);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t s = slots[b];
+    if (s < 0 || s >= max_batch_ || seen[s])
+      throw RuntimeError(fmt::format("prefill: slot {} (entry {}) outside [0, {}) or listed twice", s, b, max_batch_));
+    seen[s] = true;
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t id = tokens[b * T + t];
+      if (id < 0 || id >= spec_.vocab_size)
+        throw RuntimeError(fmt::format("prefill: token {} at {} of slot {} outside the vocabulary [0, {})", id, t, s,
+                                       spec_.vocab_size));
+      host[b * T + t] = id;
+      host[N + b * T + t] = static_cast<int32_t>(s);
+      host[2 * N + b * T + t] = static_cast<int32_t>(t + 1);
+    }
+  }
+  CUDA_CHECK(cudaMemcpyAsync(tokens_.data, host.data(), N * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(slot_.data, host.data() + N, N * 4, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(len_dev_.data, host.data() + 2 * N, N * 4, cudaMemcpyHostToDevice, stream_));
+  for (int64_t b = 0; b < B; ++b) len_[slots[b]] = static_cast<int32_t>(T);
 }
 
 const float* InferenceEngine::decode(const int32_t* slots, const int32_t* tokens, int64_t n) {
@@ -367,7 +404,7 @@ const float* InferenceEngine::decode(const int32_t* slots, const int32_t* tokens
   CUDA_CHECK(cudaMemcpyAsync(slot_.data, host.data() + 2 * n, n * 4, cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaMemcpyAsync(len_dev_.data, host.data() + 3 * n, n * 4, cudaMemcpyHostToDevice, stream_));
   for (int64_t i = 0; i < n; ++i) ++len_[slots[i]];
-  return run(n, 1, true, n, logits_.ptr<float>());
+  return run(n, 1, true, false, logits_.ptr<float>());
 }
 
 std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
@@ -393,42 +430,63 @@ std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::v
     ++st.new_tokens;
     if (static_cast<int64_t>(out[b].size()) >= o.max_new_tokens || (o.stop_at_eod && next == o.eod_id)) done[b] = true;
   };
-  // The last min(S, size) tokens of sequence b from position 0: the prompt's prefill, and every
-  // step without the cache (or past seq_length, where positions cannot grow further).
-  auto window = [&](int64_t b) {
-    const int64_t T = std::min<int64_t>(S, static_cast<int64_t>(ids[b].size()));
-    return engine.prefill(b, ids[b].data() + ids[b].size() - T, T);
-  };
-  auto t0 = std::chrono::steady_clock::now();
-  for (int64_t b = 0; b < n; ++b)
-    if (!done[b]) take(b, window(b));
-  st.prefill_ms = ms_since(t0);
-  t0 = std::chrono::steady_clock::now();
+  // Logits for the listed sequences, row_of[b] (host rows of the padded vocabulary): a batched
+  // decode of those with the cache whose next position fits, and for the rest the last min(S, size)
+  // tokens from position 0, one batched prefill per window length (the prompts' prefill; every step
+  // without the cache; past seq_length, where positions cannot grow further). A call reuses the
+  // engine's host buffer, so the rows of all calls but the last are copied out.
+  std::vector<const float*> row_of(static_cast<size_t>(n), nullptr);
+  std::vector<std::vector<float>> copies;
   std::vector<int32_t> slots, toks;
-  std::vector<float> kept;
-  std::vector<int64_t> rows(static_cast<size_t>(n), -1);  // row of b's logits in the batched decode
-  while (std::find(done.begin(), done.end(), false) != done.end()) {
+  auto logits_for = [&](const std::vector<int64_t>& rows, bool cached) {
+    copies.clear();
+    std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> calls;  // (slots, tokens); T = 0: decode
+    std::vector<int64_t> lens;
     slots.clear();
     toks.clear();
-    for (int64_t b = 0; b < n; ++b) {
-      rows[b] = -1;
-      if (done[b] || !use_cache || static_cast<int64_t>(ids[b].size()) > S) continue;
-      rows[b] = static_cast<int64_t>(slots.size());
-      slots.push_back(static_cast<int32_t>(b));
-      toks.push_back(ids[b].back());
+    std::map<int64_t, std::vector<int64_t>> by_len;
+    for (int64_t b : rows) {
+      if (cached && static_cast<int64_t>(ids[b].size()) <= S) {
+        slots.push_back(static_cast<int32_t>(b));
+        toks.push_back(ids[b].back());
+      } else {
+        by_len[std::min<int64_t>(S, static_cast<int64_t>(ids[b].size()))].push_back(b);
+      }
     }
-    const float* batched = slots.empty() ? nullptr : engine.decode(slots.data(), toks.data(), static_cast<int64_t>(slots.size()));
-    // A window recompute reuses the engine's host logits: then the batched rows are copied out first.
-    bool recompute = false;
-    for (int64_t b = 0; b < n; ++b) recompute = recompute || (!done[b] && rows[b] < 0);
-    if (batched && recompute) {
-      kept.assign(batched, batched + slots.size() * static_cast<size_t>(Vp));
-      batched = kept.data();
+    if (!slots.empty()) calls.emplace_back(slots, toks), lens.push_back(0);
+    for (const auto& [T, members] : by_len) {
+      std::vector<int32_t> g(members.begin(), members.end()), flat;
+      for (int64_t b : members) flat.insert(flat.end(), ids[b].end() - T, ids[b].end());
+      calls.emplace_back(std::move(g), std::move(flat));
+      lens.push_back(T);
     }
-    for (int64_t b = 0; b < n; ++b) {
-      if (done[b]) continue;
-      take(b, rows[b] >= 0 ? batched + rows[b] * Vp : window(b));
+    copies.reserve(calls.size());  // row_of points into them
+    for (size_t k = 0; k < calls.size(); ++k) {
+      const auto& [g, t] = calls[k];
+      const int64_t B = static_cast<int64_t>(g.size());
+      const float* l = lens[k] == 0 ? engine.decode(g.data(), t.data(), B) : engine.prefill_batch(g.data(), t.data(), B, lens[k]);
+      if (k + 1 < calls.size()) {
+        copies.emplace_back(l, l + B * Vp);
+        l = copies.back().data();
+      }
+      for (int64_t i = 0; i < B; ++i) row_of[g[i]] = l + i * Vp;
     }
+  };
+  auto active = [&] {
+    std::vector<int64_t> rows;
+    for (int64_t b = 0; b < n; ++b)
+      if (!done[b]) rows.push_back(b);
+    return rows;
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> rows = active();
+  logits_for(rows, false);
+  for (int64_t b : rows) take(b, row_of[b]);  // in prompt order: one generator, a fixed order of draws
+  st.prefill_ms = ms_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  for (rows = active(); !rows.empty(); rows = active()) {
+    logits_for(rows, use_cache);
+    for (int64_t b : rows) take(b, row_of[b]);
     ++st.decode_steps;
   }
   st.decode_ms = ms_since(t0);

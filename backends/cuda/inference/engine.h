@@ -56,6 +56,9 @@ class InferenceEngine {
   // what it held, and returns the logits (host f32) of the last token, [padded_vocab_size]
   // (or of every token, [n, padded_vocab_size], with all_rows). Valid until the next call.
   const float* prefill(int64_t slot, const int32_t* tokens, int64_t n, bool all_rows = false);
+  // Several sequences of T tokens each (tokens [B, T] row-major) into the listed distinct slots
+  // at positions 0..T-1; returns each one's last-token logits, [B, padded_vocab_size] host f32.
+  const float* prefill_batch(const int32_t* slots, const int32_t* tokens, int64_t B, int64_t T);
   // One token per listed slot (distinct slots, each with length < capacity), at position
   // length(slot), which then grows by one. Returns the logits, [n, padded_vocab_size] host f32.
   const float* decode(const int32_t* slots, const int32_t* tokens, int64_t n);
@@ -66,15 +69,17 @@ class InferenceEngine {
         out_w, out_b;
     turbo::TensorView k_cache, v_cache;  // [max_batch, capacity, KV, D]
   };
-  // The layers and the head over N rows (tokens): B x T with positions (decode: B = n, T = 1)
-  // or pos = t (prefill: B = 1, T = n); returns the host logits of `head_rows` last rows.
-  const float* run(int64_t B, int64_t T, bool decoding, int64_t head_rows, float* logits_dev);
+  // The layers and the head over N = B x T tokens: decode (T = 1, positions staged)
+  // or pos = t (prefill: B sequences of T); the head's logits (every row when decoding or
+  // all_rows, else each sequence's last) into logits_dev and then the host buffer.
+  const float* run(int64_t B, int64_t T, bool decoding, bool all_rows, float* logits_dev);
+  void stage_prefill(const int32_t* slots, const int32_t* tokens, int64_t B, int64_t T);  // ids, slots, lengths
   void norm(const turbo::TensorView& out, const turbo::TensorView& resid_out, const turbo::TensorView& inp,
             const turbo::TensorView& resid, const turbo::TensorView& w, const turbo::TensorView& b, int64_t N);
 
   train::ModelSpec spec_;
   train::ParamLayout layout_;
-  int64_t max_batch_, rows_;  // rows_: activation rows (max(max_batch, capacity))
+  int64_t max_batch_, rows_;  // rows_: activation rows (max_batch x capacity)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<turbo::Arena> weights_, state_, scratch_;
   turbo::TensorView wte_, wpe_, lnf_w_, lnf_b_, head_w_, rope_table_;
@@ -100,8 +105,8 @@ struct GenerateStats {
 // end-of-text id when stop_at_eod (the id is kept in its output). When a sequence fills the
 // model's seq_length, each further token recomputes the window of its last seq_length tokens,
 // as the reference model does. use_cache = false recomputes the whole window for every token
-// (prefill of all tokens so far, one sequence at a time): the baseline the cache is measured
-// against. Returns the new tokens of each prompt.
+// (a prefill of all tokens so far, sequences of one length batched together): the baseline the
+// cache is measured against. Returns the new tokens of each prompt.
 std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                            const train::SampleOptions& o, std::mt19937_64& rng, bool use_cache = true,
                                            GenerateStats* stats = nullptr);
