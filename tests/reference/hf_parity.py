@@ -35,7 +35,10 @@ for dtype in ("fp32", "bf16"):
         if dtype == "fp32":
             gen = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
             hf_text = bytes(gen[0].tolist()).decode("utf-8", "replace").replace("\0", "\n")
-            ours = subprocess.run([primus, "generate", "-c", ckpt, "-p", prompt, "-n", str(n), "-t", "0"],
+            # The fp32 reference model (the default on a GPU machine is the bf16 cuda engine), not
+            # stopping at end-of-text, as transformers here (eos_token_id=None).
+            ours = subprocess.run([primus, "generate", "-c", ckpt, "-p", prompt, "-n", str(n), "-t", "0",
+                                   "--backend", "reference", "--ignore-eod"],
                                   check=True, capture_output=True, text=True).stdout.rstrip("\n")
             out["greedy_match"] = hf_text == ours
             if hf_text != ours:
