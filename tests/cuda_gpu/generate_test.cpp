@@ -178,11 +178,15 @@ TEST_P(GenerateTest, GreedyTokensEqualTheReferenceAwayFromTies) {
       std::vector<float> top(l, l + V);
       std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
       const int32_t want = static_cast<int32_t>(std::max_element(l, l + V) - l);
-      if (top[0] - top[1] < 0.05f * std::max(1.0f, std::fabs(top[0]))) break;  // near-tie: bf16 may pick either
-      ASSERT_EQ(got[b][i], want) << "prompt " << b << " token " << i;
-      ASSERT_EQ(nocache[b][i], want) << "prompt " << b << " token " << i << " (no cache)";
+      // A near-tie: bf16 may pick either; the comparison goes on only while the tokens agree.
+      if (top[0] - top[1] < 0.1f * std::max(1.0f, std::fabs(top[0]))) {
+        if (got[b][i] != want || nocache[b][i] != want) break;
+      } else {
+        ASSERT_EQ(got[b][i], want) << "prompt " << b << " token " << i;
+        ASSERT_EQ(nocache[b][i], want) << "prompt " << b << " token " << i << " (no cache)";
+        ++compared;
+      }
       ids.push_back(want);
-      ++compared;
     }
     EXPECT_GE(compared, 3) << "prompt " << b << ": too few tokens away from ties to compare";
   }

@@ -158,6 +158,8 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
     rope_table_ = state_->tensor(DType::F32, {S, D / 2, 2}, "rope table");
     turbo::rope_build_table(rope_table_, spec_.rotary_base, {stream_, nullptr});
   }
+  pinned_count_ = static_cast<size_t>(max_batch_ * Vp);
+  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_logits_), pinned_count_ * 4));
   // Attention's workspace (cuDNN's plan, Turbo's kernels) and the ops' small borrows.
   scratch_ = turbo::make_device_arena(size_t{256} << 20);
   len_.assign(static_cast<size_t>(max_batch_), 0);
@@ -165,6 +167,7 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
 }
 
 InferenceEngine::~InferenceEngine() {
+  if (pinned_logits_) cudaFreeHost(pinned_logits_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -322,10 +325,13 @@ const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, bool all_
   }
   const TensorView out{logits_dev, DType::F32, turbo::Device::CUDA, {head_rows, Vp}};
   turbo::linear_forward(out, head_in, head_w_, {}, {}, c);
-  host_logits_.resize(static_cast<size_t>(head_rows * Vp));
-  CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), logits_dev, host_logits_.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  // Pinned memory for the rows of a decode or prefill step (a pageable copy of Llama-3's 8 x 128K
+  // logits would take about twice as long); a larger all-rows request goes through a vector.
+  const size_t count = static_cast<size_t>(head_rows * Vp);
+  float* host = count <= pinned_count_ ? pinned_logits_ : (host_logits_.resize(count), host_logits_.data());
+  CUDA_CHECK(cudaMemcpyAsync(host, logits_dev, count * 4, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return host_logits_.data();
+  return host;
 }
 
 const float* InferenceEngine::prefill(int64_t slot, const int32_t* tokens, int64_t n, bool all_rows) {
@@ -335,14 +341,15 @@ const float* InferenceEngine::prefill(int64_t slot, const int32_t* tokens, int64
   stage_prefill(&s32, tokens, 1, n);
   float* buf = nullptr;
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), static_cast<size_t>(n * spec_.padded_vocab_size) * 4));
+  const float* rows = nullptr;
   try {
-    run(1, n, false, true, buf);
+    rows = run(1, n, false, true, buf);
   } catch (...) {
     cudaFree(buf);
     throw;
   }
   CUDA_CHECK(cudaFree(buf));
-  return host_logits_.data();
+  return rows;
 }
 
 const float* InferenceEngine::prefill_batch(const int32_t* slots, const int32_t* tokens, int64_t B, int64_t T) {

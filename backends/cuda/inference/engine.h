@@ -90,6 +90,8 @@ class InferenceEngine {
   turbo::TensorView tokens_, positions_, slot_, len_dev_, logits_;  // logits_ f32 [max_batch, Vp]
   int cur_ = 0;  // which h_ holds the residual stream
   std::vector<int32_t> len_;
+  float* pinned_logits_ = nullptr;  // [max_batch, Vp] page-locked
+  size_t pinned_count_ = 0;
   std::vector<float> host_logits_;
 };
 
