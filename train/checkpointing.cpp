@@ -53,6 +53,9 @@ nlohmann::json spec_json(const ModelSpec& m) {
   // checkpoints and today's Llama / GPT-2 ones stay byte-identical.
   if (m.kv_channels > 0 && m.kv_channels * m.num_attention_heads != m.hidden_size) j["kv_channels"] = m.kv_channels;
   if (m.qk_layernorm) j["qk_layernorm"] = true;
+  if (m.qk_norm_whole) j["qk_norm_whole"] = true;
+  if (m.add_qkv_bias) j["add_qkv_bias"] = true;
+  if (m.sliding_window > 0) j["sliding_window"] = m.sliding_window;
   return j;
 }
 
@@ -78,6 +81,9 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
   if (j.contains("moe")) m.moe = moe_from_json(j.at("moe"));  // absent: a dense model's checkpoint
   m.kv_channels = j.value("kv_channels", m.hidden_size / std::max<int64_t>(1, m.num_attention_heads));
   m.qk_layernorm = j.value("qk_layernorm", false);
+  m.qk_norm_whole = j.value("qk_norm_whole", false);
+  m.add_qkv_bias = j.value("add_qkv_bias", false);
+  m.sliding_window = j.value("sliding_window", int64_t{0});
   return m;
 }
 

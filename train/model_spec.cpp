@@ -12,7 +12,7 @@ using config::KeyType;
 
 void add_model_schema(config::Schema& s) {
   s.text("model_type", "gpt2", "model family, used for Hugging Face names and export",
-         {"gpt2", "llama", "qwen3", "mixtral", "olmoe", "qwen3_moe", "deepseek_v3"})
+         {"gpt2", "llama", "qwen2", "qwen3", "mistral", "mixtral", "olmoe", "qwen3_moe", "deepseek_v3"})
       .integer("vocab_size", std::nullopt, "vocabulary size (the tokenizer's, before padding)", 1, 1 << 24)
       .integer("make_vocab_size_divisible_by", 1, "pad the embedding rows to a multiple of this", 1, 1 << 16)
       .integer("seq_length", 1024, "tokens per sample (also the position table size)", 1, 1 << 21)
@@ -23,6 +23,10 @@ void add_model_schema(config::Schema& s) {
       .integer("kv_channels", std::nullopt,
                "head dimension; q width = heads x kv_channels (default: hidden_size / num_attention_heads)", 1, 1 << 14)
       .flag("qk_layernorm", false, "RMSNorm over each query and key head before RoPE, one weight shared by the heads (Qwen3)")
+      .text("qk_layernorm_scope", "head",
+            "what qk_layernorm normalises: each head (Qwen3) or the whole q and k projections, weights of "
+            "heads x kv_channels and kv heads x kv_channels (projection: OLMoE)",
+            {"head", "projection"})
       .integer("ffn_hidden_size", std::nullopt, "MLP width (default: 4 * hidden_size)", 1, 1 << 20)
       .text("normalization", "LayerNorm", "LayerNorm or RMSNorm", {"LayerNorm", "RMSNorm"})
       .number("norm_epsilon", 1e-5, "epsilon of the norms", 0.0, 1.0)
@@ -30,8 +34,13 @@ void add_model_schema(config::Schema& s) {
       .text("position_embedding_type", "learned_absolute", "learned_absolute or rope",
             {"learned_absolute", "rope"})
       .number("rotary_base", 10000.0, "RoPE base (theta)", 1.0)
+      .integer("sliding_window", 0,
+               "sliding-window attention (Mistral): a token sees itself and the sliding_window - 1 tokens "
+               "before it; 0: full causal attention",
+               0, int64_t{1} << 30)
       .flag("untie_embeddings_and_output_weights", false, "separate output head instead of the embedding")
       .flag("add_bias_linear", true, "biases in the linear layers")
+      .flag("add_qkv_bias", false, "a bias on the q, k and v projections even without add_bias_linear (Qwen2)")
       .number("init_method_std", 0.02, "standard deviation of the weight init", 0.0, 1.0);
   // Mixture of experts (Megatron-LM's names).
   s.integer("num_experts", 0, "routed experts per MoE layer (0: dense model)", 0, 4096)
@@ -178,13 +187,16 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
   m.ffn_hidden_size = opt(p, "ffn_hidden_size", 4 * m.hidden_size);
   m.kv_channels = opt(p, "kv_channels", 0);
   m.qk_layernorm = optb(p, "qk_layernorm", false);
+  m.qk_norm_whole = opts(p, "qk_layernorm_scope", "head") == std::string("projection");
   m.layernorm = p.find_path("normalization")->as_string() == "LayerNorm";
   m.norm_epsilon = p.find_path("norm_epsilon")->as_double();
   m.swiglu = p.find_path("activation")->as_string() == "swiglu";
   m.rope = p.find_path("position_embedding_type")->as_string() == "rope";
   m.rotary_base = p.find_path("rotary_base")->as_double();
+  m.sliding_window = opt(p, "sliding_window", 0);
   m.untied = p.find_path("untie_embeddings_and_output_weights")->as_bool();
   m.bias = p.find_path("add_bias_linear")->as_bool();
+  m.add_qkv_bias = optb(p, "add_qkv_bias", false);
   m.init_method_std = p.find_path("init_method_std")->as_double();
   auto where = [&](const char* k) { return p.find_path(k) ? p.find_path(k)->origin().str() : std::string("?"); };
   if (m.kv_channels == 0 && m.hidden_size % m.num_attention_heads != 0) {
@@ -205,6 +217,10 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
     throw ConfigError(fmt::format("{}: qk_layernorm is an RMSNorm per head and needs normalization: RMSNorm",
                                   where("qk_layernorm")));
   }
+  if (m.qk_norm_whole && !m.qk_layernorm) {
+    throw ConfigError(fmt::format("{}: qk_layernorm_scope: projection says how qk_layernorm normalises; set "
+                                  "qk_layernorm: true as well", where("qk_layernorm_scope")));
+  }
   m.moe = moe_from_config(p, m, where);
   return m;
 }
@@ -213,7 +229,9 @@ std::string ModelSpec::summary() const {
   std::string s = fmt::format("{} {} layers, hidden {}, heads {}/{}", model_type, num_layers, hidden_size,
                               num_attention_heads, num_query_groups);
   if (q_dim() != hidden_size) s += fmt::format(" of {}", head_dim());
-  if (qk_layernorm) s += ", qk norm";
+  if (qk_layernorm) s += qk_norm_whole ? ", qk norm (projection)" : ", qk norm";
+  if (add_qkv_bias && !bias) s += ", qkv bias";
+  if (sliding_window > 0) s += fmt::format(", sliding window {}", sliding_window);
   if (moe.enabled()) {
     s += fmt::format(", {} experts top-{} in {} MoE layers{}", moe.num_experts, moe.topk, num_moe_layers(),
                      moe.shared_ffn_hidden_size > 0 ? " + shared expert" : "");
@@ -241,8 +259,9 @@ int64_t layer_parameters(const ModelSpec& m, int64_t l, int64_t experts) {
   const int64_t C = m.hidden_size;
   const int64_t norm = m.layernorm ? 2 * C : C;
   int64_t n = 2 * norm + C * m.qkv_dim() + m.q_dim() * C;
-  if (m.bias) n += m.qkv_dim() + C;
-  if (m.qk_layernorm) n += 2 * m.head_dim();  // q_norm, k_norm
+  if (m.bias) n += C;
+  if (m.qkv_bias()) n += m.qkv_dim();
+  if (m.qk_layernorm) n += m.q_norm_dim() + m.k_norm_dim();  // q_norm, k_norm
   if (m.is_moe_layer(l)) {
     n += m.moe.num_experts * C;                                 // router
     n += experts * 3 * m.moe.ffn_hidden_size * C;               // gate, up, down

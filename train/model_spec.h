@@ -56,14 +56,23 @@ struct ModelSpec {
   // qk_layernorm: RMSNorm (one learnable weight of kv_channels, shared by the heads) over each
   // head of q and of k, after the qkv projection and before RoPE (Qwen3, Megatron).
   bool qk_layernorm = false;
+  // qk_layernorm_scope: projection: one RMSNorm over the whole q projection (weight of q_dim())
+  // and one over the whole k projection (weight of kv_dim()) instead of per head (OLMoE).
+  bool qk_norm_whole = false;
   int64_t ffn_hidden_size = 0;
   bool layernorm = true;            // false: RMSNorm
   double norm_epsilon = 1e-5;
   bool swiglu = false;              // false: GELU (tanh)
   bool rope = false;                // false: learned absolute positions
   double rotary_base = 10000;
+  // sliding_window (Mistral): query t attends to keys j with t - sliding_window < j <= t, i.e.
+  // itself and the sliding_window - 1 tokens before it (transformers' sliding_window_overlay:
+  // kv_idx > q_idx - sliding_window). 0: full causal attention.
+  int64_t sliding_window = 0;
   bool untied = false;              // separate output head
   bool bias = true;                 // biases in linear layers
+  // add_qkv_bias: a bias on the q, k and v projections only (Qwen2); implied by `bias`.
+  bool add_qkv_bias = false;
   double init_method_std = 0.02;
   MoeSpec moe;
 
@@ -71,6 +80,10 @@ struct ModelSpec {
   int64_t q_dim() const { return num_attention_heads * head_dim(); }  // == hidden_size unless kv_channels is set
   int64_t kv_dim() const { return num_query_groups * head_dim(); }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+  bool qkv_bias() const { return bias || add_qkv_bias; }
+  // Widths of the q and k norm weights (qk_layernorm): a head, or the whole projection.
+  int64_t q_norm_dim() const { return qk_norm_whole ? q_dim() : head_dim(); }
+  int64_t k_norm_dim() const { return qk_norm_whole ? kv_dim() : head_dim(); }
   int64_t fc_dim() const { return swiglu ? 2 * ffn_hidden_size : ffn_hidden_size; }
   bool is_moe_layer(int64_t l) const { return moe.enabled() && moe.moe_layers.at(static_cast<size_t>(l)); }
   int64_t num_moe_layers() const;

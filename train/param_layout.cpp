@@ -87,7 +87,7 @@ ParamLayout make_param_layout(const ModelSpec& m) {
     norm("norm1", "ln_1", "input_layernorm");
     if (gpt2) {
       add(p + "attn.qkv.weight", {m.qkv_dim(), C}, true, whole(hp + "attn.c_attn.weight", m.qkv_dim(), HfTransform::Transpose));
-      if (m.bias) add(p + "attn.qkv.bias", {m.qkv_dim()}, false, whole(hp + "attn.c_attn.bias", m.qkv_dim()));
+      if (m.qkv_bias()) add(p + "attn.qkv.bias", {m.qkv_dim()}, false, whole(hp + "attn.c_attn.bias", m.qkv_dim()));
       add(p + "attn.proj.weight", {C, m.q_dim()}, true, whole(hp + "attn.c_proj.weight", C, HfTransform::Transpose));
       if (m.bias) add(p + "attn.proj.bias", {C}, false, whole(hp + "attn.c_proj.bias", C));
     } else {
@@ -96,7 +96,7 @@ ParamLayout make_param_layout(const ModelSpec& m) {
                                  {hp + "self_attn.k_proj.weight", H * D, KV * D, qk, KV},
                                  {hp + "self_attn.v_proj.weight", H * D + KV * D, KV * D, HfTransform::None, 0}};
       add(p + "attn.qkv.weight", {m.qkv_dim(), C}, true, qkv);
-      if (m.bias) {
+      if (m.qkv_bias()) {  // rows as the weight's: q and k take RoPE's row permutation
         std::vector<HfPart> qkvb = {{hp + "self_attn.q_proj.bias", 0, H * D, qk, H},
                                     {hp + "self_attn.k_proj.bias", H * D, KV * D, qk, KV},
                                     {hp + "self_attn.v_proj.bias", H * D + KV * D, KV * D, HfTransform::None, 0}};
@@ -106,13 +106,17 @@ ParamLayout make_param_layout(const ModelSpec& m) {
       if (m.bias) add(p + "attn.proj.bias", {C}, false, whole(hp + "self_attn.o_proj.bias", C));
     }
     if (m.qk_layernorm) {
-      // One weight of head_dim per norm, shared by the heads. Our features are RoPE's
+      // Per head: one weight of head_dim per norm, shared by the heads. Our features are RoPE's
       // interleaved pairs, HF's the half-split ones, so the weight takes the q/k rows'
-      // permutation (as one "head"); without RoPE the features are in the same order.
+      // permutation (as one "head"); without RoPE the features are in the same order. Over the
+      // whole projection (OLMoE): weights of heads x head_dim, permuted per head as the q/k rows.
       const HfTransform nt = m.rope ? HfTransform::RopeRows : HfTransform::None;
       const std::string ha = hp + (gpt2 ? "attn." : "self_attn.");
-      add(p + "attn.q_norm.weight", {D}, false, std::vector<HfPart>{{ha + "q_norm.weight", 0, D, nt, 1}});
-      add(p + "attn.k_norm.weight", {D}, false, std::vector<HfPart>{{ha + "k_norm.weight", 0, D, nt, 1}});
+      const int64_t qh = m.qk_norm_whole ? H : 1, kh = m.qk_norm_whole ? KV : 1;
+      add(p + "attn.q_norm.weight", {m.q_norm_dim()}, false,
+          std::vector<HfPart>{{ha + "q_norm.weight", 0, m.q_norm_dim(), nt, qh}});
+      add(p + "attn.k_norm.weight", {m.k_norm_dim()}, false,
+          std::vector<HfPart>{{ha + "k_norm.weight", 0, m.k_norm_dim(), nt, kh}});
     }
     norm("norm2", "ln_2", "post_attention_layernorm");
     if (m.is_moe_layer(l)) {
@@ -206,33 +210,36 @@ void from_hf(const ParamTensor& t, const HfPart& part, const float* hf,
 
 namespace {
 // The MoE models transformers can load with our tensors: Mixtral (softmax top-k renormalised,
-// every layer MoE, no shared expert, no query/key norms) and Qwen3-MoE (softmax, renormalised or
+// every layer MoE, no shared expert, no query/key norms), Qwen3-MoE (softmax, renormalised or
 // not as norm_topk_prob says, per-head query/key norms, dense layers where mlp_only_layers
-// lists them). OLMoE's query/key norms span the whole projection width (one weight of
-// heads x head_dim), not Primus' per-head norm; DeepSeek-V3 needs multi-head latent attention.
+// lists them) and OLMoE (as Qwen3-MoE, every layer MoE, query/key norms over the whole
+// projection width). DeepSeek-V3 needs multi-head latent attention.
 void check_hf_moe(const ModelSpec& m) {
   const MoeSpec& e = m.moe;
-  if (m.model_type != "mixtral" && m.model_type != "qwen3_moe") {
-    std::string why = m.model_type == "olmoe"
-                          ? " (OLMoE normalises q and k over the whole projection width, Primus' qk_layernorm "
-                            "per head)"
-                          : m.model_type == "deepseek_v3" ? " (DeepSeek-V3 needs multi-head latent attention)" : "";
+  if (m.model_type != "mixtral" && m.model_type != "qwen3_moe" && m.model_type != "olmoe") {
+    std::string why = m.model_type == "deepseek_v3" ? " (DeepSeek-V3 needs multi-head latent attention)" : "";
     throw ConfigError(fmt::format("export to Hugging Face: model_type '{}' with experts is not supported yet{} "
-                                  "(Mixtral and Qwen3-MoE are: set model_type: mixtral or qwen3_moe)",
+                                  "(Mixtral, Qwen3-MoE and OLMoE are: set model_type: mixtral, qwen3_moe or olmoe)",
                                   m.model_type, why));
   }
-  const bool qwen = m.model_type == "qwen3_moe";
-  const char* cls = qwen ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
+  const bool qwen = m.model_type == "qwen3_moe", olmoe = m.model_type == "olmoe";
+  const char* cls = qwen ? "Qwen3MoeForCausalLM" : olmoe ? "OlmoeForCausalLM" : "MixtralForCausalLM";
   std::string why;
   if (e.sigmoid) why = "its router is not a softmax (moe_router_score_function)";
-  else if (e.pre_softmax && !qwen) why = "its router is not softmax over the top-k (moe_router_pre_softmax)";
+  else if (e.pre_softmax && !qwen && !olmoe) why = "its router is not softmax over the top-k (moe_router_pre_softmax)";
   else if (e.num_groups > 1) why = "it uses group-limited routing";
   else if (e.topk_scaling_factor != 1.0) why = "moe_router_topk_scaling_factor is not 1";
   else if (e.shared_ffn_hidden_size > 0) why = "it has a shared expert";
   else if (e.expert_bias) why = "its router has an expert bias";
   else if (!qwen && m.num_moe_layers() != m.num_layers) why = "not every layer is MoE";
-  else if (qwen && !m.qk_layernorm) why = "Qwen3-MoE normalises every query and key head (set qk_layernorm: true)";
-  else if (!qwen && m.qk_layernorm) why = "Mixtral has no query/key norms (qk_layernorm)";
+  else if (m.add_qkv_bias) why = "it has q/k/v biases (add_qkv_bias)";
+  else if (qwen && (!m.qk_layernorm || m.qk_norm_whole))
+    why = "Qwen3-MoE normalises every query and key head (set qk_layernorm: true, qk_layernorm_scope: head)";
+  else if (olmoe && (!m.qk_layernorm || !m.qk_norm_whole))
+    why = "OLMoE normalises the whole q and k projections (set qk_layernorm: true, qk_layernorm_scope: projection)";
+  else if (olmoe && m.q_dim() != m.hidden_size)
+    why = "OLMoE's heads are hidden_size / num_attention_heads wide (kv_channels differs)";
+  else if (!qwen && !olmoe && m.qk_layernorm) why = "Mixtral has no query/key norms (qk_layernorm)";
   if (!why.empty()) throw ConfigError(fmt::format("export as {}: the model differs from it: {}", cls, why));
 }
 
@@ -250,6 +257,11 @@ nlohmann::json llama_like_config(const ModelSpec& m, const char* cls, const char
 }  // namespace
 
 std::string hf_config_json(const ModelSpec& m, int eos) {
+  if (m.sliding_window > 0 && m.model_type != "mistral") {
+    throw ConfigError(fmt::format("export: sliding_window {} is exported only as MistralForCausalLM (set model_type: "
+                                  "mistral); the {} class attends to every earlier token",
+                                  m.sliding_window, m.model_type));
+  }
   nlohmann::json j;
   const bool qwen_attention = m.qk_layernorm;  // only Qwen3's classes normalise q/k per head
   if (m.moe.enabled()) {
@@ -269,6 +281,16 @@ std::string hf_config_json(const ModelSpec& m, int eos) {
                 {"max_window_layers", m.num_layers}});
       return j.dump(2);
     }
+    if (m.model_type == "olmoe") {
+      // OlmoeConfig: intermediate_size is an expert's width; no head_dim key (hidden / heads).
+      j = llama_like_config(m, "OlmoeForCausalLM", "olmoe", eos);
+      j.erase("head_dim");
+      j.update({{"intermediate_size", m.moe.ffn_hidden_size}, {"num_experts", m.moe.num_experts},
+                {"num_experts_per_tok", m.moe.topk}, {"norm_topk_prob", !m.moe.pre_softmax},
+                {"router_aux_loss_coef", m.moe.aux_loss_coeff}, {"output_router_logits", false},
+                {"attention_bias", false}, {"clip_qkv", nullptr}, {"pad_token_id", nullptr}});
+      return j.dump(2);
+    }
     j = llama_like_config(m, "MixtralForCausalLM", "mixtral", eos);
     j.erase("intermediate_size");
     j.update({{"intermediate_size", m.moe.ffn_hidden_size}, {"num_local_experts", m.moe.num_experts},
@@ -276,10 +298,17 @@ std::string hf_config_json(const ModelSpec& m, int eos) {
               {"output_router_logits", false}, {"sliding_window", nullptr}});
     return j.dump(2);
   }
+  if (m.qk_norm_whole) {
+    // Dense models with whole-projection q/k norms are OLMo2's, which also moves the layer norms
+    // after the sublayers: no Primus setting matches it.
+    throw ConfigError("export to Hugging Face: a dense model with qk_layernorm_scope: projection has no transformers "
+                      "class (OLMoE is the family with these norms: it needs num_experts > 0)");
+  }
   if (!m.swiglu && !m.rope) {
-    if (m.q_dim() != m.hidden_size || m.qk_layernorm) {
+    if (m.q_dim() != m.hidden_size || m.qk_layernorm || !m.bias) {
       throw ConfigError("export as GPT2LMHeadModel: GPT-2 has neither a head dimension other than hidden_size / "
-                        "num_attention_heads (kv_channels) nor query/key norms (qk_layernorm)");
+                        "num_attention_heads (kv_channels) nor query/key norms (qk_layernorm), and it has every bias "
+                        "(add_bias_linear: true)");
     }
     j = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab_size},
          {"n_positions", m.seq_length}, {"n_ctx", m.seq_length}, {"n_embd", m.hidden_size},
@@ -291,12 +320,27 @@ std::string hf_config_json(const ModelSpec& m, int eos) {
   } else if (qwen_attention) {
     // Qwen3ForCausalLM: Llama's layout with q_norm / k_norm per head. Its attention_bias puts a
     // bias on q, k, v and o but none on the MLP, which no Primus setting matches.
-    if (m.bias) {
-      throw ConfigError("export as Qwen3ForCausalLM: Qwen3 has no MLP biases (set add_bias_linear: false)");
+    if (m.bias || m.add_qkv_bias) {
+      throw ConfigError("export as Qwen3ForCausalLM: Qwen3 has no MLP biases and no q/k/v-only biases (set "
+                        "add_bias_linear: false, add_qkv_bias: false)");
     }
     j = llama_like_config(m, "Qwen3ForCausalLM", "qwen3", eos);
     j.update({{"attention_bias", false}, {"use_sliding_window", false}, {"sliding_window", nullptr},
               {"max_window_layers", m.num_layers}});
+  } else if (m.model_type == "qwen2" || (m.add_qkv_bias && !m.bias)) {
+    // Qwen2ForCausalLM: Llama's layout with biases on q, k and v only (always there). Its
+    // sliding window is off (use_sliding_window false; the window fields are informational).
+    if (!m.add_qkv_bias || m.bias) {
+      throw ConfigError("export as Qwen2ForCausalLM: Qwen2 has biases on q, k and v and nowhere else (set "
+                        "add_qkv_bias: true, add_bias_linear: false)");
+    }
+    j = llama_like_config(m, "Qwen2ForCausalLM", "qwen2", eos);
+    j.update({{"use_sliding_window", false}, {"sliding_window", nullptr}, {"max_window_layers", m.num_layers}});
+  } else if (m.model_type == "mistral") {
+    if (m.bias) throw ConfigError("export as MistralForCausalLM: Mistral has no biases (set add_bias_linear: false)");
+    j = llama_like_config(m, "MistralForCausalLM", "mistral", eos);
+    // Same semantics (transformers: kv_idx > q_idx - sliding_window); null: full attention.
+    j.update({{"sliding_window", m.sliding_window > 0 ? nlohmann::json(m.sliding_window) : nlohmann::json(nullptr)}});
   } else {
     j = llama_like_config(m, "LlamaForCausalLM", "llama", eos);
     j.update({{"attention_bias", m.bias}, {"mlp_bias", m.bias}});

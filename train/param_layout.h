@@ -59,7 +59,9 @@ std::vector<int64_t> to_hf(const ParamTensor& t, const HfPart& part, const float
 void from_hf(const ParamTensor& t, const HfPart& part, const float* hf,
              const std::vector<int64_t>& hf_shape, float* ours);
 
-// config.json for transformers (GPT2LMHeadModel or LlamaForCausalLM).
+// config.json for transformers: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM (q/k/v-only
+// biases), Qwen3ForCausalLM (per-head q/k norms), MistralForCausalLM, MixtralForCausalLM,
+// Qwen3MoeForCausalLM or OlmoeForCausalLM; throws ConfigError naming what transformers' class lacks.
 std::string hf_config_json(const ModelSpec& m, int eos_token_id);
 
 }  // namespace primus::train

@@ -105,6 +105,10 @@ ProjectionTokenCost projection_token_cost(const ModelSpec& s, const ProjectionLa
     double elems = 2 * 9 * C;
     if (s.rope) elems += 4 * (QD + KVD);  // rotate q|k forward, rotate dq|dk back
     if (s.qk_layernorm) elems += 9 * (QD + KVD);  // per-head norms of q and k, as a norm above
+    // Whole-width q|k norms (OLMoE) run on dense copies: q|k out and back in the forward, dq|dk
+    // out and the input gradient back in the backward.
+    if (s.qk_norm_whole) elems += 6 * (QD + KVD);
+    if (s.add_qkv_bias && !s.bias) elems += double(s.qkv_dim());  // the qkv bias gradient's column sums
     double mlp_recompute = 0, grouped_recompute = 0;
     if (s.is_moe_layer(l)) {
       const MoeSpec& e = s.moe;

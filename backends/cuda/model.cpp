@@ -29,7 +29,13 @@ void check_shapes(const train::ModelSpec& s) {
   };
   need8(s.hidden_size, "hidden_size");
   need8(s.head_dim(), "the head dimension (kv_channels, default hidden_size / num_attention_heads)");
-  if (s.qk_layernorm && s.head_dim() > turbo::kHeadNormMaxDim) {
+  // Whole-projection q|k norms run on the norm op, whose rows hold at most 8192 bf16 columns.
+  if (s.qk_layernorm && s.qk_norm_whole && s.q_dim() > 8192) {
+    throw ConfigError(fmt::format("the cuda backend's qk_layernorm_scope: projection serves q widths (heads x head "
+                                  "dimension) up to 8192, got {}",
+                                  s.q_dim()));
+  }
+  if (s.qk_layernorm && !s.qk_norm_whole && s.head_dim() > turbo::kHeadNormMaxDim) {
     throw ConfigError(fmt::format("the cuda backend's qk_layernorm serves head dimensions up to {}, got kv_channels {}",
                                   turbo::kHeadNormMaxDim, s.head_dim()));
   }

@@ -46,11 +46,11 @@ GptModel<Real>::GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_
       a.q_rot.resize(N * QD);
       a.k_rot.resize(N * KVD);
     }
-    if (spec.qk_layernorm) {
+    if (spec.qk_layernorm) {  // rstd per (token, head), or per token over the whole projection
       a.q_pre.resize(N * QD);
       a.k_pre.resize(N * KVD);
-      a.rstd_q.resize(N * H);
-      a.rstd_k.resize(N * KV);
+      a.rstd_q.resize(spec.qk_norm_whole ? N : N * H);
+      a.rstd_k.resize(spec.qk_norm_whole ? N : N * KV);
     }
     a.att.resize(N * QD);
     a.lse.resize(N * H);
@@ -151,17 +151,19 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
     norm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x_in.data(), p + "norm1", N);
     const Real* wqkv = param(p + "attn.qkv.weight");
     const Real* bqkv = weight_or_null(p + "attn.qkv.bias");
-    // With qk_layernorm the projection lands in q_pre / k_pre and the per-head RMSNorm (rows of
-    // one head's D features, weight shared by the heads) writes q / k, which RoPE then rotates.
+    // With qk_layernorm the projection lands in q_pre / k_pre and the RMSNorm writes q / k, which
+    // RoPE then rotates: per head (rows of one head's D features, weight shared by the heads) or
+    // over the whole projection (rows of QD / KVD features, one weight each).
     k::matmul_forward(qkn ? a.q_pre.data() : a.q.data(), a.ln1.data(), wqkv, bqkv, N, C, QD);
     k::matmul_forward(qkn ? a.k_pre.data() : a.k.data(), a.ln1.data(), wqkv + QD * C, bqkv ? bqkv + QD : nullptr, N, C,
                       KVD);
     k::matmul_forward(a.v.data(), a.ln1.data(), wqkv + (QD + KVD) * C, bqkv ? bqkv + QD + KVD : nullptr, N, C, KVD);
     if (qkn) {
-      k::rmsnorm_forward(a.q.data(), a.rstd_q.data(), a.q_pre.data(), param(p + "attn.q_norm.weight"), N * H, D,
+      const int64_t qd = spec_.q_norm_dim(), kd = spec_.k_norm_dim();
+      k::rmsnorm_forward(a.q.data(), a.rstd_q.data(), a.q_pre.data(), param(p + "attn.q_norm.weight"), N * QD / qd, qd,
                          spec_.norm_epsilon);
-      k::rmsnorm_forward(a.k.data(), a.rstd_k.data(), a.k_pre.data(), param(p + "attn.k_norm.weight"), N * KV, D,
-                         spec_.norm_epsilon);
+      k::rmsnorm_forward(a.k.data(), a.rstd_k.data(), a.k_pre.data(), param(p + "attn.k_norm.weight"), N * KVD / kd,
+                         kd, spec_.norm_epsilon);
     }
     const Real* q = a.q.data();
     const Real* kk = a.k.data();
@@ -280,11 +282,12 @@ void GptModel<Real>::backward() {
     const Real* dk_proj = dk_.data();
     if (qkn) {
       zero(dq_pre_, N * QD);
+      const int64_t qd = spec_.q_norm_dim(), kd = spec_.k_norm_dim();
       zero(dk_pre_, N * KVD);
       k::rmsnorm_backward(dq_pre_.data(), grad(p + "attn.q_norm.weight"), dq_.data(), a.q_pre.data(),
-                          param(p + "attn.q_norm.weight"), a.rstd_q.data(), N * H, D);
+                          param(p + "attn.q_norm.weight"), a.rstd_q.data(), N * QD / qd, qd);
       k::rmsnorm_backward(dk_pre_.data(), grad(p + "attn.k_norm.weight"), dk_.data(), a.k_pre.data(),
-                          param(p + "attn.k_norm.weight"), a.rstd_k.data(), N * KV, D);
+                          param(p + "attn.k_norm.weight"), a.rstd_k.data(), N * KVD / kd, kd);
       dq_proj = dq_pre_.data();
       dk_proj = dk_pre_.data();
     }

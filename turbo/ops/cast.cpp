@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <utility>
 
 #include "core/util/error.h"
 
@@ -44,6 +45,36 @@ void cast(const TensorView& dst, const TensorView& src, const ExecContext& ctx) 
 #endif
   (void)ctx;
   throw RuntimeError(fmt::format("cast: {} -> {} is not supported", src.describe(), dst.describe()));
+}
+
+void copy_rows(const TensorView& dst, const TensorView& src, const ExecContext& ctx) {
+  const char* op = "copy_rows";
+  check_defined(dst, op, "dst");
+  check_defined(src, op, "src");
+  check_same_device(dst, src, op);
+  for (const auto& [name, t] : {std::pair{"dst", &dst}, std::pair{"src", &src}}) {
+    if (t->ndim != 2 || t->stride(1) != 1 || t->stride(0) < t->size(1))
+      throw RuntimeError(fmt::format("copy_rows: {} must be [N, C] with contiguous rows, got {}", name, t->describe()));
+  }
+  if (dst.size(0) != src.size(0) || dst.size(1) != src.size(1) || dst.dtype != src.dtype) {
+    throw RuntimeError(fmt::format("copy_rows: dst {} does not match src {}", dst.describe(), src.describe()));
+  }
+  const size_t es = dtype_size(src.dtype), row = size_t(src.size(1)) * es;
+  const size_t dp = size_t(dst.stride(0)) * es, sp = size_t(src.stride(0)) * es;
+  const int64_t rows = src.size(0);
+  if (dst.device == Device::CPU) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst.data) + size_t(r) * dp, static_cast<const char*>(src.data) + size_t(r) * sp, row);
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  if (rows > 0)
+    CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dp, src.data, sp, row, size_t(rows), cudaMemcpyDeviceToDevice,
+                                 static_cast<cudaStream_t>(ctx.stream)));
+#else
+  (void)ctx;
+  throw RuntimeError("copy_rows: a device tensor in a build without CUDA");
+#endif
 }
 
 }  // namespace primus::turbo

@@ -10,4 +10,10 @@ namespace primus::turbo {
 
 void cast(const TensorView& dst, const TensorView& src, const ExecContext& ctx);
 
+// dst = src for two [N, C] views of one dtype and device whose rows are contiguous but may lie
+// further apart than C elements (column slices of a wider buffer), e.g. the q columns of a packed
+// q|k|v projection into a dense buffer and back. One strided copy (cudaMemcpy2DAsync on the
+// device, ordered on ctx.stream); the two views must not overlap.
+void copy_rows(const TensorView& dst, const TensorView& src, const ExecContext& ctx);
+
 }  // namespace primus::turbo

@@ -16,6 +16,7 @@
 #include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
 #include "turbo/ops/rope.h"
+#include "turbo/ops/normalization.h"
 
 namespace primus::backends::cuda {
 
@@ -117,7 +118,11 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   const TensorView q4 = heads(qkv, B, T, 0, H), k4 = heads(qkv, B, T, QD, KV), v4 = heads(qkv, B, T, QD + KVD, KV);
   if (spec_.qk_layernorm) {  // in place on q|k, before RoPE; the pre-norm values are kept for the backward
     phase(Phase::Norm);
-    turbo::head_norm(qk_norm_args(a, p, qkv, B, T));
+    if (spec_.qk_norm_whole) {
+      qk_norm_whole(a, p, qkv, N, false);
+    } else {
+      turbo::head_norm(qk_norm_args(a, p, qkv, B, T));
+    }
   }
   if (spec_.rope) {  // in place on q|k (adjacent columns, one rotation per position): only the rotated ones are needed later
     phase(Phase::Rope);
@@ -343,6 +348,65 @@ void Decoder::backward() {
   }
   const TensorView dres = a_.dres.slice0(0, N);
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
+// The rows of q (k) are the q (k) columns of the packed buffer; the norm op reads dense rows and
+// writes strided ones, and its backward reads and writes dense rows: so the forward copies the
+// projection's q and k into qk_pre (dense [N, QD] then [N, KVD]: the norm's input, kept for the
+// backward) and normalises from there into the packed columns; the backward copies d(normed q|k)
+// out of dqkv into dense rows (dqk_dense), runs the norm's backward into datt (dead after the
+// attention's backward) and copies the result back into dqkv's columns.
+void Decoder::qk_norm_whole(const LayerActs& a, const LayerParams& p, const TensorView& buf, int64_t N,
+                            bool backward) {
+  const int64_t QD = spec_.q_dim(), KVD = spec_.kv_dim(), W = buf.size(1);
+  const size_t es = turbo::dtype_size(buf.dtype);
+  auto cols = [&](int64_t col, int64_t width) {  // [N, width] columns of the packed buffer
+    TensorView v(static_cast<char*>(buf.data) + size_t(col) * es, buf.dtype, buf.device, {N, width});
+    v.strides = {W, 1};
+    return v;
+  };
+  auto dense = [&](const TensorView& flat, int64_t at, int64_t width) {  // [N, width] at element `at`
+    return TensorView(static_cast<char*>(flat.data) + size_t(at) * turbo::dtype_size(flat.dtype), flat.dtype,
+                      flat.device, {N, width});
+  };
+  const int64_t Nmax = a.qk_pre.size(0);  // k's dense rows start after all of q's, at the planned bound
+  struct Part {
+    int64_t col, width, at;
+    const Param& w;
+  };
+  const Part parts[] = {{0, QD, 0, p.q_norm}, {QD, KVD, Nmax * QD, p.k_norm}};
+  for (size_t i = 0; i < 2; ++i) {
+    const Part& pt = parts[i];
+    const TensorView pre = dense(a.qk_pre, pt.at, pt.width), packed = cols(pt.col, pt.width);
+    const TensorView rstd = a.rstd_qk.slice0(int64_t(i) * Nmax, int64_t(i) * Nmax + N);
+    if (!backward) {
+      turbo::copy_rows(pre, packed, ctx_);
+      turbo::NormForwardArgs n;
+      n.type = turbo::NormType::RMSNorm;
+      n.out = packed;
+      n.rstd = rstd;
+      n.inp = pre;
+      n.weight = pt.w.w;
+      n.eps = static_cast<float>(spec_.norm_epsilon);
+      n.ctx = ctx_;
+      ops_.norm_forward(n);
+      continue;
+    }
+    const TensorView dout = dense(a_.dqk_dense, pt.at, pt.width), dinp = dense(a_.datt, 0, pt.width);
+    turbo::copy_rows(dout, packed, ctx_);
+    turbo::NormBackwardArgs n;
+    n.type = turbo::NormType::RMSNorm;
+    n.dinp = dinp;
+    n.dweight = pt.w.g;
+    n.dout = dout;
+    n.inp = pre;
+    n.weight = pt.w.w;
+    n.rstd = rstd;
+    n.accumulate_dinp = false;
+    n.ctx = ctx_;
+    ops_.norm_backward(n);
+    turbo::copy_rows(packed, dinp, ctx_);
+  }
+}
+
     NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
     recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
     const LayerActs& a = a_.layers[l];
@@ -405,11 +469,15 @@ void Decoder::backward() {
     }
     if (spec_.qk_layernorm) {  // dq|dk of the normed q|k -> of the projection's, in place; the two weights' gradients (+=)
       mark(Phase::NormBwd);
-      turbo::HeadNormArgs hn = qk_norm_args(a, p, dqkv, B, T);
-      hn.backward = true;
-      hn.dweight = p.q_norm.g;
-      hn.dweight_k = p.k_norm.g;
-      turbo::head_norm(hn);
+      if (spec_.qk_norm_whole) {
+        qk_norm_whole(a, p, dqkv, N, true);
+      } else {
+        turbo::HeadNormArgs hn = qk_norm_args(a, p, dqkv, B, T);
+        hn.backward = true;
+        hn.dweight = p.q_norm.g;
+        hn.dweight_k = p.k_norm.g;
+        turbo::head_norm(hn);
+      }
     }
     const TensorView ln1 = a.ln1.slice0(0, N), dln = a_.dln.slice0(0, N);
     mark(Phase::QkvGemmBwd);

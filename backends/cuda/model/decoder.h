@@ -146,6 +146,9 @@ class Decoder {
   void ready(int64_t offset) const {
     if (grads_ready_) grads_ready_(offset);
   }
+  // qk_layernorm_scope: projection: RMSNorm over the whole q and k columns of `buf` (the packed
+  // qkv in the forward, dqkv in the backward: in place there too), see decoder.cpp.
+  void qk_norm_whole(const LayerActs& a, const LayerParams& p, const TensorView& buf, int64_t N, bool backward);
 
   const train::ModelSpec& spec_;
   DecoderOptions opt_;

@@ -180,8 +180,11 @@ size_t MemoryPlan::scratch_bytes() const {
   const size_t turbo_attention = size_t(2 * N * QD) * 4 + size_t(N * H) * 4 + (size_t{256} << 20);
   bytes = std::max(bytes, opt_.host ? opt_.attention_scratch_bytes
                                     : std::max(opt_.attention_scratch_bytes, turbo_attention));
-  if (spec_.qk_layernorm && !opt_.host)  // the per-head norms' weight-gradient partials
+  if (spec_.qk_layernorm && !spec_.qk_norm_whole && !opt_.host)  // the per-head norms' weight-gradient partials
     bytes = std::max(bytes, turbo::head_norm_scratch_bytes(N, spec_.head_dim()));
+  if (spec_.qk_layernorm && spec_.qk_norm_whole && opt_.query_device)  // the whole-width norms' (turbo's norm op)
+    bytes = std::max({bytes, turbo::cuda::norm_backward_scratch_bytes(N, QD),
+                      turbo::cuda::norm_backward_scratch_bytes(N, spec_.kv_dim())});
   if (spec_.moe.enabled() && !opt_.host) {  // the routing ops' partial sums and plan tables (device only)
     const train::MoeSpec& e = spec_.moe;
     bytes = std::max(bytes, turbo::moe_scratch_bytes(N, e.topk, e.num_experts, e.capacity(N),
@@ -318,7 +321,8 @@ void MemoryPlan::plan(Take&& take) {
   // dead before the next layer's MLP, so the two sets overlap.
   const bool rope = spec_.rope;
   const int64_t mlp_cols = FC + (spec_.swiglu ? F : 0);
-  const int64_t att_cols = 2 * QD + 2 * KVD + (rope ? QD + KVD : 0);
+  const bool dense_qk = spec_.qk_layernorm && spec_.qk_norm_whole;
+  const int64_t att_cols = 2 * QD + 2 * KVD + (rope || dense_qk ? QD + KVD : 0);
   const TensorView bwd = take(Pool::Acts, act_, {N * std::max(mlp_cols, att_cols)}, "backward working gradients");
   // [N, cols] block starting `col0` columns-worth of N rows into the region.
   auto carve = [&](int64_t col0, int64_t cols) {
@@ -335,6 +339,10 @@ void MemoryPlan::plan(Take&& take) {
 
 template <class Take>
 void MemoryPlan::plan_moe(Take&& take, int64_t N) {
+  if (dense_qk) {
+    const TensorView d = carve(2 * QD + 2 * KVD, QD + KVD);
+    if (d.defined()) a.dqk_dense = TensorView(d.data, act_, d.device, {N * (QD + KVD)});
+  }
   ActivationBuffers& a = acts;
   a.moe.assign(static_cast<size_t>(spec_.num_layers), MoeActs{});
   const train::MoeSpec& e = spec_.moe;

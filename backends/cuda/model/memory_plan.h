@@ -102,8 +102,11 @@ struct ActivationBuffers {
   TensorView tmp, x_final, lnf, meanf, rstdf, logits, losses, tokens, targets;
   // The backward's working gradients. dqkv [N, QD + 2*KVD] packs dq|dk|dv like LayerActs::qkv (one
   // dgrad and one wgrad GEMM); dqk_rot [N, QD + KVD] holds the attention's dq|dk before RoPE's
-  // backward rotates them into dqkv; datt [N, QD].
-  TensorView dres, dln, datt, dqkv, dqk_rot, dfc, dact;
+  // backward rotates them into dqkv; datt [N, QD]. With whole-projection q|k norms
+  // (qk_norm_whole) dqk_dense [N * (QD + KVD)] holds dense copies of d(normed q) [N, QD] then
+  // d(normed k) [N, KVD] for the norms' backward (dqk_rot's memory when there is RoPE: it is dead
+  // by then).
+  TensorView dres, dln, datt, dqkv, dqk_rot, dqk_dense, dfc, dact;
   // The LM head and loss run in blocks of head_rows rows (see kHeadBlockBytes in memory_plan.cpp).
   int64_t head_rows = 0;
   // The padded norm outputs [N, C + ones_pad] whose extra columns init_ones() fills.
