@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cctype>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/util/error.h"
 #include "data/prepare/prepare.h"
@@ -74,10 +76,21 @@ fsys::path resume_dir(const CheckpointArgs& c) {
     if (auto latest = io::find_latest(c.save)) return latest->dir;
   }
   if (c.load.empty()) return {};
-  if (fsys::exists(c.load / io::kManifestFile)) return c.load;
-  auto latest = io::find_latest(c.load);
-  if (!latest) throw IoError(fmt::format("load: no checkpoint in '{}'", c.load.string()));
-  return latest->dir;
+  fsys::path dir = c.load;
+  if (!fsys::exists(dir / io::kManifestFile)) {
+    auto latest = io::find_latest(c.load);
+    if (!latest) throw IoError(fmt::format("load: no checkpoint in '{}'", c.load.string()));
+    dir = latest->dir;
+  }
+  // `primus import hf` writes weights without optimizer state or data positions: nothing to resume.
+  std::ifstream state(dir / io::kStateFile);
+  nlohmann::json s = nlohmann::json::parse(state, nullptr, /*allow_exceptions=*/false);
+  if (s.is_object() && s.value("weights_only", false)) {
+    throw ConfigError(fmt::format("load: {} holds imported weights only (primus import hf), nothing to resume; start "
+                                  "from the Hugging Face folder with load_hf: {} instead",
+                                  dir.string(), s.value("imported_from", std::string("HF_DIR"))));
+  }
+  return dir;
 }
 
 }  // namespace primus::train

@@ -12,6 +12,7 @@
 #include "backends/cuda/trainer.h"
 #include "core/util/error.h"
 #include "parallel/data_parallel.h"
+#include "train/hf_import.h"
 
 namespace primus::backends::cuda {
 
@@ -90,6 +91,7 @@ class CudaAdapter : public BackendAdapter {
   CudaAdapter() {
     train::add_model_schema(schema_);
     train::add_training_schema(schema_);
+    train::add_hf_import_schema(schema_);
     add_cuda_schema(schema_);
   }
   std::string name() const override { return kName; }
@@ -107,7 +109,8 @@ class CudaAdapter : public BackendAdapter {
   }
 
   std::shared_ptr<BackendArgs> convert_config(const config::ModuleConfig& cfg, const config::Experiment& exp) override {
-    const config::Value& p = cfg.params;
+    // With load_hf the model keys (and the tokenizer) come from the Hugging Face folder.
+    const config::Value p = train::resolve_load_hf(cfg.params);
     auto where = [&](const char* k) { return p.find_path(k)->origin().str(); };
     auto a = std::make_shared<CudaArgs>();
     a->model = train::ModelSpec::from_config(p);

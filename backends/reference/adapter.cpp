@@ -5,6 +5,7 @@
 #include "backends/reference/projection.h"
 #include "backends/reference/register.h"
 #include "backends/reference/trainer.h"
+#include "train/hf_import.h"
 
 namespace primus::backends::reference {
 
@@ -27,6 +28,7 @@ class ReferenceAdapter : public BackendAdapter {
   ReferenceAdapter() {
     train::add_model_schema(schema_);
     train::add_training_schema(schema_);
+    train::add_hf_import_schema(schema_);
     parallel::add_data_parallel_schema(schema_);
     schema_.integer("num_threads", 0, "CPU threads for OpenMP and OpenBLAS (0: all cores)", 0, 1024);
   }
@@ -38,11 +40,13 @@ class ReferenceAdapter : public BackendAdapter {
   void prepare(const config::ModuleConfig&) override {}
   std::shared_ptr<BackendArgs> convert_config(const config::ModuleConfig& cfg, const config::Experiment& exp) override {
     auto a = std::make_shared<ReferenceArgs>();
-    a->model = train::ModelSpec::from_config(cfg.params);
-    a->train = train::TrainingArgs::from_config(cfg.params, exp);
-    a->dp = parallel::DataParallelArgs::from_config(cfg.params);
-    a->num_threads = cfg.params.find_path("num_threads")->as_int();
-    a->params = cfg.params;
+    // With load_hf the model keys (and the tokenizer) come from the Hugging Face folder.
+    const config::Value params = train::resolve_load_hf(cfg.params);
+    a->model = train::ModelSpec::from_config(params);
+    a->train = train::TrainingArgs::from_config(params, exp);
+    a->dp = parallel::DataParallelArgs::from_config(params);
+    a->num_threads = params.find_path("num_threads")->as_int();
+    a->params = params;
     a->experiment_file = exp.file.string();
     return a;
   }
