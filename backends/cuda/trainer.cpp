@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "train/data_setup.h"
+#include "train/hf_import.h"
 #include "train/param_init.h"
 #include "parallel/dist_checkpoint.h"
 #include "train/param_layout.h"
@@ -124,6 +125,7 @@ void CudaTrainer::init() {
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
   train::init_params(spec, model_->layout(), t.seed, params.data());  // the same seed: every rank the same weights
+  train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), params.data());
   model_->set_params(params.data());
   if (pg_) {
     parallel::DataParallelOptions dpo;

@@ -17,6 +17,7 @@
 #include "io/checkpoint.h"
 #include "train/checkpointing.h"
 #include "train/data_setup.h"
+#include "train/hf_import.h"
 #include "parallel/dist_checkpoint.h"
 #include "train/trainer_state.h"
 #include "train/lr_schedule.h"
@@ -107,6 +108,7 @@ void ReferenceTrainer::init() {
   model_heap_bytes_ = heap_after > heap_before ? heap_after - heap_before : 0;
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   model_->init_weights(t.seed);
+  train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), model_->params.data());
   const auto total = static_cast<int64_t>(model_->params.size());
   int64_t owned = total;
   if (dp_.distributed_optimizer) {
