@@ -139,6 +139,7 @@ class AttnGpu : public ::testing::Test {
     o.deterministic = deterministic_;
     if (c.scale) o.softmax_scale = static_cast<float>(*c.scale);
     o.cu_seqlens = d.cu;
+    o.window = c.window;
     return o;
   }
   // Runs forward then backward (outputs poisoned first); returns the backends that ran.
@@ -764,6 +765,71 @@ TEST_F(AttnGpu, TurboBackwardZeroesItsAccumulatorAndRefusesMisalignedTensors) {
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("dout does not start 16-byte aligned"), std::string::npos) << e.what();
   }
+}
+
+// Sliding window (TURBO serves it; cuDNN declines): windows of one key, shorter than a tile,
+// crossing tile edges, equal to T and larger than T; MHA and GQA; head_dim 64 and 128; dense at
+// T = 320 (a partial tile on both axes) and packed documents. One test per TURBO kernel choice.
+class AttnGpuWindow : public AttnGpu, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void check() {
+    set_kernel(GetParam());
+    for (int64_t D : {int64_t{64}, int64_t{128}})
+      for (int64_t KVH : {int64_t{4}, int64_t{2}})
+        for (int64_t window : {1, 37, 64, 128, 129, 320, 1000}) {
+          SCOPED_TRACE(fmt::format("D={} KVH={} window={} (T=320)", D, KVH, window));
+          AttnCase c;
+          c.B = 2, c.T = 320, c.H = 4, c.KVH = KVH, c.D = D, c.causal = true, c.window = window;
+          check_case(c);
+        }
+    for (int64_t D : {int64_t{64}, int64_t{128}})
+      for (int64_t window : {9, 100}) {
+        SCOPED_TRACE(fmt::format("packed D={} window={}", D, window));
+        AttnCase c;
+        c.B = 2, c.T = 384, c.H = 4, c.KVH = 2, c.D = D, c.causal = true, c.window = window;
+        c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 5);
+        check_case(c);
+      }
+  }
+  void check_case(const AttnCase& c) {
+    AttnTensors t = random_inputs(c, DType::BF16);
+    run_reference(c, t);
+    Dev d = upload(c, DType::BF16, t);
+    const auto [fb, bb] = run(c, d);  // no backend forced: cuDNN declines a window
+    EXPECT_EQ(fb, BackendType::TURBO);
+    EXPECT_EQ(bb, BackendType::TURBO);
+    check_all(t, d);
+  }
+};
+TEST_P(AttnGpuWindow, MatchesReference) { check(); }
+INSTANTIATE_TEST_SUITE_P(Kernels, AttnGpuWindow, ::testing::Values("", "sm90pipe", "sm90", "bwdsm90", "sm80"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(*i.param ? i.param : "default");
+                         });
+
+// A window that reaches past T is no window: the same bits as window 0 (both TURBO).
+TEST_F(AttnGpu, WindowAtLeastTEqualsNoWindow) {
+  AttnCase c;
+  c.B = 2, c.T = 200, c.H = 4, c.KVH = 2, c.D = 64;
+  AttnTensors t = random_inputs(c, DType::BF16);
+  Dev d = upload(c, DType::BF16, t);
+  GlobalBackendManager::instance().set_backend("attention", BackendType::TURBO);
+  run(c, d);
+  const std::vector<float> out0 = get(d.out), dk0 = get(d.dk), dv0 = get(d.dv);
+  c.window = 200;
+  run(c, d);
+  EXPECT_EQ(get(d.out), out0);
+  EXPECT_EQ(get(d.dk), dk0);
+  EXPECT_EQ(get(d.dv), dv0);
+}
+
+TEST_F(AttnGpu, ForcedCudnnRefusesWindow) {
+  AttnCase c;
+  c.T = 64, c.window = 16;
+  AttnTensors t = random_inputs(c, DType::BF16);
+  Dev d = upload(c, DType::BF16, t);
+  GlobalBackendManager::instance().set_backend("attention", BackendType::CUDNN);
+  EXPECT_THROW(run(c, d), RuntimeError);
 }
 
 TEST_F(AttnGpu, ForcedCudnnRefusesVarlen) {

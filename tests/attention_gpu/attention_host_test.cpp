@@ -30,6 +30,7 @@ struct HostAttn {
   AttentionOptions opt() {
     AttentionOptions o;
     o.causal = c.causal;
+    o.window = c.window;
     if (c.scale) o.softmax_scale = static_cast<float>(*c.scale);
     if (!cu.empty()) o.cu_seqlens = TensorView(cu.data(), DType::I32, Device::CPU, {static_cast<int64_t>(cu.size())});
     return o;
@@ -71,10 +72,12 @@ void expect_fp32_close(const char* what, const std::vector<float>& got, const st
 
 TEST_F(AttnHost, CpuBackendMatchesFp64ReferenceAndOverwritesGradients) {
   SCOPED_TRACE(seed_);
-  for (bool varlen : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {  // dense, packed, windowed, both
+    const bool varlen = variant % 2 == 1;
     AttnCase c;
     c.B = 2, c.T = 48, c.H = 4, c.KVH = 2, c.D = 16, c.causal = true, c.scale = 0.3;
     if (varlen) c.cu_seqlens = random_cu_seqlens(rng_, c.B, c.T, 3);
+    if (variant >= 2) c.window = 11;
     AttnTensors t;
     t.q = random_values(rng_, static_cast<size_t>(c.B * c.T * c.H * c.D), DType::F32);
     t.k = random_values(rng_, static_cast<size_t>(c.B * c.T * c.KVH * c.D), DType::F32);
@@ -128,6 +131,13 @@ TEST_F(AttnHost, ValidationNamesTheArgument) {
     std::vector<float> bad_cu{0.0f, 8.0f};
     a.opt.cu_seqlens = TensorView(bad_cu.data(), DType::F32, Device::CPU, {2});
     expect_msg([&] { attention_forward(a); }, "attention_forward: cu_seqlens: expected i32");
+  }
+  {
+    auto a = h.fwd();
+    a.opt.window = -2;
+    expect_msg([&] { attention_forward(a); }, "attention_forward: window must be >= 0");
+    a.opt.window = 4, a.opt.causal = false;
+    expect_msg([&] { attention_forward(a); }, "attention_forward: a sliding window (window=4) needs causal attention");
   }
 }
 

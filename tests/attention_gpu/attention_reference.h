@@ -26,6 +26,7 @@ struct AttnCase {
   bool causal = true;
   std::optional<double> scale;
   std::vector<int32_t> cu_seqlens;  // empty: dense
+  int64_t window = 0;               // sliding window (AttentionOptions::window); 0: none
 };
 
 struct AttnTensors {  // host values in the flat layouts of turbo/ops/attention.h
@@ -37,6 +38,7 @@ inline cpu::AttentionParams ref_params(const AttnCase& c) {
   cpu::AttentionParams p;
   p.B = c.B, p.T = c.T, p.H = c.H, p.KVH = c.KVH, p.D = c.D;
   p.causal = c.causal;
+  p.window = c.window;
   p.softmax_scale = c.scale;
   if (!c.cu_seqlens.empty()) {
     p.cu_seqlens = c.cu_seqlens.data();

@@ -36,6 +36,7 @@ void naive_attention(std::vector<double>& out, std::vector<double>& lse,
         double m = -INFINITY;
         for (int64_t j = 0; j < p.T; ++j) {
           if (doc[b * p.T + j] != doc[b * p.T + i] || (p.causal && j > i)) continue;
+          if (p.window > 0 && i - j >= p.window) continue;  // transformers: kv_idx > q_idx - window
           double dot = 0;
           for (int64_t d = 0; d < p.D; ++d)
             dot +=
@@ -81,9 +82,10 @@ struct AttentionOp {
 };
 
 AttnCfg cfg(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool causal,
-            std::vector<int32_t> cu = {}) {
+            std::vector<int32_t> cu = {}, int64_t window = 0) {
   AttnCfg c;
   c.p.B = B, c.p.T = T, c.p.H = H, c.p.KVH = KVH, c.p.D = D, c.p.causal = causal;
+  c.p.window = window;
   c.cu = std::move(cu);
   return c;
 }
@@ -121,6 +123,63 @@ TEST_F(AttentionTest, MatchesNaiveVarlen) {
   const std::vector<int32_t> cu{0, 5, 50, 50, 70, 100};
   expect_matches_naive(cfg(2, 50, 4, 2, 8, true, cu));
   expect_matches_naive(cfg(2, 50, 4, 2, 8, false, cu));
+}
+
+// Sliding window: query t sees keys t - window < j <= t. Windows of one key, shorter than the
+// 32-row query block, equal to it, crossing block edges, and at least T (no effect).
+TEST_F(AttentionTest, MatchesNaiveSlidingWindow) {
+  for (int64_t w : {1, 5, 32, 33, 69, 70, 200}) {
+    SCOPED_TRACE(w);
+    expect_matches_naive(cfg(2, 70, 4, 2, 8, true, {}, w));
+  }
+  expect_matches_naive(cfg(1, 40, 4, 1, 8, true, {}, 7));  // multi-query
+}
+TEST_F(AttentionTest, MatchesNaiveSlidingWindowVarlen) {
+  // The window stops at the document start too.
+  const std::vector<int32_t> cu{0, 5, 50, 50, 70, 100};
+  for (int64_t w : {1, 3, 17, 64}) {
+    SCOPED_TRACE(w);
+    expect_matches_naive(cfg(2, 50, 4, 2, 8, true, cu, w));
+  }
+}
+TEST_F(AttentionTest, SlidingWindowAtLeastTChangesNothing) {
+  AttentionOp<float> full(cfg(2, 45, 4, 2, 16, true)), wide(cfg(2, 45, 4, 2, 16, true, {}, 45));
+  Inputs<float> x;
+  for (const InputSpec& s : full.inputs()) x.push_back(rng.vec<float>(s.size, s.lo, s.hi));
+  std::vector<float> a(full.out_size()), b(full.out_size());
+  full.forward(x, a);
+  wide.forward(x, b);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(full.lse, wide.lse);
+}
+TEST_F(AttentionTest, GradientsSlidingWindow) {
+  check_gradients<AttentionOp>(cfg(2, 7, 4, 2, 3, true, {}, 3), rng);
+  check_gradients<AttentionOp>(cfg(1, 40, 2, 2, 2, true, {}, 9), rng);  // across query blocks
+  check_gradients<AttentionOp>(cfg(2, 6, 2, 1, 3, true, {0, 2, 6, 9, 12}, 2), rng);
+}
+// The fixed-size table of train/document_masks.h (every token's document start, repeated entries
+// being empty documents) describes the same documents as the compact one: bit-identical results.
+TEST_F(AttentionTest, VarlenWithEmptyDocumentsEqualsCompactTable) {
+  const std::vector<int32_t> compact{0, 5, 20, 26, 40};  // B=2, T=20
+  std::vector<int32_t> fixed(41);
+  for (size_t d = 0; d + 1 < compact.size(); ++d)
+    for (int32_t i = compact[d]; i < compact[d + 1]; ++i) fixed[i] = compact[d];
+  fixed[40] = 40;
+  for (int64_t w : {0, 4}) {
+    AttentionOp<float> a(cfg(2, 20, 4, 2, 8, true, compact, w)), b(cfg(2, 20, 4, 2, 8, true, fixed, w));
+    Inputs<float> x;
+    for (const InputSpec& s : a.inputs()) x.push_back(rng.vec<float>(s.size, s.lo, s.hi));
+    std::vector<float> oa(a.out_size()), ob(b.out_size());
+    a.forward(x, oa);
+    b.forward(x, ob);
+    EXPECT_EQ(oa, ob);
+    const std::vector<float> dout = rng.vec<float>(a.out_size());
+    Inputs<float> da, db;
+    for (const auto& t : x) da.emplace_back(t.size(), 0.f), db.emplace_back(t.size(), 0.f);
+    a.backward(x, dout, da);
+    b.backward(x, dout, db);
+    EXPECT_EQ(da, db);
+  }
 }
 
 TEST_F(AttentionTest, GradientsGqaCausal) {
@@ -227,6 +286,13 @@ TEST_F(AttentionTest, RejectsBadShapesAndOffsets) {
                RuntimeError);
   const std::vector<int32_t> short_total{0, 8, 15};  // ends before B*T = 16
   p.cu_seqlens = short_total.data(), p.num_docs = 2;
+  EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), p),
+               RuntimeError);
+  p.cu_seqlens = nullptr, p.num_docs = 0;
+  p.window = -1;
+  EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), p),
+               RuntimeError);
+  p.window = 3, p.causal = false;  // a window is causal (Mistral)
   EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), p),
                RuntimeError);
 }

@@ -49,6 +49,10 @@ AttentionDims validate_common(const char* op, const TensorView& q, const TensorV
   }
   for (auto [name, t] : {std::pair{"k", &k}, {"v", &v}, {"out", &out}}) check_dtype(*t, q.dtype, op, name);
   check_dtype(lse, DType::F32, op, "lse");
+  if (opt.window < 0)
+    throw RuntimeError(fmt::format("{}: window must be >= 0 (0: no sliding window), got {}", op, opt.window));
+  if (opt.window > 0 && !opt.causal)
+    throw RuntimeError(fmt::format("{}: a sliding window (window={}) needs causal attention", op, opt.window));
   if (opt.cu_seqlens.defined()) {
     check_dtype(opt.cu_seqlens, DType::I32, op, "cu_seqlens");
     check_same_device(q, opt.cu_seqlens, op);
@@ -92,6 +96,7 @@ cpu::AttentionParams cpu_params(const AttentionDims& d, const AttentionOptions& 
   cpu::AttentionParams p;
   p.B = d.B, p.T = d.T, p.H = d.H, p.KVH = d.KVH, p.D = d.D;
   p.causal = o.causal;
+  p.window = o.window;
   p.softmax_scale = o.scale(d.D);
   if (o.cu_seqlens.defined()) {
     p.cu_seqlens = o.cu_seqlens.ptr<const int32_t>();
@@ -157,6 +162,7 @@ cuda::FlashAttnParams flash_params(const AttentionDims& d, DType dt, const Atten
   cuda::FlashAttnParams p;
   p.B = d.B, p.T = d.T, p.H = d.H, p.KVH = d.KVH, p.D = d.D;
   p.causal = o.causal;
+  p.window = o.window;
   p.scale = o.scale(d.D);
   p.dtype = dt;
   if (o.cu_seqlens.defined()) {
@@ -233,6 +239,8 @@ cudnn::SdpaShape sdpa_shape(const AttentionDims& d, DType dt, bool causal) {
 std::string cudnn_common_check(const TensorView& q, const AttentionOptions& o) {
   if (auto w = detail::all_on(Device::CUDA, {{"q", &q}}); !w.empty()) return w;
   if (o.cu_seqlens.defined()) return "packed documents (cu_seqlens) are not served by the cuDNN backend";
+  // cuDNN's band mask (diagonal alignment with a left bound) is not expressed by our graph builder.
+  if (o.window > 0) return "a sliding window is not served by the cuDNN backend";
   // Loaded at first use: a machine without libcudnn makes this backend incapable (the
   // dispatcher then falls back to TURBO with its one-time warning).
   return cudnn::library().unavailable_reason();
@@ -323,9 +331,9 @@ OpDispatcher<Args>* make_dispatcher(typename FunctionBackend<Args>::CheckFn cudn
 #endif
 
 std::string options_key(const AttentionOptions& o) {
-  return fmt::format("causal={} scale={} docs={}{}", o.causal ? 1 : 0,
+  return fmt::format("causal={} scale={} docs={}{}{}", o.causal ? 1 : 0,
                      o.softmax_scale ? fmt::format("{}", *o.softmax_scale) : "default", num_docs(o),
-                     o.deterministic ? " deterministic" : "");
+                     o.window > 0 ? fmt::format(" window={}", o.window) : "", o.deterministic ? " deterministic" : "");
 }
 
 }  // namespace

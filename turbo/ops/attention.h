@@ -24,7 +24,7 @@
 //          or 128; varlen. The backward needs ctx.scratch (f32 dq accumulator and row sums).
 //   CPU    the reference (turbo/kernels/cpu/attention.h), host f32 tensors.
 // Default on the device: CUDNN, falling back to TURBO where cuDNN cannot serve a call (varlen,
-// a head_dim its engines refuse). PRIMUS_TURBO_ATTENTION_BACKEND=TURBO|CUDNN|CPU|AUTOTUNE
+// a sliding window, a head_dim its engines refuse). PRIMUS_TURBO_ATTENTION_BACKEND=TURBO|CUDNN|CPU|AUTOTUNE
 // overrides (see turbo/dispatch/backend_manager.h).
 #pragma once
 #include <optional>
@@ -40,6 +40,13 @@ struct AttentionOptions {
   bool causal = true;
   std::optional<float> softmax_scale;  // unset: 1/sqrt(D)
   TensorView cu_seqlens;               // i32 [num_docs + 1]; undefined: one sequence per row
+  // Sliding window (causal only; Mistral's sliding_window): query t sees keys j with
+  // t - window < j <= t, i.e. itself and the window - 1 keys before it, as transformers'
+  // sliding_window_overlay (kv_idx > q_idx - sliding_window) and flash-attention's
+  // window_size = (window - 1, 0). Combined with cu_seqlens the window also stops at the
+  // document start. 0: no window (full causal attention); a window >= T changes nothing.
+  // Served by TURBO and CPU (CUDNN declines).
+  int64_t window = 0;
   // Backward: bit-identical results run to run and process to process. CUDNN serves it with its
   // dP-workspace engine (about B*H*T^2*2 bytes more scratch, slower); TURBO declines (its dQ is
   // accumulated with atomics); CPU is deterministic anyway.

@@ -22,8 +22,9 @@ struct Dims {
 };
 
 Dims dims_of(const TensorView& q, const TensorView& k, const AttentionOptions& opt, const char* op) {
-  if (!opt.causal || opt.cu_seqlens.defined()) {
-    throw RuntimeError(fmt::format("{}: serves causal attention over one sequence per row only", op));
+  if (!opt.causal || opt.cu_seqlens.defined() || opt.window > 0) {
+    throw RuntimeError(fmt::format("{}: serves causal attention over one sequence per row only (no packed documents, "
+                                   "no sliding window)", op));
   }
   if (q.ndim != 4 || k.ndim != 4) throw RuntimeError(fmt::format("{}: q and k must be 4-D, got {} and {}", op, q.describe(), k.describe()));
   Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};

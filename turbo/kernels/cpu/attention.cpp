@@ -34,6 +34,8 @@ void check_params(const AttentionParams& p) {
                "attention: shape B={} T={} H={} KVH={} D={} must be positive", p.B, p.T, p.H, p.KVH,
                p.D);
   PRIMUS_CHECK(p.H % p.KVH == 0, "attention: H={} is not a multiple of KVH={}", p.H, p.KVH);
+  PRIMUS_CHECK(p.window >= 0, "attention: window={} must be >= 0", p.window);
+  PRIMUS_CHECK(p.window == 0 || p.causal, "attention: a sliding window (window={}) needs causal attention", p.window);
 }
 
 std::vector<Segment> segments_of(const AttentionParams& p) {
@@ -98,19 +100,24 @@ PRIMUS_INLINE void transpose_into(Real* dst, const Real* src, int64_t L, int64_t
     for (int64_t d = 0; d < D; ++d) dst[d * L + j] = src[j * ld + d];
 }
 
-// Scores of one query block: S[nq, nk] = scale * Q K^T, masked entries set to -inf.
-// Returns nk, the number of key columns the block needs.
+// Scores of one query block: S[nq, nk] = scale * Q K^T, masked entries set to -inf (after the
+// query when causal; before its window when window > 0). Returns nk, the number of key columns
+// the block needs.
 template <typename Real>
 PRIMUS_INLINE int64_t block_scores(Real* S, const Real* q, int64_t ldq, const Real* kt, int64_t L,
-                                   int64_t D, int64_t i0, int64_t nq, bool causal, Real scale) {
+                                   int64_t D, int64_t i0, int64_t nq, bool causal, int64_t window,
+                                   Real scale) {
+  constexpr Real kNegInf = -std::numeric_limits<Real>::infinity();
   const int64_t nk = causal ? i0 + nq : L;
   std::fill(S, S + nq * L, Real(0));
   gemm_nn_acc<Real>(nq, nk, D, q, ldq, kt, L, S, L);
   for (int64_t i = 0; i < nq; ++i) {
     Real* s = S + i * L;
     const int64_t visible = causal ? i0 + i + 1 : nk;
-    for (int64_t j = 0; j < visible; ++j) s[j] *= scale;
-    for (int64_t j = visible; j < nk; ++j) s[j] = -std::numeric_limits<Real>::infinity();
+    const int64_t first = window > 0 ? std::max<int64_t>(0, i0 + i - window + 1) : 0;
+    for (int64_t j = 0; j < first; ++j) s[j] = kNegInf;
+    for (int64_t j = first; j < visible; ++j) s[j] *= scale;
+    for (int64_t j = visible; j < nk; ++j) s[j] = kNegInf;
   }
   return nk;
 }
@@ -144,7 +151,7 @@ PRIMUS_CPU_CLONES void forward_item(Real* out, Real* lse, const Real* q, const R
 
   for (int64_t i0 = 0; i0 < L; i0 += kQueryBlock) {
     const int64_t nq = std::min(kQueryBlock, L - i0);
-    const int64_t nk = block_scores(S, qh + i0 * ldq, ldq, kt, L, D, i0, nq, p.causal, scale);
+    const int64_t nk = block_scores(S, qh + i0 * ldq, ldq, kt, L, D, i0, nq, p.causal, p.window, scale);
     for (int64_t i = 0; i < nq; ++i) {
       Real* s = S + i * L;
       Real m = s[0];
@@ -214,7 +221,7 @@ PRIMUS_CPU_CLONES void backward_item(Real* dq, Real* dk, Real* dv, const Real* d
     const Real* lh = lse + (seg.b * p.H + h) * p.T + seg.t0;
     for (int64_t i0 = 0; i0 < L; i0 += kQueryBlock) {
       const int64_t nq = std::min(kQueryBlock, L - i0);
-      const int64_t nk = block_scores(S, qh + i0 * ldq, ldq, kt, L, D, i0, nq, p.causal, scale);
+      const int64_t nk = block_scores(S, qh + i0 * ldq, ldq, kt, L, D, i0, nq, p.causal, p.window, scale);
       // P = exp(S - lse); delta_i = dout_i · out_i (= sum_j P_ij dP_ij).
       for (int64_t i = 0; i < nq; ++i) {
         Real* s = S + i * L;

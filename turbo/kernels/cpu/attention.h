@@ -17,6 +17,10 @@ namespace primus::turbo::cpu {
 struct AttentionParams {
   int64_t B = 0, T = 0, H = 0, KVH = 0, D = 0;
   bool causal = true;  // query t sees keys <= t (within its document)
+  // Sliding window (needs causal): query t sees keys j with t - window < j <= t (window keys,
+  // itself included; positions within its document), as transformers' Mistral
+  // (sliding_window_overlay: kv_idx > q_idx - sliding_window). 0: no window.
+  int64_t window = 0;
   // Multiplies q·k before the softmax; unset means 1/sqrt(D).
   std::optional<double> softmax_scale;
   // Packed documents (nullptr: each batch row is one sequence). cu_seqlens[0..num_docs] are

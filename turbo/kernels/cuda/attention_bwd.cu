@@ -57,6 +57,7 @@ struct BwdArgs {
   int T, H, KVH;
   float scale, scale_log2;
   bool causal;
+  int window;  // 0: none; else query t sees keys > t - window
 };
 
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
@@ -101,12 +102,16 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_kernel(const BwdArgs
   const DocSpan first_doc = doc_of(p.cu, p.num_docs, b, c0, T_len);
   const DocSpan last_doc = doc_of(p.cu, p.num_docs, b, c_last, T_len);
   const int q_begin = p.causal ? max(first_doc.start, c0) : first_doc.start;
-  const int q_end = last_doc.end;
+  // A window ends the queries at the last key's window (later queries see none of these keys).
+  const int q_end = p.window > 0 ? min(last_doc.end, c_last + p.window) : last_doc.end;
   const int n_q = q_end > q_begin ? (q_end - q_begin + BM - 1) / BM : 0;
   const int total = n_q * group;
   const int key0 = c0 + warp * 16 + lg, key1 = key0 + 8;
-  const DocSpan kd0 = doc_of(p.cu, p.num_docs, b, min(key0, T_len - 1), T_len);
-  const DocSpan kd1 = doc_of(p.cu, p.num_docs, b, min(key1, T_len - 1), T_len);
+  // The queries that may see each key: its document, cut at the key's window (query q sees key j
+  // only if q - j < window), so the mask's document test is the window's too.
+  DocSpan kd0 = doc_of(p.cu, p.num_docs, b, min(key0, T_len - 1), T_len);
+  DocSpan kd1 = doc_of(p.cu, p.num_docs, b, min(key1, T_len - 1), T_len);
+  if (p.window > 0) kd0.end = min(kd0.end, key0 + p.window), kd1.end = min(kd1.end, key1 + p.window);
   const bool varlen = p.cu != nullptr;
 
   auto prefetch = [&](int it, int buf) {
@@ -162,7 +167,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_bwd_kernel(const BwdArgs
     }
 
     // P^T = exp2(scale*log2e * S^T - lse*log2e), zero where masked.
-    const bool need_mask = varlen || q0 + BM > T_len || c0 + BN > T_len || (p.causal && q0 < c0 + BN - 1);
+    const bool need_mask = varlen || q0 + BM > T_len || c0 + BN > T_len || (p.causal && q0 < c0 + BN - 1) ||
+                           (p.window > 0 && q0 + BM - p.window > c0);
 #pragma unroll
     for (int i = 0; i < BM / 8; ++i) {
 #pragma unroll
@@ -417,7 +423,7 @@ void run_bwd(const FlashAttnParams& prm, void* dq, void* dk, void* dv, const voi
   } else {
     BwdArgs a{q, k, v, dout, lse, delta, dq_acc, dk, dv, prm.cu_seqlens, static_cast<int>(prm.num_docs),
               static_cast<int>(prm.T), static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale,
-              prm.scale * kLog2e, prm.causal};
+              prm.scale * kLog2e, prm.causal, static_cast<int>(prm.window < prm.T ? prm.window : 0)};
     if (prm.D == 128) launch_bwd<T, BwdConfig<128, 128, 64>>(prm, a, stream);
     else launch_bwd<T, BwdConfig<64, 128, 64>>(prm, a, stream);
   }

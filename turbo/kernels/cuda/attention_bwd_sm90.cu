@@ -81,8 +81,15 @@ __device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
 // their documents, for the mask.
 struct KeyRows {
   int key0, key1;
+  // The queries that may see each key: its document, cut at the key's window (so the mask's
+  // document test is the window's too).
   DocSpan d0, d1;
 };
+
+// The window the kernels use: 0 where it cannot mask anything (at least T).
+__device__ __forceinline__ int window_of(const FlashAttnParams& prm) {
+  return prm.window > 0 && prm.window < prm.T ? static_cast<int>(prm.window) : 0;
+}
 
 // S^T = K_wg Q^T and dP^T = V_wg dO^T (64 keys x BM queries each). kTwoGroups: S^T and dP^T in
 // two commit groups (S^T can be waited for alone), else one.
@@ -293,16 +300,20 @@ struct BwdWalk {
     const DocSpan first_doc = doc_of(prm.cu_seqlens, num_docs, b, c0, T_len);
     const DocSpan last_doc = doc_of(prm.cu_seqlens, num_docs, b, c_last, T_len);
     q_begin = prm.causal ? max(first_doc.start, c0) : first_doc.start;
-    const int q_end = last_doc.end;
+    // A window ends the queries at the last key's window (later queries see none of these keys).
+    const int window = window_of(prm);
+    const int q_end = window > 0 ? min(last_doc.end, c_last + window) : last_doc.end;
     n_q = q_end > q_begin ? (q_end - q_begin + BM - 1) / BM : 0;
     total = n_q * group;
   }
   __device__ __forceinline__ int head(int it) const { return g * group + it / n_q; }
   __device__ __forceinline__ int q0(int it, int BM) const { return q_begin + (it % n_q) * BM; }
-  // Whether a query tile needs the element mask (ragged edges, documents, the causal diagonal).
+  // Whether a query tile needs the element mask (ragged edges, documents, the causal diagonal, the
+  // window's far edge).
   __device__ __forceinline__ bool need_mask(const FlashAttnParams& prm, int q0, int BM, int BN) const {
-    const int T_len = static_cast<int>(prm.T);
-    return prm.cu_seqlens != nullptr || q0 + BM > T_len || c0 + BN > T_len || (prm.causal && q0 < c0 + BN - 1);
+    const int T_len = static_cast<int>(prm.T), window = window_of(prm);
+    return prm.cu_seqlens != nullptr || q0 + BM > T_len || c0 + BN > T_len || (prm.causal && q0 < c0 + BN - 1) ||
+           (window > 0 && q0 + BM - window > c0);
   }
 };
 
@@ -312,6 +323,10 @@ __device__ __forceinline__ KeyRows key_rows(const FlashAttnParams& prm, int b, i
   kr.key0 = key0, kr.key1 = key0 + 8;
   kr.d0 = doc_of(prm.cu_seqlens, num_docs, b, min(kr.key0, T_len - 1), T_len);
   kr.d1 = doc_of(prm.cu_seqlens, num_docs, b, min(kr.key1, T_len - 1), T_len);
+  if (const int window = window_of(prm); window > 0) {  // query q sees key j only if q - j < window
+    kr.d0.end = min(kr.d0.end, kr.key0 + window);
+    kr.d1.end = min(kr.d1.end, kr.key1 + window);
+  }
   return kr;
 }
 

@@ -12,7 +12,8 @@
 //
 // Layout as turbo/ops/attention.h: q/out [B,T,H,D], k/v [B,T,KVH,D], lse [B,H,T] f32.
 // Varlen: cu_seqlens (device i32 [num_docs+1], over the flattened B*T axis, documents inside
-// batch rows) masks every score whose query and key lie in different documents.
+// batch rows) masks every score whose query and key lie in different documents. A sliding
+// window narrows each query's keys to the last `window` positions.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -27,6 +28,9 @@ namespace primus::turbo::cuda {
 struct FlashAttnParams {
   int64_t B = 0, T = 0, H = 0, KVH = 0, D = 0;
   bool causal = true;
+  // Sliding window (causal only): query t sees keys j with t - window < j <= t (within its
+  // document); 0 means no window. Key tiles wholly outside the window are skipped.
+  int64_t window = 0;
   float scale = 0.0f;                  // multiplies q·k
   DType dtype = DType::BF16;           // of q, k, v, out and the gradients
   const int32_t* cu_seqlens = nullptr; // device; nullptr: one sequence per batch row

@@ -44,6 +44,7 @@ struct FwdArgs {
   int T, H, KVH;
   float scale_log2;  // softmax scale * log2(e)
   bool causal;
+  int window;  // 0: none; else query t sees keys > t - window
 };
 
 template <class T, class C>
@@ -72,12 +73,16 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_kernel(const FwdArgs
   const int q_last = min(q0 + BM, T_len) - 1;
   const DocSpan first_doc = doc_of(p.cu, p.num_docs, b, q0, T_len);
   const DocSpan last_doc = doc_of(p.cu, p.num_docs, b, q_last, T_len);
-  const int k_begin = first_doc.start;
+  // A window starts the block's keys at its first row's window (earlier keys see no row).
+  const int k_begin = p.window > 0 ? max(first_doc.start, q0 - p.window + 1) : first_doc.start;
   const int k_end = p.causal ? q_last + 1 : last_doc.end;
   // This thread's two rows and their documents.
   const int row0 = q0 + warp * 16 + lg, row1 = row0 + 8;
-  const DocSpan d0 = doc_of(p.cu, p.num_docs, b, min(row0, T_len - 1), T_len);
-  const DocSpan d1 = doc_of(p.cu, p.num_docs, b, min(row1, T_len - 1), T_len);
+  // The keys each row may see: its document, cut at the row's window (row t sees key j only if
+  // t - j < window), so the mask's document test is the window's too.
+  DocSpan d0 = doc_of(p.cu, p.num_docs, b, min(row0, T_len - 1), T_len);
+  DocSpan d1 = doc_of(p.cu, p.num_docs, b, min(row1, T_len - 1), T_len);
+  if (p.window > 0) d0.start = max(d0.start, row0 - p.window + 1), d1.start = max(d1.start, row1 - p.window + 1);
   const bool varlen = p.cu != nullptr;
 
   load_tile<BM, D, C::kThreads>(sQ, qh, q_stride, q0, T_len);
@@ -132,7 +137,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) flash_fwd_kernel(const FwdArgs
     for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[i][e] *= p.scale_log2;
-    const bool need_mask = k0 + BN > k_end || (p.causal && k0 + BN - 1 > q0) || varlen;
+    // The window masks a tile whose first key lies before its last row's window.
+    const bool need_mask = k0 + BN > k_end || (p.causal && k0 + BN - 1 > q0) || varlen ||
+                           (p.window > 0 && k0 < q0 + BM - p.window);
     if (need_mask) {
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) {
@@ -290,7 +297,7 @@ void flash_attention_forward(const FlashAttnParams& prm, void* out, float* lse, 
   }
   PRIMUS_CHECK(!prm.strided(), "flash_attention_forward: row-strided q/k/v need the warp-specialised Hopper kernel");
   FwdArgs a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),
-            static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal};
+            static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal, static_cast<int>(prm.window < prm.T ? prm.window : 0)};
   if (prm.dtype == DType::BF16) dispatch_fwd<__nv_bfloat16>(prm, a, stream);
   else dispatch_fwd<__half>(prm, a, stream);
 }

@@ -53,6 +53,7 @@ struct Sm90Args {
   int T, H, KVH;
   float scale_log2;
   bool causal;
+  int window;             // 0: none; else query t sees keys > t - window
   uint32_t v_lbo, v_sbo;  // descriptor offsets of the MN-major V operand
   int B = 1;              // batch rows (the warp-specialised kernel's tile count)
 };
@@ -71,6 +72,8 @@ struct BlockGeometry {
     q0 = m_tile * kBM;
     const int q_last = min(q0 + kBM, p.T) - 1;
     k_begin = doc_of(p.cu, p.num_docs, b, q0, p.T).start;
+    // Keys before the first row's window are seen by no row of the block.
+    if (p.window > 0) k_begin = max(k_begin, q0 - p.window + 1);
     k_end = p.causal ? q_last + 1 : doc_of(p.cu, p.num_docs, b, q_last, p.T).end;
     n_tiles = k_end > k_begin ? (k_end - k_begin + kBN - 1) / kBN : 0;
   }
@@ -90,6 +93,7 @@ struct FwdWarpgroup {
   int row0, row1, lt, lg, k_begin, k_end, q0;
   DocSpan d0, d1;
   bool causal, varlen;
+  int window;
   float scale_log2;
   uint32_t q_wg, v_lbo, v_sbo;
 
@@ -101,7 +105,10 @@ struct FwdWarpgroup {
     row0 = geo.q0 + wg * 64 + warp * 16 + lg, row1 = row0 + 8;
     d0 = doc_of(p.cu, p.num_docs, geo.b, min(row0, p.T - 1), p.T);
     d1 = doc_of(p.cu, p.num_docs, geo.b, min(row1, p.T - 1), p.T);
-    causal = p.causal, varlen = p.cu != nullptr, scale_log2 = p.scale_log2;
+    // The keys each row may see: its document, cut at the row's window (row t sees key j only if
+    // t - j < window), so the mask's document test is the window's too.
+    if (p.window > 0) d0.start = max(d0.start, row0 - p.window + 1), d1.start = max(d1.start, row1 - p.window + 1);
+    causal = p.causal, varlen = p.cu != nullptr, window = p.window, scale_log2 = p.scale_log2;
     q_wg = sQ + wg * 64 * 128;  // this warpgroup's rows inside each Q slab
     v_lbo = p.v_lbo, v_sbo = p.v_sbo;
 #pragma unroll
@@ -133,7 +140,8 @@ struct FwdWarpgroup {
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) s[i] *= scale_log2;
     }
-    const bool need_mask = k0 + BN > k_end || (causal && k0 + BN - 1 > q0) || varlen;
+    // The window masks a tile whose first key lies before the block's last row's window.
+    const bool need_mask = k0 + BN > k_end || (causal && k0 + BN - 1 > q0) || varlen || (window > 0 && k0 < q0 + BM - window);
     if (need_mask) {
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) {
@@ -601,8 +609,8 @@ bool flash_forward_sm90_available() {
 void flash_forward_sm90(const FlashAttnParams& prm, void* out, float* lse, const void* q, const void* k, const void* v,
                         FwdKernel kind, cudaStream_t stream) {
   Sm90Args a{q, k, v, out, lse, prm.cu_seqlens, static_cast<int>(prm.num_docs), static_cast<int>(prm.T),
-             static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal, 0, 1024,
-             static_cast<int>(prm.B)};
+             static_cast<int>(prm.H), static_cast<int>(prm.KVH), prm.scale * kLog2e, prm.causal,
+             static_cast<int>(prm.window < prm.T ? prm.window : 0), 0, 1024, static_cast<int>(prm.B)};
   // V is the MN-major B operand: LBO steps between 64-column slabs of head_dim (one slab is
   // kBN rows of 128 bytes), SBO between groups of 8 keys (1024 bytes).
   // PRIMUS_TURBO_ATTN_SM90_VDESC=swap exchanges them: a diagnostic of the descriptor convention
