@@ -74,4 +74,24 @@ inline train::ModelSpec tiny_qwen3_moe(int64_t vocab = 29, int64_t padded = 32, 
   return m;
 }
 
+// Qwen2 family: tiny_llama with biases on q, k and v only (add_qkv_bias).
+inline train::ModelSpec tiny_qwen2(int64_t vocab = 29, int64_t padded = 32, int64_t seq = 8) {
+  train::ModelSpec m = tiny_llama(vocab, padded, seq);
+  m.model_type = "qwen2";
+  m.add_qkv_bias = true;
+  return m;
+}
+
+// OLMoE: every layer a MoE of tiny_moe's experts, softmax over all experts before the top-2 and
+// no renormalisation (norm_topk_prob false), and q/k RMSNorms over the whole projection width
+// (weights of 4 heads x 4 = 16 and 2 kv heads x 4 = 8).
+inline train::ModelSpec tiny_olmoe(int64_t vocab = 29, int64_t padded = 32, int64_t seq = 8) {
+  train::ModelSpec m = tiny_moe(false, vocab, padded, seq);
+  m.model_type = "olmoe";
+  m.qk_layernorm = m.qk_norm_whole = true;
+  m.moe.pre_softmax = true;
+  m.moe.moe_layers = {true, true, true};
+  return m;
+}
+
 }  // namespace primus::testing

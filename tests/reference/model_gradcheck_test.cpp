@@ -169,3 +169,53 @@ TEST(ReferenceModel, FloatMatchesDoubleForward) {
   double ld = d.forward(tokens.data(), targets.data(), 2, 8);
   EXPECT_NEAR(lf, ld, 1e-4 * std::abs(ld));
 }
+
+// Qwen2: biases on q, k and v and nowhere else; their gradients against finite differences.
+TEST(ReferenceModel, GradCheckTinyQwen2) {
+  train::ModelSpec m = primus::testing::tiny_qwen2();
+  m.init_method_std = 0.3;
+  const train::ParamLayout layout = train::make_param_layout(m);
+  EXPECT_EQ(layout.get("layers.0.attn.qkv.bias").numel, m.qkv_dim());
+  EXPECT_EQ(layout.find("layers.0.attn.proj.bias"), nullptr);
+  EXPECT_EQ(layout.find("layers.0.mlp.fc.bias"), nullptr);
+  gradcheck(m);
+}
+
+// OLMoE's q/k norms over the whole projection width, dense (GQA, RoPE) and with every layer MoE.
+TEST(ReferenceModel, GradCheckQueryKeyNormsOverTheProjection) {
+  train::ModelSpec dense = tiny(true);
+  dense.qk_layernorm = dense.qk_norm_whole = true;
+  gradcheck(dense);
+}
+TEST(ReferenceModel, GradCheckTinyOlmoe) {
+  train::ModelSpec olmoe = primus::testing::tiny_olmoe();
+  olmoe.init_method_std = 0.3;
+  gradcheck(olmoe);
+}
+
+// Which rows a q norm spans, seen from outside: an RMSNorm is blind to a common scale of its
+// row, so scaling every query row of the projection leaves a whole-projection norm's loss as it
+// was and scaling one head's rows does not; per head (Qwen3) scaling one head is invisible.
+TEST(ReferenceModel, QueryNormScopeDecidesWhichScalesTheLossIgnores) {
+  auto loss_after_scaling = [](const train::ModelSpec& spec, int64_t rows) {
+    GptModel<double> model(spec, 2, 8);
+    model.init_weights(5);
+    std::vector<int32_t> tokens(16), targets(16);
+    for (int i = 0; i < 16; ++i) tokens[i] = (i * 7) % 29, targets[i] = (i * 5 + 3) % 29;
+    const double base = model.forward(tokens.data(), targets.data(), 2, 8);
+    double* w = model.param("layers.0.attn.qkv.weight");
+    for (int64_t i = 0; i < rows * spec.hidden_size; ++i) w[i] *= 3.0;
+    return std::abs(model.forward(tokens.data(), targets.data(), 2, 8) - base);
+  };
+  train::ModelSpec whole = tiny(true);
+  whole.qk_layernorm = whole.qk_norm_whole = true;
+  whole.norm_epsilon = 1e-12;  // so that a common scale is exactly invisible
+  train::ModelSpec per_head = whole;
+  per_head.qk_norm_whole = false;
+  const int64_t D = whole.head_dim(), QD = whole.q_dim();
+  EXPECT_EQ(train::make_param_layout(whole).get("layers.0.attn.q_norm.weight").numel, QD);
+  EXPECT_EQ(train::make_param_layout(whole).get("layers.0.attn.k_norm.weight").numel, whole.kv_dim());
+  EXPECT_LT(loss_after_scaling(whole, QD), 1e-6);
+  EXPECT_GT(loss_after_scaling(whole, D), 1e-4);
+  EXPECT_LT(loss_after_scaling(per_head, D), 1e-6);
+}
