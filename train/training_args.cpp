@@ -49,6 +49,10 @@ void add_training_schema(config::Schema& s) {
       .any("valid_data_path", KeyType::List, "validation datasets (default: split off data_path)")
       .number("split", 0.9, "fraction of documents used for training when valid_data_path is unset", 0.0, 1.0)
       .flag("mock_data", false, "synthetic tokens instead of a dataset")
+      .flag("reset_attention_mask", false,
+            "packed samples: a token attends only within its document (documents end at the tokenizer's "
+            "end-of-document token)")
+      .flag("reset_position_ids", false, "packed samples: positions restart at 0 after each end-of-document token")
       .flag("skip_nan_steps", false, "skip a step whose loss or gradients are not finite instead of stopping")
       .flag("exit_signal_handler", true, "on SIGTERM/SIGUSR1 finish the step, checkpoint and exit 0")
       .text("tensorboard_dir", std::nullopt, "TensorBoard event folder (default: derived from the workspace)")
@@ -158,6 +162,8 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.data.data_path = resolve_data_paths(strings_of(p.find_path("data_path")), exp.file);
   a.data.valid_data_path = resolve_data_paths(strings_of(p.find_path("valid_data_path")), exp.file);
   a.data.split = d("split");
+  a.data.reset_attention_mask = b("reset_attention_mask");
+  a.data.reset_position_ids = b("reset_position_ids");
   // mock_data is switched on by the backend's args patch (train/common_patches.cpp).
   a.output_dir = exp.output_dir();
   a.ckpt.save = text_or(p, "save", (a.output_dir / "checkpoints").string());

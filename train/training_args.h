@@ -39,6 +39,10 @@ struct DataArgs {
   std::vector<std::string> valid_data_path;
   double split = 0.9;
   bool mock_data = false;
+  // Document masking in packed samples (Megatron's names; train/document_masks.h): attention
+  // and positions restart after each end-of-document token of the tokenizer.
+  bool reset_attention_mask = false;
+  bool reset_position_ids = false;
 };
 
 struct CheckpointArgs {

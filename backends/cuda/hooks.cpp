@@ -30,6 +30,8 @@ turbo::AttentionForwardArgs to_turbo(const AttentionCall& c) {
   a.v = c.v;
   a.opt.causal = true;
   a.opt.softmax_scale = c.scale;
+  a.opt.window = c.window;
+  a.opt.cu_seqlens = c.cu_seqlens;
   a.ctx = c.ctx;
   return a;
 }
@@ -47,6 +49,8 @@ turbo::AttentionBackwardArgs to_turbo(const AttentionGradCall& c, bool determini
   a.lse = c.lse;
   a.opt.causal = true;
   a.opt.softmax_scale = c.scale;
+  a.opt.window = c.window;
+  a.opt.cu_seqlens = c.cu_seqlens;
   a.opt.deterministic = deterministic;
   a.ctx = c.ctx;
   return a;

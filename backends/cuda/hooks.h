@@ -29,12 +29,17 @@ using turbo::TensorView;
 struct AttentionCall {
   TensorView out, lse, q, k, v;
   float scale = 0.0f;  // multiplies q.k (1/sqrt(D))
+  // turbo::AttentionOptions' sliding window (0: none) and packed documents (undefined: none).
+  int64_t window = 0;
+  TensorView cu_seqlens;
   ExecContext ctx;
 };
 // The backward overwrites dq, dk, dv (dk/dv sum over each kv head's query heads).
 struct AttentionGradCall {
   TensorView dq, dk, dv, dout, q, k, v, out, lse;
   float scale = 0.0f;
+  int64_t window = 0;      // as AttentionCall's
+  TensorView cu_seqlens;
   ExecContext ctx;
 };
 

@@ -96,6 +96,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
       layout, [&spec](const std::string& name) { return Decoder::written_by_first_gemm(spec, name); });
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
   mp.shared_grad_window = opt.optimizer_in_backward;
+  mp.document_masks = opt.document_masking.enabled();
   return mp;
 }
 
@@ -136,8 +137,12 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   optimizer_ = std::make_unique<OptimizerState>(layout_, plan_->state, plan_->grad_placement(), plan_->state_arena(),
                                                 std::move(clearing), opt_.optimizer_state, stream_, ops,
-                                                opt_.optimizer_in_backward ? &in_backward : nullptr);
-  const DecoderOptions dec{opt_.bias_grad, opt_.gelu_unfused_forward, opt_.gelu_unfused_backward};
+                                                opt_.optimizer_in_backward ? &in_backward : nullptr, opt_.muon);
+  DecoderOptions dec;
+  dec.bias_grad = opt_.bias_grad;
+  dec.gelu_unfused_forward = opt_.gelu_unfused_forward;
+  dec.gelu_unfused_backward = opt_.gelu_unfused_backward;
+  dec.document_masking = opt_.document_masking;
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
   if (opt_.optimizer_in_backward) {
     decoder_->on_grads_ready([this](int64_t offset) {

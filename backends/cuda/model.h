@@ -76,6 +76,12 @@ struct CudaModelOptions {
   // (loss_slots 1), no clipping (grad_norm, check_step and update throw: the backward did them),
   // full optimizer state, no data parallelism; get_grads throws (the gradients never exist at once).
   bool optimizer_in_backward = false;
+  // Document masking of packed samples (train/document_masks.h): every forward builds its
+  // documents' positions and attention bounds from its tokens on the device.
+  train::DocumentMasking document_masking;
+  // optimizer: muon: the tensors Muon updates after the backward (train/muon_layout.h); AdamW
+  // the rest. Needs optimizer_state and no optimizer_in_backward. Empty: AdamW everywhere.
+  std::vector<train::MuonTensor> muon;
 };
 
 // The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the

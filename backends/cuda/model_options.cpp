@@ -24,6 +24,22 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
   mo.fp8_linear = a.fp8 != "none";
   if (uses_fallback_attention(a)) {
+  // Document masking: the plan holds its tables; the trainer sets the tokenizer's eod id.
+  mo.document_masking.reset_attention_mask = t.data.reset_attention_mask;
+  mo.document_masking.reset_position_ids = t.data.reset_position_ids;
+  // A sliding window and packed documents are masks of Turbo's attention op (TURBO kernels: cuDNN
+  // and the fallback serve plain causal attention, and the deterministic backward is cuDNN's).
+  const char* mask_key = spec.sliding_window > 0 ? "sliding_window" : t.data.reset_attention_mask ? "reset_attention_mask" : nullptr;
+  if (mask_key && uses_fallback_attention(a)) {
+    throw ConfigError(fmt::format("{} needs Turbo's attention op; the fallback attention (attention_backend: fallback, "
+                                  "or a build without turbo/ops/attention.cpp) serves plain causal attention only",
+                                  mask_key));
+  }
+  if (mask_key && a.deterministic) {
+    throw ConfigError(fmt::format("{} with deterministic: true is not supported: the deterministic attention backward "
+                                  "is cuDNN's, which serves neither a sliding window nor packed documents",
+                                  mask_key));
+  }
     mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
                                                                   spec.num_attention_heads, spec.num_query_groups,
                                                                   spec.head_dim(), a.host_mode ? 4 : 2);

@@ -107,7 +107,8 @@ void CudaTrainer::init() {
 
   if (!args_->host_mode) configure_gemm_algorithms();
   // The options `primus projection` sizes the model with (model_options.h): the two cannot disagree.
-  const CudaModelOptions mo = model_options_for(*args_, dist_.world_size);
+  CudaModelOptions mo = model_options_for(*args_, dist_.world_size);
+  mo.document_masking.eod_id = tokenizer_->eod_id();
   if (mo.fp8_linear && spec.hidden_size < 2048) {
     spdlog::warn("[cuda] fp8: {}: with hidden_size {} each quantization pass costs about what the FP8 GEMM saves "
                  "(GPT-2 124M, hidden 768: 11% slower than bf16 on an H100; Llama-3.2-1B, hidden 2048: 18% faster, "

@@ -136,15 +136,15 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
   T_ = T;
   dloss_ = dloss;
   tokens_.assign(tokens, tokens + N);
+  if (masking_.enabled()) train::build_document_tables(tokens, B, T, masking_, &doc_);
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), F = spec_.ffn_hidden_size, FC = spec_.fc_dim();
   const int64_t V = spec_.padded_vocab_size, QD = spec_.q_dim();
   const bool qkn = spec_.qk_layernorm;
   Real* x = acts_.empty() ? x_final_.data() : acts_[0].x_in.data();
-  k::embedding_forward(x, tokens, nullptr, param("embedding.weight"), weight_or_null("position_embedding.weight"), B, T,
-                       C, V, spec_.seq_length);
-  k::AttentionParams ap;
-  ap.B = B, ap.T = T, ap.H = H, ap.KVH = KV, ap.D = D, ap.causal = true;
+  k::embedding_forward(x, tokens, positions(), param("embedding.weight"), weight_or_null("position_embedding.weight"), B,
+                       T, C, V, spec_.seq_length);
+  const k::AttentionParams ap = attention_params();
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     LayerActs& a = acts_[l];
     const std::string p = fmt::format("layers.{}.", l);
@@ -168,8 +168,8 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
     const Real* q = a.q.data();
     const Real* kk = a.k.data();
     if (spec_.rope) {
-      k::rope_forward(a.q_rot.data(), a.q.data(), nullptr, B, T, H, D, spec_.rotary_base);
-      k::rope_forward(a.k_rot.data(), a.k.data(), nullptr, B, T, KV, D, spec_.rotary_base);
+      k::rope_forward(a.q_rot.data(), a.q.data(), positions(), B, T, H, D, spec_.rotary_base);
+      k::rope_forward(a.k_rot.data(), a.k.data(), positions(), B, T, KV, D, spec_.rotary_base);
       q = a.q_rot.data();
       kk = a.k_rot.data();
     }
@@ -233,8 +233,7 @@ void GptModel<Real>::backward() {
   zero(dx_, N * C);
   norm_backward(dx_.data(), dln_.data(), x_final_.data(), meanf_.data(), rstdf_.data(), "final_norm", N);
 
-  k::AttentionParams ap;
-  ap.B = B, ap.T = T, ap.H = H, ap.KVH = KV, ap.D = D, ap.causal = true;
+  const k::AttentionParams ap = attention_params();
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[l];
     const std::string p = fmt::format("layers.{}.", l);
@@ -273,8 +272,8 @@ void GptModel<Real>::backward() {
     if (spec_.rope) {
       zero(dq_, N * QD);
       zero(dk_, N * KVD);
-      k::rope_backward(dq_.data(), dq_rot_.data(), nullptr, B, T, H, D, spec_.rotary_base);
-      k::rope_backward(dk_.data(), dk_rot_.data(), nullptr, B, T, KV, D, spec_.rotary_base);
+      k::rope_backward(dq_.data(), dq_rot_.data(), positions(), B, T, H, D, spec_.rotary_base);
+      k::rope_backward(dk_.data(), dk_rot_.data(), positions(), B, T, KV, D, spec_.rotary_base);
     }
     // dq_ / dk_ are now the gradients of the normalised q / k; through the per-head RMSNorm
     // into the projection's outputs (and the two norm weights).
@@ -303,7 +302,20 @@ void GptModel<Real>::backward() {
     norm_backward(dx_.data(), dln_.data(), a.x_in.data(), a.mean1.data(), a.rstd1.data(), p + "norm1", N);
   }
   k::embedding_backward(grad("embedding.weight"), grad_or_null("position_embedding.weight"), dx_.data(),
-                        tokens_.data(), nullptr, B, T, C, V, spec_.seq_length);
+                        tokens_.data(), positions(), B, T, C, V, spec_.seq_length);
+}
+
+template <typename Real>
+turbo::cpu::AttentionParams GptModel<Real>::attention_params() const {
+  k::AttentionParams ap;
+  ap.B = B_, ap.T = T_, ap.H = spec_.num_attention_heads, ap.KVH = spec_.num_query_groups, ap.D = spec_.head_dim();
+  ap.causal = true;
+  ap.window = spec_.sliding_window;
+  if (masking_.reset_attention_mask) {
+    ap.cu_seqlens = doc_.cu_seqlens.data();
+    ap.num_docs = static_cast<int64_t>(doc_.cu_seqlens.size()) - 1;
+  }
+  return ap;
 }
 
 template <typename Real>

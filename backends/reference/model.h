@@ -10,8 +10,10 @@
 
 #include "backends/reference/moe_layer.h"
 
+#include "train/document_masks.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
+#include "turbo/kernels/cpu/attention.h"
 
 namespace primus::backends::reference {
 
@@ -35,6 +37,9 @@ class GptModel {
   // Accumulates into `grads` (call zero_grad() first in each step). Needs forward(..., dloss).
   void backward();
   void zero_grad();
+  // Document masking of packed samples (reset_attention_mask / reset_position_ids): every
+  // forward builds its attention documents and positions from its tokens.
+  void set_document_masking(const train::DocumentMasking& m) { masking_ = m; }
   const Real* logits() const { return logits_.data(); }
   int64_t loss_count() const { return count_; }  // targets counted by the last forward
 
@@ -83,6 +88,14 @@ class GptModel {
   std::vector<Real> dx_, dln_, datt_, dq_, dk_, dv_, dq_rot_, dk_rot_, dq_pre_, dk_pre_, dfc_, dact_;
   std::vector<int32_t> tokens_;
   int64_t B_ = 0, T_ = 0, count_ = 0;
+  train::DocumentMasking masking_;
+  train::DocumentTables doc_;  // of the last forward (when masking_ is enabled)
+  // The attention of the last forward's batch: causal, the model's sliding window, documents.
+  turbo::cpu::AttentionParams attention_params() const;
+  // Per-token positions of the last forward's batch, or nullptr for 0..T-1 in every row.
+  const int32_t* positions() const {
+    return masking_.reset_position_ids ? doc_.positions.data() : nullptr;
+  }
 };
 
 extern template class GptModel<float>;

@@ -107,6 +107,7 @@ void ReferenceTrainer::init() {
   const size_t heap_after = reference_heap_in_use();
   model_heap_bytes_ = heap_after > heap_before ? heap_after - heap_before : 0;
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
+  model_->set_document_masking({t.data.reset_attention_mask, t.data.reset_position_ids, tokenizer_->eod_id()});
   model_->init_weights(t.seed);
   train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), model_->params.data());
   const auto total = static_cast<int64_t>(model_->params.size());

@@ -32,9 +32,11 @@ std::vector<std::vector<int32_t>> routing(const GptModel<Real>& m) {
   return r;
 }
 
-void gradcheck(const train::ModelSpec& spec) {
+// masking: document masks over tokens that hold its eod_id at a few places (gradcheck puts them).
+void gradcheck(const train::ModelSpec& spec, const train::DocumentMasking& masking = {}) {
   const int64_t B = 2, T = 8;
   GptModel<double> model(spec, B, T);
+  model.set_document_masking(masking);
   model.init_weights(7);
   std::mt19937 rng(11);
   // Norm weights and biases away from 1/0 so their gradients are generic.
@@ -46,6 +48,11 @@ void gradcheck(const train::ModelSpec& spec) {
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(spec.vocab_size - 1));
   for (auto& t : tokens) t = tok(rng);
   for (auto& t : targets) t = tok(rng);
+  if (masking.enabled()) {  // documents of 3 + 5 tokens in row 0, 2 + 5 + 1 in row 1
+    for (auto& t : tokens)
+      if (t == masking.eod_id) t = (t + 1) % static_cast<int32_t>(spec.vocab_size);
+    tokens[2] = tokens[T + 1] = tokens[T + 6] = masking.eod_id;
+  }
 
   // The expert bias only steers the choice; make it non-trivial so that it does.
   for (auto& t : model.layout().tensors)
@@ -168,6 +175,25 @@ TEST(ReferenceModel, FloatMatchesDoubleForward) {
   double lf = f.forward(tokens.data(), targets.data(), 2, 8);
   double ld = d.forward(tokens.data(), targets.data(), 2, 8);
   EXPECT_NEAR(lf, ld, 1e-4 * std::abs(ld));
+}
+
+// Mistral's sliding window (a window shorter than T, over GQA and RoPE) and document masking
+// (attention and positions restarting after each end-of-document token), learned positions and
+// RoPE alike: the analytic gradients through the masks against finite differences.
+TEST(ReferenceModel, GradCheckSlidingWindow) {
+  train::ModelSpec m = tiny(true);
+  m.sliding_window = 3;
+  gradcheck(m);
+}
+TEST(ReferenceModel, GradCheckDocumentMasksRope) {
+  gradcheck(tiny(true), {true, true, 5});
+  gradcheck(tiny(true), {false, true, 5});  // positions only (Megatron allows it)
+}
+TEST(ReferenceModel, GradCheckDocumentMasksLearnedPositions) { gradcheck(tiny(false), {true, true, 5}); }
+TEST(ReferenceModel, GradCheckSlidingWindowWithDocumentMasks) {
+  train::ModelSpec m = tiny(true);
+  m.sliding_window = 2;
+  gradcheck(m, {true, false, 5});
 }
 
 // Qwen2: biases on q, k and v and nowhere else; their gradients against finite differences.

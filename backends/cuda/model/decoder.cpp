@@ -8,6 +8,7 @@
 
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
+#include "turbo/kernels/cuda/document_masks.h"
 #include "turbo/ops/activation.h"
 #include "turbo/ops/cast.h"
 #include "turbo/ops/embedding.h"
@@ -130,6 +131,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
     turbo::RopeArgs r;
     r.out = qk4;
     r.inp = qk4;
+    r.positions = doc_positions(B, T);
     r.table = rope_table_;
     r.base = spec_.rotary_base;
     r.ctx = c;
@@ -142,6 +144,8 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   at.k = k4;
   at.v = v4;
   at.scale = scale;
+  at.window = spec_.sliding_window;
+  at.cu_seqlens = doc_cu_seqlens(B, T);
   at.ctx = c;
   phase(Phase::Attention);
   ops_.attention_forward(at);
@@ -171,6 +175,35 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   ops_.linear_forward(a_.tmp.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
 }
 
+// Document masking: slot_'s tables, built from its tokens before the embedding. On the device a
+// kernel writes them (so a captured step replays it on each micro-batch's tokens); in host mode
+// the host loop that kernel mirrors.
+void Decoder::build_document_tables(int64_t B, int64_t T) {
+  const int64_t N = B * T, at = slot_ * max_batch_ * max_seq_, cu_at = slot_ * (max_batch_ * max_seq_ + 1);
+  const TensorView tokens = a_.tokens.slice0(at, at + N);
+  int32_t* pos = a_.doc_positions.ptr<int32_t>() + at;
+  int32_t* cu = a_.doc_cu.ptr<int32_t>() + cu_at;
+  const int32_t eod = opt_.document_masking.eod_id;
+  if (tokens.device == turbo::Device::CPU) {
+    train::build_fixed_document_tables(tokens.ptr<const int32_t>(), B, T, eod, pos, cu);
+  } else {
+    turbo::cuda::build_document_tables(tokens.ptr<const int32_t>(), B, T, eod, pos, cu,
+                                       static_cast<cudaStream_t>(ctx_.stream));
+  }
+}
+
+TensorView Decoder::doc_positions(int64_t B, int64_t T) const {
+  if (!opt_.document_masking.reset_position_ids) return {};
+  const int64_t at = slot_ * max_batch_ * max_seq_;
+  return view(a_.doc_positions.slice0(at, at + B * T), {B, T});
+}
+
+TensorView Decoder::doc_cu_seqlens(int64_t B, int64_t T) const {
+  if (!opt_.document_masking.reset_attention_mask) return {};
+  const int64_t at = slot_ * (max_batch_ * max_seq_ + 1);
+  return a_.doc_cu.slice0(at, at + B * T + 1);
+}
+
 void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
   const int64_t N = B * T;
   NvtxRange range("forward");
@@ -183,11 +216,13 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
   const int64_t at = slot * max_batch_ * max_seq_;
   const TensorView targets = a_.targets.slice0(at, at + N);
 
+  if (opt_.document_masking.enabled()) build_document_tables(B, T);
   {
     mark(Phase::Embedding);
     turbo::EmbeddingArgs e;
     e.out = view(a_.layers[0].x_in, {B, T, C});
     e.tokens = view(a_.tokens.slice0(at, at + N), {B, T});
+    e.positions = doc_positions(B, T);
     e.wte = p_.wte.w;
     e.wpe = p_.wpe.w;
     e.ctx = c;
@@ -453,6 +488,8 @@ void Decoder::qk_norm_whole(const LayerActs& a, const LayerParams& p, const Tens
     g.out = view(a.att, {B, T, H, D});
     g.lse = view(a.lse, {B, H, T});
     g.scale = scale;
+    g.window = spec_.sliding_window;
+    g.cu_seqlens = doc_cu_seqlens(B, T);
     g.ctx = c;
     mark(Phase::AttentionBwd);
     ops_.attention_backward(g);
@@ -462,6 +499,7 @@ void Decoder::qk_norm_whole(const LayerActs& a, const LayerParams& p, const Tens
       r.backward = true;
       r.out = heads(dqkv, B, T, 0, H + KV);
       r.inp = heads(dqk_rot, B, T, 0, H + KV);
+      r.positions = doc_positions(B, T);
       r.table = rope_table_;
       r.base = spec_.rotary_base;
       r.ctx = c;
@@ -499,6 +537,7 @@ void Decoder::qk_norm_whole(const LayerActs& a, const LayerParams& p, const Tens
     e.dwpe = p_.wpe.g;
     e.dout = view(a_.dres, {B, T, C});
     e.tokens = view(a_.tokens.slice0(at, at + N), {B, T});
+    e.positions = doc_positions(B, T);
     e.wte = p_.wte.w;
     e.wpe = p_.wpe.w;
     e.ctx = c;

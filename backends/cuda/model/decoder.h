@@ -26,6 +26,7 @@
 #include "backends/cuda/profile.h"
 #include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
+#include "train/document_masks.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
 
@@ -54,6 +55,9 @@ struct DecoderOptions {
   // gradient's GEMM (backward, dGELU), or run as separate ops (measured slower; kept as the
   // reference the fused epilogues are checked against).
   bool gelu_unfused_forward = false, gelu_unfused_backward = false;
+  // reset_attention_mask / reset_position_ids (train/document_masks.h): the plan holds the tables
+  // (MemoryPlanOptions::document_masks), each forward fills its slot's from its tokens.
+  train::DocumentMasking document_masking;
 };
 
 class Decoder {
@@ -103,6 +107,12 @@ class Decoder {
   // fused with the residual add of the layer below, unless l == 0); true: the backward's
   // recomputation (norm1 from the stored x_in; the last GEMM, whose output nothing needs, skipped).
   void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute);
+  // Document masking (DecoderOptions::document_masking): fills slot_'s tables from its tokens; the
+  // views of this micro-batch's positions [B,T] and cu_seqlens [B*T + 1] (undefined when the
+  // corresponding reset is off).
+  void build_document_tables(int64_t B, int64_t T);
+  TensorView doc_positions(int64_t B, int64_t T) const;
+  TensorView doc_cu_seqlens(int64_t B, int64_t T) const;
   void recompute_layer(int64_t l, int64_t B, int64_t T);  // refills what the layer's policy did not keep
   // A MoE layer's feed-forward: a_.tmp [N,C] = moe(ln2); its backward from dres into a_.dln
   // (overwritten) and the layer's MoE gradients.

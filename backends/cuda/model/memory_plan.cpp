@@ -314,6 +314,10 @@ void MemoryPlan::plan(Take&& take) {
   // One token and target buffer per micro-batch: a step's batches are all staged before it runs.
   a.tokens = take(Pool::Acts, DType::I32, {S * N}, "tokens (one slot per micro-batch)");
   a.targets = take(Pool::Acts, DType::I32, {S * N}, "targets (one slot per micro-batch)");
+  if (opt_.document_masks) {
+    a.doc_positions = take(Pool::Acts, DType::I32, {S * N}, "document positions (one slot per micro-batch)");
+    a.doc_cu = take(Pool::Acts, DType::I32, {S * (N + 1)}, "document cu_seqlens (one slot per micro-batch)");
+  }
   a.dres = take(Pool::Acts, act_, {N, C}, "residual gradient");
   a.dln = take(Pool::Acts, act_, {N, C}, "norm output gradient");
   // One region for the backward's per-layer working gradients: the MLP's (dfc, dact) are dead

@@ -100,6 +100,9 @@ struct ActivationBuffers {
   LayerActs work;
   std::vector<LayerActs> layers;
   TensorView tmp, x_final, lnf, meanf, rstdf, logits, losses, tokens, targets;
+  // Document masking only (MemoryPlanOptions::document_masks): per slot, positions [N] and the
+  // fixed-size cu_seqlens [N + 1] built from that slot's tokens (turbo/kernels/cuda/document_masks.h).
+  TensorView doc_positions, doc_cu;
   // The backward's working gradients. dqkv [N, QD + 2*KVD] packs dq|dk|dv like LayerActs::qkv (one
   // dgrad and one wgrad GEMM); dqk_rot [N, QD + KVD] holds the attention's dq|dk before RoPE's
   // backward rotates them into dqkv; datt [N, QD]. With whole-projection q|k norms
@@ -145,6 +148,9 @@ struct MemoryPlanOptions {
   // a GPU can size a device plan (MemoryPlan::sizes for `primus projection`); they are far below
   // the attention's reservation that bounds the scratch from below (see scratch_bytes()).
   bool query_device = true;
+  // Document masking of packed samples (reset_attention_mask / reset_position_ids): one table of
+  // positions and one of cu_seqlens per micro-batch slot (ActivationBuffers::doc_positions, doc_cu).
+  bool document_masks = false;
 };
 
 // What a plan takes, without taking it: the three arenas' capacities exactly as the constructor

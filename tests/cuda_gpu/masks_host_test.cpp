@@ -1,0 +1,11 @@
+// Sliding window and document masks in the cuda model's host mode against the reference
+// (masks_parity.h); fp32 on both sides, the gates of host_parity_test.cpp.
+#include "tests/cuda_gpu/masks_parity.h"
+
+namespace primus::backends::cuda::testing {
+namespace {
+
+TEST(HostMasksParity, WindowAndDocumentMasksMatchReference) { expect_mask_parity(turbo::Device::CPU, 1e-5, 1e-4); }
+
+}  // namespace
+}  // namespace primus::backends::cuda::testing

@@ -1,0 +1,88 @@
+// Sliding-window attention and document masking (reset_attention_mask / reset_position_ids) in
+// the cuda model against the reference backend, on the same weights, batch and masks: the step-0
+// loss and every gradient. masks_host_test.cpp runs the cases in host mode (fp32 on Turbo's CPU
+// backends, test_cuda_unit), masks_gpu_test.cpp on the device (bf16, the TURBO attention
+// kernels, the document-table kernel; test_cuda_gpu).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "backends/reference/model.h"
+#include "tests/cuda_gpu/cuda_fixture.h"
+#include "train/document_masks.h"
+
+namespace primus::backends::cuda::testing {
+
+struct MaskCase {
+  const char* name;
+  bool llama;
+  int64_t window;
+  train::DocumentMasking masking;
+};
+
+struct MaskParity {
+  double loss = 0, ref_loss = 0;
+  std::vector<std::pair<std::string, double>> errors;
+};
+
+// B = 2 rows of T = 64 random tokens with 3 end-of-document tokens each at random places.
+inline MaskParity mask_parity(const MaskCase& mc, turbo::Device device, unsigned seed) {
+  train::ModelSpec spec = tiny_spec(mc.llama);
+  spec.sliding_window = mc.window;
+  spec.init_method_std = 0.1;
+  const int64_t B = 2, T = spec.seq_length;
+  std::mt19937 rng(seed);
+  reference::GptModel<float> ref(spec, B, T);
+  ref.init_weights(seed);
+  for (float& w : ref.params) w = round_bf16(w);
+  train::DocumentMasking masking = mc.masking;
+  masking.eod_id = static_cast<int32_t>(spec.vocab_size - 1);
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  std::uniform_int_distribution<int32_t> tok(0, masking.eod_id - 1), at(1, static_cast<int32_t>(T) - 2);
+  for (auto& x : tokens) x = tok(rng);
+  for (auto& x : targets) x = tok(rng);
+  for (int64_t b = 0; b < B; ++b)
+    for (int e = 0; e < 3; ++e) tokens[b * T + at(rng)] = masking.eod_id;
+  const double dloss = 1.0 / double(B * T);
+  ref.set_document_masking(masking);
+  ref.zero_grad();
+  MaskParity r;
+  r.ref_loss = ref.forward(tokens.data(), targets.data(), B, T, dloss);
+  ref.backward();
+
+  CudaModelOptions mo = options(spec, B, device);
+  mo.document_masking = masking;
+  CudaModel model(spec, mo, ops_for(Attn::Default));
+  model.set_params(ref.params.data());
+  model.zero_grad();
+  model.forward(tokens.data(), targets.data(), B, T, static_cast<float>(dloss), 0);
+  model.backward();
+  r.loss = model.read_loss_sum(1);
+  std::vector<float> grads(static_cast<size_t>(model.layout().total));
+  model.get_grads(grads.data());
+  for (const auto& t : model.layout().tensors)
+    r.errors.push_back({t.name, rel_l2(grads.data() + t.offset, ref.grads.data() + t.offset, t.numel)});
+  return r;
+}
+
+inline const MaskCase kMaskCases[] = {
+    {"llama_window", true, 13, {}},
+    {"llama_documents", true, 0, {true, true, -1}},
+    {"llama_positions_only", true, 0, {false, true, -1}},
+    {"llama_window_documents", true, 9, {true, true, -1}},
+    {"gpt2_documents", false, 0, {true, true, -1}},
+};
+
+inline void expect_mask_parity(turbo::Device device, double loss_tol, double grad_gate) {
+  for (const MaskCase& mc : kMaskCases) {
+    const unsigned seed = std::random_device{}();
+    SCOPED_TRACE(::testing::Message() << mc.name << " seed " << seed);
+    const MaskParity r = mask_parity(mc, device, seed);
+    EXPECT_NEAR(r.loss, r.ref_loss, loss_tol * r.ref_loss) << "step-0 loss";
+    EXPECT_GT(r.errors.size(), 10u);
+    for (const auto& [name, e] : r.errors) EXPECT_LT(e, grad_gate) << name;
+  }
+}
+
+}  // namespace primus::backends::cuda::testing
