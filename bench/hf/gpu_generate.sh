@@ -16,10 +16,10 @@
 #      greedy `primus generate --backend cuda` and `--backend reference` against transformers'
 #      generate (fp32 and bf16) on the same prompt ids: tokens equal, first divergence and the
 #      fp32 logit gap between transformers' top two tokens there (skipped without torch/transformers).
-#   5. `primus generate --bench`: decode time per token with the KV cache against recomputing
-#      the window per token (same engine), Llama-3.2-1B shape with random weights (its spec from
-#      the tiny Llama's checkpoint, widened), prompt 128, 256 new tokens, batch 1 and 8; rows in
-#      DESIGN.md's Measurements format.
+#   5. `primus generate --bench`: decode time per token with the KV cache (CUDA graphs; also
+#      without them) against recomputing the window per token (same engine), Llama-3.2-1B shape
+#      with random weights (its spec from the tiny Llama's checkpoint, widened), prompts of 128
+#      and 1024 tokens, 256 new tokens, batch 1 and 8; rows in DESIGN.md's Measurements format.
 # Writes $OUT/generate.jsonl (bench rows and one row per check) and prints a PASS/FAIL table last.
 set -u
 OUT=${OUT:-/tmp/generate-out}
@@ -175,12 +175,16 @@ PY
 "$BIN/primus" generate --bench --spec "$W/llama1b.json" --batch 1,8 --prompt-tokens 128 -n 256 \
   --json "$W/bench.jsonl" > "$W/bench.log" 2>&1
 rc=$?
+# A longer context, where recomputing the window costs more per token.
+"$BIN/primus" generate --bench --spec "$W/llama1b.json" --batch 1,8 --prompt-tokens 1024 -n 256 \
+  --json "$W/bench.jsonl" >> "$W/bench.log" 2>&1
+rc=$((rc | $?))
 cat "$W/bench.log"
 cat "$W/bench.jsonl" >> "$OUT/generate.jsonl" 2>/dev/null
 ratios=$(python3 -c '
 import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])]
-print(" ".join("b%s %.1fx" % (x["case"].split("batch ")[1].split()[0], x["ratio"]) for x in r))' "$W/bench.jsonl" 2>/dev/null)
+print(" ".join("b%s/p%s %.1fx" % (x["case"].split("batch ")[1].split()[0], x["case"].split("prompt ")[1].split()[0], x["ratio"]) for x in r))' "$W/bench.jsonl" 2>/dev/null)
 record "bench_kv_cache_vs_window_1B" $rc "$((SECONDS - t0))" "$ratios"
 cp "$W"/*.log "$W"/*.txt "$W"/*.json "$OUT/" 2>/dev/null
 

@@ -1,10 +1,13 @@
 #include "backends/cuda/inference/engine.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -68,32 +71,42 @@ void check_supported(const train::ModelSpec& s) {
 
 }  // namespace
 
-InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host_params, int64_t max_batch)
-    : spec_(spec), layout_(train::make_param_layout(spec)), max_batch_(max_batch) {
+InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host_params, int64_t max_batch,
+                                 turbo::Device device)
+    : spec_(spec), layout_(train::make_param_layout(spec)), max_batch_(max_batch), device_(device),
+      act_dtype_(device == turbo::Device::CPU ? DType::F32 : DType::BF16) {
   check_supported(spec_);
   if (max_batch < 1) throw ConfigError(fmt::format("inference engine: batch {} < 1", max_batch));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (!host()) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  auto make_arena = [&](size_t bytes) {
+    return host() ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
+  };
+  const size_t es = turbo::dtype_size(act_dtype_);
   const int64_t S = spec_.seq_length, C = spec_.hidden_size, H = spec_.num_attention_heads;
   const int64_t KV = spec_.num_query_groups, D = spec_.head_dim(), QD = spec_.q_dim(), KVD = spec_.kv_dim();
   const int64_t Vp = spec_.padded_vocab_size;
   rows_ = max_batch_ * S;  // a prefill of every slot's whole window at once
 
-  // Weights: each tensor bf16 in its own aligned block (GEMM operands want 16-byte alignment;
-  // the flat layout's offsets need not be).
+  // Weights: each tensor bf16 (host mode: f32) in its own aligned block (GEMM operands want
+  // 16-byte alignment; the flat layout's offsets need not be).
   size_t wbytes = 0;
-  for (const auto& t : layout_.tensors) wbytes += aligned(static_cast<size_t>(t.numel) * 2);
-  weights_ = turbo::make_device_arena(wbytes + kAlign);
+  for (const auto& t : layout_.tensors) wbytes += aligned(static_cast<size_t>(t.numel) * es);
+  weights_ = make_arena(wbytes + kAlign);
   std::vector<uint16_t> bits;
   auto upload = [&](const std::string& name) -> TensorView {
     const train::ParamTensor* t = layout_.find(name);
     if (!t) return {};
-    bits.resize(static_cast<size_t>(t->numel));
     const float* src = host_params + t->offset;
-    for (int64_t i = 0; i < t->numel; ++i) bits[i] = turbo::float_to_bf16_bits(src[i]);
     TensorView v;
-    if (t->shape.size() == 1) v = weights_->tensor(DType::BF16, {t->shape[0]}, t->name.c_str());
-    else if (t->shape.size() == 2) v = weights_->tensor(DType::BF16, {t->shape[0], t->shape[1]}, t->name.c_str());
+    if (t->shape.size() == 1) v = weights_->tensor(act_dtype_, {t->shape[0]}, t->name.c_str());
+    else if (t->shape.size() == 2) v = weights_->tensor(act_dtype_, {t->shape[0], t->shape[1]}, t->name.c_str());
     else throw ConfigError(fmt::format("inference engine: tensor {} of {} dims is not supported", name, t->shape.size()));
+    if (host()) {
+      std::memcpy(v.data, src, v.nbytes());
+      return v;
+    }
+    bits.resize(static_cast<size_t>(t->numel));
+    for (int64_t i = 0; i < t->numel; ++i) bits[i] = turbo::float_to_bf16_bits(src[i]);
     CUDA_CHECK(cudaMemcpy(v.data, bits.data(), v.nbytes(), cudaMemcpyHostToDevice));
     return v;
   };
@@ -105,14 +118,14 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
 
   // Cache, activations, logits, tables.
   const int64_t FC = spec_.fc_dim(), F = spec_.ffn_hidden_size;
-  const size_t cache_bytes = aligned(static_cast<size_t>(max_batch_ * S * KVD) * 2);
+  const size_t cache_bytes = aligned(static_cast<size_t>(max_batch_ * S * KVD) * es);
   size_t sbytes = 2 * spec_.num_layers * cache_bytes;
-  for (int64_t w : {C, C, C, spec_.qkv_dim(), QD, FC, F, C}) sbytes += aligned(static_cast<size_t>(rows_ * w) * 2);
+  for (int64_t w : {C, C, C, spec_.qkv_dim(), QD, FC, F, C}) sbytes += aligned(static_cast<size_t>(rows_ * w) * es);
   sbytes += 2 * aligned(static_cast<size_t>(rows_) * 4) + aligned(static_cast<size_t>(rows_ * H) * 4);
-  sbytes += aligned(static_cast<size_t>(rows_ * (H + KV) * D) * 2) + aligned(static_cast<size_t>(rows_ * (H + KV)) * 4);
+  sbytes += aligned(static_cast<size_t>(rows_ * (H + KV) * D) * es) + aligned(static_cast<size_t>(rows_ * (H + KV)) * 4);
   sbytes += 4 * aligned(static_cast<size_t>(rows_) * 4) + aligned(static_cast<size_t>(max_batch_ * Vp) * 4);
-  sbytes += aligned(static_cast<size_t>(S * D) * 4) + aligned(static_cast<size_t>(rows_ * std::max(QD, KVD)) * 2) + kAlign;
-  state_ = turbo::make_device_arena(sbytes);
+  sbytes += aligned(static_cast<size_t>(S * D) * 4) + aligned(static_cast<size_t>(rows_ * std::max(QD, KVD)) * es) + kAlign;
+  state_ = make_arena(sbytes);
   layers_.resize(static_cast<size_t>(spec_.num_layers));
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     LayerWeights& w = layers_[l];
@@ -133,42 +146,62 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
     w.out_b = upload(p + "mlp.proj.bias");
     if (!w.qkv_w.defined() || !w.fc_w.defined() || !w.out_w.defined())
       throw ConfigError(fmt::format("inference engine: layer {} lacks the qkv / MLP weights of a dense layer", l));
-    w.k_cache = state_->tensor(DType::BF16, {max_batch_, S, KV, D}, "k cache");
-    w.v_cache = state_->tensor(DType::BF16, {max_batch_, S, KV, D}, "v cache");
+    w.k_cache = state_->tensor(act_dtype_, {max_batch_, S, KV, D}, "k cache");
+    w.v_cache = state_->tensor(act_dtype_, {max_batch_, S, KV, D}, "v cache");
   }
-  for (auto& h : h_) h = state_->tensor(DType::BF16, {rows_, C}, "residual");
-  ln_ = state_->tensor(DType::BF16, {rows_, C}, "ln");
-  tmp_ = state_->tensor(DType::BF16, {rows_, C}, "branch out");
-  qkv_ = state_->tensor(DType::BF16, {rows_, spec_.qkv_dim()}, "qkv");
-  att_ = state_->tensor(DType::BF16, {rows_, QD}, "att");
-  fc_ = state_->tensor(DType::BF16, {rows_, FC}, "fc");
-  act_ = state_->tensor(DType::BF16, {rows_, F}, "act");
+  for (auto& h : h_) h = state_->tensor(act_dtype_, {rows_, C}, "residual");
+  ln_ = state_->tensor(act_dtype_, {rows_, C}, "ln");
+  tmp_ = state_->tensor(act_dtype_, {rows_, C}, "branch out");
+  qkv_ = state_->tensor(act_dtype_, {rows_, spec_.qkv_dim()}, "qkv");
+  att_ = state_->tensor(act_dtype_, {rows_, QD}, "att");
+  fc_ = state_->tensor(act_dtype_, {rows_, FC}, "fc");
+  act_ = state_->tensor(act_dtype_, {rows_, F}, "act");
   mean_ = state_->tensor(DType::F32, {rows_}, "mean");
   rstd_ = state_->tensor(DType::F32, {rows_}, "rstd");
   lse_ = state_->tensor(DType::F32, {rows_ * H}, "lse");
-  qk_saved_ = state_->tensor(DType::BF16, {rows_ * (H + KV) * D}, "qk saved");
+  qk_saved_ = state_->tensor(act_dtype_, {rows_ * (H + KV) * D}, "qk saved");
   qk_rstd_ = state_->tensor(DType::F32, {rows_ * (H + KV)}, "qk rstd");
-  if (spec_.qk_layernorm && spec_.qk_norm_whole) qk_dense_ = state_->tensor(DType::BF16, {rows_ * std::max(QD, KVD)}, "qk dense");
+  if (spec_.qk_layernorm && spec_.qk_norm_whole) qk_dense_ = state_->tensor(act_dtype_, {rows_ * std::max(QD, KVD)}, "qk dense");
   tokens_ = state_->tensor(DType::I32, {rows_}, "tokens");
   positions_ = state_->tensor(DType::I32, {rows_}, "positions");
   slot_ = state_->tensor(DType::I32, {rows_}, "slots");
   len_dev_ = state_->tensor(DType::I32, {rows_}, "lengths");
   logits_ = state_->tensor(DType::F32, {max_batch_, Vp}, "logits");
-  if (spec_.rope) {
+  if (spec_.rope && !host()) {  // the CPU backend computes the angles from the base
     rope_table_ = state_->tensor(DType::F32, {S, D / 2, 2}, "rope table");
     turbo::rope_build_table(rope_table_, spec_.rotary_base, {stream_, nullptr});
   }
-  pinned_count_ = static_cast<size_t>(max_batch_ * Vp);
-  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_logits_), pinned_count_ * 4));
+  if (!host()) {
+    pinned_count_ = static_cast<size_t>(max_batch_ * Vp);
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_logits_), pinned_count_ * 4));
+  }
   // Attention's workspace (cuDNN's plan, Turbo's kernels) and the ops' small borrows.
-  scratch_ = turbo::make_device_arena(size_t{256} << 20);
+  scratch_ = make_arena(host() ? size_t{16} << 20 : size_t{256} << 20);
   len_.assign(static_cast<size_t>(max_batch_), 0);
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (const char* e = std::getenv("PRIMUS_INFERENCE_GRAPHS"); e && std::string(e) == "0") use_graphs_ = false;
+  if (!host()) CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 InferenceEngine::~InferenceEngine() {
+  for (auto& [n, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
   if (pinned_logits_) cudaFreeHost(pinned_logits_);
   if (stream_) cudaStreamDestroy(stream_);
+}
+
+void InferenceEngine::upload(void* dst, const void* src, size_t bytes) {
+  if (host()) std::memcpy(dst, src, bytes);
+  else CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void InferenceEngine::copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, int64_t rows) {
+  if (!host()) {
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
+                                 stream_));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
 }
 
 size_t InferenceEngine::device_bytes() const {
@@ -195,6 +228,10 @@ void InferenceEngine::norm(const TensorView& out, const TensorView& resid_out, c
 }
 
 const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, bool all_rows, float* logits_dev) {
+  return fetch(enqueue(B, T, decoding, all_rows, logits_dev), logits_dev);
+}
+
+int64_t InferenceEngine::enqueue(int64_t B, int64_t T, bool decoding, bool all_rows, float* logits_dev) {
   const int64_t N = B * T, C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), QD = spec_.q_dim(), KVD = spec_.kv_dim(), Vp = spec_.padded_vocab_size;
   const turbo::ExecContext c{stream_, scratch_.get()};
@@ -230,8 +267,7 @@ const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, bool all_
         const TensorView dense = qk_dense_.slice0(0, N * width).reshape({N, width});
         TensorView packed(static_cast<char*>(qkv.data) + col * es, qkv.dtype, qkv.device, {N, width});
         packed.strides = {static_cast<int64_t>(W), 1, 0, 0};
-        CUDA_CHECK(cudaMemcpy2DAsync(dense.data, width * es, packed.data, W * es, width * es, N,
-                                     cudaMemcpyDeviceToDevice, stream_));
+        copy_rows(dense.data, width * es, packed.data, W * es, width * es, N);
         turbo::NormForwardArgs a;
         a.type = turbo::NormType::RMSNorm;
         a.out = packed;
@@ -317,21 +353,25 @@ const float* InferenceEngine::run(int64_t B, int64_t T, bool decoding, bool all_
     if (B == 1) {
       head_in = ln_.slice0(N - 1, N);
     } else {
-      const size_t row = static_cast<size_t>(C) * 2;
-      CUDA_CHECK(cudaMemcpy2DAsync(tmp_.data, row, static_cast<char*>(ln_.data) + (T - 1) * row, T * row, row, B,
-                                   cudaMemcpyDeviceToDevice, stream_));
+      const size_t row = static_cast<size_t>(C) * turbo::dtype_size(act_dtype_);
+      copy_rows(tmp_.data, row, static_cast<char*>(ln_.data) + (T - 1) * row, T * row, row, B);
       head_in = tmp_.slice0(0, B);
     }
   }
-  const TensorView out{logits_dev, DType::F32, turbo::Device::CUDA, {head_rows, Vp}};
+  const TensorView out{logits_dev, DType::F32, device_, {head_rows, Vp}};
   turbo::linear_forward(out, head_in, head_w_, {}, {}, c);
+  return head_rows;
+}
+
+const float* InferenceEngine::fetch(int64_t head_rows, float* logits_dev) {
   // Pinned memory for the rows of a decode or prefill step (a pageable copy of Llama-3's 8 x 128K
   // logits would take about twice as long); a larger all-rows request goes through a vector.
-  const size_t count = static_cast<size_t>(head_rows * Vp);
-  float* host = count <= pinned_count_ ? pinned_logits_ : (host_logits_.resize(count), host_logits_.data());
-  CUDA_CHECK(cudaMemcpyAsync(host, logits_dev, count * 4, cudaMemcpyDeviceToHost, stream_));
+  const size_t count = static_cast<size_t>(head_rows * spec_.padded_vocab_size);
+  if (host()) return logits_dev;
+  float* dst = count <= pinned_count_ ? pinned_logits_ : (host_logits_.resize(count), host_logits_.data());
+  CUDA_CHECK(cudaMemcpyAsync(dst, logits_dev, count * 4, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return host;
+  return dst;
 }
 
 const float* InferenceEngine::prefill(int64_t slot, const int32_t* tokens, int64_t n, bool all_rows) {
@@ -339,8 +379,13 @@ const float* InferenceEngine::prefill(int64_t slot, const int32_t* tokens, int64
   if (!all_rows) return prefill_batch(&s32, tokens, 1, n);
   // Every row's logits: a buffer of its own (tests and scoring; generation needs the last row only).
   stage_prefill(&s32, tokens, 1, n);
+  const size_t count = static_cast<size_t>(n * spec_.padded_vocab_size);
+  if (host()) {
+    host_logits_.resize(count);
+    return run(1, n, false, true, host_logits_.data());
+  }
   float* buf = nullptr;
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), static_cast<size_t>(n * spec_.padded_vocab_size) * 4));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), count * 4));
   const float* rows = nullptr;
   try {
     rows = run(1, n, false, true, buf);
@@ -363,7 +408,7 @@ void InferenceEngine::stage_prefill(const int32_t* slots, const int32_t* tokens,
     throw RuntimeError(fmt::format("prefill: {} tokens outside [1, {}] (the model's seq_length)", T, capacity()));
   if (B * T > rows_) throw RuntimeError(fmt::format("prefill: {} x {} tokens exceed the engine's {} rows", B, T, rows_));
   const int64_t N = B * T;
-  std::vector<int32_t> host(static_cast<size_t>(3 * N));
+  std::vector<int32_t> staged(static_cast<size_t>(3 * N));
   std::vector<bool> seen(static_cast<size_t>(max_batch_), false);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t s = slots[b];
@@ -375,20 +420,20 @@ void InferenceEngine::stage_prefill(const int32_t* slots, const int32_t* tokens,
       if (id < 0 || id >= spec_.vocab_size)
         throw RuntimeError(fmt::format("prefill: token {} at {} of slot {} outside the vocabulary [0, {})", id, t, s,
                                        spec_.vocab_size));
-      host[b * T + t] = id;
-      host[N + b * T + t] = static_cast<int32_t>(s);
-      host[2 * N + b * T + t] = static_cast<int32_t>(t + 1);
+      staged[b * T + t] = id;
+      staged[N + b * T + t] = static_cast<int32_t>(s);
+      staged[2 * N + b * T + t] = static_cast<int32_t>(t + 1);
     }
   }
-  CUDA_CHECK(cudaMemcpyAsync(tokens_.data, host.data(), N * 4, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(slot_.data, host.data() + N, N * 4, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(len_dev_.data, host.data() + 2 * N, N * 4, cudaMemcpyHostToDevice, stream_));
+  upload(tokens_.data, staged.data(), N * 4);
+  upload(slot_.data, staged.data() + N, N * 4);
+  upload(len_dev_.data, staged.data() + 2 * N, N * 4);
   for (int64_t b = 0; b < B; ++b) len_[slots[b]] = static_cast<int32_t>(T);
 }
 
 const float* InferenceEngine::decode(const int32_t* slots, const int32_t* tokens, int64_t n) {
   if (n < 1 || n > max_batch_) throw RuntimeError(fmt::format("decode: {} sequences outside [1, {}]", n, max_batch_));
-  std::vector<int32_t> host(static_cast<size_t>(4 * n));
+  std::vector<int32_t> staged(static_cast<size_t>(4 * n));
   std::vector<bool> seen(static_cast<size_t>(max_batch_), false);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = slots[i];
@@ -401,17 +446,49 @@ const float* InferenceEngine::decode(const int32_t* slots, const int32_t* tokens
                                      s, len_[s], capacity() - 1));
     if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size)
       throw RuntimeError(fmt::format("decode: token {} of slot {} outside the vocabulary [0, {})", tokens[i], s, spec_.vocab_size));
-    host[i] = tokens[i];
-    host[n + i] = len_[s];  // the new token's position
-    host[2 * n + i] = static_cast<int32_t>(s);
-    host[3 * n + i] = len_[s] + 1;
+    staged[i] = tokens[i];
+    staged[n + i] = len_[s];  // the new token's position
+    staged[2 * n + i] = static_cast<int32_t>(s);
+    staged[3 * n + i] = len_[s] + 1;
   }
-  CUDA_CHECK(cudaMemcpyAsync(tokens_.data, host.data(), n * 4, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(positions_.data, host.data() + n, n * 4, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(slot_.data, host.data() + 2 * n, n * 4, cudaMemcpyHostToDevice, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(len_dev_.data, host.data() + 3 * n, n * 4, cudaMemcpyHostToDevice, stream_));
+  upload(tokens_.data, staged.data(), n * 4);
+  upload(positions_.data, staged.data() + n, n * 4);
+  upload(slot_.data, staged.data() + 2 * n, n * 4);
+  upload(len_dev_.data, staged.data() + 3 * n, n * 4);
   for (int64_t i = 0; i < n; ++i) ++len_[slots[i]];
-  return run(n, 1, true, false, logits_.ptr<float>());
+  float* logits = logits_.ptr<float>();
+  if (host() || !use_graphs_) return run(n, 1, true, false, logits);
+  // A decode step of n sequences is the same launches every time (the inputs sit in fixed
+  // buffers): captured once as a CUDA graph after a first plain run (which lets the GEMMs pick
+  // their algorithms outside the capture), then replayed, so a small model's step is not bound
+  // by launching some 10 kernels per layer.
+  Graph& g = graphs_[n];
+  if (!g.exec && g.plain_runs++ >= 1) capture(g, n);
+  if (!g.exec) return run(n, 1, true, false, logits);
+  CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+  return fetch(n, logits);
+}
+
+void InferenceEngine::capture(Graph& g, int64_t n) {
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue(n, 1, true, false, logits_.ptr<float>());
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+  } catch (const std::exception& e) {
+    // An op that cannot be captured: decode without graphs from now on (same results, slower).
+    cudaStreamCaptureStatus st;
+    if (cudaStreamIsCapturing(stream_, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+      cudaStreamEndCapture(stream_, &graph);
+    }
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    g.exec = nullptr;
+    use_graphs_ = false;
+    spdlog::warn("[generate] decode steps run without CUDA graphs: capturing one failed ({})", e.what());
+  }
 }
 
 std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::vector<std::vector<int32_t>>& prompts,

@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <vector>
@@ -41,7 +42,10 @@ class InferenceEngine {
   // generated at once); each slot holds spec.seq_length positions (the positions the model was
   // trained for). Allocates everything here; prefill and decode allocate nothing but the
   // all-rows logits of a prefill that asks for them.
-  InferenceEngine(const train::ModelSpec& spec, const float* host_params, int64_t max_batch);
+  // device CPU: host mode, the same code in fp32 on host memory with every op on Turbo's CPU
+  // backends (the reference kernels): the engine's wiring checked without a GPU.
+  InferenceEngine(const train::ModelSpec& spec, const float* host_params, int64_t max_batch,
+                  turbo::Device device = turbo::Device::CUDA);
   ~InferenceEngine();
   InferenceEngine(const InferenceEngine&) = delete;
   InferenceEngine& operator=(const InferenceEngine&) = delete;
@@ -62,6 +66,10 @@ class InferenceEngine {
   // One token per listed slot (distinct slots, each with length < capacity), at position
   // length(slot), which then grows by one. Returns the logits, [n, padded_vocab_size] host f32.
   const float* decode(const int32_t* slots, const int32_t* tokens, int64_t n);
+  // Decode steps as CUDA graphs (default; PRIMUS_INFERENCE_GRAPHS=0 turns them off) or launched
+  // op by op; the results are the same.
+  void set_graphs(bool on) { use_graphs_ = on; }
+  bool graphs() const { return use_graphs_ && !host(); }
 
  private:
   struct LayerWeights {
@@ -73,13 +81,26 @@ class InferenceEngine {
   // or pos = t (prefill: B sequences of T); the head's logits (every row when decoding or
   // all_rows, else each sequence's last) into logits_dev and then the host buffer.
   const float* run(int64_t B, int64_t T, bool decoding, bool all_rows, float* logits_dev);
+  int64_t enqueue(int64_t B, int64_t T, bool decoding, bool all_rows, float* logits_dev);  // returns head rows
+  const float* fetch(int64_t head_rows, float* logits_dev);  // the logits to the host (waits)
+  struct Graph {
+    int plain_runs = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  void capture(Graph& g, int64_t n);
+  bool host() const { return device_ == turbo::Device::CPU; }
+  void upload(void* dst, const void* src, size_t bytes);  // host -> engine memory, in stream order
+  // rows x width bytes between strided rows of engine memory (cudaMemcpy2D's arguments)
+  void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, int64_t rows);
   void stage_prefill(const int32_t* slots, const int32_t* tokens, int64_t B, int64_t T);  // ids, slots, lengths
   void norm(const turbo::TensorView& out, const turbo::TensorView& resid_out, const turbo::TensorView& inp,
             const turbo::TensorView& resid, const turbo::TensorView& w, const turbo::TensorView& b, int64_t N);
 
   train::ModelSpec spec_;
   train::ParamLayout layout_;
-  int64_t max_batch_, rows_;  // rows_: activation rows (max_batch x capacity)
+  int64_t max_batch_, rows_;
+  turbo::Device device_;
+  turbo::DType act_dtype_;  // bf16 on the GPU, f32 in host mode  // rows_: activation rows (max_batch x capacity)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<turbo::Arena> weights_, state_, scratch_;
   turbo::TensorView wte_, wpe_, lnf_w_, lnf_b_, head_w_, rope_table_;
@@ -90,6 +111,8 @@ class InferenceEngine {
   turbo::TensorView tokens_, positions_, slot_, len_dev_, logits_;  // logits_ f32 [max_batch, Vp]
   int cur_ = 0;  // which h_ holds the residual stream
   std::vector<int32_t> len_;
+  std::map<int64_t, Graph> graphs_;  // decode steps by sequence count (PRIMUS_INFERENCE_GRAPHS=0: none)
+  bool use_graphs_ = true;
   float* pinned_logits_ = nullptr;  // [max_batch, Vp] page-locked
   size_t pinned_count_ = 0;
   std::vector<float> host_logits_;

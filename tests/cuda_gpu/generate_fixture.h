@@ -1,0 +1,207 @@
+// The cuda inference engine (backends/cuda/inference) against the CPU reference model on the
+// same bf16-rounded weights (shared by generate_test.cpp on the GPU and generate_host_test.cpp in
+// host mode): every prefill row's logits and every decode step's logits (bf16
+// tolerance), a batch of sequences of different lengths decoded together, KV-cache decode
+// against recomputing the window, and greedy generation token for token wherever the reference's
+// top two logits are not near-tied. GPT-2, Llama (GQA), Qwen3 (per-head q/k norms, kv_channels),
+// Qwen2's qkv bias, OLMoE's whole-width q/k norms and Mistral's sliding window.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "backends/cuda/inference/engine.h"
+#include "backends/reference/generate.h"
+#include "backends/reference/model.h"
+#include "core/util/error.h"
+#include "tests/cuda_gpu/cuda_fixture.h"
+#include "train/param_init.h"
+
+namespace primus::backends::cuda::testing {
+
+struct GenFamily {
+  std::string name;
+  train::ModelSpec spec;
+};
+
+inline std::vector<GenFamily> generate_families() {
+  std::vector<GenFamily> f;
+  f.push_back({"gpt2", tiny_spec(false)});
+  train::ModelSpec llama = tiny_spec(true);
+  llama.hidden_size = 256, llama.num_attention_heads = 4, llama.num_query_groups = 2;  // GQA 2:1 at head dim 64
+  f.push_back({"llama", llama});
+  f.push_back({"qwen3", tiny_qwen3_spec(false)});
+  train::ModelSpec qwen2 = llama;
+  qwen2.model_type = "qwen2";
+  qwen2.add_qkv_bias = true;
+  f.push_back({"qwen2", qwen2});
+  train::ModelSpec olmo = tiny_qwen3_spec(false);
+  olmo.qk_norm_whole = true;
+  f.push_back({"qk_norm_whole", olmo});
+  train::ModelSpec mistral = llama;
+  mistral.model_type = "mistral";
+  mistral.sliding_window = 12;
+  f.push_back({"mistral", mistral});
+  for (auto& x : f) x.spec.init_method_std = 0.1;  // logits spread enough for greedy to have clear winners
+  return f;
+}
+
+// The reference init (std 0.1), norm weights and biases jittered, all rounded to bf16 so that
+// both sides compute with identical weights.
+inline std::vector<float> generate_weights(const train::ModelSpec& spec, uint64_t seed) {
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  std::vector<float> p(static_cast<size_t>(layout.total));
+  train::init_params(spec, layout, seed, p.data());
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> u(-0.2f, 0.2f);
+  for (const auto& t : layout.tensors)
+    if (t.shape.size() == 1)
+      for (int64_t i = 0; i < t.numel; ++i) p[t.offset + i] += u(rng);
+  for (float& w : p) w = round_bf16(w);  // in host mode too: one set of weights for both tests
+  return p;
+}
+
+// Normwise relative error of one row of logits over the real vocabulary.
+inline double logit_row_err(const float* got, const float* ref, int64_t V) { return rel_l2(got, ref, V); }
+
+// The engine's tests, run on the GPU (bf16, test_cuda_gpu) and in host mode (fp32 on the CPU
+// kernels, test_cuda_unit): Device picks which, tolerance follows (DESIGN.md's gates: bf16
+// activations through a few layers, fp32 1e-4).
+template <turbo::Device Dev>
+class GenerateTestT : public ::testing::TestWithParam<int> {
+ protected:
+  static constexpr bool kHost = Dev == turbo::Device::CPU;
+  static constexpr double kTol = kHost ? 1e-4 : 2e-2;
+  // A greedy near-tie: top-2 gap below this (relative to the top logit, at least 1).
+  static constexpr float kTie = kHost ? 1e-4f : 0.1f;
+  void SetUp() override {
+    if (!kHost) {
+      int n = 0;
+      if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+    }
+    fam_ = generate_families().at(static_cast<size_t>(GetParam()));
+    // The CPU runs a shorter context (CI time); still past the window and the prompts below.
+    if (kHost) fam_.spec.seq_length = 24;
+    seed_ = std::random_device{}();
+    params_ = generate_weights(fam_.spec, seed_);
+    ref_ = std::make_unique<reference::GptModel<float>>(fam_.spec, 1, fam_.spec.seq_length);
+    ref_->params = params_;
+  }
+  std::vector<int32_t> random_tokens(int64_t n, std::mt19937_64& rng) const {
+    std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(fam_.spec.vocab_size - 1));
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = u(rng);
+    return t;
+  }
+  // Reference logits of every position of `tokens` [T, padded vocabulary].
+  std::vector<float> ref_logits(const std::vector<int32_t>& tokens) {
+    const int64_t T = static_cast<int64_t>(tokens.size()), Vp = fam_.spec.padded_vocab_size;
+    ref_->forward(tokens.data(), nullptr, 1, T);
+    return std::vector<float>(ref_->logits(), ref_->logits() + T * Vp);
+  }
+
+  void PrefillAndDecodeLogitsEqualTheReference() {
+    SCOPED_TRACE(fam_.name + " seed " + std::to_string(seed_));
+    const train::ModelSpec& s = fam_.spec;
+    const int64_t V = s.vocab_size, Vp = s.padded_vocab_size, T = s.seq_length;
+    std::mt19937_64 rng(seed_);
+    InferenceEngine eng(s, params_.data(), 3, Dev);
+    // Slot 1: a prefill of all T tokens, every row against the reference.
+    const std::vector<int32_t> full = random_tokens(T, rng);
+    const std::vector<float> want = ref_logits(full);
+    const float* all = eng.prefill(1, full.data(), T, true);
+    for (int64_t t = 0; t < T; ++t) ASSERT_LT(logit_row_err(all + t * Vp, want.data() + t * Vp, V), kTol) << "prefill row " << t;
+    // Three sequences with different prompt lengths, then decoded together token by token
+    // (teacher-forced with their own random continuations); each step's logits against the
+    // reference's row of that position.
+    const std::vector<int64_t> prompt = {1, 7, 20};
+    std::vector<std::vector<int32_t>> seq;
+    std::vector<std::vector<float>> ref;
+    for (int64_t b = 0; b < 3; ++b) {
+      seq.push_back(random_tokens(T, rng));
+      ref.push_back(ref_logits(seq[b]));
+      const float* last = eng.prefill(b, seq[b].data(), prompt[b]);
+      ASSERT_LT(logit_row_err(last, ref[b].data() + (prompt[b] - 1) * Vp, V), kTol) << "prefill of slot " << b;
+      ASSERT_EQ(eng.length(b), prompt[b]);
+    }
+    std::vector<int32_t> slots, toks;
+    for (int64_t step = 0;; ++step) {
+      slots.clear();
+      toks.clear();
+      for (int32_t b = 2; b >= 0; --b)  // slots listed out of order
+        if (eng.length(b) < T) slots.push_back(b), toks.push_back(seq[b][eng.length(b)]);
+      if (slots.empty()) break;
+      const float* got = eng.decode(slots.data(), toks.data(), static_cast<int64_t>(slots.size()));
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const int64_t b = slots[i], pos = eng.length(b) - 1;
+        ASSERT_LT(logit_row_err(got + i * Vp, ref[b].data() + pos * Vp, V), kTol) << "decode slot " << b << " position " << pos;
+      }
+    }
+  }
+  void CachedDecodeEqualsWindowRecompute() {
+    SCOPED_TRACE(fam_.name + " seed " + std::to_string(seed_));
+    const train::ModelSpec& s = fam_.spec;
+    const int64_t V = s.vocab_size, Vp = s.padded_vocab_size, T = s.seq_length;
+    std::mt19937_64 rng(seed_);
+    InferenceEngine eng(s, params_.data(), 2, Dev);
+    const std::vector<int32_t> tok = random_tokens(T, rng);
+    // The same positions: decode in slot 0, recompute in slot 1 (prefill of the whole window).
+    eng.prefill(0, tok.data(), 5);
+    for (int64_t n = 6; n <= T; ++n) {
+      const int32_t slot = 0;
+      const float* d = eng.decode(&slot, &tok[n - 1], 1);
+      const std::vector<float> dec(d, d + Vp);
+      const float* r = eng.prefill(1, tok.data(), n);
+      ASSERT_LT(logit_row_err(dec.data(), r, V), kTol) << "position " << n - 1;
+    }
+  }
+  void GreedyTokensEqualTheReferenceAwayFromTies() {
+    SCOPED_TRACE(fam_.name + " seed " + std::to_string(seed_));
+    const train::ModelSpec& s = fam_.spec;
+    const int64_t V = s.vocab_size, Vp = s.padded_vocab_size;
+    std::mt19937_64 rng(seed_);
+    const std::vector<std::vector<int32_t>> prompts = {random_tokens(5, rng), random_tokens(11, rng)};
+    train::SampleOptions o;
+    o.temperature = 0;
+    o.max_new_tokens = s.seq_length + 8;  // runs past seq_length: the window recompute at the end too
+    InferenceEngine eng(s, params_.data(), 2, Dev);
+    std::mt19937_64 r1(1), r2(1);
+    const auto got = generate(eng, prompts, o, r1, true);
+    const auto nocache = generate(eng, prompts, o, r2, false);
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      std::vector<int32_t> ids = prompts[b];
+      int64_t compared = 0;
+      for (size_t i = 0; i < got[b].size(); ++i) {
+        // The reference's logits at this point of the (shared so far) sequence.
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), s.seq_length);
+        ref_->forward(ids.data() + ids.size() - n, nullptr, 1, n);
+        const float* l = ref_->logits() + (n - 1) * Vp;
+        std::vector<float> top(l, l + V);
+        std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+        const int32_t want = static_cast<int32_t>(std::max_element(l, l + V) - l);
+        // A near-tie: bf16 may pick either; the comparison goes on only while the tokens agree.
+        if (top[0] - top[1] < kTie * std::max(1.0f, std::fabs(top[0]))) {
+          if (got[b][i] != want || nocache[b][i] != want) break;
+        } else {
+          ASSERT_EQ(got[b][i], want) << "prompt " << b << " token " << i;
+          ASSERT_EQ(nocache[b][i], want) << "prompt " << b << " token " << i << " (no cache)";
+          ++compared;
+        }
+        ids.push_back(want);
+      }
+      EXPECT_GE(compared, 3) << "prompt " << b << ": too few tokens away from ties to compare";
+    }
+  }
+
+  GenFamily fam_;
+  uint64_t seed_ = 0;
+  std::vector<float> params_;
+  std::unique_ptr<reference::GptModel<float>> ref_;
+};
+
+inline std::string generate_family_name(const ::testing::TestParamInfo<int>& i) { return generate_families()[i.param].name; }
+inline constexpr int kGenerateFamilies = 6;
+
+}  // namespace primus::backends::cuda::testing
