@@ -527,7 +527,7 @@ void CudaTrainer::sample_at_end() {
   so.temperature = t.sample_temperature;
   so.top_k = t.sample_top_k;
   try {
-    InferenceEngine engine(args_->model, params.data(), 1);
+    InferenceEngine engine(args_->model, params.data(), 1, args_->host_mode ? turbo::Device::CPU : turbo::Device::CUDA);
     const auto out = generate(engine, {ids}, so, sample_rng_);
     std::string text = t.sample_prompt + tokenizer_->decode(out[0]);
     for (char& ch : text)
