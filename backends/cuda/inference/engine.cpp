@@ -33,6 +33,7 @@ using turbo::TensorView;
 namespace {
 
 constexpr size_t kAlign = turbo::Arena::kDefaultAlign;
+constexpr int64_t kMaxRows = 16384;  // about 1.3 GiB of bf16 activations at Llama-3.2-1B's widths
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // [B,T,nh,D] heads starting at column `col` of the row-major [rows, W] buffer (token rows W apart).
@@ -85,7 +86,9 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   const int64_t S = spec_.seq_length, C = spec_.hidden_size, H = spec_.num_attention_heads;
   const int64_t KV = spec_.num_query_groups, D = spec_.head_dim(), QD = spec_.q_dim(), KVD = spec_.kv_dim();
   const int64_t Vp = spec_.padded_vocab_size;
-  rows_ = max_batch_ * S;  // a prefill of every slot's whole window at once
+  // Activation rows: a whole window per slot up to kMaxRows tokens in one prefill (generate()
+  // splits larger batched prefills), at least one full window.
+  rows_ = std::max(S, std::min(max_batch_ * S, kMaxRows));
 
   // Weights: each tensor bf16 (host mode: f32) in its own aligned block (GEMM operands want
   // 16-byte alignment; the flat layout's offsets need not be).
@@ -178,7 +181,11 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   // Attention's workspace (cuDNN's plan, Turbo's kernels) and the ops' small borrows.
   scratch_ = make_arena(host() ? size_t{16} << 20 : size_t{256} << 20);
   len_.assign(static_cast<size_t>(max_batch_), 0);
-  if (const char* e = std::getenv("PRIMUS_INFERENCE_GRAPHS"); e && std::string(e) == "0") use_graphs_ = false;
+  if (const char* e = std::getenv("PRIMUS_INFERENCE_GRAPHS")) {
+    const std::string v = e;
+    if (v != "0" && v != "1") throw ConfigError(fmt::format("PRIMUS_INFERENCE_GRAPHS='{}': expected 1 or 0", v));
+    use_graphs_ = v == "1";
+  }
   if (!host()) CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -538,11 +545,15 @@ std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::v
       }
     }
     if (!slots.empty()) calls.emplace_back(slots, toks), lens.push_back(0);
+    const int64_t per_call = std::max<int64_t>(1, engine.rows() / S);  // windows of up to S tokens per prefill
     for (const auto& [T, members] : by_len) {
-      std::vector<int32_t> g(members.begin(), members.end()), flat;
-      for (int64_t b : members) flat.insert(flat.end(), ids[b].end() - T, ids[b].end());
-      calls.emplace_back(std::move(g), std::move(flat));
-      lens.push_back(T);
+      for (size_t at = 0; at < members.size(); at += static_cast<size_t>(per_call)) {
+        const size_t end = std::min(members.size(), at + static_cast<size_t>(per_call));
+        std::vector<int32_t> g(members.begin() + at, members.begin() + end), flat;
+        for (size_t i = at; i < end; ++i) flat.insert(flat.end(), ids[members[i]].end() - T, ids[members[i]].end());
+        calls.emplace_back(std::move(g), std::move(flat));
+        lens.push_back(T);
+      }
     }
     copies.reserve(calls.size());  // row_of points into them
     for (size_t k = 0; k < calls.size(); ++k) {

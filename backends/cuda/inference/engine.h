@@ -53,6 +53,7 @@ class InferenceEngine {
   const train::ModelSpec& spec() const { return spec_; }
   int64_t max_batch() const { return max_batch_; }
   int64_t capacity() const { return spec_.seq_length; }  // positions per slot
+  int64_t rows() const { return rows_; }  // tokens one prefill_batch call may hold (B x T)
   int64_t length(int64_t slot) const { return len_.at(static_cast<size_t>(slot)); }
   size_t device_bytes() const;  // weights + cache + activations + scratch
 
@@ -60,8 +61,9 @@ class InferenceEngine {
   // what it held, and returns the logits (host f32) of the last token, [padded_vocab_size]
   // (or of every token, [n, padded_vocab_size], with all_rows). Valid until the next call.
   const float* prefill(int64_t slot, const int32_t* tokens, int64_t n, bool all_rows = false);
-  // Several sequences of T tokens each (tokens [B, T] row-major) into the listed distinct slots
-  // at positions 0..T-1; returns each one's last-token logits, [B, padded_vocab_size] host f32.
+  // Several sequences of T tokens each (tokens [B, T] row-major, B x T <= rows()) into the listed
+  // distinct slots at positions 0..T-1; returns each one's last-token logits, [B, padded_vocab_size]
+  // host f32.
   const float* prefill_batch(const int32_t* slots, const int32_t* tokens, int64_t B, int64_t T);
   // One token per listed slot (distinct slots, each with length < capacity), at position
   // length(slot), which then grows by one. Returns the logits, [n, padded_vocab_size] host f32.
