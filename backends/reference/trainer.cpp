@@ -119,6 +119,14 @@ void ReferenceTrainer::init() {
   }
   m_.assign(static_cast<size_t>(owned), 0.f);
   v_.assign(static_cast<size_t>(owned), 0.f);
+  if (t.optim.optimizer == "muon") {
+    muon_ = std::make_unique<MuonOptimizer>(spec, model_->layout(), env_.rank, env_.world_size,
+                                            dp_.distributed_optimizer);
+    spdlog::info("[reference] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps), "
+                 "AdamW for the rest{}",
+                 muon_->tensors().size(), t.optim.muon_momentum, t.optim.muon_nesterov ? "Nesterov" : "plain",
+                 t.optim.muon_ns_steps, dp_.distributed_optimizer && env_.world_size > 1 ? "; whole matrices per rank" : "");
+  }
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
@@ -219,10 +227,11 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   double loss = parallel::global_mean(*pg_, loss_sum / static_cast<double>(accum));
   const bool zero1 = dp_.distributed_optimizer;
   double norm;
-  if (zero1) {
+  if (zero1 && !muon_) {
     reduce_scatter_grads();
     norm = parallel::global_norm(*pg_, k::sum_squares(grad_shard_.data(), shards_.valid_count(env_.rank)));
   } else {
+    // Muon's owners orthogonalise whole matrices, so they need whole averaged gradients.
     all_reduce_grads();
     norm = std::sqrt(k::sum_squares(model_->grads.data(), static_cast<int64_t>(model_->grads.size())));
   }
@@ -237,35 +246,48 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   hp.eps = t.optim.eps;
   hp.step = step + 1;
   hp.grad_scale = scale;
+  const auto& tensors = model_->layout().tensors;
   if (!zero1) {
-    for (auto& pt : model_->layout().tensors) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& pt = tensors[i];
+      if (muon_ && muon_->is_muon(i)) continue;
       hp.weight_decay = pt.decay ? t.optim.weight_decay : 0.0;
       k::adamw_update(model_->params.data() + pt.offset, model_->grads.data() + pt.offset, m_.data() + pt.offset,
                       v_.data() + pt.offset, pt.numel, hp);
     }
+    if (muon_) muon_->update(model_->params.data(), model_->grads.data(), t.optim, train::muon_lr_at(t.optim, step), scale);
     model_->update_expert_bias(moe_stats_->load());
     return loss;
   }
   // ZeRO-1: this rank updates the parts of each tensor that fall in its shard, then every rank
   // gets every shard's new weights.
   const int64_t b = shards_.begin(env_.rank), e = shards_.valid_end(env_.rank);
-  for (auto& pt : model_->layout().tensors) {
+  // With Muon the whole averaged gradient is here; this rank's shard of it starts at b.
+  const float* gshard = muon_ ? model_->grads.data() + b : grad_shard_.data();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& pt = tensors[i];
+    if (muon_ && muon_->is_muon(i)) continue;
     const int64_t lo = std::max<int64_t>(b, pt.offset), hi = std::min<int64_t>(e, pt.offset + pt.numel);
     if (lo >= hi) continue;
     hp.weight_decay = pt.decay ? t.optim.weight_decay : 0.0;
-    k::adamw_update(model_->params.data() + lo, grad_shard_.data() + (lo - b), m_.data() + (lo - b),
+    k::adamw_update(model_->params.data() + lo, gshard + (lo - b), m_.data() + (lo - b),
                     v_.data() + (lo - b), hi - lo, hp);
   }
   all_gather_params();
+  if (muon_) {  // after the gather, which carries the old values of Muon's tensors
+    muon_->update(model_->params.data(), model_->grads.data(), t.optim, train::muon_lr_at(t.optim, step), scale);
+    muon_->share(*pg_, model_->params.data());
+  }
   model_->update_expert_bias(moe_stats_->load());  // the same load on every rank: the same bias
   return loss;
 }
 
 void ReferenceTrainer::record_memory(train::StepStats& s) {
   const double rss = double(reference_peak_resident_bytes());
-  const double buffers = double(model_heap_bytes_) + double(m_.capacity() + v_.capacity()) * sizeof(float);
+  const double buffers = double(model_heap_bytes_) + double(m_.capacity() + v_.capacity()) * sizeof(float) +
+                         double(muon_ ? muon_->state_bytes() : 0);
   s.extras.push_back({"mem_gib", reference_gib(rss)});        // this process's peak resident set
-  s.extras.push_back({"arena_gib", reference_gib(buffers)});  // the model's buffers and AdamW's moments
+  s.extras.push_back({"arena_gib", reference_gib(buffers)});  // the model's buffers and the optimizer state
   if (env_.world_size == 1) return;
   // Only rank 0 writes metrics: the other ranks' peaks reach its record through one all-gather
   // of a float each (in MiB: exact enough, and far inside a float's range).
@@ -316,6 +338,14 @@ void ReferenceTrainer::save(int64_t step) {
   }
   std::vector<parallel::FlatShard> shards;
   if (zero1) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
+  // Muon's momentum as one flat state like the moments (every rank calls: ZeRO-1 sums the owners').
+  std::vector<float> muon_flat = muon_ ? muon_->flat_momentum(*pg_) : std::vector<float>{};
+  if (muon_ && zero1) shards.push_back({MuonOptimizer::kStateName, muon_flat.data() + std::min(shards_.begin(env_.rank), shards_.total)});
+  if (muon_ && !zero1 && env_.rank == 0) {
+    data.optimizer.emplace(MuonOptimizer::kStateName,
+                           io::TensorBlob::borrow(io::DType::F32, {static_cast<int64_t>(muon_flat.size())},
+                                                  muon_flat.data(), muon_flat.size() * sizeof(float)));
+  }
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
   auto dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, zero1 ? &shards_ : nullptr, shards, so);
@@ -335,6 +365,7 @@ void ReferenceTrainer::load(const fsys::path& dir) {
     e = shards_.valid_end(env_.rank);
   }
   parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, b, e, {m_.data(), v_.data()});
+  if (muon_) muon_->load(data, dir);
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
   int saved_world = parallel::saved_world_size(data);

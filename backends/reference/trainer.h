@@ -10,6 +10,7 @@
 
 #include "backends/reference/args.h"
 #include "backends/reference/model.h"
+#include "backends/reference/muon.h"
 #include "core/trainer/trainer.h"
 #include "data/dataset/data_config.h"
 #include "data/tokenizer/tokenizer.h"
@@ -62,6 +63,7 @@ class ReferenceTrainer : public Trainer {
   std::vector<float> grad_shard_;  // ZeRO-1: the averaged gradient of this rank's shard
   std::vector<float> staging_;     // ZeRO-1: one bucket from every rank
   std::vector<float> m_, v_;       // AdamW moments: whole buffer, or this rank's shard (ZeRO-1)
+  std::unique_ptr<MuonOptimizer> muon_;  // optimizer: muon (the layers' matrices; AdamW the rest)
   std::vector<int32_t> batch_, inputs_, targets_;
   std::mt19937_64 sample_rng_;
   // What the model's constructor took from the heap (its weights, gradients and activation

@@ -415,3 +415,26 @@ TEST(DataParallelTraining, MoeRoutingStatisticsAndExpertBiasAreGlobal) {
   auto mx = metric(two.path(), "moe/layer0/load_max");
   for (auto& [step, v] : mx) EXPECT_LE(v, 12 * 32) << "step " << step;
 }
+
+// Muon with ZeRO-1: each rank orthogonalises the whole matrices it owns (balanced by size) from
+// the all-reduced gradient and broadcasts them; AdamW's moments stay in the flat shards. Two
+// ranks give one process's losses, and the 2-rank checkpoint (the momentum sharded like the
+// moments) resumes on 3 ranks, whose owners differ, with the uninterrupted run's losses.
+TEST(DataParallelTraining, MuonZero1OnTwoRanksGivesTheLossesOfOneAndResumesOnThree) {
+  Workdir one, two, on3;
+  const std::string muon = "optimizer=muon lr=0.01 lr_decay_style=WSD lr_wsd_decay_iters=4 ";
+  auto r1 = run_primus(train_args(one.str(), 10, muon));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto r2 = run_primus(launch(2, train_args(two.str(), 10, muon + "use_distributed_optimizer=true ddp_bucket_size_mb=0.01")));
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("whole matrices per rank"), std::string::npos) << r2.out;
+  auto want = losses(one.path());
+  ASSERT_EQ(want.size(), 10u);
+  EXPECT_LT(want.at(10), want.at(1));
+  expect_same_losses(want, losses(two.path()), "Muon, 2 ranks ZeRO-1");
+  fs::path ck5 = primus::io::checkpoint_dir(save_dir(two.path()), 5);
+  auto r3 = run_primus(launch(3, train_args(on3.str(), 10, muon + "use_distributed_optimizer=true load=" + ck5.string())));
+  ASSERT_EQ(r3.code, 0) << r3.out;
+  EXPECT_NE(r3.out.find("saved by 2 ranks, resharded for 3"), std::string::npos) << r3.out;
+  expect_same_losses(want, losses(on3.path()), "Muon resumed on 3 ZeRO-1 ranks", 6);
+}
