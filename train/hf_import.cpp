@@ -544,7 +544,7 @@ bool same_value(const config::Value& a, const config::Value& b) {
 std::string shown(const config::Value& v) { return v.is_scalar() ? v.scalar_text() : v.to_json().dump(); }
 }  // namespace
 
-config::Value resolve_load_hf(const config::Value& params) {
+config::Value resolve_load_hf(const config::Value& params, const fs::path& experiment_file) {
   const fs::path dir = load_hf_dir(params);
   if (dir.empty()) return params;
   const config::Value* lh = params.find_path("load_hf");
@@ -583,7 +583,10 @@ config::Value resolve_load_hf(const config::Value& params) {
       out.set_path("seq_length", config::Value::integer(std::min(def, mpe), {(dir / "config.json").string(), 0, 0}));
     }
   }
-  if (!user_set(out.find_path("tokenizer_type"))) {
+  const config::Value* tt = out.find_path("tokenizer_type");
+  const bool chosen = tt && !tt->is_null() &&
+                      (tt->origin().file == experiment_file.string() || tt->origin().file.rfind("<command line", 0) == 0);
+  if (!chosen) {
     const fs::path tok = dir / "tokenizer.json";
     if (!fs::exists(tok)) {
       throw ConfigError(fmt::format("{}: {} has no tokenizer.json; set tokenizer_type (gpt2, bytes or a tokenizer.json "

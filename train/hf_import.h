@@ -58,10 +58,11 @@ std::filesystem::path load_hf_dir(const config::Value& params);
 // The config a backend converts when `load_hf` is set: the model keys from config.json added
 // to `params` (a key the user set to another value is a ConfigError naming both places; keys
 // equal to config.json's are fine), seq_length checked against max_position_embeddings, and
-// tokenizer_type set to HF_DIR/tokenizer.json unless the user chose one. `load_hf` with `load`
-// is refused (resuming and starting from HF weights contradict each other). Without
-// `load_hf`, `params` is returned unchanged.
-config::Value resolve_load_hf(const config::Value& params);
+// tokenizer_type set to HF_DIR/tokenizer.json unless the experiment file (`experiment_file`) or
+// the command line chose one (the module presets' default tokenizer does not count). `load_hf`
+// with `load` is refused (resuming and starting from HF weights contradict each other).
+// Without `load_hf`, `params` is returned unchanged.
+config::Value resolve_load_hf(const config::Value& params, const std::filesystem::path& experiment_file);
 
 // A trainer's start from `load_hf`, called after its initial weights are drawn: with load_hf set
 // and no checkpoint to resume (`auto_continue_train` finding one in `save` wins, so a restarted

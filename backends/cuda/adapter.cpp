@@ -110,7 +110,7 @@ class CudaAdapter : public BackendAdapter {
 
   std::shared_ptr<BackendArgs> convert_config(const config::ModuleConfig& cfg, const config::Experiment& exp) override {
     // With load_hf the model keys (and the tokenizer) come from the Hugging Face folder.
-    const config::Value p = train::resolve_load_hf(cfg.params);
+    const config::Value p = train::resolve_load_hf(cfg.params, exp.file);
     auto where = [&](const char* k) { return p.find_path(k)->origin().str(); };
     auto a = std::make_shared<CudaArgs>();
     a->model = train::ModelSpec::from_config(p);

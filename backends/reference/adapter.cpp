@@ -41,7 +41,7 @@ class ReferenceAdapter : public BackendAdapter {
   std::shared_ptr<BackendArgs> convert_config(const config::ModuleConfig& cfg, const config::Experiment& exp) override {
     auto a = std::make_shared<ReferenceArgs>();
     // With load_hf the model keys (and the tokenizer) come from the Hugging Face folder.
-    const config::Value params = train::resolve_load_hf(cfg.params);
+    const config::Value params = train::resolve_load_hf(cfg.params, exp.file);
     a->model = train::ModelSpec::from_config(params);
     a->train = train::TrainingArgs::from_config(params, exp);
     a->dp = parallel::DataParallelArgs::from_config(params);

@@ -415,39 +415,44 @@ config::Value at(int64_t v) { return config::Value::integer(v, {"exp.yaml", 4, 1
 TEST_F(HfImportErrors, LoadHfTakesTheModelKeysAndRefusesConflicts) {
   write_json(d.path / "tokenizer.json", json::object());  // only its presence matters here
   const std::string dir = d.path.string();
-  config::Value p = train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"seq_length", at(int64_t{8})}}));
+  config::Value p = train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"seq_length", at(int64_t{8})}}), "exp.yaml");
   const train::ModelSpec got = train::ModelSpec::from_config(p);
   train::ModelSpec want = spec;
   want.padded_vocab_size = want.vocab_size;  // make_vocab_size_divisible_by left at 1
   EXPECT_EQ(train::spec_json(got), train::spec_json(want));
   EXPECT_EQ(p.find_path("tokenizer_type")->as_string(), (d.path / "tokenizer.json").string());
   EXPECT_NE(p.find_path("num_layers")->origin().str().find("config.json"), std::string::npos);
+  // A module preset's tokenizer (not the experiment's choice) gives way to the folder's.
+  p = train::resolve_load_hf(params_with({{"load_hf", at(dir)},
+                                          {"tokenizer_type", config::Value::string("gpt2", {"trainer_base.yaml", 20, 1})}}),
+                             "exp.yaml");
+  EXPECT_EQ(p.find_path("tokenizer_type")->as_string(), (d.path / "tokenizer.json").string());
 
   // A user key equal to config.json's is fine; another value is an error naming both places.
-  EXPECT_NO_THROW(train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"num_layers", at(int64_t{2})}})));
+  EXPECT_NO_THROW(train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"num_layers", at(int64_t{2})}}), "exp.yaml"));
   std::string e = error_of([&] {
-    train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"num_layers", at(int64_t{3})}}));
+    train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"num_layers", at(int64_t{3})}}), "exp.yaml");
   });
   EXPECT_NE(e.find("exp.yaml:4:1: num_layers = 3 conflicts with"), std::string::npos) << e;
   EXPECT_NE(e.find("config.json"), std::string::npos) << e;
-  e = error_of([&] { train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"normalization", at("LayerNorm")}})); });
+  e = error_of([&] { train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"normalization", at("LayerNorm")}}), "exp.yaml"); });
   EXPECT_NE(e.find("normalization = LayerNorm conflicts"), std::string::npos) << e;
   // seq_length: the schema default capped by max_position_embeddings; more than that is refused.
-  p = train::resolve_load_hf(params_with({{"load_hf", at(dir)}}));
+  p = train::resolve_load_hf(params_with({{"load_hf", at(dir)}}), "exp.yaml");
   EXPECT_EQ(p.find_path("seq_length")->as_int(), 8);  // the tiny model's max_position_embeddings
-  e = error_of([&] { train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"seq_length", at(int64_t{9})}})); });
+  e = error_of([&] { train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"seq_length", at(int64_t{9})}}), "exp.yaml"); });
   EXPECT_NE(e.find("seq_length 9 exceeds max_position_embeddings 8"), std::string::npos) << e;
   // load and load_hf together; no tokenizer.json and no tokenizer_type.
-  e = error_of([&] { train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"load", at("/ckpt")}})); });
+  e = error_of([&] { train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"load", at("/ckpt")}}), "exp.yaml"); });
   EXPECT_NE(e.find("load_hf and load"), std::string::npos) << e;
   fs::remove(d.path / "tokenizer.json");
-  e = error_of([&] { train::resolve_load_hf(params_with({{"load_hf", at(dir)}})); });
+  e = error_of([&] { train::resolve_load_hf(params_with({{"load_hf", at(dir)}}), "exp.yaml"); });
   EXPECT_NE(e.find("has no tokenizer.json; set tokenizer_type"), std::string::npos) << e;
-  p = train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"tokenizer_type", at("bytes")}}));
+  p = train::resolve_load_hf(params_with({{"load_hf", at(dir)}, {"tokenizer_type", at("bytes")}}), "exp.yaml");
   EXPECT_EQ(p.find_path("tokenizer_type")->as_string(), "bytes");
   // Without load_hf nothing changes.
   const config::Value plain = params_with({{"num_layers", at(int64_t{3})}});
-  EXPECT_TRUE(train::resolve_load_hf(plain).same_content(plain));
+  EXPECT_TRUE(train::resolve_load_hf(plain, "exp.yaml").same_content(plain));
 }
 
 // A byte-level BPE tokenizer.json without merges: the 256 byte symbols and <|endoftext|>.
