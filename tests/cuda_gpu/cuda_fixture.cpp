@@ -74,6 +74,21 @@ train::ModelSpec tiny_qwen3_spec(bool moe) {
   return m;
 }
 
+train::ModelSpec tiny_qwen2_spec() {
+  train::ModelSpec m = tiny_spec(true);
+  m.model_type = "qwen2";
+  m.add_qkv_bias = true;
+  return m;
+}
+
+train::ModelSpec tiny_olmoe_spec(bool moe) {
+  train::ModelSpec m = tiny_qwen3_spec(moe);
+  m.model_type = moe ? "olmoe" : "llama";
+  m.qk_norm_whole = true;
+  if (moe) m.moe.pre_softmax = true;
+  return m;
+}
+
 double rel_l2(const float* got, const float* ref, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -32,6 +32,12 @@ train::ModelSpec tiny_moe_spec(bool deepseek);
 // 128, so q and the attention output are 256 wide, with per-head query/key norms (qk_layernorm).
 // moe: the Mixtral-style tiny MoE with that attention, every layer MoE (Qwen3-MoE).
 train::ModelSpec tiny_qwen3_spec(bool moe);
+// Qwen2: the tiny Llama with biases on q, k and v only (add_qkv_bias).
+train::ModelSpec tiny_qwen2_spec();
+// OLMoE's attention: RMSNorms over the whole q (256 wide: 4 heads of 64) and k (2 x 64) projections
+// (qk_layernorm_scope: projection). moe: the Mixtral-style tiny MoE with it, every layer MoE, the
+// router's softmax over all experts before the top-2 and no renormalisation (OLMoE's).
+train::ModelSpec tiny_olmoe_spec(bool moe);
 
 inline float round_bf16(float x) { return turbo::bf16_bits_to_float(turbo::float_to_bf16_bits(x)); }
 

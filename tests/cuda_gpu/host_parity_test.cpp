@@ -320,6 +320,53 @@ TEST(HostParityDump, RootComesFromTheEnvironment) {
   }
 }
 
+// The families of [hf] item 2 in host mode: Qwen2's q/k/v-only bias (the projection's bias in
+// the GEMM, its gradient a column sum of dq|dk|dv) and OLMoE's q/k norms over the whole
+// projection (the norm op on dense copies of the packed q and k columns, its backward into
+// datt and back), dense and with every layer MoE. Same gates as Qwen3's.
+struct FamilyCase {
+  const char* name;
+  train::ModelSpec (*spec)();
+};
+class HostFamilyParityTest : public ::testing::TestWithParam<FamilyCase> {};
+
+TEST_P(HostFamilyParityTest, Step0LossAndEveryGradientMatchReference) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  const train::ModelSpec spec = GetParam().spec();
+  const Step0 r = step0_parity(spec, Attn::Default, turbo::Device::CPU, seed);
+  EXPECT_NEAR(r.loss, r.ref_loss, 1e-5 * r.ref_loss);
+  EXPECT_EQ(r.expert_load, r.ref_expert_load);
+  double worst = 0;
+  int extra = 0;  // the tensors this family adds: q|k|v biases, or the two norm weights per layer
+  for (const auto& [name, e] : r.errors) {
+    worst = std::max(worst, e);
+    extra += name.find(".attn.qkv.bias") != std::string::npos || name.find(".attn.q_norm.") != std::string::npos ||
+             name.find(".attn.k_norm.") != std::string::npos;
+    EXPECT_LT(e, 1e-4) << name;
+  }
+  EXPECT_EQ(extra, (spec.qk_layernorm ? 2 : 1) * spec.num_layers);
+  std::printf("[host %s] loss %.7f ref %.7f, worst gradient relative L2 %.2e\n", GetParam().name, r.loss, r.ref_loss,
+              worst);
+}
+
+TEST_P(HostFamilyParityTest, TenTrainingStepsFollowTheReference) {
+  const auto [curve, ref] = training_curves(GetParam().spec(), Attn::Default, turbo::Device::CPU, 10);
+  ASSERT_EQ(curve.size(), 10u);
+  for (size_t s = 0; s < curve.size(); ++s) EXPECT_NEAR(curve[s], ref[s], 1e-5 * ref[s]) << "step " << s;
+  EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
+}
+
+TEST_P(HostFamilyParityTest, RecomputePoliciesGiveTheSameGradientsWithLessMemory) {
+  check_recompute_policies(GetParam().spec());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HostFamilyParityTest,
+                         ::testing::Values(FamilyCase{"Qwen2", [] { return tiny_qwen2_spec(); }},
+                                           FamilyCase{"DenseWholeQkNorm", [] { return tiny_olmoe_spec(false); }},
+                                           FamilyCase{"Olmoe", [] { return tiny_olmoe_spec(true); }}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 INSTANTIATE_TEST_SUITE_P(Host, HostParityTest,
                          ::testing::Values(Case{false, Attn::Default}, Case{false, Attn::Fallback},
                                            Case{true, Attn::Default}, Case{true, Attn::Fallback}),

@@ -182,7 +182,7 @@ size_t MemoryPlan::scratch_bytes() const {
                                     : std::max(opt_.attention_scratch_bytes, turbo_attention));
   if (spec_.qk_layernorm && !spec_.qk_norm_whole && !opt_.host)  // the per-head norms' weight-gradient partials
     bytes = std::max(bytes, turbo::head_norm_scratch_bytes(N, spec_.head_dim()));
-  if (spec_.qk_layernorm && spec_.qk_norm_whole && opt_.query_device)  // the whole-width norms' (turbo's norm op)
+  if (spec_.qk_layernorm && spec_.qk_norm_whole && !opt_.host && opt_.query_device)  // the whole-width norms' (turbo's norm op)
     bytes = std::max({bytes, turbo::cuda::norm_backward_scratch_bytes(N, QD),
                       turbo::cuda::norm_backward_scratch_bytes(N, spec_.kv_dim())});
   if (spec_.moe.enabled() && !opt_.host) {  // the routing ops' partial sums and plan tables (device only)
