@@ -7,10 +7,11 @@
 #   2. test_turbo_gpu DecodeAttentionTest: the decode-attention kernel and the KV-cache append
 #      against the CPU reference (f32, bf16; head dims 32-256; GQA; windows; strided q).
 #   3. test_cuda_gpu GenerateTest / InferenceEngine: the engine against the reference model on
-#      the same weights for GPT-2, Llama, Qwen3, Qwen2 (qkv bias), whole-width q/k norms and
-#      Mistral's window: every prefill row's and every decode step's logits, three sequences of
-#      different lengths decoded together, KV-cache decode against window recompute, greedy
-#      tokens equal away from near-ties (past seq_length too); MoE refused.
+#      the same weights for GPT-2, Llama, Qwen3, Qwen2 (qkv bias), whole-width q/k norms,
+#      Mistral's window, Mixtral, DeepSeek-style and Qwen3-MoE: every prefill row's and every
+#      decode step's logits, three sequences of different lengths decoded together, KV-cache
+#      decode against window recompute, greedy tokens equal away from near-ties (past
+#      seq_length too); the same in host mode (test_cuda_unit GenerateHostTest, fp32).
 #   4. A tiny Llama and a tiny Qwen3 trained on the cuda backend (the cuda trainer's [sample]
 #      line at the end comes from the engine), exported with `primus export hf` (fp32), then
 #      greedy `primus generate --backend cuda` and `--backend reference` against transformers'
@@ -54,7 +55,8 @@ run_check() {  # name command...
 
 run_check cpu_decode_attention_sampler bash -c "'$BIN/test_turbo_cpu' --gtest_filter='DecodeAttention.*' && '$BIN/test_train' --gtest_filter='Sampler.*'"
 run_check decode_attention_kernel "$BIN/test_turbo_gpu" --gtest_filter='*DecodeAttentionTest.*'
-run_check engine_vs_reference "$BIN/test_cuda_gpu" --gtest_filter='Families/GenerateTest.*:InferenceEngine.*'
+run_check engine_vs_reference "$BIN/test_cuda_gpu" --gtest_filter='Families/GenerateTest.*'
+run_check engine_host_mode "$BIN/test_cuda_unit" --gtest_filter='Families/GenerateHostTest.*:InferenceEngine.*'
 
 # 4. Tiny models trained on the cuda backend, exported, generated from by both backends and transformers.
 train_model() {  # name example

@@ -44,6 +44,9 @@ inline std::vector<GenFamily> generate_families() {
   mistral.model_type = "mistral";
   mistral.sliding_window = 12;
   f.push_back({"mistral", mistral});
+  f.push_back({"mixtral", tiny_moe_spec(false)});
+  f.push_back({"deepseek", tiny_moe_spec(true)});  // shared expert, sigmoid, group-limited, expert bias
+  f.push_back({"qwen3_moe", tiny_qwen3_spec(true)});
   for (auto& x : f) x.spec.init_method_std = 0.1;  // logits spread enough for greedy to have clear winners
   return f;
 }
@@ -95,6 +98,23 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
     for (auto& x : t) x = u(rng);
     return t;
   }
+  // Rows of logits against the reference. On the GPU a MoE router choice near-tied in bf16 may
+  // send a token to another expert than the fp32 reference does, which moves that row far more
+  // than rounding: there, at most one row in ten may exceed the tolerance, none by more than 10x.
+  struct RowCheck {
+    double tol;
+    bool lenient;
+    int64_t rows = 0, over = 0;
+    ::testing::AssertionResult operator()(double err) {
+      ++rows;
+      if (err < tol) return ::testing::AssertionSuccess();
+      ++over;
+      if (lenient && err < 10 * tol && over * 10 <= std::max<int64_t>(rows, 10)) return ::testing::AssertionSuccess();
+      return ::testing::AssertionFailure() << "error " << err << " (tolerance " << tol << ", " << over << " of " << rows
+                                           << " rows over)";
+    }
+  };
+  RowCheck row_check() const { return RowCheck{kTol, !kHost && fam_.spec.moe.enabled()}; }
   // Reference logits of every position of `tokens` [T, padded vocabulary].
   std::vector<float> ref_logits(const std::vector<int32_t>& tokens) {
     const int64_t T = static_cast<int64_t>(tokens.size()), Vp = fam_.spec.padded_vocab_size;
@@ -108,11 +128,12 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
     const int64_t V = s.vocab_size, Vp = s.padded_vocab_size, T = s.seq_length;
     std::mt19937_64 rng(seed_);
     InferenceEngine eng(s, params_.data(), 3, Dev);
+    RowCheck check = row_check();
     // Slot 1: a prefill of all T tokens, every row against the reference.
     const std::vector<int32_t> full = random_tokens(T, rng);
     const std::vector<float> want = ref_logits(full);
     const float* all = eng.prefill(1, full.data(), T, true);
-    for (int64_t t = 0; t < T; ++t) ASSERT_LT(logit_row_err(all + t * Vp, want.data() + t * Vp, V), kTol) << "prefill row " << t;
+    for (int64_t t = 0; t < T; ++t) ASSERT_TRUE(check(logit_row_err(all + t * Vp, want.data() + t * Vp, V))) << "prefill row " << t;
     // Three sequences with different prompt lengths, then decoded together token by token
     // (teacher-forced with their own random continuations); each step's logits against the
     // reference's row of that position.
@@ -123,7 +144,7 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
       seq.push_back(random_tokens(T, rng));
       ref.push_back(ref_logits(seq[b]));
       const float* last = eng.prefill(b, seq[b].data(), prompt[b]);
-      ASSERT_LT(logit_row_err(last, ref[b].data() + (prompt[b] - 1) * Vp, V), kTol) << "prefill of slot " << b;
+      ASSERT_TRUE(check(logit_row_err(last, ref[b].data() + (prompt[b] - 1) * Vp, V))) << "prefill of slot " << b;
       ASSERT_EQ(eng.length(b), prompt[b]);
     }
     std::vector<int32_t> slots, toks;
@@ -136,7 +157,7 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
       const float* got = eng.decode(slots.data(), toks.data(), static_cast<int64_t>(slots.size()));
       for (size_t i = 0; i < slots.size(); ++i) {
         const int64_t b = slots[i], pos = eng.length(b) - 1;
-        ASSERT_LT(logit_row_err(got + i * Vp, ref[b].data() + pos * Vp, V), kTol) << "decode slot " << b << " position " << pos;
+        ASSERT_TRUE(check(logit_row_err(got + i * Vp, ref[b].data() + pos * Vp, V))) << "decode slot " << b << " position " << pos;
       }
     }
   }
@@ -146,6 +167,7 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
     const int64_t V = s.vocab_size, Vp = s.padded_vocab_size, T = s.seq_length;
     std::mt19937_64 rng(seed_);
     InferenceEngine eng(s, params_.data(), 2, Dev);
+    RowCheck check = row_check();
     const std::vector<int32_t> tok = random_tokens(T, rng);
     // The same positions: decode in slot 0, recompute in slot 1 (prefill of the whole window).
     eng.prefill(0, tok.data(), 5);
@@ -154,11 +176,13 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
       const float* d = eng.decode(&slot, &tok[n - 1], 1);
       const std::vector<float> dec(d, d + Vp);
       const float* r = eng.prefill(1, tok.data(), n);
-      ASSERT_LT(logit_row_err(dec.data(), r, V), kTol) << "position " << n - 1;
+      ASSERT_TRUE(check(logit_row_err(dec.data(), r, V))) << "position " << n - 1;
     }
   }
   void GreedyTokensEqualTheReferenceAwayFromTies() {
     SCOPED_TRACE(fam_.name + " seed " + std::to_string(seed_));
+    if (!kHost && fam_.spec.moe.enabled())  // a rerouted token (see RowCheck) changes every token after it
+      GTEST_SKIP() << "MoE on the GPU: greedy tokens are compared in host mode (GenerateHostTest)";
     const train::ModelSpec& s = fam_.spec;
     const int64_t V = s.vocab_size, Vp = s.padded_vocab_size;
     std::mt19937_64 rng(seed_);
@@ -202,6 +226,6 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
 };
 
 inline std::string generate_family_name(const ::testing::TestParamInfo<int>& i) { return generate_families()[i.param].name; }
-inline constexpr int kGenerateFamilies = 6;
+inline constexpr int kGenerateFamilies = 9;
 
 }  // namespace primus::backends::cuda::testing

@@ -1,5 +1,5 @@
 // The inference engine in host mode (fp32, Turbo's CPU backends; no GPU needed) against the
-// reference model: generate_fixture.h. MoE models are refused before anything is allocated.
+// reference model: generate_fixture.h. MoE routing with token dropping is refused.
 #include "tests/cuda_gpu/generate_fixture.h"
 
 #include "core/util/error.h"
@@ -13,14 +13,15 @@ TEST_P(GenerateHostTest, CachedDecodeEqualsWindowRecompute) { CachedDecodeEquals
 TEST_P(GenerateHostTest, GreedyTokensEqualTheReferenceAwayFromTies) { GreedyTokensEqualTheReferenceAwayFromTies(); }
 INSTANTIATE_TEST_SUITE_P(Families, GenerateHostTest, ::testing::Range(0, kGenerateFamilies), generate_family_name);
 
-TEST(InferenceEngine, RefusesMoe) {
-  const train::ModelSpec s = tiny_moe_spec(false);
+TEST(InferenceEngine, RefusesTokenDropping) {
+  train::ModelSpec s = tiny_moe_spec(false);
+  s.moe.capacity_factor = 1.25;
   const std::vector<float> p(static_cast<size_t>(train::make_param_layout(s).total), 0.0f);
   try {
     InferenceEngine e(s, p.data(), 1, turbo::Device::CPU);
-    FAIL() << "MoE accepted";
+    FAIL() << "a capacity factor accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("num_experts"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("moe_expert_capacity_factor"), std::string::npos) << e.what();
   }
 }
 

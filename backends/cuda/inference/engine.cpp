@@ -18,7 +18,9 @@
 #include "turbo/ops/decode_attention.h"
 #include "turbo/ops/embedding.h"
 #include "turbo/ops/gemm.h"
+#include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/head_norm.h"
+#include "turbo/ops/moe.h"
 #include "turbo/ops/normalization.h"
 #include "turbo/ops/rope.h"
 #ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
@@ -61,10 +63,12 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 void check_supported(const train::ModelSpec& s) {
-  if (s.moe.enabled())
-    throw ConfigError(fmt::format("primus generate --backend cuda: num_experts {} (MoE layers) is not supported by the "
-                                  "cuda inference engine; use --backend reference",
-                                  s.moe.num_experts));
+  // Which tokens an expert drops depends on how many tokens one call routes (a prefill's, a decode
+  // step's), so only dropless routing gives a sequence the same tokens in every call pattern.
+  if (s.moe.enabled() && s.moe.capacity_factor > 0)
+    throw ConfigError(fmt::format("inference engine: moe_expert_capacity_factor {} (token dropping) is not supported: "
+                                  "generation routes dropless; use --backend reference, or a checkpoint without it",
+                                  s.moe.capacity_factor));
   if (s.seq_length <= 0 || s.num_layers <= 0 || s.padded_vocab_size <= 0)
     throw ConfigError(fmt::format("inference engine: model spec without seq_length / num_layers / vocabulary ({})",
                                   s.summary()));
@@ -93,19 +97,28 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   // Weights: each tensor bf16 (host mode: f32) in its own aligned block (GEMM operands want
   // 16-byte alignment; the flat layout's offsets need not be).
   size_t wbytes = 0;
-  for (const auto& t : layout_.tensors) wbytes += aligned(static_cast<size_t>(t.numel) * es);
+  auto kept_f32 = [](const std::string& name) { return name.ends_with("router.expert_bias"); };
+  for (const auto& t : layout_.tensors) wbytes += aligned(static_cast<size_t>(t.numel) * (kept_f32(t.name) ? 4 : es));
   weights_ = make_arena(wbytes + kAlign);
   std::vector<uint16_t> bits;
+  // The router's expert bias stays f32 (it only ranks experts; the router op takes it so).
   auto upload = [&](const std::string& name) -> TensorView {
     const train::ParamTensor* t = layout_.find(name);
     if (!t) return {};
     const float* src = host_params + t->offset;
+    const bool f32 = kept_f32(name);
+    const DType dt = f32 ? DType::F32 : act_dtype_;
     TensorView v;
-    if (t->shape.size() == 1) v = weights_->tensor(act_dtype_, {t->shape[0]}, t->name.c_str());
-    else if (t->shape.size() == 2) v = weights_->tensor(act_dtype_, {t->shape[0], t->shape[1]}, t->name.c_str());
+    if (t->shape.size() == 1) v = weights_->tensor(dt, {t->shape[0]}, t->name.c_str());
+    else if (t->shape.size() == 2) v = weights_->tensor(dt, {t->shape[0], t->shape[1]}, t->name.c_str());
+    else if (t->shape.size() == 3) v = weights_->tensor(dt, {t->shape[0], t->shape[1], t->shape[2]}, t->name.c_str());
     else throw ConfigError(fmt::format("inference engine: tensor {} of {} dims is not supported", name, t->shape.size()));
     if (host()) {
       std::memcpy(v.data, src, v.nbytes());
+      return v;
+    }
+    if (f32) {
+      CUDA_CHECK(cudaMemcpy(v.data, src, v.nbytes(), cudaMemcpyHostToDevice));
       return v;
     }
     bits.resize(static_cast<size_t>(t->numel));
@@ -128,6 +141,15 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   sbytes += aligned(static_cast<size_t>(rows_ * (H + KV) * D) * es) + aligned(static_cast<size_t>(rows_ * (H + KV)) * 4);
   sbytes += 4 * aligned(static_cast<size_t>(rows_) * 4) + aligned(static_cast<size_t>(max_batch_ * Vp) * 4);
   sbytes += aligned(static_cast<size_t>(S * D) * 4) + aligned(static_cast<size_t>(rows_ * std::max(QD, KVD)) * es) + kAlign;
+  const train::MoeSpec& moe = spec_.moe;
+  const int64_t E = moe.num_experts, K = moe.topk, Fe = moe.ffn_hidden_size, Fs = moe.shared_ffn_hidden_size;
+  const int64_t M = moe.enabled() ? turbo::moe_permuted_rows_max(rows_, K, E, turbo::kGroupedGemmAlign) : 0;
+  if (moe.enabled()) {
+    sbytes += 2 * aligned(static_cast<size_t>(rows_ * E) * 4) + 3 * aligned(static_cast<size_t>(rows_ * K) * 4);
+    sbytes += 4 * aligned(static_cast<size_t>(E + 1) * 4) + aligned(4);
+    for (int64_t w : {C, 2 * Fe, Fe, C}) sbytes += aligned(static_cast<size_t>(M * w) * es);
+    for (int64_t w : {2 * Fs, Fs}) sbytes += aligned(static_cast<size_t>(rows_ * w) * es);
+  }
   state_ = make_arena(sbytes);
   layers_.resize(static_cast<size_t>(spec_.num_layers));
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
@@ -147,8 +169,18 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
     w.fc_b = upload(p + "mlp.fc.bias");
     w.out_w = upload(p + "mlp.proj.weight");
     w.out_b = upload(p + "mlp.proj.bias");
-    if (!w.qkv_w.defined() || !w.fc_w.defined() || !w.out_w.defined())
-      throw ConfigError(fmt::format("inference engine: layer {} lacks the qkv / MLP weights of a dense layer", l));
+    if (spec_.is_moe_layer(l)) {
+      const std::string m = p + "moe.";
+      w.router_w = upload(m + "router.weight");
+      w.expert_bias = upload(m + "router.expert_bias");
+      w.experts_fc = upload(m + "experts.fc.weight");
+      w.experts_proj = upload(m + "experts.proj.weight");
+      w.shared_fc = upload(m + "shared.fc.weight");
+      w.shared_proj = upload(m + "shared.proj.weight");
+    }
+    if (!w.qkv_w.defined() || (spec_.is_moe_layer(l) ? !w.router_w.defined() || !w.experts_fc.defined()
+                                                      : !w.fc_w.defined() || !w.out_w.defined()))
+      throw ConfigError(fmt::format("inference engine: layer {} lacks the qkv / MLP weights its spec implies", l));
     w.k_cache = state_->tensor(act_dtype_, {max_batch_, S, KV, D}, "k cache");
     w.v_cache = state_->tensor(act_dtype_, {max_batch_, S, KV, D}, "v cache");
   }
@@ -170,6 +202,34 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   slot_ = state_->tensor(DType::I32, {rows_}, "slots");
   len_dev_ = state_->tensor(DType::I32, {rows_}, "lengths");
   logits_ = state_->tensor(DType::F32, {max_batch_, Vp}, "logits");
+  if (moe.enabled()) {
+    MoeBuffers& b = moe_;
+    b.logits = state_->tensor(DType::F32, {rows_, E}, "router logits");
+    b.probs = state_->tensor(DType::F32, {rows_, E}, "router scores");
+    b.topk_idx = state_->tensor(DType::I32, {rows_, K}, "chosen experts");
+    b.topk_weight = state_->tensor(DType::F32, {rows_, K}, "routing weights");
+    b.rows = state_->tensor(DType::I32, {rows_, K}, "slot rows");
+    b.offsets = state_->tensor(DType::I32, {E + 1}, "group offsets");
+    b.counts = state_->tensor(DType::I32, {E}, "expert counts");
+    b.kept = state_->tensor(DType::I32, {E}, "expert kept");
+    b.prob_sum = state_->tensor(DType::F32, {E}, "prob sums");
+    b.z_sum = state_->tensor(DType::F32, {1}, "z sum");
+    b.xp = state_->tensor(act_dtype_, {M, C}, "permuted input");
+    b.h = state_->tensor(act_dtype_, {M, 2 * Fe}, "expert gate|up");
+    b.act = state_->tensor(act_dtype_, {M, Fe}, "expert activation");
+    b.yp = state_->tensor(act_dtype_, {M, C}, "expert output");
+    if (Fs > 0) {
+      b.sfc = state_->tensor(act_dtype_, {rows_, 2 * Fs}, "shared gate|up");
+      b.sact = state_->tensor(act_dtype_, {rows_, Fs}, "shared activation");
+    }
+    router_.num_experts = E;
+    router_.topk = K;
+    router_.score = moe.sigmoid ? turbo::RouterScore::Sigmoid : turbo::RouterScore::Softmax;
+    router_.pre_softmax = moe.pre_softmax;
+    router_.num_groups = moe.num_groups;
+    router_.group_topk = moe.group_topk;
+    router_.scaling_factor = moe.topk_scaling_factor;
+  }
   if (spec_.rope && !host()) {  // the CPU backend computes the angles from the base
     rope_table_ = state_->tensor(DType::F32, {S, D / 2, 2}, "rope table");
     turbo::rope_build_table(rope_table_, spec_.rotary_base, {stream_, nullptr});
@@ -345,6 +405,10 @@ int64_t InferenceEngine::enqueue(int64_t B, int64_t T, bool decoding, bool all_r
     }
     turbo::linear_forward(tmp_.slice0(0, N), att_.slice0(0, N), w.proj_w, w.proj_b, {}, c);
     add_norm(w.norm2_w, w.norm2_b);
+    if (spec_.is_moe_layer(l)) {
+      moe_forward(w, N);
+      continue;
+    }
     turbo::linear_forward(fc_.slice0(0, N), ln_.slice0(0, N), w.fc_w, w.fc_b, {}, c);
     turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act_.slice0(0, N),
                                fc_.slice0(0, N), c});
@@ -368,6 +432,62 @@ int64_t InferenceEngine::enqueue(int64_t B, int64_t T, bool decoding, bool all_r
   const TensorView out{logits_dev, DType::F32, device_, {head_rows, Vp}};
   turbo::linear_forward(out, head_in, head_w_, {}, {}, c);
   return head_rows;
+}
+
+// router -> row plan -> permute -> grouped expert GEMMs (SwiGLU between) -> weighted unpermute,
+// the shared expert added on top: the training decoder's MoE forward (dropless) into tmp_.
+void InferenceEngine::moe_forward(const LayerWeights& w, int64_t N) {
+  const turbo::ExecContext c{stream_, scratch_.get()};
+  const MoeBuffers& b = moe_;
+  const TensorView ln = ln_.slice0(0, N), out = tmp_.slice0(0, N);
+  const TensorView idx = b.topk_idx.slice0(0, N), wt = b.topk_weight.slice0(0, N), rows = b.rows.slice0(0, N);
+  {
+    turbo::GemmArgs g;  // f32 logits from the bf16 GEMM: the softmax and top-k see full precision
+    g.a = ln;
+    g.b = w.router_w.transposed();
+    g.d = b.logits.slice0(0, N);
+    g.ctx = c;
+    turbo::gemm(g);
+  }
+  turbo::RouterForwardArgs r;
+  r.cfg = router_;
+  r.logits = b.logits.slice0(0, N);
+  r.bias = w.expert_bias;
+  r.topk_idx = idx;
+  r.topk_weight = wt;
+  r.probs = b.probs.slice0(0, N);
+  r.counts = b.counts;
+  r.prob_sum = b.prob_sum;
+  r.z_sum = b.z_sum;
+  r.ctx = c;
+  turbo::router_forward(r);
+  turbo::MoePlanArgs pl;
+  pl.topk_idx = idx;
+  pl.topk_weight = wt;
+  pl.counts = b.counts;
+  pl.align = turbo::kGroupedGemmAlign;
+  pl.capacity = -1;
+  pl.row_of_slot = rows;
+  pl.offsets = b.offsets;
+  pl.kept = b.kept;
+  pl.ctx = c;
+  turbo::moe_plan_rows(pl);
+  turbo::moe_permute({b.xp, ln, rows, b.offsets, b.kept, c});
+  turbo::grouped_gemm_forward({b.h, b.xp, w.experts_fc, b.offsets, turbo::kGroupedGemmAlign, c});
+  turbo::activation_forward({turbo::Activation::SwiGLU, b.act, b.h, c});
+  turbo::grouped_gemm_forward({b.yp, b.act, w.experts_proj, b.offsets, turbo::kGroupedGemmAlign, c});
+  turbo::moe_unpermute({out, b.yp, wt, rows, false, c});
+  if (w.shared_fc.defined()) {
+    turbo::linear_forward(b.sfc.slice0(0, N), ln, w.shared_fc, {}, {}, c);
+    turbo::activation_forward({turbo::Activation::SwiGLU, b.sact.slice0(0, N), b.sfc.slice0(0, N), c});
+    turbo::GemmArgs g;  // out += shared expert
+    g.a = b.sact.slice0(0, N);
+    g.b = w.shared_proj.transposed();
+    g.d = out;
+    g.beta = 1.0f;
+    g.ctx = c;
+    turbo::gemm(g);
+  }
 }
 
 const float* InferenceEngine::fetch(int64_t head_rows, float* logits_dev) {

@@ -16,8 +16,9 @@
 // GQA, SwiGLU, untied), Qwen3 (per-head q/k RMSNorm, kv_channels apart from the width), Qwen2
 // (qkv bias: wherever the parameter layout has one), OLMoE-style whole-width q/k norms
 // (qk_norm_whole), Mistral (sliding_window: prefill and decode attend to the last window keys;
-// the cache keeps every position) and every combination of those ModelSpec fields. MoE layers
-// are refused (ConfigError naming num_experts).
+// the cache keeps every position) and every combination of those ModelSpec fields; MoE layers
+// (router, grouped expert GEMMs, shared expert; the turbo MoE ops, as the training decoder)
+// route dropless: a capacity factor is refused (ConfigError naming the key).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -32,6 +33,7 @@
 #include "train/sampling.h"
 #include "turbo/core/arena.h"
 #include "turbo/core/tensor_view.h"
+#include "turbo/ops/moe.h"
 
 namespace primus::backends::cuda {
 
@@ -78,7 +80,15 @@ class InferenceEngine {
     turbo::TensorView norm1_w, norm1_b, qkv_w, qkv_b, q_norm, k_norm, proj_w, proj_b, norm2_w, norm2_b, fc_w, fc_b,
         out_w, out_b;
     turbo::TensorView k_cache, v_cache;  // [max_batch, capacity, KV, D]
+    // MoE layers: router [E, C], expert bias [E] f32, experts [E, 2F, C] and [E, C, F], shared expert.
+    turbo::TensorView router_w, expert_bias, experts_fc, experts_proj, shared_fc, shared_proj;
   };
+  // One MoE layer's routing and expert activations, shared by the layers (nothing is kept).
+  struct MoeBuffers {
+    turbo::TensorView logits, probs, topk_idx, topk_weight, rows, offsets, counts, kept, prob_sum, z_sum;
+    turbo::TensorView xp, h, act, yp, sfc, sact;
+  };
+  void moe_forward(const LayerWeights& w, int64_t N);
   // The layers and the head over N = B x T tokens: decode (T = 1, positions staged)
   // or pos = t (prefill: B sequences of T); the head's logits (every row when decoding or
   // all_rows, else each sequence's last) into logits_dev and then the host buffer.
@@ -107,6 +117,8 @@ class InferenceEngine {
   std::unique_ptr<turbo::Arena> weights_, state_, scratch_;
   turbo::TensorView wte_, wpe_, lnf_w_, lnf_b_, head_w_, rope_table_;
   std::vector<LayerWeights> layers_;
+  MoeBuffers moe_;
+  turbo::RouterConfig router_;
   // Activations [rows_, ...]: two residual streams, the normalised input, q|k|v, attention
   // output, MLP (fc, act), a branch output; statistics f32; head-norm saves.
   turbo::TensorView h_[2], ln_, qkv_, att_, fc_, act_, tmp_, mean_, rstd_, lse_, qk_saved_, qk_rstd_, qk_dense_;
