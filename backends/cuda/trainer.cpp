@@ -533,7 +533,7 @@ void CudaTrainer::sample_at_end() {
     for (char& ch : text)
       if (ch == '\0') ch = '\n';  // the byte tokenizer's end of document, shown as a line break
     spdlog::info("[sample] temperature {}, top-k {}:\n{}\n", so.temperature, so.top_k, text);
-  } catch (const Error& e) {  // e.g. MoE layers (not served by the engine), or no memory left beside the model
+  } catch (const Error& e) {  // e.g. MoE token dropping (the engine routes dropless), or no memory beside the model
     spdlog::warn("[sample] skipped: {}; primus generate --backend reference --checkpoint {} --prompt '{}'", e.what(),
                  t.ckpt.save.string(), t.sample_prompt);
   }
