@@ -189,6 +189,13 @@ void no_qwen_windows(const HfConfig& c) {
   if (c.flag("use_sliding_window", false)) {
     c.refuse("use_sliding_window", "Qwen's per-layer sliding windows (max_window_layers) are not implemented");
   }
+  // transformers 5 lists each layer's attention.
+  if (c.has("layer_types")) {
+    if (!c.at("layer_types").is_array()) c.refuse("layer_types", "expected a list");
+    for (auto& t : c.at("layer_types")) {
+      if (t != "full_attention") c.refuse("layer_types", "only full attention in every layer is implemented here");
+    }
+  }
 }
 
 void sliding_window(const HfConfig& c, const std::string& type, KeyWriter& w) {

@@ -388,6 +388,10 @@ TEST_F(HfImportErrors, ConfigKeysWeDoNotImplementAreNamed) {
     c["model_type"] = "qwen2";
     c["use_sliding_window"] = true;
   }, "use_sliding_window");
+  expect([](json& c) {
+    c["model_type"] = "qwen3";
+    c["layer_types"] = {"full_attention", "sliding_attention"};
+  }, "layer_types");
   // transformers 5's rope_parameters with the plain rotation is read.
   write_json(d.path / "config.json", orig);
   edit_config([](json& c) {
