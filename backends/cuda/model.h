@@ -145,6 +145,9 @@ class CudaModel {
   // update() reads (so a captured update follows the schedule); the other fields (betas, eps,
   // weight decay) are fixed per run.
   void set_hyper(const turbo::AdamWHyper& hp);
+  // Muon's hyperparameters for the next updates (a model built with opt.muon).
+  void set_muon_hyper(const turbo::MuonHyper& hp) { optimizer_->set_muon_hyper(hp); }
+  size_t muon_device_bytes() const { return optimizer_->muon_device_bytes(); }
   void update();
   void update(const turbo::AdamWHyper& hp) {
     set_hyper(hp);

@@ -6,6 +6,7 @@
 
 #include "core/util/error.h"
 #include "parallel/cuda/grad_reducer.h"
+#include "train/muon_layout.h"
 #include "train/param_layout.h"
 
 namespace primus::backends::cuda {
@@ -65,6 +66,18 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     }
     if (world > 1) throw ConfigError("optimizer_in_bwd: true runs on one process (no data parallelism with it yet)");
     mo.optimizer_in_backward = true;
+  }
+  if (t.optim.optimizer == "muon") {
+    if (a.optimizer_in_bwd) {
+      throw ConfigError("optimizer: muon with optimizer_in_bwd: true is not supported: Muon orthogonalises whole "
+                        "momentum matrices after the backward (set optimizer_in_bwd: false)");
+    }
+    if (!mo.optimizer_state) {
+      throw ConfigError("optimizer: muon with use_distributed_optimizer (ZeRO-1) on several GPUs is not supported by "
+                        "the cuda backend yet (Newton-Schulz needs whole matrices, the cuda ZeRO-1 shards are bucket "
+                        "chunks); use plain data parallelism, or the reference backend, which shards Muon by matrix");
+    }
+    mo.muon = train::muon_tensors(spec, train::make_param_layout(spec));
   }
   return mo;
 }

@@ -123,6 +123,13 @@ void CudaTrainer::init() {
                       "(the expert-bias update needs the load summed over the ranks)");
   }
   model_ = std::make_unique<CudaModel>(spec, mo, ops_);
+  muon_tensors_ = mo.muon;
+  if (!muon_tensors_.empty()) {
+    spdlog::info("[cuda] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps in bf16 GEMMs; "
+                 "{:.1f} MiB working set), AdamW for the rest",
+                 muon_tensors_.size(), t.optim.muon_momentum, t.optim.muon_nesterov ? "Nesterov" : "plain",
+                 t.optim.muon_ns_steps, double(model_->muon_device_bytes()) / double(1 << 20));
+  }
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
   train::init_params(spec, model_->layout(), t.seed, params.data());  // the same seed: every rank the same weights
@@ -242,6 +249,21 @@ turbo::AdamWHyper CudaTrainer::adamw_hyper(int64_t step) const {
   return hp;
 }
 
+turbo::MuonHyper CudaTrainer::muon_hyper(int64_t step) const {
+  const train::OptimizerArgs& o = args_->train.optim;
+  turbo::MuonHyper hp;
+  hp.lr = static_cast<float>(train::muon_lr_at(o, step));
+  // On the device the step's lr comes from the staged AdamW scalars; muon_lr_at is lr_at scaled
+  // by muon_lr / lr at every step, so one factor carries it.
+  hp.lr_scale = o.muon_lr >= 0 && o.lr > 0 ? static_cast<float>(o.muon_lr / o.lr) : 1.0f;
+  hp.momentum = static_cast<float>(o.muon_momentum);
+  hp.nesterov = o.muon_nesterov;
+  hp.ns_steps = o.muon_ns_steps;
+  hp.matched_rms = static_cast<float>(o.muon_matched_rms);
+  hp.weight_decay = static_cast<float>(o.weight_decay);
+  return hp;
+}
+
 // Everything the GPU does in one step, with no host decision and no host copy: StepGraph runs
 // it eagerly or captures it. A non-finite loss or grad norm is caught by check_step on the
 // device, which makes AdamW skip; the host learns of it from the status read after the step.
@@ -291,6 +313,7 @@ void CudaTrainer::launch_step(int64_t step) {
   }
   reader_->finish_step(*data_.train);
   model_->set_hyper(adamw_hyper(step));
+  if (!muon_tensors_.empty()) model_->set_muon_hyper(muon_hyper(step));
   const auto t1 = clock::now();
   // A capture begins on an idle stream: the step before it (launched ahead or not) runs first.
   if (step_graph_->will_capture()) model_->sync();
@@ -388,13 +411,18 @@ void CudaTrainer::save(int64_t step) {
                                     {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, so, gather);
   } else {
     // Every rank holds the same state: rank 0 writes it as one process does.
-    std::vector<float> params(rank0() ? n : 0), m(rank0() ? n : 0), v(rank0() ? n : 0);
+    std::vector<float> params(rank0() ? n : 0), m(rank0() ? n : 0), v(rank0() ? n : 0), muon_flat;
     io::CheckpointData data;
     if (rank0()) {
       model_->get_params(params.data());
       model_->get_moments(m.data(), v.data());
+      muon_flat = split_muon_momentum(m);
       data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(),
                                     state_json(step));
+      if (!muon_flat.empty()) {
+        data.optimizer.emplace("muon_momentum", io::TensorBlob::borrow(io::DType::F32, {static_cast<int64_t>(n)},
+                                                                      muon_flat.data(), n * sizeof(float)));
+      }
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
     dir = pg_ ? parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, static_cast<const parallel::FlatSharding*>(nullptr),
@@ -404,6 +432,20 @@ void CudaTrainer::save(int64_t step) {
   last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// Checkpoints keep Muon's momentum as its own flat state "muon_momentum" (zero outside Muon's
+// tensors) and exp_avg zero inside them, as the reference backend writes them, so either backend
+// resumes the other's. Moves Muon's rows out of m; returns the flat state (empty without Muon).
+std::vector<float> CudaTrainer::split_muon_momentum(std::vector<float>& m) const {
+  if (muon_tensors_.empty()) return {};
+  std::vector<float> flat(m.size(), 0.f);
+  for (const train::MuonTensor& mt : muon_tensors_) {
+    const train::ParamTensor& pt = model_->layout().tensors[mt.index];
+    std::copy_n(m.data() + pt.offset, pt.numel, flat.data() + pt.offset);
+    std::fill_n(m.data() + pt.offset, pt.numel, 0.f);
+  }
+  return flat;
 }
 
 void CudaTrainer::load(const fsys::path& dir) {
@@ -432,6 +474,16 @@ void CudaTrainer::load(const fsys::path& dir) {
     std::vector<float> m(n), v(n);
     parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
                             {m.data(), v.data()});
+    if (!muon_tensors_.empty()) {
+      // Muon's momentum lives in m's rows of its tensors (AdamW leaves them to it).
+      std::vector<float> mu(n);
+      parallel::read_flat_states(data, dir, {"muon_momentum"}, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
+                                 {mu.data()});
+      for (const train::MuonTensor& mt : muon_tensors_) {
+        const train::ParamTensor& pt = model_->layout().tensors[mt.index];
+        std::copy_n(mu.data() + pt.offset, pt.numel, m.data() + pt.offset);
+      }
+    }
     model_->set_moments(m.data(), v.data());
   }
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);

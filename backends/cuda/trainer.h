@@ -51,6 +51,9 @@ class CudaTrainer : public Trainer {
   void step_body(int64_t step);  // the step's device work (captured under cuda_graph)
   void configure_gemm_algorithms();  // cuBLASLt algorithm search and its cache (gemm_algo_search)
   turbo::AdamWHyper adamw_hyper(int64_t step) const;
+  turbo::MuonHyper muon_hyper(int64_t step) const;
+  std::vector<float> split_muon_momentum(std::vector<float>& m) const;  // see save()
+  std::vector<train::MuonTensor> muon_tensors_;  // optimizer: muon (empty: AdamW everywhere)
   double evaluate();
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_
   void read_micro(int64_t micro);  // this rank's micro-batch `micro` of the step's global batch (reader_)

@@ -127,5 +127,51 @@ TEST(CudaHostTrainer, OptimizerInBackwardTrainsAsTheUpdateAfterTheBackward) {
   }
 }
 
+// optimizer: muon through the cuda trainer's OptimizerState (AdamW over the other tensors, Muon
+// over the matrices' blocks, the momentum in m's rows) in host mode: the reference trainer's
+// losses (fp32 both); each backend resumes the other's step-3 checkpoint (muon_momentum in the
+// same flat layout) with the uninterrupted losses; optimizer_in_bwd with Muon is refused.
+TEST(CudaHostTrainer, MuonMatchesTheReferenceAndResumesAcrossBackends) {
+  primus::testing::Workdir w;
+  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()));
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
+  const std::string muon = " optimizer=muon lr=0.01 lr_decay_style=WSD lr_wsd_decay_iters=3";
+  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string() + muon);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<std::string> cli = {"optimizer=muon", "lr=0.01", "lr_decay_style=WSD", "lr_wsd_decay_iters=3"};
+  run_host_trainer(cuda_file, cli);
+  const auto ref = testing::read_trainer_metrics(w.path() / "g/u/reference/metrics.jsonl");
+  const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
+  ASSERT_EQ(ref.loss.size(), 6u);
+  ASSERT_EQ(ours.loss.size(), 6u);
+  for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
+  for (auto [step, l] : ref.val) EXPECT_NEAR(ours.val.at(step), l, 1e-5 * l) << "validation at step " << step;
+  EXPECT_LT(ref.loss.at(6), ref.loss.at(1) - 0.3) << "the run must learn";
+
+  // The cuda trainer resumes the reference's checkpoint, and the reference the cuda trainer's.
+  std::vector<std::string> from_ref = cli;
+  from_ref.push_back("exp_name=cuda_from_ref");
+  from_ref.push_back("load=" + (w.path() / "g/u/reference/checkpoints/iter_0000003").string());
+  run_host_trainer(cuda_file, from_ref);
+  const auto a = testing::read_trainer_metrics(w.path() / "g/u/cuda_from_ref/metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 3u);
+  for (auto [step, l] : a.loss) EXPECT_NEAR(l, ref.loss.at(step), 1e-5 * l) << "cuda from reference, step " << step;
+  auto rb = primus::testing::run_primus("train pretrain --config " + ref_file.string() + muon +
+                                        " exp_name=ref_from_cuda load=" +
+                                        (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  const auto b = testing::read_trainer_metrics(w.path() / "g/u/ref_from_cuda/metrics.jsonl");
+  ASSERT_EQ(b.loss.size(), 3u);
+  for (auto [step, l] : b.loss) EXPECT_NEAR(l, ours.loss.at(step), 1e-5 * l) << "reference from cuda, step " << step;
+
+  try {
+    run_host_trainer(cuda_file, {"exp_name=refused", "optimizer=muon", "optimizer_in_bwd=true", "clip_grad=0",
+                                 "global_batch_size=4"});
+    ADD_FAILURE() << "Muon with optimizer_in_bwd was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer: muon with optimizer_in_bwd"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda

@@ -4,7 +4,9 @@
 
 
 #include "core/util/error.h"
+#include "turbo/core/cuda_arena.h"
 #include "turbo/kernels/cuda/cast.h"
+#include "turbo/kernels/cuda/optimizer.h"
 #include "turbo/kernels/cuda/step_check.h"
 
 namespace primus::backends::cuda {
@@ -27,8 +29,13 @@ GradClearing plan_grad_clearing(const train::ParamLayout& layout,
 
 OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, const GradPlacement& place,
                                turbo::Arena& arena, GradClearing clearing, bool keep_state, const ModelStream& stream,
-                               const CudaOps& ops, const InBackward* in_backward)
+                               const CudaOps& ops, const InBackward* in_backward,
+                               const std::vector<train::MuonTensor>& muon)
     : layout_(layout), state_(state), place_(place), clearing_(std::move(clearing)), stream_(stream), ops_(ops) {
+  if (!muon.empty() && (in_backward || !keep_state)) {
+    throw RuntimeError("cuda model: Muon needs the whole optimizer state on this rank, after the backward (neither "
+                       "ZeRO-1 nor the optimizer in the backward)");
+  }
   if (in_backward) {
     if (!keep_state) throw RuntimeError("cuda model: the optimizer in the backward needs the optimizer state on this rank");
     build_groups(*in_backward, arena);
@@ -39,6 +46,37 @@ OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuff
   std::vector<turbo::AdamWTensor> ts;
   for (size_t i = 0; i < layout_.tensors.size(); ++i) ts.push_back(adamw_tensor(i));
   adamw_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), &arena);
+  if (muon.empty()) return;
+  const std::vector<bool> is_muon = train::muon_mask(muon, layout_);
+  std::vector<turbo::AdamWTensor> rest;
+  for (size_t i = 0; i < layout_.tensors.size(); ++i)
+    if (!is_muon[i]) rest.push_back(adamw_tensor(i));
+  if (!rest.empty()) {
+    const size_t table = turbo::cuda::multi_tensor_table_bytes(static_cast<int>(rest.size())) + 2 * turbo::Arena::kDefaultAlign;
+    rest_table_ = stream_.host ? turbo::make_host_arena(table) : turbo::make_device_arena(table);
+    adamw_rest_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(rest), rest_table_.get());
+  }
+  std::vector<turbo::MuonMatrix> mats;
+  for (const train::MuonTensor& mt : muon) {
+    const train::ParamTensor& t = layout_.tensors[mt.index];
+    for (const train::MuonBlock& b : mt.blocks) {
+      const int64_t off = b.offset, n = b.rows * b.cols, g = place_.offset[mt.index] + (b.offset - t.offset);
+      turbo::MuonMatrix mm;
+      mm.master = state_.master.slice0(off, off + n);
+      if (!stream_.host) mm.model = state_.weights.slice0(off, off + n);
+      mm.grad = state_.grads.slice0(g, g + n);
+      mm.m = state_.m.slice0(off, off + n);
+      mm.rows = b.rows;
+      mm.cols = b.cols;
+      mm.decay = t.decay;
+      mats.push_back(mm);
+    }
+  }
+  muon_ = std::make_unique<turbo::MultiMatrixMuon>(std::move(mats));
+}
+
+size_t OptimizerState::muon_device_bytes() const {
+  return (muon_ ? muon_->device_bytes() : 0) + (rest_table_ && !stream_.host ? rest_table_->capacity() : 0);
 }
 
 turbo::AdamWTensor OptimizerState::adamw_tensor(size_t i) const {
@@ -165,7 +203,15 @@ void OptimizerState::check_step(int64_t n, int64_t slots) const {
 void OptimizerState::update(const ExecContext& ctx) {
   need_state("update");
   need_global("update");
-  ops_.adamw(*adamw_, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx, TensorView());
+  if (!muon_) {
+    ops_.adamw(*adamw_, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx, TensorView());
+    return;
+  }
+  if (adamw_rest_)
+    ops_.adamw(*adamw_rest_, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx, TensorView());
+  // The clip factor (NaN: the step check vetoed the step) and, on the device, the step's lr
+  // from the staged scalars, so a graph replay reads this step's values.
+  muon_->step(muon_hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper.slice0(0, 1), ctx);
 }
 
 void OptimizerState::set_params(const float* host) {

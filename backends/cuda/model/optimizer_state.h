@@ -26,7 +26,9 @@
 
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model/memory_plan.h"
+#include "train/muon_layout.h"
 #include "train/param_layout.h"
+#include "turbo/ops/muon.h"
 #include "turbo/ops/optimizer.h"
 
 namespace primus::backends::cuda {
@@ -58,9 +60,12 @@ class OptimizerState {
   // `state`, `place` and `arena`: the memory plan's (the AdamW descriptor tables come from the
   // arena). keep_state = false: ZeRO-1 (no master weights or moments here). in_backward: the
   // optimizer in the backward (needs keep_state; `place` then has the shared window).
+  // muon: the tensors Muon updates (train/muon_layout.h; empty: AdamW for all). Their momentum
+  // lives in the first-moment buffer m (AdamW skips them, so it is free there); v is unused there.
   OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, const GradPlacement& place,
                  turbo::Arena& arena, GradClearing clearing, bool keep_state, const ModelStream& stream,
-                 const CudaOps& ops, const InBackward* in_backward = nullptr);
+                 const CudaOps& ops, const InBackward* in_backward = nullptr,
+                 const std::vector<train::MuonTensor>& muon = {});
 
   bool keeps_state() const { return adamw_ != nullptr || !groups_.empty(); }
   // The optimizer in the backward: the decoder reports that the gradients from layout offset
@@ -80,6 +85,10 @@ class OptimizerState {
   // Host-side hyperparameters of the next update; on the device the captured update reads lr and
   // the bias corrections from state.hyper (see CudaModel::set_hyper).
   void set_hyper(const turbo::AdamWHyper& hp) { hp_ = hp; }
+  // Muon's hyperparameters (lr_scale: muon_lr / lr; the captured step reads lr from state.hyper).
+  void set_muon_hyper(const turbo::MuonHyper& hp) { muon_hp_ = hp; }
+  bool has_muon() const { return muon_ != nullptr; }
+  size_t muon_device_bytes() const;
   void update(const ExecContext& ctx);
 
   // Host <-> model copies of the flat fp32 buffers (layout.total floats each); synchronising.
@@ -112,6 +121,12 @@ class OptimizerState {
   CudaOps ops_;
   turbo::AdamWHyper hp_;
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_;
+  // With Muon: AdamW over the other tensors (adamw_ still spans all of them for the global norm),
+  // its descriptor table in an arena of its own, and Muon over the matrices' blocks.
+  std::unique_ptr<turbo::Arena> rest_table_;
+  std::unique_ptr<turbo::MultiTensorAdamW> adamw_rest_;
+  std::unique_ptr<turbo::MultiMatrixMuon> muon_;
+  turbo::MuonHyper muon_hp_;
   std::vector<Group> groups_;  // the optimizer in the backward, in report order
   // The optimizer in the backward: the gradients outside the window that zero_grad clears (of the
   // groups outside it, and the layers' tensors with places of their own).

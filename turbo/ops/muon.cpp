@@ -1,0 +1,133 @@
+#include "turbo/ops/muon.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "core/util/error.h"
+#include "turbo/kernels/cpu/muon.h"
+#include "turbo/ops/gemm.h"
+#if PRIMUS_TURBO_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "turbo/core/cuda_arena.h"
+#include "turbo/kernels/cuda/muon.h"
+#endif
+
+namespace primus::turbo {
+
+namespace {
+void check_matrix(const MuonMatrix& mm, size_t i, Device device) {
+  auto fail = [&](const std::string& what) {
+    throw RuntimeError(fmt::format("MultiMatrixMuon: matrix {} [{}, {}]: {}", i, mm.rows, mm.cols, what));
+  };
+  if (mm.rows <= 0 || mm.cols <= 0) fail("empty");
+  const int64_t n = mm.rows * mm.cols;
+  for (auto [t, name] : {std::pair{&mm.master, "master"}, std::pair{&mm.grad, "grad"}, std::pair{&mm.m, "m"}}) {
+    if (!t->defined() || t->numel() != n || t->dtype != DType::F32 || !t->is_contiguous())
+      fail(fmt::format("{} must be contiguous f32 of {} elements, got {}", name, n, t->defined() ? t->describe() : "none"));
+    if (t->device != device) fail(fmt::format("{} is on another device than matrix 0", name));
+  }
+  if (mm.model.defined() && (mm.model.numel() != n || mm.model.dtype != DType::BF16 || mm.model.device != device))
+    fail(fmt::format("model copy must be bf16 of {} elements, got {}", n, mm.model.describe()));
+}
+}  // namespace
+
+MultiMatrixMuon::MultiMatrixMuon(std::vector<MuonMatrix> mats) : mats_(std::move(mats)) {
+  if (mats_.empty()) throw RuntimeError("MultiMatrixMuon: no matrices");
+  device_ = mats_[0].master.device;
+  int64_t big = 0, gram = 0;
+  for (size_t i = 0; i < mats_.size(); ++i) {
+    check_matrix(mats_[i], i, device_);
+    const int64_t r = std::min(mats_[i].rows, mats_[i].cols);
+    big = std::max(big, mats_[i].rows * mats_[i].cols);
+    gram = std::max(gram, r * r);
+  }
+  if (device_ == Device::CPU) return;
+#if PRIMUS_TURBO_WITH_CUDA
+  const size_t al = Arena::kDefaultAlign;
+  auto up = [&](size_t b) { return (b + al - 1) / al * al; };
+  const size_t bytes = up(size_t(big) * 4) + 3 * up(size_t(big) * 2) + 2 * up(size_t(gram) * 2) +
+                       up(sizeof(float) * cuda::kMuonMaxParts);
+  work_ = make_device_arena(bytes);
+  u_ = work_->allocate(size_t(big) * 4, al, "muon u");
+  x_ = work_->allocate(size_t(big) * 2, al, "muon X");
+  y_ = work_->allocate(size_t(big) * 2, al, "muon X'");
+  t_ = work_->allocate(size_t(big) * 2, al, "muon B X");
+  a_ = work_->allocate(size_t(gram) * 2, al, "muon A");
+  b_ = work_->allocate(size_t(gram) * 2, al, "muon B");
+  partial_ = work_->allocate(sizeof(float) * cuda::kMuonMaxParts, al, "muon partial sums");
+#else
+  throw RuntimeError("MultiMatrixMuon: device tensors in a build without CUDA");
+#endif
+}
+
+MultiMatrixMuon::~MultiMatrixMuon() = default;
+
+size_t MultiMatrixMuon::device_bytes() const { return work_ ? work_->capacity() : 0; }
+
+void MultiMatrixMuon::step(const MuonHyper& hp, const TensorView& grad_scale, const TensorView& device_lr,
+                           const ExecContext& ctx) {
+  if (hp.ns_steps < 1) throw RuntimeError(fmt::format("MultiMatrixMuon: ns_steps {} must be >= 1", hp.ns_steps));
+  if (device_ == Device::CPU) {
+    const double gs = grad_scale.defined() ? double(grad_scale.ptr<float>()[0]) : 1.0;
+    if (!std::isfinite(gs)) return;  // the step check's veto
+    cpu::MuonParams p;
+    p.lr = device_lr.defined() ? double(device_lr.ptr<float>()[0]) * hp.lr_scale : hp.lr;
+    p.momentum = hp.momentum;
+    p.nesterov = hp.nesterov;
+    p.ns_steps = hp.ns_steps;
+    p.matched_rms = hp.matched_rms;
+    p.grad_scale = gs;
+    for (const MuonMatrix& mm : mats_) {
+      p.weight_decay = mm.decay ? hp.weight_decay : 0.0;
+      cpu::muon_update(mm.master.ptr<float>(), mm.grad.ptr<const float>(), mm.m.ptr<float>(), mm.rows, mm.cols, p);
+    }
+    return;
+  }
+#if PRIMUS_TURBO_WITH_CUDA
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  const float* gs = grad_scale.defined() ? grad_scale.ptr<const float>() : nullptr;
+  const float* dlr = device_lr.defined() ? device_lr.ptr<const float>() : nullptr;
+  const float ka = float(cpu::kMuonNsA), kb = float(cpu::kMuonNsB), kc = float(cpu::kMuonNsC);
+  for (const MuonMatrix& mm : mats_) {
+    const int64_t n = mm.rows * mm.cols, r = std::min(mm.rows, mm.cols), c = std::max(mm.rows, mm.cols);
+    auto* partial = static_cast<float*>(partial_);
+    cuda::muon_momentum(mm.grad.ptr<const float>(), mm.m.ptr<float>(), static_cast<float*>(u_), n, hp.momentum,
+                        hp.nesterov, gs, partial, stream);
+    cuda::muon_normalize(static_cast<const float*>(u_), x_, mm.rows, mm.cols, partial, gs, stream);
+    void *x = x_, *y = y_;
+    const TensorView A(a_, DType::BF16, Device::CUDA, {r, r}), B(b_, DType::BF16, Device::CUDA, {r, r});
+    const TensorView T(t_, DType::BF16, Device::CUDA, {r, c});
+    for (int64_t s = 0; s < hp.ns_steps; ++s) {
+      const TensorView X(x, DType::BF16, Device::CUDA, {r, c});
+      GemmArgs g;
+      g.ctx = ctx;
+      g.a = X;  // A = X X^T
+      g.b = X.transposed();
+      g.d = A;
+      gemm(g);
+      g.a = A;  // B = A A (A is symmetric), then b A + c A A
+      g.b = A;
+      g.d = B;
+      gemm(g);
+      cuda::muon_axpby(a_, b_, b_, r * r, kb, kc, gs, stream);
+      g.a = B;  // T = B X, then X' = a X + T
+      g.b = X;
+      g.d = T;
+      gemm(g);
+      cuda::muon_axpby(x, t_, y, r * c, ka, 1.0f, gs, stream);
+      std::swap(x, y);
+    }
+    const float rms = hp.matched_rms * std::sqrt(float(c));
+    cuda::muon_apply(mm.master.ptr<float>(), mm.model.defined() ? mm.model.data : nullptr, x, mm.rows, mm.cols, hp.lr,
+                     dlr, hp.lr_scale, mm.decay ? hp.weight_decay : 0.0f, rms, gs, stream);
+  }
+#else
+  (void)ctx;
+#endif
+}
+
+}  // namespace primus::turbo
