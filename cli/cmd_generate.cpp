@@ -134,9 +134,9 @@ void run_bench(const GenerateOpts& o) {
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   const std::string commit = current_commit();
-  std::printf("decode time per token, %s, %s on %s\n", c.spec.summary().c_str(), c.dir.string().c_str(), dev.name.c_str());
-  std::printf("%-6s %-7s %-6s %14s %16s %14s %9s %12s\n", "batch", "prompt", "new", "cache ms/tok", "(without graphs)",
-              "window ms/tok", "ratio", "prefill ms");
+  std::printf("decode time per step (a new token for each sequence), %s, %s on %s\n", c.spec.summary().c_str(), c.dir.string().c_str(), dev.name.c_str());
+  std::printf("%-6s %-7s %-6s %14s %16s %14s %9s %12s\n", "batch", "prompt", "new", "cache ms/step", "(without graphs)",
+              "window ms/step", "ratio", "prefill ms");
   for (int64_t B : o.batches) {
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
     for (auto& p : prompts)
@@ -173,7 +173,7 @@ void run_bench(const GenerateOpts& o) {
       j["device"] = dev.name;
       j["date"] = date;
       j["commit"] = commit;
-      j["metric"] = "decode ms per token (per step of the batch)";
+      j["metric"] = "decode ms per step (one new token for each sequence of the batch)";
       j["ours"] = per_cache;
       j["anchor"] = per_window;
       j["anchor_name"] = "same engine without KV cache (window recomputed per token)";

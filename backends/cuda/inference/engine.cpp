@@ -82,7 +82,12 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
       act_dtype_(device == turbo::Device::CPU ? DType::F32 : DType::BF16) {
   check_supported(spec_);
   if (max_batch < 1) throw ConfigError(fmt::format("inference engine: batch {} < 1", max_batch));
-  if (!host()) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (const char* e = std::getenv("PRIMUS_INFERENCE_GRAPHS")) {
+    const std::string v = e;
+    if (v != "0" && v != "1") throw ConfigError(fmt::format("PRIMUS_INFERENCE_GRAPHS='{}': expected 1 or 0", v));
+    use_graphs_ = v == "1";
+  }
+
   auto make_arena = [&](size_t bytes) {
     return host() ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
   };
@@ -230,6 +235,9 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
     router_.group_topk = moe.group_topk;
     router_.scaling_factor = moe.topk_scaling_factor;
   }
+  // The stream and the pinned buffer last: the destructor releases them, and a constructor that
+  // throws runs no destructor (the arenas free themselves).
+  if (!host()) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (spec_.rope && !host()) {  // the CPU backend computes the angles from the base
     rope_table_ = state_->tensor(DType::F32, {S, D / 2, 2}, "rope table");
     turbo::rope_build_table(rope_table_, spec_.rotary_base, {stream_, nullptr});
@@ -241,11 +249,6 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   // Attention's workspace (cuDNN's plan, Turbo's kernels) and the ops' small borrows.
   scratch_ = make_arena(host() ? size_t{16} << 20 : size_t{256} << 20);
   len_.assign(static_cast<size_t>(max_batch_), 0);
-  if (const char* e = std::getenv("PRIMUS_INFERENCE_GRAPHS")) {
-    const std::string v = e;
-    if (v != "0" && v != "1") throw ConfigError(fmt::format("PRIMUS_INFERENCE_GRAPHS='{}': expected 1 or 0", v));
-    use_graphs_ = v == "1";
-  }
   if (!host()) CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
