@@ -80,7 +80,10 @@ for name, (cls, kw, save_kw, dtype) in models.items():
     d = os.path.join(work, "hf", name)
     model.to(dtype).save_pretrained(d, **save_kw)
     files = sorted(os.listdir(d))
-    back = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    try:  # transformers 5 names it dtype, 4 torch_dtype
+        back = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    except TypeError:
+        back = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         s = back(input_ids=torch.tensor([score_ids]), labels=torch.tensor([score_ids])).loss.item()
         t = back(input_ids=torch.tensor([sample_ids]), labels=torch.tensor([sample_ids])).loss.item()
