@@ -13,6 +13,9 @@ class MasksGpuTest : public CudaGpuTest {};
 
 // bf16 against fp32: model_parity_test.cpp's step-0 loss gate, its Llama gradient gate rounded up.
 TEST_F(MasksGpuTest, WindowAndDocumentMasksMatchReference) { expect_mask_parity(turbo::Device::CUDA, 1e-2, 3e-2); }
+// bf16: the two sides round differently (other shapes, other tiles), within 1e-2 of the loss; the
+// host test checks that the unmasked sample differs.
+TEST_F(MasksGpuTest, PackedSampleEqualsDocumentsAlone) { expect_packed_equals_separate(turbo::Device::CUDA, 1e-2, 0); }
 
 // The device tables (turbo/kernels/cuda/document_masks.cu) equal the host ones, over rows longer
 // than the kernel's 256-token chunks, with an eod as a row's first and last token.

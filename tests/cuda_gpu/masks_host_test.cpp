@@ -6,6 +6,7 @@ namespace primus::backends::cuda::testing {
 namespace {
 
 TEST(HostMasksParity, WindowAndDocumentMasksMatchReference) { expect_mask_parity(turbo::Device::CPU, 1e-5, 1e-4); }
+TEST(HostMasksParity, PackedSampleEqualsDocumentsAlone) { expect_packed_equals_separate(turbo::Device::CPU, 1e-5, 1e-3); }
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing

@@ -6,6 +6,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cmath>
 #include <random>
 
 #include "backends/reference/model.h"
@@ -82,6 +84,49 @@ inline void expect_mask_parity(turbo::Device device, double loss_tol, double gra
     EXPECT_NEAR(r.loss, r.ref_loss, loss_tol * r.ref_loss) << "step-0 loss";
     EXPECT_GT(r.errors.size(), 10u);
     for (const auto& [name, e] : r.errors) EXPECT_LT(e, grad_gate) << name;
+  }
+}
+
+// A packed sample of two documents (A: 23 tokens ending in the eod, B: 41) with both resets:
+// its mean loss is the token-weighted mean of the two documents' losses run alone (B = 1 each),
+// on the cuda model itself (Llama: RoPE positions restart; GPT-2: learned ones). Returns
+// {packed, weighted separate, the same packed sample without the masks}.
+inline std::array<double, 3> packed_vs_separate(bool llama, turbo::Device device, unsigned seed) {
+  train::ModelSpec spec = tiny_spec(llama);
+  spec.init_method_std = 0.1;
+  const int64_t T = spec.seq_length, a = 23;
+  std::mt19937 rng(seed);
+  const int32_t eod = static_cast<int32_t>(spec.vocab_size - 1);
+  std::uniform_int_distribution<int32_t> tok(0, eod - 1);
+  std::vector<int32_t> tokens(T), targets(T);
+  for (auto& x : tokens) x = tok(rng);
+  for (auto& x : targets) x = tok(rng);
+  tokens[a - 1] = eod;
+  reference::GptModel<float> init(spec, 1, T);
+  init.init_weights(seed);
+  for (float& w : init.params) w = round_bf16(w);
+  auto loss_of = [&](bool masks, int64_t from, int64_t n) {
+    CudaModelOptions mo = options(spec, 1, device);
+    if (masks) mo.document_masking = {true, true, eod};
+    CudaModel model(spec, mo, ops_for(Attn::Default));
+    model.set_params(init.params.data());
+    model.forward(tokens.data() + from, targets.data() + from, 1, n, 0.0f, 0);
+    return model.read_loss_sum(1);
+  };
+  const double packed = loss_of(true, 0, T), plain = loss_of(false, 0, T);
+  const double separate = (a * loss_of(false, 0, a) + (T - a) * loss_of(false, a, T - a)) / static_cast<double>(T);
+  return {packed, separate, plain};
+}
+
+// plain_min > 0: the unmasked sample must differ from the documents alone by more than that (relative).
+inline void expect_packed_equals_separate(turbo::Device device, double tol, double plain_min) {
+  for (bool llama : {true, false}) {
+    const unsigned seed = std::random_device{}();
+    SCOPED_TRACE(::testing::Message() << (llama ? "llama" : "gpt2") << " seed " << seed);
+    const auto [packed, separate, plain] = packed_vs_separate(llama, device, seed);
+    EXPECT_NEAR(packed, separate, tol * separate) << "a packed sample must score as its documents alone";
+    if (plain_min > 0)
+      EXPECT_GT(std::abs(plain - separate), plain_min * separate) << "without the masks document B sees document A";
   }
 }
 
