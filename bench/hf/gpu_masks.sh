@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The attention masks of issue #40 on the GPU: Mistral's sliding window and Megatron's document
 # masking (reset_attention_mask / reset_position_ids). Run from the repository root with $BIN
-# (the built primus and test binaries, on PATH and LD_LIBRARY_PATH) and $OUT set; about 2 minutes.
+# (the built primus and test binaries, on PATH and LD_LIBRARY_PATH) and $OUT set; about 2-3 minutes.
+# Exits non-zero when a check fails (bench/hf/run_on_gpu.sh runs it as the part `masks`).
 #   1. test_attention_gpu: every TURBO kernel (default sm90ws, sm90pipe, sm90, the sm90 backward,
 #      sm80) against the fp64 CPU reference with windows of 1, 37, 64, 128, 129, T and > T at
 #      T = 320, MHA and GQA, head_dim 64 and 128, dense and packed; a window >= T bit-equals none;
@@ -133,3 +134,4 @@ fi
 echo
 echo "== masks (sliding window, document masking) =="
 printf '%s\n' "${ROWS[@]}"
+! printf '%s\n' "${ROWS[@]}" | grep -q ' FAIL '
