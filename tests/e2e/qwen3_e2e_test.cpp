@@ -78,3 +78,48 @@ TEST(Qwen3E2E, LearnsResumesBitIdenticalAndExports) {
   EXPECT_TRUE(primus::io::SafetensorsFile::open(moe.path() / "hf/model.safetensors")
                   .contains("model.layers.1.mlp.experts.3.down_proj.weight"));
 }
+
+// The families of [hf] item 2 on the same example: Qwen2 (q/k/v biases only) and OLMoE (every
+// layer MoE, q/k norms over the whole projection). Each resumes bit for bit (add_qkv_bias and
+// qk_layernorm_scope travel in the checkpoint's spec) and exports as its class with its own
+// tensors trained away from their init (biases from 0, norm weights from 1).
+TEST(FamiliesE2E, Qwen2AndOlmoeResumeBitIdenticalAndExport) {
+  struct Family {
+    const char* overrides;
+    const char* summary;
+    const char* cls;
+    const char* tensor;  // one of the family's own tensors and its init value
+    size_t numel;
+    float init;
+  };
+  const Family families[] = {
+      {"model_type=qwen2 qk_layernorm=false kv_channels=8 add_qkv_bias=true", "heads 4/2, qkv bias",
+       "Qwen2ForCausalLM", "model.layers.1.self_attn.k_proj.bias", 16, 0.0f},
+      {"model_type=olmoe kv_channels=8 qk_layernorm_scope=projection num_experts=4 moe_router_topk=2 "
+       "moe_ffn_hidden_size=32 moe_router_pre_softmax=true",
+       "heads 4/2, qk norm (projection), 4 experts", "OlmoeForCausalLM", "model.layers.0.self_attn.q_norm.weight",
+       32, 1.0f},
+  };
+  for (const Family& f : families) {
+    SCOPED_TRACE(f.cls);
+    const std::string common = std::string(f.overrides) + " train_iters=8 save_interval=4 eval_interval=0";
+    Workdir straight, resumed;
+    auto a = run_primus(qwen3_args(straight.str(), common));
+    ASSERT_EQ(a.code, 0) << a.out;
+    EXPECT_NE(a.out.find(f.summary), std::string::npos) << a.out;
+    const auto la = qwen3_losses(qwen3_out_dir(straight) / "metrics.jsonl");
+    ASSERT_EQ(run_primus(qwen3_args(resumed.str(), common + " train_iters=4")).code, 0);
+    ASSERT_EQ(run_primus(qwen3_args(resumed.str(), common + " auto_continue_train=true")).code, 0);
+    EXPECT_EQ(qwen3_losses(qwen3_out_dir(resumed) / "metrics.jsonl"), la) << "a resume changed the curve";
+    const fsys::path hf = straight.path() / "hf";
+    auto e = run_primus("export hf " + (qwen3_out_dir(straight) / "checkpoints").string() + " " + hf.string() +
+                        " --dtype fp32");
+    ASSERT_EQ(e.code, 0) << e.out;
+    EXPECT_EQ(nlohmann::json::parse(primus::fs::read_file(hf / "config.json"))["architectures"][0], f.cls);
+    const auto v = primus::io::SafetensorsFile::open(hf / "model.safetensors").read_fp32(f.tensor);
+    ASSERT_EQ(v.size(), f.numel);
+    bool moved = false;
+    for (float x : v) moved = moved || x != f.init;
+    EXPECT_TRUE(moved) << f.tensor << " never left its init";
+  }
+}
