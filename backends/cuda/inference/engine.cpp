@@ -14,6 +14,7 @@
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/dispatch/backend_manager.h"
 #include "turbo/ops/activation.h"
 #include "turbo/ops/decode_attention.h"
 #include "turbo/ops/embedding.h"
@@ -601,6 +602,7 @@ const float* InferenceEngine::decode(const int32_t* slots, const int32_t* tokens
 
 void InferenceEngine::capture(Graph& g, int64_t n) {
   cudaGraph_t graph = nullptr;
+  const turbo::GlobalBackendManager::CaptureScope scope;  // no autotune timing while capturing
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     enqueue(n, 1, true, false, logits_.ptr<float>());
