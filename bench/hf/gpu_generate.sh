@@ -2,22 +2,22 @@
 # Generation on the GPU (issue #40, item 3): the cuda inference engine with its KV cache. Run from
 # the repository root with $BIN (the built primus and test binaries, on PATH and LD_LIBRARY_PATH),
 # $OUT and optionally $DATA (tinyshakespeare) set; about 2 minutes.
-#   1. test_turbo_cpu / test_train: the decode-attention reference against full attention, the
-#      sampler's top-p (CPU, seconds).
-#   2. test_turbo_gpu DecodeAttentionTest: the decode-attention kernel and the KV-cache append
+#   (The CPU tests of this part, test_turbo_cpu DecodeAttention.* and test_train Sampler.*, run
+#   in CI; the checks below whose binary was not carried are reported as SKIP.)
+#   1. test_turbo_gpu DecodeAttentionTest: the decode-attention kernel and the KV-cache append
 #      against the CPU reference (f32, bf16; head dims 32-256; GQA; windows; strided q).
-#   3. test_cuda_gpu GenerateTest / InferenceEngine: the engine against the reference model on
+#   2. test_cuda_gpu GenerateTest / InferenceEngine: the engine against the reference model on
 #      the same weights for GPT-2, Llama, Qwen3, Qwen2 (qkv bias), whole-width q/k norms,
 #      Mistral's window, Mixtral, DeepSeek-style and Qwen3-MoE: every prefill row's and every
 #      decode step's logits, three sequences of different lengths decoded together, KV-cache
 #      decode against window recompute, greedy tokens equal away from near-ties (past
 #      seq_length too); the same in host mode (test_cuda_unit GenerateHostTest, fp32).
-#   4. A tiny Llama and a tiny Qwen3 trained on the cuda backend (the cuda trainer's [sample]
+#   3. A tiny Llama and a tiny Qwen3 trained on the cuda backend (the cuda trainer's [sample]
 #      line at the end comes from the engine), exported with `primus export hf` (fp32), then
 #      greedy `primus generate --backend cuda` and `--backend reference` against transformers'
 #      generate (fp32 and bf16) on the same prompt ids: tokens equal, first divergence and the
 #      fp32 logit gap between transformers' top two tokens there (skipped without torch/transformers).
-#   5. `primus generate --bench`: decode time per token with the KV cache (CUDA graphs; also
+#   4. `primus generate --bench`: decode time per token with the KV cache (CUDA graphs; also
 #      without them) against recomputing the window per token (same engine), Llama-3.2-1B shape
 #      with random weights (its spec from the tiny Llama's checkpoint, widened), prompts of 128
 #      and 1024 tokens, 256 new tokens, batch 1 and 8; rows in DESIGN.md's Measurements format.
@@ -46,6 +46,7 @@ record() {  # name rc seconds [detail]
 run_check() {  # name command...
   local name=$1; shift
   local t0=$SECONDS
+  if [ ! -x "$1" ]; then record "$name" 77 0 "$(basename "$1") not carried"; return; fi
   "$@" > "$W/$name.log" 2>&1
   local rc=$?
   tail -4 "$W/$name.log"
@@ -53,12 +54,11 @@ run_check() {  # name command...
   record "$name" "$rc" "$((SECONDS - t0))"
 }
 
-run_check cpu_decode_attention_sampler bash -c "'$BIN/test_turbo_cpu' --gtest_filter='DecodeAttention.*' && '$BIN/test_train' --gtest_filter='Sampler.*'"
 run_check decode_attention_kernel "$BIN/test_turbo_gpu" --gtest_filter='*DecodeAttentionTest.*'
 run_check engine_vs_reference "$BIN/test_cuda_gpu" --gtest_filter='Families/GenerateTest.*'
 run_check engine_host_mode "$BIN/test_cuda_unit" --gtest_filter='Families/GenerateHostTest.*:InferenceEngine.*'
 
-# 4. Tiny models trained on the cuda backend, exported, generated from by both backends and transformers.
+# 3. Tiny models trained on the cuda backend, exported, generated from by both backends and transformers.
 train_model() {  # name example
   local ws="$W/ws-$1"
   sed 's/framework: reference/framework: cuda/' "examples/reference/$2.yaml" > "examples/reference/.gen-$1.yaml"
@@ -158,7 +158,7 @@ PY
   record "hf_greedy_$name" $rc 0 "$(grep -c equal "$W/hf-$name.txt") comparisons"
 done
 
-# 5. KV cache vs window recompute, Llama-3.2-1B shape, random weights.
+# 4. KV cache vs window recompute, Llama-3.2-1B shape, random weights.
 t0=$SECONDS
 ck=$(cat "$W/ckpt-llama.txt" 2>/dev/null)
 python3 - "$ck/trainer_state.json" "$W/llama1b.json" <<'PY'

@@ -6,7 +6,7 @@
 set -eu
 BUILD=${1:-build}
 CARRY=.carry-hf
-BINS=${BINS:-"primus test_cuda_gpu test_turbo_gpu test_attention_gpu"}
+BINS=${BINS:-"primus test_cuda_gpu test_cuda_unit test_turbo_gpu test_attention_gpu"}
 # shellcheck disable=SC2086  # the targets are words
 flock /tmp/primus-build.lock cmake --build "$BUILD" -j2 --target $BINS
 mkdir -p "$CARRY"
