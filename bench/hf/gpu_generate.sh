@@ -20,7 +20,7 @@
 #   4. `primus generate --bench`: decode time per token with the KV cache (CUDA graphs; also
 #      without them) against recomputing the window per token (same engine), Llama-3.2-1B shape
 #      with random weights (its spec from the tiny Llama's checkpoint, widened), prompts of 128
-#      and 1024 tokens, 256 new tokens, batch 1 and 8; rows in DESIGN.md's Measurements format.
+#      (256 new tokens) and 1024 tokens (128 new), batch 1 and 8; rows in DESIGN.md's Measurements format.
 # Writes $OUT/generate.jsonl (bench rows and one row per check) and prints a PASS/FAIL table last.
 set -u
 OUT=${OUT:-/tmp/generate-out}
@@ -62,7 +62,7 @@ run_check engine_host_mode "$BIN/test_cuda_unit" --gtest_filter='Families/Genera
 train_model() {  # name example
   local ws="$W/ws-$1"
   sed 's/framework: reference/framework: cuda/' "examples/reference/$2.yaml" > "examples/reference/.gen-$1.yaml"
-  "$BIN/primus" train pretrain --config "examples/reference/.gen-$1.yaml" "data_path=[$DATA]" train_iters=300 \
+  "$BIN/primus" train pretrain --config "examples/reference/.gen-$1.yaml" "data_path=[$DATA]" train_iters=200 \
     eval_interval=0 save_interval=0 save_at_end=true log_interval=50 sample_tokens=40 sample_temperature=0 \
     workspace="$ws" exp_name="$1" > "$W/train-$1.log" 2>&1
   local rc=$?
@@ -178,7 +178,7 @@ PY
   --json "$W/bench.jsonl" > "$W/bench.log" 2>&1
 rc=$?
 # A longer context, where recomputing the window costs more per token.
-"$BIN/primus" generate --bench --spec "$W/llama1b.json" --batch 1,8 --prompt-tokens 1024 -n 256 \
+"$BIN/primus" generate --bench --spec "$W/llama1b.json" --batch 1,8 --prompt-tokens 1024 -n 128 \
   --json "$W/bench.jsonl" >> "$W/bench.log" 2>&1
 rc=$((rc | $?))
 cat "$W/bench.log"
