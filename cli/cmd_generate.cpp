@@ -173,9 +173,12 @@ void run_bench(const GenerateOpts& o) {
     const double per_cache = with.decode_ms / std::max<int64_t>(1, with.decode_steps);
     const double per_window = without.decode_ms / std::max<int64_t>(1, without.decode_steps);
     const double per_plain = plain.decode_ms / std::max<int64_t>(1, plain.decode_steps);
+    const double steps = static_cast<double>(std::max<int64_t>(1, with.decode_steps));
     std::printf("%-6ld %-7ld %-6ld %14.3f %16.3f %14.3f %8.1fx %12.2f   (%ld/%ld tokens equal)\n", static_cast<long>(B),
                 static_cast<long>(o.prompt_tokens), static_cast<long>(so.max_new_tokens), per_cache, per_plain, per_window,
                 per_window / per_cache, with.prefill_ms, static_cast<long>(same), static_cast<long>(total));
+    std::printf("       of the cached step: logits to the host %.3f ms, sampling on the host %.3f ms\n",
+                with.decode_copy_ms / steps, with.decode_sample_ms / steps);
     if (json.is_open()) {
       nlohmann::json j;
       j["bench"] = "generate";
@@ -194,6 +197,8 @@ void run_bench(const GenerateOpts& o) {
       j["cuda_graphs"] = graphs;
       j["prefill_attention"] = attention;
       j["cache_without_graphs_ms"] = per_plain;
+      j["logits_copy_ms"] = with.decode_copy_ms / steps;
+      j["sampling_ms"] = with.decode_sample_ms / steps;
       j["tokens_equal"] = same;
       j["tokens"] = total;
       json << j.dump() << "\n";

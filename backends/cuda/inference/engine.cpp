@@ -238,7 +238,10 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   }
   // The stream and the pinned buffer last: the destructor releases them, and a constructor that
   // throws runs no destructor (the arenas free themselves).
-  if (!host()) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (!host()) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (auto& e : copy_events_) CUDA_CHECK(cudaEventCreate(&e));
+  }
   if (spec_.rope && !host()) {  // the CPU backend computes the angles from the base
     rope_table_ = state_->tensor(DType::F32, {S, D / 2, 2}, "rope table");
     turbo::rope_build_table(rope_table_, spec_.rotary_base, {stream_, nullptr});
@@ -257,6 +260,8 @@ InferenceEngine::~InferenceEngine() {
   for (auto& [n, g] : graphs_)
     if (g.exec) cudaGraphExecDestroy(g.exec);
   if (pinned_logits_) cudaFreeHost(pinned_logits_);
+  for (auto& e : copy_events_)
+    if (e) cudaEventDestroy(e);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -500,8 +505,13 @@ const float* InferenceEngine::fetch(int64_t head_rows, float* logits_dev) {
   const size_t count = static_cast<size_t>(head_rows * spec_.padded_vocab_size);
   if (host()) return logits_dev;
   float* dst = count <= pinned_count_ ? pinned_logits_ : (host_logits_.resize(count), host_logits_.data());
+  CUDA_CHECK(cudaEventRecord(copy_events_[0], stream_));
   CUDA_CHECK(cudaMemcpyAsync(dst, logits_dev, count * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaEventRecord(copy_events_[1], stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, copy_events_[0], copy_events_[1]));
+  logits_copy_ms_ += ms;
   return dst;
 }
 
@@ -639,8 +649,12 @@ std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::v
     st.prompt_tokens += static_cast<int64_t>(prompts[b].size());
   }
   train::Sampler sampler;
+  using clock = std::chrono::steady_clock;
+  double sample_ms = 0;
   auto take = [&](int64_t b, const float* row) {
+    const auto ts = clock::now();
     const int32_t next = sampler(row, V, o, rng);
+    sample_ms += ms_since(ts);
     ids[b].push_back(next);
     out[b].push_back(next);
     ++st.new_tokens;
@@ -704,12 +718,15 @@ std::vector<std::vector<int32_t>> generate(InferenceEngine& engine, const std::v
   for (int64_t b : rows) take(b, row_of[b]);  // in prompt order: one generator, a fixed order of draws
   st.prefill_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
+  const double copy0 = engine.logits_copy_ms(), sample0 = sample_ms;
   for (rows = active(); !rows.empty(); rows = active()) {
     logits_for(rows, use_cache);
     for (int64_t b : rows) take(b, row_of[b]);
     ++st.decode_steps;
   }
   st.decode_ms = ms_since(t0);
+  st.decode_copy_ms = engine.logits_copy_ms() - copy0;
+  st.decode_sample_ms = sample_ms - sample0;
   if (stats) *stats = st;
   return out;
 }

@@ -74,6 +74,8 @@ class InferenceEngine {
   // op by op; the results are the same.
   void set_graphs(bool on) { use_graphs_ = on; }
   bool graphs() const { return use_graphs_ && !host(); }
+  // Device time of the logits' copies to the host so far (ms; 0 in host mode).
+  double logits_copy_ms() const { return logits_copy_ms_; }
 
  private:
   struct LayerWeights {
@@ -128,6 +130,8 @@ class InferenceEngine {
   std::map<int64_t, Graph> graphs_;  // decode steps by sequence count (PRIMUS_INFERENCE_GRAPHS=0: none)
   bool use_graphs_ = true;
   float* pinned_logits_ = nullptr;  // [max_batch, Vp] page-locked
+  cudaEvent_t copy_events_[2] = {nullptr, nullptr};
+  double logits_copy_ms_ = 0;
   size_t pinned_count_ = 0;
   std::vector<float> host_logits_;
 };
@@ -135,6 +139,8 @@ class InferenceEngine {
 struct GenerateStats {
   int64_t prompt_tokens = 0, new_tokens = 0, decode_steps = 0;  // decode_steps: batched forward calls after prefill
   double prefill_ms = 0, decode_ms = 0;  // wall time (host + device, synchronised)
+  // Parts of decode_ms: the logits' device -> host copies (CUDA events) and sampling on the host.
+  double decode_copy_ms = 0, decode_sample_ms = 0;
 };
 
 // Generates for every prompt at once (prompts.size() <= engine.max_batch(), each non-empty):
