@@ -8,9 +8,10 @@
 #      OptimizerTest (the AdamW kernels Muon runs beside).
 #   2. test_cuda_unit CudaHostTrainer.Muon*: the cuda trainer with Muon in host mode equals the
 #      reference trainer and each resumes the other's checkpoint.
-#   3. The cuda trainer with Muon: a small GPT-2 with CUDA graphs on and off gives the same losses
-#      bit for bit (the captured step reads the lr from the device), learns, and resumes from its
-#      checkpoint with the uninterrupted losses.
+#   3. The cuda trainer with Muon: a small GPT-2 (bytes) with CUDA graphs on and off gives the same
+#      losses bit for bit (the captured step reads the lr from the device), learns, resumes from its
+#      checkpoint with the uninterrupted losses, and follows the reference backend's Muon run
+#      (fp32 CPU, same init and batches) within 2% at every one of its 30 steps.
 #   4. GPT-2 124M on tinyshakespeare (examples/cuda/gpt2-124M-shakespeare.yaml): AdamW and Muon,
 #      STEPS steps each (default 200) at the example's lr 6e-4 for both (Muon's update is scaled
 #      to AdamW's RMS, 0.2 sqrt(max(rows, cols)), so it reuses AdamW's lr and weight decay, as
@@ -54,36 +55,44 @@ run_check() {  # name command...
 run_check muon_kernels_gpu "$BIN/test_turbo_gpu" --gtest_filter='MuonGpuTest.*:*OptimizerTest*'
 run_check muon_host_trainer "$BIN/test_cuda_unit" --gtest_filter='CudaHostTrainer.Muon*'
 
-# 3. Graphs on/off bit-identical, learns, resumes.
-# shellcheck disable=SC2086  # $2 is several overrides
-small() {  # name extra-overrides
-  "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml num_layers=2 hidden_size=256 \
-    num_attention_heads=4 seq_length=256 micro_batch_size=8 global_batch_size=16 train_iters=30 eval_interval=0 \
+# 3. Graphs on/off bit-identical, learns, resumes; and the reference backend's curve (fp32 CPU,
+#    the same init and batches) within 2% at every step.
+sed 's/framework: cuda/framework: reference/' examples/cuda/gpt2-124M-shakespeare.yaml > "$W/reference.yaml"
+# shellcheck disable=SC2086  # $3 is several overrides
+small() {  # name config extra-overrides
+  "$BIN/primus" train pretrain --config "$2" num_layers=2 hidden_size=256 ffn_hidden_size=1024 num_attention_heads=4 \
+    seq_length=256 tokenizer_type=bytes vocab_size=256 micro_batch_size=8 global_batch_size=16 train_iters=30 eval_interval=0 \
     save_interval=15 log_interval=1 lr=3e-3 lr_warmup_iters=3 lr_decay_style=WSD lr_wsd_decay_iters=10 \
-    optimizer=muon sample_tokens=0 "data_path=[$DATA]" workspace="$W/ws-$1" exp_name=s $2 > "$W/small-$1.log" 2>&1
+    optimizer=muon sample_tokens=0 "data_path=[$DATA]" workspace="$W/ws-$1" exp_name=s $3 > "$W/small-$1.log" 2>&1
 }
+cfg=examples/cuda/gpt2-124M-shakespeare.yaml
 t0=$SECONDS
-small graph "cuda_graph=true"; rc_g=$?
-small eager "cuda_graph=false"; rc_e=$?
-small resumed "cuda_graph=true load=$W/ws-graph/local/local/s/checkpoints/iter_0000015"; rc_r=$?
+small graph "$cfg" "cuda_graph=true"; rc_g=$?
+small eager "$cfg" "cuda_graph=false"; rc_e=$?
+small resumed "$cfg" "cuda_graph=true load=$W/ws-graph/local/local/s/checkpoints/iter_0000015"; rc_r=$?
+OMP_NUM_THREADS=$(nproc) small reference "$W/reference.yaml" ""; rc_f=$?
 python3 - "$W" > "$W/small-check.log" 2>&1 <<'PY'
 import json, sys
 w = sys.argv[1]
 def losses(name):
     rows = [json.loads(l) for l in open(f"{w}/ws-{name}/local/local/s/metrics.jsonl")]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
-g, e, r = losses("graph"), losses("eager"), losses("resumed")
-assert len(g) == 30 and len(e) == 30, (len(g), len(e))
+g, e, r, f = losses("graph"), losses("eager"), losses("resumed"), losses("reference")
+assert len(g) == 30 and len(e) == 30 and len(f) == 30, (len(g), len(e), len(f))
 diff = [s for s in g if g[s] != e[s]]
 assert not diff, f"graph vs eager differ at steps {diff[:5]}: {[(g[s], e[s]) for s in diff[:3]]}"
 assert g[30] < g[1] - 0.5, f"does not learn: {g[1]} -> {g[30]}"
 bad = [s for s in r if abs(r[s] - g[s]) > 1e-6 * abs(g[s])]
 assert sorted(r) == list(range(16, 31)) and not bad, f"resume differs at {bad[:5]}"
-print(f"graph == eager over 30 steps (loss {g[1]:.4f} -> {g[30]:.4f}); resumed steps 16-30 equal")
+rel = {s: abs(g[s] - f[s]) / f[s] for s in f}
+worst = max(rel, key=rel.get)
+print(f"graph == eager over 30 steps (loss {g[1]:.4f} -> {g[30]:.4f}); resumed steps 16-30 equal; "
+      f"vs the reference backend: worst {rel[worst]:.2e} at step {worst} (reference {f[1]:.4f} -> {f[30]:.4f})")
+assert rel[worst] < 0.02, "cuda Muon leaves the reference's curve"
 PY
 rc_c=$?
 cat "$W/small-check.log"
-record muon_cuda_graph_resume $(( rc_g || rc_e || rc_r || rc_c )) $((SECONDS - t0))
+record muon_cuda_graph_resume_vs_ref $(( rc_g || rc_e || rc_r || rc_f || rc_c )) $((SECONDS - t0))
 
 # 4. GPT-2 124M, AdamW vs Muon.
 run124() {  # name optimizer
