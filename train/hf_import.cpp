@@ -27,13 +27,13 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kIndexFile = "model.safetensors.index.json";
-constexpr const char* kSingleFile = "model.safetensors";
-constexpr const char* kSchemaDefault = "<schema default>";
-constexpr int64_t kRopeSeqCap = 4096;
+constexpr const char* kHfIndexFile = "model.safetensors.index.json";
+constexpr const char* kHfSingleFile = "model.safetensors";
+constexpr const char* kHfSchemaDefault = "<schema default>";
+constexpr int64_t kHfRopeSeqCap = 4096;
 
 // The model keys this build knows (other families' keys appear as they are implemented).
-const config::Schema& model_schema() {
+const config::Schema& hf_model_schema() {
   static const config::Schema s = [] {
     config::Schema x;
     add_model_schema(x);
@@ -41,9 +41,9 @@ const config::Schema& model_schema() {
   }();
   return s;
 }
-bool have_key(const std::string& k) { return model_schema().find(k) != nullptr; }
-bool have_model_type(const std::string& t) {
-  const config::KeySpec* k = model_schema().find("model_type");
+bool hf_have_key(const std::string& k) { return hf_model_schema().find(k) != nullptr; }
+bool hf_have_model_type(const std::string& t) {
+  const config::KeySpec* k = hf_model_schema().find("model_type");
   return k && std::find(k->choices.begin(), k->choices.end(), t) != k->choices.end();
 }
 
@@ -87,7 +87,7 @@ class HfConfig {
 
 // The keys config.json names and where from; every key is an architecture key except those in
 // soft_keys() (training choices a config.json also carries, which the user may change).
-struct KeyWriter {
+struct HfKeyWriter {
   config::Value map;
   config::Origin origin;
   void integer(const char* k, int64_t v) { map.set(k, config::Value::integer(v, origin)); }
@@ -96,9 +96,9 @@ struct KeyWriter {
   void text(const char* k, std::string v) { map.set(k, config::Value::string(std::move(v), origin)); }
 };
 
-bool soft_key(const std::string& k) { return k == "init_method_std" || k == "moe_aux_loss_coeff"; }
+bool hf_soft_key(const std::string& k) { return k == "init_method_std" || k == "moe_aux_loss_coeff"; }
 
-std::string model_type_of(const json& j, const fs::path& file) {
+std::string hf_model_type_of(const json& j, const fs::path& file) {
   if (j.contains("model_type") && j["model_type"].is_string()) return j["model_type"].get<std::string>();
   // transformers always writes model_type; older files may carry only the class.
   static const std::vector<std::pair<std::string, std::string>> classes = {
@@ -114,14 +114,14 @@ std::string model_type_of(const json& j, const fs::path& file) {
 }
 
 // A family whose extra architecture key is not in this build yet.
-[[noreturn]] void not_yet(const HfConfig& c, const std::string& type, const std::string& what) {
+[[noreturn]] void hf_not_yet(const HfConfig& c, const std::string& type, const std::string& what) {
   throw ConfigError(fmt::format("{}: 'model_type' = \"{}\" is not supported by this build: it needs {}",
                                 c.file().string(), type, what));
 }
 
 // RoPE: rope_theta (transformers 4) or rope_parameters {rope_type, rope_theta} (transformers 5);
 // only the plain rotation is implemented in both backends.
-double rope_theta(const HfConfig& c) {
+double hf_rope_theta(const HfConfig& c) {
   if (c.has("rope_scaling")) {
     const json& s = c.at("rope_scaling");
     const std::string t = s.is_object() ? s.value("rope_type", s.value("type", std::string())) : std::string();
@@ -151,7 +151,7 @@ double rope_theta(const HfConfig& c) {
   return c.number("rope_theta", 10000.0);
 }
 
-void llama_like(const HfConfig& c, const std::string& type, KeyWriter& w) {
+void hf_llama_like(const HfConfig& c, const std::string& type, HfKeyWriter& w) {
   const int64_t H = c.integer("num_attention_heads");
   w.text("model_type", type);
   w.integer("vocab_size", c.integer("vocab_size"));
@@ -167,16 +167,16 @@ void llama_like(const HfConfig& c, const std::string& type, KeyWriter& w) {
   if (act != "silu") c.refuse("hidden_act", "Primus' SwiGLU MLP uses silu");
   w.text("activation", "swiglu");
   w.text("position_embedding_type", "rope");
-  w.number("rotary_base", rope_theta(c));
+  w.number("rotary_base", hf_rope_theta(c));
   // LlamaConfig, MistralConfig, Qwen2/3Config, MixtralConfig and OlmoeConfig default to untied.
   w.flag("untie_embeddings_and_output_weights", !c.flag("tie_word_embeddings", false));
   w.flag("add_bias_linear", false);
   w.flag("qk_layernorm", false);
   w.number("init_method_std", c.number("initializer_range", 0.02));
   w.integer("num_experts", 0);
-  if (have_key("add_qkv_bias")) w.flag("add_qkv_bias", false);
-  if (have_key("sliding_window")) w.integer("sliding_window", 0);
-  if (have_key("qk_layernorm_scope")) w.text("qk_layernorm_scope", "head");
+  if (hf_have_key("add_qkv_bias")) w.flag("add_qkv_bias", false);
+  if (hf_have_key("sliding_window")) w.integer("sliding_window", 0);
+  if (hf_have_key("qk_layernorm_scope")) w.text("qk_layernorm_scope", "head");
   if (c.has("pretraining_tp") && c.integer("pretraining_tp") != 1) {
     c.refuse("pretraining_tp", "only 1 (the exact linear layers) is implemented");
   }
@@ -185,7 +185,7 @@ void llama_like(const HfConfig& c, const std::string& type, KeyWriter& w) {
 
 // Qwen2 / Qwen3 / Qwen3-MoE may use sliding windows on some layers (use_sliding_window with
 // max_window_layers); Primus' window (where present) applies to every layer.
-void no_qwen_windows(const HfConfig& c) {
+void hf_no_qwen_windows(const HfConfig& c) {
   if (c.flag("use_sliding_window", false)) {
     c.refuse("use_sliding_window", "Qwen's per-layer sliding windows (max_window_layers) are not implemented");
   }
@@ -198,13 +198,13 @@ void no_qwen_windows(const HfConfig& c) {
   }
 }
 
-void sliding_window(const HfConfig& c, const std::string& type, KeyWriter& w) {
+void hf_sliding_window(const HfConfig& c, const std::string& type, HfKeyWriter& w) {
   if (!c.has("sliding_window")) return;  // null: full attention
-  if (!have_key("sliding_window")) not_yet(c, type, "sliding-window attention (key sliding_window)");
+  if (!hf_have_key("sliding_window")) hf_not_yet(c, type, "sliding-window attention (key sliding_window)");
   w.integer("sliding_window", c.integer("sliding_window"));
 }
 
-void moe_common(const HfConfig& c, KeyWriter& w) {
+void hf_moe_common(const HfConfig& c, HfKeyWriter& w) {
   w.integer("moe_router_topk", c.integer("num_experts_per_tok"));
   w.text("moe_router_score_function", "softmax");
   w.number("moe_aux_loss_coeff", c.number("router_aux_loss_coef", 0.0));
@@ -234,8 +234,8 @@ json read_hf_config(const fs::path& dir) {
 config::Value hf_model_keys(const json& j, const fs::path& dir) {
   const fs::path file = dir / "config.json";
   HfConfig c(j, file);
-  KeyWriter w{config::Value::map({file.string(), 0, 0}), {file.string(), 0, 0}};
-  const std::string type = model_type_of(j, file);
+  HfKeyWriter w{config::Value::map({file.string(), 0, 0}), {file.string(), 0, 0}};
+  const std::string type = hf_model_type_of(j, file);
   if (type == "gpt2") {
     const int64_t C = c.integer("n_embd");
     w.text("model_type", "gpt2");
@@ -260,9 +260,9 @@ config::Value hf_model_keys(const json& j, const fs::path& dir) {
     w.flag("qk_layernorm", false);
     w.number("init_method_std", c.number("initializer_range", 0.02));
     w.integer("num_experts", 0);
-    if (have_key("add_qkv_bias")) w.flag("add_qkv_bias", false);
-    if (have_key("sliding_window")) w.integer("sliding_window", 0);
-    if (have_key("qk_layernorm_scope")) w.text("qk_layernorm_scope", "head");
+    if (hf_have_key("add_qkv_bias")) w.flag("add_qkv_bias", false);
+    if (hf_have_key("sliding_window")) w.integer("sliding_window", 0);
+    if (hf_have_key("qk_layernorm_scope")) w.text("qk_layernorm_scope", "head");
     if (!c.flag("scale_attn_weights", true)) c.refuse("scale_attn_weights", "attention is always scaled by 1/sqrt(d)");
     if (c.flag("scale_attn_by_inverse_layer_idx", false)) {
       c.refuse("scale_attn_by_inverse_layer_idx", "scaling attention by the layer index is not implemented");
@@ -270,7 +270,7 @@ config::Value hf_model_keys(const json& j, const fs::path& dir) {
     return w.map;
   }
   if (type == "llama") {
-    llama_like(c, type, w);
+    hf_llama_like(c, type, w);
     const bool ab = c.flag("attention_bias", false), mb = c.flag("mlp_bias", false);
     if (ab != mb) {
       c.refuse(ab ? "attention_bias" : "mlp_bias",
@@ -279,21 +279,21 @@ config::Value hf_model_keys(const json& j, const fs::path& dir) {
     }
     w.flag("add_bias_linear", ab);
   } else if (type == "mistral") {
-    if (!have_model_type("mistral")) not_yet(c, type, "sliding-window attention (key sliding_window)");
-    llama_like(c, type, w);
-    sliding_window(c, type, w);
+    if (!hf_have_model_type("mistral")) hf_not_yet(c, type, "sliding-window attention (key sliding_window)");
+    hf_llama_like(c, type, w);
+    hf_sliding_window(c, type, w);
   } else if (type == "qwen2") {
-    if (!have_model_type("qwen2") || !have_key("add_qkv_bias")) {
-      not_yet(c, type, "biases on q, k and v alone (key add_qkv_bias)");
+    if (!hf_have_model_type("qwen2") || !hf_have_key("add_qkv_bias")) {
+      hf_not_yet(c, type, "biases on q, k and v alone (key add_qkv_bias)");
     }
-    llama_like(c, type, w);
-    no_qwen_windows(c);
+    hf_llama_like(c, type, w);
+    hf_no_qwen_windows(c);
     w.flag("add_qkv_bias", true);
   } else if (type == "qwen3" || type == "qwen3_moe" || type == "olmoe") {
-    if (type == "olmoe" && (!have_model_type("olmoe") || !have_key("qk_layernorm_scope"))) {
-      not_yet(c, type, "query/key norms over the whole projection (key qk_layernorm_scope)");
+    if (type == "olmoe" && (!hf_have_model_type("olmoe") || !hf_have_key("qk_layernorm_scope"))) {
+      hf_not_yet(c, type, "query/key norms over the whole projection (key qk_layernorm_scope)");
     }
-    llama_like(c, type, w);
+    hf_llama_like(c, type, w);
     if (c.flag("attention_bias", false)) {
       c.refuse("attention_bias", "biases on q, k, v and o (with query/key norms) are not implemented");
     }
@@ -304,9 +304,9 @@ config::Value hf_model_keys(const json& j, const fs::path& dir) {
       w.integer("moe_ffn_hidden_size", c.integer("intermediate_size"));
       // OlmoeConfig: norm_topk_prob defaults to false (softmax over all experts, top-k kept as is).
       w.flag("moe_router_pre_softmax", !c.flag("norm_topk_prob", false));
-      moe_common(c, w);
+      hf_moe_common(c, w);
     } else if (type == "qwen3_moe") {
-      no_qwen_windows(c);
+      hf_no_qwen_windows(c);
       const int64_t L = c.integer("num_hidden_layers"), step = c.integer("decoder_sparse_step", 1);
       if (step < 1) c.refuse("decoder_sparse_step", "must be >= 1");
       std::set<int64_t> dense;
@@ -328,17 +328,17 @@ config::Value hf_model_keys(const json& j, const fs::path& dir) {
       w.map.set("moe_layer_freq", config::Value::list(std::move(layers), w.origin));
       // Qwen3MoeConfig: norm_topk_prob defaults to false.
       w.flag("moe_router_pre_softmax", !c.flag("norm_topk_prob", false));
-      moe_common(c, w);
+      hf_moe_common(c, w);
     } else {
-      no_qwen_windows(c);
+      hf_no_qwen_windows(c);
     }
   } else if (type == "mixtral") {
-    llama_like(c, type, w);
-    sliding_window(c, type, w);
+    hf_llama_like(c, type, w);
+    hf_sliding_window(c, type, w);
     w.integer("num_experts", c.integer("num_local_experts"));
     w.integer("moe_ffn_hidden_size", c.integer("intermediate_size"));
     w.flag("moe_router_pre_softmax", false);  // softmax over the chosen experts' logits
-    moe_common(c, w);
+    hf_moe_common(c, w);
   } else {
     throw ConfigError(fmt::format("{}: 'model_type' = \"{}\" is not supported (Primus imports gpt2, llama, mistral, "
                                   "qwen2, qwen3, mixtral, qwen3_moe, olmoe)",
@@ -354,8 +354,8 @@ ModelSpec spec_from_hf_dir(const fs::path& dir, const HfImportOptions& opts) {
   p.set("make_vocab_size_divisible_by", config::Value::integer(opts.make_vocab_size_divisible_by, o));
   if (!p.find("seq_length")) {
     HfConfig c(j, dir / "config.json");
-    const int64_t mpe = c.integer("max_position_embeddings", kRopeSeqCap);
-    int64_t T = opts.seq_length > 0 ? opts.seq_length : std::min(mpe, kRopeSeqCap);
+    const int64_t mpe = c.integer("max_position_embeddings", kHfRopeSeqCap);
+    int64_t T = opts.seq_length > 0 ? opts.seq_length : std::min(mpe, kHfRopeSeqCap);
     if (T > mpe) {
       throw ConfigError(fmt::format("seq_length {} exceeds max_position_embeddings {} of {}", T, mpe,
                                     (dir / "config.json").string()));
@@ -365,7 +365,7 @@ ModelSpec spec_from_hf_dir(const fs::path& dir, const HfImportOptions& opts) {
     throw ConfigError(fmt::format("seq_length {}: a model with learned positions has n_positions = {} ({})",
                                   opts.seq_length, p.find("seq_length")->as_int(), (dir / "config.json").string()));
   }
-  model_schema().apply_defaults(p);
+  hf_model_schema().apply_defaults(p);
   return ModelSpec::from_config(p);
 }
 
@@ -381,19 +381,19 @@ struct HfTensors {
 
 HfTensors open_hf_tensors(const fs::path& dir) {
   HfTensors h;
-  if (fs::exists(dir / kSingleFile)) {
-    h.files.push_back(std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(dir / kSingleFile)));
+  if (fs::exists(dir / kHfSingleFile)) {
+    h.files.push_back(std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(dir / kHfSingleFile)));
     for (auto& t : h.files.back()->tensors()) h.where[t.name] = h.files.back().get();
-    h.described = (dir / kSingleFile).string();
+    h.described = (dir / kHfSingleFile).string();
     return h;
   }
-  const fs::path index = dir / kIndexFile;
+  const fs::path index = dir / kHfIndexFile;
   if (!fs::exists(index)) {
     std::string why = fs::exists(dir / "pytorch_model.bin") || fs::exists(dir / "pytorch_model.bin.index.json")
                           ? " (only safetensors weights are read; pytorch_model.bin found: re-save with "
                             "save_pretrained(..., safe_serialization=True))"
                           : "";
-    throw IoError(fmt::format("{}: neither {} nor {} is there{}", dir.string(), kSingleFile, kIndexFile, why));
+    throw IoError(fmt::format("{}: neither {} nor {} is there{}", dir.string(), kHfSingleFile, kHfIndexFile, why));
   }
   json j;
   {
@@ -442,14 +442,14 @@ HfTensors open_hf_tensors(const fs::path& dir) {
 }
 
 // Buffers some checkpoints carry that transformers does not load as parameters.
-bool ignorable(const std::string& name, const ModelSpec& spec) {
+bool hf_ignorable(const std::string& name, const ModelSpec& spec) {
   auto ends = [&](const std::string& s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
   if (ends(".rotary_emb.inv_freq")) return true;
   if (spec.model_type == "gpt2" && (ends(".attn.bias") || ends(".attn.masked_bias"))) return true;  // causal masks
   return false;
 }
 
-bool floating(io::DType d) {
+bool hf_floating(io::DType d) {
   return d == io::DType::F32 || d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F64;
 }
 
@@ -473,7 +473,7 @@ void load_hf_weights(const fs::path& dir, const ModelSpec& spec, const ParamLayo
   };
   auto read = [&](const io::SafetensorsFile& f, const std::string& name) {
     const io::TensorInfo& info = f.info(name);
-    if (!floating(info.dtype)) {
+    if (!hf_floating(info.dtype)) {
       throw FormatError(fmt::format("{}: tensor '{}' is {}; model weights must be BF16, F16, F32 or F64", f.source(),
                                     name, io::dtype_name(info.dtype)));
     }
@@ -518,7 +518,7 @@ void load_hf_weights(const fs::path& dir, const ModelSpec& spec, const ParamLayo
     }
   }
   for (auto& [name, file] : h.where) {
-    if (used.count(name) || ignorable(name, spec)) continue;
+    if (used.count(name) || hf_ignorable(name, spec)) continue;
     throw FormatError(fmt::format("{}: unexpected tensor '{}': the {} model config.json describes has no such weight "
                                   "({})",
                                   file->source(), name, spec.model_type, spec.summary()));
@@ -539,16 +539,16 @@ fs::path load_hf_dir(const config::Value& params) {
 }
 
 namespace {
-bool user_set(const config::Value* v) { return v && !v->is_null() && v->origin().file != kSchemaDefault; }
+bool hf_user_set(const config::Value* v) { return v && !v->is_null() && v->origin().file != kHfSchemaDefault; }
 
-bool same_value(const config::Value& a, const config::Value& b) {
+bool hf_same_value(const config::Value& a, const config::Value& b) {
   using K = config::Value::Kind;
   auto numeric = [](const config::Value& v) { return v.kind() == K::Int || v.kind() == K::Float; };
   if (numeric(a) && numeric(b)) return a.as_double() == b.as_double();
   return a.same_content(b);
 }
 
-std::string shown(const config::Value& v) { return v.is_scalar() ? v.scalar_text() : v.to_json().dump(); }
+std::string hf_shown(const config::Value& v) { return v.is_scalar() ? v.scalar_text() : v.to_json().dump(); }
 }  // namespace
 
 config::Value resolve_load_hf(const config::Value& params, const fs::path& experiment_file) {
@@ -565,11 +565,11 @@ config::Value resolve_load_hf(const config::Value& params, const fs::path& exper
   config::Value out = params;
   for (auto& [k, v] : keys.entries()) {
     const config::Value* cur = out.find_path(k);
-    if (user_set(cur)) {
-      if (soft_key(k) || same_value(*cur, v)) continue;  // the user's training choice, or the same value
+    if (hf_user_set(cur)) {
+      if (hf_soft_key(k) || hf_same_value(*cur, v)) continue;  // the user's training choice, or the same value
       throw ConfigError(fmt::format("{}: {} = {} conflicts with {} ({}), which load_hf ({}) takes the architecture "
                                     "from; remove the key",
-                                    cur->origin().str(), k, shown(*cur), (dir / "config.json").string(), shown(v),
+                                    cur->origin().str(), k, hf_shown(*cur), (dir / "config.json").string(), hf_shown(v),
                                     lh->origin().str()));
     }
     out.set_path(k, v);
@@ -580,7 +580,7 @@ config::Value resolve_load_hf(const config::Value& params, const fs::path& exper
     HfConfig c(j, dir / "config.json");
     const int64_t mpe = c.integer("max_position_embeddings", int64_t{1} << 21);
     const config::Value* sl = out.find_path("seq_length");
-    if (user_set(sl)) {
+    if (hf_user_set(sl)) {
       if (sl->as_int() > mpe) {
         throw ConfigError(fmt::format("{}: seq_length {} exceeds max_position_embeddings {} of {}", sl->origin().str(),
                                       sl->as_int(), mpe, (dir / "config.json").string()));
@@ -621,7 +621,7 @@ bool weights_only_checkpoint(const json& state) { return state.is_object() && st
 
 namespace {
 // Copies `src` into `dst` (fsync'ed), returning its size and CRC-32C for the manifest.
-io::FileDigest copy_with_digest(const fs::path& src, const fs::path& dst) {
+io::FileDigest hf_copy_with_digest(const fs::path& src, const fs::path& dst) {
   std::ifstream in(src, std::ios::binary);
   if (!in) throw IoError(fmt::format("cannot read {}", src.string()));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -678,7 +678,7 @@ fs::path import_hf_checkpoint(const fs::path& hf_dir, const fs::path& out_dir, c
   so.metadata = {{"format", "pt"}};
   if (copy_tok) {
     const fs::path tmp = out_dir / fmt::format(".tokenizer.json.tmp-{}", ::getpid());
-    so.adopt.push_back({"tokenizer.json", tmp, copy_with_digest(hf_tok, tmp)});
+    so.adopt.push_back({"tokenizer.json", tmp, hf_copy_with_digest(hf_tok, tmp)});
     tok_spec = (final_dir / "tokenizer.json").string();
   }
   json state = {{"step", 0},

@@ -29,7 +29,7 @@
 #include "train/training_args.h"
 
 // No using-directives at namespace scope: the tests are compiled as one unity source.
-namespace primus {
+namespace primus::hf_import_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -518,4 +518,4 @@ TEST(HfImport, ImportWritesACheckpointWithSpecAndTokenizer) {
 }
 
 }  // namespace
-}  // namespace primus
+}  // namespace primus::hf_import_test
