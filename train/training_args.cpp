@@ -203,7 +203,7 @@ void TrainingArgs::check_batch() const {
 }
 
 std::vector<std::pair<std::string, std::string>> TrainingArgs::describe() const {
-  return {{"train_iters", std::to_string(train_iters)},
+  std::vector<std::pair<std::string, std::string>> d = {{"train_iters", std::to_string(train_iters)},
           {"micro_batch_size", std::to_string(micro_batch_size)},
           {"global_batch_size", std::to_string(global_batch_size)},
           {"grad_accum_steps", std::to_string(grad_accum_steps)},
@@ -213,6 +213,11 @@ std::vector<std::pair<std::string, std::string>> TrainingArgs::describe() const 
           {"tokenizer", data.tokenizer},
           {"save", ckpt.save.string()},
           {"tensorboard_dir", tensorboard_dir.empty() ? "(none)" : tensorboard_dir.string()}};
+  if (data.reset_attention_mask || data.reset_position_ids) {  // after "tokenizer": whose eod ends the documents
+    d.insert(d.begin() + 8, {"document masks", fmt::format("reset_attention_mask {}, reset_position_ids {}",
+                                                           data.reset_attention_mask, data.reset_position_ids)});
+  }
+  return d;
 }
 
 }  // namespace primus::train

@@ -32,9 +32,9 @@ TEST_F(MasksGpuTest, DocumentTablesMatchHost) {
   std::vector<int32_t> pos(B * T), cu(B * T + 1);
   train::build_fixed_document_tables(tokens.data(), B, T, eod, pos.data(), cu.data());
   int32_t *d_tok = nullptr, *d_pos = nullptr, *d_cu = nullptr;
-  CUDA_CHECK(cudaMalloc(&d_tok, tokens.size() * 4));
-  CUDA_CHECK(cudaMalloc(&d_pos, pos.size() * 4));
-  CUDA_CHECK(cudaMalloc(&d_cu, cu.size() * 4));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_tok), tokens.size() * 4));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_pos), pos.size() * 4));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_cu), cu.size() * 4));
   CUDA_CHECK(cudaMemcpy(d_tok, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemset(d_pos, 0xFF, pos.size() * 4));
   CUDA_CHECK(cudaMemset(d_cu, 0xFF, cu.size() * 4));
