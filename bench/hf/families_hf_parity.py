@@ -65,9 +65,9 @@ corpus = make_corpus()
 def train(name, preset, extra):
     name = f"{name}-{framework}"
     ws = os.path.join(work, name)
-    overrides = {"tokenizer_type": "bytes", "vocab_size": 256, "seq_length": 128, "train_iters": 60,
+    overrides = {"tokenizer_type": "bytes", "vocab_size": 256, "seq_length": 128, "train_iters": 40,
                  "micro_batch_size": 8, "global_batch_size": 8, "lr": 3.0e-3, "min_lr": 3.0e-4,
-                 "lr_warmup_iters": 5, "log_interval": 20, "eval_interval": 0, "save_interval": 60,
+                 "lr_warmup_iters": 5, "log_interval": 20, "eval_interval": 0, "save_interval": 40,
                  "sample_tokens": 0, "data_path": [corpus], "split": 0.95}
     overrides.update(extra)
     body = "".join(f"      {k}: {json.dumps(v)}\n" for k, v in overrides.items())
