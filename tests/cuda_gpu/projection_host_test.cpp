@@ -168,3 +168,31 @@ TEST(CudaProjection, TheBinaryRefusesALayoutThatDoesNotDivideAndPrintsJson) {
 
 }  // namespace
 }  // namespace primus::backends::cuda
+
+namespace primus::backends::cuda {
+namespace {
+// optimizer: muon reaches the model's options (the tensors Muon takes) on one GPU and with plain
+// data parallelism; with ZeRO-1 on several GPUs or the optimizer in the backward it is refused
+// naming the keys, in the trainer's and the projection's shared model_options_for.
+TEST(CudaProjection, MuonOptionsAndItsRefusals) {
+  const train::ModelSpec spec = testing::tiny_spec(true);
+  CudaArgs a = projection_args(spec, 2, 1);
+  a.host_mode = false;
+  a.train.optim.optimizer = "muon";
+  EXPECT_EQ(model_options_for(a, 1).muon.size(), static_cast<size_t>(4 * spec.num_layers));
+  EXPECT_EQ(model_options_for(a, 2).muon.size(), static_cast<size_t>(4 * spec.num_layers));  // plain DP
+  a.use_distributed_optimizer = true;
+  EXPECT_FALSE(model_options_for(a, 1).muon.empty());  // one GPU: no shards, nothing to refuse
+  try {
+    model_options_for(a, 2);
+    ADD_FAILURE() << "Muon with ZeRO-1 on 2 GPUs was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use_distributed_optimizer"), std::string::npos) << e.what();
+  }
+  a.use_distributed_optimizer = false;
+  a.optimizer_in_bwd = true;
+  a.train.optim.clip_grad = 0;
+  EXPECT_THROW(model_options_for(a, 1), ConfigError);
+}
+}  // namespace
+}  // namespace primus::backends::cuda
