@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/util/error.h"
@@ -303,8 +304,12 @@ double ModelSpec::flops_per_token() const {
       matmul += C * fc_dim() + ffn_hidden_size * C;
     }
   }
-  // Attention scores and values run over q_dim() channels per token (heads x head dim).
-  return 6.0 * matmul + 6.0 * L * static_cast<double>(q_dim()) * seq_length;
+  // Attention scores and values run over q_dim() channels per token (heads x head dim). Counted
+  // as twice the keys an average query sees: T (causal, T/2 each); with a sliding window W < T,
+  // 2 (W(W+1)/2 + (T-W)W) / T, what the kernels compute.
+  const double T = static_cast<double>(seq_length), W = static_cast<double>(std::min(sliding_window, seq_length));
+  const double span = sliding_window > 0 ? 2.0 * (W * (W + 1) / 2 + (T - W) * W) / T : T;
+  return 6.0 * matmul + 6.0 * L * static_cast<double>(q_dim()) * span;
 }
 
 }  // namespace primus::train

@@ -94,7 +94,8 @@ struct ModelSpec {
   int64_t num_active_parameters() const;
   // Training FLOPs per token (forward + backward): 6 * matmul params + attention, as in the
   // PaLM paper's MFU accounting (attention counted causal-full: 6 * L * C * T). MoE layers count
-  // the router, the top-k experts and the shared expert (the active matmul parameters).
+  // the router, the top-k experts and the shared expert (the active matmul parameters). A sliding
+  // window counts the keys each query sees instead of T.
   double flops_per_token() const;
 
   static ModelSpec from_config(const config::Value& params);  // checks consistency
