@@ -413,7 +413,7 @@ HfTensors open_hf_tensors(const fs::path& dir) {
   for (auto& [name, f] : j["weight_map"].items()) {
     if (!f.is_string()) throw FormatError(fmt::format("{}: tensor '{}' maps to {}, not a file name", index.string(), name, f.dump()));
     const std::string fname = f.get<std::string>();
-    if (fname.find('/') != std::string::npos || fname.find("..") != std::string::npos) {
+    if (fname.empty() || fname == "." || fname == ".." || fs::path(fname).has_parent_path()) {
       throw FormatError(fmt::format("{}: tensor '{}' maps to '{}', not a file of this folder", index.string(), name, fname));
     }
     auto it = by_file.find(fname);
@@ -688,7 +688,14 @@ fs::path import_hf_checkpoint(const fs::path& hf_dir, const fs::path& out_dir, c
                 {"imported_from", fs::absolute(hf_dir).string()},
                 {"hf_config", read_hf_config(hf_dir)}};
   io::CheckpointData data = pack_checkpoint(spec, layout, params.data(), nullptr, nullptr, std::move(state));
-  const fs::path dir = io::save_checkpoint(out_dir, 0, data, so);
+  fs::path dir;
+  try {
+    dir = io::save_checkpoint(out_dir, 0, data, so);
+  } catch (...) {
+    std::error_code ec;  // the tokenizer's copy, when the save failed before adopting it
+    for (auto& a : so.adopt) fs::remove(a.path, ec);
+    throw;
+  }
   spdlog::info("imported {} ({}) into {}", hf_dir.string(), spec.summary(), dir.string());
   return dir;
 }
