@@ -150,11 +150,13 @@ TEST(HfFamilies, Qwen2ExportsQkvBiasesOnly) {
     EXPECT_EQ(name.find("o_proj.bias"), std::string::npos) << name;
     EXPECT_EQ(name.find("mlp.") != std::string::npos && bias, false) << name;
   }
-  // q's and k's bias rows follow their weight rows through RoPE's half-split permutation.
-  expect_rows_travel_together(spec, "layers.0.attn.qkv.weight", "layers.0.attn.qkv.bias", 0,
-                              "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias",
-                              "qwen2_q");
-  // (k's rows start at q_dim in ours; the check covers the k part through the same mapping)
+  // q's and k's bias rows follow their weight rows through RoPE's half-split permutation (v's
+  // are not permuted): the fused bias covers all q|k|v rows, so row 0 of ours lines up with each.
+  for (const char* part : {"q_proj", "k_proj", "v_proj"}) {
+    expect_rows_travel_together(spec, "layers.0.attn.qkv.weight", "layers.0.attn.qkv.bias", 0,
+                                fmt::format("model.layers.0.self_attn.{}.weight", part),
+                                fmt::format("model.layers.0.self_attn.{}.bias", part), fmt::format("qwen2_{}", part));
+  }
   train::ModelSpec tied = spec;
   tied.untied = false;
   EXPECT_EQ(export_and_back(tied, "qwen2_tied").config["tie_word_embeddings"], true);
