@@ -11,6 +11,7 @@
 #include "parallel/cuda/grad_reducer.h"
 #include "turbo/core/arena.h"
 #include "turbo/kernels/cuda/optimizer.h"
+#include "turbo/ops/muon.h"
 
 namespace primus::backends::cuda {
 
@@ -94,6 +95,17 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
   } else {
     m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)",
           double(sz.scratch_arena));
+  }
+  if (!mo.muon.empty()) {  // OptimizerState's own arenas (model/optimizer_state.cpp)
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    int rest = 0;
+    for (const train::MuonTensor& mt : mo.muon)
+      for (const train::MuonBlock& b : mt.blocks) shapes.emplace_back(b.rows, b.cols);
+    rest = static_cast<int>(layout.tensors.size() - mo.muon.size());
+    const size_t table = rest > 0 ? turbo::cuda::multi_tensor_table_bytes(rest) + 2 * turbo::Arena::kDefaultAlign : 0;
+    m.add("workspace", "Muon's Newton-Schulz working set (the largest matrix: u in fp32, three bf16 copies, two Gram "
+          "matrices) and the other tensors' AdamW descriptors",
+          double(turbo::MultiMatrixMuon::working_set_bytes(shapes) + table));
   }
   if (!sz.scratch_exact) {
     m.notes.push_back("no GPU here: the scratch leaves out the norm and column-sum partials, whose size depends on the "

@@ -13,6 +13,8 @@
 #include "core/util/error.h"
 #include "tests/cuda_gpu/cuda_fixture.h"
 #include "tests/e2e/cli_runner.h"
+#include "turbo/kernels/cuda/optimizer.h"
+#include "turbo/ops/muon.h"
 
 namespace primus::backends::cuda {
 namespace {
@@ -181,6 +183,19 @@ TEST(CudaProjection, MuonOptionsAndItsRefusals) {
   a.train.optim.optimizer = "muon";
   EXPECT_EQ(model_options_for(a, 1).muon.size(), static_cast<size_t>(4 * spec.num_layers));
   EXPECT_EQ(model_options_for(a, 2).muon.size(), static_cast<size_t>(4 * spec.num_layers));  // plain DP
+  // The projection adds Muon's own arenas: the working set of its largest block and the AdamW table
+  // of the other tensors.
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  const double muon = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0).total();
+  CudaArgs plain = a;
+  plain.train.optim.optimizer = "adamw";
+  const double adamw = project_cuda_memory(plain, ops, projection_host_layout(plain, 1), false, 0.0).total();
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& mt : model_options_for(a, 1).muon)
+    for (const auto& b : mt.blocks) shapes.emplace_back(b.rows, b.cols);
+  const int rest = static_cast<int>(train::make_param_layout(spec).tensors.size()) - 4 * static_cast<int>(spec.num_layers);
+  EXPECT_DOUBLE_EQ(muon - adamw, double(turbo::MultiMatrixMuon::working_set_bytes(shapes) +
+                                        turbo::cuda::multi_tensor_table_bytes(rest) + 2 * turbo::Arena::kDefaultAlign));
   a.use_distributed_optimizer = true;
   EXPECT_FALSE(model_options_for(a, 1).muon.empty());  // one GPU: no shards, nothing to refuse
   try {

@@ -35,23 +35,41 @@ void check_matrix(const MuonMatrix& mm, size_t i, Device device) {
 }
 }  // namespace
 
+namespace {
+// The largest matrix's elements and the largest Gram matrix's (min(rows, cols)^2).
+std::pair<int64_t, int64_t> working_extent(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  int64_t big = 0, gram = 0;
+  for (auto [rows, cols] : shapes) {
+    const int64_t r = std::min(rows, cols);
+    big = std::max(big, rows * cols);
+    gram = std::max(gram, r * r);
+  }
+  return {big, gram};
+}
+constexpr int64_t kMuonPartials = 256;  // turbo/kernels/cuda/muon.h's kMuonMaxParts (also without CUDA)
+}  // namespace
+
+size_t MultiMatrixMuon::working_set_bytes(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  const auto [big, gram] = working_extent(shapes);
+  const size_t al = Arena::kDefaultAlign;
+  auto up = [&](size_t b) { return (b + al - 1) / al * al; };
+  return up(size_t(big) * 4) + 3 * up(size_t(big) * 2) + 2 * up(size_t(gram) * 2) + up(sizeof(float) * kMuonPartials);
+}
+
 MultiMatrixMuon::MultiMatrixMuon(std::vector<MuonMatrix> mats) : mats_(std::move(mats)) {
   if (mats_.empty()) throw RuntimeError("MultiMatrixMuon: no matrices");
   device_ = mats_[0].master.device;
-  int64_t big = 0, gram = 0;
+  std::vector<std::pair<int64_t, int64_t>> shapes;
   for (size_t i = 0; i < mats_.size(); ++i) {
     check_matrix(mats_[i], i, device_);
-    const int64_t r = std::min(mats_[i].rows, mats_[i].cols);
-    big = std::max(big, mats_[i].rows * mats_[i].cols);
-    gram = std::max(gram, r * r);
+    shapes.emplace_back(mats_[i].rows, mats_[i].cols);
   }
   if (device_ == Device::CPU) return;
+  const auto [big, gram] = working_extent(shapes);
 #if PRIMUS_TURBO_WITH_CUDA
+  static_assert(cuda::kMuonMaxParts == kMuonPartials, "the partial sums' count");
   const size_t al = Arena::kDefaultAlign;
-  auto up = [&](size_t b) { return (b + al - 1) / al * al; };
-  const size_t bytes = up(size_t(big) * 4) + 3 * up(size_t(big) * 2) + 2 * up(size_t(gram) * 2) +
-                       up(sizeof(float) * cuda::kMuonMaxParts);
-  work_ = make_device_arena(bytes);
+  work_ = make_device_arena(working_set_bytes(shapes));
   u_ = work_->allocate(size_t(big) * 4, al, "muon u");
   x_ = work_->allocate(size_t(big) * 2, al, "muon X");
   y_ = work_->allocate(size_t(big) * 2, al, "muon X'");
@@ -60,6 +78,8 @@ MultiMatrixMuon::MultiMatrixMuon(std::vector<MuonMatrix> mats) : mats_(std::move
   b_ = work_->allocate(size_t(gram) * 2, al, "muon B");
   partial_ = work_->allocate(sizeof(float) * cuda::kMuonMaxParts, al, "muon partial sums");
 #else
+  (void)big;
+  (void)gram;
   throw RuntimeError("MultiMatrixMuon: device tensors in a build without CUDA");
 #endif
 }

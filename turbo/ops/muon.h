@@ -16,6 +16,7 @@
 // arena of its own. It holds views, not memory: the buffers must outlive it.
 #pragma once
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "turbo/core/arena.h"
@@ -54,6 +55,9 @@ class MultiMatrixMuon {
 
   const std::vector<MuonMatrix>& matrices() const { return mats_; }
   size_t device_bytes() const;  // the working set's arena (0 on the CPU)
+  // The device working set's bytes for matrices of these [rows, cols] (what the constructor
+  // allocates; `primus projection` counts it).
+  static size_t working_set_bytes(const std::vector<std::pair<int64_t, int64_t>>& shapes);
 
  private:
   std::vector<MuonMatrix> mats_;
