@@ -336,6 +336,12 @@ TEST_F(HfImportErrors, MissingUnexpectedMisshapenAndNonFloatTensors) {
   });
   e = load_error();
   EXPECT_NE(e.find("'model.norm.weight' is I32"), std::string::npos) << e;
+
+  // A truncated file.
+  backends::reference::write_hf_folder(spec, params.data(), 7, d.path, "fp32");
+  fs::resize_file(d.path / "model.safetensors", fs::file_size(d.path / "model.safetensors") / 2);
+  e = load_error();
+  EXPECT_NE(e.find(file), std::string::npos) << e;
 }
 
 TEST_F(HfImportErrors, BrokenShardsAndMissingFiles) {
