@@ -26,8 +26,11 @@ void add_training_schema(config::Schema& s) {
       .number("muon_momentum", 0.95, "Muon momentum coefficient", 0.0, 1.0)
       .flag("muon_nesterov", true, "Muon: orthogonalise g + momentum * m (Nesterov) instead of m")
       .integer("muon_ns_steps", 5, "Muon: quintic Newton-Schulz iterations", 1)
-      .number("muon_matched_rms", 0.2, "Muon: update scale 0.2 * sqrt(max(rows, cols)) matches AdamW's update RMS "
-              "(Moonlight)", 0.0)
+      .text("muon_scale_mode", "spectral", "Muon's update scale: spectral sqrt(max(rows, cols)), shape_scaling "
+            "sqrt(max(1, rows/cols)) or unit_rms_norm sqrt(rows/cols), times muon_extra_scale_factor",
+            {"spectral", "shape_scaling", "unit_rms_norm"})
+      .number("muon_extra_scale_factor", 0.2, "Muon: factor on the update scale (0.2 with spectral: AdamW's update "
+              "RMS, Moonlight)", 0.0)
       .number("muon_lr", std::nullopt, "Muon's peak learning rate (default: lr; the schedule's shape applies)", 0.0)
       .number("weight_decay", 0.1, "decoupled weight decay (not on norms and biases)", 0.0)
       .number("adam_beta1", 0.9, "Adam beta1", 0.0, 1.0)
@@ -150,7 +153,8 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.optim.muon_momentum = d("muon_momentum");
   a.optim.muon_nesterov = b("muon_nesterov");
   a.optim.muon_ns_steps = i("muon_ns_steps");
-  a.optim.muon_matched_rms = d("muon_matched_rms");
+  a.optim.muon_scale_mode = p.find_path("muon_scale_mode")->as_string();
+  a.optim.muon_extra_scale_factor = d("muon_extra_scale_factor");
   const config::Value* ml = p.find_path("muon_lr");
   a.optim.muon_lr = ml && !ml->is_null() ? ml->as_double() : -1.0;
   a.optim.weight_decay = d("weight_decay");

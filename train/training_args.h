@@ -27,7 +27,11 @@ struct OptimizerArgs {
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   int64_t muon_ns_steps = 5;
-  double muon_matched_rms = 0.2;  // update scale: muon_matched_rms * sqrt(max(rows, cols))
+  // The update's scale (Megatron's names): spectral sqrt(max(rows, cols)), shape_scaling
+  // sqrt(max(1, rows / cols)) or unit_rms_norm sqrt(rows / cols), times the extra factor;
+  // spectral x 0.2 matches AdamW's update RMS (Moonlight).
+  std::string muon_scale_mode = "spectral";
+  double muon_extra_scale_factor = 0.2;
   double muon_lr = -1;            // < 0: lr (Moonlight: one lr for both rules); see muon_lr_at
   double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip_grad = 1.0;                      // global norm; 0 turns clipping off

@@ -259,7 +259,8 @@ turbo::MuonHyper CudaTrainer::muon_hyper(int64_t step) const {
   hp.momentum = static_cast<float>(o.muon_momentum);
   hp.nesterov = o.muon_nesterov;
   hp.ns_steps = o.muon_ns_steps;
-  hp.matched_rms = static_cast<float>(o.muon_matched_rms);
+  hp.scale_mode = turbo::cpu::muon_scale_from_name(o.muon_scale_mode);
+  hp.extra_scale = static_cast<float>(o.muon_extra_scale_factor);
   hp.weight_decay = static_cast<float>(o.weight_decay);
   return hp;
 }

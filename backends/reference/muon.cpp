@@ -29,7 +29,8 @@ void MuonOptimizer::update(float* params, const float* grads, const train::Optim
   hp.momentum = o.muon_momentum;
   hp.nesterov = o.muon_nesterov;
   hp.ns_steps = o.muon_ns_steps;
-  hp.matched_rms = o.muon_matched_rms;
+  hp.scale_mode = turbo::cpu::muon_scale_from_name(o.muon_scale_mode);
+  hp.extra_scale = o.muon_extra_scale_factor;
   hp.grad_scale = grad_scale;
   for (size_t j = 0; j < mine_.size(); ++j) {
     const train::MuonTensor& mt = tensors_[mine_[j]];

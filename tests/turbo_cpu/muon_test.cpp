@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/util/error.h"
 #include "tests/turbo_cpu/op_check.h"
 
 namespace primus::turbo::cpu::testing {
@@ -141,5 +142,33 @@ TEST_F(MuonTest, UpdateRmsIsTheMatchedValueAndAZeroGradientOnlyDecays) {
   for (int64_t i = 0; i < n; ++i) EXPECT_DOUBLE_EQ(q[i], p0[i] * (1 - 0.05));
 }
 
+}  // namespace
+}  // namespace primus::turbo::cpu::testing
+
+namespace primus::turbo::cpu::testing {
+namespace {
+// Megatron's muon_scale_mode formulas on a wide and a tall block, times the extra factor, and the
+// step they scale: the same NS output, a different length.
+TEST(MuonScaleTest, ModesFollowMegatronsFormulas) {
+  EXPECT_DOUBLE_EQ(muon_update_scale(4, 9, MuonScale::Spectral, 0.2), 0.2 * 3.0);
+  EXPECT_DOUBLE_EQ(muon_update_scale(9, 4, MuonScale::Spectral, 1.0), 3.0);
+  EXPECT_DOUBLE_EQ(muon_update_scale(4, 9, MuonScale::ShapeScaling, 1.0), 1.0);  // max(1, 4/9)
+  EXPECT_DOUBLE_EQ(muon_update_scale(9, 4, MuonScale::ShapeScaling, 2.0), 2.0 * 1.5);
+  EXPECT_DOUBLE_EQ(muon_update_scale(4, 9, MuonScale::UnitRmsNorm, 1.0), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(muon_update_scale(9, 4, MuonScale::UnitRmsNorm, 1.0), 1.5);
+  EXPECT_EQ(muon_scale_from_name("shape_scaling"), MuonScale::ShapeScaling);
+  EXPECT_THROW(muon_scale_from_name("rms"), ConfigError);
+  // The step: params move by lr * scale * NS(u), so two modes differ by the ratio of their scales.
+  const std::vector<double> g = {1, 2, 3, 4, 5, 6};
+  std::vector<double> p1(6, 0.0), p2(6, 0.0), m1(6, 0.0), m2(6, 0.0);
+  MuonParams a, b;
+  a.lr = b.lr = 0.1;
+  b.scale_mode = MuonScale::UnitRmsNorm;
+  b.extra_scale = 1.0;
+  muon_update(p1.data(), g.data(), m1.data(), 2, 3, a);
+  muon_update(p2.data(), g.data(), m2.data(), 2, 3, b);
+  const double ratio = (0.2 * std::sqrt(3.0)) / std::sqrt(2.0 / 3.0);
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(p1[i], p2[i] * ratio, 1e-14) << i;
+}
 }  // namespace
 }  // namespace primus::turbo::cpu::testing

@@ -99,7 +99,8 @@ void MultiMatrixMuon::step(const MuonHyper& hp, const TensorView& grad_scale, co
     p.momentum = hp.momentum;
     p.nesterov = hp.nesterov;
     p.ns_steps = hp.ns_steps;
-    p.matched_rms = hp.matched_rms;
+    p.scale_mode = hp.scale_mode;
+    p.extra_scale = hp.extra_scale;
     p.grad_scale = gs;
     for (const MuonMatrix& mm : mats_) {
       p.weight_decay = mm.decay ? hp.weight_decay : 0.0;
@@ -141,7 +142,7 @@ void MultiMatrixMuon::step(const MuonHyper& hp, const TensorView& grad_scale, co
       cuda::muon_axpby(x, t_, y, r * c, ka, 1.0f, gs, stream);
       std::swap(x, y);
     }
-    const float rms = hp.matched_rms * std::sqrt(float(c));
+    const float rms = static_cast<float>(cpu::muon_update_scale(mm.rows, mm.cols, hp.scale_mode, hp.extra_scale));
     cuda::muon_apply(mm.master.ptr<float>(), mm.model.defined() ? mm.model.data : nullptr, x, mm.rows, mm.cols, hp.lr,
                      dlr, hp.lr_scale, mm.decay ? hp.weight_decay : 0.0f, rms, gs, stream);
   }

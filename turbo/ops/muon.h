@@ -1,6 +1,6 @@
 // Muon over many weight matrices (turbo/kernels/cpu/muon.h is the reference: Moonlight's Muon,
 // quintic Newton-Schulz, Nesterov momentum, update scaled to AdamW's RMS by
-// matched_rms * sqrt(max(rows, cols)), decoupled weight decay).
+// 0.2 * sqrt(max(rows, cols)) by default (cpu::muon_update_scale), decoupled weight decay).
 //
 // Each matrix: an fp32 master [rows, cols] (row-major, contiguous), an f32 gradient and an f32
 // momentum of the same size, an optional bf16 model copy rewritten after the update, and a decay
@@ -21,6 +21,7 @@
 
 #include "turbo/core/arena.h"
 #include "turbo/core/tensor_view.h"
+#include "turbo/kernels/cpu/muon.h"
 #include "turbo/ops/exec_context.h"
 
 namespace primus::turbo {
@@ -37,7 +38,8 @@ struct MuonHyper {
   float momentum = 0.95f;
   bool nesterov = true;
   int64_t ns_steps = 5;
-  float matched_rms = 0.2f;
+  cpu::MuonScale scale_mode = cpu::MuonScale::Spectral;  // cpu::muon_update_scale
+  float extra_scale = 0.2f;
   float weight_decay = 0.0f;  // on matrices with decay
 };
 

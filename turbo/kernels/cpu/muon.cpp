@@ -42,6 +42,23 @@ void newton_schulz(const Real* g, int64_t rows, int64_t cols, int64_t steps, Rea
     for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = tall ? x[j * c + i] : x[i * c + j];
 }
 
+double muon_update_scale(int64_t rows, int64_t cols, MuonScale mode, double extra) {
+  const double r = static_cast<double>(rows), c = static_cast<double>(cols);
+  switch (mode) {
+    case MuonScale::Spectral: return extra * std::sqrt(std::max(r, c));
+    case MuonScale::ShapeScaling: return extra * std::sqrt(std::max(1.0, r / c));
+    case MuonScale::UnitRmsNorm: return extra * std::sqrt(r / c);
+  }
+  return extra;
+}
+
+MuonScale muon_scale_from_name(const std::string& name) {
+  if (name == "spectral") return MuonScale::Spectral;
+  if (name == "shape_scaling") return MuonScale::ShapeScaling;
+  if (name == "unit_rms_norm") return MuonScale::UnitRmsNorm;
+  throw ConfigError("muon_scale_mode '" + name + "' is not one of spectral, shape_scaling, unit_rms_norm");
+}
+
 template <typename Real>
 void muon_update(Real* params, const Real* grads, Real* m, int64_t rows, int64_t cols, const MuonParams& hp) {
   PRIMUS_CHECK(hp.ns_steps >= 1, "muon: ns_steps {} must be >= 1", hp.ns_steps);
@@ -56,7 +73,7 @@ void muon_update(Real* params, const Real* grads, Real* m, int64_t rows, int64_t
   }
   newton_schulz<Real>(u.data(), rows, cols, hp.ns_steps, o.data());
   const Real decay = static_cast<Real>(1.0 - hp.lr * hp.weight_decay);
-  const Real step = static_cast<Real>(hp.lr * hp.matched_rms * std::sqrt(static_cast<double>(std::max(rows, cols))));
+  const Real step = static_cast<Real>(hp.lr * muon_update_scale(rows, cols, hp.scale_mode, hp.extra_scale));
   for (int64_t i = 0; i < n; ++i) params[i] = params[i] * decay - step * o[static_cast<size_t>(i)];
 }
 

@@ -3,6 +3,7 @@
 // for 2-D weight matrices. The CPU reference of the CUDA kernels (turbo/ops/muon.h).
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace primus::turbo::cpu {
 
@@ -18,12 +19,23 @@ inline constexpr double kMuonNsEps = 1e-7;  // X / (||X||_F + eps): a zero matri
 template <typename Real>
 void newton_schulz(const Real* g, int64_t rows, int64_t cols, int64_t steps, Real* out);
 
+// How the orthogonalised matrix O of a [rows, cols] block is scaled (Megatron's muon_scale_mode):
+//   spectral       sqrt(max(rows, cols))           (with extra 0.2: Moonlight's AdamW-matched RMS)
+//   shape_scaling  sqrt(max(1, rows / cols))       (Keller Jordan's)
+//   unit_rms_norm  sqrt(rows / cols)
+// times `extra` (Megatron's muon_extra_scale_factor).
+enum class MuonScale { Spectral, ShapeScaling, UnitRmsNorm };
+double muon_update_scale(int64_t rows, int64_t cols, MuonScale mode, double extra);
+// "spectral" | "shape_scaling" | "unit_rms_norm"; throws primus::ConfigError naming muon_scale_mode.
+MuonScale muon_scale_from_name(const std::string& name);
+
 struct MuonParams {
   double lr = 0.02;
   double momentum = 0.95;
   bool nesterov = true;
   int64_t ns_steps = 5;
-  double matched_rms = 0.2;   // the update is scaled by matched_rms * sqrt(max(rows, cols))
+  MuonScale scale_mode = MuonScale::Spectral;
+  double extra_scale = 0.2;   // spectral x 0.2: the update's RMS matches AdamW's (Moonlight)
   double weight_decay = 0.0;  // decoupled: params *= 1 - lr * weight_decay before the update
   double grad_scale = 1.0;    // multiplies every gradient first (the grad-norm clip factor)
 };
@@ -31,7 +43,7 @@ struct MuonParams {
 // One Muon step of one matrix [rows, cols] (Moonlight's Muon):
 //   g = grad_scale * grads;  m = momentum * m + g
 //   u = nesterov ? g + momentum * m : m
-//   params = params * (1 - lr * weight_decay) - lr * matched_rms * sqrt(max(rows, cols)) * NS(u)
+//   params = params * (1 - lr * weight_decay) - lr * muon_update_scale(rows, cols, ...) * NS(u)
 // Updates params and m (zero at the start) in place.
 template <typename Real>
 void muon_update(Real* params, const Real* grads, Real* m, int64_t rows, int64_t cols, const MuonParams& hp);
