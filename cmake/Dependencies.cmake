@@ -20,6 +20,19 @@ pkg_check_modules(PRIMUS_CAIRO REQUIRED cairo cairo-png cairo-svg cairo-pdf)
 add_library(primus_cairo_headers INTERFACE)
 target_include_directories(primus_cairo_headers SYSTEM INTERFACE ${PRIMUS_CAIRO_INCLUDE_DIRS})
 
+# utf8proc (libutf8proc-dev): the Unicode normalization forms of tokenizer.json normalizers (NFC
+# in Qwen2 / Qwen2.5 / Qwen3 files). The static archive is linked, as yaml-cpp's, so the binary
+# does not need the library on the GPU machine.
+find_path(PRIMUS_UTF8PROC_INCLUDE utf8proc.h)
+find_library(PRIMUS_UTF8PROC_LIB NAMES libutf8proc.a utf8proc)
+if(NOT PRIMUS_UTF8PROC_INCLUDE OR NOT PRIMUS_UTF8PROC_LIB)
+  message(FATAL_ERROR "utf8proc not found: apt-get install libutf8proc-dev (scripts/setup.sh installs it)")
+endif()
+add_library(primus_utf8proc INTERFACE)
+target_include_directories(primus_utf8proc SYSTEM INTERFACE ${PRIMUS_UTF8PROC_INCLUDE})
+target_link_libraries(primus_utf8proc INTERFACE ${PRIMUS_UTF8PROC_LIB})
+target_compile_definitions(primus_utf8proc INTERFACE UTF8PROC_STATIC)
+
 set(PRIMUS_YAML_LIB /usr/lib/x86_64-linux-gnu/libyaml-cpp.a)
 if(NOT EXISTS ${PRIMUS_YAML_LIB})
   set(PRIMUS_YAML_LIB yaml-cpp)

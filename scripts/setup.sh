@@ -15,7 +15,7 @@ done
 
 PACKAGES=(build-essential cmake libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev
           libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-          clang-14 libclang-rt-14-dev pkg-config libcairo2-dev libgloo-dev)
+          clang-14 libclang-rt-14-dev pkg-config libcairo2-dev libgloo-dev libutf8proc-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -52,10 +52,17 @@ class BpeTokenizer final : public Tokenizer {
   void encode_piece(std::string_view piece, std::vector<int32_t>& out, PieceCache& cache) const;
   void merge_piece(std::string_view piece, std::vector<int32_t>& out) const;
   int32_t byte_token(unsigned char b) const;
-  // Longest added token starting at text[pos], or nullptr.
-  const AddedToken* added_at(std::string_view text, size_t pos) const;
+  // Which added tokens a pass over the text matches.
+  enum class AddedPass { All, Raw, Normalized };
+  // Longest added token of `pass` starting at text[pos], or nullptr.
+  const AddedToken* added_at(std::string_view text, size_t pos, AddedPass pass) const;
+  // Splits `text` at the added tokens of `pass`: calls on_text(segment) for the text between
+  // them (possibly empty) and appends each token's id to `out`, in order.
+  template <class OnText>
+  void split_added(std::string_view text, AddedPass pass, std::vector<int32_t>& out, OnText&& on_text) const;
 
   std::string name_;
+  Normalizer normalizer_;
   PreTokenizerKind pre_;
   PrefixSpace prefix_space_;
   bool ignore_merges_;
@@ -66,7 +73,7 @@ class BpeTokenizer final : public Tokenizer {
   StringMap<int32_t> bytes_to_id_;  // only kept for ignore_merges
   std::array<int32_t, 256> byte_id_{};
   std::unordered_map<uint64_t, Merge> merges_;
-  std::vector<AddedToken> added_;  // longest first
+  std::vector<AddedToken> added_;  // longest first; content as matched (normalized ones normalized)
   std::array<bool, 256> added_first_byte_{};
   const uint64_t uid_;  // names this tokenizer's per-thread caches (PieceCache::local)
 };
@@ -75,6 +82,7 @@ std::atomic<uint64_t> next_tokenizer_uid{1};
 
 BpeTokenizer::BpeTokenizer(BpeSpec spec)
     : name_(std::move(spec.name)),
+      normalizer_(std::move(spec.normalizer)),
       pre_(spec.pre),
       prefix_space_(spec.prefix_space),
       ignore_merges_(spec.ignore_merges),
@@ -142,6 +150,13 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
     if (a.content.empty()) throw FormatError(fmt::format("{}: added token {} is empty", src, a.id));
     id_to_bytes_[a.id] = a.content;
     id_used_[a.id] = true;
+    // tokenizers matches a normalized token's normalized content in the normalized text.
+    if (a.normalized && !normalizer_.empty()) {
+      a.content = normalizer_.apply(a.content);
+      if (a.content.empty()) {
+        throw FormatError(fmt::format("{}: added token {} is empty after the normalizer", src, a.id));
+      }
+    }
     added_first_byte_[static_cast<unsigned char>(a.content[0])] = true;
   }
   added_ = std::move(spec.added);
@@ -153,8 +168,9 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   }
 }
 
-const AddedToken* BpeTokenizer::added_at(std::string_view text, size_t pos) const {
+const AddedToken* BpeTokenizer::added_at(std::string_view text, size_t pos, AddedPass pass) const {
   for (const auto& a : added_) {  // longest first, so the first hit is the longest match
+    if (pass != AddedPass::All && a.normalized != (pass == AddedPass::Normalized)) continue;
     if (text.compare(pos, a.content.size(), a.content) == 0) return &a;
   }
   return nullptr;
@@ -166,13 +182,15 @@ bool is_space_char(std::string_view text, size_t pos, size_t* len) {
   return c.cls == unicode::CharClass::Space;
 }
 
-void BpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) const {
-  PieceCache& cache = PieceCache::local(uid_);
-  size_t start = 0;  // start of the text not yet encoded
+template <class OnText>
+void BpeTokenizer::split_added(std::string_view text, AddedPass pass, std::vector<int32_t>& out,
+                               OnText&& on_text) const {
+  size_t start = 0;  // start of the text not yet handed on
   if (!added_.empty()) {
     for (size_t pos = 0; pos < text.size();) {
-      const AddedToken* a =
-          added_first_byte_[static_cast<unsigned char>(text[pos])] ? added_at(text, pos) : nullptr;
+      const AddedToken* a = added_first_byte_[static_cast<unsigned char>(text[pos])]
+                                ? added_at(text, pos, pass)
+                                : nullptr;
       if (!a) {
         ++pos;
         continue;
@@ -189,12 +207,26 @@ void BpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out)
       if (a->rstrip) {
         while (next < text.size() && is_space_char(text, next, &len)) next += len;
       }
-      encode_segment(text.substr(start, seg_end - start), out, cache);
+      on_text(text.substr(start, seg_end - start));
       out.push_back(a->id);
       start = pos = next;
     }
   }
-  encode_segment(text.substr(start), out, cache);
+  on_text(text.substr(start));
+}
+
+void BpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) const {
+  PieceCache& cache = PieceCache::local(uid_);
+  if (normalizer_.empty()) {
+    split_added(text, AddedPass::All, out, [&](std::string_view seg) { encode_segment(seg, out, cache); });
+    return;
+  }
+  split_added(text, AddedPass::Raw, out, [&](std::string_view seg) {
+    if (seg.empty()) return;
+    std::string normalized = normalizer_.apply(seg);
+    split_added(normalized, AddedPass::Normalized, out,
+                [&](std::string_view piece) { encode_segment(piece, out, cache); });
+  });
 }
 
 std::string with_space(std::string_view s) {

@@ -1,7 +1,9 @@
 // Byte-level BPE: the engine behind the "gpt2" tokenizer and tokenizer.json files. Loaders
 // (gpt2_tokenizer.cpp, hf_tokenizer.cpp) read their files into a BpeSpec; this file turns it
-// into a tokenizer. Encoding: split out added/special tokens (leftmost-longest match), split
-// the rest with the pre-tokenizer, then BPE-merge each piece's bytes by merge rank. Pieces
+// into a tokenizer. Encoding: split out added/special tokens (leftmost-longest match; with a
+// normalizer, as tokenizers does: first the non-normalized tokens in the raw text, then the
+// normalizer on each segment between them, then the normalized tokens), split the rest with the
+// pre-tokenizer, then BPE-merge each piece's bytes by merge rank. Pieces
 // repeat (" the", ","), so merged pieces are cached per thread (piece_cache.h): the cache is
 // what makes encoding fast.
 #pragma once
@@ -12,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/tokenizer/normalize.h"
 #include "data/tokenizer/pretokenize.h"
 #include "data/tokenizer/tokenizer.h"
 
@@ -23,6 +26,9 @@ struct AddedToken {
   int32_t id = -1;
   bool lstrip = false;  // also swallows whitespace on its left
   bool rstrip = false;  // also swallows whitespace on its right
+  // Matched in the normalized text (after the normalizer) rather than in the raw text; only
+  // matters when the tokenizer has a normalizer.
+  bool normalized = false;
 };
 
 // Where a ByteLevel pre-tokenizer's add_prefix_space puts its space.
@@ -41,6 +47,9 @@ struct BpeSpec {
   // Merges in rank order (rank = index), each a pair of vocabulary tokens in byte-level form.
   std::vector<std::pair<std::string, std::string>> merges;
   std::vector<AddedToken> added;
+  // Applied to the text between added tokens before pre-tokenization (tokenizer.json's
+  // "normalizer"); empty for GPT-2 and Llama-3.
+  Normalizer normalizer;
   PreTokenizerKind pre = PreTokenizerKind::Gpt2;
   PrefixSpace prefix_space = PrefixSpace::None;
   // Llama-3's "ignore_merges": a piece that is itself in the vocabulary is one token.

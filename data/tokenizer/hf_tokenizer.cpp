@@ -1,7 +1,10 @@
 // Hugging Face tokenizer.json files with a byte-level BPE model: GPT-2 style (ByteLevel
-// pre-tokenizer with its regex) and Llama-3 style (Split with its regex or Qwen2's, then
-// ByteLevel). Anything else is refused with an error naming the file and the unsupported part,
-// rather than tokenizing differently from the library that wrote the file.
+// pre-tokenizer with its regex) and Llama-3 / Qwen2 style (Split with its regex or Qwen2's, then
+// ByteLevel), with no normalizer or a Unicode-form / Replace one (Qwen2, Qwen2.5 and Qwen3 files
+// have NFC). Anything else is refused with an error naming the file and the unsupported part,
+// rather than tokenizing differently from the library that wrote the file; SentencePiece-style
+// BPE files (byte_fallback, the "▁" Metaspace: Llama-2, Mistral, Mixtral, Gemma) are refused
+// as such.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -25,7 +28,7 @@ std::string type_of(const json& j) {
 
 [[noreturn]] void unsupported(const stdfs::path& file, const std::string& what) {
   throw FormatError(fmt::format("{}: {} is not supported (Primus reads byte-level BPE "
-                                "tokenizer.json files: GPT-2 and Llama-3 style)",
+                                "tokenizer.json files: GPT-2, Llama-3 and Qwen2 style)",
                                 file.string(), what));
 }
 
@@ -43,7 +46,6 @@ void read_model(const stdfs::path& file, const json& m, BpeSpec& spec) {
   if (!null_or_empty(m, "continuing_subword_prefix") || !null_or_empty(m, "end_of_word_suffix")) {
     unsupported(file, "a BPE continuing_subword_prefix / end_of_word_suffix");
   }
-  if (m.value("byte_fallback", false)) unsupported(file, "BPE byte_fallback (SentencePiece style)");
   spec.ignore_merges = m.value("ignore_merges", false);
   if (m.contains("unk_token") && m["unk_token"].is_string()) {
     spec.unk_token = m["unk_token"].get<std::string>();
@@ -114,6 +116,67 @@ void read_pre_tokenizer(const stdfs::path& file, const json& p, BpeSpec& spec) {
   unsupported(file, fmt::format("pre_tokenizer '{}'", p.is_null() ? "null" : type));
 }
 
+// What marks a file as SentencePiece-style BPE (pieces spelled with "▁", bytes as <0xNN>
+// tokens) rather than byte-level BPE; empty when nothing does.
+std::string sentencepiece_sign(const json& j) {
+  auto has_type = [](const json& x, const char* list_key, const std::string& type, auto&& self) -> bool {
+    if (!x.is_object()) return false;
+    if (type_of(x) == type) return true;
+    if (x.contains(list_key) && x[list_key].is_array()) {
+      for (const auto& y : x[list_key]) {
+        if (self(y, list_key, type, self)) return true;
+      }
+    }
+    return false;
+  };
+  const json& m = j["model"];
+  if (m.is_object() && m.contains("byte_fallback") && m["byte_fallback"].is_boolean() &&
+      m["byte_fallback"].get<bool>()) {
+    return "model.byte_fallback";
+  }
+  if (j.contains("pre_tokenizer") && has_type(j["pre_tokenizer"], "pretokenizers", "Metaspace", has_type)) {
+    return "a Metaspace pre-tokenizer";
+  }
+  if (j.contains("decoder")) {
+    for (const char* t : {"Metaspace", "ByteFallback"}) {
+      if (has_type(j["decoder"], "decoders", t, has_type)) return fmt::format("a {} decoder", t);
+    }
+  }
+  if (j.contains("normalizer") && has_type(j["normalizer"], "normalizers", "Prepend", has_type)) {
+    return "a Prepend normalizer";
+  }
+  return {};
+}
+
+void read_normalizer(const stdfs::path& file, const json& n, Normalizer& out) {
+  if (n.is_null()) return;
+  std::string type = type_of(n);
+  if (type == "Sequence") {
+    for (const auto& x : n.at("normalizers")) read_normalizer(file, x, out);
+    return;
+  }
+  for (auto kind : {NormalizerStep::Kind::NFC, NormalizerStep::Kind::NFD, NormalizerStep::Kind::NFKC,
+                    NormalizerStep::Kind::NFKD}) {
+    if (type == normalizer_kind_name(kind)) {
+      out.steps.push_back({kind, {}, {}});
+      return;
+    }
+  }
+  if (type == "Replace") {
+    const json& pat = n.at("pattern");
+    if (!pat.contains("String")) unsupported(file, "a Replace normalizer with a Regex pattern");
+    NormalizerStep step{NormalizerStep::Kind::Replace, pat["String"].get<std::string>(),
+                        n.at("content").get<std::string>()};
+    // tokenizers matches an empty pattern between every two characters; no real file does that.
+    if (step.pattern.empty()) unsupported(file, "a Replace normalizer with an empty pattern");
+    out.steps.push_back(std::move(step));
+    return;
+  }
+  unsupported(file, fmt::format("normalizer '{}' (supported: NFC, NFD, NFKC, NFKD, Replace of a "
+                                "string, and Sequence of those)",
+                                type));
+}
+
 void read_decoder(const stdfs::path& file, const json& d) {
   if (d.is_null() || type_of(d) == "ByteLevel") return;
   unsupported(file, fmt::format("decoder '{}'", type_of(d)));
@@ -177,9 +240,14 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const stdfs::path& file) {
     if (!j.is_object() || !j.contains("model")) {
       throw FormatError(fmt::format("{}: not a tokenizer.json (no \"model\")", file.string()));
     }
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      unsupported(file, fmt::format("normalizer '{}'", type_of(j["normalizer"])));
+    if (std::string sign = sentencepiece_sign(j); !sign.empty()) {
+      throw FormatError(fmt::format(
+          "{}: a SentencePiece-style BPE tokenizer ({}; as Llama-2, Mistral, Mixtral and Gemma "
+          "ship) is not supported: Primus reads byte-level BPE tokenizer.json files (GPT-2, "
+          "Llama-3, Qwen2, Qwen2.5, Qwen3). Prepare the data with another tokenizer",
+          file.string(), sign));
     }
+    read_normalizer(file, j.value("normalizer", json()), spec.normalizer);
     read_model(file, j["model"], spec);
     read_pre_tokenizer(file, j.value("pre_tokenizer", json()), spec);
     read_decoder(file, j.value("decoder", json()));
@@ -187,15 +255,20 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const stdfs::path& file) {
       for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
         const json& a = j["added_tokens"][i];
         int32_t id = read_token_id(a.at("id"), [&] { return fmt::format("{}: added_tokens[{}]", file.string(), i); });
+        // tokenizers' default: special tokens are matched in the raw text, others normalized.
+        bool normalized = a.value("normalized", !a.value("special", false));
         spec.added.push_back({a.at("content").get<std::string>(), id, a.value("lstrip", false),
-                              a.value("rstrip", false)});
+                              a.value("rstrip", false), normalized});
       }
     }
   } catch (const json::exception& e) {
     throw FormatError(fmt::format("{}: unexpected structure: {}", file.string(), e.what()));
   }
   spec.eod_id = find_eod(file, spec);
-  spec.name = fmt::format("tokenizer.json:{} (BPE, {})", file.string(), pretokenizer_name(spec.pre));
+  spec.name = spec.normalizer.empty()
+                  ? fmt::format("tokenizer.json:{} (BPE, {})", file.string(), pretokenizer_name(spec.pre))
+                  : fmt::format("tokenizer.json:{} (BPE, {}, {})", file.string(),
+                                pretokenizer_name(spec.pre), spec.normalizer.describe());
   return make_bpe_tokenizer(std::move(spec));
 }
 

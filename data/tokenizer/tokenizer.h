@@ -2,11 +2,15 @@
 //
 // Implementations: "gpt2" (OpenAI GPT-2 byte-level BPE, vocab 50257, <|endoftext|> = 50256),
 // "bytes" (one token per byte, vocab 256, end-of-document = 0, the NUL byte), and a path to a
-// Hugging Face tokenizer.json with a byte-level BPE model (GPT-2 and Llama-3 families).
-// See docs/data.md for what each accepts.
+// Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama-3 and Qwen2 / Qwen2.5 /
+// Qwen3 families). See docs/data.md for what each accepts.
 //
-// Text is a byte string, normally UTF-8. Every tokenizer round-trips any byte string exactly:
-// decode(encode(s)) == s, also for malformed UTF-8. All methods are const and thread-safe.
+// Text is a byte string, normally UTF-8. Round trip: decode(encode(s)) == normalize(s) for any
+// byte string s, malformed UTF-8 included, where normalize is the tokenizer's normalizer. "gpt2",
+// "bytes" and tokenizer.json files without a normalizer have none, so there decode(encode(s)) == s
+// exactly. With one (Qwen's NFC), normalize rewrites the text between added tokens (NFC composes
+// "e\u0301" into "é") and keeps malformed bytes as they are; see data/tokenizer/normalize.h.
+// All methods are const and thread-safe.
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -229,14 +229,29 @@ TEST(HfTokenizer, RefusesWhatItCannotReproduce) {
   };
   const std::vector<Case> cases = {
       {"WordPiece", [](json& j) { j["model"]["type"] = "WordPiece"; }},
-      {"normalizer 'NFC'", [](json& j) { j["normalizer"] = {{"type", "NFC"}}; }},
-      {"pre_tokenizer 'Metaspace'", [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }},
+      {"normalizer 'Lowercase'", [](json& j) {
+         j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+       }},
+      {"Replace normalizer with a Regex", [](json& j) {
+         j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s+"}}}, {"content", " "}};
+       }},
+      // SentencePiece-style files (Llama-2, Mistral) are named as such, whatever part shows it.
+      {"SentencePiece-style BPE tokenizer (a Metaspace pre-tokenizer",
+       [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}}; }},
+      {"SentencePiece-style BPE tokenizer (a Prepend normalizer", [](json& j) {
+         j["normalizer"] = {{"type", "Sequence"},
+                            {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                                             {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
+       }},
+      {"SentencePiece-style BPE tokenizer (a ByteFallback decoder", [](json& j) {
+         j["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}};
+       }},
       {"pre_tokenizer 'null'", [](json& j) { j["pre_tokenizer"] = nullptr; }},
       {"Split regex '\\s+'", [](json& j) {
          j["pre_tokenizer"] = split_pre(PreTokenizerKind::Gpt2);
          j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+";
        }},
-      {"byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }},
+      {"SentencePiece-style BPE tokenizer (model.byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }},
       {"decoder 'WordPiece'", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }},
       {"merge #1", [](json& j) { j["model"]["merges"].push_back("x Ġzz"); }},
       {"byte-level alphabet", [](json& j) { j["model"]["vocab"]["\xE2\x96\x81the"] = 999; }},
@@ -262,6 +277,111 @@ TEST(HfTokenizer, RefusesWhatItCannotReproduce) {
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("broken.json"), std::string::npos);
   }
+}
+
+// A Qwen2-style file: NFC normalizer, Qwen2's Split regex + ByteLevel, <|endoftext|>,
+// <|im_start|>, <|im_end|> as added tokens. Composed and decomposed spellings of the same text
+// give the same ids (the pairs are written out here, not computed with the normalizer), and
+// decode gives the composed (NFC) text back.
+TEST(HfTokenizer, NfcNormalizerMakesDecomposedTextTokenizeAsComposed) {
+  Tiny t;
+  t.merge("\xC3", "\xA9");  // é, U+00E9
+  t.merge("\xE1", "\xBB");
+  t.merge("\xE1\xBB", "\x99");  // ộ, U+1ED9
+  json added = json::array({added_token(400, "<|endoftext|>"), added_token(401, "<|im_start|>"),
+                            added_token(402, "<|im_end|>")});
+  json j = tokenizer_json(t.vocab, t.merges, split_pre(PreTokenizerKind::Qwen2), added);
+  testing::TempDir dir;
+  auto plain = make_tokenizer(write_json(dir, "plain.json", j));
+  j["normalizer"] = {{"type", "NFC"}};
+  std::string path = write_json(dir, "tokenizer.json", j);
+  auto qwen = make_tokenizer(path);
+  EXPECT_NE(qwen->name().find("qwen2, NFC"), std::string::npos) << qwen->name();
+  EXPECT_EQ(qwen->eod_id(), 400);  // no tokenizer_config.json: <|endoftext|>
+
+  // (composed, decomposed): NFC composes, and orders combining marks canonically.
+  const std::pair<std::string, std::string> pairs[] = {
+      {"\u00E9", "e\u0301"},                  // é
+      {"\u00C5", "A\u030A"},                  // Å
+      {"\u00C5", "\u212B"},                   // the Angstrom sign is a singleton for Å
+      {"\u00F1", "n\u0303"},                  // ñ
+      {"\uD55C", "\u1112\u1161\u11AB"},       // 한 from its jamo
+      {"\u1ED9", "o\u0323\u0302"},            // ộ: dot below then circumflex
+      {"\u1ED9", "o\u0302\u0323"},            // ... or the other order
+      {"\u1ED9", "\u00F4\u0323"},             // ... or ô then dot below
+      {"a", "a"}, {" ", " "}, {"\n", "\n"}, {"7", "7"}, {"'s", "'s"}, {"<|im_end|>", "<|im_end|>"},
+  };
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string composed, decomposed;
+    for (int n = 1 + static_cast<int>(rng() % 12); n > 0; --n) {
+      const auto& p = pairs[rng() % std::size(pairs)];
+      composed += p.first;
+      decomposed += p.second;
+    }
+    Ids ids = qwen->encode(decomposed);
+    ASSERT_EQ(ids, qwen->encode(composed)) << decomposed;
+    ASSERT_EQ(ids, plain->encode(composed)) << composed;  // composed text is already NFC
+    ASSERT_EQ(qwen->decode(ids), composed);
+  }
+  EXPECT_EQ(qwen->encode("e\u0301"), (Ids{t.id["\xC3\xA9"]}));
+  EXPECT_EQ(plain->encode("e\u0301"), (Ids{'e', 0xCC, 0x81}));  // without the normalizer: bytes
+  // Chat markup: the special tokens are found in the raw text, NFC applies between them.
+  EXPECT_EQ(qwen->encode("<|im_start|>e\u0301<|im_end|><|endoftext|>"),
+            (Ids{401, t.id["\xC3\xA9"], 402, 400}));
+  // The normalizer runs on each segment between added tokens (as tokenizers does), so a combining
+  // mark right after a special token stays a mark.
+  EXPECT_EQ(qwen->encode("<|im_end|>\u0301"), (Ids{402, 0xCC, 0x81}));
+  // Malformed UTF-8 passes through byte for byte; the valid runs around it are normalized.
+  EXPECT_EQ(qwen->decode(qwen->encode("\xFF" "e\u0301\xC3" "A\u030A")), "\xFF\u00E9\xC3\u00C5");
+  // Pure ASCII is untouched.
+  EXPECT_EQ(qwen->decode(qwen->encode("Hello, world 123\n")), "Hello, world 123\n");
+
+  // transformers' rule for the end of document: tokenizer_config.json's eos_token (<|im_end|> in
+  // Qwen's chat models, <|endoftext|> in the base ones).
+  testing::write_bytes(dir / "tokenizer_config.json", json({{"eos_token", "<|im_end|>"}}).dump());
+  EXPECT_EQ(make_tokenizer(path)->eod_id(), 402);
+  testing::write_bytes(dir / "tokenizer_config.json", json({{"eos_token", "<|endoftext|>"}}).dump());
+  EXPECT_EQ(make_tokenizer(path)->eod_id(), 400);
+}
+
+// The compatibility forms, NFD and Replace in a Sequence, and added tokens that tokenizers
+// matches in the normalized text ("normalized": true) against those matched in the raw text.
+TEST(HfTokenizer, CompatibilityFormsReplaceAndNormalizedAddedTokens) {
+  Tiny t;
+  auto norm_file = [&](json normalizer, json added = json::array()) {
+    json j = tokenizer_json(t.vocab, t.merges, split_pre(PreTokenizerKind::Qwen2), added);
+    j["normalizer"] = std::move(normalizer);
+    return j;
+  };
+  testing::TempDir dir;
+  auto nfkc = make_tokenizer(write_json(dir, "nfkc.json", norm_file({{"type", "NFKC"}})));
+  EXPECT_EQ(nfkc->decode(nfkc->encode("\uFB01 \u2460 \uFF21 x\u00B2")), "fi 1 A x2");  // ﬁ ① Ａ ²
+  auto nfc = make_tokenizer(write_json(dir, "nfc.json", norm_file({{"type", "NFC"}})));
+  EXPECT_EQ(nfc->decode(nfc->encode("\uFB01 \u2460")), "\uFB01 \u2460");  // canonical only
+  auto nfd = make_tokenizer(write_json(dir, "nfd.json", norm_file({{"type", "NFD"}})));
+  EXPECT_EQ(nfd->decode(nfd->encode("\u00E9\u1ED9")), "e\u0301o\u0323\u0302");
+  auto nfkd = make_tokenizer(write_json(dir, "nfkd.json", norm_file({{"type", "NFKD"}})));
+  EXPECT_EQ(nfkd->decode(nfkd->encode("\uFB01\u00E9")), "fie\u0301");
+  // Strip accents: NFD, then remove the combining acute; then a literal multi-byte Replace.
+  json seq = {{"type", "Sequence"},
+              {"normalizers", {{{"type", "NFD"}},
+                               {{"type", "Replace"}, {"pattern", {{"String", "\u0301"}}}, {"content", ""}},
+                               {{"type", "Replace"}, {"pattern", {{"String", "ab"}}}, {"content", "b\u00E9"}}}}};
+  auto strip = make_tokenizer(write_json(dir, "seq.json", norm_file(seq)));
+  EXPECT_EQ(strip->decode(strip->encode("caf\u00E9 abab")), "cafe b\u00E9b\u00E9");
+  EXPECT_NE(strip->name().find("Sequence[NFD, Replace, Replace]"), std::string::npos) << strip->name();
+
+  // "<x>" is normalized (found after NFKC turns fullwidth ＜x＞ into <x>); "<|eot|>" is special and
+  // not normalized, so its fullwidth spelling is ordinary text.
+  json x = added_token(300, "<x>");
+  x["normalized"] = true;
+  x["special"] = false;
+  auto tok = make_tokenizer(write_json(dir, "added.json", norm_file({{"type", "NFKC"}}, {x, added_token(301, "<|eot|>")})));
+  EXPECT_EQ(tok->encode("\uFF1Cx\uFF1E"), (Ids{300}));
+  EXPECT_EQ(tok->encode("<x><|eot|>"), (Ids{300, 301}));
+  EXPECT_EQ(tok->decode(tok->encode("\uFF1C|eot|\uFF1E")), "<|eot|>");
+  EXPECT_EQ(tok->encode("\uFF1C|eot|\uFF1E").size(), 7u);  // bytes, not the special token
 }
 
 }  // namespace

@@ -1,0 +1,125 @@
+#include "data/tokenizer/normalize.h"
+
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "core/util/error.h"
+
+namespace primus::data {
+namespace {
+
+bool is_ascii(std::string_view s) {
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  }
+  return true;
+}
+
+utf8proc_option_t options_of(NormalizerStep::Kind kind) {
+  switch (kind) {
+    case NormalizerStep::Kind::NFC:
+      return static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    case NormalizerStep::Kind::NFD:
+      return static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
+    case NormalizerStep::Kind::NFKC:
+      return static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+    case NormalizerStep::Kind::NFKD:
+      return static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+    case NormalizerStep::Kind::Replace:
+      break;
+  }
+  return static_cast<utf8proc_option_t>(0);
+}
+
+// Appends the normalization of `run`, which is valid UTF-8, to `out`.
+void append_form(std::string_view run, utf8proc_option_t options, std::string& out) {
+  if (run.empty()) return;
+  utf8proc_uint8_t* result = nullptr;
+  utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(run.data()),
+                                    static_cast<utf8proc_ssize_t>(run.size()), &result, options);
+  std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(result, &std::free);
+  if (n < 0) {
+    throw RuntimeError(std::string("Unicode normalization failed: ") + utf8proc_errmsg(n));
+  }
+  out.append(reinterpret_cast<const char*>(result), static_cast<size_t>(n));
+}
+
+// One Unicode normalization form over text that may hold malformed UTF-8: the valid runs are
+// normalized, each malformed byte is kept as it is.
+std::string apply_form(std::string_view text, utf8proc_option_t options) {
+  if (is_ascii(text)) return std::string(text);
+  std::string out;
+  out.reserve(text.size() + text.size() / 8);
+  size_t run_start = 0, pos = 0;
+  while (pos < text.size()) {
+    if (static_cast<unsigned char>(text[pos]) < 0x80) {
+      ++pos;
+      continue;
+    }
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t len = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + pos),
+                                            static_cast<utf8proc_ssize_t>(text.size() - pos), &cp);
+    if (len > 0) {
+      pos += static_cast<size_t>(len);
+      continue;
+    }
+    append_form(text.substr(run_start, pos - run_start), options, out);
+    out += text[pos];
+    run_start = ++pos;
+  }
+  append_form(text.substr(run_start), options, out);
+  return out;
+}
+
+std::string replace_all(std::string_view text, const std::string& pattern, const std::string& content) {
+  std::string out;
+  size_t start = 0;
+  for (size_t at; (at = text.find(pattern, start)) != std::string_view::npos; start = at + pattern.size()) {
+    out.append(text.substr(start, at - start));
+    out += content;
+  }
+  out.append(text.substr(start));
+  return out;
+}
+
+}  // namespace
+
+const char* normalizer_kind_name(NormalizerStep::Kind kind) {
+  switch (kind) {
+    case NormalizerStep::Kind::NFC:
+      return "NFC";
+    case NormalizerStep::Kind::NFD:
+      return "NFD";
+    case NormalizerStep::Kind::NFKC:
+      return "NFKC";
+    case NormalizerStep::Kind::NFKD:
+      return "NFKD";
+    case NormalizerStep::Kind::Replace:
+      return "Replace";
+  }
+  return "?";
+}
+
+std::string Normalizer::apply(std::string_view text) const {
+  std::string s(text);
+  for (const auto& step : steps) {
+    s = step.kind == NormalizerStep::Kind::Replace ? replace_all(s, step.pattern, step.content)
+                                                   : apply_form(s, options_of(step.kind));
+  }
+  return s;
+}
+
+std::string Normalizer::describe() const {
+  if (steps.empty()) return "none";
+  if (steps.size() == 1) return normalizer_kind_name(steps[0].kind);
+  std::string s = "Sequence[";
+  for (size_t i = 0; i < steps.size(); ++i) {
+    s += (i ? ", " : "");
+    s += normalizer_kind_name(steps[i].kind);
+  }
+  return s + "]";
+}
+
+}  // namespace primus::data
