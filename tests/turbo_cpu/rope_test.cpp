@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/util/error.h"
 #include "tests/turbo_cpu/op_check.h"
 
 namespace primus::turbo::cpu::testing {
@@ -11,6 +12,7 @@ struct RopeCfg {
   int64_t B, T, H, D;
   double base;
   std::vector<int32_t> positions;  // empty: pos = t
+  RopeScaling scaling{};
 };
 
 template <typename Real>
@@ -23,10 +25,10 @@ struct RopeOp {
   }
   size_t out_size() const { return c.B * c.T * c.H * c.D; }
   void forward(const Inputs<Real>& x, std::vector<Real>& out) {
-    rope_forward(out.data(), x[0].data(), pos(), c.B, c.T, c.H, c.D, c.base);
+    rope_forward(out.data(), x[0].data(), pos(), c.B, c.T, c.H, c.D, c.base, c.scaling);
   }
   void backward(const Inputs<Real>&, const std::vector<Real>& dout, Inputs<Real>& dx) {
-    rope_backward(dx[0].data(), dout.data(), pos(), c.B, c.T, c.H, c.D, c.base);
+    rope_backward(dx[0].data(), dout.data(), pos(), c.B, c.T, c.H, c.D, c.base, c.scaling);
   }
 };
 
@@ -50,6 +52,80 @@ TEST_F(RopeTest, GradientsWithExplicitPositions) {
 }
 TEST_F(RopeTest, FloatMatchesDouble) {
   check_float_vs_double<RopeOp>(RopeCfg{2, 256, 6, 64, 10000.0, {}}, rng);
+}
+
+// Llama-3.2's scaling (factor 32, low 1, high 4, original 8192, base 500000, head dim 64): the
+// expected frequencies are worked from the rule by hand, f_i = 500000^(-i/32),
+// wavelen_i = 2 pi / f_i, kept below 8192/4 = 2048, divided by 32 above 8192/1, else blended with
+// s = (8192 / wavelen_i - 1) / (4 - 1):
+//   i=0 : wavelen 6.28            -> kept, 1
+//   i=14: wavelen 1956.497 < 2048 -> kept, 500000^(-14/32) = 0.003211445994752591
+//   i=15: wavelen 2948.303, s = 0.5928492950029659 -> (1-s) f/32 + s f = 0.001290547928209264
+//   i=16: wavelen 4442.883, s = 0.28128260516325104, f = 1/sqrt(500000) -> 0.00042955679655936815
+//   i=17: wavelen 6695.109, s = 0.07452656416074303 -> 9.70828780262767e-05
+//   i=18: wavelen 10089.06 > 8192 -> f/32 = 0.000622772421914596 / 32 = 1.9461638184831125e-05
+//   i=31: 500000^(-31/32) / 32 = 9.41830672543491e-08
+TEST_F(RopeTest, Llama3ScaledFrequenciesMatchTheRuleWorkedByHand) {
+  const RopeScaling s{true, 32.0, 1.0, 4.0, 8192.0};
+  std::vector<double> f(32), plain(32);
+  rope_inv_freq(f.data(), 64, 500000.0, s);
+  rope_inv_freq(plain.data(), 64, 500000.0);
+  const std::vector<std::pair<int, double>> expected = {
+      {0, 1.0},
+      {14, 0.003211445994752591},
+      {15, 0.001290547928209264},
+      {16, 0.00042955679655936815},
+      {17, 9.70828780262767e-05},
+      {18, 1.9461638184831125e-05},
+      {31, 9.41830672543491e-08}};
+  for (auto [i, want] : expected) EXPECT_NEAR(f[i], want, 1e-13 * want) << "pair " << i;
+  for (int i = 0; i <= 14; ++i) EXPECT_EQ(f[i], plain[i]) << "high frequency " << i << " must be unchanged";
+  for (int i = 18; i < 32; ++i) EXPECT_NEAR(f[i], plain[i] / 32.0, 1e-15 * plain[i]) << "low frequency " << i;
+  // Disabled scaling, or a factor of 1, is the plain rotation.
+  std::vector<double> one(32);
+  rope_inv_freq(one.data(), 64, 500000.0, RopeScaling{true, 1.0, 1.0, 4.0, 8192.0});
+  for (int i = 0; i < 32; ++i) EXPECT_NEAR(one[i], plain[i], 1e-15 * plain[i]);
+}
+
+TEST_F(RopeTest, Llama3ScalingRotatesByTheScaledFrequencies) {
+  // A small original context (64) so that short head dims have pairs in all three regions.
+  const RopeScaling s{true, 8.0, 1.0, 4.0, 64.0};
+  const int64_t T = 40, D = 16;
+  std::vector<double> f(D / 2);
+  rope_inv_freq(f.data(), D, 10000.0, s);
+  const auto x = rng.vec(T * D);
+  std::vector<double> y(x.size());
+  rope_forward(y.data(), x.data(), nullptr, 1, T, 1, D, 10000.0, s);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double a = static_cast<double>(t) * f[i], x0 = x[t * D + 2 * i], x1 = x[t * D + 2 * i + 1];
+      EXPECT_NEAR(y[t * D + 2 * i], x0 * std::cos(a) - x1 * std::sin(a), 1e-12);
+      EXPECT_NEAR(y[t * D + 2 * i + 1], x0 * std::sin(a) + x1 * std::cos(a), 1e-12);
+    }
+  }
+  int kept = 0, divided = 0, blended = 0;
+  std::vector<double> plain(D / 2);
+  rope_inv_freq(plain.data(), D, 10000.0);
+  for (int64_t i = 0; i < D / 2; ++i) {
+    if (f[i] == plain[i]) ++kept;
+    else if (std::abs(f[i] - plain[i] / 8.0) < 1e-15) ++divided;
+    else ++blended;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+}
+
+TEST_F(RopeTest, GradientsWithLlama3Scaling) {
+  check_gradients<RopeOp>(RopeCfg{1, 6, 2, 16, 10000.0, {5, 0, 2, 63, 17, 1}, RopeScaling{true, 8.0, 1.0, 4.0, 64.0}},
+                          rng);
+}
+
+TEST_F(RopeTest, Llama3ScalingRefusesParametersTheRuleCannotUse) {
+  std::vector<double> f(4);
+  EXPECT_THROW(rope_inv_freq(f.data(), 8, 10000.0, RopeScaling{true, 0.0, 1.0, 4.0, 64.0}), RuntimeError);
+  EXPECT_THROW(rope_inv_freq(f.data(), 8, 10000.0, RopeScaling{true, 8.0, 4.0, 4.0, 64.0}), RuntimeError);
+  EXPECT_THROW(rope_inv_freq(f.data(), 8, 10000.0, RopeScaling{true, 8.0, 1.0, 4.0, 0.0}), RuntimeError);
 }
 
 // Backward is the inverse rotation: applied to the forward's output it gives the input back.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <vector>
 
 #include "turbo/kernels/cpu/rope.h"
 #include "turbo/ops/op_support.h"
@@ -46,10 +47,10 @@ void cpu_run(const RopeArgs& a) {
   detail::DenseRows dense(a.ctx, a.backward ? "rope_backward" : "rope_forward");
   const TensorView inp = dense.in(a.inp), out = a.backward && a.accumulate ? dense.in(a.out) : dense.out(a.out);
   if (!a.backward) {
-    cpu::rope_forward(out.ptr<float>(), inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base);
+    cpu::rope_forward(out.ptr<float>(), inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base, a.scaling);
   } else {
     if (!a.accumulate) std::memset(out.data, 0, out.nbytes());
-    cpu::rope_backward(out.ptr<float>(), inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base);
+    cpu::rope_backward(out.ptr<float>(), inp.ptr<const float>(), pos, s[0], s[1], s[2], s[3], a.base, a.scaling);
   }
   dense.finish(a.out, out);
 }
@@ -95,15 +96,19 @@ BackendType rope(const RopeArgs& args) {
   return d->dispatch(args);
 }
 
-void rope_build_table(const TensorView& table, double base, const ExecContext& ctx) {
+void rope_build_table(const TensorView& table, double base, const ExecContext& ctx, const RopeScaling& scaling) {
   check_device(table, Device::CUDA, "rope_build_table", "table");
   check_dtype(table, DType::F32, "rope_build_table", "table");
   check_shape(table, {-1, -1, 2}, "rope_build_table", "table");
 #ifdef PRIMUS_TURBO_WITH_CUDA
-  cuda::rope_build_table(table.data, table.shape[0], table.shape[1] * 2, base, static_cast<cudaStream_t>(ctx.stream));
+  const int64_t D = table.shape[1] * 2;
+  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
+  cpu::rope_inv_freq(inv_freq.data(), D, base, scaling);
+  cuda::rope_build_table(table.data, table.shape[0], D, inv_freq.data(), static_cast<cudaStream_t>(ctx.stream));
 #else
   (void)base;
   (void)ctx;
+  (void)scaling;
   throw RuntimeError("rope_build_table: this build has no CUDA");
 #endif
 }

@@ -3,10 +3,12 @@
 //   x [B,T,H,D] (token rows may be strided: detail::token_rows), D a multiple of 8, f32 or bf16; positions [B,T] int32 or undefined
 //   (pos = t); forward: out = R(pos) x; backward: dinp = R(pos)^T dout (= or += with accumulate).
 // The TURBO backend reads cos/sin from `table` [max_pos, D/2, 2] f32 on the device, built once
-// with rope_build_table (in double, like the reference); the CPU backend uses `base` directly.
+// with rope_build_table (in double, like the reference); the CPU backend uses `base` and
+// `scaling` directly.
 #pragma once
 #include <string>
 
+#include "core/util/rope_scaling.h"
 #include "turbo/core/tensor_view.h"
 #include "turbo/dispatch/backend_type.h"
 #include "turbo/ops/exec_context.h"
@@ -19,6 +21,7 @@ struct RopeArgs {
   TensorView positions;    // [B,T] i32, optional
   TensorView table;        // [max_pos, D/2, 2] f32 (device backends)
   double base = 10000.0;
+  RopeScaling scaling;     // Llama-3 frequency scaling (CPU backend; device backends: in the table)
   bool accumulate = false;
   ExecContext ctx;
   std::string key() const;
@@ -27,7 +30,8 @@ struct RopeArgs {
 
 BackendType rope(const RopeArgs& args);
 
-// Fills table [max_pos, D/2, 2] (f32, CUDA) with {cos, sin}(pos * base^(-2i/D)).
-void rope_build_table(const TensorView& table, double base, const ExecContext& ctx);
+// Fills table [max_pos, D/2, 2] (f32, CUDA) with {cos, sin}(pos * inv_freq[i]), the frequencies
+// of cpu::rope_inv_freq(D, base, scaling): base^(-2i/D) unless scaling is enabled.
+void rope_build_table(const TensorView& table, double base, const ExecContext& ctx, const RopeScaling& scaling = {});
 
 }  // namespace primus::turbo

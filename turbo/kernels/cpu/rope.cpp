@@ -13,12 +13,11 @@ namespace {
 // sign = +1 rotates (forward), -1 rotates back (backward). accumulate: out += R x, else out = R x.
 template <typename Real>
 void rotate(Real* out, const Real* inp, const int32_t* positions, int64_t B, int64_t T, int64_t H,
-            int64_t D, double base, double sign, bool accumulate) {
+            int64_t D, double base, const RopeScaling& scaling, double sign, bool accumulate) {
   PRIMUS_CHECK(D % 2 == 0, "rope: head dimension D={} must be even", D);
   const int64_t pairs = D / 2;
   std::vector<double> inv_freq(static_cast<size_t>(pairs));
-  for (int64_t i = 0; i < pairs; ++i)
-    inv_freq[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+  rope_inv_freq(inv_freq.data(), D, base, scaling);
 #pragma omp parallel
   {
     std::vector<Real> cs(static_cast<size_t>(pairs)), sn(static_cast<size_t>(pairs));
@@ -52,16 +51,49 @@ void rotate(Real* out, const Real* inp, const int32_t* positions, int64_t B, int
 
 }  // namespace
 
+void rope_inv_freq(double* inv_freq, int64_t D, double base, const RopeScaling& s) {
+  PRIMUS_CHECK(D % 2 == 0, "rope: head dimension D={} must be even", D);
+  PRIMUS_CHECK(base > 0, "rope: base {} must be positive", base);
+  if (s.enabled) {
+    PRIMUS_CHECK(s.factor > 0, "rope scaling: factor {} must be positive", s.factor);
+    PRIMUS_CHECK(s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor,
+                 "rope scaling: needs 0 < low_freq_factor ({}) < high_freq_factor ({})", s.low_freq_factor,
+                 s.high_freq_factor);
+    PRIMUS_CHECK(s.original_max_position > 0, "rope scaling: original_max_position_embeddings {} must be positive",
+                 s.original_max_position);
+  }
+  const double low_wavelen = s.original_max_position / s.low_freq_factor;
+  const double high_wavelen = s.original_max_position / s.high_freq_factor;
+  constexpr double kPi = 3.14159265358979323846;
+  for (int64_t i = 0; i < D / 2; ++i) {
+    const double f = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    if (!s.enabled) {
+      inv_freq[i] = f;
+      continue;
+    }
+    const double wavelen = 2.0 * kPi / f;
+    if (wavelen < high_wavelen) {
+      inv_freq[i] = f;
+    } else if (wavelen > low_wavelen) {
+      inv_freq[i] = f / s.factor;
+    } else {
+      const double smooth =
+          (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      inv_freq[i] = (1.0 - smooth) * f / s.factor + smooth * f;
+    }
+  }
+}
+
 template <typename Real>
 void rope_forward(Real* out, const Real* inp, const int32_t* positions, int64_t B, int64_t T,
-                  int64_t H, int64_t D, double base) {
-  rotate(out, inp, positions, B, T, H, D, base, +1.0, false);
+                  int64_t H, int64_t D, double base, const RopeScaling& scaling) {
+  rotate(out, inp, positions, B, T, H, D, base, scaling, +1.0, false);
 }
 
 template <typename Real>
 void rope_backward(Real* dinp, const Real* dout, const int32_t* positions, int64_t B, int64_t T,
-                   int64_t H, int64_t D, double base) {
-  rotate(dinp, dout, positions, B, T, H, D, base, -1.0, true);
+                   int64_t H, int64_t D, double base, const RopeScaling& scaling) {
+  rotate(dinp, dout, positions, B, T, H, D, base, scaling, -1.0, true);
 }
 
 void rope_half_split_permutation(int64_t* perm, int64_t D) {
@@ -88,9 +120,9 @@ void rope_permute_rows(Real* out, const Real* w, int64_t n_heads, int64_t D, int
 
 #define PRIMUS_INSTANTIATE(Real)                                                                   \
   template void rope_forward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t,  \
-                                   int64_t, double);                                               \
+                                   int64_t, double, const RopeScaling&);                           \
   template void rope_backward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t, \
-                                    int64_t, double);                                              \
+                                    int64_t, double, const RopeScaling&);                          \
   template void rope_permute_rows<Real>(Real*, const Real*, int64_t, int64_t, int64_t, bool);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)

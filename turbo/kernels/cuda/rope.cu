@@ -1,6 +1,6 @@
 // Rotary position embedding, interleaved pairs, forward and backward.
 //
-// The rotation needs cos/sin of pos * base^(-2i/D). Computing them per element in fp32 loses
+// The rotation needs cos/sin of pos * inv_freq[i] (base^(-2i/D), or Llama-3's scaled frequencies). Computing them per element in fp32 loses
 // accuracy at large positions (the angle's rounding error grows with pos) and costs special-
 // function throughput; instead a [max_pos, D/2] table of {cos, sin} is built once in double and
 // read per token, shared by all heads (it stays in L2). The backward is the inverse rotation
@@ -14,13 +14,17 @@
 namespace primus::turbo::cuda {
 namespace {
 
-__global__ void rope_table_kernel(float2* table, int64_t max_pos, int64_t half, double base) {
+// The frequencies by value (2 KiB of kernel arguments): no device buffer to allocate for them.
+struct InvFreq {
+  double v[kRopeMaxPairs];
+};
+
+__global__ void rope_table_kernel(float2* table, int64_t max_pos, int64_t half, InvFreq f) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= max_pos * half) return;
   const int64_t pos = i / half, pair = i % half;
-  const double inv_freq = pow(base, -2.0 * static_cast<double>(pair) / static_cast<double>(2 * half));
   double s, c;
-  sincos(static_cast<double>(pos) * inv_freq, &s, &c);
+  sincos(static_cast<double>(pos) * f.v[pair], &s, &c);
   table[i] = make_float2(static_cast<float>(c), static_cast<float>(s));
 }
 
@@ -103,11 +107,15 @@ void launch(const char* op, DType dtype, void* out, const void* inp, const int32
 
 }  // namespace
 
-void rope_build_table(void* table, int64_t max_pos, int64_t D, double base, cudaStream_t stream) {
+void rope_build_table(void* table, int64_t max_pos, int64_t D, const double* inv_freq, cudaStream_t stream) {
   if (D % 2 != 0 || max_pos <= 0)
     throw RuntimeError(fmt::format("rope_build_table: D={} must be even and max_pos={} positive", D, max_pos));
+  if (D / 2 > kRopeMaxPairs)
+    throw RuntimeError(fmt::format("rope_build_table: head dim D={} exceeds the {} supported", D, 2 * kRopeMaxPairs));
+  InvFreq f{};
+  for (int64_t i = 0; i < D / 2; ++i) f.v[i] = inv_freq[i];
   const int64_t n = max_pos * (D / 2);
-  rope_table_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(static_cast<float2*>(table), max_pos, D / 2, base);
+  rope_table_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(static_cast<float2*>(table), max_pos, D / 2, f);
   CUDA_CHECK_LAST();
 }
 

@@ -1,5 +1,5 @@
 // Launchers of rotary position embedding, interleaved-pairs convention (rope.cu), matching
-// turbo/kernels/cpu/rope.h: pair i of a head, (x[2i], x[2i+1]), rotates by pos * base^(-2i/D).
+// turbo/kernels/cpu/rope.h: pair i of a head, (x[2i], x[2i+1]), rotates by pos * inv_freq[i].
 // x [B,T,H,D], dtype f32 or bf16, D a multiple of 8; in_row / out_row: elements between tokens
 // (0: H*D, contiguous; more for q|k column slices of a packed projection; multiples of 8).
 #pragma once
@@ -12,9 +12,12 @@
 
 namespace primus::turbo::cuda {
 
-// Fills table [max_pos, D/2] of float2 {cos, sin} (computed in double, rounded to f32): built
-// once per model, read by every RoPE call. table holds rope_table_bytes(max_pos, D) bytes.
-void rope_build_table(void* table, int64_t max_pos, int64_t D, double base, cudaStream_t stream);
+// Fills table [max_pos, D/2] of float2 {cos, sin}(pos * inv_freq[i]) (computed in double,
+// rounded to f32): built once per model, read by every RoPE call. inv_freq: D/2 host values
+// (turbo::cpu::rope_inv_freq), at most kRopeMaxPairs of them; they travel as a kernel argument.
+// table holds rope_table_bytes(max_pos, D) bytes.
+constexpr int64_t kRopeMaxPairs = 256;
+void rope_build_table(void* table, int64_t max_pos, int64_t D, const double* inv_freq, cudaStream_t stream);
 inline size_t rope_table_bytes(int64_t max_pos, int64_t D) {
   return static_cast<size_t>(max_pos * (D / 2)) * 2 * sizeof(float);
 }
