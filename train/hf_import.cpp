@@ -673,13 +673,20 @@ fs::path import_hf_checkpoint(const fs::path& hf_dir, const fs::path& out_dir, c
   load_hf_weights(hf_dir, spec, layout, params.data());
 
   fs::create_directories(out_dir);
-  const fs::path final_dir = fs::absolute(io::checkpoint_dir(out_dir, 0));
   io::SaveOptions so;
   so.metadata = {{"format", "pt"}};
   if (copy_tok) {
-    const fs::path tmp = out_dir / fmt::format(".tokenizer.json.tmp-{}", ::getpid());
-    so.adopt.push_back({"tokenizer.json", tmp, hf_copy_with_digest(hf_tok, tmp)});
-    tok_spec = (final_dir / "tokenizer.json").string();
+    // The copies travel with the checkpoint and trainer_state.json names tokenizer.json relative
+    // to it (train::checkpoint_tokenizer resolves it), so the folder can be moved.
+    // tokenizer_config.json's eos_token picks the end-of-document token, so it is copied too:
+    // the checkpoint then ends documents as the Hugging Face folder does.
+    for (const std::string name : {"tokenizer.json", "tokenizer_config.json"}) {
+      const fs::path src = hf_dir / name;
+      if (name != "tokenizer.json" && !fs::exists(src)) continue;
+      const fs::path tmp = out_dir / fmt::format(".{}.tmp-{}", name, ::getpid());
+      so.adopt.push_back({name, tmp, hf_copy_with_digest(src, tmp)});
+    }
+    tok_spec = "tokenizer.json";
   }
   json state = {{"step", 0},
                 {"backend", "import"},

@@ -76,8 +76,9 @@ bool weights_only_checkpoint(const nlohmann::json& state);
 
 // `primus import hf`: writes HF_DIR as a checkpoint (iteration 0, fp32 weights, no optimizer
 // state) under out_dir, trainer_state.json carrying the model spec and the tokenizer
-// (tokenizer.json is copied into the checkpoint; `tokenizer` overrides it: gpt2, bytes or a
-// path). Returns the checkpoint's folder.
+// (tokenizer.json, and tokenizer_config.json when there, are copied into the checkpoint and the
+// tokenizer is recorded as "tokenizer.json", relative to it: see train::checkpoint_tokenizer;
+// `tokenizer` overrides it: gpt2, bytes or a path). Returns the checkpoint's folder.
 std::filesystem::path import_hf_checkpoint(const std::filesystem::path& hf_dir, const std::filesystem::path& out_dir,
                                            const HfImportOptions& opts = {}, const std::string& tokenizer = "");
 

@@ -22,11 +22,19 @@ InferenceCheckpoint load_inference_checkpoint(const std::string& checkpoint) {
   InferenceCheckpoint c;
   c.dir = dir;
   c.spec = spec_from_json(data.state["model_spec"]);
-  c.tokenizer = data.state["tokenizer"].get<std::string>();
+  c.tokenizer = checkpoint_tokenizer(data.state["tokenizer"].get<std::string>(), dir);
   const ParamLayout layout = make_param_layout(c.spec);
   c.params.assign(static_cast<size_t>(layout.total), 0.0f);
   unpack_checkpoint(data, dir, c.spec, layout, c.params.data(), nullptr, nullptr);
   return c;
+}
+
+std::string checkpoint_tokenizer(const std::string& recorded, const std::filesystem::path& dir) {
+  const std::filesystem::path p = recorded;
+  std::error_code ec;
+  if (recorded == "gpt2" || recorded == "bytes") return recorded;  // make_tokenizer's built-in names
+  if (!recorded.empty() && p.is_relative() && std::filesystem::exists(dir / p, ec)) return (dir / p).string();
+  return recorded;
 }
 
 }  // namespace primus::train

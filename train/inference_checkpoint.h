@@ -21,4 +21,10 @@ struct InferenceCheckpoint {
 // not fit the spec (naming the folder and tensor).
 InferenceCheckpoint load_inference_checkpoint(const std::string& checkpoint);
 
+// The tokenizer a checkpoint's trainer_state.json records ("tokenizer"), as data::make_tokenizer
+// takes it: a relative path that names a file inside the checkpoint folder `dir` (an import's
+// copy of tokenizer.json is recorded as "tokenizer.json", so the folder can be moved) becomes that
+// file's path; anything else ("gpt2", "bytes", a path the run was given) is returned unchanged.
+std::string checkpoint_tokenizer(const std::string& recorded, const std::filesystem::path& dir);
+
 }  // namespace primus::train

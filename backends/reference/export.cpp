@@ -8,6 +8,7 @@
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
 #include "train/checkpointing.h"
+#include "train/inference_checkpoint.h"
 
 namespace primus::backends::reference {
 
@@ -38,7 +39,7 @@ void export_hf_checkpoint(const std::filesystem::path& checkpoint, const std::fi
   int eos = 0;
   if (data.state.contains("tokenizer")) {
     try {
-      eos = data::make_tokenizer(data.state["tokenizer"].get<std::string>())->eod_id();
+      eos = data::make_tokenizer(train::checkpoint_tokenizer(data.state["tokenizer"].get<std::string>(), dir))->eod_id();
     } catch (const Error& e) {
       spdlog::warn("export: tokenizer '{}' not available ({}); eos_token_id = 0", data.state["tokenizer"].dump(), e.what());
     }
