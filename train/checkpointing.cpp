@@ -56,6 +56,12 @@ nlohmann::json spec_json(const ModelSpec& m) {
   if (m.qk_norm_whole) j["qk_norm_whole"] = true;
   if (m.add_qkv_bias) j["add_qkv_bias"] = true;
   if (m.sliding_window > 0) j["sliding_window"] = m.sliding_window;
+  if (m.rope_scaling.enabled) {
+    j["rope_scaling"] = {{"factor", m.rope_scaling.factor},
+                         {"low_freq_factor", m.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", m.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", m.rope_scaling.original_max_position}};
+  }
   return j;
 }
 
@@ -84,6 +90,14 @@ ModelSpec spec_from_json(const nlohmann::json& j) {
   m.qk_norm_whole = j.value("qk_norm_whole", false);
   m.add_qkv_bias = j.value("add_qkv_bias", false);
   m.sliding_window = j.value("sliding_window", int64_t{0});
+  if (j.contains("rope_scaling")) {  // absent: the plain rotation
+    const nlohmann::json& r = j.at("rope_scaling");
+    m.rope_scaling.enabled = true;
+    m.rope_scaling.factor = r.at("factor");
+    m.rope_scaling.low_freq_factor = r.at("low_freq_factor");
+    m.rope_scaling.high_freq_factor = r.at("high_freq_factor");
+    m.rope_scaling.original_max_position = r.at("original_max_position_embeddings");
+  }
   return m;
 }
 

@@ -119,36 +119,68 @@ std::string hf_model_type_of(const json& j, const fs::path& file) {
                                 c.file().string(), type, what));
 }
 
-// RoPE: rope_theta (transformers 4) or rope_parameters {rope_type, rope_theta} (transformers 5);
-// only the plain rotation is implemented in both backends.
-double hf_rope_theta(const HfConfig& c) {
+// Llama-3.1/3.2's frequency scaling from a rope_scaling (transformers 4) or rope_parameters
+// (transformers 5) object whose rope_type is "llama3": the four numbers transformers'
+// _compute_llama3_parameters reads, each required, into use_rope_scaling / rope_scaling_*.
+void hf_llama3_scaling(const HfConfig& c, const char* key, const json& s, HfKeyWriter& w) {
+  auto num = [&](const char* k) {
+    if (!s.contains(k) || !s.at(k).is_number()) {
+      c.refuse(key, fmt::format("rope_type \"llama3\" needs a number '{}' (transformers requires it)", k));
+    }
+    return s.at(k).get<double>();
+  };
+  const double factor = num("factor"), low = num("low_freq_factor"), high = num("high_freq_factor");
+  const double orig = num("original_max_position_embeddings");
+  if (!(factor > 0)) c.refuse(key, "factor must be positive");
+  if (!(low > 0) || !(high > low)) c.refuse(key, "needs 0 < low_freq_factor < high_freq_factor");
+  if (!(orig >= 1) || orig != std::floor(orig)) c.refuse(key, "original_max_position_embeddings must be a positive integer");
+  w.flag("use_rope_scaling", true);
+  w.number("rope_scaling_factor", factor);
+  w.number("rope_scaling_low_freq_factor", low);
+  w.number("rope_scaling_high_freq_factor", high);
+  w.integer("rope_scaling_original_max_position_embeddings", static_cast<int64_t>(orig));
+}
+
+// RoPE: rope_theta (transformers 4) or rope_parameters {rope_type, rope_theta, ...} (transformers
+// 5), into rotary_base; rope_type "llama3" (Llama-3.1/3.2) into use_rope_scaling and
+// rope_scaling_*. Other rope types (YaRN, linear, dynamic, longrope) are refused by name.
+void hf_rope(const HfConfig& c, HfKeyWriter& w) {
+  w.flag("use_rope_scaling", false);
   if (c.has("rope_scaling")) {
     const json& s = c.at("rope_scaling");
     const std::string t = s.is_object() ? s.value("rope_type", s.value("type", std::string())) : std::string();
-    if (t != "default") {
-      c.refuse("rope_scaling", "RoPE scaling (e.g. Llama-3.1/3.2's \"llama3\", YaRN, linear, dynamic) is not "
-                               "implemented in Primus' RoPE; only the plain rotation is");
+    if (t == "llama3") {
+      hf_llama3_scaling(c, "rope_scaling", s, w);
+    } else if (t != "default") {
+      c.refuse("rope_scaling", fmt::format("rope_type \"{}\" is not implemented in Primus' RoPE; only the plain "
+                                           "rotation (\"default\") and Llama-3's \"llama3\" are",
+                                           t));
     }
   }
   if (c.has("rope_parameters")) {
     const json& p = c.at("rope_parameters");
     if (!p.is_object()) c.refuse("rope_parameters", "expected an object");
     const std::string t = p.value("rope_type", p.value("type", std::string("default")));
-    if (t != "default") {
+    if (t == "llama3") {
+      hf_llama3_scaling(c, "rope_parameters", p, w);
+    } else if (t != "default") {
       c.refuse("rope_parameters", fmt::format("rope_type \"{}\" is not implemented in Primus' RoPE; only the plain "
-                                              "rotation (\"default\") is",
+                                              "rotation (\"default\") and Llama-3's \"llama3\" are",
                                               t));
     }
     if (p.contains("partial_rotary_factor") && p["partial_rotary_factor"].is_number() &&
         p["partial_rotary_factor"].get<double>() != 1.0) {
       c.refuse("rope_parameters", "partial_rotary_factor other than 1 is not implemented");
     }
-    if (p.contains("rope_theta") && p["rope_theta"].is_number()) return p["rope_theta"].get<double>();
+    if (p.contains("rope_theta") && p["rope_theta"].is_number()) {
+      w.number("rotary_base", p["rope_theta"].get<double>());
+      return;
+    }
   }
   if (c.has("partial_rotary_factor") && c.number("partial_rotary_factor", 1.0) != 1.0) {
     c.refuse("partial_rotary_factor", "rotating part of each head is not implemented");
   }
-  return c.number("rope_theta", 10000.0);
+  w.number("rotary_base", c.number("rope_theta", 10000.0));
 }
 
 void hf_llama_like(const HfConfig& c, const std::string& type, HfKeyWriter& w) {
@@ -167,7 +199,7 @@ void hf_llama_like(const HfConfig& c, const std::string& type, HfKeyWriter& w) {
   if (act != "silu") c.refuse("hidden_act", "Primus' SwiGLU MLP uses silu");
   w.text("activation", "swiglu");
   w.text("position_embedding_type", "rope");
-  w.number("rotary_base", hf_rope_theta(c));
+  hf_rope(c, w);
   // LlamaConfig, MistralConfig, Qwen2/3Config, MixtralConfig and OlmoeConfig default to untied.
   w.flag("untie_embeddings_and_output_weights", !c.flag("tie_word_embeddings", false));
   w.flag("add_bias_linear", false);

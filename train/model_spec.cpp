@@ -35,6 +35,16 @@ void add_model_schema(config::Schema& s) {
       .text("position_embedding_type", "learned_absolute", "learned_absolute or rope",
             {"learned_absolute", "rope"})
       .number("rotary_base", 10000.0, "RoPE base (theta)", 1.0)
+      .flag("use_rope_scaling", false,
+            "Llama-3.1/3.2 RoPE frequency scaling: low frequencies divided by rope_scaling_factor, high ones kept, "
+            "a smooth blend between (Hugging Face rope_scaling {rope_type: llama3})")
+      .number("rope_scaling_factor", 8.0, "use_rope_scaling: divisor of the low frequencies (Llama-3.2: 32)", 1e-9)
+      .number("rope_scaling_low_freq_factor", 1.0,
+              "use_rope_scaling: wavelengths above original_max_position_embeddings / this are scaled", 1e-9)
+      .number("rope_scaling_high_freq_factor", 4.0,
+              "use_rope_scaling: wavelengths below original_max_position_embeddings / this are kept", 1e-9)
+      .integer("rope_scaling_original_max_position_embeddings", 8192,
+               "use_rope_scaling: the context length the model was first trained at", 1, int64_t{1} << 30)
       .integer("sliding_window", 0,
                "sliding-window attention (Mistral): a token sees itself and the sliding_window - 1 tokens "
                "before it; 0: full causal attention",
@@ -194,6 +204,12 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
   m.swiglu = p.find_path("activation")->as_string() == "swiglu";
   m.rope = p.find_path("position_embedding_type")->as_string() == "rope";
   m.rotary_base = p.find_path("rotary_base")->as_double();
+  m.rope_scaling.enabled = optb(p, "use_rope_scaling", false);
+  m.rope_scaling.factor = optd(p, "rope_scaling_factor", 8.0);
+  m.rope_scaling.low_freq_factor = optd(p, "rope_scaling_low_freq_factor", 1.0);
+  m.rope_scaling.high_freq_factor = optd(p, "rope_scaling_high_freq_factor", 4.0);
+  m.rope_scaling.original_max_position =
+      static_cast<double>(opt(p, "rope_scaling_original_max_position_embeddings", 8192));
   m.sliding_window = opt(p, "sliding_window", 0);
   m.untied = p.find_path("untie_embeddings_and_output_weights")->as_bool();
   m.bias = p.find_path("add_bias_linear")->as_bool();
@@ -211,6 +227,17 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
   if (m.kv_channels == 0) m.kv_channels = m.hidden_size / m.num_attention_heads;
   if (m.rope && m.head_dim() % 2 != 0) {
     throw ConfigError(fmt::format("{}: RoPE needs an even head dimension, got {}", where("kv_channels"), m.head_dim()));
+  }
+  if (m.rope_scaling.enabled) {
+    if (!m.rope) {
+      throw ConfigError(fmt::format("{}: use_rope_scaling scales RoPE's frequencies and needs position_embedding_type: rope",
+                                    where("use_rope_scaling")));
+    }
+    if (m.rope_scaling.high_freq_factor <= m.rope_scaling.low_freq_factor) {
+      throw ConfigError(fmt::format("{}: rope_scaling_high_freq_factor {} must exceed rope_scaling_low_freq_factor {}",
+                                    where("rope_scaling_high_freq_factor"), m.rope_scaling.high_freq_factor,
+                                    m.rope_scaling.low_freq_factor));
+    }
   }
   if (m.qk_layernorm && m.layernorm) {
     // Megatron allows a LayerNorm here; no model we export or test has one, so say so rather
@@ -233,6 +260,10 @@ std::string ModelSpec::summary() const {
   if (qk_layernorm) s += qk_norm_whole ? ", qk norm (projection)" : ", qk norm";
   if (add_qkv_bias && !bias) s += ", qkv bias";
   if (sliding_window > 0) s += fmt::format(", sliding window {}", sliding_window);
+  if (rope && rope_scaling.enabled) {
+    s += fmt::format(", rope scaling x{:g} (low {:g}, high {:g}, original {:g})", rope_scaling.factor,
+                     rope_scaling.low_freq_factor, rope_scaling.high_freq_factor, rope_scaling.original_max_position);
+  }
   if (moe.enabled()) {
     s += fmt::format(", {} experts top-{} in {} MoE layers{}", moe.num_experts, moe.topk, num_moe_layers(),
                      moe.shared_ffn_hidden_size > 0 ? " + shared expert" : "");

@@ -8,6 +8,7 @@
 
 #include "core/config/schema.h"
 #include "core/config/value.h"
+#include "core/util/rope_scaling.h"
 
 namespace primus::train {
 
@@ -65,6 +66,8 @@ struct ModelSpec {
   bool swiglu = false;              // false: GELU (tanh)
   bool rope = false;                // false: learned absolute positions
   double rotary_base = 10000;
+  // use_rope_scaling and rope_scaling_*: Llama-3.1/3.2's frequency scaling (core/util/rope_scaling.h).
+  RopeScaling rope_scaling;
   // sliding_window (Mistral): query t attends to keys j with t - sliding_window < j <= t, i.e.
   // itself and the sliding_window - 1 tokens before it (transformers' sliding_window_overlay:
   // kv_idx > q_idx - sliding_window). 0: full causal attention.

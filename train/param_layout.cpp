@@ -243,9 +243,11 @@ void check_hf_moe(const ModelSpec& m) {
   if (!why.empty()) throw ConfigError(fmt::format("export as {}: the model differs from it: {}", cls, why));
 }
 
-// What every Llama-like config.json (Llama, Qwen3, Mixtral, Qwen3-MoE) says the same way.
+// What every Llama-like config.json (Llama, Qwen3, Mixtral, Qwen3-MoE) says the same way. Llama-3's
+// frequency scaling is rope_scaling {rope_type: llama3}, which every one of these classes reads
+// through transformers' shared RoPE initialisation.
 nlohmann::json llama_like_config(const ModelSpec& m, const char* cls, const char* type, int eos) {
-  return {{"architectures", {cls}}, {"model_type", type}, {"vocab_size", m.vocab_size},
+  nlohmann::json j = {{"architectures", {cls}}, {"model_type", type}, {"vocab_size", m.vocab_size},
           {"max_position_embeddings", m.seq_length}, {"hidden_size", m.hidden_size},
           {"intermediate_size", m.ffn_hidden_size}, {"num_hidden_layers", m.num_layers},
           {"num_attention_heads", m.num_attention_heads}, {"num_key_value_heads", m.num_query_groups},
@@ -253,6 +255,15 @@ nlohmann::json llama_like_config(const ModelSpec& m, const char* cls, const char
           {"rope_theta", m.rotary_base}, {"tie_word_embeddings", !m.untied}, {"attention_dropout", 0.0},
           {"initializer_range", m.init_method_std}, {"bos_token_id", eos}, {"eos_token_id", eos},
           {"torch_dtype", "float32"}};
+  if (m.rope_scaling.enabled) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", m.rope_scaling.factor},
+                         {"low_freq_factor", m.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", m.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings",
+                          static_cast<int64_t>(m.rope_scaling.original_max_position)}};
+  }
+  return j;
 }
 }  // namespace
 

@@ -152,7 +152,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
 
   const StateBuffers& st = plan_->state;
-  if (spec_.rope && !host) turbo::rope_build_table(st.rope_table, spec_.rotary_base, ctx());
+  if (spec_.rope && !host) turbo::rope_build_table(st.rope_table, spec_.rotary_base, ctx(), spec_.rope_scaling);
   staging_ = std::make_unique<HostStaging>(opt_.loss_slots, opt_.max_batch * opt_.max_seq, st.status, stream_);
   stream_.zero(st.status);
   if (opt_.optimizer_state) optimizer_->set_moments(nullptr, nullptr);

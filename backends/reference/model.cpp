@@ -168,8 +168,8 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
     const Real* q = a.q.data();
     const Real* kk = a.k.data();
     if (spec_.rope) {
-      k::rope_forward(a.q_rot.data(), a.q.data(), positions(), B, T, H, D, spec_.rotary_base);
-      k::rope_forward(a.k_rot.data(), a.k.data(), positions(), B, T, KV, D, spec_.rotary_base);
+      k::rope_forward(a.q_rot.data(), a.q.data(), positions(), B, T, H, D, spec_.rotary_base, spec_.rope_scaling);
+      k::rope_forward(a.k_rot.data(), a.k.data(), positions(), B, T, KV, D, spec_.rotary_base, spec_.rope_scaling);
       q = a.q_rot.data();
       kk = a.k_rot.data();
     }
@@ -272,8 +272,8 @@ void GptModel<Real>::backward() {
     if (spec_.rope) {
       zero(dq_, N * QD);
       zero(dk_, N * KVD);
-      k::rope_backward(dq_.data(), dq_rot_.data(), positions(), B, T, H, D, spec_.rotary_base);
-      k::rope_backward(dk_.data(), dk_rot_.data(), positions(), B, T, KV, D, spec_.rotary_base);
+      k::rope_backward(dq_.data(), dq_rot_.data(), positions(), B, T, H, D, spec_.rotary_base, spec_.rope_scaling);
+      k::rope_backward(dk_.data(), dk_rot_.data(), positions(), B, T, KV, D, spec_.rotary_base, spec_.rope_scaling);
     }
     // dq_ / dk_ are now the gradients of the normalised q / k; through the per-head RMSNorm
     // into the projection's outputs (and the two norm weights).

@@ -173,6 +173,20 @@ TEST(HfFamilies, Qwen2PresetCountsMatchTransformers) {
   EXPECT_EQ(m.num_parameters(), 1543714304);
 }
 
+// Llama-3.2's rope scaling as transformers' LlamaConfig reads it (rope_scaling with rope_type
+// llama3 and the four numbers of _compute_llama3_parameters); none without it.
+TEST(HfFamilies, LlamaExportsRopeScaling) {
+  train::ModelSpec spec = primus::testing::tiny_llama();
+  EXPECT_FALSE(export_and_back(spec, "llama_plain").config.contains("rope_scaling"));
+  spec.rope_scaling = {true, 32.0, 1.0, 4.0, 8192.0};
+  const nlohmann::json c = export_and_back(spec, "llama3").config;
+  EXPECT_EQ(c["architectures"][0], "LlamaForCausalLM");
+  const nlohmann::json want = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  EXPECT_EQ(c["rope_scaling"], want) << c.dump();
+  EXPECT_TRUE(c["rope_scaling"]["original_max_position_embeddings"].is_number_integer());
+}
+
 TEST(HfFamilies, MistralExportsItsWindow) {
   train::ModelSpec spec = primus::testing::tiny_llama();
   spec.model_type = "mistral";

@@ -80,6 +80,9 @@ std::vector<train::ModelSpec> families() {
   v.push_back(llama_tied);
   v.push_back(testing::tiny_qwen3());
   v.push_back(testing::tiny_qwen2());
+  train::ModelSpec llama3 = testing::tiny_llama();  // Llama-3.1/3.2's rope_scaling
+  llama3.rope_scaling = {true, 32.0, 1.0, 4.0, 8192.0};
+  v.push_back(llama3);
   train::ModelSpec mistral = testing::tiny_llama();
   mistral.model_type = "mistral";
   mistral.sliding_window = 4;
@@ -384,7 +387,14 @@ TEST_F(HfImportErrors, ConfigKeysWeDoNotImplementAreNamed) {
     EXPECT_NE(e.find("'" + key + "'"), std::string::npos) << key << ": " << e;
     EXPECT_NE(e.find("config.json"), std::string::npos) << e;
   };
+  // llama3 without its other three numbers (transformers requires them), and other rope types.
   expect([](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}}; }, "rope_scaling");
+  expect([](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }, "rope_scaling");
+  expect([](json& c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; }, "rope_scaling");
+  expect([](json& c) {
+    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 4.0},
+                         {"high_freq_factor", 1.0}, {"original_max_position_embeddings", 8192}};
+  }, "rope_scaling");
   expect([](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}}; }, "rope_parameters");
   expect([](json& c) { c["hidden_act"] = "gelu"; }, "hidden_act");
   expect([](json& c) { c["attention_bias"] = true; }, "attention_bias");
@@ -405,6 +415,37 @@ TEST_F(HfImportErrors, ConfigKeysWeDoNotImplementAreNamed) {
     c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e5}};
   });
   EXPECT_EQ(train::spec_from_hf_dir(d.path, options_for(spec)).rotary_base, 5e5);
+}
+
+// Llama-3.2-1B's config.json says rope_scaling {rope_type: llama3, ...} (transformers 4);
+// transformers 5 writes the same numbers into rope_parameters with rope_theta. Both are read into
+// use_rope_scaling / rope_scaling_*.
+TEST_F(HfImportErrors, Llama3RopeScalingIsReadInBothSpellings) {
+  const json orig = read_json(d.path / "config.json");
+  const RopeScaling want{true, 32.0, 1.0, 4.0, 8192.0};
+  edit_config([](json& c) {
+    c["rope_theta"] = 5e5;
+    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  });
+  train::ModelSpec got = train::spec_from_hf_dir(d.path, options_for(spec));
+  EXPECT_TRUE(got.rope_scaling == want);
+  EXPECT_EQ(got.rotary_base, 5e5);
+  EXPECT_NE(got.summary().find("rope scaling x32"), std::string::npos) << got.summary();
+  write_json(d.path / "config.json", orig);
+  edit_config([](json& c) {
+    c.erase("rope_theta");
+    c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 5e5}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  });
+  got = train::spec_from_hf_dir(d.path, options_for(spec));
+  EXPECT_TRUE(got.rope_scaling == want);
+  EXPECT_EQ(got.rotary_base, 5e5);
+  // Without rope_scaling the spec has none, and its checkpoint JSON no rope_scaling key.
+  write_json(d.path / "config.json", orig);
+  got = train::spec_from_hf_dir(d.path, options_for(spec));
+  EXPECT_FALSE(got.rope_scaling.enabled);
+  EXPECT_FALSE(train::spec_json(got).contains("rope_scaling"));
 }
 
 // ---- load_hf ----

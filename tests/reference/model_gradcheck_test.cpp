@@ -196,6 +196,16 @@ TEST(ReferenceModel, GradCheckSlidingWindowWithDocumentMasks) {
   gradcheck(m, {true, false, 5});
 }
 
+// Llama-3's RoPE frequency scaling with an original context of 8 (T = 8, head dim 4): pair 0
+// (wavelength 6.3) blended, pair 1 (628) divided by the factor; with document masks too, whose
+// restarted positions go through the same scaled rotation.
+TEST(ReferenceModel, GradCheckLlama3RopeScaling) {
+  train::ModelSpec m = tiny(true);
+  m.rope_scaling = {true, 4.0, 1.0, 4.0, 8.0};
+  gradcheck(m);
+  gradcheck(m, {true, true, 5});
+}
+
 // Qwen2: biases on q, k and v and nowhere else; their gradients against finite differences.
 TEST(ReferenceModel, GradCheckTinyQwen2) {
   train::ModelSpec m = primus::testing::tiny_qwen2();

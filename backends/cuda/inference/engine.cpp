@@ -244,7 +244,7 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   }
   if (spec_.rope && !host()) {  // the CPU backend computes the angles from the base
     rope_table_ = state_->tensor(DType::F32, {S, D / 2, 2}, "rope table");
-    turbo::rope_build_table(rope_table_, spec_.rotary_base, {stream_, nullptr});
+    turbo::rope_build_table(rope_table_, spec_.rotary_base, {stream_, nullptr}, spec_.rope_scaling);
   }
   if (!host()) {
     pinned_count_ = static_cast<size_t>(max_batch_ * Vp);
@@ -372,6 +372,7 @@ int64_t InferenceEngine::enqueue(int64_t B, int64_t T, bool decoding, bool all_r
       r.positions = pos;
       r.table = rope_table_;
       r.base = spec_.rotary_base;
+      r.scaling = spec_.rope_scaling;
       r.ctx = c;
       turbo::rope(r);
     }

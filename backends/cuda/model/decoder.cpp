@@ -134,6 +134,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
     r.positions = doc_positions(B, T);
     r.table = rope_table_;
     r.base = spec_.rotary_base;
+    r.scaling = spec_.rope_scaling;
     r.ctx = c;
     turbo::rope(r);
   }
@@ -502,6 +503,8 @@ void Decoder::qk_norm_whole(const LayerActs& a, const LayerParams& p, const Tens
       r.positions = doc_positions(B, T);
       r.table = rope_table_;
       r.base = spec_.rotary_base;
+    r.scaling = spec_.rope_scaling;
+      r.scaling = spec_.rope_scaling;
       r.ctx = c;
       turbo::rope(r);
     }
