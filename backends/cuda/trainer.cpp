@@ -125,10 +125,13 @@ void CudaTrainer::init() {
   model_ = std::make_unique<CudaModel>(spec, mo, ops_);
   muon_tensors_ = mo.muon;
   if (!muon_tensors_.empty()) {
-    spdlog::info("[cuda] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps in bf16 GEMMs; "
-                 "{:.1f} MiB working set), AdamW for the rest",
+    spdlog::info("[cuda] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps {}), AdamW "
+                 "for the rest",
                  muon_tensors_.size(), t.optim.muon_momentum, t.optim.muon_nesterov ? "Nesterov" : "plain",
-                 t.optim.muon_ns_steps, double(model_->muon_device_bytes()) / double(1 << 20));
+                 t.optim.muon_ns_steps,
+                 args_->host_mode ? std::string("in fp32 on the CPU (host mode)")
+                                  : fmt::format("in bf16 GEMMs; {:.1f} MiB working set",
+                                                double(model_->muon_device_bytes()) / double(1 << 20)));
   }
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   std::vector<float> params(static_cast<size_t>(model_->layout().total));
