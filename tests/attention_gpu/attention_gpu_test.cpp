@@ -798,7 +798,22 @@ class AttnGpuWindow : public AttnGpu, public ::testing::WithParamInterface<const
     const auto [fb, bb] = run(c, d);  // no backend forced: cuDNN declines a window
     EXPECT_EQ(fb, BackendType::TURBO);
     EXPECT_EQ(bb, BackendType::TURBO);
-    check_all(t, d);
+    if (c.window != 1) {
+      check_all(t, d);
+      return;
+    }
+    // A window of one key: each query sees itself only, the softmax is constant, and the exact dq
+    // and dk are zero, so a relative error against them is undefined. Theirs must be rounding
+    // noise (dP - rowsum(dO * O) of bf16 operands), far below the other gradients.
+    expect_close("out", get(d.out), t.out);
+    expect_close("lse", get(d.lse), t.lse);
+    expect_close("dv", get(d.dv), t.dv);
+    for (const auto* name : {"dq", "dk"}) {
+      const std::vector<float> g = get(std::string(name) == "dq" ? d.dq : d.dk);
+      float worst = 0;
+      for (float x : g) worst = std::max(worst, std::isfinite(x) ? std::abs(x) : INFINITY);
+      EXPECT_LE(worst, 1e-3f) << name << " should be zero with a one-key window";
+    }
   }
 };
 TEST_P(AttnGpuWindow, MatchesReference) { check(); }
