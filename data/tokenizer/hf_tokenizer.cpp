@@ -118,13 +118,22 @@ void read_pre_tokenizer(const stdfs::path& file, const json& p, BpeSpec& spec) {
 
 // What marks a file as SentencePiece-style BPE (pieces spelled with "▁", bytes as <0xNN>
 // tokens) rather than byte-level BPE; empty when nothing does.
-std::string sentencepiece_sign(const json& j) {
-  auto has_type = [](const json& x, const char* list_key, const std::string& type, auto&& self) -> bool {
+// Sequences nest no deeper than this in real files; the bound keeps a hostile file from
+// exhausting the stack.
+constexpr int kMaxSequenceDepth = 32;
+
+[[noreturn]] void too_deep(const stdfs::path& file, const char* what) {
+  throw FormatError(fmt::format("{}: {} Sequence nested deeper than {}", file.string(), what, kMaxSequenceDepth));
+}
+
+std::string sentencepiece_sign(const stdfs::path& file, const json& j) {
+  auto has_type = [&](const json& x, const char* list_key, const std::string& type, int depth, auto&& self) -> bool {
     if (!x.is_object()) return false;
     if (type_of(x) == type) return true;
+    if (depth > kMaxSequenceDepth) too_deep(file, list_key);
     if (x.contains(list_key) && x[list_key].is_array()) {
       for (const auto& y : x[list_key]) {
-        if (self(y, list_key, type, self)) return true;
+        if (self(y, list_key, type, depth + 1, self)) return true;
       }
     }
     return false;
@@ -134,25 +143,26 @@ std::string sentencepiece_sign(const json& j) {
       m["byte_fallback"].get<bool>()) {
     return "model.byte_fallback";
   }
-  if (j.contains("pre_tokenizer") && has_type(j["pre_tokenizer"], "pretokenizers", "Metaspace", has_type)) {
+  if (j.contains("pre_tokenizer") && has_type(j["pre_tokenizer"], "pretokenizers", "Metaspace", 0, has_type)) {
     return "a Metaspace pre-tokenizer";
   }
   if (j.contains("decoder")) {
     for (const char* t : {"Metaspace", "ByteFallback"}) {
-      if (has_type(j["decoder"], "decoders", t, has_type)) return fmt::format("a {} decoder", t);
+      if (has_type(j["decoder"], "decoders", t, 0, has_type)) return fmt::format("a {} decoder", t);
     }
   }
-  if (j.contains("normalizer") && has_type(j["normalizer"], "normalizers", "Prepend", has_type)) {
+  if (j.contains("normalizer") && has_type(j["normalizer"], "normalizers", "Prepend", 0, has_type)) {
     return "a Prepend normalizer";
   }
   return {};
 }
 
-void read_normalizer(const stdfs::path& file, const json& n, Normalizer& out) {
+void read_normalizer(const stdfs::path& file, const json& n, Normalizer& out, int depth = 0) {
   if (n.is_null()) return;
   std::string type = type_of(n);
   if (type == "Sequence") {
-    for (const auto& x : n.at("normalizers")) read_normalizer(file, x, out);
+    if (depth > kMaxSequenceDepth) too_deep(file, "normalizers");
+    for (const auto& x : n.at("normalizers")) read_normalizer(file, x, out, depth + 1);
     return;
   }
   for (auto kind : {NormalizerStep::Kind::NFC, NormalizerStep::Kind::NFD, NormalizerStep::Kind::NFKC,
@@ -240,7 +250,7 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const stdfs::path& file) {
     if (!j.is_object() || !j.contains("model")) {
       throw FormatError(fmt::format("{}: not a tokenizer.json (no \"model\")", file.string()));
     }
-    if (std::string sign = sentencepiece_sign(j); !sign.empty()) {
+    if (std::string sign = sentencepiece_sign(file, j); !sign.empty()) {
       throw FormatError(fmt::format(
           "{}: a SentencePiece-style BPE tokenizer ({}; as Llama-2, Mistral, Mixtral and Gemma "
           "ship) is not supported: Primus reads byte-level BPE tokenizer.json files (GPT-2, "

@@ -243,6 +243,11 @@ TEST(HfTokenizer, RefusesWhatItCannotReproduce) {
                             {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
                                              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
        }},
+      {"normalizers Sequence nested deeper than", [](json& j) {
+         json n = {{"type", "NFC"}};
+         for (int i = 0; i < 200; ++i) n = {{"type", "Sequence"}, {"normalizers", {n}}};
+         j["normalizer"] = n;
+       }},
       {"SentencePiece-style BPE tokenizer (a ByteFallback decoder", [](json& j) {
          j["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}};
        }},
@@ -336,6 +341,18 @@ TEST(HfTokenizer, NfcNormalizerMakesDecomposedTextTokenizeAsComposed) {
   EXPECT_EQ(qwen->decode(qwen->encode("\xFF" "e\u0301\xC3" "A\u030A")), "\xFF\u00E9\xC3\u00C5");
   // Pure ASCII is untouched.
   EXPECT_EQ(qwen->decode(qwen->encode("Hello, world 123\n")), "Hello, world 123\n");
+  // Random bytes (overlong forms, surrogates, truncated sequences, stray marks): ids stay in the
+  // vocabulary and normalizing is idempotent, so the decoded text encodes to the same ids.
+  const char* bytes_atoms[] = {"\xC0\xAF", "\xED\xA0\x80", "\xE2\x82", "\xF4\x90\x80\x80", "\xFF", "\x80",
+                               "\xCC\x81", "e", "\xC3\xA9", " ", "<|im_end|>", "\xE1\xBB\x99", "\xE2\x84\xAB"};
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string s;
+    for (int n = static_cast<int>(rng() % 16); n > 0; --n) s += bytes_atoms[rng() % std::size(bytes_atoms)];
+    Ids ids = qwen->encode(s);
+    for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < qwen->vocab_size());
+    std::string back = qwen->decode(ids);
+    ASSERT_EQ(qwen->encode(back), ids) << s;
+  }
 
   // transformers' rule for the end of document: tokenizer_config.json's eos_token (<|im_end|> in
   // Qwen's chat models, <|endoftext|> in the base ones).
