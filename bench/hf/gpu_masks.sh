@@ -104,8 +104,10 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 ms = {r["case"]: r["ms"] for r in rows if "ms" in r and r.get("backend") == "TURBO"}
 out = open(sys.argv[2], "a")
 ok = True
-for full, win in (("attention/2x8192x16x16x128", "attention/2x8192x16x16x128_window1024"),
-                  ("attention/8x2048x16x16x128", "attention/8x2048x16x16x128_window512")):
+# Gates at about two thirds of the work saved counted in 128-key tiles (a query tile of the short
+# case still touches ~5 of the causal average's ~8.5 key tiles: 1.7x there, ~4x for the long one).
+for full, win, gate in (("attention/2x8192x16x16x128", "attention/2x8192x16x16x128_window1024", 2.5),
+                        ("attention/8x2048x16x16x128", "attention/8x2048x16x16x128_window512", 1.3)):
     for d in ("fwd", "bwd"):
         a, b = ms.get(f"{full}/{d}"), ms.get(f"{win}/{d}")
         if not a or not b:
@@ -116,7 +118,7 @@ for full, win in (("attention/2x8192x16x16x128", "attention/2x8192x16x16x128_win
                               "commit": sys.argv[5], "metric": "ms", "ours": b, "anchor": a,
                               "anchor_name": "the same shape, full causal attention (TURBO), same run",
                               "ratio": a / b}) + "\n")
-        ok = ok and a / b > 1.5
+        ok = ok and a / b > gate
 sys.exit(0 if ok else 1)
 PY
 rc_s=$?
