@@ -4,7 +4,8 @@
 // tolerance), a batch of sequences of different lengths decoded together, KV-cache decode
 // against recomputing the window, and greedy generation token for token wherever the reference's
 // top two logits are not near-tied. GPT-2, Llama (GQA), Qwen3 (per-head q/k norms, kv_channels),
-// Qwen2's qkv bias, OLMoE's whole-width q/k norms and Mistral's sliding window.
+// Qwen2's qkv bias, OLMoE's whole-width q/k norms, Mistral's sliding window and Llama-3's RoPE
+// frequency scaling.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -47,6 +48,11 @@ inline std::vector<GenFamily> generate_families() {
   f.push_back({"mixtral", tiny_moe_spec(false)});
   f.push_back({"deepseek", tiny_moe_spec(true)});  // shared expert, sigmoid, group-limited, expert bias
   f.push_back({"qwen3_moe", tiny_qwen3_spec(true)});
+  // Llama-3.2's RoPE frequency scaling with an original context of 16 (the host run's 24 tokens
+  // and the GPU's 64 pass it): the prefill's table and the decode steps' rotations scaled alike.
+  train::ModelSpec llama3 = llama;
+  llama3.rope_scaling = {true, 8.0, 1.0, 4.0, 16.0};
+  f.push_back({"llama3_rope_scaling", llama3});
   for (auto& x : f) x.spec.init_method_std = 0.1;  // logits spread enough for greedy to have clear winners
   return f;
 }
@@ -226,6 +232,6 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
 };
 
 inline std::string generate_family_name(const ::testing::TestParamInfo<int>& i) { return generate_families()[i.param].name; }
-inline constexpr int kGenerateFamilies = 9;
+inline constexpr int kGenerateFamilies = 10;
 
 }  // namespace primus::backends::cuda::testing
