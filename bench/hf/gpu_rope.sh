@@ -96,13 +96,15 @@ with torch.no_grad():
             p.normal_(0.0, 0.1)
         else:
             p.copy_(1.0 + 0.1 * torch.randn_like(p))
-state = {k: v.clone() for k, v in model.state_dict().items()}
+weights = {n: p.detach().clone() for n, p in model.named_parameters()}  # parameters only: no rotary buffers
 score_ids = list(text.encode())   # what `generate --score` reads
 sample_ids = score_ids + [0]      # the one training sample: the bytes and the end-of-document
 ref = {"transformers": transformers.__version__, "torch": torch.__version__}
 for name, scaled in (("scaled", True), ("plain", False)):
     m = AutoModelForCausalLM.from_config(config(scaled), attn_implementation="eager").float()
-    m.load_state_dict(state)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.copy_(weights[n])
     d = os.path.join(work, "hf", name)
     m.save_pretrained(d)
     cfg = json.load(open(os.path.join(d, "config.json")))
