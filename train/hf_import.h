@@ -27,7 +27,8 @@ nlohmann::json read_hf_config(const std::filesystem::path& dir);
 
 // Our model keys (Megatron names, as a model preset would set them) for a config.json, each
 // with the origin "<dir>/config.json". Throws ConfigError naming the config.json key for what
-// Primus does not implement (a model_type, rope_scaling, hidden_act, a bias layout, ...).
+// Primus does not implement (a model_type, a rope_scaling type other than llama3, hidden_act, a
+// bias layout, ...).
 // seq_length is not among them unless the family has learned positions (GPT-2: n_positions).
 config::Value hf_model_keys(const nlohmann::json& cfg, const std::filesystem::path& dir);
 
