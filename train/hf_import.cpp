@@ -133,7 +133,9 @@ void hf_llama3_scaling(const HfConfig& c, const char* key, const json& s, HfKeyW
   const double orig = num("original_max_position_embeddings");
   if (!(factor > 0)) c.refuse(key, "factor must be positive");
   if (!(low > 0) || !(high > low)) c.refuse(key, "needs 0 < low_freq_factor < high_freq_factor");
-  if (!(orig >= 1) || orig != std::floor(orig)) c.refuse(key, "original_max_position_embeddings must be a positive integer");
+  if (!(orig >= 1) || orig != std::floor(orig)) {
+    c.refuse(key, "original_max_position_embeddings must be a positive integer");
+  }
   w.flag("use_rope_scaling", true);
   w.number("rope_scaling_factor", factor);
   w.number("rope_scaling_low_freq_factor", low);
