@@ -24,7 +24,6 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   mo.loss_slots = t.grad_accum_steps;
   mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
   mo.fp8_linear = a.fp8 != "none";
-  if (uses_fallback_attention(a)) {
   // Document masking: the plan holds its tables; the trainer sets the tokenizer's eod id.
   mo.document_masking.reset_attention_mask = t.data.reset_attention_mask;
   mo.document_masking.reset_position_ids = t.data.reset_position_ids;
@@ -41,6 +40,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
                                   "is cuDNN's, which serves neither a sliding window nor packed documents",
                                   mask_key));
   }
+  if (uses_fallback_attention(a)) {
     mo.attention_scratch_bytes = fallback_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
                                                                   spec.num_attention_heads, spec.num_query_groups,
                                                                   spec.head_dim(), a.host_mode ? 4 : 2);

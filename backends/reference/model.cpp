@@ -281,8 +281,8 @@ void GptModel<Real>::backward() {
     const Real* dk_proj = dk_.data();
     if (qkn) {
       zero(dq_pre_, N * QD);
-      const int64_t qd = spec_.q_norm_dim(), kd = spec_.k_norm_dim();
       zero(dk_pre_, N * KVD);
+      const int64_t qd = spec_.q_norm_dim(), kd = spec_.k_norm_dim();
       k::rmsnorm_backward(dq_pre_.data(), grad(p + "attn.q_norm.weight"), dq_.data(), a.q_pre.data(),
                           param(p + "attn.q_norm.weight"), a.rstd_q.data(), N * QD / qd, qd);
       k::rmsnorm_backward(dk_pre_.data(), grad(p + "attn.k_norm.weight"), dk_.data(), a.k_pre.data(),

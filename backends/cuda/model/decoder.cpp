@@ -16,8 +16,8 @@
 #include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
-#include "turbo/ops/rope.h"
 #include "turbo/ops/normalization.h"
+#include "turbo/ops/rope.h"
 
 namespace primus::backends::cuda {
 
@@ -349,41 +349,6 @@ turbo::HeadNormArgs Decoder::qk_norm_args(const LayerActs& a, const LayerParams&
   return hn;
 }
 
-void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
-  const ExecContext c = ctx_;
-  const MoeActs& m = a_.moe[l];
-  const MoeParams& mp = p_.layers[l].moe;
-  const TensorView ln2 = a_.layers[l].ln2.slice0(0, N);
-  // The permute alone (the saved row plan stands): a dispatch would plan the rows again.
-  turbo::moe_permute({m.xp, ln2, m.rows.slice0(0, N), m.offsets, moe_kept(slot_, l), c});
-  if (gemms) ops_.moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
-  turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
-  if (gemms) ops_.moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
-  if (mp.shared_fc.w.defined()) {  // the shared expert's output itself is not needed: only its inputs
-    if (gemms) ops_.linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
-    turbo::activation_forward({turbo::Activation::SwiGLU, m.sact.slice0(0, N), m.sfc.slice0(0, N), c});
-  }
-}
-
-void Decoder::backward() {
-  if (!have_grad_logits_) throw RuntimeError("cuda model: backward() needs a forward with dloss != 0 first");
-  have_grad_logits_ = false;
-  NvtxRange range("backward");
-  const int64_t B = B_, T = T_, N = B * T;
-  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
-  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), QD = spec_.q_dim();
-  const ExecContext c = ctx_;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  {
-    NvtxRange hr("final norm bwd");
-    // forward() already ran the head's backward into a_.dln and p_.head.g.
-    // dres = d(final residual): the start of the residual stream's gradient.
-    mark(Phase::NormBwd);
-    norm_backward(a_.dres, a_.dln, a_.x_final, a_.meanf, a_.rstdf, p_.final_norm, N, false, p_.layers.back().out_b.g);
-    ready(final_norm_ready_);
-  }
-  const TensorView dres = a_.dres.slice0(0, N);
-  for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
 // The rows of q (k) are the q (k) columns of the packed buffer; the norm op reads dense rows and
 // writes strided ones, and its backward reads and writes dense rows: so the forward copies the
 // projection's q and k into qk_pre (dense [N, QD] then [N, KVD]: the norm's input, kept for the
@@ -443,6 +408,41 @@ void Decoder::qk_norm_whole(const LayerActs& a, const LayerParams& p, const Tens
   }
 }
 
+void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
+  const ExecContext c = ctx_;
+  const MoeActs& m = a_.moe[l];
+  const MoeParams& mp = p_.layers[l].moe;
+  const TensorView ln2 = a_.layers[l].ln2.slice0(0, N);
+  // The permute alone (the saved row plan stands): a dispatch would plan the rows again.
+  turbo::moe_permute({m.xp, ln2, m.rows.slice0(0, N), m.offsets, moe_kept(slot_, l), c});
+  if (gemms) ops_.moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
+  if (gemms) ops_.moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  if (mp.shared_fc.w.defined()) {  // the shared expert's output itself is not needed: only its inputs
+    if (gemms) ops_.linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
+    turbo::activation_forward({turbo::Activation::SwiGLU, m.sact.slice0(0, N), m.sfc.slice0(0, N), c});
+  }
+}
+
+void Decoder::backward() {
+  if (!have_grad_logits_) throw RuntimeError("cuda model: backward() needs a forward with dloss != 0 first");
+  have_grad_logits_ = false;
+  NvtxRange range("backward");
+  const int64_t B = B_, T = T_, N = B * T;
+  const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
+  const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), QD = spec_.q_dim();
+  const ExecContext c = ctx_;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  {
+    NvtxRange hr("final norm bwd");
+    // forward() already ran the head's backward into a_.dln and p_.head.g.
+    // dres = d(final residual): the start of the residual stream's gradient.
+    mark(Phase::NormBwd);
+    norm_backward(a_.dres, a_.dln, a_.x_final, a_.meanf, a_.rstdf, p_.final_norm, N, false, p_.layers.back().out_b.g);
+    ready(final_norm_ready_);
+  }
+  const TensorView dres = a_.dres.slice0(0, N);
+  for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
     recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
     const LayerActs& a = a_.layers[l];

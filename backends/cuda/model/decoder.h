@@ -146,6 +146,9 @@ class Decoder {
   TensorView with_ones(const TensorView& t) const;
   // The per-head q|k norm of layer activations `a` over the q|k columns of `buf` (the packed qkv
   // buffer, or its gradient in the backward), forward arguments; the backward adds its gradients.
+  // qk_layernorm_scope: projection: RMSNorm over the whole q and k columns of `buf` (the packed
+  // qkv in the forward, dqkv in the backward: in place there too), see decoder.cpp.
+  void qk_norm_whole(const LayerActs& a, const LayerParams& p, const TensorView& buf, int64_t N, bool backward);
   turbo::HeadNormArgs qk_norm_args(const LayerActs& a, const LayerParams& p, const TensorView& buf, int64_t B,
                                    int64_t T) const;
   // [B,T,heads,D] view of columns [col, col + heads*D) of a row-major [rows, W] buffer (tokens W apart).
@@ -156,9 +159,6 @@ class Decoder {
   void ready(int64_t offset) const {
     if (grads_ready_) grads_ready_(offset);
   }
-  // qk_layernorm_scope: projection: RMSNorm over the whole q and k columns of `buf` (the packed
-  // qkv in the forward, dqkv in the backward: in place there too), see decoder.cpp.
-  void qk_norm_whole(const LayerActs& a, const LayerParams& p, const TensorView& buf, int64_t N, bool backward);
 
   const train::ModelSpec& spec_;
   DecoderOptions opt_;

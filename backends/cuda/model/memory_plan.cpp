@@ -339,14 +339,14 @@ void MemoryPlan::plan(Take&& take) {
   a.datt = carve(0, QD);
   a.dqkv = carve(QD, QD + 2 * KVD);
   if (rope) a.dqk_rot = carve(2 * QD + 2 * KVD, QD + KVD);  // RoPE's backward reads these, writes dqkv
-}
-
-template <class Take>
-void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   if (dense_qk) {
     const TensorView d = carve(2 * QD + 2 * KVD, QD + KVD);
     if (d.defined()) a.dqk_dense = TensorView(d.data, act_, d.device, {N * (QD + KVD)});
   }
+}
+
+template <class Take>
+void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   ActivationBuffers& a = acts;
   a.moe.assign(static_cast<size_t>(spec_.num_layers), MoeActs{});
   const train::MoeSpec& e = spec_.moe;
