@@ -10,13 +10,6 @@
 namespace primus::data {
 namespace {
 
-bool is_ascii(std::string_view s) {
-  for (char c : s) {
-    if (static_cast<unsigned char>(c) >= 0x80) return false;
-  }
-  return true;
-}
-
 utf8proc_option_t options_of(NormalizerStep::Kind kind) {
   switch (kind) {
     case NormalizerStep::Kind::NFC:
@@ -48,10 +41,7 @@ void append_form(std::string_view run, utf8proc_option_t options, std::string& o
 
 // One Unicode normalization form over text that may hold malformed UTF-8: the valid runs are
 // normalized, each malformed byte is kept as it is.
-std::string apply_form(std::string_view text, utf8proc_option_t options) {
-  if (is_ascii(text)) return std::string(text);
-  std::string out;
-  out.reserve(text.size() + text.size() / 8);
+void append_form_lenient(std::string_view text, utf8proc_option_t options, std::string& out) {
   size_t run_start = 0, pos = 0;
   while (pos < text.size()) {
     if (static_cast<unsigned char>(text[pos]) < 0x80) {
@@ -70,6 +60,30 @@ std::string apply_form(std::string_view text, utf8proc_option_t options) {
     run_start = ++pos;
   }
   append_form(text.substr(run_start), options, out);
+}
+
+// The text is cut before ASCII characters and only the pieces holding non-ASCII bytes go through
+// utf8proc. The cut is exact for all four forms: an ASCII character has combining class 0, no
+// decomposition and is never the second character of a composition, so nothing before it
+// reorders or composes with anything after it. The ASCII character right before a non-ASCII
+// stretch stays with it (it may be the base of following combining marks: "e" + U+0301).
+std::string apply_form(std::string_view text, utf8proc_option_t options) {
+  std::string out;
+  size_t pos = 0;  // text[0, pos) is done
+  while (pos < text.size()) {
+    size_t i = pos;
+    while (i < text.size() && static_cast<unsigned char>(text[i]) < 0x80) ++i;
+    if (i == text.size()) break;
+    if (pos == 0) out.reserve(text.size() + text.size() / 8);
+    const size_t start = i > pos ? i - 1 : i;
+    size_t end = i;
+    while (end < text.size() && static_cast<unsigned char>(text[end]) >= 0x80) ++end;
+    out.append(text.substr(pos, start - pos));
+    append_form_lenient(text.substr(start, end - start), options, out);
+    pos = end;
+  }
+  if (pos == 0) return std::string(text);  // all ASCII
+  out.append(text.substr(pos));
   return out;
 }
 

@@ -25,8 +25,8 @@ struct Normalizer {
   std::vector<NormalizerStep> steps;
 
   bool empty() const { return steps.empty(); }
-  // The normalized text. Pure ASCII text is returned unchanged by the Unicode forms without
-  // calling utf8proc (the common case in English corpora).
+  // The normalized text. The Unicode forms send only the non-ASCII stretches to utf8proc
+  // (normalize.cpp says why that is exact); pure ASCII text comes back without a call.
   std::string apply(std::string_view text) const;
   // E.g. "NFC" or "Sequence[NFKC, Replace]"; "none" when empty.
   std::string describe() const;
