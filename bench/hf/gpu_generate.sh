@@ -178,8 +178,21 @@ PY
 "$BIN/primus" generate --bench --spec "$W/llama1b.json" --batch 1,8 --prompt-tokens 128 -n 256 \
   --json "$W/bench.jsonl" > "$W/bench.log" 2>&1
 rc=$?
-# A longer context, where recomputing the window costs more per token.
+# Longer contexts, where recomputing the window costs more per token: 1024 and, near the end of
+# the 2048 window, 1920 tokens; then the same shape with an 8192-token window (Llama-3.2 is trained
+# to 128K), prompts of 4096 and 8064. The cached step reads the weights once per step whatever
+# the batch, while a recompute is a prefill of batch x context tokens: the ratio grows with both.
 "$BIN/primus" generate --bench --spec "$W/llama1b.json" --batch 1,8 --prompt-tokens 1024 -n 128 \
+  --json "$W/bench.jsonl" >> "$W/bench.log" 2>&1
+rc=$((rc | $?))
+"$BIN/primus" generate --bench --spec "$W/llama1b.json" --batch 1,8 --prompt-tokens 1920 -n 64 \
+  --json "$W/bench.jsonl" >> "$W/bench.log" 2>&1
+rc=$((rc | $?))
+sed 's/"seq_length": 2048/"seq_length": 8192/' "$W/llama1b.json" > "$W/llama1b-8k.json"
+"$BIN/primus" generate --bench --spec "$W/llama1b-8k.json" --batch 1,8 --prompt-tokens 4096 -n 32 \
+  --json "$W/bench.jsonl" >> "$W/bench.log" 2>&1
+rc=$((rc | $?))
+"$BIN/primus" generate --bench --spec "$W/llama1b-8k.json" --batch 1 --prompt-tokens 8064 -n 32 \
   --json "$W/bench.jsonl" >> "$W/bench.log" 2>&1
 rc=$((rc | $?))
 cat "$W/bench.log"

@@ -82,7 +82,12 @@ template <turbo::Device Dev>
 class GenerateTestT : public ::testing::TestWithParam<int> {
  protected:
   static constexpr bool kHost = Dev == turbo::Device::CPU;
-  static constexpr double kTol = kHost ? 1e-4 : 2e-2;
+  // On the GPU, a row of logits (relative L2 over the vocabulary) of these tiny models (weights of
+  // std 0.1, jittered norms) carries a few percent of bf16 rounding: two bf16 paths of the engine
+  // itself (cached decode and window recompute) were measured 2.1e-2 apart on the H200, and rows
+  // against the fp32 reference up to 3.0e-2. A wiring error (a wrong position, head or window)
+  // moves a row by O(1).
+  static constexpr double kTol = kHost ? 1e-4 : 4e-2;
   // A greedy near-tie: top-2 gap below this (relative to the top logit, at least 1).
   static constexpr float kTie = kHost ? 1e-4f : 0.1f;
   void SetUp() override {
