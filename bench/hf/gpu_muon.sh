@@ -105,11 +105,14 @@ run124() {  # name optimizer
 t0=$SECONDS
 run124 adamw adamw; rc_a=$?
 run124 muon muon; rc_m=$?
-tail -3 "$W/gpt2-124M-adamw.log" "$W/gpt2-124M-muon.log"
+tail -n 3 "$W/gpt2-124M-adamw.log" "$W/gpt2-124M-muon.log"
 cp "$W/ws124/local/local/adamw/metrics.jsonl" "$OUT/gpt2-124M-adamw.metrics.jsonl" 2>/dev/null
 cp "$W/ws124/local/local/muon/metrics.jsonl" "$OUT/gpt2-124M-muon.metrics.jsonl" 2>/dev/null
 "$BIN/primus" report "$W/ws124/local/local/adamw" "$W/ws124/local/local/muon" --out "$OUT/muon_vs_adamw.png" \
   --json "$OUT/muon_vs_adamw.json" > "$W/report.log" 2>&1; rc_p=$?
+# Without Cairo on the GPU machine the chart is drawn afterwards from the two metrics.jsonl copied to
+# $OUT (`primus report DIR_WITH_METRICS...`); that is not a failure of the runs.
+if [ $rc_p -ne 0 ] && grep -qi cairo "$W/report.log"; then echo "report: $(head -1 "$W/report.log")"; rc_p=0; fi
 "$BIN/primus" report "$W/ws124/local/local/adamw" "$W/ws124/local/local/muon" --out "$OUT/muon_vs_adamw.svg" \
   >> "$W/report.log" 2>&1
 python3 - "$W/ws124/local/local" "$OUT/muon.jsonl" "$DEVICE" "$DATE" "$COMMIT" > "$W/steps.log" 2>&1 <<'PY'
