@@ -24,7 +24,7 @@ BIN=${BIN:-build/bin}
 W=$(mktemp -d /tmp/masks-work.XXXXXX)
 mkdir -p "$OUT"
 : > "$OUT/masks.jsonl"
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 DATE=$(date -u +%Y-%m-%d)
 declare -a ROWS
