@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/util/error.h"
+#include "core/util/fs.h"
 #include "data/tokenizer/tokenizer.h"
 #include "io/checkpoint.h"
 #include "io/hf_export.h"
@@ -45,7 +46,35 @@ void export_hf_checkpoint(const std::filesystem::path& checkpoint, const std::fi
     }
   }
   write_hf_folder(spec, params.data(), eos, out, dtype);
+  if (data.state.contains("tokenizer")) {
+    export_tokenizer(train::checkpoint_tokenizer(data.state["tokenizer"].get<std::string>(), dir), out);
+  }
   spdlog::info("exported {} ({}) to {}", dir.string(), dtype, out.string());
+}
+
+void export_tokenizer(const std::string& tokenizer, const std::filesystem::path& out) {
+  namespace fsys = std::filesystem;
+  std::error_code ec;
+  // What AutoTokenizer.from_pretrained(OUT) reads, so that the folder round-trips through
+  // `primus import hf` and transformers alike: a tokenizer.json (with the tokenizer_config.json
+  // beside it, which names the end-of-text token), or GPT-2's vocabulary under the names
+  // GPT2Tokenizer looks for. The byte tokenizer has no Hugging Face form.
+  std::vector<std::pair<fsys::path, std::string>> files;
+  if (tokenizer == "gpt2") {
+    const fsys::path v = data::gpt2_vocab_dir();
+    files = {{v / "encoder.json", "vocab.json"}, {v / "vocab.bpe", "merges.txt"}};
+  } else if (tokenizer != "bytes" && !tokenizer.empty()) {
+    fsys::path json = tokenizer;
+    if (fsys::is_directory(json, ec)) json /= "tokenizer.json";
+    if (!fsys::is_regular_file(json, ec) || json.filename() != "tokenizer.json") {
+      spdlog::warn("export: tokenizer '{}' is not a tokenizer.json; the folder has no tokenizer files", tokenizer);
+      return;
+    }
+    files = {{json, "tokenizer.json"}};
+    if (fsys::is_regular_file(json.parent_path() / "tokenizer_config.json", ec))
+      files.emplace_back(json.parent_path() / "tokenizer_config.json", "tokenizer_config.json");
+  }
+  for (const auto& [from, name] : files) fs::atomic_write_file(out / name, fs::read_file(from));
 }
 
 std::map<std::string, io::TensorBlob> hf_state_dict(const train::ModelSpec& spec, const train::ParamLayout& layout,

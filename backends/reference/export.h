@@ -26,4 +26,9 @@ std::map<std::string, io::TensorBlob> hf_state_dict(const train::ModelSpec& spec
 void write_hf_folder(const train::ModelSpec& spec, const float* params, int eos_token_id,
                      const std::filesystem::path& out, const std::string& dtype);
 
+// Writes the tokenizer files transformers loads into `out`: a tokenizer.json (a path, or a folder
+// holding one; with its tokenizer_config.json when one is beside it), or GPT-2's vocab.json and
+// merges.txt for "gpt2". "bytes" writes nothing; anything else is warned about and skipped.
+void export_tokenizer(const std::string& tokenizer, const std::filesystem::path& out);
+
 }  // namespace primus::backends::reference

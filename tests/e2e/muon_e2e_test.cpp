@@ -16,11 +16,11 @@ using primus::testing::Workdir;
 namespace fsys = std::filesystem;
 
 namespace {
-fsys::path out_dir(const Workdir& w) { return w.path() / "local/local/shakespeare"; }
+fsys::path muon_run_dir(const Workdir& w) { return w.path() / "local/local/shakespeare"; }
 
 std::vector<nlohmann::json> step_rows(const Workdir& w) {
   std::vector<nlohmann::json> out;
-  for (auto& j : primus::io::read_jsonl(out_dir(w) / "metrics.jsonl"))
+  for (auto& j : primus::io::read_jsonl(muon_run_dir(w) / "metrics.jsonl"))
     if (j.contains("loss")) out.push_back(j);
   return out;
 }
@@ -48,12 +48,12 @@ TEST(MuonE2E, ResumesBitIdenticalLearnsAndFollowsTheWsdSchedule) {
   }
   EXPECT_LT(ra.back()["loss"].get<double>(), ra.front()["loss"].get<double>());  // it learns
   for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
-    EXPECT_TRUE(primus::fs::read_file(out_dir(straight) / "checkpoints/iter_0000020" / f) ==
-                primus::fs::read_file(out_dir(resumed) / "checkpoints/iter_0000020" / f))
+    EXPECT_TRUE(primus::fs::read_file(muon_run_dir(straight) / "checkpoints/iter_0000020" / f) ==
+                primus::fs::read_file(muon_run_dir(resumed) / "checkpoints/iter_0000020" / f))
         << f << " differs after the resume";
   }
   // The momentum is saved (non-zero: the matrices' gradients went into it).
-  auto ck = primus::io::load_checkpoint(out_dir(straight) / "checkpoints/iter_0000020");
+  auto ck = primus::io::load_checkpoint(muon_run_dir(straight) / "checkpoints/iter_0000020");
   ASSERT_TRUE(ck.optimizer.count("muon_momentum")) << "no muon_momentum in the checkpoint";
   double sq = 0;
   for (float x : ck.optimizer.at("muon_momentum").as<float>()) sq += double(x) * x;

@@ -1,5 +1,5 @@
 // A Qwen-style tokenizer (NFC normalizer, Qwen2 split, chat special tokens) through the binary:
-// a tiny Llama trains with it, `export hf` + the tokenizer files make a Hugging Face folder,
+// a tiny Llama trains with it, `export hf` writes a Hugging Face folder with its tokenizer files,
 // `import hf` copies the tokenizer into the checkpoint, and after the checkpoint is moved and
 // the original folders are deleted, `generate` still tokenizes (decomposed and composed prompts
 // give the same ids and the same greedy continuation) and `export hf` still finds the
@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "core/util/fs.h"
 
 using primus::testing::run_primus;
 using primus::testing::Workdir;
@@ -91,8 +92,9 @@ TEST(QwenTokenizerE2E, ImportedCheckpointKeepsItsNfcTokenizerWhenMoved) {
   const fsys::path hf = w.path() / "hf", imported = w.path() / "imported", moved = w.path() / "elsewhere" / "ckpt";
   auto e = run_primus("export hf " + ws + "/local/local/llama-shakespeare/checkpoints " + hf.string() + " --dtype fp32");
   ASSERT_EQ(e.code, 0) << e.out;
-  fsys::copy_file(tok / "tokenizer.json", hf / "tokenizer.json", fsys::copy_options::overwrite_existing);
-  fsys::copy_file(tok / "tokenizer_config.json", hf / "tokenizer_config.json", fsys::copy_options::overwrite_existing);
+  // export hf writes the run's tokenizer files beside the weights, so the import needs nothing else.
+  EXPECT_EQ(primus::fs::read_file(hf / "tokenizer.json"), primus::fs::read_file(tok / "tokenizer.json"));
+  EXPECT_EQ(primus::fs::read_file(hf / "tokenizer_config.json"), primus::fs::read_file(tok / "tokenizer_config.json"));
   auto i = run_primus("import hf " + hf.string() + " " + imported.string() + " --seq-length 32");
   ASSERT_EQ(i.code, 0) << i.out;
   fsys::create_directories(moved.parent_path());
