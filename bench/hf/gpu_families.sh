@@ -19,16 +19,9 @@
 #      torch/transformers.
 # Writes $OUT/families.jsonl (one row per check, plus the oracle's JSON lines) and prints a
 # PASS/FAIL table last.
-set -u
-OUT=${OUT:-/tmp/families-out}
-BIN=${BIN:-build/bin}
-W=$(mktemp -d /tmp/families-work.XXXXXX)
-mkdir -p "$OUT"
-: > "$OUT/families.jsonl"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-DATE=$(date -u +%Y-%m-%d)
-declare -a ROWS
+PART=families
+# shellcheck source=bench/hf/common.sh
+source bench/hf/common.sh
 
 record() {  # name rc seconds
   local status=PASS

@@ -22,18 +22,11 @@
 #      with random weights (its spec from the tiny Llama's checkpoint, widened), prompts of 128
 #      (256 new tokens) and 1024 tokens (128 new), batch 1 and 8; rows in DESIGN.md's Measurements format.
 # Writes $OUT/generate.jsonl (bench rows and one row per check) and prints a PASS/FAIL table last.
-set -u
-OUT=${OUT:-/tmp/generate-out}
-BIN=${BIN:-build/bin}
+PART=generate
+# shellcheck source=bench/hf/common.sh
+source bench/hf/common.sh
 DATA=${DATA:-$PWD/data/tinyshakespeare.txt}
-W=$(mktemp -d /tmp/generate-work.XXXXXX)
-mkdir -p "$OUT"
-: > "$OUT/generate.jsonl"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PRIMUS_COMMIT=$COMMIT
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-DATE=$(date -u +%Y-%m-%d)
-declare -a ROWS
 
 record() {  # name rc seconds [detail]
   local status=PASS

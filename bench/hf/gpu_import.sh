@@ -16,16 +16,9 @@
 #      within bf16 tolerance (2e-2 relative), and after 30 steps the loss is lower.
 # A family whose Primus keys are not in the build is skipped with SKIP and the reason (the
 # importer's error). Writes $OUT/import.jsonl (one row per check) and prints a PASS/FAIL table last.
-set -u
-OUT=${OUT:-/tmp/import-out}
-BIN=${BIN:-build/bin}
-W=$(mktemp -d /tmp/import-work.XXXXXX)
-mkdir -p "$OUT"
-: > "$OUT/import.jsonl"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-DATE=$(date -u +%Y-%m-%d)
-declare -a ROWS
+PART=import
+# shellcheck source=bench/hf/common.sh
+source bench/hf/common.sh
 
 row() {  # case status metric ours ref detail
   ROWS+=("$(printf '%-26s %-5s %-18s ours %-12s ref %-12s %s' "$1" "$2" "$3" "$4" "$5" "$6")")

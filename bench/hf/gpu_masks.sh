@@ -18,16 +18,9 @@
 #      (MistralForCausalLM), loads, generates the same greedy text and the same loss
 #      (bench/hf/mistral_window_parity.py; skipped when python3 has no torch/transformers).
 # Writes $OUT/masks.jsonl (one row per check) and prints a PASS/FAIL table last.
-set -u
-OUT=${OUT:-/tmp/masks-out}
-BIN=${BIN:-build/bin}
-W=$(mktemp -d /tmp/masks-work.XXXXXX)
-mkdir -p "$OUT"
-: > "$OUT/masks.jsonl"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-DATE=$(date -u +%Y-%m-%d)
-declare -a ROWS
+PART=masks
+# shellcheck source=bench/hf/common.sh
+source bench/hf/common.sh
 
 record() {  # name rc seconds
   local status=PASS

@@ -20,18 +20,11 @@
 #      reach the best validation loss the slower one reaches are printed.
 # Writes $OUT/muon.jsonl (one row per check, plus the steps-to-loss rows) and prints a PASS/FAIL
 # table last.
-set -u
-OUT=${OUT:-/tmp/muon-out}
-BIN=${BIN:-build/bin}
+PART=muon
+# shellcheck source=bench/hf/common.sh
+source bench/hf/common.sh
 STEPS=${STEPS:-200}
-W=$(mktemp -d /tmp/muon-work.XXXXXX)
-mkdir -p "$OUT"
-: > "$OUT/muon.jsonl"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-DATE=$(date -u +%Y-%m-%d)
 DATA=${DATA:-$PWD/examples/data/tinyshakespeare.txt}
-declare -a ROWS
 FAILED=0
 
 record() {  # name rc seconds

@@ -22,16 +22,9 @@
 #      step's loss equals transformers' on it within 2e-2 (bf16), and 20 steps lower it.
 # Step 0 runs the GPU gtests of the scaling (test_cuda_gpu). Writes $OUT/rope.jsonl (one row per
 # check) and prints a PASS/FAIL table last.
-set -u
-OUT=${OUT:-/tmp/rope-out}
-BIN=${BIN:-build/bin}
-W=$(mktemp -d /tmp/rope-work.XXXXXX)
-mkdir -p "$OUT"
-: > "$OUT/rope.jsonl"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-DATE=$(date -u +%Y-%m-%d)
-declare -a ROWS
+PART=rope
+# shellcheck source=bench/hf/common.sh
+source bench/hf/common.sh
 
 row() {  # case status metric ours ref detail
   ROWS+=("$(printf '%-16s %-5s %-24s ours %-12s ref %-12s %s' "$1" "$2" "$3" "$4" "$5" "$6")")

@@ -11,15 +11,9 @@
 #   nfd-replace  the same under Sequence[NFD, Replace, Replace]
 #   gpt2, hf-gpt2, hf-llama3, hf-qwen2   the byte-level files without a normalizer (regression)
 # Writes $OUT/tokenizer.jsonl (one row per check) and prints a PASS/FAIL table last.
-set -u
-OUT=${OUT:-/tmp/tokenizer-out}
-BIN=${BIN:-build/bin}
-W=$(mktemp -d /tmp/tokenizer-work.XXXXXX)
-mkdir -p "$OUT"
-: > "$OUT/tokenizer.jsonl"
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-DATE=$(date -u +%Y-%m-%d)
+PART=tokenizer
+# shellcheck source=bench/hf/common.sh
+source bench/hf/common.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 corpus=()
 [ -n "${DATA:-}" ] && [ -f "${DATA:-}" ] && corpus=(--corpus "$DATA")
