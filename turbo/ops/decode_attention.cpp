@@ -113,6 +113,7 @@ std::string turbo_check(const DecodeAttentionArgs& a) {
     return w;
   if (a.q.dtype != DType::F32 && a.q.dtype != DType::BF16) return "dtype must be f32 or bf16";
   if (a.q.shape[2] > cuda::kDecodeAttentionMaxDim) return fmt::format("head dim above {}", cuda::kDecodeAttentionMaxDim);
+  if (a.workspace.defined() && a.workspace.device != Device::CUDA) return "workspace must be on CUDA";
   return "";
 }
 void turbo_run(const DecodeAttentionArgs& a) {
@@ -120,7 +121,9 @@ void turbo_run(const DecodeAttentionArgs& a) {
   const float scale = a.softmax_scale ? *a.softmax_scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.D)));
   cuda::decode_attention_forward(a.q.dtype, a.out.data, a.q.data, a.k_cache.data, a.v_cache.data,
                                  a.slot.ptr<const int32_t>(), a.len.ptr<const int32_t>(), p.n, p.H, p.KVH, p.D, p.cap,
-                                 p.window, scale, p.q_row, static_cast<cudaStream_t>(a.ctx.stream));
+                                 p.window, scale, p.q_row, a.workspace.defined() ? a.workspace.data : nullptr,
+                                 a.workspace.defined() ? static_cast<int64_t>(a.workspace.nbytes()) : 0,
+                                 static_cast<cudaStream_t>(a.ctx.stream));
 }
 std::string turbo_check_w(const KvCacheWriteArgs& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"k", &a.k}, {"v", &a.v},
@@ -144,6 +147,15 @@ std::string DecodeAttentionArgs::key() const {
 }
 std::string KvCacheWriteArgs::key() const {
   return fmt::format("kv_cache_write k={} cache={}", k.describe(), k_cache.describe());
+}
+
+int64_t decode_attention_workspace_bytes(int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t cap) {
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  return cuda::decode_attention_workspace_bytes(n, H, KVH, D, cap);
+#else
+  (void)n, (void)H, (void)KVH, (void)D, (void)cap;
+  return 0;
+#endif
 }
 
 BackendType decode_attention(const DecodeAttentionArgs& args) {

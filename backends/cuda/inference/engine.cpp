@@ -147,6 +147,9 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   sbytes += aligned(static_cast<size_t>(rows_ * (H + KV) * D) * es) + aligned(static_cast<size_t>(rows_ * (H + KV)) * 4);
   sbytes += 4 * aligned(static_cast<size_t>(rows_) * 4) + aligned(static_cast<size_t>(max_batch_ * Vp) * 4);
   sbytes += aligned(static_cast<size_t>(S * D) * 4) + aligned(static_cast<size_t>(rows_ * std::max(QD, KVD)) * es) + kAlign;
+  // Decode attention's split-KV partials (f32), sized for any decode batch up to max_batch_.
+  const int64_t decode_ws_bytes = host() ? 0 : turbo::decode_attention_workspace_bytes(max_batch_, H, KV, D, S);
+  if (decode_ws_bytes > 0) sbytes += aligned(static_cast<size_t>(decode_ws_bytes));
   const train::MoeSpec& moe = spec_.moe;
   const int64_t E = moe.num_experts, K = moe.topk, Fe = moe.ffn_hidden_size, Fs = moe.shared_ffn_hidden_size;
   const int64_t M = moe.enabled() ? turbo::moe_permuted_rows_max(rows_, K, E, turbo::kGroupedGemmAlign) : 0;
@@ -208,6 +211,7 @@ InferenceEngine::InferenceEngine(const train::ModelSpec& spec, const float* host
   slot_ = state_->tensor(DType::I32, {rows_}, "slots");
   len_dev_ = state_->tensor(DType::I32, {rows_}, "lengths");
   logits_ = state_->tensor(DType::F32, {max_batch_, Vp}, "logits");
+  if (decode_ws_bytes > 0) decode_ws_ = state_->tensor(DType::F32, {decode_ws_bytes / 4}, "decode attention partials");
   if (moe.enabled()) {
     MoeBuffers& b = moe_;
     b.logits = state_->tensor(DType::F32, {rows_, E}, "router logits");
@@ -395,6 +399,7 @@ int64_t InferenceEngine::enqueue(int64_t B, int64_t T, bool decoding, bool all_r
       da.slot = slot_.slice0(0, N);
       da.len = len_dev_.slice0(0, N);
       da.window = spec_.sliding_window;
+      da.workspace = decode_ws_;
       da.ctx = c;
       turbo::decode_attention(da);
     } else {

@@ -125,6 +125,7 @@ class InferenceEngine {
   // output, MLP (fc, act), a branch output; statistics f32; head-norm saves.
   turbo::TensorView h_[2], ln_, qkv_, att_, fc_, act_, tmp_, mean_, rstd_, lse_, qk_saved_, qk_rstd_, qk_dense_;
   turbo::TensorView tokens_, positions_, slot_, len_dev_, logits_;  // logits_ f32 [max_batch, Vp]
+  turbo::TensorView decode_ws_;  // decode attention's split-KV partials (undefined: none needed / host)
   int cur_ = 0;  // which h_ holds the residual stream
   std::vector<int32_t> len_;
   std::map<int64_t, Graph> graphs_;  // decode steps by sequence count (PRIMUS_INFERENCE_GRAPHS=0: none)
