@@ -51,6 +51,14 @@ class BpeTokenizer final : public Tokenizer {
   void encode_segment(std::string_view text, std::vector<int32_t>& out, PieceCache& cache) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out, PieceCache& cache) const;
   void merge_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  // BPE merges over the symbols in `id` (consumed), appending the result to `out`.
+  void merge_ids(std::vector<int32_t>& id, std::vector<int32_t>& out) const;
+  // SentencePiece-style encoding (sp_ set): segments between added tokens, then pieces.
+  void encode_sp(std::string_view text, std::vector<int32_t>& out, PieceCache& cache) const;
+  void encode_sp_segment(std::string_view seg, bool at_start, std::vector<int32_t>& out,
+                         PieceCache& cache) const;
+  void encode_sp_piece(std::string_view piece, std::vector<int32_t>& out, PieceCache& cache) const;
+  std::string decode_sp(std::span<const int32_t> ids) const;
   int32_t byte_token(unsigned char b) const;
   // Which added tokens a pass over the text matches.
   enum class AddedPass { All, Raw, Normalized };
@@ -75,6 +83,8 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;
   std::vector<AddedToken> added_;  // longest first; content as matched (normalized ones normalized)
   std::array<bool, 256> added_first_byte_{};
+  std::optional<SentencePieceSpec> sp_;
+  StringMap<int32_t> piece_to_id_;  // sentencepiece only: vocabulary piece -> id
   const uint64_t uid_;  // names this tokenizer's per-thread caches (PieceCache::local)
 };
 
@@ -87,6 +97,7 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       prefix_space_(spec.prefix_space),
       ignore_merges_(spec.ignore_merges),
       eod_id_(spec.eod_id),
+      sp_(std::move(spec.sentencepiece)),
       uid_(next_tokenizer_uid.fetch_add(1)) {
   const std::string& src = spec.source;
   int32_t max_id = -1;
@@ -105,7 +116,9 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       throw FormatError(fmt::format("{}: id {} is given to two vocab entries (second: '{}')", src,
                                     id, tok));
     }
-    if (!byte_level::decode_token(tok, &bytes)) {
+    if (sp_) {
+      bytes = tok;  // SentencePiece pieces are plain UTF-8; decode_sp maps them
+    } else if (!byte_level::decode_token(tok, &bytes)) {
       throw FormatError(fmt::format(
           "{}: vocab entry '{}' (id {}) is not in the byte-level alphabet; only byte-level BPE "
           "vocabularies are supported",
@@ -114,11 +127,13 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
     id_used_[id] = true;
     id_to_bytes_[id] = bytes;
     form_to_id.emplace(tok, id);
-    if (ignore_merges_) bytes_to_id_.emplace(bytes, id);
+    if (ignore_merges_ && !sp_) bytes_to_id_.emplace(bytes, id);
   }
   byte_id_.fill(-1);
   for (int b = 0; b < 256; ++b) {
-    auto it = form_to_id.find(byte_level::encode_token(std::string(1, static_cast<char>(b))));
+    // SentencePiece: the byte-fallback token "<0xNN>" (tokenizers spells it with upper-case hex).
+    auto it = form_to_id.find(sp_ ? fmt::format("<0x{:02X}>", b)
+                                  : byte_level::encode_token(std::string(1, static_cast<char>(b))));
     if (it != form_to_id.end()) byte_id_[b] = it->second;
   }
   if (spec.unk_token) {
@@ -165,6 +180,10 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   });
   if (eod_id_ >= static_cast<int32_t>(id_to_bytes_.size()) || (eod_id_ >= 0 && !id_used_[eod_id_])) {
     throw FormatError(fmt::format("{}: end-of-document id {} is not in the vocabulary", src, eod_id_));
+  }
+  if (sp_) {
+    if (sp_->replacement.empty()) throw FormatError(fmt::format("{}: the Metaspace replacement is empty", src));
+    piece_to_id_ = std::move(form_to_id);
   }
 }
 
@@ -217,6 +236,10 @@ void BpeTokenizer::split_added(std::string_view text, AddedPass pass, std::vecto
 
 void BpeTokenizer::encode_into(std::string_view text, std::vector<int32_t>& out) const {
   PieceCache& cache = PieceCache::local(uid_);
+  if (sp_) {
+    encode_sp(text, out, cache);
+    return;
+  }
   if (normalizer_.empty()) {
     split_added(text, AddedPass::All, out, [&](std::string_view seg) { encode_segment(seg, out, cache); });
     return;
@@ -291,9 +314,16 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
 // when popped by checking that both symbols still hold the ids they were pushed with.
 void BpeTokenizer::merge_piece(std::string_view piece, std::vector<int32_t>& out) const {
   const int n = static_cast<int>(piece.size());
-  std::vector<int32_t> id(n), prev(n), next(n);
+  std::vector<int32_t> id(n);
+  for (int i = 0; i < n; ++i) id[i] = byte_token(static_cast<unsigned char>(piece[i]));
+  merge_ids(id, out);
+}
+
+void BpeTokenizer::merge_ids(std::vector<int32_t>& id, std::vector<int32_t>& out) const {
+  const int n = static_cast<int>(id.size());
+  if (n == 0) return;
+  std::vector<int32_t> prev(n), next(n);
   for (int i = 0; i < n; ++i) {
-    id[i] = byte_token(static_cast<unsigned char>(piece[i]));
     prev[i] = i - 1;
     next[i] = i + 1 < n ? i + 1 : -1;
   }
@@ -323,7 +353,188 @@ void BpeTokenizer::merge_piece(std::string_view piece, std::vector<int32_t>& out
   for (int i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
 }
 
+// ---- SentencePiece-style BPE (tokenizers' BPE with byte_fallback, Metaspace, its decoders) ----
+
+std::string replace_every(std::string_view text, std::string_view pattern, std::string_view content) {
+  std::string r;
+  r.reserve(text.size());
+  for (size_t pos = 0;;) {
+    size_t hit = text.find(pattern, pos);
+    if (hit == std::string_view::npos) {
+      r.append(text.substr(pos));
+      return r;
+    }
+    r.append(text.substr(pos, hit - pos));
+    r.append(content);
+    pos = hit + pattern.size();
+  }
+}
+
+// As tokenizers: added tokens split out of the raw text (then the normalizer on each segment
+// between them, then the normalized added tokens), each remaining segment through the Metaspace
+// pre-tokenizer when there is one. `at_start`: the segment begins at offset 0 of the original
+// text (Metaspace's prepend_scheme "first" prepends there only).
+void BpeTokenizer::encode_sp(std::string_view text, std::vector<int32_t>& out, PieceCache& cache) const {
+  if (normalizer_.empty()) {
+    split_added(text, AddedPass::All, out, [&](std::string_view seg) {
+      encode_sp_segment(seg, seg.data() == text.data(), out, cache);
+    });
+    return;
+  }
+  split_added(text, AddedPass::Raw, out, [&](std::string_view seg) {
+    if (seg.empty()) return;
+    bool start = seg.data() == text.data();
+    std::string normalized = normalizer_.apply(seg);
+    split_added(normalized, AddedPass::Normalized, out, [&](std::string_view piece) {
+      encode_sp_segment(piece, start && piece.data() == normalized.data(), out, cache);
+    });
+  });
+}
+
+void BpeTokenizer::encode_sp_segment(std::string_view seg, bool at_start, std::vector<int32_t>& out,
+                                     PieceCache& cache) const {
+  if (seg.empty()) return;
+  if (!sp_->metaspace) {  // no pre-tokenizer: the whole normalized segment is one word
+    encode_sp_piece(seg, out, cache);
+    return;
+  }
+  const std::string& rep = sp_->replacement;
+  std::string s = replace_every(seg, " ", rep);
+  using Scheme = SentencePieceSpec::PrependScheme;
+  bool prepend = sp_->prepend == Scheme::Always || (sp_->prepend == Scheme::First && at_start);
+  if (prepend && s.compare(0, rep.size(), rep) != 0) s.insert(0, rep);
+  if (!sp_->split) {
+    encode_sp_piece(s, out, cache);
+    return;
+  }
+  // Split with the replacement merged with the next piece: "a▁b▁▁c" -> "a", "▁b", "▁", "▁c".
+  std::string_view v = s;
+  size_t start = 0;
+  for (size_t hit = v.find(rep, 1); hit != std::string_view::npos; hit = v.find(rep, hit + rep.size())) {
+    if (hit > start) encode_sp_piece(v.substr(start, hit - start), out, cache);
+    start = hit;
+  }
+  encode_sp_piece(v.substr(start), out, cache);
+}
+
+// tokenizers' BPE on one word: one symbol per Unicode character (its token if the vocabulary
+// has it; else, with byte_fallback, one "<0xNN>" token per UTF-8 byte when all exist; else unk,
+// consecutive ones fused with fuse_unk; with no unk_token the character is dropped), then the
+// merges by rank. A malformed UTF-8 byte (which tokenizers never sees) is a character of its own.
+void BpeTokenizer::encode_sp_piece(std::string_view piece, std::vector<int32_t>& out, PieceCache& cache) const {
+  if (piece.empty()) return;
+  if (ignore_merges_) {
+    auto it = piece_to_id_.find(piece);
+    if (it != piece_to_id_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  if (cache.get(piece, out)) return;
+  std::vector<int32_t> id;
+  id.reserve(piece.size());
+  bool pending_unk = false;
+  const char* end = piece.data() + piece.size();
+  for (size_t pos = 0; pos < piece.size();) {
+    int len = 1;
+    unicode::decode_utf8(piece.data() + pos, end, &len);
+    std::string_view ch = piece.substr(pos, static_cast<size_t>(len));
+    pos += static_cast<size_t>(len);
+    if (auto it = piece_to_id_.find(ch); it != piece_to_id_.end()) {
+      if (pending_unk) id.push_back(unk_id_);
+      pending_unk = false;
+      id.push_back(it->second);
+      continue;
+    }
+    if (sp_->byte_fallback &&
+        std::all_of(ch.begin(), ch.end(), [&](char b) { return byte_id_[static_cast<unsigned char>(b)] >= 0; })) {
+      // tokenizers adds these without flushing a pending unk first: the unk lands after them.
+      for (char b : ch) id.push_back(byte_id_[static_cast<unsigned char>(b)]);
+      continue;
+    }
+    if (unk_id_ < 0) continue;  // no unk_token: tokenizers drops the character
+    if (pending_unk && !sp_->fuse_unk) id.push_back(unk_id_);
+    pending_unk = true;
+  }
+  if (pending_unk) id.push_back(unk_id_);
+  size_t before = out.size();
+  merge_ids(id, out);
+  cache.put(piece, std::span<const int32_t>(out.data() + before, out.size() - before));
+}
+
+// The decoder Sequence over the token strings (added tokens as their content), as tokenizers'
+// decode_chain, except that ByteFallback keeps the bytes as they are where tokenizers writes
+// U+FFFD for a run that is not valid UTF-8 (the same text whenever the bytes are valid).
+std::string BpeTokenizer::decode_sp(std::span<const int32_t> ids) const {
+  std::vector<std::string> toks;
+  toks.reserve(ids.size());
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= id_to_bytes_.size() || !id_used_[id]) {
+      throw RuntimeError(fmt::format("tokenizer {}: cannot decode id {}: not in the vocabulary (size {})",
+                                     name_, id, id_to_bytes_.size()));
+    }
+    toks.push_back(id_to_bytes_[id]);
+  }
+  auto byte_of = [](const std::string& t) -> int {
+    if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
+    int v = 0;
+    for (int i = 3; i < 5; ++i) {
+      char c = t[i];
+      int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return -1;
+      v = v * 16 + d;
+    }
+    return v;
+  };
+  for (const SpDecodeStep& step : sp_->decoder) {
+    switch (step.kind) {
+      case SpDecodeStep::Kind::Replace:
+        for (auto& t : toks) t = replace_every(t, step.pattern, step.content);
+        break;
+      case SpDecodeStep::Kind::ByteFallback: {
+        std::vector<std::string> next;
+        next.reserve(toks.size());
+        bool in_run = false;
+        for (auto& t : toks) {
+          int b = byte_of(t);
+          if (b < 0) {
+            next.push_back(std::move(t));
+            in_run = false;
+          } else {
+            if (!in_run) next.emplace_back();
+            next.back() += static_cast<char>(b);
+            in_run = true;
+          }
+        }
+        toks = std::move(next);
+        break;
+      }
+      case SpDecodeStep::Kind::Fuse: {
+        std::string all;
+        for (auto& t : toks) all += t;
+        toks.assign(1, std::move(all));
+        break;
+      }
+      case SpDecodeStep::Kind::Strip: {
+        const std::string& c = step.content;
+        if (c.empty()) break;
+        for (auto& t : toks) {
+          size_t b = 0, e = t.size();
+          for (int i = 0; i < step.start && t.compare(b, c.size(), c) == 0 && b + c.size() <= e; ++i) b += c.size();
+          for (int i = 0; i < step.stop && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0; ++i) e -= c.size();
+          t = t.substr(b, e - b);
+        }
+        break;
+      }
+    }
+  }
+  std::string s;
+  for (auto& t : toks) s += t;  // without a Fuse step tokenizers joins; all real files fuse
+  return s;
+}
+
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
+  if (sp_) return decode_sp(ids);
   std::string s;
   for (int32_t id : ids) {
     if (id < 0 || static_cast<size_t>(id) >= id_to_bytes_.size() || !id_used_[id]) {

@@ -38,6 +38,38 @@ enum class PrefixSpace {
   PerPiece,    // before each piece of a Split (Split then ByteLevel without use_regex)
 };
 
+// One step of a SentencePiece-style decoder Sequence (tokenizers' decoders), applied in order
+// to the list of token strings.
+struct SpDecodeStep {
+  enum class Kind {
+    Replace,       // every token: `pattern` -> `content` ("\u2581" -> " ")
+    ByteFallback,  // runs of "<0xNN>" tokens -> the bytes they stand for
+    Fuse,          // all tokens -> one
+    Strip,         // every token: up to `start` leading and `stop` trailing `content` removed
+  };
+  Kind kind = Kind::Fuse;
+  std::string pattern, content;
+  int start = 0, stop = 0;
+};
+
+// What makes a SentencePiece-style BPE (Llama-2, Mistral, Mixtral): the vocabulary is plain
+// UTF-8 with "\u2581" for the space, merges apply to the Unicode characters of a piece (not its
+// bytes), a character with no token becomes its UTF-8 bytes as "<0xNN>" tokens (byte_fallback)
+// or unk, and the decoder is a Sequence of SpDecodeStep.
+struct SentencePieceSpec {
+  bool byte_fallback = false;
+  bool fuse_unk = false;  // consecutive unknown characters become one unk
+  // A Metaspace pre-tokenizer (newer files; older ones have the Prepend/Replace normalizer):
+  // spaces -> replacement, the replacement prepended (Always: to every segment between added
+  // tokens; First: to the segment at the start of the text; Never), then, with split, pieces
+  // that start at each replacement.
+  bool metaspace = false;
+  std::string replacement = "\u2581";
+  enum class PrependScheme { Always, First, Never } prepend = PrependScheme::Always;
+  bool split = false;
+  std::vector<SpDecodeStep> decoder;
+};
+
 // Everything a byte-level BPE tokenizer is made of, in vocabulary-file form.
 struct BpeSpec {
   std::string name;    // for name() and error messages
@@ -56,6 +88,9 @@ struct BpeSpec {
   bool ignore_merges = false;
   std::optional<std::string> unk_token;  // byte-level form; used for bytes with no token
   int32_t eod_id = -1;
+  // Set for a SentencePiece-style BPE: vocab, merges and unk_token are then plain UTF-8
+  // pieces, and pre / prefix_space are unused.
+  std::optional<SentencePieceSpec> sentencepiece;
 };
 
 // Builds the tokenizer; throws FormatError naming spec.source for an inconsistent spec

@@ -1,10 +1,12 @@
-// Hugging Face tokenizer.json files with a byte-level BPE model: GPT-2 style (ByteLevel
-// pre-tokenizer with its regex) and Llama-3 / Qwen2 style (Split with its regex or Qwen2's, then
-// ByteLevel), with no normalizer or a Unicode-form / Replace one (Qwen2, Qwen2.5 and Qwen3 files
-// have NFC). Anything else is refused with an error naming the file and the unsupported part,
-// rather than tokenizing differently from the library that wrote the file; SentencePiece-style
-// BPE files (byte_fallback, the "▁" Metaspace: Llama-2, Mistral, Mixtral, Gemma) are refused
-// as such.
+// Hugging Face tokenizer.json files with a BPE model:
+// - byte-level BPE: GPT-2 style (ByteLevel pre-tokenizer with its regex) and Llama-3 / Qwen2
+//   style (Split with its regex or Qwen2's, then ByteLevel), with no normalizer or a
+//   Unicode-form / Replace one (Qwen2, Qwen2.5 and Qwen3 files have NFC);
+// - SentencePiece-style BPE (Llama-2, Mistral, Mixtral): byte_fallback, pieces spelled with
+//   "▁", the normalizer Sequence[Prepend("▁"), Replace(" " -> "▁")] or a Metaspace
+//   pre-tokenizer, and the decoder Sequence[Replace, ByteFallback, Fuse, Strip].
+// Anything else is refused with an error naming the file and the unsupported part, rather than
+// tokenizing differently from the library that wrote the file.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -27,8 +29,9 @@ std::string type_of(const json& j) {
 }
 
 [[noreturn]] void unsupported(const stdfs::path& file, const std::string& what) {
-  throw FormatError(fmt::format("{}: {} is not supported (Primus reads byte-level BPE "
-                                "tokenizer.json files: GPT-2, Llama-3 and Qwen2 style)",
+  throw FormatError(fmt::format("{}: {} is not supported (Primus reads BPE tokenizer.json files: "
+                                "byte-level as GPT-2, Llama-3 and Qwen2, SentencePiece-style as "
+                                "Llama-2 and Mistral)",
                                 file.string(), what));
 }
 
@@ -116,8 +119,6 @@ void read_pre_tokenizer(const stdfs::path& file, const json& p, BpeSpec& spec) {
   unsupported(file, fmt::format("pre_tokenizer '{}'", p.is_null() ? "null" : type));
 }
 
-// What marks a file as SentencePiece-style BPE (pieces spelled with "▁", bytes as <0xNN>
-// tokens) rather than byte-level BPE; empty when nothing does.
 // Sequences nest no deeper than this in real files; the bound keeps a hostile file from
 // exhausting the stack.
 constexpr int kMaxSequenceDepth = 32;
@@ -126,6 +127,8 @@ constexpr int kMaxSequenceDepth = 32;
   throw FormatError(fmt::format("{}: {} Sequence nested deeper than {}", file.string(), what, kMaxSequenceDepth));
 }
 
+// What marks a file as SentencePiece-style BPE (pieces spelled with "▁", bytes as <0xNN>
+// tokens) rather than byte-level BPE, which is then read as one; empty when nothing does.
 std::string sentencepiece_sign(const stdfs::path& file, const json& j) {
   auto has_type = [&](const json& x, const char* list_key, const std::string& type, int depth, auto&& self) -> bool {
     if (!x.is_object()) return false;
@@ -172,6 +175,10 @@ void read_normalizer(const stdfs::path& file, const json& n, Normalizer& out, in
       return;
     }
   }
+  if (type == "Prepend") {
+    out.steps.push_back({NormalizerStep::Kind::Prepend, {}, n.at("prepend").get<std::string>()});
+    return;
+  }
   if (type == "Replace") {
     const json& pat = n.at("pattern");
     if (!pat.contains("String")) unsupported(file, "a Replace normalizer with a Regex pattern");
@@ -183,7 +190,7 @@ void read_normalizer(const stdfs::path& file, const json& n, Normalizer& out, in
     return;
   }
   unsupported(file, fmt::format("normalizer '{}' (supported: NFC, NFD, NFKC, NFKD, Replace of a "
-                                "string, and Sequence of those)",
+                                "string, Prepend, and Sequence of those)",
                                 type));
 }
 
@@ -192,14 +199,72 @@ void read_decoder(const stdfs::path& file, const json& d) {
   unsupported(file, fmt::format("decoder '{}'", type_of(d)));
 }
 
+// A SentencePiece-style file's pre-tokenizer: none (the Prepend/Replace normalizer does the
+// spaces) or Metaspace.
+void read_sp_pre_tokenizer(const stdfs::path& file, const json& p, SentencePieceSpec& sp) {
+  if (p.is_null()) return;
+  if (type_of(p) != "Metaspace") {
+    unsupported(file, fmt::format("pre_tokenizer '{}' in a SentencePiece-style file (supported: "
+                                  "none, Metaspace)", type_of(p)));
+  }
+  sp.metaspace = true;
+  sp.replacement = p.value("replacement", std::string("\u2581"));
+  if (sp.replacement.empty()) unsupported(file, "an empty Metaspace replacement");
+  sp.split = p.value("split", true);
+  // Files before tokenizers 0.19 carry add_prefix_space instead of prepend_scheme.
+  std::string scheme = p.contains("prepend_scheme") ? p["prepend_scheme"].get<std::string>()
+                       : p.value("add_prefix_space", true) ? "always" : "never";
+  using Scheme = SentencePieceSpec::PrependScheme;
+  if (scheme == "always") sp.prepend = Scheme::Always;
+  else if (scheme == "first") sp.prepend = Scheme::First;
+  else if (scheme == "never") sp.prepend = Scheme::Never;
+  else unsupported(file, fmt::format("Metaspace prepend_scheme '{}'", scheme));
+}
+
+// A SentencePiece-style file's decoder: a Sequence of Replace (of a string), ByteFallback, Fuse
+// and Strip, as Llama-2 and Mistral files have.
+void read_sp_decoder(const stdfs::path& file, const json& d, SentencePieceSpec& sp, int depth = 0) {
+  std::string type = type_of(d);
+  if (type == "Sequence") {
+    if (depth > kMaxSequenceDepth) too_deep(file, "decoders");
+    for (const auto& x : d.at("decoders")) read_sp_decoder(file, x, sp, depth + 1);
+    return;
+  }
+  SpDecodeStep step;
+  if (type == "Replace") {
+    const json& pat = d.at("pattern");
+    if (!pat.contains("String")) unsupported(file, "a Replace decoder with a Regex pattern");
+    step.kind = SpDecodeStep::Kind::Replace;
+    step.pattern = pat["String"].get<std::string>();
+    step.content = d.at("content").get<std::string>();
+    if (step.pattern.empty()) unsupported(file, "a Replace decoder with an empty pattern");
+  } else if (type == "ByteFallback") {
+    step.kind = SpDecodeStep::Kind::ByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = SpDecodeStep::Kind::Fuse;
+  } else if (type == "Strip") {
+    step.kind = SpDecodeStep::Kind::Strip;
+    step.content = d.at("content").get<std::string>();
+    step.start = d.value("start", 0);
+    step.stop = d.value("stop", 0);
+    if (step.start < 0 || step.stop < 0) unsupported(file, "a Strip decoder with a negative count");
+  } else {
+    unsupported(file, fmt::format("decoder '{}' in a SentencePiece-style file (supported: "
+                                  "Sequence of Replace, ByteFallback, Fuse, Strip)",
+                                  d.is_null() ? "null" : type));
+  }
+  sp.decoder.push_back(std::move(step));
+}
+
 // The end-of-document token: tokenizer_config.json's eos_token when the file is there (as
 // transformers does), else the first of the usual names that the tokenizer has.
 int32_t find_eod(const stdfs::path& file, const BpeSpec& spec) {
+  const bool sp = spec.sentencepiece.has_value();
   auto id_of = [&](const std::string& content) -> int32_t {
     for (auto& a : spec.added) {
       if (a.content == content) return a.id;
     }
-    std::string form = byte_level::encode_token(content);
+    std::string form = sp ? content : byte_level::encode_token(content);
     for (auto& [tok, id] : spec.vocab) {
       if (tok == form) return id;
     }
@@ -250,17 +315,20 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const stdfs::path& file) {
     if (!j.is_object() || !j.contains("model")) {
       throw FormatError(fmt::format("{}: not a tokenizer.json (no \"model\")", file.string()));
     }
-    if (std::string sign = sentencepiece_sign(file, j); !sign.empty()) {
-      throw FormatError(fmt::format(
-          "{}: a SentencePiece-style BPE tokenizer ({}; as Llama-2, Mistral, Mixtral and Gemma "
-          "ship) is not supported: Primus reads byte-level BPE tokenizer.json files (GPT-2, "
-          "Llama-3, Qwen2, Qwen2.5, Qwen3). Prepare the data with another tokenizer",
-          file.string(), sign));
-    }
     read_normalizer(file, j.value("normalizer", json()), spec.normalizer);
     read_model(file, j["model"], spec);
-    read_pre_tokenizer(file, j.value("pre_tokenizer", json()), spec);
-    read_decoder(file, j.value("decoder", json()));
+    if (std::string sign = sentencepiece_sign(file, j); !sign.empty()) {
+      SentencePieceSpec sp;
+      const json& m = j["model"];
+      sp.byte_fallback = m.value("byte_fallback", false);
+      sp.fuse_unk = m.value("fuse_unk", false);
+      read_sp_pre_tokenizer(file, j.value("pre_tokenizer", json()), sp);
+      read_sp_decoder(file, j.value("decoder", json()), sp);
+      spec.sentencepiece = std::move(sp);
+    } else {
+      read_pre_tokenizer(file, j.value("pre_tokenizer", json()), spec);
+      read_decoder(file, j.value("decoder", json()));
+    }
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
       for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
         const json& a = j["added_tokens"][i];
@@ -275,10 +343,16 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const stdfs::path& file) {
     throw FormatError(fmt::format("{}: unexpected structure: {}", file.string(), e.what()));
   }
   spec.eod_id = find_eod(file, spec);
-  spec.name = spec.normalizer.empty()
-                  ? fmt::format("tokenizer.json:{} (BPE, {})", file.string(), pretokenizer_name(spec.pre))
-                  : fmt::format("tokenizer.json:{} (BPE, {}, {})", file.string(),
-                                pretokenizer_name(spec.pre), spec.normalizer.describe());
+  if (spec.sentencepiece) {
+    spec.name = fmt::format("tokenizer.json:{} (BPE, sentencepiece, {}{})", file.string(),
+                            spec.sentencepiece->metaspace ? "Metaspace" : "normalizer ",
+                            spec.sentencepiece->metaspace ? "" : spec.normalizer.describe());
+  } else if (spec.normalizer.empty()) {
+    spec.name = fmt::format("tokenizer.json:{} (BPE, {})", file.string(), pretokenizer_name(spec.pre));
+  } else {
+    spec.name = fmt::format("tokenizer.json:{} (BPE, {}, {})", file.string(), pretokenizer_name(spec.pre),
+                            spec.normalizer.describe());
+  }
   return make_bpe_tokenizer(std::move(spec));
 }
 

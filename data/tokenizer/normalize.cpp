@@ -21,6 +21,7 @@ utf8proc_option_t options_of(NormalizerStep::Kind kind) {
     case NormalizerStep::Kind::NFKD:
       return static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
     case NormalizerStep::Kind::Replace:
+    case NormalizerStep::Kind::Prepend:
       break;
   }
   return static_cast<utf8proc_option_t>(0);
@@ -112,6 +113,8 @@ const char* normalizer_kind_name(NormalizerStep::Kind kind) {
       return "NFKD";
     case NormalizerStep::Kind::Replace:
       return "Replace";
+    case NormalizerStep::Kind::Prepend:
+      return "Prepend";
   }
   return "?";
 }
@@ -119,8 +122,13 @@ const char* normalizer_kind_name(NormalizerStep::Kind kind) {
 std::string Normalizer::apply(std::string_view text) const {
   std::string s(text);
   for (const auto& step : steps) {
-    s = step.kind == NormalizerStep::Kind::Replace ? replace_all(s, step.pattern, step.content)
-                                                   : apply_form(s, options_of(step.kind));
+    if (step.kind == NormalizerStep::Kind::Replace) {
+      s = replace_all(s, step.pattern, step.content);
+    } else if (step.kind == NormalizerStep::Kind::Prepend) {
+      if (!s.empty()) s.insert(0, step.content);  // tokenizers prepends to non-empty text only
+    } else {
+      s = apply_form(s, options_of(step.kind));
+    }
   }
   return s;
 }

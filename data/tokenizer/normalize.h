@@ -1,6 +1,6 @@
 // The normalizers of Hugging Face tokenizer.json files that byte-level BPE tokenizers use:
 // Unicode normalization forms (Qwen2 / Qwen2.5 / Qwen3 files carry {"type": "NFC"}), literal
-// Replace, and Sequence of those. The Unicode forms come from utf8proc.
+// Replace, Prepend (Llama-2 / Mistral files), and Sequence of those. The Unicode forms come from utf8proc.
 //
 // tokenizers runs the normalizer on each text segment between added tokens (after the
 // non-"normalized" added tokens are split out), before pre-tokenization; BpeTokenizer does the
@@ -14,10 +14,12 @@
 namespace primus::data {
 
 struct NormalizerStep {
-  enum class Kind { NFC, NFD, NFKC, NFKD, Replace };
+  // Prepend: `content` is put before the text when the text is not empty (SentencePiece-style
+  // files: Prepend("\u2581") then Replace(" " -> "\u2581")).
+  enum class Kind { NFC, NFD, NFKC, NFKD, Replace, Prepend };
   Kind kind = Kind::NFC;
   std::string pattern;  // Replace: the literal text replaced (non-empty)
-  std::string content;  // Replace: what replaces it
+  std::string content;  // Replace: what replaces it; Prepend: what is prepended
 };
 
 // The steps of one normalizer, applied in order; empty means none.

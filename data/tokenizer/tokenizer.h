@@ -3,13 +3,20 @@
 // Implementations: "gpt2" (OpenAI GPT-2 byte-level BPE, vocab 50257, <|endoftext|> = 50256),
 // "bytes" (one token per byte, vocab 256, end-of-document = 0, the NUL byte), and a path to a
 // Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama-3 and Qwen2 / Qwen2.5 /
-// Qwen3 families). See docs/data.md for what each accepts.
+// Qwen3 families) or a SentencePiece-style BPE model (Llama-2, Mistral, Mixtral: "▁" for the
+// space, <0xNN> byte fallback). See docs/data.md for what each accepts.
 //
 // Text is a byte string, normally UTF-8. Round trip: decode(encode(s)) == normalize(s) for any
 // byte string s, malformed UTF-8 included, where normalize is the tokenizer's normalizer. "gpt2",
 // "bytes" and tokenizer.json files without a normalizer have none, so there decode(encode(s)) == s
 // exactly. With one (Qwen's NFC), normalize rewrites the text between added tokens (NFC composes
 // "e\u0301" into "é") and keeps malformed bytes as they are; see data/tokenizer/normalize.h.
+// SentencePiece-style files hold this with normalize(s) = s for text without added tokens and
+// without U+2581 ("▁", which decodes as a space), malformed UTF-8 included (byte fallback):
+// with the Prepend("▁") + Replace(" " -> "▁") normalizer the decoder's Strip removes exactly
+// the prepended "▁"; with a Metaspace pre-tokenizer (prepend_scheme "first") a text that starts
+// with a space loses that space, and with Prepend a text segment after an added token decodes
+// with a space in front, as the Hugging Face library does.
 // All methods are const and thread-safe.
 #pragma once
 #include <cstdint>

@@ -235,10 +235,11 @@ TEST(HfTokenizer, RefusesWhatItCannotReproduce) {
       {"Replace normalizer with a Regex", [](json& j) {
          j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s+"}}}, {"content", " "}};
        }},
-      // SentencePiece-style files (Llama-2, Mistral) are named as such, whatever part shows it.
-      {"SentencePiece-style BPE tokenizer (a Metaspace pre-tokenizer",
+      // Whatever marks a file as SentencePiece-style (Llama-2, Mistral) makes it read as one:
+      // then the byte-level parts are what is refused.
+      {"decoder 'ByteLevel' in a SentencePiece-style file",
        [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}}; }},
-      {"SentencePiece-style BPE tokenizer (a Prepend normalizer", [](json& j) {
+      {"pre_tokenizer 'ByteLevel' in a SentencePiece-style file", [](json& j) {
          j["normalizer"] = {{"type", "Sequence"},
                             {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
                                              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
@@ -248,7 +249,7 @@ TEST(HfTokenizer, RefusesWhatItCannotReproduce) {
          for (int i = 0; i < 200; ++i) n = {{"type", "Sequence"}, {"normalizers", {n}}};
          j["normalizer"] = n;
        }},
-      {"SentencePiece-style BPE tokenizer (a ByteFallback decoder", [](json& j) {
+      {"pre_tokenizer 'ByteLevel' in a SentencePiece-style file", [](json& j) {
          j["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}};
        }},
       {"pre_tokenizer 'null'", [](json& j) { j["pre_tokenizer"] = nullptr; }},
@@ -256,7 +257,7 @@ TEST(HfTokenizer, RefusesWhatItCannotReproduce) {
          j["pre_tokenizer"] = split_pre(PreTokenizerKind::Gpt2);
          j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+";
        }},
-      {"SentencePiece-style BPE tokenizer (model.byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }},
+      {"pre_tokenizer 'ByteLevel' in a SentencePiece-style file", [](json& j) { j["model"]["byte_fallback"] = true; }},
       {"decoder 'WordPiece'", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }},
       {"merge #1", [](json& j) { j["model"]["merges"].push_back("x Ġzz"); }},
       {"byte-level alphabet", [](json& j) { j["model"]["vocab"]["\xE2\x96\x81the"] = 999; }},
