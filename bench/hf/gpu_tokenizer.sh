@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tokenizers of Hugging Face folders on the GPU machine (issue #40, tokenizer part), which has the
 # `tokenizers` and `transformers` Python packages. Run from the repository root with $BIN (the
-# built primus, on PATH) and $OUT set; $DATA (tinyshakespeare) is used when set. About 30 s.
+# built primus, on PATH) and $OUT set; $DATA (tinyshakespeare) is used when set. About 45 s.
 # tests/data/crosscheck_hf.py compares the ids of `$BIN/primus data prepare` (every document, the
 # end-of-document id included) and `primus data encode` with tokenizers' on fuzzed documents that
 # mix composed and decomposed Unicode, compatibility characters and special tokens:
@@ -10,6 +10,8 @@
 #                added tokens), eod as transformers' AutoTokenizer reads it from the folder
 #   nfd-replace  the same under Sequence[NFD, Replace, Replace]
 #   gpt2, hf-gpt2, hf-llama3, hf-qwen2   the byte-level files without a normalizer (regression)
+#   sp-llama2, sp-metaspace, sp-metaspace-split   SentencePiece-style BPE (Llama-2 / Mistral:
+#                byte fallback, Prepend+Replace normalizer or Metaspace) trained here, eod </s>
 # Writes $OUT/tokenizer.jsonl (one row per check) and prints a PASS/FAIL table last.
 PART=tokenizer
 # shellcheck source=bench/hf/common.sh
@@ -18,7 +20,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 corpus=()
 [ -n "${DATA:-}" ] && [ -f "${DATA:-}" ] && corpus=(--corpus "$DATA")
 
-timeout 170 python3 tests/data/crosscheck_hf.py --primus "$BIN/primus" --vocab-dir third_party/gpt2 \
+timeout 240 python3 tests/data/crosscheck_hf.py --primus "$BIN/primus" --vocab-dir third_party/gpt2 \
   "${corpus[@]}" --work "$W" --docs 2000 > "$W/checks.jsonl" 2> "$W/checks.err"
 rc=$?
 cp "$W/checks.jsonl" "$W/checks.err" "$OUT/" 2>/dev/null

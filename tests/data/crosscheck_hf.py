@@ -22,6 +22,16 @@ offsets), and compares every document's ids with the library's, end-of-document 
                  AutoTokenizer reads from the folder (when transformers is installed).
   nfd-replace    the same vocabulary under Sequence[NFD, Replace(U+0301 -> ""),
                  Replace("ﬁ" -> "fi")] (accent stripping), special tokens only
+  sp-llama2      a SentencePiece-style BPE tokenizer.json as Llama-2 / Mistral-7B-v0.1 ship:
+                 models.BPE(byte_fallback=True, fuse_unk=True, unk_token="<unk>") trained by
+                 tokenizers on the same text without its characters from U+0800 up (so é, ß,
+                 Ω, ж merge as characters while CJK, Hangul and emoji fall back to bytes), <unk> <s> </s> at ids 0-2 and <0x00>..<0xFF> at
+                 3-258 as in Llama-2's vocabulary, normalizer Sequence[Prepend("▁"),
+                 Replace(" " -> "▁")], no pre-tokenizer, decoder Sequence[Replace("▁" -> " "),
+                 ByteFallback, Fuse, Strip(" ", 1, 0)], tokenizer_config.json naming </s>
+  sp-metaspace   the same vocabulary with no normalizer and Metaspace(prepend_scheme="first",
+                 split=False), as newer Llama-2 / Mistral files have
+  sp-metaspace-split   Metaspace(prepend_scheme="always", split=True)
 
 Usage: crosscheck_hf.py --primus BIN --vocab-dir third_party/gpt2 [--corpus FILE] [--work DIR]
                         [--only NAME ...] [--docs N]
@@ -162,16 +172,106 @@ def qwen2_style(train_docs, vocab_size=3000):
     return tok
 
 
-def eod_as_transformers_reads_it(folder, tok):
+SP = "\u2581"
+SP_SPECIAL = ["<unk>", "<s>", "</s>"]
+SP_ENCODE_TEXTS = ["Hello world", " Hello", "  two  spaces  ", "<s>Hello</s> world", "hello</s><s> x",
+                   "caf\u00e9 na\u00efve \u4e2d\u6587 \U0001f600\U0001f600", "\U0001f600", "tabs\tand\nnewlines\n",
+                   "\ud55c\uad6d\uc5b4 \u00bd \u2460", "x \u2581 y", "\u2581lead"]
+
+
+def sentencepiece_style(train_docs, vocab_size=2000):
+    """A Llama-2 / Mistral-style tokenizer.json, trained here (theirs cannot be downloaded).
+
+    Trained with Metaspace(split=True) so that pieces, as SentencePiece's, never span a "▁"
+    inside them; then laid out as Llama-2's vocabulary is (<unk> <s> </s>, the 256 byte tokens,
+    the pieces) and returned as (vocabulary json, merges) for the variants to wrap."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    try:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SP, prepend_scheme="always", split=True)
+    except TypeError:  # tokenizers < 0.19: always prepends, always splits
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SP)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  special_tokens=SP_SPECIAL)
+    # Characters from U+0800 up (CJK, Hangul, emoji) are left out of the alphabet: they must
+    # come out as byte tokens, while the 2-byte ones (é, Ω, ж) are single characters.
+    tok.train_from_iterator(["".join(c for c in d if ord(c) < 0x800) for d in train_docs], trainer)
+    model = json.loads(tok.to_str())["model"]
+    pieces = sorted(((i, t) for t, i in model["vocab"].items() if t not in SP_SPECIAL))
+    vocab = {t: i for i, t in enumerate(SP_SPECIAL)}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = len(vocab)
+    for _, t in pieces:
+        if t not in vocab:  # a piece spelled like a byte token keeps the byte token's id
+            vocab[t] = len(vocab)
+    return vocab, model["merges"]
+
+
+def sentencepiece_variant(vocab, merges, variant):
+    """The tokenizer.json of one variant, as tokenizers writes it, loaded back by tokenizers."""
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in enumerate(SP_SPECIAL)]
+    j = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+         "normalizer": None, "pre_tokenizer": None, "post_processor": None,
+         "decoder": {"type": "Sequence", "decoders": [
+             {"type": "Replace", "pattern": {"String": SP}, "content": " "},
+             {"type": "ByteFallback"}, {"type": "Fuse"},
+             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+         "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                   "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True,
+                   "ignore_merges": False, "vocab": vocab, "merges": merges}}
+    if variant == "sp-llama2":
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SP},
+            {"type": "Replace", "pattern": {"String": " "}, "content": SP}]}
+    elif variant == "sp-metaspace":
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": "first", "split": False}
+    else:
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": "always", "split": True}
+    text = json.dumps(j, ensure_ascii=False)
+    return text, Tokenizer.from_str(text)
+
+
+def check_sentencepiece(args, rng, n_docs, corpus, train_docs, want):
+    ok = True
+    vocab, merges = sentencepiece_style(train_docs)
+    for name in ("sp-llama2", "sp-metaspace", "sp-metaspace-split"):
+        if not want(name):
+            continue
+        try:
+            text, tok = sentencepiece_variant(vocab, merges, name)
+        except Exception as e:  # noqa: BLE001 -- an older tokenizers without Prepend / Metaspace(split)
+            print(json.dumps({"check": f"{name} tokenizer.json vs HF tokenizers", "skipped": repr(e)[:300]}))
+            continue
+        folder = os.path.join(args.work, name)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(text)
+        with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                       "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20}, f)
+        eod, source = eod_as_transformers_reads_it(folder, tok, "</s>")
+        fallback = sum(1 for i in tok.encode(SP_ENCODE_TEXTS[5], add_special_tokens=False).ids if 3 <= i < 259)
+        ok &= compare_encode(args, folder, tok, SP_ENCODE_TEXTS, f"{name} ({fallback} byte-fallback ids)")
+        docs = fuzz_documents(rng, n_docs, with_special=False, extra=UNICODE_ATOMS + SP_SPECIAL + [SP, " " + SP])
+        if corpus:
+            docs += [corpus[i:i + 2000] for i in range(0, 40000, 2000)]
+        ours = prepare(args, folder, docs, name)
+        ok &= compare(f"{name} tokenizer.json vs HF tokenizers (eod {eod} from {source}, "
+                      f"vocab {tok.get_vocab_size()})", ours,
+                      [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)], eod)
+    return ok
+
+
+def eod_as_transformers_reads_it(folder, tok, eos=EOT):
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        return tok.token_to_id(EOT), "tokenizers"
+        return tok.token_to_id(eos), "tokenizers"
     try:
         return AutoTokenizer.from_pretrained(folder).eos_token_id, "transformers"
     except Exception as e:  # noqa: BLE001 -- reported, and the check still runs on tokenizers' id
         print(json.dumps({"check": "transformers AutoTokenizer reads the folder", "skipped": repr(e)[:300]}))
-        return tok.token_to_id(EOT), "tokenizers"
+        return tok.token_to_id(eos), "tokenizers"
 
 
 def compare_encode(args, folder, tok, texts, name):
@@ -195,7 +295,7 @@ def main():
     ap.add_argument("--work")
     ap.add_argument("--seed", type=int, default=random.randrange(1 << 30))
     ap.add_argument("--only", nargs="*", help="run only these checks (gpt2, hf-gpt2, hf-llama3, hf-qwen2, "
-                    "qwen2-nfc, nfd-replace)")
+                    "qwen2-nfc, nfd-replace, sp-llama2, sp-metaspace, sp-metaspace-split)")
     ap.add_argument("--docs", type=int, default=3000, help="documents per check")
     args = ap.parse_args()
     args.work = args.work or tempfile.mkdtemp()
@@ -230,9 +330,9 @@ def main():
         ok &= compare(f"{name} tokenizer.json vs HF tokenizers", ours,
                       [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)], 50256)
 
+    corpus = open(args.corpus, encoding="utf-8").read()[:300000] if args.corpus else ""
+    train_docs = corpus.split("\n\n") + fuzz_documents(rng, 2000, False, UNICODE_ATOMS)
     if want("qwen2-nfc") or want("nfd-replace"):
-        corpus = open(args.corpus, encoding="utf-8").read()[:300000] if args.corpus else ""
-        train_docs = corpus.split("\n\n") + fuzz_documents(rng, 2000, False, UNICODE_ATOMS)
         tok = qwen2_style(train_docs)
         extra = UNICODE_ATOMS + QWEN_SPECIAL + QWEN_PLAIN_ADDED
         variants = [("qwen2-nfc", None),
@@ -258,6 +358,8 @@ def main():
             ok &= compare(f"{name} tokenizer.json vs HF tokenizers (eod {eod} from {source}, "
                           f"vocab {tok.get_vocab_size()})", ours,
                           [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)], eod)
+    if any(want(n) for n in ("sp-llama2", "sp-metaspace", "sp-metaspace-split")):
+        ok &= check_sentencepiece(args, rng, n_docs, corpus, train_docs, want)
     return 0 if ok else 1
 
 
