@@ -22,6 +22,11 @@
 // each (query, head). Rows whose D is not a multiple of the vector or whose caches are not
 // 16-byte aligned take the same path with scalar loads.
 //
+// Measured on an H200 (bf16, 32 q / 8 kv heads, D 64, cap 8192; back-to-back launches, both
+// kernels counted): batch 1 at 128 / 1024 / 4096 / 8064 keys 9.6 / 11.3 / 19.1 / 24.0 us a call,
+// against 7.7 / 42.6 / 161.8 / 315.2 us for the former one block per (query, head); batch 8 at
+// 8064 keys 102 us (was 616). Short contexts pay the merge kernel's launch (~2 us).
+//
 // kv_cache_write appends the new token's key and value rows (after RoPE and q/k norms) at each
 // sequence's position before the attention reads them.
 #include <fmt/format.h>
