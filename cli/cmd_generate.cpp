@@ -124,11 +124,13 @@ void run_bench(const GenerateOpts& o) {
   // Prefill attention on Turbo's flash kernels where they serve the head dim: cuDNN builds an
   // execution plan per new sequence length, which the window recompute (a new length every step)
   // would pay at every token, flattering the cache's ratio. A user's own choice stands.
-  std::string attention = "default (PRIMUS_TURBO_ATTENTION_BACKEND)";
-  if (const int64_t D = c.spec.head_dim(); !std::getenv("PRIMUS_TURBO_ATTENTION_BACKEND") && (D == 64 || D == 128)) {
+  const std::string attention_var = turbo::GlobalBackendManager::env_var_for("attention");
+  const bool user_attention = std::getenv(attention_var.c_str()) != nullptr;
+  std::string attention = "default (" + attention_var + ")";
+  if (const int64_t D = c.spec.head_dim(); !user_attention && (D == 64 || D == 128)) {
     turbo::GlobalBackendManager::instance().set_backend("attention", turbo::BackendType::TURBO);
     attention = "TURBO";
-  } else if (!std::getenv("PRIMUS_TURBO_ATTENTION_BACKEND")) {
+  } else if (!user_attention) {
     attention = "default (cuDNN: a plan per new length)";
   }
   train::SampleOptions so = o.sample;
