@@ -71,8 +71,12 @@ TEST(CudaHostTrainer, LoadHfStartsFromTheFolderAsTheReferenceDoes) {
   spec.layernorm = spec.bias = false;
   spec.swiglu = spec.rope = spec.untied = true;
   const train::ParamLayout layout = train::make_param_layout(spec);
-  std::mt19937 rng(std::random_device{}());
-  std::normal_distribution<float> n(0.f, 1.0f);
+  // Fixed seed, std 0.5: wide enough that the first loss is far from a fresh model's, not so wide
+  // that AdamW's first steps turn fp32 rounding differences between the two trainers into more
+  // than the 1e-5 gate (with N(0, 1) weights the loss sat near 20 and a random seed now and then
+  // moved it by 2e-5).
+  std::mt19937 rng(20261202);
+  std::normal_distribution<float> n(0.f, 0.5f);
   std::vector<float> params(static_cast<size_t>(layout.total));
   for (auto& x : params) x = n(rng);
   const auto hf = w.path() / "hf";

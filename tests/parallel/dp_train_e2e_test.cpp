@@ -331,7 +331,9 @@ TEST(DataParallelTraining, KilledRankEndsTheJobAndTheLastCheckpointLoads) {
   std::string text = job.output();
   ASSERT_TRUE(WIFEXITED(st)) << text;
   EXPECT_NE(WEXITSTATUS(st), 0) << text;
-  EXPECT_LT(job.seconds(), 5.0) << text;  // within the 5 s collective timeout
+  // The 5 s collective timeout, plus the launcher stopping rank 0 on a loaded machine (6.5 s
+  // measured under a full CI run on 2 cores).
+  EXPECT_LT(job.seconds(), 10.0) << text;
   EXPECT_NE(text.find("rank 1 (pid " + std::to_string(rank1) + ") failed"), std::string::npos) << text;
   // Gloo's error on the closed connection, then the heartbeat check naming the dead rank.
   EXPECT_NE(text.find("gloo group 'pg'"), std::string::npos) << text;
