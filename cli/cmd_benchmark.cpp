@@ -24,20 +24,6 @@
 namespace primus::cli {
 namespace {
 
-// The commit recorded in the JSON: $PRIMUS_COMMIT, else git's short hash of the working
-// directory, else "unknown".
-std::string current_commit() {
-  if (const char* c = std::getenv("PRIMUS_COMMIT"); c && *c) return c;
-  std::string out;
-  if (FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    std::array<char, 64> buf{};
-    while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out.empty() ? "unknown" : out;
-}
-
 void setup_benchmark(CLI::App& app) {
   struct Opts {
     turbo::bench::BenchConfig cfg;

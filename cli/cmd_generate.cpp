@@ -80,18 +80,6 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-std::string current_commit() {
-  if (const char* c = std::getenv("PRIMUS_COMMIT"); c && *c) return c;
-  std::string out;
-  if (FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    std::array<char, 64> buf{};
-    while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out.empty() ? "unknown" : out;
-}
-
 #ifdef PRIMUS_BACKEND_CUDA
 // Per-token decode time with the KV cache against recomputing the window per token (the same
 // engine, use_cache = false), greedy on random prompt ids, end-of-text ignored so that every
