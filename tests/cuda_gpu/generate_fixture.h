@@ -111,24 +111,32 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
   }
   // Rows of logits against the reference. On the GPU, bf16 rounding has a tail: over a few
   // hundred rows an odd one lands past kTol (measured up to 4.9e-2), so at most one row in ten
-  // may exceed it, by at most 2.5x. A MoE router choice near-tied in bf16 may send a token to
-  // another expert than the fp32 reference does, which moves that row far more than rounding
-  // (measured up to 0.47): for MoE models the bound on those rows is 25x. Host mode (fp32) allows
-  // nothing over its 1e-4.
+  // may exceed it, by at most 2.5x. MoE models carry more bf16 stages (router scores, the
+  // weighted combine, expert GEMMs): their rows were measured up to 6.5e-2 apart, 9 of 43 over
+  // 4e-2 in one prefill, so their tolerance is 8e-2. A router choice near-tied in bf16 may also
+  // send a token to another expert than the fp32 reference does, which moves that row far more
+  // (measured up to 0.47) and changes the keys and values every later position of its sequence
+  // reads: MoE rows may be over in one row in five, by at most 8x (0.64). A wiring error (a wrong
+  // position, head, window or expert) moves a row by O(1). Host mode (fp32) allows nothing over
+  // its 1e-4.
   struct RowCheck {
     double tol, worst_factor;
+    int64_t per_over;  // at most one row in per_over may exceed tol
     int64_t rows = 0, over = 0;
     ::testing::AssertionResult operator()(double err) {
       ++rows;
       if (err < tol) return ::testing::AssertionSuccess();
       ++over;
-      if (worst_factor > 1 && err < worst_factor * tol && over * 10 <= std::max<int64_t>(rows, 10))
+      if (worst_factor > 1 && err < worst_factor * tol && over * per_over <= std::max<int64_t>(rows, per_over))
         return ::testing::AssertionSuccess();
       return ::testing::AssertionFailure() << "error " << err << " (tolerance " << tol << ", " << over << " of " << rows
                                            << " rows over)";
     }
   };
-  RowCheck row_check() const { return RowCheck{kTol, kHost ? 1.0 : fam_.spec.moe.enabled() ? 25.0 : 2.5}; }
+  RowCheck row_check() const {
+    if (kHost) return RowCheck{kTol, 1.0, 10};
+    return fam_.spec.moe.enabled() ? RowCheck{2 * kTol, 8.0, 5} : RowCheck{kTol, 2.5, 10};
+  }
   // Reference logits of every position of `tokens` [T, padded vocabulary].
   std::vector<float> ref_logits(const std::vector<int32_t>& tokens) {
     const int64_t T = static_cast<int64_t>(tokens.size()), Vp = fam_.spec.padded_vocab_size;
@@ -209,25 +217,28 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
     const auto got = generate(eng, prompts, o, r1, true);
     const auto nocache = generate(eng, prompts, o, r2, false);
     for (size_t b = 0; b < prompts.size(); ++b) {
+      // The reference follows the engine's own tokens, so a near-tie that bf16 resolves the
+      // other way does not end the comparison: every later position is still checked on the
+      // sequence the engine generated. The no-cache path is compared while it agrees with the
+      // cached one (a near-tie may split them; then only the cached path goes on).
       std::vector<int32_t> ids = prompts[b];
       int64_t compared = 0;
+      bool nocache_on = true;
       for (size_t i = 0; i < got[b].size(); ++i) {
-        // The reference's logits at this point of the (shared so far) sequence.
         const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), s.seq_length);
         ref_->forward(ids.data() + ids.size() - n, nullptr, 1, n);
         const float* l = ref_->logits() + (n - 1) * Vp;
         std::vector<float> top(l, l + V);
         std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
         const int32_t want = static_cast<int32_t>(std::max_element(l, l + V) - l);
-        // A near-tie: bf16 may pick either; the comparison goes on only while the tokens agree.
         if (top[0] - top[1] < kTie * std::max(1.0f, std::fabs(top[0]))) {
-          if (got[b][i] != want || nocache[b][i] != want) break;
+          if (nocache[b][i] != got[b][i]) nocache_on = false;
         } else {
           ASSERT_EQ(got[b][i], want) << "prompt " << b << " token " << i;
-          ASSERT_EQ(nocache[b][i], want) << "prompt " << b << " token " << i << " (no cache)";
+          if (nocache_on) ASSERT_EQ(nocache[b][i], want) << "prompt " << b << " token " << i << " (no cache)";
           ++compared;
         }
-        ids.push_back(want);
+        ids.push_back(got[b][i]);
       }
       EXPECT_GE(compared, 3) << "prompt " << b << ": too few tokens away from ties to compare";
     }
