@@ -56,6 +56,8 @@ cublaslt::GemmProblem lt_problem(const GemmArgs& g, const detail::GemmShape& s) 
   p.allow_tf32 = g.allow_tf32;
   p.a_scale = g.a_scale.ptr<const float>();
   p.b_scale = g.b_scale.ptr<const float>();
+  p.a_scaling = g.a_scaling;
+  p.b_scaling = g.b_scaling;
   p.fp8_fast_accum = g.fp8_fast_accum;
   return p;
 }
@@ -254,9 +256,9 @@ std::string GemmArgs::key() const {
   // Whether A and B start 16-byte aligned: TURBO (TMA) needs it, so a backend autotune picked for
   // aligned operands must not be reused from the cache for unaligned ones of the same shapes.
   const int al16 = (reinterpret_cast<uintptr_t>(a.data) % 16 == 0 ? 1 : 0) + (reinterpret_cast<uintptr_t>(b.data) % 16 == 0 ? 2 : 0);
-  return fmt::format("gemm A={} B={} D={} epi={} beta0={} tf32={} al16={} fastacc={}", lay(a), lay(b), lay(d),
-                     gemm_epilogue_name(epilogue), beta == 0.0f ? 1 : 0, allow_tf32 ? 1 : 0, al16,
-                     fp8_fast_accum ? 1 : 0);
+  return fmt::format("gemm A={} B={} D={} epi={} beta0={} tf32={} al16={} fastacc={} scal={}/{}", lay(a), lay(b),
+                     lay(d), gemm_epilogue_name(epilogue), beta == 0.0f ? 1 : 0, allow_tf32 ? 1 : 0, al16,
+                     fp8_fast_accum ? 1 : 0, fp8_granularity_name(a_scaling), fp8_granularity_name(b_scaling));
 }
 
 BackendType gemm(const GemmArgs& args) {

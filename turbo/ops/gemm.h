@@ -5,9 +5,14 @@
 // (stride(-1) == 1) or column-major (stride(-2) == 1, e.g. a transposed view); D [M,N] must be
 // row-major. 3-D views [batch, ., .] run a strided batched GEMM (a batch stride of 0 broadcasts).
 // dtypes: A, B bf16/f16 with D the same or f32, or all f32 (fp32 accumulation throughout).
-// FP8: A, B f8e4m3/f8e5m2 (not both e5m2) with D bf16/f16/f32 and per-tensor dequantization
-// scales: D = epilogue(alpha * a_scale * b_scale * A @ B + beta * D), where a_scale/b_scale are
-// f32 [1] views on the operands' device (the scale_inv that turbo::quantize_fp8 writes). On the
+// FP8: A, B f8e4m3/f8e5m2 (not both e5m2) with D bf16/f16/f32 and dequantization scales:
+// D = epilogue(alpha * sum_k a_scale(i,k) * b_scale(k,j) * A[i,k] B[k,j] + beta * D), where
+// a_scale/b_scale are f32 views on the operands' device (the scale_inv that turbo::quantize_fp8
+// writes) at the granularities a_scaling / b_scaling (turbo/core/fp8_granularity.h), read for A
+// as the [M, K] matrix and for B as its stored [N, K] (B^T): Tensor [1]; Row [M] / [N] (both
+// operands Row); Block1x128 [K/128, M] / [K/128, N]; Block128x128 [M/128, pad4(K/128)] /
+// [N/128, pad4(K/128)]; the block granularities pair 1x128 with 1x128 or with 128x128 (not two
+// 128x128 operands), take E4M3 operands, K a multiple of 128 and no fast accumulation. On the
 // GPU (cuBLASLt, Hopper) both FP8 operands must be K-contiguous: A row-major [M,K] and B the
 // transposed view of a row-major [N,K]; turbo/ops/gemm_fp8.h has the linear layers built on it.
 //
@@ -20,6 +25,7 @@
 
 #include "turbo/core/tensor_view.h"
 #include "turbo/dispatch/backend_type.h"
+#include "turbo/core/fp8_granularity.h"
 #include "turbo/ops/exec_context.h"
 
 namespace primus::turbo {
@@ -45,7 +51,8 @@ struct GemmArgs {
   TensorView bias;          // see GemmEpilogue; dtype of D
   TensorView aux;           // [M,N] row-major, dtype of D, row stride a multiple of 8
   bool allow_tf32 = false;  // f32 only: TF32 tensor cores (about 1e-3 relative error)
-  TensorView a_scale, b_scale;  // FP8 only: f32 [1] dequantization factors (see above)
+  TensorView a_scale, b_scale;  // FP8 only: f32 dequantization factors (see above)
+  Fp8Granularity a_scaling = Fp8Granularity::Tensor, b_scaling = Fp8Granularity::Tensor;  // FP8 only
   bool fp8_fast_accum = false;  // FP8 only: cuBLASLt's fast accumulation (no periodic promotion
                                 // of the tensor-core partial sums to fp32; forward passes only)
   ExecContext ctx;

@@ -89,6 +89,33 @@ std::vector<float> dequantize(const MatrixLayout& l) {
 }  // namespace
 
 void gemm_cpu_fp8(const GemmArgs& g, const GemmShape& s) {
+  if (g.a_scaling != Fp8Granularity::Tensor || g.b_scaling != Fp8Granularity::Tensor) {
+    // Per-group scales (batch 1, validated): dequantize each operand element with its own scale
+    // into row-major A [M,K] and B^T [N,K], then one f32 GEMM.
+    const std::vector<float> qa = dequantize(s.a), qb = dequantize(s.b);
+    const float* sa = g.a_scale.ptr<float>();
+    const float* sb = g.b_scale.ptr<float>();
+    std::vector<float> a(static_cast<size_t>(s.m * s.k)), bt(static_cast<size_t>(s.n * s.k));
+    for (int64_t i = 0; i < s.m; ++i)
+      for (int64_t k = 0; k < s.k; ++k)
+        a[i * s.k + k] = qa[s.a.transposed ? k * s.a.ld + i : i * s.a.ld + k] *
+                         sa[fp8_scale_index(g.a_scaling, s.m, s.k, i, k)];
+    for (int64_t j = 0; j < s.n; ++j)
+      for (int64_t k = 0; k < s.k; ++k)
+        bt[j * s.k + k] = qb[s.b.transposed ? j * s.b.ld + k : k * s.b.ld + j] *
+                          sb[fp8_scale_index(g.b_scaling, s.n, s.k, j, k)];
+    GemmShape s2 = s;
+    s2.a.ptr = a.data();
+    s2.a.dtype = DType::F32;
+    s2.a.ld = s.k;
+    s2.a.transposed = false;
+    s2.b.ptr = bt.data();
+    s2.b.dtype = DType::F32;
+    s2.b.ld = s.k;
+    s2.b.transposed = true;
+    gemm_cpu(g, s2);
+    return;
+  }
   std::vector<float> a = dequantize(s.a), b = dequantize(s.b);
   GemmArgs g2 = g;
   GemmShape s2 = s;

@@ -25,20 +25,28 @@ constexpr size_t kQuantizerBytes = size_t{64} << 10;  // scale + the amax partia
 
 struct Quantized {
   TensorView q;      // as stored (row-major)
-  TensorView scale;  // f32 [1]: the dequantization factor
+  TensorView scale;  // f32 dequantization factors (fp8_scale_shape of q's shape at g)
+  Fp8Granularity g = Fp8Granularity::Tensor;
 };
 
-// q(t) into fresh scratch: row-major [R,C] (transposed = false) or its transpose [C,R].
-Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed, const ExecContext& ctx,
-                   const char* what) {
+TensorView scale_tensor(Arena& arena, Fp8Granularity g, int64_t rows, int64_t cols, const char* what) {
+  return arena.tensor(DType::F32, {fp8_scale_numel(g, rows, cols)}, what);
+}
+
+// q(t) at granularity g into fresh scratch: row-major [R,C] (transposed = false) or the
+// quantisation of t^T, [C,R].
+Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed, Fp8Granularity g,
+                   const ExecContext& ctx, const char* what) {
   const int64_t R = t.size(0), C = t.size(1);
   Quantized out;
-  out.scale = arena.tensor(DType::F32, {1}, what);
+  out.g = g;
+  out.scale = transposed ? scale_tensor(arena, g, C, R, what) : scale_tensor(arena, g, R, C, what);
   out.q = transposed ? arena.tensor(dt, {C, R}, what) : arena.tensor(dt, {R, C}, what);
   QuantizeFp8Args a;
   a.inp = t;
+  a.granularity = g;
   (transposed ? a.out_t : a.out) = out.q;
-  a.scale_inv = out.scale;
+  (transposed && g != Fp8Granularity::Tensor ? a.scale_inv_t : a.scale_inv) = out.scale;
   a.ctx = ctx;
   quantize_fp8(a);
   return out;
@@ -59,6 +67,8 @@ void fp8_gemm(const Quantized& a, const Quantized& b_stored, const TensorView& d
   g.d = d;
   g.a_scale = a.scale;
   g.b_scale = b_stored.scale;
+  g.a_scaling = a.g;
+  g.b_scaling = b_stored.g;
   g.beta = beta;
   g.fp8_fast_accum = fast_accum;
   g.epilogue = epi;
@@ -84,12 +94,33 @@ void input_grad(const TensorView& dinp, float beta, const TensorView& dout, cons
                 const ExecContext& ctx, const Fp8Recipe& r, const char* op) {
   Arena& arena = detail::scratch_of(ctx, op);
   ArenaScope scope(arena);
-  const Quantized dy = quantize(arena, dout, r.grad, false, ctx, "fp8 dout");
-  const Quantized wt = quantize(arena, weight, r.fwd, true, ctx, "fp8 weight^T");  // [C,OC]
+  const Quantized dy = quantize(arena, dout, r.grad, false, r.act_granularity(), ctx, "fp8 dout");
+  const Quantized wt = quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T");  // [C,OC]
   fp8_gemm(dy, wt, dinp, beta, false, GemmEpilogue::None, {}, ctx);
 }
 
 }  // namespace
+
+const char* fp8_scaling_name(Fp8Scaling s) {
+  switch (s) {
+    case Fp8Scaling::Tensorwise: return "tensorwise";
+    case Fp8Scaling::Rowwise: return "rowwise";
+    case Fp8Scaling::Blockwise: return "blockwise";
+  }
+  return "?";
+}
+
+Fp8Granularity Fp8Recipe::act_granularity() const {
+  switch (scaling) {
+    case Fp8Scaling::Tensorwise: return Fp8Granularity::Tensor;
+    case Fp8Scaling::Rowwise: return Fp8Granularity::Row;
+    case Fp8Scaling::Blockwise: return Fp8Granularity::Block1x128;
+  }
+  return Fp8Granularity::Tensor;
+}
+Fp8Granularity Fp8Recipe::weight_granularity() const {
+  return scaling == Fp8Scaling::Blockwise ? Fp8Granularity::Block128x128 : act_granularity();
+}
 
 std::string Fp8Recipe::name() const {
   if (fwd == DType::F8E4M3 && grad == DType::F8E5M2) return "hybrid";
@@ -107,13 +138,47 @@ Fp8Recipe parse_fp8_recipe(const std::string& text, const std::string& where) {
   throw ConfigError(fmt::format("{}: unknown FP8 recipe '{}' (expected hybrid or e4m3)", where, text));
 }
 
+Fp8Recipe parse_fp8_recipe(const std::string& format, const std::string& scaling, const std::string& where,
+                           const std::string& scaling_key) {
+  Fp8Recipe r = parse_fp8_recipe(format, where);
+  if (scaling == "tensorwise") return r;
+  if (scaling == "rowwise") {
+    r.scaling = Fp8Scaling::Rowwise;
+    return r;
+  }
+  if (scaling == "blockwise") {
+    if (r.grad != DType::F8E4M3)
+      throw ConfigError(fmt::format("{}: {} blockwise takes {}: e4m3 (DeepSeek-V3's recipe: E4M3 everywhere, the 1x128 "
+                                    "and 128x128 scales give gradients their range; cuBLASLt's block scales take "
+                                    "E4M3 operands), got {}",
+                                    where, scaling_key, where, format));
+    r.scaling = Fp8Scaling::Blockwise;
+    r.fast_accum_fwd = false;
+    return r;
+  }
+  throw ConfigError(fmt::format("{}: unknown FP8 scaling '{}' (expected tensorwise, rowwise or blockwise)", scaling_key,
+                                scaling));
+}
+
+std::string linear_fp8_unsupported(const Fp8Recipe& r, int64_t n, int64_t in_features, int64_t out_features) {
+  const int64_t q = r.scaling == Fp8Scaling::Blockwise ? kFp8BlockSize : 16;
+  if (n % q != 0 || in_features % q != 0 || out_features % q != 0)
+    return fmt::format("{} FP8 needs the tokens per micro-batch and both feature sizes to be multiples of {}, got {} "
+                       "tokens, {} -> {} features",
+                       fp8_scaling_name(r.scaling), q, n, in_features, out_features);
+  return "";
+}
+
 size_t linear_fp8_scratch_bytes(int64_t n, int64_t in_features, int64_t out_features) {
   const auto b = [](int64_t elems) { return (size_t(elems) + Arena::kDefaultAlign) / Arena::kDefaultAlign * Arena::kDefaultAlign; };
   const int64_t N = n, C = in_features, OC = out_features;
   // Forward: x, w. Backward with both gradients: dy^T, then dy and w^T (dgrad), then x^T in
   // their place (wgrad). One gradient only: dy + w^T, or dy^T + x^T.
   const size_t fwd = b(N * C) + b(OC * C), both = b(N * OC) + std::max(b(N * OC) + b(OC * C), b(N * C));
-  return std::max(fwd, both) + 2 * (kQuantizerBytes + 2 * Arena::kDefaultAlign);
+  // Scales: at most one f32 per row of each quantized copy, plus the quantizer's row and column
+  // maxima (rowwise), for the up to three copies alive at once.
+  const size_t scales = 3 * b(4 * (N + C + OC)) + b(4 * (N + std::max(C, OC)));
+  return std::max(fwd, both) + scales + 2 * (kQuantizerBytes + 2 * Arena::kDefaultAlign);
 }
 
 void linear_forward_fp8(const TensorView& out, const TensorView& inp, const TensorView& weight,
@@ -125,8 +190,8 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
   check_matrix(weight, op, "weight");
   Arena& arena = detail::scratch_of(ctx, op);
   ArenaScope scope(arena);
-  const Quantized x = quantize(arena, inp, r.fwd, false, ctx, "fp8 inp");
-  const Quantized w = quantize(arena, weight, r.fwd, false, ctx, "fp8 weight");
+  const Quantized x = quantize(arena, inp, r.fwd, false, r.act_granularity(), ctx, "fp8 inp");
+  const Quantized w = quantize(arena, weight, r.fwd, false, r.weight_granularity(), ctx, "fp8 weight");
   const GemmEpilogue epi = bias.defined() ? GemmEpilogue::Bias : GemmEpilogue::None;
   if (!aux.defined()) {
     fp8_gemm(x, w, out, 0.0f, r.fast_accum_fwd, epi, bias, ctx);
@@ -156,21 +221,26 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
     Arena& arena = detail::scratch_of(ctx, op);
     ArenaScope scope(arena);
     const int64_t N = dout.size(0), OC = dout.size(1);
-    Quantized dyt{arena.tensor(r.grad, {OC, N}, "fp8 dout^T"), arena.tensor(DType::F32, {1}, "fp8 dout scale")};
+    const Fp8Granularity ga = r.act_granularity();
+    const bool tensor = ga == Fp8Granularity::Tensor;
+    Quantized dyt{arena.tensor(r.grad, {OC, N}, "fp8 dout^T"), scale_tensor(arena, ga, OC, N, "fp8 dout^T scale"), ga};
     {
       ArenaScope dgrad_scope(arena);
-      const Quantized dy{arena.tensor(r.grad, {N, OC}, "fp8 dout"), dyt.scale};
+      const Quantized dy{arena.tensor(r.grad, {N, OC}, "fp8 dout"),
+                         tensor ? dyt.scale : scale_tensor(arena, ga, N, OC, "fp8 dout scale"), ga};
       QuantizeFp8Args q;
       q.inp = dout;
+      q.granularity = ga;
       q.out = dy.q;
       q.out_t = dyt.q;
-      q.scale_inv = dyt.scale;
+      q.scale_inv = dy.scale;
+      if (!tensor) q.scale_inv_t = dyt.scale;
       q.ctx = ctx;
       quantize_fp8(q);
-      const Quantized wt = quantize(arena, weight, r.fwd, true, ctx, "fp8 weight^T");  // [C,OC]
+      const Quantized wt = quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T");  // [C,OC]
       fp8_gemm(dy, wt, dinp, accumulate_dinp ? 1.0f : 0.0f, false, GemmEpilogue::None, {}, ctx);
     }
-    const Quantized xt = quantize(arena, inp, r.fwd, true, ctx, "fp8 inp^T");  // [C,N]
+    const Quantized xt = quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T");  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
     if (dbias.defined()) bias_grad(dbias, dout, ctx);
     return;
@@ -183,8 +253,8 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
     check_matrix(inp, op, "inp");
     Arena& arena = detail::scratch_of(ctx, op);
     ArenaScope scope(arena);
-    const Quantized dyt = quantize(arena, dout, r.grad, true, ctx, "fp8 dout^T");  // [OC,N]
-    const Quantized xt = quantize(arena, inp, r.fwd, true, ctx, "fp8 inp^T");      // [C,N]
+    const Quantized dyt = quantize(arena, dout, r.grad, true, r.act_granularity(), ctx, "fp8 dout^T");  // [OC,N]
+    const Quantized xt = quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T");      // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
   } else if (dbias.defined()) {
     throw RuntimeError("linear_backward_fp8: dbias without dweight is not supported");

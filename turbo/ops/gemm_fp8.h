@@ -1,7 +1,17 @@
 // FP8 linear layers: the three GEMMs of a linear layer (forward, input gradient, weight
-// gradient) with FP8 operands, quantized per tensor right before each GEMM ("current scaling":
-// scale = fp8_max / amax of the tensor itself, as Transformer Engine's current-scaling recipe and
-// torchao's tensorwise float8 do), accumulated in fp32, written in the output's type.
+// gradient) with FP8 operands, quantized right before each GEMM ("current scaling": scale =
+// fp8_max / amax of the data it scales), accumulated in fp32, written in the output's type.
+//
+// The scaling granularity (Fp8Recipe::scaling):
+//   tensorwise  one scale per tensor (Transformer Engine's current scaling, torchao tensorwise);
+//   rowwise     one per row of each GEMM operand along K: x and dy per token, w per output
+//               feature in the forward and per input feature (its columns) in the input
+//               gradient, dy^T and x^T per feature over the tokens in the weight gradient
+//               (torchao's rowwise recipe; cuBLASLt's outer-vector scales);
+//   blockwise   DeepSeek-V3's: 1x128 tiles along K for activations and gradients (x, dy, and
+//               dy^T, x^T along the tokens), 128x128 blocks for weights (cuBLASLt's 128-element
+//               and 128x128 block scales). Needs E4M3 operands and every dimension a multiple
+//               of 128.
 //
 // The default recipe is "hybrid": activations and weights in E4M3 (more mantissa), output
 // gradients in E5M2 (more range). Forward GEMMs use cuBLASLt's fast FP8 accumulation, the
@@ -20,20 +30,32 @@
 #include <cstdint>
 #include <string>
 
+#include "turbo/core/fp8_granularity.h"
 #include "turbo/core/tensor_view.h"
 #include "turbo/ops/exec_context.h"
 
 namespace primus::turbo {
 
+enum class Fp8Scaling : uint8_t { Tensorwise, Rowwise, Blockwise };
+const char* fp8_scaling_name(Fp8Scaling s);  // "tensorwise" | "rowwise" | "blockwise"
+
 struct Fp8Recipe {
   DType fwd = DType::F8E4M3;   // x and w
   DType grad = DType::F8E5M2;  // dy ("hybrid"); F8E4M3 for an all-E4M3 recipe
-  bool fast_accum_fwd = true;  // cuBLASLt fast accumulation in the forward GEMM
-  std::string name() const;    // "hybrid" | "e4m3" (| "custom")
+  bool fast_accum_fwd = true;  // cuBLASLt fast accumulation in the forward GEMM (not blockwise)
+  Fp8Scaling scaling = Fp8Scaling::Tensorwise;
+  std::string name() const;    // the format: "hybrid" | "e4m3" (| "custom")
+  // The granularity of activations / gradients, and of weights, under this recipe.
+  Fp8Granularity act_granularity() const;
+  Fp8Granularity weight_granularity() const;
 };
 // "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3" (E4M3 everywhere); throws ConfigError
 // naming `where` for anything else.
 Fp8Recipe parse_fp8_recipe(const std::string& text, const std::string& where);
+// The format as above with a scaling: "tensorwise" | "rowwise" | "blockwise" (blockwise needs
+// "e4m3"); throws ConfigError naming `where` and the key `scaling_key` otherwise.
+Fp8Recipe parse_fp8_recipe(const std::string& format, const std::string& scaling, const std::string& where,
+                           const std::string& scaling_key);
 
 // out [N,OC] = dequant(q(inp) @ q(weight)^T) (+ bias); with aux defined, aux = that and out =
 // gelu_tanh(aux) (GPT-2's MLP up-projection). N, C, OC multiples of 16 on the device.
@@ -58,5 +80,8 @@ void linear_backward_input_dgelu_fp8(const TensorView& dpre, const TensorView& d
 // The most scratch one call above borrows for a layer with n rows, in_features C and
 // out_features OC (quantized copies, scales and the quantizer's partials), in bytes.
 size_t linear_fp8_scratch_bytes(int64_t n, int64_t in_features, int64_t out_features);
+// Empty when `recipe` can run a linear layer of these sizes, else why not (the block recipe's
+// multiples of 128).
+std::string linear_fp8_unsupported(const Fp8Recipe& recipe, int64_t n, int64_t in_features, int64_t out_features);
 
 }  // namespace primus::turbo

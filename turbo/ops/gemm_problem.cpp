@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
 #include <utility>
 
 namespace primus::turbo::detail {
@@ -59,10 +60,31 @@ std::string gemm_shape(const GemmArgs& g, GemmShape* out) {
       return "A and B are both f8e5m2 (at least one FP8 operand must be f8e4m3)";
     if (g.d.dtype != DType::BF16 && g.d.dtype != DType::F16 && g.d.dtype != DType::F32)
       return fmt::format("an FP8 GEMM writes bf16, f16 or f32, not {}", dtype_name(g.d.dtype));
-    for (const auto& [name, t] : {std::pair{"a_scale", &g.a_scale}, std::pair{"b_scale", &g.b_scale}}) {
-      if (!t->defined() || t->numel() != 1 || t->dtype != DType::F32 || t->device != g.a.device)
-        return fmt::format("an FP8 GEMM needs {} as an f32 [1] tensor on the operands' device, got {}", name,
-                           t->defined() ? t->describe() : "none");
+    using G = Fp8Granularity;
+    const G ga = g.a_scaling, gb = g.b_scaling;
+    const bool block_a = ga == G::Block1x128 || ga == G::Block128x128, block_b = gb == G::Block1x128 || gb == G::Block128x128;
+    if (block_a || block_b) {
+      if (!block_a || !block_b || (ga == G::Block128x128 && gb == G::Block128x128))
+        return fmt::format("FP8 scalings {} (A) and {} (B) do not pair: block scaling takes 1x128 with 1x128 or "
+                           "with 128x128", fp8_granularity_name(ga), fp8_granularity_name(gb));
+      if (g.a.dtype != DType::F8E4M3 || g.b.dtype != DType::F8E4M3) return "block-scaled FP8 GEMMs take f8e4m3 operands";
+      if (s.k % kFp8BlockSize != 0 || (ga == G::Block128x128 && s.m % kFp8BlockSize != 0) ||
+          (gb == G::Block128x128 && s.n % kFp8BlockSize != 0))
+        return fmt::format("block-scaled FP8 GEMM [{} x {} x {}]: K (and the 128x128-scaled operand's rows) must be "
+                           "multiples of 128", s.m, s.n, s.k);
+      if (g.fp8_fast_accum) return "block-scaled FP8 GEMMs run without fast accumulation";
+      if (s.batch != 1) return "block-scaled FP8 GEMMs are not batched";
+    } else if (ga != gb) {
+      return fmt::format("FP8 scalings {} (A) and {} (B) differ (tensor with tensor, row with row)",
+                         fp8_granularity_name(ga), fp8_granularity_name(gb));
+    } else if (ga == G::Row && s.batch != 1) {
+      return "row-scaled FP8 GEMMs are not batched";
+    }
+    for (const auto& [name, t, gr, rows] : {std::tuple{"a_scale", &g.a_scale, ga, s.m}, std::tuple{"b_scale", &g.b_scale, gb, s.n}}) {
+      const int64_t want = fp8_scale_numel(gr, rows, s.k);
+      if (!t->defined() || t->numel() != want || !t->is_contiguous() || t->dtype != DType::F32 || t->device != g.a.device)
+        return fmt::format("an FP8 GEMM with {} scaling needs {} as {} contiguous f32 on the operands' device, got {}",
+                           fp8_granularity_name(gr), name, want, t->defined() ? t->describe() : "none");
     }
   } else if (g.a_scale.defined() || g.b_scale.defined()) {
     return "a_scale / b_scale are for FP8 operands only";

@@ -49,17 +49,34 @@ void validate(const QuantizeFp8Args& a) {
   if (a.out.defined() && a.out_t.defined() && a.out.dtype != a.out_t.dtype)
     throw RuntimeError(fmt::format("{}: out is {} but out_t is {} (one FP8 dtype for both)", kOp,
                                    dtype_name(a.out.dtype), dtype_name(a.out_t.dtype)));
-  check_defined(a.scale_inv, kOp, "scale_inv");
-  check_dtype(a.scale_inv, DType::F32, kOp, "scale_inv");
-  if (a.scale_inv.numel() != 1)
-    throw RuntimeError(fmt::format("{}: scale_inv: expected one f32 ([1]) got {}", kOp, a.scale_inv.describe()));
-  check_same_device(a.scale_inv, a.inp, kOp);
+  const Fp8Granularity g = a.granularity;
+  if ((g == Fp8Granularity::Block1x128 || g == Fp8Granularity::Block128x128) &&
+      (R % kFp8BlockSize != 0 || C % kFp8BlockSize != 0))
+    throw RuntimeError(fmt::format("{}: {} blocks need both dimensions of inp to be multiples of {}, got {}", kOp,
+                                   fp8_granularity_name(g), kFp8BlockSize, a.inp.describe()));
+  const auto check_scales = [&](const TensorView& t, int64_t rows, int64_t cols, const char* arg) {
+    check_defined(t, kOp, arg);
+    check_dtype(t, DType::F32, kOp, arg);
+    if (t.numel() != fp8_scale_numel(g, rows, cols) || !t.is_contiguous())
+      throw RuntimeError(fmt::format("{}: {}: {} scales of a [{}, {}] matrix are {} contiguous f32, got {}", kOp, arg,
+                                     fp8_granularity_name(g), rows, cols, fp8_scale_numel(g, rows, cols), t.describe()));
+    check_same_device(t, a.inp, kOp);
+  };
+  if (a.out.defined() || g == Fp8Granularity::Tensor) check_scales(a.scale_inv, R, C, "scale_inv");
+  if (a.out_t.defined() && g != Fp8Granularity::Tensor) check_scales(a.scale_inv_t, C, R, "scale_inv_t");
 }
 
 std::string cpu_check(const QuantizeFp8Args& a) {
-  return detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv}});
+  return detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
+                                      {"scale_inv_t", &a.scale_inv_t}});
 }
 void cpu_run(const QuantizeFp8Args& a) {
+  if (a.granularity != Fp8Granularity::Tensor) {
+    cpu::quantize_fp8_grouped(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a), a.granularity,
+                              a.out.ptr<uint8_t>(), a.scale_inv.ptr<float>(), a.out_t.ptr<uint8_t>(),
+                              a.scale_inv_t.ptr<float>(), fp8_of(a));
+    return;
+  }
   const cpu::Fp8Scaling s = cpu::quantize_fp8_tensorwise(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a),
                                                           a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a));
   std::memcpy(a.scale_inv.data, &s.scale_inv, sizeof(float));
@@ -67,7 +84,8 @@ void cpu_run(const QuantizeFp8Args& a) {
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
 std::string turbo_check(const QuantizeFp8Args& a) {
-  if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv}});
+  if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
+                                             {"scale_inv_t", &a.scale_inv_t}});
       !w.empty())
     return w;
   if (a.ctx.scratch == nullptr) return "ctx.scratch is not set (the amax partials need 4 KiB of device scratch)";
@@ -76,6 +94,14 @@ std::string turbo_check(const QuantizeFp8Args& a) {
 void turbo_run(const QuantizeFp8Args& a) {
   Arena& arena = detail::scratch_of(a.ctx, kOp);
   ArenaScope scope(arena);
+  if (a.granularity != Fp8Granularity::Tensor) {
+    void* partials = arena.allocate(cuda::quantize_fp8_grouped_scratch_bytes(rows_of(a), cols_of(a), a.granularity),
+                                    Arena::kDefaultAlign, "quantize_fp8 group amax");
+    cuda::quantize_fp8_grouped(a.inp.dtype, fp8_of(a), a.inp.data, rows_of(a), cols_of(a), pitch_of(a), a.granularity,
+                               a.out.data, a.scale_inv.ptr<float>(), a.out_t.data, a.scale_inv_t.ptr<float>(), partials,
+                               static_cast<cudaStream_t>(a.ctx.stream));
+    return;
+  }
   void* partials = arena.allocate(cuda::quantize_fp8_scratch_bytes(), Arena::kDefaultAlign, "quantize_fp8 amax partials");
   cuda::quantize_fp8_tensorwise(a.inp.dtype, fp8_of(a), a.inp.data, rows_of(a), cols_of(a), pitch_of(a), a.out.data,
                                 a.out_t.data, a.scale_inv.ptr<float>(), partials, static_cast<cudaStream_t>(a.ctx.stream));
@@ -85,8 +111,8 @@ void turbo_run(const QuantizeFp8Args& a) {
 }  // namespace
 
 std::string QuantizeFp8Args::key() const {
-  return fmt::format("quantize_fp8 inp={} out={} out_t={}", inp.describe(), out.defined() ? out.describe() : "-",
-                     out_t.defined() ? out_t.describe() : "-");
+  return fmt::format("quantize_fp8 {} inp={} out={} out_t={}", fp8_granularity_name(granularity), inp.describe(),
+                     out.defined() ? out.describe() : "-", out_t.defined() ? out_t.describe() : "-");
 }
 
 BackendType quantize_fp8(const QuantizeFp8Args& args) {

@@ -1,13 +1,20 @@
-// FP8 quantisation for FP8 training: per-tensor ("tensorwise") scaling with current scaling, as
-// Transformer Engine's current-scaling recipe and torchao's tensorwise float8 do it:
-//   amax      = max |x| over the whole tensor
+// FP8 quantisation for FP8 training with current scaling (each scale from the amax of the data
+// it scales, right before use), per tensor as Transformer Engine's current-scaling recipe and
+// torchao's tensorwise float8 do it, or per group (rows, 1x128 tiles, 128x128 blocks; see
+// turbo/core/fp8_granularity.h) as torchao's rowwise and DeepSeek-V3's blockwise recipes do. For
+// each group (the whole tensor at Tensor granularity):
+//   amax      = max |x| over the group
 //   scale     = fp8_max / amax   (448 for f8e4m3, 57344 for f8e5m2); 1 when amax == 0, FLT_MAX
 //               when the quotient overflows (amax an f32 subnormal)
 //   q         = fp8(x * scale): the product rounded to f32, then to FP8 to nearest even,
 //               saturating to +-fp8_max
 //   scale_inv = 1 / scale        (what an FP8 GEMM multiplies its product by to undo the scale)
-// Non-finite input (an inf or NaN anywhere): the result must not pass for finite numbers, so
-// scale_inv is NaN (bits 0x7fc00000) and every output byte is 0x7f (NaN in e4m3 and e5m2).
+// Non-finite input (an inf or NaN in a group): the result must not pass for finite numbers, so
+// that group's scale_inv is NaN (bits 0x7fc00000) and every output byte of it is 0x7f (NaN in
+// e4m3 and e5m2).
+// out_t is the quantisation of inp^T at the same granularity, its groups read along its own rows:
+// at Row granularity one scale per column of inp, at Block1x128 one per column of inp and 128
+// consecutive rows; at Tensor and Block128x128 the groups are those of out, transposed.
 // Backends: TURBO (device tensors; turbo/kernels/cuda/quantize.h: two launches, deterministic,
 // graph-capturable, no allocation) and CPU (host tensors; the reference,
 // turbo/kernels/cpu/quantize.h). Both give the same bytes and scale_inv, bit for bit.
@@ -16,6 +23,7 @@
 
 #include "turbo/core/tensor_view.h"
 #include "turbo/dispatch/backend_type.h"
+#include "turbo/core/fp8_granularity.h"
 #include "turbo/ops/exec_context.h"
 
 namespace primus::turbo {
@@ -24,9 +32,14 @@ struct QuantizeFp8Args {
   TensorView inp;        // [R, C] bf16 or f32; rows may be strided: stride(1) == 1, stride(0) >= C
   TensorView out;        // [R, C] f8e4m3 or f8e5m2, contiguous row-major; may be undefined
   TensorView out_t;      // [C, R] same FP8 dtype as out, contiguous (inp transposed); may be undefined
-  TensorView scale_inv;  // [1] f32 on inp's device, written
-  ExecContext ctx;       // device: ctx.stream, and ctx.scratch for the amax partials (4 KiB, taken
-                         // and given back inside the call); unused on the host
+  TensorView scale_inv;  // f32 on inp's device, written: the scales of out (fp8_scale_shape(g, R, C));
+                         // at Tensor granularity also those of out_t
+  TensorView scale_inv_t;  // f32, written: the scales of out_t (fp8_scale_shape(g, C, R)); needed
+                           // with out_t at Row / Block granularities, unused at Tensor
+  Fp8Granularity granularity = Fp8Granularity::Tensor;
+  ExecContext ctx;       // device: ctx.stream, and ctx.scratch for the amax partials (at most
+                         // quantize_fp8_scratch_bytes, taken and given back inside the call);
+                         // unused on the host
   std::string key() const;
   Precision precision() const { return Precision::FP8; }
 };

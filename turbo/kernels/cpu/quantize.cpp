@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/util/error.h"
 
@@ -96,6 +98,60 @@ Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, i
     }
   }
   return s;
+}
+
+namespace {
+// Quantises the [Rm, Cm] matrix whose element (i, j) is at(i, j) at granularity g into q (row-major
+// [Rm, Cm]) and scales (fp8_scale_shape(g, Rm, Cm)).
+template <typename At>
+void quantize_matrix(At at, int64_t Rm, int64_t Cm, Fp8Granularity g, uint8_t* q, float* scales, DType fp8) {
+  const int64_t groups = fp8_scale_numel(g, Rm, Cm);
+  std::vector<uint32_t> amax(static_cast<size_t>(groups), 0);
+  std::vector<char> used(static_cast<size_t>(groups), 0);
+  for (int64_t i = 0; i < Rm; ++i)
+    for (int64_t j = 0; j < Cm; ++j) {
+      const size_t k = static_cast<size_t>(fp8_scale_index(g, Rm, Cm, i, j));
+      amax[k] = std::max(amax[k], at(i, j).first);
+      used[k] = 1;
+    }
+  std::vector<Fp8Scaling> sc(static_cast<size_t>(groups));
+  for (int64_t k = 0; k < groups; ++k) {
+    sc[static_cast<size_t>(k)] = fp8_tensorwise_scaling(bits_to_float(amax[static_cast<size_t>(k)]), fp8);
+    if (scales) scales[k] = used[static_cast<size_t>(k)] ? sc[static_cast<size_t>(k)].scale_inv : 1.0f;
+  }
+  const bool e4m3 = fp8 == DType::F8E4M3;
+  for (int64_t i = 0; i < Rm; ++i)
+    for (int64_t j = 0; j < Cm; ++j) {
+      const Fp8Scaling& s = sc[static_cast<size_t>(fp8_scale_index(g, Rm, Cm, i, j))];
+      uint8_t b = kFp8PoisonByte;
+      if (s.finite()) {
+        const float y = at(i, j).second * s.scale;  // rounded to f32 first, as on the device
+        b = e4m3 ? float_to_f8e4m3_bits(y) : float_to_f8e5m2_bits(y);
+      }
+      q[i * Cm + j] = b;
+    }
+}
+}  // namespace
+
+void quantize_fp8_grouped(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld, Fp8Granularity g,
+                          uint8_t* out, float* scale_inv, uint8_t* out_t, float* scale_inv_t, DType fp8) {
+  constexpr const char* fn = "quantize_fp8_grouped";
+  check_dtypes(in_dtype, fp8, fn);
+  if ((g == Fp8Granularity::Block1x128 || g == Fp8Granularity::Block128x128) &&
+      (R % kFp8BlockSize != 0 || C % kFp8BlockSize != 0))
+    throw RuntimeError(fmt::format("{}: {} blocks need both dimensions to be multiples of {}, got [{}, {}]", fn,
+                                   fp8_granularity_name(g), kFp8BlockSize, R, C));
+  if (!out && !out_t) throw RuntimeError(fmt::format("{}: neither out nor out_t is set", fn));
+  // (|x| bits, x) of element (r, c) of inp
+  const auto elem = [&](int64_t r, int64_t c) {
+    const void* row = row_ptr(inp, in_dtype, r, ld);
+    return std::pair<uint32_t, float>(abs_bits_at(row, in_dtype, c), value_at(row, in_dtype, c));
+  };
+  if (out) quantize_matrix(elem, R, C, g, out, scale_inv, fp8);
+  if (out_t) {
+    float* st = g == Fp8Granularity::Tensor && !scale_inv_t ? (out ? nullptr : scale_inv) : scale_inv_t;
+    quantize_matrix([&](int64_t i, int64_t j) { return elem(j, i); }, C, R, g, out_t, st, fp8);
+  }
 }
 
 }  // namespace primus::turbo::cpu

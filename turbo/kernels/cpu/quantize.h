@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "turbo/core/dtype.h"
+#include "turbo/core/fp8_granularity.h"
 
 namespace primus::turbo::cpu {
 
@@ -46,5 +47,16 @@ uint32_t absmax_bits(const void* inp, DType in_dtype, int64_t R, int64_t C, int6
 // an input dtype other than f32/bf16 or a non-FP8 `fp8`.
 Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld,
                                    uint8_t* out, uint8_t* out_t, DType fp8);
+
+// Per-group current scaling at granularity g (turbo/core/fp8_granularity.h): each group's scale
+// is fp8_tensorwise_scaling of that group's amax, the elements as in quantize_fp8_tensorwise.
+// out [R, C] with its scales scale_inv (fp8_scale_shape(g, R, C)); out_t [C, R], the
+// quantisation of inp^T at g (groups along out_t's rows), with scale_inv_t
+// (fp8_scale_shape(g, C, R)). Either pair may be null (not both); at Tensor granularity
+// scale_inv_t may be null (one scale for both). Padding entries of a scale tensor are set to 1.
+// Throws primus::RuntimeError for a wrong dtype or, at the block granularities, R or C not a
+// multiple of 128.
+void quantize_fp8_grouped(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld, Fp8Granularity g,
+                          uint8_t* out, float* scale_inv, uint8_t* out_t, float* scale_inv_t, DType fp8);
 
 }  // namespace primus::turbo::cpu

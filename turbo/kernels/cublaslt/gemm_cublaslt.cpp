@@ -180,6 +180,18 @@ PrefPtr make_preference(const GemmProblem& p, const Context& c, bool row = false
 
 // The row-order formulation applies to single plain products (no epilogue vectors, no FP8 scales,
 // batch 1): what the search may try beside the column-order one.
+// cuBLASLt's scale mode for one of our granularities. Its layouts are ours
+// (turbo/core/fp8_granularity.h), found on an H200 by bench/fp8/scale_layout_probe.cu.
+int32_t lt_scale_mode(Fp8Granularity g) {
+  switch (g) {
+    case Fp8Granularity::Tensor: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    case Fp8Granularity::Row: return CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    case Fp8Granularity::Block1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8Granularity::Block128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
 bool row_order_eligible(const GemmProblem& p) {
   return p.batch == 1 && p.epilogue == Epilogue::None && !dtype_is_fp8(p.a.dtype);
 }
@@ -219,6 +231,10 @@ std::unique_ptr<Plan> build_plan(const GemmProblem& p, Context& c, bool row = fa
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.b_scale);
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.a_scale);
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(p.fp8_fast_accum ? 1 : 0));
+    if (p.a_scaling != Fp8Granularity::Tensor || p.b_scaling != Fp8Granularity::Tensor) {
+      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(p.b_scaling));
+      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(p.a_scaling));
+    }
   }
   if (row) {
     plan->la = make_row_layout(p.a.dtype, p.a.transposed ? p.k : p.m, p.a.transposed ? p.m : p.k, p.a.ld);
@@ -448,14 +464,17 @@ bool epilogue_uses_bias(Epilogue e) {
 }
 
 std::string describe(const GemmProblem& p) {
+  const std::string scal = p.a_scaling == Fp8Granularity::Tensor && p.b_scaling == Fp8Granularity::Tensor
+                               ? ""
+                               : fmt::format(" scal {}/{}", fp8_granularity_name(p.a_scaling), fp8_granularity_name(p.b_scaling));
   return fmt::format("gemm m={} n={} k={} batch={} a={}{} ld{} bs{} b={}{} ld{} bs{} d={} ld{} bs{} "
-                     "epi={} bias={} aux_ld={} beta0={} tf32={}{}",
+                     "epi={} bias={} aux_ld={} beta0={} tf32={}{}{}",
                      p.m, p.n, p.k, p.batch, dtype_name(p.a.dtype), p.a.transposed ? "^T" : "",
                      p.a.ld, p.a.batch_stride, dtype_name(p.b.dtype), p.b.transposed ? "^T" : "",
                      p.b.ld, p.b.batch_stride, dtype_name(p.d.dtype), p.d.ld, p.d.batch_stride,
                      epilogue_name(p.epilogue), dtype_name(p.bias_dtype), p.aux_ld,
                      p.beta == 0.0f ? 1 : 0, p.allow_tf32 ? 1 : 0,
-                     dtype_is_fp8(p.a.dtype) ? (p.fp8_fast_accum ? " fp8 fastacc" : " fp8") : "");
+                     dtype_is_fp8(p.a.dtype) ? (p.fp8_fast_accum ? " fp8 fastacc" : " fp8") : "", scal);
 }
 
 namespace {

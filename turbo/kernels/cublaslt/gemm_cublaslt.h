@@ -27,6 +27,7 @@
 #include <string>
 
 #include "turbo/core/dtype.h"
+#include "turbo/core/fp8_granularity.h"
 
 namespace primus::turbo::cublaslt {
 
@@ -66,8 +67,10 @@ struct GemmProblem {
   void* aux = nullptr;   // [m, aux_ld] row-major, dtype of D
   int64_t aux_ld = 0;
   bool allow_tf32 = false;
-  const float* a_scale = nullptr;  // FP8 only: device f32 scalars (pointers may change per call)
+  const float* a_scale = nullptr;  // FP8 only: device f32 scales (pointers may change per call)
   const float* b_scale = nullptr;
+  // FP8 only: the scales' granularities and layouts, as turbo::GemmArgs (turbo/ops/gemm.h) has them.
+  Fp8Granularity a_scaling = Fp8Granularity::Tensor, b_scaling = Fp8Granularity::Tensor;
   bool fp8_fast_accum = false;
 };
 

@@ -349,6 +349,214 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
   }
 }
 
+
+// ---- per-group scaling (rows, 1x128 tiles, 128x128 blocks) ---------------------------------------
+// One kernel over 128 x 128 tiles of the input (256 threads; warp w owns rows w, w+8, ... of the
+// tile, lane l its columns 4l..4l+3). A tile is read once into registers and a padded shared copy:
+// row maxima come from warp reductions, column maxima from the lanes' running maxima reduced over
+// the 8 warps; the row-scaled copy is written from registers (4 bytes a lane, 128 contiguous bytes
+// a row), the column-scaled transpose from the shared copy (4 rows a lane, 128 bytes a column).
+//   1x128 / 128x128: the groups lie inside the tile, so one launch does everything.
+//   Row: a row's group spans every tile of the row (a column's every tile of the column), so a
+//   first launch (kAmaxOnly) folds the tile maxima into row and column maxima with atomicMax on
+//   the f32 bits (order-free, so deterministic) and the second quantizes.
+enum class GroupMode : int { Row, Block1x128, Block128x128 };
+
+struct GroupArgs {
+  const void* inp;
+  int64_t R, C, ld;
+  uint8_t* out;
+  float* scale_inv;
+  uint8_t* out_t;
+  float* scale_inv_t;
+  uint32_t* row_amax;  // Row mode: [R] then [C] (col_amax), zeroed before the first launch
+  uint32_t* col_amax;
+  float fp8max;
+};
+
+// The reference's scaling of a group whose max |x| has bits m (cpu::fp8_tensorwise_scaling).
+__device__ __forceinline__ Scaling group_scaling(uint32_t m, float fp8max, float* inv) {
+  Scaling s{1.0f, m < 0x7f800000u};
+  *inv = 1.0f;
+  if (!s.finite) {
+    s.scale = *inv = __uint_as_float(kNanBits);
+  } else if (m != 0) {
+    s.scale = __fdiv_rn(fp8max, __uint_as_float(m));
+    if (isinf(s.scale)) s.scale = FLT_MAX;
+    *inv = __fdiv_rn(1.0f, s.scale);
+  }
+  return s;
+}
+
+template <bool kE4M3>
+__device__ __forceinline__ uint32_t cvt4(const float* x, const Scaling& s) {
+  if (!s.finite) return kPoison4;
+  return cvt2<kE4M3>(x[0], x[1], s.scale) | (cvt2<kE4M3>(x[2], x[3], s.scale) << 16);
+}
+
+constexpr int kGTile = 128;
+constexpr int kGRowsPerWarp = kGTile / (kThreads / 32);  // 16
+
+template <class T>
+constexpr int group_smem_pitch() { return kGTile + (sizeof(T) == 2 ? 2 : 1); }  // elements per shared row
+template <class T>
+constexpr size_t group_smem_bytes() { return sizeof(T) * kGTile * group_smem_pitch<T>() + sizeof(uint32_t) * (8 * kGTile + kGTile + 32); }
+
+// Preconditions (checked by the launcher): C % 16 == 0 and R % 16 == 0, inp rows 16-byte aligned
+// (ld * sizeof(T) % 16 == 0), outputs 16-byte aligned; block modes: R, C multiples of 128.
+template <class T, bool kE4M3, GroupMode kMode, bool kAmaxOnly>
+__global__ void __launch_bounds__(kThreads) quantize_groups_kernel(GroupArgs a) {
+  extern __shared__ __align__(16) unsigned char group_smem[];
+  constexpr int P = group_smem_pitch<T>();
+  T* tile = reinterpret_cast<T*>(group_smem);
+  uint32_t* colpart = reinterpret_cast<uint32_t*>(group_smem + sizeof(T) * kGTile * P);  // [8][128]
+  uint32_t* colmax = colpart + 8 * kGTile;                                                // [128]
+  uint32_t* red = colmax + kGTile;                                                        // [32]
+  const T* inp = static_cast<const T*>(a.inp);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile, c0 = static_cast<int64_t>(blockIdx.x) * kGTile;
+  const int c = 4 * lane;
+  const bool col_ok = c0 + c < a.C;  // C % 16 == 0: a lane's 4 columns are all in or all out
+  float v[kGRowsPerWarp][4];
+  uint32_t rmax[kGRowsPerWarp];
+  uint32_t cmax[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < kGRowsPerWarp; ++i) {
+    const int rr = warp + 8 * i;
+    const int64_t r = r0 + rr;
+    uint32_t m = 0;
+    if (r < a.R && col_ok) {
+      const T* src = inp + r * a.ld + c0 + c;
+      if constexpr (sizeof(T) == 4) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(src));
+        v[i][0] = f.x, v[i][1] = f.y, v[i][2] = f.z, v[i][3] = f.w;
+      } else {
+        const uint2 w = __ldg(reinterpret_cast<const uint2*>(src));
+        const float2 lo = bf16_pair(w.x), hi = bf16_pair(w.y);
+        v[i][0] = lo.x, v[i][1] = lo.y, v[i][2] = hi.x, v[i][3] = hi.y;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t b = __float_as_uint(v[i][j]) & 0x7fffffffu;
+        m = max(m, b);
+        cmax[j] = max(cmax[j], b);
+        tile[rr * P + c + j] = T(v[i][j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[i][j] = 0.0f, tile[rr * P + c + j] = T(0.0f);
+    }
+    rmax[i] = __reduce_max_sync(0xffffffffu, m);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) colpart[warp * kGTile + c + j] = cmax[j];
+  __syncthreads();
+  if (threadIdx.x < kGTile) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) m = max(m, colpart[w * kGTile + threadIdx.x]);
+    colmax[threadIdx.x] = m;
+  }
+  __syncthreads();
+  if constexpr (kAmaxOnly) {  // Row mode, first launch: fold into the global row / column maxima
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < kGRowsPerWarp; ++i)
+        if (r0 + warp + 8 * i < a.R) atomicMax(a.row_amax + r0 + warp + 8 * i, rmax[i]);
+    if (threadIdx.x < kGTile && c0 + threadIdx.x < a.C) atomicMax(a.col_amax + c0 + threadIdx.x, colmax[threadIdx.x]);
+    return;
+  }
+  // Block 128x128: one group, the tile.
+  uint32_t block_max = 0;
+  if constexpr (kMode == GroupMode::Block128x128) {
+    block_max = block_max_u32(threadIdx.x < kGTile ? colmax[threadIdx.x] : 0u, red);
+  }
+  const int64_t nb_c = a.C / kGTile, nb_r = a.R / kGTile;  // block modes only
+  // ---- out: row-scaled copy, from registers
+  if (a.out) {
+#pragma unroll
+    for (int i = 0; i < kGRowsPerWarp; ++i) {
+      const int64_t r = r0 + warp + 8 * i;
+      if (r >= a.R) continue;
+      const uint32_t m = kMode == GroupMode::Row ? a.row_amax[r] : kMode == GroupMode::Block1x128 ? rmax[i] : block_max;
+      float inv;
+      const Scaling s = group_scaling(m, a.fp8max, &inv);
+      if (col_ok) *reinterpret_cast<uint32_t*>(a.out + r * a.C + c0 + c) = cvt4<kE4M3>(v[i], s);
+      if (lane == 0) {
+        if constexpr (kMode == GroupMode::Row) {
+          if (blockIdx.x == 0) a.scale_inv[r] = inv;
+        } else if constexpr (kMode == GroupMode::Block1x128) {
+          a.scale_inv[blockIdx.x * a.R + r] = inv;
+        } else if (r == r0 && warp == 0) {
+          const int64_t pad = (nb_c + 3) / 4 * 4;
+          a.scale_inv[blockIdx.y * pad + blockIdx.x] = inv;
+          if (blockIdx.x == nb_c - 1)
+            for (int64_t k = nb_c; k < pad; ++k) a.scale_inv[blockIdx.y * pad + k] = 1.0f;
+        }
+      }
+    }
+  }
+  // ---- out_t: column-scaled transpose, from the shared copy (warp w: columns w, w+8, ...)
+  if (a.out_t) {
+    const int rr = 4 * lane;
+    const bool rows_ok = r0 + rr < a.R;  // R % 16 == 0: a lane's 4 rows are all in or all out
+#pragma unroll 4
+    for (int i = 0; i < kGRowsPerWarp; ++i) {
+      const int cc = warp + 8 * i;
+      const int64_t col = c0 + cc;
+      if (col >= a.C) continue;
+      const uint32_t m = kMode == GroupMode::Row ? a.col_amax[col] : kMode == GroupMode::Block1x128 ? colmax[cc] : block_max;
+      float inv;
+      const Scaling s = group_scaling(m, a.fp8max, &inv);
+      float x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[j] = to_f32(tile[(rr + j) * P + cc]);
+      if (rows_ok) *reinterpret_cast<uint32_t*>(a.out_t + col * a.R + r0 + rr) = cvt4<kE4M3>(x, s);
+      if (lane == 0) {
+        if constexpr (kMode == GroupMode::Row) {
+          if (blockIdx.y == 0) a.scale_inv_t[col] = inv;
+        } else if constexpr (kMode == GroupMode::Block1x128) {
+          a.scale_inv_t[blockIdx.y * a.C + col] = inv;
+        } else if (cc == 0) {
+          const int64_t pad = (nb_r + 3) / 4 * 4;
+          a.scale_inv_t[blockIdx.x * pad + blockIdx.y] = inv;
+          if (blockIdx.y == nb_r - 1)
+            for (int64_t k = nb_r; k < pad; ++k) a.scale_inv_t[blockIdx.x * pad + k] = 1.0f;
+        }
+      }
+    }
+  }
+}
+
+template <class T, bool kE4M3, GroupMode kMode, bool kAmaxOnly>
+void launch_groups(const GroupArgs& a, cudaStream_t stream) {
+  constexpr auto kernel = quantize_groups_kernel<T, kE4M3, kMode, kAmaxOnly>;
+  constexpr size_t smem = group_smem_bytes<T>();
+  static const bool attr = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    return true;
+  }();
+  (void)attr;
+  const dim3 grid(static_cast<unsigned>((a.C + kGTile - 1) / kGTile), static_cast<unsigned>((a.R + kGTile - 1) / kGTile));
+  kernel<<<grid, kThreads, smem, stream>>>(a);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T, bool kE4M3>
+void run_groups(const GroupArgs& a, Fp8Granularity g, cudaStream_t stream) {
+  switch (g) {
+    case Fp8Granularity::Row:
+      CUDA_CHECK(cudaMemsetAsync(a.row_amax, 0, sizeof(uint32_t) * static_cast<size_t>(a.R + a.C), stream));
+      launch_groups<T, kE4M3, GroupMode::Row, true>(a, stream);
+      launch_groups<T, kE4M3, GroupMode::Row, false>(a, stream);
+      return;
+    case Fp8Granularity::Block1x128: launch_groups<T, kE4M3, GroupMode::Block1x128, false>(a, stream); return;
+    case Fp8Granularity::Block128x128: launch_groups<T, kE4M3, GroupMode::Block128x128, false>(a, stream); return;
+    case Fp8Granularity::Tensor: break;
+  }
+  throw RuntimeError("quantize_fp8_grouped: tensor granularity goes through quantize_fp8_tensorwise");
+}
+
 }  // namespace
 
 size_t quantize_fp8_scratch_bytes() { return kMaxPartials * sizeof(uint32_t); }
@@ -371,6 +579,38 @@ void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t
     if (fp8 == DType::F8E4M3) run<scalar_t, true>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, stream);
     else run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, stream);
   });
+}
+
+}  // namespace primus::turbo::cuda
+
+namespace primus::turbo::cuda {
+
+size_t quantize_fp8_grouped_scratch_bytes(int64_t R, int64_t C, Fp8Granularity g) {
+  return g == Fp8Granularity::Row ? sizeof(uint32_t) * static_cast<size_t>(R + C) : 16;
+}
+
+void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
+                          Fp8Granularity g, void* out, float* scale_inv, void* out_t, float* scale_inv_t, void* scratch,
+                          cudaStream_t stream) {
+  const size_t es = dtype_size(in_dtype);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (R % 16 != 0 || C % 16 != 0 || (ld * es) % 16 != 0 || !aligned(inp) || (out && !aligned(out)) ||
+      (out_t && !aligned(out_t)))
+    throw RuntimeError(fmt::format("quantize_fp8_grouped: [{}, {}] (row pitch {}): {} scaling on the GPU needs both "
+                                   "dimensions multiples of 16 and 16-byte aligned rows and outputs",
+                                   R, C, ld, fp8_granularity_name(g)));
+  GroupArgs a{inp, R, C, ld, static_cast<uint8_t*>(out), scale_inv, static_cast<uint8_t*>(out_t), scale_inv_t,
+              static_cast<uint32_t*>(scratch), static_cast<uint32_t*>(scratch) + R, fp8 == DType::F8E4M3 ? 448.0f : 57344.0f};
+  const bool e4m3 = fp8 == DType::F8E4M3;
+  if (in_dtype == DType::BF16) {
+    if (e4m3) run_groups<bf16, true>(a, g, stream);
+    else run_groups<bf16, false>(a, g, stream);
+  } else if (in_dtype == DType::F32) {
+    if (e4m3) run_groups<float, true>(a, g, stream);
+    else run_groups<float, false>(a, g, stream);
+  } else {
+    throw RuntimeError(fmt::format("quantize_fp8_grouped: input dtype {} not supported (f32, bf16)", dtype_name(in_dtype)));
+  }
 }
 
 }  // namespace primus::turbo::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "turbo/core/dtype.h"
+#include "turbo/core/fp8_granularity.h"
 
 namespace primus::turbo::cuda {
 
@@ -26,5 +27,17 @@ size_t quantize_fp8_scratch_bytes();
 // a plain element-wise kernel (correct, slower).
 void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                              void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream);
+
+// Per-group scaling (Row, Block1x128, Block128x128; turbo/core/fp8_granularity.h), the CPU
+// reference's cpu::quantize_fp8_grouped bit for bit: out [R, C] with scale_inv, out_t [C, R] (the
+// quantisation of inp^T) with scale_inv_t, either pair may be null (not both). Needs R and C
+// multiples of 16 (128 for the blocks), 16-byte aligned input rows and outputs; throws
+// primus::RuntimeError otherwise. scratch: quantize_fp8_grouped_scratch_bytes of device memory
+// (Row: the row and column maxima, zeroed here with a memset). Block granularities: one launch;
+// Row: a memset and two launches. Deterministic, graph-capturable, no allocation.
+size_t quantize_fp8_grouped_scratch_bytes(int64_t R, int64_t C, Fp8Granularity g);
+void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
+                          Fp8Granularity g, void* out, float* scale_inv, void* out_t, float* scale_inv_t, void* scratch,
+                          cudaStream_t stream);
 
 }  // namespace primus::turbo::cuda
