@@ -1,7 +1,8 @@
 // FP8 quantisation on the host: the conversions of turbo/core/dtype.h (round to nearest even,
 // saturation), the scaling recipe of turbo/kernels/cpu/quantize.h, and the public op
 // quantize_fp8 (turbo/ops/quantization.h) on host tensors: exact bytes for hand-made inputs,
-// transposes, strided rows, NaN/inf, argument errors, and accuracy on random data.
+// transposes, strided rows, NaN/inf, argument errors, and accuracy on random data; per-group
+// scaling (rows, 1x128 tiles, 128x128 blocks): the scale layouts of turbo/core/fp8_granularity.h.
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -353,11 +354,338 @@ TEST(QuantizeCpuErrors, NameTheProblem) {
   expect_error(a, "scale_inv: expected f32 got bf16");
   a = good;
   a.scale_inv = TensorView(si2, DType::F32, Device::CPU, {2});
-  expect_error(a, "scale_inv: expected one f32");
+  expect_error(a, "scale_inv: tensor scales of a [6, 4] matrix are 1 contiguous f32");
   a = good;
   a.out.device = Device::CUDA;
   expect_error(a, "different devices");
 }
 
 }  // namespace
+
+// ---- per-group scaling (rows, 1x128 tiles, 128x128 blocks) -------------------------------------
+// Helpers in a named namespace: the CPU test binaries are unity builds.
+namespace fp8_group_test {
+
+using G = Fp8Granularity;
+
+float round_bf16(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
+
+// The scale index of element (r, c) of an [R, C] matrix as fp8_granularity.h documents it,
+// written out here instead of calling fp8_scale_index (which the tests check it against).
+int64_t documented_index(G g, int64_t R, int64_t C, int64_t r, int64_t c) {
+  switch (g) {
+    case G::Tensor: return 0;
+    case G::Row: return r;
+    case G::Block1x128: return (c / 128) * R + r;
+    case G::Block128x128: return (r / 128) * ((C / 128 + 3) / 4 * 4) + c / 128;
+  }
+  return -1;
+}
+int64_t documented_numel(G g, int64_t R, int64_t C) {
+  switch (g) {
+    case G::Tensor: return 1;
+    case G::Row: return R;
+    case G::Block1x128: return (C / 128) * R;
+    case G::Block128x128: return (R / 128) * ((C / 128 + 3) / 4 * 4);
+  }
+  return -1;
+}
+
+constexpr float kUnwritten = -7.0f;  // what the scale tensors hold before the op runs
+
+struct GroupedResult {
+  std::vector<uint8_t> out, out_t;
+  std::vector<float> scale_inv, scale_inv_t;
+};
+
+// turbo::quantize_fp8 on a host [R, C] input at granularity g, both outputs (or one of them).
+GroupedResult quantize_grouped(const TensorView& inp, G g, DType fp8, bool want_out = true, bool want_t = true) {
+  const int64_t R = inp.size(0), C = inp.size(1);
+  GroupedResult r;
+  r.out.assign(static_cast<size_t>(R * C), 0xAB);
+  r.out_t.assign(static_cast<size_t>(R * C), 0xAB);
+  r.scale_inv.assign(static_cast<size_t>(documented_numel(g, R, C)), kUnwritten);
+  r.scale_inv_t.assign(static_cast<size_t>(documented_numel(g, C, R)), kUnwritten);
+  QuantizeFp8Args a;
+  a.inp = inp;
+  a.granularity = g;
+  if (want_out) a.out = TensorView(r.out.data(), fp8, Device::CPU, {R, C});
+  if (want_t) a.out_t = TensorView(r.out_t.data(), fp8, Device::CPU, {C, R});
+  a.scale_inv = TensorView(r.scale_inv.data(), DType::F32, Device::CPU, {static_cast<int64_t>(r.scale_inv.size())});
+  if (g != G::Tensor)
+    a.scale_inv_t =
+        TensorView(r.scale_inv_t.data(), DType::F32, Device::CPU, {static_cast<int64_t>(r.scale_inv_t.size())});
+  EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+  return r;
+}
+
+struct Dims {
+  G g;
+  int64_t R, C;
+};
+void PrintTo(const Dims& d, std::ostream* os) { *os << fp8_granularity_name(d.g) << " [" << d.R << ", " << d.C << "]"; }
+std::string dims_name(const ::testing::TestParamInfo<Dims>& info) {
+  const char* n = info.param.g == G::Row ? "Row" : info.param.g == G::Block1x128 ? "Block1x128" : "Block128x128";
+  return std::string(n) + "_" + std::to_string(info.param.R) + "x" + std::to_string(info.param.C);
+}
+
+// Small values (|x| < 0.02, never zero) everywhere.
+std::vector<float> small_values(int64_t R, int64_t C) {
+  std::vector<float> x(static_cast<size_t>(R * C));
+  for (int64_t i = 0; i < R * C; ++i) x[i] = 0.019f * std::sin(0.37f * static_cast<float>(i) + 0.1f);
+  return x;
+}
+
+// The planted amax of group k: a power of two times a factor distinct per group (3, 4, 5, ...),
+// always above the small values, so each group's scale is different.
+float planted_amax(int64_t k) { return std::ldexp(3.0f + static_cast<float>(k), static_cast<int>(k % 5) - 4); }
+
+class QuantizeGrouped : public ::testing::TestWithParam<Dims> {};
+
+// Each group holds one planted element of known magnitude (alternating sign) among small values:
+// the op's scale_inv at the documented index is exactly the recipe's 1 / (448 / amax), padding
+// entries are 1, the planted element lands on +-448 (0x7e / 0xfe), every byte is fp8(x * scale)
+// and decodes back to x within e4m3 rounding.
+TEST_P(QuantizeGrouped, PlantedAmaxPerGroup) {
+  const auto [g, R, C] = GetParam();
+  const int64_t groups = documented_numel(g, R, C);
+  ASSERT_EQ(fp8_scale_numel(g, R, C), groups);
+  std::vector<float> x = small_values(R, C);
+  // The members of each group in row-major order, by the documented index.
+  std::vector<std::vector<int64_t>> members(static_cast<size_t>(groups));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t k = documented_index(g, R, C, r, c);
+      ASSERT_EQ(fp8_scale_index(g, R, C, r, c), k) << r << "," << c;
+      members[static_cast<size_t>(k)].push_back(r * C + c);
+    }
+  std::vector<int64_t> planted(static_cast<size_t>(groups), -1);
+  for (int64_t k = 0; k < groups; ++k) {
+    const auto& m = members[static_cast<size_t>(k)];
+    if (m.empty()) continue;  // a padding entry
+    const int64_t at = m[static_cast<size_t>((k * 37 + 11) % static_cast<int64_t>(m.size()))];
+    planted[static_cast<size_t>(k)] = at;
+    x[at] = (k % 2 ? -1.0f : 1.0f) * planted_amax(k);
+  }
+  HostInput h(DType::F32, R, C, C, x);
+  const GroupedResult res = quantize_grouped(h.view, g, DType::F8E4M3, true, false);
+  int padding = 0;
+  for (int64_t k = 0; k < groups; ++k) {
+    const float got = res.scale_inv[static_cast<size_t>(k)];
+    if (planted[static_cast<size_t>(k)] < 0) {
+      EXPECT_EQ(got, 1.0f) << "padding entry " << k;
+      ++padding;
+      continue;
+    }
+    const float amax = planted_amax(k);
+    EXPECT_EQ(got, 1.0f / (448.0f / amax)) << "group " << k << " amax " << amax;
+    EXPECT_EQ(res.out[static_cast<size_t>(planted[static_cast<size_t>(k)])], k % 2 ? 0xfe : 0x7e) << "group " << k;
+  }
+  // Block128x128 of 256 x 384: 3 column blocks padded to 4, one padding entry per block row.
+  EXPECT_EQ(padding, g == G::Block128x128 ? (R / 128) * ((C / 128 + 3) / 4 * 4 - C / 128) : 0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t k = documented_index(g, R, C, r, c);
+      const float amax = planted_amax(k), v = x[r * C + c];
+      const uint8_t q = res.out[r * C + c];
+      ASSERT_EQ(q, float_to_f8e4m3_bits(v * (448.0f / amax))) << r << "," << c;
+      const float sinv = res.scale_inv[static_cast<size_t>(k)];
+      const double back = static_cast<double>(f8e4m3_bits_to_float(q)) * sinv;
+      // e4m3 keeps 3 mantissa bits: half an ulp is at most 2^-4 of |x| for normals, and half the
+      // smallest subnormal (2^-10 in the scaled domain) below.
+      const double tol = std::fabs(v) * 0x1.01p-4 + 0x1.01p-10 * sinv;
+      ASSERT_NEAR(back, v, tol) << r << "," << c;
+    }
+}
+
+// out_t is the quantisation of inp^T at the same granularity: the same bytes and scales as
+// quantizing an explicitly transposed copy (requested with out_t alone, and with both).
+TEST_P(QuantizeGrouped, TransposedOutputEqualsQuantizedTranspose) {
+  const auto [g, R, C] = GetParam();
+  Rng rng;
+  ::testing::ScopedTrace seed(__FILE__, __LINE__, "seed " + std::to_string(rng.seed()));
+  std::vector<float> x(static_cast<size_t>(R * C)), xt(static_cast<size_t>(R * C));
+  for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1) * std::exp(rng.uniform(-3, 3)));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) xt[c * R + r] = x[r * C + c];
+  HostInput h(DType::F32, R, C, C, x), ht(DType::F32, C, R, R, xt);
+  for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+    const GroupedResult ref = quantize_grouped(ht.view, g, fp8, true, false);  // inp^T as a matrix of its own
+    const GroupedResult both = quantize_grouped(h.view, g, fp8);
+    const GroupedResult only_t = quantize_grouped(h.view, g, fp8, false, true);
+    EXPECT_EQ(both.out_t, ref.out) << dtype_name(fp8);
+    EXPECT_EQ(both.scale_inv_t, ref.scale_inv) << dtype_name(fp8);
+    EXPECT_EQ(only_t.out_t, ref.out) << dtype_name(fp8);
+    EXPECT_EQ(only_t.scale_inv_t, ref.scale_inv) << dtype_name(fp8);
+    // out alone is untouched by the out_t-only call, and its scale tensor too.
+    EXPECT_EQ(only_t.out, std::vector<uint8_t>(static_cast<size_t>(R * C), 0xAB));
+    EXPECT_EQ(only_t.scale_inv, std::vector<float>(only_t.scale_inv.size(), kUnwritten));
+  }
+}
+
+// A NaN in one group poisons that group only: its scale_inv is NaN (0x7fc00000) and all its bytes
+// 0x7f; every other group's bytes and scales equal those of the clean input. Same for out_t,
+// whose group holding the NaN is found by the documented index of the transposed matrix.
+TEST_P(QuantizeGrouped, NanPoisonsOnlyItsGroup) {
+  const auto [g, R, C] = GetParam();
+  Rng rng;
+  ::testing::ScopedTrace seed(__FILE__, __LINE__, "seed " + std::to_string(rng.seed()));
+  std::vector<float> x = rng.vec<float>(static_cast<size_t>(R * C), -2, 2);
+  const int64_t r0 = R - 2, c0 = C / 2 + 1;
+  HostInput clean_in(DType::F32, R, C, C, x);
+  x[r0 * C + c0] = NAN;
+  HostInput bad_in(DType::F32, R, C, C, x);
+  const GroupedResult clean = quantize_grouped(clean_in.view, g, DType::F8E4M3);
+  const GroupedResult bad = quantize_grouped(bad_in.view, g, DType::F8E4M3);
+  const int64_t k0 = documented_index(g, R, C, r0, c0), kt0 = documented_index(g, C, R, c0, r0);
+  int poisoned = 0, poisoned_t = 0;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const uint8_t q = bad.out[r * C + c], qt = bad.out_t[c * R + r];
+      if (documented_index(g, R, C, r, c) == k0) {
+        ASSERT_EQ(q, cpu::kFp8PoisonByte) << r << "," << c;
+        ++poisoned;
+      } else {
+        ASSERT_EQ(q, clean.out[r * C + c]) << r << "," << c;
+      }
+      if (documented_index(g, C, R, c, r) == kt0) {
+        ASSERT_EQ(qt, cpu::kFp8PoisonByte) << "out_t " << c << "," << r;
+        ++poisoned_t;
+      } else {
+        ASSERT_EQ(qt, clean.out_t[c * R + r]) << "out_t " << c << "," << r;
+      }
+    }
+  // The group sizes: a row of C (Row), 128 (1x128), 128 * 128 (128x128); out_t's rows are R long.
+  const int64_t want = g == G::Row ? C : g == G::Block1x128 ? 128 : 128 * 128;
+  const int64_t want_t = g == G::Row ? R : g == G::Block1x128 ? 128 : 128 * 128;
+  EXPECT_EQ(poisoned, want);
+  EXPECT_EQ(poisoned_t, want_t);
+  for (size_t k = 0; k < bad.scale_inv.size(); ++k) {
+    if (static_cast<int64_t>(k) == k0)
+      EXPECT_EQ(bits(bad.scale_inv[k]), 0x7fc00000u);
+    else
+      EXPECT_EQ(bits(bad.scale_inv[k]), bits(clean.scale_inv[k])) << "scale " << k;
+  }
+  for (size_t k = 0; k < bad.scale_inv_t.size(); ++k) {
+    if (static_cast<int64_t>(k) == kt0)
+      EXPECT_EQ(bits(bad.scale_inv_t[k]), 0x7fc00000u);
+    else
+      EXPECT_EQ(bits(bad.scale_inv_t[k]), bits(clean.scale_inv_t[k])) << "scale_t " << k;
+  }
+}
+
+// bf16 input: the same bytes and scales as the f32 input holding the bf16-rounded values, and the
+// scales are those of the rounded group maxima.
+TEST_P(QuantizeGrouped, Bf16InputMatchesRoundedF32) {
+  const auto [g, R, C] = GetParam();
+  Rng rng;
+  ::testing::ScopedTrace seed(__FILE__, __LINE__, "seed " + std::to_string(rng.seed()));
+  std::vector<float> x(static_cast<size_t>(R * C)), xr(static_cast<size_t>(R * C));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>(rng.uniform(-1, 1) * std::exp(rng.uniform(-3, 3)));
+    xr[i] = round_bf16(x[i]);
+  }
+  HostInput hb(DType::BF16, R, C, C, x), hf(DType::F32, R, C, C, xr);
+  for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+    const GroupedResult b = quantize_grouped(hb.view, g, fp8), f = quantize_grouped(hf.view, g, fp8);
+    EXPECT_EQ(b.out, f.out) << dtype_name(fp8);
+    EXPECT_EQ(b.out_t, f.out_t) << dtype_name(fp8);
+    EXPECT_EQ(b.scale_inv, f.scale_inv) << dtype_name(fp8);
+    EXPECT_EQ(b.scale_inv_t, f.scale_inv_t) << dtype_name(fp8);
+    std::vector<float> amax(b.scale_inv.size(), 0.0f);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        float& m = amax[static_cast<size_t>(documented_index(g, R, C, r, c))];
+        m = std::max(m, std::fabs(xr[r * C + c]));
+      }
+    for (size_t k = 0; k < amax.size(); ++k)
+      EXPECT_EQ(b.scale_inv[k], amax[k] == 0.0f ? 1.0f : 1.0f / (cpu::fp8_max(fp8) / amax[k])) << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantize, QuantizeGrouped,
+                         ::testing::Values(Dims{G::Row, 4, 32}, Dims{G::Block1x128, 256, 384},
+                                           Dims{G::Block128x128, 256, 384}),
+                         dims_name);
+
+// 128x128 blocks of inp^T are the blocks of inp transposed: out_t's bytes are out's bytes
+// transposed and scale_inv_t holds the same values at the transposed block positions (the
+// [3, pad4(2)] layout of a 384 x 256 matrix, padding 1).
+TEST(QuantizeGrouped128, TransposeIsTheSameBlocksTransposed) {
+  const int64_t R = 256, C = 384;
+  Rng rng;
+  ::testing::ScopedTrace seed(__FILE__, __LINE__, "seed " + std::to_string(rng.seed()));
+  std::vector<float> x(static_cast<size_t>(R * C));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(rng.uniform(-1, 1) * std::exp(rng.uniform(-3, 3)));
+  HostInput h(DType::F32, R, C, C, x);
+  const GroupedResult res = quantize_grouped(h.view, G::Block128x128, DType::F8E4M3);
+  ASSERT_EQ(res.scale_inv.size(), 2u * 4u);
+  ASSERT_EQ(res.scale_inv_t.size(), 3u * 4u);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(res.out_t[c * R + r], res.out[r * C + c]) << r << "," << c;
+  for (int64_t rb = 0; rb < 2; ++rb)
+    for (int64_t cb = 0; cb < 3; ++cb) {
+      EXPECT_EQ(res.scale_inv_t[cb * 4 + rb], res.scale_inv[rb * 4 + cb]) << rb << "," << cb;
+      EXPECT_NE(res.scale_inv[rb * 4 + cb], 1.0f);  // random data: a real scale, not the padding value
+    }
+  for (int64_t cb = 0; cb < 3; ++cb)
+    for (int64_t pad : {2, 3}) EXPECT_EQ(res.scale_inv_t[cb * 4 + pad], 1.0f) << cb << "," << pad;
+  for (int64_t rb = 0; rb < 2; ++rb) EXPECT_EQ(res.scale_inv[rb * 4 + 3], 1.0f) << rb;
+}
+
+// Argument errors of the grouped form name the tensor and the expected size.
+TEST(QuantizeGroupedErrors, NameTheProblem) {
+  std::vector<float> x(256 * 384, 1.0f), s(4096);
+  std::vector<uint8_t> o(256 * 384), ot(256 * 384);
+  QuantizeFp8Args good;
+  good.granularity = G::Row;
+  good.inp = TensorView(x.data(), DType::F32, Device::CPU, {4, 32});
+  good.out = TensorView(o.data(), DType::F8E4M3, Device::CPU, {4, 32});
+  good.out_t = TensorView(ot.data(), DType::F8E4M3, Device::CPU, {32, 4});
+  good.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {4});
+  good.scale_inv_t = TensorView(s.data() + 64, DType::F32, Device::CPU, {32});
+  EXPECT_EQ(quantize_fp8(good), BackendType::CPU);
+
+  QuantizeFp8Args a = good;
+  a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {1});  // a tensorwise scale at Row granularity
+  expect_error(a, "scale_inv: row scales of a [4, 32] matrix are 4 contiguous f32");
+  a = good;
+  a.scale_inv_t = TensorView(s.data() + 64, DType::F32, Device::CPU, {4});  // out's size, not out_t's
+  expect_error(a, "scale_inv_t: row scales of a [32, 4] matrix are 32 contiguous f32");
+  a = good;
+  a.scale_inv_t = TensorView();
+  expect_error(a, "scale_inv_t: tensor is not set");
+  // The block granularities: the dims must be multiples of 128 (here R = 100).
+  for (G g : {G::Block1x128, G::Block128x128}) {
+    a = QuantizeFp8Args();
+    a.granularity = g;
+    a.inp = TensorView(x.data(), DType::F32, Device::CPU, {100, 128});
+    a.out = TensorView(o.data(), DType::F8E4M3, Device::CPU, {100, 128});
+    a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {100});
+    expect_error(a, std::string(fp8_granularity_name(g)) + " blocks need both dimensions of inp to be multiples of 128");
+    try {
+      cpu::quantize_fp8_grouped(x.data(), DType::F32, 100, 128, 128, g, o.data(), s.data(), nullptr, nullptr,
+                                DType::F8E4M3);
+      ADD_FAILURE() << "cpu::quantize_fp8_grouped accepted 100 x 128 at " << fp8_granularity_name(g);
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("multiples of 128, got [100, 128]"), std::string::npos) << e.what();
+    }
+  }
+  // 128x128 of a 256 x 384 matrix: [2, pad4(3)] = 8 scales; out_t's [3, pad4(2)] = 12.
+  a = QuantizeFp8Args();
+  a.granularity = G::Block128x128;
+  a.inp = TensorView(x.data(), DType::F32, Device::CPU, {256, 384});
+  a.out = TensorView(o.data(), DType::F8E4M3, Device::CPU, {256, 384});
+  a.out_t = TensorView(ot.data(), DType::F8E4M3, Device::CPU, {384, 256});
+  a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {8});
+  a.scale_inv_t = TensorView(s.data() + 64, DType::F32, Device::CPU, {12});
+  EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+  a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {6});  // unpadded 2 x 3
+  expect_error(a, "scale_inv: 128x128 scales of a [256, 384] matrix are 8 contiguous f32");
+  a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {8});
+  a.scale_inv_t = TensorView(s.data() + 64, DType::F32, Device::CPU, {8});
+  expect_error(a, "scale_inv_t: 128x128 scales of a [384, 256] matrix are 12 contiguous f32");
+}
+
+}  // namespace fp8_group_test
 }  // namespace primus::turbo

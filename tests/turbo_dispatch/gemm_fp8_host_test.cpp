@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "core/util/error.h"
 #include "turbo/core/arena.h"
@@ -131,4 +135,323 @@ TEST(Fp8LinearHost, ForwardIsTheProductOfPerTensorQuantizedOperands) {
 }
 
 }  // namespace
+
+// ---- per-group FP8 scaling: the GEMM's scale layouts and the rowwise / blockwise linear layers ----
+// Helpers in a named namespace: the host test binaries are unity builds.
+namespace fp8_group_gemm_test {
+
+using G = Fp8Granularity;
+
+// The scale index of element (r, k) of an operand stored [R, K] (A as [M,K], B as its [N,K]),
+// written out from fp8_granularity.h's comment rather than taken from fp8_scale_index.
+int64_t scale_index(G g, int64_t R, int64_t K, int64_t r, int64_t k) {
+  switch (g) {
+    case G::Tensor: return 0;
+    case G::Row: return r;
+    case G::Block1x128: return (k / 128) * R + r;
+    case G::Block128x128: return (r / 128) * ((K / 128 + 3) / 4 * 4) + k / 128;
+  }
+  return -1;
+}
+int64_t scale_numel(G g, int64_t R, int64_t K) {
+  switch (g) {
+    case G::Tensor: return 1;
+    case G::Row: return R;
+    case G::Block1x128: return (K / 128) * R;
+    case G::Block128x128: return (R / 128) * ((K / 128 + 3) / 4 * 4);
+  }
+  return -1;
+}
+
+float decode(DType t, uint8_t b) { return t == DType::F8E4M3 ? f8e4m3_bits_to_float(b) : f8e5m2_bits_to_float(b); }
+
+// A stored [R, K] FP8 operand with random finite bytes and a distinct random scale per group;
+// entries of a scale tensor that no element reads (128x128 padding) hold NaN, so reading one
+// would show.
+struct Operand {
+  DType dt;
+  G g;
+  int64_t R, K;
+  std::vector<uint8_t> q;
+  std::vector<float> scale;
+  Operand(DType dt_, G g_, int64_t R_, int64_t K_, std::mt19937& rng) : dt(dt_), g(g_), R(R_), K(K_) {
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f), e(-4.0f, 4.0f);
+    q.resize(static_cast<size_t>(R * K));
+    for (auto& b : q) b = dt == DType::F8E4M3 ? float_to_f8e4m3_bits(u(rng)) : float_to_f8e5m2_bits(u(rng));
+    scale.assign(static_cast<size_t>(scale_numel(g, R, K)), std::numeric_limits<float>::quiet_NaN());
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < K; ++k) {
+        float& s = scale[static_cast<size_t>(scale_index(g, R, K, r, k))];
+        if (std::isnan(s)) s = std::exp2(e(rng));
+      }
+  }
+  double at(int64_t r, int64_t k) const {
+    return double(decode(dt, q[r * K + k])) * scale[static_cast<size_t>(scale_index(g, R, K, r, k))];
+  }
+  TensorView scale_view() { return TensorView(scale.data(), DType::F32, Device::CPU, {int64_t(scale.size())}); }
+};
+
+// GemmArgs for D [M,N] f32 = A [M,K] @ (B stored [N,K])^T, the K-contiguous layout of the GPU.
+GemmArgs args_of(Operand& a, Operand& b, std::vector<float>& d) {
+  GemmArgs g;
+  g.a = TensorView(a.q.data(), a.dt, Device::CPU, {a.R, a.K});
+  g.b = TensorView(b.q.data(), b.dt, Device::CPU, {b.R, b.K}).transposed();
+  d.assign(static_cast<size_t>(a.R * b.R), 0.0f);
+  g.d = TensorView(d.data(), DType::F32, Device::CPU, {a.R, b.R});
+  g.a_scale = a.scale_view();
+  g.b_scale = b.scale_view();
+  g.a_scaling = a.g;
+  g.b_scaling = b.g;
+  return g;
+}
+
+struct Pairing {
+  G ga, gb;
+  DType ta, tb;
+};
+void PrintTo(const Pairing& p, std::ostream* os) {
+  *os << "A " << fp8_granularity_name(p.ga) << " " << dtype_name(p.ta) << ", B " << fp8_granularity_name(p.gb) << " "
+      << dtype_name(p.tb);
+}
+class Fp8GroupGemmHost : public ::testing::TestWithParam<Pairing> {};
+
+// D equals sum_k (A[i,k] a_scale(i,k)) (B[j,k] b_scale(j,k)) in double within 1e-5 of
+// sum_k |..| |..| (f32 GEMM of the dequantized operands); M, N multiples of 128 and K = 384 so that
+// the 128x128 scale rows carry a padding entry (NaN here, never read).
+TEST_P(Fp8GroupGemmHost, MatchesDequantizedDoubleLoop) {
+  const auto [ga, gb, ta, tb] = GetParam();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int64_t M = 256, N = 128, K = 384;
+  Operand a(ta, ga, M, K, rng), b(tb, gb, N, K, rng);
+  std::vector<float> d;
+  GemmArgs g = args_of(a, b, d);
+  EXPECT_EQ(gemm(g), BackendType::CPU);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0.0, mag = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = a.at(i, k) * b.at(j, k);
+        s += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_NEAR(d[i * N + j], s, 1e-5 * mag) << i << "," << j;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fp8, Fp8GroupGemmHost,
+    ::testing::Values(Pairing{G::Row, G::Row, DType::F8E4M3, DType::F8E5M2},
+                      Pairing{G::Row, G::Row, DType::F8E5M2, DType::F8E4M3},
+                      Pairing{G::Block1x128, G::Block1x128, DType::F8E4M3, DType::F8E4M3},
+                      Pairing{G::Block1x128, G::Block128x128, DType::F8E4M3, DType::F8E4M3},
+                      Pairing{G::Block128x128, G::Block1x128, DType::F8E4M3, DType::F8E4M3}),
+    [](const auto& info) {
+      return std::string(fp8_granularity_name(info.param.ga)) == "row"
+                 ? "RowRow_" + std::string(dtype_name(info.param.ta)) + "_" + std::string(dtype_name(info.param.tb))
+                 : std::string("A") + (info.param.ga == G::Block1x128 ? "1x128" : "128x128") + "_B" +
+                       (info.param.gb == G::Block1x128 ? "1x128" : "128x128");
+    });
+
+// What turbo::gemm refuses with per-group scales, and the message it gives.
+TEST(Fp8GroupGemmHostErrors, RefusesBadPairingsAndSizes) {
+  std::mt19937 rng(1);
+  const auto refuse = [](GemmArgs g, const std::string& part) {
+    const std::string e = error_of([&] { gemm(g); });
+    EXPECT_NE(e.find(part), std::string::npos) << "expected '" << part << "', got '" << e << "'";
+  };
+  std::vector<float> d;
+  {
+    Operand a(DType::F8E4M3, G::Block128x128, 128, 256, rng), b(DType::F8E4M3, G::Block128x128, 128, 256, rng);
+    refuse(args_of(a, b, d), "do not pair");
+  }
+  {
+    Operand a(DType::F8E4M3, G::Row, 128, 256, rng), b(DType::F8E4M3, G::Tensor, 128, 256, rng);
+    refuse(args_of(a, b, d), "row (A) and tensor (B) differ");
+    Operand at(DType::F8E4M3, G::Tensor, 128, 256, rng), br(DType::F8E4M3, G::Row, 128, 256, rng);
+    refuse(args_of(at, br, d), "tensor (A) and row (B) differ");
+  }
+  {
+    Operand a(DType::F8E4M3, G::Block1x128, 128, 256, rng), r(DType::F8E4M3, G::Row, 128, 256, rng);
+    refuse(args_of(a, r, d), "do not pair");  // block with a non-block operand
+  }
+  {
+    Operand a(DType::F8E4M3, G::Block1x128, 128, 256, rng), b(DType::F8E5M2, G::Block128x128, 128, 256, rng);
+    refuse(args_of(a, b, d), "block-scaled FP8 GEMMs take f8e4m3 operands");
+    Operand a5(DType::F8E5M2, G::Block1x128, 128, 256, rng), b4(DType::F8E4M3, G::Block1x128, 128, 256, rng);
+    refuse(args_of(a5, b4, d), "block-scaled FP8 GEMMs take f8e4m3 operands");
+  }
+  {
+    // K = 192: a 1x128 tile would straddle the end of K. (Operands and scales sized for K = 256.)
+    Operand a(DType::F8E4M3, G::Block1x128, 128, 256, rng), b(DType::F8E4M3, G::Block1x128, 128, 256, rng);
+    GemmArgs g = args_of(a, b, d);
+    g.a = TensorView(a.q.data(), DType::F8E4M3, Device::CPU, {128, 192});
+    g.b = TensorView(b.q.data(), DType::F8E4M3, Device::CPU, {128, 192}).transposed();
+    refuse(g, "multiples of 128");
+  }
+  {
+    Operand a(DType::F8E4M3, G::Block1x128, 128, 256, rng), b(DType::F8E4M3, G::Block128x128, 128, 256, rng);
+    GemmArgs g = args_of(a, b, d);
+    EXPECT_EQ(gemm(g), BackendType::CPU);  // the valid pairing, before breaking it
+    g.fp8_fast_accum = true;
+    refuse(g, "without fast accumulation");
+    g = args_of(a, b, d);
+    ASSERT_EQ(g.b_scale.numel(), 4);  // 128x128 scales of B [128, 256]: [1, pad4(2)] = 4 entries...
+    g.b_scale.shape[0] = 2;           // ...the unpadded 2 are refused
+    refuse(g, "needs b_scale as 4 contiguous f32");
+    g = args_of(a, b, d);
+    g.a_scale.shape[0] = 128;  // one tile per row, not K/128 = 2
+    refuse(g, "needs a_scale as 256 contiguous f32");
+  }
+  {
+    Operand a(DType::F8E4M3, G::Row, 128, 64, rng), b(DType::F8E4M3, G::Row, 96, 64, rng);
+    GemmArgs g = args_of(a, b, d);
+    EXPECT_EQ(gemm(g), BackendType::CPU);
+    g.b_scale.shape[0] = 128;  // A's row count, not B's (N = 96)
+    refuse(g, "row scaling needs b_scale as 96 contiguous f32");
+  }
+}
+
+// ---- the linear layers under the rowwise and blockwise recipes ----------------------------------
+
+double snr_db(const std::vector<float>& got, const std::vector<float>& ref, int64_t row_len = 0,
+              const std::vector<bool>* rows = nullptr) {
+  double sig = 0, err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (rows && !(*rows)[i / static_cast<size_t>(row_len)]) continue;
+    sig += double(ref[i]) * ref[i];
+    err += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+  }
+  return 10 * std::log10(sig / err);
+}
+
+struct LinearCase {
+  const char* format;
+  const char* scaling;
+};
+void PrintTo(const LinearCase& c, std::ostream* os) { *os << c.format << " " << c.scaling; }
+class Fp8GroupLinearHost : public ::testing::TestWithParam<LinearCase> {};
+
+TensorView host(std::vector<float>& v, int64_t r, int64_t c) { return TensorView(v.data(), DType::F32, Device::CPU, {r, c}); }
+
+// Random normal x, w, dout with a few outlier token rows (x50) in x and dout: the forward output,
+// the input gradient and the weight gradient of the FP8 layer against the f32 layer: SNR >= 25 dB
+// where every operand is E4M3, >= 20 dB for the gradients of the hybrid recipe (dout in E5M2).
+TEST_P(Fp8GroupLinearHost, ForwardAndBackwardMeetSnrGates) {
+  const auto [format, scaling] = GetParam();
+  const Fp8Recipe r = parse_fp8_recipe(format, scaling, "fp8", "fp8_recipe");
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  const int64_t N = 256, C = 256, OC = 384;
+  ASSERT_EQ(linear_fp8_unsupported(r, N, C, OC), "");
+  std::vector<float> x(N * C), w(OC * C), dy(N * OC);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : w) v = 0.05f * nd(rng);
+  for (auto& v : dy) v = nd(rng);
+  for (int64_t row : {3, 100, 201}) for (int64_t c = 0; c < C; ++c) x[row * C + c] *= 50.0f;
+  for (int64_t row : {17, 130}) for (int64_t c = 0; c < OC; ++c) dy[row * OC + c] *= 50.0f;
+  auto arena = make_host_arena(linear_fp8_scratch_bytes(N, C, OC));  // the documented upper bound
+  ExecContext ctx;
+  ctx.scratch = arena.get();
+  std::vector<float> out(N * OC), out_ref(N * OC), dx(N * C, 7.0f), dx_ref(N * C), dw(OC * C, 7.0f), dw_ref(OC * C);
+  linear_forward_fp8(host(out, N, OC), host(x, N, C), host(w, OC, C), {}, {}, ctx, r);
+  linear_forward(host(out_ref, N, OC), host(x, N, C), host(w, OC, C), {}, {}, ctx);
+  // accumulate flags false: dx and dw (pre-filled with 7) are overwritten.
+  linear_backward_fp8(host(dx, N, C), host(dw, OC, C), {}, host(dy, N, OC), host(x, N, C), host(w, OC, C), false, ctx,
+                      r, false);
+  linear_backward(host(dx_ref, N, C), host(dw_ref, OC, C), {}, host(dy, N, OC), host(x, N, C), host(w, OC, C), false,
+                  ctx, false);
+  const double grad_gate = r.grad == DType::F8E5M2 ? 20.0 : 25.0;
+  const double s_out = snr_db(out, out_ref), s_dx = snr_db(dx, dx_ref), s_dw = snr_db(dw, dw_ref);
+  EXPECT_GE(s_out, 25.0) << "forward";
+  EXPECT_GE(s_dx, grad_gate) << "dinp";
+  EXPECT_GE(s_dw, grad_gate) << "dweight";
+  EXPECT_EQ(arena->used(), 0u);  // the scratch is given back
+  // Only the recipe's own rounding: far from exact (not the f32 result by accident), far from noise.
+  EXPECT_LT(s_out, 60.0);
+  EXPECT_LT(s_dw, 60.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8, Fp8GroupLinearHost,
+                         ::testing::Values(LinearCase{"e4m3", "rowwise"}, LinearCase{"hybrid", "rowwise"},
+                                           LinearCase{"e4m3", "blockwise"}),
+                         [](const auto& info) { return std::string(info.param.format) + "_" + info.param.scaling; });
+
+// The point of per-row scales: with outlier rows in x, one tensor-wide scale pushes the ordinary
+// rows down into E4M3's subnormals, a scale per row does not. Over the ordinary rows the rowwise
+// and blockwise forward outputs are far more accurate than the tensorwise one.
+TEST(Fp8GroupLinearHostOutliers, RowwiseBeatsTensorwiseOnOrdinaryRows) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  const int64_t N = 256, C = 256, OC = 384;
+  std::vector<float> x(N * C), w(OC * C), ref(N * OC);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : w) v = 0.05f * nd(rng);
+  std::vector<bool> ordinary(N, true);
+  for (int64_t row : {3, 100, 201}) {
+    ordinary[row] = false;
+    for (int64_t c = 0; c < C; ++c) x[row * C + c] *= 65536.0f;
+  }
+  auto arena = make_host_arena(linear_fp8_scratch_bytes(N, C, OC));
+  ExecContext ctx;
+  ctx.scratch = arena.get();
+  linear_forward(host(ref, N, OC), host(x, N, C), host(w, OC, C), {}, {}, ctx);
+  const auto forward = [&](const char* scaling) {
+    std::vector<float> out(N * OC);
+    linear_forward_fp8(host(out, N, OC), host(x, N, C), host(w, OC, C), {}, {}, ctx,
+                       parse_fp8_recipe("e4m3", scaling, "fp8", "fp8_recipe"));
+    return out;
+  };
+  const std::vector<float> t = forward("tensorwise"), rw = forward("rowwise"), bw = forward("blockwise");
+  const double s_t = snr_db(t, ref, OC, &ordinary), s_r = snr_db(rw, ref, OC, &ordinary), s_b = snr_db(bw, ref, OC, &ordinary);
+  EXPECT_GE(s_r, 25.0);
+  EXPECT_GE(s_b, 25.0);
+  EXPECT_GT(s_r, s_t + 10.0) << "rowwise " << s_r << " dB, tensorwise " << s_t << " dB";
+  EXPECT_GT(s_b, s_t + 10.0) << "blockwise " << s_b << " dB, tensorwise " << s_t << " dB";
+  // Over the whole output (dominated by the outlier rows) every recipe passes the gate.
+  EXPECT_GE(snr_db(t, ref), 25.0);
+  EXPECT_GE(snr_db(rw, ref), 25.0);
+}
+
+TEST(Fp8RecipeScaling, ParsesAndRefuses) {
+  const Fp8Recipe b = parse_fp8_recipe("e4m3", "blockwise", "fp8", "fp8_recipe");
+  EXPECT_EQ(b.scaling, Fp8Scaling::Blockwise);
+  EXPECT_FALSE(b.fast_accum_fwd);
+  EXPECT_EQ(b.grad, DType::F8E4M3);
+  EXPECT_EQ(b.act_granularity(), G::Block1x128);
+  EXPECT_EQ(b.weight_granularity(), G::Block128x128);
+  const Fp8Recipe rw = parse_fp8_recipe("hybrid", "rowwise", "fp8", "fp8_recipe");
+  EXPECT_EQ(rw.scaling, Fp8Scaling::Rowwise);
+  EXPECT_EQ(rw.grad, DType::F8E5M2);
+  EXPECT_TRUE(rw.fast_accum_fwd);
+  EXPECT_EQ(rw.act_granularity(), G::Row);
+  EXPECT_EQ(rw.weight_granularity(), G::Row);
+  EXPECT_EQ(parse_fp8_recipe("hybrid", "tensorwise", "fp8", "fp8_recipe").scaling, Fp8Scaling::Tensorwise);
+  try {
+    parse_fp8_recipe("hybrid", "blockwise", "fp8", "fp8_recipe");
+    ADD_FAILURE() << "hybrid blockwise accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_recipe"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("e4m3"), std::string::npos) << e.what();
+  }
+  try {
+    parse_fp8_recipe("e4m3", "columnwise", "fp8", "fp8_recipe");
+    ADD_FAILURE() << "unknown scaling accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_recipe"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("columnwise"), std::string::npos) << e.what();
+  }
+  const std::string why = linear_fp8_unsupported(b, 100, 256, 384);
+  EXPECT_NE(why.find("multiples of 128"), std::string::npos) << why;
+  EXPECT_EQ(linear_fp8_unsupported(b, 256, 256, 384), "");
+  EXPECT_EQ(linear_fp8_unsupported(rw, 96, 256, 384), "");  // rowwise: multiples of 16
+  EXPECT_NE(linear_fp8_unsupported(rw, 100, 256, 384), "");
+}
+
+}  // namespace fp8_group_gemm_test
 }  // namespace primus::turbo
