@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "turbo/ops/gemm_fp8.h"
 #include "backends/cuda/args.h"
 #include "parallel/cuda/grad_reducer.h"
 #include "backends/cuda/device.h"
@@ -55,6 +56,14 @@ void add_cuda_schema(config::Schema& s) {
             "stays bf16), per-tensor current scaling: hybrid (E4M3 activations and weights, E5M2 gradients) or "
             "e4m3 (E4M3 everywhere); none: bf16",
             {"none", "hybrid", "e4m3"})
+      .text("fp8_recipe", "tensorwise",
+            "with fp8: the scaling granularity of the FP8 GEMMs' operands (current scaling: each scale from the "
+            "amax of the data it scales). tensorwise: one scale per tensor (fastest, least robust to outliers); "
+            "rowwise: one per row along K (torchao's rowwise: tokens for x and dy, features for w); blockwise: "
+            "DeepSeek-V3's 1x128 tiles for activations and gradients, 128x128 blocks for weights (needs fp8: e4m3 "
+            "and every linear size a multiple of 128); delayed (scales from an amax history) is not implemented yet "
+            "and is refused",
+            {"tensorwise", "rowwise", "blockwise", "delayed"})
       .integer("profile_steps", 0,
                "per-phase GPU time over this many steps after the first (table at the end, profile.json in the output "
                "folder); 0: off unless PRIMUS_CUDA_PROFILE=1 (then every step)",
@@ -79,7 +88,8 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   d.push_back({"device", device_name.empty() ? std::to_string(device) : fmt::format("{} ({})", device, device_name)});
   d.push_back({"attention_backend", attention_backend});
   if (deterministic) d.push_back({"deterministic", "true (attention backward without atomics)"});
-  if (fp8 != "none") d.push_back({"fp8", fp8 + " (transformer-layer linear GEMMs; output layer bf16)"});
+  if (fp8 != "none")
+    d.push_back({"fp8", fmt::format("{}, {} scaling (transformer-layer linear GEMMs; output layer bf16)", fp8, fp8_recipe)});
   d.push_back({"peak_flops", peak_flops > 0 ? fmt::format("{:.3g}", peak_flops) : "unknown (no MFU)"});
   return d;
 }
@@ -131,6 +141,18 @@ class CudaAdapter : public BackendAdapter {
     (void)parse_recompute(p.find_path("recompute_granularity")->as_string(), where("recompute_granularity"));
     (void)profile_env_steps();
     (void)parse_cuda_graph(*p.find_path("cuda_graph"));
+    // fp8_recipe takes effect through patch cuda.linear.fp8; checked here so that a recipe without
+    // FP8 (which would do nothing) and the recipe not built yet fail by name.
+    if (const std::string r = p.find_path("fp8_recipe")->as_string(); r != "tensorwise") {
+      if (r == "delayed")
+        throw ConfigError(fmt::format("{}: fp8_recipe delayed (scales from an amax history) is not implemented yet; use "
+                                      "tensorwise, rowwise or blockwise (current scaling)",
+                                      where("fp8_recipe")));
+      if (p.find_path("fp8")->as_string() == "none")
+        throw ConfigError(fmt::format("{}: fp8_recipe {} has no effect with fp8: none (set fp8: e4m3 or hybrid)",
+                                      where("fp8_recipe"), r));
+      (void)turbo::parse_fp8_recipe(p.find_path("fp8")->as_string(), r, where("fp8"), "fp8_recipe");
+    }
     if (a->attention_backend == "turbo" && std::string(default_attention_name()) != "turbo") {
       throw ConfigError(fmt::format("{}: attention_backend turbo: this build has no Turbo attention op (use auto or "
                                     "fallback)",

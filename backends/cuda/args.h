@@ -32,8 +32,9 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
                                            // (turbo/kernels/cublaslt/gemm_cublaslt.h, set_algo_search)
   bool deterministic = false;              // bit-identical runs: the attention backward without atomics
                                            // (patch cuda.attention.deterministic)
-  std::string fp8 = "none";                // FP8 recipe of the transformer layers' linear GEMMs (none |
+  std::string fp8 = "none";                // FP8 format of the transformer layers' linear GEMMs (none |
                                            // hybrid | e4m3; patch cuda.linear.fp8, turbo/ops/gemm_fp8.h)
+  std::string fp8_recipe = "tensorwise";   // its scaling: tensorwise | rowwise | blockwise (same patch)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)
   bool launch_ahead = false;               // queue step s + 1 before reading step s (patch cuda.step.launch_ahead)
   bool optimizer_in_bwd = false;           // AdamW per layer inside the backward (patch cuda.optimizer.in_backward)

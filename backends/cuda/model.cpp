@@ -64,14 +64,16 @@ void check_fp8(const train::ModelSpec& spec, const CudaModelOptions& opt) {
                                     prop.name, prop.major, prop.minor));
     }
   }
-  // Hopper's FP8 GEMMs want every dimension a multiple of 16.
-  const int64_t N = opt.max_batch * opt.max_seq;
+  // Hopper's FP8 GEMMs want every dimension a multiple of 16; the block scales, of 128.
+  const int64_t N = opt.max_batch * opt.max_seq, q = opt.fp8_multiple;
   for (const auto& [what, v] : {std::pair<const char*, int64_t>{"hidden_size", spec.hidden_size},
                                 {"ffn_hidden_size", spec.ffn_hidden_size},
                                 {"the query width (num_attention_heads x head dim)", spec.q_dim()},
                                 {"the kv projection width (num_query_groups x head dim)", spec.kv_dim()},
                                 {"micro_batch_size x seq_length", N}}) {
-    if (v % 16 != 0) throw ConfigError(fmt::format("fp8: FP8 GEMMs need {} to be a multiple of 16, got {}", what, v));
+    if (v % q != 0)
+      throw ConfigError(fmt::format("fp8: {}FP8 GEMMs need {} to be a multiple of {}, got {}",
+                                    q == 128 ? "blockwise " : "", what, q, v));
   }
 }
 

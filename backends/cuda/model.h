@@ -64,6 +64,7 @@ struct CudaModelOptions {
   // The linear slots run FP8 GEMMs (patch cuda.linear.fp8): scratch holds their quantized
   // copies (turbo::linear_fp8_scratch_bytes) and every linear dimension must be a multiple of 16.
   bool fp8_linear = false;
+  int64_t fp8_multiple = 16;  // what every linear dimension must divide by (blockwise FP8: 128)
   // Variants of the step that give the same results to rounding, kept as the references the
   // defaults (measured faster) are tested against; no config key sets them.
   BiasGrad bias_grad = BiasGrad::Ones;  // decoder.h

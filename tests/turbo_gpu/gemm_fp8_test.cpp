@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <tuple>
+#include <utility>
 
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/activation.h"
@@ -164,9 +167,11 @@ class Fp8LinearTest : public Fp8GemmTest {
 
 TEST_F(Fp8LinearTest, ForwardBackwardMatchHostPathAndSnrGates) {
   const int64_t N = 512, C = 256, OC = 384;
-  for (const char* name : {"hybrid", "e4m3"}) {
-    SCOPED_TRACE(name);
-    const Fp8Recipe r = parse_fp8_recipe(name, "test");
+  for (const auto& [name, scaling] : {std::pair{"hybrid", "tensorwise"}, std::pair{"e4m3", "tensorwise"},
+                                      std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "rowwise"},
+                                      std::pair{"e4m3", "blockwise"}}) {
+    SCOPED_TRACE(fmt::format("{} {}", name, scaling));
+    const Fp8Recipe r = parse_fp8_recipe(name, scaling, "test", "test_recipe");
     TensorView x = make(DType::BF16, {N, C}), w = make(DType::BF16, {OC, C}), bias = make(DType::BF16, {OC});
     auto xv = random_tensor(x), wv = random_tensor(w, 0.05f), bv = random_tensor(bias, 0.1f);
     TensorView out = make(DType::BF16, {N, OC});
@@ -261,7 +266,10 @@ TEST_F(Fp8LinearTest, GeluForwardAndDGeluBackwardMatchHostPath) {
 
 TEST_F(Fp8LinearTest, ScratchBytesCoverEveryCall) {
   // The three calls of a layer borrow at most linear_fp8_scratch_bytes: run them in an arena of
-  // exactly that size (the quantizer's partials included).
+  // exactly that size (the quantizer's partials included), for every scaling.
+  for (const char* scaling : {"tensorwise", "rowwise", "blockwise"}) {
+  SCOPED_TRACE(scaling);
+  const Fp8Recipe r = parse_fp8_recipe("e4m3", scaling, "test", "test_recipe");
   const int64_t N = 1024, C = 256, OC = 768;
   auto tight = make_device_arena(linear_fp8_scratch_bytes(N, C, OC));
   ExecContext c = ctx;
@@ -270,14 +278,60 @@ TEST_F(Fp8LinearTest, ScratchBytesCoverEveryCall) {
   random_tensor(x);
   random_tensor(w, 0.05f);
   // The arena throws (naming the borrow) when a call needs more than the stated bytes.
-  ASSERT_NO_THROW(linear_forward_fp8(out, x, w, {}, {}, c));
+  ASSERT_NO_THROW(linear_forward_fp8(out, x, w, {}, {}, c, r));
   TensorView dx = make(DType::BF16, {N, C}), dw = make(DType::F32, {OC, C});
   random_tensor(dw);
-  ASSERT_NO_THROW(linear_backward_fp8(dx, dw, {}, out, x, w, false, c));  // both gradients: the largest borrow
-  ASSERT_NO_THROW(linear_backward_fp8({}, dw, {}, out, x, w, false, c));
-  ASSERT_NO_THROW(linear_backward_fp8(dx, {}, {}, out, x, w, false, c));
+  ASSERT_NO_THROW(linear_backward_fp8(dx, dw, {}, out, x, w, false, c, r));  // both gradients: the largest borrow
+  ASSERT_NO_THROW(linear_backward_fp8({}, dw, {}, out, x, w, false, c, r));
+  ASSERT_NO_THROW(linear_backward_fp8(dx, {}, {}, out, x, w, false, c, r));
   CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_GT(tight->high_water(), tight->capacity() / 2) << "the stated bytes are far above what the calls borrow";
+  }
+}
+
+// Per-group scales: cuBLASLt's outer-vector and block-scaled GEMMs against the host path on the
+// same FP8 bytes and scales (the host dequantizes each element with its own group's scale), for
+// every pairing cuBLASLt serves; the scales are random powers of two so that a scale read from
+// the wrong group (a layout error) moves the result by O(1).
+TEST_F(Fp8GemmTest, GroupScaledProductsMatchTheHostPath) {
+  using G = Fp8Granularity;
+  const int64_t M = 384, N = 640, K = 384;  // block counts 3, 5, 3: none a multiple of 4 (the padded layout)
+  std::mt19937 rng(11);
+  for (const auto& [ga, gb, fast] : {std::tuple{G::Row, G::Row, false}, std::tuple{G::Row, G::Row, true},
+                                     std::tuple{G::Block1x128, G::Block1x128, false},
+                                     std::tuple{G::Block1x128, G::Block128x128, false},
+                                     std::tuple{G::Block128x128, G::Block1x128, false}}) {
+    SCOPED_TRACE(fmt::format("A {} B {} fast {}", fp8_granularity_name(ga), fp8_granularity_name(gb), fast));
+    TensorView a = make(DType::F8E4M3, {M, K}), bt = make(DType::F8E4M3, {N, K}), d = make(DType::BF16, {M, N});
+    auto av = random_tensor(a, 4.0f), bv = random_tensor(bt, 4.0f);
+    const int64_t na = fp8_scale_numel(ga, M, K), nb = fp8_scale_numel(gb, N, K);
+    std::vector<float> sa(static_cast<size_t>(na)), sb(static_cast<size_t>(nb));
+    for (auto& x : sa) x = std::ldexp(1.0f, static_cast<int>(rng() % 7) - 3);
+    for (auto& x : sb) x = std::ldexp(1.0f, static_cast<int>(rng() % 7) - 3);
+    TensorView dsa = make(DType::F32, {na}), dsb = make(DType::F32, {nb});
+    put(dsa, sa);
+    put(dsb, sb);
+    GemmArgs g;
+    g.a = a;
+    g.b = bt.transposed();
+    g.d = d;
+    g.a_scale = dsa;
+    g.b_scale = dsb;
+    g.a_scaling = ga;
+    g.b_scaling = gb;
+    g.fp8_fast_accum = fast;
+    poison(d);
+    ASSERT_EQ(gemm(g), BackendType::CUBLASLT);
+    std::vector<double> ref(static_cast<size_t>(M * N), 0.0);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0.0;
+        for (int64_t k = 0; k < K; ++k)
+          s += double(av[i * K + k]) * sa[fp8_scale_index(ga, M, K, i, k)] * bv[j * K + k] * sb[fp8_scale_index(gb, N, K, j, k)];
+        ref[i * N + j] = s;
+      }
+    EXPECT_LT(rel_err(get(d), ref), 1e-2);
+  }
 }
 
 }  // namespace

@@ -303,19 +303,88 @@ TEST_F(QuantizeGpuTest, DeviceCallWithoutScratchIsAnError) {
   EXPECT_THROW(quantize_fp8(a), RuntimeError);
 }
 
-// `primus benchmark quantize`: three measurements (out + out_t, out, out_t) per case and backend,
-// on the host (runs everywhere) and, where there is one, on the device.
-TEST(QuantizeBench, ThreeMeasurementsPerCase) {
+// `primus benchmark quantize`: per case and backend, three tensorwise measurements (out + out_t,
+// out, out_t) and the per-group ones (rows always; 1x128 and 128x128 where both dimensions are
+// multiples of 128): 4 for 64x96, 6 for 128x256; on the host (runs everywhere) and, where there
+// is one, on the device.
+TEST(QuantizeBench, MeasurementsPerCase) {
   for (bool cpu_only : {true, false}) {
     if (!cpu_only && cuda_device_count_or_zero() == 0) continue;
     bench::BenchConfig cfg;
     cfg.ops = {"quantize"};
-    cfg.shapes = {"64x96"};
+    cfg.shapes = {"64x96", "128x256"};
     cfg.iters = 2;
     cfg.cpu_only = cpu_only;
     cfg.memory_gib = 1;
-    EXPECT_EQ(bench::run_benchmarks(cfg, stdout), 3) << (cpu_only ? "host" : "device");
+    EXPECT_EQ(bench::run_benchmarks(cfg, stdout), 10) << (cpu_only ? "host" : "device");
   }
+}
+
+// Per-group scaling (rows, 1x128 tiles, 128x128 blocks): the device kernel against the CPU
+// reference, bytes and scales bit for bit, both outputs and each alone, f32 and bf16 inputs,
+// both FP8 formats, strided rows; a NaN poisons only its group; a graph replay gives the same bits.
+TEST_F(QuantizeGpuTest, GroupScalingMatchesTheReferenceBitForBit) {
+  using G = Fp8Granularity;
+  struct Shape { int64_t R, C, ld; };
+  for (const G g : {G::Row, G::Block1x128, G::Block128x128})
+    for (const Shape sh : g == G::Row ? std::vector<Shape>{{272, 400, 400}, {128, 256, 264}, {16, 2048, 2048}}
+                                      : std::vector<Shape>{{256, 384, 384}, {384, 640, 648}, {128, 128, 128}})
+      for (const DType dt : {DType::BF16, DType::F32})
+        for (const DType fp8 : {DType::F8E4M3, DType::F8E5M2})
+          for (const bool nan : {false, true}) {
+            SCOPED_TRACE(fmt::format("{} [{}, {}] ld {} {} -> {}{}", fp8_granularity_name(g), sh.R, sh.C, sh.ld,
+                                     dtype_name(dt), dtype_name(fp8), nan ? " with a NaN" : ""));
+            std::vector<float> vals(static_cast<size_t>(sh.R * sh.C));
+            std::normal_distribution<float> n(0.0f, 1.0f);
+            std::uniform_real_distribution<float> e(-6.0f, 3.0f);
+            for (auto& v : vals) v = n(rng_) * std::exp2(e(rng_));
+            if (nan) vals[static_cast<size_t>((sh.R / 2) * sh.C + sh.C / 3)] = std::numeric_limits<float>::quiet_NaN();
+            Input in = make_input(dt, sh.R, sh.C, sh.ld, &vals);
+            const int64_t ns = fp8_scale_numel(g, sh.R, sh.C), nst = fp8_scale_numel(g, sh.C, sh.R);
+            // Reference.
+            std::vector<uint8_t> ro(static_cast<size_t>(sh.R * sh.C)), rt(ro.size());
+            std::vector<float> rs(static_cast<size_t>(ns)), rst(static_cast<size_t>(nst));
+            QuantizeFp8Args ra;
+            ra.inp = in.host_view();
+            ra.granularity = g;
+            ra.out = TensorView(ro.data(), fp8, Device::CPU, {sh.R, sh.C});
+            ra.out_t = TensorView(rt.data(), fp8, Device::CPU, {sh.C, sh.R});
+            ra.scale_inv = TensorView(rs.data(), DType::F32, Device::CPU, {ns});
+            ra.scale_inv_t = TensorView(rst.data(), DType::F32, Device::CPU, {nst});
+            ASSERT_EQ(quantize_fp8(ra), BackendType::CPU);
+            // Device: both outputs, then each alone.
+            TensorView out = make(fp8, {sh.R, sh.C}), out_t = make(fp8, {sh.C, sh.R});
+            TensorView sc = make(DType::F32, {ns}), sct = make(DType::F32, {nst});
+            for (int mode = 0; mode < 3; ++mode) {
+              QuantizeFp8Args a;
+              a.inp = in.dev;
+              a.granularity = g;
+              if (mode != 2) a.out = out, a.scale_inv = sc;
+              if (mode != 1) a.out_t = out_t, a.scale_inv_t = sct;
+              a.ctx = ctx;
+              for (const TensorView* t : {&out, &out_t, &sc, &sct}) poison(*t);
+              CUDA_CHECK(cudaDeviceSynchronize());
+              ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
+              if (mode != 2) {
+                EXPECT_TRUE(bytes(out) == ro) << "out: " << first_diff(bytes(out), ro);
+                const auto s = get(sc);
+                for (int64_t k = 0; k < ns; ++k)
+                  ASSERT_EQ(bits(s[k]), bits(rs[k])) << "scale_inv[" << k << "] " << s[k] << " vs " << rs[k];
+              }
+              if (mode != 1) {
+                EXPECT_TRUE(bytes(out_t) == rt) << "out_t: " << first_diff(bytes(out_t), rt);
+                const auto s = get(sct);
+                for (int64_t k = 0; k < nst; ++k)
+                  ASSERT_EQ(bits(s[k]), bits(rst[k])) << "scale_inv_t[" << k << "] " << s[k] << " vs " << rst[k];
+              }
+            }
+            if (nan && (g != G::Block128x128 || sh.R * sh.C > kFp8BlockSize * kFp8BlockSize)) {  // only the NaN's group is poisoned: some bytes of out are finite
+              size_t poisoned = 0;
+              for (uint8_t b : ro) poisoned += b == 0x7f;
+              EXPECT_GT(poisoned, 0u);
+              EXPECT_LT(poisoned, ro.size() / 2);
+            }
+          }
 }
 
 }  // namespace

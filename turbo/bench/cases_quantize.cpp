@@ -40,6 +40,22 @@ Case quantize_case(const std::string& label, int64_t R, int64_t C) {
             add("both", true, true);
             add("out", true, false);
             add("out_t", false, true);
+            // Per-group scaling, both outputs: rows read the input twice (amax launch, then
+            // quantize), the block granularities once (one launch).
+            for (const Fp8Granularity g : {Fp8Granularity::Row, Fp8Granularity::Block1x128, Fp8Granularity::Block128x128}) {
+              const bool block = g != Fp8Granularity::Row;
+              if (block && (R % kFp8BlockSize != 0 || C % kFp8BlockSize != 0)) continue;
+              QuantizeFp8Args a = base;
+              a.granularity = g;
+              a.out = out;
+              a.out_t = out_t;
+              a.scale_inv = e.empty(DType::F32, {fp8_scale_numel(g, R, C)});
+              a.scale_inv_t = e.empty(DType::F32, {fp8_scale_numel(g, C, R)});
+              const double reads = block ? 1 : 2;
+              calls.push_back({fmt::format("quantize_fp8_{}_both/{}", fp8_granularity_name(g), label), Metric::Bytes,
+                               reads * in + 2 * fp8, [a] { quantize_fp8(a); },
+                               fmt::format("e4m3 {} scales; bytes = {} x input + outputs", fp8_granularity_name(g), reads)});
+            }
             return calls;
           }};
 }
@@ -52,7 +68,7 @@ OpFamily quantize_family() {
   f.bench = "ops";
   f.dispatch_ops = {"quantize"};
   f.backends = {BackendType::TURBO, BackendType::CPU};
-  f.shape_syntax = "RxC (rows x columns): FP8 e4m3 tensorwise, out [R,C] and/or out_t [C,R]";
+  f.shape_syntax = "RxC (rows x columns): FP8 e4m3 tensorwise, out [R,C] and/or out_t [C,R]; row / 1x128 / 128x128 scales, both";
   f.defaults = [](const Scale& s) {
     if (!s.gpu) return std::vector<Case>{quantize_case("small", s.tokens, 768)};
     return std::vector<Case>{quantize_case("16384x8192", 16384, 8192), quantize_case("gpt2/act", s.tokens, 768),

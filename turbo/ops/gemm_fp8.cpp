@@ -148,16 +148,16 @@ Fp8Recipe parse_fp8_recipe(const std::string& format, const std::string& scaling
   }
   if (scaling == "blockwise") {
     if (r.grad != DType::F8E4M3)
-      throw ConfigError(fmt::format("{}: {} blockwise takes {}: e4m3 (DeepSeek-V3's recipe: E4M3 everywhere, the 1x128 "
-                                    "and 128x128 scales give gradients their range; cuBLASLt's block scales take "
-                                    "E4M3 operands), got {}",
-                                    where, scaling_key, where, format));
+      throw ConfigError(fmt::format("{}: {} blockwise needs the e4m3 format (DeepSeek-V3's recipe: E4M3 everywhere, "
+                                    "the 1x128 and 128x128 scales give gradients their range; cuBLASLt's block "
+                                    "scales take E4M3 operands), not {}",
+                                    where, scaling_key, format));
     r.scaling = Fp8Scaling::Blockwise;
     r.fast_accum_fwd = false;
     return r;
   }
-  throw ConfigError(fmt::format("{}: unknown FP8 scaling '{}' (expected tensorwise, rowwise or blockwise)", scaling_key,
-                                scaling));
+  throw ConfigError(fmt::format("{}: {}: unknown FP8 scaling '{}' (expected tensorwise, rowwise or blockwise)", where,
+                                scaling_key, scaling));
 }
 
 std::string linear_fp8_unsupported(const Fp8Recipe& r, int64_t n, int64_t in_features, int64_t out_features) {
@@ -170,15 +170,20 @@ std::string linear_fp8_unsupported(const Fp8Recipe& r, int64_t n, int64_t in_fea
 }
 
 size_t linear_fp8_scratch_bytes(int64_t n, int64_t in_features, int64_t out_features) {
-  const auto b = [](int64_t elems) { return (size_t(elems) + Arena::kDefaultAlign) / Arena::kDefaultAlign * Arena::kDefaultAlign; };
+  const auto b = [](int64_t bytes) { return (size_t(bytes) + Arena::kDefaultAlign) / Arena::kDefaultAlign * Arena::kDefaultAlign; };
+  // A quantized copy of an [R, C] matrix with its scales at any granularity: one f32 per row or
+  // column (Row), per 128 elements (1x128), per block with padding (128x128), or one.
+  const auto copy = [&](int64_t R, int64_t C) {
+    return b(R * C) + b(4 * (std::max({R, C, R * C / kFp8BlockSize}) + 4 * (R / kFp8BlockSize + 1)));
+  };
   const int64_t N = n, C = in_features, OC = out_features;
   // Forward: x, w. Backward with both gradients: dy^T, then dy and w^T (dgrad), then x^T in
   // their place (wgrad). One gradient only: dy + w^T, or dy^T + x^T.
-  const size_t fwd = b(N * C) + b(OC * C), both = b(N * OC) + std::max(b(N * OC) + b(OC * C), b(N * C));
-  // Scales: at most one f32 per row of each quantized copy, plus the quantizer's row and column
-  // maxima (rowwise), for the up to three copies alive at once.
-  const size_t scales = 3 * b(4 * (N + C + OC)) + b(4 * (N + std::max(C, OC)));
-  return std::max(fwd, both) + scales + 2 * (kQuantizerBytes + 2 * Arena::kDefaultAlign);
+  const size_t fwd = copy(N, C) + copy(OC, C), both = copy(OC, N) + std::max(copy(N, OC) + copy(C, OC), copy(C, N));
+  // The quantizer's own scratch while a copy is made: the tensorwise amax partials, or the row
+  // and column maxima of rowwise scaling.
+  const size_t quantizer = std::max<size_t>(kQuantizerBytes, b(4 * (N + std::max(C, OC) + std::max(C, OC))));
+  return std::max(fwd, both) + 2 * (quantizer + 2 * Arena::kDefaultAlign);
 }
 
 void linear_forward_fp8(const TensorView& out, const TensorView& inp, const TensorView& weight,
