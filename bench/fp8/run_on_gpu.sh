@@ -6,7 +6,9 @@
 #   run(command="bash bench/fp8/run_on_gpu.sh", carry=[".carry-fp8"])
 # STAGES (default "tests train"): tests = test_turbo_gpu's FP8 GEMM / quantizer tests (TEST_FILTER)
 # and the layout probe; train = the recipes (RECIPES, default "e4m3:tensorwise e4m3:rowwise
-# e4m3:blockwise hybrid:tensorwise hybrid:rowwise") and the two anchors; STEPS (30) / MEASURE (20).
+# e4m3:blockwise hybrid:tensorwise hybrid:rowwise") and the two anchors (BF16_ANCHOR=0: the FP8 one
+# only); STEPS (30) / MEASURE (20). QBENCH=1 first times `primus benchmark quantize` (TURBO) on
+# the Llama-3.2-1B shapes.
 # Rows (DESIGN.md "Measurements") in $OUT/train.jsonl; a table last.
 set -u
 CARRY=${CARRY:-.carry-fp8}
@@ -45,6 +47,10 @@ if [[ " $STAGES " == *" tests "* ]]; then
   fi
 fi
 
+if [ "${QBENCH:-0}" = 1 ]; then
+  "$BIN/primus" benchmark quantize --shapes 16384x2048,16384x8192,2048x8192 --backend TURBO 2>&1 | grep -E "^  quantize_fp8_" | tee "$OUT/quantize_bench.txt"
+fi
+
 if [[ " $STAGES " == *" train "* ]]; then
   ws=/tmp/fp8-ws
   for rc_ in ${RECIPES:-e4m3:tensorwise e4m3:rowwise e4m3:blockwise hybrid:tensorwise hybrid:rowwise}; do
@@ -63,8 +69,10 @@ if [[ " $STAGES " == *" train "* ]]; then
   rm -rf "$ws"
   timeout 240 python3 "$CARRY/torch_fp8_anchor.py" --model llama3.2-1B --batch 8 --mode compile > "$OUT/anchor_fp8.json" 2> "$OUT/anchor_fp8.err"
   SUMMARY+=("$(printf '%-40s rc=%s' "torch_fp8_anchor (rowwise, compile)" "$?")")
-  timeout 240 python3 "$CARRY/torch_anchor.py" --model llama3.2-1B --batch 8 --mode compile > "$OUT/anchor_bf16.json" 2> "$OUT/anchor_bf16.err"
-  SUMMARY+=("$(printf '%-40s rc=%s' "torch_anchor (bf16, compile)" "$?")")
+  if [ "${BF16_ANCHOR:-1}" = 1 ]; then
+    timeout 240 python3 "$CARRY/torch_anchor.py" --model llama3.2-1B --batch 8 --mode compile > "$OUT/anchor_bf16.json" 2> "$OUT/anchor_bf16.err"
+    SUMMARY+=("$(printf '%-40s rc=%s' "torch_anchor (bf16, compile)" "$?")")
+  fi
   python3 - "$OUT" "$DEVICE" "$DATE" "$COMMIT" "$MEASURE" <<'PY'
 import glob, json, os, sys
 out, device, date, commit, measure = sys.argv[1:6]

@@ -351,11 +351,13 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
 
 
 // ---- per-group scaling (rows, 1x128 tiles, 128x128 blocks) ---------------------------------------
-// One kernel over 128 x 128 tiles of the input (256 threads; warp w owns rows w, w+8, ... of the
-// tile, lane l its columns 4l..4l+3). A tile is read once into registers and a padded shared copy:
-// row maxima come from warp reductions, column maxima from the lanes' running maxima reduced over
-// the 8 warps; the row-scaled copy is written from registers (4 bytes a lane, 128 contiguous bytes
-// a row), the column-scaled transpose from the shared copy (4 rows a lane, 128 bytes a column).
+// One kernel over 128 x 128 tiles of the input (256 threads). Warp w owns the 16 consecutive rows
+// 16w..16w+15 of the tile, lane l its columns 4l..4l+3, so a thread holds a 16 x 4 patch in
+// registers after one read of the input (16 loads of 4 elements in flight). Row maxima come from
+// warp reductions, column maxima from the threads' patch maxima reduced over the 8 warps through
+// 4 KiB of shared memory. The row-scaled copy is written from the patch, 4 bytes a lane (128
+// contiguous bytes a row); the column-scaled transpose too: a patch column is 16 consecutive rows,
+// i.e. 16 contiguous bytes of out_t, one 16-byte store; no shared transpose is needed.
 //   1x128 / 128x128: the groups lie inside the tile, so one launch does everything.
 //   Row: a row's group spans every tile of the row (a column's every tile of the column), so a
 //   first launch (kAmaxOnly) folds the tile maxima into row and column maxima with atomicMax on
@@ -388,45 +390,40 @@ __device__ __forceinline__ Scaling group_scaling(uint32_t m, float fp8max, float
   return s;
 }
 
+// Four FP8 bytes of x[0..3] under scaling s, x[0] in the low byte.
 template <bool kE4M3>
 __device__ __forceinline__ uint32_t cvt4(const float* x, const Scaling& s) {
   if (!s.finite) return kPoison4;
   return cvt2<kE4M3>(x[0], x[1], s.scale) | (cvt2<kE4M3>(x[2], x[3], s.scale) << 16);
 }
+// One FP8 byte of x under scaling s (the poison byte when the group is not finite).
+template <bool kE4M3>
+__device__ __forceinline__ uint32_t cvt1(float x, const Scaling& s) {
+  return s.finite ? (cvt2<kE4M3>(x, 0.0f, s.scale) & 0xffu) : 0x7fu;
+}
 
 constexpr int kGTile = 128;
-constexpr int kGRowsPerWarp = kGTile / (kThreads / 32);  // 16
-
-template <class T>
-constexpr int group_smem_pitch() { return kGTile + (sizeof(T) == 2 ? 2 : 1); }  // elements per shared row
-template <class T>
-constexpr size_t group_smem_bytes() { return sizeof(T) * kGTile * group_smem_pitch<T>() + sizeof(uint32_t) * (8 * kGTile + kGTile + 32); }
+constexpr int kGRows = kGTile / (kThreads / 32);  // 16 rows a warp
 
 // Preconditions (checked by the launcher): C % 16 == 0 and R % 16 == 0, inp rows 16-byte aligned
 // (ld * sizeof(T) % 16 == 0), outputs 16-byte aligned; block modes: R, C multiples of 128.
 template <class T, bool kE4M3, GroupMode kMode, bool kAmaxOnly>
-__global__ void __launch_bounds__(kThreads) quantize_groups_kernel(GroupArgs a) {
-  extern __shared__ __align__(16) unsigned char group_smem[];
-  constexpr int P = group_smem_pitch<T>();
-  T* tile = reinterpret_cast<T*>(group_smem);
-  uint32_t* colpart = reinterpret_cast<uint32_t*>(group_smem + sizeof(T) * kGTile * P);  // [8][128]
-  uint32_t* colmax = colpart + 8 * kGTile;                                                // [128]
-  uint32_t* red = colmax + kGTile;                                                        // [32]
+__global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs a) {
+  __shared__ uint32_t colpart[kThreads / 32][kGTile];
+  __shared__ uint32_t red[32];
   const T* inp = static_cast<const T*>(a.inp);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile, c0 = static_cast<int64_t>(blockIdx.x) * kGTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile + warp * kGRows;  // this warp's first row
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGTile;
   const int c = 4 * lane;
-  const bool col_ok = c0 + c < a.C;  // C % 16 == 0: a lane's 4 columns are all in or all out
-  float v[kGRowsPerWarp][4];
-  uint32_t rmax[kGRowsPerWarp];
+  const bool col_ok = c0 + c < a.C;    // C % 16 == 0: a lane's 4 columns are all in or all out
+  const bool rows_ok = r0 < a.R;       // R % 16 == 0: a warp's 16 rows are all in or all out
+  float v[kGRows][4];
   uint32_t cmax[4] = {0, 0, 0, 0};
+  if (rows_ok && col_ok) {
 #pragma unroll
-  for (int i = 0; i < kGRowsPerWarp; ++i) {
-    const int rr = warp + 8 * i;
-    const int64_t r = r0 + rr;
-    uint32_t m = 0;
-    if (r < a.R && col_ok) {
-      const T* src = inp + r * a.ld + c0 + c;
+    for (int i = 0; i < kGRows; ++i) {
+      const T* src = inp + (r0 + i) * a.ld + c0 + c;
       if constexpr (sizeof(T) == 4) {
         const float4 f = __ldg(reinterpret_cast<const float4*>(src));
         v[i][0] = f.x, v[i][1] = f.y, v[i][2] = f.z, v[i][3] = f.w;
@@ -435,49 +432,57 @@ __global__ void __launch_bounds__(kThreads) quantize_groups_kernel(GroupArgs a) 
         const float2 lo = bf16_pair(w.x), hi = bf16_pair(w.y);
         v[i][0] = lo.x, v[i][1] = lo.y, v[i][2] = hi.x, v[i][3] = hi.y;
       }
+    }
+  } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t b = __float_as_uint(v[i][j]) & 0x7fffffffu;
-        m = max(m, b);
-        cmax[j] = max(cmax[j], b);
-        tile[rr * P + c + j] = T(v[i][j]);
-      }
-    } else {
+    for (int i = 0; i < kGRows; ++i) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.0f;
+  }
+  uint32_t rmax[kGRows];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) v[i][j] = 0.0f, tile[rr * P + c + j] = T(0.0f);
+  for (int i = 0; i < kGRows; ++i) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t b = __float_as_uint(v[i][j]) & 0x7fffffffu;
+      m = max(m, b);
+      cmax[j] = max(cmax[j], b);
     }
     rmax[i] = __reduce_max_sync(0xffffffffu, m);
   }
 #pragma unroll
-  for (int j = 0; j < 4; ++j) colpart[warp * kGTile + c + j] = cmax[j];
+  for (int j = 0; j < 4; ++j) colpart[warp][c + j] = cmax[j];
   __syncthreads();
-  if (threadIdx.x < kGTile) {
+  // The tile's column maxima for this lane's 4 columns (every warp reads the same 128 words).
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
     uint32_t m = 0;
 #pragma unroll
-    for (int w = 0; w < 8; ++w) m = max(m, colpart[w * kGTile + threadIdx.x]);
-    colmax[threadIdx.x] = m;
+    for (int w = 0; w < kThreads / 32; ++w) m = max(m, colpart[w][c + j]);
+    cmax[j] = m;
   }
-  __syncthreads();
   if constexpr (kAmaxOnly) {  // Row mode, first launch: fold into the global row / column maxima
-    if (lane == 0)
+    if (rows_ok && lane < kGRows) {
+      uint32_t m = 0;
 #pragma unroll
-      for (int i = 0; i < kGRowsPerWarp; ++i)
-        if (r0 + warp + 8 * i < a.R) atomicMax(a.row_amax + r0 + warp + 8 * i, rmax[i]);
-    if (threadIdx.x < kGTile && c0 + threadIdx.x < a.C) atomicMax(a.col_amax + c0 + threadIdx.x, colmax[threadIdx.x]);
+      for (int i = 0; i < kGRows; ++i) m = lane == i ? rmax[i] : m;
+      atomicMax(a.row_amax + r0 + lane, m);
+    }
+    if (warp == 0 && col_ok)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) atomicMax(a.col_amax + c0 + c + j, cmax[j]);
     return;
   }
-  // Block 128x128: one group, the tile.
   uint32_t block_max = 0;
   if constexpr (kMode == GroupMode::Block128x128) {
-    block_max = block_max_u32(threadIdx.x < kGTile ? colmax[threadIdx.x] : 0u, red);
+    block_max = block_max_u32(max(max(cmax[0], cmax[1]), max(cmax[2], cmax[3])), red);
   }
   const int64_t nb_c = a.C / kGTile, nb_r = a.R / kGTile;  // block modes only
-  // ---- out: row-scaled copy, from registers
+  if (!rows_ok) return;
+  // ---- out: row-scaled copy, 4 bytes a lane per row
   if (a.out) {
 #pragma unroll
-    for (int i = 0; i < kGRowsPerWarp; ++i) {
-      const int64_t r = r0 + warp + 8 * i;
-      if (r >= a.R) continue;
+    for (int i = 0; i < kGRows; ++i) {
+      const int64_t r = r0 + i;
       const uint32_t m = kMode == GroupMode::Row ? a.row_amax[r] : kMode == GroupMode::Block1x128 ? rmax[i] : block_max;
       float inv;
       const Scaling s = group_scaling(m, a.fp8max, &inv);
@@ -487,7 +492,7 @@ __global__ void __launch_bounds__(kThreads) quantize_groups_kernel(GroupArgs a) 
           if (blockIdx.x == 0) a.scale_inv[r] = inv;
         } else if constexpr (kMode == GroupMode::Block1x128) {
           a.scale_inv[blockIdx.x * a.R + r] = inv;
-        } else if (r == r0 && warp == 0) {
+        } else if (i == 0 && warp == 0) {
           const int64_t pad = (nb_c + 3) / 4 * 4;
           a.scale_inv[blockIdx.y * pad + blockIdx.x] = inv;
           if (blockIdx.x == nb_c - 1)
@@ -496,33 +501,29 @@ __global__ void __launch_bounds__(kThreads) quantize_groups_kernel(GroupArgs a) 
       }
     }
   }
-  // ---- out_t: column-scaled transpose, from the shared copy (warp w: columns w, w+8, ...)
-  if (a.out_t) {
-    const int rr = 4 * lane;
-    const bool rows_ok = r0 + rr < a.R;  // R % 16 == 0: a lane's 4 rows are all in or all out
-#pragma unroll 4
-    for (int i = 0; i < kGRowsPerWarp; ++i) {
-      const int cc = warp + 8 * i;
-      const int64_t col = c0 + cc;
-      if (col >= a.C) continue;
-      const uint32_t m = kMode == GroupMode::Row ? a.col_amax[col] : kMode == GroupMode::Block1x128 ? colmax[cc] : block_max;
+  // ---- out_t: column-scaled transpose, one 16-byte store per patch column (its 16 rows)
+  if (a.out_t && col_ok) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t col = c0 + c + j;
+      const uint32_t m = kMode == GroupMode::Row ? a.col_amax[col] : kMode == GroupMode::Block1x128 ? cmax[j] : block_max;
       float inv;
       const Scaling s = group_scaling(m, a.fp8max, &inv);
-      float x[4];
+      uint32_t w[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) x[j] = to_f32(tile[(rr + j) * P + cc]);
-      if (rows_ok) *reinterpret_cast<uint32_t*>(a.out_t + col * a.R + r0 + rr) = cvt4<kE4M3>(x, s);
-      if (lane == 0) {
-        if constexpr (kMode == GroupMode::Row) {
-          if (blockIdx.y == 0) a.scale_inv_t[col] = inv;
-        } else if constexpr (kMode == GroupMode::Block1x128) {
-          a.scale_inv_t[blockIdx.y * a.C + col] = inv;
-        } else if (cc == 0) {
-          const int64_t pad = (nb_r + 3) / 4 * 4;
-          a.scale_inv_t[blockIdx.x * pad + blockIdx.y] = inv;
-          if (blockIdx.y == nb_r - 1)
-            for (int64_t k = nb_r; k < pad; ++k) a.scale_inv_t[blockIdx.x * pad + k] = 1.0f;
-        }
+      for (int q = 0; q < 4; ++q)
+        w[q] = cvt1<kE4M3>(v[4 * q][j], s) | (cvt1<kE4M3>(v[4 * q + 1][j], s) << 8) |
+               (cvt1<kE4M3>(v[4 * q + 2][j], s) << 16) | (cvt1<kE4M3>(v[4 * q + 3][j], s) << 24);
+      *reinterpret_cast<uint4*>(a.out_t + col * a.R + r0) = make_uint4(w[0], w[1], w[2], w[3]);
+      if constexpr (kMode == GroupMode::Row) {
+        if (blockIdx.y == 0 && warp == 0) a.scale_inv_t[col] = inv;
+      } else if constexpr (kMode == GroupMode::Block1x128) {
+        if (warp == 0) a.scale_inv_t[blockIdx.y * a.C + col] = inv;
+      } else if (warp == 0 && lane == 0 && j == 0) {
+        const int64_t pad = (nb_r + 3) / 4 * 4;
+        a.scale_inv_t[blockIdx.x * pad + blockIdx.y] = inv;
+        if (blockIdx.y == nb_r - 1)
+          for (int64_t k = nb_r; k < pad; ++k) a.scale_inv_t[blockIdx.x * pad + k] = 1.0f;
       }
     }
   }
@@ -530,15 +531,8 @@ __global__ void __launch_bounds__(kThreads) quantize_groups_kernel(GroupArgs a) 
 
 template <class T, bool kE4M3, GroupMode kMode, bool kAmaxOnly>
 void launch_groups(const GroupArgs& a, cudaStream_t stream) {
-  constexpr auto kernel = quantize_groups_kernel<T, kE4M3, kMode, kAmaxOnly>;
-  constexpr size_t smem = group_smem_bytes<T>();
-  static const bool attr = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    return true;
-  }();
-  (void)attr;
   const dim3 grid(static_cast<unsigned>((a.C + kGTile - 1) / kGTile), static_cast<unsigned>((a.R + kGTile - 1) / kGTile));
-  kernel<<<grid, kThreads, smem, stream>>>(a);
+  quantize_groups_kernel<T, kE4M3, kMode, kAmaxOnly><<<grid, kThreads, 0, stream>>>(a);
   CUDA_CHECK(cudaGetLastError());
 }
 
