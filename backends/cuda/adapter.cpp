@@ -64,6 +64,10 @@ void add_cuda_schema(config::Schema& s) {
             "and every linear size a multiple of 128); delayed (scales from an amax history) is not implemented yet "
             "and is refused",
             {"tensorwise", "rowwise", "blockwise", "delayed"})
+      .integer("fp8_first_last_bf16_layers", 0,
+               "with fp8: the first and last N transformer layers keep their linear GEMMs in bf16 (the layers "
+               "FP8 recipes find most sensitive; Megatron's --first-last-layers-bf16); at most (num_layers - 1) / 2",
+               0)
       .integer("profile_steps", 0,
                "per-phase GPU time over this many steps after the first (table at the end, profile.json in the output "
                "folder); 0: off unless PRIMUS_CUDA_PROFILE=1 (then every step)",
@@ -134,6 +138,11 @@ class CudaAdapter : public BackendAdapter {
     a->device_name = device_.name;
     a->attention_backend = p.find_path("attention_backend")->as_string();
     a->peak_flops = p.find_path("peak_flops")->as_double();
+    a->fp8_first_last_bf16_layers = p.find_path("fp8_first_last_bf16_layers")->as_int();
+    if (a->fp8_first_last_bf16_layers > 0 && p.find_path("fp8")->as_string() == "none")
+      throw ConfigError(fmt::format("{}: fp8_first_last_bf16_layers {} has no effect with fp8: none (set fp8: e4m3 or "
+                                    "hybrid)",
+                                    where("fp8_first_last_bf16_layers"), a->fp8_first_last_bf16_layers));
     a->params = p;
     a->experiment_file = exp.file.string();
     // recompute_granularity, cuda_graph, gemm_algo_search and profile_steps take effect through their patches

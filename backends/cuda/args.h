@@ -35,6 +35,7 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   std::string fp8 = "none";                // FP8 format of the transformer layers' linear GEMMs (none |
                                            // hybrid | e4m3; patch cuda.linear.fp8, turbo/ops/gemm_fp8.h)
   std::string fp8_recipe = "tensorwise";   // its scaling: tensorwise | rowwise | blockwise (same patch)
+  int64_t fp8_first_last_bf16_layers = 0;  // with fp8: edge layers kept in bf16 (DecoderOptions)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)
   bool launch_ahead = false;               // queue step s + 1 before reading step s (patch cuda.step.launch_ahead)
   bool optimizer_in_bwd = false;           // AdamW per layer inside the backward (patch cuda.optimizer.in_backward)

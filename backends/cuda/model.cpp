@@ -64,6 +64,10 @@ void check_fp8(const train::ModelSpec& spec, const CudaModelOptions& opt) {
                                     prop.name, prop.major, prop.minor));
     }
   }
+  if (const int64_t e = opt.fp8_bf16_edge_layers; e < 0 || 2 * e >= spec.num_layers)
+    throw ConfigError(fmt::format("fp8_first_last_bf16_layers: {} at each end of {} layers leaves no layer in FP8 (at "
+                                  "most {})",
+                                  e, spec.num_layers, (spec.num_layers - 1) / 2));
   // Hopper's FP8 GEMMs want every dimension a multiple of 16; the block scales, of 128.
   const int64_t N = opt.max_batch * opt.max_seq, q = opt.fp8_multiple;
   for (const auto& [what, v] : {std::pair<const char*, int64_t>{"hidden_size", spec.hidden_size},
@@ -145,6 +149,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   dec.gelu_unfused_forward = opt_.gelu_unfused_forward;
   dec.gelu_unfused_backward = opt_.gelu_unfused_backward;
   dec.document_masking = opt_.document_masking;
+  dec.bf16_edge_layers = opt_.fp8_linear ? opt_.fp8_bf16_edge_layers : 0;
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
   if (opt_.optimizer_in_backward) {
     decoder_->on_grads_ready([this](int64_t offset) {

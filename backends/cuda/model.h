@@ -65,6 +65,9 @@ struct CudaModelOptions {
   // copies (turbo::linear_fp8_scratch_bytes) and every linear dimension must be a multiple of 16.
   bool fp8_linear = false;
   int64_t fp8_multiple = 16;  // what every linear dimension must divide by (blockwise FP8: 128)
+  // With fp8_linear: the first and last this many layers keep bf16 linear GEMMs
+  // (fp8_first_last_bf16_layers; DecoderOptions::bf16_edge_layers).
+  int64_t fp8_bf16_edge_layers = 0;
   // Variants of the step that give the same results to rounding, kept as the references the
   // defaults (measured faster) are tested against; no config key sets them.
   BiasGrad bias_grad = BiasGrad::Ones;  // decoder.h

@@ -25,6 +25,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
   mo.fp8_linear = a.fp8 != "none";
   mo.fp8_multiple = a.fp8_recipe == "blockwise" ? 128 : 16;
+  mo.fp8_bf16_edge_layers = a.fp8_first_last_bf16_layers;
   // Document masking: the plan holds its tables; the trainer sets the tokenizer's eod id.
   mo.document_masking.reset_attention_mask = t.data.reset_attention_mask;
   mo.document_masking.reset_position_ids = t.data.reset_position_ids;

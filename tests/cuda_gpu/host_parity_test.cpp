@@ -219,6 +219,63 @@ TEST(HostFp8, TenTrainingStepsFollowTheReferenceWithinFp8Rounding) {
   }
 }
 
+// fp8_first_last_bf16_layers: the edge layers' linear layers leave the FP8 slots for the bf16
+// ones. Counted on the FP8 slots themselves (a 4-layer Llama, one forward and backward): with one
+// bf16 layer at each end, half the layers' calls reach them, and the loss changes (the edge
+// layers really run another arithmetic); more edge layers than leave one FP8 layer are refused.
+TEST(HostFp8, EdgeLayersRunTheBf16Slots) {
+  train::ModelSpec spec = tiny_spec(true);
+  spec.num_layers = 4;
+  const int64_t T = spec.seq_length;
+  Batches data(T, 1);
+  const std::vector<float> init = initial_params(spec);
+  struct Run {
+    int64_t fwd = 0, bwd = 0;
+    double loss = 0;
+  };
+  auto run = [&](int64_t edge) {
+    Run r;
+    CudaOps ops = CudaOps::defaults();
+    use_fp8_linear(ops, turbo::parse_fp8_recipe("hybrid", "test"));
+    const auto f = ops.linear_forward;
+    const auto b = ops.linear_backward;
+    ops.linear_forward = [&r, f](const TensorView& out, const TensorView& inp, const TensorView& w, const TensorView& bias,
+                                 const TensorView& aux, const ExecContext& c) {
+      ++r.fwd;
+      f(out, inp, w, bias, aux, c);
+    };
+    ops.linear_backward = [&r, b](const TensorView& dinp, const TensorView& dw, const TensorView& db,
+                                  const TensorView& dout, const TensorView& inp, const TensorView& w, bool acc,
+                                  const ExecContext& c, bool acc_w) {
+      ++r.bwd;
+      b(dinp, dw, db, dout, inp, w, acc, c, acc_w);
+    };
+    CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+    mo.fp8_linear = true;
+    mo.fp8_bf16_edge_layers = edge;
+    CudaModel model(spec, mo, ops);
+    model.set_params(init.data());
+    model.zero_grad();
+    model.forward(data.inputs[0].data(), data.targets[0].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
+    model.backward();
+    r.loss = model.read_loss_sum(1);
+    return r;
+  };
+  const Run all = run(0), edges = run(1);
+  ASSERT_GT(all.fwd, 0);
+  ASSERT_GT(all.bwd, 0);
+  EXPECT_EQ(edges.fwd * 2, all.fwd) << "layers 1 and 2 of 4 only";
+  EXPECT_EQ(edges.bwd * 2, all.bwd) << "layers 1 and 2 of 4 only";
+  EXPECT_NE(edges.loss, all.loss) << "the edge layers' arithmetic did not change";
+  EXPECT_NEAR(edges.loss, all.loss, 0.02 * all.loss);
+  try {
+    run(2);
+    ADD_FAILURE() << "2 bf16 layers at each end of 4 were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_first_last_bf16_layers"), std::string::npos) << e.what();
+  }
+}
+
 TEST(HostFp8, DimensionsFp8GemmsCannotServeAreConfigErrors) {
   train::ModelSpec spec = tiny_spec(true);
   spec.ffn_hidden_size = 200;  // a multiple of 8 (bf16 is fine), not of 16

@@ -48,12 +48,19 @@ Decoder::Decoder(const train::ModelSpec& spec, const train::ParamLayout& layout,
       max_seq_(plan.options().max_seq),
       ones_pad_(plan.options().ones_pad),
       ops_(ops),
+      edge_ops_(ops),
       p_(plan.params),
       a_(plan.acts),
       rope_table_(plan.state.rope_table),
       loss_slots_(plan.state.loss_slots),
       ctx_(ctx),
       policy_(plan.policy()) {
+  if (opt_.bf16_edge_layers > 0) {
+    const CudaOps bf16 = CudaOps::defaults();
+    edge_ops_.linear_forward = bf16.linear_forward;
+    edge_ops_.linear_backward = bf16.linear_backward;
+    edge_ops_.linear_backward_dgelu = bf16.linear_backward_dgelu;
+  }
   final_norm_ready_ = layout.get("final_norm.weight").offset;
   for (int64_t l = 0; l < spec_.num_layers; ++l)
     layer_ready_.push_back(layout.get(fmt::format("layers.{}.norm1.weight", l)).offset);
@@ -103,6 +110,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   };
   const LayerActs& a = a_.layers[l];
   const LayerParams& p = p_.layers[l];
+  lin_ = linears_for(l);
   phase(Phase::Norm);
   if (l == 0 || recompute) {
     norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
@@ -115,7 +123,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   phase(Phase::QkvGemm);
   // One GEMM for q|k|v: its output rows pack them, and the attention reads strided views.
   const TensorView qkv = a.qkv.slice0(0, N);
-  ops_.linear_forward(qkv, ln1, wqkv, bqkv, {}, c);
+  lin_->linear_forward(qkv, ln1, wqkv, bqkv, {}, c);
   const TensorView q4 = heads(qkv, B, T, 0, H), k4 = heads(qkv, B, T, QD, KV), v4 = heads(qkv, B, T, QD + KVD, KV);
   if (spec_.qk_layernorm) {  // in place on q|k, before RoPE; the pre-norm values are kept for the backward
     phase(Phase::Norm);
@@ -151,7 +159,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   phase(Phase::Attention);
   ops_.attention_forward(at);
   phase(Phase::ProjGemm);
-  ops_.linear_forward(a_.tmp.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, p.proj_b.w, {}, c);
+  lin_->linear_forward(a_.tmp.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, p.proj_b.w, {}, c);
   phase(Phase::Norm);
   norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, a_.tmp, a.x_in, p.norm2, N);
   if (spec_.is_moe_layer(l)) {
@@ -164,16 +172,16 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   }
   phase(Phase::MlpUpGemm);
   if (spec_.swiglu || opt_.gelu_unfused_forward) {
-    ops_.linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
+    lin_->linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
     phase(Phase::Activation);
     turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
                                a.fc.slice0(0, N), c});
   } else {  // GELU fused into the GEMM epilogue; fc keeps the pre-activation for the backward
-    ops_.linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
+    lin_->linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
   }
   if (recompute) return;  // the MLP output only feeds the next layer's forward
   phase(Phase::MlpDownGemm);
-  ops_.linear_forward(a_.tmp.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
+  lin_->linear_forward(a_.tmp.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
 }
 
 // Document masking: slot_'s tables, built from its tokens before the embedding. On the device a
@@ -296,17 +304,17 @@ void Decoder::linear_backward(const TensorView& dinp, const Param& w, const Para
   const ExecContext c = ctx_;
   if (b.g.defined() && !bias_done) {
     if (const TensorView ones = with_ones(inp); ones.defined()) {  // [weight | bias] gradient from one GEMM
-      if (dinp.defined()) ops_.linear_backward(dinp, {}, {}, dout, inp, w.w, false, c, true);
+      if (dinp.defined()) lin_->linear_backward(dinp, {}, {}, dout, inp, w.w, false, c, true);
       ops_.linear_weight_grad_ones(w.g, b.g, dout, ones, c, !fresh_layers_);
       return;
     }
   }
   if (b.g.defined() && opt_.bias_grad != BiasGrad::Gemm) {  // first: dout was just written, partly still in L2
     if (!bias_done) ops_.bias_grad(b.g, dout, c);
-    ops_.linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c, !fresh_layers_);
+    lin_->linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c, !fresh_layers_);
     return;
   }
-  ops_.linear_backward(dinp, w.g, b.g, dout, inp, w.w, false, c, !fresh_layers_);
+  lin_->linear_backward(dinp, w.g, b.g, dout, inp, w.w, false, c, !fresh_layers_);
 }
 
 void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
@@ -419,7 +427,7 @@ void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
   turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
   if (gemms) ops_.moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
   if (mp.shared_fc.w.defined()) {  // the shared expert's output itself is not needed: only its inputs
-    if (gemms) ops_.linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
+    if (gemms) lin_->linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
     turbo::activation_forward({turbo::Activation::SwiGLU, m.sact.slice0(0, N), m.sfc.slice0(0, N), c});
   }
 }
@@ -445,6 +453,7 @@ void Decoder::backward() {
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
     recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
+    lin_ = linears_for(l);
     const LayerActs& a = a_.layers[l];
     const LayerParams& p = p_.layers[l];
     if (spec_.is_moe_layer(l)) {
@@ -463,7 +472,7 @@ void Decoder::backward() {
       mark(Phase::ActivationBwd);
       turbo::activation_backward({turbo::Activation::Gelu, dfc, fc, dfc, false, c});  // in place
     } else {
-      ops_.linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
+      lin_->linear_backward_dgelu(dfc, {}, dres, p.out_w.w, fc, c);
       linear_backward({}, p.out_w, p.out_b, dres, act, norm_colsum());
     }
     mark(Phase::MlpUpGemmBwd);
@@ -627,7 +636,7 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   ops_.moe_combine({out, m.yp, w, rows, false, c});
   if (mp.shared_fc.w.defined()) {
     mark(Phase::MlpUpGemm);
-    ops_.linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
+    lin_->linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
     mark(Phase::Activation);
     turbo::activation_forward({turbo::Activation::SwiGLU, m.sact.slice0(0, N), m.sfc.slice0(0, N), c});
     mark(Phase::MlpDownGemm);

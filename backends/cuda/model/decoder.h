@@ -58,6 +58,10 @@ struct DecoderOptions {
   // reset_attention_mask / reset_position_ids (train/document_masks.h): the plan holds the tables
   // (MemoryPlanOptions::document_masks), each forward fills its slot's from its tokens.
   train::DocumentMasking document_masking;
+  // fp8_first_last_bf16_layers: the first and last this many transformer layers run their linear
+  // layers with the bf16 slots (CudaOps::defaults()) instead of the given ones (FP8 under patch
+  // cuda.linear.fp8), as Transformer Engine / Megatron keep the edge layers in higher precision.
+  int64_t bf16_edge_layers = 0;
 };
 
 class Decoder {
@@ -164,6 +168,13 @@ class Decoder {
   DecoderOptions opt_;
   int64_t max_batch_, max_seq_, ones_pad_;
   CudaOps ops_;
+  CudaOps edge_ops_;             // ops_ with bf16 linear slots (DecoderOptions::bf16_edge_layers)
+  const CudaOps* lin_ = &ops_;   // the linear slots of the layer being run
+  // The linear slots of layer l (bf16 for the edge layers of an FP8 model).
+  const CudaOps* linears_for(int64_t l) const {
+    const int64_t e = opt_.bf16_edge_layers;
+    return e > 0 && (l < e || l >= spec_.num_layers - e) ? &edge_ops_ : &ops_;
+  }
   const ModelParams& p_;
   const ActivationBuffers& a_;
   TensorView rope_table_, loss_slots_;

@@ -108,7 +108,8 @@ void register_patches(patches::PatchRegistry& reg) {
       .slots = {kLinearForward, kLinearBackward, kLinearBackwardDGelu},
       .logic = "replaces the linear slots with turbo::linear_*_fp8 for the format in `fp8` (hybrid: E4M3 x and w, "
                "E5M2 dy; e4m3: E4M3 everywhere) and the scaling in `fp8_recipe` (tensorwise: one scale per tensor; "
-               "rowwise: per row along K; blockwise: 1x128 activations and gradients, 128x128 weights) and rewrites "
+               "rowwise: per row along K; blockwise: 1x128 activations and gradients, 128x128 weights; the first and "
+               "last fp8_first_last_bf16_layers layers keep the bf16 slots) and rewrites "
                "args: fp8, fp8_recipe (the model reserves scratch for the quantized copies and their scales and "
                "checks that every linear dimension is a multiple of 16, of 128 for blockwise)",
       .impl = "turbo/ops/gemm_fp8.cpp (recipe, quantize-then-GEMM), turbo/ops/quantization.cpp + "
