@@ -8,6 +8,7 @@
 #include "parallel/cuda/grad_reducer.h"
 #include "train/muon_layout.h"
 #include "train/param_layout.h"
+#include "turbo/ops/gemm_fp8.h"
 
 namespace primus::backends::cuda {
 
@@ -24,7 +25,8 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   mo.loss_slots = t.grad_accum_steps;
   mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
   mo.fp8_linear = a.fp8 != "none";
-  mo.fp8_multiple = a.fp8_recipe == "blockwise" ? 128 : 16;
+  if (mo.fp8_linear)
+    mo.fp8_multiple = turbo::linear_fp8_multiple(turbo::parse_fp8_recipe(a.fp8, a.fp8_recipe, "fp8", "fp8_recipe"));
   mo.fp8_bf16_edge_layers = a.fp8_first_last_bf16_layers;
   // Document masking: the plan holds its tables; the trainer sets the tokenizer's eod id.
   mo.document_masking.reset_attention_mask = t.data.reset_attention_mask;

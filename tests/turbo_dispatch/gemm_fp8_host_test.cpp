@@ -346,7 +346,8 @@ TEST_P(Fp8GroupLinearHost, ForwardAndBackwardMeetSnrGates) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   const int64_t N = 256, C = 256, OC = 384;
-  ASSERT_EQ(linear_fp8_unsupported(r, N, C, OC), "");
+  const int64_t q = linear_fp8_multiple(r);
+  ASSERT_TRUE(N % q == 0 && C % q == 0 && OC % q == 0);
   std::vector<float> x(N * C), w(OC * C), dy(N * OC);
   for (auto& v : x) v = nd(rng);
   for (auto& v : w) v = 0.05f * nd(rng);
@@ -446,11 +447,9 @@ TEST(Fp8RecipeScaling, ParsesAndRefuses) {
     EXPECT_NE(std::string(e.what()).find("fp8_recipe"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("columnwise"), std::string::npos) << e.what();
   }
-  const std::string why = linear_fp8_unsupported(b, 100, 256, 384);
-  EXPECT_NE(why.find("multiples of 128"), std::string::npos) << why;
-  EXPECT_EQ(linear_fp8_unsupported(b, 256, 256, 384), "");
-  EXPECT_EQ(linear_fp8_unsupported(rw, 96, 256, 384), "");  // rowwise: multiples of 16
-  EXPECT_NE(linear_fp8_unsupported(rw, 100, 256, 384), "");
+  EXPECT_EQ(linear_fp8_multiple(b), 128);   // blockwise: the scale blocks
+  EXPECT_EQ(linear_fp8_multiple(rw), 16);   // rowwise: Hopper's FP8 GEMMs
+  EXPECT_EQ(linear_fp8_multiple(parse_fp8_recipe("hybrid", "fp8")), 16);
 }
 
 }  // namespace fp8_group_gemm_test

@@ -160,14 +160,7 @@ Fp8Recipe parse_fp8_recipe(const std::string& format, const std::string& scaling
                                 scaling_key, scaling));
 }
 
-std::string linear_fp8_unsupported(const Fp8Recipe& r, int64_t n, int64_t in_features, int64_t out_features) {
-  const int64_t q = r.scaling == Fp8Scaling::Blockwise ? kFp8BlockSize : 16;
-  if (n % q != 0 || in_features % q != 0 || out_features % q != 0)
-    return fmt::format("{} FP8 needs the tokens per micro-batch and both feature sizes to be multiples of {}, got {} "
-                       "tokens, {} -> {} features",
-                       fp8_scaling_name(r.scaling), q, n, in_features, out_features);
-  return "";
-}
+int64_t linear_fp8_multiple(const Fp8Recipe& r) { return r.scaling == Fp8Scaling::Blockwise ? kFp8BlockSize : 16; }
 
 size_t linear_fp8_scratch_bytes(int64_t n, int64_t in_features, int64_t out_features) {
   const auto b = [](int64_t bytes) { return (size_t(bytes) + Arena::kDefaultAlign) / Arena::kDefaultAlign * Arena::kDefaultAlign; };

@@ -80,8 +80,8 @@ void linear_backward_input_dgelu_fp8(const TensorView& dpre, const TensorView& d
 // The most scratch one call above borrows for a layer with n rows, in_features C and
 // out_features OC (quantized copies, scales and the quantizer's partials), in bytes.
 size_t linear_fp8_scratch_bytes(int64_t n, int64_t in_features, int64_t out_features);
-// Empty when `recipe` can run a linear layer of these sizes, else why not (the block recipe's
-// multiples of 128).
-std::string linear_fp8_unsupported(const Fp8Recipe& recipe, int64_t n, int64_t in_features, int64_t out_features);
+// What the token count and both feature sizes of a linear layer must be multiples of under
+// `recipe`: 16 (Hopper's FP8 GEMMs), 128 for blockwise (its 1x128 / 128x128 scale blocks).
+int64_t linear_fp8_multiple(const Fp8Recipe& recipe);
 
 }  // namespace primus::turbo

@@ -40,6 +40,9 @@ constexpr int kGeneric = 32;    // generic kernel: kGeneric x kGeneric tiles
 constexpr uint32_t kPoison4 = 0x7f7f7f7fu;  // 0x7f: NaN in e4m3 and in e5m2 (cpu::kFp8PoisonByte)
 constexpr uint32_t kNanBits = 0x7fc00000u;  // the reference's quiet NaN for scale_inv
 
+// The largest finite value of an FP8 dtype (cpu::fp8_max).
+float fp8_max_of(DType fp8) { return fp8 == DType::F8E4M3 ? 448.0f : 57344.0f; }
+
 // ---- |x| as f32 bits ---------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 __device__ __forceinline__ uint32_t abs_bits(bf16 x) {
@@ -117,21 +120,28 @@ struct Scaling {
   float scale;
   bool finite;
 };
+// The reference's scaling (cpu::fp8_tensorwise_scaling) of a tensor or group whose max |x| has
+// bits m; *inv gets scale_inv.
+__device__ __forceinline__ Scaling group_scaling(uint32_t m, float fp8max, float* inv) {
+  Scaling s{1.0f, m < 0x7f800000u};
+  *inv = 1.0f;
+  if (!s.finite) {
+    s.scale = *inv = __uint_as_float(kNanBits);
+  } else if (m != 0) {
+    s.scale = __fdiv_rn(fp8max, __uint_as_float(m));
+    if (isinf(s.scale)) s.scale = FLT_MAX;
+    *inv = __fdiv_rn(1.0f, s.scale);
+  }
+  return s;
+}
+
 // Every thread of every block calls this and gets the same answer; block 0 writes scale_inv.
 __device__ __forceinline__ Scaling reduce_scaling(const uint32_t* partials, int nparts, float fp8max,
                                                   float* scale_inv, uint32_t* smem) {
   uint32_t m = 0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) m = max(m, partials[i]);
-  m = block_max_u32(m, smem);
-  Scaling s{1.0f, m < 0x7f800000u};
-  float inv = 1.0f;
-  if (!s.finite) {
-    s.scale = inv = __uint_as_float(kNanBits);
-  } else if (m != 0) {
-    s.scale = __fdiv_rn(fp8max, __uint_as_float(m));  // IEEE division whatever the compile flags
-    if (isinf(s.scale)) s.scale = FLT_MAX;
-    inv = __fdiv_rn(1.0f, s.scale);
-  }
+  float inv;
+  const Scaling s = group_scaling(block_max_u32(m, smem), fp8max, &inv);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = inv;
   return s;
 }
@@ -349,7 +359,6 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
   }
 }
 
-
 // ---- per-group scaling (rows, 1x128 tiles, 128x128 blocks) ---------------------------------------
 // One kernel over 128 x 128 tiles of the input (256 threads). Warp w owns the 16 consecutive rows
 // 16w..16w+15 of the tile, lane l its columns 4l..4l+3, so a thread holds a 16 x 4 patch in
@@ -375,20 +384,6 @@ struct GroupArgs {
   uint32_t* col_amax;
   float fp8max;
 };
-
-// The reference's scaling of a group whose max |x| has bits m (cpu::fp8_tensorwise_scaling).
-__device__ __forceinline__ Scaling group_scaling(uint32_t m, float fp8max, float* inv) {
-  Scaling s{1.0f, m < 0x7f800000u};
-  *inv = 1.0f;
-  if (!s.finite) {
-    s.scale = *inv = __uint_as_float(kNanBits);
-  } else if (m != 0) {
-    s.scale = __fdiv_rn(fp8max, __uint_as_float(m));
-    if (isinf(s.scale)) s.scale = FLT_MAX;
-    *inv = __fdiv_rn(1.0f, s.scale);
-  }
-  return s;
-}
 
 // Four FP8 bytes of x[0..3] under scaling s, x[0] in the low byte.
 template <bool kE4M3>
@@ -564,7 +559,7 @@ void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t
   if (R < 0 || C < 0 || (R > 1 && ld < C))
     throw RuntimeError(fmt::format("{}: bad shape [{}, {}] with row pitch {}", op, R, C, ld));
   if (!scale_inv || !scratch) throw RuntimeError(fmt::format("{}: scale_inv and scratch are required", op));
-  const float fp8max = fp8 == DType::F8E4M3 ? 448.0f : 57344.0f;
+  const float fp8max = fp8_max_of(fp8);
   auto* o = static_cast<uint8_t*>(out);
   auto* ot = static_cast<uint8_t*>(out_t);
   auto* partials = static_cast<uint32_t*>(scratch);
@@ -574,10 +569,6 @@ void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t
     else run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, stream);
   });
 }
-
-}  // namespace primus::turbo::cuda
-
-namespace primus::turbo::cuda {
 
 size_t quantize_fp8_grouped_scratch_bytes(int64_t R, int64_t C, Fp8Granularity g) {
   return g == Fp8Granularity::Row ? sizeof(uint32_t) * static_cast<size_t>(R + C) : 16;
@@ -594,17 +585,11 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
                                    "dimensions multiples of 16 and 16-byte aligned rows and outputs",
                                    R, C, ld, fp8_granularity_name(g)));
   GroupArgs a{inp, R, C, ld, static_cast<uint8_t*>(out), scale_inv, static_cast<uint8_t*>(out_t), scale_inv_t,
-              static_cast<uint32_t*>(scratch), static_cast<uint32_t*>(scratch) + R, fp8 == DType::F8E4M3 ? 448.0f : 57344.0f};
-  const bool e4m3 = fp8 == DType::F8E4M3;
-  if (in_dtype == DType::BF16) {
-    if (e4m3) run_groups<bf16, true>(a, g, stream);
-    else run_groups<bf16, false>(a, g, stream);
-  } else if (in_dtype == DType::F32) {
-    if (e4m3) run_groups<float, true>(a, g, stream);
-    else run_groups<float, false>(a, g, stream);
-  } else {
-    throw RuntimeError(fmt::format("quantize_fp8_grouped: input dtype {} not supported (f32, bf16)", dtype_name(in_dtype)));
-  }
+              static_cast<uint32_t*>(scratch), static_cast<uint32_t*>(scratch) + R, fp8_max_of(fp8)};
+  PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
+    if (fp8 == DType::F8E4M3) run_groups<scalar_t, true>(a, g, stream);
+    else run_groups<scalar_t, false>(a, g, stream);
+  });
 }
 
 }  // namespace primus::turbo::cuda
