@@ -16,7 +16,7 @@ constexpr Dim kDims[kNumDims] = {Dim::TP, Dim::CP, Dim::EP, Dim::DP, Dim::PP};
 // Which issue brings each dimension, for the error a user sees today.
 const char* not_yet(Dim d) {
   switch (d) {
-    case Dim::TP: return "tensor parallelism is not implemented yet (planned with the [mesh] work)";
+    case Dim::TP: return "tensor parallelism is not implemented yet";
     case Dim::CP: return "context parallelism is not implemented yet (planned with the [mesh] work)";
     case Dim::EP: return "expert parallelism is not implemented yet (it needs mixture-of-experts models)";
     case Dim::PP: return "pipeline parallelism is not implemented yet";
@@ -141,17 +141,19 @@ ParallelSizes ParallelSizes::from_config(const config::Value& params) {
   return s;
 }
 
-void ParallelSizes::check_implemented() const {
+void ParallelSizes::check_implemented(const MeshSupport& support) const {
   for (Dim d : kDims) {
-    if (d == Dim::DP) continue;
+    if (d == Dim::DP || (d == Dim::TP && support.tensor)) continue;
     if ((*this)[d] != 1) {
-      throw ConfigError(fmt::format("{}: {} is {}, but {}; only data parallelism can span ranks today (leave {} at 1)",
-                                    dim_config_key(d), dim_name(d), (*this)[d], not_yet(d), dim_config_key(d)));
+      throw ConfigError(fmt::format("{}: {} is {}, but {}{}; leave {} at 1", dim_config_key(d), dim_name(d), (*this)[d],
+                                    not_yet(d), d == Dim::TP ? fmt::format(" on {}", support.backend) : "",
+                                    dim_config_key(d)));
     }
   }
-  if (sequence_parallel) {
-    throw ConfigError("sequence_parallel: sequence parallelism is not implemented yet (planned with the [mesh] work, "
-                      "with tensor parallelism); leave sequence_parallel false");
+  if (sequence_parallel && !support.tensor) {
+    throw ConfigError(fmt::format("sequence_parallel: sequence parallelism is not implemented yet on {} (it goes "
+                                  "with tensor parallelism); leave sequence_parallel false",
+                                  support.backend));
   }
   if (sharding == DpSharding::OptimGrads || sharding == DpSharding::OptimGradsParams) {
     throw ConfigError(fmt::format("data_parallel_sharding_strategy: {} ({}) is not implemented yet (planned with the "
@@ -163,9 +165,9 @@ void ParallelSizes::check_implemented() const {
 }
 
 void add_parallel_schema(config::Schema& s) {
-  s.integer("tensor_model_parallel_size", 1, "tensor-parallel ranks (only 1 is implemented)", 1)
+  s.integer("tensor_model_parallel_size", 1, "tensor-parallel ranks (Megatron's column/row-parallel linears; the reference backend)", 1)
       .integer("context_parallel_size", 1, "context-parallel ranks (only 1 is implemented)", 1)
-      .flag("sequence_parallel", false, "sequence parallelism over the tp group (not implemented yet)")
+      .flag("sequence_parallel", false, "sequence parallelism over the tp group: norms and residuals on a slice of the sequence (needs tp > 1)")
       .text("data_parallel_sharding_strategy", std::nullopt,
             "what the data-parallel ranks shard: no_shard, optim (ZeRO-1; unset: use_distributed_optimizer decides), "
             "optim_grads, optim_grads_params (the last two not implemented yet)",
@@ -190,8 +192,8 @@ ParallelDims::ParallelDims(const ParallelSizes& sizes, int world, int rank) : si
   }
 }
 
-ParallelDims ParallelDims::from_launch(const ParallelSizes& sizes, const DistEnv& env) {
-  sizes.check_implemented();
+ParallelDims ParallelDims::from_launch(const ParallelSizes& sizes, const DistEnv& env, const MeshSupport& support) {
+  sizes.check_implemented(support);
   return ParallelDims(sizes, env.world_size, env.rank);
 }
 

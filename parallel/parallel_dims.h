@@ -9,10 +9,11 @@
 // Gloo on CPUs: ProcessGroup::new_subgroup with group_ranks / group_name) is attached by whoever
 // creates that engine (set_group). The data-parallel size is derived: world / (tp x cp x ep x pp).
 //
-// Only data parallelism with no sharding or ZeRO-1 is implemented: a tensor, context, pipeline or
-// expert size other than 1, sequence_parallel, and the optim_grads / optim_grads_params sharding
-// strategies are ConfigErrors naming the key (check_implemented), until the issues that implement
-// them land; `primus train pretrain --dry-run` still prints the mesh such a layout would use.
+// What each backend implements is its MeshSupport: the reference backend has tensor parallelism
+// with sequence parallelism; a context, pipeline or expert size other than 1, and the optim_grads /
+// optim_grads_params sharding strategies are ConfigErrors naming the key (check_implemented) on
+// every backend until the issues that implement them land; `primus train pretrain --dry-run`
+// still prints the mesh such a layout would use.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -46,6 +47,14 @@ const char* dp_sharding_name(DpSharding s);
 // when they disagree, or naming the key for an unknown strategy.
 DpSharding dp_sharding_from_config(const config::Value& params);
 
+// The parallel dimensions a backend implements beyond data parallelism with ZeRO-1.
+struct MeshSupport {
+  const char* backend = "any backend";
+  bool tensor = false;  // tensor_model_parallel_size > 1 and sequence_parallel
+};
+// What some backend implements (the check a config passes before its backend is known).
+inline constexpr MeshSupport kAnyBackendMesh{"any backend", true};
+
 struct ParallelSizes {
   std::array<int64_t, kNumDims> size{1, 1, 1, 1, 1};
   bool sequence_parallel = false;  // Megatron's sequence_parallel (needs tp > 1)
@@ -66,9 +75,10 @@ struct ParallelSizes {
   // by 2 x cp (each context-parallel rank takes two chunks, for balance under the causal mask),
   // sequence_parallel without tp > 1.
   void check_model(int64_t num_attention_heads, int64_t num_query_groups, int64_t seq_length) const;
-  // ConfigError naming the key for what is not implemented yet: a dimension other than dp not 1,
-  // sequence_parallel, the optim_grads / optim_grads_params sharding strategies.
-  void check_implemented() const;
+  // ConfigError naming the key for what `support` does not implement: a dimension other than dp
+  // (and tp where supported) not 1, sequence_parallel without tensor support, the optim_grads /
+  // optim_grads_params sharding strategies.
+  void check_implemented(const MeshSupport& support) const;
 };
 
 // tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size,
@@ -87,9 +97,9 @@ class ParallelDims {
   // Checks the sizes (each >= 1, product = world) and places `rank`. ConfigError with the sizes
   // and the world when they do not fit. Any mesh: the arithmetic is the same for every dimension.
   ParallelDims(const ParallelSizes& sizes, int world, int rank);
-  // What a trainer builds: the sizes must also be implemented (check_implemented), the world and
-  // rank are the launch environment's (WORLD_SIZE, RANK).
-  static ParallelDims from_launch(const ParallelSizes& sizes, const DistEnv& env);
+  // What a trainer builds: the sizes must also be implemented by the backend (check_implemented),
+  // the world and rank are the launch environment's (WORLD_SIZE, RANK).
+  static ParallelDims from_launch(const ParallelSizes& sizes, const DistEnv& env, const MeshSupport& support);
 
   int world() const { return world_; }
   int rank() const { return rank_; }

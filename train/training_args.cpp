@@ -121,7 +121,7 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
     a.model_parallel.check_model(h->as_int(), g && !g->is_null() ? g->as_int() : h->as_int(),
                                  sl && !sl->is_null() ? sl->as_int() : 0);
   }
-  a.model_parallel.check_implemented();
+  a.model_parallel.check_implemented(parallel::kAnyBackendMesh);
   a.seed = static_cast<uint64_t>(i("seed"));
   a.log_interval = i("log_interval");
   a.eval_interval = i("eval_interval");

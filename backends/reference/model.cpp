@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
+#include <type_traits>
 
 #include "core/util/error.h"
 #include "train/param_init.h"
@@ -142,13 +144,30 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
   const int64_t V = spec_.padded_vocab_size, QD = spec_.q_dim();
   const bool qkn = spec_.qk_layernorm;
   Real* x = acts_.empty() ? x_final_.data() : acts_[0].x_in.data();
-  k::embedding_forward(x, tokens, positions(), param("embedding.weight"), weight_or_null("position_embedding.weight"), B,
-                       T, C, V, spec_.seq_length);
+  tp_row0_ = 0, tp_rows_ = N;
+  if (tp() && tp_sp_) {
+    const int64_t tp = tp_map_->tp();
+    if (N % tp != 0) {
+      throw RuntimeError(fmt::format("sequence_parallel: the micro-batch's {} tokens do not split over {} tp ranks", N, tp));
+    }
+    tp_rows_ = N / tp, tp_row0_ = tp_map_->rank() * tp_rows_;
+  }
+  // The residual stream and the norms run over rows [r0, r0 + R) of the tokens: all of them
+  // unless sequence parallel.
+  const int64_t r0 = tp_row0_, R = tp_rows_;
+  if (tp()) {
+    tp_embedding_forward(x, B, T);
+  } else {
+    k::embedding_forward(x, tokens, positions(), param("embedding.weight"), weight_or_null("position_embedding.weight"),
+                         B, T, C, V, spec_.seq_length);
+  }
   const k::AttentionParams ap = attention_params();
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     LayerActs& a = acts_[l];
     const std::string p = fmt::format("layers.{}.", l);
-    norm_forward(a.ln1.data(), a.mean1.data(), a.rstd1.data(), a.x_in.data(), p + "norm1", N);
+    norm_forward(a.ln1.data() + r0 * C, a.mean1.data() + r0, a.rstd1.data() + r0, a.x_in.data() + r0 * C, p + "norm1",
+                 R);
+    if (tp_sp_) tp_gather_rows(a.ln1.data(), N, C);
     const Real* wqkv = param(p + "attn.qkv.weight");
     const Real* bqkv = weight_or_null(p + "attn.qkv.bias");
     // With qk_layernorm the projection lands in q_pre / k_pre and the RMSNorm writes q / k, which
@@ -175,10 +194,16 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
     }
     k::attention_forward(a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
     // x2 = x_in + att @ Wo^T + bo
-    k::matmul_forward(a.x2.data(), a.att.data(), param(p + "attn.proj.weight"), weight_or_null(p + "attn.proj.bias"), N,
-                      QD, C);
-    k::residual_forward(a.x2.data(), a.x2.data(), a.x_in.data(), N * C);
-    norm_forward(a.ln2.data(), a.mean2.data(), a.rstd2.data(), a.x2.data(), p + "norm2", N);
+    // Row-parallel: each rank's heads give a part of the projection; the bias goes on the sum.
+    k::matmul_forward(a.x2.data(), a.att.data(), param(p + "attn.proj.weight"),
+                      tp() ? nullptr : weight_or_null(p + "attn.proj.bias"), N, QD, C);
+    if (tp()) {
+      tp_reduce_rows(a.x2.data(), N, C);
+      add_bias_rows(a.x2.data() + r0 * C, p + "attn.proj.bias", R);
+    }
+    k::residual_forward(a.x2.data() + r0 * C, a.x2.data() + r0 * C, a.x_in.data() + r0 * C, R * C);
+    norm_forward(a.ln2.data() + r0 * C, a.mean2.data() + r0, a.rstd2.data() + r0, a.x2.data() + r0 * C, p + "norm2", R);
+    if (tp_sp_) tp_gather_rows(a.ln2.data(), N, C);
     if (moe_[l]) {
       Real* next = l + 1 < spec_.num_layers ? acts_[l + 1].x_in.data() : x_final_.data();
       moe_[l]->forward(next, a.ln2.data(), moe_weights(l), N);
@@ -192,14 +217,25 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
       k::gelu_forward(a.act.data(), a.fc.data(), N * F);
     }
     Real* next = l + 1 < spec_.num_layers ? acts_[l + 1].x_in.data() : x_final_.data();
-    k::matmul_forward(next, a.act.data(), param(p + "mlp.proj.weight"), weight_or_null(p + "mlp.proj.bias"), N, F, C);
-    k::residual_forward(next, next, a.x2.data(), N * C);
+    k::matmul_forward(next, a.act.data(), param(p + "mlp.proj.weight"), tp() ? nullptr : weight_or_null(p + "mlp.proj.bias"),
+                      N, F, C);
+    if (tp()) {
+      tp_reduce_rows(next, N, C);
+      add_bias_rows(next + r0 * C, p + "mlp.proj.bias", R);
+    }
+    k::residual_forward(next + r0 * C, next + r0 * C, a.x2.data() + r0 * C, R * C);
   }
-  norm_forward(lnf_.data(), meanf_.data(), rstdf_.data(), x_final_.data(), "final_norm", N);
+  norm_forward(lnf_.data() + r0 * C, meanf_.data() + r0, rstdf_.data() + r0, x_final_.data() + r0 * C, "final_norm", R);
+  if (tp_sp_) tp_gather_rows(lnf_.data(), N, C);
   const Real* head = spec_.untied ? param("output_layer.weight") : param("embedding.weight");
   k::matmul_forward(logits_.data(), lnf_.data(), head, static_cast<const Real*>(nullptr), N, C, V);
   count_ = 0;
   if (!targets) return 0.0;
+  if (tp()) {
+    const k_result_t t = tp_cross_entropy(targets, N, dloss);
+    count_ = t.count;
+    return t.count > 0 ? t.loss_sum / static_cast<double>(t.count) : 0.0;
+  }
   k::CrossEntropyResult r;
   // The softmax runs over the real vocabulary; padded columns are not classes (llm.c's and the
   // cuda backend's semantics, and what the exported Hugging Face model computes).
@@ -230,14 +266,21 @@ void GptModel<Real>::backward() {
   Real* dhead = tied ? grad("embedding.weight") : grad("output_layer.weight");
   zero(dln_, N * C);
   k::matmul_backward(dln_.data(), dhead, static_cast<Real*>(nullptr), logits_.data(), lnf_.data(), head, N, C, V);
+  // Tensor parallel: every input gradient of a column-parallel product (the head; q/k/v and
+  // gate/up below) is a part, summed over the group (reduce-scattered to the rank's rows under
+  // sequence parallelism); the output gradient of a row-parallel one is needed whole (gathered).
+  const int64_t r0 = tp_row0_, R = tp_rows_;
+  if (tp()) tp_reduce_rows(dln_.data(), N, C);
   zero(dx_, N * C);
-  norm_backward(dx_.data(), dln_.data(), x_final_.data(), meanf_.data(), rstdf_.data(), "final_norm", N);
+  norm_backward(dx_.data() + r0 * C, dln_.data() + r0 * C, x_final_.data() + r0 * C, meanf_.data() + r0,
+                rstdf_.data() + r0, "final_norm", R);
 
   const k::AttentionParams ap = attention_params();
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[l];
     const std::string p = fmt::format("layers.{}.", l);
     // MLP branch: dx is the gradient of the layer output = x2 + mlp(x2).
+    if (tp_sp_) tp_gather_rows(dx_.data(), N, C);
     if (moe_[l]) {
       zero(dln_, N * C);
       moe_[l]->backward(dln_.data(), dx_.data(), a.ln2.data(), moe_weights(l), moe_grads(l),
@@ -256,7 +299,10 @@ void GptModel<Real>::backward() {
     k::matmul_backward(dln_.data(), grad(p + "mlp.fc.weight"), grad_or_null(p + "mlp.fc.bias"), dfc_.data(),
                        a.ln2.data(), param(p + "mlp.fc.weight"), N, C, FC);
     }
-    norm_backward(dx_.data(), dln_.data(), a.x2.data(), a.mean2.data(), a.rstd2.data(), p + "norm2", N);
+    if (tp()) tp_reduce_rows(dln_.data(), N, C);
+    norm_backward(dx_.data() + r0 * C, dln_.data() + r0 * C, a.x2.data() + r0 * C, a.mean2.data() + r0,
+                  a.rstd2.data() + r0, p + "norm2", R);
+    if (tp_sp_) tp_gather_rows(dx_.data(), N, C);
     // Attention branch: dx is now the gradient of x2 = x_in + proj(att).
     zero(datt_, N * QD);
     k::matmul_backward(datt_.data(), grad(p + "attn.proj.weight"), grad_or_null(p + "attn.proj.bias"), dx_.data(),
@@ -299,10 +345,166 @@ void GptModel<Real>::backward() {
                        N, C, KVD);
     k::matmul_backward(dln_.data(), dwqkv + (QD + KVD) * C, dbqkv ? dbqkv + QD + KVD : nullptr, dv_.data(),
                        a.ln1.data(), wqkv + (QD + KVD) * C, N, C, KVD);
-    norm_backward(dx_.data(), dln_.data(), a.x_in.data(), a.mean1.data(), a.rstd1.data(), p + "norm1", N);
+    if (tp()) tp_reduce_rows(dln_.data(), N, C);
+    norm_backward(dx_.data() + r0 * C, dln_.data() + r0 * C, a.x_in.data() + r0 * C, a.mean1.data() + r0,
+                  a.rstd1.data() + r0, p + "norm1", R);
+  }
+  if (tp()) {
+    tp_embedding_backward(B, T);
+    return;
   }
   k::embedding_backward(grad("embedding.weight"), grad_or_null("position_embedding.weight"), dx_.data(),
                         tokens_.data(), positions(), B, T, C, V, spec_.seq_length);
+}
+
+template <typename Real>
+void GptModel<Real>::set_tensor_parallel(const train::TpShardMap* map, parallel::ProcessGroup* group,
+                                         bool sequence_parallel) {
+  if (!map || map->tp() == 1) {
+    tp_map_ = nullptr, tp_group_ = nullptr, tp_sp_ = false;
+    return;
+  }
+  if constexpr (!std::is_same_v<Real, float>) {
+    throw RuntimeError("tensor parallelism runs the float model only");
+  }
+  if (!group || group->world_size() != map->tp() || group->rank() != map->rank()) {
+    throw RuntimeError(fmt::format("tensor parallelism: the group ({} of {}) is not the map's (rank {} of {})",
+                                   group ? group->rank() : -1, group ? group->world_size() : 0, map->rank(), map->tp()));
+  }
+  if (layout_.total != map->local_layout().total) {
+    throw RuntimeError("tensor parallelism: the model was not built from the map's local spec");
+  }
+  tp_map_ = map, tp_group_ = group, tp_sp_ = sequence_parallel;
+}
+
+template <typename Real>
+void GptModel<Real>::tp_reduce_rows(Real* buf, int64_t N, int64_t C) {
+  if (tp_sp_) {
+    tp_group_->reduce_scatter(buf, buf + tp_row0_ * C, static_cast<size_t>(tp_rows_ * C), parallel::DType::F32,
+                              parallel::ReduceOp::Sum);
+  } else {
+    tp_group_->all_reduce(buf, static_cast<size_t>(N * C), parallel::DType::F32, parallel::ReduceOp::Sum);
+  }
+}
+
+template <typename Real>
+void GptModel<Real>::tp_gather_rows(Real* buf, int64_t /*N*/, int64_t C) {
+  tp_group_->all_gather(buf + tp_row0_ * C, buf, static_cast<size_t>(tp_rows_ * C), parallel::DType::F32);
+}
+
+template <typename Real>
+void GptModel<Real>::add_bias_rows(Real* x, const std::string& bias, int64_t rows) {
+  const Real* b = weight_or_null(bias);
+  if (!b) return;
+  const int64_t C = spec_.hidden_size;
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t c = 0; c < C; ++c) x[n * C + c] += b[c];
+}
+
+template <typename Real>
+void GptModel<Real>::tp_embedding_forward(Real* x, int64_t B, int64_t T) {
+  const int64_t N = B * T, C = spec_.hidden_size, Vl = spec_.padded_vocab_size, v0 = tp_map_->vocab_begin();
+  const int64_t Vg = tp_map_->global_spec().padded_vocab_size;
+  const Real* wte = param("embedding.weight");
+  // Each rank looks up the tokens of its vocabulary rows (zeros for the others); the sum over the
+  // group is the embedding.
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = tokens_[n];
+    if (id < 0 || id >= Vg) throw RuntimeError(fmt::format("token id {} at position {} is outside the vocabulary [0, {})", id, n, Vg));
+    if (id >= v0 && id < v0 + Vl) {
+      std::copy_n(wte + (id - v0) * C, C, x + n * C);
+    } else {
+      std::fill_n(x + n * C, C, Real(0));
+    }
+  }
+  tp_reduce_rows(x, N, C);
+  if (const Real* wpe = weight_or_null("position_embedding.weight")) {
+    const int32_t* pos = positions();
+    for (int64_t n = tp_row0_; n < tp_row0_ + tp_rows_; ++n) {
+      const int64_t t = pos ? pos[n] : n % T;
+      for (int64_t c = 0; c < C; ++c) x[n * C + c] += wpe[t * C + c];
+    }
+  }
+}
+
+template <typename Real>
+void GptModel<Real>::tp_embedding_backward(int64_t B, int64_t T) {
+  const int64_t N = B * T, C = spec_.hidden_size, Vl = spec_.padded_vocab_size, v0 = tp_map_->vocab_begin();
+  if (tp_sp_) tp_gather_rows(dx_.data(), N, C);
+  Real* dwte = grad("embedding.weight");
+  Real* dwpe = grad_or_null("position_embedding.weight");
+  const int32_t* pos = positions();
+  for (int64_t n = 0; n < N; ++n) {
+    const Real* d = dx_.data() + n * C;
+    const int64_t id = tokens_[n];
+    if (id >= v0 && id < v0 + Vl)
+      for (int64_t c = 0; c < C; ++c) dwte[(id - v0) * C + c] += d[c];
+    if (dwpe) {
+      const int64_t t = pos ? pos[n] : n % T;
+      for (int64_t c = 0; c < C; ++c) dwpe[t * C + c] += d[c];
+    }
+  }
+}
+
+template <typename Real>
+typename GptModel<Real>::k_result_t GptModel<Real>::tp_cross_entropy(const int32_t* targets, int64_t N, double dloss) {
+  const int64_t Vl = spec_.padded_vocab_size, Vr = spec_.vocab_size, v0 = tp_map_->vocab_begin();
+  const int64_t Vg = tp_map_->global_spec().vocab_size;
+  const int tp = tp_map_->tp();
+  Real* L = logits_.data();
+  // The row maxima over the group (each rank's over its real columns), then the sums of exp and
+  // the target's logit (from the rank that holds it) summed over the group: the softmax of the
+  // whole vocabulary without gathering the logits.
+  std::vector<float> mx(static_cast<size_t>(N)), all(static_cast<size_t>(N) * tp), st(2 * static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < Vr; ++j) m = std::max(m, static_cast<float>(L[n * Vl + j]));
+    mx[n] = m;
+  }
+  tp_group_->all_gather(mx.data(), all.data(), static_cast<size_t>(N), parallel::DType::F32);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int r = 0; r < tp; ++r) mx[n] = std::max(mx[n], all[r * N + n]);
+    const int32_t tgt = targets[n];
+    if (tgt != k::kIgnoreIndex && (tgt < 0 || tgt >= Vg)) {
+      throw RuntimeError(fmt::format("target {} at position {} is outside the vocabulary [0, {})", tgt, n, Vg));
+    }
+    double s = 0;
+    for (int64_t j = 0; j < Vr; ++j) s += std::exp(static_cast<double>(L[n * Vl + j]) - mx[n]);
+    st[n] = static_cast<float>(s);
+    st[N + n] = tgt >= v0 && tgt < v0 + Vr ? static_cast<float>(L[n * Vl + tgt - v0]) : 0.f;
+  }
+  tp_group_->all_reduce(st.data(), st.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+  k_result_t r;
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t tgt = targets[n];
+    Real* row = L + n * Vl;
+    if (tgt == k::kIgnoreIndex) {
+      losses_[n] = Real(0);
+      if (dloss != 0) std::fill_n(row, Vl, Real(0));
+      continue;
+    }
+    const double loss = std::log(static_cast<double>(st[n])) + mx[n] - st[N + n];
+    losses_[n] = static_cast<Real>(loss);
+    r.loss_sum += loss;
+    ++r.count;
+    if (dloss == 0) continue;
+    const double scale = dloss / static_cast<double>(st[n]);
+    for (int64_t j = 0; j < Vr; ++j) row[j] = static_cast<Real>(std::exp(static_cast<double>(row[j]) - mx[n]) * scale);
+    std::fill(row + Vr, row + Vl, Real(0));  // padded columns: not classes
+    if (tgt >= v0 && tgt < v0 + Vr) row[tgt - v0] -= static_cast<Real>(dloss);
+  }
+  return r;
+}
+
+template <typename Real>
+void GptModel<Real>::reduce_tp_partial_grads() {
+  if (!tp()) return;
+  const auto& ts = layout_.tensors;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (!tp_map_->partial_grad(i)) continue;
+    tp_group_->all_reduce(grads.data() + ts[i].offset, static_cast<size_t>(ts[i].numel), parallel::DType::F32,
+                          parallel::ReduceOp::Sum);
+  }
 }
 
 template <typename Real>

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "backends/reference/moe_layer.h"
+#include "parallel/process_group.h"
+#include "train/tensor_parallel.h"
 
 #include "train/document_masks.h"
 #include "train/model_spec.h"
@@ -19,6 +21,11 @@ namespace primus::backends::reference {
 
 template <typename Real>
 class GptModel {
+  struct k_result_t {
+    double loss_sum = 0;
+    int64_t count = 0;
+  };
+
  public:
   GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_t max_seq);
 
@@ -40,6 +47,18 @@ class GptModel {
   // Document masking of packed samples (reset_attention_mask / reset_position_ids): every
   // forward builds its attention documents and positions from its tokens.
   void set_document_masking(const train::DocumentMasking& m) { masking_ = m; }
+  // Tensor parallelism (Megatron's): this model holds the rank's slice of the parameters, built
+  // from map->local_spec(); `group` is the tp group (map->tp() ranks, this one map->rank()).
+  // Column-parallel q/k/v and gate/up, row-parallel output projections summed over the group, the
+  // embedding and head split by vocabulary with the cross-entropy computed without gathering the
+  // logits. With sequence_parallel the norms and residuals hold 1/tp of the tokens (batch x
+  // sequence flattened, rank r the r-th slice) and the sums are reduce-scatters, the gathers
+  // all-gathers. float only. The map and group must outlive the model.
+  void set_tensor_parallel(const train::TpShardMap* map, parallel::ProcessGroup* group, bool sequence_parallel);
+  // Sums over the tp group the gradients that are each rank's part (map->partial_grad): once per
+  // optimizer step, after the last backward. No-op without tensor parallelism.
+  void reduce_tp_partial_grads();
+  // [B*T, padded_vocab]; with tensor parallelism this rank's vocabulary columns only.
   const Real* logits() const { return logits_.data(); }
   int64_t loss_count() const { return count_; }  // targets counted by the last forward
 
@@ -90,6 +109,25 @@ class GptModel {
   int64_t B_ = 0, T_ = 0, count_ = 0;
   train::DocumentMasking masking_;
   train::DocumentTables doc_;  // of the last forward (when masking_ is enabled)
+  // Tensor parallelism: the map and group (null without), the rows [tp_row0_, tp_row0_ + tp_rows_)
+  // of the flattened tokens this rank's residual stream holds (all of them without sequence
+  // parallelism).
+  const train::TpShardMap* tp_map_ = nullptr;
+  parallel::ProcessGroup* tp_group_ = nullptr;
+  bool tp_sp_ = false;
+  int64_t tp_row0_ = 0, tp_rows_ = 0;
+  bool tp() const { return tp_group_ != nullptr; }
+  // The sum over the group of a [N, C] buffer of parts: in place, or (sequence parallel) this
+  // rank's rows of the sum into the same buffer at its rows.
+  void tp_reduce_rows(Real* buf, int64_t N, int64_t C);
+  // Sequence parallel: every rank's rows, in place, from each rank's rows at its place.
+  void tp_gather_rows(Real* buf, int64_t N, int64_t C);
+  void tp_embedding_forward(Real* x, int64_t B, int64_t T);
+  void tp_embedding_backward(int64_t B, int64_t T);
+  // Vocabulary-parallel cross-entropy over logits_ (this rank's columns): the mean loss; with
+  // dloss != 0 logits_ becomes dlogits * dloss.
+  k_result_t tp_cross_entropy(const int32_t* targets, int64_t N, double dloss);
+  void add_bias_rows(Real* x, const std::string& bias, int64_t rows);
   // The attention of the last forward's batch: causal, the model's sliding window, documents.
   turbo::cpu::AttentionParams attention_params() const;
   // Per-token positions of the last forward's batch, or nullptr for 0..T-1 in every row.

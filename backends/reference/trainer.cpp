@@ -21,6 +21,7 @@
 #include "parallel/dist_checkpoint.h"
 #include "train/trainer_state.h"
 #include "train/lr_schedule.h"
+#include "train/param_init.h"
 #include "train/signals.h"
 #include "train/step_loop.h"
 #include "turbo/kernels/cpu/optimizer.h"
@@ -61,29 +62,48 @@ void ReferenceTrainer::setup() {
   auto& t = args_->train;
   env_ = parallel::read_dist_env();
   parallel::configure_rank_logging(env_.rank, env_.world_size);
-  if (t.data_parallel_size != env_.world_size) {
-    throw ConfigError(fmt::format("data_parallel_size is {} but the job has {} processes ({}); leave "
-                                  "data_parallel_size unset (the reference.args.data_parallel_size patch sets it)",
-                                  t.data_parallel_size, env_.world_size, parallel::describe(env_)));
+  const parallel::ParallelSizes sizes = t.parallel_sizes();
+  if (sizes.product() != env_.world_size) {
+    throw ConfigError(fmt::format("the layout tensor_model_parallel_size {} x data_parallel_size {} needs {} processes "
+                                  "but the job has {} ({}); launch a multiple of {} processes and leave "
+                                  "data_parallel_size unset (the reference.args.data_parallel_size patch derives it)",
+                                  sizes[parallel::Dim::TP], t.data_parallel_size, sizes.product(), env_.world_size,
+                                  parallel::describe(env_), sizes.model_parallel_product()));
   }
+  dims_ = std::make_unique<parallel::ParallelDims>(
+      parallel::ParallelDims::from_launch(sizes, env_, {"the reference backend", true}));
   t.check_batch();
   t.check_data();
   dp_ = args_->dp;
-  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, env_.rank,
-                                                     env_.world_size);
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
+  const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
   if (env_.distributed()) {
     store_ = parallel::TcpStore::from_env(env_);
-    pg_ = parallel::make_process_group(env_, *store_);
-    spdlog::info("[reference] data parallel over {} ranks ({} group, timeout {} s): {}", env_.world_size,
-                 pg_->backend(), env_.timeout_s,
+    world_pg_ = parallel::make_process_group(env_, *store_);
+    // Every rank makes its tp group, then its dp group (the same order everywhere).
+    if (tp > 1) {
+      tp_pg_ = world_pg_->new_subgroup(dims_->group_ranks(parallel::Dim::TP), dims_->group_name(parallel::Dim::TP));
+    }
+    if (dp == env_.world_size) {
+      pg_ = world_pg_;
+    } else if (dp > 1) {
+      pg_ = world_pg_->new_subgroup(dims_->group_ranks(parallel::Dim::DP), dims_->group_name(parallel::Dim::DP));
+    }
+    spdlog::info("[reference] data parallel over {} ranks{} ({} group, timeout {} s): {}", dp,
+                 tp > 1 ? fmt::format(" x tensor parallel over {} ranks{}", tp,
+                                      sizes.sequence_parallel ? " with sequence parallelism" : "")
+                        : "",
+                 world_pg_->backend(), env_.timeout_s,
                  dp_.distributed_optimizer ? "ZeRO-1 (optimizer state sharded)" : "optimizer state replicated");
   } else {
-    pg_ = std::make_unique<parallel::SingleProcessGroup>();
+    world_pg_ = std::make_shared<parallel::SingleProcessGroup>();
   }
-  dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), env_));
-  dims_->set_group(parallel::Dim::DP, pg_);  // data parallelism is the only dimension that spans ranks
+  if (!pg_) pg_ = std::make_shared<parallel::SingleProcessGroup>();
+  if (!tp_pg_) tp_pg_ = std::make_shared<parallel::SingleProcessGroup>();
+  dims_->set_group(parallel::Dim::DP, pg_);
+  dims_->set_group(parallel::Dim::TP, tp_pg_);
+  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, dp_rank(), dp_size());
   spdlog::info("[reference] output folder {}", t.output_dir.string());
 }
 
@@ -98,41 +118,64 @@ void ReferenceTrainer::init() {
   }
   // Rank 0 first: a text input is tokenized once into the output folder, then read by all.
   if (env_.rank == 0) data_ = train::build_data(t, spec);
-  pg_->barrier();
+  world_pg_->barrier();
   if (env_.rank != 0) data_ = train::build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
 
+  const int64_t tp = dims_->size(parallel::Dim::TP);
+  if (tp > 1) {
+    const bool sp = t.model_parallel.sequence_parallel;
+    tp_map_ = std::make_unique<train::TpShardMap>(spec, static_cast<int>(tp), tp_pg_->rank(), sp);
+    if (sp && spec.seq_length % tp != 0) {
+      throw ConfigError(fmt::format("sequence_parallel: seq_length {} is not divisible by tensor_model_parallel_size {}",
+                                    spec.seq_length, tp));
+    }
+    if (t.optim.optimizer == "muon") {
+      throw ConfigError("optimizer: muon with tensor_model_parallel_size > 1 is not implemented yet (Muon "
+                        "orthogonalises whole matrices, which tp splits over ranks); use adamw or tp 1");
+    }
+  }
+  const train::ModelSpec& local_spec = tp_map_ ? tp_map_->local_spec() : spec;
   const size_t heap_before = reference_heap_in_use();
-  model_ = std::make_unique<GptModel<float>>(spec, t.micro_batch_size, spec.seq_length);
+  model_ = std::make_unique<GptModel<float>>(local_spec, t.micro_batch_size, spec.seq_length);
   const size_t heap_after = reference_heap_in_use();
   model_heap_bytes_ = heap_after > heap_before ? heap_after - heap_before : 0;
+  model_->set_tensor_parallel(tp_map_.get(), tp_pg_.get(), t.model_parallel.sequence_parallel);
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   model_->set_document_masking({t.data.reset_attention_mask, t.data.reset_position_ids, tokenizer_->eod_id()});
-  model_->init_weights(t.seed);
-  train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), model_->params.data());
+  if (tp_map_) {
+    // Drawn in the global layout and cut: the weights of a single process, whatever the layout.
+    std::vector<float> global(static_cast<size_t>(tp_map_->global_layout().total));
+    train::init_params(spec, tp_map_->global_layout(), t.seed, global.data());
+    train::load_hf_initial_weights(args_->params, t.ckpt, spec, tp_map_->global_layout(), global.data());
+    tp_map_->to_local(global.data(), model_->params.data());
+  } else {
+    model_->init_weights(t.seed);
+    train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), model_->params.data());
+  }
   const auto total = static_cast<int64_t>(model_->params.size());
   int64_t owned = total;
   if (dp_.distributed_optimizer) {
-    shards_ = parallel::shard_layout(total, env_.world_size);
+    shards_ = parallel::shard_layout(total, dp_size());
     owned = shards_.shard;
     grad_shard_.assign(static_cast<size_t>(owned), 0.f);
   }
   m_.assign(static_cast<size_t>(owned), 0.f);
   v_.assign(static_cast<size_t>(owned), 0.f);
   if (t.optim.optimizer == "muon") {
-    muon_ = std::make_unique<MuonOptimizer>(spec, model_->layout(), env_.rank, env_.world_size,
-                                            dp_.distributed_optimizer);
+    muon_ = std::make_unique<MuonOptimizer>(spec, model_->layout(), dp_rank(), dp_size(), dp_.distributed_optimizer);
     spdlog::info("[reference] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps), "
                  "AdamW for the rest{}",
                  muon_->tensors().size(), t.optim.muon_momentum, t.optim.muon_nesterov ? "Nesterov" : "plain",
-                 t.optim.muon_ns_steps, dp_.distributed_optimizer && env_.world_size > 1 ? "; whole matrices per rank" : "");
+                 t.optim.muon_ns_steps, dp_.distributed_optimizer && dp_size() > 1 ? "; whole matrices per rank" : "");
   }
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
   sample_rng_.seed(t.seed + 17);
-  spdlog::info("[reference] model: {}, vocab {} ({:.2f}M parameters)", spec.summary(), spec.vocab_size,
-               spec.num_parameters() / 1e6);
+  spdlog::info("[reference] model: {}, vocab {} ({:.2f}M parameters{})", spec.summary(), spec.vocab_size,
+               spec.num_parameters() / 1e6,
+               tp_map_ ? fmt::format(", {:.2f}M on each of {} tp ranks", total / 1e6, tp_map_->tp()) : "");
 
   fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
@@ -152,7 +195,7 @@ void ReferenceTrainer::load_micro_batch(int64_t micro) {
 }
 
 void ReferenceTrainer::all_reduce_grads() {
-  if (env_.world_size == 1) return;
+  if (dp_size() == 1) return;
   const int64_t total = static_cast<int64_t>(model_->grads.size()), be = dp_.bucket_elems(sizeof(float));
   for (int64_t off = 0; off < total; off += be) {
     pg_->all_reduce(model_->grads.data() + off, static_cast<size_t>(std::min(be, total - off)), parallel::DType::F32,
@@ -163,7 +206,7 @@ void ReferenceTrainer::all_reduce_grads() {
 // The shards are contiguous ([r*S, (r+1)*S) of the padded buffer), so one bucket is the k-th
 // piece of every rank's shard, gathered into staging_ in rank order (reduce_scatter's layout).
 void ReferenceTrainer::reduce_scatter_grads() {
-  const int W = env_.world_size;
+  const int W = dp_size();
   const int64_t S = shards_.shard, total = shards_.total, be = std::min(dp_.bucket_elems(sizeof(float)), S);
   staging_.resize(static_cast<size_t>(W * be));
   const float* g = model_->grads.data();
@@ -182,7 +225,7 @@ void ReferenceTrainer::reduce_scatter_grads() {
 }
 
 void ReferenceTrainer::all_gather_params() {
-  const int W = env_.world_size, r = env_.rank;
+  const int W = dp_size(), r = dp_rank();
   const int64_t S = shards_.shard, total = shards_.total, be = std::min(dp_.bucket_elems(sizeof(float)), S);
   staging_.resize(static_cast<size_t>(W * be));
   float* p = model_->params.data();
@@ -221,6 +264,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
     }
     model_->backward();
   }
+  model_->reduce_tp_partial_grads();
   moe_stats_->all_reduce(pg_.get());
   reader_->finish_step(*data_.train);
   // Equal slices on every rank: the mean of the ranks' means is the global batch's mean.
@@ -229,11 +273,14 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   double norm;
   if (zero1 && !muon_) {
     reduce_scatter_grads();
-    norm = parallel::global_norm(*pg_, k::sum_squares(grad_shard_.data(), shards_.valid_count(env_.rank)));
+    const int64_t b = shards_.begin(dp_rank()), e = shards_.valid_end(dp_rank());
+    const double local = parallel::global_sum(*pg_, tp_sum_squares(grad_shard_.data(), b, std::max(b, e)));
+    norm = std::sqrt(tp_map_ ? parallel::global_sum(*tp_pg_, local) : local);
   } else {
     // Muon's owners orthogonalise whole matrices, so they need whole averaged gradients.
     all_reduce_grads();
-    norm = std::sqrt(k::sum_squares(model_->grads.data(), static_cast<int64_t>(model_->grads.size())));
+    const double local = tp_sum_squares(model_->grads.data(), 0, static_cast<int64_t>(model_->grads.size()));
+    norm = std::sqrt(tp_map_ ? parallel::global_sum(*tp_pg_, local) : local);
   }
   *grad_norm = norm;
   *finite = std::isfinite(loss) && std::isfinite(norm);
@@ -261,7 +308,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   }
   // ZeRO-1: this rank updates the parts of each tensor that fall in its shard, then every rank
   // gets every shard's new weights.
-  const int64_t b = shards_.begin(env_.rank), e = shards_.valid_end(env_.rank);
+  const int64_t b = shards_.begin(dp_rank()), e = shards_.valid_end(dp_rank());
   // With Muon the whole averaged gradient is here; this rank's shard of it starts at b.
   const float* gshard = muon_ ? model_->grads.data() + b : grad_shard_.data();
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -293,7 +340,7 @@ void ReferenceTrainer::record_memory(train::StepStats& s) {
   // of a float each (in MiB: exact enough, and far inside a float's range).
   std::vector<float> all(static_cast<size_t>(env_.world_size));
   const float mine = static_cast<float>(rss / double(1 << 20));
-  pg_->all_gather(&mine, all.data(), 1, parallel::DType::F32);
+  world_pg_->all_gather(&mine, all.data(), 1, parallel::DType::F32);
   const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
   s.details.push_back({"mem_gib_min", double(*lo) / 1024});
   s.details.push_back({"mem_gib_max", double(*hi) / 1024});
@@ -308,7 +355,7 @@ double ReferenceTrainer::evaluate() {
   nlohmann::json saved = data_.valid->state();
   data_.valid->load_state(valid_start_);
   double sum = 0;
-  for (int64_t i = env_.rank; i < t.eval_iters; i += env_.world_size) {
+  for (int64_t i = dp_rank(); i < t.eval_iters; i += dp_size()) {
     data_.valid->read_at(static_cast<uint64_t>(i * B), static_cast<int>(B), batch_.data());
     for (int64_t b = 0; b < B; ++b) {
       std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
@@ -325,10 +372,58 @@ nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
       step, {"reference", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_);
 }
 
+double ReferenceTrainer::tp_sum_squares(const float* g, int64_t lo, int64_t hi) const {
+  if (hi <= lo) return 0.0;
+  if (!tp_map_ || tp_map_->rank() == 0) return k::sum_squares(g, hi - lo);
+  double s = 0;
+  const auto& ts = model_->layout().tensors;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (tp_map_->replicated(i)) continue;
+    const int64_t a = std::max(lo, ts[i].offset), b = std::min(hi, ts[i].offset + ts[i].numel);
+    if (a < b) s += k::sum_squares(g + (a - lo), b - a);
+  }
+  return s;
+}
+
+std::vector<float> ReferenceTrainer::tp_global(const float* local) const {
+  std::vector<float> g(static_cast<size_t>(tp_map_->global_layout().total), 0.f);
+  tp_map_->to_global(local, g.data(), /*owned_only=*/true);
+  tp_pg_->all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+  return g;
+}
+
+std::vector<float> ReferenceTrainer::dp_full(const std::vector<float>& shard) const {
+  const int64_t S = shards_.shard;
+  std::vector<float> all(static_cast<size_t>(S * dp_size()));
+  pg_->all_gather(shard.data(), all.data(), static_cast<size_t>(S), parallel::DType::F32);
+  all.resize(static_cast<size_t>(shards_.total));
+  return all;
+}
+
 void ReferenceTrainer::save(int64_t step) {
   auto& t = args_->train;
   auto t0 = std::chrono::steady_clock::now();
   const bool zero1 = dp_.distributed_optimizer;
+  if (tp_map_) {
+    // Tensor parallel: the weights and moments put together in the global layout (every rank
+    // takes part), written by rank 0 as one process would, so any layout can load them.
+    const std::vector<float> params = tp_global(model_->params.data());
+    const std::vector<float> m = tp_global(zero1 ? dp_full(m_).data() : m_.data());
+    const std::vector<float> v = tp_global(zero1 ? dp_full(v_).data() : v_.data());
+    io::CheckpointData data;
+    if (env_.rank == 0) {
+      data = train::pack_checkpoint(args_->model, tp_map_->global_layout(), params.data(), m.data(), v.data(),
+                                    state_json(step));
+    }
+    io::SaveOptions so;
+    so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
+    auto dir = parallel::save_data_parallel(*world_pg_, t.ckpt.save, step, data,
+                                            static_cast<const parallel::ShardLayout*>(nullptr), {}, so);
+    last_saved_ = step;
+    spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s, global layout from {} tp ranks)", step, dir.string(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), tp_map_->tp());
+    return;
+  }
   // Rank 0 writes the weights (the same on every rank) and the state; with ZeRO-1 every rank
   // writes its shard of the moments, else rank 0 writes them whole.
   io::CheckpointData data;
@@ -340,7 +435,7 @@ void ReferenceTrainer::save(int64_t step) {
   if (zero1) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
   // Muon's momentum as one flat state like the moments (every rank calls: ZeRO-1 sums the owners').
   std::vector<float> muon_flat = muon_ ? muon_->flat_momentum(*pg_) : std::vector<float>{};
-  if (muon_ && zero1) shards.push_back({MuonOptimizer::kStateName, muon_flat.data() + std::min(shards_.begin(env_.rank), shards_.total)});
+  if (muon_ && zero1) shards.push_back({MuonOptimizer::kStateName, muon_flat.data() + std::min(shards_.begin(dp_rank()), shards_.total)});
   if (muon_ && !zero1 && env_.rank == 0) {
     data.optimizer.emplace(MuonOptimizer::kStateName,
                            io::TensorBlob::borrow(io::DType::F32, {static_cast<int64_t>(muon_flat.size())},
@@ -357,20 +452,35 @@ void ReferenceTrainer::save(int64_t step) {
 void ReferenceTrainer::load(const fsys::path& dir) {
   // Each rank verifies the standard files and the optimizer shards it reads, not all of them.
   io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
-  train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), nullptr, nullptr);
   const auto total = static_cast<int64_t>(model_->params.size());
   int64_t b = 0, e = total;
   if (dp_.distributed_optimizer) {
-    b = shards_.begin(env_.rank);
-    e = shards_.valid_end(env_.rank);
+    b = shards_.begin(dp_rank());
+    e = shards_.valid_end(dp_rank());
   }
-  parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, b, e, {m_.data(), v_.data()});
+  if (tp_map_) {
+    // Checkpoints hold the global layout: this rank's slice of the weights, and of the moments the
+    // elements [b, e) of its local buffer, read as the global segments they came from.
+    std::vector<float> global(static_cast<size_t>(tp_map_->global_layout().total));
+    train::unpack_checkpoint(data, dir, args_->model, tp_map_->global_layout(), global.data(), nullptr, nullptr);
+    tp_map_->to_local(global.data(), model_->params.data());
+    std::vector<parallel::FlatSegment> windows;
+    for (const train::TpPiece& p : tp_map_->pieces()) {
+      const int64_t lo = std::max(b, p.local), hi = std::min(e, p.local + p.count);
+      if (lo < hi) windows.push_back({p.global + (lo - p.local), p.global + (hi - p.local)});
+    }
+    parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, tp_map_->global_layout().total, windows,
+                               {m_.data(), v_.data()});
+  } else {
+    train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), nullptr, nullptr);
+    parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, b, e, {m_.data(), v_.data()});
+  }
   if (muon_) muon_->load(data, dir);
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
   int saved_world = parallel::saved_world_size(data);
   spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,
-               saved_world != env_.world_size
+               saved_world != env_.world_size || tp_map_
                    ? fmt::format(" (saved by {} ranks, resharded for {})", saved_world, env_.world_size)
                    : "");
 }
@@ -389,8 +499,11 @@ void ReferenceTrainer::train() {
   hooks.evaluate = [this] { return evaluate(); };
   hooks.save = [this](int64_t step) { save(step); };
   // Ranks may see a signal at different steps; they stop (and checkpoint) together.
-  hooks.agree_stop = [this](bool stop) { return parallel::global_sum(*pg_, stop ? 1.0 : 0.0) > 0; };
+  hooks.agree_stop = [this](bool stop) { return parallel::global_sum(*world_pg_, stop ? 1.0 : 0.0) > 0; };
   if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) return;
+  // The sampler runs the whole model on rank 0: tp ranks put their slices together first.
+  std::vector<float> whole;
+  if (tp_map_ && !t.sample_prompt.empty() && t.sample_tokens > 0) whole = tp_global(model_->params.data());
   if (!t.sample_prompt.empty() && t.sample_tokens > 0 && env_.rank == 0) {
     std::vector<int32_t> ids = tokenizer_->encode(t.sample_prompt);
     if (ids.empty()) ids.push_back(0);
@@ -400,7 +513,7 @@ void ReferenceTrainer::train() {
     so.temperature = t.sample_temperature;
     so.top_k = t.sample_top_k;
     GptModel<float> sampler(args_->model, 1, args_->model.seq_length);
-    sampler.params = model_->params;
+    sampler.params = tp_map_ ? whole : model_->params;
     sample_tokens(sampler, ids, so, sample_rng_);
     std::string text = printable(t.sample_prompt + tokenizer_->decode(std::span<const int32_t>(ids).subspan(n)));
     spdlog::info("[sample] temperature {}, top-k {}:\n{}\n", so.temperature, so.top_k, text);

@@ -3,7 +3,11 @@
 // torchrun, Slurm) it is data parallel over a parallel::ProcessGroup: each rank reads its slice of
 // every global batch, gradients are averaged across ranks in buckets, and with
 // use_distributed_optimizer (ZeRO-1) each rank keeps AdamW moments only for its shard of the
-// flat parameter buffer, updates that shard, and the weights are all-gathered.
+// flat parameter buffer, updates that shard, and the weights are all-gathered. With
+// tensor_model_parallel_size > 1 each data-parallel replica is a tp group of ranks holding slices
+// of the model (train/tensor_parallel.h; sequence_parallel optional); data parallelism and ZeRO-1
+// then run over the dp group on each rank's slice, and checkpoints are written in the global
+// layout, so they load under any layout.
 #pragma once
 #include <memory>
 #include <random>
@@ -21,6 +25,7 @@
 #include "parallel/tcp_store.h"
 #include "train/moe_stats.h"
 #include "train/progress.h"
+#include "train/tensor_parallel.h"
 
 namespace primus::backends::reference {
 
@@ -46,6 +51,16 @@ class ReferenceTrainer : public Trainer {
   void save(int64_t step);
   void load(const std::filesystem::path& dir);
   nlohmann::json state_json(int64_t step) const;
+  int dp_rank() const { return pg_->rank(); }
+  int dp_size() const { return pg_->world_size(); }
+  // Sum of squares of the local gradient elements [lo, hi) at g (g[0] is element lo), with the
+  // tensors every tp rank holds counted on tp rank 0 only: summed over the tp group it is the
+  // global model's.
+  double tp_sum_squares(const float* g, int64_t lo, int64_t hi) const;
+  // Tensor parallel: the global flat buffer from every tp rank's local one (collective over the tp group).
+  std::vector<float> tp_global(const float* local) const;
+  // The whole local optimizer state from ZeRO-1's shards (collective over the dp group).
+  std::vector<float> dp_full(const std::vector<float>& shard) const;
 
   std::shared_ptr<ReferenceArgs> args_;
   std::unique_ptr<GptModel<float>> model_;
@@ -55,8 +70,11 @@ class ReferenceTrainer : public Trainer {
   std::unique_ptr<train::ProgressReporter> progress_;
   parallel::DistEnv env_;
   std::unique_ptr<parallel::TcpStore> store_;
-  std::shared_ptr<parallel::ProcessGroup> pg_;
-  std::unique_ptr<parallel::ParallelDims> dims_;  // the job's layout; pg_ is its dp group
+  std::shared_ptr<parallel::ProcessGroup> pg_;        // the data-parallel group
+  std::shared_ptr<parallel::ProcessGroup> world_pg_;  // every rank of the job
+  std::shared_ptr<parallel::ProcessGroup> tp_pg_;     // the tensor-parallel group
+  std::unique_ptr<parallel::ParallelDims> dims_;      // the job's layout
+  std::unique_ptr<train::TpShardMap> tp_map_;         // tensor_model_parallel_size > 1
   parallel::DataParallelArgs dp_;
   std::unique_ptr<parallel::RankBatchReader> reader_;
   parallel::ShardLayout shards_;      // ZeRO-1: this rank owns [begin(rank), valid_end(rank))

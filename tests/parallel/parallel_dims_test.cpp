@@ -62,7 +62,7 @@ TEST(ParallelDims, DataParallelJobOfFourRanks) {
   DistEnv env;
   env.world_size = 4;
   env.rank = 2;
-  const ParallelDims d = ParallelDims::from_launch(sizes(1, 1, 1, 4, 1), env);
+  const ParallelDims d = ParallelDims::from_launch(sizes(1, 1, 1, 4, 1), env, {"the cuda backend", false});
   EXPECT_EQ(d.world(), 4);
   EXPECT_EQ(d.coord(Dim::DP), 2);
   EXPECT_EQ(d.group_ranks(Dim::DP), (std::vector<int>{0, 1, 2, 3}));
@@ -83,11 +83,16 @@ TEST(ParallelDims, LayoutsThatDoNotFitAreConfigErrors) {
 TEST(ParallelDims, UnimplementedDimensionsAreRefusedByName) {
   DistEnv env;
   env.world_size = 2;
-  expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(2, 1, 1, 1, 1), env); },
-                            {"tensor_model_parallel_size: tp is 2, but tensor parallelism is not implemented yet"});
-  expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 2, 1, 1, 1), env); }, {"context_parallel_size"});
-  expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 1, 2, 1, 1), env); }, {"expert_model_parallel_size"});
-  expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 1, 1, 1, 2), env); }, {"pipeline_model_parallel_size"});
+  const MeshSupport cuda{"the cuda backend", false}, reference{"the reference backend", true};
+  expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(2, 1, 1, 1, 1), env, cuda); },
+                            {"tensor_model_parallel_size: tp is 2, but tensor parallelism is not implemented yet on "
+                             "the cuda backend"});
+  EXPECT_EQ(ParallelDims::from_launch(sizes(2, 1, 1, 1, 1), env, reference).size(Dim::TP), 2);
+  for (const MeshSupport& s : {cuda, reference}) {
+    expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 2, 1, 1, 1), env, s); }, {"context_parallel_size"});
+    expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 1, 2, 1, 1), env, s); }, {"expert_model_parallel_size"});
+    expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 1, 1, 1, 2), env, s); }, {"pipeline_model_parallel_size"});
+  }
 }
 
 // Megatron's layouts, rank by rank: coordinates and the ranks of each group.
@@ -172,19 +177,29 @@ TEST(ParallelDims, ShardingStrategyAndItsOlderName) {
   EXPECT_EQ(all.sharding, DpSharding::OptimGradsParams);
 }
 
-TEST(ParallelDims, SequenceParallelAndShardingBeyondZeroOneAreRefusedByName) {
+TEST(ParallelDims, WhatABackendDoesNotImplementIsRefusedByName) {
   ParallelSizes sp = sizes(1, 1, 1, 1, 1);
   sp.sequence_parallel = true;
-  expect_error<ConfigError>([&] { sp.check_implemented(); }, {"sequence_parallel", "not implemented yet"});
+  expect_error<ConfigError>([&] { sp.check_implemented({"the cuda backend", false}); },
+                            {"sequence_parallel", "not implemented yet on the cuda backend"});
+  // A backend with tensor parallelism takes tp and sequence_parallel; one without refuses tp by name.
+  ParallelSizes tp = sizes(2, 1, 1, 1, 1);
+  tp.sequence_parallel = true;
+  tp.check_implemented({"the reference backend", true});
+  tp.check_implemented(kAnyBackendMesh);
+  expect_error<ConfigError>([&] { tp.check_implemented({"the cuda backend", false}); },
+                            {"tensor_model_parallel_size", "tensor parallelism is not implemented yet on the cuda backend"});
+  expect_error<ConfigError>([&] { sizes(1, 2, 1, 1, 1).check_implemented({"the reference backend", true}); },
+                            {"context_parallel_size", "not implemented yet"});
   for (DpSharding st : {DpSharding::OptimGrads, DpSharding::OptimGradsParams}) {
     ParallelSizes s = sizes(1, 1, 1, 1, 1);
     s.sharding = st;
-    expect_error<ConfigError>([&] { s.check_implemented(); },
+    expect_error<ConfigError>([&] { s.check_implemented(kAnyBackendMesh); },
                               {"data_parallel_sharding_strategy", dp_sharding_name(st), "not implemented yet"});
   }
   ParallelSizes z1 = sizes(1, 1, 1, 1, 1);
   z1.sharding = DpSharding::Optim;
-  z1.check_implemented();  // ZeRO-1 is implemented
+  z1.check_implemented({"the cuda backend", false});  // ZeRO-1 is implemented everywhere
 }
 
 }  // namespace

@@ -1,0 +1,137 @@
+// The tensor-parallel split of the tiny families: each rank's pieces tile its local buffer, the
+// ranks' pieces together (replicated tensors from rank 0) tile the global buffer exactly once, a
+// global buffer cut and put back is unchanged, the slices are where Megatron puts them (whole
+// heads of q, k and v, gate and up halves, the output projections' input columns, vocabulary
+// rows), and layouts that cannot be split are ConfigErrors naming the key.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "core/util/error.h"
+#include "tests/common/tiny_models.h"
+#include "tests/core/test_util.h"
+#include "train/tensor_parallel.h"
+
+using namespace primus::train;
+using primus::ConfigError;
+using primus::testing::expect_error;
+
+namespace {
+
+void expect_tiles(const ModelSpec& m, int tp, bool sp) {
+  const ParamLayout G = make_param_layout(m);
+  std::vector<int> covered(static_cast<size_t>(G.total), 0);
+  std::vector<float> global(static_cast<size_t>(G.total));
+  std::iota(global.begin(), global.end(), 1.f);  // every element distinct
+  std::vector<float> rebuilt(global.size(), 0.f);
+  for (int r = 0; r < tp; ++r) {
+    const TpShardMap map(m, tp, r, sp);
+    const int64_t local_total = map.local_layout().total;
+    int64_t at = 0;
+    for (const TpPiece& p : map.pieces()) {
+      EXPECT_EQ(p.local, at) << m.model_type << " tp" << tp << " rank " << r;
+      at += p.count;
+    }
+    EXPECT_EQ(at, local_total);
+    std::vector<float> local(static_cast<size_t>(local_total), 0.f);
+    map.to_local(global.data(), local.data());
+    std::vector<float> mine(global.size(), 0.f);
+    map.to_global(local.data(), mine.data(), /*owned_only=*/true);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (mine[i] != 0.f) {
+        ++covered[i];
+        rebuilt[i] += mine[i];
+      }
+    }
+  }
+  for (size_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1) << m.model_type << " tp" << tp << " element " << i;
+  EXPECT_EQ(rebuilt, global);
+}
+
+const float* tensor(const ParamLayout& L, const std::vector<float>& buf, const std::string& name) {
+  return buf.data() + L.get(name).offset;
+}
+
+}  // namespace
+
+TEST(TensorParallelMap, PiecesTileTheLocalAndTheGlobalBuffers) {
+  for (bool sp : {false, true}) {
+    expect_tiles(primus::testing::tiny_gpt2(), 2, sp);
+    expect_tiles(primus::testing::tiny_gpt2(), 4, sp);
+    expect_tiles(primus::testing::tiny_llama(), 2, sp);
+    expect_tiles(primus::testing::tiny_qwen3(), 2, sp);
+  }
+}
+
+TEST(TensorParallelMap, SlicesAreWholeHeadsFfnHalvesInputColumnsAndVocabularyRows) {
+  const ModelSpec m = primus::testing::tiny_llama();  // hidden 16, 4 heads of 4, 2 kv groups, ffn 24, vocab 29 of 32
+  const TpShardMap map(m, 2, 1, false);
+  const ModelSpec& l = map.local_spec();
+  EXPECT_EQ(l.num_attention_heads, 2);
+  EXPECT_EQ(l.num_query_groups, 1);
+  EXPECT_EQ(l.head_dim(), 4);
+  EXPECT_EQ(l.ffn_hidden_size, 12);
+  EXPECT_EQ(l.padded_vocab_size, 16);
+  EXPECT_EQ(map.vocab_begin(), 16);
+  EXPECT_EQ(l.vocab_size, 13);  // rows 16..28 are real tokens, 29..31 padding
+
+  const ParamLayout& G = map.global_layout();
+  const ParamLayout& L = map.local_layout();
+  std::vector<float> global(static_cast<size_t>(G.total));
+  std::iota(global.begin(), global.end(), 0.f);
+  std::vector<float> local(static_cast<size_t>(L.total));
+  map.to_local(global.data(), local.data());
+  const int64_t C = 16, QD = 16, KVD = 8, F = 24;
+  const float* gq = tensor(G, global, "layers.1.attn.qkv.weight");
+  const float* lq = tensor(L, local, "layers.1.attn.qkv.weight");
+  EXPECT_EQ(lq[0], gq[(QD / 2) * C]);                         // q: heads 2 and 3
+  EXPECT_EQ(lq[(QD / 2) * C], gq[(QD + KVD / 2) * C]);        // k: group 1
+  EXPECT_EQ(lq[(QD / 2 + KVD / 2) * C + 3], gq[(QD + KVD + KVD / 2) * C + 3]);  // v: group 1
+  const float* gp = tensor(G, global, "layers.0.attn.proj.weight");
+  const float* lp = tensor(L, local, "layers.0.attn.proj.weight");
+  EXPECT_EQ(lp[5 * (QD / 2) + 2], gp[5 * QD + QD / 2 + 2]);   // row 5, input column 8 + 2
+  const float* gf = tensor(G, global, "layers.0.mlp.fc.weight");
+  const float* lf = tensor(L, local, "layers.0.mlp.fc.weight");
+  EXPECT_EQ(lf[0], gf[(F / 2) * C]);                          // gate rows 12..23
+  EXPECT_EQ(lf[(F / 2) * C], gf[(F + F / 2) * C]);            // up rows 36..47
+  const float* gd = tensor(G, global, "layers.0.mlp.proj.weight");
+  const float* ld = tensor(L, local, "layers.0.mlp.proj.weight");
+  EXPECT_EQ(ld[3 * (F / 2)], gd[3 * F + F / 2]);
+  EXPECT_EQ(tensor(L, local, "embedding.weight")[0], tensor(G, global, "embedding.weight")[16 * C]);
+  EXPECT_EQ(tensor(L, local, "output_layer.weight")[C + 1], tensor(G, global, "output_layer.weight")[17 * C + 1]);
+  EXPECT_EQ(tensor(L, local, "final_norm.weight")[7], tensor(G, global, "final_norm.weight")[7]);
+}
+
+TEST(TensorParallelMap, ReplicatedAndPartialGradientsAreMarked) {
+  const ModelSpec q = primus::testing::tiny_qwen3();
+  for (bool sp : {false, true}) {
+    const TpShardMap map(q, 2, 0, sp);
+    const auto& ts = map.local_layout().tensors;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const std::string& n = ts[i].name;
+      const bool norm = n.find("norm1") != std::string::npos || n.find("norm2") != std::string::npos ||
+                        n.rfind("final_norm", 0) == 0;
+      const bool qk = n.find("q_norm") != std::string::npos || n.find("k_norm") != std::string::npos;
+      EXPECT_EQ(map.replicated(i), norm || qk) << n;
+      // Per-head q/k norm weights are shared by every rank's heads; the norms see part of the
+      // sequence only under sequence parallelism.
+      EXPECT_EQ(map.partial_grad(i), qk || (norm && sp)) << n << " sp " << sp;
+    }
+  }
+}
+
+TEST(TensorParallelMap, LayoutsThatCannotBeSplitAreRefusedByName) {
+  expect_error<ConfigError>([] { TpShardMap(primus::testing::tiny_llama(), 4, 0, false); },
+                            {"tensor_model_parallel_size 4 does not divide num_query_groups 2"});
+  expect_error<ConfigError>([] { TpShardMap(primus::testing::tiny_gpt2(29, 30), 4, 0, false); },
+                            {"does not divide the padded vocabulary 30", "make_vocab_size_divisible_by"});
+  expect_error<ConfigError>([] { TpShardMap(primus::testing::tiny_moe(), 2, 0, false); },
+                            {"MoE layers (num_experts) is not implemented yet"});
+  ModelSpec whole = primus::testing::tiny_qwen3();
+  whole.qk_norm_whole = true;
+  expect_error<ConfigError>([&] { TpShardMap(whole, 2, 0, false); }, {"qk_layernorm_scope: projection"});
+  // One rank is the model itself.
+  const TpShardMap one(primus::testing::tiny_llama(), 1, 0, false);
+  EXPECT_EQ(one.local_layout().total, one.global_layout().total);
+  EXPECT_EQ(one.pieces().size(), one.global_layout().tensors.size());
+}

@@ -1,0 +1,69 @@
+// How a model's parameters split over a tensor-parallel group of `tp` ranks, as Megatron splits
+// them: the q/k/v and MLP gate/up projections column-parallel (each rank owns whole heads and a
+// slice of the FFN width: row ranges of our [out, in] weights), the attention output and MLP down
+// projections row-parallel (column ranges of theirs), the embedding and untied output head
+// vocabulary-parallel (row ranges), and the norms, position embedding and row-parallel biases
+// replicated.
+//
+// A rank's parameters are the model of `local_spec()` (heads / tp, query groups / tp, FFN / tp,
+// padded vocabulary / tp, the head dimension pinned), so its layout is make_param_layout of that
+// spec and the kernels run on it unchanged. TpShardMap says where every element of that local
+// flat buffer lives in the global one (the layout a single process and every checkpoint uses), so
+// initial weights are drawn once in the global layout and cut, checkpoints are written in the
+// global layout whatever the job's layout, and a checkpoint loads under any other.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "train/model_spec.h"
+#include "train/param_layout.h"
+
+namespace primus::train {
+
+// A run of consecutive elements: local buffer [local, local + count) = global [global, ...).
+struct TpPiece {
+  int64_t local = 0, global = 0, count = 0;
+};
+
+class TpShardMap {
+ public:
+  // ConfigError naming the key when the model cannot be split over `tp` ranks: heads, query groups,
+  // the FFN width or the padded vocabulary not divisible by tp, or a part of the model that has no
+  // tensor-parallel form yet (MoE layers, a q/k norm over the whole projection).
+  TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_parallel);
+
+  int tp() const { return tp_; }
+  int rank() const { return rank_; }
+  const ModelSpec& global_spec() const { return global_; }
+  const ModelSpec& local_spec() const { return local_; }
+  const ParamLayout& global_layout() const { return global_layout_; }
+  const ParamLayout& local_layout() const { return local_layout_; }
+  // The first vocabulary row (token id) this rank's embedding and head rows stand for.
+  int64_t vocab_begin() const { return vocab_begin_; }
+
+  // In local order; together exactly the local buffer.
+  const std::vector<TpPiece>& pieces() const { return pieces_; }
+  // Per tensor of the local layout (same order as the global one): the same values on every tp
+  // rank (norms, position embedding, row-parallel biases).
+  bool replicated(size_t tensor) const { return replicated_.at(tensor); }
+  // Per tensor: each rank's gradient is a part of the whole, to be summed over the tp group once
+  // per step (the per-head q/k norm weights, shared by heads on every rank; with sequence
+  // parallelism also the norms, each rank seeing its part of the sequence).
+  bool partial_grad(size_t tensor) const { return partial_.at(tensor); }
+
+  // local[i] = global[where element i lives].
+  void to_local(const float* global, float* local) const;
+  // Writes this rank's elements into `global`; with owned_only, replicated tensors only from rank 0,
+  // so that summing every rank's result over the group (zeros elsewhere) rebuilds the global buffer.
+  void to_global(const float* local, float* global, bool owned_only) const;
+
+ private:
+  ModelSpec global_, local_;
+  ParamLayout global_layout_, local_layout_;
+  int tp_ = 1, rank_ = 0;
+  int64_t vocab_begin_ = 0;
+  std::vector<TpPiece> pieces_;
+  std::vector<bool> replicated_, partial_;
+};
+
+}  // namespace primus::train
