@@ -155,12 +155,13 @@ void ParallelSizes::check_implemented(const MeshSupport& support) const {
                                   "with tensor parallelism); leave sequence_parallel false",
                                   support.backend));
   }
-  if (sharding == DpSharding::OptimGrads || sharding == DpSharding::OptimGradsParams) {
-    throw ConfigError(fmt::format("data_parallel_sharding_strategy: {} ({}) is not implemented yet (planned with the "
-                                  "[mesh] work); no_shard and optim (ZeRO-1) are",
+  if ((sharding == DpSharding::OptimGrads || sharding == DpSharding::OptimGradsParams) && !support.sharded_dp) {
+    throw ConfigError(fmt::format("data_parallel_sharding_strategy: {} ({}) is not implemented yet on {}; no_shard "
+                                  "and optim (ZeRO-1) are",
                                   dp_sharding_name(sharding),
                                   sharding == DpSharding::OptimGrads ? "sharded gradients, ZeRO-2"
-                                                                     : "sharded parameters, ZeRO-3 / FSDP"));
+                                                                     : "sharded parameters, ZeRO-3 / FSDP",
+                                  support.backend));
   }
 }
 
@@ -170,7 +171,7 @@ void add_parallel_schema(config::Schema& s) {
       .flag("sequence_parallel", false, "sequence parallelism over the tp group: norms and residuals on a slice of the sequence (needs tp > 1)")
       .text("data_parallel_sharding_strategy", std::nullopt,
             "what the data-parallel ranks shard: no_shard, optim (ZeRO-1; unset: use_distributed_optimizer decides), "
-            "optim_grads, optim_grads_params (the last two not implemented yet)",
+            "optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP; the last two on the reference backend)",
             {"no_shard", "optim", "optim_grads", "optim_grads_params"})
       .integer("pipeline_model_parallel_size", 1, "pipeline stages (only 1 is implemented)", 1)
       .integer("expert_model_parallel_size", 1, "expert-parallel ranks (only 1 is implemented)", 1);

@@ -10,9 +10,9 @@
 // creates that engine (set_group). The data-parallel size is derived: world / (tp x cp x ep x pp).
 //
 // What each backend implements is its MeshSupport: the reference backend has tensor parallelism
-// with sequence parallelism; a context, pipeline or expert size other than 1, and the optim_grads /
-// optim_grads_params sharding strategies are ConfigErrors naming the key (check_implemented) on
-// every backend until the issues that implement them land; `primus train pretrain --dry-run`
+// with sequence parallelism and the optim_grads / optim_grads_params sharding strategies; a
+// context, pipeline or expert size other than 1 is a ConfigError naming the key (check_implemented)
+// on every backend until the issues that implement them land; `primus train pretrain --dry-run`
 // still prints the mesh such a layout would use.
 #pragma once
 #include <array>
@@ -50,10 +50,11 @@ DpSharding dp_sharding_from_config(const config::Value& params);
 // The parallel dimensions a backend implements beyond data parallelism with ZeRO-1.
 struct MeshSupport {
   const char* backend = "any backend";
-  bool tensor = false;  // tensor_model_parallel_size > 1 and sequence_parallel
+  bool tensor = false;      // tensor_model_parallel_size > 1 and sequence_parallel
+  bool sharded_dp = false;  // data_parallel_sharding_strategy optim_grads and optim_grads_params
 };
 // What some backend implements (the check a config passes before its backend is known).
-inline constexpr MeshSupport kAnyBackendMesh{"any backend", true};
+inline constexpr MeshSupport kAnyBackendMesh{"any backend", true, true};
 
 struct ParallelSizes {
   std::array<int64_t, kNumDims> size{1, 1, 1, 1, 1};
@@ -77,7 +78,7 @@ struct ParallelSizes {
   void check_model(int64_t num_attention_heads, int64_t num_query_groups, int64_t seq_length) const;
   // ConfigError naming the key for what `support` does not implement: a dimension other than dp
   // (and tp where supported) not 1, sequence_parallel without tensor support, the optim_grads /
-  // optim_grads_params sharding strategies.
+  // optim_grads_params sharding strategies without sharded_dp.
   void check_implemented(const MeshSupport& support) const;
 };
 

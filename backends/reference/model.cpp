@@ -129,6 +129,24 @@ void GptModel<Real>::norm_backward(Real* dinp, const Real* dout, const Real* inp
 
 template <typename Real>
 double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double dloss) {
+  if (hooks_) hooks_->gather(0);
+  const double loss = forward_body(tokens, targets, B, T, dloss);
+  if (hooks_) hooks_->release(0);
+  return loss;
+}
+
+template <typename Real>
+void GptModel<Real>::backward() {
+  if (hooks_) hooks_->gather(0);
+  backward_body();
+  if (hooks_) {
+    hooks_->grads_ready(0);
+    hooks_->release(0);
+  }
+}
+
+template <typename Real>
+double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double dloss) {
   const int64_t N = B * T;
   if (N > max_tokens_ || T > spec_.seq_length) {
     throw RuntimeError(fmt::format("batch {}x{} exceeds the model's buffers ({} tokens, seq {})", B, T, max_tokens_,
@@ -165,6 +183,7 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     LayerActs& a = acts_[l];
     const std::string p = fmt::format("layers.{}.", l);
+    if (hooks_) hooks_->gather(static_cast<int>(1 + l));
     norm_forward(a.ln1.data() + r0 * C, a.mean1.data() + r0, a.rstd1.data() + r0, a.x_in.data() + r0 * C, p + "norm1",
                  R);
     if (tp_sp_) tp_gather_rows(a.ln1.data(), N, C);
@@ -208,6 +227,7 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
       Real* next = l + 1 < spec_.num_layers ? acts_[l + 1].x_in.data() : x_final_.data();
       moe_[l]->forward(next, a.ln2.data(), moe_weights(l), N);
       k::residual_forward(next, next, a.x2.data(), N * C);
+      if (hooks_) hooks_->release(static_cast<int>(1 + l));
       continue;
     }
     k::matmul_forward(a.fc.data(), a.ln2.data(), param(p + "mlp.fc.weight"), weight_or_null(p + "mlp.fc.bias"), N, C, FC);
@@ -224,6 +244,7 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
       add_bias_rows(next + r0 * C, p + "mlp.proj.bias", R);
     }
     k::residual_forward(next + r0 * C, next + r0 * C, a.x2.data() + r0 * C, R * C);
+    if (hooks_) hooks_->release(static_cast<int>(1 + l));
   }
   norm_forward(lnf_.data() + r0 * C, meanf_.data() + r0, rstdf_.data() + r0, x_final_.data() + r0 * C, "final_norm", R);
   if (tp_sp_) tp_gather_rows(lnf_.data(), N, C);
@@ -252,7 +273,7 @@ double GptModel<Real>::forward(const int32_t* tokens, const int32_t* targets, in
 }
 
 template <typename Real>
-void GptModel<Real>::backward() {
+void GptModel<Real>::backward_body() {
   const int64_t B = B_, T = T_, N = B * T;
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), F = spec_.ffn_hidden_size, FC = spec_.fc_dim();
@@ -279,6 +300,7 @@ void GptModel<Real>::backward() {
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     LayerActs& a = acts_[l];
     const std::string p = fmt::format("layers.{}.", l);
+    if (hooks_) hooks_->gather(static_cast<int>(1 + l));
     // MLP branch: dx is the gradient of the layer output = x2 + mlp(x2).
     if (tp_sp_) tp_gather_rows(dx_.data(), N, C);
     if (moe_[l]) {
@@ -348,6 +370,10 @@ void GptModel<Real>::backward() {
     if (tp()) tp_reduce_rows(dln_.data(), N, C);
     norm_backward(dx_.data() + r0 * C, dln_.data() + r0 * C, a.x_in.data() + r0 * C, a.mean1.data() + r0,
                   a.rstd1.data() + r0, p + "norm1", R);
+    if (hooks_) {
+      hooks_->grads_ready(static_cast<int>(1 + l));
+      hooks_->release(static_cast<int>(1 + l));
+    }
   }
   if (tp()) {
     tp_embedding_backward(B, T);

@@ -55,6 +55,17 @@ class GptModel {
   // sequence flattened, rank r the r-th slice) and the sums are reduce-scatters, the gathers
   // all-gathers. float only. The map and group must outlive the model.
   void set_tensor_parallel(const train::TpShardMap* map, parallel::ProcessGroup* group, bool sequence_parallel);
+  // Sharded data parallelism (backends/reference/fsdp.h): the model calls these around each unit
+  // of its parameters, unit 0 being everything outside the layers (embeddings, final norm, head)
+  // and unit 1 + l layer l: gather before the unit's weights are read in a forward or backward,
+  // release after; grads_ready once a backward has finished the unit's gradient.
+  struct ShardingHooks {
+    virtual ~ShardingHooks() = default;
+    virtual void gather(int unit) = 0;
+    virtual void release(int unit) = 0;
+    virtual void grads_ready(int unit) = 0;
+  };
+  void set_sharding_hooks(ShardingHooks* hooks) { hooks_ = hooks; }
   // Sums over the tp group the gradients that are each rank's part (map->partial_grad): once per
   // optimizer step, after the last backward. No-op without tensor parallelism.
   void reduce_tp_partial_grads();
@@ -112,6 +123,9 @@ class GptModel {
   // Tensor parallelism: the map and group (null without), the rows [tp_row0_, tp_row0_ + tp_rows_)
   // of the flattened tokens this rank's residual stream holds (all of them without sequence
   // parallelism).
+  ShardingHooks* hooks_ = nullptr;
+  double forward_body(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double dloss);
+  void backward_body();
   const train::TpShardMap* tp_map_ = nullptr;
   parallel::ProcessGroup* tp_group_ = nullptr;
   bool tp_sp_ = false;

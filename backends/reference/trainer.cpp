@@ -71,7 +71,7 @@ void ReferenceTrainer::setup() {
                                   parallel::describe(env_), sizes.model_parallel_product()));
   }
   dims_ = std::make_unique<parallel::ParallelDims>(
-      parallel::ParallelDims::from_launch(sizes, env_, {"the reference backend", true}));
+      parallel::ParallelDims::from_launch(sizes, env_, {"the reference backend", true, true}));
   t.check_batch();
   t.check_data();
   dp_ = args_->dp;
@@ -95,7 +95,11 @@ void ReferenceTrainer::setup() {
                                       sizes.sequence_parallel ? " with sequence parallelism" : "")
                         : "",
                  world_pg_->backend(), env_.timeout_s,
-                 dp_.distributed_optimizer ? "ZeRO-1 (optimizer state sharded)" : "optimizer state replicated");
+                 sizes.sharding == parallel::DpSharding::OptimGradsParams
+                     ? "FSDP (parameters, gradients and optimizer state sharded)"
+                 : sizes.sharding == parallel::DpSharding::OptimGrads ? "ZeRO-2 (gradients and optimizer state sharded)"
+                 : dp_.distributed_optimizer                          ? "ZeRO-1 (optimizer state sharded)"
+                                                                      : "optimizer state replicated");
   } else {
     world_pg_ = std::make_shared<parallel::SingleProcessGroup>();
   }
@@ -155,7 +159,25 @@ void ReferenceTrainer::init() {
   }
   const auto total = static_cast<int64_t>(model_->params.size());
   int64_t owned = total;
-  if (dp_.distributed_optimizer) {
+  const parallel::DpSharding sharding = t.model_parallel.sharding;
+  if (sharding == parallel::DpSharding::OptimGrads || sharding == parallel::DpSharding::OptimGradsParams) {
+    const char* key = parallel::dp_sharding_name(sharding);
+    if (t.optim.optimizer == "muon") {
+      throw ConfigError(fmt::format("optimizer: muon with data_parallel_sharding_strategy {} is not implemented yet "
+                                    "(Muon needs whole gradient matrices); use optim (ZeRO-1)",
+                                    key));
+    }
+    if (spec.moe.expert_bias) {
+      throw ConfigError(fmt::format("moe_router_enable_expert_bias with data_parallel_sharding_strategy {} is not "
+                                    "implemented yet (the bias moves outside the optimizer's shards); use optim",
+                                    key));
+    }
+    fsdp_ = std::make_unique<ReferenceFsdp>(*model_, *pg_, sharding == parallel::DpSharding::OptimGradsParams);
+    model_->set_sharding_hooks(fsdp_.get());
+    owned = fsdp_->owned_count();
+  }
+  zero1_ = dp_.distributed_optimizer && !fsdp_;
+  if (zero1_) {
     shards_ = parallel::shard_layout(total, dp_size());
     owned = shards_.shard;
     grad_shard_.assign(static_cast<size_t>(owned), 0.f);
@@ -163,11 +185,11 @@ void ReferenceTrainer::init() {
   m_.assign(static_cast<size_t>(owned), 0.f);
   v_.assign(static_cast<size_t>(owned), 0.f);
   if (t.optim.optimizer == "muon") {
-    muon_ = std::make_unique<MuonOptimizer>(spec, model_->layout(), dp_rank(), dp_size(), dp_.distributed_optimizer);
+    muon_ = std::make_unique<MuonOptimizer>(spec, model_->layout(), dp_rank(), dp_size(), zero1_);
     spdlog::info("[reference] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps), "
                  "AdamW for the rest{}",
                  muon_->tensors().size(), t.optim.muon_momentum, t.optim.muon_nesterov ? "Nesterov" : "plain",
-                 t.optim.muon_ns_steps, dp_.distributed_optimizer && dp_size() > 1 ? "; whole matrices per rank" : "");
+                 t.optim.muon_ns_steps, zero1_ && dp_size() > 1 ? "; whole matrices per rank" : "");
   }
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
@@ -181,6 +203,7 @@ void ReferenceTrainer::init() {
   if (!load_dir.empty()) load(load_dir);
   // Every rank starts from rank 0's weights (equal seeds give equal weights; this makes sure).
   pg_->broadcast(model_->params.data(), model_->params.size(), parallel::DType::F32, 0);
+  if (fsdp_) fsdp_->adopt_params();
   progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
                                                         t.log_interval, step_, parallel::writes_logs(env_.rank));
 }
@@ -250,7 +273,11 @@ void ReferenceTrainer::all_gather_params() {
 double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   auto& t = args_->train;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
-  model_->zero_grad();
+  if (fsdp_) {
+    fsdp_->begin_step();  // the model's gradients are zero: each unit's is cleared once reduced
+  } else {
+    model_->zero_grad();
+  }
   moe_stats_->reset();
   double loss_sum = 0;
   const int64_t accum = reader_->micro_batches();
@@ -264,14 +291,16 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
     }
     model_->backward();
   }
-  model_->reduce_tp_partial_grads();
+  if (!fsdp_) model_->reduce_tp_partial_grads();
   moe_stats_->all_reduce(pg_.get());
   reader_->finish_step(*data_.train);
   // Equal slices on every rank: the mean of the ranks' means is the global batch's mean.
   double loss = parallel::global_mean(*pg_, loss_sum / static_cast<double>(accum));
-  const bool zero1 = dp_.distributed_optimizer;
+  const bool zero1 = zero1_;
   double norm;
-  if (zero1 && !muon_) {
+  if (fsdp_) {
+    norm = fsdp_grad_norm();
+  } else if (zero1 && !muon_) {
     reduce_scatter_grads();
     const int64_t b = shards_.begin(dp_rank()), e = shards_.valid_end(dp_rank());
     const double local = parallel::global_sum(*pg_, tp_sum_squares(grad_shard_.data(), b, std::max(b, e)));
@@ -294,6 +323,11 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   hp.step = step + 1;
   hp.grad_scale = scale;
   const auto& tensors = model_->layout().tensors;
+  if (fsdp_) {
+    fsdp_update(hp);
+    fsdp_->end_step();
+    return loss;
+  }
   if (!zero1) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       const auto& pt = tensors[i];
@@ -355,13 +389,18 @@ double ReferenceTrainer::evaluate() {
   nlohmann::json saved = data_.valid->state();
   data_.valid->load_state(valid_start_);
   double sum = 0;
-  for (int64_t i = dp_rank(); i < t.eval_iters; i += dp_size()) {
-    data_.valid->read_at(static_cast<uint64_t>(i * B), static_cast<int>(B), batch_.data());
+  // The model's forward has collectives when its parameters are sharded: every rank runs the same
+  // number of them, a rank past the last batch re-reading one and not counting it.
+  const int64_t rounds = fsdp_ ? (t.eval_iters + dp_size() - 1) / dp_size() : 0;
+  for (int64_t i = dp_rank(), k = 0; i < t.eval_iters || k < rounds; i += dp_size(), ++k) {
+    const int64_t at = i < t.eval_iters ? i : i % t.eval_iters;
+    data_.valid->read_at(static_cast<uint64_t>(at * B), static_cast<int>(B), batch_.data());
     for (int64_t b = 0; b < B; ++b) {
       std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
       std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
     }
-    sum += model_->forward(inputs_.data(), targets_.data(), B, T);
+    const double l = model_->forward(inputs_.data(), targets_.data(), B, T);
+    if (i < t.eval_iters) sum += l;
   }
   data_.valid->load_state(saved);
   return parallel::global_sum(*pg_, sum) / static_cast<double>(t.eval_iters);
@@ -400,16 +439,72 @@ std::vector<float> ReferenceTrainer::dp_full(const std::vector<float>& shard) co
   return all;
 }
 
+double ReferenceTrainer::fsdp_grad_norm() {
+  std::vector<float>& g = fsdp_->grad_shard();
+  const auto& ts = model_->layout().tensors;
+  // Tensor parallel: each rank's part of a shared tensor's gradient (the norms under sequence
+  // parallelism, the q/k norms) summed over the tp group; every tp rank owns the same slices.
+  if (tp_map_) {
+    int64_t at = 0;
+    for (const auto& seg : fsdp_->owned()) {
+      for (size_t i = 0; i < ts.size(); ++i) {
+        if (!tp_map_->partial_grad(i)) continue;
+        const int64_t a = std::max(seg.begin, ts[i].offset), b = std::min(seg.end, ts[i].offset + ts[i].numel);
+        if (a < b) {
+          tp_pg_->all_reduce(g.data() + at + (a - seg.begin), static_cast<size_t>(b - a), parallel::DType::F32,
+                             parallel::ReduceOp::Sum);
+        }
+      }
+      at += seg.size();
+    }
+  }
+  double local = 0;
+  int64_t at = 0;
+  for (const auto& seg : fsdp_->owned()) {
+    local += tp_sum_squares(g.data() + at, seg.begin, seg.end);
+    at += seg.size();
+  }
+  const double dp_sum = parallel::global_sum(*pg_, local);
+  return std::sqrt(tp_map_ ? parallel::global_sum(*tp_pg_, dp_sum) : dp_sum);
+}
+
+void ReferenceTrainer::fsdp_update(const k::AdamWParams& hp_in) {
+  k::AdamWParams hp = hp_in;
+  const auto& ts = model_->layout().tensors;
+  float* p = fsdp_->param_shard().data();
+  const float* g = fsdp_->grad_shard().data();
+  int64_t at = 0;
+  for (const auto& seg : fsdp_->owned()) {
+    for (const auto& pt : ts) {
+      const int64_t a = std::max(seg.begin, pt.offset), b = std::min(seg.end, pt.offset + pt.numel);
+      if (a >= b) continue;
+      const int64_t i = at + (a - seg.begin);
+      hp.weight_decay = pt.decay ? args_->train.optim.weight_decay : 0.0;
+      k::adamw_update(p + i, g + i, m_.data() + i, v_.data() + i, b - a, hp);
+    }
+    at += seg.size();
+  }
+}
+
 void ReferenceTrainer::save(int64_t step) {
   auto& t = args_->train;
   auto t0 = std::chrono::steady_clock::now();
-  const bool zero1 = dp_.distributed_optimizer;
+  const bool zero1 = zero1_;
+  if (fsdp_) fsdp_->gather_all();  // the whole weights for rank 0 to write
+  struct Regather {  // FSDP: give the weights back however save() ends
+    ReferenceFsdp* f;
+    ~Regather() {
+      if (f) f->release_all();
+    }
+  } regather{fsdp_ && args_->train.model_parallel.sharding == parallel::DpSharding::OptimGradsParams ? fsdp_.get()
+                                                                                                     : nullptr};
   if (tp_map_) {
     // Tensor parallel: the weights and moments put together in the global layout (every rank
     // takes part), written by rank 0 as one process would, so any layout can load them.
     const std::vector<float> params = tp_global(model_->params.data());
-    const std::vector<float> m = tp_global(zero1 ? dp_full(m_).data() : m_.data());
-    const std::vector<float> v = tp_global(zero1 ? dp_full(v_).data() : v_.data());
+    auto whole = [&](const std::vector<float>& s) { return zero1 ? dp_full(s) : fsdp_ ? fsdp_->full(s) : s; };
+    const std::vector<float> m = tp_global(whole(m_).data());
+    const std::vector<float> v = tp_global(whole(v_).data());
     io::CheckpointData data;
     if (env_.rank == 0) {
       data = train::pack_checkpoint(args_->model, tp_map_->global_layout(), params.data(), m.data(), v.data(),
@@ -428,11 +523,12 @@ void ReferenceTrainer::save(int64_t step) {
   // writes its shard of the moments, else rank 0 writes them whole.
   io::CheckpointData data;
   if (env_.rank == 0) {
-    data = train::pack_checkpoint(args_->model, model_->layout(), model_->params.data(), zero1 ? nullptr : m_.data(),
-                                  zero1 ? nullptr : v_.data(), state_json(step));
+    const bool sharded = zero1 || fsdp_;
+    data = train::pack_checkpoint(args_->model, model_->layout(), model_->params.data(), sharded ? nullptr : m_.data(),
+                                  sharded ? nullptr : v_.data(), state_json(step));
   }
   std::vector<parallel::FlatShard> shards;
-  if (zero1) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
+  if (zero1 || fsdp_) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
   // Muon's momentum as one flat state like the moments (every rank calls: ZeRO-1 sums the owners').
   std::vector<float> muon_flat = muon_ ? muon_->flat_momentum(*pg_) : std::vector<float>{};
   if (muon_ && zero1) shards.push_back({MuonOptimizer::kStateName, muon_flat.data() + std::min(shards_.begin(dp_rank()), shards_.total)});
@@ -443,7 +539,16 @@ void ReferenceTrainer::save(int64_t step) {
   }
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
-  auto dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, zero1 ? &shards_ : nullptr, shards, so);
+  std::filesystem::path dir;
+  if (fsdp_) {
+    // Every rank writes its slices of the moments, one segment per unit: the per-rank shard files
+    // any world size and strategy can load.
+    parallel::FlatSharding fs{model_->layout().total, {}};
+    for (int r = 0; r < dp_size(); ++r) fs.ranks.push_back(fsdp_->owned(r));
+    dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, &fs, shards, so);
+  } else {
+    dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, zero1 ? &shards_ : nullptr, shards, so);
+  }
   last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -453,11 +558,10 @@ void ReferenceTrainer::load(const fsys::path& dir) {
   // Each rank verifies the standard files and the optimizer shards it reads, not all of them.
   io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
   const auto total = static_cast<int64_t>(model_->params.size());
-  int64_t b = 0, e = total;
-  if (dp_.distributed_optimizer) {
-    b = shards_.begin(dp_rank());
-    e = shards_.valid_end(dp_rank());
-  }
+  // The elements of the local buffer whose moments this rank keeps, in its order.
+  std::vector<parallel::FlatSegment> mine{{0, total}};
+  if (zero1_) mine = {{shards_.begin(dp_rank()), std::max(shards_.begin(dp_rank()), shards_.valid_end(dp_rank()))}};
+  if (fsdp_) mine = fsdp_->owned();
   if (tp_map_) {
     // Checkpoints hold the global layout: this rank's slice of the weights, and of the moments the
     // elements [b, e) of its local buffer, read as the global segments they came from.
@@ -465,15 +569,17 @@ void ReferenceTrainer::load(const fsys::path& dir) {
     train::unpack_checkpoint(data, dir, args_->model, tp_map_->global_layout(), global.data(), nullptr, nullptr);
     tp_map_->to_local(global.data(), model_->params.data());
     std::vector<parallel::FlatSegment> windows;
-    for (const train::TpPiece& p : tp_map_->pieces()) {
-      const int64_t lo = std::max(b, p.local), hi = std::min(e, p.local + p.count);
-      if (lo < hi) windows.push_back({p.global + (lo - p.local), p.global + (hi - p.local)});
+    for (const auto& [b, e] : mine) {
+      for (const train::TpPiece& p : tp_map_->pieces()) {
+        const int64_t lo = std::max(b, p.local), hi = std::min(e, p.local + p.count);
+        if (lo < hi) windows.push_back({p.global + (lo - p.local), p.global + (hi - p.local)});
+      }
     }
     parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, tp_map_->global_layout().total, windows,
                                {m_.data(), v_.data()});
   } else {
     train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), nullptr, nullptr);
-    parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, b, e, {m_.data(), v_.data()});
+    parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, mine, {m_.data(), v_.data()});
   }
   if (muon_) muon_->load(data, dir);
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
@@ -503,7 +609,9 @@ void ReferenceTrainer::train() {
   if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) return;
   // The sampler runs the whole model on rank 0: tp ranks put their slices together first.
   std::vector<float> whole;
-  if (tp_map_ && !t.sample_prompt.empty() && t.sample_tokens > 0) whole = tp_global(model_->params.data());
+  const bool sampling = !t.sample_prompt.empty() && t.sample_tokens > 0;
+  if (fsdp_ && sampling) fsdp_->gather_all();
+  if (tp_map_ && sampling) whole = tp_global(model_->params.data());
   if (!t.sample_prompt.empty() && t.sample_tokens > 0 && env_.rank == 0) {
     std::vector<int32_t> ids = tokenizer_->encode(t.sample_prompt);
     if (ids.empty()) ids.push_back(0);

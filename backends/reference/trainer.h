@@ -13,8 +13,10 @@
 #include <random>
 
 #include "backends/reference/args.h"
+#include "backends/reference/fsdp.h"
 #include "backends/reference/model.h"
 #include "backends/reference/muon.h"
+#include "turbo/kernels/cpu/optimizer.h"
 #include "core/trainer/trainer.h"
 #include "data/dataset/data_config.h"
 #include "data/tokenizer/tokenizer.h"
@@ -61,6 +63,10 @@ class ReferenceTrainer : public Trainer {
   std::vector<float> tp_global(const float* local) const;
   // The whole local optimizer state from ZeRO-1's shards (collective over the dp group).
   std::vector<float> dp_full(const std::vector<float>& shard) const;
+  // Sharded data parallelism's optimizer step over the owned slices (after the gradients are
+  // reduce-scattered): the tp parts summed, the norm, AdamW. Returns the gradient norm.
+  double fsdp_grad_norm();
+  void fsdp_update(const turbo::cpu::AdamWParams& hp);
 
   std::shared_ptr<ReferenceArgs> args_;
   std::unique_ptr<GptModel<float>> model_;
@@ -75,6 +81,8 @@ class ReferenceTrainer : public Trainer {
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;     // the tensor-parallel group
   std::unique_ptr<parallel::ParallelDims> dims_;      // the job's layout
   std::unique_ptr<train::TpShardMap> tp_map_;         // tensor_model_parallel_size > 1
+  std::unique_ptr<ReferenceFsdp> fsdp_;               // optim_grads, optim_grads_params
+  bool zero1_ = false;                                // optim (ZeRO-1): one contiguous shard a rank
   parallel::DataParallelArgs dp_;
   std::unique_ptr<parallel::RankBatchReader> reader_;
   parallel::ShardLayout shards_;      // ZeRO-1: this rank owns [begin(rank), valid_end(rank))

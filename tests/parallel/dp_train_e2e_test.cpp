@@ -177,8 +177,6 @@ TEST(DataParallelTraining, MeshKeysOptimIsZero1AndTheRestIsRefusedByName) {
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"tensor_model_parallel_size=2", "needs 2 processes but the job has 1"},
       {"context_parallel_size=2", "context parallelism is not implemented yet"},
-      {"data_parallel_sharding_strategy=optim_grads", "optim_grads (sharded gradients, ZeRO-2) is not implemented yet"},
-      {"data_parallel_sharding_strategy=optim_grads_params", "optim_grads_params (sharded parameters"},
       {"sequence_parallel=true", "sequence_parallel needs tensor_model_parallel_size > 1"},
       {"tensor_model_parallel_size=4", "tensor_model_parallel_size 4 does not divide num_attention_heads 2"},
       {"context_parallel_size=3", "seq_length 32 is not divisible by 2 x 3"},

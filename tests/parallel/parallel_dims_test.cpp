@@ -83,7 +83,7 @@ TEST(ParallelDims, LayoutsThatDoNotFitAreConfigErrors) {
 TEST(ParallelDims, UnimplementedDimensionsAreRefusedByName) {
   DistEnv env;
   env.world_size = 2;
-  const MeshSupport cuda{"the cuda backend", false}, reference{"the reference backend", true};
+  const MeshSupport cuda{"the cuda backend", false, false}, reference{"the reference backend", true, true};
   expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(2, 1, 1, 1, 1), env, cuda); },
                             {"tensor_model_parallel_size: tp is 2, but tensor parallelism is not implemented yet on "
                              "the cuda backend"});
@@ -194,7 +194,9 @@ TEST(ParallelDims, WhatABackendDoesNotImplementIsRefusedByName) {
   for (DpSharding st : {DpSharding::OptimGrads, DpSharding::OptimGradsParams}) {
     ParallelSizes s = sizes(1, 1, 1, 1, 1);
     s.sharding = st;
-    expect_error<ConfigError>([&] { s.check_implemented(kAnyBackendMesh); },
+    s.check_implemented(kAnyBackendMesh);
+    s.check_implemented({"the reference backend", true, true});
+    expect_error<ConfigError>([&] { s.check_implemented({"the cuda backend", false, false}); },
                               {"data_parallel_sharding_strategy", dp_sharding_name(st), "not implemented yet"});
   }
   ParallelSizes z1 = sizes(1, 1, 1, 1, 1);

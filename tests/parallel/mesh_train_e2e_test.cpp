@@ -1,10 +1,11 @@
-// Tensor parallelism end to end through the real binary on the reference backend, with real
-// processes over Gloo: the tiny GPT-2 (LayerNorm, GELU, learned positions, biases, tied head) and
-// the tiny Llama (RMSNorm, SwiGLU, RoPE, GQA with kv heads split) train under tp2, tp2 with
-// sequence parallelism and dp2 x tp2 (ZeRO-1) with the losses and gradient norms of one process
-// over 20 steps; checkpoints are written in the global layout, so a tp2 x dp2 checkpoint resumes
-// on one process and a one-process checkpoint on tp2, with the uninterrupted run's losses, and
-// exports to Hugging Face; what tp cannot split yet is refused by name before training.
+// The mesh end to end through the real binary on the reference backend, with real processes over
+// Gloo: the tiny GPT-2 (LayerNorm, GELU, learned positions, biases, tied head) and the tiny Llama
+// (RMSNorm, SwiGLU, RoPE, GQA with kv heads split) train under tp2, tp2 with sequence parallelism,
+// dp2 x tp2 (ZeRO-1), ZeRO-2 and FSDP on 2 ranks and FSDP x tp2 with the losses, gradient norms and
+// validation losses of one process over 20 steps. Checkpoints load under any layout: tp ones are
+// written in the global layout, FSDP ones as per-rank shards of the moments, and each resumes
+// under another layout with the uninterrupted run's losses and exports to Hugging Face. What a
+// layout cannot split yet is refused by name before training.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -59,12 +60,19 @@ void expect_layouts_match_one_process(ArgsFn args, const std::string& model) {
       {2, "tensor_model_parallel_size=2", "tp2"},
       {2, "tensor_model_parallel_size=2 sequence_parallel=true", "tp2 + sp"},
       {4, "tensor_model_parallel_size=2 sequence_parallel=true use_distributed_optimizer=true", "dp2 x tp2, ZeRO-1"},
+      {2, "data_parallel_sharding_strategy=optim_grads", "ZeRO-2"},
+      {2, "data_parallel_sharding_strategy=optim_grads_params", "FSDP"},
+      {4, "data_parallel_sharding_strategy=optim_grads_params tensor_model_parallel_size=2 sequence_parallel=true",
+       "FSDP x tp2 + sp"},
   };
   for (const auto& l : layouts) {
     Workdir w;
     auto r = run_primus(launch(l.ranks, args(w.str(), 20, l.keys)));
     ASSERT_EQ(r.code, 0) << model << " " << l.name << "\n" << r.out;
-    EXPECT_NE(r.out.find("tensor parallel over 2 ranks"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string(l.keys).find("tensor") != std::string::npos ? "tensor parallel over 2 ranks"
+                                                                                  : "data parallel over 2 ranks"),
+              std::string::npos)
+        << r.out;
     const std::string what = model + " " + l.name;
     expect_same_losses(want, losses(w.path()), what);
     expect_same_losses(want_norm, losses(w.path(), "grad_norm"), what + " grad norm");
@@ -72,15 +80,15 @@ void expect_layouts_match_one_process(ArgsFn args, const std::string& model) {
   }
 }
 
-TEST(TensorParallelTraining, Gpt2UnderTp2SpAndDp2xTp2GivesTheLossesOfOneProcess) {
+TEST(MeshTraining, Gpt2UnderEveryLayoutGivesTheLossesOfOneProcess) {
   expect_layouts_match_one_process(gpt2_args, "gpt2");
 }
 
-TEST(TensorParallelTraining, LlamaUnderTp2SpAndDp2xTp2GivesTheLossesOfOneProcess) {
+TEST(MeshTraining, LlamaUnderEveryLayoutGivesTheLossesOfOneProcess) {
   expect_layouts_match_one_process(llama_args, "llama");
 }
 
-TEST(TensorParallelTraining, CheckpointsAreGlobalAndResumeUnderAnyLayout) {
+TEST(MeshTraining, TensorParallelCheckpointsAreGlobalAndResumeUnderAnyLayout) {
   Workdir full, on1, single, on_tp, hf;
   // dp2 x tp2 with ZeRO-1 saves at step 10; one process resumes it.
   auto a = run_primus(launch(4, llama_args(full.str(), 20, "tensor_model_parallel_size=2 use_distributed_optimizer=true")));
@@ -110,15 +118,44 @@ TEST(TensorParallelTraining, CheckpointsAreGlobalAndResumeUnderAnyLayout) {
   EXPECT_TRUE(fs::exists(hf.path() / "model.safetensors")) << e.out;
 }
 
-TEST(TensorParallelTraining, WhatTpCannotSplitYetIsRefusedByName) {
+// FSDP writes every rank's slices of the moments (one segment per unit) beside rank 0's weights;
+// one process resumes them, and a one-process checkpoint resumes under FSDP x tp2, which then
+// samples from the gathered model.
+TEST(MeshTraining, FsdpCheckpointsResumeOnOneProcessAndOneProcessOnFsdpTimesTp) {
+  Workdir full, on1, single, on_mesh;
+  auto a = run_primus(launch(2, llama_args(full.str(), 20, "data_parallel_sharding_strategy=optim_grads_params")));
+  ASSERT_EQ(a.code, 0) << a.out;
+  const auto want = losses(full.path());
+  const fs::path ck10 = primus::io::checkpoint_dir(save_dir(full.path()), 10);
+  EXPECT_TRUE(fs::exists(ck10 / "optimizer.rank00001-of-00002.safetensors")) << ck10;
+  auto b = run_primus(llama_args(on1.str(), 20, "load=" + ck10.string()));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("saved by 2 ranks, resharded for 1"), std::string::npos) << b.out;
+  expect_same_losses(want, losses(on1.path()), "FSDP checkpoint resumed on 1 process", 11);
+
+  auto c = run_primus(llama_args(single.str(), 20));
+  ASSERT_EQ(c.code, 0) << c.out;
+  const fs::path ck = primus::io::checkpoint_dir(save_dir(single.path()), 10);
+  auto d = run_primus(launch(4, llama_args(on_mesh.str(), 20,
+                                           "data_parallel_sharding_strategy=optim_grads_params "
+                                           "tensor_model_parallel_size=2 sample_tokens=8 load=" + ck.string())));
+  ASSERT_EQ(d.code, 0) << d.out;
+  EXPECT_NE(d.out.find("[sample]"), std::string::npos) << d.out;
+  expect_same_losses(losses(single.path()), losses(on_mesh.path()), "1-process checkpoint resumed on FSDP x tp2", 11);
+}
+
+TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
   const std::pair<std::string, std::string> refused[] = {
       {"optimizer=muon", "optimizer: muon with tensor_model_parallel_size > 1 is not implemented yet"},
       {"tensor_model_parallel_size=4", "tensor_model_parallel_size 4 does not divide num_query_groups 2"},
+      {"data_parallel_sharding_strategy=optim_grads_params optimizer=muon",
+       "optimizer: muon with data_parallel_sharding_strategy optim_grads_params is not implemented yet"},
   };
   for (const auto& [keys, why] : refused) {
     Workdir w;
     const int ranks = keys.find("size=4") != std::string::npos ? 4 : 2;
-    auto r = run_primus(launch(ranks, llama_args(w.str(), 1, "tensor_model_parallel_size=2 " + keys)));
+    const std::string tp = keys.find("sharding") != std::string::npos ? "" : "tensor_model_parallel_size=2 ";
+    auto r = run_primus(launch(ranks, llama_args(w.str(), 1, tp + keys)));
     EXPECT_NE(r.code, 0) << keys << "\n" << r.out;
     EXPECT_NE(r.out.find(why), std::string::npos) << keys << "\n" << r.out;
     EXPECT_EQ(r.out.find("| loss "), std::string::npos) << keys << ": trained\n" << r.out;
