@@ -7,6 +7,7 @@
 #include "core/runtime/runtime.h"
 #include "parallel/launch_env.h"
 #include "parallel/parallel_dims.h"
+#include "train/mesh_memory.h"
 
 namespace primus::cli {
 namespace {
@@ -28,8 +29,18 @@ void print_dry_run_mesh(const config::Experiment& exp, const std::string& module
   const char* from = env.source == "torchrun" ? "WORLD_SIZE"
                      : env.source == "slurm"  ? "SLURM_NTASKS"
                                               : "no launcher; set RANK=0 WORLD_SIZE=N to plan N ranks";
+  const parallel::ParallelSizes sizes = parallel::ParallelSizes::from_config(cfg.params);
   out << "Parallel layout for " << env.world_size << " rank(s) (" << from << ")\n"
-      << parallel::describe_mesh(parallel::ParallelSizes::from_config(cfg.params), env.world_size);
+      << parallel::describe_mesh(sizes, env.world_size);
+  // What the layout implies per rank, also for a layout no backend runs yet (planning ahead).
+  try {
+    const train::ModelSpec m = train::ModelSpec::from_config(cfg.params);
+    const config::Value* mb = cfg.params.find_path("micro_batch_size");
+    out << train::describe_mesh_memory(m, sizes.for_world(env.world_size), mb && !mb->is_null() ? mb->as_int() : 1,
+                                       m.seq_length);
+  } catch (const std::exception& e) {
+    out << "  memory per rank: not estimated: " << e.what() << "\n";
+  }
 }
 
 void setup_train(CLI::App& app) {

@@ -17,7 +17,7 @@ constexpr Dim kDims[kNumDims] = {Dim::TP, Dim::CP, Dim::EP, Dim::DP, Dim::PP};
 const char* not_yet(Dim d) {
   switch (d) {
     case Dim::TP: return "tensor parallelism is not implemented yet";
-    case Dim::CP: return "context parallelism is not implemented yet (planned with the [mesh] work)";
+    case Dim::CP: return "context parallelism is not implemented yet";
     case Dim::EP: return "expert parallelism is not implemented yet (it needs mixture-of-experts models)";
     case Dim::PP: return "pipeline parallelism is not implemented yet";
     case Dim::DP: break;

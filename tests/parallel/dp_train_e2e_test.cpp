@@ -199,6 +199,9 @@ TEST(DataParallelTraining, MeshKeysOptimIsZero1AndTheRestIsRefusedByName) {
   EXPECT_NE(d.out.find("rank    7: tp 1 cp 1 dp 1  tp group [6,7]  cp group [5,7]  dp group [3,7]"), std::string::npos)
       << d.out;
   EXPECT_NE(d.out.find("context parallelism is not implemented yet"), std::string::npos) << d.out;
+  // ... with what the layout implies per rank (train/mesh_memory.h; the tiny GPT-2 split over tp 2).
+  EXPECT_NE(d.out.find("memory per rank (analytical"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("M parameters after tp 2"), std::string::npos) << d.out;
   auto bad = run_primus(train_args(dry.str(), 1, "tensor_model_parallel_size=2 --dry-run"), "RANK=0 WORLD_SIZE=5");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("world size 5 is not divisible by tensor_model_parallel_size 2"), std::string::npos) << bad.out;
