@@ -143,10 +143,10 @@ ParallelSizes ParallelSizes::from_config(const config::Value& params) {
 
 void ParallelSizes::check_implemented(const MeshSupport& support) const {
   for (Dim d : kDims) {
-    if (d == Dim::DP || (d == Dim::TP && support.tensor)) continue;
+    if (d == Dim::DP || (d == Dim::TP && support.tensor) || (d == Dim::CP && support.context)) continue;
     if ((*this)[d] != 1) {
       throw ConfigError(fmt::format("{}: {} is {}, but {}{}; leave {} at 1", dim_config_key(d), dim_name(d), (*this)[d],
-                                    not_yet(d), d == Dim::TP ? fmt::format(" on {}", support.backend) : "",
+                                    not_yet(d), d == Dim::TP || d == Dim::CP ? fmt::format(" on {}", support.backend) : "",
                                     dim_config_key(d)));
     }
   }
@@ -167,7 +167,7 @@ void ParallelSizes::check_implemented(const MeshSupport& support) const {
 
 void add_parallel_schema(config::Schema& s) {
   s.integer("tensor_model_parallel_size", 1, "tensor-parallel ranks (Megatron's column/row-parallel linears; the reference backend)", 1)
-      .integer("context_parallel_size", 1, "context-parallel ranks (only 1 is implemented)", 1)
+      .integer("context_parallel_size", 1, "context-parallel ranks: ring attention over sequences split in 2 x cp balanced chunks (the reference backend)", 1)
       .flag("sequence_parallel", false, "sequence parallelism over the tp group: norms and residuals on a slice of the sequence (needs tp > 1)")
       .text("data_parallel_sharding_strategy", std::nullopt,
             "what the data-parallel ranks shard: no_shard, optim (ZeRO-1; unset: use_distributed_optimizer decides), "

@@ -52,9 +52,10 @@ struct MeshSupport {
   const char* backend = "any backend";
   bool tensor = false;      // tensor_model_parallel_size > 1 and sequence_parallel
   bool sharded_dp = false;  // data_parallel_sharding_strategy optim_grads and optim_grads_params
+  bool context = false;     // context_parallel_size > 1
 };
 // What some backend implements (the check a config passes before its backend is known).
-inline constexpr MeshSupport kAnyBackendMesh{"any backend", true, true};
+inline constexpr MeshSupport kAnyBackendMesh{"any backend", true, true, true};
 
 struct ParallelSizes {
   std::array<int64_t, kNumDims> size{1, 1, 1, 1, 1};

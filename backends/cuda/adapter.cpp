@@ -129,6 +129,7 @@ class CudaAdapter : public BackendAdapter {
     auto a = std::make_shared<CudaArgs>();
     a->model = train::ModelSpec::from_config(p);
     a->train = train::TrainingArgs::from_config(p, exp);
+    a->train.model_parallel.check_implemented(kCudaMesh);  // here, so a dry run refuses it too
     a->device = parallel::rank_device(static_cast<int>(p.find_path("device")->as_int()));
     const parallel::DataParallelArgs dpa = parallel::DataParallelArgs::from_config(p);
     a->use_distributed_optimizer = dpa.distributed_optimizer;

@@ -6,11 +6,16 @@
 #include "core/backend/backend.h"
 #include "core/config/schema.h"
 #include "core/config/value.h"
+#include "parallel/parallel_dims.h"
 #include "train/common_patches.h"
 #include "train/model_spec.h"
 #include "train/training_args.h"
 
 namespace primus::backends::cuda {
+
+// The mesh this backend runs: data parallelism with ZeRO-1 (tp, cp and ZeRO-2/FSDP are the
+// reference backend's so far).
+inline constexpr parallel::MeshSupport kCudaMesh{"the cuda backend", false, false, false};
 
 struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   train::ModelSpec model;

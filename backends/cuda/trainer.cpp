@@ -47,7 +47,7 @@ void CudaTrainer::setup() {
                                   "primus launch / torchrun / srun",
                                   t.data_parallel_size, dist_.world_size, parallel::describe(dist_)));
   }
-  dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), dist_, {"the cuda backend", false, false}));
+  dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), dist_, kCudaMesh));
   // This rank's contiguous slice of every global batch (parallel/data_parallel.h): the same
   // samples, in rank order, that one process reads, and resumable at any world size.
   reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, dist_.rank,

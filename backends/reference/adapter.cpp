@@ -44,6 +44,7 @@ class ReferenceAdapter : public BackendAdapter {
     const config::Value params = train::resolve_load_hf(cfg.params, exp.file);
     a->model = train::ModelSpec::from_config(params);
     a->train = train::TrainingArgs::from_config(params, exp);
+    a->train.model_parallel.check_implemented(kReferenceMesh);
     a->dp = parallel::DataParallelArgs::from_config(params);
     a->num_threads = params.find_path("num_threads")->as_int();
     a->params = params;

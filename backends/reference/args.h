@@ -4,10 +4,15 @@
 #include "core/config/value.h"
 #include "train/common_patches.h"
 #include "parallel/data_parallel.h"
+#include "parallel/parallel_dims.h"
 #include "train/model_spec.h"
 #include "train/training_args.h"
 
 namespace primus::backends::reference {
+
+// The mesh this backend runs: tensor (with sequence) parallelism, context parallelism and every
+// data-parallel sharding strategy; not pipeline or expert parallelism.
+inline constexpr parallel::MeshSupport kReferenceMesh{"the reference backend", true, true, true};
 
 struct ReferenceArgs : BackendArgs, train::HasTrainingArgs {
   train::ModelSpec model;

@@ -8,6 +8,7 @@
 #include <random>
 #include <type_traits>
 
+#include "backends/reference/context_parallel.h"
 #include "core/util/error.h"
 #include "train/param_init.h"
 #include "turbo/kernels/cpu/activation.h"
@@ -157,6 +158,12 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
   dloss_ = dloss;
   tokens_.assign(tokens, tokens + N);
   if (masking_.enabled()) train::build_document_tables(tokens, B, T, masking_, &doc_);
+  if (cp_group_) {
+    const int cp = cp_group_->world_size();
+    const std::vector<int32_t> mine = cp_chunk_positions(T * cp, cp, cp_group_->rank());
+    cp_positions_.resize(static_cast<size_t>(N));
+    for (int64_t b = 0; b < B; ++b) std::copy(mine.begin(), mine.end(), cp_positions_.begin() + b * T);
+  }
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;
   const int64_t D = spec_.head_dim(), KVD = spec_.kv_dim(), F = spec_.ffn_hidden_size, FC = spec_.fc_dim();
   const int64_t V = spec_.padded_vocab_size, QD = spec_.q_dim();
@@ -211,7 +218,11 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
       q = a.q_rot.data();
       kk = a.k_rot.data();
     }
-    k::attention_forward(a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
+    if (cp_group_) {
+      if constexpr (std::is_same_v<Real, float>) ring_attention_forward(*cp_group_, a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
+    } else {
+      k::attention_forward(a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
+    }
     // x2 = x_in + att @ Wo^T + bo
     // Row-parallel: each rank's heads give a part of the projection; the bias goes on the sum.
     k::matmul_forward(a.x2.data(), a.att.data(), param(p + "attn.proj.weight"),
@@ -252,11 +263,25 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
   k::matmul_forward(logits_.data(), lnf_.data(), head, static_cast<const Real*>(nullptr), N, C, V);
   count_ = 0;
   if (!targets) return 0.0;
+  k_result_t res;
   if (tp()) {
-    const k_result_t t = tp_cross_entropy(targets, N, dloss);
-    count_ = t.count;
-    return t.count > 0 ? t.loss_sum / static_cast<double>(t.count) : 0.0;
+    res = tp_cross_entropy(targets, N, dloss);
+  } else {
+    const k::CrossEntropyResult r = plain_cross_entropy(targets, N, dloss);
+    res.loss_sum = r.loss_sum, res.count = r.count;
   }
+  if (cp_group_) {  // every rank's tokens are part of the same sequences: the group's mean
+    float sc[2] = {static_cast<float>(res.loss_sum), static_cast<float>(res.count)};
+    cp_group_->all_reduce(sc, 2, parallel::DType::F32, parallel::ReduceOp::Sum);
+    res.loss_sum = sc[0], res.count = static_cast<int64_t>(std::llround(sc[1]));
+  }
+  count_ = res.count;
+  return res.count > 0 ? res.loss_sum / static_cast<double>(res.count) : 0.0;
+}
+
+template <typename Real>
+turbo::cpu::CrossEntropyResult GptModel<Real>::plain_cross_entropy(const int32_t* targets, int64_t N, double dloss) {
+  const int64_t V = spec_.padded_vocab_size;
   k::CrossEntropyResult r;
   // The softmax runs over the real vocabulary; padded columns are not classes (llm.c's and the
   // cuda backend's semantics, and what the exported Hugging Face model computes).
@@ -268,8 +293,15 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
     std::vector<Real> lse(N);
     r = k::cross_entropy_forward(losses_.data(), lse.data(), logits_.data(), targets, N, Vr, k::kIgnoreIndex, V);
   }
-  count_ = r.count;
-  return r.mean();
+  return r;
+}
+
+template <typename Real>
+void GptModel<Real>::set_context_parallel(parallel::ProcessGroup* group) {
+  if (group && group->world_size() > 1 && !std::is_same_v<Real, float>) {
+    throw RuntimeError("context parallelism runs the float model only");
+  }
+  cp_group_ = group && group->world_size() > 1 ? group : nullptr;
 }
 
 template <typename Real>
@@ -336,7 +368,14 @@ void GptModel<Real>::backward_body() {
     zero(dv_, N * KVD);
     const Real* q = spec_.rope ? a.q_rot.data() : a.q.data();
     const Real* kk = spec_.rope ? a.k_rot.data() : a.k.data();
-    k::attention_backward(dq, dk, dv_.data(), datt_.data(), q, kk, a.v.data(), a.att.data(), a.lse.data(), ap);
+    if (cp_group_) {
+      if constexpr (std::is_same_v<Real, float>) {
+        ring_attention_backward(*cp_group_, dq, dk, dv_.data(), datt_.data(), q, kk, a.v.data(), a.att.data(),
+                                a.lse.data(), ap);
+      }
+    } else {
+      k::attention_backward(dq, dk, dv_.data(), datt_.data(), q, kk, a.v.data(), a.att.data(), a.lse.data(), ap);
+    }
     if (spec_.rope) {
       zero(dq_, N * QD);
       zero(dk_, N * KVD);

@@ -16,6 +16,7 @@
 #include "train/model_spec.h"
 #include "train/param_layout.h"
 #include "turbo/kernels/cpu/attention.h"
+#include "turbo/kernels/cpu/loss.h"
 
 namespace primus::backends::reference {
 
@@ -55,6 +56,11 @@ class GptModel {
   // sequence flattened, rank r the r-th slice) and the sums are reduce-scatters, the gathers
   // all-gathers. float only. The map and group must outlive the model.
   void set_tensor_parallel(const train::TpShardMap* map, parallel::ProcessGroup* group, bool sequence_parallel);
+  // Context parallelism: every forward's rows hold this rank's T / cp tokens of each sequence
+  // (backends/reference/context_parallel.h's balanced chunks of the model's seq_length), their
+  // positions the global ones, attention is ring attention over `group`, and forward() returns
+  // the mean loss over the whole group's tokens. float only; the group must outlive the model.
+  void set_context_parallel(parallel::ProcessGroup* group);
   // Sharded data parallelism (backends/reference/fsdp.h): the model calls these around each unit
   // of its parameters, unit 0 being everything outside the layers (embeddings, final norm, head)
   // and unit 1 + l layer l: gather before the unit's weights are read in a forward or backward,
@@ -124,6 +130,8 @@ class GptModel {
   // of the flattened tokens this rank's residual stream holds (all of them without sequence
   // parallelism).
   ShardingHooks* hooks_ = nullptr;
+  parallel::ProcessGroup* cp_group_ = nullptr;
+  std::vector<int32_t> cp_positions_;  // [B, T / cp] of the last forward
   double forward_body(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double dloss);
   void backward_body();
   const train::TpShardMap* tp_map_ = nullptr;
@@ -142,10 +150,13 @@ class GptModel {
   // dloss != 0 logits_ becomes dlogits * dloss.
   k_result_t tp_cross_entropy(const int32_t* targets, int64_t N, double dloss);
   void add_bias_rows(Real* x, const std::string& bias, int64_t rows);
+  // The cross-entropy of one process over logits_ (with dloss != 0 logits_ becomes dlogits).
+  turbo::cpu::CrossEntropyResult plain_cross_entropy(const int32_t* targets, int64_t N, double dloss);
   // The attention of the last forward's batch: causal, the model's sliding window, documents.
   turbo::cpu::AttentionParams attention_params() const;
   // Per-token positions of the last forward's batch, or nullptr for 0..T-1 in every row.
   const int32_t* positions() const {
+    if (cp_group_) return cp_positions_.data();
     return masking_.reset_position_ids ? doc_.positions.data() : nullptr;
   }
 };

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "backends/reference/context_parallel.h"
 #include "backends/reference/generate.h"
 #include "core/util/error.h"
 #include "parallel/socket_process_group.h"
@@ -64,36 +65,50 @@ void ReferenceTrainer::setup() {
   parallel::configure_rank_logging(env_.rank, env_.world_size);
   const parallel::ParallelSizes sizes = t.parallel_sizes();
   if (sizes.product() != env_.world_size) {
-    throw ConfigError(fmt::format("the layout tensor_model_parallel_size {} x data_parallel_size {} needs {} processes "
-                                  "but the job has {} ({}); launch a multiple of {} processes and leave "
-                                  "data_parallel_size unset (the reference.args.data_parallel_size patch derives it)",
-                                  sizes[parallel::Dim::TP], t.data_parallel_size, sizes.product(), env_.world_size,
+    throw ConfigError(fmt::format("the layout tensor_model_parallel_size {} x context_parallel_size {} x "
+                                  "data_parallel_size {} needs {} processes but the job has {} ({}); launch a multiple "
+                                  "of {} processes and leave data_parallel_size unset (the "
+                                  "reference.args.data_parallel_size patch derives it)",
+                                  sizes[parallel::Dim::TP], sizes[parallel::Dim::CP], t.data_parallel_size,
+                                  sizes.product(), env_.world_size,
                                   parallel::describe(env_), sizes.model_parallel_product()));
   }
   dims_ = std::make_unique<parallel::ParallelDims>(
-      parallel::ParallelDims::from_launch(sizes, env_, {"the reference backend", true, true}));
+      parallel::ParallelDims::from_launch(sizes, env_, kReferenceMesh));
   t.check_batch();
   t.check_data();
   dp_ = args_->dp;
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
+  const int64_t cp = dims_->size(parallel::Dim::CP);
   if (env_.distributed()) {
     store_ = parallel::TcpStore::from_env(env_);
     world_pg_ = parallel::make_process_group(env_, *store_);
-    // Every rank makes its tp group, then its dp group (the same order everywhere).
+    // Every rank makes its tp group, its cp group, then its gradient group (the same order
+    // everywhere). The gradient group is dp x cp (Megatron's data-parallel group with context
+    // parallelism folded in): the cp ranks hold other tokens of the same sequences, so their
+    // gradients are summed like another replica's.
     if (tp > 1) {
       tp_pg_ = world_pg_->new_subgroup(dims_->group_ranks(parallel::Dim::TP), dims_->group_name(parallel::Dim::TP));
     }
-    if (dp == env_.world_size) {
-      pg_ = world_pg_;
-    } else if (dp > 1) {
-      pg_ = world_pg_->new_subgroup(dims_->group_ranks(parallel::Dim::DP), dims_->group_name(parallel::Dim::DP));
+    if (cp > 1) {
+      cp_pg_ = world_pg_->new_subgroup(dims_->group_ranks(parallel::Dim::CP), dims_->group_name(parallel::Dim::CP));
     }
-    spdlog::info("[reference] data parallel over {} ranks{} ({} group, timeout {} s): {}", dp,
+    std::vector<int> grad_ranks;
+    for (int r : dims_->group_ranks(parallel::Dim::DP)) {
+      for (int c : parallel::ParallelDims(sizes, env_.world_size, r).group_ranks(parallel::Dim::CP)) grad_ranks.push_back(c);
+    }
+    if (static_cast<int>(grad_ranks.size()) == env_.world_size) {
+      pg_ = world_pg_;
+    } else if (grad_ranks.size() > 1) {
+      pg_ = world_pg_->new_subgroup(grad_ranks, fmt::format("dpcp{}-{}", grad_ranks.front(), grad_ranks.back()));
+    }
+    spdlog::info("[reference] data parallel over {} ranks{}{} ({} group, timeout {} s): {}", dp,
                  tp > 1 ? fmt::format(" x tensor parallel over {} ranks{}", tp,
                                       sizes.sequence_parallel ? " with sequence parallelism" : "")
                         : "",
+                 cp > 1 ? fmt::format(" x context parallel over {} ranks", cp) : "",
                  world_pg_->backend(), env_.timeout_s,
                  sizes.sharding == parallel::DpSharding::OptimGradsParams
                      ? "FSDP (parameters, gradients and optimizer state sharded)"
@@ -105,9 +120,12 @@ void ReferenceTrainer::setup() {
   }
   if (!pg_) pg_ = std::make_shared<parallel::SingleProcessGroup>();
   if (!tp_pg_) tp_pg_ = std::make_shared<parallel::SingleProcessGroup>();
+  if (!cp_pg_) cp_pg_ = std::make_shared<parallel::SingleProcessGroup>();
+  dims_->set_group(parallel::Dim::CP, cp_pg_);
   dims_->set_group(parallel::Dim::DP, pg_);
   dims_->set_group(parallel::Dim::TP, tp_pg_);
-  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, dp_rank(), dp_size());
+  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, data_rank(),
+                                                        data_size());
   spdlog::info("[reference] output folder {}", t.output_dir.string());
 }
 
@@ -139,9 +157,23 @@ void ReferenceTrainer::init() {
                         "orthogonalises whole matrices, which tp splits over ranks); use adamw or tp 1");
     }
   }
+  const int64_t cp = dims_->size(parallel::Dim::CP);
+  if (cp > 1) {
+    const char* why = t.data.reset_attention_mask || t.data.reset_position_ids
+                          ? "reset_attention_mask / reset_position_ids (packed documents)"
+                      : spec.moe.enabled()          ? "MoE layers (num_experts)"
+                      : t.optim.optimizer == "muon" ? "optimizer: muon"
+                                                    : nullptr;
+    if (why) {
+      throw ConfigError(fmt::format("context_parallel_size {} with {} is not implemented yet on the reference backend",
+                                    cp, why));
+    }
+  }
   const train::ModelSpec& local_spec = tp_map_ ? tp_map_->local_spec() : spec;
   const size_t heap_before = reference_heap_in_use();
-  model_ = std::make_unique<GptModel<float>>(local_spec, t.micro_batch_size, spec.seq_length);
+  // With context parallelism a forward holds seq_length / cp tokens of each sequence.
+  model_ = std::make_unique<GptModel<float>>(local_spec, t.micro_batch_size, spec.seq_length / cp);
+  model_->set_context_parallel(cp_pg_.get());
   const size_t heap_after = reference_heap_in_use();
   model_heap_bytes_ = heap_after > heap_before ? heap_after - heap_before : 0;
   model_->set_tensor_parallel(tp_map_.get(), tp_pg_.get(), t.model_parallel.sequence_parallel);
@@ -194,6 +226,7 @@ void ReferenceTrainer::init() {
   batch_.resize(t.micro_batch_size * (spec.seq_length + 1));
   inputs_.resize(t.micro_batch_size * spec.seq_length);
   targets_.resize(inputs_.size());
+  if (cp > 1) full_inputs_.resize(2 * inputs_.size());
   sample_rng_.seed(t.seed + 17);
   spdlog::info("[reference] model: {}, vocab {} ({:.2f}M parameters{})", spec.summary(), spec.vocab_size,
                spec.num_parameters() / 1e6,
@@ -209,11 +242,22 @@ void ReferenceTrainer::init() {
 }
 
 void ReferenceTrainer::load_micro_batch(int64_t micro) {
-  const int64_t B = args_->train.micro_batch_size, T = args_->model.seq_length;
   reader_->read(*data_.train, micro, batch_.data());
+  split_batch();
+}
+
+void ReferenceTrainer::split_batch() {
+  const int64_t B = args_->train.micro_batch_size, T = args_->model.seq_length;
+  const int cp = cp_pg_->world_size();
+  int32_t* in = cp > 1 ? full_inputs_.data() : inputs_.data();
+  int32_t* tg = cp > 1 ? full_inputs_.data() + B * T : targets_.data();
   for (int64_t b = 0; b < B; ++b) {
-    std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
-    std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
+    std::copy_n(&batch_[b * (T + 1)], T, &in[b * T]);
+    std::copy_n(&batch_[b * (T + 1) + 1], T, &tg[b * T]);
+  }
+  if (cp > 1) {  // this rank's two chunks of every sequence
+    cp_split(inputs_.data(), in, B, T, 1, cp, cp_pg_->rank());
+    cp_split(targets_.data(), tg, B, T, 1, cp, cp_pg_->rank());
   }
 }
 
@@ -272,7 +316,8 @@ void ReferenceTrainer::all_gather_params() {
 
 double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finite) {
   auto& t = args_->train;
-  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  // The tokens of a micro-batch on this rank: context parallelism holds 1/cp of each sequence.
+  const int64_t B = t.micro_batch_size, T = args_->model.seq_length / cp_pg_->world_size();
   if (fsdp_) {
     fsdp_->begin_step();  // the model's gradients are zero: each unit's is cleared once reduced
   } else {
@@ -383,7 +428,7 @@ void ReferenceTrainer::record_memory(train::StepStats& s) {
 double ReferenceTrainer::evaluate() {
   auto& t = args_->train;
   if (!data_.valid || t.eval_iters == 0) return NAN;
-  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  const int64_t B = t.micro_batch_size, T = args_->model.seq_length / cp_pg_->world_size();
   // Every evaluation reads the same first batches of the validation data, so values compare;
   // with several ranks, rank r evaluates batches r, r + W, ... and the sums are added.
   nlohmann::json saved = data_.valid->state();
@@ -391,19 +436,17 @@ double ReferenceTrainer::evaluate() {
   double sum = 0;
   // The model's forward has collectives when its parameters are sharded: every rank runs the same
   // number of them, a rank past the last batch re-reading one and not counting it.
-  const int64_t rounds = fsdp_ ? (t.eval_iters + dp_size() - 1) / dp_size() : 0;
-  for (int64_t i = dp_rank(), k = 0; i < t.eval_iters || k < rounds; i += dp_size(), ++k) {
+  const int64_t rounds = fsdp_ ? (t.eval_iters + data_size() - 1) / data_size() : 0;
+  for (int64_t i = data_rank(), k = 0; i < t.eval_iters || k < rounds; i += data_size(), ++k) {
     const int64_t at = i < t.eval_iters ? i : i % t.eval_iters;
     data_.valid->read_at(static_cast<uint64_t>(at * B), static_cast<int>(B), batch_.data());
-    for (int64_t b = 0; b < B; ++b) {
-      std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
-      std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
-    }
+    split_batch();
     const double l = model_->forward(inputs_.data(), targets_.data(), B, T);
     if (i < t.eval_iters) sum += l;
   }
   data_.valid->load_state(saved);
-  return parallel::global_sum(*pg_, sum) / static_cast<double>(t.eval_iters);
+  // The gradient group counts every batch once per cp rank (each returns the sequences' loss).
+  return parallel::global_sum(*pg_, sum) / static_cast<double>(t.eval_iters * cp_pg_->world_size());
 }
 
 nlohmann::json ReferenceTrainer::state_json(int64_t step) const {

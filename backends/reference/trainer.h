@@ -53,8 +53,14 @@ class ReferenceTrainer : public Trainer {
   void save(int64_t step);
   void load(const std::filesystem::path& dir);
   nlohmann::json state_json(int64_t step) const;
+  // The gradient group's rank and size (dp x cp: ZeRO/FSDP shards, gradient means).
   int dp_rank() const { return pg_->rank(); }
   int dp_size() const { return pg_->world_size(); }
+  // Which samples this rank reads: its data-parallel coordinate (cp ranks read the same ones).
+  int data_rank() const { return static_cast<int>(dims_->coord(parallel::Dim::DP)); }
+  int data_size() const { return static_cast<int>(dims_->size(parallel::Dim::DP)); }
+  // The micro-batch in batch_ into inputs_ / targets_: this rank's tokens of each sequence.
+  void split_batch();
   // Sum of squares of the local gradient elements [lo, hi) at g (g[0] is element lo), with the
   // tensors every tp rank holds counted on tp rank 0 only: summed over the tp group it is the
   // global model's.
@@ -76,7 +82,8 @@ class ReferenceTrainer : public Trainer {
   std::unique_ptr<train::ProgressReporter> progress_;
   parallel::DistEnv env_;
   std::unique_ptr<parallel::TcpStore> store_;
-  std::shared_ptr<parallel::ProcessGroup> pg_;        // the data-parallel group
+  std::shared_ptr<parallel::ProcessGroup> pg_;        // the gradient group: dp x cp
+  std::shared_ptr<parallel::ProcessGroup> cp_pg_;     // the context-parallel group
   std::shared_ptr<parallel::ProcessGroup> world_pg_;  // every rank of the job
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;     // the tensor-parallel group
   std::unique_ptr<parallel::ParallelDims> dims_;      // the job's layout
@@ -91,6 +98,7 @@ class ReferenceTrainer : public Trainer {
   std::vector<float> m_, v_;       // AdamW moments: whole buffer, or this rank's shard (ZeRO-1)
   std::unique_ptr<MuonOptimizer> muon_;  // optimizer: muon (the layers' matrices; AdamW the rest)
   std::vector<int32_t> batch_, inputs_, targets_;
+  std::vector<int32_t> full_inputs_;  // context parallel: whole sequences' inputs then targets
   std::mt19937_64 sample_rng_;
   // What the model's constructor took from the heap (its weights, gradients and activation
   // buffers), measured around it: the model keeps no count of its own.

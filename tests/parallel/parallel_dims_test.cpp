@@ -83,13 +83,15 @@ TEST(ParallelDims, LayoutsThatDoNotFitAreConfigErrors) {
 TEST(ParallelDims, UnimplementedDimensionsAreRefusedByName) {
   DistEnv env;
   env.world_size = 2;
-  const MeshSupport cuda{"the cuda backend", false, false}, reference{"the reference backend", true, true};
+  const MeshSupport cuda{"the cuda backend", false, false, false}, reference{"the reference backend", true, true, true};
   expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(2, 1, 1, 1, 1), env, cuda); },
                             {"tensor_model_parallel_size: tp is 2, but tensor parallelism is not implemented yet on "
                              "the cuda backend"});
   EXPECT_EQ(ParallelDims::from_launch(sizes(2, 1, 1, 1, 1), env, reference).size(Dim::TP), 2);
+  expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 2, 1, 1, 1), env, cuda); },
+                            {"context_parallel_size", "not implemented yet on the cuda backend"});
+  EXPECT_EQ(ParallelDims::from_launch(sizes(1, 2, 1, 1, 1), env, reference).size(Dim::CP), 2);
   for (const MeshSupport& s : {cuda, reference}) {
-    expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 2, 1, 1, 1), env, s); }, {"context_parallel_size"});
     expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 1, 2, 1, 1), env, s); }, {"expert_model_parallel_size"});
     expect_error<ConfigError>([&] { ParallelDims::from_launch(sizes(1, 1, 1, 1, 2), env, s); }, {"pipeline_model_parallel_size"});
   }
@@ -189,8 +191,8 @@ TEST(ParallelDims, WhatABackendDoesNotImplementIsRefusedByName) {
   tp.check_implemented(kAnyBackendMesh);
   expect_error<ConfigError>([&] { tp.check_implemented({"the cuda backend", false}); },
                             {"tensor_model_parallel_size", "tensor parallelism is not implemented yet on the cuda backend"});
-  expect_error<ConfigError>([&] { sizes(1, 2, 1, 1, 1).check_implemented({"the reference backend", true}); },
-                            {"context_parallel_size", "not implemented yet"});
+  expect_error<ConfigError>([&] { sizes(1, 2, 1, 1, 1).check_implemented({"a backend without cp", true, true}); },
+                            {"context_parallel_size", "not implemented yet on a backend without cp"});
   for (DpSharding st : {DpSharding::OptimGrads, DpSharding::OptimGradsParams}) {
     ParallelSizes s = sizes(1, 1, 1, 1, 1);
     s.sharding = st;
