@@ -101,19 +101,21 @@ void ReferenceFsdp::gather(int unit) {
 }
 
 void ReferenceFsdp::all_gather_unit(int unit) {
-  const Unit& u = units_.at(static_cast<size_t>(unit));
+  gather_unit_into(param_shard_, model_.params.data(), units_.at(static_cast<size_t>(unit)));
+}
+
+void ReferenceFsdp::gather_unit_into(const std::vector<float>& shard, float* dst, const Unit& u) {
   if (u.size == 0) return;
   const int64_t C = u.chunk;
   // This rank's slice, padded to the chunk, then every rank's chunk in rank order.
   mine_.assign(static_cast<size_t>(C), 0.f);
   const int64_t n = std::min(u.size, (rank_ + 1) * C) - std::min(u.size, rank_ * C);
-  std::copy_n(param_shard_.begin() + u.shard_offset, n, mine_.begin());
+  std::copy_n(shard.begin() + u.shard_offset, n, mine_.begin());
   staging_.resize(static_cast<size_t>(C * world_));
   pg_.all_gather(mine_.data(), staging_.data(), static_cast<size_t>(C), parallel::DType::F32);
-  float* p = model_.params.data();
   const float* src = staging_.data();
   for (const auto& s : unit_range(u, 0, u.size)) {
-    std::copy_n(src, s.size(), p + s.begin);
+    std::copy_n(src, s.size(), dst + s.begin);
     src += s.size();
   }
 }
@@ -145,20 +147,7 @@ void ReferenceFsdp::grads_ready(int unit) {
 
 std::vector<float> ReferenceFsdp::full(const std::vector<float>& shard) {
   std::vector<float> out(model_.params.size(), 0.f);
-  for (const Unit& u : units_) {
-    if (u.size == 0) continue;
-    const int64_t C = u.chunk;
-    mine_.assign(static_cast<size_t>(C), 0.f);
-    const int64_t n = std::min(u.size, (rank_ + 1) * C) - std::min(u.size, rank_ * C);
-    std::copy_n(shard.begin() + u.shard_offset, n, mine_.begin());
-    staging_.resize(static_cast<size_t>(C * world_));
-    pg_.all_gather(mine_.data(), staging_.data(), static_cast<size_t>(C), parallel::DType::F32);
-    const float* src = staging_.data();
-    for (const auto& s : unit_range(u, 0, u.size)) {
-      std::copy_n(src, s.size(), out.data() + s.begin);
-      src += s.size();
-    }
-  }
+  for (const Unit& u : units_) gather_unit_into(shard, out.data(), u);
   return out;
 }
 

@@ -73,6 +73,9 @@ class ReferenceFsdp final : public GptModel<float>::ShardingHooks {
   std::vector<parallel::FlatSegment> unit_range(const Unit& u, int64_t a, int64_t b) const;
   // The unit's weights from every rank's slice into the model.
   void all_gather_unit(int unit);
+  // The unit's elements from every rank's slice of `shard` (indexed like param_shard_) into the
+  // local-buffer positions of `dst`.
+  void gather_unit_into(const std::vector<float>& shard, float* dst, const Unit& u);
   void give_back(float* base, const std::vector<parallel::FlatSegment>& segs) const;
 
   GptModel<float>& model_;
