@@ -119,5 +119,7 @@ with open(os.path.join(out, "train.jsonl"), "a") as f:
     for r in rows: f.write(json.dumps(r) + "\n")
 PY
 fi
+# The device returns a limited number of files: the logs and metrics travel as one archive.
+(cd "$OUT" && ls *.log *.metrics.jsonl >/dev/null 2>&1 && tar czf logs.tar.gz *.log *.metrics.jsonl && rm -f *.log *.metrics.jsonl)
 echo
 printf '%s\n' "${SUMMARY[@]}"
