@@ -1,7 +1,9 @@
 // Collectives across the ranks of a job, independent of where the buffers live. Implementations:
 // `GlooProcessGroup` (parallel/, host memory, Gloo over TCP; what the reference backend and CI
 // use), `SocketProcessGroup` (a hand-written TCP ring, used only where the Gloo plugin cannot be
-// loaded) and the NCCL one (parallel/cuda, device memory, NCCL loaded at run time). Trainers see only this interface, so data parallelism and ZeRO-1 are
+// loaded), the NCCL one (parallel/cuda, device memory, NCCL loaded at run time) and the threaded
+// one (parallel/threaded_process_group.h: ranks as threads of one process, host or device memory,
+// for checking model-parallel code on one GPU). Trainers see only this interface, so data parallelism and ZeRO-1 are
 // written once per backend against it and tested on the CPU.
 //
 // Contract for every collective:
@@ -41,7 +43,7 @@ class ProcessGroup {
   virtual ~ProcessGroup() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  virtual std::string backend() const = 0;  // "gloo" | "socket" | "nccl" | "single"
+  virtual std::string backend() const = 0;  // "gloo" | "socket" | "nccl" | "threads" | "single"
   virtual std::chrono::milliseconds timeout() const = 0;
 
   // In place: buf holds this rank's input and receives the reduction.
