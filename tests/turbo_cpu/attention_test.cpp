@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <utility>
 
@@ -534,6 +535,29 @@ TEST_F(AttentionTest, GradientsWithPositions) {
   check_gradients<AttentionOp>(positioned(1, 2, 1, 3, {1, 6, 2}, {5, 0, 3, 4}, 0, false), rng);
   check_gradients<AttentionOp>(positioned(1, 2, 2, 2, rng.ints(40, 0, 60), rng.ints(9, 0, 60), 20), rng);
   check_float_vs_double<AttentionOp>(positioned(2, 4, 2, 16, rng.ints(70, 0, 150), rng.ints(90, 0, 150), 40), rng);
+}
+
+// A NaN in a query must reach that query's output and lse (the trainers find non-finite steps by
+// it), also where the row's first keys are masked (a sliding window), so that a maximum that
+// skips NaN would otherwise read "sees no key" and give 0. Rows without the NaN stay finite.
+TEST_F(AttentionTest, NanQueryReachesItsOutput) {
+  for (int64_t window : {0, 3}) {
+    SCOPED_TRACE(window);
+    const AttnCfg c = cfg(1, 16, 2, 1, 8, true, {}, window);
+    AttentionOp<float> op(c);
+    Inputs<float> x;
+    for (const InputSpec& s : op.inputs()) x.push_back(rng.vec<float>(s.size, s.lo, s.hi));
+    const int64_t t_bad = 9, h_bad = 1, H = 2, D = 8, T = 16;
+    x[0][(t_bad * H + h_bad) * D + 2] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> out(op.out_size());
+    op.forward(x, out);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const bool bad = t == t_bad && h == h_bad;
+        EXPECT_EQ(std::isnan(op.lse[h * T + t]), bad) << "t=" << t << " h=" << h;
+        EXPECT_EQ(std::isnan(out[(t * H + h) * D]), bad) << "t=" << t << " h=" << h;
+      }
+  }
 }
 
 TEST_F(AttentionTest, RejectsPositionsWithDocuments) {

@@ -207,11 +207,20 @@ PRIMUS_CPU_CLONES void forward_item(Real* out, Real* lse, const Real* q, const R
       Real m = kNegInf;
 #pragma omp simd reduction(max : m)
       for (int64_t j = 0; j < nk; ++j) m = std::max(m, s[j]);
-      if (m == kNegInf) {  // sees no key: out stays 0, and a merge gives this side weight 0
-        std::fill(s, s + nk, Real(0));
-        lh[i0 + i] = kNegInf;
-        inv_sum[i] = Real(0);
-        continue;
+      if (m == kNegInf) {
+        // The max skips NaN scores, so a row whose visible scores are all NaN also lands here:
+        // that is a numerical failure upstream and must reach the output (the trainers detect
+        // non-finite steps by it), so the row goes on with m = NaN and comes out NaN.
+        bool nan = false;
+        for (int64_t j = 0; j < nk; ++j) nan = nan || std::isnan(s[j]);
+        if (nan) {
+          m = std::numeric_limits<Real>::quiet_NaN();
+        } else {  // sees no key: out stays 0, and a merge gives this side weight 0
+          std::fill(s, s + nk, Real(0));
+          lh[i0 + i] = kNegInf;
+          inv_sum[i] = Real(0);
+          continue;
+        }
       }
       double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
