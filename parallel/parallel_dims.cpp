@@ -166,9 +166,14 @@ void ParallelSizes::check_implemented(const MeshSupport& support) const {
 }
 
 void add_parallel_schema(config::Schema& s) {
-  s.integer("tensor_model_parallel_size", 1, "tensor-parallel ranks (Megatron's column/row-parallel linears; the reference backend)", 1)
-      .integer("context_parallel_size", 1, "context-parallel ranks: ring attention over sequences split in 2 x cp balanced chunks (the reference backend)", 1)
-      .flag("sequence_parallel", false, "sequence parallelism over the tp group: norms and residuals on a slice of the sequence (needs tp > 1)")
+  s.integer("tensor_model_parallel_size", 1,
+            "tensor-parallel ranks (Megatron's column/row-parallel linears; the reference backend)", 1)
+      .integer("context_parallel_size", 1,
+               "context-parallel ranks: ring attention over sequences split in 2 x cp balanced chunks (the reference "
+               "backend)",
+               1)
+      .flag("sequence_parallel", false,
+            "sequence parallelism over the tp group: norms and residuals on a slice of the sequence (needs tp > 1)")
       .text("data_parallel_sharding_strategy", std::nullopt,
             "what the data-parallel ranks shard: no_shard, optim (ZeRO-1; unset: use_distributed_optimizer decides), "
             "optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP; the last two on the reference backend)",

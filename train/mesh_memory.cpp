@@ -82,8 +82,9 @@ std::string describe_mesh_memory(const ModelSpec& m, const parallel::ParallelSiz
   using parallel::Dim;
   return fmt::format(
       "  memory per rank (analytical: bf16 weights + fp32 master, gradients and AdamW moments, activations of a "
-      "micro-batch of {} x {} tokens without recompute; not counted: CUDA context, workspaces, buffers): {:.2f}M parameters after tp {}; weights {:.2f} GiB, "
-      "master {:.2f}, gradients {:.2f}, optimizer {:.2f}, activations {:.2f}{}, logits {:.2f}; total {:.2f} GiB\n",
+      "micro-batch of {} x {} tokens without recompute; not counted: CUDA context, workspaces, buffers): {:.2f}M "
+      "parameters after tp {}; weights {:.2f} GiB, master {:.2f}, gradients {:.2f}, optimizer {:.2f}, activations "
+      "{:.2f}{}, logits {:.2f}; total {:.2f} GiB\n",
       micro_batch, seq_length, r.parameters_per_rank / 1e6, s[Dim::TP], g(r.weights), g(r.master), g(r.gradients),
       g(r.optimizer), g(r.activations),
       s[Dim::CP] > 1 || s.sequence_parallel

@@ -1,13 +1,10 @@
 #include "backends/reference/fsdp.h"
 
-#include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
-
-#include "core/util/error.h"
 
 namespace primus::backends::reference {
 
@@ -84,12 +81,19 @@ void ReferenceFsdp::adopt_params() {
 void ReferenceFsdp::begin_step() { std::fill(grad_shard_.begin(), grad_shard_.end(), 0.f); }
 
 void ReferenceFsdp::end_step() {
-  if (shard_params_) return;  // the next forward gathers
-  gather_all();
+  if (!shard_params_) all_gather_units();  // with sharded parameters the next forward gathers
 }
 
 void ReferenceFsdp::gather_all() {
+  if (shard_params_) all_gather_units();  // optim_grads keeps them whole
+}
+
+void ReferenceFsdp::all_gather_units() {
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) all_gather_unit(u);
+}
+
+int64_t ReferenceFsdp::my_count(const Unit& u) const {
+  return std::min(u.size, (rank_ + 1) * u.chunk) - std::min(u.size, rank_ * u.chunk);
 }
 
 void ReferenceFsdp::release_all() {
@@ -109,8 +113,7 @@ void ReferenceFsdp::gather_unit_into(const std::vector<float>& shard, float* dst
   const int64_t C = u.chunk;
   // This rank's slice, padded to the chunk, then every rank's chunk in rank order.
   mine_.assign(static_cast<size_t>(C), 0.f);
-  const int64_t n = std::min(u.size, (rank_ + 1) * C) - std::min(u.size, rank_ * C);
-  std::copy_n(shard.begin() + u.shard_offset, n, mine_.begin());
+  std::copy_n(shard.begin() + u.shard_offset, my_count(u), mine_.begin());
   staging_.resize(static_cast<size_t>(C * world_));
   pg_.all_gather(mine_.data(), staging_.data(), static_cast<size_t>(C), parallel::DType::F32);
   const float* src = staging_.data();
@@ -141,8 +144,8 @@ void ReferenceFsdp::grads_ready(int unit) {
   mine_.resize(static_cast<size_t>(C));
   pg_.reduce_scatter(staging_.data(), mine_.data(), static_cast<size_t>(C), parallel::DType::F32,
                      parallel::ReduceOp::Avg);
-  const int64_t n = std::min(u.size, (rank_ + 1) * C) - std::min(u.size, rank_ * C);
-  for (int64_t i = 0; i < n; ++i) grad_shard_[static_cast<size_t>(u.shard_offset + i)] += mine_[static_cast<size_t>(i)];
+  float* acc = grad_shard_.data() + u.shard_offset;
+  for (int64_t i = 0, n = my_count(u); i < n; ++i) acc[i] += mine_[static_cast<size_t>(i)];
 }
 
 std::vector<float> ReferenceFsdp::full(const std::vector<float>& shard) {

@@ -52,8 +52,8 @@ class ReferenceFsdp final : public GptModel<float>::ShardingHooks {
   void begin_step();
   // After the optimizer updated param_shard(): optim_grads all-gathers every unit into the model.
   void end_step();
-  // Every unit's weights into the model (checkpoints, sampling); with shard_params they stay until
-  // the next release_all().
+  // Every unit's weights into the model (checkpoints, sampling): with shard_params they stay until
+  // the next release_all(); optim_grads has them whole already.
   void gather_all();
   void release_all();
   // A whole local buffer from every rank's slices of it (e.g. AdamW's moments), all ranks calling.
@@ -71,8 +71,11 @@ class ReferenceFsdp final : public GptModel<float>::ShardingHooks {
   };
   // Elements [a, b) of the unit (its segments concatenated) as local-buffer segments.
   std::vector<parallel::FlatSegment> unit_range(const Unit& u, int64_t a, int64_t b) const;
-  // The unit's weights from every rank's slice into the model.
+  // The unit's (every unit's) weights from every rank's slice into the model.
   void all_gather_unit(int unit);
+  void all_gather_units();
+  // Elements of the unit this rank owns.
+  int64_t my_count(const Unit& u) const;
   // The unit's elements from every rank's slice of `shard` (indexed like param_shard_) into the
   // local-buffer positions of `dst`.
   void gather_unit_into(const std::vector<float>& shard, float* dst, const Unit& u);

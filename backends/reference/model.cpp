@@ -10,6 +10,7 @@
 
 #include "backends/reference/context_parallel.h"
 #include "core/util/error.h"
+#include "parallel/data_parallel.h"
 #include "train/param_init.h"
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/kernels/cpu/attention.h"
@@ -193,7 +194,7 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
     if (hooks_) hooks_->gather(static_cast<int>(1 + l));
     norm_forward(a.ln1.data() + r0 * C, a.mean1.data() + r0, a.rstd1.data() + r0, a.x_in.data() + r0 * C, p + "norm1",
                  R);
-    if (tp_sp_) tp_gather_rows(a.ln1.data(), N, C);
+    if (tp_sp_) tp_gather_rows(a.ln1.data(), C);
     const Real* wqkv = param(p + "attn.qkv.weight");
     const Real* bqkv = weight_or_null(p + "attn.qkv.bias");
     // With qk_layernorm the projection lands in q_pre / k_pre and the RMSNorm writes q / k, which
@@ -219,7 +220,10 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
       kk = a.k_rot.data();
     }
     if (cp_group_) {
-      if constexpr (std::is_same_v<Real, float>) ring_attention_forward(*cp_group_, a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
+      // (set_context_parallel refuses every Real but float)
+      if constexpr (std::is_same_v<Real, float>) {
+        ring_attention_forward(*cp_group_, a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
+      }
     } else {
       k::attention_forward(a.att.data(), a.lse.data(), q, kk, a.v.data(), ap);
     }
@@ -233,7 +237,7 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
     }
     k::residual_forward(a.x2.data() + r0 * C, a.x2.data() + r0 * C, a.x_in.data() + r0 * C, R * C);
     norm_forward(a.ln2.data() + r0 * C, a.mean2.data() + r0, a.rstd2.data() + r0, a.x2.data() + r0 * C, p + "norm2", R);
-    if (tp_sp_) tp_gather_rows(a.ln2.data(), N, C);
+    if (tp_sp_) tp_gather_rows(a.ln2.data(), C);
     if (moe_[l]) {
       Real* next = l + 1 < spec_.num_layers ? acts_[l + 1].x_in.data() : x_final_.data();
       moe_[l]->forward(next, a.ln2.data(), moe_weights(l), N);
@@ -258,25 +262,18 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
     if (hooks_) hooks_->release(static_cast<int>(1 + l));
   }
   norm_forward(lnf_.data() + r0 * C, meanf_.data() + r0, rstdf_.data() + r0, x_final_.data() + r0 * C, "final_norm", R);
-  if (tp_sp_) tp_gather_rows(lnf_.data(), N, C);
+  if (tp_sp_) tp_gather_rows(lnf_.data(), C);
   const Real* head = spec_.untied ? param("output_layer.weight") : param("embedding.weight");
   k::matmul_forward(logits_.data(), lnf_.data(), head, static_cast<const Real*>(nullptr), N, C, V);
   count_ = 0;
   if (!targets) return 0.0;
-  k_result_t res;
-  if (tp()) {
-    res = tp_cross_entropy(targets, N, dloss);
-  } else {
-    const k::CrossEntropyResult r = plain_cross_entropy(targets, N, dloss);
-    res.loss_sum = r.loss_sum, res.count = r.count;
-  }
+  k::CrossEntropyResult res = tp() ? tp_cross_entropy(targets, N, dloss) : plain_cross_entropy(targets, N, dloss);
   if (cp_group_) {  // every rank's tokens are part of the same sequences: the group's mean
-    float sc[2] = {static_cast<float>(res.loss_sum), static_cast<float>(res.count)};
-    cp_group_->all_reduce(sc, 2, parallel::DType::F32, parallel::ReduceOp::Sum);
-    res.loss_sum = sc[0], res.count = static_cast<int64_t>(std::llround(sc[1]));
+    res.loss_sum = parallel::global_sum(*cp_group_, res.loss_sum);
+    res.count = std::llround(parallel::global_sum(*cp_group_, static_cast<double>(res.count)));
   }
   count_ = res.count;
-  return res.count > 0 ? res.loss_sum / static_cast<double>(res.count) : 0.0;
+  return res.mean();
 }
 
 template <typename Real>
@@ -334,7 +331,7 @@ void GptModel<Real>::backward_body() {
     const std::string p = fmt::format("layers.{}.", l);
     if (hooks_) hooks_->gather(static_cast<int>(1 + l));
     // MLP branch: dx is the gradient of the layer output = x2 + mlp(x2).
-    if (tp_sp_) tp_gather_rows(dx_.data(), N, C);
+    if (tp_sp_) tp_gather_rows(dx_.data(), C);
     if (moe_[l]) {
       zero(dln_, N * C);
       moe_[l]->backward(dln_.data(), dx_.data(), a.ln2.data(), moe_weights(l), moe_grads(l),
@@ -356,7 +353,7 @@ void GptModel<Real>::backward_body() {
     if (tp()) tp_reduce_rows(dln_.data(), N, C);
     norm_backward(dx_.data() + r0 * C, dln_.data() + r0 * C, a.x2.data() + r0 * C, a.mean2.data() + r0,
                   a.rstd2.data() + r0, p + "norm2", R);
-    if (tp_sp_) tp_gather_rows(dx_.data(), N, C);
+    if (tp_sp_) tp_gather_rows(dx_.data(), C);
     // Attention branch: dx is now the gradient of x2 = x_in + proj(att).
     zero(datt_, N * QD);
     k::matmul_backward(datt_.data(), grad(p + "attn.proj.weight"), grad_or_null(p + "attn.proj.bias"), dx_.data(),
@@ -453,7 +450,7 @@ void GptModel<Real>::tp_reduce_rows(Real* buf, int64_t N, int64_t C) {
 }
 
 template <typename Real>
-void GptModel<Real>::tp_gather_rows(Real* buf, int64_t /*N*/, int64_t C) {
+void GptModel<Real>::tp_gather_rows(Real* buf, int64_t C) {
   tp_group_->all_gather(buf + tp_row0_ * C, buf, static_cast<size_t>(tp_rows_ * C), parallel::DType::F32);
 }
 
@@ -475,7 +472,9 @@ void GptModel<Real>::tp_embedding_forward(Real* x, int64_t B, int64_t T) {
   // group is the embedding.
   for (int64_t n = 0; n < N; ++n) {
     const int64_t id = tokens_[n];
-    if (id < 0 || id >= Vg) throw RuntimeError(fmt::format("token id {} at position {} is outside the vocabulary [0, {})", id, n, Vg));
+    if (id < 0 || id >= Vg) {
+      throw RuntimeError(fmt::format("token id {} at position {} is outside the vocabulary [0, {})", id, n, Vg));
+    }
     if (id >= v0 && id < v0 + Vl) {
       std::copy_n(wte + (id - v0) * C, C, x + n * C);
     } else {
@@ -495,7 +494,7 @@ void GptModel<Real>::tp_embedding_forward(Real* x, int64_t B, int64_t T) {
 template <typename Real>
 void GptModel<Real>::tp_embedding_backward(int64_t B, int64_t T) {
   const int64_t N = B * T, C = spec_.hidden_size, Vl = spec_.padded_vocab_size, v0 = tp_map_->vocab_begin();
-  if (tp_sp_) tp_gather_rows(dx_.data(), N, C);
+  if (tp_sp_) tp_gather_rows(dx_.data(), C);
   Real* dwte = grad("embedding.weight");
   Real* dwpe = grad_or_null("position_embedding.weight");
   const int32_t* pos = positions();
@@ -512,7 +511,7 @@ void GptModel<Real>::tp_embedding_backward(int64_t B, int64_t T) {
 }
 
 template <typename Real>
-typename GptModel<Real>::k_result_t GptModel<Real>::tp_cross_entropy(const int32_t* targets, int64_t N, double dloss) {
+turbo::cpu::CrossEntropyResult GptModel<Real>::tp_cross_entropy(const int32_t* targets, int64_t N, double dloss) {
   const int64_t Vl = spec_.padded_vocab_size, Vr = spec_.vocab_size, v0 = tp_map_->vocab_begin();
   const int64_t Vg = tp_map_->global_spec().vocab_size;
   const int tp = tp_map_->tp();
@@ -539,7 +538,7 @@ typename GptModel<Real>::k_result_t GptModel<Real>::tp_cross_entropy(const int32
     st[N + n] = tgt >= v0 && tgt < v0 + Vr ? static_cast<float>(L[n * Vl + tgt - v0]) : 0.f;
   }
   tp_group_->all_reduce(st.data(), st.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
-  k_result_t r;
+  k::CrossEntropyResult r;
   for (int64_t n = 0; n < N; ++n) {
     const int32_t tgt = targets[n];
     Real* row = L + n * Vl;

@@ -22,11 +22,6 @@ namespace primus::backends::reference {
 
 template <typename Real>
 class GptModel {
-  struct k_result_t {
-    double loss_sum = 0;
-    int64_t count = 0;
-  };
-
  public:
   GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_t max_seq);
 
@@ -126,14 +121,15 @@ class GptModel {
   int64_t B_ = 0, T_ = 0, count_ = 0;
   train::DocumentMasking masking_;
   train::DocumentTables doc_;  // of the last forward (when masking_ is enabled)
+  ShardingHooks* hooks_ = nullptr;  // sharded data parallelism (null without)
+  parallel::ProcessGroup* cp_group_ = nullptr;  // context parallelism (null without)
+  std::vector<int32_t> cp_positions_;  // [B, T / cp] of the last forward
+  // forward() and backward() without the sharding hooks of unit 0 around them.
+  double forward_body(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double dloss);
+  void backward_body();
   // Tensor parallelism: the map and group (null without), the rows [tp_row0_, tp_row0_ + tp_rows_)
   // of the flattened tokens this rank's residual stream holds (all of them without sequence
   // parallelism).
-  ShardingHooks* hooks_ = nullptr;
-  parallel::ProcessGroup* cp_group_ = nullptr;
-  std::vector<int32_t> cp_positions_;  // [B, T / cp] of the last forward
-  double forward_body(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double dloss);
-  void backward_body();
   const train::TpShardMap* tp_map_ = nullptr;
   parallel::ProcessGroup* tp_group_ = nullptr;
   bool tp_sp_ = false;
@@ -142,13 +138,13 @@ class GptModel {
   // The sum over the group of a [N, C] buffer of parts: in place, or (sequence parallel) this
   // rank's rows of the sum into the same buffer at its rows.
   void tp_reduce_rows(Real* buf, int64_t N, int64_t C);
-  // Sequence parallel: every rank's rows, in place, from each rank's rows at its place.
-  void tp_gather_rows(Real* buf, int64_t N, int64_t C);
+  // Sequence parallel: every rank's rows of a [N, C] buffer, in place, from each rank's rows at its place.
+  void tp_gather_rows(Real* buf, int64_t C);
   void tp_embedding_forward(Real* x, int64_t B, int64_t T);
   void tp_embedding_backward(int64_t B, int64_t T);
-  // Vocabulary-parallel cross-entropy over logits_ (this rank's columns): the mean loss; with
-  // dloss != 0 logits_ becomes dlogits * dloss.
-  k_result_t tp_cross_entropy(const int32_t* targets, int64_t N, double dloss);
+  // Vocabulary-parallel cross-entropy over logits_ (this rank's columns), the same on every rank
+  // of the group; with dloss != 0 logits_ becomes dlogits * dloss.
+  turbo::cpu::CrossEntropyResult tp_cross_entropy(const int32_t* targets, int64_t N, double dloss);
   void add_bias_rows(Real* x, const std::string& bias, int64_t rows);
   // The cross-entropy of one process over logits_ (with dloss != 0 logits_ becomes dlogits).
   turbo::cpu::CrossEntropyResult plain_cross_entropy(const int32_t* targets, int64_t N, double dloss);

@@ -342,6 +342,8 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   // Equal slices on every rank: the mean of the ranks' means is the global batch's mean.
   double loss = parallel::global_mean(*pg_, loss_sum / static_cast<double>(accum));
   const bool zero1 = zero1_;
+  // Squares summed over the gradient group's shards, then over the tp ranks' slices (one rank's
+  // groups are single-process groups where a dimension is 1).
   double norm;
   if (fsdp_) {
     norm = fsdp_grad_norm();
@@ -349,12 +351,12 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
     reduce_scatter_grads();
     const int64_t b = shards_.begin(dp_rank()), e = shards_.valid_end(dp_rank());
     const double local = parallel::global_sum(*pg_, tp_sum_squares(grad_shard_.data(), b, std::max(b, e)));
-    norm = std::sqrt(tp_map_ ? parallel::global_sum(*tp_pg_, local) : local);
+    norm = std::sqrt(parallel::global_sum(*tp_pg_, local));
   } else {
     // Muon's owners orthogonalise whole matrices, so they need whole averaged gradients.
     all_reduce_grads();
     const double local = tp_sum_squares(model_->grads.data(), 0, static_cast<int64_t>(model_->grads.size()));
-    norm = std::sqrt(tp_map_ ? parallel::global_sum(*tp_pg_, local) : local);
+    norm = std::sqrt(parallel::global_sum(*tp_pg_, local));
   }
   *grad_norm = norm;
   *finite = std::isfinite(loss) && std::isfinite(norm);
@@ -507,8 +509,7 @@ double ReferenceTrainer::fsdp_grad_norm() {
     local += tp_sum_squares(g.data() + at, seg.begin, seg.end);
     at += seg.size();
   }
-  const double dp_sum = parallel::global_sum(*pg_, local);
-  return std::sqrt(tp_map_ ? parallel::global_sum(*tp_pg_, dp_sum) : dp_sum);
+  return std::sqrt(parallel::global_sum(*tp_pg_, parallel::global_sum(*pg_, local)));
 }
 
 void ReferenceTrainer::fsdp_update(const k::AdamWParams& hp_in) {
@@ -534,67 +535,63 @@ void ReferenceTrainer::save(int64_t step) {
   auto t0 = std::chrono::steady_clock::now();
   const bool zero1 = zero1_;
   if (fsdp_) fsdp_->gather_all();  // the whole weights for rank 0 to write
-  struct Regather {  // FSDP: give the weights back however save() ends
+  struct Regather {  // FSDP: give the weights back however save() ends (a no-op for ZeRO-2)
     ReferenceFsdp* f;
     ~Regather() {
       if (f) f->release_all();
     }
-  } regather{fsdp_ && args_->train.model_parallel.sharding == parallel::DpSharding::OptimGradsParams ? fsdp_.get()
-                                                                                                     : nullptr};
+  } regather{fsdp_.get()};
+  io::CheckpointData data;
+  std::vector<parallel::FlatShard> shards;
+  parallel::FlatSharding sharding;  // empty: rank 0 writes the moments whole
+  parallel::ProcessGroup* group = pg_.get();
+  std::vector<float> params, m, v, muon_flat;
   if (tp_map_) {
     // Tensor parallel: the weights and moments put together in the global layout (every rank
     // takes part), written by rank 0 as one process would, so any layout can load them.
-    const std::vector<float> params = tp_global(model_->params.data());
+    params = tp_global(model_->params.data());
     auto whole = [&](const std::vector<float>& s) { return zero1 ? dp_full(s) : fsdp_ ? fsdp_->full(s) : s; };
-    const std::vector<float> m = tp_global(whole(m_).data());
-    const std::vector<float> v = tp_global(whole(v_).data());
-    io::CheckpointData data;
+    m = tp_global(whole(m_).data());
+    v = tp_global(whole(v_).data());
     if (env_.rank == 0) {
       data = train::pack_checkpoint(args_->model, tp_map_->global_layout(), params.data(), m.data(), v.data(),
                                     state_json(step));
     }
-    io::SaveOptions so;
-    so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
-    auto dir = parallel::save_data_parallel(*world_pg_, t.ckpt.save, step, data,
-                                            static_cast<const parallel::ShardLayout*>(nullptr), {}, so);
-    last_saved_ = step;
-    spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s, global layout from {} tp ranks)", step, dir.string(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), tp_map_->tp());
-    return;
-  }
-  // Rank 0 writes the weights (the same on every rank) and the state; with ZeRO-1 every rank
-  // writes its shard of the moments, else rank 0 writes them whole.
-  io::CheckpointData data;
-  if (env_.rank == 0) {
+    group = world_pg_.get();
+  } else {
+    // Rank 0 writes the weights (the same on every rank) and the state; with ZeRO-1 every rank
+    // writes its shard of the moments, with ZeRO-2/FSDP its slices (one segment per unit), else
+    // rank 0 writes them whole.
+    if (zero1) sharding = parallel::flat_sharding(shards_);
+    if (fsdp_) {
+      sharding.total = model_->layout().total;
+      for (int r = 0; r < dp_size(); ++r) sharding.ranks.push_back(fsdp_->owned(r));
+    }
     const bool sharded = zero1 || fsdp_;
-    data = train::pack_checkpoint(args_->model, model_->layout(), model_->params.data(), sharded ? nullptr : m_.data(),
-                                  sharded ? nullptr : v_.data(), state_json(step));
-  }
-  std::vector<parallel::FlatShard> shards;
-  if (zero1 || fsdp_) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
-  // Muon's momentum as one flat state like the moments (every rank calls: ZeRO-1 sums the owners').
-  std::vector<float> muon_flat = muon_ ? muon_->flat_momentum(*pg_) : std::vector<float>{};
-  if (muon_ && zero1) shards.push_back({MuonOptimizer::kStateName, muon_flat.data() + std::min(shards_.begin(dp_rank()), shards_.total)});
-  if (muon_ && !zero1 && env_.rank == 0) {
-    data.optimizer.emplace(MuonOptimizer::kStateName,
-                           io::TensorBlob::borrow(io::DType::F32, {static_cast<int64_t>(muon_flat.size())},
-                                                  muon_flat.data(), muon_flat.size() * sizeof(float)));
+    if (env_.rank == 0) {
+      data = train::pack_checkpoint(args_->model, model_->layout(), model_->params.data(), sharded ? nullptr : m_.data(),
+                                    sharded ? nullptr : v_.data(), state_json(step));
+    }
+    if (sharded) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
+    // Muon's momentum as one flat state like the moments (every rank calls: ZeRO-1 sums the owners').
+    if (muon_) muon_flat = muon_->flat_momentum(*pg_);
+    if (muon_ && zero1) {
+      shards.push_back({MuonOptimizer::kStateName, muon_flat.data() + std::min(shards_.begin(dp_rank()), shards_.total)});
+    }
+    if (muon_ && !zero1 && env_.rank == 0) {
+      data.optimizer.emplace(MuonOptimizer::kStateName,
+                             io::TensorBlob::borrow(io::DType::F32, {static_cast<int64_t>(muon_flat.size())},
+                                                    muon_flat.data(), muon_flat.size() * sizeof(float)));
+    }
   }
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
-  std::filesystem::path dir;
-  if (fsdp_) {
-    // Every rank writes its slices of the moments, one segment per unit: the per-rank shard files
-    // any world size and strategy can load.
-    parallel::FlatSharding fs{model_->layout().total, {}};
-    for (int r = 0; r < dp_size(); ++r) fs.ranks.push_back(fsdp_->owned(r));
-    dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, &fs, shards, so);
-  } else {
-    dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, zero1 ? &shards_ : nullptr, shards, so);
-  }
+  const auto dir = parallel::save_data_parallel(*group, t.ckpt.save, step, data,
+                                                sharding.ranks.empty() ? nullptr : &sharding, shards, so);
   last_saved_ = step;
-  spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s{})", step, dir.string(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+               tp_map_ ? fmt::format(", global layout from {} tp ranks", tp_map_->tp()) : "");
 }
 
 void ReferenceTrainer::load(const fsys::path& dir) {
@@ -655,7 +652,7 @@ void ReferenceTrainer::train() {
   const bool sampling = !t.sample_prompt.empty() && t.sample_tokens > 0;
   if (fsdp_ && sampling) fsdp_->gather_all();
   if (tp_map_ && sampling) whole = tp_global(model_->params.data());
-  if (!t.sample_prompt.empty() && t.sample_tokens > 0 && env_.rank == 0) {
+  if (sampling && env_.rank == 0) {
     std::vector<int32_t> ids = tokenizer_->encode(t.sample_prompt);
     if (ids.empty()) ids.push_back(0);
     size_t n = ids.size();

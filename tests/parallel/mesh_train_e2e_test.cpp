@@ -27,20 +27,20 @@ using primus::testing::Workdir;
 
 // 4 heads (tp2: 2 a rank), Llama's 2 kv groups (1 a rank), global batch 4 (dp2: one micro-batch
 // of 2 a rank). Byte vocabulary 256: 128 rows a rank.
-std::string gpt2_args(const std::string& ws, int iters, const std::string& extra = "") {
-  return "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
-         "/examples/reference/shakespeare.yaml num_layers=2 hidden_size=32 num_attention_heads=4 ffn_hidden_size=64 "
-         "seq_length=32 micro_batch_size=2 global_batch_size=4 train_iters=" + std::to_string(iters) +
+std::string run_args(const std::string& example_and_model, const std::string& ws, int iters, const std::string& extra) {
+  return "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) + "/examples/reference/" + example_and_model +
+         " seq_length=32 micro_batch_size=2 global_batch_size=4 train_iters=" + std::to_string(iters) +
          " eval_interval=10 eval_iters=2 log_interval=1 sample_tokens=0 lr_warmup_iters=2 lr_decay_iters=20 "
          "save_interval=10 workspace=" + ws + " " + extra;
 }
 
+std::string gpt2_args(const std::string& ws, int iters, const std::string& extra = "") {
+  return run_args("shakespeare.yaml num_layers=2 hidden_size=32 num_attention_heads=4 ffn_hidden_size=64", ws, iters,
+                  extra);
+}
+
 std::string llama_args(const std::string& ws, int iters, const std::string& extra = "") {
-  return "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
-         "/examples/reference/llama-shakespeare.yaml seq_length=32 micro_batch_size=2 global_batch_size=4 "
-         "train_iters=" + std::to_string(iters) +
-         " eval_interval=10 eval_iters=2 log_interval=1 sample_tokens=0 lr_warmup_iters=2 lr_decay_iters=20 "
-         "save_interval=10 workspace=" + ws + " " + extra;
+  return run_args("llama-shakespeare.yaml", ws, iters, extra);
 }
 
 using ArgsFn = std::string (*)(const std::string&, int, const std::string&);
@@ -154,17 +154,19 @@ TEST(MeshTraining, FsdpCheckpointsResumeOnOneProcessAndOneProcessOnFsdpTimesTp) 
 }
 
 TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
-  const std::pair<std::string, std::string> refused[] = {
-      {"optimizer=muon", "optimizer: muon with tensor_model_parallel_size > 1 is not implemented yet"},
-      {"tensor_model_parallel_size=4", "tensor_model_parallel_size 4 does not divide num_query_groups 2"},
-      {"data_parallel_sharding_strategy=optim_grads_params optimizer=muon",
+  const struct {
+    int ranks;
+    std::string keys, why;
+  } refused[] = {
+      {2, "tensor_model_parallel_size=2 optimizer=muon",
+       "optimizer: muon with tensor_model_parallel_size > 1 is not implemented yet"},
+      {4, "tensor_model_parallel_size=4", "tensor_model_parallel_size 4 does not divide num_query_groups 2"},
+      {2, "data_parallel_sharding_strategy=optim_grads_params optimizer=muon",
        "optimizer: muon with data_parallel_sharding_strategy optim_grads_params is not implemented yet"},
   };
-  for (const auto& [keys, why] : refused) {
+  for (const auto& [ranks, keys, why] : refused) {
     Workdir w;
-    const int ranks = keys.find("size=4") != std::string::npos ? 4 : 2;
-    const std::string tp = keys.find("sharding") != std::string::npos ? "" : "tensor_model_parallel_size=2 ";
-    auto r = run_primus(launch(ranks, llama_args(w.str(), 1, tp + keys)));
+    auto r = run_primus(launch(ranks, llama_args(w.str(), 1, keys)));
     EXPECT_NE(r.code, 0) << keys << "\n" << r.out;
     EXPECT_NE(r.out.find(why), std::string::npos) << keys << "\n" << r.out;
     EXPECT_EQ(r.out.find("| loss "), std::string::npos) << keys << ": trained\n" << r.out;
