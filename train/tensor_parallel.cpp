@@ -65,7 +65,7 @@ void check_divides(int tp, int64_t n, const char* what, const char* key) {
 }  // namespace
 
 TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_parallel)
-    : global_(global), tp_(tp), rank_(rank) {
+    : global_(global), tp_(tp), rank_(rank), sp_(sequence_parallel) {
   if (tp < 1 || rank < 0 || rank >= tp) throw RuntimeError(fmt::format("tensor-parallel rank {} of {}", rank, tp));
   if (global.moe.enabled() && tp > 1) {
     throw ConfigError("tensor_model_parallel_size > 1 with MoE layers (num_experts) is not implemented yet: experts "

@@ -34,6 +34,7 @@ class TpShardMap {
 
   int tp() const { return tp_; }
   int rank() const { return rank_; }
+  bool sequence_parallel() const { return sp_; }
   const ModelSpec& global_spec() const { return global_; }
   const ModelSpec& local_spec() const { return local_; }
   const ParamLayout& global_layout() const { return global_layout_; }
@@ -61,6 +62,7 @@ class TpShardMap {
   ModelSpec global_, local_;
   ParamLayout global_layout_, local_layout_;
   int tp_ = 1, rank_ = 0;
+  bool sp_ = false;
   int64_t vocab_begin_ = 0;
   std::vector<TpPiece> pieces_;
   std::vector<bool> replicated_, partial_;

@@ -103,6 +103,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
   mp.shared_grad_window = opt.optimizer_in_backward;
   mp.document_masks = opt.document_masking.enabled();
+  if (opt.tp_map) mp.tp = opt.tp_map->tp();
   return mp;
 }
 
@@ -128,6 +129,25 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (host && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
     throw RuntimeError("cuda model: host mode keeps its own optimizer state and unpadded buffers");
   }
+  const bool tp = opt_.tp_map && opt_.tp_map->tp() > 1;
+  if (tp) {
+    const train::TpShardMap& map = *opt_.tp_map;
+    const train::ModelSpec& local = map.local_spec();
+    if (spec_.num_attention_heads != local.num_attention_heads || spec_.num_query_groups != local.num_query_groups ||
+        spec_.ffn_hidden_size != local.ffn_hidden_size || spec_.padded_vocab_size != local.padded_vocab_size ||
+        spec_.vocab_size != local.vocab_size || spec_.hidden_size != local.hidden_size) {
+      throw RuntimeError("cuda model: under tensor parallelism the spec must be the shard map's local spec");
+    }
+    if (!opt_.tp_group) throw RuntimeError("cuda model: tensor parallelism needs its process group (tp_group)");
+    if (map.sequence_parallel())
+      throw ConfigError("sequence_parallel: the cuda backend's tensor parallelism has no sequence-parallel regions yet");
+    if (opt_.optimizer_in_backward)
+      throw ConfigError("optimizer_in_backward with tensor_model_parallel_size > 1 is not implemented (the per-head "
+                        "norm gradients are summed over the group after the backward)");
+    if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with tensor_model_parallel_size > 1 is not implemented");
+    if (!opt_.optimizer_state || opt_.flat_elems != 0)
+      throw ConfigError("the cuda backend's tensor parallelism with a distributed optimizer is not implemented yet");
+  }
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
 
@@ -150,6 +170,14 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   dec.gelu_unfused_backward = opt_.gelu_unfused_backward;
   dec.document_masking = opt_.document_masking;
   dec.bf16_edge_layers = opt_.fp8_linear ? opt_.fp8_bf16_edge_layers : 0;
+  if (tp) {
+    tp_ = std::make_unique<TpComm>(*opt_.tp_group, opt_.tp_map, stream_);
+    dec.tp = tp_.get();
+    // The norm counts each rank's own slices, and the replicated tensors once (on rank 0).
+    std::vector<bool> counted(layout_.tensors.size());
+    for (size_t i = 0; i < counted.size(); ++i) counted[i] = tp_->rank() == 0 || !opt_.tp_map->replicated(i);
+    optimizer_->norm_over(counted);
+  }
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
   if (opt_.optimizer_in_backward) {
     decoder_->on_grads_ready([this](int64_t offset) {
@@ -233,7 +261,21 @@ void CudaModel::backward() { decoder_->backward(); }
 void CudaModel::grad_norm(float max_norm) {
   NvtxRange r("grad norm");
   mark(Phase::GradNorm);
-  optimizer_->grad_norm(max_norm, ctx());
+  if (!tp_) {
+    optimizer_->grad_norm(max_norm, ctx());
+    return;
+  }
+  // Partial gradients (the per-head q|k norm weights every rank's heads share) summed first, so
+  // every rank updates its replicated copy alike.
+  const StateBuffers& st = plan_->state;
+  for (size_t i = 0; i < layout_.tensors.size(); ++i) {
+    if (!opt_.tp_map->partial_grad(i)) continue;
+    const train::ParamTensor& t = layout_.tensors[i];
+    tp_->all_reduce(st.grads.slice0(t.offset, t.offset + t.numel));
+  }
+  optimizer_->grad_norm_squares(ctx());
+  tp_->all_reduce(st.norm.slice0(0, 1));
+  optimizer_->finish_grad_norm(max_norm);
 }
 
 void CudaModel::check_step(int64_t n) {

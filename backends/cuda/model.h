@@ -38,6 +38,7 @@
 #include "backends/cuda/model/host_staging.h"
 #include "backends/cuda/model/memory_plan.h"
 #include "backends/cuda/model/optimizer_state.h"
+#include "backends/cuda/model/tp_comm.h"
 #include "backends/cuda/profile.h"
 #include "train/model_spec.h"
 #include "train/moe_stats.h"
@@ -86,6 +87,16 @@ struct CudaModelOptions {
   // optimizer: muon: the tensors Muon updates after the backward (train/muon_layout.h); AdamW
   // the rest. Needs optimizer_state and no optimizer_in_backward. Empty: AdamW everywhere.
   std::vector<train::MuonTensor> muon;
+  // Tensor parallelism (Megatron's; train/tensor_parallel.h, decoder.h): this model is rank
+  // tp_map->rank()'s part of the global model and is built from tp_map->local_spec() (the spec
+  // given must be that one). Its flat buffers and the host copies (set_params, get_params, the
+  // moments, get_grads) are in the local layout; tp_map converts to and from the global one. The
+  // collectives run over tp_group (tp_comm.h: NCCL or the threaded group on the device, any group in
+  // host mode); grad_norm() sums the per-head q|k norm weights' partial gradients over it and
+  // returns the global norm. Not with sequence parallelism, the optimizer in the backward, Muon or
+  // ZeRO-1 buffers (ConfigError).
+  parallel::ProcessGroup* tp_group = nullptr;
+  std::shared_ptr<const train::TpShardMap> tp_map;
 };
 
 // The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the
@@ -230,6 +241,7 @@ class CudaModel {
   std::unique_ptr<MemoryPlan> plan_;
   std::unique_ptr<OptimizerState> optimizer_;
   std::unique_ptr<HostStaging> staging_;
+  std::unique_ptr<TpComm> tp_;  // tensor parallelism (null without)
   std::unique_ptr<Decoder> decoder_;
   StepProfiler* prof_ = nullptr;
 };

@@ -57,10 +57,10 @@ void cpu_run(const EmbeddingArgs& a) {
   const int32_t* pos = a.positions.defined() ? a.positions.ptr<const int32_t>() : nullptr;
   if (!a.backward)
     cpu::embedding_forward(a.out.ptr<float>(), a.tokens.ptr<const int32_t>(), pos, a.wte.ptr<const float>(),
-                           a.wpe.ptr<const float>(), d.B, d.T, d.C, d.V, d.max_pos);
+                           a.wpe.ptr<const float>(), d.B, d.T, d.C, d.V, d.max_pos, a.vocab_begin);
   else
     cpu::embedding_backward(a.dwte.ptr<float>(), a.dwpe.ptr<float>(), a.dout.ptr<const float>(),
-                            a.tokens.ptr<const int32_t>(), pos, d.B, d.T, d.C, d.V, d.max_pos);
+                            a.tokens.ptr<const int32_t>(), pos, d.B, d.T, d.C, d.V, d.max_pos, a.vocab_begin);
 }
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
@@ -79,23 +79,24 @@ void turbo_run(const EmbeddingArgs& a) {
   auto s = static_cast<cudaStream_t>(a.ctx.stream);
   if (!a.backward) {
     cuda::embedding_forward(a.wte.dtype, a.out.data, a.tokens.ptr<const int32_t>(), pos, a.wte.data, a.wpe.data,
-                            d.B, d.T, d.C, d.V, d.max_pos, s);
+                            d.B, d.T, d.C, d.V, d.max_pos, s, a.vocab_begin);
     return;
   }
   Arena& arena = detail::scratch_of(a.ctx, "embedding_backward");
   ArenaScope scope(arena);
   void* scratch = arena.allocate(cuda::embedding_backward_scratch_bytes(d.B * d.T), 256, "embedding_backward sort");
   cuda::embedding_backward(a.dout.dtype, a.dwte.ptr<float>(), a.dwpe.ptr<float>(), a.dout.data,
-                           a.tokens.ptr<const int32_t>(), pos, d.B, d.T, d.C, d.V, d.max_pos, scratch, s);
+                           a.tokens.ptr<const int32_t>(), pos, d.B, d.T, d.C, d.V, d.max_pos, scratch, s,
+                           a.vocab_begin);
 }
 #endif
 
 }  // namespace
 
 std::string EmbeddingArgs::key() const {
-  return fmt::format("embedding_{} tokens={} table={} pos_table={} positions={}", backward ? "backward" : "forward",
+  return fmt::format("embedding_{} tokens={} table={} pos_table={} positions={}{}", backward ? "backward" : "forward",
                      tokens.describe(), (backward ? dwte : wte).describe(), (backward ? dwpe : wpe).defined() ? 1 : 0,
-                     positions.defined() ? 1 : 0);
+                     positions.defined() ? 1 : 0, vocab_begin >= 0 ? fmt::format(" vocab_begin={}", vocab_begin) : "");
 }
 
 BackendType embedding_forward(const EmbeddingArgs& args) {

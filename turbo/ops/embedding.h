@@ -21,6 +21,10 @@ struct EmbeddingArgs {
   TensorView dout;          // backward input [B,T,C]
   TensorView tokens, positions;
   TensorView wte, wpe;      // forward tables; for the backward only their shapes are used (V, max_pos)
+  // >= 0: vocabulary-parallel tables (Megatron's VocabParallelEmbedding, one tensor-parallel rank's
+  // part): wte / dwte hold the rows of ids [vocab_begin, vocab_begin + V); another rank's id gives
+  // a zero token row (wpe still added) and no gradient. The sum over the ranks is the embedding.
+  int64_t vocab_begin = -1;
   ExecContext ctx;
   std::string key() const;
   Precision precision() const { return precision_of(backward ? dout.dtype : wte.dtype); }

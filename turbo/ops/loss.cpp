@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "turbo/kernels/cpu/loss.h"
@@ -9,6 +12,7 @@
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
 #include "turbo/kernels/cuda/cross_entropy.h"
+#include "turbo/kernels/cuda/vocab_parallel_ce.h"
 #endif
 
 namespace primus::turbo {
@@ -116,6 +120,104 @@ void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx)
 #else
   (void)ctx;
   throw RuntimeError("sum_f32: this build has no CUDA");
+#endif
+}
+
+namespace {
+int64_t vp_rows(const VocabParallelCrossEntropyArgs& a, const char* op) {
+  check_shape(a.logits, {-1, -1}, op, "logits");
+  check_contiguous(a.logits, op, "logits");
+  const int64_t N = a.logits.shape[0];
+  check_shape(a.targets, {N}, op, "targets");
+  check_dtype(a.targets, DType::I32, op, "targets");
+  if (a.vocab < 0 || a.vocab > a.logits.shape[1])
+    throw RuntimeError(fmt::format("{}: vocab {} outside the logits row {}", op, a.vocab, a.logits.describe()));
+  return N;
+}
+}  // namespace
+
+void vocab_parallel_ce_stats(const VocabParallelCrossEntropyArgs& a) {
+  const char* op = "vocab_parallel_ce_stats";
+  const int64_t N = vp_rows(a, op), ld = a.logits.shape[1], V = a.vocab, v0 = a.vocab_begin;
+  check_shape(a.stats, {N, 3}, op, "stats");
+  check_dtype(a.stats, DType::F32, op, "stats");
+  check_same_device(a.stats, a.logits, op);
+  if (a.logits.device == Device::CPU) {
+    check_dtype(a.logits, DType::F32, op, "logits");
+    const float* L = a.logits.ptr<const float>();
+    const int32_t* tg = a.targets.ptr<const int32_t>();
+    float* st = a.stats.ptr<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = L + n * ld;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < V; ++j) m = std::max(m, row[j]);
+      double s = 0;  // a NaN logit reaches the sum (std::max above may drop it)
+      for (int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(row[j]) - m);
+      const int64_t t = static_cast<int64_t>(tg[n]) - v0;
+      st[3 * n] = m;
+      st[3 * n + 1] = static_cast<float>(s);
+      st[3 * n + 2] = t >= 0 && t < V ? row[t] : 0.0f;
+    }
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  cuda::vocab_parallel_ce_stats(a.logits.dtype, a.logits.data, N, ld, V, v0, a.targets.ptr<const int32_t>(),
+                                a.stats.ptr<float>(), static_cast<cudaStream_t>(a.ctx.stream));
+#else
+  throw RuntimeError(fmt::format("{}: this build has no CUDA", op));
+#endif
+}
+
+void vocab_parallel_ce_finish(const VocabParallelCrossEntropyArgs& a) {
+  const char* op = "vocab_parallel_ce_finish";
+  const int64_t N = vp_rows(a, op), ld = a.logits.shape[1], V = a.vocab, v0 = a.vocab_begin;
+  check_shape(a.all_stats, {-1, N, 3}, op, "all_stats");
+  check_dtype(a.all_stats, DType::F32, op, "all_stats");
+  check_shape(a.losses, {N}, op, "losses");
+  check_dtype(a.losses, DType::F32, op, "losses");
+  check_same_device(a.all_stats, a.logits, op);
+  check_same_device(a.losses, a.logits, op);
+  const int tp = static_cast<int>(a.all_stats.shape[0]);
+  if (a.logits.device == Device::CPU) {
+    check_dtype(a.logits, DType::F32, op, "logits");
+    float* L = a.logits.ptr<float>();
+    const int32_t* tg = a.targets.ptr<const int32_t>();
+    const float* all = a.all_stats.ptr<const float>();
+    float* losses = a.losses.ptr<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t target = tg[n];
+      const bool ignored = target == a.ignore_index;
+      if (!ignored && (target < 0 || target >= a.global_vocab)) {
+        throw RuntimeError(fmt::format("{}: target {} at row {} is outside the vocabulary [0, {})", op, target, n,
+                                       a.global_vocab));
+      }
+      float M = -std::numeric_limits<float>::infinity(), z = 0.0f;
+      for (int r = 0; r < tp; ++r) {
+        M = std::max(M, all[(r * N + n) * 3]);
+        z += all[(r * N + n) * 3 + 2];
+      }
+      double S = 0;
+      for (int r = 0; r < tp; ++r) S += all[(r * N + n) * 3 + 1] * std::exp(static_cast<double>(all[(r * N + n) * 3]) - M);
+      const double lse = M + std::log(S);
+      losses[n] = ignored ? 0.0f : static_cast<float>(lse - z);
+      if (a.dloss == 0.0f) continue;
+      float* row = L + n * ld;
+      const int64_t t = ignored ? -1 : static_cast<int64_t>(target) - v0;
+      for (int64_t j = 0; j < ld; ++j) {
+        double g = 0;
+        if (!ignored && j < V) g = std::exp(static_cast<double>(row[j]) - lse) * a.dloss - (j == t ? a.dloss : 0.0);
+        row[j] = static_cast<float>(g);
+      }
+    }
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  cuda::vocab_parallel_ce_finish(a.logits.dtype, a.logits.data, N, ld, V, v0, a.global_vocab,
+                                 a.targets.ptr<const int32_t>(), a.all_stats.ptr<const float>(), tp,
+                                 a.losses.ptr<float>(), a.dloss, a.ignore_index,
+                                 static_cast<cudaStream_t>(a.ctx.stream));
+#else
+  throw RuntimeError(fmt::format("{}: this build has no CUDA", op));
 #endif
 }
 

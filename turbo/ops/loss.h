@@ -42,3 +42,32 @@ int cross_entropy_turbo_cluster(DType dtype, int64_t Vp);
 void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx);
 
 }  // namespace primus::turbo
+
+namespace primus::turbo {
+
+// Vocabulary-parallel cross-entropy (Megatron's): the logits of one row are split by vocabulary
+// over a tensor-parallel group and never gathered. Each rank holds logits [N, Vl] for ids
+// [vocab_begin, vocab_begin + vocab) (vocab <= Vl real columns, the rest padding). In two halves
+// around one all-gather of a few floats per row:
+//   vocab_parallel_ce_stats   stats f32 [N, 3] = {max, sum exp(x - max), the target's logit or
+//                             0} over this rank's real columns;
+//   (the caller all-gathers every rank's stats into all_stats f32 [tp, N, 3], rank order)
+//   vocab_parallel_ce_finish  losses f32 [N] = log-sum-exp over the whole vocabulary - the
+//                             target's logit (0 for ignore_index rows), the same on every rank;
+//                             with dloss != 0 the logits are OVERWRITTEN by this rank's columns of
+//                             dloss * (softmax - onehot) (0 on padding and ignored rows).
+// A target outside [0, global_vocab) that is not ignore_index: RuntimeError on the host, a NaN
+// loss on the device (a kernel cannot throw; the step check sees it). Host f32 or device bf16/f32.
+struct VocabParallelCrossEntropyArgs {
+  TensorView logits, targets, stats, all_stats, losses;
+  int64_t vocab = 0;          // real columns here
+  int64_t vocab_begin = 0;    // the id of column 0
+  int64_t global_vocab = 0;   // the whole real vocabulary
+  float dloss = 0.0f;
+  int32_t ignore_index = -100;
+  ExecContext ctx;
+};
+void vocab_parallel_ce_stats(const VocabParallelCrossEntropyArgs& args);
+void vocab_parallel_ce_finish(const VocabParallelCrossEntropyArgs& args);
+
+}  // namespace primus::turbo

@@ -159,7 +159,8 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   phase(Phase::Attention);
   ops_.attention_forward(at);
   phase(Phase::ProjGemm);
-  lin_->linear_forward(a_.tmp.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, p.proj_b.w, {}, c);
+  lin_->linear_forward(a_.tmp.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, row_bias(p.proj_b), {}, c);
+  tp_sum(a_.tmp.slice0(0, N));
   phase(Phase::Norm);
   norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, a_.tmp, a.x_in, p.norm2, N);
   if (spec_.is_moe_layer(l)) {
@@ -181,7 +182,8 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   }
   if (recompute) return;  // the MLP output only feeds the next layer's forward
   phase(Phase::MlpDownGemm);
-  lin_->linear_forward(a_.tmp.slice0(0, N), a.act.slice0(0, N), p.out_w.w, p.out_b.w, {}, c);
+  lin_->linear_forward(a_.tmp.slice0(0, N), a.act.slice0(0, N), p.out_w.w, row_bias(p.out_b), {}, c);
+  tp_sum(a_.tmp.slice0(0, N));
 }
 
 // Document masking: slot_'s tables, built from its tokens before the embedding. On the device a
@@ -235,7 +237,12 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
     e.wte = p_.wte.w;
     e.wpe = p_.wpe.w;
     e.ctx = c;
+    if (opt_.tp) {  // each rank its vocabulary rows (zeros for the others), rank 0 the positions; then the sum
+      e.vocab_begin = opt_.tp->map().vocab_begin();
+      if (opt_.tp->rank() != 0) e.wpe = TensorView();
+    }
     turbo::embedding_forward(e);
+    tp_sum(a_.layers[0].x_in.slice0(0, N));
   }
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     NvtxRange lr(fmt::format("layer {} fwd", l).c_str());
@@ -250,16 +257,20 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
       const TensorView logits = a_.logits.slice0(0, r1 - r0), lnf = a_.lnf.slice0(r0, r1);
       mark(Phase::HeadGemm);
       ops_.head_forward(logits, lnf, p_.head.w, {}, {}, c);
-      turbo::CrossEntropyArgs ce;
-      ce.logits = logits;
-      if (dloss != 0.0f) ce.dlogits = logits;  // in place: no second [rows,V] buffer
-      ce.losses = a_.losses.slice0(r0, r1);
-      ce.targets = targets.slice0(r0, r1);
-      ce.vocab = spec_.vocab_size;
-      ce.dloss = dloss;
-      ce.ctx = c;
       mark(Phase::Loss);
-      ops_.cross_entropy(ce);
+      if (opt_.tp) {
+        tp_loss(logits, targets.slice0(r0, r1), a_.losses.slice0(r0, r1), dloss);
+      } else {
+        turbo::CrossEntropyArgs ce;
+        ce.logits = logits;
+        if (dloss != 0.0f) ce.dlogits = logits;  // in place: no second [rows,V] buffer
+        ce.losses = a_.losses.slice0(r0, r1);
+        ce.targets = targets.slice0(r0, r1);
+        ce.vocab = spec_.vocab_size;
+        ce.dloss = dloss;
+        ce.ctx = c;
+        ops_.cross_entropy(ce);
+      }
       // The head's backward now, while this block's dlogits exist: d(final norm output) into
       // a_.dln (untouched until backward() reads it) and the head weight's gradient (+=).
       if (dloss != 0.0f) {
@@ -268,6 +279,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
         fresh_head_ = false;
       }
     }
+    if (dloss != 0.0f) tp_sum(a_.dln.slice0(0, N));  // each rank's vocabulary rows gave a part of d(final norm output)
     mark(Phase::Loss);
     turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), a_.losses.slice0(0, N), c);
   }
@@ -477,6 +489,7 @@ void Decoder::backward() {
     }
     mark(Phase::MlpUpGemmBwd);
     linear_backward(a_.dln.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N));
+    tp_sum(a_.dln.slice0(0, N));  // column-parallel: each rank's slice of the FFN gave a part
     }
     mark(Phase::NormBwd);
     norm_backward(a_.dres, a_.dln, a.x2, a.mean2, a.rstd2, p.norm2, N, true, p.proj_b.g);
@@ -533,6 +546,7 @@ void Decoder::backward() {
     mark(Phase::QkvGemmBwd);
     // One dgrad and one wgrad (+ bias gradient) GEMM over the packed q|k|v columns.
     linear_backward(dln, p.qkv_w, p.qkv_b, dqkv, ln1);
+    tp_sum(dln);  // column-parallel: each rank's heads gave a part
     mark(Phase::NormBwd);
     // The residual gradient it leaves is d(output of layer l - 1): its column sums are that
     // layer's MLP down-projection bias gradient.
@@ -553,12 +567,33 @@ void Decoder::backward() {
     e.wte = p_.wte.w;
     e.wpe = p_.wpe.w;
     e.ctx = c;
+    if (opt_.tp) e.vocab_begin = opt_.tp->map().vocab_begin();
     turbo::embedding_backward(e);
   }
   ready(0);
   fresh_layers_ = false;  // the next micro-batch of this step accumulates
 }
 
+
+void Decoder::tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses,
+                      float dloss) const {
+  const int64_t rows = logits.size(0), tp = opt_.tp->size(), hr = a_.head_rows;
+  const train::TpShardMap& map = opt_.tp->map();
+  turbo::VocabParallelCrossEntropyArgs v;
+  v.logits = logits;
+  v.targets = targets;
+  v.stats = view(a_.tp_stats.slice0(0, rows * 3), {rows, 3});
+  v.all_stats = view(a_.tp_stats.slice0(hr * 3, (hr + tp * rows) * 3), {tp, rows, 3});
+  v.losses = losses;
+  v.vocab = spec_.vocab_size;
+  v.vocab_begin = map.vocab_begin();
+  v.global_vocab = map.global_spec().vocab_size;
+  v.dloss = dloss;
+  v.ctx = ctx_;
+  turbo::vocab_parallel_ce_stats(v);
+  opt_.tp->all_gather(v.stats, v.all_stats);
+  turbo::vocab_parallel_ce_finish(v);
+}
 
 // ---- mixture of experts -----------------------------------------------------------------------
 

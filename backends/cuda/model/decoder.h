@@ -23,6 +23,7 @@
 
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model/memory_plan.h"
+#include "backends/cuda/model/tp_comm.h"
 #include "backends/cuda/profile.h"
 #include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
@@ -62,6 +63,14 @@ struct DecoderOptions {
   // layers with the bf16 slots (CudaOps::defaults()) instead of the given ones (FP8 under patch
   // cuda.linear.fp8), as Transformer Engine / Megatron keep the edge layers in higher precision.
   int64_t bf16_edge_layers = 0;
+  // Tensor parallelism (tp_comm.h; null: none). The spec is this rank's part (TpShardMap's local
+  // spec): q|k|v and the MLP up-projection are column-parallel (whole heads, a slice of the FFN),
+  // the attention and MLP output projections row-parallel, their partial outputs summed over the
+  // group before the residual add (their biases added by rank 0 alone), as are the input
+  // gradients of the column-parallel GEMMs before the norm backward; the embedding and the head are
+  // vocabulary-parallel (turbo::vocab_parallel_ce_*: the logits are never gathered). The residual
+  // stream, the norms and the replicated weights are the same on every rank.
+  const TpComm* tp = nullptr;
 };
 
 class Decoder {
@@ -160,6 +169,14 @@ class Decoder {
   void mark(Phase p) const {
     if (prof_) prof_->mark(p);
   }
+  // Tensor parallelism: t summed over the group in place (nothing without it); a row-parallel
+  // layer's bias (rank 0 adds it once to the summed output); the vocabulary-parallel loss of one
+  // head block (losses, and with dloss != 0 the block's dlogits in place of its logits).
+  void tp_sum(const TensorView& t) const {
+    if (opt_.tp) opt_.tp->all_reduce(t);
+  }
+  TensorView row_bias(const Param& b) const { return opt_.tp && opt_.tp->rank() != 0 ? TensorView() : b.w; }
+  void tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses, float dloss) const;
   void ready(int64_t offset) const {
     if (grads_ready_) grads_ready_(offset);
   }

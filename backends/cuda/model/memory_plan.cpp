@@ -311,6 +311,8 @@ void MemoryPlan::plan(Take&& take) {
   a.head_rows = (N + chunks - 1) / chunks;
   a.logits = take(Pool::Acts, act_, {a.head_rows, V}, "logits / dlogits (one head block)");
   a.losses = take(Pool::Acts, DType::F32, {N}, "per-token losses");
+  if (opt_.tp > 1)  // this rank's then every rank's {max, sum exp, target logit} per row of a head block
+    a.tp_stats = take(Pool::Acts, DType::F32, {(opt_.tp + 1) * a.head_rows * 3}, "vocabulary-parallel loss statistics");
   // One token and target buffer per micro-batch: a step's batches are all staged before it runs.
   a.tokens = take(Pool::Acts, DType::I32, {S * N}, "tokens (one slot per micro-batch)");
   a.targets = take(Pool::Acts, DType::I32, {S * N}, "targets (one slot per micro-batch)");

@@ -112,6 +112,9 @@ struct ActivationBuffers {
   TensorView dres, dln, datt, dqkv, dqk_rot, dqk_dense, dfc, dact;
   // The LM head and loss run in blocks of head_rows rows (see kHeadBlockBytes in memory_plan.cpp).
   int64_t head_rows = 0;
+  // Tensor parallelism (MemoryPlanOptions::tp > 1): f32 [(tp + 1) * head_rows * 3], a head block's
+  // vocabulary-parallel loss statistics, this rank's [rows, 3] then every rank's [tp, rows, 3].
+  TensorView tp_stats;
   // The padded norm outputs [N, C + ones_pad] whose extra columns init_ones() fills.
   std::vector<TensorView> ones_buffers;
   // MoE: per layer (undefined for dense layers); per micro-batch slot s and MoE layer m (the m-th
@@ -151,6 +154,7 @@ struct MemoryPlanOptions {
   // Document masking of packed samples (reset_attention_mask / reset_position_ids): one table of
   // positions and one of cu_seqlens per micro-batch slot (ActivationBuffers::doc_positions, doc_cu).
   bool document_masks = false;
+  int64_t tp = 1;  // tensor-parallel ranks (the spec is one rank's part): the loss statistics buffer
 };
 
 // What a plan takes, without taking it: the three arenas' capacities exactly as the constructor

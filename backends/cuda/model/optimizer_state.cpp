@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/kernels/cuda/cast.h"
+#include "turbo/kernels/cuda/dp_norm.h"
 #include "turbo/kernels/cuda/optimizer.h"
 #include "turbo/kernels/cuda/step_check.h"
 
@@ -188,6 +191,40 @@ void OptimizerState::grad_norm(float max_norm, const ExecContext& ctx) {
   need_state("grad_norm");
   need_global("grad_norm");
   ops_.grad_norm(*adamw_, state_.norm, max_norm, ctx);
+}
+
+void OptimizerState::norm_over(const std::vector<bool>& counted) {
+  need_state("norm_over");
+  need_global("norm_over");
+  std::vector<turbo::AdamWTensor> ts;
+  for (size_t i = 0; i < layout_.tensors.size(); ++i)
+    if (counted.at(i)) ts.push_back(adamw_tensor(i));
+  if (ts.empty()) throw RuntimeError("cuda model: the gradient norm counts no tensor");
+  const size_t table = turbo::cuda::multi_tensor_table_bytes(static_cast<int>(ts.size())) + 2 * turbo::Arena::kDefaultAlign;
+  norm_table_ = stream_.host ? turbo::make_host_arena(table) : turbo::make_device_arena(table);
+  norm_set_ = std::make_unique<turbo::MultiTensorAdamW>(std::move(ts), norm_table_.get());
+}
+
+void OptimizerState::grad_norm_squares(const ExecContext& ctx) {
+  if (!norm_set_) throw RuntimeError("cuda model: grad_norm_squares before norm_over");
+  ops_.grad_norm(*norm_set_, state_.norm, 0.0f, ctx);
+  if (stream_.host) {
+    float* n = state_.norm.ptr<float>();
+    n[0] *= n[0];
+  } else {
+    turbo::cuda::square_norm(state_.norm.ptr<float>(), stream_.stream);
+  }
+}
+
+void OptimizerState::finish_grad_norm(float max_norm) {
+  if (stream_.host) {
+    float* n = state_.norm.ptr<float>();  // as finish_norm's kernel: the root and the factor in f64
+    const double norm = std::sqrt(static_cast<double>(n[0]));
+    n[0] = static_cast<float>(norm);
+    n[1] = max_norm > 0 ? static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6))) : 1.0f;
+  } else {
+    turbo::cuda::finish_norm(state_.norm.ptr<float>(), max_norm, stream_.stream);
+  }
 }
 
 void OptimizerState::check_step(int64_t n, int64_t slots) const {

@@ -79,6 +79,14 @@ class OptimizerState {
   // overwrites (the caller's GEMMs then write their tensors' gradients with beta 0).
   void zero_grad(bool full) const;
   void grad_norm(float max_norm, const ExecContext& ctx);
+  // Tensor parallelism: the gradient norm of a rank's part of the model. norm_over(counted) picks
+  // the tensors this rank counts (its own slices, and the replicated tensors on one rank only);
+  // grad_norm_squares then leaves the sum of their squared gradients in the norm buffer's first
+  // float, for the caller to sum over the group, and finish_grad_norm turns that sum into
+  // {norm, clip factor} as grad_norm does.
+  void norm_over(const std::vector<bool>& counted);
+  void grad_norm_squares(const ExecContext& ctx);
+  void finish_grad_norm(float max_norm);
   // The step's non-finite check over loss slots [0, n) of `slots` and the grad norm: a non-finite
   // step sets the clip factor to NaN, which makes update() leave every weight and moment untouched.
   void check_step(int64_t n, int64_t slots) const;
@@ -125,6 +133,9 @@ class OptimizerState {
   // its descriptor table in an arena of its own, and Muon over the matrices' blocks.
   std::unique_ptr<turbo::Arena> rest_table_;
   std::unique_ptr<turbo::MultiTensorAdamW> adamw_rest_;
+  // norm_over's tensors (their descriptor table in an arena of its own).
+  std::unique_ptr<turbo::Arena> norm_table_;
+  std::unique_ptr<turbo::MultiTensorAdamW> norm_set_;
   std::unique_ptr<turbo::MultiMatrixMuon> muon_;
   turbo::MuonHyper muon_hp_;
   std::vector<Group> groups_;  // the optimizer in the backward, in report order

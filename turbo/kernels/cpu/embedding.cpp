@@ -14,9 +14,9 @@ int64_t position_of(const int32_t* positions, int64_t bt, int64_t T) {
 }
 
 void check_ids(const int32_t* tokens, const int32_t* positions, int64_t N, int64_t T, int64_t V,
-               int64_t max_pos, bool has_wpe) {
+               int64_t max_pos, bool has_wpe, bool check_tokens) {
   for (int64_t i = 0; i < N; ++i) {
-    PRIMUS_CHECK(tokens[i] >= 0 && tokens[i] < V,
+    PRIMUS_CHECK(!check_tokens || (tokens[i] >= 0 && tokens[i] < V),
                  "embedding: token {} at flat index {} is outside the vocabulary [0, {})",
                  tokens[i], i, V);
     if (has_wpe) {
@@ -33,18 +33,23 @@ void check_ids(const int32_t* tokens, const int32_t* positions, int64_t N, int64
 template <typename Real>
 void embedding_forward(Real* out, const int32_t* tokens, const int32_t* positions, const Real* wte,
                        const Real* wpe, int64_t B, int64_t T, int64_t C, int64_t V,
-                       int64_t max_pos) {
+                       int64_t max_pos, int64_t vocab_begin) {
   const int64_t N = B * T;
-  check_ids(tokens, positions, N, T, V, max_pos, wpe != nullptr);
+  const bool parallel = vocab_begin >= 0;
+  check_ids(tokens, positions, N, T, V, max_pos, wpe != nullptr, !parallel);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     Real* o = out + i * C;
-    const Real* w = wte + static_cast<int64_t>(tokens[i]) * C;
+    const int64_t id = parallel ? tokens[i] - vocab_begin : tokens[i];
+    if (id < 0 || id >= V) {  // vocabulary-parallel: another rank's row
+      for (int64_t c = 0; c < C; ++c) o[c] = Real(0);
+    } else {
+      const Real* w = wte + id * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = w[c];
+    }
     if (wpe) {
       const Real* p = wpe + position_of(positions, i, T) * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = w[c] + p[c];
-    } else {
-      for (int64_t c = 0; c < C; ++c) o[c] = w[c];
+      for (int64_t c = 0; c < C; ++c) o[c] += p[c];
     }
   }
 }
@@ -52,14 +57,18 @@ void embedding_forward(Real* out, const int32_t* tokens, const int32_t* position
 template <typename Real>
 void embedding_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens,
                         const int32_t* positions, int64_t B, int64_t T, int64_t C, int64_t V,
-                        int64_t max_pos) {
+                        int64_t max_pos, int64_t vocab_begin) {
   const int64_t N = B * T;
-  check_ids(tokens, positions, N, T, V, max_pos, dwpe != nullptr);
+  const bool parallel = vocab_begin >= 0;
+  check_ids(tokens, positions, N, T, V, max_pos, dwpe != nullptr, !parallel);
   detail::for_column_blocks(C, [&](int64_t c0, int64_t c1) {
     for (int64_t i = 0; i < N; ++i) {
       const Real* d = dout + i * C;
-      Real* w = dwte + static_cast<int64_t>(tokens[i]) * C;
-      for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+      const int64_t id = parallel ? tokens[i] - vocab_begin : tokens[i];
+      if (id >= 0 && id < V) {
+        Real* w = dwte + id * C;
+        for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+      }
       if (dwpe) {
         Real* p = dwpe + position_of(positions, i, T) * C;
         for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
@@ -70,10 +79,11 @@ void embedding_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t*
 
 #define PRIMUS_INSTANTIATE(Real)                                                                   \
   template void embedding_forward<Real>(Real*, const int32_t*, const int32_t*, const Real*,        \
-                                        const Real*, int64_t, int64_t, int64_t, int64_t, int64_t); \
+                                        const Real*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
+                                        int64_t);                                                  \
   template void embedding_backward<Real>(Real*, Real*, const Real*, const int32_t*,                \
                                          const int32_t*, int64_t, int64_t, int64_t, int64_t,       \
-                                         int64_t);
+                                         int64_t, int64_t);
 PRIMUS_INSTANTIATE(float)
 PRIMUS_INSTANTIATE(double)
 #undef PRIMUS_INSTANTIATE

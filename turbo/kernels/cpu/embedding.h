@@ -21,17 +21,22 @@ namespace primus::turbo::cpu {
 //   positions: [B,T] position of each token, or nullptr for pos = t (its index in the row); with
 //              packed documents pass positions that restart at 0 per document. Every position must
 //              be < max_pos (checked).
+//   vocab_begin >= 0: a vocabulary-parallel table (Megatron's VocabParallelEmbedding): wte holds
+//              the rows of ids [vocab_begin, vocab_begin + V); an id outside them (a row another
+//              tensor-parallel rank holds) gives a zero token row, to which wpe is still added.
+//              Ids are then not range-checked (no rank knows the whole vocabulary here).
 template <typename Real>
 void embedding_forward(Real* out, const int32_t* tokens, const int32_t* positions, const Real* wte,
                        const Real* wpe, int64_t B, int64_t T, int64_t C, int64_t V,
-                       int64_t max_pos);
+                       int64_t max_pos, int64_t vocab_begin = -1);
 
 // Backward of embedding_forward: scatter-adds dout[B,T,C] into dwte[V,C] (+=) and, when dwpe is
 // not nullptr, into dwpe[max_pos,C] (+=). Each row of dwte/dwpe is summed in token order, so the
 // result is deterministic. Needs only the tokens (and positions), no saved activations.
+// vocab_begin >= 0: as in embedding_forward; ids outside the table's rows add nothing to dwte.
 template <typename Real>
 void embedding_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens,
                         const int32_t* positions, int64_t B, int64_t T, int64_t C, int64_t V,
-                        int64_t max_pos);
+                        int64_t max_pos, int64_t vocab_begin = -1);
 
 }  // namespace primus::turbo::cpu

@@ -20,7 +20,7 @@ namespace {
 template <class T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const int32_t* positions,
                                          const T* wte, const T* wpe, int64_t N, int T_, int C,
-                                         int V, int max_pos) {
+                                         int V, int max_pos, int vocab_begin) {
   constexpr int W = Vec<T>::kSize;
   const int cvec = C / W;
   const int64_t total = N * cvec;
@@ -28,14 +28,20 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const in
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t n = i / cvec;
     const int c = static_cast<int>(i % cvec) * W;
-    const int tok = tokens[n];
+    const int tok = vocab_begin >= 0 ? tokens[n] - vocab_begin : tokens[n];
     const int pos = positions ? positions[n] : static_cast<int>(n % T_);
+    const bool other_rank = vocab_begin >= 0 && (tok < 0 || tok >= V);  // vocabulary-parallel: a zero row
     Vec<T> y;
-    if (tok < 0 || tok >= V || (wpe && (pos < 0 || pos >= max_pos))) {
+    if ((!other_rank && (tok < 0 || tok >= V)) || (wpe && (pos < 0 || pos >= max_pos))) {
 #pragma unroll
       for (int e = 0; e < W; ++e) y.set(e, __int_as_float(0x7fc00000));
     } else {
-      y = load_vec(wte + static_cast<int64_t>(tok) * C + c);
+      if (other_rank) {
+#pragma unroll
+        for (int e = 0; e < W; ++e) y.set(e, 0.0f);
+      } else {
+        y = load_vec(wte + static_cast<int64_t>(tok) * C + c);
+      }
       if (wpe) {
         const Vec<T> p = load_vec(wpe + static_cast<int64_t>(pos) * C + c);
 #pragma unroll
@@ -44,6 +50,15 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const in
     }
     store_vec(out + n * C + c, y);
   }
+}
+
+// Vocabulary-parallel sort keys: the table row of each token, or V (no row here; the run sums
+// skip keys >= V).
+__global__ void local_keys_kernel(int32_t* keys, const int32_t* tokens, int64_t N, int V, int vocab_begin) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= N) return;
+  const int id = tokens[i] - vocab_begin;
+  keys[i] = id >= 0 && id < V ? id : V;
 }
 
 __global__ void iota_kernel(int32_t* idx, int32_t* keys_mod, int64_t N, int T_) {
@@ -242,19 +257,19 @@ size_t align256(size_t b) { return (b + 255) & ~size_t{255}; }
 // key of row n is n % mod_T (positions of full rows).
 template <class T>
 void scatter_rows(float* dst, const T* dout, const int32_t* keys_in, int mod_T, int64_t N, int C,
-                  int num_keys, char* scratch, cudaStream_t stream) {
+                  int num_keys, char* scratch, cudaStream_t stream, int key_bound = 0) {
   const size_t slot = align256(static_cast<size_t>(N) * sizeof(int32_t));
   int32_t* rows_in = reinterpret_cast<int32_t*>(scratch);
   int32_t* keys_out = reinterpret_cast<int32_t*>(scratch + slot);
   int32_t* rows_out = reinterpret_cast<int32_t*>(scratch + 2 * slot);
   int32_t* keys_mod = reinterpret_cast<int32_t*>(scratch + 3 * slot);
-  void* temp = scratch + 4 * slot;
+  void* temp = scratch + 5 * slot;  // slot 4: the vocabulary-parallel keys (embedding_backward)
   size_t temp_bytes = cub_temp_bytes(N);
   iota_kernel<<<ceil_div(N, 256), 256, 0, stream>>>(rows_in, keys_in ? nullptr : keys_mod, N, mod_T);
   CUDA_CHECK_LAST();
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in ? keys_in : keys_mod, keys_out,
                                              rows_in, rows_out, static_cast<int>(N), 0,
-                                             bits_for(num_keys), stream));
+                                             bits_for(key_bound > 0 ? key_bound : num_keys), stream));
   const RunShape rs = run_shape<T>(C);
   run_sum_short_kernel<T><<<static_cast<unsigned>(N), rs.group_threads, 0, stream>>>(dst, dout, keys_out, rows_out, N,
                                                                                    C, num_keys);
@@ -269,12 +284,13 @@ void scatter_rows(float* dst, const T* dout, const int32_t* keys_in, int mod_T, 
 }  // namespace
 
 size_t embedding_backward_scratch_bytes(int64_t N) {
-  return 4 * align256(static_cast<size_t>(N) * sizeof(int32_t)) + align256(cub_temp_bytes(N));
+  // sort slots (rows in, keys out, rows out, keys mod T), the vocabulary-parallel keys, CUB's temp
+  return 5 * align256(static_cast<size_t>(N) * sizeof(int32_t)) + align256(cub_temp_bytes(N));
 }
 
 void embedding_forward(DType dtype, void* out, const int32_t* tokens, const int32_t* positions,
                        const void* wte, const void* wpe, int64_t B, int64_t T, int64_t C, int64_t V,
-                       int64_t max_pos, cudaStream_t stream) {
+                       int64_t max_pos, cudaStream_t stream, int64_t vocab_begin) {
   if (C % 8 != 0) throw RuntimeError(fmt::format("embedding_forward: C={} must be a multiple of 8", C));
   const int64_t N = B * T;
   if (N == 0) return;
@@ -284,22 +300,33 @@ void embedding_forward(DType dtype, void* out, const int32_t* tokens, const int3
     embedding_forward_kernel<scalar_t><<<grid, 256, 0, stream>>>(
         static_cast<scalar_t*>(out), tokens, positions, static_cast<const scalar_t*>(wte),
         static_cast<const scalar_t*>(wpe), N, static_cast<int>(T), static_cast<int>(C),
-        static_cast<int>(V), static_cast<int>(max_pos));
+        static_cast<int>(V), static_cast<int>(max_pos), static_cast<int>(vocab_begin));
     CUDA_CHECK_LAST();
   });
 }
 
 void embedding_backward(DType dtype, float* dwte, float* dwpe, const void* dout,
                         const int32_t* tokens, const int32_t* positions, int64_t B, int64_t T,
-                        int64_t C, int64_t V, int64_t max_pos, void* scratch, cudaStream_t stream) {
+                        int64_t C, int64_t V, int64_t max_pos, void* scratch, cudaStream_t stream,
+                        int64_t vocab_begin) {
   if (C % 8 != 0) throw RuntimeError(fmt::format("embedding_backward: C={} must be a multiple of 8", C));
   const int64_t N = B * T;
   if (N == 0) return;
   if (N > INT32_MAX) throw RuntimeError("embedding_backward: more than 2^31 tokens");
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "embedding_backward", [&] {
     const auto* g = static_cast<const scalar_t*>(dout);
-    scatter_rows<scalar_t>(dwte, g, tokens, 1, N, static_cast<int>(C), static_cast<int>(V),
-                           static_cast<char*>(scratch), stream);
+    if (vocab_begin >= 0) {  // sort by table row; tokens of other ranks' rows key V and are skipped
+      auto* keys = reinterpret_cast<int32_t*>(static_cast<char*>(scratch) +
+                                              4 * align256(static_cast<size_t>(N) * sizeof(int32_t)));
+      local_keys_kernel<<<ceil_div(N, 256), 256, 0, stream>>>(keys, tokens, N, static_cast<int>(V),
+                                                               static_cast<int>(vocab_begin));
+      CUDA_CHECK_LAST();
+      scatter_rows<scalar_t>(dwte, g, keys, 1, N, static_cast<int>(C), static_cast<int>(V),
+                             static_cast<char*>(scratch), stream, static_cast<int>(V) + 1);
+    } else {
+      scatter_rows<scalar_t>(dwte, g, tokens, 1, N, static_cast<int>(C), static_cast<int>(V),
+                             static_cast<char*>(scratch), stream);
+    }
     if (dwpe && !positions && T <= max_pos) {  // implicit positions: no sort needed
       const int vecs = static_cast<int>(C / Vec<scalar_t>::kSize), threads = std::min(256, ceil_div(vecs, 32) * 32);
       position_sum_kernel<scalar_t><<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(ceil_div(vecs, threads))),

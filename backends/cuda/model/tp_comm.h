@@ -1,0 +1,49 @@
+// The CUDA model's tensor-parallel group (Megatron's tensor parallelism, train/tensor_parallel.h):
+// the collectives the decoder runs between its rank-local GEMMs, on the model's own buffers and in
+// the order of its stream.
+//
+// Stream order. On the device the group is NCCL (parallel/cuda/nccl_process_group.h), whose
+// collectives run on the group's stream: each call makes that stream wait for the model's work so
+// far and the model's stream wait for the collective, so nothing blocks the host. Any other group
+// with device buffers must be synchronous (the threaded group of parallel/cuda/threaded_device_ops.h,
+// which runs N ranks on one GPU for tests): the model's stream is synchronised before the call and
+// the result is in place when it returns. In host mode every group is synchronous.
+#pragma once
+#include <memory>
+
+#include "backends/cuda/model/memory_plan.h"
+#include "parallel/process_group.h"
+#include "train/tensor_parallel.h"
+
+namespace primus::parallel {
+class NcclProcessGroup;
+}
+
+namespace primus::backends::cuda {
+
+class TpComm {
+ public:
+  // Throws ConfigError when the group's size or rank differ from the map's, or when a device
+  // model gets a group that is neither NCCL nor the threaded one.
+  TpComm(parallel::ProcessGroup& group, std::shared_ptr<const train::TpShardMap> map, const ModelStream& stream);
+
+  int rank() const { return map_->rank(); }
+  int size() const { return map_->tp(); }
+  const train::TpShardMap& map() const { return *map_; }
+
+  // t (f32 or bf16, contiguous) summed over the group, in place.
+  void all_reduce(const TensorView& t) const;
+  // recv [size x send] = every rank's send, in rank order.
+  void all_gather(const TensorView& send, const TensorView& recv) const;
+
+ private:
+  template <class F>
+  void ordered(F&& call) const;
+
+  parallel::ProcessGroup& group_;
+  parallel::NcclProcessGroup* nccl_ = nullptr;
+  std::shared_ptr<const train::TpShardMap> map_;
+  ModelStream stream_;
+};
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call (one H200) for the cuda backend's mesh paths, N ranks as threads on one GPU:
+#   1. tensor parallelism: test_cuda_gpu's TpGpuTest (tp2 vs one rank, 20 steps, three tiny models)
+#   2. the ops it added or changed: test_turbo_gpu's embedding and cross-entropy tests
+#   3. the threaded process group's device collectives (test_threaded_gpu)
+#   4. no regression of the one-rank model: test_cuda_gpu's parity tests against the reference
+# and prints a table last. Build here first: bash bench/mesh/prepare_carry.sh, then
+#   run(command="bash bench/mesh/run_on_gpu.sh", carry=[".carry-mesh"])
+# STAGES=tp,ops,threads,parity picks stages; every stage runs under `timeout`, cut to what is left
+# before BUDGET_S (540 s).
+set -u
+CARRY=${CARRY:-.carry-mesh}
+OUT=${OUT:-/tmp/mesh-out}
+BIN=/tmp/mesh-bin
+STAGES=${STAGES:-tp,ops,threads,parity}
+DEADLINE=$(( $(date +%s) + ${BUDGET_S:-540} ))
+cap() { local want=$1 l; l=$(( DEADLINE - $(date +%s) - 15 )); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
+mkdir -p "$OUT" "$BIN"
+for f in "$CARRY"/*.xz; do
+  xz -dc "$f" > "$BIN/$(basename "$f" .xz)" && chmod +x "$BIN/$(basename "$f" .xz)"
+done
+cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
+source scripts/gpu_env.sh
+export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
+export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2 PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
+echo "$(date -u +%Y-%m-%dT%H:%MZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) commit $(cat "$CARRY/commit.txt")"
+want() { [[ ",$STAGES," == *",$1,"* ]]; }
+declare -a ROWS
+stage() {  # stage NAME SECONDS BINARY FILTER
+  local name=$1 limit rc
+  limit=$(cap "$2")
+  timeout "$limit" "$BIN/$3" --gtest_filter="$4" > "$OUT/$name.log" 2>&1
+  rc=$?
+  local passed failed
+  passed=$(grep -c "^\[       OK \]" "$OUT/$name.log")
+  failed=$(grep -c "^\[  FAILED  \] [A-Za-z]" "$OUT/$name.log")
+  ROWS+=("$(printf '%-8s rc=%-3s passed=%-4s failed=%s' "$name" "$rc" "$passed" "$failed")")
+  grep -E "^\[(gpu|host)|^\[  FAILED|Failure|error" "$OUT/$name.log" | head -40
+}
+want tp && stage tp 240 test_cuda_gpu '*TpGpu*'
+want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*'
+want threads && stage threads 60 test_threaded_gpu '*'
+want parity && stage parity 240 test_cuda_gpu '*ModelParity*:*TrainingParity*'
+# BASELINE=<binary carried as NAME.xz> FILTER=...: the same filter on an older build, for telling a
+# regression from a flaky test.
+if [ -n "${BASELINE:-}" ]; then stage baseline 120 "$BASELINE" "${BASE_FILTER:-*}"; fi
+tar -C "$OUT" -czf "$OUT/logs.tar.gz" --exclude=logs.tar.gz . 2>/dev/null
+echo "== mesh on one GPU =="
+printf '%s\n' "${ROWS[@]}"

@@ -1,0 +1,65 @@
+// Tensor parallelism in the CUDA model on the GPU: two ranks as threads sharing one GPU, the
+// collectives through device memory (parallel/cuda/threaded_device_ops.h), against one rank, for
+// 20 steps of GPT-2, a GQA Llama and Qwen3's per-head q|k norms, with bf16's own spread measured
+// beside it: one rank again with the other attention kernel (same model, other rounding).
+// bf16 gate of DESIGN.md: every step's loss within 1e-2 of one rank's (measured: <= 1e-3, as the
+// fallback run), the final weights within 1e-2, the gradient norm within 1e-2 for the first 10
+// steps. After that the bf16 trajectories have separated, and at a gradient spike the norm is
+// sensitive to them (Llama step 18 on an H200: tp2 +9.1%, the fallback attention +3.4%): later
+// norms are held to 2% or 4x the fallback run's distance, whichever is larger. Each rank's model
+// also holds less device memory than the whole one.
+#define PRIMUS_TP_PARITY_DEVICE 1
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tp_parity.h"
+
+namespace primus::backends::cuda::testing {
+namespace {
+
+class TpGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(TpGpuTest, TwoRanksOnOneGpuTrainAsOne) {
+  const train::ModelSpec spec = tp_spec(GetParam());
+  constexpr int kSteps = 20;
+  const TpRun one = run_tp(spec, 1, turbo::Device::CUDA, kSteps);
+  const TpRun two = run_tp(spec, 2, turbo::Device::CUDA, kSteps);
+  // bf16's own spread: one rank again with the other attention kernel (other rounding, same model).
+  const TpRun other = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Fallback);
+  for (int s = 0; s < kSteps; ++s) {
+    std::printf("  step %2d  loss %.5f tp2 %.5f (%+.1e) fallback %.5f (%+.1e)  grad norm %.4f tp2 %.4f (%+.1e) fallback "
+                "%.4f (%+.1e)\n",
+                s, one.loss[0][s], two.loss[0][s], two.loss[0][s] / one.loss[0][s] - 1, other.loss[0][s],
+                other.loss[0][s] / one.loss[0][s] - 1, one.gnorm[0][s], two.gnorm[0][s],
+                two.gnorm[0][s] / one.gnorm[0][s] - 1, other.gnorm[0][s], other.gnorm[0][s] / one.gnorm[0][s] - 1);
+  }
+  double worst_loss = 0, worst_norm = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(two.loss[1][s], two.loss[0][s]) << "step " << s << ": every rank has the whole loss";
+    const double dl = std::fabs(two.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
+    const double dn = std::fabs(two.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
+    const double spread = std::fabs(other.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
+    worst_loss = std::max(worst_loss, dl);
+    worst_norm = std::max(worst_norm, dn);
+    EXPECT_LT(dl, 1e-2) << "step " << s << ": " << two.loss[0][s] << " vs " << one.loss[0][s];
+    EXPECT_LT(dn, s < 10 ? 1e-2 : std::max(2e-2, 4 * spread))
+        << "step " << s << ": " << two.gnorm[0][s] << " vs " << one.gnorm[0][s] << " (fallback " << other.gnorm[0][s]
+        << ")";
+  }
+  const double dp = rel_l2(two.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+  EXPECT_LT(dp, 1e-2);
+  EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.2) << "the run must learn";
+  EXPECT_LT(two.reserved_bytes[0], one.reserved_bytes[0]);
+  std::printf("[gpu %s tp2] %d steps: loss %.4f -> %.4f (tp2 %.4f), worst relative loss %.1e, grad norm %.1e, "
+              "weights %.1e; model memory per rank %.1f MiB vs %.1f MiB on one\n",
+              tp_spec_name(GetParam()), kSteps, one.loss[0].front(), one.loss[0].back(), two.loss[0].back(),
+              worst_loss, worst_norm, dp, two.reserved_bytes[0] / 1048576.0, one.reserved_bytes[0] / 1048576.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpGpuTest, ::testing::Values(0, 1, 2),
+                         [](const auto& info) { return std::string(tp_spec_name(info.param)); });
+
+}  // namespace
+}  // namespace primus::backends::cuda::testing

@@ -1,0 +1,118 @@
+// The CUDA model under tensor parallelism against itself on one rank: `tp` ranks as threads of
+// this process (parallel/threaded_process_group.h; on the GPU the collectives go through device
+// memory, parallel/cuda/threaded_device_ops.h), each building its part of the model from the
+// shard map's local spec and cutting the same initial weights, on the same batches, with the
+// trainers' recipe (clip 1.0, AdamW). Shared by the host-mode test (CI) and the GPU one.
+#pragma once
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cuda_fixture.h"
+#include "parallel/threaded_process_group.h"
+#include "train/tensor_parallel.h"
+#ifdef PRIMUS_TP_PARITY_DEVICE
+#include "parallel/cuda/threaded_device_ops.h"
+#endif
+
+namespace primus::backends::cuda::testing {
+
+struct TpRun {
+  std::vector<std::vector<double>> loss, gnorm;  // [rank][step]
+  std::vector<float> params;                     // the final weights in the global layout
+  std::vector<size_t> reserved_bytes;            // per rank: the model's device arenas
+};
+
+// The tiny models tensor parallelism can split in two: GPT-2 (2 heads, tied head, learned
+// positions, biases; vocabulary 250 of 256 rows, so the second rank's rows end in padding), a
+// Llama with 4 query heads in 2 kv groups, and the same with Qwen3's per-head q|k norms (whose
+// gradients are summed over the group).
+inline train::ModelSpec tp_spec(int which) {
+  if (which == 0) {
+    train::ModelSpec m = tiny_spec(false);
+    m.vocab_size = 250;
+    return m;
+  }
+  train::ModelSpec m = tiny_qwen3_spec(false);
+  if (which == 1) {
+    m.model_type = "llama";
+    m.qk_layernorm = false;
+  }
+  return m;
+}
+inline const char* tp_spec_name(int which) { return which == 0 ? "gpt2" : which == 1 ? "llama" : "qwen3"; }
+
+inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, int steps, Attn attn = Attn::Default) {
+  const int64_t T = spec.seq_length;
+  const Batches data(T, steps);
+  const std::vector<float> init = initial_params(spec);
+  TpRun run;
+  run.loss.resize(static_cast<size_t>(tp));
+  run.gnorm.resize(static_cast<size_t>(tp));
+  run.reserved_bytes.resize(static_cast<size_t>(tp));
+  std::vector<std::vector<float>> local(static_cast<size_t>(tp));
+  std::vector<std::shared_ptr<train::TpShardMap>> maps(static_cast<size_t>(tp));
+  for (int r = 0; r < tp; ++r) maps[r] = std::make_shared<train::TpShardMap>(spec, tp, r, false);
+
+  auto rank_main = [&](int r, parallel::ProcessGroup* pg) {
+    if (device == turbo::Device::CUDA) select_device(0);
+    const train::TpShardMap& map = *maps[r];
+    const train::ModelSpec& ls = map.local_spec();
+    CudaModelOptions mo = options(ls, kTrainBatch, device);
+    if (tp > 1) {
+      mo.tp_group = pg;
+      mo.tp_map = maps[r];
+    }
+    CudaModel model(ls, mo, ops_for(attn));
+    std::vector<float> w(static_cast<size_t>(model.layout().total));
+    map.to_local(init.data(), w.data());
+    model.set_params(w.data());
+    for (int s = 0; s < steps; ++s) {
+      model.zero_grad();
+      model.forward(data.inputs[s].data(), data.targets[s].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
+      model.backward();
+      model.grad_norm(1.0f);
+      run.loss[r].push_back(model.read_loss_sum(1));
+      run.gnorm[r].push_back(model.read_grad_norm());
+      turbo::AdamWHyper hp;
+      hp.lr = 1e-3f, hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
+      hp.step = s + 1;
+      model.update(hp);
+    }
+    model.get_params(w.data());
+    local[r] = std::move(w);
+    run.reserved_bytes[r] = model.reserved_bytes();
+  };
+
+  if (tp == 1) {
+    rank_main(0, nullptr);
+  } else {
+    parallel::ThreadedGroup::OpsFactory ops;
+#ifdef PRIMUS_TP_PARITY_DEVICE
+    if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
+#endif
+    auto hub = parallel::ThreadedGroup::create(tp, std::chrono::seconds(120), ops, "tp");
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(tp));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < tp; ++r) {
+      ranks.emplace_back([&, r] {
+        try {
+          std::unique_ptr<parallel::ProcessGroup> pg = hub->rank(r);
+          rank_main(r, pg.get());
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+  run.params.assign(init.size(), 0.0f);
+  for (int r = 0; r < tp; ++r) maps[r]->to_global(local[r].data(), run.params.data(), r > 0);
+  return run;
+}
+
+}  // namespace primus::backends::cuda::testing
