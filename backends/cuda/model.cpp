@@ -103,7 +103,10 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
   mp.shared_grad_window = opt.optimizer_in_backward;
   mp.document_masks = opt.document_masking.enabled();
-  if (opt.tp_map) mp.tp = opt.tp_map->tp();
+  if (opt.tp_map) {
+    mp.tp = opt.tp_map->tp();
+    mp.sequence_parallel = opt.tp_map->sequence_parallel() && mp.tp > 1;
+  }
   return mp;
 }
 
@@ -139,8 +142,17 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       throw RuntimeError("cuda model: under tensor parallelism the spec must be the shard map's local spec");
     }
     if (!opt_.tp_group) throw RuntimeError("cuda model: tensor parallelism needs its process group (tp_group)");
-    if (map.sequence_parallel())
-      throw ConfigError("sequence_parallel: the cuda backend's tensor parallelism has no sequence-parallel regions yet");
+    if (map.sequence_parallel()) {
+      const int64_t N = opt_.max_batch * (opt_.max_seq == 0 ? spec_.seq_length : opt_.max_seq);
+      if (N % map.tp() != 0)
+        throw ConfigError(fmt::format("sequence_parallel: micro_batch_size x seq_length = {} tokens do not split over "
+                                      "tensor_model_parallel_size {}",
+                                      N, map.tp()));
+      // The row-parallel biases' gradients come from the norms' column sums of each rank's rows
+      // (BiasGrad Norm / Ones); the other two variants would sum the whole batch on every rank.
+      if (opt_.bias_grad == BiasGrad::Separate || opt_.bias_grad == BiasGrad::Gemm)
+        throw RuntimeError("cuda model: sequence parallelism takes the bias gradients from the norms (BiasGrad Norm or Ones)");
+    }
     if (opt_.optimizer_in_backward)
       throw ConfigError("optimizer_in_backward with tensor_model_parallel_size > 1 is not implemented (the per-head "
                         "norm gradients are summed over the group after the backward)");
@@ -177,6 +189,18 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     std::vector<bool> counted(layout_.tensors.size());
     for (size_t i = 0; i < counted.size(); ++i) counted[i] = tp_->rank() == 0 || !opt_.tp_map->replicated(i);
     optimizer_->norm_over(counted);
+    // Gradients each rank holds a part of: the map's (per-head q|k norms; with sequence
+    // parallelism the norms), and with sequence parallelism the row-parallel biases too, whose
+    // gradients the decoder takes from the norms' column sums over this rank's rows.
+    tp_partial_.resize(layout_.tensors.size());
+    auto ends_with = [](const std::string& s, const std::string& e) {
+      return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+    };
+    for (size_t i = 0; i < tp_partial_.size(); ++i) {
+      const std::string& name = layout_.tensors[i].name;
+      tp_partial_[i] = opt_.tp_map->partial_grad(i) ||
+                       (opt_.tp_map->sequence_parallel() && (ends_with(name, "attn.proj.bias") || ends_with(name, "mlp.proj.bias")));
+    }
   }
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
   if (opt_.optimizer_in_backward) {
@@ -269,7 +293,7 @@ void CudaModel::grad_norm(float max_norm) {
   // every rank updates its replicated copy alike.
   const StateBuffers& st = plan_->state;
   for (size_t i = 0; i < layout_.tensors.size(); ++i) {
-    if (!opt_.tp_map->partial_grad(i)) continue;
+    if (!tp_partial_[i]) continue;
     const train::ParamTensor& t = layout_.tensors[i];
     tp_->all_reduce(st.grads.slice0(t.offset, t.offset + t.numel));
   }

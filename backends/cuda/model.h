@@ -93,8 +93,9 @@ struct CudaModelOptions {
   // moments, get_grads) are in the local layout; tp_map converts to and from the global one. The
   // collectives run over tp_group (tp_comm.h: NCCL or the threaded group on the device, any group in
   // host mode); grad_norm() sums the per-head q|k norm weights' partial gradients over it and
-  // returns the global norm. Not with sequence parallelism, the optimizer in the backward, Muon or
-  // ZeRO-1 buffers (ConfigError).
+  // returns the global norm. Sequence parallelism comes with the map (decoder.h; micro_batch_size x
+  // seq_length must divide by tp). Not with the optimizer in the backward, Muon or ZeRO-1 buffers
+  // (ConfigError).
   parallel::ProcessGroup* tp_group = nullptr;
   std::shared_ptr<const train::TpShardMap> tp_map;
 };
@@ -242,6 +243,7 @@ class CudaModel {
   std::unique_ptr<OptimizerState> optimizer_;
   std::unique_ptr<HostStaging> staging_;
   std::unique_ptr<TpComm> tp_;  // tensor parallelism (null without)
+  std::vector<bool> tp_partial_;  // per tensor: its gradient is summed over the tp group in grad_norm()
   std::unique_ptr<Decoder> decoder_;
   StepProfiler* prof_ = nullptr;
 };

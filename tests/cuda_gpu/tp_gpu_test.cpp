@@ -1,6 +1,7 @@
 // Tensor parallelism in the CUDA model on the GPU: two ranks as threads sharing one GPU, the
 // collectives through device memory (parallel/cuda/threaded_device_ops.h), against one rank, for
-// 20 steps of GPT-2, a GQA Llama and Qwen3's per-head q|k norms, with bf16's own spread measured
+// 20 steps of GPT-2, a GQA Llama and Qwen3's per-head q|k norms, each with and without sequence
+// parallelism, with bf16's own spread measured
 // beside it: one rank again with the other attention kernel (same model, other rounding).
 // bf16 gate of DESIGN.md: every step's loss within 1e-2 of one rank's (measured: <= 1e-3, as the
 // fallback run), the final weights within 1e-2, the gradient norm within 1e-2 for the first 10
@@ -13,19 +14,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "tp_parity.h"
 
 namespace primus::backends::cuda::testing {
 namespace {
 
-class TpGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<int> {};
+class TpGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<std::tuple<int, bool>> {};
 
 TEST_P(TpGpuTest, TwoRanksOnOneGpuTrainAsOne) {
-  const train::ModelSpec spec = tp_spec(GetParam());
+  const auto [which, sp] = GetParam();
+  const train::ModelSpec spec = tp_spec(which);
   constexpr int kSteps = 20;
   const TpRun one = run_tp(spec, 1, turbo::Device::CUDA, kSteps);
-  const TpRun two = run_tp(spec, 2, turbo::Device::CUDA, kSteps);
+  const TpRun two = run_tp(spec, 2, turbo::Device::CUDA, kSteps, Attn::Default, sp);
   // bf16's own spread: one rank again with the other attention kernel (other rounding, same model).
   const TpRun other = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Fallback);
   for (int s = 0; s < kSteps; ++s) {
@@ -52,14 +55,20 @@ TEST_P(TpGpuTest, TwoRanksOnOneGpuTrainAsOne) {
   EXPECT_LT(dp, 1e-2);
   EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.2) << "the run must learn";
   EXPECT_LT(two.reserved_bytes[0], one.reserved_bytes[0]);
-  std::printf("[gpu %s tp2] %d steps: loss %.4f -> %.4f (tp2 %.4f), worst relative loss %.1e, grad norm %.1e, "
-              "weights %.1e; model memory per rank %.1f MiB vs %.1f MiB on one\n",
-              tp_spec_name(GetParam()), kSteps, one.loss[0].front(), one.loss[0].back(), two.loss[0].back(),
-              worst_loss, worst_norm, dp, two.reserved_bytes[0] / 1048576.0, one.reserved_bytes[0] / 1048576.0);
+  EXPECT_LT(two.activation_bytes[0], one.activation_bytes[0]);
+  std::printf("[gpu %s tp2%s] %d steps: loss %.4f -> %.4f (tp2 %.4f), worst relative loss %.1e, grad norm %.1e, "
+              "weights %.1e; per rank: model memory %.1f MiB vs %.1f MiB on one, activations %.2f vs %.2f MiB\n",
+              tp_spec_name(which), sp ? "+sp" : "", kSteps, one.loss[0].front(), one.loss[0].back(),
+              two.loss[0].back(), worst_loss, worst_norm, dp, two.reserved_bytes[0] / 1048576.0,
+              one.reserved_bytes[0] / 1048576.0, two.activation_bytes[0] / 1048576.0,
+              one.activation_bytes[0] / 1048576.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TpGpuTest, ::testing::Values(0, 1, 2),
-                         [](const auto& info) { return std::string(tp_spec_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Models, TpGpuTest, ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(tp_spec_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_sp" : "");
+                         });
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing

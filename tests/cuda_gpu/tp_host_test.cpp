@@ -1,6 +1,7 @@
 // Tensor parallelism in the CUDA model, checked without a GPU: two ranks as threads running the
 // model in host mode (fp32 on Turbo's CPU kernels, the same decoder code as on the device) against
-// one rank, for GPT-2, a GQA Llama and Qwen3's per-head q|k norms. fp32 gate of DESIGN.md: every
+// one rank, for GPT-2, a GQA Llama and Qwen3's per-head q|k norms, with and without sequence
+// parallelism. fp32 gate of DESIGN.md: every
 // step's loss and gradient norm within 1e-5 relative of one rank's, the final weights within 1e-4
 // (only the order of summation differs: the row-parallel GEMMs' two halves, the loss's two
 // halves of the vocabulary).
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "core/util/error.h"
 #include "tp_parity.h"
@@ -15,13 +17,14 @@
 namespace primus::backends::cuda::testing {
 namespace {
 
-class TpHostTest : public ::testing::TestWithParam<int> {};
+class TpHostTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(TpHostTest, TwoRanksTrainAsOne) {
-  const train::ModelSpec spec = tp_spec(GetParam());
+  const auto [which, sp] = GetParam();
+  const train::ModelSpec spec = tp_spec(which);
   constexpr int kSteps = 8;
   const TpRun one = run_tp(spec, 1, turbo::Device::CPU, kSteps);
-  const TpRun two = run_tp(spec, 2, turbo::Device::CPU, kSteps);
+  const TpRun two = run_tp(spec, 2, turbo::Device::CPU, kSteps, Attn::Default, sp);
   double worst_loss = 0, worst_norm = 0;
   for (int s = 0; s < kSteps; ++s) {
     for (int r = 0; r < 2; ++r) {
@@ -38,12 +41,18 @@ TEST_P(TpHostTest, TwoRanksTrainAsOne) {
   const double dp = rel_l2(two.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
   EXPECT_LT(dp, 1e-4);
   EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.1) << "the run must learn";
-  std::printf("[host %s tp2] %d steps: loss %.4f -> %.4f, worst relative loss %.1e, grad norm %.1e, weights %.1e\n",
-              tp_spec_name(GetParam()), kSteps, one.loss[0].front(), one.loss[0].back(), worst_loss, worst_norm, dp);
+  if (sp) EXPECT_LT(two.activation_bytes[0], one.activation_bytes[0]) << "the residual stream is split";
+  std::printf("[host %s tp2%s] %d steps: loss %.4f -> %.4f, worst relative loss %.1e, grad norm %.1e, weights %.1e; "
+              "activations %zu vs %zu bytes\n",
+              tp_spec_name(which), sp ? "+sp" : "", kSteps, one.loss[0].front(), one.loss[0].back(), worst_loss,
+              worst_norm, dp, two.activation_bytes[0], one.activation_bytes[0]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TpHostTest, ::testing::Values(0, 1, 2),
-                         [](const auto& info) { return std::string(tp_spec_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Models, TpHostTest, ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(tp_spec_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_sp" : "");
+                         });
 
 // The layouts the cuda model refuses under tensor parallelism, each with the key that names it.
 TEST(TpHostRefusals, UnsupportedCombinationsNameTheirKey) {
@@ -68,7 +77,8 @@ TEST(TpHostRefusals, UnsupportedCombinationsNameTheirKey) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
     }
   };
-  expect_config_error([&] { build(true, [](CudaModelOptions&) {}); }, "sequence_parallel");
+  expect_config_error([&] { build(true, [](CudaModelOptions& mo) { mo.max_batch = 1, mo.max_seq = 63; }); },
+                      "sequence_parallel");
   expect_config_error([&] { build(false, [](CudaModelOptions& mo) { mo.optimizer_in_backward = true; }); },
                       "optimizer_in_backward");
   // And a group whose size is not the map's.

@@ -2,7 +2,8 @@
 // this process (parallel/threaded_process_group.h; on the GPU the collectives go through device
 // memory, parallel/cuda/threaded_device_ops.h), each building its part of the model from the
 // shard map's local spec and cutting the same initial weights, on the same batches, with the
-// trainers' recipe (clip 1.0, AdamW). Shared by the host-mode test (CI) and the GPU one.
+// trainers' recipe (clip 1.0, AdamW), with or without sequence parallelism. Shared by the
+// host-mode test (CI) and the GPU one.
 #pragma once
 #include <exception>
 #include <memory>
@@ -23,6 +24,7 @@ struct TpRun {
   std::vector<std::vector<double>> loss, gnorm;  // [rank][step]
   std::vector<float> params;                     // the final weights in the global layout
   std::vector<size_t> reserved_bytes;            // per rank: the model's device arenas
+  std::vector<size_t> activation_bytes;          // per rank: its activations arena
 };
 
 // The tiny models tensor parallelism can split in two: GPT-2 (2 heads, tied head, learned
@@ -44,7 +46,8 @@ inline train::ModelSpec tp_spec(int which) {
 }
 inline const char* tp_spec_name(int which) { return which == 0 ? "gpt2" : which == 1 ? "llama" : "qwen3"; }
 
-inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, int steps, Attn attn = Attn::Default) {
+inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, int steps, Attn attn = Attn::Default,
+                    bool sequence_parallel = false) {
   const int64_t T = spec.seq_length;
   const Batches data(T, steps);
   const std::vector<float> init = initial_params(spec);
@@ -52,9 +55,10 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
   run.loss.resize(static_cast<size_t>(tp));
   run.gnorm.resize(static_cast<size_t>(tp));
   run.reserved_bytes.resize(static_cast<size_t>(tp));
+  run.activation_bytes.resize(static_cast<size_t>(tp));
   std::vector<std::vector<float>> local(static_cast<size_t>(tp));
   std::vector<std::shared_ptr<train::TpShardMap>> maps(static_cast<size_t>(tp));
-  for (int r = 0; r < tp; ++r) maps[r] = std::make_shared<train::TpShardMap>(spec, tp, r, false);
+  for (int r = 0; r < tp; ++r) maps[r] = std::make_shared<train::TpShardMap>(spec, tp, r, sequence_parallel && tp > 1);
 
   auto rank_main = [&](int r, parallel::ProcessGroup* pg) {
     if (device == turbo::Device::CUDA) select_device(0);
@@ -84,6 +88,7 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
     model.get_params(w.data());
     local[r] = std::move(w);
     run.reserved_bytes[r] = model.reserved_bytes();
+    run.activation_bytes[r] = model.activation_bytes();
   };
 
   if (tp == 1) {

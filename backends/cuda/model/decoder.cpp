@@ -8,6 +8,7 @@
 
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
+#include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/document_masks.h"
 #include "turbo/ops/activation.h"
 #include "turbo/ops/cast.h"
@@ -53,6 +54,7 @@ Decoder::Decoder(const train::ModelSpec& spec, const train::ParamLayout& layout,
       a_(plan.acts),
       rope_table_(plan.state.rope_table),
       loss_slots_(plan.state.loss_slots),
+      sp_(opt.tp && opt.tp->map().sequence_parallel()),
       ctx_(ctx),
       policy_(plan.policy()) {
   if (opt_.bf16_edge_layers > 0) {
@@ -112,11 +114,13 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   const LayerParams& p = p_.layers[l];
   lin_ = linears_for(l);
   phase(Phase::Norm);
+  const int64_t n = local_rows(N);  // the residual stream's rows here (sequence parallelism: N / tp)
   if (l == 0 || recompute) {
-    norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
+    norm_forward(mine(a.ln1, N), a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, n);
   } else {  // x_in = x2 of the layer below + its MLP output (in a_.tmp), fused with norm1
-    norm_forward(a.ln1, a.mean1, a.rstd1, a.x_in, a_.tmp, a_.layers[l - 1].x2, p.norm1, N);
+    norm_forward(mine(a.ln1, N), a.mean1, a.rstd1, a.x_in, mine(a_.tmp, N), a_.layers[l - 1].x2, p.norm1, n);
   }
+  gather(a.ln1, N);
   const TensorView ln1 = a.ln1.slice0(0, N);
   const TensorView& wqkv = p.qkv_w.w;
   const TensorView& bqkv = p.qkv_b.w;
@@ -160,9 +164,10 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   ops_.attention_forward(at);
   phase(Phase::ProjGemm);
   lin_->linear_forward(a_.tmp.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, row_bias(p.proj_b), {}, c);
-  tp_sum(a_.tmp.slice0(0, N));
+  row_sum(a_.tmp, N);
   phase(Phase::Norm);
-  norm_forward(a.ln2, a.mean2, a.rstd2, a.x2, a_.tmp, a.x_in, p.norm2, N);
+  norm_forward(mine(a.ln2, N), a.mean2, a.rstd2, a.x2, mine(a_.tmp, N), a.x_in, p.norm2, n);
+  gather(a.ln2, N);
   if (spec_.is_moe_layer(l)) {
     if (!recompute) {
       moe_forward(l, N);
@@ -183,7 +188,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   if (recompute) return;  // the MLP output only feeds the next layer's forward
   phase(Phase::MlpDownGemm);
   lin_->linear_forward(a_.tmp.slice0(0, N), a.act.slice0(0, N), p.out_w.w, row_bias(p.out_b), {}, c);
-  tp_sum(a_.tmp.slice0(0, N));
+  row_sum(a_.tmp, N);
 }
 
 // Document masking: slot_'s tables, built from its tokens before the embedding. On the device a
@@ -231,7 +236,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
   {
     mark(Phase::Embedding);
     turbo::EmbeddingArgs e;
-    e.out = view(a_.layers[0].x_in, {B, T, C});
+    e.out = view(sp_ ? a_.tmp : a_.layers[0].x_in, {B, T, C});  // sp: the whole batch, then this rank's rows
     e.tokens = view(a_.tokens.slice0(at, at + N), {B, T});
     e.positions = doc_positions(B, T);
     e.wte = p_.wte.w;
@@ -242,7 +247,14 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
       if (opt_.tp->rank() != 0) e.wpe = TensorView();
     }
     turbo::embedding_forward(e);
-    tp_sum(a_.layers[0].x_in.slice0(0, N));
+    if (sp_) {
+      if (N % opt_.tp->size() != 0)
+        throw RuntimeError(fmt::format("sequence parallelism: {} tokens do not split over {} ranks", N, opt_.tp->size()));
+      row_sum(a_.tmp, N);
+      copy_rows(a_.layers[0].x_in.slice0(0, local_rows(N)), mine(a_.tmp, N));
+    } else {
+      tp_sum(a_.layers[0].x_in.slice0(0, N));
+    }
   }
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     NvtxRange lr(fmt::format("layer {} fwd", l).c_str());
@@ -251,7 +263,9 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
   {
     NvtxRange hr("head + loss");
     mark(Phase::Norm);
-    norm_forward(a_.lnf, a_.meanf, a_.rstdf, a_.x_final, a_.tmp, a_.layers.back().x2, p_.final_norm, N);
+    norm_forward(mine(a_.lnf, N), a_.meanf, a_.rstdf, a_.x_final, mine(a_.tmp, N), a_.layers.back().x2, p_.final_norm,
+                 local_rows(N));
+    gather(a_.lnf, N);
     for (int64_t r0 = 0; r0 < N; r0 += a_.head_rows) {
       const int64_t r1 = std::min(N, r0 + a_.head_rows);
       const TensorView logits = a_.logits.slice0(0, r1 - r0), lnf = a_.lnf.slice0(r0, r1);
@@ -279,7 +293,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
         fresh_head_ = false;
       }
     }
-    if (dloss != 0.0f) tp_sum(a_.dln.slice0(0, N));  // each rank's vocabulary rows gave a part of d(final norm output)
+    if (dloss != 0.0f) row_sum(a_.dln, N);  // each rank's vocabulary rows gave a part of d(final norm output)
     mark(Phase::Loss);
     turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), a_.losses.slice0(0, N), c);
   }
@@ -343,8 +357,10 @@ void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
   const int64_t N = B * T;
   const LayerActs& a = a_.layers[l];
   const LayerParams& p = p_.layers[l];
-  norm_forward(a.ln1, a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, N);
-  norm_forward(a.ln2, a.mean2, a.rstd2, {}, a.x2, {}, p.norm2, N);
+  norm_forward(mine(a.ln1, N), a.mean1, a.rstd1, {}, a.x_in, {}, p.norm1, local_rows(N));
+  gather(a.ln1, N);
+  norm_forward(mine(a.ln2, N), a.mean2, a.rstd2, {}, a.x2, {}, p.norm2, local_rows(N));
+  gather(a.ln2, N);
   if (r == Recompute::Norms) return;
   if (spec_.is_moe_layer(l)) {
     moe_recompute(l, N, false);
@@ -458,7 +474,8 @@ void Decoder::backward() {
     // forward() already ran the head's backward into a_.dln and p_.head.g.
     // dres = d(final residual): the start of the residual stream's gradient.
     mark(Phase::NormBwd);
-    norm_backward(a_.dres, a_.dln, a_.x_final, a_.meanf, a_.rstdf, p_.final_norm, N, false, p_.layers.back().out_b.g);
+    norm_backward(mine(a_.dres, N), mine(a_.dln, N), a_.x_final, a_.meanf, a_.rstdf, p_.final_norm, local_rows(N), false,
+                  p_.layers.back().out_b.g);
     ready(final_norm_ready_);
   }
   const TensorView dres = a_.dres.slice0(0, N);
@@ -468,6 +485,8 @@ void Decoder::backward() {
     lin_ = linears_for(l);
     const LayerActs& a = a_.layers[l];
     const LayerParams& p = p_.layers[l];
+    const int64_t n = local_rows(N);
+    gather(a_.dres, N);  // sp: the row-parallel GEMMs' output gradient over the whole batch
     if (spec_.is_moe_layer(l)) {
       moe_backward(l, N);
     } else {
@@ -489,10 +508,11 @@ void Decoder::backward() {
     }
     mark(Phase::MlpUpGemmBwd);
     linear_backward(a_.dln.slice0(0, N), p.fc_w, p.fc_b, dfc, a.ln2.slice0(0, N));
-    tp_sum(a_.dln.slice0(0, N));  // column-parallel: each rank's slice of the FFN gave a part
+    row_sum(a_.dln, N);  // column-parallel: each rank's slice of the FFN gave a part
     }
     mark(Phase::NormBwd);
-    norm_backward(a_.dres, a_.dln, a.x2, a.mean2, a.rstd2, p.norm2, N, true, p.proj_b.g);
+    norm_backward(mine(a_.dres, N), mine(a_.dln, N), a.x2, a.mean2, a.rstd2, p.norm2, n, true, p.proj_b.g);
+    gather(a_.dres, N);
     // Attention: dres is now the gradient of x2 = x_in + proj(attention(ln1(x_in))).
     mark(Phase::ProjGemmBwd);
     linear_backward(a_.datt.slice0(0, N), p.proj_w, p.proj_b, dres, a.att.slice0(0, N), norm_colsum());
@@ -546,16 +566,18 @@ void Decoder::backward() {
     mark(Phase::QkvGemmBwd);
     // One dgrad and one wgrad (+ bias gradient) GEMM over the packed q|k|v columns.
     linear_backward(dln, p.qkv_w, p.qkv_b, dqkv, ln1);
-    tp_sum(dln);  // column-parallel: each rank's heads gave a part
+    row_sum(a_.dln, N);  // column-parallel: each rank's heads gave a part
     mark(Phase::NormBwd);
     // The residual gradient it leaves is d(output of layer l - 1): its column sums are that
     // layer's MLP down-projection bias gradient.
-    norm_backward(a_.dres, a_.dln, a.x_in, a.mean1, a.rstd1, p.norm1, N, true, l > 0 ? p_.layers[l - 1].out_b.g : TensorView());
+    norm_backward(mine(a_.dres, N), mine(a_.dln, N), a.x_in, a.mean1, a.rstd1, p.norm1, n, true,
+                  l > 0 ? p_.layers[l - 1].out_b.g : TensorView());
     ready(layer_ready_[l]);
   }
   {
     NvtxRange er("embedding bwd");
     mark(Phase::EmbeddingBwd);
+    gather(a_.dres, N);
     const int64_t at = slot_ * max_batch_ * max_seq_;
     turbo::EmbeddingArgs e;
     e.backward = true;
@@ -574,6 +596,15 @@ void Decoder::backward() {
   fresh_layers_ = false;  // the next micro-batch of this step accumulates
 }
 
+
+void Decoder::copy_rows(const TensorView& dst, const TensorView& src) const {
+  if (src.device == turbo::Device::CPU) {
+    std::memcpy(dst.data, src.data, src.nbytes());
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice,
+                               static_cast<cudaStream_t>(ctx_.stream)));
+  }
+}
 
 void Decoder::tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses,
                       float dloss) const {

@@ -70,6 +70,12 @@ struct DecoderOptions {
   // gradients of the column-parallel GEMMs before the norm backward; the embedding and the head are
   // vocabulary-parallel (turbo::vocab_parallel_ce_*: the logits are never gathered). The residual
   // stream, the norms and the replicated weights are the same on every rank.
+  // With the map's sequence parallelism, each rank holds N / tp rows of the residual stream (rank r
+  // the r-th block of the flattened batch) and runs the norms on them: their outputs are
+  // all-gathered before the column-parallel GEMMs, the row-parallel outputs reduce-scattered
+  // instead of all-reduced; in the backward the residual gradient is all-gathered before the
+  // row-parallel GEMMs and the column-parallel input gradients reduce-scattered. The norm weights'
+  // and the row-parallel biases' gradients are then each rank's part (summed by the model).
   const TpComm* tp = nullptr;
 };
 
@@ -175,6 +181,23 @@ class Decoder {
   void tp_sum(const TensorView& t) const {
     if (opt_.tp) opt_.tp->all_reduce(t);
   }
+  // Sequence parallelism (sp_): this rank's rows of a micro-batch of N rows, and its view of a
+  // whole-batch buffer; without it, all N rows. row_sum: a row-parallel output (or a
+  // column-parallel input gradient) over the whole batch summed over the group (sp: reduce-scattered
+  // into this rank's rows); gather: this rank's rows of `full` to every rank (nothing without sp).
+  int64_t local_rows(int64_t N) const { return sp_ ? N / opt_.tp->size() : N; }
+  TensorView mine(const TensorView& full, int64_t N) const {
+    const int64_t n = local_rows(N), r0 = sp_ ? opt_.tp->rank() * n : 0;
+    return full.slice0(r0, r0 + n);
+  }
+  void row_sum(const TensorView& full, int64_t N) const {
+    if (sp_) opt_.tp->reduce_scatter_rows(full.slice0(0, N));
+    else tp_sum(full.slice0(0, N));
+  }
+  void gather(const TensorView& full, int64_t N) const {
+    if (sp_) opt_.tp->gather_rows(full.slice0(0, N));
+  }
+  void copy_rows(const TensorView& dst, const TensorView& src) const;  // same shape, on the model's stream
   TensorView row_bias(const Param& b) const { return opt_.tp && opt_.tp->rank() != 0 ? TensorView() : b.w; }
   void tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses, float dloss) const;
   void ready(int64_t offset) const {
@@ -209,6 +232,7 @@ class Decoder {
   std::vector<int64_t> moe_index_;  // layer -> its index among the MoE layers (-1: dense)
   int64_t train_tokens_ = 1;
   bool have_grad_logits_ = false;
+  bool sp_ = false;  // sequence parallelism (DecoderOptions::tp)
   StepProfiler* prof_ = nullptr;
 };
 

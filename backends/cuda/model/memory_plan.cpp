@@ -197,6 +197,7 @@ size_t MemoryPlan::scratch_bytes() const {
 template <class Take>
 void MemoryPlan::plan(Take&& take) {
   const int64_t P = layout_.total, N = opt_.max_batch * opt_.max_seq;
+  const int64_t NL = opt_.sequence_parallel ? N / opt_.tp : N;  // the rows of this rank's residual stream
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KVD = spec_.kv_dim();
   const int64_t F = spec_.ffn_hidden_size, FC = spec_.fc_dim(), V = spec_.padded_vocab_size;
   const int64_t QD = spec_.q_dim(), KV = spec_.num_query_groups;
@@ -245,14 +246,15 @@ void MemoryPlan::plan(Take&& take) {
     int64_t pad = 0;  // rows `pad` columns longer than the view (the ones column; see BiasGrad)
     bool dense_mlp = false;  // only in dense layers (a MoE layer has its own, MoeActs)
     bool qk_norm = false;    // only with qk_layernorm
+    bool local = false;      // sequence parallelism: this rank's rows only
   };
   const DType f32 = DType::F32;
   const int64_t pad = opt_.ones_pad;
   const Field fields[] = {
-      {&LayerActs::x_in, act_, C, false, Recompute::Full, "layer input (residual stream)"},
+      {&LayerActs::x_in, act_, C, false, Recompute::Full, "layer input (residual stream)", 0, false, false, true},
       {&LayerActs::ln1, act_, C, false, Recompute::None, "norm1 output", pad},
-      {&LayerActs::mean1, f32, 1, true, Recompute::None, "norm1 mean"},
-      {&LayerActs::rstd1, f32, 1, true, Recompute::None, "norm1 rstd"},
+      {&LayerActs::mean1, f32, 1, true, Recompute::None, "norm1 mean", 0, false, false, true},
+      {&LayerActs::rstd1, f32, 1, true, Recompute::None, "norm1 rstd", 0, false, false, true},
       {&LayerActs::qkv, act_, QD + 2 * KVD, false, Recompute::Selective, "q|k|v (packed projection)"},
       // Kept and dropped with qkv: a recomputation runs the projection and the norms again.
       {&LayerActs::qk_pre, act_, QD + KVD, false, Recompute::Selective, "q|k before their per-head norms", 0, false,
@@ -260,10 +262,10 @@ void MemoryPlan::plan(Take&& take) {
       {&LayerActs::rstd_qk, f32, H + KV, true, Recompute::Selective, "per-head q|k norm rstd", 0, false, true},
       {&LayerActs::att, act_, QD, false, Recompute::Selective, "attention output"},
       {&LayerActs::lse, f32, H, true, Recompute::Selective, "attention log-sum-exp"},
-      {&LayerActs::x2, act_, C, false, Recompute::Selective, "residual after attention"},
+      {&LayerActs::x2, act_, C, false, Recompute::Selective, "residual after attention", 0, false, false, true},
       {&LayerActs::ln2, act_, C, false, Recompute::None, "norm2 output", pad},
-      {&LayerActs::mean2, f32, 1, true, Recompute::None, "norm2 mean"},
-      {&LayerActs::rstd2, f32, 1, true, Recompute::None, "norm2 rstd"},
+      {&LayerActs::mean2, f32, 1, true, Recompute::None, "norm2 mean", 0, false, false, true},
+      {&LayerActs::rstd2, f32, 1, true, Recompute::None, "norm2 rstd", 0, false, false, true},
       {&LayerActs::fc, act_, FC, false, Recompute::Selective, "MLP pre-activation", 0, true},
       {&LayerActs::act, act_, F, false, Recompute::Norms, "MLP activation", 0, true},
   };
@@ -275,6 +277,10 @@ void MemoryPlan::plan(Take&& take) {
   a.ones_buffers.clear();
   for (const Field& f : fields) {
     auto take_field = [&] {
+      if (f.local && opt_.sequence_parallel) {
+        if (f.flat) return take(Pool::Acts, f.dtype, {NL * f.cols}, f.what);
+        return take(Pool::Acts, f.dtype, {NL, f.cols}, f.what);
+      }
       if (f.flat) return take(Pool::Acts, f.dtype, {N * f.cols}, f.what);
       if (f.pad == 0) return take(Pool::Acts, f.dtype, {N, f.cols}, f.what);
       TensorView t = take(Pool::Acts, f.dtype, {N, f.cols + f.pad}, f.what);
@@ -300,10 +306,10 @@ void MemoryPlan::plan(Take&& take) {
   }
   plan_moe(take, N);
   a.tmp = take(Pool::Acts, act_, {N, C}, "projection output");
-  a.x_final = take(Pool::Acts, act_, {N, C}, "final residual");
+  a.x_final = take(Pool::Acts, act_, {NL, C}, "final residual");
   a.lnf = take(Pool::Acts, act_, {N, C}, "final norm output");
-  a.meanf = take(Pool::Acts, DType::F32, {N}, "final norm mean");
-  a.rstdf = take(Pool::Acts, DType::F32, {N}, "final norm rstd");
+  a.meanf = take(Pool::Acts, DType::F32, {NL}, "final norm mean");
+  a.rstdf = take(Pool::Acts, DType::F32, {NL}, "final norm rstd");
   // The head runs in row blocks (the forward does its backward right after the loss; see
   // kHeadBlockBytes), so the logits buffer holds one block of B*T/chunks rows instead of all of them.
   const int64_t logits_bytes = N * V * static_cast<int64_t>(turbo::dtype_size(act_));

@@ -155,6 +155,10 @@ struct MemoryPlanOptions {
   // positions and one of cu_seqlens per micro-batch slot (ActivationBuffers::doc_positions, doc_cu).
   bool document_masks = false;
   int64_t tp = 1;  // tensor-parallel ranks (the spec is one rank's part): the loss statistics buffer
+  // Sequence parallelism over the tp ranks: the residual stream (x_in, x2, the final residual) and
+  // the norms' statistics hold max_batch x max_seq / tp rows; the norm outputs, the projection
+  // output and the gradients stay whole (each rank's rows are its part of them).
+  bool sequence_parallel = false;
 };
 
 // What a plan takes, without taking it: the three arenas' capacities exactly as the constructor

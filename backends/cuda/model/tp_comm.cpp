@@ -57,4 +57,35 @@ void TpComm::all_gather(const TensorView& send, const TensorView& recv) const {
   ordered([&] { group_.all_gather(send.data, recv.data, static_cast<size_t>(send.numel()), dt); });
 }
 
+namespace {
+// Elements from one row to the next, and the rank's block of rows.
+struct RowBlock {
+  int64_t pitch, rows;
+};
+RowBlock row_block(const TensorView& t, int size, const char* what) {
+  if (t.ndim != 2) throw RuntimeError(fmt::format("tensor parallelism: {} of {} (rows of a 2-D view)", what, t.describe()));
+  const int64_t R = t.size(0), pitch = t.stride(0);
+  if (R % size != 0 || t.stride(1) != 1)
+    throw RuntimeError(fmt::format("tensor parallelism: {} of {} over {} ranks", what, t.describe(), size));
+  return {pitch, R / size};
+}
+}  // namespace
+
+void TpComm::gather_rows(const TensorView& t) const {
+  const parallel::DType dt = comm_dtype(t, "gather_rows");
+  const RowBlock b = row_block(t, size(), "gather_rows");
+  const size_t esize = turbo::dtype_size(t.dtype), count = static_cast<size_t>(b.pitch * b.rows);
+  char* base = static_cast<char*>(t.data);
+  ordered([&] { group_.all_gather(base + rank() * count * esize, base, count, dt); });
+}
+
+void TpComm::reduce_scatter_rows(const TensorView& t) const {
+  const parallel::DType dt = comm_dtype(t, "reduce_scatter_rows");
+  const RowBlock b = row_block(t, size(), "reduce_scatter_rows");
+  if (b.pitch != t.size(1)) throw RuntimeError("tensor parallelism: reduce_scatter_rows of padded rows");
+  const size_t esize = turbo::dtype_size(t.dtype), count = static_cast<size_t>(b.pitch * b.rows);
+  char* base = static_cast<char*>(t.data);
+  ordered([&] { group_.reduce_scatter(base, base + rank() * count * esize, count, dt, parallel::ReduceOp::Sum); });
+}
+
 }  // namespace primus::backends::cuda

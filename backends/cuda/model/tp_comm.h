@@ -35,6 +35,12 @@ class TpComm {
   void all_reduce(const TensorView& t) const;
   // recv [size x send] = every rank's send, in rank order.
   void all_gather(const TensorView& send, const TensorView& recv) const;
+  // Sequence parallelism. rows: a [R, cols] view, R a multiple of size(), its rows `pitch` elements
+  // apart (its stride, which may exceed cols: the padded norm outputs). gather_rows: every rank's
+  // R / size() rows at rank x R / size() to every rank, in place; reduce_scatter_rows: the sum over
+  // the group of all R rows, rank r's share written over its own rows (the others keep their parts).
+  void gather_rows(const TensorView& rows) const;
+  void reduce_scatter_rows(const TensorView& rows) const;
 
  private:
   template <class F>
