@@ -12,6 +12,7 @@
 #include "backends/cuda/step_graph.h"
 #include "backends/cuda/trainer.h"
 #include "core/util/error.h"
+#include "parallel/launch_env.h"
 #include "parallel/data_parallel.h"
 #include "train/hf_import.h"
 
@@ -130,6 +131,17 @@ class CudaAdapter : public BackendAdapter {
     a->model = train::ModelSpec::from_config(p);
     a->train = train::TrainingArgs::from_config(p, exp);
     a->train.model_parallel.check_implemented(kCudaMesh);  // here, so a dry run refuses it too
+    // Tensor parallelism runs over the whole job for now (no dp groups beside the tp groups).
+    if (const int64_t tp = a->train.model_parallel[parallel::Dim::TP]; tp > 1) {
+      const int64_t world = parallel::read_dist_env().world_size;
+      const int64_t dp = a->train.model_parallel.for_world(world)[parallel::Dim::DP];
+      if (dp > 1) {
+        throw ConfigError(fmt::format("tensor_model_parallel_size {} with data parallelism ({} ranks: dp {}) is not "
+                                      "implemented yet on the cuda backend: run the whole job as one tensor-parallel "
+                                      "group (WORLD_SIZE = tp), or tp 1",
+                                      tp, world, dp));
+      }
+    }
     a->device = parallel::rank_device(static_cast<int>(p.find_path("device")->as_int()));
     const parallel::DataParallelArgs dpa = parallel::DataParallelArgs::from_config(p);
     a->use_distributed_optimizer = dpa.distributed_optimizer;

@@ -28,14 +28,21 @@ GraphMode parse_cuda_graph(const config::Value& v) {
 
 void check_graph_config(CudaArgs& a) {
   if (!a.cuda_graph) return;
-  if (a.cuda_graph_auto && (a.host_mode || a.train.data_parallel_size > 1)) {
+  const int64_t tp = a.train.model_parallel[parallel::Dim::TP];
+  if (a.cuda_graph_auto && (a.host_mode || a.train.data_parallel_size > 1 || tp > 1)) {
     a.cuda_graph = false;
     spdlog::info("[cuda] cuda_graph auto: the step runs eagerly ({})",
                  a.host_mode ? "host mode has no GPU"
+                 : tp > 1    ? fmt::format("tensor_model_parallel_size {}: the tp collectives are not captured", tp)
                              : fmt::format("data_parallel_size {}: the gradient reduction runs on the host inside the "
                                            "step",
                                            a.train.data_parallel_size));
     return;
+  }
+  if (tp > 1 && !a.host_mode) {
+    throw ConfigError(fmt::format("cuda_graph: true with tensor_model_parallel_size {}: the tp collectives are not "
+                                  "captured yet (set cuda_graph: false)",
+                                  tp));
   }
   if (a.host_mode) {
     throw ConfigError("cuda_graph: true needs a GPU: the model's host mode runs its ops on the CPU, where there is no "

@@ -13,6 +13,8 @@
 #include "train/hf_import.h"
 #include "train/param_init.h"
 #include "parallel/dist_checkpoint.h"
+#include "parallel/socket_process_group.h"
+#include "turbo/core/cuda_check.h"
 #include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
@@ -36,24 +38,48 @@ CudaTrainer::CudaTrainer(std::shared_ptr<CudaArgs> args, CudaOps ops) : args_(st
 void CudaTrainer::setup() {
   auto& t = args_->train;
   dist_ = parallel::read_dist_env();
-  if (dist_.world_size > 1 && args_->host_mode) {
-    throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode is one process)");
-  }
   t.check_batch();
   t.check_data();
   check_graph_config(*args_);
-  if (t.data_parallel_size != dist_.world_size) {
-    throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}); launch one rank per GPU with "
-                                  "primus launch / torchrun / srun",
-                                  t.data_parallel_size, dist_.world_size, parallel::describe(dist_)));
-  }
   dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), dist_, kCudaMesh));
+  const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
+  if (dp > 1 && args_->host_mode) {
+    throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode runs tensor parallelism only)");
+  }
+  if (tp > 1 && dp > 1) {
+    throw ConfigError(fmt::format("tensor_model_parallel_size {} with data parallelism ({} tp groups) is not implemented "
+                                  "yet on the cuda backend: run the whole job as one tensor-parallel group (WORLD_SIZE "
+                                  "= tp), or tp 1",
+                                  tp, dp));
+  }
+  if (t.data_parallel_size != dp) {
+    throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}) for tp {}; launch one rank per "
+                                  "GPU with primus launch / torchrun / srun",
+                                  t.data_parallel_size, dist_.world_size, parallel::describe(dist_), tp));
+  }
   // This rank's contiguous slice of every global batch (parallel/data_parallel.h): the same
-  // samples, in rank order, that one process reads, and resumable at any world size.
-  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, dist_.rank,
-                                                     dist_.world_size);
+  // samples, in rank order, that one process reads, and resumable at any world size. The ranks of
+  // a tp group read the same samples.
+  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size,
+                                                     static_cast<int>(dims_->coord(parallel::Dim::DP)),
+                                                     static_cast<int>(dp));
   if (!args_->host_mode) select_device(args_->device);  // this thread's device (prepare() ran on it too)
-  if (dist_.world_size > 1) {
+  if (tp > 1) {
+    parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
+    store_ = parallel::TcpStore::from_env(dist_);
+    if (args_->host_mode) {
+      tp_pg_ = parallel::make_process_group(dist_, *store_);
+    } else {
+      parallel::NcclGroupOptions go;
+      go.device = args_->device;
+      go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
+      go.name = "tp";
+      tp_pg_ = std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
+    }
+    dims_->set_group(parallel::Dim::TP, tp_pg_);
+    spdlog::info("[cuda] tensor parallel over {} ranks{} ({} group)", tp,
+                 t.model_parallel.sequence_parallel ? " with sequence parallelism" : "", tp_pg_->backend());
+  } else if (dist_.world_size > 1) {
     parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
     store_ = parallel::TcpStore::from_env(dist_);
     parallel::NcclGroupOptions go;
@@ -107,7 +133,7 @@ void CudaTrainer::init() {
 
   if (!args_->host_mode) configure_gemm_algorithms();
   // The options `primus projection` sizes the model with (model_options.h): the two cannot disagree.
-  CudaModelOptions mo = model_options_for(*args_, dist_.world_size);
+  CudaModelOptions mo = model_options_for(*args_, dims_->size(parallel::Dim::DP));
   mo.document_masking.eod_id = tokenizer_->eod_id();
   if (mo.fp8_linear && spec.hidden_size < 2048) {
     spdlog::warn("[cuda] fp8: {}: with hidden_size {} each quantization pass costs about what the FP8 GEMM saves "
@@ -122,7 +148,13 @@ void CudaTrainer::init() {
     throw ConfigError("moe_router_enable_expert_bias with data parallelism is not supported by the cuda backend yet "
                       "(the expert-bias update needs the load summed over the ranks)");
   }
-  model_ = std::make_unique<CudaModel>(spec, mo, ops_);
+  if (tp_pg_) {
+    const bool sp = t.model_parallel.sequence_parallel;
+    tp_map_ = std::make_shared<train::TpShardMap>(spec, tp_pg_->world_size(), tp_pg_->rank(), sp);
+    mo.tp_group = tp_pg_.get();
+    mo.tp_map = tp_map_;
+  }
+  model_ = std::make_unique<CudaModel>(tp_map_ ? tp_map_->local_spec() : spec, mo, ops_);
   muon_tensors_ = mo.muon;
   if (!muon_tensors_.empty()) {
     spdlog::info("[cuda] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps {}), AdamW "
@@ -134,9 +166,15 @@ void CudaTrainer::init() {
                                                 double(model_->muon_device_bytes()) / double(1 << 20)));
   }
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
-  std::vector<float> params(static_cast<size_t>(model_->layout().total));
-  train::init_params(spec, model_->layout(), t.seed, params.data());  // the same seed: every rank the same weights
-  train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), params.data());
+  // The same seed on every rank, in the global layout: every rank the same weights, and a tp rank its cut of them.
+  std::vector<float> params(static_cast<size_t>(global_layout().total));
+  train::init_params(spec, global_layout(), t.seed, params.data());
+  train::load_hf_initial_weights(args_->params, t.ckpt, spec, global_layout(), params.data());
+  if (tp_map_) {
+    std::vector<float> local(static_cast<size_t>(model_->layout().total));
+    tp_map_->to_local(params.data(), local.data());
+    params.swap(local);
+  }
   model_->set_params(params.data());
   if (pg_) {
     parallel::DataParallelOptions dpo;
@@ -390,7 +428,21 @@ void CudaTrainer::save(int64_t step) {
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
   fsys::path dir;
-  if (zero1()) {
+  if (tp_map_) {
+    // Tensor parallel: the weights and moments put together in the global layout (every rank
+    // takes part), written by rank 0 as one process would, so any layout loads them.
+    std::vector<float> local(n), m(n), v(n);
+    model_->get_params(local.data());
+    model_->get_moments(m.data(), v.data());
+    const std::vector<float> params = tp_global(local.data()), gm = tp_global(m.data()), gv = tp_global(v.data());
+    io::CheckpointData data;
+    if (rank0()) {
+      data = train::pack_checkpoint(args_->model, global_layout(), params.data(), gm.data(), gv.data(),
+                                    state_json(step));
+    }
+    dir = parallel::save_data_parallel(*tp_pg_, t.ckpt.save, step, data,
+                                       static_cast<const parallel::FlatSharding*>(nullptr), {}, so);
+  } else if (zero1()) {
     // parallel/dist_checkpoint.h, scheme "zero1": every rank writes its own shard of the moments
     // (its chunk of every bucket: DataParallel::shard_segments), copied from its GPU; rank 0
     // writes the fp32 master weights, gathered from the shards (every rank joins each gather),
@@ -458,10 +510,22 @@ void CudaTrainer::load(const fsys::path& dir) {
   io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
   const size_t n = static_cast<size_t>(model_->layout().total);
   std::vector<float> params(n);
-  train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), nullptr, nullptr);
-  model_->set_params(params.data());
   const std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
-  if (zero1()) {
+  if (tp_map_) {
+    // Checkpoints hold the global layout: read it whole, keep this rank's cut.
+    const auto G = static_cast<size_t>(global_layout().total);
+    std::vector<float> global(G), gm(G), gv(G), m(n), v(n);
+    train::unpack_checkpoint(data, dir, args_->model, global_layout(), global.data(), nullptr, nullptr);
+    parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), 0, static_cast<int64_t>(G),
+                               {gm.data(), gv.data()});
+    tp_map_->to_local(global.data(), params.data());
+    tp_map_->to_local(gm.data(), m.data());
+    tp_map_->to_local(gv.data(), v.data());
+    model_->set_params(params.data());
+    model_->set_moments(m.data(), v.data());
+  } else if (zero1()) {
+    train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), nullptr, nullptr);
+    model_->set_params(params.data());
     // This rank reads only the elements its shard holds (its chunk of every bucket), from
     // whichever shard files of the saved run cover them.
     const std::vector<parallel::FlatSegment> segs = dp_->shard_segments(dist_.rank);
@@ -475,6 +539,8 @@ void CudaTrainer::load(const fsys::path& dir) {
     parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), segs, {m.data(), v.data()});
     dp_->write_shard(master.data(), m.data(), v.data());
   } else {
+    train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), nullptr, nullptr);
+    model_->set_params(params.data());
     std::vector<float> m(n), v(n);
     parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
                             {m.data(), v.data()});
@@ -534,7 +600,9 @@ void CudaTrainer::train() {
   hooks.decorate = [&](train::StepStats& st) {
     const size_t used = args_->host_mode ? 0 : device_memory().used;
     peak_used_bytes_ = std::max(peak_used_bytes_, used);
-    const double flops = st.seconds > 0 ? flops_per_token * tokens_per_step / st.seconds : 0.0;
+    // Per GPU, as Megatron reports it: the job's model FLOP/s over its ranks (dp x tp).
+    const double flops =
+        st.seconds > 0 ? flops_per_token * tokens_per_step / st.seconds / static_cast<double>(dist_.world_size) : 0.0;
     st.extras.push_back({"tflops", flops / 1e12});
     if (args_->peak_flops > 0) st.extras.push_back({"mfu", flops / args_->peak_flops});
     st.extras.push_back({"mem_gib", gib(used)});             // device-wide, CUDA context included
@@ -570,7 +638,11 @@ void CudaTrainer::train() {
 void CudaTrainer::sample_at_end() {
   const auto& t = args_->train;
   std::vector<float> params(rank0() ? static_cast<size_t>(model_->layout().total) : 0);
-  if (zero1()) {
+  if (tp_map_) {
+    std::vector<float> local(static_cast<size_t>(model_->layout().total));
+    model_->get_params(local.data());
+    params = tp_global(local.data());
+  } else if (zero1()) {
     dp_->gather_master(rank0() ? params.data() : nullptr);
   } else if (rank0()) {
     model_->get_params(params.data());
@@ -595,9 +667,34 @@ void CudaTrainer::sample_at_end() {
   }
 }
 
+std::vector<float> CudaTrainer::tp_global(const float* local) const {
+  std::vector<float> g(static_cast<size_t>(tp_map_->global_layout().total), 0.f);
+  tp_map_->to_global(local, g.data(), /*owned_only=*/true);
+  if (args_->host_mode) {
+    tp_pg_->all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+    return g;
+  }
+  // NCCL reduces device buffers: through a temporary one (the checkpoint's moments included, one
+  // array at a time).
+  void* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, g.size() * sizeof(float)));
+  try {
+    CUDA_CHECK(cudaMemcpy(d, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
+    tp_pg_->all_reduce(d, g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+    tp_pg_->synchronize();
+    CUDA_CHECK(cudaMemcpy(g.data(), d, g.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  } catch (...) {
+    cudaFree(d);
+    throw;
+  }
+  CUDA_CHECK(cudaFree(d));
+  return g;
+}
+
 void CudaTrainer::cleanup(bool on_error) {
   if (progress_) progress_->flush();
   if (on_error && pg_) pg_->abort();  // frees this rank's GPU work; the peers' watchdogs name this rank
+  if (on_error && tp_pg_) tp_pg_->abort();
   if (on_error && store_) store_->leave_without_waiting();  // rank 0: do not wait for a stalled peer to hang up
   if (on_error) spdlog::error("[cuda] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }

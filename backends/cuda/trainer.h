@@ -22,6 +22,7 @@
 #include "parallel/parallel_dims.h"
 #include "parallel/tcp_store.h"
 #include "train/progress.h"
+#include "train/tensor_parallel.h"
 
 namespace primus::backends::cuda {
 
@@ -88,6 +89,14 @@ class CudaTrainer : public Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   bool zero1() const { return dp_ && args_->use_distributed_optimizer; }
   bool rank0() const { return dist_.rank == 0; }
+  // Tensor parallelism (tensor_model_parallel_size > 1; the whole job is one tp group for now):
+  // the group (NCCL on GPUs, Gloo in host mode) and this rank's shard map. The model is the map's
+  // local spec; weights are initialised, checkpointed and sampled in the global layout, which
+  // tp_global() puts together (every rank calls it).
+  std::shared_ptr<parallel::ProcessGroup> tp_pg_;
+  std::shared_ptr<train::TpShardMap> tp_map_;
+  std::vector<float> tp_global(const float* local) const;
+  const train::ParamLayout& global_layout() const { return tp_map_ ? tp_map_->global_layout() : model_->layout(); }
   std::unique_ptr<parallel::RankBatchReader> reader_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::DataIterators data_;

@@ -25,26 +25,7 @@
 namespace primus::backends::cuda {
 namespace {
 
-// Runs the cuda trainer in host mode in this process, with the build_args patches' effects
-// (accumulation steps) applied by hand: the runtime would need a device for prepare().
-void run_host_trainer(const std::filesystem::path& exp_file, std::vector<std::string> cli) {
-  BackendRegistry backends;
-  patches::PatchRegistry reg;
-  register_backend(backends, reg);
-  auto adapter = backends.create("cuda");
-  auto exp = config::load_experiment(exp_file, config::parse_cli_overrides(cli));
-  auto cfg = config::resolve_module(exp, "pre_trainer", adapter->schema());
-  auto args = std::static_pointer_cast<CudaArgs>(adapter->convert_config(cfg, exp));
-  args->host_mode = true;
-  args->train.grad_accum_steps = args->train.global_batch_size / args->train.micro_batch_size;
-  args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead
-  args->optimizer_in_bwd = cfg.params.find_path("optimizer_in_bwd")->as_bool();  // patch cuda.optimizer.in_backward
-  CudaTrainer trainer(args, CudaOps::defaults());
-  trainer.setup();
-  trainer.init();
-  trainer.train();
-  trainer.cleanup(false);
-}
+using testing::run_host_trainer;
 
 TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   primus::testing::Workdir w;
@@ -170,6 +151,41 @@ TEST(CudaHostTrainer, MuonMatchesTheReferenceAndResumesAcrossBackends) {
     ADD_FAILURE() << "Muon with optimizer_in_bwd was accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer: muon with optimizer_in_bwd"), std::string::npos) << e.what();
+  }
+}
+
+// Tensor parallelism through the cuda trainer: two processes (primus launch --exec this
+// directory's cuda_host_trainer_worker, Gloo between them, the model in host mode) train the
+// tiny GPT-2 as tp2, with and without sequence parallelism, and give one process's losses and
+// validation losses (fp32: 1e-5 relative); the checkpoint they save at step 3, in the global
+// layout, resumes as one process with the same losses for steps 4-6.
+TEST(CudaHostTrainer, TensorParallelTwoProcessesTrainAsOne) {
+  primus::testing::Workdir w;
+  const std::string base = testing::tiny_trainer_experiment("cuda", w.str());
+  auto one_file = w.write("one.yaml", base);
+  run_host_trainer(one_file, {});
+  const auto one = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
+  ASSERT_EQ(one.loss.size(), 6u);
+  const std::filesystem::path worker = std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
+  for (const bool sp : {false, true}) {
+    const std::string name = sp ? "tp2sp" : "tp2";
+    auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
+                                         one_file.string() + " exp_name=" + name + " tensor_model_parallel_size=2" +
+                                         (sp ? " sequence_parallel=true" : ""));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("tensor parallel over 2 ranks"), std::string::npos) << r.out;
+    const auto two = testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+    ASSERT_EQ(two.loss.size(), 6u) << name;
+    for (auto [step, l] : one.loss) EXPECT_NEAR(two.loss.at(step), l, 1e-5 * l) << name << " step " << step;
+    ASSERT_EQ(two.val.size(), one.val.size());
+    for (auto [step, l] : one.val) EXPECT_NEAR(two.val.at(step), l, 1e-5 * l) << name << " validation at " << step;
+    if (sp) continue;
+    const auto ckpt3 = w.path() / "g/u" / name / "checkpoints/iter_0000003";
+    ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
+    run_host_trainer(one_file, {"exp_name=from_tp2", "load=" + ckpt3.string()});
+    const auto resumed = testing::read_trainer_metrics(w.path() / "g/u/from_tp2/metrics.jsonl");
+    ASSERT_EQ(resumed.loss.size(), 3u);
+    for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "resumed step " << step;
   }
 }
 

@@ -1,6 +1,14 @@
 // For the tests that run a trainer end to end: the experiment they train (a tiny GPT-2 on
 // tinyshakespeare) and a run's metrics.jsonl as step -> loss and step -> validation loss.
 #pragma once
+#include "backends/cuda/args.h"
+#include "backends/cuda/hooks.h"
+#include "backends/cuda/register.h"
+#include "backends/cuda/trainer.h"
+#include "core/backend/backend.h"
+#include "core/config/experiment.h"
+#include "core/patches/registry.h"
+#include "parallel/launch_env.h"
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -43,6 +51,32 @@ inline TrainerMetrics read_trainer_metrics(const std::filesystem::path& p) {
     if (j.contains("val_loss")) m.val[j["step"]] = j["val_loss"];
   }
   return m;
+}
+
+// Runs the cuda trainer in host mode in this process, with the build_args patches' effects
+// (accumulation steps, the data-parallel size) applied by hand: the runtime would need a device
+// for prepare(). Under a launcher's variables (RANK, WORLD_SIZE, ...) it is one rank of the job.
+inline void run_host_trainer(const std::filesystem::path& exp_file, std::vector<std::string> cli) {
+  BackendRegistry backends;
+  patches::PatchRegistry reg;
+  register_backend(backends, reg);
+  auto adapter = backends.create("cuda");
+  auto exp = config::load_experiment(exp_file, config::parse_cli_overrides(cli));
+  auto cfg = config::resolve_module(exp, "pre_trainer", adapter->schema());
+  auto args = std::static_pointer_cast<CudaArgs>(adapter->convert_config(cfg, exp));
+  args->host_mode = true;
+  const int64_t world = parallel::read_dist_env().world_size;
+  const int64_t tp = args->train.model_parallel[parallel::Dim::TP];
+  args->train.data_parallel_size = world / tp;
+  args->train.grad_accum_steps =
+      args->train.global_batch_size / (args->train.micro_batch_size * args->train.data_parallel_size);
+  args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead
+  args->optimizer_in_bwd = cfg.params.find_path("optimizer_in_bwd")->as_bool();  // patch cuda.optimizer.in_backward
+  CudaTrainer trainer(args, CudaOps::defaults());
+  trainer.setup();
+  trainer.init();
+  trainer.train();
+  trainer.cleanup(false);
 }
 
 }  // namespace primus::backends::cuda::testing

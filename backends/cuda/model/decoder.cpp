@@ -54,9 +54,9 @@ Decoder::Decoder(const train::ModelSpec& spec, const train::ParamLayout& layout,
       a_(plan.acts),
       rope_table_(plan.state.rope_table),
       loss_slots_(plan.state.loss_slots),
-      sp_(opt.tp && opt.tp->map().sequence_parallel()),
       ctx_(ctx),
       policy_(plan.policy()) {
+  sp_ = opt_.tp && opt_.tp->map().sequence_parallel();
   if (opt_.bf16_edge_layers > 0) {
     const CudaOps bf16 = CudaOps::defaults();
     edge_ops_.linear_forward = bf16.linear_forward;
