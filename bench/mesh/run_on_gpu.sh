@@ -4,6 +4,8 @@
 #   2. the ops it added or changed: test_turbo_gpu's embedding and cross-entropy tests
 #   3. the threaded process group's device collectives (test_threaded_gpu)
 #   4. no regression of the one-rank model: test_cuda_gpu's parity tests against the reference
+#   5. the one-GPU trainer: test_cuda_gpu's launch-ahead test (primus itself, carried) and a
+#      50-step GPT-2 run of the embedded example (its last step line)
 # and prints a table last. Build here first: bash bench/mesh/prepare_carry.sh, then
 #   run(command="bash bench/mesh/run_on_gpu.sh", carry=[".carry-mesh"])
 # STAGES=tp,ops,threads,parity picks stages; every stage runs under `timeout`, cut to what is left
@@ -12,17 +14,11 @@ set -u
 CARRY=${CARRY:-.carry-mesh}
 OUT=${OUT:-/tmp/mesh-out}
 BIN=/tmp/mesh-bin
-STAGES=${STAGES:-tp,ops,threads,parity}
-DEADLINE=$(( $(date +%s) + ${BUDGET_S:-540} ))
-cap() { local want=$1 l; l=$(( DEADLINE - $(date +%s) - 15 )); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
-mkdir -p "$OUT" "$BIN"
-for f in "$CARRY"/*.xz; do
-  xz -dc "$f" > "$BIN/$(basename "$f" .xz)" && chmod +x "$BIN/$(basename "$f" .xz)"
-done
-cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
-source scripts/gpu_env.sh
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
-export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2 PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
+STAGES=${STAGES:-tp,ops,threads,parity,trainer}
+source bench/tools/carry.sh
+carry_deadline "${BUDGET_S:-540}"
+mkdir -p "$OUT"
+carry_unpack "$CARRY" "$BIN"
 echo "$(date -u +%Y-%m-%dT%H:%MZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) commit $(cat "$CARRY/commit.txt")"
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
 declare -a ROWS
@@ -41,6 +37,12 @@ want tp && stage tp 240 test_cuda_gpu '*TpGpu*'
 want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*'
 want threads && stage threads 60 test_threaded_gpu '*'
 want parity && stage parity 240 test_cuda_gpu '*ModelParity*:*TrainingParity*'
+if want trainer && [ -x "$BIN/primus" ]; then
+  stage trainer 150 test_cuda_gpu '*LaunchAhead*'
+  timeout "$(cap 120)" "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
+    workspace=/tmp/mesh-ws train_iters=50 save_interval=0 save_at_end=false eval_interval=0 > "$OUT/gpt2.log" 2>&1
+  ROWS+=("$(printf '%-8s rc=%-3s %s' gpt2 "$?" "$(grep -o 'step 50/50.*' "$OUT/gpt2.log" | cut -c1-150)")")
+fi
 # BASELINE=<binary carried as NAME.xz> FILTER=...: the same filter on an older build, for telling a
 # regression from a flaky test.
 if [ -n "${BASELINE:-}" ]; then stage baseline 120 "$BASELINE" "${BASE_FILTER:-*}"; fi

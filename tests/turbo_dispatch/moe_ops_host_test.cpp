@@ -12,16 +12,12 @@
 #include "core/util/error.h"
 #include "turbo/dispatch/backend_manager.h"
 #include "turbo/ops/moe.h"
+#include "tests/turbo_dispatch/host_views.h"
 
 namespace primus::turbo {
 namespace {
 
-TensorView host(std::vector<float>& v, std::initializer_list<int64_t> shape) {
-  return TensorView(v.data(), DType::F32, Device::CPU, shape);
-}
-TensorView host(std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
-  return TensorView(v.data(), DType::I32, Device::CPU, shape);
-}
+using testing::host;
 
 // "what" is in the message of the RuntimeError that f throws.
 template <class F>

@@ -10,16 +10,12 @@
 #include "core/util/error.h"
 #include "turbo/ops/embedding.h"
 #include "turbo/ops/loss.h"
+#include "tests/turbo_dispatch/host_views.h"
 
 namespace primus::turbo {
 namespace {
 
-TensorView vp_f32(std::vector<float>& v, std::initializer_list<int64_t> shape) {
-  return TensorView(v.data(), DType::F32, Device::CPU, shape);
-}
-TensorView vp_i32(std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
-  return TensorView(v.data(), DType::I32, Device::CPU, shape);
-}
+using testing::host;
 
 // 3 ranks of 17 rows over a vocabulary of 50 (51 padded): the last rank ends in a padding column.
 constexpr int64_t kVpRows = 9, kVpVocab = 50, kVpRanks = 3, kVpRowsPerRank = 17;
@@ -38,10 +34,10 @@ TEST(VocabParallelHost, CrossEntropyOfTheSlicesIsTheWholeOne) {
 
   std::vector<float> ref_logits = whole, ref_losses(kVpRows);
   CrossEntropyArgs ce;
-  ce.logits = vp_f32(ref_logits, {kVpRows, kVpVocab});
+  ce.logits = host(ref_logits, {kVpRows, kVpVocab});
   ce.dlogits = ce.logits;
-  ce.losses = vp_f32(ref_losses, {kVpRows});
-  ce.targets = vp_i32(targets, {kVpRows});
+  ce.losses = host(ref_losses, {kVpRows});
+  ce.targets = host(targets, {kVpRows});
   ce.dloss = dloss;
   cross_entropy(ce);
 
@@ -49,11 +45,11 @@ TEST(VocabParallelHost, CrossEntropyOfTheSlicesIsTheWholeOne) {
   std::vector<float> all(static_cast<size_t>(kVpRanks * kVpRows * 3));
   auto args = [&](int r, std::vector<float>& losses) {
     VocabParallelCrossEntropyArgs v;
-    v.logits = vp_f32(slice[r], {kVpRows, kVpRowsPerRank});
-    v.targets = vp_i32(targets, {kVpRows});
+    v.logits = host(slice[r], {kVpRows, kVpRowsPerRank});
+    v.targets = host(targets, {kVpRows});
     v.stats = TensorView(all.data() + r * kVpRows * 3, DType::F32, Device::CPU, {kVpRows, 3});
-    v.all_stats = vp_f32(all, {kVpRanks, kVpRows, 3});
-    v.losses = vp_f32(losses, {kVpRows});
+    v.all_stats = host(all, {kVpRanks, kVpRows, 3});
+    v.losses = host(losses, {kVpRows});
     v.vocab_begin = r * kVpRowsPerRank;
     v.vocab = std::clamp<int64_t>(kVpVocab - v.vocab_begin, 0, kVpRowsPerRank);
     v.global_vocab = kVpVocab;
@@ -99,14 +95,14 @@ TEST(VocabParallelHost, EmbeddingSlicesSumToTheWholeOne) {
 
   std::vector<float> out(B * T * C), dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
   EmbeddingArgs e;
-  e.out = vp_f32(out, {B, T, C});
-  e.tokens = vp_i32(tokens, {B, T});
-  e.wte = vp_f32(wte, {V, C});
-  e.wpe = vp_f32(wpe, {T, C});
+  e.out = host(out, {B, T, C});
+  e.tokens = host(tokens, {B, T});
+  e.wte = host(wte, {V, C});
+  e.wpe = host(wpe, {T, C});
   embedding_forward(e);
-  e.dwte = vp_f32(dwte, {V, C});
-  e.dwpe = vp_f32(dwpe, {T, C});
-  e.dout = vp_f32(dout, {B, T, C});
+  e.dwte = host(dwte, {V, C});
+  e.dwpe = host(dwpe, {T, C});
+  e.dout = host(dout, {B, T, C});
   embedding_backward(e);
 
   std::vector<float> sum(B * T * C, 0.0f);
@@ -114,17 +110,17 @@ TEST(VocabParallelHost, EmbeddingSlicesSumToTheWholeOne) {
     std::vector<float> part(wte.begin() + r * Vl * C, wte.begin() + (r + 1) * Vl * C);
     std::vector<float> o(B * T * C), dpart(Vl * C, 0.0f), dp(T * C, 0.0f);
     EmbeddingArgs p;
-    p.out = vp_f32(o, {B, T, C});
-    p.tokens = vp_i32(tokens, {B, T});
-    p.wte = vp_f32(part, {Vl, C});
-    if (r == 0) p.wpe = vp_f32(wpe, {T, C});  // positions from one rank
+    p.out = host(o, {B, T, C});
+    p.tokens = host(tokens, {B, T});
+    p.wte = host(part, {Vl, C});
+    if (r == 0) p.wpe = host(wpe, {T, C});  // positions from one rank
     p.vocab_begin = r * Vl;
     embedding_forward(p);
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += o[i];
-    p.wpe = vp_f32(wpe, {T, C});
-    p.dwte = vp_f32(dpart, {Vl, C});
-    p.dwpe = vp_f32(dp, {T, C});
-    p.dout = vp_f32(dout, {B, T, C});
+    p.wpe = host(wpe, {T, C});
+    p.dwte = host(dpart, {Vl, C});
+    p.dwpe = host(dp, {T, C});
+    p.dout = host(dout, {B, T, C});
     embedding_backward(p);
     for (int64_t i = 0; i < Vl * C; ++i) EXPECT_EQ(dpart[i], dwte[r * Vl * C + i]) << "rank " << r << " element " << i;
     EXPECT_EQ(dp, dwpe);
