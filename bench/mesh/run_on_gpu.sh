@@ -36,7 +36,7 @@ stage() {  # stage NAME SECONDS BINARY FILTER
 want tp && stage tp 240 test_cuda_gpu '*TpGpu*'
 want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*'
 want threads && stage threads 60 test_threaded_gpu '*'
-want parity && stage parity 240 test_cuda_gpu '*ModelParity*:*TrainingParity*'
+want parity && stage parity 240 test_cuda_gpu "${PARITY_FILTER:-*ModelParity*:*TrainingParity*}"
 if want trainer && [ -x "$BIN/primus" ]; then
   stage trainer 150 test_cuda_gpu '*LaunchAhead*'
   timeout "$(cap 120)" "$BIN/primus" train pretrain --config examples/cuda/gpt2-124M-shakespeare.yaml \
