@@ -429,19 +429,30 @@ void CudaTrainer::save(int64_t step) {
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
   fsys::path dir;
   if (tp_map_) {
-    // Tensor parallel: the weights and moments put together in the global layout (every rank
-    // takes part), written by rank 0 as one process would, so any layout loads them.
+    // Tensor parallel: the weights put together in the global layout (every rank takes part) and
+    // written by rank 0 as one process would; the moments as per-rank shard files of the global
+    // flat states, each rank its own slices (the replicated tensors from rank 0), so no rank holds
+    // them whole. Any layout loads both (load()).
     std::vector<float> local(n), m(n), v(n);
     model_->get_params(local.data());
     model_->get_moments(m.data(), v.data());
-    const std::vector<float> params = tp_global(local.data()), gm = tp_global(m.data()), gv = tp_global(v.data());
-    io::CheckpointData data;
-    if (rank0()) {
-      data = train::pack_checkpoint(args_->model, global_layout(), params.data(), gm.data(), gv.data(),
-                                    state_json(step));
+    const std::vector<float> params = tp_global(local.data());
+    parallel::FlatSharding sharding;
+    sharding.total = global_layout().total;
+    for (int k = 0; k < tp_map_->tp(); ++k) sharding.ranks.push_back(tp_owned_segments(k));
+    std::vector<float> own_m, own_v;  // this rank's owned pieces, in segment order
+    for (const train::TpPiece& p : tp_owned_pieces(dist_.rank)) {
+      own_m.insert(own_m.end(), m.begin() + p.local, m.begin() + p.local + p.count);
+      own_v.insert(own_v.end(), v.begin() + p.local, v.begin() + p.local + p.count);
     }
-    dir = parallel::save_data_parallel(*tp_pg_, t.ckpt.save, step, data,
-                                       static_cast<const parallel::FlatSharding*>(nullptr), {}, so);
+    io::CheckpointData data;
+    if (rank0()) data = train::pack_checkpoint(args_->model, global_layout(), params.data(), nullptr, nullptr, state_json(step));
+    parallel::HostAllGather gather;  // NCCL takes device buffers: the shard digests through the device
+    if (!args_->host_mode) {
+      gather = [this](const void* send, void* recv, size_t bytes) { tp_all_gather_host(send, recv, bytes); };
+    }
+    dir = parallel::save_data_parallel(*tp_pg_, t.ckpt.save, step, data, &sharding,
+                                       {{"exp_avg", own_m.data()}, {"exp_avg_sq", own_v.data()}}, so, gather);
   } else if (zero1()) {
     // parallel/dist_checkpoint.h, scheme "zero1": every rank writes its own shard of the moments
     // (its chunk of every bucket: DataParallel::shard_segments), copied from its GPU; rank 0
@@ -512,15 +523,15 @@ void CudaTrainer::load(const fsys::path& dir) {
   std::vector<float> params(n);
   const std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
   if (tp_map_) {
-    // Checkpoints hold the global layout: read it whole, keep this rank's cut.
+    // Checkpoints hold the global layout: the weights whole, cut here; the moments read as this
+    // rank's pieces alone (in local order they are its whole buffer), from whichever files hold them.
     const auto G = static_cast<size_t>(global_layout().total);
-    std::vector<float> global(G), gm(G), gv(G), m(n), v(n);
+    std::vector<float> global(G), m(n), v(n);
     train::unpack_checkpoint(data, dir, args_->model, global_layout(), global.data(), nullptr, nullptr);
-    parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), 0, static_cast<int64_t>(G),
-                               {gm.data(), gv.data()});
     tp_map_->to_local(global.data(), params.data());
-    tp_map_->to_local(gm.data(), m.data());
-    tp_map_->to_local(gv.data(), v.data());
+    std::vector<parallel::FlatSegment> windows;
+    for (const train::TpPiece& p : tp_map_->pieces()) windows.push_back({p.global, p.global + p.count});
+    parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), windows, {m.data(), v.data()});
     model_->set_params(params.data());
     model_->set_moments(m.data(), v.data());
   } else if (zero1()) {
@@ -665,6 +676,45 @@ void CudaTrainer::sample_at_end() {
     spdlog::warn("[sample] skipped: {}; primus generate --backend reference --checkpoint {} --prompt '{}'", e.what(),
                  t.ckpt.save.string(), t.sample_prompt);
   }
+}
+
+// The pieces rank k of the tp group writes: its own slices, and the replicated tensors on rank 0.
+std::vector<train::TpPiece> CudaTrainer::tp_owned_pieces(int k) const {
+  const train::TpShardMap map(tp_map_->global_spec(), tp_map_->tp(), k, tp_map_->sequence_parallel());
+  const auto& ts = map.local_layout().tensors;
+  std::vector<train::TpPiece> owned;
+  size_t t = 0;  // the tensor of the piece (pieces run in tensor order)
+  for (const train::TpPiece& p : map.pieces()) {
+    while (p.local >= ts[t].offset + ts[t].numel) ++t;
+    if (k == 0 || !map.replicated(t)) owned.push_back(p);
+  }
+  return owned;
+}
+
+std::vector<parallel::FlatSegment> CudaTrainer::tp_owned_segments(int k) const {
+  std::vector<parallel::FlatSegment> segs;
+  for (const train::TpPiece& p : tp_owned_pieces(k)) segs.push_back({p.global, p.global + p.count});
+  return segs;
+}
+
+void CudaTrainer::tp_all_gather_host(const void* send, void* recv, size_t bytes) const {
+  const size_t words = (bytes + 3) / 4, world = static_cast<size_t>(tp_map_->tp());
+  void* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, words * 4 * (world + 1)));
+  try {
+    char* mine = static_cast<char*>(d) + words * 4 * world;
+    CUDA_CHECK(cudaMemset(d, 0, words * 4 * (world + 1)));
+    CUDA_CHECK(cudaMemcpy(mine, send, bytes, cudaMemcpyHostToDevice));
+    tp_pg_->all_gather(mine, d, words, parallel::DType::F32);
+    tp_pg_->synchronize();
+    for (size_t r = 0; r < world; ++r)
+      CUDA_CHECK(cudaMemcpy(static_cast<char*>(recv) + r * bytes, static_cast<char*>(d) + r * words * 4, bytes,
+                            cudaMemcpyDeviceToHost));
+  } catch (...) {
+    cudaFree(d);
+    throw;
+  }
+  CUDA_CHECK(cudaFree(d));
 }
 
 std::vector<float> CudaTrainer::tp_global(const float* local) const {

@@ -19,6 +19,7 @@
 #include "core/config/experiment.h"
 #include "core/patches/registry.h"
 #include "core/util/error.h"
+#include "parallel/dist_checkpoint.h"
 #include "tests/cuda_gpu/trainer_runs.h"
 #include "tests/e2e/cli_runner.h"
 
@@ -157,8 +158,9 @@ TEST(CudaHostTrainer, MuonMatchesTheReferenceAndResumesAcrossBackends) {
 // Tensor parallelism through the cuda trainer: two processes (primus launch --exec this
 // directory's cuda_host_trainer_worker, Gloo between them, the model in host mode) train the
 // tiny GPT-2 as tp2, with and without sequence parallelism, and give one process's losses and
-// validation losses (fp32: 1e-5 relative); the checkpoint they save at step 3, in the global
-// layout, resumes as one process with the same losses for steps 4-6.
+// validation losses (fp32: 1e-5 relative); the checkpoint they save at step 3 (weights in the
+// global layout, moments as per-rank shards) resumes as one process with the same losses for
+// steps 4-6, and one process's resumes as tp2.
 TEST(CudaHostTrainer, TensorParallelTwoProcessesTrainAsOne) {
   primus::testing::Workdir w;
   const std::string base = testing::tiny_trainer_experiment("cuda", w.str());
@@ -182,10 +184,20 @@ TEST(CudaHostTrainer, TensorParallelTwoProcessesTrainAsOne) {
     if (sp) continue;
     const auto ckpt3 = w.path() / "g/u" / name / "checkpoints/iter_0000003";
     ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
+    for (int k = 0; k < 2; ++k)  // the moments: one shard file per rank
+      EXPECT_TRUE(std::filesystem::exists(ckpt3 / parallel::shard_file_name(k, 2))) << "rank " << k;
     run_host_trainer(one_file, {"exp_name=from_tp2", "load=" + ckpt3.string()});
     const auto resumed = testing::read_trainer_metrics(w.path() / "g/u/from_tp2/metrics.jsonl");
     ASSERT_EQ(resumed.loss.size(), 3u);
     for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "resumed step " << step;
+    // And one process's step-3 checkpoint resumes as tp2.
+    auto rr = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
+                                          one_file.string() + " exp_name=tp2_from_one tensor_model_parallel_size=2 load=" +
+                                          (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
+    ASSERT_EQ(rr.code, 0) << rr.out;
+    const auto from_one = testing::read_trainer_metrics(w.path() / "g/u/tp2_from_one/metrics.jsonl");
+    ASSERT_EQ(from_one.loss.size(), 3u);
+    for (auto [step, l] : from_one.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "tp2 from one, step " << step;
   }
 }
 
