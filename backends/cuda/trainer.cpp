@@ -724,15 +724,20 @@ std::vector<float> CudaTrainer::tp_global(const float* local) const {
     tp_pg_->all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
     return g;
   }
-  // NCCL reduces device buffers: through a temporary one (the checkpoint's moments included, one
-  // array at a time).
+  // NCCL reduces device buffers: through a temporary one, in chunks of at most 256 MiB (a large
+  // model's global layout does not fit beside it on the GPU).
+  constexpr size_t kChunk = size_t{64} << 20;  // floats
+  const size_t chunk = std::min(kChunk, g.size());
   void* d = nullptr;
-  CUDA_CHECK(cudaMalloc(&d, g.size() * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&d, chunk * sizeof(float)));
   try {
-    CUDA_CHECK(cudaMemcpy(d, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
-    tp_pg_->all_reduce(d, g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
-    tp_pg_->synchronize();
-    CUDA_CHECK(cudaMemcpy(g.data(), d, g.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t at = 0; at < g.size(); at += chunk) {
+      const size_t cnt = std::min(chunk, g.size() - at);
+      CUDA_CHECK(cudaMemcpy(d, g.data() + at, cnt * sizeof(float), cudaMemcpyHostToDevice));
+      tp_pg_->all_reduce(d, cnt, parallel::DType::F32, parallel::ReduceOp::Sum);
+      tp_pg_->synchronize();
+      CUDA_CHECK(cudaMemcpy(g.data() + at, d, cnt * sizeof(float), cudaMemcpyDeviceToHost));
+    }
   } catch (...) {
     cudaFree(d);
     throw;
