@@ -64,7 +64,7 @@ std::string shard_file_name(int rank, int world);
 // Moves a few host bytes between the ranks: every rank's `bytes` bytes at `send`, into `recv`
 // (bytes x world) in rank order, called by every rank. Default (empty): pg.all_gather on the
 // host buffers, right for the socket and single-process groups; a group on device memory
-// (NCCL) passes one that stages through the device (backends/cuda DataParallel::all_gather_host).
+// (NCCL) passes one that stages through the device (NcclProcessGroup::all_gather_host).
 using HostAllGather = std::function<void(const void* send, void* recv, size_t bytes)>;
 
 // Collective: every rank calls it with the same iteration and the same sharding. `data` is what

@@ -142,13 +142,19 @@ void TpShardMap::to_local(const float* global, float* local) const {
   for (const TpPiece& p : pieces_) std::copy_n(global + p.global, p.count, local + p.local);
 }
 
-void TpShardMap::to_global(const float* local, float* global, bool owned_only) const {
+std::vector<TpPiece> TpShardMap::owned_pieces() const {
+  if (rank_ == 0) return pieces_;
+  std::vector<TpPiece> owned;
   size_t t = 0;  // the tensor of the piece (pieces run in tensor order)
   for (const TpPiece& p : pieces_) {
     while (p.local >= local_layout_.tensors[t].offset + local_layout_.tensors[t].numel) ++t;
-    if (owned_only && rank_ != 0 && replicated_[t]) continue;
-    std::copy_n(local + p.local, p.count, global + p.global);
+    if (!replicated_[t]) owned.push_back(p);
   }
+  return owned;
+}
+
+void TpShardMap::to_global(const float* local, float* global, bool owned_only) const {
+  for (const TpPiece& p : owned_only ? owned_pieces() : pieces_) std::copy_n(local + p.local, p.count, global + p.global);
 }
 
 }  // namespace primus::train

@@ -52,10 +52,14 @@ class TpShardMap {
   // parallelism also the norms, each rank seeing its part of the sequence).
   bool partial_grad(size_t tensor) const { return partial_.at(tensor); }
 
+  // The pieces this rank writes when the ranks' buffers are put together: its own slices, and the
+  // replicated tensors on rank 0 only (in local order, so also in global order). Every global
+  // element is in exactly one rank's owned pieces.
+  std::vector<TpPiece> owned_pieces() const;
   // local[i] = global[where element i lives].
   void to_local(const float* global, float* local) const;
-  // Writes this rank's elements into `global`; with owned_only, replicated tensors only from rank 0,
-  // so that summing every rank's result over the group (zeros elsewhere) rebuilds the global buffer.
+  // Writes this rank's elements into `global`; with owned_only, its owned_pieces() alone, so that
+  // summing every rank's result over the group (zeros elsewhere) rebuilds the global buffer.
   void to_global(const float* local, float* global, bool owned_only) const;
 
  private:

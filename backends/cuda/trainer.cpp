@@ -14,7 +14,6 @@
 #include "train/param_init.h"
 #include "parallel/dist_checkpoint.h"
 #include "parallel/socket_process_group.h"
-#include "turbo/core/cuda_check.h"
 #include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
@@ -45,12 +44,6 @@ void CudaTrainer::setup() {
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
   if (dp > 1 && args_->host_mode) {
     throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode runs tensor parallelism only)");
-  }
-  if (tp > 1 && dp > 1) {
-    throw ConfigError(fmt::format("tensor_model_parallel_size {} with data parallelism ({} tp groups) is not implemented "
-                                  "yet on the cuda backend: run the whole job as one tensor-parallel group (WORLD_SIZE "
-                                  "= tp), or tp 1",
-                                  tp, dp));
   }
   if (t.data_parallel_size != dp) {
     throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}) for tp {}; launch one rank per "
@@ -439,17 +432,22 @@ void CudaTrainer::save(int64_t step) {
     const std::vector<float> params = tp_global(local.data());
     parallel::FlatSharding sharding;
     sharding.total = global_layout().total;
-    for (int k = 0; k < tp_map_->tp(); ++k) sharding.ranks.push_back(tp_owned_segments(k));
+    for (int k = 0; k < tp_map_->tp(); ++k) {
+      const train::TpShardMap map_k(args_->model, tp_map_->tp(), k, tp_map_->sequence_parallel());
+      std::vector<parallel::FlatSegment> segs;
+      for (const train::TpPiece& p : map_k.owned_pieces()) segs.push_back({p.global, p.global + p.count});
+      sharding.ranks.push_back(std::move(segs));
+    }
     std::vector<float> own_m, own_v;  // this rank's owned pieces, in segment order
-    for (const train::TpPiece& p : tp_owned_pieces(dist_.rank)) {
+    for (const train::TpPiece& p : tp_map_->owned_pieces()) {
       own_m.insert(own_m.end(), m.begin() + p.local, m.begin() + p.local + p.count);
       own_v.insert(own_v.end(), v.begin() + p.local, v.begin() + p.local + p.count);
     }
     io::CheckpointData data;
     if (rank0()) data = train::pack_checkpoint(args_->model, global_layout(), params.data(), nullptr, nullptr, state_json(step));
     parallel::HostAllGather gather;  // NCCL takes device buffers: the shard digests through the device
-    if (!args_->host_mode) {
-      gather = [this](const void* send, void* recv, size_t bytes) { tp_all_gather_host(send, recv, bytes); };
+    if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(tp_pg_.get())) {
+      gather = [nccl](const void* send, void* recv, size_t bytes) { nccl->all_gather_host(send, recv, bytes); };
     }
     dir = parallel::save_data_parallel(*tp_pg_, t.ckpt.save, step, data, &sharding,
                                        {{"exp_avg", own_m.data()}, {"exp_avg_sq", own_v.data()}}, so, gather);
@@ -678,71 +676,14 @@ void CudaTrainer::sample_at_end() {
   }
 }
 
-// The pieces rank k of the tp group writes: its own slices, and the replicated tensors on rank 0.
-std::vector<train::TpPiece> CudaTrainer::tp_owned_pieces(int k) const {
-  const train::TpShardMap map(tp_map_->global_spec(), tp_map_->tp(), k, tp_map_->sequence_parallel());
-  const auto& ts = map.local_layout().tensors;
-  std::vector<train::TpPiece> owned;
-  size_t t = 0;  // the tensor of the piece (pieces run in tensor order)
-  for (const train::TpPiece& p : map.pieces()) {
-    while (p.local >= ts[t].offset + ts[t].numel) ++t;
-    if (k == 0 || !map.replicated(t)) owned.push_back(p);
-  }
-  return owned;
-}
-
-std::vector<parallel::FlatSegment> CudaTrainer::tp_owned_segments(int k) const {
-  std::vector<parallel::FlatSegment> segs;
-  for (const train::TpPiece& p : tp_owned_pieces(k)) segs.push_back({p.global, p.global + p.count});
-  return segs;
-}
-
-void CudaTrainer::tp_all_gather_host(const void* send, void* recv, size_t bytes) const {
-  const size_t words = (bytes + 3) / 4, world = static_cast<size_t>(tp_map_->tp());
-  void* d = nullptr;
-  CUDA_CHECK(cudaMalloc(&d, words * 4 * (world + 1)));
-  try {
-    char* mine = static_cast<char*>(d) + words * 4 * world;
-    CUDA_CHECK(cudaMemset(d, 0, words * 4 * (world + 1)));
-    CUDA_CHECK(cudaMemcpy(mine, send, bytes, cudaMemcpyHostToDevice));
-    tp_pg_->all_gather(mine, d, words, parallel::DType::F32);
-    tp_pg_->synchronize();
-    for (size_t r = 0; r < world; ++r)
-      CUDA_CHECK(cudaMemcpy(static_cast<char*>(recv) + r * bytes, static_cast<char*>(d) + r * words * 4, bytes,
-                            cudaMemcpyDeviceToHost));
-  } catch (...) {
-    cudaFree(d);
-    throw;
-  }
-  CUDA_CHECK(cudaFree(d));
-}
-
 std::vector<float> CudaTrainer::tp_global(const float* local) const {
   std::vector<float> g(static_cast<size_t>(tp_map_->global_layout().total), 0.f);
   tp_map_->to_global(local, g.data(), /*owned_only=*/true);
-  if (args_->host_mode) {
+  if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(tp_pg_.get())) {
+    nccl->all_reduce_host(g.data(), g.size());
+  } else {
     tp_pg_->all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
-    return g;
   }
-  // NCCL reduces device buffers: through a temporary one, in chunks of at most 256 MiB (a large
-  // model's global layout does not fit beside it on the GPU).
-  constexpr size_t kChunk = size_t{64} << 20;  // floats
-  const size_t chunk = std::min(kChunk, g.size());
-  void* d = nullptr;
-  CUDA_CHECK(cudaMalloc(&d, chunk * sizeof(float)));
-  try {
-    for (size_t at = 0; at < g.size(); at += chunk) {
-      const size_t cnt = std::min(chunk, g.size() - at);
-      CUDA_CHECK(cudaMemcpy(d, g.data() + at, cnt * sizeof(float), cudaMemcpyHostToDevice));
-      tp_pg_->all_reduce(d, cnt, parallel::DType::F32, parallel::ReduceOp::Sum);
-      tp_pg_->synchronize();
-      CUDA_CHECK(cudaMemcpy(g.data() + at, d, cnt * sizeof(float), cudaMemcpyDeviceToHost));
-    }
-  } catch (...) {
-    cudaFree(d);
-    throw;
-  }
-  CUDA_CHECK(cudaFree(d));
   return g;
 }
 

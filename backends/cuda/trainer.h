@@ -96,12 +96,6 @@ class CudaTrainer : public Trainer {
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;
   std::shared_ptr<train::TpShardMap> tp_map_;
   std::vector<float> tp_global(const float* local) const;
-  // Checkpoints: the slices rank k writes of the global flat states (its own, and the replicated
-  // tensors on rank 0), as pieces of its buffer and as global segments; the shard digests' host
-  // all-gather through the device for NCCL.
-  std::vector<train::TpPiece> tp_owned_pieces(int k) const;
-  std::vector<parallel::FlatSegment> tp_owned_segments(int k) const;
-  void tp_all_gather_host(const void* send, void* recv, size_t bytes) const;
   const train::ParamLayout& global_layout() const { return tp_map_ ? tp_map_->global_layout() : model_->layout(); }
   std::unique_ptr<parallel::RankBatchReader> reader_;
   std::unique_ptr<data::Tokenizer> tokenizer_;

@@ -344,26 +344,7 @@ void DataParallel::gather_master(float* master) {
 }
 
 void DataParallel::all_gather_host(const void* send, void* recv, size_t bytes) {
-  const size_t words = (bytes + 3) / 4;  // moved as f32 "elements": NCCL copies the bits as they are
-  if (words == 0) return;
-  std::vector<float> host(words * size_t(world_), 0.0f);
-  std::memcpy(host.data() + size_t(rank_) * words, send, bytes);
-  float* dev = nullptr;
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev), host.size() * 4));
-  try {
-    CUDA_CHECK(cudaMemcpyAsync(dev + size_t(rank_) * words, host.data() + size_t(rank_) * words, words * 4,
-                               cudaMemcpyHostToDevice, pg_.stream()));
-    pg_.all_gather(dev + size_t(rank_) * words, dev, words, parallel::DType::F32);
-    CUDA_CHECK(cudaMemcpyAsync(host.data(), dev, host.size() * 4, cudaMemcpyDeviceToHost, pg_.stream()));
-    pg_.synchronize();
-  } catch (...) {
-    cudaFree(dev);
-    throw;
-  }
-  CUDA_CHECK(cudaFree(dev));
-  for (int r = 0; r < world_; ++r) {
-    std::memcpy(static_cast<char*>(recv) + size_t(r) * bytes, host.data() + size_t(r) * words, bytes);
-  }
+  pg_.all_gather_host(send, recv, bytes);
 }
 
 }  // namespace primus::parallel

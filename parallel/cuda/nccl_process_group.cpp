@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -229,6 +230,49 @@ void NcclProcessGroup::barrier() {
   CUDA_CHECK(cudaMemsetAsync(scratch_, 0, sizeof(float), stream_));
   enqueue("barrier", [&] { return lib_->api.AllReduce(scratch_, scratch_, 1, nccl::Float32, nccl::Sum, comm_, stream_); });
   synchronize();
+}
+
+namespace {
+// A device buffer freed on every way out.
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(size_t bytes) { CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+}  // namespace
+
+void NcclProcessGroup::all_gather_host(const void* send, void* recv, size_t bytes) {
+  const size_t words = (bytes + 3) / 4;  // moved as f32 "elements": NCCL copies the bits as they are
+  if (words == 0) return;
+  std::vector<float> host(words * size_t(world_), 0.0f);
+  std::memcpy(host.data() + size_t(rank_) * words, send, bytes);
+  DeviceBuffer dev(host.size() * 4);
+  float* d = static_cast<float*>(dev.p);
+  CUDA_CHECK(cudaMemcpyAsync(d + size_t(rank_) * words, host.data() + size_t(rank_) * words, words * 4,
+                             cudaMemcpyHostToDevice, stream_));
+  all_gather(d + size_t(rank_) * words, d, words, parallel::DType::F32);
+  CUDA_CHECK(cudaMemcpyAsync(host.data(), d, host.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  for (int r = 0; r < world_; ++r) {
+    std::memcpy(static_cast<char*>(recv) + size_t(r) * bytes, host.data() + size_t(r) * words, bytes);
+  }
+}
+
+void NcclProcessGroup::all_reduce_host(float* data, size_t count) {
+  constexpr size_t kChunk = size_t{64} << 20;  // floats: 256 MiB
+  const size_t chunk = std::min(kChunk, count);
+  if (chunk == 0) return;
+  DeviceBuffer dev(chunk * sizeof(float));
+  float* d = static_cast<float*>(dev.p);
+  for (size_t at = 0; at < count; at += chunk) {
+    const size_t n = std::min(chunk, count - at);
+    CUDA_CHECK(cudaMemcpyAsync(d, data + at, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    all_reduce(d, n, parallel::DType::F32, parallel::ReduceOp::Sum);
+    CUDA_CHECK(cudaMemcpyAsync(data + at, d, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  }
 }
 
 void NcclProcessGroup::synchronize() {

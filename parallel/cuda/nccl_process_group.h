@@ -70,6 +70,12 @@ class NcclProcessGroup : public parallel::ProcessGroup {
   // group's collectives so far.
   void wait_for(cudaStream_t other);
   void make_wait(cudaStream_t other);
+  // Collectives on host buffers, staged through the device (NCCL moves device memory only);
+  // synchronising. all_gather_host: every rank's `bytes` at `send` into `recv` (bytes x world, rank
+  // order), e.g. a checkpoint's shard digests (parallel::HostAllGather). all_reduce_host: `data`
+  // summed over the ranks in place, through a device buffer of at most 256 MiB at a time.
+  void all_gather_host(const void* send, void* recv, size_t bytes);
+  void all_reduce_host(float* data, size_t count);
   // Throws the recorded CollectiveError, if any (cheap; call it between steps).
   void check() const;
   const parallel::nccl::Library& library() const { return *lib_; }

@@ -8,7 +8,6 @@
 
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
-#include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/document_masks.h"
 #include "turbo/ops/activation.h"
 #include "turbo/ops/cast.h"
@@ -251,7 +250,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
       if (N % opt_.tp->size() != 0)
         throw RuntimeError(fmt::format("sequence parallelism: {} tokens do not split over {} ranks", N, opt_.tp->size()));
       row_sum(a_.tmp, N);
-      copy_rows(a_.layers[0].x_in.slice0(0, local_rows(N)), mine(a_.tmp, N));
+      turbo::copy_rows(a_.layers[0].x_in.slice0(0, local_rows(N)), mine(a_.tmp, N), c);
     } else {
       tp_sum(a_.layers[0].x_in.slice0(0, N));
     }
@@ -596,15 +595,6 @@ void Decoder::backward() {
   fresh_layers_ = false;  // the next micro-batch of this step accumulates
 }
 
-
-void Decoder::copy_rows(const TensorView& dst, const TensorView& src) const {
-  if (src.device == turbo::Device::CPU) {
-    std::memcpy(dst.data, src.data, src.nbytes());
-  } else {
-    CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice,
-                               static_cast<cudaStream_t>(ctx_.stream)));
-  }
-}
 
 void Decoder::tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses,
                       float dloss) const {

@@ -197,7 +197,6 @@ class Decoder {
   void gather(const TensorView& full, int64_t N) const {
     if (sp_) opt_.tp->gather_rows(full.slice0(0, N));
   }
-  void copy_rows(const TensorView& dst, const TensorView& src) const;  // same shape, on the model's stream
   TensorView row_bias(const Param& b) const { return opt_.tp && opt_.tp->rank() != 0 ? TensorView() : b.w; }
   void tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses, float dloss) const;
   void ready(int64_t offset) const {

@@ -277,12 +277,9 @@ void MemoryPlan::plan(Take&& take) {
   a.ones_buffers.clear();
   for (const Field& f : fields) {
     auto take_field = [&] {
-      if (f.local && opt_.sequence_parallel) {
-        if (f.flat) return take(Pool::Acts, f.dtype, {NL * f.cols}, f.what);
-        return take(Pool::Acts, f.dtype, {NL, f.cols}, f.what);
-      }
-      if (f.flat) return take(Pool::Acts, f.dtype, {N * f.cols}, f.what);
-      if (f.pad == 0) return take(Pool::Acts, f.dtype, {N, f.cols}, f.what);
+      const int64_t rows = f.local ? NL : N;  // no padded (ones-column) field is local
+      if (f.flat) return take(Pool::Acts, f.dtype, {rows * f.cols}, f.what);
+      if (f.pad == 0) return take(Pool::Acts, f.dtype, {rows, f.cols}, f.what);
       TensorView t = take(Pool::Acts, f.dtype, {N, f.cols + f.pad}, f.what);
       if (!t.defined()) return t;
       a.ones_buffers.push_back(t);
