@@ -485,12 +485,15 @@ TEST_F(AttentionTest, FullyMaskedRows) {
       for (int64_t t = 0; t < T; ++t) {
         const bool empty = qpos[t] < 10 || (w > 0 && qpos[t] - 13 >= w);
         const size_t row = static_cast<size_t>((b * T + t) * H * D);
-        for (size_t e = row; e < row + H * D; ++e) {
-          if (empty) {
-            EXPECT_EQ(dx[0][e], before[0][e]) << "dq of an empty row changed";
-          } else {
-            EXPECT_NE(dx[0][e], before[0][e]);
+        for (size_t h = 0; h < static_cast<size_t>(H); ++h) {
+          // A head that sees keys moves its dq; one element's share can round away against the
+          // accumulated value (seed 1787033499), so the head's elements are judged together.
+          size_t changed = 0;
+          for (size_t e = row + h * D; e < row + (h + 1) * D; ++e) {
+            if (empty) EXPECT_EQ(dx[0][e], before[0][e]) << "dq of an empty row changed";
+            changed += dx[0][e] != before[0][e];
           }
+          if (!empty) EXPECT_GT(changed, 0u) << "dq of row " << t << " head " << h << " did not move";
         }
       }
   }
