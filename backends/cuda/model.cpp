@@ -107,6 +107,13 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
     mp.tp = opt.tp_map->tp();
     mp.sequence_parallel = opt.tp_map->sequence_parallel() && mp.tp > 1;
   }
+  if (opt.dp_group && (opt.dp_sharding == parallel::DpSharding::OptimGrads ||
+                       opt.dp_sharding == parallel::DpSharding::OptimGradsParams)) {
+    mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, opt.dp_group->world_size(),
+                                                   opt.dp_group->rank(),
+                                                   opt.dp_sharding == parallel::DpSharding::OptimGradsParams));
+    mp.zero_ranges = 0;  // the places and the shard are cleared whole
+  }
   return mp;
 }
 
@@ -160,6 +167,18 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
       throw ConfigError("the cuda backend's tensor parallelism with a distributed optimizer is not implemented yet");
   }
+  const bool fsdp = opt_.dp_group && (opt_.dp_sharding == parallel::DpSharding::OptimGrads ||
+                                      opt_.dp_sharding == parallel::DpSharding::OptimGradsParams);
+  if (fsdp) {
+    const std::string what = fmt::format("data_parallel_sharding_strategy {}", parallel::dp_sharding_name(opt_.dp_sharding));
+    if (tp) throw ConfigError(what + " with tensor_model_parallel_size > 1 is not implemented on the cuda backend yet");
+    if (spec_.moe.enabled()) throw ConfigError(what + " with MoE layers is not implemented on the cuda backend yet");
+    if (opt_.fp8_linear) throw ConfigError(what + " with fp8 linear layers is not implemented on the cuda backend yet");
+    if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
+    if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
+    if (!opt_.optimizer_state || opt_.flat_elems != 0)
+      throw ConfigError(what + " keeps its own shard of the optimizer state (no use_distributed_optimizer buffers)");
+  }
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
 
@@ -173,9 +192,30 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     in_backward.written_first = [this](const std::string& name) { return Decoder::written_by_first_gemm(spec_, name); };
     in_backward.clear_all = opt_.zero_grad_full;
   }
-  optimizer_ = std::make_unique<OptimizerState>(layout_, plan_->state, plan_->grad_placement(), plan_->state_arena(),
-                                                std::move(clearing), opt_.optimizer_state, stream_, ops,
-                                                opt_.optimizer_in_backward ? &in_backward : nullptr, opt_.muon);
+  if (fsdp) {
+    // The optimizer sees the shard as a model of its own: its pieces of the tensors (decay as theirs),
+    // the chunks' master weights, moments, averaged gradient and bf16 copy, the model's status.
+    fsdp_plan_ = mp.fsdp;
+    shard_layout_ = shard_layout(*fsdp_plan_, layout_);
+    const StateBuffers& st = plan_->state;
+    shard_state_ = st;
+    shard_state_.grads = st.shard_grads;
+    shard_state_.weights = st.shard_weights;
+    shard_state_.zero_table = TensorView();
+    shard_place_.elems = fsdp_plan_->shard_elems;
+    for (const train::ParamTensor& t : shard_layout_.tensors) shard_place_.offset.push_back(t.offset);
+    shard_place_.in_window.assign(shard_layout_.tensors.size(), false);
+    GradClearing whole;
+    whole.memset_ranges.push_back({0, fsdp_plan_->shard_elems});
+    optimizer_ = std::make_unique<OptimizerState>(shard_layout_, shard_state_, shard_place_, plan_->state_arena(),
+                                                  std::move(whole), true, stream_, ops);
+    optimizer_->norm_over(std::vector<bool>(shard_layout_.tensors.size(), true));
+    fsdp_ = std::make_unique<FsdpComm>(*opt_.dp_group, fsdp_plan_, plan_->state, stream_);
+  } else {
+    optimizer_ = std::make_unique<OptimizerState>(layout_, plan_->state, plan_->grad_placement(), plan_->state_arena(),
+                                                  std::move(clearing), opt_.optimizer_state, stream_, ops,
+                                                  opt_.optimizer_in_backward ? &in_backward : nullptr, opt_.muon);
+  }
   DecoderOptions dec;
   dec.bias_grad = opt_.bias_grad;
   dec.gelu_unfused_forward = opt_.gelu_unfused_forward;
@@ -202,7 +242,9 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                        (opt_.tp_map->sequence_parallel() && (ends_with(name, "attn.proj.bias") || ends_with(name, "mlp.proj.bias")));
     }
   }
+  dec.fsdp = fsdp_.get();
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
+  if (fsdp_) decoder_->on_grads_ready([this](int64_t offset) { fsdp_->grads_ready(offset); });
   if (opt_.optimizer_in_backward) {
     decoder_->on_grads_ready([this](int64_t offset) {
       NvtxRange r("adamw group");
@@ -218,6 +260,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   optimizer_->upload_clearing_table();
   plan_->init_ones(stream_);
   stream_.zero(st.grads);  // once: the padding of a ZeRO-1 buffer and every tensor start at zero
+  if (fsdp_) {
+    stream_.zero(st.shard_grads);
+    stream_.zero(st.weights);
+  }
   zero_grad();
   sync();
 }
@@ -249,22 +295,93 @@ void CudaModel::check_batch(int64_t B, int64_t T, int64_t slot, const char* what
 
 // ---- host copies ----------------------------------------------------------------------------
 
+void CudaModel::gather_full(const TensorView& shard, float* host) const {
+  const FsdpPlan& f = *fsdp_plan_;
+  const size_t n = size_t(f.shard_elems) * size_t(f.world);
+  std::vector<float> gathered(n);
+  if (stream_.host) {
+    fsdp_->all_gather(shard, TensorView(gathered.data(), turbo::DType::F32, turbo::Device::CPU, {int64_t(n)}));
+  } else {
+    void* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, n * sizeof(float)));
+    try {
+      fsdp_->all_gather(shard, TensorView(d, turbo::DType::F32, turbo::Device::CUDA, {int64_t(n)}));
+      stream_.from_model(gathered.data(), d, n * sizeof(float));
+    } catch (...) {
+      cudaFree(d);
+      throw;
+    }
+    CUDA_CHECK(cudaFree(d));
+  }
+  shards_to_full(f, gathered.data(), host);
+}
+
 void CudaModel::set_params(const float* host) {
+  if (fsdp_) {
+    std::vector<float> shard(size_t(fsdp_plan_->shard_elems));
+    full_to_shard(*fsdp_plan_, host, shard.data());
+    optimizer_->set_params(shard.data());
+    fsdp_->gather_resident();
+    sync();
+    return;
+  }
   optimizer_->set_params(host);
   if (!opt_.optimizer_state) {  // the weights were staged in the gradient buffer
     zero_grad();
     sync();
   }
 }
-void CudaModel::get_params(float* host) const { optimizer_->get_params(host); }
-void CudaModel::set_moments(const float* m, const float* v) { optimizer_->set_moments(m, v); }
-void CudaModel::get_moments(float* m, float* v) const { optimizer_->get_moments(m, v); }
-void CudaModel::get_grads(float* host) const { optimizer_->get_grads(host); }
+void CudaModel::get_params(float* host) const {
+  if (fsdp_) {
+    sync();
+    gather_full(plan_->state.master, host);
+    return;
+  }
+  optimizer_->get_params(host);
+}
+void CudaModel::set_moments(const float* m, const float* v) {
+  if (fsdp_) {
+    std::vector<float> sm, sv;
+    if (m) {
+      sm.resize(size_t(fsdp_plan_->shard_elems));
+      full_to_shard(*fsdp_plan_, m, sm.data());
+    }
+    if (v) {
+      sv.resize(size_t(fsdp_plan_->shard_elems));
+      full_to_shard(*fsdp_plan_, v, sv.data());
+    }
+    optimizer_->set_moments(m ? sm.data() : nullptr, v ? sv.data() : nullptr);
+    return;
+  }
+  optimizer_->set_moments(m, v);
+}
+void CudaModel::get_moments(float* m, float* v) const {
+  if (fsdp_) {
+    sync();
+    gather_full(plan_->state.m, m);
+    gather_full(plan_->state.v, v);
+    return;
+  }
+  optimizer_->get_moments(m, v);
+}
+void CudaModel::get_grads(float* host) const {
+  if (fsdp_) {
+    sync();
+    gather_full(plan_->state.shard_grads, host);
+    return;
+  }
+  optimizer_->get_grads(host);
+}
 
 // ---- the step -------------------------------------------------------------------------------
 
 void CudaModel::zero_grad() {
   mark(Phase::ZeroGrad);
+  if (fsdp_) {  // the GEMMs accumulate into the places, which each reduction leaves cleared
+    stream_.zero(plan_->state.grads);
+    optimizer_->zero_grad(true);
+    return;
+  }
   if (!opt_.zero_grad_full) decoder_->begin_step();  // the first GEMMs write their gradients
   optimizer_->zero_grad(opt_.zero_grad_full);
 }
@@ -280,11 +397,20 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
   decoder_->forward(B, T, dloss, slot);
 }
 
-void CudaModel::backward() { decoder_->backward(); }
+void CudaModel::backward() {
+  decoder_->backward();
+  if (fsdp_) fsdp_->end_backward();
+}
 
 void CudaModel::grad_norm(float max_norm) {
   NvtxRange r("grad norm");
   mark(Phase::GradNorm);
+  if (fsdp_) {  // the ranks' chunks are disjoint: the squares summed over the group
+    optimizer_->grad_norm_squares(ctx());
+    fsdp_->all_reduce(plan_->state.norm.slice0(0, 1));
+    optimizer_->finish_grad_norm(max_norm);
+    return;
+  }
   if (!tp_) {
     optimizer_->grad_norm(max_norm, ctx());
     return;
@@ -321,6 +447,7 @@ void CudaModel::update() {
   NvtxRange r("adamw");
   mark(Phase::Optimizer);
   optimizer_->update(ctx());
+  if (fsdp_) fsdp_->gather_resident();
 }
 
 int CudaModel::enqueue_step_status() { return staging_->enqueue_status(); }
@@ -395,6 +522,7 @@ void CudaModel::update_expert_bias(const std::vector<std::vector<int64_t>>& load
 }
 
 void CudaModel::on_grads_ready(std::function<void(int64_t offset)> fn) {
+  if (fsdp_) throw RuntimeError("cuda model: sharded data parallelism takes the gradients-ready reports");
   if (opt_.optimizer_in_backward) {
     throw RuntimeError("cuda model: the optimizer in the backward takes the gradients-ready reports (no data "
                        "parallelism with it)");

@@ -35,11 +35,13 @@
 
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model/decoder.h"
+#include "backends/cuda/model/fsdp_comm.h"
 #include "backends/cuda/model/host_staging.h"
 #include "backends/cuda/model/memory_plan.h"
 #include "backends/cuda/model/optimizer_state.h"
 #include "backends/cuda/model/tp_comm.h"
 #include "backends/cuda/profile.h"
+#include "parallel/parallel_dims.h"
 #include "train/model_spec.h"
 #include "train/moe_stats.h"
 #include "train/param_layout.h"
@@ -98,6 +100,17 @@ struct CudaModelOptions {
   // (ConfigError).
   parallel::ProcessGroup* tp_group = nullptr;
   std::shared_ptr<const train::TpShardMap> tp_map;
+  // Sharded data parallelism (model/fsdp.h) over dp_group: Megatron's optim_grads (ZeRO-2) or
+  // optim_grads_params (ZeRO-3 / FSDP); this rank keeps its chunk of every unit's master weights,
+  // moments and averaged gradient, each step's gradients are reduce-scattered (mean over the ranks)
+  // as the backward finishes each unit, and with optim_grads_params the layers' weights are gathered
+  // one layer ahead. Each rank passes dloss for its own micro-batches (the mean over the ranks is the
+  // reduction's). The host copies stay in the full layout and become collective (every rank calls
+  // set_params, get_params, the moment calls and get_grads together); get_grads reads the averaged
+  // gradient. Not with tensor parallelism, MoE, FP8 linears, the optimizer in the backward, Muon or
+  // ZeRO-1 buffers (ConfigError). dp_sharding NoShard / Optim: no effect here (DataParallel's).
+  parallel::ProcessGroup* dp_group = nullptr;
+  parallel::DpSharding dp_sharding = parallel::DpSharding::NoShard;
 };
 
 // The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the
@@ -244,6 +257,15 @@ class CudaModel {
   std::unique_ptr<HostStaging> staging_;
   std::unique_ptr<TpComm> tp_;  // tensor parallelism (null without)
   std::vector<bool> tp_partial_;  // per tensor: its gradient is summed over the tp group in grad_norm()
+  // Sharded data parallelism: the plan, the shard as a layout (the optimizer's tensors) with its
+  // buffers and placement, and the collectives.
+  std::shared_ptr<const FsdpPlan> fsdp_plan_;
+  train::ParamLayout shard_layout_;
+  StateBuffers shard_state_;
+  GradPlacement shard_place_;
+  std::unique_ptr<FsdpComm> fsdp_;
+  // The full layout-ordered array of a shard buffer from every rank (collective).
+  void gather_full(const TensorView& shard, float* host) const;
   std::unique_ptr<Decoder> decoder_;
   StepProfiler* prof_ = nullptr;
 };

@@ -39,6 +39,13 @@ void check_graph_config(CudaArgs& a) {
                                            a.train.data_parallel_size));
     return;
   }
+  const parallel::DpSharding sharding = a.train.model_parallel.sharding;
+  if (a.train.data_parallel_size > 1 && !a.host_mode &&
+      (sharding == parallel::DpSharding::OptimGrads || sharding == parallel::DpSharding::OptimGradsParams)) {
+    throw ConfigError(fmt::format("cuda_graph: true with data_parallel_sharding_strategy {}: the sharded collectives "
+                                  "are not captured yet (set cuda_graph: false)",
+                                  parallel::dp_sharding_name(sharding)));
+  }
   if (tp > 1 && !a.host_mode) {
     throw ConfigError(fmt::format("cuda_graph: true with tensor_model_parallel_size {}: the tp collectives are not "
                                   "captured yet (set cuda_graph: false)",

@@ -42,8 +42,12 @@ void CudaTrainer::setup() {
   check_graph_config(*args_);
   dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), dist_, kCudaMesh));
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
-  if (dp > 1 && args_->host_mode) {
-    throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode runs tensor parallelism only)");
+  const parallel::DpSharding sharding = t.model_parallel.sharding;
+  const bool sharded = dp > 1 && (sharding == parallel::DpSharding::OptimGrads ||
+                                  sharding == parallel::DpSharding::OptimGradsParams);
+  if (dp > 1 && args_->host_mode && !sharded) {
+    throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode runs tensor parallelism and the "
+                      "optim_grads / optim_grads_params sharding only)");
   }
   if (t.data_parallel_size != dp) {
     throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}) for tp {}; launch one rank per "
@@ -72,6 +76,21 @@ void CudaTrainer::setup() {
     dims_->set_group(parallel::Dim::TP, tp_pg_);
     spdlog::info("[cuda] tensor parallel over {} ranks{} ({} group)", tp,
                  t.model_parallel.sequence_parallel ? " with sequence parallelism" : "", tp_pg_->backend());
+  } else if (sharded) {
+    parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
+    store_ = parallel::TcpStore::from_env(dist_);
+    if (args_->host_mode) {
+      sharded_pg_ = parallel::make_process_group(dist_, *store_);
+    } else {
+      parallel::NcclGroupOptions go;
+      go.device = args_->device;
+      go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
+      go.name = "dp";
+      sharded_pg_ = std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
+    }
+    dims_->set_group(parallel::Dim::DP, sharded_pg_);
+    spdlog::info("[cuda] data parallel: {} ranks ({}), data_parallel_sharding_strategy {} ({} group)", dist_.world_size,
+                 parallel::describe(dist_), parallel::dp_sharding_name(sharding), sharded_pg_->backend());
   } else if (dist_.world_size > 1) {
     parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
     store_ = parallel::TcpStore::from_env(dist_);
@@ -147,7 +166,21 @@ void CudaTrainer::init() {
     mo.tp_group = tp_pg_.get();
     mo.tp_map = tp_map_;
   }
+  if (sharded_pg_) {
+    mo.dp_group = sharded_pg_.get();
+    mo.dp_sharding = t.model_parallel.sharding;
+  }
   model_ = std::make_unique<CudaModel>(tp_map_ ? tp_map_->local_spec() : spec, mo, ops_);
+  if (sharded_pg_) {
+    const double P = static_cast<double>(model_->layout().total), world = sharded_pg_->world_size();
+    spdlog::info("[cuda] {}: this rank keeps 1/{} of the fp32 master weights, AdamW moments and averaged gradient "
+                 "({:.3f} GiB of {:.3f} GiB){}",
+                 parallel::dp_sharding_name(t.model_parallel.sharding), sharded_pg_->world_size(),
+                 16.0 * P / world / double(size_t{1} << 30), 16.0 * P / double(size_t{1} << 30),
+                 t.model_parallel.sharding == parallel::DpSharding::OptimGradsParams
+                     ? "; the layers' bf16 weights are gathered one layer ahead"
+                     : "");
+  }
   muon_tensors_ = mo.muon;
   if (!muon_tensors_.empty()) {
     spdlog::info("[cuda] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps {}), AdamW "
@@ -372,7 +405,7 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
   }
   if (profiler_) profiler_->collect();
   double loss = st.loss_sum / static_cast<double>(t.grad_accum_steps);
-  if (dp_) loss = dp_->average({loss})[0];  // the global batch's loss
+  loss = dp_mean(loss);  // the global batch's loss
   *grad_norm = st.grad_norm;
   *finite = st.finite && std::isfinite(loss);
   if (st.partial) {
@@ -475,12 +508,21 @@ void CudaTrainer::save(int64_t step) {
     dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, &sharding,
                                     {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, so, gather);
   } else {
-    // Every rank holds the same state: rank 0 writes it as one process does.
-    std::vector<float> params(rank0() ? n : 0), m(rank0() ? n : 0), v(rank0() ? n : 0), muon_flat;
+    // Every rank holds the same state: rank 0 writes it as one process does. Sharded (optim_grads,
+    // optim_grads_params): the weights and moments put together from the ranks' chunks first (every
+    // rank takes part), so the checkpoint is the one-process one and any layout loads it.
+    const bool all = sharded_pg_ != nullptr;
+    std::vector<float> params(rank0() || all ? n : 0), m(rank0() || all ? n : 0), v(rank0() || all ? n : 0), muon_flat;
     io::CheckpointData data;
-    if (rank0()) {
+    if (all) {
       model_->get_params(params.data());
       model_->get_moments(m.data(), v.data());
+    }
+    if (rank0()) {
+      if (!all) {
+        model_->get_params(params.data());
+        model_->get_moments(m.data(), v.data());
+      }
       muon_flat = split_muon_momentum(m);
       data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(),
                                     state_json(step));
@@ -490,9 +532,10 @@ void CudaTrainer::save(int64_t step) {
       }
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
-    dir = pg_ ? parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, static_cast<const parallel::FlatSharding*>(nullptr),
-                                          {}, so)
-              : io::save_checkpoint(t.ckpt.save, step, data, so);
+    parallel::ProcessGroup* group = pg_ ? static_cast<parallel::ProcessGroup*>(pg_.get()) : sharded_pg_.get();
+    dir = group ? parallel::save_data_parallel(*group, t.ckpt.save, step, data,
+                                               static_cast<const parallel::FlatSharding*>(nullptr), {}, so)
+                : io::save_checkpoint(t.ckpt.save, step, data, so);
   }
   last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
@@ -592,7 +635,7 @@ void CudaTrainer::train() {
   // mode a launch runs the step at once; the order of host work and the statuses (one copy per
   // ticket) are the same, so the host trainer test covers this path without a GPU.
   // The expert-bias update runs on the host between steps: the next step must not be queued before it.
-  const bool ahead = launch_ahead_ && !profiler_ && !dp_ && !args_->model.moe.expert_bias;
+  const bool ahead = launch_ahead_ && !profiler_ && !dp_ && !sharded_pg_ && !args_->model.moe.expert_bias;
   if (ahead) {
     hooks.launch = [this](int64_t step) {
       NvtxRange r("launch");
@@ -621,7 +664,7 @@ void CudaTrainer::train() {
   hooks.evaluate = [this] { return evaluate(); };
   hooks.save = [this](int64_t step) { save(step); };
   // A signal to any rank stops every rank at this step.
-  hooks.agree_stop = [this](bool stop) { return dp_ ? dp_->average({stop ? 1.0 : 0.0})[0] > 0 : stop; };
+  hooks.agree_stop = [this](bool stop) { return dp_mean(stop ? 1.0 : 0.0) > 0; };
   if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) {
     if (rank0()) report_profile(profiler_.get(), t.output_dir);
     return;
@@ -653,6 +696,9 @@ void CudaTrainer::sample_at_end() {
     params = tp_global(local.data());
   } else if (zero1()) {
     dp_->gather_master(rank0() ? params.data() : nullptr);
+  } else if (sharded_pg_) {  // collective: every rank takes part
+    params.resize(static_cast<size_t>(model_->layout().total));
+    model_->get_params(params.data());
   } else if (rank0()) {
     model_->get_params(params.data());
   }
@@ -676,6 +722,18 @@ void CudaTrainer::sample_at_end() {
   }
 }
 
+double CudaTrainer::dp_mean(double x) {
+  if (dp_) return dp_->average({x})[0];
+  if (!sharded_pg_) return x;
+  float v = static_cast<float>(x);
+  if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(sharded_pg_.get())) {
+    nccl->all_reduce_host(&v, 1);
+  } else {
+    sharded_pg_->all_reduce(&v, 1, parallel::DType::F32, parallel::ReduceOp::Sum);
+  }
+  return static_cast<double>(v) / sharded_pg_->world_size();
+}
+
 std::vector<float> CudaTrainer::tp_global(const float* local) const {
   std::vector<float> g(static_cast<size_t>(tp_map_->global_layout().total), 0.f);
   tp_map_->to_global(local, g.data(), /*owned_only=*/true);
@@ -691,6 +749,7 @@ void CudaTrainer::cleanup(bool on_error) {
   if (progress_) progress_->flush();
   if (on_error && pg_) pg_->abort();  // frees this rank's GPU work; the peers' watchdogs name this rank
   if (on_error && tp_pg_) tp_pg_->abort();
+  if (on_error && sharded_pg_) sharded_pg_->abort();
   if (on_error && store_) store_->leave_without_waiting();  // rank 0: do not wait for a stalled peer to hang up
   if (on_error) spdlog::error("[cuda] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }

@@ -94,6 +94,11 @@ class CudaTrainer : public Trainer {
   // local spec; weights are initialised, checkpointed and sampled in the global layout, which
   // tp_global() puts together (every rank calls it).
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;
+  // Sharded data parallelism (optim_grads, optim_grads_params: the model's own, model/fsdp.h) over
+  // the whole job: NCCL on GPUs, the CPU group in host mode. Null otherwise.
+  std::shared_ptr<parallel::ProcessGroup> sharded_pg_;
+  // The mean over the data-parallel ranks of a host value (the loss, a stop flag); x itself alone.
+  double dp_mean(double x);
   std::shared_ptr<train::TpShardMap> tp_map_;
   std::vector<float> tp_global(const float* local) const;
   const train::ParamLayout& global_layout() const { return tp_map_ ? tp_map_->global_layout() : model_->layout(); }

@@ -257,6 +257,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
   }
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     NvtxRange lr(fmt::format("layer {} fwd", l).c_str());
+    if (opt_.fsdp) opt_.fsdp->use_layer(l, false);
     layer_forward(l, B, T, false);
   }
   {
@@ -480,6 +481,7 @@ void Decoder::backward() {
   const TensorView dres = a_.dres.slice0(0, N);
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     NvtxRange lr(fmt::format("layer {} bwd", l).c_str());
+    if (opt_.fsdp) opt_.fsdp->use_layer(l, true);
     recompute_layer(l, B, T);  // no-op unless the layer's policy dropped activations
     lin_ = linears_for(l);
     const LayerActs& a = a_.layers[l];

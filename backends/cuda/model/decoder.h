@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/cuda/hooks.h"
+#include "backends/cuda/model/fsdp_comm.h"
 #include "backends/cuda/model/memory_plan.h"
 #include "backends/cuda/model/tp_comm.h"
 #include "backends/cuda/profile.h"
@@ -77,6 +78,10 @@ struct DecoderOptions {
   // row-parallel GEMMs and the column-parallel input gradients reduce-scattered. The norm weights'
   // and the row-parallel biases' gradients are then each rank's part (summed by the model).
   const TpComm* tp = nullptr;
+  // Sharded data parallelism (fsdp_comm.h; null: none): each layer's weights are made present
+  // before its forward and its backward (the next layer's gathered meanwhile); the gradients-ready
+  // reports are its reductions (the model subscribes them).
+  FsdpComm* fsdp = nullptr;
 };
 
 class Decoder {

@@ -51,6 +51,15 @@ class BufferPlan {
   Arena *state_, *acts_;
 };
 
+// Sharded data parallelism: every gradient in its unit's place (fsdp.h).
+GradPlacement fsdp_grad_placement(const FsdpPlan& f, const train::ParamLayout& layout) {
+  GradPlacement g;
+  g.offset = f.grad_offset;
+  g.in_window.assign(layout.tensors.size(), false);
+  g.elems = f.grad_elems;
+  return g;
+}
+
 }  // namespace
 
 // ---- ModelStream ----------------------------------------------------------------------------
@@ -98,8 +107,11 @@ MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& l
     : spec_(spec),
       layout_(layout),
       opt_(opt),
-      grad_place_(place_grads(layout, opt.shared_grad_window, grad_written_before_layer_backward)),
+      grad_place_(opt.fsdp ? fsdp_grad_placement(*opt.fsdp, layout)
+                           : place_grads(layout, opt.shared_grad_window, grad_written_before_layer_backward)),
       act_(opt.host ? DType::F32 : DType::BF16) {
+  if (opt_.fsdp && (opt_.shared_grad_window || opt_.flat_elems != 0 || !opt_.optimizer_state))
+    throw RuntimeError("cuda model: sharded data parallelism keeps its own shard: no gradient window or ZeRO-1 buffers");
   if (opt_.shared_grad_window && opt_.flat_elems != 0)
     throw RuntimeError("cuda model: a shared gradient window and a padded (ZeRO-1) gradient buffer exclude each other");
   if (opt_.flat_elems != 0 && opt_.flat_elems < layout_.total) {
@@ -120,7 +132,7 @@ MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& l
   scratch_ = make_arena(sz.scratch_arena);
   BufferPlan take(state_.get(), acts_.get());
   plan(take);
-  if (opt_.host) state.weights = state.master;  // fp32 compute on the master weights themselves
+  if (opt_.host && !opt_.fsdp) state.weights = state.master;  // fp32 compute on the master weights themselves
   view_params();
 }
 
@@ -204,6 +216,19 @@ void MemoryPlan::plan(Take&& take) {
   const int64_t PF = std::max(P, opt_.flat_elems);  // padded for ZeRO-1
   const bool host = opt_.host;
   StateBuffers& s = state;
+  if (const FsdpPlan* f = opt_.fsdp.get()) {
+    const int64_t Sh = f->shard_elems;
+    s.master = take(Pool::State, DType::F32, {Sh}, "fp32 master weights (this rank's shard)");
+    s.shard_grads = take(Pool::State, DType::F32, {Sh}, "fp32 averaged gradients (this rank's shard)");
+    s.m = take(Pool::State, DType::F32, {Sh}, "AdamW first moments (this rank's shard)");
+    s.v = take(Pool::State, DType::F32, {Sh}, "AdamW second moments (this rank's shard)");
+    if (!host) s.shard_weights = take(Pool::State, DType::BF16, {Sh}, "bf16 weights (this rank's shard)");
+    s.fsdp_tmp = take(Pool::State, DType::F32, {f->max_chunk}, "fp32 reduce-scatter chunk");
+    s.grads = take(Pool::State, DType::F32, {f->grad_elems}, "fp32 gradients (the units' places)");
+    s.weights = take(Pool::State, host ? DType::F32 : DType::BF16, {f->weight_elems},
+                     f->shard_params ? "weights (gathered: embeddings, top and two layer places)"
+                                     : "weights (gathered: every unit)");
+  } else {
   if (opt_.optimizer_state) s.master = take(Pool::State, DType::F32, {P}, "fp32 master weights");
   s.grads = take(Pool::State, DType::F32, {opt_.shared_grad_window ? grad_place_.elems : PF},
                  opt_.shared_grad_window ? "fp32 gradients (the layers share one window)" : "fp32 gradients");
@@ -212,6 +237,7 @@ void MemoryPlan::plan(Take&& take) {
     s.v = take(Pool::State, DType::F32, {P}, "AdamW second moments");
   }
   if (!host) s.weights = take(Pool::State, DType::BF16, {PF}, "bf16 weights");
+  }
   if (spec_.rope && !host)
     s.rope_table = take(Pool::State, DType::F32, {spec_.seq_length, spec_.head_dim() / 2, 2}, "RoPE table");
   const int64_t S = opt_.loss_slots;
@@ -433,7 +459,9 @@ Param MemoryPlan::param(const std::string& name, bool required) const {
     return t->shape.size() == 2 ? TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1]})
                                 : TensorView(p, flat.dtype, flat.device, {t->shape[0]});
   };
-  return {shaped(state.weights, t->offset), shaped(state.grads, grad_offset)};
+  const int64_t weight_offset = opt_.fsdp ? opt_.fsdp->weight_offset[static_cast<size_t>(t - layout_.tensors.data())]
+                                          : t->offset;
+  return {shaped(state.weights, weight_offset), shaped(state.grads, grad_offset)};
 }
 
 void MemoryPlan::view_params() {
@@ -462,7 +490,7 @@ void MemoryPlan::view_params() {
       m.shared_fc = param(n + "moe.shared.fc.weight", false);
       m.shared_proj = param(n + "moe.shared.proj.weight", false);
       if (const train::ParamTensor* b = layout_.find(n + "moe.router.expert_bias")) {
-        if (!state.master.defined()) {
+        if (!state.master.defined() || opt_.fsdp) {
           throw RuntimeError("cuda model: the MoE expert bias needs the fp32 master weights on every rank "
                              "(moe_router_enable_expert_bias with use_distributed_optimizer is not supported yet)");
         }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/cuda/hooks.h"
+#include "backends/cuda/model/fsdp.h"
 #include "backends/cuda/model/grad_placement.h"
 #include "train/model_spec.h"
 #include "train/param_layout.h"
@@ -84,6 +85,11 @@ struct StateBuffers {
   // m and v only without ZeRO-1 (MemoryPlanOptions::optimizer_state). In host mode weights is
   // master (fp32 compute on the master copy).
   TensorView master, weights, grads, m, v;
+  // Sharded data parallelism (MemoryPlanOptions::fsdp): master, m and v hold this rank's chunks
+  // (FsdpPlan::shard_elems); weights and grads are the units' places (weight_elems, grad_elems);
+  // shard_grads f32 the averaged gradient of the chunks, shard_weights their bf16 copy (device
+  // only: what the gathers send), fsdp_tmp f32 one chunk (a reduce-scatter's output).
+  TensorView shard_grads, shard_weights, fsdp_tmp;
   TensorView rope_table;  // f32 [seq_length, head_dim / 2, 2] (device, RoPE models)
   // {loss sums [loss_slots], grad norm, clip factor, finite flag}: loss_slots and norm are views
   // into it, so a step's status is one D2H copy.
@@ -159,6 +165,9 @@ struct MemoryPlanOptions {
   // the norms' statistics hold max_batch x max_seq / tp rows; the norm outputs, the projection
   // output and the gradients stay whole (each rank's rows are its part of them).
   bool sequence_parallel = false;
+  // Sharded data parallelism (fsdp.h): the state and the places the plan gives; the gradient
+  // placement is the plan's.
+  std::shared_ptr<const FsdpPlan> fsdp;
 };
 
 // What a plan takes, without taking it: the three arenas' capacities exactly as the constructor

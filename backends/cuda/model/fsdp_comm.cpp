@@ -1,0 +1,166 @@
+#include "backends/cuda/model/fsdp_comm.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/util/error.h"
+#include "parallel/cuda/nccl_process_group.h"
+#include "turbo/core/cuda_check.h"
+#include "turbo/kernels/cuda/elementwise.h"
+
+namespace primus::backends::cuda {
+namespace {
+
+parallel::DType comm_dtype(const TensorView& t) {
+  if (t.dtype == turbo::DType::F32) return parallel::DType::F32;
+  if (t.dtype == turbo::DType::BF16) return parallel::DType::BF16;
+  throw RuntimeError(fmt::format("fsdp: a collective over {} (f32 or bf16)", turbo::dtype_name(t.dtype)));
+}
+
+}  // namespace
+
+FsdpComm::FsdpComm(parallel::ProcessGroup& group, std::shared_ptr<const FsdpPlan> plan, const StateBuffers& state,
+                   const ModelStream& stream)
+    : group_(group), plan_(std::move(plan)), state_(state), stream_(stream) {
+  if (group_.world_size() != plan_->world || group_.rank() != plan_->rank) {
+    throw ConfigError(fmt::format("sharded data parallelism: the group has rank {} of {}, the plan rank {} of {}",
+                                  group_.rank(), group_.world_size(), plan_->rank, plan_->world));
+  }
+  nccl_ = dynamic_cast<parallel::NcclProcessGroup*>(&group_);
+  if (!stream_.host && !nccl_ && group_.backend() != "threads") {
+    throw ConfigError(fmt::format("sharded data parallelism on the GPU needs a NCCL or threaded process group, got '{}'",
+                                  group_.backend()));
+  }
+  for (size_t u = 0; u < plan_->units.size(); ++u) {
+    const int64_t l = plan_->units[u].layer;
+    if (l < 0) continue;
+    if (size_t(l) >= layer_unit_.size()) layer_unit_.resize(size_t(l) + 1, -1);
+    layer_unit_[size_t(l)] = static_cast<int>(u);
+  }
+  if (nccl_) {
+    for (cudaEvent_t& e : gathered_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : reduced_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+}
+
+FsdpComm::~FsdpComm() {
+  for (cudaEvent_t e : gathered_)
+    if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : reduced_)
+    if (e) cudaEventDestroy(e);
+}
+
+template <class F>
+void FsdpComm::on_group(F&& call) const {
+  if (stream_.host) {
+    call(cudaStream_t{});
+  } else if (nccl_) {
+    nccl_->wait_for(stream_.stream);
+    call(nccl_->stream());
+  } else {
+    CUDA_CHECK(cudaStreamSynchronize(stream_.stream));
+    call(stream_.stream);  // follow-up kernels on the model's stream, after the synchronous collective
+  }
+}
+
+void FsdpComm::record(cudaEvent_t e) const { CUDA_CHECK(cudaEventRecord(e, nccl_->stream())); }
+void FsdpComm::wait_event(cudaEvent_t e) const { CUDA_CHECK(cudaStreamWaitEvent(stream_.stream, e, 0)); }
+
+void FsdpComm::gather_unit(int ui) {
+  const FsdpUnit& u = plan_->units[size_t(ui)];
+  // The send buffer: the bf16 chunk on the device, the fp32 master chunk in host mode (where the
+  // compute weights are fp32).
+  const TensorView& src = stream_.host ? state_.master : state_.shard_weights;
+  const TensorView send = src.slice0(u.shard, u.shard + u.chunk);
+  const TensorView recv = state_.weights.slice0(u.weight_base, u.weight_base + plan_->span(u));
+  on_group([&](cudaStream_t) { group_.all_gather(send.data, recv.data, size_t(u.chunk), comm_dtype(send)); });
+}
+
+void FsdpComm::use_layer(int64_t l, bool backward) {
+  const FsdpPlan& p = *plan_;
+  const int w = static_cast<int>(l % 2);
+  if (backward && nccl_) {
+    // Layer l writes gradient places l % 3 and (l - 1) % 3: the last reductions of them (layers
+    // l + 3 and l + 2) are done before it starts.
+    const int g = static_cast<int>((l + 2) % 3);
+    if (reduce_pending_[size_t(g)]) wait_event(reduced_[size_t(g)]);
+  }
+  if (!p.shard_params) return;
+  if (held_[size_t(w)] != l) {
+    gather_unit(layer_unit_.at(size_t(l)));
+    held_[size_t(w)] = l;
+    if (nccl_) {
+      record(gathered_[size_t(w)]);
+      gather_pending_[size_t(w)] = true;
+    }
+  }
+  if (nccl_ && gather_pending_[size_t(w)]) {
+    wait_event(gathered_[size_t(w)]);
+    gather_pending_[size_t(w)] = false;
+  }
+  // Prefetch: the next layer into the other place (last read by layer l -/+ 1, whose work is on the
+  // model's stream already).
+  const int64_t next = backward ? l - 1 : l + 1;
+  if (next < 0 || next >= int64_t(layer_unit_.size())) return;
+  const int nw = 1 - w;
+  if (held_[size_t(nw)] == next) return;
+  gather_unit(layer_unit_.at(size_t(next)));
+  held_[size_t(nw)] = next;
+  if (nccl_) {
+    record(gathered_[size_t(nw)]);
+    gather_pending_[size_t(nw)] = true;
+  }
+}
+
+void FsdpComm::grads_ready(int64_t offset) {
+  const int ui = plan_->unit_at(offset);
+  if (ui < 0) throw RuntimeError(fmt::format("fsdp: no unit starts at the ready point {}", offset));
+  const FsdpUnit& u = plan_->units[size_t(ui)];
+  const TensorView place = state_.grads.slice0(u.grad_base, u.grad_base + plan_->span(u));
+  const TensorView tmp = state_.fsdp_tmp.slice0(0, u.chunk);
+  const TensorView acc = state_.shard_grads.slice0(u.shard, u.shard + u.chunk);
+  on_group([&](cudaStream_t s) {
+    group_.reduce_scatter(place.data, tmp.data, size_t(u.chunk), parallel::DType::F32, parallel::ReduceOp::Avg);
+    if (stream_.host) {
+      float* a = acc.ptr<float>();
+      const float* t = tmp.ptr<float>();
+      for (int64_t i = 0; i < u.chunk; ++i) a[i] += t[i];
+      std::memset(place.data, 0, place.nbytes());
+    } else {
+      turbo::cuda::add_inplace_f32(acc.ptr<float>(), tmp.ptr<const float>(), u.chunk, s);
+      CUDA_CHECK(cudaMemsetAsync(place.data, 0, place.nbytes(), s));
+    }
+  });
+  if (nccl_ && u.layer >= 0) {
+    const size_t g = size_t(u.layer % 3);
+    record(reduced_[g]);
+    reduce_pending_[g] = true;
+  }
+}
+
+void FsdpComm::end_backward() {
+  if (nccl_) nccl_->make_wait(stream_.stream);
+  reduce_pending_ = {false, false, false};
+}
+
+void FsdpComm::gather_resident() {
+  held_ = {-1, -1};
+  gather_pending_ = {false, false};
+  for (size_t u = 0; u < plan_->units.size(); ++u)
+    if (!plan_->shard_params || plan_->units[u].layer < 0) gather_unit(static_cast<int>(u));
+  if (nccl_) nccl_->make_wait(stream_.stream);
+}
+
+void FsdpComm::all_reduce(const TensorView& t) const {
+  on_group([&](cudaStream_t) { group_.all_reduce(t.data, size_t(t.numel()), comm_dtype(t), parallel::ReduceOp::Sum); });
+  if (nccl_) nccl_->make_wait(stream_.stream);
+}
+
+void FsdpComm::all_gather(const TensorView& send, const TensorView& recv) const {
+  if (recv.numel() != send.numel() * size()) throw RuntimeError("fsdp: all_gather sizes");
+  on_group([&](cudaStream_t) { group_.all_gather(send.data, recv.data, size_t(send.numel()), comm_dtype(send)); });
+  if (nccl_) nccl_->make_wait(stream_.stream);
+}
+
+}  // namespace primus::backends::cuda

@@ -1,0 +1,122 @@
+// The CUDA model under sharded data parallelism (backends/cuda/model/fsdp.h) against itself on one
+// rank: `world` ranks as threads of this process (parallel/threaded_process_group.h; on the GPU the
+// collectives go through device memory), each with its own micro-batch of every step, against one
+// rank accumulating the same micro-batches, with the trainers' recipe (clip 1.0, AdamW). Shared
+// by the host-mode test (CI) and the GPU one.
+#pragma once
+#include <exception>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "cuda_fixture.h"
+#include "parallel/threaded_process_group.h"
+#ifdef PRIMUS_FSDP_PARITY_DEVICE
+#include "parallel/cuda/threaded_device_ops.h"
+#endif
+
+namespace primus::backends::cuda::testing {
+
+struct FsdpRun {
+  std::vector<std::vector<double>> loss, gnorm;  // [rank][step]; one rank: the mean over its micro-batches
+  std::vector<float> params, m, v;               // after the last step, in the full layout (rank 0's view)
+  std::vector<size_t> reserved_bytes;            // per rank: the model's device arenas
+  size_t state_bytes = 0;                        // rank 0: the state buffers the plan names below
+  size_t sharded_bytes = 0;                      // rank 0: master, moments, averaged gradient, bf16 chunk
+};
+
+// world == 1 with NoShard: the reference, one model accumulating `micro` micro-batches per step.
+// Otherwise `world` ranks, rank r taking micro-batch r of every step (micro must equal world).
+inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSharding sharding, turbo::Device device,
+                        int steps, int micro) {
+  const int64_t T = spec.seq_length;
+  const Batches data(T, steps * micro);
+  const std::vector<float> init = initial_params(spec);
+  FsdpRun run;
+  run.loss.resize(static_cast<size_t>(world));
+  run.gnorm.resize(static_cast<size_t>(world));
+  run.reserved_bytes.resize(static_cast<size_t>(world));
+  const float dloss = 1.0f / float(kTrainBatch * T * (world == 1 ? micro : 1));
+
+  auto rank_main = [&](int r, parallel::ProcessGroup* pg) {
+    if (device == turbo::Device::CUDA) select_device(0);
+    CudaModelOptions mo = options(spec, kTrainBatch, device);
+    if (world == 1) mo.loss_slots = micro;
+    if (pg) {
+      mo.dp_group = pg;
+      mo.dp_sharding = sharding;
+    }
+    CudaModel model(spec, mo, ops_for(Attn::Default));
+    model.set_params(init.data());
+    for (int s = 0; s < steps; ++s) {
+      model.zero_grad();
+      const int n = world == 1 ? micro : 1;
+      for (int k = 0; k < n; ++k) {
+        const int b = s * micro + (world == 1 ? k : r);
+        model.forward(data.inputs[b].data(), data.targets[b].data(), kTrainBatch, T, dloss, k);
+        model.backward();
+      }
+      model.grad_norm(1.0f);
+      run.loss[r].push_back(model.read_loss_sum(n) / n);
+      run.gnorm[r].push_back(model.read_grad_norm());
+      turbo::AdamWHyper hp;
+      hp.lr = 1e-3f, hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
+      hp.step = s + 1;
+      model.check_step(n);
+      model.update(hp);
+    }
+    std::vector<float> w(size_t(model.layout().total)), m(w.size()), v(w.size());
+    model.get_params(w.data());  // collective under sharding: every rank calls it
+    model.get_moments(m.data(), v.data());
+    run.reserved_bytes[r] = model.reserved_bytes();
+    if (r == 0) {
+      run.params = std::move(w);
+      run.m = std::move(m);
+      run.v = std::move(v);
+    }
+  };
+
+  if (world == 1 && sharding == parallel::DpSharding::NoShard) {
+    rank_main(0, nullptr);
+  } else {
+    parallel::ThreadedGroup::OpsFactory ops;
+#ifdef PRIMUS_FSDP_PARITY_DEVICE
+    if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
+#endif
+    auto hub = parallel::ThreadedGroup::create(world, std::chrono::seconds(120), ops, "dp");
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        try {
+          std::unique_ptr<parallel::ProcessGroup> pg = hub->rank(r);
+          rank_main(r, pg.get());
+        } catch (...) {
+          errors[size_t(r)] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+  return run;
+}
+
+// The state the memory plan holds for a model built with these options: all of it, and the part
+// named as this rank's shard.
+inline std::pair<size_t, size_t> planned_state_bytes(const train::ModelSpec& spec, const CudaModelOptions& mo) {
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  MemoryPlanOptions mp = memory_plan_options(spec, layout, mo, ops_for(Attn::Default));
+  mp.query_device = false;
+  const MemoryPlanSizes sz = MemoryPlan::sizes(spec, layout, mp);
+  size_t all = 0, shard = 0;
+  for (const PlannedBuffer& b : sz.buffers) {
+    if (!b.state) continue;
+    all += b.bytes;
+    if (b.what.find("this rank's shard") != std::string::npos) shard += b.bytes;
+  }
+  return {all, shard};
+}
+
+}  // namespace primus::backends::cuda::testing
