@@ -8,13 +8,13 @@
 #      50-step GPT-2 run of the embedded example (its last step line)
 # and prints a table last. Build here first: bash bench/mesh/prepare_carry.sh, then
 #   run(command="bash bench/mesh/run_on_gpu.sh", carry=[".carry-mesh"])
-# STAGES=tp,ops,threads,parity picks stages; every stage runs under `timeout`, cut to what is left
+# STAGES=tp,fsdp,ops,threads,parity picks stages; every stage runs under `timeout`, cut to what is left
 # before BUDGET_S (540 s).
 set -u
 CARRY=${CARRY:-.carry-mesh}
 OUT=${OUT:-/tmp/mesh-out}
 BIN=/tmp/mesh-bin
-STAGES=${STAGES:-tp,ops,threads,parity,trainer}
+STAGES=${STAGES:-tp,fsdp,ops,threads,parity,trainer}
 source bench/tools/carry.sh
 carry_deadline "${BUDGET_S:-540}"
 mkdir -p "$OUT"
@@ -34,6 +34,7 @@ stage() {  # stage NAME SECONDS BINARY FILTER
   grep -E "^\[(gpu|host)|^\[  FAILED|Failure|error" "$OUT/$name.log" | head -40
 }
 want tp && stage tp 240 test_cuda_gpu '*TpGpu*'
+want fsdp && stage fsdp 300 test_cuda_gpu '*FsdpGpu*'
 want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*'
 want threads && stage threads 60 test_threaded_gpu '*'
 want parity && stage parity 240 test_cuda_gpu "${PARITY_FILTER:-*ModelParity*:*TrainingParity*}"

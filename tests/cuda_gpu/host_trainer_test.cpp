@@ -201,5 +201,47 @@ TEST(CudaHostTrainer, TensorParallelTwoProcessesTrainAsOne) {
   }
 }
 
+// Sharded data parallelism through the trainer: two processes (Gloo between them, the model in
+// host mode), each reading its half of every global batch of 8 (micro-batch 4, no accumulation),
+// give one process's losses (micro-batch 4, two accumulated) and validation losses within 1e-5
+// under optim_grads and optim_grads_params; the step-3 checkpoint of the FSDP run (put together
+// from the ranks' chunks) resumes as one process with the same losses, and one process's as FSDP.
+TEST(CudaHostTrainer, ShardedDataParallelTwoProcessesTrainAsOne) {
+  primus::testing::Workdir w;
+  const std::string base = testing::tiny_trainer_experiment("cuda", w.str());
+  auto one_file = w.write("one.yaml", base);
+  run_host_trainer(one_file, {});
+  const auto one = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
+  ASSERT_EQ(one.loss.size(), 6u);
+  const std::filesystem::path worker = std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
+  for (const std::string strategy : {"optim_grads", "optim_grads_params"}) {
+    const std::string name = "dp2_" + strategy;
+    auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
+                                         one_file.string() + " exp_name=" + name +
+                                         " data_parallel_sharding_strategy=" + strategy);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("data_parallel_sharding_strategy " + strategy), std::string::npos) << r.out;
+    const auto two = testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+    ASSERT_EQ(two.loss.size(), 6u) << name;
+    for (auto [step, l] : one.loss) EXPECT_NEAR(two.loss.at(step), l, 1e-5 * l) << name << " step " << step;
+    ASSERT_EQ(two.val.size(), one.val.size());
+    for (auto [step, l] : one.val) EXPECT_NEAR(two.val.at(step), l, 1e-5 * l) << name << " validation at " << step;
+    if (strategy != "optim_grads_params") continue;
+    const auto ckpt3 = w.path() / "g/u" / name / "checkpoints/iter_0000003";
+    ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
+    run_host_trainer(one_file, {"exp_name=from_fsdp2", "load=" + ckpt3.string()});
+    const auto resumed = testing::read_trainer_metrics(w.path() / "g/u/from_fsdp2/metrics.jsonl");
+    ASSERT_EQ(resumed.loss.size(), 3u);
+    for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "resumed step " << step;
+    auto rr = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
+                                          one_file.string() + " exp_name=fsdp2_from_one data_parallel_sharding_strategy=" +
+                                          strategy + " load=" + (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
+    ASSERT_EQ(rr.code, 0) << rr.out;
+    const auto from_one = testing::read_trainer_metrics(w.path() / "g/u/fsdp2_from_one/metrics.jsonl");
+    ASSERT_EQ(from_one.loss.size(), 3u);
+    for (auto [step, l] : from_one.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "fsdp2 from one, step " << step;
+  }
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda
