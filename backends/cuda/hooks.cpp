@@ -28,7 +28,7 @@ turbo::AttentionForwardArgs to_turbo(const AttentionCall& c) {
   a.q = c.q;
   a.k = c.k;
   a.v = c.v;
-  a.opt.causal = true;
+  a.opt.causal = c.causal;
   a.opt.softmax_scale = c.scale;
   a.opt.window = c.window;
   a.opt.cu_seqlens = c.cu_seqlens;
@@ -47,7 +47,7 @@ turbo::AttentionBackwardArgs to_turbo(const AttentionGradCall& c, bool determini
   a.v = c.v;
   a.out = c.out;
   a.lse = c.lse;
-  a.opt.causal = true;
+  a.opt.causal = c.causal;
   a.opt.softmax_scale = c.scale;
   a.opt.window = c.window;
   a.opt.cu_seqlens = c.cu_seqlens;

@@ -29,6 +29,9 @@ using turbo::TensorView;
 struct AttentionCall {
   TensorView out, lse, q, k, v;
   float scale = 0.0f;  // multiplies q.k (1/sqrt(D))
+  // false: every query sees every key (context parallelism's earlier key chunks); the fallback
+  // slots serve causal calls only.
+  bool causal = true;
   // turbo::AttentionOptions' sliding window (0: none) and packed documents (undefined: none).
   int64_t window = 0;
   TensorView cu_seqlens;
@@ -38,6 +41,7 @@ struct AttentionCall {
 struct AttentionGradCall {
   TensorView dq, dk, dv, dout, q, k, v, out, lse;
   float scale = 0.0f;
+  bool causal = true;  // as AttentionCall's
   int64_t window = 0;      // as AttentionCall's
   TensorView cu_seqlens;
   ExecContext ctx;

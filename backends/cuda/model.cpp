@@ -114,6 +114,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
                                                    opt.dp_sharding == parallel::DpSharding::OptimGradsParams));
     mp.zero_ranges = 0;  // the places and the shard are cleared whole
   }
+  if (opt.cp_group && opt.cp_group->world_size() > 1) mp.cp = opt.cp_group->world_size();
   return mp;
 }
 
@@ -179,6 +180,21 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
       throw ConfigError(what + " keeps its own shard of the optimizer state (no use_distributed_optimizer buffers)");
   }
+  const bool cp = opt_.cp_group && opt_.cp_group->world_size() > 1;
+  if (cp) {
+    const int64_t n = opt_.cp_group->world_size();
+    const std::string what = fmt::format("context_parallel_size {}", n);
+    if (tp) throw ConfigError(what + " with tensor_model_parallel_size > 1 is not implemented on the cuda backend yet");
+    if (fsdp) throw ConfigError(what + " with data_parallel_sharding_strategy " + parallel::dp_sharding_name(opt_.dp_sharding) +
+                                " is not implemented on the cuda backend yet");
+    if (opt_.document_masking.enabled())
+      throw ConfigError(what + " with reset_attention_mask / reset_position_ids is not implemented yet");
+    if (spec_.sliding_window > 0) throw ConfigError(what + " with a sliding window is not implemented yet");
+    if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
+    if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
+    if (opt_.max_batch % 2 != 0)
+      throw RuntimeError(fmt::format("cuda model: {}: max_batch {} counts chunk rows (two per sequence)", what, opt_.max_batch));
+  }
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
 
@@ -243,6 +259,11 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     }
   }
   dec.fsdp = fsdp_.get();
+  if (cp) {
+    cp_ = std::make_unique<CpAttention>(*opt_.cp_group, plan_->acts, ops, stream_, spec_.num_attention_heads,
+                                        spec_.num_query_groups, spec_.head_dim());
+    dec.cp = cp_.get();
+  }
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
   if (fsdp_) decoder_->on_grads_ready([this](int64_t offset) { fsdp_->grads_ready(offset); });
   if (opt_.optimizer_in_backward) {
@@ -411,6 +432,7 @@ void CudaModel::grad_norm(float max_norm) {
     optimizer_->finish_grad_norm(max_norm);
     return;
   }
+  if (cp_) cp_->all_reduce_mean(plan_->state.grads);  // each rank's tokens gave a part
   if (!tp_) {
     optimizer_->grad_norm(max_norm, ctx());
     return;

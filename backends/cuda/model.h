@@ -111,6 +111,14 @@ struct CudaModelOptions {
   // ZeRO-1 buffers (ConfigError). dp_sharding NoShard / Optim: no effect here (DataParallel's).
   parallel::ProcessGroup* dp_group = nullptr;
   parallel::DpSharding dp_sharding = parallel::DpSharding::NoShard;
+  // Context parallelism (model/cp_attention.h) over cp_group: the batches given are this rank's
+  // chunk slots (train/context_parallel.h: 2B rows of seq_length / 2cp tokens for B sequences, so
+  // max_batch counts rows and must be even), the attention covers the whole sequences, and
+  // grad_norm() first averages the weights' gradients over the group. Each rank's loss is its own
+  // tokens' mean (the sequences' mean is the mean over the ranks). Not with tensor parallelism,
+  // sharded data parallelism, document masking, a sliding window, the optimizer in the backward or
+  // Muon (ConfigError); the attention slots must serve non-causal calls (not the fallback).
+  parallel::ProcessGroup* cp_group = nullptr;
 };
 
 // The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the
@@ -264,6 +272,7 @@ class CudaModel {
   StateBuffers shard_state_;
   GradPlacement shard_place_;
   std::unique_ptr<FsdpComm> fsdp_;
+  std::unique_ptr<CpAttention> cp_;  // context parallelism (null without)
   // The full layout-ordered array of a shard buffer from every rank (collective).
   void gather_full(const TensorView& shard, float* host) const;
   std::unique_ptr<Decoder> decoder_;

@@ -142,13 +142,17 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
     turbo::RopeArgs r;
     r.out = qk4;
     r.inp = qk4;
-    r.positions = doc_positions(B, T);
+    r.positions = positions(B, T);
     r.table = rope_table_;
     r.base = spec_.rotary_base;
     r.scaling = spec_.rope_scaling;
     r.ctx = c;
     turbo::rope(r);
   }
+  if (opt_.cp) {
+    phase(Phase::Attention);
+    opt_.cp->forward(a.att.slice0(0, N), a.lse.slice0(0, N * H), qkv, B, T, scale, c);
+  } else {
   AttentionCall at;
   at.out = view(a.att, {B, T, H, D});
   at.lse = view(a.lse, {B, H, T});
@@ -161,6 +165,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   at.ctx = c;
   phase(Phase::Attention);
   ops_.attention_forward(at);
+  }
   phase(Phase::ProjGemm);
   lin_->linear_forward(a_.tmp.slice0(0, N), a.att.slice0(0, N), p.proj_w.w, row_bias(p.proj_b), {}, c);
   row_sum(a_.tmp, N);
@@ -237,7 +242,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
     turbo::EmbeddingArgs e;
     e.out = view(sp_ ? a_.tmp : a_.layers[0].x_in, {B, T, C});  // sp: the whole batch, then this rank's rows
     e.tokens = view(a_.tokens.slice0(at, at + N), {B, T});
-    e.positions = doc_positions(B, T);
+    e.positions = positions(B, T);
     e.wte = p_.wte.w;
     e.wpe = p_.wpe.w;
     e.ctx = c;
@@ -521,6 +526,12 @@ void Decoder::backward() {
     // With RoPE the attention's gradients are those of the rotated q/k (a_.dqk_rot); the rotation's
     // backward then writes dq|dk into dqkv (out of place: the reference RoPE cannot run in place).
     const TensorView dqk_rot = spec_.rope ? a_.dqk_rot.slice0(0, N) : TensorView();
+    mark(Phase::AttentionBwd);
+    if (opt_.cp) {
+      const TensorView& dqk = spec_.rope ? dqk_rot : dqkv;
+      opt_.cp->backward(columns(dqk, 0, QD), columns(dqk, QD, KVD), columns(dqkv, QD + KVD, KVD), a_.datt.slice0(0, N),
+                        qkv, a.att.slice0(0, N), a.lse.slice0(0, N * H), B, T, scale, c);
+    } else {
     AttentionGradCall g;
     g.dq = spec_.rope ? heads(dqk_rot, B, T, 0, H) : heads(dqkv, B, T, 0, H);
     g.dk = spec_.rope ? heads(dqk_rot, B, T, QD, KV) : heads(dqkv, B, T, QD, KV);
@@ -535,15 +546,15 @@ void Decoder::backward() {
     g.window = spec_.sliding_window;
     g.cu_seqlens = doc_cu_seqlens(B, T);
     g.ctx = c;
-    mark(Phase::AttentionBwd);
     ops_.attention_backward(g);
+    }
     if (spec_.rope) {  // one rotation for dq|dk: they sit side by side in both buffers
       mark(Phase::RopeBwd);
       turbo::RopeArgs r;
       r.backward = true;
       r.out = heads(dqkv, B, T, 0, H + KV);
       r.inp = heads(dqk_rot, B, T, 0, H + KV);
-      r.positions = doc_positions(B, T);
+      r.positions = positions(B, T);
       r.table = rope_table_;
       r.base = spec_.rotary_base;
     r.scaling = spec_.rope_scaling;
@@ -586,7 +597,7 @@ void Decoder::backward() {
     e.dwpe = p_.wpe.g;
     e.dout = view(a_.dres, {B, T, C});
     e.tokens = view(a_.tokens.slice0(at, at + N), {B, T});
-    e.positions = doc_positions(B, T);
+    e.positions = positions(B, T);
     e.wte = p_.wte.w;
     e.wpe = p_.wpe.w;
     e.ctx = c;
@@ -774,6 +785,15 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   gw.beta = fresh_layers_ ? 0.0f : 1.0f;
   gw.ctx = c;
   turbo::gemm(gw);
+}
+
+TensorView Decoder::columns(const TensorView& buf, int64_t col, int64_t width) {
+  const int64_t W = buf.size(1);
+  if (col + width > W) throw RuntimeError(fmt::format("cuda model: columns {}+{} outside {}", col, width, buf.describe()));
+  TensorView v(static_cast<char*>(buf.data) + size_t(col) * turbo::dtype_size(buf.dtype), buf.dtype, buf.device,
+               {buf.size(0), width});
+  v.strides = {buf.stride(0), 1};
+  return v;
 }
 
 TensorView Decoder::heads(const TensorView& buf, int64_t B, int64_t T, int64_t col, int64_t heads) const {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/cuda/hooks.h"
+#include "backends/cuda/model/cp_attention.h"
 #include "backends/cuda/model/fsdp_comm.h"
 #include "backends/cuda/model/memory_plan.h"
 #include "backends/cuda/model/tp_comm.h"
@@ -82,6 +83,9 @@ struct DecoderOptions {
   // before its forward and its backward (the next layer's gathered meanwhile); the gradients-ready
   // reports are its reductions (the model subscribes them).
   FsdpComm* fsdp = nullptr;
+  // Context parallelism (cp_attention.h; null: none): the batch is the rank's chunk slots (2B rows
+  // of T / 2cp tokens), the attention runs over every rank's k|v, positions are the chunks' global ones.
+  CpAttention* cp = nullptr;
 };
 
 class Decoder {
@@ -136,6 +140,11 @@ class Decoder {
   // corresponding reset is off).
   void build_document_tables(int64_t B, int64_t T);
   TensorView doc_positions(int64_t B, int64_t T) const;
+  // The token positions of this micro-batch: context parallelism's chunk positions, else the
+  // documents' (undefined: 0..T-1 in every row).
+  TensorView positions(int64_t B, int64_t T) const { return opt_.cp ? opt_.cp->positions(B, T) : doc_positions(B, T); }
+  // [rows, width] view of columns [col, col + width) of a [rows, W] buffer.
+  static TensorView columns(const TensorView& buf, int64_t col, int64_t width);
   TensorView doc_cu_seqlens(int64_t B, int64_t T) const;
   void recompute_layer(int64_t l, int64_t B, int64_t T);  // refills what the layer's policy did not keep
   // A MoE layer's feed-forward: a_.tmp [N,C] = moe(ln2); its backward from dres into a_.dln

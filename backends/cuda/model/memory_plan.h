@@ -121,6 +121,12 @@ struct ActivationBuffers {
   // Tensor parallelism (MemoryPlanOptions::tp > 1): f32 [(tp + 1) * head_rows * 3], a head block's
   // vocabulary-parallel loss statistics, this rank's [rows, 3] then every rank's [tp, rows, 3].
   TensorView tp_stats;
+  // Context parallelism (MemoryPlanOptions::cp > 1; cp_attention.h), N = max_batch x max_seq local
+  // rows, n = N / 2 (one chunk slot): every rank's k|v [cp x N, 2 KVD] (activation dtype); the
+  // running merged output f32 [n, QD] and log-sum-exp f32 [n x H]; one pair's output [n, QD] and
+  // log-sum-exp; the backward's f32 accumulators dq [N, QD] and dk|dv [cp x N, 2 KVD] and one pair's
+  // dq [n, QD] and dk|dv [n, 2 KVD]; the chunks' positions i32 [N].
+  TensorView cp_kv_all, cp_out, cp_lse, cp_tmp_out, cp_tmp_lse, cp_dq, cp_dkv, cp_dq_tmp, cp_dkv_tmp, cp_positions;
   // The padded norm outputs [N, C + ones_pad] whose extra columns init_ones() fills.
   std::vector<TensorView> ones_buffers;
   // MoE: per layer (undefined for dense layers); per micro-batch slot s and MoE layer m (the m-th
@@ -168,6 +174,7 @@ struct MemoryPlanOptions {
   // Sharded data parallelism (fsdp.h): the state and the places the plan gives; the gradient
   // placement is the plan's.
   std::shared_ptr<const FsdpPlan> fsdp;
+  int64_t cp = 1;  // context-parallel ranks: the chunked attention's buffers (cp_attention.h)
 };
 
 // What a plan takes, without taking it: the three arenas' capacities exactly as the constructor

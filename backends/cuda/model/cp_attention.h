@@ -1,0 +1,78 @@
+// Context parallelism in the CUDA model: causal attention over sequences split across the ranks
+// of a group, load-balanced as Megatron splits them (the sequence cut into 2 x cp chunks, rank r
+// holding chunks r and 2cp - 1 - r, so every rank has the same share of the causal triangle).
+//
+// Token layout. A rank's micro-batch is its two chunks of each of B sequences, slot-major: rows
+// [0, B Tc) chunk r of sequence 0, 1, ..., rows [B Tc, 2 B Tc) chunk 2cp - 1 - r of each (Tc =
+// T / 2cp), given to the model as a batch of 2B rows of Tc tokens (train/context_parallel.h cuts
+// them). Everything but the attention works row by row and needs nothing else; positions (RoPE,
+// learned positions) are the chunks' global ones (positions()).
+//
+// Attention. The ranks' post-RoPE k|v are all-gathered (the group's one collective per layer and
+// direction; a ring of point-to-point exchanges would overlap it with the chunk products, which
+// [scale-gpu] will measure). Each local query chunk c then attends to the key chunks j <= c: the
+// diagonal causally, the earlier ones whole, one attention call each, and the partial outputs
+// are merged by their log-sum-exp in fp32 (forward). The backward runs the attention backward of
+// the same pairs with the merged output and log-sum-exp (which makes each pair's softmax the
+// global one), accumulates dq and every chunk's dk|dv in fp32, and reduce-scatters dk|dv back to
+// the ranks that own those chunks. The weights' gradients of each rank cover its own tokens: the
+// model averages them over the group (all_reduce_mean) before the norm.
+#pragma once
+#include <cstdint>
+
+#include "backends/cuda/hooks.h"
+#include "backends/cuda/model/memory_plan.h"
+#include "parallel/process_group.h"
+
+namespace primus::parallel {
+class NcclProcessGroup;
+}
+
+namespace primus::backends::cuda {
+
+class CpAttention {
+ public:
+  // Throws ConfigError when a device model gets a group that is neither NCCL nor the threaded one.
+  CpAttention(parallel::ProcessGroup& group, const ActivationBuffers& acts, const CudaOps& ops,
+              const ModelStream& stream, int64_t heads, int64_t kv_heads, int64_t head_dim);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The global chunk of slot s (0, 1) of this rank.
+  int64_t chunk(int s) const { return s == 0 ? rank_ : 2 * size_ - 1 - rank_; }
+  // i32 [B2, Tc] positions of a micro-batch of B2 = 2B rows of Tc tokens (uploaded when the shape
+  // changes, stream-ordered).
+  TensorView positions(int64_t B2, int64_t Tc);
+  // att [B2*Tc, QD] and lse [B2, H, Tc] of the local queries, from the packed qkv [B2*Tc, QD + 2KVD]
+  // (q|k after RoPE).
+  void forward(const TensorView& att, const TensorView& lse, const TensorView& qkv, int64_t B2, int64_t Tc,
+               float scale, const ExecContext& ctx);
+  // dq [B2*Tc rows, QD], dk, dv [.., KVD] (row-strided column views, overwritten) from datt, the
+  // saved qkv, att and lse.
+  void backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& datt,
+                const TensorView& qkv, const TensorView& att, const TensorView& lse, int64_t B2, int64_t Tc, float scale,
+                const ExecContext& ctx);
+  // t (f32) averaged over the group in place (the weights' gradients).
+  void all_reduce_mean(const TensorView& t) const;
+
+ private:
+  template <class F>
+  void ordered(F&& call) const;
+  // The group's k|v of every rank into acts.cp_kv_all ([size x N, 2KVD], rank-major) from this
+  // rank's qkv.
+  void gather_kv(const TensorView& qkv, int64_t N, const ExecContext& ctx) const;
+  // Rows of global chunk j (all B sequences) in the gathered k|v: [B*Tc, 2KVD].
+  TensorView chunk_kv(int64_t j, int64_t B, int64_t Tc) const;
+  TensorView heads4(const TensorView& rows, int64_t B, int64_t Tc, int64_t col, int64_t n) const;
+
+  parallel::ProcessGroup& group_;
+  parallel::NcclProcessGroup* nccl_ = nullptr;
+  const ActivationBuffers& a_;
+  CudaOps ops_;
+  ModelStream stream_;
+  int rank_ = 0, size_ = 1;
+  int64_t H_, KV_, D_;
+  int64_t pos_B2_ = -1, pos_Tc_ = -1;
+};
+
+}  // namespace primus::backends::cuda
