@@ -35,7 +35,7 @@ inline std::vector<int32_t> cp_slot_rows(const std::vector<int32_t>& full, int64
   return out;
 }
 
-inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, int steps) {
+inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, int steps, Attn attn = Attn::Default) {
   const int64_t T = spec.seq_length, B = kTrainBatch;
   const Batches data(T, steps);
   const std::vector<float> init = initial_params(spec);
@@ -50,7 +50,7 @@ inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, 
     CudaModelOptions mo = options(spec, rows, device);
     mo.max_seq = Tl;
     if (cp > 1) mo.cp_group = pg;
-    CudaModel model(spec, mo, ops_for(Attn::Default));
+    CudaModel model(spec, mo, ops_for(attn));
     model.set_params(init.data());
     for (int s = 0; s < steps; ++s) {
       const std::vector<int32_t> x = cp == 1 ? data.inputs[s] : cp_slot_rows(data.inputs[s], B, T, cp, r);
