@@ -142,6 +142,17 @@ class CudaAdapter : public BackendAdapter {
                                       tp, world, dp));
       }
     }
+    // Context parallelism too, and not beside tensor parallelism yet.
+    if (const int64_t cp = a->train.model_parallel[parallel::Dim::CP]; cp > 1) {
+      const int64_t world = parallel::read_dist_env().world_size;
+      const auto sizes = a->train.model_parallel.for_world(world);
+      if (sizes[parallel::Dim::DP] > 1 || sizes[parallel::Dim::TP] > 1) {
+        throw ConfigError(fmt::format("context_parallel_size {} with data or tensor parallelism ({} ranks: dp {}, tp {}) "
+                                      "is not implemented yet on the cuda backend: run the whole job as one "
+                                      "context-parallel group (WORLD_SIZE = cp)",
+                                      cp, world, sizes[parallel::Dim::DP], sizes[parallel::Dim::TP]));
+      }
+    }
     a->device = parallel::rank_device(static_cast<int>(p.find_path("device")->as_int()));
     const parallel::DataParallelArgs dpa = parallel::DataParallelArgs::from_config(p);
     a->use_distributed_optimizer = dpa.distributed_optimizer;

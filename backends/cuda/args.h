@@ -16,7 +16,7 @@ namespace primus::backends::cuda {
 // The mesh this backend runs: data parallelism with ZeRO-1, or tensor (and sequence) parallelism
 // over the whole job (cp and ZeRO-2/FSDP are the reference backend's so far; tp x dp is refused by
 // the trainer).
-inline constexpr parallel::MeshSupport kCudaMesh{"the cuda backend", true, true, false};
+inline constexpr parallel::MeshSupport kCudaMesh{"the cuda backend", true, true, true};
 
 struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   train::ModelSpec model;

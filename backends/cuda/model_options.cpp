@@ -22,6 +22,11 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   CudaModelOptions mo;
   mo.max_batch = t.micro_batch_size;
   mo.max_seq = spec.seq_length;
+  // Context parallelism: a micro-batch is this rank's two chunks of each sequence (cp_attention.h).
+  if (const int64_t cp = t.model_parallel[parallel::Dim::CP]; cp > 1) {
+    mo.max_batch = 2 * t.micro_batch_size;
+    mo.max_seq = spec.seq_length / (2 * cp);
+  }
   mo.loss_slots = t.grad_accum_steps;
   mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
   mo.fp8_linear = a.fp8 != "none";

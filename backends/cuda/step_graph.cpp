@@ -29,11 +29,13 @@ GraphMode parse_cuda_graph(const config::Value& v) {
 void check_graph_config(CudaArgs& a) {
   if (!a.cuda_graph) return;
   const int64_t tp = a.train.model_parallel[parallel::Dim::TP];
-  if (a.cuda_graph_auto && (a.host_mode || a.train.data_parallel_size > 1 || tp > 1)) {
+  const int64_t cp = a.train.model_parallel[parallel::Dim::CP];
+  if (a.cuda_graph_auto && (a.host_mode || a.train.data_parallel_size > 1 || tp > 1 || cp > 1)) {
     a.cuda_graph = false;
     spdlog::info("[cuda] cuda_graph auto: the step runs eagerly ({})",
                  a.host_mode ? "host mode has no GPU"
                  : tp > 1    ? fmt::format("tensor_model_parallel_size {}: the tp collectives are not captured", tp)
+                 : cp > 1    ? fmt::format("context_parallel_size {}: the cp collectives are not captured", cp)
                              : fmt::format("data_parallel_size {}: the gradient reduction runs on the host inside the "
                                            "step",
                                            a.train.data_parallel_size));
@@ -45,6 +47,11 @@ void check_graph_config(CudaArgs& a) {
     throw ConfigError(fmt::format("cuda_graph: true with data_parallel_sharding_strategy {}: the sharded collectives "
                                   "are not captured yet (set cuda_graph: false)",
                                   parallel::dp_sharding_name(sharding)));
+  }
+  if (cp > 1 && !a.host_mode) {
+    throw ConfigError(fmt::format("cuda_graph: true with context_parallel_size {}: the cp collectives are not captured "
+                                  "yet (set cuda_graph: false)",
+                                  cp));
   }
   if (tp > 1 && !a.host_mode) {
     throw ConfigError(fmt::format("cuda_graph: true with tensor_model_parallel_size {}: the tp collectives are not "

@@ -76,6 +76,21 @@ void CudaTrainer::setup() {
     dims_->set_group(parallel::Dim::TP, tp_pg_);
     spdlog::info("[cuda] tensor parallel over {} ranks{} ({} group)", tp,
                  t.model_parallel.sequence_parallel ? " with sequence parallelism" : "", tp_pg_->backend());
+  } else if (const int64_t cp = dims_->size(parallel::Dim::CP); cp > 1) {
+    parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
+    store_ = parallel::TcpStore::from_env(dist_);
+    if (args_->host_mode) {
+      cp_pg_ = parallel::make_process_group(dist_, *store_);
+    } else {
+      parallel::NcclGroupOptions go;
+      go.device = args_->device;
+      go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
+      go.name = "cp";
+      cp_pg_ = std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
+    }
+    dims_->set_group(parallel::Dim::CP, cp_pg_);
+    spdlog::info("[cuda] context parallel over {} ranks: each holds chunks r and {} - r of {} per sequence ({} group)",
+                 cp, 2 * cp - 1, 2 * cp, cp_pg_->backend());
   } else if (sharded) {
     parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
     store_ = parallel::TcpStore::from_env(dist_);
@@ -166,6 +181,7 @@ void CudaTrainer::init() {
     mo.tp_group = tp_pg_.get();
     mo.tp_map = tp_map_;
   }
+  if (cp_pg_) mo.cp_group = cp_pg_.get();
   if (sharded_pg_) {
     mo.dp_group = sharded_pg_.get();
     mo.dp_sharding = t.model_parallel.sharding;
@@ -296,11 +312,29 @@ void CudaTrainer::read_ahead() {
   ahead_ready_ = true;
 }
 
+int64_t CudaTrainer::rows() const { return (cp_pg_ ? 2 : 1) * args_->train.micro_batch_size; }
+int64_t CudaTrainer::row_tokens() const {
+  return args_->model.seq_length / (cp_pg_ ? 2 * cp_pg_->world_size() : 1);
+}
+
 void CudaTrainer::split_batch() {
   const int64_t B = args_->train.micro_batch_size, T = args_->model.seq_length;
-  for (int64_t b = 0; b < B; ++b) {
-    std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
-    std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
+  if (!cp_pg_) {
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
+      std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
+    }
+    return;
+  }
+  // Context parallelism: chunk r of every sequence, then chunk 2cp - 1 - r of every sequence
+  // (the model's chunk slots, cp_attention.h).
+  const int64_t cp = cp_pg_->world_size(), r = cp_pg_->rank(), Tc = T / (2 * cp);
+  int64_t row = 0;
+  for (const int64_t c : {r, 2 * cp - 1 - r}) {
+    for (int64_t b = 0; b < B; ++b, ++row) {
+      std::copy_n(&batch_[b * (T + 1) + c * Tc], Tc, &inputs_[row * Tc]);
+      std::copy_n(&batch_[b * (T + 1) + c * Tc + 1], Tc, &targets_[row * Tc]);
+    }
   }
 }
 
@@ -337,7 +371,7 @@ turbo::MuonHyper CudaTrainer::muon_hyper(int64_t step) const {
 // device, which makes AdamW skip; the host learns of it from the status read after the step.
 void CudaTrainer::step_body(int64_t step) {
   auto& t = args_->train;
-  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  const int64_t B = rows(), T = row_tokens();  // this rank's micro-batch
   const float dloss = static_cast<float>(1.0 / (static_cast<double>(B * T) * static_cast<double>(t.grad_accum_steps)));
   model_->zero_grad();
   if (model_->optimizer_in_backward()) {  // AdamW and the step check run inside the backward, layer by layer
@@ -366,7 +400,7 @@ void CudaTrainer::step_body(int64_t step) {
 
 void CudaTrainer::launch_step(int64_t step) {
   auto& t = args_->train;
-  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  const int64_t B = rows(), T = row_tokens();  // this rank's micro-batch
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   const bool timed = ++host_times_.launches > 2;  // past the warm-up and capture steps
@@ -427,7 +461,7 @@ double CudaTrainer::evaluate() {
   auto& t = args_->train;
   if (!data_.valid || t.eval_iters == 0) return NAN;
   NvtxRange r("eval");
-  const int64_t B = t.micro_batch_size, T = args_->model.seq_length;
+  const int64_t B = rows(), T = row_tokens();  // this rank's micro-batch
   // Every evaluation reads the same first batches of the validation data, so values compare.
   nlohmann::json saved = data_.valid->state();
   data_.valid->load_state(valid_start_);
@@ -438,7 +472,8 @@ double CudaTrainer::evaluate() {
     sum += model_->read_loss_sum(1);
   }
   data_.valid->load_state(saved);
-  return sum / static_cast<double>(t.eval_iters);
+  // Context parallelism: each rank has its own tokens' mean (the ranks hold equal shares).
+  return cp_pg_ ? dp_mean(sum / static_cast<double>(t.eval_iters)) : sum / static_cast<double>(t.eval_iters);
 }
 
 nlohmann::json CudaTrainer::state_json(int64_t step) const {
@@ -532,7 +567,8 @@ void CudaTrainer::save(int64_t step) {
       }
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
-    parallel::ProcessGroup* group = pg_ ? static_cast<parallel::ProcessGroup*>(pg_.get()) : sharded_pg_.get();
+    parallel::ProcessGroup* group = pg_ ? static_cast<parallel::ProcessGroup*>(pg_.get())
+                                    : sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
     dir = group ? parallel::save_data_parallel(*group, t.ckpt.save, step, data,
                                                static_cast<const parallel::FlatSharding*>(nullptr), {}, so)
                 : io::save_checkpoint(t.ckpt.save, step, data, so);
@@ -635,7 +671,7 @@ void CudaTrainer::train() {
   // mode a launch runs the step at once; the order of host work and the statuses (one copy per
   // ticket) are the same, so the host trainer test covers this path without a GPU.
   // The expert-bias update runs on the host between steps: the next step must not be queued before it.
-  const bool ahead = launch_ahead_ && !profiler_ && !dp_ && !sharded_pg_ && !args_->model.moe.expert_bias;
+  const bool ahead = launch_ahead_ && !profiler_ && !dp_ && !sharded_pg_ && !cp_pg_ && !args_->model.moe.expert_bias;
   if (ahead) {
     hooks.launch = [this](int64_t step) {
       NvtxRange r("launch");
@@ -724,14 +760,15 @@ void CudaTrainer::sample_at_end() {
 
 double CudaTrainer::dp_mean(double x) {
   if (dp_) return dp_->average({x})[0];
-  if (!sharded_pg_) return x;
+  parallel::ProcessGroup* g = sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
+  if (!g) return x;
   float v = static_cast<float>(x);
-  if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(sharded_pg_.get())) {
+  if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {
     nccl->all_reduce_host(&v, 1);
   } else {
-    sharded_pg_->all_reduce(&v, 1, parallel::DType::F32, parallel::ReduceOp::Sum);
+    g->all_reduce(&v, 1, parallel::DType::F32, parallel::ReduceOp::Sum);
   }
-  return static_cast<double>(v) / sharded_pg_->world_size();
+  return static_cast<double>(v) / g->world_size();
 }
 
 std::vector<float> CudaTrainer::tp_global(const float* local) const {
@@ -750,6 +787,7 @@ void CudaTrainer::cleanup(bool on_error) {
   if (on_error && pg_) pg_->abort();  // frees this rank's GPU work; the peers' watchdogs name this rank
   if (on_error && tp_pg_) tp_pg_->abort();
   if (on_error && sharded_pg_) sharded_pg_->abort();
+  if (on_error && cp_pg_) cp_pg_->abort();
   if (on_error && store_) store_->leave_without_waiting();  // rank 0: do not wait for a stalled peer to hang up
   if (on_error) spdlog::error("[cuda] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }

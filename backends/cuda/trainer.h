@@ -97,7 +97,14 @@ class CudaTrainer : public Trainer {
   // Sharded data parallelism (optim_grads, optim_grads_params: the model's own, model/fsdp.h) over
   // the whole job: NCCL on GPUs, the CPU group in host mode. Null otherwise.
   std::shared_ptr<parallel::ProcessGroup> sharded_pg_;
-  // The mean over the data-parallel ranks of a host value (the loss, a stop flag); x itself alone.
+  // Context parallelism over the whole job (NCCL on GPUs, the CPU group in host mode); null without.
+  std::shared_ptr<parallel::ProcessGroup> cp_pg_;
+  // A micro-batch as the model takes it: B x T, or with context parallelism this rank's 2B chunk
+  // rows of T / 2cp tokens.
+  int64_t rows() const;
+  int64_t row_tokens() const;
+  // The mean over the data- or context-parallel ranks of a host value (the loss, a stop flag); x
+  // itself alone.
   double dp_mean(double x);
   std::shared_ptr<train::TpShardMap> tp_map_;
   std::vector<float> tp_global(const float* local) const;

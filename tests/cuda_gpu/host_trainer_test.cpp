@@ -243,5 +243,41 @@ TEST(CudaHostTrainer, ShardedDataParallelTwoProcessesTrainAsOne) {
   }
 }
 
+// Context parallelism through the trainer: two processes (Gloo between them, the model in host
+// mode), each holding chunks r and 3 - r of every sequence of the same batches, give one process's
+// losses and validation losses within 1e-5; their step-3 checkpoint resumes as one process with the
+// same losses, and one process's resumes as cp2.
+TEST(CudaHostTrainer, ContextParallelTwoProcessesTrainAsOne) {
+  primus::testing::Workdir w;
+  const std::string base = testing::tiny_trainer_experiment("cuda", w.str());
+  auto one_file = w.write("one.yaml", base);
+  run_host_trainer(one_file, {});
+  const auto one = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
+  ASSERT_EQ(one.loss.size(), 6u);
+  const std::filesystem::path worker = std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
+  auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
+                                       one_file.string() + " exp_name=cp2 context_parallel_size=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("context parallel over 2 ranks"), std::string::npos) << r.out;
+  const auto two = testing::read_trainer_metrics(w.path() / "g/u/cp2/metrics.jsonl");
+  ASSERT_EQ(two.loss.size(), 6u);
+  for (auto [step, l] : one.loss) EXPECT_NEAR(two.loss.at(step), l, 1e-5 * l) << "cp2 step " << step;
+  ASSERT_EQ(two.val.size(), one.val.size());
+  for (auto [step, l] : one.val) EXPECT_NEAR(two.val.at(step), l, 1e-5 * l) << "cp2 validation at " << step;
+  const auto ckpt3 = w.path() / "g/u/cp2/checkpoints/iter_0000003";
+  ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
+  run_host_trainer(one_file, {"exp_name=from_cp2", "load=" + ckpt3.string()});
+  const auto resumed = testing::read_trainer_metrics(w.path() / "g/u/from_cp2/metrics.jsonl");
+  ASSERT_EQ(resumed.loss.size(), 3u);
+  for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "resumed step " << step;
+  auto rr = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
+                                        one_file.string() + " exp_name=cp2_from_one context_parallel_size=2 load=" +
+                                        (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
+  ASSERT_EQ(rr.code, 0) << rr.out;
+  const auto from_one = testing::read_trainer_metrics(w.path() / "g/u/cp2_from_one/metrics.jsonl");
+  ASSERT_EQ(from_one.loss.size(), 3u);
+  for (auto [step, l] : from_one.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "cp2 from one, step " << step;
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda

@@ -171,12 +171,19 @@ TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
     EXPECT_NE(r.out.find(why), std::string::npos) << keys << "\n" << r.out;
     EXPECT_EQ(r.out.find("| loss "), std::string::npos) << keys << ": trained\n" << r.out;
   }
-  // The cuda backend has neither cp nor ZeRO-2/FSDP yet, and runs tp over the whole job only:
-  // refused when its config is converted, so a dry run says so too. (Builds without CUDA, e.g. the
-  // sanitizer build, have no cuda backend.)
+  // The cuda backend runs tp and cp over the whole job only (no dp beside them, not both): refused
+  // when its config is converted, so a dry run says so too; cp and FSDP over the whole job pass.
+  // (Builds without CUDA, e.g. the sanitizer build, have no cuda backend.)
   const bool have_cuda = run_primus("backends").out.find("cuda ") != std::string::npos;
   if (!have_cuda) std::cout << "this build has no cuda backend: its refusals are not checked\n";
-  for (const char* keys : {"context_parallel_size=2", "data_parallel_sharding_strategy=optim_grads_params",
+  for (const char* keys : {"context_parallel_size=2", "data_parallel_sharding_strategy=optim_grads_params"}) {
+    if (!have_cuda) break;
+    auto ok = run_primus("train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
+                             "/examples/cuda/llama3.2-1B.yaml --dry-run " + keys,
+                         "RANK=0 WORLD_SIZE=2");
+    EXPECT_EQ(ok.code, 0) << keys << "\n" << ok.out;
+  }
+  for (const char* keys : {"context_parallel_size=2 WORLD=4", "context_parallel_size=2 tensor_model_parallel_size=2 WORLD=4",
                            "tensor_model_parallel_size=2 WORLD=4"}) {
     if (!have_cuda) break;
     std::string k = keys, env = "RANK=0 WORLD_SIZE=2";
