@@ -16,6 +16,7 @@ namespace {
 struct Cut {
   enum Kind { Replicated, RowParts, Columns } kind = Replicated;
   std::vector<int64_t> parts;  // RowParts: rows of each part
+  int64_t kv_first = -1;       // RowParts: the first key/value part (q|k|v: 1), -1: none
   int64_t row_len = 1;         // elements per row
   bool partial = false;        // Replicated: gradients summed over the group
 };
@@ -41,9 +42,9 @@ Cut cut_of(const ParamTensor& t, const ModelSpec& m, bool sp) {
   } else if (ends_with(n, "attn.q_norm.weight") || ends_with(n, "attn.k_norm.weight")) {
     c.kind = Cut::Replicated, c.partial = true;  // one weight shared by the heads of every rank
   } else if (ends_with(n, "attn.qkv.weight")) {
-    c.kind = Cut::RowParts, c.parts = {QD, KVD, KVD}, c.row_len = C;
+    c.kind = Cut::RowParts, c.parts = {QD, KVD, KVD}, c.row_len = C, c.kv_first = 1;
   } else if (ends_with(n, "attn.qkv.bias")) {
-    c.kind = Cut::RowParts, c.parts = {QD, KVD, KVD};
+    c.kind = Cut::RowParts, c.parts = {QD, KVD, KVD}, c.kv_first = 1;
   } else if (ends_with(n, "mlp.fc.weight")) {
     c.kind = Cut::RowParts, c.parts = fc_parts, c.row_len = C;
   } else if (ends_with(n, "mlp.fc.bias")) {
@@ -76,7 +77,17 @@ TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_
                       "norm spans the heads of every rank)");
   }
   check_divides(tp, global.num_attention_heads, "num_attention_heads", "each rank takes whole heads");
-  check_divides(tp, global.num_query_groups, "num_query_groups", "each rank takes whole key/value groups");
+  const int64_t KV = global.num_query_groups;
+  if (tp > KV) {  // Megatron's replication: tp / KV consecutive ranks share one key/value group
+    if (tp % KV != 0) {
+      throw ConfigError(fmt::format("tensor_model_parallel_size {} is above num_query_groups {} but not a multiple of "
+                                    "it (each key/value group is replicated on tp / num_query_groups ranks)",
+                                    tp, KV));
+    }
+    kv_replicas_ = static_cast<int>(tp / KV);
+  } else {
+    check_divides(tp, KV, "num_query_groups", "each rank takes whole key/value groups");
+  }
   check_divides(tp, global.ffn_hidden_size, "ffn_hidden_size", "each rank takes a slice of the MLP");
   if (global.padded_vocab_size % tp != 0) {
     throw ConfigError(fmt::format("tensor_model_parallel_size {} does not divide the padded vocabulary {} (vocab_size "
@@ -87,7 +98,7 @@ TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_
   local_ = global;
   local_.kv_channels = global.head_dim();
   local_.num_attention_heads = global.num_attention_heads / tp;
-  local_.num_query_groups = global.num_query_groups / tp;
+  local_.num_query_groups = kv_replicas_ > 1 ? 1 : global.num_query_groups / tp;
   local_.ffn_hidden_size = global.ffn_hidden_size / tp;
   local_.padded_vocab_size = global.padded_vocab_size / tp;
   vocab_begin_ = rank * local_.padded_vocab_size;
@@ -108,13 +119,14 @@ TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_
     partial_.push_back(c.partial);
     int64_t at = l.offset;
     const size_t first = pieces_.size();
-    auto add = [&](int64_t global_off, int64_t count) {
-      // Runs that continue each other merge, within one tensor (a piece never spans two).
+    auto add = [&](int64_t global_off, int64_t count, bool shared = false) {
+      // Runs that continue each other merge, within one tensor (a piece never spans two) and of
+      // one kind (shared or not).
       if (pieces_.size() > first && pieces_.back().local + pieces_.back().count == at &&
-          pieces_.back().global + pieces_.back().count == global_off) {
+          pieces_.back().global + pieces_.back().count == global_off && pieces_.back().shared == shared) {
         pieces_.back().count += count;
       } else {
-        pieces_.push_back({at, global_off, count});
+        pieces_.push_back({at, global_off, count, shared});
       }
       at += count;
     };
@@ -122,10 +134,28 @@ TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_
       add(g.offset, g.numel);
     } else if (c.kind == Cut::RowParts) {
       int64_t part_begin = 0;
-      for (int64_t rows : c.parts) {
-        const int64_t mine = rows / tp;
-        add(g.offset + (part_begin + rank * mine) * c.row_len, mine * c.row_len);
+      for (size_t k = 0; k < c.parts.size(); ++k) {
+        const int64_t rows = c.parts[k];
+        const bool kv = c.kv_first >= 0 && int64_t(k) >= c.kv_first;
+        if (kv && kv_replicas_ > 1) {  // one whole group: the (rank / replicas)-th
+          const int64_t mine = rows / KV, group = rank / kv_replicas_;
+          add(g.offset + (part_begin + group * mine) * c.row_len, mine * c.row_len, true);
+        } else {
+          const int64_t mine = rows / tp;
+          add(g.offset + (part_begin + rank * mine) * c.row_len, mine * c.row_len);
+        }
         part_begin += rows;
+      }
+      if (kv_replicas_ > 1 && c.kv_first >= 0) {
+        TpKvExchange x;
+        x.tensor = i;
+        int64_t before = 0;
+        for (int64_t k = 0; k < c.kv_first; ++k) before += c.parts[size_t(k)];
+        x.global_begin = g.offset + before * c.row_len;
+        x.elems = g.offset + g.numel - x.global_begin;
+        for (size_t q = first; q < pieces_.size(); ++q)
+          if (pieces_[q].shared) x.pieces.push_back(pieces_[q]);
+        kv_exchanges_.push_back(std::move(x));
       }
     } else {
       const int64_t rows = g.numel / c.row_len, mine = c.row_len / tp;
@@ -143,12 +173,12 @@ void TpShardMap::to_local(const float* global, float* local) const {
 }
 
 std::vector<TpPiece> TpShardMap::owned_pieces() const {
-  if (rank_ == 0) return pieces_;
+  if (rank_ == 0) return pieces_;  // the first replica of the first key/value group too
   std::vector<TpPiece> owned;
   size_t t = 0;  // the tensor of the piece (pieces run in tensor order)
   for (const TpPiece& p : pieces_) {
     while (p.local >= local_layout_.tensors[t].offset + local_layout_.tensors[t].numel) ++t;
-    if (!replicated_[t]) owned.push_back(p);
+    if (!replicated_[t] && (!p.shared || counts_kv())) owned.push_back(p);
   }
   return owned;
 }

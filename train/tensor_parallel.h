@@ -21,15 +21,30 @@
 namespace primus::train {
 
 // A run of consecutive elements: local buffer [local, local + count) = global [global, ...).
+// shared: a key/value group's rows that tp / num_query_groups ranks hold alike (kv_replicas()).
 struct TpPiece {
   int64_t local = 0, global = 0, count = 0;
+  bool shared = false;
+};
+
+// One tensor's replicated key/value rows (tensor_model_parallel_size above num_query_groups): the
+// global range [global_begin, global_begin + elems) covering every group's k|v rows, and this
+// rank's shared pieces of it. Each rank's gradient of its pieces is the part its query heads give:
+// summed over the group through a buffer laid out like the global range (every rank writes its
+// pieces, zeros elsewhere; the ranks of one group write the same place), every replica gets the
+// whole gradient.
+struct TpKvExchange {
+  size_t tensor = 0;
+  int64_t global_begin = 0, elems = 0;
+  std::vector<TpPiece> pieces;
 };
 
 class TpShardMap {
  public:
-  // ConfigError naming the key when the model cannot be split over `tp` ranks: heads, query groups,
-  // the FFN width or the padded vocabulary not divisible by tp, or a part of the model that has no
-  // tensor-parallel form yet (MoE layers, a q/k norm over the whole projection).
+  // ConfigError naming the key when the model cannot be split over `tp` ranks: heads, the FFN width
+  // or the padded vocabulary not divisible by tp, query groups neither divisible by tp nor dividing
+  // it, or a part of the model that has no tensor-parallel form yet (MoE layers, a q/k norm over
+  // the whole projection).
   TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_parallel);
 
   int tp() const { return tp_; }
@@ -52,9 +67,18 @@ class TpShardMap {
   // parallelism also the norms, each rank seeing its part of the sequence).
   bool partial_grad(size_t tensor) const { return partial_.at(tensor); }
 
-  // The pieces this rank writes when the ranks' buffers are put together: its own slices, and the
-  // replicated tensors on rank 0 only (in local order, so also in global order). Every global
-  // element is in exactly one rank's owned pieces.
+  // Grouped-query attention with fewer key/value groups than ranks (tp a multiple of
+  // num_query_groups, as Megatron replicates them): each rank holds one group, shared by
+  // kv_replicas() consecutive ranks; 1 when the groups split. The gradient sums and the norm
+  // counting those shared rows need (their first replica counts them).
+  int kv_replicas() const { return kv_replicas_; }
+  bool counts_kv() const { return rank_ % kv_replicas_ == 0; }
+  const std::vector<TpKvExchange>& kv_exchanges() const { return kv_exchanges_; }
+
+  // The pieces this rank writes when the ranks' buffers are put together: its own slices, the
+  // replicated tensors on rank 0 only and the shared key/value rows on their first replica (in
+  // local order, so also in global order). Every global element is in exactly one rank's owned
+  // pieces.
   std::vector<TpPiece> owned_pieces() const;
   // local[i] = global[where element i lives].
   void to_local(const float* global, float* local) const;
@@ -70,6 +94,8 @@ class TpShardMap {
   int64_t vocab_begin_ = 0;
   std::vector<TpPiece> pieces_;
   std::vector<bool> replicated_, partial_;
+  int kv_replicas_ = 1;
+  std::vector<TpKvExchange> kv_exchanges_;
 };
 
 }  // namespace primus::train

@@ -8,6 +8,7 @@
 
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
+#include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/head_norm.h"
@@ -244,7 +245,20 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     // The norm counts each rank's own slices, and the replicated tensors once (on rank 0).
     std::vector<bool> counted(layout_.tensors.size());
     for (size_t i = 0; i < counted.size(); ++i) counted[i] = tp_->rank() == 0 || !opt_.tp_map->replicated(i);
-    optimizer_->norm_over(counted);
+    // Replicated key/value rows (tp above num_query_groups): counted by their first replica.
+    std::vector<std::pair<int64_t, int64_t>> excluded;
+    int64_t x_elems = 0;
+    for (const train::TpKvExchange& x : opt_.tp_map->kv_exchanges()) {
+      x_elems = std::max(x_elems, x.elems);
+      if (!opt_.tp_map->counts_kv())
+        for (const train::TpPiece& p : x.pieces) excluded.push_back({p.local, p.count});
+    }
+    optimizer_->norm_over(counted, excluded);
+    if (x_elems > 0) {
+      const size_t bytes = size_t(x_elems) * sizeof(float) + 2 * turbo::Arena::kDefaultAlign;
+      kv_arena_ = host ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
+      kv_exchange_ = kv_arena_->tensor(turbo::DType::F32, {x_elems}, "replicated key/value gradient exchange");
+    }
     // Gradients each rank holds a part of: the map's (per-head q|k norms; with sequence
     // parallelism the norms), and with sequence parallelism the row-parallel biases too, whose
     // gradients the decoder takes from the norms' column sums over this rank's rows.
@@ -444,6 +458,21 @@ void CudaModel::grad_norm(float max_norm) {
     if (!tp_partial_[i]) continue;
     const train::ParamTensor& t = layout_.tensors[i];
     tp_->all_reduce(st.grads.slice0(t.offset, t.offset + t.numel));
+  }
+  // Replicated key/value rows: each replica's part summed through the tensor's global k|v range
+  // (train/tensor_parallel.h; the ranks of other groups write other places of it).
+  for (const train::TpKvExchange& x : opt_.tp_map->kv_exchanges()) {
+    const TensorView buf = kv_exchange_.slice0(0, x.elems);
+    stream_.zero(buf);
+    auto copy = [&](float* dst, const float* src, int64_t n) {
+      if (stream_.host) std::memcpy(dst, src, size_t(n) * sizeof(float));
+      else CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_.stream));
+    };
+    for (const train::TpPiece& p : x.pieces)
+      copy(buf.ptr<float>() + (p.global - x.global_begin), st.grads.ptr<float>() + p.local, p.count);
+    tp_->all_reduce(buf);
+    for (const train::TpPiece& p : x.pieces)
+      copy(st.grads.ptr<float>() + p.local, buf.ptr<const float>() + (p.global - x.global_begin), p.count);
   }
   optimizer_->grad_norm_squares(ctx());
   tp_->all_reduce(st.norm.slice0(0, 1));

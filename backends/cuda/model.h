@@ -265,6 +265,9 @@ class CudaModel {
   std::unique_ptr<HostStaging> staging_;
   std::unique_ptr<TpComm> tp_;  // tensor parallelism (null without)
   std::vector<bool> tp_partial_;  // per tensor: its gradient is summed over the tp group in grad_norm()
+  // Replicated key/value rows (tp above num_query_groups): the exchange buffer of their gradient sum.
+  std::unique_ptr<turbo::Arena> kv_arena_;
+  TensorView kv_exchange_;
   // Sharded data parallelism: the plan, the shard as a layout (the optimizer's tensors) with its
   // buffers and placement, and the collectives.
   std::shared_ptr<const FsdpPlan> fsdp_plan_;

@@ -569,6 +569,17 @@ void GptModel<Real>::reduce_tp_partial_grads() {
     tp_group_->all_reduce(grads.data() + ts[i].offset, static_cast<size_t>(ts[i].numel), parallel::DType::F32,
                           parallel::ReduceOp::Sum);
   }
+  // Replicated key/value rows (tp above num_query_groups): each replica's part summed through the
+  // global k|v range of the tensor (train/tensor_parallel.h).
+  std::vector<float> x;
+  for (const train::TpKvExchange& e : tp_map_->kv_exchanges()) {
+    x.assign(static_cast<size_t>(e.elems), 0.0f);
+    for (const train::TpPiece& p : e.pieces)
+      for (int64_t j = 0; j < p.count; ++j) x[size_t(p.global - e.global_begin + j)] = static_cast<float>(grads[size_t(p.local + j)]);
+    tp_group_->all_reduce(x.data(), x.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+    for (const train::TpPiece& p : e.pieces)
+      for (int64_t j = 0; j < p.count; ++j) grads[size_t(p.local + j)] = static_cast<Real>(x[size_t(p.global - e.global_begin + j)]);
+  }
 }
 
 template <typename Real>

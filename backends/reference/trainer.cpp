@@ -204,6 +204,11 @@ void ReferenceTrainer::init() {
                                     "implemented yet (the bias moves outside the optimizer's shards); use optim",
                                     key));
     }
+    if (tp_map_ && tp_map_->kv_replicas() > 1) {
+      throw ConfigError(fmt::format("data_parallel_sharding_strategy {} with tensor_model_parallel_size {} above "
+                                    "num_query_groups {} (replicated key/value groups) is not implemented yet",
+                                    key, tp_map_->tp(), spec.num_query_groups));
+    }
     fsdp_ = std::make_unique<ReferenceFsdp>(*model_, *pg_, sharding == parallel::DpSharding::OptimGradsParams);
     model_->set_sharding_hooks(fsdp_.get());
     owned = fsdp_->owned_count();
@@ -465,6 +470,14 @@ double ReferenceTrainer::tp_sum_squares(const float* g, int64_t lo, int64_t hi) 
     if (tp_map_->replicated(i)) continue;
     const int64_t a = std::max(lo, ts[i].offset), b = std::min(hi, ts[i].offset + ts[i].numel);
     if (a < b) s += k::sum_squares(g + (a - lo), b - a);
+  }
+  // Replicated key/value rows: counted by their first replica alone.
+  if (!tp_map_->counts_kv()) {
+    for (const train::TpKvExchange& x : tp_map_->kv_exchanges())
+      for (const train::TpPiece& p : x.pieces) {
+        const int64_t a = std::max(lo, p.local), b = std::min(hi, p.local + p.count);
+        if (a < b) s -= k::sum_squares(g + (a - lo), b - a);
+      }
   }
   return s;
 }

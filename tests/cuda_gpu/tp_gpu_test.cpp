@@ -70,5 +70,38 @@ INSTANTIATE_TEST_SUITE_P(Models, TpGpuTest, ::testing::Combine(::testing::Values
                                   (std::get<1>(info.param) ? "_sp" : "");
                          });
 
+// Four ranks over the Llama's and Qwen3's two key/value groups: each group replicated on two
+// ranks (its gradient summed over them, counted once in the norm), at the same gates.
+class TpGpuKvTest : public CudaGpuTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(TpGpuKvTest, FourRanksReplicatingKeyValueGroupsTrainAsOne) {
+  const int which = GetParam();
+  const train::ModelSpec spec = tp_spec(which);
+  constexpr int kSteps = 20;
+  const TpRun one = run_tp(spec, 1, turbo::Device::CUDA, kSteps);
+  const TpRun four = run_tp(spec, 4, turbo::Device::CUDA, kSteps);
+  const TpRun other = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Fallback);
+  double worst_loss = 0, worst_norm = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    const double dl = std::fabs(four.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
+    const double dn = std::fabs(four.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
+    const double spread = std::fabs(other.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
+    worst_loss = std::max(worst_loss, dl);
+    worst_norm = std::max(worst_norm, dn);
+    EXPECT_LT(dl, 1e-2) << "step " << s;
+    EXPECT_LT(dn, s < 10 ? 1e-2 : std::max(2e-2, 4 * spread))
+        << "step " << s << ": " << four.gnorm[0][s] << " vs " << one.gnorm[0][s] << " (fallback " << other.gnorm[0][s] << ")";
+  }
+  const double dp = rel_l2(four.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+  EXPECT_LT(dp, 1e-2);
+  std::printf("[gpu %s tp4, kv groups replicated x2] %d steps: loss %.4f -> %.4f (tp4 %.4f), worst relative loss %.1e, "
+              "grad norm %.1e, weights %.1e\n",
+              tp_spec_name(which), kSteps, one.loss[0].front(), one.loss[0].back(), four.loss[0].back(), worst_loss,
+              worst_norm, dp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpGpuKvTest, ::testing::Values(1, 2),
+                         [](const auto& info) { return std::string(tp_spec_name(info.param)); });
+
 }  // namespace
 }  // namespace primus::backends::cuda::testing

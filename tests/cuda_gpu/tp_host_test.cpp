@@ -54,6 +54,40 @@ INSTANTIATE_TEST_SUITE_P(Models, TpHostTest, ::testing::Combine(::testing::Value
                                   (std::get<1>(info.param) ? "_sp" : "");
                          });
 
+// More ranks than key/value groups (4 ranks, 2 groups): each group replicated on two ranks, its
+// gradient summed over them and counted once in the norm; the Llama and Qwen3 of above, with and
+// without sequence parallelism, against one rank at the same fp32 gate.
+class TpHostKvTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(TpHostKvTest, FourRanksReplicatingKeyValueGroupsTrainAsOne) {
+  const auto [which, sp] = GetParam();
+  const train::ModelSpec spec = tp_spec(which);
+  ASSERT_EQ(spec.num_query_groups, 2);
+  constexpr int kSteps = 6;
+  const TpRun one = run_tp(spec, 1, turbo::Device::CPU, kSteps);
+  const TpRun four = run_tp(spec, 4, turbo::Device::CPU, kSteps, Attn::Default, sp);
+  double worst_loss = 0, worst_norm = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    for (int r = 1; r < 4; ++r) EXPECT_EQ(four.gnorm[r][s], four.gnorm[0][s]) << "rank " << r << " step " << s;
+    const double dl = std::fabs(four.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
+    const double dn = std::fabs(four.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
+    worst_loss = std::max(worst_loss, dl);
+    worst_norm = std::max(worst_norm, dn);
+    EXPECT_LT(dl, 1e-5) << "step " << s;
+    EXPECT_LT(dn, 1e-5) << "step " << s << ": " << four.gnorm[0][s] << " vs " << one.gnorm[0][s];
+  }
+  const double dp = rel_l2(four.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+  EXPECT_LT(dp, 1e-4);
+  std::printf("[host %s tp4%s, kv groups replicated x2] %d steps: worst relative loss %.1e, grad norm %.1e, weights %.1e\n",
+              tp_spec_name(which), sp ? "+sp" : "", kSteps, worst_loss, worst_norm, dp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpHostKvTest, ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(tp_spec_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_sp" : "");
+                         });
+
 // The layouts the cuda model refuses under tensor parallelism, each with the key that names it.
 TEST(TpHostRefusals, UnsupportedCombinationsNameTheirKey) {
   const train::ModelSpec spec = tp_spec(1);

@@ -10,7 +10,10 @@
 
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "tests/e2e/cli_runner.h"
 #include "tests/parallel/train_e2e_util.h"
@@ -45,7 +48,7 @@ std::string llama_args(const std::string& ws, int iters, const std::string& extr
 
 using ArgsFn = std::string (*)(const std::string&, int, const std::string&);
 
-void expect_layouts_match_one_process(ArgsFn args, const std::string& model) {
+void expect_layouts_match_one_process(ArgsFn args, const std::string& model, bool replicated_kv = false) {
   Workdir one;
   auto r1 = run_primus(args(one.str(), 20, ""));
   ASSERT_EQ(r1.code, 0) << r1.out;
@@ -68,12 +71,16 @@ void expect_layouts_match_one_process(ArgsFn args, const std::string& model) {
       {2, "context_parallel_size=2", "cp2"},
       {4, "context_parallel_size=2 tensor_model_parallel_size=2 sequence_parallel=true", "cp2 x tp2 + sp"},
   };
-  for (const auto& l : layouts) {
+  std::vector<std::remove_cv_t<std::remove_reference_t<decltype(layouts[0])>>> runs(std::begin(layouts), std::end(layouts));
+  // 4 ranks over the Llama's 2 key/value groups: each replicated on two ranks.
+  if (replicated_kv) runs.push_back({4, "tensor_model_parallel_size=4", "tp4 (kv groups replicated)"});
+  for (const auto& l : runs) {
     Workdir w;
     auto r = run_primus(launch(l.ranks, args(w.str(), 20, l.keys)));
     ASSERT_EQ(r.code, 0) << model << " " << l.name << "\n" << r.out;
     const std::string keys = l.keys;
-    EXPECT_NE(r.out.find(keys.find("tensor") != std::string::npos    ? "tensor parallel over 2 ranks"
+    EXPECT_NE(r.out.find(keys.find("tensor_model_parallel_size=4") != std::string::npos ? "tensor parallel over 4 ranks"
+                         : keys.find("tensor") != std::string::npos  ? "tensor parallel over 2 ranks"
                          : keys.find("context") != std::string::npos ? "context parallel over 2 ranks"
                                                                      : "data parallel over 2 ranks"),
               std::string::npos)
@@ -90,7 +97,7 @@ TEST(MeshTraining, Gpt2UnderEveryLayoutGivesTheLossesOfOneProcess) {
 }
 
 TEST(MeshTraining, LlamaUnderEveryLayoutGivesTheLossesOfOneProcess) {
-  expect_layouts_match_one_process(llama_args, "llama");
+  expect_layouts_match_one_process(llama_args, "llama", /*replicated_kv=*/true);
 }
 
 TEST(MeshTraining, TensorParallelCheckpointsAreGlobalAndResumeUnderAnyLayout) {

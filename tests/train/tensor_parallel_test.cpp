@@ -1,5 +1,6 @@
 // The tensor-parallel split of the tiny families: each rank's pieces tile its local buffer, the
-// ranks' pieces together (replicated tensors from rank 0) tile the global buffer exactly once, a
+// ranks' pieces together (replicated tensors from rank 0, replicated key/value groups from their
+// first rank) tile the global buffer exactly once, a
 // global buffer cut and put back is unchanged, the slices are where Megatron puts them (whole
 // heads of q, k and v, gate and up halves, the output projections' input columns, vocabulary
 // rows), and layouts that cannot be split are ConfigErrors naming the key.
@@ -60,6 +61,44 @@ TEST(TensorParallelMap, PiecesTileTheLocalAndTheGlobalBuffers) {
     expect_tiles(primus::testing::tiny_gpt2(), 4, sp);
     expect_tiles(primus::testing::tiny_llama(), 2, sp);
     expect_tiles(primus::testing::tiny_qwen3(), 2, sp);
+    // More ranks than key/value groups: each group replicated on two ranks, owned by the first.
+    expect_tiles(primus::testing::tiny_llama(), 4, sp);
+    expect_tiles(primus::testing::tiny_qwen3(), 4, sp);
+  }
+}
+
+TEST(TensorParallelMap, KeyValueGroupsAreReplicatedWhenRanksOutnumberThem) {
+  const ModelSpec m = primus::testing::tiny_llama();  // 4 heads of 4, 2 kv groups, hidden 16
+  const int64_t C = 16, QD = 16, KVD = 8, D = 4;
+  const ParamLayout G = make_param_layout(m);
+  std::vector<float> global(static_cast<size_t>(G.total));
+  std::iota(global.begin(), global.end(), 0.f);
+  for (int r = 0; r < 4; ++r) {
+    const TpShardMap map(m, 4, r, false);
+    EXPECT_EQ(map.kv_replicas(), 2);
+    EXPECT_EQ(map.counts_kv(), r % 2 == 0) << "rank " << r;
+    const ModelSpec& l = map.local_spec();
+    EXPECT_EQ(l.num_attention_heads, 1);
+    EXPECT_EQ(l.num_query_groups, 1);
+    std::vector<float> local(static_cast<size_t>(map.local_layout().total));
+    map.to_local(global.data(), local.data());
+    const float* gq = tensor(G, global, "layers.0.attn.qkv.weight");
+    const float* lq = tensor(map.local_layout(), local, "layers.0.attn.qkv.weight");
+    const int64_t group = r / 2;  // heads r use kv group r / 2, as in the whole model
+    EXPECT_EQ(lq[0], gq[r * D * C]) << "q: head " << r;
+    EXPECT_EQ(lq[D * C], gq[(QD + group * D) * C]) << "k: group " << group;
+    EXPECT_EQ(lq[2 * D * C + 1], gq[(QD + KVD + group * D) * C + 1]) << "v: group " << group;
+    // One exchange per layer's q|k|v weight, over the global k|v rows; this rank's shared pieces.
+    ASSERT_EQ(map.kv_exchanges().size(), size_t(m.num_layers));
+    const TpKvExchange& x = map.kv_exchanges()[0];
+    EXPECT_EQ(x.global_begin, G.get("layers.0.attn.qkv.weight").offset + QD * C);
+    EXPECT_EQ(x.elems, 2 * KVD * C);
+    int64_t shared = 0;
+    for (const TpPiece& p : x.pieces) {
+      EXPECT_TRUE(p.shared);
+      shared += p.count;
+    }
+    EXPECT_EQ(shared, 2 * D * C);
   }
 }
 
@@ -121,8 +160,16 @@ TEST(TensorParallelMap, ReplicatedAndPartialGradientsAreMarked) {
 }
 
 TEST(TensorParallelMap, LayoutsThatCannotBeSplitAreRefusedByName) {
-  expect_error<ConfigError>([] { TpShardMap(primus::testing::tiny_llama(), 4, 0, false); },
-                            {"tensor_model_parallel_size 4 does not divide num_query_groups 2"});
+  ModelSpec three = primus::testing::tiny_llama();  // 12 heads in 3 kv groups: 4 ranks can neither split nor replicate them
+  three.num_attention_heads = 12;
+  three.num_query_groups = 3;
+  three.kv_channels = 4;
+  expect_error<ConfigError>([&] { TpShardMap(three, 4, 0, false); },
+                            {"tensor_model_parallel_size 4 is above num_query_groups 3 but not a multiple of it"});
+  ModelSpec six = three;  // 6 groups: 4 ranks do not divide them
+  six.num_query_groups = 6;
+  expect_error<ConfigError>([&] { TpShardMap(six, 4, 0, false); },
+                            {"tensor_model_parallel_size 4 does not divide num_query_groups 6"});
   expect_error<ConfigError>([] { TpShardMap(primus::testing::tiny_gpt2(29, 30), 4, 0, false); },
                             {"does not divide the padded vocabulary 30", "make_vocab_size_divisible_by"});
   expect_error<ConfigError>([] { TpShardMap(primus::testing::tiny_moe(), 2, 0, false); },

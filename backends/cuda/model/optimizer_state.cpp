@@ -82,6 +82,19 @@ size_t OptimizerState::muon_device_bytes() const {
   return (muon_ ? muon_->device_bytes() : 0) + (rest_table_ && !stream_.host ? rest_table_->capacity() : 0);
 }
 
+turbo::AdamWTensor OptimizerState::adamw_slice(size_t i, int64_t off, int64_t n) const {
+  const train::ParamTensor& t = layout_.tensors[i];
+  const int64_t g = place_.offset[i] + (off - t.offset);
+  turbo::AdamWTensor a;
+  a.master = state_.master.slice0(off, off + n);
+  if (!stream_.host) a.model = state_.weights.slice0(off, off + n);
+  a.grad = state_.grads.slice0(g, g + n);
+  a.m = state_.m.slice0(off, off + n);
+  a.v = state_.v.slice0(off, off + n);
+  a.decay = t.decay;
+  return a;
+}
+
 turbo::AdamWTensor OptimizerState::adamw_tensor(size_t i) const {
   const train::ParamTensor& t = layout_.tensors[i];
   const int64_t g = place_.offset[i];
@@ -193,12 +206,25 @@ void OptimizerState::grad_norm(float max_norm, const ExecContext& ctx) {
   ops_.grad_norm(*adamw_, state_.norm, max_norm, ctx);
 }
 
-void OptimizerState::norm_over(const std::vector<bool>& counted) {
+void OptimizerState::norm_over(const std::vector<bool>& counted,
+                               const std::vector<std::pair<int64_t, int64_t>>& excluded) {
   need_state("norm_over");
   need_global("norm_over");
+  std::vector<std::pair<int64_t, int64_t>> ex = excluded;
+  std::sort(ex.begin(), ex.end());
   std::vector<turbo::AdamWTensor> ts;
-  for (size_t i = 0; i < layout_.tensors.size(); ++i)
-    if (counted.at(i)) ts.push_back(adamw_tensor(i));
+  for (size_t i = 0; i < layout_.tensors.size(); ++i) {
+    if (!counted.at(i)) continue;
+    const train::ParamTensor& t = layout_.tensors[i];
+    int64_t at = t.offset;
+    const int64_t end = t.offset + t.numel;
+    for (const auto& [off, n] : ex) {  // the tensor less the excluded ranges inside it
+      if (off + n <= at || off >= end) continue;
+      if (off > at) ts.push_back(adamw_slice(i, at, off - at));
+      at = std::max(at, off + n);
+    }
+    if (at < end) ts.push_back(at == t.offset ? adamw_tensor(i) : adamw_slice(i, at, end - at));
+  }
   if (ts.empty()) throw RuntimeError("cuda model: the gradient norm counts no tensor");
   const size_t table = turbo::cuda::multi_tensor_table_bytes(static_cast<int>(ts.size())) + 2 * turbo::Arena::kDefaultAlign;
   norm_table_ = stream_.host ? turbo::make_host_arena(table) : turbo::make_device_arena(table);

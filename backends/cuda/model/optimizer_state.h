@@ -84,7 +84,9 @@ class OptimizerState {
   // grad_norm_squares then leaves the sum of their squared gradients in the norm buffer's first
   // float, for the caller to sum over the group, and finish_grad_norm turns that sum into
   // {norm, clip factor} as grad_norm does.
-  void norm_over(const std::vector<bool>& counted);
+  // excluded: layout ranges (offset, count) inside counted tensors left out (replicated key/value
+  // rows this rank does not count).
+  void norm_over(const std::vector<bool>& counted, const std::vector<std::pair<int64_t, int64_t>>& excluded = {});
   void grad_norm_squares(const ExecContext& ctx);
   void finish_grad_norm(float max_norm);
   // The step's non-finite check over loss slots [0, n) of `slots` and the grad norm: a non-finite
@@ -113,6 +115,8 @@ class OptimizerState {
   void need_global(const char* what) const;  // throws with the optimizer in the backward
   void build_groups(const InBackward& ib, turbo::Arena& arena);
   turbo::AdamWTensor adamw_tensor(size_t i) const;
+  // Elements [off, off + n) of tensor i (layout offsets).
+  turbo::AdamWTensor adamw_slice(size_t i, int64_t off, int64_t n) const;
 
   struct Group {
     int64_t begin = 0;  // layout offset of its first tensor (the decoder's report)
