@@ -110,9 +110,11 @@ void ParallelSizes::check_model(int64_t heads, int64_t kv_groups, int64_t seq_le
                                   "takes whole heads",
                                   tp, heads));
   }
-  if (tp > 1 && kv_groups % tp != 0) {
-    throw ConfigError(fmt::format("tensor_model_parallel_size {} does not divide num_query_groups {} (the key/value "
-                                  "heads): each tp rank takes whole groups",
+  // Fewer groups than ranks: each group replicated on tp / groups ranks (train/tensor_parallel.h).
+  if (tp > 1 && kv_groups % tp != 0 && (tp < kv_groups || tp % kv_groups != 0)) {
+    throw ConfigError(fmt::format("tensor_model_parallel_size {} neither divides num_query_groups {} (the key/value "
+                                  "heads: each tp rank takes whole groups) nor is a multiple of it (each group "
+                                  "replicated on tp / num_query_groups ranks)",
                                   tp, kv_groups));
   }
   if (cp > 1 && seq_length % (2 * cp) != 0) {

@@ -27,6 +27,9 @@ constexpr ProjectedStatePart kProjectedStateParts[] = {
     {"bf16 weights", "weights", "bf16 compute copy of the weights (flat, layout order)"},
     {"fp32 master weights", "master_weights", "fp32 master weights"},
     {"fp32 gradients", "gradients", "fp32 gradients (flat; accumulated over the micro-batches)"},
+    {"fp32 averaged gradients", "gradients", "sharded data parallelism: this rank's chunks of the averaged gradient"},
+    {"weights (gathered", "weights", "sharded data parallelism: the gathered units' places"},
+    {"fp32 reduce-scatter chunk", "comm", "sharded data parallelism: one reduce-scatter's output chunk"},
     {"AdamW first moments", "optimizer_state", "AdamW first moments m (fp32)"},
     {"AdamW second moments", "optimizer_state", "AdamW second moments v (fp32)"},
 };
@@ -42,6 +45,18 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
   const CudaModelOptions mo = model_options_for(a, lay.gpus);
   MemoryPlanOptions mp = memory_plan_options(spec, layout, mo, ops);
   mp.query_device = query_device;
+  // The mesh the trainer would build (without its process groups): context parallelism's buffers,
+  // sharded data parallelism's plan for rank 0 (every rank's chunks are equal).
+  const int64_t cp = a.train.model_parallel[parallel::Dim::CP];
+  if (cp > 1) mp.cp = cp;
+  const parallel::DpSharding sharding = a.train.model_parallel.sharding;
+  const bool sharded = lay.gpus > 1 && (sharding == parallel::DpSharding::OptimGrads ||
+                                        sharding == parallel::DpSharding::OptimGradsParams);
+  if (sharded) {
+    mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, static_cast<int>(lay.gpus), 0,
+                                                   sharding == parallel::DpSharding::OptimGradsParams));
+    mp.zero_ranges = 0;
+  }
   const MemoryPlanSizes sz = MemoryPlan::sizes(spec, layout, mp);
 
   train::MemoryProjection m;
@@ -112,8 +127,9 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
                       "device's SM count; the attention's reservation above them is counted, so the scratch is exact "
                       "unless those partials exceed it");
   }
-  // Outside the arenas: data parallelism's own buffers (parallel/cuda/grad_reducer.cpp).
-  if (lay.gpus > 1) {
+  // Outside the arenas: data parallelism's own buffers (parallel/cuda/grad_reducer.cpp; sharded
+  // data parallelism has none: its buffers are the plan's).
+  if (lay.gpus > 1 && !sharded) {
     const int world = static_cast<int>(lay.gpus);
     const int64_t granule = lay.zero1 ? parallel::zero1_granule(world) : 1;
     const int64_t total = lay.zero1 ? parallel::zero1_padded_total(layout, world) : layout.total;
@@ -161,7 +177,9 @@ void register_cuda_projection() {
   p.layout = [](const BackendArgs& args) {
     const auto& a = dynamic_cast<const CudaArgs&>(args);
     train::ProjectionLayout l = train::batch_layout(a.train, a.model.seq_length);
-    l.zero1 = a.use_distributed_optimizer && l.gpus > 1;
+    const parallel::DpSharding sharding = a.train.model_parallel.sharding;
+    l.zero1 = a.use_distributed_optimizer && l.gpus > 1 && sharding != parallel::DpSharding::OptimGrads &&
+              sharding != parallel::DpSharding::OptimGradsParams;
     l.grad_reduce_in_bf16 = a.grad_reduce_in_bf16;
     l.overlap_grad_reduce = a.overlap_grad_reduce;
     l.recompute = a.params.find_path("recompute_granularity")->as_string();

@@ -61,48 +61,29 @@ void CudaTrainer::setup() {
                                                      static_cast<int>(dims_->coord(parallel::Dim::DP)),
                                                      static_cast<int>(dp));
   if (!args_->host_mode) select_device(args_->device);  // this thread's device (prepare() ran on it too)
-  if (tp > 1) {
+  // tp, cp and the sharded strategies run over the whole job for now: one group of every rank.
+  auto job_group = [&](const char* name) -> std::shared_ptr<parallel::ProcessGroup> {
     parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
     store_ = parallel::TcpStore::from_env(dist_);
-    if (args_->host_mode) {
-      tp_pg_ = parallel::make_process_group(dist_, *store_);
-    } else {
-      parallel::NcclGroupOptions go;
-      go.device = args_->device;
-      go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
-      go.name = "tp";
-      tp_pg_ = std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
-    }
+    if (args_->host_mode) return parallel::make_process_group(dist_, *store_);
+    parallel::NcclGroupOptions go;
+    go.device = args_->device;
+    go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
+    go.name = name;
+    return std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
+  };
+  if (tp > 1) {
+    tp_pg_ = job_group("tp");
     dims_->set_group(parallel::Dim::TP, tp_pg_);
     spdlog::info("[cuda] tensor parallel over {} ranks{} ({} group)", tp,
                  t.model_parallel.sequence_parallel ? " with sequence parallelism" : "", tp_pg_->backend());
   } else if (const int64_t cp = dims_->size(parallel::Dim::CP); cp > 1) {
-    parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
-    store_ = parallel::TcpStore::from_env(dist_);
-    if (args_->host_mode) {
-      cp_pg_ = parallel::make_process_group(dist_, *store_);
-    } else {
-      parallel::NcclGroupOptions go;
-      go.device = args_->device;
-      go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
-      go.name = "cp";
-      cp_pg_ = std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
-    }
+    cp_pg_ = job_group("cp");
     dims_->set_group(parallel::Dim::CP, cp_pg_);
     spdlog::info("[cuda] context parallel over {} ranks: each holds chunks r and {} - r of {} per sequence ({} group)",
                  cp, 2 * cp - 1, 2 * cp, cp_pg_->backend());
   } else if (sharded) {
-    parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
-    store_ = parallel::TcpStore::from_env(dist_);
-    if (args_->host_mode) {
-      sharded_pg_ = parallel::make_process_group(dist_, *store_);
-    } else {
-      parallel::NcclGroupOptions go;
-      go.device = args_->device;
-      go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
-      go.name = "dp";
-      sharded_pg_ = std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
-    }
+    sharded_pg_ = job_group("dp");
     dims_->set_group(parallel::Dim::DP, sharded_pg_);
     spdlog::info("[cuda] data parallel: {} ranks ({}), data_parallel_sharding_strategy {} ({} group)", dist_.world_size,
                  parallel::describe(dist_), parallel::dp_sharding_name(sharding), sharded_pg_->backend());

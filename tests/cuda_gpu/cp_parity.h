@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda_fixture.h"
+#include "threaded_ranks.h"
 #include "parallel/threaded_process_group.h"
 #ifdef PRIMUS_CP_PARITY_DEVICE
 #include "parallel/cuda/threaded_device_ops.h"
@@ -81,22 +82,7 @@ inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, 
 #ifdef PRIMUS_CP_PARITY_DEVICE
   if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
 #endif
-  auto hub = parallel::ThreadedGroup::create(cp, std::chrono::seconds(120), ops, "cp");
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(cp));
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < cp; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        std::unique_ptr<parallel::ProcessGroup> pg = hub->rank(r);
-        rank_main(r, pg.get());
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  run_threaded_ranks(cp, ops, "cp", rank_main);
   return run;
 }
 

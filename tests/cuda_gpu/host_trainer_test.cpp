@@ -155,128 +155,88 @@ TEST(CudaHostTrainer, MuonMatchesTheReferenceAndResumesAcrossBackends) {
   }
 }
 
-// Tensor parallelism through the cuda trainer: two processes (primus launch --exec this
-// directory's cuda_host_trainer_worker, Gloo between them, the model in host mode) train the
-// tiny GPT-2 as tp2, with and without sequence parallelism, and give one process's losses and
-// validation losses (fp32: 1e-5 relative); the checkpoint they save at step 3 (weights in the
-// global layout, moments as per-rank shards) resumes as one process with the same losses for
-// steps 4-6, and one process's resumes as tp2.
+// Two processes of this directory's cuda_host_trainer_worker (primus launch --exec, Gloo between
+// them, the model in host mode) against one process of the same experiment: the shared steps of
+// the multi-process trainer tests below.
+class TwoProcesses {
+ public:
+  TwoProcesses() : base_(testing::tiny_trainer_experiment("cuda", w_.str())) {
+    one_file_ = w_.write("one.yaml", base_);
+    run_host_trainer(one_file_, {});
+    one_ = testing::read_trainer_metrics(w_.path() / "g/u/cuda/metrics.jsonl");
+    EXPECT_EQ(one_.loss.size(), 6u);
+  }
+  // Runs exp_name=name with `keys` on two processes; expects `banner` in the output and one
+  // process's losses and validation losses (fp32: 1e-5 relative) for the steps it ran.
+  void expect_matches(const std::string& name, const std::string& keys, const std::string& banner) {
+    auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker().string() + " -- " +
+                                         one_file_.string() + " exp_name=" + name + " " + keys);
+    ASSERT_EQ(r.code, 0) << r.out;
+    if (!banner.empty()) EXPECT_NE(r.out.find(banner), std::string::npos) << r.out;
+    const auto two = testing::read_trainer_metrics(w_.path() / "g/u" / name / "metrics.jsonl");
+    ASSERT_FALSE(two.loss.empty()) << name;
+    for (auto [step, l] : two.loss) EXPECT_NEAR(l, one_.loss.at(step), 1e-5 * l) << name << " step " << step;
+    for (auto [step, l] : two.val) EXPECT_NEAR(l, one_.val.at(step), 1e-5 * l) << name << " validation at " << step;
+    if (keys.find("load=") == std::string::npos) {
+      EXPECT_EQ(two.loss.size(), one_.loss.size()) << name;
+      EXPECT_EQ(two.val.size(), one_.val.size()) << name;
+    }
+  }
+  // `name`'s step-3 checkpoint resumes as one process with one process's losses for steps 4-6, and
+  // one process's step-3 checkpoint resumes on two processes with `keys`.
+  void expect_checkpoints_move(const std::string& name, const std::string& keys) {
+    const auto ckpt3 = w_.path() / "g/u" / name / "checkpoints/iter_0000003";
+    ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
+    run_host_trainer(one_file_, {"exp_name=from_" + name, "load=" + ckpt3.string()});
+    const auto resumed = testing::read_trainer_metrics(w_.path() / "g/u" / ("from_" + name) / "metrics.jsonl");
+    ASSERT_EQ(resumed.loss.size(), 3u);
+    for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one_.loss.at(step), 1e-5 * l) << "resumed step " << step;
+    expect_matches(name + "_from_one", keys + " load=" + (w_.path() / "g/u/cuda/checkpoints/iter_0000003").string(), "");
+    EXPECT_EQ(testing::read_trainer_metrics(w_.path() / "g/u" / (name + "_from_one") / "metrics.jsonl").loss.size(), 3u);
+  }
+  std::filesystem::path dir() const { return w_.path(); }
+
+ private:
+  static std::filesystem::path worker() {
+    return std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
+  }
+  primus::testing::Workdir w_;
+  std::string base_;
+  std::filesystem::path one_file_;
+  testing::TrainerMetrics one_;
+};
+
+// Tensor parallelism through the cuda trainer: tp2, with and without sequence parallelism, gives
+// one process's losses and validation losses; the checkpoint tp2 saves at step 3 (weights in the
+// global layout, moments as per-rank shards) resumes as one process, and one process's as tp2.
 TEST(CudaHostTrainer, TensorParallelTwoProcessesTrainAsOne) {
-  primus::testing::Workdir w;
-  const std::string base = testing::tiny_trainer_experiment("cuda", w.str());
-  auto one_file = w.write("one.yaml", base);
-  run_host_trainer(one_file, {});
-  const auto one = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
-  ASSERT_EQ(one.loss.size(), 6u);
-  const std::filesystem::path worker = std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
-  for (const bool sp : {false, true}) {
-    const std::string name = sp ? "tp2sp" : "tp2";
-    auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
-                                         one_file.string() + " exp_name=" + name + " tensor_model_parallel_size=2" +
-                                         (sp ? " sequence_parallel=true" : ""));
-    ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("tensor parallel over 2 ranks"), std::string::npos) << r.out;
-    const auto two = testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
-    ASSERT_EQ(two.loss.size(), 6u) << name;
-    for (auto [step, l] : one.loss) EXPECT_NEAR(two.loss.at(step), l, 1e-5 * l) << name << " step " << step;
-    ASSERT_EQ(two.val.size(), one.val.size());
-    for (auto [step, l] : one.val) EXPECT_NEAR(two.val.at(step), l, 1e-5 * l) << name << " validation at " << step;
-    if (sp) continue;
-    const auto ckpt3 = w.path() / "g/u" / name / "checkpoints/iter_0000003";
-    ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
-    for (int k = 0; k < 2; ++k)  // the moments: one shard file per rank
-      EXPECT_TRUE(std::filesystem::exists(ckpt3 / parallel::shard_file_name(k, 2))) << "rank " << k;
-    run_host_trainer(one_file, {"exp_name=from_tp2", "load=" + ckpt3.string()});
-    const auto resumed = testing::read_trainer_metrics(w.path() / "g/u/from_tp2/metrics.jsonl");
-    ASSERT_EQ(resumed.loss.size(), 3u);
-    for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "resumed step " << step;
-    // And one process's step-3 checkpoint resumes as tp2.
-    auto rr = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
-                                          one_file.string() + " exp_name=tp2_from_one tensor_model_parallel_size=2 load=" +
-                                          (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
-    ASSERT_EQ(rr.code, 0) << rr.out;
-    const auto from_one = testing::read_trainer_metrics(w.path() / "g/u/tp2_from_one/metrics.jsonl");
-    ASSERT_EQ(from_one.loss.size(), 3u);
-    for (auto [step, l] : from_one.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "tp2 from one, step " << step;
-  }
+  TwoProcesses t;
+  t.expect_matches("tp2", "tensor_model_parallel_size=2", "tensor parallel over 2 ranks");
+  t.expect_matches("tp2sp", "tensor_model_parallel_size=2 sequence_parallel=true", "tensor parallel over 2 ranks");
+  const auto ckpt3 = t.dir() / "g/u/tp2/checkpoints/iter_0000003";
+  for (int k = 0; k < 2; ++k)  // the moments: one shard file per rank
+    EXPECT_TRUE(std::filesystem::exists(ckpt3 / parallel::shard_file_name(k, 2))) << "rank " << k;
+  t.expect_checkpoints_move("tp2", "tensor_model_parallel_size=2");
 }
 
-// Sharded data parallelism through the trainer: two processes (Gloo between them, the model in
-// host mode), each reading its half of every global batch of 8 (micro-batch 4, no accumulation),
-// give one process's losses (micro-batch 4, two accumulated) and validation losses within 1e-5
-// under optim_grads and optim_grads_params; the step-3 checkpoint of the FSDP run (put together
-// from the ranks' chunks) resumes as one process with the same losses, and one process's as FSDP.
+// Sharded data parallelism through the trainer: each process reads its half of every global batch
+// of 8 (micro-batch 4, no accumulation) against one process's micro-batch 4 accumulated twice,
+// under optim_grads and optim_grads_params; the FSDP checkpoint (put together from the ranks'
+// chunks) resumes as one process, and one process's as FSDP.
 TEST(CudaHostTrainer, ShardedDataParallelTwoProcessesTrainAsOne) {
-  primus::testing::Workdir w;
-  const std::string base = testing::tiny_trainer_experiment("cuda", w.str());
-  auto one_file = w.write("one.yaml", base);
-  run_host_trainer(one_file, {});
-  const auto one = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
-  ASSERT_EQ(one.loss.size(), 6u);
-  const std::filesystem::path worker = std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
-  for (const std::string strategy : {"optim_grads", "optim_grads_params"}) {
-    const std::string name = "dp2_" + strategy;
-    auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
-                                         one_file.string() + " exp_name=" + name +
-                                         " data_parallel_sharding_strategy=" + strategy);
-    ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("data_parallel_sharding_strategy " + strategy), std::string::npos) << r.out;
-    const auto two = testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
-    ASSERT_EQ(two.loss.size(), 6u) << name;
-    for (auto [step, l] : one.loss) EXPECT_NEAR(two.loss.at(step), l, 1e-5 * l) << name << " step " << step;
-    ASSERT_EQ(two.val.size(), one.val.size());
-    for (auto [step, l] : one.val) EXPECT_NEAR(two.val.at(step), l, 1e-5 * l) << name << " validation at " << step;
-    if (strategy != "optim_grads_params") continue;
-    const auto ckpt3 = w.path() / "g/u" / name / "checkpoints/iter_0000003";
-    ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
-    run_host_trainer(one_file, {"exp_name=from_fsdp2", "load=" + ckpt3.string()});
-    const auto resumed = testing::read_trainer_metrics(w.path() / "g/u/from_fsdp2/metrics.jsonl");
-    ASSERT_EQ(resumed.loss.size(), 3u);
-    for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "resumed step " << step;
-    auto rr = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
-                                          one_file.string() + " exp_name=fsdp2_from_one data_parallel_sharding_strategy=" +
-                                          strategy + " load=" + (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
-    ASSERT_EQ(rr.code, 0) << rr.out;
-    const auto from_one = testing::read_trainer_metrics(w.path() / "g/u/fsdp2_from_one/metrics.jsonl");
-    ASSERT_EQ(from_one.loss.size(), 3u);
-    for (auto [step, l] : from_one.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "fsdp2 from one, step " << step;
-  }
+  TwoProcesses t;
+  for (const std::string strategy : {"optim_grads", "optim_grads_params"})
+    t.expect_matches("dp2_" + strategy, "data_parallel_sharding_strategy=" + strategy,
+                     "data_parallel_sharding_strategy " + strategy);
+  t.expect_checkpoints_move("dp2_optim_grads_params", "data_parallel_sharding_strategy=optim_grads_params");
 }
 
-// Context parallelism through the trainer: two processes (Gloo between them, the model in host
-// mode), each holding chunks r and 3 - r of every sequence of the same batches, give one process's
-// losses and validation losses within 1e-5; their step-3 checkpoint resumes as one process with the
-// same losses, and one process's resumes as cp2.
+// Context parallelism through the trainer: each process holds chunks r and 3 - r of every sequence
+// of the same batches; the cp2 checkpoint resumes as one process, and one process's as cp2.
 TEST(CudaHostTrainer, ContextParallelTwoProcessesTrainAsOne) {
-  primus::testing::Workdir w;
-  const std::string base = testing::tiny_trainer_experiment("cuda", w.str());
-  auto one_file = w.write("one.yaml", base);
-  run_host_trainer(one_file, {});
-  const auto one = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
-  ASSERT_EQ(one.loss.size(), 6u);
-  const std::filesystem::path worker = std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
-  auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
-                                       one_file.string() + " exp_name=cp2 context_parallel_size=2");
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("context parallel over 2 ranks"), std::string::npos) << r.out;
-  const auto two = testing::read_trainer_metrics(w.path() / "g/u/cp2/metrics.jsonl");
-  ASSERT_EQ(two.loss.size(), 6u);
-  for (auto [step, l] : one.loss) EXPECT_NEAR(two.loss.at(step), l, 1e-5 * l) << "cp2 step " << step;
-  ASSERT_EQ(two.val.size(), one.val.size());
-  for (auto [step, l] : one.val) EXPECT_NEAR(two.val.at(step), l, 1e-5 * l) << "cp2 validation at " << step;
-  const auto ckpt3 = w.path() / "g/u/cp2/checkpoints/iter_0000003";
-  ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
-  run_host_trainer(one_file, {"exp_name=from_cp2", "load=" + ckpt3.string()});
-  const auto resumed = testing::read_trainer_metrics(w.path() / "g/u/from_cp2/metrics.jsonl");
-  ASSERT_EQ(resumed.loss.size(), 3u);
-  for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "resumed step " << step;
-  auto rr = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker.string() + " -- " +
-                                        one_file.string() + " exp_name=cp2_from_one context_parallel_size=2 load=" +
-                                        (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
-  ASSERT_EQ(rr.code, 0) << rr.out;
-  const auto from_one = testing::read_trainer_metrics(w.path() / "g/u/cp2_from_one/metrics.jsonl");
-  ASSERT_EQ(from_one.loss.size(), 3u);
-  for (auto [step, l] : from_one.loss) EXPECT_NEAR(l, one.loss.at(step), 1e-5 * l) << "cp2 from one, step " << step;
+  TwoProcesses t;
+  t.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
+  t.expect_checkpoints_move("cp2", "context_parallel_size=2");
 }
 
 }  // namespace

@@ -97,6 +97,31 @@ TEST(CudaProjection, Zero1ShardsTheOptimizerStateAndRuntimeIsItsOwnPart) {
   EXPECT_FALSE(four.notes.empty());
 }
 
+// optim_grads_params: the state is the model's own shard (model/fsdp.h), sized by the same plan the
+// model allocates: master weights and moments of a quarter of the model each on four ranks, the
+// gradients the averaged chunks plus the units' places, nothing of ZeRO-1's.
+TEST(CudaProjection, ShardedDataParallelismIsTheModelsOwnPlan) {
+  train::ModelSpec spec = testing::tiny_spec(true);
+  spec.num_layers = 8;
+  CudaArgs a = projection_args(spec, 2, 1);
+  a.host_mode = false;
+  a.use_distributed_optimizer = true;  // what data_parallel_sharding_strategy sets beside the strategy
+  a.train.model_parallel.sharding = parallel::DpSharding::OptimGradsParams;
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  const train::MemoryProjection one = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  train::ProjectionLayout lay4 = projection_host_layout(a, 4);
+  lay4.zero1 = false;  // as the projector's layout says for a sharded strategy
+  const train::MemoryProjection four = project_cuda_memory(a, ops, lay4, false, 0.0);
+  const double P = double(train::make_param_layout(spec).total);
+  EXPECT_NEAR(one.bytes("master_weights"), 4 * P, 256.0);
+  EXPECT_GE(four.bytes("master_weights"), P);  // 4 P / 4, plus the chunks' padding
+  EXPECT_LT(four.bytes("master_weights"), P * 1.1);
+  EXPECT_LT(four.bytes("optimizer_state"), 2 * P * 1.1);
+  EXPECT_LT(four.bytes("gradients"), one.bytes("gradients"));
+  EXPECT_LT(four.bytes("weights"), one.bytes("weights"));
+  EXPECT_LT(four.total(), 0.6 * one.total() + four.bytes("activations") + four.bytes("workspace"));
+}
+
 TEST(CudaProjection, FollowsTheTrainersOptionsForTheOptimizerInTheBackward) {
   const train::ModelSpec spec = testing::tiny_spec(false);
   CudaArgs a = projection_args(spec, 2, 1);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda_fixture.h"
+#include "threaded_ranks.h"
 #include "parallel/threaded_process_group.h"
 #include "train/tensor_parallel.h"
 #ifdef PRIMUS_TP_PARITY_DEVICE
@@ -98,22 +99,7 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
 #ifdef PRIMUS_TP_PARITY_DEVICE
     if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
 #endif
-    auto hub = parallel::ThreadedGroup::create(tp, std::chrono::seconds(120), ops, "tp");
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(tp));
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < tp; ++r) {
-      ranks.emplace_back([&, r] {
-        try {
-          std::unique_ptr<parallel::ProcessGroup> pg = hub->rank(r);
-          rank_main(r, pg.get());
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : ranks) t.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
+    run_threaded_ranks(tp, ops, "tp", rank_main);
   }
   run.params.assign(init.size(), 0.0f);
   for (int r = 0; r < tp; ++r) maps[r]->to_global(local[r].data(), run.params.data(), r > 0);

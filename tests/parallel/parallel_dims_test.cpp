@@ -147,8 +147,12 @@ TEST(ParallelDims, WorldAndModelThatDoNotFitNameTheKey) {
   sizes(2, 2, 1, 1, 1).check_model(32, 8, 8192);
   expect_error<ConfigError>([] { sizes(3, 1, 1, 1, 1).check_model(32, 8, 8192); },
                             {"tensor_model_parallel_size 3 does not divide num_attention_heads 32"});
-  expect_error<ConfigError>([] { sizes(16, 1, 1, 1, 1).check_model(32, 8, 8192); },
-                            {"tensor_model_parallel_size 16 does not divide num_query_groups 8"});
+  // More ranks than kv groups: each group replicated on tp / groups ranks, when that divides.
+  sizes(16, 1, 1, 1, 1).check_model(32, 8, 8192);
+  expect_error<ConfigError>([] { sizes(4, 1, 1, 1, 1).check_model(12, 3, 8192); },
+                            {"tensor_model_parallel_size 4 neither divides num_query_groups 3"});
+  expect_error<ConfigError>([] { sizes(4, 1, 1, 1, 1).check_model(24, 6, 8192); },
+                            {"tensor_model_parallel_size 4 neither divides num_query_groups 6"});
   expect_error<ConfigError>([] { sizes(1, 3, 1, 1, 1).check_model(32, 8, 8192); },
                             {"context_parallel_size 3: seq_length 8192 is not divisible by 2 x 3"});
   ParallelSizes sp = sizes(1, 1, 1, 1, 1);

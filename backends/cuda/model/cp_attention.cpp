@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends/cuda/model/cp_kernels.h"
+#include "backends/cuda/model/group_order.h"
 #include "core/util/error.h"
 #include "parallel/cuda/nccl_process_group.h"
 #include "turbo/core/cuda_check.h"
@@ -46,25 +47,12 @@ CpAttention::CpAttention(parallel::ProcessGroup& group, const ActivationBuffers&
                          const ModelStream& stream, int64_t heads, int64_t kv_heads, int64_t head_dim)
     : group_(group), a_(acts), ops_(ops), stream_(stream), rank_(group.rank()), size_(group.world_size()), H_(heads),
       KV_(kv_heads), D_(head_dim) {
-  nccl_ = dynamic_cast<parallel::NcclProcessGroup*>(&group_);
-  if (!stream_.host && !nccl_ && group_.backend() != "threads") {
-    throw ConfigError(fmt::format("context parallelism on the GPU needs a NCCL or threaded process group, got '{}'",
-                                  group_.backend()));
-  }
+  nccl_ = device_group(group_, stream_, "context parallelism");
 }
 
 template <class F>
 void CpAttention::ordered(F&& call) const {
-  if (stream_.host) {
-    call();
-  } else if (nccl_) {
-    nccl_->wait_for(stream_.stream);
-    call();
-    nccl_->make_wait(stream_.stream);
-  } else {
-    CUDA_CHECK(cudaStreamSynchronize(stream_.stream));
-    call();
-  }
+  in_stream_order(nccl_, stream_, call);
 }
 
 TensorView CpAttention::positions(int64_t B2, int64_t Tc) {

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "backends/cuda/model/group_order.h"
 #include "core/util/error.h"
 #include "parallel/cuda/nccl_process_group.h"
 #include "turbo/core/cuda_check.h"
@@ -27,11 +28,7 @@ FsdpComm::FsdpComm(parallel::ProcessGroup& group, std::shared_ptr<const FsdpPlan
     throw ConfigError(fmt::format("sharded data parallelism: the group has rank {} of {}, the plan rank {} of {}",
                                   group_.rank(), group_.world_size(), plan_->rank, plan_->world));
   }
-  nccl_ = dynamic_cast<parallel::NcclProcessGroup*>(&group_);
-  if (!stream_.host && !nccl_ && group_.backend() != "threads") {
-    throw ConfigError(fmt::format("sharded data parallelism on the GPU needs a NCCL or threaded process group, got '{}'",
-                                  group_.backend()));
-  }
+  nccl_ = device_group(group_, stream_, "sharded data parallelism");
   for (size_t u = 0; u < plan_->units.size(); ++u) {
     const int64_t l = plan_->units[u].layer;
     if (l < 0) continue;

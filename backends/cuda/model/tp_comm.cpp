@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/cuda/model/group_order.h"
 #include "core/util/error.h"
 #include "parallel/cuda/nccl_process_group.h"
 #include "turbo/core/cuda_check.h"
@@ -23,25 +24,12 @@ TpComm::TpComm(parallel::ProcessGroup& group, std::shared_ptr<const train::TpSha
     throw ConfigError(fmt::format("tensor parallelism: the group has rank {} of {}, the shard map rank {} of {}",
                                   group_.rank(), group_.world_size(), map_->rank(), map_->tp()));
   }
-  nccl_ = dynamic_cast<parallel::NcclProcessGroup*>(&group_);
-  if (!stream_.host && !nccl_ && group_.backend() != "threads") {
-    throw ConfigError(fmt::format("tensor parallelism on the GPU needs a NCCL or threaded process group, got '{}'",
-                                  group_.backend()));
-  }
+  nccl_ = device_group(group_, stream_, "tensor parallelism");
 }
 
 template <class F>
 void TpComm::ordered(F&& call) const {
-  if (stream_.host) {
-    call();
-  } else if (nccl_) {
-    nccl_->wait_for(stream_.stream);
-    call();
-    nccl_->make_wait(stream_.stream);
-  } else {
-    CUDA_CHECK(cudaStreamSynchronize(stream_.stream));
-    call();
-  }
+  in_stream_order(nccl_, stream_, call);
 }
 
 void TpComm::all_reduce(const TensorView& t) const {

@@ -1,13 +1,7 @@
 // The CUDA model's tensor-parallel group (Megatron's tensor parallelism, train/tensor_parallel.h):
 // the collectives the decoder runs between its rank-local GEMMs, on the model's own buffers and in
-// the order of its stream.
-//
-// Stream order. On the device the group is NCCL (parallel/cuda/nccl_process_group.h), whose
-// collectives run on the group's stream: each call makes that stream wait for the model's work so
-// far and the model's stream wait for the collective, so nothing blocks the host. Any other group
-// with device buffers must be synchronous (the threaded group of parallel/cuda/threaded_device_ops.h,
-// which runs N ranks on one GPU for tests): the model's stream is synchronised before the call and
-// the result is in place when it returns. In host mode every group is synchronous.
+// the order of its stream (group_order.h: NCCL through events, a synchronous group after a stream
+// synchronisation).
 #pragma once
 #include <memory>
 

@@ -1,0 +1,47 @@
+// How the CUDA model's collectives (tensor, context and sharded data parallelism) are ordered
+// against its stream. On the device the group is NCCL (parallel/cuda/nccl_process_group.h), whose
+// collectives run on the group's stream: a call makes that stream wait for the model's work so far
+// and the model's stream wait for the collective, so nothing blocks the host. Any other group with
+// device buffers must be synchronous (the threaded group of parallel/cuda/threaded_device_ops.h,
+// which runs N ranks on one GPU for tests): the model's stream is synchronised before the call and
+// the result is in place when it returns. In host mode every group is synchronous.
+#pragma once
+#include <fmt/format.h>
+
+#include <string>
+
+#include "backends/cuda/model/memory_plan.h"
+#include "core/util/error.h"
+#include "parallel/cuda/nccl_process_group.h"
+#include "parallel/process_group.h"
+#include "turbo/core/cuda_check.h"
+
+namespace primus::backends::cuda {
+
+// The group as NCCL (null when it is another kind); ConfigError naming `what` when a device model
+// gets a group that is neither NCCL nor the threaded one.
+inline parallel::NcclProcessGroup* device_group(parallel::ProcessGroup& group, const ModelStream& stream,
+                                                const char* what) {
+  auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(&group);
+  if (!stream.host && !nccl && group.backend() != "threads") {
+    throw ConfigError(fmt::format("{} on the GPU needs a NCCL or threaded process group, got '{}'", what, group.backend()));
+  }
+  return nccl;
+}
+
+// Runs call() (one collective) in the model's stream order, as above.
+template <class F>
+void in_stream_order(parallel::NcclProcessGroup* nccl, const ModelStream& stream, F&& call) {
+  if (stream.host) {
+    call();
+  } else if (nccl) {
+    nccl->wait_for(stream.stream);
+    call();
+    nccl->make_wait(stream.stream);
+  } else {
+    CUDA_CHECK(cudaStreamSynchronize(stream.stream));
+    call();
+  }
+}
+
+}  // namespace primus::backends::cuda
