@@ -133,6 +133,8 @@ Library load_library(const std::vector<Candidate>& candidates, const Opener& ope
     bind(a.ReduceScatter, "ncclReduceScatter");
     bind(a.AllGather, "ncclAllGather");
     bind(a.Broadcast, "ncclBroadcast");
+    bind(a.Send, "ncclSend");
+    bind(a.Recv, "ncclRecv");
     bind(a.GroupStart, "ncclGroupStart");
     bind(a.GroupEnd, "ncclGroupEnd");
     if (!missing.empty()) {

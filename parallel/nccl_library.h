@@ -69,6 +69,8 @@ struct Api {
   Result (*ReduceScatter)(const void*, void*, size_t recvcount, DataType, RedOp, comm_t, Stream) = nullptr;
   Result (*AllGather)(const void*, void*, size_t sendcount, DataType, comm_t, Stream) = nullptr;
   Result (*Broadcast)(const void*, void*, size_t, DataType, int root, comm_t, Stream) = nullptr;
+  Result (*Send)(const void*, size_t, DataType, int peer, comm_t, Stream) = nullptr;
+  Result (*Recv)(void*, size_t, DataType, int peer, comm_t, Stream) = nullptr;
   Result (*GroupStart)() = nullptr;
   Result (*GroupEnd)() = nullptr;
 };

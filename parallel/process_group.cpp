@@ -60,6 +60,21 @@ void ProcessGroup::all_to_all_v(const void*, const std::vector<size_t>&, void*, 
 }
 void ProcessGroup::send(const void*, size_t, DType, int, uint32_t) { pg_lacks(*this, "send"); }
 void ProcessGroup::recv(void*, size_t, DType, int, uint32_t) { pg_lacks(*this, "recv"); }
+void ProcessGroup::send_recv(const void* send_buf, int to, void* recv_buf, int from, size_t count, DType dtype,
+                             uint32_t tag) {
+  const int me = rank();
+  if (to == me && from == me) {
+    if (count > 0 && send_buf != recv_buf) std::memmove(recv_buf, send_buf, count * dtype_size(dtype));
+    return;
+  }
+  if (me % 2 == 0) {
+    send(send_buf, count, dtype, to, tag);
+    recv(recv_buf, count, dtype, from, tag);
+  } else {
+    recv(recv_buf, count, dtype, from, tag);
+    send(send_buf, count, dtype, to, tag);
+  }
+}
 std::unique_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&, const std::string&) {
   pg_lacks(*this, "new_subgroup");
 }

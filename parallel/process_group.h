@@ -74,6 +74,12 @@ class ProcessGroup {
   // first deadlock until the timeout: order them (one sends while the other receives).
   virtual void send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0);
   virtual void recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag = 0);
+  // One step of a ring: `count` elements at `send` to rank `to` while `count` elements arrive at
+  // `recv` from rank `from` (send and recv must not overlap). Every rank of the ring calls it at
+  // once. This default orders blocking send and recv so that no two ranks both wait to send (even
+  // ranks send first, odd ranks receive first); NCCL overrides it with one grouped send/recv. A
+  // rank that is its own peer copies.
+  virtual void send_recv(const void* send, int to, void* recv, int from, size_t count, DType dtype, uint32_t tag = 0);
   // The group of the given ranks of this group (ranks in this group's numbering, ascending order
   // not required: the sub-group's rank i is ranks[i]). Called by the members only, every member
   // with the same ranks and name; several sub-groups must differ in name (the store keys of their

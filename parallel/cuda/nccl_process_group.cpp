@@ -218,6 +218,25 @@ void NcclProcessGroup::all_gather(const void* send, void* recv, size_t count, pa
           [&] { return lib_->api.AllGather(send, recv, count, to_nccl(dtype), comm_, stream_); });
 }
 
+void NcclProcessGroup::send_recv(const void* send, int to, void* recv, int from, size_t count, parallel::DType dtype,
+                                 uint32_t) {
+  if (to < 0 || to >= world_ || from < 0 || from >= world_) {
+    throw parallel::CollectiveError(
+        fmt::format("NCCL send_recv: peers {} and {} are not both ranks of this group of {}", to, from, world_));
+  }
+  enqueue(fmt::format("send_recv({} x {} to rank {}, from rank {})", count, dtype_text(dtype), to, from), [&] {
+    const nccl::Api& a = lib_->api;
+    nccl::Result r = a.GroupStart();
+    if (r != nccl::Success) return r;
+    r = a.Send(send, count, to_nccl(dtype), to, comm_, stream_);
+    const nccl::Result r2 = a.Recv(recv, count, to_nccl(dtype), from, comm_, stream_);
+    const nccl::Result end = a.GroupEnd();
+    if (r != nccl::Success && r != nccl::InProgress) return r;
+    if (r2 != nccl::Success && r2 != nccl::InProgress) return r2;
+    return end;
+  });
+}
+
 void NcclProcessGroup::broadcast(void* buf, size_t count, parallel::DType dtype, int root) {
   if (root < 0 || root >= world_) {
     throw parallel::CollectiveError(fmt::format("NCCL broadcast: root {} is not a rank of this group of {}", root, world_));

@@ -60,6 +60,9 @@ class NcclProcessGroup : public parallel::ProcessGroup {
   void all_reduce(void* buf, size_t count, parallel::DType dtype, parallel::ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, size_t count, parallel::DType dtype, parallel::ReduceOp op) override;
   void all_gather(const void* send, void* recv, size_t count, parallel::DType dtype) override;
+  // One grouped ncclSend / ncclRecv on the group's stream (a ring step; device buffers).
+  void send_recv(const void* send, int to, void* recv, int from, size_t count, parallel::DType dtype,
+                 uint32_t tag = 0) override;
   void broadcast(void* buf, size_t count, parallel::DType dtype, int root) override;
   void barrier() override;
   void synchronize() override;

@@ -393,7 +393,7 @@ inline void check_send_recv(TestMemory& mem) {
       const size_t count = 129;
       const std::string what = case_name("send/recv", world, d, count);
       auto in = random_inputs(rng, world, 2 * count, d);
-      std::vector<std::vector<float>> ring(static_cast<size_t>(world));
+      std::vector<std::vector<float>> ring(static_cast<size_t>(world)), ring_back(static_cast<size_t>(world));
       std::vector<std::vector<std::vector<float>>> at_zero(static_cast<size_t>(world));
       auto out = run_ranks(mem, world, Ms(10000), [&](ProcessGroup& pg) {
         const int r = pg.rank(), next = (r + 1) % world, prev = (r + world - 1) % world;
@@ -408,6 +408,10 @@ inline void check_send_recv(TestMemory& mem) {
           pg.send(mine.data(), count, d, next, 5);
         }
         ring[static_cast<size_t>(r)] = decode(got.get(), d);
+        // One ring step the other way round, every rank at once (send_recv orders the blocking
+        // sends itself): the second half of each rank's data to the previous rank.
+        pg.send_recv(mine.at(count * es), prev, got.data(), next, count, d, 7);
+        ring_back[static_cast<size_t>(r)] = decode(got.get(), d);
         // Tags 1 and 2 carry the two halves of each rank's data to rank 0.
         if (r == 0) {
           for (int q = world - 1; q >= 1; --q) {
@@ -426,6 +430,9 @@ inline void check_send_recv(TestMemory& mem) {
         const auto& src = in[static_cast<size_t>((r + world - 1) % world)];
         expect_equal(ring[static_cast<size_t>(r)], std::vector<float>(src.begin(), src.begin() + count),
                      what + " ring");
+        const auto& back = in[static_cast<size_t>((r + 1) % world)];
+        expect_equal(ring_back[static_cast<size_t>(r)], std::vector<float>(back.begin() + count, back.end()),
+                     what + " send_recv ring");
       }
       for (int q = 1; q < world; ++q) {
         const auto& src = in[static_cast<size_t>(q)];

@@ -80,67 +80,75 @@ TensorView CpAttention::heads4(const TensorView& rows, int64_t B, int64_t Tc, in
   return v;
 }
 
-void CpAttention::gather_kv(const TensorView& qkv, int64_t N, const ExecContext& ctx) const {
-  const int64_t KVD = KV_ * D_, QD = H_ * D_;
-  const TensorView all = a_.cp_kv_all.slice0(0, N * size_);
-  const TensorView mine = all.slice0(N * rank_, N * (rank_ + 1));
-  const TensorView kv(static_cast<char*>(qkv.data) + size_t(QD) * turbo::dtype_size(qkv.dtype), qkv.dtype, qkv.device,
-                      {N, 2 * KVD});
-  TensorView src = kv;
-  src.strides = {qkv.stride(0), 1};
-  turbo::copy_rows(mine, src, ctx);
-  const parallel::DType dt = all.dtype == turbo::DType::F32 ? parallel::DType::F32 : parallel::DType::BF16;
-  ordered([&] { group_.all_gather(mine.data, all.data, size_t(mine.numel()), dt); });
+int64_t CpAttention::slot_chunk(int64_t owner, int slot) const { return slot == 0 ? owner : 2 * size_ - 1 - owner; }
+
+void CpAttention::exchange(const TensorView& send, const TensorView& recv) const {
+  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+  const parallel::DType dt = send.dtype == turbo::DType::F32 ? parallel::DType::F32 : parallel::DType::BF16;
+  issue_in_order(nccl_, stream_,
+                 [&] { group_.send_recv(send.data, next, recv.data, prev, size_t(send.numel()), dt); });
 }
 
-TensorView CpAttention::chunk_kv(int64_t j, int64_t B, int64_t Tc) const {
-  const int64_t N = 2 * B * Tc;  // one rank's rows
-  const int64_t owner = j < size_ ? j : 2 * size_ - 1 - j, slot = j < size_ ? 0 : 1;
-  const int64_t r0 = owner * N + slot * B * Tc;
-  return a_.cp_kv_all.slice0(r0, r0 + B * Tc);
+void CpAttention::own_kv(const TensorView& qkv, const TensorView& dst, const ExecContext& ctx) const {
+  const int64_t KVD = KV_ * D_, QD = H_ * D_, N = dst.size(0);
+  TensorView src(static_cast<char*>(qkv.data) + size_t(QD) * turbo::dtype_size(qkv.dtype), qkv.dtype, qkv.device,
+                 {N, 2 * KVD});
+  src.strides = {qkv.stride(0), 1};
+  turbo::copy_rows(dst, src, ctx);
 }
 
 void CpAttention::forward(const TensorView& att, const TensorView& lse, const TensorView& qkv, int64_t B2, int64_t Tc,
                           float scale, const ExecContext& ctx) {
   const int64_t B = B2 / 2, N = B2 * Tc, n = B * Tc, QD = H_ * D_, KVD = KV_ * D_;
-  gather_kv(qkv, N, ctx);
-  const TensorView acc = a_.cp_out.slice0(0, n), acc_lse = a_.cp_lse.slice0(0, n * H_);
+  const TensorView kv[2] = {a_.cp_kv_all.slice0(0, N), a_.cp_kv_all.slice0(N, 2 * N)};
+  own_kv(qkv, kv[0], ctx);
+  const TensorView acc = a_.cp_out.slice0(0, N), acc_lse = a_.cp_lse.slice0(0, N * H_);
   const TensorView part = a_.cp_tmp_out.slice0(0, n), part_lse = a_.cp_tmp_lse.slice0(0, n * H_);
-  for (int s = 0; s < 2; ++s) {
-    const int64_t c = chunk(s);
-    const TensorView q = heads4(qkv.slice0(s * n, (s + 1) * n), B, Tc, 0, H_);
-    for (int64_t j = 0; j <= c; ++j) {
-      const TensorView kv = chunk_kv(j, B, Tc);
-      AttentionCall at;
-      at.out = TensorView(part.data, part.dtype, part.device, {B, Tc, H_, D_});
-      at.lse = TensorView(part_lse.data, part_lse.dtype, part_lse.device, {B, H_, Tc});
-      at.q = q;
-      at.k = heads4(kv, B, Tc, 0, KV_);
-      at.v = heads4(kv, B, Tc, KVD, KV_);
-      at.scale = scale;
-      at.causal = j == c;
-      at.ctx = ctx;
-      ops_.attention_forward(at);
-      if (stream_.host) {
-        host_merge(acc.ptr<float>(), acc_lse.ptr<float>(), part.ptr<const float>(), part_lse.ptr<const float>(), B, Tc,
-                   H_, D_, j == 0);
-      } else {
-        cp::merge_partial(acc.ptr<float>(), acc_lse.ptr<float>(), part.data, part_lse.ptr<const float>(), B, Tc, H_, D_,
-                          j == 0, stream_of(ctx));
+  bool started[2] = {false, false};
+  // Step s holds the k|v of rank r - s; it is passed on while this step's products run.
+  for (int s = 0; s < size_; ++s) {
+    const TensorView& cur = kv[s % 2];
+    if (s > 0) await_group(nccl_, stream_);  // cur has arrived
+    if (s + 1 < size_) exchange(cur, kv[(s + 1) % 2]);
+    const int64_t owner = (rank_ - s + size_) % size_;
+    for (int a = 0; a < 2; ++a) {
+      const int64_t c = chunk(a);
+      const TensorView q = heads4(qkv.slice0(a * n, (a + 1) * n), B, Tc, 0, H_);
+      for (int b = 0; b < 2; ++b) {
+        const int64_t j = slot_chunk(owner, b);
+        if (j > c) continue;  // later keys: masked for every query of chunk c
+        const TensorView keys = cur.slice0(b * n, (b + 1) * n);
+        AttentionCall at;
+        at.out = TensorView(part.data, part.dtype, part.device, {B, Tc, H_, D_});
+        at.lse = TensorView(part_lse.data, part_lse.dtype, part_lse.device, {B, H_, Tc});
+        at.q = q;
+        at.k = heads4(keys, B, Tc, 0, KV_);
+        at.v = heads4(keys, B, Tc, KVD, KV_);
+        at.scale = scale;
+        at.causal = j == c;
+        at.ctx = ctx;
+        ops_.attention_forward(at);
+        float* out_a = acc.ptr<float>() + a * n * QD;
+        float* lse_a = acc_lse.ptr<float>() + a * n * H_;
+        if (stream_.host) {
+          host_merge(out_a, lse_a, part.ptr<const float>(), part_lse.ptr<const float>(), B, Tc, H_, D_, !started[a]);
+        } else {
+          cp::merge_partial(out_a, lse_a, part.data, part_lse.ptr<const float>(), B, Tc, H_, D_, !started[a],
+                            stream_of(ctx));
+        }
+        started[a] = true;
       }
     }
-    // The merged output and log-sum-exp of this slot's rows (lse [B2, H, Tc]: slot s is rows s*B..).
-    const TensorView out_rows = att.slice0(s * n, (s + 1) * n);
-    const TensorView lse_rows = lse.slice0(s * n * H_, (s + 1) * n * H_);
-    if (stream_.host) {
-      for (int64_t r = 0; r < n; ++r)
-        std::copy_n(acc.ptr<const float>() + r * QD, QD, out_rows.ptr<float>() + r * out_rows.stride(0));
-      std::copy_n(acc_lse.ptr<const float>(), n * H_, lse_rows.ptr<float>());
-    } else {
-      cp::rows_cast(out_rows.data, out_rows.stride(0), acc.ptr<const float>(), QD, n, QD, stream_of(ctx));
-      CUDA_CHECK(cudaMemcpyAsync(lse_rows.data, acc_lse.data, size_t(n * H_) * sizeof(float), cudaMemcpyDeviceToDevice,
-                                 stream_of(ctx)));
-    }
+  }
+  // The merged output and log-sum-exp (lse [B2, H, Tc]: slot a is rows a*B..), both slots at once.
+  if (stream_.host) {
+    for (int64_t r = 0; r < N; ++r)
+      std::copy_n(acc.ptr<const float>() + r * QD, QD, att.ptr<float>() + r * att.stride(0));
+    std::copy_n(acc_lse.ptr<const float>(), N * H_, lse.ptr<float>());
+  } else {
+    cp::rows_cast(att.data, att.stride(0), acc.ptr<const float>(), QD, N, QD, stream_of(ctx));
+    CUDA_CHECK(cudaMemcpyAsync(lse.data, acc_lse.data, size_t(N * H_) * sizeof(float), cudaMemcpyDeviceToDevice,
+                               stream_of(ctx)));
   }
 }
 
@@ -148,50 +156,62 @@ void CpAttention::backward(const TensorView& dq, const TensorView& dk, const Ten
                            const TensorView& qkv, const TensorView& att, const TensorView& lse, int64_t B2, int64_t Tc,
                            float scale, const ExecContext& ctx) {
   const int64_t B = B2 / 2, N = B2 * Tc, n = B * Tc, QD = H_ * D_, KVD = KV_ * D_;
-  gather_kv(qkv, N, ctx);
-  const TensorView dq_acc = a_.cp_dq.slice0(0, N), dkv_acc = a_.cp_dkv.slice0(0, N * size_);
+  const TensorView kv[2] = {a_.cp_kv_all.slice0(0, N), a_.cp_kv_all.slice0(N, 2 * N)};
+  const TensorView dkv[2] = {a_.cp_dkv.slice0(0, N), a_.cp_dkv.slice0(N, 2 * N)};
+  own_kv(qkv, kv[0], ctx);
+  const TensorView dq_acc = a_.cp_dq.slice0(0, N);
   stream_.zero(dq_acc);
-  stream_.zero(dkv_acc);
+  stream_.zero(dkv[0]);
   const TensorView dq_part = a_.cp_dq_tmp.slice0(0, n), dkv_part = a_.cp_dkv_tmp.slice0(0, n);
   auto accumulate = [&](const TensorView& dst, const TensorView& src, int64_t cols) {
     if (stream_.host) {
       for (int64_t r = 0; r < dst.size(0); ++r)
-        for (int64_t k = 0; k < cols; ++k) dst.ptr<float>()[r * dst.stride(0) + k] += src.ptr<const float>()[r * src.stride(0) + k];
+        for (int64_t k = 0; k < cols; ++k)
+          dst.ptr<float>()[r * dst.stride(0) + k] += src.ptr<const float>()[r * src.stride(0) + k];
     } else {
       cp::rows_accumulate(dst.ptr<float>(), dst.stride(0), src.data, src.stride(0), dst.size(0), cols, stream_of(ctx));
     }
   };
-  for (int s = 0; s < 2; ++s) {
-    const int64_t c = chunk(s);
-    const TensorView rows = qkv.slice0(s * n, (s + 1) * n);
-    const TensorView out_rows = att.slice0(s * n, (s + 1) * n), dout_rows = datt.slice0(s * n, (s + 1) * n);
-    const TensorView lse_rows = lse.slice0(s * n * H_, (s + 1) * n * H_);
-    for (int64_t j = 0; j <= c; ++j) {
-      const TensorView kv = chunk_kv(j, B, Tc);
-      AttentionGradCall g;
-      g.dq = TensorView(dq_part.data, dq_part.dtype, dq_part.device, {B, Tc, H_, D_});
-      g.dk = heads4(dkv_part, B, Tc, 0, KV_);
-      g.dv = heads4(dkv_part, B, Tc, KVD, KV_);
-      g.dout = heads4(dout_rows, B, Tc, 0, H_);
-      g.q = heads4(rows, B, Tc, 0, H_);
-      g.k = heads4(kv, B, Tc, 0, KV_);
-      g.v = heads4(kv, B, Tc, KVD, KV_);
-      g.out = heads4(out_rows, B, Tc, 0, H_);
-      g.lse = TensorView(lse_rows.data, lse_rows.dtype, lse_rows.device, {B, H_, Tc});
-      g.scale = scale;
-      g.causal = j == c;
-      g.ctx = ctx;
-      ops_.attention_backward(g);
-      accumulate(dq_acc.slice0(s * n, (s + 1) * n), dq_part, QD);
-      const int64_t owner = j < size_ ? j : 2 * size_ - 1 - j, slot = j < size_ ? 0 : 1;
-      const int64_t r0 = owner * N + slot * n;
-      accumulate(dkv_acc.slice0(r0, r0 + n), dkv_part, 2 * KVD);
+  // Step s holds rank (r - s)'s k|v and the gradient of its chunks gathered so far; after this
+  // step's products the gradient moves on with them, and after the last step it reaches its owner.
+  for (int s = 0; s < size_; ++s) {
+    const TensorView& cur = kv[s % 2];
+    const TensorView& dcur = dkv[s % 2];
+    if (s > 0) await_group(nccl_, stream_);  // cur and dcur have arrived
+    if (s + 1 < size_) exchange(cur, kv[(s + 1) % 2]);
+    const int64_t owner = (rank_ - s + size_) % size_;
+    for (int a = 0; a < 2; ++a) {
+      const int64_t c = chunk(a);
+      const TensorView rows = qkv.slice0(a * n, (a + 1) * n);
+      const TensorView out_rows = att.slice0(a * n, (a + 1) * n), dout_rows = datt.slice0(a * n, (a + 1) * n);
+      const TensorView lse_rows = lse.slice0(a * n * H_, (a + 1) * n * H_);
+      for (int b = 0; b < 2; ++b) {
+        const int64_t j = slot_chunk(owner, b);
+        if (j > c) continue;
+        const TensorView keys = cur.slice0(b * n, (b + 1) * n);
+        AttentionGradCall g;
+        g.dq = TensorView(dq_part.data, dq_part.dtype, dq_part.device, {B, Tc, H_, D_});
+        g.dk = heads4(dkv_part, B, Tc, 0, KV_);
+        g.dv = heads4(dkv_part, B, Tc, KVD, KV_);
+        g.dout = heads4(dout_rows, B, Tc, 0, H_);
+        g.q = heads4(rows, B, Tc, 0, H_);
+        g.k = heads4(keys, B, Tc, 0, KV_);
+        g.v = heads4(keys, B, Tc, KVD, KV_);
+        g.out = heads4(out_rows, B, Tc, 0, H_);
+        g.lse = TensorView(lse_rows.data, lse_rows.dtype, lse_rows.device, {B, H_, Tc});
+        g.scale = scale;
+        g.causal = j == c;
+        g.ctx = ctx;
+        ops_.attention_backward(g);
+        accumulate(dq_acc.slice0(a * n, (a + 1) * n), dq_part, QD);
+        accumulate(dcur.slice0(b * n, (b + 1) * n), dkv_part, 2 * KVD);
+      }
     }
+    // The gradient of the chunks held goes where they go next (the last step: home).
+    exchange(dcur, dkv[(s + 1) % 2]);
   }
-  // Every chunk's dk|dv summed over the ranks into its owner's rows (rank r's block of the
-  // rank-major buffer is its own rows).
-  const TensorView mine = dkv_acc.slice0(N * rank_, N * (rank_ + 1));
-  ordered([&] { group_.reduce_scatter(dkv_acc.data, mine.data, size_t(mine.numel()), parallel::DType::F32, parallel::ReduceOp::Sum); });
+  await_group(nccl_, stream_);
+  const TensorView mine = dkv[size_ % 2];
   auto cast = [&](const TensorView& dst, const float* src, int64_t ld, int64_t cols) {
     if (stream_.host) {
       for (int64_t r = 0; r < N; ++r) std::copy_n(src + r * ld, cols, dst.ptr<float>() + r * dst.stride(0));

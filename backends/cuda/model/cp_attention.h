@@ -8,15 +8,16 @@
 // them). Everything but the attention works row by row and needs nothing else; positions (RoPE,
 // learned positions) are the chunks' global ones (positions()).
 //
-// Attention. The ranks' post-RoPE k|v are all-gathered (the group's one collective per layer and
-// direction; a ring of point-to-point exchanges would overlap it with the chunk products, which
-// [scale-gpu] will measure). Each local query chunk c then attends to the key chunks j <= c: the
-// diagonal causally, the earlier ones whole, one attention call each, and the partial outputs
-// are merged by their log-sum-exp in fp32 (forward). The backward runs the attention backward of
-// the same pairs with the merged output and log-sum-exp (which makes each pair's softmax the
-// global one), accumulates dq and every chunk's dk|dv in fp32, and reduce-scatters dk|dv back to
-// the ranks that own those chunks. The weights' gradients of each rank cover its own tokens: the
-// model averages them over the group (all_reduce_mean) before the norm.
+// Attention: ring attention, as Megatron's p2p context parallelism. The post-RoPE k|v of each rank
+// pass around the group (r -> r + 1) cp - 1 times, so every rank meets every key chunk once;
+// each ring step is sent while the step's products run (NCCL: on the group's stream). A local
+// query chunk c attends to each key chunk j <= c it meets: the diagonal causally, earlier ones
+// whole, one attention call each, the partial outputs merged by their log-sum-exp in fp32. The
+// backward walks the ring again, running the attention backward of the same pairs with the merged
+// output and log-sum-exp (which makes each pair's softmax the global one): dq accumulates here in
+// fp32, and each chunk pair's dk|dv into an fp32 gradient that travels with its k|v and, after
+// the last step, arrives at the owner. The weights' gradients of each rank cover its own tokens:
+// the model averages them over the group (all_reduce_mean) before the norm.
 #pragma once
 #include <cstdint>
 
@@ -58,11 +59,13 @@ class CpAttention {
  private:
   template <class F>
   void ordered(F&& call) const;
-  // The group's k|v of every rank into acts.cp_kv_all ([size x N, 2KVD], rank-major) from this
-  // rank's qkv.
-  void gather_kv(const TensorView& qkv, int64_t N, const ExecContext& ctx) const;
-  // Rows of global chunk j (all B sequences) in the gathered k|v: [B*Tc, 2KVD].
-  TensorView chunk_kv(int64_t j, int64_t B, int64_t Tc) const;
+  // The global chunk of `owner`'s slot (0, 1).
+  int64_t slot_chunk(int64_t owner, int slot) const;
+  // One ring step: send to rank r + 1 while rank r - 1's arrives in recv (issued in the model's
+  // stream order; await_group before reading recv).
+  void exchange(const TensorView& send, const TensorView& recv) const;
+  // This rank's k|v columns of qkv, dense, into dst [N, 2KVD].
+  void own_kv(const TensorView& qkv, const TensorView& dst, const ExecContext& ctx) const;
   TensorView heads4(const TensorView& rows, int64_t B, int64_t Tc, int64_t col, int64_t n) const;
 
   parallel::ProcessGroup& group_;

@@ -44,4 +44,24 @@ void in_stream_order(parallel::NcclProcessGroup* nccl, const ModelStream& stream
   }
 }
 
+// The same in two halves, so the model's stream can run other work while a collective is in
+// flight: issue_in_order runs call() after the model's work so far without making the model wait
+// (NCCL; a synchronous group completes it here), await_group makes the model's stream wait for
+// everything issued so far.
+template <class F>
+void issue_in_order(parallel::NcclProcessGroup* nccl, const ModelStream& stream, F&& call) {
+  if (stream.host) {
+    call();
+  } else if (nccl) {
+    nccl->wait_for(stream.stream);
+    call();
+  } else {
+    CUDA_CHECK(cudaStreamSynchronize(stream.stream));
+    call();
+  }
+}
+inline void await_group(parallel::NcclProcessGroup* nccl, const ModelStream& stream) {
+  if (nccl && !stream.host) nccl->make_wait(stream.stream);
+}
+
 }  // namespace primus::backends::cuda

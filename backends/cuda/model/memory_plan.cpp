@@ -343,14 +343,14 @@ void MemoryPlan::plan(Take&& take) {
   if (opt_.tp > 1)  // this rank's then every rank's {max, sum exp, target logit} per row of a head block
     a.tp_stats = take(Pool::Acts, DType::F32, {(opt_.tp + 1) * a.head_rows * 3}, "vocabulary-parallel loss statistics");
   if (opt_.cp > 1) {
-    const int64_t cp = opt_.cp, n = N / 2, KVW = 2 * KVD;
-    a.cp_kv_all = take(Pool::Acts, act_, {cp * N, KVW}, "context parallel: every rank's k|v");
-    a.cp_out = take(Pool::Acts, DType::F32, {n, QD}, "context parallel: merged attention output (f32)");
-    a.cp_lse = take(Pool::Acts, DType::F32, {n * H}, "context parallel: merged log-sum-exp");
+    const int64_t n = N / 2, KVW = 2 * KVD;
+    a.cp_kv_all = take(Pool::Acts, act_, {2 * N, KVW}, "context parallel: the ring's two k|v buffers");
+    a.cp_out = take(Pool::Acts, DType::F32, {N, QD}, "context parallel: merged attention output (f32)");
+    a.cp_lse = take(Pool::Acts, DType::F32, {N * H}, "context parallel: merged log-sum-exp");
     a.cp_tmp_out = take(Pool::Acts, act_, {n, QD}, "context parallel: one chunk pair's output");
     a.cp_tmp_lse = take(Pool::Acts, DType::F32, {n * H}, "context parallel: one chunk pair's log-sum-exp");
     a.cp_dq = take(Pool::Acts, DType::F32, {N, QD}, "context parallel: dq accumulator (f32)");
-    a.cp_dkv = take(Pool::Acts, DType::F32, {cp * N, KVW}, "context parallel: every chunk's dk|dv accumulator (f32)");
+    a.cp_dkv = take(Pool::Acts, DType::F32, {2 * N, KVW}, "context parallel: the ring's two dk|dv accumulators (f32)");
     a.cp_dq_tmp = take(Pool::Acts, act_, {n, QD}, "context parallel: one chunk pair's dq");
     a.cp_dkv_tmp = take(Pool::Acts, act_, {n, KVW}, "context parallel: one chunk pair's dk|dv");
     a.cp_positions = take(Pool::Acts, DType::I32, {N}, "context parallel: the chunks' positions");

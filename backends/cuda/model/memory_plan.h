@@ -122,10 +122,10 @@ struct ActivationBuffers {
   // vocabulary-parallel loss statistics, this rank's [rows, 3] then every rank's [tp, rows, 3].
   TensorView tp_stats;
   // Context parallelism (MemoryPlanOptions::cp > 1; cp_attention.h), N = max_batch x max_seq local
-  // rows, n = N / 2 (one chunk slot): every rank's k|v [cp x N, 2 KVD] (activation dtype); the
-  // running merged output f32 [n, QD] and log-sum-exp f32 [n x H]; one pair's output [n, QD] and
-  // log-sum-exp; the backward's f32 accumulators dq [N, QD] and dk|dv [cp x N, 2 KVD] and one pair's
-  // dq [n, QD] and dk|dv [n, 2 KVD]; the chunks' positions i32 [N].
+  // rows, n = N / 2 (one chunk slot): the ring's two k|v buffers [2N, 2 KVD] (activation dtype);
+  // the running merged output f32 [N, QD] and log-sum-exp f32 [N x H]; one pair's output [n, QD] and
+  // log-sum-exp; the backward's f32 accumulators dq [N, QD] and the ring's two dk|dv [2N, 2 KVD],
+  // one pair's dq [n, QD] and dk|dv [n, 2 KVD]; the chunks' positions i32 [N].
   TensorView cp_kv_all, cp_out, cp_lse, cp_tmp_out, cp_tmp_lse, cp_dq, cp_dkv, cp_dq_tmp, cp_dkv_tmp, cp_positions;
   // The padded norm outputs [N, C + ones_pad] whose extra columns init_ones() fills.
   std::vector<TensorView> ones_buffers;
