@@ -3,12 +3,12 @@
 // gradients, in the order of the model's stream.
 //
 // On NCCL they run on the group's stream, ordered by events, so they overlap the layers' work:
-// a gather issued before layer l runs waits for the model's work so far (the place it fills was
-// last read by layer l - 2) and layer l + 1 waits for its event; a reduce-scatter issued when a
-// layer's backward is done waits for that backward, then adds its chunk to the averaged gradient
-// and clears the place on the group's stream, and the layer that writes the place next waits for
-// it. Synchronous groups (the threaded group on one GPU, any group in host mode) synchronise the
-// model's stream and are done when the call returns (tp_comm.h).
+// the gather of layer l + 1, issued as layer l starts, waits for the model's work so far (the
+// place it fills was last read by layer l - 1) and layer l + 1 waits for its event; a
+// reduce-scatter issued when a layer's backward is done waits for that backward, then adds its
+// chunk to the averaged gradient and clears the place on the group's stream, and the layer that
+// writes the place next waits for it. Synchronous groups (the threaded group on one GPU, any group
+// in host mode) synchronise the model's stream and are done when the call returns (group_order.h).
 #pragma once
 #include <cuda_runtime_api.h>
 
