@@ -204,11 +204,6 @@ void ReferenceTrainer::init() {
                                     "implemented yet (the bias moves outside the optimizer's shards); use optim",
                                     key));
     }
-    if (tp_map_ && tp_map_->kv_replicas() > 1) {
-      throw ConfigError(fmt::format("data_parallel_sharding_strategy {} with tensor_model_parallel_size {} above "
-                                    "num_query_groups {} (replicated key/value groups) is not implemented yet",
-                                    key, tp_map_->tp(), spec.num_query_groups));
-    }
     fsdp_ = std::make_unique<ReferenceFsdp>(*model_, *pg_, sharding == parallel::DpSharding::OptimGradsParams);
     model_->set_sharding_hooks(fsdp_.get());
     owned = fsdp_->owned_count();
@@ -514,6 +509,25 @@ double ReferenceTrainer::fsdp_grad_norm() {
         }
       }
       at += seg.size();
+    }
+    // Replicated key/value rows: the replicas' parts of the slices this rank owns summed through
+    // the tensor's global k|v range (the ranks of one tp group own the same local slices).
+    std::vector<float> x;
+    for (const train::TpKvExchange& e : tp_map_->kv_exchanges()) {
+      x.assign(static_cast<size_t>(e.elems), 0.0f);
+      auto each = [&](auto&& copy) {
+        int64_t pos = 0;
+        for (const auto& seg : fsdp_->owned()) {
+          for (const train::TpPiece& p : e.pieces) {
+            const int64_t a = std::max(seg.begin, p.local), b = std::min(seg.end, p.local + p.count);
+            if (a < b) copy(g.data() + pos + (a - seg.begin), x.data() + (p.global - e.global_begin) + (a - p.local), b - a);
+          }
+          pos += seg.size();
+        }
+      };
+      each([](float* shard, float* xs, int64_t n) { std::copy_n(shard, n, xs); });
+      tp_pg_->all_reduce(x.data(), x.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+      each([](float* shard, float* xs, int64_t n) { std::copy_n(xs, n, shard); });
     }
   }
   double local = 0;

@@ -86,6 +86,11 @@ TEST_P(TpGpuKvTest, FourRanksReplicatingKeyValueGroupsTrainAsOne) {
     const double dl = std::fabs(four.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
     const double dn = std::fabs(four.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
     const double spread = std::fabs(other.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
+    std::printf("  step %2d  loss %.5f tp4 %.5f (%+.1e) fallback %.5f  grad norm %.4f tp4 %.4f (%+.1e) fallback %.4f "
+                "(%+.1e)\n",
+                s, one.loss[0][s], four.loss[0][s], four.loss[0][s] / one.loss[0][s] - 1, other.loss[0][s],
+                one.gnorm[0][s], four.gnorm[0][s], four.gnorm[0][s] / one.gnorm[0][s] - 1, other.gnorm[0][s],
+                other.gnorm[0][s] / one.gnorm[0][s] - 1);
     worst_loss = std::max(worst_loss, dl);
     worst_norm = std::max(worst_norm, dn);
     EXPECT_LT(dl, 1e-2) << "step " << s;

@@ -73,7 +73,11 @@ void expect_layouts_match_one_process(ArgsFn args, const std::string& model, boo
   };
   std::vector<std::remove_cv_t<std::remove_reference_t<decltype(layouts[0])>>> runs(std::begin(layouts), std::end(layouts));
   // 4 ranks over the Llama's 2 key/value groups: each replicated on two ranks.
-  if (replicated_kv) runs.push_back({4, "tensor_model_parallel_size=4", "tp4 (kv groups replicated)"});
+  if (replicated_kv) {
+    runs.push_back({4, "tensor_model_parallel_size=4", "tp4 (kv groups replicated)"});
+    runs.push_back({8, "tensor_model_parallel_size=4 data_parallel_sharding_strategy=optim_grads_params",
+                    "FSDP x tp4 (kv groups replicated)"});
+  }
   for (const auto& l : runs) {
     Workdir w;
     auto r = run_primus(launch(l.ranks, args(w.str(), 20, l.keys)));
