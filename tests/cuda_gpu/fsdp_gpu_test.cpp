@@ -52,9 +52,7 @@ TEST_P(FsdpGpuTest, TwoRanksOnOneGpuTrainAsOneAccumulating) {
       model.grad_norm(1.0f);
       other.loss[0].push_back(model.read_loss_sum(2) / 2);
       other.gnorm[0].push_back(model.read_grad_norm());
-      turbo::AdamWHyper hp;
-      hp.lr = 1e-3f, hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
-      hp.step = s + 1;
+      const turbo::AdamWHyper hp = parity_hyper(s);
       model.check_step(2);
       model.update(hp);
     }

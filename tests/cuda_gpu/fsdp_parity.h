@@ -60,9 +60,7 @@ inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSha
       model.grad_norm(1.0f);
       run.loss[r].push_back(model.read_loss_sum(n) / n);
       run.gnorm[r].push_back(model.read_grad_norm());
-      turbo::AdamWHyper hp;
-      hp.lr = 1e-3f, hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
-      hp.step = s + 1;
+      const turbo::AdamWHyper hp = parity_hyper(s);
       model.check_step(n);
       model.update(hp);
     }
