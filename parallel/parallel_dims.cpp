@@ -157,7 +157,7 @@ void ParallelSizes::check_implemented(const MeshSupport& support) const {
                                   "with tensor parallelism); leave sequence_parallel false",
                                   support.backend));
   }
-  if ((sharding == DpSharding::OptimGrads || sharding == DpSharding::OptimGradsParams) && !support.sharded_dp) {
+  if (shards_gradients(sharding) && !support.sharded_dp) {
     throw ConfigError(fmt::format("data_parallel_sharding_strategy: {} ({}) is not implemented yet on {}; no_shard "
                                   "and optim (ZeRO-1) are",
                                   dp_sharding_name(sharding),

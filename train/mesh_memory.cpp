@@ -46,7 +46,7 @@ MeshMemory mesh_memory_per_rank(const ModelSpec& m, const parallel::ParallelSize
   per_rank_parameters(m, tp, &r.parameters_per_rank, &largest);
   const double P = static_cast<double>(r.parameters_per_rank), Lmax = static_cast<double>(largest);
   const bool optim = s.sharding != DpSharding::NoShard;
-  const bool grads = s.sharding == DpSharding::OptimGrads || s.sharding == DpSharding::OptimGradsParams;
+  const bool grads = parallel::shards_gradients(s.sharding);
   const bool params = s.sharding == DpSharding::OptimGradsParams;
   r.weights = params ? 2.0 * (P / shards + Lmax) : 2.0 * P;
   r.master = optim ? 4.0 * P / shards : 4.0 * P;

@@ -108,8 +108,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
     mp.tp = opt.tp_map->tp();
     mp.sequence_parallel = opt.tp_map->sequence_parallel() && mp.tp > 1;
   }
-  if (opt.dp_group && (opt.dp_sharding == parallel::DpSharding::OptimGrads ||
-                       opt.dp_sharding == parallel::DpSharding::OptimGradsParams)) {
+  if (opt.dp_group && parallel::shards_gradients(opt.dp_sharding)) {
     mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, opt.dp_group->world_size(),
                                                    opt.dp_group->rank(),
                                                    opt.dp_sharding == parallel::DpSharding::OptimGradsParams));
@@ -169,8 +168,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
       throw ConfigError("the cuda backend's tensor parallelism with a distributed optimizer is not implemented yet");
   }
-  const bool fsdp = opt_.dp_group && (opt_.dp_sharding == parallel::DpSharding::OptimGrads ||
-                                      opt_.dp_sharding == parallel::DpSharding::OptimGradsParams);
+  const bool fsdp = opt_.dp_group && parallel::shards_gradients(opt_.dp_sharding);
   if (fsdp) {
     const std::string what = fmt::format("data_parallel_sharding_strategy {}", parallel::dp_sharding_name(opt_.dp_sharding));
     if (tp) throw ConfigError(what + " with tensor_model_parallel_size > 1 is not implemented on the cuda backend yet");
@@ -376,15 +374,15 @@ void CudaModel::get_params(float* host) const {
 }
 void CudaModel::set_moments(const float* m, const float* v) {
   if (fsdp_) {
-    std::vector<float> sm, sv;
-    if (m) {
-      sm.resize(size_t(fsdp_plan_->shard_elems));
-      full_to_shard(*fsdp_plan_, m, sm.data());
-    }
-    if (v) {
-      sv.resize(size_t(fsdp_plan_->shard_elems));
-      full_to_shard(*fsdp_plan_, v, sv.data());
-    }
+    auto shard = [this](const float* full) {
+      std::vector<float> s;
+      if (full) {
+        s.resize(size_t(fsdp_plan_->shard_elems));
+        full_to_shard(*fsdp_plan_, full, s.data());
+      }
+      return s;
+    };
+    const std::vector<float> sm = shard(m), sv = shard(v);
     optimizer_->set_moments(m ? sm.data() : nullptr, v ? sv.data() : nullptr);
     return;
   }

@@ -59,7 +59,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   }
   // optim_grads / optim_grads_params: the model keeps its own shard (model/fsdp.h), not ZeRO-1's buffers.
   const parallel::DpSharding sharding = a.train.model_parallel.sharding;
-  const bool sharded = sharding == parallel::DpSharding::OptimGrads || sharding == parallel::DpSharding::OptimGradsParams;
+  const bool sharded = parallel::shards_gradients(sharding);
   if (world > 1 && a.use_distributed_optimizer && !sharded) {
     mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), static_cast<int>(world));
     mo.optimizer_state = false;

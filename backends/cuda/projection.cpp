@@ -50,8 +50,7 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
   const int64_t cp = a.train.model_parallel[parallel::Dim::CP];
   if (cp > 1) mp.cp = cp;
   const parallel::DpSharding sharding = a.train.model_parallel.sharding;
-  const bool sharded = lay.gpus > 1 && (sharding == parallel::DpSharding::OptimGrads ||
-                                        sharding == parallel::DpSharding::OptimGradsParams);
+  const bool sharded = lay.gpus > 1 && parallel::shards_gradients(sharding);
   if (sharded) {
     mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, static_cast<int>(lay.gpus), 0,
                                                    sharding == parallel::DpSharding::OptimGradsParams));
@@ -178,8 +177,7 @@ void register_cuda_projection() {
     const auto& a = dynamic_cast<const CudaArgs&>(args);
     train::ProjectionLayout l = train::batch_layout(a.train, a.model.seq_length);
     const parallel::DpSharding sharding = a.train.model_parallel.sharding;
-    l.zero1 = a.use_distributed_optimizer && l.gpus > 1 && sharding != parallel::DpSharding::OptimGrads &&
-              sharding != parallel::DpSharding::OptimGradsParams;
+    l.zero1 = a.use_distributed_optimizer && l.gpus > 1 && !parallel::shards_gradients(sharding);
     l.grad_reduce_in_bf16 = a.grad_reduce_in_bf16;
     l.overlap_grad_reduce = a.overlap_grad_reduce;
     l.recompute = a.params.find_path("recompute_granularity")->as_string();

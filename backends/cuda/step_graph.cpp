@@ -42,8 +42,7 @@ void check_graph_config(CudaArgs& a) {
     return;
   }
   const parallel::DpSharding sharding = a.train.model_parallel.sharding;
-  if (a.train.data_parallel_size > 1 && !a.host_mode &&
-      (sharding == parallel::DpSharding::OptimGrads || sharding == parallel::DpSharding::OptimGradsParams)) {
+  if (a.train.data_parallel_size > 1 && !a.host_mode && parallel::shards_gradients(sharding)) {
     throw ConfigError(fmt::format("cuda_graph: true with data_parallel_sharding_strategy {}: the sharded collectives "
                                   "are not captured yet (set cuda_graph: false)",
                                   parallel::dp_sharding_name(sharding)));

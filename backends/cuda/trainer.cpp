@@ -43,8 +43,7 @@ void CudaTrainer::setup() {
   dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), dist_, kCudaMesh));
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
   const parallel::DpSharding sharding = t.model_parallel.sharding;
-  const bool sharded = dp > 1 && (sharding == parallel::DpSharding::OptimGrads ||
-                                  sharding == parallel::DpSharding::OptimGradsParams);
+  const bool sharded = dp > 1 && parallel::shards_gradients(sharding);
   if (dp > 1 && args_->host_mode && !sharded) {
     throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode runs tensor parallelism and the "
                       "optim_grads / optim_grads_params sharding only)");
@@ -530,15 +529,11 @@ void CudaTrainer::save(int64_t step) {
     const bool all = sharded_pg_ != nullptr;
     std::vector<float> params(rank0() || all ? n : 0), m(rank0() || all ? n : 0), v(rank0() || all ? n : 0), muon_flat;
     io::CheckpointData data;
-    if (all) {
+    if (all || rank0()) {
       model_->get_params(params.data());
       model_->get_moments(m.data(), v.data());
     }
     if (rank0()) {
-      if (!all) {
-        model_->get_params(params.data());
-        model_->get_moments(m.data(), v.data());
-      }
       muon_flat = split_muon_momentum(m);
       data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), m.data(), v.data(),
                                     state_json(step));

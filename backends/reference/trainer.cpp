@@ -192,7 +192,7 @@ void ReferenceTrainer::init() {
   const auto total = static_cast<int64_t>(model_->params.size());
   int64_t owned = total;
   const parallel::DpSharding sharding = t.model_parallel.sharding;
-  if (sharding == parallel::DpSharding::OptimGrads || sharding == parallel::DpSharding::OptimGradsParams) {
+  if (parallel::shards_gradients(sharding)) {
     const char* key = parallel::dp_sharding_name(sharding);
     if (t.optim.optimizer == "muon") {
       throw ConfigError(fmt::format("optimizer: muon with data_parallel_sharding_strategy {} is not implemented yet "

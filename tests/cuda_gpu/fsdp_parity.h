@@ -29,7 +29,7 @@ struct FsdpRun {
 // world == 1 with NoShard: the reference, one model accumulating `micro` micro-batches per step.
 // Otherwise `world` ranks, rank r taking micro-batch r of every step (micro must equal world).
 inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSharding sharding, turbo::Device device,
-                        int steps, int micro) {
+                        int steps, int micro, Attn attn = Attn::Default) {
   const int64_t T = spec.seq_length;
   const Batches data(T, steps * micro);
   const std::vector<float> init = initial_params(spec);
@@ -47,7 +47,7 @@ inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSha
       mo.dp_group = pg;
       mo.dp_sharding = sharding;
     }
-    CudaModel model(spec, mo, ops_for(Attn::Default));
+    CudaModel model(spec, mo, ops_for(attn));
     model.set_params(init.data());
     for (int s = 0; s < steps; ++s) {
       model.zero_grad();

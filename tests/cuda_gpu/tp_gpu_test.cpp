@@ -16,6 +16,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "bf16_gate.h"
 #include "tp_parity.h"
 
 namespace primus::backends::cuda::testing {
@@ -31,26 +32,11 @@ TEST_P(TpGpuTest, TwoRanksOnOneGpuTrainAsOne) {
   const TpRun two = run_tp(spec, 2, turbo::Device::CUDA, kSteps, Attn::Default, sp);
   // bf16's own spread: one rank again with the other attention kernel (other rounding, same model).
   const TpRun other = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Fallback);
-  for (int s = 0; s < kSteps; ++s) {
-    std::printf("  step %2d  loss %.5f tp2 %.5f (%+.1e) fallback %.5f (%+.1e)  grad norm %.4f tp2 %.4f (%+.1e) fallback "
-                "%.4f (%+.1e)\n",
-                s, one.loss[0][s], two.loss[0][s], two.loss[0][s] / one.loss[0][s] - 1, other.loss[0][s],
-                other.loss[0][s] / one.loss[0][s] - 1, one.gnorm[0][s], two.gnorm[0][s],
-                two.gnorm[0][s] / one.gnorm[0][s] - 1, other.gnorm[0][s], other.gnorm[0][s] / one.gnorm[0][s] - 1);
-  }
-  double worst_loss = 0, worst_norm = 0;
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < kSteps; ++s)
     EXPECT_EQ(two.loss[1][s], two.loss[0][s]) << "step " << s << ": every rank has the whole loss";
-    const double dl = std::fabs(two.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
-    const double dn = std::fabs(two.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
-    const double spread = std::fabs(other.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
-    worst_loss = std::max(worst_loss, dl);
-    worst_norm = std::max(worst_norm, dn);
-    EXPECT_LT(dl, 1e-2) << "step " << s << ": " << two.loss[0][s] << " vs " << one.loss[0][s];
-    EXPECT_LT(dn, s < 10 ? 1e-2 : std::max(2e-2, 4 * spread))
-        << "step " << s << ": " << two.gnorm[0][s] << " vs " << one.gnorm[0][s] << " (fallback " << other.gnorm[0][s]
-        << ")";
-  }
+  const Bf16Steps g = expect_bf16_steps("tp2", one.loss[0], one.gnorm[0], two.loss[0], two.gnorm[0], other.loss[0],
+                                        other.gnorm[0]);
+  const double worst_loss = g.worst_loss, worst_norm = g.worst_norm;
   const double dp = rel_l2(two.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
   EXPECT_LT(dp, 1e-2);
   EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.2) << "the run must learn";
@@ -87,23 +73,9 @@ TEST_P(TpGpuKvTest, FourRanksReplicatingKeyValueGroupsTrainAsOne) {
   const TpRun one = run_tp(spec, 1, turbo::Device::CUDA, kSteps);
   const TpRun four = run_tp(spec, 4, turbo::Device::CUDA, kSteps);
   const TpRun other = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Fallback);
-  double worst_loss = 0, worst_norm = 0, late = 0, late_other = 0;
-  for (int s = 0; s < kSteps; ++s) {
-    const double dl = std::fabs(four.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
-    const double dn = std::fabs(four.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
-    const double spread = std::fabs(other.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
-    if (s >= 10) late += dn / (kSteps - 10), late_other += spread / (kSteps - 10);
-    std::printf("  step %2d  loss %.5f tp4 %.5f (%+.1e) fallback %.5f  grad norm %.4f tp4 %.4f (%+.1e) fallback %.4f "
-                "(%+.1e)\n",
-                s, one.loss[0][s], four.loss[0][s], four.loss[0][s] / one.loss[0][s] - 1, other.loss[0][s],
-                one.gnorm[0][s], four.gnorm[0][s], four.gnorm[0][s] / one.gnorm[0][s] - 1, other.gnorm[0][s],
-                other.gnorm[0][s] / one.gnorm[0][s] - 1);
-    worst_loss = std::max(worst_loss, dl);
-    worst_norm = std::max(worst_norm, dn);
-    EXPECT_LT(dl, 1e-2) << "step " << s;
-    EXPECT_LT(dn, s < 10 ? 1e-2 : std::max(5e-2, 4 * spread))
-        << "step " << s << ": " << four.gnorm[0][s] << " vs " << one.gnorm[0][s] << " (fallback " << other.gnorm[0][s] << ")";
-  }
+  const Bf16Steps g = expect_bf16_steps("tp4", one.loss[0], one.gnorm[0], four.loss[0], four.gnorm[0], other.loss[0],
+                                        other.gnorm[0], /*late_floor=*/5e-2);
+  const double worst_loss = g.worst_loss, worst_norm = g.worst_norm, late = g.late_norm, late_other = g.late_other;
   EXPECT_LT(late, std::max(2e-2, 2 * late_other)) << "mean grad-norm distance past step 10 (fallback " << late_other << ")";
   const double dp = rel_l2(four.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
   EXPECT_LT(dp, 1e-2);

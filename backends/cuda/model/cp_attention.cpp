@@ -84,7 +84,7 @@ int64_t CpAttention::slot_chunk(int64_t owner, int slot) const { return slot == 
 
 void CpAttention::exchange(const TensorView& send, const TensorView& recv) const {
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-  const parallel::DType dt = send.dtype == turbo::DType::F32 ? parallel::DType::F32 : parallel::DType::BF16;
+  const parallel::DType dt = comm_dtype(send, "context parallelism: a ring step");
   issue_in_order(nccl_, stream_,
                  [&] { group_.send_recv(send.data, next, recv.data, prev, size_t(send.numel()), dt); });
 }

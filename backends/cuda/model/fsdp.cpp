@@ -76,29 +76,17 @@ FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int wor
     if (u.layer >= 0) layer_span = std::max(layer_span, p.span(u));
   int64_t wpos = 0, gpos = 0;
   int64_t wwin[2] = {-1, -1}, gwin[3] = {-1, -1, -1};
+  // A place of the unit's own (win null) or the shared window *win, taken where `pos` is at first use.
+  auto place = [&](const FsdpUnit& u, int64_t& pos, int64_t* win) {
+    const int64_t at = win && *win >= 0 ? *win : pos;
+    if (!win || *win < 0) pos += win ? layer_span : p.span(u);
+    if (win) *win = at;
+    return at;
+  };
   for (FsdpUnit& u : p.units) {
-    if (u.layer < 0 || !shard_params) {
-      u.weight_base = wpos;
-      wpos += p.span(u);
-    } else {
-      int64_t& w = wwin[u.layer % 2];
-      if (w < 0) {
-        w = wpos;
-        wpos += layer_span;
-      }
-      u.weight_base = w;
-    }
-    if (u.layer < 0) {
-      u.grad_base = gpos;
-      gpos += p.span(u);
-    } else {
-      int64_t& g = gwin[u.layer % 3];
-      if (g < 0) {
-        g = gpos;
-        gpos += layer_span;
-      }
-      u.grad_base = g;
-    }
+    const bool layer = u.layer >= 0;
+    u.weight_base = place(u, wpos, layer && shard_params ? &wwin[u.layer % 2] : nullptr);
+    u.grad_base = place(u, gpos, layer ? &gwin[u.layer % 3] : nullptr);
   }
   p.weight_elems = wpos;
   p.grad_elems = gpos;

@@ -11,16 +11,6 @@
 #include "turbo/kernels/cuda/elementwise.h"
 
 namespace primus::backends::cuda {
-namespace {
-
-parallel::DType comm_dtype(const TensorView& t) {
-  if (t.dtype == turbo::DType::F32) return parallel::DType::F32;
-  if (t.dtype == turbo::DType::BF16) return parallel::DType::BF16;
-  throw RuntimeError(fmt::format("fsdp: a collective over {} (f32 or bf16)", turbo::dtype_name(t.dtype)));
-}
-
-}  // namespace
-
 FsdpComm::FsdpComm(parallel::ProcessGroup& group, std::shared_ptr<const FsdpPlan> plan, const StateBuffers& state,
                    const ModelStream& stream)
     : group_(group), plan_(std::move(plan)), state_(state), stream_(stream) {
@@ -48,19 +38,6 @@ FsdpComm::~FsdpComm() {
     if (e) cudaEventDestroy(e);
 }
 
-template <class F>
-void FsdpComm::on_group(F&& call) const {
-  if (stream_.host) {
-    call(cudaStream_t{});
-  } else if (nccl_) {
-    nccl_->wait_for(stream_.stream);
-    call(nccl_->stream());
-  } else {
-    CUDA_CHECK(cudaStreamSynchronize(stream_.stream));
-    call(stream_.stream);  // follow-up kernels on the model's stream, after the synchronous collective
-  }
-}
-
 void FsdpComm::record(cudaEvent_t e) const { CUDA_CHECK(cudaEventRecord(e, nccl_->stream())); }
 void FsdpComm::wait_event(cudaEvent_t e) const { CUDA_CHECK(cudaStreamWaitEvent(stream_.stream, e, 0)); }
 
@@ -71,7 +48,8 @@ void FsdpComm::gather_unit(int ui) {
   const TensorView& src = stream_.host ? state_.master : state_.shard_weights;
   const TensorView send = src.slice0(u.shard, u.shard + u.chunk);
   const TensorView recv = state_.weights.slice0(u.weight_base, u.weight_base + plan_->span(u));
-  on_group([&](cudaStream_t) { group_.all_gather(send.data, recv.data, size_t(u.chunk), comm_dtype(send)); });
+  const parallel::DType dt = comm_dtype(send, "sharded data parallelism: a unit's gather");
+  issue_in_order(nccl_, stream_, [&] { group_.all_gather(send.data, recv.data, size_t(u.chunk), dt); });
 }
 
 void FsdpComm::use_layer(int64_t l, bool backward) {
@@ -117,7 +95,10 @@ void FsdpComm::grads_ready(int64_t offset) {
   const TensorView place = state_.grads.slice0(u.grad_base, u.grad_base + plan_->span(u));
   const TensorView tmp = state_.fsdp_tmp.slice0(0, u.chunk);
   const TensorView acc = state_.shard_grads.slice0(u.shard, u.shard + u.chunk);
-  on_group([&](cudaStream_t s) {
+  // The reduction's follow-up kernels run where it did: the group's stream, or the model's after a
+  // synchronous collective.
+  const cudaStream_t s = stream_.host ? cudaStream_t{} : nccl_ ? nccl_->stream() : stream_.stream;
+  issue_in_order(nccl_, stream_, [&] {
     group_.reduce_scatter(place.data, tmp.data, size_t(u.chunk), parallel::DType::F32, parallel::ReduceOp::Avg);
     if (stream_.host) {
       float* a = acc.ptr<float>();
@@ -137,7 +118,7 @@ void FsdpComm::grads_ready(int64_t offset) {
 }
 
 void FsdpComm::end_backward() {
-  if (nccl_) nccl_->make_wait(stream_.stream);
+  await_group(nccl_, stream_);
   reduce_pending_ = {false, false, false};
 }
 
@@ -146,18 +127,21 @@ void FsdpComm::gather_resident() {
   gather_pending_ = {false, false};
   for (size_t u = 0; u < plan_->units.size(); ++u)
     if (!plan_->shard_params || plan_->units[u].layer < 0) gather_unit(static_cast<int>(u));
-  if (nccl_) nccl_->make_wait(stream_.stream);
+  await_group(nccl_, stream_);
 }
 
 void FsdpComm::all_reduce(const TensorView& t) const {
-  on_group([&](cudaStream_t) { group_.all_reduce(t.data, size_t(t.numel()), comm_dtype(t), parallel::ReduceOp::Sum); });
-  if (nccl_) nccl_->make_wait(stream_.stream);
+  const parallel::DType dt = comm_dtype(t, "sharded data parallelism: all_reduce");
+  in_stream_order(nccl_, stream_, [&] { group_.all_reduce(t.data, size_t(t.numel()), dt, parallel::ReduceOp::Sum); });
 }
 
 void FsdpComm::all_gather(const TensorView& send, const TensorView& recv) const {
-  if (recv.numel() != send.numel() * size()) throw RuntimeError("fsdp: all_gather sizes");
-  on_group([&](cudaStream_t) { group_.all_gather(send.data, recv.data, size_t(send.numel()), comm_dtype(send)); });
-  if (nccl_) nccl_->make_wait(stream_.stream);
+  if (recv.numel() != send.numel() * size()) {
+    throw RuntimeError(fmt::format("sharded data parallelism: all_gather of {} into {} over {} ranks", send.describe(),
+                                   recv.describe(), size()));
+  }
+  const parallel::DType dt = comm_dtype(send, "sharded data parallelism: all_gather");
+  in_stream_order(nccl_, stream_, [&] { group_.all_gather(send.data, recv.data, size_t(send.numel()), dt); });
 }
 
 }  // namespace primus::backends::cuda

@@ -64,8 +64,6 @@ class FsdpComm {
   void gather_unit(int u);
   void wait_event(cudaEvent_t e) const;
   void record(cudaEvent_t e) const;
-  template <class F>
-  void on_group(F&& call) const;  // the collective (and its follow-up kernels) in stream order
 
   parallel::ProcessGroup& group_;
   parallel::NcclProcessGroup* nccl_ = nullptr;

@@ -29,25 +29,17 @@ inline parallel::NcclProcessGroup* device_group(parallel::ProcessGroup& group, c
   return nccl;
 }
 
-// Runs call() (one collective) in the model's stream order, as above.
-template <class F>
-void in_stream_order(parallel::NcclProcessGroup* nccl, const ModelStream& stream, F&& call) {
-  if (stream.host) {
-    call();
-  } else if (nccl) {
-    nccl->wait_for(stream.stream);
-    call();
-    nccl->make_wait(stream.stream);
-  } else {
-    CUDA_CHECK(cudaStreamSynchronize(stream.stream));
-    call();
-  }
+// The element type of a collective over t (f32 or bf16); RuntimeError naming `what` otherwise.
+inline parallel::DType comm_dtype(const TensorView& t, const char* what) {
+  if (t.dtype == turbo::DType::F32) return parallel::DType::F32;
+  if (t.dtype == turbo::DType::BF16) return parallel::DType::BF16;
+  throw RuntimeError(fmt::format("{} of dtype {} (f32 or bf16)", what, turbo::dtype_name(t.dtype)));
 }
 
-// The same in two halves, so the model's stream can run other work while a collective is in
-// flight: issue_in_order runs call() after the model's work so far without making the model wait
-// (NCCL; a synchronous group completes it here), await_group makes the model's stream wait for
-// everything issued so far.
+// A collective in two halves, so the model's stream can run other work while it is in flight:
+// issue_in_order runs call() after the model's work so far without making the model wait (NCCL; a
+// synchronous group completes it here), await_group makes the model's stream wait for everything
+// issued so far.
 template <class F>
 void issue_in_order(parallel::NcclProcessGroup* nccl, const ModelStream& stream, F&& call) {
   if (stream.host) {
@@ -62,6 +54,13 @@ void issue_in_order(parallel::NcclProcessGroup* nccl, const ModelStream& stream,
 }
 inline void await_group(parallel::NcclProcessGroup* nccl, const ModelStream& stream) {
   if (nccl && !stream.host) nccl->make_wait(stream.stream);
+}
+
+// Both halves: call() (one collective) in the model's stream order, done when the model's next work runs.
+template <class F>
+void in_stream_order(parallel::NcclProcessGroup* nccl, const ModelStream& stream, F&& call) {
+  issue_in_order(nccl, stream, call);
+  await_group(nccl, stream);
 }
 
 }  // namespace primus::backends::cuda

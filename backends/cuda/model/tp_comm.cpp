@@ -8,16 +8,6 @@
 #include "turbo/core/cuda_check.h"
 
 namespace primus::backends::cuda {
-namespace {
-
-parallel::DType comm_dtype(const TensorView& t, const char* what) {
-  if (t.dtype == turbo::DType::F32) return parallel::DType::F32;
-  if (t.dtype == turbo::DType::BF16) return parallel::DType::BF16;
-  throw RuntimeError(fmt::format("tensor parallelism: {} of dtype {} (f32 or bf16)", what, turbo::dtype_name(t.dtype)));
-}
-
-}  // namespace
-
 TpComm::TpComm(parallel::ProcessGroup& group, std::shared_ptr<const train::TpShardMap> map, const ModelStream& stream)
     : group_(group), map_(std::move(map)), stream_(stream) {
   if (group_.world_size() != map_->tp() || group_.rank() != map_->rank()) {
@@ -33,12 +23,12 @@ void TpComm::ordered(F&& call) const {
 }
 
 void TpComm::all_reduce(const TensorView& t) const {
-  const parallel::DType dt = comm_dtype(t, "all_reduce");
+  const parallel::DType dt = comm_dtype(t, "tensor parallelism: all_reduce");
   ordered([&] { group_.all_reduce(t.data, static_cast<size_t>(t.numel()), dt, parallel::ReduceOp::Sum); });
 }
 
 void TpComm::all_gather(const TensorView& send, const TensorView& recv) const {
-  const parallel::DType dt = comm_dtype(send, "all_gather");
+  const parallel::DType dt = comm_dtype(send, "tensor parallelism: all_gather");
   if (recv.dtype != send.dtype || recv.numel() != send.numel() * size()) {
     throw RuntimeError(fmt::format("tensor parallelism: all_gather of {} into {}", send.describe(), recv.describe()));
   }
@@ -60,7 +50,7 @@ RowBlock row_block(const TensorView& t, int size, const char* what) {
 }  // namespace
 
 void TpComm::gather_rows(const TensorView& t) const {
-  const parallel::DType dt = comm_dtype(t, "gather_rows");
+  const parallel::DType dt = comm_dtype(t, "tensor parallelism: gather_rows");
   const RowBlock b = row_block(t, size(), "gather_rows");
   const size_t esize = turbo::dtype_size(t.dtype), count = static_cast<size_t>(b.pitch * b.rows);
   char* base = static_cast<char*>(t.data);
@@ -68,7 +58,7 @@ void TpComm::gather_rows(const TensorView& t) const {
 }
 
 void TpComm::reduce_scatter_rows(const TensorView& t) const {
-  const parallel::DType dt = comm_dtype(t, "reduce_scatter_rows");
+  const parallel::DType dt = comm_dtype(t, "tensor parallelism: reduce_scatter_rows");
   const RowBlock b = row_block(t, size(), "reduce_scatter_rows");
   if (b.pitch != t.size(1)) throw RuntimeError("tensor parallelism: reduce_scatter_rows of padded rows");
   const size_t esize = turbo::dtype_size(t.dtype), count = static_cast<size_t>(b.pitch * b.rows);
