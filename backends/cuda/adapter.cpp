@@ -62,9 +62,22 @@ void add_cuda_schema(config::Schema& s) {
             "amax of the data it scales). tensorwise: one scale per tensor (fastest, least robust to outliers); "
             "rowwise: one per row along K (torchao's rowwise: tokens for x and dy, features for w); blockwise: "
             "DeepSeek-V3's 1x128 tiles for activations and gradients, 128x128 blocks for weights (needs fp8: e4m3 "
-            "and every linear size a multiple of 128); delayed (scales from an amax history) is not implemented yet "
-            "and is refused",
+            "and every linear size a multiple of 128); delayed: one scale per tensor from earlier steps' amax history "
+            "(Transformer Engine's delayed scaling: one pass per quantization; fp8_amax_history_len, "
+            "fp8_amax_compute_algo, fp8_margin; one process only)",
             {"tensorwise", "rowwise", "blockwise", "delayed"})
+      .integer("fp8_amax_history_len", 1,
+               "fp8_recipe delayed: how many steps' amaxes each tensor's history keeps (Megatron's "
+               "--fp8-amax-history-len; Transformer Engine's default is 1024)",
+               1)
+      .text("fp8_amax_compute_algo", "most_recent",
+            "fp8_recipe delayed: the amax a scale is made from, the newest entry of the history or its largest "
+            "(Megatron's --fp8-amax-compute-algo)",
+            {"most_recent", "max"})
+      .integer("fp8_margin", 0,
+               "fp8_recipe delayed: scales are divided by 2^margin, headroom for amaxes that grow between steps "
+               "(Megatron's --fp8-margin)",
+               0)
       .integer("fp8_first_last_bf16_layers", 0,
                "with fp8: the first and last N transformer layers keep their linear GEMMs in bf16 (the layers "
                "FP8 recipes find most sensitive; Megatron's --first-last-layers-bf16); at most (num_layers - 1) / 2",
@@ -94,7 +107,11 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   d.push_back({"attention_backend", attention_backend});
   if (deterministic) d.push_back({"deterministic", "true (attention backward without atomics)"});
   if (fp8 != "none")
-    d.push_back({"fp8", fmt::format("{}, {} scaling (transformer-layer linear GEMMs; output layer bf16)", fp8, fp8_recipe)});
+    d.push_back({"fp8", fmt::format("{}, {} scaling{} (transformer-layer linear GEMMs; output layer bf16)", fp8, fp8_recipe,
+                                    fp8_recipe == "delayed"
+                                        ? fmt::format(": amax history {}, {}, margin {}", fp8_amax_history_len,
+                                                      fp8_amax_compute_algo, fp8_margin)
+                                        : "")});
   d.push_back({"peak_flops", peak_flops > 0 ? fmt::format("{:.3g}", peak_flops) : "unknown (no MFU)"});
   return d;
 }
@@ -176,11 +193,26 @@ class CudaAdapter : public BackendAdapter {
     (void)parse_cuda_graph(*p.find_path("cuda_graph"));
     // fp8_recipe takes effect through patch cuda.linear.fp8; checked here so that a recipe without
     // FP8 (which would do nothing) and the recipe not built yet fail by name.
+    a->fp8_amax_history_len = p.find_path("fp8_amax_history_len")->as_int();
+    a->fp8_amax_compute_algo = p.find_path("fp8_amax_compute_algo")->as_string();
+    a->fp8_margin = p.find_path("fp8_margin")->as_int();
+    if (a->fp8_amax_history_len > 8192)
+      throw ConfigError(fmt::format("{}: fp8_amax_history_len {} (at most 8192)", where("fp8_amax_history_len"),
+                                    a->fp8_amax_history_len));
+    if (a->fp8_margin > 64)
+      throw ConfigError(fmt::format("{}: fp8_margin {} (at most 64)", where("fp8_margin"), a->fp8_margin));
+    if (p.find_path("fp8_recipe")->as_string() != "delayed") {
+      for (const char* key : {"fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
+        const config::Value* v = p.find_path(key);
+        const bool set = std::string(key) == "fp8_amax_compute_algo" ? v->as_string() != "most_recent"
+                         : std::string(key) == "fp8_amax_history_len" ? v->as_int() != 1
+                                                                        : v->as_int() != 0;
+        if (set)
+          throw ConfigError(fmt::format("{}: {} applies to fp8_recipe delayed only (the recipe is {})", where(key), key,
+                                        p.find_path("fp8_recipe")->as_string()));
+      }
+    }
     if (const std::string r = p.find_path("fp8_recipe")->as_string(); r != "tensorwise") {
-      if (r == "delayed")
-        throw ConfigError(fmt::format("{}: fp8_recipe delayed (scales from an amax history) is not implemented yet; use "
-                                      "tensorwise, rowwise or blockwise (current scaling)",
-                                      where("fp8_recipe")));
       if (p.find_path("fp8")->as_string() == "none")
         throw ConfigError(fmt::format("{}: fp8_recipe {} has no effect with fp8: none (set fp8: e4m3 or hybrid)",
                                       where("fp8_recipe"), r));

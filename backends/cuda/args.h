@@ -1,6 +1,7 @@
 // The CUDA backend's typed args, built from the validated module config; build_args patches
 // (backends/cuda/patches/) rewrite them before the trainer is created.
 #pragma once
+#include <memory>
 #include <string>
 
 #include "core/backend/backend.h"
@@ -10,6 +11,10 @@
 #include "train/common_patches.h"
 #include "train/model_spec.h"
 #include "train/training_args.h"
+
+namespace primus::turbo {
+class Fp8DelayedScaling;  // turbo/ops/fp8_delayed.h
+}
 
 namespace primus::backends::cuda {
 
@@ -40,7 +45,13 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
                                            // (patch cuda.attention.deterministic)
   std::string fp8 = "none";                // FP8 format of the transformer layers' linear GEMMs (none |
                                            // hybrid | e4m3; patch cuda.linear.fp8, turbo/ops/gemm_fp8.h)
-  std::string fp8_recipe = "tensorwise";   // its scaling: tensorwise | rowwise | blockwise (same patch)
+  std::string fp8_recipe = "tensorwise";   // its scaling: tensorwise | rowwise | blockwise | delayed (same patch)
+  // fp8_recipe delayed: the amax history (turbo/ops/fp8_delayed.h), and the state the patch makes
+  // for the FP8 linear slots and the model to share (null otherwise).
+  int64_t fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";
+  int64_t fp8_margin = 0;
+  std::shared_ptr<turbo::Fp8DelayedScaling> fp8_delayed;
   int64_t fp8_first_last_bf16_layers = 0;  // with fp8: edge layers kept in bf16 (DecoderOptions)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)
   bool launch_ahead = false;               // queue step s + 1 before reading step s (patch cuda.step.launch_ahead)

@@ -5,9 +5,11 @@
 
 #include <atomic>
 
+#include "backends/cuda/args.h"
 #include "core/util/error.h"
 #include "turbo/ops/attention.h"
 #include "turbo/ops/attention_fallback.h"
+#include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/gemm.h"
 
 namespace primus::backends::cuda {
@@ -162,6 +164,24 @@ CudaOps CudaOps::defaults() {
   o.moe_experts_dgrad = [](const turbo::GroupedGemmDgradArgs& a) { turbo::grouped_gemm_dgrad(a); };
   o.moe_experts_wgrad = [](const turbo::GroupedGemmWgradArgs& a) { turbo::grouped_gemm_wgrad(a); };
   return o;
+}
+
+turbo::Fp8Recipe configure_fp8(CudaArgs& a, const std::string& fp8, const std::string& fp8_recipe) {
+  turbo::Fp8Recipe r = turbo::parse_fp8_recipe(fp8, fp8_recipe, "fp8", "fp8_recipe");
+  a.fp8 = fp8;
+  a.fp8_recipe = fp8_recipe;
+  a.fp8_delayed.reset();
+  if (r.scaling == turbo::Fp8Scaling::Delayed) {
+    turbo::Fp8DelayedOptions o;
+    o.history_len = a.fp8_amax_history_len;
+    o.algo = a.fp8_amax_compute_algo == "max" ? turbo::Fp8AmaxAlgo::Max : turbo::Fp8AmaxAlgo::MostRecent;
+    o.margin = static_cast<int>(a.fp8_margin);
+    o.fwd = r.fwd;
+    o.grad = r.grad;
+    r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(o);
+    a.fp8_delayed = r.delayed;
+  }
+  return r;
 }
 
 Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& r) {

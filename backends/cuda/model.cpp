@@ -10,6 +10,7 @@
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
@@ -20,6 +21,9 @@ namespace primus::backends::cuda {
 using turbo::Device;
 
 namespace {
+
+// The linear layers of a transformer layer that FP8 serves: q|k|v, attention output, MLP up, MLP down.
+constexpr int64_t kFp8DelayedLinears = 4;
 
 void check_shapes(const train::ModelSpec& s) {
   auto need8 = [](int64_t v, const char* what) {
@@ -94,6 +98,10 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.optimizer_state = opt.optimizer_state;
   mp.host = opt.device == Device::CPU;
   mp.fp8_linear = opt.fp8_linear;
+  if (opt.fp8_delayed) {
+    const int64_t tensors = kFp8DelayedLinears * spec.num_layers * turbo::Fp8DelayedScaling::kRoles;
+    mp.fp8_delayed_floats = tensors * (opt.fp8_delayed->options().history_len + 2);
+  }
   mp.attention_scratch_bytes = opt.attention_scratch_bytes;
   mp.ones_pad = Decoder::ones_pad_for(spec, opt.bias_grad, opt.fp8_linear);
   mp.moe_align = turbo::kGroupedGemmAlign;
@@ -126,6 +134,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   check_shapes(spec_);
   check_fp8(spec_, opt_);
+  if (opt_.fp8_delayed && !opt_.fp8_linear)
+    throw RuntimeError("cuda model: fp8_delayed without fp8_linear (the delayed state serves the FP8 linear slots)");
   if (spec_.moe.enabled() && opt_.fp8_linear) {
     throw ConfigError("fp8: the cuda backend's MoE experts run in bf16 only (FP8 grouped GEMMs are not built yet); "
                       "set fp8: none for a model with num_experts > 0");
@@ -180,6 +190,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       throw ConfigError(what + " keeps its own shard of the optimizer state (no use_distributed_optimizer buffers)");
   }
   const bool cp = opt_.cp_group && opt_.cp_group->world_size() > 1;
+  if (opt_.fp8_delayed && (tp || fsdp || cp || !opt_.optimizer_state))
+    throw ConfigError("fp8_recipe delayed with tensor, context or sharded data parallelism is not implemented: each "
+                      "rank would record the amaxes of its own part, and the ranks' histories would need a max over "
+                      "the group every step (use fp8_recipe tensorwise, rowwise or blockwise)");
   if (cp) {
     const int64_t n = opt_.cp_group->world_size();
     const std::string what = fmt::format("context_parallel_size {}", n);
@@ -292,6 +306,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (opt_.optimizer_state) optimizer_->set_moments(nullptr, nullptr);
   optimizer_->upload_clearing_table();
   plan_->init_ones(stream_);
+  if (opt_.fp8_delayed) init_fp8_delayed();
   stream_.zero(st.grads);  // once: the padding of a ZeRO-1 buffer and every tensor start at zero
   if (fsdp_) {
     stream_.zero(st.shard_grads);
@@ -408,8 +423,85 @@ void CudaModel::get_grads(float* host) const {
 
 // ---- the step -------------------------------------------------------------------------------
 
+void CudaModel::init_fp8_delayed() {
+  turbo::Fp8DelayedScaling& d = *opt_.fp8_delayed;
+  d.clear();
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    const LayerParams& p = plan_->params.layers[static_cast<size_t>(l)];
+    d.add_layer(p.qkv_w.w.data, fmt::format("layer {} qkv", l));
+    d.add_layer(p.proj_w.w.data, fmt::format("layer {} attention output", l));
+    d.add_layer(p.fc_w.w.data, fmt::format("layer {} mlp up", l));
+    d.add_layer(p.out_w.w.data, fmt::format("layer {} mlp down", l));
+  }
+  const int64_t T = d.tensors(), len = d.options().history_len;
+  const TensorView& buf = plan_->state.fp8_delayed;
+  if (buf.numel() != T * (len + 2)) throw RuntimeError("cuda model: the FP8 delayed-scaling buffer is mis-sized");
+  d.bind(buf.slice0(0, T * len), buf.slice0(T * len, T * (len + 1)), buf.slice0(T * (len + 1), T * (len + 2)));
+  std::vector<float> init(static_cast<size_t>(T * (len + 2)), 0.0f);  // empty histories
+  for (int64_t t = 0; t < T; ++t) {
+    init[static_cast<size_t>(T * len + t)] = 1.0f;  // scale 1 until a step is folded in (unused before)
+    init[static_cast<size_t>(T * (len + 1) + t)] = d.fp8_max_of_tensor(t);
+  }
+  stream_.to_model(buf.data, init.data(), init.size() * sizeof(float));
+  stream_.sync();  // init is a local
+  fp8_pending_ = false;
+}
+
+CudaModel::Fp8DelayedState CudaModel::get_fp8_delayed() const {
+  Fp8DelayedState st;
+  if (!opt_.fp8_delayed) return st;
+  const turbo::Fp8DelayedScaling& d = *opt_.fp8_delayed;
+  st.tensors = d.tensors();
+  st.history_len = d.options().history_len;
+  st.history.resize(static_cast<size_t>(st.tensors * st.history_len));
+  st.scale.resize(static_cast<size_t>(st.tensors));
+  stream_.from_model(st.history.data(), d.history().data, st.history.size() * sizeof(float));
+  stream_.from_model(st.scale.data(), d.scale().data, st.scale.size() * sizeof(float));
+  st.use_history = d.use_history;
+  st.pending = fp8_pending_;
+  return st;
+}
+
+void CudaModel::set_fp8_delayed(const Fp8DelayedState& in) {
+  if (!opt_.fp8_delayed) throw RuntimeError("cuda model: set_fp8_delayed without fp8_recipe delayed");
+  turbo::Fp8DelayedScaling& d = *opt_.fp8_delayed;
+  const int64_t T = d.tensors(), len = d.options().history_len;
+  if (in.tensors != T)
+    throw RuntimeError(fmt::format("fp8_recipe delayed: the saved state has amax histories for {} tensors, this model "
+                                   "has {} ({} layers x {} linear layers x 3)",
+                                   in.tensors, T, spec_.num_layers, kFp8DelayedLinears));
+  if (in.history_len < 1 || in.history.size() != static_cast<size_t>(T * in.history_len) ||
+      in.scale.size() != static_cast<size_t>(T))
+    throw RuntimeError(fmt::format("fp8_recipe delayed: the saved state holds {} history and {} scale values for {} "
+                                   "tensors of history length {}",
+                                   in.history.size(), in.scale.size(), T, in.history_len));
+  for (float v : in.history)
+    if (!(v >= 0.0f) || !std::isfinite(v))
+      throw RuntimeError(fmt::format("fp8_recipe delayed: the saved amax history holds {} (amaxes are finite, >= 0)", v));
+  for (float v : in.scale)
+    if (!(v > 0.0f) || !std::isfinite(v))
+      throw RuntimeError(fmt::format("fp8_recipe delayed: the saved scales hold {} (scales are finite, > 0)", v));
+  std::vector<float> hist(static_cast<size_t>(T * len), 0.0f);
+  const int64_t keep = std::min(len, in.history_len);  // the newest entries
+  for (int64_t t = 0; t < T; ++t)
+    std::copy_n(in.history.data() + t * in.history_len, keep, hist.data() + t * len);
+  stream_.to_model(d.history().data, hist.data(), hist.size() * sizeof(float));
+  stream_.to_model(d.scale().data, in.scale.data(), in.scale.size() * sizeof(float));
+  stream_.sync();  // the host vectors are the caller's
+  d.use_history = in.use_history;
+  fp8_pending_ = in.pending;
+}
+
 void CudaModel::zero_grad() {
   mark(Phase::ZeroGrad);
+  if (opt_.fp8_delayed && fp8_pending_) {
+    // The start of a training step: the last step's amaxes become this step's scales. Here, not
+    // after the update, so that a captured step holds it and a checkpoint saved between steps
+    // holds the amaxes still to fold in (it resumes exactly).
+    turbo::fp8_delayed_update(*opt_.fp8_delayed, ctx());
+    opt_.fp8_delayed->use_history = true;
+    fp8_pending_ = false;
+  }
   if (fsdp_) {  // the GEMMs accumulate into the places, which each reduction leaves cleared
     stream_.zero(plan_->state.grads);
     optimizer_->zero_grad(true);
@@ -427,11 +519,14 @@ void CudaModel::stage_batch(const int32_t* tokens, const int32_t* targets, int64
 
 void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) {
   check_batch(B, T, slot, "loss");
+  // Delayed FP8 scaling records a training forward's amaxes, not an evaluation's.
+  if (opt_.fp8_delayed) opt_.fp8_delayed->record = dloss != 0.0f;
   decoder_->forward(B, T, dloss, slot);
 }
 
 void CudaModel::backward() {
   decoder_->backward();
+  if (opt_.fp8_delayed) fp8_pending_ = true;
   if (fsdp_) fsdp_->end_backward();
 }
 

@@ -71,6 +71,12 @@ struct CudaModelOptions {
   // With fp8_linear: the first and last this many layers keep bf16 linear GEMMs
   // (fp8_first_last_bf16_layers; DecoderOptions::bf16_edge_layers).
   int64_t fp8_bf16_edge_layers = 0;
+  // fp8_recipe delayed: the amax histories and scales the FP8 linear slots read (the same object
+  // their recipe holds; patch cuda.linear.fp8). The model gives it memory in its state arena,
+  // registers every transformer layer's four linear layers (x, w, dy each), folds each training
+  // step's amaxes into the next scales at the start of the following step (zero_grad) and keeps
+  // evaluation forwards from recording. Not with tp, cp or sharded data parallelism.
+  std::shared_ptr<turbo::Fp8DelayedScaling> fp8_delayed;
   // Variants of the step that give the same results to rounding, kept as the references the
   // defaults (measured faster) are tested against; no config key sets them.
   BiasGrad bias_grad = BiasGrad::Ones;  // decoder.h
@@ -249,6 +255,22 @@ class CudaModel {
   // Taken by the optimizer in the backward (the call throws then).
   void on_grads_ready(std::function<void(int64_t offset)> fn);
 
+  // fp8_recipe delayed (CudaModelOptions::fp8_delayed): the state as checkpoints keep it, the amax
+  // histories [tensors, history_len] and scales [tensors], plus whether the scales are in use
+  // (a step has been folded in) and whether the newest entries hold a training step's amaxes
+  // still to be folded in. Synchronising. get: empty history without delayed scaling.
+  struct Fp8DelayedState {
+    std::vector<float> history, scale;
+    int64_t tensors = 0, history_len = 0;
+    bool use_history = false, pending = false;
+  };
+  Fp8DelayedState get_fp8_delayed() const;
+  // Restores a saved state; a saved history of another length keeps its newest entries (the rest
+  // empty). Throws RuntimeError naming what differs when the tensor count is not this model's or
+  // a value is negative or not finite.
+  void set_fp8_delayed(const Fp8DelayedState& s);
+  bool fp8_delayed_on() const { return opt_.fp8_delayed != nullptr; }
+
  private:
   void check_batch(int64_t B, int64_t T, int64_t slot, const char* what) const;
   ExecContext ctx() const;
@@ -280,6 +302,9 @@ class CudaModel {
   void gather_full(const TensorView& shard, float* host) const;
   std::unique_ptr<Decoder> decoder_;
   StepProfiler* prof_ = nullptr;
+  // fp8_recipe delayed: a training step has recorded amaxes that the next zero_grad folds in.
+  bool fp8_pending_ = false;
+  void init_fp8_delayed();
 };
 
 }  // namespace primus::backends::cuda

@@ -148,6 +148,12 @@ void CudaTrainer::init() {
                  "78,722 vs 66,652 tok/s: docs/cuda.md \"FP8\"); fp8: none is likely faster here",
                  args_->fp8, spec.hidden_size);
   }
+  if (mo.fp8_delayed && dist_.world_size > 1) {
+    throw ConfigError(fmt::format("fp8_recipe delayed with {} ranks is not implemented: each rank would record the "
+                                  "amaxes of its own batch, and the histories would need a max over the ranks every "
+                                  "step to stay one (use fp8_recipe tensorwise, rowwise or blockwise)",
+                                  dist_.world_size));
+  }
   const bool fallback = uses_fallback_attention(*args_);
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (spec.moe.expert_bias && pg_) {
@@ -529,6 +535,7 @@ void CudaTrainer::save(int64_t step) {
     const bool all = sharded_pg_ != nullptr;
     std::vector<float> params(rank0() || all ? n : 0), m(rank0() || all ? n : 0), v(rank0() || all ? n : 0), muon_flat;
     io::CheckpointData data;
+    CudaModel::Fp8DelayedState fp8;  // fp8_recipe delayed (one process only): outlives the save
     if (all || rank0()) {
       model_->get_params(params.data());
       model_->get_moments(m.data(), v.data());
@@ -541,6 +548,7 @@ void CudaTrainer::save(int64_t step) {
         data.optimizer.emplace("muon_momentum", io::TensorBlob::borrow(io::DType::F32, {static_cast<int64_t>(n)},
                                                                       muon_flat.data(), n * sizeof(float)));
       }
+      if (model_->fp8_delayed_on()) save_fp8_delayed(data, fp8);
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
     parallel::ProcessGroup* group = pg_ ? static_cast<parallel::ProcessGroup*>(pg_.get())
@@ -566,6 +574,49 @@ std::vector<float> CudaTrainer::split_muon_momentum(std::vector<float>& m) const
     std::fill_n(m.data() + pt.offset, pt.numel, 0.f);
   }
   return flat;
+}
+
+void CudaTrainer::save_fp8_delayed(io::CheckpointData& data, CudaModel::Fp8DelayedState& keep) const {
+  keep = model_->get_fp8_delayed();
+  data.optimizer.emplace("fp8_amax_history",
+                         io::TensorBlob::borrow(io::DType::F32, {keep.tensors, keep.history_len}, keep.history.data(),
+                                                keep.history.size() * sizeof(float)));
+  data.optimizer.emplace("fp8_scale", io::TensorBlob::borrow(io::DType::F32, {keep.tensors}, keep.scale.data(),
+                                                             keep.scale.size() * sizeof(float)));
+  data.state["fp8_delayed"] = {{"use_history", keep.use_history}, {"pending", keep.pending},
+                               {"history_len", keep.history_len}, {"amax_compute_algo", args_->fp8_amax_compute_algo},
+                               {"margin", args_->fp8_margin}};
+}
+
+void CudaTrainer::load_fp8_delayed(const io::CheckpointData& data, const fsys::path& dir) {
+  const auto h = data.optimizer.find("fp8_amax_history");
+  const auto s = data.optimizer.find("fp8_scale");
+  if (h == data.optimizer.end() || s == data.optimizer.end() || !data.state.contains("fp8_delayed")) {
+    spdlog::info("[checkpoint] {} has no FP8 amax histories (saved without fp8_recipe delayed): they start empty, "
+                 "the first step runs current scaling",
+                 dir.string());
+    return;
+  }
+  const nlohmann::json& j = data.state.at("fp8_delayed");
+  CudaModel::Fp8DelayedState st;
+  if (h->second.shape().size() != 2 || s->second.shape().size() != 1 || h->second.dtype() != io::DType::F32 ||
+      s->second.dtype() != io::DType::F32)
+    throw RuntimeError(fmt::format("{}: fp8_amax_history / fp8_scale: expected f32 [tensors, length] and [tensors]",
+                                   (dir / "optimizer.safetensors").string()));
+  st.tensors = h->second.shape()[0];
+  st.history_len = h->second.shape()[1];
+  st.history = h->second.to_vector<float>();
+  st.scale = s->second.to_vector<float>();
+  st.use_history = j.value("use_history", false);
+  st.pending = j.value("pending", false);
+  if (st.history_len != args_->fp8_amax_history_len)
+    spdlog::info("[checkpoint] FP8 amax histories saved with length {}, resumed with {}: the newest {} entries kept",
+                 st.history_len, args_->fp8_amax_history_len, std::min(st.history_len, args_->fp8_amax_history_len));
+  try {
+    model_->set_fp8_delayed(st);
+  } catch (const RuntimeError& e) {
+    throw RuntimeError(fmt::format("{}: {}", dir.string(), e.what()));
+  }
 }
 
 void CudaTrainer::load(const fsys::path& dir) {
@@ -619,6 +670,7 @@ void CudaTrainer::load(const fsys::path& dir) {
       }
     }
     model_->set_moments(m.data(), v.data());
+    if (model_->fp8_delayed_on()) load_fp8_delayed(data, dir);
   }
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;

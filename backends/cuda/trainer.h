@@ -16,6 +16,7 @@
 #include "core/trainer/trainer.h"
 #include "data/dataset/data_config.h"
 #include "data/tokenizer/tokenizer.h"
+#include "io/checkpoint.h"
 #include "parallel/cuda/grad_reducer.h"
 #include "parallel/cuda/nccl_process_group.h"
 #include "parallel/data_parallel.h"
@@ -54,6 +55,12 @@ class CudaTrainer : public Trainer {
   turbo::AdamWHyper adamw_hyper(int64_t step) const;
   turbo::MuonHyper muon_hyper(int64_t step) const;
   std::vector<float> split_muon_momentum(std::vector<float>& m) const;  // see save()
+  // fp8_recipe delayed: the amax histories and scales as optimizer tensors fp8_amax_history
+  // [tensors, len] and fp8_scale [tensors], the switches in the state's "fp8_delayed"; `keep`
+  // holds the bytes until the checkpoint is written. A checkpoint without them starts the
+  // histories empty (logged).
+  void save_fp8_delayed(io::CheckpointData& data, CudaModel::Fp8DelayedState& keep) const;
+  void load_fp8_delayed(const io::CheckpointData& data, const std::filesystem::path& dir);
   std::vector<train::MuonTensor> muon_tensors_;  // optimizer: muon (empty: AdamW everywhere)
   double evaluate();
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_

@@ -403,6 +403,7 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
   if (fp8) {
     use_fp8_linear(ops, *fp8);
     mo.fp8_linear = true;
+    mo.fp8_delayed = fp8->delayed;  // fp8_recipe delayed: the model holds the histories the slots read
   }
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);

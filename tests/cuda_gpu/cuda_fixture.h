@@ -13,6 +13,7 @@
 
 #include "backends/cuda/device.h"
 #include "backends/cuda/hooks.h"
+#include "turbo/ops/fp8_delayed.h"
 #include "backends/cuda/model.h"
 #include "train/model_spec.h"
 #include "turbo/core/cuda_check.h"

@@ -276,6 +276,97 @@ TEST(HostFp8, EdgeLayersRunTheBf16Slots) {
   }
 }
 
+// fp8_recipe delayed in host mode: the first step has no history and runs current scaling (its
+// loss is tensorwise's, bit for bit); from the second step on the layers quantize with the
+// scales of earlier steps' amaxes, so the curve leaves tensorwise's while it still follows the
+// fp32 reference within FP8's rounding. Every FP8 tensor's history then holds amaxes and its
+// scale is fp8_max / amax of the newest (most_recent) or largest (max) entry.
+TEST(HostFp8, DelayedScalingFollowsTheReferenceFromItsHistory) {
+  for (const bool use_max : {false, true}) {
+    SCOPED_TRACE(use_max ? "max" : "most_recent");
+    const turbo::Fp8Recipe tensorwise = turbo::parse_fp8_recipe("hybrid", "test");
+    turbo::Fp8Recipe delayed = turbo::parse_fp8_recipe("hybrid", "delayed", "test", "fp8_recipe");
+    turbo::Fp8DelayedOptions o;
+    o.history_len = 3;
+    o.algo = use_max ? turbo::Fp8AmaxAlgo::Max : turbo::Fp8AmaxAlgo::MostRecent;
+    delayed.delayed = std::make_shared<turbo::Fp8DelayedScaling>(o);
+    const auto [curve, ref] = training_curves(true, Attn::Default, turbo::Device::CPU, 10, &delayed);
+    const auto current = training_curves(true, Attn::Default, turbo::Device::CPU, 10, &tensorwise).first;
+    EXPECT_EQ(curve[0], current[0]) << "the first step runs current scaling";
+    int differ = 0;
+    for (size_t s = 0; s < curve.size(); ++s) {
+      EXPECT_NEAR(curve[s], ref[s], 0.02 * ref[s]) << "step " << s;
+      differ += s > 0 && curve[s] != current[s];
+    }
+    EXPECT_EQ(differ, 9) << "from step 1 on the scales come from the history";
+    EXPECT_LT(curve.back(), curve.front() - 0.2) << "delayed FP8 training must learn";
+    const turbo::Fp8DelayedScaling& d = *delayed.delayed;
+    EXPECT_TRUE(d.use_history);
+    EXPECT_EQ(d.tensors(), 3 * 4 * tiny_spec(true).num_layers);
+    const float* h = d.history().ptr<float>();
+    const float* sc = d.scale().ptr<float>();
+    for (int64_t t = 0; t < d.tensors(); ++t) {
+      SCOPED_TRACE(fmt::format("tensor {} ({})", t, d.layer_name(t / 3)));
+      // After the last step's backward entry 0 holds its amax (folded at the next step's start);
+      // entries 1.. the steps before.
+      EXPECT_GT(h[t * 3], 0.0f);
+      EXPECT_GT(h[t * 3 + 1], 0.0f);
+      // The last scale came from the history before it moved: most_recent from the step before
+      // (now entry 1); max also from one step that has since dropped out, so at most this.
+      if (use_max) {
+        EXPECT_LE(sc[t], d.fp8_max_of_tensor(t) / std::max(h[t * 3 + 1], h[t * 3 + 2]));
+      } else {
+        EXPECT_EQ(sc[t], d.fp8_max_of_tensor(t) / h[t * 3 + 1]);
+      }
+    }
+  }
+}
+
+// An evaluation forward (no gradient) quantizes with the scales but records nothing: the state
+// after it is the state before it, bit for bit; a training step then records again.
+TEST(HostFp8, DelayedScalingEvaluationRecordsNothing) {
+  const train::ModelSpec spec = tiny_spec(true);
+  const int64_t T = spec.seq_length;
+  Batches data(T, 3);
+  turbo::Fp8Recipe r = turbo::parse_fp8_recipe("hybrid", "delayed", "test", "fp8_recipe");
+  r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{2});
+  CudaOps ops = CudaOps::defaults();
+  use_fp8_linear(ops, r);
+  CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+  mo.fp8_linear = true;
+  mo.fp8_delayed = r.delayed;
+  CudaModel model(spec, mo, ops);
+  const std::vector<float> init = initial_params(spec);
+  model.set_params(init.data());
+  auto train_step = [&](int s) {
+    model.zero_grad();
+    model.forward(data.inputs[s].data(), data.targets[s].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
+    model.backward();
+  };
+  train_step(0);
+  train_step(1);
+  const CudaModel::Fp8DelayedState before = model.get_fp8_delayed();
+  EXPECT_TRUE(before.use_history);
+  EXPECT_TRUE(before.pending);
+  model.forward(data.inputs[2].data(), data.targets[2].data(), kTrainBatch, T, 0.0f, 0);
+  const CudaModel::Fp8DelayedState after = model.get_fp8_delayed();
+  EXPECT_EQ(after.history, before.history);
+  EXPECT_EQ(after.scale, before.scale);
+  train_step(2);
+  EXPECT_NE(model.get_fp8_delayed().history, before.history);
+  // A saved state restores exactly; one of another model size is refused by name.
+  model.set_fp8_delayed(before);
+  EXPECT_EQ(model.get_fp8_delayed().history, before.history);
+  CudaModel::Fp8DelayedState wrong = before;
+  wrong.tensors += 3;
+  try {
+    model.set_fp8_delayed(wrong);
+    ADD_FAILURE() << "a state for another tensor count was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("amax histories for"), std::string::npos) << e.what();
+  }
+}
+
 TEST(HostFp8, DimensionsFp8GemmsCannotServeAreConfigErrors) {
   train::ModelSpec spec = tiny_spec(true);
   spec.ffn_hidden_size = 200;  // a multiple of 8 (bf16 is fine), not of 16

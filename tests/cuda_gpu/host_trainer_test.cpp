@@ -19,6 +19,7 @@
 #include "core/config/experiment.h"
 #include "core/patches/registry.h"
 #include "core/util/error.h"
+#include "io/checkpoint.h"
 #include "parallel/dist_checkpoint.h"
 #include "tests/cuda_gpu/trainer_runs.h"
 #include "tests/e2e/cli_runner.h"
@@ -105,6 +106,65 @@ TEST(CudaHostTrainer, OptimizerInBackwardTrainsAsTheUpdateAfterTheBackward) {
       ADD_FAILURE() << "accepted " << bad[1];
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("optimizer_in_bwd"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// fp8_recipe delayed through the trainer (host mode, gradient accumulation 2): the amax histories
+// and scales go into the checkpoint (fp8_amax_history [24, 3], fp8_scale [24]: 2 layers x 4
+// linear layers x x|w|dy), and a resume from step 3 replays steps 4-6 bit for bit, validation
+// included; a resume from a checkpoint without them (tensorwise) starts the histories empty and
+// so does not. The recipe's keys without it, and delayed over several ranks, are refused by name.
+TEST(CudaHostTrainer, DelayedFp8ScalingResumesBitForBit) {
+  primus::testing::Workdir w;
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
+  const std::vector<std::string> delayed = {"fp8=hybrid", "fp8_recipe=delayed", "fp8_amax_history_len=3",
+                                            "fp8_amax_compute_algo=max"};
+  auto run = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> cli = extra;
+    cli.push_back("exp_name=" + name);
+    run_host_trainer(cuda_file, cli);
+    return testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+  };
+  const auto whole = run("delayed", delayed);
+  ASSERT_EQ(whole.loss.size(), 6u);
+  EXPECT_LT(whole.loss.at(6), whole.loss.at(1) - 0.3) << "the run must learn";
+  const auto ckpt3 = w.path() / "g/u/delayed/checkpoints/iter_0000003";
+  const io::CheckpointData saved = io::load_checkpoint(ckpt3);
+  ASSERT_TRUE(saved.optimizer.count("fp8_amax_history")) << "the histories are not in the checkpoint";
+  EXPECT_EQ(saved.optimizer.at("fp8_amax_history").shape(), (std::vector<int64_t>{24, 3}));
+  EXPECT_EQ(saved.optimizer.at("fp8_scale").shape(), (std::vector<int64_t>{24}));
+  EXPECT_TRUE(saved.state.at("fp8_delayed").at("use_history").get<bool>());
+  EXPECT_TRUE(saved.state.at("fp8_delayed").at("pending").get<bool>());
+
+  std::vector<std::string> resume = delayed;
+  resume.push_back("load=" + ckpt3.string());
+  const auto resumed = run("delayed_resumed", resume);
+  ASSERT_EQ(resumed.loss.size(), 3u);
+  for (auto [step, l] : resumed.loss) EXPECT_EQ(l, whole.loss.at(step)) << "resumed step " << step;
+  for (auto [step, l] : resumed.val) EXPECT_EQ(l, whole.val.at(step)) << "resumed validation at step " << step;
+
+  // The same resume from a tensorwise run's checkpoint: no histories, so step 4 runs current
+  // scaling and the curve is not the delayed run's.
+  const auto tw = run("tensorwise", {"fp8=hybrid"});
+  ASSERT_EQ(tw.loss.size(), 6u);
+  std::vector<std::string> cross = delayed;
+  cross.push_back("load=" + (w.path() / "g/u/tensorwise/checkpoints/iter_0000003").string());
+  const auto fresh = run("from_tensorwise", cross);
+  ASSERT_EQ(fresh.loss.size(), 3u);
+  EXPECT_EQ(fresh.loss.at(4), tw.loss.at(4)) << "no history: current scaling, as the tensorwise run";
+  EXPECT_NE(fresh.loss.at(5), tw.loss.at(5)) << "step 5 quantizes with step 4's amaxes";
+
+  for (const auto& [bad, key] : {std::pair{std::vector<std::string>{"fp8=hybrid", "fp8_amax_history_len=4"},
+                                           "fp8_amax_history_len"},
+                                 std::pair{std::vector<std::string>{"fp8=e4m3", "fp8_recipe=rowwise", "fp8_margin=1"},
+                                           "fp8_margin"}}) {
+    try {
+      run("refused", bad);
+      ADD_FAILURE() << "accepted " << key << " without fp8_recipe delayed";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(key) + " applies to fp8_recipe delayed only"), std::string::npos)
+          << e.what();
     }
   }
 }

@@ -19,6 +19,7 @@ StepRun run_steps(const StepRunOptions& o) {
   if (o.fp8) {
     use_fp8_linear(ops, *o.fp8);
     mo.fp8_linear = true;
+    mo.fp8_delayed = o.fp8->delayed;  // one model at a time: each run registers its layers afresh
   }
   if (o.model_options) o.model_options(mo);
   CudaModel model(spec, mo, ops);

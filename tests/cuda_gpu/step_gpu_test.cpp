@@ -123,18 +123,24 @@ TEST_P(StepGpuTest, OptimizerInBackwardMatchesTheUpdateAfterTheBackward) {
 
 // FP8 linear layers under the graph: quantizer (amax partials, scales on the device) and FP8
 // GEMMs captured once and replayed, same result as eager.
+// Also with fp8_recipe delayed: the warm-up step runs current scaling, the captured step folds the
+// amaxes into the scales at its start (the update is a node of the graph) and quantizes with them.
 TEST_P(StepGpuTest, Fp8GraphReplayMatchesEager) {
-  const turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe("hybrid", "test");
-  StepRunOptions o;
-  o.llama = GetParam();
-  o.device = turbo::Device::CUDA;
-  o.steps = 8;
-  o.fp8 = &recipe;
-  const auto [eager, graph, exact] = eager_then_graph(o);
-  for (bool f : graph.finite) EXPECT_TRUE(f);
-  std::printf("[%s fp8] graph vs eager, 8 steps: loss %.5f -> %.5f (eager), %.5f -> %.5f (graph)%s\n",
-              o.llama ? "llama" : "gpt2", eager.losses.front(), eager.losses.back(), graph.losses.front(),
-              graph.losses.back(), exact ? "" : " (eager runs not bit-reproducible: compared within tolerance)");
+  for (const char* scaling : {"tensorwise", "delayed"}) {
+    turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe");
+    if (recipe.scaling == turbo::Fp8Scaling::Delayed)
+      recipe.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{4, turbo::Fp8AmaxAlgo::Max});
+    StepRunOptions o;
+    o.llama = GetParam();
+    o.device = turbo::Device::CUDA;
+    o.steps = 8;
+    o.fp8 = &recipe;
+    const auto [eager, graph, exact] = eager_then_graph(o);
+    for (bool f : graph.finite) EXPECT_TRUE(f);
+    std::printf("[%s fp8 %s] graph vs eager, 8 steps: loss %.5f -> %.5f (eager), %.5f -> %.5f (graph)%s\n",
+                o.llama ? "llama" : "gpt2", scaling, eager.losses.front(), eager.losses.back(), graph.losses.front(),
+                graph.losses.back(), exact ? "" : " (eager runs not bit-reproducible: compared within tolerance)");
+  }
 }
 
 // An evaluation forward of another batch size between graph replays (after step 6): the replays

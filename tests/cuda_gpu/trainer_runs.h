@@ -72,7 +72,10 @@ inline void run_host_trainer(const std::filesystem::path& exp_file, std::vector<
       args->train.global_batch_size / (args->train.micro_batch_size * args->train.data_parallel_size);
   args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead
   args->optimizer_in_bwd = cfg.params.find_path("optimizer_in_bwd")->as_bool();  // patch cuda.optimizer.in_backward
-  CudaTrainer trainer(args, CudaOps::defaults());
+  CudaOps ops = CudaOps::defaults();
+  if (const std::string fp8 = cfg.params.find_path("fp8")->as_string(); fp8 != "none")  // patch cuda.linear.fp8
+    use_fp8_linear(ops, configure_fp8(*args, fp8, cfg.params.find_path("fp8_recipe")->as_string()));
+  CudaTrainer trainer(args, ops);
   trainer.setup();
   trainer.init();
   trainer.train();

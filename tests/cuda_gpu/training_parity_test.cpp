@@ -39,9 +39,14 @@ TEST_P(TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
 // training must follow the curve, not just stay near it at the start).
 class Fp8TrainingParityTest : public CudaGpuTest, public ::testing::WithParamInterface<std::pair<bool, const char*>> {};
 
+// "format" or "format/scaling"; fp8_recipe delayed keeps a 16-step history and takes its largest entry.
 TEST_P(Fp8TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
   const auto [llama, recipe_name] = GetParam();
-  const turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe(recipe_name, "test");
+  const std::string name = recipe_name, format = name.substr(0, name.find('/'));
+  const std::string scaling = name.find('/') == std::string::npos ? "tensorwise" : name.substr(name.find('/') + 1);
+  turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe");
+  if (recipe.scaling == turbo::Fp8Scaling::Delayed)
+    recipe.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{16, turbo::Fp8AmaxAlgo::Max});
   const auto [curve, ref] = training_curves(llama, Attn::Default, turbo::Device::CUDA, 200, &recipe);
   double worst = 0, tail = 0;
   for (size_t s = 0; s < curve.size(); ++s) {
@@ -60,9 +65,13 @@ TEST_P(Fp8TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
 INSTANTIATE_TEST_SUITE_P(Cuda, Fp8TrainingParityTest,
                          ::testing::Values(std::pair<bool, const char*>{false, "hybrid"},
                                            std::pair<bool, const char*>{true, "hybrid"},
-                                           std::pair<bool, const char*>{true, "e4m3"}),
+                                           std::pair<bool, const char*>{true, "e4m3"},
+                                           std::pair<bool, const char*>{false, "hybrid/delayed"},
+                                           std::pair<bool, const char*>{true, "hybrid/delayed"}),
                          [](const auto& info) {
-                           return std::string(info.param.first ? "Llama" : "Gpt2") + "_" + info.param.second;
+                           std::string s = std::string(info.param.first ? "Llama" : "Gpt2") + "_" + info.param.second;
+                           for (char& c : s) c = c == '/' ? '_' : c;
+                           return s;
                          });
 
 INSTANTIATE_TEST_SUITE_P(Cuda, TrainingParityTest,

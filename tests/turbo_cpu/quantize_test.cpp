@@ -16,6 +16,7 @@
 #include "tests/turbo_cpu/op_check.h"
 #include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/quantize.h"
+#include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/quantization.h"
 
 namespace primus::turbo {
@@ -68,6 +69,13 @@ TEST_P(Fp8Format, SaturatesAndUnderflows) {
   const uint8_t max_code = t == DType::F8E4M3 ? 0x7e : 0x7b;
   EXPECT_EQ(decode(t, max_code), mx);
   for (float big : {mx, mx * 1.0625f, mx * 1.5f, mx * 4.0f, 1e30f, FLT_MAX, std::numeric_limits<float>::infinity()}) {
+    EXPECT_EQ(encode(t, big), max_code) << big;
+    EXPECT_EQ(encode(t, -big), max_code | 0x80) << -big;
+  }
+  // Past the largest value, up to and including the values that round up into the next binade
+  // (E5M2: 61440 is the tie between 57344 and 65536; E4M3: 480..511 round to 512): all saturate.
+  for (int k = 1; k < 64; ++k) {
+    const float big = mx * (1.0f + static_cast<float>(k) / 64.0f);
     EXPECT_EQ(encode(t, big), max_code) << big;
     EXPECT_EQ(encode(t, -big), max_code | 0x80) << -big;
   }
@@ -688,4 +696,227 @@ TEST(QuantizeGroupedErrors, NameTheProblem) {
 }
 
 }  // namespace fp8_group_test
+
+// ---- delayed scaling (turbo/ops/fp8_delayed.h) -------------------------------------------------
+namespace fp8_delayed_test {
+
+using cpu::testing::Rng;
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+uint8_t enc(DType t, float x) { return t == DType::F8E4M3 ? float_to_f8e4m3_bits(x) : float_to_f8e5m2_bits(x); }
+
+struct Delayed {
+  std::vector<uint8_t> out, out_t;
+  float scale_inv = NAN;
+};
+// quantize_fp8 on host tensors with a given scale, folding max |x| into *amax (when not null).
+Delayed quantize_with(const std::vector<float>& x, int64_t R, int64_t C, DType in, DType fp8, float scale,
+                      float* amax) {
+  std::vector<float> f32 = x;
+  std::vector<uint16_t> b16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b16[i] = float_to_bf16_bits(x[i]);
+  Delayed d;
+  d.out.assign(x.size(), 0xAB);
+  d.out_t.assign(x.size(), 0xAB);
+  QuantizeFp8Args a;
+  a.inp = TensorView(in == DType::BF16 ? static_cast<void*>(b16.data()) : f32.data(), in, Device::CPU, {R, C});
+  a.out = TensorView(d.out.data(), fp8, Device::CPU, {R, C});
+  a.out_t = TensorView(d.out_t.data(), fp8, Device::CPU, {C, R});
+  a.scale_inv = TensorView(&d.scale_inv, DType::F32, Device::CPU, {1});
+  a.scale = TensorView(&scale, DType::F32, Device::CPU, {1});
+  if (amax) a.amax = TensorView(amax, DType::F32, Device::CPU, {1});
+  EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+  return d;
+}
+
+class QuantizeDelayed : public ::testing::TestWithParam<DType> {};  // the input dtype
+
+// The given scale, not the tensor's own: bytes fp8(x * scale) (values past fp8_max / scale
+// saturate), scale_inv = 1 / scale, out_t the transpose; max |x| is folded into amax (kept when
+// the entry already holds more), without changing the bytes.
+TEST_P(QuantizeDelayed, QuantizesWithTheGivenScaleAndRecordsTheAmax) {
+  const DType in = GetParam();
+  Rng rng;
+  ::testing::ScopedTrace seed(__FILE__, __LINE__, "seed " + std::to_string(rng.seed()));
+  const int64_t R = 24, C = 40;
+  std::vector<float> x = rng.vec<float>(static_cast<size_t>(R * C), -3.0, 3.0);
+  if (in == DType::BF16)
+    for (float& v : x) v = bf16_bits_to_float(float_to_bf16_bits(v));
+  float true_amax = 0;
+  for (float v : x) true_amax = std::max(true_amax, std::fabs(v));
+  for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+    // Half the scale current scaling would take, then twice it: the second saturates the largest values.
+    const float current = cpu::fp8_max(fp8) / true_amax;
+    for (float scale : {0.5f * current, 2.0f * current}) {
+      float amax = 0.25f;
+      const Delayed d = quantize_with(x, R, C, in, fp8, scale, &amax);
+      EXPECT_EQ(d.scale_inv, 1.0f / scale);
+      EXPECT_EQ(bits_of(amax), bits_of(true_amax));
+      int saturated = 0;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          const uint8_t want = enc(fp8, x[r * C + c] * scale);
+          ASSERT_EQ(d.out[r * C + c], want) << r << "," << c;
+          ASSERT_EQ(d.out_t[c * R + r], want) << r << "," << c;
+          saturated += std::fabs(x[r * C + c] * scale) > cpu::fp8_max(fp8);
+        }
+      EXPECT_EQ(saturated > 0, scale > current) << "only the larger scale overflows the format";
+      float bigger = 100.0f;
+      (void)quantize_with(x, R, C, in, fp8, scale, &bigger);
+      EXPECT_EQ(bigger, 100.0f) << "a larger recorded amax is kept";
+      const Delayed again = quantize_with(x, R, C, in, fp8, scale, nullptr);
+      EXPECT_EQ(again.out, d.out) << "recording does not change the bytes";
+    }
+  }
+}
+
+// An inf or NaN element becomes the poison byte (NaN in both formats) and only it: the scale is
+// not the tensor's own, so its neighbours are real values; the recorded amax is inf or NaN, which
+// the update then drops.
+TEST_P(QuantizeDelayed, NonFiniteElementsArePoisonedOneByOne) {
+  const DType in = GetParam();
+  for (float bad : {INFINITY, -INFINITY, NAN}) {
+    std::vector<float> x = {1.0f, -2.0f, 0.5f, 3.0f, 0.0f, -0.25f};
+    x[3] = bad;
+    float amax = 0;
+    const Delayed d = quantize_with(x, 2, 3, in, DType::F8E4M3, 64.0f, &amax);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint8_t want = i == 3 ? cpu::kFp8PoisonByte : enc(DType::F8E4M3, x[i] * 64.0f);
+      EXPECT_EQ(d.out[i], want) << bad << " element " << i;
+    }
+    EXPECT_TRUE(std::isnan(amax) ? std::isnan(bad) : std::isinf(amax)) << bad;
+  }
+}
+
+// Current scaling (no given scale) with an amax entry records the tensor's amax too: what the
+// steps before a history exists do.
+TEST_P(QuantizeDelayed, CurrentScalingRecordsItsAmax) {
+  const DType in = GetParam();
+  std::vector<float> x = {1.0f, -6.5f, 0.5f, 3.0f};
+  std::vector<float> f32 = x;
+  std::vector<uint16_t> b16(4);
+  for (size_t i = 0; i < 4; ++i) b16[i] = float_to_bf16_bits(x[i]);
+  std::vector<uint8_t> out(4);
+  float scale_inv = 0, amax = 1.0f;
+  QuantizeFp8Args a;
+  a.inp = TensorView(in == DType::BF16 ? static_cast<void*>(b16.data()) : f32.data(), in, Device::CPU, {2, 2});
+  a.out = TensorView(out.data(), DType::F8E4M3, Device::CPU, {2, 2});
+  a.scale_inv = TensorView(&scale_inv, DType::F32, Device::CPU, {1});
+  a.amax = TensorView(&amax, DType::F32, Device::CPU, {1});
+  quantize_fp8(a);
+  EXPECT_EQ(amax, 6.5f);
+  EXPECT_EQ(scale_inv, 1.0f / (448.0f / 6.5f));
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantize, QuantizeDelayed, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(QuantizeDelayedErrors, NameTheProblem) {
+  std::vector<float> x(256 * 128, 1.0f), scales(4096, 1.0f);
+  std::vector<uint8_t> o(x.size());
+  float scale = 2.0f, amax = 0.0f, inv = 0.0f;
+  QuantizeFp8Args a;
+  a.inp = TensorView(x.data(), DType::F32, Device::CPU, {256, 128});
+  a.out = TensorView(o.data(), DType::F8E4M3, Device::CPU, {256, 128});
+  a.scale_inv = TensorView(&inv, DType::F32, Device::CPU, {1});
+  a.scale = TensorView(scales.data(), DType::F32, Device::CPU, {2});
+  expect_error(a, "scale: one f32");
+  a.scale = TensorView(&scale, DType::F32, Device::CPU, {1});
+  a.amax = TensorView(o.data(), DType::F8E4M3, Device::CPU, {1});
+  expect_error(a, "amax");
+  a.amax = TensorView(&amax, DType::F32, Device::CPU, {1});
+  a.granularity = Fp8Granularity::Row;
+  a.scale_inv = TensorView(scales.data(), DType::F32, Device::CPU, {256});
+  expect_error(a, "scale (delayed scaling) is per tensor, not at row granularity");
+}
+
+// The history bookkeeping, by hand: most_recent takes entry 0, max the largest entry; the scale
+// is fp8_max / amax / 2^margin; a tensor with nothing recorded keeps its scale; a non-finite
+// newest entry is dropped (a skipped step); the history moves one entry along with entry 0
+// cleared; an amax whose quotient overflows gives FLT_MAX.
+TEST(Fp8DelayedUpdate, HistoriesBecomeScalesAndMoveAlong) {
+  for (const bool use_max : {false, true}) {
+    SCOPED_TRACE(use_max ? "max" : "most_recent");
+    const int64_t T = 5, len = 3;
+    std::vector<float> h = {2.0f, 8.0f, 4.0f,       // t0
+                            0.0f, 0.0f, 0.0f,       // t1: nothing yet
+                            INFINITY, 1.0f, 3.0f,   // t2: a non-finite step
+                            NAN, 0.0f, 0.0f,        // t3: a NaN step, nothing before
+                            1e-40f, 0.0f, 0.0f};    // t4: subnormal amax
+    std::vector<float> scale = {7.0f, 7.0f, 7.0f, 7.0f, 7.0f};
+    const std::vector<float> fmax = {448.0f, 57344.0f, 448.0f, 448.0f, 448.0f};
+    for (int margin : {0, 2}) {
+      std::vector<float> hh = h, ss = scale;
+      Fp8DelayedUpdateArgs a;
+      a.history = TensorView(hh.data(), DType::F32, Device::CPU, {T, len});
+      a.scale = TensorView(ss.data(), DType::F32, Device::CPU, {T});
+      a.fp8_max = TensorView(const_cast<float*>(fmax.data()), DType::F32, Device::CPU, {T});
+      a.algo = use_max ? Fp8AmaxAlgo::Max : Fp8AmaxAlgo::MostRecent;
+      a.margin = margin;
+      EXPECT_EQ(fp8_delayed_update(a), BackendType::CPU);
+      const float f = std::ldexp(1.0f, -margin);
+      EXPECT_EQ(ss[0], (448.0f / (use_max ? 8.0f : 2.0f)) * f);
+      EXPECT_EQ(ss[1], 7.0f) << "nothing recorded: the scale is kept";
+      if (use_max) EXPECT_EQ(ss[2], (448.0f / 3.0f) * f);
+      else EXPECT_EQ(ss[2], 7.0f) << "the inf entry is dropped, most_recent sees 0";
+      EXPECT_EQ(ss[3], 7.0f);
+      EXPECT_EQ(ss[4], FLT_MAX * f);
+      const std::vector<float> moved = {0.0f, 2.0f, 8.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f,
+                                        0.0f, 0.0f, 0.0f, 0.0f, 1e-40f, 0.0f};
+      EXPECT_EQ(hh, moved);
+    }
+  }
+}
+
+TEST(Fp8DelayedUpdate, ErrorsNameTheProblem) {
+  std::vector<float> h(6, 0.0f), s(2, 1.0f), m(2, 448.0f);
+  Fp8DelayedUpdateArgs a;
+  a.history = TensorView(h.data(), DType::F32, Device::CPU, {2, 3});
+  a.scale = TensorView(s.data(), DType::F32, Device::CPU, {1});
+  a.fp8_max = TensorView(m.data(), DType::F32, Device::CPU, {2});
+  try {
+    fp8_delayed_update(a);
+    ADD_FAILURE() << "a scale tensor of the wrong size was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("scale and fp8_max need 2 entries"), std::string::npos) << e.what();
+  }
+}
+
+// The registry: each registered weight has its three tensors at their places in history and
+// scale; an unknown weight, a weight registered twice and a wrong-sized binding are errors
+// that say what.
+TEST(Fp8DelayedScaling, FindsEachLayersTensorsByItsWeight) {
+  Fp8DelayedOptions o;
+  o.history_len = 4;
+  Fp8DelayedScaling d(o);
+  float w0 = 0, w1 = 0, other = 0;
+  d.add_layer(&w0, "layer 0 qkv");
+  d.add_layer(&w1, "layer 0 mlp up");
+  EXPECT_THROW(d.add_layer(&w0, "again"), RuntimeError);
+  EXPECT_EQ(d.tensors(), 6);
+  EXPECT_EQ(d.fp8_max_of_tensor(0), 448.0f);
+  EXPECT_EQ(d.fp8_max_of_tensor(2), 57344.0f);  // dy: E5M2 by default (hybrid)
+  std::vector<float> h(24), s(6), m(6);
+  EXPECT_THROW(d.bind(TensorView(h.data(), DType::F32, Device::CPU, {20}), TensorView(s.data(), DType::F32, Device::CPU, {6}),
+                      TensorView(m.data(), DType::F32, Device::CPU, {6})),
+               RuntimeError);
+  d.bind(TensorView(h.data(), DType::F32, Device::CPU, {24}), TensorView(s.data(), DType::F32, Device::CPU, {6}),
+         TensorView(m.data(), DType::F32, Device::CPU, {6}));
+  const auto t = d.tensor(&w1, Fp8DelayedScaling::kGrad, "op");
+  EXPECT_EQ(t.scale.data, s.data() + 5);
+  EXPECT_EQ(t.amax.data, h.data() + 5 * 4);
+  try {
+    (void)d.tensor(&other, Fp8DelayedScaling::kInput, "linear_forward_fp8");
+    ADD_FAILURE() << "an unregistered weight was found";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_forward_fp8: fp8_recipe delayed"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Fp8DelayedScaling(Fp8DelayedOptions{0}), ConfigError);
+}
+
+}  // namespace fp8_delayed_test
 }  // namespace primus::turbo

@@ -72,8 +72,8 @@ uint32_t encode_small(float f, const SmallFloat& fmt_, bool saturate) {
   if (e < emin) e = emin;
   const double quantum = std::ldexp(1.0, e - fmt_.man_bits);
   double q = std::nearbyint(a / quantum);  // ties to even under the default rounding mode
-  if (q >= std::ldexp(1.0, fmt_.man_bits + 1)) { q /= 2; e += 1; }
-  const double rounded = q * quantum;
+  if (q >= std::ldexp(1.0, fmt_.man_bits + 1)) { q /= 2; e += 1; }  // rounded up into the next binade
+  const double rounded = q * std::ldexp(1.0, e - fmt_.man_bits);
   if (rounded > fmt_.max_finite) return overflow();
   const uint32_t iq = static_cast<uint32_t>(q);
   if (e == emin && iq < (1u << fmt_.man_bits)) return sign | iq;  // subnormal

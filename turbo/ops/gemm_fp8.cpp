@@ -8,6 +8,7 @@
 
 #include "core/util/error.h"
 #include "turbo/ops/activation.h"
+#include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/op_support.h"
 #include "turbo/ops/quantization.h"
@@ -33,10 +34,24 @@ TensorView scale_tensor(Arena& arena, Fp8Granularity g, int64_t rows, int64_t co
   return arena.tensor(DType::F32, {fp8_scale_numel(g, rows, cols)}, what);
 }
 
+// Delayed scaling: the scale to quantize a tensor with (none until a step has been recorded) and
+// the amax entry to record into (none for an evaluation forward); both undefined under current
+// scaling.
+struct Delayed {
+  TensorView scale, amax;
+};
+Delayed delayed_of(const Fp8Recipe& r, const TensorView& weight, Fp8DelayedScaling::Role role, const char* op) {
+  if (r.scaling != Fp8Scaling::Delayed) return {};
+  if (!r.delayed)
+    throw RuntimeError(fmt::format("{}: fp8_recipe delayed without its amax histories (Fp8Recipe::delayed is not set)", op));
+  const Fp8DelayedScaling::Tensor t = r.delayed->tensor(weight.data, role, op);
+  return {r.delayed->use_history ? t.scale : TensorView(), r.delayed->record ? t.amax : TensorView()};
+}
+
 // q(t) at granularity g into fresh scratch: row-major [R,C] (transposed = false) or the
 // quantisation of t^T, [C,R].
 Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed, Fp8Granularity g,
-                   const ExecContext& ctx, const char* what) {
+                   const ExecContext& ctx, const char* what, const Delayed& d = {}) {
   const int64_t R = t.size(0), C = t.size(1);
   Quantized out;
   out.g = g;
@@ -47,6 +62,8 @@ Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed,
   a.granularity = g;
   (transposed ? a.out_t : a.out) = out.q;
   (transposed && g != Fp8Granularity::Tensor ? a.scale_inv_t : a.scale_inv) = out.scale;
+  a.scale = d.scale;
+  a.amax = d.amax;
   a.ctx = ctx;
   quantize_fp8(a);
   return out;
@@ -94,8 +111,10 @@ void input_grad(const TensorView& dinp, float beta, const TensorView& dout, cons
                 const ExecContext& ctx, const Fp8Recipe& r, const char* op) {
   Arena& arena = detail::scratch_of(ctx, op);
   ArenaScope scope(arena);
-  const Quantized dy = quantize(arena, dout, r.grad, false, r.act_granularity(), ctx, "fp8 dout");
-  const Quantized wt = quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T");  // [C,OC]
+  const Quantized dy = quantize(arena, dout, r.grad, false, r.act_granularity(), ctx, "fp8 dout",
+                                delayed_of(r, weight, Fp8DelayedScaling::kGrad, op));
+  const Quantized wt = quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
+                                delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));  // [C,OC]
   fp8_gemm(dy, wt, dinp, beta, false, GemmEpilogue::None, {}, ctx);
 }
 
@@ -106,13 +125,15 @@ const char* fp8_scaling_name(Fp8Scaling s) {
     case Fp8Scaling::Tensorwise: return "tensorwise";
     case Fp8Scaling::Rowwise: return "rowwise";
     case Fp8Scaling::Blockwise: return "blockwise";
+    case Fp8Scaling::Delayed: return "delayed";
   }
   return "?";
 }
 
 Fp8Granularity Fp8Recipe::act_granularity() const {
   switch (scaling) {
-    case Fp8Scaling::Tensorwise: return Fp8Granularity::Tensor;
+    case Fp8Scaling::Tensorwise:
+    case Fp8Scaling::Delayed: return Fp8Granularity::Tensor;
     case Fp8Scaling::Rowwise: return Fp8Granularity::Row;
     case Fp8Scaling::Blockwise: return Fp8Granularity::Block1x128;
   }
@@ -156,8 +177,12 @@ Fp8Recipe parse_fp8_recipe(const std::string& format, const std::string& scaling
     r.fast_accum_fwd = false;
     return r;
   }
-  throw ConfigError(fmt::format("{}: {}: unknown FP8 scaling '{}' (expected tensorwise, rowwise or blockwise)", where,
-                                scaling_key, scaling));
+  if (scaling == "delayed") {
+    r.scaling = Fp8Scaling::Delayed;
+    return r;
+  }
+  throw ConfigError(fmt::format("{}: {}: unknown FP8 scaling '{}' (expected tensorwise, rowwise, blockwise or delayed)",
+                                where, scaling_key, scaling));
 }
 
 int64_t linear_fp8_multiple(const Fp8Recipe& r) { return r.scaling == Fp8Scaling::Blockwise ? kFp8BlockSize : 16; }
@@ -188,8 +213,10 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
   check_matrix(weight, op, "weight");
   Arena& arena = detail::scratch_of(ctx, op);
   ArenaScope scope(arena);
-  const Quantized x = quantize(arena, inp, r.fwd, false, r.act_granularity(), ctx, "fp8 inp");
-  const Quantized w = quantize(arena, weight, r.fwd, false, r.weight_granularity(), ctx, "fp8 weight");
+  const Quantized x = quantize(arena, inp, r.fwd, false, r.act_granularity(), ctx, "fp8 inp",
+                               delayed_of(r, weight, Fp8DelayedScaling::kInput, op));
+  const Quantized w = quantize(arena, weight, r.fwd, false, r.weight_granularity(), ctx, "fp8 weight",
+                               delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));
   const GemmEpilogue epi = bias.defined() ? GemmEpilogue::Bias : GemmEpilogue::None;
   if (!aux.defined()) {
     fp8_gemm(x, w, out, 0.0f, r.fast_accum_fwd, epi, bias, ctx);
@@ -233,12 +260,17 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
       q.out_t = dyt.q;
       q.scale_inv = dy.scale;
       if (!tensor) q.scale_inv_t = dyt.scale;
+      const Delayed d = delayed_of(r, weight, Fp8DelayedScaling::kGrad, op);
+      q.scale = d.scale;
+      q.amax = d.amax;
       q.ctx = ctx;
       quantize_fp8(q);
-      const Quantized wt = quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T");  // [C,OC]
+      const Quantized wt = quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
+                                    delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));  // [C,OC]
       fp8_gemm(dy, wt, dinp, accumulate_dinp ? 1.0f : 0.0f, false, GemmEpilogue::None, {}, ctx);
     }
-    const Quantized xt = quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T");  // [C,N]
+    const Quantized xt = quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
+                                  delayed_of(r, weight, Fp8DelayedScaling::kInput, op));  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
     if (dbias.defined()) bias_grad(dbias, dout, ctx);
     return;
@@ -251,8 +283,10 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
     check_matrix(inp, op, "inp");
     Arena& arena = detail::scratch_of(ctx, op);
     ArenaScope scope(arena);
-    const Quantized dyt = quantize(arena, dout, r.grad, true, r.act_granularity(), ctx, "fp8 dout^T");  // [OC,N]
-    const Quantized xt = quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T");      // [C,N]
+    const Quantized dyt = quantize(arena, dout, r.grad, true, r.act_granularity(), ctx, "fp8 dout^T",
+                                   delayed_of(r, weight, Fp8DelayedScaling::kGrad, op));  // [OC,N]
+    const Quantized xt = quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
+                                  delayed_of(r, weight, Fp8DelayedScaling::kInput, op));  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
   } else if (dbias.defined()) {
     throw RuntimeError("linear_backward_fp8: dbias without dweight is not supported");

@@ -12,6 +12,10 @@
 //               dy^T, x^T along the tokens), 128x128 blocks for weights (cuBLASLt's 128-element
 //               and 128x128 block scales). Needs E4M3 operands and every dimension a multiple
 //               of 128.
+//   delayed     one scale per tensor, taken from earlier steps' amax history instead of the
+//               tensor's own amax (Transformer Engine's DelayedScaling): one pass per
+//               quantization. The state (each layer's x, w and dy histories and scales, found by
+//               the weight's address) is Fp8Recipe::delayed (turbo/ops/fp8_delayed.h).
 //
 // The default recipe is "hybrid": activations and weights in E4M3 (more mantissa), output
 // gradients in E5M2 (more range). Forward GEMMs use cuBLASLt's fast FP8 accumulation, the
@@ -28,6 +32,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "turbo/core/fp8_granularity.h"
@@ -36,14 +41,20 @@
 
 namespace primus::turbo {
 
-enum class Fp8Scaling : uint8_t { Tensorwise, Rowwise, Blockwise };
-const char* fp8_scaling_name(Fp8Scaling s);  // "tensorwise" | "rowwise" | "blockwise"
+enum class Fp8Scaling : uint8_t { Tensorwise, Rowwise, Blockwise, Delayed };
+const char* fp8_scaling_name(Fp8Scaling s);  // "tensorwise" | "rowwise" | "blockwise" | "delayed"
+
+class Fp8DelayedScaling;  // turbo/ops/fp8_delayed.h
 
 struct Fp8Recipe {
   DType fwd = DType::F8E4M3;   // x and w
   DType grad = DType::F8E5M2;  // dy ("hybrid"); F8E4M3 for an all-E4M3 recipe
   bool fast_accum_fwd = true;  // cuBLASLt fast accumulation in the forward GEMM (not blockwise)
   Fp8Scaling scaling = Fp8Scaling::Tensorwise;
+  // Delayed: the histories and scales of the layers this recipe serves (shared by the copies of
+  // the recipe that the linear slots hold and by the model that owns the memory); a delayed
+  // recipe without it is refused at its first call.
+  std::shared_ptr<Fp8DelayedScaling> delayed;
   std::string name() const;    // the format: "hybrid" | "e4m3" (| "custom")
   // The granularity of activations / gradients, and of weights, under this recipe.
   Fp8Granularity act_granularity() const;
@@ -53,7 +64,8 @@ struct Fp8Recipe {
 // naming `where` for anything else.
 Fp8Recipe parse_fp8_recipe(const std::string& text, const std::string& where);
 // The format as above with a scaling: "tensorwise" | "rowwise" | "blockwise" (blockwise needs
-// "e4m3"); throws ConfigError naming `where` and the key `scaling_key` otherwise.
+// "e4m3") | "delayed" (Fp8Recipe::delayed left for the caller to set); throws ConfigError naming
+// `where` and the key `scaling_key` otherwise.
 Fp8Recipe parse_fp8_recipe(const std::string& format, const std::string& scaling, const std::string& where,
                            const std::string& scaling_key);
 

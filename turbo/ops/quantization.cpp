@@ -62,13 +62,32 @@ void validate(const QuantizeFp8Args& a) {
                                      fp8_granularity_name(g), rows, cols, fp8_scale_numel(g, rows, cols), t.describe()));
     check_same_device(t, a.inp, kOp);
   };
+  for (const auto& [t, arg] : {std::pair{&a.scale, "scale"}, std::pair{&a.amax, "amax"}}) {
+    if (!t->defined()) continue;
+    check_dtype(*t, DType::F32, kOp, arg);
+    if (t->numel() != 1)
+      throw RuntimeError(fmt::format("{}: {}: one f32 (delayed scaling), got {}", kOp, arg, t->describe()));
+    check_same_device(*t, a.inp, kOp);
+  }
+  if (a.scale.defined() && g != Fp8Granularity::Tensor)
+    throw RuntimeError(fmt::format("{}: scale (delayed scaling) is per tensor, not at {} granularity", kOp,
+                                   fp8_granularity_name(g)));
+  if (a.amax.defined() && g != Fp8Granularity::Tensor)
+    throw RuntimeError(fmt::format("{}: amax is recorded per tensor, not at {} granularity", kOp, fp8_granularity_name(g)));
   if (a.out.defined() || g == Fp8Granularity::Tensor) check_scales(a.scale_inv, R, C, "scale_inv");
   if (a.out_t.defined() && g != Fp8Granularity::Tensor) check_scales(a.scale_inv_t, C, R, "scale_inv_t");
 }
 
 std::string cpu_check(const QuantizeFp8Args& a) {
   return detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
-                                      {"scale_inv_t", &a.scale_inv_t}});
+                                      {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax}});
+}
+// amax = max(amax, the value with f32 bits m), compared as bits (both >= 0; NaN's bits are the largest).
+void fold_amax(const TensorView& amax, uint32_t m) {
+  if (!amax.defined()) return;
+  uint32_t cur;
+  std::memcpy(&cur, amax.data, 4);
+  if (m > cur) std::memcpy(amax.data, &m, 4);
 }
 void cpu_run(const QuantizeFp8Args& a) {
   if (a.granularity != Fp8Granularity::Tensor) {
@@ -77,15 +96,26 @@ void cpu_run(const QuantizeFp8Args& a) {
                               a.scale_inv_t.ptr<float>(), fp8_of(a));
     return;
   }
+  if (a.scale.defined()) {
+    const float scale = *a.scale.ptr<float>();
+    fold_amax(a.amax, cpu::quantize_fp8_with_scale(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a), scale,
+                                                   a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a)));
+    const float inv = 1.0f / scale;
+    std::memcpy(a.scale_inv.data, &inv, sizeof(float));
+    return;
+  }
   const cpu::Fp8Scaling s = cpu::quantize_fp8_tensorwise(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a),
                                                           a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a));
   std::memcpy(a.scale_inv.data, &s.scale_inv, sizeof(float));
+  uint32_t m;
+  std::memcpy(&m, &s.amax, 4);
+  fold_amax(a.amax, m);
 }
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
 std::string turbo_check(const QuantizeFp8Args& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
-                                             {"scale_inv_t", &a.scale_inv_t}});
+                                             {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax}});
       !w.empty())
     return w;
   if (a.ctx.scratch == nullptr) return "ctx.scratch is not set (the amax partials need 4 KiB of device scratch)";
@@ -104,15 +134,18 @@ void turbo_run(const QuantizeFp8Args& a) {
   }
   void* partials = arena.allocate(cuda::quantize_fp8_scratch_bytes(), Arena::kDefaultAlign, "quantize_fp8 amax partials");
   cuda::quantize_fp8_tensorwise(a.inp.dtype, fp8_of(a), a.inp.data, rows_of(a), cols_of(a), pitch_of(a), a.out.data,
-                                a.out_t.data, a.scale_inv.ptr<float>(), partials, static_cast<cudaStream_t>(a.ctx.stream));
+                                a.out_t.data, a.scale_inv.ptr<float>(), partials, static_cast<cudaStream_t>(a.ctx.stream),
+                                a.scale.defined() ? a.scale.ptr<float>() : nullptr,
+                                a.amax.defined() ? a.amax.ptr<float>() : nullptr);
 }
 #endif
 
 }  // namespace
 
 std::string QuantizeFp8Args::key() const {
-  return fmt::format("quantize_fp8 {} inp={} out={} out_t={}", fp8_granularity_name(granularity), inp.describe(),
-                     out.defined() ? out.describe() : "-", out_t.defined() ? out_t.describe() : "-");
+  return fmt::format("quantize_fp8 {}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
+                     scale.defined() ? " delayed" : "", inp.describe(), out.defined() ? out.describe() : "-",
+                     out_t.defined() ? out_t.describe() : "-");
 }
 
 BackendType quantize_fp8(const QuantizeFp8Args& args) {

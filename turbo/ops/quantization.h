@@ -37,6 +37,14 @@ struct QuantizeFp8Args {
   TensorView scale_inv_t;  // f32, written: the scales of out_t (fp8_scale_shape(g, C, R)); needed
                            // with out_t at Row / Block granularities, unused at Tensor
   Fp8Granularity granularity = Fp8Granularity::Tensor;
+  // Delayed scaling (Tensor granularity only; turbo/ops/fp8_delayed.h): f32 [1] on inp's device,
+  // positive and finite: quantize with this scale instead of the tensor's own amax (one pass; an
+  // inf or NaN element becomes the poison byte, its neighbours keep their values). Undefined:
+  // current scaling as above.
+  TensorView scale;
+  // f32 [1] on inp's device, >= 0: max |x| of inp is folded in (kept when larger), under either
+  // scaling; a NaN beats inf beats any finite value. Undefined: nothing recorded.
+  TensorView amax;
   ExecContext ctx;       // device: ctx.stream, and ctx.scratch for the amax partials (at most
                          // quantize_fp8_scratch_bytes, taken and given back inside the call);
                          // unused on the host

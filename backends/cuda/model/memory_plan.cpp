@@ -257,6 +257,8 @@ void MemoryPlan::plan(Take&& take) {
     }
   }
   s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
+  if (opt_.fp8_delayed_floats > 0)
+    s.fp8_delayed = take(Pool::State, DType::F32, {opt_.fp8_delayed_floats}, "FP8 delayed scaling: amax histories, scales");
   if (opt_.shared_grad_window) s.group_norm = take(Pool::State, DType::F32, {2}, "one AdamW group's gradient norm");
   if (!host && opt_.zero_ranges > 0)  // the kernel's table (host mode clears range by range)
     s.zero_table = take(Pool::State, DType::I64, {2 * opt_.zero_ranges + 1}, "zero_grad ranges (prefix sums, offsets)");

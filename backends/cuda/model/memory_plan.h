@@ -97,6 +97,9 @@ struct StateBuffers {
   TensorView hyper;       // f32 {lr, 1 - beta1^t, 1 - beta2^t}, which a captured AdamW reads
   TensorView group_norm;  // f32 {norm, factor} of one AdamW group (the optimizer in the backward)
   TensorView zero_table;  // i64: zero_grad's ranges (prefix sums, offsets); device only
+  // fp8_recipe delayed: f32 [tensors * history_len + 2 * tensors], the amax histories, then the
+  // scales, then each tensor's FP8 format maximum (turbo/ops/fp8_delayed.h).
+  TensorView fp8_delayed;
 };
 
 // Views into the activations arena. Per layer, the tensors its recompute policy keeps have memory
@@ -150,6 +153,7 @@ struct MemoryPlanOptions {
   bool optimizer_state = true;   // false: no master weights and moments (ZeRO-1 holds them)
   bool host = false;             // host memory and fp32 compute (CudaModelOptions::device)
   bool fp8_linear = false;       // scratch for the FP8 linear slots' quantized copies
+  int64_t fp8_delayed_floats = 0;  // StateBuffers::fp8_delayed's size (0: none)
   size_t attention_scratch_bytes = 0;
   int64_t ones_pad = 0;          // columns of ones after ln1/ln2's rows (BiasGrad::Ones), else 0
   int64_t zero_ranges = 0;       // entries of zero_grad's range table

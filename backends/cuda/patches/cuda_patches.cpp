@@ -102,30 +102,31 @@ void register_patches(patches::PatchRegistry& reg) {
   reg.add({
       .id = "cuda.linear.fp8",
       .description = "FP8 GEMMs for every linear layer inside the transformer layers (forward, input and weight "
-                     "gradients) with current scaling per tensor, per row or per block (fp8_recipe); the output "
+                     "gradients) with current scaling per tensor, per row or per block, or delayed scaling from an "
+                     "amax history (fp8_recipe); the output "
                      "layer, attention and norms stay bf16",
       .tags = {"performance", "gemm", "precision"},
       .slots = {kLinearForward, kLinearBackward, kLinearBackwardDGelu},
       .logic = "replaces the linear slots with turbo::linear_*_fp8 for the format in `fp8` (hybrid: E4M3 x and w, "
                "E5M2 dy; e4m3: E4M3 everywhere) and the scaling in `fp8_recipe` (tensorwise: one scale per tensor; "
-               "rowwise: per row along K; blockwise: 1x128 activations and gradients, 128x128 weights; the first and "
+               "rowwise: per row along K; blockwise: 1x128 activations and gradients, 128x128 weights; delayed: per "
+               "tensor from the amax history, whose state the model holds; the first and "
                "last fp8_first_last_bf16_layers layers keep the bf16 slots) and rewrites "
                "args: fp8, fp8_recipe (the model reserves scratch for the quantized copies and their scales and "
                "checks that every linear dimension is a multiple of 16, of 128 for blockwise)",
       .impl = "turbo/ops/gemm_fp8.cpp (recipe, quantize-then-GEMM), turbo/ops/quantization.cpp + "
-              "turbo/kernels/cuda/quantize.cu (amax and cast), turbo/kernels/cublaslt/gemm_cublaslt.cpp (FP8 "
+              "turbo/kernels/cuda/quantize.cu (amax and cast), turbo/ops/fp8_delayed.cpp (amax histories), "
+              "turbo/kernels/cublaslt/gemm_cublaslt.cpp (FP8 "
               "operands, scale pointers)",
       .porting = "Megatron-LM --fp8-format hybrid|e4m3 --fp8-recipe tensorwise|blockwise with Transformer Engine "
-                 "(Float8CurrentScaling, Float8BlockScaling); torchao float8 tensorwise / rowwise (TorchTitan "
-                 "--float8.recipe_name rowwise); DeepSeek-V3's 1x128 / 128x128 blockwise; no amax history (delayed "
-                 "scaling is not built); Primus (AMD) `fp8: hybrid`",
+                 "(Float8CurrentScaling, Float8BlockScaling, DelayedScaling with --fp8-amax-history-len, "
+                 "--fp8-amax-compute-algo, --fp8-margin); torchao float8 tensorwise / rowwise (TorchTitan "
+                 "--float8.recipe_name rowwise); DeepSeek-V3's 1x128 / 128x128 blockwise; Primus (AMD) `fp8: hybrid`",
       .condition = [](PatchContext& c) { return c.text("fp8", "none") != "none"; },
       .apply =
           [](PatchContext& c) {
             const std::string name = c.text("fp8"), scaling = c.text("fp8_recipe", "tensorwise");
-            const turbo::Fp8Recipe r = turbo::parse_fp8_recipe(name, scaling, "fp8", "fp8_recipe");
-            c.args_as<CudaArgs>().fp8 = name;
-            c.args_as<CudaArgs>().fp8_recipe = scaling;
+            const turbo::Fp8Recipe r = configure_fp8(c.args_as<CudaArgs>(), name, scaling);
             Fp8LinearFns f = fp8_linear_fns(r);
             c.replace<LinearForwardFn>(kLinearForward, std::move(f.forward));
             c.replace<LinearBackwardFn>(kLinearBackward, std::move(f.backward));

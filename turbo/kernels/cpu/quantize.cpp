@@ -100,6 +100,47 @@ Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, i
   return s;
 }
 
+uint32_t quantize_fp8_with_scale(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld, float scale,
+                                 uint8_t* out, uint8_t* out_t, DType fp8) {
+  check_dtypes(in_dtype, fp8, "quantize_fp8_with_scale");
+  const bool e4m3 = fp8 == DType::F8E4M3;
+  uint32_t m = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const void* row = row_ptr(inp, in_dtype, r, ld);
+    for (int64_t c = 0; c < C; ++c) {
+      const uint32_t a = abs_bits_at(row, in_dtype, c);
+      m = std::max(m, a);
+      uint8_t q = kFp8PoisonByte;
+      if (a < 0x7f800000u) {
+        const float y = value_at(row, in_dtype, c) * scale;  // rounded to f32 first, as on the device
+        q = e4m3 ? float_to_f8e4m3_bits(y) : float_to_f8e5m2_bits(y);
+      }
+      if (out) out[r * C + c] = q;
+      if (out_t) out_t[c * R + r] = q;
+    }
+  }
+  return m;
+}
+
+void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int64_t T, int64_t len, bool use_max,
+                        int margin) {
+  const float factor = std::ldexp(1.0f, -margin);  // exact: a power of two
+  for (int64_t t = 0; t < T; ++t) {
+    float* h = history + t * len;
+    if (!std::isfinite(h[0])) h[0] = 0.0f;
+    float amax = h[0];
+    if (use_max)
+      for (int64_t i = 1; i < len; ++i) amax = std::max(amax, h[i]);
+    if (amax > 0.0f) {
+      float s = fp8_max[t] / amax;
+      if (std::isinf(s)) s = FLT_MAX;
+      scale[t] = s * factor;
+    }
+    for (int64_t i = len - 1; i > 0; --i) h[i] = h[i - 1];
+    h[0] = 0.0f;
+  }
+}
+
 namespace {
 // Quantises the [Rm, Cm] matrix whose element (i, j) is at(i, j) at granularity g into q (row-major
 // [Rm, Cm]) and scales (fp8_scale_shape(g, Rm, Cm)).

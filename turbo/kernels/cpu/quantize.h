@@ -59,4 +59,26 @@ Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, i
 void quantize_fp8_grouped(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld, Fp8Granularity g,
                           uint8_t* out, float* scale_inv, uint8_t* out_t, float* scale_inv_t, DType fp8);
 
+// Delayed scaling (Transformer Engine's DelayedScaling): the tensor is quantised with a scale
+// that earlier steps' amax history gave (`scale`, positive and finite), not one of its own:
+//   q = fp8(x * scale) as above, saturating, for a finite x; an inf or NaN element becomes the
+//       poison byte (only that element: the scale is not the tensor's own, so nothing else is
+//       known to be wrong)
+// Returns max |x|'s f32 bits over inp (as absmax_bits: a NaN above inf above any finite value),
+// which the caller folds into the tensor's amax history. out / out_t as in quantize_fp8_tensorwise.
+uint32_t quantize_fp8_with_scale(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld, float scale,
+                                 uint8_t* out, uint8_t* out_t, DType fp8);
+
+// One step of delayed scaling's bookkeeping, for T tensors with histories of `len` entries each:
+// history [T, len] (row t: tensor t's amaxes, entry 0 the one being recorded this step),
+// scale [T], fp8_max [T] (the largest value of each tensor's FP8 format). For each t:
+//   1. entry 0 that is not finite (a step with an inf or NaN, which training skips) becomes 0;
+//   2. amax = the largest entry (use_max) or entry 0 (the newest);
+//   3. amax > 0: scale = fp8_max / amax (FLT_MAX when that overflows), divided by 2^margin;
+//      amax == 0 (nothing recorded yet): the scale is kept;
+//   4. the history moves one entry along (entry i takes entry i - 1, the oldest drops out) and
+//      entry 0 becomes 0, ready for the next step's amax.
+void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int64_t T, int64_t len, bool use_max,
+                        int margin);
+
 }  // namespace primus::turbo::cpu

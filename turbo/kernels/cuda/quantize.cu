@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/quantize.h"
@@ -135,14 +136,28 @@ __device__ __forceinline__ Scaling group_scaling(uint32_t m, float fp8max, float
   return s;
 }
 
-// Every thread of every block calls this and gets the same answer; block 0 writes scale_inv.
+// Every thread of every block calls this and gets the same answer; block 0 writes scale_inv and,
+// when amax_out is set, folds the amax into it (delayed scaling's history, recorded while a step
+// without one runs on current scaling).
 __device__ __forceinline__ Scaling reduce_scaling(const uint32_t* partials, int nparts, float fp8max,
-                                                  float* scale_inv, uint32_t* smem) {
+                                                  float* scale_inv, uint32_t* amax_out, uint32_t* smem) {
   uint32_t m = 0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) m = max(m, partials[i]);
   float inv;
-  const Scaling s = group_scaling(block_max_u32(m, smem), fp8max, &inv);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = inv;
+  m = block_max_u32(m, smem);
+  const Scaling s = group_scaling(m, fp8max, &inv);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *scale_inv = inv;
+    if (amax_out) atomicMax(amax_out, m);
+  }
+  return s;
+}
+
+// Delayed scaling: the given scale (positive and finite, from the amax history); block 0 writes
+// its inverse. The elements' own finiteness is checked one by one (poison_nonfinite).
+__device__ __forceinline__ Scaling given_scaling(const float* scale_in, float* scale_inv) {
+  const Scaling s{__ldg(scale_in), true};
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, s.scale);
   return s;
 }
 
@@ -178,6 +193,36 @@ __device__ __forceinline__ uint4 quantize_chunk(const int4* raw, float scale, bo
   if (!finite) w[0] = w[1] = w[2] = w[3] = kPoison4;
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
+// max |x| bits of a chunk as loaded.
+template <class T>
+__device__ __forceinline__ uint32_t chunk_abs_bits(const int4* raw) {
+  constexpr int kRaw = 16 * static_cast<int>(sizeof(T)) / 16;
+  uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < kRaw; ++k) m = max(m, vec_abs_bits<T>(raw[k]));
+  return m;
+}
+// Delayed scaling, for a chunk holding an inf or NaN (rare): each such element's byte becomes the
+// poison byte, as the reference (cpu::quantize_fp8_with_scale) does element by element.
+template <class T>
+__device__ __noinline__ uint4 poison_nonfinite(uint4 q, const int4* raw) {
+  uint8_t b[16];
+  memcpy(b, &q, 16);
+  for (int e = 0; e < 16; ++e) {
+    uint32_t bits;
+    if constexpr (sizeof(T) == 4) {
+      memcpy(&bits, reinterpret_cast<const char*>(raw) + 4 * e, 4);
+      bits &= 0x7fffffffu;
+    } else {
+      uint16_t h;
+      memcpy(&h, reinterpret_cast<const char*>(raw) + 2 * e, 2);
+      bits = static_cast<uint32_t>(h & 0x7fffu) << 16;
+    }
+    if (bits >= 0x7f800000u) b[e] = static_cast<uint8_t>(kPoison4);
+  }
+  memcpy(&q, b, 16);
+  return q;
+}
 
 // ---- launch 2, fast path: 128 x 128 tiles --------------------------------------------------------
 // Shared tile: kTile rows of kTile bytes (32 words). Word w of row r lives at w ^ swz(r): a warp
@@ -204,6 +249,8 @@ struct QuantArgs {
   int nparts;
   float fp8max;
   float* scale_inv;
+  const float* scale_in;  // delayed scaling: quantize with this scale (no amax launch); nullptr: current
+  uint32_t* amax_out;     // when set: max |x|'s f32 bits are folded in with atomicMax (order-free)
 };
 
 // Preconditions (checked by the launcher): C % 16 == 0, inp rows 16-byte aligned, outputs 16-byte
@@ -219,7 +266,10 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 2) quantize_til
   __shared__ uint32_t red[32];
   __shared__ __align__(16) uint32_t tile[kOutT ? kTile : 1][kTile / 4];
 
-  const Scaling s = reduce_scaling(a.partials, a.nparts, a.fp8max, a.scale_inv, red);
+  const bool delayed = a.scale_in != nullptr;
+  const Scaling s = delayed ? given_scaling(a.scale_in, a.scale_inv)
+                            : reduce_scaling(a.partials, a.nparts, a.fp8max, a.scale_inv, a.amax_out, red);
+  uint32_t seen = 0;  // delayed: max |x| bits of this thread's chunks
   const T* inp = static_cast<const T*>(a.inp);
   const int64_t tiles_c = (a.C + kTile - 1) / kTile, tiles = (a.R + kTile - 1) / kTile * tiles_c;
   const int cc = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
@@ -249,7 +299,12 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 2) quantize_til
     for (int j = 0; j < kIters; ++j) {
       const int row = row0 + j * kRowsPerPass;
       if (col_ok && row < rows) {
-        const uint4 q = quantize_chunk<T, kE4M3>(raw[j], s.scale, s.finite);
+        uint4 q = quantize_chunk<T, kE4M3>(raw[j], s.scale, s.finite);
+        if (delayed) {
+          const uint32_t m = chunk_abs_bits<T>(raw[j]);
+          seen = max(seen, m);
+          if (m >= 0x7f800000u) q = poison_nonfinite<T>(q, raw[j]);
+        }
         if constexpr (kOut) *reinterpret_cast<uint4*>(a.out + (r0 + row) * a.C + c0 + cc * kChunk) = q;
         if constexpr (kOutT) *reinterpret_cast<uint4*>(&tile[row][(cc * 4) ^ swz(row)]) = q;
       }
@@ -274,6 +329,10 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 2) quantize_til
       __syncthreads();  // the tile is refilled by the next iteration
     }
   }
+  if (delayed && a.amax_out) {
+    seen = block_max_u32(seen, red);
+    if (threadIdx.x == 0) atomicMax(a.amax_out, seen);
+  }
 }
 
 // ---- launch 2, generic path: any shape, pitch and alignment -------------------------------------
@@ -282,7 +341,10 @@ __global__ void __launch_bounds__(kThreads) quantize_generic_kernel(QuantArgs a)
   constexpr int kRowsPerPass = kThreads / kGeneric;  // 8
   __shared__ uint32_t red[32];
   __shared__ uint8_t tile[kGeneric][kGeneric + 1];
-  const Scaling s = reduce_scaling(a.partials, a.nparts, a.fp8max, a.scale_inv, red);
+  const bool delayed = a.scale_in != nullptr;
+  const Scaling s = delayed ? given_scaling(a.scale_in, a.scale_inv)
+                            : reduce_scaling(a.partials, a.nparts, a.fp8max, a.scale_inv, a.amax_out, red);
+  uint32_t seen = 0;
   const T* inp = static_cast<const T*>(a.inp);
   const int tx = threadIdx.x % kGeneric, ty = threadIdx.x / kGeneric;
   const int64_t tiles_c = (a.C + kGeneric - 1) / kGeneric, tiles = (a.R + kGeneric - 1) / kGeneric * tiles_c;
@@ -293,8 +355,11 @@ __global__ void __launch_bounds__(kThreads) quantize_generic_kernel(QuantArgs a)
     for (int i = 0; i < kGeneric / kRowsPerPass; ++i) {
       const int64_t r = r0 + ty + i * kRowsPerPass, c = c0 + tx;
       if (r < a.R && c < a.C) {
-        const uint8_t q = s.finite ? static_cast<uint8_t>(cvt2<kE4M3>(to_f32(inp[r * a.ld + c]), 0.0f, s.scale))
-                                   : static_cast<uint8_t>(kPoison4);
+        const T x = inp[r * a.ld + c];
+        const uint32_t ab = abs_bits(x);
+        seen = max(seen, ab);
+        const bool ok = s.finite && (!delayed || ab < 0x7f800000u);
+        const uint8_t q = ok ? static_cast<uint8_t>(cvt2<kE4M3>(to_f32(x), 0.0f, s.scale)) : static_cast<uint8_t>(kPoison4);
         if (a.out) a.out[r * a.C + c] = q;
         tile[ty + i * kRowsPerPass][tx] = q;
       }
@@ -308,6 +373,10 @@ __global__ void __launch_bounds__(kThreads) quantize_generic_kernel(QuantArgs a)
       }
       __syncthreads();
     }
+  }
+  if (delayed && a.amax_out) {
+    seen = block_max_u32(seen, red);
+    if (threadIdx.x == 0) atomicMax(a.amax_out, seen);
   }
 }
 
@@ -333,20 +402,23 @@ void launch_quantize(int64_t tiles, const QuantArgs& a, cudaStream_t stream) {
 
 template <class T, bool kE4M3>
 void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* out_t, float fp8max,
-         float* scale_inv, uint32_t* partials, cudaStream_t stream) {
+         float* scale_inv, uint32_t* partials, const float* scale_in, uint32_t* amax_out, cudaStream_t stream) {
   constexpr int W = 16 / static_cast<int>(sizeof(T));
   const bool vec = aligned16(inp) && (ld * static_cast<int64_t>(sizeof(T))) % 16 == 0 && C % W == 0;
   const bool contig = ld == C || R <= 1;
-  const int64_t units = vec ? R * (C / W) : R * C;
-  const int64_t want = (units + kAmaxThreads * kAmaxUnroll - 1) / (kAmaxThreads * kAmaxUnroll);
-  const int nparts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, std::min(kMaxPartials, 2 * sm_count()))));
-  if (vec && contig) amax_partials_kernel<T, true, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
-  else if (vec) amax_partials_kernel<T, true, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
-  else if (contig) amax_partials_kernel<T, false, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
-  else amax_partials_kernel<T, false, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
-  CUDA_CHECK_LAST();
+  int nparts = 0;
+  if (!scale_in) {  // current scaling: the amax first
+    const int64_t units = vec ? R * (C / W) : R * C;
+    const int64_t want = (units + kAmaxThreads * kAmaxUnroll - 1) / (kAmaxThreads * kAmaxUnroll);
+    nparts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, std::min(kMaxPartials, 2 * sm_count()))));
+    if (vec && contig) amax_partials_kernel<T, true, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+    else if (vec) amax_partials_kernel<T, true, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+    else if (contig) amax_partials_kernel<T, false, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+    else amax_partials_kernel<T, false, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+    CUDA_CHECK_LAST();
+  }
 
-  const QuantArgs a{inp, R, C, ld, out, out_t, partials, nparts, fp8max, scale_inv};
+  const QuantArgs a{inp, R, C, ld, out, out_t, partials, nparts, fp8max, scale_inv, scale_in, amax_out};
   const bool fast = vec && C % kChunk == 0 && (!out || aligned16(out)) && (!out_t || (aligned16(out_t) && R % 16 == 0));
   if (fast) {
     const int64_t tiles = (R + kTile - 1) / kTile * ((C + kTile - 1) / kTile);
@@ -546,27 +618,67 @@ void run_groups(const GroupArgs& a, Fp8Granularity g, cudaStream_t stream) {
   throw RuntimeError("quantize_fp8_grouped: tensor granularity goes through quantize_fp8_tensorwise");
 }
 
+// ---- delayed scaling's bookkeeping (cpu::fp8_delayed_update) ------------------------------------
+// One block per tensor; its history row goes through shared memory so that the move by one
+// entry reads every old entry before any is overwritten.
+constexpr int kUpdateThreads = 256;
+__global__ void __launch_bounds__(kUpdateThreads) delayed_update_kernel(float* history, float* scale,
+                                                                        const float* fp8_max, int64_t len, bool use_max,
+                                                                        float factor) {
+  extern __shared__ float row[];
+  __shared__ uint32_t red[32];
+  float* h = history + static_cast<int64_t>(blockIdx.x) * len;
+  uint32_t m = 0;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    float v = h[i];
+    if (i == 0 && !isfinite(v)) v = 0.0f;
+    row[i] = v;
+    if (i == 0 || use_max) m = max(m, __float_as_uint(v));  // v >= 0: its bits order like its value
+  }
+  m = block_max_u32(m, red);  // synchronises: row is complete
+  if (threadIdx.x == 0 && m != 0) {
+    float s = __fdiv_rn(fp8_max[blockIdx.x], __uint_as_float(m));
+    if (isinf(s)) s = FLT_MAX;
+    scale[blockIdx.x] = __fmul_rn(s, factor);
+  }
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) h[i] = i == 0 ? 0.0f : row[i - 1];
+}
+
 }  // namespace
+
+void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int64_t T, int64_t len, bool use_max,
+                        int margin, cudaStream_t stream) {
+  if (T <= 0) return;
+  if (len < 1 || len > kMaxDelayedHistory)
+    throw RuntimeError(fmt::format("fp8_delayed_update: history length {} (1..{})", len, kMaxDelayedHistory));
+  const size_t smem = sizeof(float) * static_cast<size_t>(len);
+  delayed_update_kernel<<<static_cast<unsigned>(T), kUpdateThreads, smem, stream>>>(history, scale, fp8_max, len,
+                                                                                      use_max, std::ldexp(1.0f, -margin));
+  CUDA_CHECK_LAST();
+}
 
 size_t quantize_fp8_scratch_bytes() { return kMaxPartials * sizeof(uint32_t); }
 
 void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
-                             void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream) {
+                             void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream,
+                             const float* scale_in, float* amax_out) {
   const char* op = "quantize_fp8_tensorwise";
   if (!dtype_is_fp8(fp8))
     throw RuntimeError(fmt::format("{}: output dtype {} is not an FP8 format (f8e4m3, f8e5m2)", op, dtype_name(fp8)));
   if (!out && !out_t) throw RuntimeError(fmt::format("{}: neither out nor out_t given", op));
   if (R < 0 || C < 0 || (R > 1 && ld < C))
     throw RuntimeError(fmt::format("{}: bad shape [{}, {}] with row pitch {}", op, R, C, ld));
-  if (!scale_inv || !scratch) throw RuntimeError(fmt::format("{}: scale_inv and scratch are required", op));
+  if (!scale_inv || (!scratch && !scale_in))
+    throw RuntimeError(fmt::format("{}: scale_inv and scratch are required", op));
   const float fp8max = fp8_max_of(fp8);
   auto* o = static_cast<uint8_t*>(out);
   auto* ot = static_cast<uint8_t*>(out_t);
   auto* partials = static_cast<uint32_t*>(scratch);
   PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, op, [&] {
     const auto* x = static_cast<const scalar_t*>(inp);
-    if (fp8 == DType::F8E4M3) run<scalar_t, true>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, stream);
-    else run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, stream);
+    auto* am = reinterpret_cast<uint32_t*>(amax_out);  // non-negative floats order as their bits
+    if (fp8 == DType::F8E4M3) run<scalar_t, true>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream);
+    else run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream);
   });
 }
 

@@ -25,8 +25,22 @@ size_t quantize_fp8_scratch_bytes();
 // memory): inp 16-byte aligned with ld * sizeof(T) a multiple of 16, C a multiple of 16, outputs
 // 16-byte aligned, and R a multiple of 16 when out_t is written; any other shape or alignment runs
 // a plain element-wise kernel (correct, slower).
+//
+// Delayed scaling (cpu::quantize_fp8_with_scale): with scale_in (one device f32, positive and
+// finite) the tensor is quantized with that scale in one launch (no amax launch, scratch unused)
+// and each inf / NaN element becomes the poison byte. amax_out (one device f32, >= 0), when set,
+// gets max |x| folded in with atomicMax on its bits (order-free: deterministic), under either
+// scaling.
 void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
-                             void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream);
+                             void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream,
+                             const float* scale_in = nullptr, float* amax_out = nullptr);
+
+// Delayed scaling's bookkeeping for T tensors (cpu::fp8_delayed_update, same results bit for bit):
+// history [T, len], scale [T], fp8_max [T], device f32; use_max: the largest entry, else the
+// newest. One launch, graph-capturable. len at most kMaxDelayedHistory.
+inline constexpr int64_t kMaxDelayedHistory = 8192;
+void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int64_t T, int64_t len, bool use_max,
+                        int margin, cudaStream_t stream);
 
 // Per-group scaling (Row, Block1x128, Block128x128; turbo/core/fp8_granularity.h), the CPU
 // reference's cpu::quantize_fp8_grouped bit for bit: out [R, C] with scale_inv, out_t [C, R] (the
