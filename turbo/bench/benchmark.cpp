@@ -67,7 +67,7 @@ const std::vector<OpFamily>& families() {
   static const std::vector<OpFamily> f = {gemm_family(), norm_family(), activation_family(), loss_family(),
                                           optimizer_family(), rope_family(), head_norm_family(), embedding_family(),
                                           attention_family(),
-                                          quantize_family(), layer_family(), grouped_gemm_family(),
+                                          quantize_family(), gemm_fp8_family(), layer_family(), grouped_gemm_family(),
                                           moe_family()};
   return f;
 }

@@ -2,7 +2,7 @@
 // ceilings measured in the same run (a large GEMM for FLOP/s, a copy for bandwidth).
 //
 // Ops (families): gemm, norm, activation, loss, optimizer, rope, embedding, attention, quantize,
-// grouped_gemm (the MoE expert GEMMs), and
+// gemm_fp8 (turbo::gemm on FP8 operands), grouped_gemm (the MoE expert GEMMs), and
 // layer (a GPT-2 layer on the CPU reference kernels; host only). Each has default cases (the
 // training shapes of GPT-2 124M and Llama-3.2-1B at 16384 tokens on a GPU; a small version on the
 // host) or takes --shapes in its own syntax (see OpFamily::shape_syntax). Without a CUDA device

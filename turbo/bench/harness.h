@@ -80,6 +80,7 @@ struct OpFamily {
 };
 
 OpFamily gemm_family();
+OpFamily gemm_fp8_family();
 OpFamily norm_family();
 OpFamily activation_family();
 OpFamily loss_family();
