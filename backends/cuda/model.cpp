@@ -98,6 +98,12 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.optimizer_state = opt.optimizer_state;
   mp.host = opt.device == Device::CPU;
   mp.fp8_linear = opt.fp8_linear;
+  const bool sharded = opt.dp_group && parallel::shards_gradients(opt.dp_sharding);
+  const bool split = (opt.tp_map && opt.tp_map->tp() > 1) || (opt.cp_group && opt.cp_group->world_size() > 1) || sharded;
+  if (opt.fp8_linear && opt.fp8_saved && !split) {
+    mp.fp8_saved_granularity = opt.fp8_saved->granularity();
+    mp.fp8_saves.assign(static_cast<size_t>(spec.num_layers), false);
+  }
   if (opt.fp8_delayed) {
     const int64_t tensors = kFp8DelayedLinears * spec.num_layers * turbo::Fp8DelayedScaling::kRoles;
     mp.fp8_delayed_floats = tensors * (opt.fp8_delayed->options().history_len + 2);
@@ -107,6 +113,13 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.moe_align = turbo::kGroupedGemmAlign;
   for (int64_t l = 0; l < spec.num_layers; ++l)
     mp.policy.push_back(ops.recompute_policy ? ops.recompute_policy(l, spec.num_layers) : Recompute::None);
+  // FP8 inputs saved for the backward: the layers in FP8 (not the bf16 edge layers, not MoE) that
+  // keep their activations (a recomputing policy drops ln1/ln2/act already).
+  for (int64_t l = 0; l < static_cast<int64_t>(mp.fp8_saves.size()); ++l) {
+    const int64_t e = opt.fp8_bf16_edge_layers;
+    mp.fp8_saves[static_cast<size_t>(l)] = mp.policy[static_cast<size_t>(l)] == Recompute::None && l >= e &&
+                                           l < spec.num_layers - e && !spec.is_moe_layer(l);
+  }
   const GradClearing clearing = plan_grad_clearing(
       layout, [&spec](const std::string& name) { return Decoder::written_by_first_gemm(spec, name); });
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
@@ -307,6 +320,18 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   optimizer_->upload_clearing_table();
   plan_->init_ones(stream_);
   if (opt_.fp8_delayed) init_fp8_delayed();
+  if (opt_.fp8_saved) {  // the layers the plan gave FP8 input copies (memory_plan_options)
+    opt_.fp8_saved->clear();
+    const std::vector<bool>& saves = plan_->options().fp8_saves;
+    for (size_t l = 0; l < saves.size(); ++l) {
+      if (!saves[l]) continue;
+      const LayerParams& p = plan_->params.layers[l];
+      const LayerActs& a = plan_->acts.layers[l];
+      opt_.fp8_saved->add(p.qkv_w.w.data, {a.ln1_q, a.ln1_qs});
+      opt_.fp8_saved->add(p.fc_w.w.data, {a.ln2_q, a.ln2_qs});
+      opt_.fp8_saved->add(p.out_w.w.data, {a.act_q, a.act_qs});
+    }
+  }
   stream_.zero(st.grads);  // once: the padding of a ZeRO-1 buffer and every tensor start at zero
   if (fsdp_) {
     stream_.zero(st.shard_grads);

@@ -77,6 +77,12 @@ struct CudaModelOptions {
   // step's amaxes into the next scales at the start of the following step (zero_grad) and keeps
   // evaluation forwards from recording. Not with tp, cp or sharded data parallelism.
   std::shared_ptr<turbo::Fp8DelayedScaling> fp8_delayed;
+  // FP8 linear layers keep their inputs for the backward as FP8 transposed copies (the registry
+  // their recipe holds; turbo::Fp8SavedInputs): in every FP8 layer whose recompute policy keeps
+  // activations (none), the plan drops bf16 ln1, ln2 and act for 1-byte copies of them, and the
+  // weight-gradient GEMMs read those instead of quantizing again. Not with tp, cp or sharded data
+  // parallelism. Null: off (the inputs kept in bf16, quantized again in the backward).
+  std::shared_ptr<turbo::Fp8SavedInputs> fp8_saved;
   // Variants of the step that give the same results to rounding, kept as the references the
   // defaults (measured faster) are tested against; no config key sets them.
   BiasGrad bias_grad = BiasGrad::Ones;  // decoder.h

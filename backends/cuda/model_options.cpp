@@ -33,7 +33,10 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   if (mo.fp8_linear)
     mo.fp8_multiple = turbo::linear_fp8_multiple(turbo::parse_fp8_recipe(a.fp8, a.fp8_recipe, "fp8", "fp8_recipe"));
   mo.fp8_bf16_edge_layers = a.fp8_first_last_bf16_layers;
-  if (mo.fp8_linear) mo.fp8_delayed = a.fp8_delayed;
+  if (mo.fp8_linear) {
+    mo.fp8_delayed = a.fp8_delayed;
+    mo.fp8_saved = a.fp8_saved;
+  }
   // Document masking: the plan holds its tables; the trainer sets the tokenizer's eod id.
   mo.document_masking.reset_attention_mask = t.data.reset_attention_mask;
   mo.document_masking.reset_position_ids = t.data.reset_position_ids;

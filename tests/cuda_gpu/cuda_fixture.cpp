@@ -404,6 +404,7 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
     use_fp8_linear(ops, *fp8);
     mo.fp8_linear = true;
     mo.fp8_delayed = fp8->delayed;  // fp8_recipe delayed: the model holds the histories the slots read
+    mo.fp8_saved = fp8->saved;      // inputs saved in FP8 for the backward (null: kept in bf16)
   }
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);

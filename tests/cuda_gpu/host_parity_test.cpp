@@ -367,6 +367,56 @@ TEST(HostFp8, DelayedScalingEvaluationRecordsNothing) {
   }
 }
 
+// Inputs saved in FP8 for the backward (turbo::Fp8SavedInputs): the forward writes q(x)^T of
+// ln1, ln2 and act into the layers' own FP8 buffers and the weight-gradient GEMMs read them, so the
+// bytes are those the backward would have quantized from the bf16 inputs: the same losses bit for
+// bit, for each scaling; the activations arena is smaller (the bf16 copies share the work set),
+// and a layer with a recomputing policy or a bf16 edge layer keeps the old way.
+TEST(HostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
+  for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
+    SCOPED_TRACE(scaling);
+    auto recipe = [&](bool save) {
+      turbo::Fp8Recipe r = turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe");
+      if (r.scaling == turbo::Fp8Scaling::Delayed)
+        r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{2});
+      if (save) r.saved = std::make_shared<turbo::Fp8SavedInputs>(r.act_granularity());
+      return r;
+    };
+    const turbo::Fp8Recipe with = recipe(true), without = recipe(false);
+    const auto saved = training_curves(true, Attn::Default, turbo::Device::CPU, 6, &with).first;
+    const auto plain = training_curves(true, Attn::Default, turbo::Device::CPU, 6, &without).first;
+    EXPECT_EQ(saved, plain) << "the saved copies are not the bytes the backward quantizes";
+    const train::ModelSpec spec = tiny_spec(true);
+    EXPECT_EQ(with.saved->size(), static_cast<size_t>(3 * spec.num_layers));
+  }
+  train::ModelSpec spec = tiny_spec(true);
+  spec.num_layers = 4;  // room for a bf16 edge layer at each end
+  auto arena = [&](bool save, int64_t edge) {
+    turbo::Fp8Recipe r = turbo::parse_fp8_recipe("hybrid", "test");
+    if (save) r.saved = std::make_shared<turbo::Fp8SavedInputs>();
+    CudaOps ops = CudaOps::defaults();
+    use_fp8_linear(ops, r);
+    CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+    mo.fp8_linear = true;
+    mo.fp8_saved = r.saved;
+    mo.fp8_bf16_edge_layers = edge;
+    CudaModel m(spec, mo, ops);
+    return std::pair{m.activation_bytes(), r.saved ? r.saved->size() : size_t{0}};
+  };
+  const auto [plain_bytes, none] = arena(false, 0);
+  const auto [saved_bytes, slots] = arena(true, 0);
+  EXPECT_EQ(none, 0u);
+  EXPECT_EQ(slots, static_cast<size_t>(3 * spec.num_layers));
+  // Host mode keeps activations in f32: 4 bytes become 1 per element of ln1, ln2 and act per
+  // layer, less one shared f32 set of them.
+  const int64_t N = kTrainBatch * spec.seq_length, per = N * (2 * spec.hidden_size + spec.ffn_hidden_size);
+  EXPECT_NEAR(static_cast<double>(plain_bytes) - static_cast<double>(saved_bytes),
+              static_cast<double>(spec.num_layers * per * 3 - per * 4), 64.0 * 1024)
+      << plain_bytes << " vs " << saved_bytes;
+  const auto [edge_bytes, edge_slots] = arena(true, 1);
+  EXPECT_EQ(edge_slots, static_cast<size_t>(3 * (spec.num_layers - 2))) << "the bf16 edge layers save no FP8 copies";
+}
+
 TEST(HostFp8, DimensionsFp8GemmsCannotServeAreConfigErrors) {
   train::ModelSpec spec = tiny_spec(true);
   spec.ffn_hidden_size = 200;  // a multiple of 8 (bf16 is fine), not of 16

@@ -130,6 +130,7 @@ TEST_P(StepGpuTest, Fp8GraphReplayMatchesEager) {
     turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe");
     if (recipe.scaling == turbo::Fp8Scaling::Delayed)
       recipe.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{4, turbo::Fp8AmaxAlgo::Max});
+    recipe.saved = std::make_shared<turbo::Fp8SavedInputs>(recipe.act_granularity());
     StepRunOptions o;
     o.llama = GetParam();
     o.device = turbo::Device::CUDA;

@@ -39,7 +39,8 @@ TEST_P(TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
 // training must follow the curve, not just stay near it at the start).
 class Fp8TrainingParityTest : public CudaGpuTest, public ::testing::WithParamInterface<std::pair<bool, const char*>> {};
 
-// "format" or "format/scaling"; fp8_recipe delayed keeps a 16-step history and takes its largest entry.
+// "format" or "format/scaling"; fp8_recipe delayed keeps a 16-step history and takes its largest
+// entry; the inputs are saved in FP8 for the backward, as the trainer does.
 TEST_P(Fp8TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
   const auto [llama, recipe_name] = GetParam();
   const std::string name = recipe_name, format = name.substr(0, name.find('/'));
@@ -47,6 +48,7 @@ TEST_P(Fp8TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
   turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe");
   if (recipe.scaling == turbo::Fp8Scaling::Delayed)
     recipe.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{16, turbo::Fp8AmaxAlgo::Max});
+  recipe.saved = std::make_shared<turbo::Fp8SavedInputs>(recipe.act_granularity());  // as the trainer runs it
   const auto [curve, ref] = training_curves(llama, Attn::Default, turbo::Device::CUDA, 200, &recipe);
   double worst = 0, tail = 0;
   for (size_t s = 0; s < curve.size(); ++s) {

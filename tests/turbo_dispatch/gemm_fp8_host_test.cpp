@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
+#include <utility>
 #include <limits>
 #include <random>
 #include <string>
@@ -450,6 +452,57 @@ TEST(Fp8RecipeScaling, ParsesAndRefuses) {
   EXPECT_EQ(linear_fp8_multiple(b), 128);   // blockwise: the scale blocks
   EXPECT_EQ(linear_fp8_multiple(rw), 16);   // rowwise: Hopper's FP8 GEMMs
   EXPECT_EQ(linear_fp8_multiple(parse_fp8_recipe("hybrid", "fp8")), 16);
+}
+
+// An input saved in FP8 (Fp8SavedInputs): the forward writes q(x)^T into the layer's slot with
+// the same forward output, and the backward's weight gradient read from the slot equals the one
+// quantized from x itself, bit for bit, even when the x it is handed is garbage by then; for every
+// scaling (blockwise: its 1x128 scales along the tokens). A slot too small for the call is refused.
+TEST(Fp8SavedInputsHost, TheWeightGradientReadsTheForwardsCopy) {
+  for (const auto& [format, scaling] : {std::pair{"hybrid", "tensorwise"}, std::pair{"hybrid", "rowwise"},
+                                        std::pair{"e4m3", "blockwise"}}) {
+    SCOPED_TRACE(scaling);
+    Fp8Recipe r = parse_fp8_recipe(format, scaling, "fp8", "fp8_recipe");
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> nd;
+    const int64_t N = 256, C = 128, OC = 384;
+    std::vector<float> x(N * C), w(OC * C), dy(N * OC);
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : w) v = 0.05f * nd(rng);
+    for (auto& v : dy) v = nd(rng);
+    auto arena = make_host_arena(linear_fp8_scratch_bytes(N, C, OC));
+    ExecContext ctx;
+    ctx.scratch = arena.get();
+    std::vector<float> out(N * OC), out_saved(N * OC), dx(N * C), dx_saved(N * C), dw(OC * C), dw_saved(OC * C);
+    linear_forward_fp8(host(out, N, OC), host(x, N, C), host(w, OC, C), {}, {}, ctx, r);
+    linear_backward_fp8(host(dx, N, C), host(dw, OC, C), {}, host(dy, N, OC), host(x, N, C), host(w, OC, C), false, ctx,
+                        r, false);
+    std::vector<uint8_t> q_t(C * N, 0xAB);
+    std::vector<float> scales(fp8_saved_scale_numel(r, N, C), -1.0f);
+    r.saved = std::make_shared<Fp8SavedInputs>(r.act_granularity());
+    r.saved->add(w.data(), {TensorView(q_t.data(), r.fwd, Device::CPU, {C * N}),
+                            TensorView(scales.data(), DType::F32, Device::CPU, {static_cast<int64_t>(scales.size())})});
+    linear_forward_fp8(host(out_saved, N, OC), host(x, N, C), host(w, OC, C), {}, {}, ctx, r);
+    EXPECT_EQ(out_saved, out);
+    EXPECT_NE(q_t, std::vector<uint8_t>(C * N, 0xAB)) << "the forward wrote no copy";
+    std::vector<float> garbage(N * C, std::numeric_limits<float>::quiet_NaN());
+    linear_backward_fp8(host(dx_saved, N, C), host(dw_saved, OC, C), {}, host(dy, N, OC), host(garbage, N, C),
+                        host(w, OC, C), false, ctx, r, false);
+    EXPECT_EQ(dw_saved, dw) << "the weight gradient did not read the saved copy";
+    EXPECT_EQ(dx_saved, dx);
+    // The wgrad-only call reads it too.
+    std::vector<float> dw_only(OC * C);
+    linear_backward_fp8({}, host(dw_only, OC, C), {}, host(dy, N, OC), host(garbage, N, C), host(w, OC, C), false, ctx,
+                        r, false);
+    EXPECT_EQ(dw_only, dw);
+    Fp8Recipe small = r;
+    small.saved = std::make_shared<Fp8SavedInputs>(r.act_granularity());
+    small.saved->add(w.data(), {TensorView(q_t.data(), r.fwd, Device::CPU, {C * N / 2}),
+                                TensorView(scales.data(), DType::F32, Device::CPU, {static_cast<int64_t>(scales.size())})});
+    EXPECT_NE(error_of([&] { linear_forward_fp8(host(out, N, OC), host(x, N, C), host(w, OC, C), {}, {}, ctx, small); })
+                  .find("too small"),
+              std::string::npos);
+  }
 }
 
 }  // namespace fp8_group_gemm_test

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/util/error.h"
 #include "turbo/ops/activation.h"
@@ -69,6 +70,26 @@ Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed,
   return out;
 }
 
+// The saved q(x)^T of layer `weight` as the weight-gradient GEMM's operand ([C, N] with its
+// scales), or nothing when the layer has no slot. Throws when the slot is too small for N.
+std::optional<Quantized> saved_input(const Fp8Recipe& r, const TensorView& weight, int64_t N, int64_t C, DType dt,
+                                     const char* op) {
+  if (!r.saved) return std::nullopt;
+  const Fp8SavedInputs::Slot* s = r.saved->find(weight.data);
+  if (!s) return std::nullopt;
+  const Fp8Granularity g = r.act_granularity();
+  const int64_t scales = fp8_scale_numel(g, C, N);
+  if (s->q_t.nbytes() < static_cast<size_t>(C * N) || s->scale.numel() < scales || s->scale.dtype != DType::F32)
+    throw RuntimeError(fmt::format("{}: the saved-input slot ({} bytes, {} scales) is too small for a [{}, {}] input "
+                                   "({} bytes, {} scales)",
+                                   op, s->q_t.nbytes(), s->scale.numel(), N, C, C * N, scales));
+  Quantized q;
+  q.q = TensorView(s->q_t.data, dt, s->q_t.device, {C, N});
+  q.scale = TensorView(s->scale.data, DType::F32, s->scale.device, {scales});
+  q.g = g;
+  return q;
+}
+
 void check_matrix(const TensorView& t, const char* op, const char* name) {
   if (!t.defined() || t.ndim != 2 || t.stride(1) != 1 || t.stride(0) < t.size(1))
     throw RuntimeError(fmt::format("{}: {} must be a row-major matrix, got {}", op, name,
@@ -119,6 +140,23 @@ void input_grad(const TensorView& dinp, float beta, const TensorView& dout, cons
 }
 
 }  // namespace
+
+void Fp8SavedInputs::add(const void* weight, Slot slot) {
+  if (!weight || !slot.q_t.defined() || !slot.scale.defined())
+    throw RuntimeError("Fp8SavedInputs::add: a weight and both buffers are needed");
+  if (find(weight)) throw RuntimeError("Fp8SavedInputs::add: the weight already has a slot");
+  slots_.emplace_back(weight, slot);
+}
+
+const Fp8SavedInputs::Slot* Fp8SavedInputs::find(const void* weight) const {
+  for (const auto& [w, s] : slots_)
+    if (w == weight) return &s;
+  return nullptr;
+}
+
+int64_t fp8_saved_scale_numel(const Fp8Recipe& r, int64_t N, int64_t C) {
+  return fp8_scale_numel(r.act_granularity(), C, N);
+}
 
 const char* fp8_scaling_name(Fp8Scaling s) {
   switch (s) {
@@ -213,8 +251,29 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
   check_matrix(weight, op, "weight");
   Arena& arena = detail::scratch_of(ctx, op);
   ArenaScope scope(arena);
-  const Quantized x = quantize(arena, inp, r.fwd, false, r.act_granularity(), ctx, "fp8 inp",
-                               delayed_of(r, weight, Fp8DelayedScaling::kInput, op));
+  const int64_t N = inp.size(0), C = inp.size(1);
+  const Fp8Granularity ga = r.act_granularity();
+  Quantized x;
+  if (const std::optional<Quantized> saved = saved_input(r, weight, N, C, r.fwd, op)) {
+    // Both layouts in one pass: q(x) for this GEMM, q(x)^T kept for the weight gradient.
+    x.g = ga;
+    x.q = arena.tensor(r.fwd, {N, C}, "fp8 inp");
+    x.scale = ga == Fp8Granularity::Tensor ? saved->scale : scale_tensor(arena, ga, N, C, "fp8 inp scale");
+    QuantizeFp8Args q;
+    q.inp = inp;
+    q.granularity = ga;
+    q.out = x.q;
+    q.out_t = saved->q;
+    q.scale_inv = x.scale;
+    if (ga != Fp8Granularity::Tensor) q.scale_inv_t = saved->scale;
+    const Delayed d = delayed_of(r, weight, Fp8DelayedScaling::kInput, op);
+    q.scale = d.scale;
+    q.amax = d.amax;
+    q.ctx = ctx;
+    quantize_fp8(q);
+  } else {
+    x = quantize(arena, inp, r.fwd, false, ga, ctx, "fp8 inp", delayed_of(r, weight, Fp8DelayedScaling::kInput, op));
+  }
   const Quantized w = quantize(arena, weight, r.fwd, false, r.weight_granularity(), ctx, "fp8 weight",
                                delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));
   const GemmEpilogue epi = bias.defined() ? GemmEpilogue::Bias : GemmEpilogue::None;
@@ -269,8 +328,10 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
                                     delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));  // [C,OC]
       fp8_gemm(dy, wt, dinp, accumulate_dinp ? 1.0f : 0.0f, false, GemmEpilogue::None, {}, ctx);
     }
-    const Quantized xt = quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
-                                  delayed_of(r, weight, Fp8DelayedScaling::kInput, op));  // [C,N]
+    const std::optional<Quantized> saved = saved_input(r, weight, N, weight.size(1), r.fwd, op);
+    const Quantized xt = saved ? *saved
+                               : quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
+                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op));  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
     if (dbias.defined()) bias_grad(dbias, dout, ctx);
     return;
@@ -285,8 +346,10 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
     ArenaScope scope(arena);
     const Quantized dyt = quantize(arena, dout, r.grad, true, r.act_granularity(), ctx, "fp8 dout^T",
                                    delayed_of(r, weight, Fp8DelayedScaling::kGrad, op));  // [OC,N]
-    const Quantized xt = quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
-                                  delayed_of(r, weight, Fp8DelayedScaling::kInput, op));  // [C,N]
+    const std::optional<Quantized> saved = saved_input(r, weight, dout.size(0), weight.size(1), r.fwd, op);
+    const Quantized xt = saved ? *saved
+                               : quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
+                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op));  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
   } else if (dbias.defined()) {
     throw RuntimeError("linear_backward_fp8: dbias without dweight is not supported");

@@ -34,6 +34,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "turbo/core/fp8_granularity.h"
 #include "turbo/core/tensor_view.h"
@@ -46,6 +48,32 @@ const char* fp8_scaling_name(Fp8Scaling s);  // "tensorwise" | "rowwise" | "bloc
 
 class Fp8DelayedScaling;  // turbo/ops/fp8_delayed.h
 
+// Inputs saved for the backward in FP8: for a registered linear layer (found by its weight's
+// address) the forward quantizes x into both layouts in one pass, q(x) for its own GEMM and
+// q(x)^T into the layer's slot, which the weight-gradient GEMM then reads instead of quantizing
+// the bf16 x again; so x itself need not be kept for the backward (the caller's memory plan drops
+// it). The slot is the caller's memory: q_t holds at least C * N FP8 bytes for the largest N, scale
+// at least fp8_saved_scale_numel(recipe, C, N) f32. A layer's backward must follow its own forward
+// (no other forward of that layer in between); evaluation forwards write the slot too.
+class Fp8SavedInputs {
+ public:
+  // The granularity of the saved copies' scales: the recipe's for activations.
+  explicit Fp8SavedInputs(Fp8Granularity g = Fp8Granularity::Tensor) : g_(g) {}
+  Fp8Granularity granularity() const { return g_; }
+  struct Slot {
+    TensorView q_t;    // FP8 bytes (any dtype view; used as [C, N])
+    TensorView scale;  // f32
+  };
+  void add(const void* weight, Slot slot);
+  const Slot* find(const void* weight) const;  // nullptr: not registered
+  void clear() { slots_.clear(); }
+  size_t size() const { return slots_.size(); }
+
+ private:
+  Fp8Granularity g_;
+  std::vector<std::pair<const void*, Slot>> slots_;
+};
+
 struct Fp8Recipe {
   DType fwd = DType::F8E4M3;   // x and w
   DType grad = DType::F8E5M2;  // dy ("hybrid"); F8E4M3 for an all-E4M3 recipe
@@ -55,6 +83,8 @@ struct Fp8Recipe {
   // the recipe that the linear slots hold and by the model that owns the memory); a delayed
   // recipe without it is refused at its first call.
   std::shared_ptr<Fp8DelayedScaling> delayed;
+  // The layers whose inputs are kept in FP8 for the backward (null or empty: none).
+  std::shared_ptr<Fp8SavedInputs> saved;
   std::string name() const;    // the format: "hybrid" | "e4m3" (| "custom")
   // The granularity of activations / gradients, and of weights, under this recipe.
   Fp8Granularity act_granularity() const;
@@ -88,6 +118,10 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
 void linear_backward_input_dgelu_fp8(const TensorView& dpre, const TensorView& dbias, const TensorView& dout,
                                      const TensorView& weight, const TensorView& pre_aux, const ExecContext& ctx,
                                      const Fp8Recipe& recipe = {});
+
+// f32 scales a saved q(x)^T of an [N, C] input needs under `recipe` (Fp8SavedInputs): one
+// (tensorwise, delayed), C (rowwise: per feature), C * N / 128 (blockwise: 1x128 along the tokens).
+int64_t fp8_saved_scale_numel(const Fp8Recipe& recipe, int64_t N, int64_t C);
 
 // The most scratch one call above borrows for a layer with n rows, in_features C and
 // out_features OC (quantized copies, scales and the quantizer's partials), in bytes.

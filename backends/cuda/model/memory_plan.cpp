@@ -316,10 +316,16 @@ void MemoryPlan::plan(Take&& take) {
       return v;
     };
     auto wanted = [&](int64_t l) { return !(f.dense_mlp && spec_.is_moe_layer(l)) && (!f.qk_norm || spec_.qk_layernorm); };
+    // A linear layer's input saved in FP8 for the backward need not be kept in bf16.
+    const bool fp8_saved_input = f.member == &LayerActs::ln1 || f.member == &LayerActs::ln2 || f.member == &LayerActs::act;
+    auto kept = [&](int64_t l) {
+      return policy[l] <= f.keep && !(fp8_saved_input && l < static_cast<int64_t>(opt_.fp8_saves.size()) &&
+                                       opt_.fp8_saves[static_cast<size_t>(l)]);
+    };
     bool shared = false;
     for (int64_t l = 0; l < L; ++l) {
       if (!wanted(l)) continue;
-      if (policy[l] <= f.keep)
+      if (kept(l))
         a.layers[l].*f.member = take_field();
       else
         shared = true;
@@ -327,7 +333,20 @@ void MemoryPlan::plan(Take&& take) {
     if (!shared) continue;
     a.work.*f.member = take_field();
     for (int64_t l = 0; l < L; ++l)
-      if (wanted(l) && policy[l] > f.keep) a.layers[l].*f.member = a.work.*f.member;
+      if (wanted(l) && !kept(l)) a.layers[l].*f.member = a.work.*f.member;
+  }
+  for (int64_t l = 0; l < L && l < static_cast<int64_t>(opt_.fp8_saves.size()); ++l) {
+    if (!opt_.fp8_saves[static_cast<size_t>(l)]) continue;
+    LayerActs& la = a.layers[static_cast<size_t>(l)];
+    const turbo::Fp8Granularity g = opt_.fp8_saved_granularity;
+    auto saved = [&](TensorView& q, TensorView& s, int64_t cols, const char* what, const char* swhat) {
+      q = take(Pool::Acts, DType::F8E4M3, {cols * N}, what);
+      s = take(Pool::Acts, f32, {turbo::fp8_scale_numel(g, cols, N)}, swhat);
+    };
+    saved(la.ln1_q, la.ln1_qs, C, "norm1 output, FP8 transposed (saved for the qkv weight gradient)", "its FP8 scales");
+    saved(la.ln2_q, la.ln2_qs, C, "norm2 output, FP8 transposed (saved for the MLP up weight gradient)", "its FP8 scales");
+    saved(la.act_q, la.act_qs, F, "MLP activation, FP8 transposed (saved for the MLP down weight gradient)",
+          "its FP8 scales");
   }
   plan_moe(take, N);
   a.tmp = take(Pool::Acts, act_, {N, C}, "projection output");

@@ -64,6 +64,9 @@ struct ModelParams {
 // their per-head norms and rstd_qk f32 [N * (H + KV)] (undefined without it).
 struct LayerActs {
   TensorView x_in, ln1, mean1, rstd1, qkv, qk_pre, rstd_qk, att, lse, x2, ln2, mean2, rstd2, fc, act;
+  // FP8 inputs saved for the backward (MemoryPlanOptions::fp8_saves): q(ln1)^T, q(ln2)^T, q(act)^T
+  // as flat FP8 bytes [cols * N] and their f32 scales; ln1, ln2 and act then share the work set.
+  TensorView ln1_q, ln2_q, act_q, ln1_qs, ln2_qs, act_qs;
 };
 
 // One MoE layer's activations, all kept for the backward (the recompute policies apply to the
@@ -154,6 +157,11 @@ struct MemoryPlanOptions {
   bool host = false;             // host memory and fp32 compute (CudaModelOptions::device)
   bool fp8_linear = false;       // scratch for the FP8 linear slots' quantized copies
   int64_t fp8_delayed_floats = 0;  // StateBuffers::fp8_delayed's size (0: none)
+  // Per layer: its linear layers' inputs ln1, ln2 and act are kept for the backward as FP8
+  // transposed copies (LayerActs::*_q, turbo::Fp8SavedInputs) instead of bf16; their scales are
+  // fp8_scale_numel(fp8_saved_granularity, cols, N) f32. Empty: none.
+  std::vector<bool> fp8_saves;
+  turbo::Fp8Granularity fp8_saved_granularity = turbo::Fp8Granularity::Tensor;
   size_t attention_scratch_bytes = 0;
   int64_t ones_pad = 0;          // columns of ones after ln1/ln2's rows (BiasGrad::Ones), else 0
   int64_t zero_ranges = 0;       // entries of zero_grad's range table
