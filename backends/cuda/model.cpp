@@ -113,12 +113,11 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.moe_align = turbo::kGroupedGemmAlign;
   for (int64_t l = 0; l < spec.num_layers; ++l)
     mp.policy.push_back(ops.recompute_policy ? ops.recompute_policy(l, spec.num_layers) : Recompute::None);
-  // FP8 inputs saved for the backward: the layers in FP8 (not the bf16 edge layers, not MoE) that
-  // keep their activations (a recomputing policy drops ln1/ln2/act already).
+  // FP8 inputs saved for the backward: the layers in FP8 (not the bf16 edge layers, not MoE); the
+  // plan saves those inputs their recompute policy keeps.
   for (int64_t l = 0; l < static_cast<int64_t>(mp.fp8_saves.size()); ++l) {
     const int64_t e = opt.fp8_bf16_edge_layers;
-    mp.fp8_saves[static_cast<size_t>(l)] = mp.policy[static_cast<size_t>(l)] == Recompute::None && l >= e &&
-                                           l < spec.num_layers - e && !spec.is_moe_layer(l);
+    mp.fp8_saves[static_cast<size_t>(l)] = l >= e && l < spec.num_layers - e && !spec.is_moe_layer(l);
   }
   const GradClearing clearing = plan_grad_clearing(
       layout, [&spec](const std::string& name) { return Decoder::written_by_first_gemm(spec, name); });
@@ -327,9 +326,9 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       if (!saves[l]) continue;
       const LayerParams& p = plan_->params.layers[l];
       const LayerActs& a = plan_->acts.layers[l];
-      opt_.fp8_saved->add(p.qkv_w.w.data, {a.ln1_q, a.ln1_qs});
-      opt_.fp8_saved->add(p.fc_w.w.data, {a.ln2_q, a.ln2_qs});
-      opt_.fp8_saved->add(p.out_w.w.data, {a.act_q, a.act_qs});
+      if (a.ln1_q.defined()) opt_.fp8_saved->add(p.qkv_w.w.data, {a.ln1_q, a.ln1_qs});
+      if (a.ln2_q.defined()) opt_.fp8_saved->add(p.fc_w.w.data, {a.ln2_q, a.ln2_qs});
+      if (a.act_q.defined()) opt_.fp8_saved->add(p.out_w.w.data, {a.act_q, a.act_qs});
     }
   }
   stream_.zero(st.grads);  // once: the padding of a ZeRO-1 buffer and every tensor start at zero

@@ -318,10 +318,10 @@ void MemoryPlan::plan(Take&& take) {
     auto wanted = [&](int64_t l) { return !(f.dense_mlp && spec_.is_moe_layer(l)) && (!f.qk_norm || spec_.qk_layernorm); };
     // A linear layer's input saved in FP8 for the backward need not be kept in bf16.
     const bool fp8_saved_input = f.member == &LayerActs::ln1 || f.member == &LayerActs::ln2 || f.member == &LayerActs::act;
-    auto kept = [&](int64_t l) {
-      return policy[l] <= f.keep && !(fp8_saved_input && l < static_cast<int64_t>(opt_.fp8_saves.size()) &&
-                                       opt_.fp8_saves[static_cast<size_t>(l)]);
+    auto fp8_layer = [&](int64_t l) {
+      return l < static_cast<int64_t>(opt_.fp8_saves.size()) && opt_.fp8_saves[static_cast<size_t>(l)];
     };
+    auto kept = [&](int64_t l) { return policy[l] <= f.keep && !(fp8_saved_input && fp8_layer(l)); };
     bool shared = false;
     for (int64_t l = 0; l < L; ++l) {
       if (!wanted(l)) continue;
@@ -335,18 +335,21 @@ void MemoryPlan::plan(Take&& take) {
     for (int64_t l = 0; l < L; ++l)
       if (wanted(l) && !kept(l)) a.layers[l].*f.member = a.work.*f.member;
   }
+  // The FP8 copies of what the layer's policy would keep (ln1 and ln2 under none, act under none
+  // and norms; a policy that recomputes an input recomputes it in bf16 and quantizes it again).
   for (int64_t l = 0; l < L && l < static_cast<int64_t>(opt_.fp8_saves.size()); ++l) {
     if (!opt_.fp8_saves[static_cast<size_t>(l)]) continue;
     LayerActs& la = a.layers[static_cast<size_t>(l)];
     const turbo::Fp8Granularity g = opt_.fp8_saved_granularity;
-    auto saved = [&](TensorView& q, TensorView& s, int64_t cols, const char* what, const char* swhat) {
+    auto saved = [&](TensorView& q, TensorView& s, int64_t cols, Recompute keep, const char* what) {
+      if (policy[l] > keep) return;
       q = take(Pool::Acts, DType::F8E4M3, {cols * N}, what);
-      s = take(Pool::Acts, f32, {turbo::fp8_scale_numel(g, cols, N)}, swhat);
+      s = take(Pool::Acts, f32, {turbo::fp8_scale_numel(g, cols, N)}, "FP8 scales of a saved input");
     };
-    saved(la.ln1_q, la.ln1_qs, C, "norm1 output, FP8 transposed (saved for the qkv weight gradient)", "its FP8 scales");
-    saved(la.ln2_q, la.ln2_qs, C, "norm2 output, FP8 transposed (saved for the MLP up weight gradient)", "its FP8 scales");
-    saved(la.act_q, la.act_qs, F, "MLP activation, FP8 transposed (saved for the MLP down weight gradient)",
-          "its FP8 scales");
+    saved(la.ln1_q, la.ln1_qs, C, Recompute::None, "norm1 output in FP8, transposed (for the backward's q|k|v weight GEMM)");
+    saved(la.ln2_q, la.ln2_qs, C, Recompute::None, "norm2 output in FP8, transposed (for the backward's MLP up weight GEMM)");
+    saved(la.act_q, la.act_qs, F, Recompute::Norms,
+          "MLP activation in FP8, transposed (for the backward's MLP down weight GEMM)");
   }
   plan_moe(take, N);
   a.tmp = take(Pool::Acts, act_, {N, C}, "projection output");
