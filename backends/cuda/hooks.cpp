@@ -173,6 +173,8 @@ turbo::Fp8Recipe configure_fp8(CudaArgs& a, const std::string& fp8, const std::s
   a.fp8_delayed.reset();
   r.saved = std::make_shared<turbo::Fp8SavedInputs>(r.act_granularity());
   a.fp8_saved = r.saved;
+  r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
+  a.fp8_weights = r.weights;
   if (r.scaling == turbo::Fp8Scaling::Delayed) {
     turbo::Fp8DelayedOptions o;
     o.history_len = a.fp8_amax_history_len;

@@ -104,6 +104,16 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
     mp.fp8_saved_granularity = opt.fp8_saved->granularity();
     mp.fp8_saves.assign(static_cast<size_t>(spec.num_layers), false);
   }
+  // One micro-batch a step quantizes each weight once (twice with full recompute) anyway: the cache
+  // pays under gradient accumulation only.
+  const bool cache_weights = opt.fp8_linear && opt.fp8_weights && !split && opt.loss_slots > 1;
+  if (cache_weights) {
+    mp.fp8_weight_granularity = opt.fp8_weights->granularity();
+    mp.fp8_weight_layers.assign(static_cast<size_t>(spec.num_layers), false);
+    const int64_t e = opt.fp8_bf16_edge_layers;
+    for (int64_t l = e; l < spec.num_layers - e; ++l)
+      mp.fp8_weight_layers[static_cast<size_t>(l)] = !spec.is_moe_layer(l);
+  }
   if (opt.fp8_delayed) {
     const int64_t tensors = kFp8DelayedLinears * spec.num_layers * turbo::Fp8DelayedScaling::kRoles;
     mp.fp8_delayed_floats = tensors * (opt.fp8_delayed->options().history_len + 2);
@@ -319,6 +329,19 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   optimizer_->upload_clearing_table();
   plan_->init_ones(stream_);
   if (opt_.fp8_delayed) init_fp8_delayed();
+  if (opt_.fp8_weights) {  // the layers the plan gave FP8 weight copies (memory_plan_options)
+    opt_.fp8_weights->clear();
+    const auto& copies = plan_->state.fp8_weights;
+    for (size_t l = 0; l < copies.size(); ++l) {
+      if (!copies[l][0].q.defined()) continue;
+      const LayerParams& p = plan_->params.layers[l];
+      const TensorView* ws[4] = {&p.qkv_w.w, &p.proj_w.w, &p.fc_w.w, &p.out_w.w};
+      for (size_t k = 0; k < 4; ++k) {
+        const StateBuffers::Fp8Weight& c = copies[l][k];
+        opt_.fp8_weights->add(ws[k]->data, {c.q, c.scale, c.q_t, c.scale_t});
+      }
+    }
+  }
   if (opt_.fp8_saved) {  // the layers the plan gave FP8 input copies (memory_plan_options)
     opt_.fp8_saved->clear();
     const std::vector<bool>& saves = plan_->options().fp8_saves;
@@ -518,6 +541,7 @@ void CudaModel::set_fp8_delayed(const Fp8DelayedState& in) {
 
 void CudaModel::zero_grad() {
   mark(Phase::ZeroGrad);
+  if (opt_.fp8_weights) opt_.fp8_weights->invalidate();  // the update changed the weights
   if (opt_.fp8_delayed && fp8_pending_) {
     // The start of a training step: the last step's amaxes become this step's scales. Here, not
     // after the update, so that a captured step holds it and a checkpoint saved between steps
@@ -545,6 +569,8 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
   check_batch(B, T, slot, "loss");
   // Delayed FP8 scaling records a training forward's amaxes, not an evaluation's.
   if (opt_.fp8_delayed) opt_.fp8_delayed->record = dloss != 0.0f;
+  // The step's FP8 weight copies serve its training micro-batches; an evaluation quantizes afresh.
+  if (opt_.fp8_weights) opt_.fp8_weights->enabled = dloss != 0.0f;
   decoder_->forward(B, T, dloss, slot);
 }
 

@@ -36,6 +36,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   if (mo.fp8_linear) {
     mo.fp8_delayed = a.fp8_delayed;
     mo.fp8_saved = a.fp8_saved;
+    mo.fp8_weights = a.fp8_weights;
   }
   // Document masking: the plan holds its tables; the trainer sets the tokenizer's eod id.
   mo.document_masking.reset_attention_mask = t.data.reset_attention_mask;

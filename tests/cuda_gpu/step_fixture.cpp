@@ -21,6 +21,7 @@ StepRun run_steps(const StepRunOptions& o) {
     mo.fp8_linear = true;
     mo.fp8_delayed = o.fp8->delayed;  // one model at a time: each run registers its layers afresh
     mo.fp8_saved = o.fp8->saved;
+    mo.fp8_weights = o.fp8->weights;
   }
   if (o.model_options) o.model_options(mo);
   CudaModel model(spec, mo, ops);

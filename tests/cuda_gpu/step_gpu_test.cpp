@@ -125,12 +125,15 @@ TEST_P(StepGpuTest, OptimizerInBackwardMatchesTheUpdateAfterTheBackward) {
 // GEMMs captured once and replayed, same result as eager.
 // Also with fp8_recipe delayed: the warm-up step runs current scaling, the captured step folds the
 // amaxes into the scales at its start (the update is a node of the graph) and quantizes with them.
+// As the trainer runs FP8: inputs saved in FP8, weights quantized once per step (the capture holds
+// the first micro-batch's fill).
 TEST_P(StepGpuTest, Fp8GraphReplayMatchesEager) {
   for (const char* scaling : {"tensorwise", "delayed"}) {
     turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe");
     if (recipe.scaling == turbo::Fp8Scaling::Delayed)
       recipe.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{4, turbo::Fp8AmaxAlgo::Max});
     recipe.saved = std::make_shared<turbo::Fp8SavedInputs>(recipe.act_granularity());
+    recipe.weights = std::make_shared<turbo::Fp8WeightCache>(recipe.weight_granularity());  // 2 micro-batches a step
     StepRunOptions o;
     o.llama = GetParam();
     o.device = turbo::Device::CUDA;

@@ -438,3 +438,64 @@ TEST(StepConfig, ProfileEnvironmentValuesAreChecked) {
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing
+
+namespace primus::backends::cuda::testing {
+namespace {
+
+// FP8 weights quantized once per optimizer step (turbo::Fp8WeightCache) under gradient
+// accumulation (2 micro-batches a step): the step's first forward fills each weight's two FP8
+// copies, the second micro-batch's forward and both input-gradient GEMMs read them, so per step
+// one fill and three reads per weight; the losses, norms and weights are those of quantizing at
+// every GEMM, bit for bit (the same bytes), for each scaling. Evaluation between steps does not
+// use the copies; a recomputing layer (full) still gets its forward's copy.
+TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
+  for (const bool llama : {false, true}) {
+    for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
+      SCOPED_TRACE(fmt::format("{} {}", llama ? "llama" : "gpt2", scaling));
+      auto recipe = [&](bool cache) {
+        turbo::Fp8Recipe r = turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe");
+        if (r.scaling == turbo::Fp8Scaling::Delayed)
+          r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{2});
+        if (cache) r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
+        return r;
+      };
+      const turbo::Fp8Recipe with = recipe(true), without = recipe(false);
+      StepRunOptions o;
+      o.llama = llama;
+      o.steps = 3;
+      o.micro = 2;
+      int64_t evals = 0;
+      o.after_step = [&](int, CudaModel& m) {  // an evaluation forward between steps
+        const train::ModelSpec spec = tiny_spec(llama);
+        Batches data(spec.seq_length, 1);
+        m.forward(data.inputs[0].data(), data.targets[0].data(), 2, spec.seq_length, 0.0f, 0);
+        ++evals;
+      };
+      o.fp8 = &with;
+      const StepRun cached = run_steps(o);
+      o.fp8 = &without;
+      const StepRun plain = run_steps(o);
+      EXPECT_EQ(cached.losses, plain.losses);
+      EXPECT_EQ(cached.norms, plain.norms);
+      EXPECT_EQ(cached.params, plain.params);
+      const int64_t weights = 4 * tiny_spec(llama).num_layers;
+      ASSERT_EQ(with.weights->size(), static_cast<size_t>(weights));
+      EXPECT_EQ(with.weights->fills, 3 * weights) << "one fill per weight and step";
+      EXPECT_EQ(with.weights->hits, 3 * 3 * weights) << "mb1's forward and both micro-batches' input gradients";
+      EXPECT_EQ(evals, 6) << "three evaluations in each of the two runs";
+    }
+  }
+  // One micro-batch a step: no copies (nothing to reuse).
+  turbo::Fp8Recipe one = turbo::parse_fp8_recipe("hybrid", "test");
+  one.weights = std::make_shared<turbo::Fp8WeightCache>();
+  StepRunOptions o;
+  o.micro = 1;
+  o.steps = 1;
+  o.fp8 = &one;
+  (void)run_steps(o);
+  EXPECT_EQ(one.weights->size(), 0u);
+  EXPECT_EQ(one.weights->fills, 0);
+}
+
+}  // namespace
+}  // namespace primus::backends::cuda::testing

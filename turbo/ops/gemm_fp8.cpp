@@ -90,6 +90,49 @@ std::optional<Quantized> saved_input(const Fp8Recipe& r, const TensorView& weigh
   return q;
 }
 
+// The step's cached q(w) (transposed = false, [OC, C]) or q(w)^T ([C, OC]) of layer `weight`:
+// filled at the first use when the slot is not valid yet and `fill` is set (the forward), read
+// as it is when valid; nothing when the layer has no slot, the cache is switched off, or the slot
+// is empty and may not be filled here.
+std::optional<Quantized> cached_weight(const Fp8Recipe& r, const TensorView& weight, bool transposed, bool fill,
+                                       const ExecContext& ctx, const char* op) {
+  if (!r.weights || !r.weights->enabled) return std::nullopt;
+  Fp8WeightCache::Slot* s = r.weights->find(weight.data);
+  if (!s) return std::nullopt;
+  const Fp8Granularity g = r.weight_granularity();
+  const int64_t OC = weight.size(0), C = weight.size(1);
+  if (!s->valid) {
+    if (!fill) return std::nullopt;
+    if (s->q.nbytes() < static_cast<size_t>(OC * C) || s->q_t.nbytes() < static_cast<size_t>(OC * C) ||
+        s->scale.numel() < fp8_scale_numel(g, OC, C) || s->scale_t.numel() < fp8_scale_numel(g, C, OC))
+      throw RuntimeError(fmt::format("{}: the FP8 weight cache's slot is too small for a [{}, {}] weight", op, OC, C));
+    QuantizeFp8Args a;
+    a.inp = weight;
+    a.granularity = g;
+    a.out = TensorView(s->q.data, r.fwd, s->q.device, {OC, C});
+    a.out_t = TensorView(s->q_t.data, r.fwd, s->q_t.device, {C, OC});
+    a.scale_inv = TensorView(s->scale.data, DType::F32, s->scale.device, {fp8_scale_numel(g, OC, C)});
+    if (g != Fp8Granularity::Tensor)
+      a.scale_inv_t = TensorView(s->scale_t.data, DType::F32, s->scale_t.device, {fp8_scale_numel(g, C, OC)});
+    const Delayed d = delayed_of(r, weight, Fp8DelayedScaling::kWeight, op);
+    a.scale = d.scale;
+    a.amax = d.amax;
+    a.ctx = ctx;
+    quantize_fp8(a);
+    s->valid = true;
+    ++r.weights->fills;
+  } else {
+    ++r.weights->hits;
+  }
+  Quantized q;
+  q.g = g;
+  const TensorView& scale = transposed && g != Fp8Granularity::Tensor ? s->scale_t : s->scale;
+  q.q = transposed ? TensorView(s->q_t.data, r.fwd, s->q_t.device, {C, OC}) : TensorView(s->q.data, r.fwd, s->q.device, {OC, C});
+  q.scale = TensorView(scale.data, DType::F32, scale.device,
+                       {transposed ? fp8_scale_numel(g, C, OC) : fp8_scale_numel(g, OC, C)});
+  return q;
+}
+
 void check_matrix(const TensorView& t, const char* op, const char* name) {
   if (!t.defined() || t.ndim != 2 || t.stride(1) != 1 || t.stride(0) < t.size(1))
     throw RuntimeError(fmt::format("{}: {} must be a row-major matrix, got {}", op, name,
@@ -134,8 +177,10 @@ void input_grad(const TensorView& dinp, float beta, const TensorView& dout, cons
   ArenaScope scope(arena);
   const Quantized dy = quantize(arena, dout, r.grad, false, r.act_granularity(), ctx, "fp8 dout",
                                 delayed_of(r, weight, Fp8DelayedScaling::kGrad, op));
-  const Quantized wt = quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
-                                delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));  // [C,OC]
+  const std::optional<Quantized> cached = cached_weight(r, weight, true, false, ctx, op);
+  const Quantized wt = cached ? *cached
+                              : quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
+                                         delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));  // [C,OC]
   fp8_gemm(dy, wt, dinp, beta, false, GemmEpilogue::None, {}, ctx);
 }
 
@@ -152,6 +197,24 @@ const Fp8SavedInputs::Slot* Fp8SavedInputs::find(const void* weight) const {
   for (const auto& [w, s] : slots_)
     if (w == weight) return &s;
   return nullptr;
+}
+
+void Fp8WeightCache::add(const void* weight, const Slot& slot) {
+  if (!weight || !slot.q.defined() || !slot.q_t.defined() || !slot.scale.defined() || !slot.scale_t.defined())
+    throw RuntimeError("Fp8WeightCache::add: a weight and all four buffers are needed");
+  if (find(weight)) throw RuntimeError("Fp8WeightCache::add: the weight already has a slot");
+  slots_.emplace_back(weight, slot);
+  slots_.back().second.valid = false;
+}
+
+Fp8WeightCache::Slot* Fp8WeightCache::find(const void* weight) {
+  for (auto& [w, s] : slots_)
+    if (w == weight) return &s;
+  return nullptr;
+}
+
+void Fp8WeightCache::invalidate() {
+  for (auto& [w, s] : slots_) s.valid = false;
 }
 
 int64_t fp8_saved_scale_numel(const Fp8Recipe& r, int64_t N, int64_t C) {
@@ -274,8 +337,10 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
   } else {
     x = quantize(arena, inp, r.fwd, false, ga, ctx, "fp8 inp", delayed_of(r, weight, Fp8DelayedScaling::kInput, op));
   }
-  const Quantized w = quantize(arena, weight, r.fwd, false, r.weight_granularity(), ctx, "fp8 weight",
-                               delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));
+  const std::optional<Quantized> cached = cached_weight(r, weight, false, true, ctx, op);
+  const Quantized w = cached ? *cached
+                             : quantize(arena, weight, r.fwd, false, r.weight_granularity(), ctx, "fp8 weight",
+                                        delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));
   const GemmEpilogue epi = bias.defined() ? GemmEpilogue::Bias : GemmEpilogue::None;
   if (!aux.defined()) {
     fp8_gemm(x, w, out, 0.0f, r.fast_accum_fwd, epi, bias, ctx);
@@ -324,8 +389,10 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
       q.amax = d.amax;
       q.ctx = ctx;
       quantize_fp8(q);
-      const Quantized wt = quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
-                                    delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));  // [C,OC]
+      const std::optional<Quantized> cached = cached_weight(r, weight, true, false, ctx, op);
+      const Quantized wt = cached ? *cached
+                                  : quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
+                                             delayed_of(r, weight, Fp8DelayedScaling::kWeight, op));  // [C,OC]
       fp8_gemm(dy, wt, dinp, accumulate_dinp ? 1.0f : 0.0f, false, GemmEpilogue::None, {}, ctx);
     }
     const std::optional<Quantized> saved = saved_input(r, weight, N, weight.size(1), r.fwd, op);

@@ -74,6 +74,36 @@ class Fp8SavedInputs {
   std::vector<std::pair<const void*, Slot>> slots_;
 };
 
+// Weights quantized once per optimizer step, not once per micro-batch (Transformer Engine's FP8
+// weight caching under gradient accumulation): for a registered layer the first training forward
+// after invalidate() quantizes w into both layouts in one pass, q(w) and q(w)^T with their scales,
+// into the slot, and every later forward and input-gradient GEMM of the step reads them. The
+// caller invalidates at each step's start (the weights change only in the optimizer update) and
+// switches `enabled` off for evaluation forwards (they quantize into scratch as without a cache).
+// Slots are the caller's memory: q and q_t OC * C FP8 bytes each, scale / scale_t the weight
+// granularity's scales of [OC, C] and [C, OC] (one shared tensor at Tensor granularity is fine).
+class Fp8WeightCache {
+ public:
+  // The granularity of the copies' scales: the recipe's for weights.
+  explicit Fp8WeightCache(Fp8Granularity g = Fp8Granularity::Tensor) : g_(g) {}
+  Fp8Granularity granularity() const { return g_; }
+  struct Slot {
+    TensorView q, scale, q_t, scale_t;
+    bool valid = false;
+  };
+  void add(const void* weight, const Slot& slot);
+  Slot* find(const void* weight);
+  void invalidate();
+  void clear() { slots_.clear(); }
+  size_t size() const { return slots_.size(); }
+  bool enabled = true;
+  int64_t fills = 0, hits = 0;  // quantizations into the slots, and GEMMs that read a filled slot
+
+ private:
+  Fp8Granularity g_;
+  std::vector<std::pair<const void*, Slot>> slots_;
+};
+
 struct Fp8Recipe {
   DType fwd = DType::F8E4M3;   // x and w
   DType grad = DType::F8E5M2;  // dy ("hybrid"); F8E4M3 for an all-E4M3 recipe
@@ -85,6 +115,8 @@ struct Fp8Recipe {
   std::shared_ptr<Fp8DelayedScaling> delayed;
   // The layers whose inputs are kept in FP8 for the backward (null or empty: none).
   std::shared_ptr<Fp8SavedInputs> saved;
+  // The layers whose weights are quantized once per optimizer step (null or empty: none).
+  std::shared_ptr<Fp8WeightCache> weights;
   std::string name() const;    // the format: "hybrid" | "e4m3" (| "custom")
   // The granularity of activations / gradients, and of weights, under this recipe.
   Fp8Granularity act_granularity() const;

@@ -259,6 +259,22 @@ void MemoryPlan::plan(Take&& take) {
   s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
   if (opt_.fp8_delayed_floats > 0)
     s.fp8_delayed = take(Pool::State, DType::F32, {opt_.fp8_delayed_floats}, "FP8 delayed scaling: amax histories, scales");
+  s.fp8_weights.assign(opt_.fp8_weight_layers.size(), {});
+  for (size_t l = 0; l < opt_.fp8_weight_layers.size(); ++l) {
+    if (!opt_.fp8_weight_layers[l]) continue;
+    const turbo::Fp8Granularity g = opt_.fp8_weight_granularity;
+    const int64_t dims[4][2] = {{QD + 2 * KVD, C}, {C, QD}, {FC, C}, {C, F}};  // [out, in] of q|k|v, proj, fc, out
+    for (int k = 0; k < 4; ++k) {
+      const int64_t OC = dims[k][0], IC = dims[k][1];
+      StateBuffers::Fp8Weight& w = s.fp8_weights[l][static_cast<size_t>(k)];
+      w.q = take(Pool::State, DType::F8E4M3, {OC * IC}, "FP8 weights (quantized once per step)");
+      w.q_t = take(Pool::State, DType::F8E4M3, {OC * IC}, "FP8 weights, transposed (quantized once per step)");
+      w.scale = take(Pool::State, DType::F32, {turbo::fp8_scale_numel(g, OC, IC)}, "FP8 weight scales");
+      w.scale_t = g == turbo::Fp8Granularity::Tensor
+                      ? w.scale
+                      : take(Pool::State, DType::F32, {turbo::fp8_scale_numel(g, IC, OC)}, "FP8 weight scales");
+    }
+  }
   if (opt_.shared_grad_window) s.group_norm = take(Pool::State, DType::F32, {2}, "one AdamW group's gradient norm");
   if (!host && opt_.zero_ranges > 0)  // the kernel's table (host mode clears range by range)
     s.zero_table = take(Pool::State, DType::I64, {2 * opt_.zero_ranges + 1}, "zero_grad ranges (prefix sums, offsets)");

@@ -15,6 +15,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -103,6 +104,13 @@ struct StateBuffers {
   // fp8_recipe delayed: f32 [tensors * history_len + 2 * tensors], the amax histories, then the
   // scales, then each tensor's FP8 format maximum (turbo/ops/fp8_delayed.h).
   TensorView fp8_delayed;
+  // FP8 weights quantized once per step (MemoryPlanOptions::fp8_weight_layers; turbo::Fp8WeightCache):
+  // per layer, for q|k|v, attention output, MLP up and MLP down, q(W) [OC * C] FP8, its scales,
+  // q(W)^T and its scales (undefined in the other layers).
+  struct Fp8Weight {
+    TensorView q, scale, q_t, scale_t;
+  };
+  std::vector<std::array<Fp8Weight, 4>> fp8_weights;
 };
 
 // Views into the activations arena. Per layer, the tensors its recompute policy keeps have memory
@@ -162,6 +170,10 @@ struct MemoryPlanOptions {
   // fp8_scale_numel(fp8_saved_granularity, cols, N) f32. Empty: none.
   std::vector<bool> fp8_saves;
   turbo::Fp8Granularity fp8_saved_granularity = turbo::Fp8Granularity::Tensor;
+  // Per layer: its four linear weights get FP8 copies made once per step (StateBuffers::fp8_weights)
+  // at the weight granularity below. Empty: none.
+  std::vector<bool> fp8_weight_layers;
+  turbo::Fp8Granularity fp8_weight_granularity = turbo::Fp8Granularity::Tensor;
   size_t attention_scratch_bytes = 0;
   int64_t ones_pad = 0;          // columns of ones after ln1/ln2's rows (BiasGrad::Ones), else 0
   int64_t zero_ranges = 0;       // entries of zero_grad's range table
