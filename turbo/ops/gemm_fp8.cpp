@@ -189,28 +189,25 @@ void input_grad(const TensorView& dinp, float beta, const TensorView& dout, cons
 void Fp8SavedInputs::add(const void* weight, Slot slot) {
   if (!weight || !slot.q_t.defined() || !slot.scale.defined())
     throw RuntimeError("Fp8SavedInputs::add: a weight and both buffers are needed");
-  if (find(weight)) throw RuntimeError("Fp8SavedInputs::add: the weight already has a slot");
-  slots_.emplace_back(weight, slot);
+  if (!slots_.emplace(weight, slot).second) throw RuntimeError("Fp8SavedInputs::add: the weight already has a slot");
 }
 
 const Fp8SavedInputs::Slot* Fp8SavedInputs::find(const void* weight) const {
-  for (const auto& [w, s] : slots_)
-    if (w == weight) return &s;
-  return nullptr;
+  const auto it = slots_.find(weight);
+  return it == slots_.end() ? nullptr : &it->second;
 }
 
 void Fp8WeightCache::add(const void* weight, const Slot& slot) {
   if (!weight || !slot.q.defined() || !slot.q_t.defined() || !slot.scale.defined() || !slot.scale_t.defined())
     throw RuntimeError("Fp8WeightCache::add: a weight and all four buffers are needed");
-  if (find(weight)) throw RuntimeError("Fp8WeightCache::add: the weight already has a slot");
-  slots_.emplace_back(weight, slot);
-  slots_.back().second.valid = false;
+  const auto [it, fresh] = slots_.emplace(weight, slot);
+  if (!fresh) throw RuntimeError("Fp8WeightCache::add: the weight already has a slot");
+  it->second.valid = false;
 }
 
 Fp8WeightCache::Slot* Fp8WeightCache::find(const void* weight) {
-  for (auto& [w, s] : slots_)
-    if (w == weight) return &s;
-  return nullptr;
+  const auto it = slots_.find(weight);
+  return it == slots_.end() ? nullptr : &it->second;
 }
 
 void Fp8WeightCache::invalidate() {

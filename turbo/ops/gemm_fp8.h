@@ -34,8 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
+#include <unordered_map>
 
 #include "turbo/core/fp8_granularity.h"
 #include "turbo/core/tensor_view.h"
@@ -71,7 +70,7 @@ class Fp8SavedInputs {
 
  private:
   Fp8Granularity g_;
-  std::vector<std::pair<const void*, Slot>> slots_;
+  std::unordered_map<const void*, Slot> slots_;
 };
 
 // Weights quantized once per optimizer step, not once per micro-batch (Transformer Engine's FP8
@@ -101,7 +100,7 @@ class Fp8WeightCache {
 
  private:
   Fp8Granularity g_;
-  std::vector<std::pair<const void*, Slot>> slots_;
+  std::unordered_map<const void*, Slot> slots_;
 };
 
 struct Fp8Recipe {
