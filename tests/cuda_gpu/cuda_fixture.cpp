@@ -387,6 +387,14 @@ Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsig
   return r;
 }
 
+turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const Fp8TestState& state) {
+  turbo::Fp8Recipe r = turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe");
+  if (r.scaling == turbo::Fp8Scaling::Delayed) r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(state.delayed);
+  if (state.saved) r.saved = std::make_shared<turbo::Fp8SavedInputs>(r.act_granularity());
+  if (state.weights) r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
+  return r;
+}
+
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
                                                                     int steps, const turbo::Fp8Recipe* fp8) {
   return training_curves(tiny_spec(llama), attn, device, steps, fp8);

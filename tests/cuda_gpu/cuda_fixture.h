@@ -117,6 +117,15 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
                                                                     turbo::Device device, int steps,
                                                                     const turbo::Fp8Recipe* fp8 = nullptr);
 
+// An FP8 recipe (format, scaling) with the state the trainer's configure_fp8 gives it: for
+// fp8_recipe delayed an amax history of `delayed`'s length and algorithm, and, when asked for, the
+// saved-input and weight-cache registries (the model fills them when built with the recipe).
+struct Fp8TestState {
+  bool saved = false, weights = false;
+  turbo::Fp8DelayedOptions delayed{2};
+};
+turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const Fp8TestState& state = {});
+
 class CudaGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {

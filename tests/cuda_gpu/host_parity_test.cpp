@@ -285,11 +285,8 @@ TEST(HostFp8, DelayedScalingFollowsTheReferenceFromItsHistory) {
   for (const bool use_max : {false, true}) {
     SCOPED_TRACE(use_max ? "max" : "most_recent");
     const turbo::Fp8Recipe tensorwise = turbo::parse_fp8_recipe("hybrid", "test");
-    turbo::Fp8Recipe delayed = turbo::parse_fp8_recipe("hybrid", "delayed", "test", "fp8_recipe");
-    turbo::Fp8DelayedOptions o;
-    o.history_len = 3;
-    o.algo = use_max ? turbo::Fp8AmaxAlgo::Max : turbo::Fp8AmaxAlgo::MostRecent;
-    delayed.delayed = std::make_shared<turbo::Fp8DelayedScaling>(o);
+    const turbo::Fp8Recipe delayed = fp8_test_recipe(
+        "hybrid", "delayed", {.delayed = {3, use_max ? turbo::Fp8AmaxAlgo::Max : turbo::Fp8AmaxAlgo::MostRecent}});
     const auto [curve, ref] = training_curves(true, Attn::Default, turbo::Device::CPU, 10, &delayed);
     const auto current = training_curves(true, Attn::Default, turbo::Device::CPU, 10, &tensorwise).first;
     EXPECT_EQ(curve[0], current[0]) << "the first step runs current scaling";
@@ -328,8 +325,7 @@ TEST(HostFp8, DelayedScalingEvaluationRecordsNothing) {
   const train::ModelSpec spec = tiny_spec(true);
   const int64_t T = spec.seq_length;
   Batches data(T, 3);
-  turbo::Fp8Recipe r = turbo::parse_fp8_recipe("hybrid", "delayed", "test", "fp8_recipe");
-  r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{2});
+  const turbo::Fp8Recipe r = fp8_test_recipe("hybrid", "delayed");
   CudaOps ops = CudaOps::defaults();
   use_fp8_linear(ops, r);
   CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
@@ -375,14 +371,8 @@ TEST(HostFp8, DelayedScalingEvaluationRecordsNothing) {
 TEST(HostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
     SCOPED_TRACE(scaling);
-    auto recipe = [&](bool save) {
-      turbo::Fp8Recipe r = turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe");
-      if (r.scaling == turbo::Fp8Scaling::Delayed)
-        r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{2});
-      if (save) r.saved = std::make_shared<turbo::Fp8SavedInputs>(r.act_granularity());
-      return r;
-    };
-    const turbo::Fp8Recipe with = recipe(true), without = recipe(false);
+    const turbo::Fp8Recipe with = fp8_test_recipe("hybrid", scaling, {.saved = true}),
+                           without = fp8_test_recipe("hybrid", scaling);
     const auto saved = training_curves(true, Attn::Default, turbo::Device::CPU, 6, &with).first;
     const auto plain = training_curves(true, Attn::Default, turbo::Device::CPU, 6, &without).first;
     EXPECT_EQ(saved, plain) << "the saved copies are not the bytes the backward quantizes";

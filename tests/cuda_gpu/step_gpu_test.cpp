@@ -129,11 +129,8 @@ TEST_P(StepGpuTest, OptimizerInBackwardMatchesTheUpdateAfterTheBackward) {
 // the first micro-batch's fill).
 TEST_P(StepGpuTest, Fp8GraphReplayMatchesEager) {
   for (const char* scaling : {"tensorwise", "delayed"}) {
-    turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe");
-    if (recipe.scaling == turbo::Fp8Scaling::Delayed)
-      recipe.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{4, turbo::Fp8AmaxAlgo::Max});
-    recipe.saved = std::make_shared<turbo::Fp8SavedInputs>(recipe.act_granularity());
-    recipe.weights = std::make_shared<turbo::Fp8WeightCache>(recipe.weight_granularity());  // 2 micro-batches a step
+    const turbo::Fp8Recipe recipe = fp8_test_recipe(
+        "hybrid", scaling, {.saved = true, .weights = true, .delayed = {4, turbo::Fp8AmaxAlgo::Max}});
     StepRunOptions o;
     o.llama = GetParam();
     o.device = turbo::Device::CUDA;

@@ -452,14 +452,8 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
   for (const bool llama : {false, true}) {
     for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
       SCOPED_TRACE(fmt::format("{} {}", llama ? "llama" : "gpt2", scaling));
-      auto recipe = [&](bool cache) {
-        turbo::Fp8Recipe r = turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe");
-        if (r.scaling == turbo::Fp8Scaling::Delayed)
-          r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{2});
-        if (cache) r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
-        return r;
-      };
-      const turbo::Fp8Recipe with = recipe(true), without = recipe(false);
+      const turbo::Fp8Recipe with = fp8_test_recipe("hybrid", scaling, {.weights = true}),
+                             without = fp8_test_recipe("hybrid", scaling);
       StepRunOptions o;
       o.llama = llama;
       o.steps = 3;

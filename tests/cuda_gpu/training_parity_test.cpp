@@ -45,10 +45,8 @@ TEST_P(Fp8TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
   const auto [llama, recipe_name] = GetParam();
   const std::string name = recipe_name, format = name.substr(0, name.find('/'));
   const std::string scaling = name.find('/') == std::string::npos ? "tensorwise" : name.substr(name.find('/') + 1);
-  turbo::Fp8Recipe recipe = turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe");
-  if (recipe.scaling == turbo::Fp8Scaling::Delayed)
-    recipe.delayed = std::make_shared<turbo::Fp8DelayedScaling>(turbo::Fp8DelayedOptions{16, turbo::Fp8AmaxAlgo::Max});
-  recipe.saved = std::make_shared<turbo::Fp8SavedInputs>(recipe.act_granularity());  // as the trainer runs it
+  const turbo::Fp8Recipe recipe = fp8_test_recipe(format.c_str(), scaling.c_str(),
+                                                  {.saved = true, .delayed = {16, turbo::Fp8AmaxAlgo::Max}});
   const auto [curve, ref] = training_curves(llama, Attn::Default, turbo::Device::CUDA, 200, &recipe);
   double worst = 0, tail = 0;
   for (size_t s = 0; s < curve.size(); ++s) {
