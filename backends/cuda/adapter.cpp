@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/gemm_fp8.h"
 #include "backends/cuda/args.h"
 #include "parallel/cuda/grad_reducer.h"
@@ -191,27 +192,28 @@ class CudaAdapter : public BackendAdapter {
     (void)parse_recompute(p.find_path("recompute_granularity")->as_string(), where("recompute_granularity"));
     (void)profile_env_steps();
     (void)parse_cuda_graph(*p.find_path("cuda_graph"));
-    // fp8_recipe takes effect through patch cuda.linear.fp8; checked here so that a recipe without
-    // FP8 (which would do nothing) and the recipe not built yet fail by name.
+    // The delayed recipe's keys (read by patch cuda.linear.fp8): within the device update's limits,
+    // and refused with another recipe, where they would do nothing.
     a->fp8_amax_history_len = p.find_path("fp8_amax_history_len")->as_int();
     a->fp8_amax_compute_algo = p.find_path("fp8_amax_compute_algo")->as_string();
     a->fp8_margin = p.find_path("fp8_margin")->as_int();
-    if (a->fp8_amax_history_len > 8192)
-      throw ConfigError(fmt::format("{}: fp8_amax_history_len {} (at most 8192)", where("fp8_amax_history_len"),
-                                    a->fp8_amax_history_len));
-    if (a->fp8_margin > 64)
-      throw ConfigError(fmt::format("{}: fp8_margin {} (at most 64)", where("fp8_margin"), a->fp8_margin));
-    if (p.find_path("fp8_recipe")->as_string() != "delayed") {
-      for (const char* key : {"fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
-        const config::Value* v = p.find_path(key);
-        const bool set = std::string(key) == "fp8_amax_compute_algo" ? v->as_string() != "most_recent"
-                         : std::string(key) == "fp8_amax_history_len" ? v->as_int() != 1
-                                                                        : v->as_int() != 0;
+    if (a->fp8_amax_history_len > turbo::kFp8MaxAmaxHistory)
+      throw ConfigError(fmt::format("{}: fp8_amax_history_len {} (at most {})", where("fp8_amax_history_len"),
+                                    a->fp8_amax_history_len, turbo::kFp8MaxAmaxHistory));
+    if (a->fp8_margin > turbo::kFp8MaxMargin)
+      throw ConfigError(fmt::format("{}: fp8_margin {} (at most {})", where("fp8_margin"), a->fp8_margin,
+                                    turbo::kFp8MaxMargin));
+    if (const std::string r = p.find_path("fp8_recipe")->as_string(); r != "delayed") {
+      const std::pair<const char*, bool> delayed_keys[] = {{"fp8_amax_history_len", a->fp8_amax_history_len != 1},
+                                                           {"fp8_amax_compute_algo", a->fp8_amax_compute_algo != "most_recent"},
+                                                           {"fp8_margin", a->fp8_margin != 0}};
+      for (const auto& [key, set] : delayed_keys)
         if (set)
-          throw ConfigError(fmt::format("{}: {} applies to fp8_recipe delayed only (the recipe is {})", where(key), key,
-                                        p.find_path("fp8_recipe")->as_string()));
-      }
+          throw ConfigError(
+              fmt::format("{}: {} applies to fp8_recipe delayed only (the recipe is {})", where(key), key, r));
     }
+    // fp8_recipe takes effect through patch cuda.linear.fp8; checked here so that a recipe without
+    // FP8 (which would do nothing) fails by name.
     if (const std::string r = p.find_path("fp8_recipe")->as_string(); r != "tensorwise") {
       if (p.find_path("fp8")->as_string() == "none")
         throw ConfigError(fmt::format("{}: fp8_recipe {} has no effect with fp8: none (set fp8: e4m3 or hybrid)",

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -22,8 +23,17 @@ using turbo::Device;
 
 namespace {
 
-// The linear layers of a transformer layer that FP8 serves: q|k|v, attention output, MLP up, MLP down.
+// The linear layers of a transformer layer that FP8 serves: q|k|v, attention output, MLP up, MLP down
+// (the order of StateBuffers::fp8_weights).
 constexpr int64_t kFp8DelayedLinears = 4;
+std::array<const TensorView*, kFp8DelayedLinears> fp8_linear_weights(const LayerParams& p) {
+  return {&p.qkv_w.w, &p.proj_w.w, &p.fc_w.w, &p.out_w.w};
+}
+// Layer l runs the FP8 slots: not a bf16 edge layer (fp8_first_last_bf16_layers), not a MoE layer.
+bool fp8_layer(const train::ModelSpec& spec, const CudaModelOptions& opt, int64_t l) {
+  const int64_t e = opt.fp8_bf16_edge_layers;
+  return opt.fp8_linear && l >= e && l < spec.num_layers - e && !spec.is_moe_layer(l);
+}
 
 void check_shapes(const train::ModelSpec& s) {
   auto need8 = [](int64_t v, const char* what) {
@@ -100,19 +110,16 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.fp8_linear = opt.fp8_linear;
   const bool sharded = opt.dp_group && parallel::shards_gradients(opt.dp_sharding);
   const bool split = (opt.tp_map && opt.tp_map->tp() > 1) || (opt.cp_group && opt.cp_group->world_size() > 1) || sharded;
-  if (opt.fp8_linear && opt.fp8_saved && !split) {
-    mp.fp8_saved_granularity = opt.fp8_saved->granularity();
-    mp.fp8_saves.assign(static_cast<size_t>(spec.num_layers), false);
-  }
-  // One micro-batch a step quantizes each weight once (twice with full recompute) anyway: the cache
-  // pays under gradient accumulation only.
+  // FP8 inputs saved for the backward in the FP8 layers (the plan saves those inputs their recompute
+  // policy keeps); FP8 weight copies in them under gradient accumulation (one micro-batch a step
+  // quantizes each weight once, twice with full recompute, anyway).
+  const bool save_inputs = opt.fp8_linear && opt.fp8_saved && !split;
   const bool cache_weights = opt.fp8_linear && opt.fp8_weights && !split && opt.loss_slots > 1;
-  if (cache_weights) {
-    mp.fp8_weight_granularity = opt.fp8_weights->granularity();
-    mp.fp8_weight_layers.assign(static_cast<size_t>(spec.num_layers), false);
-    const int64_t e = opt.fp8_bf16_edge_layers;
-    for (int64_t l = e; l < spec.num_layers - e; ++l)
-      mp.fp8_weight_layers[static_cast<size_t>(l)] = !spec.is_moe_layer(l);
+  if (save_inputs) mp.fp8_saved_granularity = opt.fp8_saved->granularity();
+  if (cache_weights) mp.fp8_weight_granularity = opt.fp8_weights->granularity();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (save_inputs) mp.fp8_saves.push_back(fp8_layer(spec, opt, l));
+    if (cache_weights) mp.fp8_weight_layers.push_back(fp8_layer(spec, opt, l));
   }
   if (opt.fp8_delayed) {
     const int64_t tensors = kFp8DelayedLinears * spec.num_layers * turbo::Fp8DelayedScaling::kRoles;
@@ -123,12 +130,6 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.moe_align = turbo::kGroupedGemmAlign;
   for (int64_t l = 0; l < spec.num_layers; ++l)
     mp.policy.push_back(ops.recompute_policy ? ops.recompute_policy(l, spec.num_layers) : Recompute::None);
-  // FP8 inputs saved for the backward: the layers in FP8 (not the bf16 edge layers, not MoE); the
-  // plan saves those inputs their recompute policy keeps.
-  for (int64_t l = 0; l < static_cast<int64_t>(mp.fp8_saves.size()); ++l) {
-    const int64_t e = opt.fp8_bf16_edge_layers;
-    mp.fp8_saves[static_cast<size_t>(l)] = l >= e && l < spec.num_layers - e && !spec.is_moe_layer(l);
-  }
   const GradClearing clearing = plan_grad_clearing(
       layout, [&spec](const std::string& name) { return Decoder::written_by_first_gemm(spec, name); });
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
@@ -334,9 +335,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     const auto& copies = plan_->state.fp8_weights;
     for (size_t l = 0; l < copies.size(); ++l) {
       if (!copies[l][0].q.defined()) continue;
-      const LayerParams& p = plan_->params.layers[l];
-      const TensorView* ws[4] = {&p.qkv_w.w, &p.proj_w.w, &p.fc_w.w, &p.out_w.w};
-      for (size_t k = 0; k < 4; ++k) {
+      const auto ws = fp8_linear_weights(plan_->params.layers[l]);
+      for (size_t k = 0; k < ws.size(); ++k) {
         const StateBuffers::Fp8Weight& c = copies[l][k];
         opt_.fp8_weights->add(ws[k]->data, {c.q, c.scale, c.q_t, c.scale_t});
       }
@@ -473,12 +473,10 @@ void CudaModel::get_grads(float* host) const {
 void CudaModel::init_fp8_delayed() {
   turbo::Fp8DelayedScaling& d = *opt_.fp8_delayed;
   d.clear();
+  static constexpr const char* kNames[kFp8DelayedLinears] = {"qkv", "attention output", "mlp up", "mlp down"};
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
-    const LayerParams& p = plan_->params.layers[static_cast<size_t>(l)];
-    d.add_layer(p.qkv_w.w.data, fmt::format("layer {} qkv", l));
-    d.add_layer(p.proj_w.w.data, fmt::format("layer {} attention output", l));
-    d.add_layer(p.fc_w.w.data, fmt::format("layer {} mlp up", l));
-    d.add_layer(p.out_w.w.data, fmt::format("layer {} mlp down", l));
+    const auto ws = fp8_linear_weights(plan_->params.layers[static_cast<size_t>(l)]);
+    for (size_t k = 0; k < ws.size(); ++k) d.add_layer(ws[k]->data, fmt::format("layer {} {}", l, kNames[k]));
   }
   const int64_t T = d.tensors(), len = d.options().history_len;
   const TensorView& buf = plan_->state.fp8_delayed;

@@ -15,8 +15,6 @@ namespace primus::turbo {
 namespace delayed_impl {
 
 constexpr const char* kOp = "fp8_delayed_update";
-// The device kernel stages a history row in shared memory.
-constexpr int64_t kMaxHistory = 8192;
 
 TensorView element(const TensorView& t, int64_t i) {
   return TensorView(static_cast<float*>(t.data) + i, DType::F32, t.device, {1});
@@ -35,12 +33,13 @@ void validate(const Fp8DelayedUpdateArgs& a) {
   if (a.history.ndim != 2)
     throw RuntimeError(fmt::format("{}: history: expected [tensors, length], got {}", kOp, a.history.describe()));
   const int64_t T = a.history.size(0), len = a.history.size(1);
-  if (len < 1 || len > kMaxHistory)
-    throw RuntimeError(fmt::format("{}: history length {} (1..{})", kOp, len, kMaxHistory));
+  if (len < 1 || len > kFp8MaxAmaxHistory)
+    throw RuntimeError(fmt::format("{}: history length {} (1..{})", kOp, len, kFp8MaxAmaxHistory));
   if (a.scale.numel() != T || a.fp8_max.numel() != T)
     throw RuntimeError(fmt::format("{}: scale and fp8_max need {} entries (one per history row), got {} and {}", kOp, T,
                                    a.scale.numel(), a.fp8_max.numel()));
-  if (a.margin < 0 || a.margin > 64) throw RuntimeError(fmt::format("{}: margin {} (0..64)", kOp, a.margin));
+  if (a.margin < 0 || a.margin > kFp8MaxMargin)
+    throw RuntimeError(fmt::format("{}: margin {} (0..{})", kOp, a.margin, kFp8MaxMargin));
 }
 
 std::string cpu_check(const Fp8DelayedUpdateArgs& a) {
@@ -56,7 +55,7 @@ std::string turbo_check(const Fp8DelayedUpdateArgs& a) {
   return detail::all_on(Device::CUDA, {{"history", &a.history}, {"scale", &a.scale}, {"fp8_max", &a.fp8_max}});
 }
 void turbo_run(const Fp8DelayedUpdateArgs& a) {
-  static_assert(kMaxHistory == cuda::kMaxDelayedHistory);
+  static_assert(kFp8MaxAmaxHistory == cuda::kMaxDelayedHistory);
   cuda::fp8_delayed_update(a.history.ptr<float>(), a.scale.ptr<float>(), a.fp8_max.ptr<float>(), a.history.size(0),
                            a.history.size(1), a.algo == Fp8AmaxAlgo::Max, a.margin,
                            static_cast<cudaStream_t>(a.ctx.stream));
@@ -68,9 +67,10 @@ void turbo_run(const Fp8DelayedUpdateArgs& a) {
 const char* fp8_amax_algo_name(Fp8AmaxAlgo a) { return a == Fp8AmaxAlgo::Max ? "max" : "most_recent"; }
 
 Fp8DelayedScaling::Fp8DelayedScaling(Fp8DelayedOptions o) : opt_(o) {
-  if (o.history_len < 1 || o.history_len > delayed_impl::kMaxHistory)
-    throw ConfigError(fmt::format("fp8_amax_history_len: {} (1..{})", o.history_len, delayed_impl::kMaxHistory));
-  if (o.margin < 0 || o.margin > 64) throw ConfigError(fmt::format("fp8_margin: {} (0..64)", o.margin));
+  if (o.history_len < 1 || o.history_len > kFp8MaxAmaxHistory)
+    throw ConfigError(fmt::format("fp8_amax_history_len: {} (1..{})", o.history_len, kFp8MaxAmaxHistory));
+  if (o.margin < 0 || o.margin > kFp8MaxMargin)
+    throw ConfigError(fmt::format("fp8_margin: {} (0..{})", o.margin, kFp8MaxMargin));
   if (!dtype_is_fp8(o.fwd) || !dtype_is_fp8(o.grad))
     throw RuntimeError("fp8 delayed scaling: the formats must be f8e4m3 or f8e5m2");
 }

@@ -30,6 +30,10 @@ namespace primus::turbo {
 enum class Fp8AmaxAlgo : uint8_t { MostRecent, Max };
 const char* fp8_amax_algo_name(Fp8AmaxAlgo a);  // "most_recent" | "max"
 
+// The longest history (the device update stages a history row in shared memory) and the largest margin.
+inline constexpr int64_t kFp8MaxAmaxHistory = 8192;
+inline constexpr int kFp8MaxMargin = 64;
+
 struct Fp8DelayedOptions {
   int64_t history_len = 1;                      // Megatron's default (--fp8-amax-history-len)
   Fp8AmaxAlgo algo = Fp8AmaxAlgo::MostRecent;   // Megatron's default

@@ -70,6 +70,23 @@ Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed,
   return out;
 }
 
+// q(t) [R, C] into (q, scale) and q(t)^T [C, R] into (q_t, scale_t) from one read of t; at Tensor
+// granularity `scale` serves both layouts.
+void quantize_both(const TensorView& t, Fp8Granularity g, const TensorView& q, const TensorView& scale,
+                   const TensorView& q_t, const TensorView& scale_t, const Delayed& d, const ExecContext& ctx) {
+  QuantizeFp8Args a;
+  a.inp = t;
+  a.granularity = g;
+  a.out = q;
+  a.out_t = q_t;
+  a.scale_inv = scale;
+  if (g != Fp8Granularity::Tensor) a.scale_inv_t = scale_t;
+  a.scale = d.scale;
+  a.amax = d.amax;
+  a.ctx = ctx;
+  quantize_fp8(a);
+}
+
 // The saved q(x)^T of layer `weight` as the weight-gradient GEMM's operand ([C, N] with its
 // scales), or nothing when the layer has no slot. Throws when the slot is too small for N.
 std::optional<Quantized> saved_input(const Fp8Recipe& r, const TensorView& weight, int64_t N, int64_t C, DType dt,
@@ -106,19 +123,11 @@ std::optional<Quantized> cached_weight(const Fp8Recipe& r, const TensorView& wei
     if (s->q.nbytes() < static_cast<size_t>(OC * C) || s->q_t.nbytes() < static_cast<size_t>(OC * C) ||
         s->scale.numel() < fp8_scale_numel(g, OC, C) || s->scale_t.numel() < fp8_scale_numel(g, C, OC))
       throw RuntimeError(fmt::format("{}: the FP8 weight cache's slot is too small for a [{}, {}] weight", op, OC, C));
-    QuantizeFp8Args a;
-    a.inp = weight;
-    a.granularity = g;
-    a.out = TensorView(s->q.data, r.fwd, s->q.device, {OC, C});
-    a.out_t = TensorView(s->q_t.data, r.fwd, s->q_t.device, {C, OC});
-    a.scale_inv = TensorView(s->scale.data, DType::F32, s->scale.device, {fp8_scale_numel(g, OC, C)});
-    if (g != Fp8Granularity::Tensor)
-      a.scale_inv_t = TensorView(s->scale_t.data, DType::F32, s->scale_t.device, {fp8_scale_numel(g, C, OC)});
-    const Delayed d = delayed_of(r, weight, Fp8DelayedScaling::kWeight, op);
-    a.scale = d.scale;
-    a.amax = d.amax;
-    a.ctx = ctx;
-    quantize_fp8(a);
+    quantize_both(weight, g, TensorView(s->q.data, r.fwd, s->q.device, {OC, C}),
+                  TensorView(s->scale.data, DType::F32, s->scale.device, {fp8_scale_numel(g, OC, C)}),
+                  TensorView(s->q_t.data, r.fwd, s->q_t.device, {C, OC}),
+                  TensorView(s->scale_t.data, DType::F32, s->scale_t.device, {fp8_scale_numel(g, C, OC)}),
+                  delayed_of(r, weight, Fp8DelayedScaling::kWeight, op), ctx);
     s->valid = true;
     ++r.weights->fills;
   } else {
@@ -319,18 +328,8 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
     x.g = ga;
     x.q = arena.tensor(r.fwd, {N, C}, "fp8 inp");
     x.scale = ga == Fp8Granularity::Tensor ? saved->scale : scale_tensor(arena, ga, N, C, "fp8 inp scale");
-    QuantizeFp8Args q;
-    q.inp = inp;
-    q.granularity = ga;
-    q.out = x.q;
-    q.out_t = saved->q;
-    q.scale_inv = x.scale;
-    if (ga != Fp8Granularity::Tensor) q.scale_inv_t = saved->scale;
-    const Delayed d = delayed_of(r, weight, Fp8DelayedScaling::kInput, op);
-    q.scale = d.scale;
-    q.amax = d.amax;
-    q.ctx = ctx;
-    quantize_fp8(q);
+    quantize_both(inp, ga, x.q, x.scale, saved->q, saved->scale, delayed_of(r, weight, Fp8DelayedScaling::kInput, op),
+                  ctx);
   } else {
     x = quantize(arena, inp, r.fwd, false, ga, ctx, "fp8 inp", delayed_of(r, weight, Fp8DelayedScaling::kInput, op));
   }
@@ -374,18 +373,8 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
       ArenaScope dgrad_scope(arena);
       const Quantized dy{arena.tensor(r.grad, {N, OC}, "fp8 dout"),
                          tensor ? dyt.scale : scale_tensor(arena, ga, N, OC, "fp8 dout scale"), ga};
-      QuantizeFp8Args q;
-      q.inp = dout;
-      q.granularity = ga;
-      q.out = dy.q;
-      q.out_t = dyt.q;
-      q.scale_inv = dy.scale;
-      if (!tensor) q.scale_inv_t = dyt.scale;
-      const Delayed d = delayed_of(r, weight, Fp8DelayedScaling::kGrad, op);
-      q.scale = d.scale;
-      q.amax = d.amax;
-      q.ctx = ctx;
-      quantize_fp8(q);
+      quantize_both(dout, ga, dy.q, dy.scale, dyt.q, dyt.scale, delayed_of(r, weight, Fp8DelayedScaling::kGrad, op),
+                    ctx);
       const std::optional<Quantized> cached = cached_weight(r, weight, true, false, ctx, op);
       const Quantized wt = cached ? *cached
                                   : quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
