@@ -124,12 +124,15 @@ TEST(Fp8LinearHost, ForwardIsTheProductOfPerTensorQuantizedOperands) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < N; ++i)
     for (int64_t j = 0; j < OC; ++j) {
-      double sq = 0.0, s = 0.0;
+      double sq = 0.0, s = 0.0, mag = 0.0;
       for (int64_t k = 0; k < C; ++k) {
         sq += double(qx[i * C + k]) * qw[j * C + k];
+        mag += std::fabs(double(qx[i * C + k]) * qw[j * C + k]);
         s += double(x[i * C + k]) * w[j * C + k];
       }
-      EXPECT_NEAR(out[i * OC + j], sq * sx * sw, 1e-5 * (std::fabs(sq * sx * sw) + 1e-3));
+      // The f32 GEMM's rounding: at most about C f32 ulps of the sum of |terms| (a sum that cancels
+      // to a small value keeps the error of its large terms), far below a wrong scale or code.
+      EXPECT_NEAR(out[i * OC + j], sq * sx * sw, 2.0 * C * 6e-8 * mag * sx * sw + 1e-12);
       num += (out[i * OC + j] - s) * (out[i * OC + j] - s);
       den += s * s;
     }
