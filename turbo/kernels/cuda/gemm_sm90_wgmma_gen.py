@@ -8,6 +8,10 @@ Run: python3 gemm_sm90_wgmma_gen.py > gemm_sm90_wgmma.cuh"""
 
 TYPES = (("__nv_bfloat16", "bf16"), ("__half", "f16"))
 NS = (128, 160, 256)
+# FP8 operand pairs (A, B) of the grouped GEMM: e4m3 x e4m3 (forward, or an all-E4M3 recipe's
+# gradients) and e5m2 x e4m3 (the hybrid recipe's gradient GEMMs: dy in E5M2).
+FP8 = (("__nv_fp8_e4m3", "e4m3", "__nv_fp8_e4m3", "e4m3"), ("__nv_fp8_e5m2", "e5m2", "__nv_fp8_e4m3", "e4m3"))
+FP8_NS = (128, 256)
 
 
 def emit():
@@ -16,10 +20,14 @@ def emit():
     print("// wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T with A and B in shared memory; TA / TB are")
     print("// the PTX transpose immediates (1: A is M-major / B is N-major; 0: K-major). d holds N/2")
     print("// f32 accumulators per thread in wgmma's fragment layout; accumulate = 0 overwrites them.")
+    print("// FP8: GemmWgmma<Fp8Operands<A, B>, N>, m64nNk32 with A of type A and B of type B; FP8 wgmma")
+    print("// reads both operands K-major only, so TA and TB must be 0. A k32 step covers the same 32")
+    print("// bytes of a swizzled row as a 16-bit k16 step: the k-loop and descriptors are shared.")
     print("#pragma once")
-    print("#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cstdint>\n")
+    print("#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cuda_fp8.h>\n#include <cstdint>\n")
     print("namespace primus::turbo::cuda::gemm90 {\n")
-    print("template <class T, int N> struct GemmWgmma;\n")
+    print("template <class T, int N> struct GemmWgmma;")
+    print("template <class A, class B> struct Fp8Operands {};\n")
     for ctype, ptx in TYPES:
         for n in NS:
             r = n // 2
@@ -33,6 +41,23 @@ def emit():
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{accs}}}, %{r}, %{r + 1}, p, 1, 1, %{r + 3}, %{r + 4};\\n}}\\n"
         : {outs}
         : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
+  }}
+}};
+""")
+    for actype, aptx, bctype, bptx in FP8:
+        for n in FP8_NS:
+            r = n // 2
+            accs = ", ".join(f"%{i}" for i in range(r))
+            outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
+            print(f"""template <> struct GemmWgmma<Fp8Operands<{actype}, {bctype}>, {n}> {{
+  template <int TA, int TB>
+  static __device__ __forceinline__ void mma(float* d, uint64_t a, uint64_t b, int accumulate) {{
+    static_assert(TA == 0 && TB == 0, "FP8 wgmma reads K-major operands only");
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{aptx}.{bptx} {{{accs}}}, %{r}, %{r + 1}, p, 1, 1;\\n}}\\n"
+        : {outs}
+        : "l"(a), "l"(b), "r"(accumulate));
   }}
 }};
 """)

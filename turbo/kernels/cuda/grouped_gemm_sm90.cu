@@ -28,6 +28,7 @@
 
 #include <cuda.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -68,6 +69,10 @@ struct GParams {
   int64_t d_group;  // k mode: elements from one group's output to the next
   float beta;       // k mode: 1 adds to D (accumulate)
   int d_vec16;      // rows mode: 16-byte aligned output rows (the staged 16-bit epilogue)
+  // FP8 (rowwise scales, applied to the f32 accumulators before the epilogue): scale_a per output
+  // row (rows mode: the token row, [M]; k mode: [G][m_w]), scale_b per output column ([G][n]).
+  const float* scale_a;
+  const float* scale_b;
 };
 
 // One tile: group g and its rows [row0, row0 + rows); tile row tm and column tn of the group's output.
@@ -141,21 +146,66 @@ __device__ __forceinline__ void zero_past_group(uint32_t base, int st, int valid
   }
   fence_proxy_async();
 }
+// The FP8 weight gradient's cut (K-major operands: the k-tile's tokens run along each 128-byte
+// row): bytes [valid, 128) of every row of A's 128 rows and B's BN rows in stage `st` zeroed, then
+// made visible to the async proxy. valid is a multiple of 16 (group offsets are: TMA starts a box
+// only on a 16-byte boundary of the innermost dimension), so whole 16-byte chunks are cleared; the
+// 128-byte swizzle moves a row's chunk c to c ^ (row % 8).
+template <class C, int BN>
+__device__ __forceinline__ void zero_past_group_kmajor(uint32_t base, int st, int valid, int tid, int nthreads) {
+  const uint32_t s0 = base + static_cast<uint32_t>(st * C::kStageBytes);
+  const int whole = valid / 16, chunks = 8 - whole;
+  for (int i = tid; i < (kBM + BN) * chunks; i += nthreads) {
+    const int r = i / chunks, c = whole + i % chunks;
+    st_shared_zero16(s0 + static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) * 16)));
+  }
+  fence_proxy_async();
+}
+// FP8: the accumulators of one m64 row block (acc: BN / 2 floats; this thread's rows r and r + 8
+// of the tile's output, r = row0 + lane / 4) times the row's and the column's scale. Rows past
+// the output (masked by the epilogue) and columns past N read no scale.
+template <int MODE, int BN>
+__device__ __forceinline__ void scale_rows(float* acc, const GParams& p, const GTile& tl, int out_rows, int row0, int n0,
+                                           int lane) {
+  const int r0 = row0 + lane / 4;
+  const float* sa = MODE == kModeRows ? p.scale_a + tl.row0 : p.scale_a + static_cast<int64_t>(tl.g) * p.m_w;
+  const float* sb = p.scale_b + static_cast<int64_t>(tl.g) * p.n;
+  const float a0 = r0 < out_rows ? __ldg(sa + r0) : 0.0f, a8 = r0 + 8 < out_rows ? __ldg(sa + r0 + 8) : 0.0f;
+#pragma unroll
+  for (int gi = 0; gi < BN / 8; ++gi) {
+    const int c = n0 + 8 * gi + 2 * (lane % 4);
+    float b0 = 0.0f, b1 = 0.0f;
+    if (c + 1 < p.n) {
+      const float2 b = __ldg(reinterpret_cast<const float2*>(sb + c));
+      b0 = b.x, b1 = b.y;
+    } else if (c < p.n) {
+      b0 = __ldg(sb + c);
+    }
+    acc[4 * gi] *= a0 * b0, acc[4 * gi + 1] *= a0 * b1;
+    acc[4 * gi + 2] *= a8 * b0, acc[4 * gi + 3] *= a8 * b1;
+  }
+}
 // Named barrier 4 + wg over one consumer warpgroup (immediate ids: ptxas counts what is used).
 __device__ __forceinline__ void warpgroup_barrier(int wg) {
   if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
   else asm volatile("bar.sync 5, 128;\n" ::: "memory");
 }
 
-// TA / TB as in mainloop: 1 when A is M-major / B is N-major in shared memory. PP: the ping-pong
-// schedule (BN 128; each consumer warpgroup owns every other tile of the block, whole, and its
-// epilogue runs under the other's k-loop), else the cooperative one (both on one tile).
-template <class OutT, int MODE, int TA, int TB, int BN, bool PP>
+// T: the operands' type, __nv_bfloat16 or Fp8Operands<A, B> (FP8: every operand K-major, k-tiles
+// of 128 elements, the same 128 bytes per row as bf16's 64, and the rowwise scales applied to the
+// accumulators before the epilogue). TA / TB as in mainloop: 1 when A is M-major / B is N-major in
+// shared memory. PP: the ping-pong schedule (BN 128; each consumer warpgroup owns every other tile
+// of the block, whole, and its epilogue runs under the other's k-loop), else the cooperative one
+// (both on one tile).
+template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                              const GParams p, const __grid_constant__ EpiMaps em) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<BN, PP>;
+  constexpr bool kF8 = !std::is_same_v<T, __nv_bfloat16>;
+  constexpr int kTK = kF8 ? 2 * kBK : kBK;  // elements per k-tile (128 bytes of a row)
+  static_assert(!kF8 || (TA == 0 && TB == 0), "FP8 operands are K-major");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   const uint32_t bars = base + C::kBarOffset;                    // full[kStages], then empty[kStages]
@@ -177,18 +227,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       GTile tl;
       for (int t = static_cast<int>(blockIdx.x); locate<MODE>(p, walk, t, tl); t += static_cast<int>(gridDim.x)) {
         const int m0 = tl.tm * kBM, n0 = tl.tn * BN;
-        const int kb_count = MODE == kModeRows ? p.kblocks : (tl.rows + kBK - 1) / kBK;
+        const int kb_count = MODE == kModeRows ? p.kblocks : (tl.rows + kTK - 1) / kTK;
         // MN-major slabs wholly past the output's edge are not loaded (their stale shared memory
         // feeds only masked rows / columns), as in the dense kernel.
-        const int a_slabs = MODE == kModeK ? (m0 + 64 < p.m_w ? 2 : 1) : 0;
+        const int a_slabs = MODE == kModeK && TA ? (m0 + 64 < p.m_w ? 2 : 1) : 0;
         const int b_slabs = TB ? min(C::kSlabsB, (p.n - n0 + 63) / 64) : 0;
-        const uint32_t tx = (MODE == kModeK ? a_slabs * kSlabBytes : C::kBytesA) + (TB ? b_slabs * kSlabBytes : C::kBytesB);
+        const uint32_t tx = (TA ? a_slabs * kSlabBytes : C::kBytesA) + (TB ? b_slabs * kSlabBytes : C::kBytesB);
         for (int kb = 0; kb < kb_count; ++kb, ++it) {
           if (it >= C::kStages) mbar_wait(bars + 8u * (C::kStages + stage), phase ^ 1u);
           const uint32_t full = bars + 8u * stage;
           mbar_expect_tx(full, tx);
           const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kBytesA;
-          const int k0 = kb * kBK;
+          const int k0 = kb * kTK;
           if constexpr (MODE == kModeRows) {
             tma_load_2d(sa, &tmap_a, full, k0, tl.row0 + m0);
             if constexpr (TB) {
@@ -196,6 +246,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             } else {
               attn::tma_load_3d(sb, &tmap_b, full, k0, n0, tl.g);
             }
+          } else if constexpr (!TA) {  // FP8: dout^T [N][M] and inp^T [K][M], the tokens along k
+            const int r = tl.row0 + k0;
+            tma_load_2d(sa, &tmap_a, full, r, m0);
+            tma_load_2d(sb, &tmap_b, full, r, n0);
           } else {
             const int r = tl.row0 + k0;
             tma_load_2d(sa, &tmap_a, full, m0, r);
@@ -229,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   GTile tl;
   int i = 0;  // the block's tile count so far
   for (int t = static_cast<int>(blockIdx.x); locate<MODE>(p, walk, t, tl); t += static_cast<int>(gridDim.x), ++i) {
-    const int kb_count = MODE == kModeRows ? p.kblocks : (tl.rows + kBK - 1) / kBK;
+    const int kb_count = MODE == kModeRows ? p.kblocks : (tl.rows + kTK - 1) / kTK;
     bool has_next = false;
     if constexpr (PP) {
       // Tile i is warpgroup i % 2's, its k-iterations the producer's [it0, it0 + kb_count): the
@@ -273,20 +327,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (i > 0) order_wait(wg);
     }
     if constexpr (MODE == kModeK) {
-      const int valid = tl.rows - (kb_count - 1) * kBK;  // rows of the group in its last k-tile
+      const int valid = tl.rows - (kb_count - 1) * kTK;  // rows of the group in its last k-tile
       const auto cut = [&](int kb, int st) {
-        if (kb != kb_count - 1 || valid >= kBK) return;
-        zero_past_group<C>(base, st, valid, etid, ethreads);
+        if (kb != kb_count - 1 || valid >= kTK) return;
+        if constexpr (kF8) zero_past_group_kmajor<C, BN>(base, st, valid, etid, ethreads);
+        else zero_past_group<C>(base, st, valid, etid, ethreads);
         if constexpr (PP) warpgroup_barrier(wg);
         else consumer_barrier();
       };
-      mainloop<__nv_bfloat16, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
+      mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
     } else {
-      mainloop<__nv_bfloat16, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
+      mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
     }
     if constexpr (PP) {
       if (has_next) order_pass(wg);
       if (MODE == kModeK && kb_count == 0 && q.beta != 0.0f) continue;  // an empty group adds nothing
+      if constexpr (kF8) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) scale_rows<MODE, BN>(acc + h * (BN / 2), p, tl, q.m, tl.tm * kBM + h * 64 + warp * 16, tl.tn * BN, lane);
+      }
       const int col = tl.tn * BN + (lane % 4) * 2;
       const bool vec16 = tile_vec16<OutT, BN, kEpiLinear>(q, tl.tn * BN);  // uniform over the tile
       const bool staged = sizeof(OutT) == 2 && q.staged && vec16;
@@ -307,6 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int g = 0; g < C::kGroups; g += 4) store_groups<OutT, kEpiLinear>(q, row, col + g * 8, 4, acc + h * (BN / 2) + 4 * g);
       }
     } else {
+      if constexpr (kF8) scale_rows<MODE, BN>(acc, p, tl, q.m, tl.tm * kBM + wg * 64 + warp * 16, tl.tn * BN, lane);
       store_tile<OutT, C, BN, kEpiLinear>(q, em, tl.tm, tl.tn, wg, warp, lane, acc, base, epi_nb);
     }
   }
@@ -319,13 +379,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// A bf16 tensor of `rank` dims (innermost first; strides in bytes of dims 1..rank-1) in boxes of
-// `box`, 128-byte swizzled; reads outside the tensor return zeros.
+// A tensor of `rank` dims (innermost first; strides in bytes of dims 1..rank-1) of bf16 (esize 2)
+// or FP8 bytes (esize 1) in boxes of `box`, 128-byte swizzled; reads outside the tensor return zeros.
 CUtensorMap grouped_map(const void* ptr, int rank, const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
-                        const char* what) {
+                        const char* what, int esize = 2) {
   CUtensorMap m;
   const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), const_cast<void*>(ptr),
+  const CUresult r = encode_tiled()(&m, esize == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                                    static_cast<cuuint32_t>(rank), const_cast<void*>(ptr),
                                     dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   PRIMUS_CHECK(r == CUDA_SUCCESS, "grouped_gemm_sm90: cuTensorMapEncodeTiled failed ({}) for {} ({}-d, dims {} x {} x {})",
@@ -333,19 +394,23 @@ CUtensorMap grouped_map(const void* ptr, int rank, const cuuint64_t* dims, const
   return m;
 }
 // [outer][inner] row-major.
-CUtensorMap map_2d(const void* ptr, int64_t inner, int64_t outer, uint32_t box_inner, uint32_t box_outer, const char* what) {
+CUtensorMap map_2d(const void* ptr, int64_t inner, int64_t outer, uint32_t box_inner, uint32_t box_outer, const char* what,
+                   int esize = 2) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner * 2)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner * esize)};
   const cuuint32_t box[2] = {box_inner, box_outer};
-  return grouped_map(ptr, 2, dims, strides, box, what);
+  return grouped_map(ptr, 2, dims, strides, box, what, esize);
 }
-// [groups][outer][inner] row-major, boxes inside one group.
+// [groups][outer][inner], boxes inside one group; rows `outer_stride` and groups `group_stride`
+// elements apart (0: packed, inner and inner * outer).
 CUtensorMap map_3d(const void* ptr, int64_t inner, int64_t outer, int64_t groups, uint32_t box_inner, uint32_t box_outer,
-                   const char* what) {
+                   const char* what, int esize = 2, int64_t outer_stride = 0, int64_t group_stride = 0) {
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer), static_cast<cuuint64_t>(groups)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(inner * 2), static_cast<cuuint64_t>(inner * outer * 2)};
+  if (outer_stride == 0) outer_stride = inner;
+  if (group_stride == 0) group_stride = inner * outer;
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(outer_stride * esize), static_cast<cuuint64_t>(group_stride * esize)};
   const cuuint32_t box[3] = {box_inner, box_outer, 1};
-  return grouped_map(ptr, 3, dims, strides, box, what);
+  return grouped_map(ptr, 3, dims, strides, box, what, esize);
 }
 
 struct GDevice {
@@ -377,9 +442,9 @@ struct RelaxedCaptureScope {
   RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
 };
 
-template <class OutT, int MODE, int TA, int TB, int BN, bool PP>
+template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP>
 void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int grid, cudaStream_t stream) {
-  auto kernel = grouped_gemm_sm90_kernel<OutT, MODE, TA, TB, BN, PP>;
+  auto kernel = grouped_gemm_sm90_kernel<T, OutT, MODE, TA, TB, BN, PP>;
   constexpr int kSmem = Cfg<BN, PP>::kSmem;
   static std::once_flag once;
   std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)); });
@@ -478,8 +543,8 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
     using OutT = decltype(out);
     constexpr int MODE = decltype(mode)::value, TA = decltype(ta_mn)::value, TB = decltype(tb_mn)::value;
     const int grid = static_cast<int>(std::min<int64_t>(sms, tiles));
-    if (pp) launch<OutT, MODE, TA, TB, 128, true>(ta, tb, prm, grid, stream);
-    else launch<OutT, MODE, TA, TB, kGBN, false>(ta, tb, prm, grid, stream);
+    if (pp) launch<__nv_bfloat16, OutT, MODE, TA, TB, 128, true>(ta, tb, prm, grid, stream);
+    else launch<__nv_bfloat16, OutT, MODE, TA, TB, kGBN, false>(ta, tb, prm, grid, stream);
   };
   using I0 = std::integral_constant<int, 0>;
   using I1 = std::integral_constant<int, 1>;
@@ -518,6 +583,120 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
       const CUtensorMap ta = map_2d(p.a, N, M, 64, 64, "dout [M,N]");
       const CUtensorMap tb = map_2d(p.b, K, M, 64, 64, "inp [M,K]");
       run(float{}, std::integral_constant<int, kModeK>{}, I1{}, I1{}, ta, tb, G * prm.tiles_k);
+      return;
+    }
+  }
+}
+
+// ---- FP8 ------------------------------------------------------------------------------------------
+
+namespace {
+// The bf16 problem with the same shapes and pointers: the checks both share.
+GroupedGemmSm90Problem fp8_as_bf16(const GroupedGemmFp8Sm90Problem& p) {
+  GroupedGemmSm90Problem q;
+  q.kind = p.kind, q.groups = p.groups, q.rows = p.rows, q.n = p.n, q.k = p.k;
+  q.offsets = p.offsets, q.a = p.a, q.b = p.b, q.d = p.d, q.accumulate = p.accumulate;
+  return q;
+}
+}  // namespace
+
+std::string grouped_gemm_fp8_sm90_unsupported_reason(const GroupedGemmFp8Sm90Problem& p) noexcept {
+  try {
+    if (p.n % 16 != 0 || p.k % 16 != 0)
+      return fmt::format("N={} and K={} must be multiples of 16 (TMA's 16-byte row strides of FP8 rows)", p.n, p.k);
+    if (p.kind == GroupedGemmKind::Wgrad && p.rows % 16 != 0)
+      return fmt::format("M={} must be a multiple of 16 for the weight gradient (its operands are [N][M] and [K][M])",
+                         p.rows);
+    if (!p.scale_a || reinterpret_cast<uintptr_t>(p.scale_a) % 4 != 0) return "scale_a is null or not 4-byte aligned";
+    if (!p.scale_b || reinterpret_cast<uintptr_t>(p.scale_b) % 8 != 0) return "scale_b is null or not 8-byte aligned";
+    std::string w = grouped_gemm_sm90_unsupported_reason(fp8_as_bf16(p));
+    if (!w.empty()) return w;
+    const ggemm90::RelaxedCaptureScope relaxed;
+    for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"scale_a", p.scale_a}, {"scale_b", p.scale_b}}) {
+      cudaPointerAttributes attr{};
+      if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fmt::format("{} ({}) is not a pointer the CUDA runtime knows", name, ptr);
+      }
+      if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+        return fmt::format("{} ({}) is not device memory", name, ptr);
+    }
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("check failed: ") + e.what();
+  } catch (...) {
+    return "check failed";
+  }
+}
+
+void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stream) {
+  using namespace ggemm90;
+  if (auto w = grouped_gemm_fp8_sm90_unsupported_reason(p); !w.empty()) throw RuntimeError("grouped_gemm_fp8_sm90: " + w);
+  const int64_t G = p.groups, M = p.rows, N = p.n, K = p.k;
+  if (M == 0) {
+    if (p.kind == GroupedGemmKind::Wgrad && !p.accumulate)
+      CUDA_CHECK(cudaMemsetAsync(p.d, 0, static_cast<size_t>(G * N * K) * sizeof(float), stream));
+    return;
+  }
+  const int sms = std::max(1, gdevice().sms);
+  const bool pp = pingpong_schedule();
+  const int bn = pp ? 128 : kGBN;
+  constexpr int kTK = 2 * kBK;  // FP8 k-tile: 128 elements
+  GParams prm{};
+  prm.offsets = p.offsets;
+  prm.groups = static_cast<int>(G);
+  prm.rows_max = static_cast<int>(M);
+  prm.d = p.d;
+  prm.d_vec16 = 1;
+  prm.scale_a = p.scale_a;
+  prm.scale_b = p.scale_b;
+  auto run_t = [&](auto ops, auto out, auto mode, const CUtensorMap& ta, const CUtensorMap& tb, int64_t tiles) {
+    using T = decltype(ops);
+    using OutT = decltype(out);
+    constexpr int MODE = decltype(mode)::value;
+    const int grid = static_cast<int>(std::min<int64_t>(sms, tiles));
+    if (pp) launch<T, OutT, MODE, 0, 0, 128, true>(ta, tb, prm, grid, stream);
+    else launch<T, OutT, MODE, 0, 0, kGBN, false>(ta, tb, prm, grid, stream);
+  };
+  auto run = [&](auto out, auto mode, const CUtensorMap& ta, const CUtensorMap& tb, int64_t tiles) {
+    if (p.a_e5m2) run_t(gemm90::Fp8Operands<__nv_fp8_e5m2, __nv_fp8_e4m3>{}, out, mode, ta, tb, tiles);
+    else run_t(gemm90::Fp8Operands<__nv_fp8_e4m3, __nv_fp8_e4m3>{}, out, mode, ta, tb, tiles);
+  };
+  switch (p.kind) {
+    case GroupedGemmKind::Forward: {  // out [M,N] = inp [M,K] @ W[g]^T
+      prm.n = static_cast<int>(N);
+      prm.ldd = N;
+      prm.kblocks = static_cast<int>(cdiv(K, kTK));
+      prm.tiles_n = static_cast<int>(cdiv(N, bn));
+      const CUtensorMap ta = map_2d(p.a, K, M, kTK, kBM, "q(inp) [M,K]", 1);
+      const CUtensorMap tb = map_3d(p.b, K, N, G, kTK, static_cast<uint32_t>(bn), "q(weight) [G,N,K]", 1);
+      run(__nv_bfloat16{}, std::integral_constant<int, kModeRows>{}, ta, tb, (cdiv(M, kBM) + G) * prm.tiles_n);
+      return;
+    }
+    case GroupedGemmKind::Dgrad: {  // dinp [M,K] = dout [M,N] @ W[g], W[g]^T read K-major from [K][G*N]
+      prm.n = static_cast<int>(K);
+      prm.ldd = K;
+      prm.kblocks = static_cast<int>(cdiv(N, kTK));
+      prm.tiles_n = static_cast<int>(cdiv(K, bn));
+      const CUtensorMap ta = map_2d(p.a, N, M, kTK, kBM, "q(dout) [M,N]", 1);
+      const CUtensorMap tb =
+          map_3d(p.b, N, K, G, kTK, static_cast<uint32_t>(bn), "q(weight)^T [K][G*N]", 1, G * N, N);
+      run(__nv_bfloat16{}, std::integral_constant<int, kModeRows>{}, ta, tb, (cdiv(M, kBM) + G) * prm.tiles_n);
+      return;
+    }
+    case GroupedGemmKind::Wgrad: {  // dW[g] [N,K] = dout_g^T @ inp_g from [N][M] and [K][M]
+      prm.n = static_cast<int>(K);
+      prm.m_w = static_cast<int>(N);
+      prm.ldd = K;
+      prm.d_group = N * K;
+      prm.beta = p.accumulate ? 1.0f : 0.0f;
+      prm.d_vec16 = 0;
+      prm.tiles_m_w = static_cast<int>(cdiv(N, kBM));
+      prm.tiles_n = static_cast<int>(cdiv(K, bn));
+      prm.tiles_k = prm.tiles_m_w * prm.tiles_n;
+      const CUtensorMap ta = map_2d(p.a, M, N, kTK, kBM, "q(dout)^T [N][M]", 1);
+      const CUtensorMap tb = map_2d(p.b, M, K, kTK, static_cast<uint32_t>(bn), "q(inp)^T [K][M]", 1);
+      run(float{}, std::integral_constant<int, kModeK>{}, ta, tb, G * prm.tiles_k);
       return;
     }
   }

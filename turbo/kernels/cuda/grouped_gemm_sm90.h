@@ -47,4 +47,34 @@ std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p
 // (with the reason above) or a CUDA call fails.
 void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream);
 
+// The same kernel on FP8 operands with rowwise scales (the TURBO backend of
+// turbo/ops/grouped_gemm_fp8.h): FP8 wgmma reads both operands K-major, so each product takes the
+// layout that makes its reduction dimension contiguous, and the f32 accumulators are multiplied by
+// the scales of their row and column before the same epilogues:
+//   Forward  a = q(inp) [M,K], scale_a [M];          b = q(W) [G,N,K], scale_b [G,N];  d [M,N] bf16
+//   Dgrad    a = q(dout) [M,N], scale_a [M];         b = q(W)^T stored [K][G*N] (group g's
+//            W_g^T is columns g*N..), scale_b [G,K];                                 d [M,K] bf16
+//   Wgrad    a = q(dout)^T [N][M], scale_a [G,N];    b = q(inp)^T [K][M], scale_b [G,K] (the
+//            scales of group g's tokens);                                              d [G,N,K] f32
+// k-tiles are 128 elements. Forward and Dgrad take any group sizes. The weight gradient reads each
+// group's tokens as the innermost dimension, where TMA starts a box only on a 16-byte boundary: its
+// offsets must be multiples of 16 (the caller's promise, like grouped_gemm's align; the MoE row
+// plan pads groups to 64), and it cuts a group's last k-tile at the group's end in shared memory.
+// Needs N, K multiples of 16, and M too for Wgrad (TMA's 16-byte row strides), scale_a 4-byte and
+// scale_b 8-byte aligned, A in E4M3 or E5M2 and B in E4M3.
+struct GroupedGemmFp8Sm90Problem {
+  GroupedGemmKind kind = GroupedGemmKind::Forward;
+  int64_t groups = 0, rows = 0, n = 0, k = 0;  // as GroupedGemmSm90Problem
+  const int32_t* offsets = nullptr;            // device [G+1]
+  const void* a = nullptr;
+  const float* scale_a = nullptr;
+  const void* b = nullptr;
+  const float* scale_b = nullptr;
+  void* d = nullptr;
+  bool a_e5m2 = false;  // A is E5M2 (the hybrid recipe's gradients), else E4M3
+  bool accumulate = false;
+};
+std::string grouped_gemm_fp8_sm90_unsupported_reason(const GroupedGemmFp8Sm90Problem& p) noexcept;
+void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stream);
+
 }  // namespace primus::turbo::cuda

@@ -1,0 +1,129 @@
+// The FP8 grouped GEMM's host path (the reference the device kernel is tested against) against a
+// double-precision sum written out here from the FP8 bytes and scales, with an empty group and
+// spare rows past offsets[G] (NaN bytes that no result may read); and the argument errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/util/error.h"
+#include "turbo/core/dtype.h"
+#include "turbo/ops/grouped_gemm_fp8.h"
+
+namespace primus::turbo {
+namespace {
+
+double dec(uint8_t b, DType t) { return t == DType::F8E4M3 ? f8e4m3_bits_to_float(b) : f8e5m2_bits_to_float(b); }
+
+class GroupedGemmFp8Host : public ::testing::Test {
+ protected:
+  std::mt19937 rng{std::random_device{}()};
+  std::vector<uint8_t> bytes(int64_t n, DType t) {
+    std::normal_distribution<float> d(0.0f, 4.0f);
+    std::vector<uint8_t> v(static_cast<size_t>(n));
+    for (auto& b : v) b = t == DType::F8E4M3 ? float_to_f8e4m3_bits(d(rng)) : float_to_f8e5m2_bits(d(rng));
+    return v;
+  }
+  std::vector<float> scales(int64_t n) {
+    std::uniform_real_distribution<float> d(0.01f, 0.1f);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& s : v) s = d(rng);
+    return v;
+  }
+  static void expect_close(const std::vector<float>& got, const std::vector<double>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << what << " element " << i;
+  }
+};
+
+TEST_F(GroupedGemmFp8Host, EachProductIsTheScaledSumOfItsGroupsFp8Operands) {
+  const int64_t G = 3, N = 16, K = 32, M = 24;
+  std::vector<int32_t> o = {0, 5, 5, 16};  // group 1 empty, rows 16.. spare
+  const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+  std::vector<uint8_t> x = bytes(M * K, e4), w = bytes(G * N * K, e4), wt = bytes(K * G * N, e4), dy = bytes(M * N, e5),
+                       dyt = bytes(N * M, e5), xt = bytes(K * M, e4);
+  for (int64_t r = o[G]; r < M; ++r) {
+    for (int64_t k = 0; k < K; ++k) x[r * K + k] = 0x7f, xt[k * M + r] = 0x7f;
+    for (int64_t n = 0; n < N; ++n) dy[r * N + n] = 0x7f, dyt[n * M + r] = 0x7f;
+  }
+  std::vector<float> sx = scales(M), sw = scales(G * N), swt = scales(G * K), sdy = scales(M), sdyt = scales(G * N),
+                     sxt = scales(G * K);
+  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
+  const TensorView off = v(o, DType::I32, {G + 1});
+  std::vector<float> y(M * N, -7.0f), dx(M * K, -7.0f), dw(G * N * K, -7.0f);
+  EXPECT_EQ(grouped_gemm_fp8_forward({v(y, DType::F32, {M, N}), v(x, e4, {M, K}), v(sx, DType::F32, {M}),
+                                      v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), off, {}}),
+            BackendType::CPU);
+  EXPECT_EQ(grouped_gemm_fp8_dgrad({v(dx, DType::F32, {M, K}), v(dy, e5, {M, N}), v(sdy, DType::F32, {M}),
+                                    v(wt, e4, {K, G * N}), v(swt, DType::F32, {G, K}), off, {}}),
+            BackendType::CPU);
+  EXPECT_EQ(grouped_gemm_fp8_wgrad({v(dw, DType::F32, {G, N, K}), v(dyt, e5, {N, M}), v(sdyt, DType::F32, {G, N}),
+                                    v(xt, e4, {K, M}), v(sxt, DType::F32, {G, K}), off, 1, false, {}}),
+            BackendType::CPU);
+  std::vector<double> ry(y.size(), -7.0), rdx(dx.size(), -7.0), rdw(dw.size(), 0.0);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = o[g]; r < o[g + 1]; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0.0;
+        for (int64_t k = 0; k < K; ++k) s += dec(x[r * K + k], e4) * sx[r] * dec(w[(g * N + n) * K + k], e4) * sw[g * N + n];
+        ry[r * N + n] = s;
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0.0;
+        for (int64_t n = 0; n < N; ++n) s += dec(dy[r * N + n], e5) * sdy[r] * dec(wt[k * G * N + g * N + n], e4) * swt[g * K + k];
+        rdx[r * K + k] = s;
+      }
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0.0;
+        for (int64_t r = o[g]; r < o[g + 1]; ++r)
+          s += dec(dyt[n * M + r], e5) * sdyt[g * N + n] * dec(xt[k * M + r], e4) * sxt[g * K + k];
+        rdw[(g * N + n) * K + k] = s;
+      }
+  }
+  // Rows past offsets[G] are not written (they keep -7).
+  expect_close(y, ry, "forward");
+  expect_close(dx, rdx, "dgrad");
+  expect_close(dw, rdw, "wgrad (the empty group's block is zeros)");
+  // Accumulate adds once.
+  EXPECT_EQ(grouped_gemm_fp8_wgrad({v(dw, DType::F32, {G, N, K}), v(dyt, e5, {N, M}), v(sdyt, DType::F32, {G, N}),
+                                    v(xt, e4, {K, M}), v(sxt, DType::F32, {G, K}), off, 1, true, {}}),
+            BackendType::CPU);
+  for (auto& d : rdw) d *= 2.0;
+  expect_close(dw, rdw, "wgrad accumulate");
+}
+
+TEST_F(GroupedGemmFp8Host, ArgumentErrorsNameTheArgument) {
+  const int64_t G = 2, N = 16, K = 16, M = 8;
+  std::vector<uint8_t> x(M * K), w(G * N * K);
+  std::vector<float> sx(M, 1.0f), sw(G * N, 1.0f), y(M * N), bad_sw(G * N - 1, 1.0f);
+  std::vector<int32_t> o = {0, 4, 8};
+  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
+  const DType e4 = DType::F8E4M3;
+  auto fwd = [&](TensorView inp, TensorView wt, TensorView ws, std::vector<int32_t> offs) {
+    grouped_gemm_fp8_forward({v(y, DType::F32, {M, N}), inp, v(sx, DType::F32, {M}), wt, ws,
+                              TensorView(offs.data(), DType::I32, Device::CPU, {G + 1}), {}});
+  };
+  auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one naming " << needle;
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  fwd(v(x, e4, {M, K}), v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), o);  // well formed
+  expect_error([&] { fwd(v(x, DType::F8E5M2, {M, K}), v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), o); }, "inp");
+  expect_error([&] { fwd(v(x, e4, {M, K}), v(w, DType::F8E5M2, {G, N, K}), v(sw, DType::F32, {G, N}), o); }, "weight");
+  expect_error([&] { fwd(v(x, e4, {M, K}), v(w, e4, {G, N, K}), v(bad_sw, DType::F32, {G * N - 1}), o); }, "weight_scale");
+  expect_error([&] { fwd(v(x, e4, {M, K}), v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), {1, 4, 8}); }, "offsets[0]");
+  expect_error([&] { fwd(v(x, e4, {M, K}), v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), {0, 6, 4}); }, "offsets[2]");
+  expect_error([&] { fwd(v(x, e4, {M, K}), v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), {0, 4, 9}); }, "at most M");
+}
+
+}  // namespace
+}  // namespace primus::turbo

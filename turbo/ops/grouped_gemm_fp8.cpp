@@ -1,0 +1,338 @@
+// grouped_gemm_fp8's dispatcher: TURBO (the FP8 form of Turbo's Hopper grouped GEMM) and CPU (the
+// reference: dequantize the operands, then the f32 grouped GEMM). Contract in
+// turbo/ops/grouped_gemm_fp8.h.
+#include "turbo/ops/grouped_gemm_fp8.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "turbo/core/dtype.h"
+#include "turbo/kernels/cpu/grouped_gemm.h"
+#include "turbo/ops/op_support.h"
+#include "turbo/ops/quantization.h"
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "turbo/kernels/cuda/grouped_gemm_sm90.h"
+#endif
+
+namespace primus::turbo {
+namespace gg_fp8 {
+namespace {
+
+enum class Kind { Forward, Dgrad, Wgrad };
+const char* op_name(Kind k) {
+  return k == Kind::Forward ? "grouped_gemm_fp8_forward" : k == Kind::Dgrad ? "grouped_gemm_fp8_dgrad" : "grouped_gemm_fp8_wgrad";
+}
+
+// One call as the backends see it: a (the token operand, with its scales sa) and b (the weight or
+// its transposed copy, or x^T for the weight gradient, with sb) give y.
+struct Call {
+  Kind kind = Kind::Forward;
+  TensorView y, a, sa, b, sb, offsets;
+  int64_t G = 0, M = 0, N = 0, K = 0, align = 1;
+  bool accumulate = false;
+  ExecContext ctx;
+  std::string key() const {
+    return fmt::format("{} G={} M={} N={} K={} align={} acc={} {}x{} {}", op_name(kind), G, M, N, K, align, accumulate ? 1 : 0,
+                       dtype_name(a.dtype), dtype_name(b.dtype), device_name(a.device));
+  }
+  Precision precision() const { return Precision::FP8; }
+};
+
+bool is_fp8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
+
+void check_2d(const TensorView& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
+  check_defined(t, op, arg);
+  check_contiguous(t, op, arg);
+  if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    throw RuntimeError(fmt::format("{}: {} must be [{}, {}], got {}", op, arg, rows, cols, t.describe()));
+}
+void check_vec(const TensorView& t, int64_t n, const char* op, const char* arg) {
+  check_defined(t, op, arg);
+  check_contiguous(t, op, arg);
+  check_dtype(t, DType::F32, op, arg);
+  if (t.numel() != n) throw RuntimeError(fmt::format("{}: {} must hold {} f32 scales, got {}", op, arg, n, t.describe()));
+}
+void check_fp8(const TensorView& t, bool e5m2_ok, const char* op, const char* arg) {
+  if (t.dtype == DType::F8E4M3 || (e5m2_ok && t.dtype == DType::F8E5M2)) return;
+  throw RuntimeError(fmt::format("{}: {} must be {}, got {}", op, arg, e5m2_ok ? "f8e4m3 or f8e5m2" : "f8e4m3",
+                                 dtype_name(t.dtype)));
+}
+void check_offsets(const Call& c) {
+  const char* op = op_name(c.kind);
+  check_defined(c.offsets, op, "offsets");
+  check_dtype(c.offsets, DType::I32, op, "offsets");
+  check_contiguous(c.offsets, op, "offsets");
+  if (c.offsets.ndim != 1 || c.offsets.shape[0] != c.G + 1)
+    throw RuntimeError(fmt::format("{}: offsets must be [G+1] = [{}], got {}", op, c.G + 1, c.offsets.describe()));
+  for (const TensorView* v : {&c.y, &c.a, &c.sa, &c.b, &c.sb})
+    if (v->device != c.offsets.device)
+      throw RuntimeError(fmt::format("{}: every tensor must be on one device: {} on {}, offsets on {}", op,
+                                     v->describe(), device_name(v->device), device_name(c.offsets.device)));
+  const DType out = c.kind == Kind::Wgrad || c.y.device == Device::CPU ? DType::F32 : DType::BF16;
+  check_dtype(c.y, out, op, c.kind == Kind::Forward ? "out" : c.kind == Kind::Dgrad ? "dinp" : "dweight");
+}
+
+// Host offsets checked against the contract; the error names the op and the first bad entry.
+std::vector<int32_t> checked_offsets(const Call& c) {
+  const int32_t* h = c.offsets.ptr<const int32_t>();
+  std::vector<int32_t> o(h, h + c.G + 1);
+  if (o[0] != 0) throw RuntimeError(fmt::format("{}: offsets[0] = {}, expected 0", op_name(c.kind), o[0]));
+  for (int64_t g = 0; g < c.G; ++g)
+    if (o[g + 1] < o[g] || o[g + 1] > c.M)
+      throw RuntimeError(fmt::format("{}: offsets[{}] = {} after offsets[{}] = {} (non-decreasing, at most M = {})",
+                                     op_name(c.kind), g + 1, o[g + 1], g, o[g], c.M));
+  return o;
+}
+
+// ---- CPU -------------------------------------------------------------------------------------------
+float decode(const TensorView& t, int64_t i) {
+  const uint8_t b = t.ptr<const uint8_t>()[i];
+  return t.dtype == DType::F8E4M3 ? f8e4m3_bits_to_float(b) : f8e5m2_bits_to_float(b);
+}
+std::string cpu_check(const Call& c) {
+  return detail::all_on(Device::CPU, {{"y", &c.y}, {"a", &c.a}, {"sa", &c.sa}, {"b", &c.b}, {"sb", &c.sb}, {"offsets", &c.offsets}});
+}
+void cpu_run(const Call& c) {
+  const std::vector<int32_t> o = checked_offsets(c);
+  const int64_t G = c.G, M = c.M, N = c.N, K = c.K;
+  const float* sa = c.sa.ptr<const float>();
+  const float* sb = c.sb.ptr<const float>();
+  switch (c.kind) {
+    case Kind::Forward: {
+      std::vector<float> x(static_cast<size_t>(M * K), 0.0f), w(static_cast<size_t>(G * N * K));
+      for (int64_t r = 0; r < o[G]; ++r)
+        for (int64_t k = 0; k < K; ++k) x[r * K + k] = decode(c.a, r * K + k) * sa[r];
+      for (int64_t i = 0; i < G * N; ++i)
+        for (int64_t k = 0; k < K; ++k) w[i * K + k] = decode(c.b, i * K + k) * sb[i];
+      cpu::grouped_gemm_forward(c.y.ptr<float>(), x.data(), w.data(), o.data(), G, N, K);
+      return;
+    }
+    case Kind::Dgrad: {  // W_g [N,K] from w_t [K][G*N]
+      std::vector<float> d(static_cast<size_t>(M * N), 0.0f), w(static_cast<size_t>(G * N * K));
+      for (int64_t r = 0; r < o[G]; ++r)
+        for (int64_t n = 0; n < N; ++n) d[r * N + n] = decode(c.a, r * N + n) * sa[r];
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < K; ++k) w[(g * N + n) * K + k] = decode(c.b, k * G * N + g * N + n) * sb[g * K + k];
+      cpu::grouped_gemm_dgrad(c.y.ptr<float>(), d.data(), w.data(), o.data(), G, N, K);
+      return;
+    }
+    case Kind::Wgrad: {  // dout_g and x_g from [N][M] and [K][M], scales per group
+      std::vector<float> d(static_cast<size_t>(M * N), 0.0f), x(static_cast<size_t>(M * K), 0.0f);
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = o[g]; r < o[g + 1]; ++r) {
+          for (int64_t n = 0; n < N; ++n) d[r * N + n] = decode(c.a, n * M + r) * sa[g * N + n];
+          for (int64_t k = 0; k < K; ++k) x[r * K + k] = decode(c.b, k * M + r) * sb[g * K + k];
+        }
+      cpu::grouped_gemm_wgrad(c.y.ptr<float>(), d.data(), x.data(), o.data(), G, N, K, c.accumulate);
+      return;
+    }
+  }
+}
+
+#ifdef PRIMUS_TURBO_WITH_CUDA
+// ---- TURBO -----------------------------------------------------------------------------------------
+cuda::GroupedGemmFp8Sm90Problem sm90_problem(const Call& c) {
+  cuda::GroupedGemmFp8Sm90Problem p;
+  p.kind = c.kind == Kind::Forward ? cuda::GroupedGemmKind::Forward
+           : c.kind == Kind::Dgrad ? cuda::GroupedGemmKind::Dgrad
+                                   : cuda::GroupedGemmKind::Wgrad;
+  p.groups = c.G, p.rows = c.M, p.n = c.N, p.k = c.K;
+  p.offsets = c.offsets.ptr<const int32_t>();
+  p.a = c.a.data;
+  p.scale_a = c.sa.ptr<const float>();
+  p.b = c.b.data;
+  p.scale_b = c.sb.ptr<const float>();
+  p.d = c.y.data;
+  p.a_e5m2 = c.a.dtype == DType::F8E5M2;
+  p.accumulate = c.accumulate;
+  return p;
+}
+std::string turbo_check(const Call& c) {
+  if (auto w = detail::all_on(Device::CUDA, {{"y", &c.y}, {"a", &c.a}, {"sa", &c.sa}, {"b", &c.b}, {"sb", &c.sb}, {"offsets", &c.offsets}});
+      !w.empty())
+    return w;
+  if (c.kind == Kind::Wgrad && c.align % 16 != 0)
+    return fmt::format("align {}: the weight gradient's token boxes start on 16-byte boundaries (offsets multiples of 16)",
+                       c.align);
+  return cuda::grouped_gemm_fp8_sm90_unsupported_reason(sm90_problem(c));
+}
+void turbo_run(const Call& c) { cuda::grouped_gemm_fp8_sm90(sm90_problem(c), static_cast<cudaStream_t>(c.ctx.stream)); }
+#endif
+
+BackendType dispatch(const Call& c) {
+  static auto* d = detail::make_turbo_cpu_dispatcher<Call>("grouped_gemm_fp8", PRIMUS_TURBO_FN(turbo_check),
+                                                           PRIMUS_TURBO_FN(turbo_run), cpu_check, cpu_run);
+  return d->dispatch(c);
+}
+
+}  // namespace
+}  // namespace gg_fp8
+
+using gg_fp8::Call;
+using gg_fp8::Kind;
+
+BackendType grouped_gemm_fp8_forward(const GroupedGemmFp8ForwardArgs& a) {
+  Call c;
+  c.kind = Kind::Forward;
+  const char* op = gg_fp8::op_name(c.kind);
+  check_defined(a.weight, op, "weight");
+  check_contiguous(a.weight, op, "weight");
+  if (a.weight.ndim != 3) throw RuntimeError(fmt::format("{}: weight must be [G, N, K], got {}", op, a.weight.describe()));
+  c.G = a.weight.shape[0], c.N = a.weight.shape[1], c.K = a.weight.shape[2];
+  check_defined(a.inp, op, "inp");
+  c.M = a.inp.ndim == 2 ? a.inp.shape[0] : -1;
+  gg_fp8::check_2d(a.inp, c.M, c.K, op, "inp");
+  gg_fp8::check_2d(a.out, c.M, c.N, op, "out");
+  gg_fp8::check_fp8(a.inp, false, op, "inp");
+  gg_fp8::check_fp8(a.weight, false, op, "weight");
+  gg_fp8::check_vec(a.inp_scale, c.M, op, "inp_scale");
+  gg_fp8::check_vec(a.weight_scale, c.G * c.N, op, "weight_scale");
+  c.y = a.out, c.a = a.inp, c.sa = a.inp_scale, c.b = a.weight, c.sb = a.weight_scale, c.offsets = a.offsets;
+  c.ctx = a.ctx;
+  gg_fp8::check_offsets(c);
+  return gg_fp8::dispatch(c);
+}
+
+BackendType grouped_gemm_fp8_dgrad(const GroupedGemmFp8DgradArgs& a) {
+  Call c;
+  c.kind = Kind::Dgrad;
+  const char* op = gg_fp8::op_name(c.kind);
+  check_defined(a.offsets, op, "offsets");
+  c.G = a.offsets.ndim == 1 ? a.offsets.shape[0] - 1 : 0;
+  if (c.G < 1) throw RuntimeError(fmt::format("{}: offsets must be [G+1] with G >= 1, got {}", op, a.offsets.describe()));
+  check_defined(a.dout, op, "dout");
+  check_defined(a.dinp, op, "dinp");
+  c.M = a.dout.ndim == 2 ? a.dout.shape[0] : -1;
+  c.N = a.dout.ndim == 2 ? a.dout.shape[1] : -1;
+  c.K = a.dinp.ndim == 2 ? a.dinp.shape[1] : -1;
+  gg_fp8::check_2d(a.dout, c.M, c.N, op, "dout");
+  gg_fp8::check_2d(a.dinp, c.M, c.K, op, "dinp");
+  gg_fp8::check_2d(a.weight_t, c.K, c.G * c.N, op, "weight_t");
+  gg_fp8::check_fp8(a.dout, true, op, "dout");
+  gg_fp8::check_fp8(a.weight_t, false, op, "weight_t");
+  gg_fp8::check_vec(a.dout_scale, c.M, op, "dout_scale");
+  gg_fp8::check_vec(a.weight_t_scale, c.G * c.K, op, "weight_t_scale");
+  c.y = a.dinp, c.a = a.dout, c.sa = a.dout_scale, c.b = a.weight_t, c.sb = a.weight_t_scale, c.offsets = a.offsets;
+  c.ctx = a.ctx;
+  gg_fp8::check_offsets(c);
+  return gg_fp8::dispatch(c);
+}
+
+BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& a) {
+  Call c;
+  c.kind = Kind::Wgrad;
+  const char* op = gg_fp8::op_name(c.kind);
+  check_defined(a.dweight, op, "dweight");
+  check_contiguous(a.dweight, op, "dweight");
+  if (a.dweight.ndim != 3) throw RuntimeError(fmt::format("{}: dweight must be [G, N, K], got {}", op, a.dweight.describe()));
+  c.G = a.dweight.shape[0], c.N = a.dweight.shape[1], c.K = a.dweight.shape[2];
+  check_defined(a.dout_t, op, "dout_t");
+  c.M = a.dout_t.ndim == 2 ? a.dout_t.shape[1] : -1;
+  gg_fp8::check_2d(a.dout_t, c.N, c.M, op, "dout_t");
+  gg_fp8::check_2d(a.inp_t, c.K, c.M, op, "inp_t");
+  gg_fp8::check_fp8(a.dout_t, true, op, "dout_t");
+  gg_fp8::check_fp8(a.inp_t, false, op, "inp_t");
+  gg_fp8::check_vec(a.dout_t_scale, c.G * c.N, op, "dout_t_scale");
+  gg_fp8::check_vec(a.inp_t_scale, c.G * c.K, op, "inp_t_scale");
+  c.y = a.dweight, c.a = a.dout_t, c.sa = a.dout_t_scale, c.b = a.inp_t, c.sb = a.inp_t_scale, c.offsets = a.offsets;
+  c.accumulate = a.accumulate;
+  if (a.align < 1) throw RuntimeError(fmt::format("{}: align must be >= 1, got {}", op, a.align));
+  c.align = a.align;
+  c.ctx = a.ctx;
+  gg_fp8::check_offsets(c);
+  return gg_fp8::dispatch(c);
+}
+
+// ---- bf16 operands, quantized here ----------------------------------------------------------------
+
+namespace gg_fp8 {
+namespace {
+size_t rnd(int64_t bytes) {
+  return (static_cast<size_t>(bytes) + Arena::kDefaultAlign) / Arena::kDefaultAlign * Arena::kDefaultAlign;
+}
+// A quantized copy and its scales in the arena.
+struct Q {
+  TensorView q, s;
+};
+// Row-scaled [R, C] copy of t (scales [R]).
+Q rows_q(Arena& arena, const TensorView& t, DType dt, const ExecContext& ctx, const char* what) {
+  const int64_t R = t.shape[0], C = t.numel() / R;
+  Q o{arena.tensor(dt, {R, C}, what), arena.tensor(DType::F32, {R}, what)};
+  QuantizeFp8Args a;
+  a.inp = t.reshape({R, C});
+  a.out = o.q;
+  a.scale_inv = o.s;
+  a.granularity = Fp8Granularity::Row;
+  a.ctx = ctx;
+  quantize_fp8(a);
+  return o;
+}
+// Transposed [C, R] copy of t [R, C] with one scale per column and group of rows ([G, C]): the
+// groups of `offsets`, or `group_rows` rows each.
+Q groups_t_q(Arena& arena, const TensorView& t, int64_t R, int64_t C, int64_t G, const TensorView& offsets,
+             int64_t group_rows, DType dt, const ExecContext& ctx, const char* what) {
+  Q o{arena.tensor(dt, {C, R}, what), arena.tensor(DType::F32, {G, C}, what)};
+  QuantizeFp8Args a;
+  a.inp = t.reshape({R, C});
+  a.out_t = o.q;
+  a.scale_inv_t = o.s;
+  a.granularity = Fp8Granularity::Row;
+  a.offsets = offsets;
+  a.group_rows = group_rows;
+  a.ctx = ctx;
+  quantize_fp8(a);
+  return o;
+}
+}  // namespace
+}  // namespace gg_fp8
+
+void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd) {
+  const char* op = "grouped_gemm_forward_fp8";
+  Arena& arena = detail::scratch_of(a.ctx, op);
+  ArenaScope scope(arena);
+  const gg_fp8::Q x = gg_fp8::rows_q(arena, a.inp, fwd, a.ctx, "fp8 expert input");
+  const gg_fp8::Q w = gg_fp8::rows_q(arena, a.weight, fwd, a.ctx, "fp8 expert weight");
+  grouped_gemm_fp8_forward({a.out, x.q, x.s, w.q.reshape({a.weight.shape[0], a.weight.shape[1], a.weight.shape[2]}),
+                            w.s.reshape({a.weight.shape[0], a.weight.shape[1]}), a.offsets, a.ctx});
+}
+
+void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad) {
+  const char* op = "grouped_gemm_dgrad_fp8";
+  Arena& arena = detail::scratch_of(a.ctx, op);
+  ArenaScope scope(arena);
+  const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2];
+  const gg_fp8::Q dy = gg_fp8::rows_q(arena, a.dout, grad, a.ctx, "fp8 expert output gradient");
+  // W viewed as [G*N, K], groups of N rows: W^T [K][G*N] with a scale per (expert, input feature).
+  const gg_fp8::Q wt = gg_fp8::groups_t_q(arena, a.weight, G * N, K, G, {}, N, fwd, a.ctx, "fp8 expert weight^T");
+  grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s, a.offsets, a.ctx});
+}
+
+void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad) {
+  const char* op = "grouped_gemm_wgrad_fp8";
+  Arena& arena = detail::scratch_of(a.ctx, op);
+  ArenaScope scope(arena);
+  const int64_t G = a.dweight.shape[0], N = a.dweight.shape[1], K = a.dweight.shape[2], M = a.dout.shape[0];
+  const gg_fp8::Q dyt = gg_fp8::groups_t_q(arena, a.dout, M, N, G, a.offsets, 0, grad, a.ctx, "fp8 expert output gradient^T");
+  const gg_fp8::Q xt = gg_fp8::groups_t_q(arena, a.inp, M, K, G, a.offsets, 0, fwd, a.ctx, "fp8 expert input^T");
+  grouped_gemm_fp8_wgrad({a.dweight, dyt.q, dyt.s, xt.q, xt.s, a.offsets, a.align, a.accumulate, a.ctx});
+}
+
+size_t grouped_gemm_fp8_scratch_bytes(int64_t M, int64_t G, int64_t N, int64_t K) {
+  using gg_fp8::rnd;
+  const int64_t C = std::max(N, K);
+  // Two copies at most are alive: a token matrix [M, N or K] (or its transpose) and the weight
+  // (or a second token matrix), each with f32 scales; plus the quantizer's row / group maxima.
+  const size_t tokens = rnd(M * C) + rnd(4 * std::max(M, G * C));
+  const size_t second = std::max(rnd(G * N * K) + rnd(4 * G * C), tokens);
+  const size_t quantizer = rnd(4 * (G * C + M + C)) + (size_t{64} << 10);
+  return tokens + second + quantizer + 8 * Arena::kDefaultAlign;
+}
+
+}  // namespace primus::turbo

@@ -1,0 +1,90 @@
+// FP8 grouped GEMM: the expert products of a mixture-of-experts layer (turbo/ops/grouped_gemm.h)
+// with FP8 operands and rowwise scales (torchao's rowwise recipe for MoE training: one scale per
+// row of each operand along the reduction dimension; the weight gradient's token operands get one
+// scale per feature and per group, as the tokens of one expert are reduced together).
+//
+//   grouped_gemm_fp8_forward  out  [M,N] rows of g = (sx ⊙ q(x))_g @ (sw ⊙ q(W_g))^T
+//                             x [M,K] per-row scales [M]; W [G,N,K] per-(g,n) scales [G,N]
+//   grouped_gemm_fp8_dgrad    dinp [M,K] rows of g = (sd ⊙ q(dout))_g @ W_g, with W_g read from its
+//                             transposed copy w_t [K][G*N] (columns g*N.. are W_g^T) and scales
+//                             [G,K] (per input feature of each expert)
+//   grouped_gemm_fp8_wgrad    dweight[g] [N,K] (=, or += when accumulate) = dout_g^T @ x_g, from the
+//                             transposed copies dout_t [N][M] and x_t [K][M] and their per-group
+//                             scales [G,N] and [G,K]; on the device the offsets must be multiples
+//                             of 16 (`align`)
+//
+// q(.) are the FP8 bytes and the scales the scale_inv that turbo::quantize_fp8 writes: Row
+// granularity for x and dout ([M]), and its row groups (offsets, or group_rows = N for the weight
+// viewed as [G*N, K]) for the transposed copies. Groups as in grouped_gemm.h: offsets [G+1] i32 on
+// the tensors' device, read on the device by the TURBO backend (graph-capturable); rows from
+// offsets[G] on are neither read into a written value nor written.
+//
+// dtypes: x, W and their copies E4M3; dout E4M3 or E5M2 (the hybrid recipe). On the device out and
+// dinp are bf16, dweight f32; on the host (the reference: dequantize, then the f32 grouped GEMM)
+// out, dinp and dweight are f32.
+// Backends: TURBO (turbo/kernels/cuda/grouped_gemm_sm90.h's FP8 kernel: N and K multiples of 16,
+// and M too for the weight gradient) and CPU. Dispatcher "grouped_gemm_fp8"
+// (PRIMUS_TURBO_GROUPED_GEMM_FP8_BACKEND).
+#pragma once
+#include <cstdint>
+
+#include "turbo/core/tensor_view.h"
+#include "turbo/dispatch/backend_type.h"
+#include "turbo/ops/exec_context.h"
+#include "turbo/ops/grouped_gemm.h"
+
+namespace primus::turbo {
+
+struct GroupedGemmFp8ForwardArgs {
+  TensorView out;           // [M,N]
+  TensorView inp;           // [M,K] FP8
+  TensorView inp_scale;     // [M] f32
+  TensorView weight;        // [G,N,K] FP8
+  TensorView weight_scale;  // [G,N] f32
+  TensorView offsets;       // [G+1] i32
+  ExecContext ctx;
+};
+
+struct GroupedGemmFp8DgradArgs {
+  TensorView dinp;            // [M,K]
+  TensorView dout;            // [M,N] FP8
+  TensorView dout_scale;      // [M] f32
+  TensorView weight_t;        // [K, G*N] FP8
+  TensorView weight_t_scale;  // [G,K] f32
+  TensorView offsets;         // [G+1] i32
+  ExecContext ctx;
+};
+
+struct GroupedGemmFp8WgradArgs {
+  TensorView dweight;       // [G,N,K] f32
+  TensorView dout_t;        // [N,M] FP8
+  TensorView dout_t_scale;  // [G,N] f32
+  TensorView inp_t;         // [K,M] FP8
+  TensorView inp_t_scale;   // [G,K] f32
+  TensorView offsets;       // [G+1] i32
+  // The caller's promise that every offset is a multiple of it; the TURBO backend needs 16 (its
+  // token boxes start on 16-byte boundaries), the CPU backend any.
+  int64_t align = 1;
+  bool accumulate = false;
+  ExecContext ctx;
+};
+
+// Each validates its arguments (RuntimeError naming the op, the argument and what it got), runs on
+// the dispatched backend and returns which one ran.
+BackendType grouped_gemm_fp8_forward(const GroupedGemmFp8ForwardArgs& args);
+BackendType grouped_gemm_fp8_dgrad(const GroupedGemmFp8DgradArgs& args);
+BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& args);
+
+// The products of grouped_gemm.h on its bf16 (host: f32) operands, in FP8 with current rowwise
+// scaling: each operand is quantized (turbo::quantize_fp8, Row granularity; the transposed copies
+// with the token groups of `offsets`, or of the experts for the weight) into ctx.scratch right
+// before its GEMM, as turbo::linear_*_fp8 do for dense layers. x and W in `fwd`, dout in `grad`
+// (E4M3 / E5M2 for the hybrid format). The weight gradient needs, on the device, M and align
+// multiples of 16 (the forward and input gradient take any groups). grouped_gemm_fp8_scratch_bytes: the most one call
+// borrows for M rows, G experts of [N, K].
+void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& args, DType fwd);
+void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& args, DType fwd, DType grad);
+void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& args, DType fwd, DType grad);
+size_t grouped_gemm_fp8_scratch_bytes(int64_t M, int64_t G, int64_t N, int64_t K);
+
+}  // namespace primus::turbo
