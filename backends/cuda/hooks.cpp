@@ -11,6 +11,7 @@
 #include "turbo/ops/attention_fallback.h"
 #include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/gemm.h"
+#include "turbo/ops/grouped_gemm_fp8.h"
 
 namespace primus::backends::cuda {
 
@@ -200,6 +201,19 @@ Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& r) {
                          const TensorView& pre, const ExecContext& ctx) {
     turbo::linear_backward_input_dgelu_fp8(dpre, db, dout, w, pre, ctx, r);
   };
+  return f;
+}
+
+Fp8MoeFns fp8_moe_fns(const turbo::Fp8Recipe& r) {
+  if (r.scaling != turbo::Fp8Scaling::Rowwise)
+    throw ConfigError(fmt::format("fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs are built with rowwise scaling "
+                                  "only; set fp8_recipe: rowwise for a model with num_experts > 0 (or fp8: none)",
+                                  turbo::fp8_scaling_name(r.scaling)));
+  Fp8MoeFns f;
+  const turbo::DType fwd = r.fwd, grad = r.grad;
+  f.forward = [fwd](const turbo::GroupedGemmForwardArgs& a) { turbo::grouped_gemm_forward_fp8(a, fwd); };
+  f.dgrad = [fwd, grad](const turbo::GroupedGemmDgradArgs& a) { turbo::grouped_gemm_dgrad_fp8(a, fwd, grad); };
+  f.wgrad = [fwd, grad](const turbo::GroupedGemmWgradArgs& a) { turbo::grouped_gemm_wgrad_fp8(a, fwd, grad); };
   return f;
 }
 

@@ -108,6 +108,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.optimizer_state = opt.optimizer_state;
   mp.host = opt.device == Device::CPU;
   mp.fp8_linear = opt.fp8_linear;
+  mp.fp8_moe = opt.fp8_moe && spec.moe.enabled();
   const bool sharded = opt.dp_group && parallel::shards_gradients(opt.dp_sharding);
   const bool split = (opt.tp_map && opt.tp_map->tp() > 1) || (opt.cp_group && opt.cp_group->world_size() > 1) || sharded;
   // FP8 inputs saved for the backward in the FP8 layers (the plan saves those inputs their recompute
@@ -159,9 +160,13 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   check_fp8(spec_, opt_);
   if (opt_.fp8_delayed && !opt_.fp8_linear)
     throw RuntimeError("cuda model: fp8_delayed without fp8_linear (the delayed state serves the FP8 linear slots)");
-  if (spec_.moe.enabled() && opt_.fp8_linear) {
-    throw ConfigError("fp8: the cuda backend's MoE experts run in bf16 only (FP8 grouped GEMMs are not built yet); "
-                      "set fp8: none for a model with num_experts > 0");
+  if (opt_.fp8_moe && !opt_.fp8_linear)
+    throw RuntimeError("cuda model: fp8_moe without fp8_linear (the experts follow the linear layers' FP8 format)");
+  if (opt_.fp8_moe && spec_.moe.enabled()) {
+    for (const auto& [what, v] : {std::pair<const char*, int64_t>{"moe_ffn_hidden_size", spec_.moe.ffn_hidden_size},
+                                  {"moe_shared_expert_intermediate_size", spec_.moe.shared_ffn_hidden_size}})
+      if (v % 16 != 0)
+        throw ConfigError(fmt::format("fp8: the FP8 expert GEMMs need {} to be a multiple of 16, got {}", what, v));
   }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   const bool host = opt_.device == Device::CPU;

@@ -32,6 +32,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   mo.fp8_linear = a.fp8 != "none";
   if (mo.fp8_linear)
     mo.fp8_multiple = turbo::linear_fp8_multiple(turbo::parse_fp8_recipe(a.fp8, a.fp8_recipe, "fp8", "fp8_recipe"));
+  mo.fp8_moe = mo.fp8_linear && spec.moe.enabled();  // patch cuda.moe.fp8
   mo.fp8_bf16_edge_layers = a.fp8_first_last_bf16_layers;
   if (mo.fp8_linear) {
     mo.fp8_delayed = a.fp8_delayed;

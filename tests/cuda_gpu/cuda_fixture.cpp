@@ -414,6 +414,10 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
     mo.fp8_delayed = fp8->delayed;  // fp8_recipe delayed: the model holds the histories the slots read
     mo.fp8_saved = fp8->saved;      // inputs saved in FP8 for the backward (null: kept in bf16)
     mo.fp8_weights = fp8->weights;  // weights quantized once per step (with accumulation only)
+    if (spec.moe.enabled()) {       // the experts too (patch cuda.moe.fp8: rowwise only)
+      use_fp8_moe(ops, *fp8);
+      mo.fp8_moe = true;
+    }
   }
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);

@@ -99,6 +99,80 @@ TEST_P(HostMoeParityTest, TenTrainingStepsFollowTheReference) {
   EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
 }
 
+// FP8 experts (patch cuda.moe.fp8, rowwise) in host mode: the three expert GEMMs of every MoE
+// layer go through the FP8 slots (quantize, then the FP8 grouped GEMM's reference), the dense
+// linears through the FP8 linear slots, and ten training steps stay within FP8's rounding of the
+// fp32 reference curve (routing may differ at near-ties) while the curve is not the fp32 one.
+TEST_P(HostMoeParityTest, RowwiseFp8ExpertsTrainNearTheReference) {
+  const train::ModelSpec spec = tiny_moe_spec(GetParam());
+  const turbo::Fp8Recipe rowwise = turbo::parse_fp8_recipe("hybrid", "rowwise", "test", "fp8_recipe");
+  const auto [curve, ref] = training_curves(spec, Attn::Default, turbo::Device::CPU, 10, &rowwise);
+  ASSERT_EQ(curve.size(), 10u);
+  int differ = 0;
+  for (size_t s = 0; s < curve.size(); ++s) {
+    EXPECT_NEAR(curve[s], ref[s], 0.02 * ref[s]) << "step " << s;
+    differ += std::fabs(curve[s] - ref[s]) > 1e-5 * ref[s];
+  }
+  EXPECT_GT(differ, 0) << "FP8 arithmetic left no trace on the curve";
+  EXPECT_LT(curve.back(), curve.front() - 0.2) << "FP8 MoE training must learn";
+
+  // Every MoE layer's experts ran the FP8 slots: two products per layer in the forward, two input
+  // and two weight gradients in the backward.
+  CudaOps ops = ops_for(Attn::Default);
+  use_fp8_linear(ops, rowwise);
+  use_fp8_moe(ops, rowwise);
+  int fwd = 0, dgrad = 0, wgrad = 0;
+  const auto f = ops.moe_experts;
+  const auto d = ops.moe_experts_dgrad;
+  const auto w = ops.moe_experts_wgrad;
+  ops.moe_experts = [&fwd, f](const turbo::GroupedGemmForwardArgs& a) { ++fwd, f(a); };
+  ops.moe_experts_dgrad = [&dgrad, d](const turbo::GroupedGemmDgradArgs& a) { ++dgrad, d(a); };
+  ops.moe_experts_wgrad = [&wgrad, w](const turbo::GroupedGemmWgradArgs& a) { ++wgrad, w(a); };
+  CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+  mo.fp8_linear = mo.fp8_moe = true;
+  CudaModel model(spec, mo, ops);
+  const std::vector<float> init = initial_params(spec);
+  model.set_params(init.data());
+  Batches data(spec.seq_length, 1);
+  model.zero_grad();
+  model.forward(data.inputs[0].data(), data.targets[0].data(), kTrainBatch, spec.seq_length,
+                1.0f / float(kTrainBatch * spec.seq_length), 0);
+  model.backward();
+  const int layers = static_cast<int>(spec.num_moe_layers());
+  EXPECT_EQ(fwd, 2 * layers);
+  EXPECT_EQ(dgrad, 2 * layers);
+  EXPECT_EQ(wgrad, 2 * layers);
+  EXPECT_NEAR(model.read_loss_sum(1), ref[0], 0.02 * ref[0]);
+}
+
+// FP8 experts take rowwise scaling only, and widths the FP8 GEMMs can tile: both refused by name.
+TEST(HostMoeFp8, OtherRecipesAndUntileableWidthsAreRefused) {
+  for (const char* scaling : {"tensorwise", "blockwise", "delayed"}) {
+    const std::string format = std::string(scaling) == "blockwise" ? "e4m3" : "hybrid";
+    try {
+      (void)fp8_moe_fns(turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe"));
+      ADD_FAILURE() << scaling << " was accepted for the experts";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("rowwise"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(scaling), std::string::npos) << e.what();
+    }
+  }
+  train::ModelSpec spec = tiny_moe_spec(false);
+  spec.moe.ffn_hidden_size = 72;  // a multiple of 8 (bf16) but not of 16
+  CudaOps ops = ops_for(Attn::Default);
+  const turbo::Fp8Recipe rowwise = turbo::parse_fp8_recipe("hybrid", "rowwise", "test", "fp8_recipe");
+  use_fp8_linear(ops, rowwise);
+  use_fp8_moe(ops, rowwise);
+  CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+  mo.fp8_linear = mo.fp8_moe = true;
+  try {
+    CudaModel model(spec, mo, ops);
+    ADD_FAILURE() << "moe_ffn_hidden_size 72 was accepted with FP8 experts";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_ffn_hidden_size"), std::string::npos) << e.what();
+  }
+}
+
 // The recompute policies refill exactly what the forward wrote (MoE: selective the permuted input
 // and the SwiGLU output, full also the two grouped GEMMs' outputs; Qwen3: the q|k norms' saved
 // input and statistics with q|k|v): two micro-batches give the same loss and gradients bit for

@@ -261,9 +261,9 @@ size_t rnd(int64_t bytes) {
 struct Q {
   TensorView q, s;
 };
-// Row-scaled [R, C] copy of t (scales [R]).
+// Row-scaled [R, C] copy of t (C its last dimension; scales [R]).
 Q rows_q(Arena& arena, const TensorView& t, DType dt, const ExecContext& ctx, const char* what) {
-  const int64_t R = t.shape[0], C = t.numel() / R;
+  const int64_t C = t.shape[t.ndim - 1], R = t.numel() / C;
   Q o{arena.tensor(dt, {R, C}, what), arena.tensor(DType::F32, {R}, what)};
   QuantizeFp8Args a;
   a.inp = t.reshape({R, C});

@@ -61,6 +61,9 @@ Decoder::Decoder(const train::ModelSpec& spec, const train::ParamLayout& layout,
     edge_ops_.linear_forward = bf16.linear_forward;
     edge_ops_.linear_backward = bf16.linear_backward;
     edge_ops_.linear_backward_dgelu = bf16.linear_backward_dgelu;
+    edge_ops_.moe_experts = bf16.moe_experts;
+    edge_ops_.moe_experts_dgrad = bf16.moe_experts_dgrad;
+    edge_ops_.moe_experts_wgrad = bf16.moe_experts_wgrad;
   }
   final_norm_ready_ = layout.get("final_norm.weight").offset;
   for (int64_t l = 0; l < spec_.num_layers; ++l)
@@ -456,9 +459,9 @@ void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
   const TensorView ln2 = a_.layers[l].ln2.slice0(0, N);
   // The permute alone (the saved row plan stands): a dispatch would plan the rows again.
   turbo::moe_permute({m.xp, ln2, m.rows.slice0(0, N), m.offsets, moe_kept(slot_, l), c});
-  if (gemms) ops_.moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  if (gemms) lin_->moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
   turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
-  if (gemms) ops_.moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  if (gemms) lin_->moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
   if (mp.shared_fc.w.defined()) {  // the shared expert's output itself is not needed: only its inputs
     if (gemms) lin_->linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
     turbo::activation_forward({turbo::Activation::SwiGLU, m.sact.slice0(0, N), m.sfc.slice0(0, N), c});
@@ -696,11 +699,11 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   mark(Phase::MoePermute);
   ops_.moe_dispatch({pl, {m.xp, ln2, rows, m.offsets, kept, c}});
   mark(Phase::MlpUpGemm);
-  ops_.moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  lin_->moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
   mark(Phase::Activation);
   turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
   mark(Phase::MlpDownGemm);
-  ops_.moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  lin_->moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
   mark(Phase::MoePermute);
   ops_.moe_combine({out, m.yp, w, rows, false, c});
   if (mp.shared_fc.w.defined()) {
@@ -740,13 +743,13 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   mark(Phase::MoePermuteBwd);
   ops_.moe_combine_backward({a_.dyp, a_.dweight.slice0(0, N), dres, m.yp, w, rows, m.offsets, kept, c});
   mark(Phase::MlpDownGemmBwd);
-  ops_.moe_experts_dgrad({a_.dmact, a_.dyp, mp.proj.w, m.offsets, moe_align_, c});
-  ops_.moe_experts_wgrad({mp.proj.g, a_.dyp, m.act, m.offsets, moe_align_, !fresh_layers_, c});
+  lin_->moe_experts_dgrad({a_.dmact, a_.dyp, mp.proj.w, m.offsets, moe_align_, c});
+  lin_->moe_experts_wgrad({mp.proj.g, a_.dyp, m.act, m.offsets, moe_align_, !fresh_layers_, c});
   mark(Phase::ActivationBwd);
   turbo::activation_backward({turbo::Activation::SwiGLU, a_.dh, m.h, a_.dmact, false, c});
   mark(Phase::MlpUpGemmBwd);
-  ops_.moe_experts_dgrad({a_.dxp, a_.dh, mp.fc.w, m.offsets, moe_align_, c});
-  ops_.moe_experts_wgrad({mp.fc.g, a_.dh, m.xp, m.offsets, moe_align_, !fresh_layers_, c});
+  lin_->moe_experts_dgrad({a_.dxp, a_.dh, mp.fc.w, m.offsets, moe_align_, c});
+  lin_->moe_experts_wgrad({mp.fc.g, a_.dh, m.xp, m.offsets, moe_align_, !fresh_layers_, c});
   mark(Phase::MoePermuteBwd);
   turbo::MoePermuteBackwardArgs pb;
   pb.dinp = dln;

@@ -15,6 +15,7 @@
 #include "turbo/kernels/cuda/optimizer.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/gemm_fp8.h"
+#include "turbo/ops/grouped_gemm_fp8.h"
 #include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
 
@@ -197,6 +198,12 @@ size_t MemoryPlan::scratch_bytes() const {
   if (spec_.qk_layernorm && spec_.qk_norm_whole && !opt_.host && opt_.query_device)  // the whole-width norms' (turbo's norm op)
     bytes = std::max({bytes, turbo::cuda::norm_backward_scratch_bytes(N, QD),
                       turbo::cuda::norm_backward_scratch_bytes(N, spec_.kv_dim())});
+  if (opt_.fp8_moe) {  // the FP8 expert GEMMs' quantized copies (one product at a time)
+    const train::MoeSpec& e = spec_.moe;
+    const int64_t M = moe_rows_bound(N);
+    bytes = std::max({bytes, turbo::grouped_gemm_fp8_scratch_bytes(M, e.num_experts, 2 * e.ffn_hidden_size, C),
+                      turbo::grouped_gemm_fp8_scratch_bytes(M, e.num_experts, C, e.ffn_hidden_size)});
+  }
   if (spec_.moe.enabled() && !opt_.host) {  // the routing ops' partial sums and plan tables (device only)
     const train::MoeSpec& e = spec_.moe;
     bytes = std::max(bytes, turbo::moe_scratch_bytes(N, e.topk, e.num_experts, e.capacity(N),
@@ -429,6 +436,12 @@ void MemoryPlan::plan(Take&& take) {
   }
 }
 
+int64_t MemoryPlan::moe_rows_bound(int64_t N) const {
+  const train::MoeSpec& e = spec_.moe;
+  const int64_t M = turbo::moe_permuted_rows_max(N, e.topk, e.num_experts, opt_.moe_align);
+  return opt_.fp8_moe ? (M + 15) / 16 * 16 : M;
+}
+
 template <class Take>
 void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   ActivationBuffers& a = acts;
@@ -438,7 +451,7 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   if (Lm == 0) return;
   const int64_t C = spec_.hidden_size, E = e.num_experts, K = e.topk, F = e.ffn_hidden_size;
   const int64_t Fs = e.shared_ffn_hidden_size;
-  const int64_t M = turbo::moe_permuted_rows_max(N, K, E, opt_.moe_align);
+  const int64_t M = moe_rows_bound(N);
   a.moe_rows = M;
   const DType f32 = DType::F32, i32 = DType::I32;
   // The routing (small) is always kept. The big per-slot buffers follow the layer's recompute

@@ -164,6 +164,7 @@ struct MemoryPlanOptions {
   bool optimizer_state = true;   // false: no master weights and moments (ZeRO-1 holds them)
   bool host = false;             // host memory and fp32 compute (CudaModelOptions::device)
   bool fp8_linear = false;       // scratch for the FP8 linear slots' quantized copies
+  bool fp8_moe = false;          // scratch for the FP8 expert GEMMs' copies; permuted rows a multiple of 16
   int64_t fp8_delayed_floats = 0;  // StateBuffers::fp8_delayed's size (0: none)
   // Per layer: its linear layers' inputs ln1, ln2 and act are kept for the backward as FP8
   // transposed copies (LayerActs::*_q, turbo::Fp8SavedInputs) instead of bf16; their scales are
@@ -268,6 +269,9 @@ class MemoryPlan {
   void plan(Take&& take);  // assigns every buffer; run once to count bytes, once to allocate
   template <class Take>
   void plan_moe(Take&& take, int64_t N);  // the MoE layers' part of plan()
+  // The permuted-token buffers' rows for N tokens: the worst routing's, rounded up to 16 with FP8
+  // experts (the weight gradient's transposed token copies need 16-byte rows).
+  int64_t moe_rows_bound(int64_t N) const;
   MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt,
              bool allocate);
   MemoryPlanSizes count();  // the counting pass of plan() and the arenas' sizes

@@ -134,6 +134,38 @@ void register_patches(patches::PatchRegistry& reg) {
           },
   });
 
+  reg.add({
+      .id = "cuda.moe.fp8",
+      .description = "FP8 grouped GEMMs for the MoE experts (forward, input and weight gradients) with current "
+                     "rowwise scaling, in the format of `fp8`",
+      .tags = {"performance", "gemm", "precision", "moe"},
+      .slots = {kMoeExperts, kMoeExpertsDgrad, kMoeExpertsWgrad},
+      .logic = "replaces the expert slots with turbo::grouped_gemm_*_fp8: each operand quantized right before its "
+               "GEMM with one scale per row along the reduction (tokens and expert output features in the forward, "
+               "expert input features in the input gradient, features per expert over that expert's tokens in the "
+               "weight gradient), hybrid: E4M3 x and w, E5M2 dy; refuses any fp8_recipe but rowwise; the first and "
+               "last fp8_first_last_bf16_layers layers keep bf16 experts (the model reserves scratch for the copies "
+               "and needs the expert widths to be multiples of 16)",
+      .impl = "turbo/ops/grouped_gemm_fp8.cpp (quantize-then-GEMM), turbo/kernels/cuda/grouped_gemm_sm90.cu (the "
+              "grouped kernel on FP8 operands, m64nNk32 wgmma), turbo/kernels/cuda/quantize.cu (row and per-group "
+              "column scales)",
+      .porting = "torchao's rowwise float8 MoE training (_scaled_grouped_mm, TorchTitan --float8.moe_fqns_prototype); "
+                 "Megatron-LM --fp8-format with --moe-grouped-gemm (Transformer Engine's grouped linear)",
+      .condition = [](PatchContext& c) { return c.text("fp8", "none") != "none" && c.integer("num_experts") > 0; },
+      .apply =
+          [](PatchContext& c) {
+            if (!c.flag("moe_grouped_gemm", true))
+              throw ConfigError("moe_grouped_gemm: false with fp8: the FP8 experts run Turbo's grouped GEMM only; set "
+                                "moe_grouped_gemm: true, or fp8: none for one GEMM per expert");
+            const turbo::Fp8Recipe r =
+                turbo::parse_fp8_recipe(c.text("fp8"), c.text("fp8_recipe", "tensorwise"), "fp8", "fp8_recipe");
+            Fp8MoeFns f = fp8_moe_fns(r);
+            c.replace<MoeExpertsFn>(kMoeExperts, std::move(f.forward));
+            c.replace<MoeExpertsDgradFn>(kMoeExpertsDgrad, std::move(f.dgrad));
+            c.replace<MoeExpertsWgradFn>(kMoeExpertsWgrad, std::move(f.wgrad));
+          },
+  });
+
   register_step_patches(reg);
 }
 
