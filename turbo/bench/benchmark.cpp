@@ -68,7 +68,7 @@ const std::vector<OpFamily>& families() {
                                           optimizer_family(), rope_family(), head_norm_family(), embedding_family(),
                                           attention_family(),
                                           quantize_family(), gemm_fp8_family(), layer_family(), grouped_gemm_family(),
-                                          moe_family()};
+                                          grouped_gemm_fp8_family(), moe_family()};
   return f;
 }
 

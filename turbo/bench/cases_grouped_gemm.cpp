@@ -29,6 +29,8 @@
 #include "turbo/bench/harness.h"
 #include "turbo/kernels/cpu/matmul.h"
 #include "turbo/ops/grouped_gemm.h"
+#include "turbo/ops/grouped_gemm_fp8.h"
+#include "turbo/ops/quantization.h"
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -140,7 +142,105 @@ struct MoePreset {
   int64_t E, topk, Fe;
 };
 
+// The FP8 form of one expert layer (rowwise, hybrid: x and W E4M3, dy E5M2): the three FP8 GEMMs
+// on operands quantized beforehand ("fp8/..."), the same products from bf16 operands with their
+// quantization ("fp8q/...", what training runs), and each quantization alone ("quant/...", GB/s
+// of bf16 read plus FP8 written).
+Case grouped_fp8_case(const std::string& name, int64_t T, int64_t E, int64_t topk, int64_t N, int64_t K,
+                      std::vector<int64_t> counts, int64_t align) {
+  return {name, [=](CaseEnv& e) {
+            const std::vector<int32_t> o = padded_offsets(counts, align);
+            const int64_t M = (T * topk + E * (align - 1) + 15) / 16 * 16;
+            const int64_t used = o.back();
+            TensorView off = e.empty(DType::I32, {E + 1});
+            upload_i32(e, off, o);
+            const DType act = e.on_device() ? DType::BF16 : DType::F32, f8 = DType::F8E4M3, f5 = DType::F8E5M2;
+            TensorView x = e.rand(act, {M, K}), w = e.rand(act, {E, N, K}, 0.05f), dy = e.rand(act, {M, N});
+            TensorView y = e.empty(act, {M, N}), dx = e.empty(act, {M, K}), dw = e.empty(DType::F32, {E, N, K});
+            // Quantized operands, made once here.
+            TensorView qx = e.empty(f8, {M, K}), sx = e.empty(DType::F32, {M}), qw = e.empty(f8, {E, N, K}),
+                       sw = e.empty(DType::F32, {E, N}), qwt = e.empty(f8, {K, E * N}), swt = e.empty(DType::F32, {E, K}),
+                       qdy = e.empty(f5, {M, N}), sdy = e.empty(DType::F32, {M}), qdyt = e.empty(f5, {N, M}),
+                       sdyt = e.empty(DType::F32, {E, N}), qxt = e.empty(f8, {K, M}), sxt = e.empty(DType::F32, {E, K});
+            auto rows = [&](TensorView in, TensorView q, TensorView sc) {
+              QuantizeFp8Args a;
+              a.inp = in, a.out = q, a.scale_inv = sc, a.granularity = Fp8Granularity::Row, a.ctx = e.ctx;
+              return a;
+            };
+            auto groups_t = [&](TensorView in, TensorView q, TensorView sc, TensorView offsets, int64_t group_rows) {
+              QuantizeFp8Args a;
+              a.inp = in, a.out_t = q, a.scale_inv_t = sc, a.granularity = Fp8Granularity::Row, a.ctx = e.ctx;
+              a.offsets = offsets, a.group_rows = group_rows;
+              return a;
+            };
+            const QuantizeFp8Args qa_x = rows(x, qx, sx), qa_w = rows(w.reshape({E * N, K}), qw.reshape({E * N, K}), sw),
+                                  qa_wt = groups_t(w.reshape({E * N, K}), qwt, swt, {}, N), qa_dy = rows(dy, qdy, sdy),
+                                  qa_dyt = groups_t(dy, qdyt, sdyt, off, 0), qa_xt = groups_t(x, qxt, sxt, off, 0);
+            for (const QuantizeFp8Args* a : {&qa_x, &qa_w, &qa_wt, &qa_dy, &qa_dyt, &qa_xt}) quantize_fp8(*a);
+            GroupedGemmFp8ForwardArgs f{y, qx, sx, qw, sw, off, e.ctx};
+            GroupedGemmFp8DgradArgs d{dx, qdy, sdy, qwt, swt, off, e.ctx};
+            GroupedGemmFp8WgradArgs g{dw, qdyt, sdyt, qxt, sxt, off, align, false, e.ctx};
+            GroupedGemmForwardArgs bf{y, x, w, off, align, e.ctx};
+            GroupedGemmDgradArgs bd{dx, dy, w, off, align, e.ctx};
+            GroupedGemmWgradArgs bg{dw, dy, x, off, align, false, e.ctx};
+            const double flops = 2.0 * static_cast<double>(used) * static_cast<double>(N) * static_cast<double>(K);
+            const double tok_x = 3.0 * static_cast<double>(M * K), tok_dy = 3.0 * static_cast<double>(M * N),
+                         wb = 3.0 * static_cast<double>(E * N * K);
+            const std::string p = "grouped_gemm_fp8/" + name;
+            const std::string note = fmt::format("E={} top-{} [{}x{}] rows {} of {}", E, topk, N, K, used, M);
+            return std::vector<Timed>{
+                {p + "/fp8/fwd", Metric::Flops, flops, [f] { grouped_gemm_fp8_forward(f); }, note},
+                {p + "/fp8/dgrad", Metric::Flops, flops, [d] { grouped_gemm_fp8_dgrad(d); }, ""},
+                {p + "/fp8/wgrad", Metric::Flops, flops, [g] { grouped_gemm_fp8_wgrad(g); }, ""},
+                {p + "/fp8q/fwd", Metric::Flops, flops, [bf, f8] { grouped_gemm_forward_fp8(bf, f8); }, ""},
+                {p + "/fp8q/dgrad", Metric::Flops, flops, [bd, f8, f5] { grouped_gemm_dgrad_fp8(bd, f8, f5); }, ""},
+                {p + "/fp8q/wgrad", Metric::Flops, flops, [bg, f8, f5] { grouped_gemm_wgrad_fp8(bg, f8, f5); }, ""},
+                {p + "/quant/x_rows", Metric::Bytes, tok_x, [qa_x] { quantize_fp8(qa_x); }, ""},
+                {p + "/quant/x_t_groups", Metric::Bytes, tok_x, [qa_xt] { quantize_fp8(qa_xt); }, ""},
+                {p + "/quant/dy_rows", Metric::Bytes, tok_dy, [qa_dy] { quantize_fp8(qa_dy); }, ""},
+                {p + "/quant/dy_t_groups", Metric::Bytes, tok_dy, [qa_dyt] { quantize_fp8(qa_dyt); }, ""},
+                {p + "/quant/w_rows", Metric::Bytes, wb, [qa_w] { quantize_fp8(qa_w); }, ""},
+                {p + "/quant/w_t_groups", Metric::Bytes, wb, [qa_wt] { quantize_fp8(qa_wt); }, ""}};
+          }};
+}
+
 }  // namespace
+
+OpFamily grouped_gemm_fp8_family() {
+  OpFamily f;
+  f.name = "grouped_gemm_fp8";
+  f.bench = "grouped_gemm";
+  f.dispatch_ops = {"grouped_gemm_fp8", "quantize"};
+  f.backends = {BackendType::TURBO, BackendType::CPU};
+  f.shape_syntax = "TxExKxNxC (tokens x experts x top-k x out features x in features): one expert layer [E, N, C] "
+                   "under a random-init router's counts, rowwise FP8";
+  f.defaults = [](const Scale& s) {
+    std::vector<Case> cases;
+    const int64_t align = kGroupedGemmAlign;
+    if (!s.gpu) {
+      const int64_t T = s.tokens, C = 64, E = 4, topk = 2, Fe = 96;
+      const auto counts = router_counts(T, C, E, topk, 7);
+      cases.push_back(grouped_fp8_case("tiny/fc/router0", T, E, topk, 2 * Fe, C, counts, 16));
+      return cases;
+    }
+    static const MoePreset kPresets[] = {{"olmoe", 64, 8, 1024}, {"mixtral", 8, 2, 5632}, {"deepseek", 64, 6, 1408}};
+    const int64_t T = 4 * 2048, C = 2048;
+    for (const MoePreset& p : kPresets) {
+      const std::vector<int64_t> router0 = router_counts(T, C, p.E, p.topk, 1000 + static_cast<uint64_t>(p.E * 16 + p.topk));
+      cases.push_back(grouped_fp8_case(fmt::format("{}/fc/router0", p.name), T, p.E, p.topk, 2 * p.Fe, C, router0, align));
+      cases.push_back(grouped_fp8_case(fmt::format("{}/proj/router0", p.name), T, p.E, p.topk, C, p.Fe, router0, align));
+    }
+    return cases;
+  };
+  f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
+    const auto d = parse_dims("grouped_gemm_fp8", shape, 5, syntax);
+    const int64_t T = d[0], E = d[1], topk = d[2], N = d[3], C = d[4];
+    if (topk > E) throw UsageError(fmt::format("grouped_gemm_fp8 shape '{}': top-k {} above {} experts", shape, topk, E));
+    return grouped_fp8_case(shape, T, E, topk, N, C,
+                            router_counts(T, C, E, topk, 1000 + static_cast<uint64_t>(E * 16 + topk)), kGroupedGemmAlign);
+  };
+  return f;
+}
 
 OpFamily grouped_gemm_family() {
   OpFamily f;

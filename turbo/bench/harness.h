@@ -92,6 +92,7 @@ OpFamily attention_family();
 OpFamily quantize_family();
 OpFamily layer_family();
 OpFamily grouped_gemm_family();
+OpFamily grouped_gemm_fp8_family();
 OpFamily moe_family();
 
 // "16384x768" -> {16384, 768}: exactly `n` positive integers joined by 'x', else UsageError
