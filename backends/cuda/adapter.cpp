@@ -220,6 +220,19 @@ class CudaAdapter : public BackendAdapter {
                                       where("fp8_recipe"), r));
       (void)turbo::parse_fp8_recipe(p.find_path("fp8")->as_string(), r, where("fp8"), "fp8_recipe");
     }
+    // With fp8 an MoE model's experts run FP8 too (patch cuda.moe.fp8), through the FP8 grouped
+    // GEMM, which has rowwise scales only: checked here so that a dry run already refuses.
+    if (p.find_path("fp8")->as_string() != "none" && p.find_path("num_experts")->as_int() > 0) {
+      if (const std::string r = p.find_path("fp8_recipe")->as_string(); r != "rowwise")
+        throw ConfigError(fmt::format("{}: fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs are built with rowwise "
+                                      "scaling only; set fp8_recipe: rowwise for a model with num_experts > 0 (or fp8: "
+                                      "none)",
+                                      where("fp8_recipe"), r));
+      if (!p.find_path("moe_grouped_gemm")->as_bool())
+        throw ConfigError(fmt::format("{}: moe_grouped_gemm: false with fp8: the FP8 experts run Turbo's grouped GEMM "
+                                      "only; set moe_grouped_gemm: true, or fp8: none for one GEMM per expert",
+                                      where("moe_grouped_gemm")));
+    }
     if (a->attention_backend == "turbo" && std::string(default_attention_name()) != "turbo") {
       throw ConfigError(fmt::format("{}: attention_backend turbo: this build has no Turbo attention op (use auto or "
                                     "fallback)",

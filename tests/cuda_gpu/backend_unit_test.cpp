@@ -75,7 +75,8 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   for (const char* id : {"cuda.args.grad_accum", "cuda.args.mock_data", "cuda.logging.tensorboard_dir",
                          "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph", "cuda.step.launch_ahead",
                          "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times",
-                         "cuda.linear.fp8", "cuda.attention.deterministic", "cuda.moe.sequential_experts"}) {
+                         "cuda.linear.fp8", "cuda.attention.deterministic", "cuda.moe.sequential_experts",
+                         "cuda.moe.fp8"}) {
     const patches::Patch* p = reg.find(id);
     ASSERT_NE(p, nullptr) << id;
     EXPECT_EQ(p->backend, "cuda") << id;
@@ -95,6 +96,7 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
   // FP8 replaces the layers' linear slots, never the output layer's.
   EXPECT_EQ(reg.find("cuda.linear.fp8")->slots,
             (std::vector<std::string>{kLinearForward, kLinearBackward, kLinearBackwardDGelu}));
+  EXPECT_EQ(reg.find("cuda.moe.fp8")->slots, (std::vector<std::string>{kMoeExperts, kMoeExpertsDgrad, kMoeExpertsWgrad}));
 }
 
 TEST(CudaBackendUnit, PeakTableCoversTheDataCentreGpus) {
@@ -174,6 +176,20 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   auto seq = primus::testing::run_primus(moe + "--dry-run moe_grouped_gemm=false cuda_graph=false workspace=" + w.str());
   EXPECT_EQ(seq.code, 0) << seq.out;
   EXPECT_NE(seq.out.find("apply cuda.moe.sequential_experts: condition true"), std::string::npos) << seq.out;
+  // FP8 experts: rowwise with an MoE model (patch cuda.moe.fp8), refused for other recipes and for
+  // the sequential experts; a dense model leaves the patch off.
+  EXPECT_NE(grouped.out.find("skip  cuda.moe.fp8: condition false"), std::string::npos) << grouped.out;
+  auto moe8 = primus::testing::run_primus(moe + "--dry-run fp8=hybrid fp8_recipe=rowwise workspace=" + w.str());
+  EXPECT_EQ(moe8.code, 0) << moe8.out;
+  EXPECT_NE(moe8.out.find("apply cuda.moe.fp8: condition true"), std::string::npos) << moe8.out;
+  auto moe8t = primus::testing::run_primus(moe + "--dry-run fp8=hybrid workspace=" + w.str());
+  EXPECT_EQ(moe8t.code, 2) << moe8t.out;
+  EXPECT_NE(moe8t.out.find("fp8_recipe: tensorwise"), std::string::npos) << moe8t.out;
+  auto moe8s = primus::testing::run_primus(moe + "--dry-run fp8=hybrid fp8_recipe=rowwise moe_grouped_gemm=false "
+                                                 "cuda_graph=false workspace=" + w.str());
+  EXPECT_EQ(moe8s.code, 2) << moe8s.out;
+  EXPECT_NE(moe8s.out.find("moe_grouped_gemm"), std::string::npos) << moe8s.out;
+  EXPECT_NE(fp8.out.find("skip  cuda.moe.fp8: condition false"), std::string::npos) << fp8.out;
   auto dense = primus::testing::run_primus(example_args("--dry-run moe_grouped_gemm=false workspace=" + w.str()));
   EXPECT_NE(dense.out.find("skip  cuda.moe.sequential_experts: condition false"), std::string::npos) << dense.out;
   auto bad = primus::testing::run_primus(example_args("--dry-run recompute_granularity=partial workspace=" + w.str()));
