@@ -2,14 +2,17 @@
 // saturation), the scaling recipe of turbo/kernels/cpu/quantize.h, and the public op
 // quantize_fp8 (turbo/ops/quantization.h) on host tensors: exact bytes for hand-made inputs,
 // transposes, strided rows, NaN/inf, argument errors, and accuracy on random data; per-group
-// scaling (rows, 1x128 tiles, 128x128 blocks): the scale layouts of turbo/core/fp8_granularity.h.
+// scaling (rows, 1x128 tiles, 128x128 blocks): the scale layouts of turbo/core/fp8_granularity.h;
+// row groups for out_t (per group and column scales) against the recipe written out in the test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/util/error.h"
@@ -696,6 +699,328 @@ TEST(QuantizeGroupedErrors, NameTheProblem) {
 }
 
 }  // namespace fp8_group_test
+
+// ---- row groups for out_t (the weight-gradient operands of MoE grouped GEMMs) -------------------
+namespace fp8_row_groups_test {
+
+using cpu::testing::Rng;
+
+constexpr uint8_t kSentinel = 0xAB;  // what out / out_t hold before the op runs
+constexpr float kUnset = -7.0f;      // what the scale tensors hold before the op runs
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+uint8_t enc(DType t, float x) { return t == DType::F8E4M3 ? float_to_f8e4m3_bits(x) : float_to_f8e5m2_bits(x); }
+float as_bf16(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
+
+struct Quantized {
+  std::vector<uint8_t> out, out_t;
+  std::vector<float> scale_inv, scale_inv_t;
+};
+
+// out_t and scale_inv_t as quantization.h states them, computed here straight from the recipe:
+// per group and column, amax = max |x| over the group's rows, scale = fp8_max / amax (1 for
+// amax 0, FLT_MAX when that overflows), bytes fp8(x * scale), scale_inv 1 / scale; an inf or NaN
+// in the segment: scale_inv NaN and bytes 0x7f. x: the values as the op reads them, [R, C].
+Quantized expected(const std::vector<float>& x, int64_t R, int64_t C, const std::vector<int32_t>& offsets, DType fp8) {
+  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
+  const float fp8_max = fp8 == DType::F8E4M3 ? 448.0f : 57344.0f;
+  Quantized e;
+  e.out_t.assign(static_cast<size_t>(R * C), kSentinel);
+  e.scale_inv_t.assign(static_cast<size_t>(G * C), kUnset);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < C; ++c) {
+      float amax = 0.0f;
+      bool finite = true;
+      for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) {
+        const float v = x[r * C + c];
+        finite = finite && std::isfinite(v);
+        amax = std::max(amax, std::fabs(v));
+      }
+      float& inv = e.scale_inv_t[g * C + c];
+      if (!finite) {
+        inv = std::numeric_limits<float>::quiet_NaN();
+        for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) e.out_t[c * R + r] = 0x7f;
+        continue;
+      }
+      float scale = amax == 0.0f ? 1.0f : fp8_max / amax;
+      if (std::isinf(scale)) scale = FLT_MAX;
+      inv = 1.0f / scale;
+      for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) e.out_t[c * R + r] = enc(fp8, x[r * C + c] * scale);
+    }
+  return e;
+}
+
+// quantize_fp8 at Row granularity with row groups (offsets, or group_rows when offsets is null),
+// out_t and, with_out, out; every output pre-filled.
+Quantized run(const TensorView& inp, DType fp8, const std::vector<int32_t>* offsets, int64_t group_rows,
+              bool with_out) {
+  const int64_t R = inp.size(0), C = inp.size(1);
+  const int64_t G = offsets ? static_cast<int64_t>(offsets->size()) - 1 : R / group_rows;
+  Quantized q;
+  q.out.assign(static_cast<size_t>(R * C), kSentinel);
+  q.out_t.assign(static_cast<size_t>(R * C), kSentinel);
+  q.scale_inv.assign(static_cast<size_t>(R), kUnset);
+  q.scale_inv_t.assign(static_cast<size_t>(G * C), kUnset);
+  QuantizeFp8Args a;
+  a.inp = inp;
+  a.granularity = Fp8Granularity::Row;
+  a.out_t = TensorView(q.out_t.data(), fp8, Device::CPU, {C, R});
+  a.scale_inv_t = TensorView(q.scale_inv_t.data(), DType::F32, Device::CPU, {G, C});
+  if (offsets)
+    a.offsets = TensorView(const_cast<int32_t*>(offsets->data()), DType::I32, Device::CPU, {G + 1});
+  else
+    a.group_rows = group_rows;
+  if (with_out) {
+    a.out = TensorView(q.out.data(), fp8, Device::CPU, {R, C});
+    a.scale_inv = TensorView(q.scale_inv.data(), DType::F32, Device::CPU, {R});
+  }
+  EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+  return q;
+}
+
+// out and scale_inv of the plain Row granularity call (no groups): what out must be with groups.
+Quantized rowwise(const TensorView& inp, DType fp8) {
+  const int64_t R = inp.size(0), C = inp.size(1);
+  Quantized q;
+  q.out.assign(static_cast<size_t>(R * C), kSentinel);
+  q.scale_inv.assign(static_cast<size_t>(R), kUnset);
+  QuantizeFp8Args a;
+  a.inp = inp;
+  a.granularity = Fp8Granularity::Row;
+  a.out = TensorView(q.out.data(), fp8, Device::CPU, {R, C});
+  a.scale_inv = TensorView(q.scale_inv.data(), DType::F32, Device::CPU, {R});
+  EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+  return q;
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t k = 0; k < got.size(); ++k)
+    ASSERT_EQ(bits_of(got[k]), bits_of(want[k])) << what << "[" << k << "] " << got[k] << " vs " << want[k];
+}
+
+class QuantizeRowGroups : public ::testing::TestWithParam<DType> {};  // parameter: the input dtype
+
+// Groups of every awkward size (empty first and middle groups, one row, sizes that are not
+// multiples of 16, rows past offsets[G]), strided rows, a column of zeros in one group (scale 1)
+// and one of f32 subnormals in another (scale FLT_MAX): out_t and scale_inv_t equal the recipe
+// computed here, out_t's bytes at rows of no group keep the sentinel, and out / scale_inv (when
+// requested) equal the plain per-row call's.
+TEST_P(QuantizeRowGroups, MatchesTheRecipePerGroupAndColumn) {
+  const DType in = GetParam();
+  Rng rng;
+  ::testing::ScopedTrace seed(__FILE__, __LINE__, "seed " + std::to_string(rng.seed()));
+  struct Layout {
+    int64_t R, C, ld;
+    std::vector<int32_t> offsets;
+  };
+  std::vector<Layout> layouts = {{50, 24, 24, {0, 0, 1, 17, 17, 40}}, {33, 16, 20, {0, 33}}};
+  for (int k = 0; k < 3; ++k) {  // random sizes, some of them 0, and a random tail of no group
+    Layout l{0, rng.integer(1, 40), 0, {0}};
+    const int G = rng.integer(1, 9);
+    for (int g = 0; g < G; ++g) {
+      const int32_t rows = rng.integer(0, 3) == 0 ? 0 : rng.integer(1, 21);  // a quarter of them empty
+      l.offsets.push_back(l.offsets.back() + rows);
+    }
+    l.R = std::max(1, l.offsets.back() + rng.integer(0, 5));
+    l.ld = l.C + rng.integer(0, 3);
+    layouts.push_back(l);
+  }
+  for (const Layout& l : layouts) {
+    const int64_t G = static_cast<int64_t>(l.offsets.size()) - 1;
+    SCOPED_TRACE(::testing::Message() << "[" << l.R << ", " << l.C << "] ld " << l.ld << ", " << G
+                                      << " groups ending at " << l.offsets.back());
+    std::vector<float> x(static_cast<size_t>(l.R * l.C));
+    for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1) * std::exp(rng.uniform(-4, 4)));
+    // The first group with at least two rows gets a column of zeros; the last one with rows a
+    // column of f32 subnormals.
+    for (int64_t g = 0; g < G; ++g)
+      if (l.offsets[g + 1] - l.offsets[g] >= 2) {
+        for (int64_t r = l.offsets[g]; r < l.offsets[g + 1]; ++r) x[r * l.C + l.C / 2] = 0.0f;
+        break;
+      }
+    for (int64_t g = G - 1; g >= 0; --g)
+      if (l.offsets[g + 1] > l.offsets[g]) {
+        for (int64_t r = l.offsets[g]; r < l.offsets[g + 1]; ++r) x[r * l.C] = (r % 2 ? 3e-39f : -1e-40f);
+        break;
+      }
+    if (in == DType::BF16)
+      for (float& v : x) v = as_bf16(v);
+    HostInput h(in, l.R, l.C, l.ld, x, NAN);  // the gaps between rows must not be read
+    for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+      SCOPED_TRACE(std::string(dtype_name(fp8)));
+      const Quantized want = expected(x, l.R, l.C, l.offsets, fp8);
+      const Quantized plain = rowwise(h.view, fp8);
+      for (const bool with_out : {false, true}) {
+        SCOPED_TRACE(with_out ? "with out" : "out_t alone");
+        const Quantized got = run(h.view, fp8, &l.offsets, 0, with_out);
+        EXPECT_EQ(got.out_t, want.out_t);
+        expect_same_bits(got.scale_inv_t, want.scale_inv_t, "scale_inv_t");
+        for (int64_t r = l.offsets.back(); r < l.R; ++r)
+          for (int64_t c = 0; c < l.C; ++c) ASSERT_EQ(got.out_t[c * l.R + r], kSentinel) << "row of no group " << r;
+        for (int64_t g = 0; g < G; ++g) {
+          if (l.offsets[g] != l.offsets[g + 1]) continue;
+          for (int64_t c = 0; c < l.C; ++c) ASSERT_EQ(got.scale_inv_t[g * l.C + c], 1.0f) << "empty group " << g;
+        }
+        if (with_out) {
+          EXPECT_EQ(got.out, plain.out);
+          expect_same_bits(got.scale_inv, plain.scale_inv, "scale_inv");
+        } else {
+          EXPECT_EQ(got.out, std::vector<uint8_t>(got.out.size(), kSentinel));
+          EXPECT_EQ(got.scale_inv, std::vector<float>(got.scale_inv.size(), kUnset));
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantize, QuantizeRowGroups, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// A NaN in one group's column and an inf in a row of no group: only that (group, column)
+// segment of out_t is poisoned (scale_inv_t NaN, bytes 0x7f); every other byte and scale equals
+// the clean input's; out is poisoned in the two rows holding them.
+TEST(QuantizeRowGroupsNonFinite, PoisonsOnlyItsSegment) {
+  const int64_t R = 22, C = 8;
+  const std::vector<int32_t> offsets = {0, 5, 12, 20};  // rows 20, 21 in no group
+  Rng rng;
+  ::testing::ScopedTrace seed(__FILE__, __LINE__, "seed " + std::to_string(rng.seed()));
+  std::vector<float> x = rng.vec<float>(static_cast<size_t>(R * C), -3, 3);
+  HostInput clean_in(DType::F32, R, C, C, x);
+  x[7 * C + 3] = NAN;
+  x[21 * C + 5] = INFINITY;
+  HostInput bad_in(DType::F32, R, C, C, x);
+  const Quantized clean = run(clean_in.view, DType::F8E4M3, &offsets, 0, true);
+  const Quantized bad = run(bad_in.view, DType::F8E4M3, &offsets, 0, true);
+  const Quantized want = expected(x, R, C, offsets, DType::F8E4M3);
+  EXPECT_EQ(bad.out_t, want.out_t);
+  expect_same_bits(bad.scale_inv_t, want.scale_inv_t, "scale_inv_t");
+  for (int64_t g = 0; g < 3; ++g)
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t k = static_cast<size_t>(g * C + c);
+      if (g == 1 && c == 3) EXPECT_EQ(bits_of(bad.scale_inv_t[k]), 0x7fc00000u);
+      else EXPECT_EQ(bits_of(bad.scale_inv_t[k]), bits_of(clean.scale_inv_t[k])) << g << "," << c;
+    }
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t r = 0; r < R; ++r) {
+      const size_t k = static_cast<size_t>(c * R + r);
+      if (c == 3 && r >= 5 && r < 12) EXPECT_EQ(bad.out_t[k], cpu::kFp8PoisonByte) << c << "," << r;
+      else EXPECT_EQ(bad.out_t[k], clean.out_t[k]) << c << "," << r;
+    }
+  for (int64_t r = 0; r < R; ++r) {
+    const bool poisoned = r == 7 || r == 21;
+    EXPECT_EQ(bits_of(bad.scale_inv[r]), poisoned ? 0x7fc00000u : bits_of(clean.scale_inv[r])) << r;
+    for (int64_t c = 0; c < C; ++c)
+      EXPECT_EQ(bad.out[r * C + c], poisoned ? cpu::kFp8PoisonByte : clean.out[r * C + c]) << r << "," << c;
+  }
+}
+
+// group_rows = n is the offsets 0, n, 2n, ..., R.
+TEST(QuantizeRowGroupsUniform, GroupRowsAreEqualGroups) {
+  const int64_t R = 48, C = 20, n = 16;
+  Rng rng;
+  ::testing::ScopedTrace seed(__FILE__, __LINE__, "seed " + std::to_string(rng.seed()));
+  std::vector<float> x(static_cast<size_t>(R * C));
+  for (float& v : x) v = as_bf16(static_cast<float>(rng.uniform(-1, 1) * std::exp(rng.uniform(-4, 4))));
+  HostInput h(DType::BF16, R, C, C, x);
+  const std::vector<int32_t> offsets = {0, 16, 32, 48};
+  for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+    const Quantized got = run(h.view, fp8, nullptr, n, true), by_offsets = run(h.view, fp8, &offsets, 0, true);
+    const Quantized want = expected(x, R, C, offsets, fp8);
+    EXPECT_EQ(got.out_t, want.out_t) << dtype_name(fp8);
+    expect_same_bits(got.scale_inv_t, want.scale_inv_t, "scale_inv_t");
+    EXPECT_EQ(got.out, by_offsets.out) << dtype_name(fp8);
+    expect_same_bits(got.scale_inv, by_offsets.scale_inv, "scale_inv");
+  }
+}
+
+// Every refused combination names the argument; a bad offsets array names its first bad entry.
+TEST(QuantizeRowGroupsErrors, NameTheProblem) {
+  const int64_t R = 12, C = 4;
+  std::vector<float> x(static_cast<size_t>(R * C), 1.0f), s(256, 0.0f), one(1, 1.0f);
+  std::vector<uint8_t> o(static_cast<size_t>(R * C)), ot(static_cast<size_t>(R * C));
+  std::vector<int32_t> off = {0, 5, 5, 12};
+  std::vector<int64_t> off64 = {0, 5, 5, 12};
+  QuantizeFp8Args good;
+  good.granularity = Fp8Granularity::Row;
+  good.inp = TensorView(x.data(), DType::F32, Device::CPU, {R, C});
+  good.out = TensorView(o.data(), DType::F8E4M3, Device::CPU, {R, C});
+  good.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {R});
+  good.out_t = TensorView(ot.data(), DType::F8E4M3, Device::CPU, {C, R});
+  good.scale_inv_t = TensorView(s.data() + 64, DType::F32, Device::CPU, {3, C});
+  good.offsets = TensorView(off.data(), DType::I32, Device::CPU, {4});
+  EXPECT_EQ(quantize_fp8(good), BackendType::CPU);
+
+  const auto with_offsets = [&](std::vector<int32_t> v, const std::string& part) {
+    std::vector<int32_t> bad = std::move(v);
+    QuantizeFp8Args a = good;
+    a.offsets = TensorView(bad.data(), DType::I32, Device::CPU, {static_cast<int64_t>(bad.size())});
+    expect_error(a, part);
+  };
+  with_offsets({1, 5, 5, 12}, "quantize_fp8: offsets[0] = 1, expected 0");
+  with_offsets({0, 5, 3, 12}, "quantize_fp8: offsets[2] = 3 after offsets[1] = 5 (non-decreasing, at most R = 12)");
+  with_offsets({0, 5, 5, 13}, "quantize_fp8: offsets[3] = 13 after offsets[2] = 5");
+  with_offsets({0, -1, 5, 12}, "quantize_fp8: offsets[1] = -1 after offsets[0] = 0");
+  // Wrong length: 4 groups, but scale_inv_t holds 3 x C.
+  with_offsets({0, 5, 5, 6, 12}, "quantize_fp8: scale_inv_t: the column scales of 4 row groups of a [12, 4] matrix are "
+                                 "[G, C] = 16 contiguous f32");
+  QuantizeFp8Args a = good;
+  a.offsets = TensorView(off.data(), DType::I32, Device::CPU, {2, 2});
+  expect_error(a, "quantize_fp8: offsets: expected a contiguous [G + 1] vector");
+  a = good;
+  a.offsets = TensorView(off64.data(), DType::I64, Device::CPU, {4});
+  expect_error(a, "quantize_fp8: offsets: expected i32 got i64");
+  a = good;
+  a.offsets.device = Device::CUDA;
+  expect_error(a, "different devices");
+  a = good;
+  a.granularity = Fp8Granularity::Tensor;
+  a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {1});
+  expect_error(a, "quantize_fp8: offsets: row groups scale out_t per group and column, at row granularity only, got "
+                  "tensor granularity");
+  a = good;
+  a.group_rows = 4;
+  expect_error(a, "quantize_fp8: offsets and group_rows = 4 are both set");
+  a = good;
+  a.offsets = TensorView();
+  a.group_rows = 5;
+  expect_error(a, "quantize_fp8: group_rows = 5: expected a positive divisor of the 12 rows of inp");
+  a.group_rows = -4;
+  expect_error(a, "quantize_fp8: group_rows = -4: expected a positive divisor");
+  a.group_rows = 4;  // 3 groups: fits scale_inv_t
+  EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+  a.granularity = Fp8Granularity::Block1x128;
+  expect_error(a, "quantize_fp8: group_rows: row groups scale out_t per group and column, at row granularity only, "
+                  "got 1x128 granularity");
+  a = good;
+  a.out_t = TensorView();
+  expect_error(a, "quantize_fp8: offsets: row groups give the scales of out_t, which is not set");
+  a = good;
+  a.scale = TensorView(one.data(), DType::F32, Device::CPU, {1});
+  expect_error(a, "quantize_fp8: offsets: row groups take current scaling, not with scale (delayed scaling)");
+  a = good;
+  a.amax = TensorView(one.data(), DType::F32, Device::CPU, {1});
+  expect_error(a, "quantize_fp8: offsets: row groups take current scaling, not with amax");
+  a = good;
+  a.scale_inv_t = TensorView(s.data() + 64, DType::F32, Device::CPU, {C});  // the plain per-column size
+  expect_error(a, "scale_inv_t: the column scales of 3 row groups of a [12, 4] matrix are [G, C] = 12 contiguous f32");
+  // The reference kernel checks its offsets itself.
+  const std::vector<int32_t> bad = {0, 7, 6};
+  try {
+    cpu::quantize_fp8_row_groups_t(x.data(), DType::F32, R, C, C, bad.data(), 2, ot.data(), s.data(), DType::F8E4M3);
+    ADD_FAILURE() << "cpu::quantize_fp8_row_groups_t accepted decreasing offsets";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("quantize_fp8_row_groups_t: offsets[2] = 6 after offsets[1] = 7"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace fp8_row_groups_test
 
 // ---- delayed scaling (turbo/ops/fp8_delayed.h) -------------------------------------------------
 namespace fp8_delayed_test {

@@ -3,9 +3,11 @@
 // many shapes (tile-aligned, ragged, single row, strided rows, misaligned pitches), f32 and bf16
 // inputs, both FP8 formats, and each choice of outputs; outputs are poisoned (0xFF) before every
 // run and a second run must give the same bits. Also: the hardware conversion against the host
-// encoder at scale 1, subnormal amax, non-finite input, and capture into a CUDA graph.
+// encoder at scale 1, subnormal amax, non-finite input, and capture into a CUDA graph; row groups
+// for out_t (offsets read on the device, group_rows) against the reference, in a graph too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -388,6 +390,238 @@ TEST_F(QuantizeGpuTest, GroupScalingMatchesTheReferenceBitForBit) {
           }
 }
 
+
+// ---- row groups for out_t (offsets / group_rows) -----------------------------------------------
+
+struct RowGroupOutputs {
+  std::vector<uint8_t> out, out_t;
+  std::vector<float> scale_inv, scale_inv_t;
+};
+constexpr uint8_t kOutTSentinel = 0xAB;  // out_t before a row-groups call: rows of no group keep it
+
+class QuantizeRowGroupsGpu : public QuantizeGpuTest {
+ protected:
+  // Random cut points: G groups ending at R minus a tail of no group (when `tail`), one group
+  // forced empty when G > 2; sizes otherwise anything (not multiples of 16).
+  std::vector<int32_t> random_offsets(int64_t R, int G, bool tail) {
+    const int64_t end = tail ? R - std::uniform_int_distribution<int64_t>(1, std::max<int64_t>(1, R / 8))(rng_) : R;
+    std::uniform_int_distribution<int64_t> cut(0, end);
+    std::vector<int32_t> o(static_cast<size_t>(G + 1));
+    o[0] = 0;
+    o[static_cast<size_t>(G)] = static_cast<int32_t>(end);
+    for (int g = 1; g < G; ++g) o[static_cast<size_t>(g)] = static_cast<int32_t>(cut(rng_));
+    std::sort(o.begin(), o.end());
+    if (G > 2) o[2] = o[1];
+    return o;
+  }
+
+  // The CPU backend on the host copy, out_t pre-filled with the sentinel.
+  RowGroupOutputs reference(Input& in, DType fp8, const std::vector<int32_t>& offsets, int64_t group_rows) {
+    const int64_t G = group_rows ? in.R / group_rows : static_cast<int64_t>(offsets.size()) - 1;
+    RowGroupOutputs o;
+    o.out.assign(static_cast<size_t>(in.R * in.C), 0);
+    o.out_t.assign(o.out.size(), kOutTSentinel);
+    o.scale_inv.assign(static_cast<size_t>(in.R), 0.0f);
+    o.scale_inv_t.assign(static_cast<size_t>(G * in.C), 0.0f);
+    std::vector<int32_t> off = offsets;
+    QuantizeFp8Args a;
+    a.inp = in.host_view();
+    a.granularity = Fp8Granularity::Row;
+    a.out = TensorView(o.out.data(), fp8, Device::CPU, {in.R, in.C});
+    a.scale_inv = TensorView(o.scale_inv.data(), DType::F32, Device::CPU, {in.R});
+    a.out_t = TensorView(o.out_t.data(), fp8, Device::CPU, {in.C, in.R});
+    a.scale_inv_t = TensorView(o.scale_inv_t.data(), DType::F32, Device::CPU, {G, in.C});
+    if (group_rows) a.group_rows = group_rows;
+    else a.offsets = TensorView(off.data(), DType::I32, Device::CPU, {G + 1});
+    EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+    return o;
+  }
+
+  // The args of a device call writing into out_ / out_t_ / sc_ / sct_ (allocated by alloc_groups).
+  QuantizeFp8Args device_args(const Input& in, DType fp8, const TensorView& offsets, int64_t group_rows,
+                              bool with_out) {
+    QuantizeFp8Args a;
+    a.inp = in.dev;
+    a.granularity = Fp8Granularity::Row;
+    a.out_t = out_t_;
+    a.out_t.dtype = fp8;
+    a.scale_inv_t = sct_;
+    if (with_out) {
+      a.out = out_;
+      a.out.dtype = fp8;
+      a.scale_inv = sc_;
+    }
+    a.offsets = offsets;
+    a.group_rows = group_rows;
+    a.ctx = ctx;
+    return a;
+  }
+  void alloc_groups(int64_t R, int64_t C, int64_t G) {
+    out_ = make(DType::F8E4M3, {R, C});
+    out_t_ = make(DType::F8E4M3, {C, R});
+    sc_ = make(DType::F32, {R});
+    sct_ = make(DType::F32, {G, C});
+  }
+  void prefill() {
+    poison(out_);
+    CUDA_CHECK(cudaMemset(out_t_.data, kOutTSentinel, out_t_.nbytes()));
+    poison(sc_);
+    poison(sct_);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  RowGroupOutputs fetch(bool with_out) {
+    RowGroupOutputs o;
+    o.out_t = bytes(out_t_);
+    o.scale_inv_t = get(sct_);
+    if (with_out) {
+      o.out = bytes(out_);
+      o.scale_inv = get(sc_);
+    }
+    return o;
+  }
+  void expect_equal(const RowGroupOutputs& got, const RowGroupOutputs& ref, bool with_out) {
+    EXPECT_TRUE(got.out_t == ref.out_t) << "out_t: " << first_diff(got.out_t, ref.out_t);
+    ASSERT_EQ(got.scale_inv_t.size(), ref.scale_inv_t.size());
+    for (size_t k = 0; k < ref.scale_inv_t.size(); ++k)
+      ASSERT_EQ(bits(got.scale_inv_t[k]), bits(ref.scale_inv_t[k]))
+          << "scale_inv_t[" << k << "] " << got.scale_inv_t[k] << " vs " << ref.scale_inv_t[k];
+    if (!with_out) return;
+    EXPECT_TRUE(got.out == ref.out) << "out: " << first_diff(got.out, ref.out);
+    for (size_t k = 0; k < ref.scale_inv.size(); ++k)
+      ASSERT_EQ(bits(got.scale_inv[k]), bits(ref.scale_inv[k]))
+          << "scale_inv[" << k << "] " << got.scale_inv[k] << " vs " << ref.scale_inv[k];
+  }
+
+  TensorView out_, out_t_, sc_, sct_;
+};
+
+// Fresh random inputs, random plans (empty groups, groups of any size, many groups smaller than
+// a tile, a tail of rows in no group), both ways of giving the groups, with and without out,
+// f32 and bf16, both FP8 formats, the 16-byte path and the element-wise one (ragged shapes,
+// strided rows), a NaN in one case: bytes and scales bit for bit as the CPU reference, out_t's
+// rows of no group untouched, and a second run identical.
+TEST_F(QuantizeRowGroupsGpu, MatchTheReferenceBitForBit) {
+  struct Case {
+    int64_t R, C, ld;
+    int G;              // random offsets with G groups (group_rows == 0)
+    int64_t group_rows;  // > 0: equal groups
+    bool tail, nan;
+  };
+  const std::vector<Case> cases = {
+      {1024, 256, 256, 7, 0, true, false},     // 16-byte path, groups across tiles
+      {1024, 384, 392, 64, 0, true, false},    // ~16 rows a group: many groups a tile; strided rows
+      {512, 128, 128, 300, 0, false, false},   // more groups than rows of a tile can hold
+      {2048, 512, 512, 0, 256, false, false},  // group_rows
+      {96, 48, 48, 0, 16, false, true},        // group_rows, a NaN
+      {1000, 200, 200, 9, 0, true, false},     // R % 16 != 0: element-wise path
+      {37, 100, 103, 4, 0, true, true},        // ragged, strided, a NaN
+      {90, 30, 30, 0, 9, false, false},        // group_rows, element-wise path
+      {512, 256, 256, 1, 0, true, false},      // one group and a tail
+  };
+  for (const Case& k : cases)
+    for (const DType dt : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(fmt::format("[{}, {}] ld {} {} {}{}", k.R, k.C, k.ld, dtype_name(dt),
+                               k.group_rows ? fmt::format("group_rows {}", k.group_rows) : fmt::format("G {}", k.G),
+                               k.nan ? " with a NaN" : ""));
+      std::vector<float> vals(static_cast<size_t>(k.R * k.C));
+      std::normal_distribution<float> n(0.0f, 1.0f);
+      std::uniform_real_distribution<float> e(-6.0f, 3.0f);
+      for (auto& v : vals) v = n(rng_) * std::exp2(e(rng_));
+      if (k.nan) vals[static_cast<size_t>((k.R / 2) * k.C + k.C / 3)] = std::numeric_limits<float>::quiet_NaN();
+      Input in = make_input(dt, k.R, k.C, k.ld, &vals);
+      const std::vector<int32_t> plan = k.group_rows ? std::vector<int32_t>{} : random_offsets(k.R, k.G, k.tail);
+      const int64_t G = k.group_rows ? k.R / k.group_rows : k.G;
+      TensorView off;
+      if (!k.group_rows) {
+        off = make(DType::I32, {G + 1});
+        put_i32(off, plan);
+      }
+      alloc_groups(k.R, k.C, G);
+      for (const DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+        const RowGroupOutputs ref = reference(in, fp8, plan, k.group_rows);
+        for (const bool with_out : {true, false}) {
+          SCOPED_TRACE(fmt::format("{} {}", dtype_name(fp8), with_out ? "out + out_t" : "out_t alone"));
+          const QuantizeFp8Args a = device_args(in, fp8, off, k.group_rows, with_out);
+          prefill();
+          ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
+          const RowGroupOutputs first = fetch(with_out);
+          expect_equal(first, ref, with_out);
+          if (!with_out) {
+            EXPECT_EQ(bytes(out_), std::vector<uint8_t>(out_.nbytes(), 0xFF)) << "out written";
+          }
+          prefill();
+          ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
+          expect_equal(fetch(with_out), first, with_out);
+        }
+      }
+    }
+}
+
+// The call captures into a CUDA graph (no host synchronisation, no allocation) and the replay reads
+// the offsets as they are at replay: a new plan written into the same tensor gives that plan's
+// result without a new capture.
+TEST_F(QuantizeRowGroupsGpu, CaptureIntoACudaGraphAndFollowTheOffsets) {
+  const int64_t R = 768, C = 512;
+  const int G = 8;
+  Input in = make_input(DType::BF16, R, C, C);
+  TensorView off = make(DType::I32, {G + 1});
+  const std::vector<std::vector<int32_t>> plans = {random_offsets(R, G, true), random_offsets(R, G, false),
+                                                   {0, 0, 1, 17, 17, 300, 301, 640, 700}};
+  alloc_groups(R, C, G);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  QuantizeFp8Args a = device_args(in, DType::F8E4M3, off, 0, true);
+  a.ctx.stream = stream;
+  put_i32(off, plans[0]);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  EXPECT_EQ(quantize_fp8(a), BackendType::TURBO);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (const auto& plan : plans) {
+    SCOPED_TRACE(::testing::PrintToString(plan));
+    put_i32(off, plan);
+    prefill();
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    expect_equal(fetch(true), reference(in, DType::F8E4M3, plan, 0), true);
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Offsets that break the contract (decreasing, negative, past R, huge) give unspecified bytes but
+// never write outside out_t / scale_inv_t: the guard bytes after both stay as they were, and the
+// device reports no error.
+TEST_F(QuantizeRowGroupsGpu, BadDeviceOffsetsStayInsideTheTensors) {
+  const int64_t R = 256, C = 128, kGuard = 4096;
+  const int G = 5;
+  Input in = make_input(DType::BF16, R, C, C);
+  TensorView off = make(DType::I32, {G + 1});
+  TensorView out_t = make(DType::F8E4M3, {C * R + kGuard}), sct = make(DType::F32, {G * C + kGuard});
+  for (const std::vector<int32_t>& plan : {std::vector<int32_t>{0, 300, 100, 50, -20, 256},
+                                           std::vector<int32_t>{5, -1000, 1 << 30, 7, 256, 1},
+                                           std::vector<int32_t>{-7, 0, 0, 0, 0, 1 << 30}}) {
+    SCOPED_TRACE(::testing::PrintToString(plan));
+    put_i32(off, plan);
+    CUDA_CHECK(cudaMemset(out_t.data, 0xAB, out_t.nbytes()));
+    CUDA_CHECK(cudaMemset(sct.data, 0xAB, sct.nbytes()));
+    QuantizeFp8Args a;
+    a.inp = in.dev;
+    a.granularity = Fp8Granularity::Row;
+    a.out_t = TensorView(out_t.data, DType::F8E4M3, Device::CUDA, {C, R});
+    a.scale_inv_t = TensorView(sct.data, DType::F32, Device::CUDA, {G, C});
+    a.offsets = off;
+    a.ctx = ctx;
+    ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto ot = bytes(out_t), st = bytes(sct);
+    for (int64_t i = C * R; i < C * R + kGuard; ++i) ASSERT_EQ(ot[static_cast<size_t>(i)], 0xAB) << "out_t guard " << i;
+    for (size_t i = static_cast<size_t>(G * C) * 4; i < st.size(); ++i) ASSERT_EQ(st[i], 0xAB) << "scale guard " << i;
+  }
+}
 
 // Delayed scaling on the device against the CPU reference, bit for bit: the bytes of out and
 // out_t, scale_inv = 1 / the given scale, and the amax folded into an entry that already holds

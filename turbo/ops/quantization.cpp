@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <climits>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "turbo/kernels/cpu/quantize.h"
 #include "turbo/ops/op_support.h"
@@ -21,6 +24,11 @@ int64_t cols_of(const QuantizeFp8Args& a) { return a.inp.size(1); }
 // Elements between the starts of two rows of inp (C when there is only one row).
 int64_t pitch_of(const QuantizeFp8Args& a) { return rows_of(a) > 1 ? a.inp.stride(0) : cols_of(a); }
 DType fp8_of(const QuantizeFp8Args& a) { return a.out.defined() ? a.out.dtype : a.out_t.dtype; }
+bool has_row_groups(const QuantizeFp8Args& a) { return a.offsets.defined() || a.group_rows != 0; }
+// G, the number of row groups (with row groups).
+int64_t groups_of(const QuantizeFp8Args& a) {
+  return a.offsets.defined() ? a.offsets.numel() - 1 : rows_of(a) / a.group_rows;
+}
 
 void check_fp8_output(const TensorView& t, const TensorView& inp, std::initializer_list<int64_t> shape, const char* arg) {
   if (!dtype_is_fp8(t.dtype))
@@ -29,6 +37,37 @@ void check_fp8_output(const TensorView& t, const TensorView& inp, std::initializ
   check_shape(t, shape, kOp, arg);
   check_contiguous(t, kOp, arg);
   check_same_device(t, inp, kOp);
+}
+
+// Row groups: which combinations make sense (see quantization.h); the offsets' values are checked
+// where they are read (the host backend; the device clamps them).
+void validate_row_groups(const QuantizeFp8Args& a) {
+  const char* arg = a.offsets.defined() ? "offsets" : "group_rows";
+  if (a.offsets.defined() && a.group_rows != 0)
+    throw RuntimeError(fmt::format("{}: offsets and group_rows = {} are both set (give the row groups one way)", kOp,
+                                   a.group_rows));
+  if (a.granularity != Fp8Granularity::Row)
+    throw RuntimeError(fmt::format("{}: {}: row groups scale out_t per group and column, at row granularity only, "
+                                   "got {} granularity",
+                                   kOp, arg, fp8_granularity_name(a.granularity)));
+  if (!a.out_t.defined())
+    throw RuntimeError(fmt::format("{}: {}: row groups give the scales of out_t, which is not set", kOp, arg));
+  if (a.scale.defined() || a.amax.defined())
+    throw RuntimeError(fmt::format("{}: {}: row groups take current scaling, not with {} (delayed scaling)", kOp, arg,
+                                   a.scale.defined() ? "scale" : "amax"));
+  const int64_t R = rows_of(a);
+  if (R > INT32_MAX)
+    throw RuntimeError(fmt::format("{}: {}: row groups count rows in int32, inp has {}", kOp, arg, R));
+  if (a.offsets.defined()) {
+    check_dtype(a.offsets, DType::I32, kOp, "offsets");
+    if (a.offsets.ndim != 1 || a.offsets.numel() < 1 || !a.offsets.is_contiguous())
+      throw RuntimeError(fmt::format("{}: offsets: expected a contiguous [G + 1] vector, got {}", kOp,
+                                     a.offsets.describe()));
+    check_same_device(a.offsets, a.inp, kOp);
+  } else if (a.group_rows < 0 || R % a.group_rows != 0) {
+    throw RuntimeError(fmt::format("{}: group_rows = {}: expected a positive divisor of the {} rows of inp", kOp,
+                                   a.group_rows, R));
+  }
 }
 
 void validate(const QuantizeFp8Args& a) {
@@ -49,6 +88,7 @@ void validate(const QuantizeFp8Args& a) {
   if (a.out.defined() && a.out_t.defined() && a.out.dtype != a.out_t.dtype)
     throw RuntimeError(fmt::format("{}: out is {} but out_t is {} (one FP8 dtype for both)", kOp,
                                    dtype_name(a.out.dtype), dtype_name(a.out_t.dtype)));
+  if (has_row_groups(a)) validate_row_groups(a);
   const Fp8Granularity g = a.granularity;
   if ((g == Fp8Granularity::Block1x128 || g == Fp8Granularity::Block128x128) &&
       (R % kFp8BlockSize != 0 || C % kFp8BlockSize != 0))
@@ -75,12 +115,24 @@ void validate(const QuantizeFp8Args& a) {
   if (a.amax.defined() && g != Fp8Granularity::Tensor)
     throw RuntimeError(fmt::format("{}: amax is recorded per tensor, not at {} granularity", kOp, fp8_granularity_name(g)));
   if (a.out.defined() || g == Fp8Granularity::Tensor) check_scales(a.scale_inv, R, C, "scale_inv");
-  if (a.out_t.defined() && g != Fp8Granularity::Tensor) check_scales(a.scale_inv_t, C, R, "scale_inv_t");
+  if (a.out_t.defined() && g != Fp8Granularity::Tensor && !has_row_groups(a))
+    check_scales(a.scale_inv_t, C, R, "scale_inv_t");
+  if (has_row_groups(a)) {
+    const int64_t G = groups_of(a);
+    check_defined(a.scale_inv_t, kOp, "scale_inv_t");
+    check_dtype(a.scale_inv_t, DType::F32, kOp, "scale_inv_t");
+    if (a.scale_inv_t.numel() != G * C || !a.scale_inv_t.is_contiguous())
+      throw RuntimeError(fmt::format("{}: scale_inv_t: the column scales of {} row groups of a [{}, {}] matrix are "
+                                     "[G, C] = {} contiguous f32, got {}",
+                                     kOp, G, R, C, G * C, a.scale_inv_t.describe()));
+    check_same_device(a.scale_inv_t, a.inp, kOp);
+  }
 }
 
 std::string cpu_check(const QuantizeFp8Args& a) {
   return detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
-                                      {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax}});
+                                      {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax},
+                                      {"offsets", &a.offsets}});
 }
 // amax = max(amax, the value with f32 bits m), compared as bits (both >= 0; NaN's bits are the largest).
 void fold_amax(const TensorView& amax, uint32_t m) {
@@ -89,7 +141,28 @@ void fold_amax(const TensorView& amax, uint32_t m) {
   std::memcpy(&cur, amax.data, 4);
   if (m > cur) std::memcpy(amax.data, &m, 4);
 }
+// Row groups on the host: out (per row, all rows) as without groups, then out_t per group.
+void cpu_run_row_groups(const QuantizeFp8Args& a) {
+  const int64_t R = rows_of(a), G = groups_of(a);
+  std::vector<int32_t> uniform;
+  const int32_t* offsets = a.offsets.ptr<const int32_t>();
+  if (!a.offsets.defined()) {
+    uniform.resize(static_cast<size_t>(G + 1));
+    for (int64_t g = 0; g <= G; ++g) uniform[static_cast<size_t>(g)] = static_cast<int32_t>(g * a.group_rows);
+    offsets = uniform.data();
+  }
+  cpu::check_row_groups(offsets, G, R, kOp);
+  if (a.out.defined())
+    cpu::quantize_fp8_grouped(a.inp.data, a.inp.dtype, R, cols_of(a), pitch_of(a), Fp8Granularity::Row,
+                              a.out.ptr<uint8_t>(), a.scale_inv.ptr<float>(), nullptr, nullptr, fp8_of(a));
+  cpu::quantize_fp8_row_groups_t(a.inp.data, a.inp.dtype, R, cols_of(a), pitch_of(a), offsets, G,
+                                 a.out_t.ptr<uint8_t>(), a.scale_inv_t.ptr<float>(), fp8_of(a));
+}
 void cpu_run(const QuantizeFp8Args& a) {
+  if (has_row_groups(a)) {
+    cpu_run_row_groups(a);
+    return;
+  }
   if (a.granularity != Fp8Granularity::Tensor) {
     cpu::quantize_fp8_grouped(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a), a.granularity,
                               a.out.ptr<uint8_t>(), a.scale_inv.ptr<float>(), a.out_t.ptr<uint8_t>(),
@@ -115,7 +188,8 @@ void cpu_run(const QuantizeFp8Args& a) {
 #ifdef PRIMUS_TURBO_WITH_CUDA
 std::string turbo_check(const QuantizeFp8Args& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
-                                             {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax}});
+                                             {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax},
+                                             {"offsets", &a.offsets}});
       !w.empty())
     return w;
   if (a.ctx.scratch == nullptr) return "ctx.scratch is not set (the amax partials need 4 KiB of device scratch)";
@@ -124,6 +198,15 @@ std::string turbo_check(const QuantizeFp8Args& a) {
 void turbo_run(const QuantizeFp8Args& a) {
   Arena& arena = detail::scratch_of(a.ctx, kOp);
   ArenaScope scope(arena);
+  if (has_row_groups(a)) {
+    const int64_t R = rows_of(a), C = cols_of(a), G = groups_of(a);
+    void* maxima = arena.allocate(cuda::quantize_fp8_row_groups_scratch_bytes(R, C, G, a.out.defined()),
+                                  Arena::kDefaultAlign, "quantize_fp8 row-group maxima");
+    cuda::quantize_fp8_row_groups(a.inp.dtype, fp8_of(a), a.inp.data, R, C, pitch_of(a), a.offsets.ptr<const int32_t>(),
+                                  a.group_rows, G, a.out.data, a.scale_inv.ptr<float>(), a.out_t.data,
+                                  a.scale_inv_t.ptr<float>(), maxima, static_cast<cudaStream_t>(a.ctx.stream));
+    return;
+  }
   if (a.granularity != Fp8Granularity::Tensor) {
     void* partials = arena.allocate(cuda::quantize_fp8_grouped_scratch_bytes(rows_of(a), cols_of(a), a.granularity),
                                     Arena::kDefaultAlign, "quantize_fp8 group amax");
@@ -143,8 +226,11 @@ void turbo_run(const QuantizeFp8Args& a) {
 }  // namespace
 
 std::string QuantizeFp8Args::key() const {
-  return fmt::format("quantize_fp8 {}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
-                     scale.defined() ? " delayed" : "", inp.describe(), out.defined() ? out.describe() : "-",
+  const std::string groups = offsets.defined() ? fmt::format(" offsets={}", offsets.describe())
+                             : group_rows != 0 ? fmt::format(" group_rows={}", group_rows)
+                                               : std::string();
+  return fmt::format("quantize_fp8 {}{}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
+                     scale.defined() ? " delayed" : "", groups, inp.describe(), out.defined() ? out.describe() : "-",
                      out_t.defined() ? out_t.describe() : "-");
 }
 

@@ -15,7 +15,18 @@
 // out_t is the quantisation of inp^T at the same granularity, its groups read along its own rows:
 // at Row granularity one scale per column of inp, at Block1x128 one per column of inp and 128
 // consecutive rows; at Tensor and Block128x128 the groups are those of out, transposed.
-// Backends: TURBO (device tensors; turbo/kernels/cuda/quantize.h: two launches, deterministic,
+// Row groups (offsets or group_rows; Row granularity, with out_t): the rows of inp are cut into G
+// groups of consecutive rows, e.g. the tokens of each expert of an MoE layer, and out_t's scales
+// are taken per group and column instead of per column, so that an expert's weight-gradient GEMM
+// (out_t's columns of one group as its K dimension) does not take its scale from other experts'
+// tokens. Group g is rows [offsets[g], offsets[g+1]) (rows from offsets[G] on belong to none), or
+// rows [g * group_rows, (g + 1) * group_rows). Element (c, r) of out_t, r in group g, is
+// fp8(x[r, c] * scale[g, c]) with scale[g, c] from max |x| over column c of group g's rows, by the
+// recipe above (a non-finite segment: that (g, c)'s scale_inv NaN and its bytes 0x7f);
+// scale_inv_t is [G, C]; a group with no rows gets scale_inv_t 1 and writes nothing; out_t's
+// columns at rows of no group are left as they were. out, when defined too, keeps its per-row
+// scales over all R rows.
+// Backends: TURBO (device tensors; turbo/kernels/cuda/quantize.h: a few launches, deterministic,
 // graph-capturable, no allocation) and CPU (host tensors; the reference,
 // turbo/kernels/cpu/quantize.h). Both give the same bytes and scale_inv, bit for bit.
 #pragma once
@@ -34,8 +45,9 @@ struct QuantizeFp8Args {
   TensorView out_t;      // [C, R] same FP8 dtype as out, contiguous (inp transposed); may be undefined
   TensorView scale_inv;  // f32 on inp's device, written: the scales of out (fp8_scale_shape(g, R, C));
                          // at Tensor granularity also those of out_t
-  TensorView scale_inv_t;  // f32, written: the scales of out_t (fp8_scale_shape(g, C, R)); needed
-                           // with out_t at Row / Block granularities, unused at Tensor
+  TensorView scale_inv_t;  // f32, written: the scales of out_t (fp8_scale_shape(g, C, R); [G, C]
+                           // with row groups); needed with out_t at Row / Block granularities,
+                           // unused at Tensor
   Fp8Granularity granularity = Fp8Granularity::Tensor;
   // Delayed scaling (Tensor granularity only; turbo/ops/fp8_delayed.h): f32 [1] on inp's device,
   // positive and finite: quantize with this scale instead of the tensor's own amax (one pass; an
@@ -45,9 +57,18 @@ struct QuantizeFp8Args {
   // f32 [1] on inp's device, >= 0: max |x| of inp is folded in (kept when larger), under either
   // scaling; a NaN beats inf beats any finite value. Undefined: nothing recorded.
   TensorView amax;
+  // Row groups for out_t (see above); at most one of the two, only at Row granularity with out_t
+  // and current scaling (no scale / amax). offsets: i32 [G + 1] on inp's device, offsets[0] = 0,
+  // non-decreasing, offsets[G] <= R; the device reads it there (no host copy: graph-capturable,
+  // a new plan needs no new capture); the host checks it and throws naming the first bad entry,
+  // the device clamps a bad one into [0, R] (wrong results, never memory past the tensors).
+  // group_rows > 0: G = R / group_rows equal groups (R must be a multiple).
+  TensorView offsets;
+  int64_t group_rows = 0;
   ExecContext ctx;       // device: ctx.stream, and ctx.scratch for the amax partials (at most
-                         // quantize_fp8_scratch_bytes, taken and given back inside the call);
-                         // unused on the host
+                         // quantize_fp8_scratch_bytes; with row groups 4 * (G * C + R) bytes,
+                         // cuda::quantize_fp8_row_groups_scratch_bytes), taken and given back
+                         // inside the call; unused on the host
   std::string key() const;
   Precision precision() const { return Precision::FP8; }
 };

@@ -195,4 +195,51 @@ void quantize_fp8_grouped(const void* inp, DType in_dtype, int64_t R, int64_t C,
   }
 }
 
+void check_row_groups(const int32_t* offsets, int64_t G, int64_t R, const char* op) {
+  if (G < 0 || offsets == nullptr)
+    throw RuntimeError(fmt::format("{}: offsets: expected [G + 1] entries with G >= 0, got G = {}", op, G));
+  if (offsets[0] != 0) throw RuntimeError(fmt::format("{}: offsets[0] = {}, expected 0", op, offsets[0]));
+  for (int64_t g = 0; g < G; ++g)
+    if (offsets[g + 1] < offsets[g] || offsets[g + 1] > R)
+      throw RuntimeError(fmt::format("{}: offsets[{}] = {} after offsets[{}] = {} (non-decreasing, at most R = {})",
+                                     op, g + 1, offsets[g + 1], g, offsets[g], R));
+}
+
+void quantize_fp8_row_groups_t(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld,
+                               const int32_t* offsets, int64_t G, uint8_t* out_t, float* scale_inv_t, DType fp8) {
+  constexpr const char* fn = "quantize_fp8_row_groups_t";
+  check_dtypes(in_dtype, fp8, fn);
+  check_row_groups(offsets, G, R, fn);
+  const bool e4m3 = fp8 == DType::F8E4M3;
+  std::vector<uint32_t> amax(static_cast<size_t>(C));
+  std::vector<Fp8Scaling> sc(static_cast<size_t>(C));
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+    std::fill(amax.begin(), amax.end(), 0u);
+    for (int64_t r = r0; r < r1; ++r) {
+      const void* row = row_ptr(inp, in_dtype, r, ld);
+      for (int64_t c = 0; c < C; ++c) {
+        uint32_t& m = amax[static_cast<size_t>(c)];
+        m = std::max(m, abs_bits_at(row, in_dtype, c));
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      sc[static_cast<size_t>(c)] = fp8_tensorwise_scaling(bits_to_float(amax[static_cast<size_t>(c)]), fp8);
+      scale_inv_t[g * C + c] = sc[static_cast<size_t>(c)].scale_inv;
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      const void* row = row_ptr(inp, in_dtype, r, ld);
+      for (int64_t c = 0; c < C; ++c) {
+        const Fp8Scaling& s = sc[static_cast<size_t>(c)];
+        uint8_t q = kFp8PoisonByte;
+        if (s.finite()) {
+          const float y = value_at(row, in_dtype, c) * s.scale;  // rounded to f32 first, as on the device
+          q = e4m3 ? float_to_f8e4m3_bits(y) : float_to_f8e5m2_bits(y);
+        }
+        out_t[c * R + r] = q;
+      }
+    }
+  }
+}
+
 }  // namespace primus::turbo::cpu

@@ -59,6 +59,23 @@ Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, i
 void quantize_fp8_grouped(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld, Fp8Granularity g,
                           uint8_t* out, float* scale_inv, uint8_t* out_t, float* scale_inv_t, DType fp8);
 
+// Row granularity's transposed output with the rows of inp cut into G groups of consecutive rows
+// (MoE: the tokens of each expert, so that a column of out_t, a K-row of a weight-gradient GEMM's
+// operand, never shares a scale across experts): group g is rows [offsets[g], offsets[g + 1]),
+// rows from offsets[G] on belong to none. Element (c, r) of out_t [C, R], r in group g, is
+// fp8(x[r, c] * scale[g, c]) with the scaling (fp8_tensorwise_scaling) of max |x| over column c of
+// group g's rows; scale_inv_t [G, C] gets its scale_inv: 1 for a group with no rows, NaN for a
+// segment holding an inf or NaN (whose bytes are then all kFp8PoisonByte). Columns of out_t at rows
+// of no group are left as they were. offsets: G + 1 host int32 entries, checked as
+// check_row_groups does (the error names this function). Throws primus::RuntimeError for a wrong
+// dtype too.
+void quantize_fp8_row_groups_t(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld,
+                               const int32_t* offsets, int64_t G, uint8_t* out_t, float* scale_inv_t, DType fp8);
+
+// Throws primus::RuntimeError naming `op` and the first bad entry unless offsets [G + 1] starts at
+// 0, never decreases and ends at most at R (a broken array must not reach rows past the tensor).
+void check_row_groups(const int32_t* offsets, int64_t G, int64_t R, const char* op);
+
 // Delayed scaling (Transformer Engine's DelayedScaling): the tensor is quantised with a scale
 // that earlier steps' amax history gave (`scale`, positive and finite), not one of its own:
 //   q = fp8(x * scale) as above, saturating, for a finite x; an inf or NaN element becomes the

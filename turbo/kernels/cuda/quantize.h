@@ -54,4 +54,25 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
                           Fp8Granularity g, void* out, float* scale_inv, void* out_t, float* scale_inv_t, void* scratch,
                           cudaStream_t stream);
 
+// Row granularity with the rows of inp in G groups for out_t (cpu::quantize_fp8_row_groups_t bit
+// for bit; with out, its per-row scaling as cpu::quantize_fp8_grouped at Row): out_t [C, R] gets
+// fp8(x[r, c] * scale[g, c]) for r in group g, scale_inv_t [G, C] the inverses; out [R, C] (may
+// be null) per-row scaled with scale_inv [R]. Groups: offsets (G + 1 device int32, read on the
+// device only, so the call needs no host synchronisation and a captured graph replays with
+// whatever plan the offsets hold then) or, when offsets is null, G equal groups of group_rows rows.
+// Row r belongs to group #{k in 1..G : offsets[k] <= r} (G: no group, and its bytes of out_t are
+// not written); for a valid array that is the group whose range holds r, and for any array it is
+// a group in [0, G], so bad offsets give wrong bytes but never touch memory outside the tensors.
+// Launches: a memset of the maxima, (1) per 128 x 128 tile the column maxima of each group's rows
+// and the row maxima, folded with atomicMax on f32 bits (order-free), (2) maxima to scales (and
+// scale_inv, scale_inv_t), (3) per 128 x 128 tile the quantisation, out_t transposed through shared
+// memory. Deterministic, graph-capturable, no allocation. Fast path (16-byte loads and stores): R
+// and C multiples of 16, inp rows and outputs 16-byte aligned; any other shape or alignment runs
+// the same kernels element by element. scratch: quantize_fp8_row_groups_scratch_bytes (16-byte
+// aligned), nothing needs zeroing. G and R below 2^31.
+size_t quantize_fp8_row_groups_scratch_bytes(int64_t R, int64_t C, int64_t G, bool with_out);
+void quantize_fp8_row_groups(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
+                             const int32_t* offsets, int64_t group_rows, int64_t G, void* out, float* scale_inv,
+                             void* out_t, float* scale_inv_t, void* scratch, cudaStream_t stream);
+
 }  // namespace primus::turbo::cuda
