@@ -390,6 +390,43 @@ TEST_F(QuantizeGpuTest, GroupScalingMatchesTheReferenceBitForBit) {
           }
 }
 
+// Row scaling with out alone runs a one-launch kernel (a warp per row, the row held in registers
+// up to 4096 bf16 / 2048 f32 elements, the rest of a longer row read twice): any row count, rows
+// longer and shorter than the registers hold, a NaN row, against the CPU reference bit for bit.
+TEST_F(QuantizeGpuTest, RowScalingOfOutAloneMatchesTheReferenceBitForBit) {
+  struct Shape { int64_t R, C, ld; };
+  for (const Shape sh : {Shape{37, 8208, 8208}, Shape{5, 16, 24}, Shape{301, 2064, 2064}, Shape{64, 4096, 4104}})
+    for (const DType dt : {DType::BF16, DType::F32})
+      for (const DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+        SCOPED_TRACE(fmt::format("[{}, {}] ld {} {} -> {}", sh.R, sh.C, sh.ld, dtype_name(dt), dtype_name(fp8)));
+        std::vector<float> vals(static_cast<size_t>(sh.R * sh.C));
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        std::uniform_real_distribution<float> e(-6.0f, 3.0f);
+        for (auto& v : vals) v = n(rng_) * std::exp2(e(rng_));
+        vals[static_cast<size_t>((sh.R / 2) * sh.C + sh.C - 1)] = std::numeric_limits<float>::quiet_NaN();
+        Input in = make_input(dt, sh.R, sh.C, sh.ld, &vals);
+        std::vector<uint8_t> ro(static_cast<size_t>(sh.R * sh.C));
+        std::vector<float> rs(static_cast<size_t>(sh.R));
+        QuantizeFp8Args ra;
+        ra.inp = in.host_view();
+        ra.granularity = Fp8Granularity::Row;
+        ra.out = TensorView(ro.data(), fp8, Device::CPU, {sh.R, sh.C});
+        ra.scale_inv = TensorView(rs.data(), DType::F32, Device::CPU, {sh.R});
+        ASSERT_EQ(quantize_fp8(ra), BackendType::CPU);
+        TensorView out = make(fp8, {sh.R, sh.C}), sc = make(DType::F32, {sh.R});
+        poison(out), poison(sc);
+        QuantizeFp8Args a;
+        a.inp = in.dev;
+        a.granularity = Fp8Granularity::Row;
+        a.out = out, a.scale_inv = sc;
+        a.ctx = ctx;
+        ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
+        EXPECT_TRUE(bytes(out) == ro) << "out: " << first_diff(bytes(out), ro);
+        const auto s = get(sc);
+        for (int64_t k = 0; k < sh.R; ++k) ASSERT_EQ(bits(s[k]), bits(rs[k])) << "scale_inv[" << k << "]";
+        EXPECT_TRUE(std::isnan(s[sh.R / 2])) << "the NaN row's scale";
+      }
+}
 
 // ---- row groups for out_t (offsets / group_rows) -----------------------------------------------
 

@@ -1042,6 +1042,80 @@ void run_row_groups(const RowGroupArgs& a, bool e4m3, cudaStream_t stream) {
   }
 }
 
+// ---- Row scaling of out alone (no transposed copy): one launch ----------------------------------
+// One warp per row: the row's 16-element chunks are read from device memory once, kept in
+// registers (kRowRegChunks per lane: rows of up to 4096 bf16 or 2048 f32 elements; a longer row
+// reads the rest of itself again, from L2), the amax is a warp reduction, and the same registers
+// are cast and stored. So the tensor is read once (the two-launch path reads it twice: row maxima,
+// then the cast), no scratch and no memset. Lane l takes chunks l, l + 32, ...: a warp's loads of
+// one step are 32 consecutive chunks of the row.
+template <class T>
+constexpr int kRowRegChunks = sizeof(T) == 2 ? 8 : 4;
+template <class T, bool kE4M3>
+__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(const T* __restrict__ inp, int64_t R, int64_t C,
+                                                                 int64_t ld, uint8_t* __restrict__ out,
+                                                                 float* __restrict__ scale_inv, float fp8max) {
+  constexpr int kRaw = kChunk * static_cast<int>(sizeof(T)) / 16;  // 16-byte loads per chunk
+  constexpr int kRegs = kRowRegChunks<T>;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
+  const int64_t chunks = C / kChunk;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; r < R; r += warps) {
+    const int4* row = reinterpret_cast<const int4*>(inp + r * ld);
+    int4 raw[kRegs][kRaw];
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) {
+      const int64_t c = lane + 32 * i;
+      if (c < chunks) {
+#pragma unroll
+        for (int k = 0; k < kRaw; ++k) raw[i][k] = __ldg(row + c * kRaw + k);
+        m = max(m, chunk_abs_bits<T>(raw[i]));
+      }
+    }
+    for (int64_t c = lane + 32 * kRegs; c < chunks; c += 32) {
+      int4 v[kRaw];
+#pragma unroll
+      for (int k = 0; k < kRaw; ++k) v[k] = __ldg(row + c * kRaw + k);
+      m = max(m, chunk_abs_bits<T>(v));
+    }
+    m = __reduce_max_sync(0xffffffffu, m);
+    float inv;
+    const Scaling sc = group_scaling(m, fp8max, &inv);
+    if (lane == 0) scale_inv[r] = inv;
+    uint4* orow = reinterpret_cast<uint4*>(out + r * C);
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) {
+      const int64_t c = lane + 32 * i;
+      if (c < chunks) orow[c] = quantize_chunk<T, kE4M3>(raw[i], sc.scale, sc.finite);
+    }
+    for (int64_t c = lane + 32 * kRegs; c < chunks; c += 32) {
+      int4 v[kRaw];
+#pragma unroll
+      for (int k = 0; k < kRaw; ++k) v[k] = __ldg(row + c * kRaw + k);
+      orow[c] = quantize_chunk<T, kE4M3>(v, sc.scale, sc.finite);
+    }
+  }
+}
+int device_sms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      n = 132;
+    return std::max(1, n);
+  }();
+  return sms;
+}
+template <class T, bool kE4M3>
+void run_rows(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, float* scale_inv, float fp8max,
+              cudaStream_t stream) {
+  const int64_t rows_per_block = kThreads / 32;
+  const int64_t blocks = std::min<int64_t>((R + rows_per_block - 1) / rows_per_block, int64_t{device_sms()} * 8);
+  quantize_rows_kernel<T, kE4M3><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(
+      inp, R, C, ld, out, scale_inv, fp8max);
+  CUDA_CHECK_LAST();
+}
+
 // ---- delayed scaling's bookkeeping (cpu::fp8_delayed_update) ------------------------------------
 // One block per tensor; its history row goes through shared memory so that the move by one
 // entry reads every old entry before any is overwritten.
@@ -1115,6 +1189,16 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
                           cudaStream_t stream) {
   const size_t es = dtype_size(in_dtype);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (g == Fp8Granularity::Row && !out_t && out && C % 16 == 0 && (ld * es) % 16 == 0 && aligned(inp) && aligned(out)) {
+    if (R == 0) return;
+    PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
+      const auto* x = static_cast<const scalar_t*>(inp);
+      auto* o = static_cast<uint8_t*>(out);
+      if (fp8 == DType::F8E4M3) run_rows<scalar_t, true>(x, R, C, ld, o, scale_inv, fp8_max_of(fp8), stream);
+      else run_rows<scalar_t, false>(x, R, C, ld, o, scale_inv, fp8_max_of(fp8), stream);
+    });
+    return;
+  }
   if (R % 16 != 0 || C % 16 != 0 || (ld * es) % 16 != 0 || !aligned(inp) || (out && !aligned(out)) ||
       (out_t && !aligned(out_t)))
     throw RuntimeError(fmt::format("quantize_fp8_grouped: [{}, {}] (row pitch {}): {} scaling on the GPU needs both "

@@ -48,7 +48,9 @@ void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int6
 // multiples of 16 (128 for the blocks), 16-byte aligned input rows and outputs; throws
 // primus::RuntimeError otherwise. scratch: quantize_fp8_grouped_scratch_bytes of device memory
 // (Row: the row and column maxima, zeroed here with a memset). Block granularities: one launch;
-// Row: a memset and two launches. Deterministic, graph-capturable, no allocation.
+// Row: a memset and two launches; Row with out alone (no out_t; C a multiple of 16, any R): one
+// launch that reads the input once (a warp per row), no scratch. Deterministic, graph-capturable,
+// no allocation.
 size_t quantize_fp8_grouped_scratch_bytes(int64_t R, int64_t C, Fp8Granularity g);
 void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                           Fp8Granularity g, void* out, float* scale_inv, void* out_t, float* scale_inv_t, void* scratch,
