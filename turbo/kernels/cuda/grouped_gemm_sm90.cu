@@ -442,6 +442,24 @@ struct RelaxedCaptureScope {
   RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
 };
 
+// "" when every pointer is device (or managed) memory of the current device, else which is not.
+// Call inside a RelaxedCaptureScope.
+std::string device_pointers_problem(std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) return "no current CUDA device";
+  for (const auto& [name, ptr] : ptrs) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return fmt::format("{} ({}) is not a pointer the CUDA runtime knows", name, ptr);
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+      return fmt::format("{} ({}) is not device memory", name, ptr);
+    if (attr.device != current) return fmt::format("{} lives on device {}, the current device is {}", name, attr.device, current);
+  }
+  return "";
+}
+
 template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP>
 void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int grid, cudaStream_t stream) {
   auto kernel = grouped_gemm_sm90_kernel<T, OutT, MODE, TA, TB, BN, PP>;
@@ -499,20 +517,8 @@ std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p
     if (!encode_tiled()) return "the driver does not provide cuTensorMapEncodeTiled (TMA)";
     // A view that only claims to be on the device must not reach TMA: a fault there poisons the
     // whole CUDA context.
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess) return "no current CUDA device";
     const RelaxedCaptureScope relaxed;
-    for (const auto& [name, ptr] : ptrs) {
-      cudaPointerAttributes attr{};
-      if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fmt::format("{} ({}) is not a pointer the CUDA runtime knows", name, ptr);
-      }
-      if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-        return fmt::format("{} ({}) is not device memory", name, ptr);
-      if (attr.device != current) return fmt::format("{} lives on device {}, the current device is {}", name, attr.device, current);
-    }
-    return "";
+    return device_pointers_problem({ptrs[0], ptrs[1], ptrs[2], ptrs[3]});
   } catch (const std::exception& e) {
     return std::string("check failed: ") + e.what();
   } catch (...) {
@@ -612,16 +618,7 @@ std::string grouped_gemm_fp8_sm90_unsupported_reason(const GroupedGemmFp8Sm90Pro
     std::string w = grouped_gemm_sm90_unsupported_reason(fp8_as_bf16(p));
     if (!w.empty()) return w;
     const ggemm90::RelaxedCaptureScope relaxed;
-    for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"scale_a", p.scale_a}, {"scale_b", p.scale_b}}) {
-      cudaPointerAttributes attr{};
-      if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fmt::format("{} ({}) is not a pointer the CUDA runtime knows", name, ptr);
-      }
-      if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-        return fmt::format("{} ({}) is not device memory", name, ptr);
-    }
-    return "";
+    return ggemm90::device_pointers_problem({{"scale_a", p.scale_a}, {"scale_b", p.scale_b}});
   } catch (const std::exception& e) {
     return std::string("check failed: ") + e.what();
   } catch (...) {

@@ -245,6 +245,20 @@ __device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c,
   col[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
 }
 
+// The 16 x 4 byte patch of a swizzled tile at row group rg (rows 16 rg ..) and word column cg, as
+// four columns of 16 bytes: col[g][j] holds rows 4g .. 4g + 3 of byte column j.
+template <int kWords>
+__device__ __forceinline__ void tile_patch_columns(const uint32_t (*tile)[kWords], int rg, int cg, uint32_t (&col)[4][4]) {
+  uint32_t w[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int row = rg * 16 + i;
+    w[i] = tile[row][cg ^ swz(row)];
+  }
+#pragma unroll
+  for (int g = 0; g < 4; ++g) transpose4x4(w[4 * g], w[4 * g + 1], w[4 * g + 2], w[4 * g + 3], col[g]);
+}
+
 struct QuantArgs {
   const void* inp;
   int64_t R, C, ld;
@@ -317,15 +331,8 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 2) quantize_til
     if constexpr (kOutT) {
       __syncthreads();
       if (rg * 16 < rows && cg * 4 < cols) {
-        uint32_t w[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int row = rg * 16 + i;
-          w[i] = tile[row][cg ^ swz(row)];
-        }
         uint32_t col[4][4];  // [group of 4 rows][column]
-#pragma unroll
-        for (int g = 0; g < 4; ++g) transpose4x4(w[4 * g], w[4 * g + 1], w[4 * g + 2], w[4 * g + 3], col[g]);
+        tile_patch_columns(tile, rg, cg, col);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           *reinterpret_cast<uint4*>(a.out_t + (c0 + cg * 4 + j) * a.R + r0 + rg * 16) =
@@ -987,15 +994,8 @@ __global__ void __launch_bounds__(kThreads, kVec && sizeof(T) == 2 && !kOut ? 3 
       }
     }
     if (valid != 0) {
-      uint32_t w[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int row = rg * 16 + i;
-        w[i] = tile[row][cg ^ swz(row)];
-      }
       uint32_t col[4][4];  // [group of 4 rows][column]
-#pragma unroll
-      for (int q = 0; q < 4; ++q) transpose4x4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3], col[q]);
+      tile_patch_columns(tile, rg, cg, col);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t cj = u.c0 + cg * 4 + j;
