@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/util/error.h"
+#include "turbo/core/arena.h"
 #include "turbo/core/dtype.h"
 #include "turbo/ops/grouped_gemm_fp8.h"
 
@@ -95,6 +97,71 @@ TEST_F(GroupedGemmFp8Host, EachProductIsTheScaledSumOfItsGroupsFp8Operands) {
             BackendType::CPU);
   for (auto& d : rdw) d *= 2.0;
   expect_close(dw, rdw, "wgrad accumulate");
+}
+
+// The bf16-operand wrappers (what the FP8 expert slots call) on host f32 tensors: each product
+// within FP8's rounding of the exact one on the unquantized operands (so every operand went into
+// the layout and scale grouping its product needs), the empty group's weight gradient zero, rows
+// past offsets[G] untouched, and all three within grouped_gemm_fp8_scratch_bytes (an arena of
+// exactly that size, whose high-water mark is checked).
+TEST_F(GroupedGemmFp8Host, WrappersQuantizeEachOperandForItsProductWithinTheirScratchBound) {
+  const int64_t G = 4, N = 48, K = 80, M = 112;
+  const std::vector<int32_t> o = {0, 32, 32, 64, 96};  // group 1 empty, rows 96.. spare
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto fill = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = d(rng);
+    return v;
+  };
+  std::vector<float> x = fill(M * K), w = fill(G * N * K), dy = fill(M * N);
+  for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = NAN;  // rows no group owns
+  for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
+  std::vector<float> y(M * N, -7.0f), dx(M * K, -7.0f), dw(G * N * K, -7.0f);
+  std::vector<int32_t> off = o;
+  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
+  const size_t bound = grouped_gemm_fp8_scratch_bytes(M, G, N, K);
+  std::unique_ptr<Arena> arena = make_host_arena(bound);
+  ExecContext ctx;
+  ctx.scratch = arena.get();
+  const TensorView offs = v(off, DType::I32, {G + 1});
+  grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}), offs, 16, ctx},
+                           DType::F8E4M3);
+  grouped_gemm_dgrad_fp8({v(dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), v(w, DType::F32, {G, N, K}), offs, 16, ctx},
+                         DType::F8E4M3, DType::F8E5M2);
+  grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, 16,
+                          false, ctx},
+                         DType::F8E4M3, DType::F8E5M2);
+  EXPECT_LE(arena->high_water(), bound);
+  // Exact products in double; relative L2 per product (E4M3: 3 mantissa bits, E5M2: 2).
+  double ny = 0, ey = 0, ndx = 0, edx = 0, ndw = 0, edw = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = o[g]; r < o[g + 1]; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += double(x[r * K + k]) * w[(g * N + n) * K + k];
+        ny += s * s, ey += (y[r * N + n] - s) * (y[r * N + n] - s);
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0;
+        for (int64_t n = 0; n < N; ++n) s += double(dy[r * N + n]) * w[(g * N + n) * K + k];
+        ndx += s * s, edx += (dx[r * K + k] - s) * (dx[r * K + k] - s);
+      }
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0;
+        for (int64_t r = o[g]; r < o[g + 1]; ++r) s += double(dy[r * N + n]) * x[r * K + k];
+        const double got = dw[(g * N + n) * K + k];
+        if (o[g] == o[g + 1]) ASSERT_EQ(got, 0.0) << "the empty group's weight gradient";
+        ndw += s * s, edw += (got - s) * (got - s);
+      }
+  }
+  EXPECT_LT(std::sqrt(ey / ny), 0.05) << "forward (e4m3 x e4m3)";
+  EXPECT_LT(std::sqrt(edx / ndx), 0.1) << "input gradient (e5m2 x e4m3)";
+  EXPECT_LT(std::sqrt(edw / ndw), 0.1) << "weight gradient (e5m2 x e4m3)";
+  EXPECT_GT(std::sqrt(ey / ny), 1e-4) << "the forward was quantized";
+  for (int64_t i = o[G] * N; i < M * N; ++i) ASSERT_EQ(y[i], -7.0f) << "forward wrote past offsets[G]";
+  for (int64_t i = o[G] * K; i < M * K; ++i) ASSERT_EQ(dx[i], -7.0f) << "dgrad wrote past offsets[G]";
 }
 
 TEST_F(GroupedGemmFp8Host, ArgumentErrorsNameTheArgument) {
