@@ -99,6 +99,7 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
   if (mp.fp8_linear) {
     MemoryPlanOptions bf16 = mp;
     bf16.fp8_linear = false;
+    bf16.fp8_moe = false;
     const size_t base = MemoryPlan::sizes(spec, layout, bf16).scratch_arena;
     m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)", double(base));
     m.add("fp8", fmt::format("FP8 ({}) quantized copies of one layer's GEMM operands and their scales", lay.fp8),

@@ -77,6 +77,33 @@ TEST(CudaProjection, PlannedSizesAreWhatTheModelAllocates) {
   }
 }
 
+// FP8 experts (fp8 with num_experts > 0): the plan reserves the expert GEMMs' quantized copies in
+// scratch, the model allocates what the plan says, and the projection's "fp8" part is the scratch
+// above the plan without FP8 (linear layers and experts both off), nothing counted twice.
+TEST(CudaProjection, Fp8ExpertCopiesAreTheFp8Part) {
+  train::ModelSpec spec = testing::tiny_moe_spec(false);
+  spec.moe.ffn_hidden_size = 1024;  // expert weights large enough for their copies to pass the 1 MiB rounding
+  CudaArgs a = projection_args(spec, 2, 1);
+  a.fp8 = "hybrid";
+  a.fp8_recipe = "rowwise";
+  CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  const CudaModelOptions mo = model_options_for(a, 1);
+  ASSERT_TRUE(mo.fp8_linear && mo.fp8_moe);
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  MemoryPlanOptions mp = memory_plan_options(spec, layout, mo, ops);
+  const MemoryPlanSizes sz = MemoryPlan::sizes(spec, layout, mp);
+  CudaModel model(spec, mo, ops);
+  EXPECT_EQ(sz.total(), model.reserved_bytes());
+  mp.fp8_linear = mp.fp8_moe = false;
+  const size_t plain = MemoryPlan::sizes(spec, layout, mp).scratch_arena;
+  mp.fp8_linear = true;  // the dense layers' copies alone
+  const size_t dense_only = MemoryPlan::sizes(spec, layout, mp).scratch_arena;
+  EXPECT_GT(sz.scratch_arena, dense_only) << "the expert copies are the largest borrow on this model";
+  const train::MemoryProjection m = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  EXPECT_DOUBLE_EQ(m.total(), double(model.reserved_bytes()));
+  EXPECT_DOUBLE_EQ(m.bytes("fp8"), double(sz.scratch_arena - plain));
+}
+
 TEST(CudaProjection, Zero1ShardsTheOptimizerStateAndRuntimeIsItsOwnPart) {
   const train::ModelSpec spec = testing::tiny_spec(true);
   CudaArgs a = projection_args(spec, 2, 1);
