@@ -145,6 +145,40 @@ TEST_P(HostMoeParityTest, RowwiseFp8ExpertsTrainNearTheReference) {
   EXPECT_NEAR(model.read_loss_sum(1), ref[0], 0.02 * ref[0]);
 }
 
+// fp8_first_last_bf16_layers keeps the edge layers' experts in bf16 too: on four MoE layers with
+// one bf16 layer at each end, only the middle two run the FP8 expert slots.
+TEST(HostMoeFp8, EdgeLayersKeepBf16Experts) {
+  train::ModelSpec spec = tiny_moe_spec(false);
+  spec.num_layers = 4;
+  spec.moe.moe_layers = {true, true, true, true};
+  const turbo::Fp8Recipe rowwise = turbo::parse_fp8_recipe("hybrid", "rowwise", "test", "fp8_recipe");
+  auto fp8_calls = [&](int64_t edge) {
+    CudaOps ops = ops_for(Attn::Default);
+    use_fp8_linear(ops, rowwise);
+    use_fp8_moe(ops, rowwise);
+    int calls = 0;
+    const auto f = ops.moe_experts;
+    const auto d = ops.moe_experts_dgrad;
+    const auto w = ops.moe_experts_wgrad;
+    ops.moe_experts = [&calls, f](const turbo::GroupedGemmForwardArgs& a) { ++calls, f(a); };
+    ops.moe_experts_dgrad = [&calls, d](const turbo::GroupedGemmDgradArgs& a) { ++calls, d(a); };
+    ops.moe_experts_wgrad = [&calls, w](const turbo::GroupedGemmWgradArgs& a) { ++calls, w(a); };
+    CudaModelOptions mo = options(spec, 2, turbo::Device::CPU);
+    mo.fp8_linear = mo.fp8_moe = true;
+    mo.fp8_bf16_edge_layers = edge;
+    CudaModel model(spec, mo, ops);
+    model.set_params(initial_params(spec).data());
+    Batches data(spec.seq_length, 1);
+    model.zero_grad();
+    model.forward(data.inputs[0].data(), data.targets[0].data(), 2, spec.seq_length, 1.0f / float(2 * spec.seq_length), 0);
+    model.backward();
+    EXPECT_TRUE(std::isfinite(model.read_loss_sum(1)));
+    return calls;
+  };
+  EXPECT_EQ(fp8_calls(0), 6 * 4) << "every layer's six expert products";
+  EXPECT_EQ(fp8_calls(1), 6 * 2) << "layers 1 and 2 of 4 only";
+}
+
 // FP8 experts take rowwise scaling only, and widths the FP8 GEMMs can tile: both refused by name.
 TEST(HostMoeFp8, OtherRecipesAndUntileableWidthsAreRefused) {
   for (const char* scaling : {"tensorwise", "blockwise", "delayed"}) {
