@@ -204,11 +204,15 @@ Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& r) {
   return f;
 }
 
+std::string fp8_moe_refusal(const turbo::Fp8Recipe& r) {
+  if (r.scaling == turbo::Fp8Scaling::Rowwise) return "";
+  return fmt::format("fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs are built with rowwise scaling only; set "
+                     "fp8_recipe: rowwise for a model with num_experts > 0 (or fp8: none)",
+                     turbo::fp8_scaling_name(r.scaling));
+}
+
 Fp8MoeFns fp8_moe_fns(const turbo::Fp8Recipe& r) {
-  if (r.scaling != turbo::Fp8Scaling::Rowwise)
-    throw ConfigError(fmt::format("fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs are built with rowwise scaling "
-                                  "only; set fp8_recipe: rowwise for a model with num_experts > 0 (or fp8: none)",
-                                  turbo::fp8_scaling_name(r.scaling)));
+  if (const std::string why = fp8_moe_refusal(r); !why.empty()) throw ConfigError(why);
   Fp8MoeFns f;
   const turbo::DType fwd = r.fwd, grad = r.grad;
   f.forward = [fwd](const turbo::GroupedGemmForwardArgs& a) { turbo::grouped_gemm_forward_fp8(a, fwd); };

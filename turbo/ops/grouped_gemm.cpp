@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "turbo/kernels/cpu/grouped_gemm.h"
+#include "turbo/kernels/cpu/quantize.h"
 #include "turbo/ops/op_support.h"
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
@@ -94,12 +95,7 @@ void gg_finish_checks(const GgCall& c, std::initializer_list<std::pair<const cha
 // buffers); the error names the op and the first bad entry.
 std::vector<int32_t> gg_checked_offsets(const GgCall& c, const int32_t* host) {
   std::vector<int32_t> o(host, host + c.G + 1);
-  const char* op = gg_op_name(c.kind);
-  if (o[0] != 0) throw RuntimeError(fmt::format("{}: offsets[0] = {}, expected 0", op, o[0]));
-  for (int64_t g = 0; g < c.G; ++g)
-    if (o[g + 1] < o[g] || o[g + 1] > c.M)
-      throw RuntimeError(fmt::format("{}: offsets[{}] = {} after offsets[{}] = {} (non-decreasing, at most M = {})", op,
-                                     g + 1, o[g + 1], g, o[g], c.M));
+  cpu::check_row_groups(o.data(), c.G, c.M, gg_op_name(c.kind), "M");
   return o;
 }
 

@@ -11,6 +11,7 @@
 
 #include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/grouped_gemm.h"
+#include "turbo/kernels/cpu/quantize.h"
 #include "turbo/ops/op_support.h"
 #include "turbo/ops/quantization.h"
 
@@ -44,7 +45,20 @@ struct Call {
   Precision precision() const { return Precision::FP8; }
 };
 
-bool is_fp8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
+// Dimension d of a matrix argument (throws naming it when it is not a defined 2-D tensor).
+int64_t matrix_dim(const TensorView& t, int d, const char* op, const char* arg) {
+  check_defined(t, op, arg);
+  if (t.ndim != 2) throw RuntimeError(fmt::format("{}: {} must be a matrix, got {}", op, arg, t.describe()));
+  return t.shape[d];
+}
+// G, N, K of a [G, N, K] weight-shaped argument.
+void weight_dims(const TensorView& t, const char* op, const char* arg, Call& c) {
+  check_defined(t, op, arg);
+  check_contiguous(t, op, arg);
+  if (t.ndim != 3) throw RuntimeError(fmt::format("{}: {} must be [G, N, K], got {}", op, arg, t.describe()));
+  c.G = t.shape[0], c.N = t.shape[1], c.K = t.shape[2];
+  if (c.G < 1) throw RuntimeError(fmt::format("{}: {} has no groups: {}", op, arg, t.describe()));
+}
 
 void check_2d(const TensorView& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
   check_defined(t, op, arg);
@@ -82,11 +96,7 @@ void check_offsets(const Call& c) {
 std::vector<int32_t> checked_offsets(const Call& c) {
   const int32_t* h = c.offsets.ptr<const int32_t>();
   std::vector<int32_t> o(h, h + c.G + 1);
-  if (o[0] != 0) throw RuntimeError(fmt::format("{}: offsets[0] = {}, expected 0", op_name(c.kind), o[0]));
-  for (int64_t g = 0; g < c.G; ++g)
-    if (o[g + 1] < o[g] || o[g + 1] > c.M)
-      throw RuntimeError(fmt::format("{}: offsets[{}] = {} after offsets[{}] = {} (non-decreasing, at most M = {})",
-                                     op_name(c.kind), g + 1, o[g + 1], g, o[g], c.M));
+  cpu::check_row_groups(o.data(), c.G, c.M, op_name(c.kind), "M");
   return o;
 }
 
@@ -182,12 +192,8 @@ BackendType grouped_gemm_fp8_forward(const GroupedGemmFp8ForwardArgs& a) {
   Call c;
   c.kind = Kind::Forward;
   const char* op = gg_fp8::op_name(c.kind);
-  check_defined(a.weight, op, "weight");
-  check_contiguous(a.weight, op, "weight");
-  if (a.weight.ndim != 3) throw RuntimeError(fmt::format("{}: weight must be [G, N, K], got {}", op, a.weight.describe()));
-  c.G = a.weight.shape[0], c.N = a.weight.shape[1], c.K = a.weight.shape[2];
-  check_defined(a.inp, op, "inp");
-  c.M = a.inp.ndim == 2 ? a.inp.shape[0] : -1;
+  gg_fp8::weight_dims(a.weight, op, "weight", c);
+  c.M = gg_fp8::matrix_dim(a.inp, 0, op, "inp");
   gg_fp8::check_2d(a.inp, c.M, c.K, op, "inp");
   gg_fp8::check_2d(a.out, c.M, c.N, op, "out");
   gg_fp8::check_fp8(a.inp, false, op, "inp");
@@ -207,11 +213,9 @@ BackendType grouped_gemm_fp8_dgrad(const GroupedGemmFp8DgradArgs& a) {
   check_defined(a.offsets, op, "offsets");
   c.G = a.offsets.ndim == 1 ? a.offsets.shape[0] - 1 : 0;
   if (c.G < 1) throw RuntimeError(fmt::format("{}: offsets must be [G+1] with G >= 1, got {}", op, a.offsets.describe()));
-  check_defined(a.dout, op, "dout");
-  check_defined(a.dinp, op, "dinp");
-  c.M = a.dout.ndim == 2 ? a.dout.shape[0] : -1;
-  c.N = a.dout.ndim == 2 ? a.dout.shape[1] : -1;
-  c.K = a.dinp.ndim == 2 ? a.dinp.shape[1] : -1;
+  c.M = gg_fp8::matrix_dim(a.dout, 0, op, "dout");
+  c.N = gg_fp8::matrix_dim(a.dout, 1, op, "dout");
+  c.K = gg_fp8::matrix_dim(a.dinp, 1, op, "dinp");
   gg_fp8::check_2d(a.dout, c.M, c.N, op, "dout");
   gg_fp8::check_2d(a.dinp, c.M, c.K, op, "dinp");
   gg_fp8::check_2d(a.weight_t, c.K, c.G * c.N, op, "weight_t");
@@ -229,12 +233,8 @@ BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& a) {
   Call c;
   c.kind = Kind::Wgrad;
   const char* op = gg_fp8::op_name(c.kind);
-  check_defined(a.dweight, op, "dweight");
-  check_contiguous(a.dweight, op, "dweight");
-  if (a.dweight.ndim != 3) throw RuntimeError(fmt::format("{}: dweight must be [G, N, K], got {}", op, a.dweight.describe()));
-  c.G = a.dweight.shape[0], c.N = a.dweight.shape[1], c.K = a.dweight.shape[2];
-  check_defined(a.dout_t, op, "dout_t");
-  c.M = a.dout_t.ndim == 2 ? a.dout_t.shape[1] : -1;
+  gg_fp8::weight_dims(a.dweight, op, "dweight", c);
+  c.M = gg_fp8::matrix_dim(a.dout_t, 1, op, "dout_t");
   gg_fp8::check_2d(a.dout_t, c.N, c.M, op, "dout_t");
   gg_fp8::check_2d(a.inp_t, c.K, c.M, op, "inp_t");
   gg_fp8::check_fp8(a.dout_t, true, op, "dout_t");

@@ -154,9 +154,7 @@ void register_patches(patches::PatchRegistry& reg) {
       .condition = [](PatchContext& c) { return c.text("fp8", "none") != "none" && c.integer("num_experts") > 0; },
       .apply =
           [](PatchContext& c) {
-            if (!c.flag("moe_grouped_gemm", true))
-              throw ConfigError("moe_grouped_gemm: false with fp8: the FP8 experts run Turbo's grouped GEMM only; set "
-                                "moe_grouped_gemm: true, or fp8: none for one GEMM per expert");
+            // (fp8 with moe_grouped_gemm false or another recipe is refused by the cuda adapter's checks)
             const turbo::Fp8Recipe r =
                 turbo::parse_fp8_recipe(c.text("fp8"), c.text("fp8_recipe", "tensorwise"), "fp8", "fp8_recipe");
             Fp8MoeFns f = fp8_moe_fns(r);

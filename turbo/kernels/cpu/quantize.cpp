@@ -195,14 +195,14 @@ void quantize_fp8_grouped(const void* inp, DType in_dtype, int64_t R, int64_t C,
   }
 }
 
-void check_row_groups(const int32_t* offsets, int64_t G, int64_t R, const char* op) {
+void check_row_groups(const int32_t* offsets, int64_t G, int64_t R, const char* op, const char* rows_name) {
   if (G < 0 || offsets == nullptr)
     throw RuntimeError(fmt::format("{}: offsets: expected [G + 1] entries with G >= 0, got G = {}", op, G));
   if (offsets[0] != 0) throw RuntimeError(fmt::format("{}: offsets[0] = {}, expected 0", op, offsets[0]));
   for (int64_t g = 0; g < G; ++g)
     if (offsets[g + 1] < offsets[g] || offsets[g + 1] > R)
-      throw RuntimeError(fmt::format("{}: offsets[{}] = {} after offsets[{}] = {} (non-decreasing, at most R = {})",
-                                     op, g + 1, offsets[g + 1], g, offsets[g], R));
+      throw RuntimeError(fmt::format("{}: offsets[{}] = {} after offsets[{}] = {} (non-decreasing, at most {} = {})",
+                                     op, g + 1, offsets[g + 1], g, offsets[g], rows_name, R));
 }
 
 void quantize_fp8_row_groups_t(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld,

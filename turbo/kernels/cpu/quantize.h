@@ -73,8 +73,9 @@ void quantize_fp8_row_groups_t(const void* inp, DType in_dtype, int64_t R, int64
                                const int32_t* offsets, int64_t G, uint8_t* out_t, float* scale_inv_t, DType fp8);
 
 // Throws primus::RuntimeError naming `op` and the first bad entry unless offsets [G + 1] starts at
-// 0, never decreases and ends at most at R (a broken array must not reach rows past the tensor).
-void check_row_groups(const int32_t* offsets, int64_t G, int64_t R, const char* op);
+// 0, never decreases and ends at most at R (a broken array must not reach rows past the tensor);
+// rows_name is what the message calls R (the grouped GEMMs' M).
+void check_row_groups(const int32_t* offsets, int64_t G, int64_t R, const char* op, const char* rows_name = "R");
 
 // Delayed scaling (Transformer Engine's DelayedScaling): the tensor is quantised with a scale
 // that earlier steps' amax history gave (`scale`, positive and finite), not one of its own:

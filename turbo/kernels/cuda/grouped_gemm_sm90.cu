@@ -471,6 +471,13 @@ void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int 
   CUDA_CHECK_LAST();
 }
 
+// A call with no rows at all (TMA takes no empty tensor): only a written (not accumulated) weight
+// gradient has work, its `elems` f32 zeros.
+void without_rows(GroupedGemmKind kind, bool accumulate, void* d, int64_t elems, cudaStream_t stream) {
+  if (kind == GroupedGemmKind::Wgrad && !accumulate)
+    CUDA_CHECK(cudaMemsetAsync(d, 0, static_cast<size_t>(elems) * sizeof(float), stream));
+}
+
 // The schedule of one call: PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE (read on every call, for A/B runs)
 // = coop or pingpong; unset or empty: ping-pong. Measured on an H200 (2026-12-01, 8d3cf82, the 39
 // products of `primus benchmark grouped_gemm`, three rounds interleaved with torch._grouped_mm):
@@ -530,11 +537,7 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
   using namespace ggemm90;
   if (auto w = grouped_gemm_sm90_unsupported_reason(p); !w.empty()) throw RuntimeError("grouped_gemm_sm90: " + w);
   const int64_t G = p.groups, M = p.rows, N = p.n, K = p.k;
-  if (M == 0) {  // no rows at all (TMA takes no empty tensor): only a written weight gradient has work
-    if (p.kind == GroupedGemmKind::Wgrad && !p.accumulate)
-      CUDA_CHECK(cudaMemsetAsync(p.d, 0, static_cast<size_t>(G * N * K) * sizeof(float), stream));
-    return;
-  }
+  if (M == 0) return without_rows(p.kind, p.accumulate, p.d, G * N * K, stream);
   const int sms = std::max(1, gdevice().sms);
   const bool pp = pingpong_schedule();
   const int bn = pp ? 128 : kGBN;
@@ -630,11 +633,7 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
   using namespace ggemm90;
   if (auto w = grouped_gemm_fp8_sm90_unsupported_reason(p); !w.empty()) throw RuntimeError("grouped_gemm_fp8_sm90: " + w);
   const int64_t G = p.groups, M = p.rows, N = p.n, K = p.k;
-  if (M == 0) {
-    if (p.kind == GroupedGemmKind::Wgrad && !p.accumulate)
-      CUDA_CHECK(cudaMemsetAsync(p.d, 0, static_cast<size_t>(G * N * K) * sizeof(float), stream));
-    return;
-  }
+  if (M == 0) return without_rows(p.kind, p.accumulate, p.d, G * N * K, stream);
   const int sms = std::max(1, gdevice().sms);
   const bool pp = pingpong_schedule();
   const int bn = pp ? 128 : kGBN;
