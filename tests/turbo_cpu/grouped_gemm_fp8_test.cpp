@@ -167,6 +167,133 @@ TEST_F(GroupedGemmFp8Host, WrappersQuantizeEachOperandForItsProductWithinTheirSc
   for (int64_t i = o[G] * K; i < M * K; ++i) ASSERT_EQ(dx[i], -7.0f) << "dgrad wrote past offsets[G]";
 }
 
+// Blockwise scales: every element takes the scale of its own 1x128 tile (token operands) or
+// 128 x 128 block (the weight, in both layouts), indexed here by hand from the layouts of
+// turbo/core/fp8_granularity.h. Groups of whole 128-token blocks, an empty one, NaN rows past
+// offsets[G].
+TEST_F(GroupedGemmFp8Host, BlockwiseProductsTakeEachTilesAndBlocksScale) {
+  const int64_t G = 3, N = 256, K = 256, M = 384;
+  std::vector<int32_t> o = {0, 128, 128, 256};
+  const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+  std::vector<uint8_t> x = bytes(M * K, e4), w = bytes(G * N * K, e4), wt = bytes(K * G * N, e4), dy = bytes(M * N, e5),
+                       dyt = bytes(N * M, e5), xt = bytes(K * M, e4);
+  for (int64_t r = o[G]; r < M; ++r) {
+    for (int64_t k = 0; k < K; ++k) x[r * K + k] = 0x7f, xt[k * M + r] = 0x7f;
+    for (int64_t n = 0; n < N; ++n) dy[r * N + n] = 0x7f, dyt[n * M + r] = 0x7f;
+  }
+  const int64_t kb = K / 128, nb = N / 128, mb = M / 128, gnb = G * N / 128;
+  const int64_t pk = (kb + 3) / 4 * 4, pgn = (gnb + 3) / 4 * 4;
+  std::vector<float> sx = scales(kb * M), sw = scales(gnb * pk), swt = scales(kb * pgn), sdy = scales(nb * M),
+                     sdyt = scales(mb * N), sxt = scales(mb * K);
+  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
+  const TensorView off = v(o, DType::I32, {G + 1});
+  const auto blk = GroupedFp8Scaling::Block;
+  std::vector<float> y(M * N, -7.0f), dx(M * K, -7.0f), dw(G * N * K, -7.0f);
+  EXPECT_EQ(grouped_gemm_fp8_forward({v(y, DType::F32, {M, N}), v(x, e4, {M, K}), v(sx, DType::F32, {kb, M}),
+                                      v(w, e4, {G, N, K}), v(sw, DType::F32, {gnb, pk}), off, {}, blk}),
+            BackendType::CPU);
+  EXPECT_EQ(grouped_gemm_fp8_dgrad({v(dx, DType::F32, {M, K}), v(dy, e5, {M, N}), v(sdy, DType::F32, {nb, M}),
+                                    v(wt, e4, {K, G * N}), v(swt, DType::F32, {kb, pgn}), off, {}, blk}),
+            BackendType::CPU);
+  EXPECT_EQ(grouped_gemm_fp8_wgrad({v(dw, DType::F32, {G, N, K}), v(dyt, e5, {N, M}), v(sdyt, DType::F32, {mb, N}),
+                                    v(xt, e4, {K, M}), v(sxt, DType::F32, {mb, K}), off, 128, false, {}, blk}),
+            BackendType::CPU);
+  std::vector<double> ry(y.size(), -7.0), rdx(dx.size(), -7.0), rdw(dw.size(), 0.0);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = o[g]; r < o[g + 1]; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0.0;
+        const int64_t wrow = (g * N + n) / 128;
+        for (int64_t k = 0; k < K; ++k)
+          s += dec(x[r * K + k], e4) * sx[(k / 128) * M + r] * dec(w[(g * N + n) * K + k], e4) * sw[wrow * pk + k / 128];
+        ry[r * N + n] = s;
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0.0;
+        for (int64_t n = 0; n < N; ++n)
+          s += dec(dy[r * N + n], e5) * sdy[(n / 128) * M + r] * dec(wt[k * G * N + g * N + n], e4) *
+               swt[(k / 128) * pgn + (g * N + n) / 128];
+        rdx[r * K + k] = s;
+      }
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0.0;
+        for (int64_t r = o[g]; r < o[g + 1]; ++r)
+          s += dec(dyt[n * M + r], e5) * sdyt[(r / 128) * N + n] * dec(xt[k * M + r], e4) * sxt[(r / 128) * K + k];
+        rdw[(g * N + n) * K + k] = s;
+      }
+  }
+  expect_close(y, ry, "blockwise forward");
+  expect_close(dx, rdx, "blockwise dgrad");
+  expect_close(dw, rdw, "blockwise wgrad");
+}
+
+// The wrappers with blockwise scales: within the SNR gates, inside the scratch bound, rows past
+// offsets[G] untouched.
+TEST_F(GroupedGemmFp8Host, BlockwiseWrappersMeetTheSnrGatesWithinTheirScratchBound) {
+  const int64_t G = 3, N = 128, K = 256, M = 512;
+  const std::vector<int32_t> o = {0, 128, 128, 384};
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto fill = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = d(rng);
+    return v;
+  };
+  std::vector<float> x = fill(M * K), w = fill(G * N * K), dy = fill(M * N);
+  // Outliers: a few large entries, which blockwise scales confine to their own tile.
+  for (int64_t i = 0; i < 8; ++i) x[(i * 37) % (o[G] * K)] *= 100.0f, dy[(i * 53) % (o[G] * N)] *= 100.0f;
+  for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = NAN;
+  for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
+  std::vector<float> y(M * N, -7.0f), dx(M * K, -7.0f), dw(G * N * K, -7.0f);
+  std::vector<int32_t> off = o;
+  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
+  const size_t bound = grouped_gemm_fp8_scratch_bytes(M, G, N, K);
+  std::unique_ptr<Arena> arena = make_host_arena(bound);
+  ExecContext ctx;
+  ctx.scratch = arena.get();
+  const TensorView offs = v(off, DType::I32, {G + 1});
+  const auto blk = GroupedFp8Scaling::Block;
+  grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}), offs, 128, ctx},
+                           DType::F8E4M3, blk);
+  grouped_gemm_dgrad_fp8({v(dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), v(w, DType::F32, {G, N, K}), offs, 128, ctx},
+                         DType::F8E4M3, DType::F8E5M2, blk);
+  grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, 128,
+                          false, ctx},
+                         DType::F8E4M3, DType::F8E5M2, blk);
+  EXPECT_LE(arena->high_water(), bound);
+  double ny = 0, ey = 0, ndx = 0, edx = 0, ndw = 0, edw = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = o[g]; r < o[g + 1]; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += double(x[r * K + k]) * w[(g * N + n) * K + k];
+        ny += s * s, ey += (y[r * N + n] - s) * (y[r * N + n] - s);
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0;
+        for (int64_t n = 0; n < N; ++n) s += double(dy[r * N + n]) * w[(g * N + n) * K + k];
+        ndx += s * s, edx += (dx[r * K + k] - s) * (dx[r * K + k] - s);
+      }
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0;
+        for (int64_t r = o[g]; r < o[g + 1]; ++r) s += double(dy[r * N + n]) * x[r * K + k];
+        const double got = dw[(g * N + n) * K + k];
+        if (o[g] == o[g + 1]) ASSERT_EQ(got, 0.0) << "the empty group's weight gradient";
+        ndw += s * s, edw += (got - s) * (got - s);
+      }
+  }
+  const auto snr = [](double sig, double err) { return 10.0 * std::log10(sig / err); };
+  EXPECT_GE(snr(ny, ey), 25.0) << "forward (e4m3 x e4m3)";
+  EXPECT_GE(snr(ndx, edx), 20.0) << "input gradient (e5m2 x e4m3)";
+  EXPECT_GE(snr(ndw, edw), 20.0) << "weight gradient (e5m2 x e4m3)";
+  EXPECT_GT(std::sqrt(ey / ny), 1e-4) << "the forward was quantized";
+  for (int64_t i = o[G] * N; i < M * N; ++i) ASSERT_EQ(y[i], -7.0f) << "forward wrote past offsets[G]";
+  for (int64_t i = o[G] * K; i < M * K; ++i) ASSERT_EQ(dx[i], -7.0f) << "dgrad wrote past offsets[G]";
+}
+
 TEST_F(GroupedGemmFp8Host, ArgumentErrorsNameTheArgument) {
   const int64_t G = 2, N = 16, K = 16, M = 8;
   std::vector<uint8_t> x(M * K), w(G * N * K);
@@ -193,6 +320,17 @@ TEST_F(GroupedGemmFp8Host, ArgumentErrorsNameTheArgument) {
   expect_error([&] { fwd(v(x, e4, {M, K}), v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), {1, 4, 8}); }, "offsets[0]");
   expect_error([&] { fwd(v(x, e4, {M, K}), v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), {0, 6, 4}); }, "offsets[2]");
   expect_error([&] { fwd(v(x, e4, {M, K}), v(w, e4, {G, N, K}), v(sw, DType::F32, {G, N}), {0, 4, 9}); }, "at most M");
+  // Blockwise: 128-multiples and the layouts' scale counts.
+  const auto blk = [&](int64_t n, int64_t k, int64_t nsx, int64_t nsw) {
+    std::vector<uint8_t> bx(M * k), bw(G * n * k);
+    std::vector<float> bsx(nsx, 1.0f), bsw(nsw, 1.0f), by(M * n);
+    grouped_gemm_fp8_forward({v(by, DType::F32, {M, n}), v(bx, e4, {M, k}), v(bsx, DType::F32, {nsx}), v(bw, e4, {G, n, k}),
+                              v(bsw, DType::F32, {nsw}), v(o, DType::I32, {G + 1}), {}, GroupedFp8Scaling::Block});
+  };
+  blk(128, 256, 2 * M, G * 4);  // well formed: [K/128, M] and [G*N/128, pad4(K/128)]
+  expect_error([&] { blk(128, 160, 2 * M, G * 4); }, "multiples of 128");
+  expect_error([&] { blk(128, 256, M, G * 4); }, "inp_scale");
+  expect_error([&] { blk(128, 256, 2 * M, G * 2); }, "weight_scale");
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The FP8 grouped GEMM on the device (TURBO) against the op's CPU reference on the same FP8 bytes
 // and scales: fresh random E4M3 / E5M2 operands and scales, the MoE presets' expert shapes at
 // reduced rows, empty groups, groups that are no multiple of the 128-row tiles or the 128-token
-// k-tiles (the weight gradient's cut), both schedules. Rows and token columns past offsets[G] hold
+// k-tiles (the weight gradient's cut), both schedules; blockwise scales on the same shapes. Rows and token columns past offsets[G] hold
 // NaN bytes: no written value may read them, and no row past offsets[G] is written. Errors are
 // per group. Then one capture into a CUDA graph replayed with other offsets; and, without a GPU,
 // the host path against a double-precision sum and the argument errors.
@@ -25,7 +25,8 @@ struct F8Case {
   std::string name;
   int64_t N, K;
   std::vector<int32_t> counts;
-  bool aligned16 = true;  // every count a multiple of 16: the device weight gradient runs too
+  bool aligned = true;  // every count a multiple of 16 (blockwise: 128): the device weight gradient runs too
+  bool block = false;   // blockwise scales (1x128 token tiles, 128 x 128 weight blocks)
 };
 void PrintTo(const F8Case& c, std::ostream* os) { *os << c.name; }
 
@@ -76,10 +77,14 @@ class GroupedGemmFp8GpuTest : public GpuTest {
   }
 
   void run_case(const F8Case& c, DType grad_dt) {
-    SCOPED_TRACE(c.name + (grad_dt == DType::F8E5M2 ? " e5m2 gradients" : " e4m3 gradients"));
+    SCOPED_TRACE(c.name + (grad_dt == DType::F8E5M2 ? " e5m2 gradients" : " e4m3 gradients") +
+                 (c.block ? " blockwise" : " rowwise"));
     const int64_t G = static_cast<int64_t>(c.counts.size()), N = c.N, K = c.K;
     std::vector<int32_t> o = f8_offsets(c.counts);
-    const int64_t used = o.back(), M = (used + 40 + 15) / 16 * 16;  // spare rows no group owns
+    const int64_t mr = c.block ? 128 : 16, align = mr;
+    const int64_t used = o.back(), M = (used + 40 + mr - 1) / mr * mr;  // spare rows no group owns
+    const GroupedFp8Scaling sc = c.block ? GroupedFp8Scaling::Block : GroupedFp8Scaling::Row;
+    const auto p4 = [](int64_t x) { return (x + 3) / 4 * 4; };
     // Operands: x [M,K], w [G,N,K], w_t [K][G*N], dy [M,N], dy_t [N][M], x_t [K][M].
     std::vector<uint8_t> x = fp8_bytes(M * K, DType::F8E4M3), w = fp8_bytes(G * N * K, DType::F8E4M3),
                          wt = fp8_bytes(K * G * N, DType::F8E4M3), dy = fp8_bytes(M * N, grad_dt),
@@ -88,13 +93,19 @@ class GroupedGemmFp8GpuTest : public GpuTest {
       for (int64_t k = 0; k < K; ++k) x[r * K + k] = kNanByte, xt[k * M + r] = kNanByte;
       for (int64_t n = 0; n < N; ++n) dy[r * N + n] = kNanByte, dyt[n * M + r] = kNanByte;
     }
-    std::vector<float> sx = scales(M), sw = scales(G * N), swt = scales(G * K), sdy = scales(M), sdyt = scales(G * N),
-                       sxt = scales(G * K);
+    // Scale counts (turbo/ops/grouped_gemm_fp8.h): rowwise per row / per (group, feature); blockwise
+    // per 1x128 tile of the token operands and per 128 x 128 block of the weight.
+    const bool b = c.block;
+    const int64_t nsx = b ? K / 128 * M : M, nsw = b ? G * N / 128 * p4(K / 128) : G * N,
+                  nswt = b ? K / 128 * p4(G * N / 128) : G * K, nsdy = b ? N / 128 * M : M, nsdyt = b ? M / 128 * N : G * N,
+                  nsxt = b ? M / 128 * K : G * K;
+    std::vector<float> sx = scales(nsx), sw = scales(nsw), swt = scales(nswt), sdy = scales(nsdy), sdyt = scales(nsdyt),
+                       sxt = scales(nsxt);
     Pair X = upload(x, DType::F8E4M3, {M, K}), W = upload(w, DType::F8E4M3, {G, N, K}),
          WT = upload(wt, DType::F8E4M3, {K, G * N}), DY = upload(dy, grad_dt, {M, N}), DYT = upload(dyt, grad_dt, {N, M}),
          XT = upload(xt, DType::F8E4M3, {K, M});
-    Pair SX = upload_f32(sx, {M}), SW = upload_f32(sw, {G, N}), SWT = upload_f32(swt, {G, K}), SDY = upload_f32(sdy, {M}),
-         SDYT = upload_f32(sdyt, {G, N}), SXT = upload_f32(sxt, {G, K});
+    Pair SX = upload_f32(sx, {nsx}), SW = upload_f32(sw, {nsw}), SWT = upload_f32(swt, {nswt}), SDY = upload_f32(sdy, {nsdy}),
+         SDYT = upload_f32(sdyt, {nsdyt}), SXT = upload_f32(sxt, {nsxt});
     TensorView off = make(DType::I32, {G + 1});
     put_i32(off, o);
     const TensorView hoff(o.data(), DType::I32, Device::CPU, {G + 1});
@@ -102,13 +113,14 @@ class GroupedGemmFp8GpuTest : public GpuTest {
     TensorView y = make(DType::BF16, {M, N}), dx = make(DType::BF16, {M, K}), dw = make(DType::F32, {G, N, K});
     poison(y), poison(dx), poison(dw);
     // Each product synchronised on its own, so that a device fault names its kernel.
-    EXPECT_EQ(grouped_gemm_fp8_forward({y, X.dev, SX.dev, W.dev, SW.dev, off, ctx}), BackendType::TURBO);
+    EXPECT_EQ(grouped_gemm_fp8_forward({y, X.dev, SX.dev, W.dev, SW.dev, off, ctx, sc}), BackendType::TURBO);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "forward";
-    EXPECT_EQ(grouped_gemm_fp8_dgrad({dx, DY.dev, SDY.dev, WT.dev, SWT.dev, off, ctx}), BackendType::TURBO);
+    EXPECT_EQ(grouped_gemm_fp8_dgrad({dx, DY.dev, SDY.dev, WT.dev, SWT.dev, off, ctx, sc}), BackendType::TURBO);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "dgrad";
-    // The device weight gradient needs offsets on 16-row boundaries (align 16).
-    if (c.aligned16) {
-      EXPECT_EQ(grouped_gemm_fp8_wgrad({dw, DYT.dev, SDYT.dev, XT.dev, SXT.dev, off, 16, false, ctx}), BackendType::TURBO);
+    // The device weight gradient needs offsets on 16-row boundaries (align 16; blockwise 128).
+    if (c.aligned) {
+      EXPECT_EQ(grouped_gemm_fp8_wgrad({dw, DYT.dev, SDYT.dev, XT.dev, SXT.dev, off, align, false, ctx, sc}),
+                BackendType::TURBO);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "wgrad";
     }
 
@@ -116,9 +128,10 @@ class GroupedGemmFp8GpuTest : public GpuTest {
     ExecContext host;
     const TensorView hy(ry.data(), DType::F32, Device::CPU, {M, N}), hdx(rdx.data(), DType::F32, Device::CPU, {M, K}),
         hdw(rdw.data(), DType::F32, Device::CPU, {G, N, K});
-    EXPECT_EQ(grouped_gemm_fp8_forward({hy, X.host, SX.host, W.host, SW.host, hoff, host}), BackendType::CPU);
-    EXPECT_EQ(grouped_gemm_fp8_dgrad({hdx, DY.host, SDY.host, WT.host, SWT.host, hoff, host}), BackendType::CPU);
-    EXPECT_EQ(grouped_gemm_fp8_wgrad({hdw, DYT.host, SDYT.host, XT.host, SXT.host, hoff, 1, false, host}), BackendType::CPU);
+    EXPECT_EQ(grouped_gemm_fp8_forward({hy, X.host, SX.host, W.host, SW.host, hoff, host, sc}), BackendType::CPU);
+    EXPECT_EQ(grouped_gemm_fp8_dgrad({hdx, DY.host, SDY.host, WT.host, SWT.host, hoff, host, sc}), BackendType::CPU);
+    EXPECT_EQ(grouped_gemm_fp8_wgrad({hdw, DYT.host, SDYT.host, XT.host, SXT.host, hoff, 1, false, host, sc}),
+              BackendType::CPU);
 
     const std::vector<float> gy = get(y), gdx = get(dx), gdw = get(dw);
     double worst_w = 0.0;
@@ -129,7 +142,7 @@ class GroupedGemmFp8GpuTest : public GpuTest {
         EXPECT_LT(rel_err(slice_rows(gdx, o[g], o[g + 1], K), slice_rows(rdx, o[g], o[g + 1], K)), 1e-2) << "dgrad";
       }
       // f32 out: exact FP8 products, only the accumulation differs (the tensor cores' FP8 adder).
-      if (!c.aligned16) continue;
+      if (!c.aligned) continue;
       const double e = rel_err(slice_rows(gdw, g * N, (g + 1) * N, K), slice_rows(rdw, g * N, (g + 1) * N, K));
       worst_w = std::max(worst_w, c.counts[g] > 0 ? e : 0.0);
       if (c.counts[g] > 0) EXPECT_LT(e, 2e-3) << "wgrad";
@@ -141,10 +154,10 @@ class GroupedGemmFp8GpuTest : public GpuTest {
     for (size_t i = static_cast<size_t>(used * N) * 2; i < by.size(); ++i) ASSERT_EQ(by[i], 0xFF) << "forward wrote past offsets[G]";
     for (size_t i = static_cast<size_t>(used * K) * 2; i < bdx.size(); ++i) ASSERT_EQ(bdx[i], 0xFF) << "dgrad wrote past offsets[G]";
 
-    if (!c.aligned16) return;
+    if (!c.aligned) return;
     // Accumulate: dweight += the product, once.
     const std::vector<float> d0 = random_tensor(dw);
-    EXPECT_EQ(grouped_gemm_fp8_wgrad({dw, DYT.dev, SDYT.dev, XT.dev, SXT.dev, off, 16, true, ctx}), BackendType::TURBO);
+    EXPECT_EQ(grouped_gemm_fp8_wgrad({dw, DYT.dev, SDYT.dev, XT.dev, SXT.dev, off, align, true, ctx, sc}), BackendType::TURBO);
     const std::vector<float> acc = get(dw);
     std::vector<double> want(acc.size());
     for (size_t i = 0; i < acc.size(); ++i) want[i] = static_cast<double>(d0[i]) + rdw[i];
@@ -186,6 +199,24 @@ TEST_P(GroupedGemmFp8CaseTest, MatchesReferencePerGroup) {
   run_case(c, DType::F8E4M3);
 }
 
+// Blockwise: the same expert shapes (multiples of 128), groups of whole 128-token blocks for the
+// weight gradient, then groups that are not (forward and input gradient only).
+std::vector<F8Case> f8_block_cases() {
+  const auto blk = [](std::string name, int64_t N, int64_t K, std::vector<int32_t> counts, bool aligned = true) {
+    return F8Case{std::move(name), N, K, std::move(counts), aligned, true};
+  };
+  return {
+      blk("block_olmoe_fc", 2048, 2048, {128, 0, 256, 128}),
+      blk("block_olmoe_proj", 2048, 1024, {256, 128, 0, 384}),
+      blk("block_mixtral_fc", 11264, 2048, {128, 0, 128}),
+      blk("block_mixtral_proj", 2048, 5632, {0, 256}),
+      blk("block_deepseek_fc", 2816, 2048, {0, 128, 384, 128}),
+      blk("block_deepseek_proj", 2048, 1408, {256, 0, 128}),
+      blk("block_unaligned", 384, 256, {33, 0, 1, 95, 130, 7}, false),
+      blk("block_empty_ends", 256, 128, {0, 128, 0, 0, 256, 0}),
+  };
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupedGemmFp8CaseTest,
                          ::testing::Combine(::testing::ValuesIn(f8_cases()),
                                             ::testing::Values(F8Lane{"", "pingpong"}, F8Lane{"coop", "coop"})),
@@ -193,12 +224,26 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GroupedGemmFp8CaseTest,
                            return std::get<0>(i.param).name + "_" + std::get<1>(i.param).name;
                          });
 
+// Blockwise runs one schedule (the cooperative 128 x 128 tile), whatever the variable says.
+class GroupedGemmFp8BlockTest : public GroupedGemmFp8GpuTest, public ::testing::WithParamInterface<F8Case> {};
+
+TEST_P(GroupedGemmFp8BlockTest, MatchesReferencePerGroup) {
+  run_case(GetParam(), DType::F8E5M2);
+  run_case(GetParam(), DType::F8E4M3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GroupedGemmFp8BlockTest, ::testing::ValuesIn(f8_block_cases()),
+                         [](const ::testing::TestParamInfo<F8Case>& i) { return i.param.name; });
+
 TEST_F(GroupedGemmFp8GpuTest, RandomGroupSizes) {
   std::vector<int32_t> counts = randint(7, 0, 20);
   for (auto& n : counts) n = n < 3 ? 0 : 16 * n;
   run_case({"random", 400, 336, counts}, DType::F8E5M2);
   std::vector<int32_t> odd = randint(7, 0, 300);
   run_case({"random_unaligned", 400, 336, odd, false}, DType::F8E4M3);
+  std::vector<int32_t> blocks = randint(6, 0, 5);
+  for (auto& n : blocks) n = n < 1 ? 0 : 128 * n;
+  run_case({"random_blockwise", 384, 512, blocks, true, true}, DType::F8E5M2);
 }
 
 // Captured once, replayed after the offsets changed in device memory.

@@ -204,6 +204,36 @@ Case grouped_fp8_case(const std::string& name, int64_t T, int64_t E, int64_t top
           }};
 }
 
+// Blockwise FP8 (DeepSeek-V3: E4M3 throughout, 1x128 token tiles, 128 x 128 weight blocks) of one expert layer from bf16
+// operands with their quantization ("fp8bq/...", what training runs): groups padded to 128 rows,
+// as the model pads them for blockwise experts.
+Case grouped_fp8_block_case(const std::string& name, int64_t T, int64_t E, int64_t topk, int64_t N, int64_t K,
+                            std::vector<int64_t> counts) {
+  return {name + "/block", [=](CaseEnv& e) {
+            constexpr int64_t align = 128;
+            const std::vector<int32_t> o = padded_offsets(counts, align);
+            const int64_t M = (T * topk + E * (align - 1) + align - 1) / align * align;
+            const int64_t used = o.back();
+            TensorView off = e.empty(DType::I32, {E + 1});
+            upload_i32(e, off, o);
+            const DType act = e.on_device() ? DType::BF16 : DType::F32, f8 = DType::F8E4M3, f5 = f8;  // e4m3 throughout
+            TensorView x = e.rand(act, {M, K}), w = e.rand(act, {E, N, K}, 0.05f), dy = e.rand(act, {M, N});
+            TensorView y = e.empty(act, {M, N}), dx = e.empty(act, {M, K}), dw = e.empty(DType::F32, {E, N, K});
+            GroupedGemmForwardArgs bf{y, x, w, off, align, e.ctx};
+            GroupedGemmDgradArgs bd{dx, dy, w, off, align, e.ctx};
+            GroupedGemmWgradArgs bg{dw, dy, x, off, align, false, e.ctx};
+            const auto blk = GroupedFp8Scaling::Block;
+            const double flops = 2.0 * static_cast<double>(used) * static_cast<double>(N) * static_cast<double>(K);
+            const std::string p = "grouped_gemm_fp8/" + name;
+            const std::string note = fmt::format("E={} top-{} [{}x{}] rows {} of {} (groups padded to 128)", E, topk, N, K, used, M);
+            return std::vector<Timed>{
+                {p + "/fp8bq/fwd", Metric::Flops, flops, [bf, f8, blk] { grouped_gemm_forward_fp8(bf, f8, blk); }, note},
+                {p + "/fp8bq/dgrad", Metric::Flops, flops, [bd, f8, f5, blk] { grouped_gemm_dgrad_fp8(bd, f8, f5, blk); }, ""},
+                {p + "/fp8bq/wgrad", Metric::Flops, flops, [bg, f8, f5, blk] { grouped_gemm_wgrad_fp8(bg, f8, f5, blk); },
+                 ""}};
+          }};
+}
+
 }  // namespace
 
 OpFamily grouped_gemm_fp8_family() {
@@ -213,7 +243,7 @@ OpFamily grouped_gemm_fp8_family() {
   f.dispatch_ops = {"grouped_gemm_fp8", "quantize"};
   f.backends = {BackendType::TURBO, BackendType::CPU};
   f.shape_syntax = "TxExKxNxC (tokens x experts x top-k x out features x in features): one expert layer [E, N, C] "
-                   "under a random-init router's counts, rowwise FP8";
+                   "under a random-init router's counts, rowwise FP8 (and blockwise: the defaults' '/block' cases)";
   f.defaults = [](const Scale& s) {
     std::vector<Case> cases;
     const int64_t align = kGroupedGemmAlign;
@@ -221,6 +251,7 @@ OpFamily grouped_gemm_fp8_family() {
       const int64_t T = s.tokens, C = 64, E = 4, topk = 2, Fe = 96;
       const auto counts = router_counts(T, C, E, topk, 7);
       cases.push_back(grouped_fp8_case("tiny/fc/router0", T, E, topk, 2 * Fe, C, counts, 16));
+      cases.push_back(grouped_fp8_block_case("tiny128/fc/router0", T, E, topk, 256, 128, router_counts(T, 128, E, topk, 7)));
       return cases;
     }
     static const MoePreset kPresets[] = {{"olmoe", 64, 8, 1024}, {"mixtral", 8, 2, 5632}, {"deepseek", 64, 6, 1408}};
@@ -229,6 +260,8 @@ OpFamily grouped_gemm_fp8_family() {
       const std::vector<int64_t> router0 = router_counts(T, C, p.E, p.topk, 1000 + static_cast<uint64_t>(p.E * 16 + p.topk));
       cases.push_back(grouped_fp8_case(fmt::format("{}/fc/router0", p.name), T, p.E, p.topk, 2 * p.Fe, C, router0, align));
       cases.push_back(grouped_fp8_case(fmt::format("{}/proj/router0", p.name), T, p.E, p.topk, C, p.Fe, router0, align));
+      cases.push_back(grouped_fp8_block_case(fmt::format("{}/fc/router0", p.name), T, p.E, p.topk, 2 * p.Fe, C, router0));
+      cases.push_back(grouped_fp8_block_case(fmt::format("{}/proj/router0", p.name), T, p.E, p.topk, C, p.Fe, router0));
     }
     return cases;
   };

@@ -37,10 +37,11 @@ struct Call {
   TensorView y, a, sa, b, sb, offsets;
   int64_t G = 0, M = 0, N = 0, K = 0, align = 1;
   bool accumulate = false;
+  bool block = false;  // blockwise scales (GroupedFp8Scaling::Block)
   ExecContext ctx;
   std::string key() const {
-    return fmt::format("{} G={} M={} N={} K={} align={} acc={} {}x{} {}", op_name(kind), G, M, N, K, align, accumulate ? 1 : 0,
-                       dtype_name(a.dtype), dtype_name(b.dtype), device_name(a.device));
+    return fmt::format("{} G={} M={} N={} K={} align={} acc={} {}x{} {} {}", op_name(kind), G, M, N, K, align, accumulate ? 1 : 0,
+                       dtype_name(a.dtype), dtype_name(b.dtype), block ? "block" : "row", device_name(a.device));
   }
   Precision precision() const { return Precision::FP8; }
 };
@@ -92,6 +93,20 @@ void check_offsets(const Call& c) {
   check_dtype(c.y, out, op, c.kind == Kind::Forward ? "out" : c.kind == Kind::Dgrad ? "dinp" : "dweight");
 }
 
+// The blockwise layouts need whole 128-blocks along N and K (and M for the weight gradient, whose
+// token copies are cut into 128-token blocks).
+void check_block_dims(const Call& c) {
+  if (!c.block) return;
+  const bool m = c.kind == Kind::Wgrad;
+  if (c.N % kFp8BlockSize != 0 || c.K % kFp8BlockSize != 0 || (m && c.M % kFp8BlockSize != 0))
+    throw RuntimeError(fmt::format("{}: blockwise scales need N={}, K={}{} to be multiples of {}", op_name(c.kind), c.N, c.K,
+                                   m ? fmt::format(" and M={}", c.M) : std::string(), kFp8BlockSize));
+}
+// The number of scales of an operand: rowwise `row`, blockwise those of granularity g over [R, C].
+int64_t scales(const Call& c, int64_t row, Fp8Granularity g, int64_t R, int64_t C) {
+  return c.block ? fp8_scale_numel(g, R, C) : row;
+}
+
 // Host offsets checked against the contract; the error names the op and the first bad entry.
 std::vector<int32_t> checked_offsets(const Call& c) {
   const int32_t* h = c.offsets.ptr<const int32_t>();
@@ -113,32 +128,42 @@ void cpu_run(const Call& c) {
   const int64_t G = c.G, M = c.M, N = c.N, K = c.K;
   const float* sa = c.sa.ptr<const float>();
   const float* sb = c.sb.ptr<const float>();
+  using FG = Fp8Granularity;
+  // The scale of element (r, col) of a token matrix [M, C]: its row's, or its 1x128 tile's.
+  const auto tok = [&](int64_t C, int64_t r, int64_t col) {
+    return c.block ? sa[fp8_scale_index(FG::Block1x128, M, C, r, col)] : sa[r];
+  };
   switch (c.kind) {
     case Kind::Forward: {
       std::vector<float> x(static_cast<size_t>(M * K), 0.0f), w(static_cast<size_t>(G * N * K));
       for (int64_t r = 0; r < o[G]; ++r)
-        for (int64_t k = 0; k < K; ++k) x[r * K + k] = decode(c.a, r * K + k) * sa[r];
+        for (int64_t k = 0; k < K; ++k) x[r * K + k] = decode(c.a, r * K + k) * tok(K, r, k);
       for (int64_t i = 0; i < G * N; ++i)
-        for (int64_t k = 0; k < K; ++k) w[i * K + k] = decode(c.b, i * K + k) * sb[i];
+        for (int64_t k = 0; k < K; ++k)
+          w[i * K + k] = decode(c.b, i * K + k) * (c.block ? sb[fp8_scale_index(FG::Block128x128, G * N, K, i, k)] : sb[i]);
       cpu::grouped_gemm_forward(c.y.ptr<float>(), x.data(), w.data(), o.data(), G, N, K);
       return;
     }
     case Kind::Dgrad: {  // W_g [N,K] from w_t [K][G*N]
       std::vector<float> d(static_cast<size_t>(M * N), 0.0f), w(static_cast<size_t>(G * N * K));
       for (int64_t r = 0; r < o[G]; ++r)
-        for (int64_t n = 0; n < N; ++n) d[r * N + n] = decode(c.a, r * N + n) * sa[r];
+        for (int64_t n = 0; n < N; ++n) d[r * N + n] = decode(c.a, r * N + n) * tok(N, r, n);
       for (int64_t g = 0; g < G; ++g)
         for (int64_t n = 0; n < N; ++n)
-          for (int64_t k = 0; k < K; ++k) w[(g * N + n) * K + k] = decode(c.b, k * G * N + g * N + n) * sb[g * K + k];
+          for (int64_t k = 0; k < K; ++k)
+            w[(g * N + n) * K + k] = decode(c.b, k * G * N + g * N + n) *
+                                     (c.block ? sb[fp8_scale_index(FG::Block128x128, K, G * N, k, g * N + n)] : sb[g * K + k]);
       cpu::grouped_gemm_dgrad(c.y.ptr<float>(), d.data(), w.data(), o.data(), G, N, K);
       return;
     }
-    case Kind::Wgrad: {  // dout_g and x_g from [N][M] and [K][M], scales per group
+    case Kind::Wgrad: {  // dout_g and x_g from [N][M] and [K][M]: scales per group (rowwise) or per 128 tokens
       std::vector<float> d(static_cast<size_t>(M * N), 0.0f), x(static_cast<size_t>(M * K), 0.0f);
       for (int64_t g = 0; g < G; ++g)
         for (int64_t r = o[g]; r < o[g + 1]; ++r) {
-          for (int64_t n = 0; n < N; ++n) d[r * N + n] = decode(c.a, n * M + r) * sa[g * N + n];
-          for (int64_t k = 0; k < K; ++k) x[r * K + k] = decode(c.b, k * M + r) * sb[g * K + k];
+          for (int64_t n = 0; n < N; ++n)
+            d[r * N + n] = decode(c.a, n * M + r) * (c.block ? sa[fp8_scale_index(FG::Block1x128, N, M, n, r)] : sa[g * N + n]);
+          for (int64_t k = 0; k < K; ++k)
+            x[r * K + k] = decode(c.b, k * M + r) * (c.block ? sb[fp8_scale_index(FG::Block1x128, K, M, k, r)] : sb[g * K + k]);
         }
       cpu::grouped_gemm_wgrad(c.y.ptr<float>(), d.data(), x.data(), o.data(), G, N, K, c.accumulate);
       return;
@@ -162,6 +187,7 @@ cuda::GroupedGemmFp8Sm90Problem sm90_problem(const Call& c) {
   p.d = c.y.data;
   p.a_e5m2 = c.a.dtype == DType::F8E5M2;
   p.accumulate = c.accumulate;
+  p.blockwise = c.block;
   return p;
 }
 std::string turbo_check(const Call& c) {
@@ -170,6 +196,10 @@ std::string turbo_check(const Call& c) {
     return w;
   if (c.kind == Kind::Wgrad && c.align % 16 != 0)
     return fmt::format("align {}: the weight gradient's token boxes start on 16-byte boundaries (offsets multiples of 16)",
+                       c.align);
+  if (c.kind == Kind::Wgrad && c.block && c.align % kFp8BlockSize != 0)
+    return fmt::format("align {}: blockwise, every k-tile of the weight gradient is one 128-token scale block of one "
+                       "group (offsets multiples of 128)",
                        c.align);
   return cuda::grouped_gemm_fp8_sm90_unsupported_reason(sm90_problem(c));
 }
@@ -198,8 +228,11 @@ BackendType grouped_gemm_fp8_forward(const GroupedGemmFp8ForwardArgs& a) {
   gg_fp8::check_2d(a.out, c.M, c.N, op, "out");
   gg_fp8::check_fp8(a.inp, false, op, "inp");
   gg_fp8::check_fp8(a.weight, false, op, "weight");
-  gg_fp8::check_vec(a.inp_scale, c.M, op, "inp_scale");
-  gg_fp8::check_vec(a.weight_scale, c.G * c.N, op, "weight_scale");
+  c.block = a.scaling == GroupedFp8Scaling::Block;
+  gg_fp8::check_block_dims(c);
+  gg_fp8::check_vec(a.inp_scale, gg_fp8::scales(c, c.M, Fp8Granularity::Block1x128, c.M, c.K), op, "inp_scale");
+  gg_fp8::check_vec(a.weight_scale, gg_fp8::scales(c, c.G * c.N, Fp8Granularity::Block128x128, c.G * c.N, c.K), op,
+                    "weight_scale");
   c.y = a.out, c.a = a.inp, c.sa = a.inp_scale, c.b = a.weight, c.sb = a.weight_scale, c.offsets = a.offsets;
   c.ctx = a.ctx;
   gg_fp8::check_offsets(c);
@@ -221,8 +254,11 @@ BackendType grouped_gemm_fp8_dgrad(const GroupedGemmFp8DgradArgs& a) {
   gg_fp8::check_2d(a.weight_t, c.K, c.G * c.N, op, "weight_t");
   gg_fp8::check_fp8(a.dout, true, op, "dout");
   gg_fp8::check_fp8(a.weight_t, false, op, "weight_t");
-  gg_fp8::check_vec(a.dout_scale, c.M, op, "dout_scale");
-  gg_fp8::check_vec(a.weight_t_scale, c.G * c.K, op, "weight_t_scale");
+  c.block = a.scaling == GroupedFp8Scaling::Block;
+  gg_fp8::check_block_dims(c);
+  gg_fp8::check_vec(a.dout_scale, gg_fp8::scales(c, c.M, Fp8Granularity::Block1x128, c.M, c.N), op, "dout_scale");
+  gg_fp8::check_vec(a.weight_t_scale, gg_fp8::scales(c, c.G * c.K, Fp8Granularity::Block128x128, c.K, c.G * c.N), op,
+                    "weight_t_scale");
   c.y = a.dinp, c.a = a.dout, c.sa = a.dout_scale, c.b = a.weight_t, c.sb = a.weight_t_scale, c.offsets = a.offsets;
   c.ctx = a.ctx;
   gg_fp8::check_offsets(c);
@@ -239,8 +275,10 @@ BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& a) {
   gg_fp8::check_2d(a.inp_t, c.K, c.M, op, "inp_t");
   gg_fp8::check_fp8(a.dout_t, true, op, "dout_t");
   gg_fp8::check_fp8(a.inp_t, false, op, "inp_t");
-  gg_fp8::check_vec(a.dout_t_scale, c.G * c.N, op, "dout_t_scale");
-  gg_fp8::check_vec(a.inp_t_scale, c.G * c.K, op, "inp_t_scale");
+  c.block = a.scaling == GroupedFp8Scaling::Block;
+  gg_fp8::check_block_dims(c);
+  gg_fp8::check_vec(a.dout_t_scale, gg_fp8::scales(c, c.G * c.N, Fp8Granularity::Block1x128, c.N, c.M), op, "dout_t_scale");
+  gg_fp8::check_vec(a.inp_t_scale, gg_fp8::scales(c, c.G * c.K, Fp8Granularity::Block1x128, c.K, c.M), op, "inp_t_scale");
   c.y = a.dweight, c.a = a.dout_t, c.sa = a.dout_t_scale, c.b = a.inp_t, c.sb = a.inp_t_scale, c.offsets = a.offsets;
   c.accumulate = a.accumulate;
   if (a.align < 1) throw RuntimeError(fmt::format("{}: align must be >= 1, got {}", op, a.align));
@@ -290,35 +328,74 @@ Q groups_t_q(Arena& arena, const TensorView& t, int64_t R, int64_t C, int64_t G,
   quantize_fp8(a);
   return o;
 }
+// A blockwise copy of t viewed as [R, C] at granularity g: out (scales fp8_scale_shape(g, R, C)),
+// or with `transposed` out_t (the [C, R] copy, scales fp8_scale_shape(g, C, R)).
+Q block_q(Arena& arena, const TensorView& t, int64_t R, int64_t C, Fp8Granularity g, bool transposed, DType dt,
+          const ExecContext& ctx, const char* what) {
+  Q o{transposed ? arena.tensor(dt, {C, R}, what) : arena.tensor(dt, {R, C}, what),
+      arena.tensor(DType::F32, {fp8_scale_numel(g, transposed ? C : R, transposed ? R : C)}, what)};
+  QuantizeFp8Args a;
+  a.inp = t.reshape({R, C});
+  (transposed ? a.out_t : a.out) = o.q;
+  (transposed ? a.scale_inv_t : a.scale_inv) = o.s;
+  a.granularity = g;
+  a.ctx = ctx;
+  quantize_fp8(a);
+  return o;
+}
 }  // namespace
 }  // namespace gg_fp8
 
-void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd) {
+void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, GroupedFp8Scaling scaling) {
   const char* op = "grouped_gemm_forward_fp8";
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
+  if (scaling == GroupedFp8Scaling::Block) {
+    const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.inp.shape[0];
+    const gg_fp8::Q x = gg_fp8::block_q(arena, a.inp, M, K, Fp8Granularity::Block1x128, false, fwd, a.ctx, "fp8 expert input");
+    const gg_fp8::Q w =
+        gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, false, fwd, a.ctx, "fp8 expert weight");
+    grouped_gemm_fp8_forward({a.out, x.q, x.s, w.q.reshape({G, N, K}), w.s, a.offsets, a.ctx, scaling});
+    return;
+  }
   const gg_fp8::Q x = gg_fp8::rows_q(arena, a.inp, fwd, a.ctx, "fp8 expert input");
   const gg_fp8::Q w = gg_fp8::rows_q(arena, a.weight, fwd, a.ctx, "fp8 expert weight");
   grouped_gemm_fp8_forward({a.out, x.q, x.s, w.q.reshape({a.weight.shape[0], a.weight.shape[1], a.weight.shape[2]}),
                             w.s.reshape({a.weight.shape[0], a.weight.shape[1]}), a.offsets, a.ctx});
 }
 
-void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad) {
+void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling) {
   const char* op = "grouped_gemm_dgrad_fp8";
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2];
+  if (scaling == GroupedFp8Scaling::Block) {  // W's 128 x 128 blocks are the same in its transposed copy
+    const int64_t M = a.dout.shape[0];
+    const gg_fp8::Q dy =
+        gg_fp8::block_q(arena, a.dout, M, N, Fp8Granularity::Block1x128, false, grad, a.ctx, "fp8 expert output gradient");
+    const gg_fp8::Q wt =
+        gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, true, fwd, a.ctx, "fp8 expert weight^T");
+    grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s, a.offsets, a.ctx, scaling});
+    return;
+  }
   const gg_fp8::Q dy = gg_fp8::rows_q(arena, a.dout, grad, a.ctx, "fp8 expert output gradient");
   // W viewed as [G*N, K], groups of N rows: W^T [K][G*N] with a scale per (expert, input feature).
   const gg_fp8::Q wt = gg_fp8::groups_t_q(arena, a.weight, G * N, K, G, {}, N, fwd, a.ctx, "fp8 expert weight^T");
   grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s, a.offsets, a.ctx});
 }
 
-void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad) {
+void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling) {
   const char* op = "grouped_gemm_wgrad_fp8";
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
   const int64_t G = a.dweight.shape[0], N = a.dweight.shape[1], K = a.dweight.shape[2], M = a.dout.shape[0];
+  if (scaling == GroupedFp8Scaling::Block) {  // 128-token blocks of the copies (offsets multiples of 128)
+    const gg_fp8::Q dyt = gg_fp8::block_q(arena, a.dout, M, N, Fp8Granularity::Block1x128, true, grad, a.ctx,
+                                          "fp8 expert output gradient^T");
+    const gg_fp8::Q xt = gg_fp8::block_q(arena, a.inp, M, K, Fp8Granularity::Block1x128, true, fwd, a.ctx, "fp8 expert input^T");
+    grouped_gemm_fp8_wgrad({a.dweight, dyt.q, dyt.s, xt.q, xt.s, a.offsets, a.align, a.accumulate, a.ctx, scaling});
+    return;
+  }
   const gg_fp8::Q dyt = gg_fp8::groups_t_q(arena, a.dout, M, N, G, a.offsets, 0, grad, a.ctx, "fp8 expert output gradient^T");
   const gg_fp8::Q xt = gg_fp8::groups_t_q(arena, a.inp, M, K, G, a.offsets, 0, fwd, a.ctx, "fp8 expert input^T");
   grouped_gemm_fp8_wgrad({a.dweight, dyt.q, dyt.s, xt.q, xt.s, a.offsets, a.align, a.accumulate, a.ctx});
@@ -328,9 +405,11 @@ size_t grouped_gemm_fp8_scratch_bytes(int64_t M, int64_t G, int64_t N, int64_t K
   using gg_fp8::rnd;
   const int64_t C = std::max(N, K);
   // Two copies at most are alive: a token matrix [M, N or K] (or its transpose) and the weight
-  // (or a second token matrix), each with f32 scales; plus the quantizer's row / group maxima.
-  const size_t tokens = rnd(M * C) + rnd(4 * std::max(M, G * C));
-  const size_t second = std::max(rnd(G * N * K) + rnd(4 * G * C), tokens);
+  // (or a second token matrix), each with f32 scales (rowwise: per row or per group and feature;
+  // blockwise: per 1x128 tile or 128 x 128 block); plus the quantizer's row / group maxima.
+  const int64_t wblocks = std::max(G * N / 128 * fp8_pad4(K / 128), K / 128 * fp8_pad4(G * N / 128));
+  const size_t tokens = rnd(M * C) + rnd(4 * std::max({M, G * C, M / 128 * C + C / 128 * M}));
+  const size_t second = std::max(rnd(G * N * K) + rnd(4 * std::max(G * C, wblocks)), tokens);
   const size_t quantizer = rnd(4 * (G * C + M + C)) + (size_t{64} << 10);
   return tokens + second + quantizer + 8 * Arena::kDefaultAlign;
 }

@@ -15,7 +15,18 @@
 //
 // q(.) are the FP8 bytes and the scales the scale_inv that turbo::quantize_fp8 writes: Row
 // granularity for x and dout ([M]), and its row groups (offsets, or group_rows = N for the weight
-// viewed as [G*N, K]) for the transposed copies. Groups as in grouped_gemm.h: offsets [G+1] i32 on
+// viewed as [G*N, K]) for the transposed copies.
+//
+// granularity Block (DeepSeek-V3's blockwise recipe, layouts of turbo/core/fp8_granularity.h): the
+// token operands in 1x128 tiles along the reduction dimension, the weight in 128 x 128 blocks:
+//   forward  inp_scale [K/128, M] (Block1x128 of x); weight_scale [G*N/128, pad4(K/128)]
+//            (Block128x128 of W viewed as [G*N, K])
+//   dgrad    dout_scale [N/128, M]; weight_t_scale [K/128, pad4(G*N/128)] (the copy's blocks:
+//            quantize_fp8's out_t of W viewed as [G*N, K] at Block128x128)
+//   wgrad    dout_t_scale [M/128, N], inp_t_scale [M/128, K] (quantize_fp8's out_t at Block1x128:
+//            one scale per feature and 128 consecutive tokens); the offsets must be multiples of
+//            128 (`align`), so that no 128-token block holds two experts' tokens
+// N and K must be multiples of 128, and M for the weight gradient. Groups as in grouped_gemm.h: offsets [G+1] i32 on
 // the tensors' device, read on the device by the TURBO backend (graph-capturable); rows from
 // offsets[G] on are neither read into a written value nor written.
 //
@@ -23,17 +34,21 @@
 // dinp are bf16, dweight f32; on the host (the reference: dequantize, then the f32 grouped GEMM)
 // out, dinp and dweight are f32.
 // Backends: TURBO (turbo/kernels/cuda/grouped_gemm_sm90.h's FP8 kernel: N and K multiples of 16,
-// and M too for the weight gradient) and CPU. Dispatcher "grouped_gemm_fp8"
+// and M too for the weight gradient; blockwise, 128 and the weight gradient's align 128) and CPU. Dispatcher "grouped_gemm_fp8"
 // (PRIMUS_TURBO_GROUPED_GEMM_FP8_BACKEND).
 #pragma once
 #include <cstdint>
 
+#include "turbo/core/fp8_granularity.h"
 #include "turbo/core/tensor_view.h"
 #include "turbo/dispatch/backend_type.h"
 #include "turbo/ops/exec_context.h"
 #include "turbo/ops/grouped_gemm.h"
 
 namespace primus::turbo {
+
+// The scales of a call: Row (rowwise, the default) or Block (blockwise), as described above.
+enum class GroupedFp8Scaling { Row, Block };
 
 struct GroupedGemmFp8ForwardArgs {
   TensorView out;           // [M,N]
@@ -43,6 +58,7 @@ struct GroupedGemmFp8ForwardArgs {
   TensorView weight_scale;  // [G,N] f32
   TensorView offsets;       // [G+1] i32
   ExecContext ctx;
+  GroupedFp8Scaling scaling = GroupedFp8Scaling::Row;
 };
 
 struct GroupedGemmFp8DgradArgs {
@@ -53,6 +69,7 @@ struct GroupedGemmFp8DgradArgs {
   TensorView weight_t_scale;  // [G,K] f32
   TensorView offsets;         // [G+1] i32
   ExecContext ctx;
+  GroupedFp8Scaling scaling = GroupedFp8Scaling::Row;
 };
 
 struct GroupedGemmFp8WgradArgs {
@@ -67,6 +84,7 @@ struct GroupedGemmFp8WgradArgs {
   int64_t align = 1;
   bool accumulate = false;
   ExecContext ctx;
+  GroupedFp8Scaling scaling = GroupedFp8Scaling::Row;  // Block: align must be a multiple of 128
 };
 
 // Each validates its arguments (RuntimeError naming the op, the argument and what it got), runs on
@@ -80,11 +98,17 @@ BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& args);
 // with the token groups of `offsets`, or of the experts for the weight) into ctx.scratch right
 // before its GEMM, as turbo::linear_*_fp8 do for dense layers. x and W in `fwd`, dout in `grad`
 // (E4M3 / E5M2 for the hybrid format). The weight gradient needs, on the device, M and align
-// multiples of 16 (the forward and input gradient take any groups). grouped_gemm_fp8_scratch_bytes: the most one call
+// multiples of 16 (the forward and input gradient take any groups). grouped_gemm_fp8_scratch_bytes: the most one call (either scaling)
 // borrows for M rows, G experts of [N, K].
-void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& args, DType fwd);
-void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& args, DType fwd, DType grad);
-void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& args, DType fwd, DType grad);
+// With scaling Block: blockwise scales (x and dout Block1x128, W Block128x128 in both layouts, the
+// weight gradient's copies Block1x128 along the tokens), which needs M, N, K and the weight
+// gradient's align multiples of 128.
+void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& args, DType fwd,
+                              GroupedFp8Scaling scaling = GroupedFp8Scaling::Row);
+void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& args, DType fwd, DType grad,
+                            GroupedFp8Scaling scaling = GroupedFp8Scaling::Row);
+void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& args, DType fwd, DType grad,
+                            GroupedFp8Scaling scaling = GroupedFp8Scaling::Row);
 size_t grouped_gemm_fp8_scratch_bytes(int64_t M, int64_t G, int64_t N, int64_t K);
 
 }  // namespace primus::turbo

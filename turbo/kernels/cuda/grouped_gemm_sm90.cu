@@ -73,6 +73,11 @@ struct GParams {
   // row (rows mode: the token row, [M]; k mode: [G][m_w]), scale_b per output column ([G][n]).
   const float* scale_a;
   const float* scale_b;
+  // Blockwise FP8 (the BLK kernels; scales applied per 128-element k-tile, see block_scales): A's
+  // scale of row r in k-tile kb at scale_a[kb' * sa_k + r], B's at scale_b[g * sb_g + (n0 / 128) *
+  // sb_n + kb' * sb_k] (rows mode, one per 128 x 128 weight block) or scale_b[kb' * sb_k + c] (k
+  // mode, one per output column c), where kb' = kb (rows mode) or the token block row0 / 128 + kb.
+  int64_t sa_k, sb_g, sb_n, sb_k;
 };
 
 // One tile: group g and its rows [row0, row0 + rows); tile row tm and column tn of the group's output.
@@ -185,6 +190,92 @@ __device__ __forceinline__ void scale_rows(float* acc, const GParams& p, const G
     acc[4 * gi + 2] *= a8 * b0, acc[4 * gi + 3] *= a8 * b1;
   }
 }
+// Blockwise FP8 (DeepSeek-V3's recipe): every 128-element k-tile carries its own scales, so its
+// partial product is taken alone (tmp, wgmma's f32) and added to the accumulators times them, as
+// DeepGEMM promotes its block-scaled partial sums. A thread's accumulators cover output rows r0 and
+// r0 + 8 (r0 = its m64 row block's row + lane / 4) and column pairs n0 + 8 gi + 2 (lane % 4).
+// Rows mode (forward, dgrad): A's token rows have a scale per 128 columns of K ([K/128][M]), B's
+// weight one per 128 x 128 block, so a k-tile scales each row by one factor. K mode (wgrad): both
+// token operands have a scale per feature and per 128 tokens ([M/128][N], [M/128][K]), each group's
+// k-tiles starting on a 128-token block (offsets multiples of 128), so a k-tile scales by row and
+// by column. Rows past the output read no scale (0: their values are never stored).
+template <int MODE, int BN>
+struct BlockScales {
+  float a0, a8;
+  float2 b[MODE == kModeK ? BN / 8 : 1];
+};
+template <int MODE, int BN>
+__device__ __forceinline__ BlockScales<MODE, BN> block_scales(const GParams& p, const GTile& tl, int out_rows, int r0, int n0,
+                                                             int kb, int lane) {
+  BlockScales<MODE, BN> s;
+  if constexpr (MODE == kModeRows) {
+    const float* sa = p.scale_a + static_cast<int64_t>(kb) * p.sa_k + tl.row0;
+    const float b = __ldg(p.scale_b + tl.g * p.sb_g + (n0 / 128) * p.sb_n + kb * p.sb_k);
+    s.a0 = r0 < out_rows ? __ldg(sa + r0) * b : 0.0f;
+    s.a8 = r0 + 8 < out_rows ? __ldg(sa + r0 + 8) * b : 0.0f;
+  } else {
+    const int64_t tb = tl.row0 / 128 + kb;
+    const float* sa = p.scale_a + tb * p.sa_k;
+    const float* sb = p.scale_b + tb * p.sb_k;
+    s.a0 = r0 < out_rows ? __ldg(sa + r0) : 0.0f;
+    s.a8 = r0 + 8 < out_rows ? __ldg(sa + r0 + 8) : 0.0f;
+#pragma unroll
+    for (int gi = 0; gi < BN / 8; ++gi) {
+      const int c = n0 + 8 * gi + 2 * (lane % 4);  // N is a multiple of 128: c and c + 1 both in or out
+      s.b[gi] = c < p.n ? __ldg(reinterpret_cast<const float2*>(sb + c)) : make_float2(0.0f, 0.0f);
+    }
+  }
+  return s;
+}
+template <int MODE, int BN>
+__device__ __forceinline__ void promote(float* acc, const float* tmp, const BlockScales<MODE, BN>& s) {
+#pragma unroll
+  for (int gi = 0; gi < BN / 8; ++gi) {
+    if constexpr (MODE == kModeRows) {
+      acc[4 * gi] += tmp[4 * gi] * s.a0, acc[4 * gi + 1] += tmp[4 * gi + 1] * s.a0;
+      acc[4 * gi + 2] += tmp[4 * gi + 2] * s.a8, acc[4 * gi + 3] += tmp[4 * gi + 3] * s.a8;
+    } else {
+      acc[4 * gi] += tmp[4 * gi] * (s.a0 * s.b[gi].x), acc[4 * gi + 1] += tmp[4 * gi + 1] * (s.a0 * s.b[gi].y);
+      acc[4 * gi + 2] += tmp[4 * gi + 2] * (s.a8 * s.b[gi].x), acc[4 * gi + 3] += tmp[4 * gi + 3] * (s.a8 * s.b[gi].y);
+    }
+  }
+}
+// The blockwise k-loop of one consumer warpgroup on its 64 rows of a cooperative tile (C::kHalves
+// 1): each k-tile's scales are loaded before its stage is waited for (their latency hides under
+// the wait and the wgmmas), its four wgmmas write tmp, and once they complete the stage is released
+// and tmp promoted into acc. The wgmmas of one k-tile are waited for before the next is issued (the
+// promotion needs them); the other warpgroup's keep the tensor cores busy meanwhile. tail / before
+// as in mainloop.
+template <int MODE, class T, class C, int BN, class Tail, class Before, class Fetch>
+__device__ __forceinline__ void mainloop_block(float* acc, float* tmp, uint64_t da, uint64_t db, uint32_t bars, int kb_count,
+                                               int& stage, uint32_t& phase, const Tail& tail, const Before& before,
+                                               const Fetch& fetch) {
+  static_assert(C::kHalves == 1, "blockwise FP8 runs the cooperative schedule");
+  constexpr uint64_t kStep = 32 / 16;  // K-major: 32 bytes along a swizzled row per k32 step
+  const bool leader = threadIdx.x % 32 == 0;
+  const int tail_kb = max(kb_count - kTailAhead, 0);
+  for (int kb = 0; kb < kb_count; ++kb) {
+    if (kb == tail_kb) tail();
+    const BlockScales<MODE, BN> s = fetch(kb);
+    mbar_wait(bars + 8u * stage, phase);
+    before(kb, stage);
+    const uint64_t off = static_cast<uint64_t>(stage * C::kStageBytes) >> 4;
+    fence_regs<C::kAcc>(tmp);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      GemmWgmma<T, BN>::template mma<0, 0>(tmp, da + off + kk * kStep, db + off + kk * kStep, kk > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs<C::kAcc>(tmp);
+    if (leader) mbar_arrive(bars + 8u * (C::kStages + stage));
+    promote<MODE, BN>(acc, tmp, s);
+    if (++stage == C::kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+}
 // Named barrier 4 + wg over one consumer warpgroup (immediate ids: ptxas counts what is used).
 __device__ __forceinline__ void warpgroup_barrier(int wg) {
   if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
@@ -197,7 +288,8 @@ __device__ __forceinline__ void warpgroup_barrier(int wg) {
 // shared memory. PP: the ping-pong schedule (BN 128; each consumer warpgroup owns every other tile
 // of the block, whole, and its epilogue runs under the other's k-loop), else the cooperative one
 // (both on one tile).
-template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP>
+// BLK: blockwise FP8 scales (block_scales; the cooperative 128 x 128 tile only).
+template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP, bool BLK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                              const GParams p, const __grid_constant__ EpiMaps em) {
@@ -206,6 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kF8 = !std::is_same_v<T, __nv_bfloat16>;
   constexpr int kTK = kF8 ? 2 * kBK : kBK;  // elements per k-tile (128 bytes of a row)
   static_assert(!kF8 || (TA == 0 && TB == 0), "FP8 operands are K-major");
+  static_assert(!BLK || (kF8 && !PP && BN == 128), "blockwise FP8: cooperative 128 x 128 tiles");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   const uint32_t bars = base + C::kBarOffset;                    // full[kStages], then empty[kStages]
@@ -276,6 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t da = make_desc(base + (PP ? 0 : wg * kSlabBytes), TA ? kSlabBytes : 16, 1024);
   const uint64_t db = make_desc(base + C::kBytesA, TB ? kSlabBytes : 16, 1024);
   float acc[C::kAcc];
+  float tmp[BLK ? C::kAcc : 1];  // blockwise: one k-tile's partial product
   int stage = 0;
   uint32_t phase = 0;
   int64_t it0 = 0;  // ping-pong: the k-iterations of the block's earlier tiles (the producer's count)
@@ -326,15 +420,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (PP) {
       if (i > 0) order_wait(wg);
     }
-    if constexpr (MODE == kModeK) {
-      const int valid = tl.rows - (kb_count - 1) * kTK;  // rows of the group in its last k-tile
-      const auto cut = [&](int kb, int st) {
-        if (kb != kb_count - 1 || valid >= kTK) return;
-        if constexpr (kF8) zero_past_group_kmajor<C, BN>(base, st, valid, etid, ethreads);
-        else zero_past_group<C>(base, st, valid, etid, ethreads);
-        if constexpr (PP) warpgroup_barrier(wg);
-        else consumer_barrier();
-      };
+    const int valid = tl.rows - (kb_count - 1) * kTK;  // k mode: rows of the group in its last k-tile
+    const auto cut = [&](int kb, int st) {
+      if (kb != kb_count - 1 || valid >= kTK) return;
+      if constexpr (kF8) zero_past_group_kmajor<C, BN>(base, st, valid, etid, ethreads);
+      else zero_past_group<C>(base, st, valid, etid, ethreads);
+      if constexpr (PP) warpgroup_barrier(wg);
+      else consumer_barrier();
+    };
+    if constexpr (BLK) {
+      const int r0 = tl.tm * kBM + wg * 64 + warp * 16 + lane / 4, n0 = tl.tn * BN;
+      const auto fetch = [&](int kb) { return block_scales<MODE, BN>(p, tl, q.m, r0, n0, kb, lane); };
+      if constexpr (MODE == kModeK) mainloop_block<MODE, T, C, BN>(acc, tmp, da, db, bars, kb_count, stage, phase, tail, cut, fetch);
+      else mainloop_block<MODE, T, C, BN>(acc, tmp, da, db, bars, kb_count, stage, phase, tail, NoBefore{}, fetch);
+    } else if constexpr (MODE == kModeK) {
       mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
     } else {
       mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
@@ -366,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int g = 0; g < C::kGroups; g += 4) store_groups<OutT, kEpiLinear>(q, row, col + g * 8, 4, acc + h * (BN / 2) + 4 * g);
       }
     } else {
-      if constexpr (kF8) scale_rows<MODE, BN>(acc, p, tl, q.m, tl.tm * kBM + wg * 64 + warp * 16, tl.tn * BN, lane);
+      if constexpr (kF8 && !BLK) scale_rows<MODE, BN>(acc, p, tl, q.m, tl.tm * kBM + wg * 64 + warp * 16, tl.tn * BN, lane);
       store_tile<OutT, C, BN, kEpiLinear>(q, em, tl.tm, tl.tn, wg, warp, lane, acc, base, epi_nb);
     }
   }
@@ -460,9 +559,9 @@ std::string device_pointers_problem(std::initializer_list<std::pair<const char*,
   return "";
 }
 
-template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP>
+template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP, bool BLK = false>
 void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int grid, cudaStream_t stream) {
-  auto kernel = grouped_gemm_sm90_kernel<T, OutT, MODE, TA, TB, BN, PP>;
+  auto kernel = grouped_gemm_sm90_kernel<T, OutT, MODE, TA, TB, BN, PP, BLK>;
   constexpr int kSmem = Cfg<BN, PP>::kSmem;
   static std::once_flag once;
   std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)); });
@@ -616,6 +715,9 @@ std::string grouped_gemm_fp8_sm90_unsupported_reason(const GroupedGemmFp8Sm90Pro
     if (p.kind == GroupedGemmKind::Wgrad && p.rows % 16 != 0)
       return fmt::format("M={} must be a multiple of 16 for the weight gradient (its operands are [N][M] and [K][M])",
                          p.rows);
+    if (p.blockwise && (p.n % 128 != 0 || p.k % 128 != 0 || (p.kind == GroupedGemmKind::Wgrad && p.rows % 128 != 0)))
+      return fmt::format("blockwise scales need N={} and K={}{} to be multiples of 128", p.n, p.k,
+                         p.kind == GroupedGemmKind::Wgrad ? fmt::format(" and M={}", p.rows) : std::string());
     if (!p.scale_a || reinterpret_cast<uintptr_t>(p.scale_a) % 4 != 0) return "scale_a is null or not 4-byte aligned";
     if (!p.scale_b || reinterpret_cast<uintptr_t>(p.scale_b) % 8 != 0) return "scale_b is null or not 8-byte aligned";
     std::string w = grouped_gemm_sm90_unsupported_reason(fp8_as_bf16(p));
@@ -635,8 +737,9 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
   const int64_t G = p.groups, M = p.rows, N = p.n, K = p.k;
   if (M == 0) return without_rows(p.kind, p.accumulate, p.d, G * N * K, stream);
   const int sms = std::max(1, gdevice().sms);
-  const bool pp = pingpong_schedule();
-  const int bn = pp ? 128 : kGBN;
+  const bool blk = p.blockwise;
+  const bool pp = !blk && pingpong_schedule();
+  const int bn = pp || blk ? 128 : kGBN;
   constexpr int kTK = 2 * kBK;  // FP8 k-tile: 128 elements
   GParams prm{};
   prm.offsets = p.offsets;
@@ -651,7 +754,8 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
     using OutT = decltype(out);
     constexpr int MODE = decltype(mode)::value;
     const int grid = static_cast<int>(std::min<int64_t>(sms, tiles));
-    if (pp) launch<T, OutT, MODE, 0, 0, 128, true>(ta, tb, prm, grid, stream);
+    if (blk) launch<T, OutT, MODE, 0, 0, 128, false, true>(ta, tb, prm, grid, stream);
+    else if (pp) launch<T, OutT, MODE, 0, 0, 128, true>(ta, tb, prm, grid, stream);
     else launch<T, OutT, MODE, 0, 0, kGBN, false>(ta, tb, prm, grid, stream);
   };
   auto run = [&](auto out, auto mode, const CUtensorMap& ta, const CUtensorMap& tb, int64_t tiles) {
@@ -664,6 +768,10 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
       prm.ldd = N;
       prm.kblocks = static_cast<int>(cdiv(K, kTK));
       prm.tiles_n = static_cast<int>(cdiv(N, bn));
+      prm.sa_k = M;
+      prm.sb_n = cdiv(K / 128, 4) * 4;
+      prm.sb_g = N / 128 * prm.sb_n;
+      prm.sb_k = 1;
       const CUtensorMap ta = map_2d(p.a, K, M, kTK, kBM, "q(inp) [M,K]", 1);
       const CUtensorMap tb = map_3d(p.b, K, N, G, kTK, static_cast<uint32_t>(bn), "q(weight) [G,N,K]", 1);
       run(__nv_bfloat16{}, std::integral_constant<int, kModeRows>{}, ta, tb, (cdiv(M, kBM) + G) * prm.tiles_n);
@@ -674,6 +782,10 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
       prm.ldd = K;
       prm.kblocks = static_cast<int>(cdiv(N, kTK));
       prm.tiles_n = static_cast<int>(cdiv(K, bn));
+      prm.sa_k = M;
+      prm.sb_n = cdiv(G * N / 128, 4) * 4;
+      prm.sb_g = N / 128;
+      prm.sb_k = 1;
       const CUtensorMap ta = map_2d(p.a, N, M, kTK, kBM, "q(dout) [M,N]", 1);
       const CUtensorMap tb =
           map_3d(p.b, N, K, G, kTK, static_cast<uint32_t>(bn), "q(weight)^T [K][G*N]", 1, G * N, N);
@@ -690,6 +802,8 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
       prm.tiles_m_w = static_cast<int>(cdiv(N, kBM));
       prm.tiles_n = static_cast<int>(cdiv(K, bn));
       prm.tiles_k = prm.tiles_m_w * prm.tiles_n;
+      prm.sa_k = N;
+      prm.sb_k = K;
       const CUtensorMap ta = map_2d(p.a, M, N, kTK, kBM, "q(dout)^T [N][M]", 1);
       const CUtensorMap tb = map_2d(p.b, M, K, kTK, static_cast<uint32_t>(bn), "q(inp)^T [K][M]", 1);
       run(float{}, std::integral_constant<int, kModeK>{}, ta, tb, G * prm.tiles_k);

@@ -73,6 +73,17 @@ struct GroupedGemmFp8Sm90Problem {
   void* d = nullptr;
   bool a_e5m2 = false;  // A is E5M2 (the hybrid recipe's gradients), else E4M3
   bool accumulate = false;
+  // Blockwise scales (DeepSeek-V3's recipe; turbo/core/fp8_granularity.h's layouts) instead of the
+  // rowwise ones above, each 128-element k-tile's partial product scaled on its own:
+  //   Forward  scale_a [K/128][M] (1x128 tiles of inp's rows); scale_b of W as [G*N, K] in
+  //            128 x 128 blocks, [G*N/128][pad4(K/128)]
+  //   Dgrad    scale_a [N/128][M]; scale_b of the copy [K][G*N] in 128 x 128 blocks,
+  //            [K/128][pad4(G*N/128)]
+  //   Wgrad    scale_a [M/128][N], scale_b [M/128][K] (the copies' 1x128 tiles along the tokens);
+  //            offsets must be multiples of 128 (a k-tile never spans two groups' tokens)
+  // N and K must be multiples of 128, M too for Wgrad. The schedule is the cooperative one with
+  // 128 x 128 tiles (a k-tile's partial product and the accumulators both live in registers).
+  bool blockwise = false;
 };
 std::string grouped_gemm_fp8_sm90_unsupported_reason(const GroupedGemmFp8Sm90Problem& p) noexcept;
 void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stream);
