@@ -205,9 +205,9 @@ Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& r) {
 }
 
 std::string fp8_moe_refusal(const turbo::Fp8Recipe& r) {
-  if (r.scaling == turbo::Fp8Scaling::Rowwise) return "";
-  return fmt::format("fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs are built with rowwise scaling only; set "
-                     "fp8_recipe: rowwise for a model with num_experts > 0 (or fp8: none)",
+  if (r.scaling == turbo::Fp8Scaling::Rowwise || r.scaling == turbo::Fp8Scaling::Blockwise) return "";
+  return fmt::format("fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs are built with rowwise and blockwise scaling "
+                     "only; set fp8_recipe: rowwise or blockwise for a model with num_experts > 0 (or fp8: none)",
                      turbo::fp8_scaling_name(r.scaling));
 }
 
@@ -215,9 +215,11 @@ Fp8MoeFns fp8_moe_fns(const turbo::Fp8Recipe& r) {
   if (const std::string why = fp8_moe_refusal(r); !why.empty()) throw ConfigError(why);
   Fp8MoeFns f;
   const turbo::DType fwd = r.fwd, grad = r.grad;
-  f.forward = [fwd](const turbo::GroupedGemmForwardArgs& a) { turbo::grouped_gemm_forward_fp8(a, fwd); };
-  f.dgrad = [fwd, grad](const turbo::GroupedGemmDgradArgs& a) { turbo::grouped_gemm_dgrad_fp8(a, fwd, grad); };
-  f.wgrad = [fwd, grad](const turbo::GroupedGemmWgradArgs& a) { turbo::grouped_gemm_wgrad_fp8(a, fwd, grad); };
+  const turbo::GroupedFp8Scaling s =
+      r.scaling == turbo::Fp8Scaling::Blockwise ? turbo::GroupedFp8Scaling::Block : turbo::GroupedFp8Scaling::Row;
+  f.forward = [fwd, s](const turbo::GroupedGemmForwardArgs& a) { turbo::grouped_gemm_forward_fp8(a, fwd, s); };
+  f.dgrad = [fwd, grad, s](const turbo::GroupedGemmDgradArgs& a) { turbo::grouped_gemm_dgrad_fp8(a, fwd, grad, s); };
+  f.wgrad = [fwd, grad, s](const turbo::GroupedGemmWgradArgs& a) { turbo::grouped_gemm_wgrad_fp8(a, fwd, grad, s); };
   return f;
 }
 

@@ -129,6 +129,10 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.attention_scratch_bytes = opt.attention_scratch_bytes;
   mp.ones_pad = Decoder::ones_pad_for(spec, opt.bias_grad, opt.fp8_linear);
   mp.moe_align = turbo::kGroupedGemmAlign;
+  if (mp.fp8_moe) {  // blockwise experts: groups of whole 128-token scale blocks (CudaModelOptions::fp8_moe)
+    mp.moe_rows_multiple = opt.fp8_multiple;
+    mp.moe_align = std::max(mp.moe_align, opt.fp8_multiple);
+  }
   for (int64_t l = 0; l < spec.num_layers; ++l)
     mp.policy.push_back(ops.recompute_policy ? ops.recompute_policy(l, spec.num_layers) : Recompute::None);
   const GradClearing clearing = plan_grad_clearing(
@@ -165,8 +169,9 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (opt_.fp8_moe && spec_.moe.enabled()) {
     for (const auto& [what, v] : {std::pair<const char*, int64_t>{"moe_ffn_hidden_size", spec_.moe.ffn_hidden_size},
                                   {"moe_shared_expert_intermediate_size", spec_.moe.shared_ffn_hidden_size}})
-      if (v % 16 != 0)
-        throw ConfigError(fmt::format("fp8: the FP8 expert GEMMs need {} to be a multiple of 16, got {}", what, v));
+      if (v % opt_.fp8_multiple != 0)
+        throw ConfigError(fmt::format("fp8: the FP8 expert GEMMs need {} to be a multiple of {}, got {}", what,
+                                      opt_.fp8_multiple, v));
   }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   const bool host = opt_.device == Device::CPU;

@@ -63,6 +63,14 @@ train::ModelSpec tiny_moe_spec(bool deepseek) {
   return m;
 }
 
+train::ModelSpec tiny_moe_spec_128(bool deepseek) {
+  train::ModelSpec m = tiny_moe_spec(deepseek);
+  m.num_query_groups = 2;  // kv width 128
+  m.moe.ffn_hidden_size = 128;
+  if (deepseek) m.moe.shared_ffn_hidden_size = 128;
+  return m;
+}
+
 train::ModelSpec tiny_qwen3_spec(bool moe) {
   train::ModelSpec m = moe ? tiny_moe_spec(false) : tiny_spec(true);
   m.model_type = moe ? "qwen3_moe" : "qwen3";
@@ -411,10 +419,11 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
   if (fp8) {
     use_fp8_linear(ops, *fp8);
     mo.fp8_linear = true;
+    mo.fp8_multiple = turbo::linear_fp8_multiple(*fp8);  // as model_options_for: blockwise 128
     mo.fp8_delayed = fp8->delayed;  // fp8_recipe delayed: the model holds the histories the slots read
     mo.fp8_saved = fp8->saved;      // inputs saved in FP8 for the backward (null: kept in bf16)
     mo.fp8_weights = fp8->weights;  // weights quantized once per step (with accumulation only)
-    if (spec.moe.enabled()) {       // the experts too (patch cuda.moe.fp8: rowwise only)
+    if (spec.moe.enabled()) {       // the experts too (patch cuda.moe.fp8: rowwise and blockwise)
       use_fp8_moe(ops, *fp8);
       mo.fp8_moe = true;
     }

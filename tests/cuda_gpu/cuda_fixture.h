@@ -29,6 +29,8 @@ train::ModelSpec tiny_spec(bool llama);
 // top-2. DeepSeek style: the first layer dense, 16 experts in 4 groups (2 chosen), sigmoid top-4
 // with the expert bias and scaling 2.5, a shared expert of width 96. Both with aux and z losses.
 train::ModelSpec tiny_moe_spec(bool deepseek);
+// tiny_moe_spec with every linear and expert width a multiple of 128 (blockwise FP8).
+train::ModelSpec tiny_moe_spec_128(bool deepseek);
 // Qwen3's attention on the tiny Llama: 4 query / 2 kv heads of 64 (kv_channels) over a width of
 // 128, so q and the attention output are 256 wide, with per-head query/key norms (qk_layernorm).
 // moe: the Mixtral-style tiny MoE with that attention, every layer MoE (Qwen3-MoE).

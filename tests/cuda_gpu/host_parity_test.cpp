@@ -99,14 +99,12 @@ TEST_P(HostMoeParityTest, TenTrainingStepsFollowTheReference) {
   EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
 }
 
-// FP8 experts (patch cuda.moe.fp8, rowwise) in host mode: the three expert GEMMs of every MoE
-// layer go through the FP8 slots (quantize, then the FP8 grouped GEMM's reference), the dense
-// linears through the FP8 linear slots, and ten training steps stay within FP8's rounding of the
-// fp32 reference curve (routing may differ at near-ties) while the curve is not the fp32 one.
-TEST_P(HostMoeParityTest, RowwiseFp8ExpertsTrainNearTheReference) {
-  const train::ModelSpec spec = tiny_moe_spec(GetParam());
-  const turbo::Fp8Recipe rowwise = turbo::parse_fp8_recipe("hybrid", "rowwise", "test", "fp8_recipe");
-  const auto [curve, ref] = training_curves(spec, Attn::Default, turbo::Device::CPU, 10, &rowwise);
+// FP8 experts (patch cuda.moe.fp8) in host mode: the three expert GEMMs of every MoE layer go
+// through the FP8 slots (quantize, then the FP8 grouped GEMM's reference), the dense linears
+// through the FP8 linear slots, and ten training steps stay within FP8's rounding of the fp32
+// reference curve (routing may differ at near-ties) while the curve is not the fp32 one.
+void fp8_experts_train_near_reference(const train::ModelSpec& spec, const turbo::Fp8Recipe& recipe) {
+  const auto [curve, ref] = training_curves(spec, Attn::Default, turbo::Device::CPU, 10, &recipe);
   ASSERT_EQ(curve.size(), 10u);
   int differ = 0;
   for (size_t s = 0; s < curve.size(); ++s) {
@@ -119,17 +117,19 @@ TEST_P(HostMoeParityTest, RowwiseFp8ExpertsTrainNearTheReference) {
   // Every MoE layer's experts ran the FP8 slots: two products per layer in the forward, two input
   // and two weight gradients in the backward.
   CudaOps ops = ops_for(Attn::Default);
-  use_fp8_linear(ops, rowwise);
-  use_fp8_moe(ops, rowwise);
+  use_fp8_linear(ops, recipe);
+  use_fp8_moe(ops, recipe);
   int fwd = 0, dgrad = 0, wgrad = 0;
   const auto f = ops.moe_experts;
   const auto d = ops.moe_experts_dgrad;
   const auto w = ops.moe_experts_wgrad;
   ops.moe_experts = [&fwd, f](const turbo::GroupedGemmForwardArgs& a) { ++fwd, f(a); };
   ops.moe_experts_dgrad = [&dgrad, d](const turbo::GroupedGemmDgradArgs& a) { ++dgrad, d(a); };
-  ops.moe_experts_wgrad = [&wgrad, w](const turbo::GroupedGemmWgradArgs& a) { ++wgrad, w(a); };
+  int64_t align = 0;  // the groups' padding the weight gradients were promised
+  ops.moe_experts_wgrad = [&wgrad, &align, w](const turbo::GroupedGemmWgradArgs& a) { ++wgrad, align = a.align, w(a); };
   CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
   mo.fp8_linear = mo.fp8_moe = true;
+  mo.fp8_multiple = turbo::linear_fp8_multiple(recipe);
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());
@@ -142,7 +142,21 @@ TEST_P(HostMoeParityTest, RowwiseFp8ExpertsTrainNearTheReference) {
   EXPECT_EQ(fwd, 2 * layers);
   EXPECT_EQ(dgrad, 2 * layers);
   EXPECT_EQ(wgrad, 2 * layers);
+  // Blockwise: every expert's group on whole 128-token scale blocks (the device kernel's promise).
+  EXPECT_EQ(align, recipe.scaling == turbo::Fp8Scaling::Blockwise ? 128 : turbo::kGroupedGemmAlign);
   EXPECT_NEAR(model.read_loss_sum(1), ref[0], 0.02 * ref[0]);
+}
+
+TEST_P(HostMoeParityTest, RowwiseFp8ExpertsTrainNearTheReference) {
+  fp8_experts_train_near_reference(tiny_moe_spec(GetParam()),
+                                   turbo::parse_fp8_recipe("hybrid", "rowwise", "test", "fp8_recipe"));
+}
+
+// Blockwise (1x128 token tiles, 128 x 128 weight blocks; the model pads each expert's group to
+// 128 rows) on the tiny MoE with every width a multiple of 128.
+TEST_P(HostMoeParityTest, BlockwiseFp8ExpertsTrainNearTheReference) {
+  fp8_experts_train_near_reference(tiny_moe_spec_128(GetParam()),
+                                   turbo::parse_fp8_recipe("e4m3", "blockwise", "test", "fp8_recipe"));
 }
 
 // fp8_first_last_bf16_layers keeps the edge layers' experts in bf16 too: on four MoE layers with
@@ -179,31 +193,37 @@ TEST(HostMoeFp8, EdgeLayersKeepBf16Experts) {
   EXPECT_EQ(fp8_calls(1), 6 * 2) << "layers 1 and 2 of 4 only";
 }
 
-// FP8 experts take rowwise scaling only, and widths the FP8 GEMMs can tile: both refused by name.
+// FP8 experts take rowwise and blockwise scaling only, and widths the FP8 GEMMs can tile (16,
+// blockwise 128): both refused by name.
 TEST(HostMoeFp8, OtherRecipesAndUntileableWidthsAreRefused) {
-  for (const char* scaling : {"tensorwise", "blockwise", "delayed"}) {
-    const std::string format = std::string(scaling) == "blockwise" ? "e4m3" : "hybrid";
+  for (const char* scaling : {"tensorwise", "delayed"}) {
     try {
-      (void)fp8_moe_fns(turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe"));
+      (void)fp8_moe_fns(turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe"));
       ADD_FAILURE() << scaling << " was accepted for the experts";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("rowwise"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rowwise and blockwise"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find(scaling), std::string::npos) << e.what();
     }
   }
-  train::ModelSpec spec = tiny_moe_spec(false);
-  spec.moe.ffn_hidden_size = 72;  // a multiple of 8 (bf16) but not of 16
-  CudaOps ops = ops_for(Attn::Default);
-  const turbo::Fp8Recipe rowwise = turbo::parse_fp8_recipe("hybrid", "rowwise", "test", "fp8_recipe");
-  use_fp8_linear(ops, rowwise);
-  use_fp8_moe(ops, rowwise);
-  CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
-  mo.fp8_linear = mo.fp8_moe = true;
-  try {
-    CudaModel model(spec, mo, ops);
-    ADD_FAILURE() << "moe_ffn_hidden_size 72 was accepted with FP8 experts";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("moe_ffn_hidden_size"), std::string::npos) << e.what();
+  for (const char* scaling : {"rowwise", "blockwise"}) {
+    SCOPED_TRACE(scaling);
+    const bool block = std::string(scaling) == "blockwise";
+    train::ModelSpec spec = block ? tiny_moe_spec_128(false) : tiny_moe_spec(false);
+    spec.moe.ffn_hidden_size = block ? 64 : 72;  // a multiple of 16 but not of 128; of 8 but not of 16
+    CudaOps ops = ops_for(Attn::Default);
+    const turbo::Fp8Recipe r = turbo::parse_fp8_recipe(block ? "e4m3" : "hybrid", scaling, "test", "fp8_recipe");
+    use_fp8_linear(ops, r);
+    use_fp8_moe(ops, r);
+    CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+    mo.fp8_linear = mo.fp8_moe = true;
+    mo.fp8_multiple = turbo::linear_fp8_multiple(r);
+    try {
+      CudaModel model(spec, mo, ops);
+      ADD_FAILURE() << "moe_ffn_hidden_size " << spec.moe.ffn_hidden_size << " was accepted with FP8 experts";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("moe_ffn_hidden_size"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(block ? "multiple of 128" : "multiple of 16"), std::string::npos) << e.what();
+    }
   }
 }
 

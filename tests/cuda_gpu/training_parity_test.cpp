@@ -135,23 +135,29 @@ TEST_P(MoeTrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
 INSTANTIATE_TEST_SUITE_P(Cuda, MoeTrainingParityTest, ::testing::Bool(),
                          [](const auto& info) { return std::string(info.param ? "DeepSeek" : "Mixtral"); });
 
-// FP8 experts (rowwise, hybrid: the FP8 grouped GEMM on the device) with the dense linears in FP8
-// too: the tiny MoE models' 200-step curves within FP8's gate of the fp32 reference, as for the
-// dense models (Fp8TrainingParityTest).
-class Fp8MoeTrainingParityTest : public CudaGpuTest, public ::testing::WithParamInterface<bool> {};
+// FP8 experts (hybrid rowwise or e4m3 blockwise: the FP8 grouped GEMM on the device) with the dense
+// linears in FP8 too: the tiny MoE models' 200-step curves within FP8's gate of the fp32
+// reference, as for the dense models (Fp8TrainingParityTest). Blockwise on the 128-wide tiny MoE.
+class Fp8MoeTrainingParityTest : public CudaGpuTest, public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
 
 TEST_P(Fp8MoeTrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
-  const bool deepseek = GetParam();
-  const turbo::Fp8Recipe recipe = fp8_test_recipe("hybrid", "rowwise", {.saved = true});
-  const auto [curve, ref] = training_curves(tiny_moe_spec(deepseek), Attn::Default, turbo::Device::CUDA, 200, &recipe);
+  const auto [deepseek, block] = GetParam();
+  const char* scaling = block ? "blockwise" : "rowwise";
+  const char* format = block ? "e4m3" : "hybrid";  // DeepSeek-V3's blockwise recipe is E4M3 throughout
+  const turbo::Fp8Recipe recipe = fp8_test_recipe(format, scaling, {.saved = true});
+  const train::ModelSpec spec = block ? tiny_moe_spec_128(deepseek) : tiny_moe_spec(deepseek);
+  const auto [curve, ref] = training_curves(spec, Attn::Default, turbo::Device::CUDA, 200, &recipe);
   const auto [worst, tail] = expect_fp8_curve(curve, ref);
-  std::printf("[%s MoE, fp8 hybrid/rowwise experts] loss cuda / reference: step 0 %.4f / %.4f, step 199 %.4f / %.4f; "
+  std::printf("[%s MoE, fp8 %s/%s experts] loss cuda / reference: step 0 %.4f / %.4f, step 199 %.4f / %.4f; "
               "worst relative difference %.2e, mean over steps 100-199 %.2e\n",
-              deepseek ? "deepseek" : "mixtral", curve[0], ref[0], curve[199], ref[199], worst, tail);
+              deepseek ? "deepseek" : "mixtral", format, scaling, curve[0], ref[0], curve[199], ref[199], worst, tail);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, Fp8MoeTrainingParityTest, ::testing::Bool(),
-                         [](const auto& info) { return std::string(info.param ? "DeepSeek" : "Mixtral"); });
+INSTANTIATE_TEST_SUITE_P(Cuda, Fp8MoeTrainingParityTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "DeepSeek" : "Mixtral") +
+                                  (std::get<1>(info.param) ? "Blockwise" : "Rowwise");
+                         });
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing

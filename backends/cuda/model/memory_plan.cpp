@@ -439,7 +439,8 @@ void MemoryPlan::plan(Take&& take) {
 int64_t MemoryPlan::moe_rows_bound(int64_t N) const {
   const train::MoeSpec& e = spec_.moe;
   const int64_t M = turbo::moe_permuted_rows_max(N, e.topk, e.num_experts, opt_.moe_align);
-  return opt_.fp8_moe ? (M + 15) / 16 * 16 : M;
+  const int64_t r = std::max<int64_t>(1, opt_.moe_rows_multiple);
+  return opt_.fp8_moe ? (M + r - 1) / r * r : M;
 }
 
 template <class Take>

@@ -164,7 +164,8 @@ struct MemoryPlanOptions {
   bool optimizer_state = true;   // false: no master weights and moments (ZeRO-1 holds them)
   bool host = false;             // host memory and fp32 compute (CudaModelOptions::device)
   bool fp8_linear = false;       // scratch for the FP8 linear slots' quantized copies
-  bool fp8_moe = false;          // scratch for the FP8 expert GEMMs' copies; permuted rows a multiple of 16
+  bool fp8_moe = false;          // scratch for the FP8 expert GEMMs' copies; permuted rows a multiple of moe_rows_multiple
+  int64_t moe_rows_multiple = 16;  // with fp8_moe (CudaModelOptions::fp8_multiple: 16 rowwise, 128 blockwise)
   int64_t fp8_delayed_floats = 0;  // StateBuffers::fp8_delayed's size (0: none)
   // Per layer: its linear layers' inputs ln1, ln2 and act are kept for the backward as FP8
   // transposed copies (LayerActs::*_q, turbo::Fp8SavedInputs) instead of bf16; their scales are

@@ -137,24 +137,27 @@ void register_patches(patches::PatchRegistry& reg) {
   reg.add({
       .id = "cuda.moe.fp8",
       .description = "FP8 grouped GEMMs for the MoE experts (forward, input and weight gradients) with current "
-                     "rowwise scaling, in the format of `fp8`",
+                     "rowwise or blockwise scaling (fp8_recipe), in the format of `fp8`",
       .tags = {"performance", "gemm", "precision", "moe"},
       .slots = {kMoeExperts, kMoeExpertsDgrad, kMoeExpertsWgrad},
       .logic = "replaces the expert slots with turbo::grouped_gemm_*_fp8: each operand quantized right before its "
                "GEMM with one scale per row along the reduction (tokens and expert output features in the forward, "
                "expert input features in the input gradient, features per expert over that expert's tokens in the "
-               "weight gradient), hybrid: E4M3 x and w, E5M2 dy; refuses any fp8_recipe but rowwise; the first and "
+               "weight gradient), or blockwise (DeepSeek-V3: 1x128 tiles of the tokens along the reduction, 128x128 "
+               "blocks of the weights, each 128-element k-tile's partial product scaled on its own; groups padded to "
+               "128 rows), hybrid: E4M3 x and w, E5M2 dy; refuses tensorwise and delayed; the first and "
                "last fp8_first_last_bf16_layers layers keep bf16 experts (the model reserves scratch for the copies "
-               "and needs the expert widths to be multiples of 16)",
+               "and needs the expert widths to be multiples of 16, blockwise 128)",
       .impl = "turbo/ops/grouped_gemm_fp8.cpp (quantize-then-GEMM), turbo/kernels/cuda/grouped_gemm_sm90.cu (the "
-              "grouped kernel on FP8 operands, m64nNk32 wgmma), turbo/kernels/cuda/quantize.cu (row and per-group "
-              "column scales)",
+              "grouped kernel on FP8 operands, m64nNk32 wgmma), turbo/kernels/cuda/quantize.cu (row, per-group "
+              "column and block scales)",
       .porting = "torchao's rowwise float8 MoE training (_scaled_grouped_mm, TorchTitan --float8.moe_fqns_prototype); "
-                 "Megatron-LM --fp8-format with --moe-grouped-gemm (Transformer Engine's grouped linear)",
+                 "Megatron-LM --fp8-format with --moe-grouped-gemm (Transformer Engine's grouped linear), "
+                 "--fp8-recipe blockwise; DeepGEMM's m-grouped contiguous FP8 GEMM (groups aligned to 128)",
       .condition = [](PatchContext& c) { return c.text("fp8", "none") != "none" && c.integer("num_experts") > 0; },
       .apply =
           [](PatchContext& c) {
-            // (fp8 with moe_grouped_gemm false or another recipe is refused by the cuda adapter's checks)
+            // (fp8 with moe_grouped_gemm false or a recipe the experts lack is refused by the cuda adapter's checks)
             const turbo::Fp8Recipe r =
                 turbo::parse_fp8_recipe(c.text("fp8"), c.text("fp8_recipe", "tensorwise"), "fp8", "fp8_recipe");
             Fp8MoeFns f = fp8_moe_fns(r);
