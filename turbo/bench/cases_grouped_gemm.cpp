@@ -204,9 +204,10 @@ Case grouped_fp8_case(const std::string& name, int64_t T, int64_t E, int64_t top
           }};
 }
 
-// Blockwise FP8 (DeepSeek-V3: E4M3 throughout, 1x128 token tiles, 128 x 128 weight blocks) of one expert layer from bf16
-// operands with their quantization ("fp8bq/...", what training runs): groups padded to 128 rows,
-// as the model pads them for blockwise experts.
+// Blockwise FP8 (DeepSeek-V3: E4M3 throughout, 1x128 token tiles, 128 x 128 weight blocks) of one
+// expert layer: the products on copies quantized beforehand ("fp8b/...") and from bf16 operands
+// with their quantization ("fp8bq/...", what training runs); groups padded to 128 rows, as the
+// model pads them for blockwise experts.
 Case grouped_fp8_block_case(const std::string& name, int64_t T, int64_t E, int64_t topk, int64_t N, int64_t K,
                             std::vector<int64_t> counts) {
   return {name + "/block", [=](CaseEnv& e) {
@@ -223,11 +224,35 @@ Case grouped_fp8_block_case(const std::string& name, int64_t T, int64_t E, int64
             GroupedGemmDgradArgs bd{dx, dy, w, off, align, e.ctx};
             GroupedGemmWgradArgs bg{dw, dy, x, off, align, false, e.ctx};
             const auto blk = GroupedFp8Scaling::Block;
+            // The products alone ("fp8b/..."), on copies quantized here once.
+            using FG = Fp8Granularity;
+            const auto copy = [&](TensorView in, int64_t R, int64_t C, FG g, bool transposed) {
+              std::pair<TensorView, TensorView> q{transposed ? e.empty(f8, {C, R}) : e.empty(f8, {R, C}),
+                                                  e.empty(DType::F32, {fp8_scale_numel(g, transposed ? C : R, transposed ? R : C)})};
+              QuantizeFp8Args a;
+              a.inp = in.reshape({R, C}), a.granularity = g, a.ctx = e.ctx;
+              (transposed ? a.out_t : a.out) = q.first;
+              (transposed ? a.scale_inv_t : a.scale_inv) = q.second;
+              quantize_fp8(a);
+              return q;
+            };
+            const auto [qx, sx] = copy(x, M, K, FG::Block1x128, false);
+            const auto [qw, sw] = copy(w, E * N, K, FG::Block128x128, false);
+            const auto [qwt, swt] = copy(w, E * N, K, FG::Block128x128, true);
+            const auto [qdy, sdy] = copy(dy, M, N, FG::Block1x128, false);
+            const auto [qdyt, sdyt] = copy(dy, M, N, FG::Block1x128, true);
+            const auto [qxt, sxt] = copy(x, M, K, FG::Block1x128, true);
+            GroupedGemmFp8ForwardArgs f{y, qx, sx, qw.reshape({E, N, K}), sw, off, e.ctx, blk};
+            GroupedGemmFp8DgradArgs d{dx, qdy, sdy, qwt, swt, off, e.ctx, blk};
+            GroupedGemmFp8WgradArgs g{dw, qdyt, sdyt, qxt, sxt, off, align, false, e.ctx, blk};
             const double flops = 2.0 * static_cast<double>(used) * static_cast<double>(N) * static_cast<double>(K);
             const std::string p = "grouped_gemm_fp8/" + name;
             const std::string note = fmt::format("E={} top-{} [{}x{}] rows {} of {} (groups padded to 128)", E, topk, N, K, used, M);
             return std::vector<Timed>{
-                {p + "/fp8bq/fwd", Metric::Flops, flops, [bf, f8, blk] { grouped_gemm_forward_fp8(bf, f8, blk); }, note},
+                {p + "/fp8b/fwd", Metric::Flops, flops, [f] { grouped_gemm_fp8_forward(f); }, note},
+                {p + "/fp8b/dgrad", Metric::Flops, flops, [d] { grouped_gemm_fp8_dgrad(d); }, ""},
+                {p + "/fp8b/wgrad", Metric::Flops, flops, [g] { grouped_gemm_fp8_wgrad(g); }, ""},
+                {p + "/fp8bq/fwd", Metric::Flops, flops, [bf, f8, blk] { grouped_gemm_forward_fp8(bf, f8, blk); }, ""},
                 {p + "/fp8bq/dgrad", Metric::Flops, flops, [bd, f8, f5, blk] { grouped_gemm_dgrad_fp8(bd, f8, f5, blk); }, ""},
                 {p + "/fp8bq/wgrad", Metric::Flops, flops, [bg, f8, f5, blk] { grouped_gemm_wgrad_fp8(bg, f8, f5, blk); },
                  ""}};

@@ -73,7 +73,7 @@ struct GParams {
   // row (rows mode: the token row, [M]; k mode: [G][m_w]), scale_b per output column ([G][n]).
   const float* scale_a;
   const float* scale_b;
-  // Blockwise FP8 (the BLK kernels; scales applied per 128-element k-tile, see block_scales): A's
+  // Blockwise FP8 (the BLK kernels; scales applied per 128-element k-tile, see row_scales): A's
   // scale of row r in k-tile kb at scale_a[kb' * sa_k + r], B's at scale_b[g * sb_g + (n0 / 128) *
   // sb_n + kb' * sb_k] (rows mode, one per 128 x 128 weight block) or scale_b[kb' * sb_k + c] (k
   // mode, one per output column c), where kb' = kb (rows mode) or the token block row0 / 128 + kb.
@@ -191,88 +191,123 @@ __device__ __forceinline__ void scale_rows(float* acc, const GParams& p, const G
   }
 }
 // Blockwise FP8 (DeepSeek-V3's recipe): every 128-element k-tile carries its own scales, so its
-// partial product is taken alone (tmp, wgmma's f32) and added to the accumulators times them, as
-// DeepGEMM promotes its block-scaled partial sums. A thread's accumulators cover output rows r0 and
-// r0 + 8 (r0 = its m64 row block's row + lane / 4) and column pairs n0 + 8 gi + 2 (lane % 4).
+// partial product is taken alone (wgmma's f32, in a buffer of its own) and added to the
+// accumulators times them, as DeepGEMM promotes its block-scaled partial sums. A thread's
+// accumulators cover output rows r0 and r0 + 8 (r0 = its m64 row block's row + lane / 4) and
+// column pairs n0 + 8 gi + 2 (lane % 4).
 // Rows mode (forward, dgrad): A's token rows have a scale per 128 columns of K ([K/128][M]), B's
-// weight one per 128 x 128 block, so a k-tile scales each row by one factor. K mode (wgrad): both
-// token operands have a scale per feature and per 128 tokens ([M/128][N], [M/128][K]), each group's
-// k-tiles starting on a 128-token block (offsets multiples of 128), so a k-tile scales by row and
-// by column. Rows past the output read no scale (0: their values are never stored).
-template <int MODE, int BN>
-struct BlockScales {
-  float a0, a8;
-  float2 b[MODE == kModeK ? BN / 8 : 1];
-};
-template <int MODE, int BN>
-__device__ __forceinline__ BlockScales<MODE, BN> block_scales(const GParams& p, const GTile& tl, int out_rows, int r0, int n0,
-                                                             int kb, int lane) {
-  BlockScales<MODE, BN> s;
-  if constexpr (MODE == kModeRows) {
-    const float* sa = p.scale_a + static_cast<int64_t>(kb) * p.sa_k + tl.row0;
-    const float b = __ldg(p.scale_b + tl.g * p.sb_g + (n0 / 128) * p.sb_n + kb * p.sb_k);
-    s.a0 = r0 < out_rows ? __ldg(sa + r0) * b : 0.0f;
-    s.a8 = r0 + 8 < out_rows ? __ldg(sa + r0 + 8) * b : 0.0f;
-  } else {
-    const int64_t tb = tl.row0 / 128 + kb;
-    const float* sa = p.scale_a + tb * p.sa_k;
-    const float* sb = p.scale_b + tb * p.sb_k;
-    s.a0 = r0 < out_rows ? __ldg(sa + r0) : 0.0f;
-    s.a8 = r0 + 8 < out_rows ? __ldg(sa + r0 + 8) : 0.0f;
-#pragma unroll
-    for (int gi = 0; gi < BN / 8; ++gi) {
-      const int c = n0 + 8 * gi + 2 * (lane % 4);  // N is a multiple of 128: c and c + 1 both in or out
-      s.b[gi] = c < p.n ? __ldg(reinterpret_cast<const float2*>(sb + c)) : make_float2(0.0f, 0.0f);
-    }
-  }
-  return s;
+// weight one per 128 x 128 block, so a k-tile scales each row by one factor (row_scales). K mode
+// (wgrad): both token operands have a scale per feature and per 128 tokens ([M/128][N],
+// [M/128][K]), each group's k-tiles starting on a 128-token block (offsets multiples of 128), so a
+// k-tile scales by row and by column (col_scales). Rows past the output read no scale (0: their
+// values are never stored).
+// The weight gradient's blockwise scales travel with the operands: the producer copies each
+// k-tile's 128 row scales and 128 column scales (the tile's rows of A's and columns of B's scales
+// in that 128-token block) into a 1 KiB slot per stage, after the epilogue buffers, on the stage's
+// full barrier; the consumers read them from there when they promote, so no thread holds the 32
+// column scales it needs in registers. (Rows mode keeps two scales per thread and loads them
+// itself.)
+constexpr int kBlkSlotBytes = 1024;
+template <class C>
+constexpr int blk_smem() {
+  static_assert(C::kSmem + C::kStages * kBlkSlotBytes <= 227 * 1024, "more shared memory than an sm_90 block may have");
+  return C::kSmem + C::kStages * kBlkSlotBytes;
 }
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Rows mode: the factors of the thread's rows r0 and r0 + 8 in k-tile kb (A's row scale times the
+// weight block's).
+__device__ __forceinline__ float2 row_scales(const GParams& p, const GTile& tl, int out_rows, int r0, int n0, int kb) {
+  const float* sa = p.scale_a + static_cast<int64_t>(kb) * p.sa_k + tl.row0;
+  const float b = __ldg(p.scale_b + tl.g * p.sb_g + (n0 / 128) * p.sb_n + kb * p.sb_k);
+  return make_float2(r0 < out_rows ? __ldg(sa + r0) * b : 0.0f, r0 + 8 < out_rows ? __ldg(sa + r0 + 8) * b : 0.0f);
+}
+// Rows mode: a = the thread's two rows' factors. K mode: slot = the k-tile's scales in shared
+// memory (128 row scales, then 128 column scales), rl = the thread's first row in the tile.
 template <int MODE, int BN>
-__device__ __forceinline__ void promote(float* acc, const float* tmp, const BlockScales<MODE, BN>& s) {
+__device__ __forceinline__ void promote(float* acc, const float* tmp, float2 a, const float* slot, int rl, int lane) {
+  if constexpr (MODE == kModeK) a = make_float2(slot[rl], slot[rl + 8]);
 #pragma unroll
   for (int gi = 0; gi < BN / 8; ++gi) {
     if constexpr (MODE == kModeRows) {
-      acc[4 * gi] += tmp[4 * gi] * s.a0, acc[4 * gi + 1] += tmp[4 * gi + 1] * s.a0;
-      acc[4 * gi + 2] += tmp[4 * gi + 2] * s.a8, acc[4 * gi + 3] += tmp[4 * gi + 3] * s.a8;
+      acc[4 * gi] += tmp[4 * gi] * a.x, acc[4 * gi + 1] += tmp[4 * gi + 1] * a.x;
+      acc[4 * gi + 2] += tmp[4 * gi + 2] * a.y, acc[4 * gi + 3] += tmp[4 * gi + 3] * a.y;
     } else {
-      acc[4 * gi] += tmp[4 * gi] * (s.a0 * s.b[gi].x), acc[4 * gi + 1] += tmp[4 * gi + 1] * (s.a0 * s.b[gi].y);
-      acc[4 * gi + 2] += tmp[4 * gi + 2] * (s.a8 * s.b[gi].x), acc[4 * gi + 3] += tmp[4 * gi + 3] * (s.a8 * s.b[gi].y);
+      const float2 b = *reinterpret_cast<const float2*>(slot + 128 + 8 * gi + 2 * (lane % 4));
+      acc[4 * gi] += tmp[4 * gi] * (a.x * b.x), acc[4 * gi + 1] += tmp[4 * gi + 1] * (a.x * b.y);
+      acc[4 * gi + 2] += tmp[4 * gi + 2] * (a.y * b.x), acc[4 * gi + 3] += tmp[4 * gi + 3] * (a.y * b.y);
     }
   }
 }
 // The blockwise k-loop of one consumer warpgroup on its 64 rows of a cooperative tile (C::kHalves
-// 1): each k-tile's scales are loaded before its stage is waited for (their latency hides under
-// the wait and the wgmmas), its four wgmmas write tmp, and once they complete the stage is released
-// and tmp promoted into acc. The wgmmas of one k-tile are waited for before the next is issued (the
-// promotion needs them); the other warpgroup's keep the tensor cores busy meanwhile. tail / before
-// as in mainloop.
-template <int MODE, class T, class C, int BN, class Tail, class Before, class Fetch>
-__device__ __forceinline__ void mainloop_block(float* acc, float* tmp, uint64_t da, uint64_t db, uint32_t bars, int kb_count,
-                                               int& stage, uint32_t& phase, const Tail& tail, const Before& before,
-                                               const Fetch& fetch) {
+// 1). Two partial-product buffers (t0, t1: even and odd k-tiles) let the promotion of k-tile kb - 1
+// run while the tensor cores multiply k-tile kb: issue kb's wgmmas, wait for all but that group,
+// promote kb - 1 and release its stage. Rows mode loads a k-tile's row scales before its stage is
+// waited for; k mode reads them from the stage's scale slot (slots: the first stage's, 1 KiB
+// apart; rl: the thread's first row in the tile). tail / before as in mainloop.
+template <int MODE, class T, class C, int BN, class Tail, class Before, class Rows>
+__device__ __forceinline__ void mainloop_block(float* acc, float* t0, float* t1, uint64_t da, uint64_t db, uint32_t bars,
+                                               int kb_count, int& stage, uint32_t& phase, const Tail& tail,
+                                               const Before& before, const Rows& rows, const float* slots, int rl,
+                                               int lane) {
   static_assert(C::kHalves == 1, "blockwise FP8 runs the cooperative schedule");
   constexpr uint64_t kStep = 32 / 16;  // K-major: 32 bytes along a swizzled row per k32 step
   const bool leader = threadIdx.x % 32 == 0;
   const int tail_kb = max(kb_count - kTailAhead, 0);
-  for (int kb = 0; kb < kb_count; ++kb) {
+  int prev = 0;  // the stage of the k-tile being promoted
+  // k-tile kb into buffer t: its stage waited for, its wgmmas issued as one group.
+  const auto issue = [&](float* t, int kb) {
     if (kb == tail_kb) tail();
-    const BlockScales<MODE, BN> s = fetch(kb);
     mbar_wait(bars + 8u * stage, phase);
     before(kb, stage);
     const uint64_t off = static_cast<uint64_t>(stage * C::kStageBytes) >> 4;
-    fence_regs<C::kAcc>(tmp);
+    fence_regs<C::kAcc>(t);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
-      GemmWgmma<T, BN>::template mma<0, 0>(tmp, da + off + kk * kStep, db + off + kk * kStep, kk > 0 ? 1 : 0);
+      GemmWgmma<T, BN>::template mma<0, 0>(t, da + off + kk * kStep, db + off + kk * kStep, kk > 0 ? 1 : 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs<C::kAcc>(tmp);
-    if (leader) mbar_arrive(bars + 8u * (C::kStages + stage));
-    promote<MODE, BN>(acc, tmp, s);
+    prev = stage;
     if (++stage == C::kStages) {
       stage = 0;
       phase ^= 1u;
+    }
+  };
+  // Promotes the k-tile in t (stage st) once its group is done (`last`: no younger group in
+  // flight), then releases the stage (whose scale slot it has just read).
+  const auto finish = [&](float* t, float2 a, int st, bool last) {
+    if (last) wgmma_wait<0>();
+    else wgmma_wait<1>();
+    fence_regs<C::kAcc>(t);
+    promote<MODE, BN>(acc, t, a, slots + st * (kBlkSlotBytes / 4), rl, lane);
+    if (leader) mbar_arrive(bars + 8u * (C::kStages + st));
+  };
+  if (kb_count == 0) return;
+  float2 a0 = rows(0), a1 = make_float2(0.0f, 0.0f);
+  issue(t0, 0);
+  int st0 = prev, st1 = 0;
+  for (int kb = 1;; kb += 2) {
+    if (kb < kb_count) {
+      a1 = rows(kb);
+      issue(t1, kb);
+      st1 = prev;
+      finish(t0, a0, st0, false);
+    } else {
+      finish(t0, a0, st0, true);
+      break;
+    }
+    if (kb + 1 < kb_count) {
+      a0 = rows(kb + 1);
+      issue(t0, kb + 1);
+      st0 = prev;
+      finish(t1, a1, st1, false);
+    } else {
+      finish(t1, a1, st1, true);
+      break;
     }
   }
 }
@@ -288,7 +323,7 @@ __device__ __forceinline__ void warpgroup_barrier(int wg) {
 // shared memory. PP: the ping-pong schedule (BN 128; each consumer warpgroup owns every other tile
 // of the block, whole, and its epilogue runs under the other's k-loop), else the cooperative one
 // (both on one tile).
-// BLK: blockwise FP8 scales (block_scales; the cooperative 128 x 128 tile only).
+// BLK: blockwise FP8 scales (row_scales; the cooperative 128 x 128 tile only).
 template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP, bool BLK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
@@ -325,7 +360,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // feeds only masked rows / columns), as in the dense kernel.
         const int a_slabs = MODE == kModeK && TA ? (m0 + 64 < p.m_w ? 2 : 1) : 0;
         const int b_slabs = TB ? min(C::kSlabsB, (p.n - n0 + 63) / 64) : 0;
-        const uint32_t tx = (TA ? a_slabs * kSlabBytes : C::kBytesA) + (TB ? b_slabs * kSlabBytes : C::kBytesB);
+        const uint32_t tx = (TA ? a_slabs * kSlabBytes : C::kBytesA) + (TB ? b_slabs * kSlabBytes : C::kBytesB) +
+                            (BLK && MODE == kModeK ? kBlkSlotBytes : 0);
         for (int kb = 0; kb < kb_count; ++kb, ++it) {
           if (it >= C::kStages) mbar_wait(bars + 8u * (C::kStages + stage), phase ^ 1u);
           const uint32_t full = bars + 8u * stage;
@@ -343,6 +379,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int r = tl.row0 + k0;
             tma_load_2d(sa, &tmap_a, full, r, m0);
             tma_load_2d(sb, &tmap_b, full, r, n0);
+            if constexpr (BLK) {  // the k-tile's 128-token block of scales: rows m0.., columns n0..
+              const uint32_t slot = base + C::kEpiOffset + C::kEpiBytes + stage * kBlkSlotBytes;
+              const int64_t tb = r / 128;
+              bulk_g2s(slot, p.scale_a + tb * p.sa_k + m0, 512, full);
+              bulk_g2s(slot + 512, p.scale_b + tb * p.sb_k + n0, 512, full);
+            }
           } else {
             const int r = tl.row0 + k0;
             tma_load_2d(sa, &tmap_a, full, m0, r);
@@ -369,7 +411,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t da = make_desc(base + (PP ? 0 : wg * kSlabBytes), TA ? kSlabBytes : 16, 1024);
   const uint64_t db = make_desc(base + C::kBytesA, TB ? kSlabBytes : 16, 1024);
   float acc[C::kAcc];
-  float tmp[BLK ? C::kAcc : 1];  // blockwise: one k-tile's partial product
+  float tmp0[BLK ? C::kAcc : 1], tmp1[BLK ? C::kAcc : 1];  // blockwise: two k-tiles' partial products
   int stage = 0;
   uint32_t phase = 0;
   int64_t it0 = 0;  // ping-pong: the k-iterations of the block's earlier tiles (the producer's count)
@@ -430,9 +472,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     if constexpr (BLK) {
       const int r0 = tl.tm * kBM + wg * 64 + warp * 16 + lane / 4, n0 = tl.tn * BN;
-      const auto fetch = [&](int kb) { return block_scales<MODE, BN>(p, tl, q.m, r0, n0, kb, lane); };
-      if constexpr (MODE == kModeK) mainloop_block<MODE, T, C, BN>(acc, tmp, da, db, bars, kb_count, stage, phase, tail, cut, fetch);
-      else mainloop_block<MODE, T, C, BN>(acc, tmp, da, db, bars, kb_count, stage, phase, tail, NoBefore{}, fetch);
+      const float* slots = reinterpret_cast<const float*>(smem_raw + (base - smem_addr(smem_raw)) + C::kEpiOffset + C::kEpiBytes);
+      const int rl = wg * 64 + warp * 16 + lane / 4;
+      if constexpr (MODE == kModeK) {
+        const auto rows = [](int) { return make_float2(0.0f, 0.0f); };  // from the slots
+        mainloop_block<MODE, T, C, BN>(acc, tmp0, tmp1, da, db, bars, kb_count, stage, phase, tail, cut, rows, slots, rl, lane);
+      } else {
+        const auto rows = [&](int kb) { return row_scales(p, tl, q.m, r0, n0, kb); };
+        mainloop_block<MODE, T, C, BN>(acc, tmp0, tmp1, da, db, bars, kb_count, stage, phase, tail, NoBefore{}, rows, slots, rl,
+                                       lane);
+      }
     } else if constexpr (MODE == kModeK) {
       mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
     } else {
@@ -562,7 +611,10 @@ std::string device_pointers_problem(std::initializer_list<std::pair<const char*,
 template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP, bool BLK = false>
 void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int grid, cudaStream_t stream) {
   auto kernel = grouped_gemm_sm90_kernel<T, OutT, MODE, TA, TB, BN, PP, BLK>;
-  constexpr int kSmem = Cfg<BN, PP>::kSmem;
+  constexpr int kSmem = [] {
+    if constexpr (BLK) return blk_smem<Cfg<BN, PP>>();
+    else return Cfg<BN, PP>::kSmem;
+  }();
   static std::once_flag once;
   std::call_once(once, [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)); });
   const EpiMaps em{ta, ta};  // never read: the epilogue stores with the threads (Params::staged 1)
@@ -718,8 +770,12 @@ std::string grouped_gemm_fp8_sm90_unsupported_reason(const GroupedGemmFp8Sm90Pro
     if (p.blockwise && (p.n % 128 != 0 || p.k % 128 != 0 || (p.kind == GroupedGemmKind::Wgrad && p.rows % 128 != 0)))
       return fmt::format("blockwise scales need N={} and K={}{} to be multiples of 128", p.n, p.k,
                          p.kind == GroupedGemmKind::Wgrad ? fmt::format(" and M={}", p.rows) : std::string());
-    if (!p.scale_a || reinterpret_cast<uintptr_t>(p.scale_a) % 4 != 0) return "scale_a is null or not 4-byte aligned";
-    if (!p.scale_b || reinterpret_cast<uintptr_t>(p.scale_b) % 8 != 0) return "scale_b is null or not 8-byte aligned";
+    // Blockwise, the weight gradient's scales are copied to shared memory in 512-byte runs.
+    const uintptr_t sal = p.blockwise ? 16 : 4, sbl = p.blockwise ? 16 : 8;
+    if (!p.scale_a || reinterpret_cast<uintptr_t>(p.scale_a) % sal != 0)
+      return fmt::format("scale_a is null or not {}-byte aligned", sal);
+    if (!p.scale_b || reinterpret_cast<uintptr_t>(p.scale_b) % sbl != 0)
+      return fmt::format("scale_b is null or not {}-byte aligned", sbl);
     std::string w = grouped_gemm_sm90_unsupported_reason(fp8_as_bf16(p));
     if (!w.empty()) return w;
     const ggemm90::RelaxedCaptureScope relaxed;

@@ -61,7 +61,7 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream);
 // offsets must be multiples of 16 (the caller's promise, like grouped_gemm's align; the MoE row
 // plan pads groups to 64), and it cuts a group's last k-tile at the group's end in shared memory.
 // Needs N, K multiples of 16, and M too for Wgrad (TMA's 16-byte row strides), scale_a 4-byte and
-// scale_b 8-byte aligned, A in E4M3 or E5M2 and B in E4M3.
+// scale_b 8-byte aligned (blockwise: both 16), A in E4M3 or E5M2 and B in E4M3.
 struct GroupedGemmFp8Sm90Problem {
   GroupedGemmKind kind = GroupedGemmKind::Forward;
   int64_t groups = 0, rows = 0, n = 0, k = 0;  // as GroupedGemmSm90Problem
