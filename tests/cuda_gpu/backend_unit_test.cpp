@@ -176,12 +176,18 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   auto seq = primus::testing::run_primus(moe + "--dry-run moe_grouped_gemm=false cuda_graph=false workspace=" + w.str());
   EXPECT_EQ(seq.code, 0) << seq.out;
   EXPECT_NE(seq.out.find("apply cuda.moe.sequential_experts: condition true"), std::string::npos) << seq.out;
-  // FP8 experts: rowwise with an MoE model (patch cuda.moe.fp8), refused for other recipes and for
-  // the sequential experts; a dense model leaves the patch off.
+  // FP8 experts: rowwise or blockwise with an MoE model (patch cuda.moe.fp8), refused for other
+  // recipes and for the sequential experts; a dense model leaves the patch off.
   EXPECT_NE(grouped.out.find("skip  cuda.moe.fp8: condition false"), std::string::npos) << grouped.out;
   auto moe8 = primus::testing::run_primus(moe + "--dry-run fp8=hybrid fp8_recipe=rowwise workspace=" + w.str());
   EXPECT_EQ(moe8.code, 0) << moe8.out;
   EXPECT_NE(moe8.out.find("apply cuda.moe.fp8: condition true"), std::string::npos) << moe8.out;
+  auto moe8b = primus::testing::run_primus(moe + "--dry-run fp8=e4m3 fp8_recipe=blockwise workspace=" + w.str());
+  EXPECT_EQ(moe8b.code, 0) << moe8b.out;
+  EXPECT_NE(moe8b.out.find("apply cuda.moe.fp8: condition true"), std::string::npos) << moe8b.out;
+  auto moe8d = primus::testing::run_primus(moe + "--dry-run fp8=hybrid fp8_recipe=delayed workspace=" + w.str());
+  EXPECT_EQ(moe8d.code, 2) << moe8d.out;
+  EXPECT_NE(moe8d.out.find("fp8_recipe: delayed"), std::string::npos) << moe8d.out;
   auto moe8t = primus::testing::run_primus(moe + "--dry-run fp8=hybrid workspace=" + w.str());
   EXPECT_EQ(moe8t.code, 2) << moe8t.out;
   EXPECT_NE(moe8t.out.find("fp8_recipe: tensorwise"), std::string::npos) << moe8t.out;
