@@ -217,8 +217,13 @@ Fp8MoeFns fp8_moe_fns(const turbo::Fp8Recipe& r) {
   const turbo::DType fwd = r.fwd, grad = r.grad;
   const turbo::GroupedFp8Scaling s =
       r.scaling == turbo::Fp8Scaling::Blockwise ? turbo::GroupedFp8Scaling::Block : turbo::GroupedFp8Scaling::Row;
-  f.forward = [fwd, s](const turbo::GroupedGemmForwardArgs& a) { turbo::grouped_gemm_forward_fp8(a, fwd, s); };
-  f.dgrad = [fwd, grad, s](const turbo::GroupedGemmDgradArgs& a) { turbo::grouped_gemm_dgrad_fp8(a, fwd, grad, s); };
+  // The step's weight copies (gradient accumulation: CudaModelOptions::fp8_weights registers the
+  // experts' slots), shared with the linear slots' recipe.
+  const std::shared_ptr<turbo::Fp8WeightCache> w = r.weights;
+  f.forward = [fwd, s, w](const turbo::GroupedGemmForwardArgs& a) { turbo::grouped_gemm_forward_fp8(a, fwd, s, w.get()); };
+  f.dgrad = [fwd, grad, s, w](const turbo::GroupedGemmDgradArgs& a) {
+    turbo::grouped_gemm_dgrad_fp8(a, fwd, grad, s, w.get());
+  };
   f.wgrad = [fwd, grad, s](const turbo::GroupedGemmWgradArgs& a) { turbo::grouped_gemm_wgrad_fp8(a, fwd, grad, s); };
   return f;
 }

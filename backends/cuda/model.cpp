@@ -118,9 +118,15 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   const bool cache_weights = opt.fp8_linear && opt.fp8_weights && !split && opt.loss_slots > 1;
   if (save_inputs) mp.fp8_saved_granularity = opt.fp8_saved->granularity();
   if (cache_weights) mp.fp8_weight_granularity = opt.fp8_weights->granularity();
+  // The FP8 experts' weights too (their layers' experts in FP8: not the bf16 edge layers).
+  const bool cache_experts = cache_weights && mp.fp8_moe;
+  // The recipe's weight granularity says which scales the expert slots use (fp8_moe_fns).
+  mp.fp8_expert_blockwise = cache_experts && opt.fp8_weights->granularity() == turbo::Fp8Granularity::Block128x128;
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     if (save_inputs) mp.fp8_saves.push_back(fp8_layer(spec, opt, l));
     if (cache_weights) mp.fp8_weight_layers.push_back(fp8_layer(spec, opt, l));
+    const int64_t e = opt.fp8_bf16_edge_layers;
+    if (cache_experts) mp.fp8_expert_weight_layers.push_back(spec.is_moe_layer(l) && l >= e && l < spec.num_layers - e);
   }
   if (opt.fp8_delayed) {
     const int64_t tensors = kFp8DelayedLinears * spec.num_layers * turbo::Fp8DelayedScaling::kRoles;
@@ -350,6 +356,13 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
         const StateBuffers::Fp8Weight& c = copies[l][k];
         opt_.fp8_weights->add(ws[k]->data, {c.q, c.scale, c.q_t, c.scale_t});
       }
+    }
+    const auto& experts = plan_->state.fp8_expert_weights;
+    for (size_t l = 0; l < experts.size(); ++l) {
+      if (!experts[l][0].q.defined()) continue;
+      const MoeParams& m = plan_->params.layers[l].moe;
+      for (const auto& [w, c] : {std::pair{&m.fc.w, &experts[l][0]}, std::pair{&m.proj.w, &experts[l][1]}})
+        opt_.fp8_weights->add(w->data, {c->q, c->scale, c->q_t, c->scale_t});
     }
   }
   if (opt_.fp8_saved) {  // the layers the plan gave FP8 input copies (memory_plan_options)

@@ -32,8 +32,8 @@ constexpr ProjectedStatePart kProjectedStateParts[] = {
     {"fp32 reduce-scatter chunk", "comm", "sharded data parallelism: one reduce-scatter's output chunk"},
     {"AdamW first moments", "optimizer_state", "AdamW first moments m (fp32)"},
     {"AdamW second moments", "optimizer_state", "AdamW second moments v (fp32)"},
-    {"FP8 weight", "fp8", "FP8 copies of the layers' linear weights, both layouts with their scales (quantized once per "
-                          "step under gradient accumulation)"},
+    {"FP8 weight", "fp8", "FP8 copies of the layers' linear and expert weights, both layouts with their scales "
+                          "(quantized once per step under gradient accumulation)"},
 };
 
 bool projection_starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }

@@ -22,7 +22,7 @@ struct StepRunOptions {
   turbo::Device device = turbo::Device::CPU;
   std::function<RecomputePolicyFn> recompute;  // empty: none
   bool graph = false;
-  const turbo::Fp8Recipe* fp8 = nullptr;  // the linear slots in FP8 (patch cuda.linear.fp8)
+  const turbo::Fp8Recipe* fp8 = nullptr;  // the linear slots in FP8 (patch cuda.linear.fp8), an MoE's experts too
   bool profile = false;  // a StepProfiler over every step after the first
   int steps = 3;
   int micro = 2;  // micro-batches per step (kTrainBatch / micro sequences each)

@@ -479,6 +479,31 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
       EXPECT_EQ(evals, 6) << "three evaluations in each of the two runs";
     }
   }
+  // The FP8 experts' weights (both MoE layers' fc and proj of the tiny 128-wide MoE), rowwise and
+  // blockwise: one fill per expert weight and step, read by the second micro-batch's forward and
+  // both input gradients; bit for bit the run that quantizes at every product.
+  for (const auto& [format, scaling] : {std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "blockwise"}}) {
+    SCOPED_TRACE(fmt::format("MoE {} {}", format, scaling));
+    const train::ModelSpec spec = tiny_moe_spec_128(false);
+    const turbo::Fp8Recipe with = fp8_test_recipe(format, scaling, {.weights = true}),
+                           without = fp8_test_recipe(format, scaling);
+    StepRunOptions o;
+    o.spec = &spec;
+    o.steps = 3;
+    o.micro = 2;
+    o.fp8 = &with;
+    const StepRun cached = run_steps(o);
+    o.fp8 = &without;
+    const StepRun plain = run_steps(o);
+    EXPECT_EQ(cached.losses, plain.losses);
+    EXPECT_EQ(cached.norms, plain.norms);
+    EXPECT_EQ(cached.params, plain.params);
+    const int64_t experts = 2 * spec.num_moe_layers();  // fc and proj per MoE layer
+    const int64_t dense = 4 * (spec.num_layers - spec.num_moe_layers());
+    ASSERT_EQ(with.weights->size(), static_cast<size_t>(experts + dense));
+    EXPECT_EQ(with.weights->fills, 3 * (experts + dense)) << "one fill per weight and step";
+    EXPECT_EQ(with.weights->hits, 3 * 3 * (experts + dense));
+  }
   // One micro-batch a step: no copies (nothing to reuse).
   turbo::Fp8Recipe one = turbo::parse_fp8_recipe("hybrid", "test");
   one.weights = std::make_shared<turbo::Fp8WeightCache>();

@@ -12,6 +12,7 @@
 #include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/grouped_gemm.h"
 #include "turbo/kernels/cpu/quantize.h"
+#include "turbo/ops/gemm_fp8.h"
 #include "turbo/ops/op_support.h"
 #include "turbo/ops/quantization.h"
 
@@ -343,45 +344,95 @@ Q block_q(Arena& arena, const TensorView& t, int64_t R, int64_t C, Fp8Granularit
   quantize_fp8(a);
   return o;
 }
+// The step's copies of weight [G, N, K] in `cache` (see grouped_gemm_forward_fp8): filled here when
+// the slot is not valid; null when the cache is off or has no slot for it.
+const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, const TensorView& weight, DType dt,
+                                          GroupedFp8Scaling sc, const ExecContext& ctx, const char* op) {
+  if (!cache || !cache->enabled) return nullptr;
+  Fp8WeightCache::Slot* s = cache->find(weight.data);
+  if (!s) return nullptr;
+  if (s->valid) {
+    ++cache->hits;
+    return s;
+  }
+  const int64_t G = weight.shape[0], N = weight.shape[1], K = weight.shape[2];
+  const int64_t ns = grouped_fp8_weight_scales(sc, G, N, K), nst = grouped_fp8_weight_t_scales(sc, G, N, K);
+  if (s->q.nbytes() < static_cast<size_t>(G * N * K) || s->q_t.nbytes() < static_cast<size_t>(G * N * K) ||
+      s->scale.numel() < ns || s->scale_t.numel() < nst)
+    throw RuntimeError(fmt::format("{}: the FP8 weight cache's slot is too small for a [{}, {}, {}] expert weight", op, G,
+                                   N, K));
+  QuantizeFp8Args a;
+  a.inp = weight.reshape({G * N, K});
+  a.out = TensorView(s->q.data, dt, s->q.device, {G * N, K});
+  a.scale_inv = TensorView(s->scale.data, DType::F32, s->scale.device, {ns});
+  const TensorView qt(s->q_t.data, dt, s->q_t.device, {K, G * N}), st(s->scale_t.data, DType::F32, s->scale_t.device, {nst});
+  a.ctx = ctx;
+  if (sc == GroupedFp8Scaling::Block) {  // one pass: the 128 x 128 blocks serve both layouts
+    a.out_t = qt, a.scale_inv_t = st, a.granularity = Fp8Granularity::Block128x128;
+    quantize_fp8(a);
+  } else {  // per (expert, output feature), then per (expert, input feature)
+    a.granularity = Fp8Granularity::Row;
+    quantize_fp8(a);
+    QuantizeFp8Args t;
+    t.inp = a.inp, t.out_t = qt, t.scale_inv_t = st, t.granularity = Fp8Granularity::Row, t.group_rows = N, t.ctx = ctx;
+    quantize_fp8(t);
+  }
+  s->valid = true;
+  ++cache->fills;
+  return s;
+}
 }  // namespace
 }  // namespace gg_fp8
 
-void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, GroupedFp8Scaling scaling) {
+int64_t grouped_fp8_weight_scales(GroupedFp8Scaling s, int64_t G, int64_t N, int64_t K) {
+  return s == GroupedFp8Scaling::Block ? fp8_scale_numel(Fp8Granularity::Block128x128, G * N, K) : G * N;
+}
+int64_t grouped_fp8_weight_t_scales(GroupedFp8Scaling s, int64_t G, int64_t N, int64_t K) {
+  return s == GroupedFp8Scaling::Block ? fp8_scale_numel(Fp8Granularity::Block128x128, K, G * N) : G * K;
+}
+
+void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, GroupedFp8Scaling scaling,
+                              Fp8WeightCache* weights) {
   const char* op = "grouped_gemm_forward_fp8";
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
-  if (scaling == GroupedFp8Scaling::Block) {
-    const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.inp.shape[0];
-    const gg_fp8::Q x = gg_fp8::block_q(arena, a.inp, M, K, Fp8Granularity::Block1x128, false, fwd, a.ctx, "fp8 expert input");
-    const gg_fp8::Q w =
-        gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, false, fwd, a.ctx, "fp8 expert weight");
-    grouped_gemm_fp8_forward({a.out, x.q, x.s, w.q.reshape({G, N, K}), w.s, a.offsets, a.ctx, scaling});
-    return;
+  const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.inp.shape[0];
+  const bool block = scaling == GroupedFp8Scaling::Block;
+  const gg_fp8::Q x = block ? gg_fp8::block_q(arena, a.inp, M, K, Fp8Granularity::Block1x128, false, fwd, a.ctx,
+                                              "fp8 expert input")
+                            : gg_fp8::rows_q(arena, a.inp, fwd, a.ctx, "fp8 expert input");
+  gg_fp8::Q w;
+  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, a.weight, fwd, scaling, a.ctx, op)) {
+    w = {TensorView(s->q.data, fwd, s->q.device, {G * N, K}),
+         TensorView(s->scale.data, DType::F32, s->scale.device, {grouped_fp8_weight_scales(scaling, G, N, K)})};
+  } else {
+    w = block ? gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, false, fwd, a.ctx,
+                                "fp8 expert weight")
+              : gg_fp8::rows_q(arena, a.weight, fwd, a.ctx, "fp8 expert weight");
   }
-  const gg_fp8::Q x = gg_fp8::rows_q(arena, a.inp, fwd, a.ctx, "fp8 expert input");
-  const gg_fp8::Q w = gg_fp8::rows_q(arena, a.weight, fwd, a.ctx, "fp8 expert weight");
-  grouped_gemm_fp8_forward({a.out, x.q, x.s, w.q.reshape({a.weight.shape[0], a.weight.shape[1], a.weight.shape[2]}),
-                            w.s.reshape({a.weight.shape[0], a.weight.shape[1]}), a.offsets, a.ctx});
+  grouped_gemm_fp8_forward({a.out, x.q, x.s, w.q.reshape({G, N, K}), w.s.reshape({w.s.numel()}), a.offsets, a.ctx, scaling});
 }
 
-void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling) {
+void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling,
+                            Fp8WeightCache* weights) {
   const char* op = "grouped_gemm_dgrad_fp8";
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
-  const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2];
-  if (scaling == GroupedFp8Scaling::Block) {  // W's 128 x 128 blocks are the same in its transposed copy
-    const int64_t M = a.dout.shape[0];
-    const gg_fp8::Q dy =
-        gg_fp8::block_q(arena, a.dout, M, N, Fp8Granularity::Block1x128, false, grad, a.ctx, "fp8 expert output gradient");
-    const gg_fp8::Q wt =
-        gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, true, fwd, a.ctx, "fp8 expert weight^T");
-    grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s, a.offsets, a.ctx, scaling});
-    return;
+  const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.dout.shape[0];
+  const bool block = scaling == GroupedFp8Scaling::Block;
+  const gg_fp8::Q dy = block ? gg_fp8::block_q(arena, a.dout, M, N, Fp8Granularity::Block1x128, false, grad, a.ctx,
+                                               "fp8 expert output gradient")
+                             : gg_fp8::rows_q(arena, a.dout, grad, a.ctx, "fp8 expert output gradient");
+  gg_fp8::Q wt;
+  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, a.weight, fwd, scaling, a.ctx, op)) {
+    wt = {TensorView(s->q_t.data, fwd, s->q_t.device, {K, G * N}),
+          TensorView(s->scale_t.data, DType::F32, s->scale_t.device, {grouped_fp8_weight_t_scales(scaling, G, N, K)})};
+  } else if (block) {  // W's 128 x 128 blocks are the same in its transposed copy
+    wt = gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, true, fwd, a.ctx, "fp8 expert weight^T");
+  } else {  // W viewed as [G*N, K], groups of N rows: W^T [K][G*N] with a scale per (expert, input feature)
+    wt = gg_fp8::groups_t_q(arena, a.weight, G * N, K, G, {}, N, fwd, a.ctx, "fp8 expert weight^T");
   }
-  const gg_fp8::Q dy = gg_fp8::rows_q(arena, a.dout, grad, a.ctx, "fp8 expert output gradient");
-  // W viewed as [G*N, K], groups of N rows: W^T [K][G*N] with a scale per (expert, input feature).
-  const gg_fp8::Q wt = gg_fp8::groups_t_q(arena, a.weight, G * N, K, G, {}, N, fwd, a.ctx, "fp8 expert weight^T");
-  grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s, a.offsets, a.ctx});
+  grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s.reshape({wt.s.numel()}), a.offsets, a.ctx, scaling});
 }
 
 void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling) {

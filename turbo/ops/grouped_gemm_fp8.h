@@ -47,6 +47,8 @@
 
 namespace primus::turbo {
 
+class Fp8WeightCache;  // turbo/ops/gemm_fp8.h
+
 // The scales of a call: Row (rowwise, the default) or Block (blockwise), as described above.
 enum class GroupedFp8Scaling { Row, Block };
 
@@ -103,10 +105,19 @@ BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& args);
 // With scaling Block: blockwise scales (x and dout Block1x128, W Block128x128 in both layouts, the
 // weight gradient's copies Block1x128 along the tokens), which needs M, N, K and the weight
 // gradient's align multiples of 128.
+// weights: the step's FP8 weight copies (gradient accumulation: the experts' weights quantized
+// once per optimizer step). When it is enabled and holds a slot for args.weight, the product reads
+// the slot's copies instead of quantizing the weight: q [G*N*K] with its scales (rowwise [G*N],
+// blockwise Block128x128 of [G*N, K]) and q_t, the [K][G*N] copy ([G, K]; Block128x128 of
+// [K, G*N]); the first call of a step that finds the slot not valid fills both (blockwise in one
+// pass) and marks it valid. Null, disabled or without a slot: the weight is quantized here.
 void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& args, DType fwd,
-                              GroupedFp8Scaling scaling = GroupedFp8Scaling::Row);
+                              GroupedFp8Scaling scaling = GroupedFp8Scaling::Row, Fp8WeightCache* weights = nullptr);
 void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& args, DType fwd, DType grad,
-                            GroupedFp8Scaling scaling = GroupedFp8Scaling::Row);
+                            GroupedFp8Scaling scaling = GroupedFp8Scaling::Row, Fp8WeightCache* weights = nullptr);
+// The scale counts of a weight [G, N, K]'s two copies under `scaling` (Fp8WeightCache's slots).
+int64_t grouped_fp8_weight_scales(GroupedFp8Scaling scaling, int64_t G, int64_t N, int64_t K);
+int64_t grouped_fp8_weight_t_scales(GroupedFp8Scaling scaling, int64_t G, int64_t N, int64_t K);
 void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& args, DType fwd, DType grad,
                             GroupedFp8Scaling scaling = GroupedFp8Scaling::Row);
 size_t grouped_gemm_fp8_scratch_bytes(int64_t M, int64_t G, int64_t N, int64_t K);

@@ -282,6 +282,22 @@ void MemoryPlan::plan(Take&& take) {
                       : take(Pool::State, DType::F32, {turbo::fp8_scale_numel(g, IC, OC)}, "FP8 weight scales");
     }
   }
+  s.fp8_expert_weights.assign(opt_.fp8_expert_weight_layers.size(), {});
+  for (size_t l = 0; l < opt_.fp8_expert_weight_layers.size(); ++l) {
+    if (!opt_.fp8_expert_weight_layers[l]) continue;
+    const train::MoeSpec& e = spec_.moe;
+    const turbo::GroupedFp8Scaling sc =
+        opt_.fp8_expert_blockwise ? turbo::GroupedFp8Scaling::Block : turbo::GroupedFp8Scaling::Row;
+    const int64_t E = e.num_experts, dims[2][2] = {{2 * e.ffn_hidden_size, C}, {C, e.ffn_hidden_size}};  // [N, K]
+    for (int k = 0; k < 2; ++k) {
+      const int64_t N = dims[k][0], K = dims[k][1];
+      StateBuffers::Fp8Weight& w = s.fp8_expert_weights[l][static_cast<size_t>(k)];
+      w.q = take(Pool::State, DType::F8E4M3, {E * N * K}, "FP8 weights of the experts (quantized once per step)");
+      w.q_t = take(Pool::State, DType::F8E4M3, {E * N * K}, "FP8 weights of the experts, transposed (quantized once per step)");
+      w.scale = take(Pool::State, DType::F32, {turbo::grouped_fp8_weight_scales(sc, E, N, K)}, "FP8 weight scales of the experts");
+      w.scale_t = take(Pool::State, DType::F32, {turbo::grouped_fp8_weight_t_scales(sc, E, N, K)}, "FP8 weight scales of the experts");
+    }
+  }
   if (opt_.shared_grad_window) s.group_norm = take(Pool::State, DType::F32, {2}, "one AdamW group's gradient norm");
   if (!host && opt_.zero_ranges > 0)  // the kernel's table (host mode clears range by range)
     s.zero_table = take(Pool::State, DType::I64, {2 * opt_.zero_ranges + 1}, "zero_grad ranges (prefix sums, offsets)");

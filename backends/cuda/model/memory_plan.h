@@ -111,6 +111,10 @@ struct StateBuffers {
     TensorView q, scale, q_t, scale_t;
   };
   std::vector<std::array<Fp8Weight, 4>> fp8_weights;
+  // The same for the MoE layers' expert weights (MemoryPlanOptions::fp8_expert_weight_layers): fc
+  // [E, 2F, C] and proj [E, C, F], each q(W) [E*N*K] and q(W)^T [K][E*N] with the FP8 grouped
+  // GEMM's scales (turbo::grouped_fp8_weight_scales / _t_scales).
+  std::vector<std::array<Fp8Weight, 2>> fp8_expert_weights;
 };
 
 // Views into the activations arena. Per layer, the tensors its recompute policy keeps have memory
@@ -175,6 +179,8 @@ struct MemoryPlanOptions {
   // Per layer: its four linear weights get FP8 copies made once per step (StateBuffers::fp8_weights)
   // at the weight granularity below. Empty: none.
   std::vector<bool> fp8_weight_layers;
+  std::vector<bool> fp8_expert_weight_layers;  // MoE layers whose expert weights get step copies
+  bool fp8_expert_blockwise = false;           // their scales: blockwise (else rowwise)
   turbo::Fp8Granularity fp8_weight_granularity = turbo::Fp8Granularity::Tensor;
   size_t attention_scratch_bytes = 0;
   int64_t ones_pad = 0;          // columns of ones after ln1/ln2's rows (BiasGrad::Ones), else 0
