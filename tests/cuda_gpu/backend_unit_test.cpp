@@ -9,10 +9,13 @@
 #include "backends/cuda/register.h"
 #include "backends/reference/model.h"
 #include "core/backend/backend.h"
+#include "core/patches/context.h"
 #include "core/patches/registry.h"
 #include "tests/e2e/cli_runner.h"
 #include "train/param_init.h"
+#include "turbo/core/arena.h"
 #include "turbo/core/cuda_check.h"
+#include "turbo/ops/grouped_gemm_fp8.h"
 
 namespace primus::backends::cuda {
 namespace {
@@ -201,6 +204,54 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   auto bad = primus::testing::run_primus(example_args("--dry-run recompute_granularity=partial workspace=" + w.str()));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("recompute_granularity"), std::string::npos) << bad.out;
+}
+
+// Patch cuda.moe.fp8's expert slots quantize into the step's weight copies that cuda.linear.fp8
+// made (the object the model registers its expert slots in under gradient accumulation): a
+// forward through the patched slot fills the weight's slot, the input gradient reads it.
+TEST(CudaBackendUnit, Fp8ExpertPatchUsesTheStepsWeightCopies) {
+  BackendRegistry backends;
+  patches::PatchRegistry reg;
+  register_backend(backends, reg);
+  auto adapter = backends.create("cuda");
+  patches::HookTable hooks;
+  adapter->define_hooks(hooks);
+  config::Value params = config::Value::map();
+  adapter->schema().apply_defaults(params);
+  params.set("fp8", config::Value::string("hybrid"));
+  params.set("fp8_recipe", config::Value::string("rowwise"));
+  params.set("num_experts", config::Value::integer(2));
+  patches::PatchContext ctx(params, "cuda", adapter->version(), &hooks);
+  auto args = std::make_shared<CudaArgs>();
+  ctx.set_args(args);
+  for (const char* id : {"cuda.linear.fp8", "cuda.moe.fp8"}) {
+    const patches::Patch* p = reg.find(id);
+    ASSERT_NE(p, nullptr) << id;
+    ctx.begin_patch(*p, p->phase);
+    p->apply(ctx);
+  }
+  ASSERT_TRUE(args->fp8_weights);
+  const int64_t G = 2, N = 32, K = 48, M = 64;
+  std::vector<float> w(G * N * K, 0.25f), x(M * K, 0.5f), dy(M * N, -0.5f), y(M * N), dx(M * K);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * float(i % 97) - 0.3f;
+  std::vector<int32_t> offsets = {0, 32, 64};
+  std::vector<uint8_t> q(G * N * K), q_t(G * N * K);
+  std::vector<float> scale(G * N), scale_t(G * K);
+  const auto host = [](auto& v, turbo::DType t, std::initializer_list<int64_t> shape) {
+    return turbo::TensorView(v.data(), t, turbo::Device::CPU, shape);
+  };
+  args->fp8_weights->add(w.data(), {host(q, turbo::DType::F8E4M3, {G * N * K}), host(scale, turbo::DType::F32, {G * N}),
+                                    host(q_t, turbo::DType::F8E4M3, {G * N * K}), host(scale_t, turbo::DType::F32, {G * K})});
+  auto arena = turbo::make_host_arena(turbo::grouped_gemm_fp8_scratch_bytes(M, G, N, K));
+  turbo::ExecContext ec;
+  ec.scratch = arena.get();
+  const CudaOps ops = CudaOps::from(hooks);
+  const turbo::TensorView W = host(w, turbo::DType::F32, {G, N, K}), off = host(offsets, turbo::DType::I32, {G + 1});
+  ops.moe_experts({host(y, turbo::DType::F32, {M, N}), host(x, turbo::DType::F32, {M, K}), W, off, 16, ec});
+  EXPECT_EQ(args->fp8_weights->fills, 1) << "the forward filled the weight's step copies";
+  ops.moe_experts_dgrad({host(dx, turbo::DType::F32, {M, K}), host(dy, turbo::DType::F32, {M, N}), W, off, 16, ec});
+  EXPECT_EQ(args->fp8_weights->hits, 1) << "the input gradient read them";
+  EXPECT_NE(scale_t[0], 0.0f);
 }
 
 TEST(CudaBackendUnit, PatchInventoryListsTheCudaPatches) {

@@ -73,8 +73,11 @@ inline void run_host_trainer(const std::filesystem::path& exp_file, std::vector<
   args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead
   args->optimizer_in_bwd = cfg.params.find_path("optimizer_in_bwd")->as_bool();  // patch cuda.optimizer.in_backward
   CudaOps ops = CudaOps::defaults();
-  if (const std::string fp8 = cfg.params.find_path("fp8")->as_string(); fp8 != "none")  // patch cuda.linear.fp8
-    use_fp8_linear(ops, configure_fp8(*args, fp8, cfg.params.find_path("fp8_recipe")->as_string()));
+  if (const std::string fp8 = cfg.params.find_path("fp8")->as_string(); fp8 != "none") {  // patch cuda.linear.fp8
+    const turbo::Fp8Recipe r = configure_fp8(*args, fp8, cfg.params.find_path("fp8_recipe")->as_string());
+    use_fp8_linear(ops, r);
+    if (args->model.moe.enabled()) use_fp8_moe(ops, r);  // patch cuda.moe.fp8 (with the same weight copies)
+  }
   CudaTrainer trainer(args, ops);
   trainer.setup();
   trainer.init();

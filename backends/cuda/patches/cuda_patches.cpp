@@ -158,8 +158,11 @@ void register_patches(patches::PatchRegistry& reg) {
       .apply =
           [](PatchContext& c) {
             // (fp8 with moe_grouped_gemm false or a recipe the experts lack is refused by the cuda adapter's checks)
-            const turbo::Fp8Recipe r =
+            turbo::Fp8Recipe r =
                 turbo::parse_fp8_recipe(c.text("fp8"), c.text("fp8_recipe", "tensorwise"), "fp8", "fp8_recipe");
+            // The step's weight copies that cuda.linear.fp8 (applied before) made: the model registers
+            // the experts' slots in them under gradient accumulation.
+            r.weights = c.args_as<CudaArgs>().fp8_weights;
             Fp8MoeFns f = fp8_moe_fns(r);
             c.replace<MoeExpertsFn>(kMoeExperts, std::move(f.forward));
             c.replace<MoeExpertsDgradFn>(kMoeExpertsDgrad, std::move(f.dgrad));
