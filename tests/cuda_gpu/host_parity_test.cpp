@@ -543,6 +543,25 @@ TEST(HostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   EXPECT_EQ(edge_slots, static_cast<size_t>(3 * (spec.num_layers - 2))) << "the bf16 edge layers save no FP8 copies";
 }
 
+// `steps` fp32 training steps (AdamW, lr 3e-3, clip 1.0) of a host model over data's batches,
+// `step` counting them for the caller's slot captures; the first and last step's losses.
+std::pair<double, double> train_fp32_steps(CudaModel& model, Batches& data, int64_t steps, int64_t& step) {
+  const int64_t T = model.spec().seq_length;
+  double first = 0, last = 0;
+  for (step = 0; step < steps; ++step) {
+    model.zero_grad();
+    model.forward(data.inputs[step].data(), data.targets[step].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
+    model.backward();
+    model.grad_norm(1.0f);
+    (step == 0 ? first : last) = model.read_loss_sum(1);
+    turbo::AdamWHyper hp;
+    hp.lr = 3e-3f, hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
+    hp.step = step + 1;
+    model.update(hp);
+  }
+  return {first, last};
+}
+
 // The recipes' accuracy on a training step's own tensors: the tiny Llama trained 40 steps in
 // fp32 (AdamW, lr 3e-3) on tinyshakespeare; the last two steps' inputs, weights and output
 // gradients of all eight linear layers are captured from the linear slots. Each recipe's three
@@ -586,18 +605,7 @@ TEST(HostFp8, RecipesMeetTheSnrGatesOnATrainingStepsTensors) {
   CudaModel model(spec, options(spec, kTrainBatch, turbo::Device::CPU), ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());
-  double first = 0, last = 0;
-  for (step = 0; step < steps; ++step) {
-    model.zero_grad();
-    model.forward(data.inputs[step].data(), data.targets[step].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
-    model.backward();
-    model.grad_norm(1.0f);
-    (step == 0 ? first : last) = model.read_loss_sum(1);
-    turbo::AdamWHyper hp;
-    hp.lr = 3e-3f, hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
-    hp.step = step + 1;
-    model.update(hp);
-  }
+  const auto [first, last] = train_fp32_steps(model, data, steps, step);
   ASSERT_LT(last, first - 1.0) << "the model must have trained";
   ASSERT_EQ(order.size(), 8u);  // 2 layers x q|k|v, attention output, MLP up, MLP down
 
@@ -711,18 +719,7 @@ TEST(HostMoeFp8, ExpertRecipesMeetTheSnrGatesOnATrainingStepsTensors) {
   };
   CudaModel model(spec, options(spec, kTrainBatch, turbo::Device::CPU), ops);
   model.set_params(initial_params(spec).data());
-  double first = 0, last = 0;
-  for (step = 0; step < steps; ++step) {
-    model.zero_grad();
-    model.forward(data.inputs[step].data(), data.targets[step].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
-    model.backward();
-    model.grad_norm(1.0f);
-    (step == 0 ? first : last) = model.read_loss_sum(1);
-    turbo::AdamWHyper hp;
-    hp.lr = 3e-3f, hp.beta1 = 0.9f, hp.beta2 = 0.99f, hp.eps = 1e-8f, hp.weight_decay = 0.1f;
-    hp.step = step + 1;
-    model.update(hp);
-  }
+  const auto [first, last] = train_fp32_steps(model, data, steps, step);
   ASSERT_LT(last, first - 1.0) << "the model must have trained";
   ASSERT_EQ(cap.size(), static_cast<size_t>(2 * spec.num_moe_layers()));  // fc and proj per MoE layer
   const auto ratio = [](const std::vector<float>& v) {

@@ -448,6 +448,18 @@ namespace {
 // one fill and three reads per weight; the losses, norms and weights are those of quantizing at
 // every GEMM, bit for bit (the same bytes), for each scaling. Evaluation between steps does not
 // use the copies; a recomputing layer (full) still gets its forward's copy.
+// Runs `o` with the recipe that caches its weights and with the one that does not: the same
+// losses, norms and weights, bit for bit.
+void expect_cache_changes_nothing(StepRunOptions o, const turbo::Fp8Recipe& with, const turbo::Fp8Recipe& without) {
+  o.fp8 = &with;
+  const StepRun cached = run_steps(o);
+  o.fp8 = &without;
+  const StepRun plain = run_steps(o);
+  EXPECT_EQ(cached.losses, plain.losses);
+  EXPECT_EQ(cached.norms, plain.norms);
+  EXPECT_EQ(cached.params, plain.params);
+}
+
 TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
   for (const bool llama : {false, true}) {
     for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
@@ -465,13 +477,7 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
         m.forward(data.inputs[0].data(), data.targets[0].data(), 2, spec.seq_length, 0.0f, 0);
         ++evals;
       };
-      o.fp8 = &with;
-      const StepRun cached = run_steps(o);
-      o.fp8 = &without;
-      const StepRun plain = run_steps(o);
-      EXPECT_EQ(cached.losses, plain.losses);
-      EXPECT_EQ(cached.norms, plain.norms);
-      EXPECT_EQ(cached.params, plain.params);
+      expect_cache_changes_nothing(o, with, without);
       const int64_t weights = 4 * tiny_spec(llama).num_layers;
       ASSERT_EQ(with.weights->size(), static_cast<size_t>(weights));
       EXPECT_EQ(with.weights->fills, 3 * weights) << "one fill per weight and step";
@@ -491,13 +497,7 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
     o.spec = &spec;
     o.steps = 3;
     o.micro = 2;
-    o.fp8 = &with;
-    const StepRun cached = run_steps(o);
-    o.fp8 = &without;
-    const StepRun plain = run_steps(o);
-    EXPECT_EQ(cached.losses, plain.losses);
-    EXPECT_EQ(cached.norms, plain.norms);
-    EXPECT_EQ(cached.params, plain.params);
+    expect_cache_changes_nothing(o, with, without);
     const int64_t experts = 2 * spec.num_moe_layers();  // fc and proj per MoE layer
     const int64_t dense = 4 * (spec.num_layers - spec.num_moe_layers());
     ASSERT_EQ(with.weights->size(), static_cast<size_t>(experts + dense));

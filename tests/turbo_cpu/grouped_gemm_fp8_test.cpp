@@ -3,6 +3,7 @@
 // spare rows past offsets[G] (NaN bytes that no result may read); and the argument errors.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -34,6 +35,55 @@ class GroupedGemmFp8Host : public ::testing::Test {
     for (auto& s : v) s = d(rng);
     return v;
   }
+  // Random FP8 operands of the three products: x [M,K], w [G,N,K], wt [K][G*N] (E4M3), dy [M,N],
+  // dyt [N][M] (E5M2), xt [K][M]; the token rows from `used` on hold NaN bytes (0x7f).
+  std::array<std::vector<uint8_t>, 6> operands(int64_t G, int64_t N, int64_t K, int64_t M, int64_t used) {
+    const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+    std::array<std::vector<uint8_t>, 6> a = {bytes(M * K, e4), bytes(G * N * K, e4), bytes(K * G * N, e4),
+                                             bytes(M * N, e5), bytes(N * M, e5), bytes(K * M, e4)};
+    auto& [x, w, wt, dy, dyt, xt] = a;
+    for (int64_t r = used; r < M; ++r) {
+      for (int64_t k = 0; k < K; ++k) x[r * K + k] = 0x7f, xt[k * M + r] = 0x7f;
+      for (int64_t n = 0; n < N; ++n) dy[r * N + n] = 0x7f, dyt[n * M + r] = 0x7f;
+    }
+    return a;
+  }
+  // The three products in double from the FP8 operands of `operands` (x, w, wt E4M3; dy, dyt E5M2),
+  // every element times its scale as the caller's lookups give it: sx(r, k), sw(g, n, k), sdy(r, n),
+  // swt(g, n, k) (W_g[n, k]'s in the transposed copy), sdyt(g, r, n), sxt(g, r, k). Rows past
+  // offsets[G] keep -7.
+  struct Ref {
+    std::vector<double> y, dx, dw;
+  };
+  template <class SX, class SW, class SDY, class SWT, class SDYT, class SXT>
+  static Ref reference(int64_t G, int64_t N, int64_t K, int64_t M, const std::vector<int32_t>& o,
+                       const std::array<std::vector<uint8_t>, 6>& ops, SX sx, SW sw, SDY sdy, SWT swt, SDYT sdyt, SXT sxt) {
+    const auto& [x, w, wt, dy, dyt, xt] = ops;
+    const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+    Ref f{std::vector<double>(M * N, -7.0), std::vector<double>(M * K, -7.0), std::vector<double>(G * N * K, 0.0)};
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t r = o[g]; r < o[g + 1]; ++r) {
+        for (int64_t n = 0; n < N; ++n) {
+          double s = 0.0;
+          for (int64_t k = 0; k < K; ++k) s += dec(x[r * K + k], e4) * sx(r, k) * dec(w[(g * N + n) * K + k], e4) * sw(g, n, k);
+          f.y[r * N + n] = s;
+        }
+        for (int64_t k = 0; k < K; ++k) {
+          double s = 0.0;
+          for (int64_t n = 0; n < N; ++n) s += dec(dy[r * N + n], e5) * sdy(r, n) * dec(wt[k * G * N + g * N + n], e4) * swt(g, n, k);
+          f.dx[r * K + k] = s;
+        }
+      }
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          double s = 0.0;
+          for (int64_t r = o[g]; r < o[g + 1]; ++r)
+            s += dec(dyt[n * M + r], e5) * sdyt(g, r, n) * dec(xt[k * M + r], e4) * sxt(g, r, k);
+          f.dw[(g * N + n) * K + k] = s;
+        }
+    }
+    return f;
+  }
   static void expect_close(const std::vector<float>& got, const std::vector<double>& want, const char* what) {
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i)
@@ -45,12 +95,8 @@ TEST_F(GroupedGemmFp8Host, EachProductIsTheScaledSumOfItsGroupsFp8Operands) {
   const int64_t G = 3, N = 16, K = 32, M = 24;
   std::vector<int32_t> o = {0, 5, 5, 16};  // group 1 empty, rows 16.. spare
   const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
-  std::vector<uint8_t> x = bytes(M * K, e4), w = bytes(G * N * K, e4), wt = bytes(K * G * N, e4), dy = bytes(M * N, e5),
-                       dyt = bytes(N * M, e5), xt = bytes(K * M, e4);
-  for (int64_t r = o[G]; r < M; ++r) {
-    for (int64_t k = 0; k < K; ++k) x[r * K + k] = 0x7f, xt[k * M + r] = 0x7f;
-    for (int64_t n = 0; n < N; ++n) dy[r * N + n] = 0x7f, dyt[n * M + r] = 0x7f;
-  }
+  auto ops = operands(G, N, K, M, o[G]);
+  auto& [x, w, wt, dy, dyt, xt] = ops;
   std::vector<float> sx = scales(M), sw = scales(G * N), swt = scales(G * K), sdy = scales(M), sdyt = scales(G * N),
                      sxt = scales(G * K);
   auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
@@ -65,28 +111,11 @@ TEST_F(GroupedGemmFp8Host, EachProductIsTheScaledSumOfItsGroupsFp8Operands) {
   EXPECT_EQ(grouped_gemm_fp8_wgrad({v(dw, DType::F32, {G, N, K}), v(dyt, e5, {N, M}), v(sdyt, DType::F32, {G, N}),
                                     v(xt, e4, {K, M}), v(sxt, DType::F32, {G, K}), off, 1, false, {}}),
             BackendType::CPU);
-  std::vector<double> ry(y.size(), -7.0), rdx(dx.size(), -7.0), rdw(dw.size(), 0.0);
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t r = o[g]; r < o[g + 1]; ++r) {
-      for (int64_t n = 0; n < N; ++n) {
-        double s = 0.0;
-        for (int64_t k = 0; k < K; ++k) s += dec(x[r * K + k], e4) * sx[r] * dec(w[(g * N + n) * K + k], e4) * sw[g * N + n];
-        ry[r * N + n] = s;
-      }
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0.0;
-        for (int64_t n = 0; n < N; ++n) s += dec(dy[r * N + n], e5) * sdy[r] * dec(wt[k * G * N + g * N + n], e4) * swt[g * K + k];
-        rdx[r * K + k] = s;
-      }
-    }
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0.0;
-        for (int64_t r = o[g]; r < o[g + 1]; ++r)
-          s += dec(dyt[n * M + r], e5) * sdyt[g * N + n] * dec(xt[k * M + r], e4) * sxt[g * K + k];
-        rdw[(g * N + n) * K + k] = s;
-      }
-  }
+  Ref ref = reference(
+      G, N, K, M, o, ops, [&](int64_t r, int64_t) { return sx[r]; }, [&](int64_t g, int64_t n, int64_t) { return sw[g * N + n]; },
+      [&](int64_t r, int64_t) { return sdy[r]; }, [&](int64_t g, int64_t, int64_t k) { return swt[g * K + k]; },
+      [&](int64_t g, int64_t, int64_t n) { return sdyt[g * N + n]; }, [&](int64_t g, int64_t, int64_t k) { return sxt[g * K + k]; });
+  std::vector<double>&ry = ref.y, &rdx = ref.dx, &rdw = ref.dw;
   // Rows past offsets[G] are not written (they keep -7).
   expect_close(y, ry, "forward");
   expect_close(dx, rdx, "dgrad");
@@ -102,11 +131,11 @@ TEST_F(GroupedGemmFp8Host, EachProductIsTheScaledSumOfItsGroupsFp8Operands) {
 // The bf16-operand wrappers (what the FP8 expert slots call) on host f32 tensors: each product
 // within the FP8 SNR gates of the exact one on the unquantized operands (so every operand went into
 // the layout and scale grouping its product needs), the empty group's weight gradient zero, rows
-// past offsets[G] untouched, and all three within grouped_gemm_fp8_scratch_bytes (an arena of
-// exactly that size, whose high-water mark is checked).
-TEST_F(GroupedGemmFp8Host, WrappersQuantizeEachOperandForItsProductWithinTheirScratchBound) {
-  const int64_t G = 4, N = 48, K = 80, M = 112;
-  const std::vector<int32_t> o = {0, 32, 32, 64, 96};  // group 1 empty, rows 96.. spare
+// past offsets[G] (NaN) untouched, and all three within grouped_gemm_fp8_scratch_bytes (an arena
+// of exactly that size, whose high-water mark is checked). `outliers`: a few entries of x and dy
+// 100x larger.
+void check_wrappers(std::mt19937& rng, int64_t G, int64_t N, int64_t K, int64_t M, const std::vector<int32_t>& o,
+                    int64_t align, GroupedFp8Scaling sc, DType fwd, DType grad, bool outliers) {
   std::normal_distribution<float> d(0.0f, 1.0f);
   auto fill = [&](int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
@@ -114,6 +143,8 @@ TEST_F(GroupedGemmFp8Host, WrappersQuantizeEachOperandForItsProductWithinTheirSc
     return v;
   };
   std::vector<float> x = fill(M * K), w = fill(G * N * K), dy = fill(M * N);
+  if (outliers)
+    for (int64_t i = 0; i < 8; ++i) x[(i * 37) % (o[G] * K)] *= 100.0f, dy[(i * 53) % (o[G] * N)] *= 100.0f;
   for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = NAN;  // rows no group owns
   for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
   std::vector<float> y(M * N, -7.0f), dx(M * K, -7.0f), dw(G * N * K, -7.0f);
@@ -124,15 +155,15 @@ TEST_F(GroupedGemmFp8Host, WrappersQuantizeEachOperandForItsProductWithinTheirSc
   ExecContext ctx;
   ctx.scratch = arena.get();
   const TensorView offs = v(off, DType::I32, {G + 1});
-  grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}), offs, 16, ctx},
-                           DType::F8E4M3);
-  grouped_gemm_dgrad_fp8({v(dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), v(w, DType::F32, {G, N, K}), offs, 16, ctx},
-                         DType::F8E4M3, DType::F8E5M2);
-  grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, 16,
+  grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}), offs, align, ctx},
+                           fwd, sc);
+  grouped_gemm_dgrad_fp8({v(dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), v(w, DType::F32, {G, N, K}), offs, align, ctx},
+                         fwd, grad, sc);
+  grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, align,
                           false, ctx},
-                         DType::F8E4M3, DType::F8E5M2);
+                         fwd, grad, sc);
   EXPECT_LE(arena->high_water(), bound);
-  // Exact products in double; relative L2 per product (E4M3: 3 mantissa bits, E5M2: 2).
+  // Exact products in double; relative L2 per product.
   double ny = 0, ey = 0, ndx = 0, edx = 0, ndw = 0, edw = 0;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = o[g]; r < o[g + 1]; ++r) {
@@ -152,19 +183,26 @@ TEST_F(GroupedGemmFp8Host, WrappersQuantizeEachOperandForItsProductWithinTheirSc
         double s = 0;
         for (int64_t r = o[g]; r < o[g + 1]; ++r) s += double(dy[r * N + n]) * x[r * K + k];
         const double got = dw[(g * N + n) * K + k];
-        if (o[g] == o[g + 1]) ASSERT_EQ(got, 0.0) << "the empty group's weight gradient";
+        if (o[g] == o[g + 1]) {
+          ASSERT_EQ(got, 0.0) << "the empty group's weight gradient";
+        }
         ndw += s * s, edw += (got - s) * (got - s);
       }
   }
   // The FP8 accuracy gates (issue #38): SNR = 10 log10(|ref|^2 / |err|^2) >= 25 dB with E4M3
   // operands, >= 20 dB with an E5M2 one.
   const auto snr = [](double sig, double err) { return 10.0 * std::log10(sig / err); };
-  EXPECT_GE(snr(ny, ey), 25.0) << "forward (e4m3 x e4m3)";
-  EXPECT_GE(snr(ndx, edx), 20.0) << "input gradient (e5m2 x e4m3)";
-  EXPECT_GE(snr(ndw, edw), 20.0) << "weight gradient (e5m2 x e4m3)";
+  const double gate = grad == DType::F8E5M2 ? 20.0 : 25.0;
+  EXPECT_GE(snr(ny, ey), 25.0) << "forward";
+  EXPECT_GE(snr(ndx, edx), gate) << "input gradient";
+  EXPECT_GE(snr(ndw, edw), gate) << "weight gradient";
   EXPECT_GT(std::sqrt(ey / ny), 1e-4) << "the forward was quantized";
   for (int64_t i = o[G] * N; i < M * N; ++i) ASSERT_EQ(y[i], -7.0f) << "forward wrote past offsets[G]";
   for (int64_t i = o[G] * K; i < M * K; ++i) ASSERT_EQ(dx[i], -7.0f) << "dgrad wrote past offsets[G]";
+}
+
+TEST_F(GroupedGemmFp8Host, WrappersQuantizeEachOperandForItsProductWithinTheirScratchBound) {
+  check_wrappers(rng, 4, 48, 80, 112, {0, 32, 32, 64, 96}, 16, GroupedFp8Scaling::Row, DType::F8E4M3, DType::F8E5M2, false);
 }
 
 // Blockwise scales: every element takes the scale of its own 1x128 tile (token operands) or
@@ -175,12 +213,8 @@ TEST_F(GroupedGemmFp8Host, BlockwiseProductsTakeEachTilesAndBlocksScale) {
   const int64_t G = 3, N = 256, K = 256, M = 384;
   std::vector<int32_t> o = {0, 128, 128, 256};
   const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
-  std::vector<uint8_t> x = bytes(M * K, e4), w = bytes(G * N * K, e4), wt = bytes(K * G * N, e4), dy = bytes(M * N, e5),
-                       dyt = bytes(N * M, e5), xt = bytes(K * M, e4);
-  for (int64_t r = o[G]; r < M; ++r) {
-    for (int64_t k = 0; k < K; ++k) x[r * K + k] = 0x7f, xt[k * M + r] = 0x7f;
-    for (int64_t n = 0; n < N; ++n) dy[r * N + n] = 0x7f, dyt[n * M + r] = 0x7f;
-  }
+  auto ops = operands(G, N, K, M, o[G]);
+  auto& [x, w, wt, dy, dyt, xt] = ops;
   const int64_t kb = K / 128, nb = N / 128, mb = M / 128, gnb = G * N / 128;
   const int64_t pk = (kb + 3) / 4 * 4, pgn = (gnb + 3) / 4 * 4;
   std::vector<float> sx = scales(kb * M), sw = scales(gnb * pk), swt = scales(kb * pgn), sdy = scales(nb * M),
@@ -198,100 +232,24 @@ TEST_F(GroupedGemmFp8Host, BlockwiseProductsTakeEachTilesAndBlocksScale) {
   EXPECT_EQ(grouped_gemm_fp8_wgrad({v(dw, DType::F32, {G, N, K}), v(dyt, e5, {N, M}), v(sdyt, DType::F32, {mb, N}),
                                     v(xt, e4, {K, M}), v(sxt, DType::F32, {mb, K}), off, 128, false, {}, blk}),
             BackendType::CPU);
-  std::vector<double> ry(y.size(), -7.0), rdx(dx.size(), -7.0), rdw(dw.size(), 0.0);
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t r = o[g]; r < o[g + 1]; ++r) {
-      for (int64_t n = 0; n < N; ++n) {
-        double s = 0.0;
-        const int64_t wrow = (g * N + n) / 128;
-        for (int64_t k = 0; k < K; ++k)
-          s += dec(x[r * K + k], e4) * sx[(k / 128) * M + r] * dec(w[(g * N + n) * K + k], e4) * sw[wrow * pk + k / 128];
-        ry[r * N + n] = s;
-      }
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0.0;
-        for (int64_t n = 0; n < N; ++n)
-          s += dec(dy[r * N + n], e5) * sdy[(n / 128) * M + r] * dec(wt[k * G * N + g * N + n], e4) *
-               swt[(k / 128) * pgn + (g * N + n) / 128];
-        rdx[r * K + k] = s;
-      }
-    }
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0.0;
-        for (int64_t r = o[g]; r < o[g + 1]; ++r)
-          s += dec(dyt[n * M + r], e5) * sdyt[(r / 128) * N + n] * dec(xt[k * M + r], e4) * sxt[(r / 128) * K + k];
-        rdw[(g * N + n) * K + k] = s;
-      }
-  }
+  // Blockwise: the scale of the element's own tile or block, indexed by hand.
+  const Ref ref = reference(
+      G, N, K, M, o, ops, [&](int64_t r, int64_t k) { return sx[(k / 128) * M + r]; },
+      [&](int64_t g, int64_t n, int64_t k) { return sw[((g * N + n) / 128) * pk + k / 128]; },
+      [&](int64_t r, int64_t n) { return sdy[(n / 128) * M + r]; },
+      [&](int64_t g, int64_t n, int64_t k) { return swt[(k / 128) * pgn + (g * N + n) / 128]; },
+      [&](int64_t, int64_t r, int64_t n) { return sdyt[(r / 128) * N + n]; },
+      [&](int64_t, int64_t r, int64_t k) { return sxt[(r / 128) * K + k]; });
+  const std::vector<double>&ry = ref.y, &rdx = ref.dx, &rdw = ref.dw;
   expect_close(y, ry, "blockwise forward");
   expect_close(dx, rdx, "blockwise dgrad");
   expect_close(dw, rdw, "blockwise wgrad");
 }
 
-// The wrappers with blockwise scales: within the SNR gates, inside the scratch bound, rows past
-// offsets[G] untouched.
+// The wrappers with blockwise scales (e4m3 throughout, 128-row groups), outliers included.
 TEST_F(GroupedGemmFp8Host, BlockwiseWrappersMeetTheSnrGatesWithinTheirScratchBound) {
-  const int64_t G = 3, N = 128, K = 256, M = 512;
-  const std::vector<int32_t> o = {0, 128, 128, 384};
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  auto fill = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) x = d(rng);
-    return v;
-  };
-  std::vector<float> x = fill(M * K), w = fill(G * N * K), dy = fill(M * N);
-  // Outliers: a few large entries, which blockwise scales confine to their own tile.
-  for (int64_t i = 0; i < 8; ++i) x[(i * 37) % (o[G] * K)] *= 100.0f, dy[(i * 53) % (o[G] * N)] *= 100.0f;
-  for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = NAN;
-  for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
-  std::vector<float> y(M * N, -7.0f), dx(M * K, -7.0f), dw(G * N * K, -7.0f);
-  std::vector<int32_t> off = o;
-  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
-  const size_t bound = grouped_gemm_fp8_scratch_bytes(M, G, N, K);
-  std::unique_ptr<Arena> arena = make_host_arena(bound);
-  ExecContext ctx;
-  ctx.scratch = arena.get();
-  const TensorView offs = v(off, DType::I32, {G + 1});
-  const auto blk = GroupedFp8Scaling::Block;
-  grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}), offs, 128, ctx},
-                           DType::F8E4M3, blk);
-  grouped_gemm_dgrad_fp8({v(dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), v(w, DType::F32, {G, N, K}), offs, 128, ctx},
-                         DType::F8E4M3, DType::F8E5M2, blk);
-  grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, 128,
-                          false, ctx},
-                         DType::F8E4M3, DType::F8E5M2, blk);
-  EXPECT_LE(arena->high_water(), bound);
-  double ny = 0, ey = 0, ndx = 0, edx = 0, ndw = 0, edw = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t r = o[g]; r < o[g + 1]; ++r) {
-      for (int64_t n = 0; n < N; ++n) {
-        double s = 0;
-        for (int64_t k = 0; k < K; ++k) s += double(x[r * K + k]) * w[(g * N + n) * K + k];
-        ny += s * s, ey += (y[r * N + n] - s) * (y[r * N + n] - s);
-      }
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0;
-        for (int64_t n = 0; n < N; ++n) s += double(dy[r * N + n]) * w[(g * N + n) * K + k];
-        ndx += s * s, edx += (dx[r * K + k] - s) * (dx[r * K + k] - s);
-      }
-    }
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) {
-        double s = 0;
-        for (int64_t r = o[g]; r < o[g + 1]; ++r) s += double(dy[r * N + n]) * x[r * K + k];
-        const double got = dw[(g * N + n) * K + k];
-        if (o[g] == o[g + 1]) ASSERT_EQ(got, 0.0) << "the empty group's weight gradient";
-        ndw += s * s, edw += (got - s) * (got - s);
-      }
-  }
-  const auto snr = [](double sig, double err) { return 10.0 * std::log10(sig / err); };
-  EXPECT_GE(snr(ny, ey), 25.0) << "forward (e4m3 x e4m3)";
-  EXPECT_GE(snr(ndx, edx), 20.0) << "input gradient (e5m2 x e4m3)";
-  EXPECT_GE(snr(ndw, edw), 20.0) << "weight gradient (e5m2 x e4m3)";
-  EXPECT_GT(std::sqrt(ey / ny), 1e-4) << "the forward was quantized";
-  for (int64_t i = o[G] * N; i < M * N; ++i) ASSERT_EQ(y[i], -7.0f) << "forward wrote past offsets[G]";
-  for (int64_t i = o[G] * K; i < M * K; ++i) ASSERT_EQ(dx[i], -7.0f) << "dgrad wrote past offsets[G]";
+  check_wrappers(rng, 3, 128, 256, 512, {0, 128, 128, 384}, 128, GroupedFp8Scaling::Block, DType::F8E4M3, DType::F8E4M3,
+                 true);
 }
 
 TEST_F(GroupedGemmFp8Host, ArgumentErrorsNameTheArgument) {

@@ -344,6 +344,11 @@ Q block_q(Arena& arena, const TensorView& t, int64_t R, int64_t C, Fp8Granularit
   quantize_fp8(a);
   return o;
 }
+// A token matrix t [M, C] quantized along C for a product: one scale per row, or per 1x128 tile.
+Q tokens_q(Arena& arena, const TensorView& t, int64_t M, int64_t C, bool block, DType dt, const ExecContext& ctx,
+           const char* what) {
+  return block ? block_q(arena, t, M, C, Fp8Granularity::Block1x128, false, dt, ctx, what) : rows_q(arena, t, dt, ctx, what);
+}
 // The step's copies of weight [G, N, K] in `cache` (see grouped_gemm_forward_fp8): filled here when
 // the slot is not valid; null when the cache is off or has no slot for it.
 const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, const TensorView& weight, DType dt,
@@ -381,6 +386,14 @@ const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, const TensorVie
   ++cache->fills;
   return s;
 }
+// Slot s's copy of a [G, N, K] weight: q(W) [G*N, K] or, `transposed`, q(W)^T [K, G*N], with its scales.
+Q slot_q(const Fp8WeightCache::Slot& s, bool transposed, DType dt, GroupedFp8Scaling sc, int64_t G, int64_t N, int64_t K) {
+  const TensorView& q = transposed ? s.q_t : s.q;
+  const TensorView& scale = transposed ? s.scale_t : s.scale;
+  const int64_t n = transposed ? grouped_fp8_weight_t_scales(sc, G, N, K) : grouped_fp8_weight_scales(sc, G, N, K);
+  const int64_t rows = transposed ? K : G * N, cols = transposed ? G * N : K;
+  return {TensorView(q.data, dt, q.device, {rows, cols}), TensorView(scale.data, DType::F32, scale.device, {n})};
+}
 }  // namespace
 }  // namespace gg_fp8
 
@@ -398,13 +411,10 @@ void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, Groupe
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.inp.shape[0];
   const bool block = scaling == GroupedFp8Scaling::Block;
-  const gg_fp8::Q x = block ? gg_fp8::block_q(arena, a.inp, M, K, Fp8Granularity::Block1x128, false, fwd, a.ctx,
-                                              "fp8 expert input")
-                            : gg_fp8::rows_q(arena, a.inp, fwd, a.ctx, "fp8 expert input");
+  const gg_fp8::Q x = gg_fp8::tokens_q(arena, a.inp, M, K, block, fwd, a.ctx, "fp8 expert input");
   gg_fp8::Q w;
   if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, a.weight, fwd, scaling, a.ctx, op)) {
-    w = {TensorView(s->q.data, fwd, s->q.device, {G * N, K}),
-         TensorView(s->scale.data, DType::F32, s->scale.device, {grouped_fp8_weight_scales(scaling, G, N, K)})};
+    w = gg_fp8::slot_q(*s, false, fwd, scaling, G, N, K);
   } else {
     w = block ? gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, false, fwd, a.ctx,
                                 "fp8 expert weight")
@@ -420,13 +430,10 @@ void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.dout.shape[0];
   const bool block = scaling == GroupedFp8Scaling::Block;
-  const gg_fp8::Q dy = block ? gg_fp8::block_q(arena, a.dout, M, N, Fp8Granularity::Block1x128, false, grad, a.ctx,
-                                               "fp8 expert output gradient")
-                             : gg_fp8::rows_q(arena, a.dout, grad, a.ctx, "fp8 expert output gradient");
+  const gg_fp8::Q dy = gg_fp8::tokens_q(arena, a.dout, M, N, block, grad, a.ctx, "fp8 expert output gradient");
   gg_fp8::Q wt;
   if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, a.weight, fwd, scaling, a.ctx, op)) {
-    wt = {TensorView(s->q_t.data, fwd, s->q_t.device, {K, G * N}),
-          TensorView(s->scale_t.data, DType::F32, s->scale_t.device, {grouped_fp8_weight_t_scales(scaling, G, N, K)})};
+    wt = gg_fp8::slot_q(*s, true, fwd, scaling, G, N, K);
   } else if (block) {  // W's 128 x 128 blocks are the same in its transposed copy
     wt = gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, true, fwd, a.ctx, "fp8 expert weight^T");
   } else {  // W viewed as [G*N, K], groups of N rows: W^T [K][G*N] with a scale per (expert, input feature)
