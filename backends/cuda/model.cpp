@@ -29,10 +29,15 @@ constexpr int64_t kFp8DelayedLinears = 4;
 std::array<const TensorView*, kFp8DelayedLinears> fp8_linear_weights(const LayerParams& p) {
   return {&p.qkv_w.w, &p.proj_w.w, &p.fc_w.w, &p.out_w.w};
 }
-// Layer l runs the FP8 slots: not a bf16 edge layer (fp8_first_last_bf16_layers), not a MoE layer.
-bool fp8_layer(const train::ModelSpec& spec, const CudaModelOptions& opt, int64_t l) {
+// Layer l's linears run the FP8 slots: not a bf16 edge layer (fp8_first_last_bf16_layers).
+bool fp8_linear_layer(const train::ModelSpec& spec, const CudaModelOptions& opt, int64_t l) {
   const int64_t e = opt.fp8_bf16_edge_layers;
-  return opt.fp8_linear && l >= e && l < spec.num_layers - e && !spec.is_moe_layer(l);
+  return opt.fp8_linear && l >= e && l < spec.num_layers - e;
+}
+// ... and it is a dense layer (the FP8 inputs saved for the backward serve the dense layers' four
+// linears).
+bool fp8_layer(const train::ModelSpec& spec, const CudaModelOptions& opt, int64_t l) {
+  return fp8_linear_layer(spec, opt, l) && !spec.is_moe_layer(l);
 }
 
 void check_shapes(const train::ModelSpec& s) {
@@ -124,7 +129,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.fp8_expert_blockwise = cache_experts && opt.fp8_weights->granularity() == turbo::Fp8Granularity::Block128x128;
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     if (save_inputs) mp.fp8_saves.push_back(fp8_layer(spec, opt, l));
-    if (cache_weights) mp.fp8_weight_layers.push_back(fp8_layer(spec, opt, l));
+    if (cache_weights) mp.fp8_weight_layers.push_back(fp8_linear_layer(spec, opt, l));
     const int64_t e = opt.fp8_bf16_edge_layers;
     if (cache_experts) mp.fp8_expert_weight_layers.push_back(spec.is_moe_layer(l) && l >= e && l < spec.num_layers - e);
   }
@@ -354,6 +359,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       const auto ws = fp8_linear_weights(plan_->params.layers[l]);
       for (size_t k = 0; k < ws.size(); ++k) {
         const StateBuffers::Fp8Weight& c = copies[l][k];
+        if (!c.q.defined()) continue;  // an MoE layer: its attention linears only
         opt_.fp8_weights->add(ws[k]->data, {c.q, c.scale, c.q_t, c.scale_t});
       }
     }

@@ -485,9 +485,10 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
       EXPECT_EQ(evals, 6) << "three evaluations in each of the two runs";
     }
   }
-  // The FP8 experts' weights (both MoE layers' fc and proj of the tiny 128-wide MoE), rowwise and
-  // blockwise: one fill per expert weight and step, read by the second micro-batch's forward and
-  // both input gradients; bit for bit the run that quantizes at every product.
+  // An MoE model: the FP8 experts' weights (both MoE layers' fc and proj of the tiny 128-wide MoE)
+  // and the MoE layers' attention linears, rowwise and blockwise: one fill per weight and step,
+  // read by the second micro-batch's forward and both input gradients; bit for bit the run that
+  // quantizes at every product.
   for (const auto& [format, scaling] : {std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "blockwise"}}) {
     SCOPED_TRACE(fmt::format("MoE {} {}", format, scaling));
     const train::ModelSpec spec = tiny_moe_spec_128(false);
@@ -499,7 +500,8 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
     o.micro = 2;
     expect_cache_changes_nothing(o, with, without);
     const int64_t experts = 2 * spec.num_moe_layers();  // fc and proj per MoE layer
-    const int64_t dense = 4 * (spec.num_layers - spec.num_moe_layers());
+    // q|k|v and attention output in every layer, MLP up and down in the dense ones.
+    const int64_t dense = 4 * spec.num_layers - 2 * spec.num_moe_layers();
     ASSERT_EQ(with.weights->size(), static_cast<size_t>(experts + dense));
     EXPECT_EQ(with.weights->fills, 3 * (experts + dense)) << "one fill per weight and step";
     EXPECT_EQ(with.weights->hits, 3 * 3 * (experts + dense));

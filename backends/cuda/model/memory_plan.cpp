@@ -271,7 +271,9 @@ void MemoryPlan::plan(Take&& take) {
     if (!opt_.fp8_weight_layers[l]) continue;
     const turbo::Fp8Granularity g = opt_.fp8_weight_granularity;
     const int64_t dims[4][2] = {{QD + 2 * KVD, C}, {C, QD}, {FC, C}, {C, F}};  // [out, in] of q|k|v, proj, fc, out
-    for (int k = 0; k < 4; ++k) {
+    // An MoE layer's attention linears only (its experts have their own copies, below).
+    const int linears = spec_.is_moe_layer(static_cast<int64_t>(l)) ? 2 : 4;
+    for (int k = 0; k < linears; ++k) {
       const int64_t OC = dims[k][0], IC = dims[k][1];
       StateBuffers::Fp8Weight& w = s.fp8_weights[l][static_cast<size_t>(k)];
       w.q = take(Pool::State, DType::F8E4M3, {OC * IC}, "FP8 weights (quantized once per step)");

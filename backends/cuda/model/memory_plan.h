@@ -105,8 +105,8 @@ struct StateBuffers {
   // scales, then each tensor's FP8 format maximum (turbo/ops/fp8_delayed.h).
   TensorView fp8_delayed;
   // FP8 weights quantized once per step (MemoryPlanOptions::fp8_weight_layers; turbo::Fp8WeightCache):
-  // per layer, for q|k|v, attention output, MLP up and MLP down, q(W) [OC * C] FP8, its scales,
-  // q(W)^T and its scales (undefined in the other layers).
+  // per layer, for q|k|v, attention output, MLP up and MLP down (an MoE layer: the first two),
+  // q(W) [OC * C] FP8, its scales, q(W)^T and its scales (undefined in the other layers).
   struct Fp8Weight {
     TensorView q, scale, q_t, scale_t;
   };
