@@ -23,7 +23,7 @@ BIN=/tmp/moe-bin
 STEPS=${STEPS:-30}
 MEASURE=${MEASURE:-20}
 BATCH=${BATCH:-4}
-PRESETS=${PRESETS:-"olmoe-mini deepseek-mini mixtral-mini"}
+PRESETS=${PRESETS-"olmoe-mini deepseek-mini mixtral-mini"}  # set but empty: tests only
 mkdir -p "$OUT" "$BIN" "$W"
 # shellcheck source=scripts/gpu_carry.sh
 source scripts/gpu_carry.sh
