@@ -21,6 +21,9 @@
 // B = inp both read as [64 rows][64 columns] slabs of the token matrices. When a group's end cuts
 // its last k-tile, the consumers zero that stage's rows past the end before multiplying: they hold
 // the next group's tokens, or rows no group owns (which may hold anything, NaN included).
+// FP8 (T = Fp8Operands): rowwise scales multiply the accumulators before the epilogue; blockwise
+// scales (BLK, the cooperative 128 x 128 tile) are applied to every k-tile's partial product
+// (row_scales, promote, mainloop_block).
 // Output: forward / dgrad through the staged 16-bit epilogue written by the threads themselves
 // (each row masked at the group's end; a TMA store would clip only at M), wgrad's f32 tiles by the
 // scalar path (beta 1 when accumulating).
