@@ -187,6 +187,9 @@ TEST_F(ContextParallelProcesses, RankDyingInsideTheRingIsNamed) {
   const Problem pr = make_problem(std::random_device{}(), T, 0, true);
   const auto t0 = Clock::now();
   auto f = fork_group_ranks(PgEngine::Gloo, cp, Ms(3000), [&](ProcessGroup& pg, std::string& report) {
+    // Every rank past the group's setup first: under ASan rank 1 could die while rank 2 was still
+    // connecting to it, which fails the setup instead of the ring.
+    pg.barrier();
     DyingGroup dying(pg);
     ProcessGroup& g = pg.rank() == 1 ? static_cast<ProcessGroup&>(dying) : pg;
     AttentionParams pl = pr.p;
