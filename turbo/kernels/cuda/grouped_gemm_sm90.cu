@@ -47,6 +47,7 @@
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/gemm_sm90_device.cuh"
 #include "turbo/kernels/cuda/tma_encode.h"
+#include "turbo/core/fp8_granularity.h"
 
 namespace primus::turbo::cuda {
 namespace ggemm90 {
@@ -202,8 +203,8 @@ __device__ __forceinline__ void scale_rows(float* acc, const GParams& p, const G
 // weight one per 128 x 128 block, so a k-tile scales each row by one factor (row_scales). K mode
 // (wgrad): both token operands have a scale per feature and per 128 tokens ([M/128][N],
 // [M/128][K]), each group's k-tiles starting on a 128-token block (offsets multiples of 128), so a
-// k-tile scales by row and by column (col_scales). Rows past the output read no scale (0: their
-// values are never stored).
+// k-tile scales by row and by column (read from the scale slots below). Rows past the output read
+// no scale (0: their values are never stored).
 // The weight gradient's blockwise scales travel with the operands: the producer copies each
 // k-tile's 128 row scales and 128 column scales (the tile's rows of A's and columns of B's scales
 // in that 128-token block) into a 1 KiB slot per stage, after the epilogue buffers, on the stage's
@@ -828,7 +829,7 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
       prm.kblocks = static_cast<int>(cdiv(K, kTK));
       prm.tiles_n = static_cast<int>(cdiv(N, bn));
       prm.sa_k = M;
-      prm.sb_n = cdiv(K / 128, 4) * 4;
+      prm.sb_n = fp8_pad4(K / kFp8BlockSize);  // Block128x128 of W [G*N, K]
       prm.sb_g = N / 128 * prm.sb_n;
       prm.sb_k = 1;
       const CUtensorMap ta = map_2d(p.a, K, M, kTK, kBM, "q(inp) [M,K]", 1);
@@ -842,7 +843,7 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
       prm.kblocks = static_cast<int>(cdiv(N, kTK));
       prm.tiles_n = static_cast<int>(cdiv(K, bn));
       prm.sa_k = M;
-      prm.sb_n = cdiv(G * N / 128, 4) * 4;
+      prm.sb_n = fp8_pad4(G * N / kFp8BlockSize);  // Block128x128 of W^T [K, G*N]
       prm.sb_g = N / 128;
       prm.sb_k = 1;
       const CUtensorMap ta = map_2d(p.a, N, M, kTK, kBM, "q(dout) [M,N]", 1);
