@@ -22,6 +22,7 @@
 #include "io/checkpoint.h"
 #include "parallel/dist_checkpoint.h"
 #include "tests/cuda_gpu/trainer_runs.h"
+#include "tests/cuda_gpu/two_processes.h"
 #include "tests/e2e/cli_runner.h"
 
 namespace primus::backends::cuda {
@@ -215,62 +216,11 @@ TEST(CudaHostTrainer, MuonMatchesTheReferenceAndResumesAcrossBackends) {
   }
 }
 
-// Two processes of this directory's cuda_host_trainer_worker (primus launch --exec, Gloo between
-// them, the model in host mode) against one process of the same experiment: the shared steps of
-// the multi-process trainer tests below.
-class TwoProcesses {
- public:
-  TwoProcesses() : base_(testing::tiny_trainer_experiment("cuda", w_.str())) {
-    one_file_ = w_.write("one.yaml", base_);
-    run_host_trainer(one_file_, {});
-    one_ = testing::read_trainer_metrics(w_.path() / "g/u/cuda/metrics.jsonl");
-    EXPECT_EQ(one_.loss.size(), 6u);
-  }
-  // Runs exp_name=name with `keys` on two processes; expects `banner` in the output and one
-  // process's losses and validation losses (fp32: 1e-5 relative) for the steps it ran.
-  void expect_matches(const std::string& name, const std::string& keys, const std::string& banner) {
-    auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker().string() + " -- " +
-                                         one_file_.string() + " exp_name=" + name + " " + keys);
-    ASSERT_EQ(r.code, 0) << r.out;
-    if (!banner.empty()) EXPECT_NE(r.out.find(banner), std::string::npos) << r.out;
-    const auto two = testing::read_trainer_metrics(w_.path() / "g/u" / name / "metrics.jsonl");
-    ASSERT_FALSE(two.loss.empty()) << name;
-    for (auto [step, l] : two.loss) EXPECT_NEAR(l, one_.loss.at(step), 1e-5 * l) << name << " step " << step;
-    for (auto [step, l] : two.val) EXPECT_NEAR(l, one_.val.at(step), 1e-5 * l) << name << " validation at " << step;
-    if (keys.find("load=") == std::string::npos) {
-      EXPECT_EQ(two.loss.size(), one_.loss.size()) << name;
-      EXPECT_EQ(two.val.size(), one_.val.size()) << name;
-    }
-  }
-  // `name`'s step-3 checkpoint resumes as one process with one process's losses for steps 4-6, and
-  // one process's step-3 checkpoint resumes on two processes with `keys`.
-  void expect_checkpoints_move(const std::string& name, const std::string& keys) {
-    const auto ckpt3 = w_.path() / "g/u" / name / "checkpoints/iter_0000003";
-    ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
-    run_host_trainer(one_file_, {"exp_name=from_" + name, "load=" + ckpt3.string()});
-    const auto resumed = testing::read_trainer_metrics(w_.path() / "g/u" / ("from_" + name) / "metrics.jsonl");
-    ASSERT_EQ(resumed.loss.size(), 3u);
-    for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one_.loss.at(step), 1e-5 * l) << "resumed step " << step;
-    expect_matches(name + "_from_one", keys + " load=" + (w_.path() / "g/u/cuda/checkpoints/iter_0000003").string(), "");
-    EXPECT_EQ(testing::read_trainer_metrics(w_.path() / "g/u" / (name + "_from_one") / "metrics.jsonl").loss.size(), 3u);
-  }
-  std::filesystem::path dir() const { return w_.path(); }
-
- private:
-  static std::filesystem::path worker() {
-    return std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
-  }
-  primus::testing::Workdir w_;
-  std::string base_;
-  std::filesystem::path one_file_;
-  testing::TrainerMetrics one_;
-};
-
 // Tensor parallelism through the cuda trainer: tp2, with and without sequence parallelism, gives
 // one process's losses and validation losses; the checkpoint tp2 saves at step 3 (weights in the
 // global layout, moments as per-rank shards) resumes as one process, and one process's as tp2.
 TEST(CudaHostTrainer, TensorParallelTwoProcessesTrainAsOne) {
-  TwoProcesses t;
+  testing::TwoProcesses t;
   t.expect_matches("tp2", "tensor_model_parallel_size=2", "tensor parallel over 2 ranks");
   t.expect_matches("tp2sp", "tensor_model_parallel_size=2 sequence_parallel=true", "tensor parallel over 2 ranks");
   const auto ckpt3 = t.dir() / "g/u/tp2/checkpoints/iter_0000003";
@@ -284,7 +234,7 @@ TEST(CudaHostTrainer, TensorParallelTwoProcessesTrainAsOne) {
 // under optim_grads and optim_grads_params; the FSDP checkpoint (put together from the ranks'
 // chunks) resumes as one process, and one process's as FSDP.
 TEST(CudaHostTrainer, ShardedDataParallelTwoProcessesTrainAsOne) {
-  TwoProcesses t;
+  testing::TwoProcesses t;
   for (const std::string strategy : {"optim_grads", "optim_grads_params"})
     t.expect_matches("dp2_" + strategy, "data_parallel_sharding_strategy=" + strategy,
                      "data_parallel_sharding_strategy " + strategy);
@@ -294,7 +244,7 @@ TEST(CudaHostTrainer, ShardedDataParallelTwoProcessesTrainAsOne) {
 // Context parallelism through the trainer: each process holds chunks r and 3 - r of every sequence
 // of the same batches; the cp2 checkpoint resumes as one process, and one process's as cp2.
 TEST(CudaHostTrainer, ContextParallelTwoProcessesTrainAsOne) {
-  TwoProcesses t;
+  testing::TwoProcesses t;
   t.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
   t.expect_checkpoints_move("cp2", "context_parallel_size=2");
 }
