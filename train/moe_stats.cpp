@@ -23,7 +23,14 @@ MoeStepStats::MoeStepStats(const ModelSpec& spec) : num_layers_(spec.num_layers)
 }
 
 void MoeStepStats::all_reduce(parallel::ProcessGroup* pg) {
-  if (!pg || pg->world_size() == 1 || layers_.empty()) return;
+  if (!pg) return;
+  all_reduce(pg->world_size(), [pg](const void* send, void* recv, size_t bytes) {
+    pg->all_gather(send, recv, bytes / 4, parallel::DType::F32);
+  });
+}
+
+void MoeStepStats::all_reduce(int W, const HostGather& gather) {
+  if (W <= 1 || layers_.empty()) return;
   // The process groups reduce floats only; loads may pass float's 2^24 exact integers. So every
   // rank's 64-bit values travel as bit patterns through an all-gather (which copies, never adds)
   // and are summed here, in the same order on every rank.
@@ -37,9 +44,8 @@ void MoeStepStats::all_reduce(parallel::ProcessGroup* pg) {
     std::memcpy(&bits, &L.z, 8);
     mine.push_back(bits);
   }
-  const int W = pg->world_size();
   std::vector<uint64_t> all(mine.size() * static_cast<size_t>(W));
-  pg->all_gather(mine.data(), all.data(), 2 * mine.size(), parallel::DType::F32);
+  gather(mine.data(), all.data(), mine.size() * sizeof(uint64_t));
   for (Layer& L : layers_) {
     std::fill(L.load.begin(), L.load.end(), 0);
     L.dropped = 0;

@@ -226,7 +226,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (fsdp) {
     const std::string what = fmt::format("data_parallel_sharding_strategy {}", parallel::dp_sharding_name(opt_.dp_sharding));
     if (tp) throw ConfigError(what + " with tensor_model_parallel_size > 1 is not implemented on the cuda backend yet");
-    if (spec_.moe.enabled()) throw ConfigError(what + " with MoE layers is not implemented on the cuda backend yet");
     if (opt_.fp8_linear) throw ConfigError(what + " with fp8 linear layers is not implemented on the cuda backend yet");
     if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
     if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
@@ -440,7 +439,24 @@ void CudaModel::gather_full(const TensorView& shard, float* host) const {
   shards_to_full(f, gathered.data(), host);
 }
 
+// The expert biases' slots in the flat layout, per MoE layer in order (StateBuffers::expert_bias's rows).
+std::vector<const train::ParamTensor*> CudaModel::expert_bias_slots() const {
+  std::vector<const train::ParamTensor*> out;
+  if (!spec_.moe.expert_bias) return out;
+  for (int64_t l = 0; l < spec_.num_layers; ++l)
+    if (const train::ParamTensor* b = layout_.find(fmt::format("layers.{}.moe.router.expert_bias", l))) out.push_back(b);
+  return out;
+}
+
 void CudaModel::set_params(const float* host) {
+  const TensorView& eb = plan_->state.expert_bias;
+  if (eb.defined()) {
+    const std::vector<const train::ParamTensor*> slots = expert_bias_slots();
+    std::vector<float> rows;
+    for (const train::ParamTensor* b : slots) rows.insert(rows.end(), host + b->offset, host + b->offset + b->numel);
+    stream_.to_model(eb.data, rows.data(), rows.size() * sizeof(float));
+    stream_.sync();  // `rows` goes out of scope
+  }
   if (fsdp_) {
     std::vector<float> shard(size_t(fsdp_plan_->shard_elems));
     full_to_shard(*fsdp_plan_, host, shard.data());
@@ -452,16 +468,29 @@ void CudaModel::set_params(const float* host) {
   optimizer_->set_params(host);
   if (!opt_.optimizer_state) {  // the weights were staged in the gradient buffer
     zero_grad();
-    sync();
   }
+  sync();
 }
 void CudaModel::get_params(float* host) const {
   if (fsdp_) {
     sync();
     gather_full(plan_->state.master, host);
-    return;
+  } else {
+    optimizer_->get_params(host);
   }
-  optimizer_->get_params(host);
+  put_expert_bias(host);
+}
+void CudaModel::put_expert_bias(float* flat) const {
+  const TensorView& eb = plan_->state.expert_bias;
+  if (!eb.defined()) return;
+  const std::vector<const train::ParamTensor*> slots = expert_bias_slots();
+  std::vector<float> rows(static_cast<size_t>(eb.numel()));
+  stream_.from_model(rows.data(), eb.data, eb.nbytes());
+  size_t at = 0;
+  for (const train::ParamTensor* b : slots) {
+    std::copy_n(rows.data() + at, b->numel, flat + b->offset);
+    at += static_cast<size_t>(b->numel);
+  }
 }
 void CudaModel::set_moments(const float* m, const float* v) {
   if (fsdp_) {

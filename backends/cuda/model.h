@@ -248,10 +248,14 @@ class CudaModel {
   StepProfiler* profiler() const { return prof_; }
   // MoE: adds the step's routing statistics (from its status, micro-batches [0, n)) to `out`.
   void moe_report(const StepStatus& st, int64_t n, train::MoeStepStats& out) const;
-  // Aux-loss-free balancing: moves every MoE layer's expert bias (in the fp32 master weights,
-  // which the router reads) toward balancing `load` [layer][expert] (summed over the step and the
-  // data-parallel ranks). Synchronises.
+  // Aux-loss-free balancing: moves every MoE layer's expert bias (f32, whole on every rank:
+  // StateBuffers::expert_bias, which the router reads) toward balancing `load` [layer][expert]
+  // (summed over the step and the ranks that split the batch). Synchronises.
   void update_expert_bias(const std::vector<std::vector<int64_t>>& load);
+  // Writes the current expert biases into `flat` (the whole model's flat layout) at their slots:
+  // get_params does it, and so must a caller that assembles the flat weights from the optimizer's
+  // shards itself (ZeRO-1's gathered master copy), whose bias slots are never moved. Synchronises.
+  void put_expert_bias(float* flat) const;
   // Tests: the experts MoE layer `layer` chose for the last forward's first n tokens ([n, topk],
   // synchronising).
   std::vector<int32_t> read_moe_topk(int64_t layer, int64_t n) const;
@@ -290,6 +294,7 @@ class CudaModel {
   bool fp8_delayed_on() const { return opt_.fp8_delayed != nullptr; }
 
  private:
+  std::vector<const train::ParamTensor*> expert_bias_slots() const;
   void check_batch(int64_t B, int64_t T, int64_t slot, const char* what) const;
   ExecContext ctx() const;
   void mark(Phase p) const {

@@ -160,10 +160,6 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
                                   "{} buckets of up to {} elements reduce {}",
                                   buckets.size(), biggest, lay.overlap_grad_reduce ? "under the backward" : "after it"));
   }
-  if (spec.moe.expert_bias && lay.gpus > 1) {
-    m.notes.push_back("the cuda trainer refuses this layout today: moe_router_enable_expert_bias with data parallelism "
-                      "(the bias update needs the load summed over the ranks)");
-  }
   const double rt = runtime_gib < 0 ? kRuntimeOverheadGiB : runtime_gib;
   m.add("runtime", fmt::format("CUDA context and libraries' workspaces ({:.2f} GiB{})", rt,
                                runtime_gib < 0 ? ", measured on H100/H200; --runtime-gib to state another" : ", stated"),

@@ -156,11 +156,6 @@ void CudaTrainer::init() {
   }
   const bool fallback = uses_fallback_attention(*args_);
   const bool zero = pg_ && args_->use_distributed_optimizer;
-  if (spec.moe.expert_bias && pg_) {
-    // Every replica must move its bias by the global load; the step statistics are this rank's.
-    throw ConfigError("moe_router_enable_expert_bias with data parallelism is not supported by the cuda backend yet "
-                      "(the expert-bias update needs the load summed over the ranks)");
-  }
   if (tp_pg_) {
     const bool sp = t.model_parallel.sequence_parallel;
     tp_map_ = std::make_shared<train::TpShardMap>(spec, tp_pg_->world_size(), tp_pg_->rank(), sp);
@@ -437,10 +432,27 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
   }
   moe_stats_->reset();
   model_->moe_report(st, t.grad_accum_steps, *moe_stats_);
+  reduce_moe_stats();
   // Before the next step launches (launch-ahead is off for these models): it routes with the new bias.
   if (*finite) model_->update_expert_bias(moe_stats_->load());
   host_times_.last_end = clock::now();
   return loss;
+}
+
+// The step's MoE routing statistics summed over the ranks that split the batch (data parallel,
+// plain, ZeRO-1 or sharded, or context parallel; tensor-parallel ranks route the same tokens):
+// the reported loads are the global batch's, and every rank moves its expert biases by the same
+// load, so the replicas keep routing alike.
+void CudaTrainer::reduce_moe_stats() {
+  parallel::ProcessGroup* g = pg_ ? pg_.get() : sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
+  if (!g || g->world_size() == 1 || !moe_stats_->enabled()) return;
+  if (dp_) {
+    moe_stats_->all_reduce(g->world_size(), [this](const void* s, void* r, size_t b) { dp_->all_gather_host(s, r, b); });
+  } else if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {  // device buffers: staged
+    moe_stats_->all_reduce(g->world_size(), [nccl](const void* s, void* r, size_t b) { nccl->all_gather_host(s, r, b); });
+  } else {
+    moe_stats_->all_reduce(g);
+  }
 }
 
 double CudaTrainer::evaluate() {
@@ -512,6 +524,7 @@ void CudaTrainer::save(int64_t step) {
     // and the trainer state. The moments are never gathered.
     std::vector<float> params(rank0() ? n : 0);
     dp_->gather_master(rank0() ? params.data() : nullptr);
+    if (rank0()) model_->put_expert_bias(params.data());  // the shards' bias slots never move
     const size_t own = static_cast<size_t>(dp_->owned_elems());
     std::vector<float> m(own), v(own);
     dp_->read_shard(nullptr, m.data(), v.data());
@@ -723,7 +736,7 @@ void CudaTrainer::train() {
     if (args_->peak_flops > 0) st.extras.push_back({"mfu", flops / args_->peak_flops});
     st.extras.push_back({"mem_gib", gib(used)});             // device-wide, CUDA context included
     st.extras.push_back({"arena_gib", gib(arena_bytes())});  // the model's own tensors (+ the ZeRO-1 shard)
-    moe_stats_->report(st);  // this rank's micro-batches
+    moe_stats_->report(st);  // the global batch's (reduce_moe_stats)
   };
   hooks.evaluate = [this] { return evaluate(); };
   hooks.save = [this](int64_t step) { save(step); };
@@ -760,6 +773,7 @@ void CudaTrainer::sample_at_end() {
     params = tp_global(local.data());
   } else if (zero1()) {
     dp_->gather_master(rank0() ? params.data() : nullptr);
+    if (rank0()) model_->put_expert_bias(params.data());
   } else if (sharded_pg_) {  // collective: every rank takes part
     params.resize(static_cast<size_t>(model_->layout().total));
     model_->get_params(params.data());

@@ -63,6 +63,7 @@ class CudaTrainer : public Trainer {
   void load_fp8_delayed(const io::CheckpointData& data, const std::filesystem::path& dir);
   std::vector<train::MuonTensor> muon_tensors_;  // optimizer: muon (empty: AdamW everywhere)
   double evaluate();
+  void reduce_moe_stats();
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_
   void read_micro(int64_t micro);  // this rank's micro-batch `micro` of the step's global batch (reader_)
   void split_batch();              // batch_ -> inputs_, targets_

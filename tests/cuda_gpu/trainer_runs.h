@@ -21,14 +21,16 @@ namespace primus::backends::cuda::testing {
 
 // The experiment file's text: `framework` (its name is also exp_name) trains a tiny GPT-2 (2 layers,
 // hidden 64, bytes) on tinyshakespeare for 6 steps of 2 micro-batches, evaluating and
-// checkpointing every 3 steps, under workspace `ws`. The data come from $PRIMUS_SOURCE_DIR (the
+// checkpointing every 3 steps, under workspace `ws`; `model` names another model file (its own
+// keys beyond those set here keep their values, e.g. moe/tiny.yaml's experts). The data come from $PRIMUS_SOURCE_DIR (the
 // GPU machine's copy of the tree), else this build's source folder.
-inline std::string tiny_trainer_experiment(const std::string& framework, const std::string& ws) {
+inline std::string tiny_trainer_experiment(const std::string& framework, const std::string& ws,
+                                           const std::string& model = "gpt2/tiny.yaml") {
   const char* env = std::getenv("PRIMUS_SOURCE_DIR");
   const std::string src = env && *env ? env : PRIMUS_SOURCE_DIR;
   return "work_group: g\nuser_name: u\nexp_name: " + framework + "\nworkspace: " + ws +
          "\nmodules:\n  pre_trainer:\n    framework: " + framework +
-         "\n    config: pretrain.yaml\n    model: gpt2/tiny.yaml\n    overrides:\n"
+         "\n    config: pretrain.yaml\n    model: " + model + "\n    overrides:\n"
          "      tokenizer_type: bytes\n      vocab_size: 256\n      seq_length: 64\n      num_layers: 2\n"
          "      hidden_size: 64\n      num_attention_heads: 2\n      ffn_hidden_size: 256\n"
          "      data_path: [" + src + "/examples/data/tinyshakespeare.txt]\n"

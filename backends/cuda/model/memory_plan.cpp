@@ -264,6 +264,8 @@ void MemoryPlan::plan(Take&& take) {
     }
   }
   s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
+  if (spec_.moe.expert_bias && Lm > 0)
+    s.expert_bias = take(Pool::State, DType::F32, {Lm * E}, "MoE expert biases (whole on every rank)");
   if (opt_.fp8_delayed_floats > 0)
     s.fp8_delayed = take(Pool::State, DType::F32, {opt_.fp8_delayed_floats}, "FP8 delayed scaling: amax histories, scales");
   s.fp8_weights.assign(opt_.fp8_weight_layers.size(), {});
@@ -575,12 +577,10 @@ void MemoryPlan::view_params() {
       m.shared_fc = param(n + "moe.shared.fc.weight", false);
       m.shared_proj = param(n + "moe.shared.proj.weight", false);
       if (const train::ParamTensor* b = layout_.find(n + "moe.router.expert_bias")) {
-        if (!state.master.defined() || opt_.fsdp) {
-          throw RuntimeError("cuda model: the MoE expert bias needs the fp32 master weights on every rank "
-                             "(moe_router_enable_expert_bias with use_distributed_optimizer is not supported yet)");
-        }
-        m.expert_bias = TensorView(static_cast<float*>(state.master.data) + b->offset, DType::F32,
-                                   state.master.device, {b->numel});
+        int64_t k = 0;  // this layer's row: the MoE layers below it
+        for (int64_t j = 0; j < l; ++j) k += spec_.is_moe_layer(j);
+        const int64_t E = b->numel;
+        m.expert_bias = state.expert_bias.slice0(k * E, (k + 1) * E);
       }
       continue;
     }

@@ -115,6 +115,11 @@ struct StateBuffers {
   // [E, 2F, C] and proj [E, C, F], each q(W) [E*N*K] and q(W)^T [K][E*N] with the FP8 grouped
   // GEMM's scales (turbo::grouped_fp8_weight_scales / _t_scales).
   std::vector<std::array<Fp8Weight, 2>> fp8_expert_weights;
+  // The MoE routers' expert biases, f32 [MoE layers, experts]: apart from the flat weights (the
+  // optimizer never moves them; every rank moves all of them by the global load after each step),
+  // so sharded optimizer states leave them whole on every rank. set_params / get_params carry them
+  // in and out of the flat layout (CudaModel::put_expert_bias).
+  TensorView expert_bias;
 };
 
 // Views into the activations arena. Per layer, the tensors its recompute policy keeps have memory

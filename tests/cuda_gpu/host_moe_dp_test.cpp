@@ -1,0 +1,92 @@
+// MoE models under the cuda backend's sharded data parallelism (optim_grads, optim_grads_params),
+// through the trainer in host mode: two processes, each reading its half of every global batch,
+// against one process that accumulates both halves. The routing statistics are summed over the
+// ranks before they are reported and before the expert bias moves, so every rank routes with the
+// same bias and the two runs give the same losses (fp32 gate, 1e-5 relative), the same reported
+// loads, and checkpoints that resume across the two layouts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "io/checkpoint.h"
+#include "tests/cuda_gpu/two_processes.h"
+
+namespace primus::backends::cuda {
+namespace {
+
+// moe/tiny.yaml (8 experts, top-2, softmax) at the tiny experiment's widths; `extra` adds keys.
+std::string moe_overrides(const std::string& extra = "") {
+  return "      moe_ffn_hidden_size: 32\n      num_query_groups: 1\n" + extra;
+}
+
+// A metrics.jsonl key per step (e.g. moe/layer0/load_max).
+std::map<int64_t, double> metric(const std::filesystem::path& file, const std::string& key) {
+  std::map<int64_t, double> out;
+  std::ifstream f(file);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) out[j["step"]] = j[key];
+  }
+  return out;
+}
+
+void expect_same_metric(const std::filesystem::path& dir, const std::string& run, const std::string& key) {
+  const auto one = metric(dir / "g/u/cuda/metrics.jsonl", key);
+  const auto two = metric(dir / "g/u" / run / "metrics.jsonl", key);
+  ASSERT_EQ(one.size(), 6u) << key;
+  ASSERT_EQ(two.size(), one.size()) << run << " " << key;
+  for (auto [step, v] : one) EXPECT_NEAR(two.at(step), v, 1e-5 * std::abs(v) + 1e-9) << run << " " << key << " step " << step;
+}
+
+TEST(CudaHostTrainerMoe, ShardedDataParallelTwoProcessesTrainAsOne) {
+  testing::TwoProcesses t(moe_overrides(), "moe/tiny.yaml");
+  for (const std::string strategy : {"optim_grads", "optim_grads_params"}) {
+    const std::string run = "moe_dp2_" + strategy;
+    t.expect_matches(run, "data_parallel_sharding_strategy=" + strategy, "data_parallel_sharding_strategy " + strategy);
+    // Each rank routes half of the batch: the loads are the global batch's only when summed.
+    for (const char* key : {"moe/layer0/load_max", "moe/layer1/load_min", "moe/layer1/load_cv", "moe/layer0/aux_loss"})
+      expect_same_metric(t.dir(), run, key);
+  }
+  t.expect_checkpoints_move("moe_dp2_optim_grads_params", "data_parallel_sharding_strategy=optim_grads_params");
+}
+
+// DeepSeek-style routing: sigmoid scores and the aux-loss-free expert bias, moved every step by the
+// global load. The bias lives outside the optimizer's shards (every rank holds all of it and moves
+// it the same way), and the checkpoints carry its trained values.
+TEST(CudaHostTrainerMoe, ExpertBiasMovesByTheGlobalLoadUnderShardedDataParallelism) {
+  testing::TwoProcesses t(moe_overrides("      moe_router_score_function: sigmoid\n"
+                                        "      moe_router_enable_expert_bias: true\n"
+                                        "      moe_router_bias_update_rate: 0.05\n"),
+                          "moe/tiny.yaml");
+  const std::string run = "bias_dp2";
+  t.expect_matches(run, "data_parallel_sharding_strategy=optim_grads_params", "data_parallel_sharding_strategy");
+  expect_same_metric(t.dir(), run, "moe/layer0/load_max");
+  expect_same_metric(t.dir(), run, "moe/layer1/load_cv");
+  // The saved biases: moved (not the zeros they start from) and those of the one-process run.
+  const auto one = io::load_checkpoint(t.dir() / "g/u/cuda/checkpoints/iter_0000006");
+  const auto two = io::load_checkpoint(t.dir() / "g/u" / run / "checkpoints/iter_0000006");
+  for (int l = 0; l < 2; ++l) {  // saved under the Hugging Face name (moe/tiny.yaml is Mixtral-style)
+    const std::string name = "model.layers." + std::to_string(l) + ".block_sparse_moe.gate.e_score_correction_bias";
+    ASSERT_TRUE(one.model.count(name)) << name;
+    ASSERT_TRUE(two.model.count(name)) << name;
+    const auto a = one.model.at(name).to_fp32(), b = two.model.at(name).to_fp32();
+    ASSERT_EQ(a.size(), 8u);
+    ASSERT_EQ(b.size(), a.size());
+    float moved = 0;
+    for (size_t e = 0; e < a.size(); ++e) {
+      EXPECT_NEAR(b[e], a[e], 1e-6) << name << " expert " << e;
+      moved = std::max(moved, std::abs(a[e]));
+    }
+    EXPECT_GT(moved, 0.04f) << name << ": 6 steps of rate 0.05 must move some bias";
+  }
+  t.expect_checkpoints_move(run, "data_parallel_sharding_strategy=optim_grads_params");
+}
+
+}  // namespace
+}  // namespace primus::backends::cuda
