@@ -378,7 +378,20 @@ void GlooProcessGroup::all_reduce(void* buf, size_t count, DType dtype, ReduceOp
     for (size_t i = 0; i < count; ++i) f32_in_[i] = io::bf16_to_fp32(b[i]);
     f = f32_in_.data();
   }
-  call(what, [&](char* e, size_t n) { return shared_->api->all_reduce_sum_f32(handle_, f, count, e, n); });
+  if (op == ReduceOp::Max) {
+    const size_t n = static_cast<size_t>(world_size());
+    f32_out_.resize(count * n);
+    call(what, [&](char* e, size_t l) {
+      return shared_->api->all_gather(handle_, f, f32_out_.data(), count * sizeof(float), e, l);
+    });
+    for (size_t i = 0; i < count; ++i) {
+      float m = f32_out_[i];
+      for (size_t r = 1; r < n; ++r) m = reduce_step(op, m, f32_out_[r * count + i]);
+      f[i] = m;
+    }
+  } else {
+    call(what, [&](char* e, size_t n) { return shared_->api->all_reduce_sum_f32(handle_, f, count, e, n); });
+  }
   if (op == ReduceOp::Avg) {
     const float w = static_cast<float>(world_size());
     for (size_t i = 0; i < count; ++i) f[i] /= w;
@@ -401,7 +414,7 @@ void GlooProcessGroup::reduce_scatter(const void* send, void* recv, size_t count
     for (size_t i = 0; i < count * n; ++i) f32_in_[i] = io::bf16_to_fp32(b[i]);
     in = f32_in_.data();
   }
-  // Rank r receives every rank's chunk r, then sums them in rank order: the same order, and so
+  // Rank r receives every rank's chunk r, then reduces them in rank order: the same order, and so
   // the same bits, whatever the transport did.
   f32_out_.resize(count * n);
   std::vector<int64_t> bytes(n, static_cast<int64_t>(count * sizeof(float)));
@@ -414,7 +427,7 @@ void GlooProcessGroup::reduce_scatter(const void* send, void* recv, size_t count
   }
   std::vector<float> sum(f32_out_.begin(), f32_out_.begin() + static_cast<std::ptrdiff_t>(count));
   for (size_t r = 1; r < n; ++r) {
-    for (size_t i = 0; i < count; ++i) sum[i] += f32_out_[r * count + i];
+    for (size_t i = 0; i < count; ++i) sum[i] = reduce_step(op, sum[i], f32_out_[r * count + i]);
   }
   if (op == ReduceOp::Avg) {
     for (auto& v : sum) v /= static_cast<float>(n);

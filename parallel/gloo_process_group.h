@@ -6,8 +6,11 @@
 // under its name, so several groups (the world, its tp / cp / dp sub-groups) share one store.
 //
 // Reductions: f32 all_reduce is Gloo's ring; bf16 buffers are widened to f32, reduced, and rounded
-// once. reduce_scatter is an all-to-all of the f32 chunks followed by a sum in rank order, so its
-// result does not depend on the transport's order. Avg divides the sum by the group's size.
+// once. reduce_scatter is an all-to-all of the f32 chunks followed by a reduction in rank order, so
+// its result does not depend on the transport's order. Avg divides the sum by the group's size.
+// all_reduce's Max (the plugin's ring only sums) all-gathers every rank's values as f32 and takes
+// the largest here: world_size x the buffer on the wire, which the small buffers it serves (FP8
+// amaxes) afford.
 //
 // Who is missing: Gloo's errors name addresses, not ranks, and a timeout names nobody. So every
 // process keeps a heartbeat in the store (a counter bumped every `heartbeat` on a store
@@ -97,7 +100,7 @@ class GlooProcessGroup final : public ProcessGroup {
   void* handle_ = nullptr;
   bool aborted_ = false;
   std::string abort_reason_;
-  std::vector<float> f32_in_, f32_out_;  // widened bf16 buffers and reduce_scatter's chunks
+  std::vector<float> f32_in_, f32_out_;  // widened bf16 buffers; reduce_scatter's chunks, Max's gather
 };
 
 }  // namespace primus::parallel

@@ -40,7 +40,7 @@ enum Result : int {
   InProgress = 7,
 };
 enum DataType : int { Float32 = 7, Bfloat16 = 9 };
-enum RedOp : int { Sum = 0, Avg = 4 };
+enum RedOp : int { Sum = 0, Max = 2, Avg = 4 };
 // ncclConfig_t as of NCCL 2.14. NCCL copies min(size, its own size) bytes and treats fields
 // newer than `version` as unset, so this prefix is valid for every later release.
 struct Config {

@@ -16,6 +16,14 @@ namespace primus::parallel {
 
 size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 const char* dtype_name(DType t) { return t == DType::F32 ? "f32" : "bf16"; }
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
 
 void SingleProcessGroup::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp) {
   if (count > 0 && send != recv) std::memmove(recv, send, count * dtype_size(dtype));

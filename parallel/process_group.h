@@ -12,11 +12,15 @@
 //   pointers for NCCL (the call is then enqueued on the group's stream and returns at once);
 // - reduce_scatter and all_gather split a buffer of count * world_size elements into world_size
 //   equal, contiguous chunks in rank order (NCCL's layout);
+// - reductions: Sum; Avg, the sum divided by world_size; Max, the largest value, where a NaN gives
+//   way to a number (IEEE maxNum, what NCCL's max does), so that every engine agrees. Max is
+//   exact in either dtype (the result is one of the inputs);
 // - a peer that dies, or does not join within `timeout()`, makes the call throw
 //   parallel::CollectiveError naming the operation, the peer rank(s) it waited for and the
 //   timeout, never a silent hang; after an error the group is unusable (abort()ed).
 #pragma once
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -28,10 +32,15 @@
 namespace primus::parallel {
 
 enum class DType { F32, BF16 };
-enum class ReduceOp { Sum, Avg };
+enum class ReduceOp { Sum, Avg, Max };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
+const char* reduce_op_name(ReduceOp op);  // "sum" | "avg" | "max"
+
+// One step of a reduction in f32, as the host engines take it in rank order: Sum and Avg add (Avg
+// divides the total once, at the end), Max keeps the larger (std::fmax: a NaN gives way).
+inline float reduce_step(ReduceOp op, float acc, float x) { return op == ReduceOp::Max ? std::fmax(acc, x) : acc + x; }
 
 // A collective failed or timed out. what() names the op, the rank(s) and the timeout.
 struct CollectiveError : RuntimeError {

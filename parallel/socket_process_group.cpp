@@ -200,9 +200,9 @@ void SocketProcessGroup::exchange(const Op& op, const void* sbuf, size_t sn, voi
   }
 }
 
-void SocketProcessGroup::ring_reduce_scatter(const Op& op, float* buf, const std::vector<size_t>& off) {
-  // Step s: send the partial sum of chunk (r-s-1), receive chunk (r-s-2) from the previous rank
-  // and add it in; after world-1 steps chunk r holds every rank's contribution.
+void SocketProcessGroup::ring_reduce_scatter(const Op& op, float* buf, const std::vector<size_t>& off, ReduceOp rop) {
+  // Step s: send the partial reduction of chunk (r-s-1), receive chunk (r-s-2) from the previous
+  // rank and fold it in; after world-1 steps chunk r holds every rank's contribution.
   size_t max_chunk = 0;
   for (int i = 0; i < world_; ++i) max_chunk = std::max(max_chunk, off[i + 1] - off[i]);
   if (recv_tmp_.size() < max_chunk) recv_tmp_.resize(max_chunk);
@@ -212,7 +212,7 @@ void SocketProcessGroup::ring_reduce_scatter(const Op& op, float* buf, const std
     size_t sn = off[sc + 1] - off[sc], rn = off[rc + 1] - off[rc];
     exchange(op, buf + off[sc], sn * 4, recv_tmp_.data(), rn * 4);
     float* dst = buf + off[rc];
-    for (size_t i = 0; i < rn; ++i) dst[i] += recv_tmp_[i];
+    for (size_t i = 0; i < rn; ++i) dst[i] = reduce_step(rop, dst[i], recv_tmp_[i]);
   }
 }
 
@@ -238,7 +238,7 @@ void SocketProcessGroup::all_reduce(void* buf, size_t count, DType dtype, Reduce
     for (size_t i = 0; i < count; ++i) scratch_[i] = bf16_to_fp32(h[i]);
     f = scratch_.data();
   }
-  ring_reduce_scatter(op, f, off);
+  ring_reduce_scatter(op, f, off, rop);
   const size_t lo = off[rank_], hi = off[rank_ + 1];
   if (rop == ReduceOp::Avg) {
     for (size_t i = lo; i < hi; ++i) f[i] /= static_cast<float>(world_);
@@ -265,7 +265,7 @@ void SocketProcessGroup::reduce_scatter(const void* send, void* recv, size_t cou
     auto* h = static_cast<const uint16_t*>(send);
     for (size_t i = 0; i < total; ++i) scratch_[i] = bf16_to_fp32(h[i]);
   }
-  if (world_ > 1 && count > 0) ring_reduce_scatter(op, scratch_.data(), equal_offsets(count, world_));
+  if (world_ > 1 && count > 0) ring_reduce_scatter(op, scratch_.data(), equal_offsets(count, world_), rop);
   const float* mine = scratch_.data() + static_cast<size_t>(rank_) * count;
   const float scale = rop == ReduceOp::Avg ? static_cast<float>(world_) : 1.f;
   if (dtype == DType::F32) {
@@ -311,7 +311,7 @@ void SocketProcessGroup::barrier() {
   // One element per rank: every step of the ring moves bytes, so no rank leaves before all came.
   std::vector<float> token(world_, 1.f);
   Op op{"barrier", token.size(), DType::F32};
-  ring_reduce_scatter(op, token.data(), chunk_offsets(token.size(), world_));
+  ring_reduce_scatter(op, token.data(), chunk_offsets(token.size(), world_), ReduceOp::Sum);
   ring_all_gather(op, reinterpret_cast<char*>(token.data()), chunk_offsets(token.size(), world_), 4);
 }
 

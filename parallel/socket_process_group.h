@@ -2,7 +2,7 @@
 // binary carried to a machine without libgloo; see make_process_group): ranks form a ring of TCP connections (each rank listens on an
 // ephemeral port, publishes host:port in the TcpStore, connects to the next rank and accepts the
 // previous one). all_reduce is a ring reduce-scatter then a ring all-gather, so each rank sends
-// about 2 x the buffer whatever the world size. The NCCL
+// about 2 x the buffer whatever the world size; Max takes the larger value where Sum adds. The NCCL
 // group (parallel/cuda/nccl_process_group.h) has the same contract, see parallel/process_group.h.
 //
 // bf16 reductions accumulate in f32: the buffer is widened once, reduced as f32 (partial sums
@@ -51,8 +51,9 @@ class SocketProcessGroup final : public ProcessGroup {
   struct Op;  // the collective under way, for error messages
   // Sends `sn` bytes to the next rank while receiving `rn` bytes from the previous one.
   void exchange(const Op& op, const void* sbuf, size_t sn, void* rbuf, size_t rn);
-  // f32 ring reduce-scatter in place over `buf`; chunk i is [off[i], off[i+1]).
-  void ring_reduce_scatter(const Op& op, float* buf, const std::vector<size_t>& off);
+  // f32 ring reduce-scatter in place over `buf` (a sum, or the max for ReduceOp::Max); chunk i is
+  // [off[i], off[i+1]).
+  void ring_reduce_scatter(const Op& op, float* buf, const std::vector<size_t>& off, ReduceOp rop);
   // ring all-gather in place over `buf` (bytes); chunk i is [off[i], off[i+1]) elements of `esize`.
   void ring_all_gather(const Op& op, char* buf, const std::vector<size_t>& off, size_t esize);
   void check_usable(const char* what) const;
@@ -67,8 +68,8 @@ class SocketProcessGroup final : public ProcessGroup {
   std::vector<float> scratch_, recv_tmp_;
 };
 
-// Collectives of a job of one: reductions leave the buffer as it is (Avg of one value is the
-// value), gathers and scatters copy.
+// Collectives of a job of one: reductions leave the buffer as it is (Avg or Max of one value is
+// the value), gathers and scatters copy.
 class SingleProcessGroup final : public ProcessGroup {
  public:
   int rank() const override { return 0; }

@@ -40,7 +40,7 @@ void reduce_loop(size_t k, size_t count, ReduceOp op, Load load, Store store) {
   const float div = static_cast<float>(k);
   for (size_t i = 0; i < count; ++i) {
     float acc = load(0, i);
-    for (size_t j = 1; j < k; ++j) acc += load(j, i);
+    for (size_t j = 1; j < k; ++j) acc = reduce_step(op, acc, load(j, i));
     store(i, op == ReduceOp::Avg ? acc / div : acc);
   }
 }
@@ -581,7 +581,8 @@ class ThreadedProcessGroup final : public ProcessGroup {
         std::vector<std::string> calls;
         for (size_t r = 0; r < peers_.size(); ++r) {
           calls.push_back(fmt::format("{} called {}{}", hub_->label(static_cast<int>(r)), peers_[r].what,
-                                      peers_[r].op == ReduceOp::Avg ? " (avg)" : ""));
+                                      peers_[r].op != ReduceOp::Sum ? fmt::format(" ({})", reduce_op_name(peers_[r].op))
+                                                                    : ""));
         }
         why = "the ranks called different collectives: " + fmt::format("{}", fmt::join(calls, ", "));
         break;

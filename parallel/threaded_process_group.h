@@ -24,8 +24,9 @@
 //
 // Results do not depend on thread timing: a reduction sums the ranks' values in rank order,
 // accumulating in f32 (bf16 inputs widened, the result rounded to bf16 once, like the Gloo and
-// socket groups), and Avg divides that sum by the group's size. An all_reduce reduces chunk r of
-// the buffer on rank r, then every rank copies the other chunks, so all ranks hold the same bits.
+// socket groups), and Avg divides that sum by the group's size; Max takes the largest instead.
+// An all_reduce reduces chunk r of the buffer on rank r, then every rank copies the other chunks,
+// so all ranks hold the same bits.
 //
 // The ranks must agree: a collective whose kind, count, dtype, root or op differ between ranks,
 // or all_to_all_v counts that do not pair up, throws CollectiveError on every rank, listing what
@@ -52,7 +53,8 @@ class MemoryOps {
   // `bytes` from src to dst; the ranges do not overlap.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // dst[i] = srcs[0][i] + ... + srcs[k-1][i] for i < count, added in that order in f32 (bf16
-  // widened), divided by k for Avg, rounded to dtype once. dst may be one of srcs; no other overlap.
+  // widened), divided by k for Avg, rounded to dtype once; for Max the largest of them
+  // (parallel::reduce_step). dst may be one of srcs; no other overlap.
   virtual void reduce(void* dst, const void* const* srcs, size_t k, size_t count, DType dtype, ReduceOp op) = 0;
   // Returns when the work issued so far on this rank's buffers has finished: both this object's
   // copies and reductions and the rank's own producers (for device memory, its stream).

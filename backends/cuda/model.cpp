@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/cuda/model/group_order.h"
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
@@ -133,9 +134,9 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
     const int64_t e = opt.fp8_bf16_edge_layers;
     if (cache_experts) mp.fp8_expert_weight_layers.push_back(spec.is_moe_layer(l) && l >= e && l < spec.num_layers - e);
   }
-  if (opt.fp8_delayed) {
+  if (opt.fp8_delayed) {  // histories, scales, formats' maxima, and reduce_fp8_amaxes' staging
     const int64_t tensors = kFp8DelayedLinears * spec.num_layers * turbo::Fp8DelayedScaling::kRoles;
-    mp.fp8_delayed_floats = tensors * (opt.fp8_delayed->options().history_len + 2);
+    mp.fp8_delayed_floats = tensors * (opt.fp8_delayed->options().history_len + 3);
   }
   mp.attention_scratch_bytes = opt.attention_scratch_bytes;
   mp.ones_pad = Decoder::ones_pad_for(spec, opt.bias_grad, opt.fp8_linear);
@@ -226,17 +227,19 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (fsdp) {
     const std::string what = fmt::format("data_parallel_sharding_strategy {}", parallel::dp_sharding_name(opt_.dp_sharding));
     if (tp) throw ConfigError(what + " with tensor_model_parallel_size > 1 is not implemented on the cuda backend yet");
-    if (opt_.fp8_linear) throw ConfigError(what + " with fp8 linear layers is not implemented on the cuda backend yet");
     if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
     if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
       throw ConfigError(what + " keeps its own shard of the optimizer state (no use_distributed_optimizer buffers)");
   }
   const bool cp = opt_.cp_group && opt_.cp_group->world_size() > 1;
-  if (opt_.fp8_delayed && (tp || fsdp || cp || !opt_.optimizer_state))
-    throw ConfigError("fp8_recipe delayed with tensor, context or sharded data parallelism is not implemented: each "
-                      "rank would record the amaxes of its own part, and the ranks' histories would need a max over "
-                      "the group every step (use fp8_recipe tensorwise, rowwise or blockwise)");
+  // The amax reduction (fp8_amax_group) is wired for replicas that run whole layers on their own
+  // samples: plain data parallelism and ZeRO-1. Tensor and context parallelism cut each tensor
+  // over their ranks, and the sharded strategies have no reduction over their group yet.
+  if (opt_.fp8_delayed && (tp || fsdp || cp))
+    throw ConfigError("fp8_recipe delayed with tensor, context or sharded data parallelism is not implemented (plain "
+                      "data parallelism and use_distributed_optimizer are); use fp8_recipe tensorwise, rowwise or "
+                      "blockwise");
   if (cp) {
     const int64_t n = opt_.cp_group->world_size();
     const std::string what = fmt::format("context_parallel_size {}", n);
@@ -253,6 +256,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
+  if (opt_.fp8_delayed && opt_.fp8_amax_group)
+    amax_nccl_ = device_group(*opt_.fp8_amax_group, stream_, "fp8_recipe delayed's amax reduction");
 
   GradClearing clearing = plan_grad_clearing(
       layout_, [this](const std::string& name) { return Decoder::written_by_first_gemm(spec_, name); });
@@ -538,9 +543,10 @@ void CudaModel::init_fp8_delayed() {
   }
   const int64_t T = d.tensors(), len = d.options().history_len;
   const TensorView& buf = plan_->state.fp8_delayed;
-  if (buf.numel() != T * (len + 2)) throw RuntimeError("cuda model: the FP8 delayed-scaling buffer is mis-sized");
+  if (buf.numel() != T * (len + 3)) throw RuntimeError("cuda model: the FP8 delayed-scaling buffer is mis-sized");
   d.bind(buf.slice0(0, T * len), buf.slice0(T * len, T * (len + 1)), buf.slice0(T * (len + 1), T * (len + 2)));
-  std::vector<float> init(static_cast<size_t>(T * (len + 2)), 0.0f);  // empty histories
+  fp8_amax_stage_ = buf.slice0(T * (len + 2), T * (len + 3));
+  std::vector<float> init(static_cast<size_t>(T * (len + 3)), 0.0f);  // empty histories
   for (int64_t t = 0; t < T; ++t) {
     init[static_cast<size_t>(T * len + t)] = 1.0f;  // scale 1 until a step is folded in (unused before)
     init[static_cast<size_t>(T * (len + 1) + t)] = d.fp8_max_of_tensor(t);
@@ -593,6 +599,30 @@ void CudaModel::set_fp8_delayed(const Fp8DelayedState& in) {
   stream_.sync();  // the host vectors are the caller's
   d.use_history = in.use_history;
   fp8_pending_ = in.pending;
+}
+
+void CudaModel::reduce_fp8_amaxes() {
+  parallel::ProcessGroup* group = opt_.fp8_amax_group;
+  if (!opt_.fp8_delayed || !group || group->world_size() == 1 || !fp8_pending_) return;
+  const turbo::Fp8DelayedScaling& d = *opt_.fp8_delayed;
+  const int64_t T = d.tensors(), len = d.options().history_len;
+  float* history = d.history().ptr<float>();
+  // The newest entries are every len-th float of the histories: with len > 1 they go through the
+  // staging floats, so the collective moves T floats rather than every history (the older
+  // entries are the same on every rank already). One strided copy each way.
+  float* newest = len == 1 ? history : fp8_amax_stage_.ptr<float>();
+  auto copy_column = [&](float* dst, int64_t dst_pitch, const float* src, int64_t src_pitch) {
+    if (stream_.host) {
+      for (int64_t t = 0; t < T; ++t) dst[t * dst_pitch] = src[t * src_pitch];
+    } else {
+      CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_pitch) * sizeof(float), src, size_t(src_pitch) * sizeof(float),
+                                   sizeof(float), size_t(T), cudaMemcpyDeviceToDevice, stream_.stream));
+    }
+  };
+  if (len > 1) copy_column(newest, 1, history, len);
+  in_stream_order(amax_nccl_, stream_,
+                  [&] { group->all_reduce(newest, size_t(T), parallel::DType::F32, parallel::ReduceOp::Max); });
+  if (len > 1) copy_column(history, len, newest, 1);
 }
 
 void CudaModel::zero_grad() {

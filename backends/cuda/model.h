@@ -83,6 +83,12 @@ struct CudaModelOptions {
   // step's amaxes into the next scales at the start of the following step (zero_grad) and keeps
   // evaluation forwards from recording. Not with tp, cp or sharded data parallelism.
   std::shared_ptr<turbo::Fp8DelayedScaling> fp8_delayed;
+  // fp8_recipe delayed over data-parallel replicas (plain or ZeRO-1; Transformer Engine's
+  // reduce_amax): the group of the ranks that train copies of this model on their own samples.
+  // reduce_fp8_amaxes() makes each step's amaxes their max over it, so every replica keeps the
+  // histories and scales of one process that saw every rank's samples. On the device NCCL or the
+  // threaded group (group_order.h); any group in host mode. Null: this model's amaxes alone.
+  parallel::ProcessGroup* fp8_amax_group = nullptr;
   // FP8 linear layers keep their inputs for the backward as FP8 transposed copies (the registry
   // their recipe holds; turbo::Fp8SavedInputs): in every FP8 layer whose recompute policy keeps
   // activations (none), the plan drops bf16 ln1, ln2 and act for 1-byte copies of them, and the
@@ -292,6 +298,13 @@ class CudaModel {
   // a value is negative or not finite.
   void set_fp8_delayed(const Fp8DelayedState& s);
   bool fp8_delayed_on() const { return opt_.fp8_delayed != nullptr; }
+  // fp8_recipe delayed with CudaModelOptions::fp8_amax_group: the amaxes the training step recorded
+  // (the histories' newest entries) become their max over the group. Collective: every rank calls
+  // it once per step, after the step's last backward, so that the next zero_grad folds the same
+  // amaxes in everywhere and a checkpoint saved between steps holds them. In the model's stream
+  // order (NCCL: enqueued, so a captured step holds it). Nothing to do without the group or
+  // without a training backward since the last fold.
+  void reduce_fp8_amaxes();
 
  private:
   std::vector<const train::ParamTensor*> expert_bias_slots() const;
@@ -327,6 +340,10 @@ class CudaModel {
   StepProfiler* prof_ = nullptr;
   // fp8_recipe delayed: a training step has recorded amaxes that the next zero_grad folds in.
   bool fp8_pending_ = false;
+  // reduce_fp8_amaxes: the staging of the newest entries (f32 [tensors]), and the amax group as
+  // NCCL (null for another group).
+  TensorView fp8_amax_stage_;
+  parallel::NcclProcessGroup* amax_nccl_ = nullptr;
   void init_fp8_delayed();
 };
 

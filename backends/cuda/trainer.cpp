@@ -148,12 +148,10 @@ void CudaTrainer::init() {
                  "78,722 vs 66,652 tok/s: docs/cuda.md \"FP8\"); fp8: none is likely faster here",
                  args_->fp8, spec.hidden_size);
   }
-  if (mo.fp8_delayed && dist_.world_size > 1) {
-    throw ConfigError(fmt::format("fp8_recipe delayed with {} ranks is not implemented: each rank would record the "
-                                  "amaxes of its own batch, and the histories would need a max over the ranks every "
-                                  "step to stay one (use fp8_recipe tensorwise, rowwise or blockwise)",
-                                  dist_.world_size));
-  }
+  // Each replica records the amaxes of its own samples: step_body takes their max over the ranks,
+  // so the histories and scales stay one process's (the model refuses delayed scaling with tp, cp
+  // and the sharded strategies).
+  if (mo.fp8_delayed && pg_) mo.fp8_amax_group = pg_.get();
   const bool fallback = uses_fallback_attention(*args_);
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (tp_pg_) {
@@ -366,6 +364,7 @@ void CudaTrainer::step_body(int64_t step) {
     model_->backward();
   }
   if (dp_) dp_->end_backward();  // the gradients are now averaged over the ranks (ZeRO-1: this rank's shard)
+  model_->reduce_fp8_amaxes();    // fp8_recipe delayed: the step's amaxes, the max over the ranks
   if (zero1()) {
     dp_->grad_norm(static_cast<float>(t.optim.clip_grad));
   } else {
@@ -532,8 +531,10 @@ void CudaTrainer::save(int64_t step) {
     sharding.total = static_cast<int64_t>(n);
     for (int k = 0; k < dist_.world_size; ++k) sharding.ranks.push_back(dp_->shard_segments(k));
     io::CheckpointData data;
+    CudaModel::Fp8DelayedState fp8;  // fp8_recipe delayed (the same on every rank): outlives the save
     if (rank0()) {
       data = train::pack_checkpoint(args_->model, model_->layout(), params.data(), nullptr, nullptr, state_json(step));
+      if (model_->fp8_delayed_on()) save_fp8_delayed(data, fp8);
     }
     // The shard digests travel through the device (an NCCL group takes device buffers).
     parallel::HostAllGather gather = [this](const void* send, void* recv, size_t bytes) {
@@ -548,7 +549,7 @@ void CudaTrainer::save(int64_t step) {
     const bool all = sharded_pg_ != nullptr;
     std::vector<float> params(rank0() || all ? n : 0), m(rank0() || all ? n : 0), v(rank0() || all ? n : 0), muon_flat;
     io::CheckpointData data;
-    CudaModel::Fp8DelayedState fp8;  // fp8_recipe delayed (one process only): outlives the save
+    CudaModel::Fp8DelayedState fp8;  // fp8_recipe delayed (the same on every rank): outlives the save
     if (all || rank0()) {
       model_->get_params(params.data());
       model_->get_moments(m.data(), v.data());
@@ -666,6 +667,7 @@ void CudaTrainer::load(const fsys::path& dir) {
     }
     parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), segs, {m.data(), v.data()});
     dp_->write_shard(master.data(), m.data(), v.data());
+    if (model_->fp8_delayed_on()) load_fp8_delayed(data, dir);
   } else {
     train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), nullptr, nullptr);
     model_->set_params(params.data());

@@ -21,7 +21,14 @@ using Ms = std::chrono::milliseconds;
 namespace {
 
 nccl::DataType to_nccl(parallel::DType t) { return t == parallel::DType::F32 ? nccl::Float32 : nccl::Bfloat16; }
-nccl::RedOp to_nccl(parallel::ReduceOp op) { return op == parallel::ReduceOp::Sum ? nccl::Sum : nccl::Avg; }
+nccl::RedOp to_nccl(parallel::ReduceOp op) {
+  switch (op) {
+    case parallel::ReduceOp::Sum: return nccl::Sum;
+    case parallel::ReduceOp::Avg: return nccl::Avg;
+    case parallel::ReduceOp::Max: return nccl::Max;  // fmaxf on floats: the contract's NaN rule
+  }
+  throw RuntimeError("NCCL: unknown reduction");
+}
 const char* dtype_text(parallel::DType t) { return t == parallel::DType::F32 ? "f32" : "bf16"; }
 double secs(Ms t) { return static_cast<double>(t.count()) / 1000.0; }
 

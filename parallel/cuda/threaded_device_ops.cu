@@ -1,7 +1,8 @@
 // DeviceMemoryOps: copies and the rank-order reduction of the threaded group's collectives on one
-// GPU. The reduction reads k peers' buffers element by element and adds them in rank order in
-// f32, so every rank's chunk, and the host reference, come out bit for bit the same; it is a
-// bandwidth-bound grid-stride loop, which is all a stand-in for NCCL on one GPU needs.
+// GPU. The reduction reads k peers' buffers element by element and adds them (or, for Max, takes
+// the largest) in rank order in f32, so every rank's chunk, and the host reference, come out bit
+// for bit the same; it is a bandwidth-bound grid-stride loop, which is all a stand-in for NCCL on
+// one GPU needs.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -26,11 +27,14 @@ __device__ __forceinline__ void threaded_store(float* p, size_t i, float v) { p[
 __device__ __forceinline__ void threaded_store(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 template <class T>
-__global__ void threaded_reduce_kernel(T* dst, ReduceSources src, int k, size_t count, bool average) {
+__global__ void threaded_reduce_kernel(T* dst, ReduceSources src, int k, size_t count, bool average, bool max) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     float acc = threaded_load(static_cast<const T*>(src.p[0]), i);
-    for (int j = 1; j < k; ++j) acc += threaded_load(static_cast<const T*>(src.p[j]), i);
+    for (int j = 1; j < k; ++j) {
+      const float x = threaded_load(static_cast<const T*>(src.p[j]), i);
+      acc = max ? fmaxf(acc, x) : acc + x;  // fmaxf: a NaN gives way, as std::fmax on the host
+    }
     // A true division, as on the host (nvcc's default -prec-div=true keeps it IEEE).
     threaded_store(dst, i, average ? acc / static_cast<float>(k) : acc);
   }
@@ -50,13 +54,13 @@ void launch_threaded_reduce(void* dst, const void* const* srcs, size_t k, size_t
   constexpr int kThreads = 256;
   const size_t want = (count + kThreads - 1) / kThreads;
   const unsigned blocks = static_cast<unsigned>(want < 4096 ? want : 4096);
-  const bool avg = op == ReduceOp::Avg;
+  const bool avg = op == ReduceOp::Avg, max = op == ReduceOp::Max;
   if (dtype == DType::F32) {
     threaded_reduce_kernel<float>
-        <<<blocks, kThreads, 0, stream>>>(static_cast<float*>(dst), s, static_cast<int>(k), count, avg);
+        <<<blocks, kThreads, 0, stream>>>(static_cast<float*>(dst), s, static_cast<int>(k), count, avg, max);
   } else {
     threaded_reduce_kernel<__nv_bfloat16>
-        <<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), s, static_cast<int>(k), count, avg);
+        <<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), s, static_cast<int>(k), count, avg, max);
   }
   CUDA_CHECK_LAST();
 }

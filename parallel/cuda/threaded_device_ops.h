@@ -7,10 +7,10 @@
 //   // in rank r's thread: cudaSetDevice(0); auto pg = hub->rank(r);  (pg's stream: see below)
 //
 // Copies are cudaMemcpyAsync on the rank's stream, reductions a kernel on it (f32 or bf16 in,
-// f32 accumulation in rank order, one rounding to bf16; Avg divides the sum, as on the host, so
-// device and host results are the same bits). The group synchronizes the stream around each
-// collective: a rank's inputs must be complete on that stream when it calls, and the result is
-// in place when the call returns.
+// f32 accumulation in rank order, one rounding to bf16; Avg divides the sum and Max takes the
+// largest, as on the host, so device and host results are the same bits). The group synchronizes
+// the stream around each collective: a rank's inputs must be complete on that stream when it
+// calls, and the result is in place when the call returns.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -47,9 +47,9 @@ class DeviceMemoryOps final : public MemoryOps {
   bool owned_ = false;
 };
 
-// The reduction kernel's launcher: dst[i] = srcs[0][i] + ... + srcs[k-1][i] (/ k for Avg) for
-// i < count, f32 accumulation in source order, on `stream`. Device pointers; dst may be one of
-// srcs. k <= DeviceMemoryOps::kMaxSources.
+// The reduction kernel's launcher: dst[i] = srcs[0][i] + ... + srcs[k-1][i] (/ k for Avg; for Max
+// the largest of them) for i < count, f32 accumulation in source order, on `stream`. Device
+// pointers; dst may be one of srcs. k <= DeviceMemoryOps::kMaxSources.
 void launch_threaded_reduce(void* dst, const void* const* srcs, size_t k, size_t count, DType dtype, ReduceOp op,
                             cudaStream_t stream);
 

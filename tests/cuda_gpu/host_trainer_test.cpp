@@ -115,7 +115,7 @@ TEST(CudaHostTrainer, OptimizerInBackwardTrainsAsTheUpdateAfterTheBackward) {
 // and scales go into the checkpoint (fp8_amax_history [24, 3], fp8_scale [24]: 2 layers x 4
 // linear layers x x|w|dy), and a resume from step 3 replays steps 4-6 bit for bit, validation
 // included; a resume from a checkpoint without them (tensorwise) starts the histories empty and
-// so does not. The recipe's keys without it, and delayed over several ranks, are refused by name.
+// so does not. The recipe's keys without it are refused by name (several ranks: host_fp8_dp_test.cpp).
 TEST(CudaHostTrainer, DelayedFp8ScalingResumesBitForBit) {
   primus::testing::Workdir w;
   auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));

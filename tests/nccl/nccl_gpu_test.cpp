@@ -210,4 +210,38 @@ TEST(NcclGpu, Zero1CheckpointFromTwoGpusResumesOnOneGpu) {
   std::printf("[dp] ZeRO-1 2-GPU checkpoint resumed on 1 GPU: steps 11-20 within %.3e of the 1-GPU run\n", worst);
 }
 
+// fp8_recipe delayed on 2 GPUs, plain and ZeRO-1: the amaxes are max-reduced over the ranks every
+// step (CudaModel::reduce_fp8_amaxes, inside the step), so the run follows 1 GPU's losses (bf16
+// tolerance); the ZeRO-1 run's step-10 checkpoint holds the amax histories (rank 0 writes them)
+// and resumes on 1 GPU with them.
+TEST(NcclGpu, TwoGpuDelayedFp8TrainsAsOneGpuAndResumesOnOne) {
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus();
+  const std::string fp8 = "fp8=hybrid fp8_recipe=delayed fp8_amax_history_len=3 fp8_amax_compute_algo=max ";
+  std::string log1;
+  const auto one = train_losses(1, "fp8d1", fp8 + "lr_decay_iters=20", &log1);
+  ASSERT_EQ(one.size(), 20u) << log1;
+  for (const char* extra : {"use_distributed_optimizer=false", "use_distributed_optimizer=true"}) {
+    std::string log2;
+    const auto two = train_losses(2, "fp8d2", fp8 + "lr_decay_iters=20 " + extra, &log2);
+    ASSERT_EQ(two.size(), 20u) << extra << "\n" << log2;
+    double worst = 0;
+    for (const auto& [step, v1] : one) worst = std::max(worst, std::abs(two.at(step).first - v1.first) / v1.first);
+    EXPECT_LT(worst, 2e-2) << extra;
+    std::printf("[dp] fp8 delayed, %s: 20 steps within %.3e of 1 GPU's losses\n", extra, worst);
+  }
+  std::string log2, log3;
+  train_losses(2, "fp8rs", fp8 + "use_distributed_optimizer=true train_iters=10 lr_decay_iters=20 save_interval=10",
+               &log2, true);
+  ASSERT_NE(log2.find("saved step 10"), std::string::npos) << log2;
+  const auto resumed = train_losses(1, "fp8rs", fp8 + "auto_continue_train=true lr_decay_iters=20", &log3);
+  ASSERT_NE(log3.find("resumed from"), std::string::npos) << log3;
+  EXPECT_EQ(log3.find("has no FP8 amax histories"), std::string::npos) << log3;
+  double worst = 0;
+  for (int step = 11; step <= 20; ++step) {
+    ASSERT_TRUE(resumed.count(step)) << "step " << step << " missing\n" << log3;
+    worst = std::max(worst, std::abs(resumed.at(step).first - one.at(step).first) / one.at(step).first);
+  }
+  EXPECT_LT(worst, 2e-2);
+}
+
 }  // namespace

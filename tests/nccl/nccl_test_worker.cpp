@@ -1,7 +1,7 @@
 // One rank of the NCCL process-group tests (nccl_gpu_test.cpp starts several). Reads the
 // torchrun variables, joins a NcclProcessGroup on GPU LOCAL_RANK and runs one scenario:
-//   collectives  every collective on f32 and bf16, results checked against the serial
-//                reduction (small integers: exact in any order); prints "OK rank R"
+//   collectives  every collective on f32 and bf16 (all_reduce sum, avg and max), results checked
+//                against the serial reduction (small integers: exact in any order); prints "OK rank R"
 //   hang         rank 1 stops itself (SIGSTOP) before the all-reduce; the others must fail
 //   leave        rank 1 leaves (exit 0) without joining the all-reduce; the others must fail
 //   stall        rank 1 stays alive (heartbeats go on) but never joins; the others must fail
@@ -9,7 +9,9 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <thread>
 #include <cstdio>
@@ -106,6 +108,17 @@ void collectives(parallel::NcclProcessGroup& pg) {
       pg.synchronize();
       expect_eq(unpack(buf.get(), t), avg, "all_reduce avg " + tn);
     }
+    // all_reduce max, with a NaN on rank 0 that gives way to the other ranks' numbers (fmaxf)
+    auto nan_at = [&](int r, size_t i) { return r == 0 && W > 1 && i == 1; };
+    std::vector<float> with_nan = mine, max(n, -1e30f);
+    if (nan_at(R, 1)) with_nan[1] = std::nanf("");
+    for (size_t i = 0; i < n; ++i)
+      for (int r = 0; r < W; ++r)
+        if (!nan_at(r, i)) max[i] = std::max(max[i], value(r, i));
+    buf.put(pack(with_nan, t));
+    pg.all_reduce(buf.p, n, t, parallel::ReduceOp::Max);
+    pg.synchronize();
+    expect_eq(unpack(buf.get(), t), max, "all_reduce max " + tn);
     // reduce_scatter, in place (recv = send + rank * chunk)
     const size_t chunk = n / W, total = chunk * W;
     std::vector<float> full(mine.begin(), mine.begin() + total);

@@ -42,7 +42,7 @@ class ThreadedDeviceGroup : public ::testing::Test {
   DeviceTestMemory mem;
 };
 
-TEST_F(ThreadedDeviceGroup, AllReduceSumAndAvgF32AndBf16) { check_all_reduce(mem); }
+TEST_F(ThreadedDeviceGroup, AllReduceSumAvgAndMaxF32AndBf16) { check_all_reduce(mem); }
 TEST_F(ThreadedDeviceGroup, ReduceScatterInPlaceAndNot) { check_reduce_scatter(mem); }
 TEST_F(ThreadedDeviceGroup, AllGatherInPlaceAndNot) { check_all_gather(mem); }
 TEST_F(ThreadedDeviceGroup, BroadcastFromEveryRoot) { check_broadcast(mem); }
@@ -57,7 +57,7 @@ TEST_F(ThreadedDeviceGroup, ThousandSmallAllReduces) {
 // element, and bf16 sums of many ranks round once.
 TEST_F(ThreadedDeviceGroup, ReductionKernelMatchesTheHostLoop) {
   for (DType d : kDtypes) {
-    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
       const size_t count = (size_t{1} << 21) + 77, k = 7, es = dtype_size(d);
       std::mt19937 rng(1234);
       auto in = random_inputs(rng, static_cast<int>(k), count, d);

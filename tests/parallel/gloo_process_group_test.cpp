@@ -67,6 +67,9 @@ TEST_F(GlooPG, AllReduceF32AndBf16EqualSerialSumAndAverage) {
   }
 }
 
+// Max: a gather and the largest value in rank order (the plugin's ring only sums).
+TEST_F(GlooPG, MaxGivesEveryRankTheLargestValue) { check_max(*server_, PgEngine::Gloo); }
+
 TEST_F(GlooPG, ReduceScatterGivesEachRankItsChunkInPlaceOrNot) {
   for (int world = 2; world <= 3; ++world) {
     const size_t count = 1001;

@@ -4,8 +4,11 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,6 +74,52 @@ inline std::vector<RankOutcome> run_ranks(TcpStore& host, int world, Ms timeout,
   }
   for (auto& t : threads) t.join();
   return out;
+}
+
+// ReduceOp::Max on `engine`, 1 to 3 ranks: all_reduce (f32 and bf16) and reduce_scatter give every
+// rank the largest of the ranks' values (small integers, exact in both dtypes), and a NaN on rank
+// 0 gives way to the other ranks' numbers (the contract's rule, NCCL's fmaxf).
+inline void check_max(TcpStore& host, PgEngine engine) {
+  const size_t count = 1001;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int world = 1; world <= 3; ++world) {
+    auto value = [&](int r, size_t i) { return i == 1 && r == 0 && world > 1 ? nan : input_value(r, i); };
+    std::vector<std::vector<float>> f32(world), bf(world), rs(world);
+    auto out = run_ranks(
+        host, world, Ms(5000),
+        [&](ProcessGroup& pg) {
+          const int r = pg.rank();
+          std::vector<float> buf(count);
+          std::vector<uint16_t> b(count);
+          for (size_t i = 0; i < count; ++i) {
+            buf[i] = value(r, i);
+            b[i] = fp32_to_bf16(buf[i]);
+          }
+          pg.all_reduce(buf.data(), count, DType::F32, ReduceOp::Max);
+          pg.all_reduce(b.data(), count, DType::BF16, ReduceOp::Max);
+          f32[r] = buf;
+          for (uint16_t x : b) bf[r].push_back(bf16_to_fp32(x));
+          std::vector<float> send(count * world), recv(count);
+          for (size_t i = 0; i < send.size(); ++i) send[i] = value(r, i);
+          pg.reduce_scatter(send.data(), recv.data(), count, DType::F32, ReduceOp::Max);
+          rs[r] = recv;
+        },
+        engine);
+    for (int r = 0; r < world; ++r)
+      ASSERT_TRUE(out[r].ok) << "world " << world << " rank " << r << ": " << out[r].error;
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        float want = -1e30f, want_rs = -1e30f;
+        for (int q = 0; q < world; ++q) {
+          if (!std::isnan(value(q, i))) want = std::max(want, value(q, i));
+          if (!std::isnan(value(q, r * count + i))) want_rs = std::max(want_rs, value(q, r * count + i));
+        }
+        ASSERT_EQ(f32[r][i], want) << "f32 world " << world << " rank " << r << " i " << i;
+        ASSERT_EQ(bf[r][i], want) << "bf16 world " << world << " rank " << r << " i " << i;
+        ASSERT_EQ(rs[r][i], want_rs) << "reduce_scatter world " << world << " rank " << r << " i " << i;
+      }
+    }
+  }
 }
 
 }  // namespace primus::parallel

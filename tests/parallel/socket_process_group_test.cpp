@@ -102,6 +102,9 @@ TEST_F(SocketPG, AllReduceBf16RoundsOnceAtTheEnd) {
   }
 }
 
+// Max: the ring keeps the larger value where it adds for Sum.
+TEST_F(SocketPG, MaxGivesEveryRankTheLargestValue) { check_max(*server_, PgEngine::Socket); }
+
 TEST_F(SocketPG, ReduceScatterGivesEachRankItsChunk) {
   for (int world = 1; world <= 4; ++world) {
     for (DType dt : {DType::F32, DType::BF16}) {

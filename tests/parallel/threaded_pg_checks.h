@@ -2,14 +2,17 @@
 // host test (tests/parallel/threaded_process_group_test.cpp) and the device one
 // (tests/nccl/threaded_device_group_test.cpp): the same collectives on fresh random data, each
 // result compared bit for bit with the value computed here in rank order (f32 sum of the inputs
-// widened from their dtype, divided for Avg, rounded once), whatever the buffers' memory.
+// widened from their dtype, divided for Avg, rounded once; the largest for Max), whatever the
+// buffers' memory.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -101,7 +104,7 @@ inline std::vector<float> decode(const Bytes& b, DType d) {
 // The reduction of values[0..n) in rank order, as every engine must compute it.
 inline float reference_reduce(const std::vector<float>& values, DType d, ReduceOp op) {
   float acc = values[0];
-  for (size_t j = 1; j < values.size(); ++j) acc += values[j];
+  for (size_t j = 1; j < values.size(); ++j) acc = op == ReduceOp::Max ? std::fmax(acc, values[j]) : acc + values[j];
   if (op == ReduceOp::Avg) acc /= static_cast<float>(values.size());
   return representable(acc, d);
 }
@@ -177,17 +180,20 @@ inline std::string case_name(const char* op, int world, DType d, size_t count, c
 const std::vector<int> kWorlds = {2, 3, 4};
 const std::vector<DType> kDtypes = {DType::F32, DType::BF16};
 
-// all_reduce, Sum and Avg, f32 and bf16, counts smaller and larger than the world.
+// all_reduce, Sum, Avg and Max, f32 and bf16, counts smaller and larger than the world. Max meets
+// a NaN on rank 0, which gives way to the other ranks' numbers.
 inline void check_all_reduce(TestMemory& mem) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   for (int world : kWorlds) {
     for (DType d : kDtypes) {
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
         for (size_t count : {size_t{1}, size_t{3}, size_t{1000}, size_t{4099}}) {
-          const std::string what = case_name("all_reduce", world, d, count, op == ReduceOp::Avg ? " avg" : " sum");
+          const std::string what =
+              case_name("all_reduce", world, d, count, (std::string(" ") + reduce_op_name(op)).c_str());
           auto in = random_inputs(rng, world, count, d);
+          if (op == ReduceOp::Max) in[0][count / 2] = std::numeric_limits<float>::quiet_NaN();
           std::vector<std::vector<float>> got(static_cast<size_t>(world));
           auto out = run_ranks(mem, world, Ms(10000), [&](ProcessGroup& pg) {
             const size_t r = static_cast<size_t>(pg.rank());
@@ -217,10 +223,11 @@ inline void check_reduce_scatter(TestMemory& mem) {
   std::mt19937 rng(seed);
   for (int world : kWorlds) {
     for (DType d : kDtypes) {
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
         for (bool in_place : {false, true}) {
           const size_t count = 257;
-          const std::string what = case_name("reduce_scatter", world, d, count, in_place ? " in place" : "");
+          const std::string what = case_name("reduce_scatter", world, d, count,
+                                             (std::string(in_place ? " in place " : " ") + reduce_op_name(op)).c_str());
           auto in = random_inputs(rng, world, count * static_cast<size_t>(world), d);
           std::vector<std::vector<float>> got(static_cast<size_t>(world));
           auto out = run_ranks(mem, world, Ms(10000), [&](ProcessGroup& pg) {

@@ -26,7 +26,7 @@ TEST(ThreadedPG, NamesItselfAndItsRanks) {
   expect_all_ok(out, "names");
 }
 
-TEST(ThreadedPG, AllReduceSumAndAvgF32AndBf16) { check_all_reduce(host); }
+TEST(ThreadedPG, AllReduceSumAvgAndMaxF32AndBf16) { check_all_reduce(host); }
 TEST(ThreadedPG, ReduceScatterInPlaceAndNot) { check_reduce_scatter(host); }
 TEST(ThreadedPG, AllGatherInPlaceAndNot) { check_all_gather(host); }
 TEST(ThreadedPG, BroadcastFromEveryRoot) { check_broadcast(host); }

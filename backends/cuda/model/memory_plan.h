@@ -101,8 +101,9 @@ struct StateBuffers {
   TensorView hyper;       // f32 {lr, 1 - beta1^t, 1 - beta2^t}, which a captured AdamW reads
   TensorView group_norm;  // f32 {norm, factor} of one AdamW group (the optimizer in the backward)
   TensorView zero_table;  // i64: zero_grad's ranges (prefix sums, offsets); device only
-  // fp8_recipe delayed: f32 [tensors * history_len + 2 * tensors], the amax histories, then the
-  // scales, then each tensor's FP8 format maximum (turbo/ops/fp8_delayed.h).
+  // fp8_recipe delayed: f32 [tensors * history_len + 3 * tensors], the amax histories, then the
+  // scales, then each tensor's FP8 format maximum (turbo/ops/fp8_delayed.h), then where
+  // CudaModel::reduce_fp8_amaxes gathers the newest amaxes for their reduction over the ranks.
   TensorView fp8_delayed;
   // FP8 weights quantized once per step (MemoryPlanOptions::fp8_weight_layers; turbo::Fp8WeightCache):
   // per layer, for q|k|v, attention output, MLP up and MLP down (an MoE layer: the first two),
