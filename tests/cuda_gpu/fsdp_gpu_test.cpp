@@ -66,5 +66,46 @@ INSTANTIATE_TEST_SUITE_P(Models, FsdpGpuTest, ::testing::Combine(::testing::Bool
                                   (std::get<1>(info.param) ? "_fsdp" : "_zero2");
                          });
 
+// MoE layers (DeepSeek-style: sigmoid router, expert bias, shared expert) and FP8 linears (rowwise,
+// the experts too) under optim_grads_params: two ranks sharing the GPU against one rank
+// accumulating both micro-batches, with the same bf16 gate (the fallback attention's run as the
+// spread). The trainer-level checks of the same layouts run in CI (host_moe_dp_test.cpp,
+// host_fp8_fsdp_test.cpp).
+struct FsdpModelCase {
+  const char* name;
+  bool moe;
+  const char* fp8_format;  // null: bf16
+  const char* fp8_scaling;
+};
+
+class FsdpGpuModelsTest : public CudaGpuTest, public ::testing::WithParamInterface<FsdpModelCase> {};
+
+TEST_P(FsdpGpuModelsTest, TwoRanksOnOneGpuTrainAsOneAccumulating) {
+  const FsdpModelCase c = GetParam();
+  const train::ModelSpec spec = c.moe ? tiny_moe_spec(true) : tiny_spec(true);
+  constexpr int kSteps = 20;
+  const auto run = [&](int world, DpSharding sharding, Attn attn) {
+    return run_fsdp(spec, world, sharding, turbo::Device::CUDA, kSteps, 2, attn, c.fp8_format, c.fp8_scaling);
+  };
+  const FsdpRun one = run(1, DpSharding::NoShard, Attn::Default);
+  const FsdpRun two = run(2, DpSharding::OptimGradsParams, Attn::Default);
+  const FsdpRun other = run(1, DpSharding::NoShard, Attn::Fallback);
+  for (int s = 0; s < kSteps; ++s) EXPECT_EQ(two.gnorm[1][s], two.gnorm[0][s]) << "step " << s << ": one global norm";
+  const std::vector<double> mean = rank_mean(two.loss);
+  const Bf16Steps g = expect_bf16_steps(c.name, one.loss[0], one.gnorm[0], mean, two.gnorm[0], other.loss[0], other.gnorm[0]);
+  const double dp = rel_l2(two.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+  EXPECT_LT(dp, 1e-2);
+  EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.2) << "the run must learn";
+  std::printf("[gpu %s] %d steps: loss %.4f -> %.4f (two ranks %.4f), worst relative loss %.1e, grad norm %.1e, "
+              "weights %.1e\n",
+              c.name, kSteps, one.loss[0].front(), one.loss[0].back(), mean.back(), g.worst_loss, g.worst_norm, dp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, FsdpGpuModelsTest,
+                         ::testing::Values(FsdpModelCase{"moe_fsdp", true, nullptr, nullptr},
+                                           FsdpModelCase{"llama_fp8_rowwise_fsdp", false, "hybrid", "rowwise"},
+                                           FsdpModelCase{"moe_fp8_rowwise_fsdp", true, "hybrid", "rowwise"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 }  // namespace
 }  // namespace primus::backends::cuda::testing

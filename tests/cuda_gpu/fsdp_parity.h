@@ -28,8 +28,11 @@ struct FsdpRun {
 
 // world == 1 with NoShard: the reference, one model accumulating `micro` micro-batches per step.
 // Otherwise `world` ranks, rank r taking micro-batch r of every step (micro must equal world).
+// `fp8` (optional): the linear layers in FP8 with that recipe (patch cuda.linear.fp8), an MoE's
+// experts too (cuda.moe.fp8), each model with recipe state of its own.
 inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSharding sharding, turbo::Device device,
-                        int steps, int micro, Attn attn = Attn::Default) {
+                        int steps, int micro, Attn attn = Attn::Default, const char* fp8_format = nullptr,
+                        const char* fp8_scaling = nullptr) {
   const int64_t T = spec.seq_length;
   const Batches data(T, steps * micro);
   const std::vector<float> init = initial_params(spec);
@@ -47,7 +50,18 @@ inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSha
       mo.dp_group = pg;
       mo.dp_sharding = sharding;
     }
-    CudaModel model(spec, mo, ops_for(attn));
+    CudaOps ops = ops_for(attn);
+    if (fp8_format) {
+      const turbo::Fp8Recipe recipe = fp8_test_recipe(fp8_format, fp8_scaling, {});
+      use_fp8_linear(ops, recipe);
+      mo.fp8_linear = true;
+      mo.fp8_multiple = turbo::linear_fp8_multiple(recipe);
+      if (spec.moe.enabled()) {
+        use_fp8_moe(ops, recipe);
+        mo.fp8_moe = true;
+      }
+    }
+    CudaModel model(spec, mo, ops);
     model.set_params(init.data());
     for (int s = 0; s < steps; ++s) {
       model.zero_grad();
