@@ -66,8 +66,8 @@ INSTANTIATE_TEST_SUITE_P(Models, FsdpGpuTest, ::testing::Combine(::testing::Bool
                                   (std::get<1>(info.param) ? "_fsdp" : "_zero2");
                          });
 
-// MoE layers (DeepSeek-style: sigmoid router, expert bias, shared expert) and FP8 linears (rowwise,
-// the experts too) under optim_grads_params: two ranks sharing the GPU against one rank
+// MoE layers (DeepSeek-style: sigmoid router, expert bias, shared expert) and FP8 linears (rowwise
+// and blockwise, the experts too) under optim_grads_params: two ranks sharing the GPU against one rank
 // accumulating both micro-batches, with the same bf16 gate (the fallback attention's run as the
 // spread). The trainer-level checks of the same layouts run in CI (host_moe_dp_test.cpp,
 // host_fp8_fsdp_test.cpp).
@@ -76,13 +76,14 @@ struct FsdpModelCase {
   bool moe;
   const char* fp8_format;  // null: bf16
   const char* fp8_scaling;
+  bool wide = false;  // every width a multiple of 128 (blockwise FP8)
 };
 
 class FsdpGpuModelsTest : public CudaGpuTest, public ::testing::WithParamInterface<FsdpModelCase> {};
 
 TEST_P(FsdpGpuModelsTest, TwoRanksOnOneGpuTrainAsOneAccumulating) {
   const FsdpModelCase c = GetParam();
-  const train::ModelSpec spec = c.moe ? tiny_moe_spec(true) : tiny_spec(true);
+  const train::ModelSpec spec = c.moe ? (c.wide ? tiny_moe_spec_128(true) : tiny_moe_spec(true)) : tiny_spec(true);
   constexpr int kSteps = 20;
   const auto run = [&](int world, DpSharding sharding, Attn attn) {
     return run_fsdp(spec, world, sharding, turbo::Device::CUDA, kSteps, 2, attn, c.fp8_format, c.fp8_scaling);
@@ -104,7 +105,8 @@ TEST_P(FsdpGpuModelsTest, TwoRanksOnOneGpuTrainAsOneAccumulating) {
 INSTANTIATE_TEST_SUITE_P(Layouts, FsdpGpuModelsTest,
                          ::testing::Values(FsdpModelCase{"moe_fsdp", true, nullptr, nullptr},
                                            FsdpModelCase{"llama_fp8_rowwise_fsdp", false, "hybrid", "rowwise"},
-                                           FsdpModelCase{"moe_fp8_rowwise_fsdp", true, "hybrid", "rowwise"}),
+                                           FsdpModelCase{"moe_fp8_rowwise_fsdp", true, "hybrid", "rowwise"},
+                                           FsdpModelCase{"moe_fp8_blockwise_fsdp", true, "e4m3", "blockwise", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
