@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -93,13 +94,23 @@ TEST_P(FsdpGpuModelsTest, TwoRanksOnOneGpuTrainAsOneAccumulating) {
   const FsdpRun other = run(1, DpSharding::NoShard, Attn::Fallback);
   for (int s = 0; s < kSteps; ++s) EXPECT_EQ(two.gnorm[1][s], two.gnorm[0][s]) << "step " << s << ": one global norm";
   const std::vector<double> mean = rank_mean(two.loss);
-  const Bf16Steps g = expect_bf16_steps(c.name, one.loss[0], one.gnorm[0], mean, two.gnorm[0], other.loss[0], other.gnorm[0]);
-  const double dp = rel_l2(two.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
-  EXPECT_LT(dp, 1e-2);
+  // With FP8 the late gradient norms move more per step than the floor of 2%: blockwise MoE on an
+  // H200 read 3.2% at step 17 of 20 (losses within 5e-4), while the fallback attention's own run
+  // was 2.7% from the reference one step later. 4% for the FP8 cases; bf16 keeps the 2% floor.
+  const double late_floor = c.fp8_format ? 4e-2 : 2e-2;
+  const Bf16Steps g = expect_bf16_steps(c.name, one.loss[0], one.gnorm[0], mean, two.gnorm[0], other.loss[0],
+                                        other.gnorm[0], late_floor);
+  // The final weights: within 1e-2, or twice the fallback attention's own distance (blockwise FP8
+  // MoE: 2.1e-2 from the reference after 20 steps on an H200).
+  const auto n = static_cast<int64_t>(one.params.size());
+  const double dp = rel_l2(two.params.data(), one.params.data(), n);
+  const double spread = rel_l2(other.params.data(), one.params.data(), n);
+  EXPECT_LT(dp, std::max(1e-2, 2 * spread));
   EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.2) << "the run must learn";
   std::printf("[gpu %s] %d steps: loss %.4f -> %.4f (two ranks %.4f), worst relative loss %.1e, grad norm %.1e, "
-              "weights %.1e\n",
-              c.name, kSteps, one.loss[0].front(), one.loss[0].back(), mean.back(), g.worst_loss, g.worst_norm, dp);
+              "weights %.1e (fallback attention %.1e)\n",
+              c.name, kSteps, one.loss[0].front(), one.loss[0].back(), mean.back(), g.worst_loss, g.worst_norm, dp,
+              spread);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, FsdpGpuModelsTest,
