@@ -249,6 +249,13 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (opt_.document_masking.enabled())
       throw ConfigError(what + " with reset_attention_mask / reset_position_ids is not implemented yet");
     if (spec_.sliding_window > 0) throw ConfigError(what + " with a sliding window is not implemented yet");
+    // The switch loss multiplies each expert's token fraction by its mean score: over chunks of the
+    // sequences it is not the sum of the chunks' losses, and the routers would balance each rank's
+    // chunk instead of the batch. The counts would need a sum over the group inside every MoE layer.
+    if (spec_.moe.enabled() && spec_.moe.aux_loss_coeff > 0)
+      throw ConfigError(what + " with moe_aux_loss_coeff > 0 is not implemented yet (each rank would balance the "
+                               "loads of its own chunks); use moe_aux_loss_coeff: 0, e.g. with the expert bias "
+                               "(moe_router_enable_expert_bias), whose update sums the loads over the ranks");
     if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
     if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
     if (opt_.max_batch % 2 != 0)

@@ -88,5 +88,25 @@ TEST(CudaHostTrainerMoe, ExpertBiasMovesByTheGlobalLoadUnderShardedDataParalleli
   t.expect_checkpoints_move(run, "data_parallel_sharding_strategy=optim_grads_params");
 }
 
+// Context parallelism: each rank routes its chunks of every sequence. Without the switch loss
+// (aux-loss-free balancing by the expert bias) the step is additive over the chunks, and the
+// loads summed over the two ranks move the biases as one process's; with it, refused by name.
+TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheExpertBias) {
+  testing::TwoProcesses t(moe_overrides("      moe_aux_loss_coeff: 0\n"
+                                        "      moe_router_score_function: sigmoid\n"
+                                        "      moe_router_enable_expert_bias: true\n"
+                                        "      moe_router_bias_update_rate: 0.05\n"),
+                          "moe/tiny.yaml");
+  t.expect_matches("bias_cp2", "context_parallel_size=2", "context parallel over 2 ranks");
+  for (const char* key : {"moe/layer0/load_max", "moe/layer1/load_min", "moe/layer1/load_cv"})
+    expect_same_metric(t.dir(), "bias_cp2", key);
+  auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " +
+                                       (std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker").string() +
+                                       " -- " + (t.dir() / "one.yaml").string() +
+                                       " exp_name=aux_cp2 context_parallel_size=2 moe_aux_loss_coeff=0.01");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("context_parallel_size 2 with moe_aux_loss_coeff > 0 is not implemented"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda
