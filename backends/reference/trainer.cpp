@@ -199,11 +199,6 @@ void ReferenceTrainer::init() {
                                     "(Muon needs whole gradient matrices); use optim (ZeRO-1)",
                                     key));
     }
-    if (spec.moe.expert_bias) {
-      throw ConfigError(fmt::format("moe_router_enable_expert_bias with data_parallel_sharding_strategy {} is not "
-                                    "implemented yet (the bias moves outside the optimizer's shards); use optim",
-                                    key));
-    }
     fsdp_ = std::make_unique<ReferenceFsdp>(*model_, *pg_, sharding == parallel::DpSharding::OptimGradsParams);
     model_->set_sharding_hooks(fsdp_.get());
     owned = fsdp_->owned_count();
@@ -372,6 +367,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   const auto& tensors = model_->layout().tensors;
   if (fsdp_) {
     fsdp_update(hp);
+    fsdp_move_expert_bias();
     fsdp_->end_step();
     return loss;
   }
@@ -554,6 +550,30 @@ void ReferenceTrainer::fsdp_update(const k::AdamWParams& hp_in) {
       k::adamw_update(p + i, g + i, m_.data() + i, v_.data() + i, b - a, hp);
     }
     at += seg.size();
+  }
+}
+
+// The expert biases under sharded data parallelism: their owners' master slices are what the next
+// gathers hand out, so each rank moves the elements it owns, by the global load (every rank has
+// it: moe_stats_ is summed over the ranks). The update is elementwise given the load, so the
+// owners' pieces make the one-process bias bit for bit.
+void ReferenceTrainer::fsdp_move_expert_bias() {
+  const train::ModelSpec& spec = args_->model;
+  if (!spec.moe.expert_bias) return;
+  const std::vector<std::vector<int64_t>> load = moe_stats_->load();
+  const int64_t E = spec.moe.num_experts;
+  float* p = fsdp_->param_shard().data();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    const train::ParamTensor* bt = model_->layout().find(fmt::format("layers.{}.moe.router.expert_bias", l));
+    if (!bt) continue;
+    std::vector<float> delta(static_cast<size_t>(E), 0.0f);
+    k::router_bias_update(delta.data(), load.at(static_cast<size_t>(l)).data(), E, spec.moe.bias_update_rate);
+    int64_t at = 0;
+    for (const auto& seg : fsdp_->owned()) {
+      const int64_t a = std::max(seg.begin, bt->offset), b = std::min(seg.end, bt->offset + bt->numel);
+      for (int64_t x = a; x < b; ++x) p[at + (x - seg.begin)] += delta[static_cast<size_t>(x - bt->offset)];
+      at += seg.size();
+    }
   }
 }
 

@@ -73,6 +73,7 @@ class ReferenceTrainer : public Trainer {
   // reduce-scattered): the tp parts summed, the norm, AdamW. Returns the gradient norm.
   double fsdp_grad_norm();
   void fsdp_update(const turbo::cpu::AdamWParams& hp);
+  void fsdp_move_expert_bias();  // after fsdp_update, before the gathers
 
   std::shared_ptr<ReferenceArgs> args_;
   std::unique_ptr<GptModel<float>> model_;

@@ -350,7 +350,8 @@ namespace {
 
 // The same step with MoE layers (DeepSeek-style: sigmoid router, expert bias, shared expert, aux
 // loss): the routing statistics are summed over the ranks before they are reported and before the
-// expert bias moves, so 2 ranks (also with ZeRO-1) train as 1 and report the global loads.
+// expert bias moves, so 2 ranks (also with ZeRO-1 and the sharded strategies) train as 1 and
+// report the global loads.
 std::string moe_args(const std::string& ws, int iters, const std::string& extra = "") {
   return "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
          "/examples/reference/moe-shakespeare.yaml num_layers=2 hidden_size=32 num_attention_heads=2 "
@@ -367,7 +368,7 @@ std::map<int64_t, double> metric(const fs::path& ws, const std::string& key) { r
 }  // namespace
 
 TEST(DataParallelTraining, MoeRoutingStatisticsAndExpertBiasAreGlobal) {
-  Workdir one, two, zero;
+  Workdir one, two, zero, zero2, fsdp;
   auto r1 = run_primus(moe_args(one.str(), 5));
   ASSERT_EQ(r1.code, 0) << r1.out;
   auto r2 = run_primus(launch(2, moe_args(two.str(), 5)));
@@ -378,6 +379,13 @@ TEST(DataParallelTraining, MoeRoutingStatisticsAndExpertBiasAreGlobal) {
   ASSERT_EQ(want.size(), 5u);
   expect_same_losses(want, losses(two.path()), "MoE, 2 ranks");
   expect_same_losses(want, losses(zero.path()), "MoE, 2 ranks ZeRO-1");
+  // The sharded strategies: each owner moves its slice of the biases (the gathers hand them out).
+  auto r4 = run_primus(launch(2, moe_args(zero2.str(), 5, "data_parallel_sharding_strategy=optim_grads")));
+  ASSERT_EQ(r4.code, 0) << r4.out;
+  auto r5 = run_primus(launch(2, moe_args(fsdp.str(), 5, "data_parallel_sharding_strategy=optim_grads_params")));
+  ASSERT_EQ(r5.code, 0) << r5.out;
+  expect_same_losses(want, losses(zero2.path()), "MoE, 2 ranks optim_grads");
+  expect_same_losses(want, losses(fsdp.path()), "MoE, 2 ranks optim_grads_params");
   for (const char* key : {"moe/layer0/load_max", "moe/layer1/load_min", "moe/layer1/load_cv", "moe/layer0/aux_loss"}) {
     auto w = metric(one.path(), key);
     ASSERT_EQ(w.size(), 5u) << key;
