@@ -29,7 +29,7 @@ void MoeStepStats::all_reduce(parallel::ProcessGroup* pg) {
   });
 }
 
-void MoeStepStats::all_reduce(int W, const HostGather& gather) {
+void MoeStepStats::all_reduce(int W, const parallel::HostAllGather& gather) {
   if (W <= 1 || layers_.empty()) return;
   // The process groups reduce floats only; loads may pass float's 2^24 exact integers. So every
   // rank's 64-bit values travel as bit patterns through an all-gather (which copies, never adds)

@@ -5,11 +5,10 @@
 // console (moe_aux: the mean aux loss over layers, moe_load_cv: the largest coefficient of
 // variation of the expert loads).
 #pragma once
-#include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
+#include "parallel/dist_checkpoint.h"
 #include "train/model_spec.h"
 #include "train/progress.h"
 
@@ -37,10 +36,9 @@ class MoeStepStats {
   // Sums the loads and dropped slots and averages the losses over the ranks of `pg` (null: this
   // rank alone), so every rank sees the global batch's statistics.
   void all_reduce(parallel::ProcessGroup* pg);
-  // The same over `world` ranks through `gather`: every rank's `bytes` at `send` into `recv`, in
-  // rank order (a group whose collectives take device buffers stages host ones itself).
-  using HostGather = std::function<void(const void* send, void* recv, size_t bytes)>;
-  void all_reduce(int world, const HostGather& gather);
+  // The same over `world` ranks through `gather` (every rank's bytes in rank order), for a group
+  // whose collectives take device buffers and so stage host ones (NcclProcessGroup::all_gather_host).
+  void all_reduce(int world, const parallel::HostAllGather& gather);
   // Per layer [layer][expert] (empty for dense layers): for the expert-bias update.
   std::vector<std::vector<int64_t>> load() const;
   void report(StepStats& s) const;

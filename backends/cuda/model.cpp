@@ -480,8 +480,8 @@ void CudaModel::set_params(const float* host) {
   optimizer_->set_params(host);
   if (!opt_.optimizer_state) {  // the weights were staged in the gradient buffer
     zero_grad();
+    sync();
   }
-  sync();
 }
 void CudaModel::get_params(float* host) const {
   if (fsdp_) {

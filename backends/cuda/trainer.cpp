@@ -445,9 +445,7 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
 void CudaTrainer::reduce_moe_stats() {
   parallel::ProcessGroup* g = pg_ ? pg_.get() : sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
   if (!g || g->world_size() == 1 || !moe_stats_->enabled()) return;
-  if (dp_) {
-    moe_stats_->all_reduce(g->world_size(), [this](const void* s, void* r, size_t b) { dp_->all_gather_host(s, r, b); });
-  } else if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {  // device buffers: staged
+  if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {  // device buffers: staged
     moe_stats_->all_reduce(g->world_size(), [nccl](const void* s, void* r, size_t b) { nccl->all_gather_host(s, r, b); });
   } else {
     moe_stats_->all_reduce(g);

@@ -8,13 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "io/checkpoint.h"
 #include "tests/cuda_gpu/two_processes.h"
+#include "tests/parallel/train_e2e_util.h"
 
 namespace primus::backends::cuda {
 namespace {
@@ -24,24 +22,12 @@ std::string moe_overrides(const std::string& extra = "") {
   return "      moe_ffn_hidden_size: 32\n      num_query_groups: 1\n" + extra;
 }
 
-// A metrics.jsonl key per step (e.g. moe/layer0/load_max).
-std::map<int64_t, double> metric(const std::filesystem::path& file, const std::string& key) {
-  std::map<int64_t, double> out;
-  std::ifstream f(file);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains(key)) out[j["step"]] = j[key];
-  }
-  return out;
-}
-
+// A metrics.jsonl key (e.g. moe/layer0/load_max) of run `run` against the one-process run's, every
+// step within 1e-5 relative (the loads, integers, exactly).
 void expect_same_metric(const std::filesystem::path& dir, const std::string& run, const std::string& key) {
-  const auto one = metric(dir / "g/u/cuda/metrics.jsonl", key);
-  const auto two = metric(dir / "g/u" / run / "metrics.jsonl", key);
+  const auto one = primus::testing::losses(dir / "g/u/cuda", key);
   ASSERT_EQ(one.size(), 6u) << key;
-  ASSERT_EQ(two.size(), one.size()) << run << " " << key;
-  for (auto [step, v] : one) EXPECT_NEAR(two.at(step), v, 1e-5 * std::abs(v) + 1e-9) << run << " " << key << " step " << step;
+  primus::testing::expect_same_losses(one, primus::testing::losses(dir / "g/u" / run, key), run + " " + key);
 }
 
 TEST(CudaHostTrainerMoe, ShardedDataParallelTwoProcessesTrainAsOne) {
