@@ -70,7 +70,12 @@ GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
   g.shared_window = true;
   g.window_begin = first;
   g.window_elems = window;
-  int64_t end = layout.total - (last - first) + window;  // the own places go after everything
+  // The untied head and the embedding: one place, at the embedding's (before the layers).
+  const train::ParamTensor* emb = layout.find("embedding.weight");
+  const train::ParamTensor* head = layout.find("output_layer.weight");
+  const bool share = emb && head && emb->numel == head->numel && emb->offset + emb->numel <= first && head->offset >= last;
+  const int64_t dropped = share ? head->numel : 0;
+  int64_t end = layout.total - (last - first) + window - dropped;  // the own places go after everything
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const auto& t = layout.tensors[i];
     const int64_t l = layer_of(t.name);
@@ -82,8 +87,11 @@ GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
       g.in_window[i] = true;
     } else if (t.offset < first) {
       g.offset[i] = t.offset;
-    } else {  // after the layers: moved down to the window's end
-      g.offset[i] = t.offset - last + first + window;
+    } else if (share && &t == head) {
+      g.offset[i] = emb->offset;
+      g.reuse.emplace_back(i, static_cast<size_t>(emb - layout.tensors.data()));
+    } else {  // after the layers: moved down to the window's end (and past the head's place)
+      g.offset[i] = t.offset - last + first + window - (share && t.offset > head->offset ? dropped : 0);
     }
   }
   g.elems = end;

@@ -7,10 +7,15 @@
 // of the size of the largest layer, at the same relative offsets, and the buffer holds the
 // embeddings, that window, and the final norm and head. For a MoE model that is the difference
 // between 4 bytes per parameter and a few per cent of it (olmoe-mini: 13.3 GiB -> 2.3 GiB).
+// An untied head's gradient is final before the first layer's backward, and its AdamW group runs
+// then; the token embedding's is written only at the very end. So the embedding's gradient takes
+// the head's place (GradPlacement::reuse) and the gradients of the two largest tensors of a small
+// model with a large vocabulary cost one of them (Llama-3.2-1B: 1.0 GB less).
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/param_layout.h"
@@ -24,6 +29,9 @@ struct GradPlacement {
   bool shared_window = false;   // the layers share one window
   // The window's place and size (elements); 0 without shared_window.
   int64_t window_begin = 0, window_elems = 0;
+  // (a, b), layout tensor indices: b's gradient lies at a's place. a's optimizer group runs before
+  // anything writes b's gradient, which is cleared right after it (not at the step's start).
+  std::vector<std::pair<size_t, size_t>> reuse;
 };
 
 // The transformer layer a layout tensor belongs to ("layers.<l>."), or -1 (embeddings, final
@@ -40,7 +48,8 @@ bool grad_written_before_layer_backward(const std::string& name);
 // the layers' tensors for which `outside(name)` holds keep a place of their own after the window:
 // those whose gradient is written before their layer's backward begins (a layer's last linear
 // bias, whose column sum the next layer's norm backward computes), while the layer above still
-// owns the window.
+// owns the window; and an untied head ("output_layer.weight") of the token embedding's shape
+// shares the embedding's place (reuse = {(head, embedding)}).
 GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
                           const std::function<bool(const std::string& name)>& outside = {});
 

@@ -112,6 +112,7 @@ void OptimizerState::build_groups(const InBackward& ib, turbo::Arena& arena) {
   if (!place_.shared_window) throw RuntimeError("cuda model: the optimizer in the backward needs the shared gradient window");
   if (!state_.group_norm.defined()) throw RuntimeError("cuda model: the memory plan has no group norm buffer");
   const std::vector<int64_t>& points = ib.points;  // group g: layout offsets [points[g], the point before or the end)
+  std::vector<int64_t> group_of(layout_.tensors.size(), -1);
   for (size_t g = 0; g < points.size(); ++g) {
     const int64_t begin = points[g];
     const int64_t end = g == 0 ? layout_.total : points[g - 1];
@@ -122,10 +123,23 @@ void OptimizerState::build_groups(const InBackward& ib, turbo::Arena& arena) {
       const train::ParamTensor& t = layout_.tensors[i];
       if (t.offset < begin || t.offset >= end) continue;
       ts.push_back(adamw_tensor(i));
+      group_of[i] = static_cast<int64_t>(g);
       grp.window = grp.window || place_.in_window[i];
       if (!ib.clear_all && ib.written_first(t.name)) continue;
-      // In the window: cleared before the layer's backward; elsewhere: at the step's start.
-      auto& list = place_.in_window[i] ? grp.clear : step_clear_;
+      // In the window: cleared before the layer's backward; in another tensor's place: after that
+      // one's update; elsewhere: at the step's start.
+      const auto reused = std::find_if(place_.reuse.begin(), place_.reuse.end(), [i](const auto& r) { return r.second == i; });
+      std::vector<std::pair<int64_t, int64_t>>* into = place_.in_window[i] ? &grp.clear : &step_clear_;
+      if (reused != place_.reuse.end()) {
+        const int64_t owner = group_of[reused->first];
+        if (owner < 0 || owner >= static_cast<int64_t>(groups_.size())) {
+          throw RuntimeError(fmt::format("cuda model: the gradient of {} takes the place of {}, whose update does not run "
+                                         "before it",
+                                         t.name, layout_.tensors[reused->first].name));
+        }
+        into = &groups_[static_cast<size_t>(owner)].clear_after;
+      }
+      auto& list = *into;
       const int64_t off = place_.offset[i];
       if (!list.empty() && list.back().first + list.back().second == off)
         list.back().second += t.numel;
@@ -159,6 +173,7 @@ void OptimizerState::backward_ready(int64_t offset, int64_t n_losses, const Exec
     turbo::cuda::step_check_group_apply(status, S, state_.group_norm.ptr<float>()[0], last);
   else
     turbo::cuda::step_check_group(status, S, state_.group_norm.ptr<const float>(), last, stream_.stream);
+  for (const auto& [off, n] : grp.clear_after) stream_.zero(state_.grads.slice0(off, off + n));
   // The next layer shares this one's window: clear what it accumulates into.
   if (grp.window && !last && groups_[g + 1].window)
     for (const auto& [off, n] : groups_[g + 1].clear) stream_.zero(state_.grads.slice0(off, off + n));

@@ -123,6 +123,9 @@ class OptimizerState {
     bool window = false;  // a transformer layer (its gradients in the shared window)
     std::unique_ptr<turbo::MultiTensorAdamW> adamw;
     std::vector<std::pair<int64_t, int64_t>> clear;  // (gradient-buffer offset, count) to clear before its backward
+    // Cleared right after its update: a later group's gradients that take this one's place
+    // (GradPlacement::reuse).
+    std::vector<std::pair<int64_t, int64_t>> clear_after;
   };
 
   const train::ParamLayout& layout_;
