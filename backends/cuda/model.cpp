@@ -233,13 +233,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       throw ConfigError(what + " keeps its own shard of the optimizer state (no use_distributed_optimizer buffers)");
   }
   const bool cp = opt_.cp_group && opt_.cp_group->world_size() > 1;
-  // The amax reduction (fp8_amax_group) is wired for replicas that run whole layers on their own
-  // samples: plain data parallelism and ZeRO-1. Tensor and context parallelism cut each tensor
-  // over their ranks, and the sharded strategies have no reduction over their group yet.
-  if (opt_.fp8_delayed && (tp || fsdp || cp))
-    throw ConfigError("fp8_recipe delayed with tensor, context or sharded data parallelism is not implemented (plain "
-                      "data parallelism and use_distributed_optimizer are); use fp8_recipe tensorwise, rowwise or "
-                      "blockwise");
   if (cp) {
     const int64_t n = opt_.cp_group->world_size();
     const std::string what = fmt::format("context_parallel_size {}", n);
@@ -263,8 +256,12 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
-  if (opt_.fp8_delayed && opt_.fp8_amax_group)
-    amax_nccl_ = device_group(*opt_.fp8_amax_group, stream_, "fp8_recipe delayed's amax reduction");
+  if (opt_.fp8_delayed) {
+    for (parallel::ProcessGroup* g : opt_.fp8_amax_groups) {
+      if (!g) throw RuntimeError("cuda model: a null fp8_recipe delayed amax reduction group");
+      amax_nccl_.push_back(device_group(*g, stream_, "fp8_recipe delayed's amax reduction"));
+    }
+  }
 
   GradClearing clearing = plan_grad_clearing(
       layout_, [this](const std::string& name) { return Decoder::written_by_first_gemm(spec_, name); });
@@ -609,8 +606,9 @@ void CudaModel::set_fp8_delayed(const Fp8DelayedState& in) {
 }
 
 void CudaModel::reduce_fp8_amaxes() {
-  parallel::ProcessGroup* group = opt_.fp8_amax_group;
-  if (!opt_.fp8_delayed || !group || group->world_size() == 1 || !fp8_pending_) return;
+  if (!opt_.fp8_delayed || !fp8_pending_) return;
+  const auto& groups = opt_.fp8_amax_groups;
+  if (std::none_of(groups.begin(), groups.end(), [](parallel::ProcessGroup* g) { return g->world_size() > 1; })) return;
   const turbo::Fp8DelayedScaling& d = *opt_.fp8_delayed;
   const int64_t T = d.tensors(), len = d.options().history_len;
   float* history = d.history().ptr<float>();
@@ -627,8 +625,13 @@ void CudaModel::reduce_fp8_amaxes() {
     }
   };
   if (len > 1) copy_column(newest, 1, history, len);
-  in_stream_order(amax_nccl_, stream_,
-                  [&] { group->all_reduce(newest, size_t(T), parallel::DType::F32, parallel::ReduceOp::Max); });
+  // Over a mesh, the max over each of its groups in turn is the max over all of its ranks.
+  for (size_t k = 0; k < groups.size(); ++k) {
+    parallel::ProcessGroup* group = groups[k];
+    if (group->world_size() == 1) continue;
+    in_stream_order(amax_nccl_[k], stream_,
+                    [&] { group->all_reduce(newest, size_t(T), parallel::DType::F32, parallel::ReduceOp::Max); });
+  }
   if (len > 1) copy_column(history, len, newest, 1);
 }
 

@@ -81,14 +81,18 @@ struct CudaModelOptions {
   // their recipe holds; patch cuda.linear.fp8). The model gives it memory in its state arena,
   // registers every transformer layer's four linear layers (x, w, dy each), folds each training
   // step's amaxes into the next scales at the start of the following step (zero_grad) and keeps
-  // evaluation forwards from recording. Not with tp, cp or sharded data parallelism.
+  // evaluation forwards from recording.
   std::shared_ptr<turbo::Fp8DelayedScaling> fp8_delayed;
-  // fp8_recipe delayed over data-parallel replicas (plain or ZeRO-1; Transformer Engine's
-  // reduce_amax): the group of the ranks that train copies of this model on their own samples.
-  // reduce_fp8_amaxes() makes each step's amaxes their max over it, so every replica keeps the
-  // histories and scales of one process that saw every rank's samples. On the device NCCL or the
-  // threaded group (group_order.h); any group in host mode. Null: this model's amaxes alone.
-  parallel::ProcessGroup* fp8_amax_group = nullptr;
+  // fp8_recipe delayed over several ranks (Transformer Engine's reduce_amax over its amax
+  // reduction group): every group whose ranks see other parts of the same tensors. Data
+  // parallelism (plain, ZeRO-1 or sharded: other samples), context parallelism (other tokens of
+  // the same sequences), tensor parallelism (other slices of the weights, and of x or dy). Every
+  // history holds a tensor's amax over whole tensors of the global batch, which is the max of the
+  // ranks' amaxes; reduce_fp8_amaxes() takes it over each group in turn, which over a mesh is the
+  // max over all of its ranks. So every rank keeps the histories and scales of one process, and
+  // quantizes its own part with the scale one process would use. On the device NCCL or the
+  // threaded group (group_order.h); any group in host mode. Empty: this model's amaxes alone.
+  std::vector<parallel::ProcessGroup*> fp8_amax_groups;
   // FP8 linear layers keep their inputs for the backward as FP8 transposed copies (the registry
   // their recipe holds; turbo::Fp8SavedInputs): in every FP8 layer whose recompute policy keeps
   // activations (none), the plan drops bf16 ln1, ln2 and act for 1-byte copies of them, and the
@@ -298,8 +302,8 @@ class CudaModel {
   // a value is negative or not finite.
   void set_fp8_delayed(const Fp8DelayedState& s);
   bool fp8_delayed_on() const { return opt_.fp8_delayed != nullptr; }
-  // fp8_recipe delayed with CudaModelOptions::fp8_amax_group: the amaxes the training step recorded
-  // (the histories' newest entries) become their max over the group. Collective: every rank calls
+  // fp8_recipe delayed with CudaModelOptions::fp8_amax_groups: the amaxes the training step
+  // recorded (the histories' newest entries) become their max over the groups. Collective: every rank calls
   // it once per step, after the step's last backward, so that the next zero_grad folds the same
   // amaxes in everywhere and a checkpoint saved between steps holds them. In the model's stream
   // order (NCCL: enqueued, so a captured step holds it). Nothing to do without the group or
@@ -340,10 +344,10 @@ class CudaModel {
   StepProfiler* prof_ = nullptr;
   // fp8_recipe delayed: a training step has recorded amaxes that the next zero_grad folds in.
   bool fp8_pending_ = false;
-  // reduce_fp8_amaxes: the staging of the newest entries (f32 [tensors]), and the amax group as
-  // NCCL (null for another group).
+  // reduce_fp8_amaxes: the staging of the newest entries (f32 [tensors]), and the amax groups as
+  // NCCL (null for another kind), one per CudaModelOptions::fp8_amax_groups entry.
   TensorView fp8_amax_stage_;
-  parallel::NcclProcessGroup* amax_nccl_ = nullptr;
+  std::vector<parallel::NcclProcessGroup*> amax_nccl_;
   void init_fp8_delayed();
 };
 

@@ -148,10 +148,14 @@ void CudaTrainer::init() {
                  "78,722 vs 66,652 tok/s: docs/cuda.md \"FP8\"); fp8: none is likely faster here",
                  args_->fp8, spec.hidden_size);
   }
-  // Each replica records the amaxes of its own samples: step_body takes their max over the ranks,
-  // so the histories and scales stay one process's (the model refuses delayed scaling with tp, cp
-  // and the sharded strategies).
-  if (mo.fp8_delayed && pg_) mo.fp8_amax_group = pg_.get();
+  // Each rank records the amaxes of its own part of the tensors (its samples, its tokens, its
+  // slices): step_body takes their max over every group, so the histories and scales stay one
+  // process's.
+  if (mo.fp8_delayed) {
+    for (parallel::ProcessGroup* g : {static_cast<parallel::ProcessGroup*>(pg_.get()), sharded_pg_.get(),
+                                      cp_pg_.get(), tp_pg_.get()})
+      if (g && g->world_size() > 1) mo.fp8_amax_groups.push_back(g);
+  }
   const bool fallback = uses_fallback_attention(*args_);
   const bool zero = pg_ && args_->use_distributed_optimizer;
   if (tp_pg_) {
@@ -507,7 +511,11 @@ void CudaTrainer::save(int64_t step) {
       own_v.insert(own_v.end(), v.begin() + p.local, v.begin() + p.local + p.count);
     }
     io::CheckpointData data;
-    if (rank0()) data = train::pack_checkpoint(args_->model, global_layout(), params.data(), nullptr, nullptr, state_json(step));
+    CudaModel::Fp8DelayedState fp8;  // fp8_recipe delayed (the same on every rank): outlives the save
+    if (rank0()) {
+      data = train::pack_checkpoint(args_->model, global_layout(), params.data(), nullptr, nullptr, state_json(step));
+      if (model_->fp8_delayed_on()) save_fp8_delayed(data, fp8);
+    }
     parallel::HostAllGather gather;  // NCCL takes device buffers: the shard digests through the device
     if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(tp_pg_.get())) {
       gather = [nccl](const void* send, void* recv, size_t bytes) { nccl->all_gather_host(send, recv, bytes); };
@@ -650,6 +658,7 @@ void CudaTrainer::load(const fsys::path& dir) {
     parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), windows, {m.data(), v.data()});
     model_->set_params(params.data());
     model_->set_moments(m.data(), v.data());
+    if (model_->fp8_delayed_on()) load_fp8_delayed(data, dir);
   } else if (zero1()) {
     train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), nullptr, nullptr);
     model_->set_params(params.data());

@@ -1,4 +1,4 @@
-// fp8_recipe delayed under data parallelism (CudaModelOptions::fp8_amax_group,
+// fp8_recipe delayed under data parallelism (CudaModelOptions::fp8_amax_groups,
 // CudaModel::reduce_fp8_amaxes): two replicas of the tiny Llama as threads of this process over the
 // threaded group (on the GPU both on one device, the collectives through device memory), each
 // training on its half of every batch with its gradients averaged over the group as plain data
@@ -29,7 +29,7 @@ struct Fp8DpRun {
 };
 
 // ranks 1: one model, the halves as micro-batches 0 and 1. ranks 2: two replicas, each on its half;
-// `reduce`: their amaxes are max-reduced over the group every step (fp8_amax_group). `learn`:
+// `reduce`: their amaxes are max-reduced over the group every step (fp8_amax_groups). `learn`:
 // AdamW at the parity runs' rate; else at rate 0, so the weights stay the initial ones.
 inline Fp8DpRun run_fp8_dp(int ranks, const turbo::Fp8DelayedOptions& delayed, bool reduce, bool learn,
                            turbo::Device device) {
@@ -50,7 +50,7 @@ inline Fp8DpRun run_fp8_dp(int ranks, const turbo::Fp8DelayedOptions& delayed, b
     mo.loss_slots = micro;
     mo.fp8_linear = true;
     mo.fp8_delayed = recipe.delayed;
-    if (reduce) mo.fp8_amax_group = pg;
+    if (reduce) mo.fp8_amax_groups = {pg};
     CudaModel model(spec, mo, ops);
     model.set_params(init.data());
     for (int s = 0; s < kFp8DpSteps; ++s) {

@@ -61,30 +61,5 @@ TEST(HostFp8DataParallel, DelayedScalingReplicasKeepOneModelsHistories) {
   }
 }
 
-// The reduction is wired for whole replicas only: context parallelism (each rank a part of every
-// sequence, so of every x and dy), like tensor and sharded data parallelism, is refused by name.
-TEST(HostFp8DataParallel, DelayedScalingWithContextParallelismIsRefused) {
-  const train::ModelSpec spec = tiny_spec(true);
-  run_threaded_ranks(2, {}, "cp", [&](int, parallel::ProcessGroup* pg) {
-    const turbo::Fp8Recipe recipe = fp8_test_recipe("hybrid", "delayed");
-    CudaOps ops = CudaOps::defaults();
-    use_fp8_linear(ops, recipe);
-    CudaModelOptions mo = options(spec, 2 * kFp8DpHalf, turbo::Device::CPU);
-    mo.max_seq = spec.seq_length / 4;
-    mo.fp8_linear = true;
-    mo.fp8_delayed = recipe.delayed;
-    mo.cp_group = pg;
-    mo.fp8_amax_group = pg;
-    try {
-      CudaModel model(spec, mo, ops);
-      ADD_FAILURE() << "fp8_recipe delayed with context parallelism was accepted";
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("fp8_recipe delayed with tensor, context or sharded data parallelism"),
-                std::string::npos)
-          << e.what();
-    }
-  });
-}
-
 }  // namespace
 }  // namespace primus::backends::cuda::testing

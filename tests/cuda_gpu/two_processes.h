@@ -26,16 +26,15 @@ class TwoProcesses {
     EXPECT_EQ(one_.loss.size(), 6u);
   }
   // Runs exp_name=name with `keys` on two processes; expects `banner` in the output and one
-  // process's losses and validation losses (fp32: 1e-5 relative) for the steps it ran.
-  void expect_matches(const std::string& name, const std::string& keys, const std::string& banner) {
-    auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker().string() + " -- " +
-                                         one_file_.string() + " exp_name=" + name + " " + keys);
+  // process's losses and validation losses (fp32: 1e-5 relative, or `rel`) for the steps it ran.
+  void expect_matches(const std::string& name, const std::string& keys, const std::string& banner, double rel = 1e-5) {
+    auto r = launch(name, keys);
     ASSERT_EQ(r.code, 0) << r.out;
     if (!banner.empty()) EXPECT_NE(r.out.find(banner), std::string::npos) << r.out;
     const auto two = read_trainer_metrics(w_.path() / "g/u" / name / "metrics.jsonl");
     ASSERT_FALSE(two.loss.empty()) << name;
-    for (auto [step, l] : two.loss) EXPECT_NEAR(l, one_.loss.at(step), 1e-5 * l) << name << " step " << step;
-    for (auto [step, l] : two.val) EXPECT_NEAR(l, one_.val.at(step), 1e-5 * l) << name << " validation at " << step;
+    for (auto [step, l] : two.loss) EXPECT_NEAR(l, one_.loss.at(step), rel * l) << name << " step " << step;
+    for (auto [step, l] : two.val) EXPECT_NEAR(l, one_.val.at(step), rel * l) << name << " validation at " << step;
     if (keys.find("load=") == std::string::npos) {
       EXPECT_EQ(two.loss.size(), one_.loss.size()) << name;
       EXPECT_EQ(two.val.size(), one_.val.size()) << name;
@@ -53,10 +52,27 @@ class TwoProcesses {
     expect_matches(name + "_from_one", keys + " load=" + (w_.path() / "g/u/cuda/checkpoints/iter_0000003").string(), "");
     EXPECT_EQ(read_trainer_metrics(w_.path() / "g/u" / (name + "_from_one") / "metrics.jsonl").loss.size(), 3u);
   }
+  // Two processes with `keys` resume from `name`'s step-3 checkpoint and give `name`'s own losses
+  // for steps 4-6 bit for bit (host mode is deterministic): whatever a rank keeps between steps
+  // is in the checkpoint rank 0 wrote, and every rank may take rank 0's copy of it.
+  void expect_resumes_exactly(const std::string& name, const std::string& keys) {
+    const auto ckpt3 = w_.path() / "g/u" / name / "checkpoints/iter_0000003";
+    ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
+    auto r = launch(name + "_resumed", keys + " load=" + ckpt3.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto whole = read_trainer_metrics(w_.path() / "g/u" / name / "metrics.jsonl");
+    const auto resumed = read_trainer_metrics(w_.path() / "g/u" / (name + "_resumed") / "metrics.jsonl");
+    ASSERT_EQ(resumed.loss.size(), 3u) << name;
+    for (auto [step, l] : resumed.loss) EXPECT_EQ(l, whole.loss.at(step)) << name << " resumed, step " << step;
+  }
   std::filesystem::path dir() const { return w_.path(); }
   const TrainerMetrics& one() const { return one_; }
 
  private:
+  primus::testing::CliResult launch(const std::string& name, const std::string& keys) const {
+    return primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker().string() + " -- " +
+                                       one_file_.string() + " exp_name=" + name + " " + keys);
+  }
   static std::filesystem::path worker() {
     return std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
   }
