@@ -118,15 +118,17 @@ inline std::array<double, 3> packed_vs_separate(bool llama, turbo::Device device
   return {packed, separate, plain};
 }
 
-// plain_min > 0: the unmasked sample must differ from the documents alone by more than that (relative).
-inline void expect_packed_equals_separate(turbo::Device device, double tol, double plain_min) {
+// masks_matter: the packed sample's loss must differ from the same sample's without the masks.
+// Not a relative margin: how much document B's loss moves when it sees document A depends on the
+// random tokens and weights (down to 5e-5 relative with some seeds), while with the masks ignored
+// the two runs are the same computation and give the same bits.
+inline void expect_packed_equals_separate(turbo::Device device, double tol, bool masks_matter) {
   for (bool llama : {true, false}) {
     const unsigned seed = std::random_device{}();
     SCOPED_TRACE(::testing::Message() << (llama ? "llama" : "gpt2") << " seed " << seed);
     const auto [packed, separate, plain] = packed_vs_separate(llama, device, seed);
     EXPECT_NEAR(packed, separate, tol * separate) << "a packed sample must score as its documents alone";
-    if (plain_min > 0)
-      EXPECT_GT(std::abs(plain - separate), plain_min * separate) << "without the masks document B sees document A";
+    if (masks_matter) EXPECT_NE(plain, packed) << "the masks changed nothing";
   }
 }
 
