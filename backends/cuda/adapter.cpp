@@ -65,8 +65,8 @@ void add_cuda_schema(config::Schema& s) {
             "DeepSeek-V3's 1x128 tiles for activations and gradients, 128x128 blocks for weights (needs fp8: e4m3 "
             "and every linear size a multiple of 128); delayed: one scale per tensor from earlier steps' amax history "
             "(Transformer Engine's delayed scaling: one pass per quantization; fp8_amax_history_len, "
-            "fp8_amax_compute_algo, fp8_margin; under data parallelism the amaxes are max-reduced over the ranks "
-            "every step; not with tensor, context or sharded data parallelism)",
+            "fp8_amax_compute_algo, fp8_margin; over several ranks (data, context, tensor or sharded data "
+            "parallelism) the amaxes are max-reduced over them every step)",
             {"tensorwise", "rowwise", "blockwise", "delayed"})
       .integer("fp8_amax_history_len", 1,
                "fp8_recipe delayed: how many steps' amaxes each tensor's history keeps (Megatron's "

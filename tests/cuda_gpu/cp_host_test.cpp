@@ -53,6 +53,30 @@ INSTANTIATE_TEST_SUITE_P(Models, CpHostTest, ::testing::Combine(::testing::Bool(
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// FP8 linear layers under context parallelism keep their inputs for the backward as FP8
+// transposed copies (turbo::Fp8SavedInputs), as one process does: each rank's copies are of its
+// own tokens, the bytes its backward would quantize again, so every rank's losses and the final
+// weights equal those of the same ranks without the copies bit for bit, for each scaling, with
+// less activation memory.
+TEST(CpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
+  const train::ModelSpec spec = tiny_spec(true);
+  constexpr int kSteps = 4, kCp = 2;
+  for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
+    SCOPED_TRACE(scaling);
+    const CpRun saved = run_cp(spec, kCp, turbo::Device::CPU, kSteps, Attn::Default,
+                               [&] { return fp8_test_recipe("hybrid", scaling, {.saved = true}); });
+    const CpRun plain = run_cp(spec, kCp, turbo::Device::CPU, kSteps, Attn::Default,
+                               [&] { return fp8_test_recipe("hybrid", scaling); });
+    for (int r = 0; r < kCp; ++r) {
+      EXPECT_EQ(saved.loss[r], plain.loss[r]) << "rank " << r;
+      EXPECT_EQ(saved.saved_slots[r], static_cast<size_t>(3 * spec.num_layers)) << "rank " << r;
+      EXPECT_LT(saved.activation_bytes[r], plain.activation_bytes[r]) << "rank " << r;
+    }
+    EXPECT_TRUE(saved.params == plain.params) << "weights differ";
+    EXPECT_NE(saved.loss[0], saved.loss[1]) << "each rank its own tokens";
+  }
+}
+
 TEST(CpHostRefusals, UnsupportedCombinationsNameTheKey) {
   auto hub = parallel::ThreadedGroup::create(2, std::chrono::seconds(5));
   std::unique_ptr<parallel::ProcessGroup> pg = hub->rank(0);

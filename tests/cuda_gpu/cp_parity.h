@@ -5,6 +5,7 @@
 // Shared by the host-mode test (CI) and the GPU one.
 #pragma once
 #include <exception>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@ struct CpRun {
   std::vector<std::vector<double>> loss, gnorm;  // [rank][step]: each rank's own tokens' mean loss
   std::vector<float> params;                     // rank 0's final weights
   std::vector<size_t> activation_bytes;          // per rank
+  std::vector<size_t> saved_slots;               // per rank: FP8 saved-input slots its model made
 };
 
 // Rank `rank`'s rows of [B, T] tokens: [2B, T / 2cp], chunk `rank` of every sequence, then chunk
@@ -36,7 +38,9 @@ inline std::vector<int32_t> cp_slot_rows(const std::vector<int32_t>& full, int64
   return out;
 }
 
-inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, int steps, Attn attn = Attn::Default) {
+// fp8: each rank's own FP8 recipe (its registries are the rank's model's), or none for bf16/fp32.
+inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, int steps, Attn attn = Attn::Default,
+                    const std::function<turbo::Fp8Recipe()>& fp8 = {}) {
   const int64_t T = spec.seq_length, B = kTrainBatch;
   const Batches data(T, steps);
   const std::vector<float> init = initial_params(spec);
@@ -44,6 +48,7 @@ inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, 
   run.loss.resize(static_cast<size_t>(cp));
   run.gnorm.resize(static_cast<size_t>(cp));
   run.activation_bytes.resize(static_cast<size_t>(cp));
+  run.saved_slots.resize(static_cast<size_t>(cp));
 
   auto rank_main = [&](int r, parallel::ProcessGroup* pg) {
     if (device == turbo::Device::CUDA) select_device(0);
@@ -51,7 +56,17 @@ inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, 
     CudaModelOptions mo = options(spec, rows, device);
     mo.max_seq = Tl;
     if (cp > 1) mo.cp_group = pg;
-    CudaModel model(spec, mo, ops_for(attn));
+    CudaOps ops = ops_for(attn);
+    turbo::Fp8Recipe recipe;
+    if (fp8) {
+      recipe = fp8();
+      use_fp8_linear(ops, recipe);
+      mo.fp8_linear = true;
+      mo.fp8_saved = recipe.saved;
+      mo.fp8_delayed = recipe.delayed;
+    }
+    CudaModel model(spec, mo, ops);
+    if (recipe.saved) run.saved_slots[r] = recipe.saved->size();
     model.set_params(init.data());
     for (int s = 0; s < steps; ++s) {
       const std::vector<int32_t> x = cp == 1 ? data.inputs[s] : cp_slot_rows(data.inputs[s], B, T, cp, r);
