@@ -25,19 +25,13 @@ CARRY=${CARRY:-.carry-scaling}
 OUT=${OUT:-/tmp/layouts-out}
 BIN=/tmp/layouts-bin
 STAGES=${STAGES:-"equality speed"}
-DEADLINE=$(( $(date +%s) + ${BUDGET_S:-540} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
-cap() { local want=$1 l; l=$(( $(left) - 25 )); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
+# shellcheck source=bench/tools/carry.sh
+source bench/tools/carry.sh
+carry_deadline "${BUDGET_S:-540}"  # cap S: S or what is left before the deadline, less 15 s
+left() { echo $(( CARRY_DEADLINE - $(date +%s) )); }
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
-mkdir -p "$OUT" "$BIN"
-for f in "$CARRY"/*.gz; do
-  gunzip -c "$f" > "$BIN/$(basename "$f" .gz)" && chmod +x "$BIN/$(basename "$f" .gz)"
-done
-cp "$CARRY"/lib*.so* "$BIN/" 2>/dev/null
-# shellcheck source=scripts/gpu_env.sh
-source scripts/gpu_env.sh
-export LD_LIBRARY_PATH=$BIN:${LD_LIBRARY_PATH:-}
-export PRIMUS_GPT2_VOCAB_DIR=$PWD/third_party/gpt2 PRIMUS_SOURCE_DIR=$PWD PRIMUS_CONFIG_DIR=$PWD/configs
+mkdir -p "$OUT"
+carry_unpack "$CARRY" "$BIN"  # the binaries, the toolkit's environment, the PRIMUS_* paths
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 P=$BIN/primus
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
