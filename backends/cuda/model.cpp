@@ -116,11 +116,11 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.fp8_linear = opt.fp8_linear;
   mp.fp8_moe = opt.fp8_moe && spec.moe.enabled();
   const bool sharded = opt.dp_group && parallel::shards_gradients(opt.dp_sharding);
-  // Both registries below are keyed by the weights' memory. The sharded strategies gather each
-  // layer's weights into buffers the layers take turns with, and tensor parallelism's linear
-  // inputs are gathered or split around the GEMMs: neither has the slots yet. Context parallelism
-  // keeps whole weights and runs every linear layer on this rank's own tokens, as one process does.
-  const bool split = (opt.tp_map && opt.tp_map->tp() > 1) || sharded;
+  // Both registries below are keyed by the weights' memory, and the sharded strategies gather each
+  // layer's weights into buffers the layers take turns with: not there yet. Tensor and context
+  // parallelism keep each layer's own (local) weights; every rank saves what its own GEMMs read
+  // (the gathered norm output with sequence parallelism, its slice of the activation, its tokens).
+  const bool split = sharded;
   // FP8 inputs saved for the backward in the FP8 layers (the plan saves those inputs their recompute
   // policy keeps); FP8 weight copies in them under gradient accumulation (one micro-batch a step
   // quantizes each weight once, twice with full recompute, anyway).

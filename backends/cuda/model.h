@@ -96,15 +96,15 @@ struct CudaModelOptions {
   // FP8 linear layers keep their inputs for the backward as FP8 transposed copies (the registry
   // their recipe holds; turbo::Fp8SavedInputs): in every FP8 layer whose recompute policy keeps
   // activations (none), the plan drops bf16 ln1, ln2 and act for 1-byte copies of them, and the
-  // weight-gradient GEMMs read those instead of quantizing again. Not with tp or sharded data
-  // parallelism (context parallelism: each rank's copies of its own tokens). Null: off (the
-  // inputs kept in bf16, quantized again in the backward).
+  // weight-gradient GEMMs read those instead of quantizing again. Not with sharded data
+  // parallelism (tp and cp: each rank's copies of what its own GEMMs read). Null: off (the inputs
+  // kept in bf16, quantized again in the backward).
   std::shared_ptr<turbo::Fp8SavedInputs> fp8_saved;
   // Weights quantized once per optimizer step (the registry their recipe holds;
   // turbo::Fp8WeightCache): with gradient accumulation (loss_slots > 1) every FP8 layer's four
   // weights get persistent FP8 copies in both layouts (2 bytes a weight), made by the step's first
   // forward and read by the later micro-batches and the input-gradient GEMMs. Invalidated at each
-  // step's start; evaluation forwards do not use it. Not with tp or sharded data parallelism.
+  // step's start; evaluation forwards do not use it. Not with sharded data parallelism.
   std::shared_ptr<turbo::Fp8WeightCache> fp8_weights;
   // Variants of the step that give the same results to rounding, kept as the references the
   // defaults (measured faster) are tested against; no config key sets them.

@@ -90,6 +90,31 @@ INSTANTIATE_TEST_SUITE_P(Models, TpHostKvTest, ::testing::Combine(::testing::Val
                          });
 
 // The layouts the cuda model refuses under tensor parallelism, each with the key that names it.
+// FP8 linear layers under tensor parallelism keep their inputs for the backward as FP8 transposed
+// copies, as one process does: the column-parallel layers' copy of the (gathered, with sequence
+// parallelism) norm output, the row-parallel ones' of this rank's slice of the activation. The
+// bytes are those the backward would quantize again, so each rank's losses and the final weights
+// equal those of the same ranks without the copies bit for bit, with less activation memory.
+TEST(TpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
+  const train::ModelSpec spec = tiny_spec(true);
+  constexpr int kSteps = 4, kTp = 2;
+  for (bool sp : {false, true}) {
+    for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
+      SCOPED_TRACE(std::string(scaling) + (sp ? " with sequence parallelism" : ""));
+      const TpRun saved = run_tp(spec, kTp, turbo::Device::CPU, kSteps, Attn::Default, sp,
+                                 [&] { return fp8_test_recipe("hybrid", scaling, {.saved = true}); });
+      const TpRun plain = run_tp(spec, kTp, turbo::Device::CPU, kSteps, Attn::Default, sp,
+                                 [&] { return fp8_test_recipe("hybrid", scaling); });
+      for (int r = 0; r < kTp; ++r) {
+        EXPECT_EQ(saved.loss[r], plain.loss[r]) << "rank " << r;
+        EXPECT_EQ(saved.saved_slots[r], static_cast<size_t>(3 * spec.num_layers)) << "rank " << r;
+        EXPECT_LT(saved.activation_bytes[r], plain.activation_bytes[r]) << "rank " << r;
+      }
+      EXPECT_TRUE(saved.params == plain.params) << "weights differ";
+    }
+  }
+}
+
 TEST(TpHostRefusals, UnsupportedCombinationsNameTheirKey) {
   const train::ModelSpec spec = tp_spec(1);
   auto hub = parallel::ThreadedGroup::create(1, std::chrono::seconds(5));

@@ -6,6 +6,7 @@
 // host-mode test (CI) and the GPU one.
 #pragma once
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,6 +27,7 @@ struct TpRun {
   std::vector<float> params;                     // the final weights in the global layout
   std::vector<size_t> reserved_bytes;            // per rank: the model's device arenas
   std::vector<size_t> activation_bytes;          // per rank: its activations arena
+  std::vector<size_t> saved_slots;               // per rank: FP8 saved-input slots its model made
 };
 
 // The tiny models tensor parallelism can split in two: GPT-2 (2 heads, tied head, learned
@@ -47,8 +49,9 @@ inline train::ModelSpec tp_spec(int which) {
 }
 inline const char* tp_spec_name(int which) { return which == 0 ? "gpt2" : which == 1 ? "llama" : "qwen3"; }
 
+// fp8: each rank's own FP8 recipe (its registries are the rank's model's), or none.
 inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, int steps, Attn attn = Attn::Default,
-                    bool sequence_parallel = false) {
+                    bool sequence_parallel = false, const std::function<turbo::Fp8Recipe()>& fp8 = {}) {
   const int64_t T = spec.seq_length;
   const Batches data(T, steps);
   const std::vector<float> init = initial_params(spec);
@@ -57,6 +60,7 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
   run.gnorm.resize(static_cast<size_t>(tp));
   run.reserved_bytes.resize(static_cast<size_t>(tp));
   run.activation_bytes.resize(static_cast<size_t>(tp));
+  run.saved_slots.resize(static_cast<size_t>(tp));
   std::vector<std::vector<float>> local(static_cast<size_t>(tp));
   std::vector<std::shared_ptr<train::TpShardMap>> maps(static_cast<size_t>(tp));
   for (int r = 0; r < tp; ++r) maps[r] = std::make_shared<train::TpShardMap>(spec, tp, r, sequence_parallel && tp > 1);
@@ -70,7 +74,17 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
       mo.tp_group = pg;
       mo.tp_map = maps[r];
     }
-    CudaModel model(ls, mo, ops_for(attn));
+    CudaOps ops = ops_for(attn);
+    turbo::Fp8Recipe recipe;
+    if (fp8) {
+      recipe = fp8();
+      use_fp8_linear(ops, recipe);
+      mo.fp8_linear = true;
+      mo.fp8_saved = recipe.saved;
+      mo.fp8_delayed = recipe.delayed;
+    }
+    CudaModel model(ls, mo, ops);
+    if (recipe.saved) run.saved_slots[r] = recipe.saved->size();
     std::vector<float> w(static_cast<size_t>(model.layout().total));
     map.to_local(init.data(), w.data());
     model.set_params(w.data());
