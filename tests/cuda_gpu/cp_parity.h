@@ -58,13 +58,7 @@ inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, 
     if (cp > 1) mo.cp_group = pg;
     CudaOps ops = ops_for(attn);
     turbo::Fp8Recipe recipe;
-    if (fp8) {
-      recipe = fp8();
-      use_fp8_linear(ops, recipe);
-      mo.fp8_linear = true;
-      mo.fp8_saved = recipe.saved;
-      mo.fp8_delayed = recipe.delayed;
-    }
+    if (fp8) use_fp8_recipe(spec, recipe = fp8(), ops, mo);
     CudaModel model(spec, mo, ops);
     if (recipe.saved) run.saved_slots[r] = recipe.saved->size();
     model.set_params(init.data());

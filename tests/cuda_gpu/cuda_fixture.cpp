@@ -403,6 +403,19 @@ turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const 
   return r;
 }
 
+void use_fp8_recipe(const train::ModelSpec& spec, const turbo::Fp8Recipe& r, CudaOps& ops, CudaModelOptions& mo) {
+  use_fp8_linear(ops, r);
+  mo.fp8_linear = true;
+  mo.fp8_multiple = turbo::linear_fp8_multiple(r);  // as model_options_for: blockwise 128
+  mo.fp8_delayed = r.delayed;  // fp8_recipe delayed: the model holds the histories the slots read
+  mo.fp8_saved = r.saved;      // inputs saved in FP8 for the backward (null: kept in bf16)
+  mo.fp8_weights = r.weights;  // weights quantized once per step (with accumulation only)
+  if (spec.moe.enabled()) {    // the experts too (patch cuda.moe.fp8: rowwise and blockwise)
+    use_fp8_moe(ops, r);
+    mo.fp8_moe = true;
+  }
+}
+
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
                                                                     int steps, const turbo::Fp8Recipe* fp8) {
   return training_curves(tiny_spec(llama), attn, device, steps, fp8);
@@ -416,18 +429,7 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
   Batches data(T, steps);
   CudaOps ops = ops_for(attn);
   CudaModelOptions mo = options(spec, kTrainBatch, device);
-  if (fp8) {
-    use_fp8_linear(ops, *fp8);
-    mo.fp8_linear = true;
-    mo.fp8_multiple = turbo::linear_fp8_multiple(*fp8);  // as model_options_for: blockwise 128
-    mo.fp8_delayed = fp8->delayed;  // fp8_recipe delayed: the model holds the histories the slots read
-    mo.fp8_saved = fp8->saved;      // inputs saved in FP8 for the backward (null: kept in bf16)
-    mo.fp8_weights = fp8->weights;  // weights quantized once per step (with accumulation only)
-    if (spec.moe.enabled()) {       // the experts too (patch cuda.moe.fp8: rowwise and blockwise)
-      use_fp8_moe(ops, *fp8);
-      mo.fp8_moe = true;
-    }
-  }
+  if (fp8) use_fp8_recipe(spec, *fp8, ops, mo);
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());

@@ -127,6 +127,9 @@ struct Fp8TestState {
   turbo::Fp8DelayedOptions delayed{2};
 };
 turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const Fp8TestState& state = {});
+// What patch cuda.linear.fp8 and model_options_for make of recipe `r` for a model of `spec`: its
+// linear slots (and the experts' with num_experts > 0) and the model options its state needs.
+void use_fp8_recipe(const train::ModelSpec& spec, const turbo::Fp8Recipe& r, CudaOps& ops, CudaModelOptions& mo);
 
 class CudaGpuTest : public ::testing::Test {
  protected:

@@ -76,13 +76,7 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
     }
     CudaOps ops = ops_for(attn);
     turbo::Fp8Recipe recipe;
-    if (fp8) {
-      recipe = fp8();
-      use_fp8_linear(ops, recipe);
-      mo.fp8_linear = true;
-      mo.fp8_saved = recipe.saved;
-      mo.fp8_delayed = recipe.delayed;
-    }
+    if (fp8) use_fp8_recipe(ls, recipe = fp8(), ops, mo);
     CudaModel model(ls, mo, ops);
     if (recipe.saved) run.saved_slots[r] = recipe.saved->size();
     std::vector<float> w(static_cast<size_t>(model.layout().total));
