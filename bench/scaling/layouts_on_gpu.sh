@@ -68,9 +68,8 @@ LL=(--config examples/cuda/llama3.2-1B.yaml mock_data=true lr_warmup_iters=5 log
 #    batch, so its one-GPU run accumulates the two micro-batches.
 if stage equality; then
   for m in gpt2 llama; do
-    if [ "$m" = gpt2 ]; then args=("${G2[@]}" micro_batch_size=8); else args=("${LL[@]}" micro_batch_size=2); fi
-    args+=(train_iters=50)
-    mb=$([ "$m" = gpt2 ] && echo 8 || echo 2)
+    if [ "$m" = gpt2 ]; then args=("${G2[@]}"); mb=8; else args=("${LL[@]}"); mb=2; fi
+    args+=(micro_batch_size="$mb" train_iters=50)
     train "eq_${m}_1gpu" 1 90 "${args[@]}" global_batch_size="$mb"
     train "eq_${m}_tp2" 2 90 "${args[@]}" global_batch_size="$mb" tensor_model_parallel_size=2
     train "eq_${m}_tp2sp" 2 90 "${args[@]}" global_batch_size="$mb" tensor_model_parallel_size=2 sequence_parallel=true

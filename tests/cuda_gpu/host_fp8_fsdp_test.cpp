@@ -27,7 +27,8 @@ TEST(CudaHostTrainerFp8, ShardedDataParallelTwoProcessesTrainAsOne) {
 // - Sharded: each rank's micro-batch is one of one process's, so the losses are one process's.
 // - Tensor and context: the first step has no history yet and runs current scaling over each
 //   rank's own part, as tensorwise does under these layouts, so the runs part from one process's
-//   by FP8's rounding (3e-4 relative by step 6 here, as tensorwise's); the gate is 3e-3. What the
+//   by FP8's rounding (at worst 2.2e-4 relative for tp2, 7.5e-5 for cp2 here; tensorwise's are of
+//   the same size); the gate is 3e-3. What the
 //   reduction guarantees is shown by a resume: both ranks continue from rank 0's saved histories
 //   and give the uninterrupted run's losses bit for bit. Without the reduction rank 1's histories
 //   are its own and the resumed run parts from it (as it does when tp2 checkpoints leave the

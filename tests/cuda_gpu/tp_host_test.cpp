@@ -89,7 +89,6 @@ INSTANTIATE_TEST_SUITE_P(Models, TpHostKvTest, ::testing::Combine(::testing::Val
                                   (std::get<1>(info.param) ? "_sp" : "");
                          });
 
-// The layouts the cuda model refuses under tensor parallelism, each with the key that names it.
 // FP8 linear layers under tensor parallelism keep their inputs for the backward as FP8 transposed
 // copies, as one process does: the column-parallel layers' copy of the (gathered, with sequence
 // parallelism) norm output, the row-parallel ones' of this rank's slice of the activation. The
@@ -115,6 +114,7 @@ TEST(TpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   }
 }
 
+// The layouts the cuda model refuses under tensor parallelism, each with the key that names it.
 TEST(TpHostRefusals, UnsupportedCombinationsNameTheirKey) {
   const train::ModelSpec spec = tp_spec(1);
   auto hub = parallel::ThreadedGroup::create(1, std::chrono::seconds(5));
