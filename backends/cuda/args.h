@@ -16,6 +16,7 @@ namespace primus::turbo {
 class Fp8DelayedScaling;  // turbo/ops/fp8_delayed.h
 class Fp8SavedInputs;     // turbo/ops/gemm_fp8.h
 class Fp8WeightCache;     // turbo/ops/gemm_fp8.h
+class Fp8Maxima;          // turbo/ops/gemm_fp8.h
 }
 
 namespace primus::backends::cuda {
@@ -58,6 +59,8 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   std::shared_ptr<turbo::Fp8SavedInputs> fp8_saved;
   // With fp8: the registry of the weights quantized once per step (CudaModelOptions::fp8_weights).
   std::shared_ptr<turbo::Fp8WeightCache> fp8_weights;
+  // With fp8_recipe rowwise: the SwiGLU kernels' maxima for the next quantization (CudaModelOptions::fp8_maxima).
+  std::shared_ptr<turbo::Fp8Maxima> fp8_maxima;
   int64_t fp8_first_last_bf16_layers = 0;  // with fp8: edge layers kept in bf16 (DecoderOptions)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)
   bool launch_ahead = false;               // queue step s + 1 before reading step s (patch cuda.step.launch_ahead)

@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "backends/cuda/args.h"
 #include "core/util/error.h"
@@ -176,6 +178,17 @@ turbo::Fp8Recipe configure_fp8(CudaArgs& a, const std::string& fp8, const std::s
   a.fp8_saved = r.saved;
   r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
   a.fp8_weights = r.weights;
+  a.fp8_maxima.reset();
+  bool maxima = true;  // PRIMUS_CUDA_FP8_MAXIMA=0: the quantizer's own pass (the A/B of the handoff)
+  if (const char* e = std::getenv("PRIMUS_CUDA_FP8_MAXIMA"); e && *e) {
+    const std::string v = e;
+    if (v != "0" && v != "1") throw ConfigError(fmt::format("PRIMUS_CUDA_FP8_MAXIMA='{}': expected 0 or 1", v));
+    maxima = v == "1";
+  }
+  if (maxima && r.act_granularity() == turbo::Fp8Granularity::Row) {  // rowwise: what the quantizer's second pass needs
+    r.maxima = std::make_shared<turbo::Fp8Maxima>();
+    a.fp8_maxima = r.maxima;
+  }
   if (r.scaling == turbo::Fp8Scaling::Delayed) {
     turbo::Fp8DelayedOptions o;
     o.history_len = a.fp8_amax_history_len;

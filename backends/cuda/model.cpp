@@ -115,6 +115,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.host = opt.device == Device::CPU;
   mp.fp8_linear = opt.fp8_linear;
   mp.fp8_moe = opt.fp8_moe && spec.moe.enabled();
+  mp.fp8_maxima = opt.fp8_linear && opt.fp8_maxima && spec.swiglu;
   const bool sharded = opt.dp_group && parallel::shards_gradients(opt.dp_sharding);
   // Both registries below are keyed by the weights' memory, and the sharded strategies gather each
   // layer's weights into buffers the layers take turns with: not there yet. Tensor and context
@@ -307,6 +308,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   dec.gelu_unfused_backward = opt_.gelu_unfused_backward;
   dec.document_masking = opt_.document_masking;
   dec.bf16_edge_layers = opt_.fp8_linear ? opt_.fp8_bf16_edge_layers : 0;
+  dec.fp8_maxima = opt_.fp8_linear ? opt_.fp8_maxima.get() : nullptr;
   if (tp) {
     tp_ = std::make_unique<TpComm>(*opt_.tp_group, opt_.tp_map, stream_);
     dec.tp = tp_.get();

@@ -7,7 +7,8 @@
 # STAGES (default "tests train"): tests = test_turbo_gpu's FP8 GEMM / quantizer tests (TEST_FILTER)
 # and the layout probe; train = the recipes (RECIPES, default "e4m3:tensorwise e4m3:rowwise
 # e4m3:blockwise hybrid:tensorwise hybrid:rowwise") and the two anchors (BF16_ANCHOR=0: the FP8 one
-# only; an entry format:recipe:variant adds the overrides in VARIANT_<variant>, comma-separated);
+# only; an entry format:recipe:variant adds the overrides in VARIANT_<variant>, comma-separated, and
+# runs with the environment variables in ENV_<variant>, e.g. ENV_nomx="PRIMUS_CUDA_FP8_MAXIMA=0");
 # STEPS (30) / MEASURE (20). QBENCH=1 first times `primus benchmark quantize` (TURBO) on
 # the Llama-3.2-1B shapes.
 # Rows (DESIGN.md "Measurements") in $OUT/train.jsonl; a table last.
@@ -58,11 +59,16 @@ if [[ " $STAGES " == *" train "* ]]; then
     # format:recipe[:variant]; a variant's overrides come from VARIANT_<variant> (comma-separated
     # key=value), e.g. RECIPES="e4m3:rowwise:oib" VARIANT_oib="optimizer_in_bwd=true,clip_grad=0".
     fmt=${rc_%%:*}; rest=${rc_#*:}; recipe=${rest%%:*}; variant=""; extra=""
-    if [[ "$rest" == *:* ]]; then variant=${rest#*:}; vv="VARIANT_${variant}"; extra=${!vv:-}; extra=${extra//,/ }; fi
+    envs=""
+    if [[ "$rest" == *:* ]]; then
+      variant=${rest#*:}; vv="VARIANT_${variant}"; extra=${!vv:-}; extra=${extra//,/ }
+      ev="ENV_${variant}"; envs=${!ev:-}; envs=${envs//,/ }
+    fi
     name="llama3.2-1B_b8_fp8-${fmt}-${recipe}${variant:+-$variant}"
     rm -rf "$ws"
     t0=$SECONDS
-    timeout 200 "$BIN/primus" train pretrain --config examples/cuda/llama3.2-1B.yaml mock_data=true train_iters="$STEPS" \
+    # shellcheck disable=SC2086  # envs: words of NAME=value
+    env $envs timeout 200 "$BIN/primus" train pretrain --config examples/cuda/llama3.2-1B.yaml mock_data=true train_iters="$STEPS" \
       micro_batch_size=8 global_batch_size=8 seq_length=2048 lr_warmup_iters=5 log_interval=5 eval_interval=0 \
       save_interval=0 save_at_end=false workspace="$ws" exp_name=m fp8="$fmt" fp8_recipe="$recipe" $extra > "$OUT/$name.log" 2>&1
     echo "rc=$? ${SECONDS}s" >> "$OUT/$name.log"

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/util/error.h"
+#include "backends/cuda/args.h"
 #include "cuda_fixture.h"
 #include "io/safetensors.h"
 #include "train/param_layout.h"
@@ -541,6 +542,70 @@ TEST(HostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
       << plain_bytes << " vs " << saved_bytes;
   const auto [edge_bytes, edge_slots] = arena(true, 1);
   EXPECT_EQ(edge_slots, static_cast<size_t>(3 * (spec.num_layers - 2))) << "the bf16 edge layers save no FP8 copies";
+}
+
+// Rowwise FP8 with the SwiGLU kernels' maxima handed to the quantizer (turbo::Fp8Maxima): the
+// forward's act where its FP8 copy is saved, the selective recomputation's act, the backward's
+// dgate_up. The host quantizer checks every handed maximum against its own pass (a wrong one
+// throws), and the steps are those without the handoff bit for bit; each maximum put is used by
+// the linear call after it, as many as the layers' SwiGLU calls that feed an FP8 quantization.
+TEST(HostFp8, RowwiseQuantizersTakeTheSwigluMaximaAndGiveTheSameSteps) {
+  const train::ModelSpec spec = tiny_spec(true);
+  const int64_t T = spec.seq_length, L = spec.num_layers, steps = 4;
+  Batches data(T, static_cast<int>(steps));
+  struct Variant {
+    const char* name;
+    bool saved;
+    Recompute policy;
+    int64_t puts_per_step;  // forward (saved act) or recompute, and backward
+  };
+  for (const Variant v : {Variant{"plain", false, Recompute::None, L}, Variant{"saved inputs", true, Recompute::None, 2 * L},
+                          Variant{"selective", true, Recompute::Selective, 2 * L}}) {
+    SCOPED_TRACE(v.name);
+    std::vector<double> losses[2];
+    for (const bool handoff : {false, true}) {
+      const turbo::Fp8Recipe r = fp8_test_recipe("hybrid", "rowwise", {.saved = v.saved, .maxima = handoff});
+      CudaOps ops = CudaOps::defaults();
+      const Recompute policy = v.policy;
+      if (policy != Recompute::None) ops.recompute_policy = [policy](int64_t, int64_t) { return policy; };
+      CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+      use_fp8_recipe(spec, r, ops, mo);
+      CudaModel model(spec, mo, ops);
+      const std::vector<float> init = initial_params(spec);
+      model.set_params(init.data());
+      for (int64_t s = 0; s < steps; ++s) {
+        model.zero_grad();
+        model.forward(data.inputs[s].data(), data.targets[s].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
+        model.backward();
+        model.grad_norm(static_cast<float>(kClip));
+        losses[handoff].push_back(model.read_loss_sum(1));
+        turbo::AdamWHyper hp;
+        hp.lr = float(kLr), hp.beta1 = float(kBeta1), hp.beta2 = float(kBeta2), hp.eps = float(kEps);
+        hp.weight_decay = float(kDecay);
+        hp.step = s + 1;
+        model.update(hp);
+      }
+      if (handoff) {
+        EXPECT_EQ(r.maxima->puts, steps * v.puts_per_step);
+        EXPECT_EQ(r.maxima->uses, r.maxima->puts) << "a maximum was put and not used";
+      } else {
+        EXPECT_EQ(r.maxima, nullptr);
+      }
+    }
+    EXPECT_EQ(losses[1], losses[0]);
+  }
+  // Other recipes get no handoff from the patch (their quantizers need no column pass, or keep
+  // their scales per tensor).
+  for (const char* scaling : {"tensorwise", "blockwise", "delayed"}) {
+    CudaArgs args;
+    const turbo::Fp8Recipe r = configure_fp8(args, std::string(scaling) == "blockwise" ? "e4m3" : "hybrid", scaling);
+    EXPECT_EQ(r.maxima, nullptr) << scaling;
+    EXPECT_EQ(args.fp8_maxima, nullptr) << scaling;
+  }
+  CudaArgs args;
+  const turbo::Fp8Recipe r = configure_fp8(args, "hybrid", "rowwise");
+  EXPECT_NE(r.maxima, nullptr);
+  EXPECT_EQ(args.fp8_maxima, r.maxima);
 }
 
 // `steps` fp32 training steps (AdamW, lr 3e-3, clip 1.0) of a host model over data's batches,

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "tests/turbo_cpu/op_check.h"
 #include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/quantize.h"
+#include "turbo/ops/activation.h"
 #include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/quantization.h"
 
@@ -696,6 +698,83 @@ TEST(QuantizeGroupedErrors, NameTheProblem) {
   a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {8});
   a.scale_inv_t = TensorView(s.data() + 64, DType::F32, Device::CPU, {8});
   expect_error(a, "scale_inv_t: 128x128 scales of a [384, 256] matrix are 12 contiguous f32");
+}
+
+// Row scaling with the producer's maxima (QuantizeFp8Args::maxima): the SwiGLU backward's maxima
+// of dgate_up give the same bytes and scales as the quantizer's own pass; maxima that are not
+// inp's are refused by the host backend naming the row or column; the arguments they need.
+TEST(QuantizeRowMaxima, TheProducersMaximaGiveTheSameResultAndWrongOnesAreNamed) {
+  constexpr int64_t N = 24, F = 40;  // dgate_up [24, 80]
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  std::vector<float> gu(N * 2 * F), dy(N * F), dgu(N * 2 * F), mx(N + 2 * F, -1.0f);
+  for (auto& v : gu) v = nd(rng);
+  for (auto& v : dy) v = nd(rng);
+  ActivationBackwardArgs b;
+  b.act = Activation::SwiGLU;
+  b.dinp = TensorView(dgu.data(), DType::F32, Device::CPU, {N, 2 * F});
+  b.inp = TensorView(gu.data(), DType::F32, Device::CPU, {N, 2 * F});
+  b.dout = TensorView(dy.data(), DType::F32, Device::CPU, {N, F});
+  b.maxima = TensorView(mx.data(), DType::F32, Device::CPU, {N + 2 * F});
+  ASSERT_EQ(activation_backward(b), BackendType::CPU);
+  for (int64_t r = 0; r < N; ++r) {
+    float m = 0;
+    for (int64_t c = 0; c < 2 * F; ++c) m = std::max(m, std::fabs(dgu[r * 2 * F + c]));
+    ASSERT_EQ(mx[r], m) << "row " << r;
+  }
+  for (int64_t c = 0; c < 2 * F; ++c) {
+    float m = 0;
+    for (int64_t r = 0; r < N; ++r) m = std::max(m, std::fabs(dgu[r * 2 * F + c]));
+    ASSERT_EQ(mx[N + c], m) << "column " << c;
+  }
+  struct Out {
+    std::vector<uint8_t> q, qt;
+    std::vector<float> s, st;
+  };
+  const auto run = [&](const TensorView& maxima, Out* o) {
+    o->q.assign(N * 2 * F, 0);
+    o->qt.assign(N * 2 * F, 0);
+    o->s.assign(N, 0.0f);
+    o->st.assign(2 * F, 0.0f);
+    QuantizeFp8Args a;
+    a.granularity = G::Row;
+    a.inp = b.dinp;
+    a.out = TensorView(o->q.data(), DType::F8E5M2, Device::CPU, {N, 2 * F});
+    a.out_t = TensorView(o->qt.data(), DType::F8E5M2, Device::CPU, {2 * F, N});
+    a.scale_inv = TensorView(o->s.data(), DType::F32, Device::CPU, {N});
+    a.scale_inv_t = TensorView(o->st.data(), DType::F32, Device::CPU, {2 * F});
+    a.maxima = maxima;
+    return a;
+  };
+  Out plain, fed;
+  EXPECT_EQ(quantize_fp8(run({}, &plain)), BackendType::CPU);
+  EXPECT_EQ(quantize_fp8(run(b.maxima, &fed)), BackendType::CPU);
+  EXPECT_EQ(plain.q, fed.q);
+  EXPECT_EQ(plain.qt, fed.qt);
+  EXPECT_EQ(plain.s, fed.s);
+  EXPECT_EQ(plain.st, fed.st);
+  // A producer that got one maximum wrong is named by the reference.
+  std::vector<float> wrong = mx;
+  wrong[3] *= 2.0f;
+  expect_error(run(TensorView(wrong.data(), DType::F32, Device::CPU, {N + 2 * F}), &fed), "maxima: row 3 of inp");
+  wrong = mx;
+  wrong[N + 5] = 0.0f;
+  expect_error(run(TensorView(wrong.data(), DType::F32, Device::CPU, {N + 2 * F}), &fed), "maxima: column 5 of inp");
+  // What they serve: Row granularity with out_t, the right size.
+  QuantizeFp8Args a = run(TensorView(mx.data(), DType::F32, Device::CPU, {N + 2 * F - 1}), &fed);
+  expect_error(a, "maxima: the row and column maxima of a [24, 80] matrix are 104 contiguous f32");
+  a = run(b.maxima, &fed);
+  a.out_t = TensorView();
+  a.scale_inv_t = TensorView();
+  expect_error(a, "maxima serve Row granularity with out_t");
+  a = run(b.maxima, &fed);
+  a.granularity = G::Tensor;
+  a.scale_inv = TensorView(fed.s.data(), DType::F32, Device::CPU, {1});
+  a.scale_inv_t = TensorView();
+  expect_error(a, "got tensor granularity");
+  // The activation refuses maxima of the wrong size.
+  b.maxima = TensorView(mx.data(), DType::F32, Device::CPU, {N + F});
+  EXPECT_THROW(activation_backward(b), RuntimeError);
 }
 
 }  // namespace fp8_group_test

@@ -2,7 +2,13 @@
 // reference kernels, in f32 and bf16.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/activation.h"
@@ -432,6 +438,78 @@ TEST_P(ActivationTest, SwigluForwardBackward) {
   activation_backward({Activation::SwiGLU, dgu, gu, dy, false, ctx});
   cpu::swiglu_backward(rdgu.data(), guv.data(), dyv.data(), N, F);
   EXPECT_LT(rel_err(get(dgu), rdgu), gate(dt));
+}
+
+// max |y| per row then per column of a host copy of y [R, C] as f32 bits (NaN > inf > finite).
+std::vector<uint32_t> maxima_of(const std::vector<float>& y, int64_t R, int64_t C) {
+  std::vector<uint32_t> m(static_cast<size_t>(R + C), 0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      uint32_t b;
+      std::memcpy(&b, &y[static_cast<size_t>(r * C + c)], 4);
+      b &= 0x7fffffffu;
+      m[r] = std::max(m[r], b);
+      m[R + c] = std::max(m[R + c], b);
+    }
+  return m;
+}
+
+// SwiGLU with maxima (for the rowwise FP8 quantizer): the same output bytes as without, and the
+// maxima of that output as stored, per row then per column; shapes with partial tiles (rows not a
+// multiple of 128, F not one of 32 vectors), accumulation, and a row and a column holding inf and
+// NaN (which must win their row and column). The buffer starts poisoned: the op clears it.
+TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
+  const DType dt = GetParam();
+  struct Shape { int64_t N, F; };
+  for (const Shape sh : {Shape{130, 1032}, Shape{300, 264}, Shape{17, 8}, Shape{256, 2048}})
+    for (const bool special : {false, true})
+      for (const bool acc : {false, true}) {
+        const int64_t N = sh.N, F = sh.F;
+        SCOPED_TRACE(fmt::format("N {} F {}{}{}", N, F, special ? " with inf and NaN" : "", acc ? " accumulate" : ""));
+        TensorView gu = make(dt, {N, 2 * F}), dy = make(dt, {N, F});
+        TensorView y0 = make(dt, {N, F}), y1 = make(dt, {N, F}), d0 = make(dt, {N, 2 * F}), d1 = make(dt, {N, 2 * F});
+        TensorView mf = make(DType::F32, {N + F}), mb = make(DType::F32, {N + 2 * F});
+        auto guv = randn(N * 2 * F, 2.0f, dt), dyv = randn(N * F, 1.0f, dt);
+        if (special) {
+          guv[static_cast<size_t>((N / 2) * 2 * F + F / 3)] = std::numeric_limits<float>::infinity();
+          dyv[static_cast<size_t>((N - 1) * F + F - 1)] = std::numeric_limits<float>::quiet_NaN();
+        }
+        put(gu, guv);
+        put(dy, dyv);
+        const auto start = randn(N * 2 * F, 1.0f, dt);
+        for (const TensorView* t : {&y0, &y1, &mf, &mb}) poison(*t);
+        put(d0, start);
+        put(d1, start);
+        ASSERT_EQ(activation_forward({Activation::SwiGLU, y0, gu, ctx}), BackendType::TURBO);
+        ASSERT_EQ(activation_forward({Activation::SwiGLU, y1, gu, ctx, mf}), BackendType::TURBO);
+        EXPECT_EQ(bytes(y0), bytes(y1)) << "forward output";
+        const auto yv = get(y1);
+        const auto mfv = bytes(mf);
+        std::vector<uint32_t> got(static_cast<size_t>(N + F));
+        std::memcpy(got.data(), mfv.data(), mfv.size());
+        EXPECT_EQ(got, maxima_of(yv, N, F)) << "forward maxima";
+        ASSERT_EQ(activation_backward({Activation::SwiGLU, d0, gu, dy, acc, ctx}), BackendType::TURBO);
+        ASSERT_EQ(activation_backward({Activation::SwiGLU, d1, gu, dy, acc, ctx, mb}), BackendType::TURBO);
+        EXPECT_EQ(bytes(d0), bytes(d1)) << "backward output";
+        const auto dv = get(d1);
+        const auto mbv = bytes(mb);
+        got.assign(static_cast<size_t>(N + 2 * F), 0);
+        std::memcpy(got.data(), mbv.data(), mbv.size());
+        const auto want = maxima_of(dv, N, 2 * F);
+        EXPECT_EQ(got, want) << "backward maxima";
+        if (special) {  // the NaN in dy's last row reaches that row's dgate_up, whose maximum is then NaN
+          float last;
+          std::memcpy(&last, &got[static_cast<size_t>(N - 1)], 4);
+          EXPECT_TRUE(std::isnan(last));
+        }
+      }
+  // What the op refuses: gelu, the wrong size, a host buffer.
+  TensorView gu = make(dt, {16, 16}), y = make(dt, {16, 8}), m = make(DType::F32, {24}), bad = make(DType::F32, {23});
+  EXPECT_THROW(activation_forward({Activation::SwiGLU, y, gu, ctx, bad}), RuntimeError);
+  EXPECT_THROW(activation_forward({Activation::Gelu, gu, gu, ctx, m}), RuntimeError);
+  std::vector<float> host(24);
+  EXPECT_THROW(activation_forward({Activation::SwiGLU, y, gu, ctx, TensorView(host.data(), DType::F32, Device::CPU, {24})}),
+               RuntimeError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Turbo, ActivationTest, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);

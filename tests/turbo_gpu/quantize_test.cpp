@@ -390,6 +390,68 @@ TEST_F(QuantizeGpuTest, GroupScalingMatchesTheReferenceBitForBit) {
           }
 }
 
+// Row scaling with the producer's maxima (QuantizeFp8Args::maxima, as the SwiGLU kernels write
+// them): one launch instead of the amax pass and the quantizing one, the same bytes and scales as
+// the CPU reference without maxima, with both outputs and with out_t alone, a NaN included.
+TEST_F(QuantizeGpuTest, RowScalingWithTheProducersMaximaMatchesTheReferenceBitForBit) {
+  struct Shape { int64_t R, C, ld; };
+  for (const Shape sh : {Shape{272, 400, 400}, Shape{128, 256, 264}, Shape{1024, 2048, 2048}})
+    for (const DType dt : {DType::BF16, DType::F32})
+      for (const DType fp8 : {DType::F8E4M3, DType::F8E5M2})
+        for (const bool nan : {false, true}) {
+          SCOPED_TRACE(fmt::format("[{}, {}] ld {} {} -> {}{}", sh.R, sh.C, sh.ld, dtype_name(dt), dtype_name(fp8),
+                                   nan ? " with a NaN" : ""));
+          std::vector<float> vals(static_cast<size_t>(sh.R * sh.C));
+          std::normal_distribution<float> n(0.0f, 1.0f);
+          std::uniform_real_distribution<float> e(-6.0f, 3.0f);
+          for (auto& v : vals) v = n(rng_) * std::exp2(e(rng_));
+          if (nan) vals[static_cast<size_t>((sh.R / 3) * sh.C + sh.C / 2)] = std::numeric_limits<float>::quiet_NaN();
+          Input in = make_input(dt, sh.R, sh.C, sh.ld, &vals);
+          // The maxima as a producer takes them: of the stored values.
+          std::vector<uint32_t> mx(static_cast<size_t>(sh.R + sh.C), 0);
+          for (int64_t r = 0; r < sh.R; ++r)
+            for (int64_t c = 0; c < sh.C; ++c) {
+              const uint32_t b = bits(load_as_float(in.host.data(), dt, static_cast<size_t>(r * sh.ld + c))) & 0x7fffffffu;
+              mx[r] = std::max(mx[r], b);
+              mx[sh.R + c] = std::max(mx[sh.R + c], b);
+            }
+          TensorView maxima = make(DType::F32, {sh.R + sh.C});
+          CUDA_CHECK(cudaMemcpy(maxima.data, mx.data(), mx.size() * 4, cudaMemcpyHostToDevice));
+          const int64_t ns = sh.R, nst = sh.C;
+          std::vector<uint8_t> ro(static_cast<size_t>(sh.R * sh.C)), rt(ro.size());
+          std::vector<float> rs(static_cast<size_t>(ns)), rst(static_cast<size_t>(nst));
+          QuantizeFp8Args ra;
+          ra.inp = in.host_view();
+          ra.granularity = Fp8Granularity::Row;
+          ra.out = TensorView(ro.data(), fp8, Device::CPU, {sh.R, sh.C});
+          ra.out_t = TensorView(rt.data(), fp8, Device::CPU, {sh.C, sh.R});
+          ra.scale_inv = TensorView(rs.data(), DType::F32, Device::CPU, {ns});
+          ra.scale_inv_t = TensorView(rst.data(), DType::F32, Device::CPU, {nst});
+          ASSERT_EQ(quantize_fp8(ra), BackendType::CPU);
+          TensorView out = make(fp8, {sh.R, sh.C}), out_t = make(fp8, {sh.C, sh.R});
+          TensorView sc = make(DType::F32, {ns}), sct = make(DType::F32, {nst});
+          for (const bool with_out : {true, false}) {
+            QuantizeFp8Args a;
+            a.inp = in.dev;
+            a.granularity = Fp8Granularity::Row;
+            if (with_out) a.out = out, a.scale_inv = sc;
+            a.out_t = out_t, a.scale_inv_t = sct;
+            a.maxima = maxima;
+            a.ctx = ctx;
+            for (const TensorView* t : {&out, &out_t, &sc, &sct}) poison(*t);
+            ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
+            if (with_out) {
+              EXPECT_TRUE(bytes(out) == ro) << "out: " << first_diff(bytes(out), ro);
+              const auto s = get(sc);
+              for (int64_t k = 0; k < ns; ++k) ASSERT_EQ(bits(s[k]), bits(rs[k])) << "scale_inv[" << k << "]";
+            }
+            EXPECT_TRUE(bytes(out_t) == rt) << "out_t: " << first_diff(bytes(out_t), rt);
+            const auto s = get(sct);
+            for (int64_t k = 0; k < nst; ++k) ASSERT_EQ(bits(s[k]), bits(rst[k])) << "scale_inv_t[" << k << "]";
+          }
+        }
+}
+
 // Row scaling with out alone runs a one-launch kernel (a warp per row, the row held in registers
 // up to 4096 bf16 / 2048 f32 elements, the rest of a longer row read twice): any row count, rows
 // longer and shorter than the registers hold, a NaN row, against the CPU reference bit for bit.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -28,6 +29,36 @@ void swiglu_dims(const TensorView& gate_up, const TensorView& half, const char* 
                                    gate_up.describe()));
 }
 
+// The optional maxima of a SwiGLU output [R, C]: f32 [R + C], contiguous, on the output's device.
+void check_maxima(const TensorView& maxima, Activation act, const TensorView& y, const char* op) {
+  if (!maxima.defined()) return;
+  if (act != Activation::SwiGLU)
+    throw RuntimeError(fmt::format("{}: maxima are written by swiglu only, not gelu", op));
+  check_contiguous(maxima, op, "maxima");
+  check_dtype(maxima, DType::F32, op, "maxima");
+  if (maxima.numel() != y.rows() + y.cols())
+    throw RuntimeError(fmt::format("{}: maxima {} must hold {} rows + {} columns of {}", op, maxima.describe(), y.rows(),
+                                   y.cols(), y.describe()));
+  if (maxima.device != y.device)
+    throw RuntimeError(fmt::format("{}: maxima {} is not on the output's device ({})", op, maxima.describe(),
+                                   y.describe()));
+}
+
+// max |y| per row, then per column, of a host f32 [R, C] matrix as f32 bits (unsigned order of
+// the magnitudes' bits: NaN > inf > finite), into maxima [R + C].
+void host_maxima(const float* y, int64_t R, int64_t C, float* maxima) {
+  std::vector<uint32_t> m(static_cast<size_t>(R + C), 0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      uint32_t b;
+      std::memcpy(&b, y + r * C + c, 4);
+      b &= 0x7fffffffu;
+      m[r] = std::max(m[r], b);
+      m[R + c] = std::max(m[R + c], b);
+    }
+  std::memcpy(maxima, m.data(), m.size() * 4);
+}
+
 void validate(const ActivationForwardArgs& a) {
   const char* op = "activation_forward";
   check_defined(a.inp, op, "inp");
@@ -42,6 +73,7 @@ void validate(const ActivationForwardArgs& a) {
     int64_t N, F;
     swiglu_dims(a.inp, a.out, op, &N, &F);
   }
+  check_maxima(a.maxima, a.act, a.out, op);
 }
 
 void validate(const ActivationBackwardArgs& a) {
@@ -60,10 +92,12 @@ void validate(const ActivationBackwardArgs& a) {
     swiglu_dims(a.inp, a.dout, op, &N, &F);
     if (a.dinp.numel() != a.inp.numel()) throw RuntimeError("activation_backward: dgate_up must match gate_up");
   }
+  check_maxima(a.maxima, a.act, a.dinp, op);
 }
 
 std::string cpu_check_fwd(const ActivationForwardArgs& a) {
-  if (auto w = detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}}); !w.empty()) return w;
+  if (auto w = detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}, {"maxima", &a.maxima}}); !w.empty())
+    return w;
   return detail::all_dtype(DType::F32, {{"inp", &a.inp}});
 }
 void cpu_fwd(const ActivationForwardArgs& a) {
@@ -72,10 +106,13 @@ void cpu_fwd(const ActivationForwardArgs& a) {
   } else {
     const int64_t F = a.inp.cols() / 2;
     cpu::swiglu_forward(a.out.ptr<float>(), a.inp.ptr<const float>(), a.inp.rows(), F);
+    if (a.maxima.defined()) host_maxima(a.out.ptr<const float>(), a.inp.rows(), F, a.maxima.ptr<float>());
   }
 }
 std::string cpu_check_bwd(const ActivationBackwardArgs& a) {
-  if (auto w = detail::all_on(Device::CPU, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}}); !w.empty()) return w;
+  if (auto w = detail::all_on(Device::CPU, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}, {"maxima", &a.maxima}});
+      !w.empty())
+    return w;
   return detail::all_dtype(DType::F32, {{"inp", &a.inp}});
 }
 void cpu_bwd(const ActivationBackwardArgs& a) {
@@ -93,6 +130,7 @@ void cpu_bwd(const ActivationBackwardArgs& a) {
   } else {
     cpu::swiglu_backward(a.dinp.ptr<float>(), a.inp.ptr<const float>(), a.dout.ptr<const float>(),
                          a.inp.rows(), a.inp.cols() / 2);
+    if (a.maxima.defined()) host_maxima(a.dinp.ptr<const float>(), a.inp.rows(), a.inp.cols(), a.maxima.ptr<float>());
   }
 }
 
@@ -107,17 +145,18 @@ std::string turbo_check(Activation act, const TensorView& inp, std::initializer_
   return "";
 }
 std::string turbo_check_fwd(const ActivationForwardArgs& a) {
-  return turbo_check(a.act, a.inp, {{"inp", &a.inp}, {"out", &a.out}});
+  return turbo_check(a.act, a.inp, {{"inp", &a.inp}, {"out", &a.out}, {"maxima", &a.maxima}});
 }
 void turbo_fwd(const ActivationForwardArgs& a) {
   auto s = static_cast<cudaStream_t>(a.ctx.stream);
   if (a.act == Activation::Gelu)
     cuda::gelu_forward(a.inp.dtype, a.out.data, a.inp.data, a.inp.numel(), s);
   else
-    cuda::swiglu_forward(a.inp.dtype, a.out.data, a.inp.data, a.inp.rows(), a.inp.cols() / 2, s);
+    cuda::swiglu_forward(a.inp.dtype, a.out.data, a.inp.data, a.inp.rows(), a.inp.cols() / 2, s,
+                         a.maxima.defined() ? a.maxima.ptr<float>() : nullptr);
 }
 std::string turbo_check_bwd(const ActivationBackwardArgs& a) {
-  return turbo_check(a.act, a.inp, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}});
+  return turbo_check(a.act, a.inp, {{"inp", &a.inp}, {"dinp", &a.dinp}, {"dout", &a.dout}, {"maxima", &a.maxima}});
 }
 void turbo_bwd(const ActivationBackwardArgs& a) {
   auto s = static_cast<cudaStream_t>(a.ctx.stream);
@@ -125,17 +164,18 @@ void turbo_bwd(const ActivationBackwardArgs& a) {
     cuda::gelu_backward(a.inp.dtype, a.dinp.data, a.inp.data, a.dout.data, a.inp.numel(), a.accumulate, s);
   else
     cuda::swiglu_backward(a.inp.dtype, a.dinp.data, a.inp.data, a.dout.data, a.inp.rows(), a.inp.cols() / 2,
-                          a.accumulate, s);
+                          a.accumulate, s, a.maxima.defined() ? a.maxima.ptr<float>() : nullptr);
 }
 #endif
 
 }  // namespace
 
 std::string ActivationForwardArgs::key() const {
-  return fmt::format("{}_forward inp={}", act_name(act), inp.describe());
+  return fmt::format("{}_forward inp={}{}", act_name(act), inp.describe(), maxima.defined() ? " maxima" : "");
 }
 std::string ActivationBackwardArgs::key() const {
-  return fmt::format("{}_backward inp={} acc={}", act_name(act), inp.describe(), accumulate ? 1 : 0);
+  return fmt::format("{}_backward inp={} acc={}{}", act_name(act), inp.describe(), accumulate ? 1 : 0,
+                     maxima.defined() ? " maxima" : "");
 }
 
 BackendType activation_forward(const ActivationForwardArgs& args) {

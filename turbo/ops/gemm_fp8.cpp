@@ -52,7 +52,7 @@ Delayed delayed_of(const Fp8Recipe& r, const TensorView& weight, Fp8DelayedScali
 // q(t) at granularity g into fresh scratch: row-major [R,C] (transposed = false) or the
 // quantisation of t^T, [C,R].
 Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed, Fp8Granularity g,
-                   const ExecContext& ctx, const char* what, const Delayed& d = {}) {
+                   const ExecContext& ctx, const char* what, const Delayed& d = {}, const TensorView& maxima = {}) {
   const int64_t R = t.size(0), C = t.size(1);
   Quantized out;
   out.g = g;
@@ -65,6 +65,7 @@ Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed,
   (transposed && g != Fp8Granularity::Tensor ? a.scale_inv_t : a.scale_inv) = out.scale;
   a.scale = d.scale;
   a.amax = d.amax;
+  if (transposed && g == Fp8Granularity::Row) a.maxima = maxima;  // only the column-scaled copy needs them
   a.ctx = ctx;
   quantize_fp8(a);
   return out;
@@ -73,7 +74,8 @@ Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed,
 // q(t) [R, C] into (q, scale) and q(t)^T [C, R] into (q_t, scale_t) from one read of t; at Tensor
 // granularity `scale` serves both layouts.
 void quantize_both(const TensorView& t, Fp8Granularity g, const TensorView& q, const TensorView& scale,
-                   const TensorView& q_t, const TensorView& scale_t, const Delayed& d, const ExecContext& ctx) {
+                   const TensorView& q_t, const TensorView& scale_t, const Delayed& d, const ExecContext& ctx,
+                   const TensorView& maxima = {}) {
   QuantizeFp8Args a;
   a.inp = t;
   a.granularity = g;
@@ -83,8 +85,21 @@ void quantize_both(const TensorView& t, Fp8Granularity g, const TensorView& q, c
   if (g != Fp8Granularity::Tensor) a.scale_inv_t = scale_t;
   a.scale = d.scale;
   a.amax = d.amax;
+  if (g == Fp8Granularity::Row) a.maxima = maxima;
   a.ctx = ctx;
   quantize_fp8(a);
+}
+
+// The producer's maxima of t for this call (Fp8Maxima), or undefined. Each linear call looks up
+// its tensors, then drops the entry (drop_maxima), used or not.
+TensorView maxima_of(const Fp8Recipe& r, const TensorView& t) {
+  if (!r.maxima || r.act_granularity() != Fp8Granularity::Row || r.scaling == Fp8Scaling::Delayed) return {};
+  const TensorView m = r.maxima->find(t);
+  if (m.defined()) ++r.maxima->uses;
+  return m;
+}
+void drop_maxima(const Fp8Recipe& r) {
+  if (r.maxima) r.maxima->clear();
 }
 
 // The saved q(x)^T of layer `weight` as the weight-gradient GEMM's operand ([C, N] with its
@@ -219,6 +234,26 @@ Fp8WeightCache::Slot* Fp8WeightCache::find(const void* weight) {
   return it == slots_.end() ? nullptr : &it->second;
 }
 
+void Fp8Maxima::put(const TensorView& t, const TensorView& maxima) {
+  if (!t.defined() || t.ndim != 2 || !maxima.defined() || maxima.dtype != DType::F32 ||
+      maxima.numel() != t.size(0) + t.size(1))
+    throw RuntimeError(fmt::format("Fp8Maxima::put: expected f32 [rows + cols] maxima of a matrix, got {} for {}",
+                                   maxima.defined() ? maxima.describe() : "none", t.defined() ? t.describe() : "none"));
+  data_ = t.data;
+  rows_ = t.size(0);
+  cols_ = t.size(1);
+  ld_ = t.size(0) > 1 ? t.stride(0) : t.size(1);
+  maxima_ = maxima;
+  ++puts;
+}
+
+TensorView Fp8Maxima::find(const TensorView& t) const {
+  if (!maxima_.defined() || !t.defined() || t.ndim != 2 || t.data != data_ || t.size(0) != rows_ ||
+      t.size(1) != cols_ || (t.size(0) > 1 ? t.stride(0) : t.size(1)) != ld_)
+    return {};
+  return maxima_;
+}
+
 void Fp8WeightCache::invalidate() {
   for (auto& [w, s] : slots_) s.valid = false;
 }
@@ -322,6 +357,8 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
   ArenaScope scope(arena);
   const int64_t N = inp.size(0), C = inp.size(1);
   const Fp8Granularity ga = r.act_granularity();
+  const TensorView maxima = maxima_of(r, inp);
+  drop_maxima(r);
   Quantized x;
   if (const std::optional<Quantized> saved = saved_input(r, weight, N, C, r.fwd, op)) {
     // Both layouts in one pass: q(x) for this GEMM, q(x)^T kept for the weight gradient.
@@ -329,7 +366,7 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
     x.q = arena.tensor(r.fwd, {N, C}, "fp8 inp");
     x.scale = ga == Fp8Granularity::Tensor ? saved->scale : scale_tensor(arena, ga, N, C, "fp8 inp scale");
     quantize_both(inp, ga, x.q, x.scale, saved->q, saved->scale, delayed_of(r, weight, Fp8DelayedScaling::kInput, op),
-                  ctx);
+                  ctx, maxima);
   } else {
     x = quantize(arena, inp, r.fwd, false, ga, ctx, "fp8 inp", delayed_of(r, weight, Fp8DelayedScaling::kInput, op));
   }
@@ -357,6 +394,8 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
   const float beta_w = accumulate_dweight ? 1.0f : 0.0f;  // gradients accumulate over micro-batches
   check_matrix(dout, op, "dout");
   check_matrix(weight, op, "weight");
+  const TensorView dout_maxima = maxima_of(r, dout), inp_maxima = inp.defined() ? maxima_of(r, inp) : TensorView();
+  drop_maxima(r);
   if (dinp.defined() && dweight.defined()) {
     // Both GEMMs read dout: quantize it once into both layouts (one amax pass, one read) instead
     // of twice. The transposed copy comes first in the arena so that the dgrad's operands can be
@@ -374,7 +413,7 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
       const Quantized dy{arena.tensor(r.grad, {N, OC}, "fp8 dout"),
                          tensor ? dyt.scale : scale_tensor(arena, ga, N, OC, "fp8 dout scale"), ga};
       quantize_both(dout, ga, dy.q, dy.scale, dyt.q, dyt.scale, delayed_of(r, weight, Fp8DelayedScaling::kGrad, op),
-                    ctx);
+                    ctx, dout_maxima);
       const std::optional<Quantized> cached = cached_weight(r, weight, true, false, ctx, op);
       const Quantized wt = cached ? *cached
                                   : quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
@@ -384,7 +423,7 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
     const std::optional<Quantized> saved = saved_input(r, weight, N, weight.size(1), r.fwd, op);
     const Quantized xt = saved ? *saved
                                : quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
-                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op));  // [C,N]
+                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op), inp_maxima);  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
     if (dbias.defined()) bias_grad(dbias, dout, ctx);
     return;
@@ -398,11 +437,11 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
     Arena& arena = detail::scratch_of(ctx, op);
     ArenaScope scope(arena);
     const Quantized dyt = quantize(arena, dout, r.grad, true, r.act_granularity(), ctx, "fp8 dout^T",
-                                   delayed_of(r, weight, Fp8DelayedScaling::kGrad, op));  // [OC,N]
+                                   delayed_of(r, weight, Fp8DelayedScaling::kGrad, op), dout_maxima);  // [OC,N]
     const std::optional<Quantized> saved = saved_input(r, weight, dout.size(0), weight.size(1), r.fwd, op);
     const Quantized xt = saved ? *saved
                                : quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
-                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op));  // [C,N]
+                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op), inp_maxima);  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
   } else if (dbias.defined()) {
     throw RuntimeError("linear_backward_fp8: dbias without dweight is not supported");
@@ -414,6 +453,7 @@ void linear_backward_input_dgelu_fp8(const TensorView& dpre, const TensorView& d
                                      const TensorView& weight, const TensorView& pre_aux, const ExecContext& ctx,
                                      const Fp8Recipe& r) {
   constexpr const char* op = "linear_backward_input_dgelu_fp8";
+  drop_maxima(r);
   check_matrix(dpre, op, "dpre");
   check_matrix(dout, op, "dout");
   check_matrix(pre_aux, op, "pre_aux");

@@ -103,6 +103,28 @@ class Fp8WeightCache {
   std::unordered_map<const void*, Slot> slots_;
 };
 
+// Maxima handed from the op that wrote a tensor to the FP8 linear layer that quantizes it next
+// (rowwise recipes): the SwiGLU forward's output feeds the MLP down-projection, its backward's
+// dgate_up the up-projection's gradients. At Row granularity the quantizer needs every row's and
+// every column's max |x| before it writes a byte of the column-scaled copy, i.e. a pass of its own
+// over the tensor; with the producer's maxima (ActivationBackwardArgs::maxima) it reads the tensor
+// once (QuantizeFp8Args::maxima). One entry: put() replaces it; the next FP8 linear call takes it
+// for its input (forward) or output gradient (backward) when that is the same tensor (data, shape
+// and row stride) and drops it either way, so an entry never outlives the call it was put for.
+class Fp8Maxima {
+ public:
+  void put(const TensorView& t, const TensorView& maxima);  // maxima: f32 [rows + cols] of t
+  // The maxima of t when t is the tensor of the last put(), else undefined; the entry stays.
+  TensorView find(const TensorView& t) const;
+  void clear() { maxima_ = TensorView(); }
+  int64_t puts = 0, uses = 0;  // entries put, and quantizations that read one
+
+ private:
+  const void* data_ = nullptr;
+  int64_t rows_ = 0, cols_ = 0, ld_ = 0;
+  TensorView maxima_;
+};
+
 struct Fp8Recipe {
   DType fwd = DType::F8E4M3;   // x and w
   DType grad = DType::F8E5M2;  // dy ("hybrid"); F8E4M3 for an all-E4M3 recipe
@@ -116,6 +138,8 @@ struct Fp8Recipe {
   std::shared_ptr<Fp8SavedInputs> saved;
   // The layers whose weights are quantized once per optimizer step (null or empty: none).
   std::shared_ptr<Fp8WeightCache> weights;
+  // Producers' maxima for the next linear call's rowwise quantization (null: none).
+  std::shared_ptr<Fp8Maxima> maxima;
   std::string name() const;    // the format: "hybrid" | "e4m3" (| "custom")
   // The granularity of activations / gradients, and of weights, under this recipe.
   Fp8Granularity act_granularity() const;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -89,6 +90,21 @@ void validate(const QuantizeFp8Args& a) {
     throw RuntimeError(fmt::format("{}: out is {} but out_t is {} (one FP8 dtype for both)", kOp,
                                    dtype_name(a.out.dtype), dtype_name(a.out_t.dtype)));
   if (has_row_groups(a)) validate_row_groups(a);
+  if (a.maxima.defined()) {
+    if (a.granularity != Fp8Granularity::Row || !a.out_t.defined() || has_row_groups(a) || a.scale.defined() ||
+        a.amax.defined())
+      throw RuntimeError(fmt::format("{}: maxima serve Row granularity with out_t, current scaling and no row groups; "
+                                     "got {} granularity{}{}{}",
+                                     kOp, fp8_granularity_name(a.granularity), a.out_t.defined() ? "" : ", no out_t",
+                                     has_row_groups(a) ? ", row groups" : "",
+                                     a.scale.defined() || a.amax.defined() ? ", delayed scaling" : ""));
+    check_dtype(a.maxima, DType::F32, kOp, "maxima");
+    if (a.maxima.numel() != R + C || !a.maxima.is_contiguous())
+      throw RuntimeError(fmt::format("{}: maxima: the row and column maxima of a [{}, {}] matrix are {} contiguous "
+                                     "f32, got {}",
+                                     kOp, R, C, R + C, a.maxima.describe()));
+    check_same_device(a.maxima, a.inp, kOp);
+  }
   const Fp8Granularity g = a.granularity;
   if ((g == Fp8Granularity::Block1x128 || g == Fp8Granularity::Block128x128) &&
       (R % kFp8BlockSize != 0 || C % kFp8BlockSize != 0))
@@ -132,7 +148,38 @@ void validate(const QuantizeFp8Args& a) {
 std::string cpu_check(const QuantizeFp8Args& a) {
   return detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
                                       {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax},
-                                      {"offsets", &a.offsets}});
+                                      {"offsets", &a.offsets}, {"maxima", &a.maxima}});
+}
+// Host maxima must be inp's own: the device quantizer trusts them, so the reference is where a
+// producer that gets them wrong shows.
+void cpu_check_maxima(const QuantizeFp8Args& a) {
+  const int64_t R = rows_of(a), C = cols_of(a);
+  std::vector<uint32_t> m(static_cast<size_t>(R + C), 0);
+  for (int64_t r = 0; r < R; ++r) {
+    const char* row = static_cast<const char*>(a.inp.data) + r * pitch_of(a) * static_cast<int64_t>(dtype_size(a.inp.dtype));
+    for (int64_t c = 0; c < C; ++c) {
+      uint32_t b;
+      if (a.inp.dtype == DType::F32) {
+        std::memcpy(&b, row + 4 * c, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * c, 2);
+        b = static_cast<uint32_t>(h) << 16;
+      }
+      b &= 0x7fffffffu;
+      m[r] = std::max(m[r], b);
+      m[R + c] = std::max(m[R + c], b);
+    }
+  }
+  const uint32_t* given = a.maxima.ptr<const uint32_t>();
+  for (int64_t i = 0; i < R + C; ++i)
+    if (given[i] != m[i]) {
+      float want, got;
+      std::memcpy(&want, &m[i], 4);
+      std::memcpy(&got, &given[i], 4);
+      throw RuntimeError(fmt::format("{}: maxima: {} {} of inp {} has max |x| {}, maxima say {}", kOp,
+                                     i < R ? "row" : "column", i < R ? i : i - R, a.inp.describe(), want, got));
+    }
 }
 // amax = max(amax, the value with f32 bits m), compared as bits (both >= 0; NaN's bits are the largest).
 void fold_amax(const TensorView& amax, uint32_t m) {
@@ -163,6 +210,7 @@ void cpu_run(const QuantizeFp8Args& a) {
     cpu_run_row_groups(a);
     return;
   }
+  if (a.maxima.defined()) cpu_check_maxima(a);
   if (a.granularity != Fp8Granularity::Tensor) {
     cpu::quantize_fp8_grouped(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a), a.granularity,
                               a.out.ptr<uint8_t>(), a.scale_inv.ptr<float>(), a.out_t.ptr<uint8_t>(),
@@ -189,7 +237,7 @@ void cpu_run(const QuantizeFp8Args& a) {
 std::string turbo_check(const QuantizeFp8Args& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
                                              {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax},
-                                             {"offsets", &a.offsets}});
+                                             {"offsets", &a.offsets}, {"maxima", &a.maxima}});
       !w.empty())
     return w;
   if (a.ctx.scratch == nullptr) return "ctx.scratch is not set (the amax partials need 4 KiB of device scratch)";
@@ -212,7 +260,8 @@ void turbo_run(const QuantizeFp8Args& a) {
                                     Arena::kDefaultAlign, "quantize_fp8 group amax");
     cuda::quantize_fp8_grouped(a.inp.dtype, fp8_of(a), a.inp.data, rows_of(a), cols_of(a), pitch_of(a), a.granularity,
                                a.out.data, a.scale_inv.ptr<float>(), a.out_t.data, a.scale_inv_t.ptr<float>(), partials,
-                               static_cast<cudaStream_t>(a.ctx.stream));
+                               static_cast<cudaStream_t>(a.ctx.stream),
+                               a.maxima.defined() ? a.maxima.ptr<const float>() : nullptr);
     return;
   }
   void* partials = arena.allocate(cuda::quantize_fp8_scratch_bytes(), Arena::kDefaultAlign, "quantize_fp8 amax partials");
@@ -229,8 +278,8 @@ std::string QuantizeFp8Args::key() const {
   const std::string groups = offsets.defined() ? fmt::format(" offsets={}", offsets.describe())
                              : group_rows != 0 ? fmt::format(" group_rows={}", group_rows)
                                                : std::string();
-  return fmt::format("quantize_fp8 {}{}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
-                     scale.defined() ? " delayed" : "", groups, inp.describe(), out.defined() ? out.describe() : "-",
+  return fmt::format("quantize_fp8 {}{}{}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
+                     scale.defined() ? " delayed" : "", groups, maxima.defined() ? " maxima" : "", inp.describe(), out.defined() ? out.describe() : "-",
                      out_t.defined() ? out_t.describe() : "-");
 }
 

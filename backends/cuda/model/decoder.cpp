@@ -187,8 +187,13 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   if (spec_.swiglu || opt_.gelu_unfused_forward) {
     lin_->linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
     phase(Phase::Activation);
-    turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
-                               a.fc.slice0(0, N), c});
+    // The maxima pay where the down-projection writes both layouts of act (its saved FP8 copy);
+    // without a copy its forward quantizes rows alone, one pass anyway.
+    const TensorView act = a.act.slice0(0, N);
+    const TensorView mx = spec_.swiglu && !recompute && a.act_q.defined() ? swiglu_maxima(l, act) : TensorView();
+    turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act,
+                               a.fc.slice0(0, N), c, mx});
+    put_maxima(act, mx);
   } else {  // GELU fused into the GEMM epilogue; fc keeps the pre-activation for the backward
     lin_->linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
   }
@@ -374,8 +379,21 @@ void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
     moe_recompute(l, N, false);
     return;
   }
-  turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, a.act.slice0(0, N),
-                             a.fc.slice0(0, N), ctx_});
+  // The MLP down-projection's backward quantizes this act into its column-scaled copy next.
+  const TensorView act = a.act.slice0(0, N);
+  const TensorView mx = spec_.swiglu ? swiglu_maxima(l, act) : TensorView();
+  turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act,
+                             a.fc.slice0(0, N), ctx_, mx});
+  put_maxima(act, mx);
+}
+
+TensorView Decoder::swiglu_maxima(int64_t l, const TensorView& y) const {
+  if (!opt_.fp8_maxima || !a_.fp8_maxima.defined() || linears_for(l) != &ops_) return {};
+  return a_.fp8_maxima.slice0(0, y.size(0) + y.size(1));
+}
+
+void Decoder::put_maxima(const TensorView& y, const TensorView& maxima) const {
+  if (maxima.defined()) opt_.fp8_maxima->put(y, maxima);
 }
 
 turbo::HeadNormArgs Decoder::qk_norm_args(const LayerActs& a, const LayerParams& p, const TensorView& buf, int64_t B,
@@ -506,7 +524,9 @@ void Decoder::backward() {
       const TensorView dact = a_.dact.slice0(0, N);
       linear_backward(dact, p.out_w, p.out_b, dres, act, norm_colsum());
       mark(Phase::ActivationBwd);
-      turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c});
+      const TensorView mx = swiglu_maxima(l, dfc);  // for the up-projection's gradients right after
+      turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c, mx});
+      put_maxima(dfc, mx);
     } else if (opt_.gelu_unfused_backward) {
       linear_backward(dfc, p.out_w, p.out_b, dres, act, norm_colsum());  // dfc = d(act) here
       mark(Phase::ActivationBwd);

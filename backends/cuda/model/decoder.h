@@ -86,6 +86,9 @@ struct DecoderOptions {
   // Context parallelism (cp_attention.h; null: none): the batch is the rank's chunk slots (2B rows
   // of T / 2cp tokens), the attention runs over every rank's k|v, positions are the chunks' global ones.
   CpAttention* cp = nullptr;
+  // Rowwise FP8 (CudaModelOptions::fp8_maxima; null: none): the SwiGLU kernels write their output's
+  // maxima into ActivationBuffers::fp8_maxima and put them here for the FP8 linear call after them.
+  turbo::Fp8Maxima* fp8_maxima = nullptr;
 };
 
 class Decoder {
@@ -228,6 +231,11 @@ class Decoder {
     const int64_t e = opt_.bf16_edge_layers;
     return e > 0 && (l < e || l >= spec_.num_layers - e) ? &edge_ops_ : &ops_;
   }
+  // Where layer l's SwiGLU kernel writes the maxima of its output y [rows, cols] for the FP8
+  // linear call that quantizes y next (DecoderOptions::fp8_maxima), or undefined (no handoff, or
+  // the layer's linears are bf16); put_maxima hands them over after the kernel ran.
+  TensorView swiglu_maxima(int64_t l, const TensorView& y) const;
+  void put_maxima(const TensorView& y, const TensorView& maxima) const;
   const ModelParams& p_;
   const ActivationBuffers& a_;
   TensorView rope_table_, loss_slots_;

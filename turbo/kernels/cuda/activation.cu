@@ -124,6 +124,105 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* gate_up, const T* d
   }
 }
 
+// SwiGLU with the maxima of what it writes, for the rowwise FP8 quantization that reads the result
+// next (turbo::QuantizeFp8Args::maxima): max |y| of each row of the output, then of each column, as
+// f32 bits folded with atomicMax (order-free, so deterministic; a NaN's bits beat inf's beat any
+// finite value's, as the quantizer's own pass orders them). Taken on the values as stored (rounded
+// to T), so the quantizer's scales are the ones its own pass over the output would find.
+// Tiles of 128 rows x 32W columns of F (256 threads): warp w owns 16 rows, lane l the W columns
+// lW..lW+W-1, one 16-byte vector per input and row as the plain kernels above. Row maxima: a warp
+// reduction per row (over both halves in the backward), one atomic per row and tile. Column
+// maxima: each thread's running maxima over its 16 rows, reduced over the 8 warps through shared
+// memory, one atomic per column and tile. Against the quantizer's own amax pass (a second full
+// read of the output) this adds (rows + columns) / 128 atomics per 128 x 128 tile.
+constexpr int kMxThreads = 256, kMxWarpRows = 16, kMxRows = kMxWarpRows * (kMxThreads / 32);
+
+__device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+
+template <class T, bool kBackward>
+__global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T* gate_up, const T* dout,
+                                                                   int64_t N, int64_t F, bool acc,
+                                                                   uint32_t* maxima) {
+  constexpr int W = Vec<T>::kSize, kCols = 32 * W, kHalves = kBackward ? 2 : 1;
+  __shared__ uint32_t colpart[kMxThreads / 32][kHalves * kCols];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kCols, c = c0 + lane * W;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kMxRows + warp * kMxWarpRows;
+  const bool col_ok = c < F;  // F % W == 0: a lane's W columns are all in or all out
+  uint32_t cg[W], cu[W];
+#pragma unroll
+  for (int e = 0; e < W; ++e) cg[e] = cu[e] = 0;
+#pragma unroll 4
+  for (int i = 0; i < kMxWarpRows; ++i) {
+    const int64_t r = r0 + i;
+    uint32_t m = 0;
+    if (r < N && col_ok) {
+      const T* row = gate_up + r * 2 * F;
+      const Vec<T> g = load_vec_cs(row + c);
+      const Vec<T> u = load_vec_cs(row + F + c);
+      if constexpr (kBackward) {
+        T* drow = y + r * 2 * F;
+        const Vec<T> d = load_vec_cs(dout + r * F + c);
+        Vec<T> dg, du;
+        if (acc) { dg = load_vec(drow + c); du = load_vec(drow + F + c); }
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const float x = g.get(e), s = sigmoid_f(x), silu = x * s;
+          const float dsilu = s * (1.0f + x * (1.0f - s));
+          const float vg = d.get(e) * u.get(e) * dsilu, vu = d.get(e) * silu;
+          dg.set(e, acc ? dg.get(e) + vg : vg);
+          du.set(e, acc ? du.get(e) + vu : vu);
+          const uint32_t bg = abs_bits(dg.get(e)), bu = abs_bits(du.get(e));
+          cg[e] = max(cg[e], bg);
+          cu[e] = max(cu[e], bu);
+          m = max(m, max(bg, bu));
+        }
+        store_vec(drow + c, dg);
+        store_vec(drow + F + c, du);
+      } else {
+        Vec<T> o;
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const float x = g.get(e);
+          o.set(e, x * sigmoid_f(x) * u.get(e));
+          const uint32_t b = abs_bits(o.get(e));
+          cg[e] = max(cg[e], b);
+          m = max(m, b);
+        }
+        store_vec(y + r * F + c, o);
+      }
+    }
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == i && r < N && m != 0) atomicMax(maxima + r, m);
+  }
+#pragma unroll
+  for (int e = 0; e < W; ++e) {
+    colpart[warp][lane * W + e] = cg[e];
+    if constexpr (kBackward) colpart[warp][kCols + lane * W + e] = cu[e];
+  }
+  __syncthreads();
+  for (int k = threadIdx.x; k < kHalves * kCols; k += kMxThreads) {
+    const int64_t col = c0 + k % kCols;
+    if (col >= F) continue;
+    uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < kMxThreads / 32; ++w) m = max(m, colpart[w][k]);
+    if (m != 0) atomicMax(maxima + N + (k < kCols ? col : F + col), m);
+  }
+}
+
+template <class T, bool kBackward>
+void launch_swiglu_maxima(T* y, const T* gate_up, const T* dout, int64_t N, int64_t F, bool acc, float* maxima,
+                          cudaStream_t stream) {
+  const int64_t width = kBackward ? 2 * F : F;
+  CUDA_CHECK(cudaMemsetAsync(maxima, 0, sizeof(float) * static_cast<size_t>(N + width), stream));
+  constexpr int kCols = 32 * Vec<T>::kSize;
+  const dim3 grid(static_cast<unsigned>((F + kCols - 1) / kCols), static_cast<unsigned>((N + kMxRows - 1) / kMxRows));
+  swiglu_maxima_kernel<T, kBackward><<<grid, kMxThreads, 0, stream>>>(y, gate_up, dout, N, F, acc,
+                                                                      reinterpret_cast<uint32_t*>(maxima));
+  CUDA_CHECK_LAST();
+}
+
 // Enough blocks to fill every SM several times over; grid-stride loops cover the rest.
 int grid_for(int64_t items, int threads) {
   const int64_t want = (items + threads - 1) / threads;
@@ -165,10 +264,15 @@ void gelu_backward(DType dtype, void* dinp, const void* inp, const void* dout, i
 }
 
 void swiglu_forward(DType dtype, void* out, const void* gate_up, int64_t N, int64_t F,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, float* maxima) {
   check_multiple("swiglu_forward", dtype, F, "F");
   if (N * F == 0) return;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "swiglu_forward", [&] {
+    if (maxima) {
+      launch_swiglu_maxima<scalar_t, false>(static_cast<scalar_t*>(out), static_cast<const scalar_t*>(gate_up),
+                                            nullptr, N, F, false, maxima, stream);
+      return;
+    }
     const int64_t items = N * (F / Vec<scalar_t>::kSize);
     swiglu_forward_kernel<scalar_t><<<grid_for(items, 256), 256, 0, stream>>>(
         static_cast<scalar_t*>(out), static_cast<const scalar_t*>(gate_up), N, F);
@@ -177,10 +281,15 @@ void swiglu_forward(DType dtype, void* out, const void* gate_up, int64_t N, int6
 }
 
 void swiglu_backward(DType dtype, void* dgate_up, const void* gate_up, const void* dout, int64_t N,
-                     int64_t F, bool accumulate, cudaStream_t stream) {
+                     int64_t F, bool accumulate, cudaStream_t stream, float* maxima) {
   check_multiple("swiglu_backward", dtype, F, "F");
   if (N * F == 0) return;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "swiglu_backward", [&] {
+    if (maxima) {
+      launch_swiglu_maxima<scalar_t, true>(static_cast<scalar_t*>(dgate_up), static_cast<const scalar_t*>(gate_up),
+                                           static_cast<const scalar_t*>(dout), N, F, accumulate, maxima, stream);
+      return;
+    }
     const int64_t items = N * (F / Vec<scalar_t>::kSize);
     swiglu_backward_kernel<scalar_t><<<grid_for(items, 256), 256, 0, stream>>>(
         static_cast<scalar_t*>(dgate_up), static_cast<const scalar_t*>(gate_up),

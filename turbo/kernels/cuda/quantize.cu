@@ -1186,7 +1186,7 @@ size_t quantize_fp8_grouped_scratch_bytes(int64_t R, int64_t C, Fp8Granularity g
 
 void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                           Fp8Granularity g, void* out, float* scale_inv, void* out_t, float* scale_inv_t, void* scratch,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const float* maxima) {
   const size_t es = dtype_size(in_dtype);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (g == Fp8Granularity::Row && !out_t && out && C % 16 == 0 && (ld * es) % 16 == 0 && aligned(inp) && aligned(out)) {
@@ -1206,6 +1206,16 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
                                    R, C, ld, fp8_granularity_name(g)));
   GroupArgs a{inp, R, C, ld, static_cast<uint8_t*>(out), scale_inv, static_cast<uint8_t*>(out_t), scale_inv_t,
               static_cast<uint32_t*>(scratch), static_cast<uint32_t*>(scratch) + R, fp8_max_of(fp8)};
+  if (maxima && g == Fp8Granularity::Row && out_t) {  // the maxima are known: the quantizing launch alone
+    // The kernel only reads the maxima in its quantizing instantiation.
+    a.row_amax = const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(maxima));
+    a.col_amax = a.row_amax + R;
+    PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
+      if (fp8 == DType::F8E4M3) launch_groups<scalar_t, true, GroupMode::Row, false>(a, stream);
+      else launch_groups<scalar_t, false, GroupMode::Row, false>(a, stream);
+    });
+    return;
+  }
   PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
     if (fp8 == DType::F8E4M3) run_groups<scalar_t, true>(a, g, stream);
     else run_groups<scalar_t, false>(a, g, stream);

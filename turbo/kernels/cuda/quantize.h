@@ -52,9 +52,12 @@ void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int6
 // launch that reads the input once (a warp per row), no scratch. Deterministic, graph-capturable,
 // no allocation.
 size_t quantize_fp8_grouped_scratch_bytes(int64_t R, int64_t C, Fp8Granularity g);
+// maxima (Row with out_t; may be null): inp's row then column maxima as f32 [R + C] (the op that
+// wrote inp took them, turbo::QuantizeFp8Args::maxima): the memset and the first launch are
+// skipped, one launch reads the input once.
 void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                           Fp8Granularity g, void* out, float* scale_inv, void* out_t, float* scale_inv_t, void* scratch,
-                          cudaStream_t stream);
+                          cudaStream_t stream, const float* maxima = nullptr);
 
 // Row granularity with the rows of inp in G groups for out_t (cpu::quantize_fp8_row_groups_t bit
 // for bit; with out, its per-row scaling as cpu::quantize_fp8_grouped at Row): out_t [C, R] gets
