@@ -60,7 +60,7 @@ TEST_P(Fp8TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
   const std::string name = recipe_name, format = name.substr(0, name.find('/'));
   const std::string scaling = name.find('/') == std::string::npos ? "tensorwise" : name.substr(name.find('/') + 1);
   const turbo::Fp8Recipe recipe = fp8_test_recipe(format.c_str(), scaling.c_str(),
-                                                  {.saved = true, .delayed = {16, turbo::Fp8AmaxAlgo::Max}});
+                                                  {.saved = true, .maxima = true, .delayed = {16, turbo::Fp8AmaxAlgo::Max}});
   const auto [curve, ref] = training_curves(llama, Attn::Default, turbo::Device::CUDA, 200, &recipe);
   const auto [worst, tail] = expect_fp8_curve(curve, ref);
   std::printf("[%s, fp8 %s] loss cuda / reference: step 0 %.4f / %.4f, step 99 %.4f / %.4f, step 199 %.4f / "
@@ -73,6 +73,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, Fp8TrainingParityTest,
                          ::testing::Values(std::pair<bool, const char*>{false, "hybrid"},
                                            std::pair<bool, const char*>{true, "hybrid"},
                                            std::pair<bool, const char*>{true, "e4m3"},
+                                           std::pair<bool, const char*>{true, "hybrid/rowwise"},
                                            std::pair<bool, const char*>{false, "hybrid/delayed"},
                                            std::pair<bool, const char*>{true, "hybrid/delayed"}),
                          [](const auto& info) {
