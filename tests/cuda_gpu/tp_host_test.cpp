@@ -93,7 +93,9 @@ INSTANTIATE_TEST_SUITE_P(Models, TpHostKvTest, ::testing::Combine(::testing::Val
 // copies, as one process does: the column-parallel layers' copy of the (gathered, with sequence
 // parallelism) norm output, the row-parallel ones' of this rank's slice of the activation. The
 // bytes are those the backward would quantize again, so each rank's losses and the final weights
-// equal those of the same ranks without the copies bit for bit, with less activation memory.
+// equal those of the same ranks without the copies bit for bit, with less activation memory. The
+// copied side also takes the SwiGLU kernels' maxima (rowwise; turbo::Fp8Maxima) of each rank's
+// slice of the activation and of dgate_up, which the host quantizer checks against its own pass.
 TEST(TpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   const train::ModelSpec spec = tiny_spec(true);
   constexpr int kSteps = 4, kTp = 2;
@@ -101,7 +103,7 @@ TEST(TpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
     for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
       SCOPED_TRACE(std::string(scaling) + (sp ? " with sequence parallelism" : ""));
       const TpRun saved = run_tp(spec, kTp, turbo::Device::CPU, kSteps, Attn::Default, sp,
-                                 [&] { return fp8_test_recipe("hybrid", scaling, {.saved = true}); });
+                                 [&] { return fp8_test_recipe("hybrid", scaling, {.saved = true, .maxima = true}); });
       const TpRun plain = run_tp(spec, kTp, turbo::Device::CPU, kSteps, Attn::Default, sp,
                                  [&] { return fp8_test_recipe("hybrid", scaling); });
       for (int r = 0; r < kTp; ++r) {
