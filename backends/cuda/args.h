@@ -59,7 +59,8 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   std::shared_ptr<turbo::Fp8SavedInputs> fp8_saved;
   // With fp8: the registry of the weights quantized once per step (CudaModelOptions::fp8_weights).
   std::shared_ptr<turbo::Fp8WeightCache> fp8_weights;
-  // With fp8_recipe rowwise: the SwiGLU kernels' maxima for the next quantization (CudaModelOptions::fp8_maxima).
+  // With fp8_recipe rowwise or tensorwise: the SwiGLU kernels' maxima for the next quantization
+  // (CudaModelOptions::fp8_maxima).
   std::shared_ptr<turbo::Fp8Maxima> fp8_maxima;
   int64_t fp8_first_last_bf16_layers = 0;  // with fp8: edge layers kept in bf16 (DecoderOptions)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)

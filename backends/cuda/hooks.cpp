@@ -185,8 +185,10 @@ turbo::Fp8Recipe configure_fp8(CudaArgs& a, const std::string& fp8, const std::s
     if (v != "0" && v != "1") throw ConfigError(fmt::format("PRIMUS_CUDA_FP8_MAXIMA='{}': expected 0 or 1", v));
     maxima = v == "1";
   }
-  if (maxima && r.act_granularity() == turbo::Fp8Granularity::Row) {  // rowwise: what the quantizer's second pass needs
-    r.maxima = std::make_shared<turbo::Fp8Maxima>();
+  // Current scaling per row or per tensor takes an amax pass the producers' maxima replace
+  // (blockwise's groups lie inside one tile: one pass already; delayed knows its scale).
+  if (maxima && (r.scaling == turbo::Fp8Scaling::Rowwise || r.scaling == turbo::Fp8Scaling::Tensorwise)) {
+    r.maxima = std::make_shared<turbo::Fp8Maxima>(r.act_granularity());
     a.fp8_maxima = r.maxima;
   }
   if (r.scaling == turbo::Fp8Scaling::Delayed) {

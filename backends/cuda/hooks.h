@@ -231,7 +231,7 @@ struct CudaArgs;
 // What patch cuda.linear.fp8 does to the args: the recipe of `fp8` (format) and `fp8_recipe`
 // (scaling) written into them, with fp8_recipe delayed a new delayed-scaling state made from the
 // fp8_amax_* keys, the registry of inputs saved in FP8 and that of the weights quantized once per
-// step, with fp8_recipe rowwise the handoff of the SwiGLU kernels' maxima, each held by both the
+// step, with rowwise and tensorwise scaling the handoff of the SwiGLU kernels' maxima, each held by both the
 // recipe (for the slots) and the args (fp8_delayed, fp8_saved, fp8_weights, fp8_maxima: for the
 // model).
 // Throws ConfigError as parse_fp8_recipe does.

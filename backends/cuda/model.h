@@ -106,10 +106,11 @@ struct CudaModelOptions {
   // forward and read by the later micro-batches and the input-gradient GEMMs. Invalidated at each
   // step's start; evaluation forwards do not use it. Not with sharded data parallelism.
   std::shared_ptr<turbo::Fp8WeightCache> fp8_weights;
-  // Rowwise FP8 (the handoff its recipe holds; turbo::Fp8Maxima): the SwiGLU kernels take the row
-  // and column maxima of what they write (the MLP activation where its FP8 copy is saved or
-  // recomputed, and dgate_up in the backward) and hand them to the FP8 linear call that quantizes
-  // it next, which then reads the tensor once instead of twice. Null: off (the quantizer's own pass).
+  // Rowwise and tensorwise FP8 (the handoff the recipe holds; turbo::Fp8Maxima): the SwiGLU kernels
+  // take the maxima of what they write (the MLP activation, and dgate_up in the backward) and hand
+  // them to the FP8 linear call that quantizes it next, which then reads the tensor once instead of
+  // twice. Rowwise: only where the activation's column-scaled copy is written (its saved FP8 copy,
+  // or its weight gradient after a selective recomputation). Null: off (the quantizer's own pass).
   std::shared_ptr<turbo::Fp8Maxima> fp8_maxima;
   // Variants of the step that give the same results to rounding, kept as the references the
   // defaults (measured faster) are tested against; no config key sets them.

@@ -400,7 +400,8 @@ turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const 
   if (r.scaling == turbo::Fp8Scaling::Delayed) r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(state.delayed);
   if (state.saved) r.saved = std::make_shared<turbo::Fp8SavedInputs>(r.act_granularity());
   if (state.weights) r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
-  if (state.maxima && r.act_granularity() == turbo::Fp8Granularity::Row) r.maxima = std::make_shared<turbo::Fp8Maxima>();
+  if (state.maxima && (r.scaling == turbo::Fp8Scaling::Rowwise || r.scaling == turbo::Fp8Scaling::Tensorwise))
+    r.maxima = std::make_shared<turbo::Fp8Maxima>(r.act_granularity());
   return r;
 }
 

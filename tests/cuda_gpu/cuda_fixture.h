@@ -124,7 +124,7 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
 // saved-input and weight-cache registries (the model fills them when built with the recipe).
 struct Fp8TestState {
   bool saved = false, weights = false;
-  bool maxima = false;  // rowwise: the SwiGLU kernels' maxima handed to the quantizer (turbo::Fp8Maxima)
+  bool maxima = false;  // rowwise, tensorwise: the SwiGLU kernels' maxima handed to the quantizer (turbo::Fp8Maxima)
   turbo::Fp8DelayedOptions delayed{2};
 };
 turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const Fp8TestState& state = {});

@@ -544,27 +544,35 @@ TEST(HostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   EXPECT_EQ(edge_slots, static_cast<size_t>(3 * (spec.num_layers - 2))) << "the bf16 edge layers save no FP8 copies";
 }
 
-// Rowwise FP8 with the SwiGLU kernels' maxima handed to the quantizer (turbo::Fp8Maxima): the
-// forward's act where its FP8 copy is saved, the selective recomputation's act, the backward's
-// dgate_up. The host quantizer checks every handed maximum against its own pass (a wrong one
-// throws), and the steps are those without the handoff bit for bit; each maximum put is used by
-// the linear call after it, as many as the layers' SwiGLU calls that feed an FP8 quantization.
+// Rowwise and tensorwise FP8 with the SwiGLU kernels' maxima handed to the quantizer
+// (turbo::Fp8Maxima): the backward's dgate_up; the forward's act (rowwise: where its FP8 copy is
+// saved); the recomputed act (selective and full). The host quantizer checks every handed maximum
+// against its own pass (a wrong one throws), and the steps are those without the handoff bit for
+// bit; each maximum put is used by the linear call after it, as many as the layers' SwiGLU calls
+// that feed an FP8 quantization which needs them.
 TEST(HostFp8, RowwiseQuantizersTakeTheSwigluMaximaAndGiveTheSameSteps) {
   const train::ModelSpec spec = tiny_spec(true);
   const int64_t T = spec.seq_length, L = spec.num_layers, steps = 4;
   Batches data(T, static_cast<int>(steps));
   struct Variant {
+    const char* scaling;
     const char* name;
     bool saved;
     Recompute policy;
-    int64_t puts_per_step;  // forward (saved act) or recompute, and backward
+    int64_t puts_per_step;  // the forward's, the recomputation's and the backward's SwiGLU calls that hand over
   };
-  for (const Variant v : {Variant{"plain", false, Recompute::None, L}, Variant{"saved inputs", true, Recompute::None, 2 * L},
-                          Variant{"selective", true, Recompute::Selective, 2 * L}}) {
-    SCOPED_TRACE(v.name);
+  for (const Variant v : {Variant{"rowwise", "plain", false, Recompute::None, L},
+                          Variant{"rowwise", "saved inputs", true, Recompute::None, 2 * L},
+                          Variant{"rowwise", "selective", true, Recompute::Selective, 2 * L},
+                          Variant{"rowwise", "full", true, Recompute::Full, 2 * L},
+                          Variant{"tensorwise", "plain", false, Recompute::None, 2 * L},
+                          Variant{"tensorwise", "saved inputs", true, Recompute::None, 2 * L},
+                          Variant{"tensorwise", "selective", true, Recompute::Selective, 3 * L},
+                          Variant{"tensorwise", "full", false, Recompute::Full, 3 * L}}) {
+    SCOPED_TRACE(std::string(v.scaling) + " " + v.name);
     std::vector<double> losses[2];
     for (const bool handoff : {false, true}) {
-      const turbo::Fp8Recipe r = fp8_test_recipe("hybrid", "rowwise", {.saved = v.saved, .maxima = handoff});
+      const turbo::Fp8Recipe r = fp8_test_recipe("hybrid", v.scaling, {.saved = v.saved, .maxima = handoff});
       CudaOps ops = CudaOps::defaults();
       const Recompute policy = v.policy;
       if (policy != Recompute::None) ops.recompute_policy = [policy](int64_t, int64_t) { return policy; };
@@ -594,18 +602,21 @@ TEST(HostFp8, RowwiseQuantizersTakeTheSwigluMaximaAndGiveTheSameSteps) {
     }
     EXPECT_EQ(losses[1], losses[0]);
   }
-  // Other recipes get no handoff from the patch (their quantizers need no column pass, or keep
-  // their scales per tensor).
-  for (const char* scaling : {"tensorwise", "blockwise", "delayed"}) {
+  // The patch gives the handoff to rowwise and tensorwise, not to blockwise (its groups lie in one
+  // tile: one pass already) or delayed (its scale is known before the tensor is).
+  for (const char* scaling : {"blockwise", "delayed"}) {
     CudaArgs args;
     const turbo::Fp8Recipe r = configure_fp8(args, std::string(scaling) == "blockwise" ? "e4m3" : "hybrid", scaling);
     EXPECT_EQ(r.maxima, nullptr) << scaling;
     EXPECT_EQ(args.fp8_maxima, nullptr) << scaling;
   }
-  CudaArgs args;
-  const turbo::Fp8Recipe r = configure_fp8(args, "hybrid", "rowwise");
-  EXPECT_NE(r.maxima, nullptr);
-  EXPECT_EQ(args.fp8_maxima, r.maxima);
+  for (const char* scaling : {"rowwise", "tensorwise"}) {
+    CudaArgs args;
+    const turbo::Fp8Recipe r = configure_fp8(args, "hybrid", scaling);
+    ASSERT_NE(r.maxima, nullptr) << scaling;
+    EXPECT_EQ(args.fp8_maxima, r.maxima);
+    EXPECT_EQ(r.maxima->granularity(), r.act_granularity());
+  }
 }
 
 // `steps` fp32 training steps (AdamW, lr 3e-3, clip 1.0) of a host model over data's batches,

@@ -700,14 +700,15 @@ TEST(QuantizeGroupedErrors, NameTheProblem) {
   expect_error(a, "scale_inv_t: 128x128 scales of a [384, 256] matrix are 12 contiguous f32");
 }
 
-// Row scaling with the producer's maxima (QuantizeFp8Args::maxima): the SwiGLU backward's maxima
-// of dgate_up give the same bytes and scales as the quantizer's own pass; maxima that are not
-// inp's are refused by the host backend naming the row or column; the arguments they need.
+// Row and tensor scaling with the producer's maxima (QuantizeFp8Args::maxima): the SwiGLU
+// backward's maxima of dgate_up give the same bytes and scales as the quantizer's own pass; maxima
+// that are not inp's are refused by the host backend naming the row or column; the arguments they
+// need.
 TEST(QuantizeRowMaxima, TheProducersMaximaGiveTheSameResultAndWrongOnesAreNamed) {
   constexpr int64_t N = 24, F = 40;  // dgate_up [24, 80]
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.5f);
-  std::vector<float> gu(N * 2 * F), dy(N * F), dgu(N * 2 * F), mx(N + 2 * F, -1.0f);
+  std::vector<float> gu(N * 2 * F), dy(N * F), dgu(N * 2 * F), mx(N + 2 * F + 1, -1.0f);
   for (auto& v : gu) v = nd(rng);
   for (auto& v : dy) v = nd(rng);
   ActivationBackwardArgs b;
@@ -715,8 +716,13 @@ TEST(QuantizeRowMaxima, TheProducersMaximaGiveTheSameResultAndWrongOnesAreNamed)
   b.dinp = TensorView(dgu.data(), DType::F32, Device::CPU, {N, 2 * F});
   b.inp = TensorView(gu.data(), DType::F32, Device::CPU, {N, 2 * F});
   b.dout = TensorView(dy.data(), DType::F32, Device::CPU, {N, F});
-  b.maxima = TensorView(mx.data(), DType::F32, Device::CPU, {N + 2 * F});
+  b.maxima = TensorView(mx.data(), DType::F32, Device::CPU, {N + 2 * F + 1});
   ASSERT_EQ(activation_backward(b), BackendType::CPU);
+  float all = 0;
+  for (float v : dgu) all = std::max(all, std::fabs(v));
+  ASSERT_EQ(mx[N + 2 * F], all) << "the whole tensor's";
+  const TensorView rows_cols(mx.data(), DType::F32, Device::CPU, {N + 2 * F}),
+      whole(mx.data() + N + 2 * F, DType::F32, Device::CPU, {1});
   for (int64_t r = 0; r < N; ++r) {
     float m = 0;
     for (int64_t c = 0; c < 2 * F; ++c) m = std::max(m, std::fabs(dgu[r * 2 * F + c]));
@@ -748,11 +754,26 @@ TEST(QuantizeRowMaxima, TheProducersMaximaGiveTheSameResultAndWrongOnesAreNamed)
   };
   Out plain, fed;
   EXPECT_EQ(quantize_fp8(run({}, &plain)), BackendType::CPU);
-  EXPECT_EQ(quantize_fp8(run(b.maxima, &fed)), BackendType::CPU);
+  EXPECT_EQ(quantize_fp8(run(rows_cols, &fed)), BackendType::CPU);
   EXPECT_EQ(plain.q, fed.q);
   EXPECT_EQ(plain.qt, fed.qt);
   EXPECT_EQ(plain.s, fed.s);
   EXPECT_EQ(plain.st, fed.st);
+  // Tensor granularity takes the whole tensor's maximum.
+  const auto tensorwise = [&](const TensorView& maxima, Out* o) {
+    QuantizeFp8Args a = run(maxima, o);
+    a.granularity = G::Tensor;
+    a.scale_inv = TensorView(o->s.data(), DType::F32, Device::CPU, {1});
+    a.scale_inv_t = TensorView();
+    return a;
+  };
+  EXPECT_EQ(quantize_fp8(tensorwise({}, &plain)), BackendType::CPU);
+  EXPECT_EQ(quantize_fp8(tensorwise(whole, &fed)), BackendType::CPU);
+  EXPECT_EQ(plain.q, fed.q);
+  EXPECT_EQ(plain.qt, fed.qt);
+  EXPECT_EQ(plain.s[0], fed.s[0]);
+  float wrong_all = all * 0.5f;
+  expect_error(tensorwise(TensorView(&wrong_all, DType::F32, Device::CPU, {1}), &fed), "maxima: inp");
   // A producer that got one maximum wrong is named by the reference.
   std::vector<float> wrong = mx;
   wrong[3] *= 2.0f;
@@ -763,17 +784,16 @@ TEST(QuantizeRowMaxima, TheProducersMaximaGiveTheSameResultAndWrongOnesAreNamed)
   // What they serve: Row granularity with out_t, the right size.
   QuantizeFp8Args a = run(TensorView(mx.data(), DType::F32, Device::CPU, {N + 2 * F - 1}), &fed);
   expect_error(a, "maxima: the row and column maxima of a [24, 80] matrix are 104 contiguous f32");
-  a = run(b.maxima, &fed);
+  a = run(rows_cols, &fed);
   a.out_t = TensorView();
   a.scale_inv_t = TensorView();
-  expect_error(a, "maxima serve Row granularity with out_t");
-  a = run(b.maxima, &fed);
-  a.granularity = G::Tensor;
-  a.scale_inv = TensorView(fed.s.data(), DType::F32, Device::CPU, {1});
-  a.scale_inv_t = TensorView();
-  expect_error(a, "got tensor granularity");
+  expect_error(a, "maxima serve Row granularity with out_t or Tensor granularity");
+  expect_error(tensorwise(rows_cols, &fed), "maxima: the maximum of a [24, 80] matrix is 1 contiguous f32");
+  a = run(rows_cols, &fed);
+  a.granularity = G::Block1x128;
+  expect_error(a, "got 1x128 granularity");
   // The activation refuses maxima of the wrong size.
-  b.maxima = TensorView(mx.data(), DType::F32, Device::CPU, {N + F});
+  b.maxima = TensorView(mx.data(), DType::F32, Device::CPU, {N + 2 * F});
   EXPECT_THROW(activation_backward(b), RuntimeError);
 }
 

@@ -440,9 +440,10 @@ TEST_P(ActivationTest, SwigluForwardBackward) {
   EXPECT_LT(rel_err(get(dgu), rdgu), gate(dt));
 }
 
-// max |y| per row then per column of a host copy of y [R, C] as f32 bits (NaN > inf > finite).
+// max |y| per row, per column, then over all of a host copy of y [R, C] as f32 bits (NaN > inf >
+// finite).
 std::vector<uint32_t> maxima_of(const std::vector<float>& y, int64_t R, int64_t C) {
-  std::vector<uint32_t> m(static_cast<size_t>(R + C), 0);
+  std::vector<uint32_t> m(static_cast<size_t>(R + C + 1), 0);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < C; ++c) {
       uint32_t b;
@@ -450,12 +451,13 @@ std::vector<uint32_t> maxima_of(const std::vector<float>& y, int64_t R, int64_t 
       b &= 0x7fffffffu;
       m[r] = std::max(m[r], b);
       m[R + c] = std::max(m[R + c], b);
+      m[R + C] = std::max(m[R + C], b);
     }
   return m;
 }
 
-// SwiGLU with maxima (for the rowwise FP8 quantizer): the same output bytes as without, and the
-// maxima of that output as stored, per row then per column; shapes with partial tiles (rows not a
+// SwiGLU with maxima (for the FP8 quantizers): the same output bytes as without, and the maxima of
+// that output as stored, per row, per column and over all; shapes with partial tiles (rows not a
 // multiple of 128, F not one of 32 vectors), accumulation, and a row and a column holding inf and
 // NaN (which must win their row and column). The buffer starts poisoned: the op clears it.
 TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
@@ -468,7 +470,7 @@ TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
         SCOPED_TRACE(fmt::format("N {} F {}{}{}", N, F, special ? " with inf and NaN" : "", acc ? " accumulate" : ""));
         TensorView gu = make(dt, {N, 2 * F}), dy = make(dt, {N, F});
         TensorView y0 = make(dt, {N, F}), y1 = make(dt, {N, F}), d0 = make(dt, {N, 2 * F}), d1 = make(dt, {N, 2 * F});
-        TensorView mf = make(DType::F32, {N + F}), mb = make(DType::F32, {N + 2 * F});
+        TensorView mf = make(DType::F32, {N + F + 1}), mb = make(DType::F32, {N + 2 * F + 1});
         auto guv = randn(N * 2 * F, 2.0f, dt), dyv = randn(N * F, 1.0f, dt);
         if (special) {
           guv[static_cast<size_t>((N / 2) * 2 * F + F / 3)] = std::numeric_limits<float>::infinity();
@@ -485,7 +487,7 @@ TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
         EXPECT_EQ(bytes(y0), bytes(y1)) << "forward output";
         const auto yv = get(y1);
         const auto mfv = bytes(mf);
-        std::vector<uint32_t> got(static_cast<size_t>(N + F));
+        std::vector<uint32_t> got(static_cast<size_t>(N + F + 1));
         std::memcpy(got.data(), mfv.data(), mfv.size());
         EXPECT_EQ(got, maxima_of(yv, N, F)) << "forward maxima";
         ASSERT_EQ(activation_backward({Activation::SwiGLU, d0, gu, dy, acc, ctx}), BackendType::TURBO);
@@ -493,7 +495,7 @@ TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
         EXPECT_EQ(bytes(d0), bytes(d1)) << "backward output";
         const auto dv = get(d1);
         const auto mbv = bytes(mb);
-        got.assign(static_cast<size_t>(N + 2 * F), 0);
+        got.assign(static_cast<size_t>(N + 2 * F + 1), 0);
         std::memcpy(got.data(), mbv.data(), mbv.size());
         const auto want = maxima_of(dv, N, 2 * F);
         EXPECT_EQ(got, want) << "backward maxima";
@@ -504,11 +506,11 @@ TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
         }
       }
   // What the op refuses: gelu, the wrong size, a host buffer.
-  TensorView gu = make(dt, {16, 16}), y = make(dt, {16, 8}), m = make(DType::F32, {24}), bad = make(DType::F32, {23});
+  TensorView gu = make(dt, {16, 16}), y = make(dt, {16, 8}), m = make(DType::F32, {25}), bad = make(DType::F32, {24});
   EXPECT_THROW(activation_forward({Activation::SwiGLU, y, gu, ctx, bad}), RuntimeError);
   EXPECT_THROW(activation_forward({Activation::Gelu, gu, gu, ctx, m}), RuntimeError);
-  std::vector<float> host(24);
-  EXPECT_THROW(activation_forward({Activation::SwiGLU, y, gu, ctx, TensorView(host.data(), DType::F32, Device::CPU, {24})}),
+  std::vector<float> host(25);
+  EXPECT_THROW(activation_forward({Activation::SwiGLU, y, gu, ctx, TensorView(host.data(), DType::F32, Device::CPU, {25})}),
                RuntimeError);
 }
 

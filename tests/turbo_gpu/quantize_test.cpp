@@ -390,9 +390,9 @@ TEST_F(QuantizeGpuTest, GroupScalingMatchesTheReferenceBitForBit) {
           }
 }
 
-// Row scaling with the producer's maxima (QuantizeFp8Args::maxima, as the SwiGLU kernels write
-// them): one launch instead of the amax pass and the quantizing one, the same bytes and scales as
-// the CPU reference without maxima, with both outputs and with out_t alone, a NaN included.
+// Row and tensor scaling with the producer's maxima (QuantizeFp8Args::maxima, as the SwiGLU kernels
+// write them): one launch instead of the amax pass and the quantizing one, the same bytes and
+// scales as the CPU reference without maxima, with both outputs and with one alone, a NaN included.
 TEST_F(QuantizeGpuTest, RowScalingWithTheProducersMaximaMatchesTheReferenceBitForBit) {
   struct Shape { int64_t R, C, ld; };
   for (const Shape sh : {Shape{272, 400, 400}, Shape{128, 256, 264}, Shape{1024, 2048, 2048}})
@@ -448,6 +448,26 @@ TEST_F(QuantizeGpuTest, RowScalingWithTheProducersMaximaMatchesTheReferenceBitFo
             EXPECT_TRUE(bytes(out_t) == rt) << "out_t: " << first_diff(bytes(out_t), rt);
             const auto s = get(sct);
             for (int64_t k = 0; k < nst; ++k) ASSERT_EQ(bits(s[k]), bits(rst[k])) << "scale_inv_t[" << k << "]";
+          }
+          // Tensor granularity: the whole tensor's maximum, one f32.
+          const Outputs ref = reference(in, fp8);
+          uint32_t all = 0;
+          for (int64_t r = 0; r < sh.R; ++r) all = std::max(all, mx[r]);
+          TensorView tmax = make(DType::F32, {1}), ts = make(DType::F32, {1});
+          CUDA_CHECK(cudaMemcpy(tmax.data, &all, 4, cudaMemcpyHostToDevice));
+          for (int mode = 0; mode < 3; ++mode) {
+            QuantizeFp8Args a;
+            a.inp = in.dev;
+            if (mode != 2) a.out = out;
+            if (mode != 1) a.out_t = out_t;
+            a.scale_inv = ts;
+            a.maxima = tmax;
+            a.ctx = ctx;
+            for (const TensorView* t : {&out, &out_t, &ts}) poison(*t);
+            ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
+            if (mode != 2) EXPECT_TRUE(bytes(out) == ref.out) << "tensor out: " << first_diff(bytes(out), ref.out);
+            if (mode != 1) EXPECT_TRUE(bytes(out_t) == ref.out_t) << "tensor out_t: " << first_diff(bytes(out_t), ref.out_t);
+            EXPECT_EQ(bits(get(ts)[0]), bits(ref.scale_inv)) << "tensor scale_inv";
           }
         }
 }

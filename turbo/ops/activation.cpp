@@ -29,25 +29,25 @@ void swiglu_dims(const TensorView& gate_up, const TensorView& half, const char* 
                                    gate_up.describe()));
 }
 
-// The optional maxima of a SwiGLU output [R, C]: f32 [R + C], contiguous, on the output's device.
+// The optional maxima of a SwiGLU output [R, C]: f32 [R + C + 1], contiguous, on the output's device.
 void check_maxima(const TensorView& maxima, Activation act, const TensorView& y, const char* op) {
   if (!maxima.defined()) return;
   if (act != Activation::SwiGLU)
     throw RuntimeError(fmt::format("{}: maxima are written by swiglu only, not gelu", op));
   check_contiguous(maxima, op, "maxima");
   check_dtype(maxima, DType::F32, op, "maxima");
-  if (maxima.numel() != y.rows() + y.cols())
-    throw RuntimeError(fmt::format("{}: maxima {} must hold {} rows + {} columns of {}", op, maxima.describe(), y.rows(),
-                                   y.cols(), y.describe()));
+  if (maxima.numel() != y.rows() + y.cols() + 1)
+    throw RuntimeError(fmt::format("{}: maxima {} must hold {} rows + {} columns + 1 of {}", op, maxima.describe(),
+                                   y.rows(), y.cols(), y.describe()));
   if (maxima.device != y.device)
     throw RuntimeError(fmt::format("{}: maxima {} is not on the output's device ({})", op, maxima.describe(),
                                    y.describe()));
 }
 
-// max |y| per row, then per column, of a host f32 [R, C] matrix as f32 bits (unsigned order of
-// the magnitudes' bits: NaN > inf > finite), into maxima [R + C].
+// max |y| per row, then per column, then over all, of a host f32 [R, C] matrix as f32 bits
+// (unsigned order of the magnitudes' bits: NaN > inf > finite), into maxima [R + C + 1].
 void host_maxima(const float* y, int64_t R, int64_t C, float* maxima) {
-  std::vector<uint32_t> m(static_cast<size_t>(R + C), 0);
+  std::vector<uint32_t> m(static_cast<size_t>(R + C + 1), 0);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t c = 0; c < C; ++c) {
       uint32_t b;
@@ -55,6 +55,7 @@ void host_maxima(const float* y, int64_t R, int64_t C, float* maxima) {
       b &= 0x7fffffffu;
       m[r] = std::max(m[r], b);
       m[R + c] = std::max(m[R + c], b);
+      m[R + C] = std::max(m[R + C], b);
     }
   std::memcpy(maxima, m.data(), m.size() * 4);
 }

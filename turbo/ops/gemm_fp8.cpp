@@ -49,6 +49,17 @@ Delayed delayed_of(const Fp8Recipe& r, const TensorView& weight, Fp8DelayedScali
   return {r.delayed->use_history ? t.scale : TensorView(), r.delayed->record ? t.amax : TensorView()};
 }
 
+// The part of a producer's maxima [R + C + 1] (Fp8Maxima) a quantization at g reads: Row the row
+// and column maxima where it writes the column-scaled copy (the row-scaled one alone is one pass
+// anyway), Tensor the whole tensor's; nothing otherwise.
+TensorView maxima_for(const TensorView& maxima, Fp8Granularity g, bool column_copy) {
+  if (!maxima.defined()) return {};
+  const int64_t n = maxima.numel();
+  if (g == Fp8Granularity::Row && column_copy) return maxima.slice0(0, n - 1);
+  if (g == Fp8Granularity::Tensor) return maxima.slice0(n - 1, n);
+  return {};
+}
+
 // q(t) at granularity g into fresh scratch: row-major [R,C] (transposed = false) or the
 // quantisation of t^T, [C,R].
 Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed, Fp8Granularity g,
@@ -65,7 +76,7 @@ Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed,
   (transposed && g != Fp8Granularity::Tensor ? a.scale_inv_t : a.scale_inv) = out.scale;
   a.scale = d.scale;
   a.amax = d.amax;
-  if (transposed && g == Fp8Granularity::Row) a.maxima = maxima;  // only the column-scaled copy needs them
+  a.maxima = maxima_for(maxima, g, transposed);
   a.ctx = ctx;
   quantize_fp8(a);
   return out;
@@ -85,7 +96,7 @@ void quantize_both(const TensorView& t, Fp8Granularity g, const TensorView& q, c
   if (g != Fp8Granularity::Tensor) a.scale_inv_t = scale_t;
   a.scale = d.scale;
   a.amax = d.amax;
-  if (g == Fp8Granularity::Row) a.maxima = maxima;
+  a.maxima = maxima_for(maxima, g, q_t.defined());
   a.ctx = ctx;
   quantize_fp8(a);
 }
@@ -93,7 +104,9 @@ void quantize_both(const TensorView& t, Fp8Granularity g, const TensorView& q, c
 // The producer's maxima of t for this call (Fp8Maxima), or undefined. Each linear call looks up
 // its tensors, then drops the entry (drop_maxima), used or not.
 TensorView maxima_of(const Fp8Recipe& r, const TensorView& t) {
-  if (!r.maxima || r.act_granularity() != Fp8Granularity::Row || r.scaling == Fp8Scaling::Delayed) return {};
+  const Fp8Granularity g = r.act_granularity();
+  if (!r.maxima || (g != Fp8Granularity::Row && g != Fp8Granularity::Tensor) || r.scaling == Fp8Scaling::Delayed)
+    return {};
   const TensorView m = r.maxima->find(t);
   if (m.defined()) ++r.maxima->uses;
   return m;
@@ -234,10 +247,15 @@ Fp8WeightCache::Slot* Fp8WeightCache::find(const void* weight) {
   return it == slots_.end() ? nullptr : &it->second;
 }
 
+Fp8Maxima::Fp8Maxima(Fp8Granularity g) : g_(g) {
+  if (g != Fp8Granularity::Row && g != Fp8Granularity::Tensor)
+    throw RuntimeError(fmt::format("Fp8Maxima: serves row or tensor granularity, not {}", fp8_granularity_name(g)));
+}
+
 void Fp8Maxima::put(const TensorView& t, const TensorView& maxima) {
   if (!t.defined() || t.ndim != 2 || !maxima.defined() || maxima.dtype != DType::F32 ||
-      maxima.numel() != t.size(0) + t.size(1))
-    throw RuntimeError(fmt::format("Fp8Maxima::put: expected f32 [rows + cols] maxima of a matrix, got {} for {}",
+      maxima.numel() != t.size(0) + t.size(1) + 1)
+    throw RuntimeError(fmt::format("Fp8Maxima::put: expected f32 [rows + cols + 1] maxima of a matrix, got {} for {}",
                                    maxima.defined() ? maxima.describe() : "none", t.defined() ? t.describe() : "none"));
   data_ = t.data;
   rows_ = t.size(0);
@@ -368,7 +386,8 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
     quantize_both(inp, ga, x.q, x.scale, saved->q, saved->scale, delayed_of(r, weight, Fp8DelayedScaling::kInput, op),
                   ctx, maxima);
   } else {
-    x = quantize(arena, inp, r.fwd, false, ga, ctx, "fp8 inp", delayed_of(r, weight, Fp8DelayedScaling::kInput, op));
+    x = quantize(arena, inp, r.fwd, false, ga, ctx, "fp8 inp", delayed_of(r, weight, Fp8DelayedScaling::kInput, op),
+                 maxima);
   }
   const std::optional<Quantized> cached = cached_weight(r, weight, false, true, ctx, op);
   const Quantized w = cached ? *cached

@@ -104,22 +104,28 @@ class Fp8WeightCache {
 };
 
 // Maxima handed from the op that wrote a tensor to the FP8 linear layer that quantizes it next
-// (rowwise recipes): the SwiGLU forward's output feeds the MLP down-projection, its backward's
-// dgate_up the up-projection's gradients. At Row granularity the quantizer needs every row's and
-// every column's max |x| before it writes a byte of the column-scaled copy, i.e. a pass of its own
-// over the tensor; with the producer's maxima (ActivationBackwardArgs::maxima) it reads the tensor
-// once (QuantizeFp8Args::maxima). One entry: put() replaces it; the next FP8 linear call takes it
-// for its input (forward) or output gradient (backward) when that is the same tensor (data, shape
-// and row stride) and drops it either way, so an entry never outlives the call it was put for.
+// (rowwise and tensorwise current scaling): the SwiGLU forward's output feeds the MLP
+// down-projection, its backward's dgate_up the up-projection's gradients. Current scaling needs
+// the tensor's max |x| (rowwise: every row's and every column's, for the column-scaled copy)
+// before it writes a byte, i.e. a pass of its own over the tensor; with the producer's maxima
+// (ActivationBackwardArgs::maxima) it reads the tensor once (QuantizeFp8Args::maxima). One entry:
+// put() replaces it; the next FP8 linear call takes it for its input (forward) or output gradient
+// (backward) when that is the same tensor (data, shape and row stride) and drops it either way, so
+// an entry never outlives the call it was put for.
 class Fp8Maxima {
  public:
-  void put(const TensorView& t, const TensorView& maxima);  // maxima: f32 [rows + cols] of t
+  // The granularity of the recipe it serves: Row or Tensor.
+  explicit Fp8Maxima(Fp8Granularity g = Fp8Granularity::Row);
+  Fp8Granularity granularity() const { return g_; }
+  // maxima: f32 [rows + cols + 1] of t, as ActivationForwardArgs::maxima lays them out.
+  void put(const TensorView& t, const TensorView& maxima);
   // The maxima of t when t is the tensor of the last put(), else undefined; the entry stays.
   TensorView find(const TensorView& t) const;
   void clear() { maxima_ = TensorView(); }
   int64_t puts = 0, uses = 0;  // entries put, and quantizations that read one
 
  private:
+  Fp8Granularity g_;
   const void* data_ = nullptr;
   int64_t rows_ = 0, cols_ = 0, ld_ = 0;
   TensorView maxima_;

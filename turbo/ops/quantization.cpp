@@ -91,18 +91,19 @@ void validate(const QuantizeFp8Args& a) {
                                    dtype_name(a.out.dtype), dtype_name(a.out_t.dtype)));
   if (has_row_groups(a)) validate_row_groups(a);
   if (a.maxima.defined()) {
-    if (a.granularity != Fp8Granularity::Row || !a.out_t.defined() || has_row_groups(a) || a.scale.defined() ||
-        a.amax.defined())
-      throw RuntimeError(fmt::format("{}: maxima serve Row granularity with out_t, current scaling and no row groups; "
-                                     "got {} granularity{}{}{}",
+    const bool row = a.granularity == Fp8Granularity::Row, tensor = a.granularity == Fp8Granularity::Tensor;
+    if ((!row && !tensor) || (row && !a.out_t.defined()) || has_row_groups(a) || a.scale.defined() || a.amax.defined())
+      throw RuntimeError(fmt::format("{}: maxima serve Row granularity with out_t or Tensor granularity, current "
+                                     "scaling and no row groups; got {} granularity{}{}{}",
                                      kOp, fp8_granularity_name(a.granularity), a.out_t.defined() ? "" : ", no out_t",
                                      has_row_groups(a) ? ", row groups" : "",
                                      a.scale.defined() || a.amax.defined() ? ", delayed scaling" : ""));
     check_dtype(a.maxima, DType::F32, kOp, "maxima");
-    if (a.maxima.numel() != R + C || !a.maxima.is_contiguous())
-      throw RuntimeError(fmt::format("{}: maxima: the row and column maxima of a [{}, {}] matrix are {} contiguous "
-                                     "f32, got {}",
-                                     kOp, R, C, R + C, a.maxima.describe()));
+    const int64_t want = row ? R + C : 1;
+    if (a.maxima.numel() != want || !a.maxima.is_contiguous())
+      throw RuntimeError(fmt::format("{}: maxima: {} of a [{}, {}] matrix {} {} contiguous f32, got {}", kOp,
+                                     row ? "the row and column maxima" : "the maximum", R, C, row ? "are" : "is", want,
+                                     a.maxima.describe()));
     check_same_device(a.maxima, a.inp, kOp);
   }
   const Fp8Granularity g = a.granularity;
@@ -154,6 +155,7 @@ std::string cpu_check(const QuantizeFp8Args& a) {
 // producer that gets them wrong shows.
 void cpu_check_maxima(const QuantizeFp8Args& a) {
   const int64_t R = rows_of(a), C = cols_of(a);
+  const bool tensor = a.granularity == Fp8Granularity::Tensor;
   std::vector<uint32_t> m(static_cast<size_t>(R + C), 0);
   for (int64_t r = 0; r < R; ++r) {
     const char* row = static_cast<const char*>(a.inp.data) + r * pitch_of(a) * static_cast<int64_t>(dtype_size(a.inp.dtype));
@@ -172,6 +174,16 @@ void cpu_check_maxima(const QuantizeFp8Args& a) {
     }
   }
   const uint32_t* given = a.maxima.ptr<const uint32_t>();
+  if (tensor) {
+    const uint32_t all = R > 0 ? *std::max_element(m.begin(), m.begin() + R) : 0u;
+    if (given[0] != all) {
+      float want, got;
+      std::memcpy(&want, &all, 4);
+      std::memcpy(&got, given, 4);
+      throw RuntimeError(fmt::format("{}: maxima: inp {} has max |x| {}, maxima say {}", kOp, a.inp.describe(), want, got));
+    }
+    return;
+  }
   for (int64_t i = 0; i < R + C; ++i)
     if (given[i] != m[i]) {
       float want, got;
@@ -268,7 +280,8 @@ void turbo_run(const QuantizeFp8Args& a) {
   cuda::quantize_fp8_tensorwise(a.inp.dtype, fp8_of(a), a.inp.data, rows_of(a), cols_of(a), pitch_of(a), a.out.data,
                                 a.out_t.data, a.scale_inv.ptr<float>(), partials, static_cast<cudaStream_t>(a.ctx.stream),
                                 a.scale.defined() ? a.scale.ptr<float>() : nullptr,
-                                a.amax.defined() ? a.amax.ptr<float>() : nullptr);
+                                a.amax.defined() ? a.amax.ptr<float>() : nullptr,
+                                a.maxima.defined() ? a.maxima.ptr<const float>() : nullptr);
 }
 #endif
 

@@ -65,12 +65,13 @@ struct QuantizeFp8Args {
   // group_rows > 0: G = R / group_rows equal groups (R must be a multiple).
   TensorView offsets;
   int64_t group_rows = 0;
-  // The maxima of inp already taken by the op that wrote it (e.g. ActivationBackwardArgs::maxima):
-  // f32 [R + C] on inp's device, max |x| of each row of inp, then of each column. Row granularity
-  // with out_t, current scaling, no row groups. The device quantizer then skips its own pass over
-  // inp (one read instead of two); the result is the same bytes and scales as without them. They
-  // must be exactly inp's maxima: the host backend checks them against its own and throws naming
-  // the first row or column that differs; the device trusts them.
+  // The maxima of inp already taken by the op that wrote it (e.g. ActivationBackwardArgs::maxima),
+  // f32 on inp's device, under current scaling without row groups: at Row granularity with out_t
+  // [R + C], max |x| of each row of inp, then of each column; at Tensor granularity [1], max |x| of
+  // inp. The device quantizer then skips its own pass over inp (one read instead of two); the
+  // result is the same bytes and scales as without them. They must be exactly inp's maxima: the
+  // host backend checks them against its own and throws naming the first that differs; the
+  // device trusts them.
   TensorView maxima;
   ExecContext ctx;       // device: ctx.stream, and ctx.scratch for the amax partials (at most
                          // quantize_fp8_scratch_bytes; with row groups 4 * (G * C + R) bytes,

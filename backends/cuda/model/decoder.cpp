@@ -187,10 +187,14 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   if (spec_.swiglu || opt_.gelu_unfused_forward) {
     lin_->linear_forward(a.fc.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, {}, c);
     phase(Phase::Activation);
-    // The maxima pay where the down-projection writes both layouts of act (its saved FP8 copy);
-    // without a copy its forward quantizes rows alone, one pass anyway.
+    // The next FP8 call that reads act: the down-projection's forward, or after a full
+    // recomputation its weight gradient (transposed copy). Rowwise: the maxima pay where the
+    // column-scaled copy is written (the saved FP8 copy, the weight gradient); the forward's
+    // row-scaled copy alone is one pass anyway. Tensorwise: always.
     const TensorView act = a.act.slice0(0, N);
-    const TensorView mx = spec_.swiglu && !recompute && a.act_q.defined() ? swiglu_maxima(l, act) : TensorView();
+    const bool pays = opt_.fp8_maxima && (recompute || a.act_q.defined() ||
+                                          opt_.fp8_maxima->granularity() == turbo::Fp8Granularity::Tensor);
+    const TensorView mx = spec_.swiglu && pays ? swiglu_maxima(l, act) : TensorView();
     turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act,
                                a.fc.slice0(0, N), c, mx});
     put_maxima(act, mx);
@@ -379,7 +383,7 @@ void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
     moe_recompute(l, N, false);
     return;
   }
-  // The MLP down-projection's backward quantizes this act into its column-scaled copy next.
+  // The MLP down-projection's weight gradient quantizes this act (transposed) next.
   const TensorView act = a.act.slice0(0, N);
   const TensorView mx = spec_.swiglu ? swiglu_maxima(l, act) : TensorView();
   turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act,
@@ -389,7 +393,7 @@ void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
 
 TensorView Decoder::swiglu_maxima(int64_t l, const TensorView& y) const {
   if (!opt_.fp8_maxima || !a_.fp8_maxima.defined() || linears_for(l) != &ops_) return {};
-  return a_.fp8_maxima.slice0(0, y.size(0) + y.size(1));
+  return a_.fp8_maxima.slice0(0, y.size(0) + y.size(1) + 1);
 }
 
 void Decoder::put_maxima(const TensorView& y, const TensorView& maxima) const {

@@ -86,7 +86,7 @@ struct DecoderOptions {
   // Context parallelism (cp_attention.h; null: none): the batch is the rank's chunk slots (2B rows
   // of T / 2cp tokens), the attention runs over every rank's k|v, positions are the chunks' global ones.
   CpAttention* cp = nullptr;
-  // Rowwise FP8 (CudaModelOptions::fp8_maxima; null: none): the SwiGLU kernels write their output's
+  // Rowwise and tensorwise FP8 (CudaModelOptions::fp8_maxima; null: none): the SwiGLU kernels write their output's
   // maxima into ActivationBuffers::fp8_maxima and put them here for the FP8 linear call after them.
   turbo::Fp8Maxima* fp8_maxima = nullptr;
 };

@@ -448,7 +448,7 @@ void MemoryPlan::plan(Take&& take) {
   a.dfc = carve(0, FC);
   a.dact = spec_.swiglu ? carve(FC, F) : TensorView();
   if (opt_.fp8_maxima && spec_.swiglu)
-    a.fp8_maxima = take(Pool::Acts, DType::F32, {N + FC}, "SwiGLU output maxima for the rowwise FP8 quantizer");
+    a.fp8_maxima = take(Pool::Acts, DType::F32, {N + FC + 1}, "SwiGLU output maxima for the FP8 quantizer");
   a.datt = carve(0, QD);
   a.dqkv = carve(QD, QD + 2 * KVD);
   if (rope) a.dqk_rot = carve(2 * QD + 2 * KVD, QD + KVD);  // RoPE's backward reads these, writes dqkv

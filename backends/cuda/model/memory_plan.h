@@ -140,8 +140,8 @@ struct ActivationBuffers {
   // d(normed k) [N, KVD] for the norms' backward (dqk_rot's memory when there is RoPE: it is dead
   // by then).
   TensorView dres, dln, datt, dqkv, dqk_rot, dqk_dense, dfc, dact;
-  // f32 [N + FC]: the row then column maxima of a SwiGLU output (act [N, F] or dfc [N, FC]) from
-  // its kernel to the rowwise FP8 quantization that reads it next (MemoryPlanOptions::fp8_maxima).
+  // f32 [N + FC + 1]: the row, column and whole maxima of a SwiGLU output (act [N, F] or dfc
+  // [N, FC]) from its kernel to the FP8 quantization that reads it next (MemoryPlanOptions::fp8_maxima).
   TensorView fp8_maxima;
   // The LM head and loss run in blocks of head_rows rows (see kHeadBlockBytes in memory_plan.cpp).
   int64_t head_rows = 0;
@@ -191,7 +191,7 @@ struct MemoryPlanOptions {
   std::vector<bool> fp8_expert_weight_layers;  // MoE layers whose expert weights get step copies
   bool fp8_expert_blockwise = false;           // their scales: blockwise (else rowwise)
   turbo::Fp8Granularity fp8_weight_granularity = turbo::Fp8Granularity::Tensor;
-  bool fp8_maxima = false;  // ActivationBuffers::fp8_maxima (rowwise FP8 with SwiGLU)
+  bool fp8_maxima = false;  // ActivationBuffers::fp8_maxima (rowwise or tensorwise FP8 with SwiGLU)
   size_t attention_scratch_bytes = 0;
   int64_t ones_pad = 0;          // columns of ones after ln1/ln2's rows (BiasGrad::Ones), else 0
   int64_t zero_ranges = 0;       // entries of zero_grad's range table

@@ -124,17 +124,18 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* gate_up, const T* d
   }
 }
 
-// SwiGLU with the maxima of what it writes, for the rowwise FP8 quantization that reads the result
-// next (turbo::QuantizeFp8Args::maxima): max |y| of each row of the output, then of each column, as
-// f32 bits folded with atomicMax (order-free, so deterministic; a NaN's bits beat inf's beat any
-// finite value's, as the quantizer's own pass orders them). Taken on the values as stored (rounded
+// SwiGLU with the maxima of what it writes, for the FP8 quantization that reads the result next
+// (turbo::QuantizeFp8Args::maxima): max |y| of each row of the output, then of each column, then of
+// the whole output, as f32 bits folded with atomicMax (order-free, so deterministic; a NaN's bits
+// beat inf's beat any finite value's, as the quantizer's own pass orders them). Taken on the values as stored (rounded
 // to T), so the quantizer's scales are the ones its own pass over the output would find.
 // Tiles of 128 rows x 32W columns of F (256 threads): warp w owns 16 rows, lane l the W columns
 // lW..lW+W-1, one 16-byte vector per input and row as the plain kernels above. Row maxima: a warp
 // reduction per row (over both halves in the backward), one atomic per row and tile. Column
 // maxima: each thread's running maxima over its 16 rows, reduced over the 8 warps through shared
-// memory, one atomic per column and tile. Against the quantizer's own amax pass (a second full
-// read of the output) this adds (rows + columns) / 128 atomics per 128 x 128 tile.
+// memory, one atomic per column and tile; the tile's maximum, one atomic per tile. Against the
+// quantizer's own amax pass (a second full read of the output) this adds about (rows + columns) /
+// 128 atomics per 128 x 128 tile.
 constexpr int kMxThreads = 256, kMxWarpRows = 16, kMxRows = kMxWarpRows * (kMxThreads / 32);
 
 __device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
@@ -145,6 +146,7 @@ __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T
                                                                    uint32_t* maxima) {
   constexpr int W = Vec<T>::kSize, kCols = 32 * W, kHalves = kBackward ? 2 : 1;
   __shared__ uint32_t colpart[kMxThreads / 32][kHalves * kCols];
+  __shared__ uint32_t tile_max[kMxThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kCols, c = c0 + lane * W;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kMxRows + warp * kMxWarpRows;
@@ -201,6 +203,7 @@ __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T
     if constexpr (kBackward) colpart[warp][kCols + lane * W + e] = cu[e];
   }
   __syncthreads();
+  uint32_t tm = 0;  // this thread's columns' maxima, then the tile's
   for (int k = threadIdx.x; k < kHalves * kCols; k += kMxThreads) {
     const int64_t col = c0 + k % kCols;
     if (col >= F) continue;
@@ -208,6 +211,16 @@ __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T
 #pragma unroll
     for (int w = 0; w < kMxThreads / 32; ++w) m = max(m, colpart[w][k]);
     if (m != 0) atomicMax(maxima + N + (k < kCols ? col : F + col), m);
+    tm = max(tm, m);
+  }
+  tm = __reduce_max_sync(0xffffffffu, tm);
+  if (lane == 0) tile_max[warp] = tm;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < kMxThreads / 32; ++w) m = max(m, tile_max[w]);
+    if (m != 0) atomicMax(maxima + N + kHalves * F, m);
   }
 }
 
@@ -215,7 +228,7 @@ template <class T, bool kBackward>
 void launch_swiglu_maxima(T* y, const T* gate_up, const T* dout, int64_t N, int64_t F, bool acc, float* maxima,
                           cudaStream_t stream) {
   const int64_t width = kBackward ? 2 * F : F;
-  CUDA_CHECK(cudaMemsetAsync(maxima, 0, sizeof(float) * static_cast<size_t>(N + width), stream));
+  CUDA_CHECK(cudaMemsetAsync(maxima, 0, sizeof(float) * static_cast<size_t>(N + width + 1), stream));
   constexpr int kCols = 32 * Vec<T>::kSize;
   const dim3 grid(static_cast<unsigned>((F + kCols - 1) / kCols), static_cast<unsigned>((N + kMxRows - 1) / kMxRows));
   swiglu_maxima_kernel<T, kBackward><<<grid, kMxThreads, 0, stream>>>(y, gate_up, dout, N, F, acc,

@@ -17,12 +17,12 @@ void gelu_backward(DType dtype, void* dinp, const void* inp, const void* dout, i
                    bool accumulate, cudaStream_t stream);
 
 // gate_up [N, 2F] = [gate | up] per row; out [N, F] = silu(gate) * up. F multiple of 8.
-// maxima (optional, f32 [N + F] on the device): overwritten with max |out| of each row, then of
-// each column, of out as stored (turbo::ActivationForwardArgs::maxima).
+// maxima (optional, f32 [N + F + 1] on the device): overwritten with max |out| of each row, then
+// of each column, then of all of out, as stored (turbo::ActivationForwardArgs::maxima).
 void swiglu_forward(DType dtype, void* out, const void* gate_up, int64_t N, int64_t F,
                     cudaStream_t stream, float* maxima = nullptr);
 // dgate_up [N, 2F] = (or +=) the gradient of both halves from dout [N, F]. maxima (optional, f32
-// [N + 2F]): as swiglu_forward's, of dgate_up.
+// [N + 2F + 1]): as swiglu_forward's, of dgate_up.
 void swiglu_backward(DType dtype, void* dgate_up, const void* gate_up, const void* dout, int64_t N,
                      int64_t F, bool accumulate, cudaStream_t stream, float* maxima = nullptr);
 

@@ -414,12 +414,17 @@ void launch_quantize(int64_t tiles, const QuantArgs& a, cudaStream_t stream) {
 
 template <class T, bool kE4M3>
 void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* out_t, float fp8max,
-         float* scale_inv, uint32_t* partials, const float* scale_in, uint32_t* amax_out, cudaStream_t stream) {
+         float* scale_inv, uint32_t* partials, const float* scale_in, uint32_t* amax_out, cudaStream_t stream,
+         const uint32_t* amax_in = nullptr) {
   constexpr int W = 16 / static_cast<int>(sizeof(T));
   const bool vec = aligned16(inp) && (ld * static_cast<int64_t>(sizeof(T))) % 16 == 0 && C % W == 0;
   const bool contig = ld == C || R <= 1;
   int nparts = 0;
-  if (!scale_in) {  // current scaling: the amax first
+  const uint32_t* parts = partials;
+  if (!scale_in && amax_in) {  // current scaling with the amax known: it is the one partial
+    parts = amax_in;
+    nparts = 1;
+  } else if (!scale_in) {  // current scaling: the amax first
     const int64_t units = vec ? R * (C / W) : R * C;
     const int64_t want = (units + kAmaxThreads * kAmaxUnroll - 1) / (kAmaxThreads * kAmaxUnroll);
     nparts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, std::min(kMaxPartials, 2 * sm_count()))));
@@ -430,7 +435,7 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
     CUDA_CHECK_LAST();
   }
 
-  const QuantArgs a{inp, R, C, ld, out, out_t, partials, nparts, fp8max, scale_inv, scale_in, amax_out};
+  const QuantArgs a{inp, R, C, ld, out, out_t, parts, nparts, fp8max, scale_inv, scale_in, amax_out};
   const bool fast = vec && C % kChunk == 0 && (!out || aligned16(out)) && (!out_t || (aligned16(out_t) && R % 16 == 0));
   if (fast) {
     const int64_t tiles = (R + kTile - 1) / kTile * ((C + kTile - 1) / kTile);
@@ -1159,14 +1164,14 @@ size_t quantize_fp8_scratch_bytes() { return kMaxPartials * sizeof(uint32_t); }
 
 void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                              void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream,
-                             const float* scale_in, float* amax_out) {
+                             const float* scale_in, float* amax_out, const float* amax_in) {
   const char* op = "quantize_fp8_tensorwise";
   if (!dtype_is_fp8(fp8))
     throw RuntimeError(fmt::format("{}: output dtype {} is not an FP8 format (f8e4m3, f8e5m2)", op, dtype_name(fp8)));
   if (!out && !out_t) throw RuntimeError(fmt::format("{}: neither out nor out_t given", op));
   if (R < 0 || C < 0 || (R > 1 && ld < C))
     throw RuntimeError(fmt::format("{}: bad shape [{}, {}] with row pitch {}", op, R, C, ld));
-  if (!scale_inv || (!scratch && !scale_in))
+  if (!scale_inv || (!scratch && !scale_in && !amax_in))
     throw RuntimeError(fmt::format("{}: scale_inv and scratch are required", op));
   const float fp8max = fp8_max_of(fp8);
   auto* o = static_cast<uint8_t*>(out);
@@ -1175,8 +1180,11 @@ void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t
   PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, op, [&] {
     const auto* x = static_cast<const scalar_t*>(inp);
     auto* am = reinterpret_cast<uint32_t*>(amax_out);  // non-negative floats order as their bits
-    if (fp8 == DType::F8E4M3) run<scalar_t, true>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream);
-    else run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream);
+    const auto* given = reinterpret_cast<const uint32_t*>(amax_in);
+    if (fp8 == DType::F8E4M3)
+      run<scalar_t, true>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream, given);
+    else
+      run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream, given);
   });
 }
 
