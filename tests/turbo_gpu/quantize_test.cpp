@@ -67,6 +67,26 @@ class QuantizeGpuTest : public GpuTest {
     return in;
   }
 
+  // The CPU backend on the host copy at a per-group granularity: both outputs and their scales.
+  struct GroupedRef {
+    std::vector<uint8_t> out, out_t;
+    std::vector<float> scale_inv, scale_inv_t;
+  };
+  GroupedRef reference_grouped(Input& in, Fp8Granularity g, DType fp8) {
+    const int64_t ns = fp8_scale_numel(g, in.R, in.C), nst = fp8_scale_numel(g, in.C, in.R);
+    GroupedRef r{std::vector<uint8_t>(static_cast<size_t>(in.R * in.C)), std::vector<uint8_t>(static_cast<size_t>(in.R * in.C)),
+                 std::vector<float>(static_cast<size_t>(ns)), std::vector<float>(static_cast<size_t>(nst))};
+    QuantizeFp8Args a;
+    a.inp = in.host_view();
+    a.granularity = g;
+    a.out = TensorView(r.out.data(), fp8, Device::CPU, {in.R, in.C});
+    a.out_t = TensorView(r.out_t.data(), fp8, Device::CPU, {in.C, in.R});
+    a.scale_inv = TensorView(r.scale_inv.data(), DType::F32, Device::CPU, {ns});
+    a.scale_inv_t = TensorView(r.scale_inv_t.data(), DType::F32, Device::CPU, {nst});
+    EXPECT_EQ(quantize_fp8(a), BackendType::CPU);
+    return r;
+  }
+
   // The CPU backend on the host copy: both outputs.
   Outputs reference(Input& in, DType fp8) {
     Outputs o;
@@ -344,17 +364,9 @@ TEST_F(QuantizeGpuTest, GroupScalingMatchesTheReferenceBitForBit) {
             if (nan) vals[static_cast<size_t>((sh.R / 2) * sh.C + sh.C / 3)] = std::numeric_limits<float>::quiet_NaN();
             Input in = make_input(dt, sh.R, sh.C, sh.ld, &vals);
             const int64_t ns = fp8_scale_numel(g, sh.R, sh.C), nst = fp8_scale_numel(g, sh.C, sh.R);
-            // Reference.
-            std::vector<uint8_t> ro(static_cast<size_t>(sh.R * sh.C)), rt(ro.size());
-            std::vector<float> rs(static_cast<size_t>(ns)), rst(static_cast<size_t>(nst));
-            QuantizeFp8Args ra;
-            ra.inp = in.host_view();
-            ra.granularity = g;
-            ra.out = TensorView(ro.data(), fp8, Device::CPU, {sh.R, sh.C});
-            ra.out_t = TensorView(rt.data(), fp8, Device::CPU, {sh.C, sh.R});
-            ra.scale_inv = TensorView(rs.data(), DType::F32, Device::CPU, {ns});
-            ra.scale_inv_t = TensorView(rst.data(), DType::F32, Device::CPU, {nst});
-            ASSERT_EQ(quantize_fp8(ra), BackendType::CPU);
+            const GroupedRef ref = reference_grouped(in, g, fp8);
+            const std::vector<uint8_t>&ro = ref.out, &rt = ref.out_t;
+            const std::vector<float>&rs = ref.scale_inv, &rst = ref.scale_inv_t;
             // Device: both outputs, then each alone.
             TensorView out = make(fp8, {sh.R, sh.C}), out_t = make(fp8, {sh.C, sh.R});
             TensorView sc = make(DType::F32, {ns}), sct = make(DType::F32, {nst});
@@ -418,16 +430,9 @@ TEST_F(QuantizeGpuTest, RowScalingWithTheProducersMaximaMatchesTheReferenceBitFo
           TensorView maxima = make(DType::F32, {sh.R + sh.C});
           CUDA_CHECK(cudaMemcpy(maxima.data, mx.data(), mx.size() * 4, cudaMemcpyHostToDevice));
           const int64_t ns = sh.R, nst = sh.C;
-          std::vector<uint8_t> ro(static_cast<size_t>(sh.R * sh.C)), rt(ro.size());
-          std::vector<float> rs(static_cast<size_t>(ns)), rst(static_cast<size_t>(nst));
-          QuantizeFp8Args ra;
-          ra.inp = in.host_view();
-          ra.granularity = Fp8Granularity::Row;
-          ra.out = TensorView(ro.data(), fp8, Device::CPU, {sh.R, sh.C});
-          ra.out_t = TensorView(rt.data(), fp8, Device::CPU, {sh.C, sh.R});
-          ra.scale_inv = TensorView(rs.data(), DType::F32, Device::CPU, {ns});
-          ra.scale_inv_t = TensorView(rst.data(), DType::F32, Device::CPU, {nst});
-          ASSERT_EQ(quantize_fp8(ra), BackendType::CPU);
+          const GroupedRef rowref = reference_grouped(in, Fp8Granularity::Row, fp8);
+          const std::vector<uint8_t>&ro = rowref.out, &rt = rowref.out_t;
+          const std::vector<float>&rs = rowref.scale_inv, &rst = rowref.scale_inv_t;
           TensorView out = make(fp8, {sh.R, sh.C}), out_t = make(fp8, {sh.C, sh.R});
           TensorView sc = make(DType::F32, {ns}), sct = make(DType::F32, {nst});
           for (const bool with_out : {true, false}) {

@@ -43,6 +43,14 @@ __device__ __forceinline__ float gelu_grad_f(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
+// SwiGLU's gradients of one element, d(gate) and d(up), from gate x, up u and the output's gradient
+// d (one definition, so that the plain and the maxima kernels write the same bits).
+__device__ __forceinline__ void swiglu_grad_f(float x, float u, float d, float& vg, float& vu) {
+  const float s = sigmoid_f(x), silu = x * s;
+  const float dsilu = s * (1.0f + x * (1.0f - s));
+  vg = d * u * dsilu;
+  vu = d * silu;
+}
 
 template <class T>
 __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t nvec) {
@@ -113,9 +121,8 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* gate_up, const T* d
     if (acc) { dg = load_vec(drow + c); du = load_vec(drow + F + c); }
 #pragma unroll
     for (int e = 0; e < W; ++e) {
-      const float x = g.get(e), s = sigmoid_f(x), silu = x * s;
-      const float dsilu = s * (1.0f + x * (1.0f - s));
-      const float vg = d.get(e) * u.get(e) * dsilu, vu = d.get(e) * silu;
+      float vg, vu;
+      swiglu_grad_f(g.get(e), u.get(e), d.get(e), vg, vu);
       dg.set(e, acc ? dg.get(e) + vg : vg);
       du.set(e, acc ? du.get(e) + vu : vu);
     }
@@ -169,9 +176,8 @@ __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T
         if (acc) { dg = load_vec(drow + c); du = load_vec(drow + F + c); }
 #pragma unroll
         for (int e = 0; e < W; ++e) {
-          const float x = g.get(e), s = sigmoid_f(x), silu = x * s;
-          const float dsilu = s * (1.0f + x * (1.0f - s));
-          const float vg = d.get(e) * u.get(e) * dsilu, vu = d.get(e) * silu;
+          float vg, vu;
+          swiglu_grad_f(g.get(e), u.get(e), d.get(e), vg, vu);
           dg.set(e, acc ? dg.get(e) + vg : vg);
           du.set(e, acc ? du.get(e) + vu : vu);
           const uint32_t bg = abs_bits(dg.get(e)), bu = abs_bits(du.get(e));
