@@ -51,6 +51,37 @@ __device__ __forceinline__ void swiglu_grad_f(float x, float u, float d, float& 
   vg = d * u * dsilu;
   vu = d * silu;
 }
+// One vector of row r's silu(gate) * up at column c.
+template <class T>
+__device__ __forceinline__ Vec<T> swiglu_vec(const T* gate_up, int64_t r, int64_t c, int64_t F) {
+  const T* row = gate_up + r * 2 * F;
+  const Vec<T> g = load_vec_cs(row + c);
+  const Vec<T> u = load_vec_cs(row + F + c);
+  Vec<T> y;
+#pragma unroll
+  for (int e = 0; e < Vec<T>::kSize; ++e) {
+    const float x = g.get(e);
+    y.set(e, x * sigmoid_f(x) * u.get(e));
+  }
+  return y;
+}
+// One vector of row r's dgate (dg) and dup (du) at column c, added to what drow holds when acc.
+template <class T>
+__device__ __forceinline__ void swiglu_grad_vec(const T* gate_up, const T* dout, const T* drow, int64_t r, int64_t c,
+                                                int64_t F, bool acc, Vec<T>& dg, Vec<T>& du) {
+  const T* row = gate_up + r * 2 * F;
+  const Vec<T> g = load_vec_cs(row + c);
+  const Vec<T> u = load_vec_cs(row + F + c);
+  const Vec<T> d = load_vec_cs(dout + r * F + c);
+  if (acc) { dg = load_vec(drow + c); du = load_vec(drow + F + c); }
+#pragma unroll
+  for (int e = 0; e < Vec<T>::kSize; ++e) {
+    float vg, vu;
+    swiglu_grad_f(g.get(e), u.get(e), d.get(e), vg, vu);
+    dg.set(e, acc ? dg.get(e) + vg : vg);
+    du.set(e, acc ? du.get(e) + vu : vu);
+  }
+}
 
 template <class T>
 __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t nvec) {
@@ -91,16 +122,7 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / fvec, c = (i % fvec) * W;
-    const T* row = gate_up + r * 2 * F;
-    const Vec<T> g = load_vec_cs(row + c);
-    const Vec<T> u = load_vec_cs(row + F + c);
-    Vec<T> y;
-#pragma unroll
-    for (int e = 0; e < W; ++e) {
-      const float x = g.get(e);
-      y.set(e, x * sigmoid_f(x) * u.get(e));
-    }
-    store_vec(out + r * F + c, y);
+    store_vec(out + r * F + c, swiglu_vec(gate_up, r, c, F));
   }
 }
 
@@ -112,20 +134,9 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* gate_up, const T* d
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / fvec, c = (i % fvec) * W;
-    const T* row = gate_up + r * 2 * F;
     T* drow = dgate_up + r * 2 * F;
-    const Vec<T> g = load_vec_cs(row + c);
-    const Vec<T> u = load_vec_cs(row + F + c);
-    const Vec<T> d = load_vec_cs(dout + r * F + c);
     Vec<T> dg, du;
-    if (acc) { dg = load_vec(drow + c); du = load_vec(drow + F + c); }
-#pragma unroll
-    for (int e = 0; e < W; ++e) {
-      float vg, vu;
-      swiglu_grad_f(g.get(e), u.get(e), d.get(e), vg, vu);
-      dg.set(e, acc ? dg.get(e) + vg : vg);
-      du.set(e, acc ? du.get(e) + vu : vu);
-    }
+    swiglu_grad_vec(gate_up, dout, drow, r, c, F, acc, dg, du);
     store_vec(drow + c, dg);
     store_vec(drow + F + c, du);
   }
@@ -166,20 +177,12 @@ __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T
     const int64_t r = r0 + i;
     uint32_t m = 0;
     if (r < N && col_ok) {
-      const T* row = gate_up + r * 2 * F;
-      const Vec<T> g = load_vec_cs(row + c);
-      const Vec<T> u = load_vec_cs(row + F + c);
       if constexpr (kBackward) {
         T* drow = y + r * 2 * F;
-        const Vec<T> d = load_vec_cs(dout + r * F + c);
         Vec<T> dg, du;
-        if (acc) { dg = load_vec(drow + c); du = load_vec(drow + F + c); }
+        swiglu_grad_vec(gate_up, dout, drow, r, c, F, acc, dg, du);
 #pragma unroll
         for (int e = 0; e < W; ++e) {
-          float vg, vu;
-          swiglu_grad_f(g.get(e), u.get(e), d.get(e), vg, vu);
-          dg.set(e, acc ? dg.get(e) + vg : vg);
-          du.set(e, acc ? du.get(e) + vu : vu);
           const uint32_t bg = abs_bits(dg.get(e)), bu = abs_bits(du.get(e));
           cg[e] = max(cg[e], bg);
           cu[e] = max(cu[e], bu);
@@ -188,11 +191,9 @@ __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T
         store_vec(drow + c, dg);
         store_vec(drow + F + c, du);
       } else {
-        Vec<T> o;
+        const Vec<T> o = swiglu_vec(gate_up, r, c, F);
 #pragma unroll
         for (int e = 0; e < W; ++e) {
-          const float x = g.get(e);
-          o.set(e, x * sigmoid_f(x) * u.get(e));
           const uint32_t b = abs_bits(o.get(e));
           cg[e] = max(cg[e], b);
           m = max(m, b);
