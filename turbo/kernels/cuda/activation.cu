@@ -145,35 +145,35 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* gate_up, const T* d
 // SwiGLU with the maxima of what it writes, for the FP8 quantization that reads the result next
 // (turbo::QuantizeFp8Args::maxima): max |y| of each row of the output, then of each column, then of
 // the whole output, as f32 bits folded with atomicMax (order-free, so deterministic; a NaN's bits
-// beat inf's beat any finite value's, as the quantizer's own pass orders them). Taken on the values
-// as stored (rounded to T), so the quantizer's scales are the ones its own pass over the output
-// would find.
-// Tiles of 128 rows x 256W columns of F (256 threads): thread t owns the W columns tW..tW+W-1 of
-// the tile and walks its 128 rows, one 16-byte vector per input and row, so that each row of the
-// tile is read as 256 contiguous vectors, as the plain kernels read it (a tile of 16-row strips
-// of 32 vectors each ran 20-45% slower than the plain kernels on Llama-3.2-1B's MLP). Column
-// maxima: each thread's own over the tile's rows, one atomic per column and tile. Row maxima: a
-// warp reduction per row into shared memory, reduced over the 8 warps after the rows, one atomic
-// per row and tile; the tile's maximum, one more.
-constexpr int kMxThreads = 256, kMxRows = 128;
+// beat inf's beat any finite value's, as the quantizer's own pass orders them). Taken on the values as stored (rounded
+// to T), so the quantizer's scales are the ones its own pass over the output would find.
+// Tiles of 128 rows x 32W columns of F (256 threads): warp w owns 16 rows, lane l the W columns
+// lW..lW+W-1, one 16-byte vector per input and row as the plain kernels above. Row maxima: a warp
+// reduction per row (over both halves in the backward), one atomic per row and tile. Column
+// maxima: each thread's running maxima over its 16 rows, reduced over the 8 warps through shared
+// memory, one atomic per column and tile; the tile's maximum, one atomic per tile. Against the
+// quantizer's own amax pass (a second full read of the output) this adds about (rows + columns) /
+// 128 atomics per 128 x 128 tile.
+constexpr int kMxThreads = 256, kMxWarpRows = 16, kMxRows = kMxWarpRows * (kMxThreads / 32);
 
 __device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
 template <class T, bool kBackward>
-__global__ void __launch_bounds__(kMxThreads, 2) swiglu_maxima_kernel(T* y, const T* gate_up, const T* dout,
-                                                                      int64_t N, int64_t F, bool acc,
-                                                                      uint32_t* maxima) {
-  constexpr int W = Vec<T>::kSize, kWarps = kMxThreads / 32, kCols = kMxThreads * W, kHalves = kBackward ? 2 : 1;
-  __shared__ uint32_t rowpart[kMxRows][kWarps];
+__global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T* gate_up, const T* dout,
+                                                                   int64_t N, int64_t F, bool acc,
+                                                                   uint32_t* maxima) {
+  constexpr int W = Vec<T>::kSize, kCols = 32 * W, kHalves = kBackward ? 2 : 1;
+  __shared__ uint32_t colpart[kMxThreads / 32][kHalves * kCols];
+  __shared__ uint32_t tile_max[kMxThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCols + static_cast<int64_t>(threadIdx.x) * W;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kMxRows;
-  const bool col_ok = c < F;  // F % W == 0: a thread's W columns are all in or all out
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kCols, c = c0 + lane * W;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kMxRows + warp * kMxWarpRows;
+  const bool col_ok = c < F;  // F % W == 0: a lane's W columns are all in or all out
   uint32_t cg[W], cu[W];
 #pragma unroll
   for (int e = 0; e < W; ++e) cg[e] = cu[e] = 0;
 #pragma unroll 4
-  for (int i = 0; i < kMxRows; ++i) {
+  for (int i = 0; i < kMxWarpRows; ++i) {
     const int64_t r = r0 + i;
     uint32_t m = 0;
     if (r < N && col_ok) {
@@ -202,24 +202,33 @@ __global__ void __launch_bounds__(kMxThreads, 2) swiglu_maxima_kernel(T* y, cons
       }
     }
     m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0) rowpart[i][warp] = m;
+    if (lane == i && r < N && m != 0) atomicMax(maxima + r, m);
   }
-  if (col_ok) {
 #pragma unroll
-    for (int e = 0; e < W; ++e) {
-      if (cg[e] != 0) atomicMax(maxima + N + c + e, cg[e]);
-      if (kBackward && cu[e] != 0) atomicMax(maxima + N + F + c + e, cu[e]);
-    }
+  for (int e = 0; e < W; ++e) {
+    colpart[warp][lane * W + e] = cg[e];
+    if constexpr (kBackward) colpart[warp][kCols + lane * W + e] = cu[e];
   }
   __syncthreads();
-  uint32_t tm = 0;  // row threadIdx.x's maximum over the tile's columns, then the tile's
-  if (threadIdx.x < kMxRows) {
+  uint32_t tm = 0;  // this thread's columns' maxima, then the tile's
+  for (int k = threadIdx.x; k < kHalves * kCols; k += kMxThreads) {
+    const int64_t col = c0 + k % kCols;
+    if (col >= F) continue;
+    uint32_t m = 0;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) tm = max(tm, rowpart[threadIdx.x][w]);
-    if (r0 + threadIdx.x < N && tm != 0) atomicMax(maxima + r0 + threadIdx.x, tm);
+    for (int w = 0; w < kMxThreads / 32; ++w) m = max(m, colpart[w][k]);
+    if (m != 0) atomicMax(maxima + N + (k < kCols ? col : F + col), m);
+    tm = max(tm, m);
   }
   tm = __reduce_max_sync(0xffffffffu, tm);
-  if (lane == 0 && warp < kMxRows / 32 && tm != 0) atomicMax(maxima + N + kHalves * F, tm);
+  if (lane == 0) tile_max[warp] = tm;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < kMxThreads / 32; ++w) m = max(m, tile_max[w]);
+    if (m != 0) atomicMax(maxima + N + kHalves * F, m);
+  }
 }
 
 template <class T, bool kBackward>
@@ -227,7 +236,7 @@ void launch_swiglu_maxima(T* y, const T* gate_up, const T* dout, int64_t N, int6
                           cudaStream_t stream) {
   const int64_t width = kBackward ? 2 * F : F;
   CUDA_CHECK(cudaMemsetAsync(maxima, 0, sizeof(float) * static_cast<size_t>(N + width + 1), stream));
-  constexpr int kCols = kMxThreads * Vec<T>::kSize;
+  constexpr int kCols = 32 * Vec<T>::kSize;
   const dim3 grid(static_cast<unsigned>((F + kCols - 1) / kCols), static_cast<unsigned>((N + kMxRows - 1) / kMxRows));
   swiglu_maxima_kernel<T, kBackward><<<grid, kMxThreads, 0, stream>>>(y, gate_up, dout, N, F, acc,
                                                                       reinterpret_cast<uint32_t*>(maxima));
