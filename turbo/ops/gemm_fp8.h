@@ -122,7 +122,7 @@ class Fp8Maxima {
   // The maxima of t when t is the tensor of the last put(), else undefined; the entry stays.
   TensorView find(const TensorView& t) const;
   void clear() { maxima_ = TensorView(); }
-  int64_t puts = 0, uses = 0;  // entries put, and quantizations that read one
+  int64_t puts = 0, uses = 0;  // entries put, and linear calls that found theirs
 
  private:
   Fp8Granularity g_;
