@@ -104,7 +104,8 @@ TEST(BenchmarkCli, EveryOpFamilyRunsATinyCaseOnTheCpu) {
   const std::map<std::string, std::pair<std::string, std::set<std::string>>> ops = {
       {"norm", {"8x16", {"layernorm_fwd/8x16", "add_layernorm_fwd/8x16", "layernorm_bwd/8x16", "rmsnorm_fwd/8x16",
                          "add_rmsnorm_fwd/8x16", "rmsnorm_bwd/8x16"}}},
-      {"activation", {"8x16", {"gelu_fwd/8x16", "gelu_bwd/8x16", "swiglu_fwd/8x16", "swiglu_bwd/8x16"}}},
+      {"activation", {"8x16", {"gelu_fwd/8x16", "gelu_bwd/8x16", "swiglu_fwd/8x16", "swiglu_bwd/8x16",
+                               "swiglu_fwd_maxima/8x16", "swiglu_bwd_maxima/8x16"}}},
       {"loss", {"8x32", {"cross_entropy_fwdbwd/8x32"}}},
       {"optimizer", {"1000", {"adamw/1000", "grad_norm/1000"}}},
       {"rope", {"1x8x2x8", {"rope_fwd/1x8x2x8", "rope_bwd/1x8x2x8"}}},

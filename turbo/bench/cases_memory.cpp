@@ -118,8 +118,17 @@ Case swiglu_case(const std::string& label, int64_t N, int64_t F) {
             const double a = bytes_of(e.dtype, N * F);
             const ActivationForwardArgs f{Activation::SwiGLU, o, gu, e.ctx};
             const ActivationBackwardArgs b{Activation::SwiGLU, dgu, gu, dgo, false, e.ctx};
-            return std::vector<Timed>{{"swiglu_fwd/" + label, Metric::Bytes, 3 * a, [f] { activation_forward(f); }, ""},
-                                      {"swiglu_bwd/" + label, Metric::Bytes, 5 * a, [b] { activation_backward(b); }, ""}};
+            // With the maxima the rowwise / tensorwise FP8 quantizer takes from them (fp8 recipes'
+            // handoff): the same bytes moved, so the rate says what taking them costs.
+            ActivationForwardArgs fm = f;
+            fm.maxima = e.empty(DType::F32, {N + F + 1});
+            ActivationBackwardArgs bm = b;
+            bm.maxima = e.empty(DType::F32, {N + 2 * F + 1});
+            return std::vector<Timed>{
+                {"swiglu_fwd/" + label, Metric::Bytes, 3 * a, [f] { activation_forward(f); }, ""},
+                {"swiglu_bwd/" + label, Metric::Bytes, 5 * a, [b] { activation_backward(b); }, ""},
+                {"swiglu_fwd_maxima/" + label, Metric::Bytes, 3 * a, [fm] { activation_forward(fm); }, ""},
+                {"swiglu_bwd_maxima/" + label, Metric::Bytes, 5 * a, [bm] { activation_backward(bm); }, ""}};
           }};
 }
 
