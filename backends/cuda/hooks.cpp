@@ -4,11 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
 #include "backends/cuda/args.h"
 #include "core/util/error.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/ops/attention.h"
 #include "turbo/ops/attention_fallback.h"
 #include "turbo/ops/fp8_delayed.h"
@@ -179,15 +178,9 @@ turbo::Fp8Recipe configure_fp8(CudaArgs& a, const std::string& fp8, const std::s
   r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
   a.fp8_weights = r.weights;
   a.fp8_maxima.reset();
-  bool maxima = true;  // PRIMUS_CUDA_FP8_MAXIMA=0: the quantizer's own pass (the A/B of the handoff)
-  if (const char* e = std::getenv("PRIMUS_CUDA_FP8_MAXIMA"); e && *e) {
-    const std::string v = e;
-    if (v != "0" && v != "1") throw ConfigError(fmt::format("PRIMUS_CUDA_FP8_MAXIMA='{}': expected 0 or 1", v));
-    maxima = v == "1";
-  }
-  // Current scaling per row or per tensor takes an amax pass the producers' maxima replace
-  // (blockwise's groups lie inside one tile: one pass already; delayed knows its scale).
-  if (maxima && (r.scaling == turbo::Fp8Scaling::Rowwise || r.scaling == turbo::Fp8Scaling::Tensorwise)) {
+  // PRIMUS_CUDA_FP8_MAXIMA=0: the quantizer's own pass (the A/B of the handoff); checked whatever the recipe.
+  const bool maxima = turbo::env_choice("PRIMUS_CUDA_FP8_MAXIMA", {"0", "1"}, "1") == "1";
+  if (maxima && r.takes_maxima()) {
     r.maxima = std::make_shared<turbo::Fp8Maxima>(r.act_granularity());
     a.fp8_maxima = r.maxima;
   }

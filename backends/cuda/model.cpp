@@ -116,17 +116,16 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.fp8_linear = opt.fp8_linear;
   mp.fp8_moe = opt.fp8_moe && spec.moe.enabled();
   mp.fp8_maxima = opt.fp8_linear && opt.fp8_maxima && spec.swiglu;
-  const bool sharded = opt.dp_group && parallel::shards_gradients(opt.dp_sharding);
   // Both registries below are keyed by the weights' memory, and the sharded strategies gather each
   // layer's weights into buffers the layers take turns with: not there yet. Tensor and context
   // parallelism keep each layer's own (local) weights; every rank saves what its own GEMMs read
   // (the gathered norm output with sequence parallelism, its slice of the activation, its tokens).
-  const bool split = sharded;
+  const bool sharded = opt.dp_group && parallel::shards_gradients(opt.dp_sharding);
   // FP8 inputs saved for the backward in the FP8 layers (the plan saves those inputs their recompute
   // policy keeps); FP8 weight copies in them under gradient accumulation (one micro-batch a step
   // quantizes each weight once, twice with full recompute, anyway).
-  const bool save_inputs = opt.fp8_linear && opt.fp8_saved && !split;
-  const bool cache_weights = opt.fp8_linear && opt.fp8_weights && !split && opt.loss_slots > 1;
+  const bool save_inputs = opt.fp8_linear && opt.fp8_saved && !sharded;
+  const bool cache_weights = opt.fp8_linear && opt.fp8_weights && !sharded && opt.loss_slots > 1;
   if (save_inputs) mp.fp8_saved_granularity = opt.fp8_saved->granularity();
   if (cache_weights) mp.fp8_weight_granularity = opt.fp8_weights->granularity();
   // The FP8 experts' weights too (their layers' experts in FP8: not the bf16 edge layers).

@@ -110,7 +110,8 @@ struct CudaModelOptions {
   // take the maxima of what they write (the MLP activation, and dgate_up in the backward) and hand
   // them to the FP8 linear call that quantizes it next, which then reads the tensor once instead of
   // twice. Rowwise: only where the activation's column-scaled copy is written (its saved FP8 copy,
-  // or its weight gradient after a selective recomputation). Null: off (the quantizer's own pass).
+  // or its weight gradient after a selective or full recomputation). Null: off (the quantizer's
+  // own pass).
   std::shared_ptr<turbo::Fp8Maxima> fp8_maxima;
   // Variants of the step that give the same results to rounding, kept as the references the
   // defaults (measured faster) are tested against; no config key sets them.

@@ -400,8 +400,7 @@ turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const 
   if (r.scaling == turbo::Fp8Scaling::Delayed) r.delayed = std::make_shared<turbo::Fp8DelayedScaling>(state.delayed);
   if (state.saved) r.saved = std::make_shared<turbo::Fp8SavedInputs>(r.act_granularity());
   if (state.weights) r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
-  if (state.maxima && (r.scaling == turbo::Fp8Scaling::Rowwise || r.scaling == turbo::Fp8Scaling::Tensorwise))
-    r.maxima = std::make_shared<turbo::Fp8Maxima>(r.act_granularity());
+  if (state.maxima && r.takes_maxima()) r.maxima = std::make_shared<turbo::Fp8Maxima>(r.act_granularity());
   return r;
 }
 
@@ -412,7 +411,7 @@ void use_fp8_recipe(const train::ModelSpec& spec, const turbo::Fp8Recipe& r, Cud
   mo.fp8_delayed = r.delayed;  // fp8_recipe delayed: the model holds the histories the slots read
   mo.fp8_saved = r.saved;      // inputs saved in FP8 for the backward (null: kept in bf16)
   mo.fp8_weights = r.weights;  // weights quantized once per step (with accumulation only)
-  mo.fp8_maxima = r.maxima;    // rowwise: the SwiGLU kernels' maxima for the next quantization
+  mo.fp8_maxima = r.maxima;    // rowwise, tensorwise: the SwiGLU kernels' maxima for the next quantization
   if (spec.moe.enabled()) {    // the experts too (patch cuda.moe.fp8: rowwise and blockwise)
     use_fp8_moe(ops, r);
     mo.fp8_moe = true;

@@ -617,6 +617,22 @@ TEST(HostFp8, RowwiseQuantizersTakeTheSwigluMaximaAndGiveTheSameSteps) {
     EXPECT_EQ(args.fp8_maxima, r.maxima);
     EXPECT_EQ(r.maxima->granularity(), r.act_granularity());
   }
+  // PRIMUS_CUDA_FP8_MAXIMA=0 leaves the handoff out; a value other than 0 or 1 is an error naming it.
+  ::setenv("PRIMUS_CUDA_FP8_MAXIMA", "0", 1);
+  {
+    CudaArgs args;
+    EXPECT_EQ(configure_fp8(args, "hybrid", "rowwise").maxima, nullptr);
+    EXPECT_EQ(args.fp8_maxima, nullptr);
+  }
+  ::setenv("PRIMUS_CUDA_FP8_MAXIMA", "yes", 1);
+  try {
+    CudaArgs args;
+    configure_fp8(args, "e4m3", "blockwise");
+    ADD_FAILURE() << "PRIMUS_CUDA_FP8_MAXIMA=yes was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("PRIMUS_CUDA_FP8_MAXIMA='yes'"), std::string::npos) << e.what();
+  }
+  ::unsetenv("PRIMUS_CUDA_FP8_MAXIMA");
 }
 
 // `steps` fp32 training steps (AdamW, lr 3e-3, clip 1.0) of a host model over data's batches,

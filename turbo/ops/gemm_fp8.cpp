@@ -104,9 +104,7 @@ void quantize_both(const TensorView& t, Fp8Granularity g, const TensorView& q, c
 // The producer's maxima of t for this call (Fp8Maxima), or undefined. Each linear call looks up
 // its tensors, then drops the entry (drop_maxima), used or not.
 TensorView maxima_of(const Fp8Recipe& r, const TensorView& t) {
-  const Fp8Granularity g = r.act_granularity();
-  if (!r.maxima || (g != Fp8Granularity::Row && g != Fp8Granularity::Tensor) || r.scaling == Fp8Scaling::Delayed)
-    return {};
+  if (!r.maxima || !r.takes_maxima()) return {};
   const TensorView m = r.maxima->find(t);
   if (m.defined()) ++r.maxima->uses;
   return m;

@@ -150,6 +150,10 @@ struct Fp8Recipe {
   // The granularity of activations / gradients, and of weights, under this recipe.
   Fp8Granularity act_granularity() const;
   Fp8Granularity weight_granularity() const;
+  // Whether its quantizers take a producer's maxima (Fp8Maxima): current scaling per row or per
+  // tensor, which needs an amax pass; blockwise's groups lie inside one tile (one pass already),
+  // delayed scaling knows its scale before the tensor.
+  bool takes_maxima() const { return scaling == Fp8Scaling::Rowwise || scaling == Fp8Scaling::Tensorwise; }
 };
 // "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3" (E4M3 everywhere); throws ConfigError
 // naming `where` for anything else.
