@@ -14,7 +14,8 @@
 # times per preset against the one anchor run: "label:overrides;label:overrides" (label "default"
 # keeps the plain case name, others are appended to it), e.g.
 #   VARIANTS="default:;inbwd:optimizer_in_bwd=true clip_grad=0"
-# (the anchor clips nothing, so clip_grad=0 is its recipe too).
+# (the anchor clips nothing, so clip_grad=0 is its recipe too). Words PRIMUS_NAME=value in a
+# variant's overrides set that run's environment.
 set -u
 CARRY=${CARRY:-.carry-moe}
 OUT=${OUT:-/tmp/moe-out}
@@ -63,10 +64,13 @@ for p in $PRESETS; do
   overrides=${v#*:}
   run=$p.$label
   rm -rf "$ws"
-  # shellcheck disable=SC2086  # the overrides are words
-  timeout 240 "$BIN/primus" train pretrain --config "examples/cuda/$p.yaml" train_iters="$STEPS" \
+  # Words PRIMUS_NAME=value among the overrides go to the environment of that run.
+  envs=(); keys=()
+  for w in $overrides; do case "$w" in PRIMUS_*=*) envs+=("$w") ;; *) keys+=("$w") ;; esac; done
+  # shellcheck disable=SC2086  # EXTRA's overrides are words
+  timeout 240 env "${envs[@]}" "$BIN/primus" train pretrain --config "examples/cuda/$p.yaml" train_iters="$STEPS" \
     micro_batch_size="$BATCH" global_batch_size="$BATCH" save_at_end=false workspace="$ws" exp_name=m ${EXTRA:-} \
-    $overrides > "$W/$run.log" 2>&1
+    "${keys[@]}" > "$W/$run.log" 2>&1
   echo "rc=$?" >> "$W/$run.log"
   cp "$ws"/*/*/m/metrics.jsonl "$W/$run.metrics.jsonl" 2>/dev/null
   python3 - "$W" "$OUT" "$p" "$BATCH" "$DEVICE" "$COMMIT" "$MEASURE" "$label" "$overrides" <<'PY'
