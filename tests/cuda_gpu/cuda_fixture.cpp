@@ -419,13 +419,15 @@ void use_fp8_recipe(const train::ModelSpec& spec, const turbo::Fp8Recipe& r, Cud
 }
 
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
-                                                                    int steps, const turbo::Fp8Recipe* fp8) {
-  return training_curves(tiny_spec(llama), attn, device, steps, fp8);
+                                                                    int steps, const turbo::Fp8Recipe* fp8,
+                                                                    const std::function<void(CudaModel&)>& at_end) {
+  return training_curves(tiny_spec(llama), attn, device, steps, fp8, at_end);
 }
 
 std::pair<std::vector<double>, std::vector<double>> training_curves(const train::ModelSpec& spec, Attn attn,
                                                                     turbo::Device device, int steps,
-                                                                    const turbo::Fp8Recipe* fp8) {
+                                                                    const turbo::Fp8Recipe* fp8,
+                                                                    const std::function<void(CudaModel&)>& at_end) {
   const int64_t T = spec.seq_length;
   const std::vector<double>& ref = reference_curve(spec, steps);
   Batches data(T, steps);
@@ -448,6 +450,7 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
     hp.step = s + 1;
     model.update(hp);
   }
+  if (at_end) at_end(model);
   return {curve, ref};
 }
 

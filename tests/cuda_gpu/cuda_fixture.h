@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -112,12 +113,15 @@ Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsig
 // the same tinyshakespeare batches (B = 8, T = 64, bytes) with the trainers' recipe: global-norm
 // clip 1.0, AdamW (lr 2e-3, betas 0.9/0.99, decay 0.1 on decayed tensors). Returns
 // {cuda losses, reference losses}; the reference curve is computed once per (model, steps).
-// With `fp8`, the model's linear slots run that FP8 recipe (patch cuda.linear.fp8).
+// With `fp8`, the model's linear slots run that FP8 recipe (patch cuda.linear.fp8). at_end runs
+// after the last step, while the model and the buffers it lends the recipe's state still exist.
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
-                                                                    int steps, const turbo::Fp8Recipe* fp8 = nullptr);
+                                                                    int steps, const turbo::Fp8Recipe* fp8 = nullptr,
+                                                                    const std::function<void(CudaModel&)>& at_end = {});
 std::pair<std::vector<double>, std::vector<double>> training_curves(const train::ModelSpec& spec, Attn attn,
                                                                     turbo::Device device, int steps,
-                                                                    const turbo::Fp8Recipe* fp8 = nullptr);
+                                                                    const turbo::Fp8Recipe* fp8 = nullptr,
+                                                                    const std::function<void(CudaModel&)>& at_end = {});
 
 // An FP8 recipe (format, scaling) with the state the trainer's configure_fp8 gives it: for
 // fp8_recipe delayed an amax history of `delayed`'s length and algorithm, and, when asked for, the

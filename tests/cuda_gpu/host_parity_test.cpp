@@ -424,7 +424,12 @@ TEST(HostFp8, DelayedScalingFollowsTheReferenceFromItsHistory) {
     const turbo::Fp8Recipe tensorwise = turbo::parse_fp8_recipe("hybrid", "test");
     const turbo::Fp8Recipe delayed = fp8_test_recipe(
         "hybrid", "delayed", {.delayed = {3, use_max ? turbo::Fp8AmaxAlgo::Max : turbo::Fp8AmaxAlgo::MostRecent}});
-    const auto [curve, ref] = training_curves(true, Attn::Default, turbo::Device::CPU, 10, &delayed);
+    // The histories and scales live in the model's state arena: read before the model goes.
+    CudaModel::Fp8DelayedState st;
+    const auto [curve, ref] = training_curves(true, Attn::Default, turbo::Device::CPU, 10, &delayed,
+                                              [&st](CudaModel& m) { st = m.get_fp8_delayed(); });
+    const std::vector<float>& h = st.history;
+    const std::vector<float>& sc = st.scale;
     const auto current = training_curves(true, Attn::Default, turbo::Device::CPU, 10, &tensorwise).first;
     EXPECT_EQ(curve[0], current[0]) << "the first step runs current scaling";
     int differ = 0;
@@ -437,8 +442,8 @@ TEST(HostFp8, DelayedScalingFollowsTheReferenceFromItsHistory) {
     const turbo::Fp8DelayedScaling& d = *delayed.delayed;
     EXPECT_TRUE(d.use_history);
     EXPECT_EQ(d.tensors(), 3 * 4 * tiny_spec(true).num_layers);
-    const float* h = d.history().ptr<float>();
-    const float* sc = d.scale().ptr<float>();
+    ASSERT_EQ(static_cast<int64_t>(h.size()), d.tensors() * 3);
+    ASSERT_EQ(static_cast<int64_t>(sc.size()), d.tensors());
     for (int64_t t = 0; t < d.tensors(); ++t) {
       SCOPED_TRACE(fmt::format("tensor {} ({})", t, d.layer_name(t / 3)));
       // After the last step's backward entry 0 holds its amax (folded at the next step's start);
