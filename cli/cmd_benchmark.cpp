@@ -52,6 +52,14 @@ void setup_benchmark(CLI::App& app) {
   app.add_option("--commit", o->commit, "Commit recorded in the JSON (default: $PRIMUS_COMMIT, else git's HEAD)");
   app.add_option("--memory-gib", o->cfg.memory_gib, "Operand arena in GiB (default 24 on a GPU, 2 on the host)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--idle-ms", o->cfg.idle_ms,
+                 "GPU: idle this long before each timed series (after its warm-up calls), as a harness we "
+                 "compare with does (bench/fp8/gemm_torch.py: ~10 ms of torch.cuda._sleep); default 0")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--idle-on", o->cfg.idle_on,
+                 "Where --idle-ms idles: device (a spin kernel the timed calls queue behind; default) or host "
+                 "(the GPU idles, the host then launches the calls with no lead)")
+      ->check(CLI::IsMember({"device", "host"}));
   app.add_flag("--cpu-only", o->cfg.cpu_only, "Run the CPU kernels even where a GPU is present");
   app.add_option("--ab", o->ab,
                  "In-process A/B: time every product under each value of an environment variable in turn "

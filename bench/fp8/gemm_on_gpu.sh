@@ -12,7 +12,12 @@
 # default: the family's GPU cases, Llama-3.2-1B and GPT-2 124M at 16384 tokens and 8192^3, the
 # same list as gemm_torch.py's); ALGO_SEARCH=n (our cuBLASLt algorithm search over its top n,
 # PRIMUS_TURBO_CUBLASLT_ALGO_SEARCH, as training runs it; default: the heuristic's first, as torch);
-# BUDGET_S (225: every stage's timeout is cut to what is left of it, so the call ends with its rows).
+# BUDGET_S (225: every stage's timeout is cut to what is left of it, so the call ends with its rows);
+# IDLE_MS (10: our side idles this long before each timed series, as gemm_torch.py's ~10 ms
+# torch.cuda._sleep does; 0: none), IDLE_ON (device: a spin kernel our timed calls queue behind, as
+# torch's; host: the GPU idles and our host gets no lead), TORCH_SLEEP_CYCLES (gemm_torch.py's spin,
+# 20000000; 0: none). Both sides must idle alike: after an idle the H200 runs its first milliseconds
+# of FP8 GEMMs at higher clocks under its 700 W cap (docs/performance.md, "FP8 GEMMs").
 # $OUT: gemm_fp8.jsonl (the rows: cat it onto bench/results/gemm_fp8.jsonl here), summary.txt (the
 # table) and gemm_fp8_rounds.tar.gz (each round's files, the logs, env.txt).
 set -u
@@ -31,7 +36,7 @@ carry_unpack "$CARRY" "$BIN"
 COMMIT=$(cat "$CARRY/commit.txt" 2>/dev/null || echo unknown)
 TV=$(python3 -c "import torch; print(torch.__version__)" 2>/dev/null)
 { date -u +%Y-%m-%dT%H:%MZ; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-  echo "commit $COMMIT"; echo "torch $TV"; } | tee "$W/env.txt"
+  echo "commit $COMMIT"; echo "torch $TV"; echo "ours idle ${IDLE_MS:-10} ms on ${IDLE_ON:-device}, torch sleep ${TORCH_SLEEP_CYCLES:-20000000} cycles"; } | tee "$W/env.txt"
 if ! "$BIN/primus" benchmark --help 2>&1 | grep -q gemm_fp8; then
   echo "the carried primus ($CARRY, commit $COMMIT) has no gemm_fp8 benchmark family: refill the carry" \
        "(BINS=primus bench/fp8/prepare_carry.sh) and call again"
@@ -42,10 +47,12 @@ for r in $(seq 1 "$ROUNDS"); do
   t0=$SECONDS
   # shellcheck disable=SC2086  # the optional flags are words
   timeout "$(cap 60)" "$BIN/primus" benchmark gemm_fp8 --backend CUBLASLT --iters "$ITERS" ${SHAPES:+--shapes $SHAPES} \
+    --idle-ms "${IDLE_MS:-10}" --idle-on "${IDLE_ON:-device}" \
     --json "$W/ours_r$r.jsonl" --commit "$COMMIT" >> "$W/ours.log" 2>&1
   echo "ours, round $r: exit code $? ($((SECONDS - t0)) s)"
   t0=$SECONDS
   PYTHONUNBUFFERED=1 timeout "$(cap 75)" python3 bench/fp8/gemm_torch.py --iters "$ITERS" ${SHAPES:+--shapes "$SHAPES"} \
+    --sleep-cycles "${TORCH_SLEEP_CYCLES:-20000000}" \
     --out "$W/torch_r$r.jsonl" >> "$W/torch.log" 2>&1
   echo "torch, round $r: exit code $? ($((SECONDS - t0)) s)"
 done

@@ -15,8 +15,8 @@ The contract is aten/src/ATen/native/cuda/ScaledBlas.cpp (get_joint_scaling): ro
 scale_a [M, 1] and scale_b [1, N], both contiguous, and mat2 column-major.
 Each product: WARMUP calls, then ITERS calls each between its own pair of CUDA events (as
 primus's BenchDevice times, the median; the upper one of an even count), after a spin kernel
-(torch.cuda._sleep) that lets the host queue the calls ahead of the GPU, so Python's launch cost
-stays outside the events. One JSON line per shape (stdout, and appended to --out):
+(torch.cuda._sleep, --sleep-cycles) that lets the host queue the calls ahead of the GPU, so Python's
+launch cost stays outside the events; `primus benchmark --idle-ms` gives our side the same idle. One JSON line per shape (stdout, and appended to --out):
   {"shape": "MxNxK", "label", "M", "N", "K", "device", "torch", "iters",
    "tensorwise": {"ms", "tflops", "ms_mean"}, "rowwise": {...}, "blockwise": {...} or {"error": "..."}}
 
@@ -112,13 +112,14 @@ def operands(torch, x, w, mode):
                         (sa_outer, sw_padded[:, :kb].t(), "1x128 x 128x128, scale_b stride pad4(K/128)")], False
 
 
-def time_ms(torch, fn, iters, warmup):
+def time_ms(torch, fn, iters, warmup, sleep_cycles):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     whole = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-    torch.cuda._sleep(20_000_000)  # ~10 ms of spinning: the host queues the calls meanwhile
+    if sleep_cycles > 0:
+        torch.cuda._sleep(sleep_cycles)  # 20M cycles, ~10 ms of spinning: the host queues the calls meanwhile
     whole[0].record()
     for a, b in ev:
         a.record()
@@ -159,7 +160,7 @@ def run_timing(a):
                         if not bool(torch.isfinite(y[:8]).all()):
                             raise RuntimeError("non-finite output")
                         del y
-                        ms, ms_mean = time_ms(torch, fn, a.iters, a.warmup)
+                        ms, ms_mean = time_ms(torch, fn, a.iters, a.warmup, a.sleep_cycles)
                         line[mode] = {"ms": sig(ms), "tflops": sig(flops / ms / 1e9), "ms_mean": sig(ms_mean), "scales": layout, "fast_accum": fast}
                         break
                     except Exception as e:  # a refused layout: the next one, else the error
@@ -307,6 +308,8 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--sleep-cycles", type=int, default=20_000_000,
+                    help="torch.cuda._sleep before each timed series (0: none; primus's side: --idle-ms)")
     ap.add_argument("--out", default="", help="timing: also append the lines here; --merge: the rows' file")
     ap.add_argument("--merge", action="store_true")
     ap.add_argument("--ours", nargs="+", default=[])

@@ -31,9 +31,23 @@ class BenchDevice {
   // Time of one call of `run` over `iters` calls, after warm-up calls: the median, or with
   // fastest=true the fastest call (what the ceilings use: a ceiling is the best the device does).
   virtual double time_ms(const std::function<void()>& run, int iters, bool fastest = false) = 0;
+  // Before each timed series (after its warm-up calls): `ms` of idling, on the device (a spin
+  // kernel, while the host queues the timed calls behind it, as bench/fp8/gemm_torch.py's
+  // torch.cuda._sleep does) or on the host (the device idles and the host gets no lead). What the
+  // two harnesses of a comparison must share: under a power cap a device that has just idled runs
+  // its first milliseconds of work at higher clocks. 0: none (the default).
+  enum class Idle { Device, Host };
+  void set_idle(double ms, Idle where) {
+    idle_ms_ = ms;
+    idle_where_ = where;
+  }
   // Copies `bytes` from one buffer of the operand arena to another, `iters` times: the fastest ms.
   virtual double copy_ms(size_t bytes, int iters) = 0;
   virtual void synchronize() = 0;
+
+ protected:
+  double idle_ms_ = 0;
+  Idle idle_where_ = Idle::Device;
 };
 
 // The host: operand arena of `arena_bytes` (the scratch arena is 1/8 of it).

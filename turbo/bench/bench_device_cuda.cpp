@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "turbo/bench/bench_device.h"
@@ -44,6 +46,9 @@ class CudaBenchDevice final : public BenchDevice {
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * reps));
     for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+    if (idle_ms_ > 0 && idle_where_ == Idle::Device) spin_device(idle_ms_);
+    if (idle_ms_ > 0 && idle_where_ == Idle::Host)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(idle_ms_));
     for (int r = 0; r < reps; ++r) {
       CUDA_CHECK(cudaEventRecord(ev[2 * r]));
       run();

@@ -468,6 +468,10 @@ int run_benchmarks(const BenchConfig& cfg, std::FILE* out) {
   if (cfg.cpu_only) no_gpu = "--cpu-only";
   else if (!host_only)
     gpu = make_cuda_bench_device(static_cast<size_t>((cfg.memory_gib > 0 ? cfg.memory_gib : 24.0) * (1u << 30)), &no_gpu);
+  if (cfg.idle_ms < 0) throw UsageError(fmt::format("benchmark: --idle-ms {} is negative", cfg.idle_ms));
+  if (cfg.idle_on != "device" && cfg.idle_on != "host")
+    throw UsageError(fmt::format("benchmark: --idle-on '{}' (expected device or host)", cfg.idle_on));
+  if (gpu) gpu->set_idle(cfg.idle_ms, cfg.idle_on == "host" ? BenchDevice::Idle::Host : BenchDevice::Idle::Device);
   if (!gpu && !host_only) {
     if (named && is_device_backend(*named))
       throw UsageError(fmt::format("benchmark: --backend {} needs a CUDA device: {}", cfg.backend, no_gpu));

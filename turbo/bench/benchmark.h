@@ -34,6 +34,10 @@ struct BenchConfig {
   std::string commit = "unknown", date;  // recorded in the JSON (date "" = today, UTC)
   bool cpu_only = false;              // ignore any GPU
   double memory_gib = 0;              // operand arena; 0: 24 GiB on a GPU, 2 GiB on the host
+  // Idling before each timed series of the GPU (BenchDevice::set_idle): ms (0: none) and where,
+  // "device" (a spin kernel the timed calls queue behind) or "host" (the device idles).
+  double idle_ms = 0;
+  std::string idle_on = "device";
   // In-process A/B (--ab VAR=A,B,...): every product timed under each value of environment variable
   // ab_var in turn, ab_rounds times, reported per value (median) as "<name> [VAR=value]"; for
   // switches read on every call. The variable is restored afterwards.

@@ -31,7 +31,20 @@ __global__ void fill_int_kernel(int32_t* p, int64_t n, uint64_t seed, int32_t hi
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     p[i] = static_cast<int32_t>((hash_uniform_dev(i, seed) * 0.5f + 0.5f) * static_cast<float>(hi)) % hi;
 }
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
 }  // namespace
+
+void spin_device(double ms) {
+  spin_kernel<<<1, 1>>>(static_cast<uint64_t>(ms * 1e6));
+  CUDA_CHECK_LAST();
+}
 
 void fill_uniform_device(void* p, DType dt, int64_t n, uint64_t seed, float scale, float offset) {
   switch (dt) {

@@ -11,4 +11,7 @@ namespace primus::turbo::bench {
 void fill_uniform_device(void* p, DType dt, int64_t n, uint64_t seed, float scale = 1.0f, float offset = 0.0f);
 // p[i] uniform in [0, hi).
 void fill_ints_device(int32_t* p, int64_t n, uint64_t seed, int32_t hi);
+// One block that spins on the device's global timer for `ms` on the default stream (the host
+// returns at once).
+void spin_device(double ms);
 }  // namespace primus::turbo::bench
