@@ -6,9 +6,11 @@
 // output need not be kept: with SwiGLU that saves a [N, F] tensor per layer.
 #include <fmt/format.h>
 
+#include <numeric>
 #include <type_traits>
 
 #include "turbo/kernels/cuda/activation.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/kernels/cuda/common.cuh"
 
 namespace primus::turbo::cuda {
@@ -155,9 +157,10 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* gate_up, const T* d
 // memory, one atomic per column and tile; the tile's maximum, one atomic per tile. Against the
 // quantizer's own amax pass (a second full read of the output) this adds about (rows + columns) /
 // 128 atomics per 128 x 128 tile. It runs slower than the plain kernels (Llama-3.2-1B's MLP on an
-// H200: forward 5.0 against 3.5 ms a step, backward 6.7 against 5.6); tiles of 128 rows x 256
-// vectors, each thread down its own columns, measured forward 4.6 and backward 8.1
-// (docs/performance.md).
+// H200: forward 5.0 against 3.5 ms a step, backward 6.7 against 5.6; Nsight Compute put the
+// forward's L2 at 95% of its throughput with DRAM at 55%); tiles of 128 rows x 256 vectors, each
+// thread down its own columns, measured forward 4.6 and backward 8.1 (docs/performance.md). The
+// flat kernel below reads as the plain kernels do; these strips serve the rows it cannot take.
 constexpr int kMxThreads = 256, kMxWarpRows = 16, kMxRows = kMxWarpRows * (kMxThreads / 32);
 
 __device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
@@ -235,11 +238,99 @@ __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T
   }
 }
 
+// The same maxima with the plain kernels' reading order ("flat"): a grid-stride loop over the
+// output's vectors, consecutive threads on consecutive vectors, so every block reads and writes
+// whole contiguous stretches of rows. The grid's stride is a whole number of rows, so each thread
+// stays on its W columns (W of dgate and W of dup in the backward) from one row to the next and
+// keeps their maxima in registers, folded into the maxima with one atomic per column and thread at
+// its end. Each row's 32-vector stretch lies within one warp (rows are a multiple of 32 vectors),
+// whose reduction gives one atomic per row and stretch; the whole tensor's, one per warp.
+// Taken where the row length allows such a grid (flat_grid), else the strips above.
+template <class T, bool kBackward>
+__global__ void __launch_bounds__(256) swiglu_maxima_flat_kernel(T* y, const T* gate_up, const T* dout, int64_t N,
+                                                                 int64_t F, bool acc, uint32_t* maxima) {
+  constexpr int W = Vec<T>::kSize;
+  const int64_t fvec = F / W, total = N * fvec;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x % 32;
+  const int64_t c = (first % fvec) * W;  // this thread's columns, the same in every row it visits
+  uint32_t cg[W], cu[W], tm = 0;
+#pragma unroll
+  for (int e = 0; e < W; ++e) cg[e] = cu[e] = 0;
+  for (int64_t i = first; i < total; i += stride) {
+    const int64_t r = i / fvec;
+    uint32_t m = 0;
+    if constexpr (kBackward) {
+      T* drow = y + r * 2 * F;
+      Vec<T> dg, du;
+      swiglu_grad_vec(gate_up, dout, drow, r, c, F, acc, dg, du);
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const uint32_t bg = abs_bits(dg.get(e)), bu = abs_bits(du.get(e));
+        cg[e] = max(cg[e], bg);
+        cu[e] = max(cu[e], bu);
+        m = max(m, max(bg, bu));
+      }
+      store_vec(drow + c, dg);
+      store_vec(drow + F + c, du);
+    } else {
+      const Vec<T> o = swiglu_vec(gate_up, r, c, F);
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const uint32_t b = abs_bits(o.get(e));
+        cg[e] = max(cg[e], b);
+        m = max(m, b);
+      }
+      store_vec(y + r * F + c, o);
+    }
+    // The whole warp is in this iteration (total and stride are multiples of 32 vectors) and in row r.
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 0 && m != 0) atomicMax(maxima + r, m);
+  }
+#pragma unroll
+  for (int e = 0; e < W; ++e) {
+    if (cg[e] != 0) atomicMax(maxima + N + c + e, cg[e]);
+    tm = max(tm, cg[e]);
+    if constexpr (kBackward) {
+      if (cu[e] != 0) atomicMax(maxima + N + F + c + e, cu[e]);
+      tm = max(tm, cu[e]);
+    }
+  }
+  tm = __reduce_max_sync(0xffffffffu, tm);
+  if (lane == 0 && tm != 0) atomicMax(maxima + N + (kBackward ? 2 : 1) * F, tm);
+}
+
+// flat's grid: a whole number of rows per stride (blocks * 256 a multiple of the row's fvec
+// vectors), as many blocks as can be resident at once (`resident` per SM) and not more than the
+// rows need; 0 when the row is not a multiple of 32 vectors or no such grid fits at once.
+int flat_grid(int64_t N, int64_t fvec, int resident) {
+  if (fvec % 32 != 0 || resident <= 0) return 0;
+  const int64_t unit = fvec / std::gcd<int64_t>(fvec, 256);  // blocks per whole number of rows
+  const int64_t slots = static_cast<int64_t>(resident) * sm_count();
+  if (unit > slots) return 0;
+  const int64_t rows_per_unit = unit * 256 / fvec;
+  const int64_t need = (N + rows_per_unit - 1) / rows_per_unit;  // units that cover every row once
+  return static_cast<int>(std::min(need, slots / unit) * unit);
+}
+
 template <class T, bool kBackward>
 void launch_swiglu_maxima(T* y, const T* gate_up, const T* dout, int64_t N, int64_t F, bool acc, float* maxima,
                           cudaStream_t stream) {
   const int64_t width = kBackward ? 2 * F : F;
   CUDA_CHECK(cudaMemsetAsync(maxima, 0, sizeof(float) * static_cast<size_t>(N + width + 1), stream));
+  const bool strips = env_choice("PRIMUS_TURBO_SWIGLU_MAXIMA_KERNEL", {"flat", "strips"}, "flat") == "strips";
+  static const int resident = [] {
+    int b = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, swiglu_maxima_flat_kernel<T, kBackward>, 256, 0));
+    return b;
+  }();
+  if (const int blocks = strips ? 0 : flat_grid(N, F / Vec<T>::kSize, resident)) {
+    swiglu_maxima_flat_kernel<T, kBackward><<<blocks, 256, 0, stream>>>(y, gate_up, dout, N, F, acc,
+                                                                         reinterpret_cast<uint32_t*>(maxima));
+    CUDA_CHECK_LAST();
+    return;
+  }
   constexpr int kCols = 32 * Vec<T>::kSize;
   const dim3 grid(static_cast<unsigned>((F + kCols - 1) / kCols), static_cast<unsigned>((N + kMxRows - 1) / kMxRows));
   swiglu_maxima_kernel<T, kBackward><<<grid, kMxThreads, 0, stream>>>(y, gate_up, dout, N, F, acc,
