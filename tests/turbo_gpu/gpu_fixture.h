@@ -51,6 +51,8 @@ class GpuTest : public ::testing::Test {
   void TearDown() override { trace_.reset(); }
 
   TensorView make(DType dt, std::initializer_list<int64_t> shape) { return arena_->tensor(dt, shape); }
+  // The tensors made from here on go back when the scope ends (loops over many cases).
+  ArenaScope scoped_tensors() { return ArenaScope(*arena_); }
 
   // Uploads `values` converted to t's dtype.
   void put(const TensorView& t, const std::vector<float>& values) {

@@ -459,8 +459,8 @@ std::vector<uint32_t> maxima_of(const std::vector<float>& y, int64_t R, int64_t 
 // SwiGLU with maxima (for the FP8 quantizers): the same output bytes as without, and the maxima of
 // that output as stored, per row, per column and over all; shapes with partial tiles (rows not a
 // multiple of 128, F not one of 32 vectors), accumulation, and a row and a column holding inf and
-// NaN (which must win their row and column). The buffer starts poisoned: the op clears it. Both
-// kernels (PRIMUS_TURBO_SWIGLU_MAXIMA_KERNEL): the flat one takes rows of a multiple of 32 vectors
+// NaN (which must win their row and column). The buffer starts poisoned: the op clears it. Each
+// choice of PRIMUS_TURBO_SWIGLU_MAXIMA_KERNEL: the flat kernel takes rows of a multiple of 32 vectors
 // (2048, 4096, and 1024 with more rows than one grid stride covers) and leaves the others to
 // the strips.
 TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
@@ -469,12 +469,13 @@ TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
   struct Restore {
     ~Restore() { ::unsetenv("PRIMUS_TURBO_SWIGLU_MAXIMA_KERNEL"); }
   } restore;
-  for (const char* kernel : {"flat", "strips"})
+  for (const char* kernel : {"auto", "flat", "strips"})
   for (const Shape sh : {Shape{130, 1032}, Shape{300, 264}, Shape{17, 8}, Shape{256, 2048}, Shape{300, 4096},
                          Shape{2000, 1024}})
     for (const bool special : {false, true})
       for (const bool acc : {false, true}) {
         ::setenv("PRIMUS_TURBO_SWIGLU_MAXIMA_KERNEL", kernel, 1);
+        const ArenaScope scope = scoped_tensors();  // each case's tensors go back to the arena
         const int64_t N = sh.N, F = sh.F;
         SCOPED_TRACE(fmt::format("{}: N {} F {}{}{}", kernel, N, F, special ? " with inf and NaN" : "",
                                  acc ? " accumulate" : ""));
