@@ -60,5 +60,6 @@ grep -E "^  gemm_fp8_|skipped|error" "$W/ours.log" | tail -30
 grep -E "error|Error" "$W/torch.log" | tail -10
 python3 bench/fp8/gemm_torch.py --merge --ours $(seq -f "$W/ours_r%g.jsonl" 1 "$ROUNDS") \
   --torch $(seq -f "$W/torch_r%g.jsonl" 1 "$ROUNDS") --out "$OUT/gemm_fp8.jsonl" --replace --torch-version "$TV" \
+  --harness "ours: --idle-ms ${IDLE_MS:-10} --idle-on ${IDLE_ON:-device}; torch: --sleep-cycles ${TORCH_SLEEP_CYCLES:-20000000}" \
   | tee "$OUT/summary.txt"
 tar czf "$OUT/gemm_fp8_rounds.tar.gz" -C "$(dirname "$W")" "$(basename "$W")"

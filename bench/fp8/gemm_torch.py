@@ -268,6 +268,8 @@ def merge(a):
                     "ratio_range": [round(min(t / o for o, t in pairs), 4), round(max(t / o for o, t in pairs), 4)]}
             if label:
                 line["layer"] = label
+            if a.harness:
+                line["harness"] = a.harness
             if target is not None:
                 line["target"] = target
             if kind == "blockwise_vs_row" and "torch_blockwise" not in table[shape]:
@@ -316,6 +318,7 @@ def main():
     ap.add_argument("--torch", nargs="+", default=[])
     ap.add_argument("--backend", default="CUBLASLT", help="--merge: whose lines of ours (default CUBLASLT)")
     ap.add_argument("--torch-version", default="")
+    ap.add_argument("--harness", default="", help="--merge: how both sides were timed, recorded in each row")
     ap.add_argument("--replace", action="store_true", help="--merge: overwrite --out instead of appending")
     a = ap.parse_args()
     if a.merge:
