@@ -165,6 +165,40 @@ constexpr int kMxThreads = 256, kMxWarpRows = 16, kMxRows = kMxWarpRows * (kMxTh
 
 __device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
+// One vector of row r at column c, written (y, or dgate_up's two halves in the backward) and folded
+// into the column maxima cg (cu: dup's) of its W columns; returns its largest |value| as f32 bits.
+template <class T, bool kBackward>
+__device__ __forceinline__ uint32_t swiglu_maxima_vec(T* y, const T* gate_up, const T* dout, int64_t r, int64_t c,
+                                                      int64_t F, bool acc, uint32_t (&cg)[Vec<T>::kSize],
+                                                      uint32_t (&cu)[Vec<T>::kSize]) {
+  constexpr int W = Vec<T>::kSize;
+  uint32_t m = 0;
+  if constexpr (kBackward) {
+    T* drow = y + r * 2 * F;
+    Vec<T> dg, du;
+    swiglu_grad_vec(gate_up, dout, drow, r, c, F, acc, dg, du);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      const uint32_t bg = abs_bits(dg.get(e)), bu = abs_bits(du.get(e));
+      cg[e] = max(cg[e], bg);
+      cu[e] = max(cu[e], bu);
+      m = max(m, max(bg, bu));
+    }
+    store_vec(drow + c, dg);
+    store_vec(drow + F + c, du);
+  } else {
+    const Vec<T> o = swiglu_vec(gate_up, r, c, F);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      const uint32_t b = abs_bits(o.get(e));
+      cg[e] = max(cg[e], b);
+      m = max(m, b);
+    }
+    store_vec(y + r * F + c, o);
+  }
+  return m;
+}
+
 template <class T, bool kBackward>
 __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T* gate_up, const T* dout,
                                                                    int64_t N, int64_t F, bool acc,
@@ -183,31 +217,7 @@ __global__ void __launch_bounds__(kMxThreads) swiglu_maxima_kernel(T* y, const T
   for (int i = 0; i < kMxWarpRows; ++i) {
     const int64_t r = r0 + i;
     uint32_t m = 0;
-    if (r < N && col_ok) {
-      if constexpr (kBackward) {
-        T* drow = y + r * 2 * F;
-        Vec<T> dg, du;
-        swiglu_grad_vec(gate_up, dout, drow, r, c, F, acc, dg, du);
-#pragma unroll
-        for (int e = 0; e < W; ++e) {
-          const uint32_t bg = abs_bits(dg.get(e)), bu = abs_bits(du.get(e));
-          cg[e] = max(cg[e], bg);
-          cu[e] = max(cu[e], bu);
-          m = max(m, max(bg, bu));
-        }
-        store_vec(drow + c, dg);
-        store_vec(drow + F + c, du);
-      } else {
-        const Vec<T> o = swiglu_vec(gate_up, r, c, F);
-#pragma unroll
-        for (int e = 0; e < W; ++e) {
-          const uint32_t b = abs_bits(o.get(e));
-          cg[e] = max(cg[e], b);
-          m = max(m, b);
-        }
-        store_vec(y + r * F + c, o);
-      }
-    }
+    if (r < N && col_ok) m = swiglu_maxima_vec<T, kBackward>(y, gate_up, dout, r, c, F, acc, cg, cu);
     m = __reduce_max_sync(0xffffffffu, m);
     if (lane == i && r < N && m != 0) atomicMax(maxima + r, m);
   }
@@ -261,30 +271,7 @@ __global__ void __launch_bounds__(256) swiglu_maxima_flat_kernel(T* y, const T* 
   for (int e = 0; e < W; ++e) cg[e] = cu[e] = 0;
   for (int64_t i = first; i < total; i += stride) {
     const int64_t r = i / fvec;
-    uint32_t m = 0;
-    if constexpr (kBackward) {
-      T* drow = y + r * 2 * F;
-      Vec<T> dg, du;
-      swiglu_grad_vec(gate_up, dout, drow, r, c, F, acc, dg, du);
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const uint32_t bg = abs_bits(dg.get(e)), bu = abs_bits(du.get(e));
-        cg[e] = max(cg[e], bg);
-        cu[e] = max(cu[e], bu);
-        m = max(m, max(bg, bu));
-      }
-      store_vec(drow + c, dg);
-      store_vec(drow + F + c, du);
-    } else {
-      const Vec<T> o = swiglu_vec(gate_up, r, c, F);
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const uint32_t b = abs_bits(o.get(e));
-        cg[e] = max(cg[e], b);
-        m = max(m, b);
-      }
-      store_vec(y + r * F + c, o);
-    }
+    uint32_t m = swiglu_maxima_vec<T, kBackward>(y, gate_up, dout, r, c, F, acc, cg, cu);
     // The whole warp is in this iteration (total and stride are multiples of 32 vectors) and in row r.
     m = __reduce_max_sync(0xffffffffu, m);
     if (lane == 0 && m != 0) atomicMax(maxima + r, m);
