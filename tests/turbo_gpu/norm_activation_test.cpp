@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/activation.h"
@@ -466,8 +467,14 @@ std::vector<uint32_t> maxima_of(const std::vector<float>& y, int64_t R, int64_t 
 TEST_P(ActivationTest, SwigluMaximaAreThoseOfTheOutputAsStored) {
   const DType dt = GetParam();
   struct Shape { int64_t N, F; };
-  struct Restore {
-    ~Restore() { ::unsetenv("PRIMUS_TURBO_SWIGLU_MAXIMA_KERNEL"); }
+  struct Restore {  // the variable as it was before the test (or its absence)
+    const char* name = "PRIMUS_TURBO_SWIGLU_MAXIMA_KERNEL";
+    const char* was = std::getenv(name);
+    std::string value = was ? was : "";
+    ~Restore() {
+      if (was) ::setenv(name, value.c_str(), 1);
+      else ::unsetenv(name);
+    }
   } restore;
   for (const char* kernel : {"auto", "flat", "strips"})
   for (const Shape sh : {Shape{130, 1032}, Shape{300, 264}, Shape{17, 8}, Shape{256, 2048}, Shape{300, 4096},
