@@ -22,6 +22,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -267,8 +268,9 @@ OpFamily grouped_gemm_fp8_family() {
   f.bench = "grouped_gemm";
   f.dispatch_ops = {"grouped_gemm_fp8", "quantize"};
   f.backends = {BackendType::TURBO, BackendType::CPU};
-  f.shape_syntax = "TxExKxNxC (tokens x experts x top-k x out features x in features): one expert layer [E, N, C] "
-                   "under a random-init router's counts, rowwise FP8 (and blockwise: the defaults' '/block' cases)";
+  f.shape_syntax = "TxExKxNxC[/block] (tokens x experts x top-k x out features x in features): one expert layer "
+                   "[E, N, C] under a random-init router's counts, rowwise FP8, or blockwise with '/block' (groups "
+                   "padded to 128 rows; N and C multiples of 128). Ex1x1 is a dense linear layer's three GEMMs";
   f.defaults = [](const Scale& s) {
     std::vector<Case> cases;
     const int64_t align = kGroupedGemmAlign;
@@ -291,11 +293,17 @@ OpFamily grouped_gemm_fp8_family() {
     return cases;
   };
   f.from_shape = [syntax = f.shape_syntax](const std::string& shape) {
-    const auto d = parse_dims("grouped_gemm_fp8", shape, 5, syntax);
+    constexpr std::string_view kBlock = "/block";
+    const bool block = shape.size() > kBlock.size() && shape.compare(shape.size() - kBlock.size(), kBlock.size(), kBlock) == 0;
+    const std::string dims = block ? shape.substr(0, shape.size() - kBlock.size()) : shape;
+    const auto d = parse_dims("grouped_gemm_fp8", dims, 5, syntax);
     const int64_t T = d[0], E = d[1], topk = d[2], N = d[3], C = d[4];
     if (topk > E) throw UsageError(fmt::format("grouped_gemm_fp8 shape '{}': top-k {} above {} experts", shape, topk, E));
-    return grouped_fp8_case(shape, T, E, topk, N, C,
-                            router_counts(T, C, E, topk, 1000 + static_cast<uint64_t>(E * 16 + topk)), kGroupedGemmAlign);
+    if (block && (N % kFp8BlockSize != 0 || C % kFp8BlockSize != 0))
+      throw UsageError(fmt::format("grouped_gemm_fp8 shape '{}': blockwise needs N and C multiples of {}", shape, kFp8BlockSize));
+    const std::vector<int64_t> counts = router_counts(T, C, E, topk, 1000 + static_cast<uint64_t>(E * 16 + topk));
+    if (block) return grouped_fp8_block_case(dims, T, E, topk, N, C, counts);
+    return grouped_fp8_case(shape, T, E, topk, N, C, counts, kGroupedGemmAlign);
   };
   return f;
 }
