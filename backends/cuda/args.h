@@ -16,7 +16,8 @@ namespace primus::turbo {
 class Fp8DelayedScaling;  // turbo/ops/fp8_delayed.h
 class Fp8SavedInputs;     // turbo/ops/gemm_fp8.h
 class Fp8WeightCache;     // turbo/ops/gemm_fp8.h
-class Fp8Maxima;          // turbo/ops/gemm_fp8.h
+class Fp8Maxima;
+class Fp8Producers;          // turbo/ops/gemm_fp8.h
 }
 
 namespace primus::backends::cuda {
@@ -62,6 +63,9 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   // With fp8_recipe rowwise or tensorwise: the SwiGLU kernels' maxima for the next quantization
   // (CudaModelOptions::fp8_maxima).
   std::shared_ptr<turbo::Fp8Maxima> fp8_maxima;
+  // With fp8_recipe delayed: the SwiGLU activation folded into its quantizations
+  // (CudaModelOptions::fp8_producers).
+  std::shared_ptr<turbo::Fp8Producers> fp8_producers;
   int64_t fp8_first_last_bf16_layers = 0;  // with fp8: edge layers kept in bf16 (DecoderOptions)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)
   bool launch_ahead = false;               // queue step s + 1 before reading step s (patch cuda.step.launch_ahead)

@@ -184,7 +184,15 @@ turbo::Fp8Recipe configure_fp8(CudaArgs& a, const std::string& fp8, const std::s
     r.maxima = std::make_shared<turbo::Fp8Maxima>(r.act_granularity());
     a.fp8_maxima = r.maxima;
   }
+  a.fp8_producers.reset();
+  // PRIMUS_CUDA_FP8_SWIGLU_FOLD=0: the activation kernels write act and dgate_up, which the delayed
+  // quantizer then reads (the A/B of the folding); checked whatever the recipe.
+  const bool fold = turbo::env_choice("PRIMUS_CUDA_FP8_SWIGLU_FOLD", {"0", "1"}, "1") == "1";
   if (r.scaling == turbo::Fp8Scaling::Delayed) {
+    if (fold) {
+      r.producers = std::make_shared<turbo::Fp8Producers>();
+      a.fp8_producers = r.producers;
+    }
     turbo::Fp8DelayedOptions o;
     o.history_len = a.fp8_amax_history_len;
     o.algo = a.fp8_amax_compute_algo == "max" ? turbo::Fp8AmaxAlgo::Max : turbo::Fp8AmaxAlgo::MostRecent;

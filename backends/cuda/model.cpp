@@ -308,6 +308,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   dec.document_masking = opt_.document_masking;
   dec.bf16_edge_layers = opt_.fp8_linear ? opt_.fp8_bf16_edge_layers : 0;
   dec.fp8_maxima = opt_.fp8_linear ? opt_.fp8_maxima.get() : nullptr;
+  dec.fp8_producers = opt_.fp8_linear && spec_.swiglu ? opt_.fp8_producers.get() : nullptr;
   if (tp) {
     tp_ = std::make_unique<TpComm>(*opt_.tp_group, opt_.tp_map, stream_);
     dec.tp = tp_.get();

@@ -113,6 +113,11 @@ struct CudaModelOptions {
   // or its weight gradient after a selective or full recomputation). Null: off (the quantizer's
   // own pass).
   std::shared_ptr<turbo::Fp8Maxima> fp8_maxima;
+  // Delayed FP8 with SwiGLU (the handoff the recipe holds; turbo::Fp8Producers): the MLP activation
+  // and its backward's dgate_up are not written by the activation kernels; the FP8 linear calls that
+  // read them quantize them from gate_up (and dact) directly, one read instead of a write and two
+  // reads. Null: off (the activation kernels, then the quantizer).
+  std::shared_ptr<turbo::Fp8Producers> fp8_producers;
   // Variants of the step that give the same results to rounding, kept as the references the
   // defaults (measured faster) are tested against; no config key sets them.
   BiasGrad bias_grad = BiasGrad::Ones;  // decoder.h

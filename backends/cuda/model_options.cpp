@@ -39,6 +39,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     mo.fp8_saved = a.fp8_saved;
     mo.fp8_weights = a.fp8_weights;
     mo.fp8_maxima = a.fp8_maxima;
+    mo.fp8_producers = a.fp8_producers;
   }
   // Document masking: the plan holds its tables; the trainer sets the tokenizer's eod id.
   mo.document_masking.reset_attention_mask = t.data.reset_attention_mask;

@@ -50,7 +50,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
 fi
 
 if [ "${QBENCH:-0}" = 1 ]; then
-  "$BIN/primus" benchmark quantize --shapes 16384x2048,16384x8192,2048x8192 --backend TURBO 2>&1 | grep -E "^  quantize_fp8_" | tee "$OUT/quantize_bench.txt"
+  "$BIN/primus" benchmark quantize --shapes 16384x2048,16384x8192,2048x8192 --backend TURBO 2>&1 | grep -E "^  (quantize_fp8_|swiglu_)" | tee "$OUT/quantize_bench.txt"
 fi
 
 if [[ " $STAGES " == *" train "* ]]; then

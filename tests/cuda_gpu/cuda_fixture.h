@@ -129,6 +129,7 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
 struct Fp8TestState {
   bool saved = false, weights = false;
   bool maxima = false;  // rowwise, tensorwise: the SwiGLU kernels' maxima handed to the quantizer (turbo::Fp8Maxima)
+  bool producers = false;  // delayed: the SwiGLU folded into the quantizers (turbo::Fp8Producers)
   turbo::Fp8DelayedOptions delayed{2};
 };
 turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const Fp8TestState& state = {});

@@ -640,6 +640,92 @@ TEST(HostFp8, RowwiseQuantizersTakeTheSwigluMaximaAndGiveTheSameSteps) {
   ::unsetenv("PRIMUS_CUDA_FP8_MAXIMA");
 }
 
+// Delayed FP8 with the SwiGLU folded into the quantizers (turbo::Fp8Producers): the forward's act
+// and the backward's dgate_up are never written by the activation kernels; the FP8 linear calls
+// that read them compute them from gate_up (and dact) as they quantize. The first step has no
+// delayed scale yet (current scaling), so its linear calls write the activation instead; from the
+// second step on every put is folded in. The steps are those without the folding bit for bit, with
+// inputs saved in FP8 or not, and under selective and full recomputation.
+TEST(HostFp8, DelayedScalingFoldsTheSwigluIntoItsQuantizersAndGivesTheSameSteps) {
+  const train::ModelSpec spec = tiny_spec(true);
+  const int64_t T = spec.seq_length, L = spec.num_layers, steps = 4;
+  Batches data(T, static_cast<int>(steps));
+  struct Variant {
+    const char* name;
+    bool saved;
+    Recompute policy;
+    int64_t puts_per_step;  // the forward's act, the backward's act (its weight gradient) and dgate_up; full: the recomputed act
+  };
+  for (const Variant v : {Variant{"plain", false, Recompute::None, 3 * L}, Variant{"saved inputs", true, Recompute::None, 3 * L},
+                          Variant{"selective", true, Recompute::Selective, 3 * L},
+                          Variant{"full", false, Recompute::Full, 4 * L}}) {
+    SCOPED_TRACE(v.name);
+    std::vector<double> losses[2];
+    for (const bool fold : {false, true}) {
+      const turbo::Fp8Recipe r = fp8_test_recipe("hybrid", "delayed", {.saved = v.saved, .producers = fold});
+      CudaOps ops = CudaOps::defaults();
+      const Recompute policy = v.policy;
+      if (policy != Recompute::None) ops.recompute_policy = [policy](int64_t, int64_t) { return policy; };
+      CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+      use_fp8_recipe(spec, r, ops, mo);
+      CudaModel model(spec, mo, ops);
+      const std::vector<float> init = initial_params(spec);
+      model.set_params(init.data());
+      for (int64_t s = 0; s < steps; ++s) {
+        model.zero_grad();
+        model.forward(data.inputs[s].data(), data.targets[s].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
+        model.backward();
+        model.grad_norm(static_cast<float>(kClip));
+        losses[fold].push_back(model.read_loss_sum(1));
+        turbo::AdamWHyper hp;
+        hp.lr = float(kLr), hp.beta1 = float(kBeta1), hp.beta2 = float(kBeta2), hp.eps = float(kEps);
+        hp.weight_decay = float(kDecay);
+        hp.step = s + 1;
+        model.update(hp);
+      }
+      if (fold) {
+        EXPECT_EQ(r.producers->puts, steps * v.puts_per_step);
+        EXPECT_GT(r.producers->folded, 0) << "nothing was folded in";
+        EXPECT_GT(r.producers->written, 0) << "the first step (no delayed scale yet) wrote nothing";
+      } else {
+        EXPECT_EQ(r.producers, nullptr);
+      }
+    }
+    ASSERT_EQ(losses[0].size(), static_cast<size_t>(steps));
+    EXPECT_EQ(losses[1], losses[0]);
+  }
+  // The patch gives it to delayed only, unless PRIMUS_CUDA_FP8_SWIGLU_FOLD=0; another value is an error naming it.
+  for (const char* scaling : {"tensorwise", "rowwise"}) {
+    CudaArgs args;
+    EXPECT_EQ(configure_fp8(args, "hybrid", scaling).producers, nullptr) << scaling;
+    EXPECT_EQ(args.fp8_producers, nullptr) << scaling;
+  }
+  {
+    CudaArgs args;
+    const turbo::Fp8Recipe r = configure_fp8(args, "hybrid", "delayed");
+    ASSERT_NE(r.producers, nullptr);
+    EXPECT_EQ(args.fp8_producers, r.producers);
+  }
+  const char* was = std::getenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD");
+  const std::string before = was ? was : "";
+  ::setenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD", "0", 1);
+  {
+    CudaArgs args;
+    EXPECT_EQ(configure_fp8(args, "hybrid", "delayed").producers, nullptr);
+    EXPECT_EQ(args.fp8_producers, nullptr);
+  }
+  ::setenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD", "on", 1);
+  try {
+    CudaArgs args;
+    configure_fp8(args, "hybrid", "delayed");
+    ADD_FAILURE() << "PRIMUS_CUDA_FP8_SWIGLU_FOLD=on was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("PRIMUS_CUDA_FP8_SWIGLU_FOLD='on'"), std::string::npos) << e.what();
+  }
+  if (was) ::setenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD", before.c_str(), 1);
+  else ::unsetenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD");
+}
+
 // `steps` fp32 training steps (AdamW, lr 3e-3, clip 1.0) of a host model over data's batches,
 // `step` counting them for the caller's slot captures; the first and last step's losses.
 std::pair<double, double> train_fp32_steps(CudaModel& model, Batches& data, int64_t steps, int64_t& step) {

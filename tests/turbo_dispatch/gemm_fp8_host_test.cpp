@@ -2,6 +2,7 @@
 // the device path is compared with in tests/turbo_gpu/gemm_fp8_test.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -14,6 +15,8 @@
 #include "core/util/error.h"
 #include "turbo/core/arena.h"
 #include "turbo/core/dtype.h"
+#include "turbo/ops/activation.h"
+#include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/gemm_fp8.h"
 
@@ -506,6 +509,124 @@ TEST(Fp8SavedInputsHost, TheWeightGradientReadsTheForwardsCopy) {
                   .find("too small"),
               std::string::npos);
   }
+}
+
+// Delayed scaling with the SwiGLU folded into the quantizer (Fp8Producers): the down-projection's
+// forward and weight gradient on act = swiglu(gate_up), and the up-projection's gradients on
+// dgate_up, never written, give the results of the same calls on the written tensors, bit for
+// bit, with the same amaxes recorded; the entry is used once and dropped; without a delayed scale
+// (before the first recorded step) and with a bias gradient the call writes the tensor instead.
+TEST(Fp8ProducersHost, LinearCallsQuantizeTheActivationTheyComputeThemselves) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> nd;
+  const int64_t N = 64, F = 128, H = 96;
+  const auto randv = [&](int64_t n, float sc) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = sc * nd(rng);
+    return v;
+  };
+  std::vector<float> gate_up = randv(N * 2 * F, 2.0f), dact = randv(N * F, 0.5f), ln = randv(N * H, 1.0f),
+                     dres = randv(N * H, 0.5f), w_down = randv(H * F, 0.05f), w_up = randv(2 * F * H, 0.05f);
+  auto arena = make_host_arena(4 * linear_fp8_scratch_bytes(N, 2 * F, 2 * F));
+  ExecContext ctx;
+  ctx.scratch = arena.get();
+  // The written tensors, by the activation op.
+  std::vector<float> act(N * F), dgu(N * 2 * F);
+  activation_forward({Activation::SwiGLU, host(act, N, F), host(gate_up, N, 2 * F), ctx});
+  {
+    ActivationBackwardArgs b;
+    b.act = Activation::SwiGLU;
+    b.dinp = host(dgu, N, 2 * F);
+    b.inp = host(gate_up, N, 2 * F);
+    b.dout = host(dact, N, F);
+    b.ctx = ctx;
+    activation_backward(b);
+  }
+  Fp8Recipe r = parse_fp8_recipe("hybrid", "delayed", "fp8", "fp8_recipe");
+  r.delayed = std::make_shared<Fp8DelayedScaling>(Fp8DelayedOptions{});
+  r.delayed->add_layer(w_down.data(), "down");
+  r.delayed->add_layer(w_up.data(), "up");
+  std::vector<float> history(6), scale(6), fp8max(6);
+  for (int t = 0; t < 6; ++t) fp8max[t] = r.delayed->fp8_max_of_tensor(t);
+  r.delayed->bind(TensorView(history.data(), DType::F32, Device::CPU, {6}), TensorView(scale.data(), DType::F32, Device::CPU, {6}),
+                  TensorView(fp8max.data(), DType::F32, Device::CPU, {6}));
+  const std::vector<float> scales = {30.0f, 2000.0f, 9000.0f, 50.0f, 3000.0f, 20000.0f};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Run {
+    std::vector<float> out, dx_down, dw_down, dx_up, dw_up, history;
+  };
+  // The down-projection (forward, then both gradients without a saved copy) and the up-projection's
+  // gradients; with `fold` on never-written act and dgate_up buffers and the producers put before
+  // each call, as the decoder does.
+  const auto run = [&](bool fold, bool use_history) {
+    Fp8Recipe rr = r;
+    rr.producers = fold ? std::make_shared<Fp8Producers>() : nullptr;
+    r.delayed->use_history = use_history;
+    scale = scales;
+    std::fill(history.begin(), history.end(), 0.0f);
+    Run o{std::vector<float>(N * H), std::vector<float>(N * F), std::vector<float>(H * F), std::vector<float>(N * H),
+          std::vector<float>(2 * F * H), {}};
+    std::vector<float> act_buf(N * F, nan), dgu_buf(N * 2 * F, nan);
+    std::vector<float>& a = fold ? act_buf : act;
+    std::vector<float>& d = fold ? dgu_buf : dgu;
+    const auto put_act = [&] {
+      if (fold) rr.producers->put(host(a, N, F), {QuantizePrologue::SwiGLU, host(gate_up, N, 2 * F), {}});
+    };
+    put_act();
+    linear_forward_fp8(host(o.out, N, H), host(a, N, F), host(w_down, H, F), {}, {}, ctx, rr);
+    if (fold) EXPECT_EQ(rr.producers->find(host(a, N, F)), nullptr) << "the entry outlived its call";
+    put_act();
+    linear_backward_fp8(host(o.dx_down, N, F), host(o.dw_down, H, F), {}, host(dres, N, H), host(a, N, F),
+                        host(w_down, H, F), false, ctx, rr, false);
+    if (fold)
+      rr.producers->put(host(d, N, 2 * F),
+                        {QuantizePrologue::SwiGLUBackward, host(dact, N, F), host(gate_up, N, 2 * F)});
+    linear_backward_fp8(host(o.dx_up, N, H), host(o.dw_up, 2 * F, H), {}, host(d, N, 2 * F), host(ln, N, H),
+                        host(w_up, 2 * F, H), false, ctx, rr, false);
+    o.history = history;
+    if (fold) {
+      EXPECT_EQ(rr.producers->puts, 3);
+      if (use_history) {
+        EXPECT_EQ(rr.producers->folded, 3);
+        EXPECT_EQ(rr.producers->written, 0);
+        EXPECT_TRUE(std::isnan(act_buf[0]) && std::isnan(act_buf.back())) << "act was written";
+        EXPECT_TRUE(std::isnan(dgu_buf[0]) && std::isnan(dgu_buf.back())) << "dgate_up was written";
+      } else {  // current scaling: each call writes its tensor, then quantizes it
+        EXPECT_EQ(rr.producers->folded, 0);
+        EXPECT_EQ(rr.producers->written, 3);
+        EXPECT_EQ(act_buf, act);
+        EXPECT_EQ(dgu_buf, dgu);
+      }
+    }
+    return o;
+  };
+  for (const bool use_history : {true, false}) {
+    SCOPED_TRACE(use_history ? "delayed scales" : "no scale yet");
+    const Run want = run(false, use_history), got = run(true, use_history);
+    EXPECT_EQ(got.out, want.out);
+    EXPECT_EQ(got.dx_down, want.dx_down);
+    EXPECT_EQ(got.dw_down, want.dw_down);
+    EXPECT_EQ(got.dx_up, want.dx_up);
+    EXPECT_EQ(got.dw_up, want.dw_up);
+    EXPECT_EQ(got.history, want.history);
+    EXPECT_GT(got.history[0], 0.0f) << "no amax recorded for act";
+  }
+  // A bias gradient reads dgate_up itself: the call writes it first.
+  Fp8Recipe rr = r;
+  rr.producers = std::make_shared<Fp8Producers>();
+  r.delayed->use_history = true;
+  std::vector<float> dgu_buf(N * 2 * F, nan), dx(N * H), dw(2 * F * H), db(2 * F, 0.0f);
+  rr.producers->put(host(dgu_buf, N, 2 * F), {QuantizePrologue::SwiGLUBackward, host(dact, N, F), host(gate_up, N, 2 * F)});
+  linear_backward_fp8(host(dx, N, H), host(dw, 2 * F, H), TensorView(db.data(), DType::F32, Device::CPU, {2 * F}),
+                      host(dgu_buf, N, 2 * F), host(ln, N, H), host(w_up, 2 * F, H), false, ctx, rr, false);
+  EXPECT_EQ(rr.producers->written, 1);
+  EXPECT_EQ(dgu_buf, dgu);
+  // put() names what it expected.
+  std::vector<float> wrong(N * F);
+  EXPECT_NE(error_of([&] {
+              rr.producers->put(host(wrong, N, F), {QuantizePrologue::SwiGLUBackward, host(dact, N, F), host(gate_up, N, 2 * F)});
+            }).find("Fp8Producers::put"),
+            std::string::npos);
 }
 
 }  // namespace fp8_group_gemm_test

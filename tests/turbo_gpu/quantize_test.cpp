@@ -18,6 +18,7 @@
 #include "turbo/bench/benchmark.h"
 #include "turbo/kernels/cpu/quantize.h"
 #include "turbo/ops/fp8_delayed.h"
+#include "turbo/ops/activation.h"
 #include "turbo/ops/quantization.h"
 
 namespace primus::turbo::testing {
@@ -850,6 +851,116 @@ TEST_F(QuantizeGpuTest, DelayedUpdateMatchesTheReferenceBitForBit) {
         for (int64_t t = 0; t < T; ++t) ASSERT_EQ(bits(gs[t]), bits(sc[t])) << "scale " << t;
         for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(bits(gh[i]), bits(h[i])) << "history entry " << i;
       }
+}
+
+}  // namespace
+}  // namespace primus::turbo::testing
+
+namespace primus::turbo::testing {
+namespace {
+
+// SwiGLU folded into the delayed quantizer (QuantizeFp8Args::prologue) against the activation
+// kernel followed by the quantizer, on the device, bit for bit: the bytes of out and out_t,
+// scale_inv, and the amax folded into an entry; forward (act from gate_up) and backward (dgate_up
+// from dact and gate_up); tile-aligned and ragged shapes (R and F not multiples of 128), both
+// FP8 formats, each choice of outputs; an inf and a NaN planted in gate_up are poisoned as the
+// quantizer poisons them in the activation's output. Also which calls the folded kernel takes.
+TEST_F(QuantizeGpuTest, SwigluPrologueEqualsTheActivationThenTheQuantizer) {
+  struct Case {
+    int64_t R, F;
+    bool bad;
+  };
+  for (const Case k : {Case{256, 384, false}, Case{144, 208, false}, Case{16, 16, false}, Case{128, 256, true}}) {
+    for (const bool backward : {false, true}) {
+      SCOPED_TRACE(fmt::format("R {} F {} {}{}", k.R, k.F, backward ? "backward" : "forward", k.bad ? " with inf/NaN" : ""));
+      ArenaScope tensors = scoped_tensors();
+      const int64_t R = k.R, F = k.F, C = backward ? 2 * F : F;
+      TensorView gate_up = make(DType::BF16, {R, 2 * F}), dact = make(DType::BF16, {R, F});
+      std::vector<float> gu = randn(R * 2 * F, 2.0f, DType::BF16);
+      if (k.bad) {
+        gu[static_cast<size_t>(3 * 2 * F + 5)] = INFINITY;          // a gate
+        gu[static_cast<size_t>(7 * 2 * F + F + 9)] = NAN;           // an up
+      }
+      put(gate_up, gu);
+      random_tensor(dact, 0.5f);
+      TensorView y = make(DType::BF16, {R, C});
+      if (backward) {
+        ActivationBackwardArgs b;
+        b.act = Activation::SwiGLU;
+        b.dinp = y;
+        b.inp = gate_up;
+        b.dout = dact;
+        b.ctx = ctx;
+        activation_backward(b);
+      } else {
+        activation_forward({Activation::SwiGLU, y, gate_up, ctx});
+      }
+      TensorView scale = make(DType::F32, {1}), amax = make(DType::F32, {1}), ref_amax = make(DType::F32, {1});
+      TensorView ref_inv = make(DType::F32, {1}), inv = make(DType::F32, {1});
+      TensorView ro = make(DType::F8E4M3, {R, C}), rt = make(DType::F8E4M3, {C, R});
+      TensorView o = make(DType::F8E4M3, {R, C}), ot = make(DType::F8E4M3, {C, R});
+      put(scale, {backward ? 3000.0f : 37.5f});
+      for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+        for (const int mode : {0, 1, 2}) {  // both outputs, out only, out_t only
+          SCOPED_TRACE(fmt::format("{} mode {}", dtype_name(fp8), mode));
+          ro.dtype = rt.dtype = o.dtype = ot.dtype = fp8;
+          QuantizeFp8Args r;
+          r.inp = y;
+          if (mode != 2) r.out = ro;
+          if (mode != 1) r.out_t = rt;
+          r.scale_inv = ref_inv;
+          r.scale = scale;
+          r.amax = ref_amax;
+          r.ctx = ctx;
+          QuantizeFp8Args a = r;
+          a.prologue = backward ? QuantizePrologue::SwiGLUBackward : QuantizePrologue::SwiGLU;
+          a.inp = backward ? dact : gate_up;
+          if (backward) a.gate_up = gate_up;
+          a.out = mode != 2 ? o : TensorView();
+          a.out_t = mode != 1 ? ot : TensorView();
+          a.scale_inv = inv;
+          a.amax = amax;
+          put(ref_amax, {0.125f});
+          put(amax, {0.125f});
+          for (const TensorView* t : {&ro, &rt, &o, &ot, &ref_inv, &inv}) poison(*t);
+          ASSERT_TRUE(quantize_fp8_prologue_fits(a));
+          ASSERT_EQ(quantize_fp8(r), BackendType::TURBO);
+          ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
+          if (mode != 2) EXPECT_TRUE(bytes(o) == bytes(ro)) << first_diff(bytes(o), bytes(ro));
+          if (mode != 1) EXPECT_TRUE(bytes(ot) == bytes(rt)) << first_diff(bytes(ot), bytes(rt));
+          EXPECT_EQ(bytes(inv), bytes(ref_inv));
+          EXPECT_EQ(bytes(amax), bytes(ref_amax)) << get(amax)[0] << " vs " << get(ref_amax)[0];
+          if (!k.bad) EXPECT_GT(get(amax)[0], 0.125f);  // the data's own maximum was recorded
+        }
+      }
+    }
+  }
+}
+
+TEST_F(QuantizeGpuTest, SwigluPrologueSaysWhichCallsTheFoldedKernelTakes) {
+  TensorView gate_up = make(DType::BF16, {32, 48}), out_t = make(DType::F8E4M3, {24, 32}), out = make(DType::F8E4M3, {32, 24});
+  TensorView scale = make(DType::F32, {1}), inv = make(DType::F32, {1});
+  QuantizeFp8Args a;
+  a.prologue = QuantizePrologue::SwiGLU;
+  a.inp = gate_up;  // F = 24: not a multiple of 16
+  a.out = out;
+  a.scale_inv = inv;
+  a.scale = scale;
+  a.ctx = ctx;
+  EXPECT_FALSE(quantize_fp8_prologue_fits(a));
+  try {
+    quantize_fp8(a);
+    ADD_FAILURE() << "F = 24 was accepted by the device";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("prologue swiglu"), std::string::npos) << e.what();
+  }
+  TensorView g2 = make(DType::BF16, {24, 64}), o2 = make(DType::F8E4M3, {24, 32}), ot2 = make(DType::F8E4M3, {32, 24});
+  a.inp = g2;
+  a.out = o2;
+  EXPECT_TRUE(quantize_fp8_prologue_fits(a));  // R = 24 is fine without out_t
+  a.out_t = ot2;
+  EXPECT_FALSE(quantize_fp8_prologue_fits(a));  // ... not with it (16-row stores)
+  (void)out_t;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "turbo/bench/harness.h"
+#include "turbo/ops/activation.h"
 #include "turbo/ops/quantization.h"
 
 namespace primus::turbo::bench {
@@ -55,6 +56,64 @@ Case quantize_case(const std::string& label, int64_t R, int64_t C) {
               calls.push_back({fmt::format("quantize_fp8_{}_both/{}", fp8_granularity_name(g), label), Metric::Bytes,
                                reads * in + 2 * fp8, [a] { quantize_fp8(a); },
                                fmt::format("e4m3 {} scales; bytes = {} x input + outputs", fp8_granularity_name(g), reads)});
+            }
+            // Delayed scaling (the scale known: one pass), both outputs; and the SwiGLU output of
+            // gate_up [R, 2C] (its backward's dgate_up [R, 2C] from dact [R, C]) quantized so, by
+            // the activation kernel then the quantizer ("swiglu_then_...") or with the activation
+            // folded into the quantizer ("swiglu_fold_..."). Bytes: the folded op's minimal traffic
+            // for both, so the GB/s compare as times do.
+            {
+              const TensorView scale = e.rand(DType::F32, {1}), amax = e.empty(DType::F32, {1});
+              QuantizeFp8Args a = base;
+              a.out = out;
+              a.out_t = out_t;
+              a.scale = scale;
+              a.amax = amax;
+              calls.push_back({fmt::format("quantize_fp8_delayed_both/{}", label), Metric::Bytes, in + 2 * fp8,
+                               [a] { quantize_fp8(a); }, "e4m3 delayed (given scale); bytes = input + outputs"});
+              const TensorView gate_up = e.rand(e.dtype, {R, 2 * C}), y = e.empty(e.dtype, {R, C});
+              QuantizeFp8Args u = a;
+              u.inp = y;
+              QuantizeFp8Args f = a;
+              f.prologue = QuantizePrologue::SwiGLU;
+              f.inp = gate_up;
+              const double fwd_bytes = 2 * in + 2 * fp8;
+              const ExecContext ctx = e.ctx;
+              calls.push_back({fmt::format("swiglu_then_quantize_fp8_delayed/{}", label), Metric::Bytes, fwd_bytes,
+                               [u, gate_up, ctx] {
+                                 activation_forward({Activation::SwiGLU, u.inp, gate_up, ctx});
+                                 quantize_fp8(u);
+                               },
+                               "silu(gate) * up of gate_up [R, 2C], then quantized; bytes = gate_up + outputs"});
+              if (quantize_fp8_prologue_fits(f))
+                calls.push_back({fmt::format("swiglu_fold_quantize_fp8_delayed/{}", label), Metric::Bytes, fwd_bytes,
+                                 [f] { quantize_fp8(f); }, "the same, the activation folded into the quantizer"});
+              const TensorView dact = e.rand(e.dtype, {R, C}), dgu = e.empty(e.dtype, {R, 2 * C});
+              const TensorView out2 = e.empty(DType::F8E4M3, {R, 2 * C}), out2_t = e.empty(DType::F8E4M3, {2 * C, R});
+              QuantizeFp8Args ub = a;
+              ub.inp = dgu;
+              ub.out = out2;
+              ub.out_t = out2_t;
+              QuantizeFp8Args fb = ub;
+              fb.prologue = QuantizePrologue::SwiGLUBackward;
+              fb.inp = dact;
+              fb.gate_up = gate_up;
+              const double bwd_bytes = 3 * in + 4 * fp8;
+              calls.push_back({fmt::format("swiglu_bwd_then_quantize_fp8_delayed/{}", label), Metric::Bytes, bwd_bytes,
+                               [ub, gate_up, dact, ctx] {
+                                 ActivationBackwardArgs b;
+                                 b.act = Activation::SwiGLU;
+                                 b.dinp = ub.inp;
+                                 b.inp = gate_up;
+                                 b.dout = dact;
+                                 b.ctx = ctx;
+                                 activation_backward(b);
+                                 quantize_fp8(ub);
+                               },
+                               "dgate_up [R, 2C] from dact and gate_up, then quantized; bytes = gate_up + dact + outputs"});
+              if (quantize_fp8_prologue_fits(fb))
+                calls.push_back({fmt::format("swiglu_bwd_fold_quantize_fp8_delayed/{}", label), Metric::Bytes, bwd_bytes,
+                                 [fb] { quantize_fp8(fb); }, "the same, the activation folded into the quantizer"});
             }
             return calls;
           }};

@@ -62,8 +62,48 @@ TensorView maxima_for(const TensorView& maxima, Fp8Granularity g, bool column_co
 
 // q(t) at granularity g into fresh scratch: row-major [R,C] (transposed = false) or the
 // quantisation of t^T, [C,R].
+using Producer = std::optional<Fp8Producers::Entry>;
+
+// Runs producer p's activation into t, the memory it names (Fp8Producers).
+void write_producer(const TensorView& t, const Fp8Producers::Entry& p, const ExecContext& ctx) {
+  if (p.kind == QuantizePrologue::SwiGLU) {
+    activation_forward({Activation::SwiGLU, t, p.inp, ctx});
+    return;
+  }
+  ActivationBackwardArgs b;
+  b.act = Activation::SwiGLU;
+  b.dinp = t;
+  b.inp = p.gate_up;
+  b.dout = p.inp;
+  b.ctx = ctx;
+  activation_backward(b);
+}
+
+// Quantizes a.inp = t, or with producer p (t not written) p's activation: folded into the
+// quantizer where it takes it, else written into t first.
+void quantize_from(QuantizeFp8Args a, const Producer& p, const Fp8Recipe& r) {
+  if (p) {
+    const TensorView t = a.inp;
+    a.prologue = p->kind;
+    a.inp = p->inp;
+    a.gate_up = p->gate_up;
+    if (a.scale.defined() && quantize_fp8_prologue_fits(a)) {
+      ++r.producers->folded;
+      quantize_fp8(a);
+      return;
+    }
+    write_producer(t, *p, a.ctx);
+    ++r.producers->written;
+    a.prologue = QuantizePrologue::None;
+    a.inp = t;
+    a.gate_up = TensorView();
+  }
+  quantize_fp8(a);
+}
+
 Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed, Fp8Granularity g,
-                   const ExecContext& ctx, const char* what, const Delayed& d = {}, const TensorView& maxima = {}) {
+                   const ExecContext& ctx, const char* what, const Delayed& d = {}, const TensorView& maxima = {},
+                   const Producer& producer = {}, const Fp8Recipe* r = nullptr) {
   const int64_t R = t.size(0), C = t.size(1);
   Quantized out;
   out.g = g;
@@ -78,7 +118,8 @@ Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed,
   a.amax = d.amax;
   a.maxima = maxima_for(maxima, g, transposed);
   a.ctx = ctx;
-  quantize_fp8(a);
+  if (producer) quantize_from(a, producer, *r);
+  else quantize_fp8(a);
   return out;
 }
 
@@ -86,7 +127,7 @@ Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed,
 // granularity `scale` serves both layouts.
 void quantize_both(const TensorView& t, Fp8Granularity g, const TensorView& q, const TensorView& scale,
                    const TensorView& q_t, const TensorView& scale_t, const Delayed& d, const ExecContext& ctx,
-                   const TensorView& maxima = {}) {
+                   const TensorView& maxima = {}, const Producer& producer = {}, const Fp8Recipe* r = nullptr) {
   QuantizeFp8Args a;
   a.inp = t;
   a.granularity = g;
@@ -98,7 +139,8 @@ void quantize_both(const TensorView& t, Fp8Granularity g, const TensorView& q, c
   a.amax = d.amax;
   a.maxima = maxima_for(maxima, g, q_t.defined());
   a.ctx = ctx;
-  quantize_fp8(a);
+  if (producer) quantize_from(a, producer, *r);
+  else quantize_fp8(a);
 }
 
 // The producer's maxima of t for this call (Fp8Maxima), or undefined. Each linear call looks up
@@ -111,6 +153,14 @@ TensorView maxima_of(const Fp8Recipe& r, const TensorView& t) {
 }
 void drop_maxima(const Fp8Recipe& r) {
   if (r.maxima) r.maxima->clear();
+  if (r.producers) r.producers->clear();
+}
+// The producer of t for this call (Fp8Producers; delayed scaling), copied: drop_maxima clears it.
+Producer producer_of(const Fp8Recipe& r, const TensorView& t) {
+  if (!r.producers || r.scaling != Fp8Scaling::Delayed || !t.defined()) return std::nullopt;
+  const Fp8Producers::Entry* e = r.producers->find(t);
+  if (!e) return std::nullopt;
+  return *e;
 }
 
 // The saved q(x)^T of layer `weight` as the weight-gradient GEMM's operand ([C, N] with its
@@ -207,11 +257,11 @@ void zero(const TensorView& t, const ExecContext& ctx) {
 
 // dinp = q(dout) @ q(weight) with beta; the scratch is given back before returning.
 void input_grad(const TensorView& dinp, float beta, const TensorView& dout, const TensorView& weight,
-                const ExecContext& ctx, const Fp8Recipe& r, const char* op) {
+                const ExecContext& ctx, const Fp8Recipe& r, const char* op, const Producer& dout_producer = {}) {
   Arena& arena = detail::scratch_of(ctx, op);
   ArenaScope scope(arena);
   const Quantized dy = quantize(arena, dout, r.grad, false, r.act_granularity(), ctx, "fp8 dout",
-                                delayed_of(r, weight, Fp8DelayedScaling::kGrad, op));
+                                delayed_of(r, weight, Fp8DelayedScaling::kGrad, op), {}, dout_producer, &r);
   const std::optional<Quantized> cached = cached_weight(r, weight, true, false, ctx, op);
   const Quantized wt = cached ? *cached
                               : quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
@@ -268,6 +318,32 @@ TensorView Fp8Maxima::find(const TensorView& t) const {
       t.size(1) != cols_ || (t.size(0) > 1 ? t.stride(0) : t.size(1)) != ld_)
     return {};
   return maxima_;
+}
+
+void Fp8Producers::put(const TensorView& t, const Entry& e) {
+  const bool fwd = e.kind == QuantizePrologue::SwiGLU, bwd = e.kind == QuantizePrologue::SwiGLUBackward;
+  const bool ok = t.defined() && t.ndim == 2 && e.inp.defined() && e.inp.ndim == 2 && e.inp.size(0) == t.size(0) &&
+                  ((fwd && !e.gate_up.defined() && e.inp.size(1) == 2 * t.size(1)) ||
+                   (bwd && e.gate_up.defined() && e.inp.size(1) * 2 == t.size(1) && e.gate_up.ndim == 2 &&
+                    e.gate_up.size(0) == t.size(0) && e.gate_up.size(1) == t.size(1)));
+  if (!ok)
+    throw RuntimeError(fmt::format("Fp8Producers::put: expected act [R, F] from gate_up [R, 2F] (swiglu) or dgate_up "
+                                   "[R, 2F] from dact [R, F] and gate_up [R, 2F] (swiglu backward); got {} from {}{}",
+                                   t.defined() ? t.describe() : "none", e.inp.defined() ? e.inp.describe() : "none",
+                                   e.gate_up.defined() ? " and " + e.gate_up.describe() : std::string()));
+  data_ = t.data;
+  rows_ = t.size(0);
+  cols_ = t.size(1);
+  ld_ = t.size(0) > 1 ? t.stride(0) : t.size(1);
+  entry_ = e;
+  ++puts;
+}
+
+const Fp8Producers::Entry* Fp8Producers::find(const TensorView& t) const {
+  if (entry_.kind == QuantizePrologue::None || !t.defined() || t.ndim != 2 || t.data != data_ ||
+      t.size(0) != rows_ || t.size(1) != cols_ || (t.size(0) > 1 ? t.stride(0) : t.size(1)) != ld_)
+    return nullptr;
+  return &entry_;
 }
 
 void Fp8WeightCache::invalidate() {
@@ -374,6 +450,7 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
   const int64_t N = inp.size(0), C = inp.size(1);
   const Fp8Granularity ga = r.act_granularity();
   const TensorView maxima = maxima_of(r, inp);
+  const Producer producer = producer_of(r, inp);
   drop_maxima(r);
   Quantized x;
   if (const std::optional<Quantized> saved = saved_input(r, weight, N, C, r.fwd, op)) {
@@ -382,10 +459,10 @@ void linear_forward_fp8(const TensorView& out, const TensorView& inp, const Tens
     x.q = arena.tensor(r.fwd, {N, C}, "fp8 inp");
     x.scale = ga == Fp8Granularity::Tensor ? saved->scale : scale_tensor(arena, ga, N, C, "fp8 inp scale");
     quantize_both(inp, ga, x.q, x.scale, saved->q, saved->scale, delayed_of(r, weight, Fp8DelayedScaling::kInput, op),
-                  ctx, maxima);
+                  ctx, maxima, producer, &r);
   } else {
     x = quantize(arena, inp, r.fwd, false, ga, ctx, "fp8 inp", delayed_of(r, weight, Fp8DelayedScaling::kInput, op),
-                 maxima);
+                 maxima, producer, &r);
   }
   const std::optional<Quantized> cached = cached_weight(r, weight, false, true, ctx, op);
   const Quantized w = cached ? *cached
@@ -412,7 +489,14 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
   check_matrix(dout, op, "dout");
   check_matrix(weight, op, "weight");
   const TensorView dout_maxima = maxima_of(r, dout), inp_maxima = inp.defined() ? maxima_of(r, inp) : TensorView();
+  Producer dout_producer = producer_of(r, dout);
+  const Producer inp_producer = producer_of(r, inp);
   drop_maxima(r);
+  if (dout_producer && dbias.defined()) {  // the bias gradient reads dout itself
+    write_producer(dout, *dout_producer, ctx);
+    ++r.producers->written;
+    dout_producer.reset();
+  }
   if (dinp.defined() && dweight.defined()) {
     // Both GEMMs read dout: quantize it once into both layouts (one amax pass, one read) instead
     // of twice. The transposed copy comes first in the arena so that the dgrad's operands can be
@@ -430,7 +514,7 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
       const Quantized dy{arena.tensor(r.grad, {N, OC}, "fp8 dout"),
                          tensor ? dyt.scale : scale_tensor(arena, ga, N, OC, "fp8 dout scale"), ga};
       quantize_both(dout, ga, dy.q, dy.scale, dyt.q, dyt.scale, delayed_of(r, weight, Fp8DelayedScaling::kGrad, op),
-                    ctx, dout_maxima);
+                    ctx, dout_maxima, dout_producer, &r);
       const std::optional<Quantized> cached = cached_weight(r, weight, true, false, ctx, op);
       const Quantized wt = cached ? *cached
                                   : quantize(arena, weight, r.fwd, true, r.weight_granularity(), ctx, "fp8 weight^T",
@@ -440,25 +524,28 @@ void linear_backward_fp8(const TensorView& dinp, const TensorView& dweight, cons
     const std::optional<Quantized> saved = saved_input(r, weight, N, weight.size(1), r.fwd, op);
     const Quantized xt = saved ? *saved
                                : quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
-                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op), inp_maxima);  // [C,N]
+                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op), inp_maxima,
+                                          inp_producer, &r);  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
     if (dbias.defined()) bias_grad(dbias, dout, ctx);
     return;
   }
   if (dinp.defined()) {
     check_matrix(dinp, op, "dinp");
-    input_grad(dinp, accumulate_dinp ? 1.0f : 0.0f, dout, weight, ctx, r, op);
+    input_grad(dinp, accumulate_dinp ? 1.0f : 0.0f, dout, weight, ctx, r, op, dout_producer);
   }
   if (dweight.defined()) {
     check_matrix(inp, op, "inp");
     Arena& arena = detail::scratch_of(ctx, op);
     ArenaScope scope(arena);
     const Quantized dyt = quantize(arena, dout, r.grad, true, r.act_granularity(), ctx, "fp8 dout^T",
-                                   delayed_of(r, weight, Fp8DelayedScaling::kGrad, op), dout_maxima);  // [OC,N]
+                                   delayed_of(r, weight, Fp8DelayedScaling::kGrad, op), dout_maxima, dout_producer,
+                                   &r);  // [OC,N]
     const std::optional<Quantized> saved = saved_input(r, weight, dout.size(0), weight.size(1), r.fwd, op);
     const Quantized xt = saved ? *saved
                                : quantize(arena, inp, r.fwd, true, r.act_granularity(), ctx, "fp8 inp^T",
-                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op), inp_maxima);  // [C,N]
+                                          delayed_of(r, weight, Fp8DelayedScaling::kInput, op), inp_maxima,
+                                          inp_producer, &r);  // [C,N]
     fp8_gemm(dyt, xt, dweight, beta_w, false, GemmEpilogue::None, {}, ctx);
   } else if (dbias.defined()) {
     throw RuntimeError("linear_backward_fp8: dbias without dweight is not supported");

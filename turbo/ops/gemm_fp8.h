@@ -39,6 +39,7 @@
 #include "turbo/core/fp8_granularity.h"
 #include "turbo/core/tensor_view.h"
 #include "turbo/ops/exec_context.h"
+#include "turbo/ops/quantization.h"
 
 namespace primus::turbo {
 
@@ -131,6 +132,37 @@ class Fp8Maxima {
   TensorView maxima_;
 };
 
+// Operands of an FP8 linear layer that no kernel wrote (delayed scaling): the MLP activation
+// act = silu(gate) * up, read by the down-projection's forward (and its weight gradient where its
+// input is not saved in FP8), and the SwiGLU backward's dgate_up, read by the up-projection's
+// gradients. The quantizer computes their values as it reads gate_up (QuantizeFp8Args::prologue):
+// one read of gate_up (and dy) instead of the activation kernel's read and write and then the
+// quantizer's read, and the same bytes. One entry, as Fp8Maxima: put() replaces it; the next FP8
+// linear call takes it for its input or output gradient when that is the same tensor (data, shape
+// and row stride) and drops it either way. Where the quantizer cannot fold it in (no delayed scale
+// before the first recorded step, a layout the device kernel does not take, a bias gradient that
+// reads the tensor), the linear call runs the activation into the tensor's own memory first, so the
+// tensor given to put() must be the memory the activation would have written.
+class Fp8Producers {
+ public:
+  struct Entry {
+    QuantizePrologue kind = QuantizePrologue::None;
+    TensorView inp;      // SwiGLU: gate_up [R, 2F]; SwiGLUBackward: dL/d(act) [R, F]
+    TensorView gate_up;  // SwiGLUBackward: gate_up [R, 2F]
+  };
+  // t: act [R, F] (kind SwiGLU) or dgate_up [R, 2F] (SwiGLUBackward), not written yet.
+  void put(const TensorView& t, const Entry& e);
+  // The entry of t when t is the tensor of the last put(), else nullptr; the entry stays.
+  const Entry* find(const TensorView& t) const;
+  void clear() { entry_ = Entry(); }
+  int64_t puts = 0, folded = 0, written = 0;  // entries put; quantizations that folded one in; activations run instead
+
+ private:
+  const void* data_ = nullptr;
+  int64_t rows_ = 0, cols_ = 0, ld_ = 0;
+  Entry entry_;
+};
+
 struct Fp8Recipe {
   DType fwd = DType::F8E4M3;   // x and w
   DType grad = DType::F8E5M2;  // dy ("hybrid"); F8E4M3 for an all-E4M3 recipe
@@ -146,6 +178,8 @@ struct Fp8Recipe {
   std::shared_ptr<Fp8WeightCache> weights;
   // Producers' maxima for the next linear call's rowwise quantization (null: none).
   std::shared_ptr<Fp8Maxima> maxima;
+  // Delayed scaling: operands the quantizer computes from the producer's inputs (null: none).
+  std::shared_ptr<Fp8Producers> producers;
   std::string name() const;    // the format: "hybrid" | "e4m3" (| "custom")
   // The granularity of activations / gradients, and of weights, under this recipe.
   Fp8Granularity act_granularity() const;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "turbo/kernels/cpu/quantize.h"
+#include "turbo/ops/activation.h"
 #include "turbo/ops/op_support.h"
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
@@ -21,7 +22,23 @@ namespace {
 constexpr const char* kOp = "quantize_fp8";
 
 int64_t rows_of(const QuantizeFp8Args& a) { return a.inp.size(0); }
-int64_t cols_of(const QuantizeFp8Args& a) { return a.inp.size(1); }
+// The quantized tensor's columns: inp's, or the activation's with a prologue.
+int64_t cols_of(const QuantizeFp8Args& a) {
+  switch (a.prologue) {
+    case QuantizePrologue::SwiGLU: return a.inp.size(1) / 2;
+    case QuantizePrologue::SwiGLUBackward: return a.inp.size(1) * 2;
+    case QuantizePrologue::None: break;
+  }
+  return a.inp.size(1);
+}
+const char* prologue_name(QuantizePrologue p) {
+  switch (p) {
+    case QuantizePrologue::SwiGLU: return "swiglu";
+    case QuantizePrologue::SwiGLUBackward: return "swiglu_backward";
+    case QuantizePrologue::None: break;
+  }
+  return "none";
+}
 // Elements between the starts of two rows of inp (C when there is only one row).
 int64_t pitch_of(const QuantizeFp8Args& a) { return rows_of(a) > 1 ? a.inp.stride(0) : cols_of(a); }
 DType fp8_of(const QuantizeFp8Args& a) { return a.out.defined() ? a.out.dtype : a.out_t.dtype; }
@@ -71,17 +88,50 @@ void validate_row_groups(const QuantizeFp8Args& a) {
   }
 }
 
+void validate_prologue(const QuantizeFp8Args& a) {
+  const char* name = prologue_name(a.prologue);
+  if (a.prologue == QuantizePrologue::None) {
+    if (a.gate_up.defined())
+      throw RuntimeError(fmt::format("{}: gate_up {} is set without a prologue that reads it", kOp, a.gate_up.describe()));
+    return;
+  }
+  if (a.granularity != Fp8Granularity::Tensor || !a.scale.defined() || a.maxima.defined() || has_row_groups(a))
+    throw RuntimeError(fmt::format("{}: prologue {} takes tensor granularity with delayed scaling (scale), no maxima "
+                                   "and no row groups; got {} granularity{}{}{}",
+                                   kOp, name, fp8_granularity_name(a.granularity), a.scale.defined() ? "" : ", no scale",
+                                   a.maxima.defined() ? ", maxima" : "", has_row_groups(a) ? ", row groups" : ""));
+  if (!a.inp.is_contiguous())
+    throw RuntimeError(fmt::format("{}: prologue {}: inp must be contiguous, got {}", kOp, name, a.inp.describe()));
+  if (a.prologue == QuantizePrologue::SwiGLU) {
+    if (a.inp.size(1) % 2 != 0)
+      throw RuntimeError(fmt::format("{}: prologue swiglu: inp is gate_up [R, 2F], got an odd width {}", kOp,
+                                     a.inp.describe()));
+    if (a.gate_up.defined())
+      throw RuntimeError(fmt::format("{}: prologue swiglu reads gate_up as inp; gate_up {} is set too", kOp,
+                                     a.gate_up.describe()));
+    return;
+  }
+  check_defined(a.gate_up, kOp, "gate_up");
+  check_shape(a.gate_up, {a.inp.size(0), 2 * a.inp.size(1)}, kOp, "gate_up");
+  check_contiguous(a.gate_up, kOp, "gate_up");
+  check_same_device(a.gate_up, a.inp, kOp);
+  if (a.gate_up.dtype != a.inp.dtype)
+    throw RuntimeError(fmt::format("{}: gate_up is {} but inp is {} (one type)", kOp, dtype_name(a.gate_up.dtype),
+                                   dtype_name(a.inp.dtype)));
+}
+
 void validate(const QuantizeFp8Args& a) {
   check_defined(a.inp, kOp, "inp");
   if (a.inp.ndim != 2)
     throw RuntimeError(fmt::format("{}: inp: expected a 2-D [R, C] tensor got {}", kOp, a.inp.describe()));
+  validate_prologue(a);
   if (a.inp.dtype != DType::F32 && a.inp.dtype != DType::BF16)
     throw RuntimeError(fmt::format("{}: inp: expected f32 or bf16 got {} ({})", kOp, dtype_name(a.inp.dtype),
                                    a.inp.describe()));
-  const int64_t R = rows_of(a), C = cols_of(a);
-  if ((C > 1 && a.inp.stride(1) != 1) || (R > 1 && a.inp.stride(0) < C))
+  const int64_t R = rows_of(a), C = cols_of(a), W = a.inp.size(1);
+  if ((W > 1 && a.inp.stride(1) != 1) || (R > 1 && a.inp.stride(0) < W))
     throw RuntimeError(fmt::format("{}: inp: rows must be contiguous (stride(1) == 1, stride(0) >= {}), got {}", kOp,
-                                   C, a.inp.describe()));
+                                   W, a.inp.describe()));
   if (!a.out.defined() && !a.out_t.defined())
     throw RuntimeError(fmt::format("{}: neither out nor out_t is set (at least one output is needed)", kOp));
   if (a.out.defined()) check_fp8_output(a.out, a.inp, {R, C}, "out");
@@ -149,7 +199,7 @@ void validate(const QuantizeFp8Args& a) {
 std::string cpu_check(const QuantizeFp8Args& a) {
   return detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
                                       {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax},
-                                      {"offsets", &a.offsets}, {"maxima", &a.maxima}});
+                                      {"offsets", &a.offsets}, {"maxima", &a.maxima}, {"gate_up", &a.gate_up}});
 }
 // Host maxima must be inp's own: the device quantizer trusts them, so the reference is where a
 // producer that gets them wrong shows.
@@ -217,7 +267,34 @@ void cpu_run_row_groups(const QuantizeFp8Args& a) {
   cpu::quantize_fp8_row_groups_t(a.inp.data, a.inp.dtype, R, cols_of(a), pitch_of(a), offsets, G,
                                  a.out_t.ptr<uint8_t>(), a.scale_inv_t.ptr<float>(), fp8_of(a));
 }
+void cpu_run(const QuantizeFp8Args& a);
+// The reference of a prologue: the activation written into host memory, then quantized.
+void cpu_run_prologue(const QuantizeFp8Args& a) {
+  const int64_t R = rows_of(a), C = cols_of(a);
+  std::vector<char> buf(static_cast<size_t>(R * C) * dtype_size(a.inp.dtype));
+  const TensorView y(buf.data(), a.inp.dtype, Device::CPU, {R, C});
+  if (a.prologue == QuantizePrologue::SwiGLU) {
+    activation_forward({Activation::SwiGLU, y, a.inp, a.ctx});
+  } else {
+    ActivationBackwardArgs b;
+    b.act = Activation::SwiGLU;
+    b.dinp = y;
+    b.inp = a.gate_up;
+    b.dout = a.inp;
+    b.ctx = a.ctx;
+    activation_backward(b);
+  }
+  QuantizeFp8Args q = a;
+  q.prologue = QuantizePrologue::None;
+  q.gate_up = TensorView();
+  q.inp = y;
+  cpu_run(q);
+}
 void cpu_run(const QuantizeFp8Args& a) {
+  if (a.prologue != QuantizePrologue::None) {
+    cpu_run_prologue(a);
+    return;
+  }
   if (has_row_groups(a)) {
     cpu_run_row_groups(a);
     return;
@@ -246,16 +323,34 @@ void cpu_run(const QuantizeFp8Args& a) {
 }
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
+std::string prologue_unsupported(const QuantizeFp8Args& a) {
+  const bool bwd = a.prologue == QuantizePrologue::SwiGLUBackward;
+  return cuda::quantize_fp8_swiglu_unsupported_reason(a.inp.dtype, fp8_of(a), bwd ? a.gate_up.data : a.inp.data,
+                                                      bwd ? a.inp.data : nullptr, rows_of(a),
+                                                      bwd ? a.inp.size(1) : cols_of(a), a.out.data, a.out_t.data);
+}
 std::string turbo_check(const QuantizeFp8Args& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
                                              {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax},
-                                             {"offsets", &a.offsets}, {"maxima", &a.maxima}});
+                                             {"offsets", &a.offsets}, {"maxima", &a.maxima}, {"gate_up", &a.gate_up}});
       !w.empty())
     return w;
+  if (a.prologue != QuantizePrologue::None) {
+    if (auto w = prologue_unsupported(a); !w.empty()) return fmt::format("prologue {}: {}", prologue_name(a.prologue), w);
+    return "";
+  }
   if (a.ctx.scratch == nullptr) return "ctx.scratch is not set (the amax partials need 4 KiB of device scratch)";
   return "";
 }
 void turbo_run(const QuantizeFp8Args& a) {
+  if (a.prologue != QuantizePrologue::None) {
+    const bool bwd = a.prologue == QuantizePrologue::SwiGLUBackward;
+    cuda::quantize_fp8_swiglu(bwd, a.inp.dtype, fp8_of(a), bwd ? a.gate_up.data : a.inp.data, bwd ? a.inp.data : nullptr,
+                              rows_of(a), bwd ? a.inp.size(1) : cols_of(a), a.out.data, a.out_t.data,
+                              a.scale.ptr<float>(), a.scale_inv.ptr<float>(),
+                              a.amax.defined() ? a.amax.ptr<float>() : nullptr, static_cast<cudaStream_t>(a.ctx.stream));
+    return;
+  }
   Arena& arena = detail::scratch_of(a.ctx, kOp);
   ArenaScope scope(arena);
   if (has_row_groups(a)) {
@@ -291,8 +386,9 @@ std::string QuantizeFp8Args::key() const {
   const std::string groups = offsets.defined() ? fmt::format(" offsets={}", offsets.describe())
                              : group_rows != 0 ? fmt::format(" group_rows={}", group_rows)
                                                : std::string();
-  return fmt::format("quantize_fp8 {}{}{}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
-                     scale.defined() ? " delayed" : "", groups, maxima.defined() ? " maxima" : "", inp.describe(), out.defined() ? out.describe() : "-",
+  const std::string pro = prologue == QuantizePrologue::None ? std::string() : fmt::format(" prologue={}", prologue_name(prologue));
+  return fmt::format("quantize_fp8 {}{}{}{}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
+                     scale.defined() ? " delayed" : "", groups, maxima.defined() ? " maxima" : "", pro, inp.describe(), out.defined() ? out.describe() : "-",
                      out_t.defined() ? out_t.describe() : "-");
 }
 
@@ -301,6 +397,16 @@ BackendType quantize_fp8(const QuantizeFp8Args& args) {
   static auto* d = detail::make_turbo_cpu_dispatcher<QuantizeFp8Args>("quantize", PRIMUS_TURBO_FN(turbo_check),
                                                                        PRIMUS_TURBO_FN(turbo_run), cpu_check, cpu_run);
   return d->dispatch(args);
+}
+
+bool quantize_fp8_prologue_fits(const QuantizeFp8Args& a) {
+  if (a.prologue == QuantizePrologue::None || !a.inp.defined()) return false;
+  if (a.inp.device == Device::CPU) return true;
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  return prologue_unsupported(a).empty();
+#else
+  return false;
+#endif
 }
 
 }  // namespace primus::turbo

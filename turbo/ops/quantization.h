@@ -39,6 +39,14 @@
 
 namespace primus::turbo {
 
+// A producer folded into the quantizer (QuantizeFp8Args::prologue): the tensor quantized is not
+// inp itself but what an activation would have written from it, computed as it is read.
+enum class QuantizePrologue : uint8_t {
+  None,
+  SwiGLU,          // silu(gate) * up of inp = gate_up [R, 2F]: an [R, F] tensor
+  SwiGLUBackward,  // [dgate | dup] from inp = dL/dy [R, F] and gate_up [R, 2F]: an [R, 2F] tensor
+};
+
 struct QuantizeFp8Args {
   TensorView inp;        // [R, C] bf16 or f32; rows may be strided: stride(1) == 1, stride(0) >= C
   TensorView out;        // [R, C] f8e4m3 or f8e5m2, contiguous row-major; may be undefined
@@ -73,6 +81,14 @@ struct QuantizeFp8Args {
   // host backend checks them against its own and throws naming the first that differs; the
   // device trusts them.
   TensorView maxima;
+  // With a prologue (above) the quantized tensor is the activation's output, each value rounded to
+  // inp's type as activation_forward / activation_backward write it: the same bytes, scales and
+  // amax as that op followed by quantize_fp8, with one read of its inputs and no write of the
+  // activation. out / out_t / scale_inv are shaped by that tensor ([R, F] or [R, 2F]). Tensor
+  // granularity with delayed scaling (scale) only, no maxima or row groups, inp and gate_up
+  // contiguous; on the device bf16 with the alignments of quantize_fp8_prologue_fits.
+  QuantizePrologue prologue = QuantizePrologue::None;
+  TensorView gate_up;  // SwiGLUBackward: the forward's input [R, 2F]
   ExecContext ctx;       // device: ctx.stream, and ctx.scratch for the amax partials (at most
                          // quantize_fp8_scratch_bytes; with row groups 4 * (G * C + R) bytes,
                          // cuda::quantize_fp8_row_groups_scratch_bytes), taken and given back
@@ -84,5 +100,11 @@ struct QuantizeFp8Args {
 // Writes out and/or out_t (at least one must be defined) and scale_inv. Throws
 // primus::RuntimeError naming the argument for a wrong shape, dtype, layout or device.
 BackendType quantize_fp8(const QuantizeFp8Args& args);
+
+// Whether quantize_fp8 runs `args` with its prologue: on the host always, on the device when the
+// folded kernel takes the dtype, shape and alignment (cuda::quantize_fp8_swiglu_unsupported_reason).
+// The argument checks of quantize_fp8 still apply. A caller that gets false writes the activation
+// and quantizes it instead.
+bool quantize_fp8_prologue_fits(const QuantizeFp8Args& args);
 
 }  // namespace primus::turbo

@@ -13,6 +13,7 @@
 #include "turbo/ops/cast.h"
 #include "turbo/ops/embedding.h"
 #include "turbo/ops/gemm.h"
+#include "turbo/ops/gemm_fp8.h"
 #include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/head_norm.h"
 #include "turbo/ops/moe.h"
@@ -192,12 +193,16 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
     // column-scaled copy is written (the saved FP8 copy, the weight gradient); the forward's
     // row-scaled copy alone is one pass anyway. Tensorwise: always.
     const TensorView act = a.act.slice0(0, N);
-    const bool pays = opt_.fp8_maxima && (recompute || a.act_q.defined() ||
-                                          opt_.fp8_maxima->granularity() == turbo::Fp8Granularity::Tensor);
-    const TensorView mx = spec_.swiglu && pays ? swiglu_maxima(l, act) : TensorView();
-    turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act,
-                               a.fc.slice0(0, N), c, mx});
-    put_maxima(act, mx);
+    if (folds_swiglu(l)) {
+      put_swiglu(l, N, false);  // the down-projection's quantizer computes act
+    } else {
+      const bool pays = opt_.fp8_maxima && (recompute || a.act_q.defined() ||
+                                            opt_.fp8_maxima->granularity() == turbo::Fp8Granularity::Tensor);
+      const TensorView mx = spec_.swiglu && pays ? swiglu_maxima(l, act) : TensorView();
+      turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act,
+                                 a.fc.slice0(0, N), c, mx});
+      put_maxima(act, mx);
+    }
   } else {  // GELU fused into the GEMM epilogue; fc keeps the pre-activation for the backward
     lin_->linear_forward(a.act.slice0(0, N), a.ln2.slice0(0, N), p.fc_w.w, p.fc_b.w, a.fc.slice0(0, N), c);
   }
@@ -383,12 +388,29 @@ void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
     moe_recompute(l, N, false);
     return;
   }
-  // The MLP down-projection's weight gradient quantizes this act (transposed) next.
+  // The MLP down-projection's weight gradient quantizes this act (transposed) next; folded, it
+  // computes act itself (the backward puts its producer).
+  if (folds_swiglu(l)) return;
   const TensorView act = a.act.slice0(0, N);
   const TensorView mx = spec_.swiglu ? swiglu_maxima(l, act) : TensorView();
   turbo::activation_forward({spec_.swiglu ? turbo::Activation::SwiGLU : turbo::Activation::Gelu, act,
                              a.fc.slice0(0, N), ctx_, mx});
   put_maxima(act, mx);
+}
+
+bool Decoder::folds_swiglu(int64_t l) const {
+  if (!opt_.fp8_producers || !spec_.swiglu || linears_for(l) != &ops_ || spec_.is_moe_layer(l)) return false;
+  const LayerParams& p = p_.layers[l];
+  return !p.fc_b.w.defined() && !p.out_b.w.defined();  // the bias gradients read act and dgate_up themselves
+}
+
+void Decoder::put_swiglu(int64_t l, int64_t N, bool backward) const {
+  const LayerActs& a = a_.layers[l];
+  const TensorView fc = a.fc.slice0(0, N);
+  if (backward)
+    opt_.fp8_producers->put(a_.dfc.slice0(0, N), {turbo::QuantizePrologue::SwiGLUBackward, a_.dact.slice0(0, N), fc});
+  else
+    opt_.fp8_producers->put(a.act.slice0(0, N), {turbo::QuantizePrologue::SwiGLU, fc, {}});
 }
 
 TensorView Decoder::swiglu_maxima(int64_t l, const TensorView& y) const {
@@ -526,11 +548,17 @@ void Decoder::backward() {
     mark(Phase::MlpDownGemmBwd);
     if (spec_.swiglu) {
       const TensorView dact = a_.dact.slice0(0, N);
+      const bool fold = folds_swiglu(l);
+      if (fold) put_swiglu(l, N, false);  // act was never written: its weight gradient computes it
       linear_backward(dact, p.out_w, p.out_b, dres, act, norm_colsum());
       mark(Phase::ActivationBwd);
-      const TensorView mx = swiglu_maxima(l, dfc);  // for the up-projection's gradients right after
-      turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c, mx});
-      put_maxima(dfc, mx);
+      if (fold) {
+        put_swiglu(l, N, true);  // the up-projection's gradients compute dgate_up as they quantize it
+      } else {
+        const TensorView mx = swiglu_maxima(l, dfc);  // for the up-projection's gradients right after
+        turbo::activation_backward({turbo::Activation::SwiGLU, dfc, fc, dact, false, c, mx});
+        put_maxima(dfc, mx);
+      }
     } else if (opt_.gelu_unfused_backward) {
       linear_backward(dfc, p.out_w, p.out_b, dres, act, norm_colsum());  // dfc = d(act) here
       mark(Phase::ActivationBwd);

@@ -89,6 +89,10 @@ struct DecoderOptions {
   // Rowwise and tensorwise FP8 (CudaModelOptions::fp8_maxima; null: none): the SwiGLU kernels write their output's
   // maxima into ActivationBuffers::fp8_maxima and put them here for the FP8 linear call after them.
   turbo::Fp8Maxima* fp8_maxima = nullptr;
+  // Delayed FP8 (CudaModelOptions::fp8_producers; null: none): the FP8 layers' SwiGLU forward and
+  // backward are not run; the decoder puts their inputs here for the linear call that quantizes
+  // the activation (or dgate_up) from them.
+  turbo::Fp8Producers* fp8_producers = nullptr;
 };
 
 class Decoder {
@@ -235,6 +239,11 @@ class Decoder {
   // linear call that quantizes y next (DecoderOptions::fp8_maxima), or undefined (no handoff, or
   // the layer's linears are bf16); put_maxima hands them over after the kernel ran.
   TensorView swiglu_maxima(int64_t l, const TensorView& y) const;
+  // Whether layer l's SwiGLU is folded into its FP8 quantizations (DecoderOptions::fp8_producers):
+  // its linears are the FP8 ones and have no biases. put_swiglu hands the quantizer act's inputs
+  // (backward = false) or dgate_up's (true).
+  bool folds_swiglu(int64_t l) const;
+  void put_swiglu(int64_t l, int64_t N, bool backward) const;
   void put_maxima(const TensorView& y, const TensorView& maxima) const;
   const ModelParams& p_;
   const ActivationBuffers& a_;

@@ -12,6 +12,7 @@
 #include "turbo/kernels/cuda/activation.h"
 #include "turbo/core/env_switch.h"
 #include "turbo/kernels/cuda/common.cuh"
+#include "turbo/kernels/cuda/swiglu_math.cuh"
 
 namespace primus::turbo::cuda {
 namespace {
@@ -44,15 +45,6 @@ __device__ __forceinline__ float gelu_grad_f(float x) {
   const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x * x);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
-// SwiGLU's gradients of one element, d(gate) and d(up), from gate x, up u and the output's gradient
-// d (one definition, so that the plain and the maxima kernels write the same bits).
-__device__ __forceinline__ void swiglu_grad_f(float x, float u, float d, float& vg, float& vu) {
-  const float s = sigmoid_f(x), silu = x * s;
-  const float dsilu = s * (1.0f + x * (1.0f - s));
-  vg = d * u * dsilu;
-  vu = d * silu;
-}
 // One vector of row r's silu(gate) * up at column c.
 template <class T>
 __device__ __forceinline__ Vec<T> swiglu_vec(const T* gate_up, int64_t r, int64_t c, int64_t F) {
@@ -63,7 +55,7 @@ __device__ __forceinline__ Vec<T> swiglu_vec(const T* gate_up, int64_t r, int64_
 #pragma unroll
   for (int e = 0; e < Vec<T>::kSize; ++e) {
     const float x = g.get(e);
-    y.set(e, x * sigmoid_f(x) * u.get(e));
+    y.set(e, swiglu_f(x, u.get(e)));
   }
   return y;
 }

@@ -28,6 +28,7 @@
 
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/quantize.h"
+#include "turbo/kernels/cuda/swiglu_math.cuh"
 
 namespace primus::turbo::cuda {
 namespace {
@@ -404,6 +405,13 @@ int resident_blocks(Kernel kernel, int threads) {
 
 // A persistent grid: as many blocks as fit on the device at once (each one reduces the partials
 // once), at least one (block 0 writes scale_inv even for an empty tensor).
+template <auto kKernel, class Args>
+void launch_quantize_args(int64_t tiles, const Args& a, cudaStream_t stream) {
+  static const int resident = resident_blocks(kKernel, kThreads);  // one value per kernel
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tiles, resident)));
+  kKernel<<<grid, kThreads, 0, stream>>>(a);
+  CUDA_CHECK_LAST();
+}
 template <auto kKernel>
 void launch_quantize(int64_t tiles, const QuantArgs& a, cudaStream_t stream) {
   static const int resident = resident_blocks(kKernel, kThreads);  // one value per kernel
@@ -1147,6 +1155,138 @@ __global__ void __launch_bounds__(kUpdateThreads) delayed_update_kernel(float* h
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) h[i] = i == 0 ? 0.0f : row[i - 1];
 }
 
+
+// ---- SwiGLU folded into the delayed quantizer ----------------------------------------------------
+// The tile kernel's layout (128 x 128 tiles of the output, 16-element chunks, the shared-memory
+// transpose), with each chunk computed from gate_up (and dout) as it is read instead of loaded from
+// a tensor the activation kernel wrote: forward y = silu(gate) * up [R, F]; backward
+// dgate_up = [dgate | dup] [R, 2F], where one block computes a tile of dgate and the tile of dup at
+// the same rows and columns from one read of gate, up and dout. Each value is rounded to bf16 first,
+// as the activation kernels store it, so the bytes are those of the activation then the quantizer.
+struct SwigluQuantArgs {
+  const bf16* gate_up;  // [R, 2F]
+  const bf16* dout;     // backward: [R, F]
+  int64_t R, F;
+  uint8_t* out;    // [R, C], C = F (forward) or 2F (backward); may be null
+  uint8_t* out_t;  // [C, R]; may be null
+  const float* scale_in;
+  float* scale_inv;
+  uint32_t* amax_out;
+};
+
+// 16 bf16 values as two 16-byte words.
+struct Chunk16 {
+  int4 w[2];
+};
+__device__ __forceinline__ Chunk16 load_chunk_cs(const bf16* p) {
+  Chunk16 c;
+  c.w[0] = __ldcs(reinterpret_cast<const int4*>(p));
+  c.w[1] = __ldcs(reinterpret_cast<const int4*>(p) + 1);
+  return c;
+}
+__device__ __forceinline__ float chunk_get(const Chunk16& c, int e) {
+  return __bfloat162float(reinterpret_cast<const bf16*>(c.w)[e]);
+}
+__device__ __forceinline__ void chunk_set(Chunk16& c, int e, float x) {
+  reinterpret_cast<bf16*>(c.w)[e] = __float2bfloat16_rn(x);
+}
+
+template <bool kE4M3, bool kBwd, bool kOut, bool kOutT>
+__global__ void __launch_bounds__(kThreads, 2) swiglu_quantize_kernel(SwigluQuantArgs a) {
+  constexpr int kChunksPerRow = kTile / kChunk;           // 8
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // 32
+  constexpr int kIters = kTile / kRowsPerPass;            // 4 chunks per thread and tile
+  constexpr int kHalves = kBwd ? 2 : 1;                   // output tiles per input tile
+  __shared__ uint32_t red[32];
+  __shared__ __align__(16) uint32_t tile[kOutT ? kHalves : 1][kOutT ? kTile : 1][kTile / 4];
+
+  const Scaling s = given_scaling(a.scale_in, a.scale_inv);
+  uint32_t seen = 0;
+  const int64_t F = a.F, C = kBwd ? 2 * F : F;
+  const int64_t tiles_c = (F + kTile - 1) / kTile, tiles = (a.R + kTile - 1) / kTile * tiles_c;
+  const int cc = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int cg = (warp % 4) * 8 + lane % 8, rg = (warp / 4) * 4 + lane / 8;
+
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = t / tiles_c * kTile, c0 = t % tiles_c * kTile;
+    const int rows = a.R - r0 < kTile ? static_cast<int>(a.R - r0) : kTile;
+    const int cols = F - c0 < kTile ? static_cast<int>(F - c0) : kTile;
+    const bool col_ok = cc * kChunk < cols;
+    // Loads of kGroup rows in flight at once: all four forward (two 16-byte words of gate and of
+    // up each), two backward (dout's too), within the 128 registers of two blocks per SM.
+    constexpr int kGroup = kBwd ? 2 : kIters;
+#pragma unroll
+    for (int j0 = 0; j0 < kIters; j0 += kGroup) {
+      Chunk16 g[kGroup], u[kGroup], d[kBwd ? kGroup : 1];
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) {
+        const int row = row0 + (j0 + i) * kRowsPerPass;
+        if (col_ok && row < rows) {
+          const bf16* p = a.gate_up + (r0 + row) * 2 * F + c0 + cc * kChunk;
+          g[i] = load_chunk_cs(p);
+          u[i] = load_chunk_cs(p + F);
+          if constexpr (kBwd) d[i] = load_chunk_cs(a.dout + (r0 + row) * F + c0 + cc * kChunk);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) {
+        const int row = row0 + (j0 + i) * kRowsPerPass;
+        if (!col_ok || row >= rows) continue;
+        Chunk16 y[kHalves];
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          const float x = chunk_get(g[i], e), v = chunk_get(u[i], e);
+          if constexpr (kBwd) {
+            float vg, vu;
+            swiglu_grad_f(x, v, chunk_get(d[i], e), vg, vu);
+            chunk_set(y[0], e, vg);
+            chunk_set(y[kHalves - 1], e, vu);
+          } else {
+            chunk_set(y[0], e, swiglu_f(x, v));
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          uint4 q = quantize_chunk<bf16, kE4M3>(y[h].w, s.scale, true);
+          const uint32_t m = chunk_abs_bits<bf16>(y[h].w);
+          seen = max(seen, m);
+          if (m >= 0x7f800000u) q = poison_nonfinite<bf16>(q, y[h].w);
+          if constexpr (kOut) *reinterpret_cast<uint4*>(a.out + (r0 + row) * C + h * F + c0 + cc * kChunk) = q;
+          if constexpr (kOutT) *reinterpret_cast<uint4*>(&tile[h][row][(cc * 4) ^ swz(row)]) = q;
+        }
+      }
+    }
+    if constexpr (kOutT) {
+      __syncthreads();
+      if (rg * 16 < rows && cg * 4 < cols) {
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          uint32_t col[4][4];
+          tile_patch_columns(tile[h], rg, cg, col);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            *reinterpret_cast<uint4*>(a.out_t + (h * F + c0 + cg * 4 + j) * a.R + r0 + rg * 16) =
+                make_uint4(col[0][j], col[1][j], col[2][j], col[3][j]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (a.amax_out) {
+    seen = block_max_u32(seen, red);
+    if (threadIdx.x == 0) atomicMax(a.amax_out, seen);
+  }
+}
+
+template <bool kE4M3, bool kBwd>
+void launch_swiglu_quantize(const SwigluQuantArgs& a, cudaStream_t stream) {
+  const int64_t tiles = (a.R + kTile - 1) / kTile * ((a.F + kTile - 1) / kTile);
+  if (a.out && a.out_t) launch_quantize_args<swiglu_quantize_kernel<kE4M3, kBwd, true, true>>(tiles, a, stream);
+  else if (a.out) launch_quantize_args<swiglu_quantize_kernel<kE4M3, kBwd, true, false>>(tiles, a, stream);
+  else launch_quantize_args<swiglu_quantize_kernel<kE4M3, kBwd, false, true>>(tiles, a, stream);
+}
+
 }  // namespace
 
 void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int64_t T, int64_t len, bool use_max,
@@ -1264,6 +1404,39 @@ void quantize_fp8_row_groups(DType in_dtype, DType fp8, const void* inp, int64_t
     else if (out) run_row_groups<scalar_t, false, true>(a, e4m3, stream);
     else run_row_groups<scalar_t, false, false>(a, e4m3, stream);
   });
+}
+
+std::string quantize_fp8_swiglu_unsupported_reason(DType in_dtype, DType fp8, const void* gate_up, const void* dout,
+                                                   int64_t R, int64_t F, const void* out, const void* out_t) noexcept {
+  const auto aligned = [](const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  if (in_dtype != DType::BF16) return fmt::format("{} input (the folded SwiGLU reads bf16)", dtype_name(in_dtype));
+  if (!dtype_is_fp8(fp8)) return fmt::format("output dtype {} is not an FP8 format", dtype_name(fp8));
+  if (R < 0 || F <= 0 || F % kChunk != 0) return fmt::format("F = {} is not a positive multiple of {}", F, kChunk);
+  if (out_t && R % 16 != 0) return fmt::format("R = {} is not a multiple of 16 (the transposed copy's 16-row stores)", R);
+  if (!aligned(gate_up) || !aligned(dout) || !aligned(out) || !aligned(out_t)) return "a base is not 16-byte aligned";
+  if (!out && !out_t) return "neither out nor out_t given";
+  return "";
+}
+
+void quantize_fp8_swiglu(bool backward, DType in_dtype, DType fp8, const void* gate_up, const void* dout, int64_t R,
+                         int64_t F, void* out, void* out_t, const float* scale_in, float* scale_inv, float* amax_out,
+                         cudaStream_t stream) {
+  if (auto w = quantize_fp8_swiglu_unsupported_reason(in_dtype, fp8, gate_up, backward ? dout : nullptr, R, F, out, out_t);
+      !w.empty())
+    throw RuntimeError("quantize_fp8_swiglu: " + w);
+  if (!scale_in || !scale_inv) throw RuntimeError("quantize_fp8_swiglu: the delayed scale and scale_inv are required");
+  if (backward && !dout) throw RuntimeError("quantize_fp8_swiglu: the backward needs dout");
+  const SwigluQuantArgs a{static_cast<const bf16*>(gate_up), static_cast<const bf16*>(dout), R, F,
+                          static_cast<uint8_t*>(out), static_cast<uint8_t*>(out_t), scale_in, scale_inv,
+                          reinterpret_cast<uint32_t*>(amax_out)};
+  const bool e4m3 = fp8 == DType::F8E4M3;
+  if (backward) {
+    if (e4m3) launch_swiglu_quantize<true, true>(a, stream);
+    else launch_swiglu_quantize<false, true>(a, stream);
+  } else {
+    if (e4m3) launch_swiglu_quantize<true, false>(a, stream);
+    else launch_swiglu_quantize<false, false>(a, stream);
+  }
 }
 
 }  // namespace primus::turbo::cuda
