@@ -22,6 +22,8 @@ StepRun run_steps(const StepRunOptions& o) {
     mo.fp8_delayed = o.fp8->delayed;  // one model at a time: each run registers its layers afresh
     mo.fp8_saved = o.fp8->saved;
     mo.fp8_weights = o.fp8->weights;
+    mo.fp8_maxima = o.fp8->maxima;        // the SwiGLU kernels' maxima (rowwise, tensorwise)
+    mo.fp8_producers = o.fp8->producers;  // the SwiGLU folded into the quantizers (delayed)
     mo.fp8_multiple = turbo::linear_fp8_multiple(*o.fp8);
     if (spec.moe.enabled()) {  // the experts too (patch cuda.moe.fp8)
       use_fp8_moe(ops, *o.fp8);

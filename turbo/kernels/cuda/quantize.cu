@@ -1191,8 +1191,11 @@ __device__ __forceinline__ void chunk_set(Chunk16& c, int e, float x) {
   reinterpret_cast<bf16*>(c.w)[e] = __float2bfloat16_rn(x);
 }
 
+// One chunk's loads in flight per thread at a time, four blocks of 256 threads per SM: measured
+// against two and three loads at two and three blocks, and against loading the next chunk before
+// computing the current one (docs/performance.md, "FP8"), on H200 at [16384, 8192].
 template <bool kE4M3, bool kBwd, bool kOut, bool kOutT>
-__global__ void __launch_bounds__(kThreads, 2) swiglu_quantize_kernel(SwigluQuantArgs a) {
+__global__ void __launch_bounds__(kThreads, 4) swiglu_quantize_kernel(SwigluQuantArgs a) {
   constexpr int kChunksPerRow = kTile / kChunk;           // 8
   constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // 32
   constexpr int kIters = kTile / kRowsPerPass;            // 4 chunks per thread and tile
@@ -1213,48 +1216,35 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_quantize_kernel(SwigluQuan
     const int rows = a.R - r0 < kTile ? static_cast<int>(a.R - r0) : kTile;
     const int cols = F - c0 < kTile ? static_cast<int>(F - c0) : kTile;
     const bool col_ok = cc * kChunk < cols;
-    // Loads of kGroup rows in flight at once: all four forward (two 16-byte words of gate and of
-    // up each), two backward (dout's too), within the 128 registers of two blocks per SM.
-    constexpr int kGroup = kBwd ? 2 : kIters;
 #pragma unroll
-    for (int j0 = 0; j0 < kIters; j0 += kGroup) {
-      Chunk16 g[kGroup], u[kGroup], d[kBwd ? kGroup : 1];
+    for (int j = 0; j < kIters; ++j) {
+      const int row = row0 + j * kRowsPerPass;
+      if (!col_ok || row >= rows) continue;
+      const bf16* p = a.gate_up + (r0 + row) * 2 * F + c0 + cc * kChunk;
+      const Chunk16 g = load_chunk_cs(p), u = load_chunk_cs(p + F);
+      Chunk16 d;
+      if constexpr (kBwd) d = load_chunk_cs(a.dout + (r0 + row) * F + c0 + cc * kChunk);
+      Chunk16 y[kHalves];
 #pragma unroll
-      for (int i = 0; i < kGroup; ++i) {
-        const int row = row0 + (j0 + i) * kRowsPerPass;
-        if (col_ok && row < rows) {
-          const bf16* p = a.gate_up + (r0 + row) * 2 * F + c0 + cc * kChunk;
-          g[i] = load_chunk_cs(p);
-          u[i] = load_chunk_cs(p + F);
-          if constexpr (kBwd) d[i] = load_chunk_cs(a.dout + (r0 + row) * F + c0 + cc * kChunk);
+      for (int e = 0; e < kChunk; ++e) {
+        const float x = chunk_get(g, e), v = chunk_get(u, e);
+        if constexpr (kBwd) {
+          float vg, vu;
+          swiglu_grad_f(x, v, chunk_get(d, e), vg, vu);
+          chunk_set(y[0], e, vg);
+          chunk_set(y[kHalves - 1], e, vu);
+        } else {
+          chunk_set(y[0], e, swiglu_f(x, v));
         }
       }
 #pragma unroll
-      for (int i = 0; i < kGroup; ++i) {
-        const int row = row0 + (j0 + i) * kRowsPerPass;
-        if (!col_ok || row >= rows) continue;
-        Chunk16 y[kHalves];
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) {
-          const float x = chunk_get(g[i], e), v = chunk_get(u[i], e);
-          if constexpr (kBwd) {
-            float vg, vu;
-            swiglu_grad_f(x, v, chunk_get(d[i], e), vg, vu);
-            chunk_set(y[0], e, vg);
-            chunk_set(y[kHalves - 1], e, vu);
-          } else {
-            chunk_set(y[0], e, swiglu_f(x, v));
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          uint4 q = quantize_chunk<bf16, kE4M3>(y[h].w, s.scale, true);
-          const uint32_t m = chunk_abs_bits<bf16>(y[h].w);
-          seen = max(seen, m);
-          if (m >= 0x7f800000u) q = poison_nonfinite<bf16>(q, y[h].w);
-          if constexpr (kOut) *reinterpret_cast<uint4*>(a.out + (r0 + row) * C + h * F + c0 + cc * kChunk) = q;
-          if constexpr (kOutT) *reinterpret_cast<uint4*>(&tile[h][row][(cc * 4) ^ swz(row)]) = q;
-        }
+      for (int h = 0; h < kHalves; ++h) {
+        uint4 q = quantize_chunk<bf16, kE4M3>(y[h].w, s.scale, true);
+        const uint32_t m = chunk_abs_bits<bf16>(y[h].w);
+        seen = max(seen, m);
+        if (m >= 0x7f800000u) q = poison_nonfinite<bf16>(q, y[h].w);
+        if constexpr (kOut) *reinterpret_cast<uint4*>(a.out + (r0 + row) * C + h * F + c0 + cc * kChunk) = q;
+        if constexpr (kOutT) *reinterpret_cast<uint4*>(&tile[h][row][(cc * 4) ^ swz(row)]) = q;
       }
     }
     if constexpr (kOutT) {
