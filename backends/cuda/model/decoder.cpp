@@ -612,7 +612,6 @@ void Decoder::backward() {
       r.positions = positions(B, T);
       r.table = rope_table_;
       r.base = spec_.rotary_base;
-    r.scaling = spec_.rope_scaling;
       r.scaling = spec_.rope_scaling;
       r.ctx = c;
       turbo::rope(r);
