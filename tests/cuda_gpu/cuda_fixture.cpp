@@ -439,8 +439,15 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());
+  const std::vector<double> curve = train_reference_steps(model, data, steps);
+  if (at_end) at_end(model);
+  return {curve, ref};
+}
+
+std::vector<double> train_reference_steps(CudaModel& model, Batches& data, int64_t steps) {
+  const int64_t T = model.spec().seq_length;
   std::vector<double> curve;
-  for (int s = 0; s < steps; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     model.zero_grad();
     model.forward(data.inputs[s].data(), data.targets[s].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
     model.backward();
@@ -452,8 +459,7 @@ std::pair<std::vector<double>, std::vector<double>> training_curves(const train:
     hp.step = s + 1;
     model.update(hp);
   }
-  if (at_end) at_end(model);
-  return {curve, ref};
+  return curve;
 }
 
 }  // namespace primus::backends::cuda::testing

@@ -115,6 +115,9 @@ Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsig
 // {cuda losses, reference losses}; the reference curve is computed once per (model, steps).
 // With `fp8`, the model's linear slots run that FP8 recipe (patch cuda.linear.fp8). at_end runs
 // after the last step, while the model and the buffers it lends the recipe's state still exist.
+// `steps` steps of the reference's recipe (AdamW with its hyperparameters, clipping at kClip) over
+// data's batches, from the model's current weights: the losses.
+std::vector<double> train_reference_steps(CudaModel& model, Batches& data, int64_t steps);
 std::pair<std::vector<double>, std::vector<double>> training_curves(bool llama, Attn attn, turbo::Device device,
                                                                     int steps, const turbo::Fp8Recipe* fp8 = nullptr,
                                                                     const std::function<void(CudaModel&)>& at_end = {});

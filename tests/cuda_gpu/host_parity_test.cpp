@@ -549,6 +549,50 @@ TEST(HostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   EXPECT_EQ(edge_slots, static_cast<size_t>(3 * (spec.num_layers - 2))) << "the bf16 edge layers save no FP8 copies";
 }
 
+// The losses of `steps` host training steps (the reference's AdamW and clipping) of a model of
+// `spec` with FP8 recipe r and recompute policy `policy`, from initial_params, over data's batches.
+std::vector<double> fp8_recipe_losses(const train::ModelSpec& spec, const turbo::Fp8Recipe& r, Recompute policy,
+                                      Batches& data, int64_t steps) {
+  CudaOps ops = CudaOps::defaults();
+  if (policy != Recompute::None) ops.recompute_policy = [policy](int64_t, int64_t) { return policy; };
+  CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
+  use_fp8_recipe(spec, r, ops, mo);
+  CudaModel model(spec, mo, ops);
+  const std::vector<float> init = initial_params(spec);
+  model.set_params(init.data());
+  return train_reference_steps(model, data, steps);
+}
+
+// An FP8 switch of configure_fp8 (patch cuda.linear.fp8) in environment variable `var`: "0" leaves
+// the handoff out of `format` / `scaling` (present() false), a value other than 0 or 1 is an error
+// naming it; `var` is put back as it was.
+void expect_fp8_env_switch(const char* var, const char* format, const char* scaling,
+                           bool (*present)(const turbo::Fp8Recipe&, const CudaArgs&)) {
+  const char* was = std::getenv(var);
+  const std::string before = was ? was : "";
+  {
+    CudaArgs args;
+    const turbo::Fp8Recipe r = configure_fp8(args, format, scaling);
+    EXPECT_TRUE(present(r, args)) << var << " unset";
+  }
+  ::setenv(var, "0", 1);
+  {
+    CudaArgs args;
+    const turbo::Fp8Recipe r = configure_fp8(args, format, scaling);
+    EXPECT_FALSE(present(r, args)) << var << "=0";
+  }
+  ::setenv(var, "yes", 1);
+  try {
+    CudaArgs args;
+    configure_fp8(args, format, scaling);
+    ADD_FAILURE() << var << "=yes was accepted";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::string(var) + "='yes'"), std::string::npos) << e.what();
+  }
+  if (was) ::setenv(var, before.c_str(), 1);
+  else ::unsetenv(var);
+}
+
 // Rowwise and tensorwise FP8 with the SwiGLU kernels' maxima handed to the quantizer
 // (turbo::Fp8Maxima): the backward's dgate_up; the forward's act (rowwise: where its FP8 copy is
 // saved); the recomputed act (selective and full). The host quantizer checks every handed maximum
@@ -578,26 +622,7 @@ TEST(HostFp8, RowwiseQuantizersTakeTheSwigluMaximaAndGiveTheSameSteps) {
     std::vector<double> losses[2];
     for (const bool handoff : {false, true}) {
       const turbo::Fp8Recipe r = fp8_test_recipe("hybrid", v.scaling, {.saved = v.saved, .maxima = handoff});
-      CudaOps ops = CudaOps::defaults();
-      const Recompute policy = v.policy;
-      if (policy != Recompute::None) ops.recompute_policy = [policy](int64_t, int64_t) { return policy; };
-      CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
-      use_fp8_recipe(spec, r, ops, mo);
-      CudaModel model(spec, mo, ops);
-      const std::vector<float> init = initial_params(spec);
-      model.set_params(init.data());
-      for (int64_t s = 0; s < steps; ++s) {
-        model.zero_grad();
-        model.forward(data.inputs[s].data(), data.targets[s].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
-        model.backward();
-        model.grad_norm(static_cast<float>(kClip));
-        losses[handoff].push_back(model.read_loss_sum(1));
-        turbo::AdamWHyper hp;
-        hp.lr = float(kLr), hp.beta1 = float(kBeta1), hp.beta2 = float(kBeta2), hp.eps = float(kEps);
-        hp.weight_decay = float(kDecay);
-        hp.step = s + 1;
-        model.update(hp);
-      }
+      losses[handoff] = fp8_recipe_losses(spec, r, v.policy, data, steps);
       if (handoff) {
         EXPECT_EQ(r.maxima->puts, steps * v.puts_per_step);
         EXPECT_EQ(r.maxima->uses, r.maxima->puts) << "a maximum was put and not used";
@@ -622,22 +647,8 @@ TEST(HostFp8, RowwiseQuantizersTakeTheSwigluMaximaAndGiveTheSameSteps) {
     EXPECT_EQ(args.fp8_maxima, r.maxima);
     EXPECT_EQ(r.maxima->granularity(), r.act_granularity());
   }
-  // PRIMUS_CUDA_FP8_MAXIMA=0 leaves the handoff out; a value other than 0 or 1 is an error naming it.
-  ::setenv("PRIMUS_CUDA_FP8_MAXIMA", "0", 1);
-  {
-    CudaArgs args;
-    EXPECT_EQ(configure_fp8(args, "hybrid", "rowwise").maxima, nullptr);
-    EXPECT_EQ(args.fp8_maxima, nullptr);
-  }
-  ::setenv("PRIMUS_CUDA_FP8_MAXIMA", "yes", 1);
-  try {
-    CudaArgs args;
-    configure_fp8(args, "e4m3", "blockwise");
-    ADD_FAILURE() << "PRIMUS_CUDA_FP8_MAXIMA=yes was accepted";
-  } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("PRIMUS_CUDA_FP8_MAXIMA='yes'"), std::string::npos) << e.what();
-  }
-  ::unsetenv("PRIMUS_CUDA_FP8_MAXIMA");
+  expect_fp8_env_switch("PRIMUS_CUDA_FP8_MAXIMA", "hybrid", "rowwise",
+                        [](const turbo::Fp8Recipe& r, const CudaArgs& a) { return r.maxima && a.fp8_maxima; });
 }
 
 // Delayed FP8 with the SwiGLU folded into the quantizers (turbo::Fp8Producers): the forward's act
@@ -663,26 +674,7 @@ TEST(HostFp8, DelayedScalingFoldsTheSwigluIntoItsQuantizersAndGivesTheSameSteps)
     std::vector<double> losses[2];
     for (const bool fold : {false, true}) {
       const turbo::Fp8Recipe r = fp8_test_recipe("hybrid", "delayed", {.saved = v.saved, .producers = fold});
-      CudaOps ops = CudaOps::defaults();
-      const Recompute policy = v.policy;
-      if (policy != Recompute::None) ops.recompute_policy = [policy](int64_t, int64_t) { return policy; };
-      CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
-      use_fp8_recipe(spec, r, ops, mo);
-      CudaModel model(spec, mo, ops);
-      const std::vector<float> init = initial_params(spec);
-      model.set_params(init.data());
-      for (int64_t s = 0; s < steps; ++s) {
-        model.zero_grad();
-        model.forward(data.inputs[s].data(), data.targets[s].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
-        model.backward();
-        model.grad_norm(static_cast<float>(kClip));
-        losses[fold].push_back(model.read_loss_sum(1));
-        turbo::AdamWHyper hp;
-        hp.lr = float(kLr), hp.beta1 = float(kBeta1), hp.beta2 = float(kBeta2), hp.eps = float(kEps);
-        hp.weight_decay = float(kDecay);
-        hp.step = s + 1;
-        model.update(hp);
-      }
+      losses[fold] = fp8_recipe_losses(spec, r, v.policy, data, steps);
       if (fold) {
         EXPECT_EQ(r.producers->puts, steps * v.puts_per_step);
         EXPECT_GT(r.producers->folded, 0) << "nothing was folded in";
@@ -706,24 +698,8 @@ TEST(HostFp8, DelayedScalingFoldsTheSwigluIntoItsQuantizersAndGivesTheSameSteps)
     ASSERT_NE(r.producers, nullptr);
     EXPECT_EQ(args.fp8_producers, r.producers);
   }
-  const char* was = std::getenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD");
-  const std::string before = was ? was : "";
-  ::setenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD", "0", 1);
-  {
-    CudaArgs args;
-    EXPECT_EQ(configure_fp8(args, "hybrid", "delayed").producers, nullptr);
-    EXPECT_EQ(args.fp8_producers, nullptr);
-  }
-  ::setenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD", "on", 1);
-  try {
-    CudaArgs args;
-    configure_fp8(args, "hybrid", "delayed");
-    ADD_FAILURE() << "PRIMUS_CUDA_FP8_SWIGLU_FOLD=on was accepted";
-  } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("PRIMUS_CUDA_FP8_SWIGLU_FOLD='on'"), std::string::npos) << e.what();
-  }
-  if (was) ::setenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD", before.c_str(), 1);
-  else ::unsetenv("PRIMUS_CUDA_FP8_SWIGLU_FOLD");
+  expect_fp8_env_switch("PRIMUS_CUDA_FP8_SWIGLU_FOLD", "hybrid", "delayed",
+                        [](const turbo::Fp8Recipe& r, const CudaArgs& a) { return r.producers && a.fp8_producers; });
 }
 
 // `steps` fp32 training steps (AdamW, lr 3e-3, clip 1.0) of a host model over data's batches,

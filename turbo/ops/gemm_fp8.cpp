@@ -305,19 +305,18 @@ void Fp8Maxima::put(const TensorView& t, const TensorView& maxima) {
       maxima.numel() != t.size(0) + t.size(1) + 1)
     throw RuntimeError(fmt::format("Fp8Maxima::put: expected f32 [rows + cols + 1] maxima of a matrix, got {} for {}",
                                    maxima.defined() ? maxima.describe() : "none", t.defined() ? t.describe() : "none"));
-  data_ = t.data;
-  rows_ = t.size(0);
-  cols_ = t.size(1);
-  ld_ = t.size(0) > 1 ? t.stride(0) : t.size(1);
+  key_ = Fp8HandoffKey::of(t);
   maxima_ = maxima;
   ++puts;
 }
 
 TensorView Fp8Maxima::find(const TensorView& t) const {
-  if (!maxima_.defined() || !t.defined() || t.ndim != 2 || t.data != data_ || t.size(0) != rows_ ||
-      t.size(1) != cols_ || (t.size(0) > 1 ? t.stride(0) : t.size(1)) != ld_)
-    return {};
+  if (!maxima_.defined() || !t.defined() || t.ndim != 2 || Fp8HandoffKey::of(t) != key_) return {};
   return maxima_;
+}
+
+Fp8HandoffKey Fp8HandoffKey::of(const TensorView& t) {
+  return {t.data, t.size(0), t.size(1), t.size(0) > 1 ? t.stride(0) : t.size(1)};
 }
 
 void Fp8Producers::put(const TensorView& t, const Entry& e) {
@@ -331,17 +330,13 @@ void Fp8Producers::put(const TensorView& t, const Entry& e) {
                                    "[R, 2F] from dact [R, F] and gate_up [R, 2F] (swiglu backward); got {} from {}{}",
                                    t.defined() ? t.describe() : "none", e.inp.defined() ? e.inp.describe() : "none",
                                    e.gate_up.defined() ? " and " + e.gate_up.describe() : std::string()));
-  data_ = t.data;
-  rows_ = t.size(0);
-  cols_ = t.size(1);
-  ld_ = t.size(0) > 1 ? t.stride(0) : t.size(1);
+  key_ = Fp8HandoffKey::of(t);
   entry_ = e;
   ++puts;
 }
 
 const Fp8Producers::Entry* Fp8Producers::find(const TensorView& t) const {
-  if (entry_.kind == QuantizePrologue::None || !t.defined() || t.ndim != 2 || t.data != data_ ||
-      t.size(0) != rows_ || t.size(1) != cols_ || (t.size(0) > 1 ? t.stride(0) : t.size(1)) != ld_)
+  if (entry_.kind == QuantizePrologue::None || !t.defined() || t.ndim != 2 || Fp8HandoffKey::of(t) != key_)
     return nullptr;
   return &entry_;
 }

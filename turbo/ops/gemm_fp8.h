@@ -104,6 +104,14 @@ class Fp8WeightCache {
   std::unordered_map<const void*, Slot> slots_;
 };
 
+// Which matrix a handoff entry (Fp8Maxima, Fp8Producers) is for: its memory, shape and row stride.
+struct Fp8HandoffKey {
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  static Fp8HandoffKey of(const TensorView& t);  // t 2-D
+  bool operator==(const Fp8HandoffKey&) const = default;
+};
+
 // Maxima handed from the op that wrote a tensor to the FP8 linear layer that quantizes it next
 // (rowwise and tensorwise current scaling): the SwiGLU forward's output feeds the MLP
 // down-projection, its backward's dgate_up the up-projection's gradients. Current scaling needs
@@ -127,8 +135,7 @@ class Fp8Maxima {
 
  private:
   Fp8Granularity g_;
-  const void* data_ = nullptr;
-  int64_t rows_ = 0, cols_ = 0, ld_ = 0;
+  Fp8HandoffKey key_;
   TensorView maxima_;
 };
 
@@ -158,8 +165,7 @@ class Fp8Producers {
   int64_t puts = 0, folded = 0, written = 0;  // entries put; quantizations that folded one in; activations run instead
 
  private:
-  const void* data_ = nullptr;
-  int64_t rows_ = 0, cols_ = 0, ld_ = 0;
+  Fp8HandoffKey key_;
   Entry entry_;
 };
 
