@@ -58,14 +58,15 @@ INSTANTIATE_TEST_SUITE_P(Models, CpHostTest, ::testing::Combine(::testing::Bool(
 // own tokens, the bytes its backward would quantize again, so every rank's losses and the final
 // weights equal those of the same ranks without the copies bit for bit, for each scaling, with
 // less activation memory. The copied side also takes the SwiGLU kernels' maxima (rowwise), which
-// the host quantizer checks against its own pass.
+// the host quantizer checks against its own pass, and under delayed scaling has the SwiGLU folded
+// into its quantizers (turbo::Fp8Producers).
 TEST(CpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   const train::ModelSpec spec = tiny_spec(true);
   constexpr int kSteps = 4, kCp = 2;
   for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
     SCOPED_TRACE(scaling);
     const CpRun saved = run_cp(spec, kCp, turbo::Device::CPU, kSteps, Attn::Default,
-                               [&] { return fp8_test_recipe("hybrid", scaling, {.saved = true, .maxima = true}); });
+                               [&] { return fp8_test_recipe("hybrid", scaling, {.saved = true, .maxima = true, .producers = true}); });
     const CpRun plain = run_cp(spec, kCp, turbo::Device::CPU, kSteps, Attn::Default,
                                [&] { return fp8_test_recipe("hybrid", scaling); });
     for (int r = 0; r < kCp; ++r) {

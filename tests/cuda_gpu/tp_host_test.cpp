@@ -95,7 +95,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TpHostKvTest, ::testing::Combine(::testing::Val
 // bytes are those the backward would quantize again, so each rank's losses and the final weights
 // equal those of the same ranks without the copies bit for bit, with less activation memory. The
 // copied side also takes the SwiGLU kernels' maxima (rowwise; turbo::Fp8Maxima) of each rank's
-// slice of the activation and of dgate_up, which the host quantizer checks against its own pass.
+// slice of the activation and of dgate_up, which the host quantizer checks against its own pass;
+// under delayed scaling it has the SwiGLU folded into its quantizers (turbo::Fp8Producers).
 TEST(TpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   const train::ModelSpec spec = tiny_spec(true);
   constexpr int kSteps = 4, kTp = 2;
@@ -103,7 +104,7 @@ TEST(TpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
     for (const char* scaling : {"tensorwise", "rowwise", "delayed"}) {
       SCOPED_TRACE(std::string(scaling) + (sp ? " with sequence parallelism" : ""));
       const TpRun saved = run_tp(spec, kTp, turbo::Device::CPU, kSteps, Attn::Default, sp,
-                                 [&] { return fp8_test_recipe("hybrid", scaling, {.saved = true, .maxima = true}); });
+                                 [&] { return fp8_test_recipe("hybrid", scaling, {.saved = true, .maxima = true, .producers = true}); });
       const TpRun plain = run_tp(spec, kTp, turbo::Device::CPU, kSteps, Attn::Default, sp,
                                  [&] { return fp8_test_recipe("hybrid", scaling); });
       for (int r = 0; r < kTp; ++r) {

@@ -54,13 +54,14 @@ std::pair<double, double> expect_fp8_curve(const std::vector<double>& curve, con
 }
 
 // "format" or "format/scaling"; fp8_recipe delayed keeps a 16-step history and takes its largest
-// entry; the inputs are saved in FP8 for the backward, as the trainer does.
+// entry; the inputs are saved in FP8 for the backward, and the SwiGLU hands its maxima (rowwise,
+// tensorwise) or is folded into the quantizers (delayed), as the trainer does.
 TEST_P(Fp8TrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
   const auto [llama, recipe_name] = GetParam();
   const std::string name = recipe_name, format = name.substr(0, name.find('/'));
   const std::string scaling = name.find('/') == std::string::npos ? "tensorwise" : name.substr(name.find('/') + 1);
   const turbo::Fp8Recipe recipe = fp8_test_recipe(format.c_str(), scaling.c_str(),
-                                                  {.saved = true, .maxima = true, .delayed = {16, turbo::Fp8AmaxAlgo::Max}});
+                                                  {.saved = true, .maxima = true, .producers = true, .delayed = {16, turbo::Fp8AmaxAlgo::Max}});
   const auto [curve, ref] = training_curves(llama, Attn::Default, turbo::Device::CUDA, 200, &recipe);
   const auto [worst, tail] = expect_fp8_curve(curve, ref);
   std::printf("[%s, fp8 %s] loss cuda / reference: step 0 %.4f / %.4f, step 99 %.4f / %.4f, step 199 %.4f / "
