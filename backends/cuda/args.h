@@ -16,8 +16,8 @@ namespace primus::turbo {
 class Fp8DelayedScaling;  // turbo/ops/fp8_delayed.h
 class Fp8SavedInputs;     // turbo/ops/gemm_fp8.h
 class Fp8WeightCache;     // turbo/ops/gemm_fp8.h
-class Fp8Maxima;
-class Fp8Producers;          // turbo/ops/gemm_fp8.h
+class Fp8Maxima;          // turbo/ops/gemm_fp8.h
+class Fp8Producers;       // turbo/ops/gemm_fp8.h
 }
 
 namespace primus::backends::cuda {

@@ -12,7 +12,6 @@
 #include <string>
 
 #include "turbo/bench/harness.h"
-#include "turbo/ops/activation.h"
 #include "turbo/ops/quantization.h"
 
 namespace primus::turbo::bench {
@@ -81,7 +80,7 @@ Case quantize_case(const std::string& label, int64_t R, int64_t C) {
               const ExecContext ctx = e.ctx;
               calls.push_back({fmt::format("swiglu_then_quantize_fp8_delayed/{}", label), Metric::Bytes, fwd_bytes,
                                [u, gate_up, ctx] {
-                                 activation_forward({Activation::SwiGLU, u.inp, gate_up, ctx});
+                                 run_quantize_prologue(QuantizePrologue::SwiGLU, u.inp, gate_up, {}, ctx);
                                  quantize_fp8(u);
                                },
                                "silu(gate) * up of gate_up [R, 2C], then quantized; bytes = gate_up + outputs"});
@@ -101,13 +100,7 @@ Case quantize_case(const std::string& label, int64_t R, int64_t C) {
               const double bwd_bytes = 3 * in + 4 * fp8;
               calls.push_back({fmt::format("swiglu_bwd_then_quantize_fp8_delayed/{}", label), Metric::Bytes, bwd_bytes,
                                [ub, gate_up, dact, ctx] {
-                                 ActivationBackwardArgs b;
-                                 b.act = Activation::SwiGLU;
-                                 b.dinp = ub.inp;
-                                 b.inp = gate_up;
-                                 b.dout = dact;
-                                 b.ctx = ctx;
-                                 activation_backward(b);
+                                 run_quantize_prologue(QuantizePrologue::SwiGLUBackward, ub.inp, dact, gate_up, ctx);
                                  quantize_fp8(ub);
                                },
                                "dgate_up [R, 2C] from dact and gate_up, then quantized; bytes = gate_up + dact + outputs"});

@@ -60,23 +60,11 @@ TensorView maxima_for(const TensorView& maxima, Fp8Granularity g, bool column_co
   return {};
 }
 
-// q(t) at granularity g into fresh scratch: row-major [R,C] (transposed = false) or the
-// quantisation of t^T, [C,R].
 using Producer = std::optional<Fp8Producers::Entry>;
 
 // Runs producer p's activation into t, the memory it names (Fp8Producers).
 void write_producer(const TensorView& t, const Fp8Producers::Entry& p, const ExecContext& ctx) {
-  if (p.kind == QuantizePrologue::SwiGLU) {
-    activation_forward({Activation::SwiGLU, t, p.inp, ctx});
-    return;
-  }
-  ActivationBackwardArgs b;
-  b.act = Activation::SwiGLU;
-  b.dinp = t;
-  b.inp = p.gate_up;
-  b.dout = p.inp;
-  b.ctx = ctx;
-  activation_backward(b);
+  run_quantize_prologue(p.kind, t, p.inp, p.gate_up, ctx);
 }
 
 // Quantizes a.inp = t, or with producer p (t not written) p's activation: folded into the
@@ -101,6 +89,8 @@ void quantize_from(QuantizeFp8Args a, const Producer& p, const Fp8Recipe& r) {
   quantize_fp8(a);
 }
 
+// q(t) at granularity g into fresh scratch: row-major [R,C] (transposed = false) or the
+// quantisation of t^T, [C,R].
 Quantized quantize(Arena& arena, const TensorView& t, DType dt, bool transposed, Fp8Granularity g,
                    const ExecContext& ctx, const char* what, const Delayed& d = {}, const TensorView& maxima = {},
                    const Producer& producer = {}, const Fp8Recipe* r = nullptr) {

@@ -273,17 +273,7 @@ void cpu_run_prologue(const QuantizeFp8Args& a) {
   const int64_t R = rows_of(a), C = cols_of(a);
   std::vector<char> buf(static_cast<size_t>(R * C) * dtype_size(a.inp.dtype));
   const TensorView y(buf.data(), a.inp.dtype, Device::CPU, {R, C});
-  if (a.prologue == QuantizePrologue::SwiGLU) {
-    activation_forward({Activation::SwiGLU, y, a.inp, a.ctx});
-  } else {
-    ActivationBackwardArgs b;
-    b.act = Activation::SwiGLU;
-    b.dinp = y;
-    b.inp = a.gate_up;
-    b.dout = a.inp;
-    b.ctx = a.ctx;
-    activation_backward(b);
-  }
+  run_quantize_prologue(a.prologue, y, a.inp, a.gate_up, a.ctx);
   QuantizeFp8Args q = a;
   q.prologue = QuantizePrologue::None;
   q.gate_up = TensorView();
@@ -397,6 +387,27 @@ BackendType quantize_fp8(const QuantizeFp8Args& args) {
   static auto* d = detail::make_turbo_cpu_dispatcher<QuantizeFp8Args>("quantize", PRIMUS_TURBO_FN(turbo_check),
                                                                        PRIMUS_TURBO_FN(turbo_run), cpu_check, cpu_run);
   return d->dispatch(args);
+}
+
+void run_quantize_prologue(QuantizePrologue kind, const TensorView& out, const TensorView& inp,
+                           const TensorView& gate_up, const ExecContext& ctx) {
+  switch (kind) {
+    case QuantizePrologue::SwiGLU:
+      activation_forward({Activation::SwiGLU, out, inp, ctx});
+      return;
+    case QuantizePrologue::SwiGLUBackward: {
+      ActivationBackwardArgs b;
+      b.act = Activation::SwiGLU;
+      b.dinp = out;
+      b.inp = gate_up;
+      b.dout = inp;
+      b.ctx = ctx;
+      activation_backward(b);
+      return;
+    }
+    case QuantizePrologue::None: break;
+  }
+  throw RuntimeError(fmt::format("run_quantize_prologue: no prologue to run into {}", out.describe()));
 }
 
 bool quantize_fp8_prologue_fits(const QuantizeFp8Args& a) {

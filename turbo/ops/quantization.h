@@ -101,6 +101,12 @@ struct QuantizeFp8Args {
 // primus::RuntimeError naming the argument for a wrong shape, dtype, layout or device.
 BackendType quantize_fp8(const QuantizeFp8Args& args);
 
+// What prologue `kind` computes, written into `out` by the activation op: activation_forward of
+// inp = gate_up (SwiGLU) or activation_backward of inp = dL/dy with gate_up (SwiGLUBackward). The
+// host reference of the fold, and what a caller runs instead where the fold does not fit.
+void run_quantize_prologue(QuantizePrologue kind, const TensorView& out, const TensorView& inp,
+                           const TensorView& gate_up, const ExecContext& ctx);
+
 // Whether quantize_fp8 runs `args` with its prologue: on the host always, on the device when the
 // folded kernel takes the dtype, shape and alignment (cuda::quantize_fp8_swiglu_unsupported_reason).
 // The argument checks of quantize_fp8 still apply. A caller that gets false writes the activation

@@ -406,14 +406,7 @@ int resident_blocks(Kernel kernel, int threads) {
 // A persistent grid: as many blocks as fit on the device at once (each one reduces the partials
 // once), at least one (block 0 writes scale_inv even for an empty tensor).
 template <auto kKernel, class Args>
-void launch_quantize_args(int64_t tiles, const Args& a, cudaStream_t stream) {
-  static const int resident = resident_blocks(kKernel, kThreads);  // one value per kernel
-  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tiles, resident)));
-  kKernel<<<grid, kThreads, 0, stream>>>(a);
-  CUDA_CHECK_LAST();
-}
-template <auto kKernel>
-void launch_quantize(int64_t tiles, const QuantArgs& a, cudaStream_t stream) {
+void launch_quantize(int64_t tiles, const Args& a, cudaStream_t stream) {
   static const int resident = resident_blocks(kKernel, kThreads);  // one value per kernel
   const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tiles, resident)));
   kKernel<<<grid, kThreads, 0, stream>>>(a);
@@ -1155,7 +1148,6 @@ __global__ void __launch_bounds__(kUpdateThreads) delayed_update_kernel(float* h
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) h[i] = i == 0 ? 0.0f : row[i - 1];
 }
 
-
 // ---- SwiGLU folded into the delayed quantizer ----------------------------------------------------
 // The tile kernel's layout (128 x 128 tiles of the output, 16-element chunks, the shared-memory
 // transpose), with each chunk computed from gate_up (and dout) as it is read instead of loaded from
@@ -1272,9 +1264,9 @@ __global__ void __launch_bounds__(kThreads, 4) swiglu_quantize_kernel(SwigluQuan
 template <bool kE4M3, bool kBwd>
 void launch_swiglu_quantize(const SwigluQuantArgs& a, cudaStream_t stream) {
   const int64_t tiles = (a.R + kTile - 1) / kTile * ((a.F + kTile - 1) / kTile);
-  if (a.out && a.out_t) launch_quantize_args<swiglu_quantize_kernel<kE4M3, kBwd, true, true>>(tiles, a, stream);
-  else if (a.out) launch_quantize_args<swiglu_quantize_kernel<kE4M3, kBwd, true, false>>(tiles, a, stream);
-  else launch_quantize_args<swiglu_quantize_kernel<kE4M3, kBwd, false, true>>(tiles, a, stream);
+  if (a.out && a.out_t) launch_quantize<swiglu_quantize_kernel<kE4M3, kBwd, true, true>>(tiles, a, stream);
+  else if (a.out) launch_quantize<swiglu_quantize_kernel<kE4M3, kBwd, true, false>>(tiles, a, stream);
+  else launch_quantize<swiglu_quantize_kernel<kE4M3, kBwd, false, true>>(tiles, a, stream);
 }
 
 }  // namespace
