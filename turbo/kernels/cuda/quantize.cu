@@ -208,20 +208,35 @@ __device__ __forceinline__ uint32_t chunk_abs_bits(const int4* raw) {
   for (int k = 0; k < kRaw; ++k) m = max(m, vec_abs_bits<T>(raw[k]));
   return m;
 }
-// Delayed scaling, for a chunk holding an inf or NaN (rare): each such element's byte becomes the
-// poison byte, as the reference (cpu::quantize_fp8_with_scale) does element by element.
+// A chunk's 16 elements as loaded, by value.
 template <class T>
-__device__ __noinline__ uint4 poison_nonfinite(uint4 q, const int4* raw) {
+struct RawChunk {
+  int4 v[16 * sizeof(T) / 16];
+};
+template <class T>
+__device__ __forceinline__ RawChunk<T> raw_chunk(const int4* raw) {
+  RawChunk<T> r;
+#pragma unroll
+  for (int k = 0; k < 16 * static_cast<int>(sizeof(T)) / 16; ++k) r.v[k] = raw[k];
+  return r;
+}
+// Delayed scaling, for a chunk holding an inf or NaN (rare): each such element's byte becomes the
+// poison byte, as the reference (cpu::quantize_fp8_with_scale) does element by element. The chunk
+// comes by value: a pointer into the caller's registers would make the caller keep every chunk it
+// loads in local memory, for this call that almost never happens (measured: the tile kernels'
+// inputs written out to L1 and L2 a second time).
+template <class T>
+__device__ __noinline__ uint4 poison_nonfinite(uint4 q, RawChunk<T> raw) {
   uint8_t b[16];
   memcpy(b, &q, 16);
   for (int e = 0; e < 16; ++e) {
     uint32_t bits;
     if constexpr (sizeof(T) == 4) {
-      memcpy(&bits, reinterpret_cast<const char*>(raw) + 4 * e, 4);
+      memcpy(&bits, reinterpret_cast<const char*>(raw.v) + 4 * e, 4);
       bits &= 0x7fffffffu;
     } else {
       uint16_t h;
-      memcpy(&h, reinterpret_cast<const char*>(raw) + 2 * e, 2);
+      memcpy(&h, reinterpret_cast<const char*>(raw.v) + 2 * e, 2);
       bits = static_cast<uint32_t>(h & 0x7fffu) << 16;
     }
     if (bits >= 0x7f800000u) b[e] = static_cast<uint8_t>(kPoison4);
@@ -323,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 2) quantize_til
         if (delayed) {
           const uint32_t m = chunk_abs_bits<T>(raw[j]);
           seen = max(seen, m);
-          if (m >= 0x7f800000u) q = poison_nonfinite<T>(q, raw[j]);
+          if (m >= 0x7f800000u) q = poison_nonfinite<T>(q, raw_chunk<T>(raw[j]));
         }
         if constexpr (kOut) *reinterpret_cast<uint4*>(a.out + (r0 + row) * a.C + c0 + cc * kChunk) = q;
         if constexpr (kOutT) *reinterpret_cast<uint4*>(&tile[row][(cc * 4) ^ swz(row)]) = q;
@@ -1166,7 +1181,8 @@ struct SwigluQuantArgs {
   uint32_t* amax_out;
 };
 
-// 16 bf16 values as two 16-byte words.
+// 16 bf16 values as two 16-byte words. Element e is half e % 2 of word e / 2 (w[e / 8], component
+// e / 2 % 4); they are read and written by shifts on whole words, so the chunk stays in registers.
 struct Chunk16 {
   int4 w[2];
 };
@@ -1176,11 +1192,23 @@ __device__ __forceinline__ Chunk16 load_chunk_cs(const bf16* p) {
   c.w[1] = __ldcs(reinterpret_cast<const int4*>(p) + 1);
   return c;
 }
-__device__ __forceinline__ float chunk_get(const Chunk16& c, int e) {
-  return __bfloat162float(reinterpret_cast<const bf16*>(c.w)[e]);
+__device__ __forceinline__ uint32_t chunk_word(const Chunk16& c, int i) {
+  const int4& v = c.w[i / 4];
+  const int k = i % 4;
+  return static_cast<uint32_t>(k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w);
 }
-__device__ __forceinline__ void chunk_set(Chunk16& c, int e, float x) {
-  reinterpret_cast<bf16*>(c.w)[e] = __float2bfloat16_rn(x);
+__device__ __forceinline__ void chunk_set_word(Chunk16& c, int i, uint32_t x) {
+  int4& v = c.w[i / 4];
+  const int k = i % 4, y = static_cast<int>(x);
+  if (k == 0) v.x = y;
+  else if (k == 1) v.y = y;
+  else if (k == 2) v.z = y;
+  else v.w = y;
+}
+// Two floats rounded to bf16 as one word, the first in the low half.
+__device__ __forceinline__ uint32_t bf16_word(float lo, float hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16;
 }
 
 // One chunk's loads in flight per thread at a time, four blocks of 256 threads per SM: measured
@@ -1218,15 +1246,17 @@ __global__ void __launch_bounds__(kThreads, 4) swiglu_quantize_kernel(SwigluQuan
       if constexpr (kBwd) d = load_chunk_cs(a.dout + (r0 + row) * F + c0 + cc * kChunk);
       Chunk16 y[kHalves];
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e) {
-        const float x = chunk_get(g, e), v = chunk_get(u, e);
+      for (int i = 0; i < kChunk / 2; ++i) {
+        const float2 x = bf16_pair(chunk_word(g, i)), v = bf16_pair(chunk_word(u, i));
         if constexpr (kBwd) {
-          float vg, vu;
-          swiglu_grad_f(x, v, chunk_get(d, e), vg, vu);
-          chunk_set(y[0], e, vg);
-          chunk_set(y[kHalves - 1], e, vu);
+          const float2 dd = bf16_pair(chunk_word(d, i));
+          float g0, u0, g1, u1;
+          swiglu_grad_f(x.x, v.x, dd.x, g0, u0);
+          swiglu_grad_f(x.y, v.y, dd.y, g1, u1);
+          chunk_set_word(y[0], i, bf16_word(g0, g1));
+          chunk_set_word(y[kHalves - 1], i, bf16_word(u0, u1));
         } else {
-          chunk_set(y[0], e, swiglu_f(x, v));
+          chunk_set_word(y[0], i, bf16_word(swiglu_f(x.x, v.x), swiglu_f(x.y, v.y)));
         }
       }
 #pragma unroll
@@ -1234,7 +1264,7 @@ __global__ void __launch_bounds__(kThreads, 4) swiglu_quantize_kernel(SwigluQuan
         uint4 q = quantize_chunk<bf16, kE4M3>(y[h].w, s.scale, true);
         const uint32_t m = chunk_abs_bits<bf16>(y[h].w);
         seen = max(seen, m);
-        if (m >= 0x7f800000u) q = poison_nonfinite<bf16>(q, y[h].w);
+        if (m >= 0x7f800000u) q = poison_nonfinite<bf16>(q, raw_chunk<bf16>(y[h].w));
         if constexpr (kOut) *reinterpret_cast<uint4*>(a.out + (r0 + row) * C + h * F + c0 + cc * kChunk) = q;
         if constexpr (kOutT) *reinterpret_cast<uint4*>(&tile[h][row][(cc * 4) ^ swz(row)]) = q;
       }
