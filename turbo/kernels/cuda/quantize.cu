@@ -1044,11 +1044,12 @@ void launch_persistent(int64_t tiles, const RowGroupArgs& a, cudaStream_t stream
   CUDA_CHECK_LAST();
 }
 
+// amax_known: col_amax (and row_amax) already hold the maxima; launch 1 is skipped.
 template <class T, bool kVec, bool kOut>
-void run_row_groups(const RowGroupArgs& a, bool e4m3, cudaStream_t stream) {
+void run_row_groups(const RowGroupArgs& a, bool e4m3, cudaStream_t stream, bool amax_known = false) {
   const int64_t tiles = (a.R + kRgTile - 1) / kRgTile * ((a.C + kRgTile - 1) / kRgTile);
   const int64_t scales = static_cast<int64_t>(a.G) * a.C + (kOut ? a.R : 0);
-  if (tiles > 0) {
+  if (tiles > 0 && !amax_known) {
     row_groups_amax_kernel<T, kVec, kOut><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(a);
     CUDA_CHECK_LAST();
   }
@@ -1364,6 +1365,35 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
     throw RuntimeError(fmt::format("quantize_fp8_grouped: [{}, {}] (row pitch {}): {} scaling on the GPU needs both "
                                    "dimensions multiples of 16 and 16-byte aligned rows and outputs",
                                    R, C, ld, fp8_granularity_name(g)));
+  if (g == Fp8Granularity::Row && out_t && aligned16(scratch)) {
+    // The column-scaled copy is one group of R rows of the row-groups kernels: their quantizing
+    // launch (the tile kernel's layout with a scale per column: 16-byte loads of whole rows, the
+    // transpose through shared memory, a persistent grid) writes the same bytes and scales as the
+    // groups kernel's Row mode below, faster (docs/performance.md, "FP8").
+    // Scratch: the column maxima [C], then the row maxima [R] (with out); launch 2 turns them into
+    // scales in place, so given maxima ([R] rows, then [C] columns) are copied in first.
+    RowGroupArgs rg{inp, R, C, ld, nullptr, R, 1, static_cast<uint8_t*>(out), scale_inv,
+                    static_cast<uint8_t*>(out_t), scale_inv_t, static_cast<uint32_t*>(scratch), nullptr,
+                    fp8_max_of(fp8)};
+    if (out) rg.row_amax = rg.col_amax + C;
+    if (R == 0 || C == 0) return;
+    if (maxima) {
+      const auto* m = reinterpret_cast<const uint32_t*>(maxima);
+      CUDA_CHECK(cudaMemcpyAsync(rg.col_amax, m + R, sizeof(uint32_t) * static_cast<size_t>(C),
+                                 cudaMemcpyDeviceToDevice, stream));
+      if (out)
+        CUDA_CHECK(cudaMemcpyAsync(rg.row_amax, m, sizeof(uint32_t) * static_cast<size_t>(R),
+                                   cudaMemcpyDeviceToDevice, stream));
+    } else {
+      CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(uint32_t) * static_cast<size_t>(C + (out ? R : 0)), stream));
+    }
+    const bool e4m3 = fp8 == DType::F8E4M3;
+    PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
+      if (out) run_row_groups<scalar_t, true, true>(rg, e4m3, stream, maxima != nullptr);
+      else run_row_groups<scalar_t, true, false>(rg, e4m3, stream, maxima != nullptr);
+    });
+    return;
+  }
   GroupArgs a{inp, R, C, ld, static_cast<uint8_t*>(out), scale_inv, static_cast<uint8_t*>(out_t), scale_inv_t,
               static_cast<uint32_t*>(scratch), static_cast<uint32_t*>(scratch) + R, fp8_max_of(fp8)};
   if (maxima && g == Fp8Granularity::Row && out_t) {  // the maxima are known: the quantizing launch alone
