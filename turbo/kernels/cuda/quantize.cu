@@ -464,19 +464,17 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
   }
 }
 
-// ---- per-group scaling (rows, 1x128 tiles, 128x128 blocks) ---------------------------------------
-// One kernel over 128 x 128 tiles of the input (256 threads). Warp w owns the 16 consecutive rows
+// ---- per-group scaling inside a tile (1x128 tiles, 128x128 blocks) -------------------------------
+// One launch over 128 x 128 tiles of the input (256 threads): the groups lie inside the tile. Warp w owns the 16 consecutive rows
 // 16w..16w+15 of the tile, lane l its columns 4l..4l+3, so a thread holds a 16 x 4 patch in
 // registers after one read of the input (16 loads of 4 elements in flight). Row maxima come from
 // warp reductions, column maxima from the threads' patch maxima reduced over the 8 warps through
 // 4 KiB of shared memory. The row-scaled copy is written from the patch, 4 bytes a lane (128
 // contiguous bytes a row); the column-scaled transpose too: a patch column is 16 consecutive rows,
-// i.e. 16 contiguous bytes of out_t, one 16-byte store; no shared transpose is needed.
-//   1x128 / 128x128: the groups lie inside the tile, so one launch does everything.
-//   Row: a row's group spans every tile of the row (a column's every tile of the column), so a
-//   first launch (kAmaxOnly) folds the tile maxima into row and column maxima with atomicMax on
-//   the f32 bits (order-free, so deterministic) and the second quantizes.
-enum class GroupMode : int { Row, Block1x128, Block128x128 };
+// i.e. 16 contiguous bytes of out_t, one 16-byte store; no shared transpose is needed. Row scaling
+// (a row's group spans the whole row) goes through quantize_rows_kernel (out alone) or the
+// row-groups kernels with one group (with the column-scaled copy; quantize_fp8_grouped).
+enum class GroupMode : int { Block1x128, Block128x128 };
 
 struct GroupArgs {
   const void* inp;
@@ -485,8 +483,6 @@ struct GroupArgs {
   float* scale_inv;
   uint8_t* out_t;
   float* scale_inv_t;
-  uint32_t* row_amax;  // Row mode: [R] then [C] (col_amax), zeroed before the first launch
-  uint32_t* col_amax;
   float fp8max;
 };
 
@@ -507,7 +503,7 @@ constexpr int kGRows = kGTile / (kThreads / 32);  // 16 rows a warp
 
 // Preconditions (checked by the launcher): C % 16 == 0 and R % 16 == 0, inp rows 16-byte aligned
 // (ld * sizeof(T) % 16 == 0), outputs 16-byte aligned; block modes: R, C multiples of 128.
-template <class T, bool kE4M3, GroupMode kMode, bool kAmaxOnly>
+template <class T, bool kE4M3, GroupMode kMode>
 __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs a) {
   __shared__ uint32_t colpart[kThreads / 32][kGTile];
   __shared__ uint32_t red[32];
@@ -560,18 +556,6 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs 
     for (int w = 0; w < kThreads / 32; ++w) m = max(m, colpart[w][c + j]);
     cmax[j] = m;
   }
-  if constexpr (kAmaxOnly) {  // Row mode, first launch: fold into the global row / column maxima
-    if (rows_ok && lane < kGRows) {
-      uint32_t m = 0;
-#pragma unroll
-      for (int i = 0; i < kGRows; ++i) m = lane == i ? rmax[i] : m;
-      atomicMax(a.row_amax + r0 + lane, m);
-    }
-    if (warp == 0 && col_ok)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) atomicMax(a.col_amax + c0 + c + j, cmax[j]);
-    return;
-  }
   uint32_t block_max = 0;
   if constexpr (kMode == GroupMode::Block128x128) {
     block_max = block_max_u32(max(max(cmax[0], cmax[1]), max(cmax[2], cmax[3])), red);
@@ -583,14 +567,12 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs 
 #pragma unroll
     for (int i = 0; i < kGRows; ++i) {
       const int64_t r = r0 + i;
-      const uint32_t m = kMode == GroupMode::Row ? a.row_amax[r] : kMode == GroupMode::Block1x128 ? rmax[i] : block_max;
+      const uint32_t m = kMode == GroupMode::Block1x128 ? rmax[i] : block_max;
       float inv;
       const Scaling s = group_scaling(m, a.fp8max, &inv);
       if (col_ok) *reinterpret_cast<uint32_t*>(a.out + r * a.C + c0 + c) = cvt4<kE4M3>(v[i], s);
       if (lane == 0) {
-        if constexpr (kMode == GroupMode::Row) {
-          if (blockIdx.x == 0) a.scale_inv[r] = inv;
-        } else if constexpr (kMode == GroupMode::Block1x128) {
+        if constexpr (kMode == GroupMode::Block1x128) {
           a.scale_inv[blockIdx.x * a.R + r] = inv;
         } else if (i == 0 && warp == 0) {
           const int64_t pad = (nb_c + 3) / 4 * 4;
@@ -606,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t col = c0 + c + j;
-      const uint32_t m = kMode == GroupMode::Row ? a.col_amax[col] : kMode == GroupMode::Block1x128 ? cmax[j] : block_max;
+      const uint32_t m = kMode == GroupMode::Block1x128 ? cmax[j] : block_max;
       float inv;
       const Scaling s = group_scaling(m, a.fp8max, &inv);
       uint32_t w[4];
@@ -615,9 +597,7 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs 
         w[q] = cvt1<kE4M3>(v[4 * q][j], s) | (cvt1<kE4M3>(v[4 * q + 1][j], s) << 8) |
                (cvt1<kE4M3>(v[4 * q + 2][j], s) << 16) | (cvt1<kE4M3>(v[4 * q + 3][j], s) << 24);
       *reinterpret_cast<uint4*>(a.out_t + col * a.R + r0) = make_uint4(w[0], w[1], w[2], w[3]);
-      if constexpr (kMode == GroupMode::Row) {
-        if (blockIdx.y == 0 && warp == 0) a.scale_inv_t[col] = inv;
-      } else if constexpr (kMode == GroupMode::Block1x128) {
+      if constexpr (kMode == GroupMode::Block1x128) {
         if (warp == 0) a.scale_inv_t[blockIdx.y * a.C + col] = inv;
       } else if (warp == 0 && lane == 0 && j == 0) {
         const int64_t pad = (nb_r + 3) / 4 * 4;
@@ -629,26 +609,23 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs 
   }
 }
 
-template <class T, bool kE4M3, GroupMode kMode, bool kAmaxOnly>
+template <class T, bool kE4M3, GroupMode kMode>
 void launch_groups(const GroupArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.C + kGTile - 1) / kGTile), static_cast<unsigned>((a.R + kGTile - 1) / kGTile));
-  quantize_groups_kernel<T, kE4M3, kMode, kAmaxOnly><<<grid, kThreads, 0, stream>>>(a);
+  quantize_groups_kernel<T, kE4M3, kMode><<<grid, kThreads, 0, stream>>>(a);
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T, bool kE4M3>
 void run_groups(const GroupArgs& a, Fp8Granularity g, cudaStream_t stream) {
   switch (g) {
-    case Fp8Granularity::Row:
-      CUDA_CHECK(cudaMemsetAsync(a.row_amax, 0, sizeof(uint32_t) * static_cast<size_t>(a.R + a.C), stream));
-      launch_groups<T, kE4M3, GroupMode::Row, true>(a, stream);
-      launch_groups<T, kE4M3, GroupMode::Row, false>(a, stream);
-      return;
-    case Fp8Granularity::Block1x128: launch_groups<T, kE4M3, GroupMode::Block1x128, false>(a, stream); return;
-    case Fp8Granularity::Block128x128: launch_groups<T, kE4M3, GroupMode::Block128x128, false>(a, stream); return;
+    case Fp8Granularity::Block1x128: launch_groups<T, kE4M3, GroupMode::Block1x128>(a, stream); return;
+    case Fp8Granularity::Block128x128: launch_groups<T, kE4M3, GroupMode::Block128x128>(a, stream); return;
+    case Fp8Granularity::Row: break;
     case Fp8Granularity::Tensor: break;
   }
-  throw RuntimeError("quantize_fp8_grouped: tensor granularity goes through quantize_fp8_tensorwise");
+  throw RuntimeError(fmt::format("quantize_fp8_grouped: {} granularity does not go through the groups kernel",
+                                 fp8_granularity_name(g)));
 }
 
 // ---- Row granularity with row groups for out_t (cpu::quantize_fp8_row_groups_t) ----------------
@@ -1365,18 +1342,20 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
     throw RuntimeError(fmt::format("quantize_fp8_grouped: [{}, {}] (row pitch {}): {} scaling on the GPU needs both "
                                    "dimensions multiples of 16 and 16-byte aligned rows and outputs",
                                    R, C, ld, fp8_granularity_name(g)));
-  if (g == Fp8Granularity::Row && out_t && aligned16(scratch)) {
-    // The column-scaled copy is one group of R rows of the row-groups kernels: their quantizing
+  if (g == Fp8Granularity::Row) {
+    // With the column-scaled copy: one group of R rows of the row-groups kernels, whose quantizing
     // launch (the tile kernel's layout with a scale per column: 16-byte loads of whole rows, the
-    // transpose through shared memory, a persistent grid) writes the same bytes and scales as the
-    // groups kernel's Row mode below, faster (docs/performance.md, "FP8").
+    // transpose through shared memory, a persistent grid) runs 1.17-1.25x the rate of the groups
+    // kernel's former row mode on the Llama shapes (docs/performance.md, "FP8").
     // Scratch: the column maxima [C], then the row maxima [R] (with out); launch 2 turns them into
     // scales in place, so given maxima ([R] rows, then [C] columns) are copied in first.
+    if (!out_t) throw RuntimeError("quantize_fp8_grouped: row scaling with neither out nor out_t");
+    if (!scratch) throw RuntimeError("quantize_fp8_grouped: row scaling with out_t needs its scratch");
+    if (R == 0 || C == 0) return;
     RowGroupArgs rg{inp, R, C, ld, nullptr, R, 1, static_cast<uint8_t*>(out), scale_inv,
                     static_cast<uint8_t*>(out_t), scale_inv_t, static_cast<uint32_t*>(scratch), nullptr,
                     fp8_max_of(fp8)};
     if (out) rg.row_amax = rg.col_amax + C;
-    if (R == 0 || C == 0) return;
     if (maxima) {
       const auto* m = reinterpret_cast<const uint32_t*>(maxima);
       CUDA_CHECK(cudaMemcpyAsync(rg.col_amax, m + R, sizeof(uint32_t) * static_cast<size_t>(C),
@@ -1387,25 +1366,18 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
     } else {
       CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(uint32_t) * static_cast<size_t>(C + (out ? R : 0)), stream));
     }
-    const bool e4m3 = fp8 == DType::F8E4M3;
+    // The shape and the tensors' alignment were checked above; the scratch's decides the loads.
+    const bool vec = aligned16(scratch), e4m3 = fp8 == DType::F8E4M3, known = maxima != nullptr;
     PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
-      if (out) run_row_groups<scalar_t, true, true>(rg, e4m3, stream, maxima != nullptr);
-      else run_row_groups<scalar_t, true, false>(rg, e4m3, stream, maxima != nullptr);
+      if (vec && out) run_row_groups<scalar_t, true, true>(rg, e4m3, stream, known);
+      else if (vec) run_row_groups<scalar_t, true, false>(rg, e4m3, stream, known);
+      else if (out) run_row_groups<scalar_t, false, true>(rg, e4m3, stream, known);
+      else run_row_groups<scalar_t, false, false>(rg, e4m3, stream, known);
     });
     return;
   }
   GroupArgs a{inp, R, C, ld, static_cast<uint8_t*>(out), scale_inv, static_cast<uint8_t*>(out_t), scale_inv_t,
-              static_cast<uint32_t*>(scratch), static_cast<uint32_t*>(scratch) + R, fp8_max_of(fp8)};
-  if (maxima && g == Fp8Granularity::Row && out_t) {  // the maxima are known: the quantizing launch alone
-    // The kernel only reads the maxima in its quantizing instantiation.
-    a.row_amax = const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(maxima));
-    a.col_amax = a.row_amax + R;
-    PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
-      if (fp8 == DType::F8E4M3) launch_groups<scalar_t, true, GroupMode::Row, false>(a, stream);
-      else launch_groups<scalar_t, false, GroupMode::Row, false>(a, stream);
-    });
-    return;
-  }
+              fp8_max_of(fp8)};
   PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
     if (fp8 == DType::F8E4M3) run_groups<scalar_t, true>(a, g, stream);
     else run_groups<scalar_t, false>(a, g, stream);

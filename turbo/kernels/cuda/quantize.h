@@ -49,14 +49,15 @@ void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int6
 // quantisation of inp^T) with scale_inv_t, either pair may be null (not both). Needs R and C
 // multiples of 16 (128 for the blocks), 16-byte aligned input rows and outputs; throws
 // primus::RuntimeError otherwise. scratch: quantize_fp8_grouped_scratch_bytes of device memory
-// (Row: the row and column maxima, zeroed here with a memset). Block granularities: one launch;
-// Row: a memset and two launches; Row with out alone (no out_t; C a multiple of 16, any R): one
+// (Row: the column and row maxima, then their scales). Block granularities: one launch; Row with
+// out_t: the row-groups kernels with one group of R rows (a memset, the maxima launch, the scales
+// launch, the quantizing launch); Row with out alone (no out_t; C a multiple of 16, any R): one
 // launch that reads the input once (a warp per row), no scratch. Deterministic, graph-capturable,
 // no allocation.
 size_t quantize_fp8_grouped_scratch_bytes(int64_t R, int64_t C, Fp8Granularity g);
 // maxima (Row with out_t; may be null): inp's row then column maxima as f32 [R + C] (the op that
-// wrote inp took them, turbo::QuantizeFp8Args::maxima): the memset and the first launch are
-// skipped, one launch reads the input once.
+// wrote inp took them, turbo::QuantizeFp8Args::maxima): copied into the scratch instead of the
+// memset and the maxima launch, so the input is read once.
 void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                           Fp8Granularity g, void* out, float* scale_inv, void* out_t, float* scale_inv_t, void* scratch,
                           cudaStream_t stream, const float* maxima = nullptr);
