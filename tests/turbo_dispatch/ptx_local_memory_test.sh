@@ -2,8 +2,8 @@
 # The FP8 quantizers' hot kernels keep their chunks in registers: none of their instantiations may
 # touch local memory (a chunk whose address escapes, e.g. into a non-inlined helper, makes the
 # compiler store every loaded chunk to local memory; on H200 that cost the tile and folded SwiGLU
-# quantizers 30-35% of their time). Compiles the source to PTX with the build's flags and counts
-# .local accesses per kernel entry.
+# quantizers 27-36% of their time). Compiles the source to PTX for sm_90a at -O3, as the build does,
+# and counts .local accesses per kernel entry.
 # Usage: ptx_local_memory_test.sh NVCC SOURCE_ROOT FILE KERNEL...   (FILE relative to SOURCE_ROOT)
 set -euo pipefail
 nvcc=$1 root=$2 file=$3
@@ -14,9 +14,9 @@ trap 'rm -rf "$tmp"' EXIT
   -o "$tmp/out.ptx"
 status=0
 for kernel in "$@"; do
-  # entries: name and count of .local lines up to the entry's closing brace
+  # one line per matching entry: its count of .local lines up to the entry's closing brace
   report=$(awk -v k="$kernel" '
-    /^\.(visible )?\.?entry / { name = $0; inside = index($0, k) > 0; n = 0; next }
+    /^(\.visible )?\.entry / { inside = index($0, k) > 0; n = 0; next }
     inside && /\.local/ { n++ }
     inside && /^}/ { print n; inside = 0 }' "$tmp/out.ptx")
   entries=$(printf '%s\n' "$report" | grep -c . || true)

@@ -465,9 +465,10 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
 }
 
 // ---- per-group scaling inside a tile (1x128 tiles, 128x128 blocks) -------------------------------
-// One launch over 128 x 128 tiles of the input (256 threads): the groups lie inside the tile. Warp w owns the 16 consecutive rows
-// 16w..16w+15 of the tile, lane l its columns 4l..4l+3, so a thread holds a 16 x 4 patch in
-// registers after one read of the input (16 loads of 4 elements in flight). Row maxima come from
+// One launch over 128 x 128 tiles of the input (256 threads); the groups lie inside the tile.
+// Warp w owns the 16 consecutive rows 16w..16w+15 of the tile, lane l its columns 4l..4l+3, so a
+// thread holds a 16 x 4 patch in registers after one read of the input (16 loads of 4 elements in
+// flight). Row maxima come from
 // warp reductions, column maxima from the threads' patch maxima reduced over the 8 warps through
 // 4 KiB of shared memory. The row-scaled copy is written from the patch, 4 bytes a lane (128
 // contiguous bytes a row); the column-scaled transpose too: a patch column is 16 consecutive rows,
@@ -1159,8 +1160,8 @@ struct SwigluQuantArgs {
   uint32_t* amax_out;
 };
 
-// 16 bf16 values as two 16-byte words. Element e is half e % 2 of word e / 2 (w[e / 8], component
-// e / 2 % 4); they are read and written by shifts on whole words, so the chunk stays in registers.
+// 16 bf16 values as two 16-byte words; element e is half e % 2 of 32-bit word e / 2. Read and
+// written a whole word at a time, so the chunk stays in registers.
 struct Chunk16 {
   int4 w[2];
 };
@@ -1171,18 +1172,9 @@ __device__ __forceinline__ Chunk16 load_chunk_cs(const bf16* p) {
   return c;
 }
 __device__ __forceinline__ uint32_t chunk_word(const Chunk16& c, int i) {
-  const int4& v = c.w[i / 4];
-  const int k = i % 4;
-  return static_cast<uint32_t>(k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w);
+  return reinterpret_cast<const uint32_t*>(c.w)[i];
 }
-__device__ __forceinline__ void chunk_set_word(Chunk16& c, int i, uint32_t x) {
-  int4& v = c.w[i / 4];
-  const int k = i % 4, y = static_cast<int>(x);
-  if (k == 0) v.x = y;
-  else if (k == 1) v.y = y;
-  else if (k == 2) v.z = y;
-  else v.w = y;
-}
+__device__ __forceinline__ void chunk_set_word(Chunk16& c, int i, uint32_t x) { reinterpret_cast<uint32_t*>(c.w)[i] = x; }
 // Two floats rounded to bf16 as one word, the first in the low half.
 __device__ __forceinline__ uint32_t bf16_word(float lo, float hi) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
@@ -1322,6 +1314,21 @@ size_t quantize_fp8_grouped_scratch_bytes(int64_t R, int64_t C, Fp8Granularity g
   return g == Fp8Granularity::Row ? sizeof(uint32_t) * static_cast<size_t>(R + C) : 16;
 }
 
+// The row-groups launches for a, with 16-byte loads where its shape and pointers allow.
+void dispatch_row_groups(DType in_dtype, DType fp8, const RowGroupArgs& a, bool amax_known, cudaStream_t stream,
+                         const char* op) {
+  const int64_t es = static_cast<int64_t>(dtype_size(in_dtype));
+  const bool vec = a.R % 16 == 0 && a.C % 16 == 0 && (a.ld * es) % 16 == 0 && aligned16(a.inp) && aligned16(a.out_t) &&
+                   (!a.out || aligned16(a.out)) && aligned16(a.col_amax);
+  const bool e4m3 = fp8 == DType::F8E4M3, out = a.out != nullptr;
+  PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, op, [&] {
+    if (vec && out) run_row_groups<scalar_t, true, true>(a, e4m3, stream, amax_known);
+    else if (vec) run_row_groups<scalar_t, true, false>(a, e4m3, stream, amax_known);
+    else if (out) run_row_groups<scalar_t, false, true>(a, e4m3, stream, amax_known);
+    else run_row_groups<scalar_t, false, false>(a, e4m3, stream, amax_known);
+  });
+}
+
 void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                           Fp8Granularity g, void* out, float* scale_inv, void* out_t, float* scale_inv_t, void* scratch,
                           cudaStream_t stream, const float* maxima) {
@@ -1345,12 +1352,16 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
   if (g == Fp8Granularity::Row) {
     // With the column-scaled copy: one group of R rows of the row-groups kernels, whose quantizing
     // launch (the tile kernel's layout with a scale per column: 16-byte loads of whole rows, the
-    // transpose through shared memory, a persistent grid) runs 1.17-1.25x the rate of the groups
-    // kernel's former row mode on the Llama shapes (docs/performance.md, "FP8").
+    // transpose through shared memory, a persistent grid) ran 1.17-1.25x the rate of a 16 x 4
+    // patch a thread with no shared transpose (the groups kernel's layout) on the Llama shapes
+    // (docs/performance.md, "FP8").
     // Scratch: the column maxima [C], then the row maxima [R] (with out); launch 2 turns them into
     // scales in place, so given maxima ([R] rows, then [C] columns) are copied in first.
     if (!out_t) throw RuntimeError("quantize_fp8_grouped: row scaling with neither out nor out_t");
-    if (!scratch) throw RuntimeError("quantize_fp8_grouped: row scaling with out_t needs its scratch");
+    if (!scratch)
+      throw RuntimeError(fmt::format("quantize_fp8_grouped: [{}, {}] row scaling with out_t needs its scratch "
+                                     "(quantize_fp8_grouped_scratch_bytes)",
+                                     R, C));
     if (R == 0 || C == 0) return;
     RowGroupArgs rg{inp, R, C, ld, nullptr, R, 1, static_cast<uint8_t*>(out), scale_inv,
                     static_cast<uint8_t*>(out_t), scale_inv_t, static_cast<uint32_t*>(scratch), nullptr,
@@ -1366,14 +1377,7 @@ void quantize_fp8_grouped(DType in_dtype, DType fp8, const void* inp, int64_t R,
     } else {
       CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(uint32_t) * static_cast<size_t>(C + (out ? R : 0)), stream));
     }
-    // The shape and the tensors' alignment were checked above; the scratch's decides the loads.
-    const bool vec = aligned16(scratch), e4m3 = fp8 == DType::F8E4M3, known = maxima != nullptr;
-    PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, "quantize_fp8_grouped", [&] {
-      if (vec && out) run_row_groups<scalar_t, true, true>(rg, e4m3, stream, known);
-      else if (vec) run_row_groups<scalar_t, true, false>(rg, e4m3, stream, known);
-      else if (out) run_row_groups<scalar_t, false, true>(rg, e4m3, stream, known);
-      else run_row_groups<scalar_t, false, false>(rg, e4m3, stream, known);
-    });
+    dispatch_row_groups(in_dtype, fp8, rg, maxima != nullptr, stream, "quantize_fp8_grouped");
     return;
   }
   GroupArgs a{inp, R, C, ld, static_cast<uint8_t*>(out), scale_inv, static_cast<uint8_t*>(out_t), scale_inv_t,
@@ -1408,16 +1412,7 @@ void quantize_fp8_row_groups(DType in_dtype, DType fp8, const void* inp, int64_t
   if (out) a.row_amax = a.col_amax + G * C;
   const int64_t entries = G * C + (out ? R : 0);
   if (entries > 0) CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(uint32_t) * static_cast<size_t>(entries), stream));
-  const size_t es = dtype_size(in_dtype);
-  const bool vec = R % 16 == 0 && C % 16 == 0 && (ld * static_cast<int64_t>(es)) % 16 == 0 && aligned16(inp) &&
-                   aligned16(out_t) && (!out || aligned16(out)) && aligned16(scratch);
-  const bool e4m3 = fp8 == DType::F8E4M3;
-  PRIMUS_DISPATCH_FLOAT_BF16(in_dtype, op, [&] {
-    if (vec && out) run_row_groups<scalar_t, true, true>(a, e4m3, stream);
-    else if (vec) run_row_groups<scalar_t, true, false>(a, e4m3, stream);
-    else if (out) run_row_groups<scalar_t, false, true>(a, e4m3, stream);
-    else run_row_groups<scalar_t, false, false>(a, e4m3, stream);
-  });
+  dispatch_row_groups(in_dtype, fp8, a, false, stream, op);
 }
 
 std::string quantize_fp8_swiglu_unsupported_reason(DType in_dtype, DType fp8, const void* gate_up, const void* dout,
