@@ -8,8 +8,10 @@
 # and the layout probe; train = the recipes (RECIPES, default "e4m3:tensorwise e4m3:rowwise
 # e4m3:blockwise hybrid:tensorwise hybrid:rowwise") and the two anchors (BF16_ANCHOR=0: the FP8 one
 # only; FP8_ANCHOR=0: neither, e.g. for profiles; an entry format:recipe:variant adds the overrides in VARIANT_<variant>, comma-separated, and
-# runs with the environment variables in ENV_<variant>, e.g. ENV_nomx="PRIMUS_CUDA_FP8_MAXIMA=0");
-# STEPS (30) / MEASURE (20). QBENCH=1 first times `primus benchmark quantize` (TURBO) on
+# runs with the environment variables in ENV_<variant>, e.g. ENV_nomx="PRIMUS_CUDA_FP8_MAXIMA=0", and
+# the carried binary named in BINARY_<variant> instead of primus, e.g. BINARY_old=primus_old for an
+# A/B against another build carried as primus_old.xz);
+# STEPS (30) / MEASURE (20). QBENCH=1 first times `primus benchmark quantize` (TURBO; QBENCH_SHAPES) on
 # the Llama-3.2-1B shapes.
 # Rows (DESIGN.md "Measurements") in $OUT/train.jsonl; a table last.
 set -u
@@ -50,7 +52,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
 fi
 
 if [ "${QBENCH:-0}" = 1 ]; then
-  "$BIN/primus" benchmark quantize --shapes 16384x2048,16384x8192,2048x8192 --backend TURBO 2>&1 | grep -E "^  (quantize_fp8_|swiglu_)" | tee "$OUT/quantize_bench.txt"
+  "$BIN/primus" benchmark quantize --shapes "${QBENCH_SHAPES:-16384x2048,16384x8192,2048x8192}" --backend TURBO 2>&1 | grep -E "^  (quantize_fp8_|swiglu_)" | tee "$OUT/quantize_bench.txt"
 fi
 
 if [[ " $STAGES " == *" train "* ]]; then
@@ -68,7 +70,8 @@ if [[ " $STAGES " == *" train "* ]]; then
     rm -rf "$ws"
     t0=$SECONDS
     # shellcheck disable=SC2086  # envs: words of NAME=value
-    env $envs timeout 200 "$BIN/primus" train pretrain --config examples/cuda/llama3.2-1B.yaml mock_data=true train_iters="$STEPS" \
+    bv="BINARY_${variant}"; exe=${!bv:-primus}
+    env $envs timeout 200 "$BIN/$exe" train pretrain --config examples/cuda/llama3.2-1B.yaml mock_data=true train_iters="$STEPS" \
       micro_batch_size=8 global_batch_size=8 seq_length=2048 lr_warmup_iters=5 log_interval=5 eval_interval=0 \
       save_interval=0 save_at_end=false workspace="$ws" exp_name=m fp8="$fmt" fp8_recipe="$recipe" $extra > "$OUT/$name.log" 2>&1
     echo "rc=$? ${SECONDS}s" >> "$OUT/$name.log"
