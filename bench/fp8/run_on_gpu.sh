@@ -10,7 +10,8 @@
 # only; FP8_ANCHOR=0: neither, e.g. for profiles; an entry format:recipe:variant adds the overrides in VARIANT_<variant>, comma-separated, and
 # runs with the environment variables in ENV_<variant>, e.g. ENV_nomx="PRIMUS_CUDA_FP8_MAXIMA=0", and
 # the carried binary named in BINARY_<variant> instead of primus, e.g. BINARY_old=primus_old for an
-# A/B against another build carried as primus_old.xz);
+# A/B against another build carried as primus_old.xz, whose commit the rows take from
+# $CARRY/primus_old.commit ("unknown (primus_old)" without one));
 # STEPS (30) / MEASURE (20). QBENCH=1 first times `primus benchmark quantize` (TURBO; QBENCH_SHAPES) on
 # the Llama-3.2-1B shapes.
 # Rows (DESIGN.md "Measurements") in $OUT/train.jsonl; a table last.
@@ -71,6 +72,8 @@ if [[ " $STAGES " == *" train "* ]]; then
     t0=$SECONDS
     # shellcheck disable=SC2086  # envs: words of NAME=value
     bv="BINARY_${variant}"; exe=${!bv:-primus}
+    if [ "$exe" = primus ]; then echo "$COMMIT" > "$OUT/$name.commit"
+    else cat "$CARRY/$exe.commit" > "$OUT/$name.commit" 2>/dev/null || echo "unknown ($exe)" > "$OUT/$name.commit"; fi
     env $envs timeout 200 "$BIN/$exe" train pretrain --config examples/cuda/llama3.2-1B.yaml mock_data=true train_iters="$STEPS" \
       micro_batch_size=8 global_batch_size=8 seq_length=2048 lr_warmup_iters=5 log_interval=5 eval_interval=0 \
       save_interval=0 save_at_end=false workspace="$ws" exp_name=m fp8="$fmt" fp8_recipe="$recipe" $extra > "$OUT/$name.log" 2>&1
@@ -111,7 +114,9 @@ for f in sorted(glob.glob(os.path.join(out, "*.metrics.jsonl"))):
     peak = max(s.get("mem_gib", 0) for s in last)
     loss = m[-1].get("loss")
     case = "llama3.2-1B/b8/t2048/mock/" + name.split("_b8_")[1]
-    base = {"bench": "train", "case": case, "device": device, "date": date, "commit": commit}
+    try: run_commit = open(os.path.join(out, name + ".commit")).read().strip() or commit
+    except OSError: run_commit = commit
+    base = {"bench": "train", "case": case, "device": device, "date": date, "commit": run_commit}
     r1 = r2 = None
     if fp8a:
         r1 = ours / fp8a["tok_s"]
@@ -131,6 +136,6 @@ with open(os.path.join(out, "train.jsonl"), "a") as f:
 PY
 fi
 # The device returns a limited number of files: the logs and metrics travel as one archive.
-(cd "$OUT" && ls *.log *.metrics.jsonl >/dev/null 2>&1 && tar czf logs.tar.gz *.log *.metrics.jsonl && rm -f *.log *.metrics.jsonl)
+(cd "$OUT" && ls *.log *.metrics.jsonl >/dev/null 2>&1 && tar czf logs.tar.gz *.log *.metrics.jsonl && rm -f *.log *.metrics.jsonl *.commit)
 echo
 printf '%s\n' "${SUMMARY[@]}"
