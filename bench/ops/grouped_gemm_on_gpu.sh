@@ -42,13 +42,16 @@ if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   rm -rf "$GG_GROUPS" "$W" "$OUT/merged.jsonl"
   mkdir -p "$W"
   ROUNDS=${ROUNDS:-2}
-  # AB=1: ours is TURBO under each schedule (--ab, one value after the other in each round), and
-  # each schedule is set against torch's rounds on its own (backend "TURBO[coop]", "TURBO[pingpong]").
-  SCHED=PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE
+  # AB=1: ours is TURBO under each value of AB_VAR (default the schedule, values AB_VALUES, default
+  # coop,pingpong; --ab, one value after the other in each round), and each value is set against
+  # torch's rounds on its own (backend "TURBO[coop]", "TURBO[pingpong]"; for another variable
+  # "TURBO[VAR=value]").
+  SCHED=${AB_VAR:-PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE}
+  AB_VALUES=${AB_VALUES:-coop,pingpong}
   for r in $(seq 1 "$ROUNDS"); do
     if [ "${AB:-0}" = 1 ]; then
       PRIMUS_BENCH_GROUPED_GEMM_GROUPS="$GG_GROUPS" timeout 240 "$BIN/primus" benchmark grouped_gemm --backend TURBO \
-        --ab $SCHED=coop,pingpong --ab-rounds 1 --json "$W/ab_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
+        --ab $SCHED=$AB_VALUES --ab-rounds 1 --json "$W/ab_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
     else
       PRIMUS_BENCH_GROUPED_GEMM_GROUPS="$GG_GROUPS" timeout 240 "$BIN/primus" benchmark grouped_gemm \
         ${BACKEND:+--backend $BACKEND} --json "$W/ours_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
@@ -60,14 +63,15 @@ if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   done
   torch_files=$(seq -f "$W/torch_r%g.jsonl" 1 "$ROUNDS")
   if [ "${AB:-0}" = 1 ]; then
-    for sc in coop pingpong; do
+    for sc in ${AB_VALUES//,/ }; do
       for r in $(seq 1 "$ROUNDS"); do
         python3 -c "
 import json, sys
 for l in open(sys.argv[1]):
     x = json.loads(l) if l.strip() else None
     if x and x.get('case', '').endswith(' [$SCHED=' + sys.argv[2] + ']'):
-        x['case'] = x['case'].rsplit(' [', 1)[0]; x['backend'] = 'TURBO[' + sys.argv[2] + ']'
+        x['case'] = x['case'].rsplit(' [', 1)[0]
+        x['backend'] = 'TURBO[' + (sys.argv[2] if '$SCHED' == 'PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE' else '$SCHED=' + sys.argv[2]) + ']'
         print(json.dumps(x))" "$W/ab_r$r.jsonl" $sc > "$W/ours_${sc}_r$r.jsonl"
       done
       python3 bench/ops/merge_ops.py --bench grouped_gemm --ours $(seq -f "$W/ours_${sc}_r%g.jsonl" 1 "$ROUNDS") \

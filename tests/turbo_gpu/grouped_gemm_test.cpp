@@ -138,7 +138,8 @@ std::vector<GgCase> cases() {
   };
 }
 
-// A backend, and for TURBO its schedule (PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE; "" leaves it unset).
+// A backend, and for TURBO its schedule (PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE; "" leaves it unset:
+// ping-pong).
 struct Lane {
   BackendType be;
   std::string schedule;
@@ -163,7 +164,7 @@ TEST_P(GroupedGemmCaseTest, MatchesReferencePerGroup) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupedGemmCaseTest,
                          ::testing::Combine(::testing::ValuesIn(cases()),
                                             ::testing::Values(Lane{BackendType::TURBO, "", "TURBO"},
-                                                              Lane{BackendType::TURBO, "pingpong", "TURBO_pingpong"},
+                                                              Lane{BackendType::TURBO, "coop", "TURBO_coop"},
                                                               Lane{BackendType::CUBLASLT, "", "CUBLASLT"})),
                          [](const ::testing::TestParamInfo<std::tuple<GgCase, Lane>>& i) {
                            return std::get<0>(i.param).name + "_" + std::get<1>(i.param).name;
@@ -175,8 +176,8 @@ TEST_F(GroupedGemmGpuTest, RandomGroupSizes) {
   std::vector<int32_t> counts = randint(7, 0, 14);
   for (auto& n : counts) n = n < 3 ? 0 : 16 * n;
   for (BackendType be : {BackendType::TURBO, BackendType::CUBLASLT}) run_case({"random", 392, 328, counts, 16}, be);
-  setenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", "pingpong", 1);
-  run_case({"random_pingpong", 392, 328, counts, 16}, BackendType::TURBO);
+  setenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", "coop", 1);
+  run_case({"random_coop", 392, 328, counts, 16}, BackendType::TURBO);
   unsetenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE");
 }
 
