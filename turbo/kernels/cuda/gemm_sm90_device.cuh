@@ -631,7 +631,14 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
                                          uint32_t& phase, const Tail& tail, const Before& before = Before{}) {
   // Descriptor units are 16 bytes. K-major: 16 elements of k are 32 bytes along a swizzled row;
   // MN-major: 16 k-rows of 128 bytes.
-  constexpr uint64_t kStepA = TA ? 2048 / 16 : 32 / 16, kStepB = TB ? 2048 / 16 : 32 / 16;
+  // The offsets are added to the descriptors' low words only: the start address (bits 0-13, in
+  // 16-byte units) of any shared-memory operand plus its offsets stays below 2^14, so no carry
+  // reaches the fields above, and 32-bit adds replace the 64-bit add-with-carry chains the
+  // compiler would otherwise emit for every wgmma (which left the MN-major weight gradient's
+  // k-loop issue-bound).
+  constexpr uint32_t kStepA = TA ? 2048 / 16 : 32 / 16, kStepB = TB ? 2048 / 16 : 32 / 16;
+  const uint64_t a_hi = da & ~0xffffffffull, b_hi = db & ~0xffffffffull;
+  const uint32_t a_lo = static_cast<uint32_t>(da), b_lo = static_cast<uint32_t>(db);
   const bool leader = threadIdx.x % 32 == 0;
   int prev = 0;
   const int tail_kb = max(kb_count - kTailAhead, 0);
@@ -639,15 +646,16 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
     if (kb == tail_kb) tail();
     mbar_wait(bars + 8u * stage, phase);
     before(kb, stage);
-    const uint64_t off = static_cast<uint64_t>(stage * C::kStageBytes) >> 4;
+    const uint32_t off = static_cast<uint32_t>(stage * C::kStageBytes) >> 4;
     fence_regs<C::kAcc>(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
 #pragma unroll
       for (int h = 0; h < C::kHalves; ++h)
-        GemmWgmma<T, BN>::template mma<TA, TB>(acc + h * (BN / 2), da + h * (kSlabBytes / 16) + off + kk * kStepA,
-                                               db + off + kk * kStepB, 1);
+        GemmWgmma<T, BN>::template mma<TA, TB>(acc + h * (BN / 2),
+                                               a_hi | (a_lo + h * (kSlabBytes / 16) + off + kk * kStepA),
+                                               b_hi | (b_lo + off + kk * kStepB), 1);
     wgmma_commit();
     wgmma_wait<1>();
     fence_regs<C::kAcc>(acc);

@@ -82,6 +82,9 @@ struct GParams {
   // sb_n + kb' * sb_k] (rows mode, one per 128 x 128 weight block) or scale_b[kb' * sb_k + c] (k
   // mode, one per output column c), where kb' = kb (rows mode) or the token block row0 / 128 + kb.
   int64_t sa_k, sb_g, sb_n, sb_k;
+  // Weight gradient (bf16): 1 when A's and B's maps are the [chunk][token][64 features] views
+  // (wgrad_pair_map), so one TMA load brings both 64-column slabs of an operand's stage.
+  int pairs;
 };
 
 // One tile: group g and its rows [row0, row0 + rows); tile row tm and column tn of the group's output.
@@ -362,8 +365,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int kb_count = MODE == kModeRows ? p.kblocks : (tl.rows + kTK - 1) / kTK;
         // MN-major slabs wholly past the output's edge are not loaded (their stale shared memory
         // feeds only masked rows / columns), as in the dense kernel.
-        const int a_slabs = MODE == kModeK && TA ? (m0 + 64 < p.m_w ? 2 : 1) : 0;
-        const int b_slabs = TB ? min(C::kSlabsB, (p.n - n0 + 63) / 64) : 0;
+        // The paired loads bring both slabs whatever the edge (chunks past it read as zeros and
+        // count in the transaction bytes).
+        const int a_slabs = MODE == kModeK && TA ? (p.pairs || m0 + 64 < p.m_w ? 2 : 1) : 0;
+        const int b_slabs = TB ? (MODE == kModeK && p.pairs ? C::kSlabsB : min(C::kSlabsB, (p.n - n0 + 63) / 64)) : 0;
         const uint32_t tx = (TA ? a_slabs * kSlabBytes : C::kBytesA) + (TB ? b_slabs * kSlabBytes : C::kBytesB) +
                             (BLK && MODE == kModeK ? kBlkSlotBytes : 0);
         for (int kb = 0; kb < kb_count; ++kb, ++it) {
@@ -389,6 +394,10 @@ __global__ void __launch_bounds__(kThreads, 1)
               bulk_g2s(slot, p.scale_a + tb * p.sa_k + m0, 512, full);
               bulk_g2s(slot + 512, p.scale_b + tb * p.sb_k + n0, 512, full);
             }
+          } else if (p.pairs) {
+            const int r = tl.row0 + k0;
+            attn::tma_load_3d(sa, &tmap_a, full, 0, r, m0 / 64);
+            attn::tma_load_3d(sb, &tmap_b, full, 0, r, n0 / 64);
           } else {
             const int r = tl.row0 + k0;
             tma_load_2d(sa, &tmap_a, full, m0, r);
@@ -487,7 +496,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                                        lane);
       }
     } else if constexpr (MODE == kModeK) {
-      mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
+      // Only a tile whose last k-tile is cut runs the check in its k-loop (groups padded to the
+      // k-tile, as training pads them, never do): the check's instructions in every iteration
+      // kept the weight gradient's loop from issuing ahead of the tensor cores.
+      if (valid < kTK) mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
+      else mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
     } else {
       mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
     }
@@ -563,6 +576,28 @@ CUtensorMap map_3d(const void* ptr, int64_t inner, int64_t outer, int64_t groups
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(outer_stride * esize), static_cast<cuuint64_t>(group_stride * esize)};
   const cuuint32_t box[3] = {box_inner, box_outer, 1};
   return grouped_map(ptr, 3, dims, strides, box, what, esize);
+}
+
+// The weight gradient's token matrix [M][cols] (cols a multiple of 64) as [cols / 64][M][64]: chunk
+// c of row r at (c * 64 + r * cols) elements, in boxes of [2][64 tokens][64 features], which land
+// in shared memory as two consecutive [64][64] slabs (the MN-major stage layout). Every element
+// the view addresses lies inside the matrix; chunks past cols / 64 read as zeros.
+CUtensorMap wgrad_pair_map(const void* ptr, int64_t cols, int64_t rows, const char* what) {
+  const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(cols / 64)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols * 2), 128};
+  const cuuint32_t box[3] = {64, 64, 2};
+  return grouped_map(ptr, 3, dims, strides, box, what);
+}
+
+// PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS (read on every call, for A/B runs) = 0: the weight
+// gradient loads each 64-column slab of its operands with a TMA load of its own (four a stage)
+// instead of both slabs of an operand with one. Anything but unset, empty, 0 or 1: an error.
+bool wgrad_pairs() {
+  const char* e = std::getenv("PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "1") return true;
+  if (v == "0") return false;
+  throw RuntimeError(fmt::format("PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS='{}': expected 0 or 1", v));
 }
 
 struct GDevice {
@@ -744,8 +779,9 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
       prm.tiles_m_w = static_cast<int>(cdiv(N, kBM));
       prm.tiles_n = static_cast<int>(cdiv(K, bn));
       prm.tiles_k = prm.tiles_m_w * prm.tiles_n;
-      const CUtensorMap ta = map_2d(p.a, N, M, 64, 64, "dout [M,N]");
-      const CUtensorMap tb = map_2d(p.b, K, M, 64, 64, "inp [M,K]");
+      prm.pairs = bn == 128 && N % 64 == 0 && K % 64 == 0 && wgrad_pairs() ? 1 : 0;
+      const CUtensorMap ta = prm.pairs ? wgrad_pair_map(p.a, N, M, "dout [M,N]") : map_2d(p.a, N, M, 64, 64, "dout [M,N]");
+      const CUtensorMap tb = prm.pairs ? wgrad_pair_map(p.b, K, M, "inp [M,K]") : map_2d(p.b, K, M, 64, 64, "inp [M,K]");
       run(float{}, std::integral_constant<int, kModeK>{}, I1{}, I1{}, ta, tb, G * prm.tiles_k);
       return;
     }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Profile the TURBO grouped GEMM with Nsight Compute: one launch of the forward and one of the
+# weight gradient of one product, each with its details page and its per-instruction (SASS) table
+# of stall samples, so where a kernel's warps wait can be read instruction by instruction. Runs on
+# the GPU machine over .carry-gg (bench/ops/grouped_gemm_prepare_carry.sh):
+#   run(command="SHAPE=8192x64x8x2048x2048 bash bench/ops/ncu_grouped_gemm.sh", carry=[".carry-gg"])
+# SHAPE is `primus benchmark grouped_gemm`'s tokens x experts x topk x N x K. Writes
+# $OUT/ncu_{fwd,wgrad}.txt (details) and $OUT/sass_{fwd,wgrad}.csv (source page), and prints the
+# summary and the instructions with the most stall samples.
+# shellcheck disable=SC1091
+source scripts/gpu_env.sh
+set -uo pipefail
+CARRY=${CARRY:-.carry-gg}
+SHAPE=${SHAPE:-8192x64x8x2048x2048}
+OUTDIR=${OUT:-/tmp/ncu_out}
+mkdir -p "$OUTDIR" /tmp/pb
+gunzip -c "$CARRY/primus.gz" > /tmp/pb/primus && chmod +x /tmp/pb/primus
+export LD_LIBRARY_PATH="$PWD/$CARRY:${LD_LIBRARY_PATH:-}"
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+# The kernels' template arguments tell them apart (demangled as "(int)0"): the forward is rows mode
+# with both operands K-major, the weight gradient writes f32.
+for kind in fwd wgrad; do
+  if [ "$kind" = fwd ]; then filt='regex:grouped_gemm_sm90_kernel<__nv_bfloat16, __nv_bfloat16, \(int\)0, \(int\)0, \(int\)0,'
+  else filt='regex:grouped_gemm_sm90_kernel<__nv_bfloat16, float, \(int\)1,'; fi
+  "$NCU" --clock-control none --set full --import-source no --kernel-name-base demangled -k "$filt" \
+    --launch-skip 3 --launch-count 1 -o "/tmp/pb/$kind" -f \
+    /tmp/pb/primus benchmark grouped_gemm --backend TURBO --shapes "$SHAPE" > "/tmp/pb/$kind.log" 2>&1
+  "$NCU" --import "/tmp/pb/$kind.ncu-rep" --page details > "$OUTDIR/ncu_$kind.txt" 2>&1
+  "$NCU" --import "/tmp/pb/$kind.ncu-rep" --page source --print-source sass --csv > "$OUTDIR/sass_$kind.csv" 2>&1
+  echo "== $kind ($SHAPE)"
+  grep -E 'Duration|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Executed Ipc Active|Issue Slots Busy' \
+    "$OUTDIR/ncu_$kind.txt" | head -12
+  tail -2 "/tmp/pb/$kind.log"
+done
