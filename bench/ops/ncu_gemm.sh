@@ -5,17 +5,11 @@
 # made by bench/train/prepare_carry.sh:
 #   CARRY=.carry-cuda SHAPES="16384x2304x768" bash bench/ops/ncu_gemm.sh
 # Writes $OUT/ncu_<shape>_<backend>.txt (details page) and a short summary on stdout.
-# scripts/gpu_env.sh probes with commands that may fail: source it before `set -e`
-# shellcheck disable=SC1091
-source scripts/gpu_env.sh
-set -euo pipefail
 CARRY=${CARRY:-.carry-cuda}
 SHAPES=${SHAPES:-16384x2304x768}
-OUTDIR=${OUT:-/tmp/ncu_out}
-mkdir -p "$OUTDIR" /tmp/pb
-gunzip -c "$CARRY/primus.gz" > /tmp/pb/primus && chmod +x /tmp/pb/primus
-export LD_LIBRARY_PATH="$PWD/$CARRY:${LD_LIBRARY_PATH:-}"
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+# shellcheck source=bench/ops/ncu_setup.sh
+source bench/ops/ncu_setup.sh
+set -euo pipefail
 for shape in $SHAPES; do
   for be in TURBO CUBLASLT; do
     f="$OUTDIR/ncu_${shape//[^0-9a-zA-Z]/_}_${be}.txt"

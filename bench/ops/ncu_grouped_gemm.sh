@@ -7,16 +7,11 @@
 # SHAPE is `primus benchmark grouped_gemm`'s tokens x experts x topk x N x K. Writes
 # $OUT/ncu_{fwd,wgrad}.txt (details) and $OUT/sass_{fwd,wgrad}.csv (source page), and prints the
 # summary and the instructions with the most stall samples.
-# shellcheck disable=SC1091
-source scripts/gpu_env.sh
-set -uo pipefail
 CARRY=${CARRY:-.carry-gg}
 SHAPE=${SHAPE:-8192x64x8x2048x2048}
-OUTDIR=${OUT:-/tmp/ncu_out}
-mkdir -p "$OUTDIR" /tmp/pb
-gunzip -c "$CARRY/primus.gz" > /tmp/pb/primus && chmod +x /tmp/pb/primus
-export LD_LIBRARY_PATH="$PWD/$CARRY:${LD_LIBRARY_PATH:-}"
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+# shellcheck source=bench/ops/ncu_setup.sh
+source bench/ops/ncu_setup.sh
+set -uo pipefail
 # The kernels' template arguments tell them apart (demangled as "(int)0"): the forward is rows mode
 # with both operands K-major, the weight gradient writes f32.
 for kind in fwd wgrad; do
