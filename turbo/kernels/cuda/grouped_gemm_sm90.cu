@@ -18,9 +18,11 @@
 // forward (inp @ W^T), [64 k][64 n] slabs for dgrad (dout @ W).
 // Wgrad ("k" mode): every group has the same (N/128) x (K/BN) output tiles, numbered group after
 // group; a tile's k-loop runs over its group's rows (ceil(m_g / 64) k-tiles) with A = dout^T and
-// B = inp both read as [64 rows][64 columns] slabs of the token matrices. When a group's end cuts
-// its last k-tile, the consumers zero that stage's rows past the end before multiplying: they hold
-// the next group's tokens, or rows no group owns (which may hold anything, NaN included).
+// B = inp both read as [64 rows][64 columns] slabs of the token matrices, an operand's two slabs of
+// a stage in one TMA load where N and K allow it (wgrad_pair_map: the producer's four loads a stage
+// were what the k-loop waited for). When a group's end cuts its last k-tile, the consumers zero
+// that stage's rows past the end before multiplying: they hold the next group's tokens, or rows no
+// group owns (which may hold anything, NaN included).
 // FP8 (T = Fp8Operands): rowwise scales multiply the accumulators before the epilogue; blockwise
 // scales (BLK, the cooperative 128 x 128 tile) are applied to every k-tile's partial product
 // (row_scales, promote, mainloop_block).
