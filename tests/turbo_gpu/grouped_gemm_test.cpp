@@ -134,6 +134,9 @@ std::vector<GgCase> cases() {
       {"empty_ends", 256, 128, {0, 48, 0, 0, 16, 0}, 16},
       {"skewed", 512, 256, {1008, 16, 0, 32, 16}, 16},
       {"one_group", 256, 384, {0, 0, 640, 0}, 64},
+      // N and K multiples of 64 but not of 128: the weight gradient's paired slab loads reach one
+      // 64-column chunk past the matrix in the last tile row and column (read as zeros).
+      {"half_tile_edges", 192, 320, {64, 0, 208, 16}, 16},
       {"single_rows", 384, 256, {1, 1, 0, 1}, 1},
   };
 }
