@@ -634,8 +634,8 @@ __device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, u
   // The offsets are added to the descriptors' low words only: the start address (bits 0-13, in
   // 16-byte units) of any shared-memory operand plus its offsets stays below 2^14, so no carry
   // reaches the fields above, and 32-bit adds replace the 64-bit add-with-carry chains the
-  // compiler would otherwise emit for every wgmma (which left the MN-major weight gradient's
-  // k-loop issue-bound).
+  // compiler would otherwise emit for every wgmma of the MN-major operands (the weight gradient's
+  // loop: about 140 instructions a k-tile before, 95 with this and its cut check hoisted).
   constexpr uint32_t kStepA = TA ? 2048 / 16 : 32 / 16, kStepB = TB ? 2048 / 16 : 32 / 16;
   const uint64_t a_hi = da & ~0xffffffffull, b_hi = db & ~0xffffffffull;
   const uint32_t a_lo = static_cast<uint32_t>(da), b_lo = static_cast<uint32_t>(db);

@@ -499,8 +499,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if constexpr (MODE == kModeK) {
       // Only a tile whose last k-tile is cut runs the check in its k-loop (groups padded to the
-      // k-tile, as training pads them, never do): the check's instructions in every iteration
-      // kept the weight gradient's loop from issuing ahead of the tensor cores.
+      // k-tile, as training pads them, never do), so the other tiles' loops carry none of its
+      // instructions.
       if (valid < kTK) mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
       else mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
     } else {
