@@ -46,12 +46,12 @@ if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   # coop,pingpong; --ab, one value after the other in each round), and each value is set against
   # torch's rounds on its own (backend "TURBO[coop]", "TURBO[pingpong]"; for another variable
   # "TURBO[VAR=value]").
-  SCHED=${AB_VAR:-PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE}
+  AB_VAR=${AB_VAR:-PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE}
   AB_VALUES=${AB_VALUES:-coop,pingpong}
   for r in $(seq 1 "$ROUNDS"); do
     if [ "${AB:-0}" = 1 ]; then
       PRIMUS_BENCH_GROUPED_GEMM_GROUPS="$GG_GROUPS" timeout 240 "$BIN/primus" benchmark grouped_gemm --backend TURBO \
-        --ab $SCHED=$AB_VALUES --ab-rounds 1 --json "$W/ab_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
+        --ab $AB_VAR=$AB_VALUES --ab-rounds 1 --json "$W/ab_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
     else
       PRIMUS_BENCH_GROUPED_GEMM_GROUPS="$GG_GROUPS" timeout 240 "$BIN/primus" benchmark grouped_gemm \
         ${BACKEND:+--backend $BACKEND} --json "$W/ours_r$r.jsonl" --commit "$COMMIT" >> "$OUT/bench.log" 2>&1
@@ -69,9 +69,9 @@ if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
 import json, sys
 for l in open(sys.argv[1]):
     x = json.loads(l) if l.strip() else None
-    if x and x.get('case', '').endswith(' [$SCHED=' + sys.argv[2] + ']'):
+    if x and x.get('case', '').endswith(' [$AB_VAR=' + sys.argv[2] + ']'):
         x['case'] = x['case'].rsplit(' [', 1)[0]
-        x['backend'] = 'TURBO[' + (sys.argv[2] if '$SCHED' == 'PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE' else '$SCHED=' + sys.argv[2]) + ']'
+        x['backend'] = 'TURBO[' + (sys.argv[2] if '$AB_VAR' == 'PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE' else '$AB_VAR=' + sys.argv[2]) + ']'
         print(json.dumps(x))" "$W/ab_r$r.jsonl" $sc > "$W/ours_${sc}_r$r.jsonl"
       done
       python3 bench/ops/merge_ops.py --bench grouped_gemm --ours $(seq -f "$W/ours_${sc}_r%g.jsonl" 1 "$ROUNDS") \
