@@ -13,6 +13,7 @@
 #include <limits>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_fixture.h"
@@ -141,11 +142,14 @@ std::vector<GgCase> cases() {
   };
 }
 
-// A backend, and for TURBO its schedule (PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE; "" leaves it unset:
-// ping-pong).
+// The TURBO kernel's switches (docs/environment.md) a lane may set; every test unsets them after.
+const char* const kTurboSwitches[] = {"PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", "PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS",
+                                      "PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS"};
+
+// A backend, and for TURBO the switches it runs with (none: the defaults, ping-pong).
 struct Lane {
   BackendType be;
-  std::string schedule;
+  std::vector<std::pair<std::string, std::string>> env;
   std::string name;
 };
 void PrintTo(const Lane& l, std::ostream* os) { *os << l.name; }
@@ -153,22 +157,28 @@ void PrintTo(const Lane& l, std::ostream* os) { *os << l.name; }
 class GroupedGemmCaseTest : public GroupedGemmGpuTest, public ::testing::WithParamInterface<std::tuple<GgCase, Lane>> {
  protected:
   void TearDown() override {
-    unsetenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE");
+    for (const char* v : kTurboSwitches) unsetenv(v);
     GroupedGemmGpuTest::TearDown();
   }
 };
 
 TEST_P(GroupedGemmCaseTest, MatchesReferencePerGroup) {
   const auto& [c, lane] = GetParam();
-  if (!lane.schedule.empty()) setenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", lane.schedule.c_str(), 1);
+  for (const auto& [k, v] : lane.env) setenv(k.c_str(), v.c_str(), 1);
   run_case(c, lane.be);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupedGemmCaseTest,
                          ::testing::Combine(::testing::ValuesIn(cases()),
-                                            ::testing::Values(Lane{BackendType::TURBO, "", "TURBO"},
-                                                              Lane{BackendType::TURBO, "coop", "TURBO_coop"},
-                                                              Lane{BackendType::CUBLASLT, "", "CUBLASLT"})),
+                                            ::testing::Values(
+                                                Lane{BackendType::TURBO, {}, "TURBO"},
+                                                Lane{BackendType::TURBO, {{"PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", "coop"}}, "TURBO_coop"},
+                                                // Ping-pong with one TMA load per slab.
+                                                Lane{BackendType::TURBO,
+                                                     {{"PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS", "0"},
+                                                      {"PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS", "0"}},
+                                                     "TURBO_slabs"},
+                                                Lane{BackendType::CUBLASLT, {}, "CUBLASLT"})),
                          [](const ::testing::TestParamInfo<std::tuple<GgCase, Lane>>& i) {
                            return std::get<0>(i.param).name + "_" + std::get<1>(i.param).name;
                          });

@@ -15,7 +15,8 @@
 // the whole [M, K] matrix through one tensor map: rows past the group's end belong to the next
 // group (or to none) and reach only output rows the epilogue masks. The weights are one 3-D
 // tensor map [G][N][K], so TMA reads zeros past N and K inside an expert: K-major boxes for the
-// forward (inp @ W^T), [64 k][64 n] slabs for dgrad (dout @ W).
+// forward (inp @ W^T), [64 k][64 n] slabs for dgrad (dout @ W), all of a stage's slabs in one
+// load where K allows it (dgrad_pair_map).
 // Wgrad ("k" mode): every group has the same (N/128) x (K/BN) output tiles, numbered group after
 // group; a tile's k-loop runs over its group's rows (ceil(m_g / 64) k-tiles) with A = dout^T and
 // B = inp both read as [64 rows][64 columns] slabs of the token matrices, an operand's two slabs of
@@ -85,7 +86,9 @@ struct GParams {
   // mode, one per output column c), where kb' = kb (rows mode) or the token block row0 / 128 + kb.
   int64_t sa_k, sb_g, sb_n, sb_k;
   // Weight gradient (bf16): 1 when A's and B's maps are the [chunk][token][64 features] views
-  // (wgrad_pair_map), so one TMA load brings both 64-column slabs of an operand's stage.
+  // (wgrad_pair_map), so one TMA load brings both 64-column slabs of an operand's stage. Input
+  // gradient: 1 when B's map is the [group][chunk][n][64] view (dgrad_pair_map), so one load brings
+  // all the weights' slabs of a stage.
   int pairs;
 };
 
@@ -370,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The paired loads bring both slabs whatever the edge (chunks past it read as zeros and
         // count in the transaction bytes).
         const int a_slabs = MODE == kModeK && TA ? (p.pairs || m0 + 64 < p.m_w ? 2 : 1) : 0;
-        const int b_slabs = TB ? (MODE == kModeK && p.pairs ? C::kSlabsB : min(C::kSlabsB, (p.n - n0 + 63) / 64)) : 0;
+        const int b_slabs = TB ? (p.pairs ? C::kSlabsB : min(C::kSlabsB, (p.n - n0 + 63) / 64)) : 0;
         const uint32_t tx = (TA ? a_slabs * kSlabBytes : C::kBytesA) + (TB ? b_slabs * kSlabBytes : C::kBytesB) +
                             (BLK && MODE == kModeK ? kBlkSlotBytes : 0);
         for (int kb = 0; kb < kb_count; ++kb, ++it) {
@@ -382,7 +385,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (MODE == kModeRows) {
             tma_load_2d(sa, &tmap_a, full, k0, tl.row0 + m0);
             if constexpr (TB) {
-              for (int j = 0; j < b_slabs; ++j) attn::tma_load_3d(sb + j * kSlabBytes, &tmap_b, full, n0 + 64 * j, k0, tl.g);
+              if (p.pairs) {
+                attn::tma_load_bthd(sb, &tmap_b, full, 0, k0, n0 / 64, tl.g);
+              } else {
+                for (int j = 0; j < b_slabs; ++j) attn::tma_load_3d(sb + j * kSlabBytes, &tmap_b, full, n0 + 64 * j, k0, tl.g);
+              }
             } else {
               attn::tma_load_3d(sb, &tmap_b, full, k0, n0, tl.g);
             }
@@ -551,7 +558,7 @@ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 CUtensorMap grouped_map(const void* ptr, int rank, const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
                         const char* what, int esize = 2) {
   CUtensorMap m;
-  const cuuint32_t elem[3] = {1, 1, 1};
+  const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode_tiled()(&m, esize == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
                                     static_cast<cuuint32_t>(rank), const_cast<void*>(ptr),
                                     dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -591,16 +598,33 @@ CUtensorMap wgrad_pair_map(const void* ptr, int64_t cols, int64_t rows, const ch
   return grouped_map(ptr, 3, dims, strides, box, what);
 }
 
-// PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS (read on every call, for A/B runs) = 0: the weight
-// gradient loads each 64-column slab of its operands with a TMA load of its own (four a stage)
-// instead of both slabs of an operand with one. Anything but unset, empty, 0 or 1: an error.
-bool wgrad_pairs() {
-  const char* e = std::getenv("PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS");
-  const std::string v = e ? e : "";
-  if (v.empty() || v == "1") return true;
-  if (v == "0") return false;
-  throw RuntimeError(fmt::format("PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS='{}': expected 0 or 1", v));
+// The input gradient's weights [G][N][K] (K a multiple of 64) as [G][K / 64][N][64]: chunk c of
+// row n of group g at (g * N * K + n * K + c * 64) elements, in boxes of [1][BN / 64][64 rows of
+// N][64 columns of K], which land in shared memory as the stage's BN / 64 consecutive N-major
+// slabs. Chunks past K / 64 read as zeros.
+CUtensorMap dgrad_pair_map(const void* ptr, int64_t k, int64_t n, int64_t groups, int bn, const char* what) {
+  const cuuint64_t dims[4] = {64, static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(k / 64), static_cast<cuuint64_t>(groups)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(k * 2), 128, static_cast<cuuint64_t>(n * k * 2)};
+  const cuuint32_t box[4] = {64, 64, static_cast<cuuint32_t>(bn / 64), 1};
+  return grouped_map(ptr, 4, dims, strides, box, what);
 }
+
+// A switch read on every call (for A/B runs): unset or empty gives `dflt`, 0 or 1 the value,
+// anything else an error.
+bool env_switch(const char* name, bool dflt) {
+  const char* e = std::getenv(name);
+  const std::string v = e ? e : "";
+  if (v.empty()) return dflt;
+  if (v == "1") return true;
+  if (v == "0") return false;
+  throw RuntimeError(fmt::format("{}='{}': expected 0 or 1", name, v));
+}
+// PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS = 0: the weight gradient loads each 64-column slab of its
+// operands with a TMA load of its own (four a stage) instead of both slabs of an operand with one.
+bool wgrad_pairs() { return env_switch("PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS", true); }
+// PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS = 0: the input gradient loads each 64-column slab of the
+// weights' stage with a TMA load of its own instead of all of them with one.
+bool dgrad_pairs() { return env_switch("PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS", true); }
 
 struct GDevice {
   int cc = 0, sms = 0;
@@ -766,8 +790,10 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
       prm.ldd = K;
       prm.kblocks = static_cast<int>(cdiv(N, kBK));
       prm.tiles_n = static_cast<int>(cdiv(K, bn));
+      prm.pairs = K % 64 == 0 && dgrad_pairs() ? 1 : 0;
       const CUtensorMap ta = map_2d(p.a, N, M, 64, kBM, "dout [M,N]");
-      const CUtensorMap tb = map_3d(p.b, K, N, G, 64, 64, "weight [G,N,K]");
+      const CUtensorMap tb = prm.pairs ? dgrad_pair_map(p.b, K, N, G, bn, "weight [G,N,K]")
+                                       : map_3d(p.b, K, N, G, 64, 64, "weight [G,N,K]");
       run(__nv_bfloat16{}, std::integral_constant<int, kModeRows>{}, I0{}, I1{}, ta, tb, (cdiv(M, kBM) + G) * prm.tiles_n);
       return;
     }
