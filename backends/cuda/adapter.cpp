@@ -39,6 +39,12 @@ void add_cuda_schema(config::Schema& s) {
             "run each layer's AdamW in the backward as soon as its gradients are final, the layers sharing one "
             "gradient buffer (the gradients take one layer's memory instead of the model's); needs clip_grad: 0, "
             "one micro-batch per step (global_batch_size = micro_batch_size) and one process")
+      .text("moe_expert_grad_dtype", "fp32",
+            "dtype of the MoE experts' weight gradients: fp32, or bf16 (the grouped weight-gradient GEMM rounds its "
+            "f32 sums once and AdamW reads them widened, as torch's autocast does for fp32 master weights; half the "
+            "gradient bytes written and read); bf16 needs optimizer_in_bwd: true (a gradient written once, never "
+            "accumulated), fp8: none and num_experts > 0",
+            {"fp32", "bf16"})
       .integer("gemm_algo_search", 8,
                "cuBLASLt algorithm per GEMM shape: k > 1 times the heuristic's top k candidates at the shape's first "
                "call and keeps the fastest, saved in a per-machine cache file that later runs reuse (the same "

@@ -155,6 +155,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
       layout, [&spec](const std::string& name) { return Decoder::written_by_first_gemm(spec, name); });
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
   mp.shared_grad_window = opt.optimizer_in_backward;
+  mp.bf16_expert_grads = opt.bf16_expert_grads;
   mp.document_masks = opt.document_masking.enabled();
   if (opt.tp_map) {
     mp.tp = opt.tp_map->tp();
@@ -195,6 +196,15 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     throw ConfigError(fmt::format("the optimizer in the backward updates each layer once per backward: it needs one "
                                   "micro-batch per step (got {}) and the whole optimizer state on this GPU (no ZeRO-1)",
                                   opt_.loss_slots));
+  }
+  if (opt_.bf16_expert_grads) {
+    const char* why = !spec_.moe.enabled()        ? "the model has no experts"
+                      : !opt_.optimizer_in_backward ? "they are written once, never accumulated: it needs the optimizer in "
+                                                      "the backward (one micro-batch a step)"
+                      : opt_.fp8_moe                ? "the FP8 experts' weight gradients are f32"
+                      : host                        ? "host mode computes in f32"
+                                                    : nullptr;
+    if (why) throw ConfigError(fmt::format("bf16 expert gradients: {}", why));
   }
   if (host && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
     throw RuntimeError("cuda model: host mode keeps its own optimizer state and unpadded buffers");

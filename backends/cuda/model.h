@@ -130,6 +130,11 @@ struct CudaModelOptions {
   // (loss_slots 1), no clipping (grad_norm, check_step and update throw: the backward did them),
   // full optimizer state, no data parallelism; get_grads throws (the gradients never exist at once).
   bool optimizer_in_backward = false;
+  // The MoE experts' weight gradients in bf16 (GradPlacement::bf16): the grouped weight-gradient
+  // GEMM rounds its f32 sums once and AdamW reads bf16, as torch's autocast gives bf16 weight
+  // gradients that the fp32 master's update reads widened. Written once, never accumulated: needs
+  // optimizer_in_backward (one micro-batch), bf16 experts (not fp8_moe) and the device.
+  bool bf16_expert_grads = false;
   // Document masking of packed samples (train/document_masks.h): every forward builds its
   // documents' positions and attention bounds from its tokens on the device.
   train::DocumentMasking document_masking;

@@ -87,6 +87,16 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     if (world > 1) throw ConfigError("optimizer_in_bwd: true runs on one process (no data parallelism with it yet)");
     mo.optimizer_in_backward = true;
   }
+  if (a.bf16_expert_grads) {
+    if (!spec.moe.enabled()) throw ConfigError("moe_expert_grad_dtype: bf16 needs an MoE model (num_experts > 0)");
+    if (!a.optimizer_in_bwd) {
+      throw ConfigError("moe_expert_grad_dtype: bf16 needs optimizer_in_bwd: true: a bf16 gradient is written once and "
+                        "never accumulated, which only the optimizer in the backward (one micro-batch a step) ensures");
+    }
+    if (mo.fp8_moe) throw ConfigError("moe_expert_grad_dtype: bf16 with fp8: the FP8 experts' weight gradients are f32");
+    if (a.host_mode) throw ConfigError("moe_expert_grad_dtype: bf16 needs the GPU (host mode computes in f32)");
+    mo.bf16_expert_grads = true;
+  }
   if (t.optim.optimizer == "muon") {
     if (a.optimizer_in_bwd) {
       throw ConfigError("optimizer: muon with optimizer_in_bwd: true is not supported: Muon orthogonalises whole "

@@ -111,6 +111,34 @@ TEST(CudaHostTrainer, OptimizerInBackwardTrainsAsTheUpdateAfterTheBackward) {
   }
 }
 
+// moe_expert_grad_dtype: bf16 is refused by name where it cannot do what it says: without experts,
+// without the optimizer in the backward (a gradient accumulated in bf16), in host mode (f32).
+TEST(CudaHostTrainer, Bf16ExpertGradientsAreRefusedWhereTheyCannotApply) {
+  primus::testing::Workdir w;
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
+  const std::vector<std::string> moe = {"num_experts=4", "moe_router_topk=2", "moe_ffn_hidden_size=32", "activation=swiglu",
+                                        "add_bias_linear=false"};
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"global_batch_size=4", "optimizer_in_bwd=true"}, "needs an MoE model"},
+      {moe, "needs optimizer_in_bwd: true"},
+      {{}, "needs the GPU"},
+  };
+  for (const auto& [extra, why] : cases) {
+    std::vector<std::string> cli = {"exp_name=refused", "clip_grad=0", "moe_expert_grad_dtype=bf16"};
+    cli.insert(cli.end(), extra.begin(), extra.end());
+    if (extra.empty()) {  // the MoE model with the optimizer in the backward: only host mode is left
+      cli.insert(cli.end(), moe.begin(), moe.end());
+      cli.insert(cli.end(), {"global_batch_size=4", "optimizer_in_bwd=true"});
+    }
+    try {
+      run_host_trainer(cuda_file, cli);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("moe_expert_grad_dtype: bf16 " + why), std::string::npos) << e.what();
+    }
+  }
+}
+
 // fp8_recipe delayed through the trainer (host mode, gradient accumulation 2): the amax histories
 // and scales go into the checkpoint (fp8_amax_history [24, 3], fp8_scale [24]: 2 layers x 4
 // linear layers x x|w|dy), and a resume from step 3 replays steps 4-6 bit for bit, validation

@@ -114,6 +114,21 @@ class GroupedGemmGpuTest : public GpuTest {
       for (int64_t i = 0; i < N * K; ++i) want[i] = d0[g * N * K + i] + rdw[g * N * K + i];
       EXPECT_LT(rel_err(rows_of(acc, g * N, (g + 1) * N, K), want), 1e-3) << "wgrad accumulate, group " << g;
     }
+
+    // A bf16 dweight: the same sums rounded once; an empty group's block zeros; never accumulated.
+    TensorView dwb = make(DType::BF16, {G, N, K});
+    poison(dwb);
+    EXPECT_EQ(grouped_gemm_wgrad({dwb, dy, x, off, c.align, false, ctx}), be);
+    const std::vector<float> gb = get(dwb);
+    for (int64_t g = 0; g < G; ++g) {
+      if (c.counts[g] > 0) {
+        EXPECT_LT(rel_err(rows_of(gb, g * N, (g + 1) * N, K), rows_of(rdw, g * N, (g + 1) * N, K)), gate(DType::BF16))
+            << "bf16 wgrad, group " << g;
+      } else {
+        for (int64_t i = g * N * K; i < (g + 1) * N * K; ++i) ASSERT_EQ(gb[i], 0.0f) << "bf16 wgrad of an empty group, element " << i;
+      }
+    }
+    EXPECT_THROW(grouped_gemm_wgrad({dwb, dy, x, off, c.align, true, ctx}), std::exception) << "bf16 accumulate";
   }
 };
 

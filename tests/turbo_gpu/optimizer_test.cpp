@@ -164,5 +164,60 @@ TEST_P(OptimizerTest, DeviceScalarsOverrideHostValues) {
 
 INSTANTIATE_TEST_SUITE_P(Turbo, OptimizerTest, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
 
+// One table whose tensors differ in gradient dtype (a trainer with bf16 expert gradients beside f32
+// ones): each tensor gets exactly the bits of a table of its own dtype, and the norm covers both.
+class OptimizerMixedTest : public GpuTest {};
+TEST_F(OptimizerMixedTest, AdamWTableWithMixedGradientDtypes) {
+  const std::vector<int64_t> sizes = {1000, 4099, 7, 70001, 4096};
+  auto table_arena = make_device_arena(1 << 20);
+  std::vector<AdamWTensor> mixed, f32s, bf16s;
+  std::vector<size_t> home;  // index of tensor i in its uniform table
+  double ss = 0.0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    const DType gd = i % 2 == 0 ? DType::BF16 : DType::F32;
+    AdamWTensor t{make(DType::F32, {n}), make(DType::BF16, {n}), make(gd, {n}), make(DType::F32, {n}), make(DType::F32, {n}),
+                  i % 3 != 0};
+    AdamWTensor u{make(DType::F32, {n}), make(DType::BF16, {n}), t.grad, make(DType::F32, {n}), make(DType::F32, {n}), t.decay};
+    put(u.master, random_tensor(t.master));
+    const std::vector<float> g = random_tensor(t.grad, 2.0f);
+    ss += cpu::sum_squares(g.data(), n);
+    const std::vector<float> m = random_tensor(t.m, 0.1f);
+    put(u.m, m);
+    std::vector<float> v = randn(n, 0.1f);
+    for (auto& x : v) x = x * x;
+    put(t.v, v), put(u.v, v);
+    mixed.push_back(t);
+    auto& uniform = gd == DType::BF16 ? bf16s : f32s;
+    home.push_back(uniform.size());
+    uniform.push_back(u);
+  }
+  MultiTensorAdamW opt(mixed, table_arena.get()), of(f32s, table_arena.get()), ob(bf16s, table_arena.get());
+  EXPECT_TRUE(opt.mixed_grads());
+  EXPECT_FALSE(of.mixed_grads());
+  TensorView norm = make(DType::F32, {2});
+  AdamWHyper hp;
+  hp.lr = 1e-3f;
+  hp.weight_decay = 0.1f;
+  for (int64_t step = 1; step <= 2; ++step) {
+    hp.step = step;
+    poison(norm);
+    EXPECT_EQ(opt.step(hp, {}, {}, ctx, norm), BackendType::TURBO);
+    of.step(hp, {}, {}, ctx);
+    ob.step(hp, {}, {}, ctx);
+    EXPECT_NEAR(get(norm)[0], std::sqrt(ss), 1e-5 * std::sqrt(ss)) << "step " << step;
+  }
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    const AdamWTensor& u = (i % 2 == 0 ? bf16s : f32s)[home[i]];
+    EXPECT_EQ(bytes(mixed[i].master), bytes(u.master)) << "tensor " << i;
+    EXPECT_EQ(bytes(mixed[i].m), bytes(u.m)) << "tensor " << i;
+    EXPECT_EQ(bytes(mixed[i].v), bytes(u.v)) << "tensor " << i;
+    EXPECT_EQ(bytes(mixed[i].model), bytes(u.model)) << "tensor " << i;
+  }
+  TensorView out = make(DType::F32, {2});
+  EXPECT_EQ(opt.grad_norm(out, 0.0f, ctx), BackendType::TURBO);
+  EXPECT_NEAR(get(out)[0], std::sqrt(ss), 1e-5 * std::sqrt(ss));
+}
+
 }  // namespace
 }  // namespace primus::turbo::testing

@@ -39,8 +39,9 @@ struct GgCall {
   ExecContext ctx;
 
   std::string key() const {
-    return fmt::format("{} G={} M={} N={} K={} align={} acc={} {} {}", gg_op_name(kind), G, M, N, K, align,
-                       accumulate ? 1 : 0, dtype_name(x.dtype), device_name(x.device));
+    return fmt::format("{} G={} M={} N={} K={} align={} acc={} {}{} {}", gg_op_name(kind), G, M, N, K, align,
+                       accumulate ? 1 : 0, dtype_name(x.dtype), kind == GgKind::Wgrad ? fmt::format("->{}", dtype_name(y.dtype)) : std::string(),
+                       device_name(x.device));
   }
   Precision precision() const { return precision_of(x.dtype); }
 };
@@ -85,10 +86,15 @@ void gg_finish_checks(const GgCall& c, std::initializer_list<std::pair<const cha
     if (v->device != c.offsets.device)
       throw RuntimeError(fmt::format("{}: {} is on {}, offsets on {}", op, name, device_name(v->device),
                                      device_name(c.offsets.device)));
-    // Every bf16 / f32 operand but dweight (f32 always) shares the token operand's dtype.
+    // Every bf16 / f32 operand but dweight (f32, or bf16 beside bf16 tokens) shares the token operand's dtype.
     if (v != &c.y || c.kind != GgKind::Wgrad) check_dtype(*v, token_dtype_ref.dtype, op, name);
   }
-  if (c.kind == GgKind::Wgrad) check_dtype(c.y, DType::F32, op, "dweight");
+  if (c.kind == GgKind::Wgrad && !(c.y.dtype == DType::BF16 && token_dtype_ref.dtype == DType::BF16))
+    check_dtype(c.y, DType::F32, op, "dweight");
+  if (c.kind == GgKind::Wgrad && c.y.dtype == DType::BF16 && c.accumulate)
+    throw RuntimeError(fmt::format("{}: a bf16 dweight is written, never accumulated (each addition would round); "
+                                   "accumulate into an f32 dweight",
+                                   op));
 }
 
 // Host offsets: checked against the contract (a broken plan must not reach memory past the
@@ -141,6 +147,7 @@ cuda::GroupedGemmSm90Problem gg_sm90_problem(const GgCall& c) {
   p.b = c.w.data;
   p.d = c.y.data;
   p.accumulate = c.accumulate;
+  p.d_bf16 = c.kind == GgKind::Wgrad && c.y.dtype == DType::BF16;
   return p;
 }
 std::string gg_turbo_check(const GgCall& c) {
@@ -185,15 +192,16 @@ void gg_cublaslt_run(const GgCall& c) {
         p.d = {yb + r0 * c.K * bf, DType::BF16, c.K, false};
         break;
       case GgKind::Wgrad: {  // dW_g [N,K] (+)= dout_g^T @ inp_g
-        char* dw = yb + g * c.N * c.K * sizeof(float);
+        const size_t esize = dtype_size(c.y.dtype);
+        char* dw = yb + g * c.N * c.K * static_cast<int64_t>(esize);
         if (rows == 0) {
-          if (!c.accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(c.N * c.K) * sizeof(float), stream));
+          if (!c.accumulate) CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(c.N * c.K) * esize, stream));
           continue;
         }
         p.m = c.N, p.n = c.K, p.k = rows;
         p.a = {xb + r0 * c.N * bf, DType::BF16, c.N, true};
         p.b = {wb + r0 * c.K * bf, DType::BF16, c.K, false};
-        p.d = {dw, DType::F32, c.K, false};
+        p.d = {dw, c.y.dtype, c.K, false};
         p.beta = c.accumulate ? 1.0f : 0.0f;
         break;
       }

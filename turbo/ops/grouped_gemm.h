@@ -15,8 +15,10 @@
 // `align` is the caller's promise that every offset is a multiple of it (the MoE row plan pads
 // each group to it); it is part of the dispatch key.
 //
-// dtypes: on the device inp, weight, dout, out, dinp bf16 and dweight f32 (fp32 accumulation); on
-// the host everything f32. All tensors contiguous (row-major).
+// dtypes: on the device inp, weight, dout, out, dinp bf16 and dweight f32 (fp32 accumulation), or
+// dweight bf16 when it is written, not accumulated (the f32 sums rounded once, as
+// torch._grouped_mm's bf16 output: a trainer whose optimizer reads bf16 gradients); on the host
+// everything f32. All tensors contiguous (row-major).
 //
 // Backends:
 //   TURBO     Turbo's Hopper kernel (turbo/kernels/cuda/grouped_gemm_sm90.h): persistent, tiles

@@ -17,7 +17,7 @@ namespace {
 
 std::string cpu_check(const OptimizerArgs& a) {
   if (a.opt->device() != Device::CPU) return "parameters are on the device";
-  if (a.opt->grad_dtype() != DType::F32) return "the reference takes f32 gradients";
+  if (a.opt->grad_dtype() != DType::F32 || a.opt->mixed_grads()) return "the reference takes f32 gradients";
   if (a.kind == OptimizerArgs::Kind::AdamW && a.device_scalars.defined()) return "device_scalars are a device feature";
   return "";
 }
@@ -74,22 +74,20 @@ void turbo_run(const OptimizerArgs& a) {
     Arena& arena = detail::scratch_of(a.ctx, "grad_norm");
     ArenaScope scope(arena);
     void* partial = arena.allocate(cuda::grad_norm_scratch_bytes(a.opt->num_chunks()), 256, "grad_norm partials");
-    cuda::grad_norm_multi_tensor(a.out.ptr<float>(), a.opt->device_table(), n, a.opt->num_chunks(),
-                                 a.opt->grad_dtype(), a.max_norm, partial, s);
+    cuda::grad_norm_multi_tensor(a.out.ptr<float>(), a.opt->device_table(), n, a.opt->num_chunks(), a.max_norm, partial, s);
     return;
   }
   cuda::AdamWStep hp{a.hp.lr, a.hp.beta1, a.hp.beta2, a.hp.eps, a.hp.weight_decay, a.hp.step};
   if (!a.out.defined()) {
-    cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), a.opt->grad_dtype(), hp,
-                             a.grad_scale.ptr<const float>(), a.device_scalars.ptr<const float>(), s);
+    cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), hp, a.grad_scale.ptr<const float>(),
+                             a.device_scalars.ptr<const float>(), s);
     return;
   }
   Arena& arena = detail::scratch_of(a.ctx, "adamw");
   ArenaScope scope(arena);
   void* partial = arena.allocate(cuda::grad_norm_scratch_bytes(a.opt->num_chunks()), 256, "adamw norm partials");
-  cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), a.opt->grad_dtype(), hp,
-                           a.grad_scale.ptr<const float>(), a.device_scalars.ptr<const float>(), s,
-                           a.out.ptr<float>(), partial);
+  cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), hp, a.grad_scale.ptr<const float>(),
+                           a.device_scalars.ptr<const float>(), s, a.out.ptr<float>(), partial);
 }
 #endif
 
@@ -104,7 +102,8 @@ OpDispatcher<OptimizerArgs>& dispatcher() {
 std::string OptimizerArgs::key() const {
   return fmt::format("{} tensors={} numel={} grad={} {}",
                      kind == Kind::GradNorm ? "grad_norm" : out.defined() ? "adamw+norm" : "adamw",
-                     opt->tensors().size(), opt->total_numel(), dtype_name(opt->grad_dtype()),
+                     opt->tensors().size(), opt->total_numel(),
+                     opt->mixed_grads() ? std::string_view("mixed") : dtype_name(opt->grad_dtype()),
                      device_name(opt->device()));
 }
 
@@ -112,6 +111,10 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
   if (tensors_.empty()) throw RuntimeError("MultiTensorAdamW: no tensors");
   device_ = tensors_[0].master.device;
   grad_dtype_ = tensors_[0].grad.dtype;
+  for (const AdamWTensor& t : tensors_) {
+    if (t.grad.dtype != grad_dtype_) mixed_grads_ = true;
+    if (t.grad.dtype == DType::BF16) grad_dtype_ = DType::BF16;
+  }
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const AdamWTensor& t = tensors_[i];
     const std::string op = fmt::format("MultiTensorAdamW tensor {}", i);
@@ -125,7 +128,8 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
     check_dtype(t.master, DType::F32, op.c_str(), "master");
     check_dtype(t.m, DType::F32, op.c_str(), "m");
     check_dtype(t.v, DType::F32, op.c_str(), "v");
-    check_dtype(t.grad, grad_dtype_, op.c_str(), "grad");
+    if (t.grad.dtype != DType::F32 && t.grad.dtype != DType::BF16)
+      throw RuntimeError(fmt::format("{}: grad is {}, expected f32 or bf16", op, dtype_name(t.grad.dtype)));
     if (t.model.defined()) {
       check_dtype(t.model, DType::BF16, op.c_str(), "model");
       check_device(t.model, device_, op.c_str(), "model");
@@ -140,7 +144,7 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const AdamWTensor& t = tensors_[i];
       entries[i] = {t.master.ptr<float>(), t.model.data, t.grad.data, t.m.ptr<float>(), t.v.ptr<float>(),
-                    t.master.numel(), t.decay ? 1 : 0, 0};
+                    t.master.numel(), t.decay ? 1 : 0, t.grad.dtype == DType::BF16 ? 1 : 0};
     }
     const int n = static_cast<int>(entries.size());
     table_ = arena->allocate(cuda::multi_tensor_table_bytes(n), 256, "AdamW descriptor table");

@@ -2,8 +2,8 @@
 // each (turbo/kernels/cpu/optimizer.h and reduce.h are the reference: torch.optim.AdamW with
 // decoupled weight decay; torch.nn.utils.clip_grad_norm_'s factor).
 //
-// Each tensor: fp32 master weights, fp32 moments m and v, a gradient (f32 or bf16, one dtype
-// for all), an optional bf16 model copy rewritten after the update, and a decay flag (norm
+// Each tensor: fp32 master weights, fp32 moments m and v, a gradient (f32 or bf16, each tensor
+// its own; the CPU reference takes f32 only), an optional bf16 model copy rewritten after the update, and a decay flag (norm
 // weights and biases are usually not decayed). All tensors live on one device.
 //
 // A MultiTensorAdamW is built once after the buffers exist: on the GPU it uploads a descriptor
@@ -53,7 +53,9 @@ class MultiTensorAdamW {
 
   const std::vector<AdamWTensor>& tensors() const { return tensors_; }
   Device device() const { return device_; }
+  // F32 when every gradient is f32, else BF16 (mixed_grads: some of each).
   DType grad_dtype() const { return grad_dtype_; }
+  bool mixed_grads() const { return mixed_grads_; }
   int64_t total_numel() const { return total_numel_; }
   const void* device_table() const { return table_; }
   int64_t num_chunks() const { return chunks_; }
@@ -62,6 +64,7 @@ class MultiTensorAdamW {
   std::vector<AdamWTensor> tensors_;
   Device device_ = Device::CPU;
   DType grad_dtype_ = DType::F32;
+  bool mixed_grads_ = false;
   int64_t total_numel_ = 0;
   void* table_ = nullptr;  // device descriptor table (CUDA only)
   int64_t chunks_ = 0;

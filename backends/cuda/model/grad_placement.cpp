@@ -22,6 +22,21 @@ int64_t layer_of(const std::string& name) {
   return l;
 }
 
+turbo::TensorView grad_view(const turbo::TensorView& grads, const GradPlacement& place, size_t i, int64_t first, int64_t n) {
+  const int64_t at = place.offset.at(i);
+  if (i >= place.bf16.size() || !place.bf16[i]) return grads.slice0(at + first, at + first + n);
+  if (grads.dtype != turbo::DType::F32) throw RuntimeError("cuda model: a bf16 gradient's place is in an f32 buffer");
+  char* p = static_cast<char*>(grads.data) + at * int64_t(sizeof(float)) + first * 2;
+  return turbo::TensorView(p, turbo::DType::BF16, grads.device, {n});
+}
+
+bool is_expert_weight(const std::string& name) {
+  if (layer_of(name) < 0) return false;
+  for (const std::string suffix : {".moe.experts.fc.weight", ".moe.experts.proj.weight"})
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
+  return false;
+}
+
 bool grad_written_before_layer_backward(const std::string& name) {
   static const std::string suffix = ".mlp.proj.bias";
   return layer_of(name) >= 0 && name.size() > suffix.size() &&

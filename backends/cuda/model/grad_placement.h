@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "train/param_layout.h"
+#include "turbo/core/tensor_view.h"
 
 namespace primus::backends::cuda {
 
@@ -32,7 +33,18 @@ struct GradPlacement {
   // (a, b), layout tensor indices: b's gradient lies at a's place. a's optimizer group runs before
   // anything writes b's gradient, which is cleared right after it (not at the step's start).
   std::vector<std::pair<size_t, size_t>> reuse;
+  // Per layout tensor (empty: none): its gradient is bf16, in the first half of the bytes of its
+  // f32 place (CudaModelOptions::bf16_expert_grads); read it through grad_view.
+  std::vector<bool> bf16;
 };
+
+// Elements [first, first + n) of layout tensor i's gradient in `grads` (the f32 buffer the
+// placement describes): an f32 slice, or the bf16 view where place.bf16 says so.
+turbo::TensorView grad_view(const turbo::TensorView& grads, const GradPlacement& place, size_t i, int64_t first, int64_t n);
+
+// The MoE experts' grouped weights ("layers.<l>.moe.experts.fc.weight" and ".proj.weight"), whose
+// gradients the grouped weight-gradient GEMM writes.
+bool is_expert_weight(const std::string& name);
 
 // The transformer layer a layout tensor belongs to ("layers.<l>."), or -1 (embeddings, final
 // norm, head).

@@ -115,6 +115,12 @@ MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& l
     throw RuntimeError("cuda model: sharded data parallelism keeps its own shard: no gradient window or ZeRO-1 buffers");
   if (opt_.shared_grad_window && opt_.flat_elems != 0)
     throw RuntimeError("cuda model: a shared gradient window and a padded (ZeRO-1) gradient buffer exclude each other");
+  if (opt_.bf16_expert_grads) {
+    if (opt_.host || opt_.fsdp || !opt_.shared_grad_window)
+      throw RuntimeError("cuda model: bf16 expert gradients need the device, the optimizer in the backward, no sharding");
+    grad_place_.bf16.assign(layout_.tensors.size(), false);
+    for (size_t i = 0; i < layout_.tensors.size(); ++i) grad_place_.bf16[i] = is_expert_weight(layout_.tensors[i].name);
+  }
   if (opt_.flat_elems != 0 && opt_.flat_elems < layout_.total) {
     throw RuntimeError(fmt::format("cuda model: flat_elems {} is below the parameter count {}", opt_.flat_elems,
                                    layout_.total));
@@ -550,6 +556,12 @@ Param MemoryPlan::param(const std::string& name, bool required) const {
   };
   const int64_t weight_offset = opt_.fsdp ? opt_.fsdp->weight_offset[static_cast<size_t>(t - layout_.tensors.data())]
                                           : t->offset;
+  const size_t i = static_cast<size_t>(t - layout_.tensors.data());
+  if (i < grad_place_.bf16.size() && grad_place_.bf16[i]) {
+    const TensorView g = grad_view(state.grads, grad_place_, i, 0, t->numel);
+    const TensorView shaped_g = TensorView::contiguous(g.data, g.dtype, g.device, t->shape.data(), static_cast<int>(t->shape.size()));
+    return {shaped(state.weights, weight_offset), shaped_g};
+  }
   return {shaped(state.weights, weight_offset), shaped(state.grads, grad_offset)};
 }
 

@@ -200,6 +200,8 @@ struct MemoryPlanOptions {
   // The optimizer runs in the backward: the layers' gradients share one window (grad_placement.h)
   // and StateBuffers::grads is that compact buffer.
   bool shared_grad_window = false;
+  // The MoE experts' gradients in bf16 (GradPlacement::bf16; CudaModelOptions::bf16_expert_grads).
+  bool bf16_expert_grads = false;
   // Whether the scratch size may ask the current CUDA device (its SM count bounds the norm and
   // column-sum partials). false: those device-dependent borrows are left out, so a host without
   // a GPU can size a device plan (MemoryPlan::sizes for `primus projection`); they are far below

@@ -63,11 +63,11 @@ OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuff
   for (const train::MuonTensor& mt : muon) {
     const train::ParamTensor& t = layout_.tensors[mt.index];
     for (const train::MuonBlock& b : mt.blocks) {
-      const int64_t off = b.offset, n = b.rows * b.cols, g = place_.offset[mt.index] + (b.offset - t.offset);
+      const int64_t off = b.offset, n = b.rows * b.cols;
       turbo::MuonMatrix mm;
       mm.master = state_.master.slice0(off, off + n);
       if (!stream_.host) mm.model = state_.weights.slice0(off, off + n);
-      mm.grad = state_.grads.slice0(g, g + n);
+      mm.grad = grad_view(state_.grads, place_, mt.index, b.offset - t.offset, n);
       mm.m = state_.m.slice0(off, off + n);
       mm.rows = b.rows;
       mm.cols = b.cols;
@@ -84,11 +84,10 @@ size_t OptimizerState::muon_device_bytes() const {
 
 turbo::AdamWTensor OptimizerState::adamw_slice(size_t i, int64_t off, int64_t n) const {
   const train::ParamTensor& t = layout_.tensors[i];
-  const int64_t g = place_.offset[i] + (off - t.offset);
   turbo::AdamWTensor a;
   a.master = state_.master.slice0(off, off + n);
   if (!stream_.host) a.model = state_.weights.slice0(off, off + n);
-  a.grad = state_.grads.slice0(g, g + n);
+  a.grad = grad_view(state_.grads, place_, i, off - t.offset, n);
   a.m = state_.m.slice0(off, off + n);
   a.v = state_.v.slice0(off, off + n);
   a.decay = t.decay;
@@ -97,11 +96,10 @@ turbo::AdamWTensor OptimizerState::adamw_slice(size_t i, int64_t off, int64_t n)
 
 turbo::AdamWTensor OptimizerState::adamw_tensor(size_t i) const {
   const train::ParamTensor& t = layout_.tensors[i];
-  const int64_t g = place_.offset[i];
   turbo::AdamWTensor a;
   a.master = state_.master.slice0(t.offset, t.offset + t.numel);
   if (!stream_.host) a.model = state_.weights.slice0(t.offset, t.offset + t.numel);
-  a.grad = state_.grads.slice0(g, g + t.numel);
+  a.grad = grad_view(state_.grads, place_, i, 0, t.numel);
   a.m = state_.m.slice0(t.offset, t.offset + t.numel);
   a.v = state_.v.slice0(t.offset, t.offset + t.numel);
   a.decay = t.decay;

@@ -121,6 +121,23 @@ void register_step_patches(patches::PatchRegistry& reg) {
   });
 
   reg.add({
+      .id = "cuda.moe.bf16_expert_grads",
+      .description = "the MoE experts' weight gradients in bf16: the grouped weight-gradient GEMM rounds its f32 sums "
+                     "to bf16 once and AdamW reads them widened (what torch's autocast gives its fp32 master weights), "
+                     "half the gradient bytes written and read; with the optimizer in the backward only",
+      .tags = {"moe", "optimizer"},
+      .logic = "rewrites args: bf16_expert_grads = true (CudaModelOptions::bf16_expert_grads: GradPlacement::bf16 marks "
+               "the experts' places, the decoder's dweight views and AdamW's tables read them as bf16); the trainer "
+               "refuses it without optimizer_in_bwd, with fp8 experts and in host mode",
+      .impl = "backends/cuda/model/grad_placement.cpp (grad_view), turbo/kernels/cuda/grouped_gemm_sm90.cu (d_bf16), "
+              "turbo/kernels/cuda/optimizer.cu (grad_bf16 per tensor)",
+      .porting = "torch.autocast's bf16 weight gradients (the fp32 parameter's grad is the bf16 GEMM output widened); "
+                 "Megatron-LM keeps fp32 main_grad",
+      .condition = [](PatchContext& c) { return c.text("moe_expert_grad_dtype", "fp32") == "bf16"; },
+      .apply = [](PatchContext& c) { c.args_as<CudaArgs>().bf16_expert_grads = true; },
+  });
+
+  reg.add({
       .id = "cuda.profile.phase_times",
       .description = "times each phase of the step (embedding, norms, GEMMs, attention, loss, their backward, grad "
                      "norm, AdamW) with CUDA events; table at the end of training and profile.json in the output folder",

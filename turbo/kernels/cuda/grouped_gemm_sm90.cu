@@ -29,7 +29,7 @@
 // (row_scales, promote, mainloop_block).
 // Output: forward / dgrad through the staged 16-bit epilogue written by the threads themselves
 // (each row masked at the group's end; a TMA store would clip only at M), wgrad's f32 tiles by the
-// scalar path (beta 1 when accumulating).
+// scalar path (beta 1 when accumulating), its bf16 tiles (d_bf16) through the staged epilogue.
 #include "turbo/kernels/cuda/grouped_gemm_sm90.h"
 
 #include <cuda.h>
@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           (MODE == kModeRows ? static_cast<int64_t>(tl.row0) * p.ldd : static_cast<int64_t>(tl.g) * p.d_group);
     q.ldd = p.ldd;
     q.d_vec = 1;
-    q.d_vec16 = MODE == kModeRows ? p.d_vec16 : 0;
+    q.d_vec16 = p.d_vec16;
     q.alpha = 1.0f;
     q.beta = MODE == kModeK ? p.beta : 0.0f;
     q.staged = q.d_vec16;  // 1: the threads store the staged rows (masked), never TMA (2)
@@ -688,10 +688,9 @@ void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int 
 }
 
 // A call with no rows at all (TMA takes no empty tensor): only a written (not accumulated) weight
-// gradient has work, its `elems` f32 zeros.
-void without_rows(GroupedGemmKind kind, bool accumulate, void* d, int64_t elems, cudaStream_t stream) {
-  if (kind == GroupedGemmKind::Wgrad && !accumulate)
-    CUDA_CHECK(cudaMemsetAsync(d, 0, static_cast<size_t>(elems) * sizeof(float), stream));
+// gradient has work, its `elems` zeros of `esize` bytes.
+void without_rows(GroupedGemmKind kind, bool accumulate, void* d, int64_t elems, size_t esize, cudaStream_t stream) {
+  if (kind == GroupedGemmKind::Wgrad && !accumulate) CUDA_CHECK(cudaMemsetAsync(d, 0, static_cast<size_t>(elems) * esize, stream));
 }
 
 // The schedule of one call: PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE (read on every call, for A/B runs)
@@ -719,6 +718,9 @@ std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p
     if (kind < 0 || kind > 2) return "unknown kind";
     if (p.groups < 1) return fmt::format("{} groups (at least 1)", p.groups);
     if (p.rows < 0 || p.n < 1 || p.k < 1) return fmt::format("sizes M={} N={} K={}", p.rows, p.n, p.k);
+    if (p.d_bf16 && (p.kind != GroupedGemmKind::Wgrad || p.accumulate))
+      return "a bf16 output of the weight gradient is written, never accumulated (and only the weight gradient's output is "
+             "switchable)";
     if (p.n % 8 != 0 || p.k % 8 != 0)
       return fmt::format("N={} and K={} must be multiples of 8 (TMA needs 16-byte aligned row strides)", p.n, p.k);
     if (p.rows > INT_MAX - 256 || p.n > INT_MAX - 256 || p.k > INT_MAX - 256 || p.groups > INT_MAX / 4)
@@ -753,7 +755,7 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
   using namespace ggemm90;
   if (auto w = grouped_gemm_sm90_unsupported_reason(p); !w.empty()) throw RuntimeError("grouped_gemm_sm90: " + w);
   const int64_t G = p.groups, M = p.rows, N = p.n, K = p.k;
-  if (M == 0) return without_rows(p.kind, p.accumulate, p.d, G * N * K, stream);
+  if (M == 0) return without_rows(p.kind, p.accumulate, p.d, G * N * K, p.d_bf16 ? 2 : 4, stream);
   const int sms = std::max(1, gdevice().sms);
   const bool pp = pingpong_schedule();
   const int bn = pp ? 128 : kGBN;
@@ -803,14 +805,15 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
       prm.ldd = K;
       prm.d_group = N * K;
       prm.beta = p.accumulate ? 1.0f : 0.0f;
-      prm.d_vec16 = 0;
+      prm.d_vec16 = p.d_bf16 ? 1 : 0;  // bf16: the staged epilogue (rows of K, a multiple of 8, elements)
       prm.tiles_m_w = static_cast<int>(cdiv(N, kBM));
       prm.tiles_n = static_cast<int>(cdiv(K, bn));
       prm.tiles_k = prm.tiles_m_w * prm.tiles_n;
       prm.pairs = bn == 128 && N % 64 == 0 && K % 64 == 0 && wgrad_pairs() ? 1 : 0;
       const CUtensorMap ta = prm.pairs ? wgrad_pair_map(p.a, N, M, "dout [M,N]") : map_2d(p.a, N, M, 64, 64, "dout [M,N]");
       const CUtensorMap tb = prm.pairs ? wgrad_pair_map(p.b, K, M, "inp [M,K]") : map_2d(p.b, K, M, 64, 64, "inp [M,K]");
-      run(float{}, std::integral_constant<int, kModeK>{}, I1{}, I1{}, ta, tb, G * prm.tiles_k);
+      if (p.d_bf16) run(__nv_bfloat16{}, std::integral_constant<int, kModeK>{}, I1{}, I1{}, ta, tb, G * prm.tiles_k);
+      else run(float{}, std::integral_constant<int, kModeK>{}, I1{}, I1{}, ta, tb, G * prm.tiles_k);
       return;
     }
   }
@@ -859,7 +862,7 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
   using namespace ggemm90;
   if (auto w = grouped_gemm_fp8_sm90_unsupported_reason(p); !w.empty()) throw RuntimeError("grouped_gemm_fp8_sm90: " + w);
   const int64_t G = p.groups, M = p.rows, N = p.n, K = p.k;
-  if (M == 0) return without_rows(p.kind, p.accumulate, p.d, G * N * K, stream);
+  if (M == 0) return without_rows(p.kind, p.accumulate, p.d, G * N * K, 4, stream);
   const int sms = std::max(1, gdevice().sms);
   const bool blk = p.blockwise;
   const bool pp = !blk && pingpong_schedule();

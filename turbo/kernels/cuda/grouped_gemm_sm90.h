@@ -38,6 +38,9 @@ struct GroupedGemmSm90Problem {
   const void* b = nullptr;  // Forward and Dgrad: weight [G,N,K]; Wgrad: inp [M,K]
   void* d = nullptr;        // Forward: out [M,N]; Dgrad: dinp [M,K]; Wgrad: dweight [G,N,K] f32
   bool accumulate = false;  // Wgrad: dweight += (else =)
+  // Wgrad: dweight in bf16 (the f32 accumulators rounded once, as torch._grouped_mm's bf16 output);
+  // written, never accumulated (a bf16 running sum would round every addition).
+  bool d_bf16 = false;
 };
 
 // Empty when grouped_gemm_sm90 can run `p` on the current device, else the reason. Never throws.

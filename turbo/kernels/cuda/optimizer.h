@@ -16,12 +16,12 @@ namespace primus::turbo::cuda {
 struct MultiTensorEntry {
   float* master = nullptr;      // fp32 master weights [numel], updated in place
   void* model = nullptr;        // bf16 copy written after the update (nullptr: none)
-  const void* grad = nullptr;   // gradient [numel], dtype given per call (f32 or bf16)
+  const void* grad = nullptr;   // gradient [numel], f32 or (grad_bf16) bf16
   float* m = nullptr;           // first moment [numel], f32
   float* v = nullptr;           // second moment [numel], f32
   int64_t numel = 0;
   int32_t decay = 1;            // 0: no weight decay for this tensor (norms, biases)
-  int32_t pad_ = 0;
+  int32_t grad_bf16 = 0;        // 1: grad is bf16 (tensors of one table may differ)
 };
 
 // The device-side table of entries: built once at setup (after the buffers exist) and reused
@@ -43,15 +43,14 @@ struct AdamWStep {
 // values (for CUDA graphs, where host arguments are frozen at capture), or nullptr.
 // norm_out (optional): out[0] = the L2 norm of the gradients it read (unscaled; NaN when the
 // update was skipped), out[1] = 1, in the same pass (scratch: grad_norm_scratch_bytes(num_chunks)).
-void adamw_multi_tensor(const void* table, int num_tensors, int64_t num_chunks, DType grad_dtype,
-                        const AdamWStep& hp, const float* grad_scale, const float* device_scalars,
+void adamw_multi_tensor(const void* table, int num_tensors, int64_t num_chunks, const AdamWStep& hp, const float* grad_scale, const float* device_scalars,
                         cudaStream_t stream, float* norm_out = nullptr, void* scratch = nullptr);
 
 // out[0] = L2 norm over every tensor's gradient, out[1] = min(1, max_norm / (norm + 1e-6))
 // (1 when max_norm <= 0). Two kernels (per-chunk partial sums, then one block in chunk order):
 // deterministic. scratch holds grad_norm_scratch_bytes(num_chunks) bytes.
-void grad_norm_multi_tensor(float* out, const void* table, int num_tensors, int64_t num_chunks,
-                            DType grad_dtype, float max_norm, void* scratch, cudaStream_t stream);
+void grad_norm_multi_tensor(float* out, const void* table, int num_tensors, int64_t num_chunks, float max_norm,
+                            void* scratch, cudaStream_t stream);
 size_t grad_norm_scratch_bytes(int64_t num_chunks);
 
 inline constexpr int64_t kMultiTensorChunk = 4096;  // elements per block
