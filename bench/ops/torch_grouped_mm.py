@@ -4,13 +4,14 @@ group offsets our benchmark ran, read from the file it writes with
 PRIMUS_BENCH_GROUPED_GEMM_GROUPS=<file> (one JSON line per case: case, G, M, N, K, offsets [G+1]),
 so the router counts are generated once, in turbo/bench/cases_grouped_gemm.cpp.
 
-Per case, under our measurement names (<case>/fwd, /dgrad, /wgrad), with bf16 operands:
+Per case, under our measurement names (<case>/fwd, /dgrad, /wgrad, /wgrad_bf16), with bf16 operands:
   fwd    out [M,N]    = torch._grouped_mm(inp [M,K], weight [G,N,K].transpose(-2,-1), offs)
   dgrad  dinp [M,K]   = torch._grouped_mm(dout [M,N], weight [G,N,K], offs)
   wgrad  dW [G,N,K]   = torch._grouped_mm(dout.t() [N,M], inp [M,K], offs)   (2D x 2D, offs over M)
 offs = offsets[1:] (torch takes the cumulative ends). Timed as torch_ops.py times (5 warm-ups,
 then the median of 50 per-call CUDA-event timings, calls enqueued back to back), which is how
-`primus benchmark` times. torch's wgrad writes bf16 (its default out_dtype); ours writes f32.
+`primus benchmark` times. torch's wgrad writes bf16 (its default out_dtype); ours writes f32 in
+/wgrad and bf16 in /wgrad_bf16 (the same torch product is timed under both names).
 
 Writes {"case", "ms", "anchor"} lines to --out for merge_ops.py --bench grouped_gemm.
 Usage: python3 torch_grouped_mm.py --groups groups.jsonl --out torch.jsonl
@@ -54,7 +55,9 @@ def main():
             wt = w.transpose(-2, -1)
             runs = [("fwd", lambda: torch._grouped_mm(x, wt, offs=offs)),
                     ("dgrad", lambda: torch._grouped_mm(dy, w, offs=offs)),
-                    ("wgrad", lambda: torch._grouped_mm(dy.t(), x, offs=offs))]
+                    ("wgrad", lambda: torch._grouped_mm(dy.t(), x, offs=offs)),
+                    # The same product against ours written in bf16 (primus's .../wgrad_bf16).
+                    ("wgrad_bf16", lambda: torch._grouped_mm(dy.t(), x, offs=offs))]
             for prod, fn in runs:
                 try:
                     ms = time_ms(fn)

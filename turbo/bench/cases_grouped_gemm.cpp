@@ -1,6 +1,7 @@
 // grouped_gemm: the expert GEMMs of the MoE presets' layers (tokens = 4 x 2048, C = 2048), in
 // TFLOP/s: fc [E, 2 Fe, C] (gate and up rows) and proj [E, C, Fe], each as forward, dgrad and
-// wgrad, for two routings of the 8192 tokens:
+// wgrad (on the device also wgrad_bf16, the weight gradient written in bf16), for two routings of
+// the 8192 tokens:
 //   balanced  every expert gets T K / E rows;
 //   router0   the counts of a softmax top-k router at initialisation (router_counts below): hidden
 //             states N(0,1) normalised to unit RMS per row, router weight N(0, 0.02), a fixed seed
@@ -128,13 +129,22 @@ Case grouped_case(const std::string& name, int64_t T, int64_t E, int64_t topk, i
             GroupedGemmWgradArgs g{dw, dy, x, offsets, align, false, e.ctx};
             const double flops = 2.0 * static_cast<double>(used) * static_cast<double>(N) * static_cast<double>(K);
             const std::string note = fmt::format("E={} top-{} [{}x{}] rows {} of {}", E, topk, N, K, used, M);
-            return std::vector<Timed>{
+            std::vector<Timed> timed{
                 {"grouped_gemm/" + name + "/fwd", Metric::Flops, flops, [f] { grouped_gemm_forward(f); }, note,
                  {{"out", y.slice0(0, used)}}},
                 {"grouped_gemm/" + name + "/dgrad", Metric::Flops, flops, [d] { grouped_gemm_dgrad(d); }, "",
                  {{"dinp", dx.slice0(0, used)}}},
                 {"grouped_gemm/" + name + "/wgrad", Metric::Flops, flops, [g] { grouped_gemm_wgrad(g); }, "",
                  {{"dweight", dw}}}};
+            // The weight gradient written in bf16 (the trainer's moe_expert_grad_dtype: bf16), the
+            // output torch._grouped_mm writes: on the device only (the host computes in f32).
+            if (e.dtype == DType::BF16) {
+              TensorView dwb = e.empty(DType::BF16, {E, N, K});
+              GroupedGemmWgradArgs gb{dwb, dy, x, offsets, align, false, e.ctx};
+              timed.push_back({"grouped_gemm/" + name + "/wgrad_bf16", Metric::Flops, flops, [gb] { grouped_gemm_wgrad(gb); },
+                               "", {{"dweight", dwb}}});
+            }
+            return timed;
           }};
 }
 
