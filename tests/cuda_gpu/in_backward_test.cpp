@@ -168,5 +168,50 @@ TEST(InBackward, RefusesAccumulationAndZeroOneAndTheCallsAfterTheBackward) {
   EXPECT_THROW(model.on_grads_ready([](int64_t) {}), RuntimeError);
 }
 
+// bf16 expert gradients: the experts' grouped weights are the tensors marked, and grad_view reads a
+// marked tensor's elements as bf16 from the first half of its f32 place (any slice of it), the
+// others as f32 slices; the model refuses them where they cannot apply (host mode, no optimizer
+// in the backward, no experts).
+TEST(InBackward, Bf16ExpertGradientViewsAndRefusals) {
+  EXPECT_TRUE(is_expert_weight("layers.3.moe.experts.fc.weight"));
+  EXPECT_TRUE(is_expert_weight("layers.0.moe.experts.proj.weight"));
+  EXPECT_FALSE(is_expert_weight("layers.0.moe.shared.fc.weight"));
+  EXPECT_FALSE(is_expert_weight("layers.0.moe.router.weight"));
+  EXPECT_FALSE(is_expert_weight("moe.experts.fc.weight"));
+  std::vector<float> buf(64, 0.0f);
+  const turbo::TensorView grads(buf.data(), turbo::DType::F32, turbo::Device::CPU, {64});
+  GradPlacement place;
+  place.offset = {0, 16};
+  place.bf16 = {false, true};
+  const turbo::TensorView a = grad_view(grads, place, 0, 4, 8), b = grad_view(grads, place, 1, 6, 10);
+  EXPECT_EQ(a.dtype, turbo::DType::F32);
+  EXPECT_EQ(a.data, static_cast<void*>(buf.data() + 4));
+  EXPECT_EQ(a.numel(), 8);
+  EXPECT_EQ(b.dtype, turbo::DType::BF16);
+  EXPECT_EQ(b.data, static_cast<void*>(reinterpret_cast<char*>(buf.data() + 16) + 6 * 2));
+  EXPECT_EQ(b.numel(), 10);
+  place.bf16.clear();  // no marks: every tensor f32
+  EXPECT_EQ(grad_view(grads, place, 1, 0, 4).dtype, turbo::DType::F32);
+
+  const train::ModelSpec moe = testing::tiny_moe_spec(true);
+  CudaModelOptions mo = testing::options(moe, 1, turbo::Device::CPU);
+  mo.bf16_expert_grads = true;
+  for (bool in_backward : {false, true}) {
+    mo.optimizer_in_backward = in_backward;
+    try {
+      CudaModel model(moe, mo, testing::ops_for(testing::Attn::Default));
+      ADD_FAILURE() << "accepted in host mode, optimizer in the backward " << in_backward;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(in_backward ? "host mode" : "optimizer in the backward"), std::string::npos)
+          << e.what();
+    }
+  }
+  const train::ModelSpec dense = testing::tiny_spec(true);
+  CudaModelOptions md = testing::options(dense, 1, turbo::Device::CPU);
+  md.bf16_expert_grads = true;
+  md.optimizer_in_backward = true;
+  EXPECT_THROW(CudaModel(dense, md, testing::ops_for(testing::Attn::Default)), ConfigError);
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda

@@ -287,6 +287,11 @@ TEST(GroupedGemmHostTest, HostTensorsRunTheReferenceAndBadArgumentsAreNamed) {
   std::vector<uint16_t> half(G * N * K);
   TensorView dw16(half.data(), DType::BF16, Device::CPU, {G, N, K});
   EXPECT_NE(error_of([&] { grouped_gemm_wgrad({dw16, yv, xv, ov, 1, false, {}}); }).find("dweight"), std::string::npos);
+  // A bf16 dweight beside bf16 tokens is written, never accumulated (refused before any backend).
+  std::vector<uint16_t> x16(M * K), y16(M * N);
+  TensorView xb(x16.data(), DType::BF16, Device::CPU, {M, K}), yb(y16.data(), DType::BF16, Device::CPU, {M, N});
+  EXPECT_NE(error_of([&] { grouped_gemm_wgrad({dw16, yb, xb, ov, 1, true, {}}); }).find("never accumulated"),
+            std::string::npos);
   o = {0, 9, 5, 17};  // decreasing: the host path names the entry
   EXPECT_NE(error_of([&] { grouped_gemm_forward({yv, xv, wv, ov, 1, {}}); }).find("offsets[2] = 5"), std::string::npos);
   o = {0, 5, 5, 21};  // past M
