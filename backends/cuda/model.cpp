@@ -202,6 +202,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                       : !opt_.optimizer_in_backward ? "they are written once, never accumulated: it needs the optimizer in "
                                                       "the backward (one micro-batch a step)"
                       : opt_.fp8_moe                ? "the FP8 experts' weight gradients are f32"
+                      : opt_.zero_grad_full         ? "with zero_grad_full every GEMM accumulates into its gradient"
                       : host                        ? "host mode computes in f32"
                                                     : nullptr;
     if (why) throw ConfigError(fmt::format("bf16 expert gradients: {}", why));
