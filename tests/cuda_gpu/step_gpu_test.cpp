@@ -20,6 +20,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
+#include <utility>
 
 #include "step_fixture.h"
 
@@ -95,18 +97,24 @@ TEST_P(StepGpuTest, GraphReplayMatchesEagerBitForBitOver20Steps) {
 // The optimizer in the backward under the graph, on the device: the same losses, weights and
 // moments bit for bit as AdamW after the backward (no clipping, one micro-batch), dense GPT-2 (its
 // MLP output bias, whose gradient the next layer writes) and the DeepSeek-style tiny MoE.
+// 6 steps of `spec` on the device under the graph, one micro-batch, no clipping (what the optimizer
+// in the backward needs), with the model options `set`.
+StepRun six_graph_steps(const train::ModelSpec& spec, std::function<void(CudaModelOptions&)> set) {
+  StepRunOptions o;
+  o.spec = &spec;
+  o.device = turbo::Device::CUDA;
+  o.graph = true;
+  o.clip = 0.0f;
+  o.micro = 1;
+  o.steps = 6;
+  o.model_options = std::move(set);
+  return run_steps(o);
+}
+
 TEST_P(StepGpuTest, OptimizerInBackwardMatchesTheUpdateAfterTheBackward) {
   const train::ModelSpec spec = GetParam() ? tiny_moe_spec(true) : tiny_spec(false);
   auto run = [&](bool in_backward) {
-    StepRunOptions o;
-    o.spec = &spec;
-    o.device = turbo::Device::CUDA;
-    o.graph = true;
-    o.clip = 0.0f;
-    o.micro = 1;
-    o.steps = 6;
-    o.model_options = [in_backward](CudaModelOptions& mo) { mo.optimizer_in_backward = in_backward; };
-    return run_steps(o);
+    return six_graph_steps(spec, [in_backward](CudaModelOptions& mo) { mo.optimizer_in_backward = in_backward; });
   };
   const StepRun after = run(false), inside = run(true);
   EXPECT_EQ(inside.losses, after.losses);
@@ -128,18 +136,10 @@ TEST_P(StepGpuTest, OptimizerInBackwardMatchesTheUpdateAfterTheBackward) {
 TEST_F(CudaGpuTest, Bf16ExpertGradientsTrainAsTheF32Ones) {
   const train::ModelSpec spec = tiny_moe_spec(true);
   auto run = [&](bool bf16) {
-    StepRunOptions o;
-    o.spec = &spec;
-    o.device = turbo::Device::CUDA;
-    o.graph = true;
-    o.clip = 0.0f;
-    o.micro = 1;
-    o.steps = 6;
-    o.model_options = [bf16](CudaModelOptions& mo) {
+    return six_graph_steps(spec, [bf16](CudaModelOptions& mo) {
       mo.optimizer_in_backward = true;
       mo.bf16_expert_grads = bf16;
-    };
-    return run_steps(o);
+    });
   };
   const StepRun f32 = run(false), bf16 = run(true);
   ASSERT_EQ(bf16.losses.size(), f32.losses.size());

@@ -40,6 +40,20 @@ __device__ __forceinline__ int find_tensor(const int64_t* starts, int n, int64_t
   return lo;
 }
 
+// This block's chunk: its tensor's entry and the elements [begin, end) of it.
+struct BlockChunk {
+  MultiTensorEntry e;
+  int64_t begin, end;
+};
+__device__ __forceinline__ BlockChunk block_chunk(const void* table, int n) {
+  const TableView tv = table_view(table, n);
+  const int64_t b = blockIdx.x;
+  const int t = find_tensor(tv.chunk_start, n, b);
+  BlockChunk c{tv.entries[t], (b - tv.chunk_start[t]) * kMultiTensorChunk, 0};
+  c.end = min(c.e.numel, c.begin + kMultiTensorChunk);
+  return c;
+}
+
 template <class G>
 __device__ __forceinline__ void load4(const G* g, int64_t i, float out[4]);
 template <>
@@ -151,12 +165,9 @@ adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const fl
     if (kNorm && threadIdx.x == 0) partial[blockIdx.x] = __int_as_float(0x7fc00000);
     return;
   }
-  const TableView tv = table_view(table, n);
-  const int64_t b = blockIdx.x;
-  const int t = find_tensor(tv.chunk_start, n, b);
-  const MultiTensorEntry e = tv.entries[t];
-  const int64_t begin = (b - tv.chunk_start[t]) * kMultiTensorChunk;
-  const int64_t end = min(e.numel, begin + kMultiTensorChunk);
+  const BlockChunk c = block_chunk(table, n);
+  const MultiTensorEntry& e = c.e;
+  const int64_t b = blockIdx.x, begin = c.begin, end = c.end;
   const AdamWScalars s = device_scalars ? AdamWScalars{device_scalars[0], device_scalars[1], device_scalars[2]} : host;
   __shared__ float smem[32];
   const auto run = [&](auto g) {
@@ -191,12 +202,9 @@ __device__ __forceinline__ float sum_squares_chunk(const MultiTensorEntry& e, in
 __global__ void __launch_bounds__(kThreads)
 sum_squares_kernel(float* partial, const void* table, int n) {
   __shared__ float smem[32];
-  const TableView tv = table_view(table, n);
-  const int64_t b = blockIdx.x;
-  const int t = find_tensor(tv.chunk_start, n, b);
-  const MultiTensorEntry e = tv.entries[t];
-  const int64_t begin = (b - tv.chunk_start[t]) * kMultiTensorChunk;
-  const int64_t end = min(e.numel, begin + kMultiTensorChunk);
+  const BlockChunk c = block_chunk(table, n);
+  const MultiTensorEntry& e = c.e;
+  const int64_t b = blockIdx.x, begin = c.begin, end = c.end;
   float s = e.grad_bf16 ? sum_squares_chunk<bf16>(e, begin, end) : sum_squares_chunk<float>(e, begin, end);
   s = block_sum(s, smem);
   if (threadIdx.x == 0) partial[b] = s;
