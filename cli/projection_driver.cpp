@@ -133,7 +133,8 @@ train::Projection run_projection(const ProjectionRequest& req) {
     p.has_memory = true;
   }
   if (req.performance) {
-    p.time = train::project_step_time(spec, p.layout, resolve_rates(req, local_name), pr.cost);
+    p.time = train::project_step_time(spec, p.layout, resolve_rates(req, local_name),
+                                      pr.cost_of ? pr.cost_of(*planned.args) : pr.cost);
     p.has_time = true;
   }
   return p;

@@ -105,6 +105,8 @@ struct BackendProjector {
                                  const ProjectionLayout& layout, const MemoryProjectionOptions& opt)>
       memory;
   StepCostOptions cost;
+  // The costs for one config, where its options change them (unset: `cost`).
+  std::function<StepCostOptions(const BackendArgs& args)> cost_of;
   // This machine's accelerator, if the backend has one here: its name and memory in bytes.
   std::function<bool(std::string* name, double* bytes)> local_device;
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "backends/cuda/model/decoder.h"
+#include "backends/cuda/model/grad_placement.h"
 #include "backends/cuda/register.h"
 #include "core/util/error.h"
 #include "parallel/cuda/grad_reducer.h"
@@ -167,6 +168,20 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
   return m;
 }
 
+train::StepCostOptions cuda_step_cost(const CudaArgs& a, train::StepCostOptions c) {
+  if (!a.optimizer_in_bwd) return c;
+  // The norm is summed inside the AdamW pass (no separate read of the gradients): 30 bytes.
+  c.optimizer_bytes_per_param -= 4;
+  if (a.bf16_expert_grads) {  // the experts' gradients read as bf16: 2 bytes fewer each
+    const train::ParamLayout layout = train::make_param_layout(a.model);
+    int64_t experts = 0;
+    for (const train::ParamTensor& t : layout.tensors)
+      if (is_expert_weight(t.name)) experts += t.numel;
+    c.optimizer_bytes_per_param -= 2.0 * double(experts) / double(std::max<int64_t>(layout.total, 1));
+  }
+  return c;
+}
+
 void register_cuda_projection() {
   train::BackendProjector p;
   p.spec = [](const BackendArgs& args) -> const train::ModelSpec& {
@@ -194,6 +209,7 @@ void register_cuda_projection() {
   // AdamW 28 + the bf16 copy 2, the grad norm 4; zero_grad clears only the few tensors whose first
   // gradient GEMM accumulates (plan_grad_clearing), left out.
   p.cost.optimizer_bytes_per_param = 34;
+  p.cost_of = [cost = p.cost](const BackendArgs& args) { return cuda_step_cost(dynamic_cast<const CudaArgs&>(args), cost); };
   p.local_device = [](std::string* name, double* bytes) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

@@ -165,6 +165,25 @@ TEST(CudaProjection, FollowsTheTrainersOptionsForTheOptimizerInTheBackward) {
   EXPECT_DOUBLE_EQ(m.total(), double(model.reserved_bytes()));
 }
 
+// The optimizer's bytes a parameter in the step-time projection follow the trainer's options:
+// 34 (AdamW 28, the bf16 copy 2, the grad norm 4), 30 in the backward (the norm inside the AdamW
+// pass), and 2 fewer a parameter of the experts with bf16 expert gradients.
+TEST(CudaProjection, OptimizerBytesFollowTheOptimizerInTheBackwardAndBf16ExpertGradients) {
+  const train::ModelSpec spec = testing::tiny_moe_spec(true);
+  CudaArgs a = projection_args(spec, 1, 1);
+  const train::StepCostOptions base;
+  EXPECT_DOUBLE_EQ(cuda_step_cost(a, base).optimizer_bytes_per_param, 34);
+  a.optimizer_in_bwd = true;
+  EXPECT_DOUBLE_EQ(cuda_step_cost(a, base).optimizer_bytes_per_param, 30);
+  a.bf16_expert_grads = true;
+  const train::ParamLayout layout = train::make_param_layout(spec);
+  int64_t experts = 0;
+  for (const auto& t : layout.tensors)
+    if (t.name.find(".moe.experts.") != std::string::npos) experts += t.numel;
+  ASSERT_GT(experts, 0);
+  EXPECT_NEAR(cuda_step_cost(a, base).optimizer_bytes_per_param, 30 - 2.0 * double(experts) / double(layout.total), 1e-12);
+}
+
 std::string projection_example(const char* name) {
   return std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/" + name;
 }
