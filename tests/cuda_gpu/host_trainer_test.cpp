@@ -118,18 +118,16 @@ TEST(CudaHostTrainer, Bf16ExpertGradientsAreRefusedWhereTheyCannotApply) {
   auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
   const std::vector<std::string> moe = {"num_experts=4", "moe_router_topk=2", "moe_ffn_hidden_size=32", "activation=swiglu",
                                         "add_bias_linear=false"};
+  std::vector<std::string> moe_in_bwd = moe;  // only host mode is left to refuse it
+  moe_in_bwd.insert(moe_in_bwd.end(), {"global_batch_size=4", "optimizer_in_bwd=true"});
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"global_batch_size=4", "optimizer_in_bwd=true"}, "needs an MoE model"},
       {moe, "needs optimizer_in_bwd: true"},
-      {{}, "needs the GPU"},
+      {moe_in_bwd, "needs the GPU"},
   };
   for (const auto& [extra, why] : cases) {
     std::vector<std::string> cli = {"exp_name=refused", "clip_grad=0", "moe_expert_grad_dtype=bf16"};
     cli.insert(cli.end(), extra.begin(), extra.end());
-    if (extra.empty()) {  // the MoE model with the optimizer in the backward: only host mode is left
-      cli.insert(cli.end(), moe.begin(), moe.end());
-      cli.insert(cli.end(), {"global_batch_size=4", "optimizer_in_bwd=true"});
-    }
     try {
       run_host_trainer(cuda_file, cli);
       ADD_FAILURE() << "accepted: " << why;

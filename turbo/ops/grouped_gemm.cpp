@@ -39,9 +39,9 @@ struct GgCall {
   ExecContext ctx;
 
   std::string key() const {
+    const std::string out = kind == GgKind::Wgrad ? fmt::format("->{}", dtype_name(y.dtype)) : std::string();
     return fmt::format("{} G={} M={} N={} K={} align={} acc={} {}{} {}", gg_op_name(kind), G, M, N, K, align,
-                       accumulate ? 1 : 0, dtype_name(x.dtype), kind == GgKind::Wgrad ? fmt::format("->{}", dtype_name(y.dtype)) : std::string(),
-                       device_name(x.device));
+                       accumulate ? 1 : 0, dtype_name(x.dtype), out, device_name(x.device));
   }
   Precision precision() const { return precision_of(x.dtype); }
 };

@@ -3,8 +3,9 @@
 // decoupled weight decay; torch.nn.utils.clip_grad_norm_'s factor).
 //
 // Each tensor: fp32 master weights, fp32 moments m and v, a gradient (f32 or bf16, each tensor
-// its own; the CPU reference takes f32 only), an optional bf16 model copy rewritten after the update, and a decay flag (norm
-// weights and biases are usually not decayed). All tensors live on one device.
+// its own; the CPU reference takes f32 only), an optional bf16 model copy rewritten after the
+// update, and a decay flag (norm weights and biases are usually not decayed). All tensors live on
+// one device.
 //
 // A MultiTensorAdamW is built once after the buffers exist: on the GPU it uploads a descriptor
 // table (from `arena`), so a step launches with no host-to-device copy and can be captured in

@@ -116,8 +116,11 @@ MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& l
   if (opt_.shared_grad_window && opt_.flat_elems != 0)
     throw RuntimeError("cuda model: a shared gradient window and a padded (ZeRO-1) gradient buffer exclude each other");
   if (opt_.bf16_expert_grads) {
-    if (opt_.host || opt_.fsdp || !opt_.shared_grad_window)
-      throw RuntimeError("cuda model: bf16 expert gradients need the device, the optimizer in the backward, no sharding");
+    const char* why = opt_.host                  ? "host mode (f32)"
+                      : opt_.fsdp                  ? "sharded data parallelism"
+                      : !opt_.shared_grad_window ? "no shared gradient window (the optimizer is not in the backward)"
+                                                 : nullptr;
+    if (why) throw RuntimeError(fmt::format("cuda model: bf16 expert gradients with {}", why));
     grad_place_.bf16.assign(layout_.tensors.size(), false);
     for (size_t i = 0; i < layout_.tensors.size(); ++i) grad_place_.bf16[i] = is_expert_weight(layout_.tensors[i].name);
   }
@@ -547,16 +550,15 @@ Param MemoryPlan::param(const std::string& name, bool required) const {
     if (required) throw RuntimeError(fmt::format("cuda model: no parameter '{}'", name));
     return {};
   }
-  const int64_t grad_offset = grad_place_.offset[static_cast<size_t>(t - layout_.tensors.data())];
+  const size_t i = static_cast<size_t>(t - layout_.tensors.data());
+  const int64_t grad_offset = grad_place_.offset[i];
   auto shaped = [&](const TensorView& flat, int64_t offset) {
     void* p = static_cast<char*>(flat.data) + size_t(offset) * turbo::dtype_size(flat.dtype);
     if (t->shape.size() == 3) return TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1], t->shape[2]});
     return t->shape.size() == 2 ? TensorView(p, flat.dtype, flat.device, {t->shape[0], t->shape[1]})
                                 : TensorView(p, flat.dtype, flat.device, {t->shape[0]});
   };
-  const int64_t weight_offset = opt_.fsdp ? opt_.fsdp->weight_offset[static_cast<size_t>(t - layout_.tensors.data())]
-                                          : t->offset;
-  const size_t i = static_cast<size_t>(t - layout_.tensors.data());
+  const int64_t weight_offset = opt_.fsdp ? opt_.fsdp->weight_offset[i] : t->offset;
   if (i < grad_place_.bf16.size() && grad_place_.bf16[i]) {
     const TensorView g = grad_view(state.grads, grad_place_, i, 0, t->numel);
     const TensorView shaped_g = TensorView::contiguous(g.data, g.dtype, g.device, t->shape.data(), static_cast<int>(t->shape.size()));

@@ -718,9 +718,8 @@ std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p
     if (kind < 0 || kind > 2) return "unknown kind";
     if (p.groups < 1) return fmt::format("{} groups (at least 1)", p.groups);
     if (p.rows < 0 || p.n < 1 || p.k < 1) return fmt::format("sizes M={} N={} K={}", p.rows, p.n, p.k);
-    if (p.d_bf16 && (p.kind != GroupedGemmKind::Wgrad || p.accumulate))
-      return "a bf16 output of the weight gradient is written, never accumulated (and only the weight gradient's output is "
-             "switchable)";
+    if (p.d_bf16 && p.kind != GroupedGemmKind::Wgrad) return "d_bf16 applies to the weight gradient only";
+    if (p.d_bf16 && p.accumulate) return "a bf16 dweight is written, never accumulated (each addition would round)";
     if (p.n % 8 != 0 || p.k % 8 != 0)
       return fmt::format("N={} and K={} must be multiples of 8 (TMA needs 16-byte aligned row strides)", p.n, p.k);
     if (p.rows > INT_MAX - 256 || p.n > INT_MAX - 256 || p.k > INT_MAX - 256 || p.groups > INT_MAX / 4)

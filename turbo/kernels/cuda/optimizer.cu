@@ -92,12 +92,6 @@ __device__ __forceinline__ float adamw_one(float p, float g, float& m, float& v,
   return __fsub_rn(p, __fdiv_rn(__fmul_rn(lr, __fdiv_rn(m, bc1)), denom));
 }
 
-// Four elements a thread per step: one float4 of master, m and v, an 8-byte store of the bf16
-// copy (eight a thread, with 16-byte stores of the copy, measured slower on an H200: 3,359 vs
-// 3,855 GB/s with the copy, 80,254 vs 83,766 tok/s training olmoe-mini). kNorm: also the sum of
-// squares of this block's (unscaled) gradients into partial[block], for the norm of exactly what
-// was applied, in the same pass over the gradients (the optimizer in the backward); a skipped
-// update leaves NaN there.
 // The update of elements [begin, end) of tensor e; returns the sum of squares of the (unscaled)
 // gradients read when kNorm.
 template <class G, bool kNorm>
@@ -178,7 +172,7 @@ adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const fl
     }
   };
   if (e.grad_bf16) run(bf16{});
-  else run(0.0f);
+  else run(float{});
 }
 
 template <class G>

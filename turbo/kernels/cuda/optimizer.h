@@ -43,8 +43,9 @@ struct AdamWStep {
 // values (for CUDA graphs, where host arguments are frozen at capture), or nullptr.
 // norm_out (optional): out[0] = the L2 norm of the gradients it read (unscaled; NaN when the
 // update was skipped), out[1] = 1, in the same pass (scratch: grad_norm_scratch_bytes(num_chunks)).
-void adamw_multi_tensor(const void* table, int num_tensors, int64_t num_chunks, const AdamWStep& hp, const float* grad_scale, const float* device_scalars,
-                        cudaStream_t stream, float* norm_out = nullptr, void* scratch = nullptr);
+void adamw_multi_tensor(const void* table, int num_tensors, int64_t num_chunks, const AdamWStep& hp,
+                        const float* grad_scale, const float* device_scalars, cudaStream_t stream,
+                        float* norm_out = nullptr, void* scratch = nullptr);
 
 // out[0] = L2 norm over every tensor's gradient, out[1] = min(1, max_norm / (norm + 1e-6))
 // (1 when max_norm <= 0). Two kernels (per-chunk partial sums, then one block in chunk order):
