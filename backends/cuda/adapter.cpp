@@ -45,6 +45,14 @@ void add_cuda_schema(config::Schema& s) {
             "gradient bytes written and read); bf16 needs optimizer_in_bwd: true (a gradient written once, never "
             "accumulated), fp8: none and num_experts > 0",
             {"fp32", "bf16"})
+      .text("master_weights", "fp32",
+            "how the fp32 master weights are held: fp32 (a buffer of their own beside the bf16 compute weights), or "
+            "split (the bf16 weights are their high halves and a 16-bit buffer their low halves: the same fp32 values "
+            "and the same AdamW arithmetic, 2 bytes a parameter less memory and optimizer traffic; the bf16 weights "
+            "then round ties away from zero instead of to even, one ulp apart in the exact ties only); split needs the "
+            "GPU, AdamW and the whole optimizer state on each GPU (no use_distributed_optimizer or sharded data "
+            "parallelism)",
+            {"fp32", "split"})
       .integer("gemm_algo_search", 8,
                "cuBLASLt algorithm per GEMM shape: k > 1 times the heuristic's top k candidates at the shape's first "
                "call and keeps the fastest, saved in a per-machine cache file that later runs reuse (the same "

@@ -156,6 +156,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
   mp.shared_grad_window = opt.optimizer_in_backward;
   mp.bf16_expert_grads = opt.bf16_expert_grads;
+  mp.split_master = opt.split_master;
   mp.document_masks = opt.document_masking.enabled();
   if (opt.tp_map) {
     mp.tp = opt.tp_map->tp();
@@ -206,6 +207,15 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                       : host                        ? "host mode computes in f32"
                                                     : nullptr;
     if (why) throw ConfigError(fmt::format("bf16 expert gradients: {}", why));
+  }
+  if (opt_.split_master) {
+    const char* why = host                                ? "host mode computes on the fp32 master itself"
+                      : !opt_.optimizer_state || opt_.flat_elems != 0 ? "ZeRO-1 keeps the master weights in its shards"
+                      : opt_.dp_group && parallel::shards_gradients(opt_.dp_sharding)
+                          ? "sharded data parallelism keeps the master weights in its chunks"
+                      : !opt_.muon.empty() ? "Muon updates its matrices' fp32 masters"
+                                           : nullptr;
+    if (why) throw ConfigError(fmt::format("split master weights: {}", why));
   }
   if (host && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
     throw RuntimeError("cuda model: host mode keeps its own optimizer state and unpadded buffers");

@@ -135,6 +135,12 @@ struct CudaModelOptions {
   // gradients that the fp32 master's update reads widened. Written once, never accumulated: needs
   // optimizer_in_backward (one micro-batch), bf16 experts (not fp8_moe) and the device.
   bool bf16_expert_grads = false;
+  // The fp32 master weights held split (turbo/ops/optimizer.h): the bf16 compute weights are their
+  // high halves and a u16 buffer their low halves, so the master costs 2 bytes a parameter beside
+  // the weights instead of 4, and AdamW writes no separate bf16 copy; the same fp32 values, the
+  // bf16 copy rounded with ties away from zero. Needs the device, the whole optimizer state on this
+  // GPU (no ZeRO-1 or sharded data parallelism) and AdamW.
+  bool split_master = false;
   // Document masking of packed samples (train/document_masks.h): every forward builds its
   // documents' positions and attention bounds from its tokens on the device.
   train::DocumentMasking document_masking;

@@ -97,6 +97,15 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     if (a.host_mode) throw ConfigError("moe_expert_grad_dtype: bf16 needs the GPU (host mode computes in f32)");
     mo.bf16_expert_grads = true;
   }
+  if (a.split_master) {
+    const char* why = a.host_mode                  ? "host mode computes on the fp32 master itself"
+                      : !mo.optimizer_state        ? "use_distributed_optimizer (ZeRO-1) keeps the master weights in its shards"
+                      : sharded && world > 1       ? "sharded data parallelism keeps the master weights in its chunks"
+                      : t.optim.optimizer != "adamw" ? "Muon updates its matrices' fp32 masters"
+                                                     : nullptr;
+    if (why) throw ConfigError(fmt::format("master_weights: split: {}", why));
+    mo.split_master = true;
+  }
   if (t.optim.optimizer == "muon") {
     if (a.optimizer_in_bwd) {
       throw ConfigError("optimizer: muon with optimizer_in_bwd: true is not supported: Muon orthogonalises whole "

@@ -26,7 +26,7 @@ struct ProjectedStatePart {
 };
 constexpr ProjectedStatePart kProjectedStateParts[] = {
     {"bf16 weights", "weights", "bf16 compute copy of the weights (flat, layout order)"},
-    {"fp32 master weights", "master_weights", "fp32 master weights"},
+    {"fp32 master weights", "master_weights", "fp32 master weights (master_weights: split: their low halves only)"},
     {"fp32 gradients", "gradients", "fp32 gradients (flat; accumulated over the micro-batches)"},
     {"fp32 averaged gradients", "gradients", "sharded data parallelism: this rank's chunks of the averaged gradient"},
     {"weights (gathered", "weights", "sharded data parallelism: the gathered units' places"},
@@ -169,6 +169,9 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
 }
 
 train::StepCostOptions cuda_step_cost(const CudaArgs& a, train::StepCostOptions c) {
+  // Split masters: the update rewrites the bf16 weights as the masters' high halves, so the 4-byte
+  // master read and write become 2 + 2 and the separate 2-byte bf16 write is gone.
+  if (a.split_master) c.optimizer_bytes_per_param -= 2;
   if (!a.optimizer_in_bwd) return c;
   // The norm is summed inside the AdamW pass (no separate read of the gradients): 30 bytes.
   c.optimizer_bytes_per_param -= 4;

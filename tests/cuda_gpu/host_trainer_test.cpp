@@ -137,6 +137,19 @@ TEST(CudaHostTrainer, Bf16ExpertGradientsAreRefusedWhereTheyCannotApply) {
   }
 }
 
+// master_weights: split is refused by name in host mode, whose compute runs on the fp32 masters
+// themselves (the other refusals: CudaProjection.SplitMasterWeightsHalveTheMasterBuffer).
+TEST(CudaHostTrainer, SplitMasterWeightsAreRefusedInHostMode) {
+  primus::testing::Workdir w;
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
+  try {
+    run_host_trainer(cuda_file, {"exp_name=refused", "master_weights=split"});
+    ADD_FAILURE() << "accepted in host mode";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("master_weights: split: host mode"), std::string::npos) << e.what();
+  }
+}
+
 // fp8_recipe delayed through the trainer (host mode, gradient accumulation 2): the amax histories
 // and scales go into the checkpoint (fp8_amax_history [24, 3], fp8_scale [24]: 2 layers x 4
 // linear layers x x|w|dy), and a resume from step 3 replays steps 4-6 bit for bit, validation

@@ -184,6 +184,49 @@ TEST(CudaProjection, OptimizerBytesFollowTheOptimizerInTheBackwardAndBf16ExpertG
   EXPECT_NEAR(cuda_step_cost(a, base).optimizer_bytes_per_param, 30 - 2.0 * double(experts) / double(layout.total), 1e-12);
 }
 
+// Split master weights: the master buffer is the low halves (2 bytes a parameter instead of 4, the
+// rest of the plan unchanged, the same total as the model reserves), the update's traffic 2 bytes
+// a parameter less; refused where the trainer refuses it.
+TEST(CudaProjection, SplitMasterWeightsHalveTheMasterBuffer) {
+  const train::ModelSpec spec = testing::tiny_spec(false);
+  CudaArgs a = projection_args(spec, 1, 1);
+  a.host_mode = false;
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  const train::MemoryProjection f32 = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  a.split_master = true;
+  const train::MemoryProjection split = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  const double P = double(train::make_param_layout(spec).total);
+  EXPECT_NEAR(f32.bytes("master_weights"), 4 * P, 256.0);
+  EXPECT_NEAR(split.bytes("master_weights"), 2 * P, 256.0);
+  EXPECT_NEAR(f32.total() - split.total(), 2 * P, 512.0);
+  for (const char* part : {"weights", "gradients", "optimizer_state", "activations"})
+    EXPECT_DOUBLE_EQ(split.bytes(part), f32.bytes(part)) << part;
+  const train::StepCostOptions base;
+  EXPECT_DOUBLE_EQ(cuda_step_cost(a, base).optimizer_bytes_per_param, 32);
+  a.optimizer_in_bwd = true;
+  a.train.optim.clip_grad = 0;
+  EXPECT_DOUBLE_EQ(cuda_step_cost(a, base).optimizer_bytes_per_param, 28);
+  a.optimizer_in_bwd = false;
+  a.host_mode = true;
+  EXPECT_THROW(project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0), ConfigError);
+  a.host_mode = false;
+  a.train.optim.optimizer = "muon";
+  EXPECT_THROW(project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0), ConfigError);
+  a.train.optim.optimizer = "adamw";
+  CudaArgs two = projection_args(spec, 2, 1);
+  two.host_mode = false;
+  two.split_master = true;
+  EXPECT_NO_THROW(project_cuda_memory(two, ops, projection_host_layout(two, 2), false, 0.0));  // plain data parallelism
+  two.use_distributed_optimizer = true;  // ZeRO-1
+  try {
+    project_cuda_memory(two, ops, projection_host_layout(two, 2), false, 0.0);
+    ADD_FAILURE() << "accepted with ZeRO-1";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("master_weights: split: use_distributed_optimizer"), std::string::npos)
+        << e.what();
+  }
+}
+
 std::string projection_example(const char* name) {
   return std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/" + name;
 }

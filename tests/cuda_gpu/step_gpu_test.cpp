@@ -21,6 +21,7 @@
 
 #include <cstring>
 #include <functional>
+#include <random>
 #include <utility>
 
 #include "step_fixture.h"
@@ -153,6 +154,62 @@ TEST_F(CudaGpuTest, Bf16ExpertGradientsTrainAsTheF32Ones) {
   EXPECT_LT(bf16.losses.back(), bf16.losses.front()) << "the run must learn";
   std::printf("[moe] bf16 expert gradients: loss %.5f -> %.5f (f32: %.5f -> %.5f)\n", bf16.losses.front(),
               bf16.losses.back(), f32.losses.front(), f32.losses.back());
+}
+
+// Split master weights (master_weights: split) under the graph, after the backward (dense Llama,
+// with clipping) and in it (the DeepSeek-style tiny MoE with bf16 expert gradients): the same fp32
+// arithmetic as f32 masters, so the runs differ only where a bf16 copy met an exact tie (rounded
+// away from zero instead of to even: about one element in 2^17), within bf16 noise of each other.
+// set_params / get_params give back the exact fp32 bits, the largest finite values included.
+TEST_F(CudaGpuTest, SplitMasterWeightsTrainAsTheF32Ones) {
+  for (const bool moe : {false, true}) {
+    SCOPED_TRACE(moe ? "moe, optimizer in the backward" : "llama, after the backward");
+    const train::ModelSpec spec = moe ? tiny_moe_spec(true) : tiny_spec(true);
+    auto run = [&](bool split) {
+      StepRunOptions o;
+      o.spec = &spec;
+      o.device = turbo::Device::CUDA;
+      o.graph = true;
+      o.clip = moe ? 0.0f : 1.0f;
+      o.micro = 1;
+      o.steps = 6;
+      o.model_options = [split, moe](CudaModelOptions& mo) {
+        mo.split_master = split;
+        mo.optimizer_in_backward = moe;
+        mo.bf16_expert_grads = moe;
+      };
+      if (split) {
+        o.before_step = [](int s, CudaModel& model) {
+          if (s != 0) return;
+          const size_t n = static_cast<size_t>(model.layout().total);
+          std::vector<float> init(n), odd(n), back(n);
+          model.get_params(init.data());
+          std::mt19937 rng(7);
+          std::normal_distribution<float> d;
+          for (auto& x : odd) x = d(rng);
+          odd[0] = 3.4028235e38f, odd[1] = -3.4028235e38f, odd[2] = -0.0f, odd[3] = 1e-45f;
+          model.set_params(odd.data());
+          model.get_params(back.data());
+          EXPECT_TRUE(same_bits(back, odd)) << "set_params / get_params changed the fp32 bits";
+          model.set_params(init.data());
+        };
+      }
+      return run_steps(o);
+    };
+    const StepRun f32 = run(false), split = run(true);
+    ASSERT_EQ(split.losses.size(), f32.losses.size());
+    for (size_t s = 0; s < f32.losses.size(); ++s) {
+      EXPECT_NEAR(split.losses[s], f32.losses[s], 1e-3 * std::fabs(f32.losses[s])) << "step " << s;
+      EXPECT_NEAR(split.norms[s], f32.norms[s], 1e-2 * f32.norms[s]) << "grad norm of step " << s;
+    }
+    const int64_t n = static_cast<int64_t>(f32.params.size());
+    EXPECT_LT(rel_l2(split.params.data(), f32.params.data(), n), 1e-3);
+    EXPECT_LT(rel_l2(split.m.data(), f32.m.data(), n), 1e-2);
+    EXPECT_LT(split.losses.back(), split.losses.front()) << "the run must learn";
+    std::printf("[%s] split master weights: loss %.5f -> %.5f (f32 masters: %.5f -> %.5f), weights %s\n",
+                moe ? "moe" : "llama", split.losses.front(), split.losses.back(), f32.losses.front(),
+                f32.losses.back(), split.params == f32.params ? "bit-identical" : "within bf16 noise");
+  }
 }
 
 // FP8 linear layers under the graph: quantizer (amax partials, scales on the device) and FP8

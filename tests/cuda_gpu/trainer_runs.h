@@ -75,6 +75,7 @@ inline void run_host_trainer(const std::filesystem::path& exp_file, std::vector<
   args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead
   args->optimizer_in_bwd = cfg.params.find_path("optimizer_in_bwd")->as_bool();  // patch cuda.optimizer.in_backward
   args->bf16_expert_grads = cfg.params.find_path("moe_expert_grad_dtype")->as_string() == "bf16";  // patch cuda.moe.bf16_expert_grads
+  args->split_master = cfg.params.find_path("master_weights")->as_string() == "split";  // patch cuda.optimizer.split_master
   CudaOps ops = CudaOps::defaults();
   if (const std::string fp8 = cfg.params.find_path("fp8")->as_string(); fp8 != "none") {  // patch cuda.linear.fp8
     const turbo::Fp8Recipe r = configure_fp8(*args, fp8, cfg.params.find_path("fp8_recipe")->as_string());

@@ -20,7 +20,9 @@ TEST(DType, SizesNamesAndParse) {
   EXPECT_EQ(dtype_size(DType::BF16), 2u);
   EXPECT_EQ(dtype_size(DType::F8E4M3), 1u);
   EXPECT_EQ(dtype_size(DType::I64), 8u);
-  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3, DType::F8E5M2, DType::I32, DType::I64})
+  EXPECT_EQ(dtype_size(DType::U16), 2u);
+  EXPECT_FALSE(dtype_is_float(DType::U16));
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3, DType::F8E5M2, DType::I32, DType::I64, DType::U16})
     EXPECT_EQ(parse_dtype(dtype_name(t)), t);
   EXPECT_EQ(parse_dtype("bfloat16"), DType::BF16);
   EXPECT_THROW(parse_dtype("f4"), ConfigError);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "core/util/error.h"
@@ -11,6 +12,7 @@
 #include "turbo/kernels/cpu/normalization.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/normalization.h"
+#include "turbo/ops/optimizer.h"
 
 namespace primus::turbo {
 namespace {
@@ -317,6 +319,98 @@ TEST_F(OpsHost, NormBackwardDinpColumnSumsArgumentChecks) {
   expect_error("norm_backward");
   b.dinp_colsum = TensorView(cs.data(), DType::F32, Device::CPU, {C});
   EXPECT_EQ(norm_backward(b), BackendType::CPU);
+}
+
+// A split fp32 value (turbo/core/dtype.h) joins back to its exact bits for every low half (all
+// 65536, both signs, across exponents, zero, the smallest subnormal and the largest finite
+// value), and its high half is the value rounded to nearest bf16: equal to round-to-nearest-even
+// except in an exact tie whose truncation is even, where it rounds away from zero instead.
+TEST(SplitF32, JoinsBackExactlyAndRoundsTiesAwayFromZero) {
+  auto bits = [](float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; };
+  auto from = [](uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; };
+  int64_t ties_away = 0;
+  for (uint32_t hi : {0x0000u, 0x0001u, 0x3f80u, 0x3f81u, 0x4049u, 0x7f7eu, 0x7f7fu, 0x8000u, 0xbf80u, 0xbf81u, 0xff7fu}) {
+    for (uint32_t low = 0; low < 0x10000u; ++low) {
+      const uint32_t u = (hi << 16) | low;
+      const float f = from(u);
+      ASSERT_EQ(bits(join_f32(split_f32_hi(f), split_f32_lo(f))), u) << std::hex << u;
+      const uint16_t rne = float_to_bf16_bits(f), h = split_f32_hi(f);
+      const bool tie_even = low == 0x8000u && (hi & 1u) == 0;
+      if (tie_even) {
+        ++ties_away;
+        ASSERT_EQ(h, static_cast<uint16_t>(hi + 1)) << std::hex << u;
+        ASSERT_EQ(rne, static_cast<uint16_t>(hi)) << std::hex << u;
+      } else {
+        ASSERT_EQ(h, rne) << std::hex << u;
+      }
+    }
+  }
+  EXPECT_EQ(ties_away, 5);
+  for (float f : {0.0f, -0.0f, 1.0f, -3.5f, 1e-45f, 3.4028235e38f, -3.4028235e38f})
+    EXPECT_EQ(bits(join_f32(split_f32_hi(f), split_f32_lo(f))), bits(f)) << f;
+}
+
+// AdamW over split masters on the CPU backend: the joined masters, m and v after three steps are
+// the bits of the same update over f32 masters; the model copy is the masters' high halves; a
+// vetoed step writes nothing; a split table without its model copy is refused.
+TEST_F(OpsHost, AdamWOverSplitMastersGivesTheF32MastersBits) {
+  const std::vector<int64_t> sizes = {1000, 7, 4099};
+  std::vector<std::vector<float>> f32_p, f32_m, f32_v, s_m, s_v, grads;
+  std::vector<std::vector<uint16_t>> hi, lo, f32_model;
+  for (int64_t n : sizes) {
+    std::vector<float> p = randn(n);
+    // Exact ties among them: the low half 0x8000 under an even and an odd high half.
+    for (int64_t i = 0; i < n; i += 97) {
+      uint32_t u;
+      std::memcpy(&u, &p[size_t(i)], 4);
+      u = (u & 0xffff0000u) | 0x8000u;
+      std::memcpy(&p[size_t(i)], &u, 4);
+    }
+    std::vector<float> v = randn(n);
+    for (auto& x : v) x = 0.01f * x * x;
+    f32_p.push_back(p), f32_m.push_back(randn(n)), f32_v.push_back(v), grads.push_back(randn(n));
+    s_m.push_back(f32_m.back()), s_v.push_back(v);
+    hi.emplace_back(), lo.emplace_back(), f32_model.emplace_back(size_t(n));
+    for (float x : p) hi.back().push_back(split_f32_hi(x)), lo.back().push_back(split_f32_lo(x));
+  }
+  std::vector<AdamWTensor> f32s, splits;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    auto view = [n](auto& v, DType t) { return TensorView(v.data(), t, Device::CPU, {n}); };
+    f32s.push_back({view(f32_p[i], DType::F32), view(f32_model[i], DType::BF16), view(grads[i], DType::F32),
+                    view(f32_m[i], DType::F32), view(f32_v[i], DType::F32), i != 1});
+    splits.push_back({view(lo[i], DType::U16), view(hi[i], DType::BF16), view(grads[i], DType::F32),
+                      view(s_m[i], DType::F32), view(s_v[i], DType::F32), i != 1});
+  }
+  MultiTensorAdamW of(f32s, nullptr), os(splits, nullptr);
+  EXPECT_FALSE(of.split_master());
+  EXPECT_TRUE(os.split_master());
+  AdamWHyper hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  for (int64_t step = 1; step <= 3; ++step) {
+    hp.step = step;
+    EXPECT_EQ(of.step(hp, {}, {}, {}), BackendType::CPU);
+    EXPECT_EQ(os.step(hp, {}, {}, {}), BackendType::CPU);
+  }
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    for (size_t i = 0; i < f32_p[t].size(); ++i) {
+      const float joined = join_f32(hi[t][i], lo[t][i]);
+      ASSERT_EQ(std::memcmp(&joined, &f32_p[t][i], 4), 0) << "tensor " << t << " element " << i;
+      ASSERT_EQ(hi[t][i], split_f32_hi(f32_p[t][i]));
+      ASSERT_EQ(std::memcmp(&s_m[t][i], &f32_m[t][i], 4), 0);
+      ASSERT_EQ(std::memcmp(&s_v[t][i], &f32_v[t][i], 4), 0);
+    }
+  }
+  std::vector<float> nan_scale = {std::nanf("")};
+  const std::vector<uint16_t> before = lo[0];
+  os.step(hp, TensorView(nan_scale.data(), DType::F32, Device::CPU, {1}), {}, {});
+  EXPECT_EQ(lo[0], before) << "a vetoed step writes nothing";
+  std::vector<AdamWTensor> no_model = splits;
+  no_model[1].model = TensorView();
+  EXPECT_THROW(MultiTensorAdamW(no_model, nullptr), RuntimeError);
+  std::vector<AdamWTensor> mixed = {f32s[0], splits[1]};
+  EXPECT_THROW(MultiTensorAdamW(mixed, nullptr), RuntimeError);
 }
 
 }  // namespace

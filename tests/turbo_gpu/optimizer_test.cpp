@@ -1,6 +1,8 @@
 // Multi-tensor AdamW and the global gradient norm on the device against the CPU reference.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/optimizer.h"
 #include "turbo/kernels/cpu/reduce.h"
@@ -160,6 +162,91 @@ TEST_P(OptimizerTest, DeviceScalarsOverrideHostValues) {
   std::vector<float> m(n, 0.0f), v(n, 0.0f);
   cpu::adamw_update(p0.data(), g.data(), m.data(), v.data(), n, p);
   EXPECT_LT(rel_err(get(t.master), p0), 1e-5);
+}
+
+// Split masters (turbo/ops/optimizer.h): the update over the bf16 high halves and u16 low halves
+// gives, joined, the bits of the same update over f32 masters (with and without the norm, under a
+// clip factor, on vector and scalar paths: one tensor starts at an odd element), m and v the same
+// bits, the model copy the masters' high halves; a vetoed step writes nothing.
+TEST_P(OptimizerTest, SplitMastersGiveTheF32MastersBits) {
+  const DType grad_dt = GetParam();
+  const std::vector<int64_t> sizes = {1000, 4099, 7, 70001, 4096, 8 * 4096 + 13};
+  auto table_arena = make_device_arena(1 << 20);
+  std::vector<AdamWTensor> f32s, splits;
+  auto upload16 = [](const TensorView& t, const std::vector<uint16_t>& v) {
+    CUDA_CHECK(cudaMemcpy(t.data, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+  };
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    const int64_t at = k == 2 ? 1 : 0;  // the 7-element tensor at an odd element: the scalar path
+    AdamWTensor t{make(DType::F32, {n}), make(DType::BF16, {n}), make(grad_dt, {n}), make(DType::F32, {n}),
+                  make(DType::F32, {n}), k % 2 == 0};
+    AdamWTensor u{make(DType::U16, {n + at}).slice0(at, n + at), make(DType::BF16, {n + at}).slice0(at, n + at),
+                  t.grad, make(DType::F32, {n}), make(DType::F32, {n}), t.decay};
+    std::vector<float> p = randn(n, 0.5f);
+    for (int64_t i = 0; i < n; i += 61) {  // exact ties: the low half 0x8000 under even and odd high halves
+      uint32_t b;
+      std::memcpy(&b, &p[size_t(i)], 4);
+      b = (b & 0xffff0000u) | 0x8000u;
+      std::memcpy(&p[size_t(i)], &b, 4);
+    }
+    put(t.master, p);
+    std::vector<uint16_t> hi, lo;
+    for (float x : p) hi.push_back(split_f32_hi(x)), lo.push_back(split_f32_lo(x));
+    upload16(u.model, hi);
+    upload16(u.master, lo);
+    random_tensor(t.grad, 2.0f);
+    const std::vector<float> m = random_tensor(t.m, 0.1f);
+    put(u.m, m);
+    std::vector<float> v = randn(n, 0.1f);
+    for (auto& x : v) x = x * x;
+    put(t.v, v), put(u.v, v);
+    f32s.push_back(t);
+    splits.push_back(u);
+  }
+  MultiTensorAdamW of(f32s, table_arena.get()), os(splits, table_arena.get());
+  ASSERT_TRUE(os.split_master());
+  TensorView scale = make(DType::F32, {1}), nf = make(DType::F32, {2}), ns = make(DType::F32, {2});
+  put(scale, {0.5f});
+  AdamWHyper hp;
+  hp.lr = 3e-3f;
+  hp.weight_decay = 0.1f;
+  for (int64_t step = 1; step <= 3; ++step) {
+    hp.step = step;
+    const bool norm = step != 2;
+    EXPECT_EQ(of.step(hp, scale, {}, ctx, norm ? nf : TensorView()), BackendType::TURBO);
+    EXPECT_EQ(os.step(hp, scale, {}, ctx, norm ? ns : TensorView()), BackendType::TURBO);
+    if (norm) EXPECT_EQ(bytes(nf), bytes(ns)) << "step " << step;
+  }
+  auto u16s = [this](const TensorView& t) {
+    const std::vector<uint8_t> b = bytes(t);
+    std::vector<uint16_t> out(b.size() / 2);
+    std::memcpy(out.data(), b.data(), b.size());
+    return out;
+  };
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    SCOPED_TRACE("tensor " + std::to_string(k));
+    const std::vector<float> master = get(f32s[k].master);
+    const std::vector<uint16_t> hi = u16s(splits[k].model), lo = u16s(splits[k].master), rne = u16s(f32s[k].model);
+    int64_t ties = 0;
+    for (size_t i = 0; i < master.size(); ++i) {
+      const float joined = join_f32(hi[i], lo[i]);
+      ASSERT_EQ(std::memcmp(&joined, &master[i], 4), 0) << "element " << i;
+      ASSERT_EQ(hi[i], split_f32_hi(master[i])) << "element " << i;
+      if (hi[i] != rne[i]) {  // only where the f32 master's copy rounded an exact tie to even
+        ASSERT_EQ(lo[i], 0x8000u) << "element " << i;
+        ++ties;
+      }
+    }
+    EXPECT_LE(ties, int64_t(master.size()) / 61 + 1);
+    EXPECT_EQ(bytes(splits[k].m), bytes(f32s[k].m));
+    EXPECT_EQ(bytes(splits[k].v), bytes(f32s[k].v));
+  }
+  put(scale, {std::nanf("")});
+  const auto before = bytes(splits[3].master), before_hi = bytes(splits[3].model);
+  os.step(hp, scale, {}, ctx, ns);
+  EXPECT_EQ(bytes(splits[3].master), before) << "a vetoed step writes nothing";
+  EXPECT_EQ(bytes(splits[3].model), before_hi);
 }
 
 INSTANTIATE_TEST_SUITE_P(Turbo, OptimizerTest, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);

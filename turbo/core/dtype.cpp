@@ -17,6 +17,7 @@ std::string_view dtype_name(DType t) {
     case DType::F8E5M2: return "f8e5m2";
     case DType::I32: return "i32";
     case DType::I64: return "i64";
+    case DType::U16: return "u16";
   }
   return "?";
 }
@@ -29,11 +30,11 @@ DType parse_dtype(std::string_view s) {
       {"fp16", DType::F16},      {"float16", DType::F16},    {"f8e4m3", DType::F8E4M3},
       {"fp8_e4m3", DType::F8E4M3}, {"f8e5m2", DType::F8E5M2}, {"fp8_e5m2", DType::F8E5M2},
       {"i32", DType::I32},       {"int32", DType::I32},      {"i64", DType::I64},
-      {"int64", DType::I64}};
+      {"int64", DType::I64},     {"u16", DType::U16},        {"uint16", DType::U16}};
   for (const auto& a : kAliases)
     if (a.name == s) return a.t;
   throw ConfigError(fmt::format("unknown dtype '{}' (expected one of f32, bf16, f16, f8e4m3, "
-                                "f8e5m2, i32, i64)", s));
+                                "f8e5m2, i32, i64, u16)", s));
 }
 
 namespace {
@@ -126,6 +127,7 @@ float load_as_float(const void* base, DType t, size_t i) {
     case DType::F8E5M2: return f8e5m2_bits_to_float(static_cast<const uint8_t*>(base)[i]);
     case DType::I32: return static_cast<float>(static_cast<const int32_t*>(base)[i]);
     case DType::I64: return static_cast<float>(static_cast<const int64_t*>(base)[i]);
+    case DType::U16: return static_cast<float>(static_cast<const uint16_t*>(base)[i]);
   }
   return 0.0f;
 }
@@ -139,6 +141,7 @@ void store_from_float(void* base, DType t, size_t i, float v) {
     case DType::F8E5M2: static_cast<uint8_t*>(base)[i] = float_to_f8e5m2_bits(v); return;
     case DType::I32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); return;
     case DType::I64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); return;
+    case DType::U16: static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(v); return;
   }
 }
 

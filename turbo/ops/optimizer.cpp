@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <vector>
 
 #include "turbo/kernels/cpu/optimizer.h"
 #include "turbo/kernels/cpu/reduce.h"
@@ -50,10 +51,22 @@ void cpu_run(const OptimizerArgs& a) {
   if (!std::isfinite(p.grad_scale)) return;  // a vetoed (non-finite) step: nothing changes
   for (const auto& t : a.opt->tensors()) {
     p.weight_decay = t.decay ? a.hp.weight_decay : 0.0;
-    cpu::adamw_update(t.master.ptr<float>(), t.grad.ptr<const float>(), t.m.ptr<float>(), t.v.ptr<float>(),
-                      t.master.numel(), p);
+    const int64_t n = t.master.numel();
+    if (a.opt->split_master()) {  // the fp32 values joined, updated as an f32 master, split again
+      auto* hi = static_cast<uint16_t*>(t.model.data);
+      auto* lo = t.master.ptr<uint16_t>();
+      std::vector<float> master(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) master[size_t(i)] = join_f32(hi[i], lo[i]);
+      cpu::adamw_update(master.data(), t.grad.ptr<const float>(), t.m.ptr<float>(), t.v.ptr<float>(), n, p);
+      for (int64_t i = 0; i < n; ++i) {
+        hi[i] = split_f32_hi(master[size_t(i)]);
+        lo[i] = split_f32_lo(master[size_t(i)]);
+      }
+      continue;
+    }
+    cpu::adamw_update(t.master.ptr<float>(), t.grad.ptr<const float>(), t.m.ptr<float>(), t.v.ptr<float>(), n, p);
     if (t.model.defined())
-      for (int64_t i = 0; i < t.master.numel(); ++i)
+      for (int64_t i = 0; i < n; ++i)
         store_from_float(t.model.data, DType::BF16, static_cast<size_t>(i), t.master.ptr<const float>()[i]);
   }
 }
@@ -80,14 +93,14 @@ void turbo_run(const OptimizerArgs& a) {
   cuda::AdamWStep hp{a.hp.lr, a.hp.beta1, a.hp.beta2, a.hp.eps, a.hp.weight_decay, a.hp.step};
   if (!a.out.defined()) {
     cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), hp, a.grad_scale.ptr<const float>(),
-                             a.device_scalars.ptr<const float>(), s);
+                             a.device_scalars.ptr<const float>(), s, nullptr, nullptr, a.opt->split_master());
     return;
   }
   Arena& arena = detail::scratch_of(a.ctx, "adamw");
   ArenaScope scope(arena);
   void* partial = arena.allocate(cuda::grad_norm_scratch_bytes(a.opt->num_chunks()), 256, "adamw norm partials");
   cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), hp, a.grad_scale.ptr<const float>(),
-                           a.device_scalars.ptr<const float>(), s, a.out.ptr<float>(), partial);
+                           a.device_scalars.ptr<const float>(), s, a.out.ptr<float>(), partial, a.opt->split_master());
 }
 #endif
 
@@ -100,17 +113,18 @@ OpDispatcher<OptimizerArgs>& dispatcher() {
 }  // namespace
 
 std::string OptimizerArgs::key() const {
-  return fmt::format("{} tensors={} numel={} grad={} {}",
+  return fmt::format("{} tensors={} numel={} grad={} master={} {}",
                      kind == Kind::GradNorm ? "grad_norm" : out.defined() ? "adamw+norm" : "adamw",
                      opt->tensors().size(), opt->total_numel(),
                      opt->mixed_grads() ? std::string_view("mixed") : dtype_name(opt->grad_dtype()),
-                     device_name(opt->device()));
+                     opt->split_master() ? "split" : "f32", device_name(opt->device()));
 }
 
 MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* arena) : tensors_(std::move(tensors)) {
   if (tensors_.empty()) throw RuntimeError("MultiTensorAdamW: no tensors");
   device_ = tensors_[0].master.device;
   grad_dtype_ = tensors_[0].grad.dtype;
+  split_master_ = tensors_[0].master.dtype == DType::U16;
   for (const AdamWTensor& t : tensors_) {
     if (t.grad.dtype != grad_dtype_) mixed_grads_ = true;
     if (t.grad.dtype == DType::BF16) grad_dtype_ = DType::BF16;
@@ -125,7 +139,9 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
       if (v->numel() != t.master.numel())
         throw RuntimeError(fmt::format("{}: {} {} differs in size from master {}", op, name, v->describe(), t.master.describe()));
     }
-    check_dtype(t.master, DType::F32, op.c_str(), "master");
+    check_dtype(t.master, split_master_ ? DType::U16 : DType::F32, op.c_str(), "master");
+    if (split_master_ && !t.model.defined())
+      throw RuntimeError(fmt::format("{}: a split master (u16 low words) needs its bf16 model copy (the high words)", op));
     check_dtype(t.m, DType::F32, op.c_str(), "m");
     check_dtype(t.v, DType::F32, op.c_str(), "v");
     if (t.grad.dtype != DType::F32 && t.grad.dtype != DType::BF16)
@@ -143,8 +159,15 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
     std::vector<cuda::MultiTensorEntry> entries(tensors_.size());
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const AdamWTensor& t = tensors_[i];
-      entries[i] = {t.master.ptr<float>(), t.model.data, t.grad.data, t.m.ptr<float>(), t.v.ptr<float>(),
-                    t.master.numel(), t.decay ? 1 : 0, t.grad.dtype == DType::BF16 ? 1 : 0};
+      entries[i] = {split_master_ ? nullptr : t.master.ptr<float>(),
+                    t.model.data,
+                    t.grad.data,
+                    t.m.ptr<float>(),
+                    t.v.ptr<float>(),
+                    t.master.numel(),
+                    t.decay ? 1 : 0,
+                    t.grad.dtype == DType::BF16 ? 1 : 0,
+                    split_master_ ? t.master.ptr<uint16_t>() : nullptr};
     }
     const int n = static_cast<int>(entries.size());
     table_ = arena->allocate(cuda::multi_tensor_table_bytes(n), 256, "AdamW descriptor table");

@@ -7,6 +7,14 @@
 // update, and a decay flag (norm weights and biases are usually not decayed). All tensors live on
 // one device.
 //
+// Split master weights (`master` u16): the fp32 master is held as two 16-bit words, the bf16 model
+// copy as its high word and `master` as its low word (turbo/core/dtype.h, split_f32_hi / lo). The
+// update reads both, computes in fp32 as with an f32 master and writes both back: the same fp32
+// master values, with 2 bytes a parameter less in memory and in the update's traffic (no separate
+// bf16 write). The model copy then rounds to nearest with ties away from zero (round-to-nearest-
+// even cannot be split: turbo/core/dtype.h says why), so it differs from an f32 master's bf16
+// copy in the exact ties only, by one bf16 ulp. A table is all split or all f32.
+//
 // A MultiTensorAdamW is built once after the buffers exist: on the GPU it uploads a descriptor
 // table (from `arena`), so a step launches with no host-to-device copy and can be captured in
 // a CUDA graph. It holds views, not memory: the buffers must outlive it.
@@ -22,7 +30,7 @@
 namespace primus::turbo {
 
 struct AdamWTensor {
-  TensorView master, model, grad, m, v;  // model optional (bf16)
+  TensorView master, model, grad, m, v;  // model optional (bf16); required when master is u16 (split)
   bool decay = true;
 };
 
@@ -57,6 +65,8 @@ class MultiTensorAdamW {
   // F32 when every gradient is f32, else BF16 (mixed_grads: some of each).
   DType grad_dtype() const { return grad_dtype_; }
   bool mixed_grads() const { return mixed_grads_; }
+  // The masters are split (u16 low words, the model copies their high words).
+  bool split_master() const { return split_master_; }
   int64_t total_numel() const { return total_numel_; }
   const void* device_table() const { return table_; }
   int64_t num_chunks() const { return chunks_; }
@@ -66,6 +76,7 @@ class MultiTensorAdamW {
   Device device_ = Device::CPU;
   DType grad_dtype_ = DType::F32;
   bool mixed_grads_ = false;
+  bool split_master_ = false;
   int64_t total_numel_ = 0;
   void* table_ = nullptr;  // device descriptor table (CUDA only)
   int64_t chunks_ = 0;

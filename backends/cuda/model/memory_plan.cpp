@@ -245,7 +245,11 @@ void MemoryPlan::plan(Take&& take) {
                      f->shard_params ? "weights (gathered: embeddings, top and two layer places)"
                                      : "weights (gathered: every unit)");
   } else {
-  if (opt_.optimizer_state) s.master = take(Pool::State, DType::F32, {P}, "fp32 master weights");
+  if (opt_.optimizer_state) {
+    s.master = opt_.split_master
+                   ? take(Pool::State, DType::U16, {P}, "fp32 master weights, low halves (master_weights: split; the bf16 weights are the high)")
+                   : take(Pool::State, DType::F32, {P}, "fp32 master weights");
+  }
   s.grads = take(Pool::State, DType::F32, {opt_.shared_grad_window ? grad_place_.elems : PF},
                  opt_.shared_grad_window ? "fp32 gradients (the layers share one window)" : "fp32 gradients");
   if (opt_.optimizer_state) {

@@ -87,7 +87,8 @@ struct MoeActs {
 struct StateBuffers {
   // Flat, in layout order. grads and weights hold flat_elems (ZeRO-1 padding stays zero); master,
   // m and v only without ZeRO-1 (MemoryPlanOptions::optimizer_state). In host mode weights is
-  // master (fp32 compute on the master copy).
+  // master (fp32 compute on the master copy). Split masters (MemoryPlanOptions::split_master):
+  // master is u16, the low words, and weights the high words of the same fp32 values.
   TensorView master, weights, grads, m, v;
   // Sharded data parallelism (MemoryPlanOptions::fsdp): master, m and v hold this rank's chunks
   // (FsdpPlan::shard_elems); weights and grads are the units' places (weight_elems, grad_elems);
@@ -202,6 +203,9 @@ struct MemoryPlanOptions {
   bool shared_grad_window = false;
   // The MoE experts' gradients in bf16 (GradPlacement::bf16; CudaModelOptions::bf16_expert_grads).
   bool bf16_expert_grads = false;
+  // StateBuffers::master holds the fp32 masters' low words (u16); weights are their high words
+  // (CudaModelOptions::split_master).
+  bool split_master = false;
   // Whether the scratch size may ask the current CUDA device (its SM count bounds the norm and
   // column-sum partials). false: those device-dependent borrows are left out, so a host without
   // a GPU can size a device plan (MemoryPlan::sizes for `primus projection`); they are far below

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/util/error.h"
 #include "turbo/core/cuda_arena.h"
+#include "turbo/core/dtype.h"
 #include "turbo/kernels/cuda/cast.h"
 #include "turbo/kernels/cuda/dp_norm.h"
 #include "turbo/kernels/cuda/optimizer.h"
@@ -297,6 +299,17 @@ void OptimizerState::set_params(const float* host) {
     turbo::cuda::cast_f32_to_bf16(state_.weights.data, state_.grads.ptr<float>(), n, stream_.stream);
     return;
   }
+  if (split_master()) {  // split on the host: the high halves are the bf16 weights
+    std::vector<uint16_t> hi(static_cast<size_t>(n)), lo(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      hi[size_t(i)] = turbo::split_f32_hi(host[i]);
+      lo[size_t(i)] = turbo::split_f32_lo(host[i]);
+    }
+    stream_.to_model(state_.weights.data, hi.data(), hi.size() * 2);
+    stream_.to_model(state_.master.data, lo.data(), lo.size() * 2);
+    stream_.sync();
+    return;
+  }
   stream_.to_model(state_.master.data, host, state_.master.nbytes());
   if (!stream_.host) turbo::cuda::cast_f32_to_bf16(state_.weights.data, state_.master.ptr<float>(), n, stream_.stream);
   stream_.sync();
@@ -304,6 +317,14 @@ void OptimizerState::set_params(const float* host) {
 
 void OptimizerState::get_params(float* host) const {
   need_state("get_params");
+  if (split_master()) {
+    const size_t n = static_cast<size_t>(layout_.total);
+    std::vector<uint16_t> hi(n), lo(n);
+    stream_.from_model(hi.data(), state_.weights.data, n * 2);
+    stream_.from_model(lo.data(), state_.master.data, n * 2);
+    for (size_t i = 0; i < n; ++i) host[i] = turbo::join_f32(hi[i], lo[i]);
+    return;
+  }
   stream_.from_model(host, state_.master.data, state_.master.nbytes());
 }
 

@@ -68,6 +68,8 @@ class OptimizerState {
                  const std::vector<train::MuonTensor>& muon = {});
 
   bool keeps_state() const { return adamw_ != nullptr || !groups_.empty(); }
+  // The masters are split: state.master the low halves, state.weights the high (model.h).
+  bool split_master() const { return state_.master.defined() && state_.master.dtype == turbo::DType::U16; }
   // The optimizer in the backward: the decoder reports that the gradients from layout offset
   // `offset` up are final; runs the group starting there (AdamW with its norm, the check) and
   // clears the next layer's gradient ranges in the shared window. n_losses: the step's loss slots.

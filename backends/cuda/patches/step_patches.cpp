@@ -138,6 +138,24 @@ void register_step_patches(patches::PatchRegistry& reg) {
   });
 
   reg.add({
+      .id = "cuda.optimizer.split_master",
+      .description = "the fp32 master weights held split: the bf16 compute weights are their high halves and a 16-bit "
+                     "buffer their low halves, so the master takes 2 bytes a parameter beside the weights instead of 4 "
+                     "and AdamW writes no separate bf16 copy (2 of its ~30 bytes a parameter); the same fp32 values, "
+                     "the bf16 weights rounded with ties away from zero",
+      .tags = {"memory", "optimizer"},
+      .logic = "rewrites args: split_master = true (CudaModelOptions::split_master: the memory plan's u16 master "
+               "buffer, AdamW's split tables, set_params / get_params splitting and joining on the host); the "
+               "trainer refuses it in host mode, with ZeRO-1, sharded data parallelism and Muon",
+      .impl = "turbo/kernels/cuda/optimizer.cu (adamw_chunk<kSplit>), turbo/core/dtype.h (split_f32_hi / lo, "
+              "join_f32), backends/cuda/model/optimizer_state.cpp",
+      .porting = "no Megatron-LM or torch equivalent keeps the fp32 master exactly in 2 extra bytes; Megatron's "
+                 "precision-aware optimizer (main_params_dtype: fp16) and bf16 master weights change the values",
+      .condition = [](PatchContext& c) { return c.text("master_weights", "fp32") == "split"; },
+      .apply = [](PatchContext& c) { c.args_as<CudaArgs>().split_master = true; },
+  });
+
+  reg.add({
       .id = "cuda.profile.phase_times",
       .description = "times each phase of the step (embedding, norms, GEMMs, attention, loss, their backward, grad "
                      "norm, AdamW) with CUDA events; table at the end of training and profile.json in the output folder",

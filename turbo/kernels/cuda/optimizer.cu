@@ -92,50 +92,83 @@ __device__ __forceinline__ float adamw_one(float p, float g, float& m, float& v,
   return __fsub_rn(p, __fdiv_rn(__fmul_rn(lr, __fdiv_rn(m, bc1)), denom));
 }
 
+// Split masters (turbo/core/dtype.h): the fp32 bits from the bf16 high word and the low word, and
+// back (high: rounded to nearest, ties away from zero; low: the value's own low 16 bits).
+__device__ __forceinline__ float join_split(uint32_t hi, uint32_t lo) {
+  return __uint_as_float((hi << 16) + static_cast<uint32_t>(static_cast<int32_t>(static_cast<int16_t>(lo))));
+}
+__device__ __forceinline__ uint32_t split_hi(float p) { return (__float_as_uint(p) + 0x8000u) >> 16; }
+// Two values' high (or low) words packed as one 32-bit word, the first in the low half.
+__device__ __forceinline__ uint32_t pack_hi2(float a, float b) { return split_hi(a) | (split_hi(b) << 16); }
+__device__ __forceinline__ uint32_t pack_lo2(float a, float b) {
+  return (__float_as_uint(a) & 0xffffu) | (__float_as_uint(b) << 16);
+}
+
 // The update of elements [begin, end) of tensor e; returns the sum of squares of the (unscaled)
-// gradients read when kNorm.
-template <class G, bool kNorm>
+// gradients read when kNorm. kSplit: the master is e.model's high words and e.master_lo's low words.
+template <class G, bool kNorm, bool kSplit>
 __device__ __forceinline__ float adamw_chunk(const MultiTensorEntry& e, int64_t begin, int64_t end, const AdamWStep& hp,
                                              const AdamWScalars& s, float scale) {
   const float wd = e.decay ? hp.weight_decay : 0.0f;
   const G* grad = static_cast<const G*>(e.grad);
   bf16* model = static_cast<bf16*>(e.model);
+  uint16_t* lo = e.master_lo;
   // Uniform per tensor, so no divergence: the vector path needs 16-byte master/m/v, 8- or
-  // 16-byte grad, and 8-byte model pointers (offsets are multiples of 4 elements).
+  // 16-byte grad, and 8-byte model (and low-word) pointers (offsets are multiples of 4 elements).
   constexpr int W = kPerThread;
-  const bool vec = ((reinterpret_cast<uintptr_t>(e.master) | reinterpret_cast<uintptr_t>(e.m) |
+  const bool vec = ((reinterpret_cast<uintptr_t>(kSplit ? nullptr : e.master) | reinterpret_cast<uintptr_t>(e.m) |
                      reinterpret_cast<uintptr_t>(e.v)) % 16 == 0) &&
                    (reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0) &&
-                   (reinterpret_cast<uintptr_t>(model) % 8 == 0);
+                   ((reinterpret_cast<uintptr_t>(model) | reinterpret_cast<uintptr_t>(lo)) % 8 == 0);
   const int64_t vec_end = vec ? begin + ((end - begin) / W) * W : begin;
   float ss = 0.0f;
   for (int64_t i = begin + threadIdx.x * W; i < vec_end; i += kThreads * W) {
     float g[W];
     load4<G>(grad, i, g);
-    const float4 p4 = *reinterpret_cast<const float4*>(e.master + i);
+    float p[W];
+    if (kSplit) {
+      const uint2 h = __ldcs(reinterpret_cast<const uint2*>(model + i));
+      const uint2 l = __ldcs(reinterpret_cast<const uint2*>(lo + i));
+      p[0] = join_split(h.x & 0xffffu, l.x & 0xffffu), p[1] = join_split(h.x >> 16, l.x >> 16);
+      p[2] = join_split(h.y & 0xffffu, l.y & 0xffffu), p[3] = join_split(h.y >> 16, l.y >> 16);
+    } else {
+      const float4 p4 = *reinterpret_cast<const float4*>(e.master + i);
+      p[0] = p4.x, p[1] = p4.y, p[2] = p4.z, p[3] = p4.w;
+    }
     const float4 m4 = *reinterpret_cast<const float4*>(e.m + i);
     const float4 v4 = *reinterpret_cast<const float4*>(e.v + i);
-    float p[W] = {p4.x, p4.y, p4.z, p4.w}, m[W] = {m4.x, m4.y, m4.z, m4.w}, v[W] = {v4.x, v4.y, v4.z, v4.w};
+    float m[W] = {m4.x, m4.y, m4.z, m4.w}, v[W] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       if (kNorm) ss = __fmaf_rn(g[k], g[k], ss);
       p[k] = adamw_one(p[k], __fmul_rn(g[k], scale), m[k], v[k], s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
     }
-    __stcs(reinterpret_cast<float4*>(e.master + i), make_float4(p[0], p[1], p[2], p[3]));
     __stcs(reinterpret_cast<float4*>(e.m + i), make_float4(m[0], m[1], m[2], m[3]));
     __stcs(reinterpret_cast<float4*>(e.v + i), make_float4(v[0], v[1], v[2], v[3]));
-    if (model) *reinterpret_cast<uint2*>(model + i) = make_uint2(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]));
+    if (kSplit) {
+      __stcs(reinterpret_cast<uint2*>(lo + i), make_uint2(pack_lo2(p[0], p[1]), pack_lo2(p[2], p[3])));
+      *reinterpret_cast<uint2*>(model + i) = make_uint2(pack_hi2(p[0], p[1]), pack_hi2(p[2], p[3]));
+    } else {
+      __stcs(reinterpret_cast<float4*>(e.master + i), make_float4(p[0], p[1], p[2], p[3]));
+      if (model) *reinterpret_cast<uint2*>(model + i) = make_uint2(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]));
+    }
   }
+  auto* model_bits = reinterpret_cast<uint16_t*>(model);
   for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
     float m = e.m[i], v = e.v[i];
     const float graw = to_f32(grad[i]);
     if (kNorm) ss = __fmaf_rn(graw, graw, ss);
-    const float p = adamw_one(e.master[i], __fmul_rn(graw, scale), m, v, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1,
-                              s.bc2);
-    e.master[i] = p;
+    const float p0 = kSplit ? join_split(model_bits[i], lo[i]) : e.master[i];
+    const float p = adamw_one(p0, __fmul_rn(graw, scale), m, v, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
     e.m[i] = m;
     e.v[i] = v;
-    if (model) model[i] = __float2bfloat16_rn(p);
+    if (kSplit) {
+      model_bits[i] = static_cast<uint16_t>(split_hi(p));
+      lo[i] = static_cast<uint16_t>(__float_as_uint(p) & 0xffffu);
+    } else {
+      e.master[i] = p;
+      if (model) model[i] = __float2bfloat16_rn(p);
+    }
   }
   return ss;
 }
@@ -148,7 +181,7 @@ __device__ __forceinline__ float adamw_chunk(const MultiTensorEntry& e, int64_t 
 // pass over the gradients (the optimizer in the backward); a skipped update leaves NaN there.
 // Five blocks an SM (48 registers), stated: with both gradient dtypes in one kernel, ptxas's own
 // choice of the same 48 registers spilled 16 bytes (4 when told).
-template <bool kNorm>
+template <bool kNorm, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 5)
 adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const float* grad_scale,
              const float* device_scalars, float* partial) {
@@ -165,7 +198,7 @@ adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const fl
   const AdamWScalars s = device_scalars ? AdamWScalars{device_scalars[0], device_scalars[1], device_scalars[2]} : host;
   __shared__ float smem[32];
   const auto run = [&](auto g) {
-    const float ss = adamw_chunk<decltype(g), kNorm>(e, begin, end, hp, s, scale);
+    const float ss = adamw_chunk<decltype(g), kNorm, kSplit>(e, begin, end, hp, s, scale);
     if (kNorm) {
       const float sum = block_sum(ss, smem);
       if (threadIdx.x == 0) partial[b] = sum;
@@ -251,9 +284,11 @@ int64_t multi_tensor_table_build(void* device_table, const MultiTensorEntry* ent
   int64_t chunks = 0;
   for (int i = 0; i < n; ++i) {
     const MultiTensorEntry& e = entries[i];
-    if (e.numel <= 0 || !e.master || !e.grad || !e.m || !e.v)
-      throw RuntimeError(fmt::format("multi_tensor_table_build: tensor {} has numel {} or a null "
-                                     "pointer (master, grad, m, v are required)", i, e.numel));
+    const bool master = e.master ? !e.master_lo : e.master_lo && e.model;  // f32, or split with its high words
+    if (e.numel <= 0 || !master || !e.grad || !e.m || !e.v)
+      throw RuntimeError(fmt::format("multi_tensor_table_build: tensor {} has numel {} or a null pointer (grad, m, v "
+                                     "and either master or master_lo with model are required)",
+                                     i, e.numel));
     starts[i] = chunks;
     chunks += (e.numel + kMultiTensorChunk - 1) / kMultiTensorChunk;
   }
@@ -264,16 +299,21 @@ int64_t multi_tensor_table_build(void* device_table, const MultiTensorEntry* ent
 }
 
 void adamw_multi_tensor(const void* table, int n, int64_t chunks, const AdamWStep& hp, const float* grad_scale,
-                        const float* device_scalars, cudaStream_t stream, float* norm_out, void* scratch) {
+                        const float* device_scalars, cudaStream_t stream, float* norm_out, void* scratch,
+                        bool split_master) {
   if (chunks <= 0) return;
   if (norm_out && !scratch) throw RuntimeError("adamw_multi_tensor: the gradient norm needs scratch for its partial sums");
   const AdamWScalars host{hp.lr, static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
                           static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
   const unsigned grid = static_cast<unsigned>(chunks);
+  auto* partial = static_cast<float*>(scratch);
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, stream>>>(table, n, hp, host, grad_scale, device_scalars, norm_out ? partial : nullptr);
+  };
   if (norm_out)
-    adamw_kernel<true><<<grid, kThreads, 0, stream>>>(table, n, hp, host, grad_scale, device_scalars, static_cast<float*>(scratch));
+    split_master ? launch(adamw_kernel<true, true>) : launch(adamw_kernel<true, false>);
   else
-    adamw_kernel<false><<<grid, kThreads, 0, stream>>>(table, n, hp, host, grad_scale, device_scalars, nullptr);
+    split_master ? launch(adamw_kernel<false, true>) : launch(adamw_kernel<false, false>);
   CUDA_CHECK_LAST();
   if (norm_out) {
     finish_norm_kernel<<<1, 1024, 0, stream>>>(norm_out, static_cast<const float*>(scratch), chunks, 0.0f);

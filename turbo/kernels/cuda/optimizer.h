@@ -14,14 +14,15 @@ namespace primus::turbo::cuda {
 
 // One parameter tensor; every pointer is device memory the caller owns.
 struct MultiTensorEntry {
-  float* master = nullptr;      // fp32 master weights [numel], updated in place
-  void* model = nullptr;        // bf16 copy written after the update (nullptr: none)
+  float* master = nullptr;      // fp32 master weights [numel], updated in place (nullptr when split)
+  void* model = nullptr;        // bf16 copy written after the update (nullptr: none); split: the high words
   const void* grad = nullptr;   // gradient [numel], f32 or (grad_bf16) bf16
   float* m = nullptr;           // first moment [numel], f32
   float* v = nullptr;           // second moment [numel], f32
   int64_t numel = 0;
   int32_t decay = 1;            // 0: no weight decay for this tensor (norms, biases)
   int32_t grad_bf16 = 0;        // 1: grad is bf16 (tensors of one table may differ)
+  uint16_t* master_lo = nullptr;  // split master: the low words (turbo/ops/optimizer.h), master nullptr
 };
 
 // The device-side table of entries: built once at setup (after the buffers exist) and reused
@@ -43,9 +44,10 @@ struct AdamWStep {
 // values (for CUDA graphs, where host arguments are frozen at capture), or nullptr.
 // norm_out (optional): out[0] = the L2 norm of the gradients it read (unscaled; NaN when the
 // update was skipped), out[1] = 1, in the same pass (scratch: grad_norm_scratch_bytes(num_chunks)).
+// split_master: every entry's master is split (master_lo and model), else every entry has master.
 void adamw_multi_tensor(const void* table, int num_tensors, int64_t num_chunks, const AdamWStep& hp,
                         const float* grad_scale, const float* device_scalars, cudaStream_t stream,
-                        float* norm_out = nullptr, void* scratch = nullptr);
+                        float* norm_out = nullptr, void* scratch = nullptr, bool split_master = false);
 
 // out[0] = L2 norm over every tensor's gradient, out[1] = min(1, max_norm / (norm + 1e-6))
 // (1 when max_norm <= 0). Two kernels (per-chunk partial sums, then one block in chunk order):
