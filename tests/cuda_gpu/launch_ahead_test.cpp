@@ -6,6 +6,7 @@
 // and a resume from the step-3 checkpoint (written with nothing in flight) replays steps 4..8.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 
@@ -54,6 +55,39 @@ TEST_F(LaunchAheadTest, SameLossesWithAndWithoutAndResumesExactly) {
   const TrainerMetrics r = read_trainer_metrics(dir / "g/u/resumed/metrics.jsonl");
   ASSERT_EQ(r.loss.size(), 5u);
   for (auto [step, l] : r.loss) EXPECT_EQ(l, a.loss.at(step)) << "resumed step " << step;
+}
+
+// master_weights: split through the binary (patch cuda.optimizer.split_master), bit-reproducible as
+// above: a resume from the step-3 checkpoint (the masters joined into fp32 on save, split again on
+// load) replays steps 4..8 exactly, and the run follows the fp32-master run within bf16 noise (the
+// two differ only where a bf16 weight met an exact tie).
+TEST_F(LaunchAheadTest, SplitMasterWeightsResumeExactlyThroughTheBinary) {
+  using primus::testing::run_primus;
+  const std::string bin = primus::testing::primus_binary();
+  if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built (set PRIMUS_BIN)";
+  const primus::testing::Workdir w;
+  const auto& dir = w.path();
+  const std::string base = "train pretrain --config " +
+                           w.write("cuda.yaml", tiny_trainer_experiment("cuda", w.str())).string() +
+                           " train_iters=8 keep_last_k=3 deterministic=true gemm_algo_search=1";
+  const auto split = run_primus(base + " exp_name=split master_weights=split");
+  ASSERT_EQ(split.code, 0) << split.out;
+  const auto f32 = run_primus(base + " exp_name=f32");
+  ASSERT_EQ(f32.code, 0) << f32.out;
+  const TrainerMetrics a = read_trainer_metrics(dir / "g/u/split/metrics.jsonl");
+  const TrainerMetrics b = read_trainer_metrics(dir / "g/u/f32/metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 8u);
+  ASSERT_EQ(b.loss.size(), 8u);
+  for (auto [step, l] : b.loss) EXPECT_NEAR(a.loss.at(step), l, 1e-3 * std::fabs(l)) << "step " << step;
+  EXPECT_LT(a.loss.at(8), a.loss.at(1) - 0.3) << "the run must learn";
+  const auto ckpt3 = dir / "g/u/split/checkpoints/iter_0000003";
+  ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
+  const auto resumed = run_primus(base + " exp_name=resumed master_weights=split load=" + ckpt3.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const TrainerMetrics r = read_trainer_metrics(dir / "g/u/resumed/metrics.jsonl");
+  ASSERT_EQ(r.loss.size(), 5u);
+  for (auto [step, l] : r.loss) EXPECT_EQ(l, a.loss.at(step)) << "resumed step " << step;
+  for (auto [step, l] : r.val) EXPECT_EQ(l, a.val.at(step)) << "resumed validation at step " << step;
 }
 
 }  // namespace
