@@ -17,20 +17,24 @@
 namespace primus::backends::cuda::testing {
 namespace {
 
-class LaunchAheadTest : public CudaGpuTest {};
+class LaunchAheadTest : public CudaGpuTest {
+ protected:
+  // The tiny experiment for 8 steps through the binary (evaluations and checkpoints after steps 3
+  // and 6, and the last), every checkpoint kept, bit-reproducible (heuristic GEMM algorithms); empty
+  // when the binary is missing.
+  std::string bit_reproducible_run() const {
+    if (!std::filesystem::exists(primus::testing::primus_binary())) return "";
+    return "train pretrain --config " + w.write("cuda.yaml", tiny_trainer_experiment("cuda", w.str())).string() +
+           " train_iters=8 keep_last_k=3 deterministic=true gemm_algo_search=1";
+  }
+  const primus::testing::Workdir w;
+};
 
 TEST_F(LaunchAheadTest, SameLossesWithAndWithoutAndResumesExactly) {
   using primus::testing::run_primus;
-  const std::string bin = primus::testing::primus_binary();
-  if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built (set PRIMUS_BIN)";
-  const primus::testing::Workdir w;
+  const std::string base = bit_reproducible_run();
+  if (base.empty()) GTEST_SKIP() << primus::testing::primus_binary() << " not built (set PRIMUS_BIN)";
   const auto& dir = w.path();
-  // The tiny experiment for 8 steps (evaluations and checkpoints after steps 3 and 6, and the
-  // last), every checkpoint kept, bit-reproducible (heuristic GEMM algorithms).
-  const std::string base = "train pretrain --config " +
-                           w.write("cuda.yaml", tiny_trainer_experiment("cuda", w.str())).string() +
-                           " train_iters=8 keep_last_k=3 deterministic=true gemm_algo_search=1";
-
   const auto ahead = run_primus(base + " exp_name=ahead");
   ASSERT_EQ(ahead.code, 0) << ahead.out;
   EXPECT_NE(ahead.out.find("launch-ahead: on"), std::string::npos) << ahead.out;
@@ -63,13 +67,9 @@ TEST_F(LaunchAheadTest, SameLossesWithAndWithoutAndResumesExactly) {
 // two differ only where a bf16 weight met an exact tie).
 TEST_F(LaunchAheadTest, SplitMasterWeightsResumeExactlyThroughTheBinary) {
   using primus::testing::run_primus;
-  const std::string bin = primus::testing::primus_binary();
-  if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built (set PRIMUS_BIN)";
-  const primus::testing::Workdir w;
+  const std::string base = bit_reproducible_run();
+  if (base.empty()) GTEST_SKIP() << primus::testing::primus_binary() << " not built (set PRIMUS_BIN)";
   const auto& dir = w.path();
-  const std::string base = "train pretrain --config " +
-                           w.write("cuda.yaml", tiny_trainer_experiment("cuda", w.str())).string() +
-                           " train_iters=8 keep_last_k=3 deterministic=true gemm_algo_search=1";
   const auto split = run_primus(base + " exp_name=split master_weights=split");
   ASSERT_EQ(split.code, 0) << split.out;
   const auto f32 = run_primus(base + " exp_name=f32");

@@ -11,7 +11,17 @@
 namespace primus::turbo::testing {
 namespace {
 
-class OptimizerTest : public GpuDTypeTest {};
+class OptimizerFixture : public GpuTest {
+ protected:
+  // The same random moments into both tensors (m normal, v non-negative), for two tables to compare.
+  void same_moments(const AdamWTensor& a, const AdamWTensor& b) {
+    put(b.m, random_tensor(a.m, 0.1f));
+    std::vector<float> v = randn(a.v.numel(), 0.1f);
+    for (auto& x : v) x = x * x;
+    put(a.v, v), put(b.v, v);
+  }
+};
+class OptimizerTest : public OptimizerFixture, public ::testing::WithParamInterface<DType> {};
 
 TEST_P(OptimizerTest, ClippedAdamWStepsMatchReference) {
   const DType grad_dt = GetParam();
@@ -196,11 +206,7 @@ TEST_P(OptimizerTest, SplitMastersGiveTheF32MastersBits) {
     upload16(u.model, hi);
     upload16(u.master, lo);
     random_tensor(t.grad, 2.0f);
-    const std::vector<float> m = random_tensor(t.m, 0.1f);
-    put(u.m, m);
-    std::vector<float> v = randn(n, 0.1f);
-    for (auto& x : v) x = x * x;
-    put(t.v, v), put(u.v, v);
+    same_moments(t, u);
     f32s.push_back(t);
     splits.push_back(u);
   }
@@ -253,7 +259,7 @@ INSTANTIATE_TEST_SUITE_P(Turbo, OptimizerTest, ::testing::Values(DType::F32, DTy
 
 // One table whose tensors differ in gradient dtype (a trainer with bf16 expert gradients beside f32
 // ones): each tensor gets exactly the bits of a table of its own dtype, and the norm covers both.
-class OptimizerMixedTest : public GpuTest {};
+class OptimizerMixedTest : public OptimizerFixture {};
 TEST_F(OptimizerMixedTest, AdamWTableWithMixedGradientDtypes) {
   const std::vector<int64_t> sizes = {1000, 4099, 7, 70001, 4096};
   auto table_arena = make_device_arena(1 << 20);
@@ -269,11 +275,7 @@ TEST_F(OptimizerMixedTest, AdamWTableWithMixedGradientDtypes) {
     put(u.master, random_tensor(t.master));
     const std::vector<float> g = random_tensor(t.grad, 2.0f);
     ss += cpu::sum_squares(g.data(), n);
-    const std::vector<float> m = random_tensor(t.m, 0.1f);
-    put(u.m, m);
-    std::vector<float> v = randn(n, 0.1f);
-    for (auto& x : v) x = x * x;
-    put(t.v, v), put(u.v, v);
+    same_moments(t, u);
     mixed.push_back(t);
     auto& uniform = gd == DType::BF16 ? bf16s : f32s;
     home.push_back(uniform.size());
