@@ -6,7 +6,9 @@
 // kMultiTensorChunk elements, a prefix table of chunk counts lives in device memory, and block b
 // finds its tensor by binary search: one launch updates everything, reading each of master, grad,
 // m, v once and writing master, m, v and the bf16 model copy once (128-bit accesses where the
-// tensor's pointers allow, scalar otherwise).
+// tensor's pointers allow, scalar otherwise). With split masters (turbo/ops/optimizer.h) the
+// master is read and written as the model copy's bf16 words and a u16 buffer of low words, so the
+// model copy costs no write of its own.
 #include <fmt/format.h>
 
 #include <vector>
