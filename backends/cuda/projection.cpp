@@ -27,6 +27,8 @@ struct ProjectedStatePart {
 constexpr ProjectedStatePart kProjectedStateParts[] = {
     {"bf16 weights", "weights", "bf16 compute copy of the weights (flat, layout order)"},
     {"fp32 master weights", "master_weights", "fp32 master weights"},
+    {"low halves of the fp32 master weights", "master_weights",
+     "low halves of the fp32 master weights (master_weights: split; the bf16 weights are the high halves)"},
     {"fp32 gradients", "gradients", "fp32 gradients (flat; accumulated over the micro-batches)"},
     {"fp32 averaged gradients", "gradients", "sharded data parallelism: this rank's chunks of the averaged gradient"},
     {"weights (gathered", "weights", "sharded data parallelism: the gathered units' places"},
@@ -70,9 +72,7 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& op
     for (const PlannedBuffer& buf : sz.buffers)
       if (buf.state && projection_starts_with(buf.what, p.what)) b += buf.bytes;
     state_named += b;
-    const bool split = mo.split_master && std::string(p.part) == "master_weights";
-    m.add(p.part, split ? "fp32 master weights' low halves (master_weights: split; the bf16 weights hold the high)" : p.detail,
-          double(b));
+    m.add(p.part, p.detail, double(b));
   }
   m.add("workspace", "state tables: step status, AdamW hyper-parameters and descriptors, RoPE table, zero_grad ranges",
         double(sz.state_arena - state_named));

@@ -25,8 +25,9 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
                                             double runtime_gib = -1);
 
 // The step's byte costs for `a`: `base` (AdamW 28 + the bf16 copy 2 + the grad norm 4 bytes a
-// parameter), 4 fewer with the optimizer in the backward (the norm summed inside the AdamW pass),
-// and 2 fewer for each expert parameter with bf16 expert gradients.
+// parameter), 2 fewer with split master weights (the bf16 copy is the masters' high halves), 4
+// fewer with the optimizer in the backward (the norm summed inside the AdamW pass), and 2 fewer
+// for each expert parameter with bf16 expert gradients.
 train::StepCostOptions cuda_step_cost(const CudaArgs& a, train::StepCostOptions base);
 
 // Registers project_cuda_memory as the cuda backend's train::MemoryProjector.

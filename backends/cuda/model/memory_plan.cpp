@@ -246,9 +246,8 @@ void MemoryPlan::plan(Take&& take) {
                                      : "weights (gathered: every unit)");
   } else {
   if (opt_.optimizer_state) {
-    s.master = opt_.split_master
-                   ? take(Pool::State, DType::U16, {P}, "fp32 master weights, low halves (master_weights: split; the bf16 weights are the high)")
-                   : take(Pool::State, DType::F32, {P}, "fp32 master weights");
+    s.master = opt_.split_master ? take(Pool::State, DType::U16, {P}, "low halves of the fp32 master weights")
+                                 : take(Pool::State, DType::F32, {P}, "fp32 master weights");
   }
   s.grads = take(Pool::State, DType::F32, {opt_.shared_grad_window ? grad_place_.elems : PF},
                  opt_.shared_grad_window ? "fp32 gradients (the layers share one window)" : "fp32 gradients");
