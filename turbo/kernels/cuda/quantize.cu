@@ -502,38 +502,19 @@ __device__ __forceinline__ uint32_t cvt1(float x, const Scaling& s) {
 constexpr int kGTile = 128;
 constexpr int kGRows = kGTile / (kThreads / 32);  // 16 rows a warp
 
-// Preconditions (checked by the launcher): C % 16 == 0 and R % 16 == 0, inp rows 16-byte aligned
-// (ld * sizeof(T) % 16 == 0), outputs 16-byte aligned; block modes: R, C multiples of 128.
-template <class T, bool kE4M3, GroupMode kMode>
-__global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs a) {
-  __shared__ uint32_t colpart[kThreads / 32][kGTile];
-  __shared__ uint32_t red[32];
-  const T* inp = static_cast<const T*>(a.inp);
+// groups_store: the part after the read, once each thread holds its 16 x 4 patch v of output tile
+// (bx, by) (column tile bx, row tile by; zeros outside the tensor): the maxima, the scales and both
+// copies. Ends early for a warp whose rows lie past R (after the block's barrier).
+template <bool kE4M3, GroupMode kMode>
+__device__ __forceinline__ void groups_store(const GroupArgs& a, const float (&v)[kGRows][4], int64_t bx, int64_t by,
+                                             uint32_t (*colpart)[kGTile], uint32_t* red) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile + warp * kGRows;  // this warp's first row
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGTile;
+  const int64_t r0 = by * kGTile + warp * kGRows;
+  const int64_t c0 = bx * kGTile;
   const int c = 4 * lane;
-  const bool col_ok = c0 + c < a.C;    // C % 16 == 0: a lane's 4 columns are all in or all out
-  const bool rows_ok = r0 < a.R;       // R % 16 == 0: a warp's 16 rows are all in or all out
-  float v[kGRows][4];
+  const bool col_ok = c0 + c < a.C;
+  const bool rows_ok = r0 < a.R;
   uint32_t cmax[4] = {0, 0, 0, 0};
-  if (rows_ok && col_ok) {
-#pragma unroll
-    for (int i = 0; i < kGRows; ++i) {
-      const T* src = inp + (r0 + i) * a.ld + c0 + c;
-      if constexpr (sizeof(T) == 4) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(src));
-        v[i][0] = f.x, v[i][1] = f.y, v[i][2] = f.z, v[i][3] = f.w;
-      } else {
-        const uint2 w = __ldg(reinterpret_cast<const uint2*>(src));
-        const float2 lo = bf16_pair(w.x), hi = bf16_pair(w.y);
-        v[i][0] = lo.x, v[i][1] = lo.y, v[i][2] = hi.x, v[i][3] = hi.y;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kGRows; ++i) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.0f;
-  }
   uint32_t rmax[kGRows];
 #pragma unroll
   for (int i = 0; i < kGRows; ++i) {
@@ -574,12 +555,12 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs 
       if (col_ok) *reinterpret_cast<uint32_t*>(a.out + r * a.C + c0 + c) = cvt4<kE4M3>(v[i], s);
       if (lane == 0) {
         if constexpr (kMode == GroupMode::Block1x128) {
-          a.scale_inv[blockIdx.x * a.R + r] = inv;
+          a.scale_inv[bx * a.R + r] = inv;
         } else if (i == 0 && warp == 0) {
           const int64_t pad = (nb_c + 3) / 4 * 4;
-          a.scale_inv[blockIdx.y * pad + blockIdx.x] = inv;
-          if (blockIdx.x == nb_c - 1)
-            for (int64_t k = nb_c; k < pad; ++k) a.scale_inv[blockIdx.y * pad + k] = 1.0f;
+          a.scale_inv[by * pad + bx] = inv;
+          if (bx == nb_c - 1)
+            for (int64_t k = nb_c; k < pad; ++k) a.scale_inv[by * pad + k] = 1.0f;
         }
       }
     }
@@ -599,15 +580,47 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs 
                (cvt1<kE4M3>(v[4 * q + 2][j], s) << 16) | (cvt1<kE4M3>(v[4 * q + 3][j], s) << 24);
       *reinterpret_cast<uint4*>(a.out_t + col * a.R + r0) = make_uint4(w[0], w[1], w[2], w[3]);
       if constexpr (kMode == GroupMode::Block1x128) {
-        if (warp == 0) a.scale_inv_t[blockIdx.y * a.C + col] = inv;
+        if (warp == 0) a.scale_inv_t[by * a.C + col] = inv;
       } else if (warp == 0 && lane == 0 && j == 0) {
         const int64_t pad = (nb_r + 3) / 4 * 4;
-        a.scale_inv_t[blockIdx.x * pad + blockIdx.y] = inv;
-        if (blockIdx.y == nb_r - 1)
-          for (int64_t k = nb_r; k < pad; ++k) a.scale_inv_t[blockIdx.x * pad + k] = 1.0f;
+        a.scale_inv_t[bx * pad + by] = inv;
+        if (by == nb_r - 1)
+          for (int64_t k = nb_r; k < pad; ++k) a.scale_inv_t[bx * pad + k] = 1.0f;
       }
     }
   }
+}
+
+// Preconditions (checked by the launcher): C % 16 == 0 and R % 16 == 0, inp rows 16-byte aligned
+// (ld * sizeof(T) % 16 == 0), outputs 16-byte aligned; block modes: R, C multiples of 128.
+template <class T, bool kE4M3, GroupMode kMode>
+__global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs a) {
+  __shared__ uint32_t colpart[kThreads / 32][kGTile];
+  __shared__ uint32_t red[32];
+  const T* inp = static_cast<const T*>(a.inp);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile + warp * kGRows;  // this warp's first row
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGTile;
+  const int c = 4 * lane;
+  float v[kGRows][4];
+  if (r0 < a.R && c0 + c < a.C) {  // R, C % 16 == 0: a warp's 16 rows and a lane's 4 columns are all in or all out
+#pragma unroll
+    for (int i = 0; i < kGRows; ++i) {
+      const T* src = inp + (r0 + i) * a.ld + c0 + c;
+      if constexpr (sizeof(T) == 4) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(src));
+        v[i][0] = f.x, v[i][1] = f.y, v[i][2] = f.z, v[i][3] = f.w;
+      } else {
+        const uint2 w = __ldg(reinterpret_cast<const uint2*>(src));
+        const float2 lo = bf16_pair(w.x), hi = bf16_pair(w.y);
+        v[i][0] = lo.x, v[i][1] = lo.y, v[i][2] = hi.x, v[i][3] = hi.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kGRows; ++i) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.0f;
+  }
+  groups_store<kE4M3, kMode>(a, v, blockIdx.x, blockIdx.y, colpart, red);
 }
 
 template <class T, bool kE4M3, GroupMode kMode>
@@ -1261,6 +1274,68 @@ __global__ void __launch_bounds__(kThreads, 4) swiglu_quantize_kernel(SwigluQuan
   }
 }
 
+// ---- SwiGLU folded into the 1x128 quantizer (blockwise) ------------------------------------------
+// The groups kernel's layout over 128 x 128 tiles of F's columns: each thread computes its 16 x 4
+// patch from gate_up (and dout) as it reads them, rounds each value to bf16 as the activation
+// kernels store it, and goes on as the groups kernel does. Every 1x128 group lies inside a tile, so
+// unlike current scaling per row or tensor there is no maximum to know before the first byte, and
+// the activation is never written. Backward: the block writes the dgate tile, then the dup tile at
+// the same rows and columns, reading gate, up and dout again for the second (from L2: the block
+// read them just before) rather than holding three patches at once.
+struct SwigluGroupArgs {
+  GroupArgs g;          // g.inp unused; g.R = R, g.C = F (forward) or 2F (backward)
+  const bf16* gate_up;  // [R, 2F]
+  const bf16* dout;     // backward: [R, F]
+  int64_t F;
+};
+
+template <bool kE4M3, bool kBwd>
+__global__ void __launch_bounds__(kThreads, 2) swiglu_groups_kernel(SwigluGroupArgs s) {
+  __shared__ uint32_t colpart[kThreads / 32][kGTile];
+  __shared__ uint32_t red[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t F = s.F;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile + warp * kGRows;
+  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * kGTile + 4 * lane;  // this lane's first column of F
+  const bool in = r0 < s.g.R && f0 < F;
+#pragma unroll 1
+  for (int h = 0; h < (kBwd ? 2 : 1); ++h) {
+    if (h > 0) __syncthreads();  // the first tile's column maxima are read before colpart is reused
+    float v[kGRows][4];
+    if (in) {
+#pragma unroll
+      for (int i = 0; i < kGRows; ++i) {
+        const bf16* p = s.gate_up + (r0 + i) * 2 * F + f0;
+        const uint2 gw = __ldg(reinterpret_cast<const uint2*>(p)), uw = __ldg(reinterpret_cast<const uint2*>(p + F));
+        const float2 g[2] = {bf16_pair(gw.x), bf16_pair(gw.y)}, u[2] = {bf16_pair(uw.x), bf16_pair(uw.y)};
+        float2 d[2];
+        if constexpr (kBwd) {
+          const uint2 dw = __ldg(reinterpret_cast<const uint2*>(s.dout + (r0 + i) * F + f0));
+          d[0] = bf16_pair(dw.x), d[1] = bf16_pair(dw.y);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float y0, y1;
+          if constexpr (kBwd) {
+            float g0, u0, g1, u1;
+            swiglu_grad_f(g[k].x, u[k].x, d[k].x, g0, u0);
+            swiglu_grad_f(g[k].y, u[k].y, d[k].y, g1, u1);
+            y0 = h == 0 ? g0 : u0, y1 = h == 0 ? g1 : u1;
+          } else {
+            y0 = swiglu_f(g[k].x, u[k].x), y1 = swiglu_f(g[k].y, u[k].y);
+          }
+          const float2 y = bf16_pair(bf16_word(y0, y1));
+          v[i][2 * k] = y.x, v[i][2 * k + 1] = y.y;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kGRows; ++i) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.0f;
+    }
+    groups_store<kE4M3, GroupMode::Block1x128>(s.g, v, h * (F / kGTile) + blockIdx.x, blockIdx.y, colpart, red);
+  }
+}
+
 template <bool kE4M3, bool kBwd>
 void launch_swiglu_quantize(const SwigluQuantArgs& a, cudaStream_t stream) {
   const int64_t tiles = (a.R + kTile - 1) / kTile * ((a.F + kTile - 1) / kTile);
@@ -1415,30 +1490,60 @@ void quantize_fp8_row_groups(DType in_dtype, DType fp8, const void* inp, int64_t
   dispatch_row_groups(in_dtype, fp8, a, false, stream, op);
 }
 
-std::string quantize_fp8_swiglu_unsupported_reason(DType in_dtype, DType fp8, const void* gate_up, const void* dout,
-                                                   int64_t R, int64_t F, const void* out, const void* out_t) noexcept {
+std::string quantize_fp8_swiglu_unsupported_reason(Fp8Granularity g, DType in_dtype, DType fp8, const void* gate_up,
+                                                   const void* dout, int64_t R, int64_t F, const void* out,
+                                                   const void* out_t) noexcept {
   const auto aligned = [](const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  if (g != Fp8Granularity::Tensor && g != Fp8Granularity::Block1x128)
+    return fmt::format("{} granularity (the folded kernels take tensor and 1x128)", fp8_granularity_name(g));
   if (in_dtype != DType::BF16) return fmt::format("{} input (the folded SwiGLU reads bf16)", dtype_name(in_dtype));
   if (!dtype_is_fp8(fp8)) return fmt::format("output dtype {} is not an FP8 format", dtype_name(fp8));
-  if (R < 0 || F <= 0 || F % kChunk != 0) return fmt::format("F = {} is not a positive multiple of {}", F, kChunk);
-  if (out_t && R % 16 != 0) return fmt::format("R = {} is not a multiple of 16 (the transposed copy's 16-row stores)", R);
+  if (g == Fp8Granularity::Block1x128) {
+    if (R < 0 || R % kGTile != 0 || F <= 0 || F % kGTile != 0)
+      return fmt::format("[{}, {}] is not made of 128 x 128 tiles (1x128 groups)", R, F);
+  } else {
+    if (R < 0 || F <= 0 || F % kChunk != 0) return fmt::format("F = {} is not a positive multiple of {}", F, kChunk);
+    if (out_t && R % 16 != 0) return fmt::format("R = {} is not a multiple of 16 (the transposed copy's 16-row stores)", R);
+  }
   if (!aligned(gate_up) || !aligned(dout) || !aligned(out) || !aligned(out_t)) return "a base is not 16-byte aligned";
   if (!out && !out_t) return "neither out nor out_t given";
   return "";
 }
 
-void quantize_fp8_swiglu(bool backward, DType in_dtype, DType fp8, const void* gate_up, const void* dout, int64_t R,
-                         int64_t F, void* out, void* out_t, const float* scale_in, float* scale_inv, float* amax_out,
-                         cudaStream_t stream) {
-  if (auto w = quantize_fp8_swiglu_unsupported_reason(in_dtype, fp8, gate_up, backward ? dout : nullptr, R, F, out, out_t);
+void quantize_fp8_swiglu(bool backward, Fp8Granularity g, DType in_dtype, DType fp8, const void* gate_up,
+                         const void* dout, int64_t R, int64_t F, void* out, void* out_t, const float* scale_in,
+                         float* scale_inv, float* scale_inv_t, float* amax_out, cudaStream_t stream) {
+  if (auto w = quantize_fp8_swiglu_unsupported_reason(g, in_dtype, fp8, gate_up, backward ? dout : nullptr, R, F, out,
+                                                      out_t);
       !w.empty())
     throw RuntimeError("quantize_fp8_swiglu: " + w);
-  if (!scale_in || !scale_inv) throw RuntimeError("quantize_fp8_swiglu: the delayed scale and scale_inv are required");
   if (backward && !dout) throw RuntimeError("quantize_fp8_swiglu: the backward needs dout");
+  const bool e4m3 = fp8 == DType::F8E4M3;
+  if (g == Fp8Granularity::Block1x128) {
+    if ((out && !scale_inv) || (out_t && !scale_inv_t))
+      throw RuntimeError("quantize_fp8_swiglu: 1x128 groups need scale_inv with out and scale_inv_t with out_t");
+    if (scale_in || amax_out)
+      throw RuntimeError("quantize_fp8_swiglu: 1x128 groups take no delayed scale or amax");
+    const int64_t C = backward ? 2 * F : F;
+    const SwigluGroupArgs a{{nullptr, R, C, C, static_cast<uint8_t*>(out), scale_inv, static_cast<uint8_t*>(out_t),
+                             scale_inv_t, fp8_max_of(fp8)},
+                            static_cast<const bf16*>(gate_up), static_cast<const bf16*>(dout), F};
+    if (R == 0) return;
+    const dim3 grid(static_cast<unsigned>(F / kGTile), static_cast<unsigned>(R / kGTile));
+    if (backward) {
+      if (e4m3) swiglu_groups_kernel<true, true><<<grid, kThreads, 0, stream>>>(a);
+      else swiglu_groups_kernel<false, true><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      if (e4m3) swiglu_groups_kernel<true, false><<<grid, kThreads, 0, stream>>>(a);
+      else swiglu_groups_kernel<false, false><<<grid, kThreads, 0, stream>>>(a);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  if (!scale_in || !scale_inv) throw RuntimeError("quantize_fp8_swiglu: the delayed scale and scale_inv are required");
   const SwigluQuantArgs a{static_cast<const bf16*>(gate_up), static_cast<const bf16*>(dout), R, F,
                           static_cast<uint8_t*>(out), static_cast<uint8_t*>(out_t), scale_in, scale_inv,
                           reinterpret_cast<uint32_t*>(amax_out)};
-  const bool e4m3 = fp8 == DType::F8E4M3;
   if (backward) {
     if (e4m3) launch_swiglu_quantize<true, true>(a, stream);
     else launch_swiglu_quantize<false, true>(a, stream);
