@@ -468,13 +468,14 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
 // One launch over 128 x 128 tiles of the input (256 threads); the groups lie inside the tile.
 // Warp w owns the 16 consecutive rows 16w..16w+15 of the tile, lane l its columns 4l..4l+3, so a
 // thread holds a 16 x 4 patch in registers after one read of the input (16 loads of 4 elements in
-// flight). Row maxima come from
-// warp reductions, column maxima from the threads' patch maxima reduced over the 8 warps through
-// 4 KiB of shared memory. The row-scaled copy is written from the patch, 4 bytes a lane (128
-// contiguous bytes a row); the column-scaled transpose too: a patch column is 16 consecutive rows,
-// i.e. 16 contiguous bytes of out_t, one 16-byte store; no shared transpose is needed. Row scaling
-// (a row's group spans the whole row) goes through quantize_rows_kernel (out alone) or the
-// row-groups kernels with one group (with the column-scaled copy; quantize_fp8_grouped).
+// flight); a bf16 patch stays as the 32 words it is loaded as (Bf16Patch: half the registers of
+// f32 values, so three blocks fit an SM). Row maxima come from warp reductions, column maxima from
+// the threads' patch maxima reduced over the 8 warps through 4 KiB of shared memory. The
+// row-scaled copy is written from the patch, 4 bytes a lane (128 contiguous bytes a row); the
+// column-scaled transpose too: a patch column is 16 consecutive rows, i.e. 16 contiguous bytes of
+// out_t, one 16-byte store; no shared transpose is needed. Row scaling (a row's group spans the
+// whole row) goes through quantize_rows_kernel (out alone) or the row-groups kernels with one
+// group (with the column-scaled copy; quantize_fp8_grouped).
 enum class GroupMode : int { Block1x128, Block128x128 };
 
 struct GroupArgs {
@@ -502,11 +503,28 @@ __device__ __forceinline__ uint32_t cvt1(float x, const Scaling& s) {
 constexpr int kGTile = 128;
 constexpr int kGRows = kGTile / (kThreads / 32);  // 16 rows a warp
 
+// A thread's 16 x 4 patch: f32 values, or bf16 values kept as the pairs they are loaded as (half
+// the registers, so more of the next loads stay in flight). at(i, j): row i, column j as f32;
+// bits(i, j): that value's |x| as f32 bits.
+struct F32Patch {
+  float v[kGRows][4];
+  __device__ __forceinline__ float at(int i, int j) const { return v[i][j]; }
+  __device__ __forceinline__ uint32_t bits(int i, int j) const { return __float_as_uint(v[i][j]) & 0x7fffffffu; }
+};
+struct Bf16Patch {
+  uint32_t w[kGRows][2];  // columns 2k (low half) and 2k + 1 (high half) of word k
+  __device__ __forceinline__ float at(int i, int j) const {
+    const uint32_t x = w[i][j / 2];
+    return __uint_as_float(j % 2 == 0 ? x << 16 : x & 0xffff0000u);
+  }
+  __device__ __forceinline__ uint32_t bits(int i, int j) const { return __float_as_uint(at(i, j)) & 0x7fffffffu; }
+};
+
 // groups_store: the part after the read, once each thread holds its 16 x 4 patch v of output tile
 // (bx, by) (column tile bx, row tile by; zeros outside the tensor): the maxima, the scales and both
 // copies. Ends early for a warp whose rows lie past R (after the block's barrier).
-template <bool kE4M3, GroupMode kMode>
-__device__ __forceinline__ void groups_store(const GroupArgs& a, const float (&v)[kGRows][4], int64_t bx, int64_t by,
+template <bool kE4M3, GroupMode kMode, class Patch>
+__device__ __forceinline__ void groups_store(const GroupArgs& a, const Patch& v, int64_t bx, int64_t by,
                                              uint32_t (*colpart)[kGTile], uint32_t* red) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r0 = by * kGTile + warp * kGRows;
@@ -521,7 +539,7 @@ __device__ __forceinline__ void groups_store(const GroupArgs& a, const float (&v
     uint32_t m = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint32_t b = __float_as_uint(v[i][j]) & 0x7fffffffu;
+      const uint32_t b = v.bits(i, j);
       m = max(m, b);
       cmax[j] = max(cmax[j], b);
     }
@@ -552,7 +570,10 @@ __device__ __forceinline__ void groups_store(const GroupArgs& a, const float (&v
       const uint32_t m = kMode == GroupMode::Block1x128 ? rmax[i] : block_max;
       float inv;
       const Scaling s = group_scaling(m, a.fp8max, &inv);
-      if (col_ok) *reinterpret_cast<uint32_t*>(a.out + r * a.C + c0 + c) = cvt4<kE4M3>(v[i], s);
+      if (col_ok) {
+        const float x[4] = {v.at(i, 0), v.at(i, 1), v.at(i, 2), v.at(i, 3)};
+        *reinterpret_cast<uint32_t*>(a.out + r * a.C + c0 + c) = cvt4<kE4M3>(x, s);
+      }
       if (lane == 0) {
         if constexpr (kMode == GroupMode::Block1x128) {
           a.scale_inv[bx * a.R + r] = inv;
@@ -576,8 +597,8 @@ __device__ __forceinline__ void groups_store(const GroupArgs& a, const float (&v
       uint32_t w[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q)
-        w[q] = cvt1<kE4M3>(v[4 * q][j], s) | (cvt1<kE4M3>(v[4 * q + 1][j], s) << 8) |
-               (cvt1<kE4M3>(v[4 * q + 2][j], s) << 16) | (cvt1<kE4M3>(v[4 * q + 3][j], s) << 24);
+        w[q] = cvt1<kE4M3>(v.at(4 * q, j), s) | (cvt1<kE4M3>(v.at(4 * q + 1, j), s) << 8) |
+               (cvt1<kE4M3>(v.at(4 * q + 2, j), s) << 16) | (cvt1<kE4M3>(v.at(4 * q + 3, j), s) << 24);
       *reinterpret_cast<uint4*>(a.out_t + col * a.R + r0) = make_uint4(w[0], w[1], w[2], w[3]);
       if constexpr (kMode == GroupMode::Block1x128) {
         if (warp == 0) a.scale_inv_t[by * a.C + col] = inv;
@@ -602,23 +623,18 @@ __global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs 
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile + warp * kGRows;  // this warp's first row
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGTile;
   const int c = 4 * lane;
-  float v[kGRows][4];
-  if (r0 < a.R && c0 + c < a.C) {  // R, C % 16 == 0: a warp's 16 rows and a lane's 4 columns are all in or all out
+  std::conditional_t<sizeof(T) == 4, F32Patch, Bf16Patch> v;
+  const bool in = r0 < a.R && c0 + c < a.C;  // R, C % 16 == 0: a warp's 16 rows and a lane's 4 columns are all in or all out
 #pragma unroll
-    for (int i = 0; i < kGRows; ++i) {
-      const T* src = inp + (r0 + i) * a.ld + c0 + c;
-      if constexpr (sizeof(T) == 4) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(src));
-        v[i][0] = f.x, v[i][1] = f.y, v[i][2] = f.z, v[i][3] = f.w;
-      } else {
-        const uint2 w = __ldg(reinterpret_cast<const uint2*>(src));
-        const float2 lo = bf16_pair(w.x), hi = bf16_pair(w.y);
-        v[i][0] = lo.x, v[i][1] = lo.y, v[i][2] = hi.x, v[i][3] = hi.y;
-      }
+  for (int i = 0; i < kGRows; ++i) {
+    const T* src = inp + (r0 + i) * a.ld + c0 + c;
+    if constexpr (sizeof(T) == 4) {
+      const float4 f = in ? __ldg(reinterpret_cast<const float4*>(src)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v.v[i][0] = f.x, v.v[i][1] = f.y, v.v[i][2] = f.z, v.v[i][3] = f.w;
+    } else {
+      const uint2 w = in ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0u, 0u);
+      v.w[i][0] = w.x, v.w[i][1] = w.y;
     }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kGRows; ++i) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.0f;
   }
   groups_store<kE4M3, kMode>(a, v, blockIdx.x, blockIdx.y, colpart, red);
 }
@@ -1290,7 +1306,7 @@ struct SwigluGroupArgs {
 };
 
 template <bool kE4M3, bool kBwd>
-__global__ void __launch_bounds__(kThreads, 2) swiglu_groups_kernel(SwigluGroupArgs s) {
+__global__ void __launch_bounds__(kThreads, kBwd ? 3 : 2) swiglu_groups_kernel(SwigluGroupArgs s) {
   __shared__ uint32_t colpart[kThreads / 32][kGTile];
   __shared__ uint32_t red[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1301,7 +1317,7 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_groups_kernel(SwigluGroupA
 #pragma unroll 1
   for (int h = 0; h < (kBwd ? 2 : 1); ++h) {
     if (h > 0) __syncthreads();  // the first tile's column maxima are read before colpart is reused
-    float v[kGRows][4];
+    Bf16Patch v;
     if (in) {
 #pragma unroll
       for (int i = 0; i < kGRows; ++i) {
@@ -1324,13 +1340,12 @@ __global__ void __launch_bounds__(kThreads, 2) swiglu_groups_kernel(SwigluGroupA
           } else {
             y0 = swiglu_f(g[k].x, u[k].x), y1 = swiglu_f(g[k].y, u[k].y);
           }
-          const float2 y = bf16_pair(bf16_word(y0, y1));
-          v[i][2 * k] = y.x, v[i][2 * k + 1] = y.y;
+          v.w[i][k] = bf16_word(y0, y1);
         }
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < kGRows; ++i) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.0f;
+      for (int i = 0; i < kGRows; ++i) v.w[i][0] = v.w[i][1] = 0u;
     }
     groups_store<kE4M3, GroupMode::Block1x128>(s.g, v, h * (F / kGTile) + blockIdx.x, blockIdx.y, colpart, red);
   }
