@@ -63,7 +63,7 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   // With fp8_recipe rowwise or tensorwise: the SwiGLU kernels' maxima for the next quantization
   // (CudaModelOptions::fp8_maxima).
   std::shared_ptr<turbo::Fp8Maxima> fp8_maxima;
-  // With fp8_recipe delayed or blockwise: the SwiGLU activation folded into its quantizations
+  // With fp8_recipe delayed: the SwiGLU activation folded into its quantizations
   // (CudaModelOptions::fp8_producers).
   std::shared_ptr<turbo::Fp8Producers> fp8_producers;
   int64_t fp8_first_last_bf16_layers = 0;  // with fp8: edge layers kept in bf16 (DecoderOptions)

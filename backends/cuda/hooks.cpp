@@ -186,13 +186,13 @@ turbo::Fp8Recipe configure_fp8(CudaArgs& a, const std::string& fp8, const std::s
   }
   a.fp8_producers.reset();
   // PRIMUS_CUDA_FP8_SWIGLU_FOLD=0: the activation kernels write act and dgate_up, which the delayed
-  // or blockwise quantizer then reads (the A/B of the folding); checked whatever the recipe.
+  // quantizer then reads (the A/B of the folding); checked whatever the recipe.
   const bool fold = turbo::env_choice("PRIMUS_CUDA_FP8_SWIGLU_FOLD", {"0", "1"}, "1") == "1";
-  if (fold && r.folds_producers()) {
-    r.producers = std::make_shared<turbo::Fp8Producers>();
-    a.fp8_producers = r.producers;
-  }
   if (r.scaling == turbo::Fp8Scaling::Delayed) {
+    if (fold) {
+      r.producers = std::make_shared<turbo::Fp8Producers>();
+      a.fp8_producers = r.producers;
+    }
     turbo::Fp8DelayedOptions o;
     o.history_len = a.fp8_amax_history_len;
     o.algo = a.fp8_amax_compute_algo == "max" ? turbo::Fp8AmaxAlgo::Max : turbo::Fp8AmaxAlgo::MostRecent;

@@ -113,7 +113,7 @@ struct CudaModelOptions {
   // or its weight gradient after a selective or full recomputation). Null: off (the quantizer's
   // own pass).
   std::shared_ptr<turbo::Fp8Maxima> fp8_maxima;
-  // Delayed or blockwise FP8 with SwiGLU (the handoff the recipe holds; turbo::Fp8Producers): the MLP activation
+  // Delayed FP8 with SwiGLU (the handoff the recipe holds; turbo::Fp8Producers): the MLP activation
   // and its backward's dgate_up are not written by the activation kernels; the FP8 linear calls that
   // read them quantize them from gate_up (and dact) directly, one read instead of a write and two
   // reads. Null: off (the activation kernels, then the quantizer).

@@ -401,7 +401,7 @@ turbo::Fp8Recipe fp8_test_recipe(const char* format, const char* scaling, const 
   if (state.saved) r.saved = std::make_shared<turbo::Fp8SavedInputs>(r.act_granularity());
   if (state.weights) r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
   if (state.maxima && r.takes_maxima()) r.maxima = std::make_shared<turbo::Fp8Maxima>(r.act_granularity());
-  if (state.producers && r.folds_producers()) r.producers = std::make_shared<turbo::Fp8Producers>();
+  if (state.producers && r.scaling == turbo::Fp8Scaling::Delayed) r.producers = std::make_shared<turbo::Fp8Producers>();
   return r;
 }
 
@@ -413,7 +413,7 @@ void use_fp8_recipe(const train::ModelSpec& spec, const turbo::Fp8Recipe& r, Cud
   mo.fp8_saved = r.saved;      // inputs saved in FP8 for the backward (null: kept in bf16)
   mo.fp8_weights = r.weights;  // weights quantized once per step (with accumulation only)
   mo.fp8_maxima = r.maxima;    // rowwise, tensorwise: the SwiGLU kernels' maxima for the next quantization
-  mo.fp8_producers = r.producers;  // delayed, blockwise: the SwiGLU folded into the quantizers that read its output
+  mo.fp8_producers = r.producers;  // delayed: the SwiGLU folded into the quantizers that read its output
   if (spec.moe.enabled()) {    // the experts too (patch cuda.moe.fp8: rowwise and blockwise)
     use_fp8_moe(ops, r);
     mo.fp8_moe = true;

@@ -651,15 +651,14 @@ TEST(HostFp8, RowwiseQuantizersTakeTheSwigluMaximaAndGiveTheSameSteps) {
                         [](const turbo::Fp8Recipe& r, const CudaArgs& a) { return r.maxima && a.fp8_maxima; });
 }
 
-// Delayed and blockwise FP8 with the SwiGLU folded into the quantizers (turbo::Fp8Producers): the
-// forward's act and the backward's dgate_up are never written by the activation kernels; the FP8
-// linear calls that read them compute them from gate_up (and dact) as they quantize. Delayed
-// scaling has no scale in its first step (current scaling), so that step's linear calls write the
-// activation instead, and from the second step on every put is folded in; blockwise's 1x128 groups
-// fold every put from the first step. The steps are those without the folding bit for bit, with
+// Delayed FP8 with the SwiGLU folded into the quantizers (turbo::Fp8Producers): the forward's act
+// and the backward's dgate_up are never written by the activation kernels; the FP8 linear calls
+// that read them compute them from gate_up (and dact) as they quantize. The first step has no
+// delayed scale yet (current scaling), so its linear calls write the activation instead; from the
+// second step on every put is folded in. The steps are those without the folding bit for bit, with
 // inputs saved in FP8 or not, and under selective and full recomputation.
-TEST(HostFp8, DelayedAndBlockwiseScalingFoldTheSwigluIntoTheirQuantizersAndGiveTheSameSteps) {
-  train::ModelSpec spec = tiny_spec(true);
+TEST(HostFp8, DelayedScalingFoldsTheSwigluIntoItsQuantizersAndGivesTheSameSteps) {
+  const train::ModelSpec spec = tiny_spec(true);
   const int64_t T = spec.seq_length, L = spec.num_layers, steps = 4;
   Batches data(T, static_cast<int>(steps));
   struct Variant {
@@ -668,51 +667,39 @@ TEST(HostFp8, DelayedAndBlockwiseScalingFoldTheSwigluIntoTheirQuantizersAndGiveT
     Recompute policy;
     int64_t puts_per_step;  // the forward's act, the backward's act (its weight gradient) and dgate_up; full: the recomputed act
   };
-  for (const char* scaling : {"delayed", "blockwise"}) {
-    const bool delayed = std::string(scaling) == "delayed";
-    spec.num_query_groups = delayed ? 1 : 2;  // blockwise: every linear width a multiple of 128 (kv 128)
-    for (const Variant v : {Variant{"plain", false, Recompute::None, 3 * L}, Variant{"saved inputs", true, Recompute::None, 3 * L},
-                            Variant{"selective", true, Recompute::Selective, 3 * L},
-                            Variant{"full", false, Recompute::Full, 4 * L}}) {
-      SCOPED_TRACE(fmt::format("{} {}", scaling, v.name));
-      std::vector<double> losses[2];
-      for (const bool fold : {false, true}) {
-        const turbo::Fp8Recipe r = fp8_test_recipe(delayed ? "hybrid" : "e4m3", scaling, {.saved = v.saved, .producers = fold});
-        losses[fold] = fp8_recipe_losses(spec, r, v.policy, data, steps);
-        if (fold) {
-          EXPECT_EQ(r.producers->puts, steps * v.puts_per_step);
-          if (delayed) {
-            EXPECT_GT(r.producers->folded, 0) << "nothing was folded in";
-            EXPECT_GT(r.producers->written, 0) << "the first step (no delayed scale yet) wrote nothing";
-          } else {
-            // Every step's forward act and backward dgate_up at least (the backward's act is put
-            // for the weight gradient and goes unused where the input is saved in FP8).
-            EXPECT_GE(r.producers->folded, steps * 2 * L);
-            EXPECT_EQ(r.producers->written, 0) << "blockwise wrote an activation";
-          }
-        } else {
-          EXPECT_EQ(r.producers, nullptr);
-        }
+  for (const Variant v : {Variant{"plain", false, Recompute::None, 3 * L}, Variant{"saved inputs", true, Recompute::None, 3 * L},
+                          Variant{"selective", true, Recompute::Selective, 3 * L},
+                          Variant{"full", false, Recompute::Full, 4 * L}}) {
+    SCOPED_TRACE(v.name);
+    std::vector<double> losses[2];
+    for (const bool fold : {false, true}) {
+      const turbo::Fp8Recipe r = fp8_test_recipe("hybrid", "delayed", {.saved = v.saved, .producers = fold});
+      losses[fold] = fp8_recipe_losses(spec, r, v.policy, data, steps);
+      if (fold) {
+        EXPECT_EQ(r.producers->puts, steps * v.puts_per_step);
+        EXPECT_GT(r.producers->folded, 0) << "nothing was folded in";
+        EXPECT_GT(r.producers->written, 0) << "the first step (no delayed scale yet) wrote nothing";
+      } else {
+        EXPECT_EQ(r.producers, nullptr);
       }
-      ASSERT_EQ(losses[0].size(), static_cast<size_t>(steps));
-      EXPECT_EQ(losses[1], losses[0]);
     }
+    ASSERT_EQ(losses[0].size(), static_cast<size_t>(steps));
+    EXPECT_EQ(losses[1], losses[0]);
   }
-  // The patch gives it to delayed and blockwise only, unless PRIMUS_CUDA_FP8_SWIGLU_FOLD=0; another
-  // value is an error naming it.
+  // The patch gives it to delayed only, unless PRIMUS_CUDA_FP8_SWIGLU_FOLD=0; another value is an error naming it.
   for (const char* scaling : {"tensorwise", "rowwise"}) {
     CudaArgs args;
     EXPECT_EQ(configure_fp8(args, "hybrid", scaling).producers, nullptr) << scaling;
     EXPECT_EQ(args.fp8_producers, nullptr) << scaling;
   }
-  for (const auto& [format, scaling] : {std::pair{"hybrid", "delayed"}, std::pair{"e4m3", "blockwise"}}) {
+  {
     CudaArgs args;
-    const turbo::Fp8Recipe r = configure_fp8(args, format, scaling);
-    ASSERT_NE(r.producers, nullptr) << scaling;
-    EXPECT_EQ(args.fp8_producers, r.producers) << scaling;
-    expect_fp8_env_switch("PRIMUS_CUDA_FP8_SWIGLU_FOLD", format, scaling,
-                          [](const turbo::Fp8Recipe& r, const CudaArgs& a) { return r.producers && a.fp8_producers; });
+    const turbo::Fp8Recipe r = configure_fp8(args, "hybrid", "delayed");
+    ASSERT_NE(r.producers, nullptr);
+    EXPECT_EQ(args.fp8_producers, r.producers);
   }
+  expect_fp8_env_switch("PRIMUS_CUDA_FP8_SWIGLU_FOLD", "hybrid", "delayed",
+                        [](const turbo::Fp8Recipe& r, const CudaArgs& a) { return r.producers && a.fp8_producers; });
 }
 
 // `steps` fp32 training steps (AdamW, lr 3e-3, clip 1.0) of a host model over data's batches,

@@ -330,9 +330,8 @@ TEST_F(QuantizeGpuTest, DeviceCallWithoutScratchIsAnError) {
 // `primus benchmark quantize`: per case and backend, three tensorwise measurements (out + out_t,
 // out, out_t), the per-group ones (rows always; 1x128 and 128x128 where both dimensions are
 // multiples of 128), delayed scaling, and the SwiGLU forward and backward quantized after the
-// activation and folded into it, delayed and (where both dimensions are multiples of 128) at 1x128
-// groups: 9 for 64x96, 15 for 128x256; on the host (runs everywhere) and, where there is one, on
-// the device.
+// activation and folded into it: 9 for 64x96, 11 for 128x256; on the host (runs everywhere) and,
+// where there is one, on the device.
 TEST(QuantizeBench, MeasurementsPerCase) {
   for (bool cpu_only : {true, false}) {
     if (!cpu_only && cuda_device_count_or_zero() == 0) continue;
@@ -342,7 +341,7 @@ TEST(QuantizeBench, MeasurementsPerCase) {
     cfg.iters = 2;
     cfg.cpu_only = cpu_only;
     cfg.memory_gib = 1;
-    EXPECT_EQ(bench::run_benchmarks(cfg, stdout), 24) << (cpu_only ? "host" : "device");
+    EXPECT_EQ(bench::run_benchmarks(cfg, stdout), 20) << (cpu_only ? "host" : "device");
   }
 }
 
@@ -937,86 +936,6 @@ TEST_F(QuantizeGpuTest, SwigluPrologueEqualsTheActivationThenTheQuantizer) {
       }
     }
   }
-}
-
-// The same at 1x128 groups (blockwise's activations and gradients): the folded groups kernel
-// against the activation kernel followed by the groups quantizer, bit for bit (both copies and
-// both scale tables), forward and backward, both FP8 formats, each choice of outputs; a 128 x 128
-// tile holding an inf and a NaN poisons its groups as the quantizer does. The device takes only
-// shapes of whole 128 x 128 tiles; the host reference takes the same call.
-TEST_F(QuantizeGpuTest, SwigluPrologueAt1x128GroupsEqualsTheActivationThenTheQuantizer) {
-  struct Case {
-    int64_t R, F;
-    bool bad;
-  };
-  const Fp8Granularity g = Fp8Granularity::Block1x128;
-  for (const Case k : {Case{256, 384, false}, Case{384, 128, false}, Case{128, 256, true}}) {
-    for (const bool backward : {false, true}) {
-      SCOPED_TRACE(fmt::format("R {} F {} {}{}", k.R, k.F, backward ? "backward" : "forward", k.bad ? " with inf/NaN" : ""));
-      ArenaScope tensors = scoped_tensors();
-      const int64_t R = k.R, F = k.F, C = backward ? 2 * F : F;
-      TensorView gate_up = make(DType::BF16, {R, 2 * F}), dact = make(DType::BF16, {R, F});
-      std::vector<float> gu = randn(R * 2 * F, 2.0f, DType::BF16);
-      // Rows of very different size, so that the groups' scales differ.
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t c = 0; c < 2 * F; ++c) gu[static_cast<size_t>(r * 2 * F + c)] *= r % 7 == 0 ? 16.0f : 1.0f;
-      if (k.bad) {
-        gu[static_cast<size_t>(3 * 2 * F + 5)] = INFINITY;  // a gate
-        gu[static_cast<size_t>(7 * 2 * F + F + 9)] = NAN;   // an up
-      }
-      put(gate_up, gu);
-      random_tensor(dact, 0.5f);
-      TensorView y = make(DType::BF16, {R, C});
-      run_quantize_prologue(backward ? QuantizePrologue::SwiGLUBackward : QuantizePrologue::SwiGLU, y,
-                            backward ? dact : gate_up, backward ? gate_up : TensorView(), ctx);
-      TensorView ro = make(DType::F8E4M3, {R, C}), rt = make(DType::F8E4M3, {C, R});
-      TensorView o = make(DType::F8E4M3, {R, C}), ot = make(DType::F8E4M3, {C, R});
-      TensorView rs = make(DType::F32, {fp8_scale_numel(g, R, C)}), rst = make(DType::F32, {fp8_scale_numel(g, C, R)});
-      TensorView fs = make(DType::F32, {fp8_scale_numel(g, R, C)}), fst = make(DType::F32, {fp8_scale_numel(g, C, R)});
-      for (DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
-        for (const int mode : {0, 1, 2}) {  // both outputs, out only, out_t only
-          SCOPED_TRACE(fmt::format("{} mode {}", dtype_name(fp8), mode));
-          ro.dtype = rt.dtype = o.dtype = ot.dtype = fp8;
-          QuantizeFp8Args r;
-          r.granularity = g;
-          r.inp = y;
-          if (mode != 2) r.out = ro, r.scale_inv = rs;
-          if (mode != 1) r.out_t = rt, r.scale_inv_t = rst;
-          r.ctx = ctx;
-          QuantizeFp8Args a = r;
-          a.prologue = backward ? QuantizePrologue::SwiGLUBackward : QuantizePrologue::SwiGLU;
-          a.inp = backward ? dact : gate_up;
-          if (backward) a.gate_up = gate_up;
-          a.out = mode != 2 ? o : TensorView();
-          a.out_t = mode != 1 ? ot : TensorView();
-          a.scale_inv = mode != 2 ? fs : TensorView();
-          a.scale_inv_t = mode != 1 ? fst : TensorView();
-          for (const TensorView* t : {&ro, &rt, &o, &ot, &rs, &rst, &fs, &fst}) poison(*t);
-          ASSERT_TRUE(quantize_fp8_prologue_fits(a));
-          ASSERT_EQ(quantize_fp8(r), BackendType::TURBO);
-          ASSERT_EQ(quantize_fp8(a), BackendType::TURBO);
-          if (mode != 2) {
-            EXPECT_TRUE(bytes(o) == bytes(ro)) << first_diff(bytes(o), bytes(ro));
-            EXPECT_TRUE(bytes(fs) == bytes(rs)) << first_diff(bytes(fs), bytes(rs));
-          }
-          if (mode != 1) {
-            EXPECT_TRUE(bytes(ot) == bytes(rt)) << first_diff(bytes(ot), bytes(rt));
-            EXPECT_TRUE(bytes(fst) == bytes(rst)) << first_diff(bytes(fst), bytes(rst));
-          }
-        }
-      }
-    }
-  }
-  // Shapes the folded groups kernel does not take: F or R not a multiple of 128.
-  TensorView gu = make(DType::BF16, {128, 2 * 144}), o = make(DType::F8E4M3, {128, 144});
-  QuantizeFp8Args a;
-  a.granularity = g;
-  a.prologue = QuantizePrologue::SwiGLU;
-  a.inp = gu;
-  a.out = o;
-  a.scale_inv = make(DType::F32, {fp8_scale_numel(g, 128, 144)});
-  a.ctx = ctx;
-  EXPECT_FALSE(quantize_fp8_prologue_fits(a));
 }
 
 TEST_F(QuantizeGpuTest, SwigluPrologueSaysWhichCallsTheFoldedKernelTakes) {

@@ -107,51 +107,6 @@ Case quantize_case(const std::string& label, int64_t R, int64_t C) {
               if (quantize_fp8_prologue_fits(fb))
                 calls.push_back({fmt::format("swiglu_bwd_fold_quantize_fp8_delayed/{}", label), Metric::Bytes, bwd_bytes,
                                  [fb] { quantize_fp8(fb); }, "the same, the activation folded into the quantizer"});
-              // The same at 1x128 groups (blockwise's activations and gradients), both copies.
-              if (R % kFp8BlockSize == 0 && C % kFp8BlockSize == 0) {
-                const Fp8Granularity g = Fp8Granularity::Block1x128;
-                QuantizeFp8Args u1;
-                u1.granularity = g;
-                u1.inp = y;
-                u1.out = out;
-                u1.out_t = out_t;
-                u1.scale_inv = e.empty(DType::F32, {fp8_scale_numel(g, R, C)});
-                u1.scale_inv_t = e.empty(DType::F32, {fp8_scale_numel(g, C, R)});
-                u1.ctx = ctx;
-                QuantizeFp8Args f1 = u1;
-                f1.prologue = QuantizePrologue::SwiGLU;
-                f1.inp = gate_up;
-                calls.push_back({fmt::format("swiglu_then_quantize_fp8_1x128/{}", label), Metric::Bytes, fwd_bytes,
-                                 [u1, gate_up, ctx] {
-                                   run_quantize_prologue(QuantizePrologue::SwiGLU, u1.inp, gate_up, {}, ctx);
-                                   quantize_fp8(u1);
-                                 },
-                                 "silu(gate) * up, then 1x128 scales of both copies; bytes = gate_up + outputs"});
-                if (quantize_fp8_prologue_fits(f1))
-                  calls.push_back({fmt::format("swiglu_fold_quantize_fp8_1x128/{}", label), Metric::Bytes, fwd_bytes,
-                                   [f1] { quantize_fp8(f1); }, "the same, the activation folded into the quantizer"});
-                QuantizeFp8Args ub1 = u1;
-                ub1.inp = dgu;
-                ub1.out = out2;
-                ub1.out_t = out2_t;
-                ub1.scale_inv = e.empty(DType::F32, {fp8_scale_numel(g, R, 2 * C)});
-                ub1.scale_inv_t = e.empty(DType::F32, {fp8_scale_numel(g, 2 * C, R)});
-                QuantizeFp8Args fb1 = ub1;
-                fb1.prologue = QuantizePrologue::SwiGLUBackward;
-                fb1.inp = dact;
-                fb1.gate_up = gate_up;
-                calls.push_back({fmt::format("swiglu_bwd_then_quantize_fp8_1x128/{}", label), Metric::Bytes, bwd_bytes,
-                                 [ub1, gate_up, dact, ctx] {
-                                   run_quantize_prologue(QuantizePrologue::SwiGLUBackward, ub1.inp, dact, gate_up, ctx);
-                                   quantize_fp8(ub1);
-                                 },
-                                 "dgate_up from dact and gate_up, then 1x128 scales of both copies; bytes = gate_up + "
-                                 "dact + outputs"});
-                if (quantize_fp8_prologue_fits(fb1))
-                  calls.push_back({fmt::format("swiglu_bwd_fold_quantize_fp8_1x128/{}", label), Metric::Bytes,
-                                   bwd_bytes, [fb1] { quantize_fp8(fb1); },
-                                   "the same, the activation folded into the quantizer"});
-              }
             }
             return calls;
           }};

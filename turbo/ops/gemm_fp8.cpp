@@ -75,9 +75,7 @@ void quantize_from(QuantizeFp8Args a, const Producer& p, const Fp8Recipe& r) {
     a.prologue = p->kind;
     a.inp = p->inp;
     a.gate_up = p->gate_up;
-    // Delayed scaling folds once a scale is recorded; 1x128 groups always know their scales.
-    const bool scales_known = a.scale.defined() || a.granularity == Fp8Granularity::Block1x128;
-    if (scales_known && quantize_fp8_prologue_fits(a)) {
+    if (a.scale.defined() && quantize_fp8_prologue_fits(a)) {
       ++r.producers->folded;
       quantize_fp8(a);
       return;
@@ -147,9 +145,9 @@ void drop_maxima(const Fp8Recipe& r) {
   if (r.maxima) r.maxima->clear();
   if (r.producers) r.producers->clear();
 }
-// The producer of t for this call (Fp8Producers; delayed scaling, blockwise), copied: drop_maxima clears it.
+// The producer of t for this call (Fp8Producers; delayed scaling), copied: drop_maxima clears it.
 Producer producer_of(const Fp8Recipe& r, const TensorView& t) {
-  if (!r.producers || !r.folds_producers() || !t.defined()) return std::nullopt;
+  if (!r.producers || r.scaling != Fp8Scaling::Delayed || !t.defined()) return std::nullopt;
   const Fp8Producers::Entry* e = r.producers->find(t);
   if (!e) return std::nullopt;
   return *e;

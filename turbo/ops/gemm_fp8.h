@@ -139,8 +139,7 @@ class Fp8Maxima {
   TensorView maxima_;
 };
 
-// Operands of an FP8 linear layer that no kernel wrote (delayed scaling, blockwise's 1x128 groups:
-// Fp8Recipe::folds_producers): the MLP activation
+// Operands of an FP8 linear layer that no kernel wrote (delayed scaling): the MLP activation
 // act = silu(gate) * up, read by the down-projection's forward (and its weight gradient where its
 // input is not saved in FP8), and the SwiGLU backward's dgate_up, read by the up-projection's
 // gradients. The quantizer computes their values as it reads gate_up (QuantizeFp8Args::prologue):
@@ -185,7 +184,7 @@ struct Fp8Recipe {
   std::shared_ptr<Fp8WeightCache> weights;
   // Producers' maxima for the next linear call's rowwise quantization (null: none).
   std::shared_ptr<Fp8Maxima> maxima;
-  // Delayed scaling and blockwise: operands the quantizer computes from the producer's inputs (null: none).
+  // Delayed scaling: operands the quantizer computes from the producer's inputs (null: none).
   std::shared_ptr<Fp8Producers> producers;
   std::string name() const;    // the format: "hybrid" | "e4m3" (| "custom")
   // The granularity of activations / gradients, and of weights, under this recipe.
@@ -195,10 +194,6 @@ struct Fp8Recipe {
   // tensor, which needs an amax pass; blockwise's groups lie inside one tile (one pass already),
   // delayed scaling knows its scale before the tensor.
   bool takes_maxima() const { return scaling == Fp8Scaling::Rowwise || scaling == Fp8Scaling::Tensorwise; }
-  // Whether its quantizers fold a producer in (Fp8Producers): where every scale is known before the
-  // tensor's first byte, i.e. delayed scaling and blockwise's 1x128 groups of activations and
-  // gradients; current scaling per row or tensor needs the whole tensor's maxima first.
-  bool folds_producers() const { return scaling == Fp8Scaling::Delayed || scaling == Fp8Scaling::Blockwise; }
 };
 // "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3" (E4M3 everywhere); throws ConfigError
 // naming `where` for anything else.

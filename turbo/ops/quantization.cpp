@@ -95,13 +95,9 @@ void validate_prologue(const QuantizeFp8Args& a) {
       throw RuntimeError(fmt::format("{}: gate_up {} is set without a prologue that reads it", kOp, a.gate_up.describe()));
     return;
   }
-  // Scales known before the first byte: a delayed scale per tensor, or 1x128 groups (each inside
-  // one 128 x 128 tile).
-  const bool delayed_tensor = a.granularity == Fp8Granularity::Tensor && a.scale.defined();
-  const bool groups = a.granularity == Fp8Granularity::Block1x128;
-  if ((!delayed_tensor && !groups) || a.maxima.defined() || has_row_groups(a))
-    throw RuntimeError(fmt::format("{}: prologue {} takes tensor granularity with delayed scaling (scale) or 1x128 "
-                                   "groups, no maxima and no row groups; got {} granularity{}{}{}",
+  if (a.granularity != Fp8Granularity::Tensor || !a.scale.defined() || a.maxima.defined() || has_row_groups(a))
+    throw RuntimeError(fmt::format("{}: prologue {} takes tensor granularity with delayed scaling (scale), no maxima "
+                                   "and no row groups; got {} granularity{}{}{}",
                                    kOp, name, fp8_granularity_name(a.granularity), a.scale.defined() ? "" : ", no scale",
                                    a.maxima.defined() ? ", maxima" : "", has_row_groups(a) ? ", row groups" : ""));
   if (!a.inp.is_contiguous())
@@ -319,7 +315,7 @@ void cpu_run(const QuantizeFp8Args& a) {
 #ifdef PRIMUS_TURBO_WITH_CUDA
 std::string prologue_unsupported(const QuantizeFp8Args& a) {
   const bool bwd = a.prologue == QuantizePrologue::SwiGLUBackward;
-  return cuda::quantize_fp8_swiglu_unsupported_reason(a.granularity, a.inp.dtype, fp8_of(a), bwd ? a.gate_up.data : a.inp.data,
+  return cuda::quantize_fp8_swiglu_unsupported_reason(a.inp.dtype, fp8_of(a), bwd ? a.gate_up.data : a.inp.data,
                                                       bwd ? a.inp.data : nullptr, rows_of(a),
                                                       bwd ? a.inp.size(1) : cols_of(a), a.out.data, a.out_t.data);
 }
@@ -339,9 +335,9 @@ std::string turbo_check(const QuantizeFp8Args& a) {
 void turbo_run(const QuantizeFp8Args& a) {
   if (a.prologue != QuantizePrologue::None) {
     const bool bwd = a.prologue == QuantizePrologue::SwiGLUBackward;
-    cuda::quantize_fp8_swiglu(bwd, a.granularity, a.inp.dtype, fp8_of(a), bwd ? a.gate_up.data : a.inp.data,
-                              bwd ? a.inp.data : nullptr, rows_of(a), bwd ? a.inp.size(1) : cols_of(a), a.out.data,
-                              a.out_t.data, a.scale.ptr<float>(), a.scale_inv.ptr<float>(), a.scale_inv_t.ptr<float>(),
+    cuda::quantize_fp8_swiglu(bwd, a.inp.dtype, fp8_of(a), bwd ? a.gate_up.data : a.inp.data, bwd ? a.inp.data : nullptr,
+                              rows_of(a), bwd ? a.inp.size(1) : cols_of(a), a.out.data, a.out_t.data,
+                              a.scale.ptr<float>(), a.scale_inv.ptr<float>(),
                               a.amax.defined() ? a.amax.ptr<float>() : nullptr, static_cast<cudaStream_t>(a.ctx.stream));
     return;
   }

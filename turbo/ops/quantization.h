@@ -84,10 +84,9 @@ struct QuantizeFp8Args {
   // With a prologue (above) the quantized tensor is the activation's output, each value rounded to
   // inp's type as activation_forward / activation_backward write it: the same bytes, scales and
   // amax as that op followed by quantize_fp8, with one read of its inputs and no write of the
-  // activation. out / out_t / scale_inv / scale_inv_t are shaped by that tensor ([R, F] or
-  // [R, 2F]). Only where every scale is known before the first byte: Tensor granularity with
-  // delayed scaling (scale), or Block1x128 groups; no maxima or row groups, inp and gate_up
-  // contiguous; on the device bf16 with the shapes and alignments of quantize_fp8_prologue_fits.
+  // activation. out / out_t / scale_inv are shaped by that tensor ([R, F] or [R, 2F]). Tensor
+  // granularity with delayed scaling (scale) only, no maxima or row groups, inp and gate_up
+  // contiguous; on the device bf16 with the alignments of quantize_fp8_prologue_fits.
   QuantizePrologue prologue = QuantizePrologue::None;
   TensorView gate_up;  // SwiGLUBackward: the forward's input [R, 2F]
   ExecContext ctx;       // device: ctx.stream, and ctx.scratch for the amax partials (at most

@@ -89,7 +89,7 @@ struct DecoderOptions {
   // Rowwise and tensorwise FP8 (CudaModelOptions::fp8_maxima; null: none): the SwiGLU kernels write their output's
   // maxima into ActivationBuffers::fp8_maxima and put them here for the FP8 linear call after them.
   turbo::Fp8Maxima* fp8_maxima = nullptr;
-  // Delayed or blockwise FP8 (CudaModelOptions::fp8_producers; null: none): the FP8 layers' SwiGLU forward and
+  // Delayed FP8 (CudaModelOptions::fp8_producers; null: none): the FP8 layers' SwiGLU forward and
   // backward are not run; the decoder puts their inputs here for the linear call that quantizes
   // the activation (or dgate_up) from them.
   turbo::Fp8Producers* fp8_producers = nullptr;

@@ -115,8 +115,8 @@ void register_patches(patches::PatchRegistry& reg) {
                "args: fp8, fp8_recipe (the model reserves scratch for the quantized copies and their scales and "
                "checks that every linear dimension is a multiple of 16, of 128 for blockwise); with rowwise and "
                "tensorwise the SwiGLU kernels hand the maxima of what they write to the next quantization "
-               "(one read instead of two; PRIMUS_CUDA_FP8_MAXIMA=0: off); with delayed and blockwise the SwiGLU "
-               "forward and backward are folded into the quantizers of the MLP linears that read their outputs (never "
+               "(one read instead of two; PRIMUS_CUDA_FP8_MAXIMA=0: off); with delayed the SwiGLU forward and "
+               "backward are folded into the quantizers of the MLP linears that read their outputs (never "
                "written; PRIMUS_CUDA_FP8_SWIGLU_FOLD=0: off)",
       .impl = "turbo/ops/gemm_fp8.cpp (recipe, quantize-then-GEMM), turbo/ops/quantization.cpp + "
               "turbo/kernels/cuda/quantize.cu (amax and cast; SwiGLU folded in), turbo/kernels/cuda/activation.cu "

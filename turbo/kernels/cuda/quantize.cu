@@ -25,6 +25,7 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/quantize.h"
@@ -469,13 +470,14 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
 // Warp w owns the 16 consecutive rows 16w..16w+15 of the tile, lane l its columns 4l..4l+3, so a
 // thread holds a 16 x 4 patch in registers after one read of the input (16 loads of 4 elements in
 // flight); a bf16 patch stays as the 32 words it is loaded as (Bf16Patch: half the registers of
-// f32 values, so three blocks fit an SM). Row maxima come from warp reductions, column maxima from
-// the threads' patch maxima reduced over the 8 warps through 4 KiB of shared memory. The
-// row-scaled copy is written from the patch, 4 bytes a lane (128 contiguous bytes a row); the
-// column-scaled transpose too: a patch column is 16 consecutive rows, i.e. 16 contiguous bytes of
-// out_t, one 16-byte store; no shared transpose is needed. Row scaling (a row's group spans the
-// whole row) goes through quantize_rows_kernel (out alone) or the row-groups kernels with one
-// group (with the column-scaled copy; quantize_fp8_grouped).
+// f32 values, 80 registers in all instead of 121, so three blocks fit an SM instead of two). Row
+// maxima come from warp reductions, column maxima from the threads' patch maxima reduced over the
+// 8 warps through 4 KiB of shared memory. The row-scaled copy is written from the patch, 4 bytes a
+// lane (128 contiguous bytes a row); the column-scaled transpose too: a patch column is 16
+// consecutive rows, i.e. 16 contiguous bytes of out_t, one 16-byte store; no shared transpose is
+// needed. Row scaling (a row's group spans the whole row) goes through quantize_rows_kernel (out
+// alone) or the row-groups kernels with one group (with the column-scaled copy;
+// quantize_fp8_grouped).
 enum class GroupMode : int { Block1x128, Block128x128 };
 
 struct GroupArgs {
@@ -503,16 +505,15 @@ __device__ __forceinline__ uint32_t cvt1(float x, const Scaling& s) {
 constexpr int kGTile = 128;
 constexpr int kGRows = kGTile / (kThreads / 32);  // 16 rows a warp
 
-// A thread's 16 x 4 patch: f32 values, or bf16 values kept as the pairs they are loaded as (half
-// the registers, so more of the next loads stay in flight). at(i, j): row i, column j as f32;
-// bits(i, j): that value's |x| as f32 bits.
+// A thread's 16 x 4 patch: f32 values, or bf16 values kept as the words they are loaded as.
+// at(i, j): row i, column j as f32; bits(i, j): that value's |x| as f32 bits.
 struct F32Patch {
   float v[kGRows][4];
   __device__ __forceinline__ float at(int i, int j) const { return v[i][j]; }
   __device__ __forceinline__ uint32_t bits(int i, int j) const { return __float_as_uint(v[i][j]) & 0x7fffffffu; }
 };
 struct Bf16Patch {
-  uint32_t w[kGRows][2];  // columns 2k (low half) and 2k + 1 (high half) of word k
+  uint32_t w[kGRows][2];  // row i: columns 2k (low half) and 2k + 1 (high half) in word k
   __device__ __forceinline__ float at(int i, int j) const {
     const uint32_t x = w[i][j / 2];
     return __uint_as_float(j % 2 == 0 ? x << 16 : x & 0xffff0000u);
@@ -520,19 +521,33 @@ struct Bf16Patch {
   __device__ __forceinline__ uint32_t bits(int i, int j) const { return __float_as_uint(at(i, j)) & 0x7fffffffu; }
 };
 
-// groups_store: the part after the read, once each thread holds its 16 x 4 patch v of output tile
-// (bx, by) (column tile bx, row tile by; zeros outside the tensor): the maxima, the scales and both
-// copies. Ends early for a warp whose rows lie past R (after the block's barrier).
-template <bool kE4M3, GroupMode kMode, class Patch>
-__device__ __forceinline__ void groups_store(const GroupArgs& a, const Patch& v, int64_t bx, int64_t by,
-                                             uint32_t (*colpart)[kGTile], uint32_t* red) {
+// Preconditions (checked by the launcher): C % 16 == 0 and R % 16 == 0, inp rows 16-byte aligned
+// (ld * sizeof(T) % 16 == 0), outputs 16-byte aligned; block modes: R, C multiples of 128.
+template <class T, bool kE4M3, GroupMode kMode>
+__global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs a) {
+  __shared__ uint32_t colpart[kThreads / 32][kGTile];
+  __shared__ uint32_t red[32];
+  const T* inp = static_cast<const T*>(a.inp);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = by * kGTile + warp * kGRows;
-  const int64_t c0 = bx * kGTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile + warp * kGRows;  // this warp's first row
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGTile;
   const int c = 4 * lane;
-  const bool col_ok = c0 + c < a.C;
-  const bool rows_ok = r0 < a.R;
+  const bool col_ok = c0 + c < a.C;    // C % 16 == 0: a lane's 4 columns are all in or all out
+  const bool rows_ok = r0 < a.R;       // R % 16 == 0: a warp's 16 rows are all in or all out
+  std::conditional_t<sizeof(T) == 4, F32Patch, Bf16Patch> v;
   uint32_t cmax[4] = {0, 0, 0, 0};
+  const bool in = rows_ok && col_ok;
+#pragma unroll
+  for (int i = 0; i < kGRows; ++i) {
+    const T* src = inp + (r0 + i) * a.ld + c0 + c;
+    if constexpr (sizeof(T) == 4) {
+      const float4 f = in ? __ldg(reinterpret_cast<const float4*>(src)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v.v[i][0] = f.x, v.v[i][1] = f.y, v.v[i][2] = f.z, v.v[i][3] = f.w;
+    } else {
+      const uint2 w = in ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0u, 0u);
+      v.w[i][0] = w.x, v.w[i][1] = w.y;
+    }
+  }
   uint32_t rmax[kGRows];
 #pragma unroll
   for (int i = 0; i < kGRows; ++i) {
@@ -576,12 +591,12 @@ __device__ __forceinline__ void groups_store(const GroupArgs& a, const Patch& v,
       }
       if (lane == 0) {
         if constexpr (kMode == GroupMode::Block1x128) {
-          a.scale_inv[bx * a.R + r] = inv;
+          a.scale_inv[blockIdx.x * a.R + r] = inv;
         } else if (i == 0 && warp == 0) {
           const int64_t pad = (nb_c + 3) / 4 * 4;
-          a.scale_inv[by * pad + bx] = inv;
-          if (bx == nb_c - 1)
-            for (int64_t k = nb_c; k < pad; ++k) a.scale_inv[by * pad + k] = 1.0f;
+          a.scale_inv[blockIdx.y * pad + blockIdx.x] = inv;
+          if (blockIdx.x == nb_c - 1)
+            for (int64_t k = nb_c; k < pad; ++k) a.scale_inv[blockIdx.y * pad + k] = 1.0f;
         }
       }
     }
@@ -601,42 +616,15 @@ __device__ __forceinline__ void groups_store(const GroupArgs& a, const Patch& v,
                (cvt1<kE4M3>(v.at(4 * q + 2, j), s) << 16) | (cvt1<kE4M3>(v.at(4 * q + 3, j), s) << 24);
       *reinterpret_cast<uint4*>(a.out_t + col * a.R + r0) = make_uint4(w[0], w[1], w[2], w[3]);
       if constexpr (kMode == GroupMode::Block1x128) {
-        if (warp == 0) a.scale_inv_t[by * a.C + col] = inv;
+        if (warp == 0) a.scale_inv_t[blockIdx.y * a.C + col] = inv;
       } else if (warp == 0 && lane == 0 && j == 0) {
         const int64_t pad = (nb_r + 3) / 4 * 4;
-        a.scale_inv_t[bx * pad + by] = inv;
-        if (by == nb_r - 1)
-          for (int64_t k = nb_r; k < pad; ++k) a.scale_inv_t[bx * pad + k] = 1.0f;
+        a.scale_inv_t[blockIdx.x * pad + blockIdx.y] = inv;
+        if (blockIdx.y == nb_r - 1)
+          for (int64_t k = nb_r; k < pad; ++k) a.scale_inv_t[blockIdx.x * pad + k] = 1.0f;
       }
     }
   }
-}
-
-// Preconditions (checked by the launcher): C % 16 == 0 and R % 16 == 0, inp rows 16-byte aligned
-// (ld * sizeof(T) % 16 == 0), outputs 16-byte aligned; block modes: R, C multiples of 128.
-template <class T, bool kE4M3, GroupMode kMode>
-__global__ void __launch_bounds__(kThreads, 2) quantize_groups_kernel(GroupArgs a) {
-  __shared__ uint32_t colpart[kThreads / 32][kGTile];
-  __shared__ uint32_t red[32];
-  const T* inp = static_cast<const T*>(a.inp);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile + warp * kGRows;  // this warp's first row
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kGTile;
-  const int c = 4 * lane;
-  std::conditional_t<sizeof(T) == 4, F32Patch, Bf16Patch> v;
-  const bool in = r0 < a.R && c0 + c < a.C;  // R, C % 16 == 0: a warp's 16 rows and a lane's 4 columns are all in or all out
-#pragma unroll
-  for (int i = 0; i < kGRows; ++i) {
-    const T* src = inp + (r0 + i) * a.ld + c0 + c;
-    if constexpr (sizeof(T) == 4) {
-      const float4 f = in ? __ldg(reinterpret_cast<const float4*>(src)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      v.v[i][0] = f.x, v.v[i][1] = f.y, v.v[i][2] = f.z, v.v[i][3] = f.w;
-    } else {
-      const uint2 w = in ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0u, 0u);
-      v.w[i][0] = w.x, v.w[i][1] = w.y;
-    }
-  }
-  groups_store<kE4M3, kMode>(a, v, blockIdx.x, blockIdx.y, colpart, red);
 }
 
 template <class T, bool kE4M3, GroupMode kMode>
@@ -1290,67 +1278,6 @@ __global__ void __launch_bounds__(kThreads, 4) swiglu_quantize_kernel(SwigluQuan
   }
 }
 
-// ---- SwiGLU folded into the 1x128 quantizer (blockwise) ------------------------------------------
-// The groups kernel's layout over 128 x 128 tiles of F's columns: each thread computes its 16 x 4
-// patch from gate_up (and dout) as it reads them, rounds each value to bf16 as the activation
-// kernels store it, and goes on as the groups kernel does. Every 1x128 group lies inside a tile, so
-// unlike current scaling per row or tensor there is no maximum to know before the first byte, and
-// the activation is never written. Backward: the block writes the dgate tile, then the dup tile at
-// the same rows and columns, reading gate, up and dout again for the second (from L2: the block
-// read them just before) rather than holding three patches at once.
-struct SwigluGroupArgs {
-  GroupArgs g;          // g.inp unused; g.R = R, g.C = F (forward) or 2F (backward)
-  const bf16* gate_up;  // [R, 2F]
-  const bf16* dout;     // backward: [R, F]
-  int64_t F;
-};
-
-template <bool kE4M3, bool kBwd>
-__global__ void __launch_bounds__(kThreads, kBwd ? 3 : 2) swiglu_groups_kernel(SwigluGroupArgs s) {
-  __shared__ uint32_t colpart[kThreads / 32][kGTile];
-  __shared__ uint32_t red[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t F = s.F;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kGTile + warp * kGRows;
-  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * kGTile + 4 * lane;  // this lane's first column of F
-  const bool in = r0 < s.g.R && f0 < F;
-#pragma unroll 1
-  for (int h = 0; h < (kBwd ? 2 : 1); ++h) {
-    if (h > 0) __syncthreads();  // the first tile's column maxima are read before colpart is reused
-    Bf16Patch v;
-    if (in) {
-#pragma unroll
-      for (int i = 0; i < kGRows; ++i) {
-        const bf16* p = s.gate_up + (r0 + i) * 2 * F + f0;
-        const uint2 gw = __ldg(reinterpret_cast<const uint2*>(p)), uw = __ldg(reinterpret_cast<const uint2*>(p + F));
-        const float2 g[2] = {bf16_pair(gw.x), bf16_pair(gw.y)}, u[2] = {bf16_pair(uw.x), bf16_pair(uw.y)};
-        float2 d[2];
-        if constexpr (kBwd) {
-          const uint2 dw = __ldg(reinterpret_cast<const uint2*>(s.dout + (r0 + i) * F + f0));
-          d[0] = bf16_pair(dw.x), d[1] = bf16_pair(dw.y);
-        }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float y0, y1;
-          if constexpr (kBwd) {
-            float g0, u0, g1, u1;
-            swiglu_grad_f(g[k].x, u[k].x, d[k].x, g0, u0);
-            swiglu_grad_f(g[k].y, u[k].y, d[k].y, g1, u1);
-            y0 = h == 0 ? g0 : u0, y1 = h == 0 ? g1 : u1;
-          } else {
-            y0 = swiglu_f(g[k].x, u[k].x), y1 = swiglu_f(g[k].y, u[k].y);
-          }
-          v.w[i][k] = bf16_word(y0, y1);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kGRows; ++i) v.w[i][0] = v.w[i][1] = 0u;
-    }
-    groups_store<kE4M3, GroupMode::Block1x128>(s.g, v, h * (F / kGTile) + blockIdx.x, blockIdx.y, colpart, red);
-  }
-}
-
 template <bool kE4M3, bool kBwd>
 void launch_swiglu_quantize(const SwigluQuantArgs& a, cudaStream_t stream) {
   const int64_t tiles = (a.R + kTile - 1) / kTile * ((a.F + kTile - 1) / kTile);
@@ -1505,60 +1432,30 @@ void quantize_fp8_row_groups(DType in_dtype, DType fp8, const void* inp, int64_t
   dispatch_row_groups(in_dtype, fp8, a, false, stream, op);
 }
 
-std::string quantize_fp8_swiglu_unsupported_reason(Fp8Granularity g, DType in_dtype, DType fp8, const void* gate_up,
-                                                   const void* dout, int64_t R, int64_t F, const void* out,
-                                                   const void* out_t) noexcept {
+std::string quantize_fp8_swiglu_unsupported_reason(DType in_dtype, DType fp8, const void* gate_up, const void* dout,
+                                                   int64_t R, int64_t F, const void* out, const void* out_t) noexcept {
   const auto aligned = [](const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  if (g != Fp8Granularity::Tensor && g != Fp8Granularity::Block1x128)
-    return fmt::format("{} granularity (the folded kernels take tensor and 1x128)", fp8_granularity_name(g));
   if (in_dtype != DType::BF16) return fmt::format("{} input (the folded SwiGLU reads bf16)", dtype_name(in_dtype));
   if (!dtype_is_fp8(fp8)) return fmt::format("output dtype {} is not an FP8 format", dtype_name(fp8));
-  if (g == Fp8Granularity::Block1x128) {
-    if (R < 0 || R % kGTile != 0 || F <= 0 || F % kGTile != 0)
-      return fmt::format("[{}, {}] is not made of 128 x 128 tiles (1x128 groups)", R, F);
-  } else {
-    if (R < 0 || F <= 0 || F % kChunk != 0) return fmt::format("F = {} is not a positive multiple of {}", F, kChunk);
-    if (out_t && R % 16 != 0) return fmt::format("R = {} is not a multiple of 16 (the transposed copy's 16-row stores)", R);
-  }
+  if (R < 0 || F <= 0 || F % kChunk != 0) return fmt::format("F = {} is not a positive multiple of {}", F, kChunk);
+  if (out_t && R % 16 != 0) return fmt::format("R = {} is not a multiple of 16 (the transposed copy's 16-row stores)", R);
   if (!aligned(gate_up) || !aligned(dout) || !aligned(out) || !aligned(out_t)) return "a base is not 16-byte aligned";
   if (!out && !out_t) return "neither out nor out_t given";
   return "";
 }
 
-void quantize_fp8_swiglu(bool backward, Fp8Granularity g, DType in_dtype, DType fp8, const void* gate_up,
-                         const void* dout, int64_t R, int64_t F, void* out, void* out_t, const float* scale_in,
-                         float* scale_inv, float* scale_inv_t, float* amax_out, cudaStream_t stream) {
-  if (auto w = quantize_fp8_swiglu_unsupported_reason(g, in_dtype, fp8, gate_up, backward ? dout : nullptr, R, F, out,
-                                                      out_t);
+void quantize_fp8_swiglu(bool backward, DType in_dtype, DType fp8, const void* gate_up, const void* dout, int64_t R,
+                         int64_t F, void* out, void* out_t, const float* scale_in, float* scale_inv, float* amax_out,
+                         cudaStream_t stream) {
+  if (auto w = quantize_fp8_swiglu_unsupported_reason(in_dtype, fp8, gate_up, backward ? dout : nullptr, R, F, out, out_t);
       !w.empty())
     throw RuntimeError("quantize_fp8_swiglu: " + w);
-  if (backward && !dout) throw RuntimeError("quantize_fp8_swiglu: the backward needs dout");
-  const bool e4m3 = fp8 == DType::F8E4M3;
-  if (g == Fp8Granularity::Block1x128) {
-    if ((out && !scale_inv) || (out_t && !scale_inv_t))
-      throw RuntimeError("quantize_fp8_swiglu: 1x128 groups need scale_inv with out and scale_inv_t with out_t");
-    if (scale_in || amax_out)
-      throw RuntimeError("quantize_fp8_swiglu: 1x128 groups take no delayed scale or amax");
-    const int64_t C = backward ? 2 * F : F;
-    const SwigluGroupArgs a{{nullptr, R, C, C, static_cast<uint8_t*>(out), scale_inv, static_cast<uint8_t*>(out_t),
-                             scale_inv_t, fp8_max_of(fp8)},
-                            static_cast<const bf16*>(gate_up), static_cast<const bf16*>(dout), F};
-    if (R == 0) return;
-    const dim3 grid(static_cast<unsigned>(F / kGTile), static_cast<unsigned>(R / kGTile));
-    if (backward) {
-      if (e4m3) swiglu_groups_kernel<true, true><<<grid, kThreads, 0, stream>>>(a);
-      else swiglu_groups_kernel<false, true><<<grid, kThreads, 0, stream>>>(a);
-    } else {
-      if (e4m3) swiglu_groups_kernel<true, false><<<grid, kThreads, 0, stream>>>(a);
-      else swiglu_groups_kernel<false, false><<<grid, kThreads, 0, stream>>>(a);
-    }
-    CUDA_CHECK(cudaGetLastError());
-    return;
-  }
   if (!scale_in || !scale_inv) throw RuntimeError("quantize_fp8_swiglu: the delayed scale and scale_inv are required");
+  if (backward && !dout) throw RuntimeError("quantize_fp8_swiglu: the backward needs dout");
   const SwigluQuantArgs a{static_cast<const bf16*>(gate_up), static_cast<const bf16*>(dout), R, F,
                           static_cast<uint8_t*>(out), static_cast<uint8_t*>(out_t), scale_in, scale_inv,
                           reinterpret_cast<uint32_t*>(amax_out)};
+  const bool e4m3 = fp8 == DType::F8E4M3;
   if (backward) {
     if (e4m3) launch_swiglu_quantize<true, true>(a, stream);
     else launch_swiglu_quantize<false, true>(a, stream);

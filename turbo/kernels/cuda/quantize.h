@@ -83,25 +83,20 @@ void quantize_fp8_row_groups(DType in_dtype, DType fp8, const void* inp, int64_t
                              const int32_t* offsets, int64_t group_rows, int64_t G, void* out, float* scale_inv,
                              void* out_t, float* scale_inv_t, void* scratch, cudaStream_t stream);
 
-// Quantization of a SwiGLU output that no kernel wrote: the values are computed from gate_up
-// [R, 2F] (and dout [R, F]) as they are read, each rounded to bf16 as the activation kernels
-// (activation.cu) store it, then quantized:
+// Delayed per-tensor quantization of a SwiGLU output that no kernel wrote: the values are computed
+// from gate_up [R, 2F] (and dout [R, F]) as they are read, each rounded to bf16 as the activation
+// kernels (activation.cu) store it, then quantized as quantize_fp8_tensorwise does with scale_in:
 //   forward  (backward = false): y = silu(gate) * up, [R, F]; dout unused
 //   backward (backward = true):  dgate_up = [dgate | dup], [R, 2F], from dout = dL/dy
-// into out [R, C] and / or out_t [C, R] (C = F or 2F) at granularity g:
-//   Tensor (delayed scaling): as quantize_fp8_tensorwise does with scale_in; scale_inv = 1 /
-//     *scale_in, max |value| folded into amax_out (when set) with atomicMax. Needs F a multiple
-//     of 16, R of 16 when out_t is written.
-//   Block1x128: as quantize_fp8_grouped does at Block1x128 (scale_inv with out, scale_inv_t with
-//     out_t; no scale_in or amax_out). Needs R and F multiples of 128.
-// The bytes equal activation_forward / activation_backward followed by that quantizer, bit for
-// bit. One launch, graph-capturable. Needs bf16 input and 16-byte aligned bases
-// (quantize_fp8_swiglu_unsupported_reason says which a call misses; never throws).
-std::string quantize_fp8_swiglu_unsupported_reason(Fp8Granularity g, DType in_dtype, DType fp8, const void* gate_up,
-                                                   const void* dout, int64_t R, int64_t F, const void* out,
-                                                   const void* out_t) noexcept;
-void quantize_fp8_swiglu(bool backward, Fp8Granularity g, DType in_dtype, DType fp8, const void* gate_up,
-                         const void* dout, int64_t R, int64_t F, void* out, void* out_t, const float* scale_in,
-                         float* scale_inv, float* scale_inv_t, float* amax_out, cudaStream_t stream);
+// out [R, C] and / or out_t [C, R] (C = F or 2F), scale_inv = 1 / *scale_in, max |value| folded into
+// amax_out (when set) with atomicMax. The bytes equal activation_forward / activation_backward
+// followed by quantize_fp8_tensorwise with the same scale, bit for bit. One launch,
+// graph-capturable. Needs bf16 input, F a multiple of 16, R of 16 when out_t is written, 16-byte
+// aligned bases (quantize_fp8_swiglu_unsupported_reason says which a call misses; never throws).
+std::string quantize_fp8_swiglu_unsupported_reason(DType in_dtype, DType fp8, const void* gate_up, const void* dout,
+                                                   int64_t R, int64_t F, const void* out, const void* out_t) noexcept;
+void quantize_fp8_swiglu(bool backward, DType in_dtype, DType fp8, const void* gate_up, const void* dout, int64_t R,
+                         int64_t F, void* out, void* out_t, const float* scale_in, float* scale_inv, float* amax_out,
+                         cudaStream_t stream);
 
 }  // namespace primus::turbo::cuda
