@@ -18,6 +18,9 @@
 # torch's; host: the GPU idles and our host gets no lead), TORCH_SLEEP_CYCLES (gemm_torch.py's spin,
 # 20000000; 0: none). Both sides must idle alike: after an idle the H200 runs its first milliseconds
 # of FP8 GEMMs at higher clocks under its 700 W cap (docs/performance.md, "FP8 GEMMs").
+# TRACE=1: after the rounds, one more pass of each side with cuBLASLt's API trace
+# (CUBLASLT_LOG_LEVEL=5) into the rounds' folder (in the tarball), and each side's first matmul
+# lines (layouts, scale modes, the algorithm and its tile) in $OUT/trace.txt; use with a short SHAPES.
 # $OUT: gemm_fp8.jsonl (the rows: cat it onto bench/results/gemm_fp8.jsonl here), summary.txt (the
 # table) and gemm_fp8_rounds.tar.gz (each round's files, the logs, env.txt).
 set -u
@@ -62,4 +65,16 @@ python3 bench/fp8/gemm_torch.py --merge --ours $(seq -f "$W/ours_r%g.jsonl" 1 "$
   --torch $(seq -f "$W/torch_r%g.jsonl" 1 "$ROUNDS") --out "$OUT/gemm_fp8.jsonl" --replace --torch-version "$TV" \
   --harness "ours: --idle-ms ${IDLE_MS:-10} --idle-on ${IDLE_ON:-device}; torch: --sleep-cycles ${TORCH_SLEEP_CYCLES:-20000000}" \
   | tee "$OUT/summary.txt"
+if [ "${TRACE:-0}" = 1 ]; then
+  # shellcheck disable=SC2086  # the optional flags are words
+  CUBLASLT_LOG_LEVEL=5 CUBLASLT_LOG_FILE="$W/trace_ours.log" timeout "$(cap 60)" "$BIN/primus" benchmark gemm_fp8 \
+    --backend CUBLASLT --iters 2 ${SHAPES:+--shapes $SHAPES} > /dev/null 2>&1
+  CUBLASLT_LOG_LEVEL=5 CUBLASLT_LOG_FILE="$W/trace_torch.log" timeout "$(cap 75)" python3 bench/fp8/gemm_torch.py \
+    --iters 2 ${SHAPES:+--shapes "$SHAPES"} --out /dev/null > /dev/null 2>&1
+  for side in ours torch; do
+    echo "== $side"
+    grep -E "\[cublasLtMatmul\]" "$W/trace_$side.log" 2>/dev/null | cut -c1-1200 | head -12
+  done > "$OUT/trace.txt"
+  tail -40 "$OUT/trace.txt"
+fi
 tar czf "$OUT/gemm_fp8_rounds.tar.gz" -C "$(dirname "$W")" "$(basename "$W")"
