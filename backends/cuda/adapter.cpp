@@ -132,6 +132,32 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   return d;
 }
 
+void check_mesh_composition(const CudaArgs& a, int64_t world) {
+  if (a.train.model_parallel[parallel::Dim::TP] == 1 && a.train.model_parallel[parallel::Dim::CP] == 1) return;
+  const parallel::ParallelSizes sizes = a.train.model_parallel.for_world(world);
+  const int64_t tp = sizes[parallel::Dim::TP], cp = sizes[parallel::Dim::CP], dp = sizes[parallel::Dim::DP];
+  if (tp > 1 && cp > 1) {
+    throw ConfigError(fmt::format("context_parallel_size {} with tensor_model_parallel_size {} is not implemented yet "
+                                  "on the cuda backend: use one of them (each runs with data parallelism beside it)",
+                                  cp, tp));
+  }
+  if ((tp > 1 || cp > 1) && dp > 1) {
+    const char* key = tp > 1 ? "tensor_model_parallel_size" : "context_parallel_size";
+    const int64_t n = tp > 1 ? tp : cp;
+    if (parallel::shards_gradients(sizes.sharding)) {
+      throw ConfigError(fmt::format("{} {} with data_parallel_sharding_strategy {} (dp {} of {} ranks) is not "
+                                    "implemented yet on the cuda backend: use no_shard (plain data parallelism) beside it",
+                                    key, n, parallel::dp_sharding_name(sizes.sharding), dp, world));
+    }
+    if (a.use_distributed_optimizer) {
+      throw ConfigError(fmt::format("{} {} with the distributed optimizer (use_distributed_optimizer / "
+                                    "data_parallel_sharding_strategy optim; dp {} of {} ranks) is not implemented yet "
+                                    "on the cuda backend: use plain data parallelism beside it",
+                                    key, n, dp, world));
+    }
+  }
+}
+
 namespace {
 
 class CudaAdapter : public BackendAdapter {
@@ -164,31 +190,10 @@ class CudaAdapter : public BackendAdapter {
     a->model = train::ModelSpec::from_config(p);
     a->train = train::TrainingArgs::from_config(p, exp);
     a->train.model_parallel.check_implemented(kCudaMesh);  // here, so a dry run refuses it too
-    // Tensor parallelism runs over the whole job for now (no dp groups beside the tp groups).
-    if (const int64_t tp = a->train.model_parallel[parallel::Dim::TP]; tp > 1) {
-      const int64_t world = parallel::read_dist_env().world_size;
-      const int64_t dp = a->train.model_parallel.for_world(world)[parallel::Dim::DP];
-      if (dp > 1) {
-        throw ConfigError(fmt::format("tensor_model_parallel_size {} with data parallelism ({} ranks: dp {}) is not "
-                                      "implemented yet on the cuda backend: run the whole job as one tensor-parallel "
-                                      "group (WORLD_SIZE = tp), or tp 1",
-                                      tp, world, dp));
-      }
-    }
-    // Context parallelism too, and not beside tensor parallelism yet.
-    if (const int64_t cp = a->train.model_parallel[parallel::Dim::CP]; cp > 1) {
-      const int64_t world = parallel::read_dist_env().world_size;
-      const auto sizes = a->train.model_parallel.for_world(world);
-      if (sizes[parallel::Dim::DP] > 1 || sizes[parallel::Dim::TP] > 1) {
-        throw ConfigError(fmt::format("context_parallel_size {} with data or tensor parallelism ({} ranks: dp {}, tp {}) "
-                                      "is not implemented yet on the cuda backend: run the whole job as one "
-                                      "context-parallel group (WORLD_SIZE = cp)",
-                                      cp, world, sizes[parallel::Dim::DP], sizes[parallel::Dim::TP]));
-      }
-    }
     a->device = parallel::rank_device(static_cast<int>(p.find_path("device")->as_int()));
     const parallel::DataParallelArgs dpa = parallel::DataParallelArgs::from_config(p);
     a->use_distributed_optimizer = dpa.distributed_optimizer;
+    check_mesh_composition(*a, parallel::read_dist_env().world_size);  // a dry run refuses it too
     a->ddp_bucket_size = dpa.bucket_elems(4);  // fp32 gradients
     a->overlap_grad_reduce = p.find_path("overlap_grad_reduce")->as_bool();
     a->grad_reduce_in_bf16 = p.find_path("grad_reduce_in_bf16")->as_bool();

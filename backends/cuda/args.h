@@ -22,9 +22,9 @@ class Fp8Producers;       // turbo/ops/gemm_fp8.h
 
 namespace primus::backends::cuda {
 
-// The mesh this backend runs: data parallelism with ZeRO-1, or tensor (and sequence) parallelism
-// over the whole job (cp and ZeRO-2/FSDP are the reference backend's so far; tp x dp is refused by
-// the trainer).
+// The mesh this backend runs: tensor (and sequence) parallelism, context parallelism and data
+// parallelism (plain, ZeRO-1, optim_grads, optim_grads_params); which of them go together is
+// check_mesh_composition's.
 inline constexpr parallel::MeshSupport kCudaMesh{"the cuda backend", true, true, true};
 
 struct CudaArgs : BackendArgs, train::HasTrainingArgs {
@@ -83,5 +83,10 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
 
 // The keys this backend adds to the shared model and training keys.
 void add_cuda_schema(config::Schema& s);
+
+// Which parallel dimensions this backend runs side by side, for a job of `world` ranks: tp or cp
+// each with plain data parallelism beside it (tp x dp, cp x dp), and every dimension alone; not yet
+// tp with cp, nor tp or cp beside ZeRO-1 or the sharded strategies (ConfigError naming the keys).
+void check_mesh_composition(const CudaArgs& a, int64_t world);
 
 }  // namespace primus::backends::cuda

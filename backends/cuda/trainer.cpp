@@ -42,11 +42,13 @@ void CudaTrainer::setup() {
   check_graph_config(*args_);
   dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), dist_, kCudaMesh));
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
+  const int64_t cp = dims_->size(parallel::Dim::CP);
   const parallel::DpSharding sharding = t.model_parallel.sharding;
   const bool sharded = dp > 1 && parallel::shards_gradients(sharding);
-  if (dp > 1 && args_->host_mode && !sharded) {
-    throw ConfigError("data parallelism needs GPUs (the cuda backend's host mode runs tensor parallelism and the "
-                      "optim_grads / optim_grads_params sharding only)");
+  check_mesh_composition(*args_, dist_.world_size);
+  if (dp > 1 && args_->host_mode && !sharded && args_->use_distributed_optimizer) {
+    throw ConfigError("use_distributed_optimizer (ZeRO-1) needs GPUs: the cuda backend's host mode runs plain data "
+                      "parallelism and the optim_grads / optim_grads_params sharding");
   }
   if (t.data_parallel_size != dp) {
     throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}) for tp {}; launch one rank per "
@@ -55,53 +57,79 @@ void CudaTrainer::setup() {
   }
   // This rank's contiguous slice of every global batch (parallel/data_parallel.h): the same
   // samples, in rank order, that one process reads, and resumable at any world size. The ranks of
-  // a tp group read the same samples.
+  // a tp or cp group read the same samples.
   reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size,
                                                      static_cast<int>(dims_->coord(parallel::Dim::DP)),
                                                      static_cast<int>(dp));
   if (!args_->host_mode) select_device(args_->device);  // this thread's device (prepare() ran on it too)
-  // tp, cp and the sharded strategies run over the whole job for now: one group of every rank.
-  auto job_group = [&](const char* name) -> std::shared_ptr<parallel::ProcessGroup> {
+  if (dist_.world_size > 1) {
     parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
     store_ = parallel::TcpStore::from_env(dist_);
-    if (args_->host_mode) return parallel::make_process_group(dist_, *store_);
-    parallel::NcclGroupOptions go;
-    go.device = args_->device;
-    go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
-    go.name = name;
-    return std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
-  };
+  }
+  // Every rank makes its tp group, then its cp group, then its dp group: the same order everywhere,
+  // so that the members of each group meet.
+  std::string layout;
   if (tp > 1) {
-    tp_pg_ = job_group("tp");
+    tp_pg_ = make_group(parallel::Dim::TP);
     dims_->set_group(parallel::Dim::TP, tp_pg_);
-    spdlog::info("[cuda] tensor parallel over {} ranks{} ({} group)", tp,
-                 t.model_parallel.sequence_parallel ? " with sequence parallelism" : "", tp_pg_->backend());
-  } else if (const int64_t cp = dims_->size(parallel::Dim::CP); cp > 1) {
-    cp_pg_ = job_group("cp");
+    layout += fmt::format("tensor parallel over {} ranks{} ({} group)", tp,
+                          t.model_parallel.sequence_parallel ? " with sequence parallelism" : "", tp_pg_->backend());
+  }
+  if (cp > 1) {
+    cp_pg_ = make_group(parallel::Dim::CP);
     dims_->set_group(parallel::Dim::CP, cp_pg_);
-    spdlog::info("[cuda] context parallel over {} ranks: each holds chunks r and {} - r of {} per sequence ({} group)",
-                 cp, 2 * cp - 1, 2 * cp, cp_pg_->backend());
-  } else if (sharded) {
-    sharded_pg_ = job_group("dp");
+    layout += fmt::format("context parallel over {} ranks: each holds chunks r and {} - r of {} per sequence ({} group)",
+                          cp, 2 * cp - 1, 2 * cp, cp_pg_->backend());
+  }
+  if (sharded) {
+    sharded_pg_ = make_group(parallel::Dim::DP);
     dims_->set_group(parallel::Dim::DP, sharded_pg_);
-    spdlog::info("[cuda] data parallel: {} ranks ({}), data_parallel_sharding_strategy {} ({} group)", dist_.world_size,
+    spdlog::info("[cuda] data parallel: {} ranks ({}), data_parallel_sharding_strategy {} ({} group)", dp,
                  parallel::describe(dist_), parallel::dp_sharding_name(sharding), sharded_pg_->backend());
-  } else if (dist_.world_size > 1) {
-    parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
-    store_ = parallel::TcpStore::from_env(dist_);
-    parallel::NcclGroupOptions go;
-    go.device = args_->device;
-    go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
-    pg_ = std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
-    dims_->set_group(parallel::Dim::DP, pg_);  // data parallelism is the only dimension that spans ranks
-    spdlog::info("[cuda] data parallel: {} ranks ({}), {}", dist_.world_size, parallel::describe(dist_),
-                 args_->use_distributed_optimizer ? "ZeRO-1 (sharded optimizer)" : "replicated optimizer");
+  } else if (dp > 1) {
+    pg_ = make_group(parallel::Dim::DP);
+    dims_->set_group(parallel::Dim::DP, pg_);
+    spdlog::info("[cuda] data parallel: {} ranks{} ({}), {} ({} group)", dp,
+                 dp < dist_.world_size ? fmt::format(" of {}", dist_.world_size) : std::string(),
+                 parallel::describe(dist_),
+                 args_->use_distributed_optimizer ? "ZeRO-1 (sharded optimizer)" : "replicated optimizer",
+                 pg_->backend());
   } else if (args_->use_distributed_optimizer) {
     spdlog::info("[cuda] use_distributed_optimizer: a job of one rank has nothing to shard");
   }
+  if (!layout.empty()) spdlog::info("[cuda] {}{}", layout, dp > 1 ? fmt::format(" x data parallel over {} ranks", dp) : "");
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
   spdlog::info("[cuda] output folder {}", t.output_dir.string());
+}
+
+std::shared_ptr<parallel::ProcessGroup> CudaTrainer::make_group(parallel::Dim d) {
+  const std::vector<int> ranks = dims_->group_ranks(d);
+  const bool whole = static_cast<int>(ranks.size()) == dist_.world_size;
+  if (args_->host_mode) {
+    if (!world_pg_) world_pg_ = parallel::make_process_group(dist_, *store_);
+    if (whole) return world_pg_;
+    return world_pg_->new_subgroup(ranks, dims_->group_name(d));
+  }
+  parallel::NcclGroupOptions go;
+  go.device = args_->device;
+  go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
+  go.name = dims_->group_name(d);
+  if (whole) return std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
+  return parallel::NcclProcessGroup::subgroup(*store_, dist_, ranks, go);
+}
+
+// Plain data parallelism in host mode: the step's gradients (this rank's sum over its
+// micro-batches, each scaled by 1 / its tokens) summed over the replicas and divided by their
+// number, as the GPU reducer's buckets average them; then every replica clips and updates alike.
+void CudaTrainer::reduce_host_grads() {
+  const turbo::TensorView& g = model_->grads();
+  if (g.device != turbo::Device::CPU) throw RuntimeError("reduce_host_grads: the model's gradients are not in host memory");
+  auto* p = static_cast<float*>(g.data);
+  const size_t n = static_cast<size_t>(model_->layout().total);
+  pg_->all_reduce(p, n, parallel::DType::F32, parallel::ReduceOp::Sum);
+  const float inv = 1.0f / static_cast<float>(pg_->world_size());
+  for (size_t i = 0; i < n; ++i) p[i] *= inv;
 }
 
 // cuBLASLt's algorithm per GEMM shape (gemm_algo_search, patch cuda.gemm.algo_search): k > 1
@@ -201,7 +229,7 @@ void CudaTrainer::init() {
     params.swap(local);
   }
   model_->set_params(params.data());
-  if (pg_) {
+  if (pg_ && !args_->host_mode) {
     parallel::DataParallelOptions dpo;
     dpo.zero1 = zero;
     dpo.bucket_elems = args_->ddp_bucket_size;
@@ -214,7 +242,7 @@ void CudaTrainer::init() {
     replica.grad_norm = model_->grad_norm_buffer();
     replica.stream = model_->stream();
     replica.ready_points = grad_ready_points(model_->layout());
-    dp_ = std::make_unique<parallel::DataParallel>(replica, *pg_, dpo);
+    dp_ = std::make_unique<parallel::DataParallel>(replica, static_cast<parallel::NcclProcessGroup&>(*pg_), dpo);
     // The reducer subscribes to the model's "gradients ready" reports (its buckets launch while
     // the backward continues below them).
     model_->on_grads_ready([this](int64_t offset) {
@@ -368,6 +396,7 @@ void CudaTrainer::step_body(int64_t step) {
     model_->backward();
   }
   if (dp_) dp_->end_backward();  // the gradients are now averaged over the ranks (ZeRO-1: this rank's shard)
+  if (pg_ && !dp_) reduce_host_grads();
   model_->reduce_fp8_amaxes();    // fp8_recipe delayed: the step's amaxes, the max over the ranks
   if (zero1()) {
     dp_->grad_norm(static_cast<float>(t.optim.clip_grad));
@@ -447,12 +476,14 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
 // the reported loads are the global batch's, and every rank moves its expert biases by the same
 // load, so the replicas keep routing alike.
 void CudaTrainer::reduce_moe_stats() {
-  parallel::ProcessGroup* g = pg_ ? pg_.get() : sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
-  if (!g || g->world_size() == 1 || !moe_stats_->enabled()) return;
-  if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {  // device buffers: staged
-    moe_stats_->all_reduce(g->world_size(), [nccl](const void* s, void* r, size_t b) { nccl->all_gather_host(s, r, b); });
-  } else {
-    moe_stats_->all_reduce(g);
+  if (!moe_stats_->enabled()) return;
+  for (parallel::ProcessGroup* g : {pg_.get(), sharded_pg_.get(), cp_pg_.get()}) {
+    if (!g || g->world_size() == 1) continue;
+    if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {  // device buffers: staged
+      moe_stats_->all_reduce(g->world_size(), [nccl](const void* s, void* r, size_t b) { nccl->all_gather_host(s, r, b); });
+    } else {
+      moe_stats_->all_reduce(g);
+    }
   }
 }
 
@@ -472,7 +503,7 @@ double CudaTrainer::evaluate() {
   }
   data_.valid->load_state(saved);
   // Context parallelism: each rank has its own tokens' mean (the ranks hold equal shares).
-  return cp_pg_ ? dp_mean(sum / static_cast<double>(t.eval_iters)) : sum / static_cast<double>(t.eval_iters);
+  return group_mean(cp_pg_.get(), sum / static_cast<double>(t.eval_iters));
 }
 
 nlohmann::json CudaTrainer::state_json(int64_t step) const {
@@ -488,7 +519,12 @@ void CudaTrainer::save(int64_t step) {
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
   fsys::path dir;
-  if (tp_map_) {
+  // Beside tp or cp, data parallelism holds replicas of the same state: the replica of dp
+  // coordinate 0 writes the checkpoint over its tp or cp group, and the others wait for it below.
+  const bool replica = pg_ && (tp_pg_ || cp_pg_);
+  if (replica && !dp_writer()) {
+    // This replica's state is the writer's (the same weights, moments and trainer state).
+  } else if (tp_map_) {
     // Tensor parallel: the weights put together in the global layout (every rank takes part) and
     // written by rank 0 as one process would; the moments as per-rank shard files of the global
     // flat states, each rank its own slices (the replicated tensors from rank 0), so no rank holds
@@ -571,15 +607,16 @@ void CudaTrainer::save(int64_t step) {
       if (model_->fp8_delayed_on()) save_fp8_delayed(data, fp8);
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
-    parallel::ProcessGroup* group = pg_ ? static_cast<parallel::ProcessGroup*>(pg_.get())
-                                    : sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
+    parallel::ProcessGroup* group = replica ? cp_pg_.get() : pg_ ? pg_.get() : sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
     dir = group ? parallel::save_data_parallel(*group, t.ckpt.save, step, data,
                                                static_cast<const parallel::FlatSharding*>(nullptr), {}, so)
                 : io::save_checkpoint(t.ckpt.save, step, data, so);
   }
+  if (replica) pg_->barrier();  // every replica goes on once the checkpoint is installed
   last_saved_ = step;
-  spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (!dir.empty())
+    spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 // Checkpoints keep Muon's momentum as its own flat state "muon_momentum" (zero outside Muon's
@@ -721,7 +758,7 @@ void CudaTrainer::train() {
   // mode a launch runs the step at once; the order of host work and the statuses (one copy per
   // ticket) are the same, so the host trainer test covers this path without a GPU.
   // The expert-bias update runs on the host between steps: the next step must not be queued before it.
-  const bool ahead = launch_ahead_ && !profiler_ && !dp_ && !sharded_pg_ && !cp_pg_ && !args_->model.moe.expert_bias;
+  const bool ahead = launch_ahead_ && !profiler_ && !pg_ && !sharded_pg_ && !cp_pg_ && !args_->model.moe.expert_bias;
   if (ahead) {
     hooks.launch = [this](int64_t step) {
       NvtxRange r("launch");
@@ -750,7 +787,7 @@ void CudaTrainer::train() {
   hooks.evaluate = [this] { return evaluate(); };
   hooks.save = [this](int64_t step) { save(step); };
   // A signal to any rank stops every rank at this step.
-  hooks.agree_stop = [this](bool stop) { return dp_mean(stop ? 1.0 : 0.0) > 0; };
+  hooks.agree_stop = [this](bool stop) { return any_rank(stop); };
   if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) {
     if (rank0()) report_profile(profiler_.get(), t.output_dir);
     return;
@@ -809,10 +846,8 @@ void CudaTrainer::sample_at_end() {
   }
 }
 
-double CudaTrainer::dp_mean(double x) {
-  if (dp_) return dp_->average({x})[0];
-  parallel::ProcessGroup* g = sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
-  if (!g) return x;
+double CudaTrainer::group_mean(parallel::ProcessGroup* g, double x) {
+  if (!g || g->world_size() == 1) return x;
   float v = static_cast<float>(x);
   if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {
     nccl->all_reduce_host(&v, 1);
@@ -821,6 +856,16 @@ double CudaTrainer::dp_mean(double x) {
   }
   return static_cast<double>(v) / g->world_size();
 }
+
+// The dp and cp groups of a rank together span the ranks that hold other samples or other tokens
+// of the same model part (tp ranks hold the same values): a mean over one, then the other, is the
+// mean over them all.
+double CudaTrainer::dp_mean(double x) {
+  x = dp_ ? dp_->average({x})[0] : group_mean(pg_.get(), x);
+  return group_mean(cp_pg_.get(), group_mean(sharded_pg_.get(), x));
+}
+
+bool CudaTrainer::any_rank(bool stop) { return group_mean(tp_pg_.get(), dp_mean(stop ? 1.0 : 0.0)) > 0; }
 
 std::vector<float> CudaTrainer::tp_global(const float* local) const {
   std::vector<float> g(static_cast<size_t>(tp_map_->global_layout().total), 0.f);
@@ -836,6 +881,8 @@ std::vector<float> CudaTrainer::tp_global(const float* local) const {
 void CudaTrainer::cleanup(bool on_error) {
   if (progress_) progress_->flush();
   if (on_error && pg_) pg_->abort();  // frees this rank's GPU work; the peers' watchdogs name this rank
+  if (on_error && world_pg_ && world_pg_ != pg_ && world_pg_ != tp_pg_ && world_pg_ != cp_pg_ && world_pg_ != sharded_pg_)
+    world_pg_->abort();
   if (on_error && tp_pg_) tp_pg_->abort();
   if (on_error && sharded_pg_) sharded_pg_->abort();
   if (on_error && cp_pg_) cp_pg_->abort();

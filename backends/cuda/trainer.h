@@ -87,33 +87,48 @@ class CudaTrainer : public Trainer {
   CudaOps ops_;
   // The job's layout (parallel/parallel_dims.h) and data parallelism (parallel/cuda/grad_reducer.h):
   // the group and reducer are null in a job of one. Declared so that dp_ goes first and the
-  // group after the model.
+  // group after the model. pg_: plain or ZeRO-1 data parallelism over this rank's dp group (the
+  // whole job, or beside tp or cp the ranks that share this rank's tp / cp coordinate): NCCL with
+  // the reducer dp_ on GPUs; in host mode the CPU group, whose gradients reduce_host_grads()
+  // averages after the backward. world_pg_: host mode's CPU group of every rank, which its
+  // subgroups are made from.
   parallel::DistEnv dist_;
   std::unique_ptr<parallel::TcpStore> store_;
-  std::shared_ptr<parallel::NcclProcessGroup> pg_;
+  std::shared_ptr<parallel::ProcessGroup> world_pg_;
+  std::shared_ptr<parallel::ProcessGroup> pg_;
+  // The group of this rank's coordinate along d (tp, cp or dp): the whole job when it spans it.
+  std::shared_ptr<parallel::ProcessGroup> make_group(parallel::Dim d);
+  void reduce_host_grads();  // host mode: the gradients averaged over pg_ (plain data parallelism)
   std::unique_ptr<parallel::ParallelDims> dims_;  // holds pg_ as its dp group
   std::unique_ptr<CudaModel> model_;
   std::unique_ptr<train::MoeStepStats> moe_stats_;  // MoE models: the step's routing statistics
   std::unique_ptr<parallel::DataParallel> dp_;
   bool zero1() const { return dp_ && args_->use_distributed_optimizer; }
   bool rank0() const { return dist_.rank == 0; }
-  // Tensor parallelism (tensor_model_parallel_size > 1; the whole job is one tp group for now):
-  // the group (NCCL on GPUs, Gloo in host mode) and this rank's shard map. The model is the map's
+  // Tensor parallelism (tensor_model_parallel_size > 1; with plain data parallelism beside it,
+  // Megatron's rank order): the group (NCCL on GPUs, Gloo in host mode) and this rank's shard map. The model is the map's
   // local spec; weights are initialised, checkpointed and sampled in the global layout, which
   // tp_global() puts together (every rank calls it).
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;
   // Sharded data parallelism (optim_grads, optim_grads_params: the model's own, model/fsdp.h) over
   // the whole job: NCCL on GPUs, the CPU group in host mode. Null otherwise.
   std::shared_ptr<parallel::ProcessGroup> sharded_pg_;
-  // Context parallelism over the whole job (NCCL on GPUs, the CPU group in host mode); null without.
+  // Context parallelism (with plain data parallelism beside it; NCCL on GPUs, the CPU group in host
+  // mode); null without.
   std::shared_ptr<parallel::ProcessGroup> cp_pg_;
   // A micro-batch as the model takes it: B x T, or with context parallelism this rank's 2B chunk
   // rows of T / 2cp tokens.
   int64_t rows() const;
   int64_t row_tokens() const;
-  // The mean over the data- or context-parallel ranks of a host value (the loss, a stop flag); x
-  // itself alone.
+  // The mean over the data- and context-parallel ranks of a host value (the loss); x itself alone.
   double dp_mean(double x);
+  // The mean of x over group g (every member calls; x itself without g).
+  static double group_mean(parallel::ProcessGroup* g, double x);
+  // Whether any rank of the job says stop (every rank calls).
+  bool any_rank(bool stop);
+  // The rank whose dp coordinate is 0 among the replicas of its model part: it writes (or helps
+  // write) checkpoints; the other replicas wait for it.
+  bool dp_writer() const { return dims_->coord(parallel::Dim::DP) == 0; }
   std::shared_ptr<train::TpShardMap> tp_map_;
   std::vector<float> tp_global(const float* local) const;
   const train::ParamLayout& global_layout() const { return tp_map_ ? tp_map_->global_layout() : model_->layout(); }

@@ -36,6 +36,24 @@ double secs(Ms t) { return static_cast<double>(t.count()) / 1000.0; }
 
 std::string NcclProcessGroup::key(const std::string& what) const { return fmt::format("primus/nccl/{}/{}", opt_.name, what); }
 
+std::shared_ptr<NcclProcessGroup> NcclProcessGroup::subgroup(parallel::TcpStore& store, const parallel::DistEnv& job,
+                                                         const std::vector<int>& ranks, NcclGroupOptions opt) {
+  const auto at = std::find(ranks.begin(), ranks.end(), job.rank);
+  if (at == ranks.end())
+    throw RuntimeError(fmt::format("NCCL group '{}': rank {} is not one of its ranks", opt.name, job.rank));
+  parallel::DistEnv env = job;
+  env.rank = static_cast<int>(at - ranks.begin());
+  env.world_size = static_cast<int>(ranks.size());
+  opt.ranks = ranks;
+  return std::make_shared<NcclProcessGroup>(store, env, opt);
+}
+
+std::string NcclProcessGroup::rank_name(int r) const {
+  if (opt_.ranks.empty()) return fmt::format("rank {}", r);
+  const int global = r >= 0 && r < static_cast<int>(opt_.ranks.size()) ? opt_.ranks[static_cast<size_t>(r)] : -1;
+  return fmt::format("rank {} ({}'s rank {})", global, opt_.name, r);
+}
+
 NcclProcessGroup::NcclProcessGroup(parallel::TcpStore& store, const parallel::DistEnv& env, const NcclGroupOptions& opt)
     : env_(env), opt_(opt), rank_(env.rank), world_(env.world_size) {
   nccl::disable_nvls_unless_set();
@@ -61,12 +79,12 @@ NcclProcessGroup::NcclProcessGroup(parallel::TcpStore& store, const parallel::Di
       try {
         bytes = store.get(id_key, opt_.timeout);
       } catch (const Error& e) {
-        throw parallel::CollectiveError(fmt::format("NCCL setup on rank {}: rank 0 did not publish the NCCL id within {} s "
+        throw parallel::CollectiveError(fmt::format("NCCL setup on {}: {} did not publish the NCCL id within {} s "
                                                 "({}); {}",
-                                                rank_, secs(opt_.timeout), e.what(), diagnose()));
+                                                rank_name(rank_), rank_name(0), secs(opt_.timeout), e.what(), diagnose()));
       }
       if (bytes.size() != sizeof(id.internal)) {
-        throw RuntimeError(fmt::format("NCCL setup on rank {}: store key '{}' holds {} bytes, expected {}", rank_, id_key,
+        throw RuntimeError(fmt::format("NCCL setup on {}: store key '{}' holds {} bytes, expected {}", rank_name(rank_), id_key,
                                        bytes.size(), sizeof(id.internal)));
       }
       std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
@@ -76,7 +94,7 @@ NcclProcessGroup::NcclProcessGroup(parallel::TcpStore& store, const parallel::Di
     cfg.blocking = 0;
     nccl::Result r = lib_->api.CommInitRankConfig(&comm_, world_, id, rank_, &cfg);
     if (r != nccl::Success && r != nccl::InProgress) {
-      throw RuntimeError(fmt::format("ncclCommInitRankConfig (rank {} of {}, device {}) failed: {}", rank_, world_,
+      throw RuntimeError(fmt::format("ncclCommInitRankConfig ({} of {}, device {}) failed: {}", rank_name(rank_), world_,
                                      opt_.device, nccl::describe(*lib_, r)));
     }
     const auto deadline = Clock::now() + opt_.timeout;
@@ -88,8 +106,8 @@ NcclProcessGroup::NcclProcessGroup(parallel::TcpStore& store, const parallel::Di
         std::string who = diagnose();
         lib_->api.CommAbort(comm_);
         comm_ = nullptr;
-        throw parallel::CollectiveError(fmt::format("NCCL communicator setup on rank {} of {} did not complete within {} s; {}",
-                                                rank_, world_, secs(opt_.timeout), who));
+        throw parallel::CollectiveError(fmt::format("NCCL communicator setup on {} of {} did not complete within {} s; {}",
+                                                rank_name(rank_), world_, secs(opt_.timeout), who));
       }
       std::this_thread::sleep_for(Ms(1));
     }
@@ -98,7 +116,7 @@ NcclProcessGroup::NcclProcessGroup(parallel::TcpStore& store, const parallel::Di
       std::string who = diagnose();
       lib_->api.CommAbort(comm_);
       comm_ = nullptr;
-      throw parallel::CollectiveError(fmt::format("NCCL communicator setup on rank {} of {} failed: {}; {}", rank_, world_,
+      throw parallel::CollectiveError(fmt::format("NCCL communicator setup on {} of {} failed: {}; {}", rank_name(rank_), world_,
                                               nccl::describe(*lib_, bad), who));
     }
   } catch (...) {
@@ -161,7 +179,7 @@ void NcclProcessGroup::wait_ready(const std::string& op) {
     }
     if (state != nccl::InProgress) break;
     if (Clock::now() > deadline) {
-      fail(fmt::format("NCCL {} on rank {}: enqueueing did not finish within {} s; {}", op, rank_, secs(opt_.timeout),
+      fail(fmt::format("NCCL {} on {}: enqueueing did not finish within {} s; {}", op, rank_name(rank_), secs(opt_.timeout),
                        diagnose()));
       check();
     }
@@ -169,7 +187,7 @@ void NcclProcessGroup::wait_ready(const std::string& op) {
   }
   check();
   if (state != nccl::Success) {
-    fail(fmt::format("NCCL {} on rank {} failed: {}; {}", op, rank_, nccl::describe(*lib_, state), diagnose()));
+    fail(fmt::format("NCCL {} on {} failed: {}; {}", op, rank_name(rank_), nccl::describe(*lib_, state), diagnose()));
     check();
   }
 }
@@ -177,17 +195,17 @@ void NcclProcessGroup::wait_ready(const std::string& op) {
 template <class F>
 void NcclProcessGroup::enqueue(const std::string& op, F&& call) {
   check();
-  if (aborted_) throw parallel::CollectiveError(fmt::format("NCCL {} on rank {}: the group was aborted", op, rank_));
+  if (aborted_) throw parallel::CollectiveError(fmt::format("NCCL {} on {}: the group was aborted", op, rank_));
   nccl::Result r;
   {
     std::lock_guard lock(comm_mu_);
-    if (aborted_) throw parallel::CollectiveError(fmt::format("NCCL {} on rank {}: the group was aborted", op, rank_));
+    if (aborted_) throw parallel::CollectiveError(fmt::format("NCCL {} on {}: the group was aborted", op, rank_));
     r = call();
   }
   if (r == nccl::InProgress) {
     wait_ready(op);
   } else if (r != nccl::Success) {
-    fail(fmt::format("NCCL {} on rank {} failed: {}", op, rank_, nccl::describe(*lib_, r)));
+    fail(fmt::format("NCCL {} on {} failed: {}", op, rank_name(rank_), nccl::describe(*lib_, r)));
     check();
   }
   cudaEvent_t ev = nullptr;
@@ -231,7 +249,7 @@ void NcclProcessGroup::send_recv(const void* send, int to, void* recv, int from,
     throw parallel::CollectiveError(
         fmt::format("NCCL send_recv: peers {} and {} are not both ranks of this group of {}", to, from, world_));
   }
-  enqueue(fmt::format("send_recv({} x {} to rank {}, from rank {})", count, dtype_text(dtype), to, from), [&] {
+  enqueue(fmt::format("send_recv({} x {} to {}, from {})", count, dtype_text(dtype), rank_name(to), rank_name(from)), [&] {
     const nccl::Api& a = lib_->api;
     nccl::Result r = a.GroupStart();
     if (r != nccl::Success) return r;
@@ -248,7 +266,7 @@ void NcclProcessGroup::broadcast(void* buf, size_t count, parallel::DType dtype,
   if (root < 0 || root >= world_) {
     throw parallel::CollectiveError(fmt::format("NCCL broadcast: root {} is not a rank of this group of {}", root, world_));
   }
-  enqueue(fmt::format("broadcast({} x {} from rank {})", count, dtype_text(dtype), root),
+  enqueue(fmt::format("broadcast({} x {} from {})", count, dtype_text(dtype), rank_name(root)),
           [&] { return lib_->api.Broadcast(buf, buf, count, to_nccl(dtype), root, comm_, stream_); });
 }
 
@@ -331,7 +349,7 @@ void NcclProcessGroup::make_wait(cudaStream_t other) {
   CUDA_CHECK(cudaEventDestroy(ev));
 }
 
-void NcclProcessGroup::abort() { fail(fmt::format("NCCL group on rank {} aborted by the caller", rank_)); }
+void NcclProcessGroup::abort() { fail(fmt::format("NCCL group on {} aborted by the caller", rank_name(rank_))); }
 
 void NcclProcessGroup::fail(const std::string& message) {
   {
@@ -368,11 +386,11 @@ std::string NcclProcessGroup::diagnose() {
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     if (!second.count(r)) {
-      missing.push_back(fmt::format("rank {} (never joined)", r));
+      missing.push_back(fmt::format("{} (never joined)", rank_name(r)));
     } else if (second[r] == "left") {
-      missing.push_back(fmt::format("rank {} (left the group)", r));
+      missing.push_back(fmt::format("{} (left the group)", rank_name(r)));
     } else if (first.count(r) && first[r] == second[r]) {
-      missing.push_back(fmt::format("rank {} (no heartbeat for {:.1f} s: dead, hung or stopped)", r,
+      missing.push_back(fmt::format("{} (no heartbeat for {:.1f} s: dead, hung or stopped)", rank_name(r),
                                     secs(std::max(Ms(3 * opt_.heartbeat.count()), Ms(500)))));
     }
   }
@@ -385,9 +403,9 @@ std::string NcclProcessGroup::diagnose() {
       const size_t sp = hb.find(' ');
       const uint64_t theirs = sp == std::string::npos ? 0 : std::strtoull(hb.c_str() + sp + 1, nullptr, 10);
       if (sp != std::string::npos && theirs < mine) {
-        missing.push_back(fmt::format("rank {} (alive, but has issued {} collectives to this rank's {}: stuck outside "
+        missing.push_back(fmt::format("{} (alive, but has issued {} collectives to this rank's {}: stuck outside "
                                       "NCCL)",
-                                      r, theirs, mine));
+                                      rank_name(r), theirs, mine));
       }
     }
   }
@@ -453,7 +471,7 @@ void NcclProcessGroup::watchdog_loop() {
         op = pending_.empty() ? "collective" : pending_.front().op;
       }
       std::string who = diagnose();
-      fail(fmt::format("NCCL {} on rank {} failed asynchronously: {}; {}", op, rank_, nccl::describe(*lib_, state), who));
+      fail(fmt::format("NCCL {} on {} failed asynchronously: {}; {}", op, rank_name(rank_), nccl::describe(*lib_, state), who));
       continue;
     }
     // Retire finished collectives; time the oldest unfinished one.
@@ -470,8 +488,8 @@ void NcclProcessGroup::watchdog_loop() {
     }
     if (late) {
       std::string who = diagnose();
-      fail(fmt::format("NCCL {} on rank {} did not complete within the {} s timeout (PRIMUS_DIST_TIMEOUT); {}",
-                       late->op, rank_, secs(opt_.timeout), who));
+      fail(fmt::format("NCCL {} on {} did not complete within the {} s timeout (PRIMUS_DIST_TIMEOUT); {}",
+                       late->op, rank_name(rank_), secs(opt_.timeout), who));
     }
   }
 }

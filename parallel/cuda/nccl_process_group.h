@@ -41,6 +41,10 @@ struct NcclGroupOptions {
   std::chrono::milliseconds heartbeat{1000};         // heartbeat period
   std::chrono::milliseconds grace{30000};            // then the watchdog ends a process that ignores the error
   std::string name = "world";                        // store keys are primus/nccl/<name>/...
+  // A group of some of the job's ranks (the env given to the constructor then holds the rank in
+  // the group and the group's size): the members' global ranks, in group order, so that messages
+  // name the ranks a user sees. Empty: the group is the whole job.
+  std::vector<int> ranks;
 };
 
 class NcclProcessGroup : public parallel::ProcessGroup {
@@ -50,6 +54,11 @@ class NcclProcessGroup : public parallel::ProcessGroup {
   // (the group opens its own connections for heartbeats). Throws CollectiveError when a rank
   // does not join within the timeout (naming it), RuntimeError when NCCL cannot be loaded.
   NcclProcessGroup(parallel::TcpStore& store, const parallel::DistEnv& env, const NcclGroupOptions& opt);
+  // The group of the job's `ranks` (global, in group order; this rank among them): its own
+  // communicator, its store keys under `opt.name`, which must differ between groups. Called by
+  // the members only, each group's members in the same order as the other groups they join.
+  static std::shared_ptr<NcclProcessGroup> subgroup(parallel::TcpStore& store, const parallel::DistEnv& job,
+                                                    const std::vector<int>& ranks, NcclGroupOptions opt);
   ~NcclProcessGroup() override;
 
   int rank() const override { return rank_; }
@@ -97,6 +106,7 @@ class NcclProcessGroup : public parallel::ProcessGroup {
   void heartbeat_loop();
   void watchdog_loop();
   std::string key(const std::string& what) const;
+  std::string rank_name(int r) const;  // "rank G" (G global), and the group's own rank r in a subgroup
 
   const parallel::nccl::Library* lib_ = nullptr;
   parallel::DistEnv env_;

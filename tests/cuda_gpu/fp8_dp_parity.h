@@ -3,7 +3,7 @@
 // threaded group (on the GPU both on one device, the collectives through device memory), each
 // training on its half of every batch with its gradients averaged over the group as plain data
 // parallelism averages them (parallel/cuda/grad_reducer.h), against one model that accumulates
-// both halves as two micro-batches. The trainer's data parallelism needs one GPU per rank (NCCL),
+// both halves as two micro-batches. On GPUs the trainer's data parallelism needs one GPU per rank (NCCL),
 // so this is its step without the trainer: the same calls in the same order (backward, gradient
 // mean, amax reduction, norm, update). Shared by the host-mode test (CI) and the GPU one.
 #pragma once

@@ -288,5 +288,28 @@ TEST(CudaHostTrainer, ContextParallelTwoProcessesTrainAsOne) {
   t.expect_checkpoints_move("cp2", "context_parallel_size=2");
 }
 
+// Plain data parallelism through the trainer in host mode (each replica's gradients averaged over
+// the dp group after its backward), alone and beside tensor or context parallelism in Megatron's
+// rank order (tp2 x dp2 and cp2 x dp2: four processes, ranks {0, 1} and {2, 3} the tp / cp groups,
+// {0, 2} and {1, 3} the dp groups): one process's losses and validation losses. The replica of dp
+// coordinate 0 writes the checkpoints (tp: its two ranks' moment shards, no file from the other
+// replica); they resume as one process, and one process's resumes on the same layout.
+TEST(CudaHostTrainer, DataParallelBesideTensorAndContextParallelTrainsAsOne) {
+  testing::TwoProcesses t;
+  t.expect_matches("dp2", "", "data parallel: 2 ranks");
+  t.expect_matches("tp2dp2", "tensor_model_parallel_size=2", "tensor parallel over 2 ranks (gloo group) x data parallel "
+                   "over 2 ranks", 1e-5, 4);
+  t.expect_matches("tp2spdp2", "tensor_model_parallel_size=2 sequence_parallel=true",
+                   "tensor parallel over 2 ranks with sequence parallelism", 1e-5, 4);
+  t.expect_matches("cp2dp2", "context_parallel_size=2", "x data parallel over 2 ranks", 1e-5, 4);
+  const auto ckpt3 = t.dir() / "g/u/tp2dp2/checkpoints/iter_0000003";
+  for (int k = 0; k < 2; ++k)
+    EXPECT_TRUE(std::filesystem::exists(ckpt3 / parallel::shard_file_name(k, 2))) << "tp rank " << k;
+  for (int k = 0; k < 4; ++k)
+    EXPECT_FALSE(std::filesystem::exists(ckpt3 / parallel::shard_file_name(k, 4))) << "a file per rank of 4: " << k;
+  t.expect_checkpoints_move("tp2dp2", "tensor_model_parallel_size=2", 4);
+  t.expect_checkpoints_move("cp2dp2", "context_parallel_size=2", 4);
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda

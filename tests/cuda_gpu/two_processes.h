@@ -1,4 +1,5 @@
-// Two processes of the cuda trainer in host mode against one, for the multi-process trainer tests.
+// Two (or more) processes of the cuda trainer in host mode against one, for the multi-process
+// trainer tests.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -25,10 +26,11 @@ class TwoProcesses {
     one_ = read_trainer_metrics(w_.path() / "g/u/cuda/metrics.jsonl");
     EXPECT_EQ(one_.loss.size(), 6u);
   }
-  // Runs exp_name=name with `keys` on two processes; expects `banner` in the output and one
+  // Runs exp_name=name with `keys` on `procs` processes; expects `banner` in the output and one
   // process's losses and validation losses (fp32: 1e-5 relative, or `rel`) for the steps it ran.
-  void expect_matches(const std::string& name, const std::string& keys, const std::string& banner, double rel = 1e-5) {
-    auto r = launch(name, keys);
+  void expect_matches(const std::string& name, const std::string& keys, const std::string& banner, double rel = 1e-5,
+                      int procs = 2) {
+    auto r = launch(name, keys, procs);
     ASSERT_EQ(r.code, 0) << r.out;
     if (!banner.empty()) EXPECT_NE(r.out.find(banner), std::string::npos) << r.out;
     const auto two = read_trainer_metrics(w_.path() / "g/u" / name / "metrics.jsonl");
@@ -41,15 +43,16 @@ class TwoProcesses {
     }
   }
   // `name`'s step-3 checkpoint resumes as one process with one process's losses for steps 4-6, and
-  // one process's step-3 checkpoint resumes on two processes with `keys`.
-  void expect_checkpoints_move(const std::string& name, const std::string& keys) {
+  // one process's step-3 checkpoint resumes on `procs` processes with `keys`.
+  void expect_checkpoints_move(const std::string& name, const std::string& keys, int procs = 2) {
     const auto ckpt3 = w_.path() / "g/u" / name / "checkpoints/iter_0000003";
     ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
     run_host_trainer(one_file_, {"exp_name=from_" + name, "load=" + ckpt3.string()});
     const auto resumed = read_trainer_metrics(w_.path() / "g/u" / ("from_" + name) / "metrics.jsonl");
     ASSERT_EQ(resumed.loss.size(), 3u);
     for (auto [step, l] : resumed.loss) EXPECT_NEAR(l, one_.loss.at(step), 1e-5 * l) << "resumed step " << step;
-    expect_matches(name + "_from_one", keys + " load=" + (w_.path() / "g/u/cuda/checkpoints/iter_0000003").string(), "");
+    expect_matches(name + "_from_one", keys + " load=" + (w_.path() / "g/u/cuda/checkpoints/iter_0000003").string(), "",
+                   1e-5, procs);
     EXPECT_EQ(read_trainer_metrics(w_.path() / "g/u" / (name + "_from_one") / "metrics.jsonl").loss.size(), 3u);
   }
   // Two processes with `keys` resume from `name`'s step-3 checkpoint and give `name`'s own losses
@@ -69,9 +72,9 @@ class TwoProcesses {
   const TrainerMetrics& one() const { return one_; }
 
  private:
-  primus::testing::CliResult launch(const std::string& name, const std::string& keys) const {
-    return primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker().string() + " -- " +
-                                       one_file_.string() + " exp_name=" + name + " " + keys);
+  primus::testing::CliResult launch(const std::string& name, const std::string& keys, int procs = 2) const {
+    return primus::testing::run_primus("launch --nproc-per-node " + std::to_string(procs) + " --timeout 60 --exec " +
+                                       worker().string() + " -- " + one_file_.string() + " exp_name=" + name + " " + keys);
   }
   static std::filesystem::path worker() {
     return std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker";
