@@ -136,11 +136,6 @@ void check_mesh_composition(const CudaArgs& a, int64_t world) {
   if (a.train.model_parallel[parallel::Dim::TP] == 1 && a.train.model_parallel[parallel::Dim::CP] == 1) return;
   const parallel::ParallelSizes sizes = a.train.model_parallel.for_world(world);
   const int64_t tp = sizes[parallel::Dim::TP], cp = sizes[parallel::Dim::CP], dp = sizes[parallel::Dim::DP];
-  if (tp > 1 && cp > 1) {
-    throw ConfigError(fmt::format("context_parallel_size {} with tensor_model_parallel_size {} is not implemented yet "
-                                  "on the cuda backend: use one of them (each runs with data parallelism beside it)",
-                                  cp, tp));
-  }
   if ((tp > 1 || cp > 1) && dp > 1) {
     const char* key = tp > 1 ? "tensor_model_parallel_size" : "context_parallel_size";
     const int64_t n = tp > 1 ? tp : cp;

@@ -84,9 +84,9 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
 // The keys this backend adds to the shared model and training keys.
 void add_cuda_schema(config::Schema& s);
 
-// Which parallel dimensions this backend runs side by side, for a job of `world` ranks: tp or cp
-// each with plain data parallelism beside it (tp x dp, cp x dp), and every dimension alone; not yet
-// tp with cp, nor tp or cp beside ZeRO-1 or the sharded strategies (ConfigError naming the keys).
+// Which parallel dimensions this backend runs side by side, for a job of `world` ranks: tp, cp and
+// plain data parallelism in any combination, and every dimension alone; not yet tp or cp beside
+// ZeRO-1 or the sharded strategies (ConfigError naming the keys).
 void check_mesh_composition(const CudaArgs& a, int64_t world);
 
 }  // namespace primus::backends::cuda

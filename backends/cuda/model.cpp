@@ -261,7 +261,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (cp) {
     const int64_t n = opt_.cp_group->world_size();
     const std::string what = fmt::format("context_parallel_size {}", n);
-    if (tp) throw ConfigError(what + " with tensor_model_parallel_size > 1 is not implemented on the cuda backend yet");
     if (fsdp) throw ConfigError(what + " with data_parallel_sharding_strategy " + parallel::dp_sharding_name(opt_.dp_sharding) +
                                 " is not implemented on the cuda backend yet");
     if (opt_.document_masking.enabled())

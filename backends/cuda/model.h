@@ -173,9 +173,10 @@ struct CudaModelOptions {
   // chunk slots (train/context_parallel.h: 2B rows of seq_length / 2cp tokens for B sequences, so
   // max_batch counts rows and must be even), the attention covers the whole sequences, and
   // grad_norm() first averages the weights' gradients over the group. Each rank's loss is its own
-  // tokens' mean (the sequences' mean is the mean over the ranks). Not with tensor parallelism,
-  // sharded data parallelism, document masking, a sliding window, the optimizer in the backward or
-  // Muon (ConfigError); the attention slots must serve non-causal calls (not the fallback).
+  // tokens' mean (the sequences' mean is the mean over the ranks). With tensor parallelism each
+  // rank's ring carries its tp group's heads. Not with sharded data parallelism, document masking,
+  // a sliding window, the optimizer in the backward or Muon (ConfigError); the attention slots must
+  // serve non-causal calls (not the fallback).
   parallel::ProcessGroup* cp_group = nullptr;
 };
 

@@ -78,8 +78,8 @@ void CudaTrainer::setup() {
   if (cp > 1) {
     cp_pg_ = make_group(parallel::Dim::CP);
     dims_->set_group(parallel::Dim::CP, cp_pg_);
-    layout += fmt::format("context parallel over {} ranks: each holds chunks r and {} - r of {} per sequence ({} group)",
-                          cp, 2 * cp - 1, 2 * cp, cp_pg_->backend());
+    layout += fmt::format("{}context parallel over {} ranks: each holds chunks r and {} - r of {} per sequence ({} group)",
+                          layout.empty() ? "" : " x ", cp, 2 * cp - 1, 2 * cp, cp_pg_->backend());
   }
   if (sharded) {
     sharded_pg_ = make_group(parallel::Dim::DP);
@@ -519,11 +519,13 @@ void CudaTrainer::save(int64_t step) {
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
   fsys::path dir;
-  // Beside tp or cp, data parallelism holds replicas of the same state: the replica of dp
-  // coordinate 0 writes the checkpoint over its tp or cp group, and the others wait for it below.
-  const bool replica = pg_ && (tp_pg_ || cp_pg_);
-  if (replica && !dp_writer()) {
-    // This replica's state is the writer's (the same weights, moments and trainer state).
+  // The checkpoint is written over one group: the tp group (each rank its moments' slices), else
+  // the cp or the data-parallel group. Ranks of the other dimensions hold copies of the same state
+  // (cp: the same weights, dp beside tp or cp: a replica), so only the group whose other
+  // coordinates are 0 writes, and the rest wait for it below.
+  const bool waiters = (tp_pg_ && (cp_pg_ || pg_)) || (cp_pg_ && pg_);
+  if (!writer()) {
+    // This rank's state is a writer's (the same weights, moments and trainer state).
   } else if (tp_map_) {
     // Tensor parallel: the weights put together in the global layout (every rank takes part) and
     // written by rank 0 as one process would; the moments as per-rank shard files of the global
@@ -607,12 +609,15 @@ void CudaTrainer::save(int64_t step) {
       if (model_->fp8_delayed_on()) save_fp8_delayed(data, fp8);
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
-    parallel::ProcessGroup* group = replica ? cp_pg_.get() : pg_ ? pg_.get() : sharded_pg_ ? sharded_pg_.get() : cp_pg_.get();
+    parallel::ProcessGroup* group = cp_pg_ ? cp_pg_.get() : pg_ ? pg_.get() : sharded_pg_.get();
     dir = group ? parallel::save_data_parallel(*group, t.ckpt.save, step, data,
                                                static_cast<const parallel::FlatSharding*>(nullptr), {}, so)
                 : io::save_checkpoint(t.ckpt.save, step, data, so);
   }
-  if (replica) pg_->barrier();  // every replica goes on once the checkpoint is installed
+  if (waiters) {  // every rank goes on once the checkpoint is installed (cp first: see writer())
+    if (tp_pg_ && cp_pg_) cp_pg_->barrier();
+    if (pg_) pg_->barrier();
+  }
   last_saved_ = step;
   if (!dir.empty())
     spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s)", step, dir.string(),

@@ -126,9 +126,14 @@ class CudaTrainer : public Trainer {
   static double group_mean(parallel::ProcessGroup* g, double x);
   // Whether any rank of the job says stop (every rank calls).
   bool any_rank(bool stop);
-  // The rank whose dp coordinate is 0 among the replicas of its model part: it writes (or helps
-  // write) checkpoints; the other replicas wait for it.
-  bool dp_writer() const { return dims_->coord(parallel::Dim::DP) == 0; }
+  // Whether this rank writes (or helps write) checkpoints: with tp the tp group of cp and dp
+  // coordinates 0, else with cp the cp group of dp coordinate 0, else every rank of the one group.
+  // The others wait in a barrier over their cp group (beside tp), then their dp group: a rank leaves
+  // its cp barrier once its cp peer of coordinate 0 arrives, which in the writers' dp column is
+  // after the save, and its dp barrier once that column's rank arrives.
+  bool writer() const {
+    return (!tp_pg_ || dims_->coord(parallel::Dim::CP) == 0) && (!(tp_pg_ || cp_pg_) || dims_->coord(parallel::Dim::DP) == 0);
+  }
   std::shared_ptr<train::TpShardMap> tp_map_;
   std::vector<float> tp_global(const float* local) const;
   const train::ParamLayout& global_layout() const { return tp_map_ ? tp_map_->global_layout() : model_->layout(); }

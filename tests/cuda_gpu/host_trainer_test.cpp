@@ -311,5 +311,38 @@ TEST(CudaHostTrainer, DataParallelBesideTensorAndContextParallelTrainsAsOne) {
   t.expect_checkpoints_move("cp2dp2", "context_parallel_size=2", 4);
 }
 
+// Tensor and context parallelism together (tp fastest: ranks {0, 1} and {2, 3} the tp groups,
+// {0, 2} and {1, 3} the cp groups), with and without sequence parallelism, and with data
+// parallelism beside both (eight processes, tp2 x cp2 x dp2): one process's losses and validation
+// losses. The tp group of cp and dp coordinates 0 writes the checkpoints; they move both ways.
+TEST(CudaHostTrainer, TensorAndContextParallelTogetherTrainAsOne) {
+  testing::TwoProcesses t;
+  t.expect_matches("tp2cp2", "tensor_model_parallel_size=2 context_parallel_size=2",
+                   "tensor parallel over 2 ranks (gloo group) x context parallel over 2 ranks", 1e-5, 4);
+  t.expect_matches("tp2spcp2", "tensor_model_parallel_size=2 sequence_parallel=true context_parallel_size=2", "", 1e-5, 4);
+  t.expect_matches("tp2cp2dp2", "tensor_model_parallel_size=2 context_parallel_size=2", "x data parallel over 2 ranks",
+                   1e-5, 8);
+  const auto ckpt3 = t.dir() / "g/u/tp2cp2/checkpoints/iter_0000003";
+  for (int k = 0; k < 2; ++k)
+    EXPECT_TRUE(std::filesystem::exists(ckpt3 / parallel::shard_file_name(k, 2))) << "tp rank " << k;
+  t.expect_checkpoints_move("tp2cp2", "tensor_model_parallel_size=2 context_parallel_size=2", 4);
+  t.expect_checkpoints_move("tp2cp2dp2", "tensor_model_parallel_size=2 context_parallel_size=2", 8);
+}
+
+// The same with grouped-query attention and RoPE (Llama: 4 heads over 2 key/value groups; tp4
+// replicates each group on two ranks, whose key/value gradients are summed over them) and with
+// Qwen3's per-head q/k norms (their weights' gradients are partial on every tp rank).
+TEST(CudaHostTrainer, TensorAndContextParallelTogetherTrainGqaModelsAsOne) {
+  {
+    testing::TwoProcesses t("", "llama/tiny.yaml", 4);
+    t.expect_matches("tp2cp2", "tensor_model_parallel_size=2 context_parallel_size=2", "", 1e-5, 4);
+    t.expect_matches("tp2spcp2", "tensor_model_parallel_size=2 sequence_parallel=true context_parallel_size=2", "", 1e-5,
+                     4);
+    t.expect_matches("tp4cp2", "tensor_model_parallel_size=4 context_parallel_size=2", "", 1e-5, 8);
+  }
+  testing::TwoProcesses q("", "qwen3/tiny.yaml", 4);
+  q.expect_matches("tp2cp2", "tensor_model_parallel_size=2 context_parallel_size=2", "", 1e-5, 4);
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda
