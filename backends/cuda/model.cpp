@@ -261,8 +261,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (cp) {
     const int64_t n = opt_.cp_group->world_size();
     const std::string what = fmt::format("context_parallel_size {}", n);
-    if (fsdp) throw ConfigError(what + " with data_parallel_sharding_strategy " + parallel::dp_sharding_name(opt_.dp_sharding) +
-                                " is not implemented on the cuda backend yet");
     if (opt_.document_masking.enabled())
       throw ConfigError(what + " with reset_attention_mask / reset_position_ids is not implemented yet");
     if (spec_.sliding_window > 0) throw ConfigError(what + " with a sliding window is not implemented yet");
@@ -705,7 +703,10 @@ void CudaModel::backward() {
 void CudaModel::grad_norm(float max_norm) {
   NvtxRange r("grad norm");
   mark(Phase::GradNorm);
-  if (fsdp_) {  // the ranks' chunks are disjoint: the squares summed over the group
+  // Sharded: the ranks' chunks are disjoint, the squares summed over the group. With context
+  // parallelism that group is dp x cp, whose reduce-scatter (a mean) has already averaged the cp
+  // ranks' parts of each gradient.
+  if (fsdp_) {
     optimizer_->grad_norm_squares(ctx());
     fsdp_->all_reduce(plan_->state.norm.slice0(0, 1));
     optimizer_->finish_grad_norm(max_norm);

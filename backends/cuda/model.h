@@ -165,8 +165,9 @@ struct CudaModelOptions {
   // one layer ahead. Each rank passes dloss for its own micro-batches (the mean over the ranks is the
   // reduction's). The host copies stay in the full layout and become collective (every rank calls
   // set_params, get_params, the moment calls and get_grads together); get_grads reads the averaged
-  // gradient. Not with tensor parallelism, MoE, FP8 linears, the optimizer in the backward, Muon or
-  // ZeRO-1 buffers (ConfigError). dp_sharding NoShard / Optim: no effect here (DataParallel's).
+  // gradient. With context parallelism dp_group is dp x cp (see cp_group). Not with tensor
+  // parallelism, the optimizer in the backward, Muon or ZeRO-1 buffers (ConfigError). dp_sharding
+  // NoShard / Optim: no effect here (DataParallel's).
   parallel::ProcessGroup* dp_group = nullptr;
   parallel::DpSharding dp_sharding = parallel::DpSharding::NoShard;
   // Context parallelism (model/cp_attention.h) over cp_group: the batches given are this rank's
@@ -174,9 +175,10 @@ struct CudaModelOptions {
   // max_batch counts rows and must be even), the attention covers the whole sequences, and
   // grad_norm() first averages the weights' gradients over the group. Each rank's loss is its own
   // tokens' mean (the sequences' mean is the mean over the ranks). With tensor parallelism each
-  // rank's ring carries its tp group's heads. Not with sharded data parallelism, document masking,
-  // a sliding window, the optimizer in the backward or Muon (ConfigError); the attention slots must
-  // serve non-causal calls (not the fallback).
+  // rank's ring carries its tp group's heads. With sharded data parallelism dp_group must span the
+  // cp ranks too (dp x cp), whose reduce-scatter then averages their parts instead of grad_norm().
+  // Not with document masking, a sliding window, the optimizer in the backward or Muon
+  // (ConfigError); the attention slots must serve non-causal calls (not the fallback).
   parallel::ProcessGroup* cp_group = nullptr;
 };
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -44,7 +45,10 @@ void CudaTrainer::setup() {
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
   const int64_t cp = dims_->size(parallel::Dim::CP);
   const parallel::DpSharding sharding = t.model_parallel.sharding;
-  const bool sharded = dp > 1 && parallel::shards_gradients(sharding);
+  // The sharded strategies shard over the gradient group, dp x cp (Megatron's data-parallel group
+  // with context parallelism folded in: the cp ranks' gradients are other tokens' parts of the same
+  // weights, averaged with the replicas' by the same reduce-scatter).
+  const bool sharded = dp * cp > 1 && parallel::shards_gradients(sharding);
   check_mesh_composition(*args_, dist_.world_size);
   if (dp > 1 && args_->host_mode && !sharded && args_->use_distributed_optimizer) {
     throw ConfigError("use_distributed_optimizer (ZeRO-1) needs GPUs: the cuda backend's host mode runs plain data "
@@ -82,10 +86,18 @@ void CudaTrainer::setup() {
                           layout.empty() ? "" : " x ", cp, 2 * cp - 1, 2 * cp, cp_pg_->backend());
   }
   if (sharded) {
-    sharded_pg_ = make_group(parallel::Dim::DP);
-    dims_->set_group(parallel::Dim::DP, sharded_pg_);
-    spdlog::info("[cuda] data parallel: {} ranks ({}), data_parallel_sharding_strategy {} ({} group)", dp,
-                 parallel::describe(dist_), parallel::dp_sharding_name(sharding), sharded_pg_->backend());
+    std::vector<int> grad_ranks;  // this rank's dp group, each member with its cp group
+    for (int r : dims_->group_ranks(parallel::Dim::DP)) {
+      for (int c : parallel::ParallelDims(t.parallel_sizes(), dist_.world_size, r).group_ranks(parallel::Dim::CP))
+        grad_ranks.push_back(c);
+    }
+    std::sort(grad_ranks.begin(), grad_ranks.end());
+    sharded_pg_ = cp > 1 ? make_group(grad_ranks, fmt::format("dpcp{}-{}", grad_ranks.front(), grad_ranks.back()))
+                         : make_group(parallel::Dim::DP);
+    if (cp == 1) dims_->set_group(parallel::Dim::DP, sharded_pg_);
+    spdlog::info("[cuda] data parallel: {} ranks ({}), data_parallel_sharding_strategy {} ({} group){}", dp,
+                 parallel::describe(dist_), parallel::dp_sharding_name(sharding), sharded_pg_->backend(),
+                 cp > 1 ? fmt::format(", sharded over dp x cp = {} ranks", grad_ranks.size()) : std::string());
   } else if (dp > 1) {
     pg_ = make_group(parallel::Dim::DP);
     dims_->set_group(parallel::Dim::DP, pg_);
@@ -104,17 +116,20 @@ void CudaTrainer::setup() {
 }
 
 std::shared_ptr<parallel::ProcessGroup> CudaTrainer::make_group(parallel::Dim d) {
-  const std::vector<int> ranks = dims_->group_ranks(d);
+  return make_group(dims_->group_ranks(d), dims_->group_name(d));
+}
+
+std::shared_ptr<parallel::ProcessGroup> CudaTrainer::make_group(const std::vector<int>& ranks, const std::string& name) {
   const bool whole = static_cast<int>(ranks.size()) == dist_.world_size;
   if (args_->host_mode) {
     if (!world_pg_) world_pg_ = parallel::make_process_group(dist_, *store_);
     if (whole) return world_pg_;
-    return world_pg_->new_subgroup(ranks, dims_->group_name(d));
+    return world_pg_->new_subgroup(ranks, name);
   }
   parallel::NcclGroupOptions go;
   go.device = args_->device;
   go.timeout = std::chrono::milliseconds(static_cast<int64_t>(dist_.timeout_s * 1000));
-  go.name = dims_->group_name(d);
+  go.name = name;
   if (whole) return std::make_shared<parallel::NcclProcessGroup>(*store_, dist_, go);
   return parallel::NcclProcessGroup::subgroup(*store_, dist_, ranks, go);
 }
@@ -477,7 +492,8 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
 // load, so the replicas keep routing alike.
 void CudaTrainer::reduce_moe_stats() {
   if (!moe_stats_->enabled()) return;
-  for (parallel::ProcessGroup* g : {pg_.get(), sharded_pg_.get(), cp_pg_.get()}) {
+  // The sharded group spans dp x cp; the plain dp group and the cp group are summed in turn.
+  for (parallel::ProcessGroup* g : {pg_.get(), sharded_pg_.get(), sharded_pg_ ? nullptr : cp_pg_.get()}) {
     if (!g || g->world_size() == 1) continue;
     if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {  // device buffers: staged
       moe_stats_->all_reduce(g->world_size(), [nccl](const void* s, void* r, size_t b) { nccl->all_gather_host(s, r, b); });
@@ -609,7 +625,7 @@ void CudaTrainer::save(int64_t step) {
       if (model_->fp8_delayed_on()) save_fp8_delayed(data, fp8);
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
-    parallel::ProcessGroup* group = cp_pg_ ? cp_pg_.get() : pg_ ? pg_.get() : sharded_pg_.get();
+    parallel::ProcessGroup* group = sharded_pg_ ? sharded_pg_.get() : cp_pg_ ? cp_pg_.get() : pg_.get();
     dir = group ? parallel::save_data_parallel(*group, t.ckpt.save, step, data,
                                                static_cast<const parallel::FlatSharding*>(nullptr), {}, so)
                 : io::save_checkpoint(t.ckpt.save, step, data, so);
@@ -866,8 +882,9 @@ double CudaTrainer::group_mean(parallel::ProcessGroup* g, double x) {
 // of the same model part (tp ranks hold the same values): a mean over one, then the other, is the
 // mean over them all.
 double CudaTrainer::dp_mean(double x) {
+  if (sharded_pg_) return group_mean(sharded_pg_.get(), x);  // dp x cp
   x = dp_ ? dp_->average({x})[0] : group_mean(pg_.get(), x);
-  return group_mean(cp_pg_.get(), group_mean(sharded_pg_.get(), x));
+  return group_mean(cp_pg_.get(), x);
 }
 
 bool CudaTrainer::any_rank(bool stop) { return group_mean(tp_pg_.get(), dp_mean(stop ? 1.0 : 0.0)) > 0; }

@@ -98,6 +98,7 @@ class CudaTrainer : public Trainer {
   std::shared_ptr<parallel::ProcessGroup> pg_;
   // The group of this rank's coordinate along d (tp, cp or dp): the whole job when it spans it.
   std::shared_ptr<parallel::ProcessGroup> make_group(parallel::Dim d);
+  std::shared_ptr<parallel::ProcessGroup> make_group(const std::vector<int>& ranks, const std::string& name);
   void reduce_host_grads();  // host mode: the gradients averaged over pg_ (plain data parallelism)
   std::unique_ptr<parallel::ParallelDims> dims_;  // holds pg_ as its dp group
   std::unique_ptr<CudaModel> model_;
@@ -111,7 +112,8 @@ class CudaTrainer : public Trainer {
   // tp_global() puts together (every rank calls it).
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;
   // Sharded data parallelism (optim_grads, optim_grads_params: the model's own, model/fsdp.h) over
-  // the whole job: NCCL on GPUs, the CPU group in host mode. Null otherwise.
+  // the gradient group, dp x cp (with cp the ranks of this rank's dp group and their cp groups):
+  // NCCL on GPUs, the CPU group in host mode. Null otherwise.
   std::shared_ptr<parallel::ProcessGroup> sharded_pg_;
   // Context parallelism (with plain data parallelism beside it; NCCL on GPUs, the CPU group in host
   // mode); null without.
@@ -126,12 +128,14 @@ class CudaTrainer : public Trainer {
   static double group_mean(parallel::ProcessGroup* g, double x);
   // Whether any rank of the job says stop (every rank calls).
   bool any_rank(bool stop);
-  // Whether this rank writes (or helps write) checkpoints: with tp the tp group of cp and dp
+  // Whether this rank writes (or helps write) checkpoints: sharded, every rank; with tp the tp group of cp and dp
   // coordinates 0, else with cp the cp group of dp coordinate 0, else every rank of the one group.
   // The others wait in a barrier over their cp group (beside tp), then their dp group: a rank leaves
   // its cp barrier once its cp peer of coordinate 0 arrives, which in the writers' dp column is
   // after the save, and its dp barrier once that column's rank arrives.
+  // Sharded: every rank takes part (the weights and moments are put together from all the chunks).
   bool writer() const {
+    if (sharded_pg_) return true;
     return (!tp_pg_ || dims_->coord(parallel::Dim::CP) == 0) && (!(tp_pg_ || cp_pg_) || dims_->coord(parallel::Dim::DP) == 0);
   }
   std::shared_ptr<train::TpShardMap> tp_map_;

@@ -329,6 +329,21 @@ TEST(CudaHostTrainer, TensorAndContextParallelTogetherTrainAsOne) {
   t.expect_checkpoints_move("tp2cp2dp2", "tensor_model_parallel_size=2 context_parallel_size=2", 8);
 }
 
+// The sharded strategies beside context parallelism shard over dp x cp (Megatron's gradient group):
+// cp2 alone shards over its two ranks, cp2 x dp2 over four; one process's losses and validation
+// losses, and the checkpoints (put together from every rank's chunks) move both ways.
+TEST(CudaHostTrainer, ShardedDataParallelBesideContextParallelTrainsAsOne) {
+  testing::TwoProcesses t;
+  for (const std::string strategy : {"optim_grads", "optim_grads_params"}) {
+    t.expect_matches("cp2_" + strategy, "context_parallel_size=2 data_parallel_sharding_strategy=" + strategy,
+                     "sharded over dp x cp = 2 ranks");
+    t.expect_matches("cp2dp2_" + strategy, "context_parallel_size=2 data_parallel_sharding_strategy=" + strategy,
+                     "sharded over dp x cp = 4 ranks", 1e-5, 4);
+  }
+  t.expect_checkpoints_move("cp2dp2_optim_grads_params",
+                            "context_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params", 4);
+}
+
 // The same with grouped-query attention and RoPE (Llama: 4 heads over 2 key/value groups; tp4
 // replicates each group on two ranks, whose key/value gradients are summed over them) and with
 // Qwen3's per-head q/k norms (their weights' gradients are partial on every tp rank).
