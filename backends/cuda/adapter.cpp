@@ -136,19 +136,13 @@ void check_mesh_composition(const CudaArgs& a, int64_t world) {
   if (a.train.model_parallel[parallel::Dim::TP] == 1 && a.train.model_parallel[parallel::Dim::CP] == 1) return;
   const parallel::ParallelSizes sizes = a.train.model_parallel.for_world(world);
   const int64_t tp = sizes[parallel::Dim::TP], cp = sizes[parallel::Dim::CP], dp = sizes[parallel::Dim::DP];
-  if (tp > 1 && dp * cp > 1 && parallel::shards_gradients(sizes.sharding)) {
-    throw ConfigError(fmt::format("tensor_model_parallel_size {} with data_parallel_sharding_strategy {} (sharded over "
-                                  "dp x cp = {} of {} ranks) is not implemented yet on the cuda backend: use no_shard "
-                                  "(plain data parallelism) beside it",
-                                  tp, parallel::dp_sharding_name(sizes.sharding), dp * cp, world));
-  }
   if ((tp > 1 || cp > 1) && dp > 1 && a.use_distributed_optimizer && !parallel::shards_gradients(sizes.sharding)) {
     const char* key = tp > 1 ? "tensor_model_parallel_size" : "context_parallel_size";
     throw ConfigError(fmt::format("{} {} with the distributed optimizer (use_distributed_optimizer / "
                                   "data_parallel_sharding_strategy optim; dp {} of {} ranks) is not implemented yet on "
-                                  "the cuda backend: use plain data parallelism beside it{}",
-                                  key, tp > 1 ? tp : cp, dp, world,
-                                  tp > 1 ? "" : ", or optim_grads / optim_grads_params (sharded over dp x cp)"));
+                                  "the cuda backend: use plain data parallelism beside it, or optim_grads / "
+                                  "optim_grads_params (sharded over dp x cp)",
+                                  key, tp > 1 ? tp : cp, dp, world));
   }
 }
 

@@ -85,8 +85,8 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
 void add_cuda_schema(config::Schema& s);
 
 // Which parallel dimensions this backend runs side by side, for a job of `world` ranks: tp, cp and
-// plain data parallelism in any combination, the sharded strategies over dp x cp; not yet tp beside
-// the sharded strategies, nor tp or cp beside ZeRO-1 (ConfigError naming the keys).
+// data parallelism in any combination (the sharded strategies over dp x cp); not yet tp or cp
+// beside ZeRO-1 (ConfigError naming the keys).
 void check_mesh_composition(const CudaArgs& a, int64_t world);
 
 }  // namespace primus::backends::cuda

@@ -251,7 +251,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   const bool fsdp = opt_.dp_group && parallel::shards_gradients(opt_.dp_sharding);
   if (fsdp) {
     const std::string what = fmt::format("data_parallel_sharding_strategy {}", parallel::dp_sharding_name(opt_.dp_sharding));
-    if (tp) throw ConfigError(what + " with tensor_model_parallel_size > 1 is not implemented on the cuda backend yet");
     if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
     if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
@@ -333,31 +332,57 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     // The norm counts each rank's own slices, and the replicated tensors once (on rank 0).
     std::vector<bool> counted(layout_.tensors.size());
     for (size_t i = 0; i < counted.size(); ++i) counted[i] = tp_->rank() == 0 || !opt_.tp_map->replicated(i);
+    // Gradients each rank holds a part of: the map's (per-head q|k norms; with sequence
+    // parallelism the norms), and with sequence parallelism the row-parallel biases too, whose
+    // gradients the decoder takes from the norms' column sums over this rank's rows.
+    auto ends_with = [](const std::string& s, const std::string& e) {
+      return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+    };
+    std::vector<bool> partial(layout_.tensors.size());
+    for (size_t i = 0; i < partial.size(); ++i) {
+      const std::string& name = layout_.tensors[i].name;
+      partial[i] = opt_.tp_map->partial_grad(i) ||
+                   (opt_.tp_map->sequence_parallel() && (ends_with(name, "attn.proj.bias") || ends_with(name, "mlp.proj.bias")));
+    }
+    // Sharded, the optimizer's tensors are this rank's pieces (shard_layout) and the averaged
+    // gradients its chunks: every tp rank of a dp coordinate owns the same local ranges (the same
+    // local layout, the same plan), so the tp sums and exchanges run on the shards' pieces.
+    auto pieces = [&](int64_t local, int64_t count) {
+      if (!fsdp_plan_) return std::vector<ShardSpan>{{local, local, count}};
+      return shard_spans(*fsdp_plan_, local, count);
+    };
+    for (size_t i = 0; i < partial.size(); ++i) {
+      if (!partial[i]) continue;
+      for (const ShardSpan& sp : pieces(layout_.tensors[i].offset, layout_.tensors[i].numel)) tp_partial_.push_back({sp.shard, sp.count});
+    }
     // Replicated key/value rows (tp above num_query_groups): counted by their first replica.
     std::vector<std::pair<int64_t, int64_t>> excluded;
     int64_t x_elems = 0;
     for (const train::TpKvExchange& x : opt_.tp_map->kv_exchanges()) {
       x_elems = std::max(x_elems, x.elems);
-      if (!opt_.tp_map->counts_kv())
-        for (const train::TpPiece& p : x.pieces) excluded.push_back({p.local, p.count});
+      std::vector<KvCopy>& copies = kv_copies_.emplace_back();
+      for (const train::TpPiece& p : x.pieces) {
+        for (const ShardSpan& sp : pieces(p.local, p.count)) {
+          copies.push_back({p.global - x.global_begin + (sp.local - p.local), sp.shard, sp.count});
+          if (!opt_.tp_map->counts_kv()) excluded.push_back({sp.shard, sp.count});
+        }
+      }
     }
-    optimizer_->norm_over(counted, excluded);
+    if (fsdp_plan_) {
+      std::vector<bool> shard_counted(shard_layout_.tensors.size());
+      for (size_t j = 0; j < shard_counted.size(); ++j) {
+        const train::ParamTensor* t = layout_.find(shard_layout_.tensors[j].name);
+        if (!t) throw RuntimeError("cuda model: shard piece of unknown tensor " + shard_layout_.tensors[j].name);
+        shard_counted[j] = counted[static_cast<size_t>(t - layout_.tensors.data())];
+      }
+      optimizer_->norm_over(shard_counted, excluded);
+    } else {
+      optimizer_->norm_over(counted, excluded);
+    }
     if (x_elems > 0) {
       const size_t bytes = size_t(x_elems) * sizeof(float) + 2 * turbo::Arena::kDefaultAlign;
       kv_arena_ = host ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
       kv_exchange_ = kv_arena_->tensor(turbo::DType::F32, {x_elems}, "replicated key/value gradient exchange");
-    }
-    // Gradients each rank holds a part of: the map's (per-head q|k norms; with sequence
-    // parallelism the norms), and with sequence parallelism the row-parallel biases too, whose
-    // gradients the decoder takes from the norms' column sums over this rank's rows.
-    tp_partial_.resize(layout_.tensors.size());
-    auto ends_with = [](const std::string& s, const std::string& e) {
-      return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
-    };
-    for (size_t i = 0; i < tp_partial_.size(); ++i) {
-      const std::string& name = layout_.tensors[i].name;
-      tp_partial_[i] = opt_.tp_map->partial_grad(i) ||
-                       (opt_.tp_map->sequence_parallel() && (ends_with(name, "attn.proj.bias") || ends_with(name, "mlp.proj.bias")));
     }
   }
   dec.fsdp = fsdp_.get();
@@ -706,41 +731,40 @@ void CudaModel::grad_norm(float max_norm) {
   // Sharded: the ranks' chunks are disjoint, the squares summed over the group. With context
   // parallelism that group is dp x cp, whose reduce-scatter (a mean) has already averaged the cp
   // ranks' parts of each gradient.
-  if (fsdp_) {
+  if (fsdp_ && !tp_) {
     optimizer_->grad_norm_squares(ctx());
     fsdp_->all_reduce(plan_->state.norm.slice0(0, 1));
     optimizer_->finish_grad_norm(max_norm);
     return;
   }
-  if (cp_) cp_->all_reduce_mean(plan_->state.grads);  // each rank's tokens gave a part
+  if (cp_ && !fsdp_) cp_->all_reduce_mean(plan_->state.grads);  // each rank's tokens gave a part
   if (!tp_) {
     optimizer_->grad_norm(max_norm, ctx());
     return;
   }
+  // The gradients this rank updates: the whole local layout, or sharded its chunks (averaged over
+  // the dp group by the reduce-scatter).
+  const StateBuffers& st = plan_->state;
+  const TensorView& grads = fsdp_ ? st.shard_grads : st.grads;
   // Partial gradients (the per-head q|k norm weights every rank's heads share) summed first, so
   // every rank updates its replicated copy alike.
-  const StateBuffers& st = plan_->state;
-  for (size_t i = 0; i < layout_.tensors.size(); ++i) {
-    if (!tp_partial_[i]) continue;
-    const train::ParamTensor& t = layout_.tensors[i];
-    tp_->all_reduce(st.grads.slice0(t.offset, t.offset + t.numel));
-  }
+  for (const auto& [offset, count] : tp_partial_) tp_->all_reduce(grads.slice0(offset, offset + count));
   // Replicated key/value rows: each replica's part summed through the tensor's global k|v range
   // (train/tensor_parallel.h; the ranks of other groups write other places of it).
-  for (const train::TpKvExchange& x : opt_.tp_map->kv_exchanges()) {
-    const TensorView buf = kv_exchange_.slice0(0, x.elems);
+  const std::vector<train::TpKvExchange>& xs = opt_.tp_map->kv_exchanges();
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const TensorView buf = kv_exchange_.slice0(0, xs[k].elems);
     stream_.zero(buf);
     auto copy = [&](float* dst, const float* src, int64_t n) {
       if (stream_.host) std::memcpy(dst, src, size_t(n) * sizeof(float));
       else CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_.stream));
     };
-    for (const train::TpPiece& p : x.pieces)
-      copy(buf.ptr<float>() + (p.global - x.global_begin), st.grads.ptr<float>() + p.local, p.count);
+    for (const KvCopy& c : kv_copies_[k]) copy(buf.ptr<float>() + c.buf, grads.ptr<float>() + c.grad, c.count);
     tp_->all_reduce(buf);
-    for (const train::TpPiece& p : x.pieces)
-      copy(st.grads.ptr<float>() + p.local, buf.ptr<const float>() + (p.global - x.global_begin), p.count);
+    for (const KvCopy& c : kv_copies_[k]) copy(grads.ptr<float>() + c.grad, buf.ptr<const float>() + c.buf, c.count);
   }
   optimizer_->grad_norm_squares(ctx());
+  if (fsdp_) fsdp_->all_reduce(st.norm.slice0(0, 1));
   tp_->all_reduce(st.norm.slice0(0, 1));
   optimizer_->finish_grad_norm(max_norm);
 }

@@ -353,7 +353,15 @@ class CudaModel {
   std::unique_ptr<OptimizerState> optimizer_;
   std::unique_ptr<HostStaging> staging_;
   std::unique_ptr<TpComm> tp_;  // tensor parallelism (null without)
-  std::vector<bool> tp_partial_;  // per tensor: its gradient is summed over the tp group in grad_norm()
+  // Tensor parallelism: the gradient ranges summed over the tp group in grad_norm() (offset, count:
+  // the tensors whose gradient each rank holds a part of; sharded, this rank's pieces of them in
+  // its shard), and the replicated key/value rows' exchanges (per exchange: the buffer offset, the
+  // gradient offset and the length of each piece).
+  std::vector<std::pair<int64_t, int64_t>> tp_partial_;
+  struct KvCopy {
+    int64_t buf = 0, grad = 0, count = 0;
+  };
+  std::vector<std::vector<KvCopy>> kv_copies_;
   // Replicated key/value rows (tp above num_query_groups): the exchange buffer of their gradient sum.
   std::unique_ptr<turbo::Arena> kv_arena_;
   TensorView kv_exchange_;

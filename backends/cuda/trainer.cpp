@@ -539,9 +539,15 @@ void CudaTrainer::save(int64_t step) {
   // the cp or the data-parallel group. Ranks of the other dimensions hold copies of the same state
   // (cp: the same weights, dp beside tp or cp: a replica), so only the group whose other
   // coordinates are 0 writes, and the rest wait for it below.
-  const bool waiters = (tp_pg_ && (cp_pg_ || pg_)) || (cp_pg_ && pg_);
+  const bool waiters = (tp_pg_ && (cp_pg_ || pg_ || sharded_pg_)) || (cp_pg_ && pg_);
   if (!writer()) {
-    // This rank's state is a writer's (the same weights, moments and trainer state).
+    // This rank's state is a writer's (the same weights, moments and trainer state); sharded, its
+    // chunks are read with the writers' reads (collective over the sharded group, in their order).
+    if (sharded_pg_) {
+      std::vector<float> p(n), m(n), v(n);
+      model_->get_params(p.data());
+      model_->get_moments(m.data(), v.data());
+    }
   } else if (tp_map_) {
     // Tensor parallel: the weights put together in the global layout (every rank takes part) and
     // written by rank 0 as one process would; the moments as per-rank shard files of the global
@@ -631,8 +637,12 @@ void CudaTrainer::save(int64_t step) {
                 : io::save_checkpoint(t.ckpt.save, step, data, so);
   }
   if (waiters) {  // every rank goes on once the checkpoint is installed (cp first: see writer())
-    if (tp_pg_ && cp_pg_) cp_pg_->barrier();
-    if (pg_) pg_->barrier();
+    if (tp_pg_ && sharded_pg_) {
+      sharded_pg_->barrier();  // dp x cp: the writer of this rank's tp coordinate is a member
+    } else {
+      if (tp_pg_ && cp_pg_) cp_pg_->barrier();
+      if (pg_) pg_->barrier();
+    }
   }
   last_saved_ = step;
   if (!dir.empty())

@@ -133,9 +133,10 @@ class CudaTrainer : public Trainer {
   // The others wait in a barrier over their cp group (beside tp), then their dp group: a rank leaves
   // its cp barrier once its cp peer of coordinate 0 arrives, which in the writers' dp column is
   // after the save, and its dp barrier once that column's rank arrives.
-  // Sharded: every rank takes part (the weights and moments are put together from all the chunks).
+  // Sharded without tp: every rank (the weights and moments are put together from all the chunks);
+  // sharded with tp: the tp group of cp and dp coordinates 0, after every rank has read its part.
   bool writer() const {
-    if (sharded_pg_) return true;
+    if (sharded_pg_ && !tp_pg_) return true;
     return (!tp_pg_ || dims_->coord(parallel::Dim::CP) == 0) && (!(tp_pg_ || cp_pg_) || dims_->coord(parallel::Dim::DP) == 0);
   }
   std::shared_ptr<train::TpShardMap> tp_map_;

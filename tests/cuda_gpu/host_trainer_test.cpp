@@ -344,19 +344,47 @@ TEST(CudaHostTrainer, ShardedDataParallelBesideContextParallelTrainsAsOne) {
                             "context_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params", 4);
 }
 
+// The sharded strategies beside tensor parallelism (TorchTitan's 2-D layout, FSDP x tp), sharded
+// over the dp x cp ranks of each tp coordinate: each rank's chunks of its tp slices, the per-head
+// and sequence-parallel partial gradients summed over the tp group on the chunks. tp2 x dp2 under
+// both strategies (with and without sequence parallelism), tp2 x cp2 x dp2 under FSDP (eight
+// processes); one process's losses and validation losses, and the checkpoints (written by the tp
+// group of dp coordinate 0) move both ways.
+TEST(CudaHostTrainer, ShardedDataParallelBesideTensorParallelTrainsAsOne) {
+  testing::TwoProcesses t;
+  for (const std::string strategy : {"optim_grads", "optim_grads_params"}) {
+    t.expect_matches("tp2dp2_" + strategy, "tensor_model_parallel_size=2 data_parallel_sharding_strategy=" + strategy,
+                     "data_parallel_sharding_strategy " + strategy, 1e-5, 4);
+  }
+  t.expect_matches("tp2spdp2_fsdp",
+                   "tensor_model_parallel_size=2 sequence_parallel=true data_parallel_sharding_strategy=optim_grads_params",
+                   "", 1e-5, 4);
+  t.expect_matches("tp2cp2dp2_fsdp",
+                   "tensor_model_parallel_size=2 context_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params",
+                   "sharded over dp x cp = 4 ranks", 1e-5, 8);
+  t.expect_checkpoints_move("tp2dp2_optim_grads_params",
+                            "tensor_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params", 4);
+}
+
 // The same with grouped-query attention and RoPE (Llama: 4 heads over 2 key/value groups; tp4
 // replicates each group on two ranks, whose key/value gradients are summed over them) and with
-// Qwen3's per-head q/k norms (their weights' gradients are partial on every tp rank).
-TEST(CudaHostTrainer, TensorAndContextParallelTogetherTrainGqaModelsAsOne) {
+// Qwen3's per-head q/k norms (their weights' gradients are partial on every tp rank), each also
+// under FSDP beside tp.
+TEST(CudaHostTrainer, MeshLayoutsTrainGqaModelsAsOne) {
   {
     testing::TwoProcesses t("", "llama/tiny.yaml", 4);
     t.expect_matches("tp2cp2", "tensor_model_parallel_size=2 context_parallel_size=2", "", 1e-5, 4);
     t.expect_matches("tp2spcp2", "tensor_model_parallel_size=2 sequence_parallel=true context_parallel_size=2", "", 1e-5,
                      4);
     t.expect_matches("tp4cp2", "tensor_model_parallel_size=4 context_parallel_size=2", "", 1e-5, 8);
+    // FSDP beside tp: the replicated key/value rows' exchange and their norm on the chunks.
+    t.expect_matches("tp4dp2_fsdp", "tensor_model_parallel_size=4 data_parallel_sharding_strategy=optim_grads_params", "",
+                     1e-5, 8);
   }
   testing::TwoProcesses q("", "qwen3/tiny.yaml", 4);
   q.expect_matches("tp2cp2", "tensor_model_parallel_size=2 context_parallel_size=2", "", 1e-5, 4);
+  q.expect_matches("tp2dp2_fsdp", "tensor_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params", "",
+                   1e-5, 4);
 }
 
 }  // namespace

@@ -181,10 +181,9 @@ TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
     EXPECT_NE(r.out.find(why), std::string::npos) << keys << "\n" << r.out;
     EXPECT_EQ(r.out.find("| loss "), std::string::npos) << keys << ": trained\n" << r.out;
   }
-  // The cuda backend runs tp, cp and plain data parallelism side by side and the sharded strategies
-  // beside cp, not tp beside the sharded strategies nor tp or cp beside ZeRO-1: refused when its
-  // config is converted, so a dry run says so too. (Builds without CUDA, e.g. the sanitizer build,
-  // have no cuda backend.)
+  // The cuda backend runs tp, cp and data parallelism side by side (the sharded strategies over
+  // dp x cp), not tp or cp beside ZeRO-1: refused when its config is converted, so a dry run says so
+  // too. (Builds without CUDA, e.g. the sanitizer build, have no cuda backend.)
   const bool have_cuda = run_primus("backends").out.find("cuda ") != std::string::npos;
   if (!have_cuda) std::cout << "this build has no cuda backend: its refusals are not checked\n";
   auto dry_run = [](std::string keys) {
@@ -197,7 +196,8 @@ TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
   for (const char* keys : {"context_parallel_size=2", "data_parallel_sharding_strategy=optim_grads_params",
                            "tensor_model_parallel_size=2 WORLD=4", "context_parallel_size=2 WORLD=4",
                            "context_parallel_size=2 tensor_model_parallel_size=2 WORLD=4",
-                           "context_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params WORLD=4"}) {
+                           "context_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params WORLD=4",
+                           "tensor_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads WORLD=4"}) {
     if (!have_cuda) break;
     auto ok = dry_run(keys);
     EXPECT_EQ(ok.code, 0) << keys << "\n" << ok.out;
@@ -206,9 +206,9 @@ TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
     const char* keys;
     const char* why;
   } cuda_refused[] = {
-      {"tensor_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads WORLD=4",
-       "tensor_model_parallel_size 2 with data_parallel_sharding_strategy optim_grads (sharded over dp x cp = 2 of 4 "
-       "ranks) is not implemented yet on the cuda backend"},
+      {"tensor_model_parallel_size=2 use_distributed_optimizer=true WORLD=4",
+       "tensor_model_parallel_size 2 with the distributed optimizer (use_distributed_optimizer / "
+       "data_parallel_sharding_strategy optim; dp 2 of 4 ranks) is not implemented yet on the cuda backend"},
       {"context_parallel_size=2 use_distributed_optimizer=true WORLD=4",
        "context_parallel_size 2 with the distributed optimizer"},
   };

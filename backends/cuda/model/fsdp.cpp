@@ -125,6 +125,16 @@ train::ParamLayout shard_layout(const FsdpPlan& plan, const train::ParamLayout& 
   return s;
 }
 
+std::vector<ShardSpan> shard_spans(const FsdpPlan& plan, int64_t begin, int64_t count) {
+  std::vector<ShardSpan> out;
+  for (const FsdpUnit& u : plan.units) {
+    const int64_t a = plan.owned_begin(u, plan.rank), b = plan.owned_end(u, plan.rank);
+    const int64_t lo = std::max(a, begin), hi = std::min(b, begin + count);
+    if (hi > lo) out.push_back({u.shard + (lo - a), lo, hi - lo});
+  }
+  return out;
+}
+
 void full_to_shard(const FsdpPlan& plan, const float* full, float* shard) {
   std::memset(shard, 0, size_t(plan.shard_elems) * sizeof(float));
   for (const FsdpUnit& u : plan.units) {

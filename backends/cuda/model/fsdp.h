@@ -63,6 +63,13 @@ FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int wor
 // tensor, at its shard offset, with the tensor's decay flag (what the shard's AdamW reads).
 train::ParamLayout shard_layout(const FsdpPlan& plan, const train::ParamLayout& layout);
 
+// The part of layout range [begin, begin + count) this rank owns, as pieces of its shard: each
+// piece's shard offset, layout offset and length, in layout order (none when it owns nothing).
+struct ShardSpan {
+  int64_t shard = 0, local = 0, count = 0;
+};
+std::vector<ShardSpan> shard_spans(const FsdpPlan& plan, int64_t begin, int64_t count);
+
 // Host conversions between a full layout-ordered array and this rank's shard (zero padding);
 // gathered: every rank's shard concatenated (world x shard_elems) to the full array.
 void full_to_shard(const FsdpPlan& plan, const float* full, float* shard);
