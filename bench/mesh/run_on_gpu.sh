@@ -2,7 +2,8 @@
 # One device call (one H200) for the cuda backend's mesh paths, N ranks as threads on one GPU:
 #   1. tensor parallelism: test_cuda_gpu's TpGpuTest (tp2 vs one rank, 20 steps, three tiny models);
 #      sharded data parallelism (FsdpGpuTest: zero2 / fsdp2 vs one rank accumulating) and context
-#      parallelism (CpGpuTest: cp2 vs one rank)
+#      parallelism (CpGpuTest: cp2 vs one rank); the three side by side (MeshGpuTest: tp x cp, FSDP x
+#      tp, FSDP over dp x cp, tp x cp x dp, up to eight ranks, vs one rank accumulating)
 #   2. the ops it added or changed: test_turbo_gpu's embedding and cross-entropy tests
 #   3. the threaded process group's device collectives (test_threaded_gpu)
 #   4. no regression of the one-rank model: test_cuda_gpu's parity tests against the reference
@@ -10,13 +11,13 @@
 #      50-step GPT-2 run of the embedded example (its last step line)
 # and prints a table last. Build here first: bash bench/mesh/prepare_carry.sh, then
 #   run(command="bash bench/mesh/run_on_gpu.sh", carry=[".carry-mesh"])
-# STAGES=tp,fsdp,cp,ops,threads,parity picks stages; every stage runs under `timeout`, cut to what is left
+# STAGES=tp,fsdp,cp,mesh,ops,threads,parity picks stages; every stage runs under `timeout`, cut to what is left
 # before BUDGET_S (540 s).
 set -u
 CARRY=${CARRY:-.carry-mesh}
 OUT=${OUT:-/tmp/mesh-out}
 BIN=/tmp/mesh-bin
-STAGES=${STAGES:-tp,fsdp,cp,ops,threads,parity,trainer}
+STAGES=${STAGES:-tp,fsdp,cp,mesh,ops,threads,parity,trainer}
 source bench/tools/carry.sh
 carry_deadline "${BUDGET_S:-540}"
 mkdir -p "$OUT"
@@ -38,6 +39,7 @@ stage() {  # stage NAME SECONDS BINARY FILTER
 want tp && stage tp 240 test_cuda_gpu '*TpGpu*'
 want fsdp && stage fsdp 300 test_cuda_gpu '*FsdpGpu*'
 want cp && stage cp 240 test_cuda_gpu '*CpGpu*'
+want mesh && stage mesh 300 test_cuda_gpu '*MeshGpu*'
 want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*'
 want threads && stage threads 60 test_threaded_gpu '*'
 want parity && stage parity 240 test_cuda_gpu "${PARITY_FILTER:-*ModelParity*:*TrainingParity*}"
