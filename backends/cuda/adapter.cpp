@@ -133,7 +133,10 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
 }
 
 void check_mesh_composition(const CudaArgs& a, int64_t world) {
-  if (a.train.model_parallel[parallel::Dim::TP] == 1 && a.train.model_parallel[parallel::Dim::CP] == 1) return;
+  const int64_t mp = a.train.model_parallel[parallel::Dim::TP] * a.train.model_parallel[parallel::Dim::CP];
+  // A world the layout does not divide is the launch's error (ParallelDims names the keys), and a
+  // command that plans without launching (projection) says what it models itself.
+  if (mp == 1 || world % a.train.model_parallel.model_parallel_product() != 0) return;
   const parallel::ParallelSizes sizes = a.train.model_parallel.for_world(world);
   const int64_t tp = sizes[parallel::Dim::TP], cp = sizes[parallel::Dim::CP], dp = sizes[parallel::Dim::DP];
   if ((tp > 1 || cp > 1) && dp > 1 && a.use_distributed_optimizer && !parallel::shards_gradients(sizes.sharding)) {
