@@ -13,18 +13,10 @@
 
 #include "bf16_gate.h"
 #include "mesh_parity.h"
-#include "tp_parity.h"
 
 namespace primus::backends::cuda::testing {
 namespace {
 
-using parallel::DpSharding;
-
-struct MeshCase {
-  int model;  // tp_spec's: 0 GPT-2, 1 Llama, 2 Qwen3
-  MeshShape shape;
-};
-void PrintTo(const MeshCase& c, std::ostream* os) { *os << tp_spec_name(c.model) << " " << c.shape.name(); }
 
 class MeshGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<MeshCase> {};
 
@@ -50,14 +42,8 @@ TEST_P(MeshGpuTest, RanksOnOneGpuTrainAsOne) {
               g.worst_loss, g.worst_norm, dw);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, MeshGpuTest,
-                         ::testing::Values(MeshCase{0, {2, 2, 1, true}}, MeshCase{1, {2, 2, 1, false, DpSharding::NoShard}},
-                                           MeshCase{1, {4, 1, 2}}, MeshCase{2, {2, 1, 2, true}},
-                                           MeshCase{1, {1, 2, 2}},
-                                           MeshCase{0, {2, 2, 2, false, DpSharding::OptimGrads}}),
-                         [](const auto& info) {
-                           return std::string(tp_spec_name(info.param.model)) + "_" + info.param.shape.name();
-                         });
+INSTANTIATE_TEST_SUITE_P(Layouts, MeshGpuTest, ::testing::ValuesIn(mesh_layouts()),
+                         [](const auto& info) { return mesh_case_name(info.param); });
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing

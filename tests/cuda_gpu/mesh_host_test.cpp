@@ -12,18 +12,10 @@
 #include <tuple>
 
 #include "mesh_parity.h"
-#include "tp_parity.h"
 
 namespace primus::backends::cuda::testing {
 namespace {
 
-using parallel::DpSharding;
-
-struct MeshCase {
-  int model;  // tp_spec's: 0 GPT-2, 1 Llama, 2 Qwen3
-  MeshShape shape;
-};
-void PrintTo(const MeshCase& c, std::ostream* os) { *os << tp_spec_name(c.model) << " " << c.shape.name(); }
 
 class MeshHostTest : public ::testing::TestWithParam<MeshCase> {};
 
@@ -52,18 +44,8 @@ TEST_P(MeshHostTest, RanksTrainAsOne) {
               worst_norm, dw);
 }
 
-// Every pairing once and the three together: tp x cp (GPT-2 with sequence parallelism, sharded
-// over its cp ranks; Llama unsharded), FSDP x tp (Llama tp4: key/value groups replicated and
-// exchanged on the chunks; Qwen3 with sequence parallelism: its partial gradients summed on the
-// chunks), FSDP over dp x cp, and tp x cp x dp under ZeRO-2.
-INSTANTIATE_TEST_SUITE_P(Layouts, MeshHostTest,
-                         ::testing::Values(MeshCase{0, {2, 2, 1, true}}, MeshCase{1, {2, 2, 1, false, DpSharding::NoShard}},
-                                           MeshCase{1, {4, 1, 2}}, MeshCase{2, {2, 1, 2, true}},
-                                           MeshCase{1, {1, 2, 2}},
-                                           MeshCase{0, {2, 2, 2, false, DpSharding::OptimGrads}}),
-                         [](const auto& info) {
-                           return std::string(tp_spec_name(info.param.model)) + "_" + info.param.shape.name();
-                         });
+INSTANTIATE_TEST_SUITE_P(Layouts, MeshHostTest, ::testing::ValuesIn(mesh_layouts()),
+                         [](const auto& info) { return mesh_case_name(info.param); });
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing

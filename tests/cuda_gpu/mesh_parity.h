@@ -8,6 +8,7 @@
 // host-mode test (CI) and the GPU one.
 #pragma once
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "cuda_fixture.h"
 #include "threaded_ranks.h"
 #include "parallel/threaded_process_group.h"
+#include "tp_parity.h"
 #include "train/tensor_parallel.h"
 #ifdef PRIMUS_MESH_PARITY_DEVICE
 #include "parallel/cuda/threaded_device_ops.h"
@@ -36,6 +38,27 @@ struct MeshShape {
            (sharded() ? std::string("_") + parallel::dp_sharding_name(sharding) : "");
   }
 };
+
+// One case of the mesh tests: a tp_spec model (0 GPT-2, 1 Llama, 2 Qwen3) on a layout.
+struct MeshCase {
+  int model;
+  MeshShape shape;
+};
+inline std::string mesh_case_name(const MeshCase& c);  // "<model>_<layout>" (tp_parity.h's names)
+
+// The layouts both tests run: every pairing once and the three together. tp x cp (GPT-2 with
+// sequence parallelism, sharded over its cp ranks; Llama unsharded), FSDP x tp (Llama tp4: the
+// key/value groups replicated and exchanged on the chunks; Qwen3 with sequence parallelism: its
+// partial gradients summed on the chunks), FSDP over dp x cp, and tp x cp x dp under ZeRO-2.
+inline std::vector<MeshCase> mesh_layouts() {
+  using parallel::DpSharding;
+  return {MeshCase{0, {2, 2, 1, true}},
+          MeshCase{1, {2, 2, 1, false, DpSharding::NoShard}},
+          MeshCase{1, {4, 1, 2}},
+          MeshCase{2, {2, 1, 2, true}},
+          MeshCase{1, {1, 2, 2}},
+          MeshCase{0, {2, 2, 2, false, DpSharding::OptimGrads}}};
+}
 
 struct MeshRun {
   std::vector<double> loss, gnorm;  // per step: the mean of the ranks' losses; rank 0's norm
@@ -137,5 +160,8 @@ inline MeshRun run_mesh(const train::ModelSpec& spec, MeshShape m, turbo::Device
   for (int t = 0; t < m.tp; ++t) maps[size_t(t)]->to_global(local[size_t(t)].data(), run.params.data(), t > 0);
   return run;
 }
+
+inline std::string mesh_case_name(const MeshCase& c) { return std::string(tp_spec_name(c.model)) + "_" + c.shape.name(); }
+inline void PrintTo(const MeshCase& c, std::ostream* os) { *os << mesh_case_name(c); }
 
 }  // namespace primus::backends::cuda::testing
