@@ -897,7 +897,13 @@ double CudaTrainer::dp_mean(double x) {
   return group_mean(cp_pg_.get(), x);
 }
 
-bool CudaTrainer::any_rank(bool stop) { return group_mean(tp_pg_.get(), dp_mean(stop ? 1.0 : 0.0)) > 0; }
+// Beside dp or cp the tp group joins too, so that every rank of the job stops at the same step. A
+// job that is one tp group keeps its ranks' own flags: there launch-ahead queues step s + 1's tp
+// collectives before step s is finished, and a collective here would wait for them.
+bool CudaTrainer::any_rank(bool stop) {
+  const double x = dp_mean(stop ? 1.0 : 0.0);
+  return (pg_ || sharded_pg_ || cp_pg_ ? group_mean(tp_pg_.get(), x) : x) > 0;
+}
 
 std::vector<float> CudaTrainer::tp_global(const float* local) const {
   std::vector<float> g(static_cast<size_t>(tp_map_->global_layout().total), 0.f);

@@ -126,7 +126,8 @@ class CudaTrainer : public Trainer {
   double dp_mean(double x);
   // The mean of x over group g (every member calls; x itself without g).
   static double group_mean(parallel::ProcessGroup* g, double x);
-  // Whether any rank of the job says stop (every rank calls).
+  // Whether any rank of the job says stop (every rank calls; a job that is one tp group: this
+  // rank's own flag, see the definition).
   bool any_rank(bool stop);
   // Whether this rank writes (or helps write) checkpoints: sharded, every rank; with tp the tp group of cp and dp
   // coordinates 0, else with cp the cp group of dp coordinate 0, else every rank of the one group.

@@ -170,6 +170,38 @@ TEST(NcclGpu, TwoGpuTrainingMatchesOneGpuWithAndWithoutZero1) {
   }
 }
 
+// The mesh over NCCL subgroups (NcclProcessGroup::subgroup): on 4 GPUs tp2 x dp2, tp2+sp x cp2,
+// cp2 x FSDP over dp x cp, and FSDP x tp2 give 1 GPU's losses and gradient norms at the same global
+// batch (bf16 tolerance, as the 2-GPU data-parallel test's).
+TEST(NcclGpu, FourGpuMeshLayoutsMatchOneGpu) {
+  if (gpus() < 4) GTEST_SKIP() << "needs 4 GPUs, found " << gpus();
+  std::string log1;
+  const auto one = train_losses(1, "mesh1", "", &log1);
+  ASSERT_EQ(one.size(), 20u) << log1;
+  const std::pair<const char*, const char*> layouts[] = {
+      {"tensor_model_parallel_size=2", "tensor parallel over 2 ranks (nccl group) x data parallel over 2 ranks"},
+      {"tensor_model_parallel_size=2 sequence_parallel=true context_parallel_size=2", "x context parallel over 2 ranks"},
+      {"context_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params", "sharded over dp x cp = 4 ranks"},
+      {"tensor_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params",
+       "data_parallel_sharding_strategy optim_grads_params"},
+  };
+  for (const auto& [extra, banner] : layouts) {
+    std::string log4;
+    const auto four = train_losses(4, "mesh4", extra, &log4);
+    ASSERT_EQ(four.size(), 20u) << extra << "\n" << log4;
+    EXPECT_NE(log4.find(banner), std::string::npos) << extra << "\n" << log4;
+    double worst = 0, worst_norm = 0;
+    for (const auto& [step, v1] : one) {
+      worst = std::max(worst, std::abs(four.at(step).first - v1.first) / std::abs(v1.first));
+      worst_norm = std::max(worst_norm, std::abs(four.at(step).second - v1.second) / std::abs(v1.second));
+    }
+    EXPECT_LT(worst, 2e-2) << extra;
+    EXPECT_LT(worst_norm, 5e-2) << extra;
+    std::printf("[mesh] %s: 20 steps on 4 GPUs, worst relative difference vs 1 GPU: loss %.3e, grad norm %.3e\n", extra,
+                worst, worst_norm);
+  }
+}
+
 // The output of a shell command.
 std::string shell(const std::string& cmd) {
   std::string out;
