@@ -22,9 +22,9 @@ void setup_projection(CLI::App& app) {
   app.add_option("--config,-c", o->req.config, "Experiment YAML file")->required();
   app.add_option("--module", o->req.module, "Module of the experiment (default: the first)");
   app.add_option("--gpus", o->req.gpus,
-                 "Data-parallel GPUs of the job (data_parallel_size; what `primus launch` sets). Tensor, context, "
-                 "expert and pipeline parallelism are not projected yet (`primus train pretrain --dry-run` prints a "
-                 "mesh's memory per rank)")
+                 "GPUs of the job (WORLD_SIZE, what `primus launch` starts): data_parallel_size is gpus / (tp x "
+                 "cp). Tensor and context parallelism are projected in memory only (cuda backend); expert and "
+                 "pipeline parallelism not yet")
       ->check(CLI::PositiveNumber);
   app.add_flag("--json", o->json, "Print the projection as JSON instead of the table");
   app.add_option("--rates", o->req.rates_file,

@@ -77,17 +77,27 @@ train::DeviceRates resolve_rates(const ProjectionRequest& req, const std::string
   return r;
 }
 
-// The model-parallel dimensions a config may name: none is modelled yet (the memory plan and the
-// step are one replica's), so a layout with one above 1 is refused rather than sized as if it
-// were data parallel.
-void refuse_unmodelled_dims(const train::TrainingArgs& t) {
+// The model-parallel dimensions a config may name. Expert and pipeline parallelism are not
+// modelled; tensor and context parallelism only in memory, by a projector that sizes a rank of
+// such a layout (BackendProjector::mesh_memory): the step-time model is one replica's with data
+// parallelism. A layout beyond what is modelled is refused rather than sized as if it were data
+// parallel.
+void refuse_unmodelled_dims(const train::TrainingArgs& t, bool mesh_memory, bool performance) {
   using parallel::Dim;
   for (Dim d : {Dim::TP, Dim::CP, Dim::EP, Dim::PP}) {
-    if (t.model_parallel[d] > 1) {
-      throw ConfigError(fmt::format("projection: {} = {} is not modelled yet (the projection covers data parallelism, "
-                                    "ZeRO-1 and gradient accumulation); project the layout with it at 1",
+    if (t.model_parallel[d] <= 1) continue;
+    const bool memory_only = d == Dim::TP || d == Dim::CP;
+    if (memory_only && mesh_memory && !performance) continue;
+    if (memory_only && mesh_memory) {
+      throw ConfigError(fmt::format("projection performance: {} = {} is not modelled yet (the step time covers data "
+                                    "parallelism, ZeRO-1 and gradient accumulation); `primus projection memory` sizes "
+                                    "this layout",
                                     parallel::dim_config_key(d), t.model_parallel[d]));
     }
+    throw ConfigError(fmt::format("projection: {} = {} is not modelled yet (the projection covers data parallelism, "
+                                  "ZeRO-1 and gradient accumulation{}); project the layout with it at 1",
+                                  parallel::dim_config_key(d), t.model_parallel[d],
+                                  mesh_memory ? ", and tensor and context parallelism in memory" : ""));
   }
 }
 
@@ -97,19 +107,31 @@ train::Projection run_projection(const ProjectionRequest& req) {
   register_builtin_backends();
   std::vector<std::string> overrides = req.overrides;
   if (req.gpus < 0) throw UsageError(fmt::format("--gpus {}: expected a positive number of GPUs", req.gpus));
-  // --gpus is the job's data-parallel size: the key `primus launch` sets through WORLD_SIZE, so
-  // the batch arithmetic (grad_accum_steps) and its errors are the run's own.
-  if (req.gpus > 0) overrides.push_back(fmt::format("data_parallel_size={}", req.gpus));
-  auto exp = config::load_experiment(req.config, config::parse_cli_overrides(overrides));
   QuietPatchLog quiet;
   PrimusRuntime runtime;
+  auto exp = config::load_experiment(req.config, config::parse_cli_overrides(overrides));
   PlannedArgs planned = runtime.plan_args(exp, req.module);
+  // --gpus is the job's GPUs, what `primus launch` gives as WORLD_SIZE: data_parallel_size is
+  // gpus / (tp x cp), set as the launch's patch sets it, so the batch arithmetic (grad_accum_steps)
+  // and its errors are the run's own.
+  if (req.gpus > 0) {
+    const auto& mp = dynamic_cast<train::HasTrainingArgs&>(*planned.args).training().model_parallel;
+    const int64_t split = mp.model_parallel_product();
+    if (req.gpus % split != 0)
+      throw UsageError(fmt::format("--gpus {} is not a multiple of tensor_model_parallel_size {} x context_parallel_size "
+                                   "{} x expert_model_parallel_size {} x pipeline_model_parallel_size {}",
+                                   req.gpus, mp[parallel::Dim::TP], mp[parallel::Dim::CP], mp[parallel::Dim::EP],
+                                   mp[parallel::Dim::PP]));
+    overrides.push_back(fmt::format("data_parallel_size={}", req.gpus / split));
+    exp = config::load_experiment(req.config, config::parse_cli_overrides(overrides));
+    planned = runtime.plan_args(exp, req.module);
+  }
   const std::string backend = planned.adapter->name();
   const train::BackendProjector& pr = projector_of(backend);
   // The args patch derives grad_accum_steps and refuses a global batch that does not divide.
   const train::TrainingArgs& training = dynamic_cast<train::HasTrainingArgs&>(*planned.args).training();
   training.check_batch();
-  refuse_unmodelled_dims(training);
+  refuse_unmodelled_dims(training, pr.mesh_memory, req.performance);
 
   train::Projection p;
   p.config = req.config;
@@ -149,14 +171,14 @@ std::string dry_run_memory_line(const config::Experiment& exp, const std::string
     if (!pr) return "  memory:    no projection for backend " + planned.adapter->name() + "\n";
     const train::TrainingArgs& training = dynamic_cast<train::HasTrainingArgs&>(*planned.args).training();
     training.check_batch();
-    refuse_unmodelled_dims(training);
+    refuse_unmodelled_dims(training, pr->mesh_memory, /*performance=*/false);
     const train::ProjectionLayout layout = pr->layout(*planned.args);
     const train::MemoryProjection m = pr->memory(*planned.args, *planned.hooks, layout, {});
     // The reference backend's ranks are CPU processes.
     const std::string rank = planned.adapter->name() == "reference" ? "process" : "GPU";
+    const int64_t ranks = layout.gpus * layout.tp * layout.cp;
     return fmt::format("  memory:    {} ({} {}{}; `primus projection memory` for the table)\n",
-                       train::memory_summary_line(m, rank), layout.gpus, rank,
-                       layout.gpus == 1 ? "" : (rank == "GPU" ? "s" : "es"));
+                       train::memory_summary_line(m, rank), ranks, rank, ranks == 1 ? "" : (rank == "GPU" ? "s" : "es"));
   } catch (const std::exception& e) {
     return fmt::format("  memory:    not projected: {}\n", e.what());
   }

@@ -7,12 +7,17 @@
 #include <mutex>
 
 #include "core/util/error.h"
+#include "parallel/parallel_dims.h"
 
 namespace primus::train {
 
 ProjectionLayout batch_layout(const TrainingArgs& t, int64_t seq_length) {
   ProjectionLayout l;
   l.gpus = t.data_parallel_size;
+  l.tp = t.model_parallel[parallel::Dim::TP];
+  l.cp = t.model_parallel[parallel::Dim::CP];
+  l.sequence_parallel = t.model_parallel.sequence_parallel;
+  l.sharding = parallel::dp_sharding_name(t.model_parallel.sharding);
   l.micro_batch = t.micro_batch_size;
   l.global_batch = t.global_batch_size;
   l.grad_accum = t.grad_accum_steps;
@@ -245,6 +250,10 @@ namespace {
 
 json projection_layout_json(const ProjectionLayout& l) {
   return {{"gpus", l.gpus},
+          {"tensor_model_parallel_size", l.tp},
+          {"context_parallel_size", l.cp},
+          {"sequence_parallel", l.sequence_parallel},
+          {"data_parallel_sharding_strategy", l.sharding},
           {"micro_batch_size", l.micro_batch},
           {"global_batch_size", l.global_batch},
           {"grad_accum_steps", l.grad_accum},
@@ -308,6 +317,10 @@ Projection projection_from_json(const json& j) {
   p.device_memory_bytes = projection_field<double>(j, "device_memory_bytes", "the projection");
   const json& l = j.at("layout");
   p.layout.gpus = projection_field<int64_t>(l, "gpus", "layout");
+  p.layout.tp = projection_field<int64_t>(l, "tensor_model_parallel_size", "layout");
+  p.layout.cp = projection_field<int64_t>(l, "context_parallel_size", "layout");
+  p.layout.sequence_parallel = projection_field<bool>(l, "sequence_parallel", "layout");
+  p.layout.sharding = projection_field<std::string>(l, "data_parallel_sharding_strategy", "layout");
   p.layout.micro_batch = projection_field<int64_t>(l, "micro_batch_size", "layout");
   p.layout.global_batch = projection_field<int64_t>(l, "global_batch_size", "layout");
   p.layout.grad_accum = projection_field<int64_t>(l, "grad_accum_steps", "layout");
@@ -374,9 +387,17 @@ std::string format_projection(const Projection& p) {
   // The reference backend's ranks are CPU processes.
   const std::string gpu = p.backend == "reference" ? "process" : "GPU";
   std::string s = fmt::format("Projection for {} (backend {})\n  model:  {}\n", p.config, p.backend, p.model);
-  s += fmt::format("  layout: {} {}{} (data parallel{}), micro-batch {} x {} tokens, {} accumulation step{}, global "
+  const int64_t ranks = l.gpus * l.tp * l.cp;
+  const std::string mesh = l.tp * l.cp == 1 ? "data parallel"
+                                            : fmt::format("tp {}{} x cp {} x dp {}", l.tp, l.sequence_parallel ? "+sp" : "",
+                                                          l.cp, l.gpus);
+  const std::string sharded = l.sharding == "optim_grads" || l.sharding == "optim_grads_params"
+                                  ? fmt::format(", {} over dp x cp = {}", l.sharding, l.gpus * l.cp)
+                                  : "";
+  s += fmt::format("  layout: {} {}{} ({}{}{}), micro-batch {} x {} tokens, {} accumulation step{}, global "
                    "batch {} ({} tokens/step); recompute {}, fp8 {}\n",
-                   l.gpus, gpu, l.gpus == 1 ? "" : (gpu == "GPU" ? "s" : "es"), l.zero1 ? ", ZeRO-1 sharded optimizer" : "",
+                   ranks, gpu, ranks == 1 ? "" : (gpu == "GPU" ? "s" : "es"), mesh, l.zero1 ? ", ZeRO-1 sharded optimizer" : "",
+                   sharded,
                    l.micro_batch,
                    l.seq_length, l.grad_accum, l.grad_accum == 1 ? "" : "s", l.global_batch, l.tokens_per_step(),
                    l.recompute, l.fp8);

@@ -28,7 +28,10 @@ namespace primus::train {
 // The run being projected, from the config after the build_args patches (data_parallel_size
 // from --gpus, grad_accum_steps derived from the batch sizes).
 struct ProjectionLayout {
-  int64_t gpus = 1;  // data-parallel ranks (data_parallel_size; the only dimension above 1 today)
+  int64_t gpus = 1;  // data-parallel ranks (data_parallel_size); the job's GPUs are gpus x tp x cp
+  int64_t tp = 1, cp = 1;         // tensor_model_parallel_size, context_parallel_size
+  bool sequence_parallel = false;
+  std::string sharding = "no_shard";  // data_parallel_sharding_strategy (optim_grads*: over dp x cp)
   int64_t micro_batch = 1, global_batch = 1, grad_accum = 1, seq_length = 0;
   bool zero1 = false;               // use_distributed_optimizer (cuda: ZeRO-1 over the dp ranks)
   bool grad_reduce_in_bf16 = false;
@@ -109,6 +112,9 @@ struct BackendProjector {
   std::function<StepCostOptions(const BackendArgs& args)> cost_of;
   // This machine's accelerator, if the backend has one here: its name and memory in bytes.
   std::function<bool(std::string* name, double* bytes)> local_device;
+  // Whether `memory` sizes a rank of a tensor- and context-parallel layout (its tp slice, its chunk
+  // slots, the sharding over dp x cp); the step time models data parallelism only.
+  bool mesh_memory = false;
 };
 void register_backend_projector(const std::string& backend, BackendProjector p);
 const BackendProjector* find_backend_projector(const std::string& backend);

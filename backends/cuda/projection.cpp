@@ -43,28 +43,45 @@ bool projection_starts_with(const std::string& s, const char* p) { return s.rfin
 
 }  // namespace
 
-train::MemoryProjection project_cuda_memory(const CudaArgs& a, const CudaOps& ops, const train::ProjectionLayout& lay,
+train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps& ops, const train::ProjectionLayout& lay,
                                             bool query_device, double runtime_gib) {
+  // The mesh the trainer would build (without its process groups), for its rank 0: tensor
+  // parallelism's slice (the shard map's local spec, as the trainer builds the model), context
+  // parallelism's chunk slots, and the sharded strategies' plan over the dp x cp ranks (every rank's
+  // chunks are equal).
+  const int64_t tp = args.train.model_parallel[parallel::Dim::TP], cp = args.train.model_parallel[parallel::Dim::CP];
+  CudaArgs a = args;
+  std::shared_ptr<train::TpShardMap> map;
+  if (tp > 1 || cp > 1) check_mesh_composition(a, tp * cp * lay.gpus);
+  if (tp > 1) {
+    map = std::make_shared<train::TpShardMap>(args.model, tp, 0, a.train.model_parallel.sequence_parallel);
+    a.model = map->local_spec();
+  }
   const train::ModelSpec& spec = a.model;
   const train::ParamLayout layout = train::make_param_layout(spec);
-  const CudaModelOptions mo = model_options_for(a, lay.gpus);
+  CudaModelOptions mo = model_options_for(a, lay.gpus);
+  if (map) mo.tp_map = map;
   MemoryPlanOptions mp = memory_plan_options(spec, layout, mo, ops);
   mp.query_device = query_device;
-  // The mesh the trainer would build (without its process groups): context parallelism's buffers,
-  // sharded data parallelism's plan for rank 0 (every rank's chunks are equal).
-  const int64_t cp = a.train.model_parallel[parallel::Dim::CP];
   if (cp > 1) mp.cp = cp;
   const parallel::DpSharding sharding = a.train.model_parallel.sharding;
-  const bool sharded = lay.gpus > 1 && parallel::shards_gradients(sharding);
+  const int64_t shard_world = lay.gpus * cp;
+  const bool sharded = shard_world > 1 && parallel::shards_gradients(sharding);
   if (sharded) {
-    mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, static_cast<int>(lay.gpus), 0,
+    mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, static_cast<int>(shard_world), 0,
                                                    sharding == parallel::DpSharding::OptimGradsParams));
     mp.zero_ranges = 0;
   }
   const MemoryPlanSizes sz = MemoryPlan::sizes(spec, layout, mp);
 
   train::MemoryProjection m;
-  m.source = fmt::format("the cuda memory plan's own sizes{}", sz.scratch_exact ? "" : " (no GPU here: see notes)");
+  m.source = fmt::format("the cuda memory plan's own sizes{}{}", map ? fmt::format(" for tp rank 0 of {}", tp) : "",
+                         sz.scratch_exact ? "" : "; no GPU here: see notes");
+  if (tp > 1 || cp > 1) {
+    m.notes.push_back(fmt::format("tp {} x cp {}: the tp and cp collectives' own buffers (NCCL's) are not counted; the "
+                                  "step time is not projected for this layout",
+                                  tp, cp));
+  }
   // State arena: the flat buffers by name, the small tables together.
   size_t state_named = 0;
   for (const ProjectedStatePart& p : kProjectedStateParts) {
@@ -210,6 +227,7 @@ void register_cuda_projection() {
     if (!gpu) (void)cudaGetLastError();
     return project_cuda_memory(dynamic_cast<const CudaArgs&>(args), CudaOps::from(hooks), l, gpu, o.runtime_gib);
   };
+  p.mesh_memory = true;
   p.cost.act_bytes = 2;
   // AdamW 28 + the bf16 copy 2, the grad norm 4; zero_grad clears only the few tensors whose first
   // gradient GEMM accumulates (plan_grad_clearing), left out.

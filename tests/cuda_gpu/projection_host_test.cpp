@@ -12,6 +12,8 @@
 #include "backends/cuda/projection.h"
 #include "core/util/error.h"
 #include "tests/cuda_gpu/cuda_fixture.h"
+#include "tests/cuda_gpu/threaded_ranks.h"
+#include "train/tensor_parallel.h"
 #include "tests/e2e/cli_runner.h"
 #include "turbo/kernels/cuda/optimizer.h"
 #include "turbo/ops/muon.h"
@@ -280,6 +282,69 @@ TEST(CudaProjection, TheBinaryRefusesALayoutThatDoesNotDivideAndPrintsJson) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("  memory:    "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" per GPU: "), std::string::npos) << r.out;
+}
+
+// Tensor and context parallelism, memory only: the projection is rank 0's plan, the model the
+// trainer builds for tp rank 0 from the shard map's local spec (host mode on two threaded ranks
+// allocates exactly the projected total), its flat state a tp slice's; the sharded strategies
+// beside cp shard over dp x cp. Through the binary, --gpus is the job's GPUs (dp = gpus / (tp x
+// cp)), the layout names the mesh, and the step time of such a layout is refused by name.
+TEST(CudaProjection, TensorAndContextParallelLayoutsAreRankZerosPlan) {
+  const train::ModelSpec spec = testing::tiny_spec(true);
+  CudaArgs a = projection_args(spec, 2, 1);
+  a.train.model_parallel[parallel::Dim::TP] = 2;
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  train::ProjectionLayout lay = projection_host_layout(a, 1);
+  lay.tp = 2;
+  const train::MemoryProjection m = project_cuda_memory(a, ops, lay, false, 0.0);
+  size_t reserved = 0;
+  int64_t local_total = 0;
+  testing::run_threaded_ranks(2, {}, "tp", [&](int r, parallel::ProcessGroup* pg) {
+    auto map = std::make_shared<train::TpShardMap>(spec, 2, r, false);
+    CudaArgs la = a;
+    la.model = map->local_spec();
+    CudaModelOptions mo = model_options_for(la, 1);
+    mo.tp_group = pg;
+    mo.tp_map = map;
+    CudaModel model(la.model, mo, ops);
+    if (r == 0) reserved = model.reserved_bytes(), local_total = model.layout().total;
+  });
+  EXPECT_DOUBLE_EQ(m.total(), double(reserved));
+  EXPECT_NEAR(m.bytes("master_weights"), 4.0 * double(local_total), 256.0);
+  EXPECT_LT(local_total, train::make_param_layout(spec).total);
+
+  CudaArgs c = projection_args(spec, 2, 1);
+  c.host_mode = false;
+  c.train.model_parallel[parallel::Dim::CP] = 2;
+  c.train.model_parallel.sharding = parallel::DpSharding::OptimGradsParams;
+  train::ProjectionLayout lay_c = projection_host_layout(c, 2);  // cp 2 x dp 2: sharded over four ranks
+  lay_c.cp = 2;
+  lay_c.zero1 = false;
+  const double P = double(train::make_param_layout(spec).total);
+  const train::MemoryProjection sharded = project_cuda_memory(c, ops, lay_c, false, 0.0);
+  EXPECT_GE(sharded.bytes("master_weights"), P);  // 4 P / 4, plus the chunks' padding
+  EXPECT_LT(sharded.bytes("master_weights"), 1.2 * P);
+
+  auto r = primus::testing::run_primus("projection memory --json --gpus 8 --config " + projection_example("llama3.2-1B.yaml") +
+                                       " tensor_model_parallel_size=2 sequence_parallel=true global_batch_size=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["gpus"].get<int64_t>(), 4);
+  EXPECT_EQ(j["layout"]["tensor_model_parallel_size"].get<int64_t>(), 2);
+  EXPECT_TRUE(j["layout"]["sequence_parallel"].get<bool>());
+  r = primus::testing::run_primus("projection memory --gpus 8 --config " + projection_example("llama3.2-1B.yaml") +
+                                  " tensor_model_parallel_size=2 sequence_parallel=true global_batch_size=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("layout: 8 GPUs (tp 2+sp x cp 1 x dp 4)"), std::string::npos) << r.out;
+  r = primus::testing::run_primus("projection performance --device 'NVIDIA H200' --gpus 4 --config " +
+                                  projection_example("llama3.2-1B.yaml") + " tensor_model_parallel_size=2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("projection performance: tensor_model_parallel_size = 2 is not modelled yet"), std::string::npos)
+      << r.out;
+  r = primus::testing::run_primus("projection memory --gpus 3 --config " + projection_example("llama3.2-1B.yaml") +
+                                  " tensor_model_parallel_size=2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--gpus 3 is not a multiple of tensor_model_parallel_size 2"), std::string::npos) << r.out;
 }
 
 }  // namespace
