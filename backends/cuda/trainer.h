@@ -88,7 +88,7 @@ class CudaTrainer : public Trainer {
   // The job's layout (parallel/parallel_dims.h) and data parallelism (parallel/cuda/grad_reducer.h):
   // the group and reducer are null in a job of one. Declared so that dp_ goes first and the
   // group after the model. pg_: plain or ZeRO-1 data parallelism over this rank's dp group (the
-  // whole job, or beside tp or cp the ranks that share this rank's tp / cp coordinate): NCCL with
+  // whole job, or beside tp or cp the ranks that share this rank's tp and cp coordinates): NCCL with
   // the reducer dp_ on GPUs; in host mode the CPU group, whose gradients reduce_host_grads()
   // averages after the backward. world_pg_: host mode's CPU group of every rank, which its
   // subgroups are made from.
@@ -106,17 +106,16 @@ class CudaTrainer : public Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   bool zero1() const { return dp_ && args_->use_distributed_optimizer; }
   bool rank0() const { return dist_.rank == 0; }
-  // Tensor parallelism (tensor_model_parallel_size > 1; with plain data parallelism beside it,
-  // Megatron's rank order): the group (NCCL on GPUs, Gloo in host mode) and this rank's shard map. The model is the map's
+  // Tensor parallelism (tensor_model_parallel_size > 1; beside cp and dp in Megatron's rank order):
+  // the group (NCCL on GPUs, Gloo in host mode) and this rank's shard map. The model is the map's
   // local spec; weights are initialised, checkpointed and sampled in the global layout, which
-  // tp_global() puts together (every rank calls it).
+  // tp_global() puts together (every rank of the tp group calls it).
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;
   // Sharded data parallelism (optim_grads, optim_grads_params: the model's own, model/fsdp.h) over
   // the gradient group, dp x cp (with cp the ranks of this rank's dp group and their cp groups):
   // NCCL on GPUs, the CPU group in host mode. Null otherwise.
   std::shared_ptr<parallel::ProcessGroup> sharded_pg_;
-  // Context parallelism (with plain data parallelism beside it; NCCL on GPUs, the CPU group in host
-  // mode); null without.
+  // Context parallelism (beside tp and dp; NCCL on GPUs, the CPU group in host mode); null without.
   std::shared_ptr<parallel::ProcessGroup> cp_pg_;
   // A micro-batch as the model takes it: B x T, or with context parallelism this rank's 2B chunk
   // rows of T / 2cp tokens.
@@ -129,13 +128,13 @@ class CudaTrainer : public Trainer {
   // Whether any rank of the job says stop (every rank calls; a job that is one tp group: this
   // rank's own flag, see the definition).
   bool any_rank(bool stop);
-  // Whether this rank writes (or helps write) checkpoints: sharded, every rank; with tp the tp group of cp and dp
-  // coordinates 0, else with cp the cp group of dp coordinate 0, else every rank of the one group.
-  // The others wait in a barrier over their cp group (beside tp), then their dp group: a rank leaves
-  // its cp barrier once its cp peer of coordinate 0 arrives, which in the writers' dp column is
-  // after the save, and its dp barrier once that column's rank arrives.
-  // Sharded without tp: every rank (the weights and moments are put together from all the chunks);
-  // sharded with tp: the tp group of cp and dp coordinates 0, after every rank has read its part.
+  // Whether this rank writes (or helps write) checkpoints. With tp: the tp group of cp and dp
+  // coordinates 0 (sharded, after every rank has given its chunks). Else sharded: every rank (the
+  // weights and moments are put together from all the chunks). Else with cp: the cp group of dp
+  // coordinate 0. Else every rank of the one group. The others wait in a barrier: sharded beside tp
+  // over the sharded group; else over their cp group (beside tp), then their dp group. A rank
+  // leaves its cp barrier once its cp peer of coordinate 0 arrives, which in the writers' dp column
+  // is after the save, and its dp barrier once that column's rank arrives.
   bool writer() const {
     if (sharded_pg_ && !tp_pg_) return true;
     return (!tp_pg_ || dims_->coord(parallel::Dim::CP) == 0) && (!(tp_pg_ || cp_pg_) || dims_->coord(parallel::Dim::DP) == 0);
