@@ -76,7 +76,8 @@ TEST(CudaHostTrainerMoe, ExpertBiasMovesByTheGlobalLoadUnderShardedDataParalleli
 
 // Context parallelism: each rank routes its chunks of every sequence. Without the switch loss
 // (aux-loss-free balancing by the expert bias) the step is additive over the chunks, and the
-// loads summed over the two ranks move the biases as one process's; with it, refused by name.
+// loads summed over the ranks move the biases as one process's, with data parallelism beside cp
+// too; with the switch loss, refused by name.
 TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheExpertBias) {
   testing::TwoProcesses t(moe_overrides("      moe_aux_loss_coeff: 0\n"
                                         "      moe_router_score_function: sigmoid\n"
@@ -84,8 +85,14 @@ TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheExpertBias) {
                                         "      moe_router_bias_update_rate: 0.05\n"),
                           "moe/tiny.yaml");
   t.expect_matches("bias_cp2", "context_parallel_size=2", "context parallel over 2 ranks");
-  for (const char* key : {"moe/layer0/load_max", "moe/layer1/load_min", "moe/layer1/load_cv"})
-    expect_same_metric(t.dir(), "bias_cp2", key);
+  // Beside data parallelism (the loads summed over the dp group, then the cp group) and sharded over
+  // dp x cp (summed once over that group): four processes, the same losses and loads.
+  t.expect_matches("bias_cp2dp2", "context_parallel_size=2", "x data parallel over 2 ranks", 1e-5, 4);
+  t.expect_matches("bias_cp2dp2_fsdp", "context_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params",
+                   "sharded over dp x cp = 4 ranks", 1e-5, 4);
+  for (const char* run : {"bias_cp2", "bias_cp2dp2", "bias_cp2dp2_fsdp"})
+    for (const char* key : {"moe/layer0/load_max", "moe/layer1/load_min", "moe/layer1/load_cv"})
+      expect_same_metric(t.dir(), run, key);
   auto r = primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " +
                                        (std::filesystem::path(PRIMUS_BINARY_DIR) / "bin" / "cuda_host_trainer_worker").string() +
                                        " -- " + (t.dir() / "one.yaml").string() +
