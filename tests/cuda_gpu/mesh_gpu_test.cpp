@@ -31,8 +31,8 @@ TEST_P(MeshGpuTest, RanksOnOneGpuTrainAsOne) {
     for (size_t r = 1; r < mesh.rank_gnorm.size(); ++r)
       EXPECT_EQ(mesh.rank_gnorm[r][size_t(s)], mesh.rank_gnorm[0][size_t(s)]) << "rank " << r << " step " << s;
   const std::string name = mc.shape.name();
-  const Bf16Steps g = expect_bf16_steps(name.c_str(), one.loss, one.gnorm, mesh.loss, mesh.gnorm, other.loss,
-                                        other.gnorm, /*late_floor=*/5e-2);
+  const Bf16Steps g = expect_bf16_steps(name.c_str(), one.loss, one.gnorm(), mesh.loss, mesh.gnorm(), other.loss,
+                                        other.gnorm(), /*late_floor=*/5e-2);
   const double dw = rel_l2(mesh.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
   EXPECT_LT(dw, 1e-2);
   EXPECT_LT(one.loss.back(), one.loss.front() - 0.2) << "the run must learn";

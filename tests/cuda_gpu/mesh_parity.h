@@ -44,7 +44,9 @@ struct MeshCase {
   int model;
   MeshShape shape;
 };
-inline std::string mesh_case_name(const MeshCase& c);  // "<model>_<layout>" (tp_parity.h's names)
+// "<model>_<layout>" (tp_parity.h's model names).
+inline std::string mesh_case_name(const MeshCase& c) { return std::string(tp_spec_name(c.model)) + "_" + c.shape.name(); }
+inline void PrintTo(const MeshCase& c, std::ostream* os) { *os << mesh_case_name(c); }
 
 // The layouts both tests run: every pairing once and the three together. tp x cp (GPT-2 with
 // sequence parallelism, sharded over its cp ranks; Llama unsharded), FSDP x tp (Llama tp4: the
@@ -61,8 +63,9 @@ inline std::vector<MeshCase> mesh_layouts() {
 }
 
 struct MeshRun {
-  std::vector<double> loss, gnorm;  // per step: the mean of the ranks' losses; rank 0's norm
+  std::vector<double> loss;                     // per step: the mean of the ranks' losses
   std::vector<std::vector<double>> rank_gnorm;  // [rank][step]
+  const std::vector<double>& gnorm() const { return rank_gnorm.at(0); }  // per step: rank 0's norm
   std::vector<float> params;        // after the last step, in the global layout
 };
 
@@ -154,14 +157,10 @@ inline MeshRun run_mesh(const train::ModelSpec& spec, MeshShape m, turbo::Device
     double sum = 0;
     for (int r = 0; r < world; r += m.tp) sum += loss[size_t(r)][size_t(s)];
     run.loss.push_back(sum / (world / m.tp));
-    run.gnorm.push_back(run.rank_gnorm[0][size_t(s)]);
   }
   run.params.assign(init.size(), 0.0f);
   for (int t = 0; t < m.tp; ++t) maps[size_t(t)]->to_global(local[size_t(t)].data(), run.params.data(), t > 0);
   return run;
 }
-
-inline std::string mesh_case_name(const MeshCase& c) { return std::string(tp_spec_name(c.model)) + "_" + c.shape.name(); }
-inline void PrintTo(const MeshCase& c, std::ostream* os) { *os << mesh_case_name(c); }
 
 }  // namespace primus::backends::cuda::testing

@@ -515,8 +515,8 @@ struct F32Patch {
 struct Bf16Patch {
   uint32_t w[kGRows][2];  // row i: columns 2k (low half) and 2k + 1 (high half) in word k
   __device__ __forceinline__ float at(int i, int j) const {
-    const uint32_t x = w[i][j / 2];
-    return __uint_as_float(j % 2 == 0 ? x << 16 : x & 0xffff0000u);
+    const float2 p = bf16_pair(w[i][j / 2]);
+    return j % 2 == 0 ? p.x : p.y;
   }
   __device__ __forceinline__ uint32_t bits(int i, int j) const { return __float_as_uint(at(i, j)) & 0x7fffffffu; }
 };
