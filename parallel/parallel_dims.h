@@ -44,6 +44,8 @@ enum class DpSharding : uint8_t {
 const char* dp_sharding_name(DpSharding s);
 // optim_grads and optim_grads_params: the gradients are sharded too (ZeRO-2 and beyond).
 inline bool shards_gradients(DpSharding s) { return s == DpSharding::OptimGrads || s == DpSharding::OptimGradsParams; }
+// Every strategy but no_shard shards the optimizer state.
+inline bool shards_optimizer(DpSharding s) { return s != DpSharding::NoShard; }
 // The strategy a config asks for: data_parallel_sharding_strategy when set, else optim when
 // use_distributed_optimizer is true (its older name), else no_shard. ConfigError naming both keys
 // when they disagree, or naming the key for an unknown strategy.

@@ -132,21 +132,10 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   return d;
 }
 
-void check_mesh_composition(const CudaArgs& a, int64_t world) {
-  const int64_t mp = a.train.model_parallel[parallel::Dim::TP] * a.train.model_parallel[parallel::Dim::CP];
-  // A world the layout does not divide is the launch's error (ParallelDims names the keys), and a
-  // command that plans without launching (projection) says what it models itself.
-  if (mp == 1 || world % a.train.model_parallel.model_parallel_product() != 0) return;
-  const parallel::ParallelSizes sizes = a.train.model_parallel.for_world(world);
-  const int64_t tp = sizes[parallel::Dim::TP], cp = sizes[parallel::Dim::CP], dp = sizes[parallel::Dim::DP];
-  if ((tp > 1 || cp > 1) && dp > 1 && a.use_distributed_optimizer && !parallel::shards_gradients(sizes.sharding)) {
-    const char* key = tp > 1 ? "tensor_model_parallel_size" : "context_parallel_size";
-    throw ConfigError(fmt::format("{} {} with the distributed optimizer (use_distributed_optimizer / "
-                                  "data_parallel_sharding_strategy optim; dp {} of {} ranks) is not implemented yet on "
-                                  "the cuda backend: use plain data parallelism beside it, or optim_grads / "
-                                  "optim_grads_params (sharded over dp x cp)",
-                                  key, tp > 1 ? tp : cp, dp, world));
-  }
+bool zero1_in_model(const CudaArgs& a) {
+  const parallel::ParallelSizes& mp = a.train.model_parallel;
+  return mp.sharding == parallel::DpSharding::Optim &&
+         (mp[parallel::Dim::TP] > 1 || mp[parallel::Dim::CP] > 1 || a.host_mode);
 }
 
 namespace {
@@ -184,7 +173,6 @@ class CudaAdapter : public BackendAdapter {
     a->device = parallel::rank_device(static_cast<int>(p.find_path("device")->as_int()));
     const parallel::DataParallelArgs dpa = parallel::DataParallelArgs::from_config(p);
     a->use_distributed_optimizer = dpa.distributed_optimizer;
-    check_mesh_composition(*a, parallel::read_dist_env().world_size);  // a dry run refuses it too
     a->ddp_bucket_size = dpa.bucket_elems(4);  // fp32 gradients
     a->overlap_grad_reduce = p.find_path("overlap_grad_reduce")->as_bool();
     a->grad_reduce_in_bf16 = p.find_path("grad_reduce_in_bf16")->as_bool();

@@ -23,8 +23,7 @@ class Fp8Producers;       // turbo/ops/gemm_fp8.h
 namespace primus::backends::cuda {
 
 // The mesh this backend runs: tensor (and sequence) parallelism, context parallelism and data
-// parallelism (plain, ZeRO-1, optim_grads, optim_grads_params); which of them go together is
-// check_mesh_composition's.
+// parallelism (plain, ZeRO-1, optim_grads, optim_grads_params), in any combination.
 inline constexpr parallel::MeshSupport kCudaMesh{"the cuda backend", true, true, true};
 
 struct CudaArgs : BackendArgs, train::HasTrainingArgs {
@@ -84,9 +83,11 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
 // The keys this backend adds to the shared model and training keys.
 void add_cuda_schema(config::Schema& s);
 
-// Which parallel dimensions this backend runs side by side, for a job of `world` ranks: tp, cp and
-// data parallelism in any combination (the sharded strategies over dp x cp); not yet tp or cp
-// beside ZeRO-1 (ConfigError naming the keys).
-void check_mesh_composition(const CudaArgs& a, int64_t world);
+// Where ZeRO-1 (use_distributed_optimizer / data_parallel_sharding_strategy optim) runs. Plain data
+// parallelism on GPUs: the bucketed reducer (parallel/cuda/grad_reducer.h), which shards flat
+// buckets of the whole replica. Beside tensor or context parallelism, and in host mode: the model's
+// sharded data parallelism (model/fsdp.h) with the gradients whole, over dp x cp, where the tp
+// ranks' partial gradients, replicated rows and norm are already handled. True for the latter.
+bool zero1_in_model(const CudaArgs& a);
 
 }  // namespace primus::backends::cuda

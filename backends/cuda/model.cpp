@@ -120,7 +120,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   // layer's weights into buffers the layers take turns with: not there yet. Tensor and context
   // parallelism keep each layer's own (local) weights; every rank saves what its own GEMMs read
   // (the gathered norm output with sequence parallelism, its slice of the activation, its tokens).
-  const bool sharded = opt.dp_group && parallel::shards_gradients(opt.dp_sharding);
+  const bool sharded = opt.dp_group && parallel::shards_optimizer(opt.dp_sharding);
   // FP8 inputs saved for the backward in the FP8 layers (the plan saves those inputs their recompute
   // policy keeps); FP8 weight copies in them under gradient accumulation (one micro-batch a step
   // quantizes each weight once, twice with full recompute, anyway).
@@ -162,10 +162,9 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
     mp.tp = opt.tp_map->tp();
     mp.sequence_parallel = opt.tp_map->sequence_parallel() && mp.tp > 1;
   }
-  if (opt.dp_group && parallel::shards_gradients(opt.dp_sharding)) {
-    mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, opt.dp_group->world_size(),
-                                                   opt.dp_group->rank(),
-                                                   opt.dp_sharding == parallel::DpSharding::OptimGradsParams));
+  if (opt.dp_group && parallel::shards_optimizer(opt.dp_sharding)) {
+    mp.fsdp = std::make_shared<FsdpPlan>(
+        plan_fsdp(layout, spec.num_layers, opt.dp_group->world_size(), opt.dp_group->rank(), opt.dp_sharding));
     mp.zero_ranges = 0;  // the places and the shard are cleared whole
   }
   if (opt.cp_group && opt.cp_group->world_size() > 1) mp.cp = opt.cp_group->world_size();
@@ -211,7 +210,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (opt_.split_master) {
     const char* why = host                                ? "host mode computes on the fp32 master itself"
                       : !opt_.optimizer_state || opt_.flat_elems != 0 ? "ZeRO-1 keeps the master weights in its shards"
-                      : opt_.dp_group && parallel::shards_gradients(opt_.dp_sharding)
+                      : opt_.dp_group && parallel::shards_optimizer(opt_.dp_sharding)
                           ? "sharded data parallelism keeps the master weights in its chunks"
                       : !opt_.muon.empty() ? "Muon updates its matrices' fp32 masters"
                                            : nullptr;
@@ -248,7 +247,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
       throw ConfigError("the cuda backend's tensor parallelism with a distributed optimizer is not implemented yet");
   }
-  const bool fsdp = opt_.dp_group && parallel::shards_gradients(opt_.dp_sharding);
+  const bool fsdp = opt_.dp_group && parallel::shards_optimizer(opt_.dp_sharding);
   if (fsdp) {
     const std::string what = fmt::format("data_parallel_sharding_strategy {}", parallel::dp_sharding_name(opt_.dp_sharding));
     if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
@@ -719,10 +718,17 @@ void CudaModel::forward_staged(int64_t B, int64_t T, float dloss, int64_t slot) 
   decoder_->forward(B, T, dloss, slot);
 }
 
+void CudaModel::begin_backward(bool last) {
+  if (fsdp_) fsdp_->begin_backward(last);
+}
+
 void CudaModel::backward() {
   decoder_->backward();
   if (opt_.fp8_delayed) fp8_pending_ = true;
-  if (fsdp_) fsdp_->end_backward();
+  if (fsdp_) {
+    fsdp_->end_backward();
+    fsdp_->begin_backward(true);  // the next backward reduces unless told otherwise
+  }
 }
 
 void CudaModel::grad_norm(float max_norm) {

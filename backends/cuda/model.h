@@ -158,16 +158,17 @@ struct CudaModelOptions {
   // (ConfigError).
   parallel::ProcessGroup* tp_group = nullptr;
   std::shared_ptr<const train::TpShardMap> tp_map;
-  // Sharded data parallelism (model/fsdp.h) over dp_group: Megatron's optim_grads (ZeRO-2) or
-  // optim_grads_params (ZeRO-3 / FSDP); this rank keeps its chunk of every unit's master weights,
-  // moments and averaged gradient, each step's gradients are reduce-scattered (mean over the ranks)
-  // as the backward finishes each unit, and with optim_grads_params the layers' weights are gathered
-  // one layer ahead. Each rank passes dloss for its own micro-batches (the mean over the ranks is the
-  // reduction's). The host copies stay in the full layout and become collective (every rank calls
-  // set_params, get_params, the moment calls and get_grads together); get_grads reads the averaged
-  // gradient. With context parallelism dp_group is dp x cp (see cp_group). Not with tensor
-  // parallelism, the optimizer in the backward, Muon or ZeRO-1 buffers (ConfigError). dp_sharding
-  // NoShard / Optim: no effect here (DataParallel's).
+  // Sharded data parallelism (model/fsdp.h) over dp_group: Megatron's optim (ZeRO-1, the
+  // distributed optimizer), optim_grads (ZeRO-2) or optim_grads_params (ZeRO-3 / FSDP); this rank
+  // keeps its chunk of every unit's master weights, moments and averaged gradient, the gradients
+  // are reduce-scattered (mean over the ranks) as the backward finishes each unit (optim: on the
+  // step's last micro-batch, begin_backward), and with optim_grads_params the layers' weights are
+  // gathered one layer ahead. Each rank passes dloss for its own micro-batches (the mean over the
+  // ranks is the reduction's). The host copies stay in the full layout and become collective
+  // (every rank calls set_params, get_params, the moment calls and get_grads together); get_grads
+  // reads the averaged gradient. With context parallelism dp_group is dp x cp (see cp_group); with
+  // tensor parallelism each tp rank shards its own slices alike. Not with the optimizer in the
+  // backward, Muon or DataParallel's ZeRO-1 buffers (ConfigError). dp_sharding NoShard: no effect.
   parallel::ProcessGroup* dp_group = nullptr;
   parallel::DpSharding dp_sharding = parallel::DpSharding::NoShard;
   // Context parallelism (model/cp_attention.h) over cp_group: the batches given are this rank's
@@ -228,6 +229,10 @@ class CudaModel {
     stage_batch(tokens, targets, B, T, slot);
     forward_staged(B, T, dloss, slot);
   }
+  // Before each micro-batch's backward: whether it is the step's last. Sharded with optim, the
+  // earlier ones accumulate and the last reduces (one reduce-scatter a step); otherwise no effect.
+  // Unset, every backward counts as the last.
+  void begin_backward(bool last);
   // Accumulates parameter gradients of the last forward (which must have had dloss != 0),
   // recomputing the activations the layers did not keep.
   void backward();

@@ -65,9 +65,10 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     mo.attention_scratch_bytes = deterministic_attention_scratch_bytes(t.micro_batch_size, spec.seq_length,
                                                                        spec.num_attention_heads, spec.head_dim());
   }
-  // optim_grads / optim_grads_params: the model keeps its own shard (model/fsdp.h), not ZeRO-1's buffers.
+  // optim_grads / optim_grads_params, and ZeRO-1 beside tp or cp: the model keeps its own shard
+  // (model/fsdp.h), not the bucketed reducer's padded buffers.
   const parallel::DpSharding sharding = a.train.model_parallel.sharding;
-  const bool sharded = parallel::shards_gradients(sharding);
+  const bool sharded = parallel::shards_gradients(sharding) || zero1_in_model(a);
   if (world > 1 && a.use_distributed_optimizer && !sharded) {
     mo.flat_elems = parallel::zero1_padded_total(train::make_param_layout(spec), static_cast<int>(world));
     mo.optimizer_state = false;

@@ -52,7 +52,6 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   const int64_t tp = args.train.model_parallel[parallel::Dim::TP], cp = args.train.model_parallel[parallel::Dim::CP];
   CudaArgs a = args;
   std::shared_ptr<train::TpShardMap> map;
-  if (tp > 1 || cp > 1) check_mesh_composition(a, tp * cp * lay.gpus);
   if (tp > 1) {
     map = std::make_shared<train::TpShardMap>(args.model, tp, 0, a.train.model_parallel.sequence_parallel);
     a.model = map->local_spec();
@@ -66,10 +65,9 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   if (cp > 1) mp.cp = cp;
   const parallel::DpSharding sharding = a.train.model_parallel.sharding;
   const int64_t shard_world = lay.gpus * cp;
-  const bool sharded = shard_world > 1 && parallel::shards_gradients(sharding);
+  const bool sharded = shard_world > 1 && (parallel::shards_gradients(sharding) || zero1_in_model(a));
   if (sharded) {
-    mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, static_cast<int>(shard_world), 0,
-                                                   sharding == parallel::DpSharding::OptimGradsParams));
+    mp.fsdp = std::make_shared<FsdpPlan>(plan_fsdp(layout, spec.num_layers, static_cast<int>(shard_world), 0, sharding));
     mp.zero_ranges = 0;
   }
   const MemoryPlanSizes sz = MemoryPlan::sizes(spec, layout, mp);

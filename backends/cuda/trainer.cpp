@@ -47,13 +47,9 @@ void CudaTrainer::setup() {
   const parallel::DpSharding sharding = t.model_parallel.sharding;
   // The sharded strategies shard over the gradient group, dp x cp (Megatron's data-parallel group
   // with context parallelism folded in: the cp ranks' gradients are other tokens' parts of the same
-  // weights, averaged with the replicas' by the same reduce-scatter).
-  const bool sharded = dp * cp > 1 && parallel::shards_gradients(sharding);
-  check_mesh_composition(*args_, dist_.world_size);
-  if (dp > 1 && args_->host_mode && !sharded && args_->use_distributed_optimizer) {
-    throw ConfigError("use_distributed_optimizer (ZeRO-1) needs GPUs: the cuda backend's host mode runs plain data "
-                      "parallelism and the optim_grads / optim_grads_params sharding");
-  }
+  // weights, averaged with the replicas' by the same reduce-scatter). ZeRO-1 too, where the model
+  // runs it (zero1_in_model); plain data parallelism's ZeRO-1 on GPUs is the bucketed reducer's.
+  const bool sharded = dp * cp > 1 && (parallel::shards_gradients(sharding) || zero1_in_model(*args_));
   if (t.data_parallel_size != dp) {
     throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}) for tp {}; launch one rank per "
                                   "GPU with primus launch / torchrun / srun",
@@ -215,11 +211,16 @@ void CudaTrainer::init() {
   model_ = std::make_unique<CudaModel>(tp_map_ ? tp_map_->local_spec() : spec, mo, ops_);
   if (sharded_pg_) {
     const double P = static_cast<double>(model_->layout().total), world = sharded_pg_->world_size();
-    spdlog::info("[cuda] {}: this rank keeps 1/{} of the fp32 master weights, AdamW moments and averaged gradient "
-                 "({:.3f} GiB of {:.3f} GiB){}",
+    const bool optim = t.model_parallel.sharding == parallel::DpSharding::Optim;
+    const double per = optim ? 12.0 : 16.0;  // master and moments, + the averaged gradient
+    spdlog::info("[cuda] {}: this rank keeps 1/{} of the fp32 master weights, AdamW moments{} ({:.3f} GiB of {:.3f} "
+                 "GiB){}",
                  parallel::dp_sharding_name(t.model_parallel.sharding), sharded_pg_->world_size(),
-                 16.0 * P / world / double(size_t{1} << 30), 16.0 * P / double(size_t{1} << 30),
-                 t.model_parallel.sharding == parallel::DpSharding::OptimGradsParams
+                 optim ? "" : " and averaged gradient", per * P / world / double(size_t{1} << 30),
+                 per * P / double(size_t{1} << 30),
+                 optim ? "; the gradients accumulate whole and are reduce-scattered once a step, on the last "
+                         "micro-batch"
+                 : t.model_parallel.sharding == parallel::DpSharding::OptimGradsParams
                      ? "; the layers' bf16 weights are gathered one layer ahead"
                      : "");
   }
@@ -408,6 +409,7 @@ void CudaTrainer::step_body(int64_t step) {
   for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
     model_->forward_staged(B, T, dloss, micro);
     if (dp_) dp_->begin_backward(micro + 1 == t.grad_accum_steps);
+    model_->begin_backward(micro + 1 == t.grad_accum_steps);
     model_->backward();
   }
   if (dp_) dp_->end_backward();  // the gradients are now averaged over the ranks (ZeRO-1: this rank's shard)

@@ -23,18 +23,18 @@ namespace {
 
 using parallel::DpSharding;
 
-class FsdpGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
+// Each of the two ranks accumulates two micro-batches a step (optim reduces on the second alone).
+class FsdpGpuTest : public CudaGpuTest, public ::testing::WithParamInterface<std::tuple<bool, DpSharding>> {};
 
 TEST_P(FsdpGpuTest, TwoRanksOnOneGpuTrainAsOneAccumulating) {
-  const auto [llama, params] = GetParam();
+  const auto [llama, sharding] = GetParam();
   const train::ModelSpec spec = tiny_spec(llama);
-  const DpSharding sharding = params ? DpSharding::OptimGradsParams : DpSharding::OptimGrads;
-  const char* name = params ? "fsdp2" : "zero2";
+  const char* name = sharding == DpSharding::Optim ? "zero1" : sharding == DpSharding::OptimGrads ? "zero2" : "fsdp2";
   constexpr int kSteps = 20;
-  const FsdpRun one = run_fsdp(spec, 1, DpSharding::NoShard, turbo::Device::CUDA, kSteps, 2);
-  const FsdpRun two = run_fsdp(spec, 2, sharding, turbo::Device::CUDA, kSteps, 2);
+  const FsdpRun one = run_fsdp(spec, 1, DpSharding::NoShard, turbo::Device::CUDA, kSteps, 4);
+  const FsdpRun two = run_fsdp(spec, 2, sharding, turbo::Device::CUDA, kSteps, 4);
   // bf16's own spread: one rank with the fallback attention
-  const FsdpRun other = run_fsdp(spec, 1, DpSharding::NoShard, turbo::Device::CUDA, kSteps, 2, Attn::Fallback);
+  const FsdpRun other = run_fsdp(spec, 1, DpSharding::NoShard, turbo::Device::CUDA, kSteps, 4, Attn::Fallback);
   for (int s = 0; s < kSteps; ++s) EXPECT_EQ(two.gnorm[1][s], two.gnorm[0][s]) << "step " << s << ": one global norm";
   const std::vector<double> mean = rank_mean(two.loss);
   const Bf16Steps g = expect_bf16_steps(name, one.loss[0], one.gnorm[0], mean, two.gnorm[0], other.loss[0], other.gnorm[0]);
@@ -61,10 +61,13 @@ TEST_P(FsdpGpuTest, TwoRanksOnOneGpuTrainAsOneAccumulating) {
   (void)shard1;
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, FsdpGpuTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+INSTANTIATE_TEST_SUITE_P(Models, FsdpGpuTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(DpSharding::Optim, DpSharding::OptimGrads,
+                                                                                 DpSharding::OptimGradsParams)),
                          [](const auto& info) {
+                           const DpSharding s = std::get<1>(info.param);
                            return std::string(std::get<0>(info.param) ? "llama" : "gpt2") +
-                                  (std::get<1>(info.param) ? "_fsdp" : "_zero2");
+                                  (s == DpSharding::Optim ? "_zero1" : s == DpSharding::OptimGrads ? "_zero2" : "_fsdp");
                          });
 
 // MoE layers (DeepSeek-style: sigmoid router, expert bias, shared expert) and FP8 linears (rowwise

@@ -1,8 +1,8 @@
-// Sharded data parallelism in the CUDA model (optim_grads, optim_grads_params), checked without a
-// GPU: the unit plan, and two ranks as threads running the model in host mode (fp32 on Turbo's CPU
-// kernels, the same decoder and collective code as on the device) against one rank that
-// accumulates both ranks' micro-batches, for GPT-2 (tied head, biases: the last bias gradient of a
-// layer is written during the next layer's backward) and Llama. fp32 gate of DESIGN.md: every
+// Sharded data parallelism in the CUDA model (optim, optim_grads, optim_grads_params), checked
+// without a GPU: the unit plan, and two ranks as threads running the model in host mode (fp32 on
+// Turbo's CPU kernels, the same decoder and collective code as on the device), each accumulating
+// two micro-batches a step, against one rank that accumulates all four, for GPT-2 (tied head,
+// biases: the last bias gradient of a layer is written during the next layer's backward) and Llama. fp32 gate of DESIGN.md: every
 // step's mean loss and gradient norm within 1e-5 relative, the final weights and moments within
 // 1e-4 (only the order of summation differs).
 #include <fmt/format.h>
@@ -28,26 +28,40 @@ TEST(FsdpPlanTest, UnitsTileTheLayoutAndShardsCoverEveryElementOnce) {
     const train::ModelSpec spec = tiny_spec(llama);
     const train::ParamLayout layout = train::make_param_layout(spec);
     for (int world : {1, 2, 3}) {
-      for (bool params : {false, true}) {
+      for (DpSharding sharding : {DpSharding::Optim, DpSharding::OptimGrads, DpSharding::OptimGradsParams}) {
+        const bool params = sharding == DpSharding::OptimGradsParams;
         std::vector<int> owners(size_t(layout.total), 0);
         for (int r = 0; r < world; ++r) {
-          const FsdpPlan p = plan_fsdp(layout, spec.num_layers, world, r, params);
+          const FsdpPlan p = plan_fsdp(layout, spec.num_layers, world, r, sharding);
+          EXPECT_EQ(p.shard_grads, sharding != DpSharding::Optim);
+          EXPECT_EQ(p.shard_params, params);
+          int64_t spans = 0;
           ASSERT_EQ(p.units.size(), size_t(spec.num_layers) + 2) << "embeddings, the layers, the top";
           EXPECT_EQ(p.units.front().begin, 0);
           EXPECT_EQ(p.units.back().end, layout.total);
           for (const FsdpUnit& u : p.units) {
             EXPECT_GE(p.span(u), u.end - u.begin);
             EXPECT_EQ(u.chunk % 64, 0);
+            if (!p.shard_grads) {  // optim: every unit's gradient place its own, one after the other
+              EXPECT_EQ(u.grad_base, spans);
+              spans += p.span(u);
+            }
             if (u.layer >= 0) {  // the ready point the decoder reports for it
               EXPECT_EQ(u.begin, layout.get(fmt::format("layers.{}.norm1.weight", u.layer)).offset);
               const FsdpUnit& first = p.units[1 + size_t(u.layer % 3)];
-              EXPECT_EQ(u.grad_base, first.grad_base) << "three gradient places, l % 3";
-              if (params) EXPECT_EQ(u.weight_base, p.units[1 + size_t(u.layer % 2)].weight_base) << "two weight places";
+              if (p.shard_grads) { EXPECT_EQ(u.grad_base, first.grad_base) << "three gradient places, l % 3"; }
+              if (params) {
+                EXPECT_EQ(u.weight_base, p.units[1 + size_t(u.layer % 2)].weight_base) << "two weight places";
+              }
             }
           }
+          if (!p.shard_grads) { EXPECT_EQ(p.grad_elems, spans); }
+          if (p.shard_grads && spec.num_layers > 3) { EXPECT_LT(p.grad_elems, layout.total); }
           // Places never overlap within what can be live at once: the units with places of their own.
-          if (!params) EXPECT_GE(p.weight_elems, layout.total);
-          if (params && spec.num_layers > 2) EXPECT_LT(p.weight_elems, layout.total + 64 * int64_t(p.units.size()) * world);
+          if (!params) { EXPECT_GE(p.weight_elems, layout.total); }
+          if (params && spec.num_layers > 2) {
+            EXPECT_LT(p.weight_elems, layout.total + 64 * int64_t(p.units.size()) * world);
+          }
           // This rank's pieces, as the shard's own layout.
           const train::ParamLayout sl = shard_layout(p, layout);
           EXPECT_EQ(sl.total, p.shard_elems);
@@ -73,7 +87,7 @@ TEST(FsdpPlanTest, UnitsTileTheLayoutAndShardsCoverEveryElementOnce) {
         std::vector<float> gathered;
         FsdpPlan p0;
         for (int r = 0; r < world; ++r) {
-          const FsdpPlan p = plan_fsdp(layout, spec.num_layers, world, r, params);
+          const FsdpPlan p = plan_fsdp(layout, spec.num_layers, world, r, sharding);
           std::vector<float> shard(size_t(p.shard_elems));
           full_to_shard(p, full.data(), shard.data());
           gathered.insert(gathered.end(), shard.begin(), shard.end());
@@ -86,15 +100,14 @@ TEST(FsdpPlanTest, UnitsTileTheLayoutAndShardsCoverEveryElementOnce) {
   }
 }
 
-class FsdpHostTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+class FsdpHostTest : public ::testing::TestWithParam<std::tuple<bool, DpSharding>> {};
 
 TEST_P(FsdpHostTest, TwoRanksTrainAsOneAccumulating) {
-  const auto [llama, params] = GetParam();
+  const auto [llama, sharding] = GetParam();
   const train::ModelSpec spec = tiny_spec(llama);
-  const DpSharding sharding = params ? DpSharding::OptimGradsParams : DpSharding::OptimGrads;
   constexpr int kSteps = 6;
-  const FsdpRun one = run_fsdp(spec, 1, DpSharding::NoShard, turbo::Device::CPU, kSteps, 2);
-  const FsdpRun two = run_fsdp(spec, 2, sharding, turbo::Device::CPU, kSteps, 2);
+  const FsdpRun one = run_fsdp(spec, 1, DpSharding::NoShard, turbo::Device::CPU, kSteps, 4);
+  const FsdpRun two = run_fsdp(spec, 2, sharding, turbo::Device::CPU, kSteps, 4);
   double worst_loss = 0, worst_norm = 0;
   for (int s = 0; s < kSteps; ++s) {
     const double mean = 0.5 * (two.loss[0][s] + two.loss[1][s]);
@@ -107,6 +120,10 @@ TEST_P(FsdpHostTest, TwoRanksTrainAsOneAccumulating) {
     EXPECT_LT(dl, 1e-5) << "step " << s << ": " << mean << " vs " << one.loss[0][s];
     EXPECT_LT(dn, 1e-5) << "step " << s << ": " << two.gnorm[0][s] << " vs " << one.gnorm[0][s];
   }
+  // optim reduces each unit (embeddings, the layers, the top) once a step, on the last of the rank's
+  // two micro-batches; the strategies that shard the gradients once a micro-batch.
+  const int64_t units = spec.num_layers + 2;
+  EXPECT_EQ(two.reduce_scatters, kSteps * units * (sharding == DpSharding::Optim ? 1 : 2));
   const int64_t n = static_cast<int64_t>(one.params.size());
   const double dp = rel_l2(two.params.data(), one.params.data(), n);
   const double dm = rel_l2(two.m.data(), one.m.data(), n), dv = rel_l2(two.v.data(), one.v.data(), n);
@@ -116,14 +133,17 @@ TEST_P(FsdpHostTest, TwoRanksTrainAsOneAccumulating) {
   EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.1) << "the run must learn";
   std::printf("[host %s %s x2] %d steps: loss %.4f -> %.4f, worst relative loss %.1e, grad norm %.1e, weights %.1e, "
               "moments %.1e / %.1e\n",
-              llama ? "llama" : "gpt2", params ? "optim_grads_params" : "optim_grads", kSteps, one.loss[0].front(),
+              llama ? "llama" : "gpt2", parallel::dp_sharding_name(sharding), kSteps, one.loss[0].front(),
               one.loss[0].back(), worst_loss, worst_norm, dp, dm, dv);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, FsdpHostTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+INSTANTIATE_TEST_SUITE_P(Models, FsdpHostTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(DpSharding::Optim, DpSharding::OptimGrads,
+                                                                                 DpSharding::OptimGradsParams)),
                          [](const auto& info) {
+                           const DpSharding s = std::get<1>(info.param);
                            return std::string(std::get<0>(info.param) ? "llama" : "gpt2") +
-                                  (std::get<1>(info.param) ? "_fsdp" : "_zero2");
+                                  (s == DpSharding::Optim ? "_zero1" : s == DpSharding::OptimGrads ? "_zero2" : "_fsdp");
                          });
 
 // What the plan holds per rank on the device: the optimizer state, the averaged gradient and the
@@ -140,18 +160,22 @@ TEST(FsdpHostTest, DevicePlanShardsTheState) {
   for (int world : {2, 4}) {
     auto hub = parallel::ThreadedGroup::create(world, std::chrono::seconds(5));
     std::unique_ptr<parallel::ProcessGroup> pg = hub->rank(0);
-    CudaModelOptions mo = base;
-    mo.dp_group = pg.get();
-    mo.dp_sharding = DpSharding::OptimGradsParams;
-    const auto [all, shard] = planned_state_bytes(spec, mo);
-    // fp32 master, m, v, averaged gradient and the bf16 chunk: 18 bytes per owned element.
-    const double per_rank = 18.0 * P / world;
-    EXPECT_GE(double(shard), per_rank);
-    EXPECT_LT(double(shard), per_rank * 1.05 + 18.0 * 64 * double(spec.num_layers + 2));
-    // One rank: master, m, v, gradients (fp32) and bf16 weights of the whole model.
-    EXPECT_LT(double(all), double(all1)) << "world " << world;
-    std::printf("[plan llama L8 fsdp x%d] state %.2f MiB (shard %.2f MiB) vs one rank %.2f MiB\n", world,
-                all / 1048576.0, shard / 1048576.0, all1 / 1048576.0);
+    for (DpSharding sharding : {DpSharding::Optim, DpSharding::OptimGradsParams}) {
+      CudaModelOptions mo = base;
+      mo.dp_group = pg.get();
+      mo.dp_sharding = sharding;
+      const auto [all, shard] = planned_state_bytes(spec, mo);
+      // fp32 master, m, v, averaged gradient and the bf16 chunk: 18 bytes per owned element.
+      const double per_rank = 18.0 * P / world;
+      EXPECT_GE(double(shard), per_rank);
+      EXPECT_LT(double(shard), per_rank * 1.05 + 18.0 * 64 * double(spec.num_layers + 2));
+      // One rank: master, m, v, gradients (fp32) and bf16 weights of the whole model. optim keeps
+      // the whole gradients and weights (6 bytes an element) beside its shard.
+      EXPECT_LT(double(all), double(all1)) << "world " << world;
+      if (sharding == DpSharding::Optim) { EXPECT_GT(double(all), 6.0 * P + double(shard)) << "world " << world; }
+      std::printf("[plan llama L8 %s x%d] state %.2f MiB (shard %.2f MiB) vs one rank %.2f MiB\n",
+                  parallel::dp_sharding_name(sharding), world, all / 1048576.0, shard / 1048576.0, all1 / 1048576.0);
+    }
   }
 }
 

@@ -18,16 +18,43 @@
 
 namespace primus::backends::cuda::testing {
 
+// A host group that counts the reduce-scatters it forwards (how often the gradients were
+// reduced: optim once a step, the others once a micro-batch).
+class CountingGroup : public parallel::ProcessGroup {
+ public:
+  explicit CountingGroup(parallel::ProcessGroup& g) : g_(g) {}
+  int rank() const override { return g_.rank(); }
+  int world_size() const override { return g_.world_size(); }
+  std::string backend() const override { return g_.backend(); }
+  std::chrono::milliseconds timeout() const override { return g_.timeout(); }
+  void all_reduce(void* b, size_t n, parallel::DType t, parallel::ReduceOp op) override { g_.all_reduce(b, n, t, op); }
+  void reduce_scatter(const void* s, void* r, size_t n, parallel::DType t, parallel::ReduceOp op) override {
+    ++reduce_scatters;
+    g_.reduce_scatter(s, r, n, t, op);
+  }
+  void all_gather(const void* s, void* r, size_t n, parallel::DType t) override { g_.all_gather(s, r, n, t); }
+  void broadcast(void* b, size_t n, parallel::DType t, int root) override { g_.broadcast(b, n, t, root); }
+  void barrier() override { g_.barrier(); }
+  void synchronize() override { g_.synchronize(); }
+  void abort() override { g_.abort(); }
+  int64_t reduce_scatters = 0;
+
+ private:
+  parallel::ProcessGroup& g_;
+};
+
 struct FsdpRun {
   std::vector<std::vector<double>> loss, gnorm;  // [rank][step]; one rank: the mean over its micro-batches
   std::vector<float> params, m, v;               // after the last step, in the full layout (rank 0's view)
   std::vector<size_t> reserved_bytes;            // per rank: the model's device arenas
   size_t state_bytes = 0;                        // rank 0: the state buffers the plan names below
   size_t sharded_bytes = 0;                      // rank 0: master, moments, averaged gradient, bf16 chunk
+  int64_t reduce_scatters = -1;                  // rank 0 in host mode: the group's reduce-scatters (-1: not counted)
 };
 
 // world == 1 with NoShard: the reference, one model accumulating `micro` micro-batches per step.
-// Otherwise `world` ranks, rank r taking micro-batch r of every step (micro must equal world).
+// Otherwise `world` ranks, rank r taking micro-batches r x n .. r x n + n - 1 of every step, n =
+// micro / world of them (micro must be a multiple of world).
 // `fp8` (optional): the linear layers in FP8 with that recipe (patch cuda.linear.fp8), an MoE's
 // experts too (cuda.moe.fp8), each model with recipe state of its own.
 inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSharding sharding, turbo::Device device,
@@ -40,12 +67,18 @@ inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSha
   run.loss.resize(static_cast<size_t>(world));
   run.gnorm.resize(static_cast<size_t>(world));
   run.reserved_bytes.resize(static_cast<size_t>(world));
-  const float dloss = 1.0f / float(kTrainBatch * T * (world == 1 ? micro : 1));
+  if (micro % world != 0) throw RuntimeError("run_fsdp: micro must be a multiple of world");
+  const int n = micro / world;  // micro-batches per rank and step
+  const float dloss = 1.0f / float(kTrainBatch * T * n);
 
-  auto rank_main = [&](int r, parallel::ProcessGroup* pg) {
+  auto rank_main = [&](int r, parallel::ProcessGroup* group) {
     if (device == turbo::Device::CUDA) select_device(0);
+    // Host mode takes any group: counted there (a device model needs the threaded group itself).
+    std::unique_ptr<CountingGroup> counted;
+    if (group && device == turbo::Device::CPU) counted = std::make_unique<CountingGroup>(*group);
+    parallel::ProcessGroup* pg = counted ? counted.get() : group;
     CudaModelOptions mo = options(spec, kTrainBatch, device);
-    if (world == 1) mo.loss_slots = micro;
+    mo.loss_slots = n;
     if (pg) {
       mo.dp_group = pg;
       mo.dp_sharding = sharding;
@@ -65,10 +98,10 @@ inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSha
     model.set_params(init.data());
     for (int s = 0; s < steps; ++s) {
       model.zero_grad();
-      const int n = world == 1 ? micro : 1;
       for (int k = 0; k < n; ++k) {
-        const int b = s * micro + (world == 1 ? k : r);
+        const int b = s * micro + r * n + k;
         model.forward(data.inputs[b].data(), data.targets[b].data(), kTrainBatch, T, dloss, k);
+        model.begin_backward(k + 1 == n);
         model.backward();
       }
       model.grad_norm(1.0f);
@@ -82,6 +115,7 @@ inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSha
     model.get_params(w.data());  // collective under sharding: every rank calls it
     model.get_moments(m.data(), v.data());
     run.reserved_bytes[r] = model.reserved_bytes();
+    if (r == 0 && counted) run.reduce_scatters = counted->reduce_scatters;
     if (r == 0) {
       run.params = std::move(w);
       run.m = std::move(m);

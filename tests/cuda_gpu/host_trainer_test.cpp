@@ -366,10 +366,31 @@ TEST(CudaHostTrainer, ShardedDataParallelBesideTensorParallelTrainsAsOne) {
                             "tensor_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params", 4);
 }
 
+// The distributed optimizer (ZeRO-1: use_distributed_optimizer, or its newer name
+// data_parallel_sharding_strategy optim) in host mode and beside tensor or context parallelism:
+// the model's sharded data parallelism with the gradients whole, sharded over dp x cp. At
+// micro-batch 2 every rank accumulates micro-batches (two under dp2, four under cp2) and reduces
+// once a step: dp2, tp2 x dp2, cp2 alone (sharded over its two ranks) and tp2 with sequence
+// parallelism x cp2 give one process's losses and validation losses; the tp2 x dp2 checkpoint
+// moves both ways.
+TEST(CudaHostTrainer, DistributedOptimizerBesideTensorAndContextParallelTrainsAsOne) {
+  testing::TwoProcesses t("", "gpt2/tiny.yaml", 2, 2);
+  t.expect_matches("dp2_zero1", "use_distributed_optimizer=true", "data_parallel_sharding_strategy optim (gloo group)");
+  t.expect_matches("tp2dp2_zero1", "tensor_model_parallel_size=2 data_parallel_sharding_strategy=optim",
+                   "the gradients accumulate whole and are reduce-scattered once a step", 1e-5, 4);
+  t.expect_matches("cp2_zero1", "context_parallel_size=2 use_distributed_optimizer=true",
+                   "sharded over dp x cp = 2 ranks");
+  t.expect_matches("tp2spcp2_zero1",
+                   "tensor_model_parallel_size=2 sequence_parallel=true context_parallel_size=2 "
+                   "use_distributed_optimizer=true",
+                   "sharded over dp x cp = 2 ranks", 1e-5, 4);
+  t.expect_checkpoints_move("tp2dp2_zero1", "tensor_model_parallel_size=2 use_distributed_optimizer=true", 4);
+}
+
 // The same with grouped-query attention and RoPE (Llama: 4 heads over 2 key/value groups; tp4
 // replicates each group on two ranks, whose key/value gradients are summed over them) and with
 // Qwen3's per-head q/k norms (their weights' gradients are partial on every tp rank), each also
-// under FSDP beside tp.
+// under FSDP beside tp, and Qwen3 under ZeRO-1 beside tp.
 TEST(CudaHostTrainer, MeshLayoutsTrainGqaModelsAsOne) {
   {
     testing::TwoProcesses t("", "llama/tiny.yaml", 4);
@@ -385,6 +406,8 @@ TEST(CudaHostTrainer, MeshLayoutsTrainGqaModelsAsOne) {
   q.expect_matches("tp2cp2", "tensor_model_parallel_size=2 context_parallel_size=2", "", 1e-5, 4);
   q.expect_matches("tp2dp2_fsdp", "tensor_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params", "",
                    1e-5, 4);
+  // ZeRO-1 beside tp: the partial q/k norm gradients summed over the tp group on the shards.
+  q.expect_matches("tp2dp2_zero1", "tensor_model_parallel_size=2 use_distributed_optimizer=true", "", 1e-5, 4);
 }
 
 }  // namespace

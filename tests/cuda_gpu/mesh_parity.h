@@ -2,7 +2,7 @@
 // tp x cp x dp ranks as threads of this process (Megatron's order, tp fastest; on the GPU the
 // collectives go through device memory), each building its tp slice of the model (the shard map's
 // local spec), holding its cp chunk slots of its dp replica's micro-batch, and sharding the
-// optimizer state over the dp x cp ranks of its tp coordinate (optim_grads or
+// optimizer state over the dp x cp ranks of its tp coordinate (optim, optim_grads or
 // optim_grads_params; with dp x cp = 1 nothing is sharded), against one rank accumulating the dp
 // micro-batches of every step, with the trainers' recipe (clip 1.0, AdamW). Shared by the
 // host-mode test (CI) and the GPU one.
@@ -51,7 +51,9 @@ inline void PrintTo(const MeshCase& c, std::ostream* os) { *os << mesh_case_name
 // The layouts both tests run: every pairing once and the three together. tp x cp (GPT-2 with
 // sequence parallelism, sharded over its cp ranks; Llama unsharded), FSDP x tp (Llama tp4: the
 // key/value groups replicated and exchanged on the chunks; Qwen3 with sequence parallelism: its
-// partial gradients summed on the chunks), FSDP over dp x cp, and tp x cp x dp under ZeRO-2.
+// partial gradients summed on the chunks), FSDP over dp x cp, tp x cp x dp under ZeRO-2, and
+// ZeRO-1 (the gradients whole, the optimizer state sharded) beside tp (Qwen3 with sequence
+// parallelism) and beside tp x cp (Llama tp2 x cp2 x dp2, sharded over dp x cp = 4 ranks).
 inline std::vector<MeshCase> mesh_layouts() {
   using parallel::DpSharding;
   return {MeshCase{0, {2, 2, 1, true}},
@@ -59,7 +61,9 @@ inline std::vector<MeshCase> mesh_layouts() {
           MeshCase{1, {4, 1, 2}},
           MeshCase{2, {2, 1, 2, true}},
           MeshCase{1, {1, 2, 2}},
-          MeshCase{0, {2, 2, 2, false, DpSharding::OptimGrads}}};
+          MeshCase{0, {2, 2, 2, false, DpSharding::OptimGrads}},
+          MeshCase{2, {2, 1, 2, true, DpSharding::Optim}},
+          MeshCase{1, {2, 2, 2, false, DpSharding::Optim}}};
 }
 
 struct MeshRun {

@@ -324,6 +324,20 @@ TEST(CudaProjection, TensorAndContextParallelLayoutsAreRankZerosPlan) {
   const train::MemoryProjection sharded = project_cuda_memory(c, ops, lay_c, false, 0.0);
   EXPECT_GE(sharded.bytes("master_weights"), P);  // 4 P / 4, plus the chunks' padding
   EXPECT_LT(sharded.bytes("master_weights"), 1.2 * P);
+  // ZeRO-1 beside cp (8 layers): the same shard of the master weights and moments as optim_grads,
+  // the gradients whole beside the shard of the averaged gradient, where optim_grads keeps three
+  // layer places.
+  c.model.num_layers = 8;
+  const double P8 = double(train::make_param_layout(c.model).total);
+  c.train.model_parallel.sharding = parallel::DpSharding::OptimGrads;
+  const train::MemoryProjection zero2 = project_cuda_memory(c, ops, lay_c, false, 0.0);
+  c.use_distributed_optimizer = true;
+  c.train.model_parallel.sharding = parallel::DpSharding::Optim;
+  const train::MemoryProjection zero1 = project_cuda_memory(c, ops, lay_c, false, 0.0);
+  EXPECT_DOUBLE_EQ(zero1.bytes("master_weights"), zero2.bytes("master_weights"));
+  EXPECT_DOUBLE_EQ(zero1.bytes("optimizer_state"), zero2.bytes("optimizer_state"));
+  EXPECT_GE(zero1.bytes("gradients"), 4.0 * P8 + P8);
+  EXPECT_LT(zero2.bytes("gradients"), 0.8 * zero1.bytes("gradients"));
 
   auto r = primus::testing::run_primus("projection memory --json --gpus 8 --config " + projection_example("llama3.2-1B.yaml") +
                                        " tensor_model_parallel_size=2 sequence_parallel=true global_batch_size=16");

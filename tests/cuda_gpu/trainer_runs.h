@@ -23,10 +23,11 @@ namespace primus::backends::cuda::testing {
 // hidden 64, bytes) on tinyshakespeare for 6 steps of 2 micro-batches, evaluating and
 // checkpointing every 3 steps, under workspace `ws`; `model` names another model file (its own
 // keys beyond those set here keep their values, e.g. moe/tiny.yaml's experts, llama/tiny.yaml's 2
-// key/value groups) and `heads` the attention heads. The data come from $PRIMUS_SOURCE_DIR (the
-// GPU machine's copy of the tree), else this build's source folder.
+// key/value groups), `heads` the attention heads and `micro` the micro-batch (of a global batch of
+// 8). The data come from $PRIMUS_SOURCE_DIR (the GPU machine's copy of the tree), else this
+// build's source folder.
 inline std::string tiny_trainer_experiment(const std::string& framework, const std::string& ws,
-                                           const std::string& model = "gpt2/tiny.yaml", int heads = 2) {
+                                           const std::string& model = "gpt2/tiny.yaml", int heads = 2, int micro = 4) {
   const char* env = std::getenv("PRIMUS_SOURCE_DIR");
   const std::string src = env && *env ? env : PRIMUS_SOURCE_DIR;
   return "work_group: g\nuser_name: u\nexp_name: " + framework + "\nworkspace: " + ws +
@@ -35,7 +36,7 @@ inline std::string tiny_trainer_experiment(const std::string& framework, const s
          "      tokenizer_type: bytes\n      vocab_size: 256\n      seq_length: 64\n      num_layers: 2\n"
          "      hidden_size: 64\n      num_attention_heads: " + std::to_string(heads) + "\n      ffn_hidden_size: 256\n"
          "      data_path: [" + src + "/examples/data/tinyshakespeare.txt]\n"
-         "      split: 0.95\n      train_iters: 6\n      micro_batch_size: 4\n      global_batch_size: 8\n"
+         "      split: 0.95\n      train_iters: 6\n      micro_batch_size: " + std::to_string(micro) + "\n      global_batch_size: 8\n"
          "      lr: 2.0e-3\n      min_lr: 2.0e-4\n      lr_warmup_iters: 2\n      log_interval: 1\n"
          "      eval_interval: 3\n      eval_iters: 2\n      save_interval: 3\n";
 }

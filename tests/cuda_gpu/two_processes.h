@@ -19,9 +19,10 @@ class TwoProcesses {
  public:
   // `overrides`: extra lines under the experiment's `overrides:` (6 spaces of indent each), and
   // `model` its model file and `heads` its attention heads, for another model or recipe than the
-  // tiny GPT-2.
-  explicit TwoProcesses(const std::string& overrides = "", const std::string& model = "gpt2/tiny.yaml", int heads = 2)
-      : base_(tiny_trainer_experiment("cuda", w_.str(), model, heads) + overrides) {
+  // tiny GPT-2; `micro` the micro-batch of every run (of a global batch of 8).
+  explicit TwoProcesses(const std::string& overrides = "", const std::string& model = "gpt2/tiny.yaml", int heads = 2,
+                        int micro = 4)
+      : base_(tiny_trainer_experiment("cuda", w_.str(), model, heads, micro) + overrides) {
     one_file_ = w_.write("one.yaml", base_);
     run_host_trainer(one_file_, {});
     one_ = read_trainer_metrics(w_.path() / "g/u/cuda/metrics.jsonl");

@@ -22,12 +22,16 @@ int FsdpPlan::unit_at(int64_t begin) const {
   return -1;
 }
 
-FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int world, int rank, bool shard_params) {
+FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int world, int rank,
+                   parallel::DpSharding sharding) {
   if (world < 1 || rank < 0 || rank >= world) throw RuntimeError(fmt::format("fsdp: rank {} of {}", rank, world));
+  if (sharding == parallel::DpSharding::NoShard) throw RuntimeError("fsdp: a plan for no_shard");
   FsdpPlan p;
   p.world = world;
   p.rank = rank;
-  p.shard_params = shard_params;
+  p.shard_grads = parallel::shards_gradients(sharding);
+  p.shard_params = sharding == parallel::DpSharding::OptimGradsParams;
+  const bool shard_params = p.shard_params;
   // Layer ranges from the tensor names; everything before layer 0 is the embeddings unit, after
   // the last layer the top.
   std::vector<int64_t> lb(size_t(num_layers), -1), le(size_t(num_layers), -1);
@@ -70,7 +74,8 @@ FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int wor
 
   // Places of the largest layer's span: the layers' gradients share three (l % 3: layer l's
   // backward writes its own and layer l - 1's last bias gradient while layer l + 1's is reduced),
-  // their weights with shard_params two (l % 2); the other units have their own.
+  // their weights with shard_params two (l % 2); the other units have their own. optim's
+  // gradients each have their own: they accumulate over the step's micro-batches.
   int64_t layer_span = 0;
   for (const FsdpUnit& u : p.units)
     if (u.layer >= 0) layer_span = std::max(layer_span, p.span(u));
@@ -86,7 +91,7 @@ FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int wor
   for (FsdpUnit& u : p.units) {
     const bool layer = u.layer >= 0;
     u.weight_base = place(u, wpos, layer && shard_params ? &wwin[u.layer % 2] : nullptr);
-    u.grad_base = place(u, gpos, layer ? &gwin[u.layer % 3] : nullptr);
+    u.grad_base = place(u, gpos, layer && p.shard_grads ? &gwin[u.layer % 3] : nullptr);
   }
   p.weight_elems = wpos;
   p.grad_elems = gpos;

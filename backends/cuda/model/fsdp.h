@@ -21,11 +21,18 @@
 // top keep places of their own, gathered after each update and kept (FSDP's root unit, which is
 // not resharded: it is used first and last in every step). optim_grads keeps every unit's weights
 // whole, all gathered after each update.
+//
+// optim (ZeRO-1, Megatron's distributed optimizer) shards the optimizer state alone: every unit
+// keeps a gradient place of its own (the whole model's gradients, as without sharding), the
+// micro-batches of a step accumulate there, and each unit is reduce-scattered into the owners'
+// averaged gradient once, on the step's last micro-batch, as the backward finishes it. The weights
+// are whole, as with optim_grads.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "parallel/parallel_dims.h"
 #include "train/param_layout.h"
 
 namespace primus::backends::cuda {
@@ -41,7 +48,8 @@ struct FsdpUnit {
 
 struct FsdpPlan {
   int world = 1, rank = 0;
-  bool shard_params = false;  // optim_grads_params (else optim_grads)
+  bool shard_grads = true;    // optim_grads and optim_grads_params (optim: false)
+  bool shard_params = false;  // optim_grads_params
   std::vector<FsdpUnit> units;
   int64_t shard_elems = 0;    // sum of the chunks
   int64_t max_chunk = 0;
@@ -55,9 +63,11 @@ struct FsdpPlan {
   int64_t owned_end(const FsdpUnit& u, int r) const { return std::min(u.end, u.begin + (r + 1) * u.chunk); }
 };
 
-// The plan for rank `rank` of `world`. Throws RuntimeError when a layer's tensors are not
-// contiguous or a layer does not start with its norm1 weight (the decoder's ready point).
-FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int world, int rank, bool shard_params);
+// The plan for rank `rank` of `world` under `sharding` (optim, optim_grads or optim_grads_params).
+// Throws RuntimeError for no_shard, when a layer's tensors are not contiguous or a layer does not
+// start with its norm1 weight (the decoder's ready point).
+FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int world, int rank,
+                   parallel::DpSharding sharding);
 
 // The shard as a layout of its own: per owned piece of a tensor, a ParamTensor named like the
 // tensor, at its shard offset, with the tensor's decay flag (what the shard's AdamW reads).

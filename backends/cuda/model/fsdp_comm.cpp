@@ -55,7 +55,7 @@ void FsdpComm::gather_unit(int ui) {
 void FsdpComm::use_layer(int64_t l, bool backward) {
   const FsdpPlan& p = *plan_;
   const int w = static_cast<int>(l % 2);
-  if (backward && nccl_) {
+  if (backward && nccl_ && p.shard_grads) {
     // Layer l writes gradient places l % 3 and (l - 1) % 3: the last reductions of them (layers
     // l + 3 and l + 2) are done before it starts.
     const int g = static_cast<int>((l + 2) % 3);
@@ -95,6 +95,13 @@ void FsdpComm::grads_ready(int64_t offset) {
   const TensorView place = state_.grads.slice0(u.grad_base, u.grad_base + plan_->span(u));
   const TensorView tmp = state_.fsdp_tmp.slice0(0, u.chunk);
   const TensorView acc = state_.shard_grads.slice0(u.shard, u.shard + u.chunk);
+  if (!plan_->shard_grads) {
+    if (!armed_) return;
+    issue_in_order(nccl_, stream_, [&] {
+      group_.reduce_scatter(place.data, acc.data, size_t(u.chunk), parallel::DType::F32, parallel::ReduceOp::Avg);
+    });
+    return;
+  }
   // The reduction's follow-up kernels run where it did: the group's stream, or the model's after a
   // synchronous collective.
   const cudaStream_t s = stream_.host ? cudaStream_t{} : nccl_ ? nccl_->stream() : stream_.stream;

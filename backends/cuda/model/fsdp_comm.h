@@ -46,8 +46,14 @@ class FsdpComm {
   // layer's gather is issued. In the backward it also waits for the reduction of the place that
   // layer's gradients go to.
   void use_layer(int64_t l, bool backward);
+  // Before each micro-batch's backward. optim (the gradients not sharded): `last` arms the
+  // reductions, earlier micro-batches accumulate in the places. The other strategies reduce every
+  // micro-batch.
+  void begin_backward(bool last) { armed_ = last || plan_->shard_grads; }
   // The decoder's "gradients from `offset` up are final" report: the unit starting there is
-  // reduce-scattered (mean) into the averaged gradient and its place cleared.
+  // reduce-scattered (mean) into the averaged gradient and its place cleared (optim: on the armed
+  // micro-batch, straight into the averaged gradient, which zero_grad cleared; the places are
+  // cleared by the next zero_grad).
   void grads_ready(int64_t offset);
   // After the backward: the model's stream waits for every reduction.
   void end_backward();
@@ -76,6 +82,7 @@ class FsdpComm {
   std::array<cudaEvent_t, 3> reduced_{};   // NCCL: per gradient place (l % 3), its last reduction
   std::array<bool, 2> gather_pending_{false, false};
   std::array<bool, 3> reduce_pending_{false, false, false};
+  bool armed_ = true;
 };
 
 }  // namespace primus::backends::cuda
