@@ -15,6 +15,7 @@
 #include "train/param_init.h"
 #include "parallel/dist_checkpoint.h"
 #include "parallel/socket_process_group.h"
+#include "parallel/store_vote.h"
 #include "train/param_layout.h"
 #include "train/trainer_state.h"
 #include "backends/cuda/device.h"
@@ -900,9 +901,18 @@ double CudaTrainer::dp_mean(double x) {
 }
 
 // Beside dp or cp the tp group joins too, so that every rank of the job stops at the same step. A
-// job that is one tp group keeps its ranks' own flags: there launch-ahead queues step s + 1's tp
-// collectives before step s is finished, and a collective here would wait for them.
+// job that is one tp group votes through the TCP store instead (parallel/store_vote.h): there
+// launch-ahead queues step s + 1's tp collectives before step s is finished, and a collective here
+// would wait behind them. Without the vote a signal that reaches the ranks on either side of a step
+// boundary would send one into the checkpoint's collectives and the other into the next step's.
 bool CudaTrainer::any_rank(bool stop) {
+  if (tp_pg_ && !(pg_ || sharded_pg_ || cp_pg_)) {
+    if (!stop_vote_) {
+      stop_vote_ = std::make_unique<parallel::StoreVote>(*store_, "primus/stop_vote", dist_.world_size,
+                                                         store_->timeout());
+    }
+    return stop_vote_->any(stop, fmt::format("the tensor-parallel ranks' stop agreement after step {}", step_));
+  }
   const double x = dp_mean(stop ? 1.0 : 0.0);
   return (pg_ || sharded_pg_ || cp_pg_ ? group_mean(tp_pg_.get(), x) : x) > 0;
 }

@@ -21,6 +21,7 @@
 #include "parallel/cuda/nccl_process_group.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parallel_dims.h"
+#include "parallel/store_vote.h"
 #include "parallel/tcp_store.h"
 #include "train/progress.h"
 #include "train/tensor_parallel.h"
@@ -111,9 +112,9 @@ class CudaTrainer : public Trainer {
   // local spec; weights are initialised, checkpointed and sampled in the global layout, which
   // tp_global() puts together (every rank of the tp group calls it).
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;
-  // Sharded data parallelism (optim_grads, optim_grads_params: the model's own, model/fsdp.h) over
-  // the gradient group, dp x cp (with cp the ranks of this rank's dp group and their cp groups):
-  // NCCL on GPUs, the CPU group in host mode. Null otherwise.
+  // Sharded data parallelism (optim_grads, optim_grads_params, and ZeRO-1 where zero1_in_model:
+  // the model's own, model/fsdp.h) over the gradient group, dp x cp (with cp the ranks of this
+  // rank's dp group and their cp groups): NCCL on GPUs, the CPU group in host mode. Null otherwise.
   std::shared_ptr<parallel::ProcessGroup> sharded_pg_;
   // Context parallelism (beside tp and dp; NCCL on GPUs, the CPU group in host mode); null without.
   std::shared_ptr<parallel::ProcessGroup> cp_pg_;
@@ -125,9 +126,10 @@ class CudaTrainer : public Trainer {
   double dp_mean(double x);
   // The mean of x over group g (every member calls; x itself without g).
   static double group_mean(parallel::ProcessGroup* g, double x);
-  // Whether any rank of the job says stop (every rank calls; a job that is one tp group: this
-  // rank's own flag, see the definition).
+  // Whether any rank of the job says stop (every rank calls; a job that is one tp group votes
+  // through the store, stop_vote_, see the definition).
   bool any_rank(bool stop);
+  std::unique_ptr<parallel::StoreVote> stop_vote_;
   // Whether this rank writes (or helps write) checkpoints. With tp: the tp group of cp and dp
   // coordinates 0 (sharded, after every rank has given its chunks). Else sharded: every rank (the
   // weights and moments are put together from all the chunks). Else with cp: the cp group of dp

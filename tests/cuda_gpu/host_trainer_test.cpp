@@ -268,6 +268,38 @@ TEST(CudaHostTrainer, TensorParallelTwoProcessesTrainAsOne) {
   t.expect_checkpoints_move("tp2", "tensor_model_parallel_size=2");
 }
 
+// A stop signal that reaches one rank of a tp2 job (rank 1, once the step-20 checkpoint exists; rank
+// 0 never gets one): the ranks vote through the store after every step, so both stop after the
+// same step, save it together and exit 0, rank 0 saying another rank was signalled; the saved
+// step resumes under tp2.
+TEST(CudaHostTrainer, StopSignalToOneTensorParallelRankStopsBothAtOneStep) {
+  primus::testing::Workdir w;
+  const auto file = w.write("tp2.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
+  const std::filesystem::path save = w.path() / "g/u/cuda/checkpoints";
+  const std::string worker = std::string(PRIMUS_BINARY_DIR) + "/bin/cuda_host_trainer_worker";
+  auto launch = [&](const std::string& keys, const std::string& env) {
+    return primus::testing::run_primus("launch --nproc-per-node 2 --timeout 60 --exec " + worker + " -- " +
+                                           file.string() + " tensor_model_parallel_size=2 " + keys,
+                                       env);
+  };
+  auto r = launch("train_iters=100000 save_interval=20 eval_interval=0",
+                  "PRIMUS_TEST_SIGNAL_RANK=1 PRIMUS_TEST_SIGNAL_AFTER=" +
+                      (save / primus::io::kTrackerFile).string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string said = "[signal] another rank received a stop signal: checkpoint of step ";
+  const auto at = r.out.find(said);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const int64_t stopped = std::stoll(r.out.substr(at + said.size()));
+  EXPECT_GE(stopped, 20);
+  EXPECT_LT(stopped, 100000);
+  const auto latest = primus::io::find_latest(save);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->iteration, stopped);
+  auto resumed = launch("exp_name=resumed train_iters=" + std::to_string(stopped + 2) + " load=" + save.string(), "");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+}
+
 // Sharded data parallelism through the trainer: each process reads its half of every global batch
 // of 8 (micro-batch 4, no accumulation) against one process's micro-batch 4 accumulated twice,
 // under optim_grads and optim_grads_params; the FSDP checkpoint (put together from the ranks'
