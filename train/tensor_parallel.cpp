@@ -30,7 +30,22 @@ Cut cut_of(const ParamTensor& t, const ModelSpec& m, bool sp) {
   const std::vector<int64_t> fc_parts = m.swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F};
   Cut c;
   const std::string& n = t.name;
-  if (n == "embedding.weight" || n == "output_layer.weight") {
+  if (ends_with(n, "moe.router.weight")) {
+    // Every rank routes the whole batch alike; the logits' gradient comes from each rank's part of
+    // the experts' outputs (partial), the aux and z terms counted once over the group.
+    c.kind = Cut::Replicated, c.partial = true;
+  } else if (ends_with(n, "moe.router.expert_bias")) {
+    c.kind = Cut::Replicated;
+  } else if (ends_with(n, "moe.experts.fc.weight")) {
+    // [E, 2 Fe, C]: every expert's gate and up rows split as the dense MLP's.
+    const int64_t E = t.shape.at(0), Fe = t.shape.at(1) / 2;
+    c.kind = Cut::RowParts, c.parts.assign(size_t(2 * E), Fe), c.row_len = C;
+  } else if (ends_with(n, "moe.shared.fc.weight")) {
+    const int64_t Fs = t.shape.at(0) / 2;
+    c.kind = Cut::RowParts, c.parts = {Fs, Fs}, c.row_len = C;
+  } else if (ends_with(n, "moe.experts.proj.weight") || ends_with(n, "moe.shared.proj.weight")) {
+    c.kind = Cut::Columns, c.row_len = t.shape.back();  // every expert's down projection, row-parallel
+  } else if (n == "embedding.weight" || n == "output_layer.weight") {
     c.kind = Cut::RowParts, c.parts = {m.padded_vocab_size}, c.row_len = C;
   } else if (n == "position_embedding.weight" || ends_with(n, "attn.proj.bias") || ends_with(n, "mlp.proj.bias")) {
     // Added once after the row-parallel sum; their gradients come from the whole (gathered)
@@ -68,10 +83,6 @@ void check_divides(int tp, int64_t n, const char* what, const char* key) {
 TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_parallel)
     : global_(global), tp_(tp), rank_(rank), sp_(sequence_parallel) {
   if (tp < 1 || rank < 0 || rank >= tp) throw RuntimeError(fmt::format("tensor-parallel rank {} of {}", rank, tp));
-  if (global.moe.enabled() && tp > 1) {
-    throw ConfigError("tensor_model_parallel_size > 1 with MoE layers (num_experts) is not implemented yet: experts "
-                      "are split by expert parallelism, which comes in a later issue; use data parallelism");
-  }
   if (global.qk_layernorm && global.qk_norm_whole && tp > 1) {
     throw ConfigError("tensor_model_parallel_size > 1 with qk_layernorm_scope: projection is not implemented yet (the "
                       "norm spans the heads of every rank)");
@@ -89,6 +100,11 @@ TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_
     check_divides(tp, KV, "num_query_groups", "each rank takes whole key/value groups");
   }
   check_divides(tp, global.ffn_hidden_size, "ffn_hidden_size", "each rank takes a slice of the MLP");
+  if (global.moe.enabled()) {
+    check_divides(tp, global.moe.ffn_hidden_size, "moe_ffn_hidden_size", "each rank takes a slice of every expert");
+    check_divides(tp, global.moe.shared_ffn_hidden_size, "moe_shared_expert_intermediate_size",
+                  "each rank takes a slice of the shared expert");
+  }
   if (global.padded_vocab_size % tp != 0) {
     throw ConfigError(fmt::format("tensor_model_parallel_size {} does not divide the padded vocabulary {} (vocab_size "
                                   "{} rounded up by make_vocab_size_divisible_by): set make_vocab_size_divisible_by "
@@ -100,6 +116,8 @@ TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_
   local_.num_attention_heads = global.num_attention_heads / tp;
   local_.num_query_groups = kv_replicas_ > 1 ? 1 : global.num_query_groups / tp;
   local_.ffn_hidden_size = global.ffn_hidden_size / tp;
+  local_.moe.ffn_hidden_size = global.moe.ffn_hidden_size / tp;
+  local_.moe.shared_ffn_hidden_size = global.moe.shared_ffn_hidden_size / tp;
   local_.padded_vocab_size = global.padded_vocab_size / tp;
   vocab_begin_ = rank * local_.padded_vocab_size;
   // The real classes among this rank's rows: the softmax runs over real tokens only.

@@ -3,7 +3,10 @@
 // slice of the FFN width: row ranges of our [out, in] weights), the attention output and MLP down
 // projections row-parallel (column ranges of theirs), the embedding and untied output head
 // vocabulary-parallel (row ranges), and the norms, position embedding and row-parallel biases
-// replicated.
+// replicated. MoE layers as Megatron's expert tensor parallelism with the experts whole on every
+// rank (expert_tensor_parallel_size = tp, no expert parallelism): every expert's (and the shared
+// expert's) gate / up rows and down-projection columns split like the dense MLP's, the router and
+// its expert bias replicated (every rank routes the whole batch alike).
 //
 // A rank's parameters are the model of `local_spec()` (heads / tp, query groups / tp, FFN / tp,
 // padded vocabulary / tp, the head dimension pinned), so its layout is make_param_layout of that
@@ -43,8 +46,8 @@ class TpShardMap {
  public:
   // ConfigError naming the key when the model cannot be split over `tp` ranks: heads, the FFN width
   // or the padded vocabulary not divisible by tp, query groups neither divisible by tp nor dividing
-  // it, or a part of the model that has no tensor-parallel form yet (MoE layers, a q/k norm over
-  // the whole projection).
+  // it, an expert's FFN width not divisible by tp, or a part of the model that has no
+  // tensor-parallel form yet (a q/k norm over the whole projection).
   TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_parallel);
 
   int tp() const { return tp_; }
@@ -63,7 +66,8 @@ class TpShardMap {
   // rank (norms, position embedding, row-parallel biases).
   bool replicated(size_t tensor) const { return replicated_.at(tensor); }
   // Per tensor: each rank's gradient is a part of the whole, to be summed over the tp group once
-  // per step (the per-head q/k norm weights, shared by heads on every rank; with sequence
+  // per step (the per-head q/k norm weights, shared by heads on every rank; the MoE router, whose
+  // logits' gradient comes from each rank's part of the experts' outputs; with sequence
   // parallelism also the norms, each rank seeing its part of the sequence).
   bool partial_grad(size_t tensor) const { return partial_.at(tensor); }
 

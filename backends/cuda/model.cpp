@@ -41,11 +41,12 @@ bool fp8_layer(const train::ModelSpec& spec, const CudaModelOptions& opt, int64_
   return fp8_linear_layer(spec, opt, l) && !spec.is_moe_layer(l);
 }
 
-void check_shapes(const train::ModelSpec& s) {
-  auto need8 = [](int64_t v, const char* what) {
+// s: the rank's own spec; with tensor parallelism (tp > 1) the split widths are the key / tp.
+void check_shapes(const train::ModelSpec& s, int64_t tp) {
+  auto need8 = [tp](int64_t v, const char* what) {
     if (v % 8 != 0) {
-      throw ConfigError(fmt::format("the cuda backend needs {} to be a multiple of 8 (16-byte bf16 vectors), got {}",
-                                    what, v));
+      throw ConfigError(fmt::format("the cuda backend needs {} to be a multiple of 8 (16-byte bf16 vectors), got {}{}",
+                                    what, v, tp > 1 ? fmt::format(" per tensor-parallel rank (the key / {})", tp) : ""));
     }
   };
   need8(s.hidden_size, "hidden_size");
@@ -177,7 +178,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (opt_.max_seq > spec_.seq_length) {
     throw ConfigError(fmt::format("sequence length {} exceeds the model's seq_length {}", opt_.max_seq, spec_.seq_length));
   }
-  check_shapes(spec_);
+  check_shapes(spec_, opt_.tp_map ? opt_.tp_map->tp() : 1);
   check_fp8(spec_, opt_);
   if (opt_.fp8_delayed && !opt_.fp8_linear)
     throw RuntimeError("cuda model: fp8_delayed without fp8_linear (the delayed state serves the FP8 linear slots)");
@@ -262,13 +263,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (opt_.document_masking.enabled())
       throw ConfigError(what + " with reset_attention_mask / reset_position_ids is not implemented yet");
     if (spec_.sliding_window > 0) throw ConfigError(what + " with a sliding window is not implemented yet");
-    // The switch loss multiplies each expert's token fraction by its mean score: over chunks of the
-    // sequences it is not the sum of the chunks' losses, and the routers would balance each rank's
-    // chunk instead of the batch. The counts would need a sum over the group inside every MoE layer.
-    if (spec_.moe.enabled() && spec_.moe.aux_loss_coeff > 0)
-      throw ConfigError(what + " with moe_aux_loss_coeff > 0 is not implemented yet (each rank would balance the "
-                               "loads of its own chunks); use moe_aux_loss_coeff: 0, e.g. with the expert bias "
-                               "(moe_router_enable_expert_bias), whose update sums the loads over the ranks");
     if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
     if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
     if (opt_.max_batch % 2 != 0)

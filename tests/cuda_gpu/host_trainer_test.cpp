@@ -419,6 +419,28 @@ TEST(CudaHostTrainer, DistributedOptimizerBesideTensorAndContextParallelTrainsAs
   t.expect_checkpoints_move("tp2dp2_zero1", "tensor_model_parallel_size=2 use_distributed_optimizer=true", 4);
 }
 
+// MoE layers under tensor parallelism (every expert's and the shared expert's FFN split over the
+// tp ranks, the router replicated: each rank routes the whole batch alike, its part of the logits'
+// gradient summed over the group, the aux and z terms counted once): the tiny MoE (softmax top-2,
+// switch aux loss and z-loss) as tp2, tp2 with sequence parallelism, tp2 x dp2 and tp2 under
+// ZeRO-1 x dp2 gives one process's losses and validation losses; the tp2 checkpoint moves both
+// ways; DeepSeek-style routing (sigmoid, group-limited, expert bias, a shared expert) as tp2 x dp2.
+TEST(CudaHostTrainerMoe, TensorParallelExpertsTrainAsOne) {
+  {
+    testing::TwoProcesses t("", "moe/tiny.yaml", 4);
+    t.expect_matches("tp2", "tensor_model_parallel_size=2", "tensor parallel over 2 ranks");
+    t.expect_matches("tp2sp", "tensor_model_parallel_size=2 sequence_parallel=true", "");
+    t.expect_matches("tp2dp2", "tensor_model_parallel_size=2", "x data parallel over 2 ranks", 1e-5, 4);
+    t.expect_matches("tp2dp2_zero1", "tensor_model_parallel_size=2 use_distributed_optimizer=true", "", 1e-5, 4);
+    t.expect_checkpoints_move("tp2", "tensor_model_parallel_size=2");
+  }
+  testing::TwoProcesses d("      moe_router_score_function: sigmoid\n      moe_router_num_groups: 4\n"
+                          "      moe_router_group_topk: 2\n      moe_router_enable_expert_bias: true\n"
+                          "      moe_aux_loss_coeff: 0.0\n      moe_shared_expert_intermediate_size: 64\n",
+                          "moe/tiny.yaml", 4);
+  d.expect_matches("tp2dp2", "tensor_model_parallel_size=2", "", 1e-5, 4);
+}
+
 // The same with grouped-query attention and RoPE (Llama: 4 heads over 2 key/value groups; tp4
 // replicates each group on two ranks, whose key/value gradients are summed over them) and with
 // Qwen3's per-head q/k norms (their weights' gradients are partial on every tp rank), each also

@@ -53,7 +53,9 @@ inline void PrintTo(const MeshCase& c, std::ostream* os) { *os << mesh_case_name
 // key/value groups replicated and exchanged on the chunks; Qwen3 with sequence parallelism: its
 // partial gradients summed on the chunks), FSDP over dp x cp, tp x cp x dp under ZeRO-2, and
 // ZeRO-1 (the gradients whole, the optimizer state sharded) beside tp (Qwen3 with sequence
-// parallelism) and beside tp x cp (Llama tp2 x cp2 x dp2, sharded over dp x cp = 4 ranks).
+// parallelism) and beside tp x cp (Llama tp2 x cp2 x dp2, sharded over dp x cp = 4 ranks), and
+// the MoE model's split experts under FSDP x tp with sequence parallelism, and beside cp (its
+// switch loss over the cp group's summed counts) sharded over the cp ranks.
 inline std::vector<MeshCase> mesh_layouts() {
   using parallel::DpSharding;
   return {MeshCase{0, {2, 2, 1, true}},
@@ -63,7 +65,9 @@ inline std::vector<MeshCase> mesh_layouts() {
           MeshCase{1, {1, 2, 2}},
           MeshCase{0, {2, 2, 2, false, DpSharding::OptimGrads}},
           MeshCase{2, {2, 1, 2, true, DpSharding::Optim}},
-          MeshCase{1, {2, 2, 2, false, DpSharding::Optim}}};
+          MeshCase{1, {2, 2, 2, false, DpSharding::Optim}},
+          MeshCase{3, {2, 1, 2, true}},
+          MeshCase{3, {2, 2, 1, true}}};
 }
 
 struct MeshRun {

@@ -50,7 +50,7 @@ TEST_P(TpGpuTest, TwoRanksOnOneGpuTrainAsOne) {
               one.activation_bytes[0] / 1048576.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TpGpuTest, ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()),
+INSTANTIATE_TEST_SUITE_P(Models, TpGpuTest, ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(tp_spec_name(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) ? "_sp" : "");

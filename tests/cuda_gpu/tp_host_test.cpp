@@ -49,7 +49,7 @@ TEST_P(TpHostTest, TwoRanksTrainAsOne) {
               worst_norm, dp, two.activation_bytes[0], one.activation_bytes[0]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TpHostTest, ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()),
+INSTANTIATE_TEST_SUITE_P(Models, TpHostTest, ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(tp_spec_name(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) ? "_sp" : "");

@@ -32,9 +32,13 @@ struct TpRun {
 
 // The tiny models tensor parallelism can split in two: GPT-2 (2 heads, tied head, learned
 // positions, biases; vocabulary 250 of 256 rows, so the second rank's rows end in padding), a
-// Llama with 4 query heads in 2 kv groups, and the same with Qwen3's per-head q|k norms (whose
-// gradients are summed over the group).
+// Llama with 4 query heads in 2 kv groups, the same with Qwen3's per-head q|k norms (whose
+// gradients are summed over the group), and a DeepSeek-style MoE on the Llama (16 experts of 64,
+// sigmoid router in 4 groups, expert bias, a shared expert of 96, the switch aux loss and the
+// z-loss; the first layer dense): every expert split over the ranks, the router's gradient
+// summed over them.
 inline train::ModelSpec tp_spec(int which) {
+  if (which == 3) return tiny_moe_spec(true);
   if (which == 0) {
     train::ModelSpec m = tiny_spec(false);
     m.vocab_size = 250;
@@ -47,7 +51,9 @@ inline train::ModelSpec tp_spec(int which) {
   }
   return m;
 }
-inline const char* tp_spec_name(int which) { return which == 0 ? "gpt2" : which == 1 ? "llama" : "qwen3"; }
+inline const char* tp_spec_name(int which) {
+  return which == 0 ? "gpt2" : which == 1 ? "llama" : which == 2 ? "qwen3" : "deepseek_moe";
+}
 
 // fp8: each rank's own FP8 recipe (its registries are the rank's model's), or none.
 inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, int steps, Attn attn = Attn::Default,

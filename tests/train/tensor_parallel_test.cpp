@@ -67,6 +67,53 @@ TEST(TensorParallelMap, PiecesTileTheLocalAndTheGlobalBuffers) {
   }
 }
 
+// MoE layers: every expert's gate and up rows and down-projection columns split like the dense
+// MLP's (the shared expert too), the router and its expert bias replicated, the router's gradient
+// partial.
+TEST(TensorParallelMap, ExpertsSplitLikeTheMlpAndTheRouterIsReplicated) {
+  ModelSpec m = primus::testing::tiny_moe();
+  m.moe.shared_ffn_hidden_size = 2 * m.moe.ffn_hidden_size;
+  m.moe.expert_bias = true;
+  for (bool sp : {false, true}) {
+    expect_tiles(m, 2, sp);
+    if (m.moe.ffn_hidden_size % 4 == 0) expect_tiles(m, 4, sp);
+  }
+  const int64_t C = m.hidden_size, E = m.moe.num_experts, Fe = m.moe.ffn_hidden_size, Fs = m.moe.shared_ffn_hidden_size;
+  const TpShardMap map(m, 2, 1, false);
+  EXPECT_EQ(map.local_spec().moe.ffn_hidden_size, Fe / 2);
+  EXPECT_EQ(map.local_spec().moe.shared_ffn_hidden_size, Fs / 2);
+  const ParamLayout& G = map.global_layout();
+  const ParamLayout& L = map.local_layout();
+  std::vector<float> global(static_cast<size_t>(G.total));
+  std::iota(global.begin(), global.end(), 0.f);
+  std::vector<float> local(static_cast<size_t>(L.total));
+  map.to_local(global.data(), local.data());
+  const int64_t l = m.is_moe_layer(0) ? 0 : 1;
+  const std::string p = "layers." + std::to_string(l) + ".moe.";
+  const float* gf = tensor(G, global, p + "experts.fc.weight");  // [E, 2 Fe, C]
+  const float* lf = tensor(L, local, p + "experts.fc.weight");   // [E, Fe, C]: gate half, up half
+  const int64_t e = E - 1;
+  EXPECT_EQ(lf[e * Fe * C], gf[(e * 2 * Fe + Fe / 2) * C]);              // expert e's gate rows Fe/2..
+  EXPECT_EQ(lf[(e * Fe + Fe / 2) * C + 1], gf[(e * 2 * Fe + Fe + Fe / 2) * C + 1]);  // its up rows
+  const float* gd = tensor(G, global, p + "experts.proj.weight");  // [E, C, Fe]
+  const float* ld = tensor(L, local, p + "experts.proj.weight");   // [E, C, Fe / 2]
+  EXPECT_EQ(ld[(e * C + 3) * (Fe / 2) + 1], gd[(e * C + 3) * Fe + Fe / 2 + 1]);
+  const float* gs = tensor(G, global, p + "shared.fc.weight");
+  const float* ls = tensor(L, local, p + "shared.fc.weight");
+  EXPECT_EQ(ls[(Fs / 2) * C], gs[(Fs + Fs / 2) * C]);
+  const float* gsd = tensor(G, global, p + "shared.proj.weight");
+  const float* lsd = tensor(L, local, p + "shared.proj.weight");
+  EXPECT_EQ(lsd[2 * (Fs / 2)], gsd[2 * Fs + Fs / 2]);
+  EXPECT_EQ(tensor(L, local, p + "router.weight")[C + 5], tensor(G, global, p + "router.weight")[C + 5]);
+  const auto& ts = L.tensors;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const std::string& n = ts[i].name;
+    if (n.find(".moe.router.") == std::string::npos) continue;
+    EXPECT_TRUE(map.replicated(i)) << n;
+    EXPECT_EQ(map.partial_grad(i), n.find("router.weight") != std::string::npos) << n;
+  }
+}
+
 TEST(TensorParallelMap, KeyValueGroupsAreReplicatedWhenRanksOutnumberThem) {
   const ModelSpec m = primus::testing::tiny_llama();  // 4 heads of 4, 2 kv groups, hidden 16
   const int64_t C = 16, QD = 16, KVD = 8, D = 4;
@@ -172,8 +219,10 @@ TEST(TensorParallelMap, LayoutsThatCannotBeSplitAreRefusedByName) {
                             {"tensor_model_parallel_size 4 does not divide num_query_groups 6"});
   expect_error<ConfigError>([] { TpShardMap(primus::testing::tiny_gpt2(29, 30), 4, 0, false); },
                             {"does not divide the padded vocabulary 30", "make_vocab_size_divisible_by"});
-  expect_error<ConfigError>([] { TpShardMap(primus::testing::tiny_moe(), 2, 0, false); },
-                            {"MoE layers (num_experts) is not implemented yet"});
+  ModelSpec odd = primus::testing::tiny_moe();
+  odd.moe.ffn_hidden_size = 6;
+  expect_error<ConfigError>([&] { TpShardMap(odd, 4, 0, false); },
+                            {"tensor_model_parallel_size 4 does not divide moe_ffn_hidden_size 6"});
   ModelSpec whole = primus::testing::tiny_qwen3();
   whole.qk_norm_whole = true;
   expect_error<ConfigError>([&] { TpShardMap(whole, 2, 0, false); }, {"qk_layernorm_scope: projection"});

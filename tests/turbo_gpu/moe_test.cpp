@@ -9,6 +9,7 @@
 
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/moe.h"
+#include "turbo/ops/cast.h"
 #include "turbo/ops/moe.h"
 
 namespace primus::turbo::testing {
@@ -423,6 +424,32 @@ TEST_F(MoeGpuTest, RoutingStepCapturesAsOneGraph) {
 }
 
 // Shapes and configurations the kernels do not serve are refused by TURBO's check, not run wrong.
+// Token counts through a float reduction (context parallelism sums an MoE layer's counts over
+// its group): i32 -> f32 -> i32 on the device and on the host gives the counts back, up to 2^24.
+TEST_F(MoeGpuTest, CountsCastToFloatAndBackExactly) {
+  std::vector<int32_t> counts = {0, 1, 7, 65536, (1 << 24) - 1, 123457};
+  for (int i = 0; i < 200; ++i) counts.push_back(static_cast<int32_t>(rng_() % (1 << 24)));
+  const int64_t n = static_cast<int64_t>(counts.size());
+  const TensorView ci = make(DType::I32, {n}), cf = make(DType::F32, {n}), back = make(DType::I32, {n});
+  put_i32(ci, counts);
+  cast(cf, ci, ctx);
+  cast(back, cf, ctx);
+  const std::vector<float> f = get(cf);
+  std::vector<int32_t> got(counts.size());
+  CUDA_CHECK(cudaMemcpy(got.data(), back.data, got.size() * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < counts.size(); ++i) {
+    EXPECT_EQ(f[i], static_cast<float>(counts[i])) << i;
+    EXPECT_EQ(got[i], counts[i]) << i;
+  }
+  std::vector<float> hf(counts.size());
+  std::vector<int32_t> hb(counts.size());
+  const TensorView hci(counts.data(), DType::I32, Device::CPU, {n}), hcf(hf.data(), DType::F32, Device::CPU, {n});
+  const TensorView hback(hb.data(), DType::I32, Device::CPU, {n});
+  cast(hcf, hci, ExecContext{});
+  cast(hback, hcf, ExecContext{});
+  EXPECT_EQ(hb, counts);
+}
+
 TEST_F(MoeGpuTest, RefusesWhatTheKernelsCannotServe) {
   RouterConfig cfg;
   cfg.num_experts = 512, cfg.topk = 8;

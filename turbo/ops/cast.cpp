@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -37,7 +38,26 @@ void cast(const TensorView& dst, const TensorView& src, const ExecContext& ctx) 
     return;
 #endif
   }
+  const bool to_f32 = src.dtype == DType::I32 && dst.dtype == DType::F32;
+  const bool to_i32 = src.dtype == DType::F32 && dst.dtype == DType::I32;
+  if (dst.device == Device::CPU && (to_f32 || to_i32)) {
+    const int64_t n = src.numel();
+    if (to_f32) {
+      for (int64_t i = 0; i < n; ++i) dst.ptr<float>()[i] = static_cast<float>(src.ptr<const int32_t>()[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst.ptr<int32_t>()[i] = static_cast<int32_t>(std::lrint(src.ptr<const float>()[i]));
+    }
+    return;
+  }
 #ifdef PRIMUS_TURBO_WITH_CUDA
+  if (dst.device == Device::CUDA && to_f32) {
+    cuda::cast_i32_to_f32(dst.ptr<float>(), src.ptr<const int32_t>(), src.numel(), static_cast<cudaStream_t>(ctx.stream));
+    return;
+  }
+  if (dst.device == Device::CUDA && to_i32) {
+    cuda::cast_f32_to_i32(dst.ptr<int32_t>(), src.ptr<const float>(), src.numel(), static_cast<cudaStream_t>(ctx.stream));
+    return;
+  }
   if (dst.device == Device::CUDA && src.dtype == DType::F32 && dst.dtype == DType::BF16) {
     cuda::cast_f32_to_bf16(dst.data, src.ptr<const float>(), src.numel(), static_cast<cudaStream_t>(ctx.stream));
     return;

@@ -1,7 +1,8 @@
-// dst = src converted elementwise: f32 -> bf16 (round to nearest even) on the device, or a copy
-// when the dtypes are equal (device or host). Both contiguous, same element count, same device.
-// For small tensors between ops whose operand dtypes differ (e.g. the MoE router's f32 logit
-// gradient into the bf16 router GEMMs).
+// dst = src converted elementwise: f32 -> bf16 (round to nearest even) on the device; i32 <-> f32
+// (f32 -> i32 rounds to nearest; exact for integers below 2^24) on the device and the host; or a
+// copy when the dtypes are equal (device or host). Both contiguous, same element count, same
+// device. For small tensors between ops whose operand dtypes differ (e.g. the MoE router's f32
+// logit gradient into the bf16 router GEMMs, token counts summed by a group that reduces floats).
 #pragma once
 #include "turbo/core/tensor_view.h"
 #include "turbo/ops/exec_context.h"

@@ -228,4 +228,8 @@ void CpAttention::all_reduce_mean(const TensorView& t) const {
   ordered([&] { group_.all_reduce(t.data, size_t(t.numel()), parallel::DType::F32, parallel::ReduceOp::Avg); });
 }
 
+void CpAttention::all_reduce_sum(const TensorView& t) const {
+  ordered([&] { group_.all_reduce(t.data, size_t(t.numel()), parallel::DType::F32, parallel::ReduceOp::Sum); });
+}
+
 }  // namespace primus::backends::cuda

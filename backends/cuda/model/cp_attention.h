@@ -55,6 +55,8 @@ class CpAttention {
                 const ExecContext& ctx);
   // t (f32) averaged over the group in place (the weights' gradients).
   void all_reduce_mean(const TensorView& t) const;
+  // t (f32) summed over the group in place (an MoE layer's token counts).
+  void all_reduce_sum(const TensorView& t) const;
 
  private:
   template <class F>

@@ -179,6 +179,7 @@ void Decoder::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute) {
   if (spec_.is_moe_layer(l)) {
     if (!recompute) {
       moe_forward(l, N);
+      row_sum(a_.tmp, N);  // tensor parallelism: each rank's slice of every expert gave a part
     } else {  // full recompute: the experts again on the saved routing (the output is not needed)
       moe_recompute(l, N, true);
     }
@@ -542,6 +543,7 @@ void Decoder::backward() {
     gather(a_.dres, N);  // sp: the row-parallel GEMMs' output gradient over the whole batch
     if (spec_.is_moe_layer(l)) {
       moe_backward(l, N);
+      row_sum(a_.dln, N);  // each rank's expert slices and its part of the router's gradient
     } else {
     // MLP: dres is the gradient of the layer output x2 + mlp(ln2(x2)).
     const TensorView dfc = a_.dfc.slice0(0, N), act = a.act.slice0(0, N), fc = a.fc.slice0(0, N);
@@ -810,7 +812,23 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   pb.ctx = c;
   ops_.moe_dispatch_backward(pb);
   mark(Phase::MoeRouterBwd);
-  const double scale = static_cast<double>(dloss_) * static_cast<double>(N);
+  // Under tensor parallelism every rank adds the aux and z terms, the same on each (the routing is
+  // the whole batch's everywhere), to a logits gradient that is summed over the group: 1 / tp each.
+  const double tp_share = opt_.tp ? 1.0 / static_cast<double>(opt_.tp->size()) : 1.0;
+  const double scale = static_cast<double>(dloss_) * static_cast<double>(N) * tp_share;
+  // Context parallelism: the switch loss is the whole sequences' (Megatron sums the counts over the
+  // tp x cp group). Its gradient for this rank's tokens is E x C_e / (K (cp N)^2) with C_e the
+  // group's counts; the weights' gradients are then averaged over the group, so each rank passes
+  // cp times that: the kernel's E x count_e / (K N^2) with the summed counts, at 1 / cp.
+  TensorView counts = moe_counts(slot_, l);
+  double aux_share = 1.0;
+  if (opt_.cp && spec_.moe.aux_loss_coeff > 0) {
+    turbo::cast(a_.moe_cp_counts, counts, c);
+    opt_.cp->all_reduce_sum(a_.moe_cp_counts);
+    turbo::cast(a_.moe_cp_counts_i, a_.moe_cp_counts, c);
+    counts = a_.moe_cp_counts_i;
+    aux_share = 1.0 / static_cast<double>(opt_.cp->size());
+  }
   turbo::RouterBackwardArgs rb;
   rb.cfg = router_;
   rb.dlogits = a_.dlogits.slice0(0, N);
@@ -818,8 +836,8 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   rb.logits = m.logits.slice0(0, N);
   rb.probs = m.probs.slice0(0, N);
   rb.topk_idx = m.topk_idx.slice0(0, N);
-  rb.counts = moe_counts(slot_, l);
-  rb.aux_coeff = spec_.moe.aux_loss_coeff * scale;
+  rb.counts = counts;
+  rb.aux_coeff = spec_.moe.aux_loss_coeff * scale * aux_share;
   rb.z_coeff = spec_.moe.z_loss_coeff * scale;
   rb.ctx = c;
   ops_.moe_router_backward(rb);

@@ -541,6 +541,10 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   a.dlogits = take(Pool::Acts, f32, {N, E}, "MoE router logit gradient");
   a.dlogits_act = take(Pool::Acts, act_, {N, E}, "MoE router logit gradient (GEMM operand)");
   a.dweight = take(Pool::Acts, f32, {N, K}, "MoE routing weight gradient");
+  if (opt_.cp > 1) {  // the switch loss's token counts summed over the cp group (Decoder::moe_backward)
+    a.moe_cp_counts = take(Pool::Acts, f32, {E}, "MoE token counts over the cp group");
+    a.moe_cp_counts_i = take(Pool::Acts, i32, {E}, "MoE token counts over the cp group (i32)");
+  }
   if (Fs > 0) {
     a.dsact = take(Pool::Acts, act_, {N, Fs}, "MoE shared expert activation gradient");
     a.dsfc = take(Pool::Acts, act_, {N, 2 * Fs}, "MoE shared expert gate|up gradient");

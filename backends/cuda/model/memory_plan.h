@@ -168,6 +168,7 @@ struct ActivationBuffers {
   TensorView dyp, dmact, dh, dxp;       // [M,C], [M,F], [M,2F], [M,C]
   TensorView dlogits, dweight;          // f32 [N,E], f32 [N,K]
   TensorView dlogits_act;               // [N,E] in the activation dtype (the router GEMMs' operand)
+  TensorView moe_cp_counts, moe_cp_counts_i;  // cp > 1: a layer's counts summed over the group, f32 [E] and i32 [E]
   TensorView dsact, dsfc;               // shared expert [N,Fs], [N,2Fs]
   int64_t moe_rows = 0;                 // M
 };
