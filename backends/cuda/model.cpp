@@ -187,9 +187,12 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (opt_.fp8_moe && spec_.moe.enabled()) {
     for (const auto& [what, v] : {std::pair<const char*, int64_t>{"moe_ffn_hidden_size", spec_.moe.ffn_hidden_size},
                                   {"moe_shared_expert_intermediate_size", spec_.moe.shared_ffn_hidden_size}})
-      if (v % opt_.fp8_multiple != 0)
-        throw ConfigError(fmt::format("fp8: the FP8 expert GEMMs need {} to be a multiple of {}, got {}", what,
-                                      opt_.fp8_multiple, v));
+      if (v % opt_.fp8_multiple != 0) {
+        const int64_t tp = opt_.tp_map ? opt_.tp_map->tp() : 1;
+        throw ConfigError(fmt::format("fp8: the FP8 expert GEMMs need {} to be a multiple of {}, got {}{}", what,
+                                      opt_.fp8_multiple, v,
+                                      tp > 1 ? fmt::format(" per tensor-parallel rank (the key / {})", tp) : ""));
+      }
   }
   opt_.loss_slots = std::max<int64_t>(1, opt_.loss_slots);
   const bool host = opt_.device == Device::CPU;

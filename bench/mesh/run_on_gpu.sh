@@ -40,7 +40,7 @@ want tp && stage tp 240 test_cuda_gpu '*TpGpu*'
 want fsdp && stage fsdp 300 test_cuda_gpu '*FsdpGpu*'
 want cp && stage cp 240 test_cuda_gpu '*CpGpu*'
 want mesh && stage mesh 300 test_cuda_gpu '*MeshGpu*'
-want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*'
+want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*:*CountsCast*'
 want threads && stage threads 60 test_threaded_gpu '*'
 want parity && stage parity 240 test_cuda_gpu "${PARITY_FILTER:-*ModelParity*:*TrainingParity*}"
 if want trainer && [ -x "$BIN/primus" ]; then
