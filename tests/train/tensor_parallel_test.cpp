@@ -53,6 +53,19 @@ const float* tensor(const ParamLayout& L, const std::vector<float>& buf, const s
   return buf.data() + L.get(name).offset;
 }
 
+// A global buffer of distinct values (each element its index) and the map's rank's cut of it.
+struct Buffers {
+  std::vector<float> global, local;
+};
+Buffers cut_iota(const TpShardMap& map) {
+  Buffers b;
+  b.global.resize(static_cast<size_t>(map.global_layout().total));
+  std::iota(b.global.begin(), b.global.end(), 0.f);
+  b.local.resize(static_cast<size_t>(map.local_layout().total));
+  map.to_local(b.global.data(), b.local.data());
+  return b;
+}
+
 }  // namespace
 
 TEST(TensorParallelMap, PiecesTileTheLocalAndTheGlobalBuffers) {
@@ -84,10 +97,7 @@ TEST(TensorParallelMap, ExpertsSplitLikeTheMlpAndTheRouterIsReplicated) {
   EXPECT_EQ(map.local_spec().moe.shared_ffn_hidden_size, Fs / 2);
   const ParamLayout& G = map.global_layout();
   const ParamLayout& L = map.local_layout();
-  std::vector<float> global(static_cast<size_t>(G.total));
-  std::iota(global.begin(), global.end(), 0.f);
-  std::vector<float> local(static_cast<size_t>(L.total));
-  map.to_local(global.data(), local.data());
+  const auto [global, local] = cut_iota(map);
   const int64_t l = m.is_moe_layer(0) ? 0 : 1;
   const std::string p = "layers." + std::to_string(l) + ".moe.";
   const float* gf = tensor(G, global, p + "experts.fc.weight");  // [E, 2 Fe, C]
@@ -163,10 +173,7 @@ TEST(TensorParallelMap, SlicesAreWholeHeadsFfnHalvesInputColumnsAndVocabularyRow
 
   const ParamLayout& G = map.global_layout();
   const ParamLayout& L = map.local_layout();
-  std::vector<float> global(static_cast<size_t>(G.total));
-  std::iota(global.begin(), global.end(), 0.f);
-  std::vector<float> local(static_cast<size_t>(L.total));
-  map.to_local(global.data(), local.data());
+  const auto [global, local] = cut_iota(map);
   const int64_t C = 16, QD = 16, KVD = 8, F = 24;
   const float* gq = tensor(G, global, "layers.1.attn.qkv.weight");
   const float* lq = tensor(L, local, "layers.1.attn.qkv.weight");
