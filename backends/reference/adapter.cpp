@@ -45,6 +45,12 @@ class ReferenceAdapter : public BackendAdapter {
     a->model = train::ModelSpec::from_config(params);
     a->train = train::TrainingArgs::from_config(params, exp);
     a->train.model_parallel.check_implemented(kReferenceMesh);
+    if (const int64_t tp = a->train.model_parallel[parallel::Dim::TP]; tp > 1 && a->model.moe.enabled()) {
+      throw ConfigError(fmt::format("tensor_model_parallel_size {} with MoE layers (num_experts) is not implemented yet "
+                                    "on the reference backend (the cuda backend splits every expert over the tp ranks); "
+                                    "use data parallelism here",
+                                    tp));
+    }
     a->dp = parallel::DataParallelArgs::from_config(params);
     a->num_threads = params.find_path("num_threads")->as_int();
     a->params = params;

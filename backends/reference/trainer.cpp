@@ -147,12 +147,6 @@ void ReferenceTrainer::init() {
   const int64_t tp = dims_->size(parallel::Dim::TP);
   if (tp > 1) {
     const bool sp = t.model_parallel.sequence_parallel;
-    if (spec.moe.enabled()) {
-      throw ConfigError(fmt::format("tensor_model_parallel_size {} with MoE layers (num_experts) is not implemented yet "
-                                    "on the reference backend (the cuda backend splits every expert over the tp ranks); "
-                                    "use data parallelism here",
-                                    tp));
-    }
     tp_map_ = std::make_unique<train::TpShardMap>(spec, static_cast<int>(tp), tp_pg_->rank(), sp);
     if (sp && spec.seq_length % tp != 0) {
       throw ConfigError(fmt::format("sequence_parallel: seq_length {} is not divisible by tensor_model_parallel_size {}",

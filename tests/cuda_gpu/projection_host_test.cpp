@@ -355,6 +355,24 @@ TEST(CudaProjection, TensorAndContextParallelLayoutsAreRankZerosPlan) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("projection performance: tensor_model_parallel_size = 2 is not modelled yet"), std::string::npos)
       << r.out;
+  // An MoE preset under tp2: every expert split, so the weights of a rank are half the model's
+  // (the router and norms replicated: a little more than half).
+  auto weights_of = [](const std::string& out) {
+    double w = 0;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    for (const auto& part : j.at("memory").at("parts"))
+      if (part["name"] == "weights") w += part["bytes"].get<double>();
+    return w;
+  };
+  r = primus::testing::run_primus("projection memory --json --gpus 1 --config " + projection_example("olmoe-mini.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double moe_one = weights_of(r.out);
+  r = primus::testing::run_primus("projection memory --json --gpus 2 --config " + projection_example("olmoe-mini.yaml") +
+                                  " tensor_model_parallel_size=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double moe_tp2 = weights_of(r.out);
+  EXPECT_GT(moe_tp2, 0.5 * moe_one);
+  EXPECT_LT(moe_tp2, 0.51 * moe_one);
   r = primus::testing::run_primus("projection memory --gpus 3 --config " + projection_example("llama3.2-1B.yaml") +
                                   " tensor_model_parallel_size=2");
   EXPECT_EQ(r.code, 2) << r.out;
