@@ -266,7 +266,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (opt_.document_masking.enabled())
       throw ConfigError(what + " with reset_attention_mask / reset_position_ids is not implemented yet");
     if (spec_.sliding_window > 0) throw ConfigError(what + " with a sliding window is not implemented yet");
-    if (opt_.optimizer_in_backward) throw ConfigError(what + " with optimizer_in_backward is not implemented");
     if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
     if (opt_.max_batch % 2 != 0)
       throw RuntimeError(fmt::format("cuda model: {}: max_batch {} counts chunk rows (two per sequence)", what, opt_.max_batch));
@@ -392,6 +391,10 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   if (opt_.optimizer_in_backward) {
     decoder_->on_grads_ready([this](int64_t offset) {
       NvtxRange r("adamw group");
+      // Context parallelism: each rank's tokens gave a part of the group's gradients; averaged
+      // over the group first, every rank updates (and checks) the same values.
+      if (cp_)
+        for (const TensorView& g : optimizer_->group_grads(offset)) cp_->all_reduce_mean(g);
       optimizer_->backward_ready(offset, opt_.loss_slots, ctx());
     });
   }
@@ -720,6 +723,10 @@ void CudaModel::begin_backward(bool last) {
 }
 
 void CudaModel::backward() {
+  // The optimizer in the backward checks the loss before its first group: under context
+  // parallelism every rank must see the same one (a rank's own tokens' loss may alone be
+  // non-finite), so the slots are averaged over the group first.
+  if (opt_.optimizer_in_backward && cp_) cp_->all_reduce_mean(plan_->state.loss_slots);
   decoder_->backward();
   if (opt_.fp8_delayed) fp8_pending_ = true;
   if (fsdp_) {

@@ -178,8 +178,10 @@ struct CudaModelOptions {
   // tokens' mean (the sequences' mean is the mean over the ranks). With tensor parallelism each
   // rank's ring carries its tp group's heads. With sharded data parallelism dp_group must span the
   // cp ranks too (dp x cp), whose reduce-scatter then averages their parts instead of grad_norm().
-  // Not with document masking, a sliding window, the optimizer in the backward or Muon
-  // (ConfigError); the attention slots must serve non-causal calls (not the fallback).
+  // With the optimizer in the backward each group's gradients are averaged over the group before
+  // its update, and the loss slots before the first (every rank checks the same values). Not with
+  // document masking, a sliding window or Muon (ConfigError); the attention slots must serve
+  // non-causal calls (not the fallback).
   parallel::ProcessGroup* cp_group = nullptr;
 };
 

@@ -419,6 +419,21 @@ TEST(CudaHostTrainer, DistributedOptimizerBesideTensorAndContextParallelTrainsAs
   t.expect_checkpoints_move("tp2dp2_zero1", "tensor_model_parallel_size=2 use_distributed_optimizer=true", 4);
 }
 
+// The optimizer in the backward beside context parallelism (one micro-batch of 8 a step, clip 0):
+// each layer's gradients averaged over the cp group before its update. cp2 and tp-free cp2 of a
+// GQA Llama and of the tiny MoE (switch loss, its counts summed over the group) give one
+// process's losses and validation losses; the cp2 checkpoint moves both ways.
+TEST(CudaHostTrainer, OptimizerInBackwardBesideContextParallelTrainsAsOne) {
+  const std::string oib = "      optimizer_in_bwd: true\n      clip_grad: 0\n";
+  {
+    testing::TwoProcesses t(oib, "llama/tiny.yaml", 4, 8);
+    t.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
+    t.expect_checkpoints_move("cp2", "context_parallel_size=2");
+  }
+  testing::TwoProcesses m(oib, "moe/tiny.yaml", 4, 8);
+  m.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
+}
+
 // MoE layers under tensor parallelism (every expert's and the shared expert's FFN split over the
 // tp ranks, the router replicated: each rank routes the whole batch alike, its part of the logits'
 // gradient summed over the group, the aux and z terms counted once): the tiny MoE (softmax top-2,

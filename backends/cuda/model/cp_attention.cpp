@@ -225,7 +225,8 @@ void CpAttention::backward(const TensorView& dq, const TensorView& dk, const Ten
 }
 
 void CpAttention::all_reduce_mean(const TensorView& t) const {
-  ordered([&] { group_.all_reduce(t.data, size_t(t.numel()), parallel::DType::F32, parallel::ReduceOp::Avg); });
+  const parallel::DType dt = comm_dtype(t, "context parallelism: a gradient's mean");
+  ordered([&] { group_.all_reduce(t.data, size_t(t.numel()), dt, parallel::ReduceOp::Avg); });
 }
 
 void CpAttention::all_reduce_sum(const TensorView& t) const {

@@ -53,7 +53,7 @@ class CpAttention {
   void backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, const TensorView& datt,
                 const TensorView& qkv, const TensorView& att, const TensorView& lse, int64_t B2, int64_t Tc, float scale,
                 const ExecContext& ctx);
-  // t (f32) averaged over the group in place (the weights' gradients).
+  // t (f32 or bf16) averaged over the group in place (the weights' gradients).
   void all_reduce_mean(const TensorView& t) const;
   // t (f32) summed over the group in place (an MoE layer's token counts).
   void all_reduce_sum(const TensorView& t) const;

@@ -123,6 +123,14 @@ void OptimizerState::build_groups(const InBackward& ib, turbo::Arena& arena) {
       const train::ParamTensor& t = layout_.tensors[i];
       if (t.offset < begin || t.offset >= end) continue;
       ts.push_back(adamw_tensor(i));
+      const TensorView& gv = ts.back().grad;
+      if (!grp.grads.empty() && grp.grads.back().dtype == gv.dtype &&
+          static_cast<const char*>(grp.grads.back().data) + grp.grads.back().nbytes() == gv.data) {
+        TensorView& last = grp.grads.back();
+        last = TensorView(last.data, last.dtype, last.device, {last.numel() + gv.numel()});
+      } else {
+        grp.grads.push_back(TensorView(gv.data, gv.dtype, gv.device, {gv.numel()}));
+      }
       group_of[i] = static_cast<int64_t>(g);
       grp.window = grp.window || place_.in_window[i];
       if (!ib.clear_all && ib.written_first(t.name)) continue;
@@ -152,10 +160,17 @@ void OptimizerState::build_groups(const InBackward& ib, turbo::Arena& arena) {
   }
 }
 
-void OptimizerState::backward_ready(int64_t offset, int64_t n_losses, const ExecContext& ctx) {
+size_t OptimizerState::group_at(int64_t offset) const {
   size_t g = 0;
   while (g < groups_.size() && groups_[g].begin != offset) ++g;
   if (g == groups_.size()) throw RuntimeError(fmt::format("cuda model: no optimizer group starts at offset {}", offset));
+  return g;
+}
+
+const std::vector<TensorView>& OptimizerState::group_grads(int64_t offset) const { return groups_[group_at(offset)].grads; }
+
+void OptimizerState::backward_ready(int64_t offset, int64_t n_losses, const ExecContext& ctx) {
+  const size_t g = group_at(offset);
   Group& grp = groups_[g];
   const int64_t S = state_.loss_slots.numel();
   const bool first = g == 0, last = g + 1 == groups_.size();

@@ -74,6 +74,10 @@ class OptimizerState {
   // `offset` up are final; runs the group starting there (AdamW with its norm, the check) and
   // clears the next layer's gradient ranges in the shared window. n_losses: the step's loss slots.
   void backward_ready(int64_t offset, int64_t n_losses, const ExecContext& ctx);
+  // The optimizer in the backward: the gradients of the group starting at layout offset `offset`,
+  // as views of their storage (adjacent ones of one dtype merged), for a caller that reduces them
+  // over a group before backward_ready (context parallelism).
+  const std::vector<TensorView>& group_grads(int64_t offset) const;
   // The range table zero_grad's kernel reads (device mode; once, at construction of the model).
   void upload_clearing_table() const;
 
@@ -128,7 +132,9 @@ class OptimizerState {
     // Cleared right after its update: a later group's gradients that take this one's place
     // (GradPlacement::reuse).
     std::vector<std::pair<int64_t, int64_t>> clear_after;
+    std::vector<TensorView> grads;  // its gradients' storage (group_grads)
   };
+  size_t group_at(int64_t offset) const;
 
   const train::ParamLayout& layout_;
   const StateBuffers& state_;
