@@ -244,9 +244,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       if (opt_.bias_grad == BiasGrad::Separate || opt_.bias_grad == BiasGrad::Gemm)
         throw RuntimeError("cuda model: sequence parallelism takes the bias gradients from the norms (BiasGrad Norm or Ones)");
     }
-    if (opt_.optimizer_in_backward)
-      throw ConfigError("optimizer_in_backward with tensor_model_parallel_size > 1 is not implemented (the per-head "
-                        "norm gradients are summed over the group after the backward)");
     if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with tensor_model_parallel_size > 1 is not implemented");
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
       throw ConfigError("the cuda backend's tensor parallelism with a distributed optimizer is not implemented yet");
@@ -363,7 +360,22 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
         }
       }
     }
-    if (fsdp_plan_) {
+    if (opt_.optimizer_in_backward) {
+      // Each group's partial gradients and replicated key/value rows are summed just before its
+      // update, and its norm over the group before its check (optimizer_state.h).
+      const std::vector<int64_t> points = grad_ready_points(layout_);
+      auto group_of = [&](int64_t offset) {
+        int64_t begin = -1;
+        for (int64_t p : points)
+          if (p <= offset && p > begin) begin = p;
+        return begin;
+      };
+      for (size_t i = 0; i < partial.size(); ++i)
+        if (partial[i]) tp_group_partial_[group_of(layout_.tensors[i].offset)].push_back(i);
+      for (size_t k = 0; k < opt_.tp_map->kv_exchanges().size(); ++k)
+        tp_group_kv_[group_of(layout_.tensors[opt_.tp_map->kv_exchanges()[k].tensor].offset)].push_back(k);
+      optimizer_->group_norms_over(counted, excluded, [this](const TensorView& t) { tp_->all_reduce(t); });
+    } else if (fsdp_plan_) {
       std::vector<bool> shard_counted(shard_layout_.tensors.size());
       for (size_t j = 0; j < shard_counted.size(); ++j) {
         const train::ParamTensor* t = layout_.find(shard_layout_.tensors[j].name);
@@ -392,9 +404,11 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     decoder_->on_grads_ready([this](int64_t offset) {
       NvtxRange r("adamw group");
       // Context parallelism: each rank's tokens gave a part of the group's gradients; averaged
-      // over the group first, every rank updates (and checks) the same values.
+      // over the group first, every rank updates (and checks) the same values. Tensor
+      // parallelism: the group's partial gradients summed, its replicated k|v rows exchanged.
       if (cp_)
         for (const TensorView& g : optimizer_->group_grads(offset)) cp_->all_reduce_mean(g);
+      if (tp_) tp_reduce_group(offset);
       optimizer_->backward_ready(offset, opt_.loss_slots, ctx());
     });
   }
@@ -761,22 +775,40 @@ void CudaModel::grad_norm(float max_norm) {
   for (const auto& [offset, count] : tp_partial_) tp_->all_reduce(grads.slice0(offset, offset + count));
   // Replicated key/value rows: each replica's part summed through the tensor's global k|v range
   // (train/tensor_parallel.h; the ranks of other groups write other places of it).
-  const std::vector<train::TpKvExchange>& xs = opt_.tp_map->kv_exchanges();
-  for (size_t k = 0; k < xs.size(); ++k) {
-    const TensorView buf = kv_exchange_.slice0(0, xs[k].elems);
-    stream_.zero(buf);
-    auto copy = [&](float* dst, const float* src, int64_t n) {
-      if (stream_.host) std::memcpy(dst, src, size_t(n) * sizeof(float));
-      else CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_.stream));
-    };
-    for (const KvCopy& c : kv_copies_[k]) copy(buf.ptr<float>() + c.buf, grads.ptr<float>() + c.grad, c.count);
-    tp_->all_reduce(buf);
-    for (const KvCopy& c : kv_copies_[k]) copy(grads.ptr<float>() + c.grad, buf.ptr<const float>() + c.buf, c.count);
-  }
+  for (size_t k = 0; k < kv_copies_.size(); ++k)
+    kv_exchange(k, [&](const KvCopy& c) { return grads.ptr<float>() + c.grad; });
   optimizer_->grad_norm_squares(ctx());
   if (fsdp_) fsdp_->all_reduce(st.norm.slice0(0, 1));
   tp_->all_reduce(st.norm.slice0(0, 1));
   optimizer_->finish_grad_norm(max_norm);
+}
+
+void CudaModel::kv_exchange(size_t k, const std::function<float*(const KvCopy&)>& grad) {
+  const TensorView buf = kv_exchange_.slice0(0, opt_.tp_map->kv_exchanges()[k].elems);
+  stream_.zero(buf);
+  auto copy = [&](float* dst, const float* src, int64_t n) {
+    if (stream_.host) std::memcpy(dst, src, size_t(n) * sizeof(float));
+    else CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_.stream));
+  };
+  for (const KvCopy& c : kv_copies_[k]) copy(buf.ptr<float>() + c.buf, grad(c), c.count);
+  tp_->all_reduce(buf);
+  for (const KvCopy& c : kv_copies_[k]) copy(grad(c), buf.ptr<const float>() + c.buf, c.count);
+}
+
+// The optimizer in the backward: the group's tensor-parallel sums where its gradients lie (the
+// shared window's places), just before its update.
+void CudaModel::tp_reduce_group(int64_t offset) {
+  if (auto it = tp_group_partial_.find(offset); it != tp_group_partial_.end())
+    for (size_t i : it->second) tp_->all_reduce(optimizer_->grad_of(i));
+  auto it = tp_group_kv_.find(offset);
+  if (it == tp_group_kv_.end()) return;
+  for (size_t k : it->second) {
+    const size_t t = opt_.tp_map->kv_exchanges()[k].tensor;
+    const TensorView g = optimizer_->grad_of(t);
+    if (g.dtype != turbo::DType::F32) throw RuntimeError("cuda model: a replicated key/value gradient that is not f32");
+    const int64_t base = layout_.tensors[t].offset;  // the pieces' gradient offsets are layout offsets
+    kv_exchange(k, [&](const KvCopy& c) { return g.ptr<float>() + (c.grad - base); });
+  }
 }
 
 void CudaModel::check_step(int64_t n) {

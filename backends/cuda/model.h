@@ -28,6 +28,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -153,9 +155,10 @@ struct CudaModelOptions {
   // moments, get_grads) are in the local layout; tp_map converts to and from the global one. The
   // collectives run over tp_group (tp_comm.h: NCCL or the threaded group on the device, any group in
   // host mode); grad_norm() sums the per-head q|k norm weights' partial gradients over it and
-  // returns the global norm. Sequence parallelism comes with the map (decoder.h; micro_batch_size x
-  // seq_length must divide by tp). Not with the optimizer in the backward, Muon or ZeRO-1 buffers
-  // (ConfigError).
+  // returns the global norm (with the optimizer in the backward, each group's partial gradients are
+  // summed just before its update and its norm over the group before its check). Sequence
+  // parallelism comes with the map (decoder.h; micro_batch_size x seq_length must divide by tp).
+  // Not with Muon or ZeRO-1 buffers (ConfigError).
   parallel::ProcessGroup* tp_group = nullptr;
   std::shared_ptr<const train::TpShardMap> tp_map;
   // Sharded data parallelism (model/fsdp.h) over dp_group: Megatron's optim (ZeRO-1, the
@@ -369,6 +372,14 @@ class CudaModel {
     int64_t buf = 0, grad = 0, count = 0;
   };
   std::vector<std::vector<KvCopy>> kv_copies_;
+  // The optimizer in the backward under tensor parallelism: per optimizer group (its first layout
+  // offset), the partial tensors (layout indices) and the key/value exchanges (indices into
+  // kv_copies_) reduced before its update.
+  std::map<int64_t, std::vector<size_t>> tp_group_partial_, tp_group_kv_;
+  void tp_reduce_group(int64_t offset);
+  // Replicated key/value rows: exchange k's pieces summed over the group; grad(piece) is where a
+  // piece's gradient lies.
+  void kv_exchange(size_t k, const std::function<float*(const KvCopy&)>& grad);
   // Replicated key/value rows (tp above num_query_groups): the exchange buffer of their gradient sum.
   std::unique_ptr<turbo::Arena> kv_arena_;
   TensorView kv_exchange_;

@@ -24,6 +24,7 @@
 #include "tests/cuda_gpu/trainer_runs.h"
 #include "tests/cuda_gpu/two_processes.h"
 #include "tests/e2e/cli_runner.h"
+#include "tests/parallel/train_e2e_util.h"
 
 namespace primus::backends::cuda {
 namespace {
@@ -420,8 +421,8 @@ TEST(CudaHostTrainer, DistributedOptimizerBesideTensorAndContextParallelTrainsAs
 }
 
 // The optimizer in the backward beside context parallelism (one micro-batch of 8 a step, clip 0):
-// each layer's gradients averaged over the cp group before its update. cp2 and tp-free cp2 of a
-// GQA Llama and of the tiny MoE (switch loss, its counts summed over the group) give one
+// each layer's gradients averaged over the cp group before its update. cp2 and tp2 x cp2 of a GQA
+// Llama and cp2 of the tiny MoE (switch loss, its counts summed over the group) give one
 // process's losses and validation losses; the cp2 checkpoint moves both ways.
 TEST(CudaHostTrainer, OptimizerInBackwardBesideContextParallelTrainsAsOne) {
   const std::string oib = "      optimizer_in_bwd: true\n      clip_grad: 0\n";
@@ -429,9 +430,48 @@ TEST(CudaHostTrainer, OptimizerInBackwardBesideContextParallelTrainsAsOne) {
     testing::TwoProcesses t(oib, "llama/tiny.yaml", 4, 8);
     t.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
     t.expect_checkpoints_move("cp2", "context_parallel_size=2");
+    // Beside tp too: the cp mean, then the tp sums, of each layer's gradients.
+    t.expect_matches("tp2cp2", "context_parallel_size=2 tensor_model_parallel_size=2", "", 1e-5, 4);
   }
   testing::TwoProcesses m(oib, "moe/tiny.yaml", 4, 8);
   m.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
+}
+
+// The optimizer in the backward beside tensor parallelism (one micro-batch of 8 a step, clip 0):
+// each layer's partial gradients summed over the tp group and its replicated key/value rows
+// exchanged just before its update, its norm counted once over the group. GPT-2 tp2 and tp2+sp
+// (the norms' and row-parallel biases' gradients partial), Qwen3 tp2 (per-head q/k norms), a GQA
+// Llama tp4 (key/value groups replicated) and the tiny MoE tp2 (the router partial) give one
+// process's losses, validation losses and gradient norms.
+TEST(CudaHostTrainer, OptimizerInBackwardBesideTensorParallelTrainsAsOne) {
+  const std::string oib = "      optimizer_in_bwd: true\n      clip_grad: 0\n";
+  auto expect_norms = [](const testing::TwoProcesses& t, const std::string& run) {
+    const auto one = primus::testing::losses(t.dir() / "g/u/cuda", "grad_norm");
+    ASSERT_EQ(one.size(), 6u);
+    primus::testing::expect_same_losses(one, primus::testing::losses(t.dir() / "g/u" / run, "grad_norm"),
+                                        run + " grad norm");
+  };
+  {
+    testing::TwoProcesses t(oib, "gpt2/tiny.yaml", 2, 8);
+    t.expect_matches("tp2", "tensor_model_parallel_size=2", "tensor parallel over 2 ranks");
+    expect_norms(t, "tp2");
+    t.expect_matches("tp2sp", "tensor_model_parallel_size=2 sequence_parallel=true", "");
+    expect_norms(t, "tp2sp");
+    t.expect_checkpoints_move("tp2", "tensor_model_parallel_size=2");
+  }
+  {
+    testing::TwoProcesses q(oib, "qwen3/tiny.yaml", 4, 8);
+    q.expect_matches("tp2", "tensor_model_parallel_size=2", "");
+    expect_norms(q, "tp2");
+  }
+  {
+    testing::TwoProcesses l(oib, "llama/tiny.yaml", 4, 8);
+    l.expect_matches("tp4", "tensor_model_parallel_size=4", "tensor parallel over 4 ranks", 1e-5, 4);
+    expect_norms(l, "tp4");
+  }
+  testing::TwoProcesses m(oib, "moe/tiny.yaml", 4, 8);
+  m.expect_matches("tp2", "tensor_model_parallel_size=2", "");
+  expect_norms(m, "tp2");
 }
 
 // MoE layers under tensor parallelism (every expert's and the shared expert's FFN split over the

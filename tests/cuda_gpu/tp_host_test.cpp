@@ -135,8 +135,6 @@ TEST(TpHostRefusals, UnsupportedCombinationsNameTheirKey) {
   auto expect_config_error = [](auto&& f, const char* key) { primus::testing::expect_error<ConfigError>(f, {key}); };
   expect_config_error([&] { build(true, [](CudaModelOptions& mo) { mo.max_batch = 1, mo.max_seq = 63; }); },
                       "sequence_parallel");
-  expect_config_error([&] { build(false, [](CudaModelOptions& mo) { mo.optimizer_in_backward = true; }); },
-                      "optimizer_in_backward");
   // And a group whose size is not the map's.
   expect_config_error([&] { build(false, [](CudaModelOptions&) {}); }, "tensor parallelism");
 }

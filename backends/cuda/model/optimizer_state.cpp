@@ -169,6 +169,42 @@ size_t OptimizerState::group_at(int64_t offset) const {
 
 const std::vector<TensorView>& OptimizerState::group_grads(int64_t offset) const { return groups_[group_at(offset)].grads; }
 
+TensorView OptimizerState::grad_of(size_t i) const {
+  return grad_view(state_.grads, place_, i, 0, layout_.tensors.at(i).numel);
+}
+
+void OptimizerState::group_norms_over(const std::vector<bool>& counted,
+                                      const std::vector<std::pair<int64_t, int64_t>>& excluded,
+                                      std::function<void(const TensorView&)> sum_squares) {
+  if (groups_.empty()) throw RuntimeError("cuda model: group_norms_over without the optimizer in the backward");
+  if (counted.size() != layout_.tensors.size()) throw RuntimeError("cuda model: group_norms_over: one flag per tensor");
+  // Per group: the tensors this rank does not count, and the excluded ranges of those it does.
+  std::vector<std::vector<turbo::AdamWTensor>> sets(groups_.size());
+  size_t tables = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const int64_t begin = groups_[g].begin, end = g == 0 ? layout_.total : groups_[g - 1].begin;
+    for (size_t i = 0; i < layout_.tensors.size(); ++i) {
+      const train::ParamTensor& t = layout_.tensors[i];
+      if (t.offset < begin || t.offset >= end || !t.trainable) continue;
+      if (!counted[i]) {
+        sets[g].push_back(adamw_tensor(i));
+        continue;
+      }
+      for (const auto& [off, n] : excluded)
+        if (off >= t.offset && off + n <= t.offset + t.numel) sets[g].push_back(adamw_slice(i, off, n));
+    }
+    if (!sets[g].empty()) tables += turbo::cuda::multi_tensor_table_bytes(static_cast<int>(sets[g].size())) +
+                                    2 * turbo::Arena::kDefaultAlign;
+  }
+  uncounted_table_ = stream_.host ? turbo::make_host_arena(tables + 64 + 2 * turbo::Arena::kDefaultAlign)
+                                  : turbo::make_device_arena(tables + 64 + 2 * turbo::Arena::kDefaultAlign);
+  uncounted_norm_ = uncounted_table_->tensor(turbo::DType::F32, {2}, "uncounted gradient norm");
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (!sets[g].empty())
+      groups_[g].uncounted = std::make_unique<turbo::MultiTensorAdamW>(std::move(sets[g]), uncounted_table_.get());
+  sum_squares_ = std::move(sum_squares);
+}
+
 void OptimizerState::backward_ready(int64_t offset, int64_t n_losses, const ExecContext& ctx) {
   const size_t g = group_at(offset);
   Group& grp = groups_[g];
@@ -184,6 +220,22 @@ void OptimizerState::backward_ready(int64_t offset, int64_t n_losses, const Exec
   // The update and the norm of the gradients it read in one pass; the check after it.
   ops_.adamw(*grp.adamw, hp_, state_.norm.slice0(1, 2), stream_.host ? TensorView() : state_.hyper, ctx,
              state_.group_norm);
+  if (sum_squares_) {  // tensor parallelism: this rank's counted squares, summed over the group
+    float* gn = state_.group_norm.ptr<float>();
+    if (grp.uncounted) ops_.grad_norm(*grp.uncounted, uncounted_norm_, 0.0f, ctx);
+    if (stream_.host) {
+      gn[0] = grp.uncounted ? turbo::cuda::remove_squares_value(gn[0], uncounted_norm_.ptr<float>()[0]) : gn[0] * gn[0];
+    } else if (grp.uncounted) {
+      turbo::cuda::remove_squares(gn, uncounted_norm_.ptr<const float>(), stream_.stream);
+    } else {
+      turbo::cuda::square_norm(gn, stream_.stream);
+    }
+    sum_squares_(state_.group_norm.slice0(0, 1));
+    if (stream_.host)
+      gn[0] = static_cast<float>(std::sqrt(static_cast<double>(gn[0])));
+    else
+      turbo::cuda::finish_norm(gn, 0.0f, stream_.stream);
+  }
   if (stream_.host)
     turbo::cuda::step_check_group_apply(status, S, state_.group_norm.ptr<float>()[0], last);
   else

@@ -78,6 +78,14 @@ class OptimizerState {
   // as views of their storage (adjacent ones of one dtype merged), for a caller that reduces them
   // over a group before backward_ready (context parallelism).
   const std::vector<TensorView>& group_grads(int64_t offset) const;
+  // Tensor i's gradient, as stored (its place, its dtype).
+  TensorView grad_of(size_t i) const;
+  // The optimizer in the backward under tensor parallelism: each group's norm counts what this
+  // rank counts (`counted`, `excluded` as norm_over's), and `sum_squares` sums its square over the
+  // group (f32 [1], in the stream's order) before the group's check, so that every rank checks
+  // and accumulates the same norm, and the step's norm is the whole model's.
+  void group_norms_over(const std::vector<bool>& counted, const std::vector<std::pair<int64_t, int64_t>>& excluded,
+                        std::function<void(const TensorView&)> sum_squares);
   // The range table zero_grad's kernel reads (device mode; once, at construction of the model).
   void upload_clearing_table() const;
 
@@ -133,6 +141,7 @@ class OptimizerState {
     // (GradPlacement::reuse).
     std::vector<std::pair<int64_t, int64_t>> clear_after;
     std::vector<TensorView> grads;  // its gradients' storage (group_grads)
+    std::unique_ptr<turbo::MultiTensorAdamW> uncounted;  // group_norms_over: what this rank does not count
   };
   size_t group_at(int64_t offset) const;
 
@@ -151,6 +160,10 @@ class OptimizerState {
   // norm_over's tensors (their descriptor table in an arena of its own).
   std::unique_ptr<turbo::Arena> norm_table_;
   std::unique_ptr<turbo::MultiTensorAdamW> norm_set_;
+  // group_norms_over: the groups' uncounted sets' tables, one norm's output f32 [2], the sum.
+  std::unique_ptr<turbo::Arena> uncounted_table_;
+  TensorView uncounted_norm_;
+  std::function<void(const TensorView&)> sum_squares_;
   std::unique_ptr<turbo::MultiMatrixMuon> muon_;
   turbo::MuonHyper muon_hp_;
   std::vector<Group> groups_;  // the optimizer in the backward, in report order

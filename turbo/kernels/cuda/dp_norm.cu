@@ -12,6 +12,8 @@ namespace {
 
 __global__ void square_norm_kernel(float* out) { out[0] = out[0] * out[0]; }
 
+__global__ void remove_squares_kernel(float* out, const float* part) { out[0] = remove_squares_value(out[0], part[0]); }
+
 __global__ void finish_norm_kernel(float* out, float max_norm) {
   // The sum of squares in f64 as turbo's grad_norm takes its square root.
   const double norm = sqrt(static_cast<double>(out[0]));
@@ -26,6 +28,11 @@ __global__ void bf16_to_f32_kernel(float* dst, const uint16_t* src, int64_t n) {
 }
 
 }  // namespace
+
+void remove_squares(float* out, const float* part, cudaStream_t stream) {
+  remove_squares_kernel<<<1, 1, 0, stream>>>(out, part);
+  CUDA_CHECK_LAST();
+}
 
 void bf16_to_f32(float* dst, const void* src, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
