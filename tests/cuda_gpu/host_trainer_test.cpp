@@ -256,6 +256,13 @@ TEST(CudaHostTrainer, MuonMatchesTheReferenceAndResumesAcrossBackends) {
   }
 }
 
+// Muon beside plain data parallelism (the replicas' gradients averaged, then every replica
+// orthogonalises the same momenta): two processes give one process's losses and validation losses.
+TEST(CudaHostTrainer, MuonBesideDataParallelTrainsAsOne) {
+  testing::TwoProcesses t("      optimizer: muon\n");
+  t.expect_matches("dp2", "", "data parallel: 2 ranks");
+}
+
 // Tensor parallelism through the cuda trainer: tp2, with and without sequence parallelism, gives
 // one process's losses and validation losses; the checkpoint tp2 saves at step 3 (weights in the
 // global layout, moments as per-rank shards) resumes as one process, and one process's as tp2.
