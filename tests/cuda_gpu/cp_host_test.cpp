@@ -90,8 +90,6 @@ TEST(CpHostRefusals, UnsupportedCombinationsNameTheKey) {
     tweak(mo);
     CudaModel model(s, mo, ops_for(Attn::Default));
   };
-  expect_config_error([&] { build([](CudaModelOptions& mo) { mo.optimizer_in_backward = true; }, spec); },
-                      "optimizer_in_backward");
   train::ModelSpec windowed = spec;
   windowed.sliding_window = 16;
   expect_config_error([&] { build([](CudaModelOptions&) {}, windowed); }, "context_parallel_size");

@@ -56,6 +56,32 @@ INSTANTIATE_TEST_SUITE_P(Models, TpGpuTest, ::testing::Combine(::testing::Values
                                   (std::get<1>(info.param) ? "_sp" : "");
                          });
 
+// The optimizer in the backward under tensor parallelism with sequence parallelism, two ranks
+// sharing the GPU against one rank with it (eager steps, as every parity run): the bf16 gate of
+// TpGpuTest, the fallback attention's run as the spread. Not run yet (no GPU lent).
+class TpGpuInBackwardTest : public CudaGpuTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(TpGpuInBackwardTest, TwoRanksOnOneGpuTrainAsOne) {
+  const int which = GetParam();
+  const train::ModelSpec spec = tp_spec(which);
+  constexpr int kSteps = 20;
+  const TpRun one = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Default, false, {}, true);
+  const TpRun two = run_tp(spec, 2, turbo::Device::CUDA, kSteps, Attn::Default, true, {}, true);
+  const TpRun other = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Fallback, false, {}, true);
+  for (int s = 0; s < kSteps; ++s) EXPECT_EQ(two.gnorm[1][s], two.gnorm[0][s]) << "step " << s << ": one norm";
+  const Bf16Steps g = expect_bf16_steps("tp2 in backward", one.loss[0], one.gnorm[0], two.loss[0], two.gnorm[0],
+                                        other.loss[0], other.gnorm[0]);
+  const double dp = rel_l2(two.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+  EXPECT_LT(dp, 1e-2);
+  std::printf("[gpu %s tp2+sp in backward] %d steps: loss %.4f -> %.4f (tp2 %.4f), worst relative loss %.1e, grad "
+              "norm %.1e, weights %.1e\n",
+              tp_spec_name(which), kSteps, one.loss[0].front(), one.loss[0].back(), two.loss[0].back(), g.worst_loss,
+              g.worst_norm, dp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpGpuInBackwardTest, ::testing::Values(1, 3),
+                         [](const auto& info) { return std::string(tp_spec_name(info.param)); });
+
 // Four ranks over the Llama's and Qwen3's two key/value groups: each group replicated on two
 // ranks (its gradient summed over them, counted once in the norm). The loss, weight and first-10-
 // steps gates are the tp2 test's. Past step 10 the runs sit at gradient spikes where one

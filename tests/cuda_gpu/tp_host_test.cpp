@@ -55,6 +55,43 @@ INSTANTIATE_TEST_SUITE_P(Models, TpHostTest, ::testing::Combine(::testing::Value
                                   (std::get<1>(info.param) ? "_sp" : "");
                          });
 
+// The optimizer in the backward under tensor parallelism: each layer's partial gradients summed
+// and replicated key/value rows exchanged just before its update, its norm counted once over the
+// group. Every model of the tp tests (and the Llama and Qwen3 on 4 ranks, their key/value groups
+// replicated), with sequence parallelism, against one rank with the optimizer in the backward:
+// the same fp32 gate.
+class TpHostInBackwardTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(TpHostInBackwardTest, RanksTrainAsOne) {
+  const auto [which, tp] = GetParam();
+  const train::ModelSpec spec = tp_spec(which);
+  constexpr int kSteps = 6;
+  const TpRun one = run_tp(spec, 1, turbo::Device::CPU, kSteps, Attn::Default, false, {}, true);
+  const TpRun many = run_tp(spec, tp, turbo::Device::CPU, kSteps, Attn::Default, true, {}, true);
+  double worst_loss = 0, worst_norm = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    for (int r = 0; r < tp; ++r) EXPECT_EQ(many.gnorm[r][s], many.gnorm[0][s]) << "rank " << r << " step " << s;
+    const double dl = std::fabs(many.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
+    const double dn = std::fabs(many.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
+    worst_loss = std::max(worst_loss, dl);
+    worst_norm = std::max(worst_norm, dn);
+    EXPECT_LT(dl, 1e-5) << "step " << s;
+    EXPECT_LT(dn, 1e-5) << "step " << s << ": " << many.gnorm[0][s] << " vs " << one.gnorm[0][s];
+  }
+  const double dp = rel_l2(many.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+  EXPECT_LT(dp, 1e-4);
+  EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.1) << "the run must learn";
+  std::printf("[host %s tp%d+sp in backward] %d steps: worst relative loss %.1e, grad norm %.1e, weights %.1e\n",
+              tp_spec_name(which), tp, kSteps, worst_loss, worst_norm, dp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpHostInBackwardTest,
+                         ::testing::Values(std::tuple{0, 2}, std::tuple{1, 4}, std::tuple{2, 4}, std::tuple{3, 2}),
+                         [](const auto& info) {
+                           return std::string(tp_spec_name(std::get<0>(info.param))) + "_tp" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
 // More ranks than key/value groups (4 ranks, 2 groups): each group replicated on two ranks, its
 // gradient summed over them and counted once in the norm; the Llama and Qwen3 of above, with and
 // without sequence parallelism, against one rank at the same fp32 gate.

@@ -55,9 +55,12 @@ inline const char* tp_spec_name(int which) {
   return which == 0 ? "gpt2" : which == 1 ? "llama" : which == 2 ? "qwen3" : "deepseek_moe";
 }
 
-// fp8: each rank's own FP8 recipe (its registries are the rank's model's), or none.
+// fp8: each rank's own FP8 recipe (its registries are the rank's model's), or none. in_backward:
+// the optimizer in the backward (clip 0: no global norm before the updates), else AdamW after the
+// backward with clip 1.0.
 inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, int steps, Attn attn = Attn::Default,
-                    bool sequence_parallel = false, const std::function<turbo::Fp8Recipe()>& fp8 = {}) {
+                    bool sequence_parallel = false, const std::function<turbo::Fp8Recipe()>& fp8 = {},
+                    bool in_backward = false) {
   const int64_t T = spec.seq_length;
   const Batches data(T, steps);
   const std::vector<float> init = initial_params(spec);
@@ -76,6 +79,7 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
     const train::TpShardMap& map = *maps[r];
     const train::ModelSpec& ls = map.local_spec();
     CudaModelOptions mo = options(ls, kTrainBatch, device);
+    mo.optimizer_in_backward = in_backward;
     if (tp > 1) {
       mo.tp_group = pg;
       mo.tp_map = maps[r];
@@ -89,14 +93,15 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
     map.to_local(init.data(), w.data());
     model.set_params(w.data());
     for (int s = 0; s < steps; ++s) {
+      const turbo::AdamWHyper hp = parity_hyper(s);
+      if (in_backward) model.set_hyper(hp);
       model.zero_grad();
       model.forward(data.inputs[s].data(), data.targets[s].data(), kTrainBatch, T, 1.0f / float(kTrainBatch * T), 0);
       model.backward();
-      model.grad_norm(1.0f);
+      if (!in_backward) model.grad_norm(1.0f);
       run.loss[r].push_back(model.read_loss_sum(1));
       run.gnorm[r].push_back(model.read_grad_norm());
-      const turbo::AdamWHyper hp = parity_hyper(s);
-      model.update(hp);
+      if (!in_backward) model.update(hp);
     }
     model.get_params(w.data());
     local[r] = std::move(w);
