@@ -85,7 +85,11 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
                                     "micro_batch_size x data-parallel ranks); got {} micro-batches",
                                     t.grad_accum_steps));
     }
-    if (world > 1) throw ConfigError("optimizer_in_bwd: true runs on one process (no data parallelism with it yet)");
+    if (world > 1) {
+      throw ConfigError(fmt::format("optimizer_in_bwd: true is not implemented beside data parallelism yet (data-parallel "
+                                    "size {}); tensor and context parallelism run beside it",
+                                    world));
+    }
     mo.optimizer_in_backward = true;
   }
   if (a.bf16_expert_grads) {

@@ -79,6 +79,36 @@ TEST(CpHostFp8, InputsSavedInFp8GiveTheSameStepsWithLessMemory) {
   }
 }
 
+// The optimizer in the backward under context parallelism: each layer's gradients averaged over
+// the group before its update, the loss slots before the first (so every rank reads the sequences'
+// mean loss): GPT-2 cp2 and the GQA Llama cp4 against one rank with it, at the fp32 gate.
+TEST(CpHostInBackward, RanksTrainAsOne) {
+  for (const auto& [llama, cp] : {std::pair{false, 2}, std::pair{true, 4}}) {
+    SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " cp" + std::to_string(cp));
+    const train::ModelSpec spec = tiny_spec(llama);
+    constexpr int kSteps = 6;
+    const CpRun one = run_cp(spec, 1, turbo::Device::CPU, kSteps, Attn::Default, {}, true);
+    const CpRun many = run_cp(spec, cp, turbo::Device::CPU, kSteps, Attn::Default, {}, true);
+    double worst_loss = 0, worst_norm = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      for (int r = 0; r < cp; ++r) {
+        EXPECT_EQ(many.loss[r][s], many.loss[0][s]) << "rank " << r << " step " << s << ": the averaged loss";
+        EXPECT_EQ(many.gnorm[r][s], many.gnorm[0][s]) << "rank " << r << " step " << s;
+      }
+      const double dl = std::fabs(many.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
+      const double dn = std::fabs(many.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
+      worst_loss = std::max(worst_loss, dl);
+      worst_norm = std::max(worst_norm, dn);
+      EXPECT_LT(dl, 1e-5) << "step " << s;
+      EXPECT_LT(dn, 1e-5) << "step " << s;
+    }
+    const double dp = rel_l2(many.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+    EXPECT_LT(dp, 1e-4);
+    std::printf("[host %s cp%d in backward] %d steps: worst relative loss %.1e, grad norm %.1e, weights %.1e\n",
+                llama ? "llama" : "gpt2", cp, kSteps, worst_loss, worst_norm, dp);
+  }
+}
+
 TEST(CpHostRefusals, UnsupportedCombinationsNameTheKey) {
   auto hub = parallel::ThreadedGroup::create(2, std::chrono::seconds(5));
   std::unique_ptr<parallel::ProcessGroup> pg = hub->rank(0);

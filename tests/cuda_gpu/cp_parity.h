@@ -39,8 +39,9 @@ inline std::vector<int32_t> cp_slot_rows(const std::vector<int32_t>& full, int64
 }
 
 // fp8: each rank's own FP8 recipe (its registries are the rank's model's), or none for bf16/fp32.
+// in_backward: the optimizer in the backward (clip 0), else AdamW after the backward with clip 1.0.
 inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, int steps, Attn attn = Attn::Default,
-                    const std::function<turbo::Fp8Recipe()>& fp8 = {}) {
+                    const std::function<turbo::Fp8Recipe()>& fp8 = {}, bool in_backward = false) {
   const int64_t T = spec.seq_length, B = kTrainBatch;
   const Batches data(T, steps);
   const std::vector<float> init = initial_params(spec);
@@ -55,6 +56,7 @@ inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, 
     const int64_t rows = cp == 1 ? B : 2 * B, Tl = cp == 1 ? T : T / (2 * cp);
     CudaModelOptions mo = options(spec, rows, device);
     mo.max_seq = Tl;
+    mo.optimizer_in_backward = in_backward;
     if (cp > 1) mo.cp_group = pg;
     CudaOps ops = ops_for(attn);
     turbo::Fp8Recipe recipe;
@@ -65,14 +67,15 @@ inline CpRun run_cp(const train::ModelSpec& spec, int cp, turbo::Device device, 
     for (int s = 0; s < steps; ++s) {
       const std::vector<int32_t> x = cp == 1 ? data.inputs[s] : cp_slot_rows(data.inputs[s], B, T, cp, r);
       const std::vector<int32_t> y = cp == 1 ? data.targets[s] : cp_slot_rows(data.targets[s], B, T, cp, r);
+      const turbo::AdamWHyper hp = parity_hyper(s);
+      if (in_backward) model.set_hyper(hp);
       model.zero_grad();
       model.forward(x.data(), y.data(), rows, Tl, 1.0f / float(rows * Tl), 0);
       model.backward();
-      model.grad_norm(1.0f);
+      if (!in_backward) model.grad_norm(1.0f);
       run.loss[r].push_back(model.read_loss_sum(1));
       run.gnorm[r].push_back(model.read_grad_norm());
-      const turbo::AdamWHyper hp = parity_hyper(s);
-      model.update(hp);
+      if (!in_backward) model.update(hp);
     }
     run.activation_bytes[r] = model.activation_bytes();
     if (r == 0) {
