@@ -26,19 +26,7 @@ TEST_P(TpHostTest, TwoRanksTrainAsOne) {
   constexpr int kSteps = 8;
   const TpRun one = run_tp(spec, 1, turbo::Device::CPU, kSteps);
   const TpRun two = run_tp(spec, 2, turbo::Device::CPU, kSteps, Attn::Default, sp);
-  double worst_loss = 0, worst_norm = 0;
-  for (int s = 0; s < kSteps; ++s) {
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_EQ(two.loss[r][s], two.loss[0][s]) << "rank " << r << " step " << s << ": every rank has the whole loss";
-      EXPECT_EQ(two.gnorm[r][s], two.gnorm[0][s]) << "rank " << r << " step " << s;
-    }
-    const double dl = std::fabs(two.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
-    const double dn = std::fabs(two.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
-    worst_loss = std::max(worst_loss, dl);
-    worst_norm = std::max(worst_norm, dn);
-    EXPECT_LT(dl, 1e-5) << "step " << s << ": " << two.loss[0][s] << " vs " << one.loss[0][s];
-    EXPECT_LT(dn, 1e-5) << "step " << s << ": " << two.gnorm[0][s] << " vs " << one.gnorm[0][s];
-  }
+  const auto [worst_loss, worst_norm] = expect_fp32_steps(one.loss[0], one.gnorm[0], two.loss, two.gnorm, true);
   const double dp = rel_l2(two.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
   EXPECT_LT(dp, 1e-4);
   EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.1) << "the run must learn";
@@ -68,16 +56,7 @@ TEST_P(TpHostInBackwardTest, RanksTrainAsOne) {
   constexpr int kSteps = 6;
   const TpRun one = run_tp(spec, 1, turbo::Device::CPU, kSteps, Attn::Default, false, {}, true);
   const TpRun many = run_tp(spec, tp, turbo::Device::CPU, kSteps, Attn::Default, true, {}, true);
-  double worst_loss = 0, worst_norm = 0;
-  for (int s = 0; s < kSteps; ++s) {
-    for (int r = 0; r < tp; ++r) EXPECT_EQ(many.gnorm[r][s], many.gnorm[0][s]) << "rank " << r << " step " << s;
-    const double dl = std::fabs(many.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
-    const double dn = std::fabs(many.gnorm[0][s] - one.gnorm[0][s]) / one.gnorm[0][s];
-    worst_loss = std::max(worst_loss, dl);
-    worst_norm = std::max(worst_norm, dn);
-    EXPECT_LT(dl, 1e-5) << "step " << s;
-    EXPECT_LT(dn, 1e-5) << "step " << s << ": " << many.gnorm[0][s] << " vs " << one.gnorm[0][s];
-  }
+  const auto [worst_loss, worst_norm] = expect_fp32_steps(one.loss[0], one.gnorm[0], many.loss, many.gnorm, true);
   const double dp = rel_l2(many.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
   EXPECT_LT(dp, 1e-4);
   EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.1) << "the run must learn";
