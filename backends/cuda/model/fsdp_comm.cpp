@@ -93,7 +93,6 @@ void FsdpComm::grads_ready(int64_t offset) {
   if (ui < 0) throw RuntimeError(fmt::format("fsdp: no unit starts at the ready point {}", offset));
   const FsdpUnit& u = plan_->units[size_t(ui)];
   const TensorView place = state_.grads.slice0(u.grad_base, u.grad_base + plan_->span(u));
-  const TensorView tmp = state_.fsdp_tmp.slice0(0, u.chunk);
   const TensorView acc = state_.shard_grads.slice0(u.shard, u.shard + u.chunk);
   if (!plan_->shard_grads) {
     if (!armed_) return;
@@ -102,6 +101,7 @@ void FsdpComm::grads_ready(int64_t offset) {
     });
     return;
   }
+  const TensorView tmp = state_.fsdp_tmp.slice0(0, u.chunk);
   // The reduction's follow-up kernels run where it did: the group's stream, or the model's after a
   // synchronous collective.
   const cudaStream_t s = stream_.host ? cudaStream_t{} : nccl_ ? nccl_->stream() : stream_.stream;

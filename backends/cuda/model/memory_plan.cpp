@@ -239,7 +239,8 @@ void MemoryPlan::plan(Take&& take) {
     s.m = take(Pool::State, DType::F32, {Sh}, "AdamW first moments (this rank's shard)");
     s.v = take(Pool::State, DType::F32, {Sh}, "AdamW second moments (this rank's shard)");
     if (!host) s.shard_weights = take(Pool::State, DType::BF16, {Sh}, "bf16 weights (this rank's shard)");
-    s.fsdp_tmp = take(Pool::State, DType::F32, {f->max_chunk}, "fp32 reduce-scatter chunk");
+    // optim reduce-scatters straight into the averaged gradient (fsdp_comm.cpp): no staging chunk.
+    if (f->shard_grads) s.fsdp_tmp = take(Pool::State, DType::F32, {f->max_chunk}, "fp32 reduce-scatter chunk");
     s.grads = take(Pool::State, DType::F32, {f->grad_elems}, "fp32 gradients (the units' places)");
     s.weights = take(Pool::State, host ? DType::F32 : DType::BF16, {f->weight_elems},
                      f->shard_params ? "weights (gathered: embeddings, top and two layer places)"

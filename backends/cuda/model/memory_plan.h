@@ -93,7 +93,8 @@ struct StateBuffers {
   // Sharded data parallelism (MemoryPlanOptions::fsdp): master, m and v hold this rank's chunks
   // (FsdpPlan::shard_elems); weights and grads are the units' places (weight_elems, grad_elems);
   // shard_grads f32 the averaged gradient of the chunks, shard_weights their bf16 copy (device
-  // only: what the gathers send), fsdp_tmp f32 one chunk (a reduce-scatter's output).
+  // only: what the gathers send), fsdp_tmp f32 one chunk (a reduce-scatter's output; not with
+  // optim, which reduces into shard_grads).
   TensorView shard_grads, shard_weights, fsdp_tmp;
   TensorView rope_table;  // f32 [seq_length, head_dim / 2, 2] (device, RoPE models)
   // {loss sums [loss_slots], grad norm, clip factor, finite flag}: loss_slots and norm are views
