@@ -348,17 +348,20 @@ TEST(QuantizeBench, MeasurementsPerCase) {
 // Per-group scaling (rows, 1x128 tiles, 128x128 blocks): the device kernel against the CPU
 // reference, bytes and scales bit for bit, both outputs and each alone, f32 and bf16 inputs,
 // both FP8 formats, strided rows; a NaN poisons only its group; a graph replay gives the same bits.
+// Both block kernels (PRIMUS_TURBO_QUANT_GROUPS_KERNEL: 8 x 8 and 16 x 4 patches).
 TEST_F(QuantizeGpuTest, GroupScalingMatchesTheReferenceBitForBit) {
   using G = Fp8Granularity;
   struct Shape { int64_t R, C, ld; };
+  for (const char* kernel : {"patch8", "patch16"})
   for (const G g : {G::Row, G::Block1x128, G::Block128x128})
     for (const Shape sh : g == G::Row ? std::vector<Shape>{{272, 400, 400}, {128, 256, 264}, {16, 2048, 2048}}
                                       : std::vector<Shape>{{256, 384, 384}, {384, 640, 648}, {128, 128, 128}})
       for (const DType dt : {DType::BF16, DType::F32})
         for (const DType fp8 : {DType::F8E4M3, DType::F8E5M2})
           for (const bool nan : {false, true}) {
-            SCOPED_TRACE(fmt::format("{} [{}, {}] ld {} {} -> {}{}", fp8_granularity_name(g), sh.R, sh.C, sh.ld,
-                                     dtype_name(dt), dtype_name(fp8), nan ? " with a NaN" : ""));
+            SCOPED_TRACE(fmt::format("{} {} [{}, {}] ld {} {} -> {}{}", kernel, fp8_granularity_name(g), sh.R, sh.C,
+                                     sh.ld, dtype_name(dt), dtype_name(fp8), nan ? " with a NaN" : ""));
+            ::setenv("PRIMUS_TURBO_QUANT_GROUPS_KERNEL", kernel, 1);
             std::vector<float> vals(static_cast<size_t>(sh.R * sh.C));
             std::normal_distribution<float> n(0.0f, 1.0f);
             std::uniform_real_distribution<float> e(-6.0f, 3.0f);
@@ -402,6 +405,7 @@ TEST_F(QuantizeGpuTest, GroupScalingMatchesTheReferenceBitForBit) {
               EXPECT_LT(poisoned, ro.size() / 2);
             }
           }
+  ::unsetenv("PRIMUS_TURBO_QUANT_GROUPS_KERNEL");
 }
 
 // Row and tensor scaling with the producer's maxima (QuantizeFp8Args::maxima, as the SwiGLU kernels
