@@ -37,8 +37,10 @@ void add_cuda_schema(config::Schema& s) {
             "PRIMUS_CUDA_LAUNCH_AHEAD=0|1 overrides it")
       .flag("optimizer_in_bwd", false,
             "run each layer's AdamW in the backward as soon as its gradients are final, the layers sharing one "
-            "gradient buffer (the gradients take one layer's memory instead of the model's); needs clip_grad: 0, "
-            "one micro-batch per step (global_batch_size = micro_batch_size) and one process")
+            "gradient buffer (the gradients take one layer's memory instead of the model's; two layers' beside data "
+            "or context parallelism, where each layer's gradients are averaged over the ranks while the layer below "
+            "runs its backward); needs clip_grad: 0, one micro-batch per step (global_batch_size = micro_batch_size x "
+            "data-parallel ranks) and the whole optimizer state on every rank (no ZeRO-1 or sharding)")
       .text("moe_expert_grad_dtype", "fp32",
             "dtype of the MoE experts' weight gradients: fp32, or bf16 (the grouped weight-gradient GEMM rounds its "
             "f32 sums once and AdamW reads them widened, as torch's autocast does for fp32 master weights; half the "

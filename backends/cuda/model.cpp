@@ -156,6 +156,8 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
       layout, [&spec](const std::string& name) { return Decoder::written_by_first_gemm(spec, name); });
   mp.zero_ranges = static_cast<int64_t>(clearing.ranges.size());
   mp.shared_grad_window = opt.optimizer_in_backward;
+  const bool cp = opt.cp_group && opt.cp_group->world_size() > 1;
+  mp.grad_windows = opt.optimizer_in_backward && (opt.grad_mean || opt.grad_mean_group || cp) ? 2 : 1;
   mp.bf16_expert_grads = opt.bf16_expert_grads;
   mp.split_master = opt.split_master;
   mp.document_masks = opt.document_masking.enabled();
@@ -269,6 +271,18 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
+  if (opt_.optimizer_in_backward) {
+    mean_group_ = opt_.grad_mean_group ? opt_.grad_mean_group : cp ? opt_.cp_group : nullptr;
+    if (opt_.grad_mean && !mean_group_)
+      throw RuntimeError("cuda model: grad_mean without its group (grad_mean_group, or cp_group for cp alone)");
+    if (cp && opt_.grad_mean_group && opt_.grad_mean_group->world_size() % opt_.cp_group->world_size() != 0) {
+      throw RuntimeError(fmt::format("cuda model: grad_mean_group of {} ranks beside cp {}: it must span the dp x cp ranks",
+                                     opt_.grad_mean_group->world_size(), opt_.cp_group->world_size()));
+    }
+    if (mean_group_) mean_nccl_ = device_group(*mean_group_, stream_, "the optimizer in the backward's gradient mean");
+  } else if (opt_.grad_mean || opt_.grad_mean_group) {
+    throw RuntimeError("cuda model: grad_mean_group serves the optimizer in the backward (optimizer_in_backward)");
+  }
   if (opt_.fp8_delayed) {
     for (parallel::ProcessGroup* g : opt_.fp8_amax_groups) {
       if (!g) throw RuntimeError("cuda model: a null fp8_recipe delayed amax reduction group");
@@ -400,18 +414,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
   if (fsdp_) decoder_->on_grads_ready([this](int64_t offset) { fsdp_->grads_ready(offset); });
-  if (opt_.optimizer_in_backward) {
-    decoder_->on_grads_ready([this](int64_t offset) {
-      NvtxRange r("adamw group");
-      // Context parallelism: each rank's tokens gave a part of the group's gradients; averaged
-      // over the group first, every rank updates (and checks) the same values. Tensor
-      // parallelism: the group's partial gradients summed, its replicated k|v rows exchanged.
-      if (cp_)
-        for (const TensorView& g : optimizer_->group_grads(offset)) cp_->all_reduce_mean(g);
-      if (tp_) tp_reduce_group(offset);
-      optimizer_->backward_ready(offset, opt_.loss_slots, ctx());
-    });
-  }
+  if (opt_.optimizer_in_backward) decoder_->on_grads_ready([this](int64_t offset) { in_backward_ready(offset); });
 
   const StateBuffers& st = plan_->state;
   if (spec_.rope && !host) turbo::rope_build_table(st.rope_table, spec_.rotary_base, ctx(), spec_.rope_scaling);
@@ -737,11 +740,17 @@ void CudaModel::begin_backward(bool last) {
 }
 
 void CudaModel::backward() {
-  // The optimizer in the backward checks the loss before its first group: under context
-  // parallelism every rank must see the same one (a rank's own tokens' loss may alone be
-  // non-finite), so the slots are averaged over the group first.
-  if (opt_.optimizer_in_backward && cp_) cp_->all_reduce_mean(plan_->state.loss_slots);
+  // The optimizer in the backward checks the loss before its first group: beside data or context
+  // parallelism every rank must see the same one (a rank's own samples' or tokens' loss may alone
+  // be non-finite), so the slots are averaged over the ranks first.
+  if (mean_group_) {
+    in_stream_order(mean_nccl_, stream_, [&] {
+      const TensorView& l = plan_->state.loss_slots;
+      mean_group_->all_reduce(l.data, size_t(l.numel()), comm_dtype(l, "the loss slots' mean"), parallel::ReduceOp::Avg);
+    });
+  }
   decoder_->backward();
+  update_pending_group();  // the last group's
   if (opt_.fp8_delayed) fp8_pending_ = true;
   if (fsdp_) {
     fsdp_->end_backward();
@@ -809,6 +818,35 @@ void CudaModel::tp_reduce_group(int64_t offset) {
     const int64_t base = layout_.tensors[t].offset;  // the pieces' gradient offsets are layout offsets
     kv_exchange(k, [&](const KvCopy& c) { return g.ptr<float>() + (c.grad - base); });
   }
+}
+
+// The optimizer in the backward: group `offset`'s gradients are final. Tensor parallelism: its
+// partial gradients summed and its replicated k|v rows exchanged, in stream order. Data or context
+// parallelism: each rank's samples or tokens gave a part of the gradients, which are averaged over
+// the ranks so that every rank updates (and checks) the same values; the mean is issued on the
+// group's stream and the update waits for it until the next group is ready (the layer below has
+// run its backward, into the other gradient window) or the backward ends.
+void CudaModel::in_backward_ready(int64_t offset) {
+  NvtxRange r("adamw group");
+  if (tp_) tp_reduce_group(offset);
+  if (!mean_group_) {
+    optimizer_->backward_ready(offset, opt_.loss_slots, ctx());
+    return;
+  }
+  update_pending_group();
+  issue_in_order(mean_nccl_, stream_, [&] {
+    for (const TensorView& g : optimizer_->group_grads(offset))
+      mean_group_->all_reduce(g.data, size_t(g.numel()), comm_dtype(g, "the optimizer in the backward: a gradient's mean"),
+                              parallel::ReduceOp::Avg);
+  });
+  mean_pending_ = offset;
+}
+
+void CudaModel::update_pending_group() {
+  if (mean_pending_ < 0) return;
+  await_group(mean_nccl_, stream_);
+  optimizer_->backward_ready(mean_pending_, opt_.loss_slots, ctx());
+  mean_pending_ = -1;
 }
 
 void CudaModel::check_step(int64_t n) {

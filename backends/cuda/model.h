@@ -130,8 +130,18 @@ struct CudaModelOptions {
   // soon as its gradients are final, and the layers share one gradient window (grad_placement.h):
   // the gradients take the largest layer's memory instead of the model's. One micro-batch per step
   // (loss_slots 1), no clipping (grad_norm, check_step and update throw: the backward did them),
-  // full optimizer state, no data parallelism; get_grads throws (the gradients never exist at once).
+  // full optimizer state on this GPU (no ZeRO-1 or sharding); get_grads throws (the gradients never
+  // exist at once). Beside data or context parallelism see grad_mean_group.
   bool optimizer_in_backward = false;
+  // The optimizer in the backward beside data (and context) parallelism: each group's gradients are
+  // averaged over grad_mean_group (the dp x cp ranks; with context parallelism alone the cp group
+  // when null) before its update, and the loss slots before the first group (every rank checks and
+  // updates the same values). The mean of a layer runs on the group's stream while the layer below
+  // runs its backward, and the update after that, so the layers alternate between two gradient
+  // windows (grad_placement.h). grad_mean says the model will have such a group: model_options_for
+  // sets it from the layout, for the memory plan of a projection, which has no groups.
+  bool grad_mean = false;
+  parallel::ProcessGroup* grad_mean_group = nullptr;
   // The MoE experts' weight gradients in bf16 (GradPlacement::bf16): the grouped weight-gradient
   // GEMM rounds its f32 sums once and AdamW reads bf16, as torch's autocast gives bf16 weight
   // gradients that the fp32 master's update reads widened. Written once, never accumulated: needs
@@ -391,6 +401,14 @@ class CudaModel {
   GradPlacement shard_place_;
   std::unique_ptr<FsdpComm> fsdp_;
   std::unique_ptr<CpAttention> cp_;  // context parallelism (null without)
+  // The optimizer in the backward beside dp or cp (CudaModelOptions::grad_mean_group): the group,
+  // as NCCL (null for another kind), and the optimizer group (its first layout offset) whose mean is
+  // in flight, updated when the next group is ready or at the backward's end (-1: none).
+  parallel::ProcessGroup* mean_group_ = nullptr;
+  parallel::NcclProcessGroup* mean_nccl_ = nullptr;
+  int64_t mean_pending_ = -1;
+  void in_backward_ready(int64_t offset);
+  void update_pending_group();
   // The full layout-ordered array of a shard buffer from every rank (collective).
   void gather_full(const TensorView& shard, float* host) const;
   std::unique_ptr<Decoder> decoder_;

@@ -85,12 +85,18 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
                                     "micro_batch_size x data-parallel ranks); got {} micro-batches",
                                     t.grad_accum_steps));
     }
-    if (world > 1) {
-      throw ConfigError(fmt::format("optimizer_in_bwd: true is not implemented beside data parallelism yet (data-parallel "
-                                    "size {}); tensor and context parallelism run beside it",
+    // Beside data parallelism the model averages each layer's gradients itself, and every rank
+    // keeps the whole optimizer state: ZeRO-1 and the sharded strategies would update chunks.
+    if (world > 1 && (sharded || a.use_distributed_optimizer)) {
+      throw ConfigError(fmt::format("optimizer_in_bwd: true with {} over {} data-parallel ranks is not implemented: the "
+                                    "optimizer in the backward keeps the whole optimizer state on every rank (use "
+                                    "data_parallel_sharding_strategy: no_shard and use_distributed_optimizer: false)",
+                                    a.use_distributed_optimizer ? std::string("use_distributed_optimizer (ZeRO-1)")
+                                    : fmt::format("data_parallel_sharding_strategy {}", parallel::dp_sharding_name(sharding)),
                                     world));
     }
     mo.optimizer_in_backward = true;
+    mo.grad_mean = world > 1 || t.model_parallel[parallel::Dim::CP] > 1;
   }
   if (a.bf16_expert_grads) {
     if (!spec.moe.enabled()) throw ConfigError("moe_expert_grad_dtype: bf16 needs an MoE model (num_experts > 0)");

@@ -84,10 +84,15 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   size_t state_named = 0;
   for (const ProjectedStatePart& p : kProjectedStateParts) {
     size_t b = 0;
-    for (const PlannedBuffer& buf : sz.buffers)
-      if (buf.state && projection_starts_with(buf.what, p.what)) b += buf.bytes;
+    std::string detail = p.detail;
+    for (const PlannedBuffer& buf : sz.buffers) {
+      if (!buf.state || !projection_starts_with(buf.what, p.what)) continue;
+      b += buf.bytes;
+      // The optimizer in the backward: the gradients are the layers' shared windows (the plan says how many).
+      if (buf.what.find("window") != std::string::npos) detail = buf.what;
+    }
     state_named += b;
-    m.add(p.part, p.detail, double(b));
+    m.add(p.part, detail, double(b));
   }
   m.add("workspace", "state tables: step status, AdamW hyper-parameters and descriptors, RoPE table, zero_grad ranges",
         double(sz.state_arena - state_named));

@@ -82,27 +82,39 @@ void CudaTrainer::setup() {
     layout += fmt::format("{}context parallel over {} ranks: each holds chunks r and {} - r of {} per sequence ({} group)",
                           layout.empty() ? "" : " x ", cp, 2 * cp - 1, 2 * cp, cp_pg_->backend());
   }
-  if (sharded) {
-    std::vector<int> grad_ranks;  // this rank's dp group, each member with its cp group
+  auto grad_ranks = [&] {  // this rank's dp group, each member with its cp group
+    std::vector<int> ranks;
     for (int r : dims_->group_ranks(parallel::Dim::DP)) {
       for (int c : parallel::ParallelDims(t.parallel_sizes(), dist_.world_size, r).group_ranks(parallel::Dim::CP))
-        grad_ranks.push_back(c);
+        ranks.push_back(c);
     }
-    std::sort(grad_ranks.begin(), grad_ranks.end());
-    sharded_pg_ = cp > 1 ? make_group(grad_ranks, fmt::format("dpcp{}-{}", grad_ranks.front(), grad_ranks.back()))
+    std::sort(ranks.begin(), ranks.end());
+    return ranks;
+  };
+  if (sharded) {
+    const std::vector<int> ranks = grad_ranks();
+    sharded_pg_ = cp > 1 ? make_group(ranks, fmt::format("dpcp{}-{}", ranks.front(), ranks.back()))
                          : make_group(parallel::Dim::DP);
     if (cp == 1) dims_->set_group(parallel::Dim::DP, sharded_pg_);
     spdlog::info("[cuda] data parallel: {} ranks ({}), data_parallel_sharding_strategy {} ({} group){}", dp,
                  parallel::describe(dist_), parallel::dp_sharding_name(sharding), sharded_pg_->backend(),
-                 cp > 1 ? fmt::format(", sharded over dp x cp = {} ranks", grad_ranks.size()) : std::string());
+                 cp > 1 ? fmt::format(", sharded over dp x cp = {} ranks", ranks.size()) : std::string());
   } else if (dp > 1) {
     pg_ = make_group(parallel::Dim::DP);
     dims_->set_group(parallel::Dim::DP, pg_);
     spdlog::info("[cuda] data parallel: {} ranks{} ({}), {} ({} group)", dp,
                  dp < dist_.world_size ? fmt::format(" of {}", dist_.world_size) : std::string(),
                  parallel::describe(dist_),
-                 args_->use_distributed_optimizer ? "ZeRO-1 (sharded optimizer)" : "replicated optimizer",
+                 args_->use_distributed_optimizer ? "ZeRO-1 (sharded optimizer)"
+                 : args_->optimizer_in_bwd
+                     ? "replicated optimizer in the backward (each layer's gradients averaged over the ranks as the "
+                       "layer below runs its backward)"
+                     : "replicated optimizer",
                  pg_->backend());
+    if (args_->optimizer_in_bwd && cp > 1) {
+      const std::vector<int> ranks = grad_ranks();
+      mean_pg_ = make_group(ranks, fmt::format("dpcp{}-{}", ranks.front(), ranks.back()));
+    }
   } else if (args_->use_distributed_optimizer) {
     spdlog::info("[cuda] use_distributed_optimizer: a job of one rank has nothing to shard");
   }
@@ -205,6 +217,7 @@ void CudaTrainer::init() {
     mo.tp_map = tp_map_;
   }
   if (cp_pg_) mo.cp_group = cp_pg_.get();
+  if (mo.optimizer_in_backward && pg_) mo.grad_mean_group = mean_pg_ ? mean_pg_.get() : pg_.get();
   if (sharded_pg_) {
     mo.dp_group = sharded_pg_.get();
     mo.dp_sharding = t.model_parallel.sharding;
@@ -246,7 +259,7 @@ void CudaTrainer::init() {
     params.swap(local);
   }
   model_->set_params(params.data());
-  if (pg_ && !args_->host_mode) {
+  if (pg_ && !args_->host_mode && !mo.optimizer_in_backward) {  // in the backward: the model averages each layer
     parallel::DataParallelOptions dpo;
     dpo.zero1 = zero;
     dpo.bucket_elems = args_->ddp_bucket_size;
@@ -405,6 +418,7 @@ void CudaTrainer::step_body(int64_t step) {
   if (model_->optimizer_in_backward()) {  // AdamW and the step check run inside the backward, layer by layer
     model_->forward_staged(B, T, dloss, 0);
     model_->backward();
+    model_->reduce_fp8_amaxes();  // fp8_recipe delayed: the step's amaxes, the max over the ranks
     return;
   }
   for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {

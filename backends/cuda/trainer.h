@@ -118,6 +118,10 @@ class CudaTrainer : public Trainer {
   std::shared_ptr<parallel::ProcessGroup> sharded_pg_;
   // Context parallelism (beside tp and dp; NCCL on GPUs, the CPU group in host mode); null without.
   std::shared_ptr<parallel::ProcessGroup> cp_pg_;
+  // The optimizer in the backward beside plain data parallelism and context parallelism: the dp x
+  // cp ranks, over which the model averages each layer's gradients (CudaModelOptions::
+  // grad_mean_group); null otherwise (dp alone: pg_; cp alone: the model takes cp_pg_).
+  std::shared_ptr<parallel::ProcessGroup> mean_pg_;
   // A micro-batch as the model takes it: B x T, or with context parallelism this rank's 2B chunk
   // rows of T / 2cp tokens.
   int64_t rows() const;

@@ -37,7 +37,7 @@ stage() {  # stage NAME SECONDS BINARY FILTER
   grep -E "^\[(gpu|host)|^\[  FAILED|Failure|error" "$OUT/$name.log" | head -40
 }
 want tp && stage tp 240 test_cuda_gpu '*TpGpu*'
-want fsdp && stage fsdp 300 test_cuda_gpu '*FsdpGpu*'
+want fsdp && stage fsdp 300 test_cuda_gpu '*FsdpGpu*:*DpGpuInBackward*'
 want cp && stage cp 240 test_cuda_gpu '*CpGpu*'
 want mesh && stage mesh 300 test_cuda_gpu '*MeshGpu*'
 want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*:*CountsCast*'

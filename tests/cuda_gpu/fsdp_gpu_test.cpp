@@ -125,3 +125,46 @@ INSTANTIATE_TEST_SUITE_P(Layouts, FsdpGpuModelsTest,
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing
+
+namespace primus::backends::cuda::testing {
+namespace {
+
+// The optimizer in the backward beside plain data parallelism on the GPU: two replicas as threads
+// sharing the GPU, each its own batch of 4 and each layer's gradients averaged over them before its
+// update (two gradient windows), against one rank taking both batches as one micro-batch of 8, for
+// 20 steps; the bf16 gate above with one rank on the fallback attention as the spread, and the
+// final weights within 1e-2 or twice that run's distance (routing is discrete). The DeepSeek-style
+// MoE (the switch loss off: it is each replica's own batch's) with its experts' gradients in bf16,
+// as the MoE presets train.
+class DpGpuInBackwardTest : public CudaGpuTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(DpGpuInBackwardTest, TwoReplicasOnOneGpuTrainAsOne) {
+  const int which = GetParam();
+  train::ModelSpec spec = which == 2 ? tiny_moe_spec(true) : tiny_spec(which == 1);
+  spec.moe.aux_loss_coeff = 0.0;
+  const bool bf16g = which == 2;
+  const char* name = which == 0 ? "gpt2" : which == 1 ? "llama" : "deepseek_moe";
+  constexpr int kSteps = 20;
+  const FsdpRun one = run_dp_in_backward(spec, 1, 2, turbo::Device::CUDA, kSteps, Attn::Default, bf16g);
+  const FsdpRun two = run_dp_in_backward(spec, 2, 2, turbo::Device::CUDA, kSteps, Attn::Default, bf16g);
+  const FsdpRun other = run_dp_in_backward(spec, 1, 2, turbo::Device::CUDA, kSteps, Attn::Fallback, bf16g);
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(two.gnorm[1][s], two.gnorm[0][s]) << "step " << s << ": one norm";
+    EXPECT_EQ(two.loss[1][s], two.loss[0][s]) << "step " << s << ": the averaged loss";
+  }
+  const Bf16Steps g = expect_bf16_steps("dp2 in backward", one.loss[0], one.gnorm[0], two.loss[0], two.gnorm[0],
+                                        other.loss[0], other.gnorm[0]);
+  const WeightDistance w = expect_weights_close(two.params, one.params, other.params);
+  EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.2) << "the run must learn";
+  std::printf("[gpu %s dp2 in backward%s] %d steps: loss %.4f -> %.4f (dp2 %.4f), worst relative loss %.1e, grad norm "
+              "%.1e, weights %.1e (fallback attention %.1e); gradient buffer %zu -> %zu elements\n",
+              name, bf16g ? ", bf16 expert gradients" : "", kSteps, one.loss[0].front(), one.loss[0].back(),
+              two.loss[0].back(), g.worst_loss, g.worst_norm, w.dw, w.spread, one.state_bytes, two.state_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DpGpuInBackwardTest, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return std::string(info.param == 0 ? "gpt2" : info.param == 1 ? "llama" : "deepseek_moe");
+});
+
+}  // namespace
+}  // namespace primus::backends::cuda::testing

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "backends/cuda/model/fsdp.h"
+#include "backends/cuda/model/grad_placement.h"
 #include "core/util/error.h"
 #include "tests/core/test_util.h"
 #include "fsdp_parity.h"
@@ -145,6 +146,41 @@ INSTANTIATE_TEST_SUITE_P(Models, FsdpHostTest,
                            return std::string(std::get<0>(info.param) ? "llama" : "gpt2") +
                                   (s == DpSharding::Optim ? "_zero1" : s == DpSharding::OptimGrads ? "_zero2" : "_fsdp");
                          });
+
+// The optimizer in the backward beside plain data parallelism (run_dp_in_backward): two and four
+// replicas, each its own batch of 4, against one model taking the step's batches as one
+// micro-batch, for GPT-2, the GQA Llama and the DeepSeek-style MoE (a dense first layer, a shared
+// expert; the switch loss off, which is each replica's own batch's): every replica the same
+// averaged loss and norm, within 1e-5 of the one model's, the weights within 1e-4. The mean of a
+// layer runs while the layer below computes its gradients, so the gradient buffer holds a second
+// window of the largest layer's size.
+TEST(DpHostInBackward, ReplicasTrainAsOne) {
+  for (int which : {0, 1, 2}) {
+    train::ModelSpec spec = which == 2 ? tiny_moe_spec(true) : tiny_spec(which == 1);
+    spec.moe.aux_loss_coeff = 0.0;
+    for (int world : {2, 4}) {
+      const char* name = which == 0 ? "gpt2" : which == 1 ? "llama" : "deepseek_moe";
+      SCOPED_TRACE(fmt::format("{} dp{}", name, world));
+      constexpr int kSteps = 6;
+      const FsdpRun one = run_dp_in_backward(spec, 1, world, turbo::Device::CPU, kSteps);
+      const FsdpRun many = run_dp_in_backward(spec, world, world, turbo::Device::CPU, kSteps);
+      const auto [worst_loss, worst_norm] = expect_fp32_steps(one.loss[0], one.gnorm[0], many.loss, many.gnorm, true);
+      const double dp = rel_l2(many.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+      EXPECT_LT(dp, 1e-4);
+      EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.1) << "the run must learn";
+      const train::ParamLayout layout = train::make_param_layout(spec);
+      const GradPlacement g1 = place_grads(layout, 1, grad_written_before_layer_backward);
+      const GradPlacement g2 = place_grads(layout, 2, grad_written_before_layer_backward);
+      EXPECT_EQ(static_cast<int64_t>(one.state_bytes), g1.elems);
+      EXPECT_EQ(static_cast<int64_t>(many.state_bytes), g2.elems);
+      EXPECT_EQ(g2.elems - g1.elems, g1.window_elems);
+      std::printf("[host %s dp%d in backward] %d steps: worst relative loss %.1e, grad norm %.1e, weights %.1e; "
+                  "gradient buffer %lld -> %lld elements (two windows)\n",
+                  name, world, kSteps, worst_loss, worst_norm, dp, static_cast<long long>(g1.elems),
+                  static_cast<long long>(g2.elems));
+    }
+  }
+}
 
 // What the plan holds per rank on the device: the optimizer state, the averaged gradient and the
 // bf16 weights at rest fall to 1/N (plus the chunks' padding); the gathered places add a bounded

@@ -135,6 +135,66 @@ inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSha
   return run;
 }
 
+// The optimizer in the backward beside plain data parallelism (CudaModelOptions::grad_mean_group,
+// clip 0): `world` replicas as threads, replica r taking batch s x world + r of step s (kTrainBatch
+// rows), each layer's gradients averaged over them before its update; or with world == 1 the
+// reference, one model taking all `world_of_ref` batches of a step as one micro-batch of
+// world_of_ref x kTrainBatch rows (the loss the mean over them all). bf16_expert_grads: the MoE
+// experts' gradients in bf16 (the device only). Rank 0's weights; every rank's losses and norms.
+inline FsdpRun run_dp_in_backward(const train::ModelSpec& spec, int world, int world_of_ref, turbo::Device device,
+                                  int steps, Attn attn = Attn::Default, bool bf16_expert_grads = false) {
+  const int64_t T = spec.seq_length;
+  const int per_step = world == 1 ? world_of_ref : world;
+  const Batches data(T, steps * per_step);
+  const std::vector<float> init = initial_params(spec);
+  FsdpRun run;
+  run.loss.resize(static_cast<size_t>(world));
+  run.gnorm.resize(static_cast<size_t>(world));
+  run.reserved_bytes.resize(static_cast<size_t>(world));
+  const int64_t rows = world == 1 ? int64_t(world_of_ref) * kTrainBatch : kTrainBatch;
+  auto rank_main = [&](int r, parallel::ProcessGroup* group) {
+    if (device == turbo::Device::CUDA) select_device(0);
+    CudaModelOptions mo = options(spec, rows, device);
+    mo.optimizer_in_backward = true;
+    mo.bf16_expert_grads = bf16_expert_grads;
+    mo.grad_mean_group = group;
+    CudaModel model(spec, mo, ops_for(attn));
+    model.set_params(init.data());
+    std::vector<int32_t> x, y;
+    for (int s = 0; s < steps; ++s) {
+      x.clear();
+      y.clear();
+      for (int k = world == 1 ? 0 : r; k < (world == 1 ? world_of_ref : r + 1); ++k) {
+        const auto b = static_cast<size_t>(s * per_step + k);
+        x.insert(x.end(), data.inputs[b].begin(), data.inputs[b].end());
+        y.insert(y.end(), data.targets[b].begin(), data.targets[b].end());
+      }
+      model.set_hyper(parity_hyper(s));
+      model.zero_grad();
+      model.forward(x.data(), y.data(), rows, T, 1.0f / float(rows * T), 0);
+      model.backward();
+      run.loss[r].push_back(model.read_loss_sum(1));
+      run.gnorm[r].push_back(model.read_grad_norm());
+    }
+    run.reserved_bytes[r] = model.reserved_bytes();
+    if (r == 0) {
+      run.state_bytes = model.grads().numel();  // the gradient buffer's elements (the windows)
+      run.params.resize(size_t(model.layout().total));
+      model.get_params(run.params.data());
+    }
+  };
+  if (world == 1) {
+    rank_main(0, nullptr);
+  } else {
+    parallel::ThreadedGroup::OpsFactory ops;
+#ifdef PRIMUS_FSDP_PARITY_DEVICE
+    if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
+#endif
+    run_threaded_ranks(world, ops, "dp", rank_main);
+  }
+  return run;
+}
+
 // The state the memory plan holds for a model built with these options: all of it, and the part
 // named as this rank's shard.
 inline std::pair<size_t, size_t> planned_state_bytes(const train::ModelSpec& spec, const CudaModelOptions& mo) {

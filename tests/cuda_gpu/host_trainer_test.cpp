@@ -444,6 +444,58 @@ TEST(CudaHostTrainer, OptimizerInBackwardBesideContextParallelTrainsAsOne) {
   m.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
 }
 
+// The optimizer in the backward beside data parallelism (a global batch of 8, one micro-batch a
+// step: 4 on each of two replicas against 8 on one process; clip 0; each rank evaluates 4 batches
+// of 4 where the one process evaluates 2 of 8, the same samples): each layer's gradients
+// averaged over the replicas (over dp x cp beside context parallelism) before its update, the
+// layers in two gradient windows. GPT-2 dp2, a GQA Llama dp2 x cp2 and tp2 x dp2 (four processes)
+// and the tiny MoE dp2 give one process's losses and validation losses; the dp2 checkpoint moves
+// both ways. Delayed FP8 scaling beside it keeps one process's losses only with the step's amaxes
+// max-reduced over the replicas. ZeRO-1 beside it is refused by name.
+TEST(CudaHostTrainer, OptimizerInBackwardBesideDataParallelTrainsAsOne) {
+  const std::string oib = "      optimizer_in_bwd: true\n      clip_grad: 0\n";
+  {
+    testing::TwoProcesses t(oib, "gpt2/tiny.yaml", 2, 8);
+    t.expect_matches("dp2", "micro_batch_size=4 eval_iters=4", "replicated optimizer in the backward");
+    t.expect_checkpoints_move("dp2", "micro_batch_size=4 eval_iters=4");
+    t.expect_refused("zero1", "micro_batch_size=4 eval_iters=4 use_distributed_optimizer=true",
+                     "optimizer_in_bwd: true with use_distributed_optimizer (ZeRO-1) over 2 data-parallel ranks");
+  }
+  {
+    testing::TwoProcesses l(oib, "llama/tiny.yaml", 4, 8);
+    l.expect_matches("cp2dp2", "context_parallel_size=2 micro_batch_size=4 eval_iters=4", "", 1e-5, 4);
+    l.expect_matches("tp2dp2", "tensor_model_parallel_size=2 micro_batch_size=4 eval_iters=4", "x data parallel over 2 ranks",
+                     1e-5, 4);
+  }
+}
+
+// The same for the tiny MoE (switch aux loss, z-loss) and DeepSeek-style routing (sigmoid,
+// group-limited, expert bias moved by the replicas' summed loads, a shared expert). The switch
+// loss is each rank's own micro-batch's, as Megatron's: the reference is one process accumulating
+// the replicas' two micro-batches of 4 (clip 0), whose loss terms are the same.
+TEST(CudaHostTrainerMoe, OptimizerInBackwardBesideDataParallelTrainsAsOne) {
+  {
+    testing::TwoProcesses m("      clip_grad: 0\n", "moe/tiny.yaml", 4, 4);
+    m.expect_matches("dp2", "optimizer_in_bwd=true", "replicated optimizer in the backward");
+  }
+  testing::TwoProcesses d("      clip_grad: 0\n      moe_router_score_function: sigmoid\n      moe_router_num_groups: 4\n"
+                          "      moe_router_group_topk: 2\n      moe_router_enable_expert_bias: true\n"
+                          "      moe_aux_loss_coeff: 0.0\n      moe_shared_expert_intermediate_size: 64\n",
+                          "moe/tiny.yaml", 4, 4);
+  d.expect_matches("dp2", "optimizer_in_bwd=true", "");
+}
+
+// Delayed FP8 scaling with the optimizer in the backward beside data parallelism: the step's amaxes
+// max-reduced over the replicas, so that each keeps one process's histories and scales. Against
+// one process accumulating the replicas' two micro-batches of 4 (the first step's current scaling
+// then sees the same samples as each replica's): dp2 gives its losses and validation losses.
+TEST(CudaHostTrainer, OptimizerInBackwardWithDelayedFp8BesideDataParallelTrainsAsOne) {
+  testing::TwoProcesses f("      clip_grad: 0\n      fp8: hybrid\n      fp8_recipe: delayed\n"
+                          "      fp8_amax_history_len: 3\n      fp8_amax_compute_algo: max\n",
+                          "gpt2/tiny.yaml", 2, 4);
+  f.expect_matches("dp2", "optimizer_in_bwd=true", "replicated optimizer in the backward");
+}
+
 // The optimizer in the backward beside tensor parallelism (one micro-batch of 8 a step, clip 0):
 // each layer's partial gradients summed over the tp group and its replicated key/value rows
 // exchanged just before its update, its norm counted once over the group. GPT-2 tp2 and tp2+sp

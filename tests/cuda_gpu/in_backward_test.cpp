@@ -59,7 +59,7 @@ TEST_P(InBackwardTest, SameWeightsAndMomentsAsTheUpdateAfterTheBackward) {
   // The gradient buffer: the embeddings, the final norm and head, and one layer's window (and the
   // few tensors whose gradient is written before their layer's backward).
   const train::ParamLayout layout = train::make_param_layout(spec);
-  const GradPlacement g = place_grads(layout, true, grad_written_before_layer_backward);
+  const GradPlacement g = place_grads(layout, 1, grad_written_before_layer_backward);
   EXPECT_EQ(inside.grad_elems, g.elems);
   EXPECT_EQ(after.grad_elems, layout.total);
   EXPECT_LT(g.elems, layout.total);

@@ -165,6 +165,13 @@ TEST(CudaProjection, FollowsTheTrainersOptionsForTheOptimizerInTheBackward) {
   const train::ParamLayout layout = train::make_param_layout(spec);
   CudaModel model(spec, model_options_for(a, 1), ops);
   EXPECT_DOUBLE_EQ(m.total(), double(model.reserved_bytes()));
+  // Beside data parallelism each layer's mean runs while the layer below fills a second window:
+  // the projection for two GPUs holds one window more, in fp32 (and refuses ZeRO-1 with it).
+  const train::MemoryProjection dp2 = project_cuda_memory(a, ops, projection_host_layout(a, 2), false, 0.0);
+  const GradPlacement one_window = place_grads(layout, 1, grad_written_before_layer_backward);
+  EXPECT_NEAR(dp2.bytes("gradients") - m.bytes("gradients"), 4.0 * double(one_window.window_elems), 256.0);
+  a.use_distributed_optimizer = true;
+  EXPECT_THROW(project_cuda_memory(a, ops, projection_host_layout(a, 2), false, 0.0), ConfigError);
 }
 
 // The optimizer's bytes a parameter in the step-time projection follow the trainer's options:

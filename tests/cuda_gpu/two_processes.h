@@ -70,6 +70,12 @@ class TwoProcesses {
     ASSERT_EQ(resumed.loss.size(), 3u) << name;
     for (auto [step, l] : resumed.loss) EXPECT_EQ(l, whole.loss.at(step)) << name << " resumed, step " << step;
   }
+  // Runs exp_name=name with `keys` on `procs` processes and expects it to fail, saying `message`.
+  void expect_refused(const std::string& name, const std::string& keys, const std::string& message, int procs = 2) const {
+    auto r = launch(name, keys, procs);
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << r.out;
+  }
   std::filesystem::path dir() const { return w_.path(); }
   const TrainerMetrics& one() const { return one_; }
 

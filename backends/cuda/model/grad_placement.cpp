@@ -43,12 +43,13 @@ bool grad_written_before_layer_backward(const std::string& name) {
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
+GradPlacement place_grads(const train::ParamLayout& layout, int windows,
                           const std::function<bool(const std::string& name)>& outside) {
   GradPlacement g;
   g.offset.resize(layout.tensors.size());
   g.in_window.assign(layout.tensors.size(), false);
-  if (!shared_window) {
+  if (windows < 0 || windows > 2) throw RuntimeError(fmt::format("gradient placement: {} windows (0, 1 or 2)", windows));
+  if (windows == 0) {
     for (size_t i = 0; i < layout.tensors.size(); ++i) g.offset[i] = layout.tensors[i].offset;
     g.elems = layout.total;
     return g;
@@ -85,12 +86,14 @@ GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
   g.shared_window = true;
   g.window_begin = first;
   g.window_elems = window;
+  g.windows = windows;
+  const int64_t span = window * windows;  // the windows, one after the other
   // The untied head and the embedding: one place, at the embedding's (before the layers).
   const train::ParamTensor* emb = layout.find("embedding.weight");
   const train::ParamTensor* head = layout.find("output_layer.weight");
   const bool share = emb && head && emb->numel == head->numel && emb->offset + emb->numel <= first && head->offset >= last;
   const int64_t dropped = share ? head->numel : 0;
-  int64_t end = layout.total - (last - first) + window - dropped;  // the own places go after everything
+  int64_t end = layout.total - (last - first) + span - dropped;  // the own places go after everything
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const auto& t = layout.tensors[i];
     const int64_t l = layer_of(t.name);
@@ -98,7 +101,7 @@ GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
       g.offset[i] = end;
       end += t.numel;
     } else if (l >= 0) {
-      g.offset[i] = first + (t.offset - layers[static_cast<size_t>(l)].begin);
+      g.offset[i] = first + (l % windows) * window + (t.offset - layers[static_cast<size_t>(l)].begin);
       g.in_window[i] = true;
     } else if (t.offset < first) {
       g.offset[i] = t.offset;
@@ -106,7 +109,7 @@ GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
       g.offset[i] = emb->offset;
       g.reuse.emplace_back(i, static_cast<size_t>(emb - layout.tensors.data()));
     } else {  // after the layers: moved down to the window's end (and past the head's place)
-      g.offset[i] = t.offset - last + first + window - (share && t.offset > head->offset ? dropped : 0);
+      g.offset[i] = t.offset - last + first + span - (share && t.offset > head->offset ? dropped : 0);
     }
   }
   g.elems = end;

@@ -11,6 +11,9 @@
 // then; the token embedding's is written only at the very end. So the embedding's gradient takes
 // the head's place (GradPlacement::reuse) and the gradients of the two largest tensors of a small
 // model with a large vocabulary cost one of them (Llama-3.2-1B: 1.0 GB less).
+// Beside data or context parallelism each layer's gradients are averaged over the ranks while the
+// layer below runs its backward, and updated after it: then the layers alternate between two
+// windows (layer l in window l % 2), so the layer below never writes what is being averaged.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -27,9 +30,11 @@ struct GradPlacement {
   std::vector<int64_t> offset;  // per layout tensor: its gradient's first element in the buffer
   std::vector<bool> in_window;  // per layout tensor: its gradient lives in the shared window
   int64_t elems = 0;            // elements of the buffer
-  bool shared_window = false;   // the layers share one window
-  // The window's place and size (elements); 0 without shared_window.
+  bool shared_window = false;   // the layers share one window (or two, see windows)
+  // The windows' place and each one's size (elements; window w starts at window_begin + w x
+  // window_elems); 0 without shared_window.
   int64_t window_begin = 0, window_elems = 0;
+  int windows = 0;  // 1 or 2 with shared_window: layer l uses window l % windows
   // (a, b), layout tensor indices: b's gradient lies at a's place. a's optimizer group runs before
   // anything writes b's gradient, which is cleared right after it (not at the step's start).
   std::vector<std::pair<size_t, size_t>> reuse;
@@ -56,13 +61,13 @@ int64_t layer_of(const std::string& name);
 // Norm and Ones).
 bool grad_written_before_layer_backward(const std::string& name);
 
-// shared_window = false: every gradient at its layout offset (elems = layout.total). With it,
+// windows = 0: every gradient at its layout offset (elems = layout.total). With 1 or 2 windows,
 // the layers' tensors for which `outside(name)` holds keep a place of their own after the window:
 // those whose gradient is written before their layer's backward begins (a layer's last linear
 // bias, whose column sum the next layer's norm backward computes), while the layer above still
 // owns the window; and an untied head ("output_layer.weight") of the token embedding's shape
 // shares the embedding's place (reuse = {(head, embedding)}).
-GradPlacement place_grads(const train::ParamLayout& layout, bool shared_window,
+GradPlacement place_grads(const train::ParamLayout& layout, int windows,
                           const std::function<bool(const std::string& name)>& outside = {});
 
 }  // namespace primus::backends::cuda

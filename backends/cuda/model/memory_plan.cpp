@@ -109,7 +109,8 @@ MemoryPlan::MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& l
       layout_(layout),
       opt_(opt),
       grad_place_(opt.fsdp ? fsdp_grad_placement(*opt.fsdp, layout)
-                           : place_grads(layout, opt.shared_grad_window, grad_written_before_layer_backward)),
+                           : place_grads(layout, opt.shared_grad_window ? opt.grad_windows : 0,
+                                         grad_written_before_layer_backward)),
       act_(opt.host ? DType::F32 : DType::BF16) {
   if (opt_.fsdp && (opt_.shared_grad_window || opt_.flat_elems != 0 || !opt_.optimizer_state))
     throw RuntimeError("cuda model: sharded data parallelism keeps its own shard: no gradient window or ZeRO-1 buffers");
@@ -251,7 +252,9 @@ void MemoryPlan::plan(Take&& take) {
                                  : take(Pool::State, DType::F32, {P}, "fp32 master weights");
   }
   s.grads = take(Pool::State, DType::F32, {opt_.shared_grad_window ? grad_place_.elems : PF},
-                 opt_.shared_grad_window ? "fp32 gradients (the layers share one window)" : "fp32 gradients");
+                 !opt_.shared_grad_window ? "fp32 gradients"
+                 : opt_.grad_windows == 2 ? "fp32 gradients (the layers alternate between two windows)"
+                                          : "fp32 gradients (the layers share one window)");
   if (opt_.optimizer_state) {
     s.m = take(Pool::State, DType::F32, {P}, "AdamW first moments");
     s.v = take(Pool::State, DType::F32, {P}, "AdamW second moments");

@@ -203,6 +203,9 @@ struct MemoryPlanOptions {
   // The optimizer runs in the backward: the layers' gradients share one window (grad_placement.h)
   // and StateBuffers::grads is that compact buffer.
   bool shared_grad_window = false;
+  // With shared_grad_window: 2 when each layer's gradients are averaged over the ranks while the
+  // layer below runs its backward (the layers alternate between two windows), else 1.
+  int grad_windows = 1;
   // The MoE experts' gradients in bf16 (GradPlacement::bf16; CudaModelOptions::bf16_expert_grads).
   bool bf16_expert_grads = false;
   // StateBuffers::master holds the fp32 masters' low words (u16); weights are their high words

@@ -241,9 +241,11 @@ void OptimizerState::backward_ready(int64_t offset, int64_t n_losses, const Exec
   else
     turbo::cuda::step_check_group(status, S, state_.group_norm.ptr<const float>(), last, stream_.stream);
   for (const auto& [off, n] : grp.clear_after) stream_.zero(state_.grads.slice0(off, off + n));
-  // The next layer shares this one's window: clear what it accumulates into.
-  if (grp.window && !last && groups_[g + 1].window)
-    for (const auto& [off, n] : groups_[g + 1].clear) stream_.zero(state_.grads.slice0(off, off + n));
+  // The layer that uses this one's window next (the next group, or with two windows the one after
+  // it, whose update runs after the next layer's backward): clear what it accumulates into.
+  const size_t next = g + static_cast<size_t>(std::max(place_.windows, 1));
+  if (grp.window && next < groups_.size() && groups_[next].window)
+    for (const auto& [off, n] : groups_[next].clear) stream_.zero(state_.grads.slice0(off, off + n));
 }
 
 void OptimizerState::upload_clearing_table() const {
@@ -260,12 +262,13 @@ void OptimizerState::upload_clearing_table() const {
 
 void OptimizerState::zero_grad(bool full) const {
   const TensorView& grads = state_.grads;
-  if (!groups_.empty()) {  // what lies outside the window, and the first layer reported's part of it
+  if (!groups_.empty()) {  // what lies outside the windows, and the first layers' parts of them (one a window)
     for (const auto& [off, n] : step_clear_) stream_.zero(grads.slice0(off, off + n));
+    int left = std::max(place_.windows, 1);
     for (const Group& grp : groups_) {
       if (!grp.window) continue;
       for (const auto& [off, n] : grp.clear) stream_.zero(grads.slice0(off, off + n));
-      break;
+      if (--left == 0) break;
     }
     return;
   }
@@ -430,7 +433,7 @@ void OptimizerState::get_moments(float* m, float* v) const {
 void OptimizerState::get_grads(float* host) const {
   if (place_.shared_window) {
     throw RuntimeError("cuda model: with the optimizer in the backward the full gradients never exist at once (the "
-                       "layers share one gradient window)");
+                       "layers share the gradient windows)");
   }
   stream_.from_model(host, state_.grads.data, state_.grads.nbytes());
 }

@@ -107,11 +107,14 @@ void register_step_patches(patches::PatchRegistry& reg) {
       .description = "the optimizer in the backward: each layer's AdamW runs as soon as its gradients are final, and "
                      "the layers share one gradient buffer of the largest layer's size, so the gradients take a "
                      "layer's memory instead of the model's (olmoe-mini: 2.3 instead of 13.3 GiB); one micro-batch "
-                     "per step, no gradient clipping, one process",
+                     "per step, no gradient clipping; beside data or context parallelism each layer's gradients are "
+                     "averaged over the ranks while the layer below runs its backward (two windows)",
       .tags = {"memory", "optimizer"},
       .logic = "rewrites args: optimizer_in_bwd = true (CudaModelOptions::optimizer_in_backward: the memory plan's "
                "shared gradient window, AdamW per group from the decoder's gradients-ready reports, the non-finite "
-               "check per group); the trainer refuses it with clip_grad > 0, grad accumulation or data parallelism",
+               "check per group; beside dp or cp the mean per group over the dp x cp ranks on the group's stream, the "
+               "update one group later); the trainer refuses it with clip_grad > 0, grad accumulation, ZeRO-1 or "
+               "sharded data parallelism",
       .impl = "backends/cuda/model/optimizer_state.cpp (backward_ready), backends/cuda/model/grad_placement.cpp, "
               "turbo/kernels/cuda/step_check.cu (step_check_group)",
       .porting = "torchtune's optimizer_in_bwd (PyTorch's register_post_accumulate_grad_hook running the optimizer "
