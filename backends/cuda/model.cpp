@@ -246,7 +246,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       if (opt_.bias_grad == BiasGrad::Separate || opt_.bias_grad == BiasGrad::Gemm)
         throw RuntimeError("cuda model: sequence parallelism takes the bias gradients from the norms (BiasGrad Norm or Ones)");
     }
-    if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with tensor_model_parallel_size > 1 is not implemented");
+    if (!opt_.muon.empty()) opt_.muon = train::muon_tensors(spec_, layout_);  // this rank's: pieces of the global ones
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
       throw ConfigError("the cuda backend's tensor parallelism with a distributed optimizer is not implemented yet");
   }
@@ -265,7 +265,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (opt_.document_masking.enabled())
       throw ConfigError(what + " with reset_attention_mask / reset_position_ids is not implemented yet");
     if (spec_.sliding_window > 0) throw ConfigError(what + " with a sliding window is not implemented yet");
-    if (!opt_.muon.empty()) throw ConfigError("optimizer: muon with " + what + " is not implemented");
     if (opt_.max_batch % 2 != 0)
       throw RuntimeError(fmt::format("cuda model: {}: max_batch {} counts chunk rows (two per sequence)", what, opt_.max_batch));
   }
@@ -320,9 +319,15 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     optimizer_->norm_over(std::vector<bool>(shard_layout_.tensors.size(), true));
     fsdp_ = std::make_unique<FsdpComm>(*opt_.dp_group, fsdp_plan_, plan_->state, stream_);
   } else {
-    optimizer_ = std::make_unique<OptimizerState>(layout_, plan_->state, plan_->grad_placement(), plan_->state_arena(),
-                                                  std::move(clearing), opt_.optimizer_state, stream_, ops,
-                                                  opt_.optimizer_in_backward ? &in_backward : nullptr, opt_.muon);
+    optimizer_ = std::make_unique<OptimizerState>(
+        layout_, plan_->state, plan_->grad_placement(), plan_->state_arena(), std::move(clearing), opt_.optimizer_state,
+        stream_, ops, opt_.optimizer_in_backward ? &in_backward : nullptr, opt_.muon,
+        tp && !opt_.muon.empty() ? tp_muon_pieces() : OptimizerState::MuonPieceFn());
+    if (muon_stage_elems_ > 0) {
+      const size_t bytes = size_t(muon_stage_elems_) * sizeof(float) + 2 * turbo::Arena::kDefaultAlign;
+      muon_stage_arena_ = host ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
+      muon_stage_ = muon_stage_arena_->tensor(turbo::DType::F32, {muon_stage_elems_}, "Muon's gathered column pieces");
+    }
   }
   DecoderOptions dec;
   dec.bias_grad = opt_.bias_grad;
@@ -818,6 +823,79 @@ void CudaModel::tp_reduce_group(int64_t offset) {
     const int64_t base = layout_.tensors[t].offset;  // the pieces' gradient offsets are layout offsets
     kv_exchange(k, [&](const KvCopy& c) { return g.ptr<float>() + (c.grad - base); });
   }
+}
+
+// Muon under tensor parallelism: each rank's block of a Muon matrix (q, k, v, gate, up, an expert's
+// part, a projection) is a row range (column-parallel) or a column range (row-parallel) of the
+// global block, rank r's at r x its size (k and v replicated over tp / num_query_groups ranks: at
+// r / replicas). Newton-Schulz needs the whole: the ranks' momentum updates are gathered over the
+// tp group (distinct row ranges in rank order as they lie; otherwise through a staging buffer, each
+// distinct piece then put in place), every rank orthogonalises the same whole matrix and applies
+// its own piece (Megatron's Muon does the same with its tp shards).
+OptimizerState::MuonPieceFn CudaModel::tp_muon_pieces() {
+  const train::TpShardMap& map = *opt_.tp_map;
+  auto global = std::make_shared<const std::vector<train::MuonTensor>>(
+      train::muon_tensors(map.global_spec(), map.global_layout()));
+  return [this, global, &map](size_t tensor, const train::MuonBlock& lb, size_t index, turbo::MuonMatrix& mm) {
+    const std::string& name = layout_.tensors[tensor].name;
+    const train::ParamTensor* gt = map.global_layout().find(name);
+    const auto gi = gt ? static_cast<size_t>(gt - map.global_layout().tensors.data()) : size_t(-1);
+    const auto it = std::find_if(global->begin(), global->end(), [gi](const train::MuonTensor& m) { return m.index == gi; });
+    if (it == global->end() || index >= it->blocks.size())
+      throw RuntimeError(fmt::format("cuda model: Muon block {} of {} has no global block", index, name));
+    const train::MuonBlock& gb = it->blocks[index];
+    if (lb.rows == gb.rows && lb.cols == gb.cols) return;  // whole on every rank
+    const auto& pieces = map.pieces();
+    const auto p = std::upper_bound(pieces.begin(), pieces.end(), lb.offset,
+                                    [](int64_t off, const train::TpPiece& q) { return off < q.local; });
+    if (p == pieces.begin()) throw RuntimeError(fmt::format("cuda model: no tp piece holds {}'s Muon block", name));
+    const train::TpPiece& q = *(p - 1);
+    const int64_t rel = q.global + (lb.offset - q.local) - gb.offset;
+    const int64_t r0 = rel / gb.cols, c0 = rel % gb.cols;
+    // The ranks hold gb / lb distinct pieces, each on `rep` consecutive ranks (replicated key/value
+    // rows: tp above num_query_groups), rank r the piece r / rep.
+    const int rank = map.rank(), tp = map.tp();
+    auto cut = [&](int64_t local, int64_t global, int64_t at, int64_t other_at) {
+      if (other_at != 0 || local <= 0 || global % local != 0 || tp % (global / local) != 0) return 0;
+      const int rep = tp / static_cast<int>(global / local);
+      return at == (rank / rep) * local ? rep : 0;
+    };
+    const int rows_rep = lb.cols == gb.cols ? cut(lb.rows, gb.rows, r0, c0) : 0;
+    const int cols_rep = lb.rows == gb.rows ? cut(lb.cols, gb.cols, c0, r0) : 0;
+    if (rows_rep == 0 && cols_rep == 0) {
+      throw RuntimeError(fmt::format("cuda model: Muon block {} of {}: [{}, {}] at ({}, {}) is not rank {}'s row or column "
+                                     "range of [{}, {}]",
+                                     index, name, lb.rows, lb.cols, r0, c0, rank, gb.rows, gb.cols));
+    }
+    const bool cols_cut = rows_rep == 0;
+    const int rep = cols_cut ? cols_rep : rows_rep;
+    mm.full_rows = gb.rows;
+    mm.full_cols = gb.cols;
+    mm.row0 = r0;
+    mm.col0 = c0;
+    if (cols_cut || rep > 1) muon_stage_elems_ = std::max(muon_stage_elems_, lb.rows * lb.cols * tp);
+    mm.gather = [this, cols_cut, rep](const TensorView& piece, const TensorView& whole) {
+      const int64_t n = piece.numel(), tp = tp_->size();
+      const TensorView flat(piece.data, piece.dtype, piece.device, {n});
+      if (!cols_cut && rep == 1) {  // the row ranges in rank order are the whole
+        tp_->all_gather(flat, TensorView(whole.data, whole.dtype, whole.device, {n * tp}));
+        return;
+      }
+      const TensorView stage = muon_stage_.slice0(0, n * tp);
+      tp_->all_gather(flat, stage);
+      const int64_t R = piece.shape[0], cl = piece.shape[1], C = whole.shape[1];
+      for (int64_t k = 0; k < tp / rep; ++k) {  // piece k, from rank k x rep: rows k R, or columns k cl
+        const float* src = stage.ptr<const float>() + k * rep * n;
+        float* dst = whole.ptr<float>() + (cols_cut ? k * cl : k * n);
+        if (stream_.host) {
+          for (int64_t r = 0; r < R; ++r) std::copy(src + r * cl, src + (r + 1) * cl, dst + r * C);
+        } else {
+          CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(C) * 4, src, size_t(cl) * 4, size_t(cl) * 4, size_t(R),
+                                       cudaMemcpyDeviceToDevice, stream_.stream));
+        }
+      }
+    };
+  };
 }
 
 // The optimizer in the backward: group `offset`'s gradients are final. Tensor parallelism: its

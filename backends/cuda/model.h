@@ -168,7 +168,8 @@ struct CudaModelOptions {
   // returns the global norm (with the optimizer in the backward, each group's partial gradients are
   // summed just before its update and its norm over the group before its check). Sequence
   // parallelism comes with the map (decoder.h; micro_batch_size x seq_length must divide by tp).
-  // Not with Muon or ZeRO-1 buffers (ConfigError).
+  // Muon's matrices are then this rank's pieces of the global ones, gathered for Newton-Schulz
+  // (tp_muon_pieces). Not with ZeRO-1 buffers (ConfigError).
   parallel::ProcessGroup* tp_group = nullptr;
   std::shared_ptr<const train::TpShardMap> tp_map;
   // Sharded data parallelism (model/fsdp.h) over dp_group: Megatron's optim (ZeRO-1, the
@@ -193,8 +194,8 @@ struct CudaModelOptions {
   // cp ranks too (dp x cp), whose reduce-scatter then averages their parts instead of grad_norm().
   // With the optimizer in the backward each group's gradients are averaged over the group before
   // its update, and the loss slots before the first (every rank checks the same values). Not with
-  // document masking, a sliding window or Muon (ConfigError); the attention slots must serve
-  // non-causal calls (not the fallback).
+  // document masking or a sliding window (ConfigError); the attention slots must serve non-causal
+  // calls (not the fallback).
   parallel::ProcessGroup* cp_group = nullptr;
 };
 
@@ -265,7 +266,9 @@ class CudaModel {
   void set_hyper(const turbo::AdamWHyper& hp);
   // Muon's hyperparameters for the next updates (a model built with opt.muon).
   void set_muon_hyper(const turbo::MuonHyper& hp) { optimizer_->set_muon_hyper(hp); }
-  size_t muon_device_bytes() const { return optimizer_->muon_device_bytes(); }
+  size_t muon_device_bytes() const {  // the working set, and under tp the gathers' staging
+    return optimizer_->muon_device_bytes() + (muon_stage_arena_ && !stream_.host ? muon_stage_arena_->capacity() : 0);
+  }
   void update();
   void update(const turbo::AdamWHyper& hp) {
     set_hyper(hp);
@@ -409,6 +412,12 @@ class CudaModel {
   int64_t mean_pending_ = -1;
   void in_backward_ready(int64_t offset);
   void update_pending_group();
+  // Muon under tensor parallelism: the blocks as pieces of the global matrices, and the staging of
+  // the gathers of column pieces (f32, the largest such whole matrix).
+  OptimizerState::MuonPieceFn tp_muon_pieces();
+  int64_t muon_stage_elems_ = 0;
+  std::unique_ptr<turbo::Arena> muon_stage_arena_;
+  TensorView muon_stage_;
   // The full layout-ordered array of a shard buffer from every rank (collective).
   void gather_full(const TensorView& shard, float* host) const;
   std::unique_ptr<Decoder> decoder_;

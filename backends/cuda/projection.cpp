@@ -138,14 +138,30 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   }
   if (!mo.muon.empty()) {  // OptimizerState's own arenas (model/optimizer_state.cpp)
     std::vector<std::pair<int64_t, int64_t>> shapes;
-    int rest = 0;
-    for (const train::MuonTensor& mt : mo.muon)
-      for (const train::MuonBlock& b : mt.blocks) shapes.emplace_back(b.rows, b.cols);
-    rest = static_cast<int>(layout.tensors.size() - mo.muon.size());
+    int64_t piece_elems = 0, stage_elems = 0;
+    const std::vector<train::MuonTensor> local = train::muon_tensors(spec, layout);
+    // Under tp Newton-Schulz runs on the whole (global) matrices; each rank's pieces' u is gathered
+    // (CudaModel::tp_muon_pieces: column and replicated pieces through a staging buffer).
+    const std::vector<train::MuonTensor> whole = map ? train::muon_tensors(args.model, map->global_layout()) : local;
+    for (size_t k = 0; k < local.size(); ++k) {
+      for (size_t b = 0; b < local[k].blocks.size(); ++b) {
+        const train::MuonBlock& lb = local[k].blocks[b];
+        const train::MuonBlock& gb = whole.at(k).blocks.at(b);
+        shapes.emplace_back(gb.rows, gb.cols);
+        if (lb.rows == gb.rows && lb.cols == gb.cols) continue;
+        piece_elems = std::max(piece_elems, lb.rows * lb.cols);
+        const bool direct = lb.cols == gb.cols && lb.rows * tp == gb.rows;  // distinct row ranges in rank order
+        if (!direct) stage_elems = std::max(stage_elems, lb.rows * lb.cols * tp);
+      }
+    }
+    const int rest = static_cast<int>(layout.tensors.size() - local.size());
     const size_t table = rest > 0 ? turbo::cuda::multi_tensor_table_bytes(rest) + 2 * turbo::Arena::kDefaultAlign : 0;
-    m.add("workspace", "Muon's Newton-Schulz working set (the largest matrix: u in fp32, three bf16 copies, two Gram "
-          "matrices) and the other tensors' AdamW descriptors",
-          double(turbo::MultiMatrixMuon::working_set_bytes(shapes) + table));
+    const size_t stage = stage_elems > 0 ? size_t(stage_elems) * 4 + 2 * turbo::Arena::kDefaultAlign : 0;
+    m.add("workspace",
+          fmt::format("Muon's Newton-Schulz working set (the largest matrix: u in fp32, three bf16 copies, two Gram "
+                      "matrices){} and the other tensors' AdamW descriptors",
+                      map ? ", this rank's pieces' u and the tp gather's staging" : ""),
+          double(turbo::MultiMatrixMuon::working_set_bytes(shapes, piece_elems) + table + stage));
   }
   if (!sz.scratch_exact) {
     m.notes.push_back("no GPU here: the scratch leaves out the norm and column-sum partials, whose size depends on the "

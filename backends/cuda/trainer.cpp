@@ -582,10 +582,23 @@ void CudaTrainer::save(int64_t step) {
       for (const train::TpPiece& p : map_k.owned_pieces()) segs.push_back({p.global, p.global + p.count});
       sharding.ranks.push_back(std::move(segs));
     }
-    std::vector<float> own_m, own_v;  // this rank's owned pieces, in segment order
+    // Muon's momentum (in m's rows of its tensors) goes to its own flat state, as split_muon_momentum
+    // writes it without tp.
+    std::vector<float> mu;
+    if (!muon_tensors_.empty()) {
+      mu.assign(n, 0.f);
+      const std::vector<train::MuonTensor> local = train::muon_tensors(tp_map_->local_spec(), model_->layout());
+      for (const train::MuonTensor& mt : local) {
+        const train::ParamTensor& pt = model_->layout().tensors[mt.index];
+        std::copy_n(m.data() + pt.offset, pt.numel, mu.data() + pt.offset);
+        std::fill_n(m.data() + pt.offset, pt.numel, 0.f);
+      }
+    }
+    std::vector<float> own_m, own_v, own_mu;  // this rank's owned pieces, in segment order
     for (const train::TpPiece& p : tp_map_->owned_pieces()) {
       own_m.insert(own_m.end(), m.begin() + p.local, m.begin() + p.local + p.count);
       own_v.insert(own_v.end(), v.begin() + p.local, v.begin() + p.local + p.count);
+      if (!mu.empty()) own_mu.insert(own_mu.end(), mu.begin() + p.local, mu.begin() + p.local + p.count);
     }
     io::CheckpointData data;
     CudaModel::Fp8DelayedState fp8;  // fp8_recipe delayed (the same on every rank): outlives the save
@@ -597,8 +610,9 @@ void CudaTrainer::save(int64_t step) {
     if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(tp_pg_.get())) {
       gather = [nccl](const void* send, void* recv, size_t bytes) { nccl->all_gather_host(send, recv, bytes); };
     }
-    dir = parallel::save_data_parallel(*tp_pg_, t.ckpt.save, step, data, &sharding,
-                                       {{"exp_avg", own_m.data()}, {"exp_avg_sq", own_v.data()}}, so, gather);
+    std::vector<parallel::FlatShard> states = {{"exp_avg", own_m.data()}, {"exp_avg_sq", own_v.data()}};
+    if (!own_mu.empty()) states.push_back({"muon_momentum", own_mu.data()});
+    dir = parallel::save_data_parallel(*tp_pg_, t.ckpt.save, step, data, &sharding, states, so, gather);
   } else if (zero1()) {
     // parallel/dist_checkpoint.h, scheme "zero1": every rank writes its own shard of the moments
     // (its chunk of every bucket: DataParallel::shard_segments), copied from its GPU; rank 0
@@ -741,6 +755,14 @@ void CudaTrainer::load(const fsys::path& dir) {
     std::vector<parallel::FlatSegment> windows;
     for (const train::TpPiece& p : tp_map_->pieces()) windows.push_back({p.global, p.global + p.count});
     parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), windows, {m.data(), v.data()});
+    if (!muon_tensors_.empty()) {  // Muon's momentum into m's rows of its tensors
+      std::vector<float> mu(n);
+      parallel::read_flat_states(data, dir, {"muon_momentum"}, static_cast<int64_t>(G), windows, {mu.data()});
+      for (const train::MuonTensor& mt : train::muon_tensors(tp_map_->local_spec(), model_->layout())) {
+        const train::ParamTensor& pt = model_->layout().tensors[mt.index];
+        std::copy_n(mu.data() + pt.offset, pt.numel, m.data() + pt.offset);
+      }
+    }
     model_->set_params(params.data());
     model_->set_moments(m.data(), v.data());
     if (model_->fp8_delayed_on()) load_fp8_delayed(data, dir);

@@ -263,6 +263,33 @@ TEST(CudaHostTrainer, MuonBesideDataParallelTrainsAsOne) {
   t.expect_matches("dp2", "", "data parallel: 2 ranks");
 }
 
+// Muon beside tensor and context parallelism. tp: each rank's blocks of the weight matrices are
+// row ranges (q, k, v, gate, up, the experts' gate and up) or column ranges (the output
+// projections, the experts' down projections) of the global blocks; the momentum updates are
+// gathered over the tp group and every rank orthogonalises the whole matrix, so GPT-2 tp2 and
+// tp2+sp, a GQA Llama tp2 x dp2 and the tiny MoE tp2 give one process's losses and validation
+// losses, and the tp2 checkpoint (Muon's momentum as its own per-rank flat state) moves both ways.
+// cp: the gradients averaged over the cp group before the update (cp2 x dp2 on the Llama). tp4
+// over the Llama's two key/value groups: each k|v piece on two ranks, gathered once.
+TEST(CudaHostTrainer, MuonBesideTensorAndContextParallelTrainsAsOne) {
+  const std::string muon = "      optimizer: muon\n";
+  {
+    testing::TwoProcesses t(muon, "gpt2/tiny.yaml", 2);
+    t.expect_matches("tp2", "tensor_model_parallel_size=2", "tensor parallel over 2 ranks");
+    t.expect_matches("tp2sp", "tensor_model_parallel_size=2 sequence_parallel=true", "");
+    t.expect_checkpoints_move("tp2", "tensor_model_parallel_size=2");
+  }
+  {
+    testing::TwoProcesses l(muon, "llama/tiny.yaml", 4);
+    l.expect_matches("tp2dp2", "tensor_model_parallel_size=2", "x data parallel over 2 ranks", 1e-5, 4);
+    l.expect_matches("cp2dp2", "context_parallel_size=2", "", 1e-5, 4);
+    // Four ranks over two key/value groups: k and v replicated on two ranks each.
+    l.expect_matches("tp4", "tensor_model_parallel_size=4", "", 1e-5, 4);
+  }
+  testing::TwoProcesses m(muon, "moe/tiny.yaml", 4);
+  m.expect_matches("tp2", "tensor_model_parallel_size=2", "");
+}
+
 // Tensor parallelism through the cuda trainer: tp2, with and without sequence parallelism, gives
 // one process's losses and validation losses; the checkpoint tp2 saves at step 3 (weights in the
 // global layout, moments as per-rank shards) resumes as one process, and one process's as tp2.

@@ -81,6 +81,33 @@ TEST_P(TpGpuInBackwardTest, TwoRanksOnOneGpuTrainAsOne) {
 INSTANTIATE_TEST_SUITE_P(Models, TpGpuInBackwardTest, ::testing::Values(1, 3),
                          [](const auto& info) { return std::string(tp_spec_name(info.param)); });
 
+// Muon under tensor parallelism on the GPU (the pieces' momentum updates gathered over the tp group,
+// Newton-Schulz's bf16 GEMMs on the whole matrix on every rank): tp2 with sequence parallelism
+// against one rank with Muon, the bf16 gate of TpGpuTest with the fallback attention's run as the
+// spread. The DeepSeek-style MoE's single key/value group is replicated on both ranks.
+class TpGpuMuonTest : public CudaGpuTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(TpGpuMuonTest, TwoRanksOnOneGpuTrainAsOne) {
+  const int which = GetParam();
+  const train::ModelSpec spec = tp_spec(which);
+  constexpr int kSteps = 20;
+  const TpRun one = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Default, false, {}, false, true);
+  const TpRun two = run_tp(spec, 2, turbo::Device::CUDA, kSteps, Attn::Default, true, {}, false, true);
+  const TpRun other = run_tp(spec, 1, turbo::Device::CUDA, kSteps, Attn::Fallback, false, {}, false, true);
+  for (int s = 0; s < kSteps; ++s) EXPECT_EQ(two.gnorm[1][s], two.gnorm[0][s]) << "step " << s << ": one norm";
+  const Bf16Steps g = expect_bf16_steps("tp2 muon", one.loss[0], one.gnorm[0], two.loss[0], two.gnorm[0],
+                                        other.loss[0], other.gnorm[0]);
+  const WeightDistance w = expect_weights_close(two.params, one.params, other.params);
+  EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.2) << "the run must learn";
+  std::printf("[gpu %s tp2+sp muon] %d steps: loss %.4f -> %.4f (tp2 %.4f), worst relative loss %.1e, grad norm %.1e, "
+              "weights %.1e (fallback attention %.1e)\n",
+              tp_spec_name(which), kSteps, one.loss[0].front(), one.loss[0].back(), two.loss[0].back(), g.worst_loss,
+              g.worst_norm, w.dw, w.spread);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpGpuMuonTest, ::testing::Values(0, 1, 3),
+                         [](const auto& info) { return std::string(tp_spec_name(info.param)); });
+
 // Four ranks over the Llama's and Qwen3's two key/value groups: each group replicated on two
 // ranks (its gradient summed over them, counted once in the norm). The loss, weight and first-10-
 // steps gates are the tp2 test's. Past step 10 the runs sit at gradient spikes where one

@@ -71,6 +71,33 @@ INSTANTIATE_TEST_SUITE_P(Models, TpHostInBackwardTest,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// Muon under tensor parallelism: each rank's matrix blocks are row or column ranges of the global
+// blocks, whose momentum updates are gathered for Newton-Schulz (CudaModel::tp_muon_pieces). GPT-2,
+// the GQA Llama, Qwen3 (per-head q/k norms: AdamW) and the DeepSeek-style MoE (experts' gate, up
+// and down pieces, the shared expert), tp2 with sequence parallelism, against one rank with Muon
+// at the fp32 gate.
+class TpHostMuonTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(TpHostMuonTest, RanksTrainAsOne) {
+  const int which = GetParam();
+  const train::ModelSpec spec = tp_spec(which);
+  constexpr int kSteps = 6;
+  const TpRun one = run_tp(spec, 1, turbo::Device::CPU, kSteps, Attn::Default, false, {}, false, true);
+  const TpRun two = run_tp(spec, 2, turbo::Device::CPU, kSteps, Attn::Default, true, {}, false, true);
+  const auto [worst_loss, worst_norm] = expect_fp32_steps(one.loss[0], one.gnorm[0], two.loss, two.gnorm, true);
+  const double dp = rel_l2(two.params.data(), one.params.data(), static_cast<int64_t>(one.params.size()));
+  EXPECT_LT(dp, 1e-4);
+  EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.1) << "the run must learn";
+  const TpRun adamw = run_tp(spec, 1, turbo::Device::CPU, kSteps);
+  EXPECT_GT(rel_l2(adamw.params.data(), one.params.data(), static_cast<int64_t>(one.params.size())), 1e-3)
+      << "Muon's run must differ from AdamW's";
+  std::printf("[host %s tp2+sp muon] %d steps: worst relative loss %.1e, grad norm %.1e, weights %.1e\n",
+              tp_spec_name(which), kSteps, worst_loss, worst_norm, dp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpHostMuonTest, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& info) { return std::string(tp_spec_name(info.param)); });
+
 // More ranks than key/value groups (4 ranks, 2 groups): each group replicated on two ranks, its
 // gradient summed over them and counted once in the norm; the Llama and Qwen3 of above, with and
 // without sequence parallelism, against one rank at the same fp32 gate.

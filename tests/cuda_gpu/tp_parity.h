@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda_fixture.h"
+#include "train/muon_layout.h"
 #include "threaded_ranks.h"
 #include "parallel/threaded_process_group.h"
 #include "train/tensor_parallel.h"
@@ -60,7 +61,7 @@ inline const char* tp_spec_name(int which) {
 // backward with clip 1.0.
 inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, int steps, Attn attn = Attn::Default,
                     bool sequence_parallel = false, const std::function<turbo::Fp8Recipe()>& fp8 = {},
-                    bool in_backward = false) {
+                    bool in_backward = false, bool muon = false) {
   const int64_t T = spec.seq_length;
   const Batches data(T, steps);
   const std::vector<float> init = initial_params(spec);
@@ -87,6 +88,9 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
     CudaOps ops = ops_for(attn);
     turbo::Fp8Recipe recipe;
     if (fp8) use_fp8_recipe(ls, recipe = fp8(), ops, mo);
+    // Muon: the model's matrices (under tp its blocks, pieces of the global ones) and Muon's
+    // defaults (Moonlight's: Nesterov 0.95, 5 steps, spectral scale x 0.2) at the parity lr.
+    if (muon) mo.muon = train::muon_tensors(ls, train::make_param_layout(ls));
     CudaModel model(ls, mo, ops);
     if (recipe.saved) run.saved_slots[r] = recipe.saved->size();
     std::vector<float> w(static_cast<size_t>(model.layout().total));
@@ -101,6 +105,12 @@ inline TpRun run_tp(const train::ModelSpec& spec, int tp, turbo::Device device, 
       if (!in_backward) model.grad_norm(1.0f);
       run.loss[r].push_back(model.read_loss_sum(1));
       run.gnorm[r].push_back(model.read_grad_norm());
+      if (muon) {
+        turbo::MuonHyper mh;
+        mh.lr = hp.lr;
+        mh.weight_decay = hp.weight_decay;
+        model.set_muon_hyper(mh);
+      }
       if (!in_backward) model.update(hp);
     }
     model.get_params(w.data());

@@ -32,6 +32,13 @@ void check_matrix(const MuonMatrix& mm, size_t i, Device device) {
   }
   if (mm.model.defined() && (mm.model.numel() != n || mm.model.dtype != DType::BF16 || mm.model.device != device))
     fail(fmt::format("model copy must be bf16 of {} elements, got {}", n, mm.model.describe()));
+  if (mm.piece()) {
+    const bool rows_cut = mm.cols == mm.full_cols && mm.col0 == 0 && mm.row0 >= 0 && mm.row0 + mm.rows <= mm.full_rows;
+    const bool cols_cut = mm.rows == mm.full_rows && mm.row0 == 0 && mm.col0 >= 0 && mm.col0 + mm.cols <= mm.full_cols;
+    if (!rows_cut && !cols_cut)
+      fail(fmt::format("a piece at ({}, {}) of [{}, {}] must span the whole's rows or its columns", mm.row0, mm.col0,
+                       mm.full_rows, mm.full_cols));
+  }
 }
 }  // namespace
 
@@ -49,27 +56,31 @@ std::pair<int64_t, int64_t> working_extent(const std::vector<std::pair<int64_t, 
 constexpr int64_t kMuonPartials = 256;  // turbo/kernels/cuda/muon.h's kMuonMaxParts (also without CUDA)
 }  // namespace
 
-size_t MultiMatrixMuon::working_set_bytes(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+size_t MultiMatrixMuon::working_set_bytes(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t piece_elems) {
   const auto [big, gram] = working_extent(shapes);
   const size_t al = Arena::kDefaultAlign;
   auto up = [&](size_t b) { return (b + al - 1) / al * al; };
-  return up(size_t(big) * 4) + 3 * up(size_t(big) * 2) + 2 * up(size_t(gram) * 2) + up(sizeof(float) * kMuonPartials);
+  return up(size_t(big) * 4) + 3 * up(size_t(big) * 2) + 2 * up(size_t(gram) * 2) + up(sizeof(float) * kMuonPartials) +
+         (piece_elems > 0 ? up(size_t(piece_elems) * 4) : 0);
 }
 
 MultiMatrixMuon::MultiMatrixMuon(std::vector<MuonMatrix> mats) : mats_(std::move(mats)) {
   if (mats_.empty()) throw RuntimeError("MultiMatrixMuon: no matrices");
   device_ = mats_[0].master.device;
   std::vector<std::pair<int64_t, int64_t>> shapes;
+  int64_t piece_elems = 0;
   for (size_t i = 0; i < mats_.size(); ++i) {
     check_matrix(mats_[i], i, device_);
-    shapes.emplace_back(mats_[i].rows, mats_[i].cols);
+    shapes.emplace_back(mats_[i].whole_rows(), mats_[i].whole_cols());
+    if (mats_[i].piece()) piece_elems = std::max(piece_elems, mats_[i].rows * mats_[i].cols);
   }
   if (device_ == Device::CPU) return;
   const auto [big, gram] = working_extent(shapes);
 #if PRIMUS_TURBO_WITH_CUDA
   static_assert(cuda::kMuonMaxParts == kMuonPartials, "the partial sums' count");
   const size_t al = Arena::kDefaultAlign;
-  work_ = make_device_arena(working_set_bytes(shapes));
+  work_ = make_device_arena(working_set_bytes(shapes, piece_elems));
+  if (piece_elems > 0) piece_ = work_->allocate(size_t(piece_elems) * 4, al, "muon u piece");
   u_ = work_->allocate(size_t(big) * 4, al, "muon u");
   x_ = work_->allocate(size_t(big) * 2, al, "muon X");
   y_ = work_->allocate(size_t(big) * 2, al, "muon X'");
@@ -104,7 +115,32 @@ void MultiMatrixMuon::step(const MuonHyper& hp, const TensorView& grad_scale, co
     p.grad_scale = gs;
     for (const MuonMatrix& mm : mats_) {
       p.weight_decay = mm.decay ? hp.weight_decay : 0.0;
-      cpu::muon_update(mm.master.ptr<float>(), mm.grad.ptr<const float>(), mm.m.ptr<float>(), mm.rows, mm.cols, p);
+      if (!mm.piece()) {
+        cpu::muon_update(mm.master.ptr<float>(), mm.grad.ptr<const float>(), mm.m.ptr<float>(), mm.rows, mm.cols, p);
+        continue;
+      }
+      // A tensor-parallel piece: cpu::muon_update's steps, Newton-Schulz on the whole put together.
+      const int64_t n = mm.rows * mm.cols, R = mm.full_rows, C = mm.full_cols;
+      const float mu = static_cast<float>(p.momentum), g_s = static_cast<float>(p.grad_scale);
+      std::vector<float> u(static_cast<size_t>(n)), whole(static_cast<size_t>(R * C)), o(whole.size());
+      const float* g = mm.grad.ptr<const float>();
+      float* m = mm.m.ptr<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        const float gi = g_s * g[i];
+        const float mi = mu * m[i] + gi;
+        m[i] = mi;
+        u[static_cast<size_t>(i)] = p.nesterov ? gi + mu * mi : mi;
+      }
+      mm.gather(TensorView(u.data(), DType::F32, Device::CPU, {mm.rows, mm.cols}),
+                TensorView(whole.data(), DType::F32, Device::CPU, {R, C}));
+      cpu::newton_schulz<float>(whole.data(), R, C, p.ns_steps, o.data());
+      const float decay = static_cast<float>(1.0 - p.lr * p.weight_decay);
+      const float step = static_cast<float>(p.lr * cpu::muon_update_scale(R, C, p.scale_mode, p.extra_scale));
+      float* w = mm.master.ptr<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = mm.row0 + i / mm.cols, c = mm.col0 + i % mm.cols;
+        w[i] = w[i] * decay - step * o[static_cast<size_t>(r * C + c)];
+      }
     }
     return;
   }
@@ -114,11 +150,20 @@ void MultiMatrixMuon::step(const MuonHyper& hp, const TensorView& grad_scale, co
   const float* dlr = device_lr.defined() ? device_lr.ptr<const float>() : nullptr;
   const float ka = float(cpu::kMuonNsA), kb = float(cpu::kMuonNsB), kc = float(cpu::kMuonNsC);
   for (const MuonMatrix& mm : mats_) {
-    const int64_t n = mm.rows * mm.cols, r = std::min(mm.rows, mm.cols), c = std::max(mm.rows, mm.cols);
+    const int64_t R = mm.whole_rows(), C = mm.whole_cols();
+    const int64_t n = mm.rows * mm.cols, r = std::min(R, C), c = std::max(R, C);
     auto* partial = static_cast<float*>(partial_);
-    cuda::muon_momentum(mm.grad.ptr<const float>(), mm.m.ptr<float>(), static_cast<float*>(u_), n, hp.momentum,
-                        hp.nesterov, gs, partial, stream);
-    cuda::muon_normalize(static_cast<const float*>(u_), x_, mm.rows, mm.cols, partial, gs, stream);
+    if (!mm.piece()) {
+      cuda::muon_momentum(mm.grad.ptr<const float>(), mm.m.ptr<float>(), static_cast<float*>(u_), n, hp.momentum,
+                          hp.nesterov, gs, partial, stream);
+    } else {  // this rank's u, the whole put together, its squares summed
+      cuda::muon_momentum(mm.grad.ptr<const float>(), mm.m.ptr<float>(), static_cast<float*>(piece_), n, hp.momentum,
+                          hp.nesterov, gs, partial, stream);
+      mm.gather(TensorView(piece_, DType::F32, Device::CUDA, {mm.rows, mm.cols}),
+                TensorView(u_, DType::F32, Device::CUDA, {R, C}));
+      cuda::muon_sum_squares(static_cast<const float*>(u_), R * C, gs, partial, stream);
+    }
+    cuda::muon_normalize(static_cast<const float*>(u_), x_, R, C, partial, gs, stream);
     void *x = x_, *y = y_;
     const TensorView A(a_, DType::BF16, Device::CUDA, {r, r}), B(b_, DType::BF16, Device::CUDA, {r, r});
     const TensorView T(t_, DType::BF16, Device::CUDA, {r, c});
@@ -142,9 +187,10 @@ void MultiMatrixMuon::step(const MuonHyper& hp, const TensorView& grad_scale, co
       cuda::muon_axpby(x, t_, y, r * c, ka, 1.0f, gs, stream);
       std::swap(x, y);
     }
-    const float rms = static_cast<float>(cpu::muon_update_scale(mm.rows, mm.cols, hp.scale_mode, hp.extra_scale));
-    cuda::muon_apply(mm.master.ptr<float>(), mm.model.defined() ? mm.model.data : nullptr, x, mm.rows, mm.cols, hp.lr,
-                     dlr, hp.lr_scale, mm.decay ? hp.weight_decay : 0.0f, rms, gs, stream);
+    const float rms = static_cast<float>(cpu::muon_update_scale(R, C, hp.scale_mode, hp.extra_scale));
+    cuda::muon_apply(mm.master.ptr<float>(), mm.model.defined() ? mm.model.data : nullptr, x, mm.rows, mm.cols, R, C,
+                     mm.piece() ? mm.row0 : 0, mm.piece() ? mm.col0 : 0, hp.lr, dlr, hp.lr_scale,
+                     mm.decay ? hp.weight_decay : 0.0f, rms, gs, stream);
   }
 #else
   (void)ctx;

@@ -12,9 +12,10 @@
 // step can be captured in a CUDA graph. On the CPU (host tensors) it is the reference itself.
 //
 // A MultiMatrixMuon is built once after the buffers exist; on the GPU it allocates its working
-// set (the largest matrix's: u in f32, four bf16 matrices and two Gram matrices) in a device
-// arena of its own. It holds views, not memory: the buffers must outlive it.
+// set (the largest whole matrix's: u in f32, four bf16 matrices and two Gram matrices; with
+// tensor-parallel pieces also the largest piece's u) in a device arena of its own. It holds views, not memory: the buffers must outlive it.
 #pragma once
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -30,6 +31,17 @@ struct MuonMatrix {
   TensorView master, model, grad, m;  // model optional (bf16)
   int64_t rows = 0, cols = 0;
   bool decay = true;
+  // Tensor parallelism (gather set): this matrix is rows [row0, row0 + rows) x columns [col0, col0 +
+  // cols) of a [full_rows, full_cols] one whose other pieces other ranks hold. gather(piece, whole)
+  // puts every rank's u (f32 [rows, cols], this one's in `piece`) together into `whole` (f32
+  // [full_rows, full_cols]) on the matrices' device, in the stream order of the step's context:
+  // Newton-Schulz then runs on the whole matrix (the same on every rank, and its update scale is
+  // the whole matrix's), and each rank applies its own piece.
+  int64_t full_rows = 0, full_cols = 0, row0 = 0, col0 = 0;
+  std::function<void(const TensorView& piece, const TensorView& whole)> gather;
+  bool piece() const { return static_cast<bool>(gather); }
+  int64_t whole_rows() const { return piece() ? full_rows : rows; }
+  int64_t whole_cols() const { return piece() ? full_cols : cols; }
 };
 
 struct MuonHyper {
@@ -57,15 +69,17 @@ class MultiMatrixMuon {
 
   const std::vector<MuonMatrix>& matrices() const { return mats_; }
   size_t device_bytes() const;  // the working set's arena (0 on the CPU)
-  // The device working set's bytes for matrices of these [rows, cols] (what the constructor
-  // allocates; `primus projection` counts it).
-  static size_t working_set_bytes(const std::vector<std::pair<int64_t, int64_t>>& shapes);
+  // The device working set's bytes for matrices of these whole [rows, cols] (what the constructor
+  // allocates; `primus projection` counts it), and with tensor-parallel pieces of at most
+  // `piece_elems` elements the f32 buffer their u is written to before it is put together.
+  static size_t working_set_bytes(const std::vector<std::pair<int64_t, int64_t>>& shapes, int64_t piece_elems = 0);
 
  private:
   std::vector<MuonMatrix> mats_;
   Device device_ = Device::CPU;
   std::unique_ptr<Arena> work_;
   void *u_ = nullptr, *x_ = nullptr, *y_ = nullptr, *t_ = nullptr, *a_ = nullptr, *b_ = nullptr, *partial_ = nullptr;
+  void* piece_ = nullptr;  // tensor-parallel pieces' u before gather
 };
 
 }  // namespace primus::turbo

@@ -35,7 +35,7 @@ GradClearing plan_grad_clearing(const train::ParamLayout& layout,
 OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, const GradPlacement& place,
                                turbo::Arena& arena, GradClearing clearing, bool keep_state, const ModelStream& stream,
                                const CudaOps& ops, const InBackward* in_backward,
-                               const std::vector<train::MuonTensor>& muon)
+                               const std::vector<train::MuonTensor>& muon, const MuonPieceFn& muon_piece)
     : layout_(layout), state_(state), place_(place), clearing_(std::move(clearing)), stream_(stream), ops_(ops) {
   if (!muon.empty() && (in_backward || !keep_state)) {
     throw RuntimeError("cuda model: Muon needs the whole optimizer state on this rank, after the backward (neither "
@@ -64,7 +64,8 @@ OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuff
   std::vector<turbo::MuonMatrix> mats;
   for (const train::MuonTensor& mt : muon) {
     const train::ParamTensor& t = layout_.tensors[mt.index];
-    for (const train::MuonBlock& b : mt.blocks) {
+    for (size_t bi = 0; bi < mt.blocks.size(); ++bi) {
+      const train::MuonBlock& b = mt.blocks[bi];
       const int64_t off = b.offset, n = b.rows * b.cols;
       turbo::MuonMatrix mm;
       mm.master = state_.master.slice0(off, off + n);
@@ -74,6 +75,7 @@ OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuff
       mm.rows = b.rows;
       mm.cols = b.cols;
       mm.decay = t.decay;
+      if (muon_piece) muon_piece(mt.index, b, bi, mm);
       mats.push_back(mm);
     }
   }

@@ -62,10 +62,14 @@ class OptimizerState {
   // optimizer in the backward (needs keep_state; `place` then has the shared window).
   // muon: the tensors Muon updates (train/muon_layout.h; empty: AdamW for all). Their momentum
   // lives in the first-moment buffer m (AdamW skips them, so it is free there); v is unused there.
+  // muon_piece (tensor parallelism): called for each Muon block (its layout tensor, the block,
+  // its index among the tensor's blocks) to make its matrix a piece of the whole one
+  // (turbo::MuonMatrix::gather and the whole's shape).
+  using MuonPieceFn = std::function<void(size_t tensor, const train::MuonBlock& block, size_t index, turbo::MuonMatrix& mm)>;
   OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, const GradPlacement& place,
                  turbo::Arena& arena, GradClearing clearing, bool keep_state, const ModelStream& stream,
                  const CudaOps& ops, const InBackward* in_backward = nullptr,
-                 const std::vector<train::MuonTensor>& muon = {});
+                 const std::vector<train::MuonTensor>& muon = {}, const MuonPieceFn& muon_piece = {});
 
   bool keeps_state() const { return adamw_ != nullptr || !groups_.empty(); }
   // The masters are split: state.master the low halves, state.weights the high (model.h).

@@ -34,6 +34,18 @@ muon_momentum_kernel(const float* __restrict__ grad, float* __restrict__ m, floa
   if (threadIdx.x == 0) partial[blockIdx.x] = sq;
 }
 
+// Per-block partial sums of u^2 alone (a matrix put together from tensor-parallel pieces).
+__global__ void __launch_bounds__(kThreads)
+muon_sum_squares_kernel(const float* __restrict__ u, int64_t n, const float* grad_scale, float* partial) {
+  __shared__ float smem[32];
+  if (vetoed(grad_scale)) return;
+  float sq = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads)
+    sq += u[i] * u[i];
+  sq = block_sum(sq, smem);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sq;
+}
+
 __global__ void __launch_bounds__(kThreads)
 muon_normalize_kernel(const float* __restrict__ u, bf16* __restrict__ x, int64_t rows, int64_t cols,
                       const float* __restrict__ partial, int parts, const float* grad_scale) {
@@ -53,15 +65,18 @@ muon_normalize_kernel(const float* __restrict__ u, bf16* __restrict__ x, int64_t
 
 __global__ void __launch_bounds__(kThreads)
 muon_apply_kernel(float* __restrict__ master, bf16* __restrict__ model, const bf16* __restrict__ x, int64_t rows,
-                  int64_t cols, float lr, const float* device_lr, float lr_scale, float weight_decay,
-                  float rms_scale, const float* grad_scale) {
+                  int64_t cols, int64_t full_rows, int64_t full_cols, int64_t row0, int64_t col0, float lr,
+                  const float* device_lr, float lr_scale, float weight_decay, float rms_scale,
+                  const float* grad_scale) {
   if (vetoed(grad_scale)) return;
   const float l = device_lr ? *device_lr * lr_scale : lr;
   const float decay = 1.0f - l * weight_decay, step = l * rms_scale;
-  const bool tall = rows > cols;
+  const bool tall = full_rows > full_cols;
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads) {
-    const int64_t src = tall ? (i % cols) * rows + i / cols : i;  // O[r][c] = x[c][r] when tall
+    // Element (r, c) of this piece is (row0 + r, col0 + c) of the whole O; O[R][C] = x[C][R] when tall.
+    const int64_t r = row0 + i / cols, c = col0 + i % cols;
+    const int64_t src = tall ? c * full_rows + r : r * full_cols + c;
     const float p = master[i] * decay - step * __bfloat162float(x[src]);
     master[i] = p;
     if (model) model[i] = __float2bfloat16_rn(p);
@@ -91,6 +106,13 @@ void muon_momentum(const float* grad, float* m, float* u, int64_t n, float momen
   CUDA_CHECK_LAST();
 }
 
+void muon_sum_squares(const float* u, int64_t n, const float* grad_scale, float* partial, cudaStream_t stream) {
+  const int grid = grid_for(n, kMuonMaxParts);
+  if (grid < kMuonMaxParts) CUDA_CHECK(cudaMemsetAsync(partial + grid, 0, sizeof(float) * (kMuonMaxParts - grid), stream));
+  muon_sum_squares_kernel<<<grid, kThreads, 0, stream>>>(u, n, grad_scale, partial);
+  CUDA_CHECK_LAST();
+}
+
 void muon_normalize(const float* u, void* x_bf16, int64_t rows, int64_t cols, const float* partial,
                     const float* grad_scale, cudaStream_t stream) {
   muon_normalize_kernel<<<grid_for(rows * cols, 1024), kThreads, 0, stream>>>(u, static_cast<bf16*>(x_bf16), rows, cols,
@@ -98,12 +120,12 @@ void muon_normalize(const float* u, void* x_bf16, int64_t rows, int64_t cols, co
   CUDA_CHECK_LAST();
 }
 
-void muon_apply(float* master, void* model_bf16, const void* x_bf16, int64_t rows, int64_t cols, float lr,
-                const float* device_lr, float lr_scale, float weight_decay, float rms_scale, const float* grad_scale,
-                cudaStream_t stream) {
+void muon_apply(float* master, void* model_bf16, const void* x_bf16, int64_t rows, int64_t cols, int64_t full_rows,
+                int64_t full_cols, int64_t row0, int64_t col0, float lr, const float* device_lr, float lr_scale,
+                float weight_decay, float rms_scale, const float* grad_scale, cudaStream_t stream) {
   muon_apply_kernel<<<grid_for(rows * cols, 1024), kThreads, 0, stream>>>(
-      master, static_cast<bf16*>(model_bf16), static_cast<const bf16*>(x_bf16), rows, cols, lr, device_lr, lr_scale,
-      weight_decay, rms_scale, grad_scale);
+      master, static_cast<bf16*>(model_bf16), static_cast<const bf16*>(x_bf16), rows, cols, full_rows, full_cols, row0,
+      col0, lr, device_lr, lr_scale, weight_decay, rms_scale, grad_scale);
   CUDA_CHECK_LAST();
 }
 
