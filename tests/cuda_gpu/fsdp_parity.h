@@ -5,6 +5,7 @@
 // by the host-mode test (CI) and the GPU one.
 #pragma once
 #include <exception>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -42,6 +43,18 @@ class CountingGroup : public parallel::ProcessGroup {
  private:
   parallel::ProcessGroup& g_;
 };
+
+// `world` ranks as threads over one ThreadedGroup ("dp"); on the GPU (in the GPU tests' build) its
+// collectives go through device memory.
+inline void run_dp_ranks(int world, turbo::Device device, const std::function<void(int, parallel::ProcessGroup*)>& rank_main) {
+  parallel::ThreadedGroup::OpsFactory ops;
+#ifdef PRIMUS_FSDP_PARITY_DEVICE
+  if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
+#else
+  (void)device;
+#endif
+  run_threaded_ranks(world, ops, "dp", rank_main);
+}
 
 struct FsdpRun {
   std::vector<std::vector<double>> loss, gnorm;  // [rank][step]; one rank: the mean over its micro-batches
@@ -126,11 +139,7 @@ inline FsdpRun run_fsdp(const train::ModelSpec& spec, int world, parallel::DpSha
   if (world == 1 && sharding == parallel::DpSharding::NoShard) {
     rank_main(0, nullptr);
   } else {
-    parallel::ThreadedGroup::OpsFactory ops;
-#ifdef PRIMUS_FSDP_PARITY_DEVICE
-    if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
-#endif
-    run_threaded_ranks(world, ops, "dp", rank_main);
+    run_dp_ranks(world, device, rank_main);
   }
   return run;
 }
@@ -186,11 +195,7 @@ inline FsdpRun run_dp_in_backward(const train::ModelSpec& spec, int world, int w
   if (world == 1) {
     rank_main(0, nullptr);
   } else {
-    parallel::ThreadedGroup::OpsFactory ops;
-#ifdef PRIMUS_FSDP_PARITY_DEVICE
-    if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
-#endif
-    run_threaded_ranks(world, ops, "dp", rank_main);
+    run_dp_ranks(world, device, rank_main);
   }
   return run;
 }
