@@ -161,9 +161,8 @@ void ReferenceTrainer::init() {
   if (cp > 1) {
     const char* why = t.data.reset_attention_mask || t.data.reset_position_ids
                           ? "reset_attention_mask / reset_position_ids (packed documents)"
-                      : spec.moe.enabled()          ? "MoE layers (num_experts)"
-                      : t.optim.optimizer == "muon" ? "optimizer: muon"
-                                                    : nullptr;
+                      : spec.moe.enabled() ? "MoE layers (num_experts)"
+                                           : nullptr;
     if (why) {
       throw ConfigError(fmt::format("context_parallel_size {} with {} is not implemented yet on the reference backend",
                                     cp, why));

@@ -164,6 +164,27 @@ TEST(MeshTraining, FsdpCheckpointsResumeOnOneProcessAndOneProcessOnFsdpTimesTp) 
   expect_same_losses(losses(single.path()), losses(on_mesh.path()), "1-process checkpoint resumed on FSDP x tp2", 11);
 }
 
+// Muon under context parallelism on the reference backend: the cp ranks' gradients are averaged
+// over dp x cp before the update, so Newton-Schulz sees the whole batch's gradient. cp2 and cp2 x
+// dp2 with ZeRO-1 (whole matrices per owner over the dp x cp group) give one process's losses,
+// gradient norms and validation losses.
+TEST(MeshTraining, MuonUnderContextParallelismGivesTheLossesOfOneProcess) {
+  Workdir one;
+  auto r1 = run_primus(llama_args(one.str(), 20, "optimizer=muon"));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  ASSERT_EQ(losses(one.path()).size(), 20u);
+  for (const auto& [ranks, keys] : {std::pair{2, "context_parallel_size=2"},
+                                    std::pair{4, "context_parallel_size=2 use_distributed_optimizer=true"}}) {
+    Workdir w;
+    auto r = run_primus(launch(ranks, llama_args(w.str(), 20, std::string("optimizer=muon ") + keys)));
+    ASSERT_EQ(r.code, 0) << keys << "\n" << r.out;
+    EXPECT_NE(r.out.find("context parallel over 2 ranks"), std::string::npos) << r.out;
+    expect_same_losses(losses(one.path()), losses(w.path()), keys);
+    expect_same_losses(losses(one.path(), "grad_norm"), losses(w.path(), "grad_norm"), std::string(keys) + " grad norm");
+    expect_same_losses(losses(one.path(), "val_loss"), losses(w.path(), "val_loss"), std::string(keys) + " validation");
+  }
+}
+
 TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
   const struct {
     int ranks;
