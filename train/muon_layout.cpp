@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "core/util/error.h"
+#include "train/tensor_parallel.h"
 
 namespace primus::train {
 
@@ -71,6 +72,58 @@ std::vector<bool> muon_mask(const std::vector<MuonTensor>& tensors, const ParamL
   std::vector<bool> mask(layout.tensors.size(), false);
   for (const auto& t : tensors) mask[t.index] = true;
   return mask;
+}
+
+MuonTpPiece muon_tp_piece(const TpShardMap& map, const std::vector<MuonTensor>& global, const MuonTensor& local,
+                          size_t index) {
+  const ParamLayout& ll = map.local_layout();
+  const std::string& name = ll.tensors.at(local.index).name;
+  const ParamTensor* gt = map.global_layout().find(name);
+  const auto gi = gt ? static_cast<size_t>(gt - map.global_layout().tensors.data()) : size_t(-1);
+  const auto it = std::find_if(global.begin(), global.end(), [gi](const MuonTensor& m) { return m.index == gi; });
+  if (it == global.end() || index >= it->blocks.size() || index >= local.blocks.size())
+    throw RuntimeError(fmt::format("Muon under tp: block {} of {} has no global block", index, name));
+  const MuonBlock& lb = local.blocks[index];
+  const MuonBlock& gb = it->blocks[index];
+  MuonTpPiece p;
+  if (lb.rows == gb.rows && lb.cols == gb.cols) return p;
+  const auto& pieces = map.pieces();
+  const auto q = std::upper_bound(pieces.begin(), pieces.end(), lb.offset,
+                                  [](int64_t off, const TpPiece& x) { return off < x.local; });
+  if (q == pieces.begin()) throw RuntimeError(fmt::format("Muon under tp: no piece holds {}'s block {}", name, index));
+  const int64_t rel = (q - 1)->global + (lb.offset - (q - 1)->local) - gb.offset;
+  const int64_t r0 = rel / gb.cols, c0 = rel % gb.cols;
+  const int rank = map.rank(), tp = map.tp();
+  // The ranks hold full / local distinct pieces, each on tp / (full / local) consecutive ranks.
+  auto rep_of = [&](int64_t l, int64_t full, int64_t at, int64_t other_at) {
+    if (other_at != 0 || l <= 0 || full % l != 0 || tp % (full / l) != 0) return 0;
+    const int rep = tp / static_cast<int>(full / l);
+    return at == (rank / rep) * l ? rep : 0;
+  };
+  const int rows_rep = lb.cols == gb.cols ? rep_of(lb.rows, gb.rows, r0, c0) : 0;
+  const int cols_rep = lb.rows == gb.rows ? rep_of(lb.cols, gb.cols, c0, r0) : 0;
+  if (rows_rep == 0 && cols_rep == 0) {
+    throw RuntimeError(fmt::format("Muon under tp: block {} of {}: [{}, {}] at ({}, {}) is not rank {}'s row or column "
+                                   "range of [{}, {}]",
+                                   index, name, lb.rows, lb.cols, r0, c0, rank, gb.rows, gb.cols));
+  }
+  p.whole = false;
+  p.full_rows = gb.rows;
+  p.full_cols = gb.cols;
+  p.row0 = r0;
+  p.col0 = c0;
+  p.cols = rows_rep == 0;
+  p.rep = p.cols ? cols_rep : rows_rep;
+  return p;
+}
+
+void assemble_muon_pieces(const MuonTpPiece& p, int tp, const float* gathered, int64_t rows, int64_t cols, float* whole) {
+  const int64_t n = rows * cols, C = p.full_cols;
+  for (int64_t k = 0; k < tp / p.rep; ++k) {  // distinct piece k, from rank k x rep
+    const float* src = gathered + k * p.rep * n;
+    float* dst = whole + (p.cols ? k * cols : k * n);
+    for (int64_t r = 0; r < rows; ++r) std::copy(src + r * cols, src + (r + 1) * cols, dst + r * C);
+  }
 }
 
 }  // namespace primus::train

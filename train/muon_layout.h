@@ -46,4 +46,24 @@ void assign_muon_owners(std::vector<MuonTensor>& tensors, const ParamLayout& lay
 // The elements of the flat buffer that are Muon's (per layout tensor index): AdamW skips them.
 std::vector<bool> muon_mask(const std::vector<MuonTensor>& tensors, const ParamLayout& layout);
 
+// Tensor parallelism (train/tensor_parallel.h): a rank's Muon block is a piece of the global
+// block, a row range (column-parallel: q, k, v, gate, up, the experts' gate and up) or a column
+// range (row-parallel: the output projections, the experts' down projection), the r-th of
+// full / local such ranges on rank r x rep .. r x rep + rep - 1 (rep > 1: key/value rows replicated
+// over tp / num_query_groups ranks). Newton-Schulz needs the whole block: the ranks' pieces are
+// gathered (in rank order) and put in place with assemble_muon_pieces.
+struct MuonTpPiece {
+  bool whole = true;  // the same block on every rank (nothing to gather)
+  int64_t full_rows = 0, full_cols = 0, row0 = 0, col0 = 0;
+  bool cols = false;  // a column range (else a row range)
+  int rep = 1;
+};
+// Block `index` of `local` (a tensor of map.local_layout()) in `global` (muon_tensors of the global
+// spec and layout). RuntimeError when the block is no rank-ordered row or column range.
+MuonTpPiece muon_tp_piece(const class TpShardMap& map, const std::vector<MuonTensor>& global, const MuonTensor& local,
+                          size_t index);
+// `whole` [full_rows, full_cols] from `gathered`: every rank's [rows, cols] piece, in rank order
+// (an all-gather over the tp group of `tp` ranks). Host memory.
+void assemble_muon_pieces(const MuonTpPiece& p, int tp, const float* gathered, int64_t rows, int64_t cols, float* whole);
+
 }  // namespace primus::train

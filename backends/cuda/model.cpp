@@ -836,63 +836,37 @@ OptimizerState::MuonPieceFn CudaModel::tp_muon_pieces() {
   const train::TpShardMap& map = *opt_.tp_map;
   auto global = std::make_shared<const std::vector<train::MuonTensor>>(
       train::muon_tensors(map.global_spec(), map.global_layout()));
-  return [this, global, &map](size_t tensor, const train::MuonBlock& lb, size_t index, turbo::MuonMatrix& mm) {
-    const std::string& name = layout_.tensors[tensor].name;
-    const train::ParamTensor* gt = map.global_layout().find(name);
-    const auto gi = gt ? static_cast<size_t>(gt - map.global_layout().tensors.data()) : size_t(-1);
-    const auto it = std::find_if(global->begin(), global->end(), [gi](const train::MuonTensor& m) { return m.index == gi; });
-    if (it == global->end() || index >= it->blocks.size())
-      throw RuntimeError(fmt::format("cuda model: Muon block {} of {} has no global block", index, name));
-    const train::MuonBlock& gb = it->blocks[index];
-    if (lb.rows == gb.rows && lb.cols == gb.cols) return;  // whole on every rank
-    const auto& pieces = map.pieces();
-    const auto p = std::upper_bound(pieces.begin(), pieces.end(), lb.offset,
-                                    [](int64_t off, const train::TpPiece& q) { return off < q.local; });
-    if (p == pieces.begin()) throw RuntimeError(fmt::format("cuda model: no tp piece holds {}'s Muon block", name));
-    const train::TpPiece& q = *(p - 1);
-    const int64_t rel = q.global + (lb.offset - q.local) - gb.offset;
-    const int64_t r0 = rel / gb.cols, c0 = rel % gb.cols;
-    // The ranks hold gb / lb distinct pieces, each on `rep` consecutive ranks (replicated key/value
-    // rows: tp above num_query_groups), rank r the piece r / rep.
-    const int rank = map.rank(), tp = map.tp();
-    auto cut = [&](int64_t local, int64_t global, int64_t at, int64_t other_at) {
-      if (other_at != 0 || local <= 0 || global % local != 0 || tp % (global / local) != 0) return 0;
-      const int rep = tp / static_cast<int>(global / local);
-      return at == (rank / rep) * local ? rep : 0;
-    };
-    const int rows_rep = lb.cols == gb.cols ? cut(lb.rows, gb.rows, r0, c0) : 0;
-    const int cols_rep = lb.rows == gb.rows ? cut(lb.cols, gb.cols, c0, r0) : 0;
-    if (rows_rep == 0 && cols_rep == 0) {
-      throw RuntimeError(fmt::format("cuda model: Muon block {} of {}: [{}, {}] at ({}, {}) is not rank {}'s row or column "
-                                     "range of [{}, {}]",
-                                     index, name, lb.rows, lb.cols, r0, c0, rank, gb.rows, gb.cols));
-    }
-    const bool cols_cut = rows_rep == 0;
-    const int rep = cols_cut ? cols_rep : rows_rep;
-    mm.full_rows = gb.rows;
-    mm.full_cols = gb.cols;
-    mm.row0 = r0;
-    mm.col0 = c0;
-    if (cols_cut || rep > 1) muon_stage_elems_ = std::max(muon_stage_elems_, lb.rows * lb.cols * tp);
-    mm.gather = [this, cols_cut, rep](const TensorView& piece, const TensorView& whole) {
+  auto local = std::make_shared<const std::vector<train::MuonTensor>>(opt_.muon);
+  return [this, global, local, &map](size_t tensor, const train::MuonBlock& lb, size_t index, turbo::MuonMatrix& mm) {
+    const auto it = std::find_if(local->begin(), local->end(), [tensor](const train::MuonTensor& m) { return m.index == tensor; });
+    if (it == local->end()) throw RuntimeError(fmt::format("cuda model: tensor {} is not Muon's", tensor));
+    const train::MuonTpPiece p = train::muon_tp_piece(map, *global, *it, index);
+    if (p.whole) return;
+    mm.full_rows = p.full_rows;
+    mm.full_cols = p.full_cols;
+    mm.row0 = p.row0;
+    mm.col0 = p.col0;
+    const bool direct = !p.cols && p.rep == 1;  // distinct row ranges in rank order: the whole as gathered
+    if (!direct) muon_stage_elems_ = std::max(muon_stage_elems_, lb.rows * lb.cols * map.tp());
+    mm.gather = [this, p, direct](const TensorView& piece, const TensorView& whole) {
       const int64_t n = piece.numel(), tp = tp_->size();
       const TensorView flat(piece.data, piece.dtype, piece.device, {n});
-      if (!cols_cut && rep == 1) {  // the row ranges in rank order are the whole
+      if (direct) {
         tp_->all_gather(flat, TensorView(whole.data, whole.dtype, whole.device, {n * tp}));
         return;
       }
       const TensorView stage = muon_stage_.slice0(0, n * tp);
       tp_->all_gather(flat, stage);
-      const int64_t R = piece.shape[0], cl = piece.shape[1], C = whole.shape[1];
-      for (int64_t k = 0; k < tp / rep; ++k) {  // piece k, from rank k x rep: rows k R, or columns k cl
-        const float* src = stage.ptr<const float>() + k * rep * n;
-        float* dst = whole.ptr<float>() + (cols_cut ? k * cl : k * n);
-        if (stream_.host) {
-          for (int64_t r = 0; r < R; ++r) std::copy(src + r * cl, src + (r + 1) * cl, dst + r * C);
-        } else {
-          CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(C) * 4, src, size_t(cl) * 4, size_t(cl) * 4, size_t(R),
-                                       cudaMemcpyDeviceToDevice, stream_.stream));
-        }
+      const int64_t R = piece.shape[0], cl = piece.shape[1], C = p.full_cols;
+      if (stream_.host) {
+        train::assemble_muon_pieces(p, static_cast<int>(tp), stage.ptr<const float>(), R, cl, whole.ptr<float>());
+        return;
+      }
+      for (int64_t k = 0; k < tp / p.rep; ++k) {  // as assemble_muon_pieces, one 2-D copy a piece
+        const float* src = stage.ptr<const float>() + k * p.rep * n;
+        float* dst = whole.ptr<float>() + (p.cols ? k * cl : k * n);
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(C) * 4, src, size_t(cl) * 4, size_t(cl) * 4, size_t(R),
+                                     cudaMemcpyDeviceToDevice, stream_.stream));
       }
     };
   };

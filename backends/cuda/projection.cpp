@@ -142,16 +142,18 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
     const std::vector<train::MuonTensor> local = train::muon_tensors(spec, layout);
     // Under tp Newton-Schulz runs on the whole (global) matrices; each rank's pieces' u is gathered
     // (CudaModel::tp_muon_pieces: column and replicated pieces through a staging buffer).
-    const std::vector<train::MuonTensor> whole = map ? train::muon_tensors(args.model, map->global_layout()) : local;
-    for (size_t k = 0; k < local.size(); ++k) {
-      for (size_t b = 0; b < local[k].blocks.size(); ++b) {
-        const train::MuonBlock& lb = local[k].blocks[b];
-        const train::MuonBlock& gb = whole.at(k).blocks.at(b);
-        shapes.emplace_back(gb.rows, gb.cols);
-        if (lb.rows == gb.rows && lb.cols == gb.cols) continue;
+    const std::vector<train::MuonTensor> global = map ? train::muon_tensors(args.model, map->global_layout()) : local;
+    for (const train::MuonTensor& mt : local) {
+      for (size_t b = 0; b < mt.blocks.size(); ++b) {
+        const train::MuonBlock& lb = mt.blocks[b];
+        const train::MuonTpPiece p = map ? train::muon_tp_piece(*map, global, mt, b) : train::MuonTpPiece();
+        if (p.whole) {
+          shapes.emplace_back(lb.rows, lb.cols);
+          continue;
+        }
+        shapes.emplace_back(p.full_rows, p.full_cols);
         piece_elems = std::max(piece_elems, lb.rows * lb.cols);
-        const bool direct = lb.cols == gb.cols && lb.rows * tp == gb.rows;  // distinct row ranges in rank order
-        if (!direct) stage_elems = std::max(stage_elems, lb.rows * lb.cols * tp);
+        if (p.cols || p.rep > 1) stage_elems = std::max(stage_elems, lb.rows * lb.cols * tp);
       }
     }
     const int rest = static_cast<int>(layout.tensors.size() - local.size());

@@ -8,6 +8,7 @@
 
 #include "tests/common/tiny_models.h"
 #include "train/muon_layout.h"
+#include "train/tensor_parallel.h"
 
 using namespace primus::train;
 
@@ -89,5 +90,64 @@ TEST(MuonLayout, Zero1OwnersAreWholeTensorsBalancedBySize) {
     auto again = muon_tensors(m, L);
     assign_muon_owners(again, L, world);
     for (size_t k = 0; k < ts.size(); ++k) EXPECT_EQ(ts[k].owner, again[k].owner);  // every rank agrees
+  }
+}
+
+// Tensor parallelism: every rank's Muon blocks are pieces of the global ones where the piece
+// description says (each local element equals the global block's element at (row0 + r, col0 +
+// c), on a buffer of distinct values cut by the shard map), and the all-gather of every rank's
+// pieces, assembled, gives each global block whole. The Llama (2 kv groups) under tp2 and tp4
+// (k and v replicated on two ranks each) and the DeepSeek-style MoE (experts' pieces) under tp2.
+TEST(MuonLayout, TensorParallelPiecesAssembleTheGlobalBlocks) {
+  struct Case {
+    ModelSpec spec;
+    int tp;
+  };
+  std::vector<Case> cases = {
+      {primus::testing::tiny_llama(), 2}, {primus::testing::tiny_llama(), 4}, {primus::testing::tiny_moe(true), 2}};
+  for (const auto& [spec, tp] : cases) {
+    SCOPED_TRACE("tp" + std::to_string(tp));
+    const ParamLayout G = make_param_layout(spec);
+    std::vector<float> global(static_cast<size_t>(G.total));
+    for (size_t i = 0; i < global.size(); ++i) global[i] = static_cast<float>(i);
+    const std::vector<MuonTensor> gm = muon_tensors(spec, G);
+    std::vector<TpShardMap> maps;
+    std::vector<std::vector<float>> local(static_cast<size_t>(tp));
+    for (int r = 0; r < tp; ++r) {
+      maps.emplace_back(spec, tp, r, false);
+      local[r].resize(static_cast<size_t>(maps[r].local_layout().total));
+      maps[r].to_local(global.data(), local[r].data());
+    }
+    const std::vector<MuonTensor> lm = muon_tensors(maps[0].local_spec(), maps[0].local_layout());
+    ASSERT_EQ(lm.size(), gm.size());
+    int pieces = 0, replicated = 0, column = 0;
+    for (size_t t = 0; t < lm.size(); ++t) {
+      for (size_t b = 0; b < lm[t].blocks.size(); ++b) {
+        const MuonBlock& lb = lm[t].blocks[b];
+        const MuonBlock& gb = gm[t].blocks[b];
+        std::vector<float> gathered;
+        MuonTpPiece p0;
+        for (int r = 0; r < tp; ++r) {
+          const MuonTpPiece p = muon_tp_piece(maps[r], gm, lm[t], b);
+          if (r == 0) p0 = p;
+          ASSERT_FALSE(p.whole) << "every Muon matrix is split under tp";
+          for (int64_t i = 0; i < lb.rows * lb.cols; ++i) {
+            const int64_t gr = p.row0 + i / lb.cols, gc = p.col0 + i % lb.cols;
+            ASSERT_EQ(local[r][static_cast<size_t>(lb.offset + i)], global[static_cast<size_t>(gb.offset + gr * gb.cols + gc)])
+                << "rank " << r << " block " << b << " of tensor " << t;
+          }
+          gathered.insert(gathered.end(), local[r].begin() + lb.offset, local[r].begin() + lb.offset + lb.rows * lb.cols);
+        }
+        std::vector<float> whole(static_cast<size_t>(gb.rows * gb.cols), -1.f);
+        assemble_muon_pieces(p0, tp, gathered.data(), lb.rows, lb.cols, whole.data());
+        EXPECT_TRUE(std::equal(whole.begin(), whole.end(), global.begin() + gb.offset)) << "tensor " << t << " block " << b;
+        ++pieces;
+        replicated += p0.rep > 1;
+        column += p0.cols;
+      }
+    }
+    EXPECT_GT(pieces, 0);
+    EXPECT_GT(column, 0) << "the output projections are column pieces";
+    EXPECT_EQ(replicated > 0, tp == 4) << "k and v are replicated only above num_query_groups";
   }
 }
