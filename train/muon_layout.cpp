@@ -117,12 +117,17 @@ MuonTpPiece muon_tp_piece(const TpShardMap& map, const std::vector<MuonTensor>& 
   return p;
 }
 
-void assemble_muon_pieces(const MuonTpPiece& p, int tp, const float* gathered, int64_t rows, int64_t cols, float* whole) {
+void assemble_muon_pieces(const MuonTpPiece& p, int tp, const float* gathered, int64_t rows, int64_t cols, float* whole,
+                          const Copy2d& copy) {
   const int64_t n = rows * cols, C = p.full_cols;
   for (int64_t k = 0; k < tp / p.rep; ++k) {  // distinct piece k, from rank k x rep
     const float* src = gathered + k * p.rep * n;
     float* dst = whole + (p.cols ? k * cols : k * n);
-    for (int64_t r = 0; r < rows; ++r) std::copy(src + r * cols, src + (r + 1) * cols, dst + r * C);
+    if (copy) {
+      copy(dst, C, src, cols, cols, rows);
+    } else {
+      for (int64_t r = 0; r < rows; ++r) std::copy(src + r * cols, src + (r + 1) * cols, dst + r * C);
+    }
   }
 }
 

@@ -17,6 +17,7 @@
 // not depend on how we fuse the tensors, and the scale sqrt(max(rows, cols)) is the part's.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "train/model_spec.h"
@@ -63,7 +64,11 @@ struct MuonTpPiece {
 MuonTpPiece muon_tp_piece(const class TpShardMap& map, const std::vector<MuonTensor>& global, const MuonTensor& local,
                           size_t index);
 // `whole` [full_rows, full_cols] from `gathered`: every rank's [rows, cols] piece, in rank order
-// (an all-gather over the tp group of `tp` ranks). Host memory.
-void assemble_muon_pieces(const MuonTpPiece& p, int tp, const float* gathered, int64_t rows, int64_t cols, float* whole);
+// (an all-gather over the tp group of `tp` ranks). One 2-D copy per distinct piece: `copy` (height
+// rows of width floats, pitches in floats), or on the host when empty.
+using Copy2d = std::function<void(float* dst, int64_t dst_pitch, const float* src, int64_t src_pitch, int64_t width,
+                                  int64_t height)>;
+void assemble_muon_pieces(const MuonTpPiece& p, int tp, const float* gathered, int64_t rows, int64_t cols, float* whole,
+                          const Copy2d& copy = {});
 
 }  // namespace primus::train

@@ -857,17 +857,15 @@ OptimizerState::MuonPieceFn CudaModel::tp_muon_pieces() {
       }
       const TensorView stage = muon_stage_.slice0(0, n * tp);
       tp_->all_gather(flat, stage);
-      const int64_t R = piece.shape[0], cl = piece.shape[1], C = p.full_cols;
-      if (stream_.host) {
-        train::assemble_muon_pieces(p, static_cast<int>(tp), stage.ptr<const float>(), R, cl, whole.ptr<float>());
-        return;
+      train::Copy2d on_device;
+      if (!stream_.host) {
+        on_device = [this](float* dst, int64_t dp, const float* src, int64_t sp, int64_t width, int64_t height) {
+          CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dp) * 4, src, size_t(sp) * 4, size_t(width) * 4, size_t(height),
+                                       cudaMemcpyDeviceToDevice, stream_.stream));
+        };
       }
-      for (int64_t k = 0; k < tp / p.rep; ++k) {  // as assemble_muon_pieces, one 2-D copy a piece
-        const float* src = stage.ptr<const float>() + k * p.rep * n;
-        float* dst = whole.ptr<float>() + (p.cols ? k * cl : k * n);
-        CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(C) * 4, src, size_t(cl) * 4, size_t(cl) * 4, size_t(R),
-                                     cudaMemcpyDeviceToDevice, stream_.stream));
-      }
+      train::assemble_muon_pieces(p, static_cast<int>(tp), stage.ptr<const float>(), piece.shape[0], piece.shape[1],
+                                  whole.ptr<float>(), on_device);
     };
   };
 }

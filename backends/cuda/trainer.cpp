@@ -238,7 +238,8 @@ void CudaTrainer::init() {
                      ? "; the layers' bf16 weights are gathered one layer ahead"
                      : "");
   }
-  muon_tensors_ = mo.muon;
+  // In the model's own layout (under tp its pieces of the matrices): where Muon's momentum lies in m.
+  if (!mo.muon.empty()) muon_tensors_ = train::muon_tensors(model_->spec(), model_->layout());
   if (!muon_tensors_.empty()) {
     spdlog::info("[cuda] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps {}), AdamW "
                  "for the rest",
@@ -582,18 +583,7 @@ void CudaTrainer::save(int64_t step) {
       for (const train::TpPiece& p : map_k.owned_pieces()) segs.push_back({p.global, p.global + p.count});
       sharding.ranks.push_back(std::move(segs));
     }
-    // Muon's momentum (in m's rows of its tensors) goes to its own flat state, as split_muon_momentum
-    // writes it without tp.
-    std::vector<float> mu;
-    if (!muon_tensors_.empty()) {
-      mu.assign(n, 0.f);
-      const std::vector<train::MuonTensor> local = train::muon_tensors(tp_map_->local_spec(), model_->layout());
-      for (const train::MuonTensor& mt : local) {
-        const train::ParamTensor& pt = model_->layout().tensors[mt.index];
-        std::copy_n(m.data() + pt.offset, pt.numel, mu.data() + pt.offset);
-        std::fill_n(m.data() + pt.offset, pt.numel, 0.f);
-      }
-    }
+    const std::vector<float> mu = split_muon_momentum(m);  // Muon's momentum: a flat state of its own
     std::vector<float> own_m, own_v, own_mu;  // this rank's owned pieces, in segment order
     for (const train::TpPiece& p : tp_map_->owned_pieces()) {
       own_m.insert(own_m.end(), m.begin() + p.local, m.begin() + p.local + p.count);
@@ -758,7 +748,7 @@ void CudaTrainer::load(const fsys::path& dir) {
     if (!muon_tensors_.empty()) {  // Muon's momentum into m's rows of its tensors
       std::vector<float> mu(n);
       parallel::read_flat_states(data, dir, {"muon_momentum"}, static_cast<int64_t>(G), windows, {mu.data()});
-      for (const train::MuonTensor& mt : train::muon_tensors(tp_map_->local_spec(), model_->layout())) {
+      for (const train::MuonTensor& mt : muon_tensors_) {
         const train::ParamTensor& pt = model_->layout().tensors[mt.index];
         std::copy_n(mu.data() + pt.offset, pt.numel, m.data() + pt.offset);
       }

@@ -62,7 +62,7 @@ class CudaTrainer : public Trainer {
   // histories empty (logged).
   void save_fp8_delayed(io::CheckpointData& data, CudaModel::Fp8DelayedState& keep) const;
   void load_fp8_delayed(const io::CheckpointData& data, const std::filesystem::path& dir);
-  std::vector<train::MuonTensor> muon_tensors_;  // optimizer: muon (empty: AdamW everywhere)
+  std::vector<train::MuonTensor> muon_tensors_;  // optimizer: muon, in the model's layout (empty: AdamW everywhere)
   double evaluate();
   void reduce_moe_stats();
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_

@@ -157,9 +157,9 @@ TEST_P(DpGpuInBackwardTest, TwoReplicasOnOneGpuTrainAsOne) {
   const WeightDistance w = expect_weights_close(two.params, one.params, other.params);
   EXPECT_LT(one.loss[0].back(), one.loss[0].front() - 0.2) << "the run must learn";
   std::printf("[gpu %s dp2 in backward%s] %d steps: loss %.4f -> %.4f (dp2 %.4f), worst relative loss %.1e, grad norm "
-              "%.1e, weights %.1e (fallback attention %.1e); gradient buffer %zu -> %zu elements\n",
+              "%.1e, weights %.1e (fallback attention %.1e); gradient buffer %lld -> %lld elements\n",
               name, bf16g ? ", bf16 expert gradients" : "", kSteps, one.loss[0].front(), one.loss[0].back(),
-              two.loss[0].back(), g.worst_loss, g.worst_norm, w.dw, w.spread, one.state_bytes, two.state_bytes);
+              two.loss[0].back(), g.worst_loss, g.worst_norm, w.dw, w.spread, static_cast<long long>(one.grad_elems), static_cast<long long>(two.grad_elems));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DpGpuInBackwardTest, ::testing::Values(0, 1, 2), [](const auto& info) {

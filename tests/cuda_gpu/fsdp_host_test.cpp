@@ -171,8 +171,8 @@ TEST(DpHostInBackward, ReplicasTrainAsOne) {
       const train::ParamLayout layout = train::make_param_layout(spec);
       const GradPlacement g1 = place_grads(layout, 1, grad_written_before_layer_backward);
       const GradPlacement g2 = place_grads(layout, 2, grad_written_before_layer_backward);
-      EXPECT_EQ(static_cast<int64_t>(one.state_bytes), g1.elems);
-      EXPECT_EQ(static_cast<int64_t>(many.state_bytes), g2.elems);
+      EXPECT_EQ(one.grad_elems, g1.elems);
+      EXPECT_EQ(many.grad_elems, g2.elems);
       EXPECT_EQ(g2.elems - g1.elems, g1.window_elems);
       std::printf("[host %s dp%d in backward] %d steps: worst relative loss %.1e, grad norm %.1e, weights %.1e; "
                   "gradient buffer %lld -> %lld elements (two windows)\n",

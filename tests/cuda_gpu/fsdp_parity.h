@@ -63,6 +63,7 @@ struct FsdpRun {
   size_t state_bytes = 0;                        // rank 0: the state buffers the plan names below
   size_t sharded_bytes = 0;                      // rank 0: master, moments, averaged gradient, bf16 chunk
   int64_t reduce_scatters = -1;                  // rank 0 in host mode: the group's reduce-scatters (-1: not counted)
+  int64_t grad_elems = 0;                        // rank 0: the gradient buffer's elements (run_dp_in_backward)
 };
 
 // world == 1 with NoShard: the reference, one model accumulating `micro` micro-batches per step.
@@ -187,7 +188,7 @@ inline FsdpRun run_dp_in_backward(const train::ModelSpec& spec, int world, int w
     }
     run.reserved_bytes[r] = model.reserved_bytes();
     if (r == 0) {
-      run.state_bytes = model.grads().numel();  // the gradient buffer's elements (the windows)
+      run.grad_elems = model.grads().numel();
       run.params.resize(size_t(model.layout().total));
       model.get_params(run.params.data());
     }

@@ -119,28 +119,14 @@ void MultiMatrixMuon::step(const MuonHyper& hp, const TensorView& grad_scale, co
         cpu::muon_update(mm.master.ptr<float>(), mm.grad.ptr<const float>(), mm.m.ptr<float>(), mm.rows, mm.cols, p);
         continue;
       }
-      // A tensor-parallel piece: cpu::muon_update's steps, Newton-Schulz on the whole put together.
-      const int64_t n = mm.rows * mm.cols, R = mm.full_rows, C = mm.full_cols;
-      const float mu = static_cast<float>(p.momentum), g_s = static_cast<float>(p.grad_scale);
-      std::vector<float> u(static_cast<size_t>(n)), whole(static_cast<size_t>(R * C)), o(whole.size());
-      const float* g = mm.grad.ptr<const float>();
-      float* m = mm.m.ptr<float>();
-      for (int64_t i = 0; i < n; ++i) {
-        const float gi = g_s * g[i];
-        const float mi = mu * m[i] + gi;
-        m[i] = mi;
-        u[static_cast<size_t>(i)] = p.nesterov ? gi + mu * mi : mi;
-      }
+      // A tensor-parallel piece: cpu::muon_update's halves, Newton-Schulz on the whole put together.
+      const int64_t R = mm.full_rows, C = mm.full_cols;
+      std::vector<float> u(static_cast<size_t>(mm.rows * mm.cols)), whole(static_cast<size_t>(R * C)), o(whole.size());
+      cpu::muon_momentum<float>(mm.grad.ptr<const float>(), mm.m.ptr<float>(), mm.rows * mm.cols, p, u.data());
       mm.gather(TensorView(u.data(), DType::F32, Device::CPU, {mm.rows, mm.cols}),
                 TensorView(whole.data(), DType::F32, Device::CPU, {R, C}));
       cpu::newton_schulz<float>(whole.data(), R, C, p.ns_steps, o.data());
-      const float decay = static_cast<float>(1.0 - p.lr * p.weight_decay);
-      const float step = static_cast<float>(p.lr * cpu::muon_update_scale(R, C, p.scale_mode, p.extra_scale));
-      float* w = mm.master.ptr<float>();
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = mm.row0 + i / mm.cols, c = mm.col0 + i % mm.cols;
-        w[i] = w[i] * decay - step * o[static_cast<size_t>(r * C + c)];
-      }
+      cpu::muon_apply<float>(mm.master.ptr<float>(), o.data(), mm.rows, mm.cols, R, C, mm.row0, mm.col0, p);
     }
     return;
   }

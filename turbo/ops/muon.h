@@ -13,7 +13,8 @@
 //
 // A MultiMatrixMuon is built once after the buffers exist; on the GPU it allocates its working
 // set (the largest whole matrix's: u in f32, four bf16 matrices and two Gram matrices; with
-// tensor-parallel pieces also the largest piece's u) in a device arena of its own. It holds views, not memory: the buffers must outlive it.
+// tensor-parallel pieces also the largest piece's u) in a device arena of its own. It holds
+// views, not memory: the buffers must outlive it.
 #pragma once
 #include <functional>
 #include <memory>

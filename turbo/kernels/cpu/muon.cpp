@@ -60,26 +60,43 @@ MuonScale muon_scale_from_name(const std::string& name) {
 }
 
 template <typename Real>
-void muon_update(Real* params, const Real* grads, Real* m, int64_t rows, int64_t cols, const MuonParams& hp) {
-  PRIMUS_CHECK(hp.ns_steps >= 1, "muon: ns_steps {} must be >= 1", hp.ns_steps);
-  const int64_t n = rows * cols;
+void muon_momentum(const Real* grads, Real* m, int64_t n, const MuonParams& hp, Real* u) {
   const Real mu = static_cast<Real>(hp.momentum), gs = static_cast<Real>(hp.grad_scale);
-  std::vector<Real> u(static_cast<size_t>(n)), o(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const Real g = gs * grads[i];
     const Real mi = mu * m[i] + g;
     m[i] = mi;
-    u[static_cast<size_t>(i)] = hp.nesterov ? g + mu * mi : mi;
+    u[i] = hp.nesterov ? g + mu * mi : mi;
   }
-  newton_schulz<Real>(u.data(), rows, cols, hp.ns_steps, o.data());
+}
+
+template <typename Real>
+void muon_apply(Real* params, const Real* o, int64_t rows, int64_t cols, int64_t full_rows, int64_t full_cols,
+                int64_t row0, int64_t col0, const MuonParams& hp) {
   const Real decay = static_cast<Real>(1.0 - hp.lr * hp.weight_decay);
-  const Real step = static_cast<Real>(hp.lr * muon_update_scale(rows, cols, hp.scale_mode, hp.extra_scale));
-  for (int64_t i = 0; i < n; ++i) params[i] = params[i] * decay - step * o[static_cast<size_t>(i)];
+  const Real step = static_cast<Real>(hp.lr * muon_update_scale(full_rows, full_cols, hp.scale_mode, hp.extra_scale));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const int64_t r = row0 + i / cols, c = col0 + i % cols;
+    params[i] = params[i] * decay - step * o[static_cast<size_t>(r * full_cols + c)];
+  }
+}
+
+template <typename Real>
+void muon_update(Real* params, const Real* grads, Real* m, int64_t rows, int64_t cols, const MuonParams& hp) {
+  PRIMUS_CHECK(hp.ns_steps >= 1, "muon: ns_steps {} must be >= 1", hp.ns_steps);
+  const int64_t n = rows * cols;
+  std::vector<Real> u(static_cast<size_t>(n)), o(static_cast<size_t>(n));
+  muon_momentum<Real>(grads, m, n, hp, u.data());
+  newton_schulz<Real>(u.data(), rows, cols, hp.ns_steps, o.data());
+  muon_apply<Real>(params, o.data(), rows, cols, rows, cols, 0, 0, hp);
 }
 
 template void newton_schulz<float>(const float*, int64_t, int64_t, int64_t, float*);
 template void newton_schulz<double>(const double*, int64_t, int64_t, int64_t, double*);
 template void muon_update<float>(float*, const float*, float*, int64_t, int64_t, const MuonParams&);
 template void muon_update<double>(double*, const double*, double*, int64_t, int64_t, const MuonParams&);
+template void muon_momentum<float>(const float*, float*, int64_t, const MuonParams&, float*);
+template void muon_apply<float>(float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                const MuonParams&);
 
 }  // namespace primus::turbo::cpu

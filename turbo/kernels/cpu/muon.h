@@ -48,4 +48,14 @@ struct MuonParams {
 template <typename Real>
 void muon_update(Real* params, const Real* grads, Real* m, int64_t rows, int64_t cols, const MuonParams& hp);
 
+// muon_update's two halves around Newton-Schulz, for a matrix whose rows or columns are split over
+// ranks (tensor parallelism): the momentum of n elements (m updated, u written), and the update of
+// a [rows, cols] piece at (row0, col0) of the orthogonalised whole o [full_rows, full_cols] (the
+// update scale the whole's). muon_update is both with the piece the whole.
+template <typename Real>
+void muon_momentum(const Real* grads, Real* m, int64_t n, const MuonParams& hp, Real* u);
+template <typename Real>
+void muon_apply(Real* params, const Real* o, int64_t rows, int64_t cols, int64_t full_rows, int64_t full_cols,
+                int64_t row0, int64_t col0, const MuonParams& hp);
+
 }  // namespace primus::turbo::cpu
