@@ -18,7 +18,7 @@ const char* not_yet(Dim d) {
   switch (d) {
     case Dim::TP: return "tensor parallelism is not implemented yet";
     case Dim::CP: return "context parallelism is not implemented yet";
-    case Dim::EP: return "expert parallelism is not implemented yet (it needs mixture-of-experts models)";
+    case Dim::EP: return "expert parallelism is not implemented yet";
     case Dim::PP: return "pipeline parallelism is not implemented yet";
     case Dim::DP: break;
   }
@@ -145,10 +145,14 @@ ParallelSizes ParallelSizes::from_config(const config::Value& params) {
 
 void ParallelSizes::check_implemented(const MeshSupport& support) const {
   for (Dim d : kDims) {
-    if (d == Dim::DP || (d == Dim::TP && support.tensor) || (d == Dim::CP && support.context)) continue;
+    if (d == Dim::DP || (d == Dim::TP && support.tensor) || (d == Dim::CP && support.context) ||
+        (d == Dim::EP && support.expert))
+      continue;
     if ((*this)[d] != 1) {
       throw ConfigError(fmt::format("{}: {} is {}, but {}{}; leave {} at 1", dim_config_key(d), dim_name(d), (*this)[d],
-                                    not_yet(d), d == Dim::TP || d == Dim::CP ? fmt::format(" on {}", support.backend) : "",
+                                    not_yet(d),
+                                    d == Dim::TP || d == Dim::CP || d == Dim::EP ? fmt::format(" on {}", support.backend)
+                                                                                 : "",
                                     dim_config_key(d)));
     }
   }
@@ -181,7 +185,10 @@ void add_parallel_schema(config::Schema& s) {
             "optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP; the last two on the reference backend)",
             {"no_shard", "optim", "optim_grads", "optim_grads_params"})
       .integer("pipeline_model_parallel_size", 1, "pipeline stages (only 1 is implemented)", 1)
-      .integer("expert_model_parallel_size", 1, "expert-parallel ranks (only 1 is implemented)", 1);
+      .integer("expert_model_parallel_size", 1,
+               "expert-parallel ranks: each holds num_experts / ep of every MoE layer's experts, the tokens go to "
+               "their experts' ranks and back (all-to-all); carved from the data-parallel ranks, as Megatron's",
+               1);
 }
 
 ParallelDims::ParallelDims(const ParallelSizes& sizes, int world, int rank) : sizes_(sizes), world_(world), rank_(rank) {
@@ -218,6 +225,21 @@ std::vector<int> ParallelDims::group_ranks(Dim d) const {
     c[static_cast<size_t>(d)] = i;
     out.push_back(rank_of(c));
   }
+  return out;
+}
+
+std::vector<int> ParallelDims::group_ranks(std::initializer_list<Dim> dims) const {
+  std::vector<int> out{rank_};
+  for (Dim d : dims) {
+    std::vector<int> next;
+    for (int r : out) {
+      ParallelDims at(sizes_, world_, r);
+      for (int x : at.group_ranks(d)) next.push_back(x);
+    }
+    out.swap(next);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 

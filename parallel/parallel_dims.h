@@ -9,14 +9,17 @@
 // Gloo on CPUs: ProcessGroup::new_subgroup with group_ranks / group_name) is attached by whoever
 // creates that engine (set_group). The data-parallel size is derived: world / (tp x cp x ep x pp).
 //
-// What each backend implements is its MeshSupport: the reference backend has tensor parallelism
-// with sequence parallelism and the optim_grads / optim_grads_params sharding strategies; a
-// context, pipeline or expert size other than 1 is a ConfigError naming the key (check_implemented)
-// on every backend until the issues that implement them land; `primus train pretrain --dry-run`
-// still prints the mesh such a layout would use.
+// What each backend implements is its MeshSupport: a dimension a backend does not implement is a
+// ConfigError naming the key (check_implemented); `primus train pretrain --dry-run` still prints
+// the mesh such a layout would use.
+//
+// Expert parallelism is carved from the data-parallel ranks, as Megatron's: the dense layers'
+// replicas are the ranks that differ in ep or dp (data_parallel_size = ep x dp, each reading its
+// own slice of the batch), and each expert's replicas are those that differ in dp alone.
 #pragma once
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,9 +60,10 @@ struct MeshSupport {
   bool tensor = false;      // tensor_model_parallel_size > 1 and sequence_parallel
   bool sharded_dp = false;  // data_parallel_sharding_strategy optim_grads and optim_grads_params
   bool context = false;     // context_parallel_size > 1
+  bool expert = false;      // expert_model_parallel_size > 1 (MoE models)
 };
 // What some backend implements (the check a config passes before its backend is known).
-inline constexpr MeshSupport kAnyBackendMesh{"any backend", true, true, true};
+inline constexpr MeshSupport kAnyBackendMesh{"any backend", true, true, true, true};
 
 struct ParallelSizes {
   std::array<int64_t, kNumDims> size{1, 1, 1, 1, 1};
@@ -115,6 +119,9 @@ class ParallelDims {
   // The ranks of this rank's group along `d` (the ranks that differ from it in coordinate d
   // only), in coordinate order.
   std::vector<int> group_ranks(Dim d) const;
+  // The ranks that differ from this one in any of `dims` only, ascending (e.g. {EP, DP}: the
+  // data-parallel replicas of the dense layers under expert parallelism).
+  std::vector<int> group_ranks(std::initializer_list<Dim> dims) const;
   // The rank at the given coordinates.
   int rank_of(const std::array<int64_t, kNumDims>& coords) const;
   // A name for this rank's group along `d`, the same on every member and different for every

@@ -25,15 +25,16 @@ void register_common_args_patches(patches::PatchRegistry& reg, const std::string
                      "torchrun or Slurm)",
       .priority = 5,  // before grad_accum, which divides by it
       .tags = {"args", "distributed"},
-      .logic = "rewrites args: data_parallel_size = WORLD_SIZE / (tp x cp x ep x pp) (a config value other than 1 "
-               "must agree)",
+      .logic = "rewrites args: data_parallel_size = WORLD_SIZE / (tp x cp x pp), the ranks reading their own "
+               "slice of each batch (expert parallelism is carved from them; a config value other than 1 must agree)",
       .apply =
           [](PatchContext& c) {
             TrainingArgs& t = training_of(c);
             parallel::DistEnv env = parallel::read_dist_env();
             if (env.world_size == 1) return;
-            // world / (tp x cp x ep x pp); ConfigError naming the keys when it does not divide.
-            const int64_t dp = t.model_parallel.for_world(env.world_size)[parallel::Dim::DP];
+            // world / (tp x cp x ep x pp) x ep; ConfigError naming the keys when it does not divide.
+            const int64_t dp = t.model_parallel.for_world(env.world_size)[parallel::Dim::DP] *
+                               t.model_parallel[parallel::Dim::EP];
             if (t.data_parallel_size != 1 && t.data_parallel_size != dp) {
               throw ConfigError(fmt::format("data_parallel_size {} disagrees with the job's {} processes ({}); "
                                             "leave it unset",

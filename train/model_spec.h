@@ -19,6 +19,11 @@ namespace primus::train {
 // limit, normalisation, aux/z losses, dropping) are turbo/kernels/cpu/moe.h's.
 struct MoeSpec {
   int64_t num_experts = 0;               // num_experts; 0: every layer dense
+  // The experts whose weights this process holds (the first of them: first_expert): all of them,
+  // except on an expert-parallel rank's local spec (train/expert_parallel.h), where num_experts / ep.
+  // 0 means num_experts. The router still scores every expert.
+  int64_t local_experts = 0;
+  int64_t first_expert = 0;
   int64_t topk = 2;                      // moe_router_topk
   int64_t ffn_hidden_size = 0;           // moe_ffn_hidden_size (per expert)
   int64_t shared_ffn_hidden_size = 0;    // moe_shared_expert_intermediate_size; 0: none
@@ -36,6 +41,7 @@ struct MoeSpec {
   std::vector<bool> moe_layers;          // from moe_layer_freq and moe_first_k_dense_replace
 
   bool enabled() const { return num_experts > 0; }
+  int64_t held_experts() const { return local_experts > 0 ? local_experts : num_experts; }
   // Slots an expert keeps per micro-batch of `tokens` tokens (ceil(tokens * topk / E * factor));
   // -1 when dropless.
   int64_t capacity(int64_t tokens) const;

@@ -21,15 +21,17 @@ void add_moe_layer_impl(const ModelSpec& m, const std::string& p, const std::str
   auto one = [](std::string n, int64_t begin, int64_t rows) { return HfPart{std::move(n), begin, rows, HfTransform::None, 0}; };
   add(p + "moe.router.weight", {E, C}, true, std::vector<HfPart>{one(hm + "gate.weight", 0, E)});
   if (m.moe.expert_bias) add_buffer(p + "moe.router.expert_bias", {E}, std::vector<HfPart>{one(hm + "gate.e_score_correction_bias", 0, E)});
+  // The experts held (all but on an expert-parallel rank), named by their global index.
+  const int64_t El = m.moe.held_experts(), e0 = m.moe.first_expert;
   std::vector<HfPart> fc, proj;
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string x = fmt::format("{}experts.{}.", hm, e);
+  for (int64_t e = 0; e < El; ++e) {
+    const std::string x = fmt::format("{}experts.{}.", hm, e0 + e);
     fc.push_back(one(x + (mixtral ? "w1.weight" : "gate_proj.weight"), e * 2 * Fe, Fe));
     fc.push_back(one(x + (mixtral ? "w3.weight" : "up_proj.weight"), e * 2 * Fe + Fe, Fe));
     proj.push_back(one(x + (mixtral ? "w2.weight" : "down_proj.weight"), e * C, C));
   }
-  add(p + "moe.experts.fc.weight", {E, 2 * Fe, C}, true, std::move(fc));
-  add(p + "moe.experts.proj.weight", {E, C, Fe}, true, std::move(proj));
+  add(p + "moe.experts.fc.weight", {El, 2 * Fe, C}, true, std::move(fc));
+  add(p + "moe.experts.proj.weight", {El, C, Fe}, true, std::move(proj));
   if (Fs > 0) {
     const std::string s = hm + "shared_experts.";
     add(p + "moe.shared.fc.weight", {2 * Fs, C}, true,

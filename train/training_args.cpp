@@ -196,6 +196,18 @@ void TrainingArgs::check_data() const {
   }
 }
 
+parallel::ParallelSizes TrainingArgs::parallel_sizes() const {
+  parallel::ParallelSizes s = model_parallel;
+  const int64_t ep = s[parallel::Dim::EP];
+  if (ep < 1 || data_parallel_size % ep != 0) {
+    throw ConfigError(fmt::format("expert_model_parallel_size {} must divide data_parallel_size {} (the experts' ranks "
+                                  "are carved from the data-parallel ones)",
+                                  ep, data_parallel_size));
+  }
+  s[parallel::Dim::DP] = data_parallel_size / ep;
+  return s;
+}
+
 void TrainingArgs::check_batch() const {
   if (micro_batch_size * grad_accum_steps * data_parallel_size != global_batch_size) {
     throw ConfigError(fmt::format(

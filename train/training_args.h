@@ -61,14 +61,14 @@ struct CheckpointArgs {
 struct TrainingArgs {
   int64_t train_iters = 0;
   int64_t micro_batch_size = 1, global_batch_size = 1;
+  // The ranks that each read their own slice of a global batch (Megatron's data_parallel_size:
+  // world / (tp x cp x pp)); under expert parallelism ep x the mesh's dp.
   int64_t data_parallel_size = 1;
   // The model-parallel sizes (tensor, context, expert, pipeline); parallel_sizes() adds dp.
   parallel::ParallelSizes model_parallel;
-  parallel::ParallelSizes parallel_sizes() const {
-    parallel::ParallelSizes s = model_parallel;
-    s[parallel::Dim::DP] = data_parallel_size;
-    return s;
-  }
+  // The mesh: dp is data_parallel_size / expert_model_parallel_size (ConfigError naming both keys
+  // when it does not divide).
+  parallel::ParallelSizes parallel_sizes() const;
   int64_t grad_accum_steps = 1;  // derived by the backend's args patch
   uint64_t seed = 1234;
   int64_t log_interval = 10, eval_interval = 0, eval_iters = 0;

@@ -11,8 +11,8 @@
 namespace primus::backends::reference {
 
 // The mesh this backend runs: tensor (with sequence) parallelism, context parallelism and every
-// data-parallel sharding strategy; not pipeline or expert parallelism.
-inline constexpr parallel::MeshSupport kReferenceMesh{"the reference backend", true, true, true};
+// data-parallel sharding strategy, and expert parallelism (no_shard, AdamW); not pipeline parallelism.
+inline constexpr parallel::MeshSupport kReferenceMesh{"the reference backend", true, true, true, true};
 
 struct ReferenceArgs : BackendArgs, train::HasTrainingArgs {
   train::ModelSpec model;

@@ -56,6 +56,10 @@ class GptModel {
   // positions the global ones, attention is ring attention over `group`, and forward() returns
   // the mean loss over the whole group's tokens. float only; the group must outlive the model.
   void set_context_parallel(parallel::ProcessGroup* group);
+  // Expert parallelism (train/expert_parallel.h): the model was built from an EpShardMap's local
+  // spec (this rank's experts of every MoE layer); each MoE layer sends its routed rows to their
+  // experts' ranks of `group` and back. float only; the group must outlive the model.
+  void set_expert_parallel(parallel::ProcessGroup* group);
   // Sharded data parallelism (backends/reference/fsdp.h): the model calls these around each unit
   // of its parameters, unit 0 being everything outside the layers (embeddings, final norm, head)
   // and unit 1 + l layer l: gather before the unit's weights are read in a forward or backward,

@@ -1,6 +1,12 @@
 #include "backends/reference/moe_layer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <numeric>
+#include <type_traits>
+
+#include "core/util/error.h"
 
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/kernels/cpu/matmul.h"
@@ -17,6 +23,7 @@ MoeLayer<Real>::MoeLayer(const train::ModelSpec& spec, int64_t max_tokens)
       K_(spec.moe.topk),
       F_(spec.moe.ffn_hidden_size),
       Fs_(spec.moe.shared_ffn_hidden_size) {
+  El_ = spec.moe.held_experts();
   const train::MoeSpec& m = spec.moe;
   cfg_.num_experts = E_;
   cfg_.topk = K_;
@@ -74,12 +81,34 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
   stats_.dropped = 0;
   for (int64_t e = 0; e < E_; ++e) stats_.dropped += counts_[e] - kept_[e];
   k::moe_permute(xp_.data(), inp, rows_.data(), offsets_.data(), kept_.data(), N, K_, E_, C_);
-  for (int64_t e = 0; e < E_; ++e) {
-    const int64_t r0 = offsets_[e], n = kept_[e];
-    if (n == 0) continue;
-    k::matmul_forward(h_.data() + r0 * 2 * F_, xp_.data() + r0 * C_, w.fc + e * 2 * F_ * C_, none, n, C_, 2 * F_);
-    k::swiglu_forward(a_.data() + r0 * F_, h_.data() + r0 * 2 * F_, n, F_);
-    k::matmul_forward(yp_.data() + r0 * C_, a_.data() + r0 * F_, w.proj + e * C_ * F_, none, n, F_, C_);
+  if (ep_ > 1) {
+    // How many rows each rank sends this rank's experts (the counts first, then the rows).
+    std::vector<float> mine(static_cast<size_t>(E_)), theirs(static_cast<size_t>(E_));
+    for (int64_t e = 0; e < E_; ++e) mine[e] = static_cast<float>(kept_[e]);
+    ep_group_->all_to_all(mine.data(), theirs.data(), static_cast<size_t>(El_), parallel::DType::F32);
+    recv_.assign(theirs.begin(), theirs.end());
+    send_rows_.assign(ep_, 0);
+    for (int q = 0; q < ep_; ++q) {
+      for (int64_t e = q * El_; e < (q + 1) * El_; ++e) send_rows_[q] += kept_[e];
+      PRIMUS_CHECK(offsets_[q * El_] + send_rows_[q] == offsets_[(q + 1) * El_],
+                   "moe: rank {}'s experts' rows are not one run of the permuted rows", q);
+    }
+    held_count_.assign(El_, 0);
+    for (int q = 0; q < ep_; ++q)
+      for (int64_t e = 0; e < El_; ++e) held_count_[e] += recv_[q * El_ + e];
+    held_start_.assign(El_, 0);
+    for (int64_t e = 1; e < El_; ++e) held_start_[e] = held_start_[e - 1] + held_count_[e - 1];
+    const int64_t held = held_start_.back() + held_count_.back();
+    xh_.resize(held * C_);
+    hh_.resize(held * 2 * F_);
+    ah_.resize(held * F_);
+    yh_.resize(held * C_);
+    exchange_rows(xp_.data(), xh_, true);
+    experts_forward(xh_.data(), hh_.data(), ah_.data(), yh_.data(), held_start_.data(), held_count_.data(), El_, w);
+    exchange_rows(yp_.data(), yh_, false);
+  } else {
+    const std::vector<int64_t> start(offsets_.begin(), offsets_.begin() + E_), count(kept_.begin(), kept_.end());
+    experts_forward(xp_.data(), h_.data(), a_.data(), yp_.data(), start.data(), count.data(), E_, w);
   }
   k::moe_unpermute(out, yp_.data(), weight_.data(), rows_.data(), N, K_, C_, false);
   if (Fs_ > 0) {
@@ -104,25 +133,117 @@ void MoeLayer<Real>::backward(Real* dinp, const Real* dout, const Real* inp, con
   }
   k::moe_unpermute_backward(dyp_.data(), dweight_.data(), dout, yp_.data(), weight_.data(), rows_.data(),
                             offsets_.data(), kept_.data(), N, K_, E_, C_);
-  for (int64_t e = 0; e < E_; ++e) {
-    const int64_t r0 = offsets_[e], n = kept_[e];
-    if (n == 0) continue;
-    Real* da = da_.data() + r0 * F_;
-    Real* dh = dh_.data() + r0 * 2 * F_;
-    Real* dxp = dxp_.data() + r0 * C_;
-    std::fill(da, da + n * F_, Real(0));
-    k::matmul_backward(da, g.proj + e * C_ * F_, none, dyp_.data() + r0 * C_, a_.data() + r0 * F_,
-                       w.proj + e * C_ * F_, n, F_, C_);
-    std::fill(dh, dh + n * 2 * F_, Real(0));
-    k::swiglu_backward(dh, h_.data() + r0 * 2 * F_, da, n, F_);
-    std::fill(dxp, dxp + n * C_, Real(0));
-    k::matmul_backward(dxp, g.fc + e * 2 * F_ * C_, none, dh, xp_.data() + r0 * C_, w.fc + e * 2 * F_ * C_, n, C_,
-                       2 * F_);
+  if (ep_ > 1) {
+    const int64_t held = static_cast<int64_t>(xh_.size()) / C_;
+    dyh_.resize(held * C_);
+    dah_.resize(held * F_);
+    dhh_.resize(held * 2 * F_);
+    dxh_.resize(held * C_);
+    exchange_rows(dyp_.data(), dyh_, true);
+    experts_backward(dxh_.data(), dah_.data(), dhh_.data(), dyh_.data(), xh_.data(), hh_.data(), ah_.data(),
+                     held_start_.data(), held_count_.data(), El_, w, g);
+    exchange_rows(dxp_.data(), dxh_, false);
+  } else {
+    const std::vector<int64_t> start(offsets_.begin(), offsets_.begin() + E_), count(kept_.begin(), kept_.end());
+    experts_backward(dxp_.data(), da_.data(), dh_.data(), dyp_.data(), xp_.data(), h_.data(), a_.data(), start.data(),
+                     count.data(), E_, w, g);
   }
   k::moe_permute_backward(dinp, dxp_.data(), rows_.data(), N, K_, C_, true);
   k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(), counts_.data(), N,
                      cfg_, spec_.moe.aux_loss_coeff * loss_scale, spec_.moe.z_loss_coeff * loss_scale);
   k::matmul_backward(dinp, g.router, none, dlogits_.data(), inp, w.router, N, C_, E_);
+}
+
+template <typename Real>
+void MoeLayer<Real>::set_expert_parallel(parallel::ProcessGroup* group) {
+  const int n = group ? group->world_size() : 1;
+  if (n > 1 && !std::is_same_v<Real, float>) throw RuntimeError("moe: expert parallelism moves f32 rows only");
+  if (El_ * n != E_) {
+    throw RuntimeError(fmt::format("moe: {} held experts x {} expert-parallel ranks is not num_experts {}", El_, n, E_));
+  }
+  ep_group_ = n > 1 ? group : nullptr;
+  ep_ = n;
+  ep_rank_ = group ? group->rank() : 0;
+  if (n > 1 && spec_.moe.first_expert != ep_rank_ * El_) {
+    throw RuntimeError(fmt::format("moe: rank {} of the expert-parallel group holds experts from {}, not {}", ep_rank_,
+                                   spec_.moe.first_expert, ep_rank_ * El_));
+  }
+}
+
+template <typename Real>
+void MoeLayer<Real>::experts_forward(const Real* x, Real* h, Real* a, Real* y, const int64_t* start,
+                                     const int64_t* count, int64_t groups, const Weights& w) {
+  const Real* none = nullptr;
+  for (int64_t e = 0; e < groups; ++e) {
+    const int64_t r0 = start[e], n = count[e];
+    if (n == 0) continue;
+    k::matmul_forward(h + r0 * 2 * F_, x + r0 * C_, w.fc + e * 2 * F_ * C_, none, n, C_, 2 * F_);
+    k::swiglu_forward(a + r0 * F_, h + r0 * 2 * F_, n, F_);
+    k::matmul_forward(y + r0 * C_, a + r0 * F_, w.proj + e * C_ * F_, none, n, F_, C_);
+  }
+}
+
+template <typename Real>
+void MoeLayer<Real>::experts_backward(Real* dx, Real* da, Real* dh, const Real* dy, const Real* x, const Real* h,
+                                      const Real* a, const int64_t* start, const int64_t* count, int64_t groups,
+                                      const Weights& w, const Grads& g) {
+  Real* none = nullptr;
+  for (int64_t e = 0; e < groups; ++e) {
+    const int64_t r0 = start[e], n = count[e];
+    if (n == 0) continue;
+    Real* dae = da + r0 * F_;
+    Real* dhe = dh + r0 * 2 * F_;
+    Real* dxe = dx + r0 * C_;
+    std::fill(dae, dae + n * F_, Real(0));
+    k::matmul_backward(dae, g.proj + e * C_ * F_, none, dy + r0 * C_, a + r0 * F_, w.proj + e * C_ * F_, n, F_, C_);
+    std::fill(dhe, dhe + n * 2 * F_, Real(0));
+    k::swiglu_backward(dhe, h + r0 * 2 * F_, dae, n, F_);
+    std::fill(dxe, dxe + n * C_, Real(0));
+    k::matmul_backward(dxe, g.fc + e * 2 * F_ * C_, none, dhe, x + r0 * C_, w.fc + e * 2 * F_ * C_, n, C_, 2 * F_);
+  }
+}
+
+template <typename Real>
+void MoeLayer<Real>::exchange_rows(Real* local, std::vector<Real>& held, bool send) {
+  // On the wire rows are rank-major (rank q's rows for held expert 0, 1, ...); held is
+  // expert-major (expert e's rows from rank 0, 1, ...).
+  std::vector<size_t> out(ep_), in(ep_);
+  int64_t wire_rows = 0;
+  for (int q = 0; q < ep_; ++q) {
+    out[q] = static_cast<size_t>(send_rows_[q] * C_);
+    int64_t r = 0;
+    for (int64_t e = 0; e < El_; ++e) r += recv_[q * El_ + e];
+    in[q] = static_cast<size_t>(r * C_);
+    wire_rows += r;
+  }
+  wire_.resize(std::max<int64_t>(wire_rows, 1) * C_);
+  auto reorder = [&](bool to_held) {
+    int64_t at = 0;  // wire row
+    std::vector<int64_t> filled(El_, 0);
+    for (int q = 0; q < ep_; ++q) {
+      for (int64_t e = 0; e < El_; ++e) {
+        const int64_t n = recv_[q * El_ + e];
+        Real* h = held.data() + (held_start_[e] + filled[e]) * C_;
+        Real* wv = wire_.data() + at * C_;
+        if (to_held) std::copy_n(wv, n * C_, h);
+        else std::copy_n(h, n * C_, wv);
+        filled[e] += n;
+        at += n;
+      }
+    }
+  };
+  if constexpr (std::is_same_v<Real, float>) {
+    Real* rows = local + offsets_[0] * C_;
+    if (send) {
+      ep_group_->all_to_all_v(rows, out, wire_.data(), in, parallel::DType::F32);
+      reorder(true);
+    } else {
+      reorder(false);
+      ep_group_->all_to_all_v(wire_.data(), in, rows, out, parallel::DType::F32);
+    }
+  } else {
+    throw RuntimeError("moe: expert parallelism moves f32 rows only");
+  }
 }
 
 template class MoeLayer<float>;

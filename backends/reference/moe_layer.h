@@ -3,10 +3,18 @@
 // rows -> weighted unpermute, plus the optional shared expert. It owns the activations its
 // backward needs, sized for max_tokens. The oracle the cuda backend's MoE layer is checked
 // against, and (Real = double) the subject of the whole-model finite-difference checks.
+//
+// Expert parallelism (set_expert_parallel): the layer holds experts [first, first + E/ep) of its
+// spec's local spec (moe.first_expert, moe.local_experts) and routes every token as before; the
+// rows permuted for another rank's experts go there (all-to-all over the group: counts, then rows),
+// run through those experts on their rank, and come back before the weighted unpermute. The
+// backward sends the output rows' gradients the same way and brings the input rows' gradients
+// back; each expert's weight gradient then sums every rank's tokens routed to it.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "parallel/process_group.h"
 #include "train/model_spec.h"
 #include "turbo/kernels/cpu/moe.h"
 
@@ -41,6 +49,10 @@ class MoeLayer {
   void backward(Real* dinp, const Real* dout, const Real* inp, const Weights& w, const Grads& g, double loss_scale);
 
   const Stats& stats() const { return stats_; }
+  // The experts' group of an expert-parallel layout (nullptr or one rank: every expert here). The
+  // spec's local_experts x the group's size must be num_experts. f32 only (the groups move f32).
+  void set_expert_parallel(parallel::ProcessGroup* group);
+
   const std::vector<int32_t>& topk_idx() const { return idx_; }  // [N*K] of the last forward
   const std::vector<int32_t>& row_of_slot() const { return rows_; }  // [N*K], -1: dropped
   const std::vector<Real>& logits() const { return logits_; }         // [N*E] router logits
@@ -49,8 +61,26 @@ class MoeLayer {
   void force_routing(const std::vector<int32_t>* idx) { forced_ = idx && !idx->empty() ? *idx : std::vector<int32_t>{}; }
 
  private:
+  // The held experts' MLPs over their groups of rows x: group e (weights e) is rows
+  // [start[e], start[e] + count[e]); h, a, y alike.
+  void experts_forward(const Real* x, Real* h, Real* a, Real* y, const int64_t* start, const int64_t* count,
+                       int64_t groups, const Weights& w);
+  // The backward of experts_forward: dx = (overwritten), weight gradients +=; da, dh scratch.
+  void experts_backward(Real* dx, Real* da, Real* dh, const Real* dy, const Real* x, const Real* h, const Real* a,
+                        const int64_t* start, const int64_t* count, int64_t groups, const Weights& w, const Grads& g);
+  // Expert parallelism: sends the rows of xp-ordered `local` [rows, C] to their experts' ranks and
+  // leaves what this rank's experts receive in `held`, expert-major (send), or the inverse (!send).
+  void exchange_rows(Real* local, std::vector<Real>& held, bool send);
+
   const train::ModelSpec& spec_;
   turbo::cpu::RouterConfig cfg_;
+  parallel::ProcessGroup* ep_group_ = nullptr;
+  int ep_ = 1, ep_rank_ = 0;
+  int64_t El_;  // experts held
+  // Expert parallelism: recv_[q * El_ + e] rows from rank q for held expert e (the last forward),
+  // send_rows_[q] rows to rank q; the held rows expert-major (held_start_ / held_count_ per expert).
+  std::vector<int64_t> recv_, send_rows_, held_start_, held_count_;
+  std::vector<Real> xh_, hh_, ah_, yh_, dyh_, dah_, dhh_, dxh_, wire_;
   int64_t N_ = 0, C_, E_, K_, F_, Fs_, align_ = 1, max_rows_;
   std::vector<Real> logits_, probs_, weight_, prob_sum_, xp_, h_, a_, yp_, sfc_, sact_, sout_;
   std::vector<int32_t> idx_, counts_, rows_, offsets_, kept_, forced_;

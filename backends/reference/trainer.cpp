@@ -81,34 +81,52 @@ void ReferenceTrainer::setup() {
   fsys::create_directories(t.output_dir);
   if (t.exit_on_signal) train::install_exit_signal_handlers();
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
-  const int64_t cp = dims_->size(parallel::Dim::CP);
+  const int64_t cp = dims_->size(parallel::Dim::CP), ep = dims_->size(parallel::Dim::EP);
+  if (ep > 1) {
+    // The experts' replicas (dp) and the dense layers' (ep x dp) are different groups: the
+    // strategies that shard one flat buffer over one group would mix them.
+    if (sizes.sharding != parallel::DpSharding::NoShard) {
+      throw ConfigError(fmt::format("expert_model_parallel_size {} with data_parallel_sharding_strategy {} is not "
+                                    "implemented yet on the reference backend; use no_shard (and "
+                                    "use_distributed_optimizer: false)",
+                                    ep, parallel::dp_sharding_name(sizes.sharding)));
+    }
+    if (t.optim.optimizer == "muon") {
+      throw ConfigError(fmt::format("optimizer: muon with expert_model_parallel_size {} is not implemented yet on the "
+                                    "reference backend; use adamw",
+                                    ep));
+    }
+  }
   if (env_.distributed()) {
     store_ = parallel::TcpStore::from_env(env_);
     world_pg_ = parallel::make_process_group(env_, *store_);
-    // Every rank makes its tp group, its cp group, then its gradient group (the same order
-    // everywhere). The gradient group is dp x cp (Megatron's data-parallel group with context
-    // parallelism folded in): the cp ranks hold other tokens of the same sequences, so their
-    // gradients are summed like another replica's.
+    // Every rank makes its tp group, its cp group, its ep group, then its gradient groups (the
+    // same order everywhere). The gradient group is dp x cp (Megatron's data-parallel group with
+    // context parallelism folded in): the cp ranks hold other tokens of the same sequences, so
+    // their gradients are summed like another replica's. Under expert parallelism the dense
+    // layers' replicas are ep x dp x cp and each expert's dp x cp.
     if (tp > 1) {
       tp_pg_ = world_pg_->new_subgroup(dims_->group_ranks(parallel::Dim::TP), dims_->group_name(parallel::Dim::TP));
     }
     if (cp > 1) {
       cp_pg_ = world_pg_->new_subgroup(dims_->group_ranks(parallel::Dim::CP), dims_->group_name(parallel::Dim::CP));
     }
-    std::vector<int> grad_ranks;
-    for (int r : dims_->group_ranks(parallel::Dim::DP)) {
-      for (int c : parallel::ParallelDims(sizes, env_.world_size, r).group_ranks(parallel::Dim::CP)) grad_ranks.push_back(c);
+    if (ep > 1) {
+      ep_pg_ = world_pg_->new_subgroup(dims_->group_ranks(parallel::Dim::EP), dims_->group_name(parallel::Dim::EP));
     }
-    if (static_cast<int>(grad_ranks.size()) == env_.world_size) {
-      pg_ = world_pg_;
-    } else if (grad_ranks.size() > 1) {
-      pg_ = world_pg_->new_subgroup(grad_ranks, fmt::format("dpcp{}-{}", grad_ranks.front(), grad_ranks.back()));
-    }
-    spdlog::info("[reference] data parallel over {} ranks{}{} ({} group, timeout {} s): {}", dp,
+    auto group_of = [&](std::vector<int> ranks, const char* name) -> std::shared_ptr<parallel::ProcessGroup> {
+      if (static_cast<int>(ranks.size()) == env_.world_size) return world_pg_;
+      if (ranks.size() < 2) return nullptr;
+      return world_pg_->new_subgroup(ranks, fmt::format("{}{}-{}", name, ranks.front(), ranks.back()));
+    };
+    pg_ = group_of(dims_->group_ranks({parallel::Dim::EP, parallel::Dim::DP, parallel::Dim::CP}), "dpcp");
+    if (ep > 1) expert_pg_ = group_of(dims_->group_ranks({parallel::Dim::DP, parallel::Dim::CP}), "edp");
+    spdlog::info("[reference] data parallel over {} ranks{}{}{} ({} group, timeout {} s): {}", dp * ep,
                  tp > 1 ? fmt::format(" x tensor parallel over {} ranks{}", tp,
                                       sizes.sequence_parallel ? " with sequence parallelism" : "")
                         : "",
                  cp > 1 ? fmt::format(" x context parallel over {} ranks", cp) : "",
+                 ep > 1 ? fmt::format(", the experts over {} of them (each expert on {} ranks)", ep, dp) : "",
                  world_pg_->backend(), env_.timeout_s,
                  sizes.sharding == parallel::DpSharding::OptimGradsParams
                      ? "FSDP (parameters, gradients and optimizer state sharded)"
@@ -121,9 +139,13 @@ void ReferenceTrainer::setup() {
   if (!pg_) pg_ = std::make_shared<parallel::SingleProcessGroup>();
   if (!tp_pg_) tp_pg_ = std::make_shared<parallel::SingleProcessGroup>();
   if (!cp_pg_) cp_pg_ = std::make_shared<parallel::SingleProcessGroup>();
+  if (!ep_pg_) ep_pg_ = std::make_shared<parallel::SingleProcessGroup>();
+  // The experts' replicas: a group of one under ep with dp x cp = 1; without ep, the dense one's.
+  if (!expert_pg_) expert_pg_ = ep > 1 ? std::make_shared<parallel::SingleProcessGroup>() : pg_;
   dims_->set_group(parallel::Dim::CP, cp_pg_);
   dims_->set_group(parallel::Dim::DP, pg_);
   dims_->set_group(parallel::Dim::TP, tp_pg_);
+  dims_->set_group(parallel::Dim::EP, ep_pg_);
   reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size, data_rank(),
                                                         data_size());
   spdlog::info("[reference] output folder {}", t.output_dir.string());
@@ -168,7 +190,9 @@ void ReferenceTrainer::init() {
                                     cp, why));
     }
   }
-  const train::ModelSpec& local_spec = tp_map_ ? tp_map_->local_spec() : spec;
+  if (const int64_t ep = dims_->size(parallel::Dim::EP); ep > 1)
+    ep_map_ = std::make_unique<train::EpShardMap>(spec, static_cast<int>(ep), ep_pg_->rank());
+  const train::ModelSpec& local_spec = tp_map_ ? tp_map_->local_spec() : ep_map_ ? ep_map_->local_spec() : spec;
   const size_t heap_before = reference_heap_in_use();
   // With context parallelism a forward holds seq_length / cp tokens of each sequence.
   model_ = std::make_unique<GptModel<float>>(local_spec, t.micro_batch_size, spec.seq_length / cp);
@@ -176,14 +200,16 @@ void ReferenceTrainer::init() {
   const size_t heap_after = reference_heap_in_use();
   model_heap_bytes_ = heap_after > heap_before ? heap_after - heap_before : 0;
   model_->set_tensor_parallel(tp_map_.get(), tp_pg_.get(), t.model_parallel.sequence_parallel);
+  model_->set_expert_parallel(ep_pg_.get());
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   model_->set_document_masking({t.data.reset_attention_mask, t.data.reset_position_ids, tokenizer_->eod_id()});
-  if (tp_map_) {
+  if (const train::ParamLayout* gl = global_layout()) {
     // Drawn in the global layout and cut: the weights of a single process, whatever the layout.
-    std::vector<float> global(static_cast<size_t>(tp_map_->global_layout().total));
-    train::init_params(spec, tp_map_->global_layout(), t.seed, global.data());
-    train::load_hf_initial_weights(args_->params, t.ckpt, spec, tp_map_->global_layout(), global.data());
-    tp_map_->to_local(global.data(), model_->params.data());
+    std::vector<float> global(static_cast<size_t>(gl->total));
+    train::init_params(spec, *gl, t.seed, global.data());
+    train::load_hf_initial_weights(args_->params, t.ckpt, spec, *gl, global.data());
+    if (tp_map_) tp_map_->to_local(global.data(), model_->params.data());
+    else ep_map_->to_local(global.data(), model_->params.data());
   } else {
     model_->init_weights(t.seed);
     train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), model_->params.data());
@@ -224,12 +250,17 @@ void ReferenceTrainer::init() {
   sample_rng_.seed(t.seed + 17);
   spdlog::info("[reference] model: {}, vocab {} ({:.2f}M parameters{})", spec.summary(), spec.vocab_size,
                spec.num_parameters() / 1e6,
-               tp_map_ ? fmt::format(", {:.2f}M on each of {} tp ranks", total / 1e6, tp_map_->tp()) : "");
+               tp_map_   ? fmt::format(", {:.2f}M on each of {} tp ranks", total / 1e6, tp_map_->tp())
+               : ep_map_ ? fmt::format(", {:.2f}M on each of {} ep ranks: experts {}..{} here", total / 1e6,
+                                       ep_map_->ep(), ep_map_->first_expert(),
+                                       ep_map_->first_expert() + ep_map_->local_experts() - 1)
+                         : "");
 
   fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
-  // Every rank starts from rank 0's weights (equal seeds give equal weights; this makes sure).
-  pg_->broadcast(model_->params.data(), model_->params.size(), parallel::DType::F32, 0);
+  // Every rank starts from rank 0's weights (equal seeds give equal weights; this makes sure). Under
+  // expert parallelism the ranks holding the same experts.
+  expert_pg_->broadcast(model_->params.data(), model_->params.size(), parallel::DType::F32, 0);
   if (fsdp_) fsdp_->adopt_params();
   progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
                                                         t.log_interval, step_, parallel::writes_logs(env_.rank));
@@ -256,11 +287,36 @@ void ReferenceTrainer::split_batch() {
 }
 
 void ReferenceTrainer::all_reduce_grads() {
+  if (ep_map_) return all_reduce_expert_parallel_grads();
   if (dp_size() == 1) return;
   const int64_t total = static_cast<int64_t>(model_->grads.size()), be = dp_.bucket_elems(sizeof(float));
   for (int64_t off = 0; off < total; off += be) {
     pg_->all_reduce(model_->grads.data() + off, static_cast<size_t>(std::min(be, total - off)), parallel::DType::F32,
                     parallel::ReduceOp::Avg);
+  }
+}
+
+void ReferenceTrainer::all_reduce_expert_parallel_grads() {
+  // Runs of consecutive tensors of one kind, each in buckets; every rank of a group walks the same
+  // layout, so the calls pair up.
+  const auto& ts = model_->layout().tensors;
+  const int64_t be = dp_.bucket_elems(sizeof(float));
+  const auto ep = static_cast<float>(ep_map_->ep());
+  float* g = model_->grads.data();
+  for (size_t i = 0; i < ts.size();) {
+    const bool expert = ep_map_->expert_tensor(i);
+    size_t j = i;
+    while (j < ts.size() && ep_map_->expert_tensor(j) == expert) ++j;
+    const int64_t lo = ts[i].offset, hi = ts[j - 1].offset + ts[j - 1].numel;
+    parallel::ProcessGroup& group = expert ? *expert_pg_ : *pg_;
+    for (int64_t off = lo; off < hi; off += be) {
+      const auto n = static_cast<size_t>(std::min(be, hi - off));
+      if (group.world_size() > 1) group.all_reduce(g + off, n, parallel::DType::F32, parallel::ReduceOp::Avg);
+      if (expert) {
+        for (size_t e = 0; e < n; ++e) g[off + static_cast<int64_t>(e)] /= ep;
+      }
+    }
+    i = j;
   }
 }
 
@@ -350,7 +406,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
     // Muon's owners orthogonalise whole matrices, so they need whole averaged gradients.
     all_reduce_grads();
     const double local = tp_sum_squares(model_->grads.data(), 0, static_cast<int64_t>(model_->grads.size()));
-    norm = std::sqrt(parallel::global_sum(*tp_pg_, local));
+    norm = std::sqrt(parallel::global_sum(*ep_pg_, parallel::global_sum(*tp_pg_, local)));
   }
   *grad_norm = norm;
   *finite = std::isfinite(loss) && std::isfinite(norm);
@@ -431,9 +487,10 @@ double ReferenceTrainer::evaluate() {
   nlohmann::json saved = data_.valid->state();
   data_.valid->load_state(valid_start_);
   double sum = 0;
-  // The model's forward has collectives when its parameters are sharded: every rank runs the same
-  // number of them, a rank past the last batch re-reading one and not counting it.
-  const int64_t rounds = fsdp_ ? (t.eval_iters + data_size() - 1) / data_size() : 0;
+  // The model's forward has collectives when its parameters are sharded or its experts spread over
+  // ranks: every rank runs the same number of them, a rank past the last batch re-reading one and
+  // not counting it.
+  const int64_t rounds = fsdp_ || ep_map_ ? (t.eval_iters + data_size() - 1) / data_size() : 0;
   for (int64_t i = data_rank(), k = 0; i < t.eval_iters || k < rounds; i += data_size(), ++k) {
     const int64_t at = i < t.eval_iters ? i : i % t.eval_iters;
     data_.valid->read_at(static_cast<uint64_t>(at * B), static_cast<int>(B), batch_.data());
@@ -453,6 +510,16 @@ nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
 
 double ReferenceTrainer::tp_sum_squares(const float* g, int64_t lo, int64_t hi) const {
   if (hi <= lo) return 0.0;
+  if (ep_map_ && ep_map_->rank() != 0) {  // the experts are this rank's alone; the rest, rank 0's
+    double s = 0;
+    const auto& ts = model_->layout().tensors;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (!ep_map_->expert_tensor(i)) continue;
+      const int64_t a = std::max(lo, ts[i].offset), b = std::min(hi, ts[i].offset + ts[i].numel);
+      if (a < b) s += k::sum_squares(g + (a - lo), b - a);
+    }
+    return s;
+  }
   if (!tp_map_ || tp_map_->rank() == 0) return k::sum_squares(g, hi - lo);
   double s = 0;
   const auto& ts = model_->layout().tensors;
@@ -472,10 +539,15 @@ double ReferenceTrainer::tp_sum_squares(const float* g, int64_t lo, int64_t hi) 
   return s;
 }
 
+const train::ParamLayout* ReferenceTrainer::global_layout() const {
+  return tp_map_ ? &tp_map_->global_layout() : ep_map_ ? &ep_map_->global_layout() : nullptr;
+}
+
 std::vector<float> ReferenceTrainer::tp_global(const float* local) const {
-  std::vector<float> g(static_cast<size_t>(tp_map_->global_layout().total), 0.f);
-  tp_map_->to_global(local, g.data(), /*owned_only=*/true);
-  tp_pg_->all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+  std::vector<float> g(static_cast<size_t>(global_layout()->total), 0.f);
+  if (tp_map_) tp_map_->to_global(local, g.data(), /*owned_only=*/true);
+  else ep_map_->to_global(local, g.data(), /*owned_only=*/true);
+  (tp_map_ ? tp_pg_ : ep_pg_)->all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
   return g;
 }
 
@@ -592,15 +664,15 @@ void ReferenceTrainer::save(int64_t step) {
   parallel::FlatSharding sharding;  // empty: rank 0 writes the moments whole
   parallel::ProcessGroup* group = pg_.get();
   std::vector<float> params, m, v, muon_flat;
-  if (tp_map_) {
-    // Tensor parallel: the weights and moments put together in the global layout (every rank
-    // takes part), written by rank 0 as one process would, so any layout can load them.
+  if (global_layout()) {
+    // Tensor or expert parallel: the weights and moments put together in the global layout (every
+    // rank takes part), written by rank 0 as one process would, so any layout can load them.
     params = tp_global(model_->params.data());
     auto whole = [&](const std::vector<float>& s) { return zero1 ? dp_full(s) : fsdp_ ? fsdp_->full(s) : s; };
     m = tp_global(whole(m_).data());
     v = tp_global(whole(v_).data());
     if (env_.rank == 0) {
-      data = train::pack_checkpoint(args_->model, tp_map_->global_layout(), params.data(), m.data(), v.data(),
+      data = train::pack_checkpoint(args_->model, *global_layout(), params.data(), m.data(), v.data(),
                                     state_json(step));
     }
     group = world_pg_.get();
@@ -637,7 +709,9 @@ void ReferenceTrainer::save(int64_t step) {
   last_saved_ = step;
   spdlog::info("[checkpoint] saved step {} to {} ({:.2f}s{})", step, dir.string(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-               tp_map_ ? fmt::format(", global layout from {} tp ranks", tp_map_->tp()) : "");
+               tp_map_   ? fmt::format(", global layout from {} tp ranks", tp_map_->tp())
+               : ep_map_ ? fmt::format(", global layout from {} ep ranks", ep_map_->ep())
+                         : "");
 }
 
 void ReferenceTrainer::load(const fsys::path& dir) {
@@ -648,20 +722,21 @@ void ReferenceTrainer::load(const fsys::path& dir) {
   std::vector<parallel::FlatSegment> mine{{0, total}};
   if (zero1_) mine = {{shards_.begin(dp_rank()), std::max(shards_.begin(dp_rank()), shards_.valid_end(dp_rank()))}};
   if (fsdp_) mine = fsdp_->owned();
-  if (tp_map_) {
+  if (const train::ParamLayout* gl = global_layout()) {
     // Checkpoints hold the global layout: this rank's slice of the weights, and of the moments the
     // elements [b, e) of its local buffer, read as the global segments they came from.
-    std::vector<float> global(static_cast<size_t>(tp_map_->global_layout().total));
-    train::unpack_checkpoint(data, dir, args_->model, tp_map_->global_layout(), global.data(), nullptr, nullptr);
-    tp_map_->to_local(global.data(), model_->params.data());
+    std::vector<float> global(static_cast<size_t>(gl->total));
+    train::unpack_checkpoint(data, dir, args_->model, *gl, global.data(), nullptr, nullptr);
+    if (tp_map_) tp_map_->to_local(global.data(), model_->params.data());
+    else ep_map_->to_local(global.data(), model_->params.data());
     std::vector<parallel::FlatSegment> windows;
     for (const auto& [b, e] : mine) {
-      for (const train::TpPiece& p : tp_map_->pieces()) {
+      for (const train::TpPiece& p : tp_map_ ? tp_map_->pieces() : ep_map_->pieces()) {
         const int64_t lo = std::max(b, p.local), hi = std::min(e, p.local + p.count);
         if (lo < hi) windows.push_back({p.global + (lo - p.local), p.global + (hi - p.local)});
       }
     }
-    parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, tp_map_->global_layout().total, windows,
+    parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, gl->total, windows,
                                {m_.data(), v_.data()});
   } else {
     train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), nullptr, nullptr);
@@ -672,7 +747,7 @@ void ReferenceTrainer::load(const fsys::path& dir) {
   last_saved_ = step_;
   int saved_world = parallel::saved_world_size(data);
   spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,
-               saved_world != env_.world_size || tp_map_
+               saved_world != env_.world_size || global_layout()
                    ? fmt::format(" (saved by {} ranks, resharded for {})", saved_world, env_.world_size)
                    : "");
 }
@@ -697,7 +772,7 @@ void ReferenceTrainer::train() {
   std::vector<float> whole;
   const bool sampling = !t.sample_prompt.empty() && t.sample_tokens > 0;
   if (fsdp_ && sampling) fsdp_->gather_all();
-  if (tp_map_ && sampling) whole = tp_global(model_->params.data());
+  if (global_layout() && sampling) whole = tp_global(model_->params.data());
   if (sampling && env_.rank == 0) {
     std::vector<int32_t> ids = tokenizer_->encode(t.sample_prompt);
     if (ids.empty()) ids.push_back(0);
@@ -707,7 +782,7 @@ void ReferenceTrainer::train() {
     so.temperature = t.sample_temperature;
     so.top_k = t.sample_top_k;
     GptModel<float> sampler(args_->model, 1, args_->model.seq_length);
-    sampler.params = tp_map_ ? whole : model_->params;
+    sampler.params = global_layout() ? whole : model_->params;
     sample_tokens(sampler, ids, so, sample_rng_);
     std::string text = printable(t.sample_prompt + tokenizer_->decode(std::span<const int32_t>(ids).subspan(n)));
     spdlog::info("[sample] temperature {}, top-k {}:\n{}\n", so.temperature, so.top_k, text);

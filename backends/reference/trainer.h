@@ -25,6 +25,7 @@
 #include "parallel/parallel_dims.h"
 #include "parallel/process_group.h"
 #include "parallel/tcp_store.h"
+#include "train/expert_parallel.h"
 #include "train/moe_stats.h"
 #include "train/progress.h"
 #include "train/tensor_parallel.h"
@@ -56,17 +57,27 @@ class ReferenceTrainer : public Trainer {
   // The gradient group's rank and size (dp x cp: ZeRO/FSDP shards, gradient means).
   int dp_rank() const { return pg_->rank(); }
   int dp_size() const { return pg_->world_size(); }
-  // Which samples this rank reads: its data-parallel coordinate (cp ranks read the same ones).
-  int data_rank() const { return static_cast<int>(dims_->coord(parallel::Dim::DP)); }
-  int data_size() const { return static_cast<int>(dims_->size(parallel::Dim::DP)); }
+  // Which samples this rank reads: its data-parallel coordinate, expert parallelism's ranks each
+  // their own (Megatron's data-parallel rank); cp ranks read the same ones.
+  int data_rank() const {
+    return static_cast<int>(dims_->coord(parallel::Dim::EP) +
+                            dims_->size(parallel::Dim::EP) * dims_->coord(parallel::Dim::DP));
+  }
+  int data_size() const { return static_cast<int>(dims_->size(parallel::Dim::EP) * dims_->size(parallel::Dim::DP)); }
   // The micro-batch in batch_ into inputs_ / targets_: this rank's tokens of each sequence.
   void split_batch();
   // Sum of squares of the local gradient elements [lo, hi) at g (g[0] is element lo), with the
   // tensors every tp rank holds counted on tp rank 0 only: summed over the tp group it is the
   // global model's.
   double tp_sum_squares(const float* g, int64_t lo, int64_t hi) const;
-  // Tensor parallel: the global flat buffer from every tp rank's local one (collective over the tp group).
+  // Tensor or expert parallel: the global flat buffer from every rank's local one (collective over
+  // the tp or ep group).
   std::vector<float> tp_global(const float* local) const;
+  // The global layout of a tp or ep job (checkpoints, sampling); null for neither.
+  const train::ParamLayout* global_layout() const;
+  // Expert parallelism: the routed experts' gradients averaged over their replicas (expert_pg_)
+  // and divided by ep (each is the sum of every ep rank's tokens' part), the rest over pg_.
+  void all_reduce_expert_parallel_grads();
   // The whole local optimizer state from ZeRO-1's shards (collective over the dp group).
   std::vector<float> dp_full(const std::vector<float>& shard) const;
   // Sharded data parallelism's optimizer step over the owned slices (after the gradients are
@@ -83,12 +94,17 @@ class ReferenceTrainer : public Trainer {
   std::unique_ptr<train::ProgressReporter> progress_;
   parallel::DistEnv env_;
   std::unique_ptr<parallel::TcpStore> store_;
-  std::shared_ptr<parallel::ProcessGroup> pg_;        // the gradient group: dp x cp
+  // The gradient group: dp x cp (x ep: the dense layers' replicas under expert parallelism).
+  std::shared_ptr<parallel::ProcessGroup> pg_;
   std::shared_ptr<parallel::ProcessGroup> cp_pg_;     // the context-parallel group
   std::shared_ptr<parallel::ProcessGroup> world_pg_;  // every rank of the job
   std::shared_ptr<parallel::ProcessGroup> tp_pg_;     // the tensor-parallel group
   std::unique_ptr<parallel::ParallelDims> dims_;      // the job's layout
   std::unique_ptr<train::TpShardMap> tp_map_;         // tensor_model_parallel_size > 1
+  // expert_model_parallel_size > 1: the map, the ep group (the experts' all-to-all) and the
+  // experts' gradient group (the ranks holding the same experts: dp x cp).
+  std::unique_ptr<train::EpShardMap> ep_map_;
+  std::shared_ptr<parallel::ProcessGroup> ep_pg_, expert_pg_;
   std::unique_ptr<ReferenceFsdp> fsdp_;               // optim_grads, optim_grads_params
   bool zero1_ = false;                                // optim (ZeRO-1): one contiguous shard a rank
   parallel::DataParallelArgs dp_;

@@ -1,0 +1,119 @@
+// The expert-parallel split of the tiny MoE families: each rank's local layout holds E / ep of
+// every MoE layer's routed experts and everything else whole; its pieces tile the local buffer,
+// the ranks' owned pieces tile the global buffer once, a cut global buffer put back is unchanged,
+// rank r's experts are [r E/ep, (r+1) E/ep) under their global names, and models that cannot be
+// split are ConfigErrors naming expert_model_parallel_size. Also the mesh arithmetic expert
+// parallelism adds: data_parallel_size = ep x the mesh's dp, and the ep x dp replica groups.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "core/util/error.h"
+#include "parallel/parallel_dims.h"
+#include "tests/common/tiny_models.h"
+#include "tests/core/test_util.h"
+#include "train/expert_parallel.h"
+#include "train/training_args.h"
+
+using namespace primus::train;
+using primus::ConfigError;
+using primus::testing::expect_error;
+
+namespace {
+
+void expect_tiles(const ModelSpec& m, int ep) {
+  const ParamLayout G = make_param_layout(m);
+  std::vector<int> covered(static_cast<size_t>(G.total), 0);
+  std::vector<float> global(static_cast<size_t>(G.total));
+  std::iota(global.begin(), global.end(), 1.f);  // every element distinct
+  std::vector<float> rebuilt(global.size(), 0.f);
+  for (int r = 0; r < ep; ++r) {
+    const EpShardMap map(m, ep, r);
+    const ParamLayout& L = map.local_layout();
+    ASSERT_EQ(L.tensors.size(), G.tensors.size());
+    int64_t at = 0;
+    for (const TpPiece& p : map.pieces()) {
+      EXPECT_EQ(p.local, at) << m.model_type << " ep" << ep << " rank " << r;
+      at += p.count;
+    }
+    EXPECT_EQ(at, L.total);
+    std::vector<float> local(static_cast<size_t>(L.total), 0.f);
+    map.to_local(global.data(), local.data());
+    // Rank r's experts are the global ones from r E / ep: expert e's first gate row.
+    const int64_t E = m.moe.num_experts, El = E / ep, C = m.hidden_size, F = m.moe.ffn_hidden_size;
+    EXPECT_EQ(map.local_experts(), El);
+    EXPECT_EQ(map.first_expert(), r * El);
+    for (size_t i = 0; i < L.tensors.size(); ++i) {
+      const ParamTensor& lt = L.tensors[i];
+      const ParamTensor& gt = G.tensors[i];
+      EXPECT_EQ(lt.name, gt.name);
+      EXPECT_EQ(map.expert_tensor(i), lt.name.find("moe.experts.") != std::string::npos) << lt.name;
+      if (!map.expert_tensor(i)) {
+        EXPECT_EQ(lt.shape, gt.shape) << lt.name;
+        EXPECT_EQ(local[static_cast<size_t>(lt.offset)], global[static_cast<size_t>(gt.offset)]) << lt.name;
+        continue;
+      }
+      EXPECT_EQ(lt.shape.at(0), El) << lt.name;
+      const int64_t per = gt.numel / E;  // one expert's elements
+      for (int64_t e = 0; e < El; ++e) {
+        EXPECT_EQ(local[static_cast<size_t>(lt.offset + e * per)], global[static_cast<size_t>(gt.offset + (r * El + e) * per)])
+            << lt.name << " local expert " << e;
+      }
+      // The Hugging Face names are the global experts'.
+      if (lt.name.find("fc.weight") != std::string::npos) {
+        ASSERT_EQ(lt.hf.size(), static_cast<size_t>(2 * El));
+        EXPECT_NE(lt.hf[0].name.find("experts." + std::to_string(r * El) + "."), std::string::npos) << lt.hf[0].name;
+        EXPECT_EQ(lt.numel, El * 2 * F * C);
+      }
+    }
+    std::vector<float> mine(global.size(), 0.f);
+    map.to_global(local.data(), mine.data(), /*owned_only=*/true);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (mine[i] != 0.f) {
+        ++covered[i];
+        rebuilt[i] += mine[i];
+      }
+    }
+  }
+  for (size_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1) << m.model_type << " ep" << ep << " element " << i;
+  EXPECT_EQ(rebuilt, global);
+}
+
+TEST(ExpertParallelMap, RanksHoldTheirExpertsAndTileTheGlobalBuffer) {
+  expect_tiles(primus::testing::tiny_moe(false), 2);  // 6 experts: 3 a rank, the first layer dense
+  expect_tiles(primus::testing::tiny_moe(false), 3);
+  expect_tiles(primus::testing::tiny_moe(false), 6);
+  expect_tiles(primus::testing::tiny_moe(true), 2);   // DeepSeek style: shared expert, expert bias
+  expect_tiles(primus::testing::tiny_moe(true), 4);
+}
+
+TEST(ExpertParallelMap, ModelsThatCannotSplitAreRefusedByName) {
+  expect_error<ConfigError>([] { EpShardMap(primus::testing::tiny_moe(false), 4, 0); },
+                            {"expert_model_parallel_size 4 does not divide num_experts 6"});
+  expect_error<ConfigError>([] { EpShardMap(primus::testing::tiny_llama(), 2, 0); },
+                            {"expert_model_parallel_size 2: the model has no MoE layers"});
+}
+
+TEST(ExpertParallelMesh, DataParallelSizeCountsTheExpertRanks) {
+  TrainingArgs t;
+  t.model_parallel[primus::parallel::Dim::EP] = 2;
+  t.data_parallel_size = 4;  // 4 replicas of the dense layers, each expert on 2 ranks
+  const primus::parallel::ParallelSizes s = t.parallel_sizes();
+  EXPECT_EQ(s[primus::parallel::Dim::DP], 2);
+  EXPECT_EQ(s.product(), 4);
+  t.data_parallel_size = 3;
+  expect_error<ConfigError>([&] { (void)t.parallel_sizes(); },
+                            {"expert_model_parallel_size 2 must divide data_parallel_size 3"});
+  // Rank 5 of tp 2 x ep 2 x dp 2 (rank = tp + 2 (ep + 2 dp)): tp 1, ep 0, dp 1. Its dense
+  // replicas differ in ep and dp; its experts' replicas in dp alone.
+  primus::parallel::ParallelSizes m;
+  m[primus::parallel::Dim::TP] = 2;
+  m[primus::parallel::Dim::EP] = 2;
+  m[primus::parallel::Dim::DP] = 2;
+  const primus::parallel::ParallelDims d(m, 8, 5);
+  EXPECT_EQ(d.group_ranks({primus::parallel::Dim::EP, primus::parallel::Dim::DP}), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(d.group_ranks(primus::parallel::Dim::DP), (std::vector<int>{1, 5}));
+  EXPECT_EQ(d.group_ranks(primus::parallel::Dim::EP), (std::vector<int>{5, 7}));
+}
+
+}  // namespace
