@@ -10,8 +10,9 @@
 
 namespace primus::backends::reference {
 
-// The mesh this backend runs: tensor (with sequence) parallelism, context parallelism and every
-// data-parallel sharding strategy, and expert parallelism (no_shard, AdamW); not pipeline parallelism.
+// The mesh this backend runs: tensor (with sequence) parallelism, context parallelism, every
+// data-parallel sharding strategy, and expert parallelism (beside no_shard or ZeRO-1, AdamW); not
+// pipeline parallelism.
 inline constexpr parallel::MeshSupport kReferenceMesh{"the reference backend", true, true, true, true};
 
 struct ReferenceArgs : BackendArgs, train::HasTrainingArgs {

@@ -83,12 +83,12 @@ void ReferenceTrainer::setup() {
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
   const int64_t cp = dims_->size(parallel::Dim::CP), ep = dims_->size(parallel::Dim::EP);
   if (ep > 1) {
-    // The experts' replicas (dp) and the dense layers' (ep x dp) are different groups: the
-    // strategies that shard one flat buffer over one group would mix them.
-    if (sizes.sharding != parallel::DpSharding::NoShard) {
+    // The experts' replicas (dp) and the dense layers' (ep x dp) are different groups: ZeRO-1
+    // shards the whole local buffer over the experts' (shard_pg()); the gradient-sharding
+    // strategies, whose units are gathered over one group, would mix them.
+    if (parallel::shards_gradients(sizes.sharding)) {
       throw ConfigError(fmt::format("expert_model_parallel_size {} with data_parallel_sharding_strategy {} is not "
-                                    "implemented yet on the reference backend; use no_shard (and "
-                                    "use_distributed_optimizer: false)",
+                                    "implemented yet on the reference backend; use no_shard or optim (ZeRO-1)",
                                     ep, parallel::dp_sharding_name(sizes.sharding)));
     }
     if (t.optim.optimizer == "muon") {
@@ -320,6 +320,35 @@ void ReferenceTrainer::all_reduce_expert_parallel_grads() {
   }
 }
 
+void ReferenceTrainer::mean_dense_grads_over_ep() {
+  const auto& ts = model_->layout().tensors;
+  const int64_t be = dp_.bucket_elems(sizeof(float));
+  float* g = model_->grads.data();
+  for (size_t i = 0; i < ts.size();) {
+    size_t j = i;
+    while (j < ts.size() && ep_map_->expert_tensor(j) == ep_map_->expert_tensor(i)) ++j;
+    if (!ep_map_->expert_tensor(i)) {
+      const int64_t lo = ts[i].offset, hi = ts[j - 1].offset + ts[j - 1].numel;
+      for (int64_t off = lo; off < hi; off += be) {
+        ep_pg_->all_reduce(g + off, static_cast<size_t>(std::min(be, hi - off)), parallel::DType::F32,
+                           parallel::ReduceOp::Avg);
+      }
+    }
+    i = j;
+  }
+}
+
+void ReferenceTrainer::scale_expert_shard() {
+  const auto& ts = model_->layout().tensors;
+  const int64_t b = shards_.begin(dp_rank()), e = shards_.valid_end(dp_rank());
+  const auto ep = static_cast<float>(ep_map_->ep());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (!ep_map_->expert_tensor(i)) continue;
+    const int64_t lo = std::max(b, ts[i].offset), hi = std::min(e, ts[i].offset + ts[i].numel);
+    for (int64_t x = lo; x < hi; ++x) grad_shard_[static_cast<size_t>(x - b)] /= ep;
+  }
+}
+
 // The shards are contiguous ([r*S, (r+1)*S) of the padded buffer), so one bucket is the k-th
 // piece of every rank's shard, gathered into staging_ in rank order (reduce_scatter's layout).
 void ReferenceTrainer::reduce_scatter_grads() {
@@ -336,7 +365,7 @@ void ReferenceTrainer::reduce_scatter_grads() {
       if (n > 0) std::copy_n(g + lo, n, dst);
       std::fill(dst + n, dst + len, 0.f);  // padding past the last parameter
     }
-    pg_->reduce_scatter(staging_.data(), grad_shard_.data() + k, static_cast<size_t>(len), parallel::DType::F32,
+    shard_pg().reduce_scatter(staging_.data(), grad_shard_.data() + k, static_cast<size_t>(len), parallel::DType::F32,
                         parallel::ReduceOp::Avg);
   }
 }
@@ -356,7 +385,7 @@ void ReferenceTrainer::all_gather_params() {
     float* mine = staging_.data() + r * len;
     if (mn > 0) std::copy_n(p + mlo, mn, mine);
     std::fill(mine + mn, mine + len, 0.f);
-    pg_->all_gather(mine, staging_.data(), static_cast<size_t>(len), parallel::DType::F32);
+    shard_pg().all_gather(mine, staging_.data(), static_cast<size_t>(len), parallel::DType::F32);
     for (int q = 0; q < W; ++q) {
       auto [lo, n] = span_of(q);
       if (n > 0) std::copy_n(staging_.data() + q * len, n, p + lo);
@@ -398,10 +427,12 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   if (fsdp_) {
     norm = fsdp_grad_norm();
   } else if (zero1 && !muon_) {
+    if (ep_map_) mean_dense_grads_over_ep();
     reduce_scatter_grads();
+    if (ep_map_) scale_expert_shard();
     const int64_t b = shards_.begin(dp_rank()), e = shards_.valid_end(dp_rank());
-    const double local = parallel::global_sum(*pg_, tp_sum_squares(grad_shard_.data(), b, std::max(b, e)));
-    norm = std::sqrt(parallel::global_sum(*tp_pg_, local));
+    const double local = parallel::global_sum(shard_pg(), tp_sum_squares(grad_shard_.data(), b, std::max(b, e)));
+    norm = std::sqrt(parallel::global_sum(*ep_pg_, parallel::global_sum(*tp_pg_, local)));
   } else {
     // Muon's owners orthogonalise whole matrices, so they need whole averaged gradients.
     all_reduce_grads();
@@ -554,7 +585,7 @@ std::vector<float> ReferenceTrainer::tp_global(const float* local) const {
 std::vector<float> ReferenceTrainer::dp_full(const std::vector<float>& shard) const {
   const int64_t S = shards_.shard;
   std::vector<float> all(static_cast<size_t>(S * dp_size()));
-  pg_->all_gather(shard.data(), all.data(), static_cast<size_t>(S), parallel::DType::F32);
+  shard_pg().all_gather(shard.data(), all.data(), static_cast<size_t>(S), parallel::DType::F32);
   all.resize(static_cast<size_t>(shards_.total));
   return all;
 }

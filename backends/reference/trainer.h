@@ -54,9 +54,12 @@ class ReferenceTrainer : public Trainer {
   void save(int64_t step);
   void load(const std::filesystem::path& dir);
   nlohmann::json state_json(int64_t step) const;
-  // The gradient group's rank and size (dp x cp: ZeRO/FSDP shards, gradient means).
-  int dp_rank() const { return pg_->rank(); }
-  int dp_size() const { return pg_->world_size(); }
+  // The group ZeRO and FSDP shard over: the gradient group (dp x cp), or under expert parallelism
+  // the ranks holding the same experts (dp x cp; the dense layers' state is then sharded over them
+  // too, and kept alike on each ep rank).
+  parallel::ProcessGroup& shard_pg() const { return ep_map_ ? *expert_pg_ : *pg_; }
+  int dp_rank() const { return shard_pg().rank(); }
+  int dp_size() const { return shard_pg().world_size(); }
   // Which samples this rank reads: its data-parallel coordinate, expert parallelism's ranks each
   // their own (Megatron's data-parallel rank); cp ranks read the same ones.
   int data_rank() const {
@@ -78,6 +81,10 @@ class ReferenceTrainer : public Trainer {
   // Expert parallelism: the routed experts' gradients averaged over their replicas (expert_pg_)
   // and divided by ep (each is the sum of every ep rank's tokens' part), the rest over pg_.
   void all_reduce_expert_parallel_grads();
+  // Expert parallelism beside ZeRO-1: the dense tensors' gradients averaged over the ep group
+  // before the reduce-scatter over shard_pg(), the experts' divided by ep (in the shard) after it.
+  void mean_dense_grads_over_ep();
+  void scale_expert_shard();
   // The whole local optimizer state from ZeRO-1's shards (collective over the dp group).
   std::vector<float> dp_full(const std::vector<float>& shard) const;
   // Sharded data parallelism's optimizer step over the owned slices (after the gradients are
