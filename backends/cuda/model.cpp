@@ -171,6 +171,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
     mp.zero_ranges = 0;  // the places and the shard are cleared whole
   }
   if (opt.cp_group && opt.cp_group->world_size() > 1) mp.cp = opt.cp_group->world_size();
+  if (opt.ep_group && opt.ep_group->world_size() > 1) mp.ep = opt.ep_group->world_size();
   return mp;
 }
 
@@ -268,6 +269,26 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (opt_.max_batch % 2 != 0)
       throw RuntimeError(fmt::format("cuda model: {}: max_batch {} counts chunk rows (two per sequence)", what, opt_.max_batch));
   }
+  const bool ep = opt_.ep_group && opt_.ep_group->world_size() > 1;
+  if (ep) {
+    const int64_t n = opt_.ep_group->world_size();
+    if (!opt_.ep_map || opt_.ep_map->ep() != n || opt_.ep_map->rank() != opt_.ep_group->rank())
+      throw RuntimeError("cuda model: expert parallelism needs the map of its group's size and rank (ep_map)");
+    if (spec_.moe.held_experts() != opt_.ep_map->local_experts() || spec_.moe.first_expert != opt_.ep_map->first_expert())
+      throw RuntimeError("cuda model: under expert parallelism the spec must be the map's local spec");
+    const char* why = tp                             ? "tensor parallelism"
+                      : cp                           ? "context parallelism"
+                      : fsdp                         ? "sharded data parallelism"
+                      : !opt_.optimizer_state || opt_.flat_elems != 0 ? "use_distributed_optimizer (ZeRO-1)"
+                      : opt_.optimizer_in_backward   ? "optimizer_in_bwd"
+                      : !opt_.muon.empty()           ? "optimizer: muon"
+                      : opt_.fp8_moe                 ? "FP8 experts"
+                      : opt_.bf16_expert_grads       ? "moe_expert_grad_dtype: bf16"
+                                                     : nullptr;
+    if (why) throw ConfigError(fmt::format("expert_model_parallel_size {} with {} is not implemented yet on the cuda backend", n, why));
+  } else if (opt_.ep_map && opt_.ep_map->ep() > 1) {
+    throw RuntimeError("cuda model: an expert-parallel map without its group (ep_group)");
+  }
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
   if (opt_.optimizer_in_backward) {
@@ -292,6 +313,15 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   GradClearing clearing = plan_grad_clearing(
       layout_, [this](const std::string& name) { return Decoder::written_by_first_gemm(spec_, name); });
   const MemoryPlanOptions mp = memory_plan_options(spec_, layout_, opt_, ops);
+  if (ep) {  // the held side is planned each step from the counts: recomputing it would plan again
+    for (int64_t l = 0; l < spec_.num_layers; ++l) {
+      if (spec_.is_moe_layer(l) && mp.policy[static_cast<size_t>(l)] >= Recompute::Selective) {
+        throw ConfigError(fmt::format("expert_model_parallel_size with recompute_granularity {} (MoE layer {}) is not "
+                                      "implemented yet on the cuda backend; use none or norms",
+                                      recompute_name(mp.policy[static_cast<size_t>(l)]), l));
+      }
+    }
+  }
   plan_ = std::make_unique<MemoryPlan>(spec_, layout_, mp);
   InBackward in_backward;
   if (opt_.optimizer_in_backward) {
@@ -416,6 +446,23 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     cp_ = std::make_unique<CpAttention>(*opt_.cp_group, plan_->acts, ops, stream_, spec_.num_attention_heads,
                                         spec_.num_query_groups, spec_.head_dim());
     dec.cp = cp_.get();
+  }
+  if (ep) {
+    ep_ = std::make_unique<EpComm>(*opt_.ep_group, stream_, opt_.ep_map->global_spec().moe.num_experts,
+                                   plan_->options().moe_align, spec_.num_moe_layers());
+    dec.ep = ep_.get();
+    // The norm counts this rank's experts, and the tensors every ep rank holds once (on rank 0).
+    std::vector<bool> counted(layout_.tensors.size());
+    for (size_t i = 0; i < counted.size(); ++i) counted[i] = ep_->rank() == 0 || opt_.ep_map->expert_tensor(i);
+    optimizer_->norm_over(counted);
+    for (size_t i = 0; i < layout_.tensors.size();) {
+      const bool expert = opt_.ep_map->expert_tensor(i);
+      size_t j = i;
+      while (j < layout_.tensors.size() && opt_.ep_map->expert_tensor(j) == expert) ++j;
+      const int64_t lo = layout_.tensors[i].offset, hi = layout_.tensors[j - 1].offset + layout_.tensors[j - 1].numel;
+      (expert ? ep_expert_ranges_ : ep_dense_ranges_).push_back({lo, hi - lo});
+      i = j;
+    }
   }
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
   if (fsdp_) decoder_->on_grads_ready([this](int64_t offset) { fsdp_->grads_ready(offset); });
@@ -776,6 +823,13 @@ void CudaModel::grad_norm(float max_norm) {
     return;
   }
   if (cp_ && !fsdp_) cp_->all_reduce_mean(plan_->state.grads);  // each rank's tokens gave a part
+  if (ep_) {
+    reduce_expert_parallel_grads();
+    optimizer_->grad_norm_squares(ctx());
+    ep_->sum(plan_->state.norm.slice0(0, 1));  // each expert on one rank, the rest counted by rank 0
+    optimizer_->finish_grad_norm(max_norm);
+    return;
+  }
   if (!tp_) {
     optimizer_->grad_norm(max_norm, ctx());
     return;
@@ -795,6 +849,19 @@ void CudaModel::grad_norm(float max_norm) {
   if (fsdp_) fsdp_->all_reduce(st.norm.slice0(0, 1));
   tp_->all_reduce(st.norm.slice0(0, 1));
   optimizer_->finish_grad_norm(max_norm);
+}
+
+// Expert parallelism: the dense tensors' gradients averaged over their replicas (every ep x dp
+// rank), the experts' over theirs (the dp ranks holding them) and divided by ep, as each is the sum
+// of every ep rank's tokens routed to it while the loss is the mean over all ep x dp ranks.
+void CudaModel::reduce_expert_parallel_grads() {
+  const TensorView& g = plan_->state.grads;
+  for (const auto& [off, n] : ep_dense_ranges_) ep_->mean(opt_.ep_dense_group, g.slice0(off, off + n));
+  const float inv = 1.0f / static_cast<float>(ep_->size());
+  for (const auto& [off, n] : ep_expert_ranges_) {
+    ep_->mean(opt_.ep_expert_group, g.slice0(off, off + n));
+    ep_->scale(g.slice0(off, off + n), inv);
+  }
 }
 
 void CudaModel::kv_exchange(size_t k, const std::function<float*(const KvCopy&)>& grad) {

@@ -37,6 +37,7 @@
 
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model/decoder.h"
+#include "backends/cuda/model/ep_comm.h"
 #include "backends/cuda/model/fsdp_comm.h"
 #include "backends/cuda/model/host_staging.h"
 #include "backends/cuda/model/memory_plan.h"
@@ -44,6 +45,7 @@
 #include "backends/cuda/model/tp_comm.h"
 #include "backends/cuda/profile.h"
 #include "parallel/parallel_dims.h"
+#include "train/expert_parallel.h"
 #include "train/model_spec.h"
 #include "train/moe_stats.h"
 #include "train/param_layout.h"
@@ -197,6 +199,20 @@ struct CudaModelOptions {
   // document masking or a sliding window (ConfigError); the attention slots must serve non-causal
   // calls (not the fallback).
   parallel::ProcessGroup* cp_group = nullptr;
+  // Expert parallelism (model/ep_comm.h, train/expert_parallel.h) over ep_group: this model is built
+  // from ep_map->local_spec() (num_experts / ep of every MoE layer's experts, the rest whole), and
+  // each MoE layer's rows go to their experts' ranks and back. Each rank's batches are its own (the
+  // ep ranks are data-parallel replicas of the dense layers). grad_norm() first averages the dense
+  // tensors' gradients over ep_dense_group (the ep x dp ranks; null: this rank alone) and the
+  // experts' over ep_expert_group (the dp ranks holding the same experts; null: none) divided by
+  // ep, then counts each expert once in the norm. Eager only (the host reads each layer's token
+  // counts); not with tensor or context parallelism, sharded data parallelism, the optimizer in
+  // the backward, Muon, FP8 or bf16 experts, or a recompute policy that recomputes the experts
+  // (ConfigError).
+  parallel::ProcessGroup* ep_group = nullptr;
+  std::shared_ptr<const train::EpShardMap> ep_map;
+  parallel::ProcessGroup* ep_dense_group = nullptr;
+  parallel::ProcessGroup* ep_expert_group = nullptr;
 };
 
 // The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the
@@ -404,6 +420,11 @@ class CudaModel {
   GradPlacement shard_place_;
   std::unique_ptr<FsdpComm> fsdp_;
   std::unique_ptr<CpAttention> cp_;  // context parallelism (null without)
+  std::unique_ptr<EpComm> ep_;       // expert parallelism (null without)
+  // Expert parallelism: the dense tensors' and the routed experts' gradient ranges (offset, count),
+  // each run of consecutive tensors of one kind, for their reductions in grad_norm().
+  std::vector<std::pair<int64_t, int64_t>> ep_dense_ranges_, ep_expert_ranges_;
+  void reduce_expert_parallel_grads();
   // The optimizer in the backward beside dp or cp (CudaModelOptions::grad_mean_group): the group,
   // as NCCL (null for another kind), and the optimizer group (its first layout offset) whose mean is
   // in flight, updated when the next group is ready or at the backward's end (-1: none).

@@ -129,6 +129,26 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     }
     mo.muon = train::muon_tensors(spec, train::make_param_layout(spec));
   }
+  // Expert parallelism (CudaModel, model/ep_comm.h) beside plain data parallelism, AdamW and bf16
+  // experts; the rest is refused here, before anything is built.
+  if (const int64_t ep = t.model_parallel[parallel::Dim::EP]; ep > 1) {
+    const char* why = !spec.moe.enabled()                               ? nullptr
+                      : t.model_parallel[parallel::Dim::TP] > 1           ? "tensor_model_parallel_size > 1"
+                      : t.model_parallel[parallel::Dim::CP] > 1           ? "context_parallel_size > 1"
+                      : a.use_distributed_optimizer || parallel::shards_optimizer(sharding)
+                          ? "use_distributed_optimizer / data_parallel_sharding_strategy other than no_shard"
+                      : a.optimizer_in_bwd                                ? "optimizer_in_bwd: true"
+                      : t.optim.optimizer == "muon"                       ? "optimizer: muon"
+                      : mo.fp8_moe                                        ? "fp8 (FP8 experts)"
+                      : a.bf16_expert_grads                               ? "moe_expert_grad_dtype: bf16"
+                      : a.split_master                                    ? "master_weights: split"
+                                                                          : nullptr;
+    if (why) {
+      throw ConfigError(fmt::format("expert_model_parallel_size {} with {} is not implemented yet on the cuda backend "
+                                    "(it runs beside plain data parallelism)",
+                                    ep, why));
+    }
+  }
   return mo;
 }
 

@@ -41,6 +41,11 @@ void check_graph_config(CudaArgs& a) {
                                            a.train.data_parallel_size));
     return;
   }
+  if (const int64_t ep = a.train.model_parallel[parallel::Dim::EP]; ep > 1 && !a.host_mode) {
+    throw ConfigError(fmt::format("cuda_graph: true with expert_model_parallel_size {}: each MoE layer's token counts are "
+                                  "read on the host to size its all-to-all (set cuda_graph: false)",
+                                  ep));
+  }
   const parallel::DpSharding sharding = a.train.model_parallel.sharding;
   if (a.train.data_parallel_size > 1 && !a.host_mode && parallel::shards_gradients(sharding)) {
     throw ConfigError(fmt::format("cuda_graph: true with data_parallel_sharding_strategy {}: the sharded collectives "

@@ -44,24 +44,25 @@ void CudaTrainer::setup() {
   check_graph_config(*args_);
   dims_ = std::make_unique<parallel::ParallelDims>(parallel::ParallelDims::from_launch(t.parallel_sizes(), dist_, kCudaMesh));
   const int64_t tp = dims_->size(parallel::Dim::TP), dp = dims_->size(parallel::Dim::DP);
-  const int64_t cp = dims_->size(parallel::Dim::CP);
+  const int64_t cp = dims_->size(parallel::Dim::CP), ep = dims_->size(parallel::Dim::EP);
   const parallel::DpSharding sharding = t.model_parallel.sharding;
   // The sharded strategies shard over the gradient group, dp x cp (Megatron's data-parallel group
   // with context parallelism folded in: the cp ranks' gradients are other tokens' parts of the same
   // weights, averaged with the replicas' by the same reduce-scatter). ZeRO-1 too, where the model
   // runs it (zero1_in_model); plain data parallelism's ZeRO-1 on GPUs is the bucketed reducer's.
   const bool sharded = dp * cp > 1 && (parallel::shards_gradients(sharding) || zero1_in_model(*args_));
-  if (t.data_parallel_size != dp) {
+  if (t.data_parallel_size != dp * ep) {
     throw ConfigError(fmt::format("data_parallel_size {} but the job has {} rank(s) ({}) for tp {}; launch one rank per "
                                   "GPU with primus launch / torchrun / srun",
                                   t.data_parallel_size, dist_.world_size, parallel::describe(dist_), tp));
   }
   // This rank's contiguous slice of every global batch (parallel/data_parallel.h): the same
   // samples, in rank order, that one process reads, and resumable at any world size. The ranks of
-  // a tp or cp group read the same samples.
-  reader_ = std::make_unique<parallel::RankBatchReader>(t.global_batch_size, t.micro_batch_size,
-                                                     static_cast<int>(dims_->coord(parallel::Dim::DP)),
-                                                     static_cast<int>(dp));
+  // a tp or cp group read the same samples; the ep ranks read their own, as Megatron's data-parallel
+  // ranks (ep + EP x dp).
+  reader_ = std::make_unique<parallel::RankBatchReader>(
+      t.global_batch_size, t.micro_batch_size,
+      static_cast<int>(dims_->coord(parallel::Dim::EP) + ep * dims_->coord(parallel::Dim::DP)), static_cast<int>(dp * ep));
   if (!args_->host_mode) select_device(args_->device);  // this thread's device (prepare() ran on it too)
   if (dist_.world_size > 1) {
     parallel::configure_rank_logging(dist_.rank, dist_.world_size);  // rank 0 alone logs
@@ -91,7 +92,26 @@ void CudaTrainer::setup() {
     std::sort(ranks.begin(), ranks.end());
     return ranks;
   };
-  if (sharded) {
+  if (ep > 1) {
+    // Expert parallelism: the ep group (the experts' all-to-all), the dense layers' replicas (ep x
+    // dp: pg_, the loss and routing statistics' group too) and each expert's replicas (dp).
+    ep_pg_ = make_group(parallel::Dim::EP);
+    dims_->set_group(parallel::Dim::EP, ep_pg_);
+    if (dp > 1) {
+      const std::vector<int> ranks = dims_->group_ranks({parallel::Dim::EP, parallel::Dim::DP});
+      pg_ = make_group(ranks, fmt::format("dpep{}-{}", ranks.front(), ranks.back()));
+      expert_pg_ = make_group(parallel::Dim::DP);
+      dims_->set_group(parallel::Dim::DP, expert_pg_);
+    } else {
+      pg_ = ep_pg_;
+    }
+    layout += fmt::format("{}expert parallel over {} ranks: experts {}..{} here ({} group)", layout.empty() ? "" : " x ",
+                          ep, dims_->coord(parallel::Dim::EP) * (args_->model.moe.num_experts / ep),
+                          (dims_->coord(parallel::Dim::EP) + 1) * (args_->model.moe.num_experts / ep) - 1,
+                          ep_pg_->backend());
+    spdlog::info("[cuda] data parallel: {} ranks ({}), the experts over {} of them (each expert on {} ranks)", dp * ep,
+                 parallel::describe(dist_), ep, dp);
+  } else if (sharded) {
     const std::vector<int> ranks = grad_ranks();
     sharded_pg_ = cp > 1 ? make_group(ranks, fmt::format("dpcp{}-{}", ranks.front(), ranks.back()))
                          : make_group(parallel::Dim::DP);
@@ -217,12 +237,19 @@ void CudaTrainer::init() {
     mo.tp_map = tp_map_;
   }
   if (cp_pg_) mo.cp_group = cp_pg_.get();
+  if (ep_pg_) {
+    ep_map_ = std::make_shared<train::EpShardMap>(spec, ep_pg_->world_size(), ep_pg_->rank());
+    mo.ep_group = ep_pg_.get();
+    mo.ep_map = ep_map_;
+    mo.ep_dense_group = pg_.get();
+    mo.ep_expert_group = expert_pg_.get();
+  }
   if (mo.optimizer_in_backward && pg_) mo.grad_mean_group = mean_pg_ ? mean_pg_.get() : pg_.get();
   if (sharded_pg_) {
     mo.dp_group = sharded_pg_.get();
     mo.dp_sharding = t.model_parallel.sharding;
   }
-  model_ = std::make_unique<CudaModel>(tp_map_ ? tp_map_->local_spec() : spec, mo, ops_);
+  model_ = std::make_unique<CudaModel>(tp_map_ ? tp_map_->local_spec() : ep_map_ ? ep_map_->local_spec() : spec, mo, ops_);
   if (sharded_pg_) {
     const double P = static_cast<double>(model_->layout().total), world = sharded_pg_->world_size();
     const bool optim = t.model_parallel.sharding == parallel::DpSharding::Optim;
@@ -254,13 +281,14 @@ void CudaTrainer::init() {
   std::vector<float> params(static_cast<size_t>(global_layout().total));
   train::init_params(spec, global_layout(), t.seed, params.data());
   train::load_hf_initial_weights(args_->params, t.ckpt, spec, global_layout(), params.data());
-  if (tp_map_) {
+  if (model_sharded()) {
     std::vector<float> local(static_cast<size_t>(model_->layout().total));
-    tp_map_->to_local(params.data(), local.data());
+    to_local(params.data(), local.data());
     params.swap(local);
   }
   model_->set_params(params.data());
-  if (pg_ && !args_->host_mode && !mo.optimizer_in_backward) {  // in the backward: the model averages each layer
+  // In the backward, or beside expert parallelism: the model averages the gradients itself.
+  if (pg_ && !args_->host_mode && !mo.optimizer_in_backward && !ep_map_) {
     parallel::DataParallelOptions dpo;
     dpo.zero1 = zero;
     dpo.bucket_elems = args_->ddp_bucket_size;
@@ -429,7 +457,7 @@ void CudaTrainer::step_body(int64_t step) {
     model_->backward();
   }
   if (dp_) dp_->end_backward();  // the gradients are now averaged over the ranks (ZeRO-1: this rank's shard)
-  if (pg_ && !dp_) reduce_host_grads();
+  if (pg_ && !dp_ && !ep_map_) reduce_host_grads();
   model_->reduce_fp8_amaxes();    // fp8_recipe delayed: the step's amaxes, the max over the ranks
   if (zero1()) {
     dp_->grad_norm(static_cast<float>(t.optim.clip_grad));
@@ -557,7 +585,7 @@ void CudaTrainer::save(int64_t step) {
   // the cp or the data-parallel group. Ranks of the other dimensions hold copies of the same state
   // (cp: the same weights, dp beside tp or cp: a replica), so only the group whose other
   // coordinates are 0 writes, and the rest wait for it below.
-  const bool waiters = (tp_pg_ && (cp_pg_ || pg_ || sharded_pg_)) || (cp_pg_ && pg_);
+  const bool waiters = (tp_pg_ && (cp_pg_ || pg_ || sharded_pg_)) || (cp_pg_ && pg_) || (ep_pg_ && expert_pg_);
   if (!writer()) {
     // This rank's state is a writer's (the same weights, moments and trainer state); sharded, its
     // chunks are read with the writers' reads (collective over the sharded group, in their order).
@@ -566,26 +594,25 @@ void CudaTrainer::save(int64_t step) {
       model_->get_params(p.data());
       model_->get_moments(m.data(), v.data());
     }
-  } else if (tp_map_) {
-    // Tensor parallel: the weights put together in the global layout (every rank takes part) and
-    // written by rank 0 as one process would; the moments as per-rank shard files of the global
-    // flat states, each rank its own slices (the replicated tensors from rank 0), so no rank holds
-    // them whole. Any layout loads both (load()).
+  } else if (model_sharded()) {
+    // Tensor or expert parallel: the weights put together in the global layout (every rank takes
+    // part) and written by rank 0 as one process would; the moments as per-rank shard files of the
+    // global flat states, each rank its own slices (the tensors every rank holds from rank 0), so
+    // no rank holds them whole. Any layout loads both (load()).
     std::vector<float> local(n), m(n), v(n);
     model_->get_params(local.data());
     model_->get_moments(m.data(), v.data());
     const std::vector<float> params = tp_global(local.data());
     parallel::FlatSharding sharding;
     sharding.total = global_layout().total;
-    for (int k = 0; k < tp_map_->tp(); ++k) {
-      const train::TpShardMap map_k(args_->model, tp_map_->tp(), k, tp_map_->sequence_parallel());
+    for (int k = 0; k < model_group().world_size(); ++k) {
       std::vector<parallel::FlatSegment> segs;
-      for (const train::TpPiece& p : map_k.owned_pieces()) segs.push_back({p.global, p.global + p.count});
+      for (const train::TpPiece& p : owned_pieces_of(k)) segs.push_back({p.global, p.global + p.count});
       sharding.ranks.push_back(std::move(segs));
     }
     const std::vector<float> mu = split_muon_momentum(m);  // Muon's momentum: a flat state of its own
     std::vector<float> own_m, own_v, own_mu;  // this rank's owned pieces, in segment order
-    for (const train::TpPiece& p : tp_map_->owned_pieces()) {
+    for (const train::TpPiece& p : owned_pieces_of(model_group().rank())) {
       own_m.insert(own_m.end(), m.begin() + p.local, m.begin() + p.local + p.count);
       own_v.insert(own_v.end(), v.begin() + p.local, v.begin() + p.local + p.count);
       if (!mu.empty()) own_mu.insert(own_mu.end(), mu.begin() + p.local, mu.begin() + p.local + p.count);
@@ -597,12 +624,12 @@ void CudaTrainer::save(int64_t step) {
       if (model_->fp8_delayed_on()) save_fp8_delayed(data, fp8);
     }
     parallel::HostAllGather gather;  // NCCL takes device buffers: the shard digests through the device
-    if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(tp_pg_.get())) {
+    if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(&model_group())) {
       gather = [nccl](const void* send, void* recv, size_t bytes) { nccl->all_gather_host(send, recv, bytes); };
     }
     std::vector<parallel::FlatShard> states = {{"exp_avg", own_m.data()}, {"exp_avg_sq", own_v.data()}};
     if (!own_mu.empty()) states.push_back({"muon_momentum", own_mu.data()});
-    dir = parallel::save_data_parallel(*tp_pg_, t.ckpt.save, step, data, &sharding, states, so, gather);
+    dir = parallel::save_data_parallel(model_group(), t.ckpt.save, step, data, &sharding, states, so, gather);
   } else if (zero1()) {
     // parallel/dist_checkpoint.h, scheme "zero1": every rank writes its own shard of the moments
     // (its chunk of every bucket: DataParallel::shard_segments), copied from its GPU; rank 0
@@ -735,15 +762,16 @@ void CudaTrainer::load(const fsys::path& dir) {
   const size_t n = static_cast<size_t>(model_->layout().total);
   std::vector<float> params(n);
   const std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
-  if (tp_map_) {
+  if (model_sharded()) {
     // Checkpoints hold the global layout: the weights whole, cut here; the moments read as this
     // rank's pieces alone (in local order they are its whole buffer), from whichever files hold them.
     const auto G = static_cast<size_t>(global_layout().total);
     std::vector<float> global(G), m(n), v(n);
     train::unpack_checkpoint(data, dir, args_->model, global_layout(), global.data(), nullptr, nullptr);
-    tp_map_->to_local(global.data(), params.data());
+    to_local(global.data(), params.data());
     std::vector<parallel::FlatSegment> windows;
-    for (const train::TpPiece& p : tp_map_->pieces()) windows.push_back({p.global, p.global + p.count});
+    for (const train::TpPiece& p : tp_map_ ? tp_map_->pieces() : ep_map_->pieces())
+      windows.push_back({p.global, p.global + p.count});
     parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), windows, {m.data(), v.data()});
     if (!muon_tensors_.empty()) {  // Muon's momentum into m's rows of its tensors
       std::vector<float> mu(n);
@@ -873,7 +901,7 @@ void CudaTrainer::train() {
 void CudaTrainer::sample_at_end() {
   const auto& t = args_->train;
   std::vector<float> params(rank0() ? static_cast<size_t>(model_->layout().total) : 0);
-  if (tp_map_) {
+  if (model_sharded()) {
     std::vector<float> local(static_cast<size_t>(model_->layout().total));
     model_->get_params(local.data());
     params = tp_global(local.data());
@@ -944,14 +972,29 @@ bool CudaTrainer::any_rank(bool stop) {
 }
 
 std::vector<float> CudaTrainer::tp_global(const float* local) const {
-  std::vector<float> g(static_cast<size_t>(tp_map_->global_layout().total), 0.f);
-  tp_map_->to_global(local, g.data(), /*owned_only=*/true);
-  if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(tp_pg_.get())) {
+  std::vector<float> g(static_cast<size_t>(global_layout().total), 0.f);
+  if (tp_map_) tp_map_->to_global(local, g.data(), /*owned_only=*/true);
+  else ep_map_->to_global(local, g.data(), /*owned_only=*/true);
+  if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(&model_group())) {
     nccl->all_reduce_host(g.data(), g.size());
   } else {
-    tp_pg_->all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+    model_group().all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
   }
   return g;
+}
+
+void CudaTrainer::to_local(const float* global, float* local) const {
+  if (tp_map_) tp_map_->to_local(global, local);
+  else ep_map_->to_local(global, local);
+}
+
+std::vector<train::TpPiece> CudaTrainer::owned_pieces_of(int k) const {
+  if (tp_map_) {
+    if (k == tp_map_->rank()) return tp_map_->owned_pieces();
+    return train::TpShardMap(args_->model, tp_map_->tp(), k, tp_map_->sequence_parallel()).owned_pieces();
+  }
+  if (k == ep_map_->rank()) return ep_map_->owned_pieces();
+  return train::EpShardMap(args_->model, ep_map_->ep(), k).owned_pieces();
 }
 
 void CudaTrainer::cleanup(bool on_error) {
@@ -962,6 +1005,8 @@ void CudaTrainer::cleanup(bool on_error) {
   if (on_error && tp_pg_) tp_pg_->abort();
   if (on_error && sharded_pg_) sharded_pg_->abort();
   if (on_error && cp_pg_) cp_pg_->abort();
+  if (on_error && ep_pg_ && ep_pg_ != pg_) ep_pg_->abort();
+  if (on_error && expert_pg_) expert_pg_->abort();
   if (on_error && store_) store_->leave_without_waiting();  // rank 0: do not wait for a stalled peer to hang up
   if (on_error) spdlog::error("[cuda] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }

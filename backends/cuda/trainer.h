@@ -142,12 +142,29 @@ class CudaTrainer : public Trainer {
   // leaves its cp barrier once its cp peer of coordinate 0 arrives, which in the writers' dp column
   // is after the save, and its dp barrier once that column's rank arrives.
   bool writer() const {
+    if (ep_pg_) return dims_->coord(parallel::Dim::DP) == 0;  // the ep group of dp coordinate 0
     if (sharded_pg_ && !tp_pg_) return true;
     return (!tp_pg_ || dims_->coord(parallel::Dim::CP) == 0) && (!(tp_pg_ || cp_pg_) || dims_->coord(parallel::Dim::DP) == 0);
   }
   std::shared_ptr<train::TpShardMap> tp_map_;
+  // Expert parallelism (expert_model_parallel_size > 1): the ep group (the experts' all-to-all),
+  // this rank's shard map, and the experts' replicas (the dp ranks holding the same experts; null
+  // with dp 1). pg_ is then the dense layers' replicas, ep x dp. The model is the map's local spec;
+  // weights are initialised, checkpointed and sampled in the global layout, as under tp.
+  std::shared_ptr<parallel::ProcessGroup> ep_pg_, expert_pg_;
+  std::shared_ptr<train::EpShardMap> ep_map_;
+  // Tensor or expert parallelism: this rank holds a part of the model (the map's), put together
+  // over model_group() (tp or ep) in the global layout.
+  bool model_sharded() const { return tp_map_ || ep_map_; }
+  parallel::ProcessGroup& model_group() const { return tp_map_ ? *tp_pg_ : *ep_pg_; }
+  // The global flat buffer from every rank's local one (collective over model_group()).
   std::vector<float> tp_global(const float* local) const;
-  const train::ParamLayout& global_layout() const { return tp_map_ ? tp_map_->global_layout() : model_->layout(); }
+  void to_local(const float* global, float* local) const;
+  // The pieces rank k of model_group() writes (its own parts, the shared tensors on rank 0).
+  std::vector<train::TpPiece> owned_pieces_of(int k) const;
+  const train::ParamLayout& global_layout() const {
+    return tp_map_ ? tp_map_->global_layout() : ep_map_ ? ep_map_->global_layout() : model_->layout();
+  }
   std::unique_ptr<parallel::RankBatchReader> reader_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::DataIterators data_;

@@ -262,6 +262,37 @@ void NcclProcessGroup::send_recv(const void* send, int to, void* recv, int from,
   });
 }
 
+void NcclProcessGroup::all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                                    const std::vector<size_t>& recv_counts, parallel::DType dtype) {
+  if (send_counts.size() != static_cast<size_t>(world_) || recv_counts.size() != static_cast<size_t>(world_)) {
+    throw parallel::CollectiveError(fmt::format("NCCL all_to_all: {} send and {} receive counts for a group of {}",
+                                                send_counts.size(), recv_counts.size(), world_));
+  }
+  size_t out = 0, in = 0;
+  for (int r = 0; r < world_; ++r) out += send_counts[r], in += recv_counts[r];
+  const size_t esize = parallel::dtype_size(dtype);
+  enqueue(fmt::format("all_to_all({} x {} out, {} in)", out, dtype_text(dtype), in), [&] {
+    const nccl::Api& a = lib_->api;
+    nccl::Result r = a.GroupStart();
+    if (r != nccl::Success) return r;
+    nccl::Result first = nccl::Success;
+    auto keep = [&](nccl::Result x) {
+      if (first == nccl::Success && x != nccl::Success && x != nccl::InProgress) first = x;
+    };
+    size_t so = 0, ro = 0;
+    for (int p = 0; p < world_; ++p) {
+      if (send_counts[p] > 0)
+        keep(a.Send(static_cast<const char*>(send) + so * esize, send_counts[p], to_nccl(dtype), p, comm_, stream_));
+      if (recv_counts[p] > 0)
+        keep(a.Recv(static_cast<char*>(recv) + ro * esize, recv_counts[p], to_nccl(dtype), p, comm_, stream_));
+      so += send_counts[p];
+      ro += recv_counts[p];
+    }
+    const nccl::Result end = a.GroupEnd();
+    return first != nccl::Success ? first : end;
+  });
+}
+
 void NcclProcessGroup::broadcast(void* buf, size_t count, parallel::DType dtype, int root) {
   if (root < 0 || root >= world_) {
     throw parallel::CollectiveError(fmt::format("NCCL broadcast: root {} is not a rank of this group of {}", root, world_));

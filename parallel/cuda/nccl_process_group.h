@@ -72,6 +72,10 @@ class NcclProcessGroup : public parallel::ProcessGroup {
   // One grouped ncclSend / ncclRecv on the group's stream (a ring step; device buffers).
   void send_recv(const void* send, int to, void* recv, int from, size_t count, parallel::DType dtype,
                  uint32_t tag = 0) override;
+  // One grouped set of ncclSend / ncclRecv on the group's stream, a peer's chunks consecutive in
+  // rank order (device buffers; counts of 0 skip the peer).
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                    const std::vector<size_t>& recv_counts, parallel::DType dtype) override;
   void broadcast(void* buf, size_t count, parallel::DType dtype, int root) override;
   void barrier() override;
   void synchronize() override;

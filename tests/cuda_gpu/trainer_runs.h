@@ -70,8 +70,9 @@ inline void run_host_trainer(const std::filesystem::path& exp_file, std::vector<
   auto args = std::static_pointer_cast<CudaArgs>(adapter->convert_config(cfg, exp));
   args->host_mode = true;
   const int64_t world = parallel::read_dist_env().world_size;
-  // As the data_parallel_size patch: world / (tp x cp x ep x pp).
-  args->train.data_parallel_size = args->train.model_parallel.for_world(world)[parallel::Dim::DP];
+  // As the data_parallel_size patch: world / (tp x cp x pp), the ep ranks among them.
+  args->train.data_parallel_size = args->train.model_parallel.for_world(world)[parallel::Dim::DP] *
+                                   args->train.model_parallel[parallel::Dim::EP];
   args->train.grad_accum_steps =
       args->train.global_batch_size / (args->train.micro_batch_size * args->train.data_parallel_size);
   args->launch_ahead = cfg.params.find_path("launch_ahead")->as_bool();  // patch cuda.step.launch_ahead

@@ -750,14 +750,24 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   pl.kept = kept;
   pl.ctx = c;
   mark(Phase::MoePermute);
-  ops_.moe_dispatch({pl, {m.xp, ln2, rows, m.offsets, kept, c}});
+  // Expert parallelism: the local groups go to their experts' ranks, and this rank's experts run
+  // over what every rank sent them (the held groups).
+  EpComm* ep = opt_.ep;
+  const int64_t mi = moe_index_.at(l);
+  ops_.moe_dispatch({pl, {ep ? a_.moe_xl : m.xp, ln2, rows, m.offsets, kept, c}});
+  const TensorView& groups = ep ? m.held_offsets : m.offsets;
+  if (ep) {
+    ep->plan(mi, kept, m.offsets, m.held_offsets);
+    ep->dispatch(mi, a_.moe_xl, m.xp, a_.ep_send, a_.ep_recv);
+  }
   mark(Phase::MlpUpGemm);
-  lin_->moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  lin_->moe_experts({m.h, m.xp, mp.fc.w, groups, moe_align_, c});
   mark(Phase::Activation);
   turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
   mark(Phase::MlpDownGemm);
-  lin_->moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  lin_->moe_experts({ep ? a_.moe_yh : m.yp, m.act, mp.proj.w, groups, moe_align_, c});
   mark(Phase::MoePermute);
+  if (ep) ep->combine(mi, a_.moe_yh, m.yp, a_.ep_send, a_.ep_recv);
   ops_.moe_combine({out, m.yp, w, rows, false, c});
   if (mp.shared_fc.w.defined()) {
     mark(Phase::MlpUpGemm);
@@ -795,14 +805,22 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   }
   mark(Phase::MoePermuteBwd);
   ops_.moe_combine_backward({a_.dyp, a_.dweight.slice0(0, N), dres, m.yp, w, rows, m.offsets, kept, c});
+  // Expert parallelism: the output rows' gradient to the experts' ranks, the input rows' gradient
+  // back (the held input gradient reuses the held output gradient, as dxp reuses dyp).
+  EpComm* ep = opt_.ep;
+  const int64_t mi = moe_index_.at(l);
+  const TensorView& groups = ep ? m.held_offsets : m.offsets;
+  const TensorView dy = ep ? a_.dyh : a_.dyp, dx = ep ? a_.dyh : a_.dxp;
+  if (ep) ep->dispatch(mi, a_.dyp, a_.dyh, a_.ep_send, a_.ep_recv);
   mark(Phase::MlpDownGemmBwd);
-  lin_->moe_experts_dgrad({a_.dmact, a_.dyp, mp.proj.w, m.offsets, moe_align_, c});
-  lin_->moe_experts_wgrad({mp.proj.g, a_.dyp, m.act, m.offsets, moe_align_, !fresh_layers_, c});
+  lin_->moe_experts_dgrad({a_.dmact, dy, mp.proj.w, groups, moe_align_, c});
+  lin_->moe_experts_wgrad({mp.proj.g, dy, m.act, groups, moe_align_, !fresh_layers_, c});
   mark(Phase::ActivationBwd);
   turbo::activation_backward({turbo::Activation::SwiGLU, a_.dh, m.h, a_.dmact, false, c});
   mark(Phase::MlpUpGemmBwd);
-  lin_->moe_experts_dgrad({a_.dxp, a_.dh, mp.fc.w, m.offsets, moe_align_, c});
-  lin_->moe_experts_wgrad({mp.fc.g, a_.dh, m.xp, m.offsets, moe_align_, !fresh_layers_, c});
+  lin_->moe_experts_dgrad({dx, a_.dh, mp.fc.w, groups, moe_align_, c});
+  lin_->moe_experts_wgrad({mp.fc.g, a_.dh, m.xp, groups, moe_align_, !fresh_layers_, c});
+  if (ep) ep->combine(mi, a_.dyh, a_.dxp, a_.ep_send, a_.ep_recv);
   mark(Phase::MoePermuteBwd);
   turbo::MoePermuteBackwardArgs pb;
   pb.dinp = dln;

@@ -23,6 +23,7 @@
 
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/model/cp_attention.h"
+#include "backends/cuda/model/ep_comm.h"
 #include "backends/cuda/model/fsdp_comm.h"
 #include "backends/cuda/model/memory_plan.h"
 #include "backends/cuda/model/tp_comm.h"
@@ -86,6 +87,10 @@ struct DecoderOptions {
   // Context parallelism (cp_attention.h; null: none): the batch is the rank's chunk slots (2B rows
   // of T / 2cp tokens), the attention runs over every rank's k|v, positions are the chunks' global ones.
   CpAttention* cp = nullptr;
+  // Expert parallelism (ep_comm.h; null: none): the spec holds this rank's experts; each MoE
+  // layer's permuted rows go to their experts' ranks between the permutation and the expert GEMMs
+  // and come back before the weighted combine (the held side's buffers: MoeActs).
+  EpComm* ep = nullptr;
   // Rowwise and tensorwise FP8 (CudaModelOptions::fp8_maxima; null: none): the SwiGLU kernels write their output's
   // maxima into ActivationBuffers::fp8_maxima and put them here for the FP8 linear call after them.
   turbo::Fp8Maxima* fp8_maxima = nullptr;

@@ -492,6 +492,10 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   const int64_t Fs = e.shared_ffn_hidden_size;
   const int64_t M = moe_rows_bound(N);
   a.moe_rows = M;
+  // Expert parallelism: every rank's rows may come to this rank's experts (El groups, each padded).
+  const int64_t El = e.held_experts(), ep = std::max<int64_t>(1, opt_.ep);
+  const int64_t Mh = ep > 1 ? ep * M + El * (std::max<int64_t>(1, opt_.moe_align) - 1) : M;
+  a.moe_held_rows = Mh;
   const DType f32 = DType::F32, i32 = DType::I32;
   // The routing (small) is always kept. The big per-slot buffers follow the layer's recompute
   // policy: selective recomputes the permuted input (a gather of ln2) and the SwiGLU outputs (from
@@ -506,9 +510,9 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
     Recompute keep;  // the coarsest policy that still keeps it
     const char* what;
   };
-  const Big big[] = {{&MoeActs::xp, M, C, Recompute::Norms, "MoE permuted input"},
-                     {&MoeActs::h, M, 2 * F, Recompute::Selective, "MoE expert gate|up"},
-                     {&MoeActs::act, M, F, Recompute::Norms, "MoE expert activation"},
+  const Big big[] = {{&MoeActs::xp, Mh, C, Recompute::Norms, "MoE permuted input"},
+                     {&MoeActs::h, Mh, 2 * F, Recompute::Selective, "MoE expert gate|up"},
+                     {&MoeActs::act, Mh, F, Recompute::Norms, "MoE expert activation"},
                      {&MoeActs::yp, M, C, Recompute::Selective, "MoE expert output"},
                      {&MoeActs::sfc, Fs > 0 ? N : 0, 2 * Fs, Recompute::Selective, "MoE shared expert gate|up"},
                      {&MoeActs::sact, Fs > 0 ? N : 0, Fs, Recompute::Norms, "MoE shared expert activation"}};
@@ -523,6 +527,7 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
     m.topk_weight = take(Pool::Acts, f32, {N, K}, "MoE routing weights");
     m.rows = take(Pool::Acts, i32, {N, K}, "MoE slot rows");
     m.offsets = take(Pool::Acts, i32, {E + 1}, "MoE group offsets");
+    if (ep > 1) m.held_offsets = take(Pool::Acts, i32, {El + 1}, "MoE held group offsets");
     for (const Big& b : big) {
       if (b.rows == 0) continue;
       if (opt_.policy[l] <= b.keep) {
@@ -536,8 +541,15 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
     }
   }
   a.dyp = take(Pool::Acts, act_, {M, C}, "MoE expert output gradient");
-  a.dmact = take(Pool::Acts, act_, {M, F}, "MoE expert activation gradient");
-  a.dh = take(Pool::Acts, act_, {M, 2 * F}, "MoE expert gate|up gradient");
+  a.dmact = take(Pool::Acts, act_, {Mh, F}, "MoE expert activation gradient");
+  a.dh = take(Pool::Acts, act_, {Mh, 2 * F}, "MoE expert gate|up gradient");
+  if (ep > 1) {
+    a.moe_xl = take(Pool::Acts, act_, {M, C}, "MoE permuted input (local, expert parallelism)");
+    a.moe_yh = take(Pool::Acts, act_, {Mh, C}, "MoE held expert output (expert parallelism)");
+    a.dyh = take(Pool::Acts, act_, {Mh, C}, "MoE held expert output gradient (expert parallelism)");
+    a.ep_send = take(Pool::Acts, act_, {Mh, C}, "MoE all-to-all staging, out (expert parallelism)");
+    a.ep_recv = take(Pool::Acts, act_, {Mh, C}, "MoE all-to-all staging, in (expert parallelism)");
+  }
   // The permuted input's gradient reuses the expert output's: the backward's last read of dyp
   // (the down projection's weight gradient) comes before the up projection's input gradient
   // writes dxp (Decoder::moe_backward).

@@ -80,6 +80,10 @@ struct MoeActs {
   TensorView rows;             // i32 [N,K]: each slot's permuted row (-1: dropped)
   TensorView offsets;          // i32 [E+1]: the groups' rows
   TensorView xp, h, act, yp;   // [M,C] permuted input, [M,2F] gate|up, [M,F] SwiGLU, [M,C] expert output
+  // Expert parallelism (MemoryPlanOptions::ep > 1): xp, h and act are the held side's (this rank's
+  // experts' rows from every rank, Mh of them: ActivationBuffers::moe_held_rows), yp stays local;
+  // held_offsets i32 [El+1] the held groups' rows.
+  TensorView held_offsets;
   TensorView sfc, sact;        // shared expert [N,2Fs], [N,Fs] (undefined without one)
 };
 
@@ -172,6 +176,11 @@ struct ActivationBuffers {
   TensorView moe_cp_counts, moe_cp_counts_i;  // cp > 1: a layer's counts summed over the group, f32 [E] and i32 [E]
   TensorView dsact, dsfc;               // shared expert [N,Fs], [N,2Fs]
   int64_t moe_rows = 0;                 // M
+  // Expert parallelism: the local permuted input xl [M,C] and the held output yh [Mh,C] (both
+  // transient), the held output gradient dyh [Mh,C] (dmact, dh are then [Mh,..]; the held input
+  // gradient reuses dyh), and the all-to-all staging ep_send, ep_recv [Mh,C].
+  TensorView moe_xl, moe_yh, dyh, ep_send, ep_recv;
+  int64_t moe_held_rows = 0;            // Mh
 };
 
 struct MemoryPlanOptions {
@@ -228,6 +237,9 @@ struct MemoryPlanOptions {
   // placement is the plan's.
   std::shared_ptr<const FsdpPlan> fsdp;
   int64_t cp = 1;  // context-parallel ranks: the chunked attention's buffers (cp_attention.h)
+  // Expert-parallel ranks (the spec is one rank's: moe.local_experts of num_experts held): the
+  // held side's buffers and the all-to-all staging (ep_comm.h).
+  int64_t ep = 1;
 };
 
 // What a plan takes, without taking it: the three arenas' capacities exactly as the constructor

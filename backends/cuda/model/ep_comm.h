@@ -1,0 +1,83 @@
+// The CUDA model's expert-parallel group (train/expert_parallel.h): each rank holds num_experts /
+// ep of every MoE layer's experts, and the rows its router sends to another rank's experts go there
+// and come back, as in the reference backend's MoeLayer.
+//
+// Per MoE layer and micro-batch, plan() reads the local row plan (the kept slots per expert and the
+// groups' offsets) on the host, which synchronises the model's stream: the rows each rank sends
+// each other rank are known there before any moves, as Megatron's all-to-all dispatcher knows its
+// token counts. The counts then go round the group (one all-to-all), and this rank's held groups
+// (its experts' rows from every rank, expert-major, each group padded to the grouped GEMM's
+// alignment with zero rows) get their offsets. dispatch() packs the local groups' kept rows rank by
+// rank into a wire buffer, exchanges them (all-to-all with variable counts: NCCL grouped
+// send / recv on the device, any host group in host mode) and unpacks them into the held groups;
+// combine() is the way back. The backward uses the same two moves on the gradients (the output
+// rows' gradient dispatched, the input rows' gradient combined).
+//
+// Because the host reads the counts, a step with expert parallelism cannot be captured as a CUDA
+// graph; the model refuses cuda_graph beside it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backends/cuda/model/memory_plan.h"
+#include "parallel/process_group.h"
+
+namespace primus::parallel {
+class NcclProcessGroup;
+}
+
+namespace primus::backends::cuda {
+
+class EpComm {
+ public:
+  // ConfigError when a device model gets a group that is neither NCCL nor the threaded one, or the
+  // experts do not split over the group.
+  EpComm(parallel::ProcessGroup& group, const ModelStream& stream, int64_t num_experts, int64_t align,
+         int64_t moe_layers);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int64_t local_experts() const { return El_; }
+  // The held rows bound for `local_rows_max` permuted rows a rank (every rank's rows to this one's
+  // experts, each group padded).
+  int64_t held_rows_max(int64_t local_rows_max) const;
+
+  // Plans MoE layer i (its index among the MoE layers) from this micro-batch's local plan: kept
+  // (i32 [E]) and offsets (i32 [E + 1]) in model memory. Writes the held groups' offsets (i32
+  // [El + 1]) into held_offsets and returns the held rows.
+  int64_t plan(int64_t i, const TensorView& kept, const TensorView& offsets, const TensorView& held_offsets);
+  // local [M, W] rows in layer i's local groups -> held [Mh, W] in its held groups (padding rows
+  // zeroed); send_wire / recv_wire [rows, >= W] staging (rows: held_rows_max).
+  void dispatch(int64_t i, const TensorView& local, const TensorView& held, const TensorView& send_wire,
+                const TensorView& recv_wire) const;
+  // held [Mh, W] -> the kept rows of local [M, W] (its padding rows are left as they are).
+  void combine(int64_t i, const TensorView& held, const TensorView& local, const TensorView& send_wire,
+               const TensorView& recv_wire) const;
+
+  // The gradients' reductions (CudaModel::grad_norm), in the model's stream order: t (f32) summed
+  // over the ep group; t averaged over `group` (null or one rank: unchanged); t *= s.
+  void sum(const TensorView& t) const;
+  void mean(parallel::ProcessGroup* group, const TensorView& t) const;
+  void scale(const TensorView& t, float s) const;
+
+ private:
+  struct Plan {
+    std::vector<int64_t> kept, off;          // local: per expert [E], group starts [E + 1]
+    std::vector<int64_t> recv;               // rows from rank q for held expert e: [q * El + e]
+    std::vector<int64_t> held_start;         // held groups' starts [El + 1] (padded)
+    std::vector<size_t> send_rows, recv_rows;  // per rank
+  };
+  // Copies rows [src_row, src_row + n) of src to dst_row of dst (same width W, row strides their own).
+  void copy_rows(const TensorView& dst, int64_t dst_row, const TensorView& src, int64_t src_row, int64_t n) const;
+  void exchange(const TensorView& send, const std::vector<size_t>& send_rows, const TensorView& recv,
+                const std::vector<size_t>& recv_rows, int64_t W) const;
+
+  parallel::ProcessGroup& group_;
+  parallel::NcclProcessGroup* nccl_ = nullptr;
+  ModelStream stream_;
+  int rank_ = 0, size_ = 1;
+  int64_t E_, El_, align_;
+  std::vector<Plan> plans_;
+};
+
+}  // namespace primus::backends::cuda
