@@ -3,7 +3,8 @@
 #   1. tensor parallelism: test_cuda_gpu's TpGpuTest (tp2 vs one rank, 20 steps, three tiny models);
 #      sharded data parallelism (FsdpGpuTest: zero2 / fsdp2 vs one rank accumulating) and context
 #      parallelism (CpGpuTest: cp2 vs one rank); the three side by side (MeshGpuTest: tp x cp, FSDP x
-#      tp, FSDP over dp x cp, tp x cp x dp, up to eight ranks, vs one rank accumulating)
+#      tp, FSDP over dp x cp, tp x cp x dp, up to eight ranks, vs one rank accumulating); expert
+#      parallelism (EpGpuTest: ep2 / ep4, each rank its experts and its part of the batch, vs one rank)
 #   2. the ops it added or changed: test_turbo_gpu's embedding and cross-entropy tests
 #   3. the threaded process group's device collectives (test_threaded_gpu)
 #   4. no regression of the one-rank model: test_cuda_gpu's parity tests against the reference
@@ -11,13 +12,13 @@
 #      50-step GPT-2 run of the embedded example (its last step line)
 # and prints a table last. Build here first: bash bench/mesh/prepare_carry.sh, then
 #   run(command="bash bench/mesh/run_on_gpu.sh", carry=[".carry-mesh"])
-# STAGES=tp,fsdp,cp,mesh,ops,threads,parity picks stages; every stage runs under `timeout`, cut to what is left
+# STAGES=tp,fsdp,cp,mesh,ep,ops,threads,parity picks stages; every stage runs under `timeout`, cut to what is left
 # before BUDGET_S (540 s).
 set -u
 CARRY=${CARRY:-.carry-mesh}
 OUT=${OUT:-/tmp/mesh-out}
 BIN=/tmp/mesh-bin
-STAGES=${STAGES:-tp,fsdp,cp,mesh,ops,threads,parity,trainer}
+STAGES=${STAGES:-tp,fsdp,cp,mesh,ep,ops,threads,parity,trainer}
 source bench/tools/carry.sh
 carry_deadline "${BUDGET_S:-540}"
 mkdir -p "$OUT"
@@ -40,6 +41,7 @@ want tp && stage tp 240 test_cuda_gpu '*TpGpu*'
 want fsdp && stage fsdp 300 test_cuda_gpu '*FsdpGpu*:*DpGpuInBackward*'
 want cp && stage cp 240 test_cuda_gpu '*CpGpu*'
 want mesh && stage mesh 300 test_cuda_gpu '*MeshGpu*'
+want ep && stage ep 180 test_cuda_gpu '*EpGpu*'
 want ops && stage ops 120 test_turbo_gpu '*Embedding*:*CrossEntropy*:*Loss*:*CountsCast*'
 want threads && stage threads 60 test_threaded_gpu '*'
 want parity && stage parity 240 test_cuda_gpu "${PARITY_FILTER:-*ModelParity*:*TrainingParity*}"

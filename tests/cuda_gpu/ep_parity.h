@@ -1,0 +1,106 @@
+// The CUDA model under expert parallelism against itself on one rank: `ep` ranks as threads of this
+// process (parallel/threaded_process_group.h; on the GPU the collectives go through device memory,
+// parallel/cuda/threaded_device_ops.h), each building the map's local spec (num_experts / ep of
+// every MoE layer's experts) and cutting the same initial weights, each training on its own
+// kTrainBatch / ep rows of every step's batch, with the trainers' recipe (clip 1.0, AdamW). The
+// one-rank run takes the whole batch: the dense gradients' mean over the ranks and the experts'
+// sums over their tokens are the whole batch's, so the runs are the same model up to rounding.
+// The switch aux loss is a product of per-batch means (not additive over rows): the specs here
+// train without it (the host-mode trainer tests compare it under gradient accumulation). Shared by
+// the host-mode test (CI) and the GPU one.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "cuda_fixture.h"
+#include "parallel/threaded_process_group.h"
+#include "threaded_ranks.h"
+#include "train/expert_parallel.h"
+#ifdef PRIMUS_EP_PARITY_DEVICE
+#include "parallel/cuda/threaded_device_ops.h"
+#endif
+
+namespace primus::backends::cuda::testing {
+
+struct EpRun {
+  std::vector<double> loss, gnorm;   // per step: the mean over the ranks, rank 0's norm
+  std::vector<std::vector<double>> rank_loss, rank_gnorm;  // [rank][step]: each its own tokens' loss, one norm
+  std::vector<float> params;         // the final weights in the global layout
+};
+
+// The tiny MoE models (cuda_fixture.h) without the switch aux loss: Mixtral-style (8 experts,
+// top-2) and DeepSeek-style (16 experts in 4 groups, sigmoid top-4, expert bias, a shared expert).
+inline train::ModelSpec ep_spec(bool deepseek) {
+  train::ModelSpec m = tiny_moe_spec(deepseek);
+  m.moe.aux_loss_coeff = 0.0;
+  return m;
+}
+
+inline EpRun run_ep(const train::ModelSpec& spec, int ep, turbo::Device device, int steps, Attn attn = Attn::Default) {
+  const int64_t T = spec.seq_length, B = kTrainBatch / ep;
+  const Batches data(T, steps);
+  const std::vector<float> init = initial_params(spec);
+  EpRun run;
+  std::vector<std::vector<double>>& loss = run.rank_loss;
+  loss.resize(static_cast<size_t>(ep));
+  run.rank_gnorm.resize(static_cast<size_t>(ep));
+  std::vector<std::vector<float>> local(static_cast<size_t>(ep));
+  std::vector<std::shared_ptr<train::EpShardMap>> maps(static_cast<size_t>(ep));
+  if (ep > 1)
+    for (int r = 0; r < ep; ++r) maps[r] = std::make_shared<train::EpShardMap>(spec, ep, r);
+
+  auto rank_main = [&](int r, parallel::ProcessGroup* pg) {
+    if (device == turbo::Device::CUDA) select_device(0);
+    const train::ModelSpec& ls = ep > 1 ? maps[r]->local_spec() : spec;
+    CudaModelOptions mo = options(ls, B, device);
+    if (ep > 1) {
+      mo.ep_group = pg;
+      mo.ep_map = maps[r];
+      mo.ep_dense_group = pg;  // the ep ranks are the dense layers' replicas (dp 1)
+    }
+    CudaModel model(ls, mo, ops_for(attn));
+    std::vector<float> w(static_cast<size_t>(model.layout().total));
+    if (ep > 1) maps[r]->to_local(init.data(), w.data());
+    else w = init;
+    model.set_params(w.data());
+    for (int s = 0; s < steps; ++s) {
+      const turbo::AdamWHyper hp = parity_hyper(s);
+      model.zero_grad();
+      const size_t at = static_cast<size_t>(r * B * T);
+      model.forward(data.inputs[s].data() + at, data.targets[s].data() + at, B, T, 1.0f / float(B * T), 0);
+      model.backward();
+      model.grad_norm(1.0f);
+      loss[r].push_back(model.read_loss_sum(1));
+      run.rank_gnorm[r].push_back(model.read_grad_norm());
+      model.update(hp);
+    }
+    model.get_params(w.data());
+    local[r] = std::move(w);
+  };
+
+  if (ep == 1) {
+    rank_main(0, nullptr);
+  } else {
+    parallel::ThreadedGroup::OpsFactory ops;
+#ifdef PRIMUS_EP_PARITY_DEVICE
+    if (device == turbo::Device::CUDA) ops = parallel::DeviceMemoryOps::factory(0);
+#endif
+    run_threaded_ranks(ep, ops, "ep", rank_main);
+  }
+  for (int s = 0; s < steps; ++s) {
+    double sum = 0;
+    for (int r = 0; r < ep; ++r) sum += loss[r][s];
+    run.loss.push_back(sum / ep);
+    run.gnorm.push_back(run.rank_gnorm[0][s]);
+  }
+  if (ep == 1) {
+    run.params = local[0];
+  } else {
+    run.params.assign(init.size(), 0.0f);
+    for (int r = 0; r < ep; ++r) maps[r]->to_global(local[r].data(), run.params.data(), r > 0);
+  }
+  return run;
+}
+
+}  // namespace primus::backends::cuda::testing
