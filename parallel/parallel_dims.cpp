@@ -256,9 +256,15 @@ std::string describe_mesh(const ParallelSizes& sizes, int64_t world, int64_t max
   const ParallelSizes s = sizes.for_world(world);
   std::string out = fmt::format("  mesh:      {} ranks = tp {} x cp {} x dp {}", world, s[Dim::TP], s[Dim::CP], s[Dim::DP]);
   if (s[Dim::EP] > 1 || s[Dim::PP] > 1) out += fmt::format(" x ep {} x pp {}", s[Dim::EP], s[Dim::PP]);
-  out += fmt::format(" (rank = tp + {} x (cp + {} x dp), tp fastest as Megatron); sequence_parallel {}, "
+  out += fmt::format(" (rank = tp + {} x (cp + {} x {}), tp fastest as Megatron); sequence_parallel {}, "
                      "data_parallel_sharding_strategy {}\n",
-                     s[Dim::TP], s[Dim::CP], s.sequence_parallel ? "true" : "false", dp_sharding_name(s.sharding));
+                     s[Dim::TP], s[Dim::CP], s[Dim::EP] > 1 ? fmt::format("(ep + {} x dp)", s[Dim::EP]) : "dp",
+                     s.sequence_parallel ? "true" : "false", dp_sharding_name(s.sharding));
+  if (s[Dim::EP] > 1) {
+    out += fmt::format("             expert parallel: each rank holds 1/{} of the experts; the dense layers' replicas are "
+                       "the {} ranks of ep x dp (data_parallel_size), each expert's the {} of dp\n",
+                       s[Dim::EP], s[Dim::EP] * s[Dim::DP], s[Dim::DP]);
+  }
   auto ranks_text = [](const std::vector<int>& r) {
     std::string t = "[";
     for (size_t i = 0; i < r.size(); ++i) t += (i ? "," : "") + std::to_string(r[i]);
@@ -274,8 +280,10 @@ std::string describe_mesh(const ParallelSizes& sizes, int64_t world, int64_t max
     const ParallelDims d(s, static_cast<int>(world), static_cast<int>(r));
     out += fmt::format("    rank {:>4}: tp {} cp {} dp {}", r, d.coord(Dim::TP), d.coord(Dim::CP), d.coord(Dim::DP));
     if (s[Dim::EP] > 1 || s[Dim::PP] > 1) out += fmt::format(" ep {} pp {}", d.coord(Dim::EP), d.coord(Dim::PP));
-    out += fmt::format("  tp group {}  cp group {}  dp group {}\n", ranks_text(d.group_ranks(Dim::TP)),
+    out += fmt::format("  tp group {}  cp group {}  dp group {}", ranks_text(d.group_ranks(Dim::TP)),
                        ranks_text(d.group_ranks(Dim::CP)), ranks_text(d.group_ranks(Dim::DP)));
+    if (s[Dim::EP] > 1) out += fmt::format("  ep group {}", ranks_text(d.group_ranks(Dim::EP)));
+    out += "\n";
   }
   return out;
 }

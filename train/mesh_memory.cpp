@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/util/error.h"
+#include "train/expert_parallel.h"
 #include "train/tensor_parallel.h"
 
 namespace primus::train {
@@ -12,8 +13,8 @@ namespace primus::train {
 namespace {
 
 // Parameters of the rank's slice of the model and of its largest layer: the tensor-parallel split
-// where the model has one, else (MoE layers, which tp does not split yet) an even cut.
-void per_rank_parameters(const ModelSpec& m, int64_t tp, int64_t* total, int64_t* largest_layer) {
+// where the model has one, else an even cut; the routed experts then cut over the ep ranks.
+void per_rank_parameters(const ModelSpec& m, int64_t tp, int64_t ep, int64_t* total, int64_t* largest_layer) {
   ParamLayout layout;
   if (tp == 1) {
     layout = make_param_layout(m);
@@ -24,6 +25,11 @@ void per_rank_parameters(const ModelSpec& m, int64_t tp, int64_t* total, int64_t
       layout = make_param_layout(m);
       for (auto& t : layout.tensors) t.numel = (t.numel + tp - 1) / tp;
     }
+  }
+  // Expert parallelism: each rank holds 1/ep of every MoE layer's routed experts.
+  if (ep > 1) {
+    for (auto& t : layout.tensors)
+      if (is_routed_expert_tensor(t.name)) t.numel = (t.numel + ep - 1) / ep;
   }
   *total = 0;
   std::vector<int64_t> layer(static_cast<size_t>(m.num_layers), 0);
@@ -43,7 +49,7 @@ MeshMemory mesh_memory_per_rank(const ModelSpec& m, const parallel::ParallelSize
   const int64_t tp = s[Dim::TP], cp = s[Dim::CP], shards = s[Dim::DP] * cp;
   MeshMemory r;
   int64_t largest = 0;
-  per_rank_parameters(m, tp, &r.parameters_per_rank, &largest);
+  per_rank_parameters(m, tp, s[Dim::EP], &r.parameters_per_rank, &largest);
   const double P = static_cast<double>(r.parameters_per_rank), Lmax = static_cast<double>(largest);
   const bool optim = s.sharding != DpSharding::NoShard;
   const bool grads = parallel::shards_gradients(s.sharding);
@@ -83,9 +89,10 @@ std::string describe_mesh_memory(const ModelSpec& m, const parallel::ParallelSiz
   return fmt::format(
       "  memory per rank (analytical: bf16 weights + fp32 master, gradients and AdamW moments, activations of a "
       "micro-batch of {} x {} tokens without recompute; not counted: CUDA context, workspaces, buffers): {:.2f}M "
-      "parameters after tp {}; weights {:.2f} GiB, master {:.2f}, gradients {:.2f}, optimizer {:.2f}, activations "
+      "parameters after tp {}{}; weights {:.2f} GiB, master {:.2f}, gradients {:.2f}, optimizer {:.2f}, activations "
       "{:.2f}{}, logits {:.2f}; total {:.2f} GiB\n",
-      micro_batch, seq_length, r.parameters_per_rank / 1e6, s[Dim::TP], g(r.weights), g(r.master), g(r.gradients),
+      micro_batch, seq_length, r.parameters_per_rank / 1e6, s[Dim::TP],
+      s[Dim::EP] > 1 ? fmt::format(" and ep {}", s[Dim::EP]) : "", g(r.weights), g(r.master), g(r.gradients),
       g(r.optimizer), g(r.activations),
       s[Dim::CP] > 1 || s.sequence_parallel
           ? fmt::format(" ({}{}{})", s[Dim::CP] > 1 ? fmt::format("/ cp {}", s[Dim::CP]) : "",

@@ -8,6 +8,9 @@
 //   replicated); without sequence parallelism the hidden-sized activations (layer input, norm
 //   outputs, residual) stay whole on every tp rank, with it they are divided by tp too.
 // - Context parallelism divides every activation by cp (each rank holds seq_length / cp tokens).
+// - Expert parallelism divides the routed experts' weights by ep (each rank holds num_experts / ep
+//   of every MoE layer's); the activations of the experts a rank runs are counted as its own
+//   tokens' (balanced routing).
 // - The sharding strategy divides, over the dp x cp ranks (Megatron's distributed optimizer
 //   shards over the data-parallel group with context parallelism folded in): optim the master
 //   weights and moments; optim_grads also the gradients (plus one layer's whole gradient, reduced

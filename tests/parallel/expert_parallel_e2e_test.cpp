@@ -132,16 +132,14 @@ TEST(ExpertParallelTraining, WhatItDoesNotCombineWithYetIsRefusedByName) {
     EXPECT_NE(r.out.find(why), std::string::npos) << args << "\n" << r.out;
     EXPECT_EQ(r.out.find("| loss "), std::string::npos) << args << ": trained\n" << r.out;
   }
-  // The cuda backend has no expert parallelism yet: its dry run refuses the key, naming it.
+  // The cuda backend's dry run prints the layout: the ep groups and the memory of 1/ep of the experts.
   if (run_primus("backends").out.find("cuda ") == std::string::npos) return;
   auto c = run_primus("train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
-                          "/examples/cuda/olmoe-mini.yaml --dry-run expert_model_parallel_size=2",
-                      "RANK=0 WORLD_SIZE=2");
-  EXPECT_NE(c.code, 0) << c.out;
-  EXPECT_NE(c.out.find("expert_model_parallel_size: ep is 2, but expert parallelism is not implemented yet on the cuda "
-                       "backend"),
-            std::string::npos)
-      << c.out;
+                          "/examples/cuda/olmoe-mini.yaml --dry-run expert_model_parallel_size=2 global_batch_size=16",
+                      "RANK=0 WORLD_SIZE=4");
+  EXPECT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("ep group [0,1]"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("parameters after tp 1 and ep 2"), std::string::npos) << c.out;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "tests/common/tiny_models.h"
 #include "tests/core/test_util.h"
 #include "train/expert_parallel.h"
+#include "train/mesh_memory.h"
 #include "train/training_args.h"
 
 using namespace primus::train;
@@ -114,6 +115,21 @@ TEST(ExpertParallelMesh, DataParallelSizeCountsTheExpertRanks) {
   EXPECT_EQ(d.group_ranks({primus::parallel::Dim::EP, primus::parallel::Dim::DP}), (std::vector<int>{1, 3, 5, 7}));
   EXPECT_EQ(d.group_ranks(primus::parallel::Dim::DP), (std::vector<int>{1, 5}));
   EXPECT_EQ(d.group_ranks(primus::parallel::Dim::EP), (std::vector<int>{5, 7}));
+}
+
+// The dry run's analytical memory per rank: under ep the parameters are the local layout's (the
+// experts cut, the rest whole), and the weights, gradients and moments follow them.
+TEST(ExpertParallelMesh, MemoryPerRankCountsTheRanksExperts) {
+  const ModelSpec m = primus::testing::tiny_moe(true);  // 8 experts
+  primus::parallel::ParallelSizes one, two;
+  one[primus::parallel::Dim::DP] = 2;
+  two[primus::parallel::Dim::EP] = 2;
+  const MeshMemory a = mesh_memory_per_rank(m, one, 2, 8), b = mesh_memory_per_rank(m, two, 2, 8);
+  EXPECT_EQ(a.parameters_per_rank, make_param_layout(m).total);
+  EXPECT_EQ(b.parameters_per_rank, EpShardMap(m, 2, 0).local_layout().total);
+  EXPECT_LT(b.parameters_per_rank, a.parameters_per_rank);
+  EXPECT_DOUBLE_EQ(b.optimizer, 8.0 * static_cast<double>(b.parameters_per_rank));
+  EXPECT_NE(describe_mesh_memory(m, two, 2, 8).find("after tp 1 and ep 2"), std::string::npos);
 }
 
 }  // namespace
