@@ -47,6 +47,12 @@ void add_cuda_schema(config::Schema& s) {
             "gradient bytes written and read); bf16 needs optimizer_in_bwd: true (a gradient written once, never "
             "accumulated), fp8: none and num_experts > 0",
             {"fp32", "bf16"})
+      .number("moe_ep_buffer_factor", 2.0,
+              "expert parallelism: the held-side buffers (this rank's experts' rows from every rank) are sized for "
+              "this factor x one rank's permuted rows, at most ep x them (the dropless worst case, every rank's rows "
+              "to one rank's experts). A step whose routing sends more rows to a rank stops with an error naming "
+              "this key before any row moves; balanced routing needs about 1",
+              1.0)
       .text("master_weights", "fp32",
             "how the fp32 master weights are held: fp32 (a buffer of their own beside the bf16 compute weights), or "
             "split (the bf16 weights are their high halves and a 16-bit buffer their low halves: the same fp32 values "
@@ -181,6 +187,7 @@ class CudaAdapter : public BackendAdapter {
     a->device_name = device_.name;
     a->attention_backend = p.find_path("attention_backend")->as_string();
     a->peak_flops = p.find_path("peak_flops")->as_double();
+    a->moe_ep_buffer_factor = p.find_path("moe_ep_buffer_factor")->as_double();
     a->fp8_first_last_bf16_layers = p.find_path("fp8_first_last_bf16_layers")->as_int();
     if (a->fp8_first_last_bf16_layers > 0 && p.find_path("fp8")->as_string() == "none")
       throw ConfigError(fmt::format("{}: fp8_first_last_bf16_layers {} has no effect with fp8: none (set fp8: e4m3 or "

@@ -172,6 +172,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   }
   if (opt.cp_group && opt.cp_group->world_size() > 1) mp.cp = opt.cp_group->world_size();
   if (opt.ep_group && opt.ep_group->world_size() > 1) mp.ep = opt.ep_group->world_size();
+  mp.ep_buffer_factor = opt.ep_buffer_factor;
   return mp;
 }
 
@@ -449,7 +450,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   if (ep) {
     ep_ = std::make_unique<EpComm>(*opt_.ep_group, stream_, opt_.ep_map->global_spec().moe.num_experts,
-                                   plan_->options().moe_align, spec_.num_moe_layers());
+                                   plan_->options().moe_align, spec_.num_moe_layers(), plan_->acts.moe_held_rows);
     dec.ep = ep_.get();
     // The norm counts this rank's experts, and the tensors every ep rank holds once (on rank 0).
     std::vector<bool> counted(layout_.tensors.size());

@@ -213,6 +213,10 @@ struct CudaModelOptions {
   std::shared_ptr<const train::EpShardMap> ep_map;
   parallel::ProcessGroup* ep_dense_group = nullptr;
   parallel::ProcessGroup* ep_expert_group = nullptr;
+  // The held side's buffers (this rank's experts' rows from every rank) hold this factor x one
+  // rank's permuted-row bound, at most ep x it (every rank's rows to this rank's experts); a routing
+  // that sends more is a RuntimeError naming moe_ep_buffer_factor before any row moves.
+  double ep_buffer_factor = 2.0;
 };
 
 // The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the

@@ -131,6 +131,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   }
   // Expert parallelism (CudaModel, model/ep_comm.h) beside plain data parallelism, AdamW and bf16
   // experts; the rest is refused here, before anything is built.
+  mo.ep_buffer_factor = a.moe_ep_buffer_factor;
   if (const int64_t ep = t.model_parallel[parallel::Dim::EP]; ep > 1) {
     const char* why = !spec.moe.enabled()                               ? nullptr
                       : t.model_parallel[parallel::Dim::TP] > 1           ? "tensor_model_parallel_size > 1"

@@ -40,3 +40,81 @@ INSTANTIATE_TEST_SUITE_P(Models, EpHostTest,
 
 }  // namespace
 }  // namespace primus::backends::cuda::testing
+
+namespace primus::backends::cuda::testing {
+namespace {
+
+// EpComm itself on host groups (two ranks as threads): each rank's local groups (4 experts, 2 a
+// rank, padded to 4 rows) go to the experts' ranks, expert-major with every group padded by zero
+// rows, and come back to the kept rows they left; an expert that receives nothing and a rank
+// that sends another nothing. A routing beyond the held buffers stops both ranks with an error
+// naming moe_ep_buffer_factor before anything moves.
+TEST(EpCommHost, RowsReachTheirExpertsAndComeBack) {
+  constexpr int64_t E = 4, C = 3, align = 4;
+  // kept[rank][expert]: rank 0 sends nothing to rank 1's expert 3, expert 2 gets nothing at all.
+  const int32_t kept[2][E] = {{3, 1, 0, 0}, {2, 0, 0, 5}};
+  auto value = [](int r, int64_t e, int64_t i, int64_t c) { return float(1000 * (r + 1) + 100 * e + 10 * i + c); };
+  // Held rows: rank 0's experts 0 (3 + 2 rows, padded to 8) and 1 (1, padded to 4), 12; rank 1's
+  // 2 (none) and 3 (5, padded to 8), 8. Buffers of 12 rows hold it, of 11 not.
+  for (const int64_t cap : {int64_t{64}, int64_t{12}, int64_t{11}}) {
+    std::vector<std::string> errors(2);
+    run_threaded_ranks(2, {}, "ep", [&](int r, parallel::ProcessGroup* pg) {
+      try {
+        ModelStream stream;
+        stream.host = true;
+        EpComm ep(*pg, stream, E, align, 1, cap);
+        std::vector<int32_t> k(kept[r], kept[r] + E), off(E + 1, 0);
+        for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + (k[e] + align - 1) / align * align;
+        std::vector<float> local(static_cast<size_t>(off[E] * C), -1.f), back(local.size(), -7.f);
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t i = 0; i < k[e]; ++i)
+            for (int64_t c = 0; c < C; ++c) local[(off[e] + i) * C + c] = value(r, e, i, c);
+        std::vector<int32_t> held_off(3, -1);
+        std::vector<float> held(static_cast<size_t>(64 * C), -5.f), send(static_cast<size_t>(64 * C)),
+            recv(static_cast<size_t>(64 * C));
+        auto view = [&](std::vector<float>& v, int64_t rows) {
+          return TensorView(v.data(), turbo::DType::F32, turbo::Device::CPU, {rows, C});
+        };
+        const int64_t rows = ep.plan(0, TensorView(k.data(), turbo::DType::I32, turbo::Device::CPU, {E}),
+                                     TensorView(off.data(), turbo::DType::I32, turbo::Device::CPU, {E + 1}),
+                                     TensorView(held_off.data(), turbo::DType::I32, turbo::Device::CPU, {3}));
+        ep.dispatch(0, view(local, off[E]), view(held, 64), view(send, 64), view(recv, 64));
+        // Held expert-major: this rank's experts 2r, 2r + 1, each from rank 0 then rank 1, padded.
+        int64_t at = 0;
+        for (int64_t le = 0; le < 2; ++le) {
+          const int64_t e = 2 * r + le;
+          EXPECT_EQ(held_off[le], at) << "rank " << r << " expert " << e;
+          int64_t row = at;
+          for (int q = 0; q < 2; ++q)
+            for (int64_t i = 0; i < kept[q][e]; ++i, ++row)
+              for (int64_t c = 0; c < C; ++c) EXPECT_EQ(held[row * C + c], value(q, e, i, c)) << "rank " << r;
+          const int64_t n = kept[0][e] + kept[1][e], padded = (n + align - 1) / align * align;
+          for (; row < at + padded; ++row)
+            for (int64_t c = 0; c < C; ++c) EXPECT_EQ(held[row * C + c], 0.f) << "padding, rank " << r;
+          at += padded;
+        }
+        EXPECT_EQ(held_off[2], at);
+        EXPECT_EQ(rows, at);
+        ep.combine(0, view(held, 64), view(back, off[E]), view(send, 64), view(recv, 64));
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t i = 0; i < k[e]; ++i)
+            for (int64_t c = 0; c < C; ++c) EXPECT_EQ(back[(off[e] + i) * C + c], value(r, e, i, c)) << "rank " << r;
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      if (cap >= 12) {
+        EXPECT_TRUE(errors[r].empty()) << "cap " << cap << ", rank " << r << ": " << errors[r];
+      } else {  // both ranks see the same counts and stop alike
+        EXPECT_NE(errors[r].find("routes 12 rows to one rank's experts, more than its held buffers' 11 rows; raise "
+                                 "moe_ep_buffer_factor"),
+                  std::string::npos)
+            << "rank " << r << ": " << errors[r];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace primus::backends::cuda::testing

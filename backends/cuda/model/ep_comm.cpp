@@ -14,19 +14,15 @@
 namespace primus::backends::cuda {
 
 EpComm::EpComm(parallel::ProcessGroup& group, const ModelStream& stream, int64_t num_experts, int64_t align,
-               int64_t moe_layers)
+               int64_t moe_layers, int64_t held_rows)
     : group_(group), stream_(stream), rank_(group.rank()), size_(group.world_size()), E_(num_experts),
-      align_(std::max<int64_t>(1, align)) {
+      align_(std::max<int64_t>(1, align)), held_cap_(held_rows) {
   nccl_ = device_group(group_, stream_, "expert parallelism");
   if (size_ < 1 || E_ % size_ != 0) {
     throw ConfigError(fmt::format("expert_model_parallel_size {} does not divide num_experts {}", size_, E_));
   }
   El_ = E_ / size_;
   plans_.resize(static_cast<size_t>(std::max<int64_t>(moe_layers, 0)));
-}
-
-int64_t EpComm::held_rows_max(int64_t local_rows_max) const {
-  return int64_t{size_} * local_rows_max + El_ * (align_ - 1);
 }
 
 int64_t EpComm::plan(int64_t i, const TensorView& kept, const TensorView& offsets, const TensorView& held_offsets) {
@@ -59,6 +55,24 @@ int64_t EpComm::plan(int64_t i, const TensorView& kept, const TensorView& offset
     int64_t n = 0;
     for (int q = 0; q < size_; ++q) n += p.recv[static_cast<size_t>(q * El_ + e)];
     p.held_start[e + 1] = p.held_start[e] + (n + align_ - 1) / align_ * align_;
+  }
+  // Every rank computed every rank's held rows from the same counts: all stop here alike.
+  int64_t worst = 0;
+  for (int r = 0; r < size_; ++r) {
+    int64_t rows = 0;
+    for (int64_t e = r * El_; e < (r + 1) * El_; ++e) {
+      int64_t n = 0;
+      for (int q = 0; q < size_; ++q) n += static_cast<int64_t>(all[static_cast<size_t>(q * E_ + e)]);
+      rows += (n + align_ - 1) / align_ * align_;
+    }
+    worst = std::max(worst, rows);
+  }
+  if (worst > held_cap_) {
+    throw RuntimeError(fmt::format("expert parallelism: MoE layer #{} (counting the MoE layers) routes {} rows to one "
+                                   "rank's experts, more than its held buffers' {} rows; raise moe_ep_buffer_factor "
+                                   "(the held rows are that factor x one rank's permuted rows, at most "
+                                   "expert_model_parallel_size x them) or set moe_expert_capacity_factor",
+                                   i, worst, held_cap_));
   }
   std::vector<int32_t> h(p.held_start.begin(), p.held_start.end());
   stream_.to_model(held_offsets.data, h.data(), h.size() * sizeof(int32_t));

@@ -32,15 +32,14 @@ class EpComm {
  public:
   // ConfigError when a device model gets a group that is neither NCCL nor the threaded one, or the
   // experts do not split over the group.
+  // held_rows: the held buffers' rows (MemoryPlan: ActivationBuffers::moe_held_rows); a routing
+  // that would send this rank more is a RuntimeError (plan) naming moe_ep_buffer_factor.
   EpComm(parallel::ProcessGroup& group, const ModelStream& stream, int64_t num_experts, int64_t align,
-         int64_t moe_layers);
+         int64_t moe_layers, int64_t held_rows);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   int64_t local_experts() const { return El_; }
-  // The held rows bound for `local_rows_max` permuted rows a rank (every rank's rows to this one's
-  // experts, each group padded).
-  int64_t held_rows_max(int64_t local_rows_max) const;
 
   // Plans MoE layer i (its index among the MoE layers) from this micro-batch's local plan: kept
   // (i32 [E]) and offsets (i32 [E + 1]) in model memory. Writes the held groups' offsets (i32
@@ -76,7 +75,7 @@ class EpComm {
   parallel::NcclProcessGroup* nccl_ = nullptr;
   ModelStream stream_;
   int rank_ = 0, size_ = 1;
-  int64_t E_, El_, align_;
+  int64_t E_, El_, align_, held_cap_;
   std::vector<Plan> plans_;
 };
 

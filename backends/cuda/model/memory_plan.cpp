@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <cstring>
 
@@ -494,7 +495,10 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   a.moe_rows = M;
   // Expert parallelism: every rank's rows may come to this rank's experts (El groups, each padded).
   const int64_t El = e.held_experts(), ep = std::max<int64_t>(1, opt_.ep);
-  const int64_t Mh = ep > 1 ? ep * M + El * (std::max<int64_t>(1, opt_.moe_align) - 1) : M;
+  const double factor = std::min(static_cast<double>(ep), std::max(1.0, opt_.ep_buffer_factor));
+  const int64_t Mh = ep > 1 ? static_cast<int64_t>(std::ceil(factor * static_cast<double>(M))) +
+                                  El * (std::max<int64_t>(1, opt_.moe_align) - 1)
+                            : M;
   a.moe_held_rows = Mh;
   const DType f32 = DType::F32, i32 = DType::I32;
   // The routing (small) is always kept. The big per-slot buffers follow the layer's recompute

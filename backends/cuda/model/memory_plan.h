@@ -240,6 +240,7 @@ struct MemoryPlanOptions {
   // Expert-parallel ranks (the spec is one rank's: moe.local_experts of num_experts held): the
   // held side's buffers and the all-to-all staging (ep_comm.h).
   int64_t ep = 1;
+  double ep_buffer_factor = 2.0;  // the held rows: min(ep, factor) x the local bound (CudaModelOptions)
 };
 
 // What a plan takes, without taking it: the three arenas' capacities exactly as the constructor
