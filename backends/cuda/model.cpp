@@ -281,12 +281,13 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                       : cp                           ? "context parallelism"
                       : fsdp                         ? "sharded data parallelism"
                       : !opt_.optimizer_state || opt_.flat_elems != 0 ? "use_distributed_optimizer (ZeRO-1)"
-                      : opt_.optimizer_in_backward   ? "optimizer_in_bwd"
                       : !opt_.muon.empty()           ? "optimizer: muon"
                       : opt_.fp8_moe                 ? "FP8 experts"
                       : opt_.bf16_expert_grads       ? "moe_expert_grad_dtype: bf16"
                                                      : nullptr;
     if (why) throw ConfigError(fmt::format("expert_model_parallel_size {} with {} is not implemented yet on the cuda backend", n, why));
+    if (opt_.optimizer_in_backward && !opt_.grad_mean_group && opt_.ep_dense_group)
+      throw RuntimeError("cuda model: the optimizer in the backward beside expert parallelism needs grad_mean_group (the ep x dp ranks)");
   } else if (opt_.ep_map && opt_.ep_map->ep() > 1) {
     throw RuntimeError("cuda model: an expert-parallel map without its group (ep_group)");
   }
@@ -455,7 +456,20 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     // The norm counts this rank's experts, and the tensors every ep rank holds once (on rank 0).
     std::vector<bool> counted(layout_.tensors.size());
     for (size_t i = 0; i < counted.size(); ++i) counted[i] = ep_->rank() == 0 || opt_.ep_map->expert_tensor(i);
-    optimizer_->norm_over(counted);
+    if (opt_.optimizer_in_backward) {
+      optimizer_->group_norms_over(counted, {}, [this](const TensorView& t) { ep_->sum(t); });
+      const std::vector<int64_t> points = grad_ready_points(layout_);
+      for (size_t i = 0; i < layout_.tensors.size(); ++i) {
+        int64_t begin = -1;
+        for (int64_t p : points)
+          if (p <= layout_.tensors[i].offset && p > begin) begin = p;
+        ep_group_tensors_[begin].push_back(i);
+      }
+      if (opt_.ep_expert_group && opt_.ep_expert_group->world_size() > 1)
+        ep_expert_nccl_ = device_group(*opt_.ep_expert_group, stream_, "expert parallelism's expert gradient means");
+    } else {
+      optimizer_->norm_over(counted);
+    }
     for (size_t i = 0; i < layout_.tensors.size();) {
       const bool expert = opt_.ep_map->expert_tensor(i);
       size_t j = i;
@@ -952,6 +966,23 @@ void CudaModel::in_backward_ready(int64_t offset) {
     return;
   }
   update_pending_group();
+  if (ep_) {  // the dense tensors over the ep x dp ranks, the experts over their dp replicas
+    auto mean_over = [&](parallel::ProcessGroup* g, parallel::NcclProcessGroup* nccl, bool experts) {
+      if (!g || g->world_size() == 1) return;
+      issue_in_order(nccl, stream_, [&] {
+        for (size_t i : ep_group_tensors_.at(offset)) {
+          if (opt_.ep_map->expert_tensor(i) != experts) continue;
+          const TensorView t = optimizer_->grad_of(i);
+          g->all_reduce(t.data, size_t(t.numel()), comm_dtype(t, "the optimizer in the backward: a gradient's mean"),
+                        parallel::ReduceOp::Avg);
+        }
+      });
+    };
+    mean_over(mean_group_, mean_nccl_, false);
+    mean_over(opt_.ep_expert_group, ep_expert_nccl_, true);
+    mean_pending_ = offset;
+    return;
+  }
   issue_in_order(mean_nccl_, stream_, [&] {
     for (const TensorView& g : optimizer_->group_grads(offset))
       mean_group_->all_reduce(g.data, size_t(g.numel()), comm_dtype(g, "the optimizer in the backward: a gradient's mean"),
@@ -963,6 +994,12 @@ void CudaModel::in_backward_ready(int64_t offset) {
 void CudaModel::update_pending_group() {
   if (mean_pending_ < 0) return;
   await_group(mean_nccl_, stream_);
+  if (ep_) {  // each expert's gradient is every ep rank's tokens' sum: / ep for the mean over all ranks
+    await_group(ep_expert_nccl_, stream_);
+    const float inv = 1.0f / static_cast<float>(ep_->size());
+    for (size_t i : ep_group_tensors_.at(mean_pending_))
+      if (opt_.ep_map->expert_tensor(i)) ep_->scale(optimizer_->grad_of(i), inv);
+  }
   optimizer_->backward_ready(mean_pending_, opt_.loss_slots, ctx());
   mean_pending_ = -1;
 }

@@ -207,8 +207,9 @@ struct CudaModelOptions {
   // experts' over ep_expert_group (the dp ranks holding the same experts; null: none) divided by
   // ep, then counts each expert once in the norm. Eager only (the host reads each layer's token
   // counts); not with tensor or context parallelism, sharded data parallelism, the optimizer in
-  // the backward, Muon, FP8 or bf16 experts, or a recompute policy that recomputes the experts
-  // (ConfigError).
+  // Muon, FP8 or bf16 experts, split masters, or a recompute policy that recomputes the experts
+  // (ConfigError). With the optimizer in the backward each layer's gradients get the same means
+  // before its update (grad_mean_group is then the ep x dp ranks).
   parallel::ProcessGroup* ep_group = nullptr;
   std::shared_ptr<const train::EpShardMap> ep_map;
   parallel::ProcessGroup* ep_dense_group = nullptr;
@@ -435,6 +436,11 @@ class CudaModel {
   parallel::ProcessGroup* mean_group_ = nullptr;
   parallel::NcclProcessGroup* mean_nccl_ = nullptr;
   int64_t mean_pending_ = -1;
+  // The optimizer in the backward beside expert parallelism: per gradient-ready point, its tensors
+  // (their gradients' means differ: the dense over mean_group_, the experts over ep_expert_group,
+  // then divided by ep in update_pending_group), and the experts' group as NCCL.
+  std::map<int64_t, std::vector<size_t>> ep_group_tensors_;
+  parallel::NcclProcessGroup* ep_expert_nccl_ = nullptr;
   void in_backward_ready(int64_t offset);
   void update_pending_group();
   // Muon under tensor parallelism: the blocks as pieces of the global matrices, and the staging of

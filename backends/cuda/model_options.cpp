@@ -129,8 +129,8 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     }
     mo.muon = train::muon_tensors(spec, train::make_param_layout(spec));
   }
-  // Expert parallelism (CudaModel, model/ep_comm.h) beside plain data parallelism, AdamW and bf16
-  // experts; the rest is refused here, before anything is built.
+  // Expert parallelism (CudaModel, model/ep_comm.h) beside plain data parallelism, AdamW (also in
+  // the backward) and bf16 experts; the rest is refused here, before anything is built.
   mo.ep_buffer_factor = a.moe_ep_buffer_factor;
   if (const int64_t ep = t.model_parallel[parallel::Dim::EP]; ep > 1) {
     const char* why = !spec.moe.enabled()                               ? nullptr
@@ -138,7 +138,6 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
                       : t.model_parallel[parallel::Dim::CP] > 1           ? "context_parallel_size > 1"
                       : a.use_distributed_optimizer || parallel::shards_optimizer(sharding)
                           ? "use_distributed_optimizer / data_parallel_sharding_strategy other than no_shard"
-                      : a.optimizer_in_bwd                                ? "optimizer_in_bwd: true"
                       : t.optim.optimizer == "muon"                       ? "optimizer: muon"
                       : mo.fp8_moe                                        ? "fp8 (FP8 experts)"
                       : a.bf16_expert_grads                               ? "moe_expert_grad_dtype: bf16"

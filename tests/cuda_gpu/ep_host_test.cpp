@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "core/util/error.h"
 #include "ep_parity.h"
 
 namespace primus::backends::cuda::testing {
@@ -113,6 +114,33 @@ TEST(EpCommHost, RowsReachTheirExpertsAndComeBack) {
             << "rank " << r << ": " << errors[r];
       }
     }
+  }
+}
+
+// A recompute policy that would recompute the experts is refused when the model is built beside
+// expert parallelism, naming it (the held side is planned from each step's counts).
+TEST(EpModelHost, RefusesWhatItDoesNotRunBesideYet) {
+  const train::ModelSpec spec = ep_spec(false);
+  for (const char* what : {"selective", "full"}) {
+    std::vector<std::string> errors(2);
+    run_threaded_ranks(2, {}, "ep", [&](int r, parallel::ProcessGroup* pg) {
+      auto map = std::make_shared<train::EpShardMap>(spec, 2, r);
+      CudaModelOptions mo = options(map->local_spec(), 2, turbo::Device::CPU);
+      mo.ep_group = pg;
+      mo.ep_map = map;
+      CudaOps ops = ops_for(Attn::Default);
+      const Recompute policy = parse_recompute(what, "test");
+      ops.recompute_policy = [policy](int64_t, int64_t) { return policy; };
+      try {
+        CudaModel model(map->local_spec(), mo, ops);
+      } catch (const ConfigError& e) {
+        errors[r] = e.what();
+      }
+    });
+    for (int r = 0; r < 2; ++r)
+      EXPECT_NE(errors[r].find(std::string("expert_model_parallel_size with recompute_granularity ") + what),
+                std::string::npos)
+          << "rank " << r << ": '" << errors[r] << "'";
   }
 }
 
