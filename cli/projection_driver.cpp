@@ -77,8 +77,8 @@ train::DeviceRates resolve_rates(const ProjectionRequest& req, const std::string
   return r;
 }
 
-// The model-parallel dimensions a config may name. Expert and pipeline parallelism are not
-// modelled; tensor and context parallelism only in memory, by a projector that sizes a rank of
+// The model-parallel dimensions a config may name. Pipeline parallelism is not modelled; tensor,
+// context and expert parallelism only in memory, by a projector that sizes a rank of
 // such a layout (BackendProjector::mesh_memory): the step-time model is one replica's with data
 // parallelism. A layout beyond what is modelled is refused rather than sized as if it were data
 // parallel.
@@ -86,7 +86,7 @@ void refuse_unmodelled_dims(const train::TrainingArgs& t, bool mesh_memory, bool
   using parallel::Dim;
   for (Dim d : {Dim::TP, Dim::CP, Dim::EP, Dim::PP}) {
     if (t.model_parallel[d] <= 1) continue;
-    const bool memory_only = d == Dim::TP || d == Dim::CP;
+    const bool memory_only = d == Dim::TP || d == Dim::CP || d == Dim::EP;
     if (memory_only && mesh_memory && !performance) continue;
     if (memory_only && mesh_memory) {
       throw ConfigError(fmt::format("projection performance: {} = {} is not modelled yet (the step time covers data "
@@ -97,7 +97,7 @@ void refuse_unmodelled_dims(const train::TrainingArgs& t, bool mesh_memory, bool
     throw ConfigError(fmt::format("projection: {} = {} is not modelled yet (the projection covers data parallelism, "
                                   "ZeRO-1 and gradient accumulation{}); project the layout with it at 1",
                                   parallel::dim_config_key(d), t.model_parallel[d],
-                                  mesh_memory ? ", and tensor and context parallelism in memory" : ""));
+                                  mesh_memory ? ", and tensor, context and expert parallelism in memory" : ""));
   }
 }
 
@@ -122,7 +122,8 @@ train::Projection run_projection(const ProjectionRequest& req) {
                                    "{} x expert_model_parallel_size {} x pipeline_model_parallel_size {}",
                                    req.gpus, mp[parallel::Dim::TP], mp[parallel::Dim::CP], mp[parallel::Dim::EP],
                                    mp[parallel::Dim::PP]));
-    overrides.push_back(fmt::format("data_parallel_size={}", req.gpus / split));
+    // The ep ranks are data-parallel ranks too (each reads its own samples).
+    overrides.push_back(fmt::format("data_parallel_size={}", req.gpus / split * mp[parallel::Dim::EP]));
     exp = config::load_experiment(req.config, config::parse_cli_overrides(overrides));
     planned = runtime.plan_args(exp, req.module);
   }

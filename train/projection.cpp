@@ -16,6 +16,7 @@ ProjectionLayout batch_layout(const TrainingArgs& t, int64_t seq_length) {
   l.gpus = t.data_parallel_size;
   l.tp = t.model_parallel[parallel::Dim::TP];
   l.cp = t.model_parallel[parallel::Dim::CP];
+  l.ep = t.model_parallel[parallel::Dim::EP];
   l.sequence_parallel = t.model_parallel.sequence_parallel;
   l.sharding = parallel::dp_sharding_name(t.model_parallel.sharding);
   l.micro_batch = t.micro_batch_size;
@@ -252,6 +253,7 @@ json projection_layout_json(const ProjectionLayout& l) {
   return {{"gpus", l.gpus},
           {"tensor_model_parallel_size", l.tp},
           {"context_parallel_size", l.cp},
+          {"expert_model_parallel_size", l.ep},
           {"sequence_parallel", l.sequence_parallel},
           {"data_parallel_sharding_strategy", l.sharding},
           {"micro_batch_size", l.micro_batch},
@@ -319,6 +321,8 @@ Projection projection_from_json(const json& j) {
   p.layout.gpus = projection_field<int64_t>(l, "gpus", "layout");
   p.layout.tp = projection_field<int64_t>(l, "tensor_model_parallel_size", "layout");
   p.layout.cp = projection_field<int64_t>(l, "context_parallel_size", "layout");
+  // Written since expert parallelism is projected; 1 in older files.
+  p.layout.ep = l.contains("expert_model_parallel_size") ? projection_field<int64_t>(l, "expert_model_parallel_size", "layout") : 1;
   p.layout.sequence_parallel = projection_field<bool>(l, "sequence_parallel", "layout");
   p.layout.sharding = projection_field<std::string>(l, "data_parallel_sharding_strategy", "layout");
   p.layout.micro_batch = projection_field<int64_t>(l, "micro_batch_size", "layout");
@@ -388,9 +392,10 @@ std::string format_projection(const Projection& p) {
   const std::string gpu = p.backend == "reference" ? "process" : "GPU";
   std::string s = fmt::format("Projection for {} (backend {})\n  model:  {}\n", p.config, p.backend, p.model);
   const int64_t ranks = l.gpus * l.tp * l.cp;
-  const std::string mesh = l.tp * l.cp == 1 ? "data parallel"
-                                            : fmt::format("tp {}{} x cp {} x dp {}", l.tp, l.sequence_parallel ? "+sp" : "",
-                                                          l.cp, l.gpus);
+  std::string mesh = l.tp * l.cp == 1 ? "data parallel"
+                                      : fmt::format("tp {}{} x cp {} x dp {}", l.tp, l.sequence_parallel ? "+sp" : "",
+                                                    l.cp, l.gpus);
+  if (l.ep > 1) mesh += fmt::format(", the experts over ep {}", l.ep);
   const std::string sharded = l.sharding == "optim_grads" || l.sharding == "optim_grads_params"
                                   ? fmt::format(", {} over dp x cp = {}", l.sharding, l.gpus * l.cp)
                                   : "";

@@ -30,6 +30,7 @@ namespace primus::train {
 struct ProjectionLayout {
   int64_t gpus = 1;  // data-parallel ranks (data_parallel_size); the job's GPUs are gpus x tp x cp
   int64_t tp = 1, cp = 1;         // tensor_model_parallel_size, context_parallel_size
+  int64_t ep = 1;                 // expert_model_parallel_size (carved from the gpus data-parallel ranks)
   bool sequence_parallel = false;
   std::string sharding = "no_shard";  // data_parallel_sharding_strategy (optim_grads*: over dp x cp)
   int64_t micro_batch = 1, global_batch = 1, grad_accum = 1, seq_length = 0;

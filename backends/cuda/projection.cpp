@@ -10,6 +10,7 @@
 #include "backends/cuda/register.h"
 #include "core/util/error.h"
 #include "parallel/cuda/grad_reducer.h"
+#include "train/expert_parallel.h"
 #include "turbo/core/arena.h"
 #include "turbo/kernels/cuda/optimizer.h"
 #include "turbo/ops/muon.h"
@@ -50,12 +51,14 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   // parallelism's chunk slots, and the sharded strategies' plan over the dp x cp ranks (every rank's
   // chunks are equal).
   const int64_t tp = args.train.model_parallel[parallel::Dim::TP], cp = args.train.model_parallel[parallel::Dim::CP];
+  const int64_t ep = args.train.model_parallel[parallel::Dim::EP];
   CudaArgs a = args;
   std::shared_ptr<train::TpShardMap> map;
   if (tp > 1) {
     map = std::make_shared<train::TpShardMap>(args.model, tp, 0, a.train.model_parallel.sequence_parallel);
     a.model = map->local_spec();
   }
+  if (ep > 1) a.model = train::EpShardMap(args.model, static_cast<int>(ep), 0).local_spec();  // rank 0's experts
   const train::ModelSpec& spec = a.model;
   const train::ParamLayout layout = train::make_param_layout(spec);
   CudaModelOptions mo = model_options_for(a, lay.gpus);
@@ -63,6 +66,7 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   MemoryPlanOptions mp = memory_plan_options(spec, layout, mo, ops);
   mp.query_device = query_device;
   if (cp > 1) mp.cp = cp;
+  if (ep > 1) mp.ep = ep;  // the held side's buffers (mp.ep_buffer_factor from the options)
   const parallel::DpSharding sharding = a.train.model_parallel.sharding;
   const int64_t shard_world = lay.gpus * cp;
   const bool sharded = shard_world > 1 && (parallel::shards_gradients(sharding) || zero1_in_model(a));
@@ -73,12 +77,20 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   const MemoryPlanSizes sz = MemoryPlan::sizes(spec, layout, mp);
 
   train::MemoryProjection m;
-  m.source = fmt::format("the cuda memory plan's own sizes{}{}", map ? fmt::format(" for tp rank 0 of {}", tp) : "",
+  m.source = fmt::format("the cuda memory plan's own sizes{}{}{}", map ? fmt::format(" for tp rank 0 of {}", tp) : "",
+                         ep > 1 ? fmt::format(" for ep rank 0 of {}", ep) : "",
                          sz.scratch_exact ? "" : "; no GPU here: see notes");
   if (tp > 1 || cp > 1) {
     m.notes.push_back(fmt::format("tp {} x cp {}: the tp and cp collectives' own buffers (NCCL's) are not counted; the "
                                   "step time is not projected for this layout",
                                   tp, cp));
+  }
+  if (ep > 1) {
+    m.notes.push_back(fmt::format("ep {}: rank 0's {} of {} experts, and the held side's buffers for {} x its permuted "
+                                  "rows (moe_ep_buffer_factor); NCCL's all-to-all buffers are not counted; the step "
+                                  "time is not projected for this layout",
+                                  ep, args.model.moe.num_experts / ep, args.model.moe.num_experts,
+                                  std::min(static_cast<double>(ep), std::max(1.0, args.moe_ep_buffer_factor))));
   }
   // State arena: the flat buffers by name, the small tables together.
   size_t state_named = 0;
@@ -171,8 +183,9 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
                       "unless those partials exceed it");
   }
   // Outside the arenas: data parallelism's own buffers (parallel/cuda/grad_reducer.cpp; sharded
-  // data parallelism has none: its buffers are the plan's).
-  if (lay.gpus > 1 && !sharded) {
+  // data parallelism has none: its buffers are the plan's; beside expert parallelism the model
+  // reduces the gradients itself, in place).
+  if (lay.gpus > 1 && !sharded && ep == 1) {
     const int world = static_cast<int>(lay.gpus);
     const int64_t granule = lay.zero1 ? parallel::zero1_granule(world) : 1;
     const int64_t total = lay.zero1 ? parallel::zero1_padded_total(layout, world) : layout.total;

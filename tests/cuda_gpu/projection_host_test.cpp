@@ -386,6 +386,67 @@ TEST(CudaProjection, TensorAndContextParallelLayoutsAreRankZerosPlan) {
   EXPECT_NE(r.out.find("--gpus 3 is not a multiple of tensor_model_parallel_size 2"), std::string::npos) << r.out;
 }
 
+// Expert parallelism: rank 0 of ep holds 1/ep of the experts (the rest whole) and the held side's
+// buffers; the plan is the one the model allocates with its group (host mode, two threaded
+// ranks), and the binary projects an MoE preset's memory under ep (its weights about 1/ep of the
+// experts') but refuses to project its step time.
+TEST(CudaProjection, ExpertParallelLayoutsAreRankZerosPlan) {
+  const train::ModelSpec spec = testing::tiny_moe_spec(false);
+  CudaArgs a = projection_args(spec, 2, 1);
+  a.train.model_parallel[parallel::Dim::EP] = 2;
+  a.train.data_parallel_size = 2;
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  train::ProjectionLayout lay = projection_host_layout(a, 2);
+  lay.ep = 2;
+  const train::MemoryProjection m = project_cuda_memory(a, ops, lay, false, 0.0);
+  size_t reserved = 0;
+  int64_t local_total = 0;
+  testing::run_threaded_ranks(2, {}, "ep", [&](int r, parallel::ProcessGroup* pg) {
+    auto map = std::make_shared<train::EpShardMap>(spec, 2, r);
+    CudaArgs la = a;
+    la.model = map->local_spec();
+    CudaModelOptions mo = model_options_for(la, 2);
+    mo.ep_group = pg;
+    mo.ep_map = map;
+    mo.ep_dense_group = pg;
+    CudaModel model(la.model, mo, ops);
+    if (r == 0) reserved = model.reserved_bytes(), local_total = model.layout().total;
+  });
+  EXPECT_DOUBLE_EQ(m.total(), double(reserved));
+  EXPECT_NEAR(m.bytes("master_weights"), 4.0 * double(local_total), 256.0);
+  EXPECT_LT(local_total, train::make_param_layout(spec).total);
+
+  auto weights_of = [](const std::string& out) {
+    double w = 0;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    for (const auto& part : j.at("memory").at("parts"))
+      if (part["name"] == "weights") w += part["bytes"].get<double>();
+    return w;
+  };
+  auto r = primus::testing::run_primus("projection memory --json --gpus 1 --config " + projection_example("olmoe-mini.yaml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double one = weights_of(r.out);
+  r = primus::testing::run_primus("projection memory --json --gpus 4 --config " + projection_example("olmoe-mini.yaml") +
+                                  " expert_model_parallel_size=4 global_batch_size=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["gpus"].get<int64_t>(), 4);  // the ep ranks read their own samples
+  EXPECT_EQ(j["layout"]["expert_model_parallel_size"].get<int64_t>(), 4);
+  const double ep4 = weights_of(r.out);
+  // (1 - f) + f / 4 of the weights for the experts' share f of olmoe-mini's parameters (~0.9).
+  EXPECT_LT(ep4, 0.35 * one);
+  EXPECT_GT(ep4, 0.30 * one);
+  r = primus::testing::run_primus("projection memory --gpus 4 --config " + projection_example("olmoe-mini.yaml") +
+                                  " expert_model_parallel_size=4 global_batch_size=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the experts over ep 4"), std::string::npos) << r.out;
+  r = primus::testing::run_primus("projection performance --device 'NVIDIA H200' --gpus 4 --config " +
+                                  projection_example("olmoe-mini.yaml") + " expert_model_parallel_size=4 global_batch_size=16");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("projection performance: expert_model_parallel_size = 4 is not modelled yet"), std::string::npos)
+      << r.out;
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda
 
