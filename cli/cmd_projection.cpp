@@ -23,8 +23,8 @@ void setup_projection(CLI::App& app) {
   app.add_option("--module", o->req.module, "Module of the experiment (default: the first)");
   app.add_option("--gpus", o->req.gpus,
                  "GPUs of the job (WORLD_SIZE, what `primus launch` starts): data_parallel_size is gpus / (tp x "
-                 "cp). Tensor and context parallelism are projected in memory only (cuda backend); expert and "
-                 "pipeline parallelism not yet")
+                 "cp), the ep ranks among them. Tensor, context and expert parallelism are projected in memory "
+                 "only (cuda backend); pipeline parallelism not yet")
       ->check(CLI::PositiveNumber);
   app.add_flag("--json", o->json, "Print the projection as JSON instead of the table");
   app.add_option("--rates", o->req.rates_file,
