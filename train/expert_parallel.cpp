@@ -10,7 +10,7 @@ namespace primus::train {
 
 bool is_routed_expert_tensor(const std::string& name) { return name.find("moe.experts.") != std::string::npos; }
 
-EpShardMap::EpShardMap(const ModelSpec& global, int ep, int rank) : global_(global), local_(global), ep_(ep), rank_(rank) {
+EpShardMap::EpShardMap(const ModelSpec& global, int ep, int rank) : ModelShardMap(global, ep, rank) {
   const int64_t E = global.moe.num_experts;
   if (ep < 1 || rank < 0 || rank >= ep) throw RuntimeError(fmt::format("expert parallelism: rank {} of {}", rank, ep));
   if (!global.moe.enabled() || global.num_moe_layers() == 0) {
@@ -48,12 +48,8 @@ std::vector<TpPiece> EpShardMap::owned_pieces() const {
   return owned;
 }
 
-void EpShardMap::to_local(const float* global, float* local) const {
-  for (const TpPiece& p : pieces_) std::copy_n(global + p.global, p.count, local + p.local);
-}
-
-void EpShardMap::to_global(const float* local, float* global, bool owned_only) const {
-  for (const TpPiece& p : owned_only ? owned_pieces() : pieces_) std::copy_n(local + p.local, p.count, global + p.global);
+std::vector<TpPiece> EpShardMap::owned_pieces_of(int k) const {
+  return k == rank_ ? owned_pieces() : EpShardMap(global_, size_, k).owned_pieces();
 }
 
 }  // namespace primus::train

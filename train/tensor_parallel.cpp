@@ -81,7 +81,7 @@ void check_divides(int tp, int64_t n, const char* what, const char* key) {
 }  // namespace
 
 TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_parallel)
-    : global_(global), tp_(tp), rank_(rank), sp_(sequence_parallel) {
+    : ModelShardMap(global, tp, rank), sp_(sequence_parallel) {
   if (tp < 1 || rank < 0 || rank >= tp) throw RuntimeError(fmt::format("tensor-parallel rank {} of {}", rank, tp));
   if (global.qk_layernorm && global.qk_norm_whole && tp > 1) {
     throw ConfigError("tensor_model_parallel_size > 1 with qk_layernorm_scope: projection is not implemented yet (the "
@@ -186,10 +186,6 @@ TpShardMap::TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_
   }
 }
 
-void TpShardMap::to_local(const float* global, float* local) const {
-  for (const TpPiece& p : pieces_) std::copy_n(global + p.global, p.count, local + p.local);
-}
-
 std::vector<TpPiece> TpShardMap::owned_pieces() const {
   if (rank_ == 0) return pieces_;  // the first replica of the first key/value group too
   std::vector<TpPiece> owned;
@@ -201,8 +197,8 @@ std::vector<TpPiece> TpShardMap::owned_pieces() const {
   return owned;
 }
 
-void TpShardMap::to_global(const float* local, float* global, bool owned_only) const {
-  for (const TpPiece& p : owned_only ? owned_pieces() : pieces_) std::copy_n(local + p.local, p.count, global + p.global);
+std::vector<TpPiece> TpShardMap::owned_pieces_of(int k) const {
+  return k == rank_ ? owned_pieces() : TpShardMap(global_, size_, k, sp_).owned_pieces();
 }
 
 }  // namespace primus::train

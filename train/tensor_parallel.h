@@ -9,26 +9,16 @@
 // its expert bias replicated (every rank routes the whole batch alike).
 //
 // A rank's parameters are the model of `local_spec()` (heads / tp, query groups / tp, FFN / tp,
-// padded vocabulary / tp, the head dimension pinned), so its layout is make_param_layout of that
-// spec and the kernels run on it unchanged. TpShardMap says where every element of that local
-// flat buffer lives in the global one (the layout a single process and every checkpoint uses), so
-// initial weights are drawn once in the global layout and cut, checkpoints are written in the
-// global layout whatever the job's layout, and a checkpoint loads under any other.
+// padded vocabulary / tp, the head dimension pinned): a ModelShardMap (train/shard_map.h).
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "train/model_spec.h"
 #include "train/param_layout.h"
+#include "train/shard_map.h"
 
 namespace primus::train {
-
-// A run of consecutive elements: local buffer [local, local + count) = global [global, ...).
-// shared: a key/value group's rows that tp / num_query_groups ranks hold alike (kv_replicas()).
-struct TpPiece {
-  int64_t local = 0, global = 0, count = 0;
-  bool shared = false;
-};
 
 // One tensor's replicated key/value rows (tensor_model_parallel_size above num_query_groups): the
 // global range [global_begin, global_begin + elems) covering every group's k|v rows, and this
@@ -42,7 +32,7 @@ struct TpKvExchange {
   std::vector<TpPiece> pieces;
 };
 
-class TpShardMap {
+class TpShardMap : public ModelShardMap {
  public:
   // ConfigError naming the key when the model cannot be split over `tp` ranks: heads, the FFN width
   // or the padded vocabulary not divisible by tp, query groups neither divisible by tp nor dividing
@@ -50,18 +40,11 @@ class TpShardMap {
   // tensor-parallel form yet (a q/k norm over the whole projection).
   TpShardMap(const ModelSpec& global, int tp, int rank, bool sequence_parallel);
 
-  int tp() const { return tp_; }
-  int rank() const { return rank_; }
+  int tp() const { return size_; }
   bool sequence_parallel() const { return sp_; }
-  const ModelSpec& global_spec() const { return global_; }
-  const ModelSpec& local_spec() const { return local_; }
-  const ParamLayout& global_layout() const { return global_layout_; }
-  const ParamLayout& local_layout() const { return local_layout_; }
   // The first vocabulary row (token id) this rank's embedding and head rows stand for.
   int64_t vocab_begin() const { return vocab_begin_; }
 
-  // In local order; together exactly the local buffer.
-  const std::vector<TpPiece>& pieces() const { return pieces_; }
   // Per tensor of the local layout (same order as the global one): the same values on every tp
   // rank (norms, position embedding, row-parallel biases).
   bool replicated(size_t tensor) const { return replicated_.at(tensor); }
@@ -79,24 +62,14 @@ class TpShardMap {
   bool counts_kv() const { return rank_ % kv_replicas_ == 0; }
   const std::vector<TpKvExchange>& kv_exchanges() const { return kv_exchanges_; }
 
-  // The pieces this rank writes when the ranks' buffers are put together: its own slices, the
-  // replicated tensors on rank 0 only and the shared key/value rows on their first replica (in
-  // local order, so also in global order). Every global element is in exactly one rank's owned
-  // pieces.
-  std::vector<TpPiece> owned_pieces() const;
-  // local[i] = global[where element i lives].
-  void to_local(const float* global, float* local) const;
-  // Writes this rank's elements into `global`; with owned_only, its owned_pieces() alone, so that
-  // summing every rank's result over the group (zeros elsewhere) rebuilds the global buffer.
-  void to_global(const float* local, float* global, bool owned_only) const;
+  // Its own slices, the replicated tensors on rank 0 only and the shared key/value rows on their
+  // first replica.
+  std::vector<TpPiece> owned_pieces() const override;
+  std::vector<TpPiece> owned_pieces_of(int k) const override;
 
  private:
-  ModelSpec global_, local_;
-  ParamLayout global_layout_, local_layout_;
-  int tp_ = 1, rank_ = 0;
   bool sp_ = false;
   int64_t vocab_begin_ = 0;
-  std::vector<TpPiece> pieces_;
   std::vector<bool> replicated_, partial_;
   int kv_replicas_ = 1;
   std::vector<TpKvExchange> kv_exchanges_;

@@ -281,9 +281,9 @@ void CudaTrainer::init() {
   std::vector<float> params(static_cast<size_t>(global_layout().total));
   train::init_params(spec, global_layout(), t.seed, params.data());
   train::load_hf_initial_weights(args_->params, t.ckpt, spec, global_layout(), params.data());
-  if (model_sharded()) {
+  if (shard_map()) {
     std::vector<float> local(static_cast<size_t>(model_->layout().total));
-    to_local(params.data(), local.data());
+    shard_map()->to_local(params.data(), local.data());
     params.swap(local);
   }
   model_->set_params(params.data());
@@ -594,7 +594,7 @@ void CudaTrainer::save(int64_t step) {
       model_->get_params(p.data());
       model_->get_moments(m.data(), v.data());
     }
-  } else if (model_sharded()) {
+  } else if (shard_map()) {
     // Tensor or expert parallel: the weights put together in the global layout (every rank takes
     // part) and written by rank 0 as one process would; the moments as per-rank shard files of the
     // global flat states, each rank its own slices (the tensors every rank holds from rank 0), so
@@ -607,12 +607,12 @@ void CudaTrainer::save(int64_t step) {
     sharding.total = global_layout().total;
     for (int k = 0; k < model_group().world_size(); ++k) {
       std::vector<parallel::FlatSegment> segs;
-      for (const train::TpPiece& p : owned_pieces_of(k)) segs.push_back({p.global, p.global + p.count});
+      for (const train::TpPiece& p : shard_map()->owned_pieces_of(k)) segs.push_back({p.global, p.global + p.count});
       sharding.ranks.push_back(std::move(segs));
     }
     const std::vector<float> mu = split_muon_momentum(m);  // Muon's momentum: a flat state of its own
     std::vector<float> own_m, own_v, own_mu;  // this rank's owned pieces, in segment order
-    for (const train::TpPiece& p : owned_pieces_of(model_group().rank())) {
+    for (const train::TpPiece& p : shard_map()->owned_pieces()) {
       own_m.insert(own_m.end(), m.begin() + p.local, m.begin() + p.local + p.count);
       own_v.insert(own_v.end(), v.begin() + p.local, v.begin() + p.local + p.count);
       if (!mu.empty()) own_mu.insert(own_mu.end(), mu.begin() + p.local, mu.begin() + p.local + p.count);
@@ -762,16 +762,15 @@ void CudaTrainer::load(const fsys::path& dir) {
   const size_t n = static_cast<size_t>(model_->layout().total);
   std::vector<float> params(n);
   const std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
-  if (model_sharded()) {
+  if (shard_map()) {
     // Checkpoints hold the global layout: the weights whole, cut here; the moments read as this
     // rank's pieces alone (in local order they are its whole buffer), from whichever files hold them.
     const auto G = static_cast<size_t>(global_layout().total);
     std::vector<float> global(G), m(n), v(n);
     train::unpack_checkpoint(data, dir, args_->model, global_layout(), global.data(), nullptr, nullptr);
-    to_local(global.data(), params.data());
+    shard_map()->to_local(global.data(), params.data());
     std::vector<parallel::FlatSegment> windows;
-    for (const train::TpPiece& p : tp_map_ ? tp_map_->pieces() : ep_map_->pieces())
-      windows.push_back({p.global, p.global + p.count});
+    for (const train::TpPiece& p : shard_map()->pieces()) windows.push_back({p.global, p.global + p.count});
     parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), windows, {m.data(), v.data()});
     if (!muon_tensors_.empty()) {  // Muon's momentum into m's rows of its tensors
       std::vector<float> mu(n);
@@ -901,7 +900,7 @@ void CudaTrainer::train() {
 void CudaTrainer::sample_at_end() {
   const auto& t = args_->train;
   std::vector<float> params(rank0() ? static_cast<size_t>(model_->layout().total) : 0);
-  if (model_sharded()) {
+  if (shard_map()) {
     std::vector<float> local(static_cast<size_t>(model_->layout().total));
     model_->get_params(local.data());
     params = tp_global(local.data());
@@ -973,28 +972,13 @@ bool CudaTrainer::any_rank(bool stop) {
 
 std::vector<float> CudaTrainer::tp_global(const float* local) const {
   std::vector<float> g(static_cast<size_t>(global_layout().total), 0.f);
-  if (tp_map_) tp_map_->to_global(local, g.data(), /*owned_only=*/true);
-  else ep_map_->to_global(local, g.data(), /*owned_only=*/true);
+  shard_map()->to_global(local, g.data(), /*owned_only=*/true);
   if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(&model_group())) {
     nccl->all_reduce_host(g.data(), g.size());
   } else {
     model_group().all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
   }
   return g;
-}
-
-void CudaTrainer::to_local(const float* global, float* local) const {
-  if (tp_map_) tp_map_->to_local(global, local);
-  else ep_map_->to_local(global, local);
-}
-
-std::vector<train::TpPiece> CudaTrainer::owned_pieces_of(int k) const {
-  if (tp_map_) {
-    if (k == tp_map_->rank()) return tp_map_->owned_pieces();
-    return train::TpShardMap(args_->model, tp_map_->tp(), k, tp_map_->sequence_parallel()).owned_pieces();
-  }
-  if (k == ep_map_->rank()) return ep_map_->owned_pieces();
-  return train::EpShardMap(args_->model, ep_map_->ep(), k).owned_pieces();
 }
 
 void CudaTrainer::cleanup(bool on_error) {

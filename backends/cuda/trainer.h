@@ -154,16 +154,15 @@ class CudaTrainer : public Trainer {
   std::shared_ptr<parallel::ProcessGroup> ep_pg_, expert_pg_;
   std::shared_ptr<train::EpShardMap> ep_map_;
   // Tensor or expert parallelism: this rank holds a part of the model (the map's), put together
-  // over model_group() (tp or ep) in the global layout.
-  bool model_sharded() const { return tp_map_ || ep_map_; }
+  // over model_group() (tp or ep) in the global layout; null without either.
+  const train::ModelShardMap* shard_map() const {
+    return tp_map_ ? static_cast<const train::ModelShardMap*>(tp_map_.get()) : ep_map_.get();
+  }
   parallel::ProcessGroup& model_group() const { return tp_map_ ? *tp_pg_ : *ep_pg_; }
   // The global flat buffer from every rank's local one (collective over model_group()).
   std::vector<float> tp_global(const float* local) const;
-  void to_local(const float* global, float* local) const;
-  // The pieces rank k of model_group() writes (its own parts, the shared tensors on rank 0).
-  std::vector<train::TpPiece> owned_pieces_of(int k) const;
   const train::ParamLayout& global_layout() const {
-    return tp_map_ ? tp_map_->global_layout() : ep_map_ ? ep_map_->global_layout() : model_->layout();
+    return shard_map() ? shard_map()->global_layout() : model_->layout();
   }
   std::unique_ptr<parallel::RankBatchReader> reader_;
   std::unique_ptr<data::Tokenizer> tokenizer_;

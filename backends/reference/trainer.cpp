@@ -192,7 +192,7 @@ void ReferenceTrainer::init() {
   }
   if (const int64_t ep = dims_->size(parallel::Dim::EP); ep > 1)
     ep_map_ = std::make_unique<train::EpShardMap>(spec, static_cast<int>(ep), ep_pg_->rank());
-  const train::ModelSpec& local_spec = tp_map_ ? tp_map_->local_spec() : ep_map_ ? ep_map_->local_spec() : spec;
+  const train::ModelSpec& local_spec = shard_map() ? shard_map()->local_spec() : spec;
   const size_t heap_before = reference_heap_in_use();
   // With context parallelism a forward holds seq_length / cp tokens of each sequence.
   model_ = std::make_unique<GptModel<float>>(local_spec, t.micro_batch_size, spec.seq_length / cp);
@@ -208,8 +208,7 @@ void ReferenceTrainer::init() {
     std::vector<float> global(static_cast<size_t>(gl->total));
     train::init_params(spec, *gl, t.seed, global.data());
     train::load_hf_initial_weights(args_->params, t.ckpt, spec, *gl, global.data());
-    if (tp_map_) tp_map_->to_local(global.data(), model_->params.data());
-    else ep_map_->to_local(global.data(), model_->params.data());
+    shard_map()->to_local(global.data(), model_->params.data());
   } else {
     model_->init_weights(t.seed);
     train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), model_->params.data());
@@ -570,15 +569,10 @@ double ReferenceTrainer::tp_sum_squares(const float* g, int64_t lo, int64_t hi) 
   return s;
 }
 
-const train::ParamLayout* ReferenceTrainer::global_layout() const {
-  return tp_map_ ? &tp_map_->global_layout() : ep_map_ ? &ep_map_->global_layout() : nullptr;
-}
-
 std::vector<float> ReferenceTrainer::tp_global(const float* local) const {
   std::vector<float> g(static_cast<size_t>(global_layout()->total), 0.f);
-  if (tp_map_) tp_map_->to_global(local, g.data(), /*owned_only=*/true);
-  else ep_map_->to_global(local, g.data(), /*owned_only=*/true);
-  (tp_map_ ? tp_pg_ : ep_pg_)->all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+  shard_map()->to_global(local, g.data(), /*owned_only=*/true);
+  shard_group().all_reduce(g.data(), g.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
   return g;
 }
 
@@ -758,11 +752,10 @@ void ReferenceTrainer::load(const fsys::path& dir) {
     // elements [b, e) of its local buffer, read as the global segments they came from.
     std::vector<float> global(static_cast<size_t>(gl->total));
     train::unpack_checkpoint(data, dir, args_->model, *gl, global.data(), nullptr, nullptr);
-    if (tp_map_) tp_map_->to_local(global.data(), model_->params.data());
-    else ep_map_->to_local(global.data(), model_->params.data());
+    shard_map()->to_local(global.data(), model_->params.data());
     std::vector<parallel::FlatSegment> windows;
     for (const auto& [b, e] : mine) {
-      for (const train::TpPiece& p : tp_map_ ? tp_map_->pieces() : ep_map_->pieces()) {
+      for (const train::TpPiece& p : shard_map()->pieces()) {
         const int64_t lo = std::max(b, p.local), hi = std::min(e, p.local + p.count);
         if (lo < hi) windows.push_back({p.global + (lo - p.local), p.global + (hi - p.local)});
       }

@@ -76,8 +76,13 @@ class ReferenceTrainer : public Trainer {
   // Tensor or expert parallel: the global flat buffer from every rank's local one (collective over
   // the tp or ep group).
   std::vector<float> tp_global(const float* local) const;
-  // The global layout of a tp or ep job (checkpoints, sampling); null for neither.
-  const train::ParamLayout* global_layout() const;
+  // Tensor or expert parallelism: this rank's part of the model (null for neither), put together in
+  // the global layout (checkpoints, sampling) over shard_group(), the tp or ep group.
+  const train::ModelShardMap* shard_map() const {
+    return tp_map_ ? static_cast<const train::ModelShardMap*>(tp_map_.get()) : ep_map_.get();
+  }
+  parallel::ProcessGroup& shard_group() const { return tp_map_ ? *tp_pg_ : *ep_pg_; }
+  const train::ParamLayout* global_layout() const { return shard_map() ? &shard_map()->global_layout() : nullptr; }
   // Expert parallelism: the routed experts' gradients averaged over their replicas (expert_pg_)
   // and divided by ep (each is the sum of every ep rank's tokens' part), the rest over pg_.
   void all_reduce_expert_parallel_grads();
