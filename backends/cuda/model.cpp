@@ -451,7 +451,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   }
   if (ep) {
     ep_ = std::make_unique<EpComm>(*opt_.ep_group, stream_, opt_.ep_map->global_spec().moe.num_experts,
-                                   plan_->options().moe_align, spec_.num_moe_layers(), plan_->acts.moe_held_rows);
+                                   plan_->options().moe_align, spec_.num_moe_layers(), plan_->acts.moe_rows,
+                                   plan_->acts.moe_held_rows);
     dec.ep = ep_.get();
     // The norm counts this rank's experts, and the tensors every ep rank holds once (on rank 0).
     std::vector<bool> counted(layout_.tensors.size());

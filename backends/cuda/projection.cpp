@@ -87,7 +87,8 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   }
   if (ep > 1) {
     m.notes.push_back(fmt::format("ep {}: rank 0's {} of {} experts, and the held side's buffers for {} x its permuted "
-                                  "rows (moe_ep_buffer_factor); NCCL's all-to-all buffers are not counted; the step "
+                                  "rows (moe_ep_buffer_factor); NCCL's all-to-all buffers and the moves' row maps "
+                                  "(4 bytes a local and a held row, twice, per MoE layer) are not counted; the step "
                                   "time is not projected for this layout",
                                   ep, args.model.moe.num_experts / ep, args.model.moe.num_experts,
                                   std::min(static_cast<double>(ep), std::max(1.0, args.moe_ep_buffer_factor))));

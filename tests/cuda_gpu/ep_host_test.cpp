@@ -47,7 +47,7 @@ namespace {
 
 // EpComm itself on host groups (two ranks as threads): each rank's local groups (4 experts, 2 a
 // rank, padded to 4 rows) go to the experts' ranks, expert-major with every group padded by zero
-// rows, and come back to the kept rows they left; an expert that receives nothing and a rank
+// rows, and come back to the kept rows they left (the local padding rows zeroed); an expert that receives nothing and a rank
 // that sends another nothing. A routing beyond the held buffers stops both ranks with an error
 // naming moe_ep_buffer_factor before anything moves.
 TEST(EpCommHost, RowsReachTheirExpertsAndComeBack) {
@@ -63,7 +63,7 @@ TEST(EpCommHost, RowsReachTheirExpertsAndComeBack) {
       try {
         ModelStream stream;
         stream.host = true;
-        EpComm ep(*pg, stream, E, align, 1, cap);
+        EpComm ep(*pg, stream, E, align, 1, 64, cap);
         std::vector<int32_t> k(kept[r], kept[r] + E), off(E + 1, 0);
         for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + (k[e] + align - 1) / align * align;
         std::vector<float> local(static_cast<size_t>(off[E] * C), -1.f), back(local.size(), -7.f);
@@ -98,8 +98,9 @@ TEST(EpCommHost, RowsReachTheirExpertsAndComeBack) {
         EXPECT_EQ(rows, at);
         ep.combine(0, view(held, 64), view(back, off[E]), view(send, 64), view(recv, 64));
         for (int64_t e = 0; e < E; ++e)
-          for (int64_t i = 0; i < k[e]; ++i)
-            for (int64_t c = 0; c < C; ++c) EXPECT_EQ(back[(off[e] + i) * C + c], value(r, e, i, c)) << "rank " << r;
+          for (int64_t i = 0; i < off[e + 1] - off[e]; ++i)  // the kept rows back, the groups' padding zeroed
+            for (int64_t c = 0; c < C; ++c)
+              EXPECT_EQ(back[(off[e] + i) * C + c], i < k[e] ? value(r, e, i, c) : 0.f) << "rank " << r;
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }

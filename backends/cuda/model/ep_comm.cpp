@@ -7,6 +7,7 @@
 
 #include "backends/cuda/model/ep_kernels.h"
 #include "backends/cuda/model/group_order.h"
+#include "turbo/core/cuda_arena.h"
 #include "core/util/error.h"
 #include "parallel/cuda/nccl_process_group.h"
 #include "turbo/core/cuda_check.h"
@@ -14,24 +15,35 @@
 namespace primus::backends::cuda {
 
 EpComm::EpComm(parallel::ProcessGroup& group, const ModelStream& stream, int64_t num_experts, int64_t align,
-               int64_t moe_layers, int64_t held_rows)
+               int64_t moe_layers, int64_t local_rows, int64_t held_rows)
     : group_(group), stream_(stream), rank_(group.rank()), size_(group.world_size()), E_(num_experts),
-      align_(std::max<int64_t>(1, align)), held_cap_(held_rows) {
+      align_(std::max<int64_t>(1, align)), local_cap_(local_rows), held_cap_(held_rows) {
   nccl_ = device_group(group_, stream_, "expert parallelism");
   if (size_ < 1 || E_ % size_ != 0) {
     throw ConfigError(fmt::format("expert_model_parallel_size {} does not divide num_experts {}", size_, E_));
   }
   El_ = E_ / size_;
-  plans_.resize(static_cast<size_t>(std::max<int64_t>(moe_layers, 0)));
+  const int64_t layers = std::max<int64_t>(moe_layers, 1);
+  plans_.resize(static_cast<size_t>(layers));
+  const size_t bytes = static_cast<size_t>(layers * 2 * (local_cap_ + held_cap_)) * sizeof(int32_t) + 2 * turbo::Arena::kDefaultAlign;
+  map_arena_ = stream_.host ? turbo::make_host_arena(bytes) : turbo::make_device_arena(bytes);
+  maps_ = map_arena_->tensor(turbo::DType::I32, {layers, 2 * (local_cap_ + held_cap_)}, "expert parallelism's row maps");
+}
+
+TensorView EpComm::map(int64_t i, int which) const {
+  // pack [local_cap], unpack [held_cap], back [held_cap], home [local_cap]
+  const int64_t starts[5] = {0, local_cap_, local_cap_ + held_cap_, local_cap_ + 2 * held_cap_,
+                             2 * (local_cap_ + held_cap_)};
+  const int64_t width = 2 * (local_cap_ + held_cap_);
+  return TensorView(static_cast<int32_t*>(maps_.data) + i * width + starts[which], turbo::DType::I32, maps_.device,
+                    {starts[which + 1] - starts[which]});
 }
 
 int64_t EpComm::plan(int64_t i, const TensorView& kept, const TensorView& offsets, const TensorView& held_offsets) {
   Plan& p = plans_.at(static_cast<size_t>(i));
-  std::vector<int32_t> k(static_cast<size_t>(E_)), o(static_cast<size_t>(E_ + 1));
+  std::vector<int32_t> k(static_cast<size_t>(E_)), off(static_cast<size_t>(E_ + 1));
   stream_.from_model(k.data(), kept.data, k.size() * sizeof(int32_t));
-  stream_.from_model(o.data(), offsets.data, o.size() * sizeof(int32_t));
-  p.kept.assign(k.begin(), k.end());
-  p.off.assign(o.begin(), o.end());
+  stream_.from_model(off.data(), offsets.data, off.size() * sizeof(int32_t));
   // Every rank's kept counts (small: E floats a rank), so each knows what it receives.
   std::vector<float> mine(k.begin(), k.end()), all(static_cast<size_t>(size_ * E_));
   if (nccl_ && !stream_.host) {
@@ -39,30 +51,14 @@ int64_t EpComm::plan(int64_t i, const TensorView& kept, const TensorView& offset
   } else {
     group_.all_gather(mine.data(), all.data(), mine.size(), parallel::DType::F32);
   }
-  p.recv.assign(static_cast<size_t>(size_ * El_), 0);
-  p.send_rows.assign(static_cast<size_t>(size_), 0);
-  p.recv_rows.assign(static_cast<size_t>(size_), 0);
-  for (int q = 0; q < size_; ++q) {
-    for (int64_t e = 0; e < El_; ++e) {
-      const auto n = static_cast<int64_t>(all[static_cast<size_t>(q * E_ + rank_ * El_ + e)]);
-      p.recv[static_cast<size_t>(q * El_ + e)] = n;
-      p.recv_rows[static_cast<size_t>(q)] += static_cast<size_t>(n);
-    }
-    for (int64_t e = q * El_; e < (q + 1) * El_; ++e) p.send_rows[static_cast<size_t>(q)] += static_cast<size_t>(p.kept[e]);
-  }
-  p.held_start.assign(static_cast<size_t>(El_ + 1), 0);
-  for (int64_t e = 0; e < El_; ++e) {
-    int64_t n = 0;
-    for (int q = 0; q < size_; ++q) n += p.recv[static_cast<size_t>(q * El_ + e)];
-    p.held_start[e + 1] = p.held_start[e] + (n + align_ - 1) / align_ * align_;
-  }
-  // Every rank computed every rank's held rows from the same counts: all stop here alike.
+  auto count = [&](int q, int64_t e) { return static_cast<int64_t>(all[static_cast<size_t>(q * E_ + e)]); };
+  // Every rank computes every rank's held rows from the same counts: all stop here alike.
   int64_t worst = 0;
   for (int r = 0; r < size_; ++r) {
     int64_t rows = 0;
     for (int64_t e = r * El_; e < (r + 1) * El_; ++e) {
       int64_t n = 0;
-      for (int q = 0; q < size_; ++q) n += static_cast<int64_t>(all[static_cast<size_t>(q * E_ + e)]);
+      for (int q = 0; q < size_; ++q) n += count(q, e);
       rows += (n + align_ - 1) / align_ * align_;
     }
     worst = std::max(worst, rows);
@@ -74,23 +70,72 @@ int64_t EpComm::plan(int64_t i, const TensorView& kept, const TensorView& offset
                                    "expert_model_parallel_size x them) or set moe_expert_capacity_factor",
                                    i, worst, held_cap_));
   }
-  std::vector<int32_t> h(p.held_start.begin(), p.held_start.end());
-  stream_.to_model(held_offsets.data, h.data(), h.size() * sizeof(int32_t));
-  if (!stream_.host) stream_.sync();  // the host vector goes out of scope
-  return p.held_start.back();
+  if (off[E_] > local_cap_) throw RuntimeError(fmt::format("expert parallelism: {} local rows above the bound {}", off[E_], local_cap_));
+  // The held groups: this rank's expert e's rows from rank 0, 1, ..., padded to the alignment.
+  std::vector<int32_t> held(static_cast<size_t>(El_ + 1), 0);
+  for (int64_t e = 0; e < El_; ++e) {
+    int64_t n = 0;
+    for (int q = 0; q < size_; ++q) n += count(q, rank_ * El_ + e);
+    held[e + 1] = static_cast<int32_t>(held[e] + (n + align_ - 1) / align_ * align_);
+  }
+  p.local_rows = off[E_];
+  p.held_rows = held[El_];
+  p.send_rows.assign(static_cast<size_t>(size_), 0);
+  p.recv_rows.assign(static_cast<size_t>(size_), 0);
+  // On the wire rows go rank by rank: to rank q its experts' kept rows in expert order; from rank
+  // q this rank's experts' rows in expert order.
+  std::vector<int32_t> pack, unpack(static_cast<size_t>(p.held_rows), -1), back, home(static_cast<size_t>(p.local_rows), -1);
+  for (int q = 0; q < size_; ++q) {
+    for (int64_t e = q * El_; e < (q + 1) * El_; ++e) {
+      for (int32_t r = 0; r < k[e]; ++r) {
+        home[static_cast<size_t>(off[e] + r)] = static_cast<int32_t>(pack.size());
+        pack.push_back(off[e] + r);
+      }
+      p.send_rows[static_cast<size_t>(q)] += static_cast<size_t>(k[e]);
+    }
+  }
+  std::vector<int64_t> filled(static_cast<size_t>(El_), 0);
+  for (int q = 0; q < size_; ++q) {
+    for (int64_t e = 0; e < El_; ++e) {
+      const int64_t n = count(q, rank_ * El_ + e);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t h = held[e] + filled[e] + r;
+        unpack[static_cast<size_t>(h)] = static_cast<int32_t>(back.size());
+        back.push_back(static_cast<int32_t>(h));
+      }
+      filled[e] += n;
+      p.recv_rows[static_cast<size_t>(q)] += static_cast<size_t>(n);
+    }
+  }
+  p.sent = static_cast<int64_t>(pack.size());
+  p.received = static_cast<int64_t>(back.size());
+  const std::vector<int32_t>* maps[4] = {&pack, &unpack, &back, &home};
+  for (int w = 0; w < 4; ++w) {
+    if (!maps[w]->empty()) stream_.to_model(map(i, w).data, maps[w]->data(), maps[w]->size() * sizeof(int32_t));
+  }
+  stream_.to_model(held_offsets.data, held.data(), held.size() * sizeof(int32_t));
+  if (!stream_.host) stream_.sync();  // the host vectors go out of scope
+  return p.held_rows;
 }
 
-void EpComm::copy_rows(const TensorView& dst, int64_t dst_row, const TensorView& src, int64_t src_row, int64_t n) const {
-  if (n <= 0) return;
-  const size_t es = turbo::dtype_size(src.dtype), row = static_cast<size_t>(src.size(1)) * es;
-  const size_t dpitch = static_cast<size_t>(dst.stride(0)) * es, spitch = static_cast<size_t>(src.stride(0)) * es;
-  char* d = static_cast<char*>(dst.data) + static_cast<size_t>(dst_row) * dpitch;
-  const char* s = static_cast<const char*>(src.data) + static_cast<size_t>(src_row) * spitch;
+void EpComm::gather(const TensorView& dst, const TensorView& src, const TensorView& m, int64_t rows) const {
+  if (rows <= 0) return;
+  const int64_t W = dst.size(1);
+  const size_t es = turbo::dtype_size(dst.dtype);
   if (stream_.host) {
-    for (int64_t r = 0; r < n; ++r) std::memcpy(d + r * dpitch, s + r * spitch, row);
+    const int32_t* mp = m.ptr<const int32_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      char* d = static_cast<char*>(dst.data) + static_cast<size_t>(r * dst.stride(0)) * es;
+      if (mp[r] < 0) {
+        std::memset(d, 0, static_cast<size_t>(W) * es);
+      } else {
+        std::memcpy(d, static_cast<const char*>(src.data) + static_cast<size_t>(mp[r] * src.stride(0)) * es,
+                    static_cast<size_t>(W) * es);
+      }
+    }
   } else {
-    CUDA_CHECK(cudaMemcpy2DAsync(d, dpitch, s, spitch, row, static_cast<size_t>(n), cudaMemcpyDeviceToDevice,
-                                 stream_.stream));
+    ep::gather_rows(dst.data, dst.stride(0), src.data, src.stride(0), m.ptr<const int32_t>(), rows, W,
+                    static_cast<int>(es), stream_.stream);
   }
 }
 
@@ -103,64 +148,34 @@ void EpComm::exchange(const TensorView& send, const std::vector<size_t>& send_ro
   in_stream_order(nccl_, stream_, [&] { group_.all_to_all_v(send.data, out, recv.data, in, dt); });
 }
 
+namespace {
+// The wire buffer as packed rows of W.
+TensorView packed(const TensorView& wire, int64_t W) {
+  TensorView v = wire;
+  v.shape = {wire.size(0), W};
+  v.strides = {W, 1};
+  return v;
+}
+}  // namespace
+
 void EpComm::dispatch(int64_t i, const TensorView& local, const TensorView& held, const TensorView& send_wire,
                       const TensorView& recv_wire) const {
   const Plan& p = plans_.at(static_cast<size_t>(i));
   const int64_t W = local.size(1);
-  const TensorView send = send_wire.slice0(0, send_wire.size(0)), recv = recv_wire.slice0(0, recv_wire.size(0));
-  auto narrow = [W](const TensorView& t) {
-    TensorView v = t;
-    v.shape = {t.size(0), W};
-    v.strides = {W, 1};  // packed rows of W
-    return v;
-  };
-  const TensorView s = narrow(send), r = narrow(recv);
-  int64_t at = 0;  // wire row: rank q's experts in order, each group's kept rows
-  for (int64_t e = 0; e < E_; ++e) {
-    copy_rows(s, at, local, p.off[e], p.kept[e]);
-    at += p.kept[e];
-  }
+  const TensorView s = packed(send_wire, W), r = packed(recv_wire, W);
+  gather(s, local, map(i, 0), p.sent);
   exchange(s, p.send_rows, r, p.recv_rows, W);
-  stream_.zero(held.slice0(0, p.held_start.back()));  // the groups' padding rows
-  std::vector<int64_t> filled(static_cast<size_t>(El_), 0);
-  at = 0;
-  for (int q = 0; q < size_; ++q) {
-    for (int64_t e = 0; e < El_; ++e) {
-      const int64_t n = p.recv[static_cast<size_t>(q * El_ + e)];
-      copy_rows(held, p.held_start[e] + filled[e], r, at, n);
-      filled[e] += n;
-      at += n;
-    }
-  }
+  gather(held, r, map(i, 1), p.held_rows);  // the groups' padding rows zeroed
 }
 
 void EpComm::combine(int64_t i, const TensorView& held, const TensorView& local, const TensorView& send_wire,
                      const TensorView& recv_wire) const {
   const Plan& p = plans_.at(static_cast<size_t>(i));
   const int64_t W = held.size(1);
-  auto narrow = [W](const TensorView& t) {
-    TensorView v = t;
-    v.shape = {t.size(0), W};
-    v.strides = {W, 1};
-    return v;
-  };
-  const TensorView s = narrow(send_wire), r = narrow(recv_wire);
-  std::vector<int64_t> filled(static_cast<size_t>(El_), 0);
-  int64_t at = 0;
-  for (int q = 0; q < size_; ++q) {
-    for (int64_t e = 0; e < El_; ++e) {
-      const int64_t n = p.recv[static_cast<size_t>(q * El_ + e)];
-      copy_rows(s, at, held, p.held_start[e] + filled[e], n);
-      filled[e] += n;
-      at += n;
-    }
-  }
+  const TensorView s = packed(send_wire, W), r = packed(recv_wire, W);
+  gather(s, held, map(i, 2), p.received);
   exchange(s, p.recv_rows, r, p.send_rows, W);
-  at = 0;
-  for (int64_t e = 0; e < E_; ++e) {
-    copy_rows(local, p.off[e], r, at, p.kept[e]);
-    at += p.kept[e];
-  }
+  gather(local, r, map(i, 3), p.local_rows);  // the groups' padding rows zeroed
 }
 
 void EpComm::sum(const TensorView& t) const {

@@ -7,20 +7,23 @@
 // each other rank are known there before any moves, as Megatron's all-to-all dispatcher knows its
 // token counts. The counts then go round the group (one all-to-all), and this rank's held groups
 // (its experts' rows from every rank, expert-major, each group padded to the grouped GEMM's
-// alignment with zero rows) get their offsets. dispatch() packs the local groups' kept rows rank by
-// rank into a wire buffer, exchanges them (all-to-all with variable counts: NCCL grouped
-// send / recv on the device, any host group in host mode) and unpacks them into the held groups;
-// combine() is the way back. The backward uses the same two moves on the gradients (the output
+// alignment with zero rows) get their offsets, and the four row maps of the layer's moves are
+// built on the host and uploaded (one gather kernel each: no copy per expert). dispatch() packs the
+// local groups' kept rows rank by rank into a wire buffer, exchanges them (all-to-all with variable
+// counts: NCCL grouped send / recv on the device, any host group in host mode) and unpacks them
+// into the held groups; combine() is the way back. The backward uses the same two moves on the gradients (the output
 // rows' gradient dispatched, the input rows' gradient combined).
 //
 // Because the host reads the counts, a step with expert parallelism cannot be captured as a CUDA
 // graph; the model refuses cuda_graph beside it.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backends/cuda/model/memory_plan.h"
 #include "parallel/process_group.h"
+#include "turbo/core/arena.h"
 
 namespace primus::parallel {
 class NcclProcessGroup;
@@ -34,8 +37,9 @@ class EpComm {
   // experts do not split over the group.
   // held_rows: the held buffers' rows (MemoryPlan: ActivationBuffers::moe_held_rows); a routing
   // that would send this rank more is a RuntimeError (plan) naming moe_ep_buffer_factor.
+  // local_rows: the local permuted rows' bound (ActivationBuffers::moe_rows).
   EpComm(parallel::ProcessGroup& group, const ModelStream& stream, int64_t num_experts, int64_t align,
-         int64_t moe_layers, int64_t held_rows);
+         int64_t moe_layers, int64_t local_rows, int64_t held_rows);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -61,13 +65,15 @@ class EpComm {
 
  private:
   struct Plan {
-    std::vector<int64_t> kept, off;          // local: per expert [E], group starts [E + 1]
-    std::vector<int64_t> recv;               // rows from rank q for held expert e: [q * El + e]
-    std::vector<int64_t> held_start;         // held groups' starts [El + 1] (padded)
     std::vector<size_t> send_rows, recv_rows;  // per rank
+    int64_t local_rows = 0, held_rows = 0, sent = 0, received = 0;
   };
-  // Copies rows [src_row, src_row + n) of src to dst_row of dst (same width W, row strides their own).
-  void copy_rows(const TensorView& dst, int64_t dst_row, const TensorView& src, int64_t src_row, int64_t n) const;
+  // The row maps of MoE layer i (model memory): dst row r takes src row map[r] (-1: zeros).
+  // pack: wire <- local kept rows; unpack: held <- wire (padding -1); back: wire <- held rows;
+  // home: local <- wire (padding -1).
+  TensorView map(int64_t i, int which) const;
+  // dst rows [0, rows) from src by map (host: a loop; device: ep::gather_rows).
+  void gather(const TensorView& dst, const TensorView& src, const TensorView& map, int64_t rows) const;
   void exchange(const TensorView& send, const std::vector<size_t>& send_rows, const TensorView& recv,
                 const std::vector<size_t>& recv_rows, int64_t W) const;
 
@@ -75,8 +81,10 @@ class EpComm {
   parallel::NcclProcessGroup* nccl_ = nullptr;
   ModelStream stream_;
   int rank_ = 0, size_ = 1;
-  int64_t E_, El_, align_, held_cap_;
+  int64_t E_, El_, align_, local_cap_, held_cap_;
   std::vector<Plan> plans_;
+  std::unique_ptr<turbo::Arena> map_arena_;
+  TensorView maps_;  // i32 [layers, 2 x (local_cap_ + held_cap_)]
 };
 
 }  // namespace primus::backends::cuda

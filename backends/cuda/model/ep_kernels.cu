@@ -1,5 +1,7 @@
 #include "backends/cuda/model/ep_kernels.h"
 
+#include <cstdint>
+
 #include "turbo/core/cuda_check.h"
 
 namespace primus::backends::cuda::ep {
@@ -9,7 +11,48 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) x[i] *= s;
 }
 
+// One block per row (grid-stride over rows); W words of T per row.
+template <typename T>
+__global__ void gather_kernel(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, const int32_t* map, int64_t rows,
+                              int64_t W) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t from = map[r];
+    T* d = dst + r * ld_dst;
+    if (from < 0) {
+      for (int64_t c = threadIdx.x; c < W; c += blockDim.x) d[c] = T{};
+    } else {
+      const T* s = src + int64_t{from} * ld_src;
+      for (int64_t c = threadIdx.x; c < W; c += blockDim.x) d[c] = s[c];
+    }
+  }
+}
+
+template <typename T>
+void launch_gather(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, const int32_t* map, int64_t rows,
+                   int64_t W, cudaStream_t stream) {
+  const int blocks = static_cast<int>(rows < 65535 ? rows : 65535);
+  gather_kernel<T><<<blocks, 128, 0, stream>>>(static_cast<T*>(dst), ld_dst, static_cast<const T*>(src), ld_src, map,
+                                               rows, W);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
+
+void gather_rows(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, const int32_t* map, int64_t rows,
+                 int64_t cols, int esize, cudaStream_t stream) {
+  if (rows <= 0) return;
+  // 16-byte words where every row start and the width allow it, else the element itself.
+  const int64_t bytes = cols * esize, ld_d = ld_dst * esize, ld_s = ld_src * esize;
+  const bool wide = bytes % 16 == 0 && ld_d % 16 == 0 && ld_s % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (wide) {
+    launch_gather<uint4>(dst, ld_d / 16, src, ld_s / 16, map, rows, bytes / 16, stream);
+  } else if (esize == 2) {
+    launch_gather<uint16_t>(dst, ld_dst, src, ld_src, map, rows, cols, stream);
+  } else {
+    launch_gather<uint32_t>(dst, ld_dst, src, ld_src, map, rows, cols, stream);
+  }
+}
 
 void scale_f32(float* x, int64_t n, float s, cudaStream_t stream) {
   if (n <= 0) return;

@@ -1,5 +1,6 @@
-// The one kernel of expert parallelism (ep_comm.h) the device needs beyond copies and the group's
-// collectives: the experts' averaged gradients divided by ep. Device only (host mode: a loop).
+// The kernels of expert parallelism (ep_comm.h) beside the group's collectives: the rows' moves
+// by row map, and the experts' averaged gradients divided by ep. Device only (host mode: loops in
+// ep_comm.cpp).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -9,5 +10,9 @@ namespace primus::backends::cuda::ep {
 
 // x f32 [n] *= s, on `stream`.
 void scale_f32(float* x, int64_t n, float s, cudaStream_t stream);
+// dst row r (ld_dst elements apart) = src row map[r] (ld_src apart), or zeros where map[r] < 0,
+// for r < rows; rows of `cols` elements of `esize` bytes (2 or 4). map in device memory.
+void gather_rows(void* dst, int64_t ld_dst, const void* src, int64_t ld_src, const int32_t* map, int64_t rows,
+                 int64_t cols, int esize, cudaStream_t stream);
 
 }  // namespace primus::backends::cuda::ep
