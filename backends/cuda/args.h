@@ -24,7 +24,7 @@ namespace primus::backends::cuda {
 
 // The mesh this backend runs: tensor (and sequence) parallelism, context parallelism and data
 // parallelism (plain, ZeRO-1, optim_grads, optim_grads_params), in any combination; expert
-// parallelism beside plain data parallelism (model/ep_comm.h).
+// parallelism beside plain data parallelism and context parallelism (model/ep_comm.h).
 inline constexpr parallel::MeshSupport kCudaMesh{"the cuda backend", true, true, true, true};
 
 struct CudaArgs : BackendArgs, train::HasTrainingArgs {

@@ -278,7 +278,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (spec_.moe.held_experts() != opt_.ep_map->local_experts() || spec_.moe.first_expert != opt_.ep_map->first_expert())
       throw RuntimeError("cuda model: under expert parallelism the spec must be the map's local spec");
     const char* why = tp                             ? "tensor parallelism"
-                      : cp                           ? "context parallelism"
                       : fsdp                         ? "sharded data parallelism"
                       : !opt_.optimizer_state || opt_.flat_elems != 0 ? "use_distributed_optimizer (ZeRO-1)"
                       : !opt_.muon.empty()           ? "optimizer: muon"
@@ -838,7 +837,8 @@ void CudaModel::grad_norm(float max_norm) {
     optimizer_->finish_grad_norm(max_norm);
     return;
   }
-  if (cp_ && !fsdp_) cp_->all_reduce_mean(plan_->state.grads);  // each rank's tokens gave a part
+  // Each cp rank's tokens gave a part (beside expert parallelism its groups span the cp ranks).
+  if (cp_ && !fsdp_ && !ep_) cp_->all_reduce_mean(plan_->state.grads);
   if (ep_) {
     reduce_expert_parallel_grads();
     optimizer_->grad_norm_squares(ctx());

@@ -203,13 +203,13 @@ struct CudaModelOptions {
   // from ep_map->local_spec() (num_experts / ep of every MoE layer's experts, the rest whole), and
   // each MoE layer's rows go to their experts' ranks and back. Each rank's batches are its own (the
   // ep ranks are data-parallel replicas of the dense layers). grad_norm() first averages the dense
-  // tensors' gradients over ep_dense_group (the ep x dp ranks; null: this rank alone) and the
-  // experts' over ep_expert_group (the dp ranks holding the same experts; null: none) divided by
-  // ep, then counts each expert once in the norm. Eager only (the host reads each layer's token
-  // counts); not with tensor or context parallelism, sharded data parallelism, the optimizer in
-  // Muon, FP8 or bf16 experts, split masters, or a recompute policy that recomputes the experts
-  // (ConfigError). With the optimizer in the backward each layer's gradients get the same means
-  // before its update (grad_mean_group is then the ep x dp ranks).
+  // tensors' gradients over ep_dense_group (the ep x dp ranks, x cp beside context parallelism;
+  // null: this rank alone) and the experts' over ep_expert_group (the dp (x cp) ranks holding the
+  // same experts; null: none) divided by ep, then counts each expert once in the norm. With the
+  // optimizer in the backward each layer's gradients get the same means before its update
+  // (grad_mean_group is then ep_dense_group). Eager only (the host reads each layer's token
+  // counts); not with tensor parallelism, sharded data parallelism, Muon, FP8 or bf16 experts,
+  // split masters, or a recompute policy that recomputes the experts (ConfigError).
   parallel::ProcessGroup* ep_group = nullptr;
   std::shared_ptr<const train::EpShardMap> ep_map;
   parallel::ProcessGroup* ep_dense_group = nullptr;

@@ -105,6 +105,14 @@ void CudaTrainer::setup() {
     } else {
       pg_ = ep_pg_;
     }
+    // Beside context parallelism the gradients' means span the cp ranks too (their tokens' parts of
+    // the same weights): the dense ones over ep x dp x cp, the experts' over dp x cp.
+    if (cp > 1) {
+      const std::vector<int> dense = dims_->group_ranks({parallel::Dim::EP, parallel::Dim::DP, parallel::Dim::CP});
+      ep_dense_pg_ = make_group(dense, fmt::format("epdpcp{}-{}", dense.front(), dense.back()));
+      const std::vector<int> experts = dims_->group_ranks({parallel::Dim::DP, parallel::Dim::CP});
+      ep_expert_pg_ = make_group(experts, fmt::format("edpcp{}-{}", experts.front(), experts.back()));
+    }
     layout += fmt::format("{}expert parallel over {} ranks: experts {}..{} here ({} group)", layout.empty() ? "" : " x ",
                           ep, dims_->coord(parallel::Dim::EP) * (args_->model.moe.num_experts / ep),
                           (dims_->coord(parallel::Dim::EP) + 1) * (args_->model.moe.num_experts / ep) - 1,
@@ -241,10 +249,11 @@ void CudaTrainer::init() {
     ep_map_ = std::make_shared<train::EpShardMap>(spec, ep_pg_->world_size(), ep_pg_->rank());
     mo.ep_group = ep_pg_.get();
     mo.ep_map = ep_map_;
-    mo.ep_dense_group = pg_.get();
-    mo.ep_expert_group = expert_pg_.get();
+    mo.ep_dense_group = ep_dense_pg_ ? ep_dense_pg_.get() : pg_.get();
+    mo.ep_expert_group = ep_expert_pg_ ? ep_expert_pg_.get() : expert_pg_.get();
+    if (mo.optimizer_in_backward) mo.grad_mean_group = mo.ep_dense_group;  // the loss slots and the dense layers
   }
-  if (mo.optimizer_in_backward && pg_) mo.grad_mean_group = mean_pg_ ? mean_pg_.get() : pg_.get();
+  if (mo.optimizer_in_backward && pg_ && !ep_pg_) mo.grad_mean_group = mean_pg_ ? mean_pg_.get() : pg_.get();
   if (sharded_pg_) {
     mo.dp_group = sharded_pg_.get();
     mo.dp_sharding = t.model_parallel.sharding;
@@ -586,6 +595,7 @@ void CudaTrainer::save(int64_t step) {
   // (cp: the same weights, dp beside tp or cp: a replica), so only the group whose other
   // coordinates are 0 writes, and the rest wait for it below.
   const bool waiters = (tp_pg_ && (cp_pg_ || pg_ || sharded_pg_)) || (cp_pg_ && pg_) || (ep_pg_ && expert_pg_);
+  // (expert parallelism beside cp: pg_ is the ep x dp group, and cp_pg_ && pg_ holds)
   if (!writer()) {
     // This rank's state is a writer's (the same weights, moments and trainer state); sharded, its
     // chunks are read with the writers' reads (collective over the sharded group, in their order).
@@ -688,7 +698,7 @@ void CudaTrainer::save(int64_t step) {
     if (tp_pg_ && sharded_pg_) {
       sharded_pg_->barrier();  // dp x cp: the writer of this rank's tp coordinate is a member
     } else {
-      if (tp_pg_ && cp_pg_) cp_pg_->barrier();
+      if ((tp_pg_ || ep_pg_) && cp_pg_) cp_pg_->barrier();
       if (pg_) pg_->barrier();
     }
   }
@@ -991,6 +1001,8 @@ void CudaTrainer::cleanup(bool on_error) {
   if (on_error && cp_pg_) cp_pg_->abort();
   if (on_error && ep_pg_ && ep_pg_ != pg_) ep_pg_->abort();
   if (on_error && expert_pg_) expert_pg_->abort();
+  if (on_error && ep_dense_pg_) ep_dense_pg_->abort();
+  if (on_error && ep_expert_pg_) ep_expert_pg_->abort();
   if (on_error && store_) store_->leave_without_waiting();  // rank 0: do not wait for a stalled peer to hang up
   if (on_error) spdlog::error("[cuda] run stopped by an error; metrics are in {}", args_->train.output_dir.string());
 }

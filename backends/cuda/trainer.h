@@ -142,7 +142,8 @@ class CudaTrainer : public Trainer {
   // leaves its cp barrier once its cp peer of coordinate 0 arrives, which in the writers' dp column
   // is after the save, and its dp barrier once that column's rank arrives.
   bool writer() const {
-    if (ep_pg_) return dims_->coord(parallel::Dim::DP) == 0;  // the ep group of dp coordinate 0
+    // Expert parallelism: the ep group of dp and cp coordinates 0.
+    if (ep_pg_) return dims_->coord(parallel::Dim::DP) == 0 && dims_->coord(parallel::Dim::CP) == 0;
     if (sharded_pg_ && !tp_pg_) return true;
     return (!tp_pg_ || dims_->coord(parallel::Dim::CP) == 0) && (!(tp_pg_ || cp_pg_) || dims_->coord(parallel::Dim::DP) == 0);
   }
@@ -152,6 +153,8 @@ class CudaTrainer : public Trainer {
   // with dp 1). pg_ is then the dense layers' replicas, ep x dp. The model is the map's local spec;
   // weights are initialised, checkpointed and sampled in the global layout, as under tp.
   std::shared_ptr<parallel::ProcessGroup> ep_pg_, expert_pg_;
+  // Beside context parallelism: the gradients' groups with the cp ranks (ep x dp x cp, dp x cp).
+  std::shared_ptr<parallel::ProcessGroup> ep_dense_pg_, ep_expert_pg_;
   std::shared_ptr<train::EpShardMap> ep_map_;
   // Tensor or expert parallelism: this rank holds a part of the model (the map's), put together
   // over model_group() (tp or ep) in the global layout; null without either.

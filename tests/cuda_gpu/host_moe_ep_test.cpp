@@ -64,6 +64,20 @@ TEST(CudaHostTrainerMoe, ExpertParallelWithTheOptimizerInTheBackward) {
   f.expect_matches("ep4", "expert_model_parallel_size=4 optimizer_in_bwd=true", "expert parallel over 4 ranks", 1e-5, 4);
 }
 
+// Beside context parallelism (four processes, ep2 x cp2): each rank routes its chunks of its
+// samples' sequences, the dense gradients averaged over ep x cp and the experts' over cp (divided
+// by ep); with AdamW after the backward and in it. Without the switch loss (each cp rank's chunks'
+// counts would make a product of per-chunk means), against one process accumulating.
+TEST(CudaHostTrainerMoe, ExpertParallelBesideContextParallelism) {
+  testing::TwoProcesses t(ep_overrides("      clip_grad: 0\n      moe_aux_loss_coeff: 0.0\n"), "moe/tiny.yaml", 2, 4);
+  t.expect_matches("ep2cp2", "expert_model_parallel_size=2 context_parallel_size=2",
+                   "context parallel over 2 ranks: each holds chunks r and 3 - r of 4 per sequence (gloo group) x expert "
+                   "parallel over 2 ranks",
+                   1e-5, 4);
+  t.expect_matches("ep2cp2_oib", "expert_model_parallel_size=2 context_parallel_size=2 optimizer_in_bwd=true", "", 1e-5, 4);
+  t.expect_checkpoints_move("ep2cp2", "expert_model_parallel_size=2 context_parallel_size=2", 4);
+}
+
 TEST(CudaHostTrainerMoe, ExpertParallelRefusesWhatItDoesNotRunBesideYet) {
   testing::TwoProcesses t(ep_overrides(), "moe/tiny.yaml", 2, 2);
   t.expect_refused("ep_zero1", "expert_model_parallel_size=2 use_distributed_optimizer=true",
