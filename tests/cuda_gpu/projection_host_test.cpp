@@ -43,6 +43,15 @@ train::ProjectionLayout projection_host_layout(const CudaArgs& a, int64_t gpus) 
   return l;
 }
 
+// The bytes of the "weights" part of a `projection memory --json` output.
+double weights_of(const std::string& out) {
+  double w = 0;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  for (const auto& part : j.at("memory").at("parts"))
+    if (part["name"] == "weights") w += part["bytes"].get<double>();
+  return w;
+}
+
 TEST(CudaProjection, PlannedSizesAreWhatTheModelAllocates) {
   const std::pair<const char*, train::ModelSpec> specs[] = {{"gpt2", testing::tiny_spec(false)},
                                                             {"llama", testing::tiny_spec(true)},
@@ -364,13 +373,6 @@ TEST(CudaProjection, TensorAndContextParallelLayoutsAreRankZerosPlan) {
       << r.out;
   // An MoE preset under tp2: every expert split, so the weights of a rank are half the model's
   // (the router and norms replicated: a little more than half).
-  auto weights_of = [](const std::string& out) {
-    double w = 0;
-    const nlohmann::json j = nlohmann::json::parse(out);
-    for (const auto& part : j.at("memory").at("parts"))
-      if (part["name"] == "weights") w += part["bytes"].get<double>();
-    return w;
-  };
   r = primus::testing::run_primus("projection memory --json --gpus 1 --config " + projection_example("olmoe-mini.yaml"));
   ASSERT_EQ(r.code, 0) << r.out;
   const double moe_one = weights_of(r.out);
@@ -416,13 +418,6 @@ TEST(CudaProjection, ExpertParallelLayoutsAreRankZerosPlan) {
   EXPECT_NEAR(m.bytes("master_weights"), 4.0 * double(local_total), 256.0);
   EXPECT_LT(local_total, train::make_param_layout(spec).total);
 
-  auto weights_of = [](const std::string& out) {
-    double w = 0;
-    const nlohmann::json j = nlohmann::json::parse(out);
-    for (const auto& part : j.at("memory").at("parts"))
-      if (part["name"] == "weights") w += part["bytes"].get<double>();
-    return w;
-  };
   auto r = primus::testing::run_primus("projection memory --json --gpus 1 --config " + projection_example("olmoe-mini.yaml"));
   ASSERT_EQ(r.code, 0) << r.out;
   const double one = weights_of(r.out);

@@ -11,6 +11,7 @@
 #include "core/util/error.h"
 #include "tests/common/tiny_models.h"
 #include "tests/core/test_util.h"
+#include "tests/train/shard_map_checks.h"
 #include "train/tensor_parallel.h"
 
 using namespace primus::train;
@@ -20,33 +21,9 @@ using primus::testing::expect_error;
 namespace {
 
 void expect_tiles(const ModelSpec& m, int tp, bool sp) {
-  const ParamLayout G = make_param_layout(m);
-  std::vector<int> covered(static_cast<size_t>(G.total), 0);
-  std::vector<float> global(static_cast<size_t>(G.total));
-  std::iota(global.begin(), global.end(), 1.f);  // every element distinct
-  std::vector<float> rebuilt(global.size(), 0.f);
-  for (int r = 0; r < tp; ++r) {
-    const TpShardMap map(m, tp, r, sp);
-    const int64_t local_total = map.local_layout().total;
-    int64_t at = 0;
-    for (const TpPiece& p : map.pieces()) {
-      EXPECT_EQ(p.local, at) << m.model_type << " tp" << tp << " rank " << r;
-      at += p.count;
-    }
-    EXPECT_EQ(at, local_total);
-    std::vector<float> local(static_cast<size_t>(local_total), 0.f);
-    map.to_local(global.data(), local.data());
-    std::vector<float> mine(global.size(), 0.f);
-    map.to_global(local.data(), mine.data(), /*owned_only=*/true);
-    for (size_t i = 0; i < mine.size(); ++i) {
-      if (mine[i] != 0.f) {
-        ++covered[i];
-        rebuilt[i] += mine[i];
-      }
-    }
-  }
-  for (size_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1) << m.model_type << " tp" << tp << " element " << i;
-  EXPECT_EQ(rebuilt, global);
+  primus::testing::expect_pieces_tile(
+      tp, [&](int r) { return std::make_unique<TpShardMap>(m, tp, r, sp); },
+      m.model_type + " tp" + std::to_string(tp) + (sp ? "+sp" : ""));
 }
 
 const float* tensor(const ParamLayout& L, const std::vector<float>& buf, const std::string& name) {

@@ -158,24 +158,25 @@ TensorView packed(const TensorView& wire, int64_t W) {
 }
 }  // namespace
 
+void EpComm::route(int64_t i, const TensorView& src, const TensorView& dst, const TensorView& send_wire,
+                   const TensorView& recv_wire, bool to_experts) const {
+  const Plan& p = plans_.at(static_cast<size_t>(i));
+  const int64_t W = src.size(1);
+  const TensorView s = packed(send_wire, W), r = packed(recv_wire, W);
+  const int first = to_experts ? 0 : 2;  // pack + unpack, or back + home
+  gather(s, src, map(i, first), to_experts ? p.sent : p.received);
+  exchange(s, to_experts ? p.send_rows : p.recv_rows, r, to_experts ? p.recv_rows : p.send_rows, W);
+  gather(dst, r, map(i, first + 1), to_experts ? p.held_rows : p.local_rows);  // the groups' padding rows zeroed
+}
+
 void EpComm::dispatch(int64_t i, const TensorView& local, const TensorView& held, const TensorView& send_wire,
                       const TensorView& recv_wire) const {
-  const Plan& p = plans_.at(static_cast<size_t>(i));
-  const int64_t W = local.size(1);
-  const TensorView s = packed(send_wire, W), r = packed(recv_wire, W);
-  gather(s, local, map(i, 0), p.sent);
-  exchange(s, p.send_rows, r, p.recv_rows, W);
-  gather(held, r, map(i, 1), p.held_rows);  // the groups' padding rows zeroed
+  route(i, local, held, send_wire, recv_wire, true);
 }
 
 void EpComm::combine(int64_t i, const TensorView& held, const TensorView& local, const TensorView& send_wire,
                      const TensorView& recv_wire) const {
-  const Plan& p = plans_.at(static_cast<size_t>(i));
-  const int64_t W = held.size(1);
-  const TensorView s = packed(send_wire, W), r = packed(recv_wire, W);
-  gather(s, held, map(i, 2), p.received);
-  exchange(s, p.recv_rows, r, p.send_rows, W);
-  gather(local, r, map(i, 3), p.local_rows);  // the groups' padding rows zeroed
+  route(i, held, local, send_wire, recv_wire, false);
 }
 
 void EpComm::sum(const TensorView& t) const {

@@ -76,6 +76,10 @@ class EpComm {
   void gather(const TensorView& dst, const TensorView& src, const TensorView& map, int64_t rows) const;
   void exchange(const TensorView& send, const std::vector<size_t>& send_rows, const TensorView& recv,
                 const std::vector<size_t>& recv_rows, int64_t W) const;
+  // src -> dst through the wire: to the experts' ranks (pack, exchange, unpack) or back (back,
+  // exchange, home).
+  void route(int64_t i, const TensorView& src, const TensorView& dst, const TensorView& send_wire,
+             const TensorView& recv_wire, bool to_experts) const;
 
   parallel::ProcessGroup& group_;
   parallel::NcclProcessGroup* nccl_ = nullptr;
