@@ -14,9 +14,13 @@
 #   4. the largest model: Llama-3-8B at 1 x 8192 a GPU, fsdp over every GPU, and on one GPU with
 #      AdamW in the backward and full recomputation (the layout `primus projection` fits in 141 GB)
 #   5. dp2 x tp2 (4 GPUs): the cuda backend refuses it today; the dry run's refusal is recorded
+#   6. expert parallelism (STAGES ep): 50 steps of the tiny OLMoE-style MoE as ep2 (one micro-batch
+#      a GPU) against one GPU accumulating both (bf16 gate), and olmoe-mini 4 x 2048 a GPU as ep
+#      over every GPU against plain data parallelism on as many (the same global batch; the memory
+#      of each beside)
 # and writes $OUT/layouts.jsonl (DESIGN.md "Measurements"; append it to bench/results/) and a table
 # last. Every run is cut to the time left before BUDGET_S (540 s), so the table is always written.
-# A call rarely fits everything: STAGES picks (default "equality speed"; also resume, largest, mesh).
+# A call rarely fits everything: STAGES picks (default "equality speed"; also resume, largest, mesh, ep).
 #
 # Build here first: bash bench/scaling/prepare_carry.sh (fills .carry-scaling), then:
 #   run(kind="nvidia-h200-x2", command="bash bench/scaling/layouts_on_gpu.sh", carry=[".carry-scaling"])
@@ -127,6 +131,19 @@ if stage mesh && [ "$NGPU" -ge 4 ]; then
   grep -m1 -E "not implemented|error" "$OUT/mesh_dp2tp2.log"
 fi
 
+# 6. Expert parallelism: equality on the tiny MoE, then olmoe-mini's speed against plain dp.
+if stage ep; then
+  # The olmoe-mini example with the tiny OLMoE preset (configs/models/moe/olmoe-tiny.yaml) as its model.
+  sed -e 's|model: moe/olmoe-mini.yaml|model: moe/olmoe-tiny.yaml|' examples/cuda/olmoe-mini.yaml > "$OUT/olmoe-tiny.yaml"
+  MT=(--config "$OUT/olmoe-tiny.yaml" mock_data=true lr_warmup_iters=5 log_interval=1 eval_interval=0 save_interval=0
+      save_at_end=false train_iters=50 micro_batch_size=4 cuda_graph=false)
+  train eq_moe_1gpu_acc2 1 90 "${MT[@]}" global_batch_size=8
+  train eq_moe_ep2 2 90 "${MT[@]}" global_batch_size=8 expert_model_parallel_size=2
+  MS=(--config examples/cuda/olmoe-mini.yaml train_iters=30 log_interval=5 micro_batch_size=4 cuda_graph=false)
+  train sp_moe_dp"$NGPU" "$NGPU" 150 "${MS[@]}" global_batch_size=$((4 * NGPU))
+  train sp_moe_ep"$NGPU" "$NGPU" 150 "${MS[@]}" global_batch_size=$((4 * NGPU)) expert_model_parallel_size="$NGPU"
+fi
+
 python3 - "$OUT" "$DEVICE" "$COMMIT" "$NGPU" <<'EOF' 2>&1 | tee "$OUT/summary.txt"
 import datetime, json, os, re, sys
 out, device, commit, ngpu = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -179,6 +196,11 @@ speed("speed/llama/fsdp2-vs-zero1x2", "sp_llama_fsdp2", "sp_llama_zero1x2", "ZeR
 speed("speed/llama/zero1x2-vs-1gpu", "sp_llama_zero1x2", "sp_llama_1gpu", "1 GPU (half the global batch)", ">= 1.9x")
 if ngpu >= 4:
     speed("speed/llama/zero1x4-vs-1gpu", "sp_llama_zero1x4", "sp_llama_1gpu", "1 GPU (a quarter of the batch)", ">= 3.7x")
+if os.path.exists(os.path.join(out, "eq_moe_ep2.log")):
+    equality("equality/moe-tiny/ep2", "eq_moe_ep2", "eq_moe_1gpu_acc2")
+if os.path.exists(os.path.join(out, f"sp_moe_ep{ngpu}.log")):
+    speed(f"speed/olmoe-mini/ep{ngpu}-vs-dp{ngpu}", f"sp_moe_ep{ngpu}", f"sp_moe_dp{ngpu}",
+          f"plain data parallelism on {ngpu} GPUs, same batch", "none yet (measured)")
 prof = os.path.join(out, "sp_llama_tp2sp_profile.log")
 if os.path.exists(prof):
     txt = open(prof).read()
