@@ -143,7 +143,7 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
 bool zero1_in_model(const CudaArgs& a) {
   const parallel::ParallelSizes& mp = a.train.model_parallel;
   return mp.sharding == parallel::DpSharding::Optim &&
-         (mp[parallel::Dim::TP] > 1 || mp[parallel::Dim::CP] > 1 || a.host_mode);
+         (mp[parallel::Dim::TP] > 1 || mp[parallel::Dim::CP] > 1 || mp[parallel::Dim::EP] > 1 || a.host_mode);
 }
 
 namespace {

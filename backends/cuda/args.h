@@ -24,7 +24,7 @@ namespace primus::backends::cuda {
 
 // The mesh this backend runs: tensor (and sequence) parallelism, context parallelism and data
 // parallelism (plain, ZeRO-1, optim_grads, optim_grads_params), in any combination; expert
-// parallelism beside plain data parallelism and context parallelism (model/ep_comm.h).
+// parallelism beside data parallelism (any strategy) and context parallelism (model/ep_comm.h).
 inline constexpr parallel::MeshSupport kCudaMesh{"the cuda backend", true, true, true, true};
 
 struct CudaArgs : BackendArgs, train::HasTrainingArgs {
@@ -87,9 +87,10 @@ void add_cuda_schema(config::Schema& s);
 
 // Where ZeRO-1 (use_distributed_optimizer / data_parallel_sharding_strategy optim) runs. Plain data
 // parallelism on GPUs: the bucketed reducer (parallel/cuda/grad_reducer.h), which shards flat
-// buckets of the whole replica. Beside tensor or context parallelism, and in host mode: the model's
-// sharded data parallelism (model/fsdp.h) with the gradients whole, over dp x cp, where the tp
-// ranks' partial gradients, replicated rows and norm are already handled. True for the latter.
+// buckets of the whole replica. Beside tensor, context or expert parallelism, and in host mode: the
+// model's sharded data parallelism (model/fsdp.h) with the gradients whole, over dp x cp, where the
+// tp ranks' partial gradients, replicated rows and norm (and the ep means) are already handled.
+// True for the latter.
 bool zero1_in_model(const CudaArgs& a);
 
 }  // namespace primus::backends::cuda

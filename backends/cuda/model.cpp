@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/cuda/model/ep_kernels.h"
 #include "backends/cuda/model/group_order.h"
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
@@ -278,8 +279,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (spec_.moe.held_experts() != opt_.ep_map->local_experts() || spec_.moe.first_expert != opt_.ep_map->first_expert())
       throw RuntimeError("cuda model: under expert parallelism the spec must be the map's local spec");
     const char* why = tp                             ? "tensor parallelism"
-                      : fsdp                         ? "sharded data parallelism"
-                      : !opt_.optimizer_state || opt_.flat_elems != 0 ? "use_distributed_optimizer (ZeRO-1)"
+                      : !opt_.optimizer_state || opt_.flat_elems != 0
+                          ? "use_distributed_optimizer's bucketed buffers (ZeRO-1 runs in the model beside ep)"
                       : !opt_.muon.empty()           ? "optimizer: muon"
                       : opt_.fp8_moe                 ? "FP8 experts"
                       : opt_.bf16_expert_grads       ? "moe_expert_grad_dtype: bf16"
@@ -467,6 +468,16 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       }
       if (opt_.ep_expert_group && opt_.ep_expert_group->world_size() > 1)
         ep_expert_nccl_ = device_group(*opt_.ep_expert_group, stream_, "expert parallelism's expert gradient means");
+    } else if (fsdp_) {
+      // Sharded: the optimizer's tensors are this rank's pieces (named as the tensors).
+      std::vector<bool> shard_counted(shard_layout_.tensors.size());
+      for (size_t j = 0; j < shard_counted.size(); ++j) {
+        const train::ParamTensor* t = layout_.find(shard_layout_.tensors[j].name);
+        if (!t) throw RuntimeError("cuda model: shard piece of unknown tensor " + shard_layout_.tensors[j].name);
+        shard_counted[j] = counted[static_cast<size_t>(t - layout_.tensors.data())];
+      }
+      optimizer_->norm_over(shard_counted);
+      set_fsdp_expert_parallel();
     } else {
       optimizer_->norm_over(counted);
     }
@@ -834,6 +845,7 @@ void CudaModel::grad_norm(float max_norm) {
   if (fsdp_ && !tp_) {
     optimizer_->grad_norm_squares(ctx());
     fsdp_->all_reduce(plan_->state.norm.slice0(0, 1));
+    if (ep_) ep_->sum(plan_->state.norm.slice0(0, 1));  // each expert on one rank, the rest counted by rank 0
     optimizer_->finish_grad_norm(max_norm);
     return;
   }
@@ -865,6 +877,48 @@ void CudaModel::grad_norm(float max_norm) {
   if (fsdp_) fsdp_->all_reduce(st.norm.slice0(0, 1));
   tp_->all_reduce(st.norm.slice0(0, 1));
   optimizer_->finish_grad_norm(max_norm);
+}
+
+// Expert parallelism beside sharded data parallelism (over the ranks holding the same experts):
+// each unit's reduce-scatter averages it over them, so the dense tensors' part of its place is
+// first averaged over the ep group, and the experts' part of this rank's reduced chunk is then
+// divided by ep (each expert's gradient being every ep rank's tokens' sum).
+void CudaModel::set_fsdp_expert_parallel() {
+  const FsdpPlan& plan = *fsdp_plan_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> dense(plan.units.size()), experts(plan.units.size());
+  for (size_t ui = 0; ui < plan.units.size(); ++ui) {
+    const FsdpUnit& u = plan.units[ui];
+    const int64_t own_lo = plan.owned_begin(u, plan.rank), own_hi = plan.owned_end(u, plan.rank);
+    for (size_t i = 0; i < layout_.tensors.size(); ++i) {
+      const train::ParamTensor& t = layout_.tensors[i];
+      if (!opt_.ep_map->expert_tensor(i)) {
+        const int64_t a = std::max(u.begin, t.offset), b = std::min(u.end, t.offset + t.numel);
+        if (a >= b) continue;
+        auto& d = dense[ui];  // place coordinates; adjacent tensors merged
+        if (!d.empty() && d.back().first + d.back().second == a - u.begin) d.back().second += b - a;
+        else d.push_back({a - u.begin, b - a});
+      } else {
+        const int64_t a = std::max(own_lo, t.offset), b = std::min(own_hi, t.offset + t.numel);
+        if (a < b) experts[ui].push_back({a - own_lo, b - a});  // chunk coordinates
+      }
+    }
+  }
+  FsdpComm::ExpertParallel hooks;
+  hooks.dense_mean = [this, dense](int ui, const TensorView& place) {
+    for (const auto& [off, n] : dense.at(static_cast<size_t>(ui))) ep_->mean(opt_.ep_group, place.slice0(off, off + n));
+  };
+  const float inv = 1.0f / static_cast<float>(ep_->size());
+  hooks.expert_scale = [this, experts, inv](int ui, const TensorView& chunk, cudaStream_t s) {
+    for (const auto& [off, n] : experts.at(static_cast<size_t>(ui))) {
+      if (stream_.host) {
+        float* x = chunk.ptr<float>() + off;
+        for (int64_t k = 0; k < n; ++k) x[k] *= inv;
+      } else {
+        ep::scale_f32(chunk.ptr<float>() + off, n, inv, s);
+      }
+    }
+  };
+  fsdp_->set_expert_parallel(std::move(hooks));
 }
 
 // Expert parallelism: the dense tensors' gradients averaged over their replicas (every ep x dp

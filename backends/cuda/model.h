@@ -208,8 +208,10 @@ struct CudaModelOptions {
   // same experts; null: none) divided by ep, then counts each expert once in the norm. With the
   // optimizer in the backward each layer's gradients get the same means before its update
   // (grad_mean_group is then ep_dense_group). Eager only (the host reads each layer's token
-  // counts); not with tensor parallelism, sharded data parallelism, Muon, FP8 or bf16 experts,
-  // split masters, or a recompute policy that recomputes the experts (ConfigError).
+  // counts); not with tensor parallelism, Muon, FP8 or bf16 experts, split masters, or a recompute
+  // policy that recomputes the experts (ConfigError). Beside sharded data parallelism dp_group is
+  // the ranks holding the same experts, and each unit's reduce-scatter gets the two means
+  // (set_fsdp_expert_parallel).
   parallel::ProcessGroup* ep_group = nullptr;
   std::shared_ptr<const train::EpShardMap> ep_map;
   parallel::ProcessGroup* ep_dense_group = nullptr;
@@ -430,6 +432,7 @@ class CudaModel {
   // each run of consecutive tensors of one kind, for their reductions in grad_norm().
   std::vector<std::pair<int64_t, int64_t>> ep_dense_ranges_, ep_expert_ranges_;
   void reduce_expert_parallel_grads();
+  void set_fsdp_expert_parallel();  // beside sharded data parallelism: FsdpComm's hooks
   // The optimizer in the backward beside dp or cp (CudaModelOptions::grad_mean_group): the group,
   // as NCCL (null for another kind), and the optimizer group (its first layout offset) whose mean is
   // in flight, updated when the next group is ready or at the backward's end (-1: none).

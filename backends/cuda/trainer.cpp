@@ -113,6 +113,13 @@ void CudaTrainer::setup() {
       const std::vector<int> experts = dims_->group_ranks({parallel::Dim::DP, parallel::Dim::CP});
       ep_expert_pg_ = make_group(experts, fmt::format("edpcp{}-{}", experts.front(), experts.back()));
     }
+    // Sharded data parallelism (ZeRO-1 too) shards over the ranks holding the same experts (dp x cp):
+    // the dense gradients' part of each unit is averaged over the ep group before its reduce-scatter.
+    if (parallel::shards_optimizer(sharding) && dp * cp > 1) {
+      sharded_pg_ = cp > 1 ? ep_expert_pg_ : expert_pg_;
+      spdlog::info("[cuda] data_parallel_sharding_strategy {} over the {} ranks holding the same experts",
+                   parallel::dp_sharding_name(sharding), dp * cp);
+    }
     layout += fmt::format("{}expert parallel over {} ranks: experts {}..{} here ({} group)", layout.empty() ? "" : " x ",
                           ep, dims_->coord(parallel::Dim::EP) * (args_->model.moe.num_experts / ep),
                           (dims_->coord(parallel::Dim::EP) + 1) * (args_->model.moe.num_experts / ep) - 1,
@@ -547,8 +554,10 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
 // load, so the replicas keep routing alike.
 void CudaTrainer::reduce_moe_stats() {
   if (!moe_stats_->enabled()) return;
-  // The sharded group spans dp x cp; the plain dp group and the cp group are summed in turn.
-  for (parallel::ProcessGroup* g : {pg_.get(), sharded_pg_.get(), sharded_pg_ ? nullptr : cp_pg_.get()}) {
+  // The sharded group spans dp x cp; the plain dp group and the cp group are summed in turn. Under
+  // expert parallelism pg_ is ep x dp and the sharded group (dp x cp) would count dp twice.
+  const bool shard_sum = sharded_pg_ && !ep_pg_;
+  for (parallel::ProcessGroup* g : {pg_.get(), shard_sum ? sharded_pg_.get() : nullptr, shard_sum ? nullptr : cp_pg_.get()}) {
     if (!g || g->world_size() == 1) continue;
     if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {  // device buffers: staged
       moe_stats_->all_reduce(g->world_size(), [nccl](const void* s, void* r, size_t b) { nccl->all_gather_host(s, r, b); });
@@ -958,7 +967,7 @@ double CudaTrainer::group_mean(parallel::ProcessGroup* g, double x) {
 // of the same model part (tp ranks hold the same values): a mean over one, then the other, is the
 // mean over them all.
 double CudaTrainer::dp_mean(double x) {
-  if (sharded_pg_) return group_mean(sharded_pg_.get(), x);  // dp x cp
+  if (sharded_pg_ && !ep_pg_) return group_mean(sharded_pg_.get(), x);  // dp x cp (under ep: dp x cp, no ep)
   x = dp_ ? dp_->average({x})[0] : group_mean(pg_.get(), x);
   return group_mean(cp_pg_.get(), x);
 }

@@ -78,10 +78,22 @@ TEST(CudaHostTrainerMoe, ExpertParallelBesideContextParallelism) {
   t.expect_checkpoints_move("ep2cp2", "expert_model_parallel_size=2 context_parallel_size=2", 4);
 }
 
+// Sharded data parallelism beside expert parallelism (four processes, ep2 x dp2): ZeRO-1,
+// optim_grads and optim_grads_params shard over the two ranks holding the same experts, each unit's
+// dense gradients averaged over the ep group before its reduce-scatter and the experts' part of the
+// reduced chunk divided by ep. One process's losses; the ZeRO-1 checkpoint moves both ways.
+TEST(CudaHostTrainerMoe, ExpertParallelBesideShardedDataParallelism) {
+  testing::TwoProcesses t(ep_overrides(), "moe/tiny.yaml", 2, 2);
+  t.expect_matches("ep2dp2_zero1", "expert_model_parallel_size=2 use_distributed_optimizer=true",
+                   "data_parallel_sharding_strategy optim over the 2 ranks holding the same experts", 1e-5, 4);
+  t.expect_matches("ep2dp2_zero2", "expert_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads", "", 1e-5, 4);
+  t.expect_matches("ep2dp2_fsdp", "expert_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params", "",
+                   1e-5, 4);
+  t.expect_checkpoints_move("ep2dp2_zero1", "expert_model_parallel_size=2 use_distributed_optimizer=true", 4);
+}
+
 TEST(CudaHostTrainerMoe, ExpertParallelRefusesWhatItDoesNotRunBesideYet) {
   testing::TwoProcesses t(ep_overrides(), "moe/tiny.yaml", 2, 2);
-  t.expect_refused("ep_zero1", "expert_model_parallel_size=2 use_distributed_optimizer=true",
-                   "expert_model_parallel_size 2 with use_distributed_optimizer");
   t.expect_refused("ep_muon", "expert_model_parallel_size=2 optimizer=muon",
                    "expert_model_parallel_size 2 with optimizer: muon is not implemented yet on the cuda backend");
   t.expect_refused("ep3", "expert_model_parallel_size=3 global_batch_size=6",

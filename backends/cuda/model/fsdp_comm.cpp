@@ -94,19 +94,23 @@ void FsdpComm::grads_ready(int64_t offset) {
   const FsdpUnit& u = plan_->units[size_t(ui)];
   const TensorView place = state_.grads.slice0(u.grad_base, u.grad_base + plan_->span(u));
   const TensorView acc = state_.shard_grads.slice0(u.shard, u.shard + u.chunk);
+  // The reduction's follow-up kernels run where it did: the group's stream, or the model's after a
+  // synchronous collective.
+  const cudaStream_t s = stream_.host ? cudaStream_t{} : nccl_ ? nccl_->stream() : stream_.stream;
   if (!plan_->shard_grads) {
     if (!armed_) return;
+    if (ep_.dense_mean) ep_.dense_mean(ui, place);
     issue_in_order(nccl_, stream_, [&] {
       group_.reduce_scatter(place.data, acc.data, size_t(u.chunk), parallel::DType::F32, parallel::ReduceOp::Avg);
+      if (ep_.expert_scale) ep_.expert_scale(ui, acc, s);
     });
     return;
   }
   const TensorView tmp = state_.fsdp_tmp.slice0(0, u.chunk);
-  // The reduction's follow-up kernels run where it did: the group's stream, or the model's after a
-  // synchronous collective.
-  const cudaStream_t s = stream_.host ? cudaStream_t{} : nccl_ ? nccl_->stream() : stream_.stream;
+  if (ep_.dense_mean) ep_.dense_mean(ui, place);
   issue_in_order(nccl_, stream_, [&] {
     group_.reduce_scatter(place.data, tmp.data, size_t(u.chunk), parallel::DType::F32, parallel::ReduceOp::Avg);
+    if (ep_.expert_scale) ep_.expert_scale(ui, tmp, s);
     if (stream_.host) {
       float* a = acc.ptr<float>();
       const float* t = tmp.ptr<float>();

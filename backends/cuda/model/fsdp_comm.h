@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <functional>
 #include <memory>
 
 #include "backends/cuda/model/fsdp.h"
@@ -66,6 +67,17 @@ class FsdpComm {
   // Every rank's `send` [n] into `recv` [world x n] (fp32; host copies of the shard).
   void all_gather(const TensorView& send, const TensorView& recv) const;
 
+  // Expert parallelism beside the sharding (the group is then the ranks holding the same experts):
+  // before a unit's reduce-scatter, `dense_mean(place)` averages the dense tensors' part of its
+  // place over the ep group (in the model's stream order); after it, `expert_scale(chunk, stream)`
+  // divides the experts' part of this rank's reduced chunk by ep, on the stream the reduction ran
+  // on (null: the model's, synchronous). Indexed by unit.
+  struct ExpertParallel {
+    std::function<void(int unit, const TensorView& place)> dense_mean;
+    std::function<void(int unit, const TensorView& chunk, cudaStream_t stream)> expert_scale;
+  };
+  void set_expert_parallel(ExpertParallel ep) { ep_ = std::move(ep); }
+
  private:
   void gather_unit(int u);
   void wait_event(cudaEvent_t e) const;
@@ -83,6 +95,7 @@ class FsdpComm {
   std::array<bool, 2> gather_pending_{false, false};
   std::array<bool, 3> reduce_pending_{false, false, false};
   bool armed_ = true;
+  ExpertParallel ep_;
 };
 
 }  // namespace primus::backends::cuda
