@@ -37,6 +37,9 @@ EpShardMap::EpShardMap(const ModelSpec& global, int ep, int rank) : ModelShardMa
     // A stacked [E, ...] tensor: this rank's experts are one run of it.
     const int64_t skip = expert ? local_.moe.first_expert * (g.numel / E) : 0;
     pieces_.push_back({l.offset, g.offset + skip, l.numel, false});
+    auto& runs = expert ? expert_runs_ : dense_runs_;
+    if (!runs.empty() && runs.back().first + runs.back().second == l.offset) runs.back().second += l.numel;
+    else runs.push_back({l.offset, l.numel});
   }
 }
 

@@ -9,6 +9,7 @@
 // other layout.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "train/model_spec.h"
@@ -31,12 +32,16 @@ class EpShardMap : public ModelShardMap {
   // slice is this rank's alone (its replicas are the ranks that differ in dp only). The others are
   // the same on every rank of the group.
   bool expert_tensor(size_t tensor) const { return expert_.at(tensor); }
+  // The local layout's runs of consecutive routed experts' tensors (experts) or of the others, as
+  // (offset, count): what the gradients' two reductions walk.
+  const std::vector<std::pair<int64_t, int64_t>>& runs(bool experts) const { return experts ? expert_runs_ : dense_runs_; }
   // Its experts' slices, and the tensors every rank holds on rank 0 only (one piece per tensor).
   std::vector<TpPiece> owned_pieces() const override;
   std::vector<TpPiece> owned_pieces_of(int k) const override;
 
  private:
   std::vector<bool> expert_;
+  std::vector<std::pair<int64_t, int64_t>> expert_runs_, dense_runs_;
 };
 
 // Whether a layout tensor's name is a routed experts' stacked weight (moe.experts.*).

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "backends/cuda/model/ep_kernels.h"
 #include "backends/cuda/model/group_order.h"
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
@@ -24,6 +23,15 @@ namespace primus::backends::cuda {
 using turbo::Device;
 
 namespace {
+
+// The optimizer group (its first layout offset: the gradient-ready point at or below it) that the
+// layout offset belongs to; -1 below the first point.
+int64_t group_start(const std::vector<int64_t>& points, int64_t offset) {
+  int64_t begin = -1;
+  for (int64_t p : points)
+    if (p <= offset && p > begin) begin = p;
+  return begin;
+}
 
 // The linear layers of a transformer layer that FP8 serves: q|k|v, attention output, MLP up, MLP down
 // (the order of StateBuffers::fp8_weights).
@@ -415,12 +423,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       // Each group's partial gradients and replicated key/value rows are summed just before its
       // update, and its norm over the group before its check (optimizer_state.h).
       const std::vector<int64_t> points = grad_ready_points(layout_);
-      auto group_of = [&](int64_t offset) {
-        int64_t begin = -1;
-        for (int64_t p : points)
-          if (p <= offset && p > begin) begin = p;
-        return begin;
-      };
+      auto group_of = [&](int64_t offset) { return group_start(points, offset); };
       for (size_t i = 0; i < partial.size(); ++i)
         if (partial[i]) tp_group_partial_[group_of(layout_.tensors[i].offset)].push_back(i);
       for (size_t k = 0; k < opt_.tp_map->kv_exchanges().size(); ++k)
@@ -460,12 +463,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (opt_.optimizer_in_backward) {
       optimizer_->group_norms_over(counted, {}, [this](const TensorView& t) { ep_->sum(t); });
       const std::vector<int64_t> points = grad_ready_points(layout_);
-      for (size_t i = 0; i < layout_.tensors.size(); ++i) {
-        int64_t begin = -1;
-        for (int64_t p : points)
-          if (p <= layout_.tensors[i].offset && p > begin) begin = p;
-        ep_group_tensors_[begin].push_back(i);
-      }
+      for (size_t i = 0; i < layout_.tensors.size(); ++i)
+        ep_group_tensors_[group_start(points, layout_.tensors[i].offset)].push_back(i);
       if (opt_.ep_expert_group && opt_.ep_expert_group->world_size() > 1)
         ep_expert_nccl_ = device_group(*opt_.ep_expert_group, stream_, "expert parallelism's expert gradient means");
     } else if (fsdp_) {
@@ -480,14 +479,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       set_fsdp_expert_parallel();
     } else {
       optimizer_->norm_over(counted);
-    }
-    for (size_t i = 0; i < layout_.tensors.size();) {
-      const bool expert = opt_.ep_map->expert_tensor(i);
-      size_t j = i;
-      while (j < layout_.tensors.size() && opt_.ep_map->expert_tensor(j) == expert) ++j;
-      const int64_t lo = layout_.tensors[i].offset, hi = layout_.tensors[j - 1].offset + layout_.tensors[j - 1].numel;
-      (expert ? ep_expert_ranges_ : ep_dense_ranges_).push_back({lo, hi - lo});
-      i = j;
     }
   }
   decoder_ = std::make_unique<Decoder>(spec_, layout_, dec, ops, *plan_, ctx());
@@ -885,23 +876,19 @@ void CudaModel::grad_norm(float max_norm) {
 // divided by ep (each expert's gradient being every ep rank's tokens' sum).
 void CudaModel::set_fsdp_expert_parallel() {
   const FsdpPlan& plan = *fsdp_plan_;
+  // Per unit: the dense runs in its place's coordinates, the experts' runs in this rank's chunk's.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> dense(plan.units.size()), experts(plan.units.size());
+  auto cut = [](const std::vector<std::pair<int64_t, int64_t>>& runs, int64_t lo, int64_t hi,
+                std::vector<std::pair<int64_t, int64_t>>& out) {
+    for (const auto& [off, n] : runs) {
+      const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
+      if (a < b) out.push_back({a - lo, b - a});
+    }
+  };
   for (size_t ui = 0; ui < plan.units.size(); ++ui) {
     const FsdpUnit& u = plan.units[ui];
-    const int64_t own_lo = plan.owned_begin(u, plan.rank), own_hi = plan.owned_end(u, plan.rank);
-    for (size_t i = 0; i < layout_.tensors.size(); ++i) {
-      const train::ParamTensor& t = layout_.tensors[i];
-      if (!opt_.ep_map->expert_tensor(i)) {
-        const int64_t a = std::max(u.begin, t.offset), b = std::min(u.end, t.offset + t.numel);
-        if (a >= b) continue;
-        auto& d = dense[ui];  // place coordinates; adjacent tensors merged
-        if (!d.empty() && d.back().first + d.back().second == a - u.begin) d.back().second += b - a;
-        else d.push_back({a - u.begin, b - a});
-      } else {
-        const int64_t a = std::max(own_lo, t.offset), b = std::min(own_hi, t.offset + t.numel);
-        if (a < b) experts[ui].push_back({a - own_lo, b - a});  // chunk coordinates
-      }
-    }
+    cut(opt_.ep_map->runs(false), u.begin, u.end, dense[ui]);
+    cut(opt_.ep_map->runs(true), plan.owned_begin(u, plan.rank), plan.owned_end(u, plan.rank), experts[ui]);
   }
   FsdpComm::ExpertParallel hooks;
   hooks.dense_mean = [this, dense](int ui, const TensorView& place) {
@@ -909,14 +896,7 @@ void CudaModel::set_fsdp_expert_parallel() {
   };
   const float inv = 1.0f / static_cast<float>(ep_->size());
   hooks.expert_scale = [this, experts, inv](int ui, const TensorView& chunk, cudaStream_t s) {
-    for (const auto& [off, n] : experts.at(static_cast<size_t>(ui))) {
-      if (stream_.host) {
-        float* x = chunk.ptr<float>() + off;
-        for (int64_t k = 0; k < n; ++k) x[k] *= inv;
-      } else {
-        ep::scale_f32(chunk.ptr<float>() + off, n, inv, s);
-      }
-    }
+    for (const auto& [off, n] : experts.at(static_cast<size_t>(ui))) ep_->scale(chunk.slice0(off, off + n), inv, s);
   };
   fsdp_->set_expert_parallel(std::move(hooks));
 }
@@ -926,9 +906,9 @@ void CudaModel::set_fsdp_expert_parallel() {
 // of every ep rank's tokens routed to it while the loss is the mean over all ep x dp ranks.
 void CudaModel::reduce_expert_parallel_grads() {
   const TensorView& g = plan_->state.grads;
-  for (const auto& [off, n] : ep_dense_ranges_) ep_->mean(opt_.ep_dense_group, g.slice0(off, off + n));
+  for (const auto& [off, n] : opt_.ep_map->runs(false)) ep_->mean(opt_.ep_dense_group, g.slice0(off, off + n));
   const float inv = 1.0f / static_cast<float>(ep_->size());
-  for (const auto& [off, n] : ep_expert_ranges_) {
+  for (const auto& [off, n] : opt_.ep_map->runs(true)) {
     ep_->mean(opt_.ep_expert_group, g.slice0(off, off + n));
     ep_->scale(g.slice0(off, off + n), inv);
   }

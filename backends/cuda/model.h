@@ -428,9 +428,7 @@ class CudaModel {
   std::unique_ptr<FsdpComm> fsdp_;
   std::unique_ptr<CpAttention> cp_;  // context parallelism (null without)
   std::unique_ptr<EpComm> ep_;       // expert parallelism (null without)
-  // Expert parallelism: the dense tensors' and the routed experts' gradient ranges (offset, count),
-  // each run of consecutive tensors of one kind, for their reductions in grad_norm().
-  std::vector<std::pair<int64_t, int64_t>> ep_dense_ranges_, ep_expert_ranges_;
+  // Expert parallelism: the dense gradients' and the experts' means (grad_norm()).
   void reduce_expert_parallel_grads();
   void set_fsdp_expert_parallel();  // beside sharded data parallelism: FsdpComm's hooks
   // The optimizer in the backward beside dp or cp (CudaModelOptions::grad_mean_group): the group,

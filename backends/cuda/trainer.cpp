@@ -265,7 +265,7 @@ void CudaTrainer::init() {
     mo.dp_group = sharded_pg_.get();
     mo.dp_sharding = t.model_parallel.sharding;
   }
-  model_ = std::make_unique<CudaModel>(tp_map_ ? tp_map_->local_spec() : ep_map_ ? ep_map_->local_spec() : spec, mo, ops_);
+  model_ = std::make_unique<CudaModel>(shard_map() ? shard_map()->local_spec() : spec, mo, ops_);
   if (sharded_pg_) {
     const double P = static_cast<double>(model_->layout().total), world = sharded_pg_->world_size();
     const bool optim = t.model_parallel.sharding == parallel::DpSharding::Optim;
@@ -603,8 +603,8 @@ void CudaTrainer::save(int64_t step) {
   // the cp or the data-parallel group. Ranks of the other dimensions hold copies of the same state
   // (cp: the same weights, dp beside tp or cp: a replica), so only the group whose other
   // coordinates are 0 writes, and the rest wait for it below.
+  // Under expert parallelism the writers are one ep group: the other dp (expert_pg_) and cp ranks wait.
   const bool waiters = (tp_pg_ && (cp_pg_ || pg_ || sharded_pg_)) || (cp_pg_ && pg_) || (ep_pg_ && expert_pg_);
-  // (expert parallelism beside cp: pg_ is the ep x dp group, and cp_pg_ && pg_ holds)
   if (!writer()) {
     // This rank's state is a writer's (the same weights, moments and trainer state); sharded, its
     // chunks are read with the writers' reads (collective over the sharded group, in their order).
@@ -967,7 +967,8 @@ double CudaTrainer::group_mean(parallel::ProcessGroup* g, double x) {
 // of the same model part (tp ranks hold the same values): a mean over one, then the other, is the
 // mean over them all.
 double CudaTrainer::dp_mean(double x) {
-  if (sharded_pg_ && !ep_pg_) return group_mean(sharded_pg_.get(), x);  // dp x cp (under ep: dp x cp, no ep)
+  // The sharded group is dp x cp; beside expert parallelism it leaves the ep ranks out (pg_ has them).
+  if (sharded_pg_ && !ep_pg_) return group_mean(sharded_pg_.get(), x);
   x = dp_ ? dp_->average({x})[0] : group_mean(pg_.get(), x);
   return group_mean(cp_pg_.get(), x);
 }

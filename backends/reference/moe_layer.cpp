@@ -107,8 +107,9 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
     experts_forward(xh_.data(), hh_.data(), ah_.data(), yh_.data(), held_start_.data(), held_count_.data(), El_, w);
     exchange_rows(yp_.data(), yh_, false);
   } else {
-    const std::vector<int64_t> start(offsets_.begin(), offsets_.begin() + E_), count(kept_.begin(), kept_.end());
-    experts_forward(xp_.data(), h_.data(), a_.data(), yp_.data(), start.data(), count.data(), E_, w);
+    local_start_.assign(offsets_.begin(), offsets_.begin() + E_);
+    local_count_.assign(kept_.begin(), kept_.end());
+    experts_forward(xp_.data(), h_.data(), a_.data(), yp_.data(), local_start_.data(), local_count_.data(), E_, w);
   }
   k::moe_unpermute(out, yp_.data(), weight_.data(), rows_.data(), N, K_, C_, false);
   if (Fs_ > 0) {
@@ -144,9 +145,8 @@ void MoeLayer<Real>::backward(Real* dinp, const Real* dout, const Real* inp, con
                      held_start_.data(), held_count_.data(), El_, w, g);
     exchange_rows(dxp_.data(), dxh_, false);
   } else {
-    const std::vector<int64_t> start(offsets_.begin(), offsets_.begin() + E_), count(kept_.begin(), kept_.end());
-    experts_backward(dxp_.data(), da_.data(), dh_.data(), dyp_.data(), xp_.data(), h_.data(), a_.data(), start.data(),
-                     count.data(), E_, w, g);
+    experts_backward(dxp_.data(), da_.data(), dh_.data(), dyp_.data(), xp_.data(), h_.data(), a_.data(),
+                     local_start_.data(), local_count_.data(), E_, w, g);
   }
   k::moe_permute_backward(dinp, dxp_.data(), rows_.data(), N, K_, C_, true);
   k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(), counts_.data(), N,

@@ -80,6 +80,7 @@ class MoeLayer {
   // Expert parallelism: recv_[q * El_ + e] rows from rank q for held expert e (the last forward),
   // send_rows_[q] rows to rank q; the held rows expert-major (held_start_ / held_count_ per expert).
   std::vector<int64_t> recv_, send_rows_, held_start_, held_count_;
+  std::vector<int64_t> local_start_, local_count_;  // without it: the groups of the last forward
   std::vector<Real> xh_, hh_, ah_, yh_, dyh_, dah_, dhh_, dxh_, wire_;
   int64_t N_ = 0, C_, E_, K_, F_, Fs_, align_ = 1, max_rows_;
   std::vector<Real> logits_, probs_, weight_, prob_sum_, xp_, h_, a_, yp_, sfc_, sact_, sout_;

@@ -296,55 +296,39 @@ void ReferenceTrainer::all_reduce_grads() {
 }
 
 void ReferenceTrainer::all_reduce_expert_parallel_grads() {
-  // Runs of consecutive tensors of one kind, each in buckets; every rank of a group walks the same
-  // layout, so the calls pair up.
-  const auto& ts = model_->layout().tensors;
+  // In buckets; every rank of a group walks the same layout, so the calls pair up.
   const int64_t be = dp_.bucket_elems(sizeof(float));
   const auto ep = static_cast<float>(ep_map_->ep());
   float* g = model_->grads.data();
-  for (size_t i = 0; i < ts.size();) {
-    const bool expert = ep_map_->expert_tensor(i);
-    size_t j = i;
-    while (j < ts.size() && ep_map_->expert_tensor(j) == expert) ++j;
-    const int64_t lo = ts[i].offset, hi = ts[j - 1].offset + ts[j - 1].numel;
+  for (const bool expert : {false, true}) {
     parallel::ProcessGroup& group = expert ? *expert_pg_ : *pg_;
-    for (int64_t off = lo; off < hi; off += be) {
-      const auto n = static_cast<size_t>(std::min(be, hi - off));
-      if (group.world_size() > 1) group.all_reduce(g + off, n, parallel::DType::F32, parallel::ReduceOp::Avg);
-      if (expert) {
-        for (size_t e = 0; e < n; ++e) g[off + static_cast<int64_t>(e)] /= ep;
+    for (const auto& [lo, count] : ep_map_->runs(expert)) {
+      for (int64_t off = lo; off < lo + count; off += be) {
+        const int64_t n = std::min(be, lo + count - off);
+        if (group.world_size() > 1)
+          group.all_reduce(g + off, static_cast<size_t>(n), parallel::DType::F32, parallel::ReduceOp::Avg);
+        if (expert) std::for_each(g + off, g + off + n, [ep](float& x) { x /= ep; });
       }
     }
-    i = j;
   }
 }
 
 void ReferenceTrainer::mean_dense_grads_over_ep() {
-  const auto& ts = model_->layout().tensors;
   const int64_t be = dp_.bucket_elems(sizeof(float));
   float* g = model_->grads.data();
-  for (size_t i = 0; i < ts.size();) {
-    size_t j = i;
-    while (j < ts.size() && ep_map_->expert_tensor(j) == ep_map_->expert_tensor(i)) ++j;
-    if (!ep_map_->expert_tensor(i)) {
-      const int64_t lo = ts[i].offset, hi = ts[j - 1].offset + ts[j - 1].numel;
-      for (int64_t off = lo; off < hi; off += be) {
-        ep_pg_->all_reduce(g + off, static_cast<size_t>(std::min(be, hi - off)), parallel::DType::F32,
-                           parallel::ReduceOp::Avg);
-      }
+  for (const auto& [lo, count] : ep_map_->runs(false)) {
+    for (int64_t off = lo; off < lo + count; off += be) {
+      ep_pg_->all_reduce(g + off, static_cast<size_t>(std::min(be, lo + count - off)), parallel::DType::F32,
+                         parallel::ReduceOp::Avg);
     }
-    i = j;
   }
 }
 
 void ReferenceTrainer::scale_expert_shard() {
-  const auto& ts = model_->layout().tensors;
   const int64_t b = shards_.begin(dp_rank()), e = shards_.valid_end(dp_rank());
   const auto ep = static_cast<float>(ep_map_->ep());
-  for (size_t i = 0; i < ts.size(); ++i) {
-    if (!ep_map_->expert_tensor(i)) continue;
-    const int64_t lo = std::max(b, ts[i].offset), hi = std::min(e, ts[i].offset + ts[i].numel);
-    for (int64_t x = lo; x < hi; ++x) grad_shard_[static_cast<size_t>(x - b)] /= ep;
+  for (const auto& [off, count] : ep_map_->runs(true)) {
+    for (int64_t x = std::max(b, off); x < std::min(e, off + count); ++x) grad_shard_[static_cast<size_t>(x - b)] /= ep;
   }
 }
 
@@ -542,10 +526,8 @@ double ReferenceTrainer::tp_sum_squares(const float* g, int64_t lo, int64_t hi) 
   if (hi <= lo) return 0.0;
   if (ep_map_ && ep_map_->rank() != 0) {  // the experts are this rank's alone; the rest, rank 0's
     double s = 0;
-    const auto& ts = model_->layout().tensors;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      if (!ep_map_->expert_tensor(i)) continue;
-      const int64_t a = std::max(lo, ts[i].offset), b = std::min(hi, ts[i].offset + ts[i].numel);
+    for (const auto& [off, count] : ep_map_->runs(true)) {
+      const int64_t a = std::max(lo, off), b = std::min(hi, off + count);
       if (a < b) s += k::sum_squares(g + (a - lo), b - a);
     }
     return s;

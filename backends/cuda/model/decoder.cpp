@@ -757,7 +757,7 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   ops_.moe_dispatch({pl, {ep ? a_.moe_xl : m.xp, ln2, rows, m.offsets, kept, c}});
   const TensorView& groups = ep ? m.held_offsets : m.offsets;
   if (ep) {
-    ep->plan(mi, kept, m.offsets, m.held_offsets);
+    ep->plan(mi, kept, m.held_offsets);
     ep->dispatch(mi, a_.moe_xl, m.xp, a_.ep_send, a_.ep_recv);
   }
   mark(Phase::MlpUpGemm);

@@ -7,9 +7,9 @@
 
 #include "backends/cuda/model/ep_kernels.h"
 #include "backends/cuda/model/group_order.h"
-#include "turbo/core/cuda_arena.h"
 #include "core/util/error.h"
 #include "parallel/cuda/nccl_process_group.h"
+#include "turbo/core/cuda_arena.h"
 #include "turbo/core/cuda_check.h"
 
 namespace primus::backends::cuda {
@@ -39,11 +39,12 @@ TensorView EpComm::map(int64_t i, int which) const {
                     {starts[which + 1] - starts[which]});
 }
 
-int64_t EpComm::plan(int64_t i, const TensorView& kept, const TensorView& offsets, const TensorView& held_offsets) {
+int64_t EpComm::plan(int64_t i, const TensorView& kept, const TensorView& held_offsets) {
   Plan& p = plans_.at(static_cast<size_t>(i));
-  std::vector<int32_t> k(static_cast<size_t>(E_)), off(static_cast<size_t>(E_ + 1));
-  stream_.from_model(k.data(), kept.data, k.size() * sizeof(int32_t));
-  stream_.from_model(off.data(), offsets.data, off.size() * sizeof(int32_t));
+  std::vector<int32_t> k(static_cast<size_t>(E_)), off(static_cast<size_t>(E_ + 1), 0);
+  stream_.from_model(k.data(), kept.data, k.size() * sizeof(int32_t));  // the one host read of the layer
+  // The local groups' offsets as the row plan lays them (turbo/ops/moe.h: each padded to the alignment).
+  for (int64_t e = 0; e < E_; ++e) off[e + 1] = static_cast<int32_t>(off[e] + (k[e] + align_ - 1) / align_ * align_);
   // Every rank's kept counts (small: E floats a rank), so each knows what it receives.
   std::vector<float> mine(k.begin(), k.end()), all(static_cast<size_t>(size_ * E_));
   if (nccl_ && !stream_.host) {
@@ -70,7 +71,11 @@ int64_t EpComm::plan(int64_t i, const TensorView& kept, const TensorView& offset
                                    "expert_model_parallel_size x them) or set moe_expert_capacity_factor",
                                    i, worst, held_cap_));
   }
-  if (off[E_] > local_cap_) throw RuntimeError(fmt::format("expert parallelism: {} local rows above the bound {}", off[E_], local_cap_));
+  if (off[E_] > local_cap_) {
+    throw RuntimeError(fmt::format("expert parallelism: MoE layer #{} has {} permuted rows, above the memory plan's "
+                                   "bound of {}",
+                                   i, off[E_], local_cap_));
+  }
   // The held groups: this rank's expert e's rows from rank 0, 1, ..., padded to the alignment.
   std::vector<int32_t> held(static_cast<size_t>(El_ + 1), 0);
   for (int64_t e = 0; e < El_; ++e) {
@@ -191,13 +196,13 @@ void EpComm::mean(parallel::ProcessGroup* group, const TensorView& t) const {
   in_stream_order(nccl, stream_, [&] { group->all_reduce(t.data, size_t(t.numel()), dt, parallel::ReduceOp::Avg); });
 }
 
-void EpComm::scale(const TensorView& t, float s) const {
+void EpComm::scale(const TensorView& t, float s, cudaStream_t stream) const {
   if (t.dtype != turbo::DType::F32) throw RuntimeError("expert parallelism: the experts' gradients must be f32");
   if (stream_.host) {
     float* x = t.ptr<float>();
     for (int64_t i = 0; i < t.numel(); ++i) x[i] *= s;
   } else {
-    ep::scale_f32(t.ptr<float>(), t.numel(), s, stream_.stream);
+    ep::scale_f32(t.ptr<float>(), t.numel(), s, stream ? stream : stream_.stream);
   }
 }
 

@@ -2,8 +2,8 @@
 // ep of every MoE layer's experts, and the rows its router sends to another rank's experts go there
 // and come back, as in the reference backend's MoeLayer.
 //
-// Per MoE layer and micro-batch, plan() reads the local row plan (the kept slots per expert and the
-// groups' offsets) on the host, which synchronises the model's stream: the rows each rank sends
+// Per MoE layer and micro-batch, plan() reads the local row plan (the kept slots per expert) on the
+// host, which synchronises the model's stream: the rows each rank sends
 // each other rank are known there before any moves, as Megatron's all-to-all dispatcher knows its
 // token counts. The counts then go round the group (one all-to-all), and this rank's held groups
 // (its experts' rows from every rank, expert-major, each group padded to the grouped GEMM's
@@ -46,9 +46,9 @@ class EpComm {
   int64_t local_experts() const { return El_; }
 
   // Plans MoE layer i (its index among the MoE layers) from this micro-batch's local plan: kept
-  // (i32 [E]) and offsets (i32 [E + 1]) in model memory. Writes the held groups' offsets (i32
-  // [El + 1]) into held_offsets and returns the held rows.
-  int64_t plan(int64_t i, const TensorView& kept, const TensorView& offsets, const TensorView& held_offsets);
+  // (i32 [E], model memory; the local groups' offsets follow from it and the alignment). Writes the
+  // held groups' offsets (i32 [El + 1]) into held_offsets and returns the held rows.
+  int64_t plan(int64_t i, const TensorView& kept, const TensorView& held_offsets);
   // local [M, W] rows in layer i's local groups -> held [Mh, W] in its held groups (padding rows
   // zeroed); send_wire / recv_wire [rows, >= W] staging (rows: held_rows_max).
   void dispatch(int64_t i, const TensorView& local, const TensorView& held, const TensorView& send_wire,
@@ -58,10 +58,11 @@ class EpComm {
                const TensorView& recv_wire) const;
 
   // The gradients' reductions (CudaModel::grad_norm), in the model's stream order: t (f32) summed
-  // over the ep group; t averaged over `group` (null or one rank: unchanged); t *= s.
+  // over the ep group; t averaged over `group` (null or one rank: unchanged); t *= s (f32), on
+  // `stream` (null: the model's; host mode: a loop).
   void sum(const TensorView& t) const;
   void mean(parallel::ProcessGroup* group, const TensorView& t) const;
-  void scale(const TensorView& t, float s) const;
+  void scale(const TensorView& t, float s, cudaStream_t stream = nullptr) const;
 
  private:
   struct Plan {
