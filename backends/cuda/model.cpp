@@ -290,8 +290,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                       : !opt_.optimizer_state || opt_.flat_elems != 0
                           ? "use_distributed_optimizer's bucketed buffers (ZeRO-1 runs in the model beside ep)"
                       : !opt_.muon.empty()           ? "optimizer: muon"
-                      : opt_.fp8_moe                 ? "FP8 experts"
-                      : opt_.bf16_expert_grads       ? "moe_expert_grad_dtype: bf16"
                                                      : nullptr;
     if (why) throw ConfigError(fmt::format("expert_model_parallel_size {} with {} is not implemented yet on the cuda backend", n, why));
     if (opt_.optimizer_in_backward && !opt_.grad_mean_group && opt_.ep_dense_group)

@@ -37,7 +37,26 @@ inline train::ModelSpec ep_spec(bool deepseek) {
   return m;
 }
 
-inline EpRun run_ep(const train::ModelSpec& spec, int ep, turbo::Device device, int steps, Attn attn = Attn::Default) {
+// The recipe both sides train with. The optimizer in the backward (clip 0; each group's gradients
+// averaged over the ep ranks, the experts' divided by ep, just before its update) with bf16 expert
+// gradients and split masters is the MoE presets' fastest (docs/performance.md); FP8 experts
+// (rowwise or blockwise, the linear layers too) run the grouped FP8 GEMMs over the held groups.
+struct EpRecipe {
+  bool in_backward = false;
+  bool bf16_expert_grads = false;  // the device only (needs in_backward)
+  bool split_master = false;       // the device only
+  const turbo::Fp8Recipe* fp8 = nullptr;
+};
+
+// The same with every width a multiple of 128 (blockwise FP8's 128 x 128 weight blocks).
+inline train::ModelSpec ep_spec_128(bool deepseek) {
+  train::ModelSpec m = tiny_moe_spec_128(deepseek);
+  m.moe.aux_loss_coeff = 0.0;
+  return m;
+}
+
+inline EpRun run_ep(const train::ModelSpec& spec, int ep, turbo::Device device, int steps, Attn attn = Attn::Default,
+                    const EpRecipe& recipe = {}) {
   const int64_t T = spec.seq_length, B = kTrainBatch / ep;
   const Batches data(T, steps);
   const std::vector<float> init = initial_params(spec);
@@ -59,21 +78,28 @@ inline EpRun run_ep(const train::ModelSpec& spec, int ep, turbo::Device device, 
       mo.ep_map = maps[r];
       mo.ep_dense_group = pg;  // the ep ranks are the dense layers' replicas (dp 1)
     }
-    CudaModel model(ls, mo, ops_for(attn));
+    mo.optimizer_in_backward = recipe.in_backward;
+    if (recipe.in_backward && ep > 1) mo.grad_mean_group = pg;
+    mo.bf16_expert_grads = recipe.bf16_expert_grads;
+    mo.split_master = recipe.split_master;
+    CudaOps ops = ops_for(attn);
+    if (recipe.fp8) use_fp8_recipe(ls, *recipe.fp8, ops, mo);
+    CudaModel model(ls, mo, ops);
     std::vector<float> w(static_cast<size_t>(model.layout().total));
     if (ep > 1) maps[r]->to_local(init.data(), w.data());
     else w = init;
     model.set_params(w.data());
     for (int s = 0; s < steps; ++s) {
       const turbo::AdamWHyper hp = parity_hyper(s);
+      if (recipe.in_backward) model.set_hyper(hp);
       model.zero_grad();
       const size_t at = static_cast<size_t>(r * B * T);
       model.forward(data.inputs[s].data() + at, data.targets[s].data() + at, B, T, 1.0f / float(B * T), 0);
       model.backward();
-      model.grad_norm(1.0f);
+      if (!recipe.in_backward) model.grad_norm(1.0f);
       loss[r].push_back(model.read_loss_sum(1));
       run.rank_gnorm[r].push_back(model.read_grad_norm());
-      model.update(hp);
+      if (!recipe.in_backward) model.update(hp);
     }
     model.get_params(w.data());
     local[r] = std::move(w);

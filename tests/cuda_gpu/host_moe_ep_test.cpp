@@ -92,6 +92,16 @@ TEST(CudaHostTrainerMoe, ExpertParallelBesideShardedDataParallelism) {
   t.expect_checkpoints_move("ep2dp2_zero1", "expert_model_parallel_size=2 use_distributed_optimizer=true", 4);
 }
 
+// FP8 experts beside expert parallelism through the trainer (fp8: hybrid, fp8_recipe: rowwise: the
+// linear layers and the experts' grouped GEMMs over the held groups), against one process with the
+// same recipe. The column-scaled copies' maxima are over each rank's rows (its micro-batches' tokens,
+// its experts' held groups), so the two runs differ by FP8's rounding: 2e-3 relative (the host
+// model test measures the distance, ep_host_test.cpp).
+TEST(CudaHostTrainerMoe, ExpertParallelWithFp8Experts) {
+  testing::TwoProcesses t(ep_overrides("      fp8: hybrid\n      fp8_recipe: rowwise\n"), "moe/tiny.yaml", 2, 2);
+  t.expect_matches("ep2_fp8", "expert_model_parallel_size=2", "expert parallel over 2 ranks", 2e-3);
+}
+
 TEST(CudaHostTrainerMoe, ExpertParallelRefusesWhatItDoesNotRunBesideYet) {
   testing::TwoProcesses t(ep_overrides(), "moe/tiny.yaml", 2, 2);
   t.expect_refused("ep_muon", "expert_model_parallel_size=2 optimizer=muon",

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "backends/cuda/model/ep_kernels.h"
@@ -197,7 +198,15 @@ void EpComm::mean(parallel::ProcessGroup* group, const TensorView& t) const {
 }
 
 void EpComm::scale(const TensorView& t, float s, cudaStream_t stream) const {
-  if (t.dtype != turbo::DType::F32) throw RuntimeError("expert parallelism: the experts' gradients must be f32");
+  if (t.dtype == turbo::DType::BF16 && !stream_.host) {  // moe_expert_grad_dtype: bf16 (the device only)
+    if (reinterpret_cast<uintptr_t>(t.data) % 4 != 0)
+      throw RuntimeError("expert parallelism: a bf16 expert gradient that does not start on a 4-byte boundary");
+    ep::scale_bf16(t.data, t.numel(), s, stream ? stream : stream_.stream);
+    return;
+  }
+  if (t.dtype != turbo::DType::F32)
+    throw RuntimeError(fmt::format("expert parallelism: an expert gradient of {} ({}; f32, or bf16 on the device)",
+                                   turbo::dtype_name(t.dtype), t.describe()));
   if (stream_.host) {
     float* x = t.ptr<float>();
     for (int64_t i = 0; i < t.numel(); ++i) x[i] *= s;

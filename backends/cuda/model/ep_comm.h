@@ -58,8 +58,8 @@ class EpComm {
                const TensorView& recv_wire) const;
 
   // The gradients' reductions (CudaModel::grad_norm), in the model's stream order: t (f32) summed
-  // over the ep group; t averaged over `group` (null or one rank: unchanged); t *= s (f32), on
-  // `stream` (null: the model's; host mode: a loop).
+  // over the ep group; t averaged over `group` (null or one rank: unchanged); t *= s (f32, or on
+  // the device bf16: moe_expert_grad_dtype's), on `stream` (null: the model's; host mode: a loop).
   void sum(const TensorView& t) const;
   void mean(parallel::ProcessGroup* group, const TensorView& t) const;
   void scale(const TensorView& t, float s, cudaStream_t stream = nullptr) const;

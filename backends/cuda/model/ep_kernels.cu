@@ -1,5 +1,7 @@
 #include "backends/cuda/model/ep_kernels.h"
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "turbo/core/cuda_check.h"
@@ -9,6 +11,15 @@ namespace {
 
 __global__ void scale_kernel(float* x, int64_t n, float s) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) x[i] *= s;
+}
+
+// Two values a thread per iteration (n2 pairs), the odd last one by thread 0.
+__global__ void scale_bf16_kernel(__nv_bfloat162* x, int64_t n2, __nv_bfloat16* tail, float s) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n2; i += int64_t{gridDim.x} * blockDim.x) {
+    const float2 v = __bfloat1622float2(x[i]);
+    x[i] = __floats2bfloat162_rn(v.x * s, v.y * s);
+  }
+  if (tail && blockIdx.x == 0 && threadIdx.x == 0) *tail = __float2bfloat16_rn(__bfloat162float(*tail) * s);
 }
 
 // One block per row (grid-stride over rows); W words of T per row.
@@ -60,6 +71,17 @@ void scale_f32(float* x, int64_t n, float s, cudaStream_t stream) {
   const int64_t want = (n + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(want < 4096 ? want : 4096);
   scale_kernel<<<blocks, kThreads, 0, stream>>>(x, n, s);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void scale_bf16(void* x, int64_t n, float s, cudaStream_t stream) {
+  if (n <= 0) return;
+  constexpr int kThreads = 256;
+  const int64_t n2 = n / 2, want = (n2 + kThreads - 1) / kThreads;
+  const int blocks = static_cast<int>(want < 1 ? 1 : want < 4096 ? want : 4096);
+  __nv_bfloat16* b = static_cast<__nv_bfloat16*>(x);
+  scale_bf16_kernel<<<blocks, kThreads, 0, stream>>>(reinterpret_cast<__nv_bfloat162*>(b), n2, n % 2 ? b + n - 1 : nullptr,
+                                                     s);
   CUDA_CHECK(cudaGetLastError());
 }
 

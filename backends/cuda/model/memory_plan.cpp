@@ -211,7 +211,9 @@ size_t MemoryPlan::scratch_bytes() const {
                       turbo::cuda::norm_backward_scratch_bytes(N, spec_.kv_dim())});
   if (opt_.fp8_moe) {  // the FP8 expert GEMMs' quantized copies (one product at a time)
     const train::MoeSpec& e = spec_.moe;
-    const int64_t M = moe_rows_bound(N);
+    // Under expert parallelism the GEMMs run over the held rows (this rank's experts' groups, what
+    // every rank sent them): as many groups as experts at most, never more rows than held_rows_bound.
+    const int64_t M = std::max(moe_rows_bound(N), held_rows_bound(N));
     bytes = std::max({bytes, turbo::grouped_gemm_fp8_scratch_bytes(M, e.num_experts, 2 * e.ffn_hidden_size, C),
                       turbo::grouped_gemm_fp8_scratch_bytes(M, e.num_experts, C, e.ffn_hidden_size)});
   }
@@ -482,6 +484,19 @@ int64_t MemoryPlan::moe_rows_bound(int64_t N) const {
   return opt_.fp8_moe ? (M + r - 1) / r * r : M;
 }
 
+// Expert parallelism: every rank's rows may come to this rank's experts (their groups, each padded
+// to the alignment), up to moe_ep_buffer_factor times one rank's own; the FP8 experts' quantizers
+// take whole multiples of moe_rows_multiple rows as the local side does.
+int64_t MemoryPlan::held_rows_bound(int64_t N) const {
+  const int64_t M = moe_rows_bound(N), ep = std::max<int64_t>(1, opt_.ep);
+  if (ep == 1) return M;
+  const double factor = std::min(static_cast<double>(ep), std::max(1.0, opt_.ep_buffer_factor));
+  const int64_t Mh = static_cast<int64_t>(std::ceil(factor * static_cast<double>(M))) +
+                     spec_.moe.held_experts() * (std::max<int64_t>(1, opt_.moe_align) - 1);
+  const int64_t r = std::max<int64_t>(1, opt_.moe_rows_multiple);
+  return opt_.fp8_moe ? (Mh + r - 1) / r * r : Mh;
+}
+
 template <class Take>
 void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   ActivationBuffers& a = acts;
@@ -493,12 +508,8 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   const int64_t Fs = e.shared_ffn_hidden_size;
   const int64_t M = moe_rows_bound(N);
   a.moe_rows = M;
-  // Expert parallelism: every rank's rows may come to this rank's experts (El groups, each padded).
   const int64_t El = e.held_experts(), ep = std::max<int64_t>(1, opt_.ep);
-  const double factor = std::min(static_cast<double>(ep), std::max(1.0, opt_.ep_buffer_factor));
-  const int64_t Mh = ep > 1 ? static_cast<int64_t>(std::ceil(factor * static_cast<double>(M))) +
-                                  El * (std::max<int64_t>(1, opt_.moe_align) - 1)
-                            : M;
+  const int64_t Mh = held_rows_bound(N);
   a.moe_held_rows = Mh;
   const DType f32 = DType::F32, i32 = DType::I32;
   // The routing (small) is always kept. The big per-slot buffers follow the layer's recompute

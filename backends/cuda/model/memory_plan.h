@@ -313,6 +313,8 @@ class MemoryPlan {
   // The permuted-token buffers' rows for N tokens: the worst routing's, rounded up to 16 with FP8
   // experts (the weight gradient's transposed token copies need 16-byte rows).
   int64_t moe_rows_bound(int64_t N) const;
+  // The held side's rows under expert parallelism (moe_rows_bound without it).
+  int64_t held_rows_bound(int64_t N) const;
   MemoryPlan(const train::ModelSpec& spec, const train::ParamLayout& layout, const MemoryPlanOptions& opt,
              bool allocate);
   MemoryPlanSizes count();  // the counting pass of plan() and the arenas' sizes
