@@ -321,15 +321,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   GradClearing clearing = plan_grad_clearing(
       layout_, [this](const std::string& name) { return Decoder::written_by_first_gemm(spec_, name); });
   const MemoryPlanOptions mp = memory_plan_options(spec_, layout_, opt_, ops);
-  if (ep) {  // the held side is planned each step from the counts: recomputing it would plan again
-    for (int64_t l = 0; l < spec_.num_layers; ++l) {
-      if (spec_.is_moe_layer(l) && mp.policy[static_cast<size_t>(l)] >= Recompute::Selective) {
-        throw ConfigError(fmt::format("expert_model_parallel_size with recompute_granularity {} (MoE layer {}) is not "
-                                      "implemented yet on the cuda backend; use none or norms",
-                                      recompute_name(mp.policy[static_cast<size_t>(l)]), l));
-      }
-    }
-  }
   plan_ = std::make_unique<MemoryPlan>(spec_, layout_, mp);
   InBackward in_backward;
   if (opt_.optimizer_in_backward) {

@@ -49,8 +49,10 @@ INSTANTIATE_TEST_SUITE_P(Models, EpGpuTest, ::testing::Combine(::testing::Bool()
 // The MoE presets' fastest recipe under ep2 and ep4 (the optimizer in the backward, clip 0; the
 // experts' gradients in bf16, divided by ep in bf16 before their update; fp32 masters split into the
 // bf16 weights and their low halves), and FP8 experts under ep2 (rowwise: Mixtral-style; blockwise:
-// DeepSeek-style on the 128-wide model, groups padded to 128 rows): each against one rank with the
-// same recipe, within the bf16 gate measured against one rank with the other attention kernel.
+// DeepSeek-style on the 128-wide model, groups padded to 128 rows), and the experts recomputed in
+// the backward (selective, full: the rows moved again by each layer's saved plan): each against one
+// rank with the same recipe, within the bf16 gate measured against one rank with the other
+// attention kernel.
 // FP8 runs quantize some tensors at other granularities on the two sides (a column-scaled copy's
 // maxima are over this rank's rows), so their steps differ by FP8's rounding as well: the late
 // norms' floor is 5e-2 for them (the FP8 runs under data parallelism, FsdpGpuTest, read up to
@@ -61,6 +63,7 @@ struct EpGpuRecipeCase {
   int ep;
   const char* fp8_format;
   const char* fp8_scaling;
+  Recompute recompute = Recompute::None;
 };
 
 class EpGpuRecipeTest : public CudaGpuTest, public ::testing::WithParamInterface<EpGpuRecipeCase> {};
@@ -73,6 +76,7 @@ TEST_P(EpGpuRecipeTest, RanksOnOneGpuTrainAsOne) {
   EpRecipe recipe;
   recipe.in_backward = recipe.bf16_expert_grads = recipe.split_master = c.fast;
   recipe.fp8 = fp8.get();
+  recipe.recompute = c.recompute;
   constexpr int kSteps = 20;
   const EpRun one = run_ep(spec, 1, turbo::Device::CUDA, kSteps, Attn::Default, recipe);
   const EpRun many = run_ep(spec, c.ep, turbo::Device::CUDA, kSteps, Attn::Default, recipe);
@@ -95,7 +99,11 @@ INSTANTIATE_TEST_SUITE_P(
                       EpGpuRecipeCase{"deepseek_fast_ep4", true, false, true, 4, nullptr, nullptr},
                       EpGpuRecipeCase{"mixtral_fp8_rowwise_ep2", false, false, false, 2, "hybrid", "rowwise"},
                       EpGpuRecipeCase{"deepseek_fp8_blockwise_ep2", true, true, false, 2, "e4m3", "blockwise"},
-                      EpGpuRecipeCase{"mixtral_fp8_blockwise_fast_ep2", false, true, true, 2, "e4m3", "blockwise"}),
+                      EpGpuRecipeCase{"mixtral_fp8_blockwise_fast_ep2", false, true, true, 2, "e4m3", "blockwise"},
+                      EpGpuRecipeCase{"mixtral_fast_selective_ep2", false, false, true, 2, nullptr, nullptr,
+                                      Recompute::Selective},
+                      EpGpuRecipeCase{"mixtral_fp8_rowwise_full_ep2", false, false, false, 2, "hybrid", "rowwise",
+                                      Recompute::Full}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -46,6 +46,7 @@ struct EpRecipe {
   bool bf16_expert_grads = false;  // the device only (needs in_backward)
   bool split_master = false;       // the device only
   const turbo::Fp8Recipe* fp8 = nullptr;
+  Recompute recompute = Recompute::None;  // every layer's policy
 };
 
 // The same with every width a multiple of 128 (blockwise FP8's 128 x 128 weight blocks).
@@ -84,6 +85,8 @@ inline EpRun run_ep(const train::ModelSpec& spec, int ep, turbo::Device device, 
     mo.split_master = recipe.split_master;
     CudaOps ops = ops_for(attn);
     if (recipe.fp8) use_fp8_recipe(ls, *recipe.fp8, ops, mo);
+    if (recipe.recompute != Recompute::None)
+      ops.recompute_policy = [policy = recipe.recompute](int64_t, int64_t) { return policy; };
     CudaModel model(ls, mo, ops);
     std::vector<float> w(static_cast<size_t>(model.layout().total));
     if (ep > 1) maps[r]->to_local(init.data(), w.data());

@@ -502,11 +502,19 @@ void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
   const MoeActs& m = a_.moe[l];
   const MoeParams& mp = p_.layers[l].moe;
   const TensorView ln2 = a_.layers[l].ln2.slice0(0, N);
-  // The permute alone (the saved row plan stands): a dispatch would plan the rows again.
-  turbo::moe_permute({m.xp, ln2, m.rows.slice0(0, N), m.offsets, moe_kept(slot_, l), c});
-  if (gemms) lin_->moe_experts({m.h, m.xp, mp.fc.w, m.offsets, moe_align_, c});
+  // The permute alone (the saved row plan stands): a dispatch would plan the rows again. Expert
+  // parallelism: the rows go to their experts' ranks again by the layer's saved move plan (no host
+  // read; every rank recomputes the same layers in the same order, so the all-to-alls pair up),
+  // and with the GEMMs the held output comes back for the combine's backward (it reads yp).
+  EpComm* ep = opt_.ep;
+  const int64_t mi = ep ? moe_index_.at(l) : 0;
+  const TensorView& groups = ep ? m.held_offsets : m.offsets;
+  turbo::moe_permute({ep ? a_.moe_xl : m.xp, ln2, m.rows.slice0(0, N), m.offsets, moe_kept(slot_, l), c});
+  if (ep) ep->dispatch(mi, a_.moe_xl, m.xp, a_.ep_send, a_.ep_recv);
+  if (gemms) lin_->moe_experts({m.h, m.xp, mp.fc.w, groups, moe_align_, c});
   turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
-  if (gemms) lin_->moe_experts({m.yp, m.act, mp.proj.w, m.offsets, moe_align_, c});
+  if (gemms) lin_->moe_experts({ep ? a_.moe_yh : m.yp, m.act, mp.proj.w, groups, moe_align_, c});
+  if (gemms && ep) ep->combine(mi, a_.moe_yh, m.yp, a_.ep_send, a_.ep_recv);
   if (mp.shared_fc.w.defined()) {  // the shared expert's output itself is not needed: only its inputs
     if (gemms) lin_->linear_forward(m.sfc.slice0(0, N), ln2, mp.shared_fc.w, {}, {}, c);
     turbo::activation_forward({turbo::Activation::SwiGLU, m.sact.slice0(0, N), m.sfc.slice0(0, N), c});
