@@ -289,9 +289,9 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     const char* why = tp                             ? "tensor parallelism"
                       : !opt_.optimizer_state || opt_.flat_elems != 0
                           ? "use_distributed_optimizer's bucketed buffers (ZeRO-1 runs in the model beside ep)"
-                      : !opt_.muon.empty()           ? "optimizer: muon"
                                                      : nullptr;
     if (why) throw ConfigError(fmt::format("expert_model_parallel_size {} with {} is not implemented yet on the cuda backend", n, why));
+    if (!opt_.muon.empty()) opt_.muon = train::muon_tensors(spec_, layout_);  // this rank's experts' matrices, whole
     if (opt_.optimizer_in_backward && !opt_.grad_mean_group && opt_.ep_dense_group)
       throw RuntimeError("cuda model: the optimizer in the backward beside expert parallelism needs grad_mean_group (the ep x dp ranks)");
   } else if (opt_.ep_map && opt_.ep_map->ep() > 1) {

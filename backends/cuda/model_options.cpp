@@ -131,12 +131,12 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   }
   // Expert parallelism (CudaModel, model/ep_comm.h) beside data parallelism (plain or sharded) and
   // context parallelism, AdamW (also in the backward, with bf16 expert gradients and split masters)
-  // and bf16 or FP8 experts; tensor parallelism and Muon are refused here, before anything is built.
+  // or Muon (each expert's matrices are whole on their rank), and bf16 or FP8 experts; tensor
+  // parallelism is refused here, before anything is built.
   mo.ep_buffer_factor = a.moe_ep_buffer_factor;
   if (const int64_t ep = t.model_parallel[parallel::Dim::EP]; ep > 1) {
     const char* why = !spec.moe.enabled()                               ? nullptr
                       : t.model_parallel[parallel::Dim::TP] > 1           ? "tensor_model_parallel_size > 1"
-                      : t.optim.optimizer == "muon"                       ? "optimizer: muon"
                                                                           : nullptr;
     if (why) {
       throw ConfigError(fmt::format("expert_model_parallel_size {} with {} is not implemented yet on the cuda backend "

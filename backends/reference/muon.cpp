@@ -62,13 +62,23 @@ std::vector<float> MuonOptimizer::flat_momentum(parallel::ProcessGroup& pg) cons
   return flat;
 }
 
-void MuonOptimizer::load(const io::CheckpointData& data, const std::filesystem::path& dir) {
+void MuonOptimizer::load(const io::CheckpointData& data, const std::filesystem::path& dir,
+                         const train::ModelShardMap* map) {
   std::vector<parallel::FlatSegment> windows;
   for (size_t k : mine_) {
     const train::ParamTensor& pt = layout_.tensors[tensors_[k].index];
-    windows.push_back({pt.offset, pt.offset + pt.numel});
+    if (!map) {
+      windows.push_back({pt.offset, pt.offset + pt.numel});
+      continue;
+    }
+    // The map's pieces in local order: the tensor's elements, in order, from wherever they lie.
+    for (const train::TpPiece& p : map->pieces()) {
+      const int64_t lo = std::max(pt.offset, p.local), hi = std::min(pt.offset + pt.numel, p.local + p.count);
+      if (lo < hi) windows.push_back({p.global + (lo - p.local), p.global + (hi - p.local)});
+    }
   }
-  parallel::read_flat_states(data, dir, {kStateName}, layout_.total, windows, {momentum_.data()});
+  parallel::read_flat_states(data, dir, {kStateName}, map ? map->global_layout().total : layout_.total, windows,
+                             {momentum_.data()});
 }
 
 }  // namespace primus::backends::reference

@@ -17,6 +17,7 @@
 #include "io/checkpoint.h"
 #include "parallel/process_group.h"
 #include "train/muon_layout.h"
+#include "train/shard_map.h"
 #include "train/training_args.h"
 
 namespace primus::backends::reference {
@@ -35,8 +36,10 @@ class MuonOptimizer {
   // The flat momentum of the whole layout (zeros outside this rank's tensors; with ZeRO-1 summed
   // over the ranks, so every rank has all of it): what a checkpoint saves.
   std::vector<float> flat_momentum(parallel::ProcessGroup& pg) const;
-  // Reads this rank's tensors' momentum from a checkpoint (any world size that saved it).
-  void load(const io::CheckpointData& data, const std::filesystem::path& dir);
+  // Reads this rank's tensors' momentum from a checkpoint (any world size that saved it); with a
+  // shard map (expert parallelism) the checkpoint holds the global layout and the tensors are read
+  // where the map puts this rank's elements.
+  void load(const io::CheckpointData& data, const std::filesystem::path& dir, const train::ModelShardMap* map = nullptr);
 
   size_t state_bytes() const { return momentum_.capacity() * sizeof(float); }
   const std::vector<train::MuonTensor>& tensors() const { return tensors_; }

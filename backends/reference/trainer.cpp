@@ -91,9 +91,12 @@ void ReferenceTrainer::setup() {
                                     "implemented yet on the reference backend; use no_shard or optim (ZeRO-1)",
                                     ep, parallel::dp_sharding_name(sizes.sharding)));
     }
-    if (t.optim.optimizer == "muon") {
-      throw ConfigError(fmt::format("optimizer: muon with expert_model_parallel_size {} is not implemented yet on the "
-                                    "reference backend; use adamw",
+    // Muon beside ep: each expert's matrices are whole on the rank holding them. ZeRO-1 would have
+    // each Muon tensor owned by one rank of the ep x dp group and shared over it, where the ep ranks
+    // hold other experts.
+    if (t.optim.optimizer == "muon" && dp_.distributed_optimizer) {
+      throw ConfigError(fmt::format("optimizer: muon with expert_model_parallel_size {} and use_distributed_optimizer "
+                                    "is not implemented yet on the reference backend; use plain data parallelism",
                                     ep));
     }
   }
@@ -236,7 +239,7 @@ void ReferenceTrainer::init() {
   m_.assign(static_cast<size_t>(owned), 0.f);
   v_.assign(static_cast<size_t>(owned), 0.f);
   if (t.optim.optimizer == "muon") {
-    muon_ = std::make_unique<MuonOptimizer>(spec, model_->layout(), dp_rank(), dp_size(), zero1_);
+    muon_ = std::make_unique<MuonOptimizer>(local_spec, model_->layout(), dp_rank(), dp_size(), zero1_);
     spdlog::info("[reference] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps), "
                  "AdamW for the rest{}",
                  muon_->tensors().size(), t.optim.muon_momentum, t.optim.muon_nesterov ? "Nesterov" : "plain",
@@ -678,9 +681,16 @@ void ReferenceTrainer::save(int64_t step) {
     auto whole = [&](const std::vector<float>& s) { return zero1 ? dp_full(s) : fsdp_ ? fsdp_->full(s) : s; };
     m = tp_global(whole(m_).data());
     v = tp_global(whole(v_).data());
+    // Muon (beside ep: each expert's matrices whole on one rank): its momentum in the global layout too.
+    if (muon_) muon_flat = tp_global(muon_->flat_momentum(*pg_).data());
     if (env_.rank == 0) {
       data = train::pack_checkpoint(args_->model, *global_layout(), params.data(), m.data(), v.data(),
                                     state_json(step));
+      if (muon_) {
+        data.optimizer.emplace(MuonOptimizer::kStateName,
+                               io::TensorBlob::borrow(io::DType::F32, {static_cast<int64_t>(muon_flat.size())},
+                                                      muon_flat.data(), muon_flat.size() * sizeof(float)));
+      }
     }
     group = world_pg_.get();
   } else {
@@ -748,7 +758,7 @@ void ReferenceTrainer::load(const fsys::path& dir) {
     train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), nullptr, nullptr);
     parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, mine, {m_.data(), v_.data()});
   }
-  if (muon_) muon_->load(data, dir);
+  if (muon_) muon_->load(data, dir, shard_map());
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;
   int saved_world = parallel::saved_world_size(data);

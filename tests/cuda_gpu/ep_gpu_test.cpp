@@ -64,6 +64,7 @@ struct EpGpuRecipeCase {
   const char* fp8_format;
   const char* fp8_scaling;
   Recompute recompute = Recompute::None;
+  bool muon = false;
 };
 
 class EpGpuRecipeTest : public CudaGpuTest, public ::testing::WithParamInterface<EpGpuRecipeCase> {};
@@ -77,6 +78,7 @@ TEST_P(EpGpuRecipeTest, RanksOnOneGpuTrainAsOne) {
   recipe.in_backward = recipe.bf16_expert_grads = recipe.split_master = c.fast;
   recipe.fp8 = fp8.get();
   recipe.recompute = c.recompute;
+  recipe.muon = c.muon;
   constexpr int kSteps = 20;
   const EpRun one = run_ep(spec, 1, turbo::Device::CUDA, kSteps, Attn::Default, recipe);
   const EpRun many = run_ep(spec, c.ep, turbo::Device::CUDA, kSteps, Attn::Default, recipe);
@@ -103,7 +105,9 @@ INSTANTIATE_TEST_SUITE_P(
                       EpGpuRecipeCase{"mixtral_fast_selective_ep2", false, false, true, 2, nullptr, nullptr,
                                       Recompute::Selective},
                       EpGpuRecipeCase{"mixtral_fp8_rowwise_full_ep2", false, false, false, 2, "hybrid", "rowwise",
-                                      Recompute::Full}),
+                                      Recompute::Full},
+                      EpGpuRecipeCase{"deepseek_muon_ep2", true, false, false, 2, nullptr, nullptr, Recompute::None,
+                                      true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -15,7 +15,6 @@
 
 #include "core/util/error.h"
 #include "ep_parity.h"
-#include "train/muon_layout.h"
 
 namespace primus::backends::cuda::testing {
 namespace {
@@ -48,7 +47,8 @@ INSTANTIATE_TEST_SUITE_P(Models, EpHostTest,
 // just before its update), FP8 experts (rowwise; blockwise on the 128-wide model), whose grouped
 // GEMMs quantize the held groups, and the experts recomputed in the backward (selective: the
 // permuted input moved to the experts' ranks again by the layer's saved plan, and SwiGLU; full: the
-// expert GEMMs too, their output moved back for the combine's backward). Without FP8 the fp32 gate holds. With it the two sides quantize
+// expert GEMMs too, their output moved back for the combine's backward), and Muon (each expert's
+// matrices whole on its rank, orthogonalised there from the gradient averaged as AdamW's is). Without FP8 the fp32 gate holds. With it the two sides quantize
 // some tensors at other granularities (a column-scaled copy's maxima are over this rank's rows: its
 // tokens in the linear layers, its experts' groups in the grouped GEMMs), so they differ by FP8's
 // rounding, which training then carries: two FP8 runs of one model, they must stay closer to each
@@ -61,6 +61,7 @@ struct EpRecipeCase {
   const char* fp8_format;  // null: bf16 (host mode: fp32) experts
   const char* fp8_scaling;
   Recompute recompute = Recompute::None;
+  bool muon = false;
 };
 
 class EpHostRecipeTest : public ::testing::TestWithParam<EpRecipeCase> {};
@@ -88,6 +89,7 @@ TEST_P(EpHostRecipeTest, RanksTrainAsOne) {
   recipe.in_backward = c.in_backward;
   recipe.fp8 = fp8.get();
   recipe.recompute = c.recompute;
+  recipe.muon = c.muon;
   constexpr int kSteps = 6;
   const EpRun one = run_ep(spec, 1, turbo::Device::CPU, kSteps, Attn::Default, recipe);
   const EpRun many = run_ep(spec, 2, turbo::Device::CPU, kSteps, Attn::Default, recipe);
@@ -120,7 +122,9 @@ INSTANTIATE_TEST_SUITE_P(
                       EpRecipeCase{"mixtral_fp8_blockwise_in_backward", false, true, true, "e4m3", "blockwise"},
                       EpRecipeCase{"mixtral_selective", false, false, false, nullptr, nullptr, Recompute::Selective},
                       EpRecipeCase{"mixtral_full_in_backward", false, true, false, nullptr, nullptr, Recompute::Full},
-                      EpRecipeCase{"mixtral_fp8_rowwise_full", false, false, false, "hybrid", "rowwise", Recompute::Full}),
+                      EpRecipeCase{"mixtral_fp8_rowwise_full", false, false, false, "hybrid", "rowwise", Recompute::Full},
+                      EpRecipeCase{"mixtral_muon", false, false, false, nullptr, nullptr, Recompute::None, true},
+                      EpRecipeCase{"deepseek_muon", true, false, false, nullptr, nullptr, Recompute::None, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
@@ -199,28 +203,6 @@ TEST(EpCommHost, RowsReachTheirExpertsAndComeBack) {
       }
     }
   }
-}
-
-// Muon is refused when the model is built beside expert parallelism, naming it (Newton-Schulz needs
-// each expert's whole matrix on one rank, which it is, but the update is not wired to the ep groups).
-TEST(EpModelHost, RefusesWhatItDoesNotRunBesideYet) {
-  const train::ModelSpec spec = ep_spec(false);
-  std::vector<std::string> errors(2);
-  run_threaded_ranks(2, {}, "ep", [&](int r, parallel::ProcessGroup* pg) {
-    auto map = std::make_shared<train::EpShardMap>(spec, 2, r);
-    CudaModelOptions mo = options(map->local_spec(), 2, turbo::Device::CPU);
-    mo.ep_group = pg;
-    mo.ep_map = map;
-    mo.muon = train::muon_tensors(map->local_spec(), train::make_param_layout(map->local_spec()));
-    try {
-      CudaModel model(map->local_spec(), mo, ops_for(Attn::Default));
-    } catch (const ConfigError& e) {
-      errors[r] = e.what();
-    }
-  });
-  for (int r = 0; r < 2; ++r)
-    EXPECT_NE(errors[r].find("expert_model_parallel_size 2 with optimizer: muon is not implemented yet"), std::string::npos)
-        << "rank " << r << ": '" << errors[r] << "'";
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "parallel/threaded_process_group.h"
 #include "threaded_ranks.h"
 #include "train/expert_parallel.h"
+#include "train/muon_layout.h"
 #ifdef PRIMUS_EP_PARITY_DEVICE
 #include "parallel/cuda/threaded_device_ops.h"
 #endif
@@ -47,6 +48,7 @@ struct EpRecipe {
   bool split_master = false;       // the device only
   const turbo::Fp8Recipe* fp8 = nullptr;
   Recompute recompute = Recompute::None;  // every layer's policy
+  bool muon = false;  // Muon for the matrices (each expert's whole on its rank), AdamW for the rest
 };
 
 // The same with every width a multiple of 128 (blockwise FP8's 128 x 128 weight blocks).
@@ -85,6 +87,7 @@ inline EpRun run_ep(const train::ModelSpec& spec, int ep, turbo::Device device, 
     mo.split_master = recipe.split_master;
     CudaOps ops = ops_for(attn);
     if (recipe.fp8) use_fp8_recipe(ls, *recipe.fp8, ops, mo);
+    if (recipe.muon) mo.muon = train::muon_tensors(ls, train::make_param_layout(ls));
     if (recipe.recompute != Recompute::None)
       ops.recompute_policy = [policy = recipe.recompute](int64_t, int64_t) { return policy; };
     CudaModel model(ls, mo, ops);
@@ -102,6 +105,12 @@ inline EpRun run_ep(const train::ModelSpec& spec, int ep, turbo::Device device, 
       if (!recipe.in_backward) model.grad_norm(1.0f);
       loss[r].push_back(model.read_loss_sum(1));
       run.rank_gnorm[r].push_back(model.read_grad_norm());
+      if (recipe.muon) {  // Muon's defaults (Moonlight's) at the parity lr
+        turbo::MuonHyper mh;
+        mh.lr = hp.lr;
+        mh.weight_decay = hp.weight_decay;
+        model.set_muon_hyper(mh);
+      }
       if (!recipe.in_backward) model.update(hp);
     }
     model.get_params(w.data());
