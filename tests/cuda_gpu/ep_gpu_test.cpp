@@ -57,28 +57,14 @@ INSTANTIATE_TEST_SUITE_P(Models, EpGpuTest, ::testing::Combine(::testing::Bool()
 // maxima are over this rank's rows), so their steps differ by FP8's rounding as well: the late
 // norms' floor is 5e-2 for them (the FP8 runs under data parallelism, FsdpGpuTest, read up to
 // 4.9e-2 on an H100), the early steps' gates are bf16's.
-struct EpGpuRecipeCase {
-  const char* name;
-  bool deepseek, block128, fast;
-  int ep;
-  const char* fp8_format;
-  const char* fp8_scaling;
-  Recompute recompute = Recompute::None;
-  bool muon = false;
-};
-
-class EpGpuRecipeTest : public CudaGpuTest, public ::testing::WithParamInterface<EpGpuRecipeCase> {};
+class EpGpuRecipeTest : public CudaGpuTest, public ::testing::WithParamInterface<EpRecipeCase> {};
 
 TEST_P(EpGpuRecipeTest, RanksOnOneGpuTrainAsOne) {
-  const EpGpuRecipeCase& c = GetParam();
-  const train::ModelSpec spec = c.block128 ? ep_spec_128(c.deepseek) : ep_spec(c.deepseek);
-  std::unique_ptr<turbo::Fp8Recipe> fp8;
-  if (c.fp8_format) fp8 = std::make_unique<turbo::Fp8Recipe>(fp8_test_recipe(c.fp8_format, c.fp8_scaling));
-  EpRecipe recipe;
-  recipe.in_backward = recipe.bf16_expert_grads = recipe.split_master = c.fast;
-  recipe.fp8 = fp8.get();
-  recipe.recompute = c.recompute;
-  recipe.muon = c.muon;
+  const EpRecipeCase& c = GetParam();
+  const std::unique_ptr<EpCase> ec = ep_case(c);
+  const train::ModelSpec& spec = ec->spec;
+  const turbo::Fp8Recipe* fp8 = ec->fp8.get();
+  const EpRecipe& recipe = ec->recipe;
   constexpr int kSteps = 20;
   const EpRun one = run_ep(spec, 1, turbo::Device::CUDA, kSteps, Attn::Default, recipe);
   const EpRun many = run_ep(spec, c.ep, turbo::Device::CUDA, kSteps, Attn::Default, recipe);
@@ -97,17 +83,17 @@ TEST_P(EpGpuRecipeTest, RanksOnOneGpuTrainAsOne) {
 
 INSTANTIATE_TEST_SUITE_P(
     Recipes, EpGpuRecipeTest,
-    ::testing::Values(EpGpuRecipeCase{"mixtral_fast_ep2", false, false, true, 2, nullptr, nullptr},
-                      EpGpuRecipeCase{"deepseek_fast_ep4", true, false, true, 4, nullptr, nullptr},
-                      EpGpuRecipeCase{"mixtral_fp8_rowwise_ep2", false, false, false, 2, "hybrid", "rowwise"},
-                      EpGpuRecipeCase{"deepseek_fp8_blockwise_ep2", true, true, false, 2, "e4m3", "blockwise"},
-                      EpGpuRecipeCase{"mixtral_fp8_blockwise_fast_ep2", false, true, true, 2, "e4m3", "blockwise"},
-                      EpGpuRecipeCase{"mixtral_fast_selective_ep2", false, false, true, 2, nullptr, nullptr,
-                                      Recompute::Selective},
-                      EpGpuRecipeCase{"mixtral_fp8_rowwise_full_ep2", false, false, false, 2, "hybrid", "rowwise",
-                                      Recompute::Full},
-                      EpGpuRecipeCase{"deepseek_muon_ep2", true, false, false, 2, nullptr, nullptr, Recompute::None,
-                                      true}),
+    ::testing::Values(EpRecipeCase{"mixtral_fast_ep2", false, false, 2, false, true, nullptr, nullptr},
+                      EpRecipeCase{"deepseek_fast_ep4", true, false, 4, false, true, nullptr, nullptr},
+                      EpRecipeCase{"mixtral_fp8_rowwise_ep2", false, false, 2, false, false, "hybrid", "rowwise"},
+                      EpRecipeCase{"deepseek_fp8_blockwise_ep2", true, true, 2, false, false, "e4m3", "blockwise"},
+                      EpRecipeCase{"mixtral_fp8_blockwise_fast_ep2", false, true, 2, false, true, "e4m3", "blockwise"},
+                      EpRecipeCase{"mixtral_fast_selective_ep2", false, false, 2, false, true, nullptr, nullptr,
+                                   Recompute::Selective},
+                      EpRecipeCase{"mixtral_fp8_rowwise_full_ep2", false, false, 2, false, false, "hybrid", "rowwise",
+                                   Recompute::Full},
+                      EpRecipeCase{"deepseek_muon_ep2", true, false, 2, false, false, nullptr, nullptr,
+                                   Recompute::None, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -55,15 +55,6 @@ INSTANTIATE_TEST_SUITE_P(Models, EpHostTest,
 // other than FP8 is to the same recipe without it (three quarters of that distance; measured: a
 // half for rowwise's losses, a sixth for blockwise's). A gradient off by a factor, e.g. an expert's
 // not divided by ep, moves the norm by far more than FP8's rounding.
-struct EpRecipeCase {
-  const char* name;
-  bool deepseek, in_backward, block128;
-  const char* fp8_format;  // null: bf16 (host mode: fp32) experts
-  const char* fp8_scaling;
-  Recompute recompute = Recompute::None;
-  bool muon = false;
-};
-
 class EpHostRecipeTest : public ::testing::TestWithParam<EpRecipeCase> {};
 
 struct StepDistance {
@@ -82,19 +73,15 @@ inline StepDistance step_distance(const EpRun& a, const EpRun& b) {
 
 TEST_P(EpHostRecipeTest, RanksTrainAsOne) {
   const EpRecipeCase& c = GetParam();
-  const train::ModelSpec spec = c.block128 ? ep_spec_128(c.deepseek) : ep_spec(c.deepseek);
-  std::unique_ptr<turbo::Fp8Recipe> fp8;
-  if (c.fp8_format) fp8 = std::make_unique<turbo::Fp8Recipe>(fp8_test_recipe(c.fp8_format, c.fp8_scaling));
-  EpRecipe recipe;
-  recipe.in_backward = c.in_backward;
-  recipe.fp8 = fp8.get();
-  recipe.recompute = c.recompute;
-  recipe.muon = c.muon;
+  const std::unique_ptr<EpCase> ec = ep_case(c);
+  const train::ModelSpec& spec = ec->spec;
+  const turbo::Fp8Recipe* fp8 = ec->fp8.get();
+  const EpRecipe& recipe = ec->recipe;
   constexpr int kSteps = 6;
   const EpRun one = run_ep(spec, 1, turbo::Device::CPU, kSteps, Attn::Default, recipe);
-  const EpRun many = run_ep(spec, 2, turbo::Device::CPU, kSteps, Attn::Default, recipe);
+  const EpRun many = run_ep(spec, c.ep, turbo::Device::CPU, kSteps, Attn::Default, recipe);
   for (int s = 0; s < kSteps; ++s)
-    EXPECT_EQ(many.rank_gnorm[1][s], many.rank_gnorm[0][s]) << "step " << s << ": one norm";
+    for (int r = 1; r < c.ep; ++r) EXPECT_EQ(many.rank_gnorm[r][s], many.rank_gnorm[0][s]) << "step " << s << ": one norm";
   const StepDistance d = step_distance(many, one);
   StepDistance gate{1e-5, 1e-5, 1e-4};
   if (fp8) {
@@ -115,16 +102,22 @@ TEST_P(EpHostRecipeTest, RanksTrainAsOne) {
 
 INSTANTIATE_TEST_SUITE_P(
     Recipes, EpHostRecipeTest,
-    ::testing::Values(EpRecipeCase{"mixtral_in_backward", false, true, false, nullptr, nullptr},
-                      EpRecipeCase{"deepseek_in_backward", true, true, false, nullptr, nullptr},
-                      EpRecipeCase{"mixtral_fp8_rowwise", false, false, false, "hybrid", "rowwise"},
-                      EpRecipeCase{"deepseek_fp8_blockwise", true, false, true, "e4m3", "blockwise"},
-                      EpRecipeCase{"mixtral_fp8_blockwise_in_backward", false, true, true, "e4m3", "blockwise"},
-                      EpRecipeCase{"mixtral_selective", false, false, false, nullptr, nullptr, Recompute::Selective},
-                      EpRecipeCase{"mixtral_full_in_backward", false, true, false, nullptr, nullptr, Recompute::Full},
-                      EpRecipeCase{"mixtral_fp8_rowwise_full", false, false, false, "hybrid", "rowwise", Recompute::Full},
-                      EpRecipeCase{"mixtral_muon", false, false, false, nullptr, nullptr, Recompute::None, true},
-                      EpRecipeCase{"deepseek_muon", true, false, false, nullptr, nullptr, Recompute::None, true}),
+    ::testing::Values(EpRecipeCase{"mixtral_in_backward", false, false, 2, true, false, nullptr, nullptr},
+                      EpRecipeCase{"deepseek_in_backward", true, false, 2, true, false, nullptr, nullptr},
+                      EpRecipeCase{"mixtral_fp8_rowwise", false, false, 2, false, false, "hybrid", "rowwise"},
+                      EpRecipeCase{"deepseek_fp8_blockwise", true, true, 2, false, false, "e4m3", "blockwise"},
+                      EpRecipeCase{"mixtral_fp8_blockwise_in_backward", false, true, 2, true, false, "e4m3",
+                                   "blockwise"},
+                      EpRecipeCase{"mixtral_selective", false, false, 2, false, false, nullptr, nullptr,
+                                   Recompute::Selective},
+                      EpRecipeCase{"mixtral_full_in_backward", false, false, 2, true, false, nullptr, nullptr,
+                                   Recompute::Full},
+                      EpRecipeCase{"mixtral_fp8_rowwise_full", false, false, 2, false, false, "hybrid", "rowwise",
+                                   Recompute::Full},
+                      EpRecipeCase{"mixtral_muon", false, false, 2, false, false, nullptr, nullptr, Recompute::None,
+                                   true},
+                      EpRecipeCase{"deepseek_muon", true, false, 2, false, false, nullptr, nullptr, Recompute::None,
+                                   true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

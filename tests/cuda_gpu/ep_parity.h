@@ -58,6 +58,38 @@ inline train::ModelSpec ep_spec_128(bool deepseek) {
   return m;
 }
 
+// One case of the recipe tests (ep_host_test.cpp, ep_gpu_test.cpp): the tiny model (Mixtral- or
+// DeepSeek-style, every width a multiple of 128 for blockwise FP8), ep, and the recipe. fast: bf16
+// expert gradients and split masters (the device only; with in_backward).
+struct EpRecipeCase {
+  const char* name;
+  bool deepseek = false, block128 = false;
+  int ep = 2;
+  bool in_backward = false, fast = false;
+  const char* fp8_format = nullptr;  // null: bf16 experts (host mode: fp32)
+  const char* fp8_scaling = nullptr;
+  Recompute recompute = Recompute::None;
+  bool muon = false;
+};
+
+// The case's model and recipe (the FP8 recipe held here, which EpRecipe points to).
+struct EpCase {
+  train::ModelSpec spec;
+  std::unique_ptr<turbo::Fp8Recipe> fp8;
+  EpRecipe recipe;
+};
+inline std::unique_ptr<EpCase> ep_case(const EpRecipeCase& c) {
+  auto e = std::make_unique<EpCase>();
+  e->spec = c.block128 ? ep_spec_128(c.deepseek) : ep_spec(c.deepseek);
+  if (c.fp8_format) e->fp8 = std::make_unique<turbo::Fp8Recipe>(fp8_test_recipe(c.fp8_format, c.fp8_scaling));
+  e->recipe.fp8 = e->fp8.get();
+  e->recipe.in_backward = c.in_backward || c.fast;
+  e->recipe.bf16_expert_grads = e->recipe.split_master = c.fast;
+  e->recipe.recompute = c.recompute;
+  e->recipe.muon = c.muon;
+  return e;
+}
+
 inline EpRun run_ep(const train::ModelSpec& spec, int ep, turbo::Device device, int steps, Attn attn = Attn::Default,
                     const EpRecipe& recipe = {}) {
   const int64_t T = spec.seq_length, B = kTrainBatch / ep;
