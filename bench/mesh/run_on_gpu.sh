@@ -4,7 +4,9 @@
 #      sharded data parallelism (FsdpGpuTest: zero2 / fsdp2 vs one rank accumulating) and context
 #      parallelism (CpGpuTest: cp2 vs one rank); the three side by side (MeshGpuTest: tp x cp, FSDP x
 #      tp, FSDP over dp x cp, tp x cp x dp, up to eight ranks, vs one rank accumulating); expert
-#      parallelism (EpGpuTest: ep2 / ep4, each rank its experts and its part of the batch, vs one rank)
+#      parallelism (EpGpuTest: ep2 / ep4, each rank its experts and its part of the batch, vs one rank;
+#      EpGpuRecipeTest: the same with bf16 expert gradients and split masters, FP8 experts,
+#      recomputation and Muon)
 #   2. the ops it added or changed: test_turbo_gpu's embedding and cross-entropy tests
 #   3. the threaded process group's device collectives (test_threaded_gpu)
 #   4. no regression of the one-rank model: test_cuda_gpu's parity tests against the reference
