@@ -91,14 +91,8 @@ void ReferenceTrainer::setup() {
                                     "implemented yet on the reference backend; use no_shard or optim (ZeRO-1)",
                                     ep, parallel::dp_sharding_name(sizes.sharding)));
     }
-    // Muon beside ep: each expert's matrices are whole on the rank holding them. ZeRO-1 would have
-    // each Muon tensor owned by one rank of the ep x dp group and shared over it, where the ep ranks
-    // hold other experts.
-    if (t.optim.optimizer == "muon" && dp_.distributed_optimizer) {
-      throw ConfigError(fmt::format("optimizer: muon with expert_model_parallel_size {} and use_distributed_optimizer "
-                                    "is not implemented yet on the reference backend; use plain data parallelism",
-                                    ep));
-    }
+    // Muon beside ep: each expert's matrices are whole on the rank holding them; with ZeRO-1 each
+    // Muon tensor is owned by one rank of those holding the same experts (shard_pg()).
   }
   if (env_.distributed()) {
     store_ = parallel::TcpStore::from_env(env_);
@@ -472,7 +466,9 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   all_gather_params();
   if (muon_) {  // after the gather, which carries the old values of Muon's tensors
     muon_->update(model_->params.data(), model_->grads.data(), t.optim, train::muon_lr_at(t.optim, step), scale);
-    muon_->share(*pg_, model_->params.data());
+    // The owners are of the ranks holding the same experts (shard_pg(): pg_ without ep), each ep
+    // slice sharing its own; the dense tensors' updates are alike on every ep rank.
+    muon_->share(shard_pg(), model_->params.data());
   }
   model_->update_expert_bias(moe_stats_->load());  // the same load on every rank: the same bias
   return loss;
@@ -682,7 +678,7 @@ void ReferenceTrainer::save(int64_t step) {
     m = tp_global(whole(m_).data());
     v = tp_global(whole(v_).data());
     // Muon (beside ep: each expert's matrices whole on one rank): its momentum in the global layout too.
-    if (muon_) muon_flat = tp_global(muon_->flat_momentum(*pg_).data());
+    if (muon_) muon_flat = tp_global(muon_->flat_momentum(shard_pg()).data());
     if (env_.rank == 0) {
       data = train::pack_checkpoint(args_->model, *global_layout(), params.data(), m.data(), v.data(),
                                     state_json(step));
@@ -709,7 +705,7 @@ void ReferenceTrainer::save(int64_t step) {
     }
     if (sharded) shards = {{"exp_avg", m_.data()}, {"exp_avg_sq", v_.data()}};
     // Muon's momentum as one flat state like the moments (every rank calls: ZeRO-1 sums the owners').
-    if (muon_) muon_flat = muon_->flat_momentum(*pg_);
+    if (muon_) muon_flat = muon_->flat_momentum(shard_pg());
     if (muon_ && zero1) {
       shards.push_back({MuonOptimizer::kStateName, muon_flat.data() + std::min(shards_.begin(dp_rank()), shards_.total)});
     }

@@ -113,10 +113,11 @@ TEST(ExpertParallelTraining, CheckpointsAreGlobalAndResumeUnderAnyLayout) {
 }
 
 // Muon beside expert parallelism (each expert's matrices whole on the rank holding them, AdamW for
-// the rest): ep2 and ep2 x dp2 give one process's losses and norms; the ep2 checkpoint (Muon's
-// momentum in the global layout) resumes on one process with its losses, and one process's on ep2.
+// the rest): ep2, ep2 x dp2 and ep2 x dp2 with ZeRO-1 give one process's losses and norms; the ep2
+// and ZeRO-1 checkpoints (Muon's momentum in the global layout) resume on one process with its
+// losses, and one process's on ep2.
 TEST(ExpertParallelTraining, MuonBesideExpertParallelism) {
-  Workdir one, ep2, dp2, on1, single_on_ep2;
+  Workdir one, ep2, dp2, zero1, zero1_on1, on1, single_on_ep2;
   auto r1 = run_primus(ep_args(one.str(), 20, "optimizer=muon"));
   ASSERT_EQ(r1.code, 0) << r1.out;
   const auto want = losses(one.path()), want_norm = losses(one.path(), "grad_norm");
@@ -128,6 +129,16 @@ TEST(ExpertParallelTraining, MuonBesideExpertParallelism) {
   auto b = run_primus(launch(4, ep_args(dp2.str(), 20, "optimizer=muon expert_model_parallel_size=2")));
   ASSERT_EQ(b.code, 0) << b.out;
   expect_same_losses(want, losses(dp2.path()), "muon ep2 x dp2");
+  // ZeRO-1: each Muon tensor owned by one of the two ranks holding the same experts.
+  auto z = run_primus(launch(
+      4, ep_args(zero1.str(), 20, "optimizer=muon expert_model_parallel_size=2 use_distributed_optimizer=true")));
+  ASSERT_EQ(z.code, 0) << z.out;
+  expect_same_losses(want, losses(zero1.path()), "muon ep2 x dp2 ZeRO-1");
+  expect_same_losses(want_norm, losses(zero1.path(), "grad_norm"), "muon ep2 x dp2 ZeRO-1 grad norm");
+  auto zr = run_primus(ep_args(zero1_on1.str(), 20,
+                               "optimizer=muon load=" + primus::io::checkpoint_dir(save_dir(zero1.path()), 10).string()));
+  ASSERT_EQ(zr.code, 0) << zr.out;
+  expect_same_losses(want, losses(zero1_on1.path()), "muon ep2 x dp2 ZeRO-1 checkpoint resumed on 1 process", 11);
   const fs::path ck10 = primus::io::checkpoint_dir(save_dir(ep2.path()), 10);
   auto c = run_primus(ep_args(on1.str(), 20, "optimizer=muon load=" + ck10.string()));
   ASSERT_EQ(c.code, 0) << c.out;
@@ -148,8 +159,6 @@ TEST(ExpertParallelTraining, WhatItDoesNotCombineWithYetIsRefusedByName) {
        "expert_model_parallel_size 2 with data_parallel_sharding_strategy optim_grads is not implemented yet"},
       {2, "expert_model_parallel_size=2 data_parallel_sharding_strategy=optim_grads_params",
        "with data_parallel_sharding_strategy optim_grads_params is not implemented yet"},
-      {4, "expert_model_parallel_size=2 optimizer=muon use_distributed_optimizer=true",
-       "optimizer: muon with expert_model_parallel_size 2 and use_distributed_optimizer is not implemented yet"},
       {3, "expert_model_parallel_size=3 global_batch_size=3", "expert_model_parallel_size 3 does not divide num_experts 8"},
       {2, "expert_model_parallel_size=2 num_experts=0", "the model has no MoE layers"},
   };
