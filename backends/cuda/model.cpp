@@ -257,7 +257,6 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
       if (opt_.bias_grad == BiasGrad::Separate || opt_.bias_grad == BiasGrad::Gemm)
         throw RuntimeError("cuda model: sequence parallelism takes the bias gradients from the norms (BiasGrad Norm or Ones)");
     }
-    if (!opt_.muon.empty()) opt_.muon = train::muon_tensors(spec_, layout_);  // this rank's: pieces of the global ones
     if (!opt_.optimizer_state || opt_.flat_elems != 0)
       throw ConfigError("the cuda backend's tensor parallelism with a distributed optimizer is not implemented yet");
   }
@@ -291,12 +290,14 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                           ? "use_distributed_optimizer's bucketed buffers (ZeRO-1 runs in the model beside ep)"
                                                      : nullptr;
     if (why) throw ConfigError(fmt::format("expert_model_parallel_size {} with {} is not implemented yet on the cuda backend", n, why));
-    if (!opt_.muon.empty()) opt_.muon = train::muon_tensors(spec_, layout_);  // this rank's experts' matrices, whole
     if (opt_.optimizer_in_backward && !opt_.grad_mean_group && opt_.ep_dense_group)
       throw RuntimeError("cuda model: the optimizer in the backward beside expert parallelism needs grad_mean_group (the ep x dp ranks)");
   } else if (opt_.ep_map && opt_.ep_map->ep() > 1) {
     throw RuntimeError("cuda model: an expert-parallel map without its group (ep_group)");
   }
+  // Muon's tensors are this model's own matrices: under tp this rank's pieces of the global ones,
+  // under ep its experts' (whole), whatever spec the options were made from.
+  if (!opt_.muon.empty()) opt_.muon = train::muon_tensors(spec_, layout_);
   stream_.host = host;
   if (!host) CUDA_CHECK(cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
   if (opt_.optimizer_in_backward) {
@@ -419,13 +420,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
         tp_group_kv_[group_of(layout_.tensors[opt_.tp_map->kv_exchanges()[k].tensor].offset)].push_back(k);
       optimizer_->group_norms_over(counted, excluded, [this](const TensorView& t) { tp_->all_reduce(t); });
     } else if (fsdp_plan_) {
-      std::vector<bool> shard_counted(shard_layout_.tensors.size());
-      for (size_t j = 0; j < shard_counted.size(); ++j) {
-        const train::ParamTensor* t = layout_.find(shard_layout_.tensors[j].name);
-        if (!t) throw RuntimeError("cuda model: shard piece of unknown tensor " + shard_layout_.tensors[j].name);
-        shard_counted[j] = counted[static_cast<size_t>(t - layout_.tensors.data())];
-      }
-      optimizer_->norm_over(shard_counted, excluded);
+      optimizer_->norm_over(shard_counted(counted), excluded);
     } else {
       optimizer_->norm_over(counted, excluded);
     }
@@ -458,13 +453,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
         ep_expert_nccl_ = device_group(*opt_.ep_expert_group, stream_, "expert parallelism's expert gradient means");
     } else if (fsdp_) {
       // Sharded: the optimizer's tensors are this rank's pieces (named as the tensors).
-      std::vector<bool> shard_counted(shard_layout_.tensors.size());
-      for (size_t j = 0; j < shard_counted.size(); ++j) {
-        const train::ParamTensor* t = layout_.find(shard_layout_.tensors[j].name);
-        if (!t) throw RuntimeError("cuda model: shard piece of unknown tensor " + shard_layout_.tensors[j].name);
-        shard_counted[j] = counted[static_cast<size_t>(t - layout_.tensors.data())];
-      }
-      optimizer_->norm_over(shard_counted);
+      optimizer_->norm_over(shard_counted(counted));
       set_fsdp_expert_parallel();
     } else {
       optimizer_->norm_over(counted);
@@ -857,6 +846,18 @@ void CudaModel::grad_norm(float max_norm) {
   if (fsdp_) fsdp_->all_reduce(st.norm.slice0(0, 1));
   tp_->all_reduce(st.norm.slice0(0, 1));
   optimizer_->finish_grad_norm(max_norm);
+}
+
+// A per-tensor flag of the layout as a flag per piece of this rank's shard (the shard's pieces are
+// named as the tensors they come from).
+std::vector<bool> CudaModel::shard_counted(const std::vector<bool>& counted) const {
+  std::vector<bool> out(shard_layout_.tensors.size());
+  for (size_t j = 0; j < out.size(); ++j) {
+    const train::ParamTensor* t = layout_.find(shard_layout_.tensors[j].name);
+    if (!t) throw RuntimeError("cuda model: shard piece of unknown tensor " + shard_layout_.tensors[j].name);
+    out[j] = counted[static_cast<size_t>(t - layout_.tensors.data())];
+  }
+  return out;
 }
 
 // Expert parallelism beside sharded data parallelism (over the ranks holding the same experts):

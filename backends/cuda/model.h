@@ -159,7 +159,8 @@ struct CudaModelOptions {
   // documents' positions and attention bounds from its tokens on the device.
   train::DocumentMasking document_masking;
   // optimizer: muon: the tensors Muon updates after the backward (train/muon_layout.h); AdamW
-  // the rest. Needs optimizer_state and no optimizer_in_backward. Empty: AdamW everywhere.
+  // the rest. Needs optimizer_state and no optimizer_in_backward. Empty: AdamW everywhere. The
+  // model takes the list from its own spec (the local one under tp or ep): non-empty turns Muon on.
   std::vector<train::MuonTensor> muon;
   // Tensor parallelism (Megatron's; train/tensor_parallel.h, decoder.h): this model is rank
   // tp_map->rank()'s part of the global model and is built from tp_map->local_spec() (the spec
@@ -431,6 +432,8 @@ class CudaModel {
   // Expert parallelism: the dense gradients' and the experts' means (grad_norm()).
   void reduce_expert_parallel_grads();
   void set_fsdp_expert_parallel();  // beside sharded data parallelism: FsdpComm's hooks
+  // A flag per layout tensor as a flag per piece of this rank's shard (the sharded strategies).
+  std::vector<bool> shard_counted(const std::vector<bool>& counted) const;
   // The optimizer in the backward beside dp or cp (CudaModelOptions::grad_mean_group): the group,
   // as NCCL (null for another kind), and the optimizer group (its first layout offset) whose mean is
   // in flight, updated when the next group is ready or at the backward's end (-1: none).

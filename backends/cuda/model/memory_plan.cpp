@@ -212,8 +212,9 @@ size_t MemoryPlan::scratch_bytes() const {
   if (opt_.fp8_moe) {  // the FP8 expert GEMMs' quantized copies (one product at a time)
     const train::MoeSpec& e = spec_.moe;
     // Under expert parallelism the GEMMs run over the held rows (this rank's experts' groups, what
-    // every rank sent them): as many groups as experts at most, never more rows than held_rows_bound.
-    const int64_t M = std::max(moe_rows_bound(N), held_rows_bound(N));
+    // every rank sent them): as many groups as experts at most, never more rows than
+    // held_rows_bound (moe_rows_bound without ep).
+    const int64_t M = held_rows_bound(N);
     bytes = std::max({bytes, turbo::grouped_gemm_fp8_scratch_bytes(M, e.num_experts, 2 * e.ffn_hidden_size, C),
                       turbo::grouped_gemm_fp8_scratch_bytes(M, e.num_experts, C, e.ffn_hidden_size)});
   }
