@@ -114,6 +114,11 @@ void check_fp8(const train::ModelSpec& spec, const CudaModelOptions& opt) {
 
 }  // namespace
 
+bool moe_swiglu_epilogue_applies(const CudaModelOptions& opt, const train::ModelSpec& spec) {
+  return opt.moe_swiglu_epilogue && spec.moe.enabled() && !opt.fp8_moe &&
+         turbo::grouped_gemm_swiglu_available(opt.device, spec.moe.ffn_hidden_size);
+}
+
 MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train::ParamLayout& layout,
                                       const CudaModelOptions& opt, const CudaOps& ops) {
   MemoryPlanOptions mp;
@@ -367,6 +372,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   dec.bf16_edge_layers = opt_.fp8_linear ? opt_.fp8_bf16_edge_layers : 0;
   dec.fp8_maxima = opt_.fp8_linear ? opt_.fp8_maxima.get() : nullptr;
   dec.fp8_producers = opt_.fp8_linear && spec_.swiglu ? opt_.fp8_producers.get() : nullptr;
+  dec.moe_swiglu_epilogue = moe_swiglu_epilogue_applies(opt_, spec_);
   if (tp) {
     tp_ = std::make_unique<TpComm>(*opt_.tp_group, opt_.tp_map, stream_);
     dec.tp = tp_.get();

@@ -128,6 +128,12 @@ struct CudaModelOptions {
   bool gelu_unfused_forward = false;    // DecoderOptions
   bool gelu_unfused_backward = false;
   bool zero_grad_full = false;          // zero_grad clears every gradient; every GEMM accumulates
+  // MoE experts with SwiGLU in the grouped GEMMs' epilogues (turbo/ops/grouped_gemm.h): the up
+  // projection writes act beside gate|up, and the down projection's input gradient is written as
+  // d(gate|up) (dact never stored); bit for bit the separate activation kernels. Applies where
+  // moe_swiglu_epilogue_applies says (bf16 experts, a width the kernel tiles, a device or backend
+  // that has the epilogue); PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE=0 turns it off (model_options_for).
+  bool moe_swiglu_epilogue = true;
   // AdamW runs inside backward(), one group (a layer, the embeddings, the final norm and head) as
   // soon as its gradients are final, and the layers share one gradient window (grad_placement.h):
   // the gradients take the largest layer's memory instead of the model's. One micro-batch per step
@@ -222,6 +228,11 @@ struct CudaModelOptions {
   // that sends more is a RuntimeError naming moe_ep_buffer_factor before any row moves.
   double ep_buffer_factor = 2.0;
 };
+
+// Whether the MoE layers of `spec` run SwiGLU in the grouped GEMMs' epilogues under `opt`
+// (CudaModelOptions::moe_swiglu_epilogue): bf16 experts (not fp8_moe) and
+// turbo::grouped_gemm_swiglu_available for opt.device and the expert width.
+bool moe_swiglu_epilogue_applies(const CudaModelOptions& opt, const train::ModelSpec& spec);
 
 // The memory plan a CudaModel built with `opt` and `ops` (its recompute policy) makes: the
 // constructor plans with exactly this, so MemoryPlan::sizes(spec, layout, memory_plan_options(...))

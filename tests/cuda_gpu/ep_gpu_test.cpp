@@ -9,6 +9,8 @@
 #define PRIMUS_EP_PARITY_DEVICE 1
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <tuple>
@@ -56,7 +58,11 @@ INSTANTIATE_TEST_SUITE_P(Models, EpGpuTest, ::testing::Combine(::testing::Bool()
 // FP8 runs quantize some tensors at other granularities on the two sides (a column-scaled copy's
 // maxima are over this rank's rows), so their steps differ by FP8's rounding as well: the late
 // norms' floor is 5e-2 for them (the FP8 runs under data parallelism, FsdpGpuTest, read up to
-// 4.9e-2 on an H100), the early steps' gates are bf16's.
+// 4.9e-2 on an H100), or twice the worst late distance of the other attention kernel's run where
+// that is larger: blockwise FP8's late gradient norms spike, and a spike lands a step earlier or
+// later on another trajectory (Mixtral-style blockwise with split masters on an H100: one rank's
+// norm 1.52 at step 17 where the other kernel's run read 1.25, the ep run 1.74 at step 18 where one
+// rank read 2.00, their losses 2e-4 apart). The early steps' gates are bf16's.
 class EpGpuRecipeTest : public CudaGpuTest, public ::testing::WithParamInterface<EpRecipeCase> {};
 
 TEST_P(EpGpuRecipeTest, RanksOnOneGpuTrainAsOne) {
@@ -71,8 +77,14 @@ TEST_P(EpGpuRecipeTest, RanksOnOneGpuTrainAsOne) {
   const EpRun other = run_ep(spec, 1, turbo::Device::CUDA, kSteps, Attn::Fallback, recipe);
   for (int s = 0; s < kSteps; ++s)
     for (int r = 1; r < c.ep; ++r) EXPECT_EQ(many.rank_gnorm[r][s], many.rank_gnorm[0][s]) << "step " << s << ": one norm";
-  const Bf16Steps g = expect_bf16_steps(c.name, one.loss, one.gnorm, many.loss, many.gnorm, other.loss, other.gnorm,
-                                        fp8 ? 5e-2 : 2e-2);
+  double late_floor = 2e-2;
+  if (fp8) {
+    late_floor = 5e-2;
+    for (int s = 10; s < kSteps; ++s)
+      late_floor = std::max(late_floor, 2 * std::fabs(other.gnorm[s] - one.gnorm[s]) / one.gnorm[s]);
+  }
+  const Bf16Steps g =
+      expect_bf16_steps(c.name, one.loss, one.gnorm, many.loss, many.gnorm, other.loss, other.gnorm, late_floor);
   const WeightDistance w = expect_weights_close(many.params, one.params, other.params);
   EXPECT_LT(one.loss.back(), one.loss.front() - 0.2) << "the run must learn";
   std::printf("[gpu %s ep%d] %d steps: loss %.4f -> %.4f (ep %.4f), worst relative loss %.1e, grad norm %.1e, weights "

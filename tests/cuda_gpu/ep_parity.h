@@ -59,8 +59,9 @@ inline train::ModelSpec ep_spec_128(bool deepseek) {
 }
 
 // One case of the recipe tests (ep_host_test.cpp, ep_gpu_test.cpp): the tiny model (Mixtral- or
-// DeepSeek-style, every width a multiple of 128 for blockwise FP8), ep, and the recipe. fast: bf16
-// expert gradients and split masters (the device only; with in_backward).
+// DeepSeek-style, every width a multiple of 128 for blockwise FP8), ep, and the recipe. fast: split
+// masters, and bf16 expert gradients where the experts are bf16 (FP8 experts' weight gradients are
+// f32); the device only, with in_backward.
 struct EpRecipeCase {
   const char* name;
   bool deepseek = false, block128 = false;
@@ -84,7 +85,8 @@ inline std::unique_ptr<EpCase> ep_case(const EpRecipeCase& c) {
   if (c.fp8_format) e->fp8 = std::make_unique<turbo::Fp8Recipe>(fp8_test_recipe(c.fp8_format, c.fp8_scaling));
   e->recipe.fp8 = e->fp8.get();
   e->recipe.in_backward = c.in_backward || c.fast;
-  e->recipe.bf16_expert_grads = e->recipe.split_master = c.fast;
+  e->recipe.split_master = c.fast;
+  e->recipe.bf16_expert_grads = c.fast && !c.fp8_format;
   e->recipe.recompute = c.recompute;
   e->recipe.muon = c.muon;
   return e;

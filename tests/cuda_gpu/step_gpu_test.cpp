@@ -156,6 +156,33 @@ TEST_F(CudaGpuTest, Bf16ExpertGradientsTrainAsTheF32Ones) {
               bf16.losses.back(), f32.losses.front(), f32.losses.back());
 }
 
+// SwiGLU in the expert GEMMs' epilogues (CudaModelOptions::moe_swiglu_epilogue, the default where
+// the expert width divides by 128) against the activation kernels, under the graph, with the update
+// after the backward (f32 expert gradients) and in it (bf16 ones): the same bits at every step,
+// and the dact buffer gone from the plan.
+TEST_F(CudaGpuTest, MoeSwiGLUEpilogueTrainsAsTheActivationKernels) {
+  for (const bool deepseek : {false, true}) {
+    for (const bool in_backward : {false, true}) {
+      SCOPED_TRACE(std::string(deepseek ? "deepseek" : "mixtral") + (in_backward ? ", optimizer in the backward" : ""));
+      const train::ModelSpec spec = tiny_moe_spec_128(deepseek);
+      CudaModelOptions probe;
+      ASSERT_TRUE(moe_swiglu_epilogue_applies(probe, spec)) << "the test would compare the unfused path with itself";
+      auto run = [&](bool fused) {
+        return six_graph_steps(spec, [fused, in_backward](CudaModelOptions& mo) {
+          mo.moe_swiglu_epilogue = fused;
+          mo.optimizer_in_backward = in_backward;
+          mo.bf16_expert_grads = in_backward;
+        });
+      };
+      const StepRun plain = run(false), fused = run(true);
+      EXPECT_EQ(fused.losses, plain.losses);
+      EXPECT_EQ(fused.norms, plain.norms);
+      EXPECT_TRUE(same_bits(fused.params, plain.params)) << "weights differ";
+      EXPECT_LT(plain.losses.back(), plain.losses.front()) << "the run must learn";
+    }
+  }
+}
+
 // Split master weights (master_weights: split) under the graph, after the backward (dense Llama,
 // with clipping) and in it (the DeepSeek-style tiny MoE with bf16 expert gradients): the same fp32
 // arithmetic as f32 masters, so the runs differ only where a bf16 copy met an exact tie (rounded

@@ -195,6 +195,37 @@ TEST(HostStepVariants, UnfusedGeluAndFullZeroGradTrainAsTheDefaults) {
   }
 }
 
+// The MoE experts' SwiGLU in the grouped GEMM calls (CudaModelOptions::moe_swiglu_epilogue; on the
+// host the op composes the product and the activation itself) against the separate activation
+// calls, with and without the experts' recomputation: the same bits.
+TEST(HostStepVariants, MoeSwiGLUEpilogueTrainsAsTheSeparateActivation) {
+  for (const bool deepseek : {false, true}) {
+    for (const Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      SCOPED_TRACE(std::string(deepseek ? "deepseek" : "mixtral") + ", recompute " + std::to_string(static_cast<int>(r)));
+      const train::ModelSpec spec = tiny_moe_spec_128(deepseek);
+      ASSERT_TRUE(moe_swiglu_epilogue_applies(CudaModelOptions{}, spec));
+      StepRunOptions o;
+      o.spec = &spec;
+      o.steps = 3;
+      if (r != Recompute::None) o.recompute = recompute_all(r);
+      auto run = [&](bool fused) {
+        o.model_options = [fused](CudaModelOptions& mo) { mo.moe_swiglu_epilogue = fused; };
+        return run_steps(o);
+      };
+      const StepRun plain = run(false), fused = run(true);
+      EXPECT_EQ(fused.losses, plain.losses);
+      EXPECT_TRUE(same_bits(fused.params, plain.params)) << "weights differ";
+      EXPECT_TRUE(same_bits(fused.grads0, plain.grads0)) << "step 0's gradients differ";
+      EXPECT_LT(plain.losses.back(), plain.losses.front()) << "the run must learn";
+    }
+  }
+  // A width that is no multiple of 128 keeps the separate activation.
+  EXPECT_FALSE(moe_swiglu_epilogue_applies(CudaModelOptions{}, tiny_moe_spec(false)));
+  CudaModelOptions fp8;
+  fp8.fp8_moe = true;
+  EXPECT_FALSE(moe_swiglu_epilogue_applies(fp8, tiny_moe_spec_128(false)));
+}
+
 TEST(HostStepCheck, NonFiniteStepIsSkippedOnTheDevice) {
   for (bool llama : {false, true}) {
     SCOPED_TRACE(llama ? "llama" : "gpt2");

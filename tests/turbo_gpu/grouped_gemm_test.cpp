@@ -20,6 +20,8 @@
 #include "turbo/dispatch/backend_manager.h"
 #include "turbo/dispatch/dispatcher.h"
 #include "turbo/kernels/cpu/grouped_gemm.h"
+#include "turbo/kernels/cpu/activation.h"
+#include "turbo/ops/activation.h"
 #include "turbo/ops/grouped_gemm.h"
 
 namespace primus::turbo::testing {
@@ -209,6 +211,97 @@ TEST_F(GroupedGemmGpuTest, RandomGroupSizes) {
   unsetenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE");
 }
 
+// SwiGLU in the epilogues (grouped_gemm.h): the up projection writing act beside gate|up, and the
+// down projection's input gradient written as d(gate|up), against the plain products followed by
+// the activation kernels on fresh random data: the same bytes in every group row, nothing written
+// past offsets[G]. F = 1408 is deepseek's expert width (11 column tiles); align 16 and 1 put group
+// ends inside tiles.
+TEST_F(GroupedGemmGpuTest, SwiGLUEpiloguesAreThePlainProductsThenTheActivationBitForBit) {
+  struct S {
+    std::string name;
+    int64_t F, C;
+    std::vector<int32_t> counts;
+    int64_t align;
+  };
+  std::vector<int32_t> rnd = randint(9, 0, 20);
+  for (auto& n : rnd) n = n < 4 ? 0 : 16 * n;
+  const std::vector<S> cases = {{"olmoe", 1024, 2048, {128, 0, 64, 256, 64, 192}, 64},
+                                {"deepseek", 1408, 1024, {0, 64, 320, 64}, 64},
+                                {"skewed", 128, 256, {1008, 16, 0, 32, 16}, 16},
+                                {"align1", 256, 200, {33, 0, 1, 95, 130, 7}, 1},
+                                {"random", 384, 328, rnd, 16}};
+  GlobalBackendManager::instance().set_backend("grouped_gemm", BackendType::TURBO);
+  // The epilogues run the ping-pong tiles under either schedule switch (the plain products then
+  // follow the switch: the same bits, as their k-loops add in the same order).
+  for (const char* sched : {"pingpong", "coop"}) {
+  setenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", sched, 1);
+  for (const S& s : cases) {
+    SCOPED_TRACE(s.name + " " + sched);
+    const int64_t G = static_cast<int64_t>(s.counts.size()), F = s.F, C = s.C;
+    const std::vector<int32_t> o = offsets_of(s.counts);
+    const int64_t used = o.back(), M = used + 40;
+    TensorView off = make(DType::I32, {G + 1});
+    put_i32(off, o);
+    TensorView x = make(DType::BF16, {M, C}), dy = make(DType::BF16, {M, C});
+    TensorView wfc = make(DType::BF16, {G, 2 * F, C}), wproj = make(DType::BF16, {G, C, F});
+    tokens(x, used, C), tokens(dy, used, C);
+    random_tensor(wfc, 1.0f / std::sqrt(static_cast<float>(C)));
+    random_tensor(wproj, 1.0f / std::sqrt(static_cast<float>(F)));
+    // The plain path.
+    TensorView h0 = make(DType::BF16, {M, 2 * F}), act0 = make(DType::BF16, {M, F});
+    TensorView dact0 = make(DType::BF16, {M, F}), dh0 = make(DType::BF16, {M, 2 * F});
+    EXPECT_EQ(grouped_gemm_forward({h0, x, wfc, off, s.align, ctx}), BackendType::TURBO);
+    activation_forward({Activation::SwiGLU, act0, h0, ctx});
+    EXPECT_EQ(grouped_gemm_dgrad({dact0, dy, wproj, off, s.align, ctx}), BackendType::TURBO);
+    activation_backward({Activation::SwiGLU, dh0, h0, dact0, false, ctx});
+    // The epilogues.
+    TensorView h = make(DType::BF16, {M, 2 * F}), act = make(DType::BF16, {M, F}), dh = make(DType::BF16, {M, 2 * F});
+    poison(h), poison(act), poison(dh);
+    EXPECT_EQ(grouped_gemm_forward({h, x, wfc, off, s.align, ctx, act}), BackendType::TURBO);
+    EXPECT_EQ(grouped_gemm_dgrad({dh, dy, wproj, off, s.align, ctx, h0}), BackendType::TURBO);
+    for (const auto& [what, got, want] : {std::tuple<const char*, TensorView, TensorView>{"gate|up", h, h0},
+                                          {"act", act, act0},
+                                          {"d(gate|up)", dh, dh0}}) {
+      const std::vector<uint8_t> a = bytes(got), b = bytes(want);
+      const size_t n = static_cast<size_t>(used * got.cols()) * 2;
+      size_t diff = 0;
+      for (size_t i = 0; i < n; ++i) diff += a[i] != b[i];
+      EXPECT_EQ(diff, 0u) << what << ": bytes that differ from the plain path in the group rows";
+      expect_untouched(got, used, what);
+    }
+    // Not vacuous: the rows hold values of the right size.
+    const std::vector<float> av = get(act), dv = get(dh);
+    double sa = 0.0, sd = 0.0;
+    for (int64_t i = 0; i < used * F; ++i) sa += std::fabs(av[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < used * 2 * F; ++i) sd += std::fabs(dv[static_cast<size_t>(i)]);
+    if (used > 0) {
+      EXPECT_GT(sa / static_cast<double>(used * F), 0.05) << "act";
+      EXPECT_GT(sd / static_cast<double>(used * 2 * F), 0.01) << "d(gate|up)";
+    }
+  }
+  }
+  unsetenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE");
+  // A width the kernel does not tile: TURBO declines with the reason, and no other device backend
+  // takes the fused call.
+  const int64_t G = 2, M = 128, C = 64;
+  TensorView off = make(DType::I32, {G + 1});
+  put_i32(off, {0, 64, 128});
+  TensorView x = make(DType::BF16, {M, C}), w = make(DType::BF16, {G, 2 * 192, C});
+  TensorView h = make(DType::BF16, {M, 2 * 192}), act = make(DType::BF16, {M, 192});
+  GlobalBackendManager::instance().clear_backend("grouped_gemm");
+  try {
+    grouped_gemm_forward({h, x, w, off, 64, ctx, act});
+    ADD_FAILURE() << "F = 192 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 128"), std::string::npos) << e.what();
+  }
+  // What a caller asks before choosing the fused call.
+  EXPECT_TRUE(grouped_gemm_swiglu_available(Device::CUDA, 1408));
+  EXPECT_FALSE(grouped_gemm_swiglu_available(Device::CUDA, 192));
+  GlobalBackendManager::instance().set_backend("grouped_gemm", BackendType::CUBLASLT);
+  EXPECT_FALSE(grouped_gemm_swiglu_available(Device::CUDA, 1408)) << "CUBLASLT has no SwiGLU epilogue";
+}
+
 // The TURBO forward captured once and replayed after the offsets changed in device memory: the
 // graph reads the groups at replay (no host read at capture). CUBLASLT, which reads them on the
 // host, refuses while the stream is being captured.
@@ -298,6 +391,35 @@ TEST(GroupedGemmHostTest, HostTensorsRunTheReferenceAndBadArgumentsAreNamed) {
   EXPECT_NE(error_of([&] { grouped_gemm_forward({yv, xv, wv, ov, 1, {}}); }).find("at most M = 20"), std::string::npos);
   o = {0, 5, 5, 17};
   EXPECT_EQ(grouped_gemm_wgrad({dwv, yv, xv, ov, 1, false, {}}), BackendType::CPU);
+
+  // The SwiGLU forms on the host: the product, then the activation (forward) or the activation's
+  // backward (input gradient, overwriting d(gate|up)), over the group rows only.
+  std::vector<float> act(M * N / 2, -1.0f), hv(M * N, -1.0f);
+  TensorView actv(act.data(), DType::F32, Device::CPU, {M, N / 2}), hvv(hv.data(), DType::F32, Device::CPU, {M, N});
+  EXPECT_EQ(grouped_gemm_forward({hvv, xv, wv, ov, 1, {}, actv}), BackendType::CPU);
+  EXPECT_EQ(hv, want);
+  std::vector<float> want_act(M * N / 2, -1.0f);
+  cpu::swiglu_forward<float>(want_act.data(), want.data(), 17, N / 2);
+  EXPECT_EQ(act, want_act);
+  // dinp [M, 2K'] of weight [G, N', K'] = the forward's [G, N, K] read as the down projection
+  // [G, K, N / 2]... here: dout [M, K] @ W2[g] with W2 [G, K, N / 2], K' = N / 2.
+  std::vector<float> w2(G * K * (N / 2)), dout(M * K), dh(M * N, 7.0f);
+  for (size_t i = 0; i < w2.size(); ++i) w2[i] = std::sin(0.05f * static_cast<float>(i) + 1.0f);
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::cos(0.21f * static_cast<float>(i));
+  TensorView w2v(w2.data(), DType::F32, Device::CPU, {G, K, N / 2}), doutv(dout.data(), DType::F32, Device::CPU, {M, K});
+  TensorView dhv(dh.data(), DType::F32, Device::CPU, {M, N});
+  EXPECT_EQ(grouped_gemm_dgrad({dhv, doutv, w2v, ov, 1, {}, hvv}), BackendType::CPU);
+  std::vector<float> dact(M * (N / 2)), want_dh(M * N, 7.0f);
+  cpu::grouped_gemm_dgrad<float>(dact.data(), dout.data(), w2.data(), o.data(), G, K, N / 2);
+  std::fill(want_dh.begin(), want_dh.begin() + 17 * N, 0.0f);
+  cpu::swiglu_backward<float>(want_dh.data(), hv.data(), dact.data(), 17, N / 2);
+  EXPECT_EQ(dh, want_dh);  // rows 17.. untouched
+  EXPECT_TRUE(grouped_gemm_swiglu_available(Device::CPU, 4));
+  EXPECT_FALSE(grouped_gemm_swiglu_available(Device::CPU, 0));
+  EXPECT_NE(error_of([&] { grouped_gemm_forward({hvv, xv, wv, ov, 1, {}, hvv}); }).find("swiglu_out must be"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { grouped_gemm_dgrad({dhv, doutv, w2v, ov, 1, {}, actv}); }).find("swiglu_inp must be"),
+            std::string::npos);
 }
 
 }  // namespace

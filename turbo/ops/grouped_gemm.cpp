@@ -5,9 +5,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "turbo/dispatch/backend_manager.h"
+#include "turbo/kernels/cpu/activation.h"
 #include "turbo/kernels/cpu/grouped_gemm.h"
 #include "turbo/kernels/cpu/quantize.h"
 #include "turbo/ops/op_support.h"
@@ -34,14 +37,17 @@ const char* gg_op_name(GgKind k) {
 struct GgCall {
   GgKind kind = GgKind::Forward;
   TensorView x, w, y, offsets;
+  // SwiGLU fused in (grouped_gemm.h): the forward's act [M, N/2] (written), or the input gradient's
+  // gate|up [M, 2K] (read; y is then d(gate|up) [M, 2K]).
+  TensorView glu;
   int64_t G = 0, M = 0, N = 0, K = 0, align = 1;
   bool accumulate = false;
   ExecContext ctx;
 
   std::string key() const {
     const std::string out = kind == GgKind::Wgrad ? fmt::format("->{}", dtype_name(y.dtype)) : std::string();
-    return fmt::format("{} G={} M={} N={} K={} align={} acc={} {}{} {}", gg_op_name(kind), G, M, N, K, align,
-                       accumulate ? 1 : 0, dtype_name(x.dtype), out, device_name(x.device));
+    return fmt::format("{} G={} M={} N={} K={} align={} acc={} {}{} {}{}", gg_op_name(kind), G, M, N, K, align,
+                       accumulate ? 1 : 0, dtype_name(x.dtype), out, device_name(x.device), glu.defined() ? " swiglu" : "");
   }
   Precision precision() const { return precision_of(x.dtype); }
 };
@@ -109,15 +115,25 @@ std::vector<int32_t> gg_checked_offsets(const GgCall& c, const int32_t* host) {
 std::string gg_cpu_check(const GgCall& c) {
   if (auto w = detail::all_on(Device::CPU, {{"x", &c.x}, {"w", &c.w}, {"y", &c.y}, {"offsets", &c.offsets}}); !w.empty())
     return w;
+  if (c.glu.defined() && c.glu.device != Device::CPU) return "the SwiGLU tensor is not on the host";
   return detail::all_dtype(DType::F32, {{"x", &c.x}, {"w", &c.w}, {"y", &c.y}});
 }
 void gg_cpu_run(const GgCall& c) {
   const std::vector<int32_t> o = gg_checked_offsets(c, c.offsets.ptr<const int32_t>());
+  const int64_t used = o[static_cast<size_t>(c.G)];  // rows of the groups
   switch (c.kind) {
     case GgKind::Forward:
       cpu::grouped_gemm_forward(c.y.ptr<float>(), c.x.ptr<const float>(), c.w.ptr<const float>(), o.data(), c.G, c.N, c.K);
+      if (c.glu.defined()) cpu::swiglu_forward(c.glu.ptr<float>(), c.y.ptr<const float>(), used, c.N / 2);
       break;
     case GgKind::Dgrad:
+      if (c.glu.defined()) {  // act's gradient first, then through SwiGLU into d(gate|up)
+        std::vector<float> dact(static_cast<size_t>(c.M * c.K));
+        cpu::grouped_gemm_dgrad(dact.data(), c.x.ptr<const float>(), c.w.ptr<const float>(), o.data(), c.G, c.N, c.K);
+        std::fill(c.y.ptr<float>(), c.y.ptr<float>() + used * 2 * c.K, 0.0f);  // swiglu_backward adds
+        cpu::swiglu_backward(c.y.ptr<float>(), c.glu.ptr<const float>(), dact.data(), used, c.K);
+        break;
+      }
       cpu::grouped_gemm_dgrad(c.y.ptr<float>(), c.x.ptr<const float>(), c.w.ptr<const float>(), o.data(), c.G, c.N, c.K);
       break;
     case GgKind::Wgrad:
@@ -148,6 +164,10 @@ cuda::GroupedGemmSm90Problem gg_sm90_problem(const GgCall& c) {
   p.d = c.y.data;
   p.accumulate = c.accumulate;
   p.d_bf16 = c.kind == GgKind::Wgrad && c.y.dtype == DType::BF16;
+  if (c.glu.defined()) {
+    p.glu = cuda::GroupedGemmGlu::SwiGLU;
+    p.aux = c.glu.data;
+  }
   return p;
 }
 std::string gg_turbo_check(const GgCall& c) {
@@ -159,6 +179,7 @@ void gg_turbo_run(const GgCall& c) { cuda::grouped_gemm_sm90(gg_sm90_problem(c),
 // ---- CUBLASLT --------------------------------------------------------------------------------------
 std::string gg_cublaslt_check(const GgCall& c) {
   if (auto w = gg_device_dtypes(c); !w.empty()) return w;
+  if (c.glu.defined()) return "the SwiGLU epilogue is TURBO's (this backend has no scratch for act's gradient)";
   if (detail::cuda_capturing(c.ctx.stream))
     return "the stream is being captured into a CUDA graph, and this backend reads the group offsets on the host";
   return cublaslt::library().unavailable_reason();
@@ -228,6 +249,18 @@ OpDispatcher<GgCall>& gg_dispatcher() {
 
 }  // namespace
 
+bool grouped_gemm_swiglu_available(Device device, int64_t F) {
+  if (F < 1) return false;
+  if (device == Device::CPU) return true;
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  if (F % 128 != 0 || !cuda::grouped_gemm_sm90_device_ok()) return false;
+  const auto choice = GlobalBackendManager::instance().user_choice("grouped_gemm", Precision::BF16);
+  return !choice || choice->choice.is_autotune() || choice->choice.backend == BackendType::TURBO;
+#else
+  return false;
+#endif
+}
+
 BackendType grouped_gemm_forward(const GroupedGemmForwardArgs& a) {
   GgCall c = gg_make_call(GgKind::Forward, a.weight, a.offsets, a.align, a.ctx);
   const char* op = gg_op_name(c.kind);
@@ -236,6 +269,14 @@ BackendType grouped_gemm_forward(const GroupedGemmForwardArgs& a) {
   gg_check_2d(a.inp, -1, c.K, op, "inp");
   gg_check_2d(a.out, c.M, c.N, op, "out");
   c.x = a.inp, c.w = a.weight, c.y = a.out;
+  if (a.swiglu_out.defined()) {
+    if (c.N % 2 != 0)
+      throw RuntimeError(fmt::format("{}: swiglu_out needs the weight's N (gate|up) even, got {}", op, a.weight.describe()));
+    gg_check_2d(a.swiglu_out, c.M, c.N / 2, op, "swiglu_out");
+    c.glu = a.swiglu_out;
+    gg_finish_checks(c, {{"inp", &c.x}, {"weight", &c.w}, {"out", &c.y}, {"swiglu_out", &c.glu}}, c.x);
+    return gg_dispatcher().dispatch(c);
+  }
   gg_finish_checks(c, {{"inp", &c.x}, {"weight", &c.w}, {"out", &c.y}}, c.x);
   return gg_dispatcher().dispatch(c);
 }
@@ -246,8 +287,15 @@ BackendType grouped_gemm_dgrad(const GroupedGemmDgradArgs& a) {
   check_defined(a.dout, op, "dout");
   c.M = a.dout.ndim == 2 ? a.dout.shape[0] : -1;
   gg_check_2d(a.dout, -1, c.N, op, "dout");
-  gg_check_2d(a.dinp, c.M, c.K, op, "dinp");
   c.x = a.dout, c.w = a.weight, c.y = a.dinp;
+  if (a.swiglu_inp.defined()) {  // dinp is then d(gate|up)
+    gg_check_2d(a.swiglu_inp, c.M, 2 * c.K, op, "swiglu_inp");
+    gg_check_2d(a.dinp, c.M, 2 * c.K, op, "dinp");
+    c.glu = a.swiglu_inp;
+    gg_finish_checks(c, {{"dout", &c.x}, {"weight", &c.w}, {"dinp", &c.y}, {"swiglu_inp", &c.glu}}, c.x);
+    return gg_dispatcher().dispatch(c);
+  }
+  gg_check_2d(a.dinp, c.M, c.K, op, "dinp");
   gg_finish_checks(c, {{"dout", &c.x}, {"weight", &c.w}, {"dinp", &c.y}}, c.x);
   return gg_dispatcher().dispatch(c);
 }

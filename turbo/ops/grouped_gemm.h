@@ -20,6 +20,18 @@
 // torch._grouped_mm's bf16 output: a trainer whose optimizer reads bf16 gradients); on the host
 // everything f32. All tensors contiguous (row-major).
 //
+// SwiGLU fused into the products of an expert MLP (its gate|up projection, then act = silu(gate) * up,
+// then the down projection), as turbo/ops/activation.h's SwiGLU with F = the act's width:
+//   grouped_gemm_forward with swiglu_out [M,F]: weight [G,2F,K] (gate rows, then up rows); out
+//     [M,2F] = gate|up as without it, and swiglu_out = SwiGLU(out), rows of the groups only.
+//   grouped_gemm_dgrad with swiglu_inp [M,2F] (the forward's gate|up): weight [G,N,F], and
+//     dout [M,N] @ W[g] is act's gradient; dinp [M,2F] receives d(gate)|d(up) (overwritten),
+//     rows of the groups only.
+// The results are those of the product followed by activation_forward / activation_backward
+// (the product rounded to bf16 first), bit for bit on TURBO; TURBO writes no dact or reread
+// gate|up (F a multiple of 128, the ping-pong schedule), CPU composes the two on the host, CUBLASLT
+// declines (dispatch then names every backend's reason).
+//
 // Backends:
 //   TURBO     Turbo's Hopper kernel (turbo/kernels/cuda/grouped_gemm_sm90.h): persistent, tiles
 //             scheduled across groups from the device offsets; graph-capturable. Takes any align >= 1
@@ -59,15 +71,17 @@ struct GroupedGemmForwardArgs {
   TensorView offsets;  // [G+1] i32
   int64_t align = 1;
   ExecContext ctx;
+  TensorView swiglu_out{};  // optional [M,N/2]: SwiGLU(out) (see above)
 };
 
 struct GroupedGemmDgradArgs {
-  TensorView dinp;     // [M,K]
+  TensorView dinp;     // [M,K], or [M,2K] with swiglu_inp
   TensorView dout;     // [M,N]
   TensorView weight;   // [G,N,K]
   TensorView offsets;  // [G+1] i32
   int64_t align = 1;
   ExecContext ctx;
+  TensorView swiglu_inp{};  // optional [M,2K]: the forward's gate|up; dinp gets its gradient (see above)
 };
 
 struct GroupedGemmWgradArgs {
@@ -79,6 +93,12 @@ struct GroupedGemmWgradArgs {
   bool accumulate = false;
   ExecContext ctx;
 };
+
+// Whether a SwiGLU call (swiglu_out / swiglu_inp) of act width F on `device` finds a backend: the
+// host always (CPU composes), the device when the TURBO kernel runs there (sm_90, F a multiple of
+// 128) and the user has not picked another grouped_gemm backend. For callers that choose between
+// the fused call and the product then the activation.
+bool grouped_gemm_swiglu_available(Device device, int64_t F);
 
 // Each validates its arguments (RuntimeError naming the op, the argument and what it got), runs on
 // the dispatched backend and returns which one ran.

@@ -407,6 +407,10 @@ int64_t grouped_fp8_weight_t_scales(GroupedFp8Scaling s, int64_t G, int64_t N, i
 void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, GroupedFp8Scaling scaling,
                               Fp8WeightCache* weights) {
   const char* op = "grouped_gemm_forward_fp8";
+  if (a.swiglu_out.defined())
+    throw RuntimeError(fmt::format("{}: the SwiGLU epilogue (swiglu_out) is the bf16 grouped GEMM's; run the activation "
+                                   "after this product",
+                                   op));
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.inp.shape[0];
@@ -426,6 +430,10 @@ void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, Groupe
 void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling,
                             Fp8WeightCache* weights) {
   const char* op = "grouped_gemm_dgrad_fp8";
+  if (a.swiglu_inp.defined())
+    throw RuntimeError(fmt::format("{}: the SwiGLU epilogue (swiglu_inp) is the bf16 grouped GEMM's; run the activation's "
+                                   "backward after this product",
+                                   op));
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.dout.shape[0];

@@ -511,8 +511,12 @@ void Decoder::moe_recompute(int64_t l, int64_t N, bool gemms) {
   const TensorView& groups = ep ? m.held_offsets : m.offsets;
   turbo::moe_permute({ep ? a_.moe_xl : m.xp, ln2, m.rows.slice0(0, N), m.offsets, moe_kept(slot_, l), c});
   if (ep) ep->dispatch(mi, a_.moe_xl, m.xp, a_.ep_send, a_.ep_recv);
-  if (gemms) lin_->moe_experts({m.h, m.xp, mp.fc.w, groups, moe_align_, c});
-  turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
+  if (gemms && opt_.moe_swiglu_epilogue) {
+    lin_->moe_experts({m.h, m.xp, mp.fc.w, groups, moe_align_, c, m.act});
+  } else {
+    if (gemms) lin_->moe_experts({m.h, m.xp, mp.fc.w, groups, moe_align_, c});
+    turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
+  }
   if (gemms) lin_->moe_experts({ep ? a_.moe_yh : m.yp, m.act, mp.proj.w, groups, moe_align_, c});
   if (gemms && ep) ep->combine(mi, a_.moe_yh, m.yp, a_.ep_send, a_.ep_recv);
   if (mp.shared_fc.w.defined()) {  // the shared expert's output itself is not needed: only its inputs
@@ -769,9 +773,13 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
     ep->dispatch(mi, a_.moe_xl, m.xp, a_.ep_send, a_.ep_recv);
   }
   mark(Phase::MlpUpGemm);
-  lin_->moe_experts({m.h, m.xp, mp.fc.w, groups, moe_align_, c});
-  mark(Phase::Activation);
-  turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
+  if (opt_.moe_swiglu_epilogue) {  // act from the up projection's epilogue
+    lin_->moe_experts({m.h, m.xp, mp.fc.w, groups, moe_align_, c, m.act});
+  } else {
+    lin_->moe_experts({m.h, m.xp, mp.fc.w, groups, moe_align_, c});
+    mark(Phase::Activation);
+    turbo::activation_forward({turbo::Activation::SwiGLU, m.act, m.h, c});
+  }
   mark(Phase::MlpDownGemm);
   lin_->moe_experts({ep ? a_.moe_yh : m.yp, m.act, mp.proj.w, groups, moe_align_, c});
   mark(Phase::MoePermute);
@@ -821,10 +829,15 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   const TensorView dy = ep ? a_.dyh : a_.dyp, dx = ep ? a_.dyh : a_.dxp;
   if (ep) ep->dispatch(mi, a_.dyp, a_.dyh, a_.ep_send, a_.ep_recv);
   mark(Phase::MlpDownGemmBwd);
-  lin_->moe_experts_dgrad({a_.dmact, dy, mp.proj.w, groups, moe_align_, c});
-  lin_->moe_experts_wgrad({mp.proj.g, dy, m.act, groups, moe_align_, !fresh_layers_, c});
-  mark(Phase::ActivationBwd);
-  turbo::activation_backward({turbo::Activation::SwiGLU, a_.dh, m.h, a_.dmact, false, c});
+  if (opt_.moe_swiglu_epilogue) {  // the input gradient's epilogue takes dact through SwiGLU into dh
+    lin_->moe_experts_dgrad({a_.dh, dy, mp.proj.w, groups, moe_align_, c, m.h});
+    lin_->moe_experts_wgrad({mp.proj.g, dy, m.act, groups, moe_align_, !fresh_layers_, c});
+  } else {
+    lin_->moe_experts_dgrad({a_.dmact, dy, mp.proj.w, groups, moe_align_, c});
+    lin_->moe_experts_wgrad({mp.proj.g, dy, m.act, groups, moe_align_, !fresh_layers_, c});
+    mark(Phase::ActivationBwd);
+    turbo::activation_backward({turbo::Activation::SwiGLU, a_.dh, m.h, a_.dmact, false, c});
+  }
   mark(Phase::MlpUpGemmBwd);
   lin_->moe_experts_dgrad({dx, a_.dh, mp.fc.w, groups, moe_align_, c});
   lin_->moe_experts_wgrad({mp.fc.g, a_.dh, m.xp, groups, moe_align_, !fresh_layers_, c});

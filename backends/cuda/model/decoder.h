@@ -59,6 +59,8 @@ struct DecoderOptions {
   // gradient's GEMM (backward, dGELU), or run as separate ops (measured slower; kept as the
   // reference the fused epilogues are checked against).
   bool gelu_unfused_forward = false, gelu_unfused_backward = false;
+  // MoE experts: SwiGLU in the grouped GEMMs' epilogues (CudaModelOptions::moe_swiglu_epilogue).
+  bool moe_swiglu_epilogue = false;
   // reset_attention_mask / reset_position_ids (train/document_masks.h): the plan holds the tables
   // (MemoryPlanOptions::document_masks), each forward fills its slot's from its tokens.
   train::DocumentMasking document_masking;

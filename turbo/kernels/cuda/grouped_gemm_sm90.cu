@@ -49,6 +49,7 @@
 #include "core/util/error.h"
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/gemm_sm90_device.cuh"
+#include "turbo/kernels/cuda/swiglu_math.cuh"
 #include "turbo/kernels/cuda/tma_encode.h"
 #include "turbo/core/fp8_granularity.h"
 
@@ -59,6 +60,10 @@ namespace {
 using namespace gemm90;
 
 constexpr int kModeRows = 0, kModeK = 1;
+// The epilogue of the ping-pong rows-mode kernels: the plain product, or SwiGLU fused into it
+// (kGluForward: the up projection writes gate|up and act; kGluBackward: the down projection's input
+// gradient, dact, becomes d(gate|up) before it is written).
+constexpr int kGluNone = 0, kGluForward = 1, kGluBackward = 2;
 constexpr int kGBN = 256;  // the cooperative schedule's tile width (ping-pong: 128)
 
 struct GParams {
@@ -90,6 +95,12 @@ struct GParams {
   // gradient: 1 when B's map is the [group][chunk][n][64] view (dgrad_pair_map), so one load brings
   // all the weights' slabs of a stage.
   int pairs;
+  // SwiGLU epilogues (kGluForward, kGluBackward; grouped_gemm_sm90.h): the up half's first column
+  // in D (and in aux for the backward), F; aux [M][ld_aux]: the forward's act (written) or the
+  // backward's gate|up (read).
+  int glu_up;
+  void* aux;
+  int64_t ld_aux;
 };
 
 // One tile: group g and its rows [row0, row0 + rows); tile row tm and column tn of the group's output.
@@ -323,6 +334,121 @@ __device__ __forceinline__ void mainloop_block(float* acc, float* t0, float* t1,
     }
   }
 }
+// ---- the SwiGLU epilogues (ping-pong, rows mode, bf16) ---------------------------------------------
+// A warp's 16 rows x 64 columns as 16 words in the accumulators' layout ([group][row, row + 8]: word
+// 2g holds row r's columns 8g + 2q, + 1 and word 2g + 1 row r + 8's, r = lane / 4, q = lane % 4)
+// go through the warp's 2 KiB buffer (16-byte chunks XOR-swizzled by row, as the staged epilogue's)
+// so that global memory sees whole 128-byte row segments. Rows at or past `rows` are not stored
+// (loads: read as zeros).
+__device__ __forceinline__ uint32_t glu_buf_addr(uint32_t buf, int lane, int k) {
+  const int mi = lane / 8, mr = lane % 8 + 8 * (mi & 1), g = 2 * k + (mi >> 1);
+  return buf + static_cast<uint32_t>(mr * 128 + ((g ^ (mr & 7)) * 16));
+}
+__device__ __forceinline__ uint32_t glu_row_addr(uint32_t buf, int r, int c) {
+  return buf + static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) * 16));
+}
+__device__ __forceinline__ void glu_store(const uint32_t (&w)[16], uint32_t buf, __nv_bfloat16* out, int64_t ld, int row0,
+                                          int rows, int col, int lane) {
+  __syncwarp();  // the buffer's previous readers are done
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(glu_buf_addr(buf, lane, k)),
+                 "r"(w[4 * k]), "r"(w[4 * k + 1]), "r"(w[4 * k + 2]), "r"(w[4 * k + 3])
+                 : "memory");
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = 4 * i + lane / 8, c = lane % 8;
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(glu_row_addr(buf, r, c)));
+    if (row0 + r < rows) *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row0 + r) * ld + col + c * 8) = v;
+  }
+}
+__device__ __forceinline__ void glu_load(uint32_t (&w)[16], uint32_t buf, const __nv_bfloat16* src, int64_t ld, int row0,
+                                         int rows, int col, int lane) {
+  uint4 v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = 4 * i + lane / 8, c = lane % 8;
+    v[i] = row0 + r < rows ? *reinterpret_cast<const uint4*>(src + static_cast<int64_t>(row0 + r) * ld + col + c * 8)
+                           : make_uint4(0u, 0u, 0u, 0u);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = 4 * i + lane / 8, c = lane % 8;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(glu_row_addr(buf, r, c)), "r"(v[i].x), "r"(v[i].y),
+                 "r"(v[i].z), "r"(v[i].w)
+                 : "memory");
+  }
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[4 * k]), "=r"(w[4 * k + 1]), "=r"(w[4 * k + 2]), "=r"(w[4 * k + 3])
+                 : "r"(glu_buf_addr(buf, lane, k))
+                 : "memory");
+}
+// 32 accumulators of one m64 row block's 8 column groups, rounded to bf16 words as the plain
+// epilogue writes them.
+__device__ __forceinline__ void glu_pack(uint32_t (&w)[16], const float* acc) {
+#pragma unroll
+  for (int g = 0; g < 8; ++g) {
+    w[2 * g] = pack2<__nv_bfloat16>(acc[4 * g], acc[4 * g + 1]);
+    w[2 * g + 1] = pack2<__nv_bfloat16>(acc[4 * g + 2], acc[4 * g + 3]);
+  }
+}
+// The SwiGLU epilogues of one warp's 16 rows (row0.., of the group's `rows`) of one m64 row block
+// (acc: its BN / 2 = 64 accumulators). Every value is computed from the bf16 values the unfused
+// path would read back (the product rounded as it is stored), with activation.cu's arithmetic, so
+// the fused outputs are the unfused ones bit for bit.
+// Forward: the tile's columns are gate [col, col + 64) and up [F + col, ..) (the producer loads
+// those weight rows); writes both to gate|up (d, [rows][2F]) and silu(gate) * up to act (aux, [rows][F]).
+__device__ __forceinline__ void glu_forward_epilogue(const GParams& p, const GTile& tl, int row0, int col, int lane,
+                                                     const float* acc, uint32_t buf) {
+  __nv_bfloat16* h = static_cast<__nv_bfloat16*>(p.d) + static_cast<int64_t>(tl.row0) * p.ldd;
+  __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.aux) + static_cast<int64_t>(tl.row0) * p.ld_aux;
+  uint32_t wg[16], wu[16];
+  glu_pack(wg, acc);
+  glu_pack(wu, acc + 32);
+  glu_store(wg, buf, h, p.ldd, row0, tl.rows, col, lane);
+  glu_store(wu, buf, h, p.ldd, row0, tl.rows, p.glu_up + col, lane);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 x = unpack2<__nv_bfloat16>(wg[j]), u = unpack2<__nv_bfloat16>(wu[j]);
+    wg[j] = pack2<__nv_bfloat16>(swiglu_f(x.x, u.x), swiglu_f(x.y, u.y));
+  }
+  glu_store(wg, buf, act, p.ld_aux, row0, tl.rows, col, lane);
+}
+// Backward: the tile's columns [col, col + 128) of dact in two chunks of 64; gate and up of each
+// come from gate|up (aux, [rows][2F]); d(gate) and d(up) go to dgate|dup (d, [rows][2F]).
+__device__ __forceinline__ void glu_backward_epilogue(const GParams& p, const GTile& tl, int row0, int col, int lane,
+                                                      const float* acc, uint32_t buf) {
+  __nv_bfloat16* dh = static_cast<__nv_bfloat16*>(p.d) + static_cast<int64_t>(tl.row0) * p.ldd;
+  const __nv_bfloat16* h = static_cast<const __nv_bfloat16*>(p.aux) + static_cast<int64_t>(tl.row0) * p.ld_aux;
+#pragma unroll
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    const int c = col + 64 * chunk;
+    uint32_t wd[16], xg[16], xu[16];
+    glu_pack(wd, acc + 32 * chunk);
+    glu_load(xg, buf, h, p.ld_aux, row0, tl.rows, c, lane);
+    glu_load(xu, buf, h, p.ld_aux, row0, tl.rows, p.glu_up + c, lane);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 d = unpack2<__nv_bfloat16>(wd[j]), x = unpack2<__nv_bfloat16>(xg[j]), u = unpack2<__nv_bfloat16>(xu[j]);
+      float g0, u0, g1, u1;
+      swiglu_grad_f(x.x, u.x, d.x, g0, u0);
+      swiglu_grad_f(x.y, u.y, d.y, g1, u1);
+      xg[j] = pack2<__nv_bfloat16>(g0, g1);
+      xu[j] = pack2<__nv_bfloat16>(u0, u1);
+    }
+    glu_store(xg, buf, dh, p.ldd, row0, tl.rows, c, lane);
+    glu_store(xu, buf, dh, p.ldd, row0, tl.rows, p.glu_up + c, lane);
+  }
+}
+
 // Named barrier 4 + wg over one consumer warpgroup (immediate ids: ptxas counts what is used).
 __device__ __forceinline__ void warpgroup_barrier(int wg) {
   if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
@@ -336,7 +462,9 @@ __device__ __forceinline__ void warpgroup_barrier(int wg) {
 // of the block, whole, and its epilogue runs under the other's k-loop), else the cooperative one
 // (both on one tile).
 // BLK: blockwise FP8 scales (row_scales; the cooperative 128 x 128 tile only).
-template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP, bool BLK = false>
+// GLU: kGluForward / kGluBackward, SwiGLU fused into the epilogue (bf16 ping-pong rows mode; the
+// glu_*_epilogue functions above).
+template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP, bool BLK = false, int GLU = kGluNone>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
                              const GParams p, const __grid_constant__ EpiMaps em) {
@@ -346,6 +474,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kTK = kF8 ? 2 * kBK : kBK;  // elements per k-tile (128 bytes of a row)
   static_assert(!kF8 || (TA == 0 && TB == 0), "FP8 operands are K-major");
   static_assert(!BLK || (kF8 && !PP && BN == 128), "blockwise FP8: cooperative 128 x 128 tiles");
+  static_assert(GLU == kGluNone || (PP && MODE == kModeRows && !kF8 && TA == 0 && TB == (GLU == kGluBackward ? 1 : 0)),
+                "the SwiGLU epilogues: bf16 ping-pong forward (K-major weights) and input gradient");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   const uint32_t bars = base + C::kBarOffset;                    // full[kStages], then empty[kStages]
@@ -390,6 +520,9 @@ __global__ void __launch_bounds__(kThreads, 1)
               } else {
                 for (int j = 0; j < b_slabs; ++j) attn::tma_load_3d(sb + j * kSlabBytes, &tmap_b, full, n0 + 64 * j, k0, tl.g);
               }
+            } else if constexpr (GLU == kGluForward) {  // gate rows n0 / 2.., then the same up rows
+              attn::tma_load_3d(sb, &tmap_b, full, k0, n0 / 2, tl.g);
+              attn::tma_load_3d(sb + kSlabBytes, &tmap_b, full, k0, p.glu_up + n0 / 2, tl.g);
             } else {
               attn::tma_load_3d(sb, &tmap_b, full, k0, n0, tl.g);
             }
@@ -516,6 +649,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (PP) {
       if (has_next) order_pass(wg);
       if (MODE == kModeK && kb_count == 0 && q.beta != 0.0f) continue;  // an empty group adds nothing
+      if constexpr (GLU != kGluNone) {
+        const uint32_t buf = base + C::kEpiOffset + (wg * 4 + warp) * 2048 * C::kEpiBufs;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row0 = tl.tm * kBM + h * 64 + warp * 16;
+          if constexpr (GLU == kGluForward) glu_forward_epilogue(p, tl, row0, tl.tn * 64, lane, acc + h * (BN / 2), buf);
+          else glu_backward_epilogue(p, tl, row0, tl.tn * BN, lane, acc + h * (BN / 2), buf);
+        }
+        continue;
+      }
       if constexpr (kF8) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) scale_rows<MODE, BN>(acc + h * (BN / 2), p, tl, q.m, tl.tm * kBM + h * 64 + warp * 16, tl.tn * BN, lane);
@@ -673,9 +816,9 @@ std::string device_pointers_problem(std::initializer_list<std::pair<const char*,
   return "";
 }
 
-template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP, bool BLK = false>
+template <class T, class OutT, int MODE, int TA, int TB, int BN, bool PP, bool BLK = false, int GLU = kGluNone>
 void launch(const CUtensorMap& ta, const CUtensorMap& tb, const GParams& p, int grid, cudaStream_t stream) {
-  auto kernel = grouped_gemm_sm90_kernel<T, OutT, MODE, TA, TB, BN, PP, BLK>;
+  auto kernel = grouped_gemm_sm90_kernel<T, OutT, MODE, TA, TB, BN, PP, BLK, GLU>;
   constexpr int kSmem = [] {
     if constexpr (BLK) return blk_smem<Cfg<BN, PP>>();
     else return Cfg<BN, PP>::kSmem;
@@ -711,6 +854,14 @@ bool pingpong_schedule() {
 }  // namespace
 }  // namespace ggemm90
 
+bool grouped_gemm_sm90_device_ok() noexcept {
+  try {
+    return ggemm90::gdevice().cc == 90 && encode_tiled() != nullptr;
+  } catch (...) {
+    return false;
+  }
+}
+
 std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p) noexcept {
   using namespace ggemm90;
   try {
@@ -720,6 +871,13 @@ std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p
     if (p.rows < 0 || p.n < 1 || p.k < 1) return fmt::format("sizes M={} N={} K={}", p.rows, p.n, p.k);
     if (p.d_bf16 && p.kind != GroupedGemmKind::Wgrad) return "d_bf16 applies to the weight gradient only";
     if (p.d_bf16 && p.accumulate) return "a bf16 dweight is written, never accumulated (each addition would round)";
+    if (p.glu != GroupedGemmGlu::None) {
+      if (p.kind == GroupedGemmKind::Wgrad) return "the SwiGLU epilogue applies to the forward and the input gradient";
+      const int64_t f = p.kind == GroupedGemmKind::Forward ? p.n / 2 : p.k;
+      if ((p.kind == GroupedGemmKind::Forward && p.n % 2 != 0) || f % 128 != 0)
+        return fmt::format("the SwiGLU epilogue needs F ({}) a multiple of 128", p.kind == GroupedGemmKind::Forward ? p.n : p.k);
+      if (!p.aux || reinterpret_cast<uintptr_t>(p.aux) % 16 != 0) return "the SwiGLU epilogue's aux is null or not 16-byte aligned";
+    }
     if (p.n % 8 != 0 || p.k % 8 != 0)
       return fmt::format("N={} and K={} must be multiples of 8 (TMA needs 16-byte aligned row strides)", p.n, p.k);
     if (p.rows > INT_MAX - 256 || p.n > INT_MAX - 256 || p.k > INT_MAX - 256 || p.groups > INT_MAX / 4)
@@ -742,6 +900,7 @@ std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p
     // A view that only claims to be on the device must not reach TMA: a fault there poisons the
     // whole CUDA context.
     const RelaxedCaptureScope relaxed;
+    if (p.glu != GroupedGemmGlu::None) return device_pointers_problem({ptrs[0], ptrs[1], ptrs[2], ptrs[3], {"aux", p.aux}});
     return device_pointers_problem({ptrs[0], ptrs[1], ptrs[2], ptrs[3]});
   } catch (const std::exception& e) {
     return std::string("check failed: ") + e.what();
@@ -776,6 +935,21 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
   using I1 = std::integral_constant<int, 1>;
   switch (p.kind) {
     case GroupedGemmKind::Forward: {  // out [M,N] = inp [M,K] @ W[g]^T: A K-major, B K-major
+      if (p.glu == GroupedGemmGlu::SwiGLU) {  // tile tn: gate columns [64 tn, +64) and the same up columns
+        const int64_t F = N / 2;
+        prm.n = static_cast<int>(F);
+        prm.ldd = N;
+        prm.glu_up = static_cast<int>(F);
+        prm.aux = p.aux;
+        prm.ld_aux = F;
+        prm.kblocks = static_cast<int>(cdiv(K, kBK));
+        prm.tiles_n = static_cast<int>(F / 64);
+        const CUtensorMap ta = map_2d(p.a, K, M, 64, kBM, "inp [M,K]");
+        const CUtensorMap tb = map_3d(p.b, K, N, G, 64, 64, "weight [G,2F,K]");
+        const int grid = static_cast<int>(std::min<int64_t>(sms, (cdiv(M, kBM) + G) * prm.tiles_n));
+        launch<__nv_bfloat16, __nv_bfloat16, kModeRows, 0, 0, 128, true, false, kGluForward>(ta, tb, prm, grid, stream);
+        return;
+      }
       prm.n = static_cast<int>(N);
       prm.ldd = N;
       prm.kblocks = static_cast<int>(cdiv(K, kBK));
@@ -787,14 +961,24 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
       return;
     }
     case GroupedGemmKind::Dgrad: {  // dinp [M,K] = dout [M,N] @ W[g]: A K-major, B N-major (k = N)
+      const int tbn = p.glu == GroupedGemmGlu::SwiGLU ? 128 : bn;  // the SwiGLU epilogue's tiles are ping-pong's
       prm.n = static_cast<int>(K);
       prm.ldd = K;
       prm.kblocks = static_cast<int>(cdiv(N, kBK));
-      prm.tiles_n = static_cast<int>(cdiv(K, bn));
+      prm.tiles_n = static_cast<int>(cdiv(K, tbn));
       prm.pairs = K % 64 == 0 && dgrad_pairs() ? 1 : 0;
       const CUtensorMap ta = map_2d(p.a, N, M, 64, kBM, "dout [M,N]");
-      const CUtensorMap tb = prm.pairs ? dgrad_pair_map(p.b, K, N, G, bn, "weight [G,N,K]")
+      const CUtensorMap tb = prm.pairs ? dgrad_pair_map(p.b, K, N, G, tbn, "weight [G,N,K]")
                                        : map_3d(p.b, K, N, G, 64, 64, "weight [G,N,K]");
+      if (p.glu == GroupedGemmGlu::SwiGLU) {  // d(gate)|d(up) [M, 2K] from dact's tiles and gate|up
+        prm.ldd = 2 * K;
+        prm.glu_up = static_cast<int>(K);
+        prm.aux = p.aux;
+        prm.ld_aux = 2 * K;
+        const int grid = static_cast<int>(std::min<int64_t>(sms, (cdiv(M, kBM) + G) * prm.tiles_n));
+        launch<__nv_bfloat16, __nv_bfloat16, kModeRows, 0, 1, 128, true, false, kGluBackward>(ta, tb, prm, grid, stream);
+        return;
+      }
       run(__nv_bfloat16{}, std::integral_constant<int, kModeRows>{}, I0{}, I1{}, ta, tb, (cdiv(M, kBM) + G) * prm.tiles_n);
       return;
     }

@@ -28,6 +28,19 @@ namespace primus::turbo::cuda {
 
 enum class GroupedGemmKind { Forward = 0, Dgrad = 1, Wgrad = 2 };
 
+// SwiGLU fused into the epilogue of an MoE expert MLP's two bf16 products (the ping-pong schedule):
+//   SwiGLU forward, kind Forward: weight [G, 2F, K] (gate rows, then up rows), d = gate|up [M, 2F]
+//     as the plain product writes it, and aux = act [M, F] = silu(gate) * up, as the activation
+//     kernel would compute it from d (turbo/ops/activation.h).
+//   SwiGLU backward, kind Dgrad: weight [G, N, F], dout [M, N]; the product dact = dout @ W[g] is
+//     the gradient of act, aux = the forward's gate|up [M, 2F] (read), and d [M, 2F] receives
+//     d(gate)|d(up) instead of dact.
+// Both round each value as the unfused path does (the product to bf16, then the activation's
+// arithmetic on bf16 inputs), so the results are the unfused ones bit for bit. F must be a multiple
+// of 128 (whole 128-column tiles of act and dact, 16-byte rows). They run the ping-pong schedule
+// whatever PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE says (the epilogue is built for its 128 x 128 tiles).
+enum class GroupedGemmGlu { None = 0, SwiGLU = 1 };
+
 struct GroupedGemmSm90Problem {
   GroupedGemmKind kind = GroupedGemmKind::Forward;
   int64_t groups = 0;  // G
@@ -41,7 +54,12 @@ struct GroupedGemmSm90Problem {
   // Wgrad: dweight in bf16 (the f32 accumulators rounded once, as torch._grouped_mm's bf16 output);
   // written, never accumulated (a bf16 running sum would round every addition).
   bool d_bf16 = false;
+  GroupedGemmGlu glu = GroupedGemmGlu::None;  // Forward, Dgrad: the SwiGLU epilogue above
+  void* aux = nullptr;                        // with glu: act [M, F] (Forward) or gate|up [M, 2F] (Dgrad)
 };
+
+// Whether the current device runs this kernel (sm_90 and the driver's TMA encoder). Never throws.
+bool grouped_gemm_sm90_device_ok() noexcept;
 
 // Empty when grouped_gemm_sm90 can run `p` on the current device, else the reason. Never throws.
 std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p) noexcept;
