@@ -132,7 +132,7 @@ struct CudaModelOptions {
   // projection writes act beside gate|up, and the down projection's input gradient is written as
   // d(gate|up) (dact never stored); bit for bit the separate activation kernels. Applies where
   // moe_swiglu_epilogue_applies says (bf16 experts, a width the kernel tiles, a device or backend
-  // that has the epilogue); PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE=0 turns it off (model_options_for).
+  // that has the epilogue); the trainer sets it from patch cuda.moe.swiglu_epilogue (PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE=0: off).
   bool moe_swiglu_epilogue = true;
   // AdamW runs inside backward(), one group (a layer, the embeddings, the final norm and head) as
   // soon as its gradients are final, and the layers share one gradient window (grad_placement.h):

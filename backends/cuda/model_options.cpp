@@ -8,7 +8,6 @@
 #include "parallel/cuda/grad_reducer.h"
 #include "train/muon_layout.h"
 #include "train/param_layout.h"
-#include "turbo/core/env_switch.h"
 #include "turbo/ops/gemm_fp8.h"
 
 namespace primus::backends::cuda {
@@ -30,8 +29,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   }
   mo.loss_slots = t.grad_accum_steps;
   mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
-  // The same bits either way: the switch is for A/B runs (docs/environment.md).
-  mo.moe_swiglu_epilogue = turbo::env_choice("PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE", {"0", "1"}, "1") == "1";
+  mo.moe_swiglu_epilogue = a.moe_swiglu_epilogue;  // patch cuda.moe.swiglu_epilogue
   mo.fp8_linear = a.fp8 != "none";
   if (mo.fp8_linear)
     mo.fp8_multiple = turbo::linear_fp8_multiple(turbo::parse_fp8_recipe(a.fp8, a.fp8_recipe, "fp8", "fp8_recipe"));

@@ -79,7 +79,7 @@ TEST(CudaBackendUnit, RegistersSchemaSlotsAndPatches) {
                          "cuda.runtime.peak_flops", "cuda.attention.fallback", "cuda.step.cuda_graph", "cuda.step.launch_ahead",
                          "cuda.gemm.algo_search", "cuda.memory.recompute", "cuda.profile.phase_times",
                          "cuda.linear.fp8", "cuda.attention.deterministic", "cuda.moe.sequential_experts",
-                         "cuda.moe.fp8"}) {
+                         "cuda.moe.fp8", "cuda.moe.swiglu_epilogue"}) {
     const patches::Patch* p = reg.find(id);
     ASSERT_NE(p, nullptr) << id;
     EXPECT_EQ(p->backend, "cuda") << id;
@@ -179,6 +179,15 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   auto seq = primus::testing::run_primus(moe + "--dry-run moe_grouped_gemm=false cuda_graph=false workspace=" + w.str());
   EXPECT_EQ(seq.code, 0) << seq.out;
   EXPECT_NE(seq.out.find("apply cuda.moe.sequential_experts: condition true"), std::string::npos) << seq.out;
+  // The experts' SwiGLU in the grouped GEMMs' epilogues: on for MoE models unless the switch says 0;
+  // another value is an error naming it.
+  EXPECT_NE(grouped.out.find("apply cuda.moe.swiglu_epilogue: condition true"), std::string::npos) << grouped.out;
+  auto unfused = primus::testing::run_primus(moe + "--dry-run workspace=" + w.str(), "PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE=0");
+  EXPECT_EQ(unfused.code, 0) << unfused.out;
+  EXPECT_NE(unfused.out.find("skip  cuda.moe.swiglu_epilogue: condition false"), std::string::npos) << unfused.out;
+  auto swbad = primus::testing::run_primus(moe + "--dry-run workspace=" + w.str(), "PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE=yes");
+  EXPECT_NE(swbad.code, 0) << swbad.out;
+  EXPECT_NE(swbad.out.find("PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE='yes': expected one of 0, 1"), std::string::npos) << swbad.out;
   // FP8 experts: rowwise or blockwise with an MoE model (patch cuda.moe.fp8), refused for other
   // recipes and for the sequential experts; a dense model leaves the patch off.
   EXPECT_NE(grouped.out.find("skip  cuda.moe.fp8: condition false"), std::string::npos) << grouped.out;
@@ -201,6 +210,7 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   EXPECT_NE(fp8.out.find("skip  cuda.moe.fp8: condition false"), std::string::npos) << fp8.out;
   auto dense = primus::testing::run_primus(example_args("--dry-run moe_grouped_gemm=false workspace=" + w.str()));
   EXPECT_NE(dense.out.find("skip  cuda.moe.sequential_experts: condition false"), std::string::npos) << dense.out;
+  EXPECT_NE(dense.out.find("skip  cuda.moe.swiglu_epilogue: condition false"), std::string::npos) << dense.out;
   auto bad = primus::testing::run_primus(example_args("--dry-run recompute_granularity=partial workspace=" + w.str()));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("recompute_granularity"), std::string::npos) << bad.out;

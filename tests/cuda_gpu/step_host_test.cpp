@@ -203,7 +203,9 @@ TEST(HostStepVariants, MoeSwiGLUEpilogueTrainsAsTheSeparateActivation) {
     for (const Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
       SCOPED_TRACE(std::string(deepseek ? "deepseek" : "mixtral") + ", recompute " + std::to_string(static_cast<int>(r)));
       const train::ModelSpec spec = tiny_moe_spec_128(deepseek);
-      ASSERT_TRUE(moe_swiglu_epilogue_applies(CudaModelOptions{}, spec));
+      CudaModelOptions host;
+      host.device = turbo::Device::CPU;
+      ASSERT_TRUE(moe_swiglu_epilogue_applies(host, spec)) << "the test would compare the separate path with itself";
       StepRunOptions o;
       o.spec = &spec;
       o.steps = 3;
@@ -219,11 +221,16 @@ TEST(HostStepVariants, MoeSwiGLUEpilogueTrainsAsTheSeparateActivation) {
       EXPECT_LT(plain.losses.back(), plain.losses.front()) << "the run must learn";
     }
   }
-  // A width that is no multiple of 128 keeps the separate activation.
-  EXPECT_FALSE(moe_swiglu_epilogue_applies(CudaModelOptions{}, tiny_moe_spec(false)));
-  CudaModelOptions fp8;
-  fp8.fp8_moe = true;
-  EXPECT_FALSE(moe_swiglu_epilogue_applies(fp8, tiny_moe_spec_128(false)));
+  // FP8 experts, the option off, and a dense model keep the separate activation.
+  CudaModelOptions o;
+  o.device = turbo::Device::CPU;
+  o.fp8_moe = true;
+  EXPECT_FALSE(moe_swiglu_epilogue_applies(o, tiny_moe_spec_128(false)));
+  o.fp8_moe = false;
+  o.moe_swiglu_epilogue = false;
+  EXPECT_FALSE(moe_swiglu_epilogue_applies(o, tiny_moe_spec_128(false)));
+  o.moe_swiglu_epilogue = true;
+  EXPECT_FALSE(moe_swiglu_epilogue_applies(o, tiny_spec(true)));
 }
 
 TEST(HostStepCheck, NonFiniteStepIsSkippedOnTheDevice) {

@@ -11,6 +11,7 @@
 #include "core/patches/registry.h"
 #include "core/util/error.h"
 #include "train/common_patches.h"
+#include "turbo/core/env_switch.h"
 #include "turbo/dispatch/backend_manager.h"
 
 namespace primus::backends::cuda {
@@ -137,6 +138,30 @@ void register_patches(patches::PatchRegistry& reg) {
             c.replace<LinearBackwardFn>(kLinearBackward, std::move(f.backward));
             c.replace<LinearBackwardDGeluFn>(kLinearBackwardDGelu, std::move(f.backward_dgelu));
           },
+  });
+
+  reg.add({
+      .id = "cuda.moe.swiglu_epilogue",
+      .description = "the MoE experts' SwiGLU in the grouped GEMMs' epilogues: the up projection writes act beside "
+                     "gate|up, and the down projection's input gradient is written as d(gate|up), so act's gradient "
+                     "is never stored and gate|up is not read again by a separate kernel; the same bits as the "
+                     "activation kernels (PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE=0 runs those)",
+      .tags = {"performance", "moe"},
+      .logic = "rewrites args: moe_swiglu_epilogue = true (CudaModelOptions::moe_swiglu_epilogue); the model uses it "
+               "where moe_swiglu_epilogue_applies: bf16 experts (not cuda.moe.fp8), Turbo's grouped GEMM on an "
+               "sm_90 device (not cuda.moe.sequential_experts) and moe_ffn_hidden_size a multiple of 128; host mode "
+               "composes the product and the activation in the op",
+      .impl = "turbo/kernels/cuda/grouped_gemm_sm90.cu (glu_forward_epilogue, glu_backward_epilogue), "
+              "turbo/ops/grouped_gemm.cpp (swiglu_out, swiglu_inp), backends/cuda/model/decoder.cpp (moe_forward, "
+              "moe_backward)",
+      .porting = "Megatron-LM runs the experts' SwiGLU as a separate (bias_swiglu) fusion between its grouped GEMMs; "
+                 "torch.compile fuses it with neighbouring pointwise ops, not into torch._grouped_mm",
+      .condition =
+          [](PatchContext& c) {
+            return c.integer("num_experts") > 0 &&
+                   turbo::env_choice("PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE", {"0", "1"}, "1") == "1";
+          },
+      .apply = [](PatchContext& c) { c.args_as<CudaArgs>().moe_swiglu_epilogue = true; },
   });
 
   reg.add({
