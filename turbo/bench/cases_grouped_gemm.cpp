@@ -6,6 +6,12 @@
 //   router0   the counts of a softmax top-k router at initialisation (router_counts below): hidden
 //             states N(0,1) normalised to unit RMS per row, router weight N(0, 0.02), a fixed seed
 //             per preset. The skew of a real router at step 0.
+// On the device the fc layers also time the forward with SwiGLU ("fwd_swiglu": act written by the
+// product's epilogue where TURBO runs it, else the product then the activation) against the product
+// then the activation kernel ("fwd_then_swiglu"), and the proj layers the input gradient through
+// SwiGLU ("dgrad_swiglu": d(gate|up) from the epilogue) against the product then the activation's
+// backward ("dgrad_then_swiglu"); their work is the product's FLOPs, so the rate says what the
+// activation costs beside it.
 // Groups are padded to kGroupedGemmAlign rows (the MoE row plan's padding) and the token buffers
 // have moe_permuted_rows_max rows, as in training; the work counted is 2 x offsets[E] x N x K (the
 // padded rows are multiplied too, by every backend).
@@ -30,6 +36,7 @@
 #include "core/util/error.h"
 #include "turbo/bench/harness.h"
 #include "turbo/kernels/cpu/matmul.h"
+#include "turbo/ops/activation.h"
 #include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/grouped_gemm_fp8.h"
 #include "turbo/ops/quantization.h"
@@ -112,9 +119,11 @@ void export_groups(const std::string& name, int64_t G, int64_t M, int64_t N, int
   std::fclose(f);
 }
 
+enum class Glu { None, Fc, Proj };  // which SwiGLU pair a layer times on the device (file comment)
+
 // One expert layer [E, N, K] over T tokens routed top-k, with the given rows per expert.
 Case grouped_case(const std::string& name, int64_t T, int64_t E, int64_t topk, int64_t N, int64_t K,
-                  std::vector<int64_t> counts, int64_t align) {
+                  std::vector<int64_t> counts, int64_t align, Glu glu = Glu::None) {
   return {name, [=](CaseEnv& e) {
             const std::vector<int32_t> o = padded_offsets(counts, align);
             const int64_t M = T * topk + E * (align - 1);  // moe_permuted_rows_max
@@ -143,6 +152,35 @@ Case grouped_case(const std::string& name, int64_t T, int64_t E, int64_t topk, i
               GroupedGemmWgradArgs gb{dwb, dy, x, offsets, align, false, e.ctx};
               timed.push_back({"grouped_gemm/" + name + "/wgrad_bf16", Metric::Flops, flops, [gb] { grouped_gemm_wgrad(gb); },
                                "", {{"dweight", dwb}}});
+            }
+            const ExecContext ctx = e.ctx;
+            if (e.dtype == DType::BF16 && glu == Glu::Fc && N % 2 == 0) {
+              const int64_t F = N / 2;
+              TensorView act = e.empty(DType::BF16, {M, F});
+              GroupedGemmForwardArgs fs = f;
+              fs.swiglu_out = act;
+              const auto then = [f, act, y, ctx] {
+                grouped_gemm_forward(f);
+                activation_forward({Activation::SwiGLU, act, y, ctx});
+              };
+              timed.push_back({"grouped_gemm/" + name + "/fwd_swiglu", Metric::Flops, flops,
+                               [fs, then, F] { grouped_gemm_swiglu_available(Device::CUDA, F) ? (void)grouped_gemm_forward(fs) : then(); },
+                               "", {{"act", act.slice0(0, used)}}});
+              timed.push_back({"grouped_gemm/" + name + "/fwd_then_swiglu", Metric::Flops, flops, then, "",
+                               {{"act", act.slice0(0, used)}}});
+            }
+            if (e.dtype == DType::BF16 && glu == Glu::Proj) {
+              TensorView h = e.rand(DType::BF16, {M, 2 * K}), dh = e.empty(DType::BF16, {M, 2 * K});
+              GroupedGemmDgradArgs ds{dh, dy, w, offsets, align, ctx, h};
+              const auto then = [d, dh, h, dx, ctx] {
+                grouped_gemm_dgrad(d);
+                activation_backward({Activation::SwiGLU, dh, h, dx, false, ctx});
+              };
+              timed.push_back({"grouped_gemm/" + name + "/dgrad_swiglu", Metric::Flops, flops,
+                               [ds, then, K] { grouped_gemm_swiglu_available(Device::CUDA, K) ? (void)grouped_gemm_dgrad(ds) : then(); },
+                               "", {{"dgate_up", dh.slice0(0, used)}}});
+              timed.push_back({"grouped_gemm/" + name + "/dgrad_then_swiglu", Metric::Flops, flops, then, "",
+                               {{"dgate_up", dh.slice0(0, used)}}});
             }
             return timed;
           }};
@@ -344,8 +382,10 @@ OpFamily grouped_gemm_family() {
       const std::vector<int64_t> balanced(static_cast<size_t>(p.E), T * p.topk / p.E);
       const std::vector<int64_t> router0 = router_counts(T, C, p.E, p.topk, 1000 + static_cast<uint64_t>(p.E * 16 + p.topk));
       for (const auto& [routing, counts] : {std::pair{"balanced", balanced}, std::pair{"router0", router0}}) {
-        cases.push_back(grouped_case(fmt::format("{}/fc/{}", p.name, routing), T, p.E, p.topk, 2 * p.Fe, C, counts, align));
-        cases.push_back(grouped_case(fmt::format("{}/proj/{}", p.name, routing), T, p.E, p.topk, C, p.Fe, counts, align));
+        cases.push_back(
+            grouped_case(fmt::format("{}/fc/{}", p.name, routing), T, p.E, p.topk, 2 * p.Fe, C, counts, align, Glu::Fc));
+        cases.push_back(
+            grouped_case(fmt::format("{}/proj/{}", p.name, routing), T, p.E, p.topk, C, p.Fe, counts, align, Glu::Proj));
       }
     }
     // The wgrad's cut of a group's last k-tile: olmoe's fc under the router at alignment 16.
