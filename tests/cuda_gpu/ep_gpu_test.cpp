@@ -96,6 +96,8 @@ TEST_P(EpGpuRecipeTest, RanksOnOneGpuTrainAsOne) {
 INSTANTIATE_TEST_SUITE_P(
     Recipes, EpGpuRecipeTest,
     ::testing::Values(EpRecipeCase{"mixtral_fast_ep2", false, false, 2, false, true, nullptr, nullptr},
+                      // Experts 128 wide: SwiGLU in the grouped GEMMs' epilogues over the held groups.
+                      EpRecipeCase{"mixtral_fast_128_ep2", false, true, 2, false, true, nullptr, nullptr},
                       EpRecipeCase{"deepseek_fast_ep4", true, false, 4, false, true, nullptr, nullptr},
                       EpRecipeCase{"mixtral_fp8_rowwise_ep2", false, false, 2, false, false, "hybrid", "rowwise"},
                       EpRecipeCase{"deepseek_fp8_blockwise_ep2", true, true, 2, false, false, "e4m3", "blockwise"},
