@@ -163,9 +163,11 @@ Case grouped_case(const std::string& name, int64_t T, int64_t E, int64_t topk, i
                 grouped_gemm_forward(f);
                 activation_forward({Activation::SwiGLU, act, y, ctx});
               };
-              timed.push_back({"grouped_gemm/" + name + "/fwd_swiglu", Metric::Flops, flops,
-                               [fs, then, F] { grouped_gemm_swiglu_available(Device::CUDA, F) ? (void)grouped_gemm_forward(fs) : then(); },
-                               "", {{"act", act.slice0(0, used)}}});
+              // The lane's backend is set before the case is built: asked once, not in the timed loop.
+              std::function<void()> fused = then;
+              if (grouped_gemm_swiglu_available(Device::CUDA, F)) fused = [fs] { grouped_gemm_forward(fs); };
+              timed.push_back({"grouped_gemm/" + name + "/fwd_swiglu", Metric::Flops, flops, fused, "",
+                               {{"act", act.slice0(0, used)}}});
               timed.push_back({"grouped_gemm/" + name + "/fwd_then_swiglu", Metric::Flops, flops, then, "",
                                {{"act", act.slice0(0, used)}}});
             }
@@ -176,9 +178,10 @@ Case grouped_case(const std::string& name, int64_t T, int64_t E, int64_t topk, i
                 grouped_gemm_dgrad(d);
                 activation_backward({Activation::SwiGLU, dh, h, dx, false, ctx});
               };
-              timed.push_back({"grouped_gemm/" + name + "/dgrad_swiglu", Metric::Flops, flops,
-                               [ds, then, K] { grouped_gemm_swiglu_available(Device::CUDA, K) ? (void)grouped_gemm_dgrad(ds) : then(); },
-                               "", {{"dgate_up", dh.slice0(0, used)}}});
+              std::function<void()> fused = then;
+              if (grouped_gemm_swiglu_available(Device::CUDA, K)) fused = [ds] { grouped_gemm_dgrad(ds); };
+              timed.push_back({"grouped_gemm/" + name + "/dgrad_swiglu", Metric::Flops, flops, fused, "",
+                               {{"dgate_up", dh.slice0(0, used)}}});
               timed.push_back({"grouped_gemm/" + name + "/dgrad_then_swiglu", Metric::Flops, flops, then, "",
                                {{"dgate_up", dh.slice0(0, used)}}});
             }

@@ -269,15 +269,14 @@ BackendType grouped_gemm_forward(const GroupedGemmForwardArgs& a) {
   gg_check_2d(a.inp, -1, c.K, op, "inp");
   gg_check_2d(a.out, c.M, c.N, op, "out");
   c.x = a.inp, c.w = a.weight, c.y = a.out;
+  gg_finish_checks(c, {{"inp", &c.x}, {"weight", &c.w}, {"out", &c.y}}, c.x);
   if (a.swiglu_out.defined()) {
     if (c.N % 2 != 0)
       throw RuntimeError(fmt::format("{}: swiglu_out needs the weight's N (gate|up) even, got {}", op, a.weight.describe()));
     gg_check_2d(a.swiglu_out, c.M, c.N / 2, op, "swiglu_out");
     c.glu = a.swiglu_out;
-    gg_finish_checks(c, {{"inp", &c.x}, {"weight", &c.w}, {"out", &c.y}, {"swiglu_out", &c.glu}}, c.x);
-    return gg_dispatcher().dispatch(c);
+    gg_finish_checks(c, {{"swiglu_out", &c.glu}}, c.x);
   }
-  gg_finish_checks(c, {{"inp", &c.x}, {"weight", &c.w}, {"out", &c.y}}, c.x);
   return gg_dispatcher().dispatch(c);
 }
 
@@ -290,13 +289,11 @@ BackendType grouped_gemm_dgrad(const GroupedGemmDgradArgs& a) {
   c.x = a.dout, c.w = a.weight, c.y = a.dinp;
   if (a.swiglu_inp.defined()) {  // dinp is then d(gate|up)
     gg_check_2d(a.swiglu_inp, c.M, 2 * c.K, op, "swiglu_inp");
-    gg_check_2d(a.dinp, c.M, 2 * c.K, op, "dinp");
     c.glu = a.swiglu_inp;
-    gg_finish_checks(c, {{"dout", &c.x}, {"weight", &c.w}, {"dinp", &c.y}, {"swiglu_inp", &c.glu}}, c.x);
-    return gg_dispatcher().dispatch(c);
   }
-  gg_check_2d(a.dinp, c.M, c.K, op, "dinp");
+  gg_check_2d(a.dinp, c.M, c.glu.defined() ? 2 * c.K : c.K, op, "dinp");
   gg_finish_checks(c, {{"dout", &c.x}, {"weight", &c.w}, {"dinp", &c.y}}, c.x);
+  if (c.glu.defined()) gg_finish_checks(c, {{"swiglu_inp", &c.glu}}, c.x);
   return gg_dispatcher().dispatch(c);
 }
 

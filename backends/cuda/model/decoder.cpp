@@ -829,12 +829,12 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   const TensorView dy = ep ? a_.dyh : a_.dyp, dx = ep ? a_.dyh : a_.dxp;
   if (ep) ep->dispatch(mi, a_.dyp, a_.dyh, a_.ep_send, a_.ep_recv);
   mark(Phase::MlpDownGemmBwd);
-  if (opt_.moe_swiglu_epilogue) {  // the input gradient's epilogue takes dact through SwiGLU into dh
+  if (opt_.moe_swiglu_epilogue)  // the input gradient's epilogue takes dact through SwiGLU into dh
     lin_->moe_experts_dgrad({a_.dh, dy, mp.proj.w, groups, moe_align_, c, m.h});
-    lin_->moe_experts_wgrad({mp.proj.g, dy, m.act, groups, moe_align_, !fresh_layers_, c});
-  } else {
+  else
     lin_->moe_experts_dgrad({a_.dmact, dy, mp.proj.w, groups, moe_align_, c});
-    lin_->moe_experts_wgrad({mp.proj.g, dy, m.act, groups, moe_align_, !fresh_layers_, c});
+  lin_->moe_experts_wgrad({mp.proj.g, dy, m.act, groups, moe_align_, !fresh_layers_, c});
+  if (!opt_.moe_swiglu_epilogue) {
     mark(Phase::ActivationBwd);
     turbo::activation_backward({turbo::Activation::SwiGLU, a_.dh, m.h, a_.dmact, false, c});
   }

@@ -557,6 +557,9 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
     }
   }
   a.dyp = take(Pool::Acts, act_, {M, C}, "MoE expert output gradient");
+  // Unused when SwiGLU runs in the expert GEMMs' epilogues (DecoderOptions::moe_swiglu_epilogue), but
+  // kept: whether it does depends on the device, and a plan sized without one (primus projection on
+  // a machine without a GPU) must be what the model allocates.
   a.dmact = take(Pool::Acts, act_, {Mh, F}, "MoE expert activation gradient");
   a.dh = take(Pool::Acts, act_, {Mh, 2 * F}, "MoE expert gate|up gradient");
   if (ep > 1) {

@@ -873,9 +873,10 @@ std::string grouped_gemm_sm90_unsupported_reason(const GroupedGemmSm90Problem& p
     if (p.d_bf16 && p.accumulate) return "a bf16 dweight is written, never accumulated (each addition would round)";
     if (p.glu != GroupedGemmGlu::None) {
       if (p.kind == GroupedGemmKind::Wgrad) return "the SwiGLU epilogue applies to the forward and the input gradient";
-      const int64_t f = p.kind == GroupedGemmKind::Forward ? p.n / 2 : p.k;
-      if ((p.kind == GroupedGemmKind::Forward && p.n % 2 != 0) || f % 128 != 0)
-        return fmt::format("the SwiGLU epilogue needs F ({}) a multiple of 128", p.kind == GroupedGemmKind::Forward ? p.n : p.k);
+      const bool fwd = p.kind == GroupedGemmKind::Forward;
+      if ((fwd && p.n % 2 != 0) || (fwd ? p.n / 2 : p.k) % 128 != 0)
+        return fmt::format("the SwiGLU epilogue needs the act width F a multiple of 128, got {}",
+                           fwd ? fmt::format("gate|up N = {} (F = N / 2)", p.n) : fmt::format("F = K = {}", p.k));
       if (!p.aux || reinterpret_cast<uintptr_t>(p.aux) % 16 != 0) return "the SwiGLU epilogue's aux is null or not 16-byte aligned";
     }
     if (p.n % 8 != 0 || p.k % 8 != 0)
