@@ -137,6 +137,17 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
                                                       fp8_amax_compute_algo, fp8_margin)
                                         : "")});
   d.push_back({"peak_flops", peak_flops > 0 ? fmt::format("{:.3g}", peak_flops) : "unknown (no MFU)"});
+  // The step options the cuda.* build_args patches switch on (a dry run lists what they changed).
+  std::vector<std::string> step;
+  step.push_back(cuda_graph ? (cuda_graph_auto ? "CUDA graph (auto)" : "CUDA graph") : "eager");
+  step.push_back(gemm_algo_search > 1 ? fmt::format("cuBLASLt search of {}", gemm_algo_search) : "cuBLASLt heuristic");
+  if (optimizer_in_bwd) step.push_back("optimizer in the backward");
+  if (split_master) step.push_back("split master weights");
+  if (bf16_expert_grads) step.push_back("bf16 expert gradients");
+  if (moe_swiglu_epilogue) step.push_back("experts' SwiGLU in the GEMM epilogues");
+  if (launch_ahead) step.push_back("launch ahead");
+  if (profile_steps > 0) step.push_back(fmt::format("phase profile of {} steps", profile_steps));
+  d.push_back({"step", fmt::format("{}", fmt::join(step, ", "))});
   return d;
 }
 

@@ -260,7 +260,8 @@ std::vector<const Patch*> ordered(const PatchRegistry& reg, const std::string& b
 }
 
 PhaseReport run_patches(PhaseKey, const PatchRegistry& reg, PatchContext& ctx, Phase phase,
-                        const PatchFilter& filter) {
+                        const PatchFilter& filter, bool quiet) {
+  const spdlog::level::level_enum level = quiet ? spdlog::level::debug : spdlog::level::info;
   PhaseReport report{phase, {}};
   ctx.set_phase(phase);
   for (const Patch* p : ordered(reg, ctx.backend(), phase)) {
@@ -276,10 +277,9 @@ PhaseReport run_patches(PhaseKey, const PatchRegistry& reg, PatchContext& ctx, P
         throw RuntimeError(fmt::format("patch {} failed in phase {}: {}", p->id,
                                        phase_name(phase), e.what()));
       }
-      spdlog::info("[patches:{}] applied {}: {} ({})", phase_name(phase), p->id, p->description,
-                   d.reason);
+      spdlog::log(level, "[patches:{}] applied {}: {} ({})", phase_name(phase), p->id, p->description, d.reason);
     } else {
-      spdlog::info("[patches:{}] skipped {}: {}", phase_name(phase), p->id, d.reason);
+      spdlog::log(level, "[patches:{}] skipped {}: {}", phase_name(phase), p->id, d.reason);
     }
     report.decisions.push_back(std::move(d));
   }

@@ -67,9 +67,10 @@ class PhaseKey {
 };
 
 // Applies every patch of `phase` for ctx.backend(), lowest priority first. A patch that throws
-// stops the run with an error naming the patch id. Logs what applied and what was skipped.
+// stops the run with an error naming the patch id. Logs what applied and what was skipped (at
+// debug level when `quiet`: a dry run, which prints its own plan of them).
 PhaseReport run_patches(PhaseKey, const PatchRegistry& reg, PatchContext& ctx, Phase phase,
-                        const PatchFilter& filter);
+                        const PatchFilter& filter, bool quiet = false);
 
 // The phase's patches for a backend in the order they would run.
 std::vector<const Patch*> ordered(const PatchRegistry& reg, const std::string& backend, Phase phase);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -14,9 +15,9 @@ using patches::Phase;
 PrimusRuntime::PrimusRuntime(const BackendRegistry& backends, const patches::PatchRegistry& p)
     : backends_(backends), patches_(p) {}
 
-void PrimusRuntime::phase(patches::PatchContext& ctx, Phase ph, const patches::PatchFilter& f) {
+void PrimusRuntime::phase(patches::PatchContext& ctx, Phase ph, const patches::PatchFilter& f, bool quiet) {
   events_.push_back(std::string("patches:") + patches::phase_name(ph));
-  reports_.push_back(patches::run_patches(patches::PhaseKey{}, patches_, ctx, ph, f));
+  reports_.push_back(patches::run_patches(patches::PhaseKey{}, patches_, ctx, ph, f, quiet));
 }
 
 void PrimusRuntime::run(const config::Experiment& exp, const RunOptions& opts, std::ostream& out) {
@@ -69,8 +70,25 @@ void PrimusRuntime::run(const config::Experiment& exp, const RunOptions& opts, s
       }
     }
     auto args = adapter->convert_config(cfg, exp);
+    const auto before = args->describe();
     out << "  backend args (before build_args patches):\n";
-    for (auto& [k, v] : args->describe()) out << "    " << k << ": " << v << "\n";
+    for (auto& [k, v] : before) out << "    " << k << ": " << v << "\n";
+    // The build_args patches rewrite the args the trainer gets (as plan_args runs them): run here
+    // too, so the plan shows what they change and a patch that refuses the config fails the dry
+    // run as it would fail the run. Their hook replacements go to this plan's table, which nothing
+    // calls.
+    ctx.set_args(args);
+    phase(ctx, Phase::BuildArgs, filter, /*quiet=*/true);
+    out << "  backend args set by build_args patches:\n";
+    int changed = 0;
+    for (auto& [k, v] : args->describe()) {
+      const auto was = std::find_if(before.begin(), before.end(), [&k = k](const auto& e) { return e.first == k; });
+      if (was != before.end() && was->second == v) continue;
+      const std::string old = was == before.end() ? "(unset)" : was->second.empty() ? "(empty)" : was->second;
+      out << "    " << k << ": " << old << " -> " << (v.empty() ? "(empty)" : v) << "\n";
+      ++changed;
+    }
+    if (changed == 0) out << "    (none)\n";
     if (opts.dry_run_extra) opts.dry_run_extra(out);
     out << "Dry run: nothing was run.\n";
     events_.push_back("dry_run");

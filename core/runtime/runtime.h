@@ -47,7 +47,7 @@ class PrimusRuntime {
   const std::vector<patches::PhaseReport>& reports() const { return reports_; }
 
  private:
-  void phase(patches::PatchContext& ctx, patches::Phase ph, const patches::PatchFilter& f);
+  void phase(patches::PatchContext& ctx, patches::Phase ph, const patches::PatchFilter& f, bool quiet = false);
   const BackendRegistry& backends_;
   const patches::PatchRegistry& patches_;
   std::vector<std::string> events_;

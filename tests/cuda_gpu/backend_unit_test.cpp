@@ -185,6 +185,21 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   auto unfused = primus::testing::run_primus(moe + "--dry-run workspace=" + w.str(), "PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE=0");
   EXPECT_EQ(unfused.code, 0) << unfused.out;
   EXPECT_NE(unfused.out.find("skip  cuda.moe.swiglu_epilogue: condition false"), std::string::npos) << unfused.out;
+  // The plan lists the step options the patches set (the args the trainer gets).
+  const auto set_by_patches = [](const std::string& out) {
+    const size_t at = out.find("backend args set by build_args patches:");
+    return at == std::string::npos ? std::string() : out.substr(at);
+  };
+  EXPECT_NE(set_by_patches(grouped.out).find("experts' SwiGLU in the GEMM epilogues"), std::string::npos) << grouped.out;
+  EXPECT_EQ(set_by_patches(unfused.out).find("experts' SwiGLU"), std::string::npos) << unfused.out;
+  EXPECT_NE(set_by_patches(on.out).find("CUDA graph, cuBLASLt search of 8"), std::string::npos) << on.out;
+  EXPECT_NE(set_by_patches(on.out).find("phase profile of 5 steps"), std::string::npos) << on.out;
+  EXPECT_NE(set_by_patches(off.out).find("CUDA graph (auto)"), std::string::npos) << off.out;
+  // A patch's refusal fails the dry run as it would fail the run: the sequential experts read the
+  // group sizes on the host, which the default (auto) CUDA graph cannot capture.
+  auto seq_graph = primus::testing::run_primus(moe + "--dry-run moe_grouped_gemm=false workspace=" + w.str());
+  EXPECT_EQ(seq_graph.code, 2) << seq_graph.out;
+  EXPECT_NE(seq_graph.out.find("set cuda_graph: false with it"), std::string::npos) << seq_graph.out;
   auto swbad = primus::testing::run_primus(moe + "--dry-run workspace=" + w.str(), "PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE=yes");
   EXPECT_NE(swbad.code, 0) << swbad.out;
   EXPECT_NE(swbad.out.find("PRIMUS_CUDA_MOE_SWIGLU_EPILOGUE='yes': expected one of 0, 1"), std::string::npos) << swbad.out;

@@ -90,8 +90,18 @@ TEST(Cli, DryRunPrintsThePlanAndRunsNothing) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("[build_args] apply reference.args.mock_data: condition true (mock_data=true)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[setup] skip  reference.runtime.num_threads"), std::string::npos) << r.out;
+  // What the build_args patches change, as the trainer would get it: 16 / 4 micro-batches.
+  const size_t set = r.out.find("backend args set by build_args patches:");
+  ASSERT_NE(set, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("grad_accum_steps: 1 -> 4", set), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("data: (empty) -> mock", set), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[patches:build_args]"), std::string::npos) << "the plan above says it; not logged again\n" << r.out;
   EXPECT_NE(r.out.find("Dry run: nothing was run."), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(w.path() / "ws"));
+  // A build_args patch that refuses the config fails the dry run as it would fail the run.
+  auto bad = run_primus("train pretrain --config " + p.string() + " --dry-run micro_batch_size=5");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("global_batch_size 16 is not a multiple of micro_batch_size 5"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, ConfigShowExplainNamesEveryLayer) {

@@ -32,7 +32,8 @@ void register_patches(patches::PatchRegistry& reg) {
           [](PatchContext& c) {
             auto& a = c.args_as<CudaArgs>();
             a.peak_flops = peak_bf16_flops(a.device_name);
-            if (a.peak_flops <= 0) {
+            // No device name: a plan without a device (a dry run, the projection), not an unknown GPU.
+            if (a.peak_flops <= 0 && !a.device_name.empty()) {
               spdlog::warn("[cuda] no bf16 peak known for '{}': MFU is not reported (set peak_flops)", a.device_name);
             }
           },
