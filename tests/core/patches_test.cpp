@@ -196,8 +196,12 @@ TEST_F(RuntimeTest, PrimusPatchesAllowList) {
 
 TEST_F(RuntimeTest, DryRunPrintsThePlanAndRunsNothing) {
   run(experiment("      use_fancy_greeting: true\n      global_batch_size: 32\n"), true);
-  EXPECT_EQ(dummy::journal(), std::vector<std::string>{"convert_config"});
+  // The build_args patches run (they rewrite the args the plan shows); nothing of the run does:
+  // no prepare, no trainer, no setup / before_train / after_train patches.
+  EXPECT_EQ(dummy::journal(),
+            (std::vector<std::string>{"convert_config", "patch:dummy.greet.fancy", "patch:dummy.args.grad_accum=16"}));
   std::string plan = out_.str();
+  EXPECT_NE(plan.find("backend args set by build_args patches:\n    grad_accum: 1 -> 16\n"), std::string::npos) << plan;
   EXPECT_NE(plan.find("[build_args] apply dummy.greet.fancy: condition true (use_fancy_greeting=true)"), std::string::npos) << plan;
   EXPECT_NE(plan.find("[before_train] skip  dummy.compat.old_versions"), std::string::npos) << plan;
   EXPECT_NE(plan.find("Dry run: nothing was run."), std::string::npos);
