@@ -32,7 +32,7 @@ for kind in ${KINDS:-fwd wgrad}; do
     /tmp/pb/primus benchmark grouped_gemm --backend TURBO "${shapes[@]}" > "/tmp/pb/$kind.log" 2>&1
   "$NCU" --import "/tmp/pb/$kind.ncu-rep" --page details > "$OUTDIR/ncu_$kind.txt" 2>&1
   "$NCU" --import "/tmp/pb/$kind.ncu-rep" --page source --print-source sass --csv > "$OUTDIR/sass_$kind.csv" 2>&1
-  echo "== $kind ($SHAPE)"
+  echo "== $kind (${shapes[1]:-the default benchmark cases})"
   grep -E 'Duration|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput|Registers Per Thread|Executed Ipc Active|Issue Slots Busy' \
     "$OUTDIR/ncu_$kind.txt" | head -12
   tail -2 "/tmp/pb/$kind.log"

@@ -75,8 +75,8 @@ void PrimusRuntime::run(const config::Experiment& exp, const RunOptions& opts, s
     for (auto& [k, v] : before) out << "    " << k << ": " << v << "\n";
     // The build_args patches rewrite the args the trainer gets (as plan_args runs them): run here
     // too, so the plan shows what they change and a patch that refuses the config fails the dry
-    // run as it would fail the run. Their hook replacements go to this plan's table, which nothing
-    // calls.
+    // run as it would fail the run. What else they do (hook replacements in this plan's table, a
+    // process-wide op backend) ends with the process, which runs nothing after the plan.
     ctx.set_args(args);
     phase(ctx, Phase::BuildArgs, filter, /*quiet=*/true);
     out << "  backend args set by build_args patches:\n";
