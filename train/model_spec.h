@@ -35,6 +35,10 @@ struct MoeSpec {
   bool expert_bias = false;              // moe_router_enable_expert_bias
   double bias_update_rate = 1e-3;        // moe_router_bias_update_rate
   double aux_loss_coeff = 0.0;           // moe_aux_loss_coeff
+  // moe_router_load_balancing_type: seq_aux_loss takes the aux loss over each sequence's tokens and
+  // averages it over the sequences (DeepSeek-V3's sequence-wise balance loss); aux_loss (false)
+  // over all the micro-batch's tokens.
+  bool seq_aux_loss = false;
   double z_loss_coeff = 0.0;             // moe_z_loss_coeff
   double capacity_factor = 0.0;          // moe_expert_capacity_factor; <= 0: dropless
   bool drop_by_position = false;         // moe_token_drop_policy: probs | position

@@ -19,6 +19,11 @@ bool uses_fallback_attention(const CudaArgs& a) {
 CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   const train::ModelSpec& spec = a.model;
   const train::TrainingArgs& t = a.train;
+  if (spec.moe.enabled() && spec.moe.seq_aux_loss) {
+    throw ConfigError("moe_router_load_balancing_type: seq_aux_loss is not implemented on the cuda backend yet (its "
+                      "fused router counts the micro-batch's tokens as one set); use aux_loss, or train on the "
+                      "reference backend");
+  }
   CudaModelOptions mo;
   mo.max_batch = t.micro_batch_size;
   mo.max_seq = spec.seq_length;

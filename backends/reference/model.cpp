@@ -240,7 +240,7 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
     if (tp_sp_) tp_gather_rows(a.ln2.data(), C);
     if (moe_[l]) {
       Real* next = l + 1 < spec_.num_layers ? acts_[l + 1].x_in.data() : x_final_.data();
-      moe_[l]->forward(next, a.ln2.data(), moe_weights(l), N);
+      moe_[l]->forward(next, a.ln2.data(), moe_weights(l), N, T_);
       k::residual_forward(next, next, a.x2.data(), N * C);
       if (hooks_) hooks_->release(static_cast<int>(1 + l));
       continue;

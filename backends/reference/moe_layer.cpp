@@ -65,7 +65,7 @@ MoeLayer<Real>::MoeLayer(const train::ModelSpec& spec, int64_t max_tokens)
 }
 
 template <typename Real>
-void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64_t N) {
+void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64_t N, int64_t seq) {
   N_ = N;
   const Real* none = nullptr;
   k::matmul_forward(logits_.data(), inp, w.router, none, N, C_, E_);
@@ -73,6 +73,7 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
   k::router_forward(idx_.data(), weight_.data(), probs_.data(), counts_.data(), prob_sum_.data(), &z_sum,
                     logits_.data(), w.expert_bias, N, cfg_, forced_.empty() ? nullptr : forced_.data());
   k::router_losses(&stats_.aux, &stats_.z, counts_.data(), prob_sum_.data(), z_sum, N, cfg_);
+  if (spec_.moe.seq_aux_loss) sequence_aux(N, seq);
   const int64_t cap = spec_.moe.capacity(N);
   const auto policy = spec_.moe.drop_by_position ? k::DropPolicy::Position : k::DropPolicy::Probs;
   k::moe_plan_rows(rows_.data(), offsets_.data(), kept_.data(), idx_.data(), weight_.data(), counts_.data(), N, K_,
@@ -149,9 +150,45 @@ void MoeLayer<Real>::backward(Real* dinp, const Real* dout, const Real* inp, con
                      local_start_.data(), local_count_.data(), E_, w, g);
   }
   k::moe_permute_backward(dinp, dxp_.data(), rows_.data(), N, K_, C_, true);
-  k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(), counts_.data(), N,
-                     cfg_, spec_.moe.aux_loss_coeff * loss_scale, spec_.moe.z_loss_coeff * loss_scale);
+  if (spec_.moe.seq_aux_loss) {
+    // Each sequence's tokens with its own counts: the mean over the S sequences puts 1/S on each
+    // one's aux loss, and the z loss (a mean over all N tokens) T/N on each one's mean over its T.
+    const int64_t S = seqs_, T = N / S;
+    for (int64_t s = 0; s < S; ++s) {
+      k::router_backward(dlogits_.data() + s * T * E_, dweight_.data() + s * T * K_, logits_.data() + s * T * E_,
+                         probs_.data() + s * T * E_, idx_.data() + s * T * K_, seq_counts_.data() + s * E_, T, cfg_,
+                         spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(S),
+                         spec_.moe.z_loss_coeff * loss_scale * static_cast<double>(T) / static_cast<double>(N));
+    }
+  } else {
+    k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(), counts_.data(), N,
+                       cfg_, spec_.moe.aux_loss_coeff * loss_scale, spec_.moe.z_loss_coeff * loss_scale);
+  }
   k::matmul_backward(dinp, g.router, none, dlogits_.data(), inp, w.router, N, C_, E_);
+}
+
+template <typename Real>
+void MoeLayer<Real>::sequence_aux(int64_t N, int64_t seq) {
+  seqs_ = seq > 0 && N >= seq && N % seq == 0 ? N / seq : 1;
+  const int64_t S = seqs_, Ts = N / S;
+  seq_counts_.assign(static_cast<size_t>(S * E_), 0);
+  seq_prob_sum_.assign(static_cast<size_t>(S * E_), Real(0));
+  double aux = 0;
+  std::vector<double> psum(static_cast<size_t>(E_));
+  for (int64_t s = 0; s < S; ++s) {
+    int32_t* c = seq_counts_.data() + s * E_;
+    std::fill(psum.begin(), psum.end(), 0.0);
+    for (int64_t n = s * Ts; n < (s + 1) * Ts; ++n) {
+      for (int64_t k = 0; k < K_; ++k) ++c[idx_[n * K_ + k]];
+      for (int64_t e = 0; e < E_; ++e) psum[e] += static_cast<double>(probs_[n * E_ + e]);
+    }
+    Real* ps = seq_prob_sum_.data() + s * E_;
+    for (int64_t e = 0; e < E_; ++e) ps[e] = static_cast<Real>(psum[e]);
+    double a = 0, z = 0;
+    k::router_losses(&a, &z, c, ps, Real(0), Ts, cfg_);
+    aux += a;
+  }
+  stats_.aux = aux / static_cast<double>(S);
 }
 
 template <typename Real>

@@ -42,8 +42,9 @@ class MoeLayer {
     double aux = 0, z = 0;
   };
 
-  // out [N,C] = the layer's output for inp [N,C] (overwritten).
-  void forward(Real* out, const Real* inp, const Weights& w, int64_t N);
+  // out [N,C] = the layer's output for inp [N,C] (overwritten): N tokens in sequences of `seq` each
+  // (0, or a length that does not divide N: one sequence), which seq_aux_loss balances one by one.
+  void forward(Real* out, const Real* inp, const Weights& w, int64_t N, int64_t seq = 0);
   // dinp [N,C] += the input gradient; parameter gradients +=. loss_scale multiplies the aux and
   // z coefficients (the scale the caller's loss gradient carries, e.g. 1 / accumulation steps).
   void backward(Real* dinp, const Real* dout, const Real* inp, const Weights& w, const Grads& g, double loss_scale);
@@ -71,6 +72,9 @@ class MoeLayer {
   // Expert parallelism: sends the rows of xp-ordered `local` [rows, C] to their experts' ranks and
   // leaves what this rank's experts receive in `held`, expert-major (send), or the inverse (!send).
   void exchange_rows(Real* local, std::vector<Real>& held, bool send);
+  // moe_router_load_balancing_type seq_aux_loss: the last forward's sequences (see forward), their
+  // slot counts [S*E] and p sums [S*E], and stats_.aux as the mean of their aux losses.
+  void sequence_aux(int64_t N, int64_t seq);
 
   const train::ModelSpec& spec_;
   turbo::cpu::RouterConfig cfg_;
@@ -87,6 +91,9 @@ class MoeLayer {
   std::vector<int32_t> idx_, counts_, rows_, offsets_, kept_, forced_;
   // Backward scratch.
   std::vector<Real> dlogits_, dweight_, dyp_, da_, dh_, dxp_, dsact_, dsfc_;
+  int64_t seqs_ = 1;
+  std::vector<int32_t> seq_counts_;
+  std::vector<Real> seq_prob_sum_;
   Stats stats_;
 };
 

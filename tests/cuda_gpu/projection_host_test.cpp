@@ -483,5 +483,25 @@ TEST(CudaProjection, MuonOptionsAndItsRefusals) {
   a.train.optim.clip_grad = 0;
   EXPECT_THROW(model_options_for(a, 1), ConfigError);
 }
+// The sequence-wise balance loss is the reference backend's only: the cuda backend refuses it by
+// name before anything is built (and the projection with it), and takes the batch-wise one.
+TEST(CudaProjection, RefusesTheSequenceWiseAuxLossByName) {
+  train::ModelSpec spec = testing::tiny_moe_spec(false);
+  spec.moe.seq_aux_loss = true;
+  CudaArgs a = projection_args(spec, 2, 1);
+  try {
+    model_options_for(a, 1);
+    ADD_FAILURE() << "seq_aux_loss accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_router_load_balancing_type: seq_aux_loss is not implemented on the cuda "
+                                         "backend"),
+              std::string::npos)
+        << e.what();
+  }
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  EXPECT_THROW(project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0), ConfigError);
+  a.model.moe.seq_aux_loss = false;
+  EXPECT_NO_THROW(model_options_for(a, 1));
+}
 }  // namespace
 }  // namespace primus::backends::cuda

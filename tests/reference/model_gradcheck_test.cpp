@@ -127,6 +127,76 @@ TEST(ReferenceModel, GradCheckMoeWithCapacityDropping) {
   gradcheck(m);
 }
 
+// DeepSeek-V3's sequence-wise balance loss (moe_router_load_balancing_type: seq_aux_loss): each of
+// the B = 2 sequences' aux loss from its own counts and p sums, averaged; both router families.
+TEST(ReferenceModel, GradCheckMoeWithSequenceAuxLoss) {
+  for (bool deepseek : {false, true}) {
+    SCOPED_TRACE(deepseek ? "sigmoid, groups, bias" : "softmax");
+    train::ModelSpec m = tiny_moe(deepseek);
+    m.moe.seq_aux_loss = true;
+    m.moe.aux_loss_coeff = 0.5;  // large enough that the term's gradient is not lost in the others'
+    gradcheck(m);
+  }
+}
+
+// The value of the sequence-wise loss, from the layer's own logits and choices: per sequence s,
+// E * sum_e c_se * P_se / (K * T^2) with c_se the slots of s routed to e and P_se the sum of s's
+// softmax probabilities; then the mean over sequences. The batch-wise loss of the same routing
+// differs (so the test tells the two apart), and one sequence gives the batch-wise value.
+TEST(ReferenceModel, SequenceAuxLossIsTheMeanOfEachSequencesLoss) {
+  train::ModelSpec spec = tiny_moe(false);
+  spec.moe.aux_loss_coeff = 0.1;
+  const int64_t B = 3, T = 8, E = spec.moe.num_experts, K = spec.moe.topk;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(spec.vocab_size - 1));
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (auto& t : tokens) t = tok(rng);
+  for (auto& t : targets) t = tok(rng);
+  auto run = [&](bool seq, int64_t b) {
+    train::ModelSpec s = spec;
+    s.moe.seq_aux_loss = seq;
+    GptModel<double> model(s, b, T);
+    model.init_weights(3);
+    model.forward(tokens.data(), targets.data(), b, T);
+    std::vector<double> aux;  // per MoE layer: the layer's value, then the one computed here
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      const auto* moe = model.moe_layer(l);
+      if (!moe) continue;
+      const std::vector<double>& logits = moe->logits();
+      const std::vector<int32_t>& idx = moe->topk_idx();
+      const int64_t S = seq ? b : 1, Ts = b * T / S;
+      double want = 0;
+      for (int64_t q = 0; q < S; ++q) {
+        std::vector<double> c(E, 0.0), P(E, 0.0);
+        for (int64_t n = q * Ts; n < (q + 1) * Ts; ++n) {
+          for (int64_t k = 0; k < K; ++k) c[idx[n * K + k]] += 1;
+          double mx = -1e300, z = 0;
+          for (int64_t e = 0; e < E; ++e) mx = std::max(mx, logits[n * E + e]);
+          for (int64_t e = 0; e < E; ++e) z += std::exp(logits[n * E + e] - mx);
+          for (int64_t e = 0; e < E; ++e) P[e] += std::exp(logits[n * E + e] - mx) / z;
+        }
+        double dot = 0;
+        for (int64_t e = 0; e < E; ++e) dot += c[e] * P[e];
+        want += static_cast<double>(E) * dot / (static_cast<double>(K) * Ts * Ts);
+      }
+      aux.push_back(moe->stats().aux);
+      aux.push_back(want / static_cast<double>(S));
+    }
+    return aux;
+  };
+  const std::vector<double> per_seq = run(true, B), per_batch = run(false, B);
+  ASSERT_FALSE(per_seq.empty());
+  ASSERT_EQ(per_seq.size(), per_batch.size());
+  for (size_t i = 0; i < per_seq.size(); i += 2) {
+    EXPECT_NEAR(per_seq[i], per_seq[i + 1], 1e-12) << "layer " << i / 2 << ", sequence-wise";
+    EXPECT_NEAR(per_batch[i], per_batch[i + 1], 1e-12) << "layer " << i / 2 << ", batch-wise";
+    // The same weights and tokens route alike; only the grouping of the tokens differs.
+    EXPECT_GT(std::abs(per_seq[i] - per_batch[i]), 1e-6) << "layer " << i / 2;
+  }
+  const std::vector<double> one_seq = run(true, 1), one_batch = run(false, 1);
+  for (size_t i = 0; i < one_seq.size(); i += 2) EXPECT_NEAR(one_seq[i], one_batch[i], 1e-15);
+}
+
 // Qwen3's attention: a head dimension (6) that is not hidden / heads (16 / 4), so q is 24 wide
 // and the output projection 24 -> 16, per-head query/key RMSNorms before RoPE, GQA (4 heads on
 // 2 groups). Dense, and with every layer a Mixtral-style MoE (Qwen3-MoE's router).

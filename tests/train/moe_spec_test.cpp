@@ -96,6 +96,34 @@ TEST(MoeSpec, KeysParseWithMegatronNames) {
                    .moe.enabled());
 }
 
+// moe_router_load_balancing_type: which tokens moe_aux_loss_coeff's loss balances. none drops the
+// loss (a preset's coefficient included), as in Megatron-LM; Megatron's other types are refused
+// by name.
+TEST(MoeSpec, LoadBalancingTypeSelectsTheAuxLossOrRefusesByName) {
+  config::Value v = moe_config();
+  v.set("moe_aux_loss_coeff", config::Value::floating(0.01));
+  ModelSpec d = parse(v);
+  EXPECT_FALSE(d.moe.seq_aux_loss);
+  EXPECT_DOUBLE_EQ(d.moe.aux_loss_coeff, 0.01);
+  v.set("moe_router_load_balancing_type", config::Value::string("seq_aux_loss"));
+  ModelSpec s = parse(v);
+  EXPECT_TRUE(s.moe.seq_aux_loss);
+  EXPECT_DOUBLE_EQ(s.moe.aux_loss_coeff, 0.01);
+  v.set("moe_router_load_balancing_type", config::Value::string("aux_loss"));
+  EXPECT_FALSE(parse(v).moe.seq_aux_loss);
+  v.set("moe_router_load_balancing_type", config::Value::string("none"));
+  ModelSpec n = parse(v);
+  EXPECT_FALSE(n.moe.seq_aux_loss);
+  EXPECT_DOUBLE_EQ(n.moe.aux_loss_coeff, 0.0);
+  for (const char* t : {"sinkhorn", "global_aux_loss"}) {
+    v.set("moe_router_load_balancing_type", config::Value::string(t));
+    const std::string e = error_of(v);
+    EXPECT_NE(e.find(fmt::format("moe_router_load_balancing_type '{}' is not implemented", t)), std::string::npos) << e;
+  }
+  v.set("moe_router_load_balancing_type", config::Value::string("seq-aux"));
+  EXPECT_NE(error_of(v).find("moe_router_load_balancing_type"), std::string::npos);
+}
+
 TEST(MoeSpec, LayoutsTheRouterCannotTakeAreErrorsNamingTheKey) {
   auto with = [](const char* key, config::Value val) {
     config::Value v = moe_config();
