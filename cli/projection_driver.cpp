@@ -180,6 +180,8 @@ std::string dry_run_memory_line(const config::Experiment& exp, const std::string
     const int64_t ranks = layout.gpus * layout.tp * layout.cp;
     return fmt::format("  memory:    {} ({} {}{}; `primus projection memory` for the table)\n",
                        train::memory_summary_line(m, rank), ranks, rank, ranks == 1 ? "" : (rank == "GPU" ? "s" : "es"));
+  } catch (const train::RunRefusal&) {
+    throw;  // the run would stop here too: so does the dry run
   } catch (const std::exception& e) {
     return fmt::format("  memory:    not projected: {}\n", e.what());
   }

@@ -61,7 +61,12 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   if (ep > 1) a.model = train::EpShardMap(args.model, static_cast<int>(ep), 0).local_spec();  // rank 0's experts
   const train::ModelSpec& spec = a.model;
   const train::ParamLayout layout = train::make_param_layout(spec);
-  CudaModelOptions mo = model_options_for(a, lay.gpus);
+  CudaModelOptions mo;
+  try {
+    mo = model_options_for(a, lay.gpus);  // the trainer's refusals, before anything is built
+  } catch (const ConfigError& e) {
+    throw train::RunRefusal(e.what());
+  }
   if (map) mo.tp_map = map;
   MemoryPlanOptions mp = memory_plan_options(spec, layout, mo, ops);
   mp.query_device = query_device;

@@ -231,6 +231,27 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   EXPECT_NE(bad.out.find("recompute_granularity"), std::string::npos) << bad.out;
 }
 
+// The trainer's own refusals of its args (model_options_for), which the dry run meets while it
+// projects the memory: the dry run fails with the run's error and exit code, where a reason the
+// projection alone has (a layout it does not model) only leaves the memory line unprojected.
+TEST(CudaBackendUnit, DryRunFailsWhereTheTrainerWouldRefuseItsArgs) {
+  primus::testing::Workdir w;
+  const std::string moe = "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/olmoe-mini.yaml ";
+  auto ok = primus::testing::run_primus(moe + "--dry-run workspace=" + w.str());
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("  memory:    "), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("Dry run: nothing was run."), std::string::npos) << ok.out;
+  auto seq = primus::testing::run_primus(moe + "--dry-run moe_router_load_balancing_type=seq_aux_loss workspace=" + w.str());
+  EXPECT_EQ(seq.code, 2) << seq.out;
+  EXPECT_NE(seq.out.find("seq_aux_loss is not implemented on the cuda backend"), std::string::npos) << seq.out;
+  EXPECT_EQ(seq.out.find("Dry run: nothing was run."), std::string::npos) << seq.out;
+  auto muon = primus::testing::run_primus(moe + "--dry-run optimizer=muon optimizer_in_bwd=true clip_grad=0 workspace=" +
+                                          w.str());
+  EXPECT_EQ(muon.code, 2) << muon.out;
+  EXPECT_NE(muon.out.find("muon with optimizer_in_bwd: true is not supported"), std::string::npos) << muon.out;
+  EXPECT_TRUE(std::filesystem::is_empty(w.path())) << "the dry runs wrote into the workspace";
+}
+
 // Patch cuda.moe.fp8's expert slots quantize into the step's weight copies that cuda.linear.fp8
 // made (the object the model registers its expert slots in under gradient accumulation): a
 // forward through the patched slot fills the weight's slot, the input gradient reads it.
