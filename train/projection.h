@@ -100,8 +100,6 @@ struct MemoryProjectionOptions {
   double runtime_gib = -1;  // CUDA context and libraries beside the model's memory; < 0: the backend's own figure
 };
 
-// What a backend contributes (registered per backend name, from its register_backend): the
-// layout its args describe, its memory model for one rank, and its step's byte costs.
 // A projection that stopped where the trainer would refuse the config (the backend's own checks
 // of its args before it builds anything): `primus train --dry-run` fails with it, as the run
 // would, where any other reason to stop only leaves the memory line unprojected.
@@ -109,6 +107,8 @@ struct RunRefusal : ConfigError {
   explicit RunRefusal(const std::string& w) : ConfigError(w) {}
 };
 
+// What a backend contributes (registered per backend name, from its register_backend): the
+// layout its args describe, its memory model for one rank, and its step's byte costs.
 struct BackendProjector {
   std::function<const ModelSpec&(const BackendArgs& args)> spec;
   std::function<ProjectionLayout(const BackendArgs& args)> layout;
