@@ -46,7 +46,6 @@ class GroupedGemmFp8GpuTest : public GpuTest {
  protected:
   void TearDown() override {
     unsetenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE");
-    unsetenv("PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES");
     GpuTest::TearDown();
   }
   // Random FP8 bytes of `dt` (values of a normal(0, 8) rounded to the format).
@@ -187,7 +186,6 @@ std::vector<F8Case> f8_cases() {
 
 struct F8Lane {
   std::string schedule, name;
-  bool tail_halves = false;  // PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES=1
 };
 void PrintTo(const F8Lane& l, std::ostream* os) { *os << l.name; }
 
@@ -197,7 +195,6 @@ class GroupedGemmFp8CaseTest : public GroupedGemmFp8GpuTest,
 TEST_P(GroupedGemmFp8CaseTest, MatchesReferencePerGroup) {
   const auto& [c, lane] = GetParam();
   if (!lane.schedule.empty()) setenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", lane.schedule.c_str(), 1);
-  if (lane.tail_halves) setenv("PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES", "1", 1);
   run_case(c, DType::F8E5M2);
   run_case(c, DType::F8E4M3);
 }
@@ -222,8 +219,7 @@ std::vector<F8Case> f8_block_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupedGemmFp8CaseTest,
                          ::testing::Combine(::testing::ValuesIn(f8_cases()),
-                                            ::testing::Values(F8Lane{"", "pingpong"}, F8Lane{"coop", "coop"},
-                                                              F8Lane{"", "pingpong_tail", true})),
+                                            ::testing::Values(F8Lane{"", "pingpong"}, F8Lane{"coop", "coop"})),
                          [](const ::testing::TestParamInfo<std::tuple<F8Case, F8Lane>>& i) {
                            return std::get<0>(i.param).name + "_" + std::get<1>(i.param).name;
                          });

@@ -161,7 +161,7 @@ std::vector<GgCase> cases() {
 
 // The TURBO kernel's switches (docs/environment.md) a lane may set; every test unsets them after.
 const char* const kTurboSwitches[] = {"PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", "PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS",
-                                      "PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS", "PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES"};
+                                      "PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS"};
 
 // A backend, and for TURBO the switches it runs with (none: the defaults, ping-pong).
 struct Lane {
@@ -195,9 +195,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GroupedGemmCaseTest,
                                                      {{"PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS", "0"},
                                                       {"PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS", "0"}},
                                                      "TURBO_slabs"},
-                                                // A group's last tile of <= 64 rows multiplies one half
-                                                // (the cases' counts of 64, 192, 320, 1, 33 and 130 rows).
-                                                Lane{BackendType::TURBO, {{"PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES", "1"}}, "TURBO_tail"},
                                                 Lane{BackendType::CUBLASLT, {}, "CUBLASLT"})),
                          [](const ::testing::TestParamInfo<std::tuple<GgCase, Lane>>& i) {
                            return std::get<0>(i.param).name + "_" + std::get<1>(i.param).name;
@@ -212,9 +209,6 @@ TEST_F(GroupedGemmGpuTest, RandomGroupSizes) {
   setenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", "coop", 1);
   run_case({"random_coop", 392, 328, counts, 16}, BackendType::TURBO);
   unsetenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE");
-  setenv("PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES", "1", 1);
-  run_case({"random_tail", 392, 328, counts, 16}, BackendType::TURBO);
-  unsetenv("PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES");
 }
 
 // SwiGLU in the epilogues (grouped_gemm.h): the up projection writing act beside gate|up, and the
@@ -238,14 +232,11 @@ TEST_F(GroupedGemmGpuTest, SwiGLUEpiloguesAreThePlainProductsThenTheActivationBi
                                 {"random", 384, 328, rnd, 16}};
   GlobalBackendManager::instance().set_backend("grouped_gemm", BackendType::TURBO);
   // The epilogues run the ping-pong tiles under either schedule switch (the plain products then
-  // follow the switch: the same bits, as their k-loops add in the same order). With the tail
-  // halves left out (the last variant) the fused path must still give the plain path's bytes as
-  // computed with them.
-  const std::pair<const char*, const char*> variants[] = {{"pingpong", "0"}, {"coop", "0"}, {"pingpong", "1"}};
-  for (const auto& [sched, tail] : variants) {
+  // follow the switch: the same bits, as their k-loops add in the same order).
+  for (const char* sched : {"pingpong", "coop"}) {
   setenv("PRIMUS_TURBO_GROUPED_GEMM_SCHEDULE", sched, 1);
   for (const S& s : cases) {
-    SCOPED_TRACE(s.name + " " + sched + " tail_halves " + tail);
+    SCOPED_TRACE(s.name + " " + sched);
     const int64_t G = static_cast<int64_t>(s.counts.size()), F = s.F, C = s.C;
     const std::vector<int32_t> o = offsets_of(s.counts);
     const int64_t used = o.back(), M = used + 40;
@@ -264,12 +255,10 @@ TEST_F(GroupedGemmGpuTest, SwiGLUEpiloguesAreThePlainProductsThenTheActivationBi
     EXPECT_EQ(grouped_gemm_dgrad({dact0, dy, wproj, off, s.align, ctx}), BackendType::TURBO);
     activation_backward({Activation::SwiGLU, dh0, h0, dact0, false, ctx});
     // The epilogues.
-    setenv("PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES", tail, 1);
     TensorView h = make(DType::BF16, {M, 2 * F}), act = make(DType::BF16, {M, F}), dh = make(DType::BF16, {M, 2 * F});
     poison(h), poison(act), poison(dh);
     EXPECT_EQ(grouped_gemm_forward({h, x, wfc, off, s.align, ctx, act}), BackendType::TURBO);
     EXPECT_EQ(grouped_gemm_dgrad({dh, dy, wproj, off, s.align, ctx, h0}), BackendType::TURBO);
-    unsetenv("PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES");
     for (const auto& [what, got, want] : {std::tuple<const char*, TensorView, TensorView>{"gate|up", h, h0},
                                           {"act", act, act0},
                                           {"d(gate|up)", dh, dh0}}) {

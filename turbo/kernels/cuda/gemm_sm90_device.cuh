@@ -626,13 +626,9 @@ constexpr int kTailAhead = 6;
 struct NoBefore {
   __device__ __forceinline__ void operator()(int, int) const {}
 };
-// H: the 64-row halves multiplied (ping-pong: 2, or 1 where the tile's second half lies wholly past
-// the output's rows, as in a group's last tile; its accumulators then stay as they were).
-template <int H, class T, class C, int BN, int TA, int TB, class Tail, class Before = NoBefore>
-__device__ __forceinline__ void mainloop_halves(float* acc, uint64_t da, uint64_t db, uint32_t bars, int kb_count,
-                                                int& stage, uint32_t& phase, const Tail& tail,
-                                                const Before& before = Before{}) {
-  static_assert(H >= 1 && H <= C::kHalves, "halves of the tile");
+template <class T, class C, int BN, int TA, int TB, class Tail, class Before = NoBefore>
+__device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, uint32_t bars, int kb_count, int& stage,
+                                         uint32_t& phase, const Tail& tail, const Before& before = Before{}) {
   // Descriptor units are 16 bytes. K-major: 16 elements of k are 32 bytes along a swizzled row;
   // MN-major: 16 k-rows of 128 bytes.
   // The offsets are added to the descriptors' low words only: the start address (bits 0-13, in
@@ -656,7 +652,7 @@ __device__ __forceinline__ void mainloop_halves(float* acc, uint64_t da, uint64_
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
 #pragma unroll
-      for (int h = 0; h < H; ++h)
+      for (int h = 0; h < C::kHalves; ++h)
         GemmWgmma<T, BN>::template mma<TA, TB>(acc + h * (BN / 2),
                                                a_hi | (a_lo + h * (kSlabBytes / 16) + off + kk * kStepA),
                                                b_hi | (b_lo + off + kk * kStepB), 1);
@@ -673,11 +669,6 @@ __device__ __forceinline__ void mainloop_halves(float* acc, uint64_t da, uint64_
   wgmma_wait<0>();
   fence_regs<C::kAcc>(acc);
   if (kb_count > 0 && leader) mbar_arrive(bars + 8u * (C::kStages + prev));
-}
-template <class T, class C, int BN, int TA, int TB, class Tail, class Before = NoBefore>
-__device__ __forceinline__ void mainloop(float* acc, uint64_t da, uint64_t db, uint32_t bars, int kb_count, int& stage,
-                                         uint32_t& phase, const Tail& tail, const Before& before = Before{}) {
-  mainloop_halves<C::kHalves, T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, before);
 }
 
 // The cooperative schedule's epilogue of one whole 128 x BN tile (tile row tm, column tn) from

@@ -101,10 +101,6 @@ struct GParams {
   int glu_up;
   void* aux;
   int64_t ld_aux;
-  // Ping-pong rows mode: 1 when a group's last tile with at most 64 rows multiplies only its first
-  // 64-row half, and a warp whose rows of a half all lie past the tile's skips that half's epilogue
-  // (tail_halves()).
-  int tail_halves;
 };
 
 // One tile: group g and its rows [row0, row0 + rows); tile row tm and column tn of the group's output.
@@ -647,24 +643,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // instructions.
       if (valid < kTK) mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail, cut);
       else mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
-    } else if (PP && p.tail_halves && tl.rows - tl.tm * kBM <= 64) {
-      // A group's last tile with at most 64 of its rows (half of them where training pads groups
-      // to 64): the second half's products would all be masked, so they are not issued.
-      mainloop_halves<1, T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
     } else {
       mainloop<T, C, BN, TA, TB>(acc, da, db, bars, kb_count, stage, phase, tail);
     }
     if constexpr (PP) {
-      // A warp whose 16 rows of a half lie past the tile's output rows has nothing to store, and
-      // skips that half (warp-uniform; every path below masks those rows).
-      const auto past = [&](int h) { return p.tail_halves && tl.tm * kBM + h * 64 + warp * 16 >= q.m; };
       if (has_next) order_pass(wg);
       if (MODE == kModeK && kb_count == 0 && q.beta != 0.0f) continue;  // an empty group adds nothing
       if constexpr (GLU != kGluNone) {
         const uint32_t buf = base + C::kEpiOffset + (wg * 4 + warp) * 2048 * C::kEpiBufs;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          if (past(h)) continue;
           const int row0 = tl.tm * kBM + h * 64 + warp * 16;
           if constexpr (GLU == kGluForward) glu_forward_epilogue(p, tl, row0, tl.tn * 64, lane, acc + h * (BN / 2), buf);
           else glu_backward_epilogue(p, tl, row0, tl.tn * BN, lane, acc + h * (BN / 2), buf);
@@ -680,7 +668,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool staged = sizeof(OutT) == 2 && q.staged && vec16;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (past(h)) continue;
         const int row = tl.tm * kBM + h * 64 + warp * 16 + lane / 4;
         if (staged) {  // the warp's own buffer: the other warpgroup's epilogue may run meanwhile
           store_rows_staged<OutT, C::kGroups, kEpiLinear, C::kEpiBufs>(
@@ -781,11 +768,6 @@ bool wgrad_pairs() { return env_switch("PRIMUS_TURBO_GROUPED_GEMM_WGRAD_PAIRS", 
 // PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS = 0: the input gradient loads each 64-column slab of the
 // weights' stage with a TMA load of its own instead of all of them with one.
 bool dgrad_pairs() { return env_switch("PRIMUS_TURBO_GROUPED_GEMM_DGRAD_PAIRS", true); }
-// PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES = 1: the ping-pong rows-mode kernels (forward, input
-// gradient, their SwiGLU epilogues, the FP8 rowwise ones) leave out the masked second half of a
-// group's last tile (GParams::tail_halves). Off by default until a GPU has run it: built and
-// covered by the GPU tests' TURBO_tail lane, not yet measured.
-bool tail_halves() { return env_switch("PRIMUS_TURBO_GROUPED_GEMM_TAIL_HALVES", false); }
 
 struct GDevice {
   int cc = 0, sms = 0;
@@ -942,7 +924,6 @@ void grouped_gemm_sm90(const GroupedGemmSm90Problem& p, cudaStream_t stream) {
   prm.rows_max = static_cast<int>(M);
   prm.d = p.d;
   prm.d_vec16 = 1;  // bf16 D, 16-byte aligned base, rows of N or K (multiples of 8) elements
-  prm.tail_halves = tail_halves() ? 1 : 0;
   // One instantiation per (kind, schedule): TA / TB from the kind, the tile from the schedule.
   auto run = [&](auto out, auto mode, auto ta_mn, auto tb_mn, const CUtensorMap& ta, const CUtensorMap& tb, int64_t tiles) {
     using OutT = decltype(out);
@@ -1077,7 +1058,6 @@ void grouped_gemm_fp8_sm90(const GroupedGemmFp8Sm90Problem& p, cudaStream_t stre
   prm.rows_max = static_cast<int>(M);
   prm.d = p.d;
   prm.d_vec16 = 1;
-  prm.tail_halves = tail_halves() ? 1 : 0;
   prm.scale_a = p.scale_a;
   prm.scale_b = p.scale_b;
   auto run_t = [&](auto ops, auto out, auto mode, const CUtensorMap& ta, const CUtensorMap& tb, int64_t tiles) {
