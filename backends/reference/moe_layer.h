@@ -73,7 +73,7 @@ class MoeLayer {
   // leaves what this rank's experts receive in `held`, expert-major (send), or the inverse (!send).
   void exchange_rows(Real* local, std::vector<Real>& held, bool send);
   // moe_router_load_balancing_type seq_aux_loss: the last forward's sequences (see forward), their
-  // slot counts [S*E] and p sums [S*E], and stats_.aux as the mean of their aux losses.
+  // slot counts [S*E] (which the backward reads), and stats_.aux as the mean of their aux losses.
   void sequence_aux(int64_t N, int64_t seq);
 
   const train::ModelSpec& spec_;
@@ -93,7 +93,6 @@ class MoeLayer {
   std::vector<Real> dlogits_, dweight_, dyp_, da_, dh_, dxp_, dsact_, dsfc_;
   int64_t seqs_ = 1;
   std::vector<int32_t> seq_counts_;
-  std::vector<Real> seq_prob_sum_;
   Stats stats_;
 };
 
