@@ -10,12 +10,15 @@ namespace primus::train {
 
 namespace {
 nlohmann::json moe_json(const MoeSpec& e) {
-  return {{"num_experts", e.num_experts}, {"topk", e.topk}, {"ffn_hidden_size", e.ffn_hidden_size},
+  nlohmann::json j = {{"num_experts", e.num_experts}, {"topk", e.topk}, {"ffn_hidden_size", e.ffn_hidden_size},
           {"shared_ffn_hidden_size", e.shared_ffn_hidden_size}, {"sigmoid", e.sigmoid}, {"pre_softmax", e.pre_softmax},
           {"topk_scaling_factor", e.topk_scaling_factor}, {"num_groups", e.num_groups}, {"group_topk", e.group_topk},
           {"expert_bias", e.expert_bias}, {"bias_update_rate", e.bias_update_rate}, {"aux_loss_coeff", e.aux_loss_coeff},
           {"z_loss_coeff", e.z_loss_coeff}, {"capacity_factor", e.capacity_factor},
           {"drop_by_position", e.drop_by_position}, {"moe_layers", e.moe_layers}};
+  // Only when set, so that the records of batch-wise runs stay what they were.
+  if (e.seq_aux_loss) j["seq_aux_loss"] = true;
+  return j;
 }
 MoeSpec moe_from_json(const nlohmann::json& j) {
   MoeSpec e;
@@ -35,6 +38,7 @@ MoeSpec moe_from_json(const nlohmann::json& j) {
   e.capacity_factor = j.at("capacity_factor");
   e.drop_by_position = j.at("drop_by_position");
   e.moe_layers = j.at("moe_layers").get<std::vector<bool>>();
+  e.seq_aux_loss = j.value("seq_aux_loss", false);
   return e;
 }
 }  // namespace

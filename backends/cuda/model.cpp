@@ -1079,6 +1079,13 @@ CudaModel::StepStatus CudaModel::wait_step_status(int ticket, int64_t n) const {
     st.moe_counts.resize(static_cast<size_t>(n * per));
     std::memcpy(st.moe_counts.data(), base, st.moe_counts.size() * 4);
     st.moe_sums.assign(base + S * per, base + S * per + n * sums);
+    if (a.moe_seq_counts.defined()) {
+      const int64_t seq = a.moe_seq_counts.numel() / S;
+      const float* sb = base + S * (per + sums);
+      st.moe_seq_counts.resize(static_cast<size_t>(n * seq));
+      std::memcpy(st.moe_seq_counts.data(), sb, st.moe_seq_counts.size() * 4);
+      st.moe_seq_sums.assign(sb + S * seq, sb + S * seq + n * seq);
+    }
   }
   return st;
 }
@@ -1100,6 +1107,11 @@ void CudaModel::moe_report(const StepStatus& st, int64_t n, train::MoeStepStats&
       for (int64_t e = 0; e < E; ++e) dropped += counts[e] - counts[E + e];
       double aux, z;
       turbo::cpu::router_losses(&aux, &z, counts, sums, sums[E], N, cfg);
+      if (a.moe_seq_counts.defined()) {  // the mean of each sequence's loss
+        const int64_t T = decoder_->train_seq(), B = N / T, rows = a.moe_seq_counts.size(2);
+        const int64_t at = (s * Lm + m) * rows * E;
+        aux = turbo::cpu::sequence_aux_loss(st.moe_seq_counts.data() + at, st.moe_seq_sums.data() + at, B, T, cfg);
+      }
       out.add(l, counts, dropped, aux, z);
       ++m;
     }

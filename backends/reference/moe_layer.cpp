@@ -171,23 +171,10 @@ template <typename Real>
 void MoeLayer<Real>::sequence_aux(int64_t N, int64_t seq) {
   seqs_ = seq > 0 && N >= seq && N % seq == 0 ? N / seq : 1;
   const int64_t S = seqs_, Ts = N / S;
-  seq_counts_.assign(static_cast<size_t>(S * E_), 0);
-  double aux = 0;
-  std::vector<double> psum(static_cast<size_t>(E_));
-  std::vector<Real> ps(static_cast<size_t>(E_));
-  for (int64_t s = 0; s < S; ++s) {
-    int32_t* c = seq_counts_.data() + s * E_;
-    std::fill(psum.begin(), psum.end(), 0.0);
-    for (int64_t n = s * Ts; n < (s + 1) * Ts; ++n) {
-      for (int64_t k = 0; k < K_; ++k) ++c[idx_[n * K_ + k]];
-      for (int64_t e = 0; e < E_; ++e) psum[e] += static_cast<double>(probs_[n * E_ + e]);
-    }
-    for (int64_t e = 0; e < E_; ++e) ps[e] = static_cast<Real>(psum[e]);
-    double a = 0, z_unused = 0;  // the z loss stays the whole forward's (forward)
-    k::router_losses(&a, &z_unused, c, ps.data(), Real(0), Ts, cfg_);
-    aux += a;
-  }
-  stats_.aux = aux / static_cast<double>(S);
+  seq_counts_.resize(static_cast<size_t>(S * E_));
+  std::vector<Real> psum(static_cast<size_t>(S * E_));  // only the counts are read again (backward)
+  k::moe_sequence_stats(seq_counts_.data(), psum.data(), idx_.data(), probs_.data(), N, Ts, K_, E_);
+  stats_.aux = k::sequence_aux_loss(seq_counts_.data(), psum.data(), S, Ts, cfg_);
 }
 
 template <typename Real>

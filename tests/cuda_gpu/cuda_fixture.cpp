@@ -370,6 +370,19 @@ Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsig
     r.ref_loss = ref.forward(tokens.data(), targets.data(), B, T, dloss);
     ref.backward();
   }
+  const auto losses_of = [](const train::MoeStepStats& s) {
+    train::StepStats st;
+    s.report(st);
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& d : st.details)
+      if (d.first.find("_loss") != std::string::npos) out.push_back(d);
+    return out;
+  };
+  train::MoeStepStats ref_losses(spec);
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    if (const auto* m = ref.moe_layer(l))
+      ref_losses.add(l, m->stats().counts.data(), m->stats().dropped, m->stats().aux, m->stats().z);
+  r.ref_moe_losses = losses_of(ref_losses);
   std::vector<float> grads(static_cast<size_t>(model.layout().total));
   model.get_grads(grads.data());
   for (const auto& t : model.layout().tensors) {
@@ -381,6 +394,7 @@ Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsig
   train::MoeStepStats ours(spec);
   model.moe_report(st, 1, ours);
   r.expert_load = ours.load();
+  r.moe_losses = losses_of(ours);
   if (!dump_root.empty()) {
     r.dump_dir = write_parity_dump(dump_root,
                                    DumpInputs{spec, model.layout(), attn, device, seed, B, T, tokens, targets,

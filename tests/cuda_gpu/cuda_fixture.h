@@ -99,6 +99,10 @@ struct Step0 {
   // it), and max_gap is the largest score gap the reference saw there between the experts that
   // swapped.
   std::vector<std::vector<int64_t>> expert_load, ref_expert_load;
+  // MoE: every layer's aux and z loss values as the trainer logs them ("moe/layer<l>/aux_loss",
+  // ".../z_loss"): ours from the step status, the reference's from its layers (on the routing
+  // the gradients above were compared on).
+  std::vector<std::pair<std::string, double>> moe_losses, ref_moe_losses;
   int64_t rerouted_tokens = 0, rerouted_first_layer = 0;
   double max_gap = 0;
 };

@@ -102,6 +102,45 @@ TEST_P(HostMoeParityTest, TenTrainingStepsFollowTheReference) {
   EXPECT_LT(ref.back(), ref.front() - 0.2) << "the reference must learn";
 }
 
+// DeepSeek-V3's sequence-wise balance loss (moe_router_load_balancing_type: seq_aux_loss) in host
+// mode against the reference: each layer's logged aux loss (every sequence's own counts and sums
+// of p, then the mean), the routing and every gradient within the fp32 gate, with a coefficient
+// large enough that the batch-wise loss's gradient on the router would miss it; the batch-wise
+// loss gives other aux values on the same batch; ten steps follow the reference's curve.
+TEST_P(HostMoeParityTest, SequenceWiseAuxLossFollowsTheReference) {
+  const bool deepseek = GetParam();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  train::ModelSpec spec = tiny_moe_spec(deepseek);
+  spec.moe.aux_loss_coeff = 1.0;
+  spec.moe.seq_aux_loss = true;
+  const Step0 r = step0_parity(spec, Attn::Default, turbo::Device::CPU, seed);
+  EXPECT_NEAR(r.loss, r.ref_loss, 1e-5 * r.ref_loss);
+  EXPECT_EQ(r.expert_load, r.ref_expert_load);
+  for (const auto& [name, e] : r.errors) EXPECT_LT(e, 1e-4) << name;
+  ASSERT_EQ(r.moe_losses.size(), r.ref_moe_losses.size());
+  ASSERT_EQ(r.moe_losses.size(), 2 * static_cast<size_t>(spec.num_moe_layers()));
+  for (size_t i = 0; i < r.moe_losses.size(); ++i) {
+    EXPECT_EQ(r.moe_losses[i].first, r.ref_moe_losses[i].first);
+    EXPECT_NEAR(r.moe_losses[i].second, r.ref_moe_losses[i].second, 1e-5 * std::fabs(r.ref_moe_losses[i].second))
+        << r.moe_losses[i].first;
+  }
+  spec.moe.seq_aux_loss = false;
+  const Step0 batch_wise = step0_parity(spec, Attn::Default, turbo::Device::CPU, seed);
+  int differ = 0;
+  for (size_t i = 0; i < r.ref_moe_losses.size(); ++i)
+    if (r.ref_moe_losses[i].first.find("aux_loss") != std::string::npos)
+      differ += std::fabs(batch_wise.ref_moe_losses[i].second - r.ref_moe_losses[i].second) >
+                1e-4 * r.ref_moe_losses[i].second;
+  EXPECT_EQ(differ, spec.num_moe_layers()) << "the sequence-wise values are the batch-wise ones";
+
+  spec.moe.seq_aux_loss = true;
+  spec.moe.aux_loss_coeff = 0.01;
+  const auto [curve, ref] = training_curves(spec, Attn::Default, turbo::Device::CPU, 10);
+  ASSERT_EQ(curve.size(), 10u);
+  for (size_t s = 0; s < curve.size(); ++s) EXPECT_NEAR(curve[s], ref[s], 1e-5 * ref[s]) << "step " << s;
+}
+
 // FP8 experts (patch cuda.moe.fp8) in host mode: the three expert GEMMs of every MoE layer go
 // through the FP8 slots (quantize, then the FP8 grouped GEMM's reference), the dense linears
 // through the FP8 linear slots, and ten training steps stay within FP8's rounding of the fp32

@@ -97,11 +97,10 @@ class MoeParityTest : public CudaGpuTest, public ::testing::WithParamInterface<b
 
 int64_t spec_moe_layers(bool deepseek) { return tiny_moe_spec(deepseek).num_moe_layers(); }
 
-TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
-  const bool deepseek = GetParam();
+Step0 check_moe_parity(const train::ModelSpec& spec, bool deepseek) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE(fmt::format("seed {}", seed));
-  const Step0 r = step0_parity(tiny_moe_spec(deepseek), Attn::Default, turbo::Device::CUDA, seed);
+  const Step0 r = step0_parity(spec, Attn::Default, turbo::Device::CUDA, seed);
   EXPECT_NEAR(r.loss, r.ref_loss, 1e-2 * r.ref_loss) << "step-0 loss";
   const int64_t tokens = 4 * 64;
   EXPECT_LE(r.rerouted_first_layer, tokens / 25) << "tokens the first MoE layer routed differently";
@@ -122,6 +121,28 @@ TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
               "layer, largest gap there %.2e); gradient relative L2 per tensor (worst %.2e):\n%s",
               deepseek ? "deepseek" : "mixtral", seed, r.loss, r.ref_loss, static_cast<long long>(r.rerouted_tokens),
               static_cast<long long>(r.rerouted_first_layer), r.max_gap, worst, table.c_str());
+  return r;
+}
+
+TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
+  check_moe_parity(tiny_moe_spec(GetParam()), GetParam());
+}
+
+// DeepSeek-V3's sequence-wise balance loss (each sequence's own counts) on the device: the same
+// bounds, with an aux coefficient large enough that the router's gradient is mostly the aux
+// term's, and every layer's logged aux and z loss within 1% of the reference's.
+TEST_P(MoeParityTest, SequenceWiseAuxLossMatchesReference) {
+  train::ModelSpec spec = tiny_moe_spec(GetParam());
+  spec.moe.seq_aux_loss = true;
+  spec.moe.aux_loss_coeff = 1.0;
+  const Step0 r = check_moe_parity(spec, GetParam());
+  ASSERT_EQ(r.moe_losses.size(), r.ref_moe_losses.size());
+  ASSERT_EQ(r.moe_losses.size(), 2 * static_cast<size_t>(spec.num_moe_layers()));
+  for (size_t i = 0; i < r.moe_losses.size(); ++i) {
+    EXPECT_EQ(r.moe_losses[i].first, r.ref_moe_losses[i].first);
+    EXPECT_NEAR(r.moe_losses[i].second, r.ref_moe_losses[i].second, 1e-2 * std::fabs(r.ref_moe_losses[i].second))
+        << r.moe_losses[i].first;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, MoeParityTest, ::testing::Bool(),

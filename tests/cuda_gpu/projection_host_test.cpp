@@ -483,25 +483,32 @@ TEST(CudaProjection, MuonOptionsAndItsRefusals) {
   a.train.optim.clip_grad = 0;
   EXPECT_THROW(model_options_for(a, 1), ConfigError);
 }
-// The sequence-wise balance loss is the reference backend's only: the cuda backend refuses it by
-// name before anything is built (and the projection with it), and takes the batch-wise one.
-TEST(CudaProjection, RefusesTheSequenceWiseAuxLossByName) {
+// The sequence-wise balance loss on the cuda backend: accepted without context parallelism, its
+// per-sequence statistics in the step status (the projection counts them: one more status word per
+// sequence, expert and MoE layer, counts and sums), refused by name with cp (a rank holds chunks
+// of every sequence) before anything is built.
+TEST(CudaProjection, SequenceWiseAuxLossPlansItsStatisticsAndIsRefusedWithContextParallelism) {
   train::ModelSpec spec = testing::tiny_moe_spec(false);
-  spec.moe.seq_aux_loss = true;
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
   CudaArgs a = projection_args(spec, 2, 1);
+  const train::MemoryProjection batch_wise = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  a.model.moe.seq_aux_loss = true;
+  EXPECT_NO_THROW(model_options_for(a, 1));
+  const train::MemoryProjection seq_wise = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  EXPECT_GT(seq_wise.total(), batch_wise.total());
+  EXPECT_LT(seq_wise.total(), batch_wise.total() + 4096.0 + 8.0 * 2 * spec.num_moe_layers() * spec.moe.num_experts);
+
+  a.train.model_parallel[parallel::Dim::CP] = 2;
   try {
-    model_options_for(a, 1);
-    ADD_FAILURE() << "seq_aux_loss accepted";
+    model_options_for(a, 2);
+    ADD_FAILURE() << "seq_aux_loss accepted with context parallelism";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("moe_router_load_balancing_type: seq_aux_loss is not implemented on the cuda "
-                                         "backend"),
+    EXPECT_NE(std::string(e.what()).find("moe_router_load_balancing_type: seq_aux_loss with context_parallel_size 2"),
               std::string::npos)
         << e.what();
   }
-  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
-  EXPECT_THROW(project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0), ConfigError);
   a.model.moe.seq_aux_loss = false;
-  EXPECT_NO_THROW(model_options_for(a, 1));
+  EXPECT_NO_THROW(model_options_for(a, 2));
 }
 }  // namespace
 }  // namespace primus::backends::cuda

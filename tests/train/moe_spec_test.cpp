@@ -216,6 +216,13 @@ TEST(MoeSpec, CheckpointSpecAndExportRules) {
   EXPECT_EQ(spec_json(back), j);
   EXPECT_EQ(back.moe.moe_layers, m.moe.moe_layers);
   EXPECT_FALSE(spec_json(primus::testing::tiny_llama()).contains("moe"));  // dense checkpoints unchanged
+  // The sequence-wise balance loss is part of the record (another objective), written only when set.
+  EXPECT_FALSE(j["moe"].contains("seq_aux_loss"));
+  m.moe.seq_aux_loss = true;
+  const nlohmann::json js = spec_json(m);
+  EXPECT_EQ(js["moe"]["seq_aux_loss"], true);
+  EXPECT_TRUE(spec_from_json(js).moe.seq_aux_loss);
+  EXPECT_FALSE(back.moe.seq_aux_loss);
   // Mixtral exports; DeepSeek-style routing is refused with the reason.
   ModelSpec mix = primus::testing::tiny_moe(false);
   mix.moe.moe_layers = {true, true, true};

@@ -196,6 +196,44 @@ TEST_F(MoeRouterTest, AuxAndZLossValues) {
   EXPECT_NEAR(aux, 1.0, 1e-12);
 }
 
+// DeepSeek-V3's sequence-wise aux loss: each sequence's counts and sums of p over its own tokens,
+// the loss the mean of each sequence's switch loss (written out from the definition here); one
+// sequence gives the batch-wise loss, and sequences routed unevenly give another value.
+TEST_F(MoeRouterTest, SequenceWiseAuxLoss) {
+  const int64_t S = 3, T = 4, N = S * T, E = 4, K = 2;
+  auto logits = rng.vec(N * E, -2, 2);
+  for (int64_t n = 0; n < T; ++n) logits[n * E + 0] += 6.0;  // the first sequence leans on expert 0
+  RouterConfig r = softmax_cfg(E, K, false);
+  std::vector<int32_t> idx(N * K), counts(E), sc(S * E);
+  std::vector<double> w(N * K), probs(N * E), psum(E), sp(S * E);
+  double z_sum, aux, z;
+  router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                 static_cast<const double*>(nullptr), N, r);
+  router_losses(&aux, &z, counts.data(), psum.data(), z_sum, N, r);
+  moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, T, K, E);
+  double want = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    double seq = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      int64_t c = 0;
+      double p = 0;
+      for (int64_t n = s * T; n < (s + 1) * T; ++n) {
+        for (int64_t k = 0; k < K; ++k) c += idx[n * K + k] == e;
+        p += probs[n * E + e];
+      }
+      EXPECT_EQ(sc[s * E + e], c) << "sequence " << s << " expert " << e;
+      EXPECT_NEAR(sp[s * E + e], p, 1e-12);
+      seq += double(c) / double(T * K) * p / double(T);
+    }
+    want += double(E) * seq / double(S);
+  }
+  EXPECT_NEAR(sequence_aux_loss(sc.data(), sp.data(), S, T, r), want, 1e-12);
+  EXPECT_GT(std::fabs(want - aux), 1e-3) << "uneven sequences give the batch-wise value";
+  moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, N, K, E);
+  EXPECT_NEAR(sequence_aux_loss(sc.data(), sp.data(), 1, N, r), aux, 1e-12);
+  EXPECT_THROW(moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, 5, K, E), std::invalid_argument);
+}
+
 // The row plan: groups in expert order, padded to the alignment, slots in token order; empty
 // experts take no rows.
 TEST_F(MoeRouterTest, PlanRowsDropless) {

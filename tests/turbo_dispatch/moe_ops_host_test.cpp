@@ -1,4 +1,4 @@
-// The MoE routing ops (turbo/ops/moe.h) on host tensors: each of the seven dispatches to the CPU
+// The MoE routing ops (turbo/ops/moe.h) on host tensors: each of the eight dispatches to the CPU
 // backend and gives what the reference kernel gives on the same arguments, and malformed calls fail
 // with errors that name the op, the argument and what was expected. (The device kernels are tested
 // against the same reference in tests/turbo_gpu/moe_test.cpp.)
@@ -188,6 +188,48 @@ TEST_F(MoeOpsHost, MalformedCallsNameTheOpArgumentAndExpectation) {
   std::vector<uint16_t> xb(N * C);
   pa.inp = TensorView(xb.data(), DType::BF16, Device::CPU, {N, C});
   expect_error([&] { moe_permute(pa); }, {"moe_permute", "out", "bf16"});
+
+  // The sequence-wise statistics: a sequence length that does not divide the tokens, and outputs
+  // of another row count than the sequences.
+  std::vector<int32_t> sc(2 * E);
+  std::vector<float> sp(2 * E);
+  MoeSequenceStatsArgs q;
+  q.topk_idx = f.topk_idx, q.probs = f.probs, q.seq_len = 4;
+  q.counts = host(sc, {2, E}), q.prob_sum = host(sp, {2, E});
+  EXPECT_EQ(moe_sequence_stats(q), BackendType::CPU);
+  q.seq_len = 3;
+  expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "seq_len 3", "8 tokens"});
+  q.seq_len = 8;
+  expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "counts", "[1, 8]"});
+}
+
+// The sequence-wise statistics through the op: each sequence's counts and sums of p, as the
+// reference kernel gives them, and rows that add up to the whole batch's router statistics.
+TEST_F(MoeOpsHost, SequenceStatsSplitTheRoutersStatisticsBySequence) {
+  const int64_t S = 3, T = 5, N = S * T, E = 6, K = 2;
+  auto logits = randn(N * E);
+  std::vector<int32_t> idx(N * K), counts(E), sc(S * E), r_sc(S * E);
+  std::vector<float> w(N * K), probs(N * E), psum(E), z(1), sp(S * E), r_sp(S * E);
+  RouterForwardArgs f;
+  f.cfg.num_experts = E, f.cfg.topk = K;
+  f.logits = host(logits, {N, E});
+  f.topk_idx = host(idx, {N, K}), f.topk_weight = host(w, {N, K}), f.probs = host(probs, {N, E});
+  f.counts = host(counts, {E}), f.prob_sum = host(psum, {E}), f.z_sum = host(z, {1});
+  router_forward(f);
+  MoeSequenceStatsArgs q;
+  q.topk_idx = f.topk_idx, q.probs = f.probs, q.seq_len = T;
+  q.counts = host(sc, {S, E}), q.prob_sum = host(sp, {S, E});
+  EXPECT_EQ(moe_sequence_stats(q), BackendType::CPU);
+  cpu::moe_sequence_stats<float>(r_sc.data(), r_sp.data(), idx.data(), probs.data(), N, T, K, E);
+  EXPECT_EQ(sc, r_sc);
+  EXPECT_EQ(sp, r_sp);
+  for (int64_t e = 0; e < E; ++e) {
+    int32_t c = 0;
+    double p = 0;
+    for (int64_t s = 0; s < S; ++s) c += sc[s * E + e], p += sp[s * E + e];
+    EXPECT_EQ(c, counts[e]) << "expert " << e;
+    EXPECT_NEAR(p, psum[e], 1e-5) << "expert " << e;
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 
 #include "gpu_fixture.h"
@@ -164,6 +165,45 @@ INSTANTIATE_TEST_SUITE_P(
         RouterCase{"ties_dsv3_e256_k8_g8_4", 2048, 256, 8, RouterScore::Sigmoid, false, 8, 4, 2.5, false, true},
         RouterCase{"starved_e64_k6", 1500, 64, 6, RouterScore::Sigmoid, false, 1, 1, 2.5, true, false, true}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// ---- the sequence-wise aux loss's statistics --------------------------------------------------
+// Each sequence's counts (exact) and sums of p (fp64 in another order: 1e-6) against the CPU
+// kernel, on a routing where some experts receive nothing and with more experts than one block
+// column serves; the same bits on a second run.
+TEST_F(MoeGpuTest, SequenceStatsMatchReference) {
+  for (const auto& [S, T, E, K] : std::vector<std::array<int64_t, 4>>{{4, 2048, 64, 8}, {3, 1000, 8, 2},
+                                                                      {2, 777, 256, 8}, {5, 64, 40, 6}}) {
+    SCOPED_TRACE(::testing::Message() << "S=" << S << " T=" << T << " E=" << E << " K=" << K);
+    const int64_t N = S * T;
+    std::vector<int32_t> allowed;
+    for (int32_t e = 0; e < E; ++e)
+      if (e % 5 != 3) allowed.push_back(e);  // every fifth expert starved
+    const std::vector<int32_t> idx = random_routing(N, K, allowed);
+    const std::vector<float> probs = uniform(N * E, 0.0f, 1.0f);
+    std::vector<int32_t> r_counts(S * E);
+    std::vector<float> r_sums(S * E);
+    cpu::moe_sequence_stats<float>(r_counts.data(), r_sums.data(), idx.data(), probs.data(), N, T, K, E);
+    MoeSequenceStatsArgs q;
+    q.topk_idx = i32({N, K});
+    q.probs = f32({N, E});
+    put_i32(q.topk_idx, idx);
+    put(q.probs, probs);
+    q.seq_len = T;
+    q.counts = i32({S, E});
+    q.prob_sum = f32({S, E});
+    q.ctx = ctx;
+    poison(q.counts);
+    poison(q.prob_sum);
+    EXPECT_EQ(moe_sequence_stats(q), BackendType::TURBO);
+    EXPECT_EQ(get_i32(q.counts), r_counts);
+    EXPECT_LT(rel_err(get(q.prob_sum), r_sums), 1e-6);
+    const auto counts_bytes = bytes(q.counts), sums_bytes = bytes(q.prob_sum);
+    poison(q.prob_sum);
+    moe_sequence_stats(q);
+    EXPECT_EQ(bytes(q.counts), counts_bytes);
+    EXPECT_EQ(bytes(q.prob_sum), sums_bytes);
+  }
+}
 
 // ---- the row plan ------------------------------------------------------------------------------
 struct PlanCase {

@@ -16,7 +16,7 @@
 namespace primus::turbo {
 namespace {
 
-// All seven ops dispatch under one name: PRIMUS_TURBO_MOE_BACKEND picks the backend of the whole
+// All eight ops dispatch under one name: PRIMUS_TURBO_MOE_BACKEND picks the backend of the whole
 // routing path, which only works end to end on one device anyway.
 constexpr const char* kMoeOp = "moe";
 
@@ -102,6 +102,20 @@ MoeDims validate(const RouterBackwardArgs& a) {
   moe_check_vec(a.counts, E, DType::I32, op, "counts");
   if (!std::isfinite(a.aux_coeff) || !std::isfinite(a.z_coeff))
     throw RuntimeError(fmt::format("{}: aux_coeff {} and z_coeff {} must be finite", op, a.aux_coeff, a.z_coeff));
+  return {N, K, E, 0, 0};
+}
+
+MoeDims validate(const MoeSequenceStatsArgs& a) {
+  const char* op = "moe_sequence_stats";
+  moe_check(a.topk_idx, -1, -1, DType::I32, op, "topk_idx");
+  const int64_t N = a.topk_idx.rows(), K = a.topk_idx.cols();
+  moe_check(a.probs, N, -1, DType::F32, op, "probs");
+  const int64_t E = a.probs.cols();
+  if (a.seq_len < 1 || N % a.seq_len != 0)
+    throw RuntimeError(fmt::format("{}: seq_len {} does not divide the {} tokens", op, a.seq_len, N));
+  const int64_t S = N / a.seq_len;
+  moe_check(a.counts, S, E, DType::I32, op, "counts");
+  moe_check(a.prob_sum, S, E, DType::F32, op, "prob_sum");
   return {N, K, E, 0, 0};
 }
 
@@ -235,6 +249,16 @@ void cpu_router_bwd(const RouterBackwardArgs& a) {
                               a.probs.defined() ? a.probs.ptr<const float>() : nullptr, a.topk_idx.ptr<const int32_t>(),
                               a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff, a.z_coeff);
 }
+std::string cpu_check_seq_stats(const MoeSequenceStatsArgs& a) {
+  return moe_cpu_check({{"topk_idx", &a.topk_idx}, {"probs", &a.probs}, {"counts", &a.counts},
+                        {"prob_sum", &a.prob_sum}},
+                       {});
+}
+void cpu_seq_stats(const MoeSequenceStatsArgs& a) {
+  const MoeDims d = validate(a);
+  cpu::moe_sequence_stats<float>(a.counts.ptr<int32_t>(), a.prob_sum.ptr<float>(), a.topk_idx.ptr<const int32_t>(),
+                                 a.probs.ptr<const float>(), d.N, a.seq_len, d.K, d.E);
+}
 std::string cpu_check_plan(const MoePlanArgs& a) {
   return moe_cpu_check({{"topk_idx", &a.topk_idx}, {"topk_weight", &a.topk_weight}, {"counts", &a.counts},
                         {"row_of_slot", &a.row_of_slot}, {"offsets", &a.offsets}, {"kept", &a.kept}},
@@ -348,6 +372,16 @@ void turbo_router_bwd(const RouterBackwardArgs& a) {
                         a.topk_idx.ptr<const int32_t>(), a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff,
                         a.z_coeff, moe_stream(a.ctx));
 }
+std::string turbo_check_seq_stats(const MoeSequenceStatsArgs& a) {
+  return moe_turbo_check({{"topk_idx", &a.topk_idx}, {"probs", &a.probs}, {"counts", &a.counts},
+                          {"prob_sum", &a.prob_sum}},
+                         a.topk_idx.cols());
+}
+void turbo_seq_stats(const MoeSequenceStatsArgs& a) {
+  const MoeDims d = validate(a);
+  cuda::moe_sequence_stats(a.counts.ptr<int32_t>(), a.prob_sum.ptr<float>(), a.topk_idx.ptr<const int32_t>(),
+                           a.probs.ptr<const float>(), d.N, a.seq_len, d.K, d.E, moe_stream(a.ctx));
+}
 std::string turbo_check_plan(const MoePlanArgs& a) {
   if (auto w = moe_turbo_check({{"topk_idx", &a.topk_idx}, {"topk_weight", &a.topk_weight}, {"counts", &a.counts},
                                 {"row_of_slot", &a.row_of_slot}, {"offsets", &a.offsets}, {"kept", &a.kept}},
@@ -422,6 +456,10 @@ std::string RouterBackwardArgs::key() const {
   return fmt::format("router_backward logits={} E={} K={} {}", logits.describe(), cfg.num_experts, cfg.topk,
                      moe_score_name(cfg));
 }
+std::string MoeSequenceStatsArgs::key() const {
+  return fmt::format("moe_sequence_stats topk_idx={} probs={} seq_len={}", topk_idx.describe(), probs.describe(),
+                     seq_len);
+}
 std::string MoePlanArgs::key() const {
   return fmt::format("moe_plan_rows topk_idx={} E={} align={} capacity={} policy={}", topk_idx.describe(), kept.numel(),
                      align, capacity, policy == DropPolicy::Probs ? "probs" : "position");
@@ -454,6 +492,13 @@ BackendType router_backward(const RouterBackwardArgs& args) {
   static auto* d = detail::make_turbo_cpu_dispatcher<RouterBackwardArgs>(
       kMoeOp, PRIMUS_TURBO_FN(turbo_check_router_bwd), PRIMUS_TURBO_FN(turbo_router_bwd), cpu_check_router_bwd,
       cpu_router_bwd);
+  return d->dispatch(args);
+}
+BackendType moe_sequence_stats(const MoeSequenceStatsArgs& args) {
+  validate(args);
+  static auto* d = detail::make_turbo_cpu_dispatcher<MoeSequenceStatsArgs>(
+      kMoeOp, PRIMUS_TURBO_FN(turbo_check_seq_stats), PRIMUS_TURBO_FN(turbo_seq_stats), cpu_check_seq_stats,
+      cpu_seq_stats);
   return d->dispatch(args);
 }
 BackendType moe_plan_rows(const MoePlanArgs& args) {

@@ -6,7 +6,7 @@
 // the row layout of the permuted buffer) are those of the reference kernels, documented in
 // turbo/kernels/cpu/moe.h; every device kernel is tested against them.
 //
-// One MoE layer's forward:  router_forward -> moe_plan_rows -> moe_permute -> expert GEMMs ->
+// One MoE layer's forward:  router_forward [-> moe_sequence_stats] -> moe_plan_rows -> moe_permute -> expert GEMMs ->
 // moe_unpermute; its backward: moe_unpermute_backward -> expert GEMMs' backward ->
 // moe_permute_backward, router_backward. Every size a step needs is fixed by (N, K, E, align),
 // not by the routing: buffers are sized for moe_permuted_rows_max() rows, the ops read the actual
@@ -51,6 +51,19 @@ struct RouterBackwardArgs {
   TensorView dweight;                         // [N,K] f32, gradient of topk_weight
   TensorView logits, probs, topk_idx, counts;  // the forward's
   double aux_coeff = 0, z_coeff = 0;          // loss coefficients times the caller's loss scale
+  ExecContext ctx;
+  std::string key() const;
+  Precision precision() const { return Precision::FP32; }
+};
+
+// DeepSeek-V3's sequence-wise aux loss reads each sequence's own statistics: the N tokens as
+// S = N / seq_len sequences (seq_len must divide N).
+struct MoeSequenceStatsArgs {
+  TensorView topk_idx;  // [N,K] i32, the router's
+  TensorView probs;     // [N,E] f32, the router's
+  int64_t seq_len = 0;  // T
+  TensorView counts;    // out [S,E] i32: slots routed to each expert within each sequence
+  TensorView prob_sum;  // out [S,E] f32: sum of p over each sequence's tokens
   ExecContext ctx;
   std::string key() const;
   Precision precision() const { return Precision::FP32; }
@@ -109,6 +122,7 @@ struct MoeUnpermuteBackwardArgs {
 
 BackendType router_forward(const RouterForwardArgs& args);
 BackendType router_backward(const RouterBackwardArgs& args);
+BackendType moe_sequence_stats(const MoeSequenceStatsArgs& args);
 BackendType moe_plan_rows(const MoePlanArgs& args);
 BackendType moe_permute(const MoePermuteArgs& args);
 BackendType moe_permute_backward(const MoePermuteBackwardArgs& args);

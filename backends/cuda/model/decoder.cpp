@@ -321,7 +321,10 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
     turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), a_.losses.slice0(0, N), c);
   }
   have_grad_logits_ = dloss != 0.0f;
-  if (have_grad_logits_) train_tokens_ = N;
+  if (have_grad_logits_) {
+    train_tokens_ = N;
+    train_seq_ = T;
+  }
 }
 
 void Decoder::norm_backward(const TensorView& dres, const TensorView& dout, const TensorView& inp,
@@ -708,6 +711,22 @@ TensorView moe_row(const TensorView& buf, int64_t slot, int64_t m, int64_t begin
 }
 }  // namespace
 
+namespace {
+// Row b of slot `slot`, MoE layer m of a [S, Lm, B, E] buffer.
+TensorView moe_seq_row(const TensorView& buf, int64_t slot, int64_t m, int64_t b) {
+  const int64_t Lm = buf.size(1), B = buf.size(2), E = buf.size(3);
+  if (b < 0 || b >= B) throw RuntimeError(fmt::format("moe: sequence {} of a micro-batch planned for {}", b, B));
+  char* p = static_cast<char*>(buf.data) + size_t(((slot * Lm + m) * B + b) * E) * turbo::dtype_size(buf.dtype);
+  return TensorView(p, buf.dtype, buf.device, {E});
+}
+}  // namespace
+
+TensorView Decoder::moe_seq_counts(int64_t slot, int64_t l, int64_t b) const {
+  return moe_seq_row(a_.moe_seq_counts, slot, moe_index_.at(l), b);
+}
+TensorView Decoder::moe_seq_sums(int64_t slot, int64_t l, int64_t b) const {
+  return moe_seq_row(a_.moe_seq_sums, slot, moe_index_.at(l), b);
+}
 TensorView Decoder::moe_counts(int64_t slot, int64_t l) const {
   return moe_row(a_.moe_counts, slot, moe_index_.at(l), 0, spec_.moe.num_experts);
 }
@@ -750,6 +769,20 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   r.z_sum = moe_z_sum(slot_, l);
   r.ctx = c;
   ops_.moe_router(r);
+  if (spec_.moe.seq_aux_loss) {  // each sequence's counts and sums of p (the loss and its gradient)
+    if (opt_.cp) throw RuntimeError("moe: the sequence-wise aux loss with context parallelism (a rank holds chunks)");
+    const int64_t B = N / T_;
+    if (B > a_.moe_seq_counts.size(2))
+      throw RuntimeError(fmt::format("moe: {} sequences in a micro-batch planned for {}", B, a_.moe_seq_counts.size(2)));
+    turbo::MoeSequenceStatsArgs q;
+    q.topk_idx = idx;
+    q.probs = r.probs;
+    q.seq_len = T_;
+    q.counts = TensorView(moe_seq_counts(slot_, l, 0).data, turbo::DType::I32, r.probs.device, {B, r.cfg.num_experts});
+    q.prob_sum = TensorView(moe_seq_sums(slot_, l, 0).data, turbo::DType::F32, r.probs.device, {B, r.cfg.num_experts});
+    q.ctx = c;
+    turbo::moe_sequence_stats(q);
+  }
   turbo::MoePlanArgs pl;
   pl.topk_idx = idx;
   pl.topk_weight = w;
@@ -870,18 +903,35 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   }
   turbo::RouterBackwardArgs rb;
   rb.cfg = router_;
-  rb.dlogits = a_.dlogits.slice0(0, N);
-  rb.dweight = a_.dweight.slice0(0, N);
-  rb.logits = m.logits.slice0(0, N);
-  rb.probs = m.probs.slice0(0, N);
-  rb.topk_idx = m.topk_idx.slice0(0, N);
-  rb.counts = counts;
-  rb.aux_coeff = spec_.moe.aux_loss_coeff * scale * aux_share;
-  rb.z_coeff = spec_.moe.z_loss_coeff * scale;
   rb.ctx = c;
-  ops_.moe_router_backward(rb);
+  const auto router_rows = [&](int64_t r0, int64_t r1) {
+    rb.dlogits = a_.dlogits.slice0(r0, r1);
+    rb.dweight = a_.dweight.slice0(r0, r1);
+    rb.logits = m.logits.slice0(r0, r1);
+    rb.probs = m.probs.slice0(r0, r1);
+    rb.topk_idx = m.topk_idx.slice0(r0, r1);
+  };
+  if (spec_.moe.seq_aux_loss) {
+    // DeepSeek-V3's sequence-wise loss: each sequence's tokens with its own counts. The mean over
+    // the B sequences puts 1/B on each one's aux loss, and the z loss (a mean over the N tokens)
+    // T/N on each one's mean over its T.
+    const int64_t T = T_, B = N / T;
+    for (int64_t b = 0; b < B; ++b) {
+      router_rows(b * T, (b + 1) * T);
+      rb.counts = moe_seq_counts(slot_, l, b);
+      rb.aux_coeff = spec_.moe.aux_loss_coeff * scale / static_cast<double>(B);
+      rb.z_coeff = spec_.moe.z_loss_coeff * scale * static_cast<double>(T) / static_cast<double>(N);
+      ops_.moe_router_backward(rb);
+    }
+  } else {
+    router_rows(0, N);
+    rb.counts = counts;
+    rb.aux_coeff = spec_.moe.aux_loss_coeff * scale * aux_share;
+    rb.z_coeff = spec_.moe.z_loss_coeff * scale;
+    ops_.moe_router_backward(rb);
+  }
   const TensorView dlog = a_.dlogits_act.slice0(0, N);
-  turbo::cast(dlog, rb.dlogits, c);
+  turbo::cast(dlog, a_.dlogits.slice0(0, N), c);
   turbo::GemmArgs gi;  // dln += dlogits @ router
   gi.a = dlog;
   gi.b = mp.router.w;

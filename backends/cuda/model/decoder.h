@@ -141,6 +141,8 @@ class Decoder {
   int64_t seq() const { return T_; }
   // B * T of the last forward with a gradient (the step status divides by it).
   int64_t train_tokens() const { return train_tokens_; }
+  // T of that forward (its B * T tokens are B sequences of T).
+  int64_t train_seq() const { return train_seq_; }
   void set_profiler(StepProfiler* p) { prof_ = p; }
   StepProfiler* profiler() const { return prof_; }
 
@@ -174,6 +176,10 @@ class Decoder {
   TensorView moe_counts(int64_t slot, int64_t l) const;
   TensorView moe_kept(int64_t slot, int64_t l) const;
   TensorView moe_prob_sum(int64_t slot, int64_t l) const;
+  // The sequence-wise aux loss's statistics of slot `slot`, MoE layer l, sequence b: counts i32 [E]
+  // and sums of p f32 [E] (views into moe_seq_counts / moe_seq_sums).
+  TensorView moe_seq_counts(int64_t slot, int64_t l, int64_t b) const;
+  TensorView moe_seq_sums(int64_t slot, int64_t l, int64_t b) const;
   TensorView moe_z_sum(int64_t slot, int64_t l) const;
   // A linear layer's gradients from dout: dinp = (skipped if undefined), w.g +=, b.g += (if the
   // layer has a bias: its own column-sum reduction, the GEMM's epilogue with BiasGrad::Gemm, or
@@ -267,7 +273,7 @@ class Decoder {
   turbo::RouterConfig router_;
   int64_t moe_align_ = 1;
   std::vector<int64_t> moe_index_;  // layer -> its index among the MoE layers (-1: dense)
-  int64_t train_tokens_ = 1;
+  int64_t train_tokens_ = 1, train_seq_ = 1;
   bool have_grad_logits_ = false;
   bool sp_ = false;  // sequence parallelism (DecoderOptions::tp)
   StepProfiler* prof_ = nullptr;

@@ -271,7 +271,8 @@ void MemoryPlan::plan(Take&& take) {
   // The MoE routing statistics ride in the status buffer, so the one D2H copy of a step's status
   // carries them too (i32 counts as bit patterns, then f32 sums; see ActivationBuffers).
   const int64_t Lm = spec_.num_moe_layers(), E = spec_.moe.num_experts;
-  const int64_t moe_words = S * Lm * (3 * E + 1);
+  const int64_t seq_rows = Lm > 0 && spec_.moe.seq_aux_loss ? opt_.max_batch : 0;
+  const int64_t moe_words = S * Lm * (3 * E + 1 + 2 * seq_rows * E);
   s.status = take(Pool::State, DType::F32, {S + 3 + moe_words},
                   "step status: loss sums, grad norm, clip factor, finite flag, MoE routing statistics");
   if (s.status.defined()) {
@@ -281,6 +282,11 @@ void MemoryPlan::plan(Take&& take) {
       float* base = static_cast<float*>(s.status.data) + S + 3;
       acts.moe_counts = TensorView(base, DType::I32, s.status.device, {S, Lm, 2 * E});
       acts.moe_sums = TensorView(base + S * Lm * 2 * E, DType::F32, s.status.device, {S, Lm, E + 1});
+      if (seq_rows > 0) {
+        float* seq = base + S * Lm * (3 * E + 1);
+        acts.moe_seq_counts = TensorView(seq, DType::I32, s.status.device, {S, Lm, seq_rows, E});
+        acts.moe_seq_sums = TensorView(seq + S * Lm * seq_rows * E, DType::F32, s.status.device, {S, Lm, seq_rows, E});
+      }
     }
   }
   s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");

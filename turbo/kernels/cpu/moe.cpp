@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
 #include <vector>
 
 namespace primus::turbo::cpu {
@@ -127,6 +128,40 @@ void router_losses(double* aux, double* z, const int32_t* counts, const Real* pr
   for (int64_t e = 0; e < E; ++e) s += static_cast<double>(counts[e]) * static_cast<double>(prob_sum[e]);
   *aux = N > 0 ? static_cast<double>(E) * s / (static_cast<double>(N) * K * N) : 0.0;
   *z = N > 0 ? static_cast<double>(z_sum) / N : 0.0;
+}
+
+template <typename Real>
+void moe_sequence_stats(int32_t* counts, Real* prob_sum, const int32_t* topk_idx, const Real* probs, int64_t N,
+                        int64_t T, int64_t K, int64_t E) {
+  if (T < 1 || N % T != 0) throw std::invalid_argument("moe_sequence_stats: T must divide N");
+  const int64_t S = N / T;
+  std::fill(counts, counts + S * E, 0);
+  std::vector<double> sum(static_cast<size_t>(E));
+  for (int64_t s = 0; s < S; ++s) {
+    int32_t* c = counts + s * E;
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (int64_t n = s * T; n < (s + 1) * T; ++n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t e = topk_idx[n * K + k];
+        if (e >= 0 && e < E) ++c[e];
+      }
+      for (int64_t e = 0; e < E; ++e) sum[e] += static_cast<double>(probs[n * E + e]);
+    }
+    for (int64_t e = 0; e < E; ++e) prob_sum[s * E + e] = static_cast<Real>(sum[e]);
+  }
+}
+
+template <typename Real>
+double sequence_aux_loss(const int32_t* counts, const Real* prob_sum, int64_t S, int64_t T, const RouterConfig& cfg) {
+  if (S < 1) return 0.0;
+  const int64_t E = cfg.num_experts;
+  double total = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    double aux = 0, z = 0;
+    router_losses(&aux, &z, counts + s * E, prob_sum + s * E, Real(0), T, cfg);
+    total += aux;
+  }
+  return total / static_cast<double>(S);
 }
 
 template <typename Real>
@@ -297,6 +332,9 @@ void router_bias_update(float* bias, const int64_t* load, int64_t E, double rate
                                      int64_t, const RouterConfig&, const int32_t*);                                   \
   template void router_losses<Real>(double*, double*, const int32_t*, const Real*, Real, int64_t,                     \
                                     const RouterConfig&);                                                             \
+  template void moe_sequence_stats<Real>(int32_t*, Real*, const int32_t*, const Real*, int64_t, int64_t, int64_t,      \
+                                         int64_t);                                                                    \
+  template double sequence_aux_loss<Real>(const int32_t*, const Real*, int64_t, int64_t, const RouterConfig&);        \
   template void router_backward<Real>(Real*, const Real*, const Real*, const Real*, const int32_t*, const int32_t*,   \
                                       int64_t, const RouterConfig&, double, double);                                  \
   template int64_t moe_plan_rows<Real>(int32_t*, int32_t*, int32_t*, const int32_t*, const Real*, const int32_t*,     \

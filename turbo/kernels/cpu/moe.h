@@ -21,6 +21,9 @@
 //   aux (switch-style, Megatron's "aux_loss"): E / (N * K * N) * sum_e count_e * sum_n p_ne,
 //       p = softmax(logits) for the softmax router, sigmoid(logits) normalised per token for the
 //       sigmoid router; counts are not differentiated.
+//   sequence-wise aux (DeepSeek-V3, Megatron's "seq_aux_loss"): the N tokens as S = N / T
+//       sequences of T; the mean over sequences of the aux above with each sequence's own counts and
+//       sums of p over its T tokens (moe_sequence_stats, sequence_aux_loss).
 //   z: mean_n logsumexp(logits_n)^2.
 #pragma once
 #include <cstdint>
@@ -60,6 +63,17 @@ template <typename Real>
 void router_backward(Real* dlogits, const Real* dweight, const Real* logits, const Real* probs,
                      const int32_t* topk_idx, const int32_t* counts, int64_t N, const RouterConfig& cfg,
                      double aux_coeff, double z_coeff);
+
+// The sequence-wise aux loss's statistics: the N tokens as N / T sequences of T (T must divide N).
+// counts [N/T, E] = slots routed to each expert within each sequence, prob_sum [N/T, E] = sum of p
+// over each sequence's tokens (summed in fp64, then rounded); both overwritten.
+template <typename Real>
+void moe_sequence_stats(int32_t* counts, Real* prob_sum, const int32_t* topk_idx, const Real* probs, int64_t N,
+                        int64_t T, int64_t K, int64_t E);
+// The sequence-wise aux loss from those statistics: the mean over the S sequences of
+// router_losses()'s aux with each one's row and N = T.
+template <typename Real>
+double sequence_aux_loss(const int32_t* counts, const Real* prob_sum, int64_t S, int64_t T, const RouterConfig& cfg);
 
 // Token dropping when an expert's capacity is exceeded (moe_expert_capacity_factor).
 enum class DropPolicy : uint8_t { Probs, Position };

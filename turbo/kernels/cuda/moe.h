@@ -37,6 +37,11 @@ void router_backward(float* dlogits, const float* dweight, const float* logits, 
                      const int32_t* counts, int64_t N, const cpu::RouterConfig& cfg, double aux_coeff,
                      double z_coeff, cudaStream_t stream);
 
+// The sequence-wise aux loss's statistics, as cpu::moe_sequence_stats: counts and prob_sum
+// [N/T, E] (overwritten); prob_sum in a fixed order (deterministic). T must divide N.
+void moe_sequence_stats(int32_t* counts, float* prob_sum, const int32_t* topk_idx, const float* probs, int64_t N,
+                        int64_t T, int64_t K, int64_t E, cudaStream_t stream);
+
 // The row plan, as cpu::moe_plan_rows (counts recounted from topk_idx, as the reference does;
 // slots whose expert is outside [0, E) are treated as dropped). topk_weight is read only when
 // capacity >= 0 and policy is Probs.
