@@ -18,6 +18,12 @@ EpShardMap::EpShardMap(const ModelSpec& global, int ep, int rank) : ModelShardMa
                                   "moe_layer_freq); leave it at 1",
                                   ep));
   }
+  if (ep > 1 && global.moe.allgather_dispatcher) {
+    throw ConfigError(fmt::format("moe_token_dispatcher_type 'allgather' with expert_model_parallel_size {} is not "
+                                  "implemented: both backends send each token to its experts' ranks all-to-all; set "
+                                  "alltoall (the same result)",
+                                  ep));
+  }
   if (E % ep != 0) {
     throw ConfigError(fmt::format("expert_model_parallel_size {} does not divide num_experts {}: every rank holds the "
                                   "same number of experts",

@@ -81,7 +81,15 @@ void add_model_schema(config::Schema& s) {
       .number("moe_expert_capacity_factor", std::nullopt,
               "slots an expert keeps per micro-batch = factor * tokens * topk / num_experts (unset: dropless)", 0.0)
       .text("moe_token_drop_policy", "probs", "which slots an over-capacity expert drops: lowest weights or latest tokens",
-            {"probs", "position"});
+            {"probs", "position"})
+      .text("moe_router_dtype", "fp32",
+            "the routing's arithmetic: fp32 (both backends score, choose and weight the experts in fp32 or wider "
+            "from f32 logits, whatever the model's dtype); Megatron's fp64 is refused by name",
+            {"fp32", "fp64"})
+      .text("moe_token_dispatcher_type", "alltoall",
+            "how tokens reach their experts' ranks under expert parallelism: alltoall (both backends); Megatron's "
+            "allgather is accepted only without expert parallelism (no token moves), flex is refused by name",
+            {"alltoall", "allgather", "flex"});
 }
 
 namespace {
@@ -143,6 +151,17 @@ MoeSpec moe_from_config(const config::Value& p, const ModelSpec& m, Where&& wher
   e.seq_aux_loss = balancing == "seq_aux_loss";
   e.capacity_factor = optd(p, "moe_expert_capacity_factor", e.capacity_factor);
   e.drop_by_position = opts(p, "moe_token_drop_policy", "probs") == "position";
+  if (opts(p, "moe_router_dtype", "fp32") == "fp64") {
+    fail("moe_router_dtype",
+         "moe_router_dtype 'fp64' is not implemented: the router GEMM writes f32 logits, which both backends route in "
+         "fp32 (the reference) or fp64 (the cuda kernel); use fp32");
+  }
+  const std::string dispatcher = opts(p, "moe_token_dispatcher_type", "alltoall");
+  if (dispatcher == "flex") {
+    fail("moe_token_dispatcher_type",
+         "moe_token_dispatcher_type 'flex' (DeepEP / HybridEP) is not implemented; use alltoall");
+  }
+  e.allgather_dispatcher = dispatcher == "allgather";
   const int64_t E = e.num_experts, L = m.num_layers;
   if (!m.swiglu || m.bias) {
     fail("num_experts", "MoE layers are SwiGLU experts without biases (activation: swiglu, add_bias_linear: false)");

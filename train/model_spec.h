@@ -42,6 +42,10 @@ struct MoeSpec {
   double z_loss_coeff = 0.0;             // moe_z_loss_coeff
   double capacity_factor = 0.0;          // moe_expert_capacity_factor; <= 0: dropless
   bool drop_by_position = false;         // moe_token_drop_policy: probs | position
+  // moe_token_dispatcher_type: allgather names Megatron's exchange, which no backend implements;
+  // both move tokens all-to-all, and on one expert-parallel rank none move (EpShardMap refuses
+  // allgather beside expert parallelism). Not part of the model's record: it changes no value.
+  bool allgather_dispatcher = false;
   std::vector<bool> moe_layers;          // from moe_layer_freq and moe_first_k_dense_replace
 
   bool enabled() const { return num_experts > 0; }

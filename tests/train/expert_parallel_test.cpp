@@ -78,6 +78,12 @@ TEST(ExpertParallelMap, ModelsThatCannotSplitAreRefusedByName) {
                             {"expert_model_parallel_size 4 does not divide num_experts 6"});
   expect_error<ConfigError>([] { EpShardMap(primus::testing::tiny_llama(), 2, 0); },
                             {"expert_model_parallel_size 2: the model has no MoE layers"});
+  // Megatron's allgather exchange is not what either backend does: refused once tokens would move.
+  ModelSpec allgather = primus::testing::tiny_moe(false);
+  allgather.moe.allgather_dispatcher = true;
+  expect_error<ConfigError>([&] { EpShardMap(allgather, 2, 0); },
+                            {"moe_token_dispatcher_type 'allgather' with expert_model_parallel_size 2", "alltoall"});
+  EXPECT_NO_THROW(EpShardMap(allgather, 1, 0));
 }
 
 TEST(ExpertParallelMesh, DataParallelSizeCountsTheExpertRanks) {

@@ -124,6 +124,28 @@ TEST(MoeSpec, LoadBalancingTypeSelectsTheAuxLossOrRefusesByName) {
   EXPECT_NE(error_of(v).find("moe_router_load_balancing_type"), std::string::npos);
 }
 
+// Megatron's moe_router_dtype and moe_token_dispatcher_type: what both backends do is accepted
+// (fp32 routing; all-to-all dispatch, and allgather where it is marked for the expert-parallel
+// check), the rest refused by name.
+TEST(MoeSpec, RouterDtypeAndDispatcherTypeAcceptWhatRunsAndRefuseTheRest) {
+  config::Value v = moe_config();
+  EXPECT_FALSE(parse(v).moe.allgather_dispatcher);
+  v.set("moe_router_dtype", config::Value::string("fp32"));
+  v.set("moe_token_dispatcher_type", config::Value::string("alltoall"));
+  EXPECT_FALSE(parse(v).moe.allgather_dispatcher);
+  v.set("moe_token_dispatcher_type", config::Value::string("allgather"));
+  EXPECT_TRUE(parse(v).moe.allgather_dispatcher);
+  v.set("moe_token_dispatcher_type", config::Value::string("flex"));
+  std::string e = error_of(v);
+  EXPECT_NE(e.find("moe_token_dispatcher_type 'flex' (DeepEP / HybridEP) is not implemented"), std::string::npos) << e;
+  v.set("moe_token_dispatcher_type", config::Value::string("alltoall"));
+  v.set("moe_router_dtype", config::Value::string("fp64"));
+  e = error_of(v);
+  EXPECT_NE(e.find("moe_router_dtype 'fp64' is not implemented"), std::string::npos) << e;
+  v.set("moe_router_dtype", config::Value::string("bf16"));
+  EXPECT_NE(error_of(v).find("moe_router_dtype"), std::string::npos);
+}
+
 TEST(MoeSpec, LayoutsTheRouterCannotTakeAreErrorsNamingTheKey) {
   auto with = [](const char* key, config::Value val) {
     config::Value v = moe_config();
