@@ -18,6 +18,7 @@ nlohmann::json moe_json(const MoeSpec& e) {
           {"drop_by_position", e.drop_by_position}, {"moe_layers", e.moe_layers}};
   // Only when set, so that the records of batch-wise runs stay what they were.
   if (e.seq_aux_loss) j["seq_aux_loss"] = true;
+  if (e.force_load_balancing) j["force_load_balancing"] = true;
   return j;
 }
 MoeSpec moe_from_json(const nlohmann::json& j) {
@@ -39,6 +40,7 @@ MoeSpec moe_from_json(const nlohmann::json& j) {
   e.drop_by_position = j.at("drop_by_position");
   e.moe_layers = j.at("moe_layers").get<std::vector<bool>>();
   e.seq_aux_loss = j.value("seq_aux_loss", false);
+  e.force_load_balancing = j.value("force_load_balancing", false);
   return e;
 }
 }  // namespace

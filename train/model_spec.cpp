@@ -82,6 +82,9 @@ void add_model_schema(config::Schema& s) {
               "slots an expert keeps per micro-batch = factor * tokens * topk / num_experts (unset: dropless)", 0.0)
       .text("moe_token_drop_policy", "probs", "which slots an over-capacity expert drops: lowest weights or latest tokens",
             {"probs", "position"})
+      .flag("moe_router_force_load_balancing", false,
+            "benchmarking only: every router's logits are a fixed pseudo-random draw per layer, token position and "
+            "expert, so the experts get near-equal loads (gradients pass straight through, as in Megatron)")
       .text("moe_router_dtype", "fp32",
             "the routing's arithmetic: fp32 (both backends score, choose and weight the experts in fp32 or wider "
             "from f32 logits, whatever the model's dtype); Megatron's fp64 is refused by name",
@@ -162,6 +165,7 @@ MoeSpec moe_from_config(const config::Value& p, const ModelSpec& m, Where&& wher
          "moe_token_dispatcher_type 'flex' (DeepEP / HybridEP) is not implemented; use alltoall");
   }
   e.allgather_dispatcher = dispatcher == "allgather";
+  e.force_load_balancing = optb(p, "moe_router_force_load_balancing", e.force_load_balancing);
   const int64_t E = e.num_experts, L = m.num_layers;
   if (!m.swiglu || m.bias) {
     fail("num_experts", "MoE layers are SwiGLU experts without biases (activation: swiglu, add_bias_linear: false)");

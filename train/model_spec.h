@@ -46,6 +46,10 @@ struct MoeSpec {
   // both move tokens all-to-all, and on one expert-parallel rank none move (EpShardMap refuses
   // allgather beside expert parallelism). Not part of the model's record: it changes no value.
   bool allgather_dispatcher = false;
+  // moe_router_force_load_balancing (a benchmark setting): every MoE layer's router logits are a
+  // pseudo-random draw (turbo::cpu::moe_random_logit with moe_random_seed(layer)), so the experts
+  // get near-equal loads whatever the weights; gradients pass straight through to the router.
+  bool force_load_balancing = false;
   std::vector<bool> moe_layers;          // from moe_layer_freq and moe_first_k_dense_replace
 
   bool enabled() const { return num_experts > 0; }
@@ -54,6 +58,9 @@ struct MoeSpec {
   // -1 when dropless.
   int64_t capacity(int64_t tokens) const;
 };
+// The seed of layer `layer`'s draw under force_load_balancing (the same on both backends).
+inline uint64_t moe_random_seed(int64_t layer) { return 0x5EEDB1A5ull + static_cast<uint64_t>(layer); }
+
 
 struct ModelSpec {
   std::string model_type = "gpt2";  // gpt2 | llama | qwen3 | mixtral | qwen3_moe | ...: Hugging Face names and export

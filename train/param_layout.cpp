@@ -218,6 +218,10 @@ namespace {
 // projection width). DeepSeek-V3 needs multi-head latent attention.
 void check_hf_moe(const ModelSpec& m) {
   const MoeSpec& e = m.moe;
+  if (e.force_load_balancing) {
+    throw ConfigError("export to Hugging Face: moe_router_force_load_balancing routes by a pseudo-random draw, not by "
+                      "the router's weights (a benchmark setting); transformers would route this model otherwise");
+  }
   if (m.model_type != "mixtral" && m.model_type != "qwen3_moe" && m.model_type != "olmoe") {
     std::string why = m.model_type == "deepseek_v3" ? " (DeepSeek-V3 needs multi-head latent attention)" : "";
     throw ConfigError(fmt::format("export to Hugging Face: model_type '{}' with experts is not supported yet{} "

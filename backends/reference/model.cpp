@@ -66,7 +66,7 @@ GptModel<Real>::GptModel(const train::ModelSpec& spec, int64_t max_batch, int64_
   moe_.resize(spec.num_layers);
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     if (spec.is_moe_layer(l)) {
-      moe_[l] = std::make_unique<MoeLayer<Real>>(spec_, N);
+      moe_[l] = std::make_unique<MoeLayer<Real>>(spec_, N, l);
     } else {
       acts_[l].fc.resize(N * FC);
       acts_[l].act.resize(N * F);

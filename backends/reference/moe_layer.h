@@ -23,7 +23,7 @@ namespace primus::backends::reference {
 template <typename Real>
 class MoeLayer {
  public:
-  MoeLayer(const train::ModelSpec& spec, int64_t max_tokens);
+  MoeLayer(const train::ModelSpec& spec, int64_t max_tokens, int64_t layer = 0);
 
   // Views into the model's flat parameter and gradient buffers (shared_* null without a shared
   // expert, expert_bias null without one).
@@ -77,6 +77,7 @@ class MoeLayer {
   void sequence_aux(int64_t N, int64_t seq);
 
   const train::ModelSpec& spec_;
+  uint64_t seed_;  // moe_router_force_load_balancing: this layer's draw
   turbo::cpu::RouterConfig cfg_;
   parallel::ProcessGroup* ep_group_ = nullptr;
   int ep_ = 1, ep_rank_ = 0;

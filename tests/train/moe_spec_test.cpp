@@ -146,6 +146,28 @@ TEST(MoeSpec, RouterDtypeAndDispatcherTypeAcceptWhatRunsAndRefuseTheRest) {
   EXPECT_NE(error_of(v).find("moe_router_dtype"), std::string::npos);
 }
 
+// moe_router_force_load_balancing: parsed, part of the record (it changes the routing), and
+// refused where the model would be routed by its weights (a Hugging Face export).
+TEST(MoeSpec, ForcedLoadBalancingIsRecordedAndRefusedForExport) {
+  config::Value v = moe_config();
+  EXPECT_FALSE(parse(v).moe.force_load_balancing);
+  v.set("moe_router_force_load_balancing", config::Value::boolean(true));
+  ModelSpec m = parse(v);
+  EXPECT_TRUE(m.moe.force_load_balancing);
+  const nlohmann::json j = spec_json(m);
+  EXPECT_EQ(j["moe"]["force_load_balancing"], true);
+  EXPECT_TRUE(spec_from_json(j).moe.force_load_balancing);
+  ModelSpec mix = primus::testing::tiny_moe(false);
+  mix.model_type = "mixtral";
+  mix.moe.force_load_balancing = true;
+  try {
+    hf_config_json(mix, 0);
+    ADD_FAILURE() << "exported a forced routing";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_router_force_load_balancing"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MoeSpec, LayoutsTheRouterCannotTakeAreErrorsNamingTheKey) {
   auto with = [](const char* key, config::Value val) {
     config::Value v = moe_config();

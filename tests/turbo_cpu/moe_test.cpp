@@ -234,6 +234,35 @@ TEST_F(MoeRouterTest, SequenceWiseAuxLoss) {
   EXPECT_THROW(moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, 5, K, E), std::invalid_argument);
 }
 
+// moe_router_force_load_balancing's draw: in [0, 1) on a 2^-24 grid, a pure function of (seed,
+// token, expert) that differs between seeds, and routing by it loads every expert near equally.
+TEST_F(MoeRouterTest, RandomLogitsAreAFixedDrawThatBalancesTheExperts) {
+  const int64_t N = 8192, E = 64, K = 8;
+  std::vector<float> a(N * E), b(N * E), c(N * E);
+  moe_random_logits(a.data(), N, E, 7);
+  moe_random_logits(b.data(), N, E, 7);
+  moe_random_logits(c.data(), N, E, 8);
+  EXPECT_EQ(a, b);
+  int64_t same = 0;
+  double mean = 0;
+  for (int64_t i = 0; i < N * E; ++i) {
+    ASSERT_GE(a[i], 0.0f);
+    ASSERT_LT(a[i], 1.0f);
+    ASSERT_EQ(a[i] * 16777216.0f, std::floor(a[i] * 16777216.0f));
+    same += a[i] == c[i];
+    mean += a[i];
+  }
+  EXPECT_LT(same, N * E / 1000) << "another seed gave the same draw";
+  EXPECT_NEAR(mean / double(N * E), 0.5, 0.01);
+  std::vector<double> logits(a.begin(), a.end()), w(N * K), probs(N * E), psum(E);
+  std::vector<int32_t> idx(N * K), counts(E);
+  double z_sum;
+  router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                 static_cast<const double*>(nullptr), N, softmax_cfg(E, K, false));
+  const double per = double(N * K) / E;  // 1024; a binomial's spread is about 30
+  for (int64_t e = 0; e < E; ++e) EXPECT_NEAR(counts[e], per, 0.15 * per) << "expert " << e;
+}
+
 // The row plan: groups in expert order, padded to the alignment, slots in token order; empty
 // experts take no rows.
 TEST_F(MoeRouterTest, PlanRowsDropless) {

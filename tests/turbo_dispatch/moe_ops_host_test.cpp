@@ -203,6 +203,17 @@ TEST_F(MoeOpsHost, MalformedCallsNameTheOpArgumentAndExpectation) {
   expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "counts", "[1, 8]"});
 }
 
+// The forced-balance draw through the op: the reference kernel's values, and a call on an integer
+// tensor refused by name.
+TEST_F(MoeOpsHost, RandomLogitsAreTheKernelsDraw) {
+  std::vector<float> got(6 * 5, -1.0f), want(6 * 5);
+  EXPECT_EQ(moe_random_logits({host(got, {6, 5}), 99, {}}), BackendType::CPU);
+  cpu::moe_random_logits(want.data(), 6, 5, 99);
+  EXPECT_EQ(got, want);
+  std::vector<int32_t> ints(6);
+  expect_error([&] { moe_random_logits({host(ints, {2, 3}), 1, {}}); }, {"moe_random_logits", "logits", "f32"});
+}
+
 // The sequence-wise statistics through the op: each sequence's counts and sums of p, as the
 // reference kernel gives them, and rows that add up to the whole batch's router statistics.
 TEST_F(MoeOpsHost, SequenceStatsSplitTheRoutersStatisticsBySequence) {

@@ -205,6 +205,18 @@ TEST_F(MoeGpuTest, SequenceStatsMatchReference) {
   }
 }
 
+// moe_router_force_load_balancing's draw on the device: the CPU kernel's bits.
+TEST_F(MoeGpuTest, RandomLogitsAreTheReferencesBits) {
+  for (const auto& [N, E] : std::vector<std::array<int64_t, 2>>{{4099, 64}, {2048, 256}, {777, 8}}) {
+    std::vector<float> want(N * E);
+    cpu::moe_random_logits(want.data(), N, E, 12345 + N);
+    MoeRandomLogitsArgs a{f32({N, E}), static_cast<uint64_t>(12345 + N), ctx};
+    poison(a.logits);
+    EXPECT_EQ(moe_random_logits(a), BackendType::TURBO);
+    EXPECT_EQ(get(a.logits), want) << "N=" << N << " E=" << E;
+  }
+}
+
 // ---- the row plan ------------------------------------------------------------------------------
 struct PlanCase {
   const char* name;

@@ -16,7 +16,7 @@
 namespace primus::turbo {
 namespace {
 
-// All eight ops dispatch under one name: PRIMUS_TURBO_MOE_BACKEND picks the backend of the whole
+// All nine ops dispatch under one name: PRIMUS_TURBO_MOE_BACKEND picks the backend of the whole
 // routing path, which only works end to end on one device anyway.
 constexpr const char* kMoeOp = "moe";
 
@@ -103,6 +103,11 @@ MoeDims validate(const RouterBackwardArgs& a) {
   if (!std::isfinite(a.aux_coeff) || !std::isfinite(a.z_coeff))
     throw RuntimeError(fmt::format("{}: aux_coeff {} and z_coeff {} must be finite", op, a.aux_coeff, a.z_coeff));
   return {N, K, E, 0, 0};
+}
+
+MoeDims validate(const MoeRandomLogitsArgs& a) {
+  moe_check(a.logits, -1, -1, DType::F32, "moe_random_logits", "logits");
+  return {a.logits.rows(), 0, a.logits.cols(), 0, 0};
 }
 
 MoeDims validate(const MoeSequenceStatsArgs& a) {
@@ -249,6 +254,11 @@ void cpu_router_bwd(const RouterBackwardArgs& a) {
                               a.probs.defined() ? a.probs.ptr<const float>() : nullptr, a.topk_idx.ptr<const int32_t>(),
                               a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff, a.z_coeff);
 }
+std::string cpu_check_random_logits(const MoeRandomLogitsArgs& a) { return moe_cpu_check({{"logits", &a.logits}}, {}); }
+void cpu_random_logits(const MoeRandomLogitsArgs& a) {
+  const MoeDims d = validate(a);
+  cpu::moe_random_logits(a.logits.ptr<float>(), d.N, d.E, a.seed);
+}
 std::string cpu_check_seq_stats(const MoeSequenceStatsArgs& a) {
   return moe_cpu_check({{"topk_idx", &a.topk_idx}, {"probs", &a.probs}, {"counts", &a.counts},
                         {"prob_sum", &a.prob_sum}},
@@ -372,6 +382,13 @@ void turbo_router_bwd(const RouterBackwardArgs& a) {
                         a.topk_idx.ptr<const int32_t>(), a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff,
                         a.z_coeff, moe_stream(a.ctx));
 }
+std::string turbo_check_random_logits(const MoeRandomLogitsArgs& a) {
+  return detail::all_on(Device::CUDA, {{"logits", &a.logits}});
+}
+void turbo_random_logits(const MoeRandomLogitsArgs& a) {
+  const MoeDims d = validate(a);
+  cuda::moe_random_logits(a.logits.ptr<float>(), d.N, d.E, a.seed, moe_stream(a.ctx));
+}
 std::string turbo_check_seq_stats(const MoeSequenceStatsArgs& a) {
   return moe_turbo_check({{"topk_idx", &a.topk_idx}, {"probs", &a.probs}, {"counts", &a.counts},
                           {"prob_sum", &a.prob_sum}},
@@ -456,6 +473,9 @@ std::string RouterBackwardArgs::key() const {
   return fmt::format("router_backward logits={} E={} K={} {}", logits.describe(), cfg.num_experts, cfg.topk,
                      moe_score_name(cfg));
 }
+std::string MoeRandomLogitsArgs::key() const {
+  return fmt::format("moe_random_logits logits={}", logits.describe());
+}
 std::string MoeSequenceStatsArgs::key() const {
   return fmt::format("moe_sequence_stats topk_idx={} probs={} seq_len={}", topk_idx.describe(), probs.describe(),
                      seq_len);
@@ -492,6 +512,13 @@ BackendType router_backward(const RouterBackwardArgs& args) {
   static auto* d = detail::make_turbo_cpu_dispatcher<RouterBackwardArgs>(
       kMoeOp, PRIMUS_TURBO_FN(turbo_check_router_bwd), PRIMUS_TURBO_FN(turbo_router_bwd), cpu_check_router_bwd,
       cpu_router_bwd);
+  return d->dispatch(args);
+}
+BackendType moe_random_logits(const MoeRandomLogitsArgs& args) {
+  validate(args);
+  static auto* d = detail::make_turbo_cpu_dispatcher<MoeRandomLogitsArgs>(
+      kMoeOp, PRIMUS_TURBO_FN(turbo_check_random_logits), PRIMUS_TURBO_FN(turbo_random_logits), cpu_check_random_logits,
+      cpu_random_logits);
   return d->dispatch(args);
 }
 BackendType moe_sequence_stats(const MoeSequenceStatsArgs& args) {

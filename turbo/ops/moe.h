@@ -6,7 +6,7 @@
 // the row layout of the permuted buffer) are those of the reference kernels, documented in
 // turbo/kernels/cpu/moe.h; every device kernel is tested against them.
 //
-// One MoE layer's forward:  router_forward [-> moe_sequence_stats] -> moe_plan_rows -> moe_permute -> expert GEMMs ->
+// One MoE layer's forward:  [moe_random_logits ->] router_forward [-> moe_sequence_stats] -> moe_plan_rows -> moe_permute -> expert GEMMs ->
 // moe_unpermute; its backward: moe_unpermute_backward -> expert GEMMs' backward ->
 // moe_permute_backward, router_backward. Every size a step needs is fixed by (N, K, E, align),
 // not by the routing: buffers are sized for moe_permuted_rows_max() rows, the ops read the actual
@@ -51,6 +51,16 @@ struct RouterBackwardArgs {
   TensorView dweight;                         // [N,K] f32, gradient of topk_weight
   TensorView logits, probs, topk_idx, counts;  // the forward's
   double aux_coeff = 0, z_coeff = 0;          // loss coefficients times the caller's loss scale
+  ExecContext ctx;
+  std::string key() const;
+  Precision precision() const { return Precision::FP32; }
+};
+
+// moe_router_force_load_balancing (a benchmark setting): the logits overwritten by the
+// pseudo-random draw cpu::moe_random_logit(seed, n, e).
+struct MoeRandomLogitsArgs {
+  TensorView logits;  // [N,E] f32, overwritten
+  uint64_t seed = 0;
   ExecContext ctx;
   std::string key() const;
   Precision precision() const { return Precision::FP32; }
@@ -123,6 +133,7 @@ struct MoeUnpermuteBackwardArgs {
 BackendType router_forward(const RouterForwardArgs& args);
 BackendType router_backward(const RouterBackwardArgs& args);
 BackendType moe_sequence_stats(const MoeSequenceStatsArgs& args);
+BackendType moe_random_logits(const MoeRandomLogitsArgs& args);
 BackendType moe_plan_rows(const MoePlanArgs& args);
 BackendType moe_permute(const MoePermuteArgs& args);
 BackendType moe_permute_backward(const MoePermuteBackwardArgs& args);

@@ -70,6 +70,9 @@ void check_supported(const train::ModelSpec& s) {
     throw ConfigError(fmt::format("inference engine: moe_expert_capacity_factor {} (token dropping) is not supported: "
                                   "generation routes dropless; use --backend reference, or a checkpoint without it",
                                   s.moe.capacity_factor));
+  if (s.moe.enabled() && s.moe.force_load_balancing)
+    throw ConfigError("inference engine: moe_router_force_load_balancing (a benchmark setting, routing by a "
+                      "pseudo-random draw) is not supported: generation routes by the router's weights");
   if (s.seq_length <= 0 || s.num_layers <= 0 || s.padded_vocab_size <= 0)
     throw ConfigError(fmt::format("inference engine: model spec without seq_length / num_layers / vocabulary ({})",
                                   s.summary()));

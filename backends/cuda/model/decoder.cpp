@@ -757,6 +757,8 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
     g.ctx = c;
     turbo::gemm(g);
   }
+  if (spec_.moe.force_load_balancing)  // the draw replaces the logits; the backward passes straight through
+    turbo::moe_random_logits({m.logits.slice0(0, N), train::moe_random_seed(l), c});
   turbo::RouterForwardArgs r;
   r.cfg = router_;
   r.logits = m.logits.slice0(0, N);

@@ -130,6 +130,11 @@ void router_losses(double* aux, double* z, const int32_t* counts, const Real* pr
   *z = N > 0 ? static_cast<double>(z_sum) / N : 0.0;
 }
 
+void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e) logits[n * E + e] = moe_random_logit(seed, n, e);
+}
+
 template <typename Real>
 void moe_sequence_stats(int32_t* counts, Real* prob_sum, const int32_t* topk_idx, const Real* probs, int64_t N,
                         int64_t T, int64_t K, int64_t E) {

@@ -75,6 +75,24 @@ void moe_sequence_stats(int32_t* counts, Real* prob_sum, const int32_t* topk_idx
 template <typename Real>
 double sequence_aux_loss(const int32_t* counts, const Real* prob_sum, int64_t S, int64_t T, const RouterConfig& cfg);
 
+// Megatron's moe_router_force_load_balancing, a benchmark setting: the router's logits [N,E]
+// replaced by a pseudo-random draw (the gradient passes straight through, as Megatron's
+// straight-through estimator has it), uniform in [0, 1) on a 2^-24 grid, a pure function of
+// (seed, n, e) that the device kernel reproduces bit for bit. Every expert then receives about
+// N * K / E slots.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline float moe_random_logit(uint64_t seed, int64_t n, int64_t e) {
+  // splitmix64 of the seed and the element's place.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(n) * 0x100000001B3ull + static_cast<uint64_t>(e) + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed);
+
 // Token dropping when an expert's capacity is exceeded (moe_expert_capacity_factor).
 enum class DropPolicy : uint8_t { Probs, Position };
 

@@ -19,6 +19,7 @@
 // routing decides (group sizes, offsets, which slots are dropped) stays in device memory.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 
@@ -297,6 +298,12 @@ __global__ void moe_router_reduce_kernel(float* prob_sum, float* z_sum, const do
     if (c < E) prob_sum[c] = static_cast<float>(t);
     else *z_sum = static_cast<float>(t);
   }
+}
+
+__global__ void moe_random_logits_kernel(float* logits, int64_t N, int E, uint64_t seed) {
+  const int64_t total = N * E;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x)
+    logits[i] = cpu::moe_random_logit(seed, i / E, i % E);
 }
 
 // ---- the sequence-wise aux loss's statistics ----------------------------------------------------
@@ -1033,6 +1040,13 @@ void router_backward(float* dlogits, const float* dweight, const float* logits, 
         <<<static_cast<unsigned>(moe_token_blocks(N)), kMoeThreads, 0, stream>>>(p);
     CUDA_CHECK_LAST();
   });
+}
+
+void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed, cudaStream_t stream) {
+  if (N * E == 0) return;
+  const int64_t blocks = std::min<int64_t>(ceil_div(N * E, 256), 4096);
+  moe_random_logits_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(logits, N, static_cast<int>(E), seed);
+  CUDA_CHECK_LAST();
 }
 
 void moe_sequence_stats(int32_t* counts, float* prob_sum, const int32_t* topk_idx, const float* probs, int64_t N,

@@ -37,6 +37,9 @@ void router_backward(float* dlogits, const float* dweight, const float* logits, 
                      const int32_t* counts, int64_t N, const cpu::RouterConfig& cfg, double aux_coeff,
                      double z_coeff, cudaStream_t stream);
 
+// logits [N,E] <- cpu::moe_random_logit(seed, n, e), bit for bit.
+void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed, cudaStream_t stream);
+
 // The sequence-wise aux loss's statistics, as cpu::moe_sequence_stats: counts and prob_sum
 // [N/T, E] (overwritten); prob_sum in a fixed order (deterministic). T must divide N.
 void moe_sequence_stats(int32_t* counts, float* prob_sum, const int32_t* topk_idx, const float* probs, int64_t N,
