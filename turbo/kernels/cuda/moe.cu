@@ -307,36 +307,30 @@ __global__ void moe_random_logits_kernel(float* logits, int64_t N, int E, uint64
 }
 
 // ---- the sequence-wise aux loss's statistics ----------------------------------------------------
-// Block (32, 32) per (sequence, 32 experts): column c summed over the sequence's rows strided by
-// 32, in fp64, then the 32 partials in order (a fixed tree); the sequence's slots counted in shared
-// memory for the block's 32 experts. The row loop is unrolled so that each thread has several
-// loads in flight (a sequence is a few thousand rows, and a micro-batch only a few sequences).
-__global__ void __launch_bounds__(1024) moe_sequence_stats_kernel(int32_t* counts, float* prob_sum,
-                                                                  const int32_t* __restrict__ topk_idx,
-                                                                  const float* __restrict__ probs, int64_t T, int K,
-                                                                  int E) {
-  __shared__ double part_s[32][33];
+// Block (32, 8) per (sequence, 32 experts): column c summed over the sequence's rows strided by 8,
+// in fp64, then the 8 partials in order (a fixed tree); the sequence's slots counted in shared
+// memory for the block's 32 experts.
+__global__ void moe_sequence_stats_kernel(int32_t* counts, float* prob_sum, const int32_t* __restrict__ topk_idx,
+                                          const float* __restrict__ probs, int64_t T, int K, int E) {
+  __shared__ double part_s[8][33];
   __shared__ int cnt_s[32];
   const int64_t s = blockIdx.x;
   const int base = blockIdx.y * 32, c = base + threadIdx.x, tid = threadIdx.y * 32 + threadIdx.x;
   if (tid < 32) cnt_s[tid] = 0;
   __syncthreads();
   double sum = 0.0;
-  if (c < E) {
-#pragma unroll 8
-    for (int64_t n = s * T + threadIdx.y; n < (s + 1) * T; n += 32) sum += static_cast<double>(probs[n * E + c]);
-  }
+  if (c < E)
+    for (int64_t n = s * T + threadIdx.y; n < (s + 1) * T; n += 8) sum += static_cast<double>(probs[n * E + c]);
   part_s[threadIdx.y][threadIdx.x] = sum;
   const int32_t* idx = topk_idx + s * T * K;
-#pragma unroll 4
-  for (int64_t i = tid; i < T * K; i += 1024) {
+  for (int64_t i = tid; i < T * K; i += 256) {
     const int e = idx[i] - base;
     if (e >= 0 && e < 32 && e + base < E) atomicAdd(&cnt_s[e], 1);
   }
   __syncthreads();
   if (threadIdx.y == 0 && c < E) {
     double t = 0.0;
-    for (int y = 0; y < 32; ++y) t += part_s[y][threadIdx.x];
+    for (int y = 0; y < 8; ++y) t += part_s[y][threadIdx.x];
     prob_sum[s * E + c] = static_cast<float>(t);
     counts[s * E + c] = cnt_s[threadIdx.x];
   }
@@ -1060,7 +1054,7 @@ void moe_sequence_stats(int32_t* counts, float* prob_sum, const int32_t* topk_id
   if (T < 1 || N % T != 0) throw RuntimeError(fmt::format("moe_sequence_stats: T = {} does not divide N = {}", T, N));
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(N / T), static_cast<unsigned>(ceil_div(E, 32)));
-  moe_sequence_stats_kernel<<<grid, dim3(32, 32), 0, stream>>>(counts, prob_sum, topk_idx, probs, T,
+  moe_sequence_stats_kernel<<<grid, dim3(32, 8), 0, stream>>>(counts, prob_sum, topk_idx, probs, T,
                                                               static_cast<int>(K), static_cast<int>(E));
   CUDA_CHECK_LAST();
 }
