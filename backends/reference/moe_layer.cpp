@@ -70,10 +70,8 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
   N_ = N;
   const Real* none = nullptr;
   k::matmul_forward(logits_.data(), inp, w.router, none, N, C_, E_);
-  if (spec_.moe.force_load_balancing) {  // the draw replaces the logits; the backward passes straight through
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t e = 0; e < E_; ++e) logits_[n * E_ + e] = static_cast<Real>(k::moe_random_logit(seed_, n, e));
-  }
+  // The draw replaces the logits; the backward passes straight through.
+  if (spec_.moe.force_load_balancing) k::moe_random_logits(logits_.data(), N, E_, seed_);
   Real z_sum;
   k::router_forward(idx_.data(), weight_.data(), probs_.data(), counts_.data(), prob_sum_.data(), &z_sum,
                     logits_.data(), w.expert_bias, N, cfg_, forced_.empty() ? nullptr : forced_.data());

@@ -712,20 +712,21 @@ TensorView moe_row(const TensorView& buf, int64_t slot, int64_t m, int64_t begin
 }  // namespace
 
 namespace {
-// Row b of slot `slot`, MoE layer m of a [S, Lm, B, E] buffer.
-TensorView moe_seq_row(const TensorView& buf, int64_t slot, int64_t m, int64_t b) {
+// Rows [b, b + rows) of slot `slot`, MoE layer m of a [S, Lm, B, E] buffer, as [rows, E].
+TensorView moe_seq_rows(const TensorView& buf, int64_t slot, int64_t m, int64_t b, int64_t rows) {
   const int64_t Lm = buf.size(1), B = buf.size(2), E = buf.size(3);
-  if (b < 0 || b >= B) throw RuntimeError(fmt::format("moe: sequence {} of a micro-batch planned for {}", b, B));
+  if (b < 0 || rows < 1 || b + rows > B)
+    throw RuntimeError(fmt::format("moe: sequences [{}, {}) of a micro-batch planned for {}", b, b + rows, B));
   char* p = static_cast<char*>(buf.data) + size_t(((slot * Lm + m) * B + b) * E) * turbo::dtype_size(buf.dtype);
-  return TensorView(p, buf.dtype, buf.device, {E});
+  return TensorView(p, buf.dtype, buf.device, {rows, E});
 }
 }  // namespace
 
-TensorView Decoder::moe_seq_counts(int64_t slot, int64_t l, int64_t b) const {
-  return moe_seq_row(a_.moe_seq_counts, slot, moe_index_.at(l), b);
+TensorView Decoder::moe_seq_counts(int64_t slot, int64_t l, int64_t b, int64_t rows) const {
+  return moe_seq_rows(a_.moe_seq_counts, slot, moe_index_.at(l), b, rows);
 }
-TensorView Decoder::moe_seq_sums(int64_t slot, int64_t l, int64_t b) const {
-  return moe_seq_row(a_.moe_seq_sums, slot, moe_index_.at(l), b);
+TensorView Decoder::moe_seq_sums(int64_t slot, int64_t l, int64_t b, int64_t rows) const {
+  return moe_seq_rows(a_.moe_seq_sums, slot, moe_index_.at(l), b, rows);
 }
 TensorView Decoder::moe_counts(int64_t slot, int64_t l) const {
   return moe_row(a_.moe_counts, slot, moe_index_.at(l), 0, spec_.moe.num_experts);
@@ -774,14 +775,12 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   if (spec_.moe.seq_aux_loss) {  // each sequence's counts and sums of p (the loss and its gradient)
     if (opt_.cp) throw RuntimeError("moe: the sequence-wise aux loss with context parallelism (a rank holds chunks)");
     const int64_t B = N / T_;
-    if (B > a_.moe_seq_counts.size(2))
-      throw RuntimeError(fmt::format("moe: {} sequences in a micro-batch planned for {}", B, a_.moe_seq_counts.size(2)));
     turbo::MoeSequenceStatsArgs q;
     q.topk_idx = idx;
     q.probs = r.probs;
     q.seq_len = T_;
-    q.counts = TensorView(moe_seq_counts(slot_, l, 0).data, turbo::DType::I32, r.probs.device, {B, r.cfg.num_experts});
-    q.prob_sum = TensorView(moe_seq_sums(slot_, l, 0).data, turbo::DType::F32, r.probs.device, {B, r.cfg.num_experts});
+    q.counts = moe_seq_counts(slot_, l, 0, B);
+    q.prob_sum = moe_seq_sums(slot_, l, 0, B);
     q.ctx = c;
     turbo::moe_sequence_stats(q);
   }
@@ -920,7 +919,7 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
     const int64_t T = T_, B = N / T;
     for (int64_t b = 0; b < B; ++b) {
       router_rows(b * T, (b + 1) * T);
-      rb.counts = moe_seq_counts(slot_, l, b);
+      rb.counts = moe_seq_counts(slot_, l, b, 1);
       rb.aux_coeff = spec_.moe.aux_loss_coeff * scale / static_cast<double>(B);
       rb.z_coeff = spec_.moe.z_loss_coeff * scale * static_cast<double>(T) / static_cast<double>(N);
       ops_.moe_router_backward(rb);

@@ -176,10 +176,11 @@ class Decoder {
   TensorView moe_counts(int64_t slot, int64_t l) const;
   TensorView moe_kept(int64_t slot, int64_t l) const;
   TensorView moe_prob_sum(int64_t slot, int64_t l) const;
-  // The sequence-wise aux loss's statistics of slot `slot`, MoE layer l, sequence b: counts i32 [E]
-  // and sums of p f32 [E] (views into moe_seq_counts / moe_seq_sums).
-  TensorView moe_seq_counts(int64_t slot, int64_t l, int64_t b) const;
-  TensorView moe_seq_sums(int64_t slot, int64_t l, int64_t b) const;
+  // The sequence-wise aux loss's statistics of slot `slot`, MoE layer l, sequences [b, b + rows):
+  // counts i32 and sums of p f32, [rows, E] views into moe_seq_counts / moe_seq_sums (an error
+  // past the micro-batch the plan was made for).
+  TensorView moe_seq_counts(int64_t slot, int64_t l, int64_t b, int64_t rows) const;
+  TensorView moe_seq_sums(int64_t slot, int64_t l, int64_t b, int64_t rows) const;
   TensorView moe_z_sum(int64_t slot, int64_t l) const;
   // A linear layer's gradients from dout: dinp = (skipped if undefined), w.g +=, b.g += (if the
   // layer has a bias: its own column-sum reduction, the GEMM's epilogue with BiasGrad::Gemm, or

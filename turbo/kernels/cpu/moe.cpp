@@ -130,9 +130,10 @@ void router_losses(double* aux, double* z, const int32_t* counts, const Real* pr
   *z = N > 0 ? static_cast<double>(z_sum) / N : 0.0;
 }
 
-void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed) {
+template <typename Real>
+void moe_random_logits(Real* logits, int64_t N, int64_t E, uint64_t seed) {
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t e = 0; e < E; ++e) logits[n * E + e] = moe_random_logit(seed, n, e);
+    for (int64_t e = 0; e < E; ++e) logits[n * E + e] = static_cast<Real>(moe_random_logit(seed, n, e));
 }
 
 template <typename Real>
@@ -337,6 +338,7 @@ void router_bias_update(float* bias, const int64_t* load, int64_t E, double rate
                                      int64_t, const RouterConfig&, const int32_t*);                                   \
   template void router_losses<Real>(double*, double*, const int32_t*, const Real*, Real, int64_t,                     \
                                     const RouterConfig&);                                                             \
+  template void moe_random_logits<Real>(Real*, int64_t, int64_t, uint64_t);                                           \
   template void moe_sequence_stats<Real>(int32_t*, Real*, const int32_t*, const Real*, int64_t, int64_t, int64_t,      \
                                          int64_t);                                                                    \
   template double sequence_aux_loss<Real>(const int32_t*, const Real*, int64_t, int64_t, const RouterConfig&);        \

@@ -91,7 +91,8 @@ inline float moe_random_logit(uint64_t seed, int64_t n, int64_t e) {
   z ^= z >> 31;
   return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
 }
-void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed);
+template <typename Real>
+void moe_random_logits(Real* logits, int64_t N, int64_t E, uint64_t seed);
 
 // Token dropping when an expert's capacity is exceeded (moe_expert_capacity_factor).
 enum class DropPolicy : uint8_t { Probs, Position };
