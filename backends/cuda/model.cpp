@@ -1108,9 +1108,10 @@ void CudaModel::moe_report(const StepStatus& st, int64_t n, train::MoeStepStats&
       double aux, z;
       turbo::cpu::router_losses(&aux, &z, counts, sums, sums[E], N, cfg);
       if (a.moe_seq_counts.defined()) {  // the mean of each sequence's loss
-        const int64_t T = decoder_->train_seq(), B = N / T, rows = a.moe_seq_counts.size(2);
-        const int64_t at = (s * Lm + m) * rows * E;
-        aux = turbo::cpu::sequence_aux_loss(st.moe_seq_counts.data() + at, st.moe_seq_sums.data() + at, B, T, cfg);
+        const turbo::cpu::SequenceRuns runs = decoder_->seq_runs(N, decoder_->train_seq());
+        const int64_t rows = a.moe_seq_counts.size(2), at = (s * Lm + m) * rows * E;
+        aux = turbo::cpu::sequence_aux_loss(st.moe_seq_counts.data() + at, st.moe_seq_sums.data() + at, runs.seqs,
+                                            runs.seq_len, cfg);
       }
       out.add(l, counts, dropped, aux, z);
       ++m;

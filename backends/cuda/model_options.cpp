@@ -19,13 +19,6 @@ bool uses_fallback_attention(const CudaArgs& a) {
 CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   const train::ModelSpec& spec = a.model;
   const train::TrainingArgs& t = a.train;
-  if (spec.moe.enabled() && spec.moe.seq_aux_loss && t.model_parallel[parallel::Dim::CP] > 1) {
-    throw ConfigError(fmt::format(
-        "moe_router_load_balancing_type: seq_aux_loss with context_parallel_size {} is not implemented on the cuda "
-        "backend (each rank holds chunks of every sequence, whose counts would have to be summed over the group); "
-        "use aux_loss, which sums them",
-        t.model_parallel[parallel::Dim::CP]));
-  }
   CudaModelOptions mo;
   mo.max_batch = t.micro_batch_size;
   mo.max_seq = spec.seq_length;

@@ -176,7 +176,7 @@ void MoeLayer<Real>::sequence_aux(int64_t N, int64_t seq) {
   const int64_t S = seqs_, Ts = N / S;
   seq_counts_.resize(static_cast<size_t>(S * E_));
   std::vector<Real> psum(static_cast<size_t>(S * E_));  // only the counts are read again (backward)
-  k::moe_sequence_stats(seq_counts_.data(), psum.data(), idx_.data(), probs_.data(), N, Ts, K_, E_);
+  k::moe_sequence_stats(seq_counts_.data(), psum.data(), idx_.data(), probs_.data(), N, {N / Ts, Ts, Ts}, K_, E_);
   stats_.aux = k::sequence_aux_loss(seq_counts_.data(), psum.data(), S, Ts, cfg_);
 }
 

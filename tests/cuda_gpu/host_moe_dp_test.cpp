@@ -108,5 +108,21 @@ TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheSwitchLoss) {
   expect_same_metric(t.dir(), "aux_cp2", "moe/layer1/load_cv");
 }
 
+// DeepSeek-V3's sequence-wise loss under context parallelism: a rank holds two chunks of each
+// sequence, so each sequence's counts and sums of p are summed over the cp group in the forward
+// (Megatron sums them over tp x cp). cp2 and cp2 x dp2 then give one process's losses, validation
+// losses and logged aux losses (coefficient 0.5, so that chunks balanced on their own would move
+// them well beyond the gate).
+TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheSequenceWiseLoss) {
+  testing::TwoProcesses t(moe_overrides("      moe_aux_loss_coeff: 0.5\n"
+                                        "      moe_router_load_balancing_type: seq_aux_loss\n"),
+                          "moe/tiny.yaml");
+  t.expect_matches("seq_cp2", "context_parallel_size=2", "context parallel over 2 ranks");
+  t.expect_matches("seq_cp2dp2", "context_parallel_size=2", "x data parallel over 2 ranks", 1e-5, 4);
+  for (const char* run : {"seq_cp2", "seq_cp2dp2"})
+    for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/load_cv"})
+      expect_same_metric(t.dir(), run, key);
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda

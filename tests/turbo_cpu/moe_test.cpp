@@ -210,7 +210,7 @@ TEST_F(MoeRouterTest, SequenceWiseAuxLoss) {
   router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
                  static_cast<const double*>(nullptr), N, r);
   router_losses(&aux, &z, counts.data(), psum.data(), z_sum, N, r);
-  moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, T, K, E);
+  moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, {S, T, T}, K, E);
   double want = 0;
   for (int64_t s = 0; s < S; ++s) {
     double seq = 0;
@@ -229,9 +229,76 @@ TEST_F(MoeRouterTest, SequenceWiseAuxLoss) {
   }
   EXPECT_NEAR(sequence_aux_loss(sc.data(), sp.data(), S, T, r), want, 1e-12);
   EXPECT_GT(std::fabs(want - aux), 1e-3) << "uneven sequences give the batch-wise value";
-  moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, N, K, E);
+  moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, {1, N, N}, K, E);
   EXPECT_NEAR(sequence_aux_loss(sc.data(), sp.data(), 1, N, r), aux, 1e-12);
-  EXPECT_THROW(moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, 5, K, E), std::invalid_argument);
+  EXPECT_THROW(moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, {1, 5, 5}, K, E),
+               std::invalid_argument);
+  EXPECT_THROW(moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, {2, T, T}, K, E),
+               std::invalid_argument)
+      << "2 sequences do not divide 3 runs";
+}
+
+// Where a sequence's rows lie (SequenceRuns): S sequences of T tokens cut into 4 chunks each and laid
+// out chunk-major, as context parallelism lays out a rank's chunks (all the first chunks, then the
+// next), so run r is sequence r mod S. The statistics and the router's gradient must be the same
+// tokens' as in the contiguous layout, and the one-launch gradient over contiguous sequences the
+// same as one call per sequence.
+TEST_F(MoeRouterTest, SequenceRunsLayOutChunkedSequences) {
+  const int64_t S = 3, T = 8, C = 4, run = T / C, N = S * T, E = 6, K = 2;
+  for (const bool sigmoid : {false, true}) {
+    const RouterConfig r = sigmoid ? deepseek_cfg(E, K, 1, 1) : softmax_cfg(E, K, false);
+    auto logits = rng.vec(N * E, -2, 2);
+    for (int64_t n = 0; n < T; ++n) logits[n * E + 1] += 5.0;  // sequence 0 leans on expert 1
+    // Row i of the chunked layout is token at(i) of the contiguous one.
+    const auto at = [&](int64_t i) { const int64_t rr = i / run, c = rr / S, b = rr % S; return b * T + c * run + i % run; };
+    std::vector<double> chunked(N * E);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t e = 0; e < E; ++e) chunked[i * E + e] = logits[at(i) * E + e];
+    std::vector<int32_t> idx(N * K), idx2(N * K), counts(E), sc(S * E), sc2(S * E);
+    std::vector<double> w(N * K), w2(N * K), probs(N * E), probs2(N * E), psum(E), sp(S * E), sp2(S * E);
+    double z_sum;
+    router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                   static_cast<const double*>(nullptr), N, r);
+    router_forward(idx2.data(), w2.data(), probs2.data(), counts.data(), psum.data(), &z_sum, chunked.data(),
+                   static_cast<const double*>(nullptr), N, r);
+    moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, {S, T, T}, K, E);
+    moe_sequence_stats(sc2.data(), sp2.data(), idx2.data(), probs2.data(), N, {S, run, T}, K, E);
+    EXPECT_EQ(sc2, sc);
+    for (int64_t i = 0; i < S * E; ++i) EXPECT_NEAR(sp2[i], sp[i], 1e-12) << i;
+    EXPECT_NE(sc[0 * E + 1], sc[1 * E + 1]) << "the sequences must differ for the test to see a mix-up";
+
+    const auto dweight = rng.vec(N * K, -1, 1);
+    std::vector<double> dw2(N * K);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t k = 0; k < K; ++k) dw2[i * K + k] = dweight[at(i) * K + k];
+    const double aux = 0.7 / S, zc = 0.3;
+    std::vector<double> per(N * E), one(N * E), chunk(N * E);
+    for (int64_t b = 0; b < S; ++b)  // one call per sequence: its rows, its counts, N = T
+      router_backward(per.data() + b * T * E, dweight.data() + b * T * K, logits.data() + b * T * E,
+                      probs.data() + b * T * E, idx.data() + b * T * K, sc.data() + b * E, T, r, aux,
+                      zc * double(T) / double(N));
+    const SequenceRuns contiguous{S, T, T}, chunks{S, run, T};
+    router_backward(one.data(), dweight.data(), logits.data(), probs.data(), idx.data(), sc.data(), N, r, aux, zc,
+                    &contiguous);
+    router_backward(chunk.data(), dw2.data(), chunked.data(), probs2.data(), idx2.data(), sc2.data(), N, r, aux, zc,
+                    &chunks);
+    double moved = 0;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t e = 0; e < E; ++e) {
+        EXPECT_NEAR(one[i * E + e], per[i * E + e], 1e-12) << "token " << i << " expert " << e;
+        EXPECT_NEAR(chunk[i * E + e], one[at(i) * E + e], 1e-12) << "row " << i << " expert " << e;
+      }
+    // Against the switch loss over the batch (counts [E] over N), the gradient must differ.
+    std::vector<double> batch(N * E);
+    router_backward(batch.data(), dweight.data(), logits.data(), probs.data(), idx.data(), counts.data(), N, r,
+                    aux * S, zc);
+    for (int64_t i = 0; i < N * E; ++i) moved = std::max(moved, std::fabs(batch[i] - one[i]));
+    EXPECT_GT(moved, 1e-4) << (sigmoid ? "sigmoid" : "softmax");
+    const SequenceRuns bad{2, T, T};
+    EXPECT_THROW(router_backward(one.data(), dweight.data(), logits.data(), probs.data(), idx.data(), sc.data(), N, r,
+                                 aux, zc, &bad),
+                 std::invalid_argument);
+  }
 }
 
 // moe_router_force_load_balancing's draw: in [0, 1) on a 2^-24 grid, a pure function of (seed,

@@ -200,7 +200,24 @@ TEST_F(MoeOpsHost, MalformedCallsNameTheOpArgumentAndExpectation) {
   q.seq_len = 3;
   expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "seq_len 3", "8 tokens"});
   q.seq_len = 8;
-  expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "counts", "[1, 8]"});
+  expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "counts of 2 sequences", "1 runs"});
+  q.seq_len = 2;  // runs of 2 rows, four of them: two per sequence
+  EXPECT_EQ(moe_sequence_stats(q), BackendType::CPU);
+
+  // The sequence-wise router backward: its counts [S,E] must divide the runs.
+  RouterBackwardArgs rb;
+  rb.cfg = f.cfg;
+  std::vector<float> dl(8 * E), dw(8 * f.cfg.topk);
+  rb.dlogits = host(dl, {8, E}), rb.dweight = host(dw, {8, f.cfg.topk});
+  rb.logits = f.logits, rb.topk_idx = f.topk_idx, rb.counts = q.counts;
+  rb.seq_len = 4, rb.seq_run = 2;
+  EXPECT_EQ(router_backward(rb), BackendType::CPU);
+  rb.seq_run = 3;
+  expect_error([&] { router_backward(rb); }, {"router_backward", "run of 3 rows", "8 tokens"});
+  rb.seq_len = 8, rb.seq_run = 0;
+  expect_error([&] { router_backward(rb); }, {"router_backward", "counts of 2 sequences", "1 runs"});
+  rb.seq_len = 0;
+  expect_error([&] { router_backward(rb); }, {"router_backward", "counts"});
 }
 
 // The forced-balance draw through the op: the reference kernel's values, and a call on an integer
@@ -231,7 +248,7 @@ TEST_F(MoeOpsHost, SequenceStatsSplitTheRoutersStatisticsBySequence) {
   q.topk_idx = f.topk_idx, q.probs = f.probs, q.seq_len = T;
   q.counts = host(sc, {S, E}), q.prob_sum = host(sp, {S, E});
   EXPECT_EQ(moe_sequence_stats(q), BackendType::CPU);
-  cpu::moe_sequence_stats<float>(r_sc.data(), r_sp.data(), idx.data(), probs.data(), N, T, K, E);
+  cpu::moe_sequence_stats<float>(r_sc.data(), r_sp.data(), idx.data(), probs.data(), N, {S, T, T}, K, E);
   EXPECT_EQ(sc, r_sc);
   EXPECT_EQ(sp, r_sp);
   for (int64_t e = 0; e < E; ++e) {

@@ -147,6 +147,28 @@ TEST_P(MoeRouterGpuTest, ForwardAndBackwardMatchReference) {
   poison(b.dlogits);
   router_backward(b);
   EXPECT_EQ(bytes(b.dlogits), b_dl);
+
+  // The sequence-wise loss in one launch: two sequences whose runs of 16 rows alternate (as a
+  // context-parallel rank's chunks lie), each token's gradient from its own sequence's counts.
+  const cpu::SequenceRuns runs{2, 16, (N / 32) * 16};
+  const int64_t Ns = 2 * runs.seq_len;
+  std::vector<int32_t> r_sc(2 * E);
+  std::vector<float> r_sp(2 * E), r_sdl(Ns * E);
+  cpu::moe_sequence_stats<float>(r_sc.data(), r_sp.data(), r_idx.data(), r_probs.data(), Ns, runs, K, E);
+  cpu::router_backward<float>(r_sdl.data(), dweight.data(), logits.data(), r_probs.data(), r_idx.data(), r_sc.data(),
+                              Ns, cfg, aux_coeff, z_coeff, &runs);
+  RouterBackwardArgs q = b;
+  q.dlogits = b.dlogits.slice0(0, Ns), q.dweight = b.dweight.slice0(0, Ns), q.logits = f.logits.slice0(0, Ns);
+  q.probs = f.probs.slice0(0, Ns), q.topk_idx = f.topk_idx.slice0(0, Ns);
+  q.counts = i32({2, E});
+  put_i32(q.counts, r_sc);
+  q.seq_len = runs.seq_len, q.seq_run = runs.run;
+  poison(q.dlogits);
+  EXPECT_EQ(router_backward(q), BackendType::TURBO);
+  const auto got = get(q.dlogits);
+  EXPECT_LT(rel_err(got, r_sdl), 1e-5);
+  EXPECT_GT(rel_err(got, std::vector<float>(r_dl.begin(), r_dl.begin() + Ns * E)), 1e-4)
+      << "the sequences' counts must move the gradient off the batch's";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -182,7 +204,7 @@ TEST_F(MoeGpuTest, SequenceStatsMatchReference) {
     const std::vector<float> probs = uniform(N * E, 0.0f, 1.0f);
     std::vector<int32_t> r_counts(S * E);
     std::vector<float> r_sums(S * E);
-    cpu::moe_sequence_stats<float>(r_counts.data(), r_sums.data(), idx.data(), probs.data(), N, T, K, E);
+    cpu::moe_sequence_stats<float>(r_counts.data(), r_sums.data(), idx.data(), probs.data(), N, {S, T, T}, K, E);
     MoeSequenceStatsArgs q;
     q.topk_idx = i32({N, K});
     q.probs = f32({N, E});
@@ -202,6 +224,15 @@ TEST_F(MoeGpuTest, SequenceStatsMatchReference) {
     moe_sequence_stats(q);
     EXPECT_EQ(bytes(q.counts), counts_bytes);
     EXPECT_EQ(bytes(q.prob_sum), sums_bytes);
+    if (T % 2 == 0) {  // each sequence as two runs of T / 2, the runs of all sequences in turn
+      cpu::moe_sequence_stats<float>(r_counts.data(), r_sums.data(), idx.data(), probs.data(), N, {S, T / 2, T}, K, E);
+      q.seq_len = T / 2;
+      poison(q.counts);
+      poison(q.prob_sum);
+      moe_sequence_stats(q);
+      EXPECT_EQ(get_i32(q.counts), r_counts);
+      EXPECT_LT(rel_err(get(q.prob_sum), r_sums), 1e-6);
+    }
   }
 }
 

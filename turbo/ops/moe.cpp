@@ -99,7 +99,18 @@ MoeDims validate(const RouterBackwardArgs& a) {
   // probs: both backends recompute p from the logits in fp64, so it may be left unset.
   if (a.probs.defined()) moe_check(a.probs, N, E, DType::F32, op, "probs");
   moe_check(a.topk_idx, N, K, DType::I32, op, "topk_idx");
-  moe_check_vec(a.counts, E, DType::I32, op, "counts");
+  if (a.seq_len > 0) {
+    const int64_t run = a.seq_run > 0 ? a.seq_run : a.seq_len;
+    if (N % run != 0)
+      throw RuntimeError(fmt::format("{}: a sequence's run of {} rows does not divide the {} tokens", op, run, N));
+    moe_check(a.counts, -1, E, DType::I32, op, "counts");
+    const int64_t S = a.counts.rows();
+    if (S < 1 || (N / run) % S != 0)
+      throw RuntimeError(fmt::format("{}: counts of {} sequences do not divide the {} runs of {} rows", op, S, N / run,
+                                     run));
+  } else {
+    moe_check_vec(a.counts, E, DType::I32, op, "counts");
+  }
   if (!std::isfinite(a.aux_coeff) || !std::isfinite(a.z_coeff))
     throw RuntimeError(fmt::format("{}: aux_coeff {} and z_coeff {} must be finite", op, a.aux_coeff, a.z_coeff));
   return {N, K, E, 0, 0};
@@ -118,8 +129,11 @@ MoeDims validate(const MoeSequenceStatsArgs& a) {
   const int64_t E = a.probs.cols();
   if (a.seq_len < 1 || N % a.seq_len != 0)
     throw RuntimeError(fmt::format("{}: seq_len {} does not divide the {} tokens", op, a.seq_len, N));
-  const int64_t S = N / a.seq_len;
-  moe_check(a.counts, S, E, DType::I32, op, "counts");
+  moe_check(a.counts, -1, E, DType::I32, op, "counts");
+  const int64_t S = a.counts.rows();
+  if (S < 1 || (N / a.seq_len) % S != 0)
+    throw RuntimeError(fmt::format("{}: counts of {} sequences do not divide the {} runs of seq_len {}", op, S,
+                                   N / a.seq_len, a.seq_len));
   moe_check(a.prob_sum, S, E, DType::F32, op, "prob_sum");
   return {N, K, E, 0, 0};
 }
@@ -248,11 +262,17 @@ std::string cpu_check_router_bwd(const RouterBackwardArgs& a) {
                         {"topk_idx", &a.topk_idx}, {"counts", &a.counts}},
                        {});
 }
+cpu::SequenceRuns sequence_runs(const RouterBackwardArgs& a) {
+  if (a.seq_len <= 0) return {};
+  return {a.counts.rows(), a.seq_run > 0 ? a.seq_run : a.seq_len, a.seq_len};
+}
 void cpu_router_bwd(const RouterBackwardArgs& a) {
   const MoeDims d = validate(a);
+  const cpu::SequenceRuns runs = sequence_runs(a);
   cpu::router_backward<float>(a.dlogits.ptr<float>(), a.dweight.ptr<const float>(), a.logits.ptr<const float>(),
                               a.probs.defined() ? a.probs.ptr<const float>() : nullptr, a.topk_idx.ptr<const int32_t>(),
-                              a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff, a.z_coeff);
+                              a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff, a.z_coeff,
+                              a.seq_len > 0 ? &runs : nullptr);
 }
 std::string cpu_check_random_logits(const MoeRandomLogitsArgs& a) { return moe_cpu_check({{"logits", &a.logits}}, {}); }
 void cpu_random_logits(const MoeRandomLogitsArgs& a) {
@@ -267,7 +287,7 @@ std::string cpu_check_seq_stats(const MoeSequenceStatsArgs& a) {
 void cpu_seq_stats(const MoeSequenceStatsArgs& a) {
   const MoeDims d = validate(a);
   cpu::moe_sequence_stats<float>(a.counts.ptr<int32_t>(), a.prob_sum.ptr<float>(), a.topk_idx.ptr<const int32_t>(),
-                                 a.probs.ptr<const float>(), d.N, a.seq_len, d.K, d.E);
+                                 a.probs.ptr<const float>(), d.N, {a.counts.rows(), a.seq_len, 1}, d.K, d.E);
 }
 std::string cpu_check_plan(const MoePlanArgs& a) {
   return moe_cpu_check({{"topk_idx", &a.topk_idx}, {"topk_weight", &a.topk_weight}, {"counts", &a.counts},
@@ -380,7 +400,7 @@ void turbo_router_bwd(const RouterBackwardArgs& a) {
   const MoeDims d = validate(a);
   cuda::router_backward(a.dlogits.ptr<float>(), a.dweight.ptr<const float>(), a.logits.ptr<const float>(),
                         a.topk_idx.ptr<const int32_t>(), a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff,
-                        a.z_coeff, moe_stream(a.ctx));
+                        a.z_coeff, sequence_runs(a), moe_stream(a.ctx));
 }
 std::string turbo_check_random_logits(const MoeRandomLogitsArgs& a) {
   return detail::all_on(Device::CUDA, {{"logits", &a.logits}});
@@ -397,7 +417,8 @@ std::string turbo_check_seq_stats(const MoeSequenceStatsArgs& a) {
 void turbo_seq_stats(const MoeSequenceStatsArgs& a) {
   const MoeDims d = validate(a);
   cuda::moe_sequence_stats(a.counts.ptr<int32_t>(), a.prob_sum.ptr<float>(), a.topk_idx.ptr<const int32_t>(),
-                           a.probs.ptr<const float>(), d.N, a.seq_len, d.K, d.E, moe_stream(a.ctx));
+                           a.probs.ptr<const float>(), d.N, {a.counts.rows(), a.seq_len, 1}, d.K, d.E,
+                           moe_stream(a.ctx));
 }
 std::string turbo_check_plan(const MoePlanArgs& a) {
   if (auto w = moe_turbo_check({{"topk_idx", &a.topk_idx}, {"topk_weight", &a.topk_weight}, {"counts", &a.counts},
@@ -470,8 +491,8 @@ std::string RouterForwardArgs::key() const {
                      cfg.topk, moe_score_name(cfg), cfg.group_topk, cfg.num_groups, bias.defined() ? 1 : 0);
 }
 std::string RouterBackwardArgs::key() const {
-  return fmt::format("router_backward logits={} E={} K={} {}", logits.describe(), cfg.num_experts, cfg.topk,
-                     moe_score_name(cfg));
+  return fmt::format("router_backward logits={} E={} K={} {} seq={}/{}", logits.describe(), cfg.num_experts, cfg.topk,
+                     moe_score_name(cfg), seq_len, seq_run);
 }
 std::string MoeRandomLogitsArgs::key() const {
   return fmt::format("moe_random_logits logits={}", logits.describe());

@@ -51,6 +51,10 @@ struct RouterBackwardArgs {
   TensorView dweight;                         // [N,K] f32, gradient of topk_weight
   TensorView logits, probs, topk_idx, counts;  // the forward's
   double aux_coeff = 0, z_coeff = 0;          // loss coefficients times the caller's loss scale
+  // The sequence-wise loss (cpu::SequenceRuns): seq_len > 0 makes counts [S,E] (each sequence's,
+  // moe_sequence_stats), seq_len the tokens of a whole sequence, seq_run (0: seq_len) the rows of
+  // one sequence that lie together here, run r being sequence r mod S. One launch for all of them.
+  int64_t seq_len = 0, seq_run = 0;
   ExecContext ctx;
   std::string key() const;
   Precision precision() const { return Precision::FP32; }
@@ -66,12 +70,13 @@ struct MoeRandomLogitsArgs {
   Precision precision() const { return Precision::FP32; }
 };
 
-// DeepSeek-V3's sequence-wise aux loss reads each sequence's own statistics: the N tokens as
-// S = N / seq_len sequences (seq_len must divide N).
+// DeepSeek-V3's sequence-wise aux loss reads each sequence's own statistics: the N rows as runs
+// of seq_len rows, run r a part of sequence r mod S (S = counts' rows, which must divide the
+// N / seq_len runs; cpu::SequenceRuns). One process: S = N / seq_len, a run per sequence.
 struct MoeSequenceStatsArgs {
   TensorView topk_idx;  // [N,K] i32, the router's
   TensorView probs;     // [N,E] f32, the router's
-  int64_t seq_len = 0;  // T
+  int64_t seq_len = 0;  // rows of a run
   TensorView counts;    // out [S,E] i32: slots routed to each expert within each sequence
   TensorView prob_sum;  // out [S,E] f32: sum of p over each sequence's tokens
   ExecContext ctx;

@@ -722,6 +722,16 @@ TensorView moe_seq_rows(const TensorView& buf, int64_t slot, int64_t m, int64_t 
 }
 }  // namespace
 
+turbo::cpu::SequenceRuns Decoder::seq_runs(int64_t N, int64_t T) const {
+  // Context parallelism: a rank's rows are its chunk of each sequence, then its second chunk of
+  // each (cp_attention.h), T tokens a chunk.
+  const int64_t chunks = opt_.cp ? 2 * static_cast<int64_t>(opt_.cp->size()) : 1;
+  const int64_t per = opt_.cp ? 2 : 1;
+  if (T < 1 || N % (per * T) != 0)
+    throw RuntimeError(fmt::format("moe: {} tokens are not whole sequences of {} rows", N, per * T));
+  return {N / (per * T), T, chunks * T};
+}
+
 TensorView Decoder::moe_seq_counts(int64_t slot, int64_t l, int64_t b, int64_t rows) const {
   return moe_seq_rows(a_.moe_seq_counts, slot, moe_index_.at(l), b, rows);
 }
@@ -773,16 +783,22 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   r.ctx = c;
   ops_.moe_router(r);
   if (spec_.moe.seq_aux_loss) {  // each sequence's counts and sums of p (the loss and its gradient)
-    if (opt_.cp) throw RuntimeError("moe: the sequence-wise aux loss with context parallelism (a rank holds chunks)");
-    const int64_t B = N / T_;
+    const turbo::cpu::SequenceRuns runs = seq_runs(N, T_);
     turbo::MoeSequenceStatsArgs q;
     q.topk_idx = idx;
     q.probs = r.probs;
-    q.seq_len = T_;
-    q.counts = moe_seq_counts(slot_, l, 0, B);
-    q.prob_sum = moe_seq_sums(slot_, l, 0, B);
+    q.seq_len = runs.run;
+    q.counts = moe_seq_counts(slot_, l, 0, runs.seqs);
+    q.prob_sum = moe_seq_sums(slot_, l, 0, runs.seqs);
     q.ctx = c;
     turbo::moe_sequence_stats(q);
+    if (opt_.cp) {  // this rank's two chunks of each sequence: the whole sequences' are the group's sum
+      const TensorView f = a_.moe_cp_seq_counts.slice0(0, runs.seqs);
+      turbo::cast(f, q.counts, c);
+      opt_.cp->all_reduce_sum(f);
+      turbo::cast(q.counts, f, c);
+      opt_.cp->all_reduce_sum(q.prob_sum);
+    }
   }
   turbo::MoePlanArgs pl;
   pl.topk_idx = idx;
@@ -895,7 +911,7 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   // cp times that: the kernel's E x count_e / (K N^2) with the summed counts, at 1 / cp.
   TensorView counts = moe_counts(slot_, l);
   double aux_share = 1.0;
-  if (opt_.cp && spec_.moe.aux_loss_coeff > 0) {
+  if (opt_.cp && spec_.moe.aux_loss_coeff > 0 && !spec_.moe.seq_aux_loss) {
     turbo::cast(a_.moe_cp_counts, counts, c);
     opt_.cp->all_reduce_sum(a_.moe_cp_counts);
     turbo::cast(a_.moe_cp_counts_i, a_.moe_cp_counts, c);
@@ -913,17 +929,19 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
     rb.topk_idx = m.topk_idx.slice0(r0, r1);
   };
   if (spec_.moe.seq_aux_loss) {
-    // DeepSeek-V3's sequence-wise loss: each sequence's tokens with its own counts. The mean over
-    // the B sequences puts 1/B on each one's aux loss, and the z loss (a mean over the N tokens)
-    // T/N on each one's mean over its T.
-    const int64_t T = T_, B = N / T;
-    for (int64_t b = 0; b < B; ++b) {
-      router_rows(b * T, (b + 1) * T);
-      rb.counts = moe_seq_counts(slot_, l, b, 1);
-      rb.aux_coeff = spec_.moe.aux_loss_coeff * scale / static_cast<double>(B);
-      rb.z_coeff = spec_.moe.z_loss_coeff * scale * static_cast<double>(T) / static_cast<double>(N);
-      ops_.moe_router_backward(rb);
-    }
+    // DeepSeek-V3's sequence-wise loss, one launch: each token's gradient from its sequence's counts
+    // (the whole sequence's under cp, summed in the forward). The mean over the S sequences puts
+    // 1/S on each one's loss; under cp each rank passes cp times its tokens' part, as the switch
+    // loss's does, since the weights' gradients are averaged over the group.
+    const turbo::cpu::SequenceRuns runs = seq_runs(N, T_);
+    const double cp_share = opt_.cp ? static_cast<double>(opt_.cp->size()) : 1.0;
+    router_rows(0, N);
+    rb.counts = moe_seq_counts(slot_, l, 0, runs.seqs);
+    rb.seq_len = runs.seq_len;
+    rb.seq_run = runs.run;
+    rb.aux_coeff = spec_.moe.aux_loss_coeff * scale * cp_share / static_cast<double>(runs.seqs);
+    rb.z_coeff = spec_.moe.z_loss_coeff * scale;
+    ops_.moe_router_backward(rb);
   } else {
     router_rows(0, N);
     rb.counts = counts;

@@ -143,6 +143,9 @@ class Decoder {
   int64_t train_tokens() const { return train_tokens_; }
   // T of that forward (its B * T tokens are B sequences of T).
   int64_t train_seq() const { return train_seq_; }
+  // Where the sequences of a forward of N tokens in rows of T lie (the sequence-wise loss's
+  // statistics and gradient): runs of T rows; under context parallelism two chunks of each sequence.
+  turbo::cpu::SequenceRuns seq_runs(int64_t N, int64_t T) const;
   void set_profiler(StepProfiler* p) { prof_ = p; }
   StepProfiler* profiler() const { return prof_; }
 

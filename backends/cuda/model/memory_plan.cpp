@@ -271,7 +271,8 @@ void MemoryPlan::plan(Take&& take) {
   // The MoE routing statistics ride in the status buffer, so the one D2H copy of a step's status
   // carries them too (i32 counts as bit patterns, then f32 sums; see ActivationBuffers).
   const int64_t Lm = spec_.num_moe_layers(), E = spec_.moe.num_experts;
-  const int64_t seq_rows = Lm > 0 && spec_.moe.seq_aux_loss ? opt_.max_batch : 0;
+  // Context parallelism: a micro-batch is two chunks of each sequence, so half as many sequences.
+  const int64_t seq_rows = Lm > 0 && spec_.moe.seq_aux_loss ? (opt_.cp > 1 ? opt_.max_batch / 2 : opt_.max_batch) : 0;
   const int64_t moe_words = S * Lm * (3 * E + 1 + 2 * seq_rows * E);
   s.status = take(Pool::State, DType::F32, {S + 3 + moe_words},
                   "step status: loss sums, grad norm, clip factor, finite flag, MoE routing statistics");
@@ -585,6 +586,8 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   if (opt_.cp > 1) {  // the switch loss's token counts summed over the cp group (Decoder::moe_backward)
     a.moe_cp_counts = take(Pool::Acts, f32, {E}, "MoE token counts over the cp group");
     a.moe_cp_counts_i = take(Pool::Acts, i32, {E}, "MoE token counts over the cp group (i32)");
+    if (spec_.moe.seq_aux_loss)  // the sequence-wise loss's counts on their way through the group's sum
+      a.moe_cp_seq_counts = take(Pool::Acts, f32, {opt_.max_batch / 2, E}, "MoE sequences' token counts over the cp group");
   }
   if (Fs > 0) {
     a.dsact = take(Pool::Acts, act_, {N, Fs}, "MoE shared expert activation gradient");

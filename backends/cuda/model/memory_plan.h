@@ -172,8 +172,10 @@ struct ActivationBuffers {
   TensorView moe_counts, moe_sums;
   // The sequence-wise aux loss (moe_router_load_balancing_type: seq_aux_loss): per slot and MoE
   // layer, each sequence's statistics, moe_seq_counts i32 [S, Lm, B, E] and moe_seq_sums f32
-  // [S, Lm, B, E] (B the micro-batch's sequences), in the status buffer after moe_sums.
+  // [S, Lm, B, E] (B the micro-batch's sequences), in the status buffer after moe_sums. Under
+  // context parallelism they hold the whole sequences' (summed over the group in the forward).
   TensorView moe_seq_counts, moe_seq_sums;
+  TensorView moe_cp_seq_counts;  // cp > 1 with seq_aux_loss: f32 [B, E], the counts as the group sums them
   TensorView dyp, dmact, dh, dxp;       // [M,C], [M,F], [M,2F], [M,C]
   TensorView dlogits, dweight;          // f32 [N,E], f32 [N,K]
   TensorView dlogits_act;               // [N,E] in the activation dtype (the router GEMMs' operand)

@@ -136,23 +136,29 @@ void moe_random_logits(Real* logits, int64_t N, int64_t E, uint64_t seed) {
     for (int64_t e = 0; e < E; ++e) logits[n * E + e] = static_cast<Real>(moe_random_logit(seed, n, e));
 }
 
+void check_sequence_runs(const SequenceRuns& q, int64_t N) {
+  if (q.run < 1 || N % q.run != 0 || q.seqs < 1 || (N / q.run) % q.seqs != 0 || q.seq_len < 1)
+    throw std::invalid_argument("sequence runs: run must divide N, seqs the number of runs, seq_len be >= 1");
+}
+
 template <typename Real>
 void moe_sequence_stats(int32_t* counts, Real* prob_sum, const int32_t* topk_idx, const Real* probs, int64_t N,
-                        int64_t T, int64_t K, int64_t E) {
-  if (T < 1 || N % T != 0) throw std::invalid_argument("moe_sequence_stats: T must divide N");
-  const int64_t S = N / T;
+                        const SequenceRuns& q, int64_t K, int64_t E) {
+  check_sequence_runs({q.seqs, q.run, 1}, N);
+  const int64_t S = q.seqs, R = N / q.run;
   std::fill(counts, counts + S * E, 0);
   std::vector<double> sum(static_cast<size_t>(E));
   for (int64_t s = 0; s < S; ++s) {
     int32_t* c = counts + s * E;
     std::fill(sum.begin(), sum.end(), 0.0);
-    for (int64_t n = s * T; n < (s + 1) * T; ++n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const int32_t e = topk_idx[n * K + k];
-        if (e >= 0 && e < E) ++c[e];
+    for (int64_t r = s; r < R; r += S)
+      for (int64_t n = r * q.run; n < (r + 1) * q.run; ++n) {
+        for (int64_t k = 0; k < K; ++k) {
+          const int32_t e = topk_idx[n * K + k];
+          if (e >= 0 && e < E) ++c[e];
+        }
+        for (int64_t e = 0; e < E; ++e) sum[e] += static_cast<double>(probs[n * E + e]);
       }
-      for (int64_t e = 0; e < E; ++e) sum[e] += static_cast<double>(probs[n * E + e]);
-    }
     for (int64_t e = 0; e < E; ++e) prob_sum[s * E + e] = static_cast<Real>(sum[e]);
   }
 }
@@ -173,16 +179,20 @@ double sequence_aux_loss(const int32_t* counts, const Real* prob_sum, int64_t S,
 template <typename Real>
 void router_backward(Real* dlogits, const Real* dweight, const Real* logits, const Real* probs,
                      const int32_t* topk_idx, const int32_t* counts, int64_t N, const RouterConfig& cfg,
-                     double aux_coeff, double z_coeff) {
+                     double aux_coeff, double z_coeff, const SequenceRuns* seq) {
   (void)probs;  // recomputed in double from the logits: the gradient checks need fp64 throughout
   const int64_t E = cfg.num_experts, K = cfg.topk;
-  // d aux / d p_ne, the same for every token.
-  std::vector<double> gaux(static_cast<size_t>(E), 0.0);
+  if (seq) check_sequence_runs(*seq, N);
+  // d aux / d p_ne: the same for every token of a sequence (of the batch without seq).
+  const int64_t S = seq ? seq->seqs : 1;
+  const double len = seq ? static_cast<double>(seq->seq_len) : static_cast<double>(N);
+  std::vector<double> gaux_all(static_cast<size_t>(S * E), 0.0);
   if (aux_coeff != 0 && N > 0)
-    for (int64_t e = 0; e < E; ++e) gaux[e] = aux_coeff * E * counts[e] / (static_cast<double>(N) * K * N);
+    for (int64_t i = 0; i < S * E; ++i) gaux_all[i] = aux_coeff * E * counts[i] / (len * K * len);
   std::vector<double> dl(static_cast<size_t>(E)), dsel(static_cast<size_t>(K)), w(static_cast<size_t>(K));
   TokenScores ts;
   for (int64_t n = 0; n < N; ++n) {
+    const double* gaux = gaux_all.data() + (seq ? seq->of(n) : 0) * E;
     ts.compute(logits + n * E, E, cfg.score);
     std::fill(dl.begin(), dl.end(), 0.0);
     const int32_t* idx = topk_idx + n * K;
@@ -339,11 +349,11 @@ void router_bias_update(float* bias, const int64_t* load, int64_t E, double rate
   template void router_losses<Real>(double*, double*, const int32_t*, const Real*, Real, int64_t,                     \
                                     const RouterConfig&);                                                             \
   template void moe_random_logits<Real>(Real*, int64_t, int64_t, uint64_t);                                           \
-  template void moe_sequence_stats<Real>(int32_t*, Real*, const int32_t*, const Real*, int64_t, int64_t, int64_t,      \
-                                         int64_t);                                                                    \
+  template void moe_sequence_stats<Real>(int32_t*, Real*, const int32_t*, const Real*, int64_t, const SequenceRuns&,  \
+                                         int64_t, int64_t);                                                           \
   template double sequence_aux_loss<Real>(const int32_t*, const Real*, int64_t, int64_t, const RouterConfig&);        \
   template void router_backward<Real>(Real*, const Real*, const Real*, const Real*, const int32_t*, const int32_t*,   \
-                                      int64_t, const RouterConfig&, double, double);                                  \
+                                      int64_t, const RouterConfig&, double, double, const SequenceRuns*);             \
   template int64_t moe_plan_rows<Real>(int32_t*, int32_t*, int32_t*, const int32_t*, const Real*, const int32_t*,     \
                                        int64_t, int64_t, int64_t, int64_t, int64_t, DropPolicy);                      \
   template void moe_permute<Real>(Real*, const Real*, const int32_t*, const int32_t*, const int32_t*, int64_t,        \

@@ -21,9 +21,9 @@
 //   aux (switch-style, Megatron's "aux_loss"): E / (N * K * N) * sum_e count_e * sum_n p_ne,
 //       p = softmax(logits) for the softmax router, sigmoid(logits) normalised per token for the
 //       sigmoid router; counts are not differentiated.
-//   sequence-wise aux (DeepSeek-V3, Megatron's "seq_aux_loss"): the N tokens as S = N / T
-//       sequences of T; the mean over sequences of the aux above with each sequence's own counts and
-//       sums of p over its T tokens (moe_sequence_stats, sequence_aux_loss).
+//   sequence-wise aux (DeepSeek-V3, Megatron's "seq_aux_loss"): the mean over S sequences of T
+//       tokens of the aux above with each sequence's own counts and sums of p over its T tokens
+//       (moe_sequence_stats, sequence_aux_loss). Where a call's rows lie: SequenceRuns.
 //   z: mean_n logsumexp(logits_n)^2.
 #pragma once
 #include <cstdint>
@@ -57,19 +57,34 @@ template <typename Real>
 void router_losses(double* aux, double* z, const int32_t* counts, const Real* prob_sum, Real z_sum, int64_t N,
                    const RouterConfig& cfg);
 
+// The sequence-wise loss's rows: a call's N rows are runs of `run` consecutive rows, run r a part of
+// sequence r mod `seqs`, and a whole sequence has `seq_len` tokens. One process: run = seq_len = T,
+// seqs = N / T. Context parallelism (a rank holds chunks r and 2cp - 1 - r of each of B sequences,
+// all the first chunks, then all the second): run = T / 2cp, seqs = B, seq_len = T, so runs b and
+// b + B are both sequence b's, whose statistics are then summed over the group.
+struct SequenceRuns {
+  int64_t seqs = 0, run = 0, seq_len = 0;
+  int64_t of(int64_t n) const { return (n / run) % seqs; }
+};
+// Throws std::invalid_argument unless run >= 1 divides N, seqs >= 1 divides N / run, and seq_len >= 1.
+void check_sequence_runs(const SequenceRuns& q, int64_t N);
+
 // dlogits [N,E] (overwritten) from dweight [N,K] (the gradient of topk_weight) plus
 // aux_coeff * d aux + z_coeff * d z (coefficients already scaled by the caller's loss scale).
+// seq == nullptr: the switch loss over the N tokens, counts [E]. Otherwise the sequence-wise loss's
+// sum over sequences: counts [seqs, E], token n's gradient from its sequence's row, seq_len in
+// place of N (the caller's aux_coeff carries 1 / S for the mean); the z loss stays the mean over N.
 template <typename Real>
 void router_backward(Real* dlogits, const Real* dweight, const Real* logits, const Real* probs,
                      const int32_t* topk_idx, const int32_t* counts, int64_t N, const RouterConfig& cfg,
-                     double aux_coeff, double z_coeff);
+                     double aux_coeff, double z_coeff, const SequenceRuns* seq = nullptr);
 
-// The sequence-wise aux loss's statistics: the N tokens as N / T sequences of T (T must divide N).
-// counts [N/T, E] = slots routed to each expert within each sequence, prob_sum [N/T, E] = sum of p
-// over each sequence's tokens (summed in fp64, then rounded); both overwritten.
+// The sequence-wise aux loss's statistics over the N rows laid out as q (q.seq_len is not read):
+// counts [q.seqs, E] = slots routed to each expert within each sequence's rows, prob_sum [q.seqs, E]
+// = sum of p over them (summed in fp64 run by run in order, then rounded); both overwritten.
 template <typename Real>
 void moe_sequence_stats(int32_t* counts, Real* prob_sum, const int32_t* topk_idx, const Real* probs, int64_t N,
-                        int64_t T, int64_t K, int64_t E);
+                        const SequenceRuns& q, int64_t K, int64_t E);
 // The sequence-wise aux loss from those statistics: the mean over the S sequences of
 // router_losses()'s aux with each one's row and N = T.
 template <typename Real>

@@ -307,26 +307,28 @@ __global__ void moe_random_logits_kernel(float* logits, int64_t N, int E, uint64
 }
 
 // ---- the sequence-wise aux loss's statistics ----------------------------------------------------
-// Block (32, 8) per (sequence, 32 experts): column c summed over the sequence's rows strided by 8,
-// in fp64, then the 8 partials in order (a fixed tree); the sequence's slots counted in shared
-// memory for the block's 32 experts.
+// Block (32, 8) per (sequence, 32 experts): column c summed over the sequence's runs in order, each
+// run's rows strided by 8, in fp64, then the 8 partials in order (a fixed tree); the sequence's
+// slots counted in shared memory for the block's 32 experts.
 __global__ void moe_sequence_stats_kernel(int32_t* counts, float* prob_sum, const int32_t* __restrict__ topk_idx,
-                                          const float* __restrict__ probs, int64_t T, int K, int E) {
+                                          const float* __restrict__ probs, int64_t runs, int64_t run, int K, int E) {
   __shared__ double part_s[8][33];
   __shared__ int cnt_s[32];
-  const int64_t s = blockIdx.x;
+  const int64_t s = blockIdx.x, S = gridDim.x;
   const int base = blockIdx.y * 32, c = base + threadIdx.x, tid = threadIdx.y * 32 + threadIdx.x;
   if (tid < 32) cnt_s[tid] = 0;
   __syncthreads();
   double sum = 0.0;
-  if (c < E)
-    for (int64_t n = s * T + threadIdx.y; n < (s + 1) * T; n += 8) sum += static_cast<double>(probs[n * E + c]);
-  part_s[threadIdx.y][threadIdx.x] = sum;
-  const int32_t* idx = topk_idx + s * T * K;
-  for (int64_t i = tid; i < T * K; i += 256) {
-    const int e = idx[i] - base;
-    if (e >= 0 && e < 32 && e + base < E) atomicAdd(&cnt_s[e], 1);
+  for (int64_t r = s; r < runs; r += S) {
+    if (c < E)
+      for (int64_t n = r * run + threadIdx.y; n < (r + 1) * run; n += 8) sum += static_cast<double>(probs[n * E + c]);
+    const int32_t* idx = topk_idx + r * run * K;
+    for (int64_t i = tid; i < run * K; i += 256) {
+      const int e = idx[i] - base;
+      if (e >= 0 && e < 32 && e + base < E) atomicAdd(&cnt_s[e], 1);
+    }
   }
+  part_s[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y == 0 && c < E) {
     double t = 0.0;
@@ -347,21 +349,25 @@ struct MoeRouterBwdParams {
   int E, K;
   bool sigmoid, pre_softmax;
   double scaling, aux_coeff, z_coeff;
+  int64_t seqs, run;  // seqs 0: the switch loss, counts [E]; else counts [seqs, E], token n's row (n / run) % seqs
+  double len;         // the tokens a counts row spans (N, or a whole sequence's)
 };
 
 // One warp per token, the same lane layout as the forward; everything recomputed from the logits
 // in fp64 (the reference does too).
 template <int EPL>
 __global__ void __launch_bounds__(kMoeThreads) moe_router_bwd_kernel(MoeRouterBwdParams p) {
-  __shared__ double gaux_s[EPL * 32];  // d aux / d p_e, the same for every token
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, E = p.E, K = p.K;
-  for (int e = threadIdx.x; e < EPL * 32; e += blockDim.x)
-    gaux_s[e] = e < E && p.aux_coeff != 0.0
-                    ? p.aux_coeff * E * p.counts[e] / (static_cast<double>(p.N) * K * p.N)
-                    : 0.0;
-  __syncthreads();
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kMoeWarps + warp;
   if (n >= p.N) return;
+  // d aux / d p_e: the same for every token of the batch (of a sequence, with the sequence-wise loss).
+  const int32_t* cnt = p.counts + (p.seqs > 0 ? (n / p.run) % p.seqs : 0) * E;
+  double gaux[EPL];
+#pragma unroll
+  for (int j = 0; j < EPL; ++j) {
+    const int e = lane + 32 * j;
+    gaux[j] = e < E && p.aux_coeff != 0.0 ? p.aux_coeff * E * cnt[e] / (p.len * K * p.len) : 0.0;
+  }
   const float* row = p.logits + n * E;
   double x[EPL], soft[EPL], sig[EPL], dl[EPL];
   double mx = -INFINITY;
@@ -428,22 +434,22 @@ __global__ void __launch_bounds__(kMoeThreads) moe_router_bwd_kernel(MoeRouterBw
     if (!p.sigmoid) {
       double dot = 0.0;
 #pragma unroll
-      for (int j = 0; j < EPL; ++j) dot += gaux_s[lane + 32 * j] * soft[j];
+      for (int j = 0; j < EPL; ++j) dot += gaux[j] * soft[j];
       dot = moe_warp_sum_d(dot);
 #pragma unroll
-      for (int j = 0; j < EPL; ++j) dl[j] += soft[j] * (gaux_s[lane + 32 * j] - dot);
+      for (int j = 0; j < EPL; ++j) dl[j] += soft[j] * (gaux[j] - dot);
     } else {
       double t_sum = 0.0, dot = 0.0;
 #pragma unroll
       for (int j = 0; j < EPL; ++j) {
         t_sum += sig[j];
-        dot += gaux_s[lane + 32 * j] * sig[j];
+        dot += gaux[j] * sig[j];
       }
       t_sum = moe_warp_sum_d(t_sum) + kMoeNormEps;
       dot = moe_warp_sum_d(dot);
 #pragma unroll
       for (int j = 0; j < EPL; ++j)
-        dl[j] += (gaux_s[lane + 32 * j] / t_sum - dot / (t_sum * t_sum)) * sig[j] * (1.0 - sig[j]);
+        dl[j] += (gaux[j] / t_sum - dot / (t_sum * t_sum)) * sig[j] * (1.0 - sig[j]);
     }
   }
   // Through the z loss: d mean_n lse_n^2 = 2 lse_n / N * softmax_n.
@@ -986,6 +992,12 @@ void moe_check_limits(const char* op, int64_t K, int64_t E, int64_t max_e) {
                                    kMoeMaxTopK, max_e));
 }
 
+void moe_check_runs(const char* op, const cpu::SequenceRuns& q, int64_t N) {
+  if (q.run < 1 || N % q.run != 0 || q.seqs < 1 || (N / q.run) % q.seqs != 0 || q.seq_len < 1)
+    throw RuntimeError(fmt::format("{}: {} sequences in runs of {} rows (of {} tokens) do not lay out {} rows", op,
+                                   q.seqs, q.run, q.seq_len, N));
+}
+
 // Calls body with EPL, the experts per lane, bound to a compile-time constant.
 template <class F>
 void moe_with_epl(int64_t E, F&& body) {
@@ -1029,12 +1041,15 @@ void router_forward(int32_t* topk_idx, float* topk_weight, float* probs, int32_t
 
 void router_backward(float* dlogits, const float* dweight, const float* logits, const int32_t* topk_idx,
                      const int32_t* counts, int64_t N, const cpu::RouterConfig& cfg, double aux_coeff,
-                     double z_coeff, cudaStream_t stream) {
+                     double z_coeff, const cpu::SequenceRuns& seq, cudaStream_t stream) {
   const int64_t E = cfg.num_experts, K = cfg.topk;
   moe_check_limits("router_backward", K, E, kMoeMaxRouterExperts);
+  if (seq.seqs > 0) moe_check_runs("router_backward", seq, N);
   if (N == 0) return;
   MoeRouterBwdParams p{dlogits, dweight, logits, topk_idx, counts, N, static_cast<int>(E), static_cast<int>(K),
-                    cfg.score == cpu::RouterScore::Sigmoid, cfg.pre_softmax, cfg.scaling_factor, aux_coeff, z_coeff};
+                       cfg.score == cpu::RouterScore::Sigmoid, cfg.pre_softmax, cfg.scaling_factor, aux_coeff, z_coeff,
+                       seq.seqs, seq.seqs > 0 ? seq.run : 1,
+                       static_cast<double>(seq.seqs > 0 ? seq.seq_len : N)};
   moe_with_epl(E, [&](auto epl) {
     moe_router_bwd_kernel<decltype(epl)::value>
         <<<static_cast<unsigned>(moe_token_blocks(N)), kMoeThreads, 0, stream>>>(p);
@@ -1050,11 +1065,11 @@ void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed, cudaS
 }
 
 void moe_sequence_stats(int32_t* counts, float* prob_sum, const int32_t* topk_idx, const float* probs, int64_t N,
-                        int64_t T, int64_t K, int64_t E, cudaStream_t stream) {
-  if (T < 1 || N % T != 0) throw RuntimeError(fmt::format("moe_sequence_stats: T = {} does not divide N = {}", T, N));
+                        const cpu::SequenceRuns& q, int64_t K, int64_t E, cudaStream_t stream) {
+  moe_check_runs("moe_sequence_stats", {q.seqs, q.run, 1}, N);
   if (N == 0) return;
-  const dim3 grid(static_cast<unsigned>(N / T), static_cast<unsigned>(ceil_div(E, 32)));
-  moe_sequence_stats_kernel<<<grid, dim3(32, 8), 0, stream>>>(counts, prob_sum, topk_idx, probs, T,
+  const dim3 grid(static_cast<unsigned>(q.seqs), static_cast<unsigned>(ceil_div(E, 32)));
+  moe_sequence_stats_kernel<<<grid, dim3(32, 8), 0, stream>>>(counts, prob_sum, topk_idx, probs, N / q.run, q.run,
                                                               static_cast<int>(K), static_cast<int>(E));
   CUDA_CHECK_LAST();
 }

@@ -32,18 +32,19 @@ size_t router_forward_scratch_bytes(int64_t N, int64_t E);
 void router_forward(int32_t* topk_idx, float* topk_weight, float* probs, int32_t* counts, float* prob_sum,
                     float* z_sum, const float* logits, const float* bias, int64_t N, const cpu::RouterConfig& cfg,
                     void* scratch, cudaStream_t stream);
-// dlogits [N,E] (overwritten), as cpu::router_backward.
+// dlogits [N,E] (overwritten), as cpu::router_backward; seq.seqs == 0: the switch loss (counts [E]),
+// else the sequence-wise loss (counts [seq.seqs, E]).
 void router_backward(float* dlogits, const float* dweight, const float* logits, const int32_t* topk_idx,
                      const int32_t* counts, int64_t N, const cpu::RouterConfig& cfg, double aux_coeff,
-                     double z_coeff, cudaStream_t stream);
+                     double z_coeff, const cpu::SequenceRuns& seq, cudaStream_t stream);
 
 // logits [N,E] <- cpu::moe_random_logit(seed, n, e), bit for bit.
 void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed, cudaStream_t stream);
 
 // The sequence-wise aux loss's statistics, as cpu::moe_sequence_stats: counts and prob_sum
-// [N/T, E] (overwritten); prob_sum in a fixed order (deterministic). T must divide N.
+// [q.seqs, E] (overwritten); prob_sum in a fixed order (deterministic).
 void moe_sequence_stats(int32_t* counts, float* prob_sum, const int32_t* topk_idx, const float* probs, int64_t N,
-                        int64_t T, int64_t K, int64_t E, cudaStream_t stream);
+                        const cpu::SequenceRuns& q, int64_t K, int64_t E, cudaStream_t stream);
 
 // The row plan, as cpu::moe_plan_rows (counts recounted from topk_idx, as the reference does;
 // slots whose expert is outside [0, E) are treated as dropped). topk_weight is read only when
