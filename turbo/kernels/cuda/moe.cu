@@ -307,32 +307,45 @@ __global__ void moe_random_logits_kernel(float* logits, int64_t N, int E, uint64
 }
 
 // ---- the sequence-wise aux loss's statistics ----------------------------------------------------
-// Block (32, 8) per (sequence, 32 experts): column c summed over the sequence's runs in order, each
-// run's rows strided by 8, in fp64, then the 8 partials in order (a fixed tree); the sequence's
-// slots counted in shared memory for the block's 32 experts.
-__global__ void moe_sequence_stats_kernel(int32_t* counts, float* prob_sum, const int32_t* __restrict__ topk_idx,
-                                          const float* __restrict__ probs, int64_t runs, int64_t run, int K, int E) {
-  __shared__ double part_s[8][33];
+// Block (32, 32) per (sequence, 32 experts): column c summed over the sequence's runs in order,
+// each run's rows strided by 32 into four independent fp64 accumulators a thread (four loads in
+// flight: a micro-batch has few sequences, so few blocks), combined in order, then the 32 partials
+// in order (a fixed tree); the sequence's slots counted in shared memory for the block's 32 experts.
+__global__ void __launch_bounds__(1024) moe_sequence_stats_kernel(int32_t* counts, float* prob_sum,
+                                                                       const int32_t* __restrict__ topk_idx,
+                                                                       const float* __restrict__ probs, int64_t runs,
+                                                                       int64_t run, int K, int E) {
+  __shared__ double part_s[32][33];
   __shared__ int cnt_s[32];
   const int64_t s = blockIdx.x, S = gridDim.x;
   const int base = blockIdx.y * 32, c = base + threadIdx.x, tid = threadIdx.y * 32 + threadIdx.x;
   if (tid < 32) cnt_s[tid] = 0;
   __syncthreads();
-  double sum = 0.0;
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
   for (int64_t r = s; r < runs; r += S) {
-    if (c < E)
-      for (int64_t n = r * run + threadIdx.y; n < (r + 1) * run; n += 8) sum += static_cast<double>(probs[n * E + c]);
+    if (c < E) {
+      const int64_t end = (r + 1) * run;
+      int64_t n = r * run + threadIdx.y;
+      for (; n + 96 < end; n += 128) {
+        const float v0 = probs[n * E + c], v1 = probs[(n + 32) * E + c], v2 = probs[(n + 64) * E + c],
+                    v3 = probs[(n + 96) * E + c];
+        acc[0] += v0, acc[1] += v1, acc[2] += v2, acc[3] += v3;
+      }
+      if (n < end) acc[0] += probs[n * E + c];
+      if (n + 32 < end) acc[1] += probs[(n + 32) * E + c];
+      if (n + 64 < end) acc[2] += probs[(n + 64) * E + c];
+    }
     const int32_t* idx = topk_idx + r * run * K;
-    for (int64_t i = tid; i < run * K; i += 256) {
+    for (int64_t i = tid; i < run * K; i += 1024) {
       const int e = idx[i] - base;
       if (e >= 0 && e < 32 && e + base < E) atomicAdd(&cnt_s[e], 1);
     }
   }
-  part_s[threadIdx.y][threadIdx.x] = sum;
+  part_s[threadIdx.y][threadIdx.x] = ((acc[0] + acc[1]) + acc[2]) + acc[3];
   __syncthreads();
   if (threadIdx.y == 0 && c < E) {
     double t = 0.0;
-    for (int y = 0; y < 8; ++y) t += part_s[y][threadIdx.x];
+    for (int y = 0; y < 32; ++y) t += part_s[y][threadIdx.x];
     prob_sum[s * E + c] = static_cast<float>(t);
     counts[s * E + c] = cnt_s[threadIdx.x];
   }
@@ -1069,8 +1082,8 @@ void moe_sequence_stats(int32_t* counts, float* prob_sum, const int32_t* topk_id
   moe_check_runs("moe_sequence_stats", {q.seqs, q.run, 1}, N);
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(q.seqs), static_cast<unsigned>(ceil_div(E, 32)));
-  moe_sequence_stats_kernel<<<grid, dim3(32, 8), 0, stream>>>(counts, prob_sum, topk_idx, probs, N / q.run, q.run,
-                                                              static_cast<int>(K), static_cast<int>(E));
+  moe_sequence_stats_kernel<<<grid, dim3(32, 32), 0, stream>>>(counts, prob_sum, topk_idx, probs, N / q.run, q.run,
+                                                               static_cast<int>(K), static_cast<int>(E));
   CUDA_CHECK_LAST();
 }
 
