@@ -1086,6 +1086,11 @@ CudaModel::StepStatus CudaModel::wait_step_status(int ticket, int64_t n) const {
       std::memcpy(st.moe_seq_counts.data(), sb, st.moe_seq_counts.size() * 4);
       st.moe_seq_sums.assign(sb + S * seq, sb + S * seq + n * seq);
     }
+    if (a.moe_cp_counts.defined()) {  // after the sequence-wise rows (none beside it: seq_aux_loss has its own)
+      const int64_t per_cp = a.moe_cp_counts.numel() / S;
+      const float* cb = base + S * (per + sums);
+      st.moe_cp_counts.assign(cb, cb + n * per_cp);
+    }
   }
   return st;
 }
@@ -1107,6 +1112,18 @@ void CudaModel::moe_report(const StepStatus& st, int64_t n, train::MoeStepStats&
       for (int64_t e = 0; e < E; ++e) dropped += counts[e] - counts[E + e];
       double aux, z;
       turbo::cpu::router_losses(&aux, &z, counts, sums, sums[E], N, cfg);
+      if (!st.moe_cp_counts.empty()) {
+        // Context parallelism: this rank's share of the whole sequences' switch loss (the group's
+        // counts, its own sums of p over the group's N cp tokens), times cp, since the trainer
+        // logs the mean over the ranks.
+        const float* g = st.moe_cp_counts.data() + (s * Lm + m) * E;
+        std::vector<int32_t> whole(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) whole[e] = static_cast<int32_t>(g[e]);
+        const int64_t cp = opt_.cp_group->world_size();
+        double ignored;
+        turbo::cpu::router_losses(&aux, &ignored, whole.data(), sums, sums[E], N * cp, cfg);
+        aux *= static_cast<double>(cp);
+      }
       if (a.moe_seq_counts.defined()) {  // the mean of each sequence's loss
         const turbo::cpu::SequenceRuns runs = decoder_->seq_runs(N, decoder_->train_seq());
         const int64_t rows = a.moe_seq_counts.size(2), at = (s * Lm + m) * rows * E;

@@ -328,6 +328,8 @@ class CudaModel {
     // With the sequence-wise aux loss: ActivationBuffers::moe_seq_counts / moe_seq_sums.
     std::vector<int32_t> moe_seq_counts;
     std::vector<float> moe_seq_sums;
+    // Context parallelism with the switch loss: ActivationBuffers::moe_cp_counts.
+    std::vector<float> moe_cp_counts;
   };
   StepStatus read_step_status(int64_t n) { return wait_step_status(enqueue_step_status(), n); }
   // The same in two halves, so the host can enqueue the next step before reading this one's:

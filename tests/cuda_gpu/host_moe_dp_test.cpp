@@ -105,7 +105,9 @@ TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheSwitchLoss) {
   t.expect_matches("aux_cp2", "context_parallel_size=2", "context parallel over 2 ranks");
   t.expect_matches("aux_cp2dp2", "context_parallel_size=2", "x data parallel over 2 ranks", 1e-5, 4);
   t.expect_matches("aux_tp2cp2", "context_parallel_size=2 tensor_model_parallel_size=2", "", 1e-5, 4);
-  expect_same_metric(t.dir(), "aux_cp2", "moe/layer1/load_cv");
+  for (const char* run : {"aux_cp2", "aux_cp2dp2", "aux_tp2cp2"})
+    for (const char* key : {"moe/layer1/load_cv", "moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/z_loss"})
+      expect_same_metric(t.dir(), run, key);
 }
 
 // DeepSeek-V3's sequence-wise loss under context parallelism: a rank holds two chunks of each

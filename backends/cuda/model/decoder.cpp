@@ -782,6 +782,11 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   r.z_sum = moe_z_sum(slot_, l);
   r.ctx = c;
   ops_.moe_router(r);
+  if (opt_.cp && !spec_.moe.seq_aux_loss) {  // the switch loss is the whole sequences': counts summed over the group
+    const TensorView g = moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), 0, spec_.moe.num_experts);
+    turbo::cast(g, r.counts, c);
+    opt_.cp->all_reduce_sum(g);
+  }
   if (spec_.moe.seq_aux_loss) {  // each sequence's counts and sums of p (the loss and its gradient)
     const turbo::cpu::SequenceRuns runs = seq_runs(N, T_);
     turbo::MoeSequenceStatsArgs q;
@@ -911,10 +916,8 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   // cp times that: the kernel's E x count_e / (K N^2) with the summed counts, at 1 / cp.
   TensorView counts = moe_counts(slot_, l);
   double aux_share = 1.0;
-  if (opt_.cp && spec_.moe.aux_loss_coeff > 0 && !spec_.moe.seq_aux_loss) {
-    turbo::cast(a_.moe_cp_counts, counts, c);
-    opt_.cp->all_reduce_sum(a_.moe_cp_counts);
-    turbo::cast(a_.moe_cp_counts_i, a_.moe_cp_counts, c);
+  if (opt_.cp && spec_.moe.aux_loss_coeff > 0 && !spec_.moe.seq_aux_loss) {  // summed in the forward
+    turbo::cast(a_.moe_cp_counts_i, moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), 0, spec_.moe.num_experts), c);
     counts = a_.moe_cp_counts_i;
     aux_share = 1.0 / static_cast<double>(opt_.cp->size());
   }

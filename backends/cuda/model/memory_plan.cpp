@@ -273,7 +273,10 @@ void MemoryPlan::plan(Take&& take) {
   const int64_t Lm = spec_.num_moe_layers(), E = spec_.moe.num_experts;
   // Context parallelism: a micro-batch is two chunks of each sequence, so half as many sequences.
   const int64_t seq_rows = Lm > 0 && spec_.moe.seq_aux_loss ? (opt_.cp > 1 ? opt_.max_batch / 2 : opt_.max_batch) : 0;
-  const int64_t moe_words = S * Lm * (3 * E + 1 + 2 * seq_rows * E);
+  // Context parallelism with the switch loss: each layer's counts summed over the group (the loss
+  // is the whole sequences'; its gradient and the logged value read them).
+  const int64_t cp_rows = Lm > 0 && opt_.cp > 1 && !spec_.moe.seq_aux_loss ? 1 : 0;
+  const int64_t moe_words = S * Lm * (3 * E + 1 + 2 * seq_rows * E + cp_rows * E);
   s.status = take(Pool::State, DType::F32, {S + 3 + moe_words},
                   "step status: loss sums, grad norm, clip factor, finite flag, MoE routing statistics");
   if (s.status.defined()) {
@@ -288,6 +291,9 @@ void MemoryPlan::plan(Take&& take) {
         acts.moe_seq_counts = TensorView(seq, DType::I32, s.status.device, {S, Lm, seq_rows, E});
         acts.moe_seq_sums = TensorView(seq + S * Lm * seq_rows * E, DType::F32, s.status.device, {S, Lm, seq_rows, E});
       }
+      if (cp_rows > 0)
+        acts.moe_cp_counts = TensorView(base + S * Lm * (3 * E + 1 + 2 * seq_rows * E), DType::F32, s.status.device,
+                                        {S, Lm, E});
     }
   }
   s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
@@ -584,7 +590,6 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   a.dlogits_act = take(Pool::Acts, act_, {N, E}, "MoE router logit gradient (GEMM operand)");
   a.dweight = take(Pool::Acts, f32, {N, K}, "MoE routing weight gradient");
   if (opt_.cp > 1) {  // the switch loss's token counts summed over the cp group (Decoder::moe_backward)
-    a.moe_cp_counts = take(Pool::Acts, f32, {E}, "MoE token counts over the cp group");
     a.moe_cp_counts_i = take(Pool::Acts, i32, {E}, "MoE token counts over the cp group (i32)");
     if (spec_.moe.seq_aux_loss)  // the sequence-wise loss's counts on their way through the group's sum
       a.moe_cp_seq_counts = take(Pool::Acts, f32, {opt_.max_batch / 2, E}, "MoE sequences' token counts over the cp group");

@@ -179,7 +179,10 @@ struct ActivationBuffers {
   TensorView dyp, dmact, dh, dxp;       // [M,C], [M,F], [M,2F], [M,C]
   TensorView dlogits, dweight;          // f32 [N,E], f32 [N,K]
   TensorView dlogits_act;               // [N,E] in the activation dtype (the router GEMMs' operand)
-  TensorView moe_cp_counts, moe_cp_counts_i;  // cp > 1: a layer's counts summed over the group, f32 [E] and i32 [E]
+  // cp > 1 with the switch loss: each layer's counts summed over the group, f32 [S, Lm, E] in the
+  // status buffer after the sequence-wise rows (summed in the forward), and an i32 [E] copy for the
+  // router backward.
+  TensorView moe_cp_counts, moe_cp_counts_i;
   TensorView dsact, dsfc;               // shared expert [N,Fs], [N,2Fs]
   int64_t moe_rows = 0;                 // M
   // Expert parallelism: the local permuted input xl [M,C] and the held output yh [Mh,C] (both
