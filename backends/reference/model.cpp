@@ -299,6 +299,8 @@ void GptModel<Real>::set_context_parallel(parallel::ProcessGroup* group) {
     throw RuntimeError("context parallelism runs the float model only");
   }
   cp_group_ = group && group->world_size() > 1 ? group : nullptr;
+  for (auto& m : moe_)
+    if (m) m->set_context_parallel(cp_group_);
 }
 
 template <typename Real>

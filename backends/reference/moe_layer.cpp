@@ -76,6 +76,14 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
   k::router_forward(idx_.data(), weight_.data(), probs_.data(), counts_.data(), prob_sum_.data(), &z_sum,
                     logits_.data(), w.expert_bias, N, cfg_, forced_.empty() ? nullptr : forced_.data());
   k::router_losses(&stats_.aux, &stats_.z, counts_.data(), prob_sum_.data(), z_sum, N, cfg_);
+  if (cp_ > 1 && !spec_.moe.seq_aux_loss) {
+    // The whole sequences' switch loss: the group's counts. The logged value is this rank's share
+    // of it (its own sums of p over the group's tokens) times cp, as the trainer logs the mean.
+    cp_counts_ = group_sum(counts_);
+    double ignored;
+    k::router_losses(&stats_.aux, &ignored, cp_counts_.data(), prob_sum_.data(), z_sum, N * cp_, cfg_);
+    stats_.aux *= static_cast<double>(cp_);
+  }
   if (spec_.moe.seq_aux_loss) sequence_aux(N, seq);
   const int64_t cap = spec_.moe.capacity(N);
   const auto policy = spec_.moe.drop_by_position ? k::DropPolicy::Position : k::DropPolicy::Probs;
@@ -156,16 +164,23 @@ void MoeLayer<Real>::backward(Real* dinp, const Real* dout, const Real* inp, con
   if (spec_.moe.seq_aux_loss) {
     // Each sequence's tokens with its own counts: the mean over the S sequences puts 1/S on each
     // one's aux loss, and the z loss (a mean over all N tokens) T/N on each one's mean over its T.
+    // Under context parallelism the counts are the whole sequence's and T is this rank's part of
+    // it: the kernel's E x count / (K T^2) is cp^2 times the sequence's, and the rank passes cp
+    // times its tokens' part, so 1 / cp of the coefficient.
     const int64_t S = seqs_, T = N / S;
     for (int64_t s = 0; s < S; ++s) {
       k::router_backward(dlogits_.data() + s * T * E_, dweight_.data() + s * T * K_, logits_.data() + s * T * E_,
                          probs_.data() + s * T * E_, idx_.data() + s * T * K_, seq_counts_.data() + s * E_, T, cfg_,
-                         spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(S),
+                         spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(S * cp_),
                          spec_.moe.z_loss_coeff * loss_scale * static_cast<double>(T) / static_cast<double>(N));
     }
   } else {
-    k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(), counts_.data(), N,
-                       cfg_, spec_.moe.aux_loss_coeff * loss_scale, spec_.moe.z_loss_coeff * loss_scale);
+    // Context parallelism: the group's counts over this rank's N, 1 / cp of the coefficient (the
+    // same reasoning as above).
+    k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(),
+                       cp_ > 1 ? cp_counts_.data() : counts_.data(), N, cfg_,
+                       spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(cp_),
+                       spec_.moe.z_loss_coeff * loss_scale);
   }
   k::matmul_backward(dinp, g.router, none, dlogits_.data(), inp, w.router, N, C_, E_);
 }
@@ -177,7 +192,30 @@ void MoeLayer<Real>::sequence_aux(int64_t N, int64_t seq) {
   seq_counts_.resize(static_cast<size_t>(S * E_));
   std::vector<Real> psum(static_cast<size_t>(S * E_));  // only the counts are read again (backward)
   k::moe_sequence_stats(seq_counts_.data(), psum.data(), idx_.data(), probs_.data(), N, {N / Ts, Ts, Ts}, K_, E_);
-  stats_.aux = k::sequence_aux_loss(seq_counts_.data(), psum.data(), S, Ts, cfg_);
+  if (cp_ > 1) {  // each sequence's rows here are this rank's part of it: the whole one's is the group's sum
+    seq_counts_ = group_sum(seq_counts_);
+    psum = group_sum(psum);
+  }
+  stats_.aux = k::sequence_aux_loss(seq_counts_.data(), psum.data(), S, Ts * cp_, cfg_);
+}
+
+template <typename Real>
+template <typename T>
+std::vector<T> MoeLayer<Real>::group_sum(const std::vector<T>& v) const {
+  // Through f32, what the groups reduce: counts are exact below 2^24.
+  std::vector<float> f(v.begin(), v.end());
+  cp_group_->all_reduce(f.data(), f.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+  std::vector<T> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = static_cast<T>(f[i]);
+  return out;
+}
+
+template <typename Real>
+void MoeLayer<Real>::set_context_parallel(parallel::ProcessGroup* group) {
+  const int n = group ? group->world_size() : 1;
+  if (n > 1 && !std::is_same_v<Real, float>) throw RuntimeError("moe: context parallelism runs the float model only");
+  cp_group_ = n > 1 ? group : nullptr;
+  cp_ = n;
 }
 
 template <typename Real>

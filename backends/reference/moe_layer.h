@@ -53,6 +53,11 @@ class MoeLayer {
   // The experts' group of an expert-parallel layout (nullptr or one rank: every expert here). The
   // spec's local_experts x the group's size must be num_experts. f32 only (the groups move f32).
   void set_expert_parallel(parallel::ProcessGroup* group);
+  // Context parallelism (nullptr or one rank: off): this rank's tokens are chunks of sequences the
+  // group shares, so the balancing losses' counts (and the sequence-wise loss's sums of p) are
+  // summed over the group, and each rank passes cp times its tokens' part of their gradient (the
+  // trainer averages the weights' gradients over the group), as the cuda backend does.
+  void set_context_parallel(parallel::ProcessGroup* group);
 
   const std::vector<int32_t>& topk_idx() const { return idx_; }  // [N*K] of the last forward
   const std::vector<int32_t>& row_of_slot() const { return rows_; }  // [N*K], -1: dropped
@@ -75,6 +80,9 @@ class MoeLayer {
   // moe_router_load_balancing_type seq_aux_loss: the last forward's sequences (see forward), their
   // slot counts [S*E] (which the backward reads), and stats_.aux as the mean of their aux losses.
   void sequence_aux(int64_t N, int64_t seq);
+  // v summed element-wise over the cp group.
+  template <typename T>
+  std::vector<T> group_sum(const std::vector<T>& v) const;
 
   const train::ModelSpec& spec_;
   uint64_t seed_;  // moe_router_force_load_balancing: this layer's draw
@@ -94,6 +102,9 @@ class MoeLayer {
   std::vector<Real> dlogits_, dweight_, dyp_, da_, dh_, dxp_, dsact_, dsfc_;
   int64_t seqs_ = 1;
   std::vector<int32_t> seq_counts_;
+  parallel::ProcessGroup* cp_group_ = nullptr;
+  int cp_ = 1;
+  std::vector<int32_t> cp_counts_;  // context parallelism, the switch loss: counts_ summed over the group
   Stats stats_;
 };
 

@@ -180,8 +180,7 @@ void ReferenceTrainer::init() {
   if (cp > 1) {
     const char* why = t.data.reset_attention_mask || t.data.reset_position_ids
                           ? "reset_attention_mask / reset_position_ids (packed documents)"
-                      : spec.moe.enabled() ? "MoE layers (num_experts)"
-                                           : nullptr;
+                          : nullptr;
     if (why) {
       throw ConfigError(fmt::format("context_parallel_size {} with {} is not implemented yet on the reference backend",
                                     cp, why));

@@ -185,6 +185,36 @@ TEST(MeshTraining, MuonUnderContextParallelismGivesTheLossesOfOneProcess) {
   }
 }
 
+// MoE layers under context parallelism on the reference backend: a rank holds two chunks of
+// each sequence, so the balancing losses' counts (and the sequence-wise loss's sums of p) are
+// summed over the cp group before the router's backward. With the aux coefficient raised to 0.5
+// (chunks balanced on their own would move the losses well beyond the gate), cp2 gives one
+// process's losses, gradient norms, validation losses and logged aux losses, for the switch loss
+// (beside expert parallelism too) and for DeepSeek-V3's sequence-wise loss.
+TEST(MeshTraining, MoeUnderContextParallelismGivesTheLossesOfOneProcess) {
+  const std::string model = "moe-shakespeare.yaml num_layers=2 hidden_size=32 moe_ffn_hidden_size=32 moe_aux_loss_coeff=0.5";
+  for (const std::string balance : {"", "moe_router_load_balancing_type=seq_aux_loss"}) {
+    Workdir one, two;
+    auto r1 = run_primus(run_args(model, one.str(), 10, balance));
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    ASSERT_EQ(losses(one.path()).size(), 10u);
+    auto r2 = run_primus(launch(2, run_args(model, two.str(), 10, balance + " context_parallel_size=2")));
+    ASSERT_EQ(r2.code, 0) << balance << "\n" << r2.out;
+    EXPECT_NE(r2.out.find("context parallel over 2 ranks"), std::string::npos) << r2.out;
+    for (const char* key : {"loss", "grad_norm", "val_loss", "moe/layer0/aux_loss", "moe/layer1/aux_loss",
+                            "moe/layer1/load_cv"})
+      expect_same_losses(losses(one.path(), key), losses(two.path(), key), balance + " " + key);
+    if (!balance.empty()) continue;
+    // Beside expert parallelism (dp2 x cp2, the experts over 2 of the ranks): four processes.
+    Workdir four;
+    auto r4 = run_primus(launch(4, run_args(model, four.str(), 10, "context_parallel_size=2 expert_model_parallel_size=2")));
+    ASSERT_EQ(r4.code, 0) << r4.out;
+    EXPECT_NE(r4.out.find("the experts over 2 of them"), std::string::npos) << r4.out;
+    for (const char* key : {"loss", "grad_norm", "val_loss", "moe/layer0/aux_loss"})
+      expect_same_losses(losses(one.path(), key), losses(four.path(), key), std::string("cp2 x ep2 ") + key);
+  }
+}
+
 TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
   const struct {
     int ranks;
