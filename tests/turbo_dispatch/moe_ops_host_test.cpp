@@ -198,7 +198,7 @@ TEST_F(MoeOpsHost, MalformedCallsNameTheOpArgumentAndExpectation) {
   q.counts = host(sc, {2, E}), q.prob_sum = host(sp, {2, E});
   EXPECT_EQ(moe_sequence_stats(q), BackendType::CPU);
   q.seq_len = 3;
-  expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "seq_len 3", "8 tokens"});
+  expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "run of 3 rows", "8 tokens"});
   q.seq_len = 8;
   expect_error([&] { moe_sequence_stats(q); }, {"moe_sequence_stats", "counts of 2 sequences", "1 runs"});
   q.seq_len = 2;  // runs of 2 rows, four of them: two per sequence

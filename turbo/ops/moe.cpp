@@ -88,6 +88,19 @@ MoeDims validate(const RouterForwardArgs& a) {
   return {N, K, E, 0, 0};
 }
 
+// The sequence-wise statistics' rows: runs of `run` rows that divide the N tokens, and counts
+// [S,E] i32 whose S sequences divide the runs. Returns S.
+int64_t moe_check_sequence_rows(const TensorView& counts, int64_t N, int64_t run, int64_t E, const char* op) {
+  if (run < 1 || N % run != 0)
+    throw RuntimeError(fmt::format("{}: a sequence's run of {} rows does not divide the {} tokens", op, run, N));
+  moe_check(counts, -1, E, DType::I32, op, "counts");
+  const int64_t S = counts.rows();
+  if (S < 1 || (N / run) % S != 0)
+    throw RuntimeError(fmt::format("{}: counts of {} sequences do not divide the {} runs of {} rows", op, S, N / run,
+                                   run));
+  return S;
+}
+
 MoeDims validate(const RouterBackwardArgs& a) {
   const char* op = "router_backward";
   moe_check_config(a.cfg, op);
@@ -100,14 +113,7 @@ MoeDims validate(const RouterBackwardArgs& a) {
   if (a.probs.defined()) moe_check(a.probs, N, E, DType::F32, op, "probs");
   moe_check(a.topk_idx, N, K, DType::I32, op, "topk_idx");
   if (a.seq_len > 0) {
-    const int64_t run = a.seq_run > 0 ? a.seq_run : a.seq_len;
-    if (N % run != 0)
-      throw RuntimeError(fmt::format("{}: a sequence's run of {} rows does not divide the {} tokens", op, run, N));
-    moe_check(a.counts, -1, E, DType::I32, op, "counts");
-    const int64_t S = a.counts.rows();
-    if (S < 1 || (N / run) % S != 0)
-      throw RuntimeError(fmt::format("{}: counts of {} sequences do not divide the {} runs of {} rows", op, S, N / run,
-                                     run));
+    moe_check_sequence_rows(a.counts, N, a.seq_run > 0 ? a.seq_run : a.seq_len, E, op);
   } else {
     moe_check_vec(a.counts, E, DType::I32, op, "counts");
   }
@@ -127,13 +133,7 @@ MoeDims validate(const MoeSequenceStatsArgs& a) {
   const int64_t N = a.topk_idx.rows(), K = a.topk_idx.cols();
   moe_check(a.probs, N, -1, DType::F32, op, "probs");
   const int64_t E = a.probs.cols();
-  if (a.seq_len < 1 || N % a.seq_len != 0)
-    throw RuntimeError(fmt::format("{}: seq_len {} does not divide the {} tokens", op, a.seq_len, N));
-  moe_check(a.counts, -1, E, DType::I32, op, "counts");
-  const int64_t S = a.counts.rows();
-  if (S < 1 || (N / a.seq_len) % S != 0)
-    throw RuntimeError(fmt::format("{}: counts of {} sequences do not divide the {} runs of seq_len {}", op, S,
-                                   N / a.seq_len, a.seq_len));
+  const int64_t S = moe_check_sequence_rows(a.counts, N, a.seq_len, E, op);
   moe_check(a.prob_sum, S, E, DType::F32, op, "prob_sum");
   return {N, K, E, 0, 0};
 }

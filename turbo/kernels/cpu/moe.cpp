@@ -136,15 +136,10 @@ void moe_random_logits(Real* logits, int64_t N, int64_t E, uint64_t seed) {
     for (int64_t e = 0; e < E; ++e) logits[n * E + e] = static_cast<Real>(moe_random_logit(seed, n, e));
 }
 
-void check_sequence_runs(const SequenceRuns& q, int64_t N) {
-  if (q.run < 1 || N % q.run != 0 || q.seqs < 1 || (N / q.run) % q.seqs != 0 || q.seq_len < 1)
-    throw std::invalid_argument("sequence runs: run must divide N, seqs the number of runs, seq_len be >= 1");
-}
-
 template <typename Real>
 void moe_sequence_stats(int32_t* counts, Real* prob_sum, const int32_t* topk_idx, const Real* probs, int64_t N,
                         const SequenceRuns& q, int64_t K, int64_t E) {
-  check_sequence_runs({q.seqs, q.run, 1}, N);
+  check_sequence_runs("moe_sequence_stats", {q.seqs, q.run, 1}, N);
   const int64_t S = q.seqs, R = N / q.run;
   std::fill(counts, counts + S * E, 0);
   std::vector<double> sum(static_cast<size_t>(E));
@@ -182,7 +177,7 @@ void router_backward(Real* dlogits, const Real* dweight, const Real* logits, con
                      double aux_coeff, double z_coeff, const SequenceRuns* seq) {
   (void)probs;  // recomputed in double from the logits: the gradient checks need fp64 throughout
   const int64_t E = cfg.num_experts, K = cfg.topk;
-  if (seq) check_sequence_runs(*seq, N);
+  if (seq) check_sequence_runs("router_backward", *seq, N);
   // d aux / d p_ne: the same for every token of a sequence (of the batch without seq).
   const int64_t S = seq ? seq->seqs : 1;
   const double len = seq ? static_cast<double>(seq->seq_len) : static_cast<double>(N);

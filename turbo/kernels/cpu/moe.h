@@ -27,6 +27,8 @@
 //   z: mean_n logsumexp(logits_n)^2.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace primus::turbo::cpu {
 
@@ -66,8 +68,14 @@ struct SequenceRuns {
   int64_t seqs = 0, run = 0, seq_len = 0;
   int64_t of(int64_t n) const { return (n / run) % seqs; }
 };
-// Throws std::invalid_argument unless run >= 1 divides N, seqs >= 1 divides N / run, and seq_len >= 1.
-void check_sequence_runs(const SequenceRuns& q, int64_t N);
+// Throws std::invalid_argument naming `op` and the numbers unless run >= 1 divides N, seqs >= 1
+// divides N / run, and seq_len >= 1 (the device kernels' wrappers call it too).
+inline void check_sequence_runs(const char* op, const SequenceRuns& q, int64_t N) {
+  if (q.run < 1 || N % q.run != 0 || q.seqs < 1 || (N / q.run) % q.seqs != 0 || q.seq_len < 1)
+    throw std::invalid_argument(std::string(op) + ": " + std::to_string(q.seqs) + " sequences in runs of " +
+                                std::to_string(q.run) + " rows (of " + std::to_string(q.seq_len) +
+                                " tokens a sequence) do not lay out " + std::to_string(N) + " rows");
+}
 
 // dlogits [N,E] (overwritten) from dweight [N,K] (the gradient of topk_weight) plus
 // aux_coeff * d aux + z_coeff * d z (coefficients already scaled by the caller's loss scale).

@@ -312,9 +312,9 @@ __global__ void moe_random_logits_kernel(float* logits, int64_t N, int E, uint64
 // flight: a micro-batch has few sequences, so few blocks), combined in order, then the 32 partials
 // in order (a fixed tree); the sequence's slots counted in shared memory for the block's 32 experts.
 __global__ void __launch_bounds__(1024) moe_sequence_stats_kernel(int32_t* counts, float* prob_sum,
-                                                                       const int32_t* __restrict__ topk_idx,
-                                                                       const float* __restrict__ probs, int64_t runs,
-                                                                       int64_t run, int K, int E) {
+                                                                  const int32_t* __restrict__ topk_idx,
+                                                                  const float* __restrict__ probs, int64_t runs,
+                                                                  int64_t run, int K, int E) {
   __shared__ double part_s[32][33];
   __shared__ int cnt_s[32];
   const int64_t s = blockIdx.x, S = gridDim.x;
@@ -1005,12 +1005,6 @@ void moe_check_limits(const char* op, int64_t K, int64_t E, int64_t max_e) {
                                    kMoeMaxTopK, max_e));
 }
 
-void moe_check_runs(const char* op, const cpu::SequenceRuns& q, int64_t N) {
-  if (q.run < 1 || N % q.run != 0 || q.seqs < 1 || (N / q.run) % q.seqs != 0 || q.seq_len < 1)
-    throw RuntimeError(fmt::format("{}: {} sequences in runs of {} rows (of {} tokens) do not lay out {} rows", op,
-                                   q.seqs, q.run, q.seq_len, N));
-}
-
 // Calls body with EPL, the experts per lane, bound to a compile-time constant.
 template <class F>
 void moe_with_epl(int64_t E, F&& body) {
@@ -1057,7 +1051,7 @@ void router_backward(float* dlogits, const float* dweight, const float* logits, 
                      double z_coeff, const cpu::SequenceRuns& seq, cudaStream_t stream) {
   const int64_t E = cfg.num_experts, K = cfg.topk;
   moe_check_limits("router_backward", K, E, kMoeMaxRouterExperts);
-  if (seq.seqs > 0) moe_check_runs("router_backward", seq, N);
+  if (seq.seqs > 0) cpu::check_sequence_runs("router_backward", seq, N);
   if (N == 0) return;
   MoeRouterBwdParams p{dlogits, dweight, logits, topk_idx, counts, N, static_cast<int>(E), static_cast<int>(K),
                        cfg.score == cpu::RouterScore::Sigmoid, cfg.pre_softmax, cfg.scaling_factor, aux_coeff, z_coeff,
@@ -1079,7 +1073,7 @@ void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed, cudaS
 
 void moe_sequence_stats(int32_t* counts, float* prob_sum, const int32_t* topk_idx, const float* probs, int64_t N,
                         const cpu::SequenceRuns& q, int64_t K, int64_t E, cudaStream_t stream) {
-  moe_check_runs("moe_sequence_stats", {q.seqs, q.run, 1}, N);
+  cpu::check_sequence_runs("moe_sequence_stats", {q.seqs, q.run, 1}, N);
   if (N == 0) return;
   const dim3 grid(static_cast<unsigned>(q.seqs), static_cast<unsigned>(ceil_div(E, 32)));
   moe_sequence_stats_kernel<<<grid, dim3(32, 32), 0, stream>>>(counts, prob_sum, topk_idx, probs, N / q.run, q.run,
