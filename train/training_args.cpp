@@ -37,6 +37,17 @@ void add_training_schema(config::Schema& s) {
       .number("adam_beta2", 0.95, "Adam beta2", 0.0, 1.0)
       .number("adam_eps", 1e-8, "Adam epsilon", 0.0)
       .number("clip_grad", 1.0, "global gradient-norm clip (0: off)", 0.0)
+      .flag("use_precision_aware_optimizer", false,
+            "Megatron's switch for the optimizer state dtypes below (exp_avg_dtype, exp_avg_sq_dtype); with fp32 "
+            "moments it changes nothing")
+      .text("exp_avg_dtype", "fp32",
+            "dtype AdamW keeps its first moment in: fp32, or bf16 (computed in fp32 and stored rounded "
+            "stochastically, so small updates are kept on average; 2 bytes a parameter less memory, 4 less optimizer "
+            "traffic); needs use_precision_aware_optimizer: true. fp16 and fp8 (Transformer Engine's scaled moments) "
+            "are not implemented",
+            {"fp32", "bf16", "fp16", "fp8"})
+      .text("exp_avg_sq_dtype", "fp32", "dtype AdamW keeps its second moment in, as exp_avg_dtype",
+            {"fp32", "bf16", "fp16", "fp8"})
       .integer("seed", 1234, "seed of init, data order and sampling", 0)
       .integer("log_interval", 10, "steps between progress lines", 1)
       .integer("eval_interval", 100, "steps between validation runs (0: never)", 0)
@@ -162,6 +173,21 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.optim.beta2 = d("adam_beta2");
   a.optim.eps = d("adam_eps");
   a.optim.clip_grad = d("clip_grad");
+  for (auto [key, out] : {std::pair{"exp_avg_dtype", &a.optim.exp_avg_bf16}, {"exp_avg_sq_dtype", &a.optim.exp_avg_sq_bf16}}) {
+    const config::Value* v = p.find_path(key);
+    const std::string dt = v->as_string();
+    if (dt == "fp16" || dt == "fp8") {
+      throw ConfigError(fmt::format("{}: {}: {} is not implemented: its range needs the per-tensor scaling of "
+                                    "Transformer Engine's precision-aware optimizer, which Primus does not have; use "
+                                    "bf16 (the same 2 bytes, stochastically rounded) or fp32",
+                                    v->origin().str(), key, dt));
+    }
+    *out = dt == "bf16";
+    if (*out && !b("use_precision_aware_optimizer")) {
+      throw ConfigError(fmt::format("{}: {}: bf16 needs use_precision_aware_optimizer: true (as in Megatron-LM)",
+                                    v->origin().str(), key));
+    }
+  }
   a.data.tokenizer = text_or(p, "tokenizer_type", "gpt2");
   a.data.data_path = resolve_data_paths(strings_of(p.find_path("data_path")), exp.file);
   a.data.valid_data_path = resolve_data_paths(strings_of(p.find_path("valid_data_path")), exp.file);

@@ -35,6 +35,10 @@ struct OptimizerArgs {
   double muon_lr = -1;            // < 0: lr (Moonlight: one lr for both rules); see muon_lr_at
   double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip_grad = 1.0;                      // global norm; 0 turns clipping off
+  // AdamW's moments held in bf16 (Megatron's exp_avg_dtype / exp_avg_sq_dtype: bf16, which need
+  // use_precision_aware_optimizer): computed in fp32, stored rounded stochastically
+  // (turbo/core/stochastic_round.h); Muon's tensors keep their own momentum.
+  bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false;
 };
 
 struct DataArgs {

@@ -174,6 +174,8 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.grad_windows = opt.optimizer_in_backward && (opt.grad_mean || opt.grad_mean_group || cp) ? 2 : 1;
   mp.bf16_expert_grads = opt.bf16_expert_grads;
   mp.split_master = opt.split_master;
+  mp.exp_avg_bf16 = opt.exp_avg_bf16;
+  mp.exp_avg_sq_bf16 = opt.exp_avg_sq_bf16;
   mp.document_masks = opt.document_masking.enabled();
   if (opt.tp_map) {
     mp.tp = opt.tp_map->tp();
@@ -237,6 +239,14 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
                       : !opt_.muon.empty() ? "Muon updates its matrices' fp32 masters"
                                            : nullptr;
     if (why) throw ConfigError(fmt::format("split master weights: {}", why));
+  }
+  if (opt_.exp_avg_bf16 || opt_.exp_avg_sq_bf16) {
+    const char* why = !opt_.optimizer_state || opt_.flat_elems != 0 ? "ZeRO-1 keeps the moments in its shards"
+                      : opt_.dp_group && parallel::shards_optimizer(opt_.dp_sharding)
+                          ? "sharded data parallelism keeps the moments in its chunks"
+                      : !opt_.muon.empty() ? "Muon keeps its momentum in the first-moment buffer"
+                                           : nullptr;
+    if (why) throw ConfigError(fmt::format("bf16 AdamW moments: {}", why));
   }
   if (host && (!opt_.optimizer_state || opt_.flat_elems != 0)) {
     throw RuntimeError("cuda model: host mode keeps its own optimizer state and unpadded buffers");
@@ -1044,9 +1054,11 @@ void CudaModel::set_hyper(const turbo::AdamWHyper& hp) {
   optimizer_->set_hyper(hp);
   if (stream_.host) return;  // the CPU optimizer takes hp itself
   // The kernel's own host-side formula, so eager and graph steps compute the same bits.
-  const float scalars[3] = {
+  // The step goes too (exact as a float below 2^24 steps): bf16 moments key their rounding by it.
+  const float scalars[4] = {
       hp.lr, static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
-      static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
+      static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step))),
+      static_cast<float>(hp.step)};
   staging_->stage_scalars(scalars, plan_->state.hyper);
 }
 

@@ -118,6 +118,19 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     if (why) throw ConfigError(fmt::format("master_weights: split: {}", why));
     mo.split_master = true;
   }
+  if (t.optim.exp_avg_bf16 || t.optim.exp_avg_sq_bf16) {
+    const char* why = !mo.optimizer_state ? "use_distributed_optimizer (ZeRO-1) keeps f32 moments in its shards"
+                      : sharded && world > 1 ? "sharded data parallelism keeps f32 moments in its chunks"
+                      : t.optim.optimizer != "adamw"
+                          ? "Muon keeps its momentum in the first-moment buffer (the reference backend runs it)"
+                          : nullptr;
+    if (why) {
+      throw ConfigError(fmt::format("{}: bf16 on the cuda backend is not implemented beside {}",
+                                    t.optim.exp_avg_bf16 ? "exp_avg_dtype" : "exp_avg_sq_dtype", why));
+    }
+    mo.exp_avg_bf16 = t.optim.exp_avg_bf16;
+    mo.exp_avg_sq_bf16 = t.optim.exp_avg_sq_bf16;
+  }
   if (t.optim.optimizer == "muon") {
     if (a.optimizer_in_bwd) {
       throw ConfigError("optimizer: muon with optimizer_in_bwd: true is not supported: Muon orthogonalises whole "

@@ -34,8 +34,8 @@ constexpr ProjectedStatePart kProjectedStateParts[] = {
     {"fp32 averaged gradients", "gradients", "sharded data parallelism: this rank's chunks of the averaged gradient"},
     {"weights (gathered", "weights", "sharded data parallelism: the gathered units' places"},
     {"fp32 reduce-scatter chunk", "comm", "sharded data parallelism: one reduce-scatter's output chunk"},
-    {"AdamW first moments", "optimizer_state", "AdamW first moments m (fp32)"},
-    {"AdamW second moments", "optimizer_state", "AdamW second moments v (fp32)"},
+    {"AdamW first moments", "optimizer_state", "AdamW first moments m (fp32, or bf16 with exp_avg_dtype: bf16)"},
+    {"AdamW second moments", "optimizer_state", "AdamW second moments v (fp32, or bf16 with exp_avg_sq_dtype: bf16)"},
     {"FP8 weight", "fp8", "FP8 copies of the layers' linear and expert weights, both layouts with their scales "
                           "(quantized once per step under gradient accumulation)"},
 };
@@ -231,6 +231,9 @@ train::StepCostOptions cuda_step_cost(const CudaArgs& a, train::StepCostOptions 
   // Split masters: the update rewrites the bf16 weights as the masters' high halves, so the 4-byte
   // master read and write become 2 + 2 and the separate 2-byte bf16 write is gone.
   if (a.split_master) c.optimizer_bytes_per_param -= 2;
+  // bf16 moments: each read and written in 2 bytes instead of 4.
+  if (a.train.optim.exp_avg_bf16) c.optimizer_bytes_per_param -= 4;
+  if (a.train.optim.exp_avg_sq_bf16) c.optimizer_bytes_per_param -= 4;
   if (!a.optimizer_in_bwd) return c;
   // The norm is summed inside the AdamW pass (no separate read of the gradients): 30 bytes.
   c.optimizer_bytes_per_param -= 4;

@@ -25,6 +25,7 @@
 #include "train/param_init.h"
 #include "train/signals.h"
 #include "train/step_loop.h"
+#include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/optimizer.h"
 #include "turbo/kernels/cpu/reduce.h"
 
@@ -231,6 +232,11 @@ void ReferenceTrainer::init() {
   }
   m_.assign(static_cast<size_t>(owned), 0.f);
   v_.assign(static_cast<size_t>(owned), 0.f);
+  if (t.optim.exp_avg_bf16 || t.optim.exp_avg_sq_bf16) {
+    spdlog::info("[reference] optimizer: AdamW's exp_avg {} and exp_avg_sq {} (bf16 values stochastically rounded, "
+                 "held in f32 buffers)",
+                 t.optim.exp_avg_bf16 ? "bf16" : "fp32", t.optim.exp_avg_sq_bf16 ? "bf16" : "fp32");
+  }
   if (t.optim.optimizer == "muon") {
     muon_ = std::make_unique<MuonOptimizer>(local_spec, model_->layout(), dp_rank(), dp_size(), zero1_);
     spdlog::info("[reference] optimizer: Muon for {} weight matrices (momentum {}, {}, {} Newton-Schulz steps), "
@@ -429,6 +435,10 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   hp.eps = t.optim.eps;
   hp.step = step + 1;
   hp.grad_scale = scale;
+  // bf16 moments: the values the cuda backend stores (the same stochastic rounding, keyed by the
+  // element's offset in the flat layout), held in the f32 buffers.
+  hp.m_bf16 = t.optim.exp_avg_bf16;
+  hp.v_bf16 = t.optim.exp_avg_sq_bf16;
   const auto& tensors = model_->layout().tensors;
   if (fsdp_) {
     fsdp_update(hp);
@@ -441,6 +451,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
       const auto& pt = tensors[i];
       if (muon_ && muon_->is_muon(i)) continue;
       hp.weight_decay = pt.decay ? t.optim.weight_decay : 0.0;
+      hp.sr_key = pt.offset;
       k::adamw_update(model_->params.data() + pt.offset, model_->grads.data() + pt.offset, m_.data() + pt.offset,
                       v_.data() + pt.offset, pt.numel, hp);
     }
@@ -459,6 +470,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
     const int64_t lo = std::max<int64_t>(b, pt.offset), hi = std::min<int64_t>(e, pt.offset + pt.numel);
     if (lo >= hi) continue;
     hp.weight_decay = pt.decay ? t.optim.weight_decay : 0.0;
+    hp.sr_key = lo;
     k::adamw_update(model_->params.data() + lo, gshard + (lo - b), m_.data() + (lo - b),
                     v_.data() + (lo - b), hi - lo, hp);
   }
@@ -623,6 +635,7 @@ void ReferenceTrainer::fsdp_update(const k::AdamWParams& hp_in) {
       if (a >= b) continue;
       const int64_t i = at + (a - seg.begin);
       hp.weight_decay = pt.decay ? args_->train.optim.weight_decay : 0.0;
+      hp.sr_key = a;
       k::adamw_update(p + i, g + i, m_.data() + i, v_.data() + i, b - a, hp);
     }
     at += seg.size();
@@ -753,6 +766,11 @@ void ReferenceTrainer::load(const fsys::path& dir) {
     train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), nullptr, nullptr);
     parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, mine, {m_.data(), v_.data()});
   }
+  // bf16 moments hold bf16 values: a checkpoint's f32 moments (from an fp32 run) rounded to nearest,
+  // as the cuda backend stores them.
+  for (auto [bf16, x] : {std::pair{args_->train.optim.exp_avg_bf16, &m_}, {args_->train.optim.exp_avg_sq_bf16, &v_}})
+    if (bf16)
+      for (float& f : *x) f = turbo::bf16_bits_to_float(turbo::float_to_bf16_bits(f));
   if (muon_) muon_->load(data, dir, shard_map());
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
   last_saved_ = step_;

@@ -90,5 +90,43 @@ TEST_F(LaunchAheadTest, SplitMasterWeightsResumeExactlyThroughTheBinary) {
   for (auto [step, l] : r.val) EXPECT_EQ(l, a.val.at(step)) << "resumed validation at step " << step;
 }
 
+// bf16 AdamW moments (exp_avg_dtype / exp_avg_sq_dtype: bf16) beside split masters through the
+// binary: the run follows the fp32-moment run within 1% (the same first loss), and a resume from the
+// step-3 checkpoint (the moments widened to f32 on save, bf16 again on load; the rounding keyed by the
+// step the graph reads from the device) replays steps 4..8 exactly.
+TEST_F(LaunchAheadTest, Bf16MomentsFollowFp32AndResumeExactly) {
+  using primus::testing::run_primus;
+  const std::string base = bit_reproducible_run();
+  if (base.empty()) GTEST_SKIP() << primus::testing::primus_binary() << " not built (set PRIMUS_BIN)";
+  const auto& dir = w.path();
+  const std::string bf16 = " master_weights=split use_precision_aware_optimizer=true exp_avg_dtype=bf16 "
+                           "exp_avg_sq_dtype=bf16";
+  const auto b = run_primus(base + " exp_name=bf16" + bf16);
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("AdamW moments m bf16 v bf16"), std::string::npos) << b.out;
+  const auto f = run_primus(base + " exp_name=f32 master_weights=split");
+  ASSERT_EQ(f.code, 0) << f.out;
+  const TrainerMetrics a = read_trainer_metrics(dir / "g/u/bf16/metrics.jsonl");
+  const TrainerMetrics c = read_trainer_metrics(dir / "g/u/f32/metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 8u);
+  ASSERT_EQ(c.loss.size(), 8u);
+  EXPECT_EQ(a.loss.at(1), c.loss.at(1));
+  bool differ = false;
+  for (auto [step, l] : c.loss) {
+    EXPECT_NEAR(a.loss.at(step), l, 1e-2 * std::fabs(l)) << "step " << step;
+    differ = differ || a.loss.at(step) != l;
+  }
+  EXPECT_TRUE(differ) << "the moments were rounded";
+  EXPECT_LT(a.loss.at(8), a.loss.at(1) - 0.3) << "the run must learn";
+  const auto ckpt3 = dir / "g/u/bf16/checkpoints/iter_0000003";
+  ASSERT_TRUE(std::filesystem::exists(ckpt3)) << ckpt3;
+  const auto resumed = run_primus(base + " exp_name=resumed" + bf16 + " load=" + ckpt3.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const TrainerMetrics r = read_trainer_metrics(dir / "g/u/resumed/metrics.jsonl");
+  ASSERT_EQ(r.loss.size(), 5u);
+  for (auto [step, l] : r.loss) EXPECT_EQ(l, a.loss.at(step)) << "resumed step " << step;
+  for (auto [step, l] : r.val) EXPECT_EQ(l, a.val.at(step)) << "resumed validation at step " << step;
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda::testing

@@ -10,6 +10,7 @@
 #include "turbo/dispatch/backend_manager.h"
 #include "turbo/kernels/cpu/activation.h"
 #include "turbo/kernels/cpu/normalization.h"
+#include "turbo/kernels/cpu/optimizer.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/normalization.h"
 #include "turbo/ops/optimizer.h"
@@ -411,6 +412,66 @@ TEST_F(OpsHost, AdamWOverSplitMastersGivesTheF32MastersBits) {
   EXPECT_THROW(MultiTensorAdamW(no_model, nullptr), RuntimeError);
   std::vector<AdamWTensor> mixed = {f32s[0], splits[1]};
   EXPECT_THROW(MultiTensorAdamW(mixed, nullptr), RuntimeError);
+}
+
+// AdamW with bf16 moments on the CPU backend: the bf16 views hold exactly what the kernel's
+// stochastically rounded f32 moments are (turbo/kernels/cpu/optimizer.h, keyed by each tensor's
+// sr_key), the weights the same; f16 moments, moments of mixed dtypes and negative keys are refused.
+TEST_F(OpsHost, AdamWOverBf16MomentsHoldsTheKernelsRoundedValues) {
+  const std::vector<int64_t> sizes = {1000, 7, 4099};
+  const std::vector<int64_t> keys = {0, 1000, 1 << 20};
+  std::vector<std::vector<float>> p, g, m, v, rp, rm, rv;
+  std::vector<std::vector<uint16_t>> m16, v16;
+  for (int64_t n : sizes) {
+    p.push_back(randn(n)), g.push_back(randn(n)), m.push_back(randn(n)), v.push_back(randn(n));
+    for (auto& x : v.back()) x = 0.01f * x * x;
+    m16.emplace_back(), v16.emplace_back();
+    for (auto& x : m.back()) x = bf16_bits_to_float(float_to_bf16_bits(0.1f * x)), m16.back().push_back(float_to_bf16_bits(x));
+    for (auto& x : v.back()) x = bf16_bits_to_float(float_to_bf16_bits(x)), v16.back().push_back(float_to_bf16_bits(x));
+    rp.push_back(p.back()), rm.push_back(m.back()), rv.push_back(v.back());
+  }
+  std::vector<AdamWTensor> ts;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    auto view = [n](auto& x, DType t) { return TensorView(x.data(), t, Device::CPU, {n}); };
+    ts.push_back({view(p[i], DType::F32), {}, view(g[i], DType::F32), view(m16[i], DType::BF16),
+                  view(v16[i], DType::BF16), i != 1, keys[i]});
+  }
+  MultiTensorAdamW opt(ts, nullptr);
+  EXPECT_EQ(opt.m_dtype(), DType::BF16);
+  EXPECT_EQ(opt.v_dtype(), DType::BF16);
+  AdamWHyper hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  for (int64_t step = 1; step <= 3; ++step) {
+    hp.step = step;
+    EXPECT_EQ(opt.step(hp, {}, {}, {}), BackendType::CPU);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      cpu::AdamWParams k;
+      k.lr = hp.lr, k.beta1 = hp.beta1, k.beta2 = hp.beta2, k.eps = hp.eps, k.step = step;
+      k.weight_decay = i != 1 ? hp.weight_decay : 0.0;
+      k.m_bf16 = k.v_bf16 = true;
+      k.sr_key = keys[i];
+      cpu::adamw_update(rp[i].data(), g[i].data(), rm[i].data(), rv[i].data(), sizes[i], k);
+    }
+  }
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    for (size_t i = 0; i < p[t].size(); ++i) {
+      ASSERT_EQ(std::memcmp(&p[t][i], &rp[t][i], 4), 0) << "tensor " << t << " element " << i;
+      ASSERT_EQ(bf16_bits_to_float(m16[t][i]), rm[t][i]) << "tensor " << t << " element " << i;
+      ASSERT_EQ(bf16_bits_to_float(v16[t][i]), rv[t][i]) << "tensor " << t << " element " << i;
+    }
+  }
+  std::vector<uint16_t> h16(1000);
+  std::vector<AdamWTensor> bad = ts;
+  bad[0].m = TensorView(h16.data(), DType::F16, Device::CPU, {1000});
+  EXPECT_THROW(MultiTensorAdamW(bad, nullptr), RuntimeError);
+  bad = ts;
+  bad[2].v = TensorView(rv[2].data(), DType::F32, Device::CPU, {4099});  // v f32 beside bf16 ones
+  EXPECT_THROW(MultiTensorAdamW(bad, nullptr), RuntimeError);
+  bad = ts;
+  bad[1].sr_key = -1;
+  EXPECT_THROW(MultiTensorAdamW(bad, nullptr), RuntimeError);
 }
 
 }  // namespace

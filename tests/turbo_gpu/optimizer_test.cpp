@@ -1,7 +1,11 @@
 // Multi-tensor AdamW and the global gradient norm on the device against the CPU reference.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <tuple>
+
+#include <fmt/format.h>
 
 #include "gpu_fixture.h"
 #include "turbo/kernels/cpu/optimizer.h"
@@ -306,6 +310,139 @@ TEST_F(OptimizerMixedTest, AdamWTableWithMixedGradientDtypes) {
   TensorView out = make(DType::F32, {2});
   EXPECT_EQ(opt.grad_norm(out, 0.0f, ctx), BackendType::TURBO);
   EXPECT_NEAR(get(out)[0], std::sqrt(ss), 1e-5 * std::sqrt(ss));
+}
+
+// bf16 moments (each of m and v alone and both; turbo/ops/optimizer.h) against the CPU kernel,
+// which rounds with the same keyed bits: the weights within 1e-5, the moments the same bf16 value
+// except where the two fp32 results straddle a rounding threshold (a few in 10^4), one ulp apart
+// there; on the vector paths, the scalar path (the 7-element tensor at an odd element) and tails.
+// Split masters with bf16 moments and the norm (the optimizer in the backward's kernel) give the
+// bits of f32 masters with bf16 moments; device scalars {lr, bc1, bc2, step} the bits of host ones,
+// and device scalars without the step are refused with bf16 moments.
+class OptimizerBf16MomentsTest : public OptimizerFixture {};
+TEST_F(OptimizerBf16MomentsTest, MatchTheCpuKernelOnEveryPath) {
+  const std::vector<int64_t> sizes = {1000, 4099, 7, 70001, 4096};
+  auto table_arena = make_device_arena(1 << 20);
+  for (const int combo : {1, 2, 3}) {
+    const bool m16 = combo & 1, v16 = combo & 2;
+    SCOPED_TRACE(fmt::format("m {} v {}", m16 ? "bf16" : "f32", v16 ? "bf16" : "f32"));
+    const DType md = m16 ? DType::BF16 : DType::F32, vd = v16 ? DType::BF16 : DType::F32;
+    auto scope = scoped_tensors();
+    std::vector<AdamWTensor> ts;
+    struct Host {
+      std::vector<float> p, g, m, v;
+      bool decay;
+      int64_t key;
+    };
+    std::vector<Host> host;
+    int64_t key = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const int64_t n = sizes[k], at = k == 2 ? 1 : 0;
+      AdamWTensor t;
+      t.master = make(DType::F32, {n});
+      t.model = make(DType::BF16, {n});
+      t.grad = make(k % 2 ? DType::BF16 : DType::F32, {n});
+      t.m = make(md, {n + at}).slice0(at, n + at);
+      t.v = make(vd, {n + at}).slice0(at, n + at);
+      t.decay = k % 2 == 0;
+      t.sr_key = key;
+      Host h{random_tensor(t.master), random_tensor(t.grad, 2.0f), random_tensor(t.m, 0.1f), {}, t.decay, key};
+      h.v = round_all(vd, randn(n, 0.1f));
+      for (auto& x : h.v) x = round_to(vd, x * x);
+      put(t.v, h.v);
+      key += n;
+      ts.push_back(t);
+      host.push_back(std::move(h));
+    }
+    MultiTensorAdamW opt(ts, table_arena.get());
+    EXPECT_EQ(opt.m_dtype(), md);
+    EXPECT_EQ(opt.v_dtype(), vd);
+    TensorView scale = make(DType::F32, {1}), norm = make(DType::F32, {2});
+    put(scale, {0.5f});
+    AdamWHyper hp;
+    hp.lr = 3e-3f;
+    hp.weight_decay = 0.1f;
+    for (int64_t step = 1; step <= 3; ++step) {
+      hp.step = step;
+      EXPECT_EQ(opt.step(hp, scale, {}, ctx, step != 2 ? norm : TensorView()), BackendType::TURBO);
+      cpu::AdamWParams p;
+      p.lr = hp.lr, p.beta1 = hp.beta1, p.beta2 = hp.beta2, p.eps = hp.eps, p.step = step, p.grad_scale = 0.5;
+      p.m_bf16 = m16, p.v_bf16 = v16;
+      for (auto& h : host) {
+        p.weight_decay = h.decay ? hp.weight_decay : 0.0;
+        p.sr_key = h.key;
+        cpu::adamw_update(h.p.data(), h.g.data(), h.m.data(), h.v.data(), static_cast<int64_t>(h.p.size()), p);
+      }
+    }
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      SCOPED_TRACE("tensor " + std::to_string(k));
+      EXPECT_LT(rel_err(get(ts[k].master), host[k].p), 1e-5);
+      for (auto [dev, ref, b16] : {std::tuple{get(ts[k].m), host[k].m, m16}, {get(ts[k].v), host[k].v, v16}}) {
+        if (!b16) {
+          EXPECT_LT(rel_err(dev, ref), 1e-5);
+          continue;
+        }
+        int64_t off = 0;
+        for (size_t i = 0; i < dev.size(); ++i) {
+          if (dev[i] == ref[i]) continue;
+          ++off;
+          const int d = std::abs(int(float_to_bf16_bits(dev[i])) - int(float_to_bf16_bits(ref[i])));
+          ASSERT_EQ(d, 1) << "element " << i << ": " << dev[i] << " vs " << ref[i];
+        }
+        EXPECT_LE(off, int64_t(dev.size()) / 500 + 1);
+      }
+    }
+  }
+  // The optimizer in the backward's kernel: split masters, bf16 moments, the norm.
+  auto scope = scoped_tensors();
+  const int64_t n = 70001;
+  AdamWTensor f{make(DType::F32, {n}), make(DType::BF16, {n}), make(DType::BF16, {n}), make(DType::BF16, {n}),
+                make(DType::BF16, {n}), true, 12345};
+  AdamWTensor u{make(DType::U16, {n}), make(DType::BF16, {n}), f.grad, make(DType::BF16, {n}), make(DType::BF16, {n}),
+                true, 12345};
+  std::vector<float> p = randn(n, 0.5f);
+  for (auto& x : p) x = join_f32(split_f32_hi(x), split_f32_lo(x));
+  put(f.master, p);
+  std::vector<uint16_t> hi, lo;
+  for (float x : p) hi.push_back(split_f32_hi(x)), lo.push_back(split_f32_lo(x));
+  CUDA_CHECK(cudaMemcpy(u.model.data, hi.data(), hi.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(u.master.data, lo.data(), lo.size() * 2, cudaMemcpyHostToDevice));
+  random_tensor(f.grad, 2.0f);
+  const std::vector<float> m0 = random_tensor(f.m, 0.1f);
+  put(u.m, m0);
+  std::vector<float> v0 = randn(n, 0.1f);
+  for (auto& x : v0) x = round_to(DType::BF16, x * x);
+  put(f.v, v0), put(u.v, v0);
+  MultiTensorAdamW of({f}, table_arena.get()), os({u}, table_arena.get());
+  TensorView nf = make(DType::F32, {2}), ns = make(DType::F32, {2}), scalars = make(DType::F32, {4});
+  AdamWHyper hp;
+  hp.lr = 1e-3f;
+  for (int64_t step = 1; step <= 2; ++step) {
+    hp.step = step;
+    of.step(hp, {}, {}, ctx, nf);
+    // The same step from device scalars (what a graph replay reads); the host lr is ignored.
+    const float sc[4] = {hp.lr, static_cast<float>(1.0 - std::pow(double(hp.beta1), double(step))),
+                         static_cast<float>(1.0 - std::pow(double(hp.beta2), double(step))), static_cast<float>(step)};
+    put(scalars, {sc[0], sc[1], sc[2], sc[3]});
+    AdamWHyper other = hp;
+    other.lr = 99.0f;
+    os.step(other, {}, scalars, ctx, ns);
+    EXPECT_EQ(bytes(nf), bytes(ns)) << "step " << step;
+  }
+  const std::vector<float> master = get(f.master);
+  std::vector<uint16_t> h2(static_cast<size_t>(n)), l2(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpy(h2.data(), u.model.data, h2.size() * 2, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(l2.data(), u.master.data, l2.size() * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < master.size(); ++i) {
+    const float joined = join_f32(h2[i], l2[i]);
+    ASSERT_EQ(std::memcmp(&joined, &master[i], 4), 0) << "element " << i;
+  }
+  EXPECT_EQ(bytes(u.m), bytes(f.m));
+  EXPECT_EQ(bytes(u.v), bytes(f.v));
+  EXPECT_NE(get(u.m), m0) << "the moments moved";
+  TensorView three = make(DType::F32, {3});
+  put(three, {1e-3f, 0.1f, 0.001f});
+  EXPECT_THROW(os.step(hp, {}, three, ctx), RuntimeError) << "bf16 moments need the step among the device scalars";
 }
 
 }  // namespace

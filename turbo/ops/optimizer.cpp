@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "turbo/kernels/cpu/optimizer.h"
@@ -49,22 +50,41 @@ void cpu_run(const OptimizerArgs& a) {
     a.out.ptr<float>()[1] = 1.0f;
   }
   if (!std::isfinite(p.grad_scale)) return;  // a vetoed (non-finite) step: nothing changes
+  p.m_bf16 = a.opt->m_dtype() == DType::BF16;
+  p.v_bf16 = a.opt->v_dtype() == DType::BF16;
+  std::vector<float> m16, v16;  // bf16 moments widened (their values exact in f32), narrowed after
+  const auto moment = [](const TensorView& x, std::vector<float>& wide) {
+    if (x.dtype == DType::F32) return x.ptr<float>();
+    wide.resize(size_t(x.numel()));
+    for (size_t i = 0; i < wide.size(); ++i) wide[i] = load_as_float(x.data, DType::BF16, i);
+    return wide.data();
+  };
+  const auto narrow = [](const TensorView& x, const std::vector<float>& wide) {
+    if (x.dtype == DType::F32) return;
+    for (size_t i = 0; i < wide.size(); ++i) store_from_float(x.data, DType::BF16, i, wide[i]);
+  };
   for (const auto& t : a.opt->tensors()) {
     p.weight_decay = t.decay ? a.hp.weight_decay : 0.0;
+    p.sr_key = t.sr_key;
     const int64_t n = t.master.numel();
+    float* const tm = moment(t.m, m16);
+    float* const tv = moment(t.v, v16);
     if (a.opt->split_master()) {  // the fp32 values joined, updated as an f32 master, split again
       auto* hi = static_cast<uint16_t*>(t.model.data);
       auto* lo = t.master.ptr<uint16_t>();
       std::vector<float> master(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) master[size_t(i)] = join_f32(hi[i], lo[i]);
-      cpu::adamw_update(master.data(), t.grad.ptr<const float>(), t.m.ptr<float>(), t.v.ptr<float>(), n, p);
+      cpu::adamw_update(master.data(), t.grad.ptr<const float>(), tm, tv, n, p);
       for (int64_t i = 0; i < n; ++i) {
         hi[i] = split_f32_hi(master[size_t(i)]);
         lo[i] = split_f32_lo(master[size_t(i)]);
       }
-      continue;
+    } else {
+      cpu::adamw_update(t.master.ptr<float>(), t.grad.ptr<const float>(), tm, tv, n, p);
     }
-    cpu::adamw_update(t.master.ptr<float>(), t.grad.ptr<const float>(), t.m.ptr<float>(), t.v.ptr<float>(), n, p);
+    narrow(t.m, m16);
+    narrow(t.v, v16);
+    if (a.opt->split_master()) continue;
     if (t.model.defined())
       for (int64_t i = 0; i < n; ++i)
         store_from_float(t.model.data, DType::BF16, static_cast<size_t>(i), t.master.ptr<const float>()[i]);
@@ -91,16 +111,18 @@ void turbo_run(const OptimizerArgs& a) {
     return;
   }
   cuda::AdamWStep hp{a.hp.lr, a.hp.beta1, a.hp.beta2, a.hp.eps, a.hp.weight_decay, a.hp.step};
+  const cuda::AdamWStorage storage{a.opt->split_master(), a.opt->m_dtype() == DType::BF16,
+                                   a.opt->v_dtype() == DType::BF16};
   if (!a.out.defined()) {
     cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), hp, a.grad_scale.ptr<const float>(),
-                             a.device_scalars.ptr<const float>(), s, nullptr, nullptr, a.opt->split_master());
+                             a.device_scalars.ptr<const float>(), s, nullptr, nullptr, storage);
     return;
   }
   Arena& arena = detail::scratch_of(a.ctx, "adamw");
   ArenaScope scope(arena);
   void* partial = arena.allocate(cuda::grad_norm_scratch_bytes(a.opt->num_chunks()), 256, "adamw norm partials");
   cuda::adamw_multi_tensor(a.opt->device_table(), n, a.opt->num_chunks(), hp, a.grad_scale.ptr<const float>(),
-                           a.device_scalars.ptr<const float>(), s, a.out.ptr<float>(), partial, a.opt->split_master());
+                           a.device_scalars.ptr<const float>(), s, a.out.ptr<float>(), partial, storage);
 }
 #endif
 
@@ -113,11 +135,12 @@ OpDispatcher<OptimizerArgs>& dispatcher() {
 }  // namespace
 
 std::string OptimizerArgs::key() const {
-  return fmt::format("{} tensors={} numel={} grad={} master={} {}",
+  return fmt::format("{} tensors={} numel={} grad={} master={} m={} v={} {}",
                      kind == Kind::GradNorm ? "grad_norm" : out.defined() ? "adamw+norm" : "adamw",
                      opt->tensors().size(), opt->total_numel(),
                      opt->mixed_grads() ? std::string_view("mixed") : dtype_name(opt->grad_dtype()),
-                     opt->split_master() ? "split" : "f32", device_name(opt->device()));
+                     opt->split_master() ? "split" : "f32", dtype_name(opt->m_dtype()), dtype_name(opt->v_dtype()),
+                     device_name(opt->device()));
 }
 
 MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* arena) : tensors_(std::move(tensors)) {
@@ -125,6 +148,8 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
   device_ = tensors_[0].master.device;
   grad_dtype_ = tensors_[0].grad.dtype;
   split_master_ = tensors_[0].master.dtype == DType::U16;
+  m_dtype_ = tensors_[0].m.dtype;
+  v_dtype_ = tensors_[0].v.dtype;
   for (const AdamWTensor& t : tensors_) {
     if (t.grad.dtype != grad_dtype_) mixed_grads_ = true;
     if (t.grad.dtype == DType::BF16) grad_dtype_ = DType::BF16;
@@ -142,8 +167,12 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
     check_dtype(t.master, split_master_ ? DType::U16 : DType::F32, op.c_str(), "master");
     if (split_master_ && !t.model.defined())
       throw RuntimeError(fmt::format("{}: a split master (u16 low words) needs its bf16 model copy (the high words)", op));
-    check_dtype(t.m, DType::F32, op.c_str(), "m");
-    check_dtype(t.v, DType::F32, op.c_str(), "v");
+    for (auto [name, v, want] : {std::tuple{"m", &t.m, m_dtype_}, {"v", &t.v, v_dtype_}}) {
+      if (want != DType::F32 && want != DType::BF16)
+        throw RuntimeError(fmt::format("{}: {} is {}, expected f32 or bf16", op, name, dtype_name(v->dtype)));
+      check_dtype(*v, want, op.c_str(), name);  // uniform over the table (tensor 0's)
+    }
+    if (t.sr_key < 0) throw RuntimeError(fmt::format("{}: sr_key {} < 0", op, t.sr_key));
     if (t.grad.dtype != DType::F32 && t.grad.dtype != DType::BF16)
       throw RuntimeError(fmt::format("{}: grad is {}, expected f32 or bf16", op, dtype_name(t.grad.dtype)));
     if (t.model.defined()) {
@@ -162,12 +191,13 @@ MultiTensorAdamW::MultiTensorAdamW(std::vector<AdamWTensor> tensors, Arena* aren
       entries[i] = {split_master_ ? nullptr : t.master.ptr<float>(),
                     t.model.data,
                     t.grad.data,
-                    t.m.ptr<float>(),
-                    t.v.ptr<float>(),
+                    t.m.data,
+                    t.v.data,
                     t.master.numel(),
                     t.decay ? 1 : 0,
                     t.grad.dtype == DType::BF16 ? 1 : 0,
-                    split_master_ ? t.master.ptr<uint16_t>() : nullptr};
+                    split_master_ ? t.master.ptr<uint16_t>() : nullptr,
+                    t.sr_key};
     }
     const int n = static_cast<int>(entries.size());
     table_ = arena->allocate(cuda::multi_tensor_table_bytes(n), 256, "AdamW descriptor table");
@@ -191,7 +221,9 @@ BackendType MultiTensorAdamW::step(const AdamWHyper& hp, const TensorView& grad_
     check_device(grad_scale, device_, "adamw", "grad_scale");
   }
   if (device_scalars.defined()) {
-    check_shape(device_scalars, {3}, "adamw", "device_scalars");
+    const bool bf16_moments = m_dtype_ == DType::BF16 || v_dtype_ == DType::BF16;
+    if (device_scalars.numel() != 4) check_shape(device_scalars, {bf16_moments ? 4 : 3}, "adamw", "device_scalars");
+    check_shape(device_scalars, {device_scalars.numel()}, "adamw", "device_scalars");
     check_dtype(device_scalars, DType::F32, "adamw", "device_scalars");
   }
   OptimizerArgs a;

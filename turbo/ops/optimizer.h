@@ -15,6 +15,13 @@
 // even cannot be split: turbo/core/dtype.h says why), so it differs from an f32 master's bf16
 // copy in the exact ties only, by one bf16 ulp. A table is all split or all f32.
 //
+// bf16 moments (m and / or v BF16, each uniform over a table; Megatron's exp_avg_dtype /
+// exp_avg_sq_dtype): read widened, the update computed in fp32 as with f32 moments, the new
+// moment stored rounded stochastically with the bits of sr_hash(sr_key + i, step)
+// (turbo/core/stochastic_round.h, which says why not to nearest): 2 bytes a parameter less memory
+// each, 4 less update traffic. sr_key is the tensor's first element's key; callers pass its
+// offset in the flat parameter layout, so the bits do not depend on how tables cut the tensors.
+//
 // A MultiTensorAdamW is built once after the buffers exist: on the GPU it uploads a descriptor
 // table (from `arena`), so a step launches with no host-to-device copy and can be captured in
 // a CUDA graph. It holds views, not memory: the buffers must outlive it.
@@ -32,6 +39,7 @@ namespace primus::turbo {
 struct AdamWTensor {
   TensorView master, model, grad, m, v;  // model optional (bf16); required when master is u16 (split)
   bool decay = true;
+  int64_t sr_key = 0;  // bf16 moments: element 0's stochastic-rounding key (>= 0)
 };
 
 struct AdamWHyper {
@@ -48,7 +56,8 @@ class MultiTensorAdamW {
   // factor, out[1] of grad_norm), or undefined for 1; a non-finite grad_scale (NaN, inf) skips
   // the update, leaving master, moments and model copy untouched, so a caller can veto a
   // non-finite step on the device (no host round trip, graph-capturable). device_scalars: f32 [3] on the device =
-  // {lr, 1 - beta1^step, 1 - beta2^step}, overriding hp's (for graph replays), or undefined.
+  // {lr, 1 - beta1^step, 1 - beta2^step}, or f32 [4] adding the step (required with bf16 moments, whose
+  // rounding it keys), overriding hp's (for graph replays), or undefined.
   // norm_out (optional) f32 [2] = {L2 norm of the gradients this update read (unscaled; NaN when
   // it was skipped), 1}, computed in the same pass over the gradients (the GPU path takes scratch
   // from ctx.scratch): what the optimizer in the backward logs and checks after each group.
@@ -67,6 +76,8 @@ class MultiTensorAdamW {
   bool mixed_grads() const { return mixed_grads_; }
   // The masters are split (u16 low words, the model copies their high words).
   bool split_master() const { return split_master_; }
+  DType m_dtype() const { return m_dtype_; }
+  DType v_dtype() const { return v_dtype_; }
   int64_t total_numel() const { return total_numel_; }
   const void* device_table() const { return table_; }
   int64_t num_chunks() const { return chunks_; }
@@ -77,6 +88,7 @@ class MultiTensorAdamW {
   DType grad_dtype_ = DType::F32;
   bool mixed_grads_ = false;
   bool split_master_ = false;
+  DType m_dtype_ = DType::F32, v_dtype_ = DType::F32;
   int64_t total_numel_ = 0;
   void* table_ = nullptr;  // device descriptor table (CUDA only)
   int64_t chunks_ = 0;

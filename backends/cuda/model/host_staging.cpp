@@ -66,11 +66,11 @@ void HostStaging::stage_batch(const int32_t* tokens, const int32_t* targets, int
   CUDA_CHECK(cudaEventRecord(done, stream_.stream));
 }
 
-void HostStaging::stage_scalars(const float values[3], const TensorView& dst) {
+void HostStaging::stage_scalars(const float values[4], const TensorView& dst) {
   Set& set = sets_[next_];
   CUDA_CHECK(cudaEventSynchronize(set.scalars_done));  // the last copy from these scalars has read them
-  std::copy_n(values, 3, set.scalars);
-  CUDA_CHECK(cudaMemcpyAsync(dst.data, set.scalars, 3 * sizeof(float), cudaMemcpyHostToDevice, stream_.stream));
+  std::copy_n(values, 4, set.scalars);
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, set.scalars, 4 * sizeof(float), cudaMemcpyHostToDevice, stream_.stream));
   CUDA_CHECK(cudaEventRecord(set.scalars_done, stream_.stream));
 }
 

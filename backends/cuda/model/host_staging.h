@@ -29,7 +29,7 @@ class HostStaging {
   void stage_batch(const int32_t* tokens, const int32_t* targets, int64_t n, int64_t slot,
                    const TensorView& dst_tokens, const TensorView& dst_targets);
   // f32 [3] into `dst` (device), stream-ordered.
-  void stage_scalars(const float values[3], const TensorView& dst);
+  void stage_scalars(const float values[4], const TensorView& dst);
   // Queues the D2H copy of the status after everything enqueued so far and returns its ticket;
   // later staging uses the other set. At most two tickets may be outstanding.
   int enqueue_status();
@@ -40,7 +40,7 @@ class HostStaging {
   struct Set {
     char* mem = nullptr;  // one cudaMallocHost block: batches, then the scalars, then the status
     int32_t* batch = nullptr;  // [slots][tokens | targets][slot_elems]
-    float* scalars = nullptr;  // [3]
+    float* scalars = nullptr;  // [4]
     float* status = nullptr;   // status.numel()
     std::vector<cudaEvent_t> batch_done;  // per batch slot
     cudaEvent_t scalars_done = nullptr, status_done = nullptr;

@@ -260,8 +260,8 @@ void MemoryPlan::plan(Take&& take) {
                  : opt_.grad_windows == 2 ? "fp32 gradients (the layers alternate between two windows)"
                                           : "fp32 gradients (the layers share one window)");
   if (opt_.optimizer_state) {
-    s.m = take(Pool::State, DType::F32, {P}, "AdamW first moments");
-    s.v = take(Pool::State, DType::F32, {P}, "AdamW second moments");
+    s.m = take(Pool::State, opt_.exp_avg_bf16 ? DType::BF16 : DType::F32, {P}, "AdamW first moments");
+    s.v = take(Pool::State, opt_.exp_avg_sq_bf16 ? DType::BF16 : DType::F32, {P}, "AdamW second moments");
   }
   if (!host) s.weights = take(Pool::State, DType::BF16, {PF}, "bf16 weights");
   }
@@ -296,7 +296,7 @@ void MemoryPlan::plan(Take&& take) {
                                         {S, Lm, E});
     }
   }
-  s.hyper = take(Pool::State, DType::F32, {3}, "AdamW lr and bias corrections");
+  s.hyper = take(Pool::State, DType::F32, {4}, "AdamW lr, bias corrections and step");
   if (spec_.moe.expert_bias && Lm > 0)
     s.expert_bias = take(Pool::State, DType::F32, {Lm * E}, "MoE expert biases (whole on every rank)");
   if (opt_.fp8_delayed_floats > 0)

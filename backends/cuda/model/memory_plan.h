@@ -104,7 +104,7 @@ struct StateBuffers {
   // {loss sums [loss_slots], grad norm, clip factor, finite flag}: loss_slots and norm are views
   // into it, so a step's status is one D2H copy.
   TensorView status, loss_slots, norm;
-  TensorView hyper;       // f32 {lr, 1 - beta1^t, 1 - beta2^t}, which a captured AdamW reads
+  TensorView hyper;       // f32 {lr, 1 - beta1^t, 1 - beta2^t, t}, which a captured AdamW reads
   TensorView group_norm;  // f32 {norm, factor} of one AdamW group (the optimizer in the backward)
   TensorView zero_table;  // i64: zero_grad's ranges (prefix sums, offsets); device only
   // fp8_recipe delayed: f32 [tensors * history_len + 3 * tensors], the amax histories, then the
@@ -229,6 +229,8 @@ struct MemoryPlanOptions {
   // StateBuffers::master holds the fp32 masters' low words (u16); weights are their high words
   // (CudaModelOptions::split_master).
   bool split_master = false;
+  // StateBuffers::m (v) is bf16 (CudaModelOptions::exp_avg_bf16, exp_avg_sq_bf16).
+  bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false;
   // Whether the scratch size may ask the current CUDA device (its SM count bounds the norm and
   // column-sum partials). false: those device-dependent borrows are left out, so a host without
   // a GPU can size a device plan (MemoryPlan::sizes for `primus projection`); they are far below

@@ -95,6 +95,7 @@ turbo::AdamWTensor OptimizerState::adamw_slice(size_t i, int64_t off, int64_t n)
   a.m = state_.m.slice0(off, off + n);
   a.v = state_.v.slice0(off, off + n);
   a.decay = t.decay;
+  a.sr_key = off;
   return a;
 }
 
@@ -107,6 +108,7 @@ turbo::AdamWTensor OptimizerState::adamw_tensor(size_t i) const {
   a.m = state_.m.slice0(t.offset, t.offset + t.numel);
   a.v = state_.v.slice0(t.offset, t.offset + t.numel);
   a.decay = t.decay;
+  a.sr_key = t.offset;
   return a;
 }
 
@@ -418,18 +420,31 @@ void OptimizerState::need_state(const char* what) const {
 void OptimizerState::set_moments(const float* m, const float* v) {
   need_state("set_moments");
   for (auto [dst, src] : {std::pair{&state_.m, m}, std::pair{&state_.v, v}}) {
-    if (src)
-      stream_.to_model(dst->data, src, dst->nbytes());
-    else
+    if (!src) {
       stream_.zero(*dst);
+    } else if (dst->dtype == turbo::DType::BF16) {  // bf16 moments: rounded to nearest on the host
+      std::vector<uint16_t> bits(static_cast<size_t>(dst->numel()));
+      for (size_t i = 0; i < bits.size(); ++i) bits[i] = turbo::float_to_bf16_bits(src[i]);
+      stream_.to_model(dst->data, bits.data(), dst->nbytes());
+      stream_.sync();  // before `bits` goes
+    } else {
+      stream_.to_model(dst->data, src, dst->nbytes());
+    }
   }
   stream_.sync();
 }
 
 void OptimizerState::get_moments(float* m, float* v) const {
   need_state("get_moments");
-  stream_.from_model(m, state_.m.data, state_.m.nbytes());
-  stream_.from_model(v, state_.v.data, state_.v.nbytes());
+  for (auto [dst, src] : {std::pair{m, &state_.m}, std::pair{v, &state_.v}}) {
+    if (src->dtype != turbo::DType::BF16) {
+      stream_.from_model(dst, src->data, src->nbytes());
+      continue;
+    }
+    std::vector<uint16_t> bits(static_cast<size_t>(src->numel()));  // widened exactly
+    stream_.from_model(bits.data(), src->data, src->nbytes());
+    for (size_t i = 0; i < bits.size(); ++i) dst[i] = turbo::bf16_bits_to_float(bits[i]);
+  }
 }
 
 void OptimizerState::get_grads(float* host) const {

@@ -8,11 +8,14 @@
 // m, v once and writing master, m, v and the bf16 model copy once (128-bit accesses where the
 // tensor's pointers allow, scalar otherwise). With split masters (turbo/ops/optimizer.h) the
 // master is read and written as the model copy's bf16 words and a u16 buffer of low words, so the
-// model copy costs no write of its own.
+// model copy costs no write of its own. bf16 moments (AdamWStorage) are read widened and written
+// rounded stochastically (turbo/core/stochastic_round.h): 4 of the update's bytes a parameter each.
 #include <fmt/format.h>
 
+#include <type_traits>
 #include <vector>
 
+#include "turbo/core/stochastic_round.h"
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/optimizer.h"
 
@@ -76,8 +79,47 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// A moment's four elements at i: f32 (one float4) or bf16 (one 8-byte word, widened).
+template <bool kB16>
+__device__ __forceinline__ void load_moment4(const void* p, int64_t i, float out[4]) {
+  if constexpr (kB16) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const bf16*>(p) + i);
+    out[0] = __uint_as_float(raw.x << 16), out[1] = __uint_as_float(raw.x & 0xffff0000u);
+    out[2] = __uint_as_float(raw.y << 16), out[3] = __uint_as_float(raw.y & 0xffff0000u);
+  } else {
+    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  }
+}
+// ... and stored: bf16 rounded stochastically, with the m (kV false) or v half of each element's hash.
+template <bool kB16, bool kV>
+__device__ __forceinline__ void store_moment4(void* p, int64_t i, const float x[4], const uint32_t h[4]) {
+  if constexpr (kB16) {
+    const auto r = [&](int k) -> uint32_t {
+      return kV ? bf16_bits_stochastic(x[k], h[k] >> 16) : bf16_bits_stochastic(x[k], h[k]);
+    };
+    __stcs(reinterpret_cast<uint2*>(static_cast<bf16*>(p) + i), make_uint2(r(0) | (r(1) << 16), r(2) | (r(3) << 16)));
+  } else {
+    __stcs(reinterpret_cast<float4*>(static_cast<float*>(p) + i), make_float4(x[0], x[1], x[2], x[3]));
+  }
+}
+template <bool kB16>
+__device__ __forceinline__ float load_moment(const void* p, int64_t i) {
+  if constexpr (kB16) return __bfloat162float(static_cast<const bf16*>(p)[i]);
+  else return static_cast<const float*>(p)[i];
+}
+template <bool kB16, bool kV>
+__device__ __forceinline__ void store_moment(void* p, int64_t i, float x, uint32_t h) {
+  if constexpr (kB16) {
+    reinterpret_cast<uint16_t*>(p)[i] = kV ? bf16_bits_stochastic(x, h >> 16) : bf16_bits_stochastic(x, h);
+  } else {
+    static_cast<float*>(p)[i] = x;
+  }
+}
+
 struct AdamWScalars {
   float lr, bc1, bc2;
+  uint32_t step;  // the stochastic rounding's step key (bf16 moments)
 };
 
 // Every operation rounded explicitly (no contraction left to the compiler), so that each
@@ -108,18 +150,22 @@ __device__ __forceinline__ uint32_t pack_lo2(float a, float b) {
 
 // The update of elements [begin, end) of tensor e; returns the sum of squares of the (unscaled)
 // gradients read when kNorm. kSplit: the master is e.model's high words and e.master_lo's low words.
-template <class G, bool kNorm, bool kSplit>
+// kMom: bit 0 m is bf16, bit 1 v is bf16.
+template <class G, bool kNorm, bool kSplit, int kMom>
 __device__ __forceinline__ float adamw_chunk(const MultiTensorEntry& e, int64_t begin, int64_t end, const AdamWStep& hp,
                                              const AdamWScalars& s, float scale) {
   const float wd = e.decay ? hp.weight_decay : 0.0f;
   const G* grad = static_cast<const G*>(e.grad);
   bf16* model = static_cast<bf16*>(e.model);
   uint16_t* lo = e.master_lo;
-  // Uniform per tensor, so no divergence: the vector path needs 16-byte master/m/v, 8- or
-  // 16-byte grad, and 8-byte model (and low-word) pointers (offsets are multiples of 4 elements).
+  constexpr bool kM16 = kMom & 1, kV16 = (kMom & 2) != 0;
+  // Uniform per tensor, so no divergence: the vector path needs 16-byte master and f32 m/v, 8-byte
+  // bf16 m/v, 8- or 16-byte grad, and 8-byte model (and low-word) pointers (offsets are multiples
+  // of 4 elements).
   constexpr int W = kPerThread;
-  const bool vec = ((reinterpret_cast<uintptr_t>(kSplit ? nullptr : e.master) | reinterpret_cast<uintptr_t>(e.m) |
-                     reinterpret_cast<uintptr_t>(e.v)) % 16 == 0) &&
+  const bool vec = (reinterpret_cast<uintptr_t>(kSplit ? nullptr : e.master) % 16 == 0) &&
+                   (reinterpret_cast<uintptr_t>(e.m) % (kM16 ? 8 : 16) == 0) &&
+                   (reinterpret_cast<uintptr_t>(e.v) % (kV16 ? 8 : 16) == 0) &&
                    (reinterpret_cast<uintptr_t>(grad) % (4 * sizeof(G)) == 0) &&
                    ((reinterpret_cast<uintptr_t>(model) | reinterpret_cast<uintptr_t>(lo)) % 8 == 0);
   const int64_t vec_end = vec ? begin + ((end - begin) / W) * W : begin;
@@ -137,16 +183,21 @@ __device__ __forceinline__ float adamw_chunk(const MultiTensorEntry& e, int64_t 
       const float4 p4 = *reinterpret_cast<const float4*>(e.master + i);
       p[0] = p4.x, p[1] = p4.y, p[2] = p4.z, p[3] = p4.w;
     }
-    const float4 m4 = *reinterpret_cast<const float4*>(e.m + i);
-    const float4 v4 = *reinterpret_cast<const float4*>(e.v + i);
-    float m[W] = {m4.x, m4.y, m4.z, m4.w}, v[W] = {v4.x, v4.y, v4.z, v4.w};
+    float m[W], v[W];
+    load_moment4<kM16>(e.m, i, m);
+    load_moment4<kV16>(e.v, i, v);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       if (kNorm) ss = __fmaf_rn(g[k], g[k], ss);
       p[k] = adamw_one(p[k], __fmul_rn(g[k], scale), m[k], v[k], s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
     }
-    __stcs(reinterpret_cast<float4*>(e.m + i), make_float4(m[0], m[1], m[2], m[3]));
-    __stcs(reinterpret_cast<float4*>(e.v + i), make_float4(v[0], v[1], v[2], v[3]));
+    uint32_t h[W] = {0, 0, 0, 0};
+    if constexpr (kMom != 0) {
+#pragma unroll
+      for (int k = 0; k < W; ++k) h[k] = sr_hash(static_cast<uint64_t>(e.sr_key + i + k), s.step);
+    }
+    store_moment4<kM16, false>(e.m, i, m, h);
+    store_moment4<kV16, true>(e.v, i, v, h);
     if (kSplit) {
       __stcs(reinterpret_cast<uint2*>(lo + i), make_uint2(pack_lo2(p[0], p[1]), pack_lo2(p[2], p[3])));
       *reinterpret_cast<uint2*>(model + i) = make_uint2(pack_hi2(p[0], p[1]), pack_hi2(p[2], p[3]));
@@ -157,13 +208,14 @@ __device__ __forceinline__ float adamw_chunk(const MultiTensorEntry& e, int64_t 
   }
   auto* model_bits = reinterpret_cast<uint16_t*>(model);
   for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
-    float m = e.m[i], v = e.v[i];
+    float m = load_moment<kM16>(e.m, i), v = load_moment<kV16>(e.v, i);
     const float graw = to_f32(grad[i]);
     if (kNorm) ss = __fmaf_rn(graw, graw, ss);
     const float p0 = kSplit ? join_split(model_bits[i], lo[i]) : e.master[i];
     const float p = adamw_one(p0, __fmul_rn(graw, scale), m, v, s.lr, hp.beta1, hp.beta2, hp.eps, wd, s.bc1, s.bc2);
-    e.m[i] = m;
-    e.v[i] = v;
+    const uint32_t h = kMom != 0 ? sr_hash(static_cast<uint64_t>(e.sr_key + i), s.step) : 0u;
+    store_moment<kM16, false>(e.m, i, m, h);
+    store_moment<kV16, true>(e.v, i, v, h);
     if (kSplit) {
       model_bits[i] = static_cast<uint16_t>(split_hi(p));
       lo[i] = static_cast<uint16_t>(__float_as_uint(p) & 0xffffu);
@@ -183,7 +235,7 @@ __device__ __forceinline__ float adamw_chunk(const MultiTensorEntry& e, int64_t 
 // pass over the gradients (the optimizer in the backward); a skipped update leaves NaN there.
 // Five blocks an SM (48 registers), stated: with both gradient dtypes in one kernel, ptxas's own
 // choice of the same 48 registers spilled 16 bytes (4 when told).
-template <bool kNorm, bool kSplit>
+template <bool kNorm, bool kSplit, int kMom>
 __global__ void __launch_bounds__(kThreads, 5)
 adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const float* grad_scale,
              const float* device_scalars, float* partial) {
@@ -197,10 +249,14 @@ adamw_kernel(const void* table, int n, AdamWStep hp, AdamWScalars host, const fl
   const BlockChunk c = block_chunk(table, n);
   const MultiTensorEntry& e = c.e;
   const int64_t b = blockIdx.x, begin = c.begin, end = c.end;
-  const AdamWScalars s = device_scalars ? AdamWScalars{device_scalars[0], device_scalars[1], device_scalars[2]} : host;
+  AdamWScalars s = host;
+  if (device_scalars) {
+    s.lr = device_scalars[0], s.bc1 = device_scalars[1], s.bc2 = device_scalars[2];
+    if (kMom != 0) s.step = static_cast<uint32_t>(device_scalars[3]);
+  }
   __shared__ float smem[32];
   const auto run = [&](auto g) {
-    const float ss = adamw_chunk<decltype(g), kNorm, kSplit>(e, begin, end, hp, s, scale);
+    const float ss = adamw_chunk<decltype(g), kNorm, kSplit, kMom>(e, begin, end, hp, s, scale);
     if (kNorm) {
       const float sum = block_sum(ss, smem);
       if (threadIdx.x == 0) partial[b] = sum;
@@ -287,6 +343,7 @@ int64_t multi_tensor_table_build(void* device_table, const MultiTensorEntry* ent
   for (int i = 0; i < n; ++i) {
     const MultiTensorEntry& e = entries[i];
     const bool master = e.master ? !e.master_lo : e.master_lo && e.model;  // f32, or split with its high words
+    if (e.sr_key < 0) throw RuntimeError(fmt::format("multi_tensor_table_build: tensor {} has sr_key {} < 0", i, e.sr_key));
     if (e.numel <= 0 || !master || !e.grad || !e.m || !e.v)
       throw RuntimeError(fmt::format("multi_tensor_table_build: tensor {} has numel {} or a null pointer (grad, m, v "
                                      "and either master or master_lo with model are required)",
@@ -302,20 +359,33 @@ int64_t multi_tensor_table_build(void* device_table, const MultiTensorEntry* ent
 
 void adamw_multi_tensor(const void* table, int n, int64_t chunks, const AdamWStep& hp, const float* grad_scale,
                         const float* device_scalars, cudaStream_t stream, float* norm_out, void* scratch,
-                        bool split_master) {
+                        const AdamWStorage& storage) {
   if (chunks <= 0) return;
   if (norm_out && !scratch) throw RuntimeError("adamw_multi_tensor: the gradient norm needs scratch for its partial sums");
   const AdamWScalars host{hp.lr, static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
-                          static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
+                          static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step))),
+                          static_cast<uint32_t>(hp.step)};
   const unsigned grid = static_cast<unsigned>(chunks);
   auto* partial = static_cast<float*>(scratch);
   const auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, stream>>>(table, n, hp, host, grad_scale, device_scalars, norm_out ? partial : nullptr);
   };
+  // The instantiation for (norm, split, moments' dtypes), each a compile-time choice.
+  const auto with_moments = [&](auto norm, auto split) {
+    constexpr bool kN = decltype(norm)::value, kS = decltype(split)::value;
+    switch ((storage.m_bf16 ? 1 : 0) | (storage.v_bf16 ? 2 : 0)) {
+      case 0: launch(adamw_kernel<kN, kS, 0>); break;
+      case 1: launch(adamw_kernel<kN, kS, 1>); break;
+      case 2: launch(adamw_kernel<kN, kS, 2>); break;
+      default: launch(adamw_kernel<kN, kS, 3>); break;
+    }
+  };
+  using T = std::true_type;
+  using F = std::false_type;
   if (norm_out)
-    split_master ? launch(adamw_kernel<true, true>) : launch(adamw_kernel<true, false>);
+    storage.split_master ? with_moments(T{}, T{}) : with_moments(T{}, F{});
   else
-    split_master ? launch(adamw_kernel<false, true>) : launch(adamw_kernel<false, false>);
+    storage.split_master ? with_moments(F{}, T{}) : with_moments(F{}, F{});
   CUDA_CHECK_LAST();
   if (norm_out) {
     finish_norm_kernel<<<1, 1024, 0, stream>>>(norm_out, static_cast<const float*>(scratch), chunks, 0.0f);

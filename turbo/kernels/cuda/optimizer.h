@@ -17,12 +17,19 @@ struct MultiTensorEntry {
   float* master = nullptr;      // fp32 master weights [numel], updated in place (nullptr when split)
   void* model = nullptr;        // bf16 copy written after the update (nullptr: none); split: the high words
   const void* grad = nullptr;   // gradient [numel], f32 or (grad_bf16) bf16
-  float* m = nullptr;           // first moment [numel], f32
-  float* v = nullptr;           // second moment [numel], f32
+  void* m = nullptr;            // first moment [numel], f32 or (AdamWStorage::m_bf16) bf16
+  void* v = nullptr;            // second moment [numel], f32 or (AdamWStorage::v_bf16) bf16
   int64_t numel = 0;
   int32_t decay = 1;            // 0: no weight decay for this tensor (norms, biases)
   int32_t grad_bf16 = 0;        // 1: grad is bf16 (tensors of one table may differ)
   uint16_t* master_lo = nullptr;  // split master: the low words (turbo/ops/optimizer.h), master nullptr
+  int64_t sr_key = 0;           // bf16 moments: element 0's stochastic-rounding key (turbo/core/stochastic_round.h)
+};
+
+// How a table's tensors are stored (uniform over a table): split masters; bf16 moments, rounded
+// stochastically (sr_hash(entry.sr_key + i, step)) when stored, the update itself using the fp32 values.
+struct AdamWStorage {
+  bool split_master = false, m_bf16 = false, v_bf16 = false;
 };
 
 // The device-side table of entries: built once at setup (after the buffers exist) and reused
@@ -40,14 +47,15 @@ struct AdamWStep {
 // Updates master, m, v (and model) of every tensor in the table. grad_scale: device pointer to
 // one float multiplying every gradient (the clip factor from grad_norm), or nullptr for 1; a
 // non-finite *grad_scale skips the update (nothing is written: the on-device NaN-step skip).
-// device_scalars: device pointer to {lr, 1 - beta1^step, 1 - beta2^step}, overriding the host
-// values (for CUDA graphs, where host arguments are frozen at capture), or nullptr.
+// device_scalars: device pointer to {lr, 1 - beta1^step, 1 - beta2^step} (and the step as a float,
+// needed with bf16 moments: their rounding's key), overriding the host values (for CUDA graphs,
+// where host arguments are frozen at capture), or nullptr.
 // norm_out (optional): out[0] = the L2 norm of the gradients it read (unscaled; NaN when the
 // update was skipped), out[1] = 1, in the same pass (scratch: grad_norm_scratch_bytes(num_chunks)).
-// split_master: every entry's master is split (master_lo and model), else every entry has master.
+// storage.split_master: every entry's master is split (master_lo and model), else every entry has master.
 void adamw_multi_tensor(const void* table, int num_tensors, int64_t num_chunks, const AdamWStep& hp,
                         const float* grad_scale, const float* device_scalars, cudaStream_t stream,
-                        float* norm_out = nullptr, void* scratch = nullptr, bool split_master = false);
+                        float* norm_out = nullptr, void* scratch = nullptr, const AdamWStorage& storage = {});
 
 // out[0] = L2 norm over every tensor's gradient, out[1] = min(1, max_norm / (norm + 1e-6))
 // (1 when max_norm <= 0). Two kernels (per-chunk partial sums, then one block in chunk order):
