@@ -245,6 +245,51 @@ TEST(CudaProjection, SplitMasterWeightsHalveTheMasterBuffer) {
   }
 }
 
+// bf16 AdamW moments: the plan's m and v take 2 bytes a parameter each (the rest unchanged), the
+// update's traffic 4 bytes a parameter less each; refused beside ZeRO-1 and Muon, naming the key.
+TEST(CudaProjection, Bf16MomentsHalveTheOptimizerState) {
+  const train::ModelSpec spec = testing::tiny_spec(false);
+  CudaArgs a = projection_args(spec, 1, 1);
+  a.host_mode = false;
+  const CudaOps ops = testing::ops_for(testing::Attn::Fallback);
+  const train::MemoryProjection f32 = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  a.train.optim.exp_avg_bf16 = true;
+  const train::MemoryProjection m16 = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  a.train.optim.exp_avg_sq_bf16 = true;
+  const train::MemoryProjection both = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
+  const double P = double(train::make_param_layout(spec).total);
+  EXPECT_NEAR(f32.bytes("optimizer_state"), 8 * P, 512.0);
+  EXPECT_NEAR(m16.bytes("optimizer_state"), 6 * P, 512.0);
+  EXPECT_NEAR(both.bytes("optimizer_state"), 4 * P, 512.0);
+  for (const char* part : {"weights", "master_weights", "gradients", "activations"})
+    EXPECT_DOUBLE_EQ(both.bytes(part), f32.bytes(part)) << part;
+  const train::StepCostOptions base;
+  EXPECT_DOUBLE_EQ(cuda_step_cost(a, base).optimizer_bytes_per_param, 34 - 8);
+  a.split_master = true;
+  a.optimizer_in_bwd = true;
+  a.train.optim.clip_grad = 0;
+  EXPECT_DOUBLE_EQ(cuda_step_cost(a, base).optimizer_bytes_per_param, 34 - 8 - 2 - 4);
+  a.optimizer_in_bwd = false;
+  a.split_master = false;
+  a.train.optim.optimizer = "muon";
+  EXPECT_THROW(project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0), ConfigError);
+  a.train.optim.optimizer = "adamw";
+  CudaArgs two = projection_args(spec, 2, 1);
+  two.host_mode = false;
+  two.train.optim.exp_avg_sq_bf16 = true;
+  EXPECT_NO_THROW(project_cuda_memory(two, ops, projection_host_layout(two, 2), false, 0.0));  // plain data parallelism
+  two.use_distributed_optimizer = true;  // ZeRO-1
+  try {
+    project_cuda_memory(two, ops, projection_host_layout(two, 2), false, 0.0);
+    ADD_FAILURE() << "accepted with ZeRO-1";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("exp_avg_sq_dtype: bf16 on the cuda backend is not implemented beside "
+                                         "use_distributed_optimizer"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 std::string projection_example(const char* name) {
   return std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/" + name;
 }
