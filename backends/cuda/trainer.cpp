@@ -358,6 +358,10 @@ void CudaTrainer::init() {
                spec.summary(), spec.vocab_size, spec.num_parameters() / 1e6, gib(model_->reserved_bytes()),
                t.micro_batch_size, spec.seq_length);
   spdlog::info("[cuda] attention: {}", fallback ? "fallback (GEMMs + softmax kernel)" : "Turbo attention op");
+  if (t.optim.exp_avg_bf16 || t.optim.exp_avg_sq_bf16) {
+    spdlog::info("[cuda] optimizer: AdamW moments m {} v {} (bf16 stored stochastically rounded)",
+                 t.optim.exp_avg_bf16 ? "bf16" : "fp32", t.optim.exp_avg_sq_bf16 ? "bf16" : "fp32");
+  }
 
   const fsys::path load_dir = train::resume_dir(t.ckpt);
   if (!load_dir.empty()) load(load_dir);
