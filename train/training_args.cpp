@@ -259,6 +259,11 @@ std::vector<std::pair<std::string, std::string>> TrainingArgs::describe() const 
     d.insert(d.begin() + 8, {"document masks", fmt::format("reset_attention_mask {}, reset_position_ids {}",
                                                            data.reset_attention_mask, data.reset_position_ids)});
   }
+  if (optim.exp_avg_bf16 || optim.exp_avg_sq_bf16) {  // after "lr": the optimizer's state
+    d.insert(d.begin() + 6, {"adamw moments", fmt::format("exp_avg {}, exp_avg_sq {} (bf16 stochastically rounded)",
+                                                          optim.exp_avg_bf16 ? "bf16" : "fp32",
+                                                          optim.exp_avg_sq_bf16 ? "bf16" : "fp32")});
+  }
   return d;
 }
 

@@ -76,6 +76,9 @@ TEST(AdamWMomentsE2E, Bf16MomentsTrackFp32ResumeBitIdenticalAndSaveBf16Values) {
 
 TEST(AdamWMomentsE2E, BadMomentDtypesAreRefusedNamingTheKey) {
   Workdir w;
+  auto dry = run_primus(tiny_run_args(w.str()) + " --dry-run use_precision_aware_optimizer=true exp_avg_sq_dtype=bf16");
+  EXPECT_EQ(dry.code, 0) << dry.out;
+  EXPECT_NE(dry.out.find("exp_avg fp32, exp_avg_sq bf16"), std::string::npos) << dry.out;
   auto r1 = run_primus(tiny_run_args(w.str()) + " exp_avg_dtype=bf16");
   EXPECT_EQ(r1.code, 2) << r1.out;
   EXPECT_NE(r1.out.find("exp_avg_dtype: bf16 needs use_precision_aware_optimizer: true"), std::string::npos) << r1.out;
