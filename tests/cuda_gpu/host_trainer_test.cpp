@@ -8,6 +8,7 @@
 // its own op in either direction still matches the reference.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -254,6 +255,72 @@ TEST(CudaHostTrainer, MuonMatchesTheReferenceAndResumesAcrossBackends) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer: muon with optimizer_in_bwd"), std::string::npos) << e.what();
   }
+}
+
+// bf16 AdamW moments (exp_avg_dtype / exp_avg_sq_dtype: bf16) in host mode: the reference
+// trainer's losses and saved moments (the same stochastic rounding, keyed by the flat layout offset
+// and the step), not the fp32 moments' run; each backend resumes the other's step-3 checkpoint; the optimizer in
+// the backward (its groups cut the tensors into other tables, the keys stay the elements') gives
+// the update after the backward's losses bit for bit.
+TEST(CudaHostTrainer, Bf16MomentsMatchTheReferenceAndResumeAcrossBackends) {
+  primus::testing::Workdir w;
+  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()));
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
+  const std::vector<std::string> cli = {"use_precision_aware_optimizer=true", "exp_avg_dtype=bf16",
+                                        "exp_avg_sq_dtype=bf16", "adam_beta2=0.999", "lr=0.01"};
+  std::string words;
+  for (const auto& c : cli) words += " " + c;
+  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string() + words);
+  ASSERT_EQ(r.code, 0) << r.out;
+  run_host_trainer(cuda_file, cli);
+  std::vector<std::string> f32 = {"adam_beta2=0.999", "lr=0.01", "exp_name=f32"};
+  run_host_trainer(cuda_file, f32);
+  const auto ref = testing::read_trainer_metrics(w.path() / "g/u/reference/metrics.jsonl");
+  const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
+  const auto full = testing::read_trainer_metrics(w.path() / "g/u/f32/metrics.jsonl");
+  ASSERT_EQ(ref.loss.size(), 6u);
+  ASSERT_EQ(ours.loss.size(), 6u);
+  for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
+  for (auto [step, l] : ref.val) EXPECT_NEAR(ours.val.at(step), l, 1e-5 * l) << "validation at step " << step;
+  EXPECT_LT(ref.loss.at(6), ref.loss.at(1) - 0.3) << "the run must learn";
+  EXPECT_NE(full.loss.at(6), ours.loss.at(6)) << "the moments were rounded";
+  // The saved moments: the same bf16 values but where the two backends' fp32 sums straddle a
+  // rounding threshold (about 1% here; other keys round over half of them the other way).
+  const auto ck_ref = io::load_checkpoint(w.path() / "g/u/reference/checkpoints/iter_0000006");
+  const auto ck_ours = io::load_checkpoint(w.path() / "g/u/cuda/checkpoints/iter_0000006");
+  for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+    const auto x = ck_ref.optimizer.at(name).as<float>(), y = ck_ours.optimizer.at(name).as<float>();
+    ASSERT_EQ(x.size(), y.size()) << name;
+    size_t same = 0;
+    for (size_t i = 0; i < x.size(); ++i) same += x[i] == y[i];
+    EXPECT_GT(double(same), 0.95 * double(x.size())) << name << ": " << same << " of " << x.size() << " equal";
+  }
+
+  std::vector<std::string> from_ref = cli;
+  from_ref.push_back("exp_name=cuda_from_ref");
+  from_ref.push_back("load=" + (w.path() / "g/u/reference/checkpoints/iter_0000003").string());
+  run_host_trainer(cuda_file, from_ref);
+  const auto a = testing::read_trainer_metrics(w.path() / "g/u/cuda_from_ref/metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 3u);
+  for (auto [step, l] : a.loss) EXPECT_NEAR(l, ref.loss.at(step), 1e-5 * l) << "cuda from reference, step " << step;
+  auto rb = primus::testing::run_primus("train pretrain --config " + ref_file.string() + words +
+                                        " exp_name=ref_from_cuda load=" +
+                                        (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  const auto b = testing::read_trainer_metrics(w.path() / "g/u/ref_from_cuda/metrics.jsonl");
+  ASSERT_EQ(b.loss.size(), 3u);
+  for (auto [step, l] : b.loss) EXPECT_NEAR(l, ours.loss.at(step), 1e-5 * l) << "reference from cuda, step " << step;
+
+  auto one_micro = [&](const std::string& name, bool inside) {
+    std::vector<std::string> c = cli;
+    c.insert(c.end(), {"global_batch_size=4", "clip_grad=0", "exp_name=" + name});
+    if (inside) c.push_back("optimizer_in_bwd=true");
+    run_host_trainer(cuda_file, c);
+    return testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
+  };
+  const auto after = one_micro("after", false), in_bwd = one_micro("in_bwd", true);
+  ASSERT_EQ(after.loss.size(), 6u);
+  for (auto [step, l] : after.loss) EXPECT_EQ(in_bwd.loss.at(step), l) << "optimizer in the backward, step " << step;
 }
 
 // Muon beside plain data parallelism (the replicas' gradients averaged, then every replica
