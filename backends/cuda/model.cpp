@@ -241,9 +241,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     if (why) throw ConfigError(fmt::format("split master weights: {}", why));
   }
   if (opt_.exp_avg_bf16 || opt_.exp_avg_sq_bf16) {
-    const char* why = !opt_.optimizer_state || opt_.flat_elems != 0 ? "ZeRO-1 keeps the moments in its shards"
-                      : opt_.dp_group && parallel::shards_optimizer(opt_.dp_sharding)
-                          ? "sharded data parallelism keeps the moments in its chunks"
+    const char* why = !opt_.optimizer_state || opt_.flat_elems != 0
+                          ? "ZeRO-1's bucketed reducer keeps f32 moments in its shards"
                       : !opt_.muon.empty() ? "Muon keeps its momentum in the first-moment buffer"
                                            : nullptr;
     if (why) throw ConfigError(fmt::format("bf16 AdamW moments: {}", why));
@@ -360,7 +359,9 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     GradClearing whole;
     whole.memset_ranges.push_back({0, fsdp_plan_->shard_elems});
     optimizer_ = std::make_unique<OptimizerState>(shard_layout_, shard_state_, shard_place_, plan_->state_arena(),
-                                                  std::move(whole), true, stream_, ops);
+                                                  std::move(whole), true, stream_, ops, nullptr,
+                                                  std::vector<train::MuonTensor>{}, OptimizerState::MuonPieceFn{},
+                                                  shard_layout_origins(*fsdp_plan_, layout_));
     optimizer_->norm_over(std::vector<bool>(shard_layout_.tensors.size(), true));
     fsdp_ = std::make_unique<FsdpComm>(*opt_.dp_group, fsdp_plan_, plan_->state, stream_);
   } else {
@@ -559,20 +560,26 @@ void CudaModel::gather_full(const TensorView& shard, float* host) const {
   const FsdpPlan& f = *fsdp_plan_;
   const size_t n = size_t(f.shard_elems) * size_t(f.world);
   std::vector<float> gathered(n);
+  // bf16 moments travel as they are held and are widened here (exactly).
+  const bool b16 = shard.dtype == turbo::DType::BF16;
+  const size_t bytes = n * (b16 ? 2 : 4);
+  std::vector<uint16_t> g16(b16 ? n : 0);
+  void* const landing = b16 ? static_cast<void*>(g16.data()) : static_cast<void*>(gathered.data());
   if (stream_.host) {
-    fsdp_->all_gather(shard, TensorView(gathered.data(), turbo::DType::F32, turbo::Device::CPU, {int64_t(n)}));
+    fsdp_->all_gather(shard, TensorView(landing, shard.dtype, turbo::Device::CPU, {int64_t(n)}));
   } else {
     void* d = nullptr;
-    CUDA_CHECK(cudaMalloc(&d, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&d, bytes));
     try {
-      fsdp_->all_gather(shard, TensorView(d, turbo::DType::F32, turbo::Device::CUDA, {int64_t(n)}));
-      stream_.from_model(gathered.data(), d, n * sizeof(float));
+      fsdp_->all_gather(shard, TensorView(d, shard.dtype, turbo::Device::CUDA, {int64_t(n)}));
+      stream_.from_model(landing, d, bytes);
     } catch (...) {
       cudaFree(d);
       throw;
     }
     CUDA_CHECK(cudaFree(d));
   }
+  for (size_t i = 0; i < g16.size(); ++i) gathered[i] = turbo::bf16_bits_to_float(g16[i]);
   shards_to_full(f, gathered.data(), host);
 }
 

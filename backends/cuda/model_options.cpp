@@ -119,8 +119,10 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     mo.split_master = true;
   }
   if (t.optim.exp_avg_bf16 || t.optim.exp_avg_sq_bf16) {
-    const char* why = !mo.optimizer_state ? "use_distributed_optimizer (ZeRO-1) keeps f32 moments in its shards"
-                      : sharded && world > 1 ? "sharded data parallelism keeps f32 moments in its chunks"
+    const char* why = !mo.optimizer_state
+                          ? "use_distributed_optimizer (ZeRO-1) over plain data parallelism on GPUs: its bucketed "
+                            "reducer keeps f32 moments in its shards (the sharded strategies optim_grads and "
+                            "optim_grads_params, and ZeRO-1 beside tp, cp or ep, take bf16 ones)"
                       : t.optim.optimizer != "adamw"
                           ? "Muon keeps its momentum in the first-moment buffer (the reference backend runs it)"
                           : nullptr;

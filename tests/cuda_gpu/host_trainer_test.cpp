@@ -323,6 +323,28 @@ TEST(CudaHostTrainer, Bf16MomentsMatchTheReferenceAndResumeAcrossBackends) {
   for (auto [step, l] : after.loss) EXPECT_EQ(in_bwd.loss.at(step), l) << "optimizer in the backward, step " << step;
 }
 
+// bf16 AdamW moments beside the model's sharded data parallelism: ZeRO-1 (host mode runs it in the
+// model) and optim_grads_params over two processes give one process's losses, and the moments the
+// latter saves (put together from the ranks' chunks) are one process's bf16 values but where the
+// fp32 sums straddle a rounding threshold (each shard's pieces round with their elements' keys in
+// the whole layout); the ZeRO-1 checkpoint moves both ways.
+TEST(CudaHostTrainer, Bf16MomentsBesideShardedDataParallelismTrainAsOne) {
+  testing::TwoProcesses t("      use_precision_aware_optimizer: true\n      exp_avg_dtype: bf16\n"
+                          "      exp_avg_sq_dtype: bf16\n");
+  t.expect_matches("dp2_zero1", "use_distributed_optimizer=true", "");
+  t.expect_matches("dp2_fsdp", "data_parallel_sharding_strategy=optim_grads_params", "");
+  const auto one = io::load_checkpoint(t.dir() / "g/u/cuda/checkpoints/iter_0000006");
+  const auto two = io::load_checkpoint(t.dir() / "g/u/dp2_fsdp/checkpoints/iter_0000006");
+  for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+    const auto x = one.optimizer.at(name).as<float>(), y = two.optimizer.at(name).as<float>();
+    ASSERT_EQ(x.size(), y.size()) << name;
+    size_t same = 0;
+    for (size_t i = 0; i < x.size(); ++i) same += x[i] == y[i];
+    EXPECT_GT(double(same), 0.95 * double(x.size())) << name << ": " << same << " of " << x.size() << " equal";
+  }
+  t.expect_checkpoints_move("dp2_zero1", "use_distributed_optimizer=true");
+}
+
 // Muon beside plain data parallelism (the replicas' gradients averaged, then every replica
 // orthogonalises the same momenta): two processes give one process's losses and validation losses.
 TEST(CudaHostTrainer, MuonBesideDataParallelTrainsAsOne) {

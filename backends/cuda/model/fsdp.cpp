@@ -130,6 +130,16 @@ train::ParamLayout shard_layout(const FsdpPlan& plan, const train::ParamLayout& 
   return s;
 }
 
+std::vector<int64_t> shard_layout_origins(const FsdpPlan& plan, const train::ParamLayout& layout) {
+  std::vector<int64_t> out;
+  for (const FsdpUnit& u : plan.units) {
+    const int64_t a = plan.owned_begin(u, plan.rank), b = plan.owned_end(u, plan.rank);
+    for (const train::ParamTensor& t : layout.tensors)
+      if (std::min(b, t.offset + t.numel) > std::max(a, t.offset)) out.push_back(std::max(a, t.offset));
+  }
+  return out;
+}
+
 std::vector<ShardSpan> shard_spans(const FsdpPlan& plan, int64_t begin, int64_t count) {
   std::vector<ShardSpan> out;
   for (const FsdpUnit& u : plan.units) {

@@ -241,8 +241,9 @@ void MemoryPlan::plan(Take&& take) {
     const int64_t Sh = f->shard_elems;
     s.master = take(Pool::State, DType::F32, {Sh}, "fp32 master weights (this rank's shard)");
     s.shard_grads = take(Pool::State, DType::F32, {Sh}, "fp32 averaged gradients (this rank's shard)");
-    s.m = take(Pool::State, DType::F32, {Sh}, "AdamW first moments (this rank's shard)");
-    s.v = take(Pool::State, DType::F32, {Sh}, "AdamW second moments (this rank's shard)");
+    s.m = take(Pool::State, opt_.exp_avg_bf16 ? DType::BF16 : DType::F32, {Sh}, "AdamW first moments (this rank's shard)");
+    s.v = take(Pool::State, opt_.exp_avg_sq_bf16 ? DType::BF16 : DType::F32, {Sh},
+               "AdamW second moments (this rank's shard)");
     if (!host) s.shard_weights = take(Pool::State, DType::BF16, {Sh}, "bf16 weights (this rank's shard)");
     // optim reduce-scatters straight into the averaged gradient (fsdp_comm.cpp): no staging chunk.
     if (f->shard_grads) s.fsdp_tmp = take(Pool::State, DType::F32, {f->max_chunk}, "fp32 reduce-scatter chunk");

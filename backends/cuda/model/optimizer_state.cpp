@@ -35,8 +35,13 @@ GradClearing plan_grad_clearing(const train::ParamLayout& layout,
 OptimizerState::OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, const GradPlacement& place,
                                turbo::Arena& arena, GradClearing clearing, bool keep_state, const ModelStream& stream,
                                const CudaOps& ops, const InBackward* in_backward,
-                               const std::vector<train::MuonTensor>& muon, const MuonPieceFn& muon_piece)
-    : layout_(layout), state_(state), place_(place), clearing_(std::move(clearing)), stream_(stream), ops_(ops) {
+                               const std::vector<train::MuonTensor>& muon, const MuonPieceFn& muon_piece,
+                               std::vector<int64_t> sr_keys)
+    : layout_(layout), sr_keys_(std::move(sr_keys)), state_(state), place_(place), clearing_(std::move(clearing)),
+      stream_(stream), ops_(ops) {
+  if (!sr_keys_.empty() && sr_keys_.size() != layout_.tensors.size()) {
+    throw RuntimeError(fmt::format("cuda model: {} rounding keys for {} tensors", sr_keys_.size(), layout_.tensors.size()));
+  }
   if (!muon.empty() && (in_backward || !keep_state)) {
     throw RuntimeError("cuda model: Muon needs the whole optimizer state on this rank, after the backward (neither "
                        "ZeRO-1 nor the optimizer in the backward)");
@@ -95,7 +100,7 @@ turbo::AdamWTensor OptimizerState::adamw_slice(size_t i, int64_t off, int64_t n)
   a.m = state_.m.slice0(off, off + n);
   a.v = state_.v.slice0(off, off + n);
   a.decay = t.decay;
-  a.sr_key = off;
+  a.sr_key = sr_key(i) + (off - t.offset);
   return a;
 }
 
@@ -108,7 +113,7 @@ turbo::AdamWTensor OptimizerState::adamw_tensor(size_t i) const {
   a.m = state_.m.slice0(t.offset, t.offset + t.numel);
   a.v = state_.v.slice0(t.offset, t.offset + t.numel);
   a.decay = t.decay;
-  a.sr_key = t.offset;
+  a.sr_key = sr_key(i);
   return a;
 }
 

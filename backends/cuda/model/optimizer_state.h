@@ -65,11 +65,15 @@ class OptimizerState {
   // muon_piece (tensor parallelism): called for each Muon block (its layout tensor, the block,
   // its index among the tensor's blocks) to make its matrix a piece of the whole one
   // (turbo::MuonMatrix::gather and the whole's shape).
+  // sr_keys: per layout tensor, the stochastic-rounding key of its element 0 (bf16 moments,
+  // turbo/ops/optimizer.h); empty: its layout offset. A sharded model's layout is its shard's, so
+  // it passes the pieces' offsets in the model's layout, and its elements round as one process's.
   using MuonPieceFn = std::function<void(size_t tensor, const train::MuonBlock& block, size_t index, turbo::MuonMatrix& mm)>;
   OptimizerState(const train::ParamLayout& layout, const StateBuffers& state, const GradPlacement& place,
                  turbo::Arena& arena, GradClearing clearing, bool keep_state, const ModelStream& stream,
                  const CudaOps& ops, const InBackward* in_backward = nullptr,
-                 const std::vector<train::MuonTensor>& muon = {}, const MuonPieceFn& muon_piece = {});
+                 const std::vector<train::MuonTensor>& muon = {}, const MuonPieceFn& muon_piece = {},
+                 std::vector<int64_t> sr_keys = {});
 
   bool keeps_state() const { return adamw_ != nullptr || !groups_.empty(); }
   // The masters are split: state.master the low halves, state.weights the high (model.h).
@@ -149,7 +153,11 @@ class OptimizerState {
   };
   size_t group_at(int64_t offset) const;
 
+  // The stochastic-rounding key of tensor i's element 0 (sr_keys, or its offset).
+  int64_t sr_key(size_t i) const { return sr_keys_.empty() ? layout_.tensors[i].offset : sr_keys_[i]; }
+
   const train::ParamLayout& layout_;
+  std::vector<int64_t> sr_keys_;
   const StateBuffers& state_;
   const GradPlacement& place_;
   GradClearing clearing_;
