@@ -32,6 +32,43 @@ namespace {
 
 using testing::run_host_trainer;
 
+// The cuda trainer (host mode, `cli`) resumes the reference trainer's step-3 checkpoint with the
+// reference's losses, and the reference (the binary, the same keys) the cuda trainer's with the
+// cuda trainer's: steps 4..6 within 1e-5.
+void expect_resumes_across_backends(const primus::testing::Workdir& w, const std::filesystem::path& ref_file,
+                                    const std::filesystem::path& cuda_file, const std::vector<std::string>& cli,
+                                    const testing::TrainerMetrics& ref, const testing::TrainerMetrics& ours) {
+  std::vector<std::string> from_ref = cli;
+  from_ref.push_back("exp_name=cuda_from_ref");
+  from_ref.push_back("load=" + (w.path() / "g/u/reference/checkpoints/iter_0000003").string());
+  run_host_trainer(cuda_file, from_ref);
+  const auto a = testing::read_trainer_metrics(w.path() / "g/u/cuda_from_ref/metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 3u);
+  for (auto [step, l] : a.loss) EXPECT_NEAR(l, ref.loss.at(step), 1e-5 * l) << "cuda from reference, step " << step;
+  std::string words;
+  for (const auto& c : cli) words += " " + c;
+  auto rb = primus::testing::run_primus("train pretrain --config " + ref_file.string() + words +
+                                        " exp_name=ref_from_cuda load=" +
+                                        (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  const auto b = testing::read_trainer_metrics(w.path() / "g/u/ref_from_cuda/metrics.jsonl");
+  ASSERT_EQ(b.loss.size(), 3u);
+  for (auto [step, l] : b.loss) EXPECT_NEAR(l, ours.loss.at(step), 1e-5 * l) << "reference from cuda, step " << step;
+}
+
+// Two checkpoints' bf16 moments: the same values but where two runs' fp32 sums straddle a rounding
+// threshold (about 1% on the tiny runs; other rounding keys turn over half of them the other way).
+void expect_mostly_same_moments(const std::filesystem::path& a, const std::filesystem::path& b) {
+  const auto ca = io::load_checkpoint(a), cb = io::load_checkpoint(b);
+  for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+    const auto x = ca.optimizer.at(name).as<float>(), y = cb.optimizer.at(name).as<float>();
+    ASSERT_EQ(x.size(), y.size()) << name;
+    size_t same = 0;
+    for (size_t i = 0; i < x.size(); ++i) same += x[i] == y[i];
+    EXPECT_GT(double(same), 0.95 * double(x.size())) << name << ": " << same << " of " << x.size() << " equal";
+  }
+}
+
 TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   primus::testing::Workdir w;
   auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()));
@@ -233,20 +270,7 @@ TEST(CudaHostTrainer, MuonMatchesTheReferenceAndResumesAcrossBackends) {
   EXPECT_LT(ref.loss.at(6), ref.loss.at(1) - 0.3) << "the run must learn";
 
   // The cuda trainer resumes the reference's checkpoint, and the reference the cuda trainer's.
-  std::vector<std::string> from_ref = cli;
-  from_ref.push_back("exp_name=cuda_from_ref");
-  from_ref.push_back("load=" + (w.path() / "g/u/reference/checkpoints/iter_0000003").string());
-  run_host_trainer(cuda_file, from_ref);
-  const auto a = testing::read_trainer_metrics(w.path() / "g/u/cuda_from_ref/metrics.jsonl");
-  ASSERT_EQ(a.loss.size(), 3u);
-  for (auto [step, l] : a.loss) EXPECT_NEAR(l, ref.loss.at(step), 1e-5 * l) << "cuda from reference, step " << step;
-  auto rb = primus::testing::run_primus("train pretrain --config " + ref_file.string() + muon +
-                                        " exp_name=ref_from_cuda load=" +
-                                        (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
-  ASSERT_EQ(rb.code, 0) << rb.out;
-  const auto b = testing::read_trainer_metrics(w.path() / "g/u/ref_from_cuda/metrics.jsonl");
-  ASSERT_EQ(b.loss.size(), 3u);
-  for (auto [step, l] : b.loss) EXPECT_NEAR(l, ours.loss.at(step), 1e-5 * l) << "reference from cuda, step " << step;
+  expect_resumes_across_backends(w, ref_file, cuda_file, cli, ref, ours);
 
   try {
     run_host_trainer(cuda_file, {"exp_name=refused", "optimizer=muon", "optimizer_in_bwd=true", "clip_grad=0",
@@ -284,32 +308,11 @@ TEST(CudaHostTrainer, Bf16MomentsMatchTheReferenceAndResumeAcrossBackends) {
   for (auto [step, l] : ref.val) EXPECT_NEAR(ours.val.at(step), l, 1e-5 * l) << "validation at step " << step;
   EXPECT_LT(ref.loss.at(6), ref.loss.at(1) - 0.3) << "the run must learn";
   EXPECT_NE(full.loss.at(6), ours.loss.at(6)) << "the moments were rounded";
-  // The saved moments: the same bf16 values but where the two backends' fp32 sums straddle a
-  // rounding threshold (about 1% here; other keys round over half of them the other way).
-  const auto ck_ref = io::load_checkpoint(w.path() / "g/u/reference/checkpoints/iter_0000006");
-  const auto ck_ours = io::load_checkpoint(w.path() / "g/u/cuda/checkpoints/iter_0000006");
-  for (const char* name : {"exp_avg", "exp_avg_sq"}) {
-    const auto x = ck_ref.optimizer.at(name).as<float>(), y = ck_ours.optimizer.at(name).as<float>();
-    ASSERT_EQ(x.size(), y.size()) << name;
-    size_t same = 0;
-    for (size_t i = 0; i < x.size(); ++i) same += x[i] == y[i];
-    EXPECT_GT(double(same), 0.95 * double(x.size())) << name << ": " << same << " of " << x.size() << " equal";
-  }
+  // The saved moments (the same keys on both sides).
+  expect_mostly_same_moments(w.path() / "g/u/reference/checkpoints/iter_0000006",
+                             w.path() / "g/u/cuda/checkpoints/iter_0000006");
 
-  std::vector<std::string> from_ref = cli;
-  from_ref.push_back("exp_name=cuda_from_ref");
-  from_ref.push_back("load=" + (w.path() / "g/u/reference/checkpoints/iter_0000003").string());
-  run_host_trainer(cuda_file, from_ref);
-  const auto a = testing::read_trainer_metrics(w.path() / "g/u/cuda_from_ref/metrics.jsonl");
-  ASSERT_EQ(a.loss.size(), 3u);
-  for (auto [step, l] : a.loss) EXPECT_NEAR(l, ref.loss.at(step), 1e-5 * l) << "cuda from reference, step " << step;
-  auto rb = primus::testing::run_primus("train pretrain --config " + ref_file.string() + words +
-                                        " exp_name=ref_from_cuda load=" +
-                                        (w.path() / "g/u/cuda/checkpoints/iter_0000003").string());
-  ASSERT_EQ(rb.code, 0) << rb.out;
-  const auto b = testing::read_trainer_metrics(w.path() / "g/u/ref_from_cuda/metrics.jsonl");
-  ASSERT_EQ(b.loss.size(), 3u);
-  for (auto [step, l] : b.loss) EXPECT_NEAR(l, ours.loss.at(step), 1e-5 * l) << "reference from cuda, step " << step;
+  expect_resumes_across_backends(w, ref_file, cuda_file, cli, ref, ours);
 
   auto one_micro = [&](const std::string& name, bool inside) {
     std::vector<std::string> c = cli;
@@ -333,15 +336,8 @@ TEST(CudaHostTrainer, Bf16MomentsBesideShardedDataParallelismTrainAsOne) {
                           "      exp_avg_sq_dtype: bf16\n");
   t.expect_matches("dp2_zero1", "use_distributed_optimizer=true", "");
   t.expect_matches("dp2_fsdp", "data_parallel_sharding_strategy=optim_grads_params", "");
-  const auto one = io::load_checkpoint(t.dir() / "g/u/cuda/checkpoints/iter_0000006");
-  const auto two = io::load_checkpoint(t.dir() / "g/u/dp2_fsdp/checkpoints/iter_0000006");
-  for (const char* name : {"exp_avg", "exp_avg_sq"}) {
-    const auto x = one.optimizer.at(name).as<float>(), y = two.optimizer.at(name).as<float>();
-    ASSERT_EQ(x.size(), y.size()) << name;
-    size_t same = 0;
-    for (size_t i = 0; i < x.size(); ++i) same += x[i] == y[i];
-    EXPECT_GT(double(same), 0.95 * double(x.size())) << name << ": " << same << " of " << x.size() << " equal";
-  }
+  expect_mostly_same_moments(t.dir() / "g/u/cuda/checkpoints/iter_0000006",
+                             t.dir() / "g/u/dp2_fsdp/checkpoints/iter_0000006");
   t.expect_checkpoints_move("dp2_zero1", "use_distributed_optimizer=true");
 }
 
