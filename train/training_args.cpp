@@ -244,6 +244,10 @@ void TrainingArgs::check_batch() const {
   }
 }
 
+std::string OptimizerArgs::moment_dtypes() const {
+  return fmt::format("exp_avg {}, exp_avg_sq {}", exp_avg_bf16 ? "bf16" : "fp32", exp_avg_sq_bf16 ? "bf16" : "fp32");
+}
+
 std::vector<std::pair<std::string, std::string>> TrainingArgs::describe() const {
   std::vector<std::pair<std::string, std::string>> d = {{"train_iters", std::to_string(train_iters)},
           {"micro_batch_size", std::to_string(micro_batch_size)},
@@ -260,9 +264,7 @@ std::vector<std::pair<std::string, std::string>> TrainingArgs::describe() const 
                                                            data.reset_attention_mask, data.reset_position_ids)});
   }
   if (optim.exp_avg_bf16 || optim.exp_avg_sq_bf16) {  // after "lr": the optimizer's state
-    d.insert(d.begin() + 6, {"adamw moments", fmt::format("exp_avg {}, exp_avg_sq {} (bf16 stochastically rounded)",
-                                                          optim.exp_avg_bf16 ? "bf16" : "fp32",
-                                                          optim.exp_avg_sq_bf16 ? "bf16" : "fp32")});
+    d.insert(d.begin() + 6, {"adamw moments", optim.moment_dtypes() + " (bf16 stochastically rounded)"});
   }
   return d;
 }

@@ -39,6 +39,8 @@ struct OptimizerArgs {
   // use_precision_aware_optimizer): computed in fp32, stored rounded stochastically
   // (turbo/core/stochastic_round.h); Muon's tensors keep their own momentum.
   bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false;
+  // "exp_avg bf16, exp_avg_sq fp32" (the logs and the dry run).
+  std::string moment_dtypes() const;
 };
 
 struct DataArgs {

@@ -143,10 +143,6 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   step.push_back(gemm_algo_search > 1 ? fmt::format("cuBLASLt search of {}", gemm_algo_search) : "cuBLASLt heuristic");
   if (optimizer_in_bwd) step.push_back("optimizer in the backward");
   if (split_master) step.push_back("split master weights");
-  if (train.optim.exp_avg_bf16 || train.optim.exp_avg_sq_bf16) {
-    step.push_back(fmt::format("AdamW moments m {} v {} (stochastic rounding)", train.optim.exp_avg_bf16 ? "bf16" : "fp32",
-                               train.optim.exp_avg_sq_bf16 ? "bf16" : "fp32"));
-  }
   if (bf16_expert_grads) step.push_back("bf16 expert gradients");
   if (moe_swiglu_epilogue) step.push_back("experts' SwiGLU in the GEMM epilogues");
   if (launch_ahead) step.push_back("launch ahead");

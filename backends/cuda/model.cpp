@@ -347,7 +347,8 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     // The optimizer sees the shard as a model of its own: its pieces of the tensors (decay as theirs),
     // the chunks' master weights, moments, averaged gradient and bf16 copy, the model's status.
     fsdp_plan_ = mp.fsdp;
-    shard_layout_ = shard_layout(*fsdp_plan_, layout_);
+    std::vector<int64_t> origins;  // the pieces' rounding keys: their offsets in the whole layout
+    shard_layout_ = shard_layout(*fsdp_plan_, layout_, &origins);
     const StateBuffers& st = plan_->state;
     shard_state_ = st;
     shard_state_.grads = st.shard_grads;
@@ -361,7 +362,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     optimizer_ = std::make_unique<OptimizerState>(shard_layout_, shard_state_, shard_place_, plan_->state_arena(),
                                                   std::move(whole), true, stream_, ops, nullptr,
                                                   std::vector<train::MuonTensor>{}, OptimizerState::MuonPieceFn{},
-                                                  shard_layout_origins(*fsdp_plan_, layout_));
+                                                  std::move(origins));
     optimizer_->norm_over(std::vector<bool>(shard_layout_.tensors.size(), true));
     fsdp_ = std::make_unique<FsdpComm>(*opt_.dp_group, fsdp_plan_, plan_->state, stream_);
   } else {

@@ -162,8 +162,9 @@ struct CudaModelOptions {
   // GPU (no ZeRO-1 or sharded data parallelism) and AdamW.
   bool split_master = false;
   // AdamW's moments m (exp_avg) and v (exp_avg_sq) held in bf16, stored stochastically rounded
-  // (turbo/ops/optimizer.h): 2 bytes a parameter each instead of 4. Needs the whole optimizer state
-  // on this GPU (no ZeRO-1 or sharded data parallelism) and AdamW everywhere (no Muon).
+  // (turbo/ops/optimizer.h): 2 bytes a parameter each instead of 4. Not beside ZeRO-1's bucketed
+  // reducer (its shards keep f32 moments) or Muon (its momentum lives in m); the model's sharded
+  // data parallelism keeps bf16 chunks.
   bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false;
   // Document masking of packed samples (train/document_masks.h): every forward builds its
   // documents' positions and attention bounds from its tokens on the device.

@@ -124,7 +124,8 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
                             "reducer keeps f32 moments in its shards (the sharded strategies optim_grads and "
                             "optim_grads_params, and ZeRO-1 beside tp, cp or ep, take bf16 ones)"
                       : t.optim.optimizer != "adamw"
-                          ? "Muon keeps its momentum in the first-moment buffer (the reference backend runs it)"
+                          ? "optimizer: muon, whose momentum lives in the first-moment buffer (the reference backend "
+                            "runs it)"
                           : nullptr;
     if (why) {
       throw ConfigError(fmt::format("{}: bf16 on the cuda backend is not implemented beside {}",

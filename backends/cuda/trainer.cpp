@@ -359,8 +359,7 @@ void CudaTrainer::init() {
                t.micro_batch_size, spec.seq_length);
   spdlog::info("[cuda] attention: {}", fallback ? "fallback (GEMMs + softmax kernel)" : "Turbo attention op");
   if (t.optim.exp_avg_bf16 || t.optim.exp_avg_sq_bf16) {
-    spdlog::info("[cuda] optimizer: AdamW moments m {} v {} (bf16 stored stochastically rounded)",
-                 t.optim.exp_avg_bf16 ? "bf16" : "fp32", t.optim.exp_avg_sq_bf16 ? "bf16" : "fp32");
+    spdlog::info("[cuda] optimizer: AdamW moments {} (bf16 stored stochastically rounded)", t.optim.moment_dtypes());
   }
 
   const fsys::path load_dir = train::resume_dir(t.ckpt);

@@ -233,9 +233,8 @@ void ReferenceTrainer::init() {
   m_.assign(static_cast<size_t>(owned), 0.f);
   v_.assign(static_cast<size_t>(owned), 0.f);
   if (t.optim.exp_avg_bf16 || t.optim.exp_avg_sq_bf16) {
-    spdlog::info("[reference] optimizer: AdamW's exp_avg {} and exp_avg_sq {} (bf16 values stochastically rounded, "
-                 "held in f32 buffers)",
-                 t.optim.exp_avg_bf16 ? "bf16" : "fp32", t.optim.exp_avg_sq_bf16 ? "bf16" : "fp32");
+    spdlog::info("[reference] optimizer: AdamW moments {} (bf16 values stochastically rounded, held in f32 buffers)",
+                 t.optim.moment_dtypes());
   }
   if (t.optim.optimizer == "muon") {
     muon_ = std::make_unique<MuonOptimizer>(local_spec, model_->layout(), dp_rank(), dp_size(), zero1_);

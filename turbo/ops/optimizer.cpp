@@ -84,8 +84,7 @@ void cpu_run(const OptimizerArgs& a) {
     }
     narrow(t.m, m16);
     narrow(t.v, v16);
-    if (a.opt->split_master()) continue;
-    if (t.model.defined())
+    if (!a.opt->split_master() && t.model.defined())
       for (int64_t i = 0; i < n; ++i)
         store_from_float(t.model.data, DType::BF16, static_cast<size_t>(i), t.master.ptr<const float>()[i]);
   }
@@ -221,9 +220,9 @@ BackendType MultiTensorAdamW::step(const AdamWHyper& hp, const TensorView& grad_
     check_device(grad_scale, device_, "adamw", "grad_scale");
   }
   if (device_scalars.defined()) {
+    // {lr, bc1, bc2} or {lr, bc1, bc2, step}; bf16 moments need the step (their rounding's key).
     const bool bf16_moments = m_dtype_ == DType::BF16 || v_dtype_ == DType::BF16;
-    if (device_scalars.numel() != 4) check_shape(device_scalars, {bf16_moments ? 4 : 3}, "adamw", "device_scalars");
-    check_shape(device_scalars, {device_scalars.numel()}, "adamw", "device_scalars");
+    check_shape(device_scalars, {bf16_moments || device_scalars.numel() == 4 ? 4 : 3}, "adamw", "device_scalars");
     check_dtype(device_scalars, DType::F32, "adamw", "device_scalars");
   }
   OptimizerArgs a;

@@ -109,8 +109,10 @@ FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int wor
   return p;
 }
 
-train::ParamLayout shard_layout(const FsdpPlan& plan, const train::ParamLayout& layout) {
+train::ParamLayout shard_layout(const FsdpPlan& plan, const train::ParamLayout& layout,
+                                std::vector<int64_t>* origins) {
   train::ParamLayout s;
+  if (origins) origins->clear();
   for (const FsdpUnit& u : plan.units) {
     const int64_t a = plan.owned_begin(u, plan.rank), b = plan.owned_end(u, plan.rank);
     for (const train::ParamTensor& t : layout.tensors) {
@@ -124,20 +126,11 @@ train::ParamLayout shard_layout(const FsdpPlan& plan, const train::ParamLayout& 
       piece.decay = t.decay;
       piece.trainable = t.trainable;
       s.tensors.push_back(std::move(piece));
+      if (origins) origins->push_back(lo);
     }
   }
   s.total = plan.shard_elems;
   return s;
-}
-
-std::vector<int64_t> shard_layout_origins(const FsdpPlan& plan, const train::ParamLayout& layout) {
-  std::vector<int64_t> out;
-  for (const FsdpUnit& u : plan.units) {
-    const int64_t a = plan.owned_begin(u, plan.rank), b = plan.owned_end(u, plan.rank);
-    for (const train::ParamTensor& t : layout.tensors)
-      if (std::min(b, t.offset + t.numel) > std::max(a, t.offset)) out.push_back(std::max(a, t.offset));
-  }
-  return out;
 }
 
 std::vector<ShardSpan> shard_spans(const FsdpPlan& plan, int64_t begin, int64_t count) {

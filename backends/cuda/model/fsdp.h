@@ -71,9 +71,10 @@ FsdpPlan plan_fsdp(const train::ParamLayout& layout, int64_t num_layers, int wor
 
 // The shard as a layout of its own: per owned piece of a tensor, a ParamTensor named like the
 // tensor, at its shard offset, with the tensor's decay flag (what the shard's AdamW reads).
-train::ParamLayout shard_layout(const FsdpPlan& plan, const train::ParamLayout& layout);
-// shard_layout's pieces' first elements' offsets in `layout` (their rounding keys, OptimizerState).
-std::vector<int64_t> shard_layout_origins(const FsdpPlan& plan, const train::ParamLayout& layout);
+// origins (optional): each piece's first element's offset in `layout` (its rounding key,
+// OptimizerState).
+train::ParamLayout shard_layout(const FsdpPlan& plan, const train::ParamLayout& layout,
+                                std::vector<int64_t>* origins = nullptr);
 
 // The part of layout range [begin, begin + count) this rank owns, as pieces of its shard: each
 // piece's shard offset, layout offset and length, in layout order (none when it owns nothing).

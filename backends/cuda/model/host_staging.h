@@ -28,7 +28,7 @@ class HostStaging {
   // buffers of slots x slot_elems), stream-ordered; the host arrays may be reused at once.
   void stage_batch(const int32_t* tokens, const int32_t* targets, int64_t n, int64_t slot,
                    const TensorView& dst_tokens, const TensorView& dst_targets);
-  // f32 [3] into `dst` (device), stream-ordered.
+  // f32 [4] into `dst` (device), stream-ordered.
   void stage_scalars(const float values[4], const TensorView& dst);
   // Queues the D2H copy of the status after everything enqueued so far and returns its ticket;
   // later staging uses the other set. At most two tickets may be outstanding.
