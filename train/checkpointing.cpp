@@ -18,6 +18,7 @@ nlohmann::json moe_json(const MoeSpec& e) {
           {"drop_by_position", e.drop_by_position}, {"moe_layers", e.moe_layers}};
   // Only when set, so that the records of batch-wise runs stay what they were.
   if (e.seq_aux_loss) j["seq_aux_loss"] = true;
+  if (e.global_aux_loss) j["global_aux_loss"] = true;
   if (e.force_load_balancing) j["force_load_balancing"] = true;
   return j;
 }
@@ -40,6 +41,7 @@ MoeSpec moe_from_json(const nlohmann::json& j) {
   e.drop_by_position = j.at("drop_by_position");
   e.moe_layers = j.at("moe_layers").get<std::vector<bool>>();
   e.seq_aux_loss = j.value("seq_aux_loss", false);
+  e.global_aux_loss = j.value("global_aux_loss", false);
   e.force_load_balancing = j.value("force_load_balancing", false);
   return e;
 }

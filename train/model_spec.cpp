@@ -73,7 +73,8 @@ void add_model_schema(config::Schema& s) {
       .number("moe_z_loss_coeff", 0.0, "router z-loss coefficient", 0.0)
       .text("moe_router_load_balancing_type", "aux_loss",
             "the tokens moe_aux_loss_coeff's loss balances: aux_loss (the micro-batch's), seq_aux_loss (each "
-            "sequence's, averaged: DeepSeek-V3) or none (no balancing loss)",
+            "sequence's, averaged: DeepSeek-V3), global_aux_loss (the loads of the global batch: every data-parallel "
+            "rank's tokens, averaged over the step's micro-batches) or none (no balancing loss)",
             {"aux_loss", "seq_aux_loss", "none", "sinkhorn", "global_aux_loss"})
       .any("moe_layer_freq", config::KeyType::Any,
            "which layers are MoE: an integer N (every N-th layer, from layer 0) or a list of 0/1 per layer")
@@ -142,16 +143,16 @@ MoeSpec moe_from_config(const config::Value& p, const ModelSpec& m, Where&& wher
   e.aux_loss_coeff = optd(p, "moe_aux_loss_coeff", e.aux_loss_coeff);
   e.z_loss_coeff = optd(p, "moe_z_loss_coeff", e.z_loss_coeff);
   const std::string balancing = opts(p, "moe_router_load_balancing_type", "aux_loss");
-  if (balancing == "sinkhorn" || balancing == "global_aux_loss") {
+  if (balancing == "sinkhorn") {
     fail("moe_router_load_balancing_type",
-         fmt::format("moe_router_load_balancing_type '{}' is not implemented; use aux_loss, seq_aux_loss or none "
-                     "(or the aux-loss-free moe_router_enable_expert_bias)",
-                     balancing));
+         "moe_router_load_balancing_type 'sinkhorn' is not implemented; use aux_loss, seq_aux_loss, global_aux_loss "
+         "or none (or the aux-loss-free moe_router_enable_expert_bias)");
   }
   // none: no balancing loss whatever moe_aux_loss_coeff says (a preset's coefficient included), as in
   // Megatron-LM; the aux statistic is still logged.
   if (balancing == "none") e.aux_loss_coeff = 0.0;
   e.seq_aux_loss = balancing == "seq_aux_loss";
+  e.global_aux_loss = balancing == "global_aux_loss";
   e.capacity_factor = optd(p, "moe_expert_capacity_factor", e.capacity_factor);
   e.drop_by_position = opts(p, "moe_token_drop_policy", "probs") == "position";
   if (opts(p, "moe_router_dtype", "fp32") == "fp64") {

@@ -39,6 +39,13 @@ struct MoeSpec {
   // averages it over the sequences (DeepSeek-V3's sequence-wise balance loss); aux_loss (false)
   // over all the micro-batch's tokens.
   bool seq_aux_loss = false;
+  // global_aux_loss: the switch loss with each expert's load taken over the global batch (Megatron's
+  // global_aux_loss, the global-batch balance loss Qwen3-MoE trained with): the token counts summed
+  // over every rank that holds other tokens (data, context and expert parallel: the ranks the
+  // router's gradient is averaged over) and over the optimizer step's micro-batches so far, whose
+  // running mean is the load; the router probabilities are this micro-batch's. Its gradient is that
+  // of the loss over the whole global micro-batch.
+  bool global_aux_loss = false;
   double z_loss_coeff = 0.0;             // moe_z_loss_coeff
   double capacity_factor = 0.0;          // moe_expert_capacity_factor; <= 0: dropless
   bool drop_by_position = false;         // moe_token_drop_policy: probs | position

@@ -310,6 +310,18 @@ void GptModel<Real>::set_expert_parallel(parallel::ProcessGroup* group) {
 }
 
 template <typename Real>
+void GptModel<Real>::set_balance_group(parallel::ProcessGroup* group) {
+  for (auto& m : moe_)
+    if (m) m->set_balance_group(group);
+}
+
+template <typename Real>
+void GptModel<Real>::begin_moe_step() {
+  for (auto& m : moe_)
+    if (m) m->begin_step();
+}
+
+template <typename Real>
 void GptModel<Real>::backward_body() {
   const int64_t B = B_, T = T_, N = B * T;
   const int64_t C = spec_.hidden_size, H = spec_.num_attention_heads, KV = spec_.num_query_groups;

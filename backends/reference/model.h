@@ -60,6 +60,11 @@ class GptModel {
   // spec (this rank's experts of every MoE layer); each MoE layer sends its routed rows to their
   // experts' ranks of `group` and back. float only; the group must outlive the model.
   void set_expert_parallel(parallel::ProcessGroup* group);
+  // moe_router_load_balancing_type global_aux_loss: the ranks whose tokens the MoE layers balance
+  // together (MoeLayer::set_balance_group), and the start of each optimizer step (begin_moe_step:
+  // the step's first micro-batch comes next).
+  void set_balance_group(parallel::ProcessGroup* group);
+  void begin_moe_step();
   // Sharded data parallelism (backends/reference/fsdp.h): the model calls these around each unit
   // of its parameters, unit 0 being everything outside the layers (embeddings, final norm, head)
   // and unit 1 + l layer l: gather before the unit's weights are read in a forward or backward,

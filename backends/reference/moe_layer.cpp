@@ -76,10 +76,21 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
   k::router_forward(idx_.data(), weight_.data(), probs_.data(), counts_.data(), prob_sum_.data(), &z_sum,
                     logits_.data(), w.expert_bias, N, cfg_, forced_.empty() ? nullptr : forced_.data());
   k::router_losses(&stats_.aux, &stats_.z, counts_.data(), prob_sum_.data(), z_sum, N, cfg_);
-  if (cp_ > 1 && !spec_.moe.seq_aux_loss) {
+  if (spec_.moe.global_aux_loss) {
+    // The global batch's loads: the group's counts, summed over the step's micro-batches. This
+    // rank's share of the loss (its own sums of p) is E / (K (N D)^2) x sum_e count_e psum_e with
+    // the mean counts; logged times D, as the trainer logs the ranks' mean.
+    const std::vector<int32_t> g = balance_ > 1 ? group_sum(*balance_group_, counts_) : counts_;
+    if (global_counts_.size() != static_cast<size_t>(E_)) global_counts_.assign(E_, 0);
+    for (int64_t e = 0; e < E_; ++e) global_counts_[e] += g[e];
+    ++micro_;
+    double ignored;
+    k::router_losses(&stats_.aux, &ignored, global_counts_.data(), prob_sum_.data(), z_sum, N * balance_, cfg_);
+    stats_.aux *= static_cast<double>(balance_) / static_cast<double>(micro_);
+  } else if (cp_ > 1 && !spec_.moe.seq_aux_loss) {
     // The whole sequences' switch loss: the group's counts. The logged value is this rank's share
     // of it (its own sums of p over the group's tokens) times cp, as the trainer logs the mean.
-    cp_counts_ = group_sum(counts_);
+    cp_counts_ = group_sum(*cp_group_, counts_);
     double ignored;
     k::router_losses(&stats_.aux, &ignored, cp_counts_.data(), prob_sum_.data(), z_sum, N * cp_, cfg_);
     stats_.aux *= static_cast<double>(cp_);
@@ -174,6 +185,15 @@ void MoeLayer<Real>::backward(Real* dinp, const Real* dout, const Real* inp, con
                          spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(S * cp_),
                          spec_.moe.z_loss_coeff * loss_scale * static_cast<double>(T) / static_cast<double>(N));
     }
+  } else if (spec_.moe.global_aux_loss) {
+    // The loss over the global micro-batch (N D tokens) with the mean counts sum / micro_: token
+    // n's gradient is E x mean_e / (K (N D)^2), and each rank passes D times it (the router's
+    // gradient is averaged over the group): the kernel's E x count_e / (K N^2) with the summed
+    // counts, at 1 / (D micro_).
+    k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(),
+                       global_counts_.data(), N, cfg_,
+                       spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(balance_ * micro_),
+                       spec_.moe.z_loss_coeff * loss_scale);
   } else {
     // Context parallelism: the group's counts over this rank's N, 1 / cp of the coefficient (the
     // same reasoning as above).
@@ -193,18 +213,18 @@ void MoeLayer<Real>::sequence_aux(int64_t N, int64_t seq) {
   std::vector<Real> psum(static_cast<size_t>(S * E_));  // only the counts are read again (backward)
   k::moe_sequence_stats(seq_counts_.data(), psum.data(), idx_.data(), probs_.data(), N, {N / Ts, Ts, Ts}, K_, E_);
   if (cp_ > 1) {  // each sequence's rows here are this rank's part of it: the whole one's is the group's sum
-    seq_counts_ = group_sum(seq_counts_);
-    psum = group_sum(psum);
+    seq_counts_ = group_sum(*cp_group_, seq_counts_);
+    psum = group_sum(*cp_group_, psum);
   }
   stats_.aux = k::sequence_aux_loss(seq_counts_.data(), psum.data(), S, Ts * cp_, cfg_);
 }
 
 template <typename Real>
 template <typename T>
-std::vector<T> MoeLayer<Real>::group_sum(const std::vector<T>& v) const {
+std::vector<T> MoeLayer<Real>::group_sum(parallel::ProcessGroup& group, const std::vector<T>& v) {
   // Through f32, what the groups reduce: counts are exact below 2^24.
   std::vector<float> f(v.begin(), v.end());
-  cp_group_->all_reduce(f.data(), f.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
+  group.all_reduce(f.data(), f.size(), parallel::DType::F32, parallel::ReduceOp::Sum);
   std::vector<T> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = static_cast<T>(f[i]);
   return out;
@@ -216,6 +236,20 @@ void MoeLayer<Real>::set_context_parallel(parallel::ProcessGroup* group) {
   if (n > 1 && !std::is_same_v<Real, float>) throw RuntimeError("moe: context parallelism runs the float model only");
   cp_group_ = n > 1 ? group : nullptr;
   cp_ = n;
+}
+
+template <typename Real>
+void MoeLayer<Real>::set_balance_group(parallel::ProcessGroup* group) {
+  const int n = group ? group->world_size() : 1;
+  if (n > 1 && !std::is_same_v<Real, float>) throw RuntimeError("moe: a balance group runs the float model only");
+  balance_group_ = n > 1 ? group : nullptr;
+  balance_ = n;
+}
+
+template <typename Real>
+void MoeLayer<Real>::begin_step() {
+  global_counts_.assign(E_, 0);
+  micro_ = 0;
 }
 
 template <typename Real>

@@ -58,6 +58,14 @@ class MoeLayer {
   // summed over the group, and each rank passes cp times its tokens' part of their gradient (the
   // trainer averages the weights' gradients over the group), as the cuda backend does.
   void set_context_parallel(parallel::ProcessGroup* group);
+  // moe_router_load_balancing_type global_aux_loss: the group whose tokens the loss balances
+  // together (every rank holding other tokens: data, context and expert parallel; nullptr or one
+  // rank: this process alone). Counts are summed over it and over the step's micro-batches since
+  // begin_step(); each rank passes the group's size times its tokens' part of the gradient, as the
+  // trainer averages the router's gradient over the group.
+  void set_balance_group(parallel::ProcessGroup* group);
+  // The optimizer step's first micro-batch comes next: global_aux_loss's counts start again.
+  void begin_step();
 
   const std::vector<int32_t>& topk_idx() const { return idx_; }  // [N*K] of the last forward
   const std::vector<int32_t>& row_of_slot() const { return rows_; }  // [N*K], -1: dropped
@@ -80,9 +88,9 @@ class MoeLayer {
   // moe_router_load_balancing_type seq_aux_loss: the last forward's sequences (see forward), their
   // slot counts [S*E] (which the backward reads), and stats_.aux as the mean of their aux losses.
   void sequence_aux(int64_t N, int64_t seq);
-  // v summed element-wise over the cp group.
+  // v summed element-wise over `group`.
   template <typename T>
-  std::vector<T> group_sum(const std::vector<T>& v) const;
+  static std::vector<T> group_sum(parallel::ProcessGroup& group, const std::vector<T>& v);
 
   const train::ModelSpec& spec_;
   uint64_t seed_;  // moe_router_force_load_balancing: this layer's draw
@@ -105,6 +113,12 @@ class MoeLayer {
   parallel::ProcessGroup* cp_group_ = nullptr;
   int cp_ = 1;
   std::vector<int32_t> cp_counts_;  // context parallelism, the switch loss: counts_ summed over the group
+  parallel::ProcessGroup* balance_group_ = nullptr;
+  int balance_ = 1;
+  // global_aux_loss: the counts summed over the balance group and the step's micro-batches so far
+  // (micro_ of them): their mean is the load the loss balances.
+  std::vector<int32_t> global_counts_;
+  int64_t micro_ = 0;
   Stats stats_;
 };
 

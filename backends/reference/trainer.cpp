@@ -198,6 +198,8 @@ void ReferenceTrainer::init() {
   model_heap_bytes_ = heap_after > heap_before ? heap_after - heap_before : 0;
   model_->set_tensor_parallel(tp_map_.get(), tp_pg_.get(), t.model_parallel.sequence_parallel);
   model_->set_expert_parallel(ep_pg_.get());
+  // The ranks holding other tokens, over which the router's gradient is averaged.
+  model_->set_balance_group(pg_.get());
   moe_stats_ = std::make_unique<train::MoeStepStats>(spec);
   model_->set_document_masking({t.data.reset_attention_mask, t.data.reset_position_ids, tokenizer_->eod_id()});
   if (const train::ParamLayout* gl = global_layout()) {
@@ -387,6 +389,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
     model_->zero_grad();
   }
   moe_stats_->reset();
+  model_->begin_moe_step();
   double loss_sum = 0;
   const int64_t accum = reader_->micro_batches();
   for (int64_t micro = 0; micro < accum; ++micro) {
@@ -510,10 +513,11 @@ double ReferenceTrainer::evaluate() {
   nlohmann::json saved = data_.valid->state();
   data_.valid->load_state(valid_start_);
   double sum = 0;
-  // The model's forward has collectives when its parameters are sharded or its experts spread over
-  // ranks: every rank runs the same number of them, a rank past the last batch re-reading one and
-  // not counting it.
-  const int64_t rounds = fsdp_ || ep_map_ ? (t.eval_iters + data_size() - 1) / data_size() : 0;
+  // The model's forward has collectives when its parameters are sharded, its experts spread over
+  // ranks or its MoE loads summed over them (global_aux_loss): every rank runs the same number of
+  // them, a rank past the last batch re-reading one and not counting it.
+  const bool collectives = fsdp_ || ep_map_ || (args_->model.moe.global_aux_loss && pg_->world_size() > 1);
+  const int64_t rounds = collectives ? (t.eval_iters + data_size() - 1) / data_size() : 0;
   for (int64_t i = data_rank(), k = 0; i < t.eval_iters || k < rounds; i += data_size(), ++k) {
     const int64_t at = i < t.eval_iters ? i : i % t.eval_iters;
     data_.valid->read_at(static_cast<uint64_t>(at * B), static_cast<int>(B), batch_.data());

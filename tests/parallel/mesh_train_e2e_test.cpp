@@ -215,6 +215,33 @@ TEST(MeshTraining, MoeUnderContextParallelismGivesTheLossesOfOneProcess) {
   }
 }
 
+// moe_router_load_balancing_type global_aux_loss on the reference backend: the loads are the
+// global batch's (the counts summed over the data-parallel ranks), so dp2 with one micro-batch of
+// 2 a rank trains as one process whose single micro-batch of 4 holds both ranks' sequences under
+// the micro-batch switch loss: the same losses, gradient norms and logged aux losses (not the
+// validation losses: eval_iters batches of micro_batch_size are other sequences at 4 than at 2).
+// dp2 with the micro-batch loss (each rank's own loads) is the control: with the aux coefficient
+// at 0.5 it moves the losses beyond the gate.
+TEST(MeshTraining, GlobalAuxLossOverDataParallelRanksIsTheGlobalBatchsLoss) {
+  const std::string model = "moe-shakespeare.yaml num_layers=2 hidden_size=32 moe_ffn_hidden_size=32 moe_aux_loss_coeff=0.5";
+  Workdir one, global, local;
+  auto r1 = run_primus(run_args(model, one.str(), 10, "micro_batch_size=4"));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  ASSERT_EQ(losses(one.path()).size(), 10u);
+  auto rg = run_primus(launch(2, run_args(model, global.str(), 10, "moe_router_load_balancing_type=global_aux_loss")));
+  ASSERT_EQ(rg.code, 0) << rg.out;
+  for (const char* key : {"loss", "grad_norm", "moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/load_cv"})
+    expect_same_losses(losses(one.path(), key), losses(global.path(), key), std::string("global_aux_loss dp2 ") + key);
+  EXPECT_EQ(losses(global.path(), "val_loss").size(), 1u) << "dp2's evaluation (collectives in the forward)";
+  auto rl = run_primus(launch(2, run_args(model, local.str(), 10, "")));
+  ASSERT_EQ(rl.code, 0) << rl.out;
+  const auto a = losses(one.path(), "moe/layer0/aux_loss"), b = losses(local.path(), "moe/layer0/aux_loss");
+  ASSERT_EQ(a.size(), b.size());
+  double most = 0;
+  for (const auto& [step, v] : a) most = std::max(most, std::abs(v - b.at(step)) / std::abs(v));
+  EXPECT_GT(most, 1e-3) << "the micro-batch loss over dp2 logged the global batch's aux losses: the control failed";
+}
+
 TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
   const struct {
     int ranks;

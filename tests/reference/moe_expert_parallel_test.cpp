@@ -181,3 +181,85 @@ TEST(MoeExpertParallel, ExpertsThatReceiveNoTokenAndRanksThatSendNone) {
 }
 
 }  // namespace
+
+// moe_router_load_balancing_type global_aux_loss in one process: the load is the mean of the
+// counts of the optimizer step's micro-batches so far, begin_step() starts them again, and the
+// router's gradient is that of the logged loss. Micro-batch 2's aux loss is
+// E / (K N^2) x sum_e (c1_e + c2_e) / 2 x sum_n p2_ne (p the full softmax of its logits), its
+// router gradient (no output gradient, no z loss) the finite differences of coefficient x that
+// loss with micro-batch 1 held.
+TEST(MoeGlobalAuxLoss, TheLoadIsTheMeanOfTheStepsMicroBatches) {
+  ModelSpec spec = primus::testing::tiny_moe(false);  // 6 experts, softmax top-2
+  spec.moe.global_aux_loss = true;
+  spec.moe.aux_loss_coeff = 0.5;
+  spec.moe.z_loss_coeff = 0.0;
+  const int64_t N = 24, C = spec.hidden_size, E = spec.moe.num_experts, K = spec.moe.topk;
+  std::mt19937 rng(11);
+  LayerParams lp;
+  lp.layout = primus::train::make_param_layout(spec);
+  lp.w = randn(static_cast<size_t>(lp.layout.total), rng, 0.3f);
+  const std::vector<float> x1 = randn(static_cast<size_t>(N * C), rng, 1.f), x2 = randn(static_cast<size_t>(N * C), rng, 1.f);
+  const std::vector<float> zero_dout(static_cast<size_t>(N * C), 0.f);
+  std::vector<float> out(N * C), dinp(N * C);
+  auto counts = [&](const std::vector<int32_t>& idx) {
+    std::vector<double> c(E, 0.0);
+    for (int32_t e : idx) c[e] += 1;
+    return c;
+  };
+  MoeLayer<float> layer(spec, N);
+  // Micro-batch 1 after begin_step: its own counts, as the micro-batch loss gives.
+  layer.begin_step();
+  layer.forward(out.data(), x1.data(), lp.weights(), N);
+  const std::vector<double> c1 = counts(layer.topk_idx());
+  ModelSpec local_spec = spec;
+  local_spec.moe.global_aux_loss = false;
+  MoeLayer<float> local(local_spec, N);
+  local.forward(out.data(), x1.data(), lp.weights(), N);
+  EXPECT_NEAR(layer.stats().aux, local.stats().aux, 1e-6 * local.stats().aux);
+  // Micro-batch 2: the mean of both micro-batches' counts.
+  lp.g.assign(lp.w.size(), 0.f);
+  layer.forward(out.data(), x2.data(), lp.weights(), N);
+  const std::vector<int32_t> idx2 = layer.topk_idx();
+  const std::vector<double> c2 = counts(idx2);
+  const std::vector<float> logits2 = layer.logits();
+  double want = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double psum = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      double mx = -1e30, s = 0;
+      for (int64_t j = 0; j < E; ++j) mx = std::max(mx, double(logits2[n * E + j]));
+      for (int64_t j = 0; j < E; ++j) s += std::exp(double(logits2[n * E + j]) - mx);
+      psum += std::exp(double(logits2[n * E + e]) - mx) / s;
+    }
+    want += (c1[e] + c2[e]) / 2 * psum;
+  }
+  want *= double(E) / (double(K) * N * N);
+  const double aux2 = layer.stats().aux;
+  EXPECT_NEAR(aux2, want, 1e-5 * want);
+  EXPECT_GT(std::abs(aux2 - local.stats().aux), 1e-3 * want) << "micro-batch 2 logged micro-batch 1's loss";
+  std::fill(dinp.begin(), dinp.end(), 0.f);
+  layer.backward(dinp.data(), zero_dout.data(), x2.data(), lp.weights(), lp.grads(), 1.0);
+  // Finite differences of 0.5 x aux over some router weights, micro-batch 1 run first each time
+  // with the unperturbed weights and micro-batch 2 routed as before.
+  const auto* router = lp.layout.find(lp.p + "router.weight");
+  ASSERT_NE(router, nullptr);
+  auto aux_with = [&](int64_t i, float d) {
+    MoeLayer<float> probe(spec, N);
+    probe.begin_step();
+    probe.forward(out.data(), x1.data(), lp.weights(), N);
+    LayerParams moved = lp;
+    moved.w[router->offset + i] += d;
+    probe.force_routing(&idx2);
+    probe.forward(out.data(), x2.data(), moved.weights(), N);
+    return probe.stats().aux;
+  };
+  const float h = 1e-2f;
+  for (int64_t i = 0; i < router->numel; i += router->numel / 7) {
+    const double fd = spec.moe.aux_loss_coeff * (aux_with(i, h) - aux_with(i, -h)) / (2.0 * h);
+    EXPECT_NEAR(lp.g[router->offset + i], fd, 2e-3 * std::abs(fd) + 2e-5) << "router weight " << i;
+  }
+  // begin_step: the next step's first micro-batch has its own counts again.
+  layer.begin_step();
+  layer.forward(out.data(), x1.data(), lp.weights(), N);
+  EXPECT_NEAR(layer.stats().aux, local.stats().aux, 1e-6 * local.stats().aux);
+}

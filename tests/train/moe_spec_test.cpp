@@ -115,11 +115,15 @@ TEST(MoeSpec, LoadBalancingTypeSelectsTheAuxLossOrRefusesByName) {
   ModelSpec n = parse(v);
   EXPECT_FALSE(n.moe.seq_aux_loss);
   EXPECT_DOUBLE_EQ(n.moe.aux_loss_coeff, 0.0);
-  for (const char* t : {"sinkhorn", "global_aux_loss"}) {
-    v.set("moe_router_load_balancing_type", config::Value::string(t));
-    const std::string e = error_of(v);
-    EXPECT_NE(e.find(fmt::format("moe_router_load_balancing_type '{}' is not implemented", t)), std::string::npos) << e;
-  }
+  v.set("moe_router_load_balancing_type", config::Value::string("global_aux_loss"));
+  ModelSpec g = parse(v);
+  EXPECT_TRUE(g.moe.global_aux_loss);
+  EXPECT_FALSE(g.moe.seq_aux_loss);
+  EXPECT_DOUBLE_EQ(g.moe.aux_loss_coeff, 0.01);
+  EXPECT_FALSE(s.moe.global_aux_loss);
+  v.set("moe_router_load_balancing_type", config::Value::string("sinkhorn"));
+  const std::string e = error_of(v);
+  EXPECT_NE(e.find("moe_router_load_balancing_type 'sinkhorn' is not implemented"), std::string::npos) << e;
   v.set("moe_router_load_balancing_type", config::Value::string("seq-aux"));
   EXPECT_NE(error_of(v).find("moe_router_load_balancing_type"), std::string::npos);
 }
@@ -266,6 +270,12 @@ TEST(MoeSpec, CheckpointSpecAndExportRules) {
   const nlohmann::json js = spec_json(m);
   EXPECT_EQ(js["moe"]["seq_aux_loss"], true);
   EXPECT_TRUE(spec_from_json(js).moe.seq_aux_loss);
+  EXPECT_FALSE(j["moe"].contains("global_aux_loss"));
+  m.moe.seq_aux_loss = false;
+  m.moe.global_aux_loss = true;
+  const nlohmann::json jg = spec_json(m);
+  EXPECT_EQ(jg["moe"]["global_aux_loss"], true);
+  EXPECT_TRUE(spec_from_json(jg).moe.global_aux_loss);
   EXPECT_FALSE(back.moe.seq_aux_loss);
   // Mixtral exports; DeepSeek-style routing is refused with the reason.
   ModelSpec mix = primus::testing::tiny_moe(false);
