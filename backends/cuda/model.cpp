@@ -449,6 +449,23 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
     }
   }
   dec.fsdp = fsdp_.get();
+  if (spec_.moe.global_aux_loss) {
+    for (parallel::ProcessGroup* g : opt_.balance_groups) {
+      if (!g || g->world_size() == 1) continue;
+      balance_.push_back({g, device_group(*g, stream_, "global_aux_loss: the MoE token counts' sum")});
+      dec.balance_ranks *= g->world_size();
+    }
+    if (!balance_.empty()) {
+      dec.balance_sum = [this](const TensorView& t) {
+        for (const auto& [g, nccl] : balance_) {
+          in_stream_order(nccl, stream_, [&] {
+            g->all_reduce(t.data, size_t(t.numel()), parallel::DType::F32, parallel::ReduceOp::Sum);
+          });
+        }
+      };
+    }
+    balance_ranks_ = dec.balance_ranks;
+  }
   if (cp) {
     cp_ = std::make_unique<CpAttention>(*opt_.cp_group, plan_->acts, ops, stream_, spec_.num_attention_heads,
                                         spec_.num_query_groups, spec_.head_dim());
@@ -1135,14 +1152,16 @@ void CudaModel::moe_report(const StepStatus& st, int64_t n, train::MoeStepStats&
       if (!st.moe_cp_counts.empty()) {
         // Context parallelism: this rank's share of the whole sequences' switch loss (the group's
         // counts, its own sums of p over the group's N cp tokens), times cp, since the trainer
-        // logs the mean over the ranks.
+        // logs the mean over the ranks. global_aux_loss: the same over the D ranks holding other
+        // tokens, with the counts summed over micro-batches 1..s + 1, whose mean is the load.
         const float* g = st.moe_cp_counts.data() + (s * Lm + m) * E;
         std::vector<int32_t> whole(static_cast<size_t>(E));
         for (int64_t e = 0; e < E; ++e) whole[e] = static_cast<int32_t>(g[e]);
-        const int64_t cp = opt_.cp_group->world_size();
+        const bool global = spec_.moe.global_aux_loss;
+        const int64_t D = global ? balance_ranks_ : opt_.cp_group->world_size();
         double ignored;
-        turbo::cpu::router_losses(&aux, &ignored, whole.data(), sums, sums[E], N * cp, cfg);
-        aux *= static_cast<double>(cp);
+        turbo::cpu::router_losses(&aux, &ignored, whole.data(), sums, sums[E], N * D, cfg);
+        aux *= static_cast<double>(D) / static_cast<double>(global ? s + 1 : 1);
       }
       if (a.moe_seq_counts.defined()) {  // the mean of each sequence's loss
         const turbo::cpu::SequenceRuns runs = decoder_->seq_runs(N, decoder_->train_seq());

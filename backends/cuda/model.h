@@ -211,6 +211,10 @@ struct CudaModelOptions {
   // document masking or a sliding window (ConfigError); the attention slots must serve non-causal
   // calls (not the fallback).
   parallel::ProcessGroup* cp_group = nullptr;
+  // moe_router_load_balancing_type global_aux_loss: groups whose members together are every rank
+  // holding other tokens (the data and context parallel ranks; ep x dp beside expert parallelism),
+  // each MoE layer's token counts summed over them in turn in the forward. Empty: this rank alone.
+  std::vector<parallel::ProcessGroup*> balance_groups;
   // Expert parallelism (model/ep_comm.h, train/expert_parallel.h) over ep_group: this model is built
   // from ep_map->local_spec() (num_experts / ep of every MoE layer's experts, the rest whole), and
   // each MoE layer's rows go to their experts' ranks and back. Each rank's batches are its own (the
@@ -459,6 +463,10 @@ class CudaModel {
   // as NCCL (null for another kind), and the optimizer group (its first layout offset) whose mean is
   // in flight, updated when the next group is ready or at the backward's end (-1: none).
   parallel::ProcessGroup* mean_group_ = nullptr;
+  // global_aux_loss: the groups the MoE token counts are summed over (with NCCL where they are),
+  // and the ranks they span together.
+  std::vector<std::pair<parallel::ProcessGroup*, parallel::NcclProcessGroup*>> balance_;
+  int64_t balance_ranks_ = 1;
   parallel::NcclProcessGroup* mean_nccl_ = nullptr;
   int64_t mean_pending_ = -1;
   // The optimizer in the backward beside expert parallelism: per gradient-ready point, its tensors

@@ -28,10 +28,6 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
     mo.max_seq = spec.seq_length / (2 * cp);
   }
   mo.loss_slots = t.grad_accum_steps;
-  if (spec.moe.enabled() && spec.moe.global_aux_loss) {
-    throw ConfigError("moe_router_load_balancing_type: global_aux_loss is not implemented on the cuda backend yet (the "
-                      "reference backend runs it); use aux_loss or seq_aux_loss, or moe_router_enable_expert_bias");
-  }
   mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
   mo.moe_swiglu_epilogue = a.moe_swiglu_epilogue;  // patch cuda.moe.swiglu_epilogue
   mo.fp8_linear = a.fp8 != "none";

@@ -252,6 +252,7 @@ void CudaTrainer::init() {
     mo.tp_map = tp_map_;
   }
   if (cp_pg_) mo.cp_group = cp_pg_.get();
+  if (spec.moe.global_aux_loss) mo.balance_groups = token_groups();
   if (ep_pg_) {
     ep_map_ = std::make_shared<train::EpShardMap>(spec, ep_pg_->world_size(), ep_pg_->rank());
     mo.ep_group = ep_pg_.get();
@@ -555,13 +556,19 @@ double CudaTrainer::finish_step(int64_t step, double* grad_norm, bool* finite) {
 // plain, ZeRO-1 or sharded, or context parallel; tensor-parallel ranks route the same tokens):
 // the reported loads are the global batch's, and every rank moves its expert biases by the same
 // load, so the replicas keep routing alike.
-void CudaTrainer::reduce_moe_stats() {
-  if (!moe_stats_->enabled()) return;
+std::vector<parallel::ProcessGroup*> CudaTrainer::token_groups() const {
   // The sharded group spans dp x cp; the plain dp group and the cp group are summed in turn. Under
   // expert parallelism pg_ is ep x dp and the sharded group (dp x cp) would count dp twice.
   const bool shard_sum = sharded_pg_ && !ep_pg_;
-  for (parallel::ProcessGroup* g : {pg_.get(), shard_sum ? sharded_pg_.get() : nullptr, shard_sum ? nullptr : cp_pg_.get()}) {
-    if (!g || g->world_size() == 1) continue;
+  std::vector<parallel::ProcessGroup*> out;
+  for (parallel::ProcessGroup* g : {pg_.get(), shard_sum ? sharded_pg_.get() : nullptr, shard_sum ? nullptr : cp_pg_.get()})
+    if (g && g->world_size() > 1) out.push_back(g);
+  return out;
+}
+
+void CudaTrainer::reduce_moe_stats() {
+  if (!moe_stats_->enabled()) return;
+  for (parallel::ProcessGroup* g : token_groups()) {
     if (auto* nccl = dynamic_cast<parallel::NcclProcessGroup*>(g)) {  // device buffers: staged
       moe_stats_->all_reduce(g->world_size(), [nccl](const void* s, void* r, size_t b) { nccl->all_gather_host(s, r, b); });
     } else {

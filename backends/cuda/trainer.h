@@ -65,6 +65,10 @@ class CudaTrainer : public Trainer {
   std::vector<train::MuonTensor> muon_tensors_;  // optimizer: muon, in the model's layout (empty: AdamW everywhere)
   double evaluate();
   void reduce_moe_stats();
+  // The groups whose members together are every rank holding other tokens (data parallel, plain,
+  // ZeRO-1 or sharded, and context parallel; tensor-parallel ranks route the same tokens): sums
+  // over them in turn are the global batch's. Only groups of more than one rank.
+  std::vector<parallel::ProcessGroup*> token_groups() const;
   void next_batch(data::BatchIterator& it);  // the iterator's next micro-batch into inputs_ and targets_
   void read_micro(int64_t micro);  // this rank's micro-batch `micro` of the step's global batch (reader_)
   void split_batch();              // batch_ -> inputs_, targets_

@@ -126,5 +126,50 @@ TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheSequenceWiseLoss) {
       expect_same_metric(t.dir(), run, key);
 }
 
+// moe_router_load_balancing_type global_aux_loss (docs/moe.md "Global-batch balance loss"): the
+// loads are the global batch's, summed over the ranks holding other tokens and averaged over the
+// step's micro-batches so far. One process with two micro-batches a step gives the reference
+// backend's losses, validation losses and logged aux losses (the running mean; the micro-batch
+// loss is the control and misses). Over ranks, with one micro-batch a step: dp2 (micro-batches of
+// 4), cp2 (of 8) and cp2 x dp2 give the losses and aux losses of one process whose micro-batch
+// of 8 holds the whole global batch under the micro-batch loss (coefficient 0.5).
+TEST(CudaHostTrainerMoe, GlobalAuxLossIsTheGlobalBatchsOverMicroBatchesAndRanks) {
+  const std::string global = "      moe_aux_loss_coeff: 0.5\n      moe_router_load_balancing_type: global_aux_loss\n";
+  primus::testing::Workdir w;
+  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str(), "moe/tiny.yaml", 2, 4) +
+                                          moe_overrides(global));
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str(), "moe/tiny.yaml", 2, 4) +
+                                            moe_overrides(global));
+  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  run_host_trainer(cuda_file, {});
+  run_host_trainer(cuda_file, {"exp_name=micro", "moe_router_load_balancing_type=aux_loss"});
+  const auto ref = testing::read_trainer_metrics(w.path() / "g/u/reference/metrics.jsonl");
+  const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
+  ASSERT_EQ(ref.loss.size(), 6u);
+  ASSERT_EQ(ours.loss.size(), 6u);
+  for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
+  for (auto [step, l] : ref.val) EXPECT_NEAR(ours.val.at(step), l, 1e-5 * l) << "validation at step " << step;
+  for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss"}) {
+    const auto want = primus::testing::losses(w.path() / "g/u/reference", key);
+    ASSERT_EQ(want.size(), 6u) << key;
+    primus::testing::expect_same_losses(want, primus::testing::losses(w.path() / "g/u/cuda", key), key);
+    const auto micro = primus::testing::losses(w.path() / "g/u/micro", key);
+    double most = 0;
+    for (const auto& [step, v] : want) most = std::max(most, std::abs(v - micro.at(step)) / v);
+    EXPECT_GT(most, 1e-3) << key << ": the micro-batch loss logged the running mean's (the control failed)";
+  }
+
+  testing::TwoProcesses t(moe_overrides("      moe_aux_loss_coeff: 0.5\n"), "moe/tiny.yaml", 2, 8);
+  const std::string keys = "moe_router_load_balancing_type=global_aux_loss";
+  t.expect_matches("global_dp2", keys + " micro_batch_size=4", "data parallel: 2 ranks", 1e-5, 2, false);
+  t.expect_matches("global_cp2", keys + " context_parallel_size=2", "context parallel over 2 ranks");
+  t.expect_matches("global_cp2dp2", keys + " context_parallel_size=2 micro_batch_size=4",
+                   "x data parallel over 2 ranks", 1e-5, 4, false);
+  for (const char* run : {"global_dp2", "global_cp2", "global_cp2dp2"})
+    for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/load_cv"})
+      expect_same_metric(t.dir(), run, key);
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda

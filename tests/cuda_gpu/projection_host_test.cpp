@@ -294,19 +294,6 @@ std::string projection_example(const char* name) {
   return std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/" + name;
 }
 
-// The global-batch balance loss runs on the reference backend only: the cuda backend's dry run
-// refuses it by name, and accepts the micro-batch and sequence-wise losses.
-TEST(CudaProjection, GlobalAuxLossIsRefusedByName) {
-  const std::string base = "train pretrain --config " + projection_example("olmoe-mini.yaml") + " --dry-run ";
-  auto r = primus::testing::run_primus(base + "moe_router_load_balancing_type=global_aux_loss");
-  EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("global_aux_loss is not implemented on the cuda backend yet"), std::string::npos) << r.out;
-  for (const char* ok : {"aux_loss", "seq_aux_loss"}) {
-    auto a = primus::testing::run_primus(base + "moe_router_load_balancing_type=" + ok);
-    EXPECT_EQ(a.code, 0) << ok << "\n" << a.out;
-  }
-}
-
 TEST(CudaProjection, TheBinaryRefusesALayoutThatDoesNotDivideAndPrintsJson) {
   // gpt2-124M-shakespeare: micro-batch 16, global batch 32.
   auto r = primus::testing::run_primus("projection memory --config " + projection_example("gpt2-124M-shakespeare.yaml") +

@@ -160,6 +160,38 @@ TEST_F(CudaGpuTest, Bf16ExpertGradientsTrainAsTheF32Ones) {
 // the expert width divides by 128) against the activation kernels, under the graph, with the update
 // after the backward (f32 expert gradients) and in it (bf16 ones): the same bits at every step,
 // and the dact buffer gone from the plan.
+// moe_router_load_balancing_type global_aux_loss on the device (docs/moe.md "Global-batch balance
+// loss"): two micro-batches a step, the second balancing the mean of both micro-batches' loads
+// (its row of counts adds the first's on the device, its coefficient baked per micro-batch into
+// the capture). Captured and replayed, the eager run (bit for bit where eager runs reproduce);
+// against the host model (which the host trainer tests hold to the reference backend), the final
+// weights within 1e-2 relative L2, with the aux coefficient at 5 so that the router's weights
+// follow the balancing loss: the micro-batch loss's weights lie at least ten times further away.
+TEST_F(CudaGpuTest, GlobalAuxLossTrainsUnderTheGraphAsOnTheHost) {
+  train::ModelSpec spec = tiny_moe_spec(false);
+  spec.moe.global_aux_loss = true;
+  spec.moe.aux_loss_coeff = 5.0;
+  StepRunOptions o;
+  o.spec = &spec;
+  o.device = turbo::Device::CUDA;
+  o.steps = 6;
+  o.micro = 2;
+  const EagerAndGraph gpu = eager_then_graph(o);
+  StepRunOptions h = o;
+  h.device = turbo::Device::CPU;
+  const StepRun host = run_steps(h);
+  train::ModelSpec micro_spec = spec;
+  micro_spec.moe.global_aux_loss = false;
+  h.spec = &micro_spec;
+  const StepRun micro = run_steps(h);
+  const auto n = static_cast<int64_t>(host.params.size());
+  const double off = rel_l2(gpu.graph.params.data(), host.params.data(), n);
+  const double control = rel_l2(micro.params.data(), host.params.data(), n);
+  EXPECT_LT(off, 1e-2);
+  EXPECT_GT(control, 10 * off) << "the micro-batch loss's weights are as near the global loss's as the device's";
+  std::printf("[moe] global_aux_loss: device vs host weights %.3g (micro-batch loss: %.3g)\n", off, control);
+}
+
 TEST_F(CudaGpuTest, MoeSwiGLUEpilogueTrainsAsTheActivationKernels) {
   for (const bool deepseek : {false, true}) {
     for (const bool in_backward : {false, true}) {

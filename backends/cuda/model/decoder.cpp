@@ -9,6 +9,7 @@
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
 #include "turbo/kernels/cuda/document_masks.h"
+#include "turbo/kernels/cuda/elementwise.h"
 #include "turbo/ops/activation.h"
 #include "turbo/ops/cast.h"
 #include "turbo/ops/embedding.h"
@@ -782,7 +783,22 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
   r.z_sum = moe_z_sum(slot_, l);
   r.ctx = c;
   ops_.moe_router(r);
-  if (opt_.cp && !spec_.moe.seq_aux_loss) {  // the switch loss is the whole sequences': counts summed over the group
+  if (spec_.moe.global_aux_loss) {
+    // The global batch's loads: the counts summed over the ranks holding other tokens, then over
+    // the step's micro-batches so far (slot s's row adds slot s - 1's, which holds 1..s).
+    const int64_t E = spec_.moe.num_experts;
+    const TensorView g = moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), 0, E);
+    turbo::cast(g, r.counts, c);
+    if (opt_.balance_sum) opt_.balance_sum(g);
+    if (slot_ > 0) {
+      const TensorView prev = moe_row(a_.moe_cp_counts, slot_ - 1, moe_index_.at(l), 0, E);
+      if (g.device == turbo::Device::CPU) {
+        for (int64_t e = 0; e < E; ++e) g.ptr<float>()[e] += prev.ptr<const float>()[e];
+      } else {
+        turbo::cuda::add_inplace_f32(g.ptr<float>(), prev.ptr<const float>(), E, static_cast<cudaStream_t>(c.stream));
+      }
+    }
+  } else if (opt_.cp && !spec_.moe.seq_aux_loss) {  // the switch loss is the whole sequences': counts summed over the group
     const TensorView g = moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), 0, spec_.moe.num_experts);
     turbo::cast(g, r.counts, c);
     opt_.cp->all_reduce_sum(g);
@@ -914,12 +930,18 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   // tp x cp group). Its gradient for this rank's tokens is E x C_e / (K (cp N)^2) with C_e the
   // group's counts; the weights' gradients are then averaged over the group, so each rank passes
   // cp times that: the kernel's E x count_e / (K N^2) with the summed counts, at 1 / cp.
+  // global_aux_loss: the loss over the global micro-batch (N D tokens for D ranks) with the mean
+  // of the step's micro-batches' counts, the sum over s + 1 of them: each rank passes D times its
+  // tokens' part, as the weights' gradients are averaged over the D ranks, so the kernel takes the
+  // summed counts at 1 / (D (s + 1)).
+  const bool global = spec_.moe.global_aux_loss;
   TensorView counts = moe_counts(slot_, l);
   double aux_share = 1.0;
-  if (opt_.cp && spec_.moe.aux_loss_coeff > 0 && !spec_.moe.seq_aux_loss) {  // summed in the forward
+  if ((opt_.cp || global) && spec_.moe.aux_loss_coeff > 0 && !spec_.moe.seq_aux_loss) {  // summed in the forward
     turbo::cast(a_.moe_cp_counts_i, moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), 0, spec_.moe.num_experts), c);
     counts = a_.moe_cp_counts_i;
-    aux_share = 1.0 / static_cast<double>(opt_.cp->size());
+    aux_share = global ? 1.0 / static_cast<double>(opt_.balance_ranks * (slot_ + 1))
+                       : 1.0 / static_cast<double>(opt_.cp->size());
   }
   turbo::RouterBackwardArgs rb;
   rb.cfg = router_;

@@ -93,6 +93,11 @@ struct DecoderOptions {
   // layer's permuted rows go to their experts' ranks between the permutation and the expert GEMMs
   // and come back before the weighted combine (the held side's buffers: MoeActs).
   EpComm* ep = nullptr;
+  // moe_router_load_balancing_type global_aux_loss: sums a layer's f32 token counts [E] in place
+  // over the ranks that hold other tokens (CudaModelOptions::balance_groups), in the model's stream
+  // order (unset: this rank alone); balance_ranks is their number.
+  std::function<void(const TensorView&)> balance_sum;
+  int64_t balance_ranks = 1;
   // Rowwise and tensorwise FP8 (CudaModelOptions::fp8_maxima; null: none): the SwiGLU kernels write their output's
   // maxima into ActivationBuffers::fp8_maxima and put them here for the FP8 linear call after them.
   turbo::Fp8Maxima* fp8_maxima = nullptr;

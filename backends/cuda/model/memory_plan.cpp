@@ -276,7 +276,9 @@ void MemoryPlan::plan(Take&& take) {
   const int64_t seq_rows = Lm > 0 && spec_.moe.seq_aux_loss ? (opt_.cp > 1 ? opt_.max_batch / 2 : opt_.max_batch) : 0;
   // Context parallelism with the switch loss: each layer's counts summed over the group (the loss
   // is the whole sequences'; its gradient and the logged value read them).
-  const int64_t cp_rows = Lm > 0 && opt_.cp > 1 && !spec_.moe.seq_aux_loss ? 1 : 0;
+  // global_aux_loss: the same row holds the counts summed over the ranks holding other tokens and
+  // over the step's micro-batches so far.
+  const int64_t cp_rows = Lm > 0 && (opt_.cp > 1 || spec_.moe.global_aux_loss) && !spec_.moe.seq_aux_loss ? 1 : 0;
   const int64_t moe_words = S * Lm * (3 * E + 1 + 2 * seq_rows * E + cp_rows * E);
   s.status = take(Pool::State, DType::F32, {S + 3 + moe_words},
                   "step status: loss sums, grad norm, clip factor, finite flag, MoE routing statistics");
@@ -590,7 +592,7 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   a.dlogits = take(Pool::Acts, f32, {N, E}, "MoE router logit gradient");
   a.dlogits_act = take(Pool::Acts, act_, {N, E}, "MoE router logit gradient (GEMM operand)");
   a.dweight = take(Pool::Acts, f32, {N, K}, "MoE routing weight gradient");
-  if (opt_.cp > 1) {  // the switch loss's token counts summed over the cp group (Decoder::moe_backward)
+  if (opt_.cp > 1 || spec_.moe.global_aux_loss) {  // the switch loss's summed token counts (Decoder::moe_backward)
     a.moe_cp_counts_i = take(Pool::Acts, i32, {E}, "MoE token counts over the cp group (i32)");
     if (spec_.moe.seq_aux_loss)  // the sequence-wise loss's counts on their way through the group's sum
       a.moe_cp_seq_counts = take(Pool::Acts, f32, {opt_.max_batch / 2, E}, "MoE sequences' token counts over the cp group");
