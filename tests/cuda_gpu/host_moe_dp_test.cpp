@@ -144,12 +144,7 @@ TEST(CudaHostTrainerMoe, GlobalAuxLossIsTheGlobalBatchsOverMicroBatchesAndRanks)
   ASSERT_EQ(r.code, 0) << r.out;
   run_host_trainer(cuda_file, {});
   run_host_trainer(cuda_file, {"exp_name=micro", "moe_router_load_balancing_type=aux_loss"});
-  const auto ref = testing::read_trainer_metrics(w.path() / "g/u/reference/metrics.jsonl");
-  const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
-  ASSERT_EQ(ref.loss.size(), 6u);
-  ASSERT_EQ(ours.loss.size(), 6u);
-  for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
-  for (auto [step, l] : ref.val) EXPECT_NEAR(ours.val.at(step), l, 1e-5 * l) << "validation at step " << step;
+  testing::expect_same_trainer_runs(w.path(), "reference", "cuda");
   for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss"}) {
     const auto want = primus::testing::losses(w.path() / "g/u/reference", key);
     ASSERT_EQ(want.size(), 6u) << key;

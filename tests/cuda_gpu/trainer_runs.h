@@ -1,6 +1,8 @@
 // For the tests that run a trainer end to end: the experiment they train (a tiny GPT-2 on
 // tinyshakespeare) and a run's metrics.jsonl as step -> loss and step -> validation loss.
 #pragma once
+#include <gtest/gtest.h>
+
 #include "backends/cuda/args.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/register.h"
@@ -16,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 namespace primus::backends::cuda::testing {
 
@@ -45,6 +48,12 @@ struct TrainerMetrics {
   std::map<int64_t, double> loss, val;
 };
 
+// The runs `want` and `got` under workspace `ws` (g/u/<name>/metrics.jsonl): 6 steps each, every
+// step's loss and validation loss within 1e-5 relative. Returns both runs' metrics.
+inline std::pair<TrainerMetrics, TrainerMetrics> expect_same_trainer_runs(const std::filesystem::path& ws,
+                                                                          const std::string& want,
+                                                                          const std::string& got);
+
 inline TrainerMetrics read_trainer_metrics(const std::filesystem::path& p) {
   TrainerMetrics m;
   std::ifstream f(p);
@@ -55,6 +64,21 @@ inline TrainerMetrics read_trainer_metrics(const std::filesystem::path& p) {
     if (j.contains("val_loss")) m.val[j["step"]] = j["val_loss"];
   }
   return m;
+}
+
+inline std::pair<TrainerMetrics, TrainerMetrics> expect_same_trainer_runs(const std::filesystem::path& ws,
+                                                                          const std::string& want,
+                                                                          const std::string& got) {
+  const auto a = read_trainer_metrics(ws / "g/u" / want / "metrics.jsonl");
+  const auto b = read_trainer_metrics(ws / "g/u" / got / "metrics.jsonl");
+  EXPECT_EQ(a.loss.size(), 6u) << want;
+  EXPECT_EQ(b.loss.size(), 6u) << got;
+  for (auto [step, l] : a.loss)
+    if (b.loss.count(step)) EXPECT_NEAR(b.loss.at(step), l, 1e-5 * l) << got << " step " << step;
+  for (auto [step, l] : a.val)
+    if (b.val.count(step)) EXPECT_NEAR(b.val.at(step), l, 1e-5 * l) << got << " validation at step " << step;
+  EXPECT_EQ(b.val.size(), a.val.size()) << got;
+  return {a, b};
 }
 
 // Runs the cuda trainer in host mode in this process, with the build_args patches' effects
