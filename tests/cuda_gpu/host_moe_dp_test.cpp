@@ -131,8 +131,9 @@ TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheSequenceWiseLoss) {
 // step's micro-batches so far. One process with two micro-batches a step gives the reference
 // backend's losses, validation losses and logged aux losses (the running mean; the micro-batch
 // loss is the control and misses). Over ranks, with one micro-batch a step: dp2 (micro-batches of
-// 4), cp2 (of 8) and cp2 x dp2 give the losses and aux losses of one process whose micro-batch
-// of 8 holds the whole global batch under the micro-batch loss (coefficient 0.5).
+// 4), cp2 (of 8), cp2 x dp2 and ep2 (the experts over the two data-parallel ranks) give the losses
+// and aux losses of one process whose micro-batch of 8 holds the whole global batch under the
+// micro-batch loss (coefficient 0.5).
 TEST(CudaHostTrainerMoe, GlobalAuxLossIsTheGlobalBatchsOverMicroBatchesAndRanks) {
   const std::string global = "      moe_aux_loss_coeff: 0.5\n      moe_router_load_balancing_type: global_aux_loss\n";
   primus::testing::Workdir w;
@@ -161,7 +162,9 @@ TEST(CudaHostTrainerMoe, GlobalAuxLossIsTheGlobalBatchsOverMicroBatchesAndRanks)
   t.expect_matches("global_cp2", keys + " context_parallel_size=2", "context parallel over 2 ranks");
   t.expect_matches("global_cp2dp2", keys + " context_parallel_size=2 micro_batch_size=4",
                    "x data parallel over 2 ranks", 1e-5, 4, false);
-  for (const char* run : {"global_dp2", "global_cp2", "global_cp2dp2"})
+  t.expect_matches("global_ep2", keys + " expert_model_parallel_size=2 micro_batch_size=4",
+                   "expert parallel over 2 ranks", 1e-5, 2, false);
+  for (const char* run : {"global_dp2", "global_cp2", "global_cp2dp2", "global_ep2"})
     for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/load_cv"})
       expect_same_metric(t.dir(), run, key);
 }
