@@ -221,14 +221,17 @@ TEST(MeshTraining, MoeUnderContextParallelismGivesTheLossesOfOneProcess) {
 // the micro-batch switch loss: the same losses, gradient norms and logged aux losses (not the
 // validation losses: eval_iters batches of micro_batch_size are other sequences at 4 than at 2).
 // dp2 with the micro-batch loss (each rank's own loads) is the control: with the aux coefficient
-// at 0.5 it moves the losses beyond the gate.
+// at 0.5 it moves the losses beyond the gate. The global run evaluates 3 batches over its 2 ranks:
+// the forward's sum of the counts is a collective, so both ranks run 2 forwards (rank 1 one of
+// them uncounted) and the evaluation finishes.
 TEST(MeshTraining, GlobalAuxLossOverDataParallelRanksIsTheGlobalBatchsLoss) {
   const std::string model = "moe-shakespeare.yaml num_layers=2 hidden_size=32 moe_ffn_hidden_size=32 moe_aux_loss_coeff=0.5";
   Workdir one, global, local;
   auto r1 = run_primus(run_args(model, one.str(), 10, "micro_batch_size=4"));
   ASSERT_EQ(r1.code, 0) << r1.out;
   ASSERT_EQ(losses(one.path()).size(), 10u);
-  auto rg = run_primus(launch(2, run_args(model, global.str(), 10, "moe_router_load_balancing_type=global_aux_loss")));
+  auto rg = run_primus(
+      launch(2, run_args(model, global.str(), 10, "moe_router_load_balancing_type=global_aux_loss eval_iters=3")));
   ASSERT_EQ(rg.code, 0) << rg.out;
   for (const char* key : {"loss", "grad_norm", "moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/load_cv"})
     expect_same_losses(losses(one.path(), key), losses(global.path(), key), std::string("global_aux_loss dp2 ") + key);
