@@ -63,6 +63,7 @@ MoeLayer<Real>::MoeLayer(const train::ModelSpec& spec, int64_t max_tokens, int64
     dsfc_.resize(N * 2 * Fs_);
   }
   stats_.counts.assign(E_, 0);
+  global_counts_.assign(E_, 0);
 }
 
 template <typename Real>
@@ -81,7 +82,6 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
     // rank's share of the loss (its own sums of p) is E / (K (N D)^2) x sum_e count_e psum_e with
     // the mean counts; logged times D, as the trainer logs the ranks' mean.
     const std::vector<int32_t> g = balance_ > 1 ? group_sum(*balance_group_, counts_) : counts_;
-    if (global_counts_.size() != static_cast<size_t>(E_)) global_counts_.assign(E_, 0);
     for (int64_t e = 0; e < E_; ++e) global_counts_[e] += g[e];
     ++micro_;
     double ignored;

@@ -157,10 +157,6 @@ TEST_F(CudaGpuTest, Bf16ExpertGradientsTrainAsTheF32Ones) {
               bf16.losses.back(), f32.losses.front(), f32.losses.back());
 }
 
-// SwiGLU in the expert GEMMs' epilogues (CudaModelOptions::moe_swiglu_epilogue, the default where
-// the expert width divides by 128) against the activation kernels, under the graph, with the update
-// after the backward (f32 expert gradients) and in it (bf16 ones): the same bits at every step,
-// and the dact buffer gone from the plan.
 // moe_router_load_balancing_type global_aux_loss on the device (docs/moe.md "Global-batch balance
 // loss"): two micro-batches a step, the second balancing the mean of both micro-batches' loads
 // (its row of counts adds the first's on the device, its coefficient baked per micro-batch into
@@ -205,6 +201,10 @@ TEST_F(CudaGpuTest, GlobalAuxLossTrainsUnderTheGraphAsOnTheHost) {
               control);
 }
 
+// SwiGLU in the expert GEMMs' epilogues (CudaModelOptions::moe_swiglu_epilogue, the default where
+// the expert width divides by 128) against the activation kernels, under the graph, with the update
+// after the backward (f32 expert gradients) and in it (bf16 ones): the same bits at every step,
+// and the dact buffer gone from the plan.
 TEST_F(CudaGpuTest, MoeSwiGLUEpilogueTrainsAsTheActivationKernels) {
   for (const bool deepseek : {false, true}) {
     for (const bool in_backward : {false, true}) {

@@ -48,12 +48,6 @@ struct TrainerMetrics {
   std::map<int64_t, double> loss, val;
 };
 
-// The runs `want` and `got` under workspace `ws` (g/u/<name>/metrics.jsonl): 6 steps each, every
-// step's loss and validation loss within 1e-5 relative. Returns both runs' metrics.
-inline std::pair<TrainerMetrics, TrainerMetrics> expect_same_trainer_runs(const std::filesystem::path& ws,
-                                                                          const std::string& want,
-                                                                          const std::string& got);
-
 inline TrainerMetrics read_trainer_metrics(const std::filesystem::path& p) {
   TrainerMetrics m;
   std::ifstream f(p);
@@ -66,6 +60,8 @@ inline TrainerMetrics read_trainer_metrics(const std::filesystem::path& p) {
   return m;
 }
 
+// The runs `want` and `got` under workspace `ws` (g/u/<name>/metrics.jsonl): 6 steps each, every
+// step's loss and validation loss within 1e-5 relative. Returns both runs' metrics.
 inline std::pair<TrainerMetrics, TrainerMetrics> expect_same_trainer_runs(const std::filesystem::path& ws,
                                                                           const std::string& want,
                                                                           const std::string& got) {
@@ -73,10 +69,18 @@ inline std::pair<TrainerMetrics, TrainerMetrics> expect_same_trainer_runs(const 
   const auto b = read_trainer_metrics(ws / "g/u" / got / "metrics.jsonl");
   EXPECT_EQ(a.loss.size(), 6u) << want;
   EXPECT_EQ(b.loss.size(), 6u) << got;
-  for (auto [step, l] : a.loss)
-    if (b.loss.count(step)) EXPECT_NEAR(b.loss.at(step), l, 1e-5 * l) << got << " step " << step;
-  for (auto [step, l] : a.val)
-    if (b.val.count(step)) EXPECT_NEAR(b.val.at(step), l, 1e-5 * l) << got << " validation at step " << step;
+  for (auto [step, l] : a.loss) {
+    EXPECT_TRUE(b.loss.count(step)) << got << ": no loss at step " << step;
+    if (b.loss.count(step)) {
+      EXPECT_NEAR(b.loss.at(step), l, 1e-5 * l) << got << " step " << step;
+    }
+  }
+  for (auto [step, l] : a.val) {
+    EXPECT_TRUE(b.val.count(step)) << got << ": no validation loss at step " << step;
+    if (b.val.count(step)) {
+      EXPECT_NEAR(b.val.at(step), l, 1e-5 * l) << got << " validation at step " << step;
+    }
+  }
   EXPECT_EQ(b.val.size(), a.val.size()) << got;
   return {a, b};
 }

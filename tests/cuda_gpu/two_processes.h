@@ -40,8 +40,9 @@ class TwoProcesses {
     const auto two = read_trainer_metrics(w_.path() / "g/u" / name / "metrics.jsonl");
     ASSERT_FALSE(two.loss.empty()) << name;
     for (auto [step, l] : two.loss) EXPECT_NEAR(l, one_.loss.at(step), rel * l) << name << " step " << step;
-    if (validation)
+    if (validation) {
       for (auto [step, l] : two.val) EXPECT_NEAR(l, one_.val.at(step), rel * l) << name << " validation at " << step;
+    }
     if (keys.find("load=") == std::string::npos) {
       EXPECT_EQ(two.loss.size(), one_.loss.size()) << name;
       EXPECT_EQ(two.val.size(), one_.val.size()) << name;

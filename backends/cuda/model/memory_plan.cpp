@@ -593,7 +593,7 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   a.dlogits_act = take(Pool::Acts, act_, {N, E}, "MoE router logit gradient (GEMM operand)");
   a.dweight = take(Pool::Acts, f32, {N, K}, "MoE routing weight gradient");
   if (opt_.cp > 1 || spec_.moe.global_aux_loss) {  // the switch loss's summed token counts (Decoder::moe_backward)
-    a.moe_cp_counts_i = take(Pool::Acts, i32, {E}, "MoE token counts over the cp group (i32)");
+    a.moe_cp_counts_i = take(Pool::Acts, i32, {E}, "MoE token counts summed over the ranks (i32)");
     if (spec_.moe.seq_aux_loss)  // the sequence-wise loss's counts on their way through the group's sum
       a.moe_cp_seq_counts = take(Pool::Acts, f32, {opt_.max_batch / 2, E}, "MoE sequences' token counts over the cp group");
   }
