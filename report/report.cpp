@@ -80,6 +80,11 @@ std::vector<PanelSpec> report_panels(bool log_loss) {
       {.id = "moe_aux",
        .title = "MoE aux loss",
        .series = {layers("/aux_loss"), {.key = "moe_aux", .label = "mean over layers"}}},
+      // A list of balancing types logs its other types under their own names (docs/moe.md).
+      {.id = "moe_listed_aux",
+       .title = "MoE balancing losses listed beside aux_loss",
+       .series = {{.family_suffix = "/seq_aux_loss", .stroke = Stroke::Thin, .label = "seq_aux_loss, per layer"},
+                  {.family_suffix = "/global_aux_loss", .stroke = Stroke::Dashed, .label = "global_aux_loss, per layer"}}},
       {.id = "moe_dropped",
        .title = "MoE slots dropped over capacity",
        .series = {layers("/dropped")},

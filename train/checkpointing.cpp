@@ -16,9 +16,19 @@ nlohmann::json moe_json(const MoeSpec& e) {
           {"expert_bias", e.expert_bias}, {"bias_update_rate", e.bias_update_rate}, {"aux_loss_coeff", e.aux_loss_coeff},
           {"z_loss_coeff", e.z_loss_coeff}, {"capacity_factor", e.capacity_factor},
           {"drop_by_position", e.drop_by_position}, {"moe_layers", e.moe_layers}};
-  // Only when set, so that the records of batch-wise runs stay what they were.
-  if (e.seq_aux_loss) j["seq_aux_loss"] = true;
-  if (e.global_aux_loss) j["global_aux_loss"] = true;
+  // Only when set, so that the records of batch-wise runs stay what they were. One type keeps the
+  // record it always had (aux_loss_coeff is that type's coefficient); a list of types records each
+  // listed type with its own coefficient.
+  if (e.balance_types() == 1) {
+    j["aux_loss_coeff"] = e.balance_coeff(e.primary_balance());
+    if (e.seq_aux_loss) j["seq_aux_loss"] = true;
+    if (e.global_aux_loss) j["global_aux_loss"] = true;
+  } else {
+    j["balance"] = nlohmann::json::object();
+    if (e.batch_aux_loss) j["balance"]["aux_loss"] = e.aux_loss_coeff;
+    if (e.seq_aux_loss) j["balance"]["seq_aux_loss"] = e.seq_aux_loss_coeff;
+    if (e.global_aux_loss) j["balance"]["global_aux_loss"] = e.global_aux_loss_coeff;
+  }
   if (e.force_load_balancing) j["force_load_balancing"] = true;
   return j;
 }
@@ -35,13 +45,26 @@ MoeSpec moe_from_json(const nlohmann::json& j) {
   e.group_topk = j.at("group_topk");
   e.expert_bias = j.at("expert_bias");
   e.bias_update_rate = j.at("bias_update_rate");
-  e.aux_loss_coeff = j.at("aux_loss_coeff");
+
   e.z_loss_coeff = j.at("z_loss_coeff");
   e.capacity_factor = j.at("capacity_factor");
   e.drop_by_position = j.at("drop_by_position");
   e.moe_layers = j.at("moe_layers").get<std::vector<bool>>();
-  e.seq_aux_loss = j.value("seq_aux_loss", false);
-  e.global_aux_loss = j.value("global_aux_loss", false);
+  if (j.contains("balance")) {
+    const nlohmann::json& b = j.at("balance");
+    e.batch_aux_loss = b.contains("aux_loss");
+    e.seq_aux_loss = b.contains("seq_aux_loss");
+    e.global_aux_loss = b.contains("global_aux_loss");
+    e.aux_loss_coeff = b.value("aux_loss", 0.0);
+    e.seq_aux_loss_coeff = b.value("seq_aux_loss", 0.0);
+    e.global_aux_loss_coeff = b.value("global_aux_loss", 0.0);
+  } else {
+    e.seq_aux_loss = j.value("seq_aux_loss", false);
+    e.global_aux_loss = j.value("global_aux_loss", false);
+    e.batch_aux_loss = !e.seq_aux_loss && !e.global_aux_loss;
+    const double c = j.at("aux_loss_coeff");
+    (e.seq_aux_loss ? e.seq_aux_loss_coeff : e.global_aux_loss ? e.global_aux_loss_coeff : e.aux_loss_coeff) = c;
+  }
   e.force_load_balancing = j.value("force_load_balancing", false);
   return e;
 }

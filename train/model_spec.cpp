@@ -69,13 +69,15 @@ void add_model_schema(config::Schema& s) {
       .flag("moe_router_enable_expert_bias", false,
             "aux-loss-free balancing: a per-expert bias steers the choice, updated after each step")
       .number("moe_router_bias_update_rate", 1e-3, "step of the expert bias update", 0.0)
-      .number("moe_aux_loss_coeff", 0.0, "switch-style load-balancing loss coefficient", 0.0)
+      .any("moe_aux_loss_coeff", config::KeyType::Any,
+           "load-balancing loss coefficient (default 0): a number, or with a list of balancing types one number per "
+           "type, in the same order")
       .number("moe_z_loss_coeff", 0.0, "router z-loss coefficient", 0.0)
-      .text("moe_router_load_balancing_type", "aux_loss",
-            "the tokens moe_aux_loss_coeff's loss balances: aux_loss (the micro-batch's), seq_aux_loss (each "
-            "sequence's, averaged: DeepSeek-V3), global_aux_loss (the loads of the global batch: every data-parallel "
-            "rank's tokens, averaged over the step's micro-batches) or none (no balancing loss)",
-            {"aux_loss", "seq_aux_loss", "none", "sinkhorn", "global_aux_loss"})
+      .any("moe_router_load_balancing_type", config::KeyType::Any,
+           "the tokens moe_aux_loss_coeff's loss balances (default aux_loss): aux_loss (the micro-batch's), "
+           "seq_aux_loss (each sequence's, averaged: DeepSeek-V3), global_aux_loss (the loads of the global batch: "
+           "every data-parallel rank's tokens, averaged over the step's micro-batches), none (no balancing loss), or a "
+           "list of the first three, each with its own coefficient")
       .any("moe_layer_freq", config::KeyType::Any,
            "which layers are MoE: an integer N (every N-th layer, from layer 0) or a list of 0/1 per layer")
       .integer("moe_first_k_dense_replace", 0, "the first k layers stay dense (DeepSeek)", 0, 4096)
@@ -121,6 +123,83 @@ std::string opts(const config::Value& p, const char* key, const char* def) {
   return v && !v->is_null() ? v->as_string() : def;
 }
 
+// moe_router_load_balancing_type and moe_aux_loss_coeff: one type and one number, or a list of
+// types with a list of numbers of the same length (Megatron-LM's list form).
+bool is_text(const config::Value& v) { return v.kind() == config::Value::Kind::String; }
+bool is_number(const config::Value& v) {
+  return v.kind() == config::Value::Kind::Int || v.kind() == config::Value::Kind::Float;
+}
+
+template <class Fail>
+void balancing_from_config(const config::Value& p, MoeSpec& e, Fail&& fail) {
+  const char* tkey = "moe_router_load_balancing_type";
+  const char* ckey = "moe_aux_loss_coeff";
+  const config::Value* tv = p.find_path(tkey);
+  const config::Value* cv = p.find_path(ckey);
+  const bool tlist = tv && tv->is_list(), clist = cv && cv->is_list();
+  std::vector<std::string> types;
+  if (tlist) {
+    for (const config::Value& it : tv->items()) {
+      if (!is_text(it)) fail(tkey, fmt::format("{} lists a value of type {}, not a type name", tkey, config::Value::kind_name(it.kind())));
+      types.push_back(it.as_string());
+    }
+    if (types.empty()) fail(tkey, fmt::format("{} is an empty list; name a type or none", tkey));
+  } else if (tv && !tv->is_null()) {
+    if (!is_text(*tv)) fail(tkey, fmt::format("{} must be a type name or a list of them", tkey));
+    types.push_back(tv->as_string());
+  } else {
+    types.push_back("aux_loss");
+  }
+  std::vector<double> coeffs;
+  if (clist) {
+    for (const config::Value& it : cv->items()) {
+      if (!is_number(it)) fail(ckey, fmt::format("{} lists a value of type {}, not a number", ckey, config::Value::kind_name(it.kind())));
+      coeffs.push_back(it.as_double());
+    }
+  } else {
+    if (cv && !cv->is_null() && !is_number(*cv)) fail(ckey, fmt::format("{} must be a number or a list of them", ckey));
+    coeffs.push_back(cv && !cv->is_null() ? cv->as_double() : 0.0);
+  }
+  if (tlist != clist || types.size() != coeffs.size()) {
+    fail(clist ? ckey : tkey,
+         fmt::format("{} lists {} and {} {}: a list of balancing types takes a list of coefficients, one per type, in "
+                     "the same order (Megatron-LM's form)",
+                     tkey, tlist ? fmt::format("{} types", types.size()) : "one type", ckey,
+                     clist ? fmt::format("{} numbers", coeffs.size()) : "one number"));
+  }
+  for (double c : coeffs)
+    if (!(c >= 0.0) || !std::isfinite(c)) fail(ckey, fmt::format("{} {} must be a finite number >= 0", ckey, c));
+  e.batch_aux_loss = e.seq_aux_loss = e.global_aux_loss = false;
+  e.aux_loss_coeff = e.seq_aux_loss_coeff = e.global_aux_loss_coeff = 0.0;
+  for (size_t i = 0; i < types.size(); ++i) {
+    const std::string& t = types[i];
+    if (t == "sinkhorn") {
+      fail(tkey, fmt::format("{} 'sinkhorn' is not implemented; use aux_loss, seq_aux_loss, global_aux_loss or none "
+                             "(or the aux-loss-free moe_router_enable_expert_bias)",
+                             tkey));
+    }
+    if ((t == "none") && types.size() > 1)
+      fail(tkey, fmt::format("{} lists 'none' beside other types; 'none' stands alone", tkey));
+    bool* listed = t == "aux_loss" ? &e.batch_aux_loss
+                   : t == "seq_aux_loss" ? &e.seq_aux_loss
+                   : t == "global_aux_loss" ? &e.global_aux_loss
+                                             : nullptr;
+    if (t == "none") {
+      // No balancing loss whatever moe_aux_loss_coeff says (a preset's coefficient included), as in
+      // Megatron-LM; the micro-batch's statistic is still logged.
+      e.batch_aux_loss = true;
+      continue;
+    }
+    if (!listed) {
+      fail(tkey, fmt::format("{} '{}' is not one of aux_loss, seq_aux_loss, global_aux_loss, none", tkey, t));
+    }
+    if (*listed) fail(tkey, fmt::format("{} lists '{}' twice", tkey, t));
+    *listed = true;
+    (t == "aux_loss" ? e.aux_loss_coeff : t == "seq_aux_loss" ? e.seq_aux_loss_coeff : e.global_aux_loss_coeff) =
+        coeffs[i];
+  }
+}
+
 template <class Where>
 MoeSpec moe_from_config(const config::Value& p, const ModelSpec& m, Where&& where) {
   MoeSpec e;
@@ -140,19 +219,8 @@ MoeSpec moe_from_config(const config::Value& p, const ModelSpec& m, Where&& wher
   e.group_topk = opt(p, "moe_router_group_topk", e.group_topk);
   e.expert_bias = optb(p, "moe_router_enable_expert_bias", e.expert_bias);
   e.bias_update_rate = optd(p, "moe_router_bias_update_rate", e.bias_update_rate);
-  e.aux_loss_coeff = optd(p, "moe_aux_loss_coeff", e.aux_loss_coeff);
   e.z_loss_coeff = optd(p, "moe_z_loss_coeff", e.z_loss_coeff);
-  const std::string balancing = opts(p, "moe_router_load_balancing_type", "aux_loss");
-  if (balancing == "sinkhorn") {
-    fail("moe_router_load_balancing_type",
-         "moe_router_load_balancing_type 'sinkhorn' is not implemented; use aux_loss, seq_aux_loss, global_aux_loss "
-         "or none (or the aux-loss-free moe_router_enable_expert_bias)");
-  }
-  // none: no balancing loss whatever moe_aux_loss_coeff says (a preset's coefficient included), as in
-  // Megatron-LM; the aux statistic is still logged.
-  if (balancing == "none") e.aux_loss_coeff = 0.0;
-  e.seq_aux_loss = balancing == "seq_aux_loss";
-  e.global_aux_loss = balancing == "global_aux_loss";
+  balancing_from_config(p, e, fail);
   e.capacity_factor = optd(p, "moe_expert_capacity_factor", e.capacity_factor);
   e.drop_by_position = opts(p, "moe_token_drop_policy", "probs") == "position";
   if (opts(p, "moe_router_dtype", "fp32") == "fp64") {

@@ -34,11 +34,17 @@ struct MoeSpec {
   int64_t group_topk = 1;                // moe_router_group_topk
   bool expert_bias = false;              // moe_router_enable_expert_bias
   double bias_update_rate = 1e-3;        // moe_router_bias_update_rate
-  double aux_loss_coeff = 0.0;           // moe_aux_loss_coeff
-  // moe_router_load_balancing_type: seq_aux_loss takes the aux loss over each sequence's tokens and
-  // averages it over the sequences (DeepSeek-V3's sequence-wise balance loss); aux_loss (false)
-  // over all the micro-batch's tokens.
+  // moe_router_load_balancing_type names one balancing loss or lists several (Megatron-LM's list
+  // form, with moe_aux_loss_coeff then one coefficient per type); each listed loss is added to the
+  // objective with its own coefficient, and their gradients add.
+  // aux_loss: the switch loss over the micro-batch's tokens (also what none and an unset type keep
+  // computing and logging, at coefficient 0 for none).
+  bool batch_aux_loss = true;
+  double aux_loss_coeff = 0.0;
+  // seq_aux_loss: the aux loss over each sequence's tokens, averaged over the sequences (DeepSeek-V3's
+  // sequence-wise balance loss).
   bool seq_aux_loss = false;
+  double seq_aux_loss_coeff = 0.0;
   // global_aux_loss: the switch loss with each expert's load taken over the global batch (Megatron's
   // global_aux_loss, the global-batch balance loss Qwen3-MoE trained with): the token counts summed
   // over every rank that holds other tokens (data, context and expert parallel: the ranks the
@@ -46,6 +52,7 @@ struct MoeSpec {
   // running mean is the load; the router probabilities are this micro-batch's. Its gradient is that
   // of the loss over the whole global micro-batch.
   bool global_aux_loss = false;
+  double global_aux_loss_coeff = 0.0;
   double z_loss_coeff = 0.0;             // moe_z_loss_coeff
   double capacity_factor = 0.0;          // moe_expert_capacity_factor; <= 0: dropless
   bool drop_by_position = false;         // moe_token_drop_policy: probs | position
@@ -60,6 +67,38 @@ struct MoeSpec {
   std::vector<bool> moe_layers;          // from moe_layer_freq and moe_first_k_dense_replace
 
   bool enabled() const { return num_experts > 0; }
+  // The balancing losses listed (1 for a single type, none or the default).
+  int balance_types() const { return int(batch_aux_loss) + int(seq_aux_loss) + int(global_aux_loss); }
+  // The loss whose statistic the logs call aux_loss (moe/layer<l>/aux_loss, moe_aux): the
+  // micro-batch's when listed, else the sequences', else the global batch's. A list's others are
+  // logged under their own type's name.
+  enum class Balance { Batch, Sequence, Global };
+  Balance primary_balance() const {
+    return batch_aux_loss ? Balance::Batch : seq_aux_loss ? Balance::Sequence : Balance::Global;
+  }
+  double balance_coeff(Balance b) const {
+    return b == Balance::Batch ? aux_loss_coeff : b == Balance::Sequence ? seq_aux_loss_coeff : global_aux_loss_coeff;
+  }
+  // The listed types other than the primary, in the order Batch, Sequence, Global.
+  std::vector<Balance> more_balances() const {
+    std::vector<Balance> v;
+    const Balance p = primary_balance();
+    if (batch_aux_loss && p != Balance::Batch) v.push_back(Balance::Batch);
+    if (seq_aux_loss && p != Balance::Sequence) v.push_back(Balance::Sequence);
+    if (global_aux_loss && p != Balance::Global) v.push_back(Balance::Global);
+    return v;
+  }
+  // One balancing type alone, at `coeff` (what moe_router_load_balancing_type: <type> gives).
+  void set_balance(Balance b, double coeff) {
+    batch_aux_loss = b == Balance::Batch;
+    seq_aux_loss = b == Balance::Sequence;
+    global_aux_loss = b == Balance::Global;
+    aux_loss_coeff = seq_aux_loss_coeff = global_aux_loss_coeff = 0.0;
+    (b == Balance::Batch ? aux_loss_coeff : b == Balance::Sequence ? seq_aux_loss_coeff : global_aux_loss_coeff) = coeff;
+  }
+  static const char* balance_name(Balance b) {
+    return b == Balance::Batch ? "aux_loss" : b == Balance::Sequence ? "seq_aux_loss" : "global_aux_loss";
+  }
   int64_t held_experts() const { return local_experts > 0 ? local_experts : num_experts; }
   // Slots an expert keeps per micro-batch of `tokens` tokens (ceil(tokens * topk / E * factor));
   // -1 when dropless.

@@ -11,6 +11,7 @@
 namespace primus::train {
 
 MoeStepStats::MoeStepStats(const ModelSpec& spec) : num_layers_(spec.num_layers) {
+  for (MoeSpec::Balance b : spec.moe.more_balances()) more_names_.emplace_back(MoeSpec::balance_name(b));
   index_.assign(static_cast<size_t>(spec.num_layers), -1);
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     if (!spec.is_moe_layer(l)) continue;
@@ -18,6 +19,7 @@ MoeStepStats::MoeStepStats(const ModelSpec& spec) : num_layers_(spec.num_layers)
     Layer L;
     L.layer = l;
     L.load.assign(static_cast<size_t>(spec.moe.num_experts), 0);
+    L.more_aux.assign(more_names_.size(), 0.0);
     layers_.push_back(std::move(L));
   }
 }
@@ -43,6 +45,10 @@ void MoeStepStats::all_reduce(int W, const parallel::HostAllGather& gather) {
     mine.push_back(bits);
     std::memcpy(&bits, &L.z, 8);
     mine.push_back(bits);
+    for (const double& m : L.more_aux) {
+      std::memcpy(&bits, &m, 8);
+      mine.push_back(bits);
+    }
   }
   std::vector<uint64_t> all(mine.size() * static_cast<size_t>(W));
   gather(mine.data(), all.data(), mine.size() * sizeof(uint64_t));
@@ -50,6 +56,7 @@ void MoeStepStats::all_reduce(int W, const parallel::HostAllGather& gather) {
     std::fill(L.load.begin(), L.load.end(), 0);
     L.dropped = 0;
     L.aux = L.z = 0;
+    std::fill(L.more_aux.begin(), L.more_aux.end(), 0.0);
   }
   for (int r = 0; r < W; ++r) {
     const uint64_t* p = all.data() + static_cast<size_t>(r) * mine.size();
@@ -61,6 +68,10 @@ void MoeStepStats::all_reduce(int W, const parallel::HostAllGather& gather) {
       L.aux += d / W;
       std::memcpy(&d, p++, 8);
       L.z += d / W;
+      for (double& m : L.more_aux) {
+        std::memcpy(&d, p++, 8);
+        m += d / W;
+      }
     }
   }
 }
@@ -89,6 +100,7 @@ void MoeStepStats::report(StepStats& s) const {
     s.details.emplace_back(p + "dropped", static_cast<double>(L.dropped));
     s.details.emplace_back(p + "aux_loss", L.aux / mb);
     s.details.emplace_back(p + "z_loss", L.z / mb);
+    for (size_t i = 0; i < more_names_.size(); ++i) s.details.emplace_back(p + more_names_[i], L.more_aux[i] / mb);
     aux_sum += L.aux / mb;
     worst_cv = std::max(worst_cv, cv);
   }
@@ -101,6 +113,7 @@ void MoeStepStats::reset() {
     std::fill(L.load.begin(), L.load.end(), 0);
     L.dropped = L.micro_batches = 0;
     L.aux = L.z = 0;
+    std::fill(L.more_aux.begin(), L.more_aux.end(), 0.0);
   }
 }
 

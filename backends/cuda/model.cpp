@@ -1116,16 +1116,17 @@ CudaModel::StepStatus CudaModel::wait_step_status(int ticket, int64_t n) const {
     st.moe_counts.resize(static_cast<size_t>(n * per));
     std::memcpy(st.moe_counts.data(), base, st.moe_counts.size() * 4);
     st.moe_sums.assign(base + S * per, base + S * per + n * sums);
+    int64_t seq = 0;  // the sequence-wise rows' words a slot, counts and sums each
     if (a.moe_seq_counts.defined()) {
-      const int64_t seq = a.moe_seq_counts.numel() / S;
+      seq = a.moe_seq_counts.numel() / S;
       const float* sb = base + S * (per + sums);
       st.moe_seq_counts.resize(static_cast<size_t>(n * seq));
       std::memcpy(st.moe_seq_counts.data(), sb, st.moe_seq_counts.size() * 4);
       st.moe_seq_sums.assign(sb + S * seq, sb + S * seq + n * seq);
     }
-    if (a.moe_cp_counts.defined()) {  // after the sequence-wise rows (none beside it: seq_aux_loss has its own)
+    if (a.moe_cp_counts.defined()) {  // after the sequence-wise rows
       const int64_t per_cp = a.moe_cp_counts.numel() / S;
-      const float* cb = base + S * (per + sums);
+      const float* cb = base + S * (per + sums + 2 * seq);
       st.moe_cp_counts.assign(cb, cb + n * per_cp);
     }
   }
@@ -1147,29 +1148,36 @@ void CudaModel::moe_report(const StepStatus& st, int64_t n, train::MoeStepStats&
       const float* sums = st.moe_sums.data() + (s * Lm + m) * (E + 1);
       int64_t dropped = 0;
       for (int64_t e = 0; e < E; ++e) dropped += counts[e] - counts[E + e];
-      double aux, z;
-      turbo::cpu::router_losses(&aux, &z, counts, sums, sums[E], N, cfg);
-      if (!st.moe_cp_counts.empty()) {
-        // Context parallelism: this rank's share of the whole sequences' switch loss (the group's
-        // counts, its own sums of p over the group's N cp tokens), times cp, since the trainer
-        // logs the mean over the ranks. global_aux_loss: the same over the D ranks holding other
-        // tokens, with the counts summed over micro-batches 1..s + 1, whose mean is the load.
-        const float* g = st.moe_cp_counts.data() + (s * Lm + m) * E;
+      // Each listed balancing type's statistic (MoeSpec::Balance order: batch, sequence, global).
+      double stat[3] = {0, 0, 0}, z;
+      turbo::cpu::router_losses(&stat[0], &z, counts, sums, sums[E], N, cfg);
+      const int64_t R = a.moe_cp_counts.defined() ? a.moe_cp_counts.size(2) / E : 0;
+      // This rank's share of a switch loss over D ranks' tokens (their counts, summed in row r, its
+      // own sums of p over the N D tokens), times D since the trainer logs the mean over the ranks,
+      // over `micro` micro-batches' counts (whose mean is the load).
+      const auto summed = [&](int64_t r, int64_t D, int64_t micro) {
+        const float* g = st.moe_cp_counts.data() + ((s * Lm + m) * R + r) * E;
         std::vector<int32_t> whole(static_cast<size_t>(E));
         for (int64_t e = 0; e < E; ++e) whole[e] = static_cast<int32_t>(g[e]);
-        const bool global = spec_.moe.global_aux_loss;
-        const int64_t D = global ? balance_ranks_ : opt_.cp_group->world_size();
-        double ignored;
-        turbo::cpu::router_losses(&aux, &ignored, whole.data(), sums, sums[E], N * D, cfg);
-        aux *= static_cast<double>(D) / static_cast<double>(global ? s + 1 : 1);
-      }
+        double v, ignored;
+        turbo::cpu::router_losses(&v, &ignored, whole.data(), sums, sums[E], N * D, cfg);
+        return v * static_cast<double>(D) / static_cast<double>(micro);
+      };
+      // Context parallelism: the whole sequences' switch loss (the group's counts).
+      if (spec_.moe.batch_aux_loss && opt_.cp_group && opt_.cp_group->world_size() > 1)
+        stat[0] = summed(decoder_->cp_counts_row(), opt_.cp_group->world_size(), 1);
       if (a.moe_seq_counts.defined()) {  // the mean of each sequence's loss
         const turbo::cpu::SequenceRuns runs = decoder_->seq_runs(N, decoder_->train_seq());
         const int64_t rows = a.moe_seq_counts.size(2), at = (s * Lm + m) * rows * E;
-        aux = turbo::cpu::sequence_aux_loss(st.moe_seq_counts.data() + at, st.moe_seq_sums.data() + at, runs.seqs,
-                                            runs.seq_len, cfg);
+        stat[1] = turbo::cpu::sequence_aux_loss(st.moe_seq_counts.data() + at, st.moe_seq_sums.data() + at, runs.seqs,
+                                                runs.seq_len, cfg);
       }
-      out.add(l, counts, dropped, aux, z);
+      // global_aux_loss: the D ranks holding other tokens, the counts of micro-batches 1..s + 1.
+      if (spec_.moe.global_aux_loss) stat[2] = summed(0, balance_ranks_, s + 1);
+      const double aux = stat[static_cast<int>(spec_.moe.primary_balance())];
+      std::vector<double> more;
+      for (train::MoeSpec::Balance b : spec_.moe.more_balances()) more.push_back(stat[static_cast<int>(b)]);
+      out.add(l, counts, dropped, aux, z, more);
       ++m;
     }
   }

@@ -644,7 +644,10 @@ template <typename Real>
 double GptModel<Real>::moe_loss() const {
   double s = 0;
   for (const auto& m : moe_)
-    if (m) s += spec_.moe.aux_loss_coeff * m->stats().aux + spec_.moe.z_loss_coeff * m->stats().z;
+    if (m) {
+      s += spec_.moe.aux_loss_coeff * m->stats().batch_aux + spec_.moe.seq_aux_loss_coeff * m->stats().seq_aux +
+           spec_.moe.global_aux_loss_coeff * m->stats().global_aux + spec_.moe.z_loss_coeff * m->stats().z;
+    }
   return s;
 }
 

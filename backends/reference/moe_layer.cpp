@@ -76,7 +76,8 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
   Real z_sum;
   k::router_forward(idx_.data(), weight_.data(), probs_.data(), counts_.data(), prob_sum_.data(), &z_sum,
                     logits_.data(), w.expert_bias, N, cfg_, forced_.empty() ? nullptr : forced_.data());
-  k::router_losses(&stats_.aux, &stats_.z, counts_.data(), prob_sum_.data(), z_sum, N, cfg_);
+  k::router_losses(&stats_.batch_aux, &stats_.z, counts_.data(), prob_sum_.data(), z_sum, N, cfg_);
+  stats_.seq_aux = stats_.global_aux = 0;
   if (spec_.moe.global_aux_loss) {
     // The global batch's loads: the group's counts, summed over the step's micro-batches. This
     // rank's share of the loss (its own sums of p) is E / (K (N D)^2) x sum_e count_e psum_e with
@@ -85,17 +86,21 @@ void MoeLayer<Real>::forward(Real* out, const Real* inp, const Weights& w, int64
     for (int64_t e = 0; e < E_; ++e) global_counts_[e] += g[e];
     ++micro_;
     double ignored;
-    k::router_losses(&stats_.aux, &ignored, global_counts_.data(), prob_sum_.data(), z_sum, N * balance_, cfg_);
-    stats_.aux *= static_cast<double>(balance_) / static_cast<double>(micro_);
-  } else if (cp_ > 1 && !spec_.moe.seq_aux_loss) {
+    k::router_losses(&stats_.global_aux, &ignored, global_counts_.data(), prob_sum_.data(), z_sum, N * balance_, cfg_);
+    stats_.global_aux *= static_cast<double>(balance_) / static_cast<double>(micro_);
+  }
+  if (cp_ > 1 && spec_.moe.batch_aux_loss) {
     // The whole sequences' switch loss: the group's counts. The logged value is this rank's share
     // of it (its own sums of p over the group's tokens) times cp, as the trainer logs the mean.
     cp_counts_ = group_sum(*cp_group_, counts_);
     double ignored;
-    k::router_losses(&stats_.aux, &ignored, cp_counts_.data(), prob_sum_.data(), z_sum, N * cp_, cfg_);
-    stats_.aux *= static_cast<double>(cp_);
+    k::router_losses(&stats_.batch_aux, &ignored, cp_counts_.data(), prob_sum_.data(), z_sum, N * cp_, cfg_);
+    stats_.batch_aux *= static_cast<double>(cp_);
   }
-  if (spec_.moe.seq_aux_loss) sequence_aux(N, seq);
+  if (spec_.moe.seq_aux_loss) stats_.seq_aux = sequence_aux(N, seq);
+  stats_.aux = stats_.of(spec_.moe.primary_balance());
+  stats_.more_aux.clear();
+  for (train::MoeSpec::Balance b : spec_.moe.more_balances()) stats_.more_aux.push_back(stats_.of(b));
   const int64_t cap = spec_.moe.capacity(N);
   const auto policy = spec_.moe.drop_by_position ? k::DropPolicy::Position : k::DropPolicy::Probs;
   k::moe_plan_rows(rows_.data(), offsets_.data(), kept_.data(), idx_.data(), weight_.data(), counts_.data(), N, K_,
@@ -172,41 +177,42 @@ void MoeLayer<Real>::backward(Real* dinp, const Real* dout, const Real* inp, con
                      local_start_.data(), local_count_.data(), E_, w, g);
   }
   k::moe_permute_backward(dinp, dxp_.data(), rows_.data(), N, K_, C_, true);
+  // Each listed balancing loss is one term of the router's gradient (they add); the z loss is the
+  // mean over the N tokens.
+  std::vector<k::AuxTerm> terms;
+  if (spec_.moe.batch_aux_loss) {
+    // Context parallelism: the group's counts over this rank's N, 1 / cp of the coefficient (the
+    // sequence-wise loss's reasoning below).
+    terms.push_back({cp_ > 1 ? cp_counts_.data() : counts_.data(),
+                     spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(cp_), {}});
+  }
   if (spec_.moe.seq_aux_loss) {
     // Each sequence's tokens with its own counts: the mean over the S sequences puts 1/S on each
-    // one's aux loss, and the z loss (a mean over all N tokens) T/N on each one's mean over its T.
-    // Under context parallelism the counts are the whole sequence's and T is this rank's part of
-    // it: the kernel's E x count / (K T^2) is cp^2 times the sequence's, and the rank passes cp
-    // times its tokens' part, so 1 / cp of the coefficient.
+    // one's aux loss. Under context parallelism the counts are the whole sequence's and T is this
+    // rank's part of it: the kernel's E x count / (K T^2) is cp^2 times the sequence's, and the rank
+    // passes cp times its tokens' part, so 1 / cp of the coefficient.
     const int64_t S = seqs_, T = N / S;
-    for (int64_t s = 0; s < S; ++s) {
-      k::router_backward(dlogits_.data() + s * T * E_, dweight_.data() + s * T * K_, logits_.data() + s * T * E_,
-                         probs_.data() + s * T * E_, idx_.data() + s * T * K_, seq_counts_.data() + s * E_, T, cfg_,
-                         spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(S * cp_),
-                         spec_.moe.z_loss_coeff * loss_scale * static_cast<double>(T) / static_cast<double>(N));
-    }
-  } else if (spec_.moe.global_aux_loss) {
+    terms.push_back({seq_counts_.data(), spec_.moe.seq_aux_loss_coeff * loss_scale / static_cast<double>(S * cp_),
+                     k::SequenceRuns{S, T, T}});
+  }
+  if (spec_.moe.global_aux_loss) {
     // The loss over the global micro-batch (N D tokens) with the mean counts sum / micro_: token
     // n's gradient is E x mean_e / (K (N D)^2), and each rank passes D times it (the router's
     // gradient is averaged over the group): the kernel's E x count_e / (K N^2) with the summed
     // counts, at 1 / (D micro_).
-    k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(),
-                       global_counts_.data(), N, cfg_,
-                       spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(balance_ * micro_),
-                       spec_.moe.z_loss_coeff * loss_scale);
-  } else {
-    // Context parallelism: the group's counts over this rank's N, 1 / cp of the coefficient (the
-    // same reasoning as above).
-    k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(),
-                       cp_ > 1 ? cp_counts_.data() : counts_.data(), N, cfg_,
-                       spec_.moe.aux_loss_coeff * loss_scale / static_cast<double>(cp_),
-                       spec_.moe.z_loss_coeff * loss_scale);
+    terms.push_back({global_counts_.data(),
+                     spec_.moe.global_aux_loss_coeff * loss_scale / static_cast<double>(balance_ * micro_), {}});
   }
+  const k::AuxTerm first = terms.empty() ? k::AuxTerm{} : terms.front();
+  k::router_backward(dlogits_.data(), dweight_.data(), logits_.data(), probs_.data(), idx_.data(), first.counts, N,
+                     cfg_, first.coeff, spec_.moe.z_loss_coeff * loss_scale,
+                     first.seq.seqs > 0 ? &first.seq : nullptr, terms.size() > 1 ? terms.data() + 1 : nullptr,
+                     terms.empty() ? 0 : terms.size() - 1);
   k::matmul_backward(dinp, g.router, none, dlogits_.data(), inp, w.router, N, C_, E_);
 }
 
 template <typename Real>
-void MoeLayer<Real>::sequence_aux(int64_t N, int64_t seq) {
+double MoeLayer<Real>::sequence_aux(int64_t N, int64_t seq) {
   seqs_ = seq > 0 && N >= seq && N % seq == 0 ? N / seq : 1;
   const int64_t S = seqs_, Ts = N / S;
   seq_counts_.resize(static_cast<size_t>(S * E_));
@@ -216,7 +222,7 @@ void MoeLayer<Real>::sequence_aux(int64_t N, int64_t seq) {
     seq_counts_ = group_sum(*cp_group_, seq_counts_);
     psum = group_sum(*cp_group_, psum);
   }
-  stats_.aux = k::sequence_aux_loss(seq_counts_.data(), psum.data(), S, Ts * cp_, cfg_);
+  return k::sequence_aux_loss(seq_counts_.data(), psum.data(), S, Ts * cp_, cfg_);
 }
 
 template <typename Real>

@@ -35,11 +35,18 @@ class MoeLayer {
     Real *router = nullptr, *fc = nullptr, *proj = nullptr, *shared_fc = nullptr, *shared_proj = nullptr;
   };
   // What the last forward routed: per-expert slots (before dropping), dropped slots, and the
-  // unscaled aux and z losses.
+  // unscaled balancing and z losses: each listed balancing type's (batch: the micro-batch's switch
+  // loss, also kept when none is listed), aux the primary one's (MoeSpec::primary_balance) and
+  // more_aux the others' (MoeSpec::more_balances).
   struct Stats {
     std::vector<int32_t> counts;
     int64_t dropped = 0;
     double aux = 0, z = 0;
+    double batch_aux = 0, seq_aux = 0, global_aux = 0;
+    std::vector<double> more_aux;
+    double of(train::MoeSpec::Balance b) const {
+      return b == train::MoeSpec::Balance::Batch ? batch_aux : b == train::MoeSpec::Balance::Sequence ? seq_aux : global_aux;
+    }
   };
 
   // out [N,C] = the layer's output for inp [N,C] (overwritten): N tokens in sequences of `seq` each
@@ -86,8 +93,8 @@ class MoeLayer {
   // leaves what this rank's experts receive in `held`, expert-major (send), or the inverse (!send).
   void exchange_rows(Real* local, std::vector<Real>& held, bool send);
   // moe_router_load_balancing_type seq_aux_loss: the last forward's sequences (see forward), their
-  // slot counts [S*E] (which the backward reads), and stats_.aux as the mean of their aux losses.
-  void sequence_aux(int64_t N, int64_t seq);
+  // slot counts [S*E] (which the backward reads); returns the mean of their aux losses.
+  double sequence_aux(int64_t N, int64_t seq);
   // v summed element-wise over `group`.
   template <typename T>
   static std::vector<T> group_sum(parallel::ProcessGroup& group, const std::vector<T>& v);

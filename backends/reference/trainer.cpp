@@ -398,7 +398,8 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
     loss_sum += model_->forward(inputs_.data(), targets_.data(), B, T, dloss);
     for (int64_t l = 0; l < args_->model.num_layers; ++l) {
       if (const auto* m = model_->moe_layer(l))
-        moe_stats_->add(l, m->stats().counts.data(), m->stats().dropped, m->stats().aux, m->stats().z);
+        moe_stats_->add(l, m->stats().counts.data(), m->stats().dropped, m->stats().aux, m->stats().z,
+                        m->stats().more_aux);
     }
     model_->backward();
   }

@@ -169,5 +169,45 @@ TEST(CudaHostTrainerMoe, GlobalAuxLossIsTheGlobalBatchsOverMicroBatchesAndRanks)
       expect_same_metric(t.dir(), run, key);
 }
 
+// Megatron-LM's list form: moe_router_load_balancing_type [aux_loss, seq_aux_loss, global_aux_loss]
+// with one coefficient each. One process with two micro-batches a step gives the reference
+// backend's losses, validation losses and each type's logged loss (aux_loss the micro-batch's, the
+// others under their own names); the micro-batch loss alone at the same coefficient is the control
+// and misses. cp2, where the micro-batch loss's and the global loss's counts are both summed over
+// the group (two rows), gives one process's run.
+TEST(CudaHostTrainerMoe, BalancingTypeListsFollowTheReference) {
+  const std::string list =
+      "      moe_aux_loss_coeff: [0.3, 0.2, 0.5]\n"
+      "      moe_router_load_balancing_type: [aux_loss, seq_aux_loss, global_aux_loss]\n";
+  primus::testing::Workdir w;
+  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str(), "moe/tiny.yaml", 2, 4) +
+                                          moe_overrides(list));
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str(), "moe/tiny.yaml", 2, 4) +
+                                            moe_overrides(list));
+  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  run_host_trainer(cuda_file, {});
+  run_host_trainer(cuda_file, {"exp_name=micro", "moe_router_load_balancing_type=aux_loss", "moe_aux_loss_coeff=0.3"});
+  testing::expect_same_trainer_runs(w.path(), "reference", "cuda");
+  for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/seq_aux_loss", "moe/layer1/global_aux_loss"}) {
+    const auto want = primus::testing::losses(w.path() / "g/u/reference", key);
+    ASSERT_EQ(want.size(), 6u) << key;
+    primus::testing::expect_same_losses(want, primus::testing::losses(w.path() / "g/u/cuda", key), key);
+  }
+  EXPECT_TRUE(primus::testing::losses(w.path() / "g/u/micro", "moe/layer1/seq_aux_loss").empty());
+  const auto want = primus::testing::losses(w.path() / "g/u/reference", "loss");
+  const auto micro = primus::testing::losses(w.path() / "g/u/micro", "loss");
+  ASSERT_EQ(micro.size(), want.size());
+  double most = 0;
+  for (const auto& [step, v] : want) most = std::max(most, std::abs(v - micro.at(step)) / v);
+  EXPECT_GT(most, 1e-4) << "the sequences' and the global batch's terms changed nothing (the control failed)";
+
+  testing::TwoProcesses t(moe_overrides(list), "moe/tiny.yaml", 2, 8);
+  t.expect_matches("list_cp2", "context_parallel_size=2", "context parallel over 2 ranks");
+  for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/seq_aux_loss",
+                          "moe/layer1/global_aux_loss", "moe/layer1/load_cv"})
+    expect_same_metric(t.dir(), "list_cp2", key);
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda

@@ -112,8 +112,7 @@ TEST_P(HostMoeParityTest, SequenceWiseAuxLossFollowsTheReference) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE(fmt::format("seed {}", seed));
   train::ModelSpec spec = tiny_moe_spec(deepseek);
-  spec.moe.aux_loss_coeff = 1.0;
-  spec.moe.seq_aux_loss = true;
+  spec.moe.set_balance(train::MoeSpec::Balance::Sequence, 1.0);
   const Step0 r = step0_parity(spec, Attn::Default, turbo::Device::CPU, seed);
   EXPECT_NEAR(r.loss, r.ref_loss, 1e-5 * r.ref_loss);
   EXPECT_EQ(r.expert_load, r.ref_expert_load);
@@ -125,7 +124,7 @@ TEST_P(HostMoeParityTest, SequenceWiseAuxLossFollowsTheReference) {
     EXPECT_NEAR(r.moe_losses[i].second, r.ref_moe_losses[i].second, 1e-5 * std::fabs(r.ref_moe_losses[i].second))
         << r.moe_losses[i].first;
   }
-  spec.moe.seq_aux_loss = false;
+  spec.moe.set_balance(train::MoeSpec::Balance::Batch, 1.0);
   const Step0 batch_wise = step0_parity(spec, Attn::Default, turbo::Device::CPU, seed);
   int differ = 0;
   for (size_t i = 0; i < r.ref_moe_losses.size(); ++i)
@@ -134,8 +133,7 @@ TEST_P(HostMoeParityTest, SequenceWiseAuxLossFollowsTheReference) {
                 1e-4 * r.ref_moe_losses[i].second;
   EXPECT_EQ(differ, spec.num_moe_layers()) << "the sequence-wise values are the batch-wise ones";
 
-  spec.moe.seq_aux_loss = true;
-  spec.moe.aux_loss_coeff = 0.01;
+  spec.moe.set_balance(train::MoeSpec::Balance::Sequence, 0.01);
   const auto [curve, ref] = training_curves(spec, Attn::Default, turbo::Device::CPU, 10);
   ASSERT_EQ(curve.size(), 10u);
   for (size_t s = 0; s < curve.size(); ++s) EXPECT_NEAR(curve[s], ref[s], 1e-5 * ref[s]) << "step " << s;

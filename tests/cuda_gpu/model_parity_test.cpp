@@ -133,8 +133,7 @@ TEST_P(MoeParityTest, RoutingLossAndEveryGradientMatchReference) {
 // term's, and every layer's logged aux and z loss within 1% of the reference's.
 TEST_P(MoeParityTest, SequenceWiseAuxLossMatchesReference) {
   train::ModelSpec spec = tiny_moe_spec(GetParam());
-  spec.moe.seq_aux_loss = true;
-  spec.moe.aux_loss_coeff = 1.0;
+  spec.moe.set_balance(train::MoeSpec::Balance::Sequence, 1.0);
   const Step0 r = check_moe_parity(spec, GetParam());
   ASSERT_EQ(r.moe_losses.size(), r.ref_moe_losses.size());
   ASSERT_EQ(r.moe_losses.size(), 2 * static_cast<size_t>(spec.num_moe_layers()));

@@ -538,19 +538,26 @@ TEST(CudaProjection, SequenceWiseAuxLossPlansItsStatisticsPerSequence) {
   CudaArgs a = projection_args(spec, 2, 1);
   const double words = 8.0 * 2 * spec.num_moe_layers() * spec.moe.num_experts;  // 2 sequences, counts and sums
   const train::MemoryProjection batch_wise = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
-  a.model.moe.seq_aux_loss = true;
+  a.model.moe.set_balance(train::MoeSpec::Balance::Sequence, a.model.moe.aux_loss_coeff);
   EXPECT_NO_THROW(model_options_for(a, 1));
   const train::MemoryProjection seq_wise = project_cuda_memory(a, ops, projection_host_layout(a, 1), false, 0.0);
   EXPECT_GT(seq_wise.total(), batch_wise.total());
   EXPECT_LT(seq_wise.total(), batch_wise.total() + 4096.0 + words);
 
-  a.train.model_parallel[parallel::Dim::CP] = 2;
-  EXPECT_NO_THROW(model_options_for(a, 2));
-  const train::MemoryProjection seq_cp = project_cuda_memory(a, ops, projection_host_layout(a, 2), false, 0.0);
-  a.model.moe.seq_aux_loss = false;
-  const train::MemoryProjection batch_cp = project_cuda_memory(a, ops, projection_host_layout(a, 2), false, 0.0);
-  EXPECT_GT(seq_cp.total(), batch_cp.total());
-  EXPECT_LT(seq_cp.total(), batch_cp.total() + 2 * 4096.0 + 1.5 * words);  // the f32 copy: half the words again
+  // Context parallelism, a micro-batch of 512 sequences (a rank holds two chunks of each; enough
+  // rows to stand above the allocations' rounding): the sequences' counts and sums and their f32
+  // copy for the group's sum, against the switch loss's one summed row of counts and its i32 copy.
+  CudaArgs c = projection_args(spec, 512, 1);
+  c.model.moe.set_balance(train::MoeSpec::Balance::Sequence, 0.01);
+  c.train.model_parallel[parallel::Dim::CP] = 2;
+  EXPECT_NO_THROW(model_options_for(c, 2));
+  const train::MemoryProjection seq_cp = project_cuda_memory(c, ops, projection_host_layout(c, 2), false, 0.0);
+  c.model.moe.set_balance(train::MoeSpec::Balance::Batch, 0.01);
+  const train::MemoryProjection batch_cp = project_cuda_memory(c, ops, projection_host_layout(c, 2), false, 0.0);
+  const double Lm = static_cast<double>(spec.num_moe_layers()), E = static_cast<double>(spec.moe.num_experts);
+  const double more = 8.0 * 512 * Lm * E - 4.0 * Lm * E + 4.0 * 512 * E - 4.0 * E;
+  EXPECT_GT(seq_cp.total() - batch_cp.total(), more - 2 * 4096.0);
+  EXPECT_LT(seq_cp.total() - batch_cp.total(), more + 2 * 4096.0);
 }
 }  // namespace
 }  // namespace primus::backends::cuda

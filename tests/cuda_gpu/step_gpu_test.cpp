@@ -167,8 +167,7 @@ TEST_F(CudaGpuTest, Bf16ExpertGradientsTrainAsTheF32Ones) {
 // micro-batch loss trains on the host.
 TEST_F(CudaGpuTest, GlobalAuxLossTrainsUnderTheGraphAsOnTheHost) {
   train::ModelSpec spec = tiny_moe_spec(false);
-  spec.moe.global_aux_loss = true;
-  spec.moe.aux_loss_coeff = 5.0;
+  spec.moe.set_balance(train::MoeSpec::Balance::Global, 5.0);
   StepRunOptions o;
   o.spec = &spec;
   o.device = turbo::Device::CUDA;
@@ -179,7 +178,7 @@ TEST_F(CudaGpuTest, GlobalAuxLossTrainsUnderTheGraphAsOnTheHost) {
   h.device = turbo::Device::CPU;
   const StepRun host = run_steps(h);
   train::ModelSpec micro_spec = spec;
-  micro_spec.moe.global_aux_loss = false;
+  micro_spec.moe.set_balance(train::MoeSpec::Balance::Batch, 5.0);
   h.spec = &micro_spec;
   const StepRun micro = run_steps(h);
   const auto n = static_cast<int64_t>(host.params.size());

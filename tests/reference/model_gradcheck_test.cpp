@@ -133,8 +133,7 @@ TEST(ReferenceModel, GradCheckMoeWithSequenceAuxLoss) {
   for (bool deepseek : {false, true}) {
     SCOPED_TRACE(deepseek ? "sigmoid, groups, bias" : "softmax");
     train::ModelSpec m = tiny_moe(deepseek);
-    m.moe.seq_aux_loss = true;
-    m.moe.aux_loss_coeff = 0.5;  // large enough that the term's gradient is not lost in the others'
+    m.moe.set_balance(train::MoeSpec::Balance::Sequence, 0.5);  // large enough to tell the term's gradient apart
     gradcheck(m);
   }
 }
@@ -154,7 +153,7 @@ TEST(ReferenceModel, SequenceAuxLossIsTheMeanOfEachSequencesLoss) {
   for (auto& t : targets) t = tok(rng);
   auto run = [&](bool seq, int64_t b) {
     train::ModelSpec s = spec;
-    s.moe.seq_aux_loss = seq;
+    if (seq) s.moe.set_balance(train::MoeSpec::Balance::Sequence, spec.moe.aux_loss_coeff);
     GptModel<double> model(s, b, T);
     model.init_weights(3);
     model.forward(tokens.data(), targets.data(), b, T);

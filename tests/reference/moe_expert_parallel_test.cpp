@@ -190,8 +190,7 @@ TEST(MoeExpertParallel, ExpertsThatReceiveNoTokenAndRanksThatSendNone) {
 // loss with micro-batch 1 held.
 TEST(MoeGlobalAuxLoss, TheLoadIsTheMeanOfTheStepsMicroBatches) {
   ModelSpec spec = primus::testing::tiny_moe(false);  // 6 experts, softmax top-2
-  spec.moe.global_aux_loss = true;
-  spec.moe.aux_loss_coeff = 0.5;
+  spec.moe.set_balance(primus::train::MoeSpec::Balance::Global, 0.5);
   spec.moe.z_loss_coeff = 0.0;
   const int64_t N = 24, C = spec.hidden_size, E = spec.moe.num_experts, K = spec.moe.topk;
   std::mt19937 rng(11);
@@ -212,7 +211,7 @@ TEST(MoeGlobalAuxLoss, TheLoadIsTheMeanOfTheStepsMicroBatches) {
   layer.forward(out.data(), x1.data(), lp.weights(), N);
   const std::vector<double> c1 = counts(layer.topk_idx());
   ModelSpec local_spec = spec;
-  local_spec.moe.global_aux_loss = false;
+  local_spec.moe.set_balance(primus::train::MoeSpec::Balance::Batch, 0.5);
   MoeLayer<float> local(local_spec, N);
   local.forward(out.data(), x1.data(), lp.weights(), N);
   EXPECT_NEAR(layer.stats().aux, local.stats().aux, 1e-6 * local.stats().aux);
@@ -255,7 +254,7 @@ TEST(MoeGlobalAuxLoss, TheLoadIsTheMeanOfTheStepsMicroBatches) {
   };
   const float h = 1e-2f;
   for (int64_t i = 0; i < router->numel; i += router->numel / 7) {
-    const double fd = spec.moe.aux_loss_coeff * (aux_with(i, h) - aux_with(i, -h)) / (2.0 * h);
+    const double fd = spec.moe.global_aux_loss_coeff * (aux_with(i, h) - aux_with(i, -h)) / (2.0 * h);
     EXPECT_NEAR(lp.g[router->offset + i], fd, 2e-3 * std::abs(fd) + 2e-5) << "router weight " << i;
   }
   // begin_step: the next step's first micro-batch has its own counts again.

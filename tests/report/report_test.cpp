@@ -54,7 +54,7 @@ class ReportTest : public ::testing::Test {
     auto line = [&](int i, double loss, bool skipped) {
       nlohmann::json j = {{"step", i}, {"lr", 2e-3}, {"grad_norm", 0.5}, {"tokens_per_s", 4096.0}, {"step_s", 2.0},
                           {"moe/layer1/load_cv", 0.1 * i}, {"moe/layer3/load_cv", 0.05 * i}, {"moe_load_cv", 0.1 * i},
-                          {"moe/layer1/dropped", 0}, {"moe/layer3/dropped", 0}};
+                          {"moe/layer1/dropped", 0}, {"moe/layer3/dropped", 0}, {"moe/layer3/global_aux_loss", 1.0}};
       j["loss"] = skipped ? nlohmann::json(nullptr) : nlohmann::json(loss);
       if (skipped) j["skipped"] = true;
       s += j.dump() + "\n";
@@ -142,6 +142,11 @@ TEST_F(ReportTest, PanelsHoldEachRunsStepsAndThePngShowsEveryRun) {
   EXPECT_EQ(steps_of(series(*cv, "beta", "moe/layer1/load_cv")), range(1, 20));
   EXPECT_EQ(steps_of(series(*cv, "beta", "moe/layer3/load_cv")), range(1, 20));
   EXPECT_EQ(steps_of(series(*cv, "beta", "moe_load_cv")), range(1, 20));
+  // A listed balancing type's own key (global_aux_loss beside aux_loss) gets its panel.
+  const auto* listed = panel(j, "moe_listed_aux");
+  ASSERT_NE(listed, nullptr);
+  EXPECT_EQ(steps_of(series(*listed, "beta", "moe/layer3/global_aux_loss")), range(1, 20));
+  EXPECT_EQ(series(*listed, "alpha", "moe/layer3/global_aux_loss"), nullptr);
 
   // The PNG, read back with Cairo: the size the layout says, and each run's colour in the loss
   // panel (drawn lines), but not the colour of a third run that is not there.

@@ -108,7 +108,9 @@ TEST(MoeSpec, LoadBalancingTypeSelectsTheAuxLossOrRefusesByName) {
   v.set("moe_router_load_balancing_type", config::Value::string("seq_aux_loss"));
   ModelSpec s = parse(v);
   EXPECT_TRUE(s.moe.seq_aux_loss);
-  EXPECT_DOUBLE_EQ(s.moe.aux_loss_coeff, 0.01);
+  EXPECT_FALSE(s.moe.batch_aux_loss);
+  EXPECT_DOUBLE_EQ(s.moe.seq_aux_loss_coeff, 0.01);
+  EXPECT_DOUBLE_EQ(s.moe.aux_loss_coeff, 0.0);
   v.set("moe_router_load_balancing_type", config::Value::string("aux_loss"));
   EXPECT_FALSE(parse(v).moe.seq_aux_loss);
   v.set("moe_router_load_balancing_type", config::Value::string("none"));
@@ -119,13 +121,75 @@ TEST(MoeSpec, LoadBalancingTypeSelectsTheAuxLossOrRefusesByName) {
   ModelSpec g = parse(v);
   EXPECT_TRUE(g.moe.global_aux_loss);
   EXPECT_FALSE(g.moe.seq_aux_loss);
-  EXPECT_DOUBLE_EQ(g.moe.aux_loss_coeff, 0.01);
+  EXPECT_DOUBLE_EQ(g.moe.global_aux_loss_coeff, 0.01);
+  EXPECT_EQ(g.moe.primary_balance(), MoeSpec::Balance::Global);
   EXPECT_FALSE(s.moe.global_aux_loss);
   v.set("moe_router_load_balancing_type", config::Value::string("sinkhorn"));
   const std::string e = error_of(v);
   EXPECT_NE(e.find("moe_router_load_balancing_type 'sinkhorn' is not implemented"), std::string::npos) << e;
   v.set("moe_router_load_balancing_type", config::Value::string("seq-aux"));
   EXPECT_NE(error_of(v).find("moe_router_load_balancing_type"), std::string::npos);
+}
+
+// Megatron-LM's list form: moe_router_load_balancing_type lists several types and
+// moe_aux_loss_coeff gives one coefficient per type, in the same order. Anything else that mixes
+// the two forms, repeats a type, or lists none or sinkhorn is refused by name.
+TEST(MoeSpec, LoadBalancingTypeListsTakeOneCoefficientPerType) {
+  auto strs = [](std::initializer_list<const char*> v) {
+    std::vector<config::Value> out;
+    for (const char* s : v) out.push_back(config::Value::string(s));
+    return config::Value::list(out);
+  };
+  auto nums = [](std::initializer_list<double> v) {
+    std::vector<config::Value> out;
+    for (double d : v) out.push_back(config::Value::floating(d));
+    return config::Value::list(out);
+  };
+  config::Value v = moe_config();
+  v.set("moe_router_load_balancing_type", strs({"seq_aux_loss", "global_aux_loss"}));
+  v.set("moe_aux_loss_coeff", nums({1e-4, 1e-3}));
+  const MoeSpec a = parse(v).moe;
+  EXPECT_FALSE(a.batch_aux_loss);
+  EXPECT_TRUE(a.seq_aux_loss && a.global_aux_loss);
+  EXPECT_DOUBLE_EQ(a.seq_aux_loss_coeff, 1e-4);
+  EXPECT_DOUBLE_EQ(a.global_aux_loss_coeff, 1e-3);
+  EXPECT_EQ(a.balance_types(), 2);
+  EXPECT_EQ(a.primary_balance(), MoeSpec::Balance::Sequence);
+  EXPECT_EQ(a.more_balances(), std::vector<MoeSpec::Balance>{MoeSpec::Balance::Global});
+  // The order pairs types with coefficients; the logs' primary is the micro-batch's when listed.
+  v.set("moe_router_load_balancing_type", strs({"global_aux_loss", "aux_loss", "seq_aux_loss"}));
+  v.set("moe_aux_loss_coeff", nums({0.3, 0.1, 0.2}));
+  const MoeSpec b = parse(v).moe;
+  EXPECT_DOUBLE_EQ(b.aux_loss_coeff, 0.1);
+  EXPECT_DOUBLE_EQ(b.seq_aux_loss_coeff, 0.2);
+  EXPECT_DOUBLE_EQ(b.global_aux_loss_coeff, 0.3);
+  EXPECT_EQ(b.primary_balance(), MoeSpec::Balance::Batch);
+  EXPECT_EQ(b.more_balances(), (std::vector<MoeSpec::Balance>{MoeSpec::Balance::Sequence, MoeSpec::Balance::Global}));
+  // A one-element list is the plain form.
+  v.set("moe_router_load_balancing_type", strs({"seq_aux_loss"}));
+  v.set("moe_aux_loss_coeff", nums({0.05}));
+  const MoeSpec c = parse(v).moe;
+  EXPECT_EQ(c.balance_types(), 1);
+  EXPECT_DOUBLE_EQ(c.seq_aux_loss_coeff, 0.05);
+
+  auto refused = [&](config::Value types, config::Value coeffs, const std::string& want) {
+    config::Value w = moe_config();
+    w.set("moe_router_load_balancing_type", std::move(types));
+    w.set("moe_aux_loss_coeff", std::move(coeffs));
+    const std::string e = error_of(w);
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+  };
+  refused(strs({"aux_loss", "seq_aux_loss"}), config::Value::floating(0.01),
+          "lists 2 types and moe_aux_loss_coeff one number");
+  refused(strs({"aux_loss", "seq_aux_loss"}), nums({0.01}), "lists 2 types and moe_aux_loss_coeff 1 numbers");
+  refused(config::Value::string("aux_loss"), nums({0.01, 0.02}), "one type and moe_aux_loss_coeff 2 numbers");
+  refused(strs({"aux_loss", "aux_loss"}), nums({0.01, 0.02}), "lists 'aux_loss' twice");
+  refused(strs({"none", "aux_loss"}), nums({0.0, 0.02}), "'none' stands alone");
+  refused(strs({"aux_loss", "sinkhorn"}), nums({0.01, 0.0}), "'sinkhorn' is not implemented");
+  refused(strs({"aux_loss", "seq-aux"}), nums({0.01, 0.0}), "'seq-aux' is not one of");
+  refused(strs({"aux_loss", "seq_aux_loss"}), nums({0.01, -1.0}), "must be a finite number >= 0");
+  refused(config::Value::list({}), config::Value::list({}), "is an empty list");
+  refused(config::Value::list({config::Value::integer(1)}), nums({0.01}), "lists a value of type integer, not a type name");
 }
 
 // Megatron's moe_router_dtype and moe_token_dispatcher_type: what both backends do is accepted
@@ -266,17 +330,39 @@ TEST(MoeSpec, CheckpointSpecAndExportRules) {
   EXPECT_FALSE(spec_json(primus::testing::tiny_llama()).contains("moe"));  // dense checkpoints unchanged
   // The sequence-wise balance loss is part of the record (another objective), written only when set.
   EXPECT_FALSE(j["moe"].contains("seq_aux_loss"));
-  m.moe.seq_aux_loss = true;
+  // One type keeps the record it always had: aux_loss_coeff is that type's coefficient.
+  m.moe.set_balance(MoeSpec::Balance::Sequence, 0.02);
   const nlohmann::json js = spec_json(m);
   EXPECT_EQ(js["moe"]["seq_aux_loss"], true);
-  EXPECT_TRUE(spec_from_json(js).moe.seq_aux_loss);
+  EXPECT_EQ(js["moe"]["aux_loss_coeff"], 0.02);
+  EXPECT_FALSE(js["moe"].contains("balance"));
+  const MoeSpec sb = spec_from_json(js).moe;
+  EXPECT_TRUE(sb.seq_aux_loss);
+  EXPECT_FALSE(sb.batch_aux_loss);
+  EXPECT_DOUBLE_EQ(sb.seq_aux_loss_coeff, 0.02);
+  EXPECT_DOUBLE_EQ(sb.aux_loss_coeff, 0.0);
   EXPECT_FALSE(j["moe"].contains("global_aux_loss"));
-  m.moe.seq_aux_loss = false;
-  m.moe.global_aux_loss = true;
+  m.moe.set_balance(MoeSpec::Balance::Global, 0.03);
   const nlohmann::json jg = spec_json(m);
   EXPECT_EQ(jg["moe"]["global_aux_loss"], true);
+  EXPECT_EQ(jg["moe"]["aux_loss_coeff"], 0.03);
   EXPECT_TRUE(spec_from_json(jg).moe.global_aux_loss);
+  EXPECT_DOUBLE_EQ(spec_from_json(jg).moe.global_aux_loss_coeff, 0.03);
   EXPECT_FALSE(back.moe.seq_aux_loss);
+  EXPECT_TRUE(back.moe.batch_aux_loss);
+  // A list records each listed type with its coefficient and reads back the same.
+  m.moe.batch_aux_loss = m.moe.seq_aux_loss = true;
+  m.moe.aux_loss_coeff = 0.01;
+  m.moe.seq_aux_loss_coeff = 0.0001;
+  const nlohmann::json jl = spec_json(m);
+  EXPECT_EQ(jl["moe"]["balance"], (nlohmann::json{{"aux_loss", 0.01}, {"seq_aux_loss", 0.0001}, {"global_aux_loss", 0.03}}));
+  const MoeSpec lb = spec_from_json(jl).moe;
+  EXPECT_TRUE(lb.batch_aux_loss && lb.seq_aux_loss && lb.global_aux_loss);
+  EXPECT_DOUBLE_EQ(lb.aux_loss_coeff, 0.01);
+  EXPECT_DOUBLE_EQ(lb.seq_aux_loss_coeff, 0.0001);
+  EXPECT_DOUBLE_EQ(lb.global_aux_loss_coeff, 0.03);
+  EXPECT_EQ(spec_json(spec_from_json(jl)), jl);
+  EXPECT_NE(jl, jg);
   // Mixtral exports; DeepSeek-style routing is refused with the reason.
   ModelSpec mix = primus::testing::tiny_moe(false);
   mix.moe.moe_layers = {true, true, true};

@@ -52,6 +52,60 @@ struct RouterOp {
   }
 };
 
+// The router with the three balancing losses Megatron-LM's list form combines, as a function of
+// its logits: out = [topk_weight (N*K), the batch's switch loss, the mean of the S sequences'
+// losses, a switch loss whose loads are other counts (global_aux_loss's summed counts: the batch's
+// plus fixed extra ones, over `span` tokens), z]. The backward passes all three as terms of one
+// call, the extra load's over span tokens as the kernel's switch term over N at (N / span)^2.
+struct RouterListCfg {
+  int64_t S, T;
+  RouterConfig r;
+};
+template <typename Real>
+struct RouterListOp {
+  RouterListCfg c;
+  int64_t N;
+  std::vector<Real> probs, prob_sum, seq_sum;
+  std::vector<int32_t> idx, counts, seq_counts, global_counts, extra;
+  int64_t span;
+  explicit RouterListOp(const RouterListCfg& cfg) : c(cfg), N(cfg.S * cfg.T), span(3 * cfg.S * cfg.T) {
+    for (int64_t e = 0; e < c.r.num_experts; ++e) extra.push_back(static_cast<int32_t>((7 * e + 3) % 11));
+  }
+  std::vector<InputSpec> inputs() const { return {{"logits", static_cast<size_t>(N * c.r.num_experts), -2, 2, false}}; }
+  size_t out_size() const { return N * c.r.topk + 4; }
+  void forward(const Inputs<Real>& x, std::vector<Real>& out) {
+    const int64_t E = c.r.num_experts, K = c.r.topk;
+    probs.resize(N * E);
+    prob_sum.resize(E);
+    idx.resize(N * K);
+    counts.resize(E);
+    seq_counts.resize(c.S * E);
+    seq_sum.resize(c.S * E);
+    Real z_sum;
+    router_forward(idx.data(), out.data(), probs.data(), counts.data(), prob_sum.data(), &z_sum, x[0].data(),
+                   static_cast<const Real*>(nullptr), N, c.r);
+    double aux, z, glob, ignored;
+    router_losses(&aux, &z, counts.data(), prob_sum.data(), z_sum, N, c.r);
+    moe_sequence_stats(seq_counts.data(), seq_sum.data(), idx.data(), probs.data(), N, {c.S, c.T, c.T}, K, E);
+    global_counts.resize(E);
+    for (int64_t e = 0; e < E; ++e) global_counts[e] = counts[e] + extra[e];
+    router_losses(&glob, &ignored, global_counts.data(), prob_sum.data(), z_sum, span, c.r);
+    out[N * K] = static_cast<Real>(aux);
+    out[N * K + 1] = static_cast<Real>(sequence_aux_loss(seq_counts.data(), seq_sum.data(), c.S, c.T, c.r));
+    out[N * K + 2] = static_cast<Real>(glob);
+    out[N * K + 3] = static_cast<Real>(z);
+  }
+  void backward(const Inputs<Real>& x, const std::vector<Real>& dout, Inputs<Real>& dx) {
+    const int64_t NK = N * c.r.topk;
+    const double shrink = static_cast<double>(N) * static_cast<double>(N) / (static_cast<double>(span) * span);
+    const AuxTerm more[2] = {{seq_counts.data(), static_cast<double>(dout[NK + 1]) / static_cast<double>(c.S),
+                              SequenceRuns{c.S, c.T, c.T}},
+                             {global_counts.data(), static_cast<double>(dout[NK + 2]) * shrink, {}}};
+    router_backward(dx[0].data(), dout.data(), x[0].data(), probs.data(), idx.data(), counts.data(), N, c.r,
+                    static_cast<double>(dout[NK]), static_cast<double>(dout[NK + 3]), nullptr, more, 2);
+  }
+};
+
 RouterConfig softmax_cfg(int64_t E, int64_t K, bool pre) {
   RouterConfig r;
   r.num_experts = E, r.topk = K, r.pre_softmax = pre;
@@ -75,6 +129,48 @@ TEST_F(MoeRouterTest, SigmoidTop1Gradients) {
   RouterConfig r = deepseek_cfg(8, 1, 1, 1);
   check_gradients<RouterOp>(RouterCfg{5, r}, rng);
 }
+// Megatron-LM's list of balancing types: the batch's, the sequences' and the global batch's losses
+// at once, each with its own coefficient (check_gradients draws a random weight per output).
+TEST_F(MoeRouterTest, ListedBalancingLossesGradients) {
+  check_gradients<RouterListOp>(RouterListCfg{3, 5, softmax_cfg(6, 2, false)}, rng);
+  check_gradients<RouterListOp>(RouterListCfg{2, 6, softmax_cfg(6, 3, true)}, rng);
+  check_gradients<RouterListOp>(RouterListCfg{3, 4, deepseek_cfg(8, 2, 4, 2)}, rng);
+}
+
+// The terms add: one call with three terms gives the first term's call (with the weights' and the z
+// loss's gradients) plus a call per further term alone; a term at coefficient 0 reads no counts.
+TEST_F(MoeRouterTest, BalancingTermsAddTheirGradients) {
+  const int64_t S = 2, T = 5, N = S * T, E = 6, K = 2;
+  const RouterConfig r = softmax_cfg(E, K, false);
+  const auto logits = rng.vec(N * E, -2, 2);
+  std::vector<int32_t> idx(N * K), counts(E), sc(S * E), other(E);
+  std::vector<double> w(N * K), probs(N * E), psum(E), sp(S * E);
+  double z_sum;
+  router_forward(idx.data(), w.data(), probs.data(), counts.data(), psum.data(), &z_sum, logits.data(),
+                 static_cast<const double*>(nullptr), N, r);
+  moe_sequence_stats(sc.data(), sp.data(), idx.data(), probs.data(), N, {S, T, T}, K, E);
+  for (int64_t e = 0; e < E; ++e) other[e] = static_cast<int32_t>(3 * e + 1);
+  const auto dweight = rng.vec(N * K, -1, 1);
+  const std::vector<double> no_dweight(N * K, 0.0);
+  const SequenceRuns runs{S, T, T};
+  const AuxTerm more[3] = {{sc.data(), 0.4, runs}, {other.data(), 0.9, {}}, {nullptr, 0.0, {}}};
+  std::vector<double> all(N * E), first(N * E), second(N * E), third(N * E);
+  router_backward(all.data(), dweight.data(), logits.data(), probs.data(), idx.data(), counts.data(), N, r, 0.7, 0.2,
+                  nullptr, more, 3);
+  router_backward(first.data(), dweight.data(), logits.data(), probs.data(), idx.data(), counts.data(), N, r, 0.7,
+                  0.2);
+  router_backward(second.data(), no_dweight.data(), logits.data(), probs.data(), idx.data(), sc.data(), N, r, 0.4, 0.0,
+                  &runs);
+  router_backward(third.data(), no_dweight.data(), logits.data(), probs.data(), idx.data(), other.data(), N, r, 0.9,
+                  0.0);
+  double smallest = 1e9;
+  for (int64_t i = 0; i < N * E; ++i) {
+    EXPECT_NEAR(all[i], first[i] + second[i] + third[i], 1e-12) << i;
+    smallest = std::min(smallest, std::fabs(second[i]) + std::fabs(third[i]));
+  }
+  EXPECT_GT(smallest, 0.0) << "the further terms must move every logit's gradient for the test to see them";
+}
+
 TEST_F(MoeRouterTest, FloatMatchesDouble) {
   check_float_vs_double<RouterOp>(RouterCfg{64, softmax_cfg(64, 8, false)}, rng);
   check_float_vs_double<RouterOp>(RouterCfg{64, deepseek_cfg(64, 6, 8, 3), true}, rng);

@@ -169,6 +169,28 @@ TEST_P(MoeRouterGpuTest, ForwardAndBackwardMatchReference) {
   EXPECT_LT(rel_err(got, r_sdl), 1e-5);
   EXPECT_GT(rel_err(got, std::vector<float>(r_dl.begin(), r_dl.begin() + Ns * E)), 1e-4)
       << "the sequences' counts must move the gradient off the batch's";
+
+  // A list of balancing types, one launch: the batch's switch loss, the sequences' and a global
+  // one's (other counts) as three terms whose gradients add.
+  std::vector<int32_t> r_other(E);
+  for (int64_t e = 0; e < E; ++e) r_other[e] = r_counts[e] + static_cast<int32_t>((5 * e + 2) % 13);
+  const cpu::AuxTerm r_more[2] = {{r_sc.data(), 2.0 * aux_coeff, runs}, {r_other.data(), 0.5 * aux_coeff, {}}};
+  std::vector<float> r_ldl(Ns * E);
+  cpu::router_backward<float>(r_ldl.data(), dweight.data(), logits.data(), r_probs.data(), r_idx.data(),
+                              r_counts.data(), Ns, cfg, aux_coeff, z_coeff, nullptr, r_more, 2);
+  RouterBackwardArgs l = q;
+  l.counts = f.counts;
+  l.seq_len = l.seq_run = 0;
+  RouterBackwardArgs::AuxTerm other;
+  other.counts = i32({E});
+  put_i32(other.counts, r_other);
+  other.coeff = 0.5 * aux_coeff;
+  l.more_aux = {{q.counts, 2.0 * aux_coeff, runs.seq_len, runs.run}, other};
+  poison(l.dlogits);
+  EXPECT_EQ(router_backward(l), BackendType::TURBO);
+  const auto listed = get(l.dlogits);
+  EXPECT_LT(rel_err(listed, r_ldl), 1e-5);
+  EXPECT_GT(rel_err(listed, got), 1e-4) << "the further terms must move the gradient";
 }
 
 INSTANTIATE_TEST_SUITE_P(

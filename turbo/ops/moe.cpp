@@ -119,6 +119,16 @@ MoeDims validate(const RouterBackwardArgs& a) {
   }
   if (!std::isfinite(a.aux_coeff) || !std::isfinite(a.z_coeff))
     throw RuntimeError(fmt::format("{}: aux_coeff {} and z_coeff {} must be finite", op, a.aux_coeff, a.z_coeff));
+  if (a.more_aux.size() > 2)
+    throw RuntimeError(fmt::format("{}: {} further balancing losses (at most 2)", op, a.more_aux.size()));
+  for (const RouterBackwardArgs::AuxTerm& t : a.more_aux) {
+    if (t.seq_len > 0) {
+      moe_check_sequence_rows(t.counts, N, t.seq_run > 0 ? t.seq_run : t.seq_len, E, op);
+    } else {
+      moe_check_vec(t.counts, E, DType::I32, op, "more_aux counts");
+    }
+    if (!std::isfinite(t.coeff)) throw RuntimeError(fmt::format("{}: a further aux coefficient {} is not finite", op, t.coeff));
+  }
   return {N, K, E, 0, 0};
 }
 
@@ -257,22 +267,36 @@ void cpu_router_fwd(const RouterForwardArgs& a) {
                              a.logits.ptr<const float>(), a.bias.defined() ? a.bias.ptr<const float>() : nullptr, d.N,
                              a.cfg);
 }
+// The further aux terms' counts (undefined where there is none: the checks skip those).
+const TensorView* more_counts(const RouterBackwardArgs& a, size_t i) {
+  static const TensorView none;
+  return i < a.more_aux.size() ? &a.more_aux[i].counts : &none;
+}
 std::string cpu_check_router_bwd(const RouterBackwardArgs& a) {
   return moe_cpu_check({{"dlogits", &a.dlogits}, {"dweight", &a.dweight}, {"logits", &a.logits}, {"probs", &a.probs},
-                        {"topk_idx", &a.topk_idx}, {"counts", &a.counts}},
+                        {"topk_idx", &a.topk_idx}, {"counts", &a.counts}, {"more_aux counts", more_counts(a, 0)},
+                        {"more_aux counts", more_counts(a, 1)}},
                        {});
 }
-cpu::SequenceRuns sequence_runs(const RouterBackwardArgs& a) {
-  if (a.seq_len <= 0) return {};
-  return {a.counts.rows(), a.seq_run > 0 ? a.seq_run : a.seq_len, a.seq_len};
+cpu::SequenceRuns sequence_runs(const TensorView& counts, int64_t seq_len, int64_t seq_run) {
+  if (seq_len <= 0) return {};
+  return {counts.rows(), seq_run > 0 ? seq_run : seq_len, seq_len};
+}
+cpu::SequenceRuns sequence_runs(const RouterBackwardArgs& a) { return sequence_runs(a.counts, a.seq_len, a.seq_run); }
+std::vector<cpu::AuxTerm> more_aux_terms(const RouterBackwardArgs& a) {
+  std::vector<cpu::AuxTerm> v;
+  for (const RouterBackwardArgs::AuxTerm& t : a.more_aux)
+    v.push_back({t.counts.ptr<const int32_t>(), t.coeff, sequence_runs(t.counts, t.seq_len, t.seq_run)});
+  return v;
 }
 void cpu_router_bwd(const RouterBackwardArgs& a) {
   const MoeDims d = validate(a);
   const cpu::SequenceRuns runs = sequence_runs(a);
+  const std::vector<cpu::AuxTerm> more = more_aux_terms(a);
   cpu::router_backward<float>(a.dlogits.ptr<float>(), a.dweight.ptr<const float>(), a.logits.ptr<const float>(),
                               a.probs.defined() ? a.probs.ptr<const float>() : nullptr, a.topk_idx.ptr<const int32_t>(),
                               a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff, a.z_coeff,
-                              a.seq_len > 0 ? &runs : nullptr);
+                              a.seq_len > 0 ? &runs : nullptr, more.data(), more.size());
 }
 std::string cpu_check_random_logits(const MoeRandomLogitsArgs& a) { return moe_cpu_check({{"logits", &a.logits}}, {}); }
 void cpu_random_logits(const MoeRandomLogitsArgs& a) {
@@ -390,7 +414,8 @@ void turbo_router_fwd(const RouterForwardArgs& a) {
 }
 std::string turbo_check_router_bwd(const RouterBackwardArgs& a) {
   if (auto w = moe_turbo_check({{"dlogits", &a.dlogits}, {"dweight", &a.dweight}, {"logits", &a.logits},
-                                {"probs", &a.probs}, {"topk_idx", &a.topk_idx}, {"counts", &a.counts}},
+                                {"probs", &a.probs}, {"topk_idx", &a.topk_idx}, {"counts", &a.counts},
+                                {"more_aux counts", more_counts(a, 0)}, {"more_aux counts", more_counts(a, 1)}},
                                a.cfg.topk);
       !w.empty())
     return w;
@@ -398,9 +423,10 @@ std::string turbo_check_router_bwd(const RouterBackwardArgs& a) {
 }
 void turbo_router_bwd(const RouterBackwardArgs& a) {
   const MoeDims d = validate(a);
+  const std::vector<cpu::AuxTerm> more = more_aux_terms(a);
   cuda::router_backward(a.dlogits.ptr<float>(), a.dweight.ptr<const float>(), a.logits.ptr<const float>(),
                         a.topk_idx.ptr<const int32_t>(), a.counts.ptr<const int32_t>(), d.N, a.cfg, a.aux_coeff,
-                        a.z_coeff, sequence_runs(a), moe_stream(a.ctx));
+                        a.z_coeff, sequence_runs(a), moe_stream(a.ctx), more.data(), more.size());
 }
 std::string turbo_check_random_logits(const MoeRandomLogitsArgs& a) {
   return detail::all_on(Device::CUDA, {{"logits", &a.logits}});
@@ -491,8 +517,8 @@ std::string RouterForwardArgs::key() const {
                      cfg.topk, moe_score_name(cfg), cfg.group_topk, cfg.num_groups, bias.defined() ? 1 : 0);
 }
 std::string RouterBackwardArgs::key() const {
-  return fmt::format("router_backward logits={} E={} K={} {} seq={}/{}", logits.describe(), cfg.num_experts, cfg.topk,
-                     moe_score_name(cfg), seq_len, seq_run);
+  return fmt::format("router_backward logits={} E={} K={} {} seq={}/{} aux_terms={}", logits.describe(), cfg.num_experts,
+                     cfg.topk, moe_score_name(cfg), seq_len, seq_run, 1 + more_aux.size());
 }
 std::string MoeRandomLogitsArgs::key() const {
   return fmt::format("moe_random_logits logits={}", logits.describe());

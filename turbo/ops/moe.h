@@ -55,6 +55,15 @@ struct RouterBackwardArgs {
   // moe_sequence_stats), seq_len the tokens of a whole sequence, seq_run (0: seq_len) the rows of
   // one sequence that lie together here, run r being sequence r mod S. One launch for all of them.
   int64_t seq_len = 0, seq_run = 0;
+  // Further balancing losses beside the one above (moe_router_load_balancing_type lists several:
+  // the micro-batch's, the sequences' and the global batch's), at most two, each laid out and
+  // scaled as the first; their gradients add.
+  struct AuxTerm {
+    TensorView counts;  // [E] i32, or [S,E] with seq_len > 0
+    double coeff = 0;
+    int64_t seq_len = 0, seq_run = 0;
+  };
+  std::vector<AuxTerm> more_aux;
   ExecContext ctx;
   std::string key() const;
   Precision precision() const { return Precision::FP32; }

@@ -798,8 +798,10 @@ void Decoder::moe_forward(int64_t l, int64_t N) {
         turbo::cuda::add_inplace_f32(g.ptr<float>(), prev.ptr<const float>(), E, static_cast<cudaStream_t>(c.stream));
       }
     }
-  } else if (opt_.cp && !spec_.moe.seq_aux_loss) {  // the switch loss is the whole sequences': counts summed over the group
-    const TensorView g = moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), 0, spec_.moe.num_experts);
+  }
+  if (opt_.cp && spec_.moe.batch_aux_loss) {  // the switch loss is the whole sequences': counts summed over the group
+    const int64_t E = spec_.moe.num_experts;
+    const TensorView g = moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), cp_counts_row() * E, E);
     turbo::cast(g, r.counts, c);
     opt_.cp->all_reduce_sum(g);
   }
@@ -934,46 +936,56 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   // of the step's micro-batches' counts, the sum over s + 1 of them: each rank passes D times its
   // tokens' part, as the weights' gradients are averaged over the D ranks, so the kernel takes the
   // summed counts at 1 / (D (s + 1)).
-  const bool global = spec_.moe.global_aux_loss;
-  TensorView counts = moe_counts(slot_, l);
-  double aux_share = 1.0;
-  if ((opt_.cp || global) && spec_.moe.aux_loss_coeff > 0 && !spec_.moe.seq_aux_loss) {  // summed in the forward
-    turbo::cast(a_.moe_cp_counts_i, moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), 0, spec_.moe.num_experts), c);
-    counts = a_.moe_cp_counts_i;
-    aux_share = global ? 1.0 / static_cast<double>(opt_.balance_ranks * (slot_ + 1))
-                       : 1.0 / static_cast<double>(opt_.cp->size());
-  }
+  // Each listed balancing loss is one term of the router backward (their gradients add).
+  const train::MoeSpec& e = spec_.moe;
+  const int64_t E = e.num_experts;
   turbo::RouterBackwardArgs rb;
   rb.cfg = router_;
   rb.ctx = c;
-  const auto router_rows = [&](int64_t r0, int64_t r1) {
-    rb.dlogits = a_.dlogits.slice0(r0, r1);
-    rb.dweight = a_.dweight.slice0(r0, r1);
-    rb.logits = m.logits.slice0(r0, r1);
-    rb.probs = m.probs.slice0(r0, r1);
-    rb.topk_idx = m.topk_idx.slice0(r0, r1);
+  rb.dlogits = a_.dlogits.slice0(0, N);
+  rb.dweight = a_.dweight.slice0(0, N);
+  rb.logits = m.logits.slice0(0, N);
+  rb.probs = m.probs.slice0(0, N);
+  rb.topk_idx = m.topk_idx.slice0(0, N);
+  rb.z_coeff = e.z_loss_coeff * scale;
+  std::vector<turbo::RouterBackwardArgs::AuxTerm> terms;
+  // The row r of counts summed in the forward, as i32 for the kernel.
+  const auto summed = [&](int64_t r) {
+    const TensorView i = a_.moe_cp_counts_i.slice0(r, r + 1).reshape({E});
+    turbo::cast(i, moe_row(a_.moe_cp_counts, slot_, moe_index_.at(l), r * E, E), c);
+    return i;
   };
-  if (spec_.moe.seq_aux_loss) {
-    // DeepSeek-V3's sequence-wise loss, one launch: each token's gradient from its sequence's counts
-    // (the whole sequence's under cp, summed in the forward). The mean over the S sequences puts
-    // 1/S on each one's loss; under cp each rank passes cp times its tokens' part, as the switch
-    // loss's does, since the weights' gradients are averaged over the group.
+  if (e.batch_aux_loss && e.aux_loss_coeff > 0) {
+    terms.push_back({moe_counts(slot_, l), e.aux_loss_coeff * scale});
+    if (opt_.cp) {
+      terms.back().counts = summed(cp_counts_row());
+      terms.back().coeff /= static_cast<double>(opt_.cp->size());
+    }
+  }
+  if (e.seq_aux_loss && e.seq_aux_loss_coeff > 0) {
+    // DeepSeek-V3's sequence-wise loss, one term for all sequences: each token's gradient from its
+    // sequence's counts (the whole sequence's under cp, summed in the forward). The mean over the S
+    // sequences puts 1/S on each one's loss; under cp each rank passes cp times its tokens' part,
+    // as the switch loss's does, since the weights' gradients are averaged over the group.
     const turbo::cpu::SequenceRuns runs = seq_runs(N, T_);
     const double cp_share = opt_.cp ? static_cast<double>(opt_.cp->size()) : 1.0;
-    router_rows(0, N);
-    rb.counts = moe_seq_counts(slot_, l, 0, runs.seqs);
-    rb.seq_len = runs.seq_len;
-    rb.seq_run = runs.run;
-    rb.aux_coeff = spec_.moe.aux_loss_coeff * scale * cp_share / static_cast<double>(runs.seqs);
-    rb.z_coeff = spec_.moe.z_loss_coeff * scale;
-    ops_.moe_router_backward(rb);
-  } else {
-    router_rows(0, N);
-    rb.counts = counts;
-    rb.aux_coeff = spec_.moe.aux_loss_coeff * scale * aux_share;
-    rb.z_coeff = spec_.moe.z_loss_coeff * scale;
-    ops_.moe_router_backward(rb);
+    terms.push_back({moe_seq_counts(slot_, l, 0, runs.seqs),
+                     e.seq_aux_loss_coeff * scale * cp_share / static_cast<double>(runs.seqs), runs.seq_len, runs.run});
   }
+  if (e.global_aux_loss && e.global_aux_loss_coeff > 0) {
+    terms.push_back({summed(0), e.global_aux_loss_coeff * scale /
+                                    static_cast<double>(opt_.balance_ranks * (slot_ + 1))});
+  }
+  if (!terms.empty()) {
+    rb.counts = terms.front().counts;
+    rb.aux_coeff = terms.front().coeff;
+    rb.seq_len = terms.front().seq_len;
+    rb.seq_run = terms.front().seq_run;
+    rb.more_aux.assign(terms.begin() + 1, terms.end());
+  } else {
+    rb.counts = moe_counts(slot_, l);  // read by no term: every coefficient is 0
+  }
+  ops_.moe_router_backward(rb);
   const TensorView dlog = a_.dlogits_act.slice0(0, N);
   turbo::cast(dlog, a_.dlogits.slice0(0, N), c);
   turbo::GemmArgs gi;  // dln += dlogits @ router

@@ -151,6 +151,9 @@ class Decoder {
   // Where the sequences of a forward of N tokens in rows of T lie (the sequence-wise loss's
   // statistics and gradient): runs of T rows; under context parallelism two chunks of each sequence.
   turbo::cpu::SequenceRuns seq_runs(int64_t N, int64_t T) const;
+  // The row of ActivationBuffers::moe_cp_counts that holds the micro-batch switch loss's counts
+  // summed over the cp group (after global_aux_loss's, when that is listed).
+  int64_t cp_counts_row() const { return spec_.moe.global_aux_loss ? 1 : 0; }
   void set_profiler(StepProfiler* p) { prof_ = p; }
   StepProfiler* profiler() const { return prof_; }
 

@@ -274,11 +274,11 @@ void MemoryPlan::plan(Take&& take) {
   const int64_t Lm = spec_.num_moe_layers(), E = spec_.moe.num_experts;
   // Context parallelism: a micro-batch is two chunks of each sequence, so half as many sequences.
   const int64_t seq_rows = Lm > 0 && spec_.moe.seq_aux_loss ? (opt_.cp > 1 ? opt_.max_batch / 2 : opt_.max_batch) : 0;
-  // Context parallelism with the switch loss: each layer's counts summed over the group (the loss
-  // is the whole sequences'; its gradient and the logged value read them).
-  // global_aux_loss: the same row holds the counts summed over the ranks holding other tokens and
-  // over the step's micro-batches so far.
-  const int64_t cp_rows = Lm > 0 && (opt_.cp > 1 || spec_.moe.global_aux_loss) && !spec_.moe.seq_aux_loss ? 1 : 0;
+  // global_aux_loss: a row of counts summed over the ranks holding other tokens and over the step's
+  // micro-batches so far. Context parallelism with the micro-batch's switch loss: a row of each
+  // layer's counts summed over the group (the loss is the whole sequences'; its gradient and the
+  // logged value read them).
+  const int64_t cp_rows = Lm > 0 ? moe_summed_rows(spec_, opt_.cp > 1) : 0;
   const int64_t moe_words = S * Lm * (3 * E + 1 + 2 * seq_rows * E + cp_rows * E);
   s.status = take(Pool::State, DType::F32, {S + 3 + moe_words},
                   "step status: loss sums, grad norm, clip factor, finite flag, MoE routing statistics");
@@ -296,7 +296,7 @@ void MemoryPlan::plan(Take&& take) {
       }
       if (cp_rows > 0)
         acts.moe_cp_counts = TensorView(base + S * Lm * (3 * E + 1 + 2 * seq_rows * E), DType::F32, s.status.device,
-                                        {S, Lm, E});
+                                        {S, Lm, cp_rows * E});
     }
   }
   s.hyper = take(Pool::State, DType::F32, {4}, "AdamW lr, bias corrections and step");
@@ -592,11 +592,10 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   a.dlogits = take(Pool::Acts, f32, {N, E}, "MoE router logit gradient");
   a.dlogits_act = take(Pool::Acts, act_, {N, E}, "MoE router logit gradient (GEMM operand)");
   a.dweight = take(Pool::Acts, f32, {N, K}, "MoE routing weight gradient");
-  if (opt_.cp > 1 || spec_.moe.global_aux_loss) {  // the switch loss's summed token counts (Decoder::moe_backward)
-    a.moe_cp_counts_i = take(Pool::Acts, i32, {E}, "MoE token counts summed over the ranks (i32)");
-    if (spec_.moe.seq_aux_loss)  // the sequence-wise loss's counts on their way through the group's sum
-      a.moe_cp_seq_counts = take(Pool::Acts, f32, {opt_.max_batch / 2, E}, "MoE sequences' token counts over the cp group");
-  }
+  if (const int64_t rows = moe_summed_rows(spec_, opt_.cp > 1); rows > 0)  // the switch losses' summed counts
+    a.moe_cp_counts_i = take(Pool::Acts, i32, {rows, E}, "MoE token counts summed over the ranks (i32)");
+  if (opt_.cp > 1 && spec_.moe.seq_aux_loss)  // the sequence-wise loss's counts on their way through the group's sum
+    a.moe_cp_seq_counts = take(Pool::Acts, f32, {opt_.max_batch / 2, E}, "MoE sequences' token counts over the cp group");
   if (Fs > 0) {
     a.dsact = take(Pool::Acts, act_, {N, Fs}, "MoE shared expert activation gradient");
     a.dsfc = take(Pool::Acts, act_, {N, 2 * Fs}, "MoE shared expert gate|up gradient");

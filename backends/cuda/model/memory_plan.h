@@ -179,9 +179,11 @@ struct ActivationBuffers {
   TensorView dyp, dmact, dh, dxp;       // [M,C], [M,F], [M,2F], [M,C]
   TensorView dlogits, dweight;          // f32 [N,E], f32 [N,K]
   TensorView dlogits_act;               // [N,E] in the activation dtype (the router GEMMs' operand)
-  // cp > 1 with the switch loss: each layer's counts summed over the group, f32 [S, Lm, E] in the
-  // status buffer after the sequence-wise rows (summed in the forward), and an i32 [E] copy for the
-  // router backward.
+  // Counts summed over ranks, f32 [S, Lm, R x E] in the status buffer after the sequence-wise rows
+  // (summed in the forward), and an i32 [R, E] copy for the router backward. Row 0 is
+  // global_aux_loss's (over the ranks holding other tokens and the step's micro-batches so far)
+  // when that type is listed; the next, cp > 1 with the micro-batch's switch loss, the counts
+  // summed over the cp group (Decoder::cp_counts_row).
   TensorView moe_cp_counts, moe_cp_counts_i;
   TensorView dsact, dsfc;               // shared expert [N,Fs], [N,2Fs]
   int64_t moe_rows = 0;                 // M
@@ -191,6 +193,13 @@ struct ActivationBuffers {
   TensorView moe_xl, moe_yh, dyh, ep_send, ep_recv;
   int64_t moe_held_rows = 0;            // Mh
 };
+
+// The rows of counts summed over ranks an MoE layer keeps per micro-batch (ActivationBuffers::
+// moe_cp_counts): global_aux_loss's, then, under context parallelism (`cp`), the micro-batch switch
+// loss's.
+inline int64_t moe_summed_rows(const train::ModelSpec& spec, bool cp) {
+  return (spec.moe.global_aux_loss ? 1 : 0) + (cp && spec.moe.batch_aux_loss ? 1 : 0);
+}
 
 struct MemoryPlanOptions {
   int64_t max_batch = 1, max_seq = 0, loss_slots = 1;

@@ -174,20 +174,35 @@ double sequence_aux_loss(const int32_t* counts, const Real* prob_sum, int64_t S,
 template <typename Real>
 void router_backward(Real* dlogits, const Real* dweight, const Real* logits, const Real* probs,
                      const int32_t* topk_idx, const int32_t* counts, int64_t N, const RouterConfig& cfg,
-                     double aux_coeff, double z_coeff, const SequenceRuns* seq) {
+                     double aux_coeff, double z_coeff, const SequenceRuns* seq, const AuxTerm* more,
+                     size_t n_more) {
   (void)probs;  // recomputed in double from the logits: the gradient checks need fp64 throughout
   const int64_t E = cfg.num_experts, K = cfg.topk;
-  if (seq) check_sequence_runs("router_backward", *seq, N);
-  // d aux / d p_ne: the same for every token of a sequence (of the batch without seq).
-  const int64_t S = seq ? seq->seqs : 1;
-  const double len = seq ? static_cast<double>(seq->seq_len) : static_cast<double>(N);
-  std::vector<double> gaux_all(static_cast<size_t>(S * E), 0.0);
-  if (aux_coeff != 0 && N > 0)
-    for (int64_t i = 0; i < S * E; ++i) gaux_all[i] = aux_coeff * E * counts[i] / (len * K * len);
+  std::vector<AuxTerm> terms{{counts, aux_coeff, seq ? *seq : SequenceRuns{}}};
+  terms.insert(terms.end(), more, more + n_more);
+  // d aux / d p_ne: per term, the same for every token of a sequence (of the batch without runs).
+  std::vector<std::vector<double>> gaux_all;
+  bool any_aux = false;
+  for (const AuxTerm& t : terms) {
+    if (t.seq.seqs > 0) check_sequence_runs("router_backward", t.seq, N);
+    const int64_t S = t.seq.seqs > 0 ? t.seq.seqs : 1;
+    const double len = t.seq.seqs > 0 ? static_cast<double>(t.seq.seq_len) : static_cast<double>(N);
+    std::vector<double> g(static_cast<size_t>(S * E), 0.0);
+    if (t.coeff != 0 && N > 0) {
+      for (int64_t i = 0; i < S * E; ++i) g[i] = t.coeff * E * t.counts[i] / (len * K * len);
+      any_aux = true;
+    }
+    gaux_all.push_back(std::move(g));
+  }
   std::vector<double> dl(static_cast<size_t>(E)), dsel(static_cast<size_t>(K)), w(static_cast<size_t>(K));
+  std::vector<double> gaux(static_cast<size_t>(E));
   TokenScores ts;
   for (int64_t n = 0; n < N; ++n) {
-    const double* gaux = gaux_all.data() + (seq ? seq->of(n) : 0) * E;
+    std::fill(gaux.begin(), gaux.end(), 0.0);
+    for (size_t t = 0; t < terms.size(); ++t) {
+      const double* g = gaux_all[t].data() + (terms[t].seq.seqs > 0 ? terms[t].seq.of(n) : 0) * E;
+      for (int64_t e = 0; e < E; ++e) gaux[e] += g[e];
+    }
     ts.compute(logits + n * E, E, cfg.score);
     std::fill(dl.begin(), dl.end(), 0.0);
     const int32_t* idx = topk_idx + n * K;
@@ -216,8 +231,8 @@ void router_backward(Real* dlogits, const Real* dweight, const Real* logits, con
         dl[idx[k]] += du * u * (1 - u);
       }
     }
-    // Through the aux loss's p.
-    if (aux_coeff != 0) {
+    // Through the aux losses' p.
+    if (any_aux) {
       if (cfg.score == RouterScore::Softmax) {
         double dot = 0;
         for (int64_t e = 0; e < E; ++e) dot += gaux[e] * ts.soft[e];
@@ -348,7 +363,8 @@ void router_bias_update(float* bias, const int64_t* load, int64_t E, double rate
                                          int64_t, int64_t);                                                           \
   template double sequence_aux_loss<Real>(const int32_t*, const Real*, int64_t, int64_t, const RouterConfig&);        \
   template void router_backward<Real>(Real*, const Real*, const Real*, const Real*, const int32_t*, const int32_t*,   \
-                                      int64_t, const RouterConfig&, double, double, const SequenceRuns*);             \
+                                      int64_t, const RouterConfig&, double, double, const SequenceRuns*,             \
+                                      const AuxTerm*, size_t);                \
   template int64_t moe_plan_rows<Real>(int32_t*, int32_t*, int32_t*, const int32_t*, const Real*, const int32_t*,     \
                                        int64_t, int64_t, int64_t, int64_t, int64_t, DropPolicy);                      \
   template void moe_permute<Real>(Real*, const Real*, const int32_t*, const int32_t*, const int32_t*, int64_t,        \

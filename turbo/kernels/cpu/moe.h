@@ -26,6 +26,7 @@
 //       (moe_sequence_stats, sequence_aux_loss). Where a call's rows lie: SequenceRuns.
 //   z: mean_n logsumexp(logits_n)^2.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -82,10 +83,19 @@ inline void check_sequence_runs(const char* op, const SequenceRuns& q, int64_t N
 // seq == nullptr: the switch loss over the N tokens, counts [E]. Otherwise the sequence-wise loss's
 // sum over sequences: counts [seqs, E], token n's gradient from its sequence's row, seq_len in
 // place of N (the caller's aux_coeff carries 1 / S for the mean); the z loss stays the mean over N.
+// `more` adds further balancing losses (moe_router_load_balancing_type lists: the micro-batch's,
+// the sequences' and the global batch's at once), each with its own counts, layout and coefficient,
+// exactly as the first term is taken; their gradients add.
+struct AuxTerm {
+  const int32_t* counts = nullptr;
+  double coeff = 0;
+  SequenceRuns seq{};  // seqs 0: the switch loss over the N rows, counts [E]
+};
 template <typename Real>
 void router_backward(Real* dlogits, const Real* dweight, const Real* logits, const Real* probs,
                      const int32_t* topk_idx, const int32_t* counts, int64_t N, const RouterConfig& cfg,
-                     double aux_coeff, double z_coeff, const SequenceRuns* seq = nullptr);
+                     double aux_coeff, double z_coeff, const SequenceRuns* seq = nullptr,
+                     const AuxTerm* more = nullptr, size_t n_more = 0);
 
 // The sequence-wise aux loss's statistics over the N rows laid out as q (q.seq_len is not read):
 // counts [q.seqs, E] = slots routed to each expert within each sequence's rows, prob_sum [q.seqs, E]

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <climits>
 #include <type_traits>
+#include <vector>
 
 #include "turbo/kernels/cuda/common.cuh"
 #include "turbo/kernels/cuda/moe.h"
@@ -352,18 +353,26 @@ __global__ void __launch_bounds__(1024) moe_sequence_stats_kernel(int32_t* count
 }
 
 // ---- router backward ---------------------------------------------------------------------------
+// One balancing loss's statistics (moe_router_load_balancing_type may list several; their
+// gradients add).
+struct MoeAuxTermParams {
+  const int32_t* counts;
+  double coeff;
+  int64_t seqs, run;  // seqs 0: the switch loss, counts [E]; else counts [seqs, E], token n's row (n / run) % seqs
+  double len;         // the tokens a counts row spans (N, or a whole sequence's)
+};
+constexpr int kMoeMaxAuxTerms = 3;  // aux_loss, seq_aux_loss, global_aux_loss
 struct MoeRouterBwdParams {
   float* dlogits;
   const float* dweight;
   const float* logits;
   const int32_t* topk_idx;
-  const int32_t* counts;
   int64_t N;
   int E, K;
   bool sigmoid, pre_softmax;
-  double scaling, aux_coeff, z_coeff;
-  int64_t seqs, run;  // seqs 0: the switch loss, counts [E]; else counts [seqs, E], token n's row (n / run) % seqs
-  double len;         // the tokens a counts row spans (N, or a whole sequence's)
+  double scaling, z_coeff;
+  MoeAuxTermParams aux[kMoeMaxAuxTerms];
+  int aux_terms;  // the entries of aux whose coefficient is not 0
 };
 
 // One warp per token, the same lane layout as the forward; everything recomputed from the logits
@@ -374,12 +383,17 @@ __global__ void __launch_bounds__(kMoeThreads) moe_router_bwd_kernel(MoeRouterBw
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kMoeWarps + warp;
   if (n >= p.N) return;
   // d aux / d p_e: the same for every token of the batch (of a sequence, with the sequence-wise loss).
-  const int32_t* cnt = p.counts + (p.seqs > 0 ? (n / p.run) % p.seqs : 0) * E;
   double gaux[EPL];
 #pragma unroll
-  for (int j = 0; j < EPL; ++j) {
-    const int e = lane + 32 * j;
-    gaux[j] = e < E && p.aux_coeff != 0.0 ? p.aux_coeff * E * cnt[e] / (p.len * K * p.len) : 0.0;
+  for (int j = 0; j < EPL; ++j) gaux[j] = 0.0;
+  for (int t = 0; t < p.aux_terms; ++t) {
+    const MoeAuxTermParams& a = p.aux[t];
+    const int32_t* cnt = a.counts + (a.seqs > 0 ? (n / a.run) % a.seqs : 0) * E;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E) gaux[j] += a.coeff * E * cnt[e] / (a.len * K * a.len);
+    }
   }
   const float* row = p.logits + n * E;
   double x[EPL], soft[EPL], sig[EPL], dl[EPL];
@@ -442,8 +456,8 @@ __global__ void __launch_bounds__(kMoeThreads) moe_router_bwd_kernel(MoeRouterBw
     const double ck = __shfl_sync(0xffffffffu, c, k);
     if (lane == e % 32) moe_add_at(dl, e / 32, ck);
   }
-  // Through the aux loss's p.
-  if (p.aux_coeff != 0.0) {
+  // Through the aux losses' p.
+  if (p.aux_terms > 0) {
     if (!p.sigmoid) {
       double dot = 0.0;
 #pragma unroll
@@ -1048,15 +1062,24 @@ void router_forward(int32_t* topk_idx, float* topk_weight, float* probs, int32_t
 
 void router_backward(float* dlogits, const float* dweight, const float* logits, const int32_t* topk_idx,
                      const int32_t* counts, int64_t N, const cpu::RouterConfig& cfg, double aux_coeff,
-                     double z_coeff, const cpu::SequenceRuns& seq, cudaStream_t stream) {
+                     double z_coeff, const cpu::SequenceRuns& seq, cudaStream_t stream,
+                     const cpu::AuxTerm* more, size_t n_more) {
   const int64_t E = cfg.num_experts, K = cfg.topk;
   moe_check_limits("router_backward", K, E, kMoeMaxRouterExperts);
-  if (seq.seqs > 0) cpu::check_sequence_runs("router_backward", seq, N);
+  if (n_more + 1 > static_cast<size_t>(kMoeMaxAuxTerms))
+    throw RuntimeError(fmt::format("router_backward: {} balancing losses (at most {})", n_more + 1, kMoeMaxAuxTerms));
+  std::vector<cpu::AuxTerm> terms{{counts, aux_coeff, seq}};
+  terms.insert(terms.end(), more, more + n_more);
+  for (const cpu::AuxTerm& t : terms)
+    if (t.seq.seqs > 0) cpu::check_sequence_runs("router_backward", t.seq, N);
   if (N == 0) return;
-  MoeRouterBwdParams p{dlogits, dweight, logits, topk_idx, counts, N, static_cast<int>(E), static_cast<int>(K),
-                       cfg.score == cpu::RouterScore::Sigmoid, cfg.pre_softmax, cfg.scaling_factor, aux_coeff, z_coeff,
-                       seq.seqs, seq.seqs > 0 ? seq.run : 1,
-                       static_cast<double>(seq.seqs > 0 ? seq.seq_len : N)};
+  MoeRouterBwdParams p{dlogits, dweight, logits, topk_idx, N, static_cast<int>(E), static_cast<int>(K),
+                       cfg.score == cpu::RouterScore::Sigmoid, cfg.pre_softmax, cfg.scaling_factor, z_coeff, {}, 0};
+  for (const cpu::AuxTerm& t : terms) {
+    if (t.coeff == 0.0) continue;
+    p.aux[p.aux_terms++] = {t.counts, t.coeff, t.seq.seqs, t.seq.seqs > 0 ? t.seq.run : 1,
+                            static_cast<double>(t.seq.seqs > 0 ? t.seq.seq_len : N)};
+  }
   moe_with_epl(E, [&](auto epl) {
     moe_router_bwd_kernel<decltype(epl)::value>
         <<<static_cast<unsigned>(moe_token_blocks(N)), kMoeThreads, 0, stream>>>(p);

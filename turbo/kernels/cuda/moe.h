@@ -33,10 +33,11 @@ void router_forward(int32_t* topk_idx, float* topk_weight, float* probs, int32_t
                     float* z_sum, const float* logits, const float* bias, int64_t N, const cpu::RouterConfig& cfg,
                     void* scratch, cudaStream_t stream);
 // dlogits [N,E] (overwritten), as cpu::router_backward; seq.seqs == 0: the switch loss (counts [E]),
-// else the sequence-wise loss (counts [seq.seqs, E]).
+// else the sequence-wise loss (counts [seq.seqs, E]); `more` (at most two) as the CPU kernel's.
 void router_backward(float* dlogits, const float* dweight, const float* logits, const int32_t* topk_idx,
                      const int32_t* counts, int64_t N, const cpu::RouterConfig& cfg, double aux_coeff,
-                     double z_coeff, const cpu::SequenceRuns& seq, cudaStream_t stream);
+                     double z_coeff, const cpu::SequenceRuns& seq, cudaStream_t stream,
+                     const cpu::AuxTerm* more = nullptr, size_t n_more = 0);
 
 // logits [N,E] <- cpu::moe_random_logit(seed, n, e), bit for bit.
 void moe_random_logits(float* logits, int64_t N, int64_t E, uint64_t seed, cudaStream_t stream);
