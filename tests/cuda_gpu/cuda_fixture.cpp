@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
+#include <set>
 #include <stdexcept>
 #include <iterator>
 #include <map>
@@ -359,6 +361,28 @@ Step0 step0_parity(train::ModelSpec spec, Attn attn, turbo::Device device, unsig
       for (int32_t e : b) weakest = std::min(weakest, sel(e));
       for (int32_t e : a)
         if (!std::binary_search(b.begin(), b.end(), e)) missed = std::max(missed, sel(e));
+      // Group-limited routing decides the groups first (by the sum of each group's top
+      // topk / group_topk scores): where the chosen groups differ, the near-tie was between groups,
+      // and the experts that swapped may lie far apart in their own scores.
+      if (spec.moe.num_groups > 1) {
+        const int64_t G = spec.moe.num_groups, per = E / G, take = K / spec.moe.group_topk;
+        std::vector<double> group(static_cast<size_t>(G));
+        for (int64_t g = 0; g < G; ++g) {
+          std::vector<double> v;
+          for (int64_t e = g * per; e < (g + 1) * per; ++e) v.push_back(sel(static_cast<int32_t>(e)));
+          std::sort(v.rbegin(), v.rend());
+          group[g] = std::accumulate(v.begin(), v.begin() + take, 0.0);
+        }
+        std::set<int64_t> ga, gb;
+        for (int32_t e : a) ga.insert(e / per);
+        for (int32_t e : b) gb.insert(e / per);
+        if (ga != gb) {
+          weakest = INFINITY, missed = -INFINITY;
+          for (int64_t g : gb) weakest = std::min(weakest, group[g]);
+          for (int64_t g : ga)
+            if (!gb.count(g)) missed = std::max(missed, group[g]);
+        }
+      }
       r.max_gap = std::max(r.max_gap, weakest - missed);
     }
     first_moe = false;

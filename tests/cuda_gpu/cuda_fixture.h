@@ -97,7 +97,7 @@ struct Step0 {
   // rerouted_first_layer in the first MoE layer, whose input differs by bf16 arithmetic alone (a
   // rerouted token changes its own later inputs and, through attention, those of the tokens after
   // it), and max_gap is the largest score gap the reference saw there between the experts that
-  // swapped.
+  // swapped (between the groups, where group-limited routing chose other groups).
   std::vector<std::vector<int64_t>> expert_load, ref_expert_load;
   // MoE: every layer's aux and z loss values as the trainer logs them ("moe/layer<l>/aux_loss",
   // ".../z_loss"): ours from the step status, the reference's from its layers (on the routing
