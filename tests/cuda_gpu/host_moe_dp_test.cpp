@@ -30,6 +30,22 @@ void expect_same_metric(const std::filesystem::path& dir, const std::string& run
   primus::testing::expect_same_losses(one, primus::testing::losses(dir / "g/u" / run, key), run + " " + key);
 }
 
+// The tiny MoE experiment with `extra` model keys, two micro-batches of 4 a step, trained by the
+// reference backend (run "reference") and the cuda trainer in host mode (run "cuda") in `w`.
+// Returns the cuda run's config (for further runs under overrides), or an empty path after a
+// failure the test has recorded.
+std::filesystem::path run_reference_and_cuda(primus::testing::Workdir& w, const std::string& extra) {
+  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str(), "moe/tiny.yaml", 2, 4) +
+                                          moe_overrides(extra));
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str(), "moe/tiny.yaml", 2, 4) +
+                                            moe_overrides(extra));
+  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  if (r.code != 0) return {};
+  run_host_trainer(cuda_file, {});
+  return cuda_file;
+}
+
 TEST(CudaHostTrainerMoe, ShardedDataParallelTwoProcessesTrainAsOne) {
   testing::TwoProcesses t(moe_overrides(), "moe/tiny.yaml");
   for (const std::string strategy : {"optim_grads", "optim_grads_params"}) {
@@ -137,13 +153,8 @@ TEST(CudaHostTrainerMoe, ContextParallelTrainsAsOneWithTheSequenceWiseLoss) {
 TEST(CudaHostTrainerMoe, GlobalAuxLossIsTheGlobalBatchsOverMicroBatchesAndRanks) {
   const std::string global = "      moe_aux_loss_coeff: 0.5\n      moe_router_load_balancing_type: global_aux_loss\n";
   primus::testing::Workdir w;
-  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str(), "moe/tiny.yaml", 2, 4) +
-                                          moe_overrides(global));
-  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str(), "moe/tiny.yaml", 2, 4) +
-                                            moe_overrides(global));
-  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
-  ASSERT_EQ(r.code, 0) << r.out;
-  run_host_trainer(cuda_file, {});
+  const std::filesystem::path cuda_file = run_reference_and_cuda(w, global);
+  if (cuda_file.empty()) return;
   run_host_trainer(cuda_file, {"exp_name=micro", "moe_router_load_balancing_type=aux_loss"});
   testing::expect_same_trainer_runs(w.path(), "reference", "cuda");
   for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss"}) {
@@ -180,13 +191,8 @@ TEST(CudaHostTrainerMoe, BalancingTypeListsFollowTheReference) {
       "      moe_aux_loss_coeff: [0.3, 0.2, 0.5]\n"
       "      moe_router_load_balancing_type: [aux_loss, seq_aux_loss, global_aux_loss]\n";
   primus::testing::Workdir w;
-  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str(), "moe/tiny.yaml", 2, 4) +
-                                          moe_overrides(list));
-  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str(), "moe/tiny.yaml", 2, 4) +
-                                            moe_overrides(list));
-  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
-  ASSERT_EQ(r.code, 0) << r.out;
-  run_host_trainer(cuda_file, {});
+  const std::filesystem::path cuda_file = run_reference_and_cuda(w, list);
+  if (cuda_file.empty()) return;
   run_host_trainer(cuda_file, {"exp_name=micro", "moe_router_load_balancing_type=aux_loss", "moe_aux_loss_coeff=0.3"});
   testing::expect_same_trainer_runs(w.path(), "reference", "cuda");
   for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/seq_aux_loss", "moe/layer1/global_aux_loss"}) {
