@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <tuple>
 #include <utility>
 
 #include "step_fixture.h"
@@ -164,40 +165,50 @@ TEST_F(CudaGpuTest, Bf16ExpertGradientsTrainAsTheF32Ones) {
 // against the host model (which the host trainer tests hold to the reference backend), the final
 // weights within 1e-2 relative L2, and with the aux coefficient at 5 (the routers' weights follow
 // the balancing loss) the routers' weights at least three times nearer the host's than those the
-// micro-batch loss trains on the host.
+// micro-batch loss trains on the host. The same for a list of the three types (docs/moe.md
+// "Several balancing losses"), whose control is its micro-batch loss alone.
 TEST_F(CudaGpuTest, GlobalAuxLossTrainsUnderTheGraphAsOnTheHost) {
-  train::ModelSpec spec = tiny_moe_spec(false);
-  spec.moe.set_balance(train::MoeSpec::Balance::Global, 5.0);
-  StepRunOptions o;
-  o.spec = &spec;
-  o.device = turbo::Device::CUDA;
-  o.steps = 6;
-  o.micro = 2;
-  const EagerAndGraph gpu = eager_then_graph(o);
-  StepRunOptions h = o;
-  h.device = turbo::Device::CPU;
-  const StepRun host = run_steps(h);
-  train::ModelSpec micro_spec = spec;
-  micro_spec.moe.set_balance(train::MoeSpec::Balance::Batch, 5.0);
-  h.spec = &micro_spec;
-  const StepRun micro = run_steps(h);
-  const auto n = static_cast<int64_t>(host.params.size());
-  EXPECT_LT(rel_l2(gpu.graph.params.data(), host.params.data(), n), 1e-2);
-  auto routers = [&](const std::vector<float>& p) {
-    std::vector<float> out;
-    const train::ParamLayout layout = train::make_param_layout(spec);
-    for (const auto& t : layout.tensors)
-      if (t.name.find("moe.router.weight") != std::string::npos)
-        out.insert(out.end(), p.begin() + t.offset, p.begin() + t.offset + t.numel);
-    return out;
-  };
-  const std::vector<float> want = routers(host.params), got = routers(gpu.graph.params), other = routers(micro.params);
-  ASSERT_FALSE(want.empty());
-  const auto r = static_cast<int64_t>(want.size());
-  const double off = rel_l2(got.data(), want.data(), r), control = rel_l2(other.data(), want.data(), r);
-  EXPECT_GT(control, 3 * off) << "the micro-batch loss's routers are as near the global loss's as the device's";
-  std::printf("[moe] global_aux_loss: routers, device vs host %.3g (the micro-batch loss on the host: %.3g)\n", off,
-              control);
+  using Balance = train::MoeSpec::Balance;
+  train::ModelSpec global = tiny_moe_spec(false), global_control = global;
+  global.moe.set_balance(Balance::Global, 5.0);
+  global_control.moe.set_balance(Balance::Batch, 5.0);
+  train::ModelSpec list = global, list_control = global;
+  list.moe.batch_aux_loss = list.moe.seq_aux_loss = true;
+  list.moe.aux_loss_coeff = 1.0;
+  list.moe.seq_aux_loss_coeff = 2.0;
+  list_control.moe.set_balance(Balance::Batch, 1.0);
+  for (const auto& [name, spec, control] : {std::tuple{"global_aux_loss", &global, &global_control},
+                                            std::tuple{"aux_loss, seq_aux_loss, global_aux_loss", &list, &list_control}}) {
+    SCOPED_TRACE(name);
+    StepRunOptions o;
+    o.spec = spec;
+    o.device = turbo::Device::CUDA;
+    o.steps = 6;
+    o.micro = 2;
+    const EagerAndGraph gpu = eager_then_graph(o);
+    StepRunOptions h = o;
+    h.device = turbo::Device::CPU;
+    const StepRun host = run_steps(h);
+    h.spec = control;
+    const StepRun micro = run_steps(h);
+    const auto n = static_cast<int64_t>(host.params.size());
+    EXPECT_LT(rel_l2(gpu.graph.params.data(), host.params.data(), n), 1e-2);
+    auto routers = [&](const std::vector<float>& p) {
+      std::vector<float> out;
+      const train::ParamLayout layout = train::make_param_layout(*spec);
+      for (const auto& t : layout.tensors)
+        if (t.name.find("moe.router.weight") != std::string::npos)
+          out.insert(out.end(), p.begin() + t.offset, p.begin() + t.offset + t.numel);
+      return out;
+    };
+    const std::vector<float> want = routers(host.params), got = routers(gpu.graph.params), other = routers(micro.params);
+    ASSERT_FALSE(want.empty());
+    const auto r = static_cast<int64_t>(want.size());
+    const double off = rel_l2(got.data(), want.data(), r), ctl = rel_l2(other.data(), want.data(), r);
+    EXPECT_GT(ctl, 3 * off) << "the control's routers are as near the host's as the device's";
+    std::printf("[moe] %s: routers, device vs host %.3g (the micro-batch loss alone on the host: %.3g)\n", name, off,
+                ctl);
+  }
 }
 
 // SwiGLU in the expert GEMMs' epilogues (CudaModelOptions::moe_swiglu_epilogue, the default where
