@@ -185,7 +185,8 @@ TEST(CudaHostTrainerMoe, GlobalAuxLossIsTheGlobalBatchsOverMicroBatchesAndRanks)
 // backend's losses, validation losses and each type's logged loss (aux_loss the micro-batch's, the
 // others under their own names); the micro-batch loss alone at the same coefficient is the control
 // and misses. cp2, where the micro-batch loss's and the global loss's counts are both summed over
-// the group (two rows), gives one process's run.
+// the group (two rows), gives one process's run; so do dp2 and ep2 under [seq_aux_loss,
+// global_aux_loss], neither of which depends on how the global batch is cut into micro-batches.
 TEST(CudaHostTrainerMoe, BalancingTypeListsFollowTheReference) {
   const std::string list =
       "      moe_aux_loss_coeff: [0.3, 0.2, 0.5]\n"
@@ -213,6 +214,18 @@ TEST(CudaHostTrainerMoe, BalancingTypeListsFollowTheReference) {
   for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/seq_aux_loss",
                           "moe/layer1/global_aux_loss", "moe/layer1/load_cv"})
     expect_same_metric(t.dir(), "list_cp2", key);
+
+  // The sequences' and the global batch's losses do not depend on how the global batch is cut:
+  // dp2 and ep2 with micro-batches of 4 give one process's run with the whole batch of 8.
+  testing::TwoProcesses u(moe_overrides("      moe_aux_loss_coeff: [0.2, 0.5]\n"
+                                        "      moe_router_load_balancing_type: [seq_aux_loss, global_aux_loss]\n"),
+                          "moe/tiny.yaml", 2, 8);
+  u.expect_matches("list_dp2", "micro_batch_size=4", "data parallel: 2 ranks", 1e-5, 2, false);
+  u.expect_matches("list_ep2", "expert_model_parallel_size=2 micro_batch_size=4", "expert parallel over 2 ranks", 1e-5,
+                   2, false);
+  for (const char* run : {"list_dp2", "list_ep2"})
+    for (const char* key : {"moe/layer0/aux_loss", "moe/layer1/aux_loss", "moe/layer1/global_aux_loss"})
+      expect_same_metric(u.dir(), run, key);
 }
 
 }  // namespace
