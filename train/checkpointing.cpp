@@ -20,7 +20,7 @@ nlohmann::json moe_json(const MoeSpec& e) {
   // record it always had (aux_loss_coeff is that type's coefficient); a list of types records each
   // listed type with its own coefficient.
   if (e.balance_types() == 1) {
-    j["aux_loss_coeff"] = e.balance_coeff(e.primary_balance());
+    j["aux_loss_coeff"] = e.primary_coeff();
     if (e.seq_aux_loss) j["seq_aux_loss"] = true;
     if (e.global_aux_loss) j["global_aux_loss"] = true;
   } else {

@@ -140,7 +140,10 @@ void balancing_from_config(const config::Value& p, MoeSpec& e, Fail&& fail) {
   std::vector<std::string> types;
   if (tlist) {
     for (const config::Value& it : tv->items()) {
-      if (!is_text(it)) fail(tkey, fmt::format("{} lists a value of type {}, not a type name", tkey, config::Value::kind_name(it.kind())));
+      if (!is_text(it)) {
+        fail(tkey, fmt::format("{} lists a value of type {}, not a type name", tkey,
+                               config::Value::kind_name(it.kind())));
+      }
       types.push_back(it.as_string());
     }
     if (types.empty()) fail(tkey, fmt::format("{} is an empty list; name a type or none", tkey));
@@ -153,7 +156,9 @@ void balancing_from_config(const config::Value& p, MoeSpec& e, Fail&& fail) {
   std::vector<double> coeffs;
   if (clist) {
     for (const config::Value& it : cv->items()) {
-      if (!is_number(it)) fail(ckey, fmt::format("{} lists a value of type {}, not a number", ckey, config::Value::kind_name(it.kind())));
+      if (!is_number(it)) {
+        fail(ckey, fmt::format("{} lists a value of type {}, not a number", ckey, config::Value::kind_name(it.kind())));
+      }
       coeffs.push_back(it.as_double());
     }
   } else {
@@ -178,7 +183,7 @@ void balancing_from_config(const config::Value& p, MoeSpec& e, Fail&& fail) {
                              "(or the aux-loss-free moe_router_enable_expert_bias)",
                              tkey));
     }
-    if ((t == "none") && types.size() > 1)
+    if (t == "none" && types.size() > 1)
       fail(tkey, fmt::format("{} lists 'none' beside other types; 'none' stands alone", tkey));
     bool* listed = t == "aux_loss" ? &e.batch_aux_loss
                    : t == "seq_aux_loss" ? &e.seq_aux_loss

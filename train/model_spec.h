@@ -79,6 +79,7 @@ struct MoeSpec {
   double balance_coeff(Balance b) const {
     return b == Balance::Batch ? aux_loss_coeff : b == Balance::Sequence ? seq_aux_loss_coeff : global_aux_loss_coeff;
   }
+  double primary_coeff() const { return balance_coeff(primary_balance()); }
   // The listed types other than the primary, in the order Batch, Sequence, Global.
   std::vector<Balance> more_balances() const {
     std::vector<Balance> v;
@@ -94,7 +95,8 @@ struct MoeSpec {
     seq_aux_loss = b == Balance::Sequence;
     global_aux_loss = b == Balance::Global;
     aux_loss_coeff = seq_aux_loss_coeff = global_aux_loss_coeff = 0.0;
-    (b == Balance::Batch ? aux_loss_coeff : b == Balance::Sequence ? seq_aux_loss_coeff : global_aux_loss_coeff) = coeff;
+    double& c = b == Balance::Batch ? aux_loss_coeff : b == Balance::Sequence ? seq_aux_loss_coeff : global_aux_loss_coeff;
+    c = coeff;
   }
   static const char* balance_name(Balance b) {
     return b == Balance::Batch ? "aux_loss" : b == Balance::Sequence ? "seq_aux_loss" : "global_aux_loss";

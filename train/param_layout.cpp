@@ -293,7 +293,7 @@ std::string hf_config_json(const ModelSpec& m, int eos) {
       j.update({{"moe_intermediate_size", m.moe.ffn_hidden_size}, {"num_experts", m.moe.num_experts},
                 {"num_experts_per_tok", m.moe.topk}, {"norm_topk_prob", !m.moe.pre_softmax},
                 {"decoder_sparse_step", 1}, {"mlp_only_layers", dense},
-                {"router_aux_loss_coef", m.moe.balance_coeff(m.moe.primary_balance())}, {"output_router_logits", false},
+                {"router_aux_loss_coef", m.moe.primary_coeff()}, {"output_router_logits", false},
                 {"attention_bias", false}, {"use_sliding_window", false}, {"sliding_window", nullptr},
                 {"max_window_layers", m.num_layers}});
       return j.dump(2);
@@ -304,14 +304,14 @@ std::string hf_config_json(const ModelSpec& m, int eos) {
       j.erase("head_dim");
       j.update({{"intermediate_size", m.moe.ffn_hidden_size}, {"num_experts", m.moe.num_experts},
                 {"num_experts_per_tok", m.moe.topk}, {"norm_topk_prob", !m.moe.pre_softmax},
-                {"router_aux_loss_coef", m.moe.balance_coeff(m.moe.primary_balance())}, {"output_router_logits", false},
+                {"router_aux_loss_coef", m.moe.primary_coeff()}, {"output_router_logits", false},
                 {"attention_bias", false}, {"clip_qkv", nullptr}, {"pad_token_id", nullptr}});
       return j.dump(2);
     }
     j = llama_like_config(m, "MixtralForCausalLM", "mixtral", eos);
     j.erase("intermediate_size");
     j.update({{"intermediate_size", m.moe.ffn_hidden_size}, {"num_local_experts", m.moe.num_experts},
-              {"num_experts_per_tok", m.moe.topk}, {"router_aux_loss_coef", m.moe.balance_coeff(m.moe.primary_balance())},
+              {"num_experts_per_tok", m.moe.topk}, {"router_aux_loss_coef", m.moe.primary_coeff()},
               {"output_router_logits", false}, {"sliding_window", nullptr}});
     return j.dump(2);
   }

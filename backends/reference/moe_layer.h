@@ -45,7 +45,8 @@ class MoeLayer {
     double batch_aux = 0, seq_aux = 0, global_aux = 0;
     std::vector<double> more_aux;
     double of(train::MoeSpec::Balance b) const {
-      return b == train::MoeSpec::Balance::Batch ? batch_aux : b == train::MoeSpec::Balance::Sequence ? seq_aux : global_aux;
+      using B = train::MoeSpec::Balance;
+      return b == B::Batch ? batch_aux : b == B::Sequence ? seq_aux : global_aux;
     }
   };
 

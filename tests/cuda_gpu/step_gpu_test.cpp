@@ -177,8 +177,9 @@ TEST_F(CudaGpuTest, GlobalAuxLossTrainsUnderTheGraphAsOnTheHost) {
   list.moe.aux_loss_coeff = 1.0;
   list.moe.seq_aux_loss_coeff = 2.0;
   list_control.moe.set_balance(Balance::Batch, 1.0);
-  for (const auto& [name, spec, control] : {std::tuple{"global_aux_loss", &global, &global_control},
-                                            std::tuple{"aux_loss, seq_aux_loss, global_aux_loss", &list, &list_control}}) {
+  const auto cases = {std::tuple{"global_aux_loss", &global, &global_control},
+                      std::tuple{"aux_loss, seq_aux_loss, global_aux_loss", &list, &list_control}};
+  for (const auto& [name, spec, control] : cases) {
     SCOPED_TRACE(name);
     StepRunOptions o;
     o.spec = spec;
@@ -201,7 +202,8 @@ TEST_F(CudaGpuTest, GlobalAuxLossTrainsUnderTheGraphAsOnTheHost) {
           out.insert(out.end(), p.begin() + t.offset, p.begin() + t.offset + t.numel);
       return out;
     };
-    const std::vector<float> want = routers(host.params), got = routers(gpu.graph.params), other = routers(micro.params);
+    const std::vector<float> want = routers(host.params), got = routers(gpu.graph.params);
+    const std::vector<float> other = routers(micro.params);
     ASSERT_FALSE(want.empty());
     const auto r = static_cast<int64_t>(want.size());
     const double off = rel_l2(got.data(), want.data(), r), ctl = rel_l2(other.data(), want.data(), r);

@@ -189,7 +189,8 @@ TEST(MoeSpec, LoadBalancingTypeListsTakeOneCoefficientPerType) {
   refused(strs({"aux_loss", "seq-aux"}), nums({0.01, 0.0}), "'seq-aux' is not one of");
   refused(strs({"aux_loss", "seq_aux_loss"}), nums({0.01, -1.0}), "must be a finite number >= 0");
   refused(config::Value::list({}), config::Value::list({}), "is an empty list");
-  refused(config::Value::list({config::Value::integer(1)}), nums({0.01}), "lists a value of type integer, not a type name");
+  refused(config::Value::list({config::Value::integer(1)}), nums({0.01}),
+          "lists a value of type integer, not a type name");
 }
 
 // Megatron's moe_router_dtype and moe_token_dispatcher_type: what both backends do is accepted
@@ -355,7 +356,8 @@ TEST(MoeSpec, CheckpointSpecAndExportRules) {
   m.moe.aux_loss_coeff = 0.01;
   m.moe.seq_aux_loss_coeff = 0.0001;
   const nlohmann::json jl = spec_json(m);
-  EXPECT_EQ(jl["moe"]["balance"], (nlohmann::json{{"aux_loss", 0.01}, {"seq_aux_loss", 0.0001}, {"global_aux_loss", 0.03}}));
+  EXPECT_EQ(jl["moe"]["balance"],
+            (nlohmann::json{{"aux_loss", 0.01}, {"seq_aux_loss", 0.0001}, {"global_aux_loss", 0.03}}));
   const MoeSpec lb = spec_from_json(jl).moe;
   EXPECT_TRUE(lb.batch_aux_loss && lb.seq_aux_loss && lb.global_aux_loss);
   EXPECT_DOUBLE_EQ(lb.aux_loss_coeff, 0.01);

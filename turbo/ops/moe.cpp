@@ -127,7 +127,8 @@ MoeDims validate(const RouterBackwardArgs& a) {
     } else {
       moe_check_vec(t.counts, E, DType::I32, op, "more_aux counts");
     }
-    if (!std::isfinite(t.coeff)) throw RuntimeError(fmt::format("{}: a further aux coefficient {} is not finite", op, t.coeff));
+    if (!std::isfinite(t.coeff))
+      throw RuntimeError(fmt::format("{}: a further aux coefficient {} is not finite", op, t.coeff));
   }
   return {N, K, E, 0, 0};
 }

@@ -595,7 +595,8 @@ void MemoryPlan::plan_moe(Take&& take, int64_t N) {
   if (const int64_t rows = moe_summed_rows(spec_, opt_.cp > 1); rows > 0)  // the switch losses' summed counts
     a.moe_cp_counts_i = take(Pool::Acts, i32, {rows, E}, "MoE token counts summed over the ranks (i32)");
   if (opt_.cp > 1 && spec_.moe.seq_aux_loss)  // the sequence-wise loss's counts on their way through the group's sum
-    a.moe_cp_seq_counts = take(Pool::Acts, f32, {opt_.max_batch / 2, E}, "MoE sequences' token counts over the cp group");
+    a.moe_cp_seq_counts =
+        take(Pool::Acts, f32, {opt_.max_batch / 2, E}, "MoE sequences' token counts over the cp group");
   if (Fs > 0) {
     a.dsact = take(Pool::Acts, act_, {N, Fs}, "MoE shared expert activation gradient");
     a.dsfc = take(Pool::Acts, act_, {N, 2 * Fs}, "MoE shared expert gate|up gradient");
