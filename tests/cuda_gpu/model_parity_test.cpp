@@ -92,8 +92,8 @@ INSTANTIATE_TEST_SUITE_P(Cuda, ModelParityTest,
 // group-limited routing the groups' where the chosen groups differ), over all layers at most 10%
 // of the token decisions differ, and on the same routing (the reference re-run on ours,
 // step0_parity) the step-0 loss is within the bf16 gate and every gradient within Llama's gate
-// (the MoE model is the tiny Llama with MoE feed-forward layers). Measured on an H100 over about
-// 50 seeds each: gaps up to 0.022 (Mixtral's logits), 0.020 (Qwen3-MoE's, with one seed above
+// (the MoE model is the tiny Llama with MoE feed-forward layers). Measured on an H100 over 30 to 60
+// seeds each: gaps up to 0.022 (Mixtral's logits), 0.020 (Qwen3-MoE's, with one seed above
 // 0.03 in an earlier call) and 0.014 (DeepSeek's group sums of sigmoid scores), against logits
 // spread about 0.2 at initialisation, which a wrong choice would show; up to 10 of 256 tokens
 // rerouted in DeepSeek's first MoE layer, which follows a dense layer and whose near-equal sigmoid
