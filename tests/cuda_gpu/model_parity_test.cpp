@@ -94,8 +94,8 @@ INSTANTIATE_TEST_SUITE_P(Cuda, ModelParityTest,
 // step0_parity) the step-0 loss is within the bf16 gate and every gradient within Llama's gate
 // (the MoE model is the tiny Llama with MoE feed-forward layers). Measured on an H100 over 30 to 60
 // seeds each: gaps up to 0.022 (Mixtral's logits), 0.020 (Qwen3-MoE's, with one seed above
-// 0.03 in an earlier call) and 0.014 (DeepSeek's group sums of sigmoid scores), against logits
-// spread about 0.2 at initialisation, which a wrong choice would show; up to 10 of 256 tokens
+// 0.03 in an earlier call) and 0.014 (DeepSeek's group sums of sigmoid scores), where a wrong
+// choice would show the logits' spread (estimated at about 0.2 at initialisation); up to 10 of 256 tokens
 // rerouted in DeepSeek's first MoE layer, which follows a dense layer and whose near-equal sigmoid
 // scores at initialisation make near-ties common. Taken at the experts alone, DeepSeek's gaps read
 // up to 0.08: a group chosen at a near-tie brings experts whose own scores lie far apart.
