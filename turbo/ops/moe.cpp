@@ -112,21 +112,21 @@ MoeDims validate(const RouterBackwardArgs& a) {
   // probs: both backends recompute p from the logits in fp64, so it may be left unset.
   if (a.probs.defined()) moe_check(a.probs, N, E, DType::F32, op, "probs");
   moe_check(a.topk_idx, N, K, DType::I32, op, "topk_idx");
-  if (a.seq_len > 0) {
-    moe_check_sequence_rows(a.counts, N, a.seq_run > 0 ? a.seq_run : a.seq_len, E, op);
-  } else {
-    moe_check_vec(a.counts, E, DType::I32, op, "counts");
-  }
+  // A balancing term's counts: [E], or [S, E] laid out as sequence runs.
+  const auto check_counts = [&](const TensorView& counts, int64_t seq_len, int64_t seq_run, const char* name) {
+    if (seq_len > 0) {
+      moe_check_sequence_rows(counts, N, seq_run > 0 ? seq_run : seq_len, E, op);
+    } else {
+      moe_check_vec(counts, E, DType::I32, op, name);
+    }
+  };
+  check_counts(a.counts, a.seq_len, a.seq_run, "counts");
   if (!std::isfinite(a.aux_coeff) || !std::isfinite(a.z_coeff))
     throw RuntimeError(fmt::format("{}: aux_coeff {} and z_coeff {} must be finite", op, a.aux_coeff, a.z_coeff));
   if (a.more_aux.size() > 2)
     throw RuntimeError(fmt::format("{}: {} further balancing losses (at most 2)", op, a.more_aux.size()));
   for (const RouterBackwardArgs::AuxTerm& t : a.more_aux) {
-    if (t.seq_len > 0) {
-      moe_check_sequence_rows(t.counts, N, t.seq_run > 0 ? t.seq_run : t.seq_len, E, op);
-    } else {
-      moe_check_vec(t.counts, E, DType::I32, op, "more_aux counts");
-    }
+    check_counts(t.counts, t.seq_len, t.seq_run, "more_aux counts");
     if (!std::isfinite(t.coeff))
       throw RuntimeError(fmt::format("{}: a further aux coefficient {} is not finite", op, t.coeff));
   }

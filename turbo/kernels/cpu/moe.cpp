@@ -364,7 +364,7 @@ void router_bias_update(float* bias, const int64_t* load, int64_t E, double rate
   template double sequence_aux_loss<Real>(const int32_t*, const Real*, int64_t, int64_t, const RouterConfig&);        \
   template void router_backward<Real>(Real*, const Real*, const Real*, const Real*, const int32_t*, const int32_t*,   \
                                       int64_t, const RouterConfig&, double, double, const SequenceRuns*,             \
-                                      const AuxTerm*, size_t);                \
+                                      const AuxTerm*, size_t);                                                        \
   template int64_t moe_plan_rows<Real>(int32_t*, int32_t*, int32_t*, const int32_t*, const Real*, const int32_t*,     \
                                        int64_t, int64_t, int64_t, int64_t, int64_t, DropPolicy);                      \
   template void moe_permute<Real>(Real*, const Real*, const int32_t*, const int32_t*, const int32_t*, int64_t,        \
