@@ -18,8 +18,14 @@
 #
 # RECIPES (default "hybrid:tensorwise e4m3:tensorwise hybrid:rowwise e4m3:rowwise e4m3:blockwise
 # hybrid:delayed"): format:recipe -> fp8=<format> fp8_recipe=<recipe>, run as <format>-<recipe>;
-# none:none adds a second bf16 run (bf16-repeat: the bf16 noise floor). EXTRA: key=value overrides
-# (space-separated) for every run. A run that fails (a recipe refused, a timeout) is FAILED in the
+# none:none adds a second bf16 run (bf16-repeat: the bf16 noise floor). An entry format:recipe:variant
+# adds the overrides in VARIANT_<variant> (comma-separated key=value) to that run alone, run as
+# <format>-<recipe>-<variant> (none:none:<variant>: bf16-<variant>), e.g. RECIPES="none:none:bm
+# hybrid:rowwise:bm" VARIANT_bm="use_precision_aware_optimizer=true,exp_avg_dtype=bf16,exp_avg_sq_dtype=bf16"
+# sets bf16 AdamW moments against the fp32-moment bf16 run. EXTRA: key=value overrides
+# (space-separated) for every run. CONFIG (examples/cuda/gpt2-124M-shakespeare.yaml) and CASE
+# (gpt2-124M, the rows' case prefix) train another model, e.g. CONFIG=examples/cuda/olmoe-mini.yaml
+# CASE=olmoe-mini-l4 EXTRA="mock_data=false num_layers=4 ...". A run that fails (a recipe refused, a timeout) is FAILED in the
 # table, not fatal. RUN_CAP (90 s) bounds each run, BUDGET_S (470 s) the whole call.
 # $OUT: fp8_convergence.png and .json (`primus report`), converge.jsonl (DESIGN.md "Measurements"
 # rows: bench fp8_convergence, metric val_loss, anchor the bf16 run), summary.txt (the table
@@ -42,7 +48,8 @@ WARMUP=$(( STEPS / 10 > 0 ? STEPS / 10 : 1 ))
 RECIPES=${RECIPES:-"hybrid:tensorwise e4m3:tensorwise hybrid:rowwise e4m3:rowwise e4m3:blockwise hybrid:delayed"}
 EXTRA=${EXTRA:-}
 RUN_CAP=${RUN_CAP:-90}
-CONFIG=examples/cuda/gpt2-124M-shakespeare.yaml
+CONFIG=${CONFIG:-examples/cuda/gpt2-124M-shakespeare.yaml}
+CASE=${CASE:-gpt2-124M}
 source bench/tools/carry.sh
 carry_deadline "${BUDGET_S:-470}"
 C=$OUT/converge        # per run: <name>.metrics.jsonl, <name>.log; status.tsv
@@ -69,9 +76,10 @@ DATE=$(date -u +%Y-%m-%d)
 } | tee "$C/env.txt"
 printf 'name\tfp8\trecipe\trc\tseconds\treason\n' > "$C/status.tsv"
 
-# run_one NAME FP8 [RECIPE]: one training run; its metrics to $C and $RUNS, a status line.
+# run_one NAME FP8 [RECIPE [OVERRIDES]]: one training run; its metrics to $C and $RUNS, a status
+# line. OVERRIDES: space-separated key=value for this run alone.
 run_one() {
-  local name=$1 fmt=$2 recipe=${3:-} ws=$WS/$1 t0=$SECONDS rc m reason
+  local name=$1 fmt=$2 recipe=${3:-} more=${4:-} ws=$WS/$1 t0=$SECONDS rc m reason
   local -a rec=()
   [ -n "$recipe" ] && rec=(fp8_recipe="$recipe")
   rm -rf "$ws"
@@ -81,7 +89,7 @@ run_one() {
     train_iters="$STEPS" micro_batch_size="$MB" global_batch_size="$GB" seq_length="$SEQ" \
     lr_warmup_iters="$WARMUP" eval_interval="$EVAL_INTERVAL" eval_iters="$EVAL_ITERS" log_interval=10 \
     save_interval=0 save_at_end=false report_at_end=false seed="$SEED" workspace="$ws" exp_name="$name" \
-    fp8="$fmt" "${rec[@]}" $EXTRA > "$C/$name.log" 2>&1
+    fp8="$fmt" "${rec[@]}" $EXTRA $more > "$C/$name.log" 2>&1
   rc=$?
   m=""
   for f in "$ws"/*/*/"$name"/metrics.jsonl; do [ -e "$f" ] && m=$f; done
@@ -92,7 +100,7 @@ run_one() {
   reason=""
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then reason="timeout after $((SECONDS - t0)) s"
   elif [ "$rc" != 0 ]; then reason=$(grep -E "error|Error|refused|what\(\)" "$C/$name.log" | tail -1 | tr '\t' ' ' | cut -c1-160); fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$fmt" "${recipe:--}" "$rc" "$((SECONDS - t0))" "$reason" >> "$C/status.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$fmt" "${recipe:--}${more:+ $more}" "$rc" "$((SECONDS - t0))" "$reason" >> "$C/status.tsv"
   echo "== $name: rc=$rc $((SECONDS - t0))s $(grep -E 'validation loss' "$C/$name.log" | tail -1 | sed 's/^\[[^]]*\] //')${reason:+ ($reason)}"
   rm -rf "$ws"
 }
@@ -100,9 +108,15 @@ run_one() {
 ORDER=(bf16)
 run_one bf16 none
 for e in $RECIPES; do
-  fmt=${e%%:*}; recipe=${e#*:}
-  if [ "$fmt" = none ]; then name=bf16-repeat; run_one "$name" none
-  else name="$fmt-$recipe"; run_one "$name" "$fmt" "$recipe"; fi
+  fmt=${e%%:*}; rest=${e#*:}; recipe=${rest%%:*}; variant="" more=""
+  if [ "$rest" != "$recipe" ]; then
+    variant=${rest#*:}; vv="VARIANT_${variant}"; more=${!vv:-}; more=${more//,/ }
+    [ -z "$more" ] && echo "warning: $e names variant '$variant' but VARIANT_$variant is empty"
+  fi
+  if [ "$fmt" = none ]; then
+    if [ -n "$variant" ]; then name=bf16-$variant; else name=bf16-repeat; fi
+    run_one "$name" none "" "$more"
+  else name="$fmt-$recipe${variant:+-$variant}"; run_one "$name" "$fmt" "$recipe" "$more"; fi
   ORDER+=("$name")
 done
 
@@ -125,11 +139,12 @@ if [ "${#dirs[@]}" -gt 0 ]; then
 fi
 
 # The table (printed last) and the rows.
-python3 - "$OUT" "$DEVICE" "$DATE" "$COMMIT" "$STEPS" "$MB" "$SEQ" "$GB" "${ORDER[@]}" <<'PY' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$DEVICE" "$DATE" "$COMMIT" "$STEPS" "$MB" "$SEQ" "$GB" "$CASE" "$EXTRA" "${ORDER[@]}" <<'PY' | tee "$OUT/summary.txt"
 import csv, json, math, os, sys
 out, device, date, commit = sys.argv[1:5]
 steps, mb, seq, gb = (int(x) for x in sys.argv[5:9])
-order = sys.argv[9:]
+case, extra = sys.argv[9:11]
+order = sys.argv[11:]
 cdir = os.path.join(out, "converge")
 TOL = 0.01
 status = {r["name"]: r for r in csv.DictReader(open(os.path.join(cdir, "status.tsv")), delimiter="\t")}
@@ -210,20 +225,22 @@ for n in order:
                   str(max_step) if max_step is not None else "-", fmt(100 * final_rel, "{:+.2f}%"),
                   tok_s, secs, verdict, note))
     if base_ok and complete and finite(final) and final_step == steps:
-        rows.append({"bench": "fp8_convergence", "case": f"gpt2-124M/shakespeare/{mb}x{seq}/{steps}/{n}",
+        rows.append({"bench": "fp8_convergence", "case": f"{case}/shakespeare/{mb}x{seq}/{steps}/{n}",
                      "device": device, "date": date, "commit": commit, "metric": "val_loss",
                      "ours": round(final, 5), "anchor": round(bfinal, 5), "anchor_name": "primus bf16, same call",
                      "ratio": round(bfinal / final, 5), "max_rel_diff": round(max_rel, 5),
                      "max_rel_diff_step": max_step, "final_rel_diff": round(final_rel, 5),
                      "eval_steps": len(common), "within_1pct": passed,
                      "note": f"global batch {gb}, same seed; ratio bf16 / ours (a loss: higher is better, as DESIGN.md asks); "
-                             "max_rel_diff: largest |val - bf16| / bf16 over the evaluations"})
+                             "max_rel_diff: largest |val - bf16| / bf16 over the evaluations"
+                             + (f"; every run's overrides: {extra}" if extra.strip() else "")
+                             + (f"; this run's overrides: {st['recipe'].split(' ', 1)[1]}" if " " in st.get("recipe", "") else "")})
 
 with open(os.path.join(out, "converge.jsonl"), "a") as f:
     for row in rows:
         f.write(json.dumps(row) + "\n")
 
-print(f"\nGPT-2 124M, tinyshakespeare (GPT-2 tokenizer), {mb} x {seq} (global {gb}), {steps} steps, {device}, commit {commit}")
+print(f"\n{case}, tinyshakespeare (GPT-2 tokenizer), {mb} x {seq} (global {gb}), {steps} steps, {device}, commit {commit}")
 print(f"validation loss against bf16 at the same {len(bsteps)} evaluation steps; PASS: every one within {TOL:.0%}")
 head = ("run", "final val", "bf16 final", "max |rel|", "at step", "final rel", "tok/s", "s", "verdict", "")
 w = [max(len(str(t[i])) for t in table + [head]) for i in range(len(head))]
