@@ -209,10 +209,16 @@ template <class Where>
 MoeSpec moe_from_config(const config::Value& p, const ModelSpec& m, Where&& where) {
   MoeSpec e;
   e.num_experts = opt(p, "num_experts", 0);
-  if (e.num_experts == 0) return e;
   auto fail = [&](const char* key, const std::string& what) {
     throw ConfigError(fmt::format("{}: {}", where(key), what));
   };
+  if (e.num_experts == 0) {
+    // The schema takes both balancing keys as any value (a name or a list): a dense model ignores
+    // them, but a misspelt type or a negative coefficient is still refused, as the schema would.
+    MoeSpec unused;
+    balancing_from_config(p, unused, fail);
+    return e;
+  }
   // Keys the config leaves unset keep MoeSpec's defaults (the schema's, for configs that skipped it).
   e.topk = opt(p, "moe_router_topk", e.topk);
   e.ffn_hidden_size = opt(p, "moe_ffn_hidden_size", m.ffn_hidden_size);

@@ -191,6 +191,19 @@ TEST(MoeSpec, LoadBalancingTypeListsTakeOneCoefficientPerType) {
   refused(config::Value::list({}), config::Value::list({}), "is an empty list");
   refused(config::Value::list({config::Value::integer(1)}), nums({0.01}),
           "lists a value of type integer, not a type name");
+
+  // A dense model ignores both keys, but their values are checked all the same.
+  config::Value dense = moe_config();
+  dense.set("num_experts", config::Value::integer(0));
+  dense.set("moe_router_load_balancing_type", strs({"aux_loss", "seq_aux_loss"}));
+  dense.set("moe_aux_loss_coeff", nums({0.01, 0.001}));
+  EXPECT_EQ(parse(dense).moe.num_experts, 0);
+  dense.set("moe_router_load_balancing_type", config::Value::string("seq-aux"));
+  dense.set("moe_aux_loss_coeff", config::Value::floating(0.01));
+  EXPECT_NE(error_of(dense).find("'seq-aux' is not one of"), std::string::npos) << error_of(dense);
+  dense.set("moe_router_load_balancing_type", config::Value::string("aux_loss"));
+  dense.set("moe_aux_loss_coeff", config::Value::floating(-1.0));
+  EXPECT_NE(error_of(dense).find("must be a finite number >= 0"), std::string::npos) << error_of(dense);
 }
 
 // Megatron's moe_router_dtype and moe_token_dispatcher_type: what both backends do is accepted
