@@ -70,14 +70,16 @@ void add_model_schema(config::Schema& s) {
             "aux-loss-free balancing: a per-expert bias steers the choice, updated after each step")
       .number("moe_router_bias_update_rate", 1e-3, "step of the expert bias update", 0.0)
       .any("moe_aux_loss_coeff", config::KeyType::Any,
-           "load-balancing loss coefficient (default 0): a number, or with a list of balancing types one number per "
-           "type, in the same order")
+           "load-balancing loss coefficient: a number, or with a list of balancing types one number per type, in the "
+           "same order",
+           config::Value::floating(0.0))
       .number("moe_z_loss_coeff", 0.0, "router z-loss coefficient", 0.0)
       .any("moe_router_load_balancing_type", config::KeyType::Any,
-           "the tokens moe_aux_loss_coeff's loss balances (default aux_loss): aux_loss (the micro-batch's), "
+           "the tokens moe_aux_loss_coeff's loss balances: aux_loss (the micro-batch's), "
            "seq_aux_loss (each sequence's, averaged: DeepSeek-V3), global_aux_loss (the loads of the global batch: "
            "every data-parallel rank's tokens, averaged over the step's micro-batches), none (no balancing loss), or a "
-           "list of the first three, each with its own coefficient")
+           "list of the first three, each with its own coefficient",
+           config::Value::string("aux_loss"))
       .any("moe_layer_freq", config::KeyType::Any,
            "which layers are MoE: an integer N (every N-th layer, from layer 0) or a list of 0/1 per layer")
       .integer("moe_first_k_dense_replace", 0, "the first k layers stay dense (DeepSeek)", 0, 4096)

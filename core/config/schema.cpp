@@ -62,8 +62,8 @@ Schema& Schema::text(const std::string& key, std::optional<std::string> def,
   return add({key, KeyType::String, def ? Value::string(*def) : Value::null(), {}, {},
               std::move(choices), doc});
 }
-Schema& Schema::any(const std::string& key, KeyType type, const std::string& doc) {
-  return add({key, type, Value::null(), {}, {}, {}, doc});
+Schema& Schema::any(const std::string& key, KeyType type, const std::string& doc, Value def) {
+  return add({key, type, std::move(def), {}, {}, {}, doc});
 }
 
 const KeySpec* Schema::find(const std::string& key) const {

@@ -34,7 +34,8 @@ class Schema {
                  std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
   Schema& text(const std::string& key, std::optional<std::string> def, const std::string& doc,
                std::vector<std::string> choices = {});
-  Schema& any(const std::string& key, KeyType type, const std::string& doc);
+  // def: the default (Null: none); for a key that takes a value or a list, say.
+  Schema& any(const std::string& key, KeyType type, const std::string& doc, Value def = Value::null());
 
   const KeySpec* find(const std::string& key) const;
   const std::vector<KeySpec>& keys() const { return keys_; }

@@ -192,6 +192,20 @@ TEST(MoeSpec, LoadBalancingTypeListsTakeOneCoefficientPerType) {
   refused(config::Value::list({config::Value::integer(1)}), nums({0.01}),
           "lists a value of type integer, not a type name");
 
+  // Unset, both keys take their schema defaults (what `primus config show` lists): the micro-batch
+  // loss with coefficient 0.
+  config::Value unset = moe_config();
+  config::Schema schema;
+  add_model_schema(schema);
+  schema.apply_defaults(unset);
+  ASSERT_NE(unset.find_path("moe_router_load_balancing_type"), nullptr);
+  EXPECT_EQ(unset.find_path("moe_router_load_balancing_type")->as_string(), "aux_loss");
+  EXPECT_EQ(unset.find_path("moe_aux_loss_coeff")->as_double(), 0.0);
+  const MoeSpec d = parse(unset).moe;
+  EXPECT_EQ(d.balance_types(), 1);
+  EXPECT_EQ(d.primary_balance(), MoeSpec::Balance::Batch);
+  EXPECT_EQ(d.primary_coeff(), 0.0);
+
   // A dense model ignores both keys, but their values are checked all the same.
   config::Value dense = moe_config();
   dense.set("num_experts", config::Value::integer(0));
