@@ -187,23 +187,21 @@ void balancing_from_config(const config::Value& p, MoeSpec& e, Fail&& fail) {
     }
     if (t == "none" && types.size() > 1)
       fail(tkey, fmt::format("{} lists 'none' beside other types; 'none' stands alone", tkey));
-    bool* listed = t == "aux_loss" ? &e.batch_aux_loss
-                   : t == "seq_aux_loss" ? &e.seq_aux_loss
-                   : t == "global_aux_loss" ? &e.global_aux_loss
-                                             : nullptr;
     if (t == "none") {
       // No balancing loss whatever moe_aux_loss_coeff says (a preset's coefficient included), as in
       // Megatron-LM; the micro-batch's statistic is still logged.
       e.batch_aux_loss = true;
       continue;
     }
-    if (!listed) {
+    const auto& all = MoeSpec::kBalances;
+    const auto b = std::find_if(all.begin(), all.end(), [&](MoeSpec::Balance x) { return t == MoeSpec::balance_name(x); });
+    if (b == all.end()) {
       fail(tkey, fmt::format("{} '{}' is not one of aux_loss, seq_aux_loss, global_aux_loss, none", tkey, t));
     }
-    if (*listed) fail(tkey, fmt::format("{} lists '{}' twice", tkey, t));
-    *listed = true;
-    (t == "aux_loss" ? e.aux_loss_coeff : t == "seq_aux_loss" ? e.seq_aux_loss_coeff : e.global_aux_loss_coeff) =
-        coeffs[i];
+    bool& listed = MoeSpec::listed_of(e, *b);
+    if (listed) fail(tkey, fmt::format("{} lists '{}' twice", tkey, t));
+    listed = true;
+    MoeSpec::coeff_of(e, *b) = coeffs[i];
   }
 }
 

@@ -2,6 +2,7 @@
 // GELU, learned positions, tied head, biases) and Llama (RMSNorm, RoPE, GQA, SwiGLU, untied,
 // no biases) are two settings of the same decoder.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -73,30 +74,34 @@ struct MoeSpec {
   // micro-batch's when listed, else the sequences', else the global batch's. A list's others are
   // logged under their own type's name.
   enum class Balance { Batch, Sequence, Global };
+  static constexpr std::array<Balance, 3> kBalances{Balance::Batch, Balance::Sequence, Balance::Global};
   Balance primary_balance() const {
     return batch_aux_loss ? Balance::Batch : seq_aux_loss ? Balance::Sequence : Balance::Global;
   }
-  double balance_coeff(Balance b) const {
-    return b == Balance::Batch ? aux_loss_coeff : b == Balance::Sequence ? seq_aux_loss_coeff : global_aux_loss_coeff;
+  // A type's flag and coefficient (S: MoeSpec or const MoeSpec).
+  template <class S>
+  static auto& listed_of(S& s, Balance b) {
+    return b == Balance::Batch ? s.batch_aux_loss : b == Balance::Sequence ? s.seq_aux_loss : s.global_aux_loss;
   }
+  template <class S>
+  static auto& coeff_of(S& s, Balance b) {
+    return b == Balance::Batch ? s.aux_loss_coeff : b == Balance::Sequence ? s.seq_aux_loss_coeff : s.global_aux_loss_coeff;
+  }
+  double balance_coeff(Balance b) const { return coeff_of(*this, b); }
   double primary_coeff() const { return balance_coeff(primary_balance()); }
   // The listed types other than the primary, in the order Batch, Sequence, Global.
   std::vector<Balance> more_balances() const {
     std::vector<Balance> v;
-    const Balance p = primary_balance();
-    if (batch_aux_loss && p != Balance::Batch) v.push_back(Balance::Batch);
-    if (seq_aux_loss && p != Balance::Sequence) v.push_back(Balance::Sequence);
-    if (global_aux_loss && p != Balance::Global) v.push_back(Balance::Global);
+    for (const Balance b : kBalances)
+      if (listed_of(*this, b) && b != primary_balance()) v.push_back(b);
     return v;
   }
   // One balancing type alone, at `coeff` (what moe_router_load_balancing_type: <type> gives).
   void set_balance(Balance b, double coeff) {
-    batch_aux_loss = b == Balance::Batch;
-    seq_aux_loss = b == Balance::Sequence;
-    global_aux_loss = b == Balance::Global;
+    batch_aux_loss = seq_aux_loss = global_aux_loss = false;
     aux_loss_coeff = seq_aux_loss_coeff = global_aux_loss_coeff = 0.0;
-    double& c = b == Balance::Batch ? aux_loss_coeff : b == Balance::Sequence ? seq_aux_loss_coeff : global_aux_loss_coeff;
-    c = coeff;
+    listed_of(*this, b) = true;
+    coeff_of(*this, b) = coeff;
   }
   static const char* balance_name(Balance b) {
     return b == Balance::Batch ? "aux_loss" : b == Balance::Sequence ? "seq_aux_loss" : "global_aux_loss";

@@ -25,8 +25,8 @@
 # sets bf16 AdamW moments against the fp32-moment bf16 run. EXTRA: key=value overrides
 # (space-separated) for every run. CONFIG (examples/cuda/gpt2-124M-shakespeare.yaml) and CASE
 # (gpt2-124M, the rows' case prefix) train another model, e.g. CONFIG=examples/cuda/olmoe-mini.yaml
-# CASE=olmoe-mini-l4 EXTRA="mock_data=false num_layers=4 ...". A run that fails (a recipe refused, a timeout) is FAILED in the
-# table, not fatal. RUN_CAP (90 s) bounds each run, BUDGET_S (470 s) the whole call.
+# CASE=olmoe-mini-l4 EXTRA="mock_data=false num_layers=4 ...". A run that fails (a recipe refused, a
+# timeout) is FAILED in the table, not fatal. RUN_CAP (90 s) bounds each run, BUDGET_S (470 s) the whole call.
 # $OUT: fp8_convergence.png and .json (`primus report`), converge.jsonl (DESIGN.md "Measurements"
 # rows: bench fp8_convergence, metric val_loss, anchor the bf16 run), summary.txt (the table
 # printed last), converge.tar.gz (converge/<run>.metrics.jsonl, the logs, status.tsv, env.txt: the
@@ -74,7 +74,7 @@ DATE=$(date -u +%Y-%m-%d)
   echo "commit $COMMIT"; echo "data $DATA ($(wc -c < "$DATA") bytes)"
   echo "batch ${MB}x${SEQ} global $GB, $STEPS steps, warm-up $WARMUP, eval every $EVAL_INTERVAL x $EVAL_ITERS, seed $SEED, extra '$EXTRA'"
 } | tee "$C/env.txt"
-printf 'name\tfp8\trecipe\trc\tseconds\treason\n' > "$C/status.tsv"
+printf 'name\tfp8\trecipe\trc\tseconds\treason\toverrides\n' > "$C/status.tsv"
 
 # run_one NAME FP8 [RECIPE [OVERRIDES]]: one training run; its metrics to $C and $RUNS, a status
 # line. OVERRIDES: space-separated key=value for this run alone.
@@ -100,7 +100,7 @@ run_one() {
   reason=""
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then reason="timeout after $((SECONDS - t0)) s"
   elif [ "$rc" != 0 ]; then reason=$(grep -E "error|Error|refused|what\(\)" "$C/$name.log" | tail -1 | tr '\t' ' ' | cut -c1-160); fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$fmt" "${recipe:--}${more:+ $more}" "$rc" "$((SECONDS - t0))" "$reason" >> "$C/status.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$fmt" "${recipe:--}" "$rc" "$((SECONDS - t0))" "$reason" "$more" >> "$C/status.tsv"
   echo "== $name: rc=$rc $((SECONDS - t0))s $(grep -E 'validation loss' "$C/$name.log" | tail -1 | sed 's/^\[[^]]*\] //')${reason:+ ($reason)}"
   rm -rf "$ws"
 }
@@ -234,7 +234,7 @@ for n in order:
                      "note": f"global batch {gb}, same seed; ratio bf16 / ours (a loss: higher is better, as DESIGN.md asks); "
                              "max_rel_diff: largest |val - bf16| / bf16 over the evaluations"
                              + (f"; every run's overrides: {extra}" if extra.strip() else "")
-                             + (f"; this run's overrides: {st['recipe'].split(' ', 1)[1]}" if " " in st.get("recipe", "") else "")})
+                             + (f"; this run's overrides: {st['overrides']}" if st.get("overrides") else "")})
 
 with open(os.path.join(out, "converge.jsonl"), "a") as f:
     for row in rows:
