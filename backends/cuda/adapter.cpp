@@ -19,7 +19,52 @@
 
 namespace primus::backends::cuda {
 
+namespace {
+
+// Megatron-LM's switches between a fused kernel and its unfused PyTorch path. The cuda backend has
+// the fused kernel only, so each is accepted with the value that describes it (a Megatron config
+// carries over unchanged) and the other value is refused by name rather than silently ignored.
+struct MegatronSwitch {
+  const char* key;
+  bool value;       // the one the cuda backend implements (its default)
+  const char* what; // what the backend does, for the key's description
+  const char* other;  // why the other value is not there
+};
+constexpr MegatronSwitch kMegatronSwitches[] = {
+    {"moe_permute_fusion", true,
+     "MoE token permutation and unpermutation are Turbo's fused kernels (the routing weights folded into the "
+     "unpermute), as Megatron-LM's fused (Transformer Engine) permutation",
+     "the cuda backend has no unfused permutation"},
+    {"moe_router_fusion", true,
+     "the MoE router (score function, expert bias, group-limited top-k, normalisation, aux- and z-loss terms, "
+     "per-expert counts) runs as one fused kernel, forward and backward",
+     "the cuda backend has no unfused router"},
+    {"gradient_accumulation_fusion", true,
+     "the weight-gradient GEMMs add into the fp32 gradient buffer (beta 1) across micro-batches instead of writing "
+     "a product and adding it",
+     "the cuda backend has no separate accumulation"},
+    {"bias_swiglu_fusion", true,
+     "SwiGLU runs fused: one kernel for the dense MLPs, the grouped GEMMs' epilogues for the MoE experts (the "
+     "models have no biases)",
+     "the cuda backend has no unfused SwiGLU"},
+    {"apply_rope_fusion", true, "RoPE rotates q and k in one kernel, in place, forward and backward",
+     "the cuda backend has no unfused RoPE"},
+    {"cross_entropy_loss_fusion", true,
+     "the output layer's softmax cross-entropy (loss and logits gradient) is one fused kernel",
+     "the cuda backend has no unfused cross-entropy"},
+    {"moe_shared_expert_overlap", false,
+     "the shared expert runs in order with the routed experts (Megatron-LM's true overlaps it with the token "
+     "dispatch's communication under expert parallelism)",
+     "the shared expert is not overlapped with the dispatch"},
+};
+
+}  // namespace
+
 void add_cuda_schema(config::Schema& s) {
+  for (const MegatronSwitch& m : kMegatronSwitches)
+    s.flag(m.key, m.value,
+           fmt::format("Megatron-LM's switch, accepted as {}: {}; {} is refused ({})", m.value, m.what, !m.value,
+                       m.other));
   s.integer("device", 0, "CUDA device index this process trains on", 0, 1023)
       .text("recompute_granularity", "none",
             "activation recomputation: none (keep every activation); norms (recompute the two norm outputs in the "
@@ -204,6 +249,10 @@ class CudaAdapter : public BackendAdapter {
       throw ConfigError(fmt::format("{}: fp8_first_last_bf16_layers {} has no effect with fp8: none (set fp8: e4m3 or "
                                     "hybrid)",
                                     where("fp8_first_last_bf16_layers"), a->fp8_first_last_bf16_layers));
+    for (const MegatronSwitch& m : kMegatronSwitches)
+      if (p.find_path(m.key)->as_bool() != m.value)
+        throw ConfigError(fmt::format("{}: {}: {} is not implemented ({}); remove the key or set it {}: {}",
+                                      where(m.key), m.key, !m.value, m.other, m.value, m.what));
     a->params = p;
     a->experiment_file = exp.file.string();
     // recompute_granularity, cuda_graph, gemm_algo_search and profile_steps take effect through their patches

@@ -231,6 +231,39 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
   EXPECT_NE(bad.out.find("recompute_granularity"), std::string::npos) << bad.out;
 }
 
+// Megatron-LM's fused-or-unfused switches: a Megatron config's values carry over (the fused
+// kernels are what the cuda backend runs), the unimplemented value is refused naming the key and
+// the line it was set on, and no value is silently ignored.
+TEST(CudaBackendUnit, MegatronFusionSwitchesAcceptWhatRunsAndRefuseTheRest) {
+  primus::testing::Workdir w;
+  const std::string moe = "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/olmoe-mini.yaml ";
+  const char* fused[] = {"moe_permute_fusion", "moe_router_fusion", "gradient_accumulation_fusion",
+                         "bias_swiglu_fusion", "apply_rope_fusion", "cross_entropy_loss_fusion"};
+  std::string megatron;
+  for (const char* k : fused) megatron += std::string(k) + "=true ";
+  auto ok = primus::testing::run_primus(moe + "--dry-run " + megatron + "moe_shared_expert_overlap=false workspace=" +
+                                        w.str());
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  for (const char* k : fused) {
+    auto r = primus::testing::run_primus(moe + "--dry-run " + k + "=false workspace=" + w.str());
+    EXPECT_EQ(r.code, 2) << k << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string(k) + ": false is not implemented"), std::string::npos) << r.out;
+  }
+  auto overlap = primus::testing::run_primus(moe + "--dry-run moe_shared_expert_overlap=true workspace=" + w.str());
+  EXPECT_EQ(overlap.code, 2) << overlap.out;
+  EXPECT_NE(overlap.out.find("moe_shared_expert_overlap: true is not implemented"), std::string::npos) << overlap.out;
+  // Set in a file, the error names the file and line.
+  const auto exp = w.write("megatron.yaml",
+                           "workspace: " + w.str() +
+                               "\nmodules:\n  pre_trainer:\n    framework: cuda\n    config: pretrain.yaml\n"
+                               "    model: moe/tiny.yaml\n    overrides:\n      mock_data: true\n"
+                               "      moe_permute_fusion: true\n      moe_router_fusion: false\n");
+  auto file = primus::testing::run_primus("train pretrain --config " + exp.string() + " --dry-run");
+  EXPECT_EQ(file.code, 2) << file.out;
+  EXPECT_NE(file.out.find("megatron.yaml:10:"), std::string::npos) << file.out;
+  EXPECT_NE(file.out.find("moe_router_fusion: false is not implemented"), std::string::npos) << file.out;
+}
+
 // The trainer's own refusals of its args (model_options_for), which the dry run meets while it
 // projects the memory: the dry run fails with the run's error and exit code, where a reason the
 // projection alone has (a layout it does not model) only leaves the memory line unprojected.
