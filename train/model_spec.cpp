@@ -52,7 +52,21 @@ void add_model_schema(config::Schema& s) {
       .flag("untie_embeddings_and_output_weights", false, "separate output head instead of the embedding")
       .flag("add_bias_linear", true, "biases in the linear layers")
       .flag("add_qkv_bias", false, "a bias on the q, k and v projections even without add_bias_linear (Qwen2)")
-      .number("init_method_std", 0.02, "standard deviation of the weight init", 0.0, 1.0);
+      .number("init_method_std", 0.02, "standard deviation of the weight init", 0.0, 1.0)
+      .add({"group_query_attention", KeyType::Bool, config::Value::null(), {}, {}, {},
+            "Megatron-LM's switch for num_query_groups: true needs num_query_groups, false refuses a "
+            "num_query_groups other than num_attention_heads (Megatron-LM would ignore it); unset: "
+            "num_query_groups alone decides"})
+      .number("attention_dropout", 0.0,
+              "dropout on the attention probabilities: 0 only (no backend implements dropout; Megatron-LM's "
+              "default is 0.1, today's pretraining recipes set 0)",
+              0.0, 1.0)
+      .number("hidden_dropout", 0.0,
+              "dropout on the residual branches: 0 only (no backend implements dropout; Megatron-LM's default is "
+              "0.1, today's pretraining recipes set 0)",
+              0.0, 1.0)
+      .alias("swiglu", "activation", config::Value::string("swiglu"), config::Value::string("gelu"),
+             "Megatron-LM's name: true is activation: swiglu, false activation: gelu");
   // Mixture of experts (Megatron-LM's names).
   s.integer("num_experts", 0, "routed experts per MoE layer (0: dense model)", 0, 4096)
       .integer("moe_router_topk", 2, "experts each token is routed to", 1, 4096)
@@ -337,6 +351,28 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
   if (m.kv_channels == 0 && m.hidden_size % m.num_attention_heads != 0) {
     throw ConfigError(fmt::format("{}: hidden_size {} is not divisible by num_attention_heads {}",
                                   where("hidden_size"), m.hidden_size, m.num_attention_heads));
+  }
+  if (const config::Value* gqa = p.find_path("group_query_attention"); gqa && !gqa->is_null()) {
+    const config::Value* groups = p.find_path("num_query_groups");
+    const bool set = groups && !groups->is_null();
+    if (gqa->as_bool() && !set) {
+      throw ConfigError(fmt::format("{}: group_query_attention: true needs num_query_groups (the key/value heads)",
+                                    where("group_query_attention")));
+    }
+    if (!gqa->as_bool() && set && m.num_query_groups != m.num_attention_heads) {
+      throw ConfigError(fmt::format("{}: group_query_attention: false with num_query_groups {} (set at {}): "
+                                    "Megatron-LM would ignore num_query_groups and train {} key/value heads; "
+                                    "remove one of the two",
+                                    where("group_query_attention"), m.num_query_groups, where("num_query_groups"),
+                                    m.num_attention_heads));
+    }
+  }
+  for (const char* k : {"attention_dropout", "hidden_dropout"}) {
+    if (const config::Value* d = p.find_path(k); d && !d->is_null() && d->as_double() != 0.0) {
+      throw ConfigError(fmt::format("{}: {} {}: dropout is not implemented (no backend has it); set 0, as "
+                                    "Llama-, Qwen- and DeepSeek-style pretraining does",
+                                    where(k), k, d->scalar_text()));
+    }
   }
   if (m.num_attention_heads % m.num_query_groups != 0) {
     throw ConfigError(fmt::format("{}: num_attention_heads {} is not divisible by num_query_groups {}",

@@ -52,6 +52,10 @@ constexpr MegatronSwitch kMegatronSwitches[] = {
     {"cross_entropy_loss_fusion", true,
      "the output layer's softmax cross-entropy (loss and logits gradient) is one fused kernel",
      "the cuda backend has no unfused cross-entropy"},
+    {"bf16", true,
+     "bf16 compute with fp32 master weights (and FP8 GEMMs over it with fp8), the cuda backend's mixed precision",
+     "the cuda backend has no fp32 compute; the reference backend trains in fp32"},
+    {"fp16", false, "no fp16 compute (bf16 only)", "fp16 with loss scaling is not implemented"},
     {"moe_shared_expert_overlap", false,
      "the shared expert runs in order with the routed experts (Megatron-LM's true overlaps it with the token "
      "dispatch's communication under expert parallelism)",

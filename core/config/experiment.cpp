@@ -247,17 +247,22 @@ ModuleConfig resolve_module(const Experiment& exp, const std::string& module, co
   LoadOptions o = opts;
   o.notes = &out.notes;
 
+  // Each layer's aliases become their targets before it merges (Schema::translate_aliases).
+  auto merge_layer = [&](Value layer) {
+    schema.translate_aliases(layer);
+    merge_into(out.params, layer, &out.notes);
+  };
   if (!spec.model.empty()) {
     auto p = find_preset(exp, "models", "", spec.model, paths, spec.origin);
-    merge_into(out.params, load_yaml_file(p, o), &out.notes);
+    merge_layer(load_yaml_file(p, o));
     out.layers.push_back("model preset " + p.string());
   }
   {
     auto p = find_preset(exp, "modules", spec.framework, spec.config, paths, spec.origin);
-    merge_into(out.params, load_yaml_file(p, o), &out.notes);
+    merge_layer(load_yaml_file(p, o));
     out.layers.push_back("module preset " + p.string());
   }
-  merge_into(out.params, spec.overrides, &out.notes);
+  merge_layer(spec.overrides);
   out.layers.push_back("experiment overrides " + exp.file.string());
 
   std::string prefix = "modules." + module + ".";
@@ -275,7 +280,7 @@ ModuleConfig resolve_module(const Experiment& exp, const std::string& module, co
     merge_into(cli, one, &out.notes);
   }
   if (!cli.entries().empty()) {
-    merge_into(out.params, cli, &out.notes);
+    merge_layer(std::move(cli));
     out.layers.push_back("command line");
   }
   schema.validate(out.params);

@@ -66,6 +66,37 @@ Schema& Schema::any(const std::string& key, KeyType type, const std::string& doc
   return add({key, type, std::move(def), {}, {}, {}, doc});
 }
 
+Schema& Schema::alias(const std::string& key, const std::string& target, Value if_true, Value if_false,
+                      const std::string& doc) {
+  if (find(key)) throw std::logic_error("alias shadows a schema key: " + key);
+  if (!find(target)) throw std::logic_error("alias of an unknown key: " + key + " -> " + target);
+  for (const KeyAlias& a : aliases_)
+    if (a.key == key) throw std::logic_error("alias defined twice: " + key);
+  aliases_.push_back({key, target, std::move(if_true), std::move(if_false), doc});
+  return *this;
+}
+
+void Schema::translate_aliases(Value& layer) const {
+  if (!layer.is_map()) return;
+  for (const KeyAlias& a : aliases_) {
+    const Value* v = layer.find(a.key);
+    if (!v) continue;
+    if (v->kind() != Value::Kind::Bool) {
+      throw ConfigError(fmt::format("{}: key '{}' expects a boolean, got {} '{}' ({})", v->origin().str(), a.key,
+                                    Value::kind_name(v->kind()), v->scalar_text(), a.doc));
+    }
+    Value to = v->as_bool() ? a.if_true : a.if_false;
+    to.set_origin(v->origin());
+    if (const Value* t = layer.find(a.target); t && !t->same_content(to)) {
+      throw ConfigError(fmt::format("{}: {}: {} means {}: {}, but {} sets {}: {}", v->origin().str(), a.key,
+                                    v->scalar_text(), a.target, to.scalar_text(), t->origin().str(), a.target,
+                                    t->scalar_text()));
+    }
+    layer.set(a.target, std::move(to));
+    layer.erase(a.key);
+  }
+}
+
 const KeySpec* Schema::find(const std::string& key) const {
   for (auto& k : keys_)
     if (k.key == key) return &k;
@@ -79,13 +110,15 @@ std::string Schema::nearest(const std::string& key) const {
     auto dot = k.rfind('.');
     return dot == std::string::npos ? k : k.substr(dot + 1);
   };
-  for (auto& k : keys_) {
-    size_t d = std::min(edit_distance(key, k.key), edit_distance(leaf(key), leaf(k.key)) + 1);
+  auto consider = [&](const std::string& name) {
+    size_t d = std::min(edit_distance(key, name), edit_distance(leaf(key), leaf(name)) + 1);
     if (d < best_d) {
       best_d = d;
-      best = k.key;
+      best = name;
     }
-  }
+  };
+  for (auto& k : keys_) consider(k.key);
+  for (auto& a : aliases_) consider(a.key);
   size_t limit = std::max<size_t>(2, key.size() / 3);
   return best_d <= limit ? best : "";
 }

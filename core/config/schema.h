@@ -23,6 +23,15 @@ struct KeySpec {
   bool required = false;
 };
 
+// Another project's name for a value of a key (Megatron-LM's `swiglu: true` for
+// `activation: swiglu`): a boolean whose true and false each stand for one value of the target.
+struct KeyAlias {
+  std::string key;     // top-level, as the target
+  std::string target;
+  Value if_true, if_false;
+  std::string doc;
+};
+
 class Schema {
  public:
   Schema& add(KeySpec spec);  // duplicate key -> logic_error (a programming mistake)
@@ -37,8 +46,19 @@ class Schema {
   // def: the default (Null: none); for a key that takes a value or a list, say.
   Schema& any(const std::string& key, KeyType type, const std::string& doc, Value def = Value::null());
 
+  // An alias (see KeyAlias); its key must be no schema key, its target one.
+  Schema& alias(const std::string& key, const std::string& target, Value if_true, Value if_false,
+                const std::string& doc);
+
   const KeySpec* find(const std::string& key) const;
   const std::vector<KeySpec>& keys() const { return keys_; }
+  const std::vector<KeyAlias>& aliases() const { return aliases_; }
+
+  // Rewrites the aliases one config layer sets into their targets, each with the alias's origin,
+  // before the layer is merged: a later layer's alias then overrides an earlier layer's target
+  // (and the reverse) as the target itself would. A layer that sets an alias and its target to
+  // different values, or an alias to a non-boolean, is a ConfigError naming the origins.
+  void translate_aliases(Value& layer) const;
 
   // Checks every leaf key of `config` (unknown key, type, range, choice) and throws a
   // ConfigError naming the key's origin. Integers are accepted where numbers are expected.
@@ -50,6 +70,7 @@ class Schema {
 
  private:
   std::vector<KeySpec> keys_;
+  std::vector<KeyAlias> aliases_;
 };
 
 // Levenshtein distance, used for "did you mean" suggestions.

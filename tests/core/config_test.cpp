@@ -229,6 +229,29 @@ TEST_F(ExperimentTest, MissingPresetAndUnknownExperimentKeys) {
   expect_error<ConfigError>([&] { load_experiment(d_.write("e4.yaml", "exp_name: x\n"), {}, {}, paths_); }, {"modules"});
 }
 
+// An alias (another project's boolean for a value of a key) becomes its target in its own layer,
+// so layers override across the two names as they do for one, and the value keeps the alias's
+// place; one layer setting both differently, or a non-boolean, is an error naming the places.
+TEST_F(ExperimentTest, AliasesBecomeTheirTargetInTheirOwnLayer) {
+  schema_.alias("use_sgd", "optimizer", Value::string("sgd"), Value::string("adamw"), "true is optimizer: sgd");
+  d_.write("configs/models/tiny.yaml", "num_layers: 2\nhidden_size: 64\noptimizer: sgd\n");
+  auto m = resolve("      use_sgd: false\n");
+  EXPECT_EQ(m.params.find("optimizer")->as_string(), "adamw");  // the later layer's alias wins
+  EXPECT_NE(m.params.find("optimizer")->origin().str().find("exp.yaml:11:"), std::string::npos);
+  EXPECT_EQ(m.params.find("use_sgd"), nullptr);
+  ASSERT_EQ(m.params.find("optimizer")->overridden().size(), 1u);
+  EXPECT_NE(m.params.find("optimizer")->overridden()[0].file.find("tiny.yaml"), std::string::npos);
+  EXPECT_EQ(resolve("      use_sgd: false\n", {"optimizer=sgd"}).params.find("optimizer")->as_string(), "sgd");
+  EXPECT_EQ(resolve("      optimizer: adamw\n", {"use_sgd=true"}).params.find("optimizer")->as_string(), "sgd");
+  EXPECT_EQ(resolve("      use_sgd: true\n      optimizer: sgd\n").params.find("optimizer")->as_string(), "sgd");
+  expect_error<ConfigError>([&] { resolve("      use_sgd: true\n      optimizer: adamw\n"); },
+                            {"exp.yaml:11:", "use_sgd: true means optimizer: sgd", "exp.yaml:12:", "sets optimizer: adamw"});
+  expect_error<ConfigError>([&] { resolve("      use_sgd: 1\n"); }, {"exp.yaml:11:", "use_sgd", "expects a boolean"});
+  EXPECT_EQ(schema_.nearest("use_sdg"), "use_sgd");
+  EXPECT_THROW(schema_.alias("lr", "optimizer", Value::string("sgd"), Value::string("adamw"), ""), std::logic_error);
+  EXPECT_THROW(schema_.alias("x", "nope", Value::string("a"), Value::string("b"), ""), std::logic_error);
+}
+
 TEST_F(ExperimentTest, ExplainShowsWhereEachKeyWasSet) {
   auto m = resolve("      micro_batch_size: 4\n");
   std::string s = render_yaml(m.params, true);

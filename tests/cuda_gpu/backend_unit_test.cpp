@@ -249,9 +249,19 @@ TEST(CudaBackendUnit, MegatronFusionSwitchesAcceptWhatRunsAndRefuseTheRest) {
     EXPECT_EQ(r.code, 2) << k << "\n" << r.out;
     EXPECT_NE(r.out.find(std::string(k) + ": false is not implemented"), std::string::npos) << r.out;
   }
-  auto overlap = primus::testing::run_primus(moe + "--dry-run moe_shared_expert_overlap=true workspace=" + w.str());
-  EXPECT_EQ(overlap.code, 2) << overlap.out;
-  EXPECT_NE(overlap.out.find("moe_shared_expert_overlap: true is not implemented"), std::string::npos) << overlap.out;
+  for (const char* k : {"moe_shared_expert_overlap", "fp16"}) {
+    auto r = primus::testing::run_primus(moe + "--dry-run " + k + "=true workspace=" + w.str());
+    EXPECT_EQ(r.code, 2) << k << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string(k) + ": true is not implemented"), std::string::npos) << r.out;
+  }
+  auto bf16 = primus::testing::run_primus(moe + "--dry-run bf16=true fp16=false workspace=" + w.str());
+  EXPECT_EQ(bf16.code, 0) << bf16.out;
+  auto fp32 = primus::testing::run_primus(moe + "--dry-run bf16=false workspace=" + w.str());
+  EXPECT_EQ(fp32.code, 2) << fp32.out;
+  EXPECT_NE(fp32.out.find("bf16: false is not implemented (the cuda backend has no fp32 compute; the reference "
+                          "backend trains in fp32)"),
+            std::string::npos)
+      << fp32.out;
   // Set in a file, the error names the file and line.
   const auto exp = w.write("megatron.yaml",
                            "workspace: " + w.str() +

@@ -158,3 +158,39 @@ TEST(CliErrors, KeysSetInTwoLayersAreNamedAndDebugGivesBothPlaces) {
   EXPECT_NE(d.out.find("train_iters = 1 (" + p.string()), std::string::npos) << d.out;
   EXPECT_NE(d.out.find("overrides 1000"), std::string::npos) << d.out;
 }
+
+// Megatron-LM's model keys that Primus' own names replace or that have one implemented value: a
+// Megatron-style model section trains as written (swiglu becomes activation, with its place),
+// and each value no backend implements is refused naming the key and its line.
+TEST(Cli, MegatronModelKeysCarryOverAndUnimplementedValuesAreNamed) {
+  Workdir w;
+  const std::string megatron =
+      "      normalization: RMSNorm\n      position_embedding_type: rope\n      swiglu: true\n"
+      "      group_query_attention: true\n      num_attention_heads: 4\n      num_query_groups: 2\n"
+      "      attention_dropout: 0.0\n      hidden_dropout: 0.0\n      add_bias_linear: false\n";
+  auto exp = w.write("megatron.yaml", exp_yaml(megatron));
+  auto show = run_primus("config show --config " + exp.string() + " --explain");
+  EXPECT_EQ(show.code, 0) << show.out;
+  EXPECT_NE(show.out.find("activation: swiglu"), std::string::npos) << show.out;
+  EXPECT_NE(show.out.find("megatron.yaml:10:"), std::string::npos) << show.out;  // swiglu's line
+  EXPECT_EQ(show.out.find("\nswiglu:"), std::string::npos) << show.out;
+  auto dry = run_primus("train pretrain --config " + exp.string() + " --dry-run workspace=" + w.str());
+  EXPECT_EQ(dry.code, 0) << dry.out;
+  EXPECT_NE(dry.out.find("activation: gelu ("), std::string::npos) << dry.out;  // the preset's, overridden
+  EXPECT_NE(dry.out.find("-> swiglu (" + exp.string() + ":10:"), std::string::npos) << dry.out;
+  expect_clean_error(run_primus("train pretrain --config " + exp.string() + " --dry-run hidden_dropout=0.1"), 2,
+                     {"hidden_dropout 0.1: dropout is not implemented"});
+  auto drop = w.write("drop.yaml", exp_yaml("      attention_dropout: 0.1\n"));
+  expect_clean_error(run_primus("train pretrain --config " + drop.string() + " --dry-run"), 2,
+                     {"drop.yaml:8:", "attention_dropout 0.1: dropout is not implemented"});
+  auto gqa = w.write("gqa.yaml", exp_yaml("      group_query_attention: true\n"));
+  expect_clean_error(run_primus("train pretrain --config " + gqa.string() + " --dry-run"), 2,
+                     {"gqa.yaml:8:", "group_query_attention: true needs num_query_groups"});
+  auto mha = w.write("mha.yaml", exp_yaml("      num_attention_heads: 4\n      num_query_groups: 2\n"
+                                          "      group_query_attention: false\n"));
+  expect_clean_error(run_primus("train pretrain --config " + mha.string() + " --dry-run"), 2,
+                     {"mha.yaml:10:", "group_query_attention: false with num_query_groups 2", "mha.yaml:9:"});
+  auto both = w.write("both.yaml", exp_yaml("      swiglu: true\n      activation: gelu\n"));
+  expect_clean_error(run_primus("train pretrain --config " + both.string() + " --dry-run"), 2,
+                     {"both.yaml:8:", "swiglu: true means activation: swiglu", "both.yaml:9:"});
+}
