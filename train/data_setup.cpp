@@ -71,17 +71,20 @@ data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec) {
   return data::build_data_iterators(dc, 0, 1);
 }
 
+fsys::path checkpoint_in(const fsys::path& load) {
+  if (fsys::exists(load / io::kManifestFile)) return load;
+  auto latest = io::find_latest(load);
+  if (!latest) throw IoError(fmt::format("load: no checkpoint in '{}'", load.string()));
+  return latest->dir;
+}
+
 fsys::path resume_dir(const CheckpointArgs& c) {
   if (c.auto_continue_train) {
     if (auto latest = io::find_latest(c.save)) return latest->dir;
   }
-  if (c.load.empty()) return {};
-  fsys::path dir = c.load;
-  if (!fsys::exists(dir / io::kManifestFile)) {
-    auto latest = io::find_latest(c.load);
-    if (!latest) throw IoError(fmt::format("load: no checkpoint in '{}'", c.load.string()));
-    dir = latest->dir;
-  }
+  // finetune reads only the weights of `load` (load_initial_weights): nothing is resumed.
+  if (c.load.empty() || c.finetune) return {};
+  const fsys::path dir = checkpoint_in(c.load);
   // `primus import hf` writes weights without optimizer state or data positions: nothing to resume.
   std::ifstream state(dir / io::kStateFile);
   nlohmann::json s = nlohmann::json::parse(state, nullptr, /*allow_exceptions=*/false);

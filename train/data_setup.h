@@ -13,8 +13,12 @@ namespace primus::train {
 data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec);
 
 // auto_continue_train: the latest checkpoint in `save`; else `load` (a checkpoint folder or a
-// save folder's latest). Empty when there is nothing to resume. Throws IoError when `load` is
-// set but holds no checkpoint.
+// save folder's latest) unless finetune takes only its weights. Empty when there is nothing to
+// resume. Throws IoError when `load` is set but holds no checkpoint.
 std::filesystem::path resume_dir(const CheckpointArgs& c);
+
+// The checkpoint folder `load` names (itself when it holds a manifest, else its latest checkpoint);
+// an IoError when there is none.
+std::filesystem::path checkpoint_in(const std::filesystem::path& load);
 
 }  // namespace primus::train

@@ -639,10 +639,19 @@ config::Value resolve_load_hf(const config::Value& params, const fs::path& exper
   return out;
 }
 
-bool load_hf_initial_weights(const config::Value& params, const CheckpointArgs& ckpt, const ModelSpec& spec,
-                             const ParamLayout& layout, float* weights) {
+bool load_initial_weights(const config::Value& params, const CheckpointArgs& ckpt, const ModelSpec& spec,
+                          const ParamLayout& layout, float* weights) {
+  if (!resume_dir(ckpt).empty()) return false;
+  if (ckpt.finetune) {
+    const fs::path dir = checkpoint_in(ckpt.load);
+    const io::CheckpointData data = io::load_checkpoint(dir);
+    unpack_checkpoint(data, dir, spec, layout, weights, nullptr, nullptr);
+    spdlog::info("[checkpoint] finetune: weights from {} (its step {}); fresh optimizer, step 0", dir.string(),
+                 data.manifest.value("iteration", int64_t{0}));
+    return true;
+  }
   const fs::path dir = load_hf_dir(params);
-  if (dir.empty() || !resume_dir(ckpt).empty()) return false;
+  if (dir.empty()) return false;
   load_hf_weights(dir, spec, layout, weights);
   spdlog::info("[checkpoint] weights from Hugging Face folder {} ({}); fresh optimizer, step 0", dir.string(),
                spec.summary());

@@ -65,11 +65,14 @@ std::filesystem::path load_hf_dir(const config::Value& params);
 // Without `load_hf`, `params` is returned unchanged.
 config::Value resolve_load_hf(const config::Value& params, const std::filesystem::path& experiment_file);
 
-// A trainer's start from `load_hf`, called after its initial weights are drawn: with load_hf set
-// and no checkpoint to resume (`auto_continue_train` finding one in `save` wins, so a restarted
-// job continues rather than starting over), fills `weights` from the folder and returns true.
-bool load_hf_initial_weights(const config::Value& params, const CheckpointArgs& ckpt, const ModelSpec& spec,
-                             const ParamLayout& layout, float* weights);
+// A trainer's start from other weights, called after its initial weights are drawn, when there is
+// no checkpoint to resume (`auto_continue_train` finding one in `save` wins, so a restarted job
+// continues rather than starting over): with `finetune` the weights of the checkpoint in `load`
+// (all its files verified; a FormatError naming the folder when it holds another model), with
+// `load_hf` those of the Hugging Face folder. Fills `weights` (the layout's order) and returns true;
+// false when neither applies.
+bool load_initial_weights(const config::Value& params, const CheckpointArgs& ckpt, const ModelSpec& spec,
+                          const ParamLayout& layout, float* weights);
 
 // True when a checkpoint's trainer_state.json says it holds weights only (`primus import hf`):
 // a trainer loading it starts at step 0 with a fresh optimizer and data order.

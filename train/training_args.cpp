@@ -58,6 +58,10 @@ void add_training_schema(config::Schema& s) {
       .text("save", std::nullopt, "checkpoint folder (default: <output>/checkpoints)")
       .text("load", std::nullopt, "checkpoint folder to resume from")
       .flag("auto_continue_train", false, "resume from the latest checkpoint in `save` when there is one")
+      .flag("finetune", false,
+            "Megatron-LM's finetune: start from the weights of the checkpoint in `load` (a training run's or "
+            "`primus import hf`'s) with a fresh optimizer at step 0, the data from its start; nothing else of it is "
+            "read. A checkpoint in `save` is still resumed first under auto_continue_train")
       .text("tokenizer_type", "gpt2", "gpt2, bytes, or a path to a Hugging Face tokenizer.json")
       .any("data_path", KeyType::List, "Megatron-style [weight, prefix, ...] or [prefix] (.bin/.idx); a .txt file is prepared on first use")
       .any("valid_data_path", KeyType::List, "validation datasets (default: split off data_path)")
@@ -199,6 +203,11 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.ckpt.save = text_or(p, "save", (a.output_dir / "checkpoints").string());
   a.ckpt.load = text_or(p, "load", "");
   a.ckpt.auto_continue_train = b("auto_continue_train");
+  a.ckpt.finetune = b("finetune");
+  if (a.ckpt.finetune && a.ckpt.load.empty()) {
+    throw ConfigError(fmt::format("{}: finetune: true needs load, the checkpoint whose weights the run starts from",
+                                  p.find_path("finetune")->origin().str()));
+  }
   a.ckpt.save_interval = i("save_interval");
   a.ckpt.keep_last_k = i("keep_last_k");
   a.ckpt.save_at_end = b("save_at_end");

@@ -59,6 +59,8 @@ struct CheckpointArgs {
   std::filesystem::path save;   // where checkpoints go
   std::filesystem::path load;   // where to resume from (empty: nowhere)
   bool auto_continue_train = false;
+  // Megatron-LM's finetune: `load` gives the initial weights only (fresh optimizer, step 0).
+  bool finetune = false;
   int64_t save_interval = 0;    // 0: only at the end
   bool save_at_end = true;      // a checkpoint after the last step
   int64_t keep_last_k = 2;

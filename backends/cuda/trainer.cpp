@@ -297,7 +297,7 @@ void CudaTrainer::init() {
   // The same seed on every rank, in the global layout: every rank the same weights, and a tp rank its cut of them.
   std::vector<float> params(static_cast<size_t>(global_layout().total));
   train::init_params(spec, global_layout(), t.seed, params.data());
-  train::load_hf_initial_weights(args_->params, t.ckpt, spec, global_layout(), params.data());
+  train::load_initial_weights(args_->params, t.ckpt, spec, global_layout(), params.data());
   if (shard_map()) {
     std::vector<float> local(static_cast<size_t>(model_->layout().total));
     shard_map()->to_local(params.data(), local.data());

@@ -206,11 +206,11 @@ void ReferenceTrainer::init() {
     // Drawn in the global layout and cut: the weights of a single process, whatever the layout.
     std::vector<float> global(static_cast<size_t>(gl->total));
     train::init_params(spec, *gl, t.seed, global.data());
-    train::load_hf_initial_weights(args_->params, t.ckpt, spec, *gl, global.data());
+    train::load_initial_weights(args_->params, t.ckpt, spec, *gl, global.data());
     shard_map()->to_local(global.data(), model_->params.data());
   } else {
     model_->init_weights(t.seed);
-    train::load_hf_initial_weights(args_->params, t.ckpt, spec, model_->layout(), model_->params.data());
+    train::load_initial_weights(args_->params, t.ckpt, spec, model_->layout(), model_->params.data());
   }
   const auto total = static_cast<int64_t>(model_->params.size());
   int64_t owned = total;

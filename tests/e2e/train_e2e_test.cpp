@@ -139,3 +139,41 @@ TEST(TrainE2E, ExportHfAndGenerate) {
   EXPECT_EQ(s1.out, s2.out);
   EXPECT_EQ(run_primus("generate --checkpoint " + ck.string() + " --score --prompt 'x'").code, 2);
 }
+
+// finetune (Megatron-LM's): the weights of `load` and nothing else. With lr 0 the run's weights
+// stay the checkpoint's bit for bit, while its steps, optimizer state and data start afresh; a
+// restarted finetune run resumes its own checkpoint; a missing `load` or another model is named.
+TEST(TrainE2E, FinetuneStartsFromTheWeightsOnly) {
+  Workdir base, tuned;
+  ASSERT_EQ(run_primus(tiny_run_args(base.str())).code, 0);
+  const fsys::path ck = out_dir(base) / "checkpoints";
+  const std::string ft = " finetune=true load=" + ck.string() + " lr=0 min_lr=0 train_iters=3 save_interval=0";
+  auto r = run_primus(tiny_run_args(tuned.str()) + ft);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("finetune: weights from " + (ck / "iter_0000020").string() + " (its step 20)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("resumed from"), std::string::npos) << r.out;
+  const auto lb = losses(out_dir(base) / "metrics.jsonl");
+  const auto lt = losses(out_dir(tuned) / "metrics.jsonl");
+  ASSERT_EQ(lt.size(), 3u);
+  EXPECT_EQ(lt.front().first, 1);                  // step 0 onwards, not 20
+  EXPECT_LT(lt.front().second, lb.front().second - 0.2);  // trained weights, not a fresh init
+  const fsys::path out = out_dir(tuned) / "checkpoints/iter_0000003";
+  EXPECT_TRUE(primus::fs::read_file(out / "model.safetensors") ==
+              primus::fs::read_file(ck / "iter_0000020/model.safetensors"))
+      << "lr 0 must leave the loaded weights as they were";
+  EXPECT_FALSE(primus::fs::read_file(out / "optimizer.safetensors") ==
+               primus::fs::read_file(ck / "iter_0000020/optimizer.safetensors"));
+  // Restarted with auto_continue_train, the finetune run resumes its own checkpoint.
+  auto again = run_primus(tiny_run_args(tuned.str()) + ft + " train_iters=4 auto_continue_train=true");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("resumed from " + out.string()), std::string::npos) << again.out;
+  EXPECT_EQ(again.out.find("finetune: weights from"), std::string::npos) << again.out;
+  auto no_load = run_primus(tiny_run_args(tuned.str()) + " finetune=true --dry-run");
+  EXPECT_EQ(no_load.code, 2) << no_load.out;
+  EXPECT_NE(no_load.out.find("finetune: true needs load"), std::string::npos) << no_load.out;
+  auto other = run_primus(tiny_run_args(tuned.str()) + ft + " hidden_size=48 exp_name=other");
+  EXPECT_EQ(other.code, 3) << other.out;
+  EXPECT_NE(other.out.find("another model"), std::string::npos) << other.out;
+}
