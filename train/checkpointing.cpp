@@ -152,9 +152,27 @@ io::CheckpointData pack_checkpoint(const ModelSpec& spec, const ParamLayout& lay
   return d;
 }
 
+namespace {
+// A spec record without what SpecMatch::Weights lets differ.
+nlohmann::json weights_part(nlohmann::json j) {
+  if (!j.is_object()) return j;
+  if (j.value("rope", false)) j.erase("seq_length");
+  for (const char* k : {"init_method_std", "rotary_base", "rope_scaling", "sliding_window"}) j.erase(k);
+  if (j.contains("moe") && j["moe"].is_object()) {
+    for (const char* k : {"bias_update_rate", "aux_loss_coeff", "z_loss_coeff", "capacity_factor", "drop_by_position",
+                          "seq_aux_loss", "global_aux_loss", "balance", "force_load_balancing"})
+      j["moe"].erase(k);
+  }
+  return j;
+}
+}  // namespace
+
 void unpack_checkpoint(const io::CheckpointData& d, const std::filesystem::path& dir, const ModelSpec& spec,
-                       const ParamLayout& layout, float* params, float* m, float* v) {
-  if (d.state.contains("model_spec") && d.state["model_spec"] != spec_json(spec)) {
+                       const ParamLayout& layout, float* params, float* m, float* v, SpecMatch match) {
+  const bool differs = d.state.contains("model_spec") &&
+                       (match == SpecMatch::Run ? d.state["model_spec"] != spec_json(spec)
+                                                : weights_part(d.state["model_spec"]) != weights_part(spec_json(spec)));
+  if (differs) {
     throw FormatError(fmt::format("checkpoint {} was saved for another model: saved {}, configured {}", dir.string(),
                                   d.state["model_spec"].dump(), spec_json(spec).dump()));
   }

@@ -18,10 +18,17 @@ namespace primus::train {
 io::CheckpointData pack_checkpoint(const ModelSpec& spec, const ParamLayout& layout, const float* params,
                                    const float* m, const float* v, nlohmann::json state);
 
+// What a checkpoint's model must share with the configured one. Run: everything its spec records
+// (a resume continues the same run). Weights: the architecture (the weights' shapes, norms,
+// activation, heads, routing), so finetuning may change the sequence length (not under learned positions, whose table it sizes),
+// the RoPE base and scaling, the window, the init and the MoE's balancing and capacity.
+enum class SpecMatch { Run, Weights };
+
 // Fills params (and m, v when not null) from a loaded checkpoint; throws FormatError naming the
 // checkpoint folder and tensor when it was saved for another model.
 void unpack_checkpoint(const io::CheckpointData& data, const std::filesystem::path& dir, const ModelSpec& spec,
-                       const ParamLayout& layout, float* params, float* m, float* v);
+                       const ParamLayout& layout, float* params, float* m, float* v,
+                       SpecMatch match = SpecMatch::Run);
 
 // A summary of the architecture stored in the state, compared on load.
 nlohmann::json spec_json(const ModelSpec& spec);

@@ -645,7 +645,7 @@ bool load_initial_weights(const config::Value& params, const CheckpointArgs& ckp
   if (ckpt.finetune) {
     const fs::path dir = checkpoint_in(ckpt.load);
     const io::CheckpointData data = io::load_checkpoint(dir);
-    unpack_checkpoint(data, dir, spec, layout, weights, nullptr, nullptr);
+    unpack_checkpoint(data, dir, spec, layout, weights, nullptr, nullptr, SpecMatch::Weights);
     spdlog::info("[checkpoint] finetune: weights from {} (its step {}); fresh optimizer, step 0", dir.string(),
                  data.manifest.value("iteration", int64_t{0}));
     return true;

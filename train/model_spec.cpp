@@ -57,6 +57,10 @@ void add_model_schema(config::Schema& s) {
             "Megatron-LM's switch for num_query_groups: true needs num_query_groups, false refuses a "
             "num_query_groups other than num_attention_heads (Megatron-LM would ignore it); unset: "
             "num_query_groups alone decides"})
+      .integer("max_position_embeddings", std::nullopt,
+               "Megatron-LM's longest sequence the model is built for: at least seq_length; with learned positions "
+               "the table has seq_length rows here, so there it must equal seq_length; unset: seq_length",
+               1, int64_t{1} << 30)
       .number("attention_dropout", 0.0,
               "dropout on the attention probabilities: 0 only (no backend implements dropout; Megatron-LM's "
               "default is 0.1, today's pretraining recipes set 0)",
@@ -365,6 +369,19 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
                                     "remove one of the two",
                                     where("group_query_attention"), m.num_query_groups, where("num_query_groups"),
                                     m.num_attention_heads));
+    }
+  }
+  if (const config::Value* mpe = p.find_path("max_position_embeddings"); mpe && !mpe->is_null()) {
+    const int64_t n = mpe->as_int();
+    if (n < m.seq_length) {
+      throw ConfigError(fmt::format("{}: seq_length {} (set at {}) exceeds max_position_embeddings {}",
+                                    where("max_position_embeddings"), m.seq_length, where("seq_length"), n));
+    }
+    if (!m.rope && n != m.seq_length) {
+      throw ConfigError(fmt::format("{}: max_position_embeddings {} with learned positions: the position table has "
+                                    "seq_length ({}) rows; a longer table is not implemented (set "
+                                    "max_position_embeddings to seq_length, or remove it)",
+                                    where("max_position_embeddings"), n, m.seq_length));
     }
   }
   for (const char* k : {"attention_dropout", "hidden_dropout"}) {

@@ -4,10 +4,13 @@
 // start from the folder's weights (the first loss is far from a fresh model's log(256)) and every
 // step's loss and the validation loss agree within 1e-5. The reference side's import is checked
 // bit for bit against the exporting run in tests/e2e/hf_import_e2e_test.cpp; transformers' side
-// on the GPU is bench/hf/gpu_import.sh.
+// on the GPU is bench/hf/gpu_import.sh. The folder imported with `primus import hf` and trained
+// with `finetune` gives the load_hf run's losses.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
@@ -95,6 +98,31 @@ TEST(CudaHostTrainer, LoadHfStartsFromTheFolderAsTheReferenceDoes) {
   for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
   ASSERT_EQ(ref.val.size(), 1u);
   for (auto [step, l] : ref.val) EXPECT_NEAR(ours.val.at(step), l, 1e-5 * l) << "validation at step " << step;
+
+  // The same weights through `primus import hf` and `finetune`: the cuda trainer's run is
+  // load_hf's step for step. The checkpoint records seq_length 64 and the run trains at 32, which
+  // finetuning a RoPE model allows (resuming would refuse it).
+  const auto ckpt = w.path() / "imported";
+  auto imp = primus::testing::run_primus("import hf " + hf.string() + " " + ckpt.string() + " --tokenizer bytes");
+  ASSERT_EQ(imp.code, 0) << imp.out;
+  {
+    std::ifstream st(ckpt / "iter_0000000/trainer_state.json");
+    ASSERT_EQ(nlohmann::json::parse(st).at("model_spec").at("seq_length"), 64);
+  }
+  std::string ft = hf_experiment("cuda", w.str(), hf.string());
+  const std::string from = "      load_hf: " + hf.string() + "\n";
+  ASSERT_NE(ft.find(from), std::string::npos);
+  ft.replace(ft.find(from), from.size(),
+             "      load: " + ckpt.string() + "\n      finetune: true\n      model_type: llama\n"
+             "      vocab_size: 256\n      num_layers: 2\n      hidden_size: 64\n      num_attention_heads: 4\n"
+             "      num_query_groups: 2\n      kv_channels: 16\n      ffn_hidden_size: 128\n"
+             "      normalization: RMSNorm\n      swiglu: true\n      position_embedding_type: rope\n"
+             "      untie_embeddings_and_output_weights: true\n      add_bias_linear: false\n");
+  ft.replace(ft.find("exp_name: cuda"), 14, "exp_name: cuda-finetune");
+  run_host_trainer_from_hf(w.write("finetune.yaml", ft));
+  const auto tuned = testing::read_trainer_metrics(w.path() / "g/u/cuda-finetune/metrics.jsonl");
+  ASSERT_EQ(tuned.loss.size(), 4u);
+  for (auto [step, l] : ours.loss) EXPECT_NEAR(tuned.loss.at(step), l, 1e-6 * l) << "step " << step;
 }
 
 }  // namespace

@@ -190,6 +190,13 @@ TEST(Cli, MegatronModelKeysCarryOverAndUnimplementedValuesAreNamed) {
                                           "      group_query_attention: false\n"));
   expect_clean_error(run_primus("train pretrain --config " + mha.string() + " --dry-run"), 2,
                      {"mha.yaml:10:", "group_query_attention: false with num_query_groups 2", "mha.yaml:9:"});
+  EXPECT_EQ(run_primus("train pretrain --config " + exp.string() + " --dry-run max_position_embeddings=131072").code, 0);
+  expect_clean_error(run_primus("train pretrain --config " + exp.string() + " --dry-run max_position_embeddings=64"), 2,
+                     {"seq_length 128", "exceeds max_position_embeddings 64"});
+  auto learned = w.write("learned.yaml", exp_yaml("      max_position_embeddings: 1024\n"));
+  expect_clean_error(run_primus("train pretrain --config " + learned.string() + " --dry-run"), 2,
+                     {"learned.yaml:8:", "max_position_embeddings 1024 with learned positions"});
+  EXPECT_EQ(run_primus("train pretrain --config " + learned.string() + " --dry-run seq_length=1024").code, 0);
   auto both = w.write("both.yaml", exp_yaml("      swiglu: true\n      activation: gelu\n"));
   expect_clean_error(run_primus("train pretrain --config " + both.string() + " --dry-run"), 2,
                      {"both.yaml:8:", "swiglu: true means activation: swiglu", "both.yaml:9:"});

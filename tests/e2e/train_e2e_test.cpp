@@ -176,4 +176,10 @@ TEST(TrainE2E, FinetuneStartsFromTheWeightsOnly) {
   auto other = run_primus(tiny_run_args(tuned.str()) + ft + " hidden_size=48 exp_name=other");
   EXPECT_EQ(other.code, 3) << other.out;
   EXPECT_NE(other.out.find("another model"), std::string::npos) << other.out;
+  // What the weights do not record may change (the init's scale); learned positions' table is
+  // sized by seq_length, so a finetune at another length is another model.
+  EXPECT_EQ(run_primus(tiny_run_args(tuned.str()) + ft + " init_method_std=0.01 exp_name=std").code, 0);
+  auto shorter = run_primus(tiny_run_args(tuned.str()) + ft + " seq_length=64 exp_name=short");
+  EXPECT_EQ(shorter.code, 3) << shorter.out;
+  EXPECT_NE(shorter.out.find("another model"), std::string::npos) << shorter.out;
 }
