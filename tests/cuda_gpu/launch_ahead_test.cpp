@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "core/util/fs.h"
 #include "tests/cuda_gpu/cuda_fixture.h"
 #include "tests/cuda_gpu/trainer_runs.h"
 #include "tests/e2e/cli_runner.h"
@@ -126,6 +127,35 @@ TEST_F(LaunchAheadTest, Bf16MomentsFollowFp32AndResumeExactly) {
   ASSERT_EQ(r.loss.size(), 5u);
   for (auto [step, l] : r.loss) EXPECT_EQ(l, a.loss.at(step)) << "resumed step " << step;
   for (auto [step, l] : r.val) EXPECT_EQ(l, a.val.at(step)) << "resumed validation at step " << step;
+}
+
+// finetune on the GPU: the run starts from the step-8 checkpoint's weights at step 0 with a fresh
+// optimizer. At lr 0 its own checkpoint's weights are the loaded ones bit for bit (the fp32 masters
+// untouched, the bf16 copies made from them), its first loss is the trained model's, and its
+// optimizer state is its own.
+TEST_F(LaunchAheadTest, FinetuneStartsFromACheckpointsWeights) {
+  using primus::testing::run_primus;
+  const std::string base = bit_reproducible_run();
+  if (base.empty()) GTEST_SKIP() << primus::testing::primus_binary() << " not built (set PRIMUS_BIN)";
+  const auto& dir = w.path();
+  const auto trained = run_primus(base + " exp_name=base");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  const auto ckpt8 = dir / "g/u/base/checkpoints/iter_0000008";
+  ASSERT_TRUE(std::filesystem::exists(ckpt8)) << ckpt8;
+  const auto tuned = run_primus(base + " exp_name=tuned finetune=true load=" + ckpt8.string() +
+                                " train_iters=2 lr=0 min_lr=0 lr_warmup_iters=0");
+  ASSERT_EQ(tuned.code, 0) << tuned.out;
+  EXPECT_NE(tuned.out.find("finetune: weights from " + ckpt8.string() + " (its step 8)"), std::string::npos)
+      << tuned.out;
+  const TrainerMetrics a = read_trainer_metrics(dir / "g/u/base/metrics.jsonl");
+  const TrainerMetrics t = read_trainer_metrics(dir / "g/u/tuned/metrics.jsonl");
+  ASSERT_EQ(t.loss.size(), 2u);
+  EXPECT_LT(t.loss.at(1), a.loss.at(1) - 0.3) << "the first loss must be the trained model's";
+  const auto ckpt2 = dir / "g/u/tuned/checkpoints/iter_0000002";
+  EXPECT_TRUE(primus::fs::read_file(ckpt2 / "model.safetensors") == primus::fs::read_file(ckpt8 / "model.safetensors"))
+      << "lr 0 must leave the loaded weights as they were";
+  EXPECT_FALSE(primus::fs::read_file(ckpt2 / "optimizer.safetensors") ==
+               primus::fs::read_file(ckpt8 / "optimizer.safetensors"));
 }
 
 }  // namespace
