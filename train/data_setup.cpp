@@ -32,6 +32,12 @@ std::pair<std::string, std::string> prepare_text(const std::string& input, const
   const std::string train = prefix.string() + "_train", valid = prefix.string() + "_valid";
   const bool fresh = fsys::exists(train + ".idx") && fsys::exists(valid + ".idx") &&
                      fsys::last_write_time(train + ".idx") >= fsys::last_write_time(input);
+  if (t.data.valid_end < 1.0) {
+    throw ConfigError(fmt::format("split with a test part ({:.4g} of the documents) and the text input {}: a text "
+                                  "input is prepared into training and validation documents only; hold the test "
+                                  "documents out with `primus data prepare` and a .bin/.idx data_path",
+                                  1.0 - t.data.valid_end, input));
+  }
   if (!fresh) {
     fsys::create_directories(prefix.parent_path());
     data::PrepareOptions po;
@@ -56,6 +62,7 @@ data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec) {
   dc.mock_data = t.data.mock_data;
   dc.vocab_size = static_cast<int>(spec.vocab_size);
   dc.split = t.data.split;
+  dc.valid_end = t.data.valid_end;
   if (!t.data.mock_data) {
     if (t.data.data_path.size() == 1 && is_text_input(t.data.data_path[0])) {
       auto [tr, va] = prepare_text(t.data.data_path[0], t);

@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <tuple>
+
 #include "core/util/error.h"
 
 namespace primus::train {
@@ -65,7 +69,11 @@ void add_training_schema(config::Schema& s) {
       .text("tokenizer_type", "gpt2", "gpt2, bytes, or a path to a Hugging Face tokenizer.json")
       .any("data_path", KeyType::List, "Megatron-style [weight, prefix, ...] or [prefix] (.bin/.idx); a .txt file is prepared on first use")
       .any("valid_data_path", KeyType::List, "validation datasets (default: split off data_path)")
-      .number("split", 0.9, "fraction of documents used for training when valid_data_path is unset", 0.0, 1.0)
+      .any("split", KeyType::Any,
+           "when valid_data_path is unset: the fraction of each dataset's documents that trains (the rest "
+           "validates), or Megatron-LM's weights 'train,valid,test' (e.g. 969,30,1 or 99/1/0: normalised, the "
+           "test part held out)",
+           config::Value::floating(0.9))
       .flag("mock_data", false, "synthetic tokens instead of a dataset")
       .flag("reset_attention_mask", false,
             "packed samples: a token attends only within its document (documents end at the tokenizer's "
@@ -110,6 +118,42 @@ std::vector<std::string> resolve_data_paths(std::vector<std::string> paths, cons
     if (exists(beside)) p = beside.lexically_normal().string();
   }
   return paths;
+}
+
+// `split`: a training fraction in (0, 1] (validation the rest), or Megatron-LM's weights
+// "train,valid,test" ("/" also separates; missing parts are 0), normalised. Returns the training
+// fraction and the end of the validation one.
+std::pair<double, double> parse_split(const config::Value& v) {
+  const std::string where = v.origin().str();
+  if (v.kind() == config::Value::Kind::Int || v.kind() == config::Value::Kind::Float) {
+    const double f = v.as_double();
+    if (!(f > 0.0 && f <= 1.0)) throw ConfigError(fmt::format("{}: split {} must lie in (0, 1]", where, v.scalar_text()));
+    return {f, 1.0};
+  }
+  const std::string text = v.kind() == config::Value::Kind::String ? v.as_string() : "";
+  const char sep = text.find(',') != std::string::npos ? ',' : '/';
+  std::vector<double> w;
+  size_t at = 0;
+  while (!text.empty() && at <= text.size() && w.size() <= 3) {
+    const size_t end = std::min(text.find(sep, at), text.size());
+    const std::string part = text.substr(at, end - at);
+    char* stop = nullptr;
+    const double x = std::strtod(part.c_str(), &stop);
+    if (part.empty() || stop != part.c_str() + part.size() || !(x >= 0.0) || !std::isfinite(x)) {
+      w.clear();
+      break;
+    }
+    w.push_back(x);
+    at = end + 1;
+  }
+  if (w.empty() || w.size() > 3 || w[0] <= 0.0) {
+    throw ConfigError(fmt::format("{}: split '{}': expected a training fraction in (0, 1] or Megatron-LM's weights "
+                                  "'train,valid,test' (e.g. 969,30,1), the training one above 0",
+                                  where, v.scalar_text()));
+  }
+  w.resize(3, 0.0);
+  const double total = w[0] + w[1] + w[2];
+  return {w[0] / total, (w[0] + w[1]) / total};
 }
 
 std::string text_or(const config::Value& p, const char* k, const std::string& def) {
@@ -195,7 +239,7 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.data.tokenizer = text_or(p, "tokenizer_type", "gpt2");
   a.data.data_path = resolve_data_paths(strings_of(p.find_path("data_path")), exp.file);
   a.data.valid_data_path = resolve_data_paths(strings_of(p.find_path("valid_data_path")), exp.file);
-  a.data.split = d("split");
+  std::tie(a.data.split, a.data.valid_end) = parse_split(*p.find_path("split"));
   a.data.reset_attention_mask = b("reset_attention_mask");
   a.data.reset_position_ids = b("reset_position_ids");
   // mock_data is switched on by the backend's args patch (train/common_patches.cpp).

@@ -47,7 +47,8 @@ struct DataArgs {
   std::string tokenizer;  // gpt2 | bytes | path to tokenizer.json
   std::vector<std::string> data_path;  // Megatron style: [w1, prefix1, w2, prefix2] or [prefix]
   std::vector<std::string> valid_data_path;
-  double split = 0.9;
+  double split = 0.9;      // the training documents: the first `split` of each dataset's
+  double valid_end = 1.0;  // validation: [split, valid_end); beyond it Megatron-LM's test part
   bool mock_data = false;
   // Document masking in packed samples (Megatron's names; train/document_masks.h): attention
   // and positions restart after each end-of-document token of the tokenizer.

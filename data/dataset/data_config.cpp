@@ -134,13 +134,16 @@ DataIterators build_data_iterators(const DataConfig& c, int dp_rank, int dp_size
   if (!(c.split > 0.0 && c.split <= 1.0)) {
     throw ConfigError(fmt::format("split must be in (0, 1], got {}", c.split));
   }
+  if (!(c.valid_end >= c.split && c.valid_end <= 1.0)) {
+    throw ConfigError(fmt::format("the validation documents' end {} must lie in [split {}, 1]", c.valid_end, c.split));
+  }
   auto blend = parse_blend(c.data_path);
   if (!c.valid_data_path.empty()) {  // validation comes from elsewhere: train on everything
     it.train = make(build_source(opener, blend, 0, 1, c, c.seed));
     it.valid = make(build_source(opener, parse_blend(split_words(c.valid_data_path)), 0, 1, c, c.seed + 1));
   } else {
     it.train = make(build_source(opener, blend, 0, c.split, c, c.seed));
-    if (c.split < 1.0) it.valid = make(build_source(opener, blend, c.split, 1, c, c.seed + 1));
+    if (c.split < c.valid_end) it.valid = make(build_source(opener, blend, c.split, c.valid_end, c, c.seed + 1));
   }
   return it;
 }

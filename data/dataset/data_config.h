@@ -24,6 +24,8 @@ struct DataConfig {
   std::string valid_data_path;  // optional
   double split = 1.0;           // fraction of data_path documents used for training, (0, 1]
                                 // (ignored when valid_data_path is set)
+  double valid_end = 1.0;       // validation takes the documents in [split, valid_end); those beyond
+                                // (Megatron-LM's test part) are held out
   int seq_length = 1024;        // tokens per sample; each sample holds seq_length + 1 ids
   uint64_t seed = 1234;         // data order; valid data uses seed + 1
   bool mock_data = false;       // pseudo-random tokens instead of files

@@ -304,6 +304,17 @@ TEST_F(Loader, ConfigSplitsDocumentsBetweenTrainAndValid) {
   auto its3 = build_data_iterators(both);
   EXPECT_EQ(its3.train->source().describe()["documents"], nlohmann::json({0, 100}));
   EXPECT_EQ(its.train->source().describe()["documents"], nlohmann::json({0, 80}));
+  // Megatron-LM's test part: validation ends before the last documents, which neither side reads.
+  cfg.split = 0.8;
+  cfg.valid_end = 0.95;
+  auto its4 = build_data_iterators(cfg);
+  ASSERT_TRUE(its4.train && its4.valid);
+  EXPECT_EQ(its4.train->source().describe()["documents"], nlohmann::json({0, 80}));
+  EXPECT_EQ(its4.valid->source().describe()["documents"], nlohmann::json({80, 95}));
+  cfg.valid_end = 0.8;  // "80,0,20": no validation documents
+  EXPECT_FALSE(build_data_iterators(cfg).valid);
+  cfg.valid_end = 0.7;
+  EXPECT_THROW(build_data_iterators(cfg), ConfigError);
 }
 
 TEST_F(Loader, ConfigErrors) {

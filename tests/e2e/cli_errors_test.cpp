@@ -201,3 +201,19 @@ TEST(Cli, MegatronModelKeysCarryOverAndUnimplementedValuesAreNamed) {
   expect_clean_error(run_primus("train pretrain --config " + both.string() + " --dry-run"), 2,
                      {"both.yaml:8:", "swiglu: true means activation: swiglu", "both.yaml:9:"});
 }
+
+// Megatron-LM's `split: train,valid,test` weights: normalised; a text input (prepared into
+// training and validation documents only) takes them without a test part and refuses one by name.
+TEST(Cli, MegatronSplitWeights) {
+  Workdir w;
+  const std::string run = primus::testing::tiny_run_args(w.str()) + " train_iters=2 eval_interval=2 save_interval=0 "
+                          "save_at_end=false";
+  auto ok = run_primus(run + " split=95,5,0");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  auto slash = run_primus(run + " split=95/5 exp_name=slash");
+  EXPECT_EQ(slash.code, 0) << slash.out;
+  expect_clean_error(run_primus(run + " split=90,5,5 exp_name=test"), 2,
+                     {"split with a test part (0.05 of the documents)", "primus data prepare"});
+  expect_clean_error(run_primus(run + " split=95,x exp_name=bad"), 2,
+                     {"<command line: split=95,x>", "split '95,x'", "train,valid,test"});
+}
