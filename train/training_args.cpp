@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 #include <tuple>
 
 #include "core/util/error.h"
@@ -130,25 +131,25 @@ std::pair<double, double> parse_split(const config::Value& v) {
     if (!(f > 0.0 && f <= 1.0)) throw ConfigError(fmt::format("{}: split {} must lie in (0, 1]", where, v.scalar_text()));
     return {f, 1.0};
   }
-  const std::string text = v.kind() == config::Value::Kind::String ? v.as_string() : "";
-  const char sep = text.find(',') != std::string::npos ? ',' : '/';
+  // Megatron-LM reads the numbers between any separators; here ',' '/' or blanks, each part a number.
+  std::string text = v.kind() == config::Value::Kind::String ? v.as_string() : "";
+  for (char& c : text)
+    if (c == ',' || c == '/' || c == '\t') c = ' ';
+  std::istringstream parts(text);
   std::vector<double> w;
-  size_t at = 0;
-  while (!text.empty() && at <= text.size() && w.size() <= 3) {
-    const size_t end = std::min(text.find(sep, at), text.size());
-    const std::string part = text.substr(at, end - at);
+  bool bad = false;
+  for (std::string part; parts >> part && !bad;) {
     char* stop = nullptr;
     const double x = std::strtod(part.c_str(), &stop);
-    if (part.empty() || stop != part.c_str() + part.size() || !(x >= 0.0) || !std::isfinite(x)) {
-      w.clear();
-      break;
-    }
+    bad = stop != part.c_str() + part.size() || !(x >= 0.0) || !std::isfinite(x);
     w.push_back(x);
-    at = end + 1;
   }
-  if (w.empty() || w.size() > 3 || w[0] <= 0.0) {
-    throw ConfigError(fmt::format("{}: split '{}': expected a training fraction in (0, 1] or Megatron-LM's weights "
-                                  "'train,valid,test' (e.g. 969,30,1), the training one above 0",
+  // One part would be Megatron-LM's "all documents train": refused, as a quoted fraction ('0.9')
+  // would otherwise silently drop the validation data.
+  if (bad || w.size() < 2 || w.size() > 3 || w[0] <= 0.0) {
+    throw ConfigError(fmt::format("{}: split '{}': expected a training fraction in (0, 1] (a number) or Megatron-LM's "
+                                  "weights 'train,valid,test' (two or three parts, e.g. 969,30,1), the training one "
+                                  "above 0",
                                   where, v.scalar_text()));
   }
   w.resize(3, 0.0);
@@ -251,6 +252,19 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   if (a.ckpt.finetune && a.ckpt.load.empty()) {
     throw ConfigError(fmt::format("{}: finetune: true needs load, the checkpoint whose weights the run starts from",
                                   p.find_path("finetune")->origin().str()));
+  }
+  if (a.ckpt.finetune) {
+    // The run's own checkpoints beside the ones it starts from would be pruned with them, and
+    // auto_continue_train would resume the source run whole instead of finetuning from it.
+    std::error_code ec;
+    const auto canon = [&ec](const std::filesystem::path& x) { return std::filesystem::weakly_canonical(x, ec); };
+    const std::filesystem::path save = canon(a.ckpt.save), load = canon(a.ckpt.load);
+    if (!ec && (load == save || load.parent_path() == save)) {
+      throw ConfigError(fmt::format("{}: finetune: true saves into {}, where load ({}) is: give the finetuning run a "
+                                    "save folder of its own",
+                                    p.find_path("finetune")->origin().str(), a.ckpt.save.string(),
+                                    a.ckpt.load.string()));
+    }
   }
   a.ckpt.save_interval = i("save_interval");
   a.ckpt.keep_last_k = i("keep_last_k");

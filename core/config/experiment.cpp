@@ -247,7 +247,9 @@ ModuleConfig resolve_module(const Experiment& exp, const std::string& module, co
   LoadOptions o = opts;
   o.notes = &out.notes;
 
-  // Each layer's aliases become their targets before it merges (Schema::translate_aliases).
+  // Each layer's aliases become their targets before it merges (Schema::translate_aliases), and
+  // each file of a preset's extends chain before it merges over its bases.
+  o.each_file = [&schema](Value& file) { schema.translate_aliases(file); };
   auto merge_layer = [&](Value layer) {
     schema.translate_aliases(layer);
     merge_into(out.params, layer, &out.notes);

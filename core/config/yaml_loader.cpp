@@ -210,6 +210,7 @@ Value load_with_chain(const std::filesystem::path& path, const LoadOptions& opts
   }
   std::string text = fs::read_file(path);
   Value self = parse_node_text(text, path.string(), opts.env);
+  if (opts.each_file) opts.each_file(self);
   Value* ext = self.find("extends");
   if (!ext) return self;
 

@@ -19,6 +19,9 @@ EnvLookup process_env();  // reads the real environment
 struct LoadOptions {
   EnvLookup env = process_env();
   std::vector<OverrideNote>* notes = nullptr;  // keys set in a base and again in the file
+  // Called on each file of an extends chain, its own keys only (`extends` still in it), before it
+  // merges over its bases: a rewrite that must not see the chain as one file (schema aliases).
+  std::function<void(Value&)> each_file;
 };
 
 // Loads `path` with its extends chain resolved. Throws ConfigError naming file:line:column.

@@ -248,6 +248,13 @@ TEST_F(ExperimentTest, AliasesBecomeTheirTargetInTheirOwnLayer) {
                             {"exp.yaml:11:", "use_sgd: true means optimizer: sgd", "exp.yaml:12:", "sets optimizer: adamw"});
   expect_error<ConfigError>([&] { resolve("      use_sgd: 1\n"); }, {"exp.yaml:11:", "use_sgd", "expects a boolean"});
   EXPECT_EQ(schema_.nearest("use_sdg"), "use_sgd");
+  // Within a preset's extends chain each file is a layer of its own: the extending file's alias
+  // overrides its base's target.
+  d_.write("configs/models/base_m.yaml", "num_layers: 2\noptimizer: adamw\n");
+  d_.write("configs/models/tiny.yaml", "extends: base_m.yaml\nhidden_size: 64\nuse_sgd: true\n");
+  auto chained = resolve("      lr: 0.2\n");
+  EXPECT_EQ(chained.params.find("optimizer")->as_string(), "sgd");
+  EXPECT_NE(chained.params.find("optimizer")->origin().str().find("tiny.yaml:3:"), std::string::npos);
   EXPECT_THROW(schema_.alias("lr", "optimizer", Value::string("sgd"), Value::string("adamw"), ""), std::logic_error);
   EXPECT_THROW(schema_.alias("x", "nope", Value::string("a"), Value::string("b"), ""), std::logic_error);
 }

@@ -216,4 +216,8 @@ TEST(Cli, MegatronSplitWeights) {
                      {"split with a test part (0.05 of the documents)", "primus data prepare"});
   expect_clean_error(run_primus(run + " split=95,x exp_name=bad"), 2,
                      {"<command line: split=95,x>", "split '95,x'", "train,valid,test"});
+  auto spaced = run_primus(run + " 'split=95, 5, 0' exp_name=spaced");
+  EXPECT_EQ(spaced.code, 0) << spaced.out;
+  // A quoted fraction is one part, which would train on every document: refused, not taken.
+  expect_clean_error(run_primus(run + " \"split='0.9'\" exp_name=quoted"), 2, {"split '0.9'", "two or three parts"});
 }

@@ -170,6 +170,9 @@ TEST(TrainE2E, FinetuneStartsFromTheWeightsOnly) {
   ASSERT_EQ(again.code, 0) << again.out;
   EXPECT_NE(again.out.find("resumed from " + out.string()), std::string::npos) << again.out;
   EXPECT_EQ(again.out.find("finetune: weights from"), std::string::npos) << again.out;
+  auto own = run_primus(tiny_run_args(base.str()) + ft + " --dry-run");
+  EXPECT_EQ(own.code, 2) << own.out;
+  EXPECT_NE(own.out.find("give the finetuning run a save folder of its own"), std::string::npos) << own.out;
   auto no_load = run_primus(tiny_run_args(tuned.str()) + " finetune=true --dry-run");
   EXPECT_EQ(no_load.code, 2) << no_load.out;
   EXPECT_NE(no_load.out.find("finetune: true needs load"), std::string::npos) << no_load.out;
