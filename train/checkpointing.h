@@ -20,8 +20,9 @@ io::CheckpointData pack_checkpoint(const ModelSpec& spec, const ParamLayout& lay
 
 // What a checkpoint's model must share with the configured one. Run: everything its spec records
 // (a resume continues the same run). Weights: the architecture (the weights' shapes, norms,
-// activation, heads, routing), so finetuning may change the sequence length (not under learned positions, whose table it sizes),
-// the RoPE base and scaling, the window, the init and the MoE's balancing and capacity.
+// activation, heads, routing), so finetuning may change the sequence length (not under learned
+// positions, whose table it sizes), the RoPE base and scaling, the window, the init and the MoE's
+// balancing and capacity.
 enum class SpecMatch { Run, Weights };
 
 // Fills params (and m, v when not null) from a loaded checkpoint; throws FormatError naming the

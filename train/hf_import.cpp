@@ -644,7 +644,8 @@ bool load_initial_weights(const config::Value& params, const CheckpointArgs& ckp
   if (!resume_dir(ckpt).empty()) return false;
   if (ckpt.finetune) {
     const fs::path dir = checkpoint_in(ckpt.load);
-    const io::CheckpointData data = io::load_checkpoint(dir);
+    // The standard files, verified; other ranks' optimizer shards are not read.
+    const io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
     unpack_checkpoint(data, dir, spec, layout, weights, nullptr, nullptr, SpecMatch::Weights);
     spdlog::info("[checkpoint] finetune: weights from {} (its step {}); fresh optimizer, step 0", dir.string(),
                  data.manifest.value("iteration", int64_t{0}));

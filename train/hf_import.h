@@ -68,7 +68,7 @@ config::Value resolve_load_hf(const config::Value& params, const std::filesystem
 // A trainer's start from other weights, called after its initial weights are drawn, when there is
 // no checkpoint to resume (`auto_continue_train` finding one in `save` wins, so a restarted job
 // continues rather than starting over): with `finetune` the weights of the checkpoint in `load`
-// (all its files verified; a FormatError naming the folder when it holds another model), with
+// (its standard files verified; a FormatError naming the folder when it holds another model), with
 // `load_hf` those of the Hugging Face folder. Fills `weights` (the layout's order) and returns true;
 // false when neither applies.
 bool load_initial_weights(const config::Value& params, const CheckpointArgs& ckpt, const ModelSpec& spec,

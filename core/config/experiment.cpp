@@ -247,8 +247,8 @@ ModuleConfig resolve_module(const Experiment& exp, const std::string& module, co
   LoadOptions o = opts;
   o.notes = &out.notes;
 
-  // Each layer's aliases become their targets before it merges (Schema::translate_aliases), and
-  // each file of a preset's extends chain before it merges over its bases.
+  // Each layer's aliases become their targets before it merges (Schema::translate_aliases): each
+  // file of a preset's extends chain as it loads, the overrides and the command line here.
   o.each_file = [&schema](Value& file) { schema.translate_aliases(file); };
   auto merge_layer = [&](Value layer) {
     schema.translate_aliases(layer);
@@ -256,12 +256,12 @@ ModuleConfig resolve_module(const Experiment& exp, const std::string& module, co
   };
   if (!spec.model.empty()) {
     auto p = find_preset(exp, "models", "", spec.model, paths, spec.origin);
-    merge_layer(load_yaml_file(p, o));
+    merge_into(out.params, load_yaml_file(p, o), &out.notes);
     out.layers.push_back("model preset " + p.string());
   }
   {
     auto p = find_preset(exp, "modules", spec.framework, spec.config, paths, spec.origin);
-    merge_layer(load_yaml_file(p, o));
+    merge_into(out.params, load_yaml_file(p, o), &out.notes);
     out.layers.push_back("module preset " + p.string());
   }
   merge_layer(spec.overrides);

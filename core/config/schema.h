@@ -52,7 +52,6 @@ class Schema {
 
   const KeySpec* find(const std::string& key) const;
   const std::vector<KeySpec>& keys() const { return keys_; }
-  const std::vector<KeyAlias>& aliases() const { return aliases_; }
 
   // Rewrites the aliases one config layer sets into their targets, each with the alias's origin,
   // before the layer is merged: a later layer's alias then overrides an earlier layer's target
