@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "core/util/error.h"
 
@@ -146,7 +147,10 @@ bool fits(KeyType t, const Value& v) {
   return false;
 }
 
-void check_leaf(const Schema& schema, const std::string& key, const Value& v) {
+// An unknown key is added to `unknown` (every one of a config is reported at once: a config
+// brought from another framework names all that does not carry over in one run); any other
+// error throws.
+void check_leaf(const Schema& schema, const std::string& key, const Value& v, std::vector<std::string>& unknown) {
   const KeySpec* spec = schema.find(key);
   if (!spec) {
     // A key under a Map-typed key (free-form section) is accepted as is.
@@ -156,8 +160,9 @@ void check_leaf(const Schema& schema, const std::string& key, const Value& v) {
       if (dot == 0) break;
     }
     std::string near = schema.nearest(key);
-    throw ConfigError(fmt::format("{}: unknown key '{}'{}", v.origin().str(), key,
+    unknown.push_back(fmt::format("{}: unknown key '{}'{}", v.origin().str(), key,
                                   near.empty() ? "" : fmt::format("; did you mean '{}'?", near)));
+    return;
   }
   if (!fits(spec->type, v)) {
     std::string want = key_type_name(spec->type);
@@ -182,25 +187,30 @@ void check_leaf(const Schema& schema, const std::string& key, const Value& v) {
   }
 }
 
-void walk(const Schema& schema, const Value& node, const std::string& prefix) {
+void walk(const Schema& schema, const Value& node, const std::string& prefix, std::vector<std::string>& unknown) {
   for (auto& [k, v] : node.entries()) {
     std::string key = prefix.empty() ? k : prefix + "." + k;
     const KeySpec* spec = schema.find(key);
     if (v.is_map() && (!spec || spec->type != KeyType::Map) && !(spec && spec->type == KeyType::Any)) {
       if (spec) {  // a mapping where a scalar is expected
-        check_leaf(schema, key, v);
+        check_leaf(schema, key, v, unknown);
       }
-      walk(schema, v, key);
+      walk(schema, v, key, unknown);
       continue;
     }
-    check_leaf(schema, key, v);
+    check_leaf(schema, key, v, unknown);
   }
 }
 
 }  // namespace
 
 void Schema::validate(const Value& config) const {
-  walk(*this, config, "");
+  std::vector<std::string> unknown;
+  walk(*this, config, "", unknown);
+  if (unknown.size() == 1) throw ConfigError(unknown[0]);
+  if (!unknown.empty()) {
+    throw ConfigError(fmt::format("{} unknown keys:\n  {}", unknown.size(), fmt::join(unknown, "\n  ")));
+  }
   for (auto& k : keys_) {
     if (!k.required) continue;
     const Value* v = config.find_path(k.key);

@@ -203,6 +203,17 @@ TEST_F(ExperimentTest, UnknownKeyNamesFileLineAndSuggestion) {
                                               {"exp.yaml:12:", "unknown key 'trian_iters'", "did you mean 'train_iters'"});
 }
 
+// A config brought from another framework (here Megatron-LM's logging and checkpoint keys) names
+// every key that does not carry over in one error, each with its place, in the file's order.
+TEST_F(ExperimentTest, EveryUnknownKeyIsNamedAtOnce) {
+  const std::string msg = expect_error<ConfigError>(
+      [&] { resolve("      wandb_project: p\n      lr: 0.2\n      no_load_rng: null\n      trian_iters: 5\n"); },
+      {"3 unknown keys:", "exp.yaml:11:", "unknown key 'wandb_project'", "exp.yaml:13:", "unknown key 'no_load_rng'",
+       "exp.yaml:14:", "did you mean 'train_iters'"});
+  EXPECT_LT(msg.find("wandb_project"), msg.find("no_load_rng"));
+  EXPECT_LT(msg.find("no_load_rng"), msg.find("trian_iters"));
+}
+
 TEST_F(ExperimentTest, UnknownKeyFromCommandLine) {
   expect_error<ConfigError>([&] { resolve("      lr: 0.2\n", {"--micro_bach_size", "3"}); },
                             {"command line", "micro_bach_size", "did you mean 'micro_batch_size'"});
