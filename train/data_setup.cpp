@@ -64,7 +64,17 @@ data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec) {
   dc.split = t.data.split;
   dc.valid_end = t.data.valid_end;
   if (!t.data.mock_data) {
-    if (t.data.data_path.size() == 1 && is_text_input(t.data.data_path[0])) {
+    if (t.data.train_whole) {  // train_data_path: every document trains, validation only from valid_data_path
+      for (const auto& p : t.data.data_path) {
+        if (is_text_input(p)) {
+          throw ConfigError(fmt::format("train_data_path: {} is a text input; train_data_path takes prepared .bin/.idx "
+                                        "prefixes (a text file goes in data_path, or through `primus data prepare`)",
+                                        p));
+        }
+      }
+      dc.train_data_path = fmt::format("{}", fmt::join(t.data.data_path, " "));
+      dc.valid_data_path = fmt::format("{}", fmt::join(t.data.valid_data_path, " "));
+    } else if (t.data.data_path.size() == 1 && is_text_input(t.data.data_path[0])) {
       auto [tr, va] = prepare_text(t.data.data_path[0], t);
       dc.train_data_path = tr;
       dc.valid_data_path = va;
@@ -101,6 +111,13 @@ fsys::path resume_dir(const CheckpointArgs& c) {
                                   dir.string(), s.value("imported_from", std::string("HF_DIR"))));
   }
   return dir;
+}
+
+void check_eod_mask_loss(const DataArgs& d, const data::Tokenizer& tokenizer) {
+  if (d.eod_mask_loss && tokenizer.eod_id() < 0) {
+    throw ConfigError(fmt::format("eod_mask_loss: tokenizer '{}' has no end-of-document token to mask the loss at",
+                                  tokenizer.name()));
+  }
 }
 
 }  // namespace primus::train

@@ -5,12 +5,17 @@
 #include <filesystem>
 
 #include "data/dataset/data_config.h"
+#include "data/tokenizer/tokenizer.h"
 #include "train/model_spec.h"
 #include "train/training_args.h"
 
 namespace primus::train {
 
 data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec);
+
+// eod_mask_loss needs the tokenizer's end-of-document token: a ConfigError naming the tokenizer
+// when it has none.
+void check_eod_mask_loss(const DataArgs& d, const data::Tokenizer& tokenizer);
 
 // auto_continue_train: the latest checkpoint in `save`; else `load` (a checkpoint folder or a
 // save folder's latest) unless finetune takes only its weights. Empty when there is nothing to

@@ -29,6 +29,16 @@ void build_document_tables(const int32_t* tokens, int64_t B, int64_t T, const Do
   }
 }
 
+int64_t mask_eod_targets(const int32_t* inputs, int32_t* targets, int64_t n, int32_t eod_id, int32_t ignore_index) {
+  PRIMUS_CHECK(eod_id >= 0, "eod_mask_loss: the tokenizer has no end-of-document token to mask the loss at");
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (inputs[i] == eod_id) targets[i] = ignore_index;
+    kept += targets[i] != ignore_index;
+  }
+  return kept;
+}
+
 void build_fixed_document_tables(const int32_t* tokens, int64_t B, int64_t T, int32_t eod_id, int32_t* positions,
                                  int32_t* cu_seqlens) {
   PRIMUS_CHECK(B > 0 && T > 0, "document masks: batch {}x{} must be positive", B, T);

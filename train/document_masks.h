@@ -44,4 +44,11 @@ void build_document_tables(const int32_t* tokens, int64_t B, int64_t T, const Do
 void build_fixed_document_tables(const int32_t* tokens, int64_t B, int64_t T, int32_t eod_id, int32_t* positions,
                                  int32_t* cu_seqlens);
 
+// Megatron-LM's eod_mask_loss: no loss where the input token is the end-of-document id, i.e. no
+// prediction of a document's first token from the end of the one before it. targets[i] becomes
+// ignore_index wherever inputs[i] == eod_id (inputs and targets aligned, n each); returns the
+// targets that keep a loss, the mean loss's denominator. Throws primus::RuntimeError when
+// eod_id < 0 (a tokenizer without an end-of-document token).
+int64_t mask_eod_targets(const int32_t* inputs, int32_t* targets, int64_t n, int32_t eod_id, int32_t ignore_index);
+
 }  // namespace primus::train

@@ -60,6 +60,8 @@ void add_training_schema(config::Schema& s) {
       .integer("save_interval", 0, "steps between checkpoints (0: only at the end)", 0)
       .integer("keep_last_k", 2, "checkpoints to keep", 1)
       .flag("save_at_end", true, "checkpoint after the last step (false: only every save_interval steps and on a stop signal)")
+      .alias("disable_last_saving", "save_at_end", config::Value::boolean(false), config::Value::boolean(true),
+             "Primus' name (its Megatron-LM trainer): true is save_at_end: false")
       .text("save", std::nullopt, "checkpoint folder (default: <output>/checkpoints)")
       .text("load", std::nullopt, "checkpoint folder to resume from")
       .flag("auto_continue_train", false, "resume from the latest checkpoint in `save` when there is one")
@@ -67,9 +69,22 @@ void add_training_schema(config::Schema& s) {
             "Megatron-LM's finetune: start from the weights of the checkpoint in `load` (a training run's or "
             "`primus import hf`'s) with a fresh optimizer at step 0, the data from its start; nothing else of it is "
             "read. A checkpoint in `save` is still resumed first under auto_continue_train")
+      .flag("no_load_optim", false,
+            "Megatron-LM's switch, false only: a resumed run loads the optimizer state with the weights (true, the "
+            "weights and step without it, is not implemented; finetune: true takes the weights alone)")
+      .flag("no_load_rng", false,
+            "Megatron-LM's switch, false only: a resumed run restores all the checkpoint holds, its data position "
+            "included (true is not implemented)")
+      .flag("no_save_optim", false,
+            "Megatron-LM's switch, false only: checkpoints hold the optimizer state (true is not implemented)")
+      .flag("no_save_rng", false,
+            "Megatron-LM's switch, false only: checkpoints hold the whole training state (true is not implemented)")
       .text("tokenizer_type", "gpt2", "gpt2, bytes, or a path to a Hugging Face tokenizer.json")
       .any("data_path", KeyType::List, "Megatron-style [weight, prefix, ...] or [prefix] (.bin/.idx); a .txt file is prepared on first use")
       .any("valid_data_path", KeyType::List, "validation datasets (default: split off data_path)")
+      .any("train_data_path", KeyType::List,
+           "Megatron-LM's separate training datasets (.bin/.idx prefixes, [weight, prefix, ...] or [prefix]) instead "
+           "of data_path: every document trains (split does not apply), validation only from valid_data_path")
       .any("split", KeyType::Any,
            "when valid_data_path is unset: the fraction of each dataset's documents that trains (the rest "
            "validates), or Megatron-LM's weights 'train,valid,test' (e.g. 969,30,1 or 99/1/0: normalised, the "
@@ -80,6 +95,9 @@ void add_training_schema(config::Schema& s) {
             "packed samples: a token attends only within its document (documents end at the tokenizer's "
             "end-of-document token)")
       .flag("reset_position_ids", false, "packed samples: positions restart at 0 after each end-of-document token")
+      .flag("eod_mask_loss", false,
+            "no loss where the input is the end-of-document token (the next document's first token); the mean "
+            "is over the tokens that keep a loss")
       .flag("skip_nan_steps", false, "skip a step whose loss or gradients are not finite instead of stopping")
       .flag("exit_signal_handler", true, "on SIGTERM/SIGUSR1 finish the step, checkpoint and exit 0")
       .text("tensorboard_dir", std::nullopt, "TensorBoard event folder (default: derived from the workspace)")
@@ -240,9 +258,20 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.data.tokenizer = text_or(p, "tokenizer_type", "gpt2");
   a.data.data_path = resolve_data_paths(strings_of(p.find_path("data_path")), exp.file);
   a.data.valid_data_path = resolve_data_paths(strings_of(p.find_path("valid_data_path")), exp.file);
+  if (auto train = resolve_data_paths(strings_of(p.find_path("train_data_path")), exp.file); !train.empty()) {
+    const std::string where = p.find_path("train_data_path")->origin().str();
+    if (!a.data.data_path.empty()) {
+      throw ConfigError(fmt::format("{}: train_data_path and data_path ({}) are exclusive, as in Megatron-LM: give one "
+                                    "of them",
+                                    where, p.find_path("data_path")->origin().str()));
+    }
+    a.data.data_path = std::move(train);
+    a.data.train_whole = true;
+  }
   std::tie(a.data.split, a.data.valid_end) = parse_split(*p.find_path("split"));
   a.data.reset_attention_mask = b("reset_attention_mask");
   a.data.reset_position_ids = b("reset_position_ids");
+  a.data.eod_mask_loss = b("eod_mask_loss");
   // mock_data is switched on by the backend's args patch (train/common_patches.cpp).
   a.output_dir = exp.output_dir();
   a.ckpt.save = text_or(p, "save", (a.output_dir / "checkpoints").string());
@@ -264,6 +293,13 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
                                     "save folder of its own",
                                     p.find_path("finetune")->origin().str(), a.ckpt.save.string(),
                                     a.ckpt.load.string()));
+    }
+  }
+  for (const char* k : {"no_load_optim", "no_load_rng", "no_save_optim", "no_save_rng"}) {
+    if (b(k)) {
+      throw ConfigError(fmt::format("{}: {}: true is not implemented: checkpoints are written and resumed whole ({}; "
+                                    "finetune: true starts from a checkpoint's weights alone)",
+                                    p.find_path(k)->origin().str(), k, "docs/checkpoints.md"));
     }
   }
   a.ckpt.save_interval = i("save_interval");
@@ -326,9 +362,10 @@ std::vector<std::pair<std::string, std::string>> TrainingArgs::describe() const 
           {"tokenizer", data.tokenizer},
           {"save", ckpt.save.string()},
           {"tensorboard_dir", tensorboard_dir.empty() ? "(none)" : tensorboard_dir.string()}};
-  if (data.reset_attention_mask || data.reset_position_ids) {  // after "tokenizer": whose eod ends the documents
-    d.insert(d.begin() + 8, {"document masks", fmt::format("reset_attention_mask {}, reset_position_ids {}",
-                                                           data.reset_attention_mask, data.reset_position_ids)});
+  if (data.reset_attention_mask || data.reset_position_ids || data.eod_mask_loss) {  // after "tokenizer": its eod
+    d.insert(d.begin() + 8, {"document masks", fmt::format("reset_attention_mask {}, reset_position_ids {}, eod_mask_loss {}",
+                                                           data.reset_attention_mask, data.reset_position_ids,
+                                                           data.eod_mask_loss)});
   }
   if (optim.exp_avg_bf16 || optim.exp_avg_sq_bf16) {  // after "lr": the optimizer's state
     d.insert(d.begin() + 6, {"adamw moments", optim.moment_dtypes() + " (bf16 stochastically rounded)"});

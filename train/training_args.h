@@ -47,6 +47,9 @@ struct DataArgs {
   std::string tokenizer;  // gpt2 | bytes | path to tokenizer.json
   std::vector<std::string> data_path;  // Megatron style: [w1, prefix1, w2, prefix2] or [prefix]
   std::vector<std::string> valid_data_path;
+  // train_data_path (Megatron-LM's): data_path holds it and trains whole (no split); validation only
+  // from valid_data_path.
+  bool train_whole = false;
   double split = 0.9;      // the training documents: the first `split` of each dataset's
   double valid_end = 1.0;  // validation: [split, valid_end); beyond it Megatron-LM's test part
   bool mock_data = false;
@@ -54,6 +57,8 @@ struct DataArgs {
   // and positions restart after each end-of-document token of the tokenizer.
   bool reset_attention_mask = false;
   bool reset_position_ids = false;
+  // eod_mask_loss: no loss where the input is the end-of-document token (mask_eod_targets).
+  bool eod_mask_loss = false;
 };
 
 struct CheckpointArgs {

@@ -177,6 +177,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   mp.exp_avg_bf16 = opt.exp_avg_bf16;
   mp.exp_avg_sq_bf16 = opt.exp_avg_sq_bf16;
   mp.document_masks = opt.document_masking.enabled();
+  mp.masked_loss = opt.masked_loss;
   if (opt.tp_map) {
     mp.tp = opt.tp_map->tp();
     mp.sequence_parallel = opt.tp_map->sequence_parallel() && mp.tp > 1;
@@ -381,6 +382,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   dec.gelu_unfused_forward = opt_.gelu_unfused_forward;
   dec.gelu_unfused_backward = opt_.gelu_unfused_backward;
   dec.document_masking = opt_.document_masking;
+  dec.masked_loss = opt_.masked_loss;
   dec.bf16_edge_layers = opt_.fp8_linear ? opt_.fp8_bf16_edge_layers : 0;
   dec.fp8_maxima = opt_.fp8_linear ? opt_.fp8_maxima.get() : nullptr;
   dec.fp8_producers = opt_.fp8_linear && spec_.swiglu ? opt_.fp8_producers.get() : nullptr;

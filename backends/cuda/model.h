@@ -169,6 +169,9 @@ struct CudaModelOptions {
   // Document masking of packed samples (train/document_masks.h): every forward builds its
   // documents' positions and attention bounds from its tokens on the device.
   train::DocumentMasking document_masking;
+  // eod_mask_loss: the trainer masks targets (train::mask_eod_targets); the loss is the mean over
+  // the targets that keep one, counted on the device per micro-batch (DecoderOptions::masked_loss).
+  bool masked_loss = false;
   // optimizer: muon: the tensors Muon updates after the backward (train/muon_layout.h); AdamW
   // the rest. Needs optimizer_state and no optimizer_in_backward. Empty: AdamW everywhere. The
   // model takes the list from its own spec (the local one under tp or ep): non-empty turns Muon on.

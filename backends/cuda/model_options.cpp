@@ -45,6 +45,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   // Document masking: the plan holds its tables; the trainer sets the tokenizer's eod id.
   mo.document_masking.reset_attention_mask = t.data.reset_attention_mask;
   mo.document_masking.reset_position_ids = t.data.reset_position_ids;
+  mo.masked_loss = t.data.eod_mask_loss;
   // A sliding window and packed documents are masks of Turbo's attention op (TURBO kernels: cuDNN
   // and the fallback serve plain causal attention, and the deterministic backward is cuDNN's).
   const char* mask_key = spec.sliding_window > 0 ? "sliding_window" : t.data.reset_attention_mask ? "reset_attention_mask" : nullptr;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "train/data_setup.h"
+#include "train/document_masks.h"
 #include "train/hf_import.h"
 #include "train/param_init.h"
 #include "parallel/dist_checkpoint.h"
@@ -218,6 +219,7 @@ void CudaTrainer::init() {
   auto& t = args_->train;
   auto& spec = args_->model;
   tokenizer_ = data::make_tokenizer(t.data.tokenizer);
+  train::check_eod_mask_loss(t.data, *tokenizer_);
   if (tokenizer_->vocab_size() > spec.vocab_size) {
     throw ConfigError(fmt::format("tokenizer '{}' has {} tokens but the model's vocab_size is {}", t.data.tokenizer,
                                   tokenizer_->vocab_size(), spec.vocab_size));
@@ -409,11 +411,18 @@ int64_t CudaTrainer::row_tokens() const {
 
 void CudaTrainer::split_batch() {
   const int64_t B = args_->train.micro_batch_size, T = args_->model.seq_length;
+  // eod_mask_loss: no loss where the input is the end-of-document token; the model counts the
+  // targets that keep one on the device (CudaModelOptions::masked_loss).
+  auto mask = [&] {
+    if (args_->train.data.eod_mask_loss)
+      train::mask_eod_targets(inputs_.data(), targets_.data(), B * T, tokenizer_->eod_id(), -100);
+  };
   if (!cp_pg_) {
     for (int64_t b = 0; b < B; ++b) {
       std::copy_n(&batch_[b * (T + 1)], T, &inputs_[b * T]);
       std::copy_n(&batch_[b * (T + 1) + 1], T, &targets_[b * T]);
     }
+    mask();
     return;
   }
   // Context parallelism: chunk r of every sequence, then chunk 2cp - 1 - r of every sequence
@@ -426,6 +435,7 @@ void CudaTrainer::split_batch() {
       std::copy_n(&batch_[b * (T + 1) + c * Tc + 1], Tc, &targets_[row * Tc]);
     }
   }
+  mask();  // each input beside its own target: the chunked rows mask as the whole ones
 }
 
 turbo::AdamWHyper CudaTrainer::adamw_hyper(int64_t step) const {

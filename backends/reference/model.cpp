@@ -267,7 +267,11 @@ double GptModel<Real>::forward_body(const int32_t* tokens, const int32_t* target
   k::matmul_forward(logits_.data(), lnf_.data(), head, static_cast<const Real*>(nullptr), N, C, V);
   count_ = 0;
   if (!targets) return 0.0;
-  k::CrossEntropyResult res = tp() ? tp_cross_entropy(targets, N, dloss) : plain_cross_entropy(targets, N, dloss);
+  const double ce_dloss = kept_targets_ == total_targets_
+                              ? dloss
+                              : dloss * static_cast<double>(total_targets_) /
+                                    static_cast<double>(std::max<int64_t>(kept_targets_, 1));
+  k::CrossEntropyResult res = tp() ? tp_cross_entropy(targets, N, ce_dloss) : plain_cross_entropy(targets, N, ce_dloss);
   if (cp_group_) {  // every rank's tokens are part of the same sequences: the group's mean
     res.loss_sum = parallel::global_sum(*cp_group_, res.loss_sum);
     res.count = std::llround(parallel::global_sum(*cp_group_, static_cast<double>(res.count)));

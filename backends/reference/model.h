@@ -43,6 +43,14 @@ class GptModel {
   // Document masking of packed samples (reset_attention_mask / reset_position_ids): every
   // forward builds its attention documents and positions from its tokens.
   void set_document_masking(const train::DocumentMasking& m) { masking_ = m; }
+  // eod_mask_loss: of `total` targets of the next training micro-batch (its whole sequences, over
+  // the context-parallel group) `kept` have a loss. The loss is their mean, so the cross-entropy's
+  // gradient scale is dloss x total / kept; the MoE balancing terms keep dloss (they are the
+  // routed tokens', masked or not).
+  void set_loss_targets(int64_t kept, int64_t total) {
+    kept_targets_ = kept;
+    total_targets_ = total;
+  }
   // Tensor parallelism (Megatron's): this model holds the rank's slice of the parameters, built
   // from map->local_spec(); `group` is the tp group (map->tp() ranks, this one map->rank()).
   // Column-parallel q/k/v and gate/up, row-parallel output projections summed over the group, the
@@ -129,6 +137,7 @@ class GptModel {
   std::vector<int32_t> tokens_;
   int64_t B_ = 0, T_ = 0, count_ = 0;
   train::DocumentMasking masking_;
+  int64_t kept_targets_ = 0, total_targets_ = 0;  // set_loss_targets (equal: no target masked)
   train::DocumentTables doc_;  // of the last forward (when masking_ is enabled)
   ShardingHooks* hooks_ = nullptr;  // sharded data parallelism (null without)
   parallel::ProcessGroup* cp_group_ = nullptr;  // context parallelism (null without)

@@ -26,6 +26,7 @@
 #include "train/signals.h"
 #include "train/step_loop.h"
 #include "turbo/core/dtype.h"
+#include "turbo/kernels/cpu/loss.h"
 #include "turbo/kernels/cpu/optimizer.h"
 #include "turbo/kernels/cpu/reduce.h"
 
@@ -154,6 +155,7 @@ void ReferenceTrainer::init() {
   auto& t = args_->train;
   auto& spec = args_->model;
   tokenizer_ = data::make_tokenizer(t.data.tokenizer);
+  train::check_eod_mask_loss(t.data, *tokenizer_);
   if (tokenizer_->vocab_size() > spec.vocab_size) {
     throw ConfigError(fmt::format("tokenizer '{}' has {} tokens but the model's vocab_size is {}", t.data.tokenizer,
                                   tokenizer_->vocab_size(), spec.vocab_size));
@@ -281,6 +283,10 @@ void ReferenceTrainer::split_batch() {
   for (int64_t b = 0; b < B; ++b) {
     std::copy_n(&batch_[b * (T + 1)], T, &in[b * T]);
     std::copy_n(&batch_[b * (T + 1) + 1], T, &tg[b * T]);
+  }
+  if (args_->train.data.eod_mask_loss) {  // the whole sequences' count, the same on every cp rank
+    model_->set_loss_targets(train::mask_eod_targets(in, tg, B * T, tokenizer_->eod_id(), turbo::cpu::kIgnoreIndex),
+                             B * T);
   }
   if (cp > 1) {  // this rank's two chunks of every sequence
     cp_split(inputs_.data(), in, B, T, 1, cp, cp_pg_->rank());

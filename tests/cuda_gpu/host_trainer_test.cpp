@@ -114,6 +114,39 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   }
 }
 
+// eod_mask_loss: no loss where the input is the end-of-document token (tinyshakespeare as bytes
+// has one document a line: about two ends a row of 64). The cuda trainer counts the targets that
+// keep a loss in the model (on the device in a captured step) and gives the reference trainer's
+// losses and validation losses, which are not the unmasked run's; under tensor parallelism (the
+// vocabulary-split loss) and context parallelism (the count summed over the group) two processes
+// give one process's.
+TEST(CudaHostTrainer, EodMaskedLossMatchesTheReferenceAndSplitsAsOne) {
+  primus::testing::Workdir w;
+  const std::string eod = "      eod_mask_loss: true\n";
+  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()) + eod);
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()) + eod);
+  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  run_host_trainer(cuda_file, {});
+  run_host_trainer(cuda_file, {"exp_name=unmasked", "eod_mask_loss=false"});
+  const auto ref = testing::read_trainer_metrics(w.path() / "g/u/reference/metrics.jsonl");
+  const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
+  const auto unmasked = testing::read_trainer_metrics(w.path() / "g/u/unmasked/metrics.jsonl");
+  ASSERT_EQ(ref.loss.size(), 6u);
+  ASSERT_EQ(ours.loss.size(), 6u);
+  for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
+  ASSERT_EQ(ref.val.size(), 2u);
+  for (auto [step, l] : ref.val) EXPECT_NEAR(ours.val.at(step), l, 1e-5 * l) << "validation at step " << step;
+  // Twice the matching tolerance at least (at step 1, the random init, the masked targets' losses
+  // are near the mean: 2.6e-4 apart; later, 6e-3 and more).
+  for (auto [step, l] : unmasked.loss)
+    EXPECT_GT(std::abs(ours.loss.at(step) - l), 1e-4) << "step " << step << ": masked as unmasked";
+
+  testing::TwoProcesses t(eod);
+  t.expect_matches("tp2", "tensor_model_parallel_size=2", "tensor parallel over 2 ranks");
+  t.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
+}
+
 // optimizer_in_bwd (one micro-batch per step, no clipping) trains with the same losses bit for bit
 // as the update after the backward, checkpoints included; with clipping or accumulation it is a
 // config error that names the key.

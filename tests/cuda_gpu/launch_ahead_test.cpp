@@ -158,5 +158,39 @@ TEST_F(LaunchAheadTest, FinetuneStartsFromACheckpointsWeights) {
                primus::fs::read_file(ckpt8 / "optimizer.safetensors"));
 }
 
+// eod_mask_loss on the GPU: the step is captured as a CUDA graph and replayed for every batch, so
+// the count of the targets that keep a loss must be the device's own each time. The captured run
+// (cuda_graph: true) gives the eager run's losses and validation losses (the same kernels: equal
+// to f32 rounding of the graph's scalars at most), and follows the reference backend's masked run
+// (fp32 on the CPU, same batches) within bf16 noise; the unmasked run is another run.
+TEST_F(LaunchAheadTest, EodMaskedLossReplaysInTheGraphAsEagerly) {
+  using primus::testing::run_primus;
+  const std::string base = bit_reproducible_run();
+  if (base.empty()) GTEST_SKIP() << primus::testing::primus_binary() << " not built (set PRIMUS_BIN)";
+  const auto& dir = w.path();
+  for (const char* run : {"graph cuda_graph=true", "eager cuda_graph=false", "unmasked eod_mask_loss=false"}) {
+    const std::string r = run;
+    const std::string name = r.substr(0, r.find(' ')), keys = r.substr(r.find(' ') + 1);
+    const auto out = run_primus(base + " eod_mask_loss=true exp_name=" + name + " " + keys);
+    ASSERT_EQ(out.code, 0) << out.out;
+  }
+  const std::string ref_file = w.write("ref.yaml", tiny_trainer_experiment("reference", w.str())).string();
+  const auto ref = run_primus("train pretrain --config " + ref_file + " train_iters=8 eod_mask_loss=true");
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const TrainerMetrics g = read_trainer_metrics(dir / "g/u/graph/metrics.jsonl");
+  const TrainerMetrics e = read_trainer_metrics(dir / "g/u/eager/metrics.jsonl");
+  const TrainerMetrics u = read_trainer_metrics(dir / "g/u/unmasked/metrics.jsonl");
+  const TrainerMetrics r = read_trainer_metrics(dir / "g/u/reference/metrics.jsonl");
+  ASSERT_EQ(g.loss.size(), 8u);
+  ASSERT_EQ(e.loss.size(), 8u);
+  ASSERT_EQ(r.loss.size(), 8u);
+  for (auto [step, l] : e.loss) EXPECT_NEAR(g.loss.at(step), l, 1e-6 * l) << "graph vs eager, step " << step;
+  for (auto [step, l] : e.val) EXPECT_NEAR(g.val.at(step), l, 1e-6 * l) << "graph vs eager, validation " << step;
+  for (auto [step, l] : r.loss) EXPECT_NEAR(g.loss.at(step), l, 2e-2 * l) << "graph vs reference, step " << step;
+  double apart = 0;
+  for (auto [step, l] : u.loss) apart = std::max(apart, std::abs(g.loss.at(step) - l));
+  EXPECT_GT(apart, 5e-3) << "the masked run must not be the unmasked one";
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda::testing

@@ -19,10 +19,10 @@ namespace fsys = std::filesystem;
 namespace {
 fsys::path out_dir(const Workdir& w) { return w.path() / "local/local/shakespeare"; }
 
-std::vector<std::pair<int64_t, double>> losses(const fsys::path& metrics) {
+std::vector<std::pair<int64_t, double>> losses(const fsys::path& metrics, const std::string& key = "loss") {
   std::vector<std::pair<int64_t, double>> out;
   for (auto& j : primus::io::read_jsonl(metrics))
-    if (j.contains("loss")) out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+    if (j.contains(key)) out.emplace_back(j["step"].get<int64_t>(), j[key].get<double>());
   return out;
 }
 }  // namespace
@@ -185,4 +185,58 @@ TEST(TrainE2E, FinetuneStartsFromTheWeightsOnly) {
   auto shorter = run_primus(tiny_run_args(tuned.str()) + ft + " seq_length=64 exp_name=short");
   EXPECT_EQ(shorter.code, 3) << shorter.out;
   EXPECT_NE(shorter.out.find("another model"), std::string::npos) << shorter.out;
+}
+
+// Megatron-LM's train_data_path: separate training data, every document of it trains (split does
+// not apply), validation only from valid_data_path. The prepared halves of a text run given as
+// train_data_path and valid_data_path are that run again, loss for loss; without valid_data_path
+// the same training has no validation. Beside data_path, or as a text file, it is refused by name.
+TEST(TrainE2E, TrainDataPathTrainsOnEveryDocumentOfIt) {
+  Workdir text, both, alone;
+  auto a = run_primus(tiny_run_args(text.str()) + " train_iters=10");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const std::string prefix = (out_dir(text) / "data/tinyshakespeare-bytes").string();
+  const std::string sep = " data_path=null train_data_path=[" + prefix + "_train] train_iters=10";
+  auto b = run_primus(tiny_run_args(both.str()) + sep + " valid_data_path=[" + prefix + "_valid] split=0.5");
+  ASSERT_EQ(b.code, 0) << b.out;
+  auto c = run_primus(tiny_run_args(alone.str()) + sep);
+  ASSERT_EQ(c.code, 0) << c.out;
+  const auto want = losses(out_dir(text) / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 10u);
+  EXPECT_EQ(losses(out_dir(both) / "metrics.jsonl"), want);
+  EXPECT_EQ(losses(out_dir(alone) / "metrics.jsonl"), want);
+  EXPECT_FALSE(losses(out_dir(text) / "metrics.jsonl", "val_loss").empty());
+  EXPECT_EQ(losses(out_dir(both) / "metrics.jsonl", "val_loss"), losses(out_dir(text) / "metrics.jsonl", "val_loss"));
+  EXPECT_TRUE(losses(out_dir(alone) / "metrics.jsonl", "val_loss").empty()) << "no validation data";
+
+  auto twice = run_primus(tiny_run_args(alone.str()) + " train_data_path=[" + prefix + "_train] --dry-run");
+  EXPECT_EQ(twice.code, 2) << twice.out;
+  EXPECT_NE(twice.out.find("train_data_path and data_path"), std::string::npos) << twice.out;
+  auto txt = run_primus(tiny_run_args(alone.str()) + " data_path=null train_data_path=[" + std::string(PRIMUS_SOURCE_DIR) +
+                        "/examples/data/tinyshakespeare.txt]");
+  EXPECT_NE(txt.code, 0) << txt.out;
+  EXPECT_NE(txt.out.find("is a text input"), std::string::npos) << txt.out;
+}
+
+// Megatron-LM's checkpoint switches carry over as false (or null, as Primus' Megatron-LM configs
+// write them): checkpoints are saved and resumed whole. true is refused by name before training.
+// Primus' disable_last_saving carries over as what it says.
+TEST(TrainE2E, MegatronCheckpointSwitchesTakeFalseOnly) {
+  Workdir w;
+  auto ok = run_primus(tiny_run_args(w.str()) +
+                       " no_load_optim=false no_load_rng=false no_save_optim=false no_save_rng=false --dry-run");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  for (const char* k : {"no_load_optim", "no_load_rng", "no_save_optim", "no_save_rng"}) {
+    auto r = run_primus(tiny_run_args(w.str()) + " " + k + "=true --dry-run");
+    EXPECT_EQ(r.code, 2) << k << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string(k) + ": true is not implemented"), std::string::npos) << r.out;
+  }
+  // Primus' disable_last_saving is save_at_end's opposite: 3 steps, no checkpoint before the end.
+  for (const bool disable : {true, false}) {
+    Workdir run;
+    auto r = run_primus(tiny_run_args(run.str()) + " train_iters=3 save_interval=0 disable_last_saving=" +
+                        (disable ? "true" : "false"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(fsys::exists(out_dir(run) / "checkpoints/iter_0000003"), !disable) << r.out;
+  }
 }

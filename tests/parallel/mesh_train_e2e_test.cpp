@@ -245,6 +245,36 @@ TEST(MeshTraining, GlobalAuxLossOverDataParallelRanksIsTheGlobalBatchsLoss) {
   EXPECT_GT(most, 1e-3) << "the micro-batch loss over dp2 logged the global batch's aux losses: the control failed";
 }
 
+// eod_mask_loss: the mean over the targets that keep a loss (tinyshakespeare as bytes holds one
+// document a line, so about two ends a row of 32). Context parallelism counts them over the whole
+// sequences (every rank the group's count), the tensor-parallel loss over split vocabularies scales
+// alike, and the data-parallel ranks' micro-batches are one process's accumulated ones: one
+// process's losses and validation losses, which are not the unmasked run's.
+TEST(MeshTraining, EodMaskedLossUnderEachParallelismGivesTheLossesOfOneProcess) {
+  Workdir one, plain;
+  auto r1 = run_primus(llama_args(one.str(), 10, "eod_mask_loss=true"));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto dry = run_primus(llama_args(one.str(), 10, "eod_mask_loss=true --dry-run"));
+  EXPECT_NE(dry.out.find("eod_mask_loss true"), std::string::npos) << dry.out;
+  auto rp = run_primus(llama_args(plain.str(), 10, ""));
+  ASSERT_EQ(rp.code, 0) << rp.out;
+  const auto want = losses(one.path()), want_val = losses(one.path(), "val_loss"), unmasked = losses(plain.path());
+  ASSERT_EQ(want.size(), 10u);
+  ASSERT_EQ(unmasked.size(), 10u);
+  // The prediction of a line's first byte from the end of the one before is among the hardest:
+  // leaving it out lowers the mean once the model has learnt the rest.
+  const double last = want.rbegin()->second, last_unmasked = unmasked.rbegin()->second;
+  EXPECT_LT(last, last_unmasked - 0.01) << "masked " << last << ", unmasked " << last_unmasked;
+  for (const char* keys : {"context_parallel_size=2", "tensor_model_parallel_size=2", ""}) {
+    Workdir w;
+    auto r = run_primus(launch(2, llama_args(w.str(), 10, std::string("eod_mask_loss=true ") + keys)));
+    ASSERT_EQ(r.code, 0) << keys << "\n" << r.out;
+    const std::string what = std::string("eod_mask_loss ") + (*keys ? keys : "dp2");
+    expect_same_losses(want, losses(w.path()), what);
+    expect_same_losses(want_val, losses(w.path(), "val_loss"), what + " validation");
+  }
+}
+
 TEST(MeshTraining, WhatALayoutCannotSplitYetIsRefusedByName) {
   const struct {
     int ranks;

@@ -33,7 +33,9 @@ std::vector<std::vector<int32_t>> routing(const GptModel<Real>& m) {
 }
 
 // masking: document masks over tokens that hold its eod_id at a few places (gradcheck puts them).
-void gradcheck(const train::ModelSpec& spec, const train::DocumentMasking& masking = {}) {
+// loss_eod >= 0: eod_mask_loss with that end-of-document id (placed at those places too): the
+// targets after it carry no loss and the objective is the mean over the 13 that do.
+void gradcheck(const train::ModelSpec& spec, const train::DocumentMasking& masking = {}, int32_t loss_eod = -1) {
   const int64_t B = 2, T = 8;
   GptModel<double> model(spec, B, T);
   model.set_document_masking(masking);
@@ -52,6 +54,14 @@ void gradcheck(const train::ModelSpec& spec, const train::DocumentMasking& maski
     for (auto& t : tokens)
       if (t == masking.eod_id) t = (t + 1) % static_cast<int32_t>(spec.vocab_size);
     tokens[2] = tokens[T + 1] = tokens[T + 6] = masking.eod_id;
+  }
+  if (loss_eod >= 0) {
+    for (auto& t : tokens)
+      if (t == loss_eod) t = (t + 1) % static_cast<int32_t>(spec.vocab_size);
+    tokens[2] = tokens[T + 1] = tokens[T + 6] = loss_eod;
+    const int64_t kept = train::mask_eod_targets(tokens.data(), targets.data(), B * T, loss_eod, -100);
+    ASSERT_EQ(kept, B * T - 3);
+    model.set_loss_targets(kept, B * T);
   }
 
   // The expert bias only steers the choice; make it non-trivial so that it does.
@@ -121,6 +131,13 @@ train::ModelSpec tiny_moe(bool deepseek) {
 // tokens), the aux and z losses, the shared expert and group-limited routing with a bias.
 TEST(ReferenceModel, GradCheckTinyMixtralMoe) { gradcheck(tiny_moe(false)); }
 TEST(ReferenceModel, GradCheckTinyDeepSeekMoe) { gradcheck(tiny_moe(true)); }
+// eod_mask_loss: the loss is the mean over the targets that keep one (13 of 16), so the
+// cross-entropy's gradient scale is 1 / 13 where the trainer passes 1 / 16; the MoE balancing
+// terms keep theirs (every routed token counts, masked target or not).
+TEST(ReferenceModel, GradCheckWithEodMaskedLoss) {
+  gradcheck(tiny(true), {}, 5);
+  gradcheck(tiny_moe(true), {}, 5);
+}
 TEST(ReferenceModel, GradCheckMoeWithCapacityDropping) {
   train::ModelSpec m = tiny_moe(false);
   m.moe.capacity_factor = 0.75;  // fewer slots than routed: some tokens skip some experts

@@ -61,5 +61,18 @@ TEST(DocumentMasks, OffMeansPlainPositionsAndNoEodNeeded) {
   EXPECT_THROW(build_document_tables(tokens.data(), 1, 4, {true, false, -1}, &t), RuntimeError);
 }
 
+// eod_mask_loss (Megatron-LM's loss_mask[tokens == eod] = 0): the target after each
+// end-of-document input is dropped, the one at an end-of-document target is kept; a target that
+// was already ignored stays so and is not counted.
+TEST(DocumentMasks, EodMaskLossDropsTheTargetAfterEachEnd) {
+  const std::vector<int32_t> inputs{1, 2, kEod, 3, kEod, kEod, 4, 5};
+  std::vector<int32_t> targets{2, kEod, 3, kEod, kEod, 4, 5, -100};
+  EXPECT_EQ(mask_eod_targets(inputs.data(), targets.data(), 8, kEod, -100), 4);
+  EXPECT_EQ(targets, (std::vector<int32_t>{2, kEod, -100, kEod, -100, -100, 5, -100}));
+  std::vector<int32_t> none{1, 2};
+  EXPECT_EQ(mask_eod_targets(inputs.data(), none.data(), 2, kEod, -100), 2);
+  EXPECT_THROW(mask_eod_targets(inputs.data(), targets.data(), 8, -1, -100), RuntimeError);
+}
+
 }  // namespace
 }  // namespace primus::train

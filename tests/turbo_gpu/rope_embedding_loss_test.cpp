@@ -233,6 +233,87 @@ TEST_P(CrossEntropyTest, InPlaceGradientLossAndPaddingMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Turbo, CrossEntropyTest, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
 
+// eod_mask_loss on the device: count_kept counts the targets that keep a loss, and a kernel given
+// that count (kept) scales its gradient by dloss / kept, a number the host does not have when a
+// captured step replays. Each kernel that writes the gradient (the on-chip one, streamed over
+// clusters for Llama-3's 128k row; the legacy one; the vocabulary-parallel one) gives the gradient
+// of dloss / kept passed as a number (within one rounding of its dtype) and the same losses; the
+// loss sum scales by numerator / kept.
+class CrossEntropyKeptTest : public GpuTest {
+ protected:
+  // One rank's statistics [N, 3] as the group's [1, N, 3].
+  static TensorView view_as_all(const TensorView& stats, int64_t N) {
+    return TensorView(stats.data, DType::F32, stats.device, {1, N, 3});
+  }
+};
+
+TEST_F(CrossEntropyKeptTest, DeviceCountScalesTheGradientAsTheNumberWould) {
+  for (const auto& [N, V] : {std::pair<int64_t, int64_t>{37, 50304}, {13, 128256}}) {
+    SCOPED_TRACE("V=" + std::to_string(V));
+    const DType dt = DType::BF16;
+    TensorView logits = make(dt, {N, V}), g_num = make(dt, {N, V}), g_dev = make(dt, {N, V});
+    TensorView l_num = make(DType::F32, {N}), l_dev = make(DType::F32, {N}), tgt = make(DType::I32, {N});
+    TensorView kept = make(DType::F32, {1}), sum = make(DType::F32, {1});
+    random_tensor(logits, 3.0f);
+    auto tv = randint(N, 0, static_cast<int32_t>(V));
+    for (int64_t i = 0; i < N; i += 3) tv[size_t(i)] = cpu::kIgnoreIndex;  // every third row masked
+    put_i32(tgt, tv);
+    int64_t want_kept = 0;
+    for (int32_t t : tv) want_kept += t != cpu::kIgnoreIndex;
+    poison(kept);
+    count_kept(kept, tgt, cpu::kIgnoreIndex, ctx);
+    ASSERT_EQ(get(kept)[0], static_cast<float>(want_kept));
+
+    const float dloss = 0.5f;  // e.g. 1 / accumulation steps, for the mean over the kept rows
+    for (bool legacy : {false, true}) {
+      SCOPED_TRACE(legacy ? "legacy kernel" : "default kernel");
+      CrossEntropyArgs a;
+      a.logits = logits; a.targets = tgt; a.ctx = ctx; a.legacy_kernel = legacy;
+      CrossEntropyArgs b = a;
+      a.dlogits = g_num; a.losses = l_num; a.dloss = dloss / static_cast<float>(want_kept);
+      b.dlogits = g_dev; b.losses = l_dev; b.dloss = dloss; b.kept = kept;
+      for (auto* t : {&g_num, &g_dev, &l_num, &l_dev}) poison(*t);
+      cross_entropy(a);
+      cross_entropy(b);
+      EXPECT_TRUE(bytes(l_num) == bytes(l_dev)) << "the losses do not depend on the scale";
+      const auto x = get(g_num), y = get(g_dev);
+      int64_t bad = 0;
+      double largest = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        largest = std::max(largest, double(std::fabs(y[i])));
+        if (!(std::fabs(x[i] - y[i]) <= 8e-3f * std::fabs(x[i]) + 1e-12f) && bad++ < 5)
+          ADD_FAILURE() << "element " << i << ": " << y[i] << " want " << x[i];
+      }
+      EXPECT_EQ(bad, 0);
+      EXPECT_GT(largest, 1e-3 * dloss / static_cast<double>(want_kept)) << "a gradient that is there";
+    }
+    // The loss sum over the kept rows' mean: sum x numerator / kept.
+    sum_f32(sum, l_num, ctx, kept, static_cast<float>(N));
+    double rsum = 0;
+    for (float l : get(l_num)) rsum += l;
+    EXPECT_NEAR(get(sum)[0], rsum * double(N) / double(want_kept), 1e-5 * rsum * double(N) / double(want_kept));
+
+    // The vocabulary-parallel loss (one rank: its statistics are all of them).
+    TensorView stats = make(DType::F32, {N, 3}), lv = make(dt, {N, V}), ln = make(DType::F32, {N});
+    auto vp = [&](const TensorView& out_logits, float d, const TensorView& k) {
+      CUDA_CHECK(cudaMemcpy(out_logits.data, logits.data, logits.nbytes(), cudaMemcpyDeviceToDevice));
+      VocabParallelCrossEntropyArgs v;
+      v.logits = out_logits; v.targets = tgt; v.stats = stats; v.all_stats = view_as_all(stats, N);
+      v.losses = ln; v.vocab = V; v.vocab_begin = 0; v.global_vocab = V; v.dloss = d; v.kept = k; v.ctx = ctx;
+      vocab_parallel_ce_stats(v);
+      vocab_parallel_ce_finish(v);
+    };
+    vp(g_num, dloss / static_cast<float>(want_kept), {});
+    vp(lv, dloss, kept);
+    const auto x = get(g_num), y = get(lv);
+    int64_t bad = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!(std::fabs(x[i] - y[i]) <= 8e-3f * std::fabs(x[i]) + 1e-12f) && bad++ < 5)
+        ADD_FAILURE() << "vocabulary-parallel element " << i << ": " << y[i] << " want " << x[i];
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 // ---- the on-chip bf16 kernel (row in shared memory; clusters for large rows) ------------------
 // Shapes chosen to reach every cluster size on an sm_90 device with 228 KB of shared memory per
 // SM (H100, H200): `cluster` is what cross_entropy_onchip_cluster must answer there.

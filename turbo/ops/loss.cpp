@@ -38,6 +38,16 @@ void validate(const CrossEntropyArgs& a) {
     check_shape(*t, {N}, op, n);
     check_dtype(*t, DType::F32, op, n);
   }
+  if (a.kept.defined()) {
+    check_shape(a.kept, {1}, op, "kept");
+    check_dtype(a.kept, DType::F32, op, "kept");
+    check_same_device(a.kept, a.logits, op);
+  }
+}
+
+// dloss / max(kept, 1) on the host (kept a host tensor), else dloss.
+float host_dloss(float dloss, const TensorView& kept) {
+  return kept.defined() ? dloss / std::max(kept.ptr<const float>()[0], 1.0f) : dloss;
 }
 
 std::string cpu_check(const CrossEntropyArgs& a) {
@@ -58,7 +68,8 @@ void cpu_run(const CrossEntropyArgs& a) {
                              N, V, a.ignore_index, a.logits.cols());
   if (a.dlogits.defined())
     cpu::cross_entropy_backward(a.dlogits.ptr<float>(), a.logits.ptr<const float>(), lse,
-                                a.targets.ptr<const int32_t>(), N, V, a.dloss, a.ignore_index, a.logits.cols());
+                                a.targets.ptr<const int32_t>(), N, V, host_dloss(a.dloss, a.kept), a.ignore_index,
+                                a.logits.cols());
 }
 
 #ifdef PRIMUS_TURBO_WITH_CUDA
@@ -72,7 +83,8 @@ std::string turbo_check(const CrossEntropyArgs& a) {
 void turbo_run(const CrossEntropyArgs& a) {
   cuda::cross_entropy_forward_backward(a.logits.dtype, a.dlogits.data, a.losses.ptr<float>(), a.lse.ptr<float>(),
                                        a.logits.data, a.targets.ptr<const int32_t>(), a.logits.rows(), vocab_of(a),
-                                       a.logits.cols(), a.dloss, a.ignore_index,
+                                       a.logits.cols(), a.dloss, a.kept.defined() ? a.kept.ptr<const float>() : nullptr,
+                                       a.ignore_index,
                                        static_cast<cudaStream_t>(a.ctx.stream),
                                        a.legacy_kernel         ? cuda::CrossEntropyKernel::Legacy
                                        : a.one_row_per_cluster ? cuda::CrossEntropyKernel::OneRowPerCluster
@@ -105,21 +117,48 @@ BackendType cross_entropy(const CrossEntropyArgs& args) {
   return d->dispatch(args);
 }
 
-void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx) {
+void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx, const TensorView& kept,
+             float numerator) {
   check_dtype(out, DType::F32, "sum_f32", "out");
   check_dtype(x, DType::F32, "sum_f32", "x");
   check_same_device(out, x, "sum_f32");
+  if (kept.defined()) {
+    check_shape(kept, {1}, "sum_f32", "kept");
+    check_dtype(kept, DType::F32, "sum_f32", "kept");
+    check_same_device(kept, x, "sum_f32");
+  }
   if (x.device == Device::CPU) {
     double s = 0.0;
     for (int64_t i = 0; i < x.numel(); ++i) s += x.ptr<const float>()[i];
-    out.ptr<float>()[0] = static_cast<float>(s);
+    out.ptr<float>()[0] = static_cast<float>(kept.defined() ? s * host_dloss(numerator, kept) : s);
     return;
   }
 #ifdef PRIMUS_TURBO_WITH_CUDA
-  cuda::sum_f32(out.ptr<float>(), x.ptr<const float>(), x.numel(), static_cast<cudaStream_t>(ctx.stream));
+  cuda::sum_f32(out.ptr<float>(), x.ptr<const float>(), x.numel(), kept.defined() ? kept.ptr<const float>() : nullptr,
+                numerator, static_cast<cudaStream_t>(ctx.stream));
 #else
   (void)ctx;
   throw RuntimeError("sum_f32: this build has no CUDA");
+#endif
+}
+
+void count_kept(const TensorView& out, const TensorView& targets, int32_t ignore_index, const ExecContext& ctx) {
+  check_shape(out, {1}, "count_kept", "out");
+  check_dtype(out, DType::F32, "count_kept", "out");
+  check_dtype(targets, DType::I32, "count_kept", "targets");
+  check_same_device(out, targets, "count_kept");
+  if (targets.device == Device::CPU) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < targets.numel(); ++i) c += targets.ptr<const int32_t>()[i] != ignore_index;
+    out.ptr<float>()[0] = static_cast<float>(c);
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  cuda::count_kept(out.ptr<float>(), targets.ptr<const int32_t>(), targets.numel(), ignore_index,
+                   static_cast<cudaStream_t>(ctx.stream));
+#else
+  (void)ctx;
+  throw RuntimeError("count_kept: this build has no CUDA");
 #endif
 }
 
@@ -177,6 +216,11 @@ void vocab_parallel_ce_finish(const VocabParallelCrossEntropyArgs& a) {
   check_dtype(a.losses, DType::F32, op, "losses");
   check_same_device(a.all_stats, a.logits, op);
   check_same_device(a.losses, a.logits, op);
+  if (a.kept.defined()) {
+    check_shape(a.kept, {1}, op, "kept");
+    check_dtype(a.kept, DType::F32, op, "kept");
+    check_same_device(a.kept, a.logits, op);
+  }
   const int tp = static_cast<int>(a.all_stats.shape[0]);
   if (a.logits.device == Device::CPU) {
     check_dtype(a.logits, DType::F32, op, "logits");
@@ -201,11 +245,12 @@ void vocab_parallel_ce_finish(const VocabParallelCrossEntropyArgs& a) {
       const double lse = M + std::log(S);
       losses[n] = ignored ? 0.0f : static_cast<float>(lse - z);
       if (a.dloss == 0.0f) continue;
+      const double dloss = host_dloss(a.dloss, a.kept);
       float* row = L + n * ld;
       const int64_t t = ignored ? -1 : static_cast<int64_t>(target) - v0;
       for (int64_t j = 0; j < ld; ++j) {
         double g = 0;
-        if (!ignored && j < V) g = std::exp(static_cast<double>(row[j]) - lse) * a.dloss - (j == t ? a.dloss : 0.0);
+        if (!ignored && j < V) g = std::exp(static_cast<double>(row[j]) - lse) * dloss - (j == t ? dloss : 0.0);
         row[j] = static_cast<float>(g);
       }
     }
@@ -214,7 +259,8 @@ void vocab_parallel_ce_finish(const VocabParallelCrossEntropyArgs& a) {
 #ifdef PRIMUS_TURBO_WITH_CUDA
   cuda::vocab_parallel_ce_finish(a.logits.dtype, a.logits.data, N, ld, V, v0, a.global_vocab,
                                  a.targets.ptr<const int32_t>(), a.all_stats.ptr<const float>(), tp,
-                                 a.losses.ptr<float>(), a.dloss, a.ignore_index,
+                                 a.losses.ptr<float>(), a.dloss, a.kept.defined() ? a.kept.ptr<const float>() : nullptr,
+                                 a.ignore_index,
                                  static_cast<cudaStream_t>(a.ctx.stream));
 #else
   throw RuntimeError(fmt::format("{}: this build has no CUDA", op));

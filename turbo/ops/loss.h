@@ -19,6 +19,9 @@ struct CrossEntropyArgs {
   TensorView logits, dlogits, losses, lse, targets;
   int64_t vocab = 0;          // V, the real vocabulary; 0 means logits.size(-1)
   float dloss = 1.0f;         // e.g. 1 / (number of counted rows * grad-accumulation steps)
+  // Optional f32 [1] beside the logits: the scale of the gradient becomes dloss / max(kept[0], 1),
+  // a count made on the device (count_kept), so a captured step replays for any masked targets.
+  TensorView kept;
   int32_t ignore_index = -100;
   // TURBO: run the legacy two-read kernel instead of the on-chip one (A/B in benchmarks and
   // tests; env PRIMUS_TURBO_CE_KERNEL=legacy does the same for every call).
@@ -38,8 +41,14 @@ BackendType cross_entropy(const CrossEntropyArgs& args);
 // kernel serves them or the build has no CUDA.
 int cross_entropy_turbo_cluster(DType dtype, int64_t Vp);
 
-// out [1] f32 = sum of x [n] f32 in a fixed order (device or host; the loss sum of a step).
-void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx);
+// out [1] f32 = sum of x [n] f32 in a fixed order (device or host; the loss sum of a step). With
+// kept (f32 [1] beside x) the sum is scaled by numerator / max(kept[0], 1).
+void sum_f32(const TensorView& out, const TensorView& x, const ExecContext& ctx, const TensorView& kept = {},
+             float numerator = 1.0f);
+
+// out [1] f32 = the number of targets [n] i32 other than ignore_index (device or host): the rows
+// that keep a loss, the denominator of the mean loss under masked targets.
+void count_kept(const TensorView& out, const TensorView& targets, int32_t ignore_index, const ExecContext& ctx);
 
 }  // namespace primus::turbo
 
@@ -64,6 +73,7 @@ struct VocabParallelCrossEntropyArgs {
   int64_t vocab_begin = 0;    // the id of column 0
   int64_t global_vocab = 0;   // the whole real vocabulary
   float dloss = 0.0f;
+  TensorView kept;  // optional f32 [1]: the gradient's scale is dloss / max(kept[0], 1) (CrossEntropyArgs::kept)
   int32_t ignore_index = -100;
   ExecContext ctx;
 };

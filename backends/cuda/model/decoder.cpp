@@ -290,6 +290,20 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
     norm_forward(mine(a_.lnf, N), a_.meanf, a_.rstdf, a_.x_final, mine(a_.tmp, N), a_.layers.back().x2, p_.final_norm,
                  local_rows(N));
     gather(a_.lnf, N);
+    // Masked targets: the loss is the mean over the targets that keep one, counted here on the
+    // device (a captured step replays for any batch) and over the context-parallel group (whose
+    // ranks hold parts of the same sequences). The gradient's scale dloss x N (x cp) / kept is
+    // dloss' 1 / N (mean over this rank's tokens) with kept for N; the balancing terms keep dloss.
+    float ce_dloss = dloss, numerator = 1.0f;
+    TensorView kept;
+    if (opt_.masked_loss) {
+      kept = a_.kept;
+      turbo::count_kept(kept, targets, -100, c);
+      const int64_t cp = opt_.cp ? static_cast<int64_t>(opt_.cp->size()) : 1;
+      if (opt_.cp) opt_.cp->all_reduce_sum(kept);
+      numerator = static_cast<float>(N * cp);
+      ce_dloss = static_cast<float>(static_cast<double>(dloss) * static_cast<double>(N * cp));
+    }
     for (int64_t r0 = 0; r0 < N; r0 += a_.head_rows) {
       const int64_t r1 = std::min(N, r0 + a_.head_rows);
       const TensorView logits = a_.logits.slice0(0, r1 - r0), lnf = a_.lnf.slice0(r0, r1);
@@ -297,7 +311,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
       ops_.head_forward(logits, lnf, p_.head.w, {}, {}, c);
       mark(Phase::Loss);
       if (opt_.tp) {
-        tp_loss(logits, targets.slice0(r0, r1), a_.losses.slice0(r0, r1), dloss);
+        tp_loss(logits, targets.slice0(r0, r1), a_.losses.slice0(r0, r1), ce_dloss, kept);
       } else {
         turbo::CrossEntropyArgs ce;
         ce.logits = logits;
@@ -305,7 +319,8 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
         ce.losses = a_.losses.slice0(r0, r1);
         ce.targets = targets.slice0(r0, r1);
         ce.vocab = spec_.vocab_size;
-        ce.dloss = dloss;
+        ce.dloss = ce_dloss;
+        ce.kept = kept;
         ce.ctx = c;
         ops_.cross_entropy(ce);
       }
@@ -319,7 +334,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
     }
     if (dloss != 0.0f) row_sum(a_.dln, N);  // each rank's vocabulary rows gave a part of d(final norm output)
     mark(Phase::Loss);
-    turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), a_.losses.slice0(0, N), c);
+    turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), a_.losses.slice0(0, N), c, kept, numerator);
   }
   have_grad_logits_ = dloss != 0.0f;
   if (have_grad_logits_) {
@@ -682,7 +697,7 @@ void Decoder::backward() {
 
 
 void Decoder::tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses,
-                      float dloss) const {
+                      float dloss, const TensorView& kept) const {
   const int64_t rows = logits.size(0), tp = opt_.tp->size(), hr = a_.head_rows;
   const train::TpShardMap& map = opt_.tp->map();
   turbo::VocabParallelCrossEntropyArgs v;
@@ -695,6 +710,7 @@ void Decoder::tp_loss(const TensorView& logits, const TensorView& targets, const
   v.vocab_begin = map.vocab_begin();
   v.global_vocab = map.global_spec().vocab_size;
   v.dloss = dloss;
+  v.kept = kept;
   v.ctx = ctx_;
   turbo::vocab_parallel_ce_stats(v);
   opt_.tp->all_gather(v.stats, v.all_stats);

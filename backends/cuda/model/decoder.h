@@ -64,6 +64,9 @@ struct DecoderOptions {
   // reset_attention_mask / reset_position_ids (train/document_masks.h): the plan holds the tables
   // (MemoryPlanOptions::document_masks), each forward fills its slot's from its tokens.
   train::DocumentMasking document_masking;
+  // Masked targets (eod_mask_loss): each forward counts its targets that keep a loss on the device
+  // (ActivationBuffers::kept, summed over the context-parallel group) and the loss is their mean.
+  bool masked_loss = false;
   // fp8_first_last_bf16_layers: the first and last this many transformer layers run their linear
   // layers with the bf16 slots (CudaOps::defaults()) instead of the given ones (FP8 under patch
   // cuda.linear.fp8), as Transformer Engine / Megatron keep the edge layers in higher precision.
@@ -244,7 +247,8 @@ class Decoder {
     if (sp_) opt_.tp->gather_rows(full.slice0(0, N));
   }
   TensorView row_bias(const Param& b) const { return opt_.tp && opt_.tp->rank() != 0 ? TensorView() : b.w; }
-  void tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses, float dloss) const;
+  void tp_loss(const TensorView& logits, const TensorView& targets, const TensorView& losses, float dloss,
+               const TensorView& kept) const;
   void ready(int64_t offset) const {
     if (grads_ready_) grads_ready_(offset);
   }

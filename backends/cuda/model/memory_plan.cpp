@@ -465,6 +465,7 @@ void MemoryPlan::plan(Take&& take) {
     a.doc_positions = take(Pool::Acts, DType::I32, {S * N}, "document positions (one slot per micro-batch)");
     a.doc_cu = take(Pool::Acts, DType::I32, {S * (N + 1)}, "document cu_seqlens (one slot per micro-batch)");
   }
+  if (opt_.masked_loss) a.kept = take(Pool::Acts, DType::F32, {1}, "targets that keep a loss (masked loss)");
   a.dres = take(Pool::Acts, act_, {N, C}, "residual gradient");
   a.dln = take(Pool::Acts, act_, {N, C}, "norm output gradient");
   // One region for the backward's per-layer working gradients: the MLP's (dfc, dact) are dead

@@ -139,6 +139,9 @@ struct ActivationBuffers {
   // Document masking only (MemoryPlanOptions::document_masks): per slot, positions [N] and the
   // fixed-size cu_seqlens [N + 1] built from that slot's tokens (turbo/kernels/cuda/document_masks.h).
   TensorView doc_positions, doc_cu;
+  // Masked loss only (MemoryPlanOptions::masked_loss): f32 [1], the current micro-batch's targets
+  // that keep a loss (over the context-parallel group).
+  TensorView kept;
   // The backward's working gradients. dqkv [N, QD + 2*KVD] packs dq|dk|dv like LayerActs::qkv (one
   // dgrad and one wgrad GEMM); dqk_rot [N, QD + KVD] holds the attention's dq|dk before RoPE's
   // backward rotates them into dqkv; datt [N, QD]. With whole-projection q|k norms
@@ -248,6 +251,9 @@ struct MemoryPlanOptions {
   // Document masking of packed samples (reset_attention_mask / reset_position_ids): one table of
   // positions and one of cu_seqlens per micro-batch slot (ActivationBuffers::doc_positions, doc_cu).
   bool document_masks = false;
+  // Masked targets (eod_mask_loss): the loss is the mean over the targets that keep one, counted
+  // on the device into ActivationBuffers::kept.
+  bool masked_loss = false;
   int64_t tp = 1;  // tensor-parallel ranks (the spec is one rank's part): the loss statistics buffer
   // Sequence parallelism over the tp ranks: the residual stream (x_in, x2, the final residual) and
   // the norms' statistics hold max_batch x max_seq / tp rows; the norm outputs, the projection

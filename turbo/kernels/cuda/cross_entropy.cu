@@ -37,8 +37,10 @@ constexpr int kThreads = 1024;
 template <class T, int kUnroll, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
 cross_entropy_kernel(T* dlogits, float* losses, float* lse_out, const T* logits,
-                     const int32_t* targets, int N, int V, int Vp, float dloss, int ignore_index) {
+                     const int32_t* targets, int N, int V, int Vp, float dloss_in, const float* kept,
+                     int ignore_index) {
   constexpr int W = Vec<T>::kSize;
+  const float dloss = kept ? dloss_in / fmaxf(*kept, 1.0f) : dloss_in;
   __shared__ float smem[32];
   const int nvec = Vp / W;
   for (int row = blockIdx.x; row < N; row += gridDim.x) {
@@ -268,10 +270,12 @@ __device__ __forceinline__ void finish_row(const Vec<bf16>* buf, float m, float 
 template <int kCluster>
 __global__ void __launch_bounds__(kOnChipMaxThreads, 1)
 cross_entropy_onchip_kernel(bf16* dlogits, float* losses, float* lse_out, const bf16* logits,
-                            const int32_t* targets, int V, int Vp, int slice, float dloss, int ignore_index) {
+                            const int32_t* targets, int V, int Vp, int slice, float dloss_in, const float* kept,
+                            int ignore_index) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();
 #else
+  const float dloss = kept ? dloss_in / fmaxf(*kept, 1.0f) : dloss_in;
   constexpr int W = Vec<bf16>::kSize;
   extern __shared__ __align__(16) unsigned char row_smem[];
   __shared__ float red[32];
@@ -336,10 +340,12 @@ cross_entropy_onchip_kernel(bf16* dlogits, float* losses, float* lse_out, const 
 template <int kCluster>
 __global__ void __launch_bounds__(kOnChipMaxThreads, 1)
 cross_entropy_stream_kernel(bf16* dlogits, float* losses, float* lse_out, const bf16* logits,
-                            const int32_t* targets, int N, int V, int Vp, int slice, float dloss, int ignore_index) {
+                            const int32_t* targets, int N, int V, int Vp, int slice, float dloss_in,
+                            const float* kept, int ignore_index) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();
 #else
+  const float dloss = kept ? dloss_in / fmaxf(*kept, 1.0f) : dloss_in;
   constexpr int W = Vec<bf16>::kSize;
   extern __shared__ __align__(16) unsigned char row_smem[];
   __shared__ float red[32];
@@ -385,12 +391,20 @@ cross_entropy_stream_kernel(bf16* dlogits, float* losses, float* lse_out, const 
 #endif
 }
 
-__global__ void sum_kernel(float* out, const float* x, int64_t n) {
+__global__ void sum_kernel(float* out, const float* x, int64_t n, const float* kept, float numerator) {
   __shared__ float smem[32];
   float s = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
   s = block_sum(s, smem);
-  if (threadIdx.x == 0) *out = s;
+  if (threadIdx.x == 0) *out = kept ? s * (numerator / fmaxf(*kept, 1.0f)) : s;
+}
+
+__global__ void count_kept_kernel(float* out, const int32_t* targets, int64_t n, int ignore_index) {
+  __shared__ float smem[32];
+  float c = 0.0f;  // exact: a block's partial counts stay far below 2^24
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) c += targets[i] != ignore_index ? 1.0f : 0.0f;
+  c = block_sum(c, smem);
+  if (threadIdx.x == 0) *out = c;
 }
 
 // ---- on-chip kernel: configuration and launch ----------------------------------------------
@@ -453,7 +467,7 @@ OnChipConfig onchip_config(int64_t Vp, const DeviceLimits& d, int min_cluster = 
 
 template <int kCluster>
 bool launch_onchip(const OnChipConfig& c, const DeviceLimits& d, bf16* dlogits, float* losses, float* lse, const bf16* logits,
-                   const int32_t* targets, int64_t N, int V, int Vp, float dloss, int ignore_index,
+                   const int32_t* targets, int64_t N, int V, int Vp, float dloss, const float* kept, int ignore_index,
                    cudaStream_t stream) {
   auto* kernel = cross_entropy_onchip_kernel<kCluster>;
   int dev = 0;
@@ -494,7 +508,7 @@ bool launch_onchip(const OnChipConfig& c, const DeviceLimits& d, bf16* dlogits, 
     }
     if (!it->second) return false;
   }
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, dlogits, losses, lse, logits, targets, V, Vp, c.slice, dloss,
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, dlogits, losses, lse, logits, targets, V, Vp, c.slice, dloss, kept,
                                 ignore_index));
   return true;
 }
@@ -532,8 +546,8 @@ OnChipConfig stream_config(int64_t Vp, const DeviceLimits& d, int min_cluster) {
 // row); false (nothing launched) when none can.
 template <int kCluster>
 bool launch_stream(const OnChipConfig& c, const DeviceLimits& d, bf16* dlogits, float* losses, float* lse,
-                   const bf16* logits, const int32_t* targets, int64_t N, int V, int Vp, float dloss, int ignore_index,
-                   cudaStream_t stream) {
+                   const bf16* logits, const int32_t* targets, int64_t N, int V, int Vp, float dloss, const float* kept,
+                   int ignore_index, cudaStream_t stream) {
   auto* kernel = cross_entropy_stream_kernel<kCluster>;
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
@@ -571,7 +585,7 @@ bool launch_stream(const OnChipConfig& c, const DeviceLimits& d, bf16* dlogits, 
   clusters = static_cast<int>(std::min<int64_t>(clusters, N));
   cfg.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, dlogits, losses, lse, logits, targets, static_cast<int>(N), V, Vp,
-                                c.slice, dloss, ignore_index));
+                                c.slice, dloss, kept, ignore_index));
   return true;
 }
 
@@ -616,7 +630,7 @@ int cross_entropy_onchip_cluster(DType dtype, int64_t Vp) {
 
 void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, float* lse,
                                     const void* logits, const int32_t* targets, int64_t N,
-                                    int64_t V, int64_t Vp, float dloss, int32_t ignore_index,
+                                    int64_t V, int64_t Vp, float dloss, const float* kept, int32_t ignore_index,
                                     cudaStream_t stream, CrossEntropyKernel which) {
   const int64_t w = 16 / static_cast<int64_t>(dtype_size(dtype));
   if (Vp % w != 0 || V > Vp || V <= 0)
@@ -634,7 +648,7 @@ void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, f
                                                                                : OnChipConfig{};
     auto run = [&](const OnChipConfig& cfg, auto launch) {
       return launch(cfg, d, static_cast<bf16*>(dlogits), losses, lse, static_cast<const bf16*>(logits), targets, N,
-                    static_cast<int>(V), static_cast<int>(Vp), dloss, ignore_index, stream);
+                    static_cast<int>(V), static_cast<int>(Vp), dloss, kept, ignore_index, stream);
     };
     const bool launched =
         with_cluster(sc.cluster,
@@ -662,7 +676,7 @@ void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, f
     auto go = [&](auto kernel) {
       kernel<<<static_cast<int>(grid), kThreads, 0, stream>>>(
           static_cast<scalar_t*>(dlogits), losses, lse, static_cast<const scalar_t*>(logits), targets,
-          static_cast<int>(N), static_cast<int>(V), static_cast<int>(Vp), dloss, ignore_index);
+          static_cast<int>(N), static_cast<int>(V), static_cast<int>(Vp), dloss, kept, ignore_index);
     };
     if (two_per_sm)
       go(cross_entropy_kernel<scalar_t, 1, 2>);
@@ -672,8 +686,13 @@ void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, f
   });
 }
 
-void sum_f32(float* out, const float* x, int64_t n, cudaStream_t stream) {
-  sum_kernel<<<1, 1024, 0, stream>>>(out, x, n);
+void sum_f32(float* out, const float* x, int64_t n, const float* kept, float numerator, cudaStream_t stream) {
+  sum_kernel<<<1, 1024, 0, stream>>>(out, x, n, kept, numerator);
+  CUDA_CHECK_LAST();
+}
+
+void count_kept(float* out, const int32_t* targets, int64_t n, int32_t ignore_index, cudaStream_t stream) {
+  count_kept_kernel<<<1, 1024, 0, stream>>>(out, targets, n, ignore_index);
   CUDA_CHECK_LAST();
 }
 

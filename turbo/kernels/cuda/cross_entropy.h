@@ -25,10 +25,11 @@ enum class CrossEntropyKernel {
 // outside [0, V)); lse[n] = log sum_v exp(logits[n, v]) (lse may be nullptr).
 // When dlogits is not nullptr it is OVERWRITTEN with dloss * (softmax - onehot) for v < V, 0 for
 // the padding columns and for ignored rows; dlogits may be logits itself (in place: the fp32
-// probabilities never exist in memory).
+// probabilities never exist in memory). With kept (device f32 [1], e.g. count_kept's) the scale is
+// dloss / max(kept[0], 1): a mean over the rows that keep a loss, counted on the device.
 void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, float* lse,
                                     const void* logits, const int32_t* targets, int64_t N,
-                                    int64_t V, int64_t Vp, float dloss, int32_t ignore_index,
+                                    int64_t V, int64_t Vp, float dloss, const float* kept, int32_t ignore_index,
                                     cudaStream_t stream, CrossEntropyKernel kernel = CrossEntropyKernel::Auto);
 
 // The cluster size (CTAs per row: 1, 2, 4 or 8) with which Auto would run the on-chip kernel on
@@ -36,7 +37,11 @@ void cross_entropy_forward_backward(DType dtype, void* dlogits, float* losses, f
 // (dtype, device below sm_90, row too large). Ignores the environment (PRIMUS_TURBO_CE_*).
 int cross_entropy_onchip_cluster(DType dtype, int64_t Vp);
 
-// out[0] = sum of x[0..n) in a fixed order (one block): the loss sum from per-row losses.
-void sum_f32(float* out, const float* x, int64_t n, cudaStream_t stream);
+// out[0] = sum of x[0..n) in a fixed order (one block): the loss sum from per-row losses; with kept
+// (device f32 [1]) times numerator / max(kept[0], 1).
+void sum_f32(float* out, const float* x, int64_t n, const float* kept, float numerator, cudaStream_t stream);
+
+// out[0] = the number of targets[0..n) other than ignore_index, as a float (one block).
+void count_kept(float* out, const int32_t* targets, int64_t n, int32_t ignore_index, cudaStream_t stream);
 
 }  // namespace primus::turbo::cuda

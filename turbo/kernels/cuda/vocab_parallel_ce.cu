@@ -35,9 +35,10 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const T* logits, int64_
 template <class T>
 __global__ void __launch_bounds__(kThreads) finish_kernel(T* logits, int64_t N, int64_t ld, int vocab, int vocab_begin,
                                                           int global_vocab, const int32_t* targets,
-                                                          const float* all_stats, int tp, float* losses, float dloss,
-                                                          int32_t ignore_index) {
+                                                          const float* all_stats, int tp, float* losses,
+                                                          float dloss_in, const float* kept, int32_t ignore_index) {
   const int64_t n = blockIdx.x;
+  const float dloss = kept ? dloss_in / fmaxf(*kept, 1.0f) : dloss_in;
   const int32_t target = targets[n];
   const bool ignored = target == ignore_index;
   // The whole row's log-sum-exp from the ranks' {max, sum} pairs, in rank order.
@@ -83,12 +84,13 @@ void vocab_parallel_ce_stats(DType dtype, const void* logits, int64_t N, int64_t
 
 void vocab_parallel_ce_finish(DType dtype, void* logits, int64_t N, int64_t ld, int64_t vocab, int64_t vocab_begin,
                               int64_t global_vocab, const int32_t* targets, const float* all_stats, int tp,
-                              float* losses, float dloss, int32_t ignore_index, cudaStream_t stream) {
+                              float* losses, float dloss, const float* kept, int32_t ignore_index,
+                              cudaStream_t stream) {
   if (N == 0) return;
   PRIMUS_DISPATCH_FLOAT_BF16(dtype, "vocab_parallel_ce_finish", [&] {
     finish_kernel<scalar_t><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
         static_cast<scalar_t*>(logits), N, ld, static_cast<int>(vocab), static_cast<int>(vocab_begin),
-        static_cast<int>(global_vocab), targets, all_stats, tp, losses, dloss, ignore_index);
+        static_cast<int>(global_vocab), targets, all_stats, tp, losses, dloss, kept, ignore_index);
     CUDA_CHECK_LAST();
   });
 }

@@ -14,6 +14,7 @@ void vocab_parallel_ce_stats(DType dtype, const void* logits, int64_t N, int64_t
                              int64_t vocab_begin, const int32_t* targets, float* stats, cudaStream_t stream);
 void vocab_parallel_ce_finish(DType dtype, void* logits, int64_t N, int64_t ld, int64_t vocab, int64_t vocab_begin,
                               int64_t global_vocab, const int32_t* targets, const float* all_stats, int tp,
-                              float* losses, float dloss, int32_t ignore_index, cudaStream_t stream);
+                              float* losses, float dloss, const float* kept, int32_t ignore_index,
+                              cudaStream_t stream);
 
 }  // namespace primus::turbo::cuda
