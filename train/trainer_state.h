@@ -20,12 +20,14 @@ struct TrainerStateInfo {
   std::string experiment_file;
 };
 
+// save_rng false (Megatron-LM's no_save_rng): the state holds no RNG.
 nlohmann::json make_trainer_state(int64_t step, const TrainerStateInfo& info, const data::DataIterators& data,
-                                  const std::mt19937_64& rng);
+                                  const std::mt19937_64& rng, bool save_rng = true);
 
-// Restores data positions and the RNG; returns the step. Throws FormatError naming `dir` when
-// the state is incomplete.
+// Restores data positions and, with load_rng, the RNG; returns the step. Throws FormatError naming
+// `dir` when the state is incomplete, and ConfigError when load_rng asks for an RNG the checkpoint
+// was saved without (no_save_rng; Megatron-LM's no_load_rng: true reads past it).
 int64_t restore_trainer_state(const nlohmann::json& state, const std::filesystem::path& dir,
-                              data::DataIterators& data, std::mt19937_64& rng);
+                              data::DataIterators& data, std::mt19937_64& rng, bool load_rng = true);
 
 }  // namespace primus::train

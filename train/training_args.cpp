@@ -73,12 +73,13 @@ void add_training_schema(config::Schema& s) {
             "Megatron-LM's switch, false only: a resumed run loads the optimizer state with the weights (true, the "
             "weights and step without it, is not implemented; finetune: true takes the weights alone)")
       .flag("no_load_rng", false,
-            "Megatron-LM's switch, false only: a resumed run restores all the checkpoint holds, its data position "
-            "included (true is not implemented)")
+            "Megatron-LM's switch: true resumes without the checkpoint's RNG state (the sampling RNG after training "
+            "is drawn from the run's seed; the data order is the seed's and the step's either way)")
       .flag("no_save_optim", false,
             "Megatron-LM's switch, false only: checkpoints hold the optimizer state (true is not implemented)")
       .flag("no_save_rng", false,
-            "Megatron-LM's switch, false only: checkpoints hold the whole training state (true is not implemented)")
+            "Megatron-LM's switch: true writes checkpoints without the RNG state (resuming one needs no_load_rng: "
+            "true)")
       .text("tokenizer_type", "gpt2", "gpt2, bytes, or a path to a Hugging Face tokenizer.json")
       .any("data_path", KeyType::List, "Megatron-style [weight, prefix, ...] or [prefix] (.bin/.idx); a .txt file is prepared on first use")
       .any("valid_data_path", KeyType::List, "validation datasets (default: split off data_path)")
@@ -295,11 +296,14 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
                                     a.ckpt.load.string()));
     }
   }
-  for (const char* k : {"no_load_optim", "no_load_rng", "no_save_optim", "no_save_rng"}) {
+  a.ckpt.no_load_rng = b("no_load_rng");
+  a.ckpt.no_save_rng = b("no_save_rng");
+  for (auto [k, what] : {std::pair{"no_load_optim", "a resumed run loads the optimizer state with the weights"},
+                         {"no_save_optim", "checkpoints hold the optimizer state"}}) {
     if (b(k)) {
-      throw ConfigError(fmt::format("{}: {}: true is not implemented: checkpoints are written and resumed whole ({}; "
-                                    "finetune: true starts from a checkpoint's weights alone)",
-                                    p.find_path(k)->origin().str(), k, "docs/checkpoints.md"));
+      throw ConfigError(fmt::format("{}: {}: true is not implemented: {} (finetune: true starts from a checkpoint's "
+                                    "weights alone, with a fresh optimizer at step 0)",
+                                    p.find_path(k)->origin().str(), k, what));
     }
   }
   a.ckpt.save_interval = i("save_interval");

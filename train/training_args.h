@@ -67,6 +67,9 @@ struct CheckpointArgs {
   bool auto_continue_train = false;
   // Megatron-LM's finetune: `load` gives the initial weights only (fresh optimizer, step 0).
   bool finetune = false;
+  // Megatron-LM's no_load_rng / no_save_rng: the sampling RNG is not restored (the run's seed draws)
+  // / not written (trainer_state.json holds none).
+  bool no_load_rng = false, no_save_rng = false;
   int64_t save_interval = 0;    // 0: only at the end
   bool save_at_end = true;      // a checkpoint after the last step
   int64_t keep_last_k = 2;

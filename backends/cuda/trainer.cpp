@@ -608,7 +608,8 @@ double CudaTrainer::evaluate() {
 
 nlohmann::json CudaTrainer::state_json(int64_t step) const {
   return train::make_trainer_state(
-      step, {"cuda", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_);
+      step, {"cuda", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_,
+      !args_->train.ckpt.no_save_rng);
 }
 
 void CudaTrainer::save(int64_t step) {
@@ -857,7 +858,7 @@ void CudaTrainer::load(const fsys::path& dir) {
     model_->set_moments(m.data(), v.data());
     if (model_->fp8_delayed_on()) load_fp8_delayed(data, dir);
   }
-  step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
+  step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_, !args_->train.ckpt.no_load_rng);
   last_saved_ = step_;
   const int saved_world = parallel::saved_world_size(data);
   spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,

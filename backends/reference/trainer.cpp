@@ -539,7 +539,8 @@ double ReferenceTrainer::evaluate() {
 
 nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
   return train::make_trainer_state(
-      step, {"reference", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_);
+      step, {"reference", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_,
+      !args_->train.ckpt.no_save_rng);
 }
 
 double ReferenceTrainer::tp_sum_squares(const float* g, int64_t lo, int64_t hi) const {
@@ -782,7 +783,7 @@ void ReferenceTrainer::load(const fsys::path& dir) {
     if (bf16)
       for (float& f : *x) f = turbo::bf16_bits_to_float(turbo::float_to_bf16_bits(f));
   if (muon_) muon_->load(data, dir, shard_map());
-  step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_);
+  step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_, !args_->train.ckpt.no_load_rng);
   last_saved_ = step_;
   int saved_world = parallel::saved_world_size(data);
   spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,

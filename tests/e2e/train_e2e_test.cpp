@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
 #include "core/util/fs.h"
@@ -218,18 +219,37 @@ TEST(TrainE2E, TrainDataPathTrainsOnEveryDocumentOfIt) {
   EXPECT_NE(txt.out.find("is a text input"), std::string::npos) << txt.out;
 }
 
-// Megatron-LM's checkpoint switches carry over as false (or null, as Primus' Megatron-LM configs
-// write them): checkpoints are saved and resumed whole. true is refused by name before training.
-// Primus' disable_last_saving carries over as what it says.
-TEST(TrainE2E, MegatronCheckpointSwitchesTakeFalseOnly) {
-  Workdir w;
-  auto ok = run_primus(tiny_run_args(w.str()) +
-                       " no_load_optim=false no_load_rng=false no_save_optim=false no_save_rng=false --dry-run");
-  EXPECT_EQ(ok.code, 0) << ok.out;
-  for (const char* k : {"no_load_optim", "no_load_rng", "no_save_optim", "no_save_rng"}) {
-    auto r = run_primus(tiny_run_args(w.str()) + " " + k + "=true --dry-run");
-    EXPECT_EQ(r.code, 2) << k << "\n" << r.out;
-    EXPECT_NE(r.out.find(std::string(k) + ": true is not implemented"), std::string::npos) << r.out;
+// Megatron-LM's checkpoint switches. no_save_rng writes checkpoints without the RNG state; such a
+// checkpoint resumes only with no_load_rng (Megatron-LM's rule), and then with the uninterrupted
+// run's losses bit for bit (the data order is the seed's and the step's, not the RNG's).
+// no_load_optim / no_save_optim carry over as false (or null, as Primus' Megatron-LM configs write
+// them); true is refused by name before training. Primus' disable_last_saving carries over as what
+// it says.
+TEST(TrainE2E, MegatronCheckpointSwitchesDoWhatTheySay) {
+  Workdir straight, cut, refused, resumed;
+  auto a = run_primus(tiny_run_args(straight.str()));
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto b = run_primus(tiny_run_args(cut.str()) + " train_iters=10 no_save_rng=true no_load_optim=false no_save_optim=false");
+  ASSERT_EQ(b.code, 0) << b.out;
+  const fsys::path ck = out_dir(cut) / "checkpoints/iter_0000010";
+  const auto state = nlohmann::json::parse(primus::fs::read_file(ck / "trainer_state.json"));
+  EXPECT_FALSE(state.contains("rng"));
+  EXPECT_TRUE(nlohmann::json::parse(primus::fs::read_file(out_dir(straight) / "checkpoints/iter_0000010/trainer_state.json"))
+                  .contains("rng"));
+  auto r = run_primus(tiny_run_args(refused.str()) + " load=" + ck.string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("no_load_rng: true"), std::string::npos) << r.out;
+  auto c = run_primus(tiny_run_args(resumed.str()) + " load=" + ck.string() + " no_load_rng=true");
+  ASSERT_EQ(c.code, 0) << c.out;
+  const auto la = losses(out_dir(straight) / "metrics.jsonl"), lc = losses(out_dir(resumed) / "metrics.jsonl");
+  ASSERT_EQ(la.size(), 20u);
+  ASSERT_EQ(lc.size(), 10u);
+  for (size_t i = 0; i < lc.size(); ++i) EXPECT_EQ(lc[i], la[i + 10]) << "step " << lc[i].first;
+
+  for (const char* k : {"no_load_optim", "no_save_optim"}) {
+    auto t = run_primus(tiny_run_args(refused.str()) + " " + k + "=true --dry-run");
+    EXPECT_EQ(t.code, 2) << k << "\n" << t.out;
+    EXPECT_NE(t.out.find(std::string(k) + ": true is not implemented"), std::string::npos) << t.out;
   }
   // Primus' disable_last_saving is save_at_end's opposite: 3 steps, no checkpoint before the end.
   for (const bool disable : {true, false}) {
