@@ -16,6 +16,7 @@ nlohmann::json make_trainer_state(int64_t step, const TrainerStateInfo& info, co
                       {"data_train", data.train->state()},
                       {"config", info.params ? info.params->to_json() : nlohmann::json()},
                       {"experiment", info.experiment_file}};
+  if (info.optimizer_step_base != 0) s["optimizer_step_base"] = info.optimizer_step_base;
   if (save_rng) {
     std::ostringstream r;
     r << rng;
@@ -44,6 +45,10 @@ int64_t restore_trainer_state(const nlohmann::json& s, const std::filesystem::pa
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(fmt::format("checkpoint {}: trainer_state.json is incomplete: {}", dir.string(), e.what()));
   }
+}
+
+int64_t optimizer_step_base(const nlohmann::json& state) {
+  return state.is_object() ? state.value("optimizer_step_base", int64_t{0}) : 0;
 }
 
 }  // namespace primus::train

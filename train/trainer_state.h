@@ -18,6 +18,9 @@ struct TrainerStateInfo {
   std::string tokenizer;
   const config::Value* params = nullptr;  // the resolved config, saved for reference
   std::string experiment_file;
+  // The training step at which the optimizer state began (no_load_optim started it afresh there;
+  // 0 otherwise): AdamW's bias correction counts its own steps from it. Written when not 0.
+  int64_t optimizer_step_base = 0;
 };
 
 // save_rng false (Megatron-LM's no_save_rng): the state holds no RNG.
@@ -29,5 +32,8 @@ nlohmann::json make_trainer_state(int64_t step, const TrainerStateInfo& info, co
 // was saved without (no_save_rng; Megatron-LM's no_load_rng: true reads past it).
 int64_t restore_trainer_state(const nlohmann::json& state, const std::filesystem::path& dir,
                               data::DataIterators& data, std::mt19937_64& rng, bool load_rng = true);
+
+// The checkpoint's TrainerStateInfo::optimizer_step_base (0 when it has none).
+int64_t optimizer_step_base(const nlohmann::json& state);
 
 }  // namespace primus::train

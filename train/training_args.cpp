@@ -70,8 +70,9 @@ void add_training_schema(config::Schema& s) {
             "`primus import hf`'s) with a fresh optimizer at step 0, the data from its start; nothing else of it is "
             "read. A checkpoint in `save` is still resumed first under auto_continue_train")
       .flag("no_load_optim", false,
-            "Megatron-LM's switch, false only: a resumed run loads the optimizer state with the weights (true, the "
-            "weights and step without it, is not implemented; finetune: true takes the weights alone)")
+            "Megatron-LM's switch: true resumes the weights, step, data position and learning-rate schedule but not "
+            "the optimizer state, which starts afresh (zero moments; AdamW's bias correction counts from the resumed "
+            "step)")
       .flag("no_load_rng", false,
             "Megatron-LM's switch: true resumes without the checkpoint's RNG state (the sampling RNG after training "
             "is drawn from the run's seed; the data order is the seed's and the step's either way)")
@@ -298,13 +299,12 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   }
   a.ckpt.no_load_rng = b("no_load_rng");
   a.ckpt.no_save_rng = b("no_save_rng");
-  for (auto [k, what] : {std::pair{"no_load_optim", "a resumed run loads the optimizer state with the weights"},
-                         {"no_save_optim", "checkpoints hold the optimizer state"}}) {
-    if (b(k)) {
-      throw ConfigError(fmt::format("{}: {}: true is not implemented: {} (finetune: true starts from a checkpoint's "
-                                    "weights alone, with a fresh optimizer at step 0)",
-                                    p.find_path(k)->origin().str(), k, what));
-    }
+  a.ckpt.no_load_optim = b("no_load_optim");
+  if (b("no_save_optim")) {
+    throw ConfigError(fmt::format("{}: no_save_optim: true is not implemented: checkpoints hold the optimizer state "
+                                  "(no_load_optim: true resumes one without it; finetune: true starts from a "
+                                  "checkpoint's weights alone, with a fresh optimizer at step 0)",
+                                  p.find_path("no_save_optim")->origin().str()));
   }
   a.ckpt.save_interval = i("save_interval");
   a.ckpt.keep_last_k = i("keep_last_k");

@@ -70,6 +70,9 @@ struct CheckpointArgs {
   // Megatron-LM's no_load_rng / no_save_rng: the sampling RNG is not restored (the run's seed draws)
   // / not written (trainer_state.json holds none).
   bool no_load_rng = false, no_save_rng = false;
+  // Megatron-LM's no_load_optim: a resumed run takes the weights, step and data position but starts
+  // the optimizer state afresh (zero moments, AdamW's bias correction counting from that step).
+  bool no_load_optim = false;
   int64_t save_interval = 0;    // 0: only at the end
   bool save_at_end = true;      // a checkpoint after the last step
   int64_t keep_last_k = 2;

@@ -446,7 +446,7 @@ turbo::AdamWHyper CudaTrainer::adamw_hyper(int64_t step) const {
   hp.beta2 = static_cast<float>(t.optim.beta2);
   hp.eps = static_cast<float>(t.optim.eps);
   hp.weight_decay = static_cast<float>(t.optim.weight_decay);  // applied to tensors with decay (ParamLayout)
-  hp.step = step + 1;
+  hp.step = step + 1 - opt_base_;  // AdamW's own steps (no_load_optim restarts them)
   return hp;
 }
 
@@ -608,8 +608,8 @@ double CudaTrainer::evaluate() {
 
 nlohmann::json CudaTrainer::state_json(int64_t step) const {
   return train::make_trainer_state(
-      step, {"cuda", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_,
-      !args_->train.ckpt.no_save_rng);
+      step, {"cuda", args_->train.data.tokenizer, &args_->params, args_->experiment_file, opt_base_}, data_,
+      sample_rng_, !args_->train.ckpt.no_save_rng);
 }
 
 void CudaTrainer::save(int64_t step) {
@@ -802,6 +802,8 @@ void CudaTrainer::load(const fsys::path& dir) {
   const size_t n = static_cast<size_t>(model_->layout().total);
   std::vector<float> params(n);
   const std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
+  // no_load_optim: the moments (and Muon's momentum) start at zero instead of the checkpoint's.
+  const bool no_load_optim = args_->train.ckpt.no_load_optim;
   if (shard_map()) {
     // Checkpoints hold the global layout: the weights whole, cut here; the moments read as this
     // rank's pieces alone (in local order they are its whole buffer), from whichever files hold them.
@@ -811,10 +813,12 @@ void CudaTrainer::load(const fsys::path& dir) {
     shard_map()->to_local(global.data(), params.data());
     std::vector<parallel::FlatSegment> windows;
     for (const train::TpPiece& p : shard_map()->pieces()) windows.push_back({p.global, p.global + p.count});
-    parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), windows, {m.data(), v.data()});
+    if (!no_load_optim)
+      parallel::read_flat_states(data, dir, names, static_cast<int64_t>(G), windows, {m.data(), v.data()});
     if (!muon_tensors_.empty()) {  // Muon's momentum into m's rows of its tensors
       std::vector<float> mu(n);
-      parallel::read_flat_states(data, dir, {"muon_momentum"}, static_cast<int64_t>(G), windows, {mu.data()});
+      if (!no_load_optim)
+        parallel::read_flat_states(data, dir, {"muon_momentum"}, static_cast<int64_t>(G), windows, {mu.data()});
       for (const train::MuonTensor& mt : muon_tensors_) {
         const train::ParamTensor& pt = model_->layout().tensors[mt.index];
         std::copy_n(mu.data() + pt.offset, pt.numel, m.data() + pt.offset);
@@ -836,20 +840,23 @@ void CudaTrainer::load(const fsys::path& dir) {
       std::copy_n(params.data() + s.begin, s.size(), master.data() + off);
       off += static_cast<size_t>(s.size());
     }
-    parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), segs, {m.data(), v.data()});
+    if (!no_load_optim)
+      parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), segs, {m.data(), v.data()});
     dp_->write_shard(master.data(), m.data(), v.data());
     if (model_->fp8_delayed_on()) load_fp8_delayed(data, dir);
   } else {
     train::unpack_checkpoint(data, dir, args_->model, model_->layout(), params.data(), nullptr, nullptr);
     model_->set_params(params.data());
     std::vector<float> m(n), v(n);
-    parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
-                            {m.data(), v.data()});
+    if (!no_load_optim)
+      parallel::read_flat_states(data, dir, names, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
+                                 {m.data(), v.data()});
     if (!muon_tensors_.empty()) {
       // Muon's momentum lives in m's rows of its tensors (AdamW leaves them to it).
       std::vector<float> mu(n);
-      parallel::read_flat_states(data, dir, {"muon_momentum"}, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
-                                 {mu.data()});
+      if (!no_load_optim)
+        parallel::read_flat_states(data, dir, {"muon_momentum"}, static_cast<int64_t>(n), 0, static_cast<int64_t>(n),
+                                   {mu.data()});
       for (const train::MuonTensor& mt : muon_tensors_) {
         const train::ParamTensor& pt = model_->layout().tensors[mt.index];
         std::copy_n(mu.data() + pt.offset, pt.numel, m.data() + pt.offset);
@@ -859,6 +866,8 @@ void CudaTrainer::load(const fsys::path& dir) {
     if (model_->fp8_delayed_on()) load_fp8_delayed(data, dir);
   }
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_, !args_->train.ckpt.no_load_rng);
+  opt_base_ = no_load_optim ? step_ : train::optimizer_step_base(data.state);  // AdamW counts its steps from here
+  if (no_load_optim) spdlog::info("[checkpoint] no_load_optim: the optimizer state starts afresh at step {}", step_);
   last_saved_ = step_;
   const int saved_world = parallel::saved_world_size(data);
   spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,

@@ -178,6 +178,7 @@ class CudaTrainer : public Trainer {
   std::vector<int32_t> batch_, inputs_, targets_;
   std::mt19937_64 sample_rng_;
   int64_t step_ = 0;  // optimizer steps done
+  int64_t opt_base_ = 0;  // the step the optimizer state began at (no_load_optim; TrainerStateInfo)
   int64_t last_saved_ = -1;
   nlohmann::json valid_start_;  // the validation iterator at its start: every eval begins there
   size_t peak_used_bytes_ = 0;

@@ -442,7 +442,7 @@ double ReferenceTrainer::train_step(int64_t step, double* grad_norm, bool* finit
   hp.beta1 = t.optim.beta1;
   hp.beta2 = t.optim.beta2;
   hp.eps = t.optim.eps;
-  hp.step = step + 1;
+  hp.step = step + 1 - opt_base_;  // AdamW's own steps (no_load_optim restarts them)
   hp.grad_scale = scale;
   // bf16 moments: the values the cuda backend stores (the same stochastic rounding, keyed by the
   // element's offset in the flat layout), held in the f32 buffers.
@@ -539,8 +539,8 @@ double ReferenceTrainer::evaluate() {
 
 nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
   return train::make_trainer_state(
-      step, {"reference", args_->train.data.tokenizer, &args_->params, args_->experiment_file}, data_, sample_rng_,
-      !args_->train.ckpt.no_save_rng);
+      step, {"reference", args_->train.data.tokenizer, &args_->params, args_->experiment_file, opt_base_}, data_,
+      sample_rng_, !args_->train.ckpt.no_save_rng);
 }
 
 double ReferenceTrainer::tp_sum_squares(const float* g, int64_t lo, int64_t hi) const {
@@ -753,6 +753,7 @@ void ReferenceTrainer::save(int64_t step) {
 void ReferenceTrainer::load(const fsys::path& dir) {
   // Each rank verifies the standard files and the optimizer shards it reads, not all of them.
   io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
+  const bool no_load_optim = args_->train.ckpt.no_load_optim;
   const auto total = static_cast<int64_t>(model_->params.size());
   // The elements of the local buffer whose moments this rank keeps, in its order.
   std::vector<parallel::FlatSegment> mine{{0, total}};
@@ -771,19 +772,23 @@ void ReferenceTrainer::load(const fsys::path& dir) {
         if (lo < hi) windows.push_back({p.global + (lo - p.local), p.global + (hi - p.local)});
       }
     }
-    parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, gl->total, windows,
-                               {m_.data(), v_.data()});
+    if (!no_load_optim)
+      parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, gl->total, windows, {m_.data(), v_.data()});
   } else {
     train::unpack_checkpoint(data, dir, args_->model, model_->layout(), model_->params.data(), nullptr, nullptr);
-    parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, mine, {m_.data(), v_.data()});
+    if (!no_load_optim)
+      parallel::read_flat_states(data, dir, {"exp_avg", "exp_avg_sq"}, total, mine, {m_.data(), v_.data()});
   }
   // bf16 moments hold bf16 values: a checkpoint's f32 moments (from an fp32 run) rounded to nearest,
   // as the cuda backend stores them.
   for (auto [bf16, x] : {std::pair{args_->train.optim.exp_avg_bf16, &m_}, {args_->train.optim.exp_avg_sq_bf16, &v_}})
     if (bf16)
       for (float& f : *x) f = turbo::bf16_bits_to_float(turbo::float_to_bf16_bits(f));
-  if (muon_) muon_->load(data, dir, shard_map());
+  if (muon_ && !no_load_optim) muon_->load(data, dir, shard_map());
   step_ = train::restore_trainer_state(data.state, dir, data_, sample_rng_, !args_->train.ckpt.no_load_rng);
+  // no_load_optim: the moments stay zero (as initialised) and AdamW counts its steps from here.
+  opt_base_ = no_load_optim ? step_ : train::optimizer_step_base(data.state);
+  if (no_load_optim) spdlog::info("[checkpoint] no_load_optim: the optimizer state starts afresh at step {}", step_);
   last_saved_ = step_;
   int saved_world = parallel::saved_world_size(data);
   spdlog::info("[checkpoint] resumed from {} at step {}{}", dir.string(), step_,

@@ -133,6 +133,7 @@ class ReferenceTrainer : public Trainer {
   // buffers), measured around it: the model keeps no count of its own.
   size_t model_heap_bytes_ = 0;
   int64_t step_ = 0;  // optimizer steps done
+  int64_t opt_base_ = 0;  // the step the optimizer state began at (no_load_optim; TrainerStateInfo)
   int64_t last_saved_ = -1;
   nlohmann::json valid_start_;  // the validation iterator at its start: every eval begins there
 };

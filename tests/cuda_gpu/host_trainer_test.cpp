@@ -143,6 +143,29 @@ TEST(CudaHostTrainer, EodMaskedLossMatchesTheReferenceAndSplitsAsOne) {
   t.expect_matches("cp2", "context_parallel_size=2", "context parallel over 2 ranks");
 }
 
+// no_load_optim: the cuda trainer resumes the reference's step-3 checkpoint with a fresh optimizer
+// (AdamW counting its steps from 3) as the reference does: the same losses for steps 4..6, which
+// are not the plain resume's.
+TEST(CudaHostTrainer, NoLoadOptimResumesAsTheReferenceDoes) {
+  primus::testing::Workdir w;
+  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()));
+  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
+  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string load = "load=" + (w.path() / "g/u/reference/checkpoints/iter_0000003").string();
+  auto f = primus::testing::run_primus("train pretrain --config " + ref_file.string() + " exp_name=ref_fresh " + load +
+                                       " no_load_optim=true");
+  ASSERT_EQ(f.code, 0) << f.out;
+  run_host_trainer(cuda_file, {"exp_name=cuda_fresh", load, "no_load_optim=true"});
+  const auto ref = testing::read_trainer_metrics(w.path() / "g/u/ref_fresh/metrics.jsonl");
+  const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda_fresh/metrics.jsonl");
+  const auto plain = testing::read_trainer_metrics(w.path() / "g/u/reference/metrics.jsonl");
+  ASSERT_EQ(ref.loss.size(), 3u);
+  ASSERT_EQ(ours.loss.size(), 3u);
+  for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
+  EXPECT_GT(std::abs(ref.loss.at(6) - plain.loss.at(6)), 1e-3) << "a fresh optimizer is another run";
+}
+
 // optimizer_in_bwd (one micro-batch per step, no clipping) trains with the same losses bit for bit
 // as the update after the backward, checkpoints included; with clipping or accumulation it is a
 // config error that names the key.
