@@ -300,7 +300,22 @@ void GlooProcessGroup::connect(void* share_device_of) {
   char err[2048] = "";
   handle_ = shared_->api->connect(&cs, share_device_of, shared_->host.c_str(), rank_, n, shared_->timeout.count(), err,
                                   sizeof err);
-  if (handle_) return;
+  if (handle_) {
+    // Creating a group is collective: return only once every member's mesh is connected. Gloo's
+    // setup can return on one rank while a peer still completes its side of their connection; a
+    // rank that closed its group at once (a short job, a failing rank) would then reset that
+    // connection and fail the peer's setup, instead of the peer's next collective naming it.
+    try {
+      shared_->store->barrier(name_ + "/connected", rank_, n, shared_->timeout);
+    } catch (const std::exception& e) {
+      shared_->api->close(handle_);
+      handle_ = nullptr;
+      throw CollectiveError(fmt::format("gloo group '{}' setup on rank {}/{}: connected, but not every rank finished "
+                                        "its setup: {} (timeout {:.1f} s, PRIMUS_DIST_TIMEOUT)",
+                                        name_, rank_, n, e.what(), gloo_secs(shared_->timeout)));
+    }
+    return;
+  }
   std::vector<std::string> absent;
   for (int r = 0; r < n; ++r) {
     if (r == rank_) continue;
