@@ -69,12 +69,27 @@ void expect_mostly_same_moments(const std::filesystem::path& a, const std::files
   }
 }
 
+// The tiny experiment for both backends under `w` (ref.yaml and cuda.yaml, `extra` appended under
+// their overrides) and the reference trainer's run of it (exp_name reference); false when that
+// run failed.
+struct TinyFiles {
+  std::filesystem::path ref, cuda;
+  bool ok = false;
+};
+TinyFiles run_reference(const primus::testing::Workdir& w, const std::string& extra = "") {
+  TinyFiles f{w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()) + extra),
+              w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()) + extra)};
+  auto r = primus::testing::run_primus("train pretrain --config " + f.ref.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  f.ok = r.code == 0;
+  return f;
+}
+
 TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
   primus::testing::Workdir w;
-  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()));
-  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
-  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
-  ASSERT_EQ(r.code, 0) << r.out;
+  const TinyFiles files = run_reference(w);
+  ASSERT_TRUE(files.ok);
+  const std::filesystem::path& cuda_file = files.cuda;
   run_host_trainer(cuda_file, {});
   const auto ref = testing::read_trainer_metrics(w.path() / "g/u/reference/metrics.jsonl");
   const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda/metrics.jsonl");
@@ -123,10 +138,9 @@ TEST(CudaHostTrainer, MatchesTheReferenceTrainerAndResumes) {
 TEST(CudaHostTrainer, EodMaskedLossMatchesTheReferenceAndSplitsAsOne) {
   primus::testing::Workdir w;
   const std::string eod = "      eod_mask_loss: true\n";
-  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()) + eod);
-  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()) + eod);
-  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
-  ASSERT_EQ(r.code, 0) << r.out;
+  const TinyFiles files = run_reference(w, eod);
+  ASSERT_TRUE(files.ok);
+  const std::filesystem::path& cuda_file = files.cuda;
   run_host_trainer(cuda_file, {});
   run_host_trainer(cuda_file, {"exp_name=unmasked", "eod_mask_loss=false"});
   const auto [ref, ours] = testing::expect_same_trainer_runs(w.path(), "reference", "cuda");
@@ -148,10 +162,9 @@ TEST(CudaHostTrainer, EodMaskedLossMatchesTheReferenceAndSplitsAsOne) {
 // are not the plain resume's.
 TEST(CudaHostTrainer, NoLoadOptimResumesAsTheReferenceDoes) {
   primus::testing::Workdir w;
-  auto ref_file = w.write("ref.yaml", testing::tiny_trainer_experiment("reference", w.str()));
-  auto cuda_file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str()));
-  auto r = primus::testing::run_primus("train pretrain --config " + ref_file.string());
-  ASSERT_EQ(r.code, 0) << r.out;
+  const TinyFiles files = run_reference(w);
+  ASSERT_TRUE(files.ok);
+  const std::filesystem::path &ref_file = files.ref, &cuda_file = files.cuda;
   const std::string load = "load=" + (w.path() / "g/u/reference/checkpoints/iter_0000003").string();
   auto f = primus::testing::run_primus("train pretrain --config " + ref_file.string() + " exp_name=ref_fresh " + load +
                                        " no_load_optim=true");
