@@ -224,7 +224,10 @@ void Schema::validate(const Value& config) const {
 void Schema::apply_defaults(Value& config) const {
   for (auto& k : keys_) {
     if (k.default_value.is_null()) continue;
-    if (!config.find_path(k.key)) config.set_path(k.key, k.default_value);
+    // null means unset (as validate() takes it): `no_load_rng: null`, as Primus' Megatron-LM configs
+    // write keys they leave alone, is the key's default.
+    const Value* v = config.find_path(k.key);
+    if (!v || v->is_null()) config.set_path(k.key, k.default_value);
   }
 }
 

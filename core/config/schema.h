@@ -62,7 +62,7 @@ class Schema {
   // Checks every leaf key of `config` (unknown key, type, range, choice) and throws a
   // ConfigError naming the key's origin. Integers are accepted where numbers are expected.
   void validate(const Value& config) const;
-  // Adds schema defaults for keys that no layer set.
+  // Adds schema defaults for keys that no layer set, or that a layer set to null (unset).
   void apply_defaults(Value& config) const;
   // The known key nearest to `key` by edit distance (empty when nothing is close).
   std::string nearest(const std::string& key) const;

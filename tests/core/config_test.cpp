@@ -203,15 +203,23 @@ TEST_F(ExperimentTest, UnknownKeyNamesFileLineAndSuggestion) {
                                               {"exp.yaml:12:", "unknown key 'trian_iters'", "did you mean 'train_iters'"});
 }
 
-// A config brought from another framework (here Megatron-LM's logging and checkpoint keys) names
-// every key that does not carry over in one error, each with its place, in the file's order.
+// A config brought from another framework (here Primus' logging key and Megatron-LM's checkpoint
+// format) names every key that does not carry over in one error, each with its place, in order.
 TEST_F(ExperimentTest, EveryUnknownKeyIsNamedAtOnce) {
   const std::string msg = expect_error<ConfigError>(
-      [&] { resolve("      wandb_project: p\n      lr: 0.2\n      no_load_rng: null\n      trian_iters: 5\n"); },
-      {"3 unknown keys:", "exp.yaml:11:", "unknown key 'wandb_project'", "exp.yaml:13:", "unknown key 'no_load_rng'",
+      [&] { resolve("      wandb_project: p\n      lr: 0.2\n      ckpt_format: null\n      trian_iters: 5\n"); },
+      {"3 unknown keys:", "exp.yaml:11:", "unknown key 'wandb_project'", "exp.yaml:13:", "unknown key 'ckpt_format'",
        "exp.yaml:14:", "did you mean 'train_iters'"});
-  EXPECT_LT(msg.find("wandb_project"), msg.find("no_load_rng"));
-  EXPECT_LT(msg.find("no_load_rng"), msg.find("trian_iters"));
+  EXPECT_LT(msg.find("wandb_project"), msg.find("ckpt_format"));
+  EXPECT_LT(msg.find("ckpt_format"), msg.find("trian_iters"));
+}
+
+// null means unset: a key set to null (as Primus' Megatron-LM configs write the keys they leave
+// alone) takes its default, where the typed accessors would otherwise meet a null.
+TEST_F(ExperimentTest, NullTakesTheDefault) {
+  auto m = resolve("      train_iters: null\n");
+  ASSERT_NE(m.params.find("train_iters"), nullptr);
+  EXPECT_EQ(m.params.find("train_iters")->as_int(), 10);  // the schema's default, not an earlier layer's value
 }
 
 TEST_F(ExperimentTest, UnknownKeyFromCommandLine) {
