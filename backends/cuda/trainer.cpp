@@ -12,6 +12,7 @@
 
 #include "train/data_setup.h"
 #include "train/document_masks.h"
+#include "turbo/kernels/cpu/loss.h"
 #include "train/hf_import.h"
 #include "train/param_init.h"
 #include "parallel/dist_checkpoint.h"
@@ -415,7 +416,8 @@ void CudaTrainer::split_batch() {
   // targets that keep one on the device (CudaModelOptions::masked_loss).
   auto mask = [&] {
     if (args_->train.data.eod_mask_loss)
-      train::mask_eod_targets(inputs_.data(), targets_.data(), B * T, tokenizer_->eod_id(), -100);
+      train::mask_eod_targets(inputs_.data(), targets_.data(), B * T, tokenizer_->eod_id(),
+                              turbo::cpu::kIgnoreIndex);
   };
   if (!cp_pg_) {
     for (int64_t b = 0; b < B; ++b) {

@@ -8,6 +8,7 @@
 
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
+#include "turbo/kernels/cpu/loss.h"
 #include "turbo/kernels/cuda/document_masks.h"
 #include "turbo/kernels/cuda/elementwise.h"
 #include "turbo/ops/activation.h"
@@ -298,7 +299,7 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
     TensorView kept;
     if (opt_.masked_loss) {
       kept = a_.kept;
-      turbo::count_kept(kept, targets, -100, c);
+      turbo::count_kept(kept, targets, turbo::cpu::kIgnoreIndex, c);  // what the trainer masks with
       const int64_t cp = opt_.cp ? static_cast<int64_t>(opt_.cp->size()) : 1;
       if (opt_.cp) opt_.cp->all_reduce_sum(kept);
       numerator = static_cast<float>(N * cp);
