@@ -1,6 +1,9 @@
 #include "train/common_patches.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
 
 #include "core/patches/context.h"
 #include "core/util/error.h"
@@ -89,6 +92,26 @@ void register_common_args_patches(patches::PatchRegistry& reg, const std::string
           [](PatchContext& c) {
             TrainingArgs& t = training_of(c);
             t.tensorboard_dir = t.output_dir / "tensorboard";
+          },
+  });
+
+  reg.add({
+      .id = backend + ".logging.stderr_sink_level",
+      .description = "sets the console's log level from Primus' stderr_sink_level (TRACE ... CRITICAL) unless "
+                     "PRIMUS_LOG_LEVEL is set",
+      .tags = {"args", "logging"},
+      .logic = "sets spdlog's level for the process (the configured level was checked with the config)",
+      .condition =
+          [](PatchContext& c) {
+            const char* env = std::getenv("PRIMUS_LOG_LEVEL");
+            return c.get("stderr_sink_level") != nullptr && !(env && *env);
+          },
+      .apply =
+          [](PatchContext& c) {
+            const TrainingArgs& t = training_of(c);
+            if (auto level = console_log_level(t.stderr_sink_level)) {
+              spdlog::set_level(static_cast<spdlog::level::level_enum>(*level));
+            }
           },
   });
 }

@@ -32,6 +32,11 @@ const std::filesystem::path& ProgressReporter::metrics_path() const {
   return metrics_ ? metrics_->path() : none;
 }
 
+void ProgressReporter::set_average(int64_t skip_steps, int64_t lines) {
+  avg_skip_ = std::max<int64_t>(0, skip_steps);
+  avg_lines_max_ = std::max<int64_t>(1, lines);
+}
+
 void ProgressReporter::step(const StepStats& s) {
   if (!metrics_) return;
   double tok_s = s.seconds > 0 ? s.tokens / s.seconds : 0;
@@ -56,16 +61,29 @@ void ProgressReporter::step(const StepStats& s) {
   window_seconds_ += s.seconds;
   window_loss_ += s.loss;
   ++window_steps_;
+  if (s.step - start_ > avg_skip_) {
+    line_avg_tokens_ += s.tokens;
+    line_avg_seconds_ += s.seconds;
+  }
   if (s.step % interval_ != 0 && s.step != total_) return;
+  if (line_avg_seconds_ > 0) {
+    if (avg_lines_ >= avg_lines_max_) avg_tokens_ = avg_seconds_ = 0, avg_lines_ = 0;
+    avg_tokens_ += line_avg_tokens_;
+    avg_seconds_ += line_avg_seconds_;
+    ++avg_lines_;
+  }
+  line_avg_tokens_ = line_avg_seconds_ = 0;
+  // The average stays out of the "<n> tok/s" field that scripts read from the line.
+  const std::string avg = avg_seconds_ > 0 ? fmt::format(" (avg {:.0f})", avg_tokens_ / avg_seconds_) : "";
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   double per_step = elapsed / static_cast<double>(std::max<int64_t>(1, s.step - start_));
   double eta = per_step * static_cast<double>(total_ - s.step);
   std::string extras;
   for (auto& [k, v] : s.extras) extras += fmt::format(" | {} {:.4g}", k, v);
-  spdlog::info("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s{} | "
+  spdlog::info("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s{}{} | "
                "elapsed {} | ETA {}",
                s.step, std::to_string(total_).size(), total_, window_loss_ / window_steps_, s.lr,
-               s.grad_norm, window_seconds_ > 0 ? window_tokens_ / window_seconds_ : 0.0, extras,
+               s.grad_norm, window_seconds_ > 0 ? window_tokens_ / window_seconds_ : 0.0, avg, extras,
                format_duration(elapsed), format_duration(eta));
   window_tokens_ = window_seconds_ = window_loss_ = 0;
   window_steps_ = 0;

@@ -32,6 +32,11 @@ class ProgressReporter {
   // `enabled` false (data-parallel ranks other than 0) nothing is written or printed.
   ProgressReporter(const std::filesystem::path& output_dir, const std::filesystem::path& tb_dir,
                    int64_t total_steps, int64_t log_interval, int64_t start_step, bool enabled = true);
+  // The average tokens/s each progress line shows beside its own ("(avg N)"): over the lines
+  // since it last started afresh, which it does after `lines` of them; the run's first
+  // `skip_steps` steps (warm-up, graph capture) never count. Primus' log_avg_skip_iterations and
+  // log_avg_reset_interval; the default is theirs (2, 10).
+  void set_average(int64_t skip_steps, int64_t lines);
   void step(const StepStats& s);
   void eval(int64_t step, double val_loss);
   void flush();
@@ -44,6 +49,10 @@ class ProgressReporter {
   std::chrono::steady_clock::time_point t0_;
   double window_tokens_ = 0, window_seconds_ = 0, window_loss_ = 0;
   int64_t window_steps_ = 0;
+  int64_t avg_skip_ = 2, avg_lines_max_ = 10;
+  double line_avg_tokens_ = 0, line_avg_seconds_ = 0;  // this line's steps past the skipped ones
+  double avg_tokens_ = 0, avg_seconds_ = 0;
+  int64_t avg_lines_ = 0;
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m05s", "12.3s"

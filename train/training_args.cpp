@@ -1,7 +1,9 @@
 #include "train/training_args.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -55,6 +57,15 @@ void add_training_schema(config::Schema& s) {
             {"fp32", "bf16", "fp16", "fp8"})
       .integer("seed", 1234, "seed of init, data order and sampling", 0)
       .integer("log_interval", 10, "steps between progress lines", 1)
+      .integer("log_avg_skip_iterations", 2,
+               "Primus' name: the first steps of a run (warm-up, graph capture) left out of the average tokens/s "
+               "each progress line shows beside its own",
+               0)
+      .integer("log_avg_reset_interval", 10,
+               "Primus' name: the progress lines that average covers before it starts afresh", 1)
+      .text("stderr_sink_level", std::nullopt,
+            "Primus' name: the console's log level, TRACE, DEBUG, INFO, SUCCESS (as INFO), WARNING, ERROR or "
+            "CRITICAL (any case; spdlog's warn and off too); PRIMUS_LOG_LEVEL, when set, wins")
       .integer("eval_interval", 100, "steps between validation runs (0: never)", 0)
       .integer("eval_iters", 10, "batches per validation run", 0)
       .integer("save_interval", 0, "steps between checkpoints (0: only at the end)", 0)
@@ -183,6 +194,19 @@ std::string text_or(const config::Value& p, const char* k, const std::string& de
 }
 }  // namespace
 
+std::optional<int> console_log_level(const std::string& name) {
+  std::string n;
+  for (char ch : name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  // loguru's names (Primus' logger), then spdlog's own where they differ.
+  static const std::pair<const char*, spdlog::level::level_enum> kNames[] = {
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},     {"info", spdlog::level::info},
+      {"success", spdlog::level::info}, {"warning", spdlog::level::warn},   {"warn", spdlog::level::warn},
+      {"error", spdlog::level::err},    {"critical", spdlog::level::critical}, {"off", spdlog::level::off}};
+  for (auto& [k, level] : kNames)
+    if (n == k) return static_cast<int>(level);
+  return std::nullopt;
+}
+
 TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Experiment& exp) {
   auto i = [&](const char* k) { return p.find_path(k)->as_int(); };
   auto d = [&](const char* k) { return p.find_path(k)->as_double(); };
@@ -204,6 +228,16 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.model_parallel.check_implemented(parallel::kAnyBackendMesh);
   a.seed = static_cast<uint64_t>(i("seed"));
   a.log_interval = i("log_interval");
+  a.log_avg_skip_iterations = i("log_avg_skip_iterations");
+  a.log_avg_reset_interval = i("log_avg_reset_interval");
+  if (const config::Value* v = p.find_path("stderr_sink_level"); v && !v->is_null()) {
+    a.stderr_sink_level = v->scalar_text();
+    if (!console_log_level(a.stderr_sink_level)) {
+      throw ConfigError(fmt::format("{}: stderr_sink_level '{}' is not one of TRACE, DEBUG, INFO, SUCCESS, WARNING, "
+                                    "ERROR, CRITICAL (any case), warn or off",
+                                    v->origin().str(), a.stderr_sink_level));
+    }
+  }
   a.eval_interval = i("eval_interval");
   a.eval_iters = i("eval_iters");
   a.skip_nan_steps = b("skip_nan_steps");

@@ -92,6 +92,10 @@ struct TrainingArgs {
   int64_t grad_accum_steps = 1;  // derived by the backend's args patch
   uint64_t seed = 1234;
   int64_t log_interval = 10, eval_interval = 0, eval_iters = 0;
+  // The average tokens/s of the progress lines: the run's first steps left out, and the lines it
+  // covers before starting afresh (Primus' log_avg_skip_iterations / log_avg_reset_interval).
+  int64_t log_avg_skip_iterations = 2, log_avg_reset_interval = 10;
+  std::string stderr_sink_level;  // the console's log level as configured (empty: unchanged)
   bool skip_nan_steps = false;
   bool exit_on_signal = true;    // SIGTERM / SIGUSR1: checkpoint, then exit 0
   OptimizerArgs optim;
@@ -114,5 +118,9 @@ struct TrainingArgs {
 };
 
 void add_training_schema(config::Schema& s);
+
+// spdlog's level (as an int) for a console log level name: loguru's (TRACE ... CRITICAL, any
+// case; SUCCESS is INFO) or spdlog's warn / off. nullopt for any other name.
+std::optional<int> console_log_level(const std::string& name);
 
 }  // namespace primus::train

@@ -371,6 +371,7 @@ void CudaTrainer::init() {
   if (rank0()) {
     progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
                                                           t.log_interval, step_);
+    progress_->set_average(t.log_avg_skip_iterations, t.log_avg_reset_interval);
   }
 }
 

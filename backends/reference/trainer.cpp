@@ -268,6 +268,7 @@ void ReferenceTrainer::init() {
   if (fsdp_) fsdp_->adopt_params();
   progress_ = std::make_unique<train::ProgressReporter>(t.output_dir, t.tensorboard_dir, t.train_iters,
                                                         t.log_interval, step_, parallel::writes_logs(env_.rank));
+  progress_->set_average(t.log_avg_skip_iterations, t.log_avg_reset_interval);
 }
 
 void ReferenceTrainer::load_micro_batch(int64_t micro) {

@@ -1,0 +1,58 @@
+// Primus' logging keys through the binary: stderr_sink_level sets the console's level (and
+// PRIMUS_LOG_LEVEL wins over it), log_avg_skip_iterations leaves the first steps out of the
+// progress lines' average, and a level that is no level is refused naming the key.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_runner.h"
+
+using primus::testing::run_primus;
+using primus::testing::tiny_run_args;
+using primus::testing::Workdir;
+
+namespace {
+std::vector<std::string> step_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);)
+    if (l.find("] step ") != std::string::npos && l.find(" tok/s") != std::string::npos) lines.push_back(l);
+  return lines;
+}
+const std::string kNoEnvLevel = "env -u PRIMUS_LOG_LEVEL";
+}  // namespace
+
+TEST(LoggingE2E, StderrSinkLevelQuietensTheConsoleAndTheEnvironmentWins) {
+  Workdir w;
+  const std::string args = tiny_run_args(w.str()) + " train_iters=3 log_interval=1 save_at_end=false";
+  auto info = run_primus(args, kNoEnvLevel);
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_EQ(step_lines(info.out).size(), 3u) << info.out;
+
+  auto quiet = run_primus(args + " stderr_sink_level=WARNING", kNoEnvLevel);
+  ASSERT_EQ(quiet.code, 0) << quiet.out;
+  EXPECT_TRUE(step_lines(quiet.out).empty()) << quiet.out;
+
+  auto env = run_primus(args + " stderr_sink_level=error", "PRIMUS_LOG_LEVEL=info");
+  ASSERT_EQ(env.code, 0) << env.out;
+  EXPECT_EQ(step_lines(env.out).size(), 3u) << env.out;
+
+  auto bad = run_primus(args + " stderr_sink_level=LOUD", kNoEnvLevel);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("stderr_sink_level 'LOUD' is not one of"), std::string::npos) << bad.out;
+}
+
+TEST(LoggingE2E, TheAverageLeavesOutTheFirstSteps) {
+  Workdir w;
+  auto r = run_primus(tiny_run_args(w.str()) + " train_iters=5 log_interval=1 save_at_end=false "
+                      "log_avg_skip_iterations=3 log_avg_reset_interval=2",
+                      kNoEnvLevel);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto lines = step_lines(r.out);
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i].find(" tok/s (avg ") != std::string::npos, i >= 3) << lines[i];
+  }
+}
