@@ -70,7 +70,7 @@ void register_common_args_patches(patches::PatchRegistry& reg, const std::string
       .id = backend + ".args.mock_data",
       .description = "trains on synthetic tokens (no dataset needed): for smoke tests and benchmarks",
       .tags = {"args", "data"},
-      .logic = "rewrites args: data.mock_data = true, data paths cleared",
+      .logic = "rewrites args: data.mock_data = true, data paths cleared (no test data)",
       .condition = [](PatchContext& c) { return c.flag("mock_data"); },
       .apply =
           [](PatchContext& c) {
@@ -78,6 +78,7 @@ void register_common_args_patches(patches::PatchRegistry& reg, const std::string
             t.data.mock_data = true;
             t.data.data_path.clear();
             t.data.valid_data_path.clear();
+            t.data.test_data_path.clear();
           },
   });
 

@@ -64,6 +64,14 @@ data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec) {
   dc.split = t.data.split;
   dc.valid_end = t.data.valid_end;
   if (!t.data.mock_data) {
+    for (const auto& p : t.data.test_data_path) {
+      if (is_text_input(p)) {
+        throw ConfigError(fmt::format("test_data_path: {} is a text input; test_data_path takes prepared .bin/.idx "
+                                      "prefixes (`primus data prepare`)",
+                                      p));
+      }
+    }
+    dc.test_data_path = fmt::format("{}", fmt::join(t.data.test_data_path, " "));
     if (t.data.train_whole) {  // train_data_path: every document trains, validation only from valid_data_path
       for (const auto& p : t.data.data_path) {
         if (is_text_input(p)) {

@@ -96,6 +96,13 @@ void ProgressReporter::eval(int64_t step, double val_loss) {
   spdlog::info("step {} | validation loss {:.4f} (ppl {:.2f})", step, val_loss, std::exp(val_loss));
 }
 
+void ProgressReporter::test(int64_t step, double test_loss) {
+  if (!metrics_) return;
+  metrics_->write({{"step", step}, {"test_loss", test_loss}});
+  if (tb_) tb_->add_scalar("test/loss", static_cast<float>(test_loss), step);
+  spdlog::info("step {} | test loss {:.4f} (ppl {:.2f})", step, test_loss, std::exp(test_loss));
+}
+
 void ProgressReporter::flush() {
   if (tb_) tb_->flush();
 }

@@ -39,6 +39,8 @@ class ProgressReporter {
   void set_average(int64_t skip_steps, int64_t lines);
   void step(const StepStats& s);
   void eval(int64_t step, double val_loss);
+  // The test data's loss after the last step: {"step", "test_loss"}, TensorBoard test/loss.
+  void test(int64_t step, double test_loss);
   void flush();
   const std::filesystem::path& metrics_path() const;  // empty when disabled
 

@@ -91,6 +91,10 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
       return true;
     }
   }
+  if (h.test) {  // every rank: the evaluation may have collectives
+    const double tl = h.test();
+    if (std::isfinite(tl) && progress) progress->test(*step, tl);
+  }
   // Rank 0 only (the others have no progress); a report that cannot be drawn is a warning.
   if (progress && t.report_at_end) report::write_end_of_run_report(progress->metrics_path());
   return false;

@@ -20,6 +20,9 @@ struct StepLoopHooks {
   std::function<void(StepStats& stats)> decorate;
   // Validation loss (NaN when there is none).
   std::function<double()> evaluate;
+  // Optional: the test data's loss (NaN when there is none), once after the last step and its
+  // checkpoint, as Megatron-LM's do_test; not after a stop signal.
+  std::function<double()> test;
   // Writes the checkpoint of `step` (and records it as the last good one).
   std::function<void(int64_t step)> save;
   // Whether any rank asked to stop, given this rank's answer (default: this rank's answer), so

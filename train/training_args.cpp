@@ -95,6 +95,9 @@ void add_training_schema(config::Schema& s) {
       .text("tokenizer_type", "gpt2", "gpt2, bytes, or a path to a Hugging Face tokenizer.json")
       .any("data_path", KeyType::List, "Megatron-style [weight, prefix, ...] or [prefix] (.bin/.idx); a .txt file is prepared on first use")
       .any("valid_data_path", KeyType::List, "validation datasets (default: split off data_path)")
+      .any("test_data_path", KeyType::List,
+           "Megatron-LM's test datasets (.bin/.idx prefixes, [weight, prefix, ...] or [prefix]), evaluated once "
+           "after the last step (eval_iters batches; default: the test part of a three-part split, if any)")
       .any("train_data_path", KeyType::List,
            "Megatron-LM's separate training datasets (.bin/.idx prefixes, [weight, prefix, ...] or [prefix]) instead "
            "of data_path: every document trains (split does not apply), validation only from valid_data_path")
@@ -294,6 +297,7 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.data.tokenizer = text_or(p, "tokenizer_type", "gpt2");
   a.data.data_path = resolve_data_paths(strings_of(p.find_path("data_path")), exp.file);
   a.data.valid_data_path = resolve_data_paths(strings_of(p.find_path("valid_data_path")), exp.file);
+  a.data.test_data_path = resolve_data_paths(strings_of(p.find_path("test_data_path")), exp.file);
   if (auto train = resolve_data_paths(strings_of(p.find_path("train_data_path")), exp.file); !train.empty()) {
     const std::string where = p.find_path("train_data_path")->origin().str();
     if (!a.data.data_path.empty()) {

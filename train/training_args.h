@@ -47,6 +47,8 @@ struct DataArgs {
   std::string tokenizer;  // gpt2 | bytes | path to tokenizer.json
   std::vector<std::string> data_path;  // Megatron style: [w1, prefix1, w2, prefix2] or [prefix]
   std::vector<std::string> valid_data_path;
+  // Megatron-LM's test data, evaluated after the last step (empty: the split's test part, if any).
+  std::vector<std::string> test_data_path;
   // train_data_path (Megatron-LM's): data_path holds it and trains whole (no split); validation only
   // from valid_data_path.
   bool train_whole = false;

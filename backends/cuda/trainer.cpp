@@ -227,6 +227,7 @@ void CudaTrainer::init() {
   }
   data_ = train::build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
+  if (data_.test) test_start_ = data_.test->state();
 
   if (!args_->host_mode) configure_gemm_algorithms();
   // The options `primus projection` sizes the model with (model_options.h): the two cannot disagree.
@@ -590,21 +591,23 @@ void CudaTrainer::reduce_moe_stats() {
   }
 }
 
-double CudaTrainer::evaluate() {
+double CudaTrainer::evaluate() { return evaluate_on(data_.valid.get(), valid_start_); }
+
+double CudaTrainer::evaluate_on(data::BatchIterator* it, const nlohmann::json& start) {
   auto& t = args_->train;
-  if (!data_.valid || t.eval_iters == 0) return NAN;
+  if (!it || t.eval_iters == 0) return NAN;
   NvtxRange r("eval");
   const int64_t B = rows(), T = row_tokens();  // this rank's micro-batch
   // Every evaluation reads the same first batches of the validation data, so values compare.
-  nlohmann::json saved = data_.valid->state();
-  data_.valid->load_state(valid_start_);
+  nlohmann::json saved = it->state();
+  it->load_state(start);
   double sum = 0;
   for (int64_t i = 0; i < t.eval_iters; ++i) {
-    next_batch(*data_.valid);  // every rank the same batches: a 1-rank run's values
+    next_batch(*it);  // every rank the same batches: a 1-rank run's values
     model_->forward(inputs_.data(), targets_.data(), B, T, 0.0f, 0);
     sum += model_->read_loss_sum(1);
   }
-  data_.valid->load_state(saved);
+  it->load_state(saved);
   // Context parallelism: each rank has its own tokens' mean (the ranks hold equal shares).
   return group_mean(cp_pg_.get(), sum / static_cast<double>(t.eval_iters));
 }
@@ -924,6 +927,7 @@ void CudaTrainer::train() {
     moe_stats_->report(st);  // the global batch's (reduce_moe_stats)
   };
   hooks.evaluate = [this] { return evaluate(); };
+  hooks.test = [this] { return evaluate_on(data_.test.get(), test_start_); };
   hooks.save = [this](int64_t step) { save(step); };
   // A signal to any rank stops every rank at this step.
   hooks.agree_stop = [this](bool stop) { return any_rank(stop); };

@@ -64,6 +64,8 @@ class CudaTrainer : public Trainer {
   void load_fp8_delayed(const io::CheckpointData& data, const std::filesystem::path& dir);
   std::vector<train::MuonTensor> muon_tensors_;  // optimizer: muon, in the model's layout (empty: AdamW everywhere)
   double evaluate();
+  // The mean loss of eval_iters batches of `it` from `start` (NaN when there is no data).
+  double evaluate_on(data::BatchIterator* it, const nlohmann::json& start);
   void reduce_moe_stats();
   // The groups whose members together are every rank holding other tokens (data parallel, plain,
   // ZeRO-1 or sharded, and context parallel; tensor-parallel ranks route the same tokens): sums
@@ -181,6 +183,7 @@ class CudaTrainer : public Trainer {
   int64_t opt_base_ = 0;  // the step the optimizer state began at (no_load_optim; TrainerStateInfo)
   int64_t last_saved_ = -1;
   nlohmann::json valid_start_;  // the validation iterator at its start: every eval begins there
+  nlohmann::json test_start_;
   size_t peak_used_bytes_ = 0;
   // Host time per training step (steady clock, ms, summed over the steps after the first two):
   // the step loop's own work (from one finish_step to the next launch_step), staging (batches to

@@ -165,6 +165,7 @@ void ReferenceTrainer::init() {
   world_pg_->barrier();
   if (env_.rank != 0) data_ = train::build_data(t, spec);
   if (data_.valid) valid_start_ = data_.valid->state();
+  if (data_.test) test_start_ = data_.test->state();
 
   const int64_t tp = dims_->size(parallel::Dim::TP);
   if (tp > 1) {
@@ -512,14 +513,16 @@ void ReferenceTrainer::record_memory(train::StepStats& s) {
   s.details.push_back({"mem_gib_max", double(*hi) / 1024});
 }
 
-double ReferenceTrainer::evaluate() {
+double ReferenceTrainer::evaluate() { return evaluate_on(data_.valid.get(), valid_start_); }
+
+double ReferenceTrainer::evaluate_on(data::BatchIterator* it, const nlohmann::json& start) {
   auto& t = args_->train;
-  if (!data_.valid || t.eval_iters == 0) return NAN;
+  if (!it || t.eval_iters == 0) return NAN;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length / cp_pg_->world_size();
   // Every evaluation reads the same first batches of the validation data, so values compare;
   // with several ranks, rank r evaluates batches r, r + W, ... and the sums are added.
-  nlohmann::json saved = data_.valid->state();
-  data_.valid->load_state(valid_start_);
+  nlohmann::json saved = it->state();
+  it->load_state(start);
   double sum = 0;
   // The model's forward has collectives when its parameters are sharded, its experts spread over
   // ranks or its MoE loads summed over them (global_aux_loss): every rank runs the same number of
@@ -528,12 +531,12 @@ double ReferenceTrainer::evaluate() {
   const int64_t rounds = collectives ? (t.eval_iters + data_size() - 1) / data_size() : 0;
   for (int64_t i = data_rank(), k = 0; i < t.eval_iters || k < rounds; i += data_size(), ++k) {
     const int64_t at = i < t.eval_iters ? i : i % t.eval_iters;
-    data_.valid->read_at(static_cast<uint64_t>(at * B), static_cast<int>(B), batch_.data());
+    it->read_at(static_cast<uint64_t>(at * B), static_cast<int>(B), batch_.data());
     split_batch();
     const double l = model_->forward(inputs_.data(), targets_.data(), B, T);
     if (i < t.eval_iters) sum += l;
   }
-  data_.valid->load_state(saved);
+  it->load_state(saved);
   // The gradient group counts every batch once per cp rank (each returns the sequences' loss).
   return parallel::global_sum(*pg_, sum) / static_cast<double>(t.eval_iters * cp_pg_->world_size());
 }
@@ -810,6 +813,7 @@ void ReferenceTrainer::train() {
     moe_stats_->report(s);
   };
   hooks.evaluate = [this] { return evaluate(); };
+  hooks.test = [this] { return evaluate_on(data_.test.get(), test_start_); };
   hooks.save = [this](int64_t step) { save(step); };
   // Ranks may see a signal at different steps; they stop (and checkpoint) together.
   hooks.agree_stop = [this](bool stop) { return parallel::global_sum(*world_pg_, stop ? 1.0 : 0.0) > 0; };

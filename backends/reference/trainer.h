@@ -48,6 +48,8 @@ class ReferenceTrainer : public Trainer {
   void reduce_scatter_grads();
   void all_gather_params();
   double evaluate();
+  // The mean loss of eval_iters batches of `it` from `start` (NaN when there is no data).
+  double evaluate_on(data::BatchIterator* it, const nlohmann::json& start);
   // The step record's memory figures: this process's peak resident set and the model's and
   // optimizer's buffers; with several ranks also the smallest and largest peak over the ranks.
   void record_memory(train::StepStats& s);
@@ -136,6 +138,7 @@ class ReferenceTrainer : public Trainer {
   int64_t opt_base_ = 0;  // the step the optimizer state began at (no_load_optim; TrainerStateInfo)
   int64_t last_saved_ = -1;
   nlohmann::json valid_start_;  // the validation iterator at its start: every eval begins there
+  nlohmann::json test_start_;
 };
 
 }  // namespace primus::backends::reference

@@ -118,6 +118,9 @@ DataIterators build_data_iterators(const DataConfig& c, int dp_rank, int dp_size
     return it;
   }
   Opener opener;
+  if (!c.test_data_path.empty()) {
+    it.test = make(build_source(opener, parse_blend(split_words(c.test_data_path)), 0, 1, c, c.seed + 1));
+  }
   if (!c.train_data_path.empty()) {
     if (!c.data_path.empty()) {
       throw ConfigError("data_path and train_data_path are exclusive: give one of them");
@@ -144,6 +147,7 @@ DataIterators build_data_iterators(const DataConfig& c, int dp_rank, int dp_size
   } else {
     it.train = make(build_source(opener, blend, 0, c.split, c, c.seed));
     if (c.split < c.valid_end) it.valid = make(build_source(opener, blend, c.split, c.valid_end, c, c.seed + 1));
+    if (!it.test && c.valid_end < 1.0) it.test = make(build_source(opener, blend, c.valid_end, 1.0, c, c.seed + 1));
   }
   return it;
 }

@@ -22,6 +22,7 @@ struct DataConfig {
   std::vector<std::string> data_path;
   std::string train_data_path;  // optional; excludes data_path
   std::string valid_data_path;  // optional
+  std::string test_data_path;   // optional: the test data (else the split's test part, if any)
   double split = 1.0;           // fraction of data_path documents used for training, (0, 1]
                                 // (ignored when valid_data_path is set)
   double valid_end = 1.0;       // validation takes the documents in [split, valid_end); those beyond
@@ -35,6 +36,10 @@ struct DataConfig {
 struct DataIterators {
   std::unique_ptr<BatchIterator> train;
   std::unique_ptr<BatchIterator> valid;  // null when there is no validation data
+  // Megatron-LM's test data, evaluated once after the last step: test_data_path, else the
+  // documents past valid_end of split data_path; null when neither (and under mock data).
+  // Shuffled with the validation data's seed: the same data in both gives the same batches.
+  std::unique_ptr<BatchIterator> test;
 };
 
 // Builds both iterators for data-parallel rank dp_rank of dp_size. Throws ConfigError for an

@@ -304,15 +304,31 @@ TEST_F(Loader, ConfigSplitsDocumentsBetweenTrainAndValid) {
   auto its3 = build_data_iterators(both);
   EXPECT_EQ(its3.train->source().describe()["documents"], nlohmann::json({0, 100}));
   EXPECT_EQ(its.train->source().describe()["documents"], nlohmann::json({0, 80}));
-  // Megatron-LM's test part: validation ends before the last documents, which neither side reads.
+  EXPECT_FALSE(its.test) << "no test part, no test_data_path";
+  // Megatron-LM's test part: validation ends before the last documents, which neither side reads;
+  // they are the test data.
   cfg.split = 0.8;
   cfg.valid_end = 0.95;
   auto its4 = build_data_iterators(cfg);
-  ASSERT_TRUE(its4.train && its4.valid);
+  ASSERT_TRUE(its4.train && its4.valid && its4.test);
   EXPECT_EQ(its4.train->source().describe()["documents"], nlohmann::json({0, 80}));
   EXPECT_EQ(its4.valid->source().describe()["documents"], nlohmann::json({80, 95}));
+  EXPECT_EQ(its4.test->source().describe()["documents"], nlohmann::json({95, 100}));
+  std::set<int> test_docs;
+  for (int s = 0; s < 50; ++s) {
+    its4.test->next_batch(4, buf.data());
+    for (int32_t t : buf) test_docs.insert(t / kStride);
+  }
+  EXPECT_EQ(test_docs, (std::set<int>{95, 96, 97, 98, 99}));
+  // test_data_path wins over the split's test part.
+  cfg.test_data_path = "0.5 " + corpus_.prefix + " 0.5 " + corpus_.prefix;
+  auto its5 = build_data_iterators(cfg);
+  ASSERT_TRUE(its5.test);
+  EXPECT_EQ(its5.test->source().describe()["type"], "blend");
+  cfg.test_data_path.clear();
   cfg.valid_end = 0.8;  // "80,0,20": no validation documents
   EXPECT_FALSE(build_data_iterators(cfg).valid);
+  EXPECT_TRUE(build_data_iterators(cfg).test);
   cfg.valid_end = 0.7;
   EXPECT_THROW(build_data_iterators(cfg), ConfigError);
 }

@@ -219,6 +219,48 @@ TEST(TrainE2E, TrainDataPathTrainsOnEveryDocumentOfIt) {
   EXPECT_NE(txt.out.find("is a text input"), std::string::npos) << txt.out;
 }
 
+// Megatron-LM's test data: evaluated once after the last step, eval_iters batches at the final
+// weights. Given the validation data as test data, the test loss is the last validation loss to
+// the bit (the two are shuffled alike); given other data, another number. A three-part split's
+// test documents are the test data when test_data_path is unset; a stop signal skips the test.
+TEST(TrainE2E, TestDataIsEvaluatedOnceAfterTheLastStep) {
+  Workdir text, same, other, split;
+  ASSERT_EQ(run_primus(tiny_run_args(text.str()) + " train_iters=1").code, 0);
+  const std::string prefix = (out_dir(text) / "data/tinyshakespeare-bytes").string();
+  const std::string sep = " data_path=null train_data_path=[" + prefix + "_train] valid_data_path=[" + prefix +
+                          "_valid] train_iters=6 eval_interval=3 eval_iters=3";
+  auto a = run_primus(tiny_run_args(same.str()) + sep + " test_data_path=[" + prefix + "_valid]");
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_NE(a.out.find("step 6 | test loss "), std::string::npos) << a.out;
+  const auto val = losses(out_dir(same) / "metrics.jsonl", "val_loss");
+  const auto test = losses(out_dir(same) / "metrics.jsonl", "test_loss");
+  ASSERT_EQ(val.size(), 2u);
+  ASSERT_EQ(test.size(), 1u);
+  EXPECT_EQ(test[0], val[1]) << "step 6: the validation data as test data";
+
+  auto b = run_primus(tiny_run_args(other.str()) + sep + " test_data_path=[" + prefix + "_train]");
+  ASSERT_EQ(b.code, 0) << b.out;
+  const auto test_b = losses(out_dir(other) / "metrics.jsonl", "test_loss");
+  ASSERT_EQ(test_b.size(), 1u);
+  EXPECT_EQ(losses(out_dir(other) / "metrics.jsonl", "val_loss"), val) << "the test data changes nothing else";
+  EXPECT_NE(test_b[0].second, test[0].second);
+  EXPECT_TRUE(std::isfinite(test_b[0].second));
+
+  auto c = run_primus(tiny_run_args(split.str()) + " data_path=[" + prefix + "_train] split=80,10,10 train_iters=4");
+  ASSERT_EQ(c.code, 0) << c.out;
+  const auto test_c = losses(out_dir(split) / "metrics.jsonl", "test_loss");
+  ASSERT_EQ(test_c.size(), 1u);
+  EXPECT_EQ(test_c[0].first, 4);
+
+  auto none = losses(out_dir(text) / "metrics.jsonl", "test_loss");
+  EXPECT_TRUE(none.empty()) << "no test data: no test loss";
+  auto txt = run_primus(tiny_run_args(other.str()) + " test_data_path=[" + std::string(PRIMUS_SOURCE_DIR) +
+                        "/examples/data/tinyshakespeare.txt]");
+  EXPECT_NE(txt.code, 0) << txt.out;
+  EXPECT_NE(txt.out.find("test_data_path: "), std::string::npos) << txt.out;
+  EXPECT_NE(txt.out.find("is a text input"), std::string::npos) << txt.out;
+}
+
 // no_load_optim (Megatron-LM's): a resume takes the weights, step, data position and learning-rate
 // schedule but starts the optimizer afresh. The resumed step's loss is the uninterrupted run's; its
 // update is a fresh AdamW's first, lr x g / (|g| + eps) = +-lr for every weight with a gradient

@@ -52,6 +52,11 @@ struct FakeDevice {
       log.push_back("E");
       return 1.5;
     };
+    h.test = [this] {
+      EXPECT_TRUE(queue.empty()) << "test evaluation with a step in flight";
+      log.push_back("T");
+      return 1.25;
+    };
     h.save = [this](int64_t done) {
       EXPECT_TRUE(queue.empty()) << "checkpoint with a step in flight";
       log.push_back("S" + std::to_string(done));
@@ -83,7 +88,7 @@ TEST(StepLoop, LaunchesTheNextStepBeforeFinishingThisOne) {
   int64_t step = 0;
   EXPECT_FALSE(run_step_loop(t, 8, &step, -1, nullptr, d.hooks()));
   EXPECT_EQ(step, 4);
-  EXPECT_EQ(join(d.log), "L0 L1 F0 L2 F1 L3 F2 F3");
+  EXPECT_EQ(join(d.log), "L0 L1 F0 L2 F1 L3 F2 F3 T");
   EXPECT_EQ(d.ahead, 3);
   EXPECT_EQ(d.max_in_flight, 2u);
   EXPECT_TRUE(d.queue.empty());
@@ -98,8 +103,9 @@ TEST(StepLoop, NothingInFlightAtEvaluationsAndCheckpoints) {
   int64_t step = 0;
   run_step_loop(t, 8, &step, -1, nullptr, d.hooks());
   // After step counts 2 (save), 3 (eval), 4 (save), 6 (eval + save), 7 (eval + save at the end)
-  // the next step is launched only once the state has been used.
-  EXPECT_EQ(join(d.log), "L0 L1 F0 F1 S2 L2 F2 E L3 F3 S4 L4 L5 F4 F5 E S6 L6 F6 E S7");
+  // the next step is launched only once the state has been used; the test data is evaluated once,
+  // after the last checkpoint.
+  EXPECT_EQ(join(d.log), "L0 L1 F0 F1 S2 L2 F2 E L3 F3 S4 L4 L5 F4 F5 E S6 L6 F6 E S7 T");
   EXPECT_TRUE(d.queue.empty());
 }
 
@@ -108,7 +114,7 @@ TEST(StepLoop, ResumesMidRunAndWithoutSplitHooksRunsOneStepAtATime) {
   FakeDevice d;
   int64_t step = 3;  // resumed
   run_step_loop(t, 8, &step, 3, nullptr, d.hooks());
-  EXPECT_EQ(join(d.log), "L3 L4 F3 F4");
+  EXPECT_EQ(join(d.log), "L3 L4 F3 F4 T");
 
   FakeDevice plain;
   StepLoopHooks h = plain.hooks();
@@ -121,7 +127,7 @@ TEST(StepLoop, ResumesMidRunAndWithoutSplitHooksRunsOneStepAtATime) {
   h.launch = nullptr;  // only `step`: the loop never has two steps out
   step = 0;
   run_step_loop(t, 8, &step, -1, nullptr, h);
-  EXPECT_EQ(join(plain.log), "L0 F0 L1 F1 L2 F2 L3 F3 L4 F4");
+  EXPECT_EQ(join(plain.log), "L0 F0 L1 F1 L2 F2 L3 F3 L4 F4 T");
   EXPECT_EQ(plain.ahead, 0);
 }
 
@@ -138,7 +144,7 @@ TEST(StepLoop, NonFiniteStepStopsOrIsSkippedAsWithoutTheLag) {
     EXPECT_NE(std::string(e.what()).find("skip_nan_steps"), std::string::npos) << e.what();
   }
   EXPECT_EQ(step, 2);  // the steps before it count; nothing was saved after it
-  EXPECT_EQ(join(d.log), "L0 L1 F0 L2 F1 L3 F2");
+  EXPECT_EQ(join(d.log), "L0 L1 F0 L2 F1 L3 F2") << "no test after a failed run";
 
   t.skip_nan_steps = true;
   FakeDevice s;
@@ -159,6 +165,6 @@ TEST(StepLoop, SignalLetsTheStepInFlightFinishThenCheckpointsAfterIt) {
   reset_exit_request();
   EXPECT_TRUE(stopped);
   EXPECT_EQ(step, 5);
-  EXPECT_EQ(join(d.log), "L0 L1 F0 L2 F1 L3 F2 L4 F3 F4 S5");
+  EXPECT_EQ(join(d.log), "L0 L1 F0 L2 F1 L3 F2 L4 F3 F4 S5") << "no test evaluation after a stop signal";
   EXPECT_TRUE(d.queue.empty());
 }
