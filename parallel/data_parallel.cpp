@@ -31,7 +31,10 @@ void add_data_parallel_schema(config::Schema& s) {
          "ZeRO-1: each data-parallel rank keeps and updates only its shard of the optimizer state "
          "(gradients reduce-scattered, weights all-gathered); the same as data_parallel_sharding_strategy: optim")
       .number("ddp_bucket_size_mb", 160.0, "gradients are reduced across ranks in buckets of this many MiB", 0.001,
-              65536.0);
+              65536.0)
+      .flag("overlap_param_gather", false,
+            "Megatron-LM's switch, false only: ZeRO-1 all-gathers the updated weights after the update, before "
+            "the next forward (true, the gather under the next forward, is not implemented)");
 }
 
 BatchSlice rank_batch_slice(int64_t global_batch, int rank, int world) {

@@ -85,10 +85,10 @@ void register_common_args_patches(patches::PatchRegistry& reg, const std::string
   reg.add({
       .id = backend + ".logging.tensorboard_dir",
       .description = "writes TensorBoard events under <workspace>/<work_group>/<user>/<exp>/tensorboard when no "
-                     "folder is set",
+                     "folder is set (and disable_tensorboard is not true)",
       .tags = {"args", "logging"},
       .logic = "rewrites args: tensorboard_dir",
-      .condition = [](PatchContext& c) { return c.get("tensorboard_dir") == nullptr; },
+      .condition = [](PatchContext& c) { return c.get("tensorboard_dir") == nullptr && !c.flag("disable_tensorboard"); },
       .apply =
           [](PatchContext& c) {
             TrainingArgs& t = training_of(c);

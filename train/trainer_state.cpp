@@ -17,6 +17,7 @@ nlohmann::json make_trainer_state(int64_t step, const TrainerStateInfo& info, co
                       {"config", info.params ? info.params->to_json() : nlohmann::json()},
                       {"experiment", info.experiment_file}};
   if (info.optimizer_step_base != 0) s["optimizer_step_base"] = info.optimizer_step_base;
+  if (!info.optimizer_saved) s["optimizer_state"] = false;
   if (save_rng) {
     std::ostringstream r;
     r << rng;
@@ -49,6 +50,14 @@ int64_t restore_trainer_state(const nlohmann::json& s, const std::filesystem::pa
 
 int64_t optimizer_step_base(const nlohmann::json& state) {
   return state.is_object() ? state.value("optimizer_step_base", int64_t{0}) : 0;
+}
+
+void check_optimizer_state(const nlohmann::json& state, const std::filesystem::path& dir, bool no_load_optim) {
+  if (no_load_optim || !state.is_object() || state.value("optimizer_state", true)) return;
+  throw ConfigError(fmt::format("checkpoint {} holds no optimizer state (saved with no_save_optim: true): resume it "
+                                "with no_load_optim: true (the optimizer then starts afresh), or start from its "
+                                "weights with finetune: true",
+                                dir.string()));
 }
 
 }  // namespace primus::train

@@ -21,6 +21,9 @@ struct TrainerStateInfo {
   // The training step at which the optimizer state began (no_load_optim started it afresh there;
   // 0 otherwise): AdamW's bias correction counts its own steps from it. Written when not 0.
   int64_t optimizer_step_base = 0;
+  // false (Megatron-LM's no_save_optim): the checkpoint holds no optimizer state; the state says
+  // "optimizer_state": false, and a resume needs no_load_optim (check_optimizer_state).
+  bool optimizer_saved = true;
 };
 
 // save_rng false (Megatron-LM's no_save_rng): the state holds no RNG.
@@ -35,5 +38,13 @@ int64_t restore_trainer_state(const nlohmann::json& state, const std::filesystem
 
 // The checkpoint's TrainerStateInfo::optimizer_step_base (0 when it has none).
 int64_t optimizer_step_base(const nlohmann::json& state);
+
+// ConfigError naming `dir` when the checkpoint was saved without its optimizer state
+// (no_save_optim) and the resume would read it (no_load_optim false).
+void check_optimizer_state(const nlohmann::json& state, const std::filesystem::path& dir, bool no_load_optim);
+
+// The optimizer states a checkpoint drops under no_save_optim (AdamW's moments, Muon's momentum);
+// what else it holds beside them (the FP8 delayed-scaling history) stays.
+inline const char* const kOptimizerStateNames[] = {"exp_avg", "exp_avg_sq", "muon_momentum"};
 
 }  // namespace primus::train

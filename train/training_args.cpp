@@ -88,7 +88,8 @@ void add_training_schema(config::Schema& s) {
             "Megatron-LM's switch: true resumes without the checkpoint's RNG state (the sampling RNG after training "
             "is drawn from the run's seed; the data order is the seed's and the step's either way)")
       .flag("no_save_optim", false,
-            "Megatron-LM's switch, false only: checkpoints hold the optimizer state (true is not implemented)")
+            "Megatron-LM's switch: true writes checkpoints without the optimizer state (AdamW's moments, Muon's "
+            "momentum); resuming one needs no_load_optim: true")
       .flag("no_save_rng", false,
             "Megatron-LM's switch: true writes checkpoints without the RNG state (resuming one needs no_load_rng: "
             "true)")
@@ -117,6 +118,17 @@ void add_training_schema(config::Schema& s) {
       .flag("skip_nan_steps", false, "skip a step whose loss or gradients are not finite instead of stopping")
       .flag("exit_signal_handler", true, "on SIGTERM/SIGUSR1 finish the step, checkpoint and exit 0")
       .text("tensorboard_dir", std::nullopt, "TensorBoard event folder (default: derived from the workspace)")
+      .flag("disable_tensorboard", false,
+            "Primus' switch: true writes no TensorBoard events (metrics.jsonl still has every scalar)")
+      .flag("disable_wandb", true,
+            "Primus' switch, true only (its default): Weights & Biases logging is not built in (false is refused)")
+      .text("wandb_project", std::nullopt, "Primus' / Megatron-LM's W&B project: unused while disable_wandb is true")
+      .text("wandb_exp_name", std::nullopt, "Megatron-LM's W&B run name: unused while disable_wandb is true")
+      .text("wandb_save_dir", std::nullopt, "Megatron-LM's W&B folder: unused while disable_wandb is true")
+      .text("wandb_entity", std::nullopt, "Megatron-LM's W&B entity: unused while disable_wandb is true")
+      .text("ckpt_format", std::nullopt,
+            "Megatron-LM's checkpoint format: refused when set (Primus writes and reads its own format, "
+            "docs/checkpoints.md)")
       .flag("report_at_end", true, "after the last step, draw report.png (charts of metrics.jsonl) beside metrics.jsonl")
       .text("sample_prompt", std::nullopt, "after training, generate from this prompt")
       .integer("sample_tokens", 200, "tokens to generate for the sample", 0)
@@ -338,16 +350,35 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.ckpt.no_load_rng = b("no_load_rng");
   a.ckpt.no_save_rng = b("no_save_rng");
   a.ckpt.no_load_optim = b("no_load_optim");
-  if (b("no_save_optim")) {
-    throw ConfigError(fmt::format("{}: no_save_optim: true is not implemented: checkpoints hold the optimizer state "
-                                  "(no_load_optim: true resumes one without it; finetune: true starts from a "
-                                  "checkpoint's weights alone, with a fresh optimizer at step 0)",
-                                  p.find_path("no_save_optim")->origin().str()));
-  }
+  a.ckpt.no_save_optim = b("no_save_optim");
   a.ckpt.save_interval = i("save_interval");
   a.ckpt.keep_last_k = i("keep_last_k");
   a.ckpt.save_at_end = b("save_at_end");
   a.tensorboard_dir = text_or(p, "tensorboard_dir", "");
+  if (b("disable_tensorboard") && !a.tensorboard_dir.empty()) {
+    throw ConfigError(fmt::format("{}: disable_tensorboard is true but tensorboard_dir is set ({}): set one of them",
+                                  p.find_path("disable_tensorboard")->origin().str(),
+                                  p.find_path("tensorboard_dir")->origin().str()));
+  }
+  if (const config::Value* o = p.find_path("overlap_param_gather"); o && !o->is_null() && o->as_bool()) {
+    throw ConfigError(fmt::format("{}: overlap_param_gather: true is not implemented: ZeRO-1 all-gathers the updated "
+                                  "weights bucket by bucket after the update, before the next forward (the gradients' "
+                                  "reduce-scatter does overlap the backward: overlap_grad_reduce)",
+                                  o->origin().str()));
+  }
+  if (!b("disable_wandb")) {
+    throw ConfigError(fmt::format("{}: disable_wandb: false: Weights & Biases logging is not built in; every scalar "
+                                  "goes to metrics.jsonl and TensorBoard (tensorboard_dir), which `primus report` "
+                                  "charts",
+                                  p.find_path("disable_wandb")->origin().str()));
+  }
+  if (const config::Value* f = p.find_path("ckpt_format"); f && !f->is_null()) {
+    throw ConfigError(fmt::format("{}: ckpt_format: {}: Primus writes its own checkpoints (safetensors with a "
+                                  "manifest, any layout resumes any other; docs/checkpoints.md) and reads no "
+                                  "Megatron-LM format: remove the key (primus export hf / import hf convert to "
+                                  "and from Hugging Face)",
+                                  f->origin().str(), f->scalar_text()));
+  }
   a.report_at_end = b("report_at_end");
   a.sample_prompt = text_or(p, "sample_prompt", "");
   a.sample_tokens = i("sample_tokens");

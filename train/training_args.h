@@ -75,6 +75,9 @@ struct CheckpointArgs {
   // Megatron-LM's no_load_optim: a resumed run takes the weights, step and data position but starts
   // the optimizer state afresh (zero moments, AdamW's bias correction counting from that step).
   bool no_load_optim = false;
+  // Megatron-LM's no_save_optim: checkpoints without the optimizer state (weights, step, data
+  // positions and schedule only); resuming one needs no_load_optim.
+  bool no_save_optim = false;
   int64_t save_interval = 0;    // 0: only at the end
   bool save_at_end = true;      // a checkpoint after the last step
   int64_t keep_last_k = 2;

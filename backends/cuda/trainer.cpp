@@ -614,7 +614,10 @@ double CudaTrainer::evaluate_on(data::BatchIterator* it, const nlohmann::json& s
 
 nlohmann::json CudaTrainer::state_json(int64_t step) const {
   return train::make_trainer_state(
-      step, {"cuda", args_->train.data.tokenizer, &args_->params, args_->experiment_file, opt_base_}, data_,
+      step,
+      {"cuda", args_->train.data.tokenizer, &args_->params, args_->experiment_file, opt_base_,
+       !args_->train.ckpt.no_save_optim},
+      data_,
       sample_rng_, !args_->train.ckpt.no_save_rng);
 }
 
@@ -675,7 +678,11 @@ void CudaTrainer::save(int64_t step) {
     }
     std::vector<parallel::FlatShard> states = {{"exp_avg", own_m.data()}, {"exp_avg_sq", own_v.data()}};
     if (!own_mu.empty()) states.push_back({"muon_momentum", own_mu.data()});
-    dir = parallel::save_data_parallel(model_group(), t.ckpt.save, step, data, &sharding, states, so, gather);
+    // no_save_optim: no shard files (every rank alike), rank 0 writes the rest.
+    dir = t.ckpt.no_save_optim
+              ? parallel::save_data_parallel(model_group(), t.ckpt.save, step, data,
+                                             static_cast<const parallel::FlatSharding*>(nullptr), {}, so)
+              : parallel::save_data_parallel(model_group(), t.ckpt.save, step, data, &sharding, states, so, gather);
   } else if (zero1()) {
     // parallel/dist_checkpoint.h, scheme "zero1": every rank writes its own shard of the moments
     // (its chunk of every bucket: DataParallel::shard_segments), copied from its GPU; rank 0
@@ -700,8 +707,11 @@ void CudaTrainer::save(int64_t step) {
     parallel::HostAllGather gather = [this](const void* send, void* recv, size_t bytes) {
       dp_->all_gather_host(send, recv, bytes);
     };
-    dir = parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, &sharding,
-                                    {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, so, gather);
+    dir = t.ckpt.no_save_optim
+              ? parallel::save_data_parallel(*pg_, t.ckpt.save, step, data,
+                                             static_cast<const parallel::FlatSharding*>(nullptr), {}, so)
+              : parallel::save_data_parallel(*pg_, t.ckpt.save, step, data, &sharding,
+                                             {{"exp_avg", m.data()}, {"exp_avg_sq", v.data()}}, so, gather);
   } else {
     // Every rank holds the same state: rank 0 writes it as one process does. Sharded (optim_grads,
     // optim_grads_params): the weights and moments put together from the ranks' chunks first (every
@@ -723,6 +733,8 @@ void CudaTrainer::save(int64_t step) {
                                                                       muon_flat.data(), n * sizeof(float)));
       }
       if (model_->fp8_delayed_on()) save_fp8_delayed(data, fp8);
+      if (t.ckpt.no_save_optim)
+        for (const char* name : train::kOptimizerStateNames) data.optimizer.erase(name);
     }
     // With a group, every rank waits until the checkpoint is installed (the last one always loads).
     parallel::ProcessGroup* group = sharded_pg_ ? sharded_pg_.get() : cp_pg_ ? cp_pg_.get() : pg_.get();
@@ -810,6 +822,7 @@ void CudaTrainer::load(const fsys::path& dir) {
   const std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
   // no_load_optim: the moments (and Muon's momentum) start at zero instead of the checkpoint's.
   const bool no_load_optim = args_->train.ckpt.no_load_optim;
+  train::check_optimizer_state(data.state, dir, no_load_optim);
   if (shard_map()) {
     // Checkpoints hold the global layout: the weights whole, cut here; the moments read as this
     // rank's pieces alone (in local order they are its whole buffer), from whichever files hold them.

@@ -543,7 +543,10 @@ double ReferenceTrainer::evaluate_on(data::BatchIterator* it, const nlohmann::js
 
 nlohmann::json ReferenceTrainer::state_json(int64_t step) const {
   return train::make_trainer_state(
-      step, {"reference", args_->train.data.tokenizer, &args_->params, args_->experiment_file, opt_base_}, data_,
+      step,
+      {"reference", args_->train.data.tokenizer, &args_->params, args_->experiment_file, opt_base_,
+       !args_->train.ckpt.no_save_optim},
+      data_,
       sample_rng_, !args_->train.ckpt.no_save_rng);
 }
 
@@ -742,6 +745,11 @@ void ReferenceTrainer::save(int64_t step) {
                                                     muon_flat.data(), muon_flat.size() * sizeof(float)));
     }
   }
+  if (t.ckpt.no_save_optim) {  // every rank alike: the same collectives, no shards
+    for (const char* name : train::kOptimizerStateNames) data.optimizer.erase(name);
+    sharding.ranks.clear();
+    shards.clear();
+  }
   io::SaveOptions so;
   so.keep_last = static_cast<int>(t.ckpt.keep_last_k);
   const auto dir = parallel::save_data_parallel(*group, t.ckpt.save, step, data,
@@ -758,6 +766,7 @@ void ReferenceTrainer::load(const fsys::path& dir) {
   // Each rank verifies the standard files and the optimizer shards it reads, not all of them.
   io::CheckpointData data = io::load_checkpoint(dir, /*verify_other_files=*/false);
   const bool no_load_optim = args_->train.ckpt.no_load_optim;
+  train::check_optimizer_state(data.state, dir, no_load_optim);
   const auto total = static_cast<int64_t>(model_->params.size());
   // The elements of the local buffer whose moments this rank keeps, in its order.
   std::vector<parallel::FlatSegment> mine{{0, total}};

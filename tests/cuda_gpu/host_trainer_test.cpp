@@ -21,6 +21,8 @@
 #include "core/patches/registry.h"
 #include "core/util/error.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "core/util/fs.h"
 #include "parallel/dist_checkpoint.h"
 #include "tests/cuda_gpu/trainer_runs.h"
 #include "tests/cuda_gpu/two_processes.h"
@@ -177,6 +179,36 @@ TEST(CudaHostTrainer, NoLoadOptimResumesAsTheReferenceDoes) {
   ASSERT_EQ(ours.loss.size(), 3u);
   for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
   EXPECT_GT(std::abs(ref.loss.at(6) - plain.loss.at(6)), 1e-3) << "a fresh optimizer is another run";
+}
+
+// A checkpoint the cuda backend writes with no_save_optim holds no moments and says so; a plain
+// resume of it is refused, and with no_load_optim both backends resume it with the same losses
+// and the same test loss (test_data_path, evaluated after the last step).
+TEST(CudaHostTrainer, NoSaveOptimCheckpointResumesWithNoLoadOptimAsTheReferenceDoes) {
+  primus::testing::Workdir w;
+  const TinyFiles files = run_reference(w);
+  ASSERT_TRUE(files.ok);
+  run_host_trainer(files.cuda, {"exp_name=cuda_lean", "train_iters=3", "no_save_optim=true"});
+  const auto ck = w.path() / "g/u/cuda_lean/checkpoints/iter_0000003";
+  const auto state = nlohmann::json::parse(primus::fs::read_file(ck / "trainer_state.json"));
+  EXPECT_EQ(state.value("optimizer_state", true), false);
+  const auto opt = primus::io::SafetensorsFile::open(ck / "optimizer.safetensors");
+  for (const auto& t : opt.tensors()) EXPECT_NE(t.name.rfind("exp_avg", 0), 0u) << t.name;
+  const std::string load = "load=" + ck.string();
+  EXPECT_THROW(run_host_trainer(files.cuda, {"exp_name=cuda_plain", load}), primus::ConfigError);
+  const std::string test = "test_data_path=[" + (w.path() / "g/u/reference/data/tinyshakespeare-bytes_valid").string() + "]";
+  auto f = primus::testing::run_primus("train pretrain --config " + files.ref.string() + " exp_name=ref_fresh " + load +
+                                       " no_load_optim=true " + test);
+  ASSERT_EQ(f.code, 0) << f.out;
+  run_host_trainer(files.cuda, {"exp_name=cuda_fresh", load, "no_load_optim=true", test});
+  const auto ref = testing::read_trainer_metrics(w.path() / "g/u/ref_fresh/metrics.jsonl");
+  const auto ours = testing::read_trainer_metrics(w.path() / "g/u/cuda_fresh/metrics.jsonl");
+  ASSERT_EQ(ref.loss.size(), 3u);
+  ASSERT_EQ(ours.loss.size(), 3u);
+  for (auto [step, l] : ref.loss) EXPECT_NEAR(ours.loss.at(step), l, 1e-5 * l) << "step " << step;
+  ASSERT_EQ(ref.test.size(), 1u);
+  ASSERT_EQ(ours.test.size(), 1u);
+  EXPECT_NEAR(ours.test.at(6), ref.test.at(6), 1e-5 * ref.test.at(6));
 }
 
 // optimizer_in_bwd (one micro-batch per step, no clipping) trains with the same losses bit for bit

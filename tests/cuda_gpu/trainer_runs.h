@@ -45,7 +45,7 @@ inline std::string tiny_trainer_experiment(const std::string& framework, const s
 }
 
 struct TrainerMetrics {
-  std::map<int64_t, double> loss, val;
+  std::map<int64_t, double> loss, val, test;
 };
 
 inline TrainerMetrics read_trainer_metrics(const std::filesystem::path& p) {
@@ -56,6 +56,7 @@ inline TrainerMetrics read_trainer_metrics(const std::filesystem::path& p) {
     auto j = nlohmann::json::parse(line);
     if (j.contains("loss")) m.loss[j["step"]] = j["loss"];
     if (j.contains("val_loss")) m.val[j["step"]] = j["val_loss"];
+    if (j.contains("test_loss")) m.test[j["step"]] = j["test_loss"];
   }
   return m;
 }

@@ -1,6 +1,7 @@
 // Primus' logging keys through the binary: stderr_sink_level sets the console's level (and
 // PRIMUS_LOG_LEVEL wins over it), log_avg_skip_iterations leaves the first steps out of the
-// progress lines' average, and a level that is no level is refused naming the key.
+// progress lines' average, and a level that is no level is refused naming the key. The other keys
+// Primus' Megatron-LM configs set about logging and checkpoints carry over or are refused by name.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -8,6 +9,8 @@
 #include <vector>
 
 #include "cli_runner.h"
+
+#include <filesystem>
 
 using primus::testing::run_primus;
 using primus::testing::tiny_run_args;
@@ -55,4 +58,31 @@ TEST(LoggingE2E, TheAverageLeavesOutTheFirstSteps) {
   for (size_t i = 0; i < lines.size(); ++i) {
     EXPECT_EQ(lines[i].find(" tok/s (avg ") != std::string::npos, i >= 3) << lines[i];
   }
+}
+
+TEST(LoggingE2E, PrimusKeysCarryOverOrAreRefusedByName) {
+  Workdir w, quiet;
+  const std::string args = tiny_run_args(w.str()) + " train_iters=2 save_at_end=false";
+  // W&B keys as Primus' configs write them: unused while disable_wandb is true (its default).
+  auto a = run_primus(args + " wandb_project=p wandb_exp_name=e disable_wandb=true");
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_TRUE(std::filesystem::exists(w.path() / "local/local/shakespeare/tensorboard"));
+  auto b = run_primus(tiny_run_args(quiet.str()) + " train_iters=2 save_at_end=false disable_tensorboard=true");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_TRUE(std::filesystem::exists(quiet.path() / "local/local/shakespeare/metrics.jsonl"));
+  EXPECT_FALSE(std::filesystem::exists(quiet.path() / "local/local/shakespeare/tensorboard"));
+
+  const std::pair<std::string, std::string> refused[] = {
+      {"disable_wandb=false", "Weights & Biases logging is not built in"},
+      {"ckpt_format=torch_dist", "ckpt_format: torch_dist: Primus writes its own checkpoints"},
+      {"overlap_param_gather=true", "overlap_param_gather: true is not implemented"},
+      {"disable_tensorboard=true tensorboard_dir=/tmp/tb", "disable_tensorboard is true but tensorboard_dir is set"},
+  };
+  for (const auto& [keys, message] : refused) {
+    auto r = run_primus(args + " " + keys + " --dry-run");
+    EXPECT_EQ(r.code, 2) << keys << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << keys << "\n" << r.out;
+  }
+  auto ok = run_primus(args + " overlap_param_gather=false --dry-run");
+  EXPECT_EQ(ok.code, 0) << ok.out;
 }

@@ -317,9 +317,9 @@ TEST(TrainE2E, NoLoadOptimResumesWithAFreshOptimizer) {
 // Megatron-LM's checkpoint switches. no_save_rng writes checkpoints without the RNG state; such a
 // checkpoint resumes only with no_load_rng (Megatron-LM's rule), and then with the uninterrupted
 // run's losses bit for bit (the data order is the seed's and the step's, not the RNG's).
-// no_save_optim carries over as false (or null, as Primus' Megatron-LM configs write it); true is
-// refused by name before training. Primus' disable_last_saving carries over as what
-// it says.
+// no_save_optim writes checkpoints without the optimizer state (the weights are the same); such
+// a checkpoint resumes only with no_load_optim, and then gives the uninterrupted run's next loss.
+// Primus' disable_last_saving carries over as what it says.
 TEST(TrainE2E, MegatronCheckpointSwitchesDoWhatTheySay) {
   Workdir straight, cut, refused, resumed;
   auto a = run_primus(tiny_run_args(straight.str()));
@@ -341,9 +341,24 @@ TEST(TrainE2E, MegatronCheckpointSwitchesDoWhatTheySay) {
   ASSERT_EQ(lc.size(), 10u);
   for (size_t i = 0; i < lc.size(); ++i) EXPECT_EQ(lc[i], la[i + 10]) << "step " << lc[i].first;
 
-  auto t = run_primus(tiny_run_args(refused.str()) + " no_save_optim=true --dry-run");
+  Workdir lean, fresh;
+  auto n = run_primus(tiny_run_args(lean.str()) + " train_iters=10 no_save_optim=true");
+  ASSERT_EQ(n.code, 0) << n.out;
+  const fsys::path nk = out_dir(lean) / "checkpoints/iter_0000010";
+  EXPECT_EQ(nlohmann::json::parse(primus::fs::read_file(nk / "trainer_state.json")).value("optimizer_state", true),
+            false);
+  EXPECT_TRUE(primus::io::SafetensorsFile::open(nk / "optimizer.safetensors").tensors().empty());
+  EXPECT_FALSE(primus::io::SafetensorsFile::open(ck / "optimizer.safetensors").tensors().empty());
+  EXPECT_TRUE(primus::fs::read_file(nk / "model.safetensors") == primus::fs::read_file(ck / "model.safetensors"));
+  EXPECT_LT(fsys::file_size(nk / "optimizer.safetensors"), 1024u);
+  auto t = run_primus(tiny_run_args(refused.str()) + " load=" + nk.string());
   EXPECT_EQ(t.code, 2) << t.out;
-  EXPECT_NE(t.out.find("no_save_optim: true is not implemented"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("holds no optimizer state (saved with no_save_optim: true)"), std::string::npos) << t.out;
+  auto f = run_primus(tiny_run_args(fresh.str()) + " train_iters=11 no_load_optim=true load=" + nk.string());
+  ASSERT_EQ(f.code, 0) << f.out;
+  const auto lf = losses(out_dir(fresh) / "metrics.jsonl");
+  ASSERT_EQ(lf.size(), 1u);
+  EXPECT_EQ(lf[0], la[10]) << "step 11's loss comes before its update";
   // Primus' disable_last_saving is save_at_end's opposite: 3 steps, no checkpoint before the end.
   for (const bool disable : {true, false}) {
     Workdir run;

@@ -100,6 +100,35 @@ TEST(DataParallelTraining, Zero1CheckpointOfTwoRanksResumesOnOneAndThree) {
   expect_same_losses(want, losses(on3.path()), "resumed on 3 ranks", 6);
 }
 
+// no_save_optim under sharded optimizer states (ZeRO-1, FSDP): no rank writes a shard, the weights
+// are those of the run that saves them, and three ranks resume the checkpoint with no_load_optim
+// (step 6's loss comes before its update: the uninterrupted run's).
+TEST(DataParallelTraining, NoSaveOptimWritesNoShardsAndResumesWithNoLoadOptim) {
+  for (const std::string sharded : {"use_distributed_optimizer=true", "data_parallel_sharding_strategy=optim_grads_params"}) {
+    Workdir full, lean, on3;
+    auto a = run_primus(launch(2, train_args(full.str(), 6, sharded)));
+    ASSERT_EQ(a.code, 0) << a.out;
+    auto b = run_primus(launch(2, train_args(lean.str(), 5, sharded + " no_save_optim=true")));
+    ASSERT_EQ(b.code, 0) << b.out;
+    const fs::path ck = primus::io::checkpoint_dir(save_dir(full.path()), 5);
+    const fs::path nk = primus::io::checkpoint_dir(save_dir(lean.path()), 5);
+    EXPECT_TRUE(fs::exists(ck / "optimizer.rank00001-of-00002.safetensors")) << sharded;
+    EXPECT_FALSE(fs::exists(nk / "optimizer.rank00000-of-00002.safetensors")) << sharded;
+    EXPECT_FALSE(fs::exists(nk / "optimizer.rank00001-of-00002.safetensors")) << sharded;
+    std::ifstream sa(ck / "model.safetensors", std::ios::binary), sb(nk / "model.safetensors", std::ios::binary);
+    EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(sa), {}) == std::string(std::istreambuf_iterator<char>(sb), {}))
+        << sharded << ": the weights differ";
+    auto c = run_primus(launch(3, train_args(on3.str(), 6, sharded + " no_load_optim=true load=" + nk.string())));
+    ASSERT_EQ(c.code, 0) << c.out;
+    EXPECT_NE(c.out.find("no_load_optim: the optimizer state starts afresh at step 5"), std::string::npos) << c.out;
+    const auto want = losses(full.path()), got = losses(on3.path());
+    ASSERT_EQ(want.size(), 6u);
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_TRUE(got.count(6) && want.count(6));
+    EXPECT_NEAR(got.at(6), want.at(6), 1e-5 * want.at(6)) << sharded;  // 3 ranks' sums against 2's
+  }
+}
+
 // The other way round: one process without ZeRO-1 saves, two ranks with ZeRO-1 resume.
 TEST(DataParallelTraining, SingleProcessCheckpointResumesOnTwoZero1Ranks) {
   Workdir full, on2;
