@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "core/util/error.h"
+#include "data/tokenizer/tokenizer.h"
 
 namespace primus::train {
 
@@ -93,7 +94,12 @@ void add_training_schema(config::Schema& s) {
       .flag("no_save_rng", false,
             "Megatron-LM's switch: true writes checkpoints without the RNG state (resuming one needs no_load_rng: "
             "true)")
-      .text("tokenizer_type", "gpt2", "gpt2, bytes, or a path to a Hugging Face tokenizer.json")
+      .text("tokenizer_type", "gpt2",
+            "gpt2, bytes, or a path to a Hugging Face tokenizer.json; Megatron-LM's HuggingFaceTokenizer (with "
+            "tokenizer_model) and GPT2BPETokenizer (gpt2) too")
+      .text("tokenizer_model", std::nullopt,
+            "Megatron-LM's model of tokenizer_type HuggingFaceTokenizer: a folder holding tokenizer.json (or the "
+            "file), or a Hub id (org/name) found offline in the Hugging Face cache")
       .any("data_path", KeyType::List, "Megatron-style [weight, prefix, ...] or [prefix] (.bin/.idx); a .txt file is prepared on first use")
       .any("valid_data_path", KeyType::List, "validation datasets (default: split off data_path)")
       .any("test_data_path", KeyType::List,
@@ -307,6 +313,31 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
     }
   }
   a.data.tokenizer = text_or(p, "tokenizer_type", "gpt2");
+  {
+    // Megatron-LM's names: HuggingFaceTokenizer reads tokenizer_model; GPT2BPETokenizer is GPT-2's
+    // BPE, built in here (Megatron-LM reads it from vocab_file / merge_file).
+    const config::Value* tm = p.find_path("tokenizer_model");
+    const bool has_model = tm && !tm->is_null();
+    const std::string where = p.find_path("tokenizer_type")->origin().str();
+    if (a.data.tokenizer == "HuggingFaceTokenizer") {
+      if (!has_model) {
+        throw ConfigError(fmt::format("{}: tokenizer_type HuggingFaceTokenizer needs tokenizer_model (a folder holding "
+                                      "tokenizer.json, or a Hub id in the Hugging Face cache)",
+                                      where));
+      }
+      try {
+        a.data.tokenizer = data::resolve_hf_tokenizer_model(tm->scalar_text()).string();
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}: {}", tm->origin().str(), e.what()));
+      }
+    } else if (has_model) {
+      throw ConfigError(fmt::format("{}: tokenizer_model is read with tokenizer_type HuggingFaceTokenizer only, not "
+                                    "'{}' ({})",
+                                    tm->origin().str(), a.data.tokenizer, where));
+    } else if (a.data.tokenizer == "GPT2BPETokenizer") {
+      a.data.tokenizer = "gpt2";
+    }
+  }
   a.data.data_path = resolve_data_paths(strings_of(p.find_path("data_path")), exp.file);
   a.data.valid_data_path = resolve_data_paths(strings_of(p.find_path("valid_data_path")), exp.file);
   a.data.test_data_path = resolve_data_paths(strings_of(p.find_path("test_data_path")), exp.file);

@@ -63,6 +63,13 @@ class Tokenizer {
 // file for unreadable or unsupported tokenizer files.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 
+// Megatron-LM's HuggingFaceTokenizer model (its tokenizer_model): a local folder holding a
+// tokenizer.json or the file itself, else a Hugging Face Hub id ("org/name") looked up offline in
+// the Hugging Face cache as transformers does ($HF_HUB_CACHE, else $HF_HOME/hub, else
+// ~/.cache/huggingface/hub: models--org--name/snapshots/<refs/main>/tokenizer.json). Returns the
+// tokenizer.json's path; ConfigError naming what was looked for when there is none.
+std::filesystem::path resolve_hf_tokenizer_model(const std::string& model);
+
 // The constructors make_tokenizer dispatches to.
 std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::filesystem::path& vocab_dir);
 std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::filesystem::path& tokenizer_json);

@@ -11,6 +11,7 @@
 #include "cli_runner.h"
 
 #include <filesystem>
+#include <fstream>
 
 using primus::testing::run_primus;
 using primus::testing::tiny_run_args;
@@ -85,4 +86,32 @@ TEST(LoggingE2E, PrimusKeysCarryOverOrAreRefusedByName) {
   }
   auto ok = run_primus(args + " overlap_param_gather=false --dry-run");
   EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+// Megatron-LM's tokenizer names: HuggingFaceTokenizer reads tokenizer_model (here a folder holding a
+// placeholder tokenizer.json: a dry run resolves the path without reading the file),
+// GPT2BPETokenizer is the built-in GPT-2 BPE; the wrong combinations are refused.
+TEST(LoggingE2E, MegatronTokenizerNamesResolve) {
+  Workdir w;
+  const std::string args = tiny_run_args(w.str()) + " train_iters=1 --dry-run";
+  const std::string folder = (w.path() / "tok").string();
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/tokenizer.json") << "{}";
+  auto hf = run_primus(args + " tokenizer_type=HuggingFaceTokenizer tokenizer_model=" + folder);
+  EXPECT_EQ(hf.code, 0) << hf.out;
+  EXPECT_NE(hf.out.find("tokenizer: " + folder + "/tokenizer.json"), std::string::npos) << hf.out;
+  auto gpt2 = run_primus(args + " tokenizer_type=GPT2BPETokenizer");
+  EXPECT_EQ(gpt2.code, 0) << gpt2.out;
+  EXPECT_NE(gpt2.out.find("tokenizer: gpt2"), std::string::npos) << gpt2.out;
+  auto none = run_primus(args + " tokenizer_type=HuggingFaceTokenizer");
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("HuggingFaceTokenizer needs tokenizer_model"), std::string::npos) << none.out;
+  auto stray = run_primus(args + " tokenizer_model=" + folder);
+  EXPECT_EQ(stray.code, 2) << stray.out;
+  EXPECT_NE(stray.out.find("tokenizer_model is read with tokenizer_type HuggingFaceTokenizer only"),
+            std::string::npos) << stray.out;
+  auto missing = run_primus(args + " tokenizer_type=HuggingFaceTokenizer tokenizer_model=org/none",
+                            "HF_HUB_CACHE=" + w.str() + "/hub");
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("tokenizer_model 'org/none'"), std::string::npos) << missing.out;
 }
