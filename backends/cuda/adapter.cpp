@@ -120,6 +120,10 @@ void add_cuda_schema(config::Schema& s) {
             "MoE experts as grouped GEMMs over the device-side group offsets (Turbo's sm90 kernel); false: one "
             "cuBLASLt GEMM per expert, the group sizes read on the host after each routing (a reference path for "
             "A/B runs; needs cuda_graph: false)")
+      .flag("moe_use_legacy_grouped_gemm", false,
+            "Megatron-LM's choice between its two grouped-GEMM expert modules (GroupedMLP, legacy, and TEGroupedMLP), "
+            "which compute the same products: either value runs Turbo's grouped GEMM here (moe_grouped_gemm chooses "
+            "grouped or per-expert GEMMs)")
       .flag("deterministic", false,
             "bit-identical runs and resumes on the GPU: the attention backward runs cuDNN's engine without "
             "run-dependent dQ accumulation (more scratch: batch x heads x seq_length^2 x 2 bytes; slower); every other "

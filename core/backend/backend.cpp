@@ -28,8 +28,14 @@ std::vector<std::string> BackendRegistry::names() const {
 std::unique_ptr<BackendAdapter> BackendRegistry::create(const std::string& name) const {
   auto it = factories_.find(name);
   if (it == factories_.end()) {
-    throw ConfigError(fmt::format("unknown backend '{}' (known backends: {})", name,
-                                  names().empty() ? "none" : fmt::format("{}", fmt::join(names(), ", "))));
+    // Primus' frameworks name the project that trains; here the backends do, and take Megatron-LM's keys.
+    const bool primus_framework = name == "megatron" || name == "torchtitan" || name == "maxtext";
+    throw ConfigError(fmt::format("unknown backend '{}' (known backends: {}){}", name,
+                                  names().empty() ? "none" : fmt::format("{}", fmt::join(names(), ", ")),
+                                  primus_framework ? "; Primus' framework names the project that trains, here the "
+                                                     "backend does: cuda (NVIDIA GPUs) or reference (CPU), both "
+                                                     "reading Megatron-LM's keys (docs/config.md)"
+                                                   : ""));
   }
   return it->second();
 }

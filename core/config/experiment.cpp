@@ -127,6 +127,12 @@ std::string suggest(const std::string& key, const std::vector<std::string>& know
 
 void check_keys(const Value& map, const std::vector<std::string>& known, const std::string& what) {
   for (auto& [k, v] : map.entries()) {
+    if (k == "platform" && what == "experiment") {
+      throw ConfigError(fmt::format("{}: Primus' `platform` section is not read here: the ranks and nodes of a job come "
+                                    "from `primus launch`, torchrun or Slurm (docs/launch.md), and the console's "
+                                    "log level from stderr_sink_level or PRIMUS_LOG_LEVEL; remove the section",
+                                    v.origin().str()));
+    }
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       throw ConfigError(fmt::format("{}: unknown {} key '{}'{} (known: {})", v.origin().str(), what,
                                     k, suggest(k, known), fmt::join(known, ", ")));

@@ -1,7 +1,8 @@
-// Primus' logging keys through the binary: stderr_sink_level sets the console's level (and
-// PRIMUS_LOG_LEVEL wins over it), log_avg_skip_iterations leaves the first steps out of the
-// progress lines' average, and a level that is no level is refused naming the key. The other keys
-// Primus' Megatron-LM configs set about logging and checkpoints carry over or are refused by name.
+// Primus' experiments through the binary. Its logging keys: stderr_sink_level sets the console's
+// level (and PRIMUS_LOG_LEVEL wins over it), log_avg_skip_iterations leaves the first steps out of
+// the progress lines' average, and a level that is no level is refused naming the key. The other
+// keys its Megatron-LM experiments set carry over or are refused by name, and an experiment
+// written as Primus writes them (pre_trainer.yaml, its override block) plans on the cuda backend.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -28,7 +29,7 @@ std::vector<std::string> step_lines(const std::string& out) {
 const std::string kNoEnvLevel = "env -u PRIMUS_LOG_LEVEL";
 }  // namespace
 
-TEST(LoggingE2E, StderrSinkLevelQuietensTheConsoleAndTheEnvironmentWins) {
+TEST(PrimusKeysE2E, StderrSinkLevelQuietensTheConsoleAndTheEnvironmentWins) {
   Workdir w;
   const std::string args = tiny_run_args(w.str()) + " train_iters=3 log_interval=1 save_at_end=false";
   auto info = run_primus(args, kNoEnvLevel);
@@ -48,7 +49,7 @@ TEST(LoggingE2E, StderrSinkLevelQuietensTheConsoleAndTheEnvironmentWins) {
   EXPECT_NE(bad.out.find("stderr_sink_level 'LOUD' is not one of"), std::string::npos) << bad.out;
 }
 
-TEST(LoggingE2E, TheAverageLeavesOutTheFirstSteps) {
+TEST(PrimusKeysE2E, TheAverageLeavesOutTheFirstSteps) {
   Workdir w;
   auto r = run_primus(tiny_run_args(w.str()) + " train_iters=5 log_interval=1 save_at_end=false "
                       "log_avg_skip_iterations=3 log_avg_reset_interval=2",
@@ -61,7 +62,7 @@ TEST(LoggingE2E, TheAverageLeavesOutTheFirstSteps) {
   }
 }
 
-TEST(LoggingE2E, PrimusKeysCarryOverOrAreRefusedByName) {
+TEST(PrimusKeysE2E, PrimusKeysCarryOverOrAreRefusedByName) {
   Workdir w, quiet;
   const std::string args = tiny_run_args(w.str()) + " train_iters=2 save_at_end=false";
   // W&B keys as Primus' configs write them: unused while disable_wandb is true (its default).
@@ -91,7 +92,7 @@ TEST(LoggingE2E, PrimusKeysCarryOverOrAreRefusedByName) {
 // Megatron-LM's tokenizer names: HuggingFaceTokenizer reads tokenizer_model (here a folder holding a
 // placeholder tokenizer.json: a dry run resolves the path without reading the file),
 // GPT2BPETokenizer is the built-in GPT-2 BPE; the wrong combinations are refused.
-TEST(LoggingE2E, MegatronTokenizerNamesResolve) {
+TEST(PrimusKeysE2E, MegatronTokenizerNamesResolve) {
   Workdir w;
   const std::string args = tiny_run_args(w.str()) + " train_iters=1 --dry-run";
   const std::string folder = (w.path() / "tok").string();
@@ -114,4 +115,60 @@ TEST(LoggingE2E, MegatronTokenizerNamesResolve) {
                             "HF_HUB_CACHE=" + w.str() + "/hub");
   EXPECT_EQ(missing.code, 2) << missing.out;
   EXPECT_NE(missing.out.find("tokenizer_model 'org/none'"), std::string::npos) << missing.out;
+}
+
+// An experiment as Primus writes one for Megatron-LM (its module config name, its override block
+// for a Mixtral, with the values this backend implements) plans unchanged on the cuda backend; each
+// value it does not implement is refused naming the key, and Primus' platform section and framework
+// names are refused with what to write instead.
+TEST(PrimusKeysE2E, APrimusStyleMixtralExperimentPlansOnTheCudaBackend) {
+  Workdir w;
+  const std::string head = "work_group: ${TEAM:amd}\nuser_name: ${USER:root}\nexp_name: ${EXP_NAME:exp_pretrain}\n"
+                           "workspace: " + w.str() + "/output\n";
+  const std::string module =
+      "modules:\n  pre_trainer:\n    config: pre_trainer.yaml\n    framework: FRAMEWORK\n"
+      "    model: moe/mixtral-8x7B.yaml\n    overrides:\n"
+      "      wandb_project: \"Mixtral_Pretrain\"\n      stderr_sink_level: DEBUG\n"
+      "      moe_router_force_load_balancing: true\n      moe_router_dtype: fp32\n"
+      "      log_avg_skip_iterations: 2\n      log_avg_reset_interval: 5\n"
+      "      train_iters: 3\n      micro_batch_size: 1\n      global_batch_size: 8\n"
+      "      seq_length: ${PRIMUS_SEQ_LENGTH:4096}\n      max_position_embeddings: ${PRIMUS_MAX_POSITION_EMBEDDINGS:4096}\n"
+      "      lr: 1.0e-5\n      min_lr: 0.0\n      lr_warmup_iters: 2\n      lr_decay_iters: null\n"
+      "      lr_decay_style: cosine\n      weight_decay: 0.1\n      adam_beta1: 0.9\n      adam_beta2: 0.95\n"
+      "      eod_mask_loss: true\n      init_method_std: 0.008\n      norm_epsilon: 1.0e-6\n"
+      "      tensor_model_parallel_size: ${PRIMUS_TP:1}\n      pipeline_model_parallel_size: ${PRIMUS_PP:1}\n"
+      "      expert_model_parallel_size: ${PRIMUS_EP:1}\n      overlap_grad_reduce: true\n"
+      "      overlap_param_gather: false\n      mock_data: true\n"
+      "      train_data_path: ${TOKENIZED_DATA_PATH:null}\n      valid_data_path: null\n      test_data_path: null\n"
+      "      moe_use_legacy_grouped_gemm: true\n"
+      "      finetune: false\n      auto_continue_train: true\n      load: null\n      no_load_optim: null\n"
+      "      no_load_rng: null\n      save: null\n      save_interval: 20000\n      no_save_optim: null\n"
+      "      no_save_rng: null\n      disable_last_saving: true\n";
+  auto with = [&](const std::string& framework, const std::string& extra, const std::string& top = "") {
+    std::string m = module;
+    m.replace(m.find("FRAMEWORK"), 9, framework);
+    return w.write("exp.yaml", head + top + m + extra).string();
+  };
+  auto plan = run_primus("train pretrain --config " + with("cuda", "") + " --dry-run");
+  EXPECT_EQ(plan.code, 0) << plan.out;
+  EXPECT_NE(plan.out.find("pre_trainer.yaml"), std::string::npos) << plan.out;
+
+  const std::pair<std::string, std::string> refused[] = {
+      {"      ckpt_format: torch\n", "ckpt_format: torch: Primus writes its own checkpoints"},
+      {"      moe_permute_fusion: false\n", "moe_permute_fusion"},
+      {"      gradient_accumulation_fusion: false\n", "gradient_accumulation_fusion"},
+  };
+  for (const auto& [extra, message] : refused) {
+    auto r = run_primus("train pretrain --config " + with("cuda", extra) + " --dry-run");
+    EXPECT_EQ(r.code, 2) << extra << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << extra << r.out;
+  }
+  auto megatron = run_primus("train pretrain --config " + with("megatron", "") + " --dry-run");
+  EXPECT_EQ(megatron.code, 2) << megatron.out;
+  EXPECT_NE(megatron.out.find("here the backend does: cuda (NVIDIA GPUs) or reference (CPU)"), std::string::npos)
+      << megatron.out;
+  auto platform = run_primus("train pretrain --config " +
+                             with("cuda", "", "platform:\n  config: platform_azure.yaml\n") + " --dry-run");
+  EXPECT_EQ(platform.code, 2) << platform.out;
+  EXPECT_NE(platform.out.find("Primus' `platform` section is not read here"), std::string::npos) << platform.out;
 }
