@@ -22,6 +22,17 @@ bool is_text_input(const std::string& p) {
   return (ext == ".txt" || ext == ".jsonl" || ext == ".json") && fsys::is_regular_file(p);
 }
 
+// train_data_path and test_data_path take prepared .bin/.idx prefixes; only data_path prepares text.
+void refuse_text_inputs(const char* key, const std::vector<std::string>& paths) {
+  for (const auto& p : paths) {
+    if (is_text_input(p)) {
+      throw ConfigError(fmt::format("{}: {} is a text input; {} takes prepared .bin/.idx prefixes (a text file goes in "
+                                    "data_path, or through `primus data prepare`)",
+                                    key, p, key));
+    }
+  }
+}
+
 // A text input is prepared once into <output>/data/<stem>-<tokenizer>_{train,valid}, then reused
 // while it is newer than the input.
 std::pair<std::string, std::string> prepare_text(const std::string& input, const TrainingArgs& t) {
@@ -64,22 +75,10 @@ data::DataIterators build_data(const TrainingArgs& t, const ModelSpec& spec) {
   dc.split = t.data.split;
   dc.valid_end = t.data.valid_end;
   if (!t.data.mock_data) {
-    for (const auto& p : t.data.test_data_path) {
-      if (is_text_input(p)) {
-        throw ConfigError(fmt::format("test_data_path: {} is a text input; test_data_path takes prepared .bin/.idx "
-                                      "prefixes (`primus data prepare`)",
-                                      p));
-      }
-    }
+    refuse_text_inputs("test_data_path", t.data.test_data_path);
     dc.test_data_path = fmt::format("{}", fmt::join(t.data.test_data_path, " "));
     if (t.data.train_whole) {  // train_data_path: every document trains, validation only from valid_data_path
-      for (const auto& p : t.data.data_path) {
-        if (is_text_input(p)) {
-          throw ConfigError(fmt::format("train_data_path: {} is a text input; train_data_path takes prepared .bin/.idx "
-                                        "prefixes (a text file goes in data_path, or through `primus data prepare`)",
-                                        p));
-        }
-      }
+      refuse_text_inputs("train_data_path", t.data.data_path);
       dc.train_data_path = fmt::format("{}", fmt::join(t.data.data_path, " "));
       dc.valid_data_path = fmt::format("{}", fmt::join(t.data.valid_data_path, " "));
     } else if (t.data.data_path.size() == 1 && is_text_input(t.data.data_path[0])) {

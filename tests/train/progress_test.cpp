@@ -31,6 +31,17 @@ std::vector<double> averages(const std::string& log) {
   return out;
 }
 
+// Steps 1..n of `tokens` each, taking seconds[i].
+void feed(ProgressReporter& p, const std::vector<double>& seconds, double tokens = 100) {
+  for (size_t i = 0; i < seconds.size(); ++i) {
+    StepStats s;
+    s.step = static_cast<int64_t>(i) + 1;
+    s.tokens = tokens;
+    s.seconds = seconds[i];
+    p.step(s);
+  }
+}
+
 class CapturedLog {
  public:
   CapturedLog() : before_(spdlog::default_logger()) {
@@ -56,14 +67,7 @@ TEST(ProgressReporter, AverageSkipsTheFirstStepsAndStartsAfreshAfterItsLines) {
     ProgressReporter p(dir.path() / "out", "", 8, 1, 0);
     p.set_average(/*skip_steps=*/2, /*lines=*/3);
     // Steps 1-2 are slow (left out); 3-5 run at 1000 tok/s, 6-7 at 2000, 8 at 4000.
-    const double seconds[] = {1.0, 0.5, 0.1, 0.1, 0.1, 0.05, 0.05, 0.025};
-    for (int i = 0; i < 8; ++i) {
-      StepStats s;
-      s.step = i + 1;
-      s.tokens = 100;
-      s.seconds = seconds[i];
-      p.step(s);
-    }
+    feed(p, {1.0, 0.5, 0.1, 0.1, 0.1, 0.05, 0.05, 0.025});
   }
   auto avg = averages(log.text());
   ASSERT_EQ(avg.size(), 8u) << log.text();
@@ -84,14 +88,7 @@ TEST(ProgressReporter, AverageOfALineOfSeveralStepsCountsOnlyThoseItKeeps) {
     // Lines every 4 steps; the first 2 steps left out: the first line averages steps 3-4 only.
     ProgressReporter p(dir.path() / "out", "", 8, 4, 0);
     p.set_average(2, 10);
-    const double seconds[] = {3.0, 3.0, 0.1, 0.1, 0.2, 0.2, 0.2, 0.2};
-    for (int i = 0; i < 8; ++i) {
-      StepStats s;
-      s.step = i + 1;
-      s.tokens = 100;
-      s.seconds = seconds[i];
-      p.step(s);
-    }
+    feed(p, {3.0, 3.0, 0.1, 0.1, 0.2, 0.2, 0.2, 0.2});
   }
   auto avg = averages(log.text());
   ASSERT_EQ(avg.size(), 2u) << log.text();
