@@ -19,9 +19,22 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
   std::filesystem::path path(spec);
   if (std::filesystem::is_directory(path, ec)) path /= "tokenizer.json";
   if (std::filesystem::is_regular_file(path, ec)) return make_hf_tokenizer(path);
+  // A Hub id ("org/name") is looked up offline in the Hugging Face cache.
+  const size_t slash = spec.find('/');
+  if (!std::filesystem::exists(spec, ec) && slash != std::string::npos && slash > 0 &&
+      spec.find('/', slash + 1) == std::string::npos) {
+    std::filesystem::path cached;
+    try {
+      cached = resolve_hf_tokenizer_model(spec);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("unknown tokenizer '{}': not gpt2, bytes or a path; as a Hugging Face Hub id: {}",
+                                    spec, e.what()));
+    }
+    return make_hf_tokenizer(cached);
+  }
   throw ConfigError(fmt::format(
-      "unknown tokenizer '{}': expected gpt2, bytes, or the path of a tokenizer.json (or of a "
-      "folder holding one)",
+      "unknown tokenizer '{}': expected gpt2, bytes, the path of a tokenizer.json (or of a folder holding one), "
+      "or a Hugging Face Hub id (org/name) in the Hugging Face cache",
       spec));
 }
 

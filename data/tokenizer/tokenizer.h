@@ -58,8 +58,8 @@ class Tokenizer {
   virtual std::string name() const = 0;
 };
 
-// Builds a tokenizer from a spec: "gpt2", "bytes", or a path to a tokenizer.json (or to a
-// folder holding one). Throws ConfigError for an unknown spec, IoError/FormatError naming the
+// Builds a tokenizer from a spec: "gpt2", "bytes", a path to a tokenizer.json (or to a folder
+// holding one), or a Hub id found in the Hugging Face cache (resolve_hf_tokenizer_model). Throws ConfigError for an unknown spec, IoError/FormatError naming the
 // file for unreadable or unsupported tokenizer files.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 

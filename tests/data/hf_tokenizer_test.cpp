@@ -4,6 +4,9 @@
 // end-of-document lookup; unsupported files are refused naming the file.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -170,6 +173,39 @@ TEST(HfTokenizer, Llama3AndQwen2PatternsSplitDigitsAndContractions) {
   EXPECT_EQ(gpt2_style->encode("'LL"), (Ids{'\'', 'L', 'L'}));
   EXPECT_NE(llama3->name().find("llama3"), std::string::npos);
   EXPECT_NE(llama3->name().find("l.json"), std::string::npos);
+}
+
+// A Hub id names the tokenizer.json of its snapshot in the Hugging Face cache (refs/main), as
+// transformers finds it offline; one that is not there is refused naming the cache.
+TEST(HfTokenizer, HubIdIsReadFromTheHuggingFaceCache) {
+  Tiny t;
+  t.merge("1", "2");
+  t.merge("12", "3");
+  testing::TempDir dir;
+  const auto snap = dir.path() / "hub/models--org--tiny/snapshots/abc";
+  std::filesystem::create_directories(snap);
+  std::filesystem::rename(write_json(dir, "tokenizer.json", tokenizer_json(t.vocab, t.merges,
+                                                                            split_pre(PreTokenizerKind::Llama3))),
+                          snap / "tokenizer.json");
+  std::filesystem::create_directories(dir.path() / "hub/models--org--tiny/refs");
+  std::ofstream(dir.path() / "hub/models--org--tiny/refs/main") << "abc";
+  const char* before = std::getenv("HF_HUB_CACHE");
+  const std::string saved = before ? before : "";
+  ::setenv("HF_HUB_CACHE", (dir.path() / "hub").c_str(), 1);
+  std::unique_ptr<Tokenizer> tok;
+  std::string missing;
+  try {
+    tok = make_tokenizer("org/tiny");
+    make_tokenizer("org/absent");
+  } catch (const ConfigError& e) {
+    missing = e.what();
+  }
+  if (before) ::setenv("HF_HUB_CACHE", saved.c_str(), 1); else ::unsetenv("HF_HUB_CACHE");
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(tok->encode("12345"), (Ids{t.id["123"], '4', '5'}));
+  EXPECT_NE(tok->name().find("snapshots/abc/tokenizer.json"), std::string::npos) << tok->name();
+  EXPECT_NE(missing.find("unknown tokenizer 'org/absent'"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("Hugging Face cache"), std::string::npos) << missing;
 }
 
 TEST(HfTokenizer, IgnoreMergesTakesWholePiecesFromTheVocabulary) {
