@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "core/util/hf_cache.h"
 #include "train/hf_import.h"
 
 namespace primus::cli {
@@ -22,7 +23,9 @@ void setup_import(CLI::App& app) {
   CLI::App* hf = app.add_subcommand(
       "hf", "Read a Hugging Face model folder (config.json, model.safetensors or sharded safetensors with "
             "model.safetensors.index.json, tokenizer.json) into a checkpoint");
-  hf->add_option("hf_dir", o->hf_dir, "Hugging Face model folder")->required();
+  hf->add_option("hf_dir", o->hf_dir,
+                 "Hugging Face model folder, or a Hub id (org/name) found offline in the Hugging Face cache")
+      ->required();
   hf->add_option("out", o->out, "Output folder (the checkpoint is its iter_0000000)")->required();
   hf->add_option("--seq-length", o->o.seq_length,
                  "Context length stored in the model spec (default: n_positions for learned positions, "
@@ -34,7 +37,8 @@ void setup_import(CLI::App& app) {
   hf->add_option("--tokenizer", o->tokenizer,
                  "gpt2, bytes or a tokenizer.json path instead of the folder's tokenizer.json");
   hf->callback([o] {
-    auto dir = train::import_hf_checkpoint(o->hf_dir, o->out, o->o, o->tokenizer);
+    auto dir = train::import_hf_checkpoint(resolve_hf_path(o->hf_dir, "config.json", "hf_dir"), o->out, o->o,
+                                           o->tokenizer);
     std::cout << dir.string() << "\n";
   });
 }

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/util/error.h"
+#include "core/util/hf_cache.h"
 #include "data/tokenizer/tokenizer.h"
 #include "io/checkpoint.h"
 #include "io/digest_writer.h"
@@ -563,13 +564,19 @@ void load_hf_weights(const fs::path& dir, const ModelSpec& spec, const ParamLayo
 
 void add_hf_import_schema(config::Schema& s) {
   s.text("load_hf", std::nullopt,
-         "Hugging Face model folder to start from (config.json, safetensors weights, tokenizer.json): the model "
-         "keys come from config.json, the weights from the folder; fresh optimizer, step 0");
+         "Hugging Face model folder to start from (config.json, safetensors weights, tokenizer.json), or a Hub id "
+         "(org/name) found offline in the Hugging Face cache: the model keys come from config.json, the weights "
+         "from the folder; fresh optimizer, step 0");
 }
 
 fs::path load_hf_dir(const config::Value& params) {
   const config::Value* v = params.find_path("load_hf");
-  return v && !v->is_null() && !v->as_string().empty() ? fs::path(v->as_string()) : fs::path();
+  if (!v || v->is_null() || v->as_string().empty()) return {};
+  try {
+    return resolve_hf_path(v->as_string(), "config.json", "load_hf");  // a folder, or a Hub id in the cache
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: {}", v->origin().str(), e.what()));
+  }
 }
 
 namespace {

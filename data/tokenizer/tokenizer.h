@@ -68,7 +68,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 // the Hugging Face cache as transformers does ($HF_HUB_CACHE, else $HF_HOME/hub, else
 // ~/.cache/huggingface/hub: models--org--name/snapshots/<refs/main>/tokenizer.json). Returns the
 // tokenizer.json's path; ConfigError naming what was looked for when there is none.
-std::filesystem::path resolve_hf_tokenizer_model(const std::string& model);
+std::filesystem::path resolve_hf_tokenizer_model(const std::string& model, const std::string& what = "tokenizer_model");
 
 // The constructors make_tokenizer dispatches to.
 std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::filesystem::path& vocab_dir);

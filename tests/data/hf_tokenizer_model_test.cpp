@@ -78,5 +78,5 @@ TEST(HfTokenizerModel, HubIdFromTheCacheAsTransformersFindsIt) {
     ScopedEnv home("HF_HOME", dir.path().string());
     EXPECT_EQ(resolve_hf_tokenizer_model("meta-llama/Llama-3.1-8B"), repo / "snapshots/aaa/tokenizer.json");
   }
-  EXPECT_NE(error_of("no-such-thing").find("no such folder or tokenizer.json"), std::string::npos);
+  EXPECT_NE(error_of("no-such-thing").find("no such folder or file"), std::string::npos);
 }

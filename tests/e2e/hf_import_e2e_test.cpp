@@ -3,10 +3,11 @@
 // the trained one, and `train` with `load_hf` (no model preset: the model keys come from
 // config.json) starts from those weights: with lr 0 its validation loss is the trained model's,
 // bit for bit, and with a learning rate it keeps lowering the loss. A model key that contradicts
-// config.json is refused naming the key.
+// config.json is refused naming the key. A Hub id finds the same folder in a Hugging Face cache.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -101,4 +102,30 @@ TEST(HfImportE2E, ImportAndLoadHfStartFromTheExportedModel) {
                         " num_layers=3");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("num_layers = 3 conflicts with"), std::string::npos) << bad.out;
+
+  // The same folder as a Hub id's snapshot in a Hugging Face cache: load_hf and import hf find it
+  // offline (the snapshot refs/main names), and an id the cache lacks is refused naming the cache.
+  const fsys::path repo = w.path() / "hub/models--acme--tiny-llama";
+  fsys::create_directories(repo / "refs");
+  fsys::create_directories(repo / "snapshots");
+  fsys::copy(hf, repo / "snapshots/r1", fsys::copy_options::recursive);
+  std::ofstream(repo / "refs/main") << "r1";
+  const std::string cache = "HF_HUB_CACHE=" + (w.path() / "hub").string();
+  auto h = run_primus("train pretrain --config " + exp0.string() + " workspace=" + (w.path() / "h").string() +
+                          " load_hf=acme/tiny-llama",
+                      cache);
+  ASSERT_EQ(h.code, 0) << h.out;
+  const auto h_val = hfi_column(w.path() / "h/local/local/from-hf/metrics.jsonl", "val_loss");
+  ASSERT_EQ(h_val.size(), 1u);
+  EXPECT_EQ(h_val[0], a_val[0]);
+  auto hi = run_primus("import hf acme/tiny-llama " + (w.path() / "imported2").string() + " --seq-length 32 --tokenizer bytes",
+                       cache);
+  EXPECT_EQ(hi.code, 0) << hi.out;
+  auto miss = run_primus("train pretrain --config " + exp0.string() + " workspace=" + (w.path() / "m").string() +
+                             " load_hf=acme/absent --dry-run",
+                         cache);
+  EXPECT_EQ(miss.code, 2) << miss.out;
+  EXPECT_NE(miss.out.find("load_hf 'acme/absent': no such folder or file, and no snapshot with config.json"),
+            std::string::npos) << miss.out;
+  EXPECT_NE(miss.out.find((w.path() / "hub").string()), std::string::npos) << miss.out;
 }
