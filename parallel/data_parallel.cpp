@@ -33,8 +33,9 @@ void add_data_parallel_schema(config::Schema& s) {
       .number("ddp_bucket_size_mb", 160.0, "gradients are reduced across ranks in buckets of this many MiB", 0.001,
               65536.0)
       .flag("overlap_param_gather", false,
-            "Megatron-LM's switch, false only: ZeRO-1 all-gathers the updated weights after the update, before "
-            "the next forward (true, the gather under the next forward, is not implemented)");
+            "Megatron-LM's switch: the all-gather of the updated weights under the next forward. Without a sharded "
+            "optimizer there is no gather and true holds trivially; with one (ZeRO-1, FSDP) the gather runs after "
+            "the update, and true is refused");
 }
 
 BatchSlice rank_batch_slice(int64_t global_batch, int rank, int world) {

@@ -77,7 +77,8 @@ TEST(PrimusKeysE2E, PrimusKeysCarryOverOrAreRefusedByName) {
   const std::pair<std::string, std::string> refused[] = {
       {"disable_wandb=false", "Weights & Biases logging is not built in"},
       {"ckpt_format=torch_dist", "ckpt_format: torch_dist: Primus writes its own checkpoints"},
-      {"overlap_param_gather=true", "overlap_param_gather: true is not implemented"},
+      {"overlap_param_gather=true use_distributed_optimizer=true",
+       "overlap_param_gather: true with a sharded optimizer (optim) is not implemented"},
       {"disable_tensorboard=true tensorboard_dir=/tmp/tb", "disable_tensorboard is true but tensorboard_dir is set"},
   };
   for (const auto& [keys, message] : refused) {
@@ -85,8 +86,10 @@ TEST(PrimusKeysE2E, PrimusKeysCarryOverOrAreRefusedByName) {
     EXPECT_EQ(r.code, 2) << keys << "\n" << r.out;
     EXPECT_NE(r.out.find(message), std::string::npos) << keys << "\n" << r.out;
   }
-  auto ok = run_primus(args + " overlap_param_gather=false --dry-run");
-  EXPECT_EQ(ok.code, 0) << ok.out;
+  for (const char* ok_keys : {"overlap_param_gather=false use_distributed_optimizer=true", "overlap_param_gather=true"}) {
+    auto ok = run_primus(args + " " + ok_keys + " --dry-run");
+    EXPECT_EQ(ok.code, 0) << ok_keys << "\n" << ok.out;
+  }
 }
 
 // Megatron-LM's tokenizer names: HuggingFaceTokenizer reads tokenizer_model (here a folder holding a
@@ -138,7 +141,7 @@ TEST(PrimusKeysE2E, APrimusStyleMixtralExperimentPlansOnTheCudaBackend) {
       "      eod_mask_loss: true\n      init_method_std: 0.008\n      norm_epsilon: 1.0e-6\n"
       "      tensor_model_parallel_size: ${PRIMUS_TP:1}\n      pipeline_model_parallel_size: ${PRIMUS_PP:1}\n"
       "      expert_model_parallel_size: ${PRIMUS_EP:1}\n      overlap_grad_reduce: true\n"
-      "      overlap_param_gather: false\n      mock_data: true\n"
+      "      overlap_param_gather: true\n      mock_data: true\n"
       "      train_data_path: ${TOKENIZED_DATA_PATH:null}\n      valid_data_path: null\n      test_data_path: null\n"
       "      moe_use_legacy_grouped_gemm: true\n"
       "      finetune: false\n      auto_continue_train: true\n      load: null\n      no_load_optim: null\n"
