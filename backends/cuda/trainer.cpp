@@ -598,7 +598,7 @@ double CudaTrainer::evaluate_on(data::BatchIterator* it, const nlohmann::json& s
   if (!it || t.eval_iters == 0) return NAN;
   NvtxRange r("eval");
   const int64_t B = rows(), T = row_tokens();  // this rank's micro-batch
-  // Every evaluation reads the same first batches of the validation data, so values compare.
+  // Every evaluation reads the same first batches of its data (validation or test), so values compare.
   nlohmann::json saved = it->state();
   it->load_state(start);
   double sum = 0;

@@ -519,7 +519,7 @@ double ReferenceTrainer::evaluate_on(data::BatchIterator* it, const nlohmann::js
   auto& t = args_->train;
   if (!it || t.eval_iters == 0) return NAN;
   const int64_t B = t.micro_batch_size, T = args_->model.seq_length / cp_pg_->world_size();
-  // Every evaluation reads the same first batches of the validation data, so values compare;
+  // Every evaluation reads the same first batches of its data (validation or test), so values compare;
   // with several ranks, rank r evaluates batches r, r + W, ... and the sums are added.
   nlohmann::json saved = it->state();
   it->load_state(start);
