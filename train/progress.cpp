@@ -90,17 +90,19 @@ void ProgressReporter::step(const StepStats& s) {
 }
 
 void ProgressReporter::eval(int64_t step, double val_loss) {
-  if (!metrics_) return;
-  metrics_->write({{"step", step}, {"val_loss", val_loss}});
-  if (tb_) tb_->add_scalar("valid/loss", static_cast<float>(val_loss), step);
-  spdlog::info("step {} | validation loss {:.4f} (ppl {:.2f})", step, val_loss, std::exp(val_loss));
+  held_out_loss(step, val_loss, "val_loss", "valid/loss", "validation");
 }
 
 void ProgressReporter::test(int64_t step, double test_loss) {
+  held_out_loss(step, test_loss, "test_loss", "test/loss", "test");
+}
+
+void ProgressReporter::held_out_loss(int64_t step, double loss, const char* key, const char* tb_tag,
+                                     const char* what) {
   if (!metrics_) return;
-  metrics_->write({{"step", step}, {"test_loss", test_loss}});
-  if (tb_) tb_->add_scalar("test/loss", static_cast<float>(test_loss), step);
-  spdlog::info("step {} | test loss {:.4f} (ppl {:.2f})", step, test_loss, std::exp(test_loss));
+  metrics_->write({{"step", step}, {key, loss}});
+  if (tb_) tb_->add_scalar(tb_tag, static_cast<float>(loss), step);
+  spdlog::info("step {} | {} loss {:.4f} (ppl {:.2f})", step, what, loss, std::exp(loss));
 }
 
 void ProgressReporter::flush() {

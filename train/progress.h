@@ -45,6 +45,8 @@ class ProgressReporter {
   const std::filesystem::path& metrics_path() const;  // empty when disabled
 
  private:
+  // A loss on held-out data: metrics.jsonl `key`, TensorBoard `tb_tag`, a "<what> loss" line.
+  void held_out_loss(int64_t step, double loss, const char* key, const char* tb_tag, const char* what);
   std::unique_ptr<io::MetricsWriter> metrics_;  // null when disabled
   std::unique_ptr<io::TensorBoardWriter> tb_;
   int64_t total_, interval_, start_;

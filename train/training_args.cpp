@@ -393,13 +393,13 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   }
   // Without a sharded optimizer no rank gathers weights, so there is nothing to overlap: true is
   // Primus' example default and holds trivially. With one, the gather is not overlapped yet.
-  if (const config::Value* o = p.find_path("overlap_param_gather");
-      o && !o->is_null() && o->as_bool() && parallel::shards_optimizer(parallel::dp_sharding_from_config(p))) {
-    throw ConfigError(fmt::format("{}: overlap_param_gather: true with a sharded optimizer ({}) is not implemented: "
-                                  "the updated weights are all-gathered after the update, before the next forward "
-                                  "(the gradients' reduction does overlap the backward: overlap_grad_reduce)",
-                                  o->origin().str(),
-                                  parallel::dp_sharding_name(parallel::dp_sharding_from_config(p))));
+  if (const config::Value* o = p.find_path("overlap_param_gather"); o && !o->is_null() && o->as_bool()) {
+    if (const parallel::DpSharding s = parallel::dp_sharding_from_config(p); parallel::shards_optimizer(s)) {
+      throw ConfigError(fmt::format("{}: overlap_param_gather: true with a sharded optimizer ({}) is not implemented: "
+                                    "the updated weights are all-gathered after the update, before the next forward "
+                                    "(the gradients' reduction does overlap the backward: overlap_grad_reduce)",
+                                    o->origin().str(), parallel::dp_sharding_name(s)));
+    }
   }
   if (!b("disable_wandb")) {
     throw ConfigError(fmt::format("{}: disable_wandb: false: Weights & Biases logging is not built in; every scalar "

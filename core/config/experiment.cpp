@@ -127,12 +127,6 @@ std::string suggest(const std::string& key, const std::vector<std::string>& know
 
 void check_keys(const Value& map, const std::vector<std::string>& known, const std::string& what) {
   for (auto& [k, v] : map.entries()) {
-    if (k == "platform" && what == "experiment") {
-      throw ConfigError(fmt::format("{}: Primus' `platform` section is not read here: the ranks and nodes of a job come "
-                                    "from `primus launch`, torchrun or Slurm (docs/launch.md), and the console's "
-                                    "log level from stderr_sink_level or PRIMUS_LOG_LEVEL; remove the section",
-                                    v.origin().str()));
-    }
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       throw ConfigError(fmt::format("{}: unknown {} key '{}'{} (known: {})", v.origin().str(), what,
                                     k, suggest(k, known), fmt::join(known, ", ")));
@@ -188,6 +182,12 @@ Experiment load_experiment(const fsys::path& file, std::vector<CliOverride> cli,
   LoadOptions o = opts;
   o.notes = &exp.notes;
   Value root = load_yaml_file(file, o);
+  if (const Value* platform = root.find("platform")) {
+    throw ConfigError(fmt::format("{}: Primus' `platform` section is not read here: the ranks and nodes of a job come "
+                                  "from `primus launch`, torchrun or Slurm (docs/launch.md), and the console's log "
+                                  "level from stderr_sink_level or PRIMUS_LOG_LEVEL; remove the section",
+                                  platform->origin().str()));
+  }
   check_keys(root, kExperimentKeys, "experiment");
   Origin top{file.string(), 1, 1};
   exp.work_group = string_field(root, "work_group", "local", top);

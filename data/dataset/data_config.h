@@ -42,7 +42,7 @@ struct DataIterators {
   std::unique_ptr<BatchIterator> test;
 };
 
-// Builds both iterators for data-parallel rank dp_rank of dp_size. Throws ConfigError for an
+// Builds the iterators for data-parallel rank dp_rank of dp_size. Throws ConfigError for an
 // inconsistent config, IoError / FormatError naming the file for missing or corrupt data.
 DataIterators build_data_iterators(const DataConfig& config, int dp_rank = 0, int dp_size = 1);
 

@@ -59,16 +59,17 @@ class Tokenizer {
 };
 
 // Builds a tokenizer from a spec: "gpt2", "bytes", a path to a tokenizer.json (or to a folder
-// holding one), or a Hub id found in the Hugging Face cache (resolve_hf_tokenizer_model). Throws ConfigError for an unknown spec, IoError/FormatError naming the
-// file for unreadable or unsupported tokenizer files.
+// holding one), or a Hub id found in the Hugging Face cache (resolve_hf_tokenizer_model). Throws
+// ConfigError for an unknown spec, IoError/FormatError naming the file for unreadable or
+// unsupported tokenizer files.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 
 // Megatron-LM's HuggingFaceTokenizer model (its tokenizer_model): a local folder holding a
-// tokenizer.json or the file itself, else a Hugging Face Hub id ("org/name") looked up offline in
-// the Hugging Face cache as transformers does ($HF_HUB_CACHE, else $HF_HOME/hub, else
-// ~/.cache/huggingface/hub: models--org--name/snapshots/<refs/main>/tokenizer.json). Returns the
-// tokenizer.json's path; ConfigError naming what was looked for when there is none.
-std::filesystem::path resolve_hf_tokenizer_model(const std::string& model, const std::string& what = "tokenizer_model");
+// tokenizer.json or the file itself, else a Hub id ("org/name") whose cached snapshot holds one
+// (core/util/hf_cache.h). Returns the tokenizer.json's path; ConfigError headed by `what` (the
+// key or option it came from) saying where it looked when there is none.
+std::filesystem::path resolve_hf_tokenizer_model(const std::string& model,
+                                                 const std::string& what = "tokenizer_model");
 
 // The constructors make_tokenizer dispatches to.
 std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::filesystem::path& vocab_dir);

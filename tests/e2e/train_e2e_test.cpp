@@ -222,7 +222,8 @@ TEST(TrainE2E, TrainDataPathTrainsOnEveryDocumentOfIt) {
 // Megatron-LM's test data: evaluated once after the last step, eval_iters batches at the final
 // weights. Given the validation data as test data, the test loss is the last validation loss to
 // the bit (the two are shuffled alike); given other data, another number. A three-part split's
-// test documents are the test data when test_data_path is unset; a stop signal skips the test.
+// test documents are the test data when test_data_path is unset; a text file is refused. (That a
+// stop signal skips the test is the step loop's test.)
 TEST(TrainE2E, TestDataIsEvaluatedOnceAfterTheLastStep) {
   Workdir text, same, other, split;
   ASSERT_EQ(run_primus(tiny_run_args(text.str()) + " train_iters=1").code, 0);

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/util/fs.h"
 #include "io/checkpoint.h"
 #include "io/metrics.h"
 #include "tests/parallel/pg_test_util.h"
@@ -115,8 +116,7 @@ TEST(DataParallelTraining, NoSaveOptimWritesNoShardsAndResumesWithNoLoadOptim) {
     EXPECT_TRUE(fs::exists(ck / "optimizer.rank00001-of-00002.safetensors")) << sharded;
     EXPECT_FALSE(fs::exists(nk / "optimizer.rank00000-of-00002.safetensors")) << sharded;
     EXPECT_FALSE(fs::exists(nk / "optimizer.rank00001-of-00002.safetensors")) << sharded;
-    std::ifstream sa(ck / "model.safetensors", std::ios::binary), sb(nk / "model.safetensors", std::ios::binary);
-    EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(sa), {}) == std::string(std::istreambuf_iterator<char>(sb), {}))
+    EXPECT_TRUE(primus::fs::read_file(ck / "model.safetensors") == primus::fs::read_file(nk / "model.safetensors"))
         << sharded << ": the weights differ";
     auto c = run_primus(launch(3, train_args(on3.str(), 6, sharded + " no_load_optim=true load=" + nk.string())));
     ASSERT_EQ(c.code, 0) << c.out;
