@@ -12,6 +12,7 @@
 #include "backends/cuda/register.h"
 #include "backends/cuda/step_graph.h"
 #include "backends/cuda/trainer.h"
+#include "backends/cuda/turbo_keys.h"
 #include "core/util/error.h"
 #include "parallel/launch_env.h"
 #include "parallel/data_parallel.h"
@@ -175,6 +176,7 @@ void add_cuda_schema(config::Schema& s) {
             "data parallelism: reduce gradient buckets in bf16 (half the traffic; each sum rounded to bf16) instead "
             "of fp32");
   parallel::add_data_parallel_schema(s);  // use_distributed_optimizer, ddp_bucket_size_mb
+  add_turbo_schema(s);                    // Primus-Turbo's switches (turbo_keys.h)
 }
 
 std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
@@ -182,6 +184,9 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   d.insert(d.begin(), {"model", model.summary()});
   d.push_back({"device", device_name.empty() ? std::to_string(device) : fmt::format("{} ({})", device, device_name)});
   d.push_back({"attention_backend", attention_backend});
+  if (!turbo.gemm_backend.empty()) d.push_back({"turbo_gemm_backend", turbo.gemm_backend});
+  if (!turbo.grouped_gemm_backend.empty()) d.push_back({"turbo_grouped_gemm_backend", turbo.grouped_gemm_backend});
+  if (turbo.autotune) d.push_back({"use_turbo_autotune", "true (gemm and attention backends timed per shape)"});
   if (deterministic) d.push_back({"deterministic", "true (attention backward without atomics)"});
   if (fp8 != "none")
     d.push_back({"fp8", fmt::format("{}, {} scaling{} (transformer-layer linear GEMMs; output layer bf16)", fp8, fp8_recipe,
@@ -261,6 +266,7 @@ class CudaAdapter : public BackendAdapter {
       if (p.find_path(m.key)->as_bool() != m.value)
         throw ConfigError(fmt::format("{}: {}: {} is not implemented ({}); remove the key or set it {}: {}",
                                       where(m.key), m.key, !m.value, m.other, m.value, m.what));
+    a->turbo = check_turbo_keys(p, a->attention_backend);
     a->params = p;
     a->experiment_file = exp.file.string();
     // recompute_granularity, cuda_graph, gemm_algo_search and profile_steps take effect through their patches

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/cuda/turbo_keys.h"
 #include "core/backend/backend.h"
 #include "core/config/schema.h"
 #include "core/config/value.h"
@@ -32,6 +33,7 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   train::TrainingArgs train;
   int device = 0;                          // CUDA device index
   std::string attention_backend = "auto";  // auto | turbo | fallback (which slot default; see hooks.h)
+  TurboSelection turbo;                    // Primus-Turbo's backend keys (turbo_keys.h), applied at init
   double peak_flops = 0;                   // dense bf16 FLOP/s per GPU for MFU; 0: unknown (no MFU)
   std::string device_name;                 // filled by prepare()
   // Data parallelism (data_parallel.h), across the ranks of a launched job.

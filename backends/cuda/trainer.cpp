@@ -24,6 +24,7 @@
 #include "backends/cuda/inference/engine.h"
 #include "backends/cuda/model_options.h"
 #include "backends/cuda/nvtx.h"
+#include "backends/cuda/turbo_keys.h"
 #include "core/util/error.h"
 #include "io/checkpoint.h"
 #include "train/checkpointing.h"
@@ -229,7 +230,10 @@ void CudaTrainer::init() {
   if (data_.valid) valid_start_ = data_.valid->state();
   if (data_.test) test_start_ = data_.test->state();
 
-  if (!args_->host_mode) configure_gemm_algorithms();
+  if (!args_->host_mode) {
+    apply_turbo_selection(args_->turbo);
+    configure_gemm_algorithms();
+  }
   // The options `primus projection` sizes the model with (model_options.h): the two cannot disagree.
   CudaModelOptions mo = model_options_for(*args_, dims_->size(parallel::Dim::DP));
   mo.document_masking.eod_id = tokenizer_->eod_id();

@@ -147,6 +147,8 @@ TEST(PrimusKeysE2E, APrimusStyleMixtralExperimentPlansOnTheCudaBackend) {
       "      overlap_param_gather: true\n      mock_data: true\n"
       "      train_data_path: ${TOKENIZED_DATA_PATH:null}\n      valid_data_path: null\n      test_data_path: null\n"
       "      moe_use_legacy_grouped_gemm: true\n"
+      "      enable_primus_turbo: true\n      use_turbo_attention: true\n      use_turbo_grouped_mlp: true\n"
+      "      moe_use_fused_router_with_aux_score: true\n      turbo_sync_free_moe_stage: 2\n"
       "      finetune: false\n      auto_continue_train: true\n      load: null\n      no_load_optim: null\n"
       "      no_load_rng: null\n      save: null\n      save_interval: 20000\n      no_save_optim: null\n"
       "      no_save_rng: null\n      disable_last_saving: true\n";
@@ -158,11 +160,14 @@ TEST(PrimusKeysE2E, APrimusStyleMixtralExperimentPlansOnTheCudaBackend) {
   auto plan = run_primus("train pretrain --config " + with("cuda", "") + " --dry-run");
   EXPECT_EQ(plan.code, 0) << plan.out;
   EXPECT_NE(plan.out.find("pre_trainer.yaml"), std::string::npos) << plan.out;
+  EXPECT_NE(plan.out.find("attention_backend: turbo"), std::string::npos) << plan.out;  // use_turbo_attention
 
   const std::pair<std::string, std::string> refused[] = {
       {"      ckpt_format: torch\n", "ckpt_format: torch: Primus writes its own checkpoints"},
       {"      moe_permute_fusion: false\n", "moe_permute_fusion"},
       {"      gradient_accumulation_fusion: false\n", "gradient_accumulation_fusion"},
+      {"      use_turbo_deepep: true\n", "use_turbo_deepep: true is not implemented (DeepEP is not implemented)"},
+      {"      turbo_gemm_backend: hipblaslt\n", "'hipblaslt' names Primus-Turbo's AMD backends"},
   };
   for (const auto& [extra, message] : refused) {
     auto r = run_primus("train pretrain --config " + with("cuda", extra) + " --dry-run");
