@@ -3,9 +3,12 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <sstream>
 
+#include "core/config/schema.h"
 #include "core/util/error.h"
 
 namespace primus::config {
@@ -153,6 +156,49 @@ bool is_experiment_key(const std::string& key) {
   return key == "work_group" || key == "user_name" || key == "exp_name" || key == "workspace";
 }
 
+// A preset's name reduced to its letters and digits, lower case, without ".yaml" and a trailing
+// version ("_v0.1"): Primus' mixtral_8x7B_v0.1.yaml and our mixtral-8x7B.yaml then match.
+std::string preset_stem(const fsys::path& p) {
+  std::string out;
+  std::string n = p.filename().string();
+  if (n.size() > 5 && n.compare(n.size() - 5, 5, ".yaml") == 0) n.resize(n.size() - 5);
+  if (const size_t v = n.find_last_of("vV"); v != std::string::npos && v > 0 && v + 1 < n.size() &&
+                                              (n[v - 1] == '_' || n[v - 1] == '-') &&
+                                              n.find_first_not_of("0123456789.", v + 1) == std::string::npos)
+    n.resize(v - 1);
+  for (unsigned char c : n)
+    if (std::isalnum(c)) out += static_cast<char>(std::tolower(c));
+  return out;
+}
+
+// The model presets under the roots (folder/name.yaml) nearest to `name` by edit distance of their
+// stems, at most three, each within a third of the name's stem.
+std::vector<std::string> nearest_presets(const ConfigPaths& paths, const std::string& name) {
+  const std::string want = preset_stem(name);
+  if (want.empty()) return {};
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const auto& root : paths.roots) {
+    std::error_code ec;
+    const fsys::path models = root / "models";
+    if (!fsys::is_directory(models, ec)) continue;
+    for (fsys::recursive_directory_iterator it(models, ec), end; !ec && it != end; it.increment(ec)) {
+      if (!it->is_regular_file(ec) || it->path().extension() != ".yaml") continue;
+      const std::string stem = preset_stem(it->path());
+      if (stem == "base") continue;
+      const std::string rel = it->path().lexically_relative(models).generic_string();
+      const size_t d = edit_distance(want, stem);
+      if (d <= std::max<size_t>(2, want.size() / 3) &&
+          std::none_of(scored.begin(), scored.end(), [&](const auto& e) { return e.second == rel; }))
+        scored.emplace_back(d, rel);
+    }
+  }
+  std::sort(scored.begin(), scored.end());
+  std::vector<std::string> out;
+  for (const auto& [d, rel] : scored)
+    if (out.size() < 3) out.push_back(rel);
+  return out;
+}
+
 fsys::path find_preset(const Experiment& exp, const std::string& kind, const std::string& sub,
                        const std::string& name, const ConfigPaths& paths, const Origin& where) {
   std::vector<fsys::path> tried;
@@ -168,9 +214,18 @@ fsys::path find_preset(const Experiment& exp, const std::string& kind, const std
     if (fsys::is_regular_file(p, ec)) return p;
   }
   std::vector<std::string> s;
-  for (auto& p : tried) s.push_back(p.string());
-  throw ConfigError(fmt::format("{}: {} preset '{}' not found (looked in: {})", where.str(),
-                                kind == "models" ? "model" : "module", name, fmt::join(s, ", ")));
+  for (auto& p : tried)
+    if (std::find(s.begin(), s.end(), p.string()) == s.end()) s.push_back(p.string());
+  std::string near;
+  if (kind == "models") {
+    const std::vector<std::string> presets = nearest_presets(paths, name);
+    if (!presets.empty())
+      near = fmt::format("; nearest here: {} (Primus' model files are not shipped: compare the preset's shape "
+                         "with yours, `primus config show`)",
+                         fmt::join(presets, ", "));
+  }
+  throw ConfigError(fmt::format("{}: {} preset '{}' not found (looked in: {}){}", where.str(),
+                                kind == "models" ? "model" : "module", name, fmt::join(s, ", "), near));
 }
 
 }  // namespace

@@ -248,6 +248,34 @@ TEST_F(ExperimentTest, MissingPresetAndUnknownExperimentKeys) {
   expect_error<ConfigError>([&] { load_experiment(d_.write("e4.yaml", "exp_name: x\n"), {}, {}, paths_); }, {"modules"});
 }
 
+// A model file of another project (Primus' names) is not found; the error names the nearest presets,
+// the version suffix and the separators aside, and lists each folder it looked in once.
+TEST_F(ExperimentTest, MissingModelPresetNamesTheNearestPresets) {
+  d_.write("configs/models/moe/mixtral-8x7B.yaml", "num_layers: 2\n");
+  d_.write("configs/models/moe/base.yaml", "num_layers: 1\n");
+  d_.write("configs/models/llama/llama3-8B.yaml", "num_layers: 2\n");
+  paths_.roots = {d_.path() / "configs", d_.path() / "configs"};
+  auto p = d_.write("exp5.yaml", "modules:\n  pre_trainer:\n    framework: dummy\n    config: pretrain.yaml\n"
+                                 "    model: mixtral_8x7B_v0.1.yaml\n");
+  auto e = load_experiment(p, {}, {}, paths_);
+  try {
+    resolve_module(e, "pre_trainer", schema_, {}, paths_);
+    ADD_FAILURE() << "a missing model preset resolved";
+  } catch (const ConfigError& err) {
+    const std::string m = err.what();
+    EXPECT_NE(m.find("model preset 'mixtral_8x7B_v0.1.yaml' not found"), std::string::npos) << m;
+    EXPECT_NE(m.find("nearest here: moe/mixtral-8x7B.yaml"), std::string::npos) << m;
+    EXPECT_EQ(m.find("llama3-8B"), std::string::npos) << m;  // too far
+    EXPECT_EQ(m.find("base.yaml"), std::string::npos) << m;   // a base is no preset
+    const std::string once = (d_.path() / "configs/models/mixtral_8x7B_v0.1.yaml").string();
+    EXPECT_EQ(m.find(once), m.rfind(once)) << m;
+  }
+  auto q = d_.write("exp6.yaml", "modules:\n  pre_trainer:\n    framework: dummy\n    config: pretrain.yaml\n"
+                                 "    model: zzz.yaml\n");
+  expect_error<ConfigError>([&] { resolve_module(load_experiment(q, {}, {}, paths_), "pre_trainer", schema_, {}, paths_); },
+                            {"model preset 'zzz.yaml' not found"});
+}
+
 // An alias (another project's boolean for a value of a key) becomes its target in its own layer,
 // so layers override across the two names as they do for one, and the value keeps the alias's
 // place; one layer setting both differently, or a non-boolean, is an error naming the places.
