@@ -192,5 +192,46 @@ TEST_F(LaunchAheadTest, EodMaskedLossReplaysInTheGraphAsEagerly) {
   EXPECT_GT(apart, 5e-3) << "the masked run must not be the unmasked one";
 }
 
+// Primus-Turbo's backend keys through the binary (backends/cuda/turbo_keys.h): turbo_gemm_backend:
+// TURBO runs the linear layers on Turbo's own GEMM (other bits, the same training within 2%),
+// use_turbo_autotune times the backends per shape, and PRIMUS_TURBO_GEMM_BACKEND wins over the key:
+// forced to cuBLASLt, the run is the default's bit for bit.
+TEST_F(LaunchAheadTest, TurboBackendKeysReachTheDispatcher) {
+  using primus::testing::run_primus;
+  const std::string base = bit_reproducible_run();
+  if (base.empty()) GTEST_SKIP() << primus::testing::primus_binary() << " not built (set PRIMUS_BIN)";
+  const auto& dir = w.path();
+  const auto plain = run_primus(base + " exp_name=plain");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  const auto turbo = run_primus(base + " exp_name=turbo turbo_gemm_backend=TURBO");
+  ASSERT_EQ(turbo.code, 0) << turbo.out;
+  EXPECT_NE(turbo.out.find("gemm backend: TURBO (turbo_gemm_backend)"), std::string::npos) << turbo.out;
+  const auto tuned = run_primus(base + " exp_name=tuned use_turbo_autotune=true");
+  ASSERT_EQ(tuned.code, 0) << tuned.out;
+  EXPECT_NE(tuned.out.find("timed per shape (use_turbo_autotune)"), std::string::npos) << tuned.out;
+  const auto env = run_primus(base + " exp_name=env turbo_gemm_backend=TURBO", "PRIMUS_TURBO_GEMM_BACKEND=CUBLASLT");
+  ASSERT_EQ(env.code, 0) << env.out;
+  EXPECT_NE(env.out.find("PRIMUS_TURBO_GEMM_BACKEND=CUBLASLT wins over the config's TURBO"), std::string::npos)
+      << env.out;
+
+  const TrainerMetrics p = read_trainer_metrics(dir / "g/u/plain/metrics.jsonl");
+  const TrainerMetrics t = read_trainer_metrics(dir / "g/u/turbo/metrics.jsonl");
+  const TrainerMetrics a = read_trainer_metrics(dir / "g/u/tuned/metrics.jsonl");
+  const TrainerMetrics e = read_trainer_metrics(dir / "g/u/env/metrics.jsonl");
+  ASSERT_EQ(p.loss.size(), 8u);
+  ASSERT_EQ(t.loss.size(), 8u);
+  ASSERT_EQ(a.loss.size(), 8u);
+  ASSERT_EQ(e.loss.size(), 8u);
+  bool differs = false;
+  for (auto [step, l] : p.loss) {
+    EXPECT_NEAR(t.loss.at(step), l, 0.02 * std::fabs(l)) << "TURBO, step " << step;
+    EXPECT_NEAR(a.loss.at(step), l, 0.02 * std::fabs(l)) << "autotune, step " << step;
+    EXPECT_EQ(e.loss.at(step), l) << "cuBLASLt from the environment, step " << step;
+    differs = differs || t.loss.at(step) != l;
+  }
+  EXPECT_TRUE(differs) << "turbo_gemm_backend: TURBO gave cuBLASLt's bits at every step";
+  EXPECT_LT(t.loss.at(8), t.loss.at(1) - 0.3) << "the run must learn";
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda::testing
