@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <tuple>
 
 #include "backends/cuda/step_graph.h"
 #include "core/util/error.h"
@@ -27,19 +28,6 @@ constexpr TurboSwitch kTurboSwitches[] = {
     {"enable_primus_turbo", true,
      "the cuda backend's operators are Turbo's (cuBLASLt, cuDNN and Turbo's own kernels behind one dispatcher)",
      "there is no other operator set to run"},
-    {"use_turbo_gemm", true, "the linear layers' GEMMs run Turbo's gemm op (turbo_gemm_backend picks its backend)",
-     "there is no GEMM outside Turbo's"},
-    {"use_turbo_parallel_linear", true,
-     "the linear layers' GEMMs run Turbo's gemm op (turbo_gemm_backend picks its backend)",
-     "there is no GEMM outside Turbo's"},
-    {"use_turbo_grouped_gemm", true,
-     "the MoE experts run Turbo's grouped_gemm op (turbo_grouped_gemm_backend picks its backend; "
-     "moe_grouped_gemm: false runs one Turbo GEMM per expert instead)",
-     "there is no expert GEMM outside Turbo's"},
-    {"use_turbo_grouped_mlp", true,
-     "the MoE experts run Turbo's grouped_gemm op (turbo_grouped_gemm_backend picks its backend; "
-     "moe_grouped_gemm: false runs one Turbo GEMM per expert instead)",
-     "there is no expert GEMM outside Turbo's"},
     {"use_turbo_rms_norm", true, "the norms (RMSNorm and LayerNorm) run Turbo's norm op",
      "there is no norm outside Turbo's"},
     {"moe_use_fused_router_with_aux_score", true,
@@ -146,8 +134,19 @@ void add_turbo_schema(config::Schema& s) {
            fmt::format("Primus-Turbo's switch, accepted as {}: {}; {} is refused ({})", t.value, t.what, !t.value,
                        t.other));
   s.flag("use_turbo_attention", true,
-         "Primus-Turbo's switch: true (set in a config) asks for Turbo's attention op, as attention_backend: turbo "
-         "(cuDNN's fused kernels behind it); false is refused (attention_backend: fallback is the unfused path)")
+         "Primus-Turbo's switch between its attention op and Transformer Engine's, which on NVIDIA GPUs run the same "
+         "kernels (cuDNN's fused attention): true set in a config asks for Turbo's op, as attention_backend: turbo; "
+         "false leaves attention_backend as it is")
+      .flag("use_turbo_gemm", true,
+            "Primus-Turbo's switch between its gemm op and Transformer Engine's linear GEMMs: true, the linear layers' "
+            "GEMMs run Turbo's gemm op (turbo_gemm_backend picks its backend); false, cuBLASLt's GEMMs, which "
+            "Transformer Engine runs on NVIDIA GPUs (turbo_gemm_backend: CUBLASLT)")
+      .flag("use_turbo_parallel_linear", true, "an older name of use_turbo_gemm (the same values; both set must agree)")
+      .flag("use_turbo_grouped_mlp", true,
+            "Primus-Turbo's switch for the MoE experts: true, Turbo's grouped GEMM runs them (turbo_grouped_gemm_backend "
+            "picks its backend); false is refused where there are experts (the grouped GEMM outside Turbo's kernel here "
+            "is turbo_grouped_gemm_backend: CUBLASLT, one cuBLASLt GEMM per expert) and does nothing without them")
+      .flag("use_turbo_grouped_gemm", true, "the newer name of use_turbo_grouped_mlp (the same values; both set must agree)")
       .text("turbo_gemm_backend", "default",
             "Primus-Turbo's backend of the gemm op: default (cuBLASLt, or Turbo's kernel where the dispatcher prefers "
             "it), or the dispatcher's text form in this project's names: CUBLASLT, TURBO or AUTOTUNE, for every "
@@ -194,11 +193,7 @@ TurboSelection check_turbo_keys(const config::Value& p, std::string& attention_b
                                   te->origin().str()));
 
   const config::Value& ta = *p.find_path("use_turbo_attention");
-  if (!ta.as_bool())
-    throw ConfigError(fmt::format("{}: use_turbo_attention: false is not implemented (the attention is Turbo's "
-                                  "attention op; attention_backend: fallback is the unfused path); remove the key",
-                                  ta.origin().str()));
-  if (set_by_a_layer(ta)) {
+  if (set_by_a_layer(ta) && ta.as_bool()) {
     if (attention_backend == "fallback")
       throw ConfigError(fmt::format("{}: use_turbo_attention: true asks for Turbo's attention op and {} sets "
                                     "attention_backend: fallback, the unfused path: keep one of them",
@@ -218,21 +213,46 @@ TurboSelection check_turbo_keys(const config::Value& p, std::string& attention_b
                                     where("turbo_sync_free_moe_stage"), stage));
   }
 
+  // Two names of one switch each (Primus-Turbo renamed them): both set must agree.
+  auto one_of = [&](const char* a, const char* b) -> const config::Value& {
+    const config::Value& va = *p.find_path(a);
+    const config::Value& vb = *p.find_path(b);
+    if (set_by_a_layer(va) && set_by_a_layer(vb) && va.as_bool() != vb.as_bool())
+      throw ConfigError(fmt::format("{}: {}: {} and {}: {}: {} are one switch with two names", va.origin().str(), a,
+                                    va.as_bool(), vb.origin().str(), b, vb.as_bool()));
+    return set_by_a_layer(vb) ? vb : va;
+  };
+  const config::Value& grouped = one_of("use_turbo_grouped_mlp", "use_turbo_grouped_gemm");
+  if (!grouped.as_bool() && p.find_path("num_experts")->as_int() > 0)
+    throw ConfigError(fmt::format("{}: use_turbo_grouped_mlp: false with experts is not implemented as such: the "
+                                  "experts' GEMMs outside Turbo's grouped kernel are turbo_grouped_gemm_backend: "
+                                  "CUBLASLT (one cuBLASLt GEMM per expert; needs cuda_graph: false); set that, or "
+                                  "remove the key for Turbo's kernel",
+                                  grouped.origin().str()));
+  const config::Value& linear = one_of("use_turbo_gemm", "use_turbo_parallel_linear");
+
   TurboSelection sel;
   const bool graph_off = parse_cuda_graph(*p.find_path("cuda_graph")) == GraphMode::Off;
   sel.gemm_backend = check_backend(p, "turbo_gemm_backend", "gemm", graph_off);
+  if (!linear.as_bool()) {
+    if (!sel.gemm_backend.empty() && lower(sel.gemm_backend) != "cublaslt")
+      throw ConfigError(fmt::format("{}: use_turbo_gemm: false asks for cuBLASLt's GEMMs and {} sets turbo_gemm_backend: "
+                                    "{}: keep one of them",
+                                    linear.origin().str(), where("turbo_gemm_backend"), sel.gemm_backend));
+    sel.gemm_backend = "CUBLASLT";
+    sel.gemm_key = "use_turbo_gemm: false";
+  }
   sel.grouped_gemm_backend = check_backend(p, "turbo_grouped_gemm_backend", "grouped_gemm", graph_off);
-  sel.gemm_origin = where("turbo_gemm_backend");
-  sel.grouped_gemm_origin = where("turbo_grouped_gemm_backend");
   sel.autotune = p.find_path("use_turbo_autotune")->as_bool();
   return sel;
 }
 
 void apply_turbo_selection(const TurboSelection& sel) {
   auto& m = turbo::GlobalBackendManager::instance();
-  const std::pair<const char*, const std::string*> ops[] = {{"gemm", &sel.gemm_backend},
-                                                            {"grouped_gemm", &sel.grouped_gemm_backend}};
-  for (const auto& [op, text] : ops) {
+  const std::string grouped_key = "turbo_grouped_gemm_backend";
+  const std::tuple<const char*, const std::string*, const std::string*> ops[] = {
+      {"gemm", &sel.gemm_backend, &sel.gemm_key}, {"grouped_gemm", &sel.grouped_gemm_backend, &grouped_key}};
+  for (const auto& [op, text, key] : ops) {
     m.clear_backend(op);
     if (text->empty()) continue;
     const std::string var = turbo::GlobalBackendManager::env_var_for(op);
@@ -244,7 +264,7 @@ void apply_turbo_selection(const TurboSelection& sel) {
     if (spec.other) m.set_backend(op, *spec.other);  // every precision, before the per-precision entries
     for (turbo::Precision pr : turbo::kAllPrecisions)
       if (const auto& c = spec.per_precision[static_cast<size_t>(pr)]) m.set_backend(op, *c, pr);
-    spdlog::info("[cuda] {} backend: {} (turbo_{}_backend)", op, *text, op);
+    spdlog::info("[cuda] {} backend: {} ({})", op, *text, *key);
   }
   const char* env = std::getenv("PRIMUS_TURBO_AUTO_TUNE");
   if (env && *env) {

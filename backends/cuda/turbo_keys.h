@@ -23,7 +23,7 @@ struct TurboSelection {
   std::string gemm_backend;          // PRIMUS_TURBO_GEMM_BACKEND's text form; empty: the op's default
   std::string grouped_gemm_backend;  // the same for grouped_gemm
   bool autotune = false;             // use_turbo_autotune
-  std::string gemm_origin, grouped_gemm_origin;  // where each was set, for the log
+  std::string gemm_key = "turbo_gemm_backend";  // the key that chose gemm_backend, for the log
 };
 
 // Checks the keys of the resolved config `p` (a ConfigError naming the key's origin for a value

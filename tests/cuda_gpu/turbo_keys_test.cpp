@@ -53,13 +53,21 @@ TEST(TurboKeys, PrimusTurboBlockCarriesOver) {
   EXPECT_EQ(sel.gemm_backend, "fp8:TURBO,other:CUBLASLT");
   EXPECT_EQ(sel.grouped_gemm_backend, "");  // default: the op's own
   EXPECT_TRUE(sel.autotune);
-  EXPECT_EQ(sel.gemm_origin, "exp.yaml:12:21");
+  EXPECT_EQ(sel.gemm_key, "turbo_gemm_backend");
 
   // Not written: attention_backend keeps its value, and Primus' word "default" names no backend.
   const TurboSelection plain = check("turbo_gemm_backend: default\nattention_backend: fallback\n", attention);
   EXPECT_EQ(attention, "fallback");
   EXPECT_EQ(plain.gemm_backend, "");
   EXPECT_FALSE(plain.autotune);
+  // Primus' examples turn Turbo's attention and grouped GEMM off: on NVIDIA GPUs Transformer Engine's
+  // attention is cuDNN's, as Turbo's op is by default, and a dense model has no experts; Transformer
+  // Engine's linear GEMMs are cuBLASLt's.
+  const TurboSelection te = check("use_turbo_attention: false\nuse_turbo_grouped_mlp: false\nuse_turbo_gemm: false\n",
+                                  attention);
+  EXPECT_EQ(attention, "auto");
+  EXPECT_EQ(te.gemm_backend, "CUBLASLT");
+  EXPECT_EQ(te.gemm_key, "use_turbo_gemm: false");
   // The grouped GEMM's cuBLASLt loop runs where the step is not captured.
   EXPECT_EQ(check("turbo_grouped_gemm_backend: CUBLASLT\ncuda_graph: false\n", attention).grouped_gemm_backend,
             "CUBLASLT");
@@ -68,7 +76,9 @@ TEST(TurboKeys, PrimusTurboBlockCarriesOver) {
 TEST(TurboKeys, WhatIsNotBuiltHereIsRefusedNamingTheKeyAndWhere) {
   const std::pair<const char*, const char*> cases[] = {
       {"enable_primus_turbo: false\n", "exp.yaml:1:22: enable_primus_turbo: false is not implemented"},
-      {"use_turbo_grouped_mlp: false\n", "use_turbo_grouped_mlp: false is not implemented"},
+      {"use_turbo_grouped_mlp: false\nnum_experts: 8\n", "exp.yaml:1:24: use_turbo_grouped_mlp: false with experts"},
+      {"use_turbo_grouped_mlp: true\nuse_turbo_grouped_gemm: false\n", "are one switch with two names"},
+      {"use_turbo_gemm: false\nturbo_gemm_backend: TURBO\n", "use_turbo_gemm: false asks for cuBLASLt's GEMMs"},
       {"use_turbo_deepep: true\n", "DeepEP is not implemented"},
       {"turbo_deepep_num_cu: 64\n", "turbo_deepep_num_cu: 64 is not implemented"},
       {"use_sink_attention: true\n", "attention sinks are not implemented"},
@@ -76,7 +86,6 @@ TEST(TurboKeys, WhatIsNotBuiltHereIsRefusedNamingTheKeyAndWhere) {
       {"mxfp4_gradient_stochastic_rounding: true\n", "MXFP4 is not implemented"},
       {"turbo_mega_moe_precision: mxfp8\n", "turbo_mega_moe_precision: mxfp8 is not implemented"},
       {"te_precision_config_file: te.json\n", "exp.yaml:1:27: te_precision_config_file: there is no Transformer"},
-      {"use_turbo_attention: false\n", "use_turbo_attention: false is not implemented"},
       {"use_turbo_attention: true\nattention_backend: fallback\n", "exp.yaml:2:20 sets attention_backend: fallback"},
       {"turbo_gemm_backend: hipblaslt\n", "'hipblaslt' names Primus-Turbo's AMD backends"},
       {"turbo_gemm_backend: fp4:aiter,other:CUBLASLT\n", "names Primus-Turbo's AMD backends or precisions (aiter)"},
