@@ -7,6 +7,7 @@
 #include "backends/cuda/args.h"
 #include "parallel/cuda/grad_reducer.h"
 #include "backends/cuda/device.h"
+#include "backends/cuda/fixed_switch.h"
 #include "backends/cuda/hooks.h"
 #include "backends/cuda/projection.h"
 #include "backends/cuda/register.h"
@@ -22,16 +23,9 @@ namespace primus::backends::cuda {
 
 namespace {
 
-// Megatron-LM's switches between a fused kernel and its unfused PyTorch path. The cuda backend has
-// the fused kernel only, so each is accepted with the value that describes it (a Megatron config
-// carries over unchanged) and the other value is refused by name rather than silently ignored.
-struct MegatronSwitch {
-  const char* key;
-  bool value;       // the one the cuda backend implements (its default)
-  const char* what; // what the backend does, for the key's description
-  const char* other;  // why the other value is not there
-};
-constexpr MegatronSwitch kMegatronSwitches[] = {
+// Megatron-LM's switches between a fused kernel and its unfused PyTorch path: the cuda backend has
+// the fused kernel only.
+constexpr FixedSwitch kMegatronSwitches[] = {
     {"moe_permute_fusion", true,
      "MoE token permutation and unpermutation are Turbo's fused kernels (the routing weights folded into the "
      "unpermute), as Megatron-LM's fused (Transformer Engine) permutation",
@@ -66,10 +60,7 @@ constexpr MegatronSwitch kMegatronSwitches[] = {
 }  // namespace
 
 void add_cuda_schema(config::Schema& s) {
-  for (const MegatronSwitch& m : kMegatronSwitches)
-    s.flag(m.key, m.value,
-           fmt::format("Megatron-LM's switch, accepted as {}: {}; {} is refused ({})", m.value, m.what, !m.value,
-                       m.other));
+  add_fixed_switches(s, kMegatronSwitches, "Megatron-LM");
   s.integer("device", 0, "CUDA device index this process trains on", 0, 1023)
       .text("recompute_granularity", "none",
             "activation recomputation: none (keep every activation); norms (recompute the two norm outputs in the "
@@ -262,10 +253,7 @@ class CudaAdapter : public BackendAdapter {
       throw ConfigError(fmt::format("{}: fp8_first_last_bf16_layers {} has no effect with fp8: none (set fp8: e4m3 or "
                                     "hybrid)",
                                     where("fp8_first_last_bf16_layers"), a->fp8_first_last_bf16_layers));
-    for (const MegatronSwitch& m : kMegatronSwitches)
-      if (p.find_path(m.key)->as_bool() != m.value)
-        throw ConfigError(fmt::format("{}: {}: {} is not implemented ({}); remove the key or set it {}: {}",
-                                      where(m.key), m.key, !m.value, m.other, m.value, m.what));
+    check_fixed_switches(p, kMegatronSwitches);
     a->turbo = check_turbo_keys(p, a->attention_backend);
     a->params = p;
     a->experiment_file = exp.file.string();

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <tuple>
 
+#include "backends/cuda/fixed_switch.h"
 #include "backends/cuda/step_graph.h"
 #include "core/util/error.h"
 #include "turbo/dispatch/backend_manager.h"
@@ -17,14 +18,8 @@ namespace primus::backends::cuda {
 
 namespace {
 
-// A switch accepted at the value that describes the cuda backend; the other value is refused.
-struct TurboSwitch {
-  const char* key;
-  bool value;
-  const char* what;   // what the backend does
-  const char* other;  // why the other value is not there
-};
-constexpr TurboSwitch kTurboSwitches[] = {
+// Switches whose other value is not built here (fixed_switch.h).
+constexpr FixedSwitch kTurboSwitches[] = {
     {"enable_primus_turbo", true,
      "the cuda backend's operators are Turbo's (cuBLASLt, cuDNN and Turbo's own kernels behind one dispatcher)",
      "there is no other operator set to run"},
@@ -129,10 +124,7 @@ std::string check_backend(const config::Value& p, const char* key, const char* o
 }  // namespace
 
 void add_turbo_schema(config::Schema& s) {
-  for (const TurboSwitch& t : kTurboSwitches)
-    s.flag(t.key, t.value,
-           fmt::format("Primus-Turbo's switch, accepted as {}: {}; {} is refused ({})", t.value, t.what, !t.value,
-                       t.other));
+  add_fixed_switches(s, kTurboSwitches, "Primus-Turbo");
   s.flag("use_turbo_attention", true,
          "Primus-Turbo's switch between its attention op and Transformer Engine's, which on NVIDIA GPUs run the same "
          "kernels (cuDNN's fused attention): true set in a config asks for Turbo's op, as attention_backend: turbo; "
@@ -179,10 +171,7 @@ void add_turbo_schema(config::Schema& s) {
 
 TurboSelection check_turbo_keys(const config::Value& p, std::string& attention_backend) {
   auto where = [&](const char* k) { return p.find_path(k)->origin().str(); };
-  for (const TurboSwitch& t : kTurboSwitches)
-    if (p.find_path(t.key)->as_bool() != t.value)
-      throw ConfigError(fmt::format("{}: {}: {} is not implemented ({}); remove the key or set it {}: {}", where(t.key),
-                                    t.key, !t.value, t.other, t.value, t.what));
+  check_fixed_switches(p, kTurboSwitches);
   for (const TurboFixed& f : kTurboFixed)
     if (const std::string v = p.find_path(f.key)->scalar_text(); v != f.value)
       throw ConfigError(fmt::format("{}: {}: {} is not implemented ({}); remove the key or set it {}", where(f.key),
