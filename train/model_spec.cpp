@@ -28,6 +28,11 @@ void add_model_schema(config::Schema& s) {
             "what qk_layernorm normalises: each head (Qwen3) or the whole q and k projections, weights of "
             "heads x kv_channels and kv heads x kv_channels (projection: OLMoE)",
             {"head", "projection"})
+      .flag("multi_latent_attention", false,
+            "Megatron-LM's multi-latent attention (DeepSeek-V2/V3): false only; MLA is not implemented "
+            "(moe/deepseek-v3-gqa is DeepSeek-V3's experts with grouped-query attention)")
+      .integer("mtp_num_layers", std::nullopt,
+               "Megatron-LM's multi-token prediction layers (DeepSeek-V3): unset or 0 only; MTP is not implemented", 0)
       .integer("ffn_hidden_size", std::nullopt, "MLP width (default: 4 * hidden_size)", 1, 1 << 20)
       .text("normalization", "LayerNorm", "LayerNorm or RMSNorm", {"LayerNorm", "RMSNorm"})
       .number("norm_epsilon", 1e-5, "epsilon of the norms", 0.0, 1.0)
@@ -419,6 +424,16 @@ ModelSpec ModelSpec::from_config(const config::Value& p) {
   if (m.qk_norm_whole && !m.qk_layernorm) {
     throw ConfigError(fmt::format("{}: qk_layernorm_scope: projection says how qk_layernorm normalises; set "
                                   "qk_layernorm: true as well", where("qk_layernorm_scope")));
+  }
+  if (optb(p, "multi_latent_attention", false)) {
+    throw ConfigError(fmt::format("{}: multi_latent_attention: true is not implemented (attention is multi-head or "
+                                  "grouped-query; moe/deepseek-v3-gqa is DeepSeek-V3's experts with GQA)",
+                                  where("multi_latent_attention")));
+  }
+  if (opt(p, "mtp_num_layers", 0) > 0) {
+    throw ConfigError(fmt::format("{}: mtp_num_layers {}: multi-token prediction is not implemented (set it 0 or "
+                                  "null)",
+                                  where("mtp_num_layers"), opt(p, "mtp_num_layers", 0)));
   }
   m.moe = moe_from_config(p, m, where);
   return m;

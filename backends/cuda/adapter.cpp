@@ -112,6 +112,10 @@ void add_cuda_schema(config::Schema& s) {
             "MoE experts as grouped GEMMs over the device-side group offsets (Turbo's sm90 kernel); false: one "
             "cuBLASLt GEMM per expert, the group sizes read on the host after each routing (a reference path for "
             "A/B runs; needs cuda_graph: false)")
+      .text("cross_entropy_fusion_impl", "native",
+            "Megatron-LM's choice between its two fused cross-entropy implementations (native, te), which compute the "
+            "same loss and gradient: either value runs Turbo's one fused kernel here (cross_entropy_loss_fusion)",
+            {"native", "te"})
       .flag("moe_use_legacy_grouped_gemm", false,
             "Megatron-LM's choice between its two grouped-GEMM expert modules (GroupedMLP, legacy, and TEGroupedMLP), "
             "which compute the same products: either value runs Turbo's grouped GEMM here (moe_grouped_gemm chooses "

@@ -149,6 +149,8 @@ TEST(PrimusKeysE2E, APrimusStyleMixtralExperimentPlansOnTheCudaBackend) {
       "      moe_use_legacy_grouped_gemm: true\n"
       "      enable_primus_turbo: true\n      use_turbo_attention: true\n      use_turbo_grouped_mlp: true\n"
       "      moe_use_fused_router_with_aux_score: true\n      turbo_sync_free_moe_stage: 2\n"
+      "      use_turbo_parallel_linear: true\n      multi_latent_attention: false\n      mtp_num_layers: null\n"
+      "      cross_entropy_fusion_impl: \"te\"\n      cross_entropy_loss_fusion: true\n"
       "      finetune: false\n      auto_continue_train: true\n      load: null\n      no_load_optim: null\n"
       "      no_load_rng: null\n      save: null\n      save_interval: 20000\n      no_save_optim: null\n"
       "      no_save_rng: null\n      disable_last_saving: true\n";

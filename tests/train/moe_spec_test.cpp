@@ -447,6 +447,23 @@ TEST(AttentionSpec, KvChannelsAndQkLayernormParse) {
   EXPECT_NE(error_of(ln).find("qk_layernorm"), std::string::npos);
 }
 
+// DeepSeek-V3's Megatron-LM switches that Primus' experiments write: MLA and multi-token prediction
+// off (or unset) parse, on is refused naming the key.
+TEST(AttentionSpec, MlaAndMtpAreAcceptedOffAndRefusedOn) {
+  config::Value v = moe_config();
+  v.set("multi_latent_attention", config::Value::boolean(false));
+  v.set("mtp_num_layers", config::Value::null());
+  EXPECT_EQ(error_of(v), "");
+  v.set("mtp_num_layers", config::Value::integer(0));
+  EXPECT_EQ(error_of(v), "");
+  v.set("mtp_num_layers", config::Value::integer(1));
+  EXPECT_NE(error_of(v).find("mtp_num_layers 1: multi-token prediction is not implemented"), std::string::npos)
+      << error_of(v);
+  v.set("mtp_num_layers", config::Value::integer(0));
+  v.set("multi_latent_attention", config::Value::boolean(true));
+  EXPECT_NE(error_of(v).find("multi_latent_attention: true is not implemented"), std::string::npos) << error_of(v);
+}
+
 TEST(AttentionSpec, Qwen3LayoutCountsAndHfNames) {
   for (bool moe : {false, true}) {
     ModelSpec m = moe ? primus::testing::tiny_qwen3_moe() : primus::testing::tiny_qwen3();
