@@ -63,6 +63,16 @@ DpSharding dp_sharding_from_config(const config::Value& params) {
   const config::Value* strat = params.find_path("data_parallel_sharding_strategy");
   const config::Value* dist = params.find_path("use_distributed_optimizer");
   const bool zero1 = dist && !dist->is_null() && dist->as_bool();
+  // Megatron-LM's use_torch_fsdp2: PyTorch's FSDP2, which shards parameters, gradients and the
+  // optimizer state: optim_grads_params here.
+  if (const config::Value* f = params.find_path("use_torch_fsdp2"); f && !f->is_null() && f->as_bool()) {
+    if (strat && !strat->is_null() && strat->scalar_text() != "optim_grads_params")
+      throw ConfigError(fmt::format("{}: use_torch_fsdp2: true shards parameters, gradients and optimizer state "
+                                    "(data_parallel_sharding_strategy: optim_grads_params), but {} sets {}: set one "
+                                    "of them",
+                                    f->origin().str(), strat->origin().str(), strat->scalar_text()));
+    return DpSharding::OptimGradsParams;
+  }
   if (!strat || strat->is_null()) return zero1 ? DpSharding::Optim : DpSharding::NoShard;
   const std::string name = strat->scalar_text();
   for (size_t i = 0; i < std::size(kShardingNames); ++i) {
@@ -139,6 +149,9 @@ ParallelSizes ParallelSizes::from_config(const config::Value& params) {
     if (const config::Value* v = params.find_path(dim_config_key(d)); v && !v->is_null()) s[d] = v->as_int();
   }
   if (const config::Value* v = params.find_path("sequence_parallel"); v && !v->is_null()) s.sequence_parallel = v->as_bool();
+  // Over a tp group of one there is no sequence to split: Megatron-LM turns the switch off there too
+  // (TrainingArgs logs it), so a config written for any tp size carries over.
+  if (s[Dim::TP] == 1) s.sequence_parallel = false;
   s.sharding = dp_sharding_from_config(params);
   return s;
 }
@@ -179,10 +192,14 @@ void add_parallel_schema(config::Schema& s) {
                "backend)",
                1)
       .flag("sequence_parallel", false,
-            "sequence parallelism over the tp group: norms and residuals on a slice of the sequence (needs tp > 1)")
+            "sequence parallelism over the tp group: norms and residuals on a slice of the sequence; with "
+            "tensor_model_parallel_size 1 it is turned off (logged), as Megatron-LM does")
+      .flag("use_torch_fsdp2", false,
+            "Megatron-LM's switch for PyTorch's FSDP2: true shards parameters, gradients and optimizer state over the "
+            "data-parallel ranks, as data_parallel_sharding_strategy: optim_grads_params")
       .text("data_parallel_sharding_strategy", std::nullopt,
             "what the data-parallel ranks shard: no_shard, optim (ZeRO-1; unset: use_distributed_optimizer decides), "
-            "optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP; the last two on the reference backend)",
+            "optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP)",
             {"no_shard", "optim", "optim_grads", "optim_grads_params"})
       .integer("pipeline_model_parallel_size", 1, "pipeline stages (only 1 is implemented)", 1)
       .integer("expert_model_parallel_size", 1,

@@ -96,13 +96,14 @@ ProjectionTokenCost projection_token_cost(const ModelSpec& s, const ProjectionLa
   ProjectionTokenCost c;
   const double C = double(s.hidden_size), T = double(lay.seq_length), KVD = double(s.kv_dim());
   const double V = double(s.padded_vocab_size);
-  const int level = projection_recompute_level(lay.recompute);
+  const int every_level = projection_recompute_level(lay.recompute);
   // Causal attention as `primus benchmark` counts it: forward 2*T*C per token (half the square),
   // the backward 2.5x the forward (five matmuls against two).
   const double QD = double(s.q_dim());  // attention runs over heads x head dim (== C unless kv_channels is set)
   const double att_fwd = 2.0 * T * QD;
   c.gemm_params += C * V;  // LM head
   for (int64_t l = 0; l < s.num_layers; ++l) {
+    const int level = lay.recompute_layers < 0 || l < lay.recompute_layers ? every_level : 0;
     const double attn = C * double(s.qkv_dim()) + QD * C;
     c.gemm_params += attn;
     c.attention_flops += 3.5 * att_fwd;
@@ -405,7 +406,9 @@ std::string format_projection(const Projection& p) {
                    sharded,
                    l.micro_batch,
                    l.seq_length, l.grad_accum, l.grad_accum == 1 ? "" : "s", l.global_batch, l.tokens_per_step(),
-                   l.recompute, l.fp8);
+                   l.recompute_layers < 0 ? l.recompute
+                                          : fmt::format("{} in the first {} layers", l.recompute, l.recompute_layers),
+                   l.fp8);
   if (p.has_memory) {
     s += fmt::format("\nMemory per {} ({})\n", gpu, p.memory.source);
     s += fmt::format("  {:<16} {:>12}  {}\n", "part", "size", "what");

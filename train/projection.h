@@ -38,6 +38,7 @@ struct ProjectionLayout {
   bool grad_reduce_in_bf16 = false;
   bool overlap_grad_reduce = true;  // the gradient buckets reduce under the backward
   std::string recompute = "none";   // recompute_granularity (cuda)
+  int64_t recompute_layers = -1;    // the first N layers take it (recompute_method block); -1: every layer
   std::string fp8 = "none";         // fp8 recipe (cuda)
   int64_t tokens_per_step() const { return global_batch * seq_length; }
 };

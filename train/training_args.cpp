@@ -238,6 +238,11 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.global_batch_size = i("global_batch_size");
   a.data_parallel_size = i("data_parallel_size");
   a.model_parallel = parallel::ParallelSizes::from_config(p);
+  if (const config::Value* sp = p.find_path("sequence_parallel");
+      sp && !sp->is_null() && sp->as_bool() && !a.model_parallel.sequence_parallel)
+    spdlog::warn("{}: sequence_parallel: true has no effect with tensor_model_parallel_size 1 and is turned off, as "
+                 "Megatron-LM does",
+                 sp->origin().str());
   // A layout the model cannot take, then one not implemented yet: clear errors before anything
   // starts (the dry run prints the mesh first, cli/cmd_train.cpp).
   if (const config::Value* h = p.find_path("num_attention_heads"); h && !h->is_null()) {

@@ -67,6 +67,15 @@ void add_cuda_schema(config::Schema& s) {
             "backward); selective (norms and the MLP activation); full (keep only each layer's input, rerun its "
             "forward in the backward)",
             {"none", "norms", "selective", "full"})
+      .text("recompute_method", std::nullopt,
+            "Megatron-LM's choice of the layers recompute_granularity full recomputes: block (the first "
+            "recompute_num_layers layers, the rest keep their activations) or uniform (with recompute_num_layers 1: "
+            "every layer, as full alone; chunks of more layers are not implemented); unset: every layer",
+            {"uniform", "block"})
+      .integer("recompute_num_layers", std::nullopt,
+               "with recompute_method: block's layer count (Megatron-LM's default 1; at least num_layers is every "
+               "layer), uniform's chunk (1 only)",
+               1)
       .add({"cuda_graph", config::KeyType::Any, config::Value::string("auto"), {}, {}, {},
             "capture the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a warm-up step "
             "and replay it: auto (capture where the step can be captured: one process on a GPU; eagerly with "
@@ -264,6 +273,7 @@ class CudaAdapter : public BackendAdapter {
     // recompute_granularity, cuda_graph, gemm_algo_search and profile_steps take effect through their patches
     // (patches/step_patches.cpp); checked here so a bad value fails even with PRIMUS_PATCHES=none.
     (void)parse_recompute(p.find_path("recompute_granularity")->as_string(), where("recompute_granularity"));
+    a->recompute_layers = recompute_layers([&](const std::string& k) { return p.find_path(k); });
     (void)profile_env_steps();
     (void)parse_cuda_graph(*p.find_path("cuda_graph"));
     // The delayed recipe's keys (read by patch cuda.linear.fp8): within the device update's limits,

@@ -33,6 +33,7 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   train::TrainingArgs train;
   int device = 0;                          // CUDA device index
   std::string attention_backend = "auto";  // auto | turbo | fallback (which slot default; see hooks.h)
+  int64_t recompute_layers = -1;           // recompute_method block: the first N layers (hooks.h); -1: every layer
   TurboSelection turbo;                    // Primus-Turbo's backend keys (turbo_keys.h), applied at init
   double peak_flops = 0;                   // dense bf16 FLOP/s per GPU for MFU; 0: unknown (no MFU)
   std::string device_name;                 // filled by prepare()

@@ -118,6 +118,43 @@ Recompute parse_recompute(const std::string& text, const std::string& where) {
       fmt::format("{}: recompute_granularity '{}' is not one of none, norms, selective, full", where, text));
 }
 
+int64_t recompute_layers(const std::function<const config::Value*(const std::string&)>& get) {
+  auto set = [&](const char* k) -> const config::Value* {
+    const config::Value* v = get(k);
+    return v && !v->is_null() ? v : nullptr;
+  };
+  const config::Value* g = set("recompute_granularity");
+  const config::Value* method = set("recompute_method");
+  const config::Value* count = set("recompute_num_layers");
+  const std::string granularity = g ? g->as_string() : "none";
+  if (granularity != "full") {
+    if (const config::Value* v = method ? method : count)
+      throw ConfigError(fmt::format("{}: recompute_method and recompute_num_layers say which layers recompute_granularity "
+                                    "full recomputes (Megatron-LM's); the granularity here is {}",
+                                    v->origin().str(), granularity));
+    return -1;
+  }
+  if (!method) {
+    if (count)
+      throw ConfigError(fmt::format("{}: recompute_num_layers needs recompute_method (block: the first N layers; "
+                                    "uniform 1: every layer)",
+                                    count->origin().str()));
+    return -1;
+  }
+  const int64_t n = count ? count->as_int() : 1;
+  if (method->as_string() == "uniform") {
+    if (n > 1)
+      throw ConfigError(fmt::format("{}: recompute_method uniform with recompute_num_layers {} (chunks of {} layers, "
+                                    "only each chunk's input kept) is not implemented; uniform 1 recomputes every "
+                                    "layer, block N the first N",
+                                    count->origin().str(), n, n));
+    return -1;
+  }
+  const config::Value* layers = get("num_layers");
+  const int64_t L = layers && !layers->is_null() ? layers->as_int() : 0;
+  return n >= L ? -1 : n;
+}
+
 const char* default_attention_name() {
 #ifdef PRIMUS_CUDA_HAVE_TURBO_ATTENTION
   return "turbo";

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "core/config/value.h"
 #include "core/patches/hook_table.h"
 #include "turbo/core/tensor_view.h"
 #include "turbo/ops/exec_context.h"
@@ -113,6 +114,13 @@ using RecomputePolicyFn = Recompute(int64_t layer, int64_t num_layers);
 const char* recompute_name(Recompute r);
 // "none" | "norms" | "selective" | "full"; anything else throws ConfigError naming `where`.
 Recompute parse_recompute(const std::string& text, const std::string& where);
+// Megatron-LM's recompute_method (uniform | block) and recompute_num_layers beside
+// recompute_granularity: full: how many layers, from the first, are recomputed; -1 for every layer.
+// block N: layers [0, N) (Megatron-LM's default N is 1; N >= num_layers is every layer); uniform 1
+// (or unset): every layer on its own, as full alone. `get` reads a key (null: not set). A
+// ConfigError naming the key's origin for: either key beside another granularity, a count without a
+// method, uniform over chunks of more than one layer (only each chunk's input kept: not implemented).
+int64_t recompute_layers(const std::function<const config::Value*(const std::string&)>& get);
 
 inline constexpr const char* kAttentionForward = "cuda.attention.forward";
 inline constexpr const char* kAttentionBackward = "cuda.attention.backward";

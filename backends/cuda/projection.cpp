@@ -115,7 +115,10 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
   m.add("workspace", "state tables: step status, AdamW hyper-parameters and descriptors, RoPE table, zero_grad ranges",
         double(sz.state_arena - state_named));
   // Activations arena, in four groups.
-  const std::string policy = mp.policy.empty() ? "none" : recompute_name(mp.policy.front());
+  std::string policy = mp.policy.empty() ? "none" : recompute_name(mp.policy.front());
+  if (const auto n = std::count(mp.policy.begin(), mp.policy.end(), mp.policy.front());
+      n < static_cast<int64_t>(mp.policy.size()))
+    policy += fmt::format(" in the first {} of {} layers", n, mp.policy.size());
   size_t layers = 0, moe = 0, head = 0, backward = 0;
   for (const PlannedBuffer& buf : sz.buffers) {
     if (buf.state) continue;
@@ -260,6 +263,7 @@ void register_cuda_projection() {
     l.grad_reduce_in_bf16 = a.grad_reduce_in_bf16;
     l.overlap_grad_reduce = a.overlap_grad_reduce;
     l.recompute = a.params.find_path("recompute_granularity")->as_string();
+    l.recompute_layers = a.recompute_layers;
     l.fp8 = a.fp8;
     return l;
   };

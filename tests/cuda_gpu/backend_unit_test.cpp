@@ -9,6 +9,7 @@
 #include "backends/cuda/register.h"
 #include "backends/reference/model.h"
 #include "core/backend/backend.h"
+#include "core/config/yaml_loader.h"
 #include "core/patches/context.h"
 #include "core/patches/registry.h"
 #include "tests/e2e/cli_runner.h"
@@ -113,6 +114,50 @@ TEST(CudaBackendUnit, PeakTableCoversTheDataCentreGpus) {
 std::string example_args(const std::string& extra) {
   return "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
          "/examples/cuda/gpt2-124M-shakespeare.yaml " + extra;
+}
+
+// Megatron-LM's recompute_method / recompute_num_layers beside recompute_granularity: full: block N
+// recomputes the first N layers; the memory plan and the step-time projection follow the layers.
+TEST(CudaBackendUnit, RecomputeMethodPicksTheLayersFullRecomputes) {
+  auto layers = [](const std::string& yaml) {
+    const config::Value v = config::parse_yaml_text("num_layers: 12\n" + yaml, "exp.yaml");
+    return recompute_layers([&](const std::string& k) { return v.find_path(k); });
+  };
+  EXPECT_EQ(layers("recompute_granularity: none\n"), -1);
+  EXPECT_EQ(layers("recompute_granularity: full\n"), -1);
+  EXPECT_EQ(layers("recompute_granularity: full\nrecompute_method: block\nrecompute_num_layers: 4\n"), 4);
+  EXPECT_EQ(layers("recompute_granularity: full\nrecompute_method: block\n"), 1);  // Megatron-LM's default count
+  EXPECT_EQ(layers("recompute_granularity: full\nrecompute_method: block\nrecompute_num_layers: 80\n"), -1);
+  EXPECT_EQ(layers("recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: 1\n"), -1);
+  const std::pair<const char*, const char*> refused[] = {
+      {"recompute_granularity: selective\nrecompute_method: block\n", "exp.yaml:3:19: recompute_method and"},
+      {"recompute_granularity: full\nrecompute_num_layers: 2\n", "recompute_num_layers needs recompute_method"},
+      {"recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: 2\n",
+       "uniform with recompute_num_layers 2 (chunks of 2 layers"},
+  };
+  for (const auto& [yaml, why] : refused) {
+    try {
+      layers(yaml);
+      ADD_FAILURE() << yaml << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  // Through the binary: the plan's activations and the step's recomputed forward follow the layers.
+  const std::string e = std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/gpt2-124M-shakespeare.yaml";
+  auto step_ms = [&](const std::string& keys) {
+    auto r = primus::testing::run_primus("projection both -c " + e + " --peak-tflops 900 --hbm-gbps 4000 " + keys);
+    EXPECT_EQ(r.code, 0) << r.out;
+    const size_t at = r.out.find("  step ");
+    EXPECT_NE(at, std::string::npos) << r.out;
+    return std::make_pair(at == std::string::npos ? 0.0 : std::stod(r.out.substr(at + 6)), r.out);
+  };
+  const auto [none, none_out] = step_ms("");
+  const auto [full, full_out] = step_ms("recompute_granularity=full");
+  const auto [block, block_out] = step_ms("recompute_granularity=full recompute_method=block recompute_num_layers=4");
+  EXPECT_NE(block_out.find("recompute full in the first 4 layers"), std::string::npos) << block_out;
+  EXPECT_NE(block_out.find("(recompute_granularity full in the first 4 of 12 layers)"), std::string::npos) << block_out;
+  EXPECT_NEAR(block, none + (full - none) * 4 / 12, 0.02) << none_out << full_out << block_out;
 }
 
 TEST(CudaBackendUnit, TrainWithoutDeviceFailsClearlyWithExit3) {

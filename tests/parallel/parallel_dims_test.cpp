@@ -181,6 +181,17 @@ TEST(ParallelDims, ShardingStrategyAndItsOlderName) {
   EXPECT_EQ(all[Dim::CP], 2);
   EXPECT_TRUE(all.sequence_parallel);
   EXPECT_EQ(all.sharding, DpSharding::OptimGradsParams);
+  // Over a tp group of one, sequence parallelism is turned off (Megatron-LM's rule).
+  EXPECT_FALSE(ParallelSizes::from_config(parallel_yaml("sequence_parallel: true")).sequence_parallel);
+  // Megatron-LM's use_torch_fsdp2 is the strategy that shards parameters too.
+  EXPECT_EQ(ParallelSizes::from_config(parallel_yaml("use_torch_fsdp2: true")).sharding, DpSharding::OptimGradsParams);
+  EXPECT_EQ(ParallelSizes::from_config(parallel_yaml("use_torch_fsdp2: true\nuse_distributed_optimizer: false")).sharding,
+            DpSharding::OptimGradsParams);
+  EXPECT_EQ(ParallelSizes::from_config(parallel_yaml("use_torch_fsdp2: false\nuse_distributed_optimizer: true")).sharding,
+            DpSharding::Optim);
+  expect_error<ConfigError>(
+      [] { ParallelSizes::from_config(parallel_yaml("use_torch_fsdp2: true\ndata_parallel_sharding_strategy: optim")); },
+      {"test.yaml:1:18: use_torch_fsdp2: true shards parameters", "test.yaml:2:34 sets optim"});
 }
 
 TEST(ParallelDims, WhatABackendDoesNotImplementIsRefusedByName) {

@@ -88,7 +88,7 @@ void register_step_patches(patches::PatchRegistry& reg) {
       .id = "cuda.memory.recompute",
       .description = "activation recomputation: norms (the two norm outputs recomputed in the backward), selective "
                      "(norms and MLP activation) or full (only each layer's input kept, the layer's forward rerun in "
-                     "the backward)",
+                     "the backward; recompute_method block with recompute_num_layers N: the first N layers only)",
       .tags = {"memory"},
       .slots = {kRecomputePolicy},
       .impl = "backends/cuda/model/memory_plan.cpp (plan: per-layer buffers vs the shared set), backends/cuda/model/decoder.cpp (recompute_layer)",
@@ -98,7 +98,11 @@ void register_step_patches(patches::PatchRegistry& reg) {
       .apply =
           [](PatchContext& c) {
             const Recompute r = parse_recompute(c.text("recompute_granularity"), "recompute_granularity");
-            c.replace<RecomputePolicyFn>(kRecomputePolicy, [r](int64_t, int64_t) { return r; });
+            // recompute_method block N: the first N layers only (Megatron-LM's).
+            const int64_t n = recompute_layers([&](const std::string& k) { return c.get(k); });
+            c.replace<RecomputePolicyFn>(kRecomputePolicy, [r, n](int64_t layer, int64_t) {
+              return n < 0 || layer < n ? r : Recompute::None;
+            });
           },
   });
 
