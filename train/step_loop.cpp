@@ -25,7 +25,8 @@ bool evaluates_at(const TrainingArgs& t, int64_t done) {
 }  // namespace
 
 bool may_launch_ahead(const TrainingArgs& t, int64_t next) {
-  return next < t.train_iters && !saves_at(t, next) && !evaluates_at(t, next);
+  return next < t.train_iters && !saves_at(t, next) && !evaluates_at(t, next) &&
+         !(t.exit_interval > 0 && next % t.exit_interval == 0);
 }
 
 bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, const int64_t& last_saved,
@@ -34,6 +35,18 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
   const bool split = h.launch && h.finish;
   int64_t launched = -1;  // split: the last step launched (finished or not)
   bool stopping = false;  // split: a stop was agreed while a step was in flight
+  const auto start = std::chrono::steady_clock::now();
+  // Why this rank asks to stop after step *step (empty: it does not): a signal, exit_interval,
+  // exit_duration_in_mins. The duration is read on each rank; agree_stop makes any rank's stop everyone's.
+  auto own_stop = [&]() -> std::string {
+    if (exit_requested()) return fmt::format("received signal {}", exit_signal());
+    if (t.exit_interval > 0 && *step % t.exit_interval == 0)
+      return fmt::format("step {} is a multiple of exit_interval {}", *step, t.exit_interval);
+    const double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60.0;
+    if (t.exit_duration_mins > 0 && mins > t.exit_duration_mins)
+      return fmt::format("training has run {:.2f} minutes, past exit_duration_in_mins {}", mins, t.exit_duration_mins);
+    return "";
+  };
   while (*step < t.train_iters) {
     const auto t0 = std::chrono::steady_clock::now();  // the previous step's bookkeeping is done
     double norm = 0;
@@ -77,17 +90,21 @@ bool run_step_loop(const TrainingArgs& t, int64_t seq_length, int64_t* step, con
       const double vl = h.evaluate();
       if (std::isfinite(vl) && progress) progress->eval(*step, vl);
     }
-    const bool stop = h.agree_stop ? h.agree_stop(exit_requested()) : exit_requested();
+    const std::string mine = own_stop();
+    const bool stop = h.agree_stop ? h.agree_stop(!mine.empty()) : !mine.empty();
     if (stop && launched >= *step) {  // the step in flight finishes first; the checkpoint follows it
       stopping = true;
       continue;
     }
     if (saves_at(t, *step) || stop) h.save(*step);
     if (stop) {
-      const std::string why = exit_requested() ? fmt::format("received signal {}", exit_signal())
-                                                : std::string("another rank received a stop signal");
-      spdlog::info("[signal] {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true (or load={})",
-                   why, *step, t.ckpt.save.string(), t.ckpt.save.string());
+      const std::string why = !mine.empty()             ? mine
+                              : t.exit_duration_mins > 0 ? "another rank received a stop signal or passed "
+                                                           "exit_duration_in_mins"
+                                                         : "another rank received a stop signal";
+      spdlog::info("[{}] {}: checkpoint of step {} saved in {}; resume with auto_continue_train=true (or load={})",
+                   exit_requested() || mine.empty() ? "signal" : "stop", why, *step, t.ckpt.save.string(),
+                   t.ckpt.save.string());
       return true;
     }
   }

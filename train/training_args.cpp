@@ -23,6 +23,10 @@ void add_training_schema(config::Schema& s) {
       .number("lr", 3e-4, "peak learning rate", 0.0)
       .number("min_lr", 0.0, "learning rate at the end of decay", 0.0)
       .integer("lr_warmup_iters", 0, "linear warmup steps", 0)
+      .number("lr_warmup_fraction", std::nullopt,
+              "Megatron-LM's warmup as a fraction of lr_decay_iters (rounded down to steps), in place of the module "
+              "config's lr_warmup_iters; refused beside a non-zero lr_warmup_iters of the experiment or command line",
+              0.0, 1.0)
       .integer("lr_decay_iters", std::nullopt, "step where decay ends (default: train_iters)", 1)
       .text("lr_decay_style", "cosine", "cosine, linear, constant or WSD (warmup-stable-decay)",
             {"cosine", "linear", "constant", "WSD"})
@@ -123,6 +127,22 @@ void add_training_schema(config::Schema& s) {
             "is over the tokens that keep a loss")
       .flag("skip_nan_steps", false, "skip a step whose loss or gradients are not finite instead of stopping")
       .flag("exit_signal_handler", true, "on SIGTERM/SIGUSR1 finish the step, checkpoint and exit 0")
+      .integer("exit_interval", std::nullopt,
+               "Megatron-LM's: after a step that is a multiple of this, checkpoint and exit 0 (as a stop signal "
+               "does; resume with auto_continue_train)",
+               1)
+      .number("exit_duration_in_mins", std::nullopt,
+              "Megatron-LM's: after the first step to end this many minutes after training started (on any rank), "
+              "checkpoint and exit 0, so a job within a time limit leaves a checkpoint to resume from",
+              0.0)
+      .flag("check_for_nan_in_loss_and_grad", true,
+            "Megatron-LM's switch, accepted as true: every step checks its loss and gradient norm and stops (or "
+            "skips, skip_nan_steps) when one is not finite; false is refused (the check is always on)")
+      .flag("manual_gc", false,
+            "Megatron-LM's switch for Python's garbage collector: accepted either way, there is no garbage collector "
+            "here to pause a step")
+      .integer("manual_gc_interval", 0, "Megatron-LM's garbage-collection interval: accepted, no collector here", 0)
+      .flag("manual_gc_eval", false, "Megatron-LM's garbage collection at evaluations: accepted, no collector here")
       .text("tensorboard_dir", std::nullopt, "TensorBoard event folder (default: derived from the workspace)")
       .flag("disable_tensorboard", false,
             "Primus' switch: true writes no TensorBoard events (metrics.jsonl still has every scalar)")
@@ -268,11 +288,32 @@ TrainingArgs TrainingArgs::from_config(const config::Value& p, const config::Exp
   a.eval_iters = i("eval_iters");
   a.skip_nan_steps = b("skip_nan_steps");
   a.exit_on_signal = b("exit_signal_handler");
+  if (const config::Value* v = p.find_path("exit_interval"); v && !v->is_null()) a.exit_interval = v->as_int();
+  if (const config::Value* v = p.find_path("exit_duration_in_mins"); v && !v->is_null()) {
+    a.exit_duration_mins = v->as_double();
+    if (a.exit_duration_mins <= 0)
+      throw ConfigError(fmt::format("{}: exit_duration_in_mins must be positive (unset: no limit)", v->origin().str()));
+  }
+  if (const config::Value* v = p.find_path("check_for_nan_in_loss_and_grad"); v && !v->is_null() && !v->as_bool())
+    throw ConfigError(fmt::format("{}: check_for_nan_in_loss_and_grad: false is not implemented (every step checks its "
+                                  "loss and gradient norm; skip_nan_steps: true skips a non-finite step instead of "
+                                  "stopping); remove the key",
+                                  v->origin().str()));
   a.optim.lr = d("lr");
   a.optim.min_lr = d("min_lr");
   a.optim.warmup_iters = i("lr_warmup_iters");
   const config::Value* di = p.find_path("lr_decay_iters");
   a.optim.decay_iters = di && !di->is_null() ? di->as_int() : a.train_iters;
+  if (const config::Value* wf = p.find_path("lr_warmup_fraction"); wf && !wf->is_null()) {
+    // The fraction replaces the module config's default warmup; beside a warmup the experiment or
+    // the command line sets, the two contradict (Megatron-LM refuses both as well).
+    const config::Value& wi = *p.find_path("lr_warmup_iters");
+    const std::string from = wi.origin().file;
+    if (a.optim.warmup_iters != 0 && (from == exp.file.string() || from.rfind("<command line", 0) == 0))
+      throw ConfigError(fmt::format("{}: lr_warmup_fraction and {} lr_warmup_iters {}: set one of them",
+                                    wf->origin().str(), wi.origin().str(), a.optim.warmup_iters));
+    a.optim.warmup_iters = static_cast<int64_t>(wf->as_double() * static_cast<double>(a.optim.decay_iters));
+  }
   a.optim.decay_style = p.find_path("lr_decay_style")->as_string();
   a.optim.wsd_decay_style = p.find_path("lr_wsd_decay_style")->as_string();
   const config::Value* wi = p.find_path("lr_wsd_decay_iters");

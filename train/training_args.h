@@ -103,6 +103,8 @@ struct TrainingArgs {
   std::string stderr_sink_level;  // the console's log level as configured (empty: unchanged)
   bool skip_nan_steps = false;
   bool exit_on_signal = true;    // SIGTERM / SIGUSR1: checkpoint, then exit 0
+  int64_t exit_interval = 0;         // > 0: checkpoint and exit 0 after a step that is a multiple of it
+  double exit_duration_mins = 0;     // > 0: checkpoint and exit 0 once training has run this long
   OptimizerArgs optim;
   DataArgs data;
   CheckpointArgs ckpt;

@@ -179,6 +179,10 @@ void add_cuda_schema(config::Schema& s) {
       .flag("grad_reduce_in_bf16", false,
             "data parallelism: reduce gradient buckets in bf16 (half the traffic; each sum rounded to bf16) instead "
             "of fp32");
+  s.alias("recompute_activations", "recompute_granularity", config::Value::string("selective"), config::Value::null(),
+          "Megatron-LM's shortcut: true is recompute_granularity: selective; false leaves recompute_granularity as set")
+      .alias("deterministic_mode", "deterministic", config::Value::boolean(true), config::Value::boolean(false),
+             "Megatron-LM's name of deterministic");
   parallel::add_data_parallel_schema(s);  // use_distributed_optimizer, ddp_bucket_size_mb
   add_turbo_schema(s);                    // Primus-Turbo's switches (turbo_keys.h)
 }

@@ -87,6 +87,10 @@ void Schema::translate_aliases(Value& layer) const {
                                     Value::kind_name(v->kind()), v->scalar_text(), a.doc));
     }
     Value to = v->as_bool() ? a.if_true : a.if_false;
+    if (to.is_null()) {  // this value of the alias sets nothing (Megatron-LM's recompute_activations: false)
+      layer.erase(a.key);
+      continue;
+    }
     to.set_origin(v->origin());
     if (const Value* t = layer.find(a.target); t && !t->same_content(to)) {
       throw ConfigError(fmt::format("{}: {}: {} means {}: {}, but {} sets {}: {}", v->origin().str(), a.key,

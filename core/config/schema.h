@@ -24,7 +24,8 @@ struct KeySpec {
 };
 
 // Another project's name for a value of a key (Megatron-LM's `swiglu: true` for
-// `activation: swiglu`): a boolean whose true and false each stand for one value of the target.
+// `activation: swiglu`): a boolean whose true and false each stand for one value of the target,
+// or for nothing (a null value: the alias set to it leaves the target as the other layers set it).
 struct KeyAlias {
   std::string key;     // top-level, as the target
   std::string target;

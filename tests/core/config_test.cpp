@@ -306,6 +306,19 @@ TEST_F(ExperimentTest, AliasesBecomeTheirTargetInTheirOwnLayer) {
   EXPECT_THROW(schema_.alias("x", "nope", Value::string("a"), Value::string("b"), ""), std::logic_error);
 }
 
+// An alias whose value stands for nothing (null) leaves the target as the layers set it, in the
+// alias's own layer too (Megatron-LM's recompute_activations: false beside recompute_granularity).
+TEST_F(ExperimentTest, AnAliasValueOfNothingLeavesTheTargetAlone) {
+  schema_.alias("fast_opt", "optimizer", Value::string("sgd"), Value::null(), "true is optimizer: sgd");
+  d_.write("configs/models/tiny.yaml", "num_layers: 2\nhidden_size: 64\noptimizer: sgd\n");
+  auto m = resolve("      fast_opt: false\n");
+  EXPECT_EQ(m.params.find("optimizer")->as_string(), "sgd");  // the model preset's, untouched
+  EXPECT_NE(m.params.find("optimizer")->origin().str().find("tiny.yaml"), std::string::npos);
+  EXPECT_EQ(m.params.find("fast_opt"), nullptr);
+  EXPECT_EQ(resolve("      fast_opt: false\n      optimizer: adamw\n").params.find("optimizer")->as_string(), "adamw");
+  EXPECT_EQ(resolve("      optimizer: adamw\n", {"fast_opt=true"}).params.find("optimizer")->as_string(), "sgd");
+}
+
 TEST_F(ExperimentTest, ExplainShowsWhereEachKeyWasSet) {
   auto m = resolve("      micro_batch_size: 4\n");
   std::string s = render_yaml(m.params, true);

@@ -185,3 +185,70 @@ TEST(PrimusKeysE2E, APrimusStyleMixtralExperimentPlansOnTheCudaBackend) {
   EXPECT_EQ(platform.code, 2) << platform.out;
   EXPECT_NE(platform.out.find("Primus' `platform` section is not read here"), std::string::npos) << platform.out;
 }
+
+// Megatron-LM's training keys that Primus' experiments and launch scripts set: exit_interval
+// checkpoints and exits 0 after a multiple (a resume stops at the next), lr_warmup_fraction replaces
+// the module config's warmup and is refused beside the experiment's own, the garbage-collection keys
+// are accepted (no collector here) and a switched-off NaN check is refused by name.
+TEST(PrimusKeysE2E, MegatronTrainingKeysCarryOver) {
+  namespace fs = std::filesystem;
+  Workdir w;
+  const std::string args = tiny_run_args(w.str()) + " train_iters=10 log_interval=1 exit_interval=4 manual_gc=true "
+                                                    "manual_gc_interval=1 check_for_nan_in_loss_and_grad=true";
+  auto first = run_primus(args);
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("[stop] step 4 is a multiple of exit_interval 4: checkpoint of step 4"), std::string::npos)
+      << first.out;
+  EXPECT_EQ(step_lines(first.out).size(), 4u) << first.out;
+  auto again = run_primus(args + " auto_continue_train=true");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("[stop] step 8 is a multiple of exit_interval 4"), std::string::npos) << again.out;
+  EXPECT_EQ(step_lines(again.out).size(), 4u) << again.out;
+  bool ckpt8 = false;
+  for (const auto& e : fs::recursive_directory_iterator(w.path()))
+    ckpt8 = ckpt8 || e.path().filename() == "iter_0000008";
+  EXPECT_TRUE(ckpt8) << "no checkpoint of step 8 under " << w.str();
+
+  auto nan = run_primus(args + " check_for_nan_in_loss_and_grad=false");
+  EXPECT_EQ(nan.code, 2) << nan.out;
+  EXPECT_NE(nan.out.find("check_for_nan_in_loss_and_grad: false is not implemented"), std::string::npos) << nan.out;
+
+  const std::string exp = w.write("warm.yaml",
+                                  "workspace: " + w.str() + "/warm\nmodules:\n  pre_trainer:\n    framework: reference\n"
+                                  "    config: pretrain.yaml\n    model: gpt2/tiny.yaml\n    overrides:\n"
+                                  "      mock_data: true\n      train_iters: 100\n      lr_warmup_fraction: 0.25\n")
+                              .string();
+  auto plan = run_primus("train pretrain --config " + exp + " --dry-run");
+  ASSERT_EQ(plan.code, 0) << plan.out;
+  EXPECT_NE(plan.out.find("(cosine, warmup 25)"), std::string::npos) << plan.out;
+  auto both = run_primus("train pretrain --config " + exp + " --dry-run lr_warmup_iters=3");
+  EXPECT_EQ(both.code, 2) << both.out;
+  EXPECT_NE(both.out.find("warm.yaml:10:27: lr_warmup_fraction and <command line: lr_warmup_iters=3>"),
+            std::string::npos)
+      << both.out;
+}
+
+// Megatron-LM's recompute_activations (true: recompute_granularity selective; false leaves it as
+// set) and deterministic_mode (deterministic) on the cuda backend.
+TEST(PrimusKeysE2E, MegatronRecomputeAndDeterminismNamesOnTheCudaBackend) {
+  if (run_primus("backends").out.find("cuda ") == std::string::npos) {
+    GTEST_SKIP() << "this build has no cuda backend (the sanitizer build leaves it out)";
+  }
+  Workdir w;
+  const std::string base = "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
+                           "/examples/cuda/gpt2-124M-shakespeare.yaml --dry-run workspace=" + w.str();
+  auto sel = run_primus(base + " recompute_activations=true");
+  ASSERT_EQ(sel.code, 0) << sel.out;
+  EXPECT_NE(sel.out.find("apply cuda.memory.recompute: condition true (recompute_granularity=selective)"),
+            std::string::npos)
+      << sel.out;
+  auto full = run_primus(base + " recompute_activations=false recompute_granularity=full");
+  ASSERT_EQ(full.code, 0) << full.out;
+  EXPECT_NE(full.out.find("(recompute_granularity=full)"), std::string::npos) << full.out;
+  auto off = run_primus(base + " recompute_activations=false");
+  ASSERT_EQ(off.code, 0) << off.out;
+  EXPECT_NE(off.out.find("skip  cuda.memory.recompute"), std::string::npos) << off.out;
+  auto det = run_primus(base + " deterministic_mode=true");
+  ASSERT_EQ(det.code, 0) << det.out;
+  EXPECT_NE(det.out.find("apply cuda.attention.deterministic"), std::string::npos) << det.out;
+}

@@ -168,3 +168,37 @@ TEST(StepLoop, SignalLetsTheStepInFlightFinishThenCheckpointsAfterIt) {
   EXPECT_EQ(join(d.log), "L0 L1 F0 L2 F1 L3 F2 L4 F3 F4 S5") << "no test evaluation after a stop signal";
   EXPECT_TRUE(d.queue.empty());
 }
+
+// Megatron-LM's exit_interval: after a step that is a multiple of it, the loop checkpoints and
+// stops, and it launches no step past it (nothing in flight at the checkpoint, no test evaluation).
+TEST(StepLoop, ExitIntervalCheckpointsAndStopsAtAMultiple) {
+  reset_exit_request();
+  TrainingArgs t = args(10);
+  t.exit_interval = 3;
+  FakeDevice d;
+  int64_t step = 0;
+  EXPECT_TRUE(run_step_loop(t, 8, &step, -1, nullptr, d.hooks()));
+  EXPECT_EQ(step, 3);
+  EXPECT_EQ(join(d.log), "L0 L1 F0 L2 F1 F2 S3");
+  EXPECT_FALSE(may_launch_ahead(t, 6));
+  EXPECT_TRUE(may_launch_ahead(t, 5));
+  // A resumed run stops at the next multiple.
+  FakeDevice r;
+  EXPECT_TRUE(run_step_loop(t, 8, &step, 3, nullptr, r.hooks()));
+  EXPECT_EQ(step, 6);
+  EXPECT_EQ(join(r.log), "L3 L4 F3 L5 F4 F5 S6");
+}
+
+// Megatron-LM's exit_duration_in_mins: once training has run that long, the step in flight
+// finishes and the checkpoint follows it, as after a stop signal.
+TEST(StepLoop, ExitDurationLetsTheStepInFlightFinishThenCheckpoints) {
+  reset_exit_request();
+  TrainingArgs t = args(10);
+  t.exit_duration_mins = 1e-9;  // passed by the end of the first step
+  FakeDevice d;
+  int64_t step = 0;
+  EXPECT_TRUE(run_step_loop(t, 8, &step, -1, nullptr, d.hooks()));
+  EXPECT_EQ(step, 2);
+  EXPECT_EQ(join(d.log), "L0 L1 F0 F1 S2");
+  EXPECT_TRUE(d.queue.empty());
+}
