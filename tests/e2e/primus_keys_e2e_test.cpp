@@ -237,18 +237,15 @@ TEST(PrimusKeysE2E, MegatronRecomputeAndDeterminismNamesOnTheCudaBackend) {
   Workdir w;
   const std::string base = "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) +
                            "/examples/cuda/gpt2-124M-shakespeare.yaml --dry-run workspace=" + w.str();
-  auto sel = run_primus(base + " recompute_activations=true");
-  ASSERT_EQ(sel.code, 0) << sel.out;
-  EXPECT_NE(sel.out.find("apply cuda.memory.recompute: condition true (recompute_granularity=selective)"),
-            std::string::npos)
-      << sel.out;
-  auto full = run_primus(base + " recompute_activations=false recompute_granularity=full");
-  ASSERT_EQ(full.code, 0) << full.out;
-  EXPECT_NE(full.out.find("(recompute_granularity=full)"), std::string::npos) << full.out;
-  auto off = run_primus(base + " recompute_activations=false");
-  ASSERT_EQ(off.code, 0) << off.out;
-  EXPECT_NE(off.out.find("skip  cuda.memory.recompute"), std::string::npos) << off.out;
-  auto det = run_primus(base + " deterministic_mode=true");
-  ASSERT_EQ(det.code, 0) << det.out;
-  EXPECT_NE(det.out.find("apply cuda.attention.deterministic"), std::string::npos) << det.out;
+  const std::pair<const char*, const char*> plans[] = {
+      {"recompute_activations=true", "apply cuda.memory.recompute: condition true (recompute_granularity=selective)"},
+      {"recompute_activations=false recompute_granularity=full", "(recompute_granularity=full)"},
+      {"recompute_activations=false", "skip  cuda.memory.recompute"},
+      {"deterministic_mode=true", "apply cuda.attention.deterministic"},
+  };
+  for (const auto& [keys, planned] : plans) {
+    auto r = run_primus(base + " " + keys);
+    ASSERT_EQ(r.code, 0) << keys << "\n" << r.out;
+    EXPECT_NE(r.out.find(planned), std::string::npos) << keys << "\n" << r.out;
+  }
 }
