@@ -203,33 +203,34 @@ TurboSelection check_turbo_keys(const config::Value& p, std::string& attention_b
   }
 
   // Two names of one switch each (Primus-Turbo renamed them): both set must agree.
-  auto one_of = [&](const char* a, const char* b) -> const config::Value& {
+  // Returns the name set (b where a layer set it, else a) and its value.
+  auto one_of = [&](const char* a, const char* b) -> std::pair<const char*, const config::Value*> {
     const config::Value& va = *p.find_path(a);
     const config::Value& vb = *p.find_path(b);
     if (set_by_a_layer(va) && set_by_a_layer(vb) && va.as_bool() != vb.as_bool())
       throw ConfigError(fmt::format("{}: {}: {} and {}: {}: {} are one switch with two names", va.origin().str(), a,
                                     va.as_bool(), vb.origin().str(), b, vb.as_bool()));
-    return set_by_a_layer(vb) ? vb : va;
+    return set_by_a_layer(vb) ? std::pair{b, &vb} : std::pair{a, &va};
   };
-  const config::Value& grouped = one_of("use_turbo_grouped_mlp", "use_turbo_grouped_gemm");
-  if (!grouped.as_bool() && p.find_path("num_experts")->as_int() > 0)
-    throw ConfigError(fmt::format("{}: use_turbo_grouped_mlp: false with experts is not implemented as such: the "
+  const auto [grouped_name, grouped] = one_of("use_turbo_grouped_mlp", "use_turbo_grouped_gemm");
+  if (!grouped->as_bool() && p.find_path("num_experts")->as_int() > 0)
+    throw ConfigError(fmt::format("{}: {}: false with experts is not implemented as such: the "
                                   "experts' GEMMs outside Turbo's grouped kernel are turbo_grouped_gemm_backend: "
                                   "CUBLASLT (one cuBLASLt GEMM per expert; needs cuda_graph: false); set that, or "
                                   "remove the key for Turbo's kernel",
-                                  grouped.origin().str()));
-  const config::Value& linear = one_of("use_turbo_gemm", "use_turbo_parallel_linear");
+                                  grouped->origin().str(), grouped_name));
+  const auto [linear_name, linear] = one_of("use_turbo_gemm", "use_turbo_parallel_linear");
 
   TurboSelection sel;
   const bool graph_off = parse_cuda_graph(*p.find_path("cuda_graph")) == GraphMode::Off;
   sel.gemm_backend = check_backend(p, "turbo_gemm_backend", "gemm", graph_off);
-  if (!linear.as_bool()) {
+  if (!linear->as_bool()) {
     if (!sel.gemm_backend.empty() && lower(sel.gemm_backend) != "cublaslt")
-      throw ConfigError(fmt::format("{}: use_turbo_gemm: false asks for cuBLASLt's GEMMs and {} sets turbo_gemm_backend: "
-                                    "{}: keep one of them",
-                                    linear.origin().str(), where("turbo_gemm_backend"), sel.gemm_backend));
+      throw ConfigError(fmt::format("{}: {}: false asks for cuBLASLt's GEMMs and {} sets turbo_gemm_backend: {}: keep "
+                                    "one of them",
+                                    linear->origin().str(), linear_name, where("turbo_gemm_backend"), sel.gemm_backend));
     sel.gemm_backend = "CUBLASLT";
-    sel.gemm_key = "use_turbo_gemm: false";
+    sel.gemm_key = fmt::format("{}: false", linear_name);
   }
   sel.grouped_gemm_backend = check_backend(p, "turbo_grouped_gemm_backend", "grouped_gemm", graph_off);
   sel.autotune = p.find_path("use_turbo_autotune")->as_bool();

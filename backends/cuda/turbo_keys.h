@@ -2,7 +2,10 @@
 // enable_primus_turbo, use_turbo_attention, turbo_gemm_backend, ...), on the cuda backend, whose
 // operators are this project's Turbo. An experiment written for Primus carries them over:
 //   - a switch that names what the backend does is accepted at that value, and the other value is
-//     refused by name with the reason (there is no second operator set to fall back to);
+//     refused by name with the reason (there is no second operator set to fall back to); where
+//     the other value names Transformer Engine's kernels, which on NVIDIA GPUs are the cuDNN
+//     attention and cuBLASLt GEMMs Turbo's ops run (use_turbo_attention, use_turbo_gemm), both
+//     values are accepted, and use_turbo_grouped_mlp: false only without experts;
 //   - the backend selections (turbo_gemm_backend, turbo_grouped_gemm_backend, use_turbo_autotune)
 //     set Turbo's dispatcher as PRIMUS_TURBO_<OP>_BACKEND / PRIMUS_TURBO_AUTO_TUNE do, in this
 //     project's backend names (CUBLASLT, TURBO; AMD's hipblaslt, triton, aiter are refused);
