@@ -17,11 +17,20 @@ DataParallelArgs DataParallelArgs::from_config(const config::Value& p) {
   // data_parallel_sharding_strategy: optim is use_distributed_optimizer's newer name. The
   // strategies beyond it are refused by ParallelSizes::check_implemented, not here.
   a.distributed_optimizer = dp_sharding_from_config(p) != DpSharding::NoShard;
-  if (const config::Value* v = p.find_path("ddp_bucket_size_mb"); v && !v->is_null()) a.bucket_size_mb = v->as_double();
+  const config::Value* mb = p.find_path("ddp_bucket_size_mb");
+  if (mb && !mb->is_null()) a.bucket_size_mb = mb->as_double();
+  if (const config::Value* v = p.find_path("ddp_bucket_size"); v && !v->is_null()) {
+    if (mb && !mb->is_null() && mb->origin().file != "<schema default>")
+      throw ConfigError(fmt::format("{}: ddp_bucket_size (elements, Megatron-LM's) and {} ddp_bucket_size_mb: set one "
+                                    "of them",
+                                    v->origin().str(), mb->origin().str()));
+    a.bucket_elements = v->as_int();
+  }
   return a;
 }
 
 int64_t DataParallelArgs::bucket_elems(size_t elem_bytes) const {
+  if (bucket_elements > 0) return bucket_elements;
   double n = bucket_size_mb * 1024.0 * 1024.0 / static_cast<double>(elem_bytes);
   return std::max<int64_t>(1, static_cast<int64_t>(n));
 }
@@ -32,6 +41,8 @@ void add_data_parallel_schema(config::Schema& s) {
          "(gradients reduce-scattered, weights all-gathered); the same as data_parallel_sharding_strategy: optim")
       .number("ddp_bucket_size_mb", 160.0, "gradients are reduced across ranks in buckets of this many MiB", 0.001,
               65536.0)
+      .integer("ddp_bucket_size", std::nullopt,
+               "Megatron-LM's bucket size in gradient elements, in place of ddp_bucket_size_mb (set one of them)", 1)
       .flag("overlap_param_gather", false,
             "Megatron-LM's switch: the all-gather of the updated weights under the next forward. Without a sharded "
             "optimizer there is no gather and true holds trivially; with one (ZeRO-1, FSDP) the gather runs after "

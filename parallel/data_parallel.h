@@ -22,10 +22,11 @@ struct DataParallelArgs {
   // ddp_bucket_size_mb: gradient reduction granularity. 160 MiB = 40M fp32 elements, Megatron-LM's
   // default bucket; on 2 H200s it scaled 1.90x where 25 MiB gave 1.87-1.89x (docs/performance.md).
   double bucket_size_mb = 160;
+  int64_t bucket_elements = 0;  // ddp_bucket_size (Megatron-LM's, in elements): wins when > 0
   // Reads the keys add_data_parallel_schema declares and data_parallel_sharding_strategy
   // (add_parallel_schema's); a schema without them keeps the defaults.
   static DataParallelArgs from_config(const config::Value& params);
-  // Elements of `elem_bytes` in one bucket (at least 1).
+  // Elements of `elem_bytes` in one bucket (at least 1): ddp_bucket_size, else ddp_bucket_size_mb's.
   int64_t bucket_elems(size_t elem_bytes) const;
 };
 

@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <memory>
 
+#include "core/config/schema.h"
+#include "core/config/yaml_loader.h"
+#include "core/util/error.h"
 #include "data/dataset/mock_dataset.h"
 #include "parallel/socket_process_group.h"
 #include "tests/core/test_util.h"
@@ -160,6 +163,28 @@ TEST(DataParallelArgs, DefaultsWhenTheSchemaLacksTheKeys) {
   EXPECT_EQ(a.bucket_elems(4), 262144);
   a.bucket_size_mb = 1e-9;
   EXPECT_EQ(a.bucket_elems(4), 1);
+}
+
+// Megatron-LM's ddp_bucket_size counts gradient elements and replaces the MiB key, refused beside a
+// ddp_bucket_size_mb a layer sets.
+TEST(DataParallelArgs, MegatronBucketSizeInElements) {
+  config::Schema s;
+  add_data_parallel_schema(s);
+  auto args = [&](const std::string& yaml) {
+    config::Value v = config::parse_yaml_text(yaml, "exp.yaml");
+    s.validate(v);
+    s.apply_defaults(v);
+    return DataParallelArgs::from_config(v);
+  };
+  EXPECT_EQ(args("ddp_bucket_size: 1000000\n").bucket_elems(4), 1000000);
+  EXPECT_EQ(args("ddp_bucket_size: 1000000\n").bucket_elems(2), 1000000);  // elements whatever their dtype
+  EXPECT_EQ(args("ddp_bucket_size_mb: 1\n").bucket_elems(4), 262144);
+  try {
+    args("ddp_bucket_size: 1000\nddp_bucket_size_mb: 1\n");
+    ADD_FAILURE() << "both bucket sizes were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("exp.yaml:1:18: ddp_bucket_size (elements"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ProgressReporter, DisabledOnOtherRanksWritesNothing) {
