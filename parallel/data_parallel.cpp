@@ -20,7 +20,7 @@ DataParallelArgs DataParallelArgs::from_config(const config::Value& p) {
   const config::Value* mb = p.find_path("ddp_bucket_size_mb");
   if (mb && !mb->is_null()) a.bucket_size_mb = mb->as_double();
   if (const config::Value* v = p.find_path("ddp_bucket_size"); v && !v->is_null()) {
-    if (mb && !mb->is_null() && mb->origin().file != "<schema default>")
+    if (config::set_by_a_layer(mb))
       throw ConfigError(fmt::format("{}: ddp_bucket_size (elements, Megatron-LM's) and {} ddp_bucket_size_mb: set one "
                                     "of them",
                                     v->origin().str(), mb->origin().str()));

@@ -30,7 +30,6 @@ namespace {
 
 constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 constexpr const char* kHfSingleFile = "model.safetensors";
-constexpr const char* kHfSchemaDefault = "<schema default>";
 constexpr int64_t kHfRopeSeqCap = 4096;
 
 // The model keys this build knows (other families' keys appear as they are implemented).
@@ -580,7 +579,6 @@ fs::path load_hf_dir(const config::Value& params) {
 }
 
 namespace {
-bool hf_user_set(const config::Value* v) { return v && !v->is_null() && v->origin().file != kHfSchemaDefault; }
 
 bool hf_same_value(const config::Value& a, const config::Value& b) {
   using K = config::Value::Kind;
@@ -606,7 +604,7 @@ config::Value resolve_load_hf(const config::Value& params, const fs::path& exper
   config::Value out = params;
   for (auto& [k, v] : keys.entries()) {
     const config::Value* cur = out.find_path(k);
-    if (hf_user_set(cur)) {
+    if (config::set_by_a_layer(cur)) {
       if (hf_soft_key(k) || hf_same_value(*cur, v)) continue;  // the user's training choice, or the same value
       throw ConfigError(fmt::format("{}: {} = {} conflicts with {} ({}), which load_hf ({}) takes the architecture "
                                     "from; remove the key",
@@ -621,7 +619,7 @@ config::Value resolve_load_hf(const config::Value& params, const fs::path& exper
     HfConfig c(j, dir / "config.json");
     const int64_t mpe = c.integer("max_position_embeddings", int64_t{1} << 21);
     const config::Value* sl = out.find_path("seq_length");
-    if (hf_user_set(sl)) {
+    if (config::set_by_a_layer(sl)) {
       if (sl->as_int() > mpe) {
         throw ConfigError(fmt::format("{}: seq_length {} exceeds max_position_embeddings {} of {}", sl->origin().str(),
                                       sl->as_int(), mpe, (dir / "config.json").string()));

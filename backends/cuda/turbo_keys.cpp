@@ -69,8 +69,6 @@ constexpr TurboFixed kTurboFixed[] = {
     {"turbo_mega_moe_precision", "bf16", "the fused MegaMoE layer, whose precision it is, is not implemented"},
 };
 
-bool set_by_a_layer(const config::Value& v) { return v.origin().file != "<schema default>"; }
-
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
@@ -182,7 +180,7 @@ TurboSelection check_turbo_keys(const config::Value& p, std::string& attention_b
                                   te->origin().str()));
 
   const config::Value& ta = *p.find_path("use_turbo_attention");
-  if (set_by_a_layer(ta) && ta.as_bool()) {
+  if (config::set_by_a_layer(&ta) && ta.as_bool()) {
     if (attention_backend == "fallback")
       throw ConfigError(fmt::format("{}: use_turbo_attention: true asks for Turbo's attention op and {} sets "
                                     "attention_backend: fallback, the unfused path: keep one of them",
@@ -207,10 +205,10 @@ TurboSelection check_turbo_keys(const config::Value& p, std::string& attention_b
   auto one_of = [&](const char* a, const char* b) -> std::pair<const char*, const config::Value*> {
     const config::Value& va = *p.find_path(a);
     const config::Value& vb = *p.find_path(b);
-    if (set_by_a_layer(va) && set_by_a_layer(vb) && va.as_bool() != vb.as_bool())
+    if (config::set_by_a_layer(&va) && config::set_by_a_layer(&vb) && va.as_bool() != vb.as_bool())
       throw ConfigError(fmt::format("{}: {}: {} and {}: {}: {} are one switch with two names", va.origin().str(), a,
                                     va.as_bool(), vb.origin().str(), b, vb.as_bool()));
-    return set_by_a_layer(vb) ? std::pair{b, &vb} : std::pair{a, &va};
+    return config::set_by_a_layer(&vb) ? std::pair{b, &vb} : std::pair{a, &va};
   };
   const auto [grouped_name, grouped] = one_of("use_turbo_grouped_mlp", "use_turbo_grouped_gemm");
   if (!grouped->as_bool() && p.find_path("num_experts")->as_int() > 0)

@@ -41,7 +41,7 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 Schema& Schema::add(KeySpec spec) {
   if (find(spec.key)) throw std::logic_error("schema key defined twice: " + spec.key);
-  spec.default_value.set_origin({"<schema default>", 0, 0});
+  spec.default_value.set_origin({kSchemaDefaultOrigin, 0, 0});
   keys_.push_back(std::move(spec));
   return *this;
 }

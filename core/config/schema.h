@@ -73,6 +73,11 @@ class Schema {
   std::vector<KeyAlias> aliases_;
 };
 
+// The origin apply_defaults gives the values it fills in.
+inline constexpr const char* kSchemaDefaultOrigin = "<schema default>";
+// Whether a config layer set `v`: present, not null, not filled in from the schema's default.
+inline bool set_by_a_layer(const Value* v) { return v && !v->is_null() && v->origin().file != kSchemaDefaultOrigin; }
+
 // Levenshtein distance, used for "did you mean" suggestions.
 size_t edit_distance(const std::string& a, const std::string& b);
 
