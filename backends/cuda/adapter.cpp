@@ -34,10 +34,6 @@ constexpr FixedSwitch kMegatronSwitches[] = {
      "the MoE router (score function, expert bias, group-limited top-k, normalisation, aux- and z-loss terms, "
      "per-expert counts) runs as one fused kernel, forward and backward",
      "the cuda backend has no unfused router"},
-    {"gradient_accumulation_fusion", true,
-     "the weight-gradient GEMMs add into the fp32 gradient buffer (beta 1) across micro-batches instead of writing "
-     "a product and adding it",
-     "the cuda backend has no separate accumulation"},
     {"bias_swiglu_fusion", true,
      "SwiGLU runs fused: one kernel for the dense MLPs, the grouped GEMMs' epilogues for the MoE experts (the "
      "models have no biases)",
@@ -85,6 +81,12 @@ void add_cuda_schema(config::Schema& s) {
             "to back while the host logs and stages the next batches (not at evaluations, checkpoints or a stop "
             "signal, where the host needs the state after step s; one process, no profiler). "
             "PRIMUS_CUDA_LAUNCH_AHEAD=0|1 overrides it")
+      .flag("gradient_accumulation_fusion", true,
+            "Megatron-LM's switch for the linear layers' weight gradients (the transformer layers', the MoE experts', "
+            "the output layer's): true, the weight-gradient GEMM adds into the fp32 gradient (beta 1) across "
+            "micro-batches; false, as Megatron-LM without its fused kernel, the GEMM writes a product that is rounded "
+            "to the weights' dtype (bf16) and then added to the fp32 gradient, at the cost of one more pass over each "
+            "weight gradient and scratch for the largest one in f32 (patch cuda.grad.unfused_accumulation)")
       .flag("optimizer_in_bwd", false,
             "run each layer's AdamW in the backward as soon as its gradients are final, the layers sharing one "
             "gradient buffer (the gradients take one layer's memory instead of the model's; two layers' beside data "
@@ -210,6 +212,7 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   if (optimizer_in_bwd) step.push_back("optimizer in the backward");
   if (split_master) step.push_back("split master weights");
   if (bf16_expert_grads) step.push_back("bf16 expert gradients");
+  if (unfused_wgrad) step.push_back("weight gradients rounded to bf16, then added (unfused accumulation)");
   if (moe_swiglu_epilogue) step.push_back("experts' SwiGLU in the GEMM epilogues");
   if (launch_ahead) step.push_back("launch ahead");
   if (profile_steps > 0) step.push_back(fmt::format("phase profile of {} steps", profile_steps));

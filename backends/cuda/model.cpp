@@ -173,6 +173,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   const bool cp = opt.cp_group && opt.cp_group->world_size() > 1;
   mp.grad_windows = opt.optimizer_in_backward && (opt.grad_mean || opt.grad_mean_group || cp) ? 2 : 1;
   mp.bf16_expert_grads = opt.bf16_expert_grads;
+  mp.unfused_wgrad = opt.unfused_wgrad;
   mp.split_master = opt.split_master;
   mp.exp_avg_bf16 = opt.exp_avg_bf16;
   mp.exp_avg_sq_bf16 = opt.exp_avg_sq_bf16;
@@ -387,6 +388,7 @@ CudaModel::CudaModel(const train::ModelSpec& spec, const CudaModelOptions& opt, 
   dec.fp8_maxima = opt_.fp8_linear ? opt_.fp8_maxima.get() : nullptr;
   dec.fp8_producers = opt_.fp8_linear && spec_.swiglu ? opt_.fp8_producers.get() : nullptr;
   dec.moe_swiglu_epilogue = moe_swiglu_epilogue_applies(opt_, spec_);
+  dec.unfused_wgrad = opt_.unfused_wgrad;
   if (tp) {
     tp_ = std::make_unique<TpComm>(*opt_.tp_group, opt_.tp_map, stream_);
     dec.tp = tp_.get();

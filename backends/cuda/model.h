@@ -155,6 +155,11 @@ struct CudaModelOptions {
   // gradients that the fp32 master's update reads widened. Written once, never accumulated: needs
   // optimizer_in_backward (one micro-batch), bf16 experts (not fp8_moe) and the device.
   bool bf16_expert_grads = false;
+  // gradient_accumulation_fusion: false (Megatron-LM's unfused path): each linear layer's weight
+  // gradient (the transformer layers', the experts', the output layer's) is computed on its own into
+  // f32 scratch, rounded to the weights' dtype and then added to the fp32 gradient, instead of the
+  // GEMM adding into the gradient (beta 1). The scratch grows by the largest such weight (f32).
+  bool unfused_wgrad = false;
   // The fp32 master weights held split (turbo/ops/optimizer.h): the bf16 compute weights are their
   // high halves and a u16 buffer their low halves, so the master costs 2 bytes a parameter beside
   // the weights instead of 4, and AdamW writes no separate bf16 copy; the same fp32 values, the

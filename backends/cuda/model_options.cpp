@@ -30,6 +30,7 @@ CudaModelOptions model_options_for(const CudaArgs& a, int64_t world) {
   mo.loss_slots = t.grad_accum_steps;
   mo.device = a.host_mode ? turbo::Device::CPU : turbo::Device::CUDA;
   mo.moe_swiglu_epilogue = a.moe_swiglu_epilogue;  // patch cuda.moe.swiglu_epilogue
+  mo.unfused_wgrad = a.unfused_wgrad;              // patch cuda.grad.unfused_accumulation
   mo.fp8_linear = a.fp8 != "none";
   if (mo.fp8_linear)
     mo.fp8_multiple = turbo::linear_fp8_multiple(turbo::parse_fp8_recipe(a.fp8, a.fp8_recipe, "fp8", "fp8_recipe"));

@@ -139,23 +139,33 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
         double(moe));
   m.add("activations", "LM head logits block, per-token losses, token and target slots", double(head));
   m.add("activations", "the backward's working gradients (shared by the layers)", double(backward));
-  // Scratch: with FP8 the quantized copies are what grows it over the bf16 plan's.
+  // Scratch: with FP8 the quantized copies are what grows it over the bf16 plan's; unfused
+  // accumulation adds one weight gradient.
+  size_t scratch = sz.scratch_arena;
+  if (mp.unfused_wgrad) {
+    MemoryPlanOptions fused = mp;
+    fused.unfused_wgrad = false;
+    const size_t without = MemoryPlan::sizes(spec, layout, fused).scratch_arena;
+    m.add("gradients", "the largest weight gradient in f32, before it is rounded and added "
+          "(gradient_accumulation_fusion: false)", double(scratch - std::min(without, scratch)));
+    scratch = std::min(without, scratch);
+  }
   if (mp.fp8_linear) {
     MemoryPlanOptions bf16 = mp;
     bf16.fp8_linear = false;
     bf16.fp8_moe = false;
+    bf16.unfused_wgrad = false;
     const size_t base = MemoryPlan::sizes(spec, layout, bf16).scratch_arena;
     m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)", double(base));
     m.add("fp8", fmt::format("FP8 ({}) quantized copies of one layer's GEMM operands and their scales", lay.fp8),
-          double(sz.scratch_arena - std::min(base, sz.scratch_arena)));
-    if (sz.scratch_arena <= base) {
+          double(scratch - std::min(base, scratch)));
+    if (scratch <= base) {
       m.notes.push_back(fmt::format("fp8 {}: the quantized copies of one layer's GEMM operands fit in the op scratch the "
                                     "other ops already need (no memory of their own at this size)",
                                     lay.fp8));
     }
   } else {
-    m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)",
-          double(sz.scratch_arena));
+    m.add("workspace", "op scratch (the largest single borrow: attention workspace, norm partials)", double(scratch));
   }
   if (!mo.muon.empty()) {  // OptimizerState's own arenas (model/optimizer_state.cpp)
     std::vector<std::pair<int64_t, int64_t>> shapes;

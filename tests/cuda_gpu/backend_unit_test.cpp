@@ -282,8 +282,8 @@ TEST(CudaBackendUnit, StepOptionsAreSwitchedOnByTheirPatches) {
 TEST(CudaBackendUnit, MegatronFusionSwitchesAcceptWhatRunsAndRefuseTheRest) {
   primus::testing::Workdir w;
   const std::string moe = "train pretrain --config " + std::string(PRIMUS_SOURCE_DIR) + "/examples/cuda/olmoe-mini.yaml ";
-  const char* fused[] = {"moe_permute_fusion", "moe_router_fusion", "gradient_accumulation_fusion",
-                         "bias_swiglu_fusion", "apply_rope_fusion", "cross_entropy_loss_fusion"};
+  const char* fused[] = {"moe_permute_fusion", "moe_router_fusion", "bias_swiglu_fusion", "apply_rope_fusion",
+                         "cross_entropy_loss_fusion"};
   std::string megatron;
   for (const char* k : fused) megatron += std::string(k) + "=true ";
   auto ok = primus::testing::run_primus(moe + "--dry-run " + megatron + "moe_shared_expert_overlap=false workspace=" +

@@ -1,6 +1,8 @@
 #include "step_fixture.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -132,6 +134,81 @@ void expect_bias_grad_mode_matches_separate(const char* mode, StepRunOptions o, 
     }
     EXPECT_LE(worst, tol * scale + 1e-12) << t.name << " (" << mode << " vs separate)";
   }
+}
+
+namespace {
+// Several micro-batches: the unfused gradients within tol of the fused (and rounded on the device).
+template <class GradsOf>
+double expect_unfused_wgrad_accumulates(const StepRunOptions& o, double tol, GradsOf& grads_of,
+                                        const train::ParamLayout& layout) {
+  const int micro = std::max(o.micro, 2);
+  const std::vector<float> fused = grads_of(false, micro), unfused = grads_of(true, micro);
+  double largest = 0;
+  for (const auto& t : layout.tensors)
+    largest = std::max(largest, rel_l2(unfused.data() + t.offset, fused.data() + t.offset, t.numel));
+  EXPECT_LE(largest, tol) << micro << " micro-batches";
+  if (o.device == turbo::Device::CUDA) {
+    EXPECT_NE(fused, unfused) << "the micro-batches' products were not rounded";
+  }
+  return largest;
+}
+}  // namespace
+
+double expect_unfused_wgrad_matches_fused(StepRunOptions o, double tol) {
+  const bool device = o.device == turbo::Device::CUDA;
+  const auto base_options = o.model_options;
+  train::ParamLayout layout;
+  auto grads_of = [&](bool unfused, int micro) {
+    StepRunOptions r = o;
+    r.steps = 1;
+    r.micro = micro;
+    r.model_options = [&base_options, unfused](CudaModelOptions& mo) {
+      if (base_options) base_options(mo);
+      mo.unfused_wgrad = unfused;
+    };
+    r.after_step = [&layout](int, CudaModel& model) { layout = model.layout(); };
+    return run_steps(r).grads0;
+  };
+  auto linear_weight = [](const train::ParamTensor& t) {
+    return t.shape.size() >= 2 && t.name.find("router") == std::string::npos &&
+           t.name.find("embedding") == std::string::npos;
+  };
+  const std::vector<float> fused1 = grads_of(false, 1), unfused1 = grads_of(true, 1);
+  EXPECT_EQ(fused1.size(), unfused1.size());
+  if (fused1.size() != unfused1.size()) return 1.0;
+  // Bit for bit only where the step reproduces itself (a kernel adding with atomics does not).
+  if (grads_of(false, 1) != fused1) {
+    std::printf("two fused runs differ: the unfused gradients are compared within 1e-2\n");
+    for (const auto& t : layout.tensors)
+      EXPECT_LE(rel_l2(unfused1.data() + t.offset, fused1.data() + t.offset, t.numel), 1e-2) << t.name;
+    return expect_unfused_wgrad_accumulates(o, tol, grads_of, layout);
+  }
+  int64_t rounded_away = 0;
+  for (const auto& t : layout.tensors) {
+    const bool tied_embedding = t.name == "embedding.weight" && !layout.find("output_layer.weight");
+    int64_t wrong = 0;
+    double worst = 0, scale = 0;
+    for (int64_t k = t.offset; k < t.offset + t.numel; ++k) {
+      const float f = fused1[size_t(k)], u = unfused1[size_t(k)];
+      const float want = linear_weight(t) && device ? round_bf16(f) : f;
+      if (tied_embedding) {
+        worst = std::max(worst, std::fabs(double(u) - f));
+        scale = std::max(scale, std::fabs(double(f)));
+        continue;
+      }
+      if (std::memcmp(&u, &want, sizeof(float)) != 0) ++wrong;
+      if (want != f) ++rounded_away;
+    }
+    if (tied_embedding) {
+      EXPECT_LE(worst, 1e-2 * scale) << t.name;
+    } else {
+      EXPECT_EQ(wrong, 0) << t.name << ": elements not the fused gradient" << (linear_weight(t) ? " rounded" : "");
+    }
+  }
+  if (device) {
+    EXPECT_GT(rounded_away, 0) << "no linear weight gradient changed on rounding to bf16";
+  }
+  return expect_unfused_wgrad_accumulates(o, tol, grads_of, layout);
 }
 
 }  // namespace primus::backends::cuda::testing

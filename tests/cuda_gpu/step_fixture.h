@@ -52,6 +52,16 @@ StepRun run_steps(const StepRunOptions& o);
 // when `mode` is "ones".
 void expect_bias_grad_mode_matches_separate(const char* mode, StepRunOptions o, double tol);
 
+// gradient_accumulation_fusion: false (CudaModelOptions::unfused_wgrad) against the fused run of
+// `o`, step 0's gradients. One micro-batch: each linear weight's gradient (transformer layers',
+// experts', an untied output layer's) is the fused one rounded to the weights' dtype (bf16 on the
+// device, unchanged in host mode) bit for bit, and every other gradient (norms, biases, router,
+// embeddings) is the fused one bit for bit, except a tied embedding (the output layer's rounded part
+// plus the lookup's), within 1e-2 of its largest element. `o.micro` micro-batches (more than one):
+// within `tol` relative L2 of the fused run, and on the device not equal to it. Returns the
+// largest relative L2 difference over the tensors.
+double expect_unfused_wgrad_matches_fused(StepRunOptions o, double tol);
+
 inline std::function<RecomputePolicyFn> recompute_all(Recompute r) {
   return [r](int64_t, int64_t) { return r; };
 }

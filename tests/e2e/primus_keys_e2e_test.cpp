@@ -163,11 +163,17 @@ TEST(PrimusKeysE2E, APrimusStyleMixtralExperimentPlansOnTheCudaBackend) {
   EXPECT_EQ(plan.code, 0) << plan.out;
   EXPECT_NE(plan.out.find("pre_trainer.yaml"), std::string::npos) << plan.out;
   EXPECT_NE(plan.out.find("attention_backend: turbo"), std::string::npos) << plan.out;  // use_turbo_attention
+  EXPECT_EQ(plan.out.find("cuda.grad.unfused_accumulation: condition true"), std::string::npos) << plan.out;
+  // Most of Primus' examples switch Megatron-LM's fused weight-gradient accumulation off.
+  auto unfused = run_primus("train pretrain --config " + with("cuda", "      gradient_accumulation_fusion: false\n") +
+                            " --dry-run");
+  EXPECT_EQ(unfused.code, 0) << unfused.out;
+  EXPECT_NE(unfused.out.find("apply cuda.grad.unfused_accumulation: condition true (gradient_accumulation_fusion=false)"),
+            std::string::npos) << unfused.out;
 
   const std::pair<std::string, std::string> refused[] = {
       {"      ckpt_format: torch\n", "ckpt_format: torch: Primus writes its own checkpoints"},
       {"      moe_permute_fusion: false\n", "moe_permute_fusion"},
-      {"      gradient_accumulation_fusion: false\n", "gradient_accumulation_fusion"},
       {"      use_turbo_deepep: true\n", "use_turbo_deepep: true is not implemented (DeepEP is not implemented)"},
       {"      turbo_gemm_backend: hipblaslt\n", "'hipblaslt' names Primus-Turbo's AMD backends"},
   };

@@ -4,6 +4,7 @@
 // transposes, strided rows, NaN/inf, argument errors, and accuracy on random data; per-group
 // scaling (rows, 1x128 tiles, 128x128 blocks): the scale layouts of turbo/core/fp8_granularity.h;
 // row groups for out_t (per group and column scales) against the recipe written out in the test.
+// Also add_gradient (turbo/ops/cast.h), the bf16 rounding of a weight gradient before it is added.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/quantize.h"
 #include "turbo/ops/activation.h"
+#include "turbo/ops/cast.h"
 #include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/quantization.h"
 
@@ -1343,4 +1345,36 @@ TEST(Fp8DelayedScaling, FindsEachLayersTensorsByItsWeight) {
 }
 
 }  // namespace fp8_delayed_test
+namespace add_gradient_test {
+
+// turbo::add_gradient on the host (gradient_accumulation_fusion: false): the product rounded to
+// bf16's nearest even (ties to even, both directions) or kept, then written or added; sizes and
+// dtypes checked.
+TEST(AddGradient, RoundsToBf16ThenWritesOrAdds) {
+  // 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (to even: 1); 1 + 3 * 2^-8 ties up to 1 + 2^-6.
+  std::vector<float> src = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.5f, 1.0f + 0x1p-9f};
+  const std::vector<float> bf16 = {1.0f, 1.0f + 0x1p-6f, -2.5f, 1.0f};
+  const std::vector<float> start = {0.5f, -1.0f, 2.0f, 0x1p-20f};
+  const int64_t n = static_cast<int64_t>(src.size());
+  for (const bool accumulate : {false, true}) {
+    for (const DType rt : {DType::BF16, DType::F32}) {
+      std::vector<float> dst = start;
+      add_gradient(TensorView(dst.data(), DType::F32, Device::CPU, {n}),
+                   TensorView(src.data(), DType::F32, Device::CPU, {n}), rt, accumulate, ExecContext{});
+      for (size_t i = 0; i < src.size(); ++i) {
+        const float r = rt == DType::BF16 ? bf16[i] : src[i];
+        EXPECT_EQ(dst[i], accumulate ? start[i] + r : r) << i << " accumulate " << accumulate;
+      }
+    }
+  }
+  std::vector<float> small(3);
+  EXPECT_THROW(add_gradient(TensorView(small.data(), DType::F32, Device::CPU, {3}),
+                            TensorView(src.data(), DType::F32, Device::CPU, {n}), DType::BF16, true, ExecContext{}),
+               primus::RuntimeError);
+  EXPECT_THROW(add_gradient(TensorView(src.data(), DType::F32, Device::CPU, {n}),
+                            TensorView(src.data(), DType::F32, Device::CPU, {n}), DType::F8E4M3, true, ExecContext{}),
+               primus::RuntimeError);
+}
+
+}  // namespace add_gradient_test
 }  // namespace primus::turbo

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "turbo/kernels/cublaslt/algo_cache.h"
 #include "turbo/kernels/cublaslt/gemm_cublaslt.h"
 #include "turbo/kernels/cuda/gemm_sm90.h"
+#include "turbo/ops/cast.h"
 #include "turbo/ops/gemm.h"
 #include "turbo/ops/normalization.h"
 
@@ -249,6 +251,51 @@ TEST_F(GemmTest, BiasGradMatchesHostColumnSumsAndIsDeterministic) {
     bias_grad(db, dout, ctx);
     EXPECT_EQ(get(db), got) << "a second run gave other bits";
   }
+}
+
+// add_gradient (gradient_accumulation_fusion: false): the device kernel gives the host op's bits,
+// dst = (accumulate ? dst : 0) + src rounded to bf16 or not, for sizes with and without a tail of
+// fewer than four elements and with a source that is not 16-byte aligned (the scalar path); and
+// the rounding is bf16's nearest even (a rounded product differs from the f32 one somewhere).
+TEST_F(GemmTest, AddGradientRoundsAndAddsAsTheHostOp) {
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{4096}, int64_t{1} << 20 | 3}) {
+    for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+      for (const DType rt : {DType::BF16, DType::F32}) {
+        for (const bool accumulate : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " offset=" << offset << " round_to=" << dtype_name(rt)
+                                            << " accumulate=" << accumulate);
+          ArenaScope scope = scoped_tensors();
+          TensorView dst = make(DType::F32, {n});
+          TensorView buf = make(DType::F32, {n + offset});
+          TensorView src = buf;
+          src.data = static_cast<float*>(buf.data) + offset;
+          src.shape[0] = n;
+          std::vector<float> d0 = random_tensor(dst), s0 = randn(n, 3.0f);
+          std::vector<float> sb(static_cast<size_t>(n + offset), 0.0f);
+          std::copy(s0.begin(), s0.end(), sb.begin() + offset);
+          put(buf, sb);
+          add_gradient(dst, src, rt, accumulate, ctx);
+          std::vector<float> want = d0;
+          TensorView hd(want.data(), DType::F32, Device::CPU, {n}), hs(s0.data(), DType::F32, Device::CPU, {n});
+          add_gradient(hd, hs, rt, accumulate, ExecContext{});
+          const std::vector<float> got = get(dst);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), size_t(n) * 4), 0) << "device and host bits differ";
+          int64_t changed = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const float r = rt == DType::BF16 ? round_to(DType::BF16, s0[i]) : s0[i];
+            EXPECT_EQ(want[i], accumulate ? d0[i] + r : r) << i;
+            changed += r != s0[i];
+          }
+          if (rt == DType::BF16 && n > 100) {
+            EXPECT_GT(changed, 0);
+          }
+        }
+      }
+    }
+  }
+  TensorView a = make(DType::F32, {8}), b = make(DType::F32, {9});
+  EXPECT_THROW(add_gradient(a, b, DType::BF16, true, ctx), primus::RuntimeError);
+  EXPECT_THROW(add_gradient(a, a, DType::F16, true, ctx), primus::RuntimeError);
 }
 
 // linear_backward_weight_ones: the weight gradient and the bias gradient from one GEMM over an

@@ -13,6 +13,7 @@
 
 #include "turbo/core/cuda_check.h"
 #include "turbo/kernels/cuda/cast.h"
+#include "turbo/kernels/cuda/elementwise.h"
 #endif
 
 namespace primus::turbo {
@@ -65,6 +66,38 @@ void cast(const TensorView& dst, const TensorView& src, const ExecContext& ctx) 
 #endif
   (void)ctx;
   throw RuntimeError(fmt::format("cast: {} -> {} is not supported", src.describe(), dst.describe()));
+}
+
+void add_gradient(const TensorView& dst, const TensorView& src, DType round_to, bool accumulate, const ExecContext& ctx) {
+  const char* op = "add_gradient";
+  check_defined(dst, op, "dst");
+  check_defined(src, op, "src");
+  check_dtype(dst, DType::F32, op, "dst");
+  check_dtype(src, DType::F32, op, "src");
+  check_contiguous(dst, op, "dst");
+  check_contiguous(src, op, "src");
+  check_same_device(dst, src, op);
+  if (dst.numel() != src.numel())
+    throw RuntimeError(fmt::format("add_gradient: dst {} and src {} differ in size", dst.describe(), src.describe()));
+  if (round_to != DType::F32 && round_to != DType::BF16)
+    throw RuntimeError(fmt::format("add_gradient: round_to must be f32 or bf16, got {}", dtype_name(round_to)));
+  const bool round = round_to == DType::BF16;
+  if (dst.device == Device::CPU) {
+    float* d = dst.ptr<float>();
+    const float* s = src.ptr<const float>();
+    for (int64_t i = 0, n = src.numel(); i < n; ++i) {
+      const float v = round ? bf16_bits_to_float(float_to_bf16_bits(s[i])) : s[i];
+      d[i] = accumulate ? d[i] + v : v;
+    }
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  cuda::add_gradient_f32(dst.ptr<float>(), src.ptr<const float>(), src.numel(), round, accumulate,
+                         static_cast<cudaStream_t>(ctx.stream));
+#else
+  (void)ctx;
+  throw RuntimeError("add_gradient: a device tensor in a build without CUDA");
+#endif
 }
 
 void copy_rows(const TensorView& dst, const TensorView& src, const ExecContext& ctx) {

@@ -15,6 +15,13 @@ void cast(const TensorView& dst, const TensorView& src, const ExecContext& ctx);
 // further apart than C elements (column slices of a wider buffer), e.g. the q columns of a packed
 // q|k|v projection into a dense buffer and back. One strided copy (cudaMemcpy2DAsync on the
 // device, ordered on ctx.stream); the two views must not overlap.
+// A weight gradient computed on its own, added to the fp32 gradient that accumulates over
+// micro-batches (Megatron-LM's gradient_accumulation_fusion: false, where the weight-gradient GEMM
+// writes the parameter's dtype and main_grad.add_ follows): dst f32 = (accumulate ? dst : 0) +
+// src f32 rounded to `round_to` (BF16: nearest even, as a GEMM writing bf16 rounds its f32 sums;
+// F32: unchanged). Both contiguous with one element count, on one device.
+void add_gradient(const TensorView& dst, const TensorView& src, DType round_to, bool accumulate, const ExecContext& ctx);
+
 void copy_rows(const TensorView& dst, const TensorView& src, const ExecContext& ctx);
 
 }  // namespace primus::turbo

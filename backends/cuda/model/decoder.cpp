@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "backends/cuda/nvtx.h"
 #include "core/util/error.h"
@@ -305,6 +306,15 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
       numerator = static_cast<float>(N * cp);
       ce_dloss = static_cast<float>(static_cast<double>(dloss) * static_cast<double>(N * cp));
     }
+    // Unfused weight gradient (DecoderOptions::unfused_wgrad): the row blocks' products sum in f32
+    // scratch, rounded and added to the head's gradient once, after the last block.
+    std::optional<turbo::ArenaScope> head_scope;
+    TensorView head_g = p_.head.g;
+    const bool head_accumulate = !fresh_head_;
+    if (dloss != 0.0f && opt_.unfused_wgrad && p_.head.g.dtype == turbo::DType::F32) {
+      head_scope.emplace(*c.scratch);
+      head_g = scratch_like(p_.head.g);
+    }
     for (int64_t r0 = 0; r0 < N; r0 += a_.head_rows) {
       const int64_t r1 = std::min(N, r0 + a_.head_rows);
       const TensorView logits = a_.logits.slice0(0, r1 - r0), lnf = a_.lnf.slice0(r0, r1);
@@ -329,10 +339,12 @@ void Decoder::forward(int64_t B, int64_t T, float dloss, int64_t slot) {
       // a_.dln (untouched until backward() reads it) and the head weight's gradient (+=).
       if (dloss != 0.0f) {
         mark(Phase::HeadGemmBwd);
-        ops_.head_backward(a_.dln.slice0(r0, r1), p_.head.g, {}, logits, lnf, p_.head.w, false, c, !fresh_head_);
+        const bool accumulate = head_scope ? r0 > 0 : !fresh_head_;
+        ops_.head_backward(a_.dln.slice0(r0, r1), head_g, {}, logits, lnf, p_.head.w, false, c, accumulate);
         fresh_head_ = false;
       }
     }
+    if (head_scope) turbo::add_gradient(p_.head.g, head_g, p_.head.w.dtype, head_accumulate, c);
     if (dloss != 0.0f) row_sum(a_.dln, N);  // each rank's vocabulary rows gave a part of d(final norm output)
     mark(Phase::Loss);
     turbo::sum_f32(loss_slots_.slice0(slot, slot + 1), a_.losses.slice0(0, N), c, kept, numerator);
@@ -368,22 +380,45 @@ TensorView Decoder::with_ones(const TensorView& t) const {
   return TensorView(t.data, t.dtype, t.device, {t.size(0), t.stride(0)});
 }
 
+TensorView Decoder::scratch_like(const TensorView& g) const {
+  if (!g.is_contiguous()) throw RuntimeError(fmt::format("cuda model: a weight gradient {} is not contiguous", g.describe()));
+  TensorView s = g;
+  s.dtype = turbo::DType::F32;
+  s.data = ctx_.scratch->allocate(size_t(g.numel()) * 4, turbo::Arena::kDefaultAlign, "unfused weight gradient");
+  return s;
+}
+
+template <class Product>
+void Decoder::weight_grad(const TensorView& g, turbo::DType weight_dtype, bool accumulate, Product&& product) {
+  if (!opt_.unfused_wgrad || !g.defined() || g.dtype != turbo::DType::F32) {
+    product(g, accumulate);
+    return;
+  }
+  turbo::ArenaScope scope(*ctx_.scratch);
+  const TensorView s = scratch_like(g);
+  product(s, false);
+  turbo::add_gradient(g, s, weight_dtype, accumulate, ctx_);
+}
+
 void Decoder::linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
                               const TensorView& inp, bool bias_done) {
   const ExecContext c = ctx_;
-  if (b.g.defined() && !bias_done) {
-    if (const TensorView ones = with_ones(inp); ones.defined()) {  // [weight | bias] gradient from one GEMM
-      if (dinp.defined()) lin_->linear_backward(dinp, {}, {}, dout, inp, w.w, false, c, true);
-      ops_.linear_weight_grad_ones(w.g, b.g, dout, ones, c, !fresh_layers_);
+  // (the bias gradients add into b.g whatever the weight gradient's accumulate says)
+  weight_grad(w.g, w.w.dtype, !fresh_layers_, [&](const TensorView& dw, bool accumulate) {
+    if (b.g.defined() && !bias_done) {
+      if (const TensorView ones = with_ones(inp); ones.defined()) {  // [weight | bias] gradient from one GEMM
+        if (dinp.defined()) lin_->linear_backward(dinp, {}, {}, dout, inp, w.w, false, c, true);
+        ops_.linear_weight_grad_ones(dw, b.g, dout, ones, c, accumulate);
+        return;
+      }
+    }
+    if (b.g.defined() && opt_.bias_grad != BiasGrad::Gemm) {  // first: dout was just written, partly still in L2
+      if (!bias_done) ops_.bias_grad(b.g, dout, c);
+      lin_->linear_backward(dinp, dw, {}, dout, inp, w.w, false, c, accumulate);
       return;
     }
-  }
-  if (b.g.defined() && opt_.bias_grad != BiasGrad::Gemm) {  // first: dout was just written, partly still in L2
-    if (!bias_done) ops_.bias_grad(b.g, dout, c);
-    lin_->linear_backward(dinp, w.g, {}, dout, inp, w.w, false, c, !fresh_layers_);
-    return;
-  }
-  lin_->linear_backward(dinp, w.g, b.g, dout, inp, w.w, false, c, !fresh_layers_);
+    lin_->linear_backward(dinp, dw, b.g, dout, inp, w.w, false, c, accumulate);
+  });
 }
 
 void Decoder::recompute_layer(int64_t l, int64_t B, int64_t T) {
@@ -923,14 +958,18 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
     lin_->moe_experts_dgrad({a_.dh, dy, mp.proj.w, groups, moe_align_, c, m.h});
   else
     lin_->moe_experts_dgrad({a_.dmact, dy, mp.proj.w, groups, moe_align_, c});
-  lin_->moe_experts_wgrad({mp.proj.g, dy, m.act, groups, moe_align_, !fresh_layers_, c});
+  weight_grad(mp.proj.g, mp.proj.w.dtype, !fresh_layers_, [&](const TensorView& dw, bool accumulate) {
+    lin_->moe_experts_wgrad({dw, dy, m.act, groups, moe_align_, accumulate, c});
+  });
   if (!opt_.moe_swiglu_epilogue) {
     mark(Phase::ActivationBwd);
     turbo::activation_backward({turbo::Activation::SwiGLU, a_.dh, m.h, a_.dmact, false, c});
   }
   mark(Phase::MlpUpGemmBwd);
   lin_->moe_experts_dgrad({dx, a_.dh, mp.fc.w, groups, moe_align_, c});
-  lin_->moe_experts_wgrad({mp.fc.g, a_.dh, m.xp, groups, moe_align_, !fresh_layers_, c});
+  weight_grad(mp.fc.g, mp.fc.w.dtype, !fresh_layers_, [&](const TensorView& dw, bool accumulate) {
+    lin_->moe_experts_wgrad({dw, a_.dh, m.xp, groups, moe_align_, accumulate, c});
+  });
   if (ep) ep->combine(mi, a_.dyh, a_.dxp, a_.ep_send, a_.ep_recv);
   mark(Phase::MoePermuteBwd);
   turbo::MoePermuteBackwardArgs pb;

@@ -61,6 +61,9 @@ struct DecoderOptions {
   bool gelu_unfused_forward = false, gelu_unfused_backward = false;
   // MoE experts: SwiGLU in the grouped GEMMs' epilogues (CudaModelOptions::moe_swiglu_epilogue).
   bool moe_swiglu_epilogue = false;
+  // Weight gradients computed on their own, rounded to the weights' dtype and then added to the
+  // gradients (CudaModelOptions::unfused_wgrad; the scratch holds one, MemoryPlanOptions::unfused_wgrad).
+  bool unfused_wgrad = false;
   // reset_attention_mask / reset_position_ids (train/document_masks.h): the plan holds the tables
   // (MemoryPlanOptions::document_masks), each forward fills its slot's from its tokens.
   train::DocumentMasking document_masking;
@@ -201,6 +204,13 @@ class Decoder {
   // nothing when `bias_done`: a norm backward already summed dout into b.g).
   void linear_backward(const TensorView& dinp, const Param& w, const Param& b, const TensorView& dout,
                        const TensorView& inp, bool bias_done = false);
+  // A weight gradient g (+= when accumulate): product(g, accumulate) computes it, into g itself, or
+  // with DecoderOptions::unfused_wgrad into f32 scratch (accumulate false) that is then rounded to
+  // weight_dtype and added to g (turbo::add_gradient). bf16 gradients (written once) run as fused.
+  template <class Product>
+  void weight_grad(const TensorView& g, turbo::DType weight_dtype, bool accumulate, Product&& product);
+  // f32 scratch shaped as g (contiguous), borrowed from the scratch arena under the caller's scope.
+  TensorView scratch_like(const TensorView& g) const;
   // out = norm(inp (+ residual, stored to res_out)); residual undefined: out = norm(inp).
   void norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd, const TensorView& res_out,
                     const TensorView& inp, const TensorView& residual, const NormParams& p, int64_t N);

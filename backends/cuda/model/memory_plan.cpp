@@ -224,6 +224,12 @@ size_t MemoryPlan::scratch_bytes() const {
                                                      e.drop_by_position ? turbo::DropPolicy::Position
                                                                         : turbo::DropPolicy::Probs));
   }
+  if (opt_.unfused_wgrad) {  // one weight's gradient, held while the op that computes it borrows as well
+    int64_t largest = 0;
+    for (const train::ParamTensor& t : layout_.tensors)
+      if (t.shape.size() >= 2) largest = std::max(largest, t.numel);
+    bytes += size_t(largest) * 4 + Arena::kDefaultAlign;
+  }
   return round_up(bytes, size_t{1} << 20);
 }
 

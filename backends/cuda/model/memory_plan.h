@@ -238,6 +238,8 @@ struct MemoryPlanOptions {
   int grad_windows = 1;
   // The MoE experts' gradients in bf16 (GradPlacement::bf16; CudaModelOptions::bf16_expert_grads).
   bool bf16_expert_grads = false;
+  // Scratch for one weight gradient in f32 beside every other borrow (CudaModelOptions::unfused_wgrad).
+  bool unfused_wgrad = false;
   // StateBuffers::master holds the fp32 masters' low words (u16); weights are their high words
   // (CudaModelOptions::split_master).
   bool split_master = false;

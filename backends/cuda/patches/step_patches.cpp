@@ -145,6 +145,27 @@ void register_step_patches(patches::PatchRegistry& reg) {
   });
 
   reg.add({
+      .id = "cuda.grad.unfused_accumulation",
+      .description = "gradient_accumulation_fusion: false: each linear layer's weight gradient (the transformer "
+                     "layers', the MoE experts', the output layer's) is its own product, rounded to the weights' dtype "
+                     "and then added to the fp32 gradient, as Megatron-LM computes it without its fused "
+                     "weight-gradient kernel",
+      .tags = {"precision", "megatron"},
+      .logic = "rewrites args: unfused_wgrad = true (CudaModelOptions::unfused_wgrad): the decoder runs each "
+               "weight-gradient GEMM (any slot: bf16, FP8, grouped) into f32 scratch with beta 0, then "
+               "turbo::add_gradient rounds it to bf16 and writes or adds it; the output layer's row blocks sum in "
+               "the scratch first; the memory plan's scratch grows by the largest weight in f32; bf16 expert "
+               "gradients (written once by the GEMM) are unchanged",
+      .impl = "backends/cuda/model/decoder.cpp (weight_grad), turbo/ops/cast.cpp (add_gradient), "
+              "turbo/kernels/cuda/elementwise.cu (add_gradient_kernel)",
+      .porting = "Megatron-LM --no-gradient-accumulation-fusion: the weight gradient in the parameter's dtype, then "
+                 "main_grad.add_ in the DDP hook (with fusion, APEX's or Transformer Engine's wgrad GEMM accumulates "
+                 "into main_grad in fp32)",
+      .condition = [](PatchContext& c) { return !c.flag("gradient_accumulation_fusion", true); },
+      .apply = [](PatchContext& c) { c.args_as<CudaArgs>().unfused_wgrad = true; },
+  });
+
+  reg.add({
       .id = "cuda.optimizer.split_master",
       .description = "the fp32 master weights held split: the bf16 compute weights are their high halves and a 16-bit "
                      "buffer their low halves, so the master takes 2 bytes a parameter beside the weights instead of 4 "

@@ -13,6 +13,31 @@ __global__ void add_inplace_kernel(float* dst, const float* src, int64_t n) {
   if (i < n) dst[i] += src[i];
 }
 
+// Four elements a thread when both pointers are 16-byte aligned (the tail one at a time).
+template <bool kRound, bool kAccumulate>
+__global__ void add_gradient_kernel(float* __restrict__ dst, const float* __restrict__ src, int64_t n, bool vec) {
+  auto one = [](float d, float s) {
+    if constexpr (kRound) s = __bfloat162float(__float2bfloat16_rn(s));
+    return kAccumulate ? d + s : s;
+  };
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (vec) {
+    const int64_t n4 = n / 4;
+    for (int64_t j = i; j < n4; j += stride) {
+      const float4 s = reinterpret_cast<const float4*>(src)[j];
+      float4 d = kAccumulate ? reinterpret_cast<const float4*>(dst)[j] : make_float4(0, 0, 0, 0);
+      d.x = one(d.x, s.x);
+      d.y = one(d.y, s.y);
+      d.z = one(d.z, s.z);
+      d.w = one(d.w, s.w);
+      reinterpret_cast<float4*>(dst)[j] = d;
+    }
+    i += n4 * 4;
+  }
+  for (; i < n; i += stride) dst[i] = one(kAccumulate ? dst[i] : 0.0f, src[i]);
+}
+
 // Column sums, stage 1. Block (32 lanes x kWarps warps) = one strip of 32 * V columns (V
 // consecutive columns per lane: one 16-byte load when kVec) by one chunk of `rows_per_chunk`
 // rows; warp w takes rows w, w + kWarps, ... of the chunk, kUnroll rows in flight. The warps'
@@ -175,6 +200,18 @@ void split_ones_gradient(float* dweight, float* dbias, const float* s, int64_t r
 void add_inplace_f32(float* dst, const float* src, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   add_inplace_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(dst, src, n);
+  CUDA_CHECK_LAST();
+}
+
+void add_gradient_f32(float* dst, const float* src, int64_t n, bool round_bf16, bool accumulate, cudaStream_t stream) {
+  if (n <= 0) return;
+  const bool vec = (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 == 0;
+  const int64_t blocks = std::min<int64_t>(ceil_div(vec ? (n + 3) / 4 : n, 256), int64_t(sm_count()) * 16);
+  const unsigned g = static_cast<unsigned>(std::max<int64_t>(blocks, 1));
+  if (round_bf16 && accumulate) add_gradient_kernel<true, true><<<g, 256, 0, stream>>>(dst, src, n, vec);
+  else if (round_bf16) add_gradient_kernel<true, false><<<g, 256, 0, stream>>>(dst, src, n, vec);
+  else if (accumulate) add_gradient_kernel<false, true><<<g, 256, 0, stream>>>(dst, src, n, vec);
+  else add_gradient_kernel<false, false><<<g, 256, 0, stream>>>(dst, src, n, vec);
   CUDA_CHECK_LAST();
 }
 

@@ -11,6 +11,11 @@ namespace primus::turbo::cuda {
 // which overwrites, added into the accumulated gradient).
 void add_inplace_f32(float* dst, const float* src, int64_t n, cudaStream_t stream);
 
+// dst[i] = (accumulate ? dst[i] : 0) + r(src[i]) over n f32 elements, r rounding to bf16 (nearest
+// even) when round_bf16, else the identity: a weight gradient computed on its own and then added
+// to the fp32 gradient (turbo::add_gradient).
+void add_gradient_f32(float* dst, const float* src, int64_t n, bool round_bf16, bool accumulate, cudaStream_t stream);
+
 // The two results of a weight GEMM over an input with a column of ones (turbo::linear_backward_
 // weight_ones): s is f32 [rows, ld] with ld > C; dweight [rows, C] (contiguous) = s[:, :C] (+= when
 // accumulate) and dbias [rows] += s[:, C] (dbias may be nullptr).
