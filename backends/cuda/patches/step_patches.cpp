@@ -153,9 +153,9 @@ void register_step_patches(patches::PatchRegistry& reg) {
       .tags = {"precision", "megatron"},
       .logic = "rewrites args: unfused_wgrad = true (CudaModelOptions::unfused_wgrad): the decoder runs each "
                "weight-gradient GEMM (any slot: bf16, FP8, grouped) into f32 scratch with beta 0, then "
-               "turbo::add_gradient rounds it to bf16 and writes or adds it; the output layer's row blocks sum in "
-               "the scratch first; the memory plan's scratch grows by the largest weight in f32; bf16 expert "
-               "gradients (written once by the GEMM) are unchanged",
+               "turbo::add_gradient rounds it to the weights' dtype (bf16; f32 in host mode) and writes or adds it; "
+               "the output layer's row blocks sum in the scratch first; the memory plan's scratch grows by the "
+               "largest weight in f32; bf16 expert gradients (written once by the GEMM) are unchanged",
       .impl = "backends/cuda/model/decoder.cpp (weight_grad), turbo/ops/cast.cpp (add_gradient), "
               "turbo/kernels/cuda/elementwise.cu (add_gradient_kernel)",
       .porting = "Megatron-LM --no-gradient-accumulation-fusion: the weight gradient in the parameter's dtype, then "
