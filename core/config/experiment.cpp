@@ -310,8 +310,12 @@ ModuleConfig resolve_module(const Experiment& exp, const std::string& module, co
 
   // Each layer's aliases become their targets before it merges (Schema::translate_aliases): each
   // file of a preset's extends chain as it loads, the overrides and the command line here.
-  o.each_file = [&schema](Value& file) { schema.translate_aliases(file); };
+  o.each_file = [&schema](Value& file) {
+    schema.read_int_bools(file);
+    schema.translate_aliases(file);
+  };
   auto merge_layer = [&](Value layer) {
+    schema.read_int_bools(layer);
     schema.translate_aliases(layer);
     merge_into(out.params, layer, &out.notes);
   };

@@ -102,6 +102,24 @@ void Schema::translate_aliases(Value& layer) const {
   }
 }
 
+void Schema::read_int_bools(Value& layer) const {
+  auto walk_layer = [this](auto& self, Value& node, const std::string& prefix) -> void {
+    for (auto& [k, v] : node.entries()) {
+      const std::string key = prefix.empty() ? k : prefix + "." + k;
+      if (v.is_map()) {
+        self(self, v, key);
+        continue;
+      }
+      if (v.kind() != Value::Kind::Int || (v.as_int() != 0 && v.as_int() != 1)) continue;
+      const KeySpec* spec = find(key);
+      const bool boolean_alias = std::any_of(aliases_.begin(), aliases_.end(),
+                                             [&key](const KeyAlias& a) { return a.key == key; });
+      if ((spec && spec->type == KeyType::Bool) || boolean_alias) v = Value::boolean(v.as_int() == 1, v.origin());
+    }
+  };
+  if (layer.is_map()) walk_layer(walk_layer, layer, "");
+}
+
 const KeySpec* Schema::find(const std::string& key) const {
   for (auto& k : keys_)
     if (k.key == key) return &k;

@@ -59,6 +59,11 @@ class Schema {
   // (and the reverse) as the target itself would. A layer that sets an alias and its target to
   // different values, or an alias to a non-boolean, is a ConfigError naming the origins.
   void translate_aliases(Value& layer) const;
+  // Reads the integers 0 and 1 a layer gives a boolean key (or a boolean alias) as false and
+  // true, keeping their origins, as Megatron-LM's argparse namespace and Primus' YAML take them
+  // (`sequence_parallel: 1`); any other integer stays and validate() refuses it. Runs before
+  // translate_aliases.
+  void read_int_bools(Value& layer) const;
 
   // Checks every leaf key of `config` (unknown key, type, range, choice) and throws a
   // ConfigError naming the key's origin. Integers are accepted where numbers are expected.

@@ -231,7 +231,7 @@ TEST_F(ExperimentTest, WrongTypeAndRangeAndChoice) {
   expect_error<ConfigError>([&] { resolve("      train_iters: many\n"); }, {"exp.yaml:11:", "train_iters", "expects an integer"});
   expect_error<ConfigError>([&] { resolve("      lr: -1\n"); }, {"lr", "out of range"});
   expect_error<ConfigError>([&] { resolve("      optimizer: lion\n"); }, {"optimizer", "not one of", "adamw"});
-  expect_error<ConfigError>([&] { resolve("      use_flash: 1\n"); }, {"use_flash", "boolean"});
+  expect_error<ConfigError>([&] { resolve("      use_flash: 3\n"); }, {"use_flash", "boolean"});
 }
 
 TEST_F(ExperimentTest, FreeFormMapSectionsAcceptSubKeys) {
@@ -293,7 +293,8 @@ TEST_F(ExperimentTest, AliasesBecomeTheirTargetInTheirOwnLayer) {
   EXPECT_EQ(resolve("      use_sgd: true\n      optimizer: sgd\n").params.find("optimizer")->as_string(), "sgd");
   expect_error<ConfigError>([&] { resolve("      use_sgd: true\n      optimizer: adamw\n"); },
                             {"exp.yaml:11:", "use_sgd: true means optimizer: sgd", "exp.yaml:12:", "sets optimizer: adamw"});
-  expect_error<ConfigError>([&] { resolve("      use_sgd: 1\n"); }, {"exp.yaml:11:", "use_sgd", "expects a boolean"});
+  EXPECT_EQ(resolve("      use_sgd: 1\n").params.find("optimizer")->as_string(), "sgd");  // 1 is true
+  expect_error<ConfigError>([&] { resolve("      use_sgd: 2\n"); }, {"exp.yaml:11:", "use_sgd", "expects a boolean"});
   EXPECT_EQ(schema_.nearest("use_sdg"), "use_sgd");
   // Within a preset's extends chain each file is a layer of its own: the extending file's alias
   // overrides its base's target.
@@ -317,6 +318,25 @@ TEST_F(ExperimentTest, AnAliasValueOfNothingLeavesTheTargetAlone) {
   EXPECT_EQ(m.params.find("fast_opt"), nullptr);
   EXPECT_EQ(resolve("      fast_opt: false\n      optimizer: adamw\n").params.find("optimizer")->as_string(), "adamw");
   EXPECT_EQ(resolve("      optimizer: adamw\n", {"fast_opt=true"}).params.find("optimizer")->as_string(), "sgd");
+}
+
+// Megatron-LM's configs as Primus writes them give booleans as 0 and 1 (`sequence_parallel: 1`): a
+// boolean key reads them as false and true with their origin, from any layer (the model preset, the
+// overrides, the command line); other integers, floats and strings stay errors, and an integer key
+// keeps its 1.
+TEST_F(ExperimentTest, ZeroAndOneAreBooleansForABooleanKey) {
+  auto one = resolve("      use_flash: 1\n");
+  ASSERT_EQ(one.params.find("use_flash")->kind(), Value::Kind::Bool);
+  EXPECT_TRUE(one.params.find("use_flash")->as_bool());
+  EXPECT_NE(one.params.find("use_flash")->origin().str().find("exp.yaml:11:"), std::string::npos);
+  EXPECT_FALSE(resolve("      use_flash: true\n", {"use_flash=0"}).params.find("use_flash")->as_bool());
+  d_.write("configs/models/tiny.yaml", "num_layers: 2\nhidden_size: 64\nuse_flash: 1\n");
+  EXPECT_TRUE(resolve("      lr: 0.2\n").params.find("use_flash")->as_bool());
+  EXPECT_EQ(resolve("      num_layers: 1\n").params.find("num_layers")->as_int(), 1);
+  for (const char* bad : {"      use_flash: 2\n", "      use_flash: -1\n", "      use_flash: 1.0\n",
+                          "      use_flash: \"1\"\n"}) {
+    expect_error<ConfigError>([&] { resolve(bad); }, {"exp.yaml:11:", "use_flash", "expects a boolean"});
+  }
 }
 
 TEST_F(ExperimentTest, ExplainShowsWhereEachKeyWasSet) {
