@@ -9,6 +9,7 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/fixed_switch.h"
 #include "backends/cuda/hooks.h"
+#include "backends/cuda/profile_window.h"
 #include "backends/cuda/projection.h"
 #include "backends/cuda/register.h"
 #include "backends/cuda/step_graph.h"
@@ -170,6 +171,23 @@ void add_cuda_schema(config::Schema& s) {
                "per-phase GPU time over this many steps after the first (table at the end, profile.json in the output "
                "folder); 0: off unless PRIMUS_CUDA_PROFILE=1 (then every step)",
                0)
+      .flag("profile", false,
+            "Megatron-LM's profiling window: the CUDA profiler's capture range (cudaProfilerStart / Stop) holds steps "
+            "profile_step_start + 1 to profile_step_end on the ranks in profile_ranks, for `nsys profile "
+            "--capture-range=cudaProfilerApi` (the trace carries NVTX ranges per step and layer)")
+      .integer("profile_step_start", 10, "with profile: the capture range opens before the step after this many", 0)
+      .integer("profile_step_end", 12, "with profile: the capture range closes after this many steps", 1)
+      .add({"profile_ranks", config::KeyType::List, config::Value::null(), {}, {}, {},
+            "with profile: the global ranks that open the capture range (unset: [0])"})
+      .flag("use_pytorch_profiler", false,
+            "Megatron-LM's switch to torch.profiler for the profile window: there is none here, so true is refused "
+            "beside profile: true; with profile: false nothing is profiled either way")
+      .flag("torch_profiler_record_shapes", false, "an option of torch.profiler (use_pytorch_profiler): unused here")
+      .flag("torch_profiler_with_stack", false, "an option of torch.profiler (use_pytorch_profiler): unused here")
+      .flag("torch_profiler_use_gzip", false, "an option of torch.profiler (use_pytorch_profiler): unused here")
+      .flag("record_shapes", false, "an option of torch.profiler (use_pytorch_profiler): unused here")
+      .flag("disable_profiler_activity_cpu", false,
+            "an option of torch.profiler (use_pytorch_profiler): unused here")
       .text("attention_backend", "auto",
             "auto: Turbo's attention op (cuDNN / flash kernels) where built, else the fallback; turbo; fallback "
             "(GEMMs + softmax kernel, materialises [T,T] scores)",
@@ -216,6 +234,9 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   if (moe_swiglu_epilogue) step.push_back("experts' SwiGLU in the GEMM epilogues");
   if (launch_ahead) step.push_back("launch ahead");
   if (profile_steps > 0) step.push_back(fmt::format("phase profile of {} steps", profile_steps));
+  if (profile_window.profile)
+    step.push_back(fmt::format("CUDA profiler capture range over steps {}-{} on ranks {}", profile_window.start + 1,
+                               profile_window.end, fmt::join(profile_window.ranks, ",")));
   d.push_back({"step", fmt::format("{}", fmt::join(step, ", "))});
   return d;
 }
@@ -282,6 +303,7 @@ class CudaAdapter : public BackendAdapter {
     (void)parse_recompute(p.find_path("recompute_granularity")->as_string(), where("recompute_granularity"));
     a->recompute_layers = recompute_layers([&](const std::string& k) { return p.find_path(k); });
     (void)profile_env_steps();
+    a->profile_window = profile_window_args([&](const std::string& k) { return p.find_path(k); });
     (void)parse_cuda_graph(*p.find_path("cuda_graph"));
     // The delayed recipe's keys (read by patch cuda.linear.fp8): within the device update's limits,
     // and refused with another recipe, where they would do nothing.

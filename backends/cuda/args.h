@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/cuda/profile_window.h"
 #include "backends/cuda/turbo_keys.h"
 #include "core/backend/backend.h"
 #include "core/config/schema.h"
@@ -70,6 +71,7 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   // (CudaModelOptions::fp8_producers).
   std::shared_ptr<turbo::Fp8Producers> fp8_producers;
   int64_t fp8_first_last_bf16_layers = 0;  // with fp8: edge layers kept in bf16 (DecoderOptions)
+  ProfileWindowArgs profile_window;       // profile, profile_step_start / _end, profile_ranks (profile_window.h)
   int64_t profile_steps = 0;               // steps of per-phase GPU timing after the warm-up (profile.h)
   bool launch_ahead = false;               // queue step s + 1 before reading step s (patch cuda.step.launch_ahead)
   bool optimizer_in_bwd = false;           // AdamW per layer inside the backward (patch cuda.optimizer.in_backward)

@@ -907,10 +907,19 @@ void CudaTrainer::train() {
                "{:.3g} model FLOPs per token, peak {:.3g} FLOP/s",
                t.train_iters, step_, t.global_batch_size, args_->model.seq_length, t.micro_batch_size,
                t.grad_accum_steps, flops_per_token, args_->peak_flops);
+  // Megatron-LM's profile window (profile_window.h): host mode has no CUDA profiler, so it only logs.
+  ProfileWindow window(args_->profile_window, dist_.rank,
+                       args_->host_mode ? std::function<void(bool)>([](bool) {}) : std::function<void(bool)>());
   train::StepLoopHooks hooks;
-  hooks.step = [this](int64_t step, double* norm, bool* finite) {
-    NvtxRange r("step");
-    return train_step(step, norm, finite);
+  hooks.step = [this, &window](int64_t step, double* norm, bool* finite) {
+    window.before_step(step);
+    double loss;
+    {
+      NvtxRange r("step");
+      loss = train_step(step, norm, finite);
+    }
+    window.after_step(step);
+    return loss;
   };
   // Launch-ahead needs nothing on the host that reads per-step device state: no profiler (its
   // events are per step), no data-parallel loss average (a host collective) in between. In host
@@ -919,13 +928,19 @@ void CudaTrainer::train() {
   // The expert-bias update runs on the host between steps: the next step must not be queued before it.
   const bool ahead = launch_ahead_ && !profiler_ && !pg_ && !sharded_pg_ && !cp_pg_ && !args_->model.moe.expert_bias;
   if (ahead) {
-    hooks.launch = [this](int64_t step) {
+    hooks.launch = [this, &window](int64_t step) {
+      window.before_step(step);
       NvtxRange r("launch");
       launch_step(step);
     };
-    hooks.finish = [this](int64_t step, double* norm, bool* finite) {
-      NvtxRange r("finish");
-      return finish_step(step, norm, finite);
+    hooks.finish = [this, &window](int64_t step, double* norm, bool* finite) {
+      double loss;
+      {
+        NvtxRange r("finish");
+        loss = finish_step(step, norm, finite);
+      }
+      window.after_step(step);
+      return loss;
     };
   }
   spdlog::info("[cuda] launch-ahead: {}", ahead ? "on (step s + 1 is queued before step s's result is read)"
@@ -949,9 +964,11 @@ void CudaTrainer::train() {
   // A signal to any rank stops every rank at this step.
   hooks.agree_stop = [this](bool stop) { return any_rank(stop); };
   if (train::run_step_loop(t, args_->model.seq_length, &step_, last_saved_, progress_.get(), hooks)) {
+    window.finish();
     if (rank0()) report_profile(profiler_.get(), t.output_dir);
     return;
   }
+  window.finish();
   if (rank0()) report_profile(profiler_.get(), t.output_dir);
   spdlog::info("[cuda] peak device memory in use {:.2f} GiB (of which {:.2f} GiB reserved by the model's arenas)",
                gib(peak_used_bytes_), gib(arena_bytes()));
