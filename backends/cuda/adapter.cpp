@@ -163,6 +163,11 @@ void add_cuda_schema(config::Schema& s) {
                "fp8_recipe delayed: scales are divided by 2^margin, headroom for amaxes that grow between steps "
                "(Megatron's --fp8-margin)",
                0)
+      .flag("no_fp8_weight_transpose_cache", false,
+            "Primus' switch (Transformer Engine's keep_fp8_weight_transpose_cache=False): with fp8 and gradient "
+            "accumulation each weight's FP8 copy for the step keeps its forward layout only, and every input-gradient "
+            "GEMM quantizes the weight's transpose again (the same bytes; half the copies' memory, one more "
+            "quantization per weight and micro-batch); false keeps both layouts")
       .integer("fp8_first_last_bf16_layers", 0,
                "with fp8: the first and last N transformer layers keep their linear GEMMs in bf16 (the layers "
                "FP8 recipes find most sensitive; Megatron's --first-last-layers-bf16); at most (num_layers - 1) / 2",
@@ -290,6 +295,11 @@ class CudaAdapter : public BackendAdapter {
     a->peak_flops = p.find_path("peak_flops")->as_double();
     a->moe_ep_buffer_factor = p.find_path("moe_ep_buffer_factor")->as_double();
     a->fp8_first_last_bf16_layers = p.find_path("fp8_first_last_bf16_layers")->as_int();
+    a->no_fp8_weight_transpose_cache = p.find_path("no_fp8_weight_transpose_cache")->as_bool();
+    if (a->no_fp8_weight_transpose_cache && p.find_path("fp8")->as_string() == "none")
+      throw ConfigError(fmt::format("{}: no_fp8_weight_transpose_cache: true has no effect with fp8: none (there are "
+                                    "no FP8 weight copies)",
+                                    where("no_fp8_weight_transpose_cache")));
     if (a->fp8_first_last_bf16_layers > 0 && p.find_path("fp8")->as_string() == "none")
       throw ConfigError(fmt::format("{}: fp8_first_last_bf16_layers {} has no effect with fp8: none (set fp8: e4m3 or "
                                     "hybrid)",

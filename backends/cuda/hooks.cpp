@@ -213,6 +213,7 @@ turbo::Fp8Recipe configure_fp8(CudaArgs& a, const std::string& fp8, const std::s
   r.saved = std::make_shared<turbo::Fp8SavedInputs>(r.act_granularity());
   a.fp8_saved = r.saved;
   r.weights = std::make_shared<turbo::Fp8WeightCache>(r.weight_granularity());
+  r.weights->keep_transpose = !a.no_fp8_weight_transpose_cache;
   a.fp8_weights = r.weights;
   a.fp8_maxima.reset();
   // PRIMUS_CUDA_FP8_MAXIMA=0: the quantizer's own pass (the A/B of the handoff); checked whatever the recipe.

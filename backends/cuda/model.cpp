@@ -142,7 +142,10 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
   const bool save_inputs = opt.fp8_linear && opt.fp8_saved && !sharded;
   const bool cache_weights = opt.fp8_linear && opt.fp8_weights && !sharded && opt.loss_slots > 1;
   if (save_inputs) mp.fp8_saved_granularity = opt.fp8_saved->granularity();
-  if (cache_weights) mp.fp8_weight_granularity = opt.fp8_weights->granularity();
+  if (cache_weights) {
+    mp.fp8_weight_granularity = opt.fp8_weights->granularity();
+    mp.fp8_weight_transpose = opt.fp8_weights->keep_transpose;
+  }
   // The FP8 experts' weights too (their layers' experts in FP8: not the bf16 edge layers).
   const bool cache_experts = cache_weights && mp.fp8_moe;
   // The recipe's weight granularity says which scales the expert slots use (fp8_moe_fns).

@@ -109,6 +109,9 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
       // The optimizer in the backward: the gradients are the layers' shared windows (the plan says how many).
       if (buf.what.find("window") != std::string::npos) detail = buf.what;
     }
+    if (std::string(p.part) == "fp8" && !mp.fp8_weight_transpose)
+      detail = "FP8 copies of the layers' linear and expert weights, forward layout only "
+               "(no_fp8_weight_transpose_cache), with their scales (quantized once per step under gradient accumulation)";
     state_named += b;
     m.add(p.part, detail, double(b));
   }

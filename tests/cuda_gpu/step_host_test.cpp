@@ -575,5 +575,46 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
   EXPECT_EQ(one.weights->fills, 0);
 }
 
+// no_fp8_weight_transpose_cache (Fp8WeightCache::keep_transpose = false): the step's copies keep
+// the forward layout alone, read by the second micro-batch's forward; each input gradient quantizes
+// the weight's transpose again. The same run bit for bit as quantizing at every product (dense
+// GPT-2 and Llama per recipe, an MoE's experts rowwise and blockwise), and the model reserves less.
+TEST(HostFp8WeightCache, WithoutTransposesTheInputGradientsQuantizeAgain) {
+  auto reserved = [](StepRunOptions o, const turbo::Fp8Recipe& r) {
+    size_t bytes = 0;
+    o.fp8 = &r;
+    o.steps = 1;
+    o.after_step = [&bytes](int, CudaModel& m) { bytes = m.reserved_bytes(); };
+    (void)run_steps(o);
+    return bytes;
+  };
+  struct Case {
+    bool llama;
+    const char *format, *scaling;
+    bool moe;
+  };
+  const train::ModelSpec moe = tiny_moe_spec_128(false);
+  for (const Case& k : {Case{false, "hybrid", "tensorwise", false}, Case{true, "hybrid", "rowwise", false},
+                        Case{true, "hybrid", "delayed", false}, Case{false, "hybrid", "rowwise", true},
+                        Case{false, "e4m3", "blockwise", true}}) {
+    SCOPED_TRACE(fmt::format("{} {} {}", k.moe ? "moe" : k.llama ? "llama" : "gpt2", k.format, k.scaling));
+    const turbo::Fp8Recipe lean = fp8_test_recipe(k.format, k.scaling, {.weights = true}),
+                           both = fp8_test_recipe(k.format, k.scaling, {.weights = true}),
+                           without = fp8_test_recipe(k.format, k.scaling);
+    lean.weights->keep_transpose = false;
+    StepRunOptions o;
+    o.llama = k.llama;
+    if (k.moe) o.spec = &moe;
+    o.steps = 3;
+    o.micro = 2;
+    expect_cache_changes_nothing(o, lean, without);
+    const int64_t n = static_cast<int64_t>(lean.weights->size());
+    ASSERT_GT(n, 0);
+    EXPECT_EQ(lean.weights->fills, 3 * n) << "one fill per weight and step";
+    EXPECT_EQ(lean.weights->hits, 3 * n) << "the second micro-batch's forward only";
+    EXPECT_LT(reserved(o, lean), reserved(o, both)) << "the transposed copies were reserved";
+  }
+}
+
 }  // namespace
 }  // namespace primus::backends::cuda::testing

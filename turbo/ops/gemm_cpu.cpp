@@ -1,11 +1,12 @@
-// The CPU backend of gemm: host f32 tensors, OpenBLAS for the product and plain loops for the
-// epilogues (the GELU math is the reference kernels' own, turbo/kernels/cpu/activation.h).
-#include <cblas.h>
+// The CPU backend of gemm: host f32 tensors, the reference kernels' product (OpenBLAS on OpenMP's
+// threads, turbo/kernels/cpu/matmul.h) and plain loops for the epilogues (the GELU math is the
+// reference kernels' own, turbo/kernels/cpu/activation.h).
 
 #include <vector>
 
 #include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/activation.h"
+#include "turbo/kernels/cpu/matmul.h"
 #include "turbo/ops/gemm_cpu.h"
 
 namespace primus::turbo::detail {
@@ -23,10 +24,7 @@ void gemm_cpu(const GemmArgs& g, const GemmShape& s) {
     const float* a = A + (s.a.batch > 1 ? b * s.a.batch_stride : 0);
     const float* bb = B + (s.b.batch > 1 ? b * s.b.batch_stride : 0);
     float* d = D + b * s.d.batch_stride;
-    cblas_sgemm(CblasRowMajor, s.a.transposed ? CblasTrans : CblasNoTrans,
-                s.b.transposed ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
-                static_cast<int>(s.n), static_cast<int>(s.k), g.alpha, a, static_cast<int>(s.a.ld), bb,
-                static_cast<int>(s.b.ld), g.beta, d, static_cast<int>(s.d.ld));
+    cpu::gemm_f32(s.a.transposed, s.b.transposed, s.m, s.n, s.k, g.alpha, a, s.a.ld, bb, s.b.ld, g.beta, d, s.d.ld);
     for (int64_t i = 0; i < s.m; ++i) {
       float* di = d + i * s.d.ld;
       switch (e) {

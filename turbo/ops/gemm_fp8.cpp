@@ -180,19 +180,22 @@ std::optional<Quantized> saved_input(const Fp8Recipe& r, const TensorView& weigh
 std::optional<Quantized> cached_weight(const Fp8Recipe& r, const TensorView& weight, bool transposed, bool fill,
                                        const ExecContext& ctx, const char* op) {
   if (!r.weights || !r.weights->enabled) return std::nullopt;
+  if (transposed && !r.weights->keep_transpose) return std::nullopt;  // quantized again by the caller
   Fp8WeightCache::Slot* s = r.weights->find(weight.data);
   if (!s) return std::nullopt;
   const Fp8Granularity g = r.weight_granularity();
   const int64_t OC = weight.size(0), C = weight.size(1);
   if (!s->valid) {
     if (!fill) return std::nullopt;
-    if (s->q.nbytes() < static_cast<size_t>(OC * C) || s->q_t.nbytes() < static_cast<size_t>(OC * C) ||
-        s->scale.numel() < fp8_scale_numel(g, OC, C) || s->scale_t.numel() < fp8_scale_numel(g, C, OC))
+    const bool both = r.weights->keep_transpose;
+    if (s->q.nbytes() < static_cast<size_t>(OC * C) || s->scale.numel() < fp8_scale_numel(g, OC, C) ||
+        (both && (s->q_t.nbytes() < static_cast<size_t>(OC * C) || s->scale_t.numel() < fp8_scale_numel(g, C, OC))))
       throw RuntimeError(fmt::format("{}: the FP8 weight cache's slot is too small for a [{}, {}] weight", op, OC, C));
     quantize_both(weight, g, TensorView(s->q.data, r.fwd, s->q.device, {OC, C}),
                   TensorView(s->scale.data, DType::F32, s->scale.device, {fp8_scale_numel(g, OC, C)}),
-                  TensorView(s->q_t.data, r.fwd, s->q_t.device, {C, OC}),
-                  TensorView(s->scale_t.data, DType::F32, s->scale_t.device, {fp8_scale_numel(g, C, OC)}),
+                  both ? TensorView(s->q_t.data, r.fwd, s->q_t.device, {C, OC}) : TensorView(),
+                  both ? TensorView(s->scale_t.data, DType::F32, s->scale_t.device, {fp8_scale_numel(g, C, OC)})
+                       : TensorView(),
                   delayed_of(r, weight, Fp8DelayedScaling::kWeight, op), ctx);
     s->valid = true;
     ++r.weights->fills;
@@ -273,8 +276,10 @@ const Fp8SavedInputs::Slot* Fp8SavedInputs::find(const void* weight) const {
 }
 
 void Fp8WeightCache::add(const void* weight, const Slot& slot) {
-  if (!weight || !slot.q.defined() || !slot.q_t.defined() || !slot.scale.defined() || !slot.scale_t.defined())
-    throw RuntimeError("Fp8WeightCache::add: a weight and all four buffers are needed");
+  if (!weight || !slot.q.defined() || !slot.scale.defined() ||
+      (keep_transpose && (!slot.q_t.defined() || !slot.scale_t.defined())))
+    throw RuntimeError(keep_transpose ? "Fp8WeightCache::add: a weight and all four buffers are needed"
+                                      : "Fp8WeightCache::add: a weight, q and scale are needed");
   const auto [it, fresh] = slots_.emplace(weight, slot);
   if (!fresh) throw RuntimeError("Fp8WeightCache::add: the weight already has a slot");
   it->second.valid = false;

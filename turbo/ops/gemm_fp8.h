@@ -82,6 +82,10 @@ class Fp8SavedInputs {
 // switches `enabled` off for evaluation forwards (they quantize into scratch as without a cache).
 // Slots are the caller's memory: q and q_t OC * C FP8 bytes each, scale / scale_t the weight
 // granularity's scales of [OC, C] and [C, OC] (one shared tensor at Tensor granularity is fine).
+// keep_transpose = false (Transformer Engine's keep_fp8_weight_transpose_cache=False, Primus'
+// no_fp8_weight_transpose_cache): slots hold q(w) alone (q_t and scale_t may be undefined) and each
+// input-gradient GEMM quantizes w^T into scratch as without a cache: the same bytes and scales (the
+// same weight, the same recipe), half the slots' memory, one more quantization per micro-batch.
 class Fp8WeightCache {
  public:
   // The granularity of the copies' scales: the recipe's for weights.
@@ -97,6 +101,7 @@ class Fp8WeightCache {
   void clear() { slots_.clear(); }
   size_t size() const { return slots_.size(); }
   bool enabled = true;
+  bool keep_transpose = true;
   int64_t fills = 0, hits = 0;  // quantizations into the slots, and GEMMs that read a filled slot
 
  private:

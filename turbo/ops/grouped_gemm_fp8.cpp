@@ -351,29 +351,37 @@ Q tokens_q(Arena& arena, const TensorView& t, int64_t M, int64_t C, bool block, 
 }
 // The step's copies of weight [G, N, K] in `cache` (see grouped_gemm_forward_fp8): filled here when
 // the slot is not valid; null when the cache is off or has no slot for it.
+// With `transposed` (the input gradient's copy) null as well when the cache keeps no transposes.
 const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, const TensorView& weight, DType dt,
-                                          GroupedFp8Scaling sc, const ExecContext& ctx, const char* op) {
+                                          GroupedFp8Scaling sc, const ExecContext& ctx, const char* op,
+                                          bool transposed = false) {
   if (!cache || !cache->enabled) return nullptr;
+  if (transposed && !cache->keep_transpose) return nullptr;  // quantized again by the caller
   Fp8WeightCache::Slot* s = cache->find(weight.data);
   if (!s) return nullptr;
   if (s->valid) {
     ++cache->hits;
     return s;
   }
+  const bool both = cache->keep_transpose;
   const int64_t G = weight.shape[0], N = weight.shape[1], K = weight.shape[2];
   const int64_t ns = grouped_fp8_weight_scales(sc, G, N, K), nst = grouped_fp8_weight_t_scales(sc, G, N, K);
-  if (s->q.nbytes() < static_cast<size_t>(G * N * K) || s->q_t.nbytes() < static_cast<size_t>(G * N * K) ||
-      s->scale.numel() < ns || s->scale_t.numel() < nst)
+  if (s->q.nbytes() < static_cast<size_t>(G * N * K) || s->scale.numel() < ns ||
+      (both && (s->q_t.nbytes() < static_cast<size_t>(G * N * K) || s->scale_t.numel() < nst)))
     throw RuntimeError(fmt::format("{}: the FP8 weight cache's slot is too small for a [{}, {}, {}] expert weight", op, G,
                                    N, K));
   QuantizeFp8Args a;
   a.inp = weight.reshape({G * N, K});
   a.out = TensorView(s->q.data, dt, s->q.device, {G * N, K});
   a.scale_inv = TensorView(s->scale.data, DType::F32, s->scale.device, {ns});
-  const TensorView qt(s->q_t.data, dt, s->q_t.device, {K, G * N}), st(s->scale_t.data, DType::F32, s->scale_t.device, {nst});
+  const TensorView qt = both ? TensorView(s->q_t.data, dt, s->q_t.device, {K, G * N}) : TensorView();
+  const TensorView st = both ? TensorView(s->scale_t.data, DType::F32, s->scale_t.device, {nst}) : TensorView();
   a.ctx = ctx;
   if (sc == GroupedFp8Scaling::Block) {  // one pass: the 128 x 128 blocks serve both layouts
     a.out_t = qt, a.scale_inv_t = st, a.granularity = Fp8Granularity::Block128x128;
+    quantize_fp8(a);
+  } else if (!both) {  // per (expert, output feature)
+    a.granularity = Fp8Granularity::Row;
     quantize_fp8(a);
   } else {  // per (expert, output feature), then per (expert, input feature)
     a.granularity = Fp8Granularity::Row;
@@ -440,7 +448,7 @@ void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad
   const bool block = scaling == GroupedFp8Scaling::Block;
   const gg_fp8::Q dy = gg_fp8::tokens_q(arena, a.dout, M, N, block, grad, a.ctx, "fp8 expert output gradient");
   gg_fp8::Q wt;
-  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, a.weight, fwd, scaling, a.ctx, op)) {
+  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, a.weight, fwd, scaling, a.ctx, op, true)) {
     wt = gg_fp8::slot_q(*s, true, fwd, scaling, G, N, K);
   } else if (block) {  // W's 128 x 128 blocks are the same in its transposed copy
     wt = gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, true, fwd, a.ctx, "fp8 expert weight^T");

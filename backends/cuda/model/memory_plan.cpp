@@ -321,8 +321,9 @@ void MemoryPlan::plan(Take&& take) {
       const int64_t OC = dims[k][0], IC = dims[k][1];
       StateBuffers::Fp8Weight& w = s.fp8_weights[l][static_cast<size_t>(k)];
       w.q = take(Pool::State, DType::F8E4M3, {OC * IC}, "FP8 weights (quantized once per step)");
-      w.q_t = take(Pool::State, DType::F8E4M3, {OC * IC}, "FP8 weights, transposed (quantized once per step)");
       w.scale = take(Pool::State, DType::F32, {turbo::fp8_scale_numel(g, OC, IC)}, "FP8 weight scales");
+      if (!opt_.fp8_weight_transpose) continue;
+      w.q_t = take(Pool::State, DType::F8E4M3, {OC * IC}, "FP8 weights, transposed (quantized once per step)");
       w.scale_t = g == turbo::Fp8Granularity::Tensor
                       ? w.scale
                       : take(Pool::State, DType::F32, {turbo::fp8_scale_numel(g, IC, OC)}, "FP8 weight scales");
@@ -339,8 +340,9 @@ void MemoryPlan::plan(Take&& take) {
       const int64_t N = dims[k][0], K = dims[k][1];
       StateBuffers::Fp8Weight& w = s.fp8_expert_weights[l][static_cast<size_t>(k)];
       w.q = take(Pool::State, DType::F8E4M3, {E * N * K}, "FP8 weights of the experts (quantized once per step)");
-      w.q_t = take(Pool::State, DType::F8E4M3, {E * N * K}, "FP8 weights of the experts, transposed (quantized once per step)");
       w.scale = take(Pool::State, DType::F32, {turbo::grouped_fp8_weight_scales(sc, E, N, K)}, "FP8 weight scales of the experts");
+      if (!opt_.fp8_weight_transpose) continue;
+      w.q_t = take(Pool::State, DType::F8E4M3, {E * N * K}, "FP8 weights of the experts, transposed (quantized once per step)");
       w.scale_t = take(Pool::State, DType::F32, {turbo::grouped_fp8_weight_t_scales(sc, E, N, K)}, "FP8 weight scales of the experts");
     }
   }

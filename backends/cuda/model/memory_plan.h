@@ -223,6 +223,9 @@ struct MemoryPlanOptions {
   std::vector<bool> fp8_weight_layers;
   std::vector<bool> fp8_expert_weight_layers;  // MoE layers whose expert weights get step copies
   bool fp8_expert_blockwise = false;           // their scales: blockwise (else rowwise)
+  // The weight copies keep their transposed layout too (Fp8WeightCache::keep_transpose; false:
+  // q(w) alone, no q_t / scale_t).
+  bool fp8_weight_transpose = true;
   turbo::Fp8Granularity fp8_weight_granularity = turbo::Fp8Granularity::Tensor;
   bool fp8_maxima = false;  // ActivationBuffers::fp8_maxima (rowwise or tensorwise FP8 with SwiGLU)
   size_t attention_scratch_bytes = 0;

@@ -106,6 +106,12 @@ void matmul_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, c
   }
 }
 
+void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 #define PRIMUS_INSTANTIATE(Real)                                                                  \
   template void matmul_forward<Real>(Real*, const Real*, const Real*, const Real*, int64_t,       \
                                      int64_t, int64_t);                                           \

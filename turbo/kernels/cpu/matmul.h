@@ -22,4 +22,12 @@ template <typename Real>
 void matmul_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
                      const Real* weight, int64_t N, int64_t C, int64_t OC);
 
+// Row-major C[M,N] = alpha * op(A) @ op(B) + beta * C (op: transposed where asked), the product
+// the two above run: C's rows split over OpenMP's threads in slices of whole 16-row tiles, BLAS on
+// one thread each, so every element is summed the same way for any thread count. Every host GEMM
+// goes through it (turbo::gemm's CPU backend too): OpenBLAS's own threads would split the work
+// differently, and the process's results would change once the first call here set them to one.
+void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
 }  // namespace primus::turbo::cpu
