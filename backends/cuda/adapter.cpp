@@ -70,9 +70,9 @@ void add_cuda_schema(config::Schema& s) {
             "every layer, as full alone; chunks of more layers are not implemented); unset: every layer",
             {"uniform", "block"})
       .integer("recompute_num_layers", std::nullopt,
-               "with recompute_method: block's layer count (Megatron-LM's default 1; at least num_layers is every "
-               "layer), uniform's chunk (1 only)",
-               1)
+               "with recompute_method: block's layer count (Megatron-LM's default 1; 0: no layer, as Primus' examples "
+               "tune it; at least num_layers is every layer), uniform's chunk (1 only)",
+               0)
       .add({"cuda_graph", config::KeyType::Any, config::Value::string("auto"), {}, {}, {},
             "capture the whole training step (forward, backward, clip, AdamW) as one CUDA graph after a warm-up step "
             "and replay it: auto (capture where the step can be captured: one process on a GPU; eagerly with "

@@ -143,6 +143,10 @@ int64_t recompute_layers(const std::function<const config::Value*(const std::str
   }
   const int64_t n = count ? count->as_int() : 1;
   if (method->as_string() == "uniform") {
+    if (n == 0)
+      throw ConfigError(fmt::format("{}: recompute_method uniform with recompute_num_layers 0: chunks of no layer; "
+                                    "uniform 1 recomputes every layer (block 0 none)",
+                                    count->origin().str()));
     if (n > 1)
       throw ConfigError(fmt::format("{}: recompute_method uniform with recompute_num_layers {} (chunks of {} layers, "
                                     "only each chunk's input kept) is not implemented; uniform 1 recomputes every "

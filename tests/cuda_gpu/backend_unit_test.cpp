@@ -129,7 +129,11 @@ TEST(CudaBackendUnit, RecomputeMethodPicksTheLayersFullRecomputes) {
   EXPECT_EQ(layers("recompute_granularity: full\nrecompute_method: block\n"), 1);  // Megatron-LM's default count
   EXPECT_EQ(layers("recompute_granularity: full\nrecompute_method: block\nrecompute_num_layers: 80\n"), -1);
   EXPECT_EQ(layers("recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: 1\n"), -1);
+  // Block 0, as Primus' Mixtral-8x22B and Qwen3.5 examples write it: no layer recomputed.
+  EXPECT_EQ(layers("recompute_granularity: full\nrecompute_method: block\nrecompute_num_layers: 0\n"), 0);
   const std::pair<const char*, const char*> refused[] = {
+      {"recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: 0\n",
+       "uniform with recompute_num_layers 0: chunks of no layer"},
       {"recompute_granularity: selective\nrecompute_method: block\n", "exp.yaml:3:19: recompute_method and"},
       {"recompute_granularity: full\nrecompute_num_layers: 2\n", "recompute_num_layers needs recompute_method"},
       {"recompute_granularity: full\nrecompute_method: uniform\nrecompute_num_layers: 2\n",
@@ -158,6 +162,8 @@ TEST(CudaBackendUnit, RecomputeMethodPicksTheLayersFullRecomputes) {
   EXPECT_NE(block_out.find("recompute full in the first 4 layers"), std::string::npos) << block_out;
   EXPECT_NE(block_out.find("(recompute_granularity full in the first 4 of 12 layers)"), std::string::npos) << block_out;
   EXPECT_NEAR(block, none + (full - none) * 4 / 12, 0.02) << none_out << full_out << block_out;
+  const auto [block0, block0_out] = step_ms("recompute_granularity=full recompute_method=block recompute_num_layers=0");
+  EXPECT_NEAR(block0, none, 0.02) << none_out << block0_out;
 }
 
 TEST(CudaBackendUnit, TrainWithoutDeviceFailsClearlyWithExit3) {
