@@ -9,23 +9,14 @@
 #include <vector>
 
 #include "backends/cuda/profile_window.h"
-#include "backends/cuda/register.h"
-#include "core/backend/backend.h"
-#include "core/config/yaml_loader.h"
-#include "core/patches/registry.h"
 #include "core/util/error.h"
+#include "tests/cuda_gpu/cuda_schema.h"
 
 namespace primus::backends::cuda {
 namespace {
 
 ProfileWindowArgs read_window(const std::string& yaml) {
-  BackendRegistry backends;
-  patches::PatchRegistry reg;
-  register_backend(backends, reg);
-  auto adapter = backends.create("cuda");
-  config::Value v = config::parse_yaml_text(yaml, "exp.yaml");
-  adapter->schema().validate(v);
-  adapter->schema().apply_defaults(v);
+  const config::Value v = testing::cuda_config(yaml);
   return profile_window_args([&v](const std::string& k) { return v.find_path(k); });
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "backends/cuda/register.h"
+#include "tests/cuda_gpu/cuda_schema.h"
 #include "backends/cuda/turbo_keys.h"
 #include "core/backend/backend.h"
 #include "core/config/yaml_loader.h"
@@ -19,13 +20,7 @@ namespace {
 
 // The cuda backend's schema defaults under `yaml` (as the experiment's overrides), checked.
 TurboSelection check(const std::string& yaml, std::string& attention_backend) {
-  BackendRegistry backends;
-  patches::PatchRegistry reg;
-  register_backend(backends, reg);
-  auto adapter = backends.create("cuda");
-  config::Value v = config::parse_yaml_text(yaml, "exp.yaml");
-  adapter->schema().validate(v);
-  adapter->schema().apply_defaults(v);
+  const config::Value v = testing::cuda_config(yaml);
   attention_backend = v.find_path("attention_backend")->as_string();
   return check_turbo_keys(v, attention_backend);
 }
