@@ -406,8 +406,9 @@ std::string format_projection(const Projection& p) {
                    sharded,
                    l.micro_batch,
                    l.seq_length, l.grad_accum, l.grad_accum == 1 ? "" : "s", l.global_batch, l.tokens_per_step(),
-                   l.recompute_layers < 0 ? l.recompute
-                                          : fmt::format("{} in the first {} layers", l.recompute, l.recompute_layers),
+                   l.recompute_layers < 0    ? l.recompute
+                   : l.recompute_layers == 0 ? fmt::format("none ({} in no layer)", l.recompute)
+                                             : fmt::format("{} in the first {} layers", l.recompute, l.recompute_layers),
                    l.fp8);
   if (p.has_memory) {
     s += fmt::format("\nMemory per {} ({})\n", gpu, p.memory.source);

@@ -76,8 +76,8 @@ struct CudaArgs : BackendArgs, train::HasTrainingArgs {
   bool launch_ahead = false;               // queue step s + 1 before reading step s (patch cuda.step.launch_ahead)
   bool optimizer_in_bwd = false;           // AdamW per layer inside the backward (patch cuda.optimizer.in_backward)
   bool bf16_expert_grads = false;          // moe_expert_grad_dtype: bf16 (patch cuda.moe.bf16_expert_grads)
-  bool unfused_wgrad = false;
-  bool no_fp8_weight_transpose_cache = false;  // Primus' switch: FP8 weight copies without their transposes              // gradient_accumulation_fusion: false (patch cuda.grad.unfused_accumulation)
+  bool unfused_wgrad = false;              // gradient_accumulation_fusion: false (patch cuda.grad.unfused_accumulation)
+  bool no_fp8_weight_transpose_cache = false;  // Primus' switch: FP8 weight copies without their transposes
   bool moe_swiglu_epilogue = false;        // the experts' SwiGLU in the GEMM epilogues (patch cuda.moe.swiglu_epilogue)
   double moe_ep_buffer_factor = 2.0;       // expert parallelism's held buffers (CudaModelOptions::ep_buffer_factor)
   bool split_master = false;               // master_weights: split (patch cuda.optimizer.split_master)

@@ -36,8 +36,9 @@ constexpr ProjectedStatePart kProjectedStateParts[] = {
     {"fp32 reduce-scatter chunk", "comm", "sharded data parallelism: one reduce-scatter's output chunk"},
     {"AdamW first moments", "optimizer_state", "AdamW first moments m (fp32, or bf16 with exp_avg_dtype: bf16)"},
     {"AdamW second moments", "optimizer_state", "AdamW second moments v (fp32, or bf16 with exp_avg_sq_dtype: bf16)"},
-    {"FP8 weight", "fp8", "FP8 copies of the layers' linear and expert weights, both layouts with their scales "
-                          "(quantized once per step under gradient accumulation)"},
+    {"FP8 weight", "fp8", "FP8 copies of the layers' linear and expert weights with their scales, both layouts (the "
+                          "forward one alone with no_fp8_weight_transpose_cache), quantized once per step under "
+                          "gradient accumulation"},
 };
 
 bool projection_starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
@@ -109,9 +110,6 @@ train::MemoryProjection project_cuda_memory(const CudaArgs& args, const CudaOps&
       // The optimizer in the backward: the gradients are the layers' shared windows (the plan says how many).
       if (buf.what.find("window") != std::string::npos) detail = buf.what;
     }
-    if (std::string(p.part) == "fp8" && !mp.fp8_weight_transpose)
-      detail = "FP8 copies of the layers' linear and expert weights, forward layout only "
-               "(no_fp8_weight_transpose_cache), with their scales (quantized once per step under gradient accumulation)";
     state_named += b;
     m.add(p.part, detail, double(b));
   }

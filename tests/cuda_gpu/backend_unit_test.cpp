@@ -164,6 +164,7 @@ TEST(CudaBackendUnit, RecomputeMethodPicksTheLayersFullRecomputes) {
   EXPECT_NEAR(block, none + (full - none) * 4 / 12, 0.02) << none_out << full_out << block_out;
   const auto [block0, block0_out] = step_ms("recompute_granularity=full recompute_method=block recompute_num_layers=0");
   EXPECT_NEAR(block0, none, 0.02) << none_out << block0_out;
+  EXPECT_NE(block0_out.find("recompute none (full in no layer)"), std::string::npos) << block0_out;
 }
 
 TEST(CudaBackendUnit, TrainWithoutDeviceFailsClearlyWithExit3) {

@@ -112,8 +112,8 @@ TEST(ProfileWindow, OpensBeforeTheStartStepAndClosesAfterTheEndStepOnItsRanks) {
   }
   wo.finish();
   EXPECT_TRUE(other.calls.empty());
-  // A run that ends (or resumes past the start) inside the window closes it at the end, once;
-  // one that resumes after the start never opens it.
+  // A run that ends inside the window closes it at the end, once; one that resumes past the
+  // start never opens it.
   ToggleRecorder cut;
   ProfileWindow wc(a, 0, cut.toggle());
   for (int64_t s = 0; s < 4; ++s) {
