@@ -263,9 +263,9 @@ Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& r) {
 }
 
 std::string fp8_moe_refusal(const turbo::Fp8Recipe& r) {
-  if (r.scaling == turbo::Fp8Scaling::Rowwise || r.scaling == turbo::Fp8Scaling::Blockwise) return "";
-  return fmt::format("fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs are built with rowwise and blockwise scaling "
-                     "only; set fp8_recipe: rowwise or blockwise for a model with num_experts > 0 (or fp8: none)",
+  if (r.scaling != turbo::Fp8Scaling::Delayed) return "";
+  return fmt::format("fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs take current scaling (tensorwise, rowwise or "
+                     "blockwise), not amax histories; set one of those for a model with num_experts > 0 (or fp8: none)",
                      turbo::fp8_scaling_name(r.scaling));
 }
 
@@ -273,8 +273,9 @@ Fp8MoeFns fp8_moe_fns(const turbo::Fp8Recipe& r) {
   if (const std::string why = fp8_moe_refusal(r); !why.empty()) throw ConfigError(why);
   Fp8MoeFns f;
   const turbo::DType fwd = r.fwd, grad = r.grad;
-  const turbo::GroupedFp8Scaling s =
-      r.scaling == turbo::Fp8Scaling::Blockwise ? turbo::GroupedFp8Scaling::Block : turbo::GroupedFp8Scaling::Row;
+  const turbo::GroupedFp8Scaling s = r.scaling == turbo::Fp8Scaling::Blockwise   ? turbo::GroupedFp8Scaling::Block
+                                      : r.scaling == turbo::Fp8Scaling::Tensorwise ? turbo::GroupedFp8Scaling::Tensor
+                                                                                   : turbo::GroupedFp8Scaling::Row;
   // The step's weight copies (gradient accumulation: CudaModelOptions::fp8_weights registers the
   // experts' slots), shared with the linear slots' recipe.
   const std::shared_ptr<turbo::Fp8WeightCache> w = r.weights;

@@ -214,12 +214,12 @@ inline void use_fp8_linear(CudaOps& ops, const turbo::Fp8Recipe& recipe) {
   ops.linear_backward_dgelu = std::move(f.backward_dgelu);
 }
 
-// The FP8 versions of the three MoE expert slots (turbo/ops/grouped_gemm_fp8.h: current rowwise or
-// blockwise scaling as the recipe says, x and W in the recipe's forward format, dy in its gradient
-// format): what patch cuda.moe.fp8 puts in kMoeExperts / kMoeExpertsDgrad / kMoeExpertsWgrad (the
-// model must then be built with CudaModelOptions::fp8_moe and the recipe's fp8_multiple). Throws
-// ConfigError with fp8_moe_refusal's reason for tensorwise and delayed scaling, which the FP8
-// grouped GEMM does not have.
+// The FP8 versions of the three MoE expert slots (turbo/ops/grouped_gemm_fp8.h: current tensorwise,
+// rowwise or blockwise scaling as the recipe says, x and W in the recipe's forward format, dy in its
+// gradient format): what patch cuda.moe.fp8 puts in kMoeExperts / kMoeExpertsDgrad / kMoeExpertsWgrad
+// (the model must then be built with CudaModelOptions::fp8_moe and the recipe's fp8_multiple).
+// Throws ConfigError with fp8_moe_refusal's reason for delayed scaling, which the FP8 grouped GEMM
+// does not have.
 struct Fp8MoeFns {
   std::function<MoeExpertsFn> forward;
   std::function<MoeExpertsDgradFn> dgrad;

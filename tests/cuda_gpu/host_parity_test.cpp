@@ -259,19 +259,21 @@ TEST(HostMoeFp8, EdgeLayersKeepBf16Experts) {
   EXPECT_EQ(fp8_calls(1), 6 * 2) << "layers 1 and 2 of 4 only";
 }
 
-// FP8 experts take rowwise and blockwise scaling only, and widths the FP8 GEMMs can tile (16,
-// blockwise 128): both refused by name.
-TEST(HostMoeFp8, OtherRecipesAndUntileableWidthsAreRefused) {
-  for (const char* scaling : {"tensorwise", "delayed"}) {
-    try {
-      (void)fp8_moe_fns(turbo::parse_fp8_recipe("hybrid", scaling, "test", "fp8_recipe"));
-      ADD_FAILURE() << scaling << " was accepted for the experts";
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("rowwise and blockwise"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(scaling), std::string::npos) << e.what();
-    }
+// FP8 experts take current scaling (tensorwise, rowwise, blockwise), not delayed scaling's amax
+// histories, and widths the FP8 GEMMs can tile (16, blockwise 128): both refused by name.
+TEST(HostMoeFp8, DelayedScalingAndUntileableWidthsAreRefused) {
+  try {
+    (void)fp8_moe_fns(turbo::parse_fp8_recipe("hybrid", "delayed", "test", "fp8_recipe"));
+    ADD_FAILURE() << "delayed scaling was accepted for the experts";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_recipe: delayed: the MoE experts' FP8 grouped GEMMs take current scaling"),
+              std::string::npos)
+        << e.what();
   }
-  for (const char* scaling : {"rowwise", "blockwise"}) {
+  for (const auto& [format, scaling] :
+       {std::pair{"hybrid", "tensorwise"}, std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "blockwise"}})
+    EXPECT_NO_THROW((void)fp8_moe_fns(turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe"))) << scaling;
+  for (const char* scaling : {"rowwise", "blockwise", "tensorwise"}) {
     SCOPED_TRACE(scaling);
     const bool block = std::string(scaling) == "blockwise";
     train::ModelSpec spec = block ? tiny_moe_spec_128(false) : tiny_moe_spec(false);
@@ -903,7 +905,7 @@ TEST(HostFp8, RecipesMeetTheSnrGatesOnATrainingStepsTensors) {
 // expert weights, groups and output gradients of both MoE layers' fc and proj products are taken
 // from the expert slots. Each recipe's three grouped products (the wrappers the FP8 slots call:
 // hybrid rowwise, e4m3 blockwise on the groups re-laid on 128-row boundaries as the model lays
-// them for it) against the f32 grouped GEMMs meet the SNR gates (>= 25 dB E4M3, >= 20 dB where
+// them for it, hybrid tensorwise) against the f32 grouped GEMMs meet the SNR gates (>= 25 dB E4M3, >= 20 dB where
 // the gradient is E5M2). Printed: the tensors' outlier ratios and the worst SNR per recipe.
 TEST(HostMoeFp8, ExpertRecipesMeetTheSnrGatesOnATrainingStepsTensors) {
   const train::ModelSpec spec = tiny_moe_spec_128(false);
@@ -964,11 +966,14 @@ TEST(HostMoeFp8, ExpertRecipesMeetTheSnrGatesOnATrainingStepsTensors) {
   auto host = [](std::vector<float>& v, std::initializer_list<int64_t> s) {
     return TensorView(v.data(), turbo::DType::F32, turbo::Device::CPU, s);
   };
-  for (const auto& [format, scaling] : {std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "blockwise"}}) {
+  for (const auto& [format, scaling] :
+       {std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "blockwise"}, std::pair{"hybrid", "tensorwise"}}) {
     SCOPED_TRACE(fmt::format("{} {}", format, scaling));
     const turbo::Fp8Recipe r = turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe");
     const bool block = r.scaling == turbo::Fp8Scaling::Blockwise;
-    const auto sc = block ? turbo::GroupedFp8Scaling::Block : turbo::GroupedFp8Scaling::Row;
+    const auto sc = block                                       ? turbo::GroupedFp8Scaling::Block
+                    : r.scaling == turbo::Fp8Scaling::Tensorwise ? turbo::GroupedFp8Scaling::Tensor
+                                                                 : turbo::GroupedFp8Scaling::Row;
     double worst[3] = {1e9, 1e9, 1e9};
     for (const auto& [key, k] : cap) {
       const int64_t G = k.G, N = k.N, K = k.K, align = block ? 128 : 1;

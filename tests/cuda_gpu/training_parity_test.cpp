@@ -137,14 +137,17 @@ TEST_P(MoeTrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
 INSTANTIATE_TEST_SUITE_P(Cuda, MoeTrainingParityTest, ::testing::Bool(),
                          [](const auto& info) { return std::string(info.param ? "DeepSeek" : "Mixtral"); });
 
-// FP8 experts (hybrid rowwise or e4m3 blockwise: the FP8 grouped GEMM on the device) with the dense
-// linears in FP8 too: the tiny MoE models' 200-step curves within FP8's gate of the fp32
-// reference, as for the dense models (Fp8TrainingParityTest). Blockwise on the 128-wide tiny MoE.
-class Fp8MoeTrainingParityTest : public CudaGpuTest, public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
+// FP8 experts (hybrid rowwise, e4m3 blockwise or hybrid tensorwise: the FP8 grouped GEMM on the
+// device) with the dense linears in FP8 too: the tiny MoE models' 200-step curves within FP8's gate
+// of the fp32 reference, as for the dense models (Fp8TrainingParityTest). Blockwise on the 128-wide
+// tiny MoE.
+class Fp8MoeTrainingParityTest : public CudaGpuTest,
+                                 public ::testing::WithParamInterface<std::tuple<bool, std::string>> {};
 
 TEST_P(Fp8MoeTrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
-  const auto [deepseek, block] = GetParam();
-  const char* scaling = block ? "blockwise" : "rowwise";
+  const auto& [deepseek, scaling_name] = GetParam();
+  const char* scaling = scaling_name.c_str();
+  const bool block = scaling_name == "blockwise";
   const char* format = block ? "e4m3" : "hybrid";  // DeepSeek-V3's blockwise recipe is E4M3 throughout
   const turbo::Fp8Recipe recipe = fp8_test_recipe(format, scaling, {.saved = true});
   const train::ModelSpec spec = block ? tiny_moe_spec_128(deepseek) : tiny_moe_spec(deepseek);
@@ -155,10 +158,14 @@ TEST_P(Fp8MoeTrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
               deepseek ? "deepseek" : "mixtral", format, scaling, curve[0], ref[0], curve[199], ref[199], worst, tail);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, Fp8MoeTrainingParityTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+INSTANTIATE_TEST_SUITE_P(Cuda, Fp8MoeTrainingParityTest,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(std::string("rowwise"), std::string("blockwise"),
+                                                              std::string("tensorwise"))),
                          [](const auto& info) {
-                           return std::string(std::get<0>(info.param) ? "DeepSeek" : "Mixtral") +
-                                  (std::get<1>(info.param) ? "Blockwise" : "Rowwise");
+                           std::string s = std::get<1>(info.param);
+                           s[0] = static_cast<char>(s[0] - 'a' + 'A');
+                           return std::string(std::get<0>(info.param) ? "DeepSeek" : "Mixtral") + s;
                          });
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include "core/util/error.h"
 #include "turbo/core/arena.h"
 #include "turbo/core/dtype.h"
+#include "turbo/kernels/cpu/quantize.h"
+#include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/grouped_gemm_fp8.h"
 
 namespace primus::turbo {
@@ -289,6 +291,73 @@ TEST_F(GroupedGemmFp8Host, ArgumentErrorsNameTheArgument) {
   expect_error([&] { blk(128, 160, 2 * M, G * 4); }, "multiples of 128");
   expect_error([&] { blk(128, 256, M, G * 4); }, "inp_scale");
   expect_error([&] { blk(128, 256, 2 * M, G * 2); }, "weight_scale");
+  // A per-tensor scale reaches the FP8-operand calls as Row vectors.
+  expect_error(
+      [&] {
+        grouped_gemm_fp8_forward({v(y, DType::F32, {M, N}), v(x, e4, {M, K}), v(sx, DType::F32, {M}), v(w, e4, {G, N, K}),
+                                  v(sw, DType::F32, {G, N}), v(o, DType::I32, {G + 1}), {}, GroupedFp8Scaling::Tensor});
+      },
+      "scaling Tensor is for the bf16-operand products");
+}
+
+// The wrappers with tensorwise scales (Primus-Turbo's tensorwise grouped GEMM): hybrid and e4m3,
+// outliers included, NaN rows past offsets[G] (which must not set the token operands' scales).
+TEST_F(GroupedGemmFp8Host, TensorwiseWrappersMeetTheSnrGatesWithinTheirScratchBound) {
+  check_wrappers(rng, 4, 48, 80, 112, {0, 32, 32, 64, 96}, 16, GroupedFp8Scaling::Tensor, DType::F8E4M3, DType::F8E5M2,
+                 false);
+  check_wrappers(rng, 3, 64, 32, 96, {0, 16, 48, 64}, 16, GroupedFp8Scaling::Tensor, DType::F8E4M3, DType::F8E4M3, true);
+}
+
+// Tensorwise: each product is the f32 grouped GEMM of its operands, each dequantized from one
+// tensor scale (cpu::quantize_fp8_tensorwise over the plan's rows for x and dy, over all experts
+// for W), bit for bit; the weight-sized copies are filled once for the whole stack of experts.
+TEST_F(GroupedGemmFp8Host, TensorwiseProductsTakeOneScalePerOperand) {
+  const int64_t G = 3, N = 32, K = 48, M = 80;
+  const std::vector<int32_t> o = {0, 16, 16, 64};
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto fill = [&](int64_t n, float s) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = d(rng) * s;
+    return v;
+  };
+  std::vector<float> x = fill(M * K, 2.0f), w = fill(G * N * K, 0.1f), dy = fill(M * N, 1e-3f);
+  w[5] = 3.0f;  // one expert's outlier sets the scale of all
+  for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = 1e30f;
+  for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
+  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
+  std::vector<int32_t> off = o;
+  const TensorView offs = v(off, DType::I32, {G + 1});
+  std::unique_ptr<Arena> arena = make_host_arena(grouped_gemm_fp8_scratch_bytes(M, G, N, K));
+  ExecContext ctx;
+  ctx.scratch = arena.get();
+  const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+  std::vector<float> y(M * N, 0.0f), dx(M * K, 0.0f), dw(G * N * K, 0.0f);
+  const auto sc = GroupedFp8Scaling::Tensor;
+  grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}), offs, 16, ctx},
+                           e4, sc);
+  grouped_gemm_dgrad_fp8({v(dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), v(w, DType::F32, {G, N, K}), offs, 16, ctx},
+                         e4, e5, sc);
+  grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, 16,
+                          false, ctx},
+                         e4, e5, sc);
+  // The operands as the recipe says: one scale each, the token operands' from the rows in use.
+  const auto dq = [](const std::vector<float>& t, int64_t R, int64_t C, int64_t rows, DType f) {
+    std::vector<uint8_t> q(static_cast<size_t>(R * C));
+    const cpu::Fp8Scaling s = cpu::quantize_fp8_tensorwise(t.data(), DType::F32, R, C, C, q.data(), nullptr, f, rows);
+    EXPECT_TRUE(s.finite());
+    std::vector<float> r(q.size(), 0.0f);
+    for (int64_t i = 0; i < rows * C; ++i) r[i] = static_cast<float>(dec(q[i], f)) * s.scale_inv;
+    return r;
+  };
+  std::vector<float> qx = dq(x, M, K, o[G], e4), qw = dq(w, G * N, K, G * N, e4), qdy = dq(dy, M, N, o[G], e5);
+  std::vector<float> ry(M * N, 0.0f), rdx(M * K, 0.0f), rdw(G * N * K, 0.0f);
+  grouped_gemm_forward({v(ry, DType::F32, {M, N}), v(qx, DType::F32, {M, K}), v(qw, DType::F32, {G, N, K}), offs, 16, ctx});
+  grouped_gemm_dgrad({v(rdx, DType::F32, {M, K}), v(qdy, DType::F32, {M, N}), v(qw, DType::F32, {G, N, K}), offs, 16, ctx});
+  grouped_gemm_wgrad({v(rdw, DType::F32, {G, N, K}), v(qdy, DType::F32, {M, N}), v(qx, DType::F32, {M, K}), offs, 16, false,
+                      ctx});
+  for (int64_t i = 0; i < o[G] * N; ++i) ASSERT_EQ(y[i], ry[i]) << "forward " << i;
+  for (int64_t i = 0; i < o[G] * K; ++i) ASSERT_EQ(dx[i], rdx[i]) << "dgrad " << i;
+  for (int64_t i = 0; i < G * N * K; ++i) ASSERT_EQ(dw[i], rdw[i]) << "wgrad " << i;
 }
 
 }  // namespace

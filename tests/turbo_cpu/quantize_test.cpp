@@ -1377,4 +1377,90 @@ TEST(AddGradient, RoundsToBf16ThenWritesOrAdds) {
 }
 
 }  // namespace add_gradient_test
+namespace rows_in_use_test {
+
+// QuantizeFp8Args::rows_in_use (an MoE row plan's offsets[G]): the scale comes from the rows in use
+// only, so NaN and huge values in the rows past them change nothing there; the used rows' bytes
+// are those of quantizing the used rows alone; a count past R reads all rows, a negative one none;
+// what it does not combine with is named. Both outputs, bf16 and f32 inputs.
+TEST(QuantizeRowsInUse, TheScaleComesFromTheRowsInUseOnly) {
+  const int64_t R = 24, C = 32, used_rows = 13;
+  Rng rng;
+  SCOPED_TRACE("seed " + std::to_string(rng.seed()));
+  for (const DType in : {DType::F32, DType::BF16}) {
+    for (const DType fp8 : {DType::F8E4M3, DType::F8E5M2}) {
+      SCOPED_TRACE(std::string(dtype_name(in)) + " -> " + std::string(dtype_name(fp8)));
+      std::vector<float> x(static_cast<size_t>(R * C));
+      for (auto& v : x) v = static_cast<float>(rng.uniform(-3.0, 3.0));
+      for (int64_t i = used_rows * C; i < R * C; ++i) x[i] = (i % 3 == 0) ? NAN : 1e30f;  // stale rows
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = float_to_bf16_bits(x[i]);
+      const TensorView inp(in == DType::F32 ? static_cast<void*>(x.data()) : xb.data(), in, Device::CPU, {R, C});
+      const auto run = [&](const TensorView& t, int32_t rows, bool limited) {
+        const int64_t r = t.size(0);
+        Result res;
+        res.out.assign(static_cast<size_t>(r * C), 0xAB);
+        res.out_t.assign(static_cast<size_t>(r * C), 0xAB);
+        QuantizeFp8Args a;
+        a.inp = t;
+        a.out = TensorView(res.out.data(), fp8, Device::CPU, {r, C});
+        a.out_t = TensorView(res.out_t.data(), fp8, Device::CPU, {C, r});
+        a.scale_inv = TensorView(&res.scale_inv, DType::F32, Device::CPU, {1});
+        if (limited) a.rows_in_use = TensorView(&rows, DType::I32, Device::CPU, {1});
+        res.backend = quantize_fp8(a);
+        return res;
+      };
+      const Result got = run(inp, static_cast<int32_t>(used_rows), true);
+      const Result alone = run(inp.slice0(0, used_rows), 0, false);
+      EXPECT_EQ(got.backend, BackendType::CPU);
+      EXPECT_TRUE(std::isfinite(got.scale_inv));
+      EXPECT_EQ(bits(got.scale_inv), bits(alone.scale_inv));
+      for (int64_t r = 0; r < used_rows; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          ASSERT_EQ(got.out[r * C + c], alone.out[r * C + c]) << r << "," << c;
+          ASSERT_EQ(got.out_t[c * R + r], alone.out[r * C + c]) << "out_t " << r << "," << c;
+        }
+      const Result all = run(inp, 0, false);  // the stale rows' NaN poisons the whole tensor
+      EXPECT_TRUE(std::isnan(all.scale_inv));
+      EXPECT_EQ(bits(run(inp, 1000, true).scale_inv), bits(all.scale_inv)) << "a count past R reads every row";
+      EXPECT_EQ(run(inp, -5, true).scale_inv, 1.0f) << "no rows in use: the empty tensor's scale";
+    }
+  }
+  std::vector<float> x(64, 1.0f), s(8, 0.0f);
+  std::vector<uint8_t> q(64);
+  int32_t rows = 4, wrong[2] = {4, 4};
+  QuantizeFp8Args a;
+  a.inp = TensorView(x.data(), DType::F32, Device::CPU, {8, 8});
+  a.out = TensorView(q.data(), DType::F8E4M3, Device::CPU, {8, 8});
+  a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {8});
+  a.granularity = Fp8Granularity::Row;
+  a.rows_in_use = TensorView(&rows, DType::I32, Device::CPU, {1});
+  expect_error(a, "rows_in_use limits the amax of Tensor granularity");
+  a.granularity = Fp8Granularity::Tensor;
+  a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {1});
+  a.scale = TensorView(s.data() + 1, DType::F32, Device::CPU, {1});
+  expect_error(a, "rows_in_use limits the amax");
+  a.scale = TensorView();
+  a.rows_in_use = TensorView(wrong, DType::I32, Device::CPU, {2});
+  expect_error(a, "rows_in_use: one i32");
+  a.rows_in_use = TensorView(s.data(), DType::F32, Device::CPU, {1});
+  expect_error(a, "rows_in_use");
+}
+
+// turbo::broadcast: every element takes the one value; sizes and dtypes checked.
+TEST(Broadcast, FillsEveryElementWithTheOneValue) {
+  std::vector<float> dst(7, -1.0f);
+  float one = 0.375f;
+  broadcast(TensorView(dst.data(), DType::F32, Device::CPU, {7}), TensorView(&one, DType::F32, Device::CPU, {1}), {});
+  for (float v : dst) EXPECT_EQ(v, 0.375f);
+  std::vector<float> two(2, 1.0f);
+  EXPECT_THROW(broadcast(TensorView(dst.data(), DType::F32, Device::CPU, {7}), TensorView(two.data(), DType::F32, Device::CPU, {2}),
+                         {}),
+               primus::RuntimeError);
+  int32_t i = 3;
+  EXPECT_THROW(broadcast(TensorView(dst.data(), DType::F32, Device::CPU, {7}), TensorView(&i, DType::I32, Device::CPU, {1}), {}),
+               primus::RuntimeError);
+}
+
+}  // namespace rows_in_use_test
 }  // namespace primus::turbo

@@ -246,6 +246,75 @@ TEST_F(GroupedGemmFp8GpuTest, RandomGroupSizes) {
   run_case({"random_blockwise", 384, 512, blocks, true, true}, DType::F8E5M2);
 }
 
+// The bf16-operand products with tensorwise scales (what patch cuda.moe.fp8 runs for fp8_recipe
+// tensorwise) against the host path on the same values: the quantizer is bit-exact on both sides,
+// so the products differ by the accumulation order and the bf16 outputs' rounding only. Rows past
+// offsets[G] hold NaN and must not set the token operands' scales. Then the forward captured into a
+// CUDA graph and replayed with a plan of more rows (offsets[G] read at replay).
+TEST_F(GroupedGemmFp8GpuTest, TensorwiseWrappersMatchTheHostPath) {
+  const int64_t G = 5, N = 256, K = 384, M = 1024;
+  std::vector<int32_t> o = {0, 128, 128, 400, 560, 720};  // multiples of 16; an empty expert
+  const int64_t used = o[G];
+  std::vector<float> x = randn(M * K, 1.0f, DType::BF16), w = randn(G * N * K, 0.05f, DType::BF16),
+                     dy = randn(M * N, 1e-2f, DType::BF16);
+  for (int64_t i = used * K; i < M * K; ++i) x[i] = NAN;
+  for (int64_t i = used * N; i < M * N; ++i) dy[i] = NAN;
+  TensorView X = make(DType::BF16, {M, K}), W = make(DType::BF16, {G, N, K}), DY = make(DType::BF16, {M, N});
+  put(X, x), put(W, w), put(DY, dy);
+  TensorView off = make(DType::I32, {G + 1});
+  put_i32(off, o);
+  TensorView y = make(DType::BF16, {M, N}), dx = make(DType::BF16, {M, K}), dw = make(DType::F32, {G, N, K});
+  const auto sc = GroupedFp8Scaling::Tensor;
+  const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+  grouped_gemm_forward_fp8({y, X, W, off, 16, ctx}, e4, sc);
+  grouped_gemm_dgrad_fp8({dx, DY, W, off, 16, ctx}, e4, e5, sc);
+  grouped_gemm_wgrad_fp8({dw, DY, X, off, 16, false, ctx}, e4, e5, sc);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  auto host = make_host_arena(grouped_gemm_fp8_scratch_bytes(M, G, N, K));
+  ExecContext hc;
+  hc.scratch = host.get();
+  const auto hv = [](std::vector<float>& v, std::initializer_list<int64_t> s) {
+    return TensorView(v.data(), DType::F32, Device::CPU, s);
+  };
+  const TensorView hoff(o.data(), DType::I32, Device::CPU, {G + 1});
+  std::vector<float> ry(M * N), rdx(M * K), rdw(G * N * K);
+  grouped_gemm_forward_fp8({hv(ry, {M, N}), hv(x, {M, K}), hv(w, {G, N, K}), hoff, 16, hc}, e4, sc);
+  grouped_gemm_dgrad_fp8({hv(rdx, {M, K}), hv(dy, {M, N}), hv(w, {G, N, K}), hoff, 16, hc}, e4, e5, sc);
+  grouped_gemm_wgrad_fp8({hv(rdw, {G, N, K}), hv(dy, {M, N}), hv(x, {M, K}), hoff, 16, false, hc}, e4, e5, sc);
+  const auto head = [](const std::vector<float>& v, int64_t n) { return std::vector<float>(v.begin(), v.begin() + n); };
+  const double ey = rel_err(head(get(y), used * N), head(ry, used * N));
+  const double edx = rel_err(head(get(dx), used * K), head(rdx, used * K));
+  const double edw = rel_err(get(dw), rdw);
+  EXPECT_LT(ey, 5e-3) << "forward";
+  EXPECT_LT(edx, 5e-3) << "input gradient";
+  EXPECT_LT(edw, 1e-4) << "weight gradient";
+  for (float v : head(ry, used * N)) ASSERT_TRUE(std::isfinite(v)) << "the host forward read a stale row";
+
+  // The forward in a graph: offsets[G] (the rows whose amax sets x's scale) read at replay.
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ExecContext c = ctx;
+  c.stream = stream;
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  grouped_gemm_forward_fp8({y, X, W, off, 16, c}, e4, sc);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  o = {0, 160, 320, 480, 640, 1008};
+  for (int64_t i = used * K; i < o[G] * K; ++i) x[i] = round_to(DType::BF16, 4.0f * std::sin(0.01f * i));
+  put(X, x);
+  put_i32(off, o);
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  grouped_gemm_forward_fp8({hv(ry, {M, N}), hv(x, {M, K}), hv(w, {G, N, K}), hoff, 16, hc}, e4, sc);
+  EXPECT_LT(rel_err(head(get(y), o[G] * N), head(ry, o[G] * N)), 5e-3) << "graph replay with another plan";
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 // Captured once, replayed after the offsets changed in device memory.
 TEST_F(GroupedGemmFp8GpuTest, RunsInACudaGraphWithOffsetsReadAtReplay) {
   const int64_t G = 4, N = 256, K = 128, M = 512;

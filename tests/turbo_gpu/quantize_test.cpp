@@ -248,6 +248,70 @@ TEST_F(QuantizeGpuTest, HardwareConversionMatchesHostEncoderAtScaleOne) {
 
 // max |x| an f32 subnormal: fp8_max / amax overflows and the scale is clamped to FLT_MAX; the
 // device must not flush subnormals (the products are then ordinary numbers).
+// rows_in_use (an MoE plan's offsets[G], read on the device): the scale and the used rows' bytes
+// equal the reference's, bit for bit, with NaN and huge values in the rows past it; on the tile
+// path (both outputs), on the generic one (ragged C), and in a CUDA graph replayed after the count
+// changed in device memory.
+TEST_F(QuantizeGpuTest, RowsInUseLimitTheAmaxBitForBit) {
+  struct Case {
+    int64_t R, C;
+  };
+  for (const Case k : {Case{512, 256}, Case{96, 40}}) {
+    for (const DType in_dt : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(fmt::format("[{}, {}] {}", k.R, k.C, dtype_name(in_dt)));
+      // Stale rows past 3/4 of the tensor: NaN and 1e30 (finite in f32, inf in bf16).
+      std::vector<float> v = randn(k.R * k.C, 2.0f, in_dt);
+      const int64_t first = k.R * 3 / 4;
+      for (int64_t i = first * k.C; i < k.R * k.C; ++i) v[i] = i % 2 ? NAN : 1e30f;
+      Input in = make_input(in_dt, k.R, k.C, k.C, &v);
+      const TensorView used_dev = make(DType::I32, {1});
+      cudaStream_t stream;
+      CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      ExecContext c = ctx;
+      c.stream = stream;
+      const TensorView out = make(DType::F8E4M3, {k.R, k.C}), out_t = make(DType::F8E4M3, {k.C, k.R});
+      const TensorView si = make(DType::F32, {1});
+      QuantizeFp8Args a;
+      a.inp = in.dev, a.out = out, a.out_t = out_t, a.scale_inv = si, a.granularity = Fp8Granularity::Tensor;
+      a.rows_in_use = used_dev, a.ctx = c;
+      const auto check = [&](int32_t used) {
+        SCOPED_TRACE(fmt::format("{} rows in use", used));
+        std::vector<uint8_t> ro(static_cast<size_t>(k.R * k.C));
+        const cpu::Fp8Scaling s = cpu::quantize_fp8_tensorwise(in.host.data(), in_dt, k.R, k.C, k.C, ro.data(), nullptr,
+                                                               DType::F8E4M3, used);
+        const std::vector<uint8_t> go = bytes(out), gt = bytes(out_t), gs = bytes(si);
+        float got_inv;
+        std::memcpy(&got_inv, gs.data(), 4);
+        EXPECT_TRUE(std::isfinite(got_inv));
+        EXPECT_EQ(bits(got_inv), bits(s.scale_inv));
+        for (int64_t r = 0; r < used; ++r)
+          for (int64_t col = 0; col < k.C; ++col) {
+            ASSERT_EQ(go[r * k.C + col], ro[r * k.C + col]) << r << "," << col;
+            ASSERT_EQ(gt[col * k.R + r], ro[r * k.C + col]) << "out_t " << r << "," << col;
+          }
+      };
+      put_i32(used_dev, {static_cast<int32_t>(first)});
+      quantize_fp8(a);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      check(static_cast<int32_t>(first));
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      quantize_fp8(a);
+      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec;
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      const int32_t fewer = static_cast<int32_t>(k.R / 3);
+      put_i32(used_dev, {fewer});
+      CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      check(fewer);
+      CUDA_CHECK(cudaGraphExecDestroy(exec));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+      CUDA_CHECK(cudaStreamDestroy(stream));
+    }
+  }
+}
+
 TEST_F(QuantizeGpuTest, SubnormalAmaxMatchesReference) {
   std::vector<float> v(32 * 32);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -97,6 +98,27 @@ void add_gradient(const TensorView& dst, const TensorView& src, DType round_to, 
 #else
   (void)ctx;
   throw RuntimeError("add_gradient: a device tensor in a build without CUDA");
+#endif
+}
+
+void broadcast(const TensorView& dst, const TensorView& src, const ExecContext& ctx) {
+  const char* op = "broadcast";
+  check_defined(dst, op, "dst");
+  check_defined(src, op, "src");
+  check_dtype(dst, DType::F32, op, "dst");
+  check_dtype(src, DType::F32, op, "src");
+  check_contiguous(dst, op, "dst");
+  check_same_device(dst, src, op);
+  if (src.numel() != 1) throw RuntimeError(fmt::format("broadcast: src must hold one value, got {}", src.describe()));
+  if (dst.device == Device::CPU) {
+    std::fill_n(dst.ptr<float>(), dst.numel(), *src.ptr<const float>());
+    return;
+  }
+#ifdef PRIMUS_TURBO_WITH_CUDA
+  cuda::broadcast_f32(dst.ptr<float>(), dst.numel(), src.ptr<const float>(), static_cast<cudaStream_t>(ctx.stream));
+#else
+  (void)ctx;
+  throw RuntimeError("broadcast: a device tensor in a build without CUDA");
 #endif
 }
 

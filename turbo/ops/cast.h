@@ -24,4 +24,9 @@ void add_gradient(const TensorView& dst, const TensorView& src, DType round_to, 
 
 void copy_rows(const TensorView& dst, const TensorView& src, const ExecContext& ctx);
 
+// Every element of dst (f32, contiguous) = the one f32 of src, on one device; on the device src is
+// read there (graph-capturable): a per-tensor FP8 scale spread into the scale vector of a kernel
+// that takes one scale per row (turbo/ops/grouped_gemm_fp8.h's tensorwise scaling).
+void broadcast(const TensorView& dst, const TensorView& src, const ExecContext& ctx);
+
 }  // namespace primus::turbo

@@ -12,6 +12,7 @@
 #include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/grouped_gemm.h"
 #include "turbo/kernels/cpu/quantize.h"
+#include "turbo/ops/cast.h"
 #include "turbo/ops/gemm_fp8.h"
 #include "turbo/ops/op_support.h"
 #include "turbo/ops/quantization.h"
@@ -106,6 +107,16 @@ void check_block_dims(const Call& c) {
 // The number of scales of an operand: rowwise `row`, blockwise those of granularity g over [R, C].
 int64_t scales(const Call& c, int64_t row, Fp8Granularity g, int64_t R, int64_t C) {
   return c.block ? fp8_scale_numel(g, R, C) : row;
+}
+
+// The FP8-operand calls take their scales as Row vectors or Block layouts; a per-tensor scale is
+// given broadcast into Row vectors (the bf16-operand products do that).
+bool block_scaling(GroupedFp8Scaling s, Kind k) {
+  if (s == GroupedFp8Scaling::Tensor)
+    throw RuntimeError(fmt::format("{}: scaling Tensor is for the bf16-operand products (grouped_gemm_*_fp8); give a "
+                                   "per-tensor scale here as Row scale vectors holding it",
+                                   op_name(k)));
+  return s == GroupedFp8Scaling::Block;
 }
 
 // Host offsets checked against the contract; the error names the op and the first bad entry.
@@ -229,7 +240,7 @@ BackendType grouped_gemm_fp8_forward(const GroupedGemmFp8ForwardArgs& a) {
   gg_fp8::check_2d(a.out, c.M, c.N, op, "out");
   gg_fp8::check_fp8(a.inp, false, op, "inp");
   gg_fp8::check_fp8(a.weight, false, op, "weight");
-  c.block = a.scaling == GroupedFp8Scaling::Block;
+  c.block = gg_fp8::block_scaling(a.scaling, c.kind);
   gg_fp8::check_block_dims(c);
   gg_fp8::check_vec(a.inp_scale, gg_fp8::scales(c, c.M, Fp8Granularity::Block1x128, c.M, c.K), op, "inp_scale");
   gg_fp8::check_vec(a.weight_scale, gg_fp8::scales(c, c.G * c.N, Fp8Granularity::Block128x128, c.G * c.N, c.K), op,
@@ -255,7 +266,7 @@ BackendType grouped_gemm_fp8_dgrad(const GroupedGemmFp8DgradArgs& a) {
   gg_fp8::check_2d(a.weight_t, c.K, c.G * c.N, op, "weight_t");
   gg_fp8::check_fp8(a.dout, true, op, "dout");
   gg_fp8::check_fp8(a.weight_t, false, op, "weight_t");
-  c.block = a.scaling == GroupedFp8Scaling::Block;
+  c.block = gg_fp8::block_scaling(a.scaling, c.kind);
   gg_fp8::check_block_dims(c);
   gg_fp8::check_vec(a.dout_scale, gg_fp8::scales(c, c.M, Fp8Granularity::Block1x128, c.M, c.N), op, "dout_scale");
   gg_fp8::check_vec(a.weight_t_scale, gg_fp8::scales(c, c.G * c.K, Fp8Granularity::Block128x128, c.K, c.G * c.N), op,
@@ -276,7 +287,7 @@ BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& a) {
   gg_fp8::check_2d(a.inp_t, c.K, c.M, op, "inp_t");
   gg_fp8::check_fp8(a.dout_t, true, op, "dout_t");
   gg_fp8::check_fp8(a.inp_t, false, op, "inp_t");
-  c.block = a.scaling == GroupedFp8Scaling::Block;
+  c.block = gg_fp8::block_scaling(a.scaling, c.kind);
   gg_fp8::check_block_dims(c);
   gg_fp8::check_vec(a.dout_t_scale, gg_fp8::scales(c, c.G * c.N, Fp8Granularity::Block1x128, c.N, c.M), op, "dout_t_scale");
   gg_fp8::check_vec(a.inp_t_scale, gg_fp8::scales(c, c.G * c.K, Fp8Granularity::Block1x128, c.K, c.M), op, "inp_t_scale");
@@ -349,10 +360,33 @@ Q tokens_q(Arena& arena, const TensorView& t, int64_t M, int64_t C, bool block, 
            const char* what) {
   return block ? block_q(arena, t, M, C, Fp8Granularity::Block1x128, false, dt, ctx, what) : rows_q(arena, t, dt, ctx, what);
 }
+// A per-tensor copy of t viewed as [R, C] (out, or with `transposed` out_t [C, R]) whose one scale
+// fills `n` entries: the scale vector of the Row product that runs it. used: i32 [1], the rows whose
+// amax sets the scale (QuantizeFp8Args::rows_in_use), or undefined for all.
+Q tensor_q(Arena& arena, const TensorView& t, int64_t R, int64_t C, bool transposed, int64_t n, const TensorView& used,
+           DType dt, const ExecContext& ctx, const char* what) {
+  Q o{transposed ? arena.tensor(dt, {C, R}, what) : arena.tensor(dt, {R, C}, what), arena.tensor(DType::F32, {n}, what)};
+  const TensorView one = arena.tensor(DType::F32, {1}, what);
+  QuantizeFp8Args a;
+  a.inp = t.reshape({R, C});
+  (transposed ? a.out_t : a.out) = o.q;
+  a.scale_inv = one;
+  a.granularity = Fp8Granularity::Tensor;
+  a.rows_in_use = used;
+  a.ctx = ctx;
+  quantize_fp8(a);
+  broadcast(o.s, one, ctx);
+  return o;
+}
+// offsets[G] of a row plan as an i32 [1] view (the rows in use).
+TensorView rows_in_use(const TensorView& offsets, int64_t G) {
+  return TensorView(static_cast<int32_t*>(offsets.data) + G, DType::I32, offsets.device, {1});
+}
+
 // The step's copies of weight [G, N, K] in `cache` (see grouped_gemm_forward_fp8): filled here when
 // the slot is not valid; null when the cache is off or has no slot for it.
 // With `transposed` (the input gradient's copy) null as well when the cache keeps no transposes.
-const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, const TensorView& weight, DType dt,
+const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, Arena& arena, const TensorView& weight, DType dt,
                                           GroupedFp8Scaling sc, const ExecContext& ctx, const char* op,
                                           bool transposed = false) {
   if (!cache || !cache->enabled) return nullptr;
@@ -380,6 +414,13 @@ const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, const TensorVie
   if (sc == GroupedFp8Scaling::Block) {  // one pass: the 128 x 128 blocks serve both layouts
     a.out_t = qt, a.scale_inv_t = st, a.granularity = Fp8Granularity::Block128x128;
     quantize_fp8(a);
+  } else if (sc == GroupedFp8Scaling::Tensor) {  // one pass, one scale for both layouts
+    const TensorView one = arena.tensor(DType::F32, {1}, "fp8 expert weight scale");
+    const TensorView row_scales = a.scale_inv;
+    a.out_t = qt, a.scale_inv = one, a.granularity = Fp8Granularity::Tensor;
+    quantize_fp8(a);
+    broadcast(row_scales, one, ctx);
+    if (both) broadcast(st, one, ctx);
   } else if (!both) {  // per (expert, output feature)
     a.granularity = Fp8Granularity::Row;
     quantize_fp8(a);
@@ -405,6 +446,7 @@ Q slot_q(const Fp8WeightCache::Slot& s, bool transposed, DType dt, GroupedFp8Sca
 }  // namespace
 }  // namespace gg_fp8
 
+// Tensor scaling keeps Row's vectors (its one scale in every entry).
 int64_t grouped_fp8_weight_scales(GroupedFp8Scaling s, int64_t G, int64_t N, int64_t K) {
   return s == GroupedFp8Scaling::Block ? fp8_scale_numel(Fp8Granularity::Block128x128, G * N, K) : G * N;
 }
@@ -422,17 +464,22 @@ void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, Groupe
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.inp.shape[0];
-  const bool block = scaling == GroupedFp8Scaling::Block;
-  const gg_fp8::Q x = gg_fp8::tokens_q(arena, a.inp, M, K, block, fwd, a.ctx, "fp8 expert input");
+  const bool block = scaling == GroupedFp8Scaling::Block, tensor = scaling == GroupedFp8Scaling::Tensor;
+  const gg_fp8::Q x = tensor ? gg_fp8::tensor_q(arena, a.inp, M, K, false, M, gg_fp8::rows_in_use(a.offsets, G), fwd,
+                                                a.ctx, "fp8 expert input")
+                             : gg_fp8::tokens_q(arena, a.inp, M, K, block, fwd, a.ctx, "fp8 expert input");
   gg_fp8::Q w;
-  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, a.weight, fwd, scaling, a.ctx, op)) {
+  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, arena, a.weight, fwd, scaling, a.ctx, op)) {
     w = gg_fp8::slot_q(*s, false, fwd, scaling, G, N, K);
+  } else if (tensor) {
+    w = gg_fp8::tensor_q(arena, a.weight, G * N, K, false, G * N, {}, fwd, a.ctx, "fp8 expert weight");
   } else {
     w = block ? gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, false, fwd, a.ctx,
                                 "fp8 expert weight")
               : gg_fp8::rows_q(arena, a.weight, fwd, a.ctx, "fp8 expert weight");
   }
-  grouped_gemm_fp8_forward({a.out, x.q, x.s, w.q.reshape({G, N, K}), w.s.reshape({w.s.numel()}), a.offsets, a.ctx, scaling});
+  const GroupedFp8Scaling kernel = block ? GroupedFp8Scaling::Block : GroupedFp8Scaling::Row;
+  grouped_gemm_fp8_forward({a.out, x.q, x.s, w.q.reshape({G, N, K}), w.s.reshape({w.s.numel()}), a.offsets, a.ctx, kernel});
 }
 
 void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling,
@@ -445,17 +492,22 @@ void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.dout.shape[0];
-  const bool block = scaling == GroupedFp8Scaling::Block;
-  const gg_fp8::Q dy = gg_fp8::tokens_q(arena, a.dout, M, N, block, grad, a.ctx, "fp8 expert output gradient");
+  const bool block = scaling == GroupedFp8Scaling::Block, tensor = scaling == GroupedFp8Scaling::Tensor;
+  const gg_fp8::Q dy = tensor ? gg_fp8::tensor_q(arena, a.dout, M, N, false, M, gg_fp8::rows_in_use(a.offsets, G), grad,
+                                                 a.ctx, "fp8 expert output gradient")
+                              : gg_fp8::tokens_q(arena, a.dout, M, N, block, grad, a.ctx, "fp8 expert output gradient");
   gg_fp8::Q wt;
-  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, a.weight, fwd, scaling, a.ctx, op, true)) {
+  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, arena, a.weight, fwd, scaling, a.ctx, op, true)) {
     wt = gg_fp8::slot_q(*s, true, fwd, scaling, G, N, K);
+  } else if (tensor) {
+    wt = gg_fp8::tensor_q(arena, a.weight, G * N, K, true, G * K, {}, fwd, a.ctx, "fp8 expert weight^T");
   } else if (block) {  // W's 128 x 128 blocks are the same in its transposed copy
     wt = gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, true, fwd, a.ctx, "fp8 expert weight^T");
   } else {  // W viewed as [G*N, K], groups of N rows: W^T [K][G*N] with a scale per (expert, input feature)
     wt = gg_fp8::groups_t_q(arena, a.weight, G * N, K, G, {}, N, fwd, a.ctx, "fp8 expert weight^T");
   }
-  grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s.reshape({wt.s.numel()}), a.offsets, a.ctx, scaling});
+  const GroupedFp8Scaling kernel = block ? GroupedFp8Scaling::Block : GroupedFp8Scaling::Row;
+  grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s.reshape({wt.s.numel()}), a.offsets, a.ctx, kernel});
 }
 
 void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling) {
@@ -468,6 +520,14 @@ void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad
                                           "fp8 expert output gradient^T");
     const gg_fp8::Q xt = gg_fp8::block_q(arena, a.inp, M, K, Fp8Granularity::Block1x128, true, fwd, a.ctx, "fp8 expert input^T");
     grouped_gemm_fp8_wgrad({a.dweight, dyt.q, dyt.s, xt.q, xt.s, a.offsets, a.align, a.accumulate, a.ctx, scaling});
+    return;
+  }
+  if (scaling == GroupedFp8Scaling::Tensor) {  // the tensors' scales, over the plan's rows
+    const TensorView used = gg_fp8::rows_in_use(a.offsets, G);
+    const gg_fp8::Q dyt = gg_fp8::tensor_q(arena, a.dout, M, N, true, G * N, used, grad, a.ctx,
+                                           "fp8 expert output gradient^T");
+    const gg_fp8::Q xt = gg_fp8::tensor_q(arena, a.inp, M, K, true, G * K, used, fwd, a.ctx, "fp8 expert input^T");
+    grouped_gemm_fp8_wgrad({a.dweight, dyt.q, dyt.s, xt.q, xt.s, a.offsets, a.align, a.accumulate, a.ctx});
     return;
   }
   const gg_fp8::Q dyt = gg_fp8::groups_t_q(arena, a.dout, M, N, G, a.offsets, 0, grad, a.ctx, "fp8 expert output gradient^T");

@@ -49,8 +49,11 @@ namespace primus::turbo {
 
 class Fp8WeightCache;  // turbo/ops/gemm_fp8.h
 
-// The scales of a call: Row (rowwise, the default) or Block (blockwise), as described above.
-enum class GroupedFp8Scaling { Row, Block };
+// The scales of a call: Row (rowwise, the default) or Block (blockwise), as described above; and
+// Tensor for the bf16-operand products below: one scale per operand tensor (Primus-Turbo's
+// tensorwise grouped GEMM), which run as Row products whose scale vectors hold that one scale.
+// The FP8-operand calls take Row or Block.
+enum class GroupedFp8Scaling { Row, Block, Tensor };
 
 struct GroupedGemmFp8ForwardArgs {
   TensorView out;           // [M,N]
@@ -105,12 +108,17 @@ BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& args);
 // With scaling Block: blockwise scales (x and dout Block1x128, W Block128x128 in both layouts, the
 // weight gradient's copies Block1x128 along the tokens), which needs M, N, K and the weight
 // gradient's align multiples of 128.
+// With scaling Tensor: current per-tensor scaling (turbo::quantize_fp8 at Tensor granularity): x,
+// dout and all G experts' weights each take one scale from their own amax, the token operands'
+// over the rows of the plan only (rows_in_use = offsets[G]: rows past it may hold anything, e.g.
+// stale data of an earlier step, and must not set the scale); each product is then the Row
+// product with that scale in every entry of its scale vectors (turbo::broadcast).
 // weights: the step's FP8 weight copies (gradient accumulation: the experts' weights quantized
 // once per optimizer step). When it is enabled and holds a slot for args.weight, the product reads
-// the slot's copies instead of quantizing the weight: q [G*N*K] with its scales (rowwise [G*N],
-// blockwise Block128x128 of [G*N, K]) and q_t, the [K][G*N] copy ([G, K]; Block128x128 of
-// [K, G*N]); the first call of a step that finds the slot not valid fills both (blockwise in one
-// pass) and marks it valid. Null, disabled or without a slot: the weight is quantized here.
+// the slot's copies instead of quantizing the weight: q [G*N*K] with its scales (rowwise and
+// tensorwise [G*N], blockwise Block128x128 of [G*N, K]) and q_t, the [K][G*N] copy ([G, K];
+// Block128x128 of [K, G*N]); the first call of a step that finds the slot not valid fills both
+// (blockwise and tensorwise in one pass) and marks it valid. Null, disabled or without a slot: the weight is quantized here.
 void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& args, DType fwd,
                               GroupedFp8Scaling scaling = GroupedFp8Scaling::Row, Fp8WeightCache* weights = nullptr);
 void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& args, DType fwd, DType grad,

@@ -156,6 +156,18 @@ void validate(const QuantizeFp8Args& a) {
                                      a.maxima.describe()));
     check_same_device(a.maxima, a.inp, kOp);
   }
+  if (a.rows_in_use.defined()) {
+    if (a.granularity != Fp8Granularity::Tensor || a.scale.defined() || a.maxima.defined() || has_row_groups(a) ||
+        a.prologue != QuantizePrologue::None)
+      throw RuntimeError(fmt::format("{}: rows_in_use limits the amax of Tensor granularity under current scaling "
+                                     "(no scale, maxima, row groups or prologue); got {} granularity{}{}{}",
+                                     kOp, fp8_granularity_name(a.granularity), a.scale.defined() ? ", scale" : "",
+                                     a.maxima.defined() ? ", maxima" : "", has_row_groups(a) ? ", row groups" : ""));
+    check_dtype(a.rows_in_use, DType::I32, kOp, "rows_in_use");
+    if (a.rows_in_use.numel() != 1)
+      throw RuntimeError(fmt::format("{}: rows_in_use: one i32, got {}", kOp, a.rows_in_use.describe()));
+    check_same_device(a.rows_in_use, a.inp, kOp);
+  }
   const Fp8Granularity g = a.granularity;
   if ((g == Fp8Granularity::Block1x128 || g == Fp8Granularity::Block128x128) &&
       (R % kFp8BlockSize != 0 || C % kFp8BlockSize != 0))
@@ -199,7 +211,8 @@ void validate(const QuantizeFp8Args& a) {
 std::string cpu_check(const QuantizeFp8Args& a) {
   return detail::all_on(Device::CPU, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
                                       {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax},
-                                      {"offsets", &a.offsets}, {"maxima", &a.maxima}, {"gate_up", &a.gate_up}});
+                                      {"offsets", &a.offsets}, {"maxima", &a.maxima}, {"gate_up", &a.gate_up},
+                                      {"rows_in_use", &a.rows_in_use}});
 }
 // Host maxima must be inp's own: the device quantizer trusts them, so the reference is where a
 // producer that gets them wrong shows.
@@ -304,8 +317,10 @@ void cpu_run(const QuantizeFp8Args& a) {
     std::memcpy(a.scale_inv.data, &inv, sizeof(float));
     return;
   }
-  const cpu::Fp8Scaling s = cpu::quantize_fp8_tensorwise(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a),
-                                                          a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a));
+  const int64_t R = rows_of(a);
+  const int64_t used = a.rows_in_use.defined() ? std::clamp<int64_t>(*a.rows_in_use.ptr<const int32_t>(), 0, R) : R;
+  const cpu::Fp8Scaling s = cpu::quantize_fp8_tensorwise(a.inp.data, a.inp.dtype, R, cols_of(a), pitch_of(a),
+                                                          a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a), used);
   std::memcpy(a.scale_inv.data, &s.scale_inv, sizeof(float));
   uint32_t m;
   std::memcpy(&m, &s.amax, 4);
@@ -322,7 +337,8 @@ std::string prologue_unsupported(const QuantizeFp8Args& a) {
 std::string turbo_check(const QuantizeFp8Args& a) {
   if (auto w = detail::all_on(Device::CUDA, {{"inp", &a.inp}, {"out", &a.out}, {"out_t", &a.out_t}, {"scale_inv", &a.scale_inv},
                                              {"scale_inv_t", &a.scale_inv_t}, {"scale", &a.scale}, {"amax", &a.amax},
-                                             {"offsets", &a.offsets}, {"maxima", &a.maxima}, {"gate_up", &a.gate_up}});
+                                             {"offsets", &a.offsets}, {"maxima", &a.maxima}, {"gate_up", &a.gate_up},
+                                             {"rows_in_use", &a.rows_in_use}});
       !w.empty())
     return w;
   if (a.prologue != QuantizePrologue::None) {
@@ -366,7 +382,8 @@ void turbo_run(const QuantizeFp8Args& a) {
                                 a.out_t.data, a.scale_inv.ptr<float>(), partials, static_cast<cudaStream_t>(a.ctx.stream),
                                 a.scale.defined() ? a.scale.ptr<float>() : nullptr,
                                 a.amax.defined() ? a.amax.ptr<float>() : nullptr,
-                                a.maxima.defined() ? a.maxima.ptr<const float>() : nullptr);
+                                a.maxima.defined() ? a.maxima.ptr<const float>() : nullptr,
+                                a.rows_in_use.defined() ? a.rows_in_use.ptr<const int32_t>() : nullptr);
 }
 #endif
 
@@ -377,8 +394,9 @@ std::string QuantizeFp8Args::key() const {
                              : group_rows != 0 ? fmt::format(" group_rows={}", group_rows)
                                                : std::string();
   const std::string pro = prologue == QuantizePrologue::None ? std::string() : fmt::format(" prologue={}", prologue_name(prologue));
-  return fmt::format("quantize_fp8 {}{}{}{}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
-                     scale.defined() ? " delayed" : "", groups, maxima.defined() ? " maxima" : "", pro, inp.describe(), out.defined() ? out.describe() : "-",
+  return fmt::format("quantize_fp8 {}{}{}{}{}{} inp={} out={} out_t={}", fp8_granularity_name(granularity),
+                     scale.defined() ? " delayed" : "", groups, maxima.defined() ? " maxima" : "",
+                     rows_in_use.defined() ? " rows_in_use" : "", pro, inp.describe(), out.defined() ? out.describe() : "-",
                      out_t.defined() ? out_t.describe() : "-");
 }
 

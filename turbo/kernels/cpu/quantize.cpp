@@ -80,9 +80,10 @@ uint32_t absmax_bits(const void* inp, DType in_dtype, int64_t R, int64_t C, int6
 }
 
 Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld,
-                                   uint8_t* out, uint8_t* out_t, DType fp8) {
+                                   uint8_t* out, uint8_t* out_t, DType fp8, int64_t amax_rows) {
   check_dtypes(in_dtype, fp8, "quantize_fp8_tensorwise");
-  const Fp8Scaling s = fp8_tensorwise_scaling(bits_to_float(absmax_bits(inp, in_dtype, R, C, ld)), fp8);
+  const int64_t used = amax_rows < 0 ? R : std::min(amax_rows, R);
+  const Fp8Scaling s = fp8_tensorwise_scaling(bits_to_float(absmax_bits(inp, in_dtype, used, C, ld)), fp8);
   const bool finite = s.finite();
   const bool e4m3 = fp8 == DType::F8E4M3;
   for (int64_t r = 0; r < R; ++r) {

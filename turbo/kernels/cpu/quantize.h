@@ -44,9 +44,11 @@ uint32_t absmax_bits(const void* inp, DType in_dtype, int64_t R, int64_t C, int6
 // Quantises inp [R, C] (f32 or bf16; row pitch ld >= C elements) to `fp8` (f8e4m3 | f8e5m2):
 // out [R, C] and/or out_t [C, R] (the transpose), both contiguous row-major; either may be null.
 // Returns the scaling (its scale_inv is what the op writes out). Throws primus::RuntimeError for
-// an input dtype other than f32/bf16 or a non-FP8 `fp8`.
+// an input dtype other than f32/bf16 or a non-FP8 `fp8`. amax_rows in [0, R] (-1: R): the amax
+// over the first amax_rows rows only (turbo::QuantizeFp8Args::rows_in_use); every row is
+// quantized with that scale (a finite scale: each element as above, a NaN byte for a NaN).
 Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld,
-                                   uint8_t* out, uint8_t* out_t, DType fp8);
+                                   uint8_t* out, uint8_t* out_t, DType fp8, int64_t amax_rows = -1);
 
 // Per-group current scaling at granularity g (turbo/core/fp8_granularity.h): each group's scale
 // is fp8_tensorwise_scaling of that group's amax, the elements as in quantize_fp8_tensorwise.

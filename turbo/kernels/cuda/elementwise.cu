@@ -180,6 +180,11 @@ __global__ void split_ones_gradient_kernel(float* __restrict__ dweight, float* _
   }
   if (c == 0 && dbias) dbias[r] += s[r * ld + C];
 }
+__global__ void broadcast_kernel(float* __restrict__ dst, int64_t n, const float* __restrict__ src) {
+  const float v = __ldg(src);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) dst[i] = v;
+}
 }  // namespace
 
 void split_ones_gradient(float* dweight, float* dbias, const float* s, int64_t rows, int64_t C, int64_t ld,
@@ -194,6 +199,13 @@ void split_ones_gradient(float* dweight, float* dbias, const float* s, int64_t r
   else if (vec) split_ones_gradient_kernel<4, false><<<grid, 256, 0, stream>>>(dweight, dbias, s, rows, C, ld);
   else if (accumulate) split_ones_gradient_kernel<1, true><<<grid, 256, 0, stream>>>(dweight, dbias, s, rows, C, ld);
   else split_ones_gradient_kernel<1, false><<<grid, 256, 0, stream>>>(dweight, dbias, s, rows, C, ld);
+  CUDA_CHECK_LAST();
+}
+
+void broadcast_f32(float* dst, int64_t n, const float* src, cudaStream_t stream) {
+  if (n <= 0) return;
+  const unsigned g = static_cast<unsigned>(std::clamp<int64_t>(ceil_div(n, 256), 1, int64_t(sm_count()) * 4));
+  broadcast_kernel<<<g, 256, 0, stream>>>(dst, n, src);
   CUDA_CHECK_LAST();
 }
 

@@ -16,6 +16,10 @@ void add_inplace_f32(float* dst, const float* src, int64_t n, cudaStream_t strea
 // to the fp32 gradient (turbo::add_gradient).
 void add_gradient_f32(float* dst, const float* src, int64_t n, bool round_bf16, bool accumulate, cudaStream_t stream);
 
+// dst[i] = *src over n f32 elements, src one device f32 read on the device (e.g. a per-tensor FP8
+// scale spread into the per-row scale vector a rowwise kernel reads; turbo::broadcast).
+void broadcast_f32(float* dst, int64_t n, const float* src, cudaStream_t stream);
+
 // The two results of a weight GEMM over an input with a column of ones (turbo::linear_backward_
 // weight_ones): s is f32 [rows, ld] with ld > C; dweight [rows, C] (contiguous) = s[:, :C] (+= when
 // accumulate) and dbias [rows] += s[:, C] (dbias may be nullptr).

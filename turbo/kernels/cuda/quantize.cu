@@ -80,8 +80,10 @@ __device__ __forceinline__ uint32_t block_max_u32(uint32_t x, uint32_t* smem) {
 // unit's address needs no division.
 template <class T, bool kVec, bool kContig>
 __global__ void __launch_bounds__(kAmaxThreads) amax_partials_kernel(const T* __restrict__ inp, int64_t R, int64_t C,
-                                                                    int64_t ld, uint32_t* __restrict__ partials) {
+                                                                    int64_t ld, uint32_t* __restrict__ partials,
+                                                                    const int32_t* __restrict__ rows_in_use) {
   constexpr int W = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;
+  if (rows_in_use) R = min(R, static_cast<int64_t>(max(0, __ldg(rows_in_use))));
   const int64_t per_row = C / W, units = R * per_row;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   auto at = [&](int64_t u) {
@@ -433,7 +435,7 @@ void launch_quantize(int64_t tiles, const Args& a, cudaStream_t stream) {
 template <class T, bool kE4M3>
 void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* out_t, float fp8max,
          float* scale_inv, uint32_t* partials, const float* scale_in, uint32_t* amax_out, cudaStream_t stream,
-         const uint32_t* amax_in = nullptr) {
+         const uint32_t* amax_in = nullptr, const int32_t* rows_in_use = nullptr) {
   constexpr int W = 16 / static_cast<int>(sizeof(T));
   const bool vec = aligned16(inp) && (ld * static_cast<int64_t>(sizeof(T))) % 16 == 0 && C % W == 0;
   const bool contig = ld == C || R <= 1;
@@ -446,10 +448,12 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
     const int64_t units = vec ? R * (C / W) : R * C;
     const int64_t want = (units + kAmaxThreads * kAmaxUnroll - 1) / (kAmaxThreads * kAmaxUnroll);
     nparts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, std::min(kMaxPartials, 2 * sm_count()))));
-    if (vec && contig) amax_partials_kernel<T, true, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
-    else if (vec) amax_partials_kernel<T, true, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
-    else if (contig) amax_partials_kernel<T, false, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
-    else amax_partials_kernel<T, false, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials);
+    const int32_t* used = rows_in_use;
+    if (vec && contig) amax_partials_kernel<T, true, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials, used);
+    else if (vec) amax_partials_kernel<T, true, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials, used);
+    else if (contig)
+      amax_partials_kernel<T, false, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials, used);
+    else amax_partials_kernel<T, false, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials, used);
     CUDA_CHECK_LAST();
   }
 
@@ -1426,8 +1430,12 @@ size_t quantize_fp8_scratch_bytes() { return kMaxPartials * sizeof(uint32_t); }
 
 void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                              void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream,
-                             const float* scale_in, float* amax_out, const float* amax_in) {
+                             const float* scale_in, float* amax_out, const float* amax_in,
+                             const int32_t* rows_in_use) {
   const char* op = "quantize_fp8_tensorwise";
+  if (rows_in_use && (scale_in || amax_in))
+    throw RuntimeError(fmt::format("{}: rows_in_use limits the amax pass of current scaling, which {} skips", op,
+                                   scale_in ? "a given scale" : "given maxima"));
   if (!dtype_is_fp8(fp8))
     throw RuntimeError(fmt::format("{}: output dtype {} is not an FP8 format (f8e4m3, f8e5m2)", op, dtype_name(fp8)));
   if (!out && !out_t) throw RuntimeError(fmt::format("{}: neither out nor out_t given", op));
@@ -1444,9 +1452,9 @@ void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t
     auto* am = reinterpret_cast<uint32_t*>(amax_out);  // non-negative floats order as their bits
     const auto* given = reinterpret_cast<const uint32_t*>(amax_in);
     if (fp8 == DType::F8E4M3)
-      run<scalar_t, true>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream, given);
+      run<scalar_t, true>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream, given, rows_in_use);
     else
-      run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream, given);
+      run<scalar_t, false>(x, R, C, ld, o, ot, fp8max, scale_inv, partials, scale_in, am, stream, given, rows_in_use);
   });
 }
 

@@ -33,9 +33,13 @@ size_t quantize_fp8_scratch_bytes();
 // gets max |x| folded in with atomicMax on its bits (order-free: deterministic), under either
 // scaling. amax_in (one device f32, current scaling): max |x| as the op that wrote inp took it
 // (turbo::QuantizeFp8Args::maxima): no amax launch, one read of inp; the scale as from its own.
+// rows_in_use (one device int32, current scaling without amax_in): the amax launch reads rows
+// [0, min(R, max(0, *rows_in_use))) only (turbo::QuantizeFp8Args::rows_in_use); all R rows are
+// quantized with the scale.
 void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                              void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream,
-                             const float* scale_in = nullptr, float* amax_out = nullptr, const float* amax_in = nullptr);
+                             const float* scale_in = nullptr, float* amax_out = nullptr, const float* amax_in = nullptr,
+                             const int32_t* rows_in_use = nullptr);
 
 // Delayed scaling's bookkeeping for T tensors (cpu::fp8_delayed_update, same results bit for bit):
 // history [T, len], scale [T], fp8_max [T], device f32; use_max: the largest entry, else the
