@@ -288,7 +288,7 @@ TEST_F(GroupedGemmFp8GpuTest, TensorwiseWrappersMatchTheHostPath) {
   const double edw = rel_err(get(dw), rdw);
   EXPECT_LT(ey, 5e-3) << "forward";
   EXPECT_LT(edx, 5e-3) << "input gradient";
-  EXPECT_LT(edw, 1e-4) << "weight gradient";
+  EXPECT_LT(edw, 2e-3) << "weight gradient";  // exact FP8 products; the tensor cores' FP8 adder
   for (float v : head(ry, used * N)) ASSERT_TRUE(std::isfinite(v)) << "the host forward read a stale row";
 
   // The forward in a graph: offsets[G] (the rows whose amax sets x's scale) read at replay.
