@@ -344,7 +344,7 @@ class CudaAdapter : public BackendAdapter {
       (void)turbo::parse_fp8_recipe(p.find_path("fp8")->as_string(), r, where("fp8"), "fp8_recipe");
     }
     // With fp8 an MoE model's experts run FP8 too (patch cuda.moe.fp8), through the FP8 grouped
-    // GEMM, which has rowwise and blockwise scales only: checked here so that a dry run already refuses.
+    // GEMM, which takes current scaling only (not delayed): checked here so that a dry run already refuses.
     if (const std::string f = p.find_path("fp8")->as_string(); f != "none" && p.find_path("num_experts")->as_int() > 0) {
       const std::string why =
           fp8_moe_refusal(turbo::parse_fp8_recipe(f, p.find_path("fp8_recipe")->as_string(), where("fp8"), "fp8_recipe"));

@@ -71,7 +71,7 @@ struct CudaModelOptions {
   // The linear slots run FP8 GEMMs (patch cuda.linear.fp8): scratch holds their quantized
   // copies (turbo::linear_fp8_scratch_bytes) and every linear dimension must be a multiple of 16.
   bool fp8_linear = false;
-  // The MoE layers' expert GEMMs run in FP8 too (patch cuda.moe.fp8, rowwise or blockwise scaling,
+  // The MoE layers' expert GEMMs run in FP8 too (patch cuda.moe.fp8, tensorwise, rowwise or blockwise,
   // turbo::grouped_gemm_*_fp8): scratch holds their quantized copies, the permuted-token buffers
   // get a multiple of fp8_multiple rows and the expert widths must be multiples of it; blockwise
   // (fp8_multiple 128) also pads every expert's group to 128 rows, so that no 128-token scale

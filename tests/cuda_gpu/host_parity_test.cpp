@@ -218,6 +218,12 @@ TEST_P(HostMoeParityTest, RowwiseFp8ExpertsTrainNearTheReference) {
                                    turbo::parse_fp8_recipe("hybrid", "rowwise", "test", "fp8_recipe"));
 }
 
+// Tensorwise (one scale for x, one for dy, one for all experts' weights: Primus' default recipe).
+TEST_P(HostMoeParityTest, TensorwiseFp8ExpertsTrainNearTheReference) {
+  fp8_experts_train_near_reference(tiny_moe_spec(GetParam()),
+                                   turbo::parse_fp8_recipe("hybrid", "tensorwise", "test", "fp8_recipe"));
+}
+
 // Blockwise (1x128 token tiles, 128 x 128 weight blocks; the model pads each expert's group to
 // 128 rows) on the tiny MoE with every width a multiple of 128.
 TEST_P(HostMoeParityTest, BlockwiseFp8ExpertsTrainNearTheReference) {

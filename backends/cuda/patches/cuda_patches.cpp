@@ -168,7 +168,7 @@ void register_patches(patches::PatchRegistry& reg) {
   reg.add({
       .id = "cuda.moe.fp8",
       .description = "FP8 grouped GEMMs for the MoE experts (forward, input and weight gradients) with current "
-                     "rowwise or blockwise scaling (fp8_recipe), in the format of `fp8`",
+                     "tensorwise, rowwise or blockwise scaling (fp8_recipe), in the format of `fp8`",
       .tags = {"performance", "gemm", "precision", "moe"},
       .slots = {kMoeExperts, kMoeExpertsDgrad, kMoeExpertsWgrad},
       .logic = "replaces the expert slots with turbo::grouped_gemm_*_fp8: each operand quantized right before its "
@@ -176,9 +176,11 @@ void register_patches(patches::PatchRegistry& reg) {
                "expert input features in the input gradient, features per expert over that expert's tokens in the "
                "weight gradient), or blockwise (DeepSeek-V3: 1x128 tiles of the tokens along the reduction, 128x128 "
                "blocks of the weights, each 128-element k-tile's partial product scaled on its own; groups padded to "
-               "128 rows), hybrid: E4M3 x and w, E5M2 dy; under gradient accumulation each expert weight is "
+               "128 rows), or tensorwise (Primus-Turbo's tensorwise grouped GEMM: one scale for x, one for dy, both "
+               "from the row plan's rows only, one for all experts' weights, run as the rowwise product with the scale "
+               "in every entry), hybrid: E4M3 x and w, E5M2 dy; under gradient accumulation each expert weight is "
                "quantized once per optimizer step into the step copies of cuda.linear.fp8 (both layouts); refuses "
-               "tensorwise and delayed; the first and "
+               "delayed; the first and "
                "last fp8_first_last_bf16_layers layers keep bf16 experts (the model reserves scratch for the copies "
                "and needs the expert widths to be multiples of 16, blockwise 128)",
       .impl = "turbo/ops/grouped_gemm_fp8.cpp (quantize-then-GEMM), turbo/kernels/cuda/grouped_gemm_sm90.cu (the "
