@@ -344,11 +344,8 @@ class CudaAdapter : public BackendAdapter {
       (void)turbo::parse_fp8_recipe(p.find_path("fp8")->as_string(), r, where("fp8"), "fp8_recipe");
     }
     // With fp8 an MoE model's experts run FP8 too (patch cuda.moe.fp8), through the FP8 grouped
-    // GEMM, which takes current scaling only (not delayed): checked here so that a dry run already refuses.
+    // GEMM only: checked here so that a dry run already refuses.
     if (const std::string f = p.find_path("fp8")->as_string(); f != "none" && p.find_path("num_experts")->as_int() > 0) {
-      const std::string why =
-          fp8_moe_refusal(turbo::parse_fp8_recipe(f, p.find_path("fp8_recipe")->as_string(), where("fp8"), "fp8_recipe"));
-      if (!why.empty()) throw ConfigError(fmt::format("{}: {}", where("fp8_recipe"), why));
       if (!p.find_path("moe_grouped_gemm")->as_bool())
         throw ConfigError(fmt::format("{}: moe_grouped_gemm: false with fp8: the FP8 experts run Turbo's grouped GEMM "
                                       "only; set moe_grouped_gemm: true, or fp8: none for one GEMM per expert",

@@ -262,28 +262,29 @@ Fp8LinearFns fp8_linear_fns(const turbo::Fp8Recipe& r) {
   return f;
 }
 
-std::string fp8_moe_refusal(const turbo::Fp8Recipe& r) {
-  if (r.scaling != turbo::Fp8Scaling::Delayed) return "";
-  return fmt::format("fp8_recipe: {}: the MoE experts' FP8 grouped GEMMs take current scaling (tensorwise, rowwise or "
-                     "blockwise), not amax histories; set one of those for a model with num_experts > 0 (or fp8: none)",
-                     turbo::fp8_scaling_name(r.scaling));
-}
-
 Fp8MoeFns fp8_moe_fns(const turbo::Fp8Recipe& r) {
-  if (const std::string why = fp8_moe_refusal(r); !why.empty()) throw ConfigError(why);
   Fp8MoeFns f;
   const turbo::DType fwd = r.fwd, grad = r.grad;
-  const turbo::GroupedFp8Scaling s = r.scaling == turbo::Fp8Scaling::Blockwise   ? turbo::GroupedFp8Scaling::Block
-                                      : r.scaling == turbo::Fp8Scaling::Tensorwise ? turbo::GroupedFp8Scaling::Tensor
-                                                                                   : turbo::GroupedFp8Scaling::Row;
+  // Delayed scaling keeps one scale per tensor: the tensorwise products with the histories.
+  const bool delayed = r.scaling == turbo::Fp8Scaling::Delayed;
+  if (delayed && !r.delayed)
+    throw RuntimeError("fp8_moe_fns: fp8_recipe delayed without its amax histories (Fp8Recipe::delayed is not set)");
+  const turbo::GroupedFp8Scaling s = r.scaling == turbo::Fp8Scaling::Blockwise ? turbo::GroupedFp8Scaling::Block
+                                     : r.scaling == turbo::Fp8Scaling::Rowwise ? turbo::GroupedFp8Scaling::Row
+                                                                               : turbo::GroupedFp8Scaling::Tensor;
+  const std::shared_ptr<turbo::Fp8DelayedScaling> d = delayed ? r.delayed : nullptr;
   // The step's weight copies (gradient accumulation: CudaModelOptions::fp8_weights registers the
   // experts' slots), shared with the linear slots' recipe.
   const std::shared_ptr<turbo::Fp8WeightCache> w = r.weights;
-  f.forward = [fwd, s, w](const turbo::GroupedGemmForwardArgs& a) { turbo::grouped_gemm_forward_fp8(a, fwd, s, w.get()); };
-  f.dgrad = [fwd, grad, s, w](const turbo::GroupedGemmDgradArgs& a) {
-    turbo::grouped_gemm_dgrad_fp8(a, fwd, grad, s, w.get());
+  f.forward = [fwd, s, w, d](const turbo::GroupedGemmForwardArgs& a) {
+    turbo::grouped_gemm_forward_fp8(a, fwd, s, w.get(), d.get());
   };
-  f.wgrad = [fwd, grad, s](const turbo::GroupedGemmWgradArgs& a) { turbo::grouped_gemm_wgrad_fp8(a, fwd, grad, s); };
+  f.dgrad = [fwd, grad, s, w, d](const turbo::GroupedGemmDgradArgs& a) {
+    turbo::grouped_gemm_dgrad_fp8(a, fwd, grad, s, w.get(), d.get());
+  };
+  f.wgrad = [fwd, grad, s, d](const turbo::GroupedGemmWgradArgs& a) {
+    turbo::grouped_gemm_wgrad_fp8(a, fwd, grad, s, d.get());
+  };
   return f;
 }
 

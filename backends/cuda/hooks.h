@@ -215,19 +215,17 @@ inline void use_fp8_linear(CudaOps& ops, const turbo::Fp8Recipe& recipe) {
 }
 
 // The FP8 versions of the three MoE expert slots (turbo/ops/grouped_gemm_fp8.h: current tensorwise,
-// rowwise or blockwise scaling as the recipe says, x and W in the recipe's forward format, dy in its
-// gradient format): what patch cuda.moe.fp8 puts in kMoeExperts / kMoeExpertsDgrad / kMoeExpertsWgrad
-// (the model must then be built with CudaModelOptions::fp8_moe and the recipe's fp8_multiple).
-// Throws ConfigError with fp8_moe_refusal's reason for delayed scaling, which the FP8 grouped GEMM
-// does not have.
+// rowwise or blockwise scaling as the recipe says, or delayed scaling as tensorwise products with the
+// recipe's amax histories; x and W in the recipe's forward format, dy in its gradient format): what
+// patch cuda.moe.fp8 puts in kMoeExperts / kMoeExpertsDgrad / kMoeExpertsWgrad (the model must then
+// be built with CudaModelOptions::fp8_moe and the recipe's fp8_multiple, and with fp8_delayed its
+// histories hold the experts' weights too).
 struct Fp8MoeFns {
   std::function<MoeExpertsFn> forward;
   std::function<MoeExpertsDgradFn> dgrad;
   std::function<MoeExpertsWgradFn> wgrad;
 };
 Fp8MoeFns fp8_moe_fns(const turbo::Fp8Recipe& recipe);
-// Why `recipe` cannot serve the experts ("fp8_recipe: <scaling>: ..."), or "" when it can.
-std::string fp8_moe_refusal(const turbo::Fp8Recipe& recipe);
 inline void use_fp8_moe(CudaOps& ops, const turbo::Fp8Recipe& recipe) {
   Fp8MoeFns f = fp8_moe_fns(recipe);
   ops.moe_experts = std::move(f.forward);

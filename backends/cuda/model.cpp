@@ -39,6 +39,25 @@ constexpr int64_t kFp8DelayedLinears = 4;
 std::array<const TensorView*, kFp8DelayedLinears> fp8_linear_weights(const LayerParams& p) {
   return {&p.qkv_w.w, &p.proj_w.w, &p.fc_w.w, &p.out_w.w};
 }
+// The weights whose FP8 tensors fp8_recipe delayed keeps histories for, in the histories' order,
+// per layer: a dense layer's four linears (fp8_linear_weights); an MoE layer's q|k|v and attention
+// output, its experts' two stacked weights, and its shared expert's up and down when it has one.
+// Every layer's, the bf16 edge layers' too (their histories stay empty), so that the count is the
+// spec's alone: fp8_delayed_tensors.
+std::vector<std::pair<const TensorView*, const char*>> fp8_delayed_weights(const LayerParams& p, bool moe, bool shared) {
+  if (!moe) return {{&p.qkv_w.w, "qkv"}, {&p.proj_w.w, "attention output"}, {&p.fc_w.w, "mlp up"}, {&p.out_w.w, "mlp down"}};
+  std::vector<std::pair<const TensorView*, const char*>> w = {
+      {&p.qkv_w.w, "qkv"}, {&p.proj_w.w, "attention output"}, {&p.moe.fc.w, "experts fc"}, {&p.moe.proj.w, "experts proj"}};
+  if (shared) w.insert(w.end(), {{&p.moe.shared_fc.w, "shared expert up"}, {&p.moe.shared_proj.w, "shared expert down"}});
+  return w;
+}
+int64_t fp8_delayed_tensors(const train::ModelSpec& spec) {
+  int64_t linears = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l)
+    linears += spec.is_moe_layer(l) && spec.moe.shared_ffn_hidden_size > 0 ? 6 : 4;
+  return linears * turbo::Fp8DelayedScaling::kRoles;
+}
+
 // Layer l's linears run the FP8 slots: not a bf16 edge layer (fp8_first_last_bf16_layers).
 bool fp8_linear_layer(const train::ModelSpec& spec, const CudaModelOptions& opt, int64_t l) {
   const int64_t e = opt.fp8_bf16_edge_layers;
@@ -157,8 +176,7 @@ MemoryPlanOptions memory_plan_options(const train::ModelSpec& spec, const train:
     if (cache_experts) mp.fp8_expert_weight_layers.push_back(spec.is_moe_layer(l) && l >= e && l < spec.num_layers - e);
   }
   if (opt.fp8_delayed) {  // histories, scales, formats' maxima, and reduce_fp8_amaxes' staging
-    const int64_t tensors = kFp8DelayedLinears * spec.num_layers * turbo::Fp8DelayedScaling::kRoles;
-    mp.fp8_delayed_floats = tensors * (opt.fp8_delayed->options().history_len + 3);
+    mp.fp8_delayed_floats = fp8_delayed_tensors(spec) * (opt.fp8_delayed->options().history_len + 3);
   }
   mp.attention_scratch_bytes = opt.attention_scratch_bytes;
   mp.ones_pad = Decoder::ones_pad_for(spec, opt.bias_grad, opt.fp8_linear);
@@ -700,10 +718,12 @@ void CudaModel::get_grads(float* host) const {
 void CudaModel::init_fp8_delayed() {
   turbo::Fp8DelayedScaling& d = *opt_.fp8_delayed;
   d.clear();
-  static constexpr const char* kNames[kFp8DelayedLinears] = {"qkv", "attention output", "mlp up", "mlp down"};
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
-    const auto ws = fp8_linear_weights(plan_->params.layers[static_cast<size_t>(l)]);
-    for (size_t k = 0; k < ws.size(); ++k) d.add_layer(ws[k]->data, fmt::format("layer {} {}", l, kNames[k]));
+    const LayerParams& p = plan_->params.layers[static_cast<size_t>(l)];
+    for (const auto& [w, name] : fp8_delayed_weights(p, spec_.is_moe_layer(l), p.moe.shared_fc.w.defined())) {
+      if (!w->defined()) throw RuntimeError(fmt::format("cuda model: layer {} has no {} weight for fp8_recipe delayed", l, name));
+      d.add_layer(w->data, fmt::format("layer {} {}", l, name));
+    }
   }
   const int64_t T = d.tensors(), len = d.options().history_len;
   const TensorView& buf = plan_->state.fp8_delayed;
@@ -741,8 +761,9 @@ void CudaModel::set_fp8_delayed(const Fp8DelayedState& in) {
   const int64_t T = d.tensors(), len = d.options().history_len;
   if (in.tensors != T)
     throw RuntimeError(fmt::format("fp8_recipe delayed: the saved state has amax histories for {} tensors, this model "
-                                   "has {} ({} layers x {} linear layers x 3)",
-                                   in.tensors, T, spec_.num_layers, kFp8DelayedLinears));
+                                   "has {} (3 for each FP8 linear of its {} layers: q|k|v, attention output, MLP up and "
+                                   "down; an MoE layer's experts and shared expert in place of the MLP)",
+                                   in.tensors, T, spec_.num_layers));
   if (in.history_len < 1 || in.history.size() != static_cast<size_t>(T * in.history_len) ||
       in.scale.size() != static_cast<size_t>(T))
     throw RuntimeError(fmt::format("fp8_recipe delayed: the saved state holds {} history and {} scale values for {} "

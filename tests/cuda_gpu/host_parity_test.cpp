@@ -196,6 +196,7 @@ void fp8_experts_train_near_reference(const train::ModelSpec& spec, const turbo:
   CudaModelOptions mo = options(spec, kTrainBatch, turbo::Device::CPU);
   mo.fp8_linear = mo.fp8_moe = true;
   mo.fp8_multiple = turbo::linear_fp8_multiple(recipe);
+  mo.fp8_delayed = recipe.delayed;  // delayed: the histories, the experts' included
   CudaModel model(spec, mo, ops);
   const std::vector<float> init = initial_params(spec);
   model.set_params(init.data());
@@ -204,6 +205,20 @@ void fp8_experts_train_near_reference(const train::ModelSpec& spec, const turbo:
   model.forward(data.inputs[0].data(), data.targets[0].data(), kTrainBatch, spec.seq_length,
                 1.0f / float(kTrainBatch * spec.seq_length), 0);
   model.backward();
+  if (recipe.delayed) {  // every FP8 tensor folded its amax into its history: x, w, dy of each weight
+    const turbo::Fp8DelayedScaling& dl = *recipe.delayed;
+    const CudaModel::Fp8DelayedState st = model.get_fp8_delayed();
+    const int64_t shared = spec.moe.shared_ffn_hidden_size > 0 ? 2 : 0;
+    EXPECT_EQ(dl.layers(), spec.num_layers * 4 + spec.num_moe_layers() * shared);
+    int experts = 0;
+    for (int64_t i = 0; i < dl.layers(); ++i) {
+      experts += dl.layer_name(i).find("experts") != std::string::npos;
+      for (int r = 0; r < turbo::Fp8DelayedScaling::kRoles; ++r)
+        EXPECT_GT(st.history[static_cast<size_t>((i * turbo::Fp8DelayedScaling::kRoles + r) * st.history_len)], 0.0f)
+            << dl.layer_name(i) << " role " << r;
+    }
+    EXPECT_EQ(experts, 2 * spec.num_moe_layers());
+  }
   const int layers = static_cast<int>(spec.num_moe_layers());
   EXPECT_EQ(fwd, 2 * layers);
   EXPECT_EQ(dgrad, 2 * layers);
@@ -216,6 +231,12 @@ void fp8_experts_train_near_reference(const train::ModelSpec& spec, const turbo:
 TEST_P(HostMoeParityTest, RowwiseFp8ExpertsTrainNearTheReference) {
   fp8_experts_train_near_reference(tiny_moe_spec(GetParam()),
                                    turbo::parse_fp8_recipe("hybrid", "rowwise", "test", "fp8_recipe"));
+}
+
+// Delayed (Megatron-LM's default recipe): the tensorwise products with scales from the experts'
+// own amax histories, kept beside the linear layers' (and the shared expert's) in the model.
+TEST_P(HostMoeParityTest, DelayedFp8ExpertsTrainNearTheReference) {
+  fp8_experts_train_near_reference(tiny_moe_spec(GetParam()), fp8_test_recipe("hybrid", "delayed"));
 }
 
 // Tensorwise (one scale for x, one for dy, one for all experts' weights: Primus' default recipe).
@@ -265,20 +286,14 @@ TEST(HostMoeFp8, EdgeLayersKeepBf16Experts) {
   EXPECT_EQ(fp8_calls(1), 6 * 2) << "layers 1 and 2 of 4 only";
 }
 
-// FP8 experts take current scaling (tensorwise, rowwise, blockwise), not delayed scaling's amax
-// histories, and widths the FP8 GEMMs can tile (16, blockwise 128): both refused by name.
-TEST(HostMoeFp8, DelayedScalingAndUntileableWidthsAreRefused) {
-  try {
-    (void)fp8_moe_fns(turbo::parse_fp8_recipe("hybrid", "delayed", "test", "fp8_recipe"));
-    ADD_FAILURE() << "delayed scaling was accepted for the experts";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("fp8_recipe: delayed: the MoE experts' FP8 grouped GEMMs take current scaling"),
-              std::string::npos)
-        << e.what();
-  }
-  for (const auto& [format, scaling] :
-       {std::pair{"hybrid", "tensorwise"}, std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "blockwise"}})
-    EXPECT_NO_THROW((void)fp8_moe_fns(turbo::parse_fp8_recipe(format, scaling, "test", "fp8_recipe"))) << scaling;
+// FP8 experts take every recipe (delayed with its histories), and widths the FP8 GEMMs can tile
+// (16, blockwise 128): those refused by name.
+TEST(HostMoeFp8, EveryRecipeServesAndUntileableWidthsAreRefused) {
+  for (const auto& [format, scaling] : {std::pair{"hybrid", "tensorwise"}, std::pair{"hybrid", "rowwise"},
+                                        std::pair{"e4m3", "blockwise"}, std::pair{"hybrid", "delayed"}})
+    EXPECT_NO_THROW((void)fp8_moe_fns(fp8_test_recipe(format, scaling))) << scaling;
+  EXPECT_THROW((void)fp8_moe_fns(turbo::parse_fp8_recipe("hybrid", "delayed", "test", "fp8_recipe")), RuntimeError)
+      << "delayed without its histories";
   for (const char* scaling : {"rowwise", "blockwise", "tensorwise"}) {
     SCOPED_TRACE(scaling);
     const bool block = std::string(scaling) == "blockwise";

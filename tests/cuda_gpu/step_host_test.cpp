@@ -543,11 +543,12 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
     }
   }
   // An MoE model: the FP8 experts' weights (both MoE layers' fc and proj of the tiny 128-wide MoE)
-  // and the MoE layers' attention linears, rowwise, blockwise and tensorwise: one fill per weight and step,
+  // and the MoE layers' attention linears, every recipe: one fill per weight and step,
   // read by the second micro-batch's forward and both input gradients; bit for bit the run that
   // quantizes at every product.
   for (const auto& [format, scaling] :
-       {std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "blockwise"}, std::pair{"hybrid", "tensorwise"}}) {
+       {std::pair{"hybrid", "rowwise"}, std::pair{"e4m3", "blockwise"}, std::pair{"hybrid", "tensorwise"},
+        std::pair{"hybrid", "delayed"}}) {
     SCOPED_TRACE(fmt::format("MoE {} {}", format, scaling));
     const train::ModelSpec spec = tiny_moe_spec_128(false);
     const turbo::Fp8Recipe with = fp8_test_recipe(format, scaling, {.weights = true}),
@@ -579,8 +580,7 @@ TEST(HostFp8WeightCache, QuantizesEachWeightOncePerStep) {
 // no_fp8_weight_transpose_cache (Fp8WeightCache::keep_transpose = false): the step's copies keep
 // the forward layout alone, read by the second micro-batch's forward; each input gradient quantizes
 // the weight's transpose again. The same run bit for bit as quantizing at every product (dense
-// GPT-2 and Llama per recipe, an MoE's experts rowwise, blockwise and tensorwise), and the model
-// reserves less.
+// GPT-2 and Llama per recipe, an MoE's experts in every recipe), and the model reserves less.
 TEST(HostFp8WeightCache, WithoutTransposesTheInputGradientsQuantizeAgain) {
   auto reserved = [](StepRunOptions o, const turbo::Fp8Recipe& r) {
     size_t bytes = 0;
@@ -598,7 +598,8 @@ TEST(HostFp8WeightCache, WithoutTransposesTheInputGradientsQuantizeAgain) {
   const train::ModelSpec moe = tiny_moe_spec_128(false);
   for (const Case& k : {Case{false, "hybrid", "tensorwise", false}, Case{true, "hybrid", "rowwise", false},
                         Case{true, "hybrid", "delayed", false}, Case{false, "hybrid", "rowwise", true},
-                        Case{false, "e4m3", "blockwise", true}, Case{false, "hybrid", "tensorwise", true}}) {
+                        Case{false, "e4m3", "blockwise", true}, Case{false, "hybrid", "tensorwise", true},
+                        Case{false, "hybrid", "delayed", true}}) {
     SCOPED_TRACE(fmt::format("{} {} {}", k.moe ? "moe" : k.llama ? "llama" : "gpt2", k.format, k.scaling));
     const turbo::Fp8Recipe lean = fp8_test_recipe(k.format, k.scaling, {.weights = true}),
                            both = fp8_test_recipe(k.format, k.scaling, {.weights = true}),

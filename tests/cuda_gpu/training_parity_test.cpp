@@ -137,8 +137,8 @@ TEST_P(MoeTrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
 INSTANTIATE_TEST_SUITE_P(Cuda, MoeTrainingParityTest, ::testing::Bool(),
                          [](const auto& info) { return std::string(info.param ? "DeepSeek" : "Mixtral"); });
 
-// FP8 experts (hybrid rowwise, e4m3 blockwise or hybrid tensorwise: the FP8 grouped GEMM on the
-// device) with the dense linears in FP8 too: the tiny MoE models' 200-step curves within FP8's gate
+// FP8 experts (hybrid rowwise, e4m3 blockwise, hybrid tensorwise or delayed: the FP8 grouped GEMM on
+// the device) with the dense linears in FP8 too: the tiny MoE models' 200-step curves within FP8's gate
 // of the fp32 reference, as for the dense models (Fp8TrainingParityTest). Blockwise on the 128-wide
 // tiny MoE.
 class Fp8MoeTrainingParityTest : public CudaGpuTest,
@@ -161,7 +161,7 @@ TEST_P(Fp8MoeTrainingParityTest, TwoHundredStepsFollowTheReferenceCurve) {
 INSTANTIATE_TEST_SUITE_P(Cuda, Fp8MoeTrainingParityTest,
                          ::testing::Combine(::testing::Bool(),
                                             ::testing::Values(std::string("rowwise"), std::string("blockwise"),
-                                                              std::string("tensorwise"))),
+                                                              std::string("tensorwise"), std::string("delayed"))),
                          [](const auto& info) {
                            std::string s = std::get<1>(info.param);
                            s[0] = static_cast<char>(s[0] - 'a' + 'A');

@@ -14,6 +14,7 @@
 #include "turbo/core/arena.h"
 #include "turbo/core/dtype.h"
 #include "turbo/kernels/cpu/quantize.h"
+#include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/grouped_gemm.h"
 #include "turbo/ops/grouped_gemm_fp8.h"
 
@@ -358,6 +359,103 @@ TEST_F(GroupedGemmFp8Host, TensorwiseProductsTakeOneScalePerOperand) {
   for (int64_t i = 0; i < o[G] * N; ++i) ASSERT_EQ(y[i], ry[i]) << "forward " << i;
   for (int64_t i = 0; i < o[G] * K; ++i) ASSERT_EQ(dx[i], rdx[i]) << "dgrad " << i;
   for (int64_t i = 0; i < G * N * K; ++i) ASSERT_EQ(dw[i], rdw[i]) << "wgrad " << i;
+}
+
+// Delayed scaling (the tensorwise products with scales from the expert weight's histories): before
+// a step is recorded the products are tensorwise current scaling's, bit for bit, and each role's
+// amax (x and dy over the plan's rows) lands in its history entry; with the histories' scales each
+// product is the f32 grouped GEMM of its operands quantized with those scales, bit for bit; an
+// unregistered weight, a missing args.weight and a scaling other than Tensor are named.
+TEST_F(GroupedGemmFp8Host, DelayedProductsTakeTheHistoriesScales) {
+  const int64_t G = 2, N = 32, K = 16, M = 64;
+  const std::vector<int32_t> o = {0, 16, 48};
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto fill = [&](int64_t n, float s) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = d(rng) * s;
+    return v;
+  };
+  std::vector<float> x = fill(M * K, 2.0f), w = fill(G * N * K, 0.1f), dy = fill(M * N, 1e-3f);
+  for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = 1e30f;
+  for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
+  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
+  std::vector<int32_t> off = o;
+  const TensorView offs = v(off, DType::I32, {G + 1});
+  std::unique_ptr<Arena> arena = make_host_arena(grouped_gemm_fp8_scratch_bytes(M, G, N, K));
+  ExecContext ctx;
+  ctx.scratch = arena.get();
+  const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+  const auto sc = GroupedFp8Scaling::Tensor;
+  Fp8DelayedScaling dl(Fp8DelayedOptions{2});
+  dl.add_layer(w.data(), "layer 0 experts fc");
+  std::vector<float> hist(6 * 2, 0.0f), scale(3, 1.0f), fmax = {448.0f, 448.0f, 57344.0f};
+  dl.bind(v(hist, DType::F32, {6}), v(scale, DType::F32, {3}), v(fmax, DType::F32, {3}));
+  struct Out {
+    std::vector<float> y, dx, dw;
+  };
+  auto run = [&](const Fp8DelayedScaling* delayed, GroupedFp8Scaling s) {
+    Out r{std::vector<float>(M * N, 0.0f), std::vector<float>(M * K, 0.0f), std::vector<float>(G * N * K, 0.0f)};
+    const TensorView W = v(w, DType::F32, {G, N, K});
+    grouped_gemm_forward_fp8({v(r.y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), W, offs, 16, ctx}, e4, s, nullptr,
+                             delayed);
+    grouped_gemm_dgrad_fp8({v(r.dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), W, offs, 16, ctx}, e4, e5, s, nullptr,
+                           delayed);
+    GroupedGemmWgradArgs wa{v(r.dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, 16,
+                            false, ctx};
+    wa.weight = W;
+    grouped_gemm_wgrad_fp8(wa, e4, e5, s, delayed);
+    return r;
+  };
+  // Step 1: no history yet (use_history false): current scaling, amaxes recorded.
+  const Out first = run(&dl, sc), current = run(nullptr, sc);
+  EXPECT_EQ(first.y, current.y);
+  EXPECT_EQ(first.dx, current.dx);
+  EXPECT_EQ(first.dw, current.dw);
+  const auto absmax = [](const std::vector<float>& t, int64_t n) {
+    float m = 0;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(t[i]));
+    return m;
+  };
+  EXPECT_EQ(hist[0 * 2], absmax(x, o[G] * K)) << "x over the plan's rows";
+  EXPECT_EQ(hist[1 * 2], absmax(w, G * N * K)) << "all experts' weights";
+  EXPECT_EQ(hist[2 * 2], absmax(dy, o[G] * N)) << "dy over the plan's rows";
+  // Step 2: the histories' scales.
+  fp8_delayed_update(dl, ctx);
+  dl.use_history = true;
+  const Out second = run(&dl, sc);
+  const auto dq = [](const std::vector<float>& t, int64_t rows, int64_t C, float s, DType f) {
+    std::vector<uint8_t> q(static_cast<size_t>(rows * C));
+    (void)cpu::quantize_fp8_with_scale(t.data(), DType::F32, rows, C, C, s, q.data(), nullptr, f);
+    std::vector<float> r(t.size(), 0.0f);
+    for (int64_t i = 0; i < rows * C; ++i) r[i] = static_cast<float>(dec(q[i], f)) * (1.0f / s);
+    return r;
+  };
+  std::vector<float> qx = dq(x, o[G], K, scale[0], e4), qw = dq(w, G * N, K, scale[1], e4), qdy = dq(dy, o[G], N, scale[2], e5);
+  std::vector<float> ry(M * N, 0.0f), rdx(M * K, 0.0f), rdw(G * N * K, 0.0f);
+  grouped_gemm_forward({v(ry, DType::F32, {M, N}), v(qx, DType::F32, {M, K}), v(qw, DType::F32, {G, N, K}), offs, 16, ctx});
+  grouped_gemm_dgrad({v(rdx, DType::F32, {M, K}), v(qdy, DType::F32, {M, N}), v(qw, DType::F32, {G, N, K}), offs, 16, ctx});
+  grouped_gemm_wgrad({v(rdw, DType::F32, {G, N, K}), v(qdy, DType::F32, {M, N}), v(qx, DType::F32, {M, K}), offs, 16, false,
+                      ctx});
+  EXPECT_NE(scale[0], 1.0f) << "the update gave the input a scale";
+  for (int64_t i = 0; i < o[G] * N; ++i) ASSERT_EQ(second.y[i], ry[i]) << "forward " << i;
+  for (int64_t i = 0; i < o[G] * K; ++i) ASSERT_EQ(second.dx[i], rdx[i]) << "dgrad " << i;
+  for (int64_t i = 0; i < G * N * K; ++i) ASSERT_EQ(second.dw[i], rdw[i]) << "wgrad " << i;
+  // Misuse is named.
+  std::vector<float> other = w;
+  std::vector<float> y(M * N);
+  EXPECT_THROW(grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(other, DType::F32, {G, N, K}),
+                                         offs, 16, ctx},
+                                        e4, sc, nullptr, &dl),
+               RuntimeError);
+  EXPECT_THROW(grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}),
+                                         offs, 16, ctx},
+                                        e4, GroupedFp8Scaling::Row, nullptr, &dl),
+               RuntimeError);
+  std::vector<float> dw(G * N * K);
+  EXPECT_THROW(grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs,
+                                       16, false, ctx},
+                                      e4, e5, sc, &dl),
+               RuntimeError);
 }
 
 }  // namespace

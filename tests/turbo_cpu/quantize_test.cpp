@@ -1438,13 +1438,40 @@ TEST(QuantizeRowsInUse, TheScaleComesFromTheRowsInUseOnly) {
   expect_error(a, "rows_in_use limits the amax of Tensor granularity");
   a.granularity = Fp8Granularity::Tensor;
   a.scale_inv = TensorView(s.data(), DType::F32, Device::CPU, {1});
-  a.scale = TensorView(s.data() + 1, DType::F32, Device::CPU, {1});
+  a.maxima = TensorView(s.data() + 1, DType::F32, Device::CPU, {1});
   expect_error(a, "rows_in_use limits the amax");
-  a.scale = TensorView();
+  a.maxima = TensorView();
   a.rows_in_use = TensorView(wrong, DType::I32, Device::CPU, {2});
   expect_error(a, "rows_in_use: one i32");
   a.rows_in_use = TensorView(s.data(), DType::F32, Device::CPU, {1});
   expect_error(a, "rows_in_use");
+}
+
+// Delayed scaling with rows_in_use: the given scale quantizes every row, the recorded amax is the
+// rows in use's alone (NaN and 1e30 past them), folded into what amax held.
+TEST(QuantizeRowsInUse, DelayedScalingRecordsTheAmaxOfTheRowsInUse) {
+  const int64_t R = 12, C = 16, used_rows = 7;
+  Rng rng;
+  SCOPED_TRACE("seed " + std::to_string(rng.seed()));
+  std::vector<float> x(static_cast<size_t>(R * C));
+  for (auto& v : x) v = static_cast<float>(rng.uniform(-2.0, 2.0));
+  x[3 * C + 5] = -6.5f;  // the used rows' amax
+  for (int64_t i = used_rows * C; i < R * C; ++i) x[i] = (i % 2) ? NAN : 1e30f;
+  std::vector<uint8_t> q(static_cast<size_t>(R * C)), want(q.size());
+  float scale = 40.0f, inv = 0.0f, amax = 0.5f;
+  int32_t rows = static_cast<int32_t>(used_rows);
+  QuantizeFp8Args a;
+  a.inp = TensorView(x.data(), DType::F32, Device::CPU, {R, C});
+  a.out = TensorView(q.data(), DType::F8E4M3, Device::CPU, {R, C});
+  a.scale_inv = TensorView(&inv, DType::F32, Device::CPU, {1});
+  a.scale = TensorView(&scale, DType::F32, Device::CPU, {1});
+  a.amax = TensorView(&amax, DType::F32, Device::CPU, {1});
+  a.rows_in_use = TensorView(&rows, DType::I32, Device::CPU, {1});
+  quantize_fp8(a);
+  (void)cpu::quantize_fp8_with_scale(x.data(), DType::F32, used_rows, C, C, scale, want.data(), nullptr, DType::F8E4M3);
+  for (int64_t i = 0; i < used_rows * C; ++i) ASSERT_EQ(q[i], want[i]) << i;
+  EXPECT_EQ(amax, 6.5f);
+  EXPECT_EQ(inv, 1.0f / 40.0f);
 }
 
 // turbo::broadcast: every element takes the one value; sizes and dtypes checked.

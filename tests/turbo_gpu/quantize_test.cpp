@@ -307,6 +307,22 @@ TEST_F(QuantizeGpuTest, RowsInUseLimitTheAmaxBitForBit) {
       check(fewer);
       CUDA_CHECK(cudaGraphExecDestroy(exec));
       CUDA_CHECK(cudaGraphDestroy(graph));
+      // Delayed scaling: the given scale quantizes, the recorded amax is the rows in use's (folded
+      // into what amax held), the bytes of those rows the reference's.
+      const TensorView scale = make(DType::F32, {1}), amax = make(DType::F32, {1});
+      put(scale, {24.0f});
+      put(amax, {0.25f});
+      a.scale = scale, a.amax = amax;
+      quantize_fp8(a);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<uint8_t> ro(static_cast<size_t>(fewer * k.C));
+      (void)cpu::quantize_fp8_with_scale(in.host.data(), in_dt, fewer, k.C, k.C, 24.0f, ro.data(), nullptr, DType::F8E4M3);
+      const uint32_t m = cpu::absmax_bits(in.host.data(), in_dt, fewer, k.C, k.C);
+      float want_amax;
+      std::memcpy(&want_amax, &m, 4);
+      EXPECT_EQ(get(amax)[0], std::max(want_amax, 0.25f)) << "delayed: the rows in use's amax";
+      const std::vector<uint8_t> go = bytes(out);
+      for (int64_t i = 0; i < fewer * k.C; ++i) ASSERT_EQ(go[i], ro[i]) << "delayed byte " << i;
       CUDA_CHECK(cudaStreamDestroy(stream));
     }
   }

@@ -92,6 +92,9 @@ struct GroupedGemmWgradArgs {
   int64_t align = 1;
   bool accumulate = false;
   ExecContext ctx;
+  // The weight [G,N,K] whose gradient this is (optional; no product reads it): FP8 delayed scaling
+  // finds the weight's amax histories by it (turbo/ops/grouped_gemm_fp8.h).
+  TensorView weight{};
 };
 
 // Whether a SwiGLU call (swiglu_out / swiglu_inp) of act width F on `device` finds a backend: the

@@ -13,6 +13,7 @@
 #include "turbo/kernels/cpu/grouped_gemm.h"
 #include "turbo/kernels/cpu/quantize.h"
 #include "turbo/ops/cast.h"
+#include "turbo/ops/fp8_delayed.h"
 #include "turbo/ops/gemm_fp8.h"
 #include "turbo/ops/op_support.h"
 #include "turbo/ops/quantization.h"
@@ -360,11 +361,22 @@ Q tokens_q(Arena& arena, const TensorView& t, int64_t M, int64_t C, bool block, 
            const char* what) {
   return block ? block_q(arena, t, M, C, Fp8Granularity::Block1x128, false, dt, ctx, what) : rows_q(arena, t, dt, ctx, what);
 }
+// Delayed scaling's views for one tensor (QuantizeFp8Args::scale and amax), empty without it.
+struct Delayed {
+  TensorView scale, amax;
+};
+Delayed delayed_of(const Fp8DelayedScaling* d, const TensorView& weight, Fp8DelayedScaling::Role role, const char* op) {
+  if (!d) return {};
+  const Fp8DelayedScaling::Tensor t = d->tensor(weight.data, role, op);
+  return {d->use_history ? t.scale : TensorView(), d->record ? t.amax : TensorView()};
+}
+
 // A per-tensor copy of t viewed as [R, C] (out, or with `transposed` out_t [C, R]) whose one scale
 // fills `n` entries: the scale vector of the Row product that runs it. used: i32 [1], the rows whose
-// amax sets the scale (QuantizeFp8Args::rows_in_use), or undefined for all.
+// amax sets the scale (QuantizeFp8Args::rows_in_use), or undefined for all; dl: delayed scaling's
+// scale and amax, or none.
 Q tensor_q(Arena& arena, const TensorView& t, int64_t R, int64_t C, bool transposed, int64_t n, const TensorView& used,
-           DType dt, const ExecContext& ctx, const char* what) {
+           DType dt, const ExecContext& ctx, const char* what, const Delayed& dl = {}) {
   Q o{transposed ? arena.tensor(dt, {C, R}, what) : arena.tensor(dt, {R, C}, what), arena.tensor(DType::F32, {n}, what)};
   const TensorView one = arena.tensor(DType::F32, {1}, what);
   QuantizeFp8Args a;
@@ -373,6 +385,8 @@ Q tensor_q(Arena& arena, const TensorView& t, int64_t R, int64_t C, bool transpo
   a.scale_inv = one;
   a.granularity = Fp8Granularity::Tensor;
   a.rows_in_use = used;
+  a.scale = dl.scale;
+  a.amax = dl.amax;
   a.ctx = ctx;
   quantize_fp8(a);
   broadcast(o.s, one, ctx);
@@ -388,7 +402,7 @@ TensorView rows_in_use(const TensorView& offsets, int64_t G) {
 // With `transposed` (the input gradient's copy) null as well when the cache keeps no transposes.
 const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, Arena& arena, const TensorView& weight, DType dt,
                                           GroupedFp8Scaling sc, const ExecContext& ctx, const char* op,
-                                          bool transposed = false) {
+                                          bool transposed = false, const Delayed& dl = {}) {
   if (!cache || !cache->enabled) return nullptr;
   if (transposed && !cache->keep_transpose) return nullptr;  // quantized again by the caller
   Fp8WeightCache::Slot* s = cache->find(weight.data);
@@ -417,7 +431,7 @@ const Fp8WeightCache::Slot* cached_copies(Fp8WeightCache* cache, Arena& arena, c
   } else if (sc == GroupedFp8Scaling::Tensor) {  // one pass, one scale for both layouts
     const TensorView one = arena.tensor(DType::F32, {1}, "fp8 expert weight scale");
     const TensorView row_scales = a.scale_inv;
-    a.out_t = qt, a.scale_inv = one, a.granularity = Fp8Granularity::Tensor;
+    a.out_t = qt, a.scale_inv = one, a.granularity = Fp8Granularity::Tensor, a.scale = dl.scale, a.amax = dl.amax;
     quantize_fp8(a);
     broadcast(row_scales, one, ctx);
     if (both) broadcast(st, one, ctx);
@@ -454,9 +468,20 @@ int64_t grouped_fp8_weight_t_scales(GroupedFp8Scaling s, int64_t G, int64_t N, i
   return s == GroupedFp8Scaling::Block ? fp8_scale_numel(Fp8Granularity::Block128x128, K, G * N) : G * K;
 }
 
+namespace gg_fp8 {
+namespace {
+void check_delayed(const Fp8DelayedScaling* d, GroupedFp8Scaling s, const char* op) {
+  if (d && s != GroupedFp8Scaling::Tensor)
+    throw RuntimeError(fmt::format("{}: delayed scaling keeps one scale per tensor: it needs scaling Tensor", op));
+}
+}  // namespace
+}  // namespace gg_fp8
+
 void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, GroupedFp8Scaling scaling,
-                              Fp8WeightCache* weights) {
+                              Fp8WeightCache* weights, const Fp8DelayedScaling* delayed) {
   const char* op = "grouped_gemm_forward_fp8";
+  gg_fp8::check_delayed(delayed, scaling, op);
+  using R = Fp8DelayedScaling;
   if (a.swiglu_out.defined())
     throw RuntimeError(fmt::format("{}: the SwiGLU epilogue (swiglu_out) is the bf16 grouped GEMM's; run the activation "
                                    "after this product",
@@ -465,14 +490,16 @@ void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, Groupe
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.inp.shape[0];
   const bool block = scaling == GroupedFp8Scaling::Block, tensor = scaling == GroupedFp8Scaling::Tensor;
+  const gg_fp8::Delayed dx = gg_fp8::delayed_of(delayed, a.weight, R::kInput, op),
+                        dw = gg_fp8::delayed_of(delayed, a.weight, R::kWeight, op);
   const gg_fp8::Q x = tensor ? gg_fp8::tensor_q(arena, a.inp, M, K, false, M, gg_fp8::rows_in_use(a.offsets, G), fwd,
-                                                a.ctx, "fp8 expert input")
+                                                a.ctx, "fp8 expert input", dx)
                              : gg_fp8::tokens_q(arena, a.inp, M, K, block, fwd, a.ctx, "fp8 expert input");
   gg_fp8::Q w;
-  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, arena, a.weight, fwd, scaling, a.ctx, op)) {
+  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, arena, a.weight, fwd, scaling, a.ctx, op, false, dw)) {
     w = gg_fp8::slot_q(*s, false, fwd, scaling, G, N, K);
   } else if (tensor) {
-    w = gg_fp8::tensor_q(arena, a.weight, G * N, K, false, G * N, {}, fwd, a.ctx, "fp8 expert weight");
+    w = gg_fp8::tensor_q(arena, a.weight, G * N, K, false, G * N, {}, fwd, a.ctx, "fp8 expert weight", dw);
   } else {
     w = block ? gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, false, fwd, a.ctx,
                                 "fp8 expert weight")
@@ -483,8 +510,10 @@ void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, Groupe
 }
 
 void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling,
-                            Fp8WeightCache* weights) {
+                            Fp8WeightCache* weights, const Fp8DelayedScaling* delayed) {
   const char* op = "grouped_gemm_dgrad_fp8";
+  gg_fp8::check_delayed(delayed, scaling, op);
+  using R = Fp8DelayedScaling;
   if (a.swiglu_inp.defined())
     throw RuntimeError(fmt::format("{}: the SwiGLU epilogue (swiglu_inp) is the bf16 grouped GEMM's; run the activation's "
                                    "backward after this product",
@@ -493,14 +522,16 @@ void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad
   ArenaScope scope(arena);
   const int64_t G = a.weight.shape[0], N = a.weight.shape[1], K = a.weight.shape[2], M = a.dout.shape[0];
   const bool block = scaling == GroupedFp8Scaling::Block, tensor = scaling == GroupedFp8Scaling::Tensor;
+  const gg_fp8::Delayed ddy = gg_fp8::delayed_of(delayed, a.weight, R::kGrad, op),
+                        dw = gg_fp8::delayed_of(delayed, a.weight, R::kWeight, op);
   const gg_fp8::Q dy = tensor ? gg_fp8::tensor_q(arena, a.dout, M, N, false, M, gg_fp8::rows_in_use(a.offsets, G), grad,
-                                                 a.ctx, "fp8 expert output gradient")
+                                                 a.ctx, "fp8 expert output gradient", ddy)
                               : gg_fp8::tokens_q(arena, a.dout, M, N, block, grad, a.ctx, "fp8 expert output gradient");
   gg_fp8::Q wt;
-  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, arena, a.weight, fwd, scaling, a.ctx, op, true)) {
+  if (const Fp8WeightCache::Slot* s = gg_fp8::cached_copies(weights, arena, a.weight, fwd, scaling, a.ctx, op, true, dw)) {
     wt = gg_fp8::slot_q(*s, true, fwd, scaling, G, N, K);
   } else if (tensor) {
-    wt = gg_fp8::tensor_q(arena, a.weight, G * N, K, true, G * K, {}, fwd, a.ctx, "fp8 expert weight^T");
+    wt = gg_fp8::tensor_q(arena, a.weight, G * N, K, true, G * K, {}, fwd, a.ctx, "fp8 expert weight^T", dw);
   } else if (block) {  // W's 128 x 128 blocks are the same in its transposed copy
     wt = gg_fp8::block_q(arena, a.weight, G * N, K, Fp8Granularity::Block128x128, true, fwd, a.ctx, "fp8 expert weight^T");
   } else {  // W viewed as [G*N, K], groups of N rows: W^T [K][G*N] with a scale per (expert, input feature)
@@ -510,8 +541,12 @@ void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& a, DType fwd, DType grad
   grouped_gemm_fp8_dgrad({a.dinp, dy.q, dy.s, wt.q, wt.s.reshape({wt.s.numel()}), a.offsets, a.ctx, kernel});
 }
 
-void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling) {
+void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad, GroupedFp8Scaling scaling,
+                            const Fp8DelayedScaling* delayed) {
   const char* op = "grouped_gemm_wgrad_fp8";
+  gg_fp8::check_delayed(delayed, scaling, op);
+  if (delayed && !a.weight.defined())
+    throw RuntimeError(fmt::format("{}: delayed scaling finds the histories by the weight: args.weight is not set", op));
   Arena& arena = detail::scratch_of(a.ctx, op);
   ArenaScope scope(arena);
   const int64_t G = a.dweight.shape[0], N = a.dweight.shape[1], K = a.dweight.shape[2], M = a.dout.shape[0];
@@ -524,9 +559,11 @@ void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& a, DType fwd, DType grad
   }
   if (scaling == GroupedFp8Scaling::Tensor) {  // the tensors' scales, over the plan's rows
     const TensorView used = gg_fp8::rows_in_use(a.offsets, G);
-    const gg_fp8::Q dyt = gg_fp8::tensor_q(arena, a.dout, M, N, true, G * N, used, grad, a.ctx,
-                                           "fp8 expert output gradient^T");
-    const gg_fp8::Q xt = gg_fp8::tensor_q(arena, a.inp, M, K, true, G * K, used, fwd, a.ctx, "fp8 expert input^T");
+    const gg_fp8::Q dyt =
+        gg_fp8::tensor_q(arena, a.dout, M, N, true, G * N, used, grad, a.ctx, "fp8 expert output gradient^T",
+                         gg_fp8::delayed_of(delayed, a.weight, Fp8DelayedScaling::kGrad, op));
+    const gg_fp8::Q xt = gg_fp8::tensor_q(arena, a.inp, M, K, true, G * K, used, fwd, a.ctx, "fp8 expert input^T",
+                                          gg_fp8::delayed_of(delayed, a.weight, Fp8DelayedScaling::kInput, op));
     grouped_gemm_fp8_wgrad({a.dweight, dyt.q, dyt.s, xt.q, xt.s, a.offsets, a.align, a.accumulate, a.ctx});
     return;
   }

@@ -47,7 +47,8 @@
 
 namespace primus::turbo {
 
-class Fp8WeightCache;  // turbo/ops/gemm_fp8.h
+class Fp8WeightCache;     // turbo/ops/gemm_fp8.h
+class Fp8DelayedScaling;  // turbo/ops/fp8_delayed.h
 
 // The scales of a call: Row (rowwise, the default) or Block (blockwise), as described above; and
 // Tensor for the bf16-operand products below: one scale per operand tensor (Primus-Turbo's
@@ -113,6 +114,11 @@ BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& args);
 // over the rows of the plan only (rows_in_use = offsets[G]: rows past it may hold anything, e.g.
 // stale data of an earlier step, and must not set the scale); each product is then the Row
 // product with that scale in every entry of its scale vectors (turbo::broadcast).
+// delayed (scaling Tensor only): delayed scaling (Transformer Engine's DelayedScaling) with the
+// histories `delayed` keeps for the expert weight (registered by its data pointer, as the linear
+// layers' are): x, W and dout take their roles' scales instead of their own amax once a step has
+// been recorded (Fp8DelayedScaling::use_history), and each quantization folds its amax (the token
+// operands' over the plan's rows) into the role's history entry (record). Null: current scaling.
 // weights: the step's FP8 weight copies (gradient accumulation: the experts' weights quantized
 // once per optimizer step). When it is enabled and holds a slot for args.weight, the product reads
 // the slot's copies instead of quantizing the weight: q [G*N*K] with its scales (rowwise and
@@ -120,14 +126,16 @@ BackendType grouped_gemm_fp8_wgrad(const GroupedGemmFp8WgradArgs& args);
 // Block128x128 of [K, G*N]); the first call of a step that finds the slot not valid fills both
 // (blockwise and tensorwise in one pass) and marks it valid. Null, disabled or without a slot: the weight is quantized here.
 void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& args, DType fwd,
-                              GroupedFp8Scaling scaling = GroupedFp8Scaling::Row, Fp8WeightCache* weights = nullptr);
+                              GroupedFp8Scaling scaling = GroupedFp8Scaling::Row, Fp8WeightCache* weights = nullptr,
+                              const Fp8DelayedScaling* delayed = nullptr);
 void grouped_gemm_dgrad_fp8(const GroupedGemmDgradArgs& args, DType fwd, DType grad,
-                            GroupedFp8Scaling scaling = GroupedFp8Scaling::Row, Fp8WeightCache* weights = nullptr);
+                            GroupedFp8Scaling scaling = GroupedFp8Scaling::Row, Fp8WeightCache* weights = nullptr,
+                            const Fp8DelayedScaling* delayed = nullptr);
 // The scale counts of a weight [G, N, K]'s two copies under `scaling` (Fp8WeightCache's slots).
 int64_t grouped_fp8_weight_scales(GroupedFp8Scaling scaling, int64_t G, int64_t N, int64_t K);
 int64_t grouped_fp8_weight_t_scales(GroupedFp8Scaling scaling, int64_t G, int64_t N, int64_t K);
 void grouped_gemm_wgrad_fp8(const GroupedGemmWgradArgs& args, DType fwd, DType grad,
-                            GroupedFp8Scaling scaling = GroupedFp8Scaling::Row);
+                            GroupedFp8Scaling scaling = GroupedFp8Scaling::Row, const Fp8DelayedScaling* delayed = nullptr);
 size_t grouped_gemm_fp8_scratch_bytes(int64_t M, int64_t G, int64_t N, int64_t K);
 
 }  // namespace primus::turbo

@@ -157,12 +157,13 @@ void validate(const QuantizeFp8Args& a) {
     check_same_device(a.maxima, a.inp, kOp);
   }
   if (a.rows_in_use.defined()) {
-    if (a.granularity != Fp8Granularity::Tensor || a.scale.defined() || a.maxima.defined() || has_row_groups(a) ||
+    if (a.granularity != Fp8Granularity::Tensor || a.maxima.defined() || has_row_groups(a) ||
         a.prologue != QuantizePrologue::None)
-      throw RuntimeError(fmt::format("{}: rows_in_use limits the amax of Tensor granularity under current scaling "
-                                     "(no scale, maxima, row groups or prologue); got {} granularity{}{}{}",
-                                     kOp, fp8_granularity_name(a.granularity), a.scale.defined() ? ", scale" : "",
-                                     a.maxima.defined() ? ", maxima" : "", has_row_groups(a) ? ", row groups" : ""));
+      throw RuntimeError(fmt::format("{}: rows_in_use limits the amax of Tensor granularity (no maxima, row groups "
+                                     "or prologue); got {} granularity{}{}{}",
+                                     kOp, fp8_granularity_name(a.granularity), a.maxima.defined() ? ", maxima" : "",
+                                     has_row_groups(a) ? ", row groups" : "",
+                                     a.prologue != QuantizePrologue::None ? ", a prologue" : ""));
     check_dtype(a.rows_in_use, DType::I32, kOp, "rows_in_use");
     if (a.rows_in_use.numel() != 1)
       throw RuntimeError(fmt::format("{}: rows_in_use: one i32, got {}", kOp, a.rows_in_use.describe()));
@@ -311,8 +312,14 @@ void cpu_run(const QuantizeFp8Args& a) {
   }
   if (a.scale.defined()) {
     const float scale = *a.scale.ptr<float>();
-    fold_amax(a.amax, cpu::quantize_fp8_with_scale(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a), scale,
-                                                   a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a)));
+    const uint32_t m = cpu::quantize_fp8_with_scale(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a), scale,
+                                                    a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a));
+    if (a.rows_in_use.defined()) {
+      const int64_t used = std::clamp<int64_t>(*a.rows_in_use.ptr<const int32_t>(), 0, rows_of(a));
+      fold_amax(a.amax, cpu::absmax_bits(a.inp.data, a.inp.dtype, used, cols_of(a), pitch_of(a)));
+    } else {
+      fold_amax(a.amax, m);
+    }
     const float inv = 1.0f / scale;
     std::memcpy(a.scale_inv.data, &inv, sizeof(float));
     return;

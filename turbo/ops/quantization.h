@@ -81,12 +81,13 @@ struct QuantizeFp8Args {
   // host backend checks them against its own and throws naming the first that differs; the
   // device trusts them.
   TensorView maxima;
-  // Rows in use (Tensor granularity, current scaling: no scale or maxima): i32 [1] on inp's
-  // device, read there (graph-capturable), e.g. offsets[G] of an MoE row plan whose buffer has
-  // more rows than the plan fills. The amax (and so the scale, and what amax records) is taken
+  // Rows in use (Tensor granularity, no maxima): i32 [1] on inp's device, read there
+  // (graph-capturable), e.g. offsets[G] of an MoE row plan whose buffer has more rows than the plan
+  // fills. The amax (the scale under current scaling, and what amax records under either) is taken
   // over rows [0, min(R, max(0, rows_in_use))) only, so stale rows past it cannot change it; every
-  // row is still quantized with that scale, and the bytes of rows past it are not specified (a
-  // consumer reads none of them). Undefined: all R rows.
+  // row is still quantized with the scale, and the bytes of rows past it are not specified (a
+  // consumer reads none of them). With delayed scaling and amax the device reads inp twice (the
+  // amax, then the quantization). Undefined: all R rows.
   TensorView rows_in_use;
   // With a prologue (above) the quantized tensor is the activation's output, each value rounded to
   // inp's type as activation_forward / activation_backward write it: the same bytes, scales and

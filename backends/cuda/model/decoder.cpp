@@ -959,7 +959,9 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   else
     lin_->moe_experts_dgrad({a_.dmact, dy, mp.proj.w, groups, moe_align_, c});
   weight_grad(mp.proj.g, mp.proj.w.dtype, !fresh_layers_, [&](const TensorView& dw, bool accumulate) {
-    lin_->moe_experts_wgrad({dw, dy, m.act, groups, moe_align_, accumulate, c});
+    turbo::GroupedGemmWgradArgs wa{dw, dy, m.act, groups, moe_align_, accumulate, c};
+    wa.weight = mp.proj.w;  // FP8 delayed scaling: its histories
+    lin_->moe_experts_wgrad(wa);
   });
   if (!opt_.moe_swiglu_epilogue) {
     mark(Phase::ActivationBwd);
@@ -968,7 +970,9 @@ void Decoder::moe_backward(int64_t l, int64_t N) {
   mark(Phase::MlpUpGemmBwd);
   lin_->moe_experts_dgrad({dx, a_.dh, mp.fc.w, groups, moe_align_, c});
   weight_grad(mp.fc.g, mp.fc.w.dtype, !fresh_layers_, [&](const TensorView& dw, bool accumulate) {
-    lin_->moe_experts_wgrad({dw, a_.dh, m.xp, groups, moe_align_, accumulate, c});
+    turbo::GroupedGemmWgradArgs wa{dw, a_.dh, m.xp, groups, moe_align_, accumulate, c};
+    wa.weight = mp.fc.w;
+    lin_->moe_experts_wgrad(wa);
   });
   if (ep) ep->combine(mi, a_.dyh, a_.dxp, a_.ep_send, a_.ep_recv);
   mark(Phase::MoePermuteBwd);

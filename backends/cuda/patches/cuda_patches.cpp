@@ -168,7 +168,7 @@ void register_patches(patches::PatchRegistry& reg) {
   reg.add({
       .id = "cuda.moe.fp8",
       .description = "FP8 grouped GEMMs for the MoE experts (forward, input and weight gradients) with current "
-                     "tensorwise, rowwise or blockwise scaling (fp8_recipe), in the format of `fp8`",
+                     "tensorwise, rowwise or blockwise scaling or delayed scaling (fp8_recipe), in the format of `fp8`",
       .tags = {"performance", "gemm", "precision", "moe"},
       .slots = {kMoeExperts, kMoeExpertsDgrad, kMoeExpertsWgrad},
       .logic = "replaces the expert slots with turbo::grouped_gemm_*_fp8: each operand quantized right before its "
@@ -178,9 +178,10 @@ void register_patches(patches::PatchRegistry& reg) {
                "blocks of the weights, each 128-element k-tile's partial product scaled on its own; groups padded to "
                "128 rows), or tensorwise (Primus-Turbo's tensorwise grouped GEMM: one scale for x, one for dy, both "
                "from the row plan's rows only, one for all experts' weights, run as the rowwise product with the scale "
-               "in every entry), hybrid: E4M3 x and w, E5M2 dy; under gradient accumulation each expert weight is "
-               "quantized once per optimizer step into the step copies of cuda.linear.fp8 (both layouts); refuses "
-               "delayed; the first and "
+               "in every entry), or delayed (the tensorwise products with scales from amax histories of each expert "
+               "weight's x, w and dy, kept with the linear layers' in cuda.linear.fp8's state), hybrid: E4M3 x and w, "
+               "E5M2 dy; under gradient accumulation each expert weight is "
+               "quantized once per optimizer step into the step copies of cuda.linear.fp8 (both layouts); the first and "
                "last fp8_first_last_bf16_layers layers keep bf16 experts (the model reserves scratch for the copies "
                "and needs the expert widths to be multiples of 16, blockwise 128)",
       .impl = "turbo/ops/grouped_gemm_fp8.cpp (quantize-then-GEMM), turbo/kernels/cuda/grouped_gemm_sm90.cu (the "
@@ -192,12 +193,13 @@ void register_patches(patches::PatchRegistry& reg) {
       .condition = [](PatchContext& c) { return c.text("fp8", "none") != "none" && c.integer("num_experts") > 0; },
       .apply =
           [](PatchContext& c) {
-            // (fp8 with moe_grouped_gemm false or a recipe the experts lack is refused by the cuda adapter's checks)
+            // (fp8 with moe_grouped_gemm false is refused by the cuda adapter's checks)
             turbo::Fp8Recipe r =
                 turbo::parse_fp8_recipe(c.text("fp8"), c.text("fp8_recipe", "tensorwise"), "fp8", "fp8_recipe");
-            // The step's weight copies that cuda.linear.fp8 (applied before) made: the model registers
-            // the experts' slots in them under gradient accumulation.
+            // The step's weight copies and the delayed-scaling histories that cuda.linear.fp8 (applied
+            // before) made: the model registers the experts' slots and histories in them.
             r.weights = c.args_as<CudaArgs>().fp8_weights;
+            r.delayed = c.args_as<CudaArgs>().fp8_delayed;
             Fp8MoeFns f = fp8_moe_fns(r);
             c.replace<MoeExpertsFn>(kMoeExperts, std::move(f.forward));
             c.replace<MoeExpertsDgradFn>(kMoeExpertsDgrad, std::move(f.dgrad));

@@ -167,6 +167,17 @@ __device__ __forceinline__ Scaling given_scaling(const float* scale_in, float* s
   return s;
 }
 
+// Delayed scaling with rows in use: the masked amax launch's partials folded into amax_out (one
+// block), as reduce_scaling folds them under current scaling.
+__global__ void __launch_bounds__(kAmaxThreads) fold_partials_kernel(const uint32_t* __restrict__ partials, int nparts,
+                                                                     uint32_t* __restrict__ amax_out) {
+  __shared__ uint32_t smem[32];
+  uint32_t m = 0;
+  for (int i = threadIdx.x; i < nparts; i += blockDim.x) m = max(m, partials[i]);
+  m = block_max_u32(m, smem);
+  if (threadIdx.x == 0) atomicMax(amax_out, m);
+}
+
 // ---- conversion --------------------------------------------------------------------------------
 // fp8(a * scale) in the low byte, fp8(b * scale) in the next: x * scale rounded to f32, then to
 // the FP8 format to nearest even with saturation, exactly the reference's two roundings.
@@ -441,10 +452,13 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
   const bool contig = ld == C || R <= 1;
   int nparts = 0;
   const uint32_t* parts = partials;
+  // Delayed scaling over the rows in use: their amax from the masked amax launch, folded here, so
+  // the quantizing launch records none (it reads every row).
+  const bool masked_record = scale_in && rows_in_use && amax_out;
   if (!scale_in && amax_in) {  // current scaling with the amax known: it is the one partial
     parts = amax_in;
     nparts = 1;
-  } else if (!scale_in) {  // current scaling: the amax first
+  } else if (!scale_in || masked_record) {  // current scaling: the amax first
     const int64_t units = vec ? R * (C / W) : R * C;
     const int64_t want = (units + kAmaxThreads * kAmaxUnroll - 1) / (kAmaxThreads * kAmaxUnroll);
     nparts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, std::min(kMaxPartials, 2 * sm_count()))));
@@ -455,6 +469,11 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
       amax_partials_kernel<T, false, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials, used);
     else amax_partials_kernel<T, false, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials, used);
     CUDA_CHECK_LAST();
+    if (masked_record) {
+      fold_partials_kernel<<<1, kAmaxThreads, 0, stream>>>(partials, nparts, amax_out);
+      CUDA_CHECK_LAST();
+      amax_out = nullptr;
+    }
   }
 
   const QuantArgs a{inp, R, C, ld, out, out_t, parts, nparts, fp8max, scale_inv, scale_in, amax_out};
@@ -1433,9 +1452,8 @@ void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t
                              const float* scale_in, float* amax_out, const float* amax_in,
                              const int32_t* rows_in_use) {
   const char* op = "quantize_fp8_tensorwise";
-  if (rows_in_use && (scale_in || amax_in))
-    throw RuntimeError(fmt::format("{}: rows_in_use limits the amax pass of current scaling, which {} skips", op,
-                                   scale_in ? "a given scale" : "given maxima"));
+  if (rows_in_use && amax_in)
+    throw RuntimeError(fmt::format("{}: rows_in_use limits the amax pass, which given maxima skip", op));
   if (!dtype_is_fp8(fp8))
     throw RuntimeError(fmt::format("{}: output dtype {} is not an FP8 format (f8e4m3, f8e5m2)", op, dtype_name(fp8)));
   if (!out && !out_t) throw RuntimeError(fmt::format("{}: neither out nor out_t given", op));
