@@ -11,7 +11,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <random>
+#include <vector>
 
 #include "backends/cuda/inference/engine.h"
 #include "backends/reference/generate.h"
@@ -117,9 +120,10 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
   // A router choice near-tied in bf16 may also send a token to another expert than the fp32
   // reference does; that moves its row by O(1) (measured 0.47-0.69) and no tolerance separates it
   // from a wiring error on one row. Scaling the router weights does not make flips rarer (the
-  // hidden states' rounding scales with them), so MoE rows may also be arbitrarily far in one row
-  // in twenty (2 of 80 measured): a wiring error (a wrong position, head, window or expert)
-  // moves most rows. Host mode (fp32) allows nothing over its 1e-4.
+  // hidden states' rounding scales with them), so the rows whose routing is near-tied in the
+  // reference are not compared (near_route_ties), and MoE rows may also be arbitrarily far in one
+  // row in twenty (2 of 80 measured before those were left out): a wiring error (a wrong position,
+  // head, window or expert) moves most rows. Host mode (fp32) allows nothing over its 1e-4.
   struct RowCheck {
     double tol, worst_factor;
     int64_t per_over;      // at most one row in per_over may exceed tol (by at most worst_factor)
@@ -141,11 +145,38 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
     if (kHost) return RowCheck{kTol, 1.0, 10};
     return fam_.spec.moe.enabled() ? RowCheck{2 * kTol, 8.0, 3, 20} : RowCheck{kTol, 2.5, 10};
   }
-  // Reference logits of every position of `tokens` [T, padded vocabulary].
+  // Reference logits of every position of `tokens` [T, padded vocabulary]; route_ties_ gets the
+  // positions whose routing is near-tied there.
   std::vector<float> ref_logits(const std::vector<int32_t>& tokens) {
     const int64_t T = static_cast<int64_t>(tokens.size()), Vp = fam_.spec.padded_vocab_size;
     ref_->forward(tokens.data(), nullptr, 1, T);
+    route_ties_ = near_route_ties(T);
     return std::vector<float>(ref_->logits(), ref_->logits() + T * Vp);
+  }
+  // On the GPU, the positions of the reference's last forward where some MoE layer's router ranks
+  // its topk-th and next expert within kRouteTie in logit (bf16 moves router logits by about 1e-2
+  // here): bf16 may route such a token to the other expert, which moves its row by O(1) (see
+  // RowCheck). Those rows are not compared; the rows after them still are (under RowCheck's budget
+  // for the smaller moves a rerouted token causes through attention). Empty in host mode (fp32).
+  static constexpr double kRouteTie = 3e-2;
+  std::vector<bool> near_route_ties(int64_t T) const {
+    std::vector<bool> tie(static_cast<size_t>(T), false);
+    const train::ModelSpec& s = fam_.spec;
+    if (kHost || !s.moe.enabled()) return tie;
+    const int64_t E = s.moe.num_experts, K = s.moe.topk;
+    std::vector<float> v(static_cast<size_t>(E));
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      if (!s.is_moe_layer(l) || K >= E) continue;
+      const auto& logits = ref_->moe_layer(l)->logits();
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t e = 0; e < E; ++e) v[static_cast<size_t>(e)] = static_cast<float>(logits[static_cast<size_t>(t * E + e)]);
+        std::nth_element(v.begin(), v.begin() + K, v.end(), std::greater<float>());
+        const float next = v[static_cast<size_t>(K)];
+        const float kth = *std::min_element(v.begin(), v.begin() + K);
+        if (kth - next < kRouteTie) tie[static_cast<size_t>(t)] = true;
+      }
+    }
+    return tie;
   }
 
   void PrefillAndDecodeLogitsEqualTheReference() {
@@ -158,19 +189,31 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
     // Slot 1: a prefill of all T tokens, every row against the reference.
     const std::vector<int32_t> full = random_tokens(T, rng);
     const std::vector<float> want = ref_logits(full);
+    const std::vector<bool> full_ties = route_ties_;
+    int64_t skipped = 0, compared = 0;
     const float* all = eng.prefill(1, full.data(), T, true);
-    for (int64_t t = 0; t < T; ++t) ASSERT_TRUE(check(logit_row_err(all + t * Vp, want.data() + t * Vp, V))) << "prefill row " << t;
+    for (int64_t t = 0; t < T; ++t) {
+      if (full_ties[static_cast<size_t>(t)]) {
+        ++skipped;
+        continue;
+      }
+      ++compared;
+      ASSERT_TRUE(check(logit_row_err(all + t * Vp, want.data() + t * Vp, V))) << "prefill row " << t;
+    }
     // Three sequences with different prompt lengths, then decoded together token by token
     // (teacher-forced with their own random continuations); each step's logits against the
     // reference's row of that position.
     const std::vector<int64_t> prompt = {1, 7, 20};
     std::vector<std::vector<int32_t>> seq;
     std::vector<std::vector<float>> ref;
+    std::vector<std::vector<bool>> ties;
     for (int64_t b = 0; b < 3; ++b) {
       seq.push_back(random_tokens(T, rng));
       ref.push_back(ref_logits(seq[b]));
+      ties.push_back(route_ties_);
       const float* last = eng.prefill(b, seq[b].data(), prompt[b]);
-      ASSERT_TRUE(check(logit_row_err(last, ref[b].data() + (prompt[b] - 1) * Vp, V))) << "prefill of slot " << b;
+      if (!ties[b][static_cast<size_t>(prompt[b] - 1)])
+        ASSERT_TRUE(check(logit_row_err(last, ref[b].data() + (prompt[b] - 1) * Vp, V))) << "prefill of slot " << b;
       ASSERT_EQ(eng.length(b), prompt[b]);
     }
     std::vector<int32_t> slots, toks;
@@ -183,9 +226,17 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
       const float* got = eng.decode(slots.data(), toks.data(), static_cast<int64_t>(slots.size()));
       for (size_t i = 0; i < slots.size(); ++i) {
         const int64_t b = slots[i], pos = eng.length(b) - 1;
+        if (ties[b][static_cast<size_t>(pos)]) {
+          ++skipped;
+          continue;
+        }
+        ++compared;
         ASSERT_TRUE(check(logit_row_err(got + i * Vp, ref[b].data() + pos * Vp, V))) << "decode slot " << b << " position " << pos;
       }
     }
+    std::printf("[%s] %lld rows against the reference, %lld at a near-tied routing not compared\n", fam_.name.c_str(),
+                static_cast<long long>(compared), static_cast<long long>(skipped));
+    EXPECT_GE(compared, 3 * skipped) << "near-tied routing left too few rows to compare";
   }
   void CachedDecodeEqualsWindowRecompute() {
     SCOPED_TRACE(fam_.name + " seed " + std::to_string(seed_));
@@ -249,6 +300,7 @@ class GenerateTestT : public ::testing::TestWithParam<int> {
   }
 
   GenFamily fam_;
+  std::vector<bool> route_ties_;  // of ref_logits' last call (near_route_ties)
   uint64_t seed_ = 0;
   std::vector<float> params_;
   std::unique_ptr<reference::GptModel<float>> ref_;
