@@ -222,11 +222,13 @@ std::vector<std::pair<std::string, std::string>> CudaArgs::describe() const {
   if (turbo.autotune) d.push_back({"use_turbo_autotune", "true (gemm and attention backends timed per shape)"});
   if (deterministic) d.push_back({"deterministic", "true (attention backward without atomics)"});
   if (fp8 != "none")
-    d.push_back({"fp8", fmt::format("{}, {} scaling{} (transformer-layer linear GEMMs; output layer bf16)", fp8, fp8_recipe,
+    d.push_back({"fp8", fmt::format("{}, {} scaling{} (transformer-layer linear GEMMs{}; output layer bf16)", fp8,
+                                    fp8_recipe,
                                     fp8_recipe == "delayed"
                                         ? fmt::format(": amax history {}, {}, margin {}", fp8_amax_history_len,
                                                       fp8_amax_compute_algo, fp8_margin)
-                                        : "")});
+                                        : "",
+                                    model.moe.enabled() ? " and the MoE experts' grouped GEMMs" : "")});
   d.push_back({"peak_flops", peak_flops > 0 ? fmt::format("{:.3g}", peak_flops) : "unknown (no MFU)"});
   // The step options the cuda.* build_args patches switch on (a dry run lists what they changed).
   std::vector<std::string> step;
