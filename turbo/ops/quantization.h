@@ -86,8 +86,7 @@ struct QuantizeFp8Args {
   // fills. The amax (the scale under current scaling, and what amax records under either) is taken
   // over rows [0, min(R, max(0, rows_in_use))) only, so stale rows past it cannot change it; every
   // row is still quantized with the scale, and the bytes of rows past it are not specified (a
-  // consumer reads none of them). With delayed scaling and amax the device reads inp twice (the
-  // amax, then the quantization). Undefined: all R rows.
+  // consumer reads none of them). Undefined: all R rows.
   TensorView rows_in_use;
   // With a prologue (above) the quantized tensor is the activation's output, each value rounded to
   // inp's type as activation_forward / activation_backward write it: the same bytes, scales and

@@ -167,17 +167,6 @@ __device__ __forceinline__ Scaling given_scaling(const float* scale_in, float* s
   return s;
 }
 
-// Delayed scaling with rows in use: the masked amax launch's partials folded into amax_out (one
-// block), as reduce_scaling folds them under current scaling.
-__global__ void __launch_bounds__(kAmaxThreads) fold_partials_kernel(const uint32_t* __restrict__ partials, int nparts,
-                                                                     uint32_t* __restrict__ amax_out) {
-  __shared__ uint32_t smem[32];
-  uint32_t m = 0;
-  for (int i = threadIdx.x; i < nparts; i += blockDim.x) m = max(m, partials[i]);
-  m = block_max_u32(m, smem);
-  if (threadIdx.x == 0) atomicMax(amax_out, m);
-}
-
 // ---- conversion --------------------------------------------------------------------------------
 // fp8(a * scale) in the low byte, fp8(b * scale) in the next: x * scale rounded to f32, then to
 // the FP8 format to nearest even with saturation, exactly the reference's two roundings.
@@ -301,7 +290,13 @@ struct QuantArgs {
   float* scale_inv;
   const float* scale_in;  // delayed scaling: quantize with this scale (no amax launch); nullptr: current
   uint32_t* amax_out;     // when set: max |x|'s f32 bits are folded in with atomicMax (order-free)
+  const int32_t* rows_in_use;  // delayed: only rows below *rows_in_use fold into amax_out (null: all)
 };
+
+// Delayed scaling: the rows whose amax is recorded (QuantizeFp8Args::rows_in_use), read once.
+__device__ __forceinline__ int64_t recorded_rows(const int32_t* rows_in_use, int64_t R) {
+  return rows_in_use ? min(R, static_cast<int64_t>(max(0, __ldg(rows_in_use)))) : R;
+}
 
 // Preconditions (checked by the launcher): C % 16 == 0, inp rows 16-byte aligned, outputs 16-byte
 // aligned, R % 16 == 0 when kOutT. Edge tiles then hold whole 16-element chunks and 16-row groups.
@@ -320,6 +315,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 2) quantize_til
   const Scaling s = delayed ? given_scaling(a.scale_in, a.scale_inv)
                             : reduce_scaling(a.partials, a.nparts, a.fp8max, a.scale_inv, a.amax_out, red);
   uint32_t seen = 0;  // delayed: max |x| bits of this thread's chunks
+  const int64_t recorded = delayed ? recorded_rows(a.rows_in_use, a.R) : a.R;
   const T* inp = static_cast<const T*>(a.inp);
   const int64_t tiles_c = (a.C + kTile - 1) / kTile, tiles = (a.R + kTile - 1) / kTile * tiles_c;
   const int cc = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
@@ -352,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 2 ? 4 : 2) quantize_til
         uint4 q = quantize_chunk<T, kE4M3>(raw[j], s.scale, s.finite);
         if (delayed) {
           const uint32_t m = chunk_abs_bits<T>(raw[j]);
-          seen = max(seen, m);
+          if (r0 + row < recorded) seen = max(seen, m);
           if (m >= 0x7f800000u) q = poison_nonfinite<T>(q, raw_chunk<T>(raw[j]));
         }
         if constexpr (kOut) *reinterpret_cast<uint4*>(a.out + (r0 + row) * a.C + c0 + cc * kChunk) = q;
@@ -388,6 +384,7 @@ __global__ void __launch_bounds__(kThreads) quantize_generic_kernel(QuantArgs a)
   const Scaling s = delayed ? given_scaling(a.scale_in, a.scale_inv)
                             : reduce_scaling(a.partials, a.nparts, a.fp8max, a.scale_inv, a.amax_out, red);
   uint32_t seen = 0;
+  const int64_t recorded = delayed ? recorded_rows(a.rows_in_use, a.R) : a.R;
   const T* inp = static_cast<const T*>(a.inp);
   const int tx = threadIdx.x % kGeneric, ty = threadIdx.x / kGeneric;
   const int64_t tiles_c = (a.C + kGeneric - 1) / kGeneric, tiles = (a.R + kGeneric - 1) / kGeneric * tiles_c;
@@ -400,7 +397,7 @@ __global__ void __launch_bounds__(kThreads) quantize_generic_kernel(QuantArgs a)
       if (r < a.R && c < a.C) {
         const T x = inp[r * a.ld + c];
         const uint32_t ab = abs_bits(x);
-        seen = max(seen, ab);
+        if (r < recorded) seen = max(seen, ab);
         const bool ok = s.finite && (!delayed || ab < 0x7f800000u);
         const uint8_t q = ok ? static_cast<uint8_t>(cvt2<kE4M3>(to_f32(x), 0.0f, s.scale)) : static_cast<uint8_t>(kPoison4);
         if (a.out) a.out[r * a.C + c] = q;
@@ -452,13 +449,10 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
   const bool contig = ld == C || R <= 1;
   int nparts = 0;
   const uint32_t* parts = partials;
-  // Delayed scaling over the rows in use: their amax from the masked amax launch, folded here, so
-  // the quantizing launch records none (it reads every row).
-  const bool masked_record = scale_in && rows_in_use && amax_out;
   if (!scale_in && amax_in) {  // current scaling with the amax known: it is the one partial
     parts = amax_in;
     nparts = 1;
-  } else if (!scale_in || masked_record) {  // current scaling: the amax first
+  } else if (!scale_in) {  // current scaling: the amax first
     const int64_t units = vec ? R * (C / W) : R * C;
     const int64_t want = (units + kAmaxThreads * kAmaxUnroll - 1) / (kAmaxThreads * kAmaxUnroll);
     nparts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, std::min(kMaxPartials, 2 * sm_count()))));
@@ -469,14 +463,9 @@ void run(const T* inp, int64_t R, int64_t C, int64_t ld, uint8_t* out, uint8_t* 
       amax_partials_kernel<T, false, true><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials, used);
     else amax_partials_kernel<T, false, false><<<nparts, kAmaxThreads, 0, stream>>>(inp, R, C, ld, partials, used);
     CUDA_CHECK_LAST();
-    if (masked_record) {
-      fold_partials_kernel<<<1, kAmaxThreads, 0, stream>>>(partials, nparts, amax_out);
-      CUDA_CHECK_LAST();
-      amax_out = nullptr;
-    }
   }
 
-  const QuantArgs a{inp, R, C, ld, out, out_t, parts, nparts, fp8max, scale_inv, scale_in, amax_out};
+  const QuantArgs a{inp, R, C, ld, out, out_t, parts, nparts, fp8max, scale_inv, scale_in, amax_out, rows_in_use};
   const bool fast = vec && C % kChunk == 0 && (!out || aligned16(out)) && (!out_t || (aligned16(out_t) && R % 16 == 0));
   if (fast) {
     const int64_t tiles = (R + kTile - 1) / kTile * ((C + kTile - 1) / kTile);

@@ -35,8 +35,8 @@ size_t quantize_fp8_scratch_bytes();
 // (turbo::QuantizeFp8Args::maxima): no amax launch, one read of inp; the scale as from its own.
 // rows_in_use (one device int32, not with amax_in): the amax is taken over rows
 // [0, min(R, max(0, *rows_in_use))) only (turbo::QuantizeFp8Args::rows_in_use); all R rows are
-// quantized with the scale. With scale_in and amax_out that is a masked amax launch folded into
-// amax_out before the quantizing launch (two reads of inp instead of one).
+// quantized with the scale. With scale_in the quantizing launch folds only those rows into
+// amax_out (still one read of inp).
 void quantize_fp8_tensorwise(DType in_dtype, DType fp8, const void* inp, int64_t R, int64_t C, int64_t ld,
                              void* out, void* out_t, float* scale_inv, void* scratch, cudaStream_t stream,
                              const float* scale_in = nullptr, float* amax_out = nullptr, const float* amax_in = nullptr,
