@@ -309,56 +309,91 @@ TEST_F(GroupedGemmFp8Host, TensorwiseWrappersMeetTheSnrGatesWithinTheirScratchBo
   check_wrappers(rng, 3, 64, 32, 96, {0, 16, 48, 64}, 16, GroupedFp8Scaling::Tensor, DType::F8E4M3, DType::F8E4M3, true);
 }
 
+// The three bf16-operand products of random host operands [M,K] x [G,N,K] with dy [M,N] over the
+// groups `o`, rows past o[G] huge (x) or NaN (dy): what the tensorwise and delayed tests run, and
+// the f32 grouped GEMMs of operands dequantized by hand that their results must equal.
+class TensorScaled {
+ public:
+  static constexpr int64_t G = 3, N = 32, K = 48, M = 80;
+  const std::vector<int32_t> o = {0, 16, 16, 64};
+  std::vector<float> x, w, dy;
+  struct Out {
+    std::vector<float> y, dx, dw;
+  };
+  explicit TensorScaled(std::mt19937& rng) {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    auto fill = [&](int64_t n, float s) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (auto& e : v) e = d(rng) * s;
+      return v;
+    };
+    x = fill(M * K, 2.0f), w = fill(G * N * K, 0.1f), dy = fill(M * N, 1e-3f);
+    w[5] = 3.0f;  // one expert's outlier sets the scale of all
+    for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = 1e30f;
+    for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
+    ctx_.scratch = arena_.get();
+  }
+  static TensorView view(std::vector<float>& v, std::initializer_list<int64_t> s) {
+    return TensorView(v.data(), DType::F32, Device::CPU, s);
+  }
+  TensorView offsets() { return TensorView(off_.data(), DType::I32, Device::CPU, {G + 1}); }
+  // The wrappers (E4M3 x and w, E5M2 dy) at `s`, with delayed scaling's histories or none.
+  Out run(GroupedFp8Scaling s, const Fp8DelayedScaling* delayed = nullptr) {
+    Out r{std::vector<float>(M * N, 0.0f), std::vector<float>(M * K, 0.0f), std::vector<float>(G * N * K, 0.0f)};
+    const TensorView W = view(w, {G, N, K});
+    grouped_gemm_forward_fp8({view(r.y, {M, N}), view(x, {M, K}), W, offsets(), 16, ctx_}, kE4, s, nullptr, delayed);
+    grouped_gemm_dgrad_fp8({view(r.dx, {M, K}), view(dy, {M, N}), W, offsets(), 16, ctx_}, kE4, kE5, s, nullptr, delayed);
+    GroupedGemmWgradArgs wa{view(r.dw, {G, N, K}), view(dy, {M, N}), view(x, {M, K}), offsets(), 16, false, ctx_};
+    wa.weight = W;
+    grouped_gemm_wgrad_fp8(wa, kE4, kE5, s, delayed);
+    return r;
+  }
+  // t [R, C] quantized with scale `scale` (current scaling over the first `rows` rows when scale
+  // is 0), then dequantized; rows past `rows` zero.
+  static std::vector<float> dequantized(const std::vector<float>& t, int64_t R, int64_t C, int64_t rows, float scale,
+                                        DType f) {
+    std::vector<uint8_t> q(static_cast<size_t>(R * C));
+    float inv = 0;
+    if (scale == 0) {
+      const cpu::Fp8Scaling s = cpu::quantize_fp8_tensorwise(t.data(), DType::F32, R, C, C, q.data(), nullptr, f, rows);
+      EXPECT_TRUE(s.finite());
+      inv = s.scale_inv;
+    } else {
+      (void)cpu::quantize_fp8_with_scale(t.data(), DType::F32, rows, C, C, scale, q.data(), nullptr, f);
+      inv = 1.0f / scale;
+    }
+    std::vector<float> r(t.size(), 0.0f);
+    for (int64_t i = 0; i < rows * C; ++i) r[i] = static_cast<float>(dec(q[i], f)) * inv;
+    return r;
+  }
+  // `got` equals, bit for bit on the rows in use, the f32 grouped GEMMs of x, w and dy quantized
+  // with scales sx, sw, sdy (0: each tensor's own amax over its rows in use).
+  void expect_products_of(const Out& got, float sx, float sw, float sdy) {
+    std::vector<float> qx = dequantized(x, M, K, o[G], sx, kE4), qw = dequantized(w, G * N, K, G * N, sw, kE4),
+                       qdy = dequantized(dy, M, N, o[G], sdy, kE5);
+    std::vector<float> ry(M * N, 0.0f), rdx(M * K, 0.0f), rdw(G * N * K, 0.0f);
+    grouped_gemm_forward({view(ry, {M, N}), view(qx, {M, K}), view(qw, {G, N, K}), offsets(), 16, ctx_});
+    grouped_gemm_dgrad({view(rdx, {M, K}), view(qdy, {M, N}), view(qw, {G, N, K}), offsets(), 16, ctx_});
+    grouped_gemm_wgrad({view(rdw, {G, N, K}), view(qdy, {M, N}), view(qx, {M, K}), offsets(), 16, false, ctx_});
+    for (int64_t i = 0; i < o[G] * N; ++i) ASSERT_EQ(got.y[i], ry[i]) << "forward " << i;
+    for (int64_t i = 0; i < o[G] * K; ++i) ASSERT_EQ(got.dx[i], rdx[i]) << "dgrad " << i;
+    for (int64_t i = 0; i < G * N * K; ++i) ASSERT_EQ(got.dw[i], rdw[i]) << "wgrad " << i;
+  }
+  const ExecContext& ctx() const { return ctx_; }
+
+ private:
+  static constexpr DType kE4 = DType::F8E4M3, kE5 = DType::F8E5M2;
+  std::vector<int32_t> off_ = o;
+  std::unique_ptr<Arena> arena_ = make_host_arena(grouped_gemm_fp8_scratch_bytes(M, G, N, K));
+  ExecContext ctx_;
+};
+
 // Tensorwise: each product is the f32 grouped GEMM of its operands, each dequantized from one
 // tensor scale (cpu::quantize_fp8_tensorwise over the plan's rows for x and dy, over all experts
-// for W), bit for bit; the weight-sized copies are filled once for the whole stack of experts.
+// for W), bit for bit.
 TEST_F(GroupedGemmFp8Host, TensorwiseProductsTakeOneScalePerOperand) {
-  const int64_t G = 3, N = 32, K = 48, M = 80;
-  const std::vector<int32_t> o = {0, 16, 16, 64};
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  auto fill = [&](int64_t n, float s) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) x = d(rng) * s;
-    return v;
-  };
-  std::vector<float> x = fill(M * K, 2.0f), w = fill(G * N * K, 0.1f), dy = fill(M * N, 1e-3f);
-  w[5] = 3.0f;  // one expert's outlier sets the scale of all
-  for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = 1e30f;
-  for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
-  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
-  std::vector<int32_t> off = o;
-  const TensorView offs = v(off, DType::I32, {G + 1});
-  std::unique_ptr<Arena> arena = make_host_arena(grouped_gemm_fp8_scratch_bytes(M, G, N, K));
-  ExecContext ctx;
-  ctx.scratch = arena.get();
-  const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
-  std::vector<float> y(M * N, 0.0f), dx(M * K, 0.0f), dw(G * N * K, 0.0f);
-  const auto sc = GroupedFp8Scaling::Tensor;
-  grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}), offs, 16, ctx},
-                           e4, sc);
-  grouped_gemm_dgrad_fp8({v(dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), v(w, DType::F32, {G, N, K}), offs, 16, ctx},
-                         e4, e5, sc);
-  grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, 16,
-                          false, ctx},
-                         e4, e5, sc);
-  // The operands as the recipe says: one scale each, the token operands' from the rows in use.
-  const auto dq = [](const std::vector<float>& t, int64_t R, int64_t C, int64_t rows, DType f) {
-    std::vector<uint8_t> q(static_cast<size_t>(R * C));
-    const cpu::Fp8Scaling s = cpu::quantize_fp8_tensorwise(t.data(), DType::F32, R, C, C, q.data(), nullptr, f, rows);
-    EXPECT_TRUE(s.finite());
-    std::vector<float> r(q.size(), 0.0f);
-    for (int64_t i = 0; i < rows * C; ++i) r[i] = static_cast<float>(dec(q[i], f)) * s.scale_inv;
-    return r;
-  };
-  std::vector<float> qx = dq(x, M, K, o[G], e4), qw = dq(w, G * N, K, G * N, e4), qdy = dq(dy, M, N, o[G], e5);
-  std::vector<float> ry(M * N, 0.0f), rdx(M * K, 0.0f), rdw(G * N * K, 0.0f);
-  grouped_gemm_forward({v(ry, DType::F32, {M, N}), v(qx, DType::F32, {M, K}), v(qw, DType::F32, {G, N, K}), offs, 16, ctx});
-  grouped_gemm_dgrad({v(rdx, DType::F32, {M, K}), v(qdy, DType::F32, {M, N}), v(qw, DType::F32, {G, N, K}), offs, 16, ctx});
-  grouped_gemm_wgrad({v(rdw, DType::F32, {G, N, K}), v(qdy, DType::F32, {M, N}), v(qx, DType::F32, {M, K}), offs, 16, false,
-                      ctx});
-  for (int64_t i = 0; i < o[G] * N; ++i) ASSERT_EQ(y[i], ry[i]) << "forward " << i;
-  for (int64_t i = 0; i < o[G] * K; ++i) ASSERT_EQ(dx[i], rdx[i]) << "dgrad " << i;
-  for (int64_t i = 0; i < G * N * K; ++i) ASSERT_EQ(dw[i], rdw[i]) << "wgrad " << i;
+  TensorScaled t(rng);
+  t.expect_products_of(t.run(GroupedFp8Scaling::Tensor), 0, 0, 0);
 }
 
 // Delayed scaling (the tensorwise products with scales from the expert weight's histories): before
@@ -367,93 +402,43 @@ TEST_F(GroupedGemmFp8Host, TensorwiseProductsTakeOneScalePerOperand) {
 // product is the f32 grouped GEMM of its operands quantized with those scales, bit for bit; an
 // unregistered weight, a missing args.weight and a scaling other than Tensor are named.
 TEST_F(GroupedGemmFp8Host, DelayedProductsTakeTheHistoriesScales) {
-  const int64_t G = 2, N = 32, K = 16, M = 64;
-  const std::vector<int32_t> o = {0, 16, 48};
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  auto fill = [&](int64_t n, float s) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) x = d(rng) * s;
-    return v;
-  };
-  std::vector<float> x = fill(M * K, 2.0f), w = fill(G * N * K, 0.1f), dy = fill(M * N, 1e-3f);
-  for (int64_t i = o[G] * K; i < M * K; ++i) x[i] = 1e30f;
-  for (int64_t i = o[G] * N; i < M * N; ++i) dy[i] = NAN;
-  auto v = [](auto& vec, DType t, std::initializer_list<int64_t> s) { return TensorView(vec.data(), t, Device::CPU, s); };
-  std::vector<int32_t> off = o;
-  const TensorView offs = v(off, DType::I32, {G + 1});
-  std::unique_ptr<Arena> arena = make_host_arena(grouped_gemm_fp8_scratch_bytes(M, G, N, K));
-  ExecContext ctx;
-  ctx.scratch = arena.get();
-  const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+  TensorScaled t(rng);
+  const int64_t G = TensorScaled::G, N = TensorScaled::N, K = TensorScaled::K, M = TensorScaled::M;
   const auto sc = GroupedFp8Scaling::Tensor;
   Fp8DelayedScaling dl(Fp8DelayedOptions{2});
-  dl.add_layer(w.data(), "layer 0 experts fc");
+  dl.add_layer(t.w.data(), "layer 0 experts fc");
   std::vector<float> hist(6 * 2, 0.0f), scale(3, 1.0f), fmax = {448.0f, 448.0f, 57344.0f};
-  dl.bind(v(hist, DType::F32, {6}), v(scale, DType::F32, {3}), v(fmax, DType::F32, {3}));
-  struct Out {
-    std::vector<float> y, dx, dw;
-  };
-  auto run = [&](const Fp8DelayedScaling* delayed, GroupedFp8Scaling s) {
-    Out r{std::vector<float>(M * N, 0.0f), std::vector<float>(M * K, 0.0f), std::vector<float>(G * N * K, 0.0f)};
-    const TensorView W = v(w, DType::F32, {G, N, K});
-    grouped_gemm_forward_fp8({v(r.y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), W, offs, 16, ctx}, e4, s, nullptr,
-                             delayed);
-    grouped_gemm_dgrad_fp8({v(r.dx, DType::F32, {M, K}), v(dy, DType::F32, {M, N}), W, offs, 16, ctx}, e4, e5, s, nullptr,
-                           delayed);
-    GroupedGemmWgradArgs wa{v(r.dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs, 16,
-                            false, ctx};
-    wa.weight = W;
-    grouped_gemm_wgrad_fp8(wa, e4, e5, s, delayed);
-    return r;
-  };
+  dl.bind(TensorScaled::view(hist, {6}), TensorScaled::view(scale, {3}), TensorScaled::view(fmax, {3}));
   // Step 1: no history yet (use_history false): current scaling, amaxes recorded.
-  const Out first = run(&dl, sc), current = run(nullptr, sc);
+  const TensorScaled::Out first = t.run(sc, &dl), current = t.run(sc);
   EXPECT_EQ(first.y, current.y);
   EXPECT_EQ(first.dx, current.dx);
   EXPECT_EQ(first.dw, current.dw);
-  const auto absmax = [](const std::vector<float>& t, int64_t n) {
+  const auto absmax = [](const std::vector<float>& v, int64_t n) {
     float m = 0;
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(t[i]));
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(v[i]));
     return m;
   };
-  EXPECT_EQ(hist[0 * 2], absmax(x, o[G] * K)) << "x over the plan's rows";
-  EXPECT_EQ(hist[1 * 2], absmax(w, G * N * K)) << "all experts' weights";
-  EXPECT_EQ(hist[2 * 2], absmax(dy, o[G] * N)) << "dy over the plan's rows";
+  EXPECT_EQ(hist[0 * 2], absmax(t.x, t.o[G] * K)) << "x over the plan's rows";
+  EXPECT_EQ(hist[1 * 2], absmax(t.w, G * N * K)) << "all experts' weights";
+  EXPECT_EQ(hist[2 * 2], absmax(t.dy, t.o[G] * N)) << "dy over the plan's rows";
   // Step 2: the histories' scales.
-  fp8_delayed_update(dl, ctx);
+  fp8_delayed_update(dl, t.ctx());
   dl.use_history = true;
-  const Out second = run(&dl, sc);
-  const auto dq = [](const std::vector<float>& t, int64_t rows, int64_t C, float s, DType f) {
-    std::vector<uint8_t> q(static_cast<size_t>(rows * C));
-    (void)cpu::quantize_fp8_with_scale(t.data(), DType::F32, rows, C, C, s, q.data(), nullptr, f);
-    std::vector<float> r(t.size(), 0.0f);
-    for (int64_t i = 0; i < rows * C; ++i) r[i] = static_cast<float>(dec(q[i], f)) * (1.0f / s);
-    return r;
-  };
-  std::vector<float> qx = dq(x, o[G], K, scale[0], e4), qw = dq(w, G * N, K, scale[1], e4), qdy = dq(dy, o[G], N, scale[2], e5);
-  std::vector<float> ry(M * N, 0.0f), rdx(M * K, 0.0f), rdw(G * N * K, 0.0f);
-  grouped_gemm_forward({v(ry, DType::F32, {M, N}), v(qx, DType::F32, {M, K}), v(qw, DType::F32, {G, N, K}), offs, 16, ctx});
-  grouped_gemm_dgrad({v(rdx, DType::F32, {M, K}), v(qdy, DType::F32, {M, N}), v(qw, DType::F32, {G, N, K}), offs, 16, ctx});
-  grouped_gemm_wgrad({v(rdw, DType::F32, {G, N, K}), v(qdy, DType::F32, {M, N}), v(qx, DType::F32, {M, K}), offs, 16, false,
-                      ctx});
   EXPECT_NE(scale[0], 1.0f) << "the update gave the input a scale";
-  for (int64_t i = 0; i < o[G] * N; ++i) ASSERT_EQ(second.y[i], ry[i]) << "forward " << i;
-  for (int64_t i = 0; i < o[G] * K; ++i) ASSERT_EQ(second.dx[i], rdx[i]) << "dgrad " << i;
-  for (int64_t i = 0; i < G * N * K; ++i) ASSERT_EQ(second.dw[i], rdw[i]) << "wgrad " << i;
+  t.expect_products_of(t.run(sc, &dl), scale[0], scale[1], scale[2]);
   // Misuse is named.
-  std::vector<float> other = w;
-  std::vector<float> y(M * N);
-  EXPECT_THROW(grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(other, DType::F32, {G, N, K}),
-                                         offs, 16, ctx},
-                                        e4, sc, nullptr, &dl),
+  std::vector<float> other = t.w, y(M * N), dw(G * N * K);
+  const TensorView X = TensorScaled::view(t.x, {M, K}), Y = TensorScaled::view(y, {M, N});
+  const DType e4 = DType::F8E4M3, e5 = DType::F8E5M2;
+  EXPECT_THROW(grouped_gemm_forward_fp8({Y, X, TensorScaled::view(other, {G, N, K}), t.offsets(), 16, t.ctx()}, e4, sc,
+                                        nullptr, &dl),
                RuntimeError);
-  EXPECT_THROW(grouped_gemm_forward_fp8({v(y, DType::F32, {M, N}), v(x, DType::F32, {M, K}), v(w, DType::F32, {G, N, K}),
-                                         offs, 16, ctx},
-                                        e4, GroupedFp8Scaling::Row, nullptr, &dl),
+  EXPECT_THROW(grouped_gemm_forward_fp8({Y, X, TensorScaled::view(t.w, {G, N, K}), t.offsets(), 16, t.ctx()}, e4,
+                                        GroupedFp8Scaling::Row, nullptr, &dl),
                RuntimeError);
-  std::vector<float> dw(G * N * K);
-  EXPECT_THROW(grouped_gemm_wgrad_fp8({v(dw, DType::F32, {G, N, K}), v(dy, DType::F32, {M, N}), v(x, DType::F32, {M, K}), offs,
-                                       16, false, ctx},
+  EXPECT_THROW(grouped_gemm_wgrad_fp8({TensorScaled::view(dw, {G, N, K}), TensorScaled::view(t.dy, {M, N}), X, t.offsets(),
+                                       16, false, t.ctx()},
                                       e4, e5, sc, &dl),
                RuntimeError);
 }
