@@ -45,9 +45,12 @@ std::array<const TensorView*, kFp8DelayedLinears> fp8_linear_weights(const Layer
 // Every layer's, the bf16 edge layers' too (their histories stay empty), so that the count is the
 // spec's alone: fp8_delayed_tensors.
 std::vector<std::pair<const TensorView*, const char*>> fp8_delayed_weights(const LayerParams& p, bool moe, bool shared) {
-  if (!moe) return {{&p.qkv_w.w, "qkv"}, {&p.proj_w.w, "attention output"}, {&p.fc_w.w, "mlp up"}, {&p.out_w.w, "mlp down"}};
-  std::vector<std::pair<const TensorView*, const char*>> w = {
-      {&p.qkv_w.w, "qkv"}, {&p.proj_w.w, "attention output"}, {&p.moe.fc.w, "experts fc"}, {&p.moe.proj.w, "experts proj"}};
+  std::vector<std::pair<const TensorView*, const char*>> w = {{&p.qkv_w.w, "qkv"}, {&p.proj_w.w, "attention output"}};
+  if (!moe) {
+    w.insert(w.end(), {{&p.fc_w.w, "mlp up"}, {&p.out_w.w, "mlp down"}});
+    return w;
+  }
+  w.insert(w.end(), {{&p.moe.fc.w, "experts fc"}, {&p.moe.proj.w, "experts proj"}});
   if (shared) w.insert(w.end(), {{&p.moe.shared_fc.w, "shared expert up"}, {&p.moe.shared_proj.w, "shared expert down"}});
   return w;
 }
@@ -721,7 +724,8 @@ void CudaModel::init_fp8_delayed() {
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     const LayerParams& p = plan_->params.layers[static_cast<size_t>(l)];
     for (const auto& [w, name] : fp8_delayed_weights(p, spec_.is_moe_layer(l), p.moe.shared_fc.w.defined())) {
-      if (!w->defined()) throw RuntimeError(fmt::format("cuda model: layer {} has no {} weight for fp8_recipe delayed", l, name));
+      if (!w->defined())
+        throw RuntimeError(fmt::format("cuda model: layer {} has no {} weight for fp8_recipe delayed", l, name));
       d.add_layer(w->data, fmt::format("layer {} {}", l, name));
     }
   }
