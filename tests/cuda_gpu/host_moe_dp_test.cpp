@@ -236,27 +236,11 @@ TEST(CudaHostTrainerMoe, BalancingTypeListsFollowTheReference) {
 TEST(CudaHostTrainerMoe, DelayedFp8ExpertsResumeBitForBit) {
   primus::testing::Workdir w;
   auto file = w.write("cuda.yaml", testing::tiny_trainer_experiment("cuda", w.str(), "moe/tiny.yaml", 2, 4) + moe_overrides());
-  const std::vector<std::string> delayed = {"fp8=hybrid", "fp8_recipe=delayed", "fp8_amax_history_len=2"};
-  auto run = [&](const std::string& name, std::vector<std::string> cli) {
-    cli.push_back("exp_name=" + name);
-    run_host_trainer(file, cli);
-    return testing::read_trainer_metrics(w.path() / "g/u" / name / "metrics.jsonl");
-  };
-  const auto whole = run("delayed", delayed);
+  const auto [whole, ckpt3] = testing::expect_delayed_fp8_resumes(
+      w.path(), file, {"fp8=hybrid", "fp8_recipe=delayed", "fp8_amax_history_len=2"}, 24, 2, 0.2);
   ASSERT_EQ(whole.loss.size(), 6u);
-  EXPECT_LT(whole.loss.at(6), whole.loss.at(1) - 0.2) << "the run must learn";
-  const auto ckpt3 = w.path() / "g/u/delayed/checkpoints/iter_0000003";
-  const io::CheckpointData saved = io::load_checkpoint(ckpt3);
-  ASSERT_TRUE(saved.optimizer.count("fp8_amax_history")) << "the histories are not in the checkpoint";
-  EXPECT_EQ(saved.optimizer.at("fp8_amax_history").shape(), (std::vector<int64_t>{24, 2}));
-  EXPECT_EQ(saved.optimizer.at("fp8_scale").shape(), (std::vector<int64_t>{24}));
-  std::vector<std::string> resume = delayed;
-  resume.push_back("load=" + ckpt3.string());
-  const auto resumed = run("delayed_resumed", resume);
-  ASSERT_EQ(resumed.loss.size(), 3u);
-  for (auto [step, l] : resumed.loss) EXPECT_EQ(l, whole.loss.at(step)) << "resumed step " << step;
-  for (auto [step, l] : resumed.val) EXPECT_EQ(l, whole.val.at(step)) << "resumed validation at step " << step;
-  const auto tw = run("tensorwise", {"fp8=hybrid"});
+  run_host_trainer(file, {"fp8=hybrid", "exp_name=tensorwise"});
+  const auto tw = testing::read_trainer_metrics(w.path() / "g/u/tensorwise/metrics.jsonl");
   ASSERT_EQ(tw.loss.size(), 6u);
   EXPECT_EQ(tw.loss.at(1), whole.loss.at(1)) << "step 1 has no history: current scaling";
   EXPECT_NE(tw.loss.at(3), whole.loss.at(3)) << "the histories' scales left no trace";

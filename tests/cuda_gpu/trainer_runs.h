@@ -10,6 +10,7 @@
 #include "core/backend/backend.h"
 #include "core/config/experiment.h"
 #include "core/patches/registry.h"
+#include "io/checkpoint.h"
 #include "parallel/launch_env.h"
 #include <cstdint>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace primus::backends::cuda::testing {
 
@@ -119,6 +121,38 @@ inline void run_host_trainer(const std::filesystem::path& exp_file, std::vector<
   trainer.init();
   trainer.train();
   trainer.cleanup(false);
+}
+
+// fp8_recipe delayed through the trainer (host mode) on the tiny experiment `exp_file` under
+// workspace `ws`: run "delayed" with `delayed` (its FP8 keys) must learn by `learns` over its 6
+// steps and checkpoint its histories at step 3 as [tensors, history_len] (and scales [tensors]);
+// a resume from there replays steps 4-6 bit for bit, validation included. Returns the whole run's
+// metrics and the checkpoint's folder.
+inline std::pair<TrainerMetrics, std::filesystem::path> expect_delayed_fp8_resumes(
+    const std::filesystem::path& ws, const std::filesystem::path& exp_file, const std::vector<std::string>& delayed,
+    int64_t tensors, int64_t history_len, double learns) {
+  auto run = [&](const std::string& name, std::vector<std::string> cli) {
+    cli.push_back("exp_name=" + name);
+    run_host_trainer(exp_file, cli);
+    return read_trainer_metrics(ws / "g/u" / name / "metrics.jsonl");
+  };
+  const TrainerMetrics whole = run("delayed", delayed);
+  const auto ckpt3 = ws / "g/u/delayed/checkpoints/iter_0000003";
+  EXPECT_EQ(whole.loss.size(), 6u);
+  if (whole.loss.size() != 6u) return {whole, ckpt3};
+  EXPECT_LT(whole.loss.at(6), whole.loss.at(1) - learns) << "the run must learn";
+  const io::CheckpointData saved = io::load_checkpoint(ckpt3);
+  EXPECT_TRUE(saved.optimizer.count("fp8_amax_history")) << "the histories are not in the checkpoint";
+  if (!saved.optimizer.count("fp8_amax_history")) return {whole, ckpt3};
+  EXPECT_EQ(saved.optimizer.at("fp8_amax_history").shape(), (std::vector<int64_t>{tensors, history_len}));
+  EXPECT_EQ(saved.optimizer.at("fp8_scale").shape(), (std::vector<int64_t>{tensors}));
+  std::vector<std::string> resume = delayed;
+  resume.push_back("load=" + ckpt3.string());
+  const TrainerMetrics resumed = run("delayed_resumed", resume);
+  EXPECT_EQ(resumed.loss.size(), 3u);
+  for (auto [step, l] : resumed.loss) EXPECT_EQ(l, whole.loss.at(step)) << "resumed step " << step;
+  for (auto [step, l] : resumed.val) EXPECT_EQ(l, whole.val.at(step)) << "resumed validation at step " << step;
+  return {whole, ckpt3};
 }
 
 }  // namespace primus::backends::cuda::testing
