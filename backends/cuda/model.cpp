@@ -723,7 +723,8 @@ void CudaModel::init_fp8_delayed() {
   d.clear();
   for (int64_t l = 0; l < spec_.num_layers; ++l) {
     const LayerParams& p = plan_->params.layers[static_cast<size_t>(l)];
-    for (const auto& [w, name] : fp8_delayed_weights(p, spec_.is_moe_layer(l), p.moe.shared_fc.w.defined())) {
+    const bool shared = spec_.moe.shared_ffn_hidden_size > 0;  // as fp8_delayed_tensors counts
+    for (const auto& [w, name] : fp8_delayed_weights(p, spec_.is_moe_layer(l), shared)) {
       if (!w->defined())
         throw RuntimeError(fmt::format("cuda model: layer {} has no {} weight for fp8_recipe delayed", l, name));
       d.add_layer(w->data, fmt::format("layer {} {}", l, name));

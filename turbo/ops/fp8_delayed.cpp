@@ -119,6 +119,11 @@ Fp8DelayedScaling::Tensor Fp8DelayedScaling::tensor(const void* weight, Role rol
   return {delayed_impl::element(scale_, t), delayed_impl::element(history_, t * opt_.history_len)};
 }
 
+Fp8DelayedScaling::Tensor Fp8DelayedScaling::quantizer_views(const void* weight, Role role, const char* op) const {
+  const Tensor t = tensor(weight, role, op);
+  return {use_history ? t.scale : TensorView(), record ? t.amax : TensorView()};
+}
+
 std::string Fp8DelayedUpdateArgs::key() const {
   return fmt::format("fp8_delayed_update {} history={} {}", fp8_amax_algo_name(algo), history.describe(), margin);
 }

@@ -74,6 +74,9 @@ class Fp8DelayedScaling {
     TensorView scale, amax;
   };
   Tensor tensor(const void* weight, Role role, const char* op) const;
+  // What a quantization of that tensor passes on (QuantizeFp8Args::scale and amax): the scale once
+  // use_history is on, the amax entry while record is on; each undefined otherwise.
+  Tensor quantizer_views(const void* weight, Role role, const char* op) const;
 
   // Host switches, read when an op is enqueued (a captured graph keeps those of its capture):
   // use_history: quantize with the scales (false until one step has been recorded: current

@@ -45,8 +45,8 @@ Delayed delayed_of(const Fp8Recipe& r, const TensorView& weight, Fp8DelayedScali
   if (r.scaling != Fp8Scaling::Delayed) return {};
   if (!r.delayed)
     throw RuntimeError(fmt::format("{}: fp8_recipe delayed without its amax histories (Fp8Recipe::delayed is not set)", op));
-  const Fp8DelayedScaling::Tensor t = r.delayed->tensor(weight.data, role, op);
-  return {r.delayed->use_history ? t.scale : TensorView(), r.delayed->record ? t.amax : TensorView()};
+  const Fp8DelayedScaling::Tensor t = r.delayed->quantizer_views(weight.data, role, op);
+  return {t.scale, t.amax};
 }
 
 // The part of a producer's maxima [R + C + 1] (Fp8Maxima) a quantization at g reads: Row the row

@@ -362,13 +362,13 @@ Q tokens_q(Arena& arena, const TensorView& t, int64_t M, int64_t C, bool block, 
   return block ? block_q(arena, t, M, C, Fp8Granularity::Block1x128, false, dt, ctx, what) : rows_q(arena, t, dt, ctx, what);
 }
 // Delayed scaling's views for one tensor (QuantizeFp8Args::scale and amax), empty without it.
-struct Delayed {
-  TensorView scale, amax;
-};
+using Delayed = Fp8DelayedScaling::Tensor;
 Delayed delayed_of(const Fp8DelayedScaling* d, const TensorView& weight, Fp8DelayedScaling::Role role, const char* op) {
-  if (!d) return {};
-  const Fp8DelayedScaling::Tensor t = d->tensor(weight.data, role, op);
-  return {d->use_history ? t.scale : TensorView(), d->record ? t.amax : TensorView()};
+  return d ? d->quantizer_views(weight.data, role, op) : Delayed{};
+}
+void check_delayed(const Fp8DelayedScaling* d, GroupedFp8Scaling s, const char* op) {
+  if (d && s != GroupedFp8Scaling::Tensor)
+    throw RuntimeError(fmt::format("{}: delayed scaling keeps one scale per tensor: it needs scaling Tensor", op));
 }
 
 // A per-tensor copy of t viewed as [R, C] (out, or with `transposed` out_t [C, R]) whose one scale
@@ -467,15 +467,6 @@ int64_t grouped_fp8_weight_scales(GroupedFp8Scaling s, int64_t G, int64_t N, int
 int64_t grouped_fp8_weight_t_scales(GroupedFp8Scaling s, int64_t G, int64_t N, int64_t K) {
   return s == GroupedFp8Scaling::Block ? fp8_scale_numel(Fp8Granularity::Block128x128, K, G * N) : G * K;
 }
-
-namespace gg_fp8 {
-namespace {
-void check_delayed(const Fp8DelayedScaling* d, GroupedFp8Scaling s, const char* op) {
-  if (d && s != GroupedFp8Scaling::Tensor)
-    throw RuntimeError(fmt::format("{}: delayed scaling keeps one scale per tensor: it needs scaling Tensor", op));
-}
-}  // namespace
-}  // namespace gg_fp8
 
 void grouped_gemm_forward_fp8(const GroupedGemmForwardArgs& a, DType fwd, GroupedFp8Scaling scaling,
                               Fp8WeightCache* weights, const Fp8DelayedScaling* delayed) {

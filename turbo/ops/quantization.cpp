@@ -312,14 +312,10 @@ void cpu_run(const QuantizeFp8Args& a) {
   }
   if (a.scale.defined()) {
     const float scale = *a.scale.ptr<float>();
-    const uint32_t m = cpu::quantize_fp8_with_scale(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a), scale,
-                                                    a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a));
-    if (a.rows_in_use.defined()) {
-      const int64_t used = std::clamp<int64_t>(*a.rows_in_use.ptr<const int32_t>(), 0, rows_of(a));
-      fold_amax(a.amax, cpu::absmax_bits(a.inp.data, a.inp.dtype, used, cols_of(a), pitch_of(a)));
-    } else {
-      fold_amax(a.amax, m);
-    }
+    const int64_t used =
+        a.rows_in_use.defined() ? std::clamp<int64_t>(*a.rows_in_use.ptr<const int32_t>(), 0, rows_of(a)) : -1;
+    fold_amax(a.amax, cpu::quantize_fp8_with_scale(a.inp.data, a.inp.dtype, rows_of(a), cols_of(a), pitch_of(a), scale,
+                                                   a.out.ptr<uint8_t>(), a.out_t.ptr<uint8_t>(), fp8_of(a), used));
     const float inv = 1.0f / scale;
     std::memcpy(a.scale_inv.data, &inv, sizeof(float));
     return;

@@ -102,15 +102,16 @@ Fp8Scaling quantize_fp8_tensorwise(const void* inp, DType in_dtype, int64_t R, i
 }
 
 uint32_t quantize_fp8_with_scale(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld, float scale,
-                                 uint8_t* out, uint8_t* out_t, DType fp8) {
+                                 uint8_t* out, uint8_t* out_t, DType fp8, int64_t amax_rows) {
   check_dtypes(in_dtype, fp8, "quantize_fp8_with_scale");
+  const int64_t recorded = amax_rows < 0 ? R : std::min(amax_rows, R);
   const bool e4m3 = fp8 == DType::F8E4M3;
   uint32_t m = 0;
   for (int64_t r = 0; r < R; ++r) {
     const void* row = row_ptr(inp, in_dtype, r, ld);
     for (int64_t c = 0; c < C; ++c) {
       const uint32_t a = abs_bits_at(row, in_dtype, c);
-      m = std::max(m, a);
+      if (r < recorded) m = std::max(m, a);
       uint8_t q = kFp8PoisonByte;
       if (a < 0x7f800000u) {
         const float y = value_at(row, in_dtype, c) * scale;  // rounded to f32 first, as on the device

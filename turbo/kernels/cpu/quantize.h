@@ -85,9 +85,10 @@ void check_row_groups(const int32_t* offsets, int64_t G, int64_t R, const char* 
 //       poison byte (only that element: the scale is not the tensor's own, so nothing else is
 //       known to be wrong)
 // Returns max |x|'s f32 bits over inp (as absmax_bits: a NaN above inf above any finite value),
-// which the caller folds into the tensor's amax history. out / out_t as in quantize_fp8_tensorwise.
+// which the caller folds into the tensor's amax history; over the first amax_rows rows only when
+// amax_rows is in [0, R] (-1: all). out / out_t as in quantize_fp8_tensorwise.
 uint32_t quantize_fp8_with_scale(const void* inp, DType in_dtype, int64_t R, int64_t C, int64_t ld, float scale,
-                                 uint8_t* out, uint8_t* out_t, DType fp8);
+                                 uint8_t* out, uint8_t* out_t, DType fp8, int64_t amax_rows = -1);
 
 // One step of delayed scaling's bookkeeping, for T tensors with histories of `len` entries each:
 // history [T, len] (row t: tensor t's amaxes, entry 0 the one being recorded this step),
